@@ -1,0 +1,84 @@
+"""SSA values and op attributes.
+
+A ``Value`` is defined exactly once (a function parameter or an op result) and compares by
+identity: two values with the same name hint are still different values. The name is only a
+hint; the printer makes names unique within a function. A value's type may be unknown (``None``)
+until type inference fills it in.
+
+Attribute values are immutable: ints, floats, strings, bools, devices, dtypes and (nested)
+tuples of these. Lists given by a caller are frozen into tuples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TypeAlias
+
+from distir.ir.types import Device, DType, Type
+
+AttrValue: TypeAlias = "int | float | str | bool | Device | DType | tuple[AttrValue, ...]"
+
+
+class Value:
+    """An SSA value. Identity is the value; ``name`` is a printing hint."""
+
+    __slots__ = ("name", "type")
+
+    def __init__(self, name: str, type: Type | None = None) -> None:
+        self.name = name
+        self.type = type
+
+    def __repr__(self) -> str:
+        t = f": {self.type}" if self.type is not None else ""
+        return f"%{self.name}{t}"
+
+
+def freeze_attr(v: object, where: str = "attribute") -> AttrValue:
+    """Turn a caller-supplied attribute value into its immutable form, or raise TypeError."""
+    if isinstance(v, bool | int | float | str | Device | DType):
+        return v
+    if isinstance(v, list | tuple):
+        return tuple(freeze_attr(x, where) for x in v)
+    raise TypeError(f"{where}: unsupported attribute value {v!r} of type {type(v).__name__}")
+
+
+class Attrs(Mapping[str, AttrValue]):
+    """An immutable, ordered mapping of attribute names to values, with value equality."""
+
+    __slots__ = ("_items", "_map")
+
+    def __init__(self, items: Iterable[tuple[str, AttrValue]] | Mapping[str, object] = ()) -> None:
+        pairs = items.items() if isinstance(items, Mapping) else items
+        frozen = tuple((str(k), freeze_attr(v, f"attribute {k!r}")) for k, v in pairs)
+        self._items = frozen
+        self._map = dict(frozen)
+        if len(self._map) != len(frozen):
+            raise ValueError(f"duplicate attribute names in {[k for k, _ in frozen]}")
+
+    def __getitem__(self, key: str) -> AttrValue:
+        return self._map[key]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._map)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def items_in_order(self) -> tuple[tuple[str, AttrValue], ...]:
+        return self._items
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Attrs):
+            return NotImplemented
+        return self._map == other._map and all(
+            type(v) is type(other._map[k]) for k, v in self._map.items()
+        )
+
+    def __hash__(self) -> int:
+        return hash(self._items)
+
+    def __repr__(self) -> str:
+        return f"Attrs({dict(self._items)!r})"
+
+
+EMPTY_ATTRS = Attrs()

@@ -1,0 +1,474 @@
+"""Communication ops with MPI-style meaning, in two forms.
+
+*Global* ops (kind ``COMM``) appear in a distributed program and span devices; the reference
+executor gives them their sequential meaning:
+
+    %y: ...d2 = Send(%x, dst=d2)                      x (on one device) copied to dst
+    %y1, ..., %yn = AllReduce(%x1, ..., %xn, op="sum") every yi = op(x1..xn) on xi's device
+    %y1, ..., %yn = AllGather(%x1, ..., %xn, dim=0)    every yi = concat(x1..xn, dim)
+    %y1, ..., %yn = ReduceScatter(%x1, ..., %xn, dim=0, op="sum")  yi = chunk i of op(x1..xn)
+    %y1, ..., %yn = Broadcast(%x, devices=[d0, d1])   yi = x on devices[i] (x's device included)
+    %y1, ..., %yn = Scatter(%x, dim=0, devices=[...]) yi = chunk i of x on devices[i]
+    %y = MPIGather(%x1, ..., %xn, dim=0, root=d0)     concat onto root (ONNX owns "Gather")
+    %y = Reduce(%x1, ..., %xn, root=d0, op="sum")     op(x1..xn) onto root
+    %y1, ..., %yn = AllToAll(%x1, ..., %xn, split_dim=0, concat_dim=1)
+                                                      yj = concat_i(chunk j of xi, concat_dim)
+Inputs of a collective are on distinct devices; chunks are near-equal, larger first (uneven
+sizes allowed: 127 rows over 2 devices are 64 and 63).
+
+*Rank* ops (kind ``RANK_COMM``, names ``rank.*``) are one device's part of a global op, produced by
+per-rank projection: ``rank.Send``/``rank.Recv`` for Send, and ``rank.<Collective>`` with the
+``group`` of participating devices. Each rank op has a ``Rendezvous``: who must meet, what must
+agree among them, and what the meeting computes — the lock-step executor and the deadlock check
+use it. A global op's ``project`` gives each device its rank ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from distir.ir.ops import Op
+from distir.ir.types import Device, DType, ScalarType, TensorType, Type
+from distir.ir.values import Attrs, Value
+from distir.ops._rules import norm_axis
+from distir.ops.registry import REGISTRY, AttrSpec, OpDef, OpKind, TypeCtx, register
+from distir.ops.shape import split_sizes
+
+FAMILY = "comm"
+REDUCE_OPS = ("sum", "max", "min", "mean", "prod")
+
+
+def reduce_arrays(arrs: Sequence[Any], how: str) -> np.ndarray:
+    """Elementwise reduction of same-shape arrays, keeping the dtype."""
+    stack = np.stack([np.asarray(a) for a in arrs])
+    fn = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean, "prod": np.prod}[how]
+    return np.asarray(fn(stack, axis=0)).astype(stack.dtype, copy=False)
+
+
+def chunks(x: np.ndarray, n: int, dim: int) -> list[np.ndarray]:
+    cuts = np.cumsum(split_sizes(x.shape[dim], n))[:-1]
+    return [np.ascontiguousarray(c) for c in np.split(x, cuts, axis=dim)]
+
+
+# -- type rules shared by global ops ----------------------------------------------------------
+def _distinct_devices(ctx: TypeCtx) -> list[TensorType]:
+    ts = [ctx.tensor(i) for i in range(len(ctx.types))]
+    seen: dict[Device, int] = {}
+    for i, t in enumerate(ts):
+        if t.device in seen:
+            ctx.fail(f"{ctx.op.name} inputs {seen[t.device] + 1} and {i + 1} are both on {t.device}; "
+                     "a collective takes one input per device", i, "distinct devices", t.device)
+        seen[t.device] = i
+    return ts
+
+
+def _same_shapes(ctx: TypeCtx, ts: Sequence[TensorType]) -> None:
+    for i, t in enumerate(ts[1:], 1):
+        if (t.dtype, t.shape) != (ts[0].dtype, ts[0].shape):
+            ctx.fail(f"{ctx.op.name} input {i + 1} differs from input 1",
+                     i, f"{ts[0].dtype}{ts[0].shape}", f"{t.dtype}{t.shape}")
+
+
+def _check_dev_list(ctx: TypeCtx, name: str) -> tuple[Device, ...]:
+    devs: tuple[Device, ...] = ctx.attr(name)
+    if not devs or len(set(devs)) != len(devs):
+        ctx.fail(f"{ctx.op.name} {name} must be a non-empty list of distinct devices", None,
+                 "distinct devices", list(map(str, devs)))
+    return devs
+
+
+def _concat_shape(ctx: TypeCtx, ts: Sequence[TensorType], dim: int) -> tuple[int, ...]:
+    first = ts[0]
+    for i, t in enumerate(ts):
+        if t.dtype != first.dtype or t.rank != first.rank or any(
+            a != b for k, (a, b) in enumerate(zip(t.shape, first.shape, strict=True)) if k != dim
+        ):
+            ctx.fail(f"{ctx.op.name} input {i + 1} of shape {t.shape} does not match {first.shape} "
+                     f"outside dim {dim}", i, first.shape, t.shape)
+    return first.shape[:dim] + (sum(t.shape[dim] for t in ts),) + first.shape[dim + 1:]
+
+
+def _chunk_shapes(shape: tuple[int, ...], n: int, dim: int) -> list[tuple[int, ...]]:
+    return [shape[:dim] + (s,) + shape[dim + 1:] for s in split_sizes(shape[dim], n)]
+
+
+# -- Rendezvous: what rank ops do when their participants meet ----------------------------------
+@dataclass(frozen=True, slots=True)
+class Rendezvous:
+    """How a rank op meets its peers.
+
+    ``participants(attrs, me)``: the devices that must all reach a matching op;
+    ``key(name, attrs, me)``: what must be equal among the participants' ops for them to match;
+    ``run(inputs, attrs)``: given each participant's inputs (and attrs), each one's outputs.
+    """
+
+    participants: Callable[[Attrs, Device], tuple[Device, ...]]
+    key: Callable[[str, Attrs, Device], tuple[Any, ...]]
+    run: Callable[[Mapping[Device, Sequence[Any]], Mapping[Device, Attrs]], dict[Device, tuple[Any, ...]]]
+
+
+def _group(attrs: Attrs, me: Device) -> tuple[Device, ...]:
+    g: Any = attrs["group"]
+    return tuple(g)
+
+
+def _collective_key(*names: str) -> Callable[[str, Attrs, Device], tuple[Any, ...]]:
+    def key(opname: str, attrs: Attrs, me: Device) -> tuple[Any, ...]:
+        return (opname, *(attrs.get(n) for n in names))
+
+    return key
+
+
+def _ordered(inputs: Mapping[Device, Sequence[Any]], group: Sequence[Device]) -> list[Any]:
+    return [inputs[d][0] for d in group]
+
+
+# -- Send ---------------------------------------------------------------------------------------
+def _send_rule(ctx: TypeCtx) -> Sequence[Type]:
+    t = ctx.types[0]
+    if not isinstance(t, TensorType | ScalarType):
+        ctx.fail("Send moves one tensor or scalar", 0, "Tensor or Scalar", t)
+    dst: Device = ctx.attr("dst")
+    if dst == t.device:
+        ctx.fail(f"Send from {t.device} to itself", 0, f"a device other than {dst}", t.device)
+    return (t.with_device(dst),)
+
+
+def _recv_attrs(t: Type) -> dict[str, Any]:
+    assert isinstance(t, TensorType | ScalarType)
+    shape = t.shape if isinstance(t, TensorType) else ()
+    return {"dtype": t.dtype, "shape": shape}
+
+
+def _project_send(op: Op, ins: Sequence[Type], outs: Sequence[Type],
+                  vmap: Callable[[Value], Value]) -> dict[Device, list[Op]]:
+    src, dst = ins[0], outs[0]
+    assert isinstance(src, TensorType | ScalarType) and isinstance(dst, TensorType | ScalarType)
+    return {
+        src.device: [Op("rank.Send", (vmap(op.inputs[0]),), (), Attrs({"dst": dst.device}))],
+        dst.device: [Op("rank.Recv", (), (vmap(op.outputs[0]),),
+                        Attrs({"src": src.device, **_recv_attrs(dst), "device": dst.device}))],
+    }
+
+
+SEND = register(OpDef(
+    name="Send", family=FAMILY, kind=OpKind.COMM, inputs=("x",), outputs=("y",), infer=_send_rule,
+    attrs={"dst": AttrSpec("device")},
+    reference=lambda args, attrs: (np.array(args[0], copy=True),),
+    project=_project_send,
+    doc="Point-to-point copy: one op models both ends (blocks sender and receiver).",
+))
+
+
+def _p2p_participants(attrs: Attrs, me: Device) -> tuple[Device, ...]:
+    other: Any = attrs.get("dst", attrs.get("src"))
+    return (me, other) if "dst" in attrs else (other, me)
+
+
+def _p2p_key(opname: str, attrs: Attrs, me: Device) -> tuple[Any, ...]:
+    src, dst = _p2p_participants(attrs, me)
+    return ("p2p", src, dst)
+
+
+def _p2p_run(inputs: Mapping[Device, Sequence[Any]], attrs: Mapping[Device, Attrs]) -> dict[Device, tuple[Any, ...]]:
+    (src,) = [d for d, a in attrs.items() if "dst" in a]
+    (dst,) = [d for d, a in attrs.items() if "src" in a]
+    want: Any = attrs[dst]["dtype"]
+    return {src: (), dst: (np.array(inputs[src][0], copy=True).astype(want.to_numpy(), copy=False),)}
+
+
+_P2P = Rendezvous(_p2p_participants, _p2p_key, _p2p_run)
+
+
+def _rank_send_rule(ctx: TypeCtx) -> Sequence[Type]:
+    t = ctx.types[0]
+    if not isinstance(t, TensorType | ScalarType):
+        ctx.fail("rank.Send moves one tensor or scalar", 0, "Tensor or Scalar", t)
+    if ctx.attr("dst") == ctx.device:
+        ctx.fail("rank.Send to its own device", None, "another device", ctx.attr("dst"))
+    return ()
+
+
+def _rank_recv_rule(ctx: TypeCtx) -> Sequence[Type]:
+    if ctx.attr("src") == ctx.device:
+        ctx.fail("rank.Recv from its own device", None, "another device", ctx.attr("src"))
+    return (ctx.out(ctx.attr("dtype"), ctx.attr("shape")),)
+
+
+RANK_SEND = register(OpDef(
+    name="rank.Send", family=FAMILY, kind=OpKind.RANK_COMM, inputs=("x",), outputs=(),
+    infer=_rank_send_rule, attrs={"dst": AttrSpec("device")}, rendezvous=_P2P,
+    bytes_written=lambda ins, outs, attrs: 0.0,
+    doc="The sending half of a Send, in a per-rank program.",
+))
+RANK_RECV = register(OpDef(
+    name="rank.Recv", family=FAMILY, kind=OpKind.RANK_COMM, inputs=(), outputs=("y",),
+    infer=_rank_recv_rule,
+    attrs={"src": AttrSpec("device"), "dtype": AttrSpec("dtype"), "shape": AttrSpec("ints"),
+           "device": AttrSpec("device")},
+    rendezvous=_P2P, bytes_read=lambda ins, outs, attrs: 0.0,
+    doc="The receiving half of a Send, in a per-rank program.",
+))
+
+
+# -- collectives --------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Coll:
+    """A collective's definition in terms of a numpy function over all participants' inputs."""
+
+    name: str
+    global_inputs: tuple[str, ...]
+    attrs: dict[str, AttrSpec]
+    global_rule: Callable[[TypeCtx], Sequence[Type]]
+    reference: Callable[[Sequence[Any], Attrs], Sequence[Any]]
+    # which devices get an output of the global op, given the input types and attrs
+    out_devices: Callable[[Sequence[TensorType], Attrs], tuple[Device, ...]]
+    # devices participating (group), given the global op's input types and attrs
+    group: Callable[[Sequence[TensorType], Attrs], tuple[Device, ...]]
+    # which devices contribute an input
+    in_devices: Callable[[Sequence[TensorType], Attrs], tuple[Device, ...]]
+    # attrs (besides group) passed to the rank ops
+    rank_attrs: tuple[str, ...]
+    doc: str
+
+
+def _ins_devs(ts: Sequence[TensorType], attrs: Attrs) -> tuple[Device, ...]:
+    return tuple(t.device for t in ts)
+
+
+def _attr_devs(ts: Sequence[TensorType], attrs: Attrs) -> tuple[Device, ...]:
+    return tuple(attrs["devices"])  # type: ignore[arg-type]
+
+
+def _root_only(ts: Sequence[TensorType], attrs: Attrs) -> tuple[Device, ...]:
+    return (attrs["root"],)  # type: ignore[return-value]
+
+
+def _first_dev(ts: Sequence[TensorType], attrs: Attrs) -> tuple[Device, ...]:
+    return (ts[0].device,)
+
+
+def _allreduce_rule(ctx: TypeCtx) -> Sequence[Type]:
+    ts = _distinct_devices(ctx)
+    _same_shapes(ctx, ts)
+    return tuple(ts)
+
+
+def _allgather_rule(ctx: TypeCtx) -> Sequence[Type]:
+    ts = _distinct_devices(ctx)
+    dim = norm_axis(ctx, ctx.attr("dim"), ts[0].rank, "AllGather dim")
+    shape = _concat_shape(ctx, ts, dim)
+    return tuple(TensorType(t.dtype, shape, t.device) for t in ts)
+
+
+def _reducescatter_rule(ctx: TypeCtx) -> Sequence[Type]:
+    ts = _distinct_devices(ctx)
+    _same_shapes(ctx, ts)
+    dim = norm_axis(ctx, ctx.attr("dim"), ts[0].rank, "ReduceScatter dim")
+    shapes = _chunk_shapes(ts[0].shape, len(ts), dim)
+    return tuple(TensorType(t.dtype, s, t.device) for t, s in zip(ts, shapes, strict=True))
+
+
+def _broadcast_rule(ctx: TypeCtx) -> Sequence[Type]:
+    t = ctx.tensor(0)
+    devs = _check_dev_list(ctx, "devices")
+    if t.device not in devs:
+        ctx.fail(f"Broadcast devices must include the source {t.device}", 0, list(map(str, devs)), t.device)
+    return tuple(t.with_device(d) for d in devs)
+
+
+def _scatter_rule(ctx: TypeCtx) -> Sequence[Type]:
+    t = ctx.tensor(0)
+    devs = _check_dev_list(ctx, "devices")
+    if t.device not in devs:
+        ctx.fail(f"Scatter devices must include the source {t.device}", 0, list(map(str, devs)), t.device)
+    dim = norm_axis(ctx, ctx.attr("dim"), t.rank, "Scatter dim")
+    return tuple(TensorType(t.dtype, s, d) for s, d in zip(_chunk_shapes(t.shape, len(devs), dim), devs, strict=True))
+
+
+def _gather_rule(ctx: TypeCtx) -> Sequence[Type]:
+    ts = _distinct_devices(ctx)
+    root: Device = ctx.attr("root")
+    if root not in [t.device for t in ts]:
+        ctx.fail(f"MPIGather root {root} holds none of the inputs", None, "a device of an input", root)
+    dim = norm_axis(ctx, ctx.attr("dim"), ts[0].rank, "MPIGather dim")
+    return (TensorType(ts[0].dtype, _concat_shape(ctx, ts, dim), root),)
+
+
+def _reduce_rule(ctx: TypeCtx) -> Sequence[Type]:
+    ts = _distinct_devices(ctx)
+    _same_shapes(ctx, ts)
+    root: Device = ctx.attr("root")
+    if root not in [t.device for t in ts]:
+        ctx.fail(f"Reduce root {root} holds none of the inputs", None, "a device of an input", root)
+    return (ts[0].with_device(root),)
+
+
+def _alltoall_rule(ctx: TypeCtx) -> Sequence[Type]:
+    ts = _distinct_devices(ctx)
+    _same_shapes(ctx, ts)
+    sd = norm_axis(ctx, ctx.attr("split_dim"), ts[0].rank, "AllToAll split_dim")
+    cd = norm_axis(ctx, ctx.attr("concat_dim"), ts[0].rank, "AllToAll concat_dim")
+    n = len(ts)
+    outs = []
+    for t, piece in zip(ts, _chunk_shapes(ts[0].shape, n, sd), strict=True):
+        shape = list(piece)
+        shape[cd] = piece[cd] * n
+        outs.append(TensorType(t.dtype, tuple(shape), t.device))
+    return tuple(outs)
+
+
+def _alltoall_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    n = len(args)
+    sd: Any = attrs.get("split_dim", 0)
+    cd: Any = attrs.get("concat_dim", 0)
+    pieces = [chunks(np.asarray(a), n, sd) for a in args]
+    return tuple(np.concatenate([pieces[i][j] for i in range(n)], axis=cd) for j in range(n))
+
+
+_OP = {"op": AttrSpec("str", "sum", REDUCE_OPS)}
+_COLLS = [
+    _Coll("AllReduce", ("*xs",), dict(_OP), _allreduce_rule,
+          lambda a, at: tuple(reduce_arrays(a, at.get("op", "sum")) for _ in a),  # type: ignore[arg-type]
+          _ins_devs, _ins_devs, _ins_devs, ("op",),
+          "Every participant gets the reduction of all inputs."),
+    _Coll("AllGather", ("*xs",), {"dim": AttrSpec("int", 0)}, _allgather_rule,
+          lambda a, at: tuple(np.concatenate([np.asarray(x) for x in a], axis=at.get("dim", 0)) for _ in a),  # type: ignore[arg-type]
+          _ins_devs, _ins_devs, _ins_devs, ("dim",),
+          "Every participant gets the concatenation of all inputs along dim (uneven sizes allowed)."),
+    _Coll("ReduceScatter", ("*xs",), {"dim": AttrSpec("int", 0), **_OP}, _reducescatter_rule,
+          lambda a, at: tuple(chunks(reduce_arrays(a, at.get("op", "sum")), len(a), at.get("dim", 0))),  # type: ignore[arg-type]
+          _ins_devs, _ins_devs, _ins_devs, ("dim", "op"),
+          "Participant i gets chunk i (along dim) of the reduction of all inputs."),
+    _Coll("Broadcast", ("x",), {"devices": AttrSpec("devices")}, _broadcast_rule,
+          lambda a, at: tuple(np.array(a[0], copy=True) for _ in at["devices"]),  # type: ignore[union-attr]
+          _attr_devs, _attr_devs, _first_dev, (),
+          "Every listed device gets a copy of x (x's device must be listed)."),
+    _Coll("Scatter", ("x",), {"dim": AttrSpec("int", 0), "devices": AttrSpec("devices")}, _scatter_rule,
+          lambda a, at: tuple(chunks(np.asarray(a[0]), len(at["devices"]), at.get("dim", 0))),  # type: ignore[arg-type]
+          _attr_devs, _attr_devs, _first_dev, ("dim",),
+          "devices[i] gets chunk i of x along dim."),
+    _Coll("MPIGather", ("*xs",), {"dim": AttrSpec("int", 0), "root": AttrSpec("device")}, _gather_rule,
+          lambda a, at: (np.concatenate([np.asarray(x) for x in a], axis=at.get("dim", 0)),),  # type: ignore[arg-type]
+          _root_only, _ins_devs, _ins_devs, ("dim", "root"),
+          "The root gets the concatenation of all inputs along dim (MPI Gather)."),
+    _Coll("Reduce", ("*xs",), {"root": AttrSpec("device"), **_OP}, _reduce_rule,
+          lambda a, at: (reduce_arrays(a, at.get("op", "sum")),),  # type: ignore[arg-type]
+          _root_only, _ins_devs, _ins_devs, ("root", "op"),
+          "The root gets the reduction of all inputs."),
+    _Coll("AllToAll", ("*xs",), {"split_dim": AttrSpec("int", 0), "concat_dim": AttrSpec("int", 0)},
+          _alltoall_rule, _alltoall_ref, _ins_devs, _ins_devs, _ins_devs, ("split_dim", "concat_dim"),
+          "Participant j gets chunk j (along split_dim) of every input, concatenated on concat_dim."),
+]
+
+
+def _make_project(c: _Coll) -> Callable[..., dict[Device, list[Op]]]:
+    def project(op: Op, ins: Sequence[Type], outs: Sequence[Type],
+                vmap: Callable[[Value], Value]) -> dict[Device, list[Op]]:
+        ts = [t for t in ins if isinstance(t, TensorType)]
+        group = c.group(ts, op.attrs)
+        in_devs = c.in_devices(ts, op.attrs)
+        out_devs = c.out_devices(ts, op.attrs)
+        base = {k: op.attrs[k] for k in c.rank_attrs if k in op.attrs}
+        # every rank learns the global input types it cannot see, so its op's type is local
+        sizes = [list(t.shape) for t in ts]
+        result: dict[Device, list[Op]] = {}
+        for d in group:
+            rin = tuple(vmap(op.inputs[in_devs.index(d)]) for _ in (0,) if d in in_devs)
+            rout = tuple(vmap(op.outputs[out_devs.index(d)]) for _ in (0,) if d in out_devs)
+            attrs = dict(base, group=group, shapes=sizes, dtype=ts[0].dtype, device=d)
+            if "root" not in c.attrs:
+                if not c.global_inputs[0].startswith("*"):
+                    attrs["root"] = ts[0].device
+            result[d] = [Op("rank." + c.name, rin, rout, Attrs(attrs))]
+        return result
+
+    return project
+
+
+def _rank_rule(c: _Coll) -> Callable[[TypeCtx], Sequence[Type]]:
+    def rule(ctx: TypeCtx) -> Sequence[Type]:
+        me = ctx.device
+        assert me is not None
+        group: tuple[Device, ...] = ctx.attr("group")
+        shapes = ctx.attr("shapes")
+        if len(set(group)) != len(group) or me not in group:
+            ctx.fail(f"rank.{c.name} group must list distinct devices including {me}", None,
+                     f"distinct devices with {me}", list(map(str, group)))
+        dtype: DType = ctx.attr("dtype")
+        n_in = len(c.global_inputs) if not c.global_inputs[0].startswith("*") else len(group)
+        if len(shapes) != n_in:
+            ctx.fail(f"rank.{c.name} needs the shape of each of the {n_in} global inputs", None, n_in, len(shapes))
+        variadic = c.global_inputs[0].startswith("*")
+        src = group if variadic else [ctx.attr("root")]
+        if not variadic and src[0] not in group:
+            ctx.fail(f"rank.{c.name} root must be in the group", None, list(map(str, group)), src[0])
+        in_types = [TensorType(dtype, tuple(s), d) for s, d in zip(shapes, src, strict=False)]
+        attrs = {k: v for k, v in ctx.attrs.items() if k in c.attrs}
+        if "devices" in c.attrs:
+            attrs["devices"] = group
+        sub = TypeCtx(REGISTRY[c.name], in_types, Attrs(attrs), [None] * n_in, None)
+        outs = c.global_rule(sub)
+        mine = [t for t in outs if isinstance(t, TensorType | ScalarType) and t.device == me]
+        expect = [x for x in in_types if x.device == me]
+        if bool(expect) != bool(ctx.types):
+            ctx.fail(f"rank.{c.name} on {me} must {'take' if expect else 'not take'} an input",
+                     None, 1 if expect else 0, len(ctx.types))
+        if ctx.types:
+            t = ctx.tensor(0)
+            if (t.dtype, t.shape) != (expect[0].dtype, expect[0].shape):
+                ctx.fail(f"rank.{c.name} input does not match the declared global input shapes", 0,
+                         expect[0] if expect else "no input", t)
+        return tuple(mine)
+
+    return rule
+
+
+def _make_rendezvous(c: _Coll) -> Rendezvous:
+    def run(inputs: Mapping[Device, Sequence[Any]], attrs: Mapping[Device, Attrs]) -> dict[Device, tuple[Any, ...]]:
+        any_attrs = next(iter(attrs.values()))
+        group: Any = any_attrs["group"]
+        args = [inputs[d][0] for d in group if inputs[d]]
+        gattrs = {k: v for k, v in any_attrs.items() if k in c.attrs}
+        if "devices" in c.attrs:
+            gattrs["devices"] = group
+        results = c.reference(args, Attrs(gattrs))
+        ts = [TensorType(any_attrs["dtype"], tuple(s), d)  # type: ignore[arg-type]
+              for s, d in zip(any_attrs["shapes"], group, strict=False)]  # type: ignore[arg-type]
+        out_devs = c.out_devices(ts, Attrs(gattrs))
+        out = {d: () for d in group}
+        for d, r in zip(out_devs, results, strict=True):
+            out[d] = (r,)
+        return out  # type: ignore[return-value]
+
+    names = tuple(dict.fromkeys(("group", "shapes", "dtype", "root", *c.rank_attrs)))
+    return Rendezvous(_group, _collective_key(*names), run)
+
+
+def _out_count(c: _Coll) -> Callable[[int, Attrs], int]:
+    if c.out_devices is _root_only:
+        return lambda n, attrs: 1
+    if c.out_devices is _attr_devs:
+        return lambda n, attrs: len(attrs["devices"]) if isinstance(attrs.get("devices"), tuple) else 1  # type: ignore[arg-type]
+    return lambda n, attrs: n
+
+
+for _c in _COLLS:
+    register(OpDef(
+        name=_c.name, family=FAMILY, kind=OpKind.COMM, inputs=_c.global_inputs,
+        outputs=_out_count(_c), infer=_c.global_rule, attrs=_c.attrs, reference=_c.reference,
+        project=_make_project(_c), doc=_c.doc,
+    ))
+    register(OpDef(
+        name="rank." + _c.name, family=FAMILY, kind=OpKind.RANK_COMM, inputs=("x?",),
+        outputs=lambda n, attrs: -1, infer=_rank_rule(_c),
+        attrs={**{k: v for k, v in _c.attrs.items() if k != "devices"},
+               "group": AttrSpec("devices"), "shapes": AttrSpec("any"), "dtype": AttrSpec("dtype"),
+               "device": AttrSpec("device"), "root": AttrSpec("device", None)},
+        rendezvous=_make_rendezvous(_c),
+        doc=f"One rank's part of {_c.name}; `shapes` are the global inputs' shapes, in group order.",
+    ))

@@ -1,0 +1,390 @@
+"""The op registry: one ``OpDef`` per op holds everything about it.
+
+An ``OpDef`` carries the op's signature (named inputs, optional and variadic ones, its result
+count), attribute schema, type/shape rule, optional partial evaluator (outputs computable from
+types and the known inputs, e.g. ``Shape``), numpy reference implementation, cost descriptors
+(FLOPs, bytes read and written) and named slots that later layers fill once each
+(``grad``, ``sharding``, ``torch``).
+
+Ops are registered by their family's module (``distir.ops.tensor``, ``distir.ops.comm``, ...) when
+``distir.ops`` is imported. Registering a name twice raises ``RegistryError``; looking up an unknown
+name raises ``UnknownOpError`` listing the known ones.
+
+Device discipline: a ``LOCAL`` op runs on one device; all its tensor inputs must live there and
+its results are placed there (ops without inputs take a ``device`` attribute). The registry
+enforces this around the op's rule, so rules only deal with dtypes and shapes. A ``COMM`` op's
+rule places its results itself. Every op runs on the union of the devices of its inputs and
+results.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, NoReturn
+
+import numpy as np
+
+from distir.ir.ops import Op
+from distir.ir.types import Device, DType, ScalarType, TensorType, TupleType, Type, devices_of
+from distir.ir.values import Attrs, AttrValue, Value
+from distir.ir.verify import OpSignatureError
+
+
+class RegistryError(ValueError):
+    pass
+
+
+class UnknownOpError(RegistryError, KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class OpTypeError(ValueError):
+    """An op's rule rejected its input types/attributes. ``index`` names the input, if any."""
+
+    def __init__(
+        self, message: str, index: int | None = None, expected: object = None, actual: object = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.index = index
+        self.expected = expected
+        self.actual = actual
+
+
+class OpKind(Enum):
+    """LOCAL: computes on one device. COMM: a global communication op spanning devices (its rule
+    places results). RANK_COMM: one rank's part of a communication (typed like LOCAL, but it
+    must meet its peers: see ``OpDef.rendezvous``)."""
+
+    LOCAL = "local"
+    COMM = "comm"
+    RANK_COMM = "rank_comm"
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+_ATTR_KINDS = ("int", "float", "str", "bool", "device", "dtype", "ints", "floats", "devices",
+               "tensor", "any")
+
+
+def _kind_ok(kind: str, v: AttrValue) -> bool:
+    def num(x: AttrValue) -> bool:
+        return isinstance(x, int | float) and not isinstance(x, bool)
+
+    def integer(x: AttrValue) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    if kind == "int":
+        return integer(v)
+    if kind == "float":
+        return num(v)
+    if kind == "str":
+        return isinstance(v, str)
+    if kind == "bool":
+        return isinstance(v, bool)
+    if kind == "device":
+        return isinstance(v, Device)
+    if kind == "dtype":
+        return isinstance(v, DType)
+    if kind == "ints":
+        return isinstance(v, tuple) and all(integer(x) for x in v)
+    if kind == "floats":
+        return isinstance(v, tuple) and all(num(x) for x in v)
+    if kind == "devices":
+        return isinstance(v, tuple) and all(isinstance(x, Device) for x in v)
+    if kind == "tensor":
+        return num(v) or isinstance(v, bool) or (
+            isinstance(v, tuple) and all(_kind_ok("tensor", x) for x in v)
+        )
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class AttrSpec:
+    kind: str
+    default: Any = REQUIRED
+    choices: tuple[Any, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in _ATTR_KINDS:
+            raise RegistryError(f"unknown attribute kind {self.kind!r}; known: {_ATTR_KINDS}")
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+class TypeCtx:
+    """What a type rule sees: input types, attributes, known input values, the op's device."""
+
+    __slots__ = ("attrs", "device", "known", "op", "types")
+
+    def __init__(
+        self,
+        op: OpDef,
+        types: Sequence[Type],
+        attrs: Attrs,
+        known: Sequence[np.ndarray | None],
+        device: Device | None,
+    ) -> None:
+        self.op = op
+        self.types = types
+        self.attrs = attrs
+        self.known = known
+        self.device = device
+
+    def attr(self, name: str) -> Any:
+        """The attribute's value, or its schema default."""
+        v = self.attrs.get(name)
+        if v is None:
+            spec = self.op.attrs[name]
+            return None if spec.required else spec.default
+        return v
+
+    def tensor(self, i: int) -> TensorType:
+        """Input ``i`` as a tensor type (scalars count as 0-d tensors)."""
+        t = self.types[i]
+        if isinstance(t, ScalarType):
+            return TensorType(t.dtype, (), t.device)
+        if not isinstance(t, TensorType):
+            self.fail(f"input {i + 1} must be a tensor", i, "Tensor[...]", t)
+        return t
+
+    def out(self, dtype: DType, shape: Sequence[int]) -> TensorType:
+        assert self.device is not None, "out() is for LOCAL ops"
+        return TensorType(dtype, tuple(int(s) for s in shape), self.device)
+
+    def const(self, i: int, what: str) -> np.ndarray:
+        """The concrete value of input ``i``; a rule needing it fails if it is abstract."""
+        v = self.known[i] if i < len(self.known) else None
+        if v is None:
+            self.fail(f"needs the value of input {i + 1} ({what}) to be known, but it is abstract", i)
+        return v
+
+    def fail(
+        self, message: str, index: int | None = None, expected: object = None, actual: object = None
+    ) -> NoReturn:
+        raise OpTypeError(message, index, expected, actual)
+
+
+TypeRule = Callable[[TypeCtx], Sequence[Type]]
+PartialRule = Callable[[TypeCtx], Sequence[np.ndarray | None]]
+RefImpl = Callable[[Sequence[Any], Attrs], Sequence[Any]]
+CostFn = Callable[[Sequence[Type], Sequence[Type], Attrs], float]
+
+
+def _nbytes(ts: Sequence[Type]) -> float:
+    return float(sum(t.nbytes for t in ts))
+
+
+def default_bytes_read(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+    return _nbytes(ins)
+
+
+def default_bytes_written(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+    return _nbytes(outs)
+
+
+def zero_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+    return 0.0
+
+
+SLOTS = ("grad", "sharding", "torch")
+
+
+@dataclass(slots=True, eq=False)
+class OpDef:
+    """Everything about one op. See the module docstring."""
+
+    name: str
+    family: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...] | Callable[[int, Attrs], int]
+    infer: TypeRule
+    reference: RefImpl | None = None
+    attrs: dict[str, AttrSpec] = field(default_factory=dict)
+    kind: OpKind = OpKind.LOCAL
+    partial: PartialRule | None = None
+    flops: CostFn = zero_flops
+    bytes_read: CostFn = default_bytes_read
+    bytes_written: CostFn = default_bytes_written
+    doc: str = ""
+    project: Any = None
+    rendezvous: Any = None
+    grad: Any = None
+    sharding: Any = None
+    torch: Any = None
+    min_inputs: int = field(init=False)
+    max_inputs: int | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        names = self.inputs
+        variadic = [i for i, n in enumerate(names) if n.startswith("*")]
+        if variadic and variadic != [len(names) - 1]:
+            raise RegistryError(f"{self.name}: only the last input may be variadic")
+        required = [n for n in names if not n.endswith("?") and not n.startswith("*")]
+        first_opt = next((i for i, n in enumerate(names) if n.endswith("?")), len(names))
+        if any(not n.endswith("?") and not n.startswith("*") for n in names[first_opt:]):
+            raise RegistryError(f"{self.name}: optional inputs must come last")
+        self.min_inputs = len(required) + (1 if variadic else 0)
+        self.max_inputs = None if variadic else len(names)
+
+    def fill(self, slot: str, rule: Any) -> None:
+        """Fill a named slot (``grad``, ``sharding``, ``torch``) once."""
+        if slot not in SLOTS:
+            raise RegistryError(f"unknown slot {slot!r}; slots: {', '.join(SLOTS)}")
+        if getattr(self, slot) is not None:
+            raise RegistryError(f"{self.name}.{slot} is already filled")
+        setattr(self, slot, rule)
+
+    def num_outputs(self, n_inputs: int, attrs: Attrs) -> int:
+        """How many results the op has; -1 when only the input types tell (``UnpackTuple``)."""
+        if callable(self.outputs):
+            return self.outputs(n_inputs, attrs)
+        return len(self.outputs)
+
+    def signature(self) -> str:
+        outs = ", ".join(self.outputs) if not callable(self.outputs) else "..."
+        ins = ", ".join(self.inputs)
+        at = ", ".join(
+            f"{k}: {s.kind}" + ("" if s.required else f" = {s.default!r}") for k, s in self.attrs.items()
+        )
+        return f"{outs} = {self.name}({ins}{'; ' + at if at else ''})"
+
+    # -- checks ---------------------------------------------------------------------------------
+    def check_arity(self, n_inputs: int) -> None:
+        lo, hi = self.min_inputs, self.max_inputs
+        if n_inputs < lo or (hi is not None and n_inputs > hi):
+            want = f"{lo}" if hi == lo else f"{lo}..{hi}" if hi is not None else f"at least {lo}"
+            raise OpSignatureError(f"{self.name} takes {want} inputs", None, want, n_inputs)
+
+    def check_attrs(self, attrs: Attrs) -> None:
+        for k, v in attrs.items():
+            spec = self.attrs.get(k)
+            if spec is None:
+                known = ", ".join(self.attrs) or "none"
+                raise OpSignatureError(f"{self.name} has no attribute {k!r}; its attributes: {known}")
+            if not _kind_ok(spec.kind, v):
+                raise OpSignatureError(f"attribute {k!r} of {self.name} must be {spec.kind}", None,
+                                       spec.kind, repr(v))
+            if spec.choices is not None and v not in spec.choices:
+                raise OpSignatureError(f"attribute {k!r} of {self.name} must be one of "
+                                       f"{list(spec.choices)}", None, list(spec.choices), repr(v))
+        for k, spec in self.attrs.items():
+            if spec.required and k not in attrs:
+                raise OpSignatureError(f"{self.name} requires attribute {k!r} ({spec.kind})")
+
+    # -- typing ---------------------------------------------------------------------------------
+    def local_device(self, types: Sequence[Type], attrs: Attrs) -> Device:
+        """The one device a LOCAL op runs on; raises if inputs disagree."""
+        dev: Device | None = None
+        first = -1
+        for i, t in enumerate(types):
+            for d in devices_of(t):
+                if dev is None:
+                    dev, first = d, i
+                elif d != dev:
+                    raise OpTypeError(
+                        f"{self.name} runs on one device, but input {first + 1} is on {dev} and "
+                        f"input {i + 1} is on {d}", i, dev, d)
+        a = attrs.get("device")
+        if dev is None:
+            if not isinstance(a, Device):
+                raise OpTypeError(f"{self.name} has no inputs, so it needs a device= attribute")
+            return a
+        if isinstance(a, Device) and a != dev:
+            raise OpTypeError(f"{self.name} has device={a} but its inputs are on {dev}", None, a, dev)
+        return dev
+
+    def infer_types(
+        self, types: Sequence[Type], attrs: Attrs, known: Sequence[np.ndarray | None]
+    ) -> tuple[Type, ...]:
+        dev = self.local_device(types, attrs) if self.kind is not OpKind.COMM else None
+        outs = tuple(self.infer(TypeCtx(self, types, attrs, known, dev)))
+        n = self.num_outputs(len(types), attrs)
+        if n >= 0 and len(outs) != n:  # pragma: no cover - a bug in the op's rule
+            raise RegistryError(f"{self.name}'s type rule returned {len(outs)} types, not {n}")
+        return outs
+
+
+class OpRegistry:
+    def __init__(self) -> None:
+        self._ops: dict[str, OpDef] = {}
+
+    def register(self, op: OpDef) -> OpDef:
+        if op.name in self._ops:
+            raise RegistryError(f"op {op.name} is already registered (family {self._ops[op.name].family})")
+        self._ops[op.name] = op
+        return op
+
+    def __getitem__(self, name: str) -> OpDef:
+        op = self._ops.get(name)
+        if op is None:
+            close = difflib.get_close_matches(name, self._ops, n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise UnknownOpError(f"unknown op {name!r}{hint}; known ops: {', '.join(sorted(self._ops))}")
+        return op
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._ops
+
+    def __iter__(self) -> Iterator[OpDef]:
+        return iter(self._ops.values())
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def out_arity(self, name: str, n_inputs: int, attrs: Attrs) -> int:
+        return self[name].num_outputs(n_inputs, attrs)
+
+    def check_op(self, op: Op) -> None:
+        """The verifier's per-op check: known op, arity, attributes, declared devices."""
+        try:
+            d = self[op.name]
+        except UnknownOpError as e:
+            raise OpSignatureError(str(e)) from None
+        d.check_arity(len(op.inputs))
+        d.check_attrs(op.attrs)
+        n = d.num_outputs(len(op.inputs), op.attrs)
+        if n >= 0 and len(op.outputs) != n:
+            raise OpSignatureError(f"{op.name} returns {n} results", None, n, len(op.outputs))
+        if d.kind is not OpKind.COMM:
+            _check_one_device(d, op)
+
+
+def _check_one_device(d: OpDef, op: Op) -> None:
+    dev: Device | None = None
+    first: Value | None = None
+    for v in (*op.inputs, *op.outputs):
+        if v.type is None:
+            continue
+        for x in devices_of(v.type):
+            if dev is None:
+                dev, first = x, v
+            elif x != dev:
+                assert first is not None
+                raise OpSignatureError(
+                    f"{op.name} runs on one device, but %{first.name} is on {dev} and %{v.name} is on {x}",
+                    v, dev, x)
+
+
+REGISTRY = OpRegistry()
+
+
+def register(op: OpDef) -> OpDef:
+    return REGISTRY.register(op)
+
+
+def tuple_elements(t: Type) -> tuple[Type, ...]:
+    if isinstance(t, TupleType):
+        return t.elements
+    return (t,)
