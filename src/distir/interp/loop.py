@@ -36,6 +36,7 @@ class InterpretError(ValueError):
     ) -> None:
         self.message = message
         self.frames = frames
+        self.instrs: list[Instr] = []  # the failing op, then its call sites (when known)
         self.value = value
         self.expected = expected
         self.actual = actual
@@ -50,7 +51,12 @@ class InterpretError(ValueError):
             text += f"\n  called from `{op2}` in @{fn2}"
         return text
 
+    def at(self, instr: Instr) -> InterpretError:
+        self.instrs.append(instr)
+        return self
+
     def called_from(self, fn: str, instr: Instr) -> InterpretError:
+        self.instrs.append(instr)
         self.frames.append((fn, print_op(instr)))
         self.args = (self._render(),)
         return self
@@ -101,11 +107,13 @@ def interpret(
             msg = e.message
             if value is not None:
                 msg = f"{msg} [input %{value.name}]"
-            raise InterpretError(msg, [(fn.name, print_op(instr))], value, e.expected, e.actual) from None
-        except KeyError as e:
-            raise InterpretError(f"value {e} is not defined", [(fn.name, print_op(instr))]) from None
+            raise InterpretError(msg, [(fn.name, print_op(instr))], value, e.expected,
+                                 e.actual).at(instr) from None
         except (RegistryError, ValueError, TypeError, IndexError, ArithmeticError) as e:
-            raise InterpretError(f"{type(e).__name__}: {e}", [(fn.name, print_op(instr))]) from None
+            msg = str(e) if isinstance(e, RegistryError) else f"{type(e).__name__}: {e}"
+            raise InterpretError(msg, [(fn.name, print_op(instr))]).at(instr) from e
+        except KeyError as e:
+            raise InterpretError(f"value {e} is not defined", [(fn.name, print_op(instr))]).at(instr) from None
         env.update(zip(instr.outputs, outs, strict=True))
     try:
         result = tuple(env[v] for v in fn.outputs)

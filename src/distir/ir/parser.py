@@ -43,8 +43,8 @@ class ParseError(ValueError):
         self.line = line
         self.col = col
         self.filename = filename
-        lines = source.splitlines() or [""]
-        text = lines[line - 1] if 0 < line <= len(lines) else ""
+        lines = source.split("\n")  # the lines _line_col counts (splitlines also splits at \r, \f, ...)
+        text = lines[line - 1].rstrip("\r") if 0 < line <= len(lines) else ""
         self.excerpt = f"  {text}\n  {' ' * (col - 1)}^"
         super().__init__(f"{filename}:{line}:{col}: {message}\n{self.excerpt}")
 
@@ -106,6 +106,8 @@ class _Parser:
         self.toks = _tokenize(src, filename)
         self.i = 0
         self.depth = 0
+        # where each op, call, function and value was written: object -> (line, col)
+        self.positions: dict[object, tuple[int, int]] = {}
 
     # -- token helpers -------------------------------------------------------------------------
     def peek(self) -> Token:
@@ -170,6 +172,7 @@ class _Parser:
         if t.kind != "FUNC":
             raise self.error(f"expected a function name like @main, found {self.describe(t)}", t)
         fb = FunctionBuilder(t.text[1:])
+        fn_pos = _line_col(self.src, t.pos)
         scope: dict[str, tuple[Value, Token]] = {}
         self.expect_punct("(", "after the function name")
         if not self.is_punct(")"):
@@ -193,7 +196,9 @@ class _Parser:
                     while self._maybe(","):
                         outs.append(self.use(scope))
                 self.expect_punct("}", "after the return statement")
-                return fb.ret(*outs)
+                fn = fb.ret(*outs)
+                self.positions[fn] = fn_pos
+                return fn
             if t.kind == "EOF" or self.is_punct("}"):
                 raise self.error(f"expected an op or 'return' in @{fb.name}, found {self.describe(t)}")
             self.instr(fb, scope)
@@ -210,6 +215,7 @@ class _Parser:
             line, col = _line_col(self.src, prev[1].pos)
             raise self.error(f"value %{v.name} is already defined at {line}:{col}", tok)
         scope[v.name] = (v, tok)
+        self.positions[v] = _line_col(self.src, tok.pos)
 
     def use(self, scope: dict[str, tuple[Value, Token]]) -> Value:
         t = self.next()
@@ -222,6 +228,7 @@ class _Parser:
 
     def instr(self, fb: FunctionBuilder, scope: dict[str, tuple[Value, Token]]) -> None:
         results: list[tuple[Token, Type | None]] = []
+        start = self.peek()
         if self.peek().kind == "VALUE":
             while True:
                 tok = self.next()
@@ -261,16 +268,18 @@ class _Parser:
         if head.kind == "FUNC":
             if attrs:
                 raise self.error("a function call takes no attributes", head)
-            fb.append(Call(head.text[1:], tuple(inputs), outs))
+            instr: Op | Call = Call(head.text[1:], tuple(inputs), outs)
         else:
-            fb.append(Op(head.text, tuple(inputs), outs, Attrs(attrs)))
+            instr = Op(head.text, tuple(inputs), outs, Attrs(attrs))
+        fb.append(instr)
+        self.positions[instr] = _line_col(self.src, start.pos)
         for (tok, _), v in zip(results, outs, strict=True):
             self.define(scope, tok, v)
 
     def attr_value(self) -> AttrValue:
         t = self.next()
         if t.kind == "INT":
-            return int(t.text)
+            return self.integer(t, t.text)
         if t.kind == "FLOAT":
             return float(t.text)
         if t.kind == "STRING":
@@ -283,7 +292,7 @@ class _Parser:
                 return float(word)
             m = _DEVICE_RE.fullmatch(word)
             if m:
-                return Device(int(m.group(1)))
+                return Device(self.integer(t, m.group(1)))
             try:
                 return DType(word)
             except ValueError:
@@ -375,7 +384,13 @@ class _Parser:
         m = _DEVICE_RE.fullmatch(t.text) if t.kind == "IDENT" else None
         if m is None:
             raise self.error(f"expected a device like d0, found {self.describe(t)}", t)
-        return Device(int(m.group(1)))
+        return Device(self.integer(t, m.group(1)))
+
+    def integer(self, t: Token, digits: str) -> int:
+        try:
+            return int(digits)
+        except ValueError:  # beyond Python's int-from-string digit limit
+            raise self.error(f"integer with {len(digits)} digits is too long", t) from None
 
     def shape(self) -> tuple[int, ...]:
         self.expect_punct("(", "to open the shape")
@@ -384,7 +399,7 @@ class _Parser:
             t = self.next()
             if t.kind != "INT" or t.text.startswith("-"):
                 raise self.error(f"expected a non-negative dimension, found {self.describe(t)}", t)
-            dims.append(int(t.text))
+            dims.append(self.integer(t, t.text))
             if not self._maybe(","):
                 break
         self.expect_punct(")", "to close the shape")
@@ -393,8 +408,14 @@ class _Parser:
 
 def parse_module(src: str, filename: str = "<text>") -> Module:
     """Parse a whole module. Raises ``ParseError`` (and only that) on malformed text."""
+    return parse_with_positions(src, filename)[0]
+
+
+def parse_with_positions(src: str, filename: str = "<text>") -> tuple[Module, dict[object, tuple[int, int]]]:
+    """Parse a module and say where each op, call, function and value was written (line, col)."""
     try:
-        return _Parser(src, filename).module()
+        p = _Parser(src, filename)
+        return p.module(), p.positions
     except RecursionError:  # pragma: no cover - nesting is bounded by MAX_NESTING
         raise ParseError("program nested too deeply", 1, 1, src, filename) from None
 

@@ -1,0 +1,44 @@
+"""distir: an explicit IR for distributed neural-network computation, its interpreters
+(types/shapes, reference executor, placement, per-rank projection) and, in later layers,
+a simulator, transforms and a strategy search.
+
+The convenience functions here wire the IR to the op registry:
+
+    m = distir.load("examples/fig2_mlp_pipeline.distir")   # parse a file
+    distir.verify(m)                                       # structure + op signatures
+    typed = distir.check(m)                                # verify + infer types, annotated copy
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from distir import ops as _ops  # registers every op
+from distir.interp.annotate import annotate_types
+from distir.ir import Module, parse_module
+from distir.ir.verify import verify as _verify
+
+REGISTRY = _ops.REGISTRY
+__version__ = "0.1.0"
+
+
+def verify(module: Module) -> Module:
+    """Check structure (SSA, calls) and every op against the registry; returns ``module``."""
+    return _verify(module, REGISTRY.check_op)
+
+
+def check(module: Module, concrete: Mapping[str, Any] | None = None) -> Module:
+    """Verify, then type-check from the entry's parameter types; returns an annotated copy."""
+    verify(module)
+    return verify(annotate_types(module, concrete))
+
+
+def load(path: str | Path) -> Module:
+    """Parse a ``.distir`` file (raises ``ParseError`` with file:line:col on bad text)."""
+    p = Path(path)
+    return parse_module(p.read_text(encoding="utf-8"), str(path))
+
+
+__all__ = ["REGISTRY", "annotate_types", "check", "load", "verify"]

@@ -1,0 +1,183 @@
+"""The ``distir`` command.
+
+Every command that reports figures takes ``--json`` and then prints exactly one JSON object on
+stdout. Any user error exits with status 2 and one message ``FILE:LINE:COL: what is wrong`` on
+stderr (no traceback unless ``--debug``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+
+import distir
+from distir.interp.lockstep import check_deadlock_free
+from distir.interp.project import project
+from distir.interp.reference import random_inputs, run_reference
+from distir.ir.function import Module
+from distir.ir.parser import parse_with_positions
+from distir.ir.printer import print_module
+from distir.ir.types import Device
+from distir.report.errors import USER_ERRORS, locate
+from distir.report.summary import module_stats, output_names, outputs_table, value_summary
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="distir: find, simulate and check distributed strategies for neural networks.")
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+T = TypeVar("T")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")]
+EntryOpt = Annotated[str | None, typer.Option("--entry", help="Entry function (default: the last).")]
+FileArg = Annotated[Path, typer.Argument(help="A .distir program file.")]
+
+
+def _fail(message: str) -> NoReturn:
+    err.print(message, markup=False)
+    raise typer.Exit(2)
+
+
+class _Session:
+    """One command's file and error context."""
+
+    def __init__(self, file: Path, debug: bool) -> None:
+        self.file = file
+        self.debug = debug
+        self.positions: dict[object, tuple[int, int]] = {}
+
+    def guard(self, thunk: Callable[[], T]) -> T:
+        try:
+            return thunk()
+        except USER_ERRORS as e:
+            if self.debug:
+                traceback.print_exc()
+            _fail(locate(e, str(self.file), self.positions))
+
+    def load(self, entry: str | None) -> Module:
+        try:
+            text = self.file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            _fail(f"{self.file}: no such file")
+        except (OSError, UnicodeDecodeError) as e:
+            _fail(f"{self.file}: cannot read: {e}")
+        m, self.positions = self.guard(lambda: parse_with_positions(text, str(self.file)))
+        if entry is not None:
+            m = self.guard(lambda: m.with_entry(entry))
+        return self.guard(lambda: distir.verify(m))
+
+
+def _emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+
+
+@app.command()
+def show(file: FileArg, entry: EntryOpt = None, json_out: JsonOpt = False, debug: DebugOpt = False) -> None:
+    """Print the canonical text of a verified, type-checked program (types filled in)."""
+    s = _Session(file, debug)
+    m = s.load(entry)
+    typed = s.guard(lambda: distir.check(m))
+    text = print_module(typed)
+    if json_out:
+        _emit_json({"file": str(file), **module_stats(typed), "text": text})
+    else:
+        out.print(text, end="", markup=False)
+
+
+@app.command()
+def lower(
+    file: FileArg,
+    rank: Annotated[int | None, typer.Option("--rank", help="Device id N (dN) to print.")] = None,
+    all_ranks: Annotated[bool, typer.Option("--all", help="Print every rank's program.")] = False,
+    entry: EntryOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Print per-rank programs, after checking that they cannot deadlock."""
+    if (rank is None) == (not all_ranks):
+        _fail("lower: give exactly one of --rank N or --all")
+    s = _Session(file, debug)
+    m = s.load(entry)
+    s.guard(lambda: distir.check(m))
+    ranks = s.guard(lambda: project(m))
+    s.guard(lambda: check_deadlock_free(ranks))
+    if rank is not None:
+        if Device(rank) not in ranks:
+            _fail(f"{file}: the program has no rank d{rank}; its ranks: {', '.join(map(str, ranks))}")
+        chosen = {Device(rank): ranks[Device(rank)]}
+    else:
+        chosen = ranks
+    texts = {str(d): print_module(pm) for d, pm in chosen.items()}
+    if json_out:
+        _emit_json({"file": str(file), "ranks": texts, "deadlock_free": True})
+        return
+    for name, text in texts.items():
+        out.print(f"// rank {name}", markup=False)
+        out.print(text, markup=False)
+
+
+@app.command("exec")
+def exec_(
+    file: FileArg,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random inputs.")] = 0,
+    entry: EntryOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Run a program on the reference executor with seeded random inputs; summarize outputs."""
+    s = _Session(file, debug)
+    m = s.load(entry)
+    typed = s.guard(lambda: distir.check(m))
+    args = s.guard(lambda: random_inputs(typed.entry, seed))
+    outs = s.guard(lambda: run_reference(typed, args))
+    rows = [value_summary(n, v) for n, v in zip(output_names(typed.entry.outputs), outs, strict=True)]
+    for r, v in zip(rows, typed.entry.outputs, strict=True):
+        r["type"] = str(v.type)
+    if json_out:
+        _emit_json({"file": str(file), "entry": typed.entry.name, "seed": seed, "outputs": rows})
+        return
+    out.print(outputs_table(rows, f"@{typed.entry.name} on the reference executor (seed {seed})"))
+
+
+@app.command()
+def ops(json_out: JsonOpt = False) -> None:
+    """List the registered ops with their signatures."""
+    defs = sorted(distir.REGISTRY, key=lambda d: (d.family, d.name))
+    if json_out:
+        _emit_json({"ops": [{"name": d.name, "family": d.family, "kind": d.kind.value,
+                             "signature": d.signature(), "doc": d.doc} for d in defs]})
+        return
+    family = None
+    for d in defs:
+        if d.family != family:
+            family = d.family
+            out.print(f"\n[bold]{family}[/bold]")
+        out.print(f"  {d.signature()}", markup=False)
+
+
+@app.command()
+def demo(json_out: JsonOpt = False, debug: DebugOpt = False) -> None:
+    """The built-in tour: the paper's Figure 2 pipeline program, checked, lowered and run."""
+    from distir.report.demo import run_demo
+
+    try:
+        result = run_demo(out if not json_out else None)
+    except USER_ERRORS as e:  # pragma: no cover - the bundled examples are valid
+        if debug:
+            traceback.print_exc()
+        _fail(str(e))
+    if json_out:
+        _emit_json(result)
+    if not result["ok"]:
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,1 @@
+"""Reports: error messages, summaries, tables and the demo tour."""
