@@ -1,0 +1,105 @@
+"""The `distir` command's contract: output, --json keys, exit status 2 with FILE:LINE:COL."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from distir.cli import app
+
+EX = Path(__file__).resolve().parents[1] / "examples"
+runner = CliRunner()
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    r = runner.invoke(app, list(args))
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_show_prints_canonical_typed_text() -> None:
+    code, out, _ = run("show", str(EX / "fig2_mlp_pipeline.distir"))
+    assert code == 0
+    assert "%ar_1: Tensor[f32, (128, 512), d2] = Send(%as_1, dst=d2)" in out
+    code2, out2, _ = run("show", str(EX / "fig2_mlp_pipeline.distir"), "--json")
+    data = json.loads(out2)
+    assert code2 == 0 and data["entry"] == "mlpPP" and data["text"].strip() == out.strip()
+
+
+def test_lower_rank_and_all(tmp_path: Path) -> None:
+    code, out, _ = run("lower", str(EX / "fig9_zero.distir"), "--rank", "1")
+    assert code == 0 and "// rank d1" in out and "rank.Reduce(" in out and "// rank d2" not in out
+    code, out, _ = run("lower", str(EX / "fig9_zero.distir"), "--all", "--json")
+    data = json.loads(out)
+    assert code == 0 and sorted(data["ranks"]) == ["d1", "d2"] and data["deadlock_free"] is True
+    code, _, err = run("lower", str(EX / "fig9_zero.distir"), "--rank", "7")
+    assert code == 2 and "no rank d7" in err and "d1, d2" in err
+
+
+def test_exec_is_seeded() -> None:
+    code, out, _ = run("exec", str(EX / "fig8_checkpointing.distir"), "--seed", "3", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert [o["name"] for o in data["outputs"]] == ["%w1_new", "%w2_new"]
+    assert data["outputs"][0]["shape"] == [512, 512]
+    _, out_again, _ = run("exec", str(EX / "fig8_checkpointing.distir"), "--seed", "3", "--json")
+    _, out_other, _ = run("exec", str(EX / "fig8_checkpointing.distir"), "--seed", "4", "--json")
+    assert json.loads(out_again) == data and json.loads(out_other) != data
+
+
+BAD = {
+    "parse": ("func @f(%x: Tensor[f33, (2,), d0]) {\n  return %x\n}\n", r":1:20: expected a dtype"),
+    "undefined": ("func @f(%x: Tensor[f32, (2,), d0]) {\n  %y = Relu(%z)\n  return %y\n}\n",
+                  r":2:13: use of undefined value %z"),
+    "unknown op": ("func @f(%x: Tensor[f32, (2,), d0]) {\n  %y = Rellu(%x)\n  return %y\n}\n",
+                   r":2:3: .*unknown op 'Rellu' \(did you mean Relu"),
+    "shape": ("func @f(%x: Tensor[f32, (2, 3), d0]) {\n  %y = MatMul(%x, %x)\n  return %y\n}\n",
+              r":2:3: while interpreting `%y = MatMul\(%x, %x\)` in @f: MatMul contraction mismatch"),
+    "device": ("func @f(%x: Tensor[f32, (2,), d0], %z: Tensor[f32, (2,), d1]) {\n"
+               "  %y = Add(%x, %z)\n  return %y\n}\n",
+               r":2:3: .*Add runs on one device, but %x is on d0 and %z is on d1"),
+    "callee device": ("func @g(%a, %b) {\n  %c = Add(%a, %b)\n  return %c\n}\n\n"
+                      "func @f(%x: Tensor[f32, (2,), d0], %z: Tensor[f32, (2,), d1]) {\n"
+                      "  %y = @g(%x, %z)\n  return %y\n}\n",
+                      r":2:3: while interpreting `%c = Add\(%a, %b\)` in @g: Add runs on one device, "
+                      r"but input 1 is on d0 and input 2 is on d1 \[input %b\]"),
+    "attr": ("func @f(%x: Tensor[f32, (2,), d0]) {\n  %y = Send(%x)\n  return %y\n}\n",
+             r":2:3: .*Send requires attribute 'dst'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+@pytest.mark.parametrize("command", ["show", "exec"])
+def test_errors_exit_2_with_location(tmp_path: Path, case: str, command: str) -> None:
+    text, pattern = BAD[case]
+    f = tmp_path / "bad.distir"
+    f.write_text(text)
+    code, out, err = run(command, str(f))
+    assert code == 2
+    assert out == ""
+    first = err.splitlines()[0]
+    assert first.startswith(str(f) + ":"), first
+    assert re.search(pattern, first), first
+    assert "Traceback" not in err
+    assert f.read_text() == text  # nothing the user wrote is touched
+
+
+def test_missing_file() -> None:
+    code, _, err = run("show", "/nonexistent/x.distir")
+    assert code == 2 and "no such file" in err
+
+
+def test_demo_json() -> None:
+    code, out, _ = run("demo", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["ok"] is True and data["fig4_output_shape"] == [2048, 768]
+    assert all(r["rank_vs_global"] == 0.0 for r in data["outputs"])
+
+
+def test_ops_lists_registry() -> None:
+    code, out, _ = run("ops", "--json")
+    names = {o["name"] for o in json.loads(out)["ops"]}
+    assert code == 0 and {"MatMul", "Send", "AllReduce", "rank.Recv"} <= names
