@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs
-from distir.ops.registry import OpTypeError, TypeCtx
+from distir.ops.registry import CostFn, OpTypeError, TypeCtx
 
 
 def broadcast_shapes(ctx: TypeCtx, shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
@@ -39,13 +39,48 @@ def numel(t: Type) -> int:
     return 1
 
 
-def out_numel_flops(per_element: float) -> object:
+def out_numel_flops(per_element: float) -> CostFn:
     """A FLOP count of ``per_element`` per output element."""
 
     def flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
         return per_element * sum(numel(t) for t in outs)
 
     return flops
+
+
+def in_numel_flops(per_element: float, index: int = 0) -> CostFn:
+    """A FLOP count of ``per_element`` per element of input ``index``."""
+
+    def flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+        return per_element * numel(ins[index])
+
+    return flops
+
+
+def norm_axes(ctx: TypeCtx, axes: Sequence[int], rank: int, what: str = "axis") -> list[int]:
+    """``axes`` made non-negative; fails on out-of-range or repeated axes."""
+    norm = [norm_axis(ctx, a, rank, what) for a in axes]
+    if len(set(norm)) != len(norm):
+        ctx.fail(f"{ctx.op.name} {what}es repeat: {list(axes)}", None, "distinct axes", list(axes))
+    return norm
+
+
+def float_input(ctx: TypeCtx, i: int, what: str = "input") -> TensorType:
+    """Input ``i`` as a tensor, which must have a floating-point dtype."""
+    t = ctx.tensor(i)
+    if not t.dtype.is_float:
+        ctx.fail(f"{ctx.op.name} needs a floating-point {what} (input {i + 1})", i, "a float dtype",
+                 t.dtype)
+    return t
+
+
+def same_shape(ctx: TypeCtx, idx: Sequence[int]) -> None:
+    """Inputs ``idx`` all have the shape of the first one."""
+    ts = [ctx.tensor(i) for i in idx]
+    for i, t in zip(idx[1:], ts[1:], strict=True):
+        if t.shape != ts[0].shape:
+            ctx.fail(f"{ctx.op.name}: input {i + 1} has shape {t.shape} but input {idx[0] + 1} has "
+                     f"{ts[0].shape}", i, ts[0].shape, t.shape)
 
 
 def same_dtype(ctx: TypeCtx, idx: Sequence[int]) -> None:
@@ -56,4 +91,25 @@ def same_dtype(ctx: TypeCtx, idx: Sequence[int]) -> None:
                      i, ts[0].dtype, t.dtype)
 
 
-__all__ = ["OpTypeError", "broadcast_shapes", "norm_axis", "numel", "out_numel_flops", "same_dtype"]
+def int_attr(attrs: Attrs, name: str, default: int) -> int:
+    """A reference's view of an int attribute (the verifier has checked its kind)."""
+    v = attrs.get(name, default)
+    assert isinstance(v, int) and not isinstance(v, bool), (name, v)
+    return v
+
+
+def float_attr(attrs: Attrs, name: str, default: float) -> float:
+    v = attrs.get(name, default)
+    assert isinstance(v, int | float) and not isinstance(v, bool), (name, v)
+    return float(v)
+
+
+def str_attr(attrs: Attrs, name: str, default: str) -> str:
+    v = attrs.get(name, default)
+    assert isinstance(v, str), (name, v)
+    return v
+
+
+__all__ = ["OpTypeError", "broadcast_shapes", "float_attr", "float_input", "in_numel_flops",
+           "int_attr", "norm_axes", "norm_axis", "numel", "out_numel_flops", "same_dtype",
+           "same_shape", "str_attr"]

@@ -45,7 +45,9 @@ REDUCE_OPS = ("sum", "max", "min", "mean", "prod")
 def reduce_arrays(arrs: Sequence[Any], how: str) -> np.ndarray:
     """Elementwise reduction of same-shape arrays, keeping the dtype."""
     stack = np.stack([np.asarray(a) for a in arrs])
-    fn = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean, "prod": np.prod}[how]
+    fns: dict[str, Callable[..., Any]] = {"sum": np.sum, "max": np.max, "min": np.min,
+                                          "mean": np.mean, "prod": np.prod}
+    fn = fns[how]
     return np.asarray(fn(stack, axis=0)).astype(stack.dtype, copy=False)
 
 
@@ -440,10 +442,10 @@ def _make_rendezvous(c: _Coll) -> Rendezvous:
         ts = [TensorType(any_attrs["dtype"], tuple(s), d)  # type: ignore[arg-type]
               for s, d in zip(any_attrs["shapes"], group, strict=False)]  # type: ignore[arg-type]
         out_devs = c.out_devices(ts, Attrs(gattrs))
-        out = {d: () for d in group}
+        out: dict[Device, tuple[Any, ...]] = {d: () for d in group}
         for d, r in zip(out_devs, results, strict=True):
             out[d] = (r,)
-        return out  # type: ignore[return-value]
+        return out
 
     names = tuple(dict.fromkeys(("group", "shapes", "dtype", "root", *c.rank_attrs)))
     return Rendezvous(_group, _collective_key(*names), run)

@@ -6,7 +6,6 @@ Each op is one ``OpDef``: signature, shape rule, numpy reference, FLOPs per outp
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,6 +14,7 @@ import numpy as np
 from distir.ir.types import DType, Type
 from distir.ir.values import Attrs
 from distir.ops._rules import broadcast_shapes, numel, out_numel_flops, same_dtype
+from distir.ops._special import normal_cdf
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
 
 FAMILY = "elementwise"
@@ -52,7 +52,7 @@ def _keep_dtype(f: Callable[..., Any]) -> Callable[[Sequence[Any], Attrs], Seque
 def _binary(name: str, fn: Callable[..., Any], flops: float = 1.0, doc: str = "") -> OpDef:
     return register(OpDef(
         name=name, family=FAMILY, inputs=("A", "B"), outputs=("C",), infer=_broadcast_rule,
-        reference=_keep_dtype(fn), flops=out_numel_flops(flops),  # type: ignore[arg-type]
+        reference=_keep_dtype(fn), flops=out_numel_flops(flops),
         doc=doc,
     ))
 
@@ -61,14 +61,14 @@ def _unary(name: str, fn: Callable[..., Any], flops: float, float_only: bool = T
     return register(OpDef(
         name=name, family=FAMILY, inputs=("X",), outputs=("Y",),
         infer=_float_unary_rule if float_only else _unary_rule,
-        reference=_keep_dtype(fn), flops=out_numel_flops(flops),  # type: ignore[arg-type]
+        reference=_keep_dtype(fn), flops=out_numel_flops(flops),
     ))
 
 
 def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if np.issubdtype(a.dtype, np.integer):
-        return np.trunc(np.true_divide(a, b)).astype(a.dtype)  # ONNX: truncate toward zero
-    return np.divide(a, b)
+        return np.asarray(np.trunc(np.true_divide(a, b))).astype(a.dtype)  # ONNX: toward zero
+    return np.asarray(np.divide(a, b))
 
 
 ADD = _binary("Add", np.add, doc="C = A + B, numpy broadcasting")
@@ -77,15 +77,10 @@ MUL = _binary("Mul", np.multiply)
 DIV = _binary("Div", _int_div)
 POW = _binary("Pow", np.power, flops=4.0)
 
-_SQRT2 = math.sqrt(2.0)
-
 
 def _gelu(x: np.ndarray) -> np.ndarray:
-    """Exact (erf) GELU, the ONNX default; computed in float64 then cast back."""
-    from math import erf
-
-    xd = x.astype(np.float64)
-    return np.asarray(0.5 * xd * (1.0 + np.vectorize(erf, otypes=[np.float64])(xd / _SQRT2)))
+    """Exact (erf) GELU, the ONNX default: x·Φ(x), computed in float64 then cast back."""
+    return x.astype(np.float64) * normal_cdf(x)
 
 
 SQRT = _unary("Sqrt", np.sqrt, 1.0)
@@ -129,17 +124,25 @@ def _where_rule(ctx: TypeCtx) -> Sequence[Type]:
     return (ctx.out(ctx.tensor(1).dtype, shape),)
 
 
+def _where_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    c, x, y = (np.asarray(a) for a in args)
+    return (np.asarray(np.where(c, x, y)).astype(x.dtype, copy=False),)
+
+
 WHERE = register(OpDef(
     name="Where", family=FAMILY, inputs=("condition", "X", "Y"), outputs=("output",),
-    infer=_where_rule,
-    reference=lambda args, attrs: (np.where(args[0], args[1], args[2]).astype(np.asarray(args[1]).dtype),),
-    flops=out_numel_flops(1.0),  # type: ignore[arg-type]
+    infer=_where_rule, reference=_where_ref,
+    flops=out_numel_flops(1.0),
 ))
 
 
 def _cast_rule(ctx: TypeCtx) -> Sequence[Type]:
     t = ctx.tensor(0)
-    return (ctx.out(ctx.attr("to"), t.shape),)
+    to = ctx.attr("to")
+    if not isinstance(to, DType):
+        known = ", ".join(d.value for d in DType)
+        ctx.fail(f"Cast to unknown dtype {to!r}; known dtypes: {known}", None, "a DType", to)
+    return (ctx.out(to, t.shape),)
 
 
 CAST = register(OpDef(

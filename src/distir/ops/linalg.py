@@ -9,7 +9,7 @@ import numpy as np
 
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs
-from distir.ops._rules import broadcast_shapes, numel, same_dtype
+from distir.ops._rules import broadcast_shapes, float_attr, numel, same_dtype
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
 
 FAMILY = "linalg"
@@ -62,8 +62,10 @@ def _gemm_rule(ctx: TypeCtx) -> Sequence[Type]:
         ctx.fail(f"Gemm contraction mismatch: {a.shape} @ {b.shape}", 1, k, k2)
     if len(ctx.types) == 3:
         c = ctx.tensor(2)
-        if broadcast_shapes(ctx, [c.shape, (m, n)]) != (m, n):
-            ctx.fail(f"Gemm bias of shape {c.shape} does not broadcast to {(m, n)}", 2, (m, n), c.shape)
+        fits = c.rank <= 2 and all(d in (1, w) for d, w in zip(c.shape[::-1], (n, m), strict=False))
+        if not fits:
+            ctx.fail(f"Gemm bias of shape {c.shape} does not broadcast to {(m, n)}", 2, (m, n),
+                     c.shape)
     return (ctx.out(a.dtype, (m, n)),)
 
 
@@ -73,9 +75,9 @@ def _gemm_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
         a = a.T
     if attrs.get("transB", 0):
         b = b.T
-    y = attrs.get("alpha", 1.0) * (a @ b)  # type: ignore[operator]
+    y = float_attr(attrs, "alpha", 1.0) * (a @ b)
     if len(args) == 3:
-        y = y + attrs.get("beta", 1.0) * np.asarray(args[2])  # type: ignore[operator]
+        y = y + float_attr(attrs, "beta", 1.0) * np.asarray(args[2])
     return (np.asarray(y).astype(a.dtype, copy=False),)
 
 

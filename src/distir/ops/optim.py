@@ -10,7 +10,7 @@ import numpy as np
 
 from distir.ir.types import Type
 from distir.ir.values import Attrs
-from distir.ops._rules import numel, same_dtype
+from distir.ops._rules import float_attr, float_input, numel, same_dtype, same_shape
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
 
 FAMILY = "optim"
@@ -26,8 +26,7 @@ def _sgd_rule(ctx: TypeCtx) -> Sequence[Type]:
 
 def _sgd_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     w, g = np.asarray(args[0]), np.asarray(args[1])
-    lr: Any = attrs.get("lr", 0.01)
-    return ((w - lr * g).astype(w.dtype, copy=False),)
+    return ((w - float_attr(attrs, "lr", 0.01) * g).astype(w.dtype, copy=False),)
 
 
 SGD = register(OpDef(
@@ -35,4 +34,49 @@ SGD = register(OpDef(
     attrs={"lr": AttrSpec("float", 0.01)}, reference=_sgd_ref,
     flops=lambda ins, outs, attrs: 2.0 * numel(outs[0]),
     doc="Plain SGD step: new_weight = weight - lr * grad.",
+))
+
+
+def _adam_rule(ctx: TypeCtx) -> Sequence[Type]:
+    w = float_input(ctx, 0, "weight")
+    same_dtype(ctx, [0, 1, 2, 3])
+    same_shape(ctx, [0, 1, 2, 3])
+    step = ctx.tensor(4)
+    if not step.dtype.is_int or step.rank != 0:
+        ctx.fail("Adam step must be an integer scalar (a Scalar or 0-d tensor)", 4,
+                 "Scalar[i64] or Tensor[i64, ()]", ctx.types[4])
+    known = ctx.known[4] if len(ctx.known) > 4 else None
+    if known is not None and int(np.asarray(known)) < 1:
+        ctx.fail("Adam step counts from 1 (bias correction divides by 1 - beta^step)", 4, ">= 1",
+                 int(np.asarray(known)))
+    for name in ("beta1", "beta2"):
+        b = ctx.attr(name)
+        if not 0.0 <= b < 1.0:
+            ctx.fail(f"Adam {name} must be in [0, 1)", None, "[0, 1)", b)
+    return (ctx.out(w.dtype, w.shape),) * 3
+
+
+def _adam_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    w0 = np.asarray(args[0])
+    w, g, m, v = (np.asarray(a, dtype=np.float64) for a in args[:4])
+    t = int(np.asarray(args[4]))
+    lr, b1 = float_attr(attrs, "lr", 0.001), float_attr(attrs, "beta1", 0.9)
+    b2, eps = float_attr(attrs, "beta2", 0.999), float_attr(attrs, "epsilon", 1e-8)
+    m = b1 * m + (1.0 - b1) * g
+    v = b2 * v + (1.0 - b2) * g * g
+    m_hat = m / (1.0 - b1**t)
+    v_hat = v / (1.0 - b2**t)
+    w = w - lr * m_hat / (np.sqrt(v_hat) + eps)
+    return tuple(a.astype(w0.dtype) for a in (w, m, v))
+
+
+ADAM = register(OpDef(
+    name="Adam", family=FAMILY, inputs=("weight", "grad", "m", "v", "step"),
+    outputs=("new_weight", "new_m", "new_v"), infer=_adam_rule,
+    attrs={"lr": AttrSpec("float", 0.001), "beta1": AttrSpec("float", 0.9),
+           "beta2": AttrSpec("float", 0.999), "epsilon": AttrSpec("float", 1e-8)},
+    reference=_adam_ref, flops=lambda ins, outs, attrs: 10.0 * numel(ins[0]),
+    doc="Adam (Kingma & Ba) with bias correction; step is the 1-based step count: "
+        "m' = b1 m + (1-b1) g, v' = b2 v + (1-b2) g^2, "
+        "w' = w - lr (m'/(1-b1^step)) / (sqrt(v'/(1-b2^step)) + epsilon).",
 ))

@@ -16,7 +16,7 @@ import numpy as np
 
 from distir.ir.types import DType, Type
 from distir.ir.values import Attrs
-from distir.ops._rules import norm_axis, numel
+from distir.ops._rules import int_attr, norm_axis, numel
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
 
 FAMILY = "shape"
@@ -41,19 +41,33 @@ SHAPE = register(OpDef(
 
 
 # -- Constant ---------------------------------------------------------------------------------
+def _default_dtype(value: object) -> DType:
+    kind = np.array(value).dtype.kind
+    return DType.f32 if kind == "f" else DType.bool if kind == "b" else DType.i64
+
+
 def _const_array(ctx: TypeCtx) -> np.ndarray:
     value = ctx.attr("value")
     dt = ctx.attr("dtype")
     if dt is None:
-        arr = np.array(value)
-        dt = DType.f32 if arr.dtype.kind == "f" else DType.bool if arr.dtype.kind == "b" else DType.i64
+        dt = _default_dtype(value)
     try:
         arr = np.array(value, dtype=dt.to_numpy())
     except (ValueError, OverflowError):
-        ctx.fail("Constant value is not a rectangular array of numbers", None, "nested lists of equal length", value)
+        ctx.fail("Constant value is not a rectangular array of numbers", None,
+                 "nested lists of equal length", value)
     if arr.dtype == object:  # pragma: no cover - numpy raises above for ragged input
         ctx.fail("Constant value is not a rectangular array")
     return arr
+
+
+def _constant_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    """The same array the rule types: the dtype attribute, else i64 / f32 / bool by value."""
+    value = attrs["value"]
+    dt = attrs.get("dtype")
+    if not isinstance(dt, DType):
+        dt = _default_dtype(value)
+    return (np.array(value, dtype=dt.to_numpy()),)
 
 
 def _constant_rule(ctx: TypeCtx) -> Sequence[Type]:
@@ -69,8 +83,7 @@ CONSTANT = register(OpDef(
     attrs={"value": AttrSpec("tensor"), "dtype": AttrSpec("dtype", None),
            "device": AttrSpec("device")},
     partial=lambda ctx: (_const_array(ctx),),
-    reference=lambda args, attrs: (np.array(
-        attrs["value"], dtype=attrs["dtype"].to_numpy() if "dtype" in attrs else None),),  # type: ignore[union-attr]
+    reference=_constant_ref,
     bytes_read=lambda ins, outs, attrs: 0.0,
     doc="A literal tensor on a device; dtype defaults to i64 for ints and f32 for floats.",
 ))
@@ -88,14 +101,16 @@ def _gather_rule(ctx: TypeCtx) -> Sequence[Type]:
     if known is not None:
         n = data.shape[ax]
         if np.any((known < -n) | (known >= n)):
-            ctx.fail(f"Gather index out of range for axis of size {n}", 1, f"-{n}..{n - 1}", known.tolist())
+            ctx.fail(f"Gather index out of range for axis of size {n}", 1, f"-{n}..{n - 1}",
+                     known.tolist())
     return (ctx.out(data.dtype, data.shape[:ax] + idx.shape + data.shape[ax + 1:]),)
 
 
 GATHER = register(OpDef(
     name="Gather", family=FAMILY, inputs=("data", "indices"), outputs=("output",),
     infer=_gather_rule, attrs={"axis": AttrSpec("int", 0)},
-    reference=lambda args, attrs: (np.take(args[0], np.asarray(args[1]), axis=attrs.get("axis", 0)),),
+    reference=lambda args, attrs: (
+        np.take(args[0], np.asarray(args[1]), axis=int_attr(attrs, "axis", 0)),),
     bytes_read=lambda ins, outs, attrs: float(outs[0].nbytes + ins[1].nbytes),
     doc="ONNX Gather: take slices of data along axis (an embedding lookup when axis=0).",
 ))
@@ -116,13 +131,14 @@ def _concat_rule(ctx: TypeCtx) -> Sequence[Type]:
             ctx.fail(f"Concat input {i + 1} of shape {t.shape} does not match {first.shape} "
                      f"outside axis {ax}", i, first.shape, t.shape)
         total += t.shape[ax]
-    return (ctx.out(first.dtype, first.shape[:ax] + (total,) + first.shape[ax + 1:]),)
+    return (ctx.out(first.dtype, (*first.shape[:ax], total, *first.shape[ax + 1:])),)
 
 
 CONCAT = register(OpDef(
     name="Concat", family=FAMILY, inputs=("*inputs",), outputs=("concat_result",),
     infer=_concat_rule, attrs={"axis": AttrSpec("int")},
-    reference=lambda args, attrs: (np.concatenate([np.asarray(a) for a in args], axis=attrs["axis"]),),  # type: ignore[arg-type]
+    reference=lambda args, attrs: (
+        np.concatenate([np.asarray(a) for a in args], axis=int_attr(attrs, "axis", 0)),),
     bytes_read=_copy_bytes,
 ))
 
@@ -153,7 +169,8 @@ def _reshape_target(ctx: TypeCtx, in_shape: tuple[int, ...], spec: np.ndarray) -
             ctx.fail(f"cannot reshape {in_shape} to {dims}", 1, f"sizes dividing {total}", dims)
         out[infer_at] = total // rest
     if math.prod(out) != total:
-        ctx.fail(f"cannot reshape {in_shape} ({total} elements) to {tuple(out)}", 1, total, math.prod(out))
+        ctx.fail(f"cannot reshape {in_shape} ({total} elements) to {tuple(out)}", 1, total,
+                 math.prod(out))
     return tuple(out)
 
 
@@ -161,7 +178,8 @@ def _reshape_rule(ctx: TypeCtx) -> Sequence[Type]:
     data, shp = ctx.tensor(0), ctx.tensor(1)
     if not shp.dtype.is_int or shp.rank != 1:
         ctx.fail("Reshape's shape must be a 1-d integer tensor", 1, "Tensor[i64, (n,)]", shp)
-    return (ctx.out(data.dtype, _reshape_target(ctx, data.shape, ctx.const(1, "the target shape"))),)
+    target = _reshape_target(ctx, data.shape, ctx.const(1, "the target shape"))
+    return (ctx.out(data.dtype, target),)
 
 
 def _reshape_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
@@ -296,7 +314,7 @@ def _split_rule(ctx: TypeCtx) -> Sequence[Type]:
         if k < 1:
             ctx.fail("Split num_splits must be positive", None, ">= 1", k)
         sizes = split_sizes(t.shape[ax], k)
-    return tuple(ctx.out(t.dtype, t.shape[:ax] + (s,) + t.shape[ax + 1:]) for s in sizes)
+    return tuple(ctx.out(t.dtype, (*t.shape[:ax], s, *t.shape[ax + 1:])) for s in sizes)
 
 
 def _split_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
@@ -311,7 +329,8 @@ def _split_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
 
 SPLIT = register(OpDef(
     name="Split", family=FAMILY, inputs=("input",), outputs=_split_count, infer=_split_rule,
-    attrs={"dim": AttrSpec("int", 0), "num_splits": AttrSpec("int", 2), "sizes": AttrSpec("ints", None)},
+    attrs={"dim": AttrSpec("int", 0), "num_splits": AttrSpec("int", 2),
+           "sizes": AttrSpec("ints", None)},
     reference=_split_ref, bytes_read=_copy_bytes,
     doc="Split along dim into num_splits near-equal parts (first parts larger) or given sizes.",
 ))
@@ -347,7 +366,8 @@ SLICE = register(OpDef(
     name="Slice", family=FAMILY, inputs=("data",), outputs=("output",), infer=_slice_rule,
     attrs={"starts": AttrSpec("ints"), "ends": AttrSpec("ints"), "axes": AttrSpec("ints", None),
            "steps": AttrSpec("ints", None)},
-    reference=lambda args, attrs: (np.array(np.asarray(args[0])[tuple(_slices(None, np.shape(args[0]), attrs))]),),
+    reference=lambda args, attrs: (
+        np.array(np.asarray(args[0])[tuple(_slices(None, np.shape(args[0]), attrs))]),),
     bytes_read=_copy_bytes,
     doc="ONNX Slice with starts/ends/axes/steps as attributes (Python slice semantics).",
 ))

@@ -1,0 +1,86 @@
+"""Reductions (ONNX names): ReduceSum and ReduceMean over a set of axes.
+
+Attributes follow ONNX with the axes as an attribute: ``axes`` (default: every axis; an empty
+list also means every axis, ONNX's ``noop_with_empty_axes=0``) and ``keepdims`` (1 keeps reduced
+axes with size 1). Float references accumulate in float64 and round once to the input dtype;
+integer sums wrap like the dtype does, integer means truncate toward zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from distir.ir.types import DType, Type
+from distir.ir.values import Attrs
+from distir.ops._rules import norm_axes, numel
+from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+
+FAMILY = "reduce"
+
+ATTRS = {"axes": AttrSpec("ints", None), "keepdims": AttrSpec("int", 1, (0, 1))}
+
+
+def reduced_axes(ctx: TypeCtx, rank: int) -> list[int]:
+    """The normalized, sorted axes a reduction removes (all of them when ``axes`` is unset)."""
+    axes = ctx.attr("axes")
+    if not axes:
+        return list(range(rank))
+    return sorted(norm_axes(ctx, axes, rank, "Reduce axis"))
+
+
+def _reduce_rule(ctx: TypeCtx) -> Sequence[Type]:
+    t = ctx.tensor(0)
+    if t.dtype is DType.bool:
+        ctx.fail(f"{ctx.op.name} needs a numeric input", 0, "a numeric dtype", t.dtype)
+    axes = set(reduced_axes(ctx, t.rank))
+    keep = ctx.attr("keepdims") == 1
+    shape = [1 if i in axes else d for i, d in enumerate(t.shape) if keep or i not in axes]
+    return (ctx.out(t.dtype, shape),)
+
+
+def _axes_of(x: np.ndarray, attrs: Attrs) -> tuple[int, ...]:
+    axes: Any = attrs.get("axes")
+    if not axes:
+        return tuple(range(x.ndim))
+    return tuple(a % x.ndim for a in axes)
+
+
+def _reduce_ref(mean: bool) -> Any:
+    def ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+        x = np.asarray(args[0])
+        axes = _axes_of(x, attrs)
+        keep = attrs.get("keepdims", 1) == 1
+        acc = np.float64 if x.dtype.kind == "f" else np.int64
+        s = np.sum(x, axis=axes, keepdims=keep, dtype=acc)
+        if mean:
+            n = int(np.prod([x.shape[a] for a in axes]))
+            s = s / n if x.dtype.kind == "f" else np.trunc(s / n).astype(np.int64)
+        return (np.asarray(s).astype(x.dtype),)
+
+    return ref
+
+
+def _sum_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+    """One add per input element that is folded into an output element."""
+    return float(max(numel(ins[0]) - numel(outs[0]), 0))
+
+
+def _mean_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+    return _sum_flops(ins, outs, attrs) + float(numel(outs[0]))
+
+
+REDUCE_SUM = register(OpDef(
+    name="ReduceSum", family=FAMILY, inputs=("data",), outputs=("reduced",), infer=_reduce_rule,
+    attrs=dict(ATTRS), reference=_reduce_ref(mean=False), flops=_sum_flops,
+    doc="Sum over axes (default all); keepdims=1 keeps them with size 1.",
+))
+REDUCE_MEAN = register(OpDef(
+    name="ReduceMean", family=FAMILY, inputs=("data",), outputs=("reduced",), infer=_reduce_rule,
+    attrs=dict(ATTRS), reference=_reduce_ref(mean=True), flops=_mean_flops,
+    doc="Mean over axes (default all); keepdims=1 keeps them with size 1.",
+))
+
+__all__ = ["reduced_axes"]
