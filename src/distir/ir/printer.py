@@ -49,7 +49,7 @@ def _quote(s: str) -> str:
             out.append("\\n")
         elif ch == "\t":
             out.append("\\t")
-        elif ord(ch) < 32 or ord(ch) == 127:
+        elif ord(ch) < 32 or ord(ch) == 127 or 0xD800 <= ord(ch) <= 0xDFFF:  # surrogates: not UTF-8
             out.append(f"\\u{ord(ch):04x}")
         else:
             out.append(ch)

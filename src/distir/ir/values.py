@@ -70,15 +70,33 @@ class Attrs(Mapping[str, AttrValue]):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Attrs):
             return NotImplemented
-        return self._map == other._map and all(
-            type(v) is type(other._map[k]) for k, v in self._map.items()
+        return self._map.keys() == other._map.keys() and all(
+            _same_attr(v, other._map[k]) for k, v in self._map.items()
         )
 
-    def __hash__(self) -> int:
-        return hash(self._items)
+    def __hash__(self) -> int:  # order-independent, like __eq__
+        return hash(frozenset((k, _hash_key(v)) for k, v in self._items))
 
     def __repr__(self) -> str:
         return f"Attrs({dict(self._items)!r})"
+
+
+def _same_attr(a: AttrValue, b: AttrValue) -> bool:
+    """Type-exact equality, also inside lists (1, 1.0 and True differ); nan equals nan."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, tuple):
+        assert isinstance(b, tuple)
+        return len(a) == len(b) and all(_same_attr(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and a != a:
+        return b != b
+    return a == b
+
+
+def _hash_key(v: AttrValue) -> object:
+    if isinstance(v, tuple):
+        return tuple(_hash_key(x) for x in v)
+    return "nan" if isinstance(v, float) and v != v else v  # hash(nan) is per object
 
 
 EMPTY_ATTRS = Attrs()
