@@ -52,22 +52,34 @@ def test_exec_is_seeded() -> None:
 
 BAD = {
     "parse": ("func @f(%x: Tensor[f33, (2,), d0]) {\n  return %x\n}\n", r":1:20: expected a dtype"),
-    "undefined": ("func @f(%x: Tensor[f32, (2,), d0]) {\n  %y = Relu(%z)\n  return %y\n}\n",
-                  r":2:13: use of undefined value %z"),
-    "unknown op": ("func @f(%x: Tensor[f32, (2,), d0]) {\n  %y = Rellu(%x)\n  return %y\n}\n",
-                   r":2:3: .*unknown op 'Rellu' \(did you mean Relu"),
-    "shape": ("func @f(%x: Tensor[f32, (2, 3), d0]) {\n  %y = MatMul(%x, %x)\n  return %y\n}\n",
-              r":2:3: while interpreting `%y = MatMul\(%x, %x\)` in @f: MatMul contraction mismatch"),
-    "device": ("func @f(%x: Tensor[f32, (2,), d0], %z: Tensor[f32, (2,), d1]) {\n"
-               "  %y = Add(%x, %z)\n  return %y\n}\n",
-               r":2:3: .*Add runs on one device, but %x is on d0 and %z is on d1"),
-    "callee device": ("func @g(%a, %b) {\n  %c = Add(%a, %b)\n  return %c\n}\n\n"
-                      "func @f(%x: Tensor[f32, (2,), d0], %z: Tensor[f32, (2,), d1]) {\n"
-                      "  %y = @g(%x, %z)\n  return %y\n}\n",
-                      r":2:3: while interpreting `%c = Add\(%a, %b\)` in @g: Add runs on one device, "
-                      r"but input 1 is on d0 and input 2 is on d1 \[input %b\]"),
-    "attr": ("func @f(%x: Tensor[f32, (2,), d0]) {\n  %y = Send(%x)\n  return %y\n}\n",
-             r":2:3: .*Send requires attribute 'dst'"),
+    "undefined": (
+        "func @f(%x: Tensor[f32, (2,), d0]) {\n  %y = Relu(%z)\n  return %y\n}\n",
+        r":2:13: use of undefined value %z",
+    ),
+    "unknown op": (
+        "func @f(%x: Tensor[f32, (2,), d0]) {\n  %y = Rellu(%x)\n  return %y\n}\n",
+        r":2:3: .*unknown op 'Rellu' \(did you mean Relu",
+    ),
+    "shape": (
+        "func @f(%x: Tensor[f32, (2, 3), d0]) {\n  %y = MatMul(%x, %x)\n  return %y\n}\n",
+        r":2:3: while interpreting `%y = MatMul\(%x, %x\)` in @f: MatMul contraction mismatch",
+    ),
+    "device": (
+        "func @f(%x: Tensor[f32, (2,), d0], %z: Tensor[f32, (2,), d1]) {\n"
+        "  %y = Add(%x, %z)\n  return %y\n}\n",
+        r":2:3: .*Add runs on one device, but %x is on d0 and %z is on d1",
+    ),
+    "callee device": (
+        "func @g(%a, %b) {\n  %c = Add(%a, %b)\n  return %c\n}\n\n"
+        "func @f(%x: Tensor[f32, (2,), d0], %z: Tensor[f32, (2,), d1]) {\n"
+        "  %y = @g(%x, %z)\n  return %y\n}\n",
+        r":2:3: while interpreting `%c = Add\(%a, %b\)` in @g: Add runs on one device, "
+        r"but input 1 is on d0 and input 2 is on d1 \[input %b\]",
+    ),
+    "attr": (
+        "func @f(%x: Tensor[f32, (2,), d0]) {\n  %y = Send(%x)\n  return %y\n}\n",
+        r":2:3: .*Send requires attribute 'dst'",
+    ),
 }
 
 

@@ -28,8 +28,11 @@ from distir.ir.types import Device
 from distir.report.errors import USER_ERRORS, locate
 from distir.report.summary import module_stats, output_names, outputs_table, value_summary
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="distir: find, simulate and check distributed strategies for neural networks.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="distir: find, simulate and check distributed strategies for neural networks.",
+)
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 T = TypeVar("T")
@@ -151,8 +154,20 @@ def ops(json_out: JsonOpt = False) -> None:
     """List the registered ops with their signatures."""
     defs = sorted(distir.REGISTRY, key=lambda d: (d.family, d.name))
     if json_out:
-        _emit_json({"ops": [{"name": d.name, "family": d.family, "kind": d.kind.value,
-                             "signature": d.signature(), "doc": d.doc} for d in defs]})
+        _emit_json(
+            {
+                "ops": [
+                    {
+                        "name": d.name,
+                        "family": d.family,
+                        "kind": d.kind.value,
+                        "signature": d.signature(),
+                        "doc": d.doc,
+                    }
+                    for d in defs
+                ]
+            }
+        )
         return
     family = None
     for d in defs:

@@ -19,8 +19,9 @@ VARIADIC = ["AllReduce", "AllGather", "ReduceScatter", "MPIGather", "Reduce", "A
 SINGLE = ["Broadcast", "Scatter"]
 
 
-def _program(name: str, n: int, shape: tuple[int, ...], attrs: dict[str, object],
-             uneven: list[int] | None = None) -> Module:
+def _program(
+    name: str, n: int, shape: tuple[int, ...], attrs: dict[str, object], uneven: list[int] | None = None
+) -> Module:
     fb = FunctionBuilder("coll", REGISTRY.out_arity)
     if name in SINGLE:
         src = fb.param("x", TensorType(DType.f32, shape, Device(int(attrs.pop("src")))))  # type: ignore[arg-type]
@@ -62,8 +63,9 @@ def _check(m: Module, seed: int) -> None:
     op=st.sampled_from(["sum", "max", "min", "mean"]),
     seed=st.integers(0, 1000),
 )
-def test_variadic_collectives_project_exactly(name: str, n: int, shape: tuple[int, ...], dim: int,
-                                               op: str, seed: int) -> None:
+def test_variadic_collectives_project_exactly(
+    name: str, n: int, shape: tuple[int, ...], dim: int, op: str, seed: int
+) -> None:
     dim = dim % len(shape)
     attrs: dict[str, object] = {}
     if name in ("AllGather", "ReduceScatter", "MPIGather"):
@@ -79,8 +81,12 @@ def test_variadic_collectives_project_exactly(name: str, n: int, shape: tuple[in
 
 
 @settings(max_examples=20, deadline=None)
-@given(name=st.sampled_from(SINGLE), n=st.integers(2, 4),
-       shape=st.lists(st.integers(1, 7), min_size=1, max_size=3).map(tuple), seed=st.integers(0, 100))
+@given(
+    name=st.sampled_from(SINGLE),
+    n=st.integers(2, 4),
+    shape=st.lists(st.integers(1, 7), min_size=1, max_size=3).map(tuple),
+    seed=st.integers(0, 100),
+)
 def test_broadcast_and_scatter_project_exactly(name: str, n: int, shape: tuple[int, ...], seed: int) -> None:
     devices = [Device(i) for i in range(n)]
     attrs: dict[str, object] = {"devices": devices, "src": seed % n}

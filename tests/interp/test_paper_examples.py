@@ -65,10 +65,34 @@ def test_figure2_ranks_hold_their_layers_and_sends() -> None:
     ops1 = [getattr(i, "name", "@" + getattr(i, "callee", "")) for i in d1.body]
     ops2 = [getattr(i, "name", "@" + getattr(i, "callee", "")) for i in d2.body]
     # device 1: forward both microbatches, sending activations, then the backward of each
-    assert ops1 == ["Split", "@dense", "rank.Send", "@dense", "rank.Send", "rank.Recv", "@denseGrad",
-                    "rank.Recv", "@denseGrad", "Sum", "SGD"]
-    assert ops2 == ["Split", "rank.Recv", "@dense", "rank.Recv", "@lossGrad", "@denseGrad",
-                    "rank.Send", "@dense", "@lossGrad", "@denseGrad", "rank.Send", "Sum", "SGD"]
+    assert ops1 == [
+        "Split",
+        "@dense",
+        "rank.Send",
+        "@dense",
+        "rank.Send",
+        "rank.Recv",
+        "@denseGrad",
+        "rank.Recv",
+        "@denseGrad",
+        "Sum",
+        "SGD",
+    ]
+    assert ops2 == [
+        "Split",
+        "rank.Recv",
+        "@dense",
+        "rank.Recv",
+        "@lossGrad",
+        "@denseGrad",
+        "rank.Send",
+        "@dense",
+        "@lossGrad",
+        "@denseGrad",
+        "rank.Send",
+        "Sum",
+        "SGD",
+    ]
     assert [p.name for p in d1.params] == ["w1", "x"] and [p.name for p in d2.params] == ["w2", "y"]
 
 

@@ -81,8 +81,30 @@ MAYBE_TYPE = st.none() | ANY_TYPE
 NAME_CHARS = "abcxyzXY_019."
 # Hints that collide, need sanitizing (spaces, unicode, %, -), are empty, or are digits only.
 TRICKY_HINTS = [
-    "x", "x", "y", "x_1", "x_2", "v", "v_1", "0", "1", "007", "a.b", "", " ", "a b", "ü",
-    "日本", "%x", "-", "x-1", "_", ".", "tab\there", "new\nline", "x_1_1",
+    "x",
+    "x",
+    "y",
+    "x_1",
+    "x_2",
+    "v",
+    "v_1",
+    "0",
+    "1",
+    "007",
+    "a.b",
+    "",
+    " ",
+    "a b",
+    "ü",
+    "日本",
+    "%x",
+    "-",
+    "x-1",
+    "_",
+    ".",
+    "tab\there",
+    "new\nline",
+    "x_1_1",
 ]
 name_hints = st.one_of(
     st.sampled_from(TRICKY_HINTS),
@@ -90,42 +112,74 @@ name_hints = st.one_of(
     st.text(max_size=4),
 )
 # Function names must be valid (the verifier checks them): [A-Za-z0-9_.]+, digits-only allowed.
-function_names = st.sampled_from(
-    ["main", "f", "g", "0", "42", "f.g", "_", ".", "layer_1"]
-) | st.text(alphabet=NAME_CHARS, min_size=1, max_size=6)
+function_names = st.sampled_from(["main", "f", "g", "0", "42", "f.g", "_", ".", "layer_1"]) | st.text(
+    alphabet=NAME_CHARS, min_size=1, max_size=6
+)
 
 # -- attribute values ----------------------------------------------------------------------------
 
 SPECIAL_FLOATS = [
-    math.inf, -2.5e-7, -math.inf, 0.0, -0.0, 1.0, -1.5, 1e-7, 1e22, -1e300, 5e-324,
-    1.7976931348623157e308, 0.1, 123456789.125,
+    math.inf,
+    -2.5e-7,
+    -math.inf,
+    0.0,
+    -0.0,
+    1.0,
+    -1.5,
+    1e-7,
+    1e22,
+    -1e300,
+    5e-324,
+    1.7976931348623157e308,
+    0.1,
+    123456789.125,
 ]
 floats = st.sampled_from(SPECIAL_FLOATS) | st.floats(allow_nan=False)
 floats_with_nan = floats | st.just(math.nan)
 ints = st.integers(-5, 5) | st.integers() | st.integers(-(10**40), 10**40)
 TRICKY_STRINGS = [
-    "a\nb", '"', "\\", "ü", "", '\\"', "\n", "\t", "\r\n", "\\n", "\\u0041", "\x00", "\x7f",
-    "\x1b[0m", "ünïcødé", "日本語", "🙂", "\u2028", "\x85", "d0", "f32", "true", "nan", "[1, 2]",
-    "%x", "// c", 'say "hi"\n',
+    "a\nb",
+    '"',
+    "\\",
+    "ü",
+    "",
+    '\\"',
+    "\n",
+    "\t",
+    "\r\n",
+    "\\n",
+    "\\u0041",
+    "\x00",
+    "\x7f",
+    "\x1b[0m",
+    "ünïcødé",
+    "日本語",
+    "🙂",
+    "\u2028",
+    "\x85",
+    "d0",
+    "f32",
+    "true",
+    "nan",
+    "[1, 2]",
+    "%x",
+    "// c",
+    'say "hi"\n',
 ]
 tricky_strings = st.sampled_from(TRICKY_STRINGS)
 strings = tricky_strings | st.text(max_size=8)
 scalar_attrs = st.one_of(ints, floats_with_nan, strings, st.booleans(), devices, dtypes)
-attr_values = st.recursive(
-    scalar_attrs, lambda inner: st.lists(inner, max_size=4).map(tuple), max_leaves=8
-)
+attr_values = st.recursive(scalar_attrs, lambda inner: st.lists(inner, max_size=4).map(tuple), max_leaves=8)
 # The registry's ``tensor`` kind: numbers, bools and nested lists of them.
 tensor_attrs = st.recursive(
     st.sampled_from(SPECIAL_FLOATS) | ints | floats_with_nan | st.booleans(),
     lambda inner: st.lists(inner, max_size=3).map(tuple),
     max_leaves=6,
 )
-identifiers = st.tuples(
-    st.sampled_from("abzAZ_"), st.text(alphabet="abzAZ_09.", max_size=6)
-).map("".join)  # [A-Za-z_][A-Za-z0-9_.]*
-attr_names = st.sampled_from(["axis", "x", "_", "a.b", "func", "return", "true", "d0", "f32"]) | (
-    identifiers
-)
+identifiers = st.tuples(st.sampled_from("abzAZ_"), st.text(alphabet="abzAZ_09.", max_size=6)).map(
+    "".join
+)  # [A-Za-z_][A-Za-z0-9_.]*
+attr_names = st.sampled_from(["axis", "x", "_", "a.b", "func", "return", "true", "d0", "f32"]) | (identifiers)
 # An op named "return" with no results would print as a return statement.
 free_op_names = st.sampled_from(["Foo", "foo.bar", "_", "Add", "d0", "true", "func"]) | (
     identifiers.filter(lambda s: s != "return")
@@ -135,8 +189,7 @@ REDUCE_OPS = ("sum", "max", "min", "mean", "prod")
 # rank.* ops take an attribute of any kind (`shapes`): weighted up so valid modules carry
 # strings, floats, bools and nested lists often.
 LOCAL_OPS = st.sampled_from(
-    ["Add", "Relu", "MatMul", "Identity", "Split", "Concat", "Constant", "Gemm", "SGD", "Cast",
-     "rank.Send"]
+    ["Add", "Relu", "MatMul", "Identity", "Split", "Concat", "Constant", "Gemm", "SGD", "Cast", "rank.Send"]
 ) | st.sampled_from(["rank.AllReduce", "rank.Broadcast", "Constant"])
 
 
@@ -160,15 +213,22 @@ class _Gen:
         t = self.d(MAYBE_TYPE)
         return moved_to(t, dev) if t is not None and dev is not None else t
 
-    def op(self, name: str, inputs: list[Value], attrs: dict[str, object], local_dev: Device | None,
-           n_out: int | None = None) -> tuple[Value, ...]:
+    def op(
+        self,
+        name: str,
+        inputs: list[Value],
+        attrs: dict[str, object],
+        local_dev: Device | None,
+        n_out: int | None = None,
+    ) -> tuple[Value, ...]:
         """Append ``name``; results are typed on ``local_dev`` (local ops) or anywhere."""
         if n_out is None:
             n_out = REGISTRY.out_arity(name, len(inputs), Attrs(attrs))
         if n_out < 0:  # only the input types tell: any count passes the verifier
             n_out = self.d(st.integers(0, 3))
         outs = self.fb.op(
-            name, *inputs,
+            name,
+            *inputs,
             names=[self.d(name_hints) for _ in range(n_out)],
             types=[self.maybe_type(local_dev) for _ in range(n_out)],
             **attrs,
@@ -241,9 +301,9 @@ class _Gen:
             ins = self.local_inputs(self.d(st.integers(0, 1)), dev)
             attrs.update(
                 group=tuple(self.d(st.lists(devices, max_size=3))),
-                shapes=self.d(tricky_strings | st.lists(strings, max_size=2).map(tuple)
-                              | attr_values),
-                dtype=self.d(dtypes), device=dev,
+                shapes=self.d(tricky_strings | st.lists(strings, max_size=2).map(tuple) | attr_values),
+                dtype=self.d(dtypes),
+                device=dev,
             )
             if self.d(st.booleans()):
                 attrs["root"] = self.d(devices)
@@ -281,8 +341,13 @@ class _Gen:
             if exact and self.d(st.booleans()):
                 ok = exact
             if not ok:  # make a value of the parameter's type (Send may retype anything)
-                (v,) = self.fb.op("Send", *self.any_inputs(1), dst=self.d(devices),
-                                  names=[self.d(name_hints)], types=[p.type])
+                (v,) = self.fb.op(
+                    "Send",
+                    *self.any_inputs(1),
+                    dst=self.d(devices),
+                    names=[self.d(name_hints)],
+                    types=[p.type],
+                )
                 self.avail.append(v)
                 ok = [v]
             args.append(self.d(st.sampled_from(ok)))
@@ -290,14 +355,21 @@ class _Gen:
             self.d(st.sampled_from([None, o.type])) if o.type is not None else self.maybe_type()
             for o in callee.outputs
         ]
-        outs = self.fb.call(callee, *args, names=[self.d(name_hints) for _ in callee.outputs],
-                            types=res_types)
+        outs = self.fb.call(
+            callee, *args, names=[self.d(name_hints) for _ in callee.outputs], types=res_types
+        )
         self.avail.extend(outs)
 
 
 @st.composite
-def functions_of(draw: Draw, name: str, callees: tuple[Function, ...], registered: bool = True,
-                 max_params: int = 4, max_instrs: int = 8) -> Function:
+def functions_of(
+    draw: Draw,
+    name: str,
+    callees: tuple[Function, ...],
+    registered: bool = True,
+    max_params: int = 4,
+    max_instrs: int = 8,
+) -> Function:
     fb = FunctionBuilder(name)
     g = _Gen(draw, fb)
     for _ in range(draw(st.integers(0, max_params))):
@@ -318,8 +390,7 @@ def functions_of(draw: Draw, name: str, callees: tuple[Function, ...], registere
 
 
 @st.composite
-def modules(draw: Draw, registered: bool = True, max_functions: int = 4,
-            max_instrs: int = 8) -> Module:
+def modules(draw: Draw, registered: bool = True, max_functions: int = 4, max_instrs: int = 8) -> Module:
     """A random valid module; the entry (last function) may call every earlier function."""
     names = draw(st.lists(function_names, min_size=1, max_size=max_functions, unique=True))
     fns: list[Function] = []

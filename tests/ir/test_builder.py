@@ -239,11 +239,7 @@ def test_same_hint_values_print_uniquely() -> None:
     (y,) = b.op("Add", x3, x1, names=["x_1"])  # hint that collides with a generated name
     text = print_function(b.ret(y, x2))
     assert text == (
-        "func @f(%x, %x_1) {\n"
-        "  %x_2 = Add(%x, %x_1)\n"
-        "  %x_1_1 = Add(%x_2, %x)\n"
-        "  return %x_1_1, %x_1\n"
-        "}"
+        "func @f(%x, %x_1) {\n  %x_2 = Add(%x, %x_1)\n  %x_1_1 = Add(%x_2, %x)\n  return %x_1_1, %x_1\n}"
     )
     m = parse_module(text + "\n")
     f = m.entry

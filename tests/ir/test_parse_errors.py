@@ -175,13 +175,8 @@ def test_full_error_text_has_caret_excerpt() -> None:
     with pytest.raises(ParseError) as ei:
         parse_module(src, "prog.distir")
     e = ei.value
-    assert str(e) == (
-        "prog.distir:2:13: use of undefined value %z\n"
-        "    %y = Relu(%z)\n"
-        "              ^"
-    )
-    assert (e.line, e.col, e.filename, e.message) == (2, 13, "prog.distir",
-                                                     "use of undefined value %z")
+    assert str(e) == ("prog.distir:2:13: use of undefined value %z\n    %y = Relu(%z)\n              ^")
+    assert (e.line, e.col, e.filename, e.message) == (2, 13, "prog.distir", "use of undefined value %z")
 
 
 def test_default_filename() -> None:
@@ -202,10 +197,12 @@ def test_error_at_end_of_input_after_trailing_newline() -> None:
         ("Tensor[f32, (2,), d0] x", "<type>:1:23: unexpected 'x' after the type"),
         ("Tensor[f32, (2,)]", "<type>:1:17: expected ',' after the tensor shape, found ']'"),
         ("Scalar[f32]", "<type>:1:11: expected ',' after the scalar dtype, found ']'"),
-        ("Tuple[f32]", "<type>:1:7: unknown type 'f32': expected Tensor[...], Scalar[...] or "
-                       "Tuple[...]"),
-        ("", "<type>:1:1: expected a name as a type (Tensor[...], Scalar[...] or Tuple[...]), "
-             "found end of input"),
+        ("Tuple[f32]", "<type>:1:7: unknown type 'f32': expected Tensor[...], Scalar[...] or Tuple[...]"),
+        (
+            "",
+            "<type>:1:1: expected a name as a type (Tensor[...], Scalar[...] or Tuple[...]), "
+            "found end of input",
+        ),
     ],
 )
 def test_golden_type_errors(src: str, expected: str) -> None:

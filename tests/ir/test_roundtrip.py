@@ -12,9 +12,7 @@ from distir.ops.registry import REGISTRY
 from .strategies import modules, types
 from .structural import structural_diff, structurally_equal
 
-ROUNDTRIP = settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+ROUNDTRIP = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @ROUNDTRIP
@@ -87,24 +85,30 @@ def test_structural_equality_ignores_value_identity_and_unsanitized_hints() -> N
     assert not structurally_equal(a, Module((g3, main)))
 
 
-@given(st.sampled_from([
-    [("%c_d = Add(%a, %b)", "%c_d = Add(%b, %a)")],  # data flow
-    [("Split(%x, num_splits=2, dim=0)", "Split(%x, dim=0, num_splits=2)")],  # attribute order
-    [("num_splits=2", "num_splits=3")],  # attribute value
-    [("[1, 2.5, true]", "[1, 2.5, 1]")],  # nested attribute kind
-    [("[1, 2.5, true]", "[1.0, 2.5, true]")],  # nested int vs float
-    [("value=[1, 2.5, true]", "value=[1, -0.0, true]")],  # float sign
-    [("%c_d = Add", "%c_d = Sub")],  # op name
-    [("%z = @g(%s, %y)", "%z = Add(%s, %y)")],  # call vs op
-    [("%b) {", "%b: Scalar[f32, d0]) {")],  # declared type
-    [("(2,), d0], %y", "(2,), d1], %y")],  # device
-    [("return %z, %t", "return %t, %z")],  # returns
-    [("return %z, %t", "return %z")],  # number of returns
-    [("%s, %t = Split", "%s, %tt = Split"), ("return %z, %t", "return %z, %tt")],  # name hint
-    [("@g", "@h"), ("@g", "@h")],  # function name
-    [("func @main(%x: Tensor[f32, (2,), d0], %y)", "func @main(%x: Tensor[f32, (2,), d0])"),
-     ("@g(%s, %y)", "@g(%s, %x)")],  # parameter count
-]))
+@given(
+    st.sampled_from(
+        [
+            [("%c_d = Add(%a, %b)", "%c_d = Add(%b, %a)")],  # data flow
+            [("Split(%x, num_splits=2, dim=0)", "Split(%x, dim=0, num_splits=2)")],  # attribute order
+            [("num_splits=2", "num_splits=3")],  # attribute value
+            [("[1, 2.5, true]", "[1, 2.5, 1]")],  # nested attribute kind
+            [("[1, 2.5, true]", "[1.0, 2.5, true]")],  # nested int vs float
+            [("value=[1, 2.5, true]", "value=[1, -0.0, true]")],  # float sign
+            [("%c_d = Add", "%c_d = Sub")],  # op name
+            [("%z = @g(%s, %y)", "%z = Add(%s, %y)")],  # call vs op
+            [("%b) {", "%b: Scalar[f32, d0]) {")],  # declared type
+            [("(2,), d0], %y", "(2,), d1], %y")],  # device
+            [("return %z, %t", "return %t, %z")],  # returns
+            [("return %z, %t", "return %z")],  # number of returns
+            [("%s, %t = Split", "%s, %tt = Split"), ("return %z, %t", "return %z, %tt")],  # name hint
+            [("@g", "@h"), ("@g", "@h")],  # function name
+            [
+                ("func @main(%x: Tensor[f32, (2,), d0], %y)", "func @main(%x: Tensor[f32, (2,), d0])"),
+                ("@g(%s, %y)", "@g(%s, %x)"),
+            ],  # parameter count
+        ]
+    )
+)
 def test_structural_equality_detects_differences(changes: list[tuple[str, str]]) -> None:
     src = BASE
     for old, new in changes:
@@ -113,4 +117,3 @@ def test_structural_equality_detects_differences(changes: list[tuple[str, str]])
     a, b = parse_module(BASE), parse_module(src)
     assert not structurally_equal(a, b)
     assert not structurally_equal(b, a)
-

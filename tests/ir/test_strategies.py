@@ -26,8 +26,7 @@ from distir.ir.values import AttrValue
 from .strategies import modules
 
 # derandomized: the same 150 modules every run, so the coverage check cannot flake
-SEARCH = settings(max_examples=150, phases=[Phase.generate], database=None, deadline=None,
-                  derandomize=True)
+SEARCH = settings(max_examples=150, phases=[Phase.generate], database=None, deadline=None, derandomize=True)
 
 
 def values(m: Module) -> Iterator[tuple[int, Value]]:
@@ -68,8 +67,9 @@ def typed_call_arg(m: Module) -> bool:
     for f in m.functions:
         for c in f.calls():
             callee = m[c.callee]
-            if any(a.type is not None and a.type == p.type
-                   for a, p in zip(c.inputs, callee.params, strict=True)):
+            if any(
+                a.type is not None and a.type == p.type for a, p in zip(c.inputs, callee.params, strict=True)
+            ):
                 return True
     return False
 
@@ -95,13 +95,13 @@ FEATURES: dict[str, Callable[[Module], bool]] = {
     "three functions": lambda m: len(m.functions) >= 3,
     "call": lambda m: any(isinstance(i, Call) for f in m.functions for i in f.body),
     "typed call argument": typed_call_arg,
-    "instruction without results": lambda m: any(
-        not i.outputs for f in m.functions for i in f.body),
+    "instruction without results": lambda m: any(not i.outputs for f in m.functions for i in f.body),
     "multi-result op": lambda m: any(
-        isinstance(i, Op) and len(i.outputs) >= 2 for f in m.functions for i in f.body),
+        isinstance(i, Op) and len(i.outputs) >= 2 for f in m.functions for i in f.body
+    ),
     "variadic op with 3 inputs": lambda m: any(
-        op.name in ("Concat", "AllReduce") and len(op.inputs) >= 3
-        for f in m.functions for op in f.ops()),
+        op.name in ("Concat", "AllReduce") and len(op.inputs) >= 3 for f in m.functions for op in f.ops()
+    ),
     "empty return": lambda m: any(not f.outputs for f in m.functions),
     "two returns": lambda m: any(len(f.outputs) >= 2 for f in m.functions),
     "untyped param": lambda m: any(p.type is None for f in m.functions for p in f.params),
@@ -109,24 +109,25 @@ FEATURES: dict[str, Callable[[Module], bool]] = {
     "1-d tensor": lambda m: any(isinstance(t, TensorType) and t.rank == 1 for t in all_types(m)),
     "scalar": lambda m: any(isinstance(t, ScalarType) for t in all_types(m)),
     "nested tuple": lambda m: any(
-        isinstance(t, TupleType) and any(isinstance(e, TupleType) for e in t.elements)
-        for t in all_types(m)),
+        isinstance(t, TupleType) and any(isinstance(e, TupleType) for e in t.elements) for t in all_types(m)
+    ),
     "hint needing sanitizing": sanitized_hint,
     "duplicate hints": duplicate_hints,
     "empty hint": lambda m: any(v.name == "" for _, v in values(m)),
     "digit-only hint": lambda m: any(v.name.isdigit() for _, v in values(m)),
     "string attr with quote or backslash": lambda m: any(
-        isinstance(a, str) and ('"' in a or "\\" in a) for a in attr_leaves(m)),
-    "string attr with newline": lambda m: any(isinstance(a, str) and "\n" in a
-                                              for a in attr_leaves(m)),
-    "non-ascii string attr": lambda m: any(isinstance(a, str) and not a.isascii()
-                                           for a in attr_leaves(m)),
+        isinstance(a, str) and ('"' in a or "\\" in a) for a in attr_leaves(m)
+    ),
+    "string attr with newline": lambda m: any(isinstance(a, str) and "\n" in a for a in attr_leaves(m)),
+    "non-ascii string attr": lambda m: any(isinstance(a, str) and not a.isascii() for a in attr_leaves(m)),
     "infinite float": lambda m: any(isinstance(a, float) and math.isinf(a) for a in attr_leaves(m)),
     "negative exponent float": lambda m: any(
-        isinstance(a, float) and a < 0 and "e" in repr(a) for a in attr_leaves(m)),
+        isinstance(a, float) and a < 0 and "e" in repr(a) for a in attr_leaves(m)
+    ),
     "bool attr": lambda m: any(isinstance(a, bool) for a in attr_leaves(m)),
     "nested list attr": lambda m: any(
-        isinstance(a, tuple) and any(isinstance(x, tuple) for x in a) for a in attr_leaves(m)),
+        isinstance(a, tuple) and any(isinstance(x, tuple) for x in a) for a in attr_leaves(m)
+    ),
 }
 
 

@@ -152,8 +152,17 @@ def test_unknown_op_lists_known_ops() -> None:
     x = b.param("x")
     (y,) = b.op("Relux", x, n_out=1)
     e = verify_error(single(b.ret(y)))
-    check(e, "f", "%relux = Relux(%x)", "unknown op 'Relux'", "did you mean Relu", "known ops: ",
-          "AllReduce", "MatMul", "Send")
+    check(
+        e,
+        "f",
+        "%relux = Relux(%x)",
+        "unknown op 'Relux'",
+        "did you mean Relu",
+        "known ops: ",
+        "AllReduce",
+        "MatMul",
+        "Send",
+    )
     known = str(e).split("known ops: ")[1].split(", ")
     assert known == sorted(op.name for op in REGISTRY)
 
@@ -211,8 +220,7 @@ def test_unknown_attribute() -> None:
     x = b.param("x")
     (y,) = b.op("Relu", x, alpha=0.5)
     e = verify_error(single(b.ret(y)))
-    check(e, "f", "%relu = Relu(%x, alpha=0.5)",
-          "Relu has no attribute 'alpha'; its attributes: none")
+    check(e, "f", "%relu = Relu(%x, alpha=0.5)", "Relu has no attribute 'alpha'; its attributes: none")
 
 
 def test_unknown_attribute_lists_the_known_ones() -> None:
@@ -220,8 +228,12 @@ def test_unknown_attribute_lists_the_known_ones() -> None:
     x = b.param("x")
     (y, z) = b.op("Split", x, axis=0)
     e = verify_error(single(b.ret(y, z)))
-    check(e, "f", "%split, %split_1 = Split(%x, axis=0)",
-          "Split has no attribute 'axis'; its attributes: dim, num_splits, sizes")
+    check(
+        e,
+        "f",
+        "%split, %split_1 = Split(%x, axis=0)",
+        "Split has no attribute 'axis'; its attributes: dim, num_splits, sizes",
+    )
 
 
 @pytest.mark.parametrize(
@@ -234,9 +246,7 @@ def test_unknown_attribute_lists_the_known_ones() -> None:
         ("Cast", 1, {}, "Cast requires attribute 'to' (dtype)"),
     ],
 )
-def test_missing_required_attribute(
-    name: str, n_in: int, attrs: dict[str, object], expected: str
-) -> None:
+def test_missing_required_attribute(name: str, n_in: int, attrs: dict[str, object], expected: str) -> None:
     b = fb()
     xs = [b.param("x") for _ in range(n_in)]
     (y,) = b.op(name, *xs, **attrs)
@@ -267,8 +277,14 @@ def test_attribute_of_wrong_kind(name: str, attr: str, value: object, kind: str)
     outs = b.op(name, *xs, n_out=1, **{attr: value})
     e = verify_error(single(b.ret(*outs)))
     frozen = freeze_attr(value)
-    check(e, "f", None, f"attribute '{attr}' of {name} must be {kind}",
-          f"(expected {kind}, got {frozen!r})", f"{attr}={format_attr(frozen)}")
+    check(
+        e,
+        "f",
+        None,
+        f"attribute '{attr}' of {name} must be {kind}",
+        f"(expected {kind}, got {frozen!r})",
+        f"{attr}={format_attr(frozen)}",
+    )
 
 
 def test_attribute_not_among_choices() -> None:
@@ -276,9 +292,13 @@ def test_attribute_not_among_choices() -> None:
     x = b.param("x")
     (y,) = b.op("AllReduce", x, op="avg")
     e = verify_error(single(b.ret(y)))
-    check(e, "f", '%allreduce = AllReduce(%x, op="avg")',
-          "attribute 'op' of AllReduce must be one of ['sum', 'max', 'min', 'mean', 'prod']",
-          "got 'avg'")
+    check(
+        e,
+        "f",
+        '%allreduce = AllReduce(%x, op="avg")',
+        "attribute 'op' of AllReduce must be one of ['sum', 'max', 'min', 'mean', 'prod']",
+        "got 'avg'",
+    )
 
 
 def test_local_op_with_declared_types_on_two_devices() -> None:
@@ -287,8 +307,13 @@ def test_local_op_with_declared_types_on_two_devices() -> None:
     c = b.param("c", T1)
     (y,) = b.op("Add", a, c)
     e = verify_error(single(b.ret(y)))
-    check(e, "f", "%add = Add(%a, %c)", "Add runs on one device, but %a is on d0 and %c is on d1",
-          "(expected d0, got d1)")
+    check(
+        e,
+        "f",
+        "%add = Add(%a, %c)",
+        "Add runs on one device, but %a is on d0 and %c is on d1",
+        "(expected d0, got d1)",
+    )
     assert e.value is c
 
 
@@ -297,8 +322,12 @@ def test_local_op_result_declared_on_another_device() -> None:
     a = b.param("a", T0)
     (y,) = b.op("Relu", a, types=[ScalarType(DType.f32, D1)])
     e = verify_error(single(b.ret(y)))
-    check(e, "f", "%relu: Scalar[f32, d1] = Relu(%a)",
-          "Relu runs on one device, but %a is on d0 and %relu is on d1")
+    check(
+        e,
+        "f",
+        "%relu: Scalar[f32, d1] = Relu(%a)",
+        "Relu runs on one device, but %a is on d0 and %relu is on d1",
+    )
 
 
 def test_local_op_with_tuple_spanning_two_devices() -> None:
@@ -306,8 +335,7 @@ def test_local_op_with_tuple_spanning_two_devices() -> None:
     t = b.param("t", TupleType((T0, T1)))
     (y,) = b.op("Identity", t)
     e = verify_error(single(b.ret(y)))
-    check(e, "f", "%identity = Identity(%t)", "Identity runs on one device",
-          "%t is on d0 and %t is on d1")
+    check(e, "f", "%identity = Identity(%t)", "Identity runs on one device", "%t is on d0 and %t is on d1")
 
 
 def test_rank_op_is_checked_for_one_device() -> None:
@@ -318,8 +346,7 @@ def test_rank_op_is_checked_for_one_device() -> None:
     b = fb()
     a = b.param("a", T0)
     c = b.param("c", T1)
-    b.op("rank.AllReduce", a, group=[D0, D1], shapes=[[4]], dtype=DType.f32, device=D0,
-         types=[T1])
+    b.op("rank.AllReduce", a, group=[D0, D1], shapes=[[4]], dtype=DType.f32, device=D0, types=[T1])
     e = verify_error(single(b.ret(c)))
     check(e, "f", None, "rank.AllReduce runs on one device")
 
@@ -357,8 +384,9 @@ def test_op_checker_errors_other_than_signature_errors_propagate() -> None:
 # -- calls ---------------------------------------------------------------------------------------
 
 
-def _callee(param_types: tuple[object, ...] = (T0, None), n_out: int = 1,
-            out_type: object = None) -> Function:
+def _callee(
+    param_types: tuple[object, ...] = (T0, None), n_out: int = 1, out_type: object = None
+) -> Function:
     g = fb("g")
     ps = [g.param(f"p{i}", t) for i, t in enumerate(param_types)]  # type: ignore[arg-type]
     (r,) = g.op("Relu", ps[0], types=[out_type])  # type: ignore[list-item]
@@ -399,8 +427,13 @@ def test_call_argument_type_mismatch() -> None:
     w = b.param("w", T0)
     (y,) = b.call(gf, x, w)  # p1 is untyped: any argument fits; p0 wants T0
     e = verify_error(Module((gf, b.ret(y))))
-    check(e, "main", "%g = @g(%x, %w)", "argument %x does not match parameter %p0 of @g",
-          f"(expected {T0}, got {T1})")
+    check(
+        e,
+        "main",
+        "%g = @g(%x, %w)",
+        "argument %x does not match parameter %p0 of @g",
+        f"(expected {T0}, got {T1})",
+    )
     assert e.value is x and e.expected == T0 and e.actual == T1
 
 
@@ -410,8 +443,13 @@ def test_call_result_type_mismatch() -> None:
     x = b.param("x", T0)
     (y,) = b.call(gf, x, x, types=[T1])
     e = verify_error(Module((gf, b.ret(y))))
-    check(e, "main", f"%g: {T1} = @g(%x, %x)", "result %g does not match what @g returns",
-          f"(expected {T0}, got {T1})")
+    check(
+        e,
+        "main",
+        f"%g: {T1} = @g(%x, %x)",
+        "result %g does not match what @g returns",
+        f"(expected {T0}, got {T1})",
+    )
 
 
 def test_call_type_check_skips_untyped() -> None:

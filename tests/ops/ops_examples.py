@@ -91,17 +91,29 @@ def known_inputs(case: Case, values: list[Any]) -> list[Any]:
     return [np.asarray(v) if s.fixed else None for s, v in zip(case.specs(), values, strict=True)]
 
 
-_bin = [Case([T(f32, 2, 3), T(f32, 3)]), Case([T(i64, 2, 1), T(i64, 1, 4)]),
-        Case([T(f16, 4), T(f16, 1)]), Case([T(f64), T(f64, 2)])]
+_bin = [
+    Case([T(f32, 2, 3), T(f32, 3)]),
+    Case([T(i64, 2, 1), T(i64, 1, 4)]),
+    Case([T(f16, 4), T(f16, 1)]),
+    Case([T(f64), T(f64, 2)]),
+]
 _float_unary = [Case([T(f32, 2, 3)]), Case([T(f64, 5)]), Case([T(f16, 3, 1)]), Case([T(f32)])]
 _any_unary = [*_float_unary, Case([T(i32, 4)]), Case([T(i64, 2, 2)])]
 _pos_unary = [Case([R(T(f32, 2, 3), 0.1, 4.0)]), Case([R(T(f64, 5), 0.0, 9.0)])]
 _like = [Case([T(f32, 2, 3), T(f32, 2, 3)]), Case([T(f64, 4), T(f64, 4)])]
-_reduce = [Case([T(f32, 2, 3, 4)]), Case([T(f32, 2, 3, 4)], {"axes": (0, -1), "keepdims": 0}),
-           Case([T(i32, 3, 5)], {"axes": (1,)}), Case([T(f64, 4)], {"keepdims": 0}),
-           Case([T(f32, 2, 3)], {"axes": ()}), Case([T(i64, 2, 0)], {"axes": (0,)})]
-_pred = [Case([T(f32, 4, 3), T(f32, 4, 3)]), Case([T(f64, 5), T(f64, 5)], {"reduction": "sum"}),
-         Case([T(f32, 2, 3), T(f32, 2, 3)], {"reduction": "none"})]
+_reduce = [
+    Case([T(f32, 2, 3, 4)]),
+    Case([T(f32, 2, 3, 4)], {"axes": (0, -1), "keepdims": 0}),
+    Case([T(i32, 3, 5)], {"axes": (1,)}),
+    Case([T(f64, 4)], {"keepdims": 0}),
+    Case([T(f32, 2, 3)], {"axes": ()}),
+    Case([T(i64, 2, 0)], {"axes": (0,)}),
+]
+_pred = [
+    Case([T(f32, 4, 3), T(f32, 4, 3)]),
+    Case([T(f64, 5), T(f64, 5)], {"reduction": "sum"}),
+    Case([T(f32, 2, 3), T(f32, 2, 3)], {"reduction": "none"}),
+]
 
 EXAMPLES: dict[str, list[Case]] = {
     # shape
@@ -117,50 +129,79 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([T(f32, 4, 6), R(T(i64, 2, 3), -6, 6)], {"axis": 1}),
         Case([T(f64, 4, 3), K(T(i32), 3)]),
     ],
-    "Concat": [Case([T(f32, 2, 3), T(f32, 4, 3)], {"axis": 0}),
-               Case([T(i64, 2, 3), T(i64, 2, 1), T(i64, 2, 2)], {"axis": -1})],
-    "Reshape": [Case([T(f32, 2, 3, 4), K(T(i64, 3), [0, -1, 2])]),
-                Case([T(f64, 6), K(T(i64, 2), [3, 2])])],
+    "Concat": [
+        Case([T(f32, 2, 3), T(f32, 4, 3)], {"axis": 0}),
+        Case([T(i64, 2, 3), T(i64, 2, 1), T(i64, 2, 2)], {"axis": -1}),
+    ],
+    "Reshape": [Case([T(f32, 2, 3, 4), K(T(i64, 3), [0, -1, 2])]), Case([T(f64, 6), K(T(i64, 2), [3, 2])])],
     "Unsqueeze": [Case([T(f32, 2, 3)], {"axes": (0, -1)}), Case([T(i64)], {"axes": (0,)})],
     "Squeeze": [Case([T(f32, 1, 3, 1)]), Case([T(f32, 1, 3, 1)], {"axes": (-1,)})],
     "Transpose": [Case([T(f32, 2, 3, 4)]), Case([T(i32, 2, 3, 4)], {"perm": (1, 0, 2)})],
-    "Split": [Case([T(f32, 127, 2)], {"num_splits": 2}),
-              Case([T(f32, 3, 10)], {"dim": 1, "sizes": (3, 0, 7)})],
-    "Slice": [Case([T(f32, 5, 6)], {"starts": (1, -3), "ends": (4, 100), "axes": (0, 1)}),
-              Case([T(f32, 5, 6)], {"starts": (4,), "ends": (0,), "axes": (1,), "steps": (-2,)})],
+    "Split": [
+        Case([T(f32, 127, 2)], {"num_splits": 2}),
+        Case([T(f32, 3, 10)], {"dim": 1, "sizes": (3, 0, 7)}),
+    ],
+    "Slice": [
+        Case([T(f32, 5, 6)], {"starts": (1, -3), "ends": (4, 100), "axes": (0, 1)}),
+        Case([T(f32, 5, 6)], {"starts": (4,), "ends": (0,), "axes": (1,), "steps": (-2,)}),
+    ],
     # elementwise
-    "Add": _bin, "Sub": _bin, "Mul": _bin,
-    "Div": [Case([T(f32, 2, 3), R(T(f32, 3), 0.5, 2.0)]),
-            Case([T(i64, 2, 3), R(T(i64, 3), 1, 5)])],
-    "Pow": [Case([R(T(f32, 2, 3), 0.1, 3.0), T(f32, 3)]),
-            Case([R(T(i64, 4), 0, 5), R(T(i64, 4), 0, 3)])],
-    "Sqrt": _pos_unary, "Exp": _float_unary, "Gelu": _float_unary, "Tanh": _float_unary,
-    "Sigmoid": _float_unary, "Neg": _any_unary, "Relu": _any_unary,
+    "Add": _bin,
+    "Sub": _bin,
+    "Mul": _bin,
+    "Div": [Case([T(f32, 2, 3), R(T(f32, 3), 0.5, 2.0)]), Case([T(i64, 2, 3), R(T(i64, 3), 1, 5)])],
+    "Pow": [Case([R(T(f32, 2, 3), 0.1, 3.0), T(f32, 3)]), Case([R(T(i64, 4), 0, 5), R(T(i64, 4), 0, 3)])],
+    "Sqrt": _pos_unary,
+    "Exp": _float_unary,
+    "Gelu": _float_unary,
+    "Tanh": _float_unary,
+    "Sigmoid": _float_unary,
+    "Neg": _any_unary,
+    "Relu": _any_unary,
     "Identity": [*_any_unary, Case([T(b, 3)])],
-    "Sum": [Case([T(f32, 2, 3)]), Case([T(f32, 2, 3), T(f32, 3), T(f32, 1, 1)]),
-            Case([T(i64, 4), T(i64, 4)])],
+    "Sum": [
+        Case([T(f32, 2, 3)]),
+        Case([T(f32, 2, 3), T(f32, 3), T(f32, 1, 1)]),
+        Case([T(i64, 4), T(i64, 4)]),
+    ],
     "Where": [Case([T(b, 2, 3), T(f32, 2, 3), T(f32, 3)]), Case([T(b), T(i64, 2), T(i64)])],
-    "Cast": [Case([T(f32, 2, 3)], {"to": f16}), Case([T(f32, 4)], {"to": i32}),
-             Case([T(i64, 2)], {"to": b}), Case([T(b, 2)], {"to": f64})],
+    "Cast": [
+        Case([T(f32, 2, 3)], {"to": f16}),
+        Case([T(f32, 4)], {"to": i32}),
+        Case([T(i64, 2)], {"to": b}),
+        Case([T(b, 2)], {"to": f64}),
+    ],
     # linalg
-    "MatMul": [Case([T(f32, 2, 3), T(f32, 3, 4)]), Case([T(f32, 5, 2, 3), T(f32, 3)]),
-               Case([T(f64, 3), T(f64, 3)]), Case([T(f32, 2, 1, 3, 4), T(f32, 5, 4, 2)]),
-               Case([T(f32, 3), T(f32, 2, 3, 4)])],
-    "Gemm": [Case([T(f32, 2, 3), T(f32, 3, 4)]),
-             Case([T(f32, 3, 2), T(f32, 4, 3), T(f32, 4)], {"transA": 1, "transB": 1}),
-             Case([T(f64, 2, 3), T(f64, 3, 4), T(f64, 2, 1)], {"alpha": 0.5, "beta": 2.0})],
+    "MatMul": [
+        Case([T(f32, 2, 3), T(f32, 3, 4)]),
+        Case([T(f32, 5, 2, 3), T(f32, 3)]),
+        Case([T(f64, 3), T(f64, 3)]),
+        Case([T(f32, 2, 1, 3, 4), T(f32, 5, 4, 2)]),
+        Case([T(f32, 3), T(f32, 2, 3, 4)]),
+    ],
+    "Gemm": [
+        Case([T(f32, 2, 3), T(f32, 3, 4)]),
+        Case([T(f32, 3, 2), T(f32, 4, 3), T(f32, 4)], {"transA": 1, "transB": 1}),
+        Case([T(f64, 2, 3), T(f64, 3, 4), T(f64, 2, 1)], {"alpha": 0.5, "beta": 2.0}),
+    ],
     # optim
     "SGD": [Case([T(f32, 3, 2), T(f32, 3, 2)], {"lr": 0.1}), Case([T(f64, 4), T(f64, 4)])],
-    "Adam": [Case([T(f32, 3, 2), T(f32, 3, 2), T(f32, 3, 2), R(T(f32, 3, 2), 0, 1),
-                   K(T(i64), 3)]),
-             Case([T(f64, 4), T(f64, 4), T(f64, 4), R(T(f64, 4), 0, 1), K(S(i64), 1)],
-                  {"lr": 0.01, "beta1": 0.8, "beta2": 0.99, "epsilon": 1e-6})],
+    "Adam": [
+        Case([T(f32, 3, 2), T(f32, 3, 2), T(f32, 3, 2), R(T(f32, 3, 2), 0, 1), K(T(i64), 3)]),
+        Case(
+            [T(f64, 4), T(f64, 4), T(f64, 4), R(T(f64, 4), 0, 1), K(S(i64), 1)],
+            {"lr": 0.01, "beta1": 0.8, "beta2": 0.99, "epsilon": 1e-6},
+        ),
+    ],
     # tuples
     "MakeTuple": [Case([T(f32, 2), S(i64)]), Case([T(f32, 2, 3), T(f64, 1), T(b)])],
-    "UnpackTuple": [Case([TupleType((T(f32, 2, 3), T(i64, 4)))]),
-                    Case([TupleType((TupleType((T(f32, 1),)), S(f32)))])],
+    "UnpackTuple": [
+        Case([TupleType((T(f32, 2, 3), T(i64, 4)))]),
+        Case([TupleType((TupleType((T(f32, 1),)), S(f32)))]),
+    ],
     # reduce
-    "ReduceSum": _reduce, "ReduceMean": _reduce,
+    "ReduceSum": _reduce,
+    "ReduceMean": _reduce,
     # nn
     "Softmax": [Case([T(f32, 2, 5)]), Case([T(f64, 3, 4, 2)], {"axis": 1}), Case([T(f16, 7)])],
     "LayerNormalization": [
@@ -168,8 +209,10 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([T(f64, 2, 4, 5), T(f64, 4, 5)], {"axis": 1, "epsilon": 1e-3}),
         Case([T(f32, 3, 4, 5), T(f32, 1, 5), T(f32, 5)], {"axis": -2}),
     ],
-    "RMSNormalization": [Case([T(f32, 2, 5), T(f32, 5)]),
-                         Case([T(f64, 2, 4, 5), T(f64, 1, 5)], {"axis": 1, "epsilon": 1e-3})],
+    "RMSNormalization": [
+        Case([T(f32, 2, 5), T(f32, 5)]),
+        Case([T(f64, 2, 4, 5), T(f64, 1, 5)], {"axis": 1, "epsilon": 1e-3}),
+    ],
     # loss
     "SoftmaxCrossEntropyLoss": [
         Case([T(f32, 4, 5), R(T(i64, 4), 0, 5)]),
@@ -179,7 +222,9 @@ EXAMPLES: dict[str, list[Case]] = {
     "MSELoss": _pred,
     # grad
     "ReluGrad": [*_like, Case([T(i64, 3), T(i64, 3)])],
-    "GeluGrad": _like, "TanhGrad": _like, "SigmoidGrad": _like,
+    "GeluGrad": _like,
+    "TanhGrad": _like,
+    "SigmoidGrad": _like,
     "SoftmaxGrad": [*_like, Case([T(f32, 3, 4), T(f32, 3, 4)], {"axis": 0})],
     "LayerNormalizationGrad": [
         Case([T(f32, 2, 5), T(f32, 2, 5), T(f32, 5)]),
@@ -201,5 +246,16 @@ EXAMPLES: dict[str, list[Case]] = {
     ],
 }
 
-__all__ = ["D0", "EXAMPLES", "Case", "In", "K", "R", "S", "T", "known_inputs", "random_inputs",
-           "random_value"]
+__all__ = [
+    "D0",
+    "EXAMPLES",
+    "Case",
+    "In",
+    "K",
+    "R",
+    "S",
+    "T",
+    "known_inputs",
+    "random_inputs",
+    "random_value",
+]

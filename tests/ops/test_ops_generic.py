@@ -22,8 +22,11 @@ def _checked_ops() -> list[OpDef]:
     return [d for d in REGISTRY if d.kind is OpKind.LOCAL and d.reference is not None]
 
 
-CASES = [pytest.param(name, i, id=f"{name}-{i}")
-         for name, cases in sorted(EXAMPLES.items()) for i in range(len(cases))]
+CASES = [
+    pytest.param(name, i, id=f"{name}-{i}")
+    for name, cases in sorted(EXAMPLES.items())
+    for i in range(len(cases))
+]
 
 
 def test_every_local_op_with_a_reference_has_examples() -> None:
@@ -58,8 +61,7 @@ def check_value(value: Any, t: Type, where: str) -> None:
 
 
 def _snapshot(values: list[Any]) -> list[Any]:
-    return [tuple(_snapshot(list(v))) if isinstance(v, tuple) else np.array(v, copy=True)
-            for v in values]
+    return [tuple(_snapshot(list(v))) if isinstance(v, tuple) else np.array(v, copy=True) for v in values]
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -78,7 +80,8 @@ def run_case(name: str, case: Case, seed: int) -> None:
     before = _snapshot(values)
     outs = d.infer_types(types, attrs, known_inputs(case, values))
     outs_all_known = d.infer_types(
-        types, attrs, [None if isinstance(v, tuple) else np.asarray(v) for v in values])
+        types, attrs, [None if isinstance(v, tuple) else np.asarray(v) for v in values]
+    )
     assert outs == outs_all_known, f"{name}: the rule depends on which inputs are known"
     assert d.reference is not None
     with np.errstate(all="ignore"):
@@ -98,8 +101,10 @@ def test_reference_matches_inferred_types(name: str, index: int) -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(case=st.sampled_from([(n, i) for n, cs in EXAMPLES.items() for i in range(len(cs))]),
-       seed=st.integers(0, 2**32 - 1))
+@given(
+    case=st.sampled_from([(n, i) for n, cs in EXAMPLES.items() for i in range(len(cs))]),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_reference_matches_inferred_types_random_seeds(case: tuple[str, int], seed: int) -> None:
     name, index = case
     run_case(name, EXAMPLES[name][index], seed)
@@ -115,8 +120,22 @@ def test_check_value_rejects_a_wrong_reference() -> None:
 
 def test_compute_ops_count_flops() -> None:
     """Ops that do arithmetic report some FLOPs on at least one example."""
-    free = {"Shape", "Constant", "Gather", "Concat", "Reshape", "Unsqueeze", "Squeeze",
-            "Transpose", "Split", "Slice", "Identity", "Cast", "MakeTuple", "UnpackTuple"}
+    free = {
+        "Shape",
+        "Constant",
+        "Gather",
+        "Concat",
+        "Reshape",
+        "Unsqueeze",
+        "Squeeze",
+        "Transpose",
+        "Split",
+        "Slice",
+        "Identity",
+        "Cast",
+        "MakeTuple",
+        "UnpackTuple",
+    }
     zero = []
     for d in _checked_ops():
         if d.name in free:
@@ -124,8 +143,9 @@ def test_compute_ops_count_flops() -> None:
         counts = []
         for case in EXAMPLES[d.name]:
             types, attrs = case.types(), case.attr_map()
-            outs = d.infer_types(types, attrs, known_inputs(case, random_inputs(
-                case, np.random.default_rng(0))))
+            outs = d.infer_types(
+                types, attrs, known_inputs(case, random_inputs(case, np.random.default_rng(0)))
+            )
             counts.append(d.flops(types, outs, attrs))
         if max(counts) <= 0:
             zero.append(d.name)

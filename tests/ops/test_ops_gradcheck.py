@@ -47,22 +47,27 @@ def normal(*shape: int) -> Callable[[np.random.Generator], np.ndarray]:
 
 def away_from_zero(*shape: int) -> Callable[[np.random.Generator], np.ndarray]:
     """Normals pushed at least 0.1 away from 0 (Relu's kink)."""
+
     def f(rng: np.random.Generator) -> np.ndarray:
         x = rng.standard_normal(shape)
         return np.where(x >= 0, x + 0.1, x - 0.1)
+
     return f
 
 
-def primals(**makers: Callable[[np.random.Generator], np.ndarray]) -> Callable[
-        [np.random.Generator], Arrays]:
+def primals(**makers: Callable[[np.random.Generator], np.ndarray]) -> Callable[[np.random.Generator], Arrays]:
     return lambda rng: {k: m(rng) for k, m in makers.items()}
 
 
 def unary(grad_op: str, fwd: str, uses_output: bool, make: Any = None) -> GradCase:
     return GradCase(
-        grad_op, fwd, primals(x=make or normal(3, 4)), lambda p: [p["x"]],
+        grad_op,
+        fwd,
+        primals(x=make or normal(3, 4)),
+        lambda p: [p["x"]],
         (lambda p, dy, y: [dy, y]) if uses_output else (lambda p, dy, y: [dy, p["x"]]),
-        [("x", 0)])
+        [("x", 0)],
+    )
 
 
 def labels(shape: tuple[int, ...], c: int) -> Callable[[np.random.Generator], np.ndarray]:
@@ -71,38 +76,62 @@ def labels(shape: tuple[int, ...], c: int) -> Callable[[np.random.Generator], np
 
 def sce(reduction: str, scores: tuple[int, ...], lab: tuple[int, ...]) -> GradCase:
     return GradCase(
-        "SoftmaxCrossEntropyLossGrad", "SoftmaxCrossEntropyLoss",
+        "SoftmaxCrossEntropyLossGrad",
+        "SoftmaxCrossEntropyLoss",
         primals(s=normal(*scores), l=labels(lab, scores[1])),
-        lambda p: [p["s"], p["l"]], lambda p, dy, y: [dy, p["s"], p["l"]], [("s", 0)],
-        {"reduction": reduction})
+        lambda p: [p["s"], p["l"]],
+        lambda p, dy, y: [dy, p["s"], p["l"]],
+        [("s", 0)],
+        {"reduction": reduction},
+    )
 
 
 def mse(reduction: str, shape: tuple[int, ...]) -> GradCase:
     return GradCase(
-        "MSELossGrad", "MSELoss", primals(p=normal(*shape), t=normal(*shape)),
-        lambda p: [p["p"], p["t"]], lambda p, dy, y: [dy, p["p"], p["t"]], [("p", 0)],
-        {"reduction": reduction})
+        "MSELossGrad",
+        "MSELoss",
+        primals(p=normal(*shape), t=normal(*shape)),
+        lambda p: [p["p"], p["t"]],
+        lambda p, dy, y: [dy, p["p"], p["t"]],
+        [("p", 0)],
+        {"reduction": reduction},
+    )
 
 
 def layer_norm(x: tuple[int, ...], scale: tuple[int, ...], **attrs: Any) -> GradCase:
     return GradCase(
-        "LayerNormalizationGrad", "LayerNormalization",
+        "LayerNormalizationGrad",
+        "LayerNormalization",
         primals(x=normal(*x), s=normal(*scale), b=normal(*scale)),
-        lambda p: [p["x"], p["s"], p["b"]], lambda p, dy, y: [dy, p["x"], p["s"]],
-        [("x", 0), ("s", 1), ("b", 2)], attrs)
+        lambda p: [p["x"], p["s"], p["b"]],
+        lambda p, dy, y: [dy, p["x"], p["s"]],
+        [("x", 0), ("s", 1), ("b", 2)],
+        attrs,
+    )
 
 
 def rms_norm(x: tuple[int, ...], scale: tuple[int, ...], **attrs: Any) -> GradCase:
     return GradCase(
-        "RMSNormalizationGrad", "RMSNormalization", primals(x=normal(*x), s=normal(*scale)),
-        lambda p: [p["x"], p["s"]], lambda p, dy, y: [dy, p["x"], p["s"]],
-        [("x", 0), ("s", 1)], attrs)
+        "RMSNormalizationGrad",
+        "RMSNormalization",
+        primals(x=normal(*x), s=normal(*scale)),
+        lambda p: [p["x"], p["s"]],
+        lambda p, dy, y: [dy, p["x"], p["s"]],
+        [("x", 0), ("s", 1)],
+        attrs,
+    )
 
 
 def softmax(shape: tuple[int, ...], axis: int) -> GradCase:
     return GradCase(
-        "SoftmaxGrad", "Softmax", primals(x=normal(*shape)), lambda p: [p["x"]],
-        lambda p, dy, y: [dy, y], [("x", 0)], {"axis": axis})
+        "SoftmaxGrad",
+        "Softmax",
+        primals(x=normal(*shape)),
+        lambda p: [p["x"]],
+        lambda p, dy, y: [dy, y],
+        [("x", 0)],
+        {"axis": axis},
+    )
 
 
 GRAD_CASES = [
@@ -110,13 +139,20 @@ GRAD_CASES = [
     unary("GeluGrad", "Gelu", False, lambda rng: rng.standard_normal((3, 4)) * 3),
     unary("TanhGrad", "Tanh", True),
     unary("SigmoidGrad", "Sigmoid", True),
-    softmax((3, 4), -1), softmax((3, 4, 2), 1),
-    layer_norm((2, 5), (5,)), layer_norm((2, 3, 4), (3, 4), axis=1, epsilon=1e-3),
+    softmax((3, 4), -1),
+    softmax((3, 4, 2), 1),
+    layer_norm((2, 5), (5,)),
+    layer_norm((2, 3, 4), (3, 4), axis=1, epsilon=1e-3),
     layer_norm((2, 3, 4), (1, 4), axis=-2),
-    rms_norm((2, 5), (5,)), rms_norm((2, 3, 4), (3, 1), axis=1, epsilon=1e-2),
-    sce("mean", (4, 3), (4,)), sce("sum", (4, 3), (4,)), sce("none", (2, 3, 4), (2, 4)),
+    rms_norm((2, 5), (5,)),
+    rms_norm((2, 3, 4), (3, 1), axis=1, epsilon=1e-2),
+    sce("mean", (4, 3), (4,)),
+    sce("sum", (4, 3), (4,)),
+    sce("none", (2, 3, 4), (2, 4)),
     sce("mean", (2, 5, 3), (2, 3)),
-    mse("mean", (3, 4)), mse("sum", (5,)), mse("none", (2, 3)),
+    mse("mean", (3, 4)),
+    mse("sum", (5,)),
+    mse("none", (2, 3)),
 ]
 
 
@@ -149,6 +185,7 @@ def test_grad_op_matches_finite_differences(case: GradCase) -> None:
     dy = rng.standard_normal(np.shape(y))
     grads = run(case.grad_op, case.grad_args(p, dy, np.asarray(y)), case.attrs)
     for name, k in case.wrt:
+
         def objective(v: np.ndarray, name: str = name) -> float:
             (out,) = run(case.forward, case.fwd_args({**p, name: v}), fwd_attrs)
             return float(np.sum(dy * out))

@@ -51,8 +51,7 @@ def test_layer_norm_without_bias_and_f32_keeps_dtype() -> None:
     (y,) = ref("LayerNormalization", [x, scale])
     assert y.dtype == np.float32
     for n, r in enumerate(rows(x)):
-        np.testing.assert_allclose(y[n], np.array(layer_norm_row(r, 1e-5)) * scale, rtol=1e-5,
-                                   atol=1e-6)
+        np.testing.assert_allclose(y[n], np.array(layer_norm_row(r, 1e-5)) * scale, rtol=1e-5, atol=1e-6)
     # normalized rows have mean 0 and variance ~1 before scaling
     (z,) = ref("LayerNormalization", [x, np.ones(6, np.float32)])
     np.testing.assert_allclose(z.mean(-1), 0, atol=1e-6)
@@ -121,8 +120,9 @@ def test_cross_entropy_of_a_sure_prediction_is_zero_and_uniform_is_log_c() -> No
     np.testing.assert_allclose(loss, [0.0, math.log(3)], atol=1e-12)
 
 
-@pytest.mark.parametrize(("reduction", "want"), [("mean", 13 / 4), ("sum", 13.0),
-                                                 ("none", [[1.0, 0.0], [9.0, 3.0]])])
+@pytest.mark.parametrize(
+    ("reduction", "want"), [("mean", 13 / 4), ("sum", 13.0), ("none", [[1.0, 0.0], [9.0, 3.0]])]
+)
 def test_mse_loss(reduction: str, want: Any) -> None:
     p = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
     t = np.array([[0.0, 2.0], [0.0, 4.0 - math.sqrt(3)]], np.float32)
@@ -140,8 +140,7 @@ def test_adam_matches_scalar_loop_over_steps() -> None:
     ws, ms, vs = list(w), [0.0] * 5, [0.0] * 5
     for step in range(1, 5):
         g = rng.standard_normal(5)
-        w, m, v = ref("Adam", [w, g, m, v, np.int64(step)], lr=lr, beta1=b1, beta2=b2,
-                      epsilon=eps)
+        w, m, v = ref("Adam", [w, g, m, v, np.int64(step)], lr=lr, beta1=b1, beta2=b2, epsilon=eps)
         for j in range(5):
             ms[j] = b1 * ms[j] + (1 - b1) * g[j]
             vs[j] = b2 * vs[j] + (1 - b2) * g[j] ** 2
@@ -155,8 +154,7 @@ def test_adam_matches_scalar_loop_over_steps() -> None:
 def test_adam_first_step_moves_each_weight_by_about_lr() -> None:
     g = np.array([3.0, -0.5, 1e-3], np.float32)
     w = np.zeros(3, np.float32)
-    nw, nm, nv = ref("Adam", [w, g, np.zeros(3, np.float32), np.zeros(3, np.float32),
-                              np.array(1)], lr=0.1)
+    nw, nm, nv = ref("Adam", [w, g, np.zeros(3, np.float32), np.zeros(3, np.float32), np.array(1)], lr=0.1)
     assert nw.dtype == nm.dtype == nv.dtype == np.float32
     np.testing.assert_allclose(nw, -0.1 * np.sign(g), rtol=1e-4)
     np.testing.assert_allclose(nm, 0.1 * g, rtol=1e-6)
@@ -225,8 +223,9 @@ def test_reshape_zero_copies_and_minus_one_infers() -> None:
     (y,) = ref("Reshape", [x, np.array([0, -1, 2])])
     assert y.shape == (2, 6, 2)
     np.testing.assert_array_equal(y.reshape(-1), np.arange(24))
-    (t,) = REGISTRY["Reshape"].infer_types([T(f32, 2, 3, 4), T(i64, 3)], Attrs(),
-                                           [None, np.array([0, -1, 2])])
+    (t,) = REGISTRY["Reshape"].infer_types(
+        [T(f32, 2, 3, 4), T(i64, 3)], Attrs(), [None, np.array([0, -1, 2])]
+    )
     assert t.shape == (2, 6, 2)  # type: ignore[union-attr]
 
 
@@ -250,11 +249,17 @@ def test_gemm_with_transposes_and_bias_matches_loops() -> None:
     rng = np.random.default_rng(7)
     a, bm, c = rng.standard_normal((3, 2)), rng.standard_normal((4, 3)), rng.standard_normal(4)
     (y,) = ref("Gemm", [a, bm, c], transA=1, transB=1, alpha=0.5, beta=2.0)
-    want = [[0.5 * math.fsum(a[k, i] * bm[j, k] for k in range(3)) + 2.0 * c[j]
-             for j in range(4)] for i in range(2)]
+    want = [
+        [0.5 * math.fsum(a[k, i] * bm[j, k] for k in range(3)) + 2.0 * c[j] for j in range(4)]
+        for i in range(2)
+    ]
     np.testing.assert_allclose(y, want, rtol=1e-13)
-    assert REGISTRY["Gemm"].flops([T(f64, 3, 2), T(f64, 4, 3), T(f64, 4)], [T(f64, 2, 4)],
-                                  Attrs({"transA": 1, "transB": 1})) == 2 * 8 * 3 + 2 * 8
+    assert (
+        REGISTRY["Gemm"].flops(
+            [T(f64, 3, 2), T(f64, 4, 3), T(f64, 4)], [T(f64, 2, 4)], Attrs({"transA": 1, "transB": 1})
+        )
+        == 2 * 8 * 3 + 2 * 8
+    )
 
 
 # -- reductions -------------------------------------------------------------------------------
@@ -262,8 +267,7 @@ def test_gemm_with_transposes_and_bias_matches_loops() -> None:
 @given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=4), data=st.data())
 def test_reductions_match_numpy(shape: list[int], data: st.DataObject) -> None:
     rank = len(shape)
-    axes = data.draw(st.lists(st.integers(-rank, rank - 1), unique_by=lambda a: a % rank,
-                              max_size=rank))
+    axes = data.draw(st.lists(st.integers(-rank, rank - 1), unique_by=lambda a: a % rank, max_size=rank))
     keep = data.draw(st.sampled_from([0, 1]))
     x = np.random.default_rng(rank).standard_normal(shape)
     attrs: dict[str, Any] = {"keepdims": keep} | ({"axes": tuple(axes)} if axes else {})

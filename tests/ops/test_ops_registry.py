@@ -80,9 +80,17 @@ def test_new_ops_are_registered_in_their_families() -> None:
         "reduce": {"ReduceSum", "ReduceMean"},
         "nn": {"Softmax", "LayerNormalization", "RMSNormalization"},
         "loss": {"SoftmaxCrossEntropyLoss", "MSELoss"},
-        "grad": {"ReluGrad", "GeluGrad", "TanhGrad", "SigmoidGrad", "SoftmaxGrad",
-                 "LayerNormalizationGrad", "RMSNormalizationGrad", "SoftmaxCrossEntropyLossGrad",
-                 "MSELossGrad"},
+        "grad": {
+            "ReluGrad",
+            "GeluGrad",
+            "TanhGrad",
+            "SigmoidGrad",
+            "SoftmaxGrad",
+            "LayerNormalizationGrad",
+            "RMSNormalizationGrad",
+            "SoftmaxCrossEntropyLossGrad",
+            "MSELossGrad",
+        },
         "optim": {"SGD", "Adam"},
     }
     for fam, names in families.items():

@@ -77,8 +77,11 @@ def _schedule(
             if REGISTRY[op.name].kind is OpKind.RANK_COMM:
                 return
             if REGISTRY[op.name].kind is OpKind.COMM:
-                raise DeadlockError(f"rank {r.device} holds the global op `{print_op(op)}`; "
-                                    "per-rank programs must use rank.* ops", {r.device: print_op(op)})
+                raise DeadlockError(
+                    f"rank {r.device} holds the global op `{print_op(op)}`; "
+                    "per-rank programs must use rank.* ops",
+                    {r.device: print_op(op)},
+                )
             if execute:
                 outs = ref.op(op, [r.env[v] for v in op.inputs])
                 r.env.update(zip(op.outputs, outs, strict=True))
@@ -98,8 +101,11 @@ def _schedule(
             peers = [ranks.get(p) for p in parts]
             if any(p is None for p in peers):
                 missing = [str(d) for d, p in zip(parts, peers, strict=True) if p is None]
-                raise DeadlockError(f"rank {r.device} at `{print_op(r.ops[r.pc])}` waits for "
-                                    f"{', '.join(missing)}, which has no program", {r.device: print_op(r.ops[r.pc])})
+                raise DeadlockError(
+                    f"rank {r.device} at `{print_op(r.ops[r.pc])}` waits for "
+                    f"{', '.join(missing)}, which has no program",
+                    {r.device: print_op(r.ops[r.pc])},
+                )
             ready = True
             for p in peers:
                 assert p is not None
@@ -109,11 +115,11 @@ def _schedule(
                     break
             if not ready:
                 continue
-            ops = {p.device: p.ops[p.pc] for p in peers if p is not None}
+            meeting = {p.device: p.ops[p.pc] for p in peers if p is not None}
             if execute:
-                ins = {d: [ranks[d].env[v] for v in op.inputs] for d, op in ops.items()}
-                outs = rv.run(ins, {d: op.attrs for d, op in ops.items()})
-                for d, op in ops.items():
+                ins = {d: [ranks[d].env[v] for v in op.inputs] for d, op in meeting.items()}
+                outs = rv.run(ins, {d: op.attrs for d, op in meeting.items()})
+                for d, op in meeting.items():
                     ranks[d].env.update(zip(op.outputs, outs[d], strict=True))
             for p in peers:
                 assert p is not None

@@ -84,8 +84,10 @@ def interpret(
     """Run ``fn`` on ``args`` in ``domain``; return its outputs and the final state."""
     if len(args) != len(fn.params):
         raise InterpretError(
-            f"@{fn.name} takes {len(fn.params)} arguments", [(fn.name, f"@{fn.name}(...)")],
-            expected=len(fn.params), actual=len(args),
+            f"@{fn.name} takes {len(fn.params)} arguments",
+            [(fn.name, f"@{fn.name}(...)")],
+            expected=len(fn.params),
+            actual=len(args),
         )
     env: dict[Value, V] = dict(zip(fn.params, args, strict=True))
     op_fn = domain.op
@@ -98,8 +100,12 @@ def interpret(
                 assert isinstance(instr, Call)
                 outs = domain.call(module, instr, module[instr.callee], ins)
             if len(outs) != len(instr.outputs):
-                raise OpTypeError(f"produces {len(outs)} results but {len(instr.outputs)} are bound",
-                                  None, len(instr.outputs), len(outs))
+                raise OpTypeError(
+                    f"produces {len(outs)} results but {len(instr.outputs)} are bound",
+                    None,
+                    len(instr.outputs),
+                    len(outs),
+                )
         except InterpretError as e:
             raise e.called_from(fn.name, instr) from None
         except OpTypeError as e:
@@ -107,18 +113,19 @@ def interpret(
             msg = e.message
             if value is not None:
                 msg = f"{msg} [input %{value.name}]"
-            raise InterpretError(msg, [(fn.name, print_op(instr))], value, e.expected,
-                                 e.actual).at(instr) from None
+            raise InterpretError(msg, [(fn.name, print_op(instr))], value, e.expected, e.actual).at(
+                instr
+            ) from None
         except (RegistryError, ValueError, TypeError, IndexError, ArithmeticError) as e:
             msg = str(e) if isinstance(e, RegistryError) else f"{type(e).__name__}: {e}"
             raise InterpretError(msg, [(fn.name, print_op(instr))]).at(instr) from e
         except KeyError as e:
-            raise InterpretError(f"value {e} is not defined", [(fn.name, print_op(instr))]).at(instr) from None
+            raise InterpretError(f"value {e} is not defined", [(fn.name, print_op(instr))]).at(
+                instr
+            ) from None
         env.update(zip(instr.outputs, outs, strict=True))
     try:
         result = tuple(env[v] for v in fn.outputs)
     except KeyError:
         raise InterpretError("returns an undefined value", [(fn.name, "return")]) from None
     return result, env
-
-

@@ -67,7 +67,9 @@ class _Placer:
         return hit
 
 
-def placement(module: Module, fn: Function | None = None, concrete: Mapping[str, Any] | None = None) -> Placement:
+def placement(
+    module: Module, fn: Function | None = None, concrete: Mapping[str, Any] | None = None
+) -> Placement:
     """Place every instruction of ``fn`` (default: the entry), typed from its parameters."""
     fn = fn if fn is not None else module.entry
     domain = TypeDomain()

@@ -35,7 +35,8 @@ def _spread_out(module: Module, concrete: Mapping[str, Any] | None) -> tuple[Mod
         multi = {c for c, ds in pl.devices.items() if isinstance(c, Call) and len(ds) > 1}
         if not multi:
             return module, pl
-        module = module.replace(inline_calls(module, should_inline=lambda c: c in multi))
+        chosen: set[Call] = multi
+        module = module.replace(inline_calls(module, should_inline=chosen.__contains__))
 
 
 def _reachable(module: Module, fn: Function) -> list[str]:
@@ -62,17 +63,20 @@ def project(module: Module, concrete: Mapping[str, Any] | None = None) -> dict[D
     for p in entry.params:
         devs = devices_of(types[p])
         if len(devs) != 1:
-            raise ProjectionError(f"parameter %{p.name} of @{entry.name} spans devices {list(map(str, devs))}")
+            raise ProjectionError(
+                f"parameter %{p.name} of @{entry.name} spans devices {list(map(str, devs))}"
+            )
         vmaps[devs[0]].bind(p, builders[devs[0]].param(p.name, types[p]))
     for instr in entry.body:
         devs = pl.devices[instr]
         if isinstance(instr, Op):
-            d = REGISTRY[instr.name]
-            if d.kind is OpKind.COMM:
-                if d.project is None:  # pragma: no cover - every comm op registers one
+            opdef = REGISTRY[instr.name]
+            if opdef.kind is OpKind.COMM:
+                if opdef.project is None:  # pragma: no cover - every comm op registers one
                     raise ProjectionError(f"{instr.name} has no projection rule")
-                pieces = d.project(instr, [types[v] for v in instr.inputs],
-                                   [types[v] for v in instr.outputs], lambda v: v)
+                pieces = opdef.project(
+                    instr, [types[v] for v in instr.inputs], [types[v] for v in instr.outputs], lambda v: v
+                )
                 for dev, ops in pieces.items():
                     for op in ops:
                         builders[dev].append(copy_instr(op, vmaps[dev]))

@@ -28,14 +28,16 @@ class ReferenceDomain(RecursiveCalls[Any]):
         if d is None:
             d = self._defs[op.name] = REGISTRY[op.name]
         if d.kind is OpKind.RANK_COMM or d.reference is None:
-            raise OpTypeError(f"{op.name} has no sequential meaning; run per-rank programs with "
-                              "the lock-step executor")
+            raise OpTypeError(
+                f"{op.name} has no sequential meaning; run per-rank programs with the lock-step executor"
+            )
         outs = tuple(d.reference(args, op.attrs))
         for v, o in zip(op.outputs, outs, strict=False):
             t = v.type
             if isinstance(t, TensorType) and np.shape(o) != t.shape:
-                raise OpTypeError(f"{op.name} produced shape {np.shape(o)} for %{v.name}", None, t.shape,
-                                  np.shape(o))
+                raise OpTypeError(
+                    f"{op.name} produced shape {np.shape(o)} for %{v.name}", None, t.shape, np.shape(o)
+                )
         return outs
 
 

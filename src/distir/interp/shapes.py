@@ -98,8 +98,10 @@ class TypeDomain:
         assert d.partial is not None
         dev = d.local_device(types, op.attrs) if d.kind is not OpKind.COMM else None
         vals = d.partial(TypeCtx(d, types, op.attrs, known, dev))
-        return [t if x is None or getattr(t, "numel", 1) > self.concrete_limit else Concrete(t, np.asarray(x))
-                for t, x in zip(outs, vals, strict=True)]
+        return [
+            t if x is None or getattr(t, "numel", 1) > self.concrete_limit else Concrete(t, np.asarray(x))
+            for t, x in zip(outs, vals, strict=True)
+        ]
 
     def _run_abstract(self, d: OpDef, op: Op, args: Sequence[Mixed]) -> Sequence[Mixed]:
         return d.infer_types([type_of(a) for a in args], op.attrs, _known(args))
@@ -115,19 +117,24 @@ class TypeDomain:
         if impl is None:
             d.check_arity(len(args))
             impl = self._selected[key] = self.dispatch.select(d, concrete)
-        outs = impl.run(d, op, args)
+        outs: Sequence[Mixed] = impl.run(d, op, args)
         for v, o in zip(op.outputs, outs, strict=False):
             if v.type is not None and v.type != type_of(o):
-                raise OpTypeError(f"%{v.name} is declared {v.type} but {op.name} gives {type_of(o)}",
-                                  None, v.type, type_of(o))
+                raise OpTypeError(
+                    f"%{v.name} is declared {v.type} but {op.name} gives {type_of(o)}",
+                    None,
+                    v.type,
+                    type_of(o),
+                )
         return outs
 
     def call(self, module: Module, call: Call, callee: Function, args: Sequence[Mixed]) -> Sequence[Mixed]:
         types = tuple(type_of(a) for a in args)
         for p, t in zip(callee.params, types, strict=False):
             if p.type is not None and p.type != t:
-                raise OpTypeError(f"argument for %{p.name} of @{callee.name} has the wrong type",
-                                  types.index(t), p.type, t)
+                raise OpTypeError(
+                    f"argument for %{p.name} of @{callee.name} has the wrong type", types.index(t), p.type, t
+                )
         abstract = not any(isinstance(a, Concrete) for a in args)
         key = (callee.name, types)
         if abstract and not self.record:
@@ -146,16 +153,17 @@ class TypeInferenceError(InterpretError):
     pass
 
 
-def entry_args(
-    fn: Function, concrete: Mapping[str, Any] | None = None
-) -> list[Mixed]:
+def entry_args(fn: Function, concrete: Mapping[str, Any] | None = None) -> list[Mixed]:
     """Arguments for ``fn`` from its declared parameter types (and optional concrete values)."""
     args: list[Mixed] = []
     concrete = concrete or {}
     for p in fn.params:
         if p.type is None:
-            raise InterpretError(f"parameter %{p.name} has no type; the entry function's parameters "
-                                 "must all be typed", [(fn.name, f"func @{fn.name}")], p)
+            raise InterpretError(
+                f"parameter %{p.name} has no type; the entry function's parameters must all be typed",
+                [(fn.name, f"func @{fn.name}")],
+                p,
+            )
         if p.name in concrete:
             args.append(Concrete(p.type, np.asarray(concrete[p.name])))
         else:

@@ -260,7 +260,9 @@ class _Parser:
                     self.expect_punct("=", f"after attribute name {t.text!r}")
                     attrs.append((t.text, self.attr_value()))
                 else:
-                    raise self.error(f"expected an argument (%value or name=value), found {self.describe(t)}", t)
+                    raise self.error(
+                        f"expected an argument (%value or name=value), found {self.describe(t)}", t
+                    )
                 if not self._maybe(","):
                     break
         self.expect_punct(")", f"to close the arguments of {head.text}")

@@ -60,21 +60,23 @@ def _quote(s: str) -> str:
 class Namer:
     """Assigns each value of a function a unique, valid printed name, first come first served."""
 
-    __slots__ = ("_names", "_used")
+    __slots__ = ("_names", "_next", "_used")
 
     def __init__(self) -> None:
         self._names: dict[Value, str] = {}
         self._used: set[str] = set()
+        self._next: dict[str, int] = {}  # per hint, the suffix to try next (keeps naming linear)
 
     def __call__(self, v: Value) -> str:
         name = self._names.get(v)
         if name is None:
             base = _BAD_CHARS.sub("_", v.name) or "v"
             name = base
-            i = 1
+            i = self._next.get(base, 1)
             while name in self._used:
                 name = f"{base}_{i}"
                 i += 1
+            self._next[base] = i
             self._used.add(name)
             self._names[v] = name
         return name
@@ -104,9 +106,7 @@ def format_instr(instr: Instr, namer: Namer | None = None) -> str:
 
 def print_function(fn: Function) -> str:
     namer = Namer()
-    params = ", ".join(
-        f"%{namer(p)}: {p.type}" if p.type is not None else f"%{namer(p)}" for p in fn.params
-    )
+    params = ", ".join(f"%{namer(p)}: {p.type}" if p.type is not None else f"%{namer(p)}" for p in fn.params)
     lines = [f"func @{fn.name}({params}) {{"]
     for instr in fn.body:
         lines.append("  " + format_instr(instr, namer))

@@ -16,7 +16,7 @@ from distir.ir.values import Value
 class ValueMap:
     """Maps old values to new ones, creating a fresh copy (same hint and type) on first use."""
 
-    __slots__ = ("_map", "_fresh")
+    __slots__ = ("_fresh", "_map")
 
     def __init__(self, fresh: Callable[[Value], Value] | None = None) -> None:
         self._map: dict[Value, Value] = {}

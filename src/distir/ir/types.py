@@ -12,6 +12,7 @@ exactly their text-format spelling, so ``parse_type(str(t)) == t``.
 
 from __future__ import annotations
 
+import builtins
 import math
 from dataclasses import dataclass
 from enum import Enum
@@ -44,11 +45,11 @@ class DType(Enum):
         return _ITEMSIZE[self]
 
     @property
-    def is_float(self) -> bool:
+    def is_float(self) -> builtins.bool:
         return self in (DType.f16, DType.bf16, DType.f32, DType.f64)
 
     @property
-    def is_int(self) -> bool:
+    def is_int(self) -> builtins.bool:
         return self in (DType.i8, DType.i32, DType.i64)
 
     def to_numpy(self) -> np.dtype[np.generic]:
@@ -119,13 +120,12 @@ class TensorType:
     device: Device
 
     def __post_init__(self) -> None:
-        if not isinstance(self.dtype, DType):
+        if type(self.dtype) is not DType:
             raise IRTypeError(f"tensor dtype must be a DType, got {self.dtype!r}")
-        if not isinstance(self.shape, tuple) or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.shape
-        ):
+        shape = self.shape
+        if type(shape) is not tuple or not all(type(s) is int and s >= 0 for s in shape):
             raise IRTypeError(f"tensor shape must be a tuple of non-negative ints, got {self.shape!r}")
-        if not isinstance(self.device, Device):
+        if type(self.device) is not Device:
             raise IRTypeError(f"tensor device must be a Device, got {self.device!r}")
 
     @property

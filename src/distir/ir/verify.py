@@ -118,24 +118,38 @@ def _check_call(module: Module, fn: Function, call: Call) -> None:
     if len(call.inputs) != len(callee.params):
         raise VerifyError(
             f"@{callee.name} takes {len(callee.params)} arguments",
-            fn.name, call, expected=len(callee.params), actual=len(call.inputs),
+            fn.name,
+            call,
+            expected=len(callee.params),
+            actual=len(call.inputs),
         )
     if len(call.outputs) != len(callee.outputs):
         raise VerifyError(
             f"@{callee.name} returns {len(callee.outputs)} values",
-            fn.name, call, expected=len(callee.outputs), actual=len(call.outputs),
+            fn.name,
+            call,
+            expected=len(callee.outputs),
+            actual=len(call.outputs),
         )
     for arg, p in zip(call.inputs, callee.params, strict=True):
         if arg.type is not None and p.type is not None and arg.type != p.type:
             raise VerifyError(
                 f"argument %{arg.name} does not match parameter %{p.name} of @{callee.name}",
-                fn.name, call, arg, expected=p.type, actual=arg.type,
+                fn.name,
+                call,
+                arg,
+                expected=p.type,
+                actual=arg.type,
             )
     for res, r in zip(call.outputs, callee.outputs, strict=True):
         if res.type is not None and r.type is not None and res.type != r.type:
             raise VerifyError(
                 f"result %{res.name} does not match what @{callee.name} returns",
-                fn.name, call, res, expected=r.type, actual=res.type,
+                fn.name,
+                call,
+                res,
+                expected=r.type,
+                actual=res.type,
             )
 
 
@@ -149,7 +163,7 @@ def _check_acyclic(module: Module) -> None:
         for c in module[name].calls():
             s = state.get(c.callee, 0)
             if s == 1:
-                cycle = " -> ".join("@" + n for n in [*path[path.index(c.callee):], c.callee])
+                cycle = " -> ".join("@" + n for n in [*path[path.index(c.callee) :], c.callee])
                 raise VerifyError(f"recursive calls are not allowed: {cycle}", name, c)
             if s == 0 and c.callee in module:
                 visit(c.callee, path)

@@ -22,7 +22,9 @@ def broadcast_shapes(ctx: TypeCtx, shapes: Sequence[tuple[int, ...]]) -> tuple[i
             elif dim not in (1, out[j]):
                 ctx.fail(
                     f"input {i + 1} of shape {s} does not broadcast with {tuple(out)}",
-                    i, tuple(out), s,
+                    i,
+                    tuple(out),
+                    s,
                 )
     return tuple(out)
 
@@ -69,8 +71,7 @@ def float_input(ctx: TypeCtx, i: int, what: str = "input") -> TensorType:
     """Input ``i`` as a tensor, which must have a floating-point dtype."""
     t = ctx.tensor(i)
     if not t.dtype.is_float:
-        ctx.fail(f"{ctx.op.name} needs a floating-point {what} (input {i + 1})", i, "a float dtype",
-                 t.dtype)
+        ctx.fail(f"{ctx.op.name} needs a floating-point {what} (input {i + 1})", i, "a float dtype", t.dtype)
     return t
 
 
@@ -79,16 +80,24 @@ def same_shape(ctx: TypeCtx, idx: Sequence[int]) -> None:
     ts = [ctx.tensor(i) for i in idx]
     for i, t in zip(idx[1:], ts[1:], strict=True):
         if t.shape != ts[0].shape:
-            ctx.fail(f"{ctx.op.name}: input {i + 1} has shape {t.shape} but input {idx[0] + 1} has "
-                     f"{ts[0].shape}", i, ts[0].shape, t.shape)
+            ctx.fail(
+                f"{ctx.op.name}: input {i + 1} has shape {t.shape} but input {idx[0] + 1} has {ts[0].shape}",
+                i,
+                ts[0].shape,
+                t.shape,
+            )
 
 
 def same_dtype(ctx: TypeCtx, idx: Sequence[int]) -> None:
     ts = [ctx.tensor(i) for i in idx]
     for i, t in zip(idx[1:], ts[1:], strict=True):
         if t.dtype != ts[0].dtype:
-            ctx.fail(f"input {i + 1} has dtype {t.dtype} but input {idx[0] + 1} has {ts[0].dtype}",
-                     i, ts[0].dtype, t.dtype)
+            ctx.fail(
+                f"input {i + 1} has dtype {t.dtype} but input {idx[0] + 1} has {ts[0].dtype}",
+                i,
+                ts[0].dtype,
+                t.dtype,
+            )
 
 
 def int_attr(attrs: Attrs, name: str, default: int) -> int:
@@ -110,6 +119,18 @@ def str_attr(attrs: Attrs, name: str, default: str) -> str:
     return v
 
 
-__all__ = ["OpTypeError", "broadcast_shapes", "float_attr", "float_input", "in_numel_flops",
-           "int_attr", "norm_axes", "norm_axis", "numel", "out_numel_flops", "same_dtype",
-           "same_shape", "str_attr"]
+__all__ = [
+    "OpTypeError",
+    "broadcast_shapes",
+    "float_attr",
+    "float_input",
+    "in_numel_flops",
+    "int_attr",
+    "norm_axes",
+    "norm_axis",
+    "numel",
+    "out_numel_flops",
+    "same_dtype",
+    "same_shape",
+    "str_attr",
+]

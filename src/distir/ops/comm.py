@@ -45,8 +45,13 @@ REDUCE_OPS = ("sum", "max", "min", "mean", "prod")
 def reduce_arrays(arrs: Sequence[Any], how: str) -> np.ndarray:
     """Elementwise reduction of same-shape arrays, keeping the dtype."""
     stack = np.stack([np.asarray(a) for a in arrs])
-    fns: dict[str, Callable[..., Any]] = {"sum": np.sum, "max": np.max, "min": np.min,
-                                          "mean": np.mean, "prod": np.prod}
+    fns: dict[str, Callable[..., Any]] = {
+        "sum": np.sum,
+        "max": np.max,
+        "min": np.min,
+        "mean": np.mean,
+        "prod": np.prod,
+    }
     fn = fns[how]
     return np.asarray(fn(stack, axis=0)).astype(stack.dtype, copy=False)
 
@@ -62,8 +67,13 @@ def _distinct_devices(ctx: TypeCtx) -> list[TensorType]:
     seen: dict[Device, int] = {}
     for i, t in enumerate(ts):
         if t.device in seen:
-            ctx.fail(f"{ctx.op.name} inputs {seen[t.device] + 1} and {i + 1} are both on {t.device}; "
-                     "a collective takes one input per device", i, "distinct devices", t.device)
+            ctx.fail(
+                f"{ctx.op.name} inputs {seen[t.device] + 1} and {i + 1} are both on {t.device}; "
+                "a collective takes one input per device",
+                i,
+                "distinct devices",
+                t.device,
+            )
         seen[t.device] = i
     return ts
 
@@ -71,31 +81,46 @@ def _distinct_devices(ctx: TypeCtx) -> list[TensorType]:
 def _same_shapes(ctx: TypeCtx, ts: Sequence[TensorType]) -> None:
     for i, t in enumerate(ts[1:], 1):
         if (t.dtype, t.shape) != (ts[0].dtype, ts[0].shape):
-            ctx.fail(f"{ctx.op.name} input {i + 1} differs from input 1",
-                     i, f"{ts[0].dtype}{ts[0].shape}", f"{t.dtype}{t.shape}")
+            ctx.fail(
+                f"{ctx.op.name} input {i + 1} differs from input 1",
+                i,
+                f"{ts[0].dtype}{ts[0].shape}",
+                f"{t.dtype}{t.shape}",
+            )
 
 
 def _check_dev_list(ctx: TypeCtx, name: str) -> tuple[Device, ...]:
     devs: tuple[Device, ...] = ctx.attr(name)
     if not devs or len(set(devs)) != len(devs):
-        ctx.fail(f"{ctx.op.name} {name} must be a non-empty list of distinct devices", None,
-                 "distinct devices", list(map(str, devs)))
+        ctx.fail(
+            f"{ctx.op.name} {name} must be a non-empty list of distinct devices",
+            None,
+            "distinct devices",
+            list(map(str, devs)),
+        )
     return devs
 
 
 def _concat_shape(ctx: TypeCtx, ts: Sequence[TensorType], dim: int) -> tuple[int, ...]:
     first = ts[0]
     for i, t in enumerate(ts):
-        if t.dtype != first.dtype or t.rank != first.rank or any(
-            a != b for k, (a, b) in enumerate(zip(t.shape, first.shape, strict=True)) if k != dim
+        if (
+            t.dtype != first.dtype
+            or t.rank != first.rank
+            or any(a != b for k, (a, b) in enumerate(zip(t.shape, first.shape, strict=True)) if k != dim)
         ):
-            ctx.fail(f"{ctx.op.name} input {i + 1} of shape {t.shape} does not match {first.shape} "
-                     f"outside dim {dim}", i, first.shape, t.shape)
-    return first.shape[:dim] + (sum(t.shape[dim] for t in ts),) + first.shape[dim + 1:]
+            ctx.fail(
+                f"{ctx.op.name} input {i + 1} of shape {t.shape} does not match {first.shape} "
+                f"outside dim {dim}",
+                i,
+                first.shape,
+                t.shape,
+            )
+    return (*first.shape[:dim], sum(t.shape[dim] for t in ts), *first.shape[dim + 1 :])
 
 
 def _chunk_shapes(shape: tuple[int, ...], n: int, dim: int) -> list[tuple[int, ...]]:
-    return [shape[:dim] + (s,) + shape[dim + 1:] for s in split_sizes(shape[dim], n)]
+    return [(*shape[:dim], s, *shape[dim + 1 :]) for s in split_sizes(shape[dim], n)]
 
 
 # -- Rendezvous: what rank ops do when their participants meet ----------------------------------
@@ -146,24 +171,38 @@ def _recv_attrs(t: Type) -> dict[str, Any]:
     return {"dtype": t.dtype, "shape": shape}
 
 
-def _project_send(op: Op, ins: Sequence[Type], outs: Sequence[Type],
-                  vmap: Callable[[Value], Value]) -> dict[Device, list[Op]]:
+def _project_send(
+    op: Op, ins: Sequence[Type], outs: Sequence[Type], vmap: Callable[[Value], Value]
+) -> dict[Device, list[Op]]:
     src, dst = ins[0], outs[0]
     assert isinstance(src, TensorType | ScalarType) and isinstance(dst, TensorType | ScalarType)
     return {
         src.device: [Op("rank.Send", (vmap(op.inputs[0]),), (), Attrs({"dst": dst.device}))],
-        dst.device: [Op("rank.Recv", (), (vmap(op.outputs[0]),),
-                        Attrs({"src": src.device, **_recv_attrs(dst), "device": dst.device}))],
+        dst.device: [
+            Op(
+                "rank.Recv",
+                (),
+                (vmap(op.outputs[0]),),
+                Attrs({"src": src.device, **_recv_attrs(dst), "device": dst.device}),
+            )
+        ],
     }
 
 
-SEND = register(OpDef(
-    name="Send", family=FAMILY, kind=OpKind.COMM, inputs=("x",), outputs=("y",), infer=_send_rule,
-    attrs={"dst": AttrSpec("device")},
-    reference=lambda args, attrs: (np.array(args[0], copy=True),),
-    project=_project_send,
-    doc="Point-to-point copy: one op models both ends (blocks sender and receiver).",
-))
+SEND = register(
+    OpDef(
+        name="Send",
+        family=FAMILY,
+        kind=OpKind.COMM,
+        inputs=("x",),
+        outputs=("y",),
+        infer=_send_rule,
+        attrs={"dst": AttrSpec("device")},
+        reference=lambda args, attrs: (np.array(args[0], copy=True),),
+        project=_project_send,
+        doc="Point-to-point copy: one op models both ends (blocks sender and receiver).",
+    )
+)
 
 
 def _p2p_participants(attrs: Attrs, me: Device) -> tuple[Device, ...]:
@@ -176,7 +215,9 @@ def _p2p_key(opname: str, attrs: Attrs, me: Device) -> tuple[Any, ...]:
     return ("p2p", src, dst)
 
 
-def _p2p_run(inputs: Mapping[Device, Sequence[Any]], attrs: Mapping[Device, Attrs]) -> dict[Device, tuple[Any, ...]]:
+def _p2p_run(
+    inputs: Mapping[Device, Sequence[Any]], attrs: Mapping[Device, Attrs]
+) -> dict[Device, tuple[Any, ...]]:
     (src,) = [d for d, a in attrs.items() if "dst" in a]
     (dst,) = [d for d, a in attrs.items() if "src" in a]
     want: Any = attrs[dst]["dtype"]
@@ -201,20 +242,39 @@ def _rank_recv_rule(ctx: TypeCtx) -> Sequence[Type]:
     return (ctx.out(ctx.attr("dtype"), ctx.attr("shape")),)
 
 
-RANK_SEND = register(OpDef(
-    name="rank.Send", family=FAMILY, kind=OpKind.RANK_COMM, inputs=("x",), outputs=(),
-    infer=_rank_send_rule, attrs={"dst": AttrSpec("device")}, rendezvous=_P2P,
-    bytes_written=lambda ins, outs, attrs: 0.0,
-    doc="The sending half of a Send, in a per-rank program.",
-))
-RANK_RECV = register(OpDef(
-    name="rank.Recv", family=FAMILY, kind=OpKind.RANK_COMM, inputs=(), outputs=("y",),
-    infer=_rank_recv_rule,
-    attrs={"src": AttrSpec("device"), "dtype": AttrSpec("dtype"), "shape": AttrSpec("ints"),
-           "device": AttrSpec("device")},
-    rendezvous=_P2P, bytes_read=lambda ins, outs, attrs: 0.0,
-    doc="The receiving half of a Send, in a per-rank program.",
-))
+RANK_SEND = register(
+    OpDef(
+        name="rank.Send",
+        family=FAMILY,
+        kind=OpKind.RANK_COMM,
+        inputs=("x",),
+        outputs=(),
+        infer=_rank_send_rule,
+        attrs={"dst": AttrSpec("device")},
+        rendezvous=_P2P,
+        bytes_written=lambda ins, outs, attrs: 0.0,
+        doc="The sending half of a Send, in a per-rank program.",
+    )
+)
+RANK_RECV = register(
+    OpDef(
+        name="rank.Recv",
+        family=FAMILY,
+        kind=OpKind.RANK_COMM,
+        inputs=(),
+        outputs=("y",),
+        infer=_rank_recv_rule,
+        attrs={
+            "src": AttrSpec("device"),
+            "dtype": AttrSpec("dtype"),
+            "shape": AttrSpec("ints"),
+            "device": AttrSpec("device"),
+        },
+        rendezvous=_P2P,
+        bytes_read=lambda ins, outs, attrs: 0.0,
+        doc="The receiving half of a Send, in a per-rank program.",
+    )
+)
 
 
 # -- collectives --------------------------------------------------------------------------------
@@ -289,7 +349,9 @@ def _scatter_rule(ctx: TypeCtx) -> Sequence[Type]:
     if t.device not in devs:
         ctx.fail(f"Scatter devices must include the source {t.device}", 0, list(map(str, devs)), t.device)
     dim = norm_axis(ctx, ctx.attr("dim"), t.rank, "Scatter dim")
-    return tuple(TensorType(t.dtype, s, d) for s, d in zip(_chunk_shapes(t.shape, len(devs), dim), devs, strict=True))
+    return tuple(
+        TensorType(t.dtype, s, d) for s, d in zip(_chunk_shapes(t.shape, len(devs), dim), devs, strict=True)
+    )
 
 
 def _gather_rule(ctx: TypeCtx) -> Sequence[Type]:
@@ -334,43 +396,109 @@ def _alltoall_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
 
 _OP = {"op": AttrSpec("str", "sum", REDUCE_OPS)}
 _COLLS = [
-    _Coll("AllReduce", ("*xs",), dict(_OP), _allreduce_rule,
-          lambda a, at: tuple(reduce_arrays(a, at.get("op", "sum")) for _ in a),  # type: ignore[arg-type]
-          _ins_devs, _ins_devs, _ins_devs, ("op",),
-          "Every participant gets the reduction of all inputs."),
-    _Coll("AllGather", ("*xs",), {"dim": AttrSpec("int", 0)}, _allgather_rule,
-          lambda a, at: tuple(np.concatenate([np.asarray(x) for x in a], axis=at.get("dim", 0)) for _ in a),  # type: ignore[arg-type]
-          _ins_devs, _ins_devs, _ins_devs, ("dim",),
-          "Every participant gets the concatenation of all inputs along dim (uneven sizes allowed)."),
-    _Coll("ReduceScatter", ("*xs",), {"dim": AttrSpec("int", 0), **_OP}, _reducescatter_rule,
-          lambda a, at: tuple(chunks(reduce_arrays(a, at.get("op", "sum")), len(a), at.get("dim", 0))),  # type: ignore[arg-type]
-          _ins_devs, _ins_devs, _ins_devs, ("dim", "op"),
-          "Participant i gets chunk i (along dim) of the reduction of all inputs."),
-    _Coll("Broadcast", ("x",), {"devices": AttrSpec("devices")}, _broadcast_rule,
-          lambda a, at: tuple(np.array(a[0], copy=True) for _ in at["devices"]),  # type: ignore[union-attr]
-          _attr_devs, _attr_devs, _first_dev, (),
-          "Every listed device gets a copy of x (x's device must be listed)."),
-    _Coll("Scatter", ("x",), {"dim": AttrSpec("int", 0), "devices": AttrSpec("devices")}, _scatter_rule,
-          lambda a, at: tuple(chunks(np.asarray(a[0]), len(at["devices"]), at.get("dim", 0))),  # type: ignore[arg-type]
-          _attr_devs, _attr_devs, _first_dev, ("dim",),
-          "devices[i] gets chunk i of x along dim."),
-    _Coll("MPIGather", ("*xs",), {"dim": AttrSpec("int", 0), "root": AttrSpec("device")}, _gather_rule,
-          lambda a, at: (np.concatenate([np.asarray(x) for x in a], axis=at.get("dim", 0)),),  # type: ignore[arg-type]
-          _root_only, _ins_devs, _ins_devs, ("dim", "root"),
-          "The root gets the concatenation of all inputs along dim (MPI Gather)."),
-    _Coll("Reduce", ("*xs",), {"root": AttrSpec("device"), **_OP}, _reduce_rule,
-          lambda a, at: (reduce_arrays(a, at.get("op", "sum")),),  # type: ignore[arg-type]
-          _root_only, _ins_devs, _ins_devs, ("root", "op"),
-          "The root gets the reduction of all inputs."),
-    _Coll("AllToAll", ("*xs",), {"split_dim": AttrSpec("int", 0), "concat_dim": AttrSpec("int", 0)},
-          _alltoall_rule, _alltoall_ref, _ins_devs, _ins_devs, _ins_devs, ("split_dim", "concat_dim"),
-          "Participant j gets chunk j (along split_dim) of every input, concatenated on concat_dim."),
+    _Coll(
+        "AllReduce",
+        ("*xs",),
+        dict(_OP),
+        _allreduce_rule,
+        lambda a, at: tuple(reduce_arrays(a, at.get("op", "sum")) for _ in a),  # type: ignore[arg-type]
+        _ins_devs,
+        _ins_devs,
+        _ins_devs,
+        ("op",),
+        "Every participant gets the reduction of all inputs.",
+    ),
+    _Coll(
+        "AllGather",
+        ("*xs",),
+        {"dim": AttrSpec("int", 0)},
+        _allgather_rule,
+        lambda a, at: tuple(np.concatenate([np.asarray(x) for x in a], axis=at.get("dim", 0)) for _ in a),  # type: ignore[arg-type]
+        _ins_devs,
+        _ins_devs,
+        _ins_devs,
+        ("dim",),
+        "Every participant gets the concatenation of all inputs along dim (uneven sizes allowed).",
+    ),
+    _Coll(
+        "ReduceScatter",
+        ("*xs",),
+        {"dim": AttrSpec("int", 0), **_OP},
+        _reducescatter_rule,
+        lambda a, at: tuple(chunks(reduce_arrays(a, at.get("op", "sum")), len(a), at.get("dim", 0))),  # type: ignore[arg-type]
+        _ins_devs,
+        _ins_devs,
+        _ins_devs,
+        ("dim", "op"),
+        "Participant i gets chunk i (along dim) of the reduction of all inputs.",
+    ),
+    _Coll(
+        "Broadcast",
+        ("x",),
+        {"devices": AttrSpec("devices")},
+        _broadcast_rule,
+        lambda a, at: tuple(np.array(a[0], copy=True) for _ in at["devices"]),  # type: ignore[union-attr]
+        _attr_devs,
+        _attr_devs,
+        _first_dev,
+        (),
+        "Every listed device gets a copy of x (x's device must be listed).",
+    ),
+    _Coll(
+        "Scatter",
+        ("x",),
+        {"dim": AttrSpec("int", 0), "devices": AttrSpec("devices")},
+        _scatter_rule,
+        lambda a, at: tuple(chunks(np.asarray(a[0]), len(at["devices"]), at.get("dim", 0))),  # type: ignore[arg-type]
+        _attr_devs,
+        _attr_devs,
+        _first_dev,
+        ("dim",),
+        "devices[i] gets chunk i of x along dim.",
+    ),
+    _Coll(
+        "MPIGather",
+        ("*xs",),
+        {"dim": AttrSpec("int", 0), "root": AttrSpec("device")},
+        _gather_rule,
+        lambda a, at: (np.concatenate([np.asarray(x) for x in a], axis=at.get("dim", 0)),),  # type: ignore[arg-type]
+        _root_only,
+        _ins_devs,
+        _ins_devs,
+        ("dim", "root"),
+        "The root gets the concatenation of all inputs along dim (MPI Gather).",
+    ),
+    _Coll(
+        "Reduce",
+        ("*xs",),
+        {"root": AttrSpec("device"), **_OP},
+        _reduce_rule,
+        lambda a, at: (reduce_arrays(a, at.get("op", "sum")),),  # type: ignore[arg-type]
+        _root_only,
+        _ins_devs,
+        _ins_devs,
+        ("root", "op"),
+        "The root gets the reduction of all inputs.",
+    ),
+    _Coll(
+        "AllToAll",
+        ("*xs",),
+        {"split_dim": AttrSpec("int", 0), "concat_dim": AttrSpec("int", 0)},
+        _alltoall_rule,
+        _alltoall_ref,
+        _ins_devs,
+        _ins_devs,
+        _ins_devs,
+        ("split_dim", "concat_dim"),
+        "Participant j gets chunk j (along split_dim) of every input, concatenated on concat_dim.",
+    ),
 ]
 
 
 def _make_project(c: _Coll) -> Callable[..., dict[Device, list[Op]]]:
-    def project(op: Op, ins: Sequence[Type], outs: Sequence[Type],
-                vmap: Callable[[Value], Value]) -> dict[Device, list[Op]]:
+    def project(
+        op: Op, ins: Sequence[Type], outs: Sequence[Type], vmap: Callable[[Value], Value]
+    ) -> dict[Device, list[Op]]:
         ts = [t for t in ins if isinstance(t, TensorType)]
         group = c.group(ts, op.attrs)
         in_devs = c.in_devices(ts, op.attrs)
@@ -383,9 +511,8 @@ def _make_project(c: _Coll) -> Callable[..., dict[Device, list[Op]]]:
             rin = tuple(vmap(op.inputs[in_devs.index(d)]) for _ in (0,) if d in in_devs)
             rout = tuple(vmap(op.outputs[out_devs.index(d)]) for _ in (0,) if d in out_devs)
             attrs = dict(base, group=group, shapes=sizes, dtype=ts[0].dtype, device=d)
-            if "root" not in c.attrs:
-                if not c.global_inputs[0].startswith("*"):
-                    attrs["root"] = ts[0].device
+            if "root" not in c.attrs and not c.global_inputs[0].startswith("*"):
+                attrs["root"] = ts[0].device
             result[d] = [Op("rank." + c.name, rin, rout, Attrs(attrs))]
         return result
 
@@ -399,12 +526,18 @@ def _rank_rule(c: _Coll) -> Callable[[TypeCtx], Sequence[Type]]:
         group: tuple[Device, ...] = ctx.attr("group")
         shapes = ctx.attr("shapes")
         if len(set(group)) != len(group) or me not in group:
-            ctx.fail(f"rank.{c.name} group must list distinct devices including {me}", None,
-                     f"distinct devices with {me}", list(map(str, group)))
+            ctx.fail(
+                f"rank.{c.name} group must list distinct devices including {me}",
+                None,
+                f"distinct devices with {me}",
+                list(map(str, group)),
+            )
         dtype: DType = ctx.attr("dtype")
         n_in = len(c.global_inputs) if not c.global_inputs[0].startswith("*") else len(group)
         if len(shapes) != n_in:
-            ctx.fail(f"rank.{c.name} needs the shape of each of the {n_in} global inputs", None, n_in, len(shapes))
+            ctx.fail(
+                f"rank.{c.name} needs the shape of each of the {n_in} global inputs", None, n_in, len(shapes)
+            )
         variadic = c.global_inputs[0].startswith("*")
         src = group if variadic else [ctx.attr("root")]
         if not variadic and src[0] not in group:
@@ -418,20 +551,30 @@ def _rank_rule(c: _Coll) -> Callable[[TypeCtx], Sequence[Type]]:
         mine = [t for t in outs if isinstance(t, TensorType | ScalarType) and t.device == me]
         expect = [x for x in in_types if x.device == me]
         if bool(expect) != bool(ctx.types):
-            ctx.fail(f"rank.{c.name} on {me} must {'take' if expect else 'not take'} an input",
-                     None, 1 if expect else 0, len(ctx.types))
+            ctx.fail(
+                f"rank.{c.name} on {me} must {'take' if expect else 'not take'} an input",
+                None,
+                1 if expect else 0,
+                len(ctx.types),
+            )
         if ctx.types:
             t = ctx.tensor(0)
             if (t.dtype, t.shape) != (expect[0].dtype, expect[0].shape):
-                ctx.fail(f"rank.{c.name} input does not match the declared global input shapes", 0,
-                         expect[0] if expect else "no input", t)
+                ctx.fail(
+                    f"rank.{c.name} input does not match the declared global input shapes",
+                    0,
+                    expect[0] if expect else "no input",
+                    t,
+                )
         return tuple(mine)
 
     return rule
 
 
 def _make_rendezvous(c: _Coll) -> Rendezvous:
-    def run(inputs: Mapping[Device, Sequence[Any]], attrs: Mapping[Device, Attrs]) -> dict[Device, tuple[Any, ...]]:
+    def run(
+        inputs: Mapping[Device, Sequence[Any]], attrs: Mapping[Device, Attrs]
+    ) -> dict[Device, tuple[Any, ...]]:
         any_attrs = next(iter(attrs.values()))
         group: Any = any_attrs["group"]
         args = [inputs[d][0] for d in group if inputs[d]]
@@ -439,8 +582,11 @@ def _make_rendezvous(c: _Coll) -> Rendezvous:
         if "devices" in c.attrs:
             gattrs["devices"] = group
         results = c.reference(args, Attrs(gattrs))
-        ts = [TensorType(any_attrs["dtype"], tuple(s), d)  # type: ignore[arg-type]
-              for s, d in zip(any_attrs["shapes"], group, strict=False)]  # type: ignore[arg-type]
+        shapes: Any = any_attrs["shapes"]
+        ts = [
+            TensorType(any_attrs["dtype"], tuple(s), d)  # type: ignore[arg-type]
+            for s, d in zip(shapes, group, strict=False)
+        ]
         out_devs = c.out_devices(ts, Attrs(gattrs))
         out: dict[Device, tuple[Any, ...]] = {d: () for d in group}
         for d, r in zip(out_devs, results, strict=True):
@@ -460,17 +606,37 @@ def _out_count(c: _Coll) -> Callable[[int, Attrs], int]:
 
 
 for _c in _COLLS:
-    register(OpDef(
-        name=_c.name, family=FAMILY, kind=OpKind.COMM, inputs=_c.global_inputs,
-        outputs=_out_count(_c), infer=_c.global_rule, attrs=_c.attrs, reference=_c.reference,
-        project=_make_project(_c), doc=_c.doc,
-    ))
-    register(OpDef(
-        name="rank." + _c.name, family=FAMILY, kind=OpKind.RANK_COMM, inputs=("x?",),
-        outputs=lambda n, attrs: -1, infer=_rank_rule(_c),
-        attrs={**{k: v for k, v in _c.attrs.items() if k != "devices"},
-               "group": AttrSpec("devices"), "shapes": AttrSpec("any"), "dtype": AttrSpec("dtype"),
-               "device": AttrSpec("device"), "root": AttrSpec("device", None)},
-        rendezvous=_make_rendezvous(_c),
-        doc=f"One rank's part of {_c.name}; `shapes` are the global inputs' shapes, in group order.",
-    ))
+    register(
+        OpDef(
+            name=_c.name,
+            family=FAMILY,
+            kind=OpKind.COMM,
+            inputs=_c.global_inputs,
+            outputs=_out_count(_c),
+            infer=_c.global_rule,
+            attrs=_c.attrs,
+            reference=_c.reference,
+            project=_make_project(_c),
+            doc=_c.doc,
+        )
+    )
+    register(
+        OpDef(
+            name="rank." + _c.name,
+            family=FAMILY,
+            kind=OpKind.RANK_COMM,
+            inputs=("x?",),
+            outputs=lambda n, attrs: -1,
+            infer=_rank_rule(_c),
+            attrs={
+                **{k: v for k, v in _c.attrs.items() if k != "devices"},
+                "group": AttrSpec("devices"),
+                "shapes": AttrSpec("any"),
+                "dtype": AttrSpec("dtype"),
+                "device": AttrSpec("device"),
+                "root": AttrSpec("device", None),
+            },
+            rendezvous=_make_rendezvous(_c),
+            doc=f"One rank's part of {_c.name}; `shapes` are the global inputs' shapes, in group order.",
+        )
+    )

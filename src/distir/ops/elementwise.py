@@ -50,19 +50,32 @@ def _keep_dtype(f: Callable[..., Any]) -> Callable[[Sequence[Any], Attrs], Seque
 
 
 def _binary(name: str, fn: Callable[..., Any], flops: float = 1.0, doc: str = "") -> OpDef:
-    return register(OpDef(
-        name=name, family=FAMILY, inputs=("A", "B"), outputs=("C",), infer=_broadcast_rule,
-        reference=_keep_dtype(fn), flops=out_numel_flops(flops),
-        doc=doc,
-    ))
+    return register(
+        OpDef(
+            name=name,
+            family=FAMILY,
+            inputs=("A", "B"),
+            outputs=("C",),
+            infer=_broadcast_rule,
+            reference=_keep_dtype(fn),
+            flops=out_numel_flops(flops),
+            doc=doc,
+        )
+    )
 
 
 def _unary(name: str, fn: Callable[..., Any], flops: float, float_only: bool = True) -> OpDef:
-    return register(OpDef(
-        name=name, family=FAMILY, inputs=("X",), outputs=("Y",),
-        infer=_float_unary_rule if float_only else _unary_rule,
-        reference=_keep_dtype(fn), flops=out_numel_flops(flops),
-    ))
+    return register(
+        OpDef(
+            name=name,
+            family=FAMILY,
+            inputs=("X",),
+            outputs=("Y",),
+            infer=_float_unary_rule if float_only else _unary_rule,
+            reference=_keep_dtype(fn),
+            flops=out_numel_flops(flops),
+        )
+    )
 
 
 def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -90,10 +103,16 @@ RELU = _unary("Relu", lambda x: np.maximum(x, 0), 1.0, float_only=False)
 GELU = _unary("Gelu", _gelu, 8.0)
 TANH = _unary("Tanh", np.tanh, 4.0)
 SIGMOID = _unary("Sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), 4.0)
-IDENTITY = register(OpDef(
-    name="Identity", family=FAMILY, inputs=("X",), outputs=("Y",), infer=_unary_rule,
-    reference=lambda args, attrs: (np.array(args[0], copy=True),),
-))
+IDENTITY = register(
+    OpDef(
+        name="Identity",
+        family=FAMILY,
+        inputs=("X",),
+        outputs=("Y",),
+        infer=_unary_rule,
+        reference=lambda args, attrs: (np.array(args[0], copy=True),),
+    )
+)
 
 
 def _sum_rule(ctx: TypeCtx) -> Sequence[Type]:
@@ -107,12 +126,18 @@ def _sum_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return (acc.astype(np.asarray(args[0]).dtype, copy=False),)
 
 
-SUM = register(OpDef(
-    name="Sum", family=FAMILY, inputs=("*data",), outputs=("sum",), infer=_sum_rule,
-    reference=_sum_ref,
-    flops=lambda ins, outs, attrs: float(max(len(ins) - 1, 0) * numel(outs[0])),
-    doc="Elementwise sum of any number of inputs (ONNX Sum).",
-))
+SUM = register(
+    OpDef(
+        name="Sum",
+        family=FAMILY,
+        inputs=("*data",),
+        outputs=("sum",),
+        infer=_sum_rule,
+        reference=_sum_ref,
+        flops=lambda ins, outs, attrs: float(max(len(ins) - 1, 0) * numel(outs[0])),
+        doc="Elementwise sum of any number of inputs (ONNX Sum).",
+    )
+)
 
 
 def _where_rule(ctx: TypeCtx) -> Sequence[Type]:
@@ -129,11 +154,17 @@ def _where_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return (np.asarray(np.where(c, x, y)).astype(x.dtype, copy=False),)
 
 
-WHERE = register(OpDef(
-    name="Where", family=FAMILY, inputs=("condition", "X", "Y"), outputs=("output",),
-    infer=_where_rule, reference=_where_ref,
-    flops=out_numel_flops(1.0),
-))
+WHERE = register(
+    OpDef(
+        name="Where",
+        family=FAMILY,
+        inputs=("condition", "X", "Y"),
+        outputs=("output",),
+        infer=_where_rule,
+        reference=_where_ref,
+        flops=out_numel_flops(1.0),
+    )
+)
 
 
 def _cast_rule(ctx: TypeCtx) -> Sequence[Type]:
@@ -145,8 +176,14 @@ def _cast_rule(ctx: TypeCtx) -> Sequence[Type]:
     return (ctx.out(to, t.shape),)
 
 
-CAST = register(OpDef(
-    name="Cast", family=FAMILY, inputs=("input",), outputs=("output",), infer=_cast_rule,
-    attrs={"to": AttrSpec("dtype")},
-    reference=lambda args, attrs: (np.asarray(args[0]).astype(attrs["to"].to_numpy()),),  # type: ignore[union-attr]
-))
+CAST = register(
+    OpDef(
+        name="Cast",
+        family=FAMILY,
+        inputs=("input",),
+        outputs=("output",),
+        infer=_cast_rule,
+        attrs={"to": AttrSpec("dtype")},
+        reference=lambda args, attrs: (np.asarray(args[0]).astype(attrs["to"].to_numpy()),),  # type: ignore[union-attr]
+    )
+)

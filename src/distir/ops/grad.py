@@ -59,11 +59,18 @@ def _relu_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return ((dy * (x > 0)).astype(dy.dtype, copy=False),)
 
 
-RELU_GRAD = register(OpDef(
-    name="ReluGrad", family=FAMILY, inputs=("dY", "X"), outputs=("dX",), infer=_like_first,
-    reference=_relu_grad, flops=out_numel_flops(1.0),
-    doc="dX = dY * (X > 0), the gradient of Relu at X.",
-))
+RELU_GRAD = register(
+    OpDef(
+        name="ReluGrad",
+        family=FAMILY,
+        inputs=("dY", "X"),
+        outputs=("dX",),
+        infer=_like_first,
+        reference=_relu_grad,
+        flops=out_numel_flops(1.0),
+        doc="dX = dY * (X > 0), the gradient of Relu at X.",
+    )
+)
 
 
 # -- elementwise activations ------------------------------------------------------------------
@@ -81,22 +88,42 @@ def _gelu_grad(dy: F64, x: F64) -> F64:
     return dy * (normal_cdf(x) + x * normal_pdf(x))
 
 
-GELU_GRAD = register(OpDef(
-    name="GeluGrad", family=FAMILY, inputs=("dY", "X"), outputs=("dX",), infer=_float_like_first,
-    reference=_pointwise(_gelu_grad), flops=out_numel_flops(12.0),
-    doc="dX = dY * (Phi(X) + X * phi(X)), the gradient of exact (erf) Gelu at X.",
-))
-TANH_GRAD = register(OpDef(
-    name="TanhGrad", family=FAMILY, inputs=("dY", "Y"), outputs=("dX",), infer=_float_like_first,
-    reference=_pointwise(lambda dy, y: dy * (1.0 - y * y)), flops=out_numel_flops(3.0),
-    doc="dX = dY * (1 - Y^2) where Y = Tanh(X).",
-))
-SIGMOID_GRAD = register(OpDef(
-    name="SigmoidGrad", family=FAMILY, inputs=("dY", "Y"), outputs=("dX",),
-    infer=_float_like_first, reference=_pointwise(lambda dy, y: dy * y * (1.0 - y)),
-    flops=out_numel_flops(3.0),
-    doc="dX = dY * Y * (1 - Y) where Y = Sigmoid(X).",
-))
+GELU_GRAD = register(
+    OpDef(
+        name="GeluGrad",
+        family=FAMILY,
+        inputs=("dY", "X"),
+        outputs=("dX",),
+        infer=_float_like_first,
+        reference=_pointwise(_gelu_grad),
+        flops=out_numel_flops(12.0),
+        doc="dX = dY * (Phi(X) + X * phi(X)), the gradient of exact (erf) Gelu at X.",
+    )
+)
+TANH_GRAD = register(
+    OpDef(
+        name="TanhGrad",
+        family=FAMILY,
+        inputs=("dY", "Y"),
+        outputs=("dX",),
+        infer=_float_like_first,
+        reference=_pointwise(lambda dy, y: dy * (1.0 - y * y)),
+        flops=out_numel_flops(3.0),
+        doc="dX = dY * (1 - Y^2) where Y = Tanh(X).",
+    )
+)
+SIGMOID_GRAD = register(
+    OpDef(
+        name="SigmoidGrad",
+        family=FAMILY,
+        inputs=("dY", "Y"),
+        outputs=("dX",),
+        infer=_float_like_first,
+        reference=_pointwise(lambda dy, y: dy * y * (1.0 - y)),
+        flops=out_numel_flops(3.0),
+        doc="dX = dY * Y * (1 - Y) where Y = Sigmoid(X).",
+    )
+)
 
 
 # -- Softmax ----------------------------------------------------------------------------------
@@ -113,12 +140,19 @@ def _softmax_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return ((y * (dy - np.sum(dy * y, axis=ax, keepdims=True))).astype(dy0.dtype),)
 
 
-SOFTMAX_GRAD = register(OpDef(
-    name="SoftmaxGrad", family=FAMILY, inputs=("dY", "Y"), outputs=("dX",),
-    infer=_softmax_grad_rule, attrs={"axis": AttrSpec("int", -1)}, reference=_softmax_grad,
-    flops=out_numel_flops(4.0),
-    doc="dX = Y * (dY - sum(dY * Y, axis)) where Y = Softmax(X, axis).",
-))
+SOFTMAX_GRAD = register(
+    OpDef(
+        name="SoftmaxGrad",
+        family=FAMILY,
+        inputs=("dY", "Y"),
+        outputs=("dX",),
+        infer=_softmax_grad_rule,
+        attrs={"axis": AttrSpec("int", -1)},
+        reference=_softmax_grad,
+        flops=out_numel_flops(4.0),
+        doc="dX = Y * (dY - sum(dY * Y, axis)) where Y = Softmax(X, axis).",
+    )
+)
 
 
 # -- normalizations ---------------------------------------------------------------------------
@@ -140,8 +174,7 @@ def _norm_grad_rule(ctx: TypeCtx) -> tuple[TensorType, TensorType]:
 
 def _layer_norm_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
     dy, scale = _norm_grad_rule(ctx)
-    return (ctx.out(dy.dtype, dy.shape), ctx.out(dy.dtype, scale.shape),
-            ctx.out(dy.dtype, scale.shape))
+    return (ctx.out(dy.dtype, dy.shape), ctx.out(dy.dtype, scale.shape), ctx.out(dy.dtype, scale.shape))
 
 
 def _rms_norm_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
@@ -155,11 +188,15 @@ def _layer_norm_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     axes = norm_axes_of(x, attrs)
     xhat, rstd = layer_norm_stats(x, axes, float_attr(attrs, "epsilon", 1e-5))
     g = dy * scale
-    dx = rstd * (g - np.mean(g, axis=axes, keepdims=True)
-                 - xhat * np.mean(g * xhat, axis=axes, keepdims=True))
+    dx = rstd * (
+        g - np.mean(g, axis=axes, keepdims=True) - xhat * np.mean(g * xhat, axis=axes, keepdims=True)
+    )
     t = dy0.dtype
-    return (dx.astype(t), sum_to_shape(dy * xhat, scale0.shape).astype(t),
-            sum_to_shape(dy, scale0.shape).astype(t))
+    return (
+        dx.astype(t),
+        sum_to_shape(dy * xhat, scale0.shape).astype(t),
+        sum_to_shape(dy, scale0.shape).astype(t),
+    )
 
 
 def _rms_norm_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
@@ -173,19 +210,33 @@ def _rms_norm_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return (dx.astype(t), sum_to_shape(dy * xhat, scale0.shape).astype(t))
 
 
-LAYER_NORMALIZATION_GRAD = register(OpDef(
-    name="LayerNormalizationGrad", family=FAMILY, inputs=("dY", "X", "Scale"),
-    outputs=("dX", "dScale", "dB"), infer=_layer_norm_grad_rule, attrs=dict(NORM_ATTRS),
-    reference=_layer_norm_grad, flops=in_numel_flops(12.0),
-    doc="Gradients of LayerNormalization(X, Scale, B) w.r.t. X, Scale and B (B shaped like "
+LAYER_NORMALIZATION_GRAD = register(
+    OpDef(
+        name="LayerNormalizationGrad",
+        family=FAMILY,
+        inputs=("dY", "X", "Scale"),
+        outputs=("dX", "dScale", "dB"),
+        infer=_layer_norm_grad_rule,
+        attrs=dict(NORM_ATTRS),
+        reference=_layer_norm_grad,
+        flops=in_numel_flops(12.0),
+        doc="Gradients of LayerNormalization(X, Scale, B) w.r.t. X, Scale and B (B shaped like "
         "Scale); recomputes the statistics from X.",
-))
-RMS_NORMALIZATION_GRAD = register(OpDef(
-    name="RMSNormalizationGrad", family=FAMILY, inputs=("dY", "X", "scale"),
-    outputs=("dX", "dScale"), infer=_rms_norm_grad_rule, attrs=dict(NORM_ATTRS),
-    reference=_rms_norm_grad, flops=in_numel_flops(9.0),
-    doc="Gradients of RMSNormalization(X, scale) w.r.t. X and scale.",
-))
+    )
+)
+RMS_NORMALIZATION_GRAD = register(
+    OpDef(
+        name="RMSNormalizationGrad",
+        family=FAMILY,
+        inputs=("dY", "X", "scale"),
+        outputs=("dX", "dScale"),
+        infer=_rms_norm_grad_rule,
+        attrs=dict(NORM_ATTRS),
+        reference=_rms_norm_grad,
+        flops=in_numel_flops(9.0),
+        doc="Gradients of RMSNormalization(X, scale) w.r.t. X and scale.",
+    )
+)
 
 
 # -- losses -----------------------------------------------------------------------------------
@@ -195,8 +246,13 @@ def _check_dloss(ctx: TypeCtx, like: int, per_item: tuple[int, ...]) -> None:
     d = ctx.tensor(0)
     want = per_item if reduction(ctx) == "none" else ()
     if d.shape != want:
-        ctx.fail(f"{ctx.op.name}: dLoss has shape {d.shape} but the loss with reduction="
-                 f"{ctx.attr('reduction')!r} has shape {want}", 0, want, d.shape)
+        ctx.fail(
+            f"{ctx.op.name}: dLoss has shape {d.shape} but the loss with reduction="
+            f"{ctx.attr('reduction')!r} has shape {want}",
+            0,
+            want,
+            d.shape,
+        )
 
 
 def _sce_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
@@ -210,8 +266,9 @@ def _sce_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     labels = np.asarray(args[2]).astype(np.int64)
     dloss = f64(args[0])
     p = softmax(scores0, 1)
-    np.put_along_axis(p, np.expand_dims(labels, 1),
-                      np.take_along_axis(p, np.expand_dims(labels, 1), axis=1) - 1.0, axis=1)
+    np.put_along_axis(
+        p, np.expand_dims(labels, 1), np.take_along_axis(p, np.expand_dims(labels, 1), axis=1) - 1.0, axis=1
+    )
     how = str_attr(attrs, "reduction", "mean")
     if how == "none":
         p = p * np.expand_dims(dloss, 1)
@@ -220,13 +277,20 @@ def _sce_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return (p.astype(scores0.dtype),)
 
 
-SOFTMAX_CROSS_ENTROPY_LOSS_GRAD = register(OpDef(
-    name="SoftmaxCrossEntropyLossGrad", family=FAMILY, inputs=("dLoss", "scores", "labels"),
-    outputs=("dScores",), infer=_sce_grad_rule, attrs={"reduction": REDUCTION},
-    reference=_sce_grad, flops=out_numel_flops(7.0),
-    doc="dScores = (softmax(scores, 1) - onehot(labels)) * dLoss (divided by the label count "
+SOFTMAX_CROSS_ENTROPY_LOSS_GRAD = register(
+    OpDef(
+        name="SoftmaxCrossEntropyLossGrad",
+        family=FAMILY,
+        inputs=("dLoss", "scores", "labels"),
+        outputs=("dScores",),
+        infer=_sce_grad_rule,
+        attrs={"reduction": REDUCTION},
+        reference=_sce_grad,
+        flops=out_numel_flops(7.0),
+        doc="dScores = (softmax(scores, 1) - onehot(labels)) * dLoss (divided by the label count "
         "for reduction='mean'; broadcast over classes for 'none').",
-))
+    )
+)
 
 
 def _mse_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
@@ -243,12 +307,19 @@ def _mse_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return (g.astype(p0.dtype),)
 
 
-MSE_LOSS_GRAD = register(OpDef(
-    name="MSELossGrad", family=FAMILY, inputs=("dLoss", "prediction", "target"),
-    outputs=("dPrediction",), infer=_mse_grad_rule, attrs={"reduction": REDUCTION},
-    reference=_mse_grad, flops=out_numel_flops(3.0),
-    doc="dPrediction = 2 * (prediction - target) * dLoss (divided by the element count for "
+MSE_LOSS_GRAD = register(
+    OpDef(
+        name="MSELossGrad",
+        family=FAMILY,
+        inputs=("dLoss", "prediction", "target"),
+        outputs=("dPrediction",),
+        infer=_mse_grad_rule,
+        attrs={"reduction": REDUCTION},
+        reference=_mse_grad,
+        flops=out_numel_flops(3.0),
+        doc="dPrediction = 2 * (prediction - target) * dLoss (divided by the element count for "
         "reduction='mean').",
-))
+    )
+)
 
 __all__ = ["sum_to_shape"]

@@ -43,19 +43,30 @@ def _matmul_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> fl
     return 2.0 * numel(outs[0]) * k
 
 
-MATMUL = register(OpDef(
-    name="MatMul", family=FAMILY, inputs=("A", "B"), outputs=("Y",), infer=_matmul_rule,
-    reference=lambda args, attrs: (np.matmul(args[0], args[1]),), flops=_matmul_flops,
-    doc="Matrix product with numpy broadcasting of batch dims.",
-))
+MATMUL = register(
+    OpDef(
+        name="MatMul",
+        family=FAMILY,
+        inputs=("A", "B"),
+        outputs=("Y",),
+        infer=_matmul_rule,
+        reference=lambda args, attrs: (np.matmul(args[0], args[1]),),
+        flops=_matmul_flops,
+        doc="Matrix product with numpy broadcasting of batch dims.",
+    )
+)
 
 
 def _gemm_rule(ctx: TypeCtx) -> Sequence[Type]:
     a, b = ctx.tensor(0), ctx.tensor(1)
     same_dtype(ctx, list(range(len(ctx.types))))
     if a.rank != 2 or b.rank != 2:
-        ctx.fail("Gemm inputs A and B must be matrices", 0 if a.rank != 2 else 1, "rank 2",
-                 a.rank if a.rank != 2 else b.rank)
+        ctx.fail(
+            "Gemm inputs A and B must be matrices",
+            0 if a.rank != 2 else 1,
+            "rank 2",
+            a.rank if a.rank != 2 else b.rank,
+        )
     m, k = a.shape[::-1] if ctx.attr("transA") else a.shape
     k2, n = b.shape[::-1] if ctx.attr("transB") else b.shape
     if k != k2:
@@ -64,8 +75,7 @@ def _gemm_rule(ctx: TypeCtx) -> Sequence[Type]:
         c = ctx.tensor(2)
         fits = c.rank <= 2 and all(d in (1, w) for d, w in zip(c.shape[::-1], (n, m), strict=False))
         if not fits:
-            ctx.fail(f"Gemm bias of shape {c.shape} does not broadcast to {(m, n)}", 2, (m, n),
-                     c.shape)
+            ctx.fail(f"Gemm bias of shape {c.shape} does not broadcast to {(m, n)}", 2, (m, n), c.shape)
     return (ctx.out(a.dtype, (m, n)),)
 
 
@@ -88,10 +98,21 @@ def _gemm_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> floa
     return 2.0 * numel(outs[0]) * k + (2.0 * numel(outs[0]) if len(ins) == 3 else 0.0)
 
 
-GEMM = register(OpDef(
-    name="Gemm", family=FAMILY, inputs=("A", "B", "C?"), outputs=("Y",), infer=_gemm_rule,
-    attrs={"alpha": AttrSpec("float", 1.0), "beta": AttrSpec("float", 1.0),
-           "transA": AttrSpec("int", 0, (0, 1)), "transB": AttrSpec("int", 0, (0, 1))},
-    reference=_gemm_ref, flops=_gemm_flops,
-    doc="ONNX Gemm: Y = alpha * A' @ B' + beta * C, with optional transposes and bias.",
-))
+GEMM = register(
+    OpDef(
+        name="Gemm",
+        family=FAMILY,
+        inputs=("A", "B", "C?"),
+        outputs=("Y",),
+        infer=_gemm_rule,
+        attrs={
+            "alpha": AttrSpec("float", 1.0),
+            "beta": AttrSpec("float", 1.0),
+            "transA": AttrSpec("int", 0, (0, 1)),
+            "transB": AttrSpec("int", 0, (0, 1)),
+        },
+        reference=_gemm_ref,
+        flops=_gemm_flops,
+        doc="ONNX Gemm: Y = alpha * A' @ B' + beta * C, with optional transposes and bias.",
+    )
+)

@@ -28,8 +28,7 @@ REDUCTION = AttrSpec("str", "mean", REDUCTIONS)
 def reduction(ctx: TypeCtx) -> str:
     r = ctx.attr("reduction")
     if r not in REDUCTIONS:
-        ctx.fail(f"{ctx.op.name} reduction must be one of {list(REDUCTIONS)}", None,
-                 list(REDUCTIONS), r)
+        ctx.fail(f"{ctx.op.name} reduction must be one of {list(REDUCTIONS)}", None, list(REDUCTIONS), r)
     assert isinstance(r, str)
     return r
 
@@ -47,21 +46,29 @@ def check_scores_labels(ctx: TypeCtx, si: int, li: int) -> tuple[TensorType, Ten
     """scores [N, C, d1..] (float) and labels [N, d1..] (int, in 0..C-1 when known)."""
     scores, labels = float_input(ctx, si, "scores"), ctx.tensor(li)
     if scores.rank < 2:
-        ctx.fail(f"{ctx.op.name} scores must be [N, C, d1, ...] (rank >= 2)", si, "rank >= 2",
-                 scores.rank)
+        ctx.fail(f"{ctx.op.name} scores must be [N, C, d1, ...] (rank >= 2)", si, "rank >= 2", scores.rank)
     if not labels.dtype.is_int:
         ctx.fail(f"{ctx.op.name} labels must be integers", li, "an int dtype", labels.dtype)
     want = scores.shape[:1] + scores.shape[2:]
     if labels.shape != want:
-        ctx.fail(f"{ctx.op.name} labels of shape {labels.shape} do not match scores "
-                 f"{scores.shape} (want [N, d1, ...] = {want})", li, want, labels.shape)
+        ctx.fail(
+            f"{ctx.op.name} labels of shape {labels.shape} do not match scores "
+            f"{scores.shape} (want [N, d1, ...] = {want})",
+            li,
+            want,
+            labels.shape,
+        )
     known = ctx.known[li] if li < len(ctx.known) else None
     if known is not None:
         c = scores.shape[1]
         bad = np.asarray(known)[(np.asarray(known) < 0) | (np.asarray(known) >= c)]
         if bad.size:
-            ctx.fail(f"{ctx.op.name} label {int(bad.flat[0])} is out of range for {c} classes", li,
-                     f"0..{c - 1}", bad.tolist())
+            ctx.fail(
+                f"{ctx.op.name} label {int(bad.flat[0])} is out of range for {c} classes",
+                li,
+                f"0..{c - 1}",
+                bad.tolist(),
+            )
     return scores, labels
 
 
@@ -90,12 +97,19 @@ def _sce_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float
     return 5.0 * numel(ins[0]) + 2.0 * n + (n if attrs.get("reduction", "mean") != "none" else 0.0)
 
 
-SOFTMAX_CROSS_ENTROPY_LOSS = register(OpDef(
-    name="SoftmaxCrossEntropyLoss", family=FAMILY, inputs=("scores", "labels"),
-    outputs=("output",), infer=_sce_rule, attrs={"reduction": REDUCTION},
-    reference=_sce_ref, flops=_sce_flops,
-    doc="-log softmax(scores, axis=1)[labels], reduced (ONNX, without weights/ignore_index).",
-))
+SOFTMAX_CROSS_ENTROPY_LOSS = register(
+    OpDef(
+        name="SoftmaxCrossEntropyLoss",
+        family=FAMILY,
+        inputs=("scores", "labels"),
+        outputs=("output",),
+        infer=_sce_rule,
+        attrs={"reduction": REDUCTION},
+        reference=_sce_ref,
+        flops=_sce_flops,
+        doc="-log softmax(scores, axis=1)[labels], reduced (ONNX, without weights/ignore_index).",
+    )
+)
 
 
 # -- MSELoss ----------------------------------------------------------------------------------
@@ -117,12 +131,18 @@ def _mse_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return (reduce_loss(d * d, str_attr(attrs, "reduction", "mean")).astype(p.dtype),)
 
 
-MSE_LOSS = register(OpDef(
-    name="MSELoss", family=FAMILY, inputs=("prediction", "target"), outputs=("output",),
-    infer=_mse_rule, attrs={"reduction": REDUCTION}, reference=_mse_ref,
-    flops=lambda ins, outs, attrs: 3.0 * numel(ins[0]),
-    doc="(prediction - target)^2, reduced by mean (default), sum or none.",
-))
+MSE_LOSS = register(
+    OpDef(
+        name="MSELoss",
+        family=FAMILY,
+        inputs=("prediction", "target"),
+        outputs=("output",),
+        infer=_mse_rule,
+        attrs={"reduction": REDUCTION},
+        reference=_mse_ref,
+        flops=lambda ins, outs, attrs: 3.0 * numel(ins[0]),
+        doc="(prediction - target)^2, reduced by mean (default), sum or none.",
+    )
+)
 
-__all__ = ["check_pred_target", "check_scores_labels", "picked_log_probs", "reduce_loss",
-           "reduction"]
+__all__ = ["check_pred_target", "check_scores_labels", "picked_log_probs", "reduce_loss", "reduction"]

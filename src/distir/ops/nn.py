@@ -59,11 +59,19 @@ def _softmax_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return (softmax(x, int_attr(attrs, "axis", -1)).astype(x.dtype),)
 
 
-SOFTMAX = register(OpDef(
-    name="Softmax", family=FAMILY, inputs=("input",), outputs=("output",), infer=_softmax_rule,
-    attrs={"axis": AttrSpec("int", -1)}, reference=_softmax_ref, flops=out_numel_flops(5.0),
-    doc="exp(x - max) / sum(exp(x - max)) along one axis (ONNX opset 13 Softmax).",
-))
+SOFTMAX = register(
+    OpDef(
+        name="Softmax",
+        family=FAMILY,
+        inputs=("input",),
+        outputs=("output",),
+        infer=_softmax_rule,
+        attrs={"axis": AttrSpec("int", -1)},
+        reference=_softmax_ref,
+        flops=out_numel_flops(5.0),
+        doc="exp(x - max) / sum(exp(x - max)) along one axis (ONNX opset 13 Softmax).",
+    )
+)
 
 
 # -- normalizations ---------------------------------------------------------------------------
@@ -82,8 +90,13 @@ def check_param(ctx: TypeCtx, i: int, x_index: int, start: int) -> TensorType:
     fits = all(d in (1, n) for d, n in zip(p.shape[::-1], normed[::-1], strict=False))
     if p.rank > len(normed) or not fits:
         name = ctx.op.inputs[i].rstrip("?")
-        ctx.fail(f"{ctx.op.name}: {name} of shape {p.shape} does not broadcast to the normalized "
-                 f"shape {normed} (axes {start}..{x.rank - 1} of X)", i, normed, p.shape)
+        ctx.fail(
+            f"{ctx.op.name}: {name} of shape {p.shape} does not broadcast to the normalized "
+            f"shape {normed} (axes {start}..{x.rank - 1} of X)",
+            i,
+            normed,
+            p.shape,
+        )
     return p
 
 
@@ -131,18 +144,40 @@ def _rms_norm_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
 
 NORM_ATTRS = {"axis": AttrSpec("int", -1), "epsilon": AttrSpec("float", 1e-5)}
 
-LAYER_NORMALIZATION = register(OpDef(
-    name="LayerNormalization", family=FAMILY, inputs=("X", "Scale", "B?"), outputs=("Y",),
-    infer=_norm_rule, attrs=dict(NORM_ATTRS), reference=_layer_norm_ref,
-    flops=out_numel_flops(8.0),
-    doc="Y = (X - mean) / sqrt(var + epsilon) * Scale + B over axes [axis, rank).",
-))
-RMS_NORMALIZATION = register(OpDef(
-    name="RMSNormalization", family=FAMILY, inputs=("X", "scale"), outputs=("Y",),
-    infer=_norm_rule, attrs=dict(NORM_ATTRS), reference=_rms_norm_ref,
-    flops=out_numel_flops(5.0),
-    doc="Y = X / sqrt(mean(X^2) + epsilon) * scale over axes [axis, rank).",
-))
+LAYER_NORMALIZATION = register(
+    OpDef(
+        name="LayerNormalization",
+        family=FAMILY,
+        inputs=("X", "Scale", "B?"),
+        outputs=("Y",),
+        infer=_norm_rule,
+        attrs=dict(NORM_ATTRS),
+        reference=_layer_norm_ref,
+        flops=out_numel_flops(8.0),
+        doc="Y = (X - mean) / sqrt(var + epsilon) * Scale + B over axes [axis, rank).",
+    )
+)
+RMS_NORMALIZATION = register(
+    OpDef(
+        name="RMSNormalization",
+        family=FAMILY,
+        inputs=("X", "scale"),
+        outputs=("Y",),
+        infer=_norm_rule,
+        attrs=dict(NORM_ATTRS),
+        reference=_rms_norm_ref,
+        flops=out_numel_flops(5.0),
+        doc="Y = X / sqrt(mean(X^2) + epsilon) * scale over axes [axis, rank).",
+    )
+)
 
-__all__ = ["check_param", "layer_norm_stats", "log_softmax", "norm_axes_of", "norm_start",
-           "rms_norm_stats", "softmax", "softmax_axis"]
+__all__ = [
+    "check_param",
+    "layer_norm_stats",
+    "log_softmax",
+    "norm_axes_of",
+    "norm_start",
+    "rms_norm_stats",
+    "softmax",
+    "softmax_axis",
+]

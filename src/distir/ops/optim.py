@@ -29,12 +29,19 @@ def _sgd_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return ((w - float_attr(attrs, "lr", 0.01) * g).astype(w.dtype, copy=False),)
 
 
-SGD = register(OpDef(
-    name="SGD", family=FAMILY, inputs=("weight", "grad"), outputs=("new_weight",), infer=_sgd_rule,
-    attrs={"lr": AttrSpec("float", 0.01)}, reference=_sgd_ref,
-    flops=lambda ins, outs, attrs: 2.0 * numel(outs[0]),
-    doc="Plain SGD step: new_weight = weight - lr * grad.",
-))
+SGD = register(
+    OpDef(
+        name="SGD",
+        family=FAMILY,
+        inputs=("weight", "grad"),
+        outputs=("new_weight",),
+        infer=_sgd_rule,
+        attrs={"lr": AttrSpec("float", 0.01)},
+        reference=_sgd_ref,
+        flops=lambda ins, outs, attrs: 2.0 * numel(outs[0]),
+        doc="Plain SGD step: new_weight = weight - lr * grad.",
+    )
+)
 
 
 def _adam_rule(ctx: TypeCtx) -> Sequence[Type]:
@@ -43,12 +50,20 @@ def _adam_rule(ctx: TypeCtx) -> Sequence[Type]:
     same_shape(ctx, [0, 1, 2, 3])
     step = ctx.tensor(4)
     if not step.dtype.is_int or step.rank != 0:
-        ctx.fail("Adam step must be an integer scalar (a Scalar or 0-d tensor)", 4,
-                 "Scalar[i64] or Tensor[i64, ()]", ctx.types[4])
+        ctx.fail(
+            "Adam step must be an integer scalar (a Scalar or 0-d tensor)",
+            4,
+            "Scalar[i64] or Tensor[i64, ()]",
+            ctx.types[4],
+        )
     known = ctx.known[4] if len(ctx.known) > 4 else None
     if known is not None and int(np.asarray(known)) < 1:
-        ctx.fail("Adam step counts from 1 (bias correction divides by 1 - beta^step)", 4, ">= 1",
-                 int(np.asarray(known)))
+        ctx.fail(
+            "Adam step counts from 1 (bias correction divides by 1 - beta^step)",
+            4,
+            ">= 1",
+            int(np.asarray(known)),
+        )
     for name in ("beta1", "beta2"):
         b = ctx.attr(name)
         if not 0.0 <= b < 1.0:
@@ -70,13 +85,23 @@ def _adam_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return tuple(a.astype(w0.dtype) for a in (w, m, v))
 
 
-ADAM = register(OpDef(
-    name="Adam", family=FAMILY, inputs=("weight", "grad", "m", "v", "step"),
-    outputs=("new_weight", "new_m", "new_v"), infer=_adam_rule,
-    attrs={"lr": AttrSpec("float", 0.001), "beta1": AttrSpec("float", 0.9),
-           "beta2": AttrSpec("float", 0.999), "epsilon": AttrSpec("float", 1e-8)},
-    reference=_adam_ref, flops=lambda ins, outs, attrs: 10.0 * numel(ins[0]),
-    doc="Adam (Kingma & Ba) with bias correction; step is the 1-based step count: "
+ADAM = register(
+    OpDef(
+        name="Adam",
+        family=FAMILY,
+        inputs=("weight", "grad", "m", "v", "step"),
+        outputs=("new_weight", "new_m", "new_v"),
+        infer=_adam_rule,
+        attrs={
+            "lr": AttrSpec("float", 0.001),
+            "beta1": AttrSpec("float", 0.9),
+            "beta2": AttrSpec("float", 0.999),
+            "epsilon": AttrSpec("float", 1e-8),
+        },
+        reference=_adam_ref,
+        flops=lambda ins, outs, attrs: 10.0 * numel(ins[0]),
+        doc="Adam (Kingma & Ba) with bias correction; step is the 1-based step count: "
         "m' = b1 m + (1-b1) g, v' = b2 v + (1-b2) g^2, "
         "w' = w - lr (m'/(1-b1^step)) / (sqrt(v'/(1-b2^step)) + epsilon).",
-))
+    )
+)

@@ -72,15 +72,31 @@ def _mean_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> floa
     return _sum_flops(ins, outs, attrs) + float(numel(outs[0]))
 
 
-REDUCE_SUM = register(OpDef(
-    name="ReduceSum", family=FAMILY, inputs=("data",), outputs=("reduced",), infer=_reduce_rule,
-    attrs=dict(ATTRS), reference=_reduce_ref(mean=False), flops=_sum_flops,
-    doc="Sum over axes (default all); keepdims=1 keeps them with size 1.",
-))
-REDUCE_MEAN = register(OpDef(
-    name="ReduceMean", family=FAMILY, inputs=("data",), outputs=("reduced",), infer=_reduce_rule,
-    attrs=dict(ATTRS), reference=_reduce_ref(mean=True), flops=_mean_flops,
-    doc="Mean over axes (default all); keepdims=1 keeps them with size 1.",
-))
+REDUCE_SUM = register(
+    OpDef(
+        name="ReduceSum",
+        family=FAMILY,
+        inputs=("data",),
+        outputs=("reduced",),
+        infer=_reduce_rule,
+        attrs=dict(ATTRS),
+        reference=_reduce_ref(mean=False),
+        flops=_sum_flops,
+        doc="Sum over axes (default all); keepdims=1 keeps them with size 1.",
+    )
+)
+REDUCE_MEAN = register(
+    OpDef(
+        name="ReduceMean",
+        family=FAMILY,
+        inputs=("data",),
+        outputs=("reduced",),
+        infer=_reduce_rule,
+        attrs=dict(ATTRS),
+        reference=_reduce_ref(mean=True),
+        flops=_mean_flops,
+        doc="Mean over axes (default all); keepdims=1 keeps them with size 1.",
+    )
+)
 
 __all__ = ["reduced_axes"]

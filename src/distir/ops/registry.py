@@ -72,8 +72,7 @@ class _Required:
 
 REQUIRED: Any = _Required()
 
-_ATTR_KINDS = ("int", "float", "str", "bool", "device", "dtype", "ints", "floats", "devices",
-               "tensor", "any")
+_ATTR_KINDS = ("int", "float", "str", "bool", "device", "dtype", "ints", "floats", "devices", "tensor", "any")
 
 
 def _kind_ok(kind: str, v: AttrValue) -> bool:
@@ -102,8 +101,8 @@ def _kind_ok(kind: str, v: AttrValue) -> bool:
     if kind == "devices":
         return isinstance(v, tuple) and all(isinstance(x, Device) for x in v)
     if kind == "tensor":
-        return num(v) or isinstance(v, bool) or (
-            isinstance(v, tuple) and all(_kind_ok("tensor", x) for x in v)
+        return (
+            num(v) or isinstance(v, bool) or (isinstance(v, tuple) and all(_kind_ok("tensor", x) for x in v))
         )
     return True
 
@@ -121,6 +120,9 @@ class AttrSpec:
     @property
     def required(self) -> bool:
         return self.default is REQUIRED
+
+
+_INTERNED: dict[tuple[Any, ...], TensorType] = {}
 
 
 class TypeCtx:
@@ -160,8 +162,15 @@ class TypeCtx:
         return t
 
     def out(self, dtype: DType, shape: Sequence[int]) -> TensorType:
+        """A result type on this op's device (interned: type propagation makes many alike)."""
         assert self.device is not None, "out() is for LOCAL ops"
-        return TensorType(dtype, tuple(int(s) for s in shape), self.device)
+        key = (dtype, tuple(shape), self.device)
+        t = _INTERNED.get(key)
+        if t is None:
+            t = TensorType(dtype, tuple(int(s) for s in shape), self.device)
+            if len(_INTERNED) < 1 << 16:
+                _INTERNED[key] = t
+        return t
 
     def const(self, i: int, what: str) -> np.ndarray:
         """The concrete value of input ``i``; a rule needing it fails if it is abstract."""
@@ -274,11 +283,16 @@ class OpDef:
                 known = ", ".join(self.attrs) or "none"
                 raise OpSignatureError(f"{self.name} has no attribute {k!r}; its attributes: {known}")
             if not _kind_ok(spec.kind, v):
-                raise OpSignatureError(f"attribute {k!r} of {self.name} must be {spec.kind}", None,
-                                       spec.kind, repr(v))
+                raise OpSignatureError(
+                    f"attribute {k!r} of {self.name} must be {spec.kind}", None, spec.kind, repr(v)
+                )
             if spec.choices is not None and v not in spec.choices:
-                raise OpSignatureError(f"attribute {k!r} of {self.name} must be one of "
-                                       f"{list(spec.choices)}", None, list(spec.choices), repr(v))
+                raise OpSignatureError(
+                    f"attribute {k!r} of {self.name} must be one of {list(spec.choices)}",
+                    None,
+                    list(spec.choices),
+                    repr(v),
+                )
         for k, spec in self.attrs.items():
             if spec.required and k not in attrs:
                 raise OpSignatureError(f"{self.name} requires attribute {k!r} ({spec.kind})")
@@ -289,13 +303,17 @@ class OpDef:
         dev: Device | None = None
         first = -1
         for i, t in enumerate(types):
-            for d in devices_of(t):
+            for d in (t.device,) if type(t) is TensorType else devices_of(t):
                 if dev is None:
                     dev, first = d, i
                 elif d != dev:
                     raise OpTypeError(
                         f"{self.name} runs on one device, but input {first + 1} is on {dev} and "
-                        f"input {i + 1} is on {d}", i, dev, d)
+                        f"input {i + 1} is on {d}",
+                        i,
+                        dev,
+                        d,
+                    )
         a = attrs.get("device")
         if dev is None:
             if not isinstance(a, Device):
@@ -374,7 +392,10 @@ def _check_one_device(d: OpDef, op: Op) -> None:
                 assert first is not None
                 raise OpSignatureError(
                     f"{op.name} runs on one device, but %{first.name} is on {dev} and %{v.name} is on {x}",
-                    v, dev, x)
+                    v,
+                    dev,
+                    x,
+                )
 
 
 REGISTRY = OpRegistry()

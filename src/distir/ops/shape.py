@@ -32,12 +32,18 @@ def _shape_rule(ctx: TypeCtx) -> Sequence[Type]:
     return (ctx.out(DType.i64, (ctx.tensor(0).rank,)),)
 
 
-SHAPE = register(OpDef(
-    name="Shape", family=FAMILY, inputs=("data",), outputs=("shape",), infer=_shape_rule,
-    partial=lambda ctx: (np.array(ctx.tensor(0).shape, dtype=np.int64),),
-    reference=lambda args, attrs: (np.array(np.shape(args[0]), dtype=np.int64),),
-    bytes_read=lambda ins, outs, attrs: 0.0,
-))
+SHAPE = register(
+    OpDef(
+        name="Shape",
+        family=FAMILY,
+        inputs=("data",),
+        outputs=("shape",),
+        infer=_shape_rule,
+        partial=lambda ctx: (np.array(ctx.tensor(0).shape, dtype=np.int64),),
+        reference=lambda args, attrs: (np.array(np.shape(args[0]), dtype=np.int64),),
+        bytes_read=lambda ins, outs, attrs: 0.0,
+    )
+)
 
 
 # -- Constant ---------------------------------------------------------------------------------
@@ -54,8 +60,12 @@ def _const_array(ctx: TypeCtx) -> np.ndarray:
     try:
         arr = np.array(value, dtype=dt.to_numpy())
     except (ValueError, OverflowError):
-        ctx.fail("Constant value is not a rectangular array of numbers", None,
-                 "nested lists of equal length", value)
+        ctx.fail(
+            "Constant value is not a rectangular array of numbers",
+            None,
+            "nested lists of equal length",
+            value,
+        )
     if arr.dtype == object:  # pragma: no cover - numpy raises above for ragged input
         ctx.fail("Constant value is not a rectangular array")
     return arr
@@ -78,15 +88,20 @@ def _constant_rule(ctx: TypeCtx) -> Sequence[Type]:
     return (ctx.out(dt, arr.shape),)
 
 
-CONSTANT = register(OpDef(
-    name="Constant", family=FAMILY, inputs=(), outputs=("output",), infer=_constant_rule,
-    attrs={"value": AttrSpec("tensor"), "dtype": AttrSpec("dtype", None),
-           "device": AttrSpec("device")},
-    partial=lambda ctx: (_const_array(ctx),),
-    reference=_constant_ref,
-    bytes_read=lambda ins, outs, attrs: 0.0,
-    doc="A literal tensor on a device; dtype defaults to i64 for ints and f32 for floats.",
-))
+CONSTANT = register(
+    OpDef(
+        name="Constant",
+        family=FAMILY,
+        inputs=(),
+        outputs=("output",),
+        infer=_constant_rule,
+        attrs={"value": AttrSpec("tensor"), "dtype": AttrSpec("dtype", None), "device": AttrSpec("device")},
+        partial=lambda ctx: (_const_array(ctx),),
+        reference=_constant_ref,
+        bytes_read=lambda ins, outs, attrs: 0.0,
+        doc="A literal tensor on a device; dtype defaults to i64 for ints and f32 for floats.",
+    )
+)
 
 
 # -- Gather -----------------------------------------------------------------------------------
@@ -101,19 +116,25 @@ def _gather_rule(ctx: TypeCtx) -> Sequence[Type]:
     if known is not None:
         n = data.shape[ax]
         if np.any((known < -n) | (known >= n)):
-            ctx.fail(f"Gather index out of range for axis of size {n}", 1, f"-{n}..{n - 1}",
-                     known.tolist())
-    return (ctx.out(data.dtype, data.shape[:ax] + idx.shape + data.shape[ax + 1:]),)
+            ctx.fail(f"Gather index out of range for axis of size {n}", 1, f"-{n}..{n - 1}", known.tolist())
+    return (ctx.out(data.dtype, data.shape[:ax] + idx.shape + data.shape[ax + 1 :]),)
 
 
-GATHER = register(OpDef(
-    name="Gather", family=FAMILY, inputs=("data", "indices"), outputs=("output",),
-    infer=_gather_rule, attrs={"axis": AttrSpec("int", 0)},
-    reference=lambda args, attrs: (
-        np.take(args[0], np.asarray(args[1]), axis=int_attr(attrs, "axis", 0)),),
-    bytes_read=lambda ins, outs, attrs: float(outs[0].nbytes + ins[1].nbytes),
-    doc="ONNX Gather: take slices of data along axis (an embedding lookup when axis=0).",
-))
+GATHER = register(
+    OpDef(
+        name="Gather",
+        family=FAMILY,
+        inputs=("data", "indices"),
+        outputs=("output",),
+        infer=_gather_rule,
+        attrs={"axis": AttrSpec("int", 0)},
+        reference=lambda args, attrs: (
+            np.take(args[0], np.asarray(args[1]), axis=int_attr(attrs, "axis", 0)),
+        ),
+        bytes_read=lambda ins, outs, attrs: float(outs[0].nbytes + ins[1].nbytes),
+        doc="ONNX Gather: take slices of data along axis (an embedding lookup when axis=0).",
+    )
+)
 
 
 # -- Concat -----------------------------------------------------------------------------------
@@ -128,19 +149,30 @@ def _concat_rule(ctx: TypeCtx) -> Sequence[Type]:
         if t.rank != first.rank or any(
             a != b for k, (a, b) in enumerate(zip(t.shape, first.shape, strict=True)) if k != ax
         ):
-            ctx.fail(f"Concat input {i + 1} of shape {t.shape} does not match {first.shape} "
-                     f"outside axis {ax}", i, first.shape, t.shape)
+            ctx.fail(
+                f"Concat input {i + 1} of shape {t.shape} does not match {first.shape} outside axis {ax}",
+                i,
+                first.shape,
+                t.shape,
+            )
         total += t.shape[ax]
-    return (ctx.out(first.dtype, (*first.shape[:ax], total, *first.shape[ax + 1:])),)
+    return (ctx.out(first.dtype, (*first.shape[:ax], total, *first.shape[ax + 1 :])),)
 
 
-CONCAT = register(OpDef(
-    name="Concat", family=FAMILY, inputs=("*inputs",), outputs=("concat_result",),
-    infer=_concat_rule, attrs={"axis": AttrSpec("int")},
-    reference=lambda args, attrs: (
-        np.concatenate([np.asarray(a) for a in args], axis=int_attr(attrs, "axis", 0)),),
-    bytes_read=_copy_bytes,
-))
+CONCAT = register(
+    OpDef(
+        name="Concat",
+        family=FAMILY,
+        inputs=("*inputs",),
+        outputs=("concat_result",),
+        infer=_concat_rule,
+        attrs={"axis": AttrSpec("int")},
+        reference=lambda args, attrs: (
+            np.concatenate([np.asarray(a) for a in args], axis=int_attr(attrs, "axis", 0)),
+        ),
+        bytes_read=_copy_bytes,
+    )
+)
 
 
 # -- Reshape ----------------------------------------------------------------------------------
@@ -169,8 +201,7 @@ def _reshape_target(ctx: TypeCtx, in_shape: tuple[int, ...], spec: np.ndarray) -
             ctx.fail(f"cannot reshape {in_shape} to {dims}", 1, f"sizes dividing {total}", dims)
         out[infer_at] = total // rest
     if math.prod(out) != total:
-        ctx.fail(f"cannot reshape {in_shape} ({total} elements) to {tuple(out)}", 1, total,
-                 math.prod(out))
+        ctx.fail(f"cannot reshape {in_shape} ({total} elements) to {tuple(out)}", 1, total, math.prod(out))
     return tuple(out)
 
 
@@ -189,12 +220,19 @@ def _reshape_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return (data.reshape(spec),)
 
 
-RESHAPE = register(OpDef(
-    name="Reshape", family=FAMILY, inputs=("data", "shape"), outputs=("reshaped",),
-    infer=_reshape_rule, reference=_reshape_ref,
-    bytes_read=lambda ins, outs, attrs: 0.0, bytes_written=lambda ins, outs, attrs: 0.0,
-    doc="ONNX Reshape: 0 copies the input dim, -1 is inferred. Needs a concrete shape input.",
-))
+RESHAPE = register(
+    OpDef(
+        name="Reshape",
+        family=FAMILY,
+        inputs=("data", "shape"),
+        outputs=("reshaped",),
+        infer=_reshape_rule,
+        reference=_reshape_ref,
+        bytes_read=lambda ins, outs, attrs: 0.0,
+        bytes_written=lambda ins, outs, attrs: 0.0,
+        doc="ONNX Reshape: 0 copies the input dim, -1 is inferred. Needs a concrete shape input.",
+    )
+)
 
 
 # -- Unsqueeze / Squeeze ----------------------------------------------------------------------
@@ -220,11 +258,19 @@ def _unsqueeze_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return (x,)
 
 
-UNSQUEEZE = register(OpDef(
-    name="Unsqueeze", family=FAMILY, inputs=("data",), outputs=("expanded",),
-    infer=_unsqueeze_rule, attrs={"axes": AttrSpec("ints")}, reference=_unsqueeze_ref,
-    bytes_read=lambda ins, outs, attrs: 0.0, bytes_written=lambda ins, outs, attrs: 0.0,
-))
+UNSQUEEZE = register(
+    OpDef(
+        name="Unsqueeze",
+        family=FAMILY,
+        inputs=("data",),
+        outputs=("expanded",),
+        infer=_unsqueeze_rule,
+        attrs={"axes": AttrSpec("ints")},
+        reference=_unsqueeze_ref,
+        bytes_read=lambda ins, outs, attrs: 0.0,
+        bytes_written=lambda ins, outs, attrs: 0.0,
+    )
+)
 
 
 def _squeeze_axes(ctx: TypeCtx) -> list[int]:
@@ -253,11 +299,19 @@ def _squeeze_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return (np.squeeze(x, axis=tuple(a % x.ndim for a in axes)),)
 
 
-SQUEEZE = register(OpDef(
-    name="Squeeze", family=FAMILY, inputs=("data",), outputs=("squeezed",),
-    infer=_squeeze_rule, attrs={"axes": AttrSpec("ints", None)}, reference=_squeeze_ref,
-    bytes_read=lambda ins, outs, attrs: 0.0, bytes_written=lambda ins, outs, attrs: 0.0,
-))
+SQUEEZE = register(
+    OpDef(
+        name="Squeeze",
+        family=FAMILY,
+        inputs=("data",),
+        outputs=("squeezed",),
+        infer=_squeeze_rule,
+        attrs={"axes": AttrSpec("ints", None)},
+        reference=_squeeze_ref,
+        bytes_read=lambda ins, outs, attrs: 0.0,
+        bytes_written=lambda ins, outs, attrs: 0.0,
+    )
+)
 
 
 # -- Transpose --------------------------------------------------------------------------------
@@ -266,8 +320,12 @@ def _perm(ctx: TypeCtx, rank: int) -> list[int]:
     if perm is None:
         return list(range(rank))[::-1]
     if sorted(perm) != list(range(rank)):
-        ctx.fail(f"Transpose perm {list(perm)} is not a permutation of 0..{rank - 1}", None,
-                 f"a permutation of {rank} axes", list(perm))
+        ctx.fail(
+            f"Transpose perm {list(perm)} is not a permutation of 0..{rank - 1}",
+            None,
+            f"a permutation of {rank} axes",
+            list(perm),
+        )
     return list(perm)
 
 
@@ -276,12 +334,18 @@ def _transpose_rule(ctx: TypeCtx) -> Sequence[Type]:
     return (ctx.out(t.dtype, [t.shape[p] for p in _perm(ctx, t.rank)]),)
 
 
-TRANSPOSE = register(OpDef(
-    name="Transpose", family=FAMILY, inputs=("data",), outputs=("transposed",),
-    infer=_transpose_rule, attrs={"perm": AttrSpec("ints", None)},
-    reference=lambda args, attrs: (np.ascontiguousarray(np.transpose(args[0], attrs.get("perm"))),),  # type: ignore[arg-type]
-    bytes_read=_copy_bytes,
-))
+TRANSPOSE = register(
+    OpDef(
+        name="Transpose",
+        family=FAMILY,
+        inputs=("data",),
+        outputs=("transposed",),
+        infer=_transpose_rule,
+        attrs={"perm": AttrSpec("ints", None)},
+        reference=lambda args, attrs: (np.ascontiguousarray(np.transpose(args[0], attrs.get("perm"))),),  # type: ignore[arg-type]
+        bytes_read=_copy_bytes,
+    )
+)
 
 
 # -- Split ------------------------------------------------------------------------------------
@@ -307,14 +371,18 @@ def _split_rule(ctx: TypeCtx) -> Sequence[Type]:
         if "num_splits" in ctx.attrs:
             ctx.fail("Split takes either num_splits or sizes, not both")
         if sum(sizes) != t.shape[ax] or any(s < 0 for s in sizes):
-            ctx.fail(f"Split sizes {list(sizes)} do not add up to dim {ax} of size {t.shape[ax]}",
-                     0, t.shape[ax], sum(sizes))
+            ctx.fail(
+                f"Split sizes {list(sizes)} do not add up to dim {ax} of size {t.shape[ax]}",
+                0,
+                t.shape[ax],
+                sum(sizes),
+            )
     else:
         k = ctx.attr("num_splits")
         if k < 1:
             ctx.fail("Split num_splits must be positive", None, ">= 1", k)
         sizes = split_sizes(t.shape[ax], k)
-    return tuple(ctx.out(t.dtype, (*t.shape[:ax], s, *t.shape[ax + 1:])) for s in sizes)
+    return tuple(ctx.out(t.dtype, (*t.shape[:ax], s, *t.shape[ax + 1 :])) for s in sizes)
 
 
 def _split_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
@@ -327,13 +395,19 @@ def _split_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return tuple(np.ascontiguousarray(p) for p in np.split(x, cuts, axis=ax))
 
 
-SPLIT = register(OpDef(
-    name="Split", family=FAMILY, inputs=("input",), outputs=_split_count, infer=_split_rule,
-    attrs={"dim": AttrSpec("int", 0), "num_splits": AttrSpec("int", 2),
-           "sizes": AttrSpec("ints", None)},
-    reference=_split_ref, bytes_read=_copy_bytes,
-    doc="Split along dim into num_splits near-equal parts (first parts larger) or given sizes.",
-))
+SPLIT = register(
+    OpDef(
+        name="Split",
+        family=FAMILY,
+        inputs=("input",),
+        outputs=_split_count,
+        infer=_split_rule,
+        attrs={"dim": AttrSpec("int", 0), "num_splits": AttrSpec("int", 2), "sizes": AttrSpec("ints", None)},
+        reference=_split_ref,
+        bytes_read=_copy_bytes,
+        doc="Split along dim into num_splits near-equal parts (first parts larger) or given sizes.",
+    )
+)
 
 
 # -- Slice ------------------------------------------------------------------------------------
@@ -343,8 +417,12 @@ def _slices(ctx_or_none: TypeCtx | None, shape: tuple[int, ...], attrs: Attrs) -
     axes: Any = attrs.get("axes") or tuple(range(len(starts)))
     steps: Any = attrs.get("steps") or (1,) * len(starts)
     if ctx_or_none is not None and not (len(starts) == len(ends) == len(axes) == len(steps)):
-        ctx_or_none.fail("Slice starts, ends, axes and steps must have the same length", None,
-                         len(starts), [len(ends), len(axes), len(steps)])
+        ctx_or_none.fail(
+            "Slice starts, ends, axes and steps must have the same length",
+            None,
+            len(starts),
+            [len(ends), len(axes), len(steps)],
+        )
     sl = [slice(None)] * len(shape)
     for s, e, a, st in zip(starts, ends, axes, steps, strict=True):
         if ctx_or_none is not None:
@@ -362,14 +440,25 @@ def _slice_rule(ctx: TypeCtx) -> Sequence[Type]:
     return (ctx.out(t.dtype, shape),)
 
 
-SLICE = register(OpDef(
-    name="Slice", family=FAMILY, inputs=("data",), outputs=("output",), infer=_slice_rule,
-    attrs={"starts": AttrSpec("ints"), "ends": AttrSpec("ints"), "axes": AttrSpec("ints", None),
-           "steps": AttrSpec("ints", None)},
-    reference=lambda args, attrs: (
-        np.array(np.asarray(args[0])[tuple(_slices(None, np.shape(args[0]), attrs))]),),
-    bytes_read=_copy_bytes,
-    doc="ONNX Slice with starts/ends/axes/steps as attributes (Python slice semantics).",
-))
+SLICE = register(
+    OpDef(
+        name="Slice",
+        family=FAMILY,
+        inputs=("data",),
+        outputs=("output",),
+        infer=_slice_rule,
+        attrs={
+            "starts": AttrSpec("ints"),
+            "ends": AttrSpec("ints"),
+            "axes": AttrSpec("ints", None),
+            "steps": AttrSpec("ints", None),
+        },
+        reference=lambda args, attrs: (
+            np.array(np.asarray(args[0])[tuple(_slices(None, np.shape(args[0]), attrs))]),
+        ),
+        bytes_read=_copy_bytes,
+        doc="ONNX Slice with starts/ends/axes/steps as attributes (Python slice semantics).",
+    )
+)
 
 __all__ = ["numel", "split_sizes"]

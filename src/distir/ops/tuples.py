@@ -32,12 +32,28 @@ def _unpack_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return tuple(args[0])
 
 
-MAKE_TUPLE = register(OpDef(
-    name="MakeTuple", family=FAMILY, inputs=("*elements",), outputs=("tuple",), infer=_make_rule,
-    reference=lambda args, attrs: (tuple(args),), bytes_read=_free, bytes_written=_free,
-))
-UNPACK_TUPLE = register(OpDef(
-    name="UnpackTuple", family=FAMILY, inputs=("tuple",), outputs=lambda n, attrs: -1,
-    infer=_unpack_rule, reference=_unpack_ref, bytes_read=_free, bytes_written=_free,
-    doc="One result per tuple element; the count comes from the input's type.",
-))
+MAKE_TUPLE = register(
+    OpDef(
+        name="MakeTuple",
+        family=FAMILY,
+        inputs=("*elements",),
+        outputs=("tuple",),
+        infer=_make_rule,
+        reference=lambda args, attrs: (tuple(args),),
+        bytes_read=_free,
+        bytes_written=_free,
+    )
+)
+UNPACK_TUPLE = register(
+    OpDef(
+        name="UnpackTuple",
+        family=FAMILY,
+        inputs=("tuple",),
+        outputs=lambda n, attrs: -1,
+        infer=_unpack_rule,
+        reference=_unpack_ref,
+        bytes_read=_free,
+        bytes_written=_free,
+        doc="One result per tuple element; the count comes from the input's type.",
+    )
+)

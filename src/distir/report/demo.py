@@ -49,14 +49,18 @@ def max_rel_diff(a: Any, b: Any) -> float:
 def run_demo(console: Console | None, seed: int = 0) -> dict[str, Any]:
     say = console.print if console is not None else (lambda *a, **k: None)
     fig2 = distir.check(load_example("fig2_mlp_pipeline.distir"))
-    say("[bold]1. The paper's Figure 2[/bold]: 2-layer MLP, pipeline over d1 and d2, 2 microbatches "
-        "(verified and type-checked)")
+    say(
+        "[bold]1. The paper's Figure 2[/bold]: 2-layer MLP, pipeline over d1 and d2, 2 microbatches "
+        "(verified and type-checked)"
+    )
     say(print_module(Module((fig2.entry,))), markup=False)
 
     ranks = project(fig2)
     check_deadlock_free(ranks)
-    say(f"[bold]2. Per-rank programs[/bold] ({len(ranks)} ranks; every Send and collective matches "
-        "in order, so they cannot deadlock)")
+    say(
+        f"[bold]2. Per-rank programs[/bold] ({len(ranks)} ranks; every Send and collective matches "
+        "in order, so they cannot deadlock)"
+    )
     for d, pm in ranks.items():
         say(f"// rank {d}", markup=False)
         say(print_module(Module((pm.entry,))), markup=False)
@@ -67,13 +71,15 @@ def run_demo(console: Console | None, seed: int = 0) -> dict[str, Any]:
     flat = [x for d in ranks for x in per_rank[d]]
     seq = distir.check(load_example("mlp_sequential.distir"))
     sequential = run_reference(seq, args)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for i, v in enumerate(fig2.entry.outputs):
-        rows.append({
-            "output": v.name,
-            "rank_vs_global": max_rel_diff(flat[i], glob[i]),
-            "global_vs_sequential": max_rel_diff(glob[i], sequential[i]),
-        })
+        rows.append(
+            {
+                "output": v.name,
+                "rank_vs_global": max_rel_diff(flat[i], glob[i]),
+                "global_vs_sequential": max_rel_diff(glob[i], sequential[i]),
+            }
+        )
     ok = all(r["rank_vs_global"] == 0.0 and r["global_vs_sequential"] < 1e-5 for r in rows)
     table = Table(title=f"3. Updated weights, seed {seed} (max relative difference)")
     for col in ("output", "per-rank vs global", "global vs sequential"):
@@ -84,9 +90,11 @@ def run_demo(console: Console | None, seed: int = 0) -> dict[str, Any]:
 
     fig4 = load_example("fig4_dynamic_reshape.distir")
     distir.verify(fig4)
-    (out,), env = infer_types(fig4)
+    (out,), _env = infer_types(fig4)
     shape = list(getattr(out, "shape", ()))
-    say(f"[bold]4. Figure 4[/bold]: Shape → Gather → Concat → Reshape → Gemm gives Gemm the concrete "
-        f"shape {tuple(shape)} by mixed abstract/concrete interpretation")
+    say(
+        f"[bold]4. Figure 4[/bold]: Shape → Gather → Concat → Reshape → Gemm gives Gemm the concrete "
+        f"shape {tuple(shape)} by mixed abstract/concrete interpretation"
+    )
     say("[green]all checks passed[/green]" if ok else "[red]MISMATCH[/red]")
     return {"ok": ok, "ranks": [str(d) for d in ranks], "outputs": rows, "fig4_output_shape": shape}

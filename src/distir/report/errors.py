@@ -16,8 +16,15 @@ from distir.ir.parser import ParseError
 from distir.ir.verify import VerifyError
 from distir.ops.registry import RegistryError
 
-USER_ERRORS = (ParseError, VerifyError, InterpretError, DeadlockError, ProjectionError, ModuleError,
-               RegistryError)
+USER_ERRORS = (
+    ParseError,
+    VerifyError,
+    InterpretError,
+    DeadlockError,
+    ProjectionError,
+    ModuleError,
+    RegistryError,
+)
 
 
 def locate(err: BaseException, filename: str, positions: Mapping[object, tuple[int, int]]) -> str:

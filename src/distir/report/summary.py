@@ -50,8 +50,16 @@ def outputs_table(rows: list[dict[str, Any]], title: str) -> Table:
             for e in r["tuple"]:
                 add(e)
             return
-        t.add_row(r["name"], r["dtype"], str(tuple(r["shape"])), fmt(r["mean"]), fmt(r["std"]),
-                  fmt(r["min"]), fmt(r["max"]), fmt(r["sum"]))
+        t.add_row(
+            r["name"],
+            r["dtype"],
+            str(tuple(r["shape"])),
+            fmt(r["mean"]),
+            fmt(r["std"]),
+            fmt(r["min"]),
+            fmt(r["max"]),
+            fmt(r["sum"]),
+        )
 
     for r in rows:
         add(r)
