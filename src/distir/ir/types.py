@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import builtins
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import TypeAlias
 
@@ -118,6 +118,7 @@ class TensorType:
     dtype: DType
     shape: tuple[int, ...]
     device: Device
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if type(self.dtype) is not DType:
@@ -127,6 +128,15 @@ class TensorType:
             raise IRTypeError(f"tensor shape must be a tuple of non-negative ints, got {self.shape!r}")
         if type(self.device) is not Device:
             raise IRTypeError(f"tensor device must be a Device, got {self.device!r}")
+        # types are hashed constantly (cost and call-summary keys): hash once
+        object.__setattr__(self, "_hash", hash((self.dtype.value, self.shape, self.device.id)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[TensorType], tuple[DType, tuple[int, ...], Device]]:
+        # rebuild on unpickling: str hashes differ between processes, so _hash must be recomputed
+        return (TensorType, (self.dtype, self.shape, self.device))
 
     @property
     def rank(self) -> int:

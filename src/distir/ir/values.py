@@ -45,13 +45,14 @@ def freeze_attr(v: object, where: str = "attribute") -> AttrValue:
 class Attrs(Mapping[str, AttrValue]):
     """An immutable, ordered mapping of attribute names to values, with value equality."""
 
-    __slots__ = ("_items", "_map")
+    __slots__ = ("_hash", "_items", "_map")
 
     def __init__(self, items: Iterable[tuple[str, AttrValue]] | Mapping[str, object] = ()) -> None:
         pairs = items.items() if isinstance(items, Mapping) else items
         frozen = tuple((str(k), freeze_attr(v, f"attribute {k!r}")) for k, v in pairs)
         self._items = frozen
         self._map = dict(frozen)
+        self._hash: int | None = None
         if len(self._map) != len(frozen):
             raise ValueError(f"duplicate attribute names in {[k for k, _ in frozen]}")
 
@@ -68,14 +69,21 @@ class Attrs(Mapping[str, AttrValue]):
         return self._items
 
     def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
         if not isinstance(other, Attrs):
             return NotImplemented
+        if hash(self) != hash(other):
+            return False
         return self._map.keys() == other._map.keys() and all(
             _same_attr(v, other._map[k]) for k, v in self._map.items()
         )
 
-    def __hash__(self) -> int:  # order-independent, like __eq__
-        return hash(frozenset((k, _hash_key(v)) for k, v in self._items))
+    def __hash__(self) -> int:  # order-independent, like __eq__; cached (ops are hashed as cost keys)
+        h = self._hash
+        if h is None:
+            h = self._hash = hash(frozenset((k, _hash_key(v)) for k, v in self._items))
+        return h
 
     def __repr__(self) -> str:
         return f"Attrs({dict(self._items)!r})"

@@ -32,10 +32,19 @@ from typing import Any
 import numpy as np
 
 from distir.ir.ops import Op
-from distir.ir.types import Device, DType, ScalarType, TensorType, Type
+from distir.ir.types import Device, DType, ScalarType, TensorType, Type, devices_of
 from distir.ir.values import Attrs, Value
 from distir.ops._rules import norm_axis
-from distir.ops.registry import REGISTRY, AttrSpec, OpDef, OpKind, TypeCtx, register
+from distir.ops.registry import (
+    REGISTRY,
+    AttrSpec,
+    CommCost,
+    CommPattern,
+    OpDef,
+    OpKind,
+    TypeCtx,
+    register,
+)
 from distir.ops.shape import split_sizes
 
 FAMILY = "comm"
@@ -200,6 +209,11 @@ SEND = register(
         attrs={"dst": AttrSpec("device")},
         reference=lambda args, attrs: (np.array(args[0], copy=True),),
         project=_project_send,
+        comm_cost=lambda ins, outs, attrs: CommCost(
+            CommPattern.P2P,
+            float(ins[0].nbytes),
+            (*devices_of(ins[0]), *devices_of(outs[0])),
+        ),
         doc="Point-to-point copy: one op models both ends (blocks sender and receiver).",
     )
 )
@@ -296,6 +310,9 @@ class _Coll:
     # attrs (besides group) passed to the rank ops
     rank_attrs: tuple[str, ...]
     doc: str
+    # cost descriptor: the pattern and which message size its formula takes
+    pattern: CommPattern
+    message: Callable[[Sequence[TensorType], Sequence[Type]], float]
 
 
 def _ins_devs(ts: Sequence[TensorType], attrs: Attrs) -> tuple[Device, ...]:
@@ -394,6 +411,16 @@ def _alltoall_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return tuple(np.concatenate([pieces[i][j] for i in range(n)], axis=cd) for j in range(n))
 
 
+def _each_in(ins: Sequence[TensorType], outs: Sequence[Type]) -> float:
+    """The size of one participant's input (all inputs have the same size)."""
+    return float(ins[0].nbytes)
+
+
+def _each_out(ins: Sequence[TensorType], outs: Sequence[Type]) -> float:
+    """The size of the full gathered result."""
+    return float(outs[0].nbytes)
+
+
 _OP = {"op": AttrSpec("str", "sum", REDUCE_OPS)}
 _COLLS = [
     _Coll(
@@ -407,6 +434,8 @@ _COLLS = [
         _ins_devs,
         ("op",),
         "Every participant gets the reduction of all inputs.",
+        CommPattern.ALLREDUCE,
+        _each_in,
     ),
     _Coll(
         "AllGather",
@@ -419,6 +448,8 @@ _COLLS = [
         _ins_devs,
         ("dim",),
         "Every participant gets the concatenation of all inputs along dim (uneven sizes allowed).",
+        CommPattern.ALLGATHER,
+        _each_out,
     ),
     _Coll(
         "ReduceScatter",
@@ -431,6 +462,8 @@ _COLLS = [
         _ins_devs,
         ("dim", "op"),
         "Participant i gets chunk i (along dim) of the reduction of all inputs.",
+        CommPattern.REDUCESCATTER,
+        _each_in,
     ),
     _Coll(
         "Broadcast",
@@ -443,6 +476,8 @@ _COLLS = [
         _first_dev,
         (),
         "Every listed device gets a copy of x (x's device must be listed).",
+        CommPattern.BROADCAST,
+        _each_in,
     ),
     _Coll(
         "Scatter",
@@ -455,6 +490,8 @@ _COLLS = [
         _first_dev,
         ("dim",),
         "devices[i] gets chunk i of x along dim.",
+        CommPattern.SCATTER,
+        _each_in,
     ),
     _Coll(
         "MPIGather",
@@ -467,6 +504,8 @@ _COLLS = [
         _ins_devs,
         ("dim", "root"),
         "The root gets the concatenation of all inputs along dim (MPI Gather).",
+        CommPattern.GATHER,
+        _each_out,
     ),
     _Coll(
         "Reduce",
@@ -479,6 +518,8 @@ _COLLS = [
         _ins_devs,
         ("root", "op"),
         "The root gets the reduction of all inputs.",
+        CommPattern.REDUCE,
+        _each_in,
     ),
     _Coll(
         "AllToAll",
@@ -491,6 +532,8 @@ _COLLS = [
         _ins_devs,
         ("split_dim", "concat_dim"),
         "Participant j gets chunk j (along split_dim) of every input, concatenated on concat_dim.",
+        CommPattern.ALLTOALL,
+        _each_in,
     ),
 ]
 
@@ -597,6 +640,14 @@ def _make_rendezvous(c: _Coll) -> Rendezvous:
     return Rendezvous(_group, _collective_key(*names), run)
 
 
+def _make_comm_cost(c: _Coll) -> Callable[[Sequence[Type], Sequence[Type], Attrs], CommCost]:
+    def cost(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> CommCost:
+        ts = [t for t in ins if isinstance(t, TensorType)]
+        return CommCost(c.pattern, c.message(ts, outs), c.group(ts, attrs))
+
+    return cost
+
+
 def _out_count(c: _Coll) -> Callable[[int, Attrs], int]:
     if c.out_devices is _root_only:
         return lambda n, attrs: 1
@@ -617,6 +668,7 @@ for _c in _COLLS:
             attrs=_c.attrs,
             reference=_c.reference,
             project=_make_project(_c),
+            comm_cost=_make_comm_cost(_c),
             doc=_c.doc,
         )
     )

@@ -65,6 +65,30 @@ class OpKind(Enum):
     RANK_COMM = "rank_comm"
 
 
+class CommPattern(Enum):
+    """What a communication op does, for cost models (alpha-beta formulas per pattern)."""
+
+    P2P = "p2p"
+    ALLREDUCE = "allreduce"
+    ALLGATHER = "allgather"
+    REDUCESCATTER = "reducescatter"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+    SCATTER = "scatter"
+    GATHER = "gather"
+    ALLTOALL = "alltoall"
+
+
+@dataclass(frozen=True, slots=True)
+class CommCost:
+    """A communication op's cost descriptor: its pattern, the message size in bytes (the meaning
+    per pattern is documented on the op) and the participating devices (P2P: source, dest)."""
+
+    pattern: CommPattern
+    nbytes: float
+    devices: tuple[Device, ...]
+
+
 class _Required:
     def __repr__(self) -> str:
         return "REQUIRED"
@@ -229,6 +253,7 @@ class OpDef:
     doc: str = ""
     project: Any = None
     rendezvous: Any = None
+    comm_cost: Callable[[Sequence[Type], Sequence[Type], Attrs], CommCost] | None = None
     grad: Any = None
     sharding: Any = None
     torch: Any = None
