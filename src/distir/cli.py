@@ -150,6 +150,88 @@ def exec_(
 
 
 @app.command()
+def simulate(
+    file: FileArg,
+    cluster: Annotated[
+        str,
+        typer.Option(
+            "--cluster",
+            help="A preset (dgx2-v100, dgx-a100:4, p3.8xlarge:3+g4dn.12xlarge:1) or a .toml file.",
+        ),
+    ] = "dgx2-v100",
+    trace: Annotated[
+        Path | None, typer.Option("--trace", help="Write a Perfetto/Chrome trace JSON here.")
+    ] = None,
+    device_map: Annotated[
+        str | None, typer.Option("--device-map", help="Program devices to GPUs/streams: d0=0,d1=1,d8=0:comm.")
+    ] = None,
+    batch: Annotated[
+        int | None, typer.Option("--batch", min=1, help="Samples per step, for throughput.")
+    ] = None,
+    entry: EntryOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Predict step time, per-device busy/communication/idle time and peak memory."""
+    from distir.hardware.cluster import parse_cluster
+    from distir.hardware.specs import HardwareError
+    from distir.sim.devices import DeviceMap, DeviceMapError
+    from distir.sim.simulate import _program_devices
+    from distir.sim.simulate import simulate as run_sim
+    from distir.sim.summary import summary_dict, summary_table
+    from distir.sim.trace import write_trace
+
+    s = _Session(file, debug)
+    m = s.load(entry)
+    try:
+        cl = parse_cluster(cluster)
+        dmap = (
+            DeviceMap.parse(device_map, _program_devices(m, m.entry), cl.num_devices)
+            if device_map is not None
+            else None
+        )
+    except (HardwareError, DeviceMapError) as e:
+        if debug:
+            traceback.print_exc()
+        _fail(f"{cluster if isinstance(e, HardwareError) else file}: {e}")
+    try:
+        result = s.guard(lambda: run_sim(m, cl, dmap, trace=trace is not None, batch=batch))
+    except DeviceMapError as e:
+        _fail(f"{file}: {e}")
+    if trace is not None:
+        if trace.resolve() == file.resolve():
+            _fail(f"{trace}: refusing to overwrite the program with its trace")
+        write_trace(result, trace)
+    summary = summary_dict(result)
+    if json_out:
+        _emit_json(
+            {
+                "file": str(file),
+                "cluster": cluster,
+                **summary,
+                "trace": str(trace) if trace is not None else None,
+            }
+        )
+        return
+    out.print(summary_table(result, f"@{m.entry.name} on {cluster}"))
+    if summary["oom"]:
+        out.print(f"[red]out of memory on {', '.join(summary['oom_devices'])}[/red]")
+    if trace is not None:
+        out.print(f"trace written to {trace} (open it at https://ui.perfetto.dev)")
+
+
+@app.command()
+def clusters(json_out: JsonOpt = False) -> None:
+    """List the cluster presets with their figures and sources."""
+    from distir.hardware.presets import clusters_json, render_clusters_table
+
+    if json_out:
+        _emit_json(clusters_json())
+    else:
+        out.print(render_clusters_table())
+
+
+@app.command()
 def ops(json_out: JsonOpt = False) -> None:
     """List the registered ops with their signatures."""
     defs = sorted(distir.REGISTRY, key=lambda d: (d.family, d.name))

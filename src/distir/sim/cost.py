@@ -1,0 +1,93 @@
+"""Cost models: how long one op takes on given GPUs.
+
+``CostModel`` is the replaceable interface (a fitted or learned model can stand in). The default,
+``RooflineCostModel``, costs
+
+- a compute op by roofline from the registry's cost descriptors: ``launch + max(FLOPs / (peak ×
+  efficiency), bytes / (memory bandwidth × efficiency))`` with the device's peak for the op's dtype
+  and an achievable fraction of peak per op family; an op that moves no bytes and does no FLOPs
+  (Shape, Reshape, tuples) launches no kernel and costs 0;
+- a communication op by the alpha-beta model of its pattern (``distir.sim.collectives``) over the
+  cluster's links, from the op's ``comm_cost`` descriptor.
+
+Every constant comes from the hardware description; a calibration profile (a later issue) can
+override them by constructing the model with other efficiencies or another cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from distir.hardware.cluster import Cluster
+from distir.ir.types import DType, TensorType, TupleType, Type
+from distir.ir.values import Attrs
+from distir.ops.registry import CommCost, CommPattern, OpDef
+from distir.sim import collectives as coll
+
+DEFAULT_FLOP_EFFICIENCY: Mapping[str, float] = {
+    "linalg": 0.75,
+    "nn": 0.5,
+    "loss": 0.5,
+    "elementwise": 0.5,
+    "grad": 0.5,
+    "optim": 0.5,
+    "reduce": 0.5,
+}
+
+_COLLECTIVE: Mapping[CommPattern, Callable[[Cluster, float, Sequence[int]], float]] = {
+    CommPattern.ALLREDUCE: coll.allreduce_time,
+    CommPattern.ALLGATHER: coll.allgather_time,
+    CommPattern.REDUCESCATTER: coll.reducescatter_time,
+    CommPattern.BROADCAST: coll.broadcast_time,
+    CommPattern.REDUCE: coll.reduce_time,
+    CommPattern.SCATTER: coll.scatter_time,
+    CommPattern.GATHER: coll.gather_time,
+    CommPattern.ALLTOALL: coll.alltoall_time,
+}
+
+
+class CostModel(Protocol):
+    def compute_time(
+        self, opdef: OpDef, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, gpu: int
+    ) -> float: ...
+
+    def comm_time(self, cost: CommCost, gpus: Sequence[int]) -> float: ...
+
+
+def op_dtype(ins: Sequence[Type], outs: Sequence[Type]) -> DType:
+    """The dtype that decides an op's peak: its first tensor input's, else its first result's."""
+    for t in (*ins, *outs):
+        while isinstance(t, TupleType) and t.elements:
+            t = t.elements[0]
+        if isinstance(t, TensorType):
+            return t.dtype
+    return DType.f32
+
+
+@dataclass(frozen=True)
+class RooflineCostModel:
+    cluster: Cluster
+    allow_tf32: bool = False
+    flop_efficiency: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_FLOP_EFFICIENCY))
+    default_flop_efficiency: float = 0.5
+    memory_efficiency: float = 0.8
+
+    def compute_time(
+        self, opdef: OpDef, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, gpu: int
+    ) -> float:
+        flops = opdef.flops(ins, outs, attrs)
+        nbytes = opdef.bytes_read(ins, outs, attrs) + opdef.bytes_written(ins, outs, attrs)
+        if flops <= 0 and nbytes <= 0:
+            return 0.0
+        spec = self.cluster.device_spec(gpu)
+        eff = self.flop_efficiency.get(opdef.family, self.default_flop_efficiency)
+        t_flops = flops / (spec.peak_flops(op_dtype(ins, outs), self.allow_tf32) * eff)
+        t_mem = nbytes / (spec.memory_bandwidth * self.memory_efficiency)
+        return spec.launch_overhead_s + max(t_flops, t_mem)
+
+    def comm_time(self, cost: CommCost, gpus: Sequence[int]) -> float:
+        if cost.pattern is CommPattern.P2P:
+            return coll.send_time(self.cluster, cost.nbytes, gpus[0], gpus[-1])
+        return _COLLECTIVE[cost.pattern](self.cluster, cost.nbytes, gpus)

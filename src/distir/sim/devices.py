@@ -1,0 +1,84 @@
+"""Mapping program devices onto the cluster: each program device is a *slot* — a stream of a GPU.
+
+By default the program's devices, in id order, take GPUs 0, 1, 2, ... (compute stream). An explicit
+map (``d0=0,d1=1,d8=0:comm``) may put several program devices on one GPU as separate streams: the
+DistIR paper's way of modelling communication/computation overlap. Streams of one GPU share its
+memory and transfer between each other for free.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from distir.ir.types import Device
+
+
+class DeviceMapError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Slot:
+    gpu: int
+    stream: str = "compute"
+
+    def __str__(self) -> str:
+        return f"gpu{self.gpu}" if self.stream == "compute" else f"gpu{self.gpu}:{self.stream}"
+
+
+_ITEM = re.compile(r"\s*d(\d+)\s*=\s*(\d+)(?::([A-Za-z_][A-Za-z0-9_]*))?\s*")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMap:
+    """Program device -> slot. ``slots`` lists the distinct slots; ``index`` numbers them."""
+
+    mapping: Mapping[Device, Slot]
+
+    @property
+    def slots(self) -> tuple[Slot, ...]:
+        """Distinct slots, by GPU, the compute stream first."""
+        return tuple(
+            sorted(set(self.mapping.values()), key=lambda s: (s.gpu, s.stream != "compute", s.stream))
+        )
+
+    def gpu(self, d: Device) -> int:
+        return self.mapping[d].gpu
+
+    @staticmethod
+    def default(devices: Iterable[Device], num_gpus: int) -> DeviceMap:
+        devs = sorted(set(devices))
+        if len(devs) > num_gpus:
+            raise DeviceMapError(
+                f"the program uses {len(devs)} devices ({', '.join(map(str, devs))}) but the cluster "
+                f"has {num_gpus} GPUs; use a larger cluster or an explicit --device-map"
+            )
+        return DeviceMap({d: Slot(i) for i, d in enumerate(devs)})
+
+    @staticmethod
+    def parse(text: str, devices: Iterable[Device], num_gpus: int) -> DeviceMap:
+        """``d0=0,d1=1,d8=0:comm``: every program device must be mapped, GPUs must exist."""
+        mapping: dict[Device, Slot] = {}
+        for item in text.split(","):
+            m = _ITEM.fullmatch(item)
+            if m is None:
+                raise DeviceMapError(f"device map entry {item.strip()!r} is not like d3=1 or d8=0:comm")
+            d, gpu = Device(int(m.group(1))), int(m.group(2))
+            if gpu >= num_gpus:
+                raise DeviceMapError(
+                    f"device map entry {item.strip()!r}: the cluster has GPUs 0..{num_gpus - 1}"
+                )
+            if d in mapping:
+                raise DeviceMapError(f"device map maps {d} twice")
+            mapping[d] = Slot(gpu, m.group(3) or "compute")
+        missing = sorted(set(devices) - set(mapping))
+        if missing:
+            raise DeviceMapError(f"device map does not place {', '.join(map(str, missing))}")
+        seen: dict[Slot, Device] = {}
+        for d, s in mapping.items():
+            if s in seen:
+                raise DeviceMapError(f"{seen[s]} and {d} are both mapped to {s}; use different streams")
+            seen[s] = d
+        return DeviceMap(mapping)

@@ -1,0 +1,358 @@
+"""Compile a function into a flat plan the simulator loop can run, summarizing calls.
+
+A plan holds, per instruction of one function body: the slots it runs on (precomputed tuples of
+slot indices), its cost (seconds, or a ``CallSummary``), whether it communicates, and its memory
+events. Plans are built by an abstract interpreter domain (``PlanDomain``) layered on the mixed
+type domain: each op's types, devices and cost are computed once per (op, attributes, input
+types) and reused.
+
+**Call summaries.** Under DistIR's semantics a function body maps the clocks of its devices at
+entry to their clocks at exit by a max-plus linear map: ``out[v] = max_u (in[u] + delay[u][v])``.
+A callee is compiled and summarized once per (function, argument types) — its delay matrix, the
+first-start matrix (for traces), busy/communication time per slot, FLOPs and peak extra memory per
+GPU — and every call site applies the summary in O(k²) for k devices, so repeated layers,
+stages and microbatch steps cost what their call sites cost.
+
+**Memory.** A value is live from the op that creates it to its last use in the function (results
+of the function stay live). View ops (those that write no bytes: Reshape, Unsqueeze, tuples)
+alias their inputs instead of allocating. Parameters belong to the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from distir.interp.loop import interpret
+from distir.interp.shapes import Concrete, Mixed, TypeDomain, type_of
+from distir.ir.function import Function, Module
+from distir.ir.ops import Call, Op
+from distir.ir.types import TupleType, Type
+from distir.ir.values import Value
+from distir.ops.registry import REGISTRY, OpKind, OpTypeError
+from distir.sim.cost import CostModel
+from distir.sim.devices import DeviceMap
+
+NEG_INF = float("-inf")
+
+
+@dataclass(slots=True)
+class CallSummary:
+    name: str
+    slots: tuple[int, ...]
+    delay: list[list[float]]  # [u][v] over positions in ``slots``
+    first: list[list[float]]  # [u][v]: when v's first op starts, relative to u's clock at entry
+    busy: list[float]  # compute seconds per position in ``slots``
+    comm: list[float]  # communication seconds per position
+    flops: float
+    peak_extra: dict[int, float]  # gpu -> bytes above the caller's live set at the call
+    out_alias: tuple[frozenset[int] | None, ...]  # per result: None = fresh, else aliased params
+    n_ops: int
+    # memory profile: per GPU, (instruction index, owned live bytes at its peak) in body order
+    profile: dict[int, list[tuple[int, float]]]
+    param_last: tuple[int, ...]  # per parameter: index of its last use in the body (-1: unused)
+
+    def extra_with_dying(self, dying: list[tuple[int, int, float]]) -> tuple[tuple[int, float], ...]:
+        """Peak bumps per GPU above a caller live set that includes the ``dying`` arguments —
+        ``(last use inside the body, gpu, bytes)``, freed after the call. While the body runs an
+        argument only counts until its last use inside, exactly as if the call were inlined."""
+        out = dict(self.peak_extra)
+        by_gpu: dict[int, list[tuple[int, float]]] = {}
+        for last, g, b in dying:
+            by_gpu.setdefault(g, []).append((last, b))
+        for g, mine in by_gpu.items():
+            prof = self.profile.get(g)
+            if prof:
+                total = sum(b for _, b in mine)
+                out[g] = max(val + sum(b for last, b in mine if last >= i) for i, val in prof) - total
+        return tuple(out.items())
+
+
+# per-op record: (devs, cost, is_comm, name, flops, view)
+OpRecord = tuple[tuple[int, ...], float, bool, str, float, bool]
+# per-instruction memory: (peak bumps, allocations, frees), each a tuple of (gpu, bytes)
+MemEvents = tuple[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]]
+
+
+@dataclass(slots=True)
+class FnPlan:
+    fn: Function
+    devs: list[tuple[int, ...]]
+    costs: list[float | CallSummary]
+    comm: list[bool]
+    names: list[str]
+    flops: list[float]
+    mem: list[MemEvents | None]
+    slots: tuple[int, ...]
+    out_alias: tuple[frozenset[int] | None, ...]
+    out_types: tuple[Type, ...]
+    param_last: tuple[int, ...]
+
+
+class PlanDomain(TypeDomain):
+    """Type propagation that also records, per op, where it runs and what it costs."""
+
+    def __init__(self, module: Module, dmap: DeviceMap, cost: CostModel) -> None:
+        super().__init__()
+        self.module = module
+        self.dmap = dmap
+        self.cost = cost
+        self.slot_index = {s: i for i, s in enumerate(dmap.slots)}
+        self.dev_slot = {d: self.slot_index[s] for d, s in dmap.mapping.items()}
+        self.slot_gpu = [s.gpu for s in dmap.slots]
+        self._memo: dict[tuple[Any, ...], tuple[tuple[Type, ...], OpRecord]] = {}
+        self._frames: list[list[OpRecord | CallSummary]] = []
+        self._summaries: dict[tuple[str, tuple[Type, ...]], tuple[CallSummary, tuple[Type, ...]]] = {}
+
+    # -- ops -------------------------------------------------------------------------------------
+    def op(self, op: Op, args: Sequence[Mixed]) -> Sequence[Mixed]:
+        key = (op.name, op.attrs, *args)
+        hit = self._memo.get(key) if not any(type(a) is Concrete for a in args) else None
+        if hit is not None:
+            outs, rec = hit
+            for v, t in zip(op.outputs, outs, strict=False):
+                if v.type is not None and v.type != t:
+                    raise OpTypeError(
+                        f"%{v.name} is declared {v.type} but {op.name} gives {t}", None, v.type, t
+                    )
+            self._frames[-1].append(rec)
+            return outs
+        result = super().op(op, args)
+        ins = [type_of(a) for a in args]
+        out_types = tuple(type_of(o) for o in result)
+        rec = self._record(op, ins, out_types)
+        if not any(type(a) is Concrete for a in (*args, *result)):
+            self._memo[key] = (out_types, rec)
+        self._frames[-1].append(rec)
+        return result
+
+    def _slots_of(self, types: Sequence[Type]) -> list[int]:
+        out: list[int] = []
+        for t in types:
+            for e in t.elements if isinstance(t, TupleType) else (t,):
+                if isinstance(e, TupleType):
+                    out.extend(self._slots_of([e]))
+                    continue
+                try:
+                    out.append(self.dev_slot[e.device])
+                except KeyError:
+                    raise OpTypeError(f"device {e.device} is not mapped onto the cluster") from None
+        return out
+
+    def _record(self, op: Op, ins: Sequence[Type], outs: Sequence[Type]) -> OpRecord:
+        d = REGISTRY[op.name]
+        devs = tuple(sorted(set(self._slots_of([*ins, *outs]))))
+        if d.kind is OpKind.RANK_COMM:
+            raise OpTypeError(f"{op.name} belongs in a per-rank program; simulate the global program")
+        if d.kind is OpKind.COMM:
+            assert d.comm_cost is not None
+            desc = d.comm_cost(ins, outs, op.attrs)
+            gpus = [self.slot_gpu[self.dev_slot[x]] for x in desc.devices]
+            return devs, self.cost.comm_time(desc, gpus), True, op.name, 0.0, False
+        gpu = self.slot_gpu[devs[0]] if devs else 0
+        seconds = self.cost.compute_time(d, ins, outs, op.attrs, gpu) if devs else 0.0
+        view = bool(ins) and d.bytes_written(ins, outs, op.attrs) == 0
+        return devs, seconds, False, op.name, d.flops(ins, outs, op.attrs), view
+
+    # -- calls -----------------------------------------------------------------------------------
+    def call(self, module: Module, call: Call, callee: Function, args: Sequence[Mixed]) -> Sequence[Mixed]:
+        types = tuple(type_of(a) for a in args)
+        abstract = not any(type(a) is Concrete for a in args)
+        key = (callee.name, types)
+        hit = self._summaries.get(key) if abstract else None
+        if hit is None:
+            for p, t in zip(callee.params, types, strict=False):
+                if p.type is not None and p.type != t:
+                    raise OpTypeError(
+                        f"argument for %{p.name} of @{callee.name} has the wrong type",
+                        types.index(t),
+                        p.type,
+                        t,
+                    )
+            plan = self.plan(callee, args)
+            hit = (summarize(plan, self.slot_gpu), plan.out_types)
+            if abstract:
+                self._summaries[key] = hit
+        self._frames[-1].append(hit[0])
+        return hit[1]
+
+    def plan(self, fn: Function, args: Sequence[Mixed]) -> FnPlan:
+        self._frames.append([])
+        try:
+            outs, env = interpret(self.module, fn, args, self)
+        finally:
+            records = self._frames.pop()
+        return build_plan(fn, env, records, tuple(type_of(o) for o in outs), self.dev_slot, self.slot_gpu)
+
+
+def _bytes_by_gpu(t: Type, dev_slot: dict[Any, int], slot_gpu: list[int]) -> list[tuple[int, float]]:
+    if isinstance(t, TupleType):
+        return [x for e in t.elements for x in _bytes_by_gpu(e, dev_slot, slot_gpu)]
+    return [(slot_gpu[dev_slot[t.device]], float(t.nbytes))]
+
+
+def build_plan(
+    fn: Function,
+    env: dict[Value, Mixed],
+    records: list[OpRecord | CallSummary],
+    out_types: tuple[Type, ...],
+    dev_slot: dict[Any, int],
+    slot_gpu: list[int],
+) -> FnPlan:
+    """Arrange the records of one interpreted body into a plan, with liveness-based memory."""
+    n = len(fn.body)
+    assert len(records) == n
+    roots: dict[Value, tuple[Value, ...]] = {p: (p,) for p in fn.params}
+    owned: dict[Value, tuple[int, list[tuple[int, float]]]] = {}  # root -> (created at, bytes)
+    last: dict[Value, int] = {}
+    devs: list[tuple[int, ...]] = []
+    costs: list[float | CallSummary] = []
+    comm: list[bool] = []
+    names: list[str] = []
+    flops: list[float] = []
+    for i, (instr, rec) in enumerate(zip(fn.body, records, strict=True)):
+        for v in instr.inputs:
+            for r in roots[v]:
+                last[r] = i
+        if isinstance(rec, CallSummary):
+            devs.append(rec.slots)
+            costs.append(rec)
+            comm.append(False)
+            names.append("@" + rec.name)
+            flops.append(rec.flops)
+            for o, alias in zip(instr.outputs, rec.out_alias, strict=True):
+                if alias is None:
+                    roots[o] = (o,)
+                    owned[o] = (i, _bytes_by_gpu(type_of(env[o]), dev_slot, slot_gpu))
+                    last[o] = i
+                else:
+                    roots[o] = tuple({r: None for j in alias for r in roots[instr.inputs[j]]})
+            continue
+        ds, seconds, is_comm, name, fl, view = rec
+        devs.append(ds)
+        costs.append(seconds)
+        comm.append(is_comm)
+        names.append(name)
+        flops.append(fl)
+        if view:
+            shared = tuple({r: None for v in instr.inputs for r in roots[v]})
+            for o in instr.outputs:
+                roots[o] = shared
+        else:
+            for o in instr.outputs:
+                roots[o] = (o,)
+                owned[o] = (i, _bytes_by_gpu(type_of(env[o]), dev_slot, slot_gpu))
+                last[o] = i
+    for v in fn.outputs:
+        for r in roots[v]:
+            last[r] = n
+    allocs: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    frees: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    for r, (created, by_gpu) in owned.items():
+        allocs[created].extend(by_gpu)
+        end = last[r]
+        if end < n:
+            frees[end].extend(by_gpu)
+    dying_at: list[list[Value]] = [[] for _ in range(n)]
+    for r, end in last.items():
+        if r in owned and end < n:
+            dying_at[end].append(r)
+    mem: list[MemEvents | None] = []
+    for i in range(n):
+        al, fr = tuple(allocs[i]), tuple(frees[i])
+        c = costs[i]
+        if isinstance(c, CallSummary):
+            instr = fn.body[i]
+            dying: list[tuple[int, int, float]] = []
+            for r in dying_at[i]:
+                uses = [c.param_last[j] for j, v in enumerate(instr.inputs) if r in roots[v]]
+                if uses:  # (the call's own unused results die here too, but are not arguments)
+                    dying.extend((max(uses), g, b) for g, b in owned[r][1])
+            pk = c.extra_with_dying(dying)
+        else:
+            pk = al
+        mem.append((pk, al, fr) if (pk or al or fr) else None)
+    param_index = {p: j for j, p in enumerate(fn.params)}
+    out_alias: list[frozenset[int] | None] = []
+    for v in fn.outputs:
+        rs = roots[v]
+        out_alias.append(frozenset(param_index[r] for r in rs) if all(r in param_index for r in rs) else None)
+    slots = tuple(sorted({s for ds in devs for s in ds}))
+    param_last = tuple(last.get(p, -1) for p in fn.params)
+    return FnPlan(fn, devs, costs, comm, names, flops, mem, slots, tuple(out_alias), out_types, param_last)
+
+
+def summarize(plan: FnPlan, slot_gpu: list[int]) -> CallSummary:
+    """Run a plan symbolically (max-plus over its slots) into a call summary."""
+    slots = plan.slots
+    k = len(slots)
+    pos = {s: j for j, s in enumerate(slots)}
+    # clock[v] is a vector over entry clocks u: the max-plus form of v's current clock
+    clock = [[0.0 if u == v else NEG_INF for u in range(k)] for v in range(k)]
+    first: list[list[float] | None] = [None] * k
+    busy = [0.0] * k
+    comm_t = [0.0] * k
+    for ds, c, is_comm in zip(plan.devs, plan.costs, plan.comm, strict=True):
+        idx = [pos[s] for s in ds]
+        if isinstance(c, CallSummary):
+            sub = [pos[s] for s in c.slots]
+            ins = [clock[j] for j in sub]
+            for b, j in enumerate(sub):
+                if first[j] is None:
+                    first[j] = [max(ins[a][u] + c.first[a][b] for a in range(len(sub))) for u in range(k)]
+                busy[j] += c.busy[b]
+                comm_t[j] += c.comm[b]
+            new = [
+                [max(ins[a][u] + c.delay[a][b] for a in range(len(sub))) for u in range(k)]
+                for b in range(len(sub))
+            ]
+            for b, j in enumerate(sub):
+                clock[j] = new[b]
+            continue
+        if not idx:
+            continue
+        start = [max(clock[j][u] for j in idx) for u in range(k)]
+        end = [x + c for x in start]
+        for j in idx:
+            if first[j] is None:
+                first[j] = start
+            clock[j] = end
+            if is_comm:
+                comm_t[j] += c
+            else:
+                busy[j] += c
+    delay = [[clock[v][u] for v in range(k)] for u in range(k)]
+    first_m = [[(first[v] or clock[v])[u] for v in range(k)] for u in range(k)]
+    # memory: live bytes owned by this body, per GPU, from zero
+    live: dict[int, float] = {}
+    peak: dict[int, float] = {}
+    profile: dict[int, list[tuple[int, float]]] = {}
+    for i, ev in enumerate(plan.mem):
+        if ev is None:
+            continue
+        pk, al, fr = ev
+        for g, nb in pk:
+            val = live.get(g, 0.0) + nb
+            profile.setdefault(g, []).append((i, val))
+            if val > peak.get(g, 0.0):
+                peak[g] = val
+        for g, nb in al:
+            live[g] = live.get(g, 0.0) + nb
+        for g, nb in fr:
+            live[g] = live.get(g, 0.0) - nb
+    n_ops = sum(c.n_ops if isinstance(c, CallSummary) else 1 for c in plan.costs)
+    return CallSummary(
+        plan.fn.name,
+        slots,
+        delay,
+        first_m,
+        busy,
+        comm_t,
+        sum(plan.flops),
+        peak,
+        plan.out_alias,
+        n_ops,
+        profile,
+        plan.param_last,
+    )

@@ -1,0 +1,228 @@
+"""The simulator: step time, busy/communication/idle time and peak memory per device.
+
+DistIR semantics: ops run in program order; an op waits until all its devices are free, then all
+of them advance to its end; ops on disjoint device sets overlap. The entry function is compiled
+into a plan (``distir.sim.plan``: types, devices, costs and memory events precomputed, repeated
+calls summarized once) and this module's loop runs it with one clock per slot.
+
+Memory per GPU starts with the entry's parameters (weights, optimizer state, inputs) and follows
+the plan's allocations and frees; the peak is compared with each GPU's capacity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from distir.hardware.cluster import Cluster
+from distir.interp.shapes import entry_args
+from distir.ir.function import Function, Module
+from distir.ir.types import Device, devices_of
+from distir.sim.cost import CostModel, RooflineCostModel
+from distir.sim.devices import DeviceMap, Slot
+from distir.sim.plan import CallSummary, FnPlan, PlanDomain, _bytes_by_gpu
+
+# one traced slice: (name, start s, end s, slot index, is communication)
+TraceSlice = tuple[str, float, float, int, bool]
+
+
+@dataclass(slots=True)
+class SimResult:
+    step_time_s: float
+    slots: tuple[Slot, ...]
+    slot_devices: tuple[tuple[Device, ...], ...]  # program devices on each slot
+    busy_s: list[float]
+    comm_s: list[float]
+    peak_memory: dict[int, float]  # gpu -> bytes
+    param_memory: dict[int, float]  # gpu -> bytes of the entry's parameters
+    capacity: dict[int, float]  # gpu -> bytes
+    flops: float
+    n_ops: int
+    peak_flops: float  # sum of the used GPUs' peak FLOP/s for the program's dtype
+    batch: int | None = None
+    slices: list[TraceSlice] | None = None
+    memory_timeline: dict[int, list[tuple[float, float]]] | None = None
+    cluster: Cluster | None = field(default=None, repr=False)
+
+    @property
+    def oom_gpus(self) -> list[int]:
+        return sorted(g for g, p in self.peak_memory.items() if p > self.capacity[g])
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second when the batch size is known, else steps per second."""
+        if self.step_time_s <= 0:
+            return float("inf")
+        return (self.batch or 1) / self.step_time_s
+
+    @property
+    def mfu(self) -> float:
+        """FLOPs executed per second over the used GPUs' peak (recomputation counts as work)."""
+        if self.step_time_s <= 0 or self.peak_flops <= 0:
+            return 0.0
+        return self.flops / self.step_time_s / self.peak_flops
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Mean fraction of the step that compute slots spend neither computing nor communicating."""
+        t = self.step_time_s
+        idle = (
+            [
+                max(t - b - c, 0.0) / t
+                for s, b, c in zip(self.slots, self.busy_s, self.comm_s, strict=True)
+                if s.stream == "compute"
+            ]
+            if t > 0
+            else []
+        )
+        return sum(idle) / len(idle) if idle else 0.0
+
+
+def simulate(
+    module: Module,
+    cluster: Cluster,
+    device_map: DeviceMap | None = None,
+    cost_model: CostModel | None = None,
+    *,
+    trace: bool = False,
+    batch: int | None = None,
+    concrete: Mapping[str, Any] | None = None,
+    fn: Function | None = None,
+) -> SimResult:
+    """Simulate ``fn`` (default: the module's entry) on ``cluster``."""
+    fn = fn if fn is not None else module.entry
+    args = entry_args(fn, concrete)
+    if device_map is None:
+        device_map = DeviceMap.default(_program_devices(module, fn), cluster.num_devices)
+    cost = cost_model if cost_model is not None else RooflineCostModel(cluster)
+    domain = PlanDomain(module, device_map, cost)
+    plan = domain.plan(fn, args)
+    return _run(plan, domain, cluster, device_map, trace, batch)
+
+
+def _program_devices(module: Module, fn: Function) -> set[Device]:
+    """Every device named by the entry's parameter types or by any attribute in the module."""
+    devs: set[Device] = set()
+    for p in fn.params:
+        if p.type is not None:
+            devs.update(devices_of(p.type))
+    for f in module.functions:
+        for op in f.ops():
+            for v in op.attrs.values():
+                stack = [v]
+                while stack:
+                    x = stack.pop()
+                    if isinstance(x, Device):
+                        devs.add(x)
+                    elif isinstance(x, tuple):
+                        stack.extend(x)
+    return devs
+
+
+def _run(
+    plan: FnPlan, domain: PlanDomain, cluster: Cluster, dmap: DeviceMap, trace: bool, batch: int | None
+) -> SimResult:
+    n_slots = len(dmap.slots)
+    slot_gpu = domain.slot_gpu
+    gpus = sorted(set(slot_gpu))
+    clock = [0.0] * n_slots
+    busy = [0.0] * n_slots
+    commt = [0.0] * n_slots
+    live = {g: 0.0 for g in gpus}
+    for p in plan.fn.params:
+        assert p.type is not None
+        for g, b in _bytes_by_gpu(p.type, domain.dev_slot, slot_gpu):
+            live[g] += b
+    params = dict(live)
+    peak = dict(live)
+    slices: list[TraceSlice] | None = [] if trace else None
+    timeline: dict[int, list[tuple[float, float]]] | None = (
+        {g: [(0.0, live[g])] for g in gpus} if trace else None
+    )
+    names = plan.names
+    for i, (ds, c, is_comm, ev) in enumerate(zip(plan.devs, plan.costs, plan.comm, plan.mem, strict=True)):
+        if type(c) is float:
+            if len(ds) == 1:
+                d = ds[0]
+                s = clock[d]
+                e = clock[d] = s + c
+                if is_comm:
+                    commt[d] += c
+                else:
+                    busy[d] += c
+            else:
+                s = max([clock[d] for d in ds]) if ds else 0.0
+                e = s + c
+                for d in ds:
+                    clock[d] = e
+                    if is_comm:
+                        commt[d] += c
+                    else:
+                        busy[d] += c
+            if slices is not None:
+                slices.extend((names[i], s, e, d, is_comm) for d in ds)
+        else:
+            assert isinstance(c, CallSummary)
+            sub = c.slots
+            ins = [clock[j] for j in sub]
+            m = len(sub)
+            if m == 1:
+                e = ins[0] + c.delay[0][0]
+                new = [e]
+            else:
+                new = [max([ins[a] + c.delay[a][b] for a in range(m)]) for b in range(m)]
+                e = max(new)
+            for b, j in enumerate(sub):
+                if slices is not None:
+                    start = max([ins[a] + c.first[a][b] for a in range(m)])
+                    slices.append((names[i], start, new[b], j, False))
+                clock[j] = new[b]
+                busy[j] += c.busy[b]
+                commt[j] += c.comm[b]
+        if ev is not None:
+            pk, al, fr = ev
+            for g, b in pk:
+                v = live[g] + b
+                if v > peak[g]:
+                    peak[g] = v
+            for g, b in al:
+                live[g] += b
+            for g, b in fr:
+                live[g] -= b
+            if timeline is not None:
+                for g in {g for g, _ in (*pk, *al, *fr)}:
+                    timeline[g].append((e, live[g]))
+    slot_devices = tuple(
+        tuple(sorted(d for d, s in dmap.mapping.items() if s == slot)) for slot in dmap.slots
+    )
+    n_ops = sum(c.n_ops if isinstance(c, CallSummary) else 1 for c in plan.costs)
+    dtype_peak = _peak_flops(plan, cluster, gpus)
+    return SimResult(
+        step_time_s=max(clock) if clock else 0.0,
+        slots=dmap.slots,
+        slot_devices=slot_devices,
+        busy_s=busy,
+        comm_s=commt,
+        peak_memory=peak,
+        param_memory=params,
+        capacity={g: float(cluster.device_spec(g).memory_bytes) for g in gpus},
+        flops=sum(plan.flops),
+        n_ops=n_ops,
+        peak_flops=dtype_peak,
+        batch=batch,
+        slices=slices,
+        memory_timeline=timeline,
+        cluster=cluster,
+    )
+
+
+def _peak_flops(plan: FnPlan, cluster: Cluster, gpus: list[int]) -> float:
+    from distir.ir.types import DType, TensorType
+
+    dtype = DType.f32
+    for p in plan.fn.params:
+        if isinstance(p.type, TensorType) and p.type.dtype.is_float:
+            dtype = p.type.dtype
+            break
+    return sum(cluster.device_spec(g).peak_flops(dtype) for g in gpus)
