@@ -1,0 +1,402 @@
+"""Cluster files: a cluster described in TOML, validated key by key.
+
+Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, s)::
+
+    name = "amp-hetero"              # optional; default: the file name without .toml
+
+    [types.p3]                       # a node type; its key is used by [[nodes]]
+    preset = "p3.8xlarge"            # start from a preset (`distir clusters` lists them) ...
+    intra_bandwidth_gb_s = 40        # ... and override any field below
+
+    [types.t4]                       # or define every field inline
+    gpu = "T4-16GB"                  # device name (equal names must mean equal figures)
+    devices_per_node = 4
+    fp32_tflops = 8.1                # dense peaks in TFLOP/s (1e12 FLOP/s)
+    fp16_tflops = 65
+    tf32_tflops = 8.1                # optional, default fp32 (no TF32 path)
+    bf16_tflops = 8.1                # optional, default fp32 (no BF16 path)
+    fp64_tflops = 0.25               # optional, default fp32 / 2
+    memory_bandwidth_gb_s = 320      # device memory bandwidth, GB/s (1e9 B/s)
+    memory_gib = 16                  # device memory, GiB (2^30 B)
+    launch_overhead_us = 5           # optional, default 5 (µs per kernel)
+    intra_bandwidth_gb_s = 15.75     # GPU↔GPU inside the node, per GPU per direction, GB/s
+    intra_latency_us = 8             # µs
+    inter_bandwidth_gb_s = 6.25      # node ↔ network, aggregate per node per direction, GB/s
+    inter_latency_us = 30            # µs
+    node_name = "g4dn.12xlarge"      # optional, default: the type's key
+    source = "https://..."           # optional: where the figures come from
+
+    [[nodes]]                        # nodes in order; GPUs are numbered node by node
+    type = "p3"                      # a key of [types], or a preset name
+    count = 3                        # optional, default 1
+
+    [inter_node]                     # optional: the link between any two nodes
+    bandwidth_gb_s = 1.25            # (default: the slower of the two nodes' inter links)
+    latency_us = 50
+
+    bandwidth_matrix_gb_s = [[...]]  # optional: full GPU×GPU matrices, overriding every
+    latency_matrix_us = [[...]]      # pairwise link (the diagonal is ignored)
+
+A preset type whose device figures are overridden gets the device name ``"<preset gpu> [<key>]"``
+unless ``gpu`` is given, so that different figures never share a name.
+
+Every problem is a ``ClusterError`` naming the file, the line:column where it can be found, the
+key path (``types.t4.fp32_tflops``, ``nodes[1].count``) and expected vs actual.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+from distir.hardware.cluster import Cluster, ClusterError, Matrix
+from distir.hardware.presets import GIB, GIGA, PRESETS, TERA, us
+from distir.hardware.specs import DeviceSpec, HardwareError, LinkSpec, NodeSpec
+
+Path_ = tuple[str | int, ...]
+
+
+def _tera(x: float) -> float:
+    return x * TERA
+
+
+def _giga(x: float) -> float:
+    return x * GIGA
+
+
+def _gib(x: float) -> float:
+    return x * GIB
+
+
+# key → (what, conversion to SI, required when there is no preset)
+_NUMERIC: dict[str, tuple[str, Callable[[float], float], bool]] = {
+    "fp32_tflops": ("dense fp32 peak, TFLOP/s", _tera, True),
+    "tf32_tflops": ("dense tf32 peak, TFLOP/s", _tera, False),
+    "fp16_tflops": ("dense fp16 peak, TFLOP/s", _tera, True),
+    "bf16_tflops": ("dense bf16 peak, TFLOP/s", _tera, False),
+    "fp64_tflops": ("dense fp64 peak, TFLOP/s", _tera, False),
+    "memory_bandwidth_gb_s": ("device memory bandwidth, GB/s", _giga, True),
+    "memory_gib": ("device memory, GiB", _gib, True),
+    "launch_overhead_us": ("kernel launch overhead, µs", us, False),
+    "intra_bandwidth_gb_s": ("intra-node bandwidth per GPU per direction, GB/s", _giga, True),
+    "intra_latency_us": ("intra-node latency, µs", us, True),
+    "inter_bandwidth_gb_s": ("network bandwidth per node per direction, GB/s", _giga, True),
+    "inter_latency_us": ("network latency, µs", us, True),
+}
+_LATENCIES = ("intra_latency_us", "inter_latency_us", "launch_overhead_us")
+_DEVICE_FIELDS = {
+    "fp32_tflops": "fp32",
+    "tf32_tflops": "tf32",
+    "fp16_tflops": "fp16",
+    "bf16_tflops": "bf16",
+    "fp64_tflops": "fp64",
+    "memory_bandwidth_gb_s": "memory_bandwidth",
+    "launch_overhead_us": "launch_overhead_s",
+}
+_TYPE_KEYS = ("preset", "gpu", "devices_per_node", *_NUMERIC, "node_name", "source")
+_TOP_KEYS = ("name", "types", "nodes", "inter_node", "bandwidth_matrix_gb_s", "latency_matrix_us")
+
+
+def _fmt(path: Path_) -> str:
+    out = ""
+    for p in path:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            q = p if re.fullmatch(r"[A-Za-z0-9_-]+", p) else f'"{p}"'
+            out += q if not out else f".{q}"
+    return out
+
+
+def _got(v: object) -> str:
+    if isinstance(v, bool):
+        return f"{str(v).lower()} (a boolean)"
+    if isinstance(v, str):
+        return f'"{v}" (a string)'
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, list):
+        return "an array"
+    if isinstance(v, dict):
+        return "a table"
+    return f"{v} (a {type(v).__name__})"
+
+
+_STRINGS = re.compile(r'"(?:\\.|[^"\\])*"|\'[^\']*\'')
+_KEY = r"(?:[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')"
+_KEYLINE = re.compile(rf"^(\s*)({_KEY}(?:\s*\.\s*{_KEY})*)\s*=")
+
+
+def _dotted(s: str) -> tuple[str, ...]:
+    parts = re.findall(r"\"[^\"]*\"|'[^']*'|[^.]+", s)
+    return tuple(p.strip().strip("\"'") for p in parts if p.strip())
+
+
+def _index_positions(text: str) -> dict[Path_, tuple[int, int]]:
+    """Best-effort line:column of every table header and key (first occurrence)."""
+    pos: dict[Path_, tuple[int, int]] = {}
+    header: Path_ = ()
+    aot: dict[Path_, int] = {}
+    depth = 0
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        code = _STRINGS.sub('""', raw).split("#", 1)[0]
+        if depth > 0:
+            depth += code.count("[") - code.count("]")
+            continue
+        stripped = code.strip()
+        col = len(raw) - len(raw.lstrip()) + 1
+        if stripped.startswith("[["):
+            name = _dotted(raw.strip()[2:].split("]]", 1)[0])
+            i = aot.get(name, 0)
+            aot[name] = i + 1
+            header = (*name, i)
+            pos.setdefault(header, (lineno, col))
+        elif stripped.startswith("["):
+            header = _dotted(raw.strip()[1:].split("]", 1)[0])
+            pos.setdefault(header, (lineno, col))
+        else:
+            m = _KEYLINE.match(raw)
+            if m:
+                pos.setdefault((*header, *_dotted(m.group(2))), (lineno, col))
+                value = code.split("=", 1)[1] if "=" in code else ""
+                depth = max(0, value.count("[") - value.count("]"))
+    return pos
+
+
+class _Loader:
+    def __init__(self, text: str, file: str) -> None:
+        self.text = text
+        self.file = file
+        self._pos: dict[Path_, tuple[int, int]] | None = None
+
+    def fail(self, path: Path_, message: str) -> NoReturn:
+        if self._pos is None:
+            self._pos = _index_positions(self.text)
+        line = col = None
+        for k in range(len(path), 0, -1):
+            hit = self._pos.get(path[:k])
+            if hit is not None:
+                line, col = hit
+                break
+        raise ClusterError(message, source=self.file, key=_fmt(path) or None, line=line, col=col)
+
+    def table(self, v: object, path: Path_, keys: Sequence[str]) -> dict[str, Any]:
+        if not isinstance(v, dict):
+            self.fail(path, f"expected a table, got {_got(v)}")
+        for k in v:
+            if k not in keys:
+                close = difflib.get_close_matches(k, keys, n=1)
+                hint = f"did you mean {close[0]}? " if close else ""
+                self.fail((*path, k), f"unknown key; {hint}(known keys: {', '.join(keys)})")
+        return v
+
+    def string(self, v: object, path: Path_) -> str:
+        if not isinstance(v, str) or not v.strip():
+            self.fail(path, f"expected a non-empty string, got {_got(v)}")
+        return v
+
+    def number(
+        self, v: object, path: Path_, what: str, *, zero_ok: bool = False, inf_ok: bool = False
+    ) -> float:
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and not math.isnan(v)
+        if ok:
+            assert isinstance(v, int | float)
+            ok = (v >= 0 if zero_ok else v > 0) and (inf_ok or math.isfinite(v))
+        if not ok:
+            kind = "a non-negative" if zero_ok else "a positive"
+            self.fail(path, f"expected {kind} number ({what}), got {_got(v)}")
+        return float(v)  # type: ignore[arg-type]
+
+    def positive_int(self, v: object, path: Path_, what: str) -> int:
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            self.fail(path, f"expected a positive integer ({what}), got {_got(v)}")
+        return v
+
+    # -- node types ---------------------------------------------------------------------------
+
+    def node_type(self, key: str, raw: object) -> NodeSpec:
+        path: Path_ = ("types", key)
+        t = self.table(raw, path, _TYPE_KEYS)
+        vals: dict[str, float] = {}
+        for k, (what, to_si, _) in _NUMERIC.items():
+            if k in t:
+                vals[k] = to_si(self.number(t[k], (*path, k), what, zero_ok=k in _LATENCIES))
+        base: NodeSpec | None = None
+        if "preset" in t:
+            name = self.string(t["preset"], (*path, "preset"))
+            base = PRESETS.get(name)
+            if base is None:
+                self.fail((*path, "preset"), self._unknown_preset(name))
+        else:
+            for k in ("gpu", "devices_per_node"):
+                if k not in t:
+                    self.fail((*path, k), "missing required key (no preset to take it from)")
+            for k, (what, _, required) in _NUMERIC.items():
+                if required and k not in vals:
+                    self.fail((*path, k), f"missing required key ({what}; no preset to take it from)")
+        gpu = self.string(t["gpu"], (*path, "gpu")) if "gpu" in t else None
+        dpn = (
+            self.positive_int(t["devices_per_node"], (*path, "devices_per_node"), "GPUs per node")
+            if "devices_per_node" in t
+            else None
+        )
+        node_name = key if base is None else base.name
+        if "node_name" in t:
+            node_name = self.string(t["node_name"], (*path, "node_name"))
+        if "source" in t and not isinstance(t["source"], str):
+            self.fail((*path, "source"), f"expected a string, got {_got(t['source'])}")
+        source = t.get("source", base.source if base else "")
+        dev_over = {_DEVICE_FIELDS[k]: v for k, v in vals.items() if k in _DEVICE_FIELDS}
+        if "memory_gib" in vals:
+            dev_over["memory_bytes"] = round(vals["memory_gib"])
+        try:
+            if base is None:
+                fp32 = vals["fp32_tflops"]
+                assert gpu is not None and dpn is not None
+                device = DeviceSpec(
+                    name=gpu,
+                    fp32=fp32,
+                    tf32=vals.get("tf32_tflops", fp32),
+                    fp16=vals["fp16_tflops"],
+                    bf16=vals.get("bf16_tflops", fp32),
+                    fp64=vals.get("fp64_tflops"),
+                    memory_bandwidth=vals["memory_bandwidth_gb_s"],
+                    memory_bytes=round(vals["memory_gib"]),
+                    launch_overhead_s=vals.get("launch_overhead_us", us(5)),
+                )
+                intra = LinkSpec(vals["intra_bandwidth_gb_s"], vals["intra_latency_us"])
+                inter = LinkSpec(vals["inter_bandwidth_gb_s"], vals["inter_latency_us"])
+                return NodeSpec(node_name, device, dpn, intra, inter, source)
+            device = base.device
+            if dev_over or gpu is not None:
+                name = gpu if gpu is not None else f"{device.name} [{key}]"
+                device = replace(device, name=name, **dev_over)  # type: ignore[arg-type]
+            intra = LinkSpec(
+                vals.get("intra_bandwidth_gb_s", base.intra.bandwidth),
+                vals.get("intra_latency_us", base.intra.latency_s),
+            )
+            inter = LinkSpec(
+                vals.get("inter_bandwidth_gb_s", base.inter.bandwidth),
+                vals.get("inter_latency_us", base.inter.latency_s),
+            )
+            return NodeSpec(node_name, device, dpn or base.devices_per_node, intra, inter, source)
+        except HardwareError as e:
+            self.fail(path, str(e))
+
+    def _unknown_preset(self, name: str) -> str:
+        close = difflib.get_close_matches(name, list(PRESETS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"unknown preset {name!r}{hint} (known presets: {', '.join(PRESETS)})"
+
+    # -- the whole file -------------------------------------------------------------------------
+
+    def matrix(
+        self, v: object, key: str, n: int, what: str, to_si: Callable[[float], float], latency: bool
+    ) -> Matrix:
+        path: Path_ = (key,)
+        if not isinstance(v, list) or len(v) != n:
+            got = f"{len(v)} rows" if isinstance(v, list) else _got(v)
+            self.fail(path, f"expected an array of {n} rows (one per GPU), got {got}")
+        rows = []
+        for i, row in enumerate(v):
+            if not isinstance(row, list) or len(row) != n:
+                got = f"{len(row)} entries" if isinstance(row, list) else _got(row)
+                self.fail((key, i), f"expected an array of {n} numbers, got {got}")
+            rows.append(
+                tuple(
+                    to_si(self.number(x, (key, i, j), what, zero_ok=latency or i == j, inf_ok=i == j))
+                    for j, x in enumerate(row)
+                )
+            )
+        return tuple(rows)
+
+    def load(self) -> Cluster:
+        try:
+            doc = tomllib.loads(self.text)
+        except tomllib.TOMLDecodeError as e:
+            msg = str(e)
+            m = re.search(r"\s*\(at line (\d+), column (\d+)\)$", msg)
+            line, col = (int(m.group(1)), int(m.group(2))) if m else (None, None)
+            msg = msg[: m.start()] if m else msg
+            raise ClusterError(f"invalid TOML: {msg}", source=self.file, line=line, col=col) from None
+        top = self.table(doc, (), _TOP_KEYS)
+        name = self.string(top["name"], ("name",)) if "name" in top else Path(self.file).stem
+        raw_types = top.get("types", {})
+        if not isinstance(raw_types, dict):
+            self.fail(("types",), f"expected a table of node types, got {_got(raw_types)}")
+        types = {k: self.node_type(k, v) for k, v in raw_types.items()}
+        self._check_device_names(types)
+        if "nodes" not in top:
+            self.fail(("nodes",), "missing required key (an array of [[nodes]] tables with type and count)")
+        raw_nodes = top["nodes"]
+        if not isinstance(raw_nodes, list) or not raw_nodes:
+            self.fail(("nodes",), f"expected a non-empty array of [[nodes]] tables, got {_got(raw_nodes)}")
+        nodes: list[NodeSpec] = []
+        for i, entry in enumerate(raw_nodes):
+            ent = self.table(entry, ("nodes", i), ("type", "count"))
+            if "type" not in ent:
+                self.fail(("nodes", i, "type"), "missing required key (a key of [types] or a preset name)")
+            tname = self.string(ent["type"], ("nodes", i, "type"))
+            node = types.get(tname) or PRESETS.get(tname)
+            if node is None:
+                defined = ", ".join(types) or "none"
+                self.fail(
+                    ("nodes", i, "type"),
+                    f"unknown node type {tname!r} (types defined here: {defined}; "
+                    f"presets: {', '.join(PRESETS)})",
+                )
+            count = self.positive_int(ent.get("count", 1), ("nodes", i, "count"), "number of nodes")
+            nodes.extend([node] * count)
+        inter = None
+        if "inter_node" in top:
+            t = self.table(top["inter_node"], ("inter_node",), ("bandwidth_gb_s", "latency_us"))
+            for k in ("bandwidth_gb_s", "latency_us"):
+                if k not in t:
+                    self.fail(("inter_node", k), "missing required key")
+            bw = self.number(t["bandwidth_gb_s"], ("inter_node", "bandwidth_gb_s"), "GB/s")
+            lat = self.number(t["latency_us"], ("inter_node", "latency_us"), "µs", zero_ok=True)
+            inter = LinkSpec(bw * GIGA, us(lat))
+        n = sum(node.devices_per_node for node in nodes)
+        bwm = latm = None
+        if "bandwidth_matrix_gb_s" in top:
+            bwm = self.matrix(top["bandwidth_matrix_gb_s"], "bandwidth_matrix_gb_s", n, "GB/s", _giga, False)
+        if "latency_matrix_us" in top:
+            latm = self.matrix(top["latency_matrix_us"], "latency_matrix_us", n, "µs", us, True)
+        try:
+            return Cluster(name, tuple(nodes), inter, bwm, latm)
+        except HardwareError as e:
+            raise ClusterError(str(e), source=self.file) from None
+
+    def _check_device_names(self, types: Mapping[str, NodeSpec]) -> None:
+        seen: dict[str, tuple[str, DeviceSpec]] = {}
+        for key, node in types.items():
+            d = node.device
+            other = seen.setdefault(d.name, (key, d))
+            if other[1] != d:
+                self.fail(
+                    ("types", key, "gpu"),
+                    f"device name {d.name!r} is also used by types.{other[0]} with different figures; "
+                    "equal names must mean equal devices (give this one another name)",
+                )
+
+
+def cluster_from_toml(text: str, file: str = "<cluster>") -> Cluster:
+    """Parse and validate a cluster file's text; ``file`` names it in errors."""
+    return _Loader(text, file).load()
+
+
+def load_cluster_file(path: Path) -> Cluster:
+    """Read and parse a cluster file (errors name the file, line:column and key)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ClusterError("no such file", source=str(path)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ClusterError(f"cannot read: {e}", source=str(path)) from None
+    return cluster_from_toml(text, str(path))

@@ -1,0 +1,224 @@
+"""Built-in node types, with figures from public spec sheets (the URL is in ``NodeSpec.source``).
+
+Conventions:
+- FLOP/s are dense peaks (NVIDIA's "with sparsity" tensor-core figures halved). A precision a
+  device has no fast path for carries the figure of its fallback: V100 and T4 have no TF32 or
+  BF16 tensor cores, so ``tf32 = bf16 = fp32`` there.
+- Memory sizes are the marketed "GB" taken as GiB (a "32 GB" V100 has 32 GiB of HBM2).
+- ``intra`` bandwidth is one GPU's NVLink/NVSwitch (or PCIe) bandwidth per direction, i.e. half
+  the marketed bidirectional figure; ``inter`` is the node's aggregate network bandwidth per
+  direction (all NICs), Gb/s divided by 8.
+- **Estimates** (not on any sheet): every latency (NVLink/NVSwitch 3 µs, PCIe 8 µs, InfiniBand
+  5 µs, AWS Ethernet 30-50 µs), every kernel launch overhead (5 µs on GPUs), the p3.8xlarge
+  intra-node bandwidth (see there), T4 fp64, and all of ``local``. A calibration profile
+  (``distir calibrate``) replaces them with fitted values.
+
+``node_record`` / ``clusters_json`` / ``render_clusters_table`` describe node types in the units
+of the TOML cluster format (TFLOP/s, GB/s, GiB, µs), so a JSON row reads like a TOML node type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from distir.hardware.specs import DeviceSpec, LinkSpec, NodeSpec
+from distir.ir.types import DType
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+TERA = 1e12
+GIGA = 1e9
+GIB = 1 << 30
+
+
+def us(x: float) -> float:
+    """Microseconds to seconds (a division, so that 5 µs is exactly ``5e-06``)."""
+    return x / 1e6
+
+
+def _gpu(
+    name: str,
+    fp32: float,
+    tf32: float,
+    fp16: float,
+    bf16: float,
+    fp64: float,
+    hbm_gb_s: float,
+    mem_gib: int,
+    launch_us: float = 5.0,
+) -> DeviceSpec:
+    """A DeviceSpec from sheet units: TFLOP/s, GB/s, GiB, µs."""
+    return DeviceSpec(
+        name=name,
+        fp32=fp32 * TERA,
+        tf32=tf32 * TERA,
+        fp16=fp16 * TERA,
+        bf16=bf16 * TERA,
+        fp64=fp64 * TERA,
+        memory_bandwidth=hbm_gb_s * GIGA,
+        memory_bytes=mem_gib * GIB,
+        launch_overhead_s=us(launch_us),
+    )
+
+
+def _link(gb_s: float, latency_us: float) -> LinkSpec:
+    return LinkSpec(gb_s * GIGA, us(latency_us))
+
+
+V100_SXM3_32GB = _gpu("V100-SXM3-32GB", 15.7, 15.7, 125.0, 15.7, 7.8, 900.0, 32)
+V100_SXM2_16GB = _gpu("V100-SXM2-16GB", 15.7, 15.7, 125.0, 15.7, 7.8, 900.0, 16)
+A100_SXM_80GB = _gpu("A100-SXM-80GB", 19.5, 156.0, 312.0, 312.0, 9.7, 2039.0, 80)
+H100_SXM_80GB = _gpu("H100-SXM-80GB", 67.0, 494.5, 989.5, 989.5, 34.0, 3350.0, 80)
+# T4 fp64 is 1/32 of fp32 (not on the sheet; estimate).
+T4_16GB = _gpu("T4-16GB", 8.1, 8.1, 65.0, 8.1, 0.25, 320.0, 16)
+
+_V100_SHEET = (
+    "https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf"
+)
+
+_PRESETS: dict[str, NodeSpec] = {
+    # DGX-2 (the DistIR paper's machine): 16 V100 on NVSwitch, each GPU 6 NVLink2 links of
+    # 25 GB/s per direction = 150 GB/s/dir (300 GB/s bidirectional); 8 × 100 Gb/s EDR IB.
+    "dgx2-v100": NodeSpec(
+        name="dgx2-v100",
+        device=V100_SXM3_32GB,
+        devices_per_node=16,
+        intra=_link(150.0, 3.0),
+        inter=_link(8 * 100 / 8, 5.0),
+        source=f"https://www.nvidia.com/en-us/data-center/dgx-2/ ; {_V100_SHEET}",
+    ),
+    # DGX A100: NVLink3 600 GB/s bidirectional per GPU via NVSwitch; 8 × 200 Gb/s HDR IB.
+    "dgx-a100": NodeSpec(
+        name="dgx-a100",
+        device=A100_SXM_80GB,
+        devices_per_node=8,
+        intra=_link(300.0, 3.0),
+        inter=_link(8 * 200 / 8, 5.0),
+        source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+        "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf ; "
+        "https://www.nvidia.com/en-us/data-center/dgx-a100/",
+    ),
+    # DGX H100: NVLink4 900 GB/s bidirectional per GPU via NVSwitch; 8 × 400 Gb/s NDR IB.
+    # Tensor peaks are the sheet's sparse figures halved (TF32 989 → 494.5, BF16 1979 → 989.5).
+    "h100": NodeSpec(
+        name="h100",
+        device=H100_SXM_80GB,
+        devices_per_node=8,
+        intra=_link(450.0, 3.0),
+        inter=_link(8 * 400 / 8, 5.0),
+        source="https://www.nvidia.com/en-us/data-center/h100/ ; "
+        "https://www.nvidia.com/en-us/data-center/dgx-h100/",
+    ),
+    # p3.8xlarge: 4 V100-SXM2-16GB on half of a DGX-1-style hybrid cube-mesh: a GPU pair shares
+    # 1 or 2 NVLink2 links of 25 GB/s/dir; 50 GB/s is an estimate for a ring. 10 Gb/s network.
+    "p3.8xlarge": NodeSpec(
+        name="p3.8xlarge",
+        device=V100_SXM2_16GB,
+        devices_per_node=4,
+        intra=_link(50.0, 3.0),
+        inter=_link(10 / 8, 50.0),
+        source=f"https://aws.amazon.com/ec2/instance-types/p3/ ; {_V100_SHEET}",
+    ),
+    # g4dn.12xlarge: 4 T4 on PCIe Gen3 x16 (15.75 GB/s/dir, no NVLink); 50 Gb/s network.
+    "g4dn.12xlarge": NodeSpec(
+        name="g4dn.12xlarge",
+        device=T4_16GB,
+        devices_per_node=4,
+        intra=_link(15.75, 8.0),
+        inter=_link(50 / 8, 30.0),
+        source="https://aws.amazon.com/ec2/instance-types/g4/ ; "
+        "https://www.nvidia.com/en-us/data-center/tesla-t4/",
+    ),
+    # This machine's CPU as one device. Placeholder figures of a modest multicore CPU; loopback
+    # "links" for a second local process; a 10 Gb/s network between machines.
+    "local": NodeSpec(
+        name="local",
+        device=DeviceSpec(
+            name="cpu (uncalibrated)",
+            fp32=100 * GIGA,
+            tf32=100 * GIGA,
+            fp16=100 * GIGA,
+            bf16=100 * GIGA,
+            fp64=50 * GIGA,
+            memory_bandwidth=20 * GIGA,
+            memory_bytes=16 * GIB,
+            launch_overhead_s=us(2),
+        ),
+        devices_per_node=1,
+        intra=_link(5.0, 20.0),
+        inter=_link(10 / 8, 50.0),
+        source="uncalibrated placeholder; `distir calibrate` will fill it",
+    ),
+}
+
+PRESETS: Mapping[str, NodeSpec] = MappingProxyType(_PRESETS)
+"""Built-in node types by preset name (read-only)."""
+
+
+def node_record(key: str, node: NodeSpec) -> dict[str, Any]:
+    """One node type as plain data in the TOML format's units (TFLOP/s, GB/s, GiB, µs)."""
+    d = node.device
+    rec: dict[str, Any] = {
+        "preset": key,
+        "gpu": d.name,
+        "devices_per_node": node.devices_per_node,
+        "fp32_tflops": d.fp32 / TERA,
+        "tf32_tflops": d.tf32 / TERA,
+        "fp16_tflops": d.fp16 / TERA,
+        "bf16_tflops": d.bf16 / TERA,
+        "fp64_tflops": d.peak_flops(DType.f64) / TERA,
+        "memory_bandwidth_gb_s": d.memory_bandwidth / GIGA,
+        "memory_gib": d.memory_bytes / GIB,
+        "launch_overhead_us": d.launch_overhead_s * 1e6,
+        "intra_bandwidth_gb_s": node.intra.bandwidth / GIGA,
+        "intra_latency_us": node.intra.latency_s * 1e6,
+        "inter_bandwidth_gb_s": node.inter.bandwidth / GIGA,
+        "inter_latency_us": node.inter.latency_s * 1e6,
+        "source": node.source,
+    }
+    return {k: round(v, 6) if isinstance(v, float) else v for k, v in rec.items()}
+
+
+def clusters_json() -> dict[str, Any]:
+    """``{"clusters": [node_record(...) for every preset]}``, for ``distir clusters --json``."""
+    return {"clusters": [node_record(k, n) for k, n in PRESETS.items()]}
+
+
+def render_clusters_table() -> Table:
+    """The presets as a rich table, for ``distir clusters``."""
+    from rich.table import Table
+
+    cols = [
+        ("preset", "preset"),
+        ("GPU", "gpu"),
+        ("GPUs", "devices_per_node"),
+        ("fp32", "fp32_tflops"),
+        ("tf32", "tf32_tflops"),
+        ("fp16", "fp16_tflops"),
+        ("bf16", "bf16_tflops"),
+        ("HBM", "memory_bandwidth_gb_s"),
+        ("mem", "memory_gib"),
+        ("intra", "intra_bandwidth_gb_s"),
+        ("inter", "inter_bandwidth_gb_s"),
+        ("source", "source"),
+    ]
+    recs = clusters_json()["clusters"]
+    notes = "\n".join(f"[{i}] {r['source'].replace(' ; ', ' ')}" for i, r in enumerate(recs, 1))
+    table = Table(
+        title="cluster presets: NAME or NAME:NODES, joined with + (e.g. p3.8xlarge:3+g4dn.12xlarge:1)",
+        caption="GPUs per node; fp32..bf16: dense peak TFLOP/s; HBM: memory bandwidth, GB/s; mem: GiB; "
+        "intra: GPU↔GPU in a node, per GPU, GB/s; inter: network, per node, GB/s (per direction). "
+        f"Sources:\n{notes}",
+        caption_justify="left",
+    )
+    for header, key in cols:
+        numeric = key not in ("preset", "gpu", "source")
+        table.add_column(header, justify="right" if numeric else "left")
+    for i, rec in enumerate(recs, 1):
+        cells = [f"{rec[k]:g}" if isinstance(rec[k], float) else str(rec[k]) for _, k in cols]
+        cells[-1] = f"[{i}]"
+        table.add_row(*cells)
+    return table

@@ -1,0 +1,160 @@
+"""What one accelerator, one link and one node type can do: the constants of the cost model.
+
+All figures are in SI units: FLOP/s, bytes/s, bytes and seconds. Peaks are *dense* (no 2:4
+sparsity). A bandwidth is per direction; "infinite" bandwidth (``math.inf``) is allowed only for
+the degenerate link of a device to itself.
+
+Invariants (checked on construction, so an ill-formed spec cannot exist):
+- a ``DeviceSpec`` has a non-empty name, positive finite FLOP/s for every precision, a positive
+  finite memory bandwidth, a positive integer memory size and a non-negative launch overhead;
+- a ``LinkSpec`` has a positive bandwidth (possibly ``inf``) and a finite non-negative latency;
+- a ``NodeSpec`` has a non-empty name, a ``DeviceSpec``, at least one device and two links.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from distir.ir.types import DType
+
+
+class HardwareError(ValueError):
+    """Base of the hardware layer's errors (bad specs, bad cluster descriptions)."""
+
+
+class SpecError(HardwareError):
+    """A hardware spec was constructed with an invalid field (names the spec and the field)."""
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _positive(owner: str, field: str, x: object, *, allow_inf: bool = False) -> None:
+    if not _is_number(x):
+        raise SpecError(f"{owner}: {field} must be a number, got {x!r}")
+    assert isinstance(x, int | float)
+    if math.isnan(x) or x <= 0 or (math.isinf(x) and not allow_inf):
+        what = "a positive number" if allow_inf else "a positive finite number"
+        raise SpecError(f"{owner}: {field} must be {what}, got {x!r}")
+
+
+def _non_negative(owner: str, field: str, x: object) -> None:
+    if not _is_number(x):
+        raise SpecError(f"{owner}: {field} must be a number, got {x!r}")
+    assert isinstance(x, int | float)
+    if not math.isfinite(x) or x < 0:
+        raise SpecError(f"{owner}: {field} must be a finite non-negative number, got {x!r}")
+
+
+def _name(owner: str, x: object) -> None:
+    if not isinstance(x, str) or not x.strip():
+        raise SpecError(f"{owner}: name must be a non-empty string, got {x!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSpec:
+    """One accelerator (or a CPU standing in for one).
+
+    ``fp32``/``tf32``/``fp16``/``bf16``/``fp64`` are dense peak FLOP/s; a precision the device
+    has no fast path for carries the figure of the path it falls back to (e.g. ``tf32 = fp32`` on
+    a V100). ``fp64 = None`` means "half of ``fp32``". ``memory_bandwidth`` is the device memory
+    (HBM/GDDR/DRAM) bandwidth in B/s, ``memory_bytes`` its capacity in bytes and
+    ``launch_overhead_s`` the fixed cost of starting one kernel. ``name`` identifies the spec: two
+    different specs in one cluster must not share a name (it is the simulator's cache key).
+    """
+
+    name: str
+    fp32: float
+    tf32: float
+    fp16: float
+    bf16: float
+    memory_bandwidth: float
+    memory_bytes: int
+    launch_overhead_s: float
+    fp64: float | None = None
+
+    def __post_init__(self) -> None:
+        _name("device spec", self.name)
+        owner = f"device spec {self.name!r}"
+        for f in ("fp32", "tf32", "fp16", "bf16", "memory_bandwidth"):
+            _positive(owner, f, getattr(self, f))
+        if self.fp64 is not None:
+            _positive(owner, "fp64", self.fp64)
+        if not isinstance(self.memory_bytes, int) or isinstance(self.memory_bytes, bool):
+            raise SpecError(f"{owner}: memory_bytes must be an int, got {self.memory_bytes!r}")
+        _positive(owner, "memory_bytes", self.memory_bytes)
+        _non_negative(owner, "launch_overhead_s", self.launch_overhead_s)
+
+    def peak_flops(self, dtype: DType, allow_tf32: bool = False) -> float:
+        """Dense peak FLOP/s for arithmetic in ``dtype``.
+
+        f32 uses ``tf32`` when ``allow_tf32`` (tensor-core matmuls with TF32 inputs), else
+        ``fp32``; f16 → ``fp16``; bf16 → ``bf16``; f64 → ``fp64`` (``fp32 / 2`` if unknown);
+        integer and bool arithmetic → ``fp32`` (the regular ALUs).
+        """
+        if dtype is DType.f32:
+            return self.tf32 if allow_tf32 else self.fp32
+        if dtype is DType.f16:
+            return self.fp16
+        if dtype is DType.bf16:
+            return self.bf16
+        if dtype is DType.f64:
+            return self.fp64 if self.fp64 is not None else self.fp32 / 2
+        return self.fp32
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSpec:
+    """A point-to-point link: ``bandwidth`` in B/s per direction, ``latency_s`` per message.
+
+    Sending M bytes takes ``latency_s + M / bandwidth`` (the alpha-beta model).
+    """
+
+    bandwidth: float
+    latency_s: float
+
+    def __post_init__(self) -> None:
+        _positive("link", "bandwidth", self.bandwidth, allow_inf=True)
+        _non_negative("link", "latency_s", self.latency_s)
+
+    def time(self, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` over this link: latency plus bytes over bandwidth."""
+        return self.latency_s + nbytes / self.bandwidth
+
+    def slower(self, other: LinkSpec) -> LinkSpec:
+        """The component-wise worse of two links: the lower bandwidth and the higher latency."""
+        return LinkSpec(min(self.bandwidth, other.bandwidth), max(self.latency_s, other.latency_s))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One machine type: ``devices_per_node`` identical devices and two kinds of link.
+
+    ``intra`` is the GPU↔GPU link inside the node, per GPU per direction (e.g. one GPU's NVLink
+    bandwidth into an NVSwitch). ``inter`` is the node's network: its *aggregate* bandwidth to
+    other nodes per direction (all NICs together) and the network latency. ``source`` says where
+    the figures come from (a URL, or "estimate").
+    """
+
+    name: str
+    device: DeviceSpec
+    devices_per_node: int
+    intra: LinkSpec
+    inter: LinkSpec
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        _name("node spec", self.name)
+        owner = f"node spec {self.name!r}"
+        if not isinstance(self.device, DeviceSpec):
+            raise SpecError(f"{owner}: device must be a DeviceSpec, got {self.device!r}")
+        n = self.devices_per_node
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise SpecError(f"{owner}: devices_per_node must be a positive int, got {n!r}")
+        for f in ("intra", "inter"):
+            if not isinstance(getattr(self, f), LinkSpec):
+                raise SpecError(f"{owner}: {f} must be a LinkSpec, got {getattr(self, f)!r}")
+        if not isinstance(self.source, str):
+            raise SpecError(f"{owner}: source must be a string, got {self.source!r}")

@@ -1,0 +1,313 @@
+"""Alpha-beta cost models of point-to-point sends and collectives on a ``Cluster``.
+
+Every function takes the cluster, a byte count ``nbytes`` (its meaning is stated per function)
+and the participating *physical* GPU indices, and returns seconds. Duplicates in a group are
+collapsed (two streams of one GPU are one participant); a group of one costs 0.
+
+Notation: n GPUs in the group, spread over k nodes with g_i of them on node i; M = ``nbytes``;
+B and α are a link's bandwidth (B/s, per direction) and latency (s).
+
+Links:
+- *inside one node*, a ring visits the group's GPUs in index order; its B and α are those of its
+  slowest link (lowest bandwidth, highest latency) over ``Cluster.link``;
+- *across nodes*, the network level's (B, α) is the slowest ``Cluster.link`` between the first
+  group GPU of consecutive nodes (a ring over the k nodes; for all-to-all, over all node pairs).
+  Without matrices that is the slowest ``Cluster.node_link``: a node's *aggregate* bandwidth,
+  which all g_i GPUs of the node share when they send at once;
+- heterogeneous clusters (AMP): the slowest link governs each level, and a level whose nodes
+  differ takes as long as its slowest node (``max`` over nodes).
+
+Groups spanning nodes use hierarchical algorithms (phases run one after the other, no overlap).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+
+from distir.hardware.cluster import Cluster
+from distir.hardware.specs import LinkSpec
+
+
+class CollectiveError(ValueError):
+    """A collective cost was asked for with an invalid size or group."""
+
+
+def _nbytes(nbytes: float) -> float:
+    ok = isinstance(nbytes, int | float) and not isinstance(nbytes, bool)
+    if not ok or not math.isfinite(nbytes) or nbytes < 0:
+        raise CollectiveError(f"nbytes must be a finite non-negative number, got {nbytes!r}")
+    return float(nbytes)
+
+
+def _group(cluster: Cluster, group: Iterable[int]) -> tuple[int, ...]:
+    """The distinct GPUs of ``group``, sorted; validated against the cluster."""
+    g = tuple(sorted(set(group)))
+    if not g:
+        raise CollectiveError("a collective needs at least one GPU, got an empty group")
+    if g[0] < 0 or g[-1] >= cluster.num_devices or not all(type(x) is int for x in g):
+        bad = next(x for x in g if type(x) is not int or not 0 <= x < cluster.num_devices)
+        cluster.node_of(bad)  # raises ClusterError naming the GPU
+    return g
+
+
+def _by_node(cluster: Cluster, gpus: Sequence[int]) -> list[tuple[int, ...]]:
+    """The group's GPUs per node, nodes in index order (``gpus`` is sorted, so is the result)."""
+    nodes = cluster.gpu_nodes
+    out: dict[int, list[int]] = {}
+    for gpu in gpus:
+        out.setdefault(nodes[gpu], []).append(gpu)
+    return [tuple(v) for v in out.values()]
+
+
+def _slowest(links: Iterable[LinkSpec]) -> LinkSpec:
+    bw, lat = math.inf, 0.0
+    for link in links:
+        bw = min(bw, link.bandwidth)
+        lat = max(lat, link.latency_s)
+    return LinkSpec(bw, lat)
+
+
+def _all_pairs(cluster: Cluster, gpus: Sequence[int]) -> LinkSpec:
+    """The slowest link between any two of ``gpus`` (one node: its ``intra`` without matrices)."""
+    if not cluster.has_matrices and cluster.gpu_nodes[gpus[0]] == cluster.gpu_nodes[gpus[-1]]:
+        return cluster.link(gpus[0], gpus[1])
+    return _slowest(cluster.link(a, b) for a in gpus for b in gpus if a != b)
+
+
+def _ring(cluster: Cluster, gpus: Sequence[int]) -> LinkSpec:
+    """The slowest link of the ring gpus[0] → gpus[1] → ... → gpus[0]."""
+    n = len(gpus)
+    if not cluster.has_matrices and cluster.gpu_nodes[gpus[0]] == cluster.gpu_nodes[gpus[-1]]:
+        return cluster.link(gpus[0], gpus[1])
+    return _slowest(cluster.link(gpus[i], gpus[(i + 1) % n]) for i in range(n))
+
+
+def _star(cluster: Cluster, root: int, gpus: Sequence[int], outward: bool) -> LinkSpec:
+    """The slowest link between ``root`` and the other GPUs (root → j if ``outward``)."""
+    if not cluster.has_matrices:  # links are per node pair, and symmetric
+        nodes = cluster.gpu_nodes
+        rn = nodes[root]
+        targets = {nodes[j] for j in gpus if j != root}
+        return _slowest(cluster.nodes[rn].intra if t == rn else cluster.node_link(rn, t) for t in targets)
+    return _slowest(cluster.link(root, j) if outward else cluster.link(j, root) for j in gpus if j != root)
+
+
+def _net(cluster: Cluster, parts: Sequence[tuple[int, ...]], all_pairs: bool = False) -> LinkSpec:
+    """The network level's link: the slowest link between the first GPUs of the nodes, over the
+    ring of nodes (or all node pairs; without matrices both are the slowest node's network)."""
+    if not cluster.has_matrices:
+        if cluster.inter_node is not None:
+            return cluster.inter_node
+        nodes = cluster.gpu_nodes
+        return _slowest(cluster.nodes[nodes[p[0]]].inter for p in parts)
+    leaders = [p[0] for p in parts]
+    k = len(leaders)
+    if all_pairs:
+        return _slowest(cluster.link(a, b) for a in leaders for b in leaders if a != b)
+    return _slowest(cluster.link(leaders[i], leaders[(i + 1) % k]) for i in range(k))
+
+
+def _ring_phase(cluster: Cluster, gpus: Sequence[int], m: float) -> float:
+    """All-gather or reduce-scatter of M bytes in total inside one node: (g−1)/g·M/B + (g−1)α."""
+    g = len(gpus)
+    if g < 2:
+        return 0.0
+    link = _ring(cluster, gpus)
+    return (g - 1) / g * m / link.bandwidth + (g - 1) * link.latency_s
+
+
+def send_time(cluster: Cluster, nbytes: float, src: int, dst: int) -> float:
+    """Send ``nbytes`` (the message size) from GPU ``src`` to GPU ``dst``: α + M/B over
+    ``cluster.link(src, dst)``; 0 when ``src == dst`` (two streams of one GPU)."""
+    m = _nbytes(nbytes)
+    cluster.node_of(src)
+    cluster.node_of(dst)
+    if src == dst:
+        return 0.0
+    return cluster.link(src, dst).time(m)
+
+
+def allreduce_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> float:
+    """All-reduce of ``nbytes`` (the size of each participant's buffer, = the result's size).
+
+    One node: ring, 2(n−1)/n·M/B + 2(n−1)α over the ring's slowest link.
+    Across k nodes (hierarchical): (1) reduce-scatter inside each node, (g_i−1)/g_i·M/B_i +
+    (g_i−1)α_i, the slowest node governing; (2) g concurrent ring all-reduces of M/g across the k
+    nodes, one per local rank, sharing each node's network bandwidth B_net, so
+    2(k−1)/k·(M/g)/(B_net/g) + 2(k−1)α_net = 2(k−1)/k·M/B_net + 2(k−1)α_net; (3) all-gather inside
+    each node, as (1). Assumes the group has the same GPUs on every node it spans (with unequal
+    counts, each node's phases use its own g_i).
+    """
+    m = _nbytes(nbytes)
+    g = _group(cluster, group)
+    n = len(g)
+    if n < 2:
+        return 0.0
+    parts = _by_node(cluster, g)
+    k = len(parts)
+    if k == 1:
+        link = _ring(cluster, g)
+        return 2 * (n - 1) / n * m / link.bandwidth + 2 * (n - 1) * link.latency_s
+    intra = max(_ring_phase(cluster, p, m) for p in parts)
+    net = _net(cluster, parts)
+    inter = 2 * (k - 1) / k * m / net.bandwidth + 2 * (k - 1) * net.latency_s
+    return intra + inter + intra
+
+
+def allgather_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> float:
+    """All-gather where ``nbytes`` is the *full gathered* size (each GPU contributes M/n).
+
+    One node: ring, (n−1)/n·M/B + (n−1)α. Across k nodes (hierarchical): (1) g concurrent ring
+    all-gathers across the nodes, one per local rank: node i must receive the (n−g_i)/n·M bytes it
+    does not hold over B_net, the slowest node governing, + (k−1)α_net (with equal g this is
+    (k−1)/k·M/B_net); (2) all-gather of the full M inside each node, (g_i−1)/g_i·M/B_i +
+    (g_i−1)α_i, the slowest node governing.
+    """
+    m = _nbytes(nbytes)
+    g = _group(cluster, group)
+    n = len(g)
+    if n < 2:
+        return 0.0
+    parts = _by_node(cluster, g)
+    k = len(parts)
+    if k == 1:
+        return _ring_phase(cluster, g, m)
+    net = _net(cluster, parts)
+    g_min = min(len(p) for p in parts)
+    inter = (n - g_min) / n * m / net.bandwidth + (k - 1) * net.latency_s
+    return inter + max(_ring_phase(cluster, p, m) for p in parts)
+
+
+def reducescatter_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> float:
+    """Reduce-scatter where ``nbytes`` is the *full* input size on each GPU (each keeps M/n).
+
+    The mirror image of ``allgather_time`` (intra-node reduce-scatter first, then across nodes),
+    so it costs the same.
+    """
+    return allgather_time(cluster, nbytes, group)
+
+
+def broadcast_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> float:
+    """Broadcast of ``nbytes`` (the message size) from one GPU of the group to the others.
+
+    One node: pipelined ring (chunks flow down a chain), M/B + (n−1)α over the slowest link.
+    Across k nodes: a pipelined ring over the nodes, M/B_net + (k−1)α_net, then a pipelined ring
+    inside each node with g_i ≥ 2, M/B_i + (g_i−1)α_i, the slowest node governing. The root's
+    position does not change the cost.
+    """
+    m = _nbytes(nbytes)
+    g = _group(cluster, group)
+    n = len(g)
+    if n < 2:
+        return 0.0
+    parts = _by_node(cluster, g)
+    k = len(parts)
+    if k == 1:
+        link = _ring(cluster, g)
+        return m / link.bandwidth + (n - 1) * link.latency_s
+    net = _net(cluster, parts)
+    inter = m / net.bandwidth + (k - 1) * net.latency_s
+    intra = 0.0
+    for p in parts:
+        if len(p) >= 2:
+            link = _ring(cluster, p)
+            intra = max(intra, m / link.bandwidth + (len(p) - 1) * link.latency_s)
+    return inter + intra
+
+
+def reduce_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> float:
+    """Reduce of ``nbytes`` (each participant's buffer size) to one GPU: the mirror image of
+    ``broadcast_time`` (pipelined ring inside nodes, then across them), so it costs the same."""
+    return broadcast_time(cluster, nbytes, group)
+
+
+def _scatter_like(
+    cluster: Cluster, nbytes: float, group: Iterable[int], root: int | None, out: bool
+) -> float:
+    m = _nbytes(nbytes)
+    given = list(group)
+    g = _group(cluster, given)
+    r = given[0] if root is None else root
+    if r not in g:
+        raise CollectiveError(f"root GPU {r!r} is not in the group {list(g)}")
+    n = len(g)
+    if n < 2:
+        return 0.0
+    parts = _by_node(cluster, g)
+    if len(parts) == 1:
+        link = _star(cluster, r, g, out)
+        return (n - 1) / n * m / link.bandwidth + (n - 1) * link.latency_s
+    nodes = cluster.gpu_nodes
+    leaders = [r if nodes[p[0]] == nodes[r] else p[0] for p in parts]
+    net = _star(cluster, r, leaders, out)
+    g_root = next(len(p) for p in parts if nodes[p[0]] == nodes[r])
+    inter = (n - g_root) / n * m / net.bandwidth + (len(parts) - 1) * net.latency_s
+    intra = 0.0
+    for lead, p in zip(leaders, parts, strict=True):
+        if len(p) >= 2:
+            link = _star(cluster, lead, p, out)
+            intra = max(intra, (len(p) - 1) / n * m / link.bandwidth + (len(p) - 1) * link.latency_s)
+    return inter + intra
+
+
+def scatter_time(cluster: Cluster, nbytes: float, group: Iterable[int], root: int | None = None) -> float:
+    """Scatter where ``nbytes`` is the *full* size at the root (each GPU receives M/n).
+
+    One node: the root sends to each GPU, (n−1)/n·M/B + (n−1)α over the slowest root→GPU link.
+    Across k nodes: the root sends the shares of the other nodes, (n−g_root)/n·M, to their first
+    GPUs over the slowest root→node link, + (k−1)α_net; then every node's first GPU (the root on
+    its own node) scatters inside the node, (g_i−1)/n·M/B_i + (g_i−1)α_i, the slowest node
+    governing. ``root`` defaults to the group's first GPU as given.
+    """
+    return _scatter_like(cluster, nbytes, group, root, out=True)
+
+
+def gather_time(cluster: Cluster, nbytes: float, group: Iterable[int], root: int | None = None) -> float:
+    """Gather where ``nbytes`` is the *full* size gathered at the root (each GPU sends M/n): the
+    mirror image of ``scatter_time`` over the reverse links."""
+    return _scatter_like(cluster, nbytes, group, root, out=False)
+
+
+def alltoall_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> float:
+    """All-to-all where ``nbytes`` is each participant's input size (it sends M/n to every peer).
+
+    One node: (n−1)/n·M/B + (n−1)α over the slowest link between any two GPUs of the group.
+    Across k nodes: intra- and inter-node traffic use different links and overlap, so node i
+    takes max((g_i−1)/n·M/B_i, g_i·(n−g_i)/n·M/B_net) + (g_i−1)α_i + (n−g_i)α_net: its g_i GPUs
+    together push g_i·(n−g_i)/n·M bytes through the node's network bandwidth B_net (the slowest
+    link between any two of the group's nodes). The slowest node governs.
+    """
+    m = _nbytes(nbytes)
+    g = _group(cluster, group)
+    n = len(g)
+    if n < 2:
+        return 0.0
+    parts = _by_node(cluster, g)
+    if len(parts) == 1:
+        link = _all_pairs(cluster, g)
+        return (n - 1) / n * m / link.bandwidth + (n - 1) * link.latency_s
+    net = _net(cluster, parts, all_pairs=True)
+    worst = 0.0
+    for p in parts:
+        gi = len(p)
+        intra_bw, intra_lat = 0.0, 0.0
+        if gi >= 2:
+            link = _all_pairs(cluster, p)
+            intra_bw, intra_lat = (gi - 1) / n * m / link.bandwidth, (gi - 1) * link.latency_s
+        inter_bw = gi * (n - gi) / n * m / net.bandwidth
+        worst = max(worst, max(intra_bw, inter_bw) + intra_lat + (n - gi) * net.latency_s)
+    return worst
+
+
+COLLECTIVES: dict[str, Callable[[Cluster, float, Iterable[int]], float]] = {
+    "allreduce": allreduce_time,
+    "allgather": allgather_time,
+    "reducescatter": reducescatter_time,
+    "broadcast": broadcast_time,
+    "reduce": reduce_time,
+    "scatter": scatter_time,
+    "gather": gather_time,
+    "alltoall": alltoall_time,
+}
+"""Collective cost functions by name (scatter/gather with their default root)."""

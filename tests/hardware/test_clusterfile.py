@@ -1,0 +1,233 @@
+"""Cluster files (TOML): the shipped example, presets with overrides, and every validation error
+naming the file, line:column, key path and expected vs actual."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from distir.hardware.cluster import ClusterError, parse_cluster
+from distir.hardware.clusterfile import cluster_from_toml, load_cluster_file
+from distir.hardware.presets import GIB, PRESETS
+from distir.hardware.specs import LinkSpec
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "amp_hetero.toml"
+
+INLINE = """\
+[types.t]
+gpu = "T"
+devices_per_node = 2
+fp32_tflops = 10
+fp16_tflops = 100
+memory_bandwidth_gb_s = 500
+memory_gib = 16
+intra_bandwidth_gb_s = 50
+intra_latency_us = 4
+inter_bandwidth_gb_s = 5
+inter_latency_us = 40
+"""
+
+
+def err(text: str) -> ClusterError:
+    with pytest.raises(ClusterError) as e:
+        cluster_from_toml(text, "c.toml")
+    return e.value
+
+
+def test_example_file_parses_with_its_link_speeds() -> None:
+    for c in (load_cluster_file(EXAMPLE), parse_cluster(str(EXAMPLE))):
+        assert c.name == "amp-hetero" and c.num_devices == 16 and c.num_nodes == 4
+        assert c.describe() == "3 × p3.8xlarge + 1 × g4dn.12xlarge (16 GPUs)"
+        assert {c.kind_of(g) for g in range(12)} == {"V100-SXM2-16GB"}
+        assert {c.kind_of(g) for g in range(12, 16)} == {"T4-16GB"}
+        assert c.link(0, 1) == LinkSpec(50e9, 5e-6)  # p3 preset, latency overridden
+        assert c.link(12, 13) == LinkSpec(15.75e9, 8e-6)  # PCIe Gen3 x16
+        assert c.link(0, 4) == c.link(3, 12) == LinkSpec(1.25e9, 50e-6)  # [inter_node]
+        assert c.device_spec(0) == PRESETS["p3.8xlarge"].device  # only a link was overridden
+        t4 = c.device_spec(15)
+        assert (t4.fp16, t4.memory_bandwidth, t4.memory_bytes) == (65e12, 320e9, 16 * GIB)
+
+
+def test_inline_type_defaults_and_units() -> None:
+    c = cluster_from_toml(INLINE + '[[nodes]]\ntype = "t"\ncount = 2\n', "x/my.toml")
+    assert c.name == "my" and c.num_devices == 4
+    d = c.device_spec(0)
+    assert (d.fp32, d.tf32, d.bf16, d.fp16) == (10e12, 10e12, 10e12, 100e12)  # tf32/bf16 default fp32
+    assert d.fp64 is None and d.launch_overhead_s == 5e-6 and d.memory_bytes == 16 * GIB
+    assert c.link(0, 1) == LinkSpec(50e9, 4e-6) and c.link(1, 2) == LinkSpec(5e9, 40e-6)
+    assert c.nodes[0].name == "t"
+
+
+def test_preset_override_renames_the_device() -> None:
+    c = cluster_from_toml('[types.fast]\npreset = "p3.8xlarge"\nfp32_tflops = 20\n[[nodes]]\ntype = "fast"\n')
+    assert c.kind_of(0) == "V100-SXM2-16GB [fast]" and c.device_spec(0).fp32 == 20e12
+    assert c.device_spec(0).fp16 == PRESETS["p3.8xlarge"].device.fp16 and c.nodes[0].name == "p3.8xlarge"
+    named = '[types.f]\npreset = "p3.8xlarge"\ngpu = "V100-OC"\nmemory_gib = 32\n[[nodes]]\ntype = "f"\n'
+    c2 = cluster_from_toml(named)
+    assert c2.kind_of(0) == "V100-OC" and c2.device_spec(0).memory_bytes == 32 * GIB
+    # a preset referenced directly from [[nodes]], mixed with an overridden copy of it
+    mixed = cluster_from_toml(
+        '[types.f]\npreset = "p3.8xlarge"\nfp32_tflops = 20\n'
+        '[[nodes]]\ntype = "f"\n[[nodes]]\ntype = "p3.8xlarge"\ncount = 2\n'
+    )
+    assert mixed.num_devices == 12 and mixed.kind_of(4) == "V100-SXM2-16GB"
+
+
+def test_matrices_in_the_file() -> None:
+    nodes = '[[nodes]]\ntype = "local"\ncount = 2\n'
+    text = "bandwidth_matrix_gb_s = [[0, 10], [20, inf]]\n"
+    c = cluster_from_toml(text + nodes)
+    assert c.link(0, 1) == LinkSpec(10e9, 50e-6) and c.link(1, 0) == LinkSpec(20e9, 50e-6)
+    c2 = cluster_from_toml(text + "latency_matrix_us = [[0, 7], [9, 0]]\n" + nodes)
+    assert c2.link(1, 0) == LinkSpec(20e9, 9e-6)
+
+
+def test_inter_node_section() -> None:
+    c = cluster_from_toml(
+        '[[nodes]]\ntype = "h100"\ncount = 2\n[inter_node]\nbandwidth_gb_s = 50\nlatency_us = 0\n'
+    )
+    assert c.link(0, 8) == LinkSpec(50e9, 0.0)
+
+
+NODES = '[[nodes]]\ntype = "t"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "needle", "line"),
+    [
+        ("nodez = 1\n" + INLINE + NODES, "nodez", "unknown key; did you mean nodes?", 1),
+        (
+            INLINE.replace("fp32_tflops", "fp32_tflop") + NODES,
+            "types.t.fp32_tflop",
+            "did you mean fp32_tflops?",
+            4,
+        ),
+        (
+            INLINE.replace("fp16_tflops = 100\n", "") + NODES,
+            "types.t.fp16_tflops",
+            "missing required key (dense fp16 peak, TFLOP/s; no preset to take it from)",
+            1,
+        ),
+        (
+            INLINE.replace("fp32_tflops = 10", "fp32_tflops = -1") + NODES,
+            "types.t.fp32_tflops",
+            "expected a positive number (dense fp32 peak, TFLOP/s), got -1",
+            4,
+        ),
+        (
+            INLINE.replace("memory_gib = 16", 'memory_gib = "16"') + NODES,
+            "types.t.memory_gib",
+            'expected a positive number (device memory, GiB), got "16" (a string)',
+            7,
+        ),
+        (
+            INLINE.replace("intra_latency_us = 4", "intra_latency_us = -4") + NODES,
+            "types.t.intra_latency_us",
+            "expected a non-negative number (intra-node latency, µs), got -4",
+            9,
+        ),
+        (
+            INLINE.replace("devices_per_node = 2", "devices_per_node = 2.0") + NODES,
+            "types.t.devices_per_node",
+            "expected a positive integer (GPUs per node), got 2.0",
+            3,
+        ),
+        (
+            INLINE + NODES + '[[nodes]]\ntype = "t"\ncount = 0\n',
+            "nodes[1].count",
+            "expected a positive integer (number of nodes), got 0",
+            16,
+        ),
+        (INLINE + NODES + "count = true\n", "nodes[0].count", "got true (a boolean)", 14),
+        (
+            INLINE + '[[nodes]]\ntype = "u"\n',
+            "nodes[0].type",
+            "unknown node type 'u' (types defined here: t;",
+            13,
+        ),
+        (INLINE + "[[nodes]]\ncount = 2\n", "nodes[0].type", "missing required key", 12),
+        (
+            INLINE + '[[nodes]]\ntype = "t"\nsize = 2\n',
+            "nodes[0].size",
+            "unknown key; (known keys: type, count)",
+            14,
+        ),
+        (INLINE, "nodes", "missing required key (an array of [[nodes]] tables", None),
+        ('[types.p]\npreset = "p3.8xl"\n' + NODES, "types.p.preset", "did you mean 'p3.8xlarge'?", 2),
+        ("types = 3\n" + NODES, "types", "expected a table of node types, got 3", 1),
+        (
+            INLINE + NODES + "[inter_node]\nbandwidth_gb_s = 10\nlatency_us = -5\n",
+            "inter_node.latency_us",
+            "expected a non-negative number (µs), got -5",
+            16,
+        ),
+        (
+            INLINE + NODES + "[inter_node]\nbandwidth_gb_s = 10\n",
+            "inter_node.latency_us",
+            "missing required key",
+            14,
+        ),
+        (
+            "bandwidth_matrix_gb_s = [[0, 1], [1, 0], [1, 1]]\n" + INLINE + NODES,
+            "bandwidth_matrix_gb_s",
+            "expected an array of 2 rows (one per GPU), got 3 rows",
+            1,
+        ),
+        (
+            "name = 'm'\nbandwidth_matrix_gb_s = [\n  [0, 1],  # [x]\n  [0, 0],\n]\n" + INLINE + NODES,
+            "bandwidth_matrix_gb_s[1][0]",
+            "expected a positive number (GB/s), got 0",
+            2,
+        ),
+        (
+            "latency_matrix_us = [[0, 1], [1]]\n" + INLINE + NODES,
+            "latency_matrix_us[1]",
+            "expected an array of 2 numbers, got 1 entries",
+            1,
+        ),
+        (
+            "bandwidth_matrix_gb_s = [\n  [0, 1],\n  [1, 0],\n]\n"
+            + INLINE.replace("memory_gib = 16", "memory_gib = 0")
+            + NODES,
+            "types.t.memory_gib",
+            "expected a positive number (device memory, GiB), got 0",
+            11,
+        ),
+        (
+            INLINE
+            + INLINE.replace("[types.t]", "[types.u]").replace("fp32_tflops = 10", "fp32_tflops = 11")
+            + NODES,
+            "types.u.gpu",
+            "device name 'T' is also used by types.t with different figures",
+            13,
+        ),
+    ],
+)
+def test_validation_errors_name_key_and_problem(text: str, key: str, needle: str, line: int | None) -> None:
+    e = err(text)
+    assert e.key == key, str(e)
+    assert needle in e.message, str(e)
+    assert e.line == line, str(e)
+    loc = "c.toml" if line is None else f"c.toml:{line}:1"
+    assert str(e) == f"{loc}: {key}: {e.message}"
+
+
+def test_toml_syntax_errors_give_line_and_column(tmp_path: Path) -> None:
+    e = err('[[nodes]]\ntype = "t"\ncount = \n')
+    assert (e.line, e.col) == (3, 9) and e.key is None
+    assert str(e) == "c.toml:3:9: invalid TOML: Invalid value"
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\n[types.a\n', encoding="utf-8")
+    with pytest.raises(ClusterError) as info:
+        parse_cluster(str(bad))
+    assert str(info.value).startswith(f"{bad}:2:") and "invalid TOML" in str(info.value)
+
+
+def test_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(ClusterError, match="no such file"):
+        load_cluster_file(tmp_path / "missing.toml")
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"\xff\xfe\x00name")
+    with pytest.raises(ClusterError, match="cannot read"):
+        load_cluster_file(binary)
