@@ -193,7 +193,7 @@ def simulate(
     except (HardwareError, DeviceMapError) as e:
         if debug:
             traceback.print_exc()
-        _fail(f"{cluster if isinstance(e, HardwareError) else file}: {e}")
+        _fail(str(e) if isinstance(e, HardwareError) else f"{file}: {e}")
     try:
         result = s.guard(lambda: run_sim(m, cl, dmap, trace=trace is not None, batch=batch))
     except DeviceMapError as e:

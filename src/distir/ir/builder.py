@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Instr, Op
 from distir.ir.types import Type
-from distir.ir.values import Attrs, Value
+from distir.ir.values import EMPTY_ATTRS, Attrs, Value
 
 OutArity = Callable[[str, int, Attrs], int]
 
@@ -52,7 +52,7 @@ class FunctionBuilder:
     ) -> tuple[Value, ...]:
         """Append a primitive op and return its result values."""
         self._check_open()
-        a = Attrs(attrs)
+        a = Attrs(attrs) if attrs else EMPTY_ATTRS
         if n_out is None:
             if names is not None:
                 n_out = len(names)

@@ -30,7 +30,7 @@ from distir.ir.builder import FunctionBuilder
 from distir.ir.function import Function, Module, ModuleError
 from distir.ir.ops import Call, Op
 from distir.ir.types import Device, DType, IRTypeError, ScalarType, TensorType, TupleType, Type
-from distir.ir.values import Attrs, AttrValue, Value
+from distir.ir.values import EMPTY_ATTRS, Attrs, AttrValue, Value
 
 MAX_NESTING = 64
 
@@ -272,7 +272,7 @@ class _Parser:
                 raise self.error("a function call takes no attributes", head)
             instr: Op | Call = Call(head.text[1:], tuple(inputs), outs)
         else:
-            instr = Op(head.text, tuple(inputs), outs, Attrs(attrs))
+            instr = Op(head.text, tuple(inputs), outs, Attrs(attrs) if attrs else EMPTY_ATTRS)
         fb.append(instr)
         self.positions[instr] = _line_col(self.src, start.pos)
         for (tok, _), v in zip(results, outs, strict=True):

@@ -119,6 +119,7 @@ class TensorType:
     shape: tuple[int, ...]
     device: Device
     _hash: int = field(init=False, repr=False, compare=False)
+    _nbytes: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if type(self.dtype) is not DType:
@@ -130,6 +131,7 @@ class TensorType:
             raise IRTypeError(f"tensor device must be a Device, got {self.device!r}")
         # types are hashed constantly (cost and call-summary keys): hash once
         object.__setattr__(self, "_hash", hash((self.dtype.value, self.shape, self.device.id)))
+        object.__setattr__(self, "_nbytes", math.prod(shape) * _ITEMSIZE[self.dtype])
 
     def __hash__(self) -> int:
         return self._hash
@@ -148,7 +150,7 @@ class TensorType:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * self.dtype.itemsize
+        return self._nbytes
 
     def with_device(self, device: Device) -> TensorType:
         return TensorType(self.dtype, self.shape, device)

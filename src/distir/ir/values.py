@@ -45,13 +45,14 @@ def freeze_attr(v: object, where: str = "attribute") -> AttrValue:
 class Attrs(Mapping[str, AttrValue]):
     """An immutable, ordered mapping of attribute names to values, with value equality."""
 
-    __slots__ = ("_hash", "_items", "_map")
+    __slots__ = ("_hash", "_items", "_map", "_sig")
 
     def __init__(self, items: Iterable[tuple[str, AttrValue]] | Mapping[str, object] = ()) -> None:
         pairs = items.items() if isinstance(items, Mapping) else items
         frozen = tuple((str(k), freeze_attr(v, f"attribute {k!r}")) for k, v in pairs)
         self._items = frozen
         self._map = dict(frozen)
+        self._sig: frozenset[tuple[str, object]] | None = None
         self._hash: int | None = None
         if len(self._map) != len(frozen):
             raise ValueError(f"duplicate attribute names in {[k for k, _ in frozen]}")
@@ -68,43 +69,37 @@ class Attrs(Mapping[str, AttrValue]):
     def items_in_order(self) -> tuple[tuple[str, AttrValue], ...]:
         return self._items
 
+    def signature(self) -> frozenset[tuple[str, object]]:
+        """A type-exact, order-independent key: 1, 1.0 and True differ; nan equals nan.
+        Computed once (attributes are hashed and compared constantly as parts of cost keys)."""
+        sig = self._sig
+        if sig is None:
+            sig = self._sig = frozenset((k, _typed(v)) for k, v in self._items)
+        return sig
+
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
         if not isinstance(other, Attrs):
             return NotImplemented
-        if hash(self) != hash(other):
-            return False
-        return self._map.keys() == other._map.keys() and all(
-            _same_attr(v, other._map[k]) for k, v in self._map.items()
-        )
+        return hash(self) == hash(other) and self.signature() == other.signature()
 
-    def __hash__(self) -> int:  # order-independent, like __eq__; cached (ops are hashed as cost keys)
+    def __hash__(self) -> int:
         h = self._hash
         if h is None:
-            h = self._hash = hash(frozenset((k, _hash_key(v)) for k, v in self._items))
+            h = self._hash = hash(self.signature())
         return h
 
     def __repr__(self) -> str:
         return f"Attrs({dict(self._items)!r})"
 
 
-def _same_attr(a: AttrValue, b: AttrValue) -> bool:
-    """Type-exact equality, also inside lists (1, 1.0 and True differ); nan equals nan."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, tuple):
-        assert isinstance(b, tuple)
-        return len(a) == len(b) and all(_same_attr(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) and a != a:
-        return b != b
-    return a == b
-
-
-def _hash_key(v: AttrValue) -> object:
+def _typed(v: AttrValue) -> object:
     if isinstance(v, tuple):
-        return tuple(_hash_key(x) for x in v)
-    return "nan" if isinstance(v, float) and v != v else v  # hash(nan) is per object
+        return ("list", tuple(_typed(x) for x in v))
+    if isinstance(v, float) and v != v:
+        return ("float", "nan")  # nan != nan, but attributes holding nan are equal
+    return (type(v).__name__, v)
 
 
 EMPTY_ATTRS = Attrs()

@@ -69,8 +69,8 @@ class CallSummary:
         return tuple(out.items())
 
 
-# per-op record: (devs, cost, is_comm, name, flops, view)
-OpRecord = tuple[tuple[int, ...], float, bool, str, float, bool]
+# per-op record: (devs, cost, is_comm, name, flops, view, bytes per GPU of each result)
+OpRecord = tuple[tuple[int, ...], float, bool, str, float, bool, tuple[list[tuple[int, float]], ...]]
 # per-instruction memory: (peak bumps, allocations, frees), each a tuple of (gpu, bytes)
 MemEvents = tuple[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]]
 
@@ -107,25 +107,31 @@ class PlanDomain(TypeDomain):
 
     # -- ops -------------------------------------------------------------------------------------
     def op(self, op: Op, args: Sequence[Mixed]) -> Sequence[Mixed]:
+        # the hot path: an op seen before with the same attributes and input types
         key = (op.name, op.attrs, *args)
-        hit = self._memo.get(key) if not any(type(a) is Concrete for a in args) else None
+        hit = self._memo.get(key) if Concrete not in map(type, args) else None
         if hit is not None:
             outs, rec = hit
-            for v, t in zip(op.outputs, outs, strict=False):
-                if v.type is not None and v.type != t:
-                    raise OpTypeError(
-                        f"%{v.name} is declared {v.type} but {op.name} gives {t}", None, v.type, t
-                    )
+            for v in op.outputs:
+                if v.type is not None:
+                    self._check_declared(op, outs)
+                    break
             self._frames[-1].append(rec)
             return outs
         result = super().op(op, args)
         ins = [type_of(a) for a in args]
         out_types = tuple(type_of(o) for o in result)
         rec = self._record(op, ins, out_types)
-        if not any(type(a) is Concrete for a in (*args, *result)):
+        if Concrete not in map(type, (*args, *result)):
             self._memo[key] = (out_types, rec)
         self._frames[-1].append(rec)
         return result
+
+    @staticmethod
+    def _check_declared(op: Op, outs: Sequence[Type]) -> None:
+        for v, t in zip(op.outputs, outs, strict=False):
+            if v.type is not None and v.type != t:
+                raise OpTypeError(f"%{v.name} is declared {v.type} but {op.name} gives {t}", None, v.type, t)
 
     def _slots_of(self, types: Sequence[Type]) -> list[int]:
         out: list[int] = []
@@ -149,11 +155,14 @@ class PlanDomain(TypeDomain):
             assert d.comm_cost is not None
             desc = d.comm_cost(ins, outs, op.attrs)
             gpus = [self.slot_gpu[self.dev_slot[x]] for x in desc.devices]
-            return devs, self.cost.comm_time(desc, gpus), True, op.name, 0.0, False
+            return devs, self.cost.comm_time(desc, gpus), True, op.name, 0.0, False, self._sizes(outs)
         gpu = self.slot_gpu[devs[0]] if devs else 0
         seconds = self.cost.compute_time(d, ins, outs, op.attrs, gpu) if devs else 0.0
         view = bool(ins) and d.bytes_written(ins, outs, op.attrs) == 0
-        return devs, seconds, False, op.name, d.flops(ins, outs, op.attrs), view
+        return devs, seconds, False, op.name, d.flops(ins, outs, op.attrs), view, self._sizes(outs)
+
+    def _sizes(self, outs: Sequence[Type]) -> tuple[list[tuple[int, float]], ...]:
+        return tuple(_bytes_by_gpu(t, self.dev_slot, self.slot_gpu) for t in outs)
 
     # -- calls -----------------------------------------------------------------------------------
     def call(self, module: Module, call: Call, callee: Function, args: Sequence[Mixed]) -> Sequence[Mixed]:
@@ -180,10 +189,46 @@ class PlanDomain(TypeDomain):
     def plan(self, fn: Function, args: Sequence[Mixed]) -> FnPlan:
         self._frames.append([])
         try:
-            outs, env = interpret(self.module, fn, args, self)
+            try:
+                outs, env = self._walk(fn, args)
+            except Exception:
+                self._frames[-1] = []
+                outs, env = interpret(self.module, fn, args, self)
         finally:
             records = self._frames.pop()
         return build_plan(fn, env, records, tuple(type_of(o) for o in outs), self.dev_slot, self.slot_gpu)
+
+    def _walk(self, fn: Function, args: Sequence[Mixed]) -> tuple[tuple[Mixed, ...], dict[Value, Mixed]]:
+        """``interpret`` specialized for planning: the same semantics, with the memo lookup of
+        already-seen ops inlined (the hot path of simulating a long flat program). Any failure
+        is re-run through ``interpret`` by the caller, which reports it precisely."""
+        env: dict[Value, Mixed] = dict(zip(fn.params, args, strict=True))
+        memo_get = self._memo.get
+        frame = self._frames[-1]
+        append = frame.append
+        module = self.module
+        outs: Sequence[Mixed]
+        for instr in fn.body:
+            ins = [env[v] for v in instr.inputs]
+            if type(instr) is Op:
+                hit = memo_get((instr.name, instr.attrs, *ins)) if Concrete not in map(type, ins) else None
+                if hit is not None:
+                    outs, rec = hit
+                    for v in instr.outputs:
+                        if v.type is not None:
+                            self._check_declared(instr, outs)
+                            break
+                    append(rec)
+                else:
+                    outs = self.op(instr, ins)
+            else:
+                assert isinstance(instr, Call)
+                outs = self.call(module, instr, module[instr.callee], ins)
+            if len(outs) != len(instr.outputs):
+                raise OpTypeError("result count mismatch")
+            for v, o in zip(instr.outputs, outs, strict=True):
+                env[v] = o
+        return tuple(env[v] for v in fn.outputs), env
 
 
 def _bytes_by_gpu(t: Type, dev_slot: dict[Any, int], slot_gpu: list[int]) -> list[tuple[int, float]]:
@@ -203,80 +248,105 @@ def build_plan(
     """Arrange the records of one interpreted body into a plan, with liveness-based memory."""
     n = len(fn.body)
     assert len(records) == n
-    roots: dict[Value, tuple[Value, ...]] = {p: (p,) for p in fn.params}
+    # a value's storage roots: itself when absent (a fresh result or a parameter), else the
+    # values whose storage it views
+    roots: dict[Value, tuple[Value, ...]] = {}
     owned: dict[Value, tuple[int, list[tuple[int, float]]]] = {}  # root -> (created at, bytes)
     last: dict[Value, int] = {}
+    sizes: dict[Type, list[tuple[int, float]]] = {}
+    calls: list[int] = []
+    get_roots = roots.get
+    for i, (instr, rec) in enumerate(zip(fn.body, records, strict=True)):
+        for v in instr.inputs:
+            rs = get_roots(v)
+            if rs is None:
+                last[v] = i
+            else:
+                for r in rs:
+                    last[r] = i
+        if type(rec) is tuple:
+            if rec[5]:  # a view
+                shared = tuple({r: None for v in instr.inputs for r in get_roots(v) or (v,)})
+                for o in instr.outputs:
+                    roots[o] = shared
+                continue
+            for o, by_gpu in zip(instr.outputs, rec[6], strict=True):
+                owned[o] = (i, by_gpu)
+                last[o] = i
+            continue
+        assert isinstance(rec, CallSummary)
+        calls.append(i)
+        for o, alias in zip(instr.outputs, rec.out_alias, strict=True):
+            if alias is not None:
+                roots[o] = tuple(
+                    {r: None for j in alias for r in get_roots(instr.inputs[j]) or (instr.inputs[j],)}
+                )
+                continue
+            t = type_of(env[o])
+            known = sizes.get(t)
+            if known is None:
+                known = sizes[t] = _bytes_by_gpu(t, dev_slot, slot_gpu)
+            owned[o] = (i, known)
+            last[o] = i
     devs: list[tuple[int, ...]] = []
     costs: list[float | CallSummary] = []
     comm: list[bool] = []
     names: list[str] = []
     flops: list[float] = []
-    for i, (instr, rec) in enumerate(zip(fn.body, records, strict=True)):
-        for v in instr.inputs:
-            for r in roots[v]:
-                last[r] = i
-        if isinstance(rec, CallSummary):
-            devs.append(rec.slots)
-            costs.append(rec)
-            comm.append(False)
-            names.append("@" + rec.name)
-            flops.append(rec.flops)
-            for o, alias in zip(instr.outputs, rec.out_alias, strict=True):
-                if alias is None:
-                    roots[o] = (o,)
-                    owned[o] = (i, _bytes_by_gpu(type_of(env[o]), dev_slot, slot_gpu))
-                    last[o] = i
-                else:
-                    roots[o] = tuple({r: None for j in alias for r in roots[instr.inputs[j]]})
-            continue
-        ds, seconds, is_comm, name, fl, view = rec
-        devs.append(ds)
-        costs.append(seconds)
-        comm.append(is_comm)
-        names.append(name)
-        flops.append(fl)
-        if view:
-            shared = tuple({r: None for v in instr.inputs for r in roots[v]})
-            for o in instr.outputs:
-                roots[o] = shared
-        else:
-            for o in instr.outputs:
-                roots[o] = (o,)
-                owned[o] = (i, _bytes_by_gpu(type_of(env[o]), dev_slot, slot_gpu))
-                last[o] = i
+    if not calls:
+        if records:
+            cols = list(zip(*records, strict=True))
+            devs, costs, comm, names, flops = (list(c) for c in cols[:5])
+    else:
+        for rec in records:
+            if isinstance(rec, CallSummary):
+                devs.append(rec.slots)
+                costs.append(rec)
+                comm.append(False)
+                names.append("@" + rec.name)
+                flops.append(rec.flops)
+            else:
+                devs.append(rec[0])
+                costs.append(rec[1])
+                comm.append(rec[2])
+                names.append(rec[3])
+                flops.append(rec[4])
     for v in fn.outputs:
-        for r in roots[v]:
+        for r in get_roots(v) or (v,):
             last[r] = n
-    allocs: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-    frees: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    allocs: dict[int, list[tuple[int, float]]] = {}
+    frees: dict[int, list[tuple[int, float]]] = {}
     for r, (created, by_gpu) in owned.items():
-        allocs[created].extend(by_gpu)
+        allocs.setdefault(created, []).extend(by_gpu)
         end = last[r]
         if end < n:
-            frees[end].extend(by_gpu)
-    dying_at: list[list[Value]] = [[] for _ in range(n)]
-    for r, end in last.items():
-        if r in owned and end < n:
-            dying_at[end].append(r)
-    mem: list[MemEvents | None] = []
-    for i in range(n):
-        al, fr = tuple(allocs[i]), tuple(frees[i])
-        c = costs[i]
-        if isinstance(c, CallSummary):
+            frees.setdefault(end, []).extend(by_gpu)
+    mem: list[MemEvents | None] = [None] * n
+    for i in allocs.keys() | frees.keys():
+        al = tuple(allocs.get(i, ()))
+        mem[i] = (al, al, tuple(frees.get(i, ())))
+    if calls:
+        dying_at: dict[int, list[Value]] = {}
+        for r, end in last.items():
+            if r in owned and end < n:
+                dying_at.setdefault(end, []).append(r)
+        for i in calls:
+            c = costs[i]
+            assert isinstance(c, CallSummary)
             instr = fn.body[i]
             dying: list[tuple[int, int, float]] = []
-            for r in dying_at[i]:
-                uses = [c.param_last[j] for j, v in enumerate(instr.inputs) if r in roots[v]]
+            for r in dying_at.get(i, ()):
+                uses = [c.param_last[j] for j, v in enumerate(instr.inputs) if r in (get_roots(v) or (v,))]
                 if uses:  # (the call's own unused results die here too, but are not arguments)
                     dying.extend((max(uses), g, b) for g, b in owned[r][1])
             pk = c.extra_with_dying(dying)
-        else:
-            pk = al
-        mem.append((pk, al, fr) if (pk or al or fr) else None)
+            al = tuple(allocs.get(i, ()))
+            fr = tuple(frees.get(i, ()))
+            mem[i] = (pk, al, fr) if (pk or al or fr) else None
     param_index = {p: j for j, p in enumerate(fn.params)}
     out_alias: list[frozenset[int] | None] = []
     for v in fn.outputs:
-        rs = roots[v]
+        rs = get_roots(v) or (v,)
         out_alias.append(frozenset(param_index[r] for r in rs) if all(r in param_index for r in rs) else None)
     slots = tuple(sorted({s for ds in devs for s in ds}))
     param_last = tuple(last.get(p, -1) for p in fn.params)

@@ -11,6 +11,7 @@ the plan's allocations and frees; the peak is compared with each GPU's capacity.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from distir.hardware.cluster import Cluster
 from distir.interp.shapes import entry_args
 from distir.ir.function import Function, Module
 from distir.ir.types import Device, devices_of
+from distir.ir.values import Attrs
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
 from distir.sim.plan import CallSummary, FnPlan, PlanDomain, _bytes_by_gpu
@@ -97,8 +99,15 @@ def simulate(
         device_map = DeviceMap.default(_program_devices(module, fn), cluster.num_devices)
     cost = cost_model if cost_model is not None else RooflineCostModel(cluster)
     domain = PlanDomain(module, device_map, cost)
-    plan = domain.plan(fn, args)
-    return _run(plan, domain, cluster, device_map, trace, batch)
+    # planning allocates many small, long-lived objects: the cyclic GC only slows it down
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        plan = domain.plan(fn, args)
+        return _run(plan, domain, cluster, device_map, trace, batch)
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _program_devices(module: Module, fn: Function) -> set[Device]:
@@ -107,16 +116,22 @@ def _program_devices(module: Module, fn: Function) -> set[Device]:
     for p in fn.params:
         if p.type is not None:
             devs.update(devices_of(p.type))
+    seen: set[Attrs] = set()  # attributes already scanned (many ops have equal ones)
     for f in module.functions:
-        for op in f.ops():
-            for v in op.attrs.values():
-                stack = [v]
-                while stack:
-                    x = stack.pop()
-                    if isinstance(x, Device):
-                        devs.add(x)
-                    elif isinstance(x, tuple):
-                        stack.extend(x)
+        for op in f.body:
+            attrs = getattr(op, "attrs", None)
+            if not attrs:
+                continue
+            if attrs in seen:
+                continue
+            seen.add(attrs)
+            stack: list[object] = list(attrs.values())
+            while stack:
+                x = stack.pop()
+                if isinstance(x, Device):
+                    devs.add(x)
+                elif isinstance(x, tuple):
+                    stack.extend(x)
     return devs
 
 

@@ -1,0 +1,191 @@
+"""Simulator throughput.
+
+1. Flat programs of 10k, 100k and 1M ops (matmul/GELU/add blocks round-robin over 8 devices with a
+   Send between blocks): wall time of ``simulate`` (type propagation, costing, memory liveness and
+   the timing loop — everything after parsing), ops/s, and the slope of a least-squares line
+   through (ops, seconds): cost per op, to show linear growth.
+2. A layered training program: 96 transformer-sized layers in 8 pipeline stages, 128 microbatches,
+   forward and backward as calls of per-layer functions (GPipe order, Sends between stages):
+   wall time (target < 1 s on this 2-core machine).
+
+    .venv/bin/python bench/bench_sim.py [--max-ops 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from distir.hardware.cluster import Cluster, parse_cluster
+from distir.ir import Device, DType, FunctionBuilder, Module, TensorType
+from distir.ops import REGISTRY
+from distir.sim.simulate import simulate
+
+
+def flat_program(n_ops: int, n_dev: int = 8, batch: int = 64, hidden: int = 1024) -> Module:
+    fb = FunctionBuilder("flat", REGISTRY.out_arity)
+    devs = [Device(i) for i in range(n_dev)]
+    ws = [fb.param(f"w{i}", TensorType(DType.f16, (hidden, hidden), d)) for i, d in enumerate(devs)]
+    x = fb.param("x", TensorType(DType.f16, (batch, hidden), devs[0]))
+    blocks = n_ops // 5
+    for b in range(blocks):
+        d = b % n_dev
+        (h,) = fb.op("MatMul", x, ws[d])
+        (h,) = fb.op("Gelu", h)
+        (h,) = fb.op("Add", h, x)
+        (h,) = fb.op("Relu", h)
+        (x,) = fb.op("Send", h, dst=devs[(d + 1) % n_dev])
+    return Module((fb.ret(x),))
+
+
+def layered_program(
+    layers: int = 96, stages: int = 8, micro: int = 128, batch: int = 4, seq: int = 1024, hidden: int = 2048
+) -> Module:
+    """Per-layer forward/backward functions; stage functions call them; the entry runs GPipe."""
+    per_stage = layers // stages
+    t = DType.f16
+
+    def layer_fwd() -> tuple[object, ...]:
+        fb = FunctionBuilder("layer_fwd", REGISTRY.out_arity)
+        w1, w2, x = fb.param("w1"), fb.param("w2"), fb.param("x")
+        (h,) = fb.op("MatMul", x, w1)
+        (h,) = fb.op("Gelu", h)
+        (y,) = fb.op("MatMul", h, w2)
+        (y,) = fb.op("Add", y, x)
+        return (fb.ret(y, h),)
+
+    def layer_bwd() -> tuple[object, ...]:
+        fb = FunctionBuilder("layer_bwd", REGISTRY.out_arity)
+        w1, w2, x, h, dy = (fb.param(n) for n in ("w1", "w2", "x", "h", "dy"))
+        (w2t,) = fb.op("Transpose", w2)
+        (dh,) = fb.op("MatMul", dy, w2t)
+        (dh,) = fb.op("GeluGrad", dh, h)
+        (w1t,) = fb.op("Transpose", w1)
+        (dx,) = fb.op("MatMul", dh, w1t)
+        (dx,) = fb.op("Add", dx, dy)
+        (xt,) = fb.op("Transpose", x, perm=[0, 2, 1])
+        (dw1,) = fb.op("MatMul", xt, dh)
+        (dw1,) = fb.op("ReduceSum", dw1, axes=[0], keepdims=0)
+        return (fb.ret(dx, dw1),)
+
+    fwd = layer_fwd()[0]
+    bwd = layer_bwd()[0]
+    fns = [fwd, bwd]
+    stage_f, stage_b = [], []
+    for s in range(stages):
+        fb = FunctionBuilder(f"stage{s}_fwd", REGISTRY.out_arity)
+        ws = [(fb.param(f"w1_{i}"), fb.param(f"w2_{i}")) for i in range(per_stage)]
+        x = fb.param("x")
+        acts = []
+        for w1, w2 in ws:
+            acts.append(x)
+            x, h = fb.call(fwd, w1, w2, x)  # type: ignore[arg-type]
+            acts.append(h)
+        stage_f.append(fb.ret(x, *acts))
+        fb = FunctionBuilder(f"stage{s}_bwd", REGISTRY.out_arity)
+        ws = [(fb.param(f"w1_{i}"), fb.param(f"w2_{i}")) for i in range(per_stage)]
+        saved = [fb.param(f"a{i}") for i in range(2 * per_stage)]
+        dy = fb.param("dy")
+        grads = []
+        for i in reversed(range(per_stage)):
+            w1, w2 = ws[i]
+            dy, dw = fb.call(bwd, w1, w2, saved[2 * i], saved[2 * i + 1], dy)  # type: ignore[arg-type]
+            grads.append(dw)
+        stage_b.append(fb.ret(dy, *grads))
+    fns += stage_f + stage_b
+    fb = FunctionBuilder("train", REGISTRY.out_arity)
+    devs = [Device(i) for i in range(stages)]
+    wts = [
+        [
+            (
+                fb.param(f"s{s}w1_{i}", TensorType(t, (hidden, 4 * hidden), devs[s])),
+                fb.param(f"s{s}w2_{i}", TensorType(t, (4 * hidden, hidden), devs[s])),
+            )
+            for i in range(per_stage)
+        ]
+        for s in range(stages)
+    ]
+    xs = [fb.param(f"x{m}", TensorType(t, (batch, seq, hidden), devs[0])) for m in range(micro)]
+    saved: dict[tuple[int, int], tuple[object, ...]] = {}
+    outs = []
+    for m in range(micro):  # GPipe: all forwards, then all backwards
+        x = xs[m]
+        for s in range(stages):
+            res = fb.call(stage_f[s], *[w for pair in wts[s] for w in pair], x)
+            x, acts = res[0], res[1:]
+            saved[(m, s)] = acts
+            if s + 1 < stages:
+                (x,) = fb.op("Send", x, dst=devs[s + 1])
+        outs.append(x)
+    grads = []
+    for m in range(micro):
+        dy = outs[m]
+        for s in reversed(range(stages)):
+            res = fb.call(stage_b[s], *[w for pair in wts[s] for w in pair], *saved[(m, s)], dy)  # type: ignore[arg-type]
+            dy = res[0]
+            grads.extend(res[1:])
+            if s > 0:
+                (dy,) = fb.op("Send", dy, dst=devs[s - 1])
+    return Module((*fns, fb.ret(*grads[-per_stage * stages :])))
+
+
+def timing_loop_seconds(m: Module, cluster: Cluster) -> float:
+    """Seconds of the simulation loop alone, on an already compiled plan."""
+    from distir.sim.cost import RooflineCostModel
+    from distir.sim.devices import DeviceMap
+    from distir.sim.plan import PlanDomain
+    from distir.sim.simulate import _program_devices, _run
+
+    dmap = DeviceMap.default(_program_devices(m, m.entry), cluster.num_devices)
+    domain = PlanDomain(m, dmap, RooflineCostModel(cluster))
+    plan = domain.plan(m.entry, [p.type for p in m.entry.params])  # type: ignore[misc]
+    t0 = time.perf_counter()
+    _run(plan, domain, cluster, dmap, False, None)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--max-ops", type=int, default=1_000_000)
+    args = ap.parse_args()
+    cluster = parse_cluster("dgx-a100:1")
+    points = []
+    for n in (10_000, 100_000, 1_000_000):
+        if n > args.max_ops:
+            break
+        m = flat_program(n)
+        gc.collect()
+        t0 = time.perf_counter()
+        r = simulate(m, cluster)
+        dt = time.perf_counter() - t0
+        loop_s = timing_loop_seconds(m, cluster)
+        points.append((r.n_ops, dt))
+        print(
+            f"flat {r.n_ops:>9,} ops: {dt:7.3f} s  {r.n_ops / dt:>10,.0f} ops/s end to end"
+            f"   (timing loop alone {r.n_ops / loop_s:>12,.0f} ops/s; step {r.step_time_s * 1e3:.2f} ms)"
+        )
+        del m, r
+    if len(points) >= 2:
+        n_mean = sum(p[0] for p in points) / len(points)
+        t_mean = sum(p[1] for p in points) / len(points)
+        slope = sum((n - n_mean) * (t - t_mean) for n, t in points) / sum(
+            (n - n_mean) ** 2 for n, _ in points
+        )
+        print(f"fitted slope: {slope * 1e6:.3f} µs per op ({1 / slope:,.0f} ops/s marginal)")
+    m = layered_program()
+    t0 = time.perf_counter()
+    r = simulate(m, cluster, batch=4 * 128)
+    dt = time.perf_counter() - t0
+    print(
+        f"layered: 96 layers x 128 microbatches x 8 stages = {r.n_ops:,} ops in {dt:.3f} s "
+        f"(step {r.step_time_s:.3f} s, bubble {100 * r.bubble_fraction:.1f}%, "
+        f"peak memory {max(r.peak_memory.values()) / 2**30:.1f} GiB)"
+    )
+
+
+if __name__ == "__main__":
+    main()
