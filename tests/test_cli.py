@@ -115,3 +115,53 @@ def test_ops_lists_registry() -> None:
     code, out, _ = run("ops", "--json")
     names = {o["name"] for o in json.loads(out)["ops"]}
     assert code == 0 and {"MatMul", "Send", "AllReduce", "rank.Recv"} <= names
+
+
+def test_simulate_json_keys_and_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "t.json"
+    code, out, _ = run(
+        "simulate",
+        str(EX / "fig2_mlp_pipeline.distir"),
+        "--cluster",
+        "dgx2-v100",
+        "--trace",
+        str(trace),
+        "--batch",
+        "256",
+        "--json",
+    )
+    assert code == 0
+    d = json.loads(out)
+    for key in ("step_time_s", "throughput", "peak_memory_bytes", "oom", "mfu", "bubble_fraction", "devices"):
+        assert key in d
+    assert d["throughput"] == pytest.approx(256 / d["step_time_s"]) and d["throughput_unit"] == "samples/s"
+    assert sorted(d["peak_memory_bytes"]) == ["d1", "d2"] and d["oom"] is False
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e["ph"] == "X" and e["name"] == "Send" for e in events)
+
+
+def test_simulate_text_and_errors(tmp_path: Path) -> None:
+    code, out, _ = run("simulate", str(EX / "fig9_zero.distir"), "--cluster", "p3.8xlarge")
+    assert code == 0 and "step time" in out and "V100" in out
+    code, _, err = run("simulate", str(EX / "fig2_mlp_pipeline.distir"), "--cluster", "dgx-a100:0")
+    assert code == 2 and "node count" in err and "Traceback" not in err
+    code, _, err = run("simulate", str(EX / "fig2_mlp_pipeline.distir"), "--cluster", "nosuch")
+    assert code == 2 and "unknown preset 'nosuch'" in err and "dgx2-v100" in err
+    bad = tmp_path / "c.toml"
+    bad.write_text("[[nodes]]\ntype = 3\n")
+    code, _, err = run("simulate", str(EX / "fig2_mlp_pipeline.distir"), "--cluster", str(bad))
+    assert code == 2 and "nodes" in err
+    code, _, err = run("simulate", str(EX / "fig2_mlp_pipeline.distir"), "--device-map", "d1=0")
+    assert code == 2 and "does not place d2" in err
+    prog = tmp_path / "p.distir"
+    prog.write_text((EX / "fig2_mlp_pipeline.distir").read_text())
+    code, _, err = run("simulate", str(prog), "--trace", str(prog))
+    assert code == 2 and "refusing to overwrite" in err
+    assert prog.read_text() == (EX / "fig2_mlp_pipeline.distir").read_text()
+
+
+def test_clusters_lists_presets() -> None:
+    code, out, _ = run("clusters", "--json")
+    assert code == 0
+    names = {c["preset"] for c in json.loads(out)["clusters"]}
+    assert {"dgx2-v100", "dgx-a100", "h100", "p3.8xlarge", "g4dn.12xlarge", "local"} <= names
