@@ -122,3 +122,23 @@ def test_example_texts_are_canonical_after_check() -> None:
         typed = distir.check(parse_module(example_text(name)))
         text = print_module(typed)
         assert print_module(parse_module(text)) == text
+
+
+def test_projection_rejects_values_spanning_devices() -> None:
+    from distir.interp.project import ProjectionError
+
+    ok = """func @f(%a: Tensor[f32, (2,), d0], %b: Tensor[f32, (2,), d1]) {
+  %t = MakeTuple(%a, %a)
+  %c = Send(%a, dst=d1)
+  %u = MakeTuple(%c, %b)
+  return %t, %u
+}
+"""
+    ranks = project(distir.check(parse_module(ok)))
+    assert [len(pm.entry.outputs) for pm in ranks.values()] == [1, 1]
+    spanning = """func @f(%p: Tuple[Tensor[f32, (2,), d0], Tensor[f32, (2,), d1]]) {
+  return %p
+}
+"""
+    with pytest.raises(ProjectionError, match="spans devices d0, d1"):
+        project(distir.check(parse_module(spanning)))

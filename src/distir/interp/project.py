@@ -64,7 +64,7 @@ def project(module: Module, concrete: Mapping[str, Any] | None = None) -> dict[D
         devs = devices_of(types[p])
         if len(devs) != 1:
             raise ProjectionError(
-                f"parameter %{p.name} of @{entry.name} spans devices {list(map(str, devs))}"
+                f"parameter %{p.name} of @{entry.name} spans devices {', '.join(map(str, devs))}"
             )
         vmaps[devs[0]].bind(p, builders[devs[0]].param(p.name, types[p]))
     for instr in entry.body:
@@ -83,6 +83,12 @@ def project(module: Module, concrete: Mapping[str, Any] | None = None) -> dict[D
                 continue
         for dev in devs:
             builders[dev].append(copy_instr(instr, vmaps[dev]))
+    for v in entry.outputs:
+        if len(devices_of(types[v])) != 1:
+            raise ProjectionError(
+                f"result %{v.name} of @{entry.name} spans devices "
+                f"{', '.join(map(str, devices_of(types[v])))}; return its parts separately"
+            )
     result: dict[Device, Module] = {}
     for dev in pl.all_devices:
         outs = [v for v in entry.outputs if devices_of(types[v]) == (dev,)]
