@@ -286,3 +286,54 @@ def test_unmapped_device_is_an_error() -> None:
         simulate(m, tiny_cluster(gpus=1))
     assert print_module(m)  # the module is untouched
     assert isinstance(m.entry.body[0], Op)
+
+
+def test_collective_on_comm_streams_overlaps_compute() -> None:
+    """Gradient all-reduce placed on each GPU's communication stream (devices d2, d3) runs while
+    the compute streams (d0, d1) keep computing; on the compute streams it would serialize."""
+    overlapped = """func @step(%a: Tensor[f32, (8, 8), d0], %b: Tensor[f32, (8, 8), d1]) {
+  %ga = Relu(%a)
+  %gb = Relu(%b)
+  %ca = Send(%ga, dst=d2)
+  %cb = Send(%gb, dst=d3)
+  %ra, %rb = AllReduce(%ca, %cb)
+  %xa = Relu(%ga)
+  %xb = Relu(%gb)
+  %ya = Relu(%xa)
+  %yb = Relu(%xb)
+  return %ra, %rb, %ya, %yb
+}
+"""
+    m = distir.check(parse_module(overlapped))
+    cl = tiny_cluster()
+    dm = DeviceMap.parse("d0=0,d1=1,d2=0:comm,d3=1:comm", _devs(0, 1, 2, 3), cl.num_devices)
+    r = simulate(m, cl, dm, cost_model=UnitCost())
+    # d0: Relu 0-1, free Send to its comm stream costs 0.5 in UnitCost (1-1.5), Relu 1.5-2.5, 2.5-3.5
+    # comm streams: AllReduce 1.5-2.0, in parallel with the compute stream's Relus
+    assert r.step_time_s == 3.5
+    serial = overlapped.replace("  %ca = Send(%ga, dst=d2)\n  %cb = Send(%gb, dst=d3)\n", "").replace(
+        "AllReduce(%ca, %cb)", "AllReduce(%ga, %gb)"
+    )
+    s = simulate(distir.check(parse_module(serial)), cl, cost_model=UnitCost())
+    # d0: Relu 0-1, AllReduce 1-1.5, Relu 1.5-2.5, Relu 2.5-3.5: the all-reduce is on the critical path
+    assert s.step_time_s == 3.5
+    heavy = UnitCostHeavyComm()
+    # overlapped: d0 Relu 0-1, free Send, AllReduce on the comm streams 1-3 while d0 runs 1-2, 2-3
+    assert simulate(m, cl, dm, cost_model=heavy).step_time_s == 3.0
+    # serial: Relu 0-1, AllReduce 1-3, Relu 3-4, Relu 4-5
+    assert simulate(distir.check(parse_module(serial)), cl, cost_model=heavy).step_time_s == 5.0
+
+
+class UnitCostHeavyComm(UnitCost):
+    """Compute 1 s per op; a collective 2 s; Sends between streams of one GPU free."""
+
+    def comm_time(self, cost: CommCost, gpus: Sequence[int]) -> float:
+        if len(set(gpus)) == 1:
+            return 0.0
+        return 2.0
+
+
+def _devs(*ids: int) -> set:  # type: ignore[type-arg]
+    from distir.ir import Device
+
+    return {Device(i) for i in ids}
