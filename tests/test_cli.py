@@ -109,6 +109,7 @@ def test_demo_json() -> None:
     data = json.loads(out)
     assert code == 0 and data["ok"] is True and data["fig4_output_shape"] == [2048, 768]
     assert all(r["rank_vs_global"] == 0.0 for r in data["outputs"])
+    assert data["simulation"]["swapped_step_time_s"] > data["simulation"]["step_time_s"] > 0
 
 
 def test_ops_lists_registry() -> None:
