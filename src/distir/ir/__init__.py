@@ -2,6 +2,7 @@
 verifier, printer and parser. Depends on nothing but numpy."""
 
 from distir.ir.builder import FunctionBuilder
+from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, Replicate, Shard
 from distir.ir.function import Function, Module, ModuleError
 from distir.ir.ops import Call, Instr, Op
 from distir.ir.parser import ParseError, parse_module, parse_type
@@ -13,18 +14,24 @@ from distir.ir.verify import OpSignatureError, VerifyError
 __all__ = [
     "Attrs",
     "Call",
+    "DTensorType",
     "DType",
     "Device",
     "Function",
     "FunctionBuilder",
     "IRTypeError",
     "Instr",
+    "Mesh",
     "Module",
     "ModuleError",
     "Op",
     "OpSignatureError",
     "ParseError",
+    "Partial",
+    "Placement",
+    "Replicate",
     "ScalarType",
+    "Shard",
     "TensorType",
     "TupleType",
     "Type",

@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass
 
 from distir.ir.builder import FunctionBuilder
+from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, Replicate, Shard
 from distir.ir.function import Function, Module, ModuleError
 from distir.ir.ops import Call, Op
 from distir.ir.types import Device, DType, IRTypeError, ScalarType, TensorType, TupleType, Type
@@ -65,7 +66,7 @@ _TOKEN_RE = re.compile(
   | (?P<INT>-?\d+)
   | (?P<IDENT>-?[A-Za-z_][A-Za-z0-9_.]*)
   | (?P<STRING>"(?:[^"\\\n]|\\.)*")
-  | (?P<PUNCT>[()\[\]{},:=])
+  | (?P<PUNCT>[()\[\]{},:=;])
     """,
     re.VERBOSE,
 )
@@ -365,11 +366,73 @@ class _Parser:
                         elems.append(self.type())
                 self.expect_punct("]", "to close the tuple type")
                 return TupleType(tuple(elems))
-        except IRTypeError as e:  # pragma: no cover - token classes already exclude these
+            if t.text == "DTensor":
+                self.expect_punct("[", "after DTensor")
+                dt = self.dtype()
+                self.expect_punct(",", "after the DTensor dtype")
+                shape = self.shape()
+                self.expect_punct(",", "after the DTensor shape")
+                mesh = self.mesh()
+                self.expect_punct(",", "after the DTensor mesh")
+                self.expect_punct("[", "to open the placements")
+                places = [self.placement()]
+                while self._maybe(","):
+                    places.append(self.placement())
+                self.expect_punct("]", "to close the placements")
+                self.expect_punct("]", "to close the DTensor type")
+                return DTensorType(dt, shape, mesh, tuple(places))
+        except IRTypeError as e:  # a DTensor whose parts do not fit together (mesh size, shard dim)
             raise self.error(str(e), t) from None
         finally:
             self.depth -= 1
-        raise self.error(f"unknown type {t.text!r}: expected Tensor[...], Scalar[...] or Tuple[...]", t)
+        raise self.error(
+            f"unknown type {t.text!r}: expected Tensor[...], Scalar[...], Tuple[...] or DTensor[...]", t
+        )
+
+    def mesh(self) -> Mesh:
+        """``mesh(x=2, y=4; d0, d1, ...)``."""
+        start = self.expect_ident("mesh", "(a DTensor's mesh, like mesh(x=2; d0, d1))")
+        self.expect_punct("(", "after mesh")
+        axes: list[tuple[str, int]] = []
+        while True:
+            name = self.expect_ident(None, "as a mesh axis name")
+            self.expect_punct("=", f"after mesh axis {name.text}")
+            size = self.next()
+            if size.kind != "INT" or size.text.startswith("-"):
+                raise self.error(
+                    f"expected the size of mesh axis {name.text}, found {self.describe(size)}", size
+                )
+            axes.append((name.text, self.integer(size, size.text)))
+            if not self._maybe(","):
+                break
+        self.expect_punct(";", "between the mesh axes and its devices")
+        devices = [self.device()]
+        while self._maybe(","):
+            devices.append(self.device())
+        self.expect_punct(")", "to close the mesh")
+        try:
+            return Mesh(tuple(axes), tuple(devices))
+        except IRTypeError as e:
+            raise self.error(str(e), start) from None
+
+    def placement(self) -> Placement:
+        """``R``, ``S(dim)`` or ``P(op)``."""
+        t = self.expect_ident(None, "as a placement (R, S(dim) or P(sum))")
+        if t.text == "R":
+            return Replicate()
+        if t.text in ("S", "P"):
+            self.expect_punct("(", f"after {t.text}")
+            arg = self.next()
+            self.expect_punct(")", f"to close {t.text}(...)")
+            try:
+                if t.text == "S":
+                    if arg.kind != "INT":
+                        raise IRTypeError(f"S(...) takes a dimension, found {self.describe(arg)}")
+                    return Shard(self.integer(arg, arg.text))
+                return Partial(arg.text)
+            except IRTypeError as e:
+                raise self.error(str(e), arg) from None
+        raise self.error(f"unknown placement {t.text!r}: expected R, S(dim) or P(sum|max|min|mean)", t)
 
     def dtype(self) -> DType:
         t = self.next()

@@ -195,7 +195,7 @@ class TupleType:
 
     def __post_init__(self) -> None:
         if not isinstance(self.elements, tuple) or not all(
-            isinstance(e, TensorType | ScalarType | TupleType) for e in self.elements
+            isinstance(e, TYPE_CLASSES) for e in self.elements
         ):
             raise IRTypeError(f"tuple elements must be types, got {self.elements!r}")
 
@@ -207,11 +207,17 @@ class TupleType:
         return "Tuple[" + ", ".join(str(e) for e in self.elements) + "]"
 
 
-Type: TypeAlias = TensorType | ScalarType | TupleType
+# DTensorType (distributed tensors on a mesh) lives in its own module, which builds on this one
+from distir.ir.dtensor import DTensorType  # noqa: E402
+
+Type: TypeAlias = TensorType | ScalarType | TupleType | DTensorType
+TYPE_CLASSES: tuple[type, ...] = (TensorType, ScalarType, TupleType, DTensorType)
 
 
 def devices_of(t: Type) -> tuple[Device, ...]:
     """The distinct devices a value of type ``t`` lives on, in first-seen order."""
+    if isinstance(t, DTensorType):
+        return t.mesh.devices
     if isinstance(t, TupleType):
         seen: dict[Device, None] = {}
         for e in t.elements:

@@ -26,6 +26,7 @@ from typing import Any
 
 from distir.interp.loop import interpret
 from distir.interp.shapes import Concrete, Mixed, TypeDomain, type_of
+from distir.ir.dtensor import DTensorType
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
 from distir.ir.types import TupleType, Type
@@ -140,6 +141,8 @@ class PlanDomain(TypeDomain):
                 if isinstance(e, TupleType):
                     out.extend(self._slots_of([e]))
                     continue
+                if isinstance(e, DTensorType):
+                    raise OpTypeError("DTensor values must be materialized into per-device tensors first")
                 try:
                     out.append(self.dev_slot[e.device])
                 except KeyError:
@@ -234,6 +237,8 @@ class PlanDomain(TypeDomain):
 def _bytes_by_gpu(t: Type, dev_slot: dict[Any, int], slot_gpu: list[int]) -> list[tuple[int, float]]:
     if isinstance(t, TupleType):
         return [x for e in t.elements for x in _bytes_by_gpu(e, dev_slot, slot_gpu)]
+    if isinstance(t, DTensorType):
+        raise OpTypeError("DTensor values must be materialized into per-device tensors first")
     return [(slot_gpu[dev_slot[t.device]], float(t.nbytes))]
 
 

@@ -1,0 +1,178 @@
+"""Device meshes, placements and distributed tensor types (DTensor), for the sharding layer.
+
+A ``Mesh`` arranges devices in a grid with named axes (``mesh(dp=2, tp=4; d0, ..., d7)``, devices
+in row-major order). A placement says how a tensor relates to one mesh axis:
+
+- ``Replicate()`` — ``R``: every device along the axis holds the whole tensor;
+- ``Shard(dim)`` — ``S(1)``: the tensor is split along ``dim`` into near-equal pieces, larger
+  first (127 rows over 2 devices: 64 and 63), one per device along the axis;
+- ``Partial(op)`` — ``P(sum)``: every device holds a partial value; the tensor is the reduction
+  (sum, max, min, mean) of them — an explicit state "waiting to be reduced", never implicit.
+
+``DTensorType(dtype, shape, mesh, placements)`` is a tensor of *global* ``shape`` laid out on
+``mesh`` with one placement per mesh axis; its text form is
+``DTensor[f32, (128, 127), mesh(x=2; d0, d1), [S(1)]]``. All are frozen, slotted, validated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from distir.ir.types import _ITEMSIZE, Device, DType, IRTypeError, TensorType
+
+
+@dataclass(frozen=True, slots=True)
+class Replicate:
+    def __str__(self) -> str:
+        return "R"
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    dim: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dim, int) or isinstance(self.dim, bool) or self.dim < 0:
+            raise IRTypeError(f"Shard dim must be a non-negative int, got {self.dim!r}")
+
+    def __str__(self) -> str:
+        return f"S({self.dim})"
+
+
+PARTIAL_OPS = ("sum", "max", "min", "mean")
+
+
+@dataclass(frozen=True, slots=True)
+class Partial:
+    op: str = "sum"
+
+    def __post_init__(self) -> None:
+        if self.op not in PARTIAL_OPS:
+            raise IRTypeError(f"Partial op must be one of {', '.join(PARTIAL_OPS)}, got {self.op!r}")
+
+    def __str__(self) -> str:
+        return f"P({self.op})"
+
+
+Placement = Replicate | Shard | Partial
+R = Replicate()
+
+
+@dataclass(frozen=True, slots=True)
+class Mesh:
+    """Named axes with sizes, over ``devices`` in row-major order."""
+
+    axes: tuple[tuple[str, int], ...]
+    devices: tuple[Device, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.axes, tuple) or not self.axes:
+            raise IRTypeError(f"a mesh needs at least one axis, got {self.axes!r}")
+        names = [a for a, _ in self.axes]
+        if len(set(names)) != len(names):
+            raise IRTypeError(f"mesh axis names repeat: {names}")
+        for a, n in self.axes:
+            if not isinstance(a, str) or not a.isidentifier():
+                raise IRTypeError(f"mesh axis name must be an identifier, got {a!r}")
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise IRTypeError(f"mesh axis {a} must have a positive size, got {n!r}")
+        if not isinstance(self.devices, tuple) or not all(isinstance(d, Device) for d in self.devices):
+            raise IRTypeError(f"mesh devices must be a tuple of devices, got {self.devices!r}")
+        if len(set(self.devices)) != len(self.devices):
+            raise IRTypeError("mesh devices repeat")
+        if len(self.devices) != math.prod(n for _, n in self.axes):
+            raise IRTypeError(
+                f"mesh of shape {self.shape} needs {math.prod(self.shape)} devices, got {len(self.devices)}"
+            )
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(n for _, n in self.axes)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(a for a, _ in self.axes)
+
+    def axis_index(self, name: str) -> int:
+        try:
+            return self.names.index(name)
+        except ValueError:
+            raise IRTypeError(f"mesh has no axis {name!r}; axes: {', '.join(self.names)}") from None
+
+    def coords(self, device: Device) -> tuple[int, ...]:
+        """The device's coordinate along each axis."""
+        i = self.devices.index(device)
+        out = []
+        for n in reversed(self.shape):
+            out.append(i % n)
+            i //= n
+        return tuple(reversed(out))
+
+    def groups(self, axis: int) -> list[tuple[Device, ...]]:
+        """The device groups along ``axis``: devices that differ only in that coordinate, in
+        coordinate order. A collective over a mesh axis runs once per group."""
+        groups: dict[tuple[int, ...], list[Device]] = {}
+        for d in self.devices:
+            c = self.coords(d)
+            groups.setdefault(c[:axis] + c[axis + 1 :], []).append(d)
+        return [tuple(g) for g in groups.values()]
+
+    def __str__(self) -> str:
+        axes = ", ".join(f"{a}={n}" for a, n in self.axes)
+        return f"mesh({axes}; {', '.join(map(str, self.devices))})"
+
+
+@dataclass(frozen=True, slots=True)
+class DTensorType:
+    """A tensor of global ``shape`` distributed over ``mesh``, one placement per mesh axis."""
+
+    dtype: DType
+    shape: tuple[int, ...]
+    mesh: Mesh
+    placements: tuple[Placement, ...]
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if type(self.dtype) is not DType:
+            raise IRTypeError(f"DTensor dtype must be a DType, got {self.dtype!r}")
+        if type(self.shape) is not tuple or not all(type(s) is int and s >= 0 for s in self.shape):
+            raise IRTypeError(f"DTensor shape must be a tuple of non-negative ints, got {self.shape!r}")
+        if not isinstance(self.mesh, Mesh):
+            raise IRTypeError(f"DTensor mesh must be a Mesh, got {self.mesh!r}")
+        if not isinstance(self.placements, tuple) or len(self.placements) != len(self.mesh.axes):
+            raise IRTypeError(
+                f"DTensor needs one placement per mesh axis ({len(self.mesh.axes)}), got {self.placements!r}"
+            )
+        for p in self.placements:
+            if not isinstance(p, Replicate | Shard | Partial):
+                raise IRTypeError(f"not a placement: {p!r}")
+            if isinstance(p, Shard) and p.dim >= len(self.shape):
+                raise IRTypeError(f"{p} is out of range for a tensor of rank {len(self.shape)}")
+        object.__setattr__(self, "_hash", hash((self.dtype.value, self.shape, self.mesh, self.placements)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[DTensorType], tuple[object, ...]]:
+        return (DTensorType, (self.dtype, self.shape, self.mesh, self.placements))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the global tensor."""
+        return math.prod(self.shape) * _ITEMSIZE[self.dtype]
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def with_placements(self, placements: tuple[Placement, ...]) -> DTensorType:
+        return DTensorType(self.dtype, self.shape, self.mesh, placements)
+
+    def global_type(self) -> TensorType:
+        """The logical tensor, on the mesh's first device (for shape rules)."""
+        return TensorType(self.dtype, self.shape, self.mesh.devices[0])
+
+    def __str__(self) -> str:
+        shape = f"({self.shape[0]},)" if len(self.shape) == 1 else "(" + ", ".join(map(str, self.shape)) + ")"
+        return f"DTensor[{self.dtype}, {shape}, {self.mesh}, [{', '.join(map(str, self.placements))}]]"
