@@ -114,6 +114,8 @@ _pred = [
     Case([T(f64, 5), T(f64, 5)], {"reduction": "sum"}),
     Case([T(f32, 2, 3), T(f32, 2, 3)], {"reduction": "none"}),
 ]
+_pool1d_ceil = {"kernel_shape": (3,), "strides": (2,), "pads": (1, 1), "dilations": (2,), "ceil_mode": 1}
+_avg1d_ceil = {"kernel_shape": (3,), "strides": (2,), "pads": (1, 2), "ceil_mode": 1, "count_include_pad": 1}
 
 EXAMPLES: dict[str, list[Case]] = {
     # shape
@@ -220,6 +222,28 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([T(f32, 3, 2), R(T(i64, 3), 0, 2)], {"reduction": "sum"}),
     ],
     "MSELoss": _pred,
+    # conv
+    "Conv": [
+        Case([T(f32, 2, 3, 5, 5), T(f32, 4, 3, 3, 3)]),
+        Case(
+            [T(f64, 1, 4, 7), T(f64, 6, 2, 3), T(f64, 6)],
+            {"group": 2, "strides": (2,), "pads": (1, 2), "dilations": (2,)},
+        ),
+        Case(
+            [T(f32, 1, 2, 4, 3, 3), T(f32, 2, 1, 2, 2, 2), T(f32, 2)],
+            {"group": 2, "pads": (1, 0, 1, 0, 1, 1)},
+        ),
+        Case([T(f16, 1, 2, 6, 5), T(f16, 2, 2, 3, 2)], {"strides": (2, 1), "kernel_shape": (3, 2)}),
+    ],
+    "MaxPool": [
+        Case([T(f32, 2, 3, 6, 6)], {"kernel_shape": (2, 2), "strides": (2, 2)}),
+        Case([T(f64, 1, 2, 7)], _pool1d_ceil),
+        Case([T(f16, 1, 1, 5, 4, 3)], {"kernel_shape": (2, 2, 2), "strides": (2, 2, 2), "ceil_mode": 1}),
+    ],
+    "AveragePool": [
+        Case([T(f32, 2, 3, 6, 6)], {"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}),
+        Case([T(f64, 1, 2, 7)], _avg1d_ceil),
+    ],
     # grad
     "ReluGrad": [*_like, Case([T(i64, 3), T(i64, 3)])],
     "GeluGrad": _like,
@@ -243,6 +267,21 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([T(f32), T(f32, 4, 3), T(f32, 4, 3)]),
         Case([S(f64), T(f64, 5), T(f64, 5)], {"reduction": "sum"}),
         Case([T(f32, 2, 3), T(f32, 2, 3), T(f32, 2, 3)], {"reduction": "none"}),
+    ],
+    "ConvGrad": [
+        Case([T(f32, 2, 4, 3, 3), T(f32, 2, 3, 5, 5), T(f32, 4, 3, 3, 3)]),
+        Case(
+            [T(f64, 1, 6, 3), T(f64, 1, 4, 7), T(f64, 6, 2, 3)],
+            {"group": 2, "strides": (2,), "pads": (1, 2), "dilations": (2,)},
+        ),
+    ],
+    "MaxPoolGrad": [
+        Case([T(f32, 2, 3, 3, 3), T(f32, 2, 3, 6, 6)], {"kernel_shape": (2, 2), "strides": (2, 2)}),
+        Case([T(f64, 1, 2, 3), T(f64, 1, 2, 7)], _pool1d_ceil),
+    ],
+    "AveragePoolGrad": [
+        Case([T(f32, 2, 3, 6, 6), T(f32, 2, 3, 6, 6)], {"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}),
+        Case([T(f64, 1, 2, 4), T(f64, 1, 2, 7)], _avg1d_ceil),
     ],
 }
 

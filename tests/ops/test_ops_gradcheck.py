@@ -134,6 +134,31 @@ def softmax(shape: tuple[int, ...], axis: int) -> GradCase:
     )
 
 
+def conv(x: tuple[int, ...], w: tuple[int, ...], **attrs: Any) -> GradCase:
+    return GradCase(
+        "ConvGrad",
+        "Conv",
+        primals(x=normal(*x), w=normal(*w), b=normal(w[0])),
+        lambda p: [p["x"], p["w"], p["b"]],
+        lambda p, dy, y: [dy, p["x"], p["w"]],
+        [("x", 0), ("w", 1), ("b", 2)],
+        attrs,
+    )
+
+
+def pool(op: str, x: tuple[int, ...], **attrs: Any) -> GradCase:
+    """Normals: distinct values, so the max of every window is strict (MaxPool is smooth there)."""
+    return GradCase(
+        f"{op}Grad",
+        op,
+        primals(x=normal(*x)),
+        lambda p: [p["x"]],
+        lambda p, dy, y: [dy, p["x"]],
+        [("x", 0)],
+        attrs,
+    )
+
+
 GRAD_CASES = [
     unary("ReluGrad", "Relu", False, away_from_zero(3, 4)),
     unary("GeluGrad", "Gelu", False, lambda rng: rng.standard_normal((3, 4)) * 3),
@@ -153,6 +178,22 @@ GRAD_CASES = [
     mse("mean", (3, 4)),
     mse("sum", (5,)),
     mse("none", (2, 3)),
+    conv((2, 4, 5, 5), (6, 2, 3, 3), group=2, strides=(2, 1), pads=(1, 0, 2, 1), dilations=(1, 2)),
+    conv((1, 3, 8), (2, 3, 3), strides=(3,), pads=(2, 1), dilations=(2,)),
+    conv((1, 2, 3, 4, 3), (2, 1, 2, 2, 2), group=2, pads=(1, 0, 0, 0, 1, 1)),
+    pool("MaxPool", (2, 2, 5, 5), kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 0), ceil_mode=1),
+    pool("MaxPool", (1, 2, 9), kernel_shape=(2,), pads=(1, 2), dilations=(3,)),
+    pool("AveragePool", (2, 2, 5, 5), kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1), ceil_mode=1),
+    pool("AveragePool", (1, 2, 7), kernel_shape=(3,), strides=(2,), pads=(1, 2), count_include_pad=1),
+    pool(
+        "AveragePool",
+        (1, 2, 7),
+        kernel_shape=(3,),
+        strides=(2,),
+        pads=(1, 2),
+        ceil_mode=1,
+        count_include_pad=1,
+    ),
 ]
 
 

@@ -90,7 +90,11 @@ def test_new_ops_are_registered_in_their_families() -> None:
             "RMSNormalizationGrad",
             "SoftmaxCrossEntropyLossGrad",
             "MSELossGrad",
+            "ConvGrad",
+            "MaxPoolGrad",
+            "AveragePoolGrad",
         },
+        "conv": {"Conv", "MaxPool", "AveragePool"},
         "optim": {"SGD", "Adam"},
     }
     for fam, names in families.items():

@@ -2,6 +2,7 @@
 
 from distir.ops import (  # noqa: F401  (registration)
     comm,
+    conv,
     elementwise,
     grad,
     linalg,
