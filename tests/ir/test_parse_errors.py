@@ -117,7 +117,8 @@ GOLDEN = [
     (
         "unknown-type",
         "func @main(%x: Vector[f32]) {\n  return %x\n}\n",
-        "prog.distir:1:16: unknown type 'Vector': expected Tensor[...], Scalar[...], Tuple[...] or DTensor[...]",
+        "prog.distir:1:16: unknown type 'Vector': "
+        "expected Tensor[...], Scalar[...], Tuple[...] or DTensor[...]",
     ),
     (
         "missing-return",
@@ -197,7 +198,10 @@ def test_error_at_end_of_input_after_trailing_newline() -> None:
         ("Tensor[f32, (2,), d0] x", "<type>:1:23: unexpected 'x' after the type"),
         ("Tensor[f32, (2,)]", "<type>:1:17: expected ',' after the tensor shape, found ']'"),
         ("Scalar[f32]", "<type>:1:11: expected ',' after the scalar dtype, found ']'"),
-        ("Tuple[f32]", "<type>:1:7: unknown type 'f32': expected Tensor[...], Scalar[...], Tuple[...] or DTensor[...]"),
+        (
+            "Tuple[f32]",
+            "<type>:1:7: unknown type 'f32': expected Tensor[...], Scalar[...], Tuple[...] or DTensor[...]",
+        ),
         (
             "",
             "<type>:1:1: expected a name as a type (Tensor[...], Scalar[...] or Tuple[...]), "

@@ -22,11 +22,12 @@ import numpy as np
 
 from distir.interp.dispatch import Dispatcher, Impl, always
 from distir.interp.loop import InterpretError, interpret
+from distir.ir.dtensor import DTensorType
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
 from distir.ir.types import Type
 from distir.ir.values import Value
-from distir.ops.registry import REGISTRY, OpDef, OpKind, OpTypeError, RegistryError, TypeCtx
+from distir.ops.registry import REGISTRY, OpDef, OpKind, OpTypeError, RegistryError, TypeCtx, global_view
 
 
 class Concrete:
@@ -96,6 +97,9 @@ class TypeDomain:
         known = _known(args)
         outs = d.infer_types(types, op.attrs, known)
         assert d.partial is not None
+        meshes = [t.mesh for t in types if isinstance(t, DTensorType)]
+        if meshes:  # the partial evaluator sees the logical (global) tensors
+            types = [global_view(t, meshes[0]) for t in types]
         dev = d.local_device(types, op.attrs) if d.kind is not OpKind.COMM else None
         vals = d.partial(TypeCtx(d, types, op.attrs, known, dev))
         return [

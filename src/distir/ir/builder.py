@@ -66,6 +66,20 @@ class FunctionBuilder:
         self._body.append(Op(name, tuple(inputs), outs, a))
         return outs
 
+    def emit(
+        self,
+        name: str,
+        inputs: Sequence[Value],
+        attrs: Attrs,
+        names: Sequence[str],
+        types: Sequence[Type | None] | None = None,
+    ) -> tuple[Value, ...]:
+        """Append a primitive op with ready-made attributes (transforms copying ops use this)."""
+        self._check_open()
+        outs = self._results(name.lower(), len(names), names, types)
+        self._body.append(Op(name, tuple(inputs), outs, attrs))
+        return outs
+
     def call(
         self,
         callee: Function | str,

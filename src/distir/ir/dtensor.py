@@ -59,6 +59,34 @@ Placement = Replicate | Shard | Partial
 R = Replicate()
 
 
+def split_sizes(n: int, parts: int) -> list[int]:
+    """Sizes of ``parts`` near-equal pieces of ``n``, larger pieces first (like np.array_split):
+    how a sharded dim is divided (127 over 2: 64, 63)."""
+    q, r = divmod(n, parts)
+    return [q + 1 if i < r else q for i in range(parts)]
+
+
+def parse_placements(text: str) -> tuple[Placement, ...]:
+    """``"S(0), R"`` -> ``(Shard(0), Replicate())``; raises IRTypeError naming the bad part."""
+    out: list[Placement] = []
+    for part in text.replace(" ", "").split(","):
+        if part == "R":
+            out.append(Replicate())
+        elif part.startswith("S(") and part.endswith(")") and part[2:-1].isdigit():
+            out.append(Shard(int(part[2:-1])))
+        elif part.startswith("P(") and part.endswith(")"):
+            out.append(Partial(part[2:-1]))
+        else:
+            raise IRTypeError(
+                f"bad placement {part!r} in {text!r}: expected R, S(dim) or P(sum|max|min|mean)"
+            )
+    return tuple(out)
+
+
+def format_placements(places: tuple[Placement, ...]) -> str:
+    return ", ".join(map(str, places))
+
+
 @dataclass(frozen=True, slots=True)
 class Mesh:
     """Named axes with sizes, over ``devices`` in row-major order."""

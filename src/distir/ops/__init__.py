@@ -3,6 +3,7 @@
 from distir.ops import (  # noqa: F401  (registration)
     comm,
     conv,
+    dist,
     elementwise,
     grad,
     linalg,

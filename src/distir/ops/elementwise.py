@@ -16,6 +16,7 @@ from distir.ir.values import Attrs
 from distir.ops._rules import broadcast_shapes, numel, out_numel_flops, same_dtype
 from distir.ops._special import normal_cdf
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+from distir.ops.sharding import ShardingRule, mul_rule, pointwise
 
 FAMILY = "elementwise"
 
@@ -49,7 +50,9 @@ def _keep_dtype(f: Callable[..., Any]) -> Callable[[Sequence[Any], Attrs], Seque
     return ref
 
 
-def _binary(name: str, fn: Callable[..., Any], flops: float = 1.0, doc: str = "") -> OpDef:
+def _binary(
+    name: str, fn: Callable[..., Any], flops: float = 1.0, doc: str = "", sharding: ShardingRule | None = None
+) -> OpDef:
     return register(
         OpDef(
             name=name,
@@ -60,11 +63,14 @@ def _binary(name: str, fn: Callable[..., Any], flops: float = 1.0, doc: str = ""
             reference=_keep_dtype(fn),
             flops=out_numel_flops(flops),
             doc=doc,
+            sharding=sharding if sharding is not None else pointwise(),
         )
     )
 
 
-def _unary(name: str, fn: Callable[..., Any], flops: float, float_only: bool = True) -> OpDef:
+def _unary(
+    name: str, fn: Callable[..., Any], flops: float, float_only: bool = True, linear: bool = False
+) -> OpDef:
     return register(
         OpDef(
             name=name,
@@ -74,6 +80,7 @@ def _unary(name: str, fn: Callable[..., Any], flops: float, float_only: bool = T
             infer=_float_unary_rule if float_only else _unary_rule,
             reference=_keep_dtype(fn),
             flops=out_numel_flops(flops),
+            sharding=pointwise("linear" if linear else "none"),
         )
     )
 
@@ -84,10 +91,10 @@ def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.asarray(np.divide(a, b))
 
 
-ADD = _binary("Add", np.add, doc="C = A + B, numpy broadcasting")
-SUB = _binary("Sub", np.subtract)
-MUL = _binary("Mul", np.multiply)
-DIV = _binary("Div", _int_div)
+ADD = _binary("Add", np.add, doc="C = A + B, numpy broadcasting", sharding=pointwise("linear"))
+SUB = _binary("Sub", np.subtract, sharding=pointwise("linear"))
+MUL = _binary("Mul", np.multiply, sharding=mul_rule())
+DIV = _binary("Div", _int_div, sharding=pointwise("scale"))
 POW = _binary("Pow", np.power, flops=4.0)
 
 
@@ -97,7 +104,7 @@ def _gelu(x: np.ndarray) -> np.ndarray:
 
 
 SQRT = _unary("Sqrt", np.sqrt, 1.0)
-NEG = _unary("Neg", np.negative, 1.0, float_only=False)
+NEG = _unary("Neg", np.negative, 1.0, float_only=False, linear=True)
 EXP = _unary("Exp", np.exp, 1.0)
 RELU = _unary("Relu", lambda x: np.maximum(x, 0), 1.0, float_only=False)
 GELU = _unary("Gelu", _gelu, 8.0)
@@ -111,6 +118,7 @@ IDENTITY = register(
         outputs=("Y",),
         infer=_unary_rule,
         reference=lambda args, attrs: (np.array(args[0], copy=True),),
+        sharding=pointwise("linear"),
     )
 )
 
@@ -136,6 +144,7 @@ SUM = register(
         reference=_sum_ref,
         flops=lambda ins, outs, attrs: float(max(len(ins) - 1, 0) * numel(outs[0])),
         doc="Elementwise sum of any number of inputs (ONNX Sum).",
+        sharding=pointwise("linear"),
     )
 )
 
@@ -163,6 +172,7 @@ WHERE = register(
         infer=_where_rule,
         reference=_where_ref,
         flops=out_numel_flops(1.0),
+        sharding=pointwise(),
     )
 )
 
@@ -185,5 +195,6 @@ CAST = register(
         infer=_cast_rule,
         attrs={"to": AttrSpec("dtype")},
         reference=lambda args, attrs: (np.asarray(args[0]).astype(attrs["to"].to_numpy()),),  # type: ignore[union-attr]
+        sharding=pointwise(),
     )
 )

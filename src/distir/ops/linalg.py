@@ -9,6 +9,7 @@ import numpy as np
 
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs
+from distir.ops import sharding as sharding_rules
 from distir.ops._rules import broadcast_shapes, float_attr, numel, same_dtype
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
 
@@ -53,6 +54,7 @@ MATMUL = register(
         reference=lambda args, attrs: (np.matmul(args[0], args[1]),),
         flops=_matmul_flops,
         doc="Matrix product with numpy broadcasting of batch dims.",
+        sharding=sharding_rules.matmul,
     )
 )
 
@@ -114,5 +116,6 @@ GEMM = register(
         reference=_gemm_ref,
         flops=_gemm_flops,
         doc="ONNX Gemm: Y = alpha * A' @ B' + beta * C, with optional transposes and bias.",
+        sharding=sharding_rules.gemm,
     )
 )

@@ -14,6 +14,7 @@ import numpy as np
 
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs
+from distir.ops import sharding as sh
 from distir.ops._rules import (
     float_attr,
     float_input,
@@ -70,6 +71,7 @@ SOFTMAX = register(
         reference=_softmax_ref,
         flops=out_numel_flops(5.0),
         doc="exp(x - max) / sum(exp(x - max)) along one axis (ONNX opset 13 Softmax).",
+        sharding=sh.whole_axes("axis"),
     )
 )
 
@@ -155,6 +157,7 @@ LAYER_NORMALIZATION = register(
         reference=_layer_norm_ref,
         flops=out_numel_flops(8.0),
         doc="Y = (X - mean) / sqrt(var + epsilon) * Scale + B over axes [axis, rank).",
+        sharding=sh.whole_axes("axis", to_end=True),
     )
 )
 RMS_NORMALIZATION = register(
@@ -168,6 +171,7 @@ RMS_NORMALIZATION = register(
         reference=_rms_norm_ref,
         flops=out_numel_flops(5.0),
         doc="Y = X / sqrt(mean(X^2) + epsilon) * scale over axes [axis, rank).",
+        sharding=sh.whole_axes("axis", to_end=True),
     )
 )
 

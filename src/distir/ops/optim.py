@@ -10,6 +10,7 @@ import numpy as np
 
 from distir.ir.types import Type
 from distir.ir.values import Attrs
+from distir.ops import sharding as sh
 from distir.ops._rules import float_attr, float_input, numel, same_dtype, same_shape
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
 
@@ -40,6 +41,7 @@ SGD = register(
         reference=_sgd_ref,
         flops=lambda ins, outs, attrs: 2.0 * numel(outs[0]),
         doc="Plain SGD step: new_weight = weight - lr * grad.",
+        sharding=sh.pointwise(),
     )
 )
 
@@ -103,5 +105,6 @@ ADAM = register(
         doc="Adam (Kingma & Ba) with bias correction; step is the 1-based step count: "
         "m' = b1 m + (1-b1) g, v' = b2 v + (1-b2) g^2, "
         "w' = w - lr (m'/(1-b1^step)) / (sqrt(v'/(1-b2^step)) + epsilon).",
+        sharding=sh.pointwise(),
     )
 )

@@ -15,6 +15,7 @@ import numpy as np
 
 from distir.ir.types import DType, Type
 from distir.ir.values import Attrs
+from distir.ops import sharding as sh
 from distir.ops._rules import norm_axes, numel
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
 
@@ -83,6 +84,7 @@ REDUCE_SUM = register(
         reference=_reduce_ref(mean=False),
         flops=_sum_flops,
         doc="Sum over axes (default all); keepdims=1 keeps them with size 1.",
+        sharding=sh.reduction("sum"),
     )
 )
 REDUCE_MEAN = register(
@@ -96,6 +98,7 @@ REDUCE_MEAN = register(
         reference=_reduce_ref(mean=True),
         flops=_mean_flops,
         doc="Mean over axes (default all); keepdims=1 keeps them with size 1.",
+        sharding=sh.reduction("mean"),
     )
 )
 

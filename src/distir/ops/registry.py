@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from distir.ir.dtensor import DTensorType, Mesh, Placement, Replicate
 from distir.ir.ops import Op
 from distir.ir.types import Device, DType, ScalarType, TensorType, TupleType, Type, devices_of
 from distir.ir.values import Attrs, AttrValue, Value
@@ -351,12 +352,67 @@ class OpDef:
     def infer_types(
         self, types: Sequence[Type], attrs: Attrs, known: Sequence[np.ndarray | None]
     ) -> tuple[Type, ...]:
+        if self.kind is OpKind.LOCAL and any(type(t) is DTensorType for t in types):
+            return self._infer_distributed(types, attrs, known)
         dev = self.local_device(types, attrs) if self.kind is not OpKind.COMM else None
         outs = tuple(self.infer(TypeCtx(self, types, attrs, known, dev)))
         n = self.num_outputs(len(types), attrs)
         if n >= 0 and len(outs) != n:  # pragma: no cover - a bug in the op's rule
             raise RegistryError(f"{self.name}'s type rule returned {len(outs)} types, not {n}")
         return outs
+
+    def strategies(self, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Any]:
+        """This op's sharding strategies for one mesh axis of size ``n`` (global types);
+        an op without a sharding rule runs replicated only."""
+        if self.sharding is None:
+            from distir.ops.sharding import replicated
+
+            return [replicated(ins, outs)]
+        return list(self.sharding(ins, outs, attrs, n))
+
+    def _infer_distributed(
+        self, types: Sequence[Type], attrs: Attrs, known: Sequence[np.ndarray | None]
+    ) -> tuple[Type, ...]:
+        """A local op on distributed tensors: shapes from the rule on the global view, result
+        placements from the sharding strategy that takes exactly the inputs' placements. Plain
+        tensors among the inputs count as replicated (constants of the logical program)."""
+        meshes = {t.mesh for t in types if isinstance(t, DTensorType)}
+        if len(meshes) != 1:
+            raise OpTypeError(f"{self.name} mixes tensors of different meshes", None, 1, len(meshes))
+        mesh = meshes.pop()
+        glob = [global_view(t, mesh) for t in types]
+        outs = self.infer_types(glob, attrs, known)
+        per_axis: list[tuple[Placement, ...]] = []
+        for a, (axis, n) in enumerate(mesh.axes):
+            have = tuple(t.placements[a] if isinstance(t, DTensorType) else Replicate() for t in types)
+            for s in self.strategies(glob, outs, attrs, n):
+                if s.ins == have:
+                    per_axis.append(s.outs)
+                    break
+            else:
+                accepted = "; ".join(str(s) for s in self.strategies(glob, outs, attrs, n))
+                raise OpTypeError(
+                    f"{self.name} cannot run on placements ({', '.join(map(str, have))}) along mesh axis "
+                    f"{axis}; it accepts {accepted} (redistribute first: distir.parallel.legalize)",
+                    None,
+                    accepted,
+                    ", ".join(map(str, have)),
+                )
+        result: list[Type] = []
+        for i, t in enumerate(outs):
+            if not isinstance(t, TensorType):
+                raise OpTypeError(f"{self.name} on distributed tensors must give tensors, not {t}")
+            result.append(DTensorType(t.dtype, t.shape, mesh, tuple(pa[i] for pa in per_axis)))
+        return tuple(result)
+
+
+def global_view(t: Type, mesh: Mesh) -> Type:
+    """The logical (unsharded) tensor type on the mesh's first device, for shape rules."""
+    if isinstance(t, DTensorType):
+        return t.global_type()
+    if isinstance(t, TensorType | ScalarType):
+        return t.with_device(mesh.devices[0])
+    return t
 
 
 class OpRegistry:
@@ -407,6 +463,8 @@ class OpRegistry:
 def _check_one_device(d: OpDef, op: Op) -> None:
     dev: Device | None = None
     first: Value | None = None
+    if any(isinstance(v.type, DTensorType) for v in (*op.inputs, *op.outputs)):
+        return  # a local op of a sharded program runs on every device of its mesh
     for v in (*op.inputs, *op.outputs):
         if v.type is None:
             continue

@@ -14,8 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from distir.ir.types import DType, Type
+from distir.ir.dtensor import Shard, split_sizes
+from distir.ir.types import DType, TensorType, Type
 from distir.ir.values import Attrs
+from distir.ops import sharding as sh
 from distir.ops._rules import int_attr, norm_axis, numel
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
 
@@ -133,6 +135,7 @@ GATHER = register(
         ),
         bytes_read=lambda ins, outs, attrs: float(outs[0].nbytes + ins[1].nbytes),
         doc="ONNX Gather: take slices of data along axis (an embedding lookup when axis=0).",
+        sharding=sh.embedding,
     )
 )
 
@@ -171,6 +174,7 @@ CONCAT = register(
             np.concatenate([np.asarray(a) for a in args], axis=int_attr(attrs, "axis", 0)),
         ),
         bytes_read=_copy_bytes,
+        sharding=sh.other_dims("axis"),
     )
 )
 
@@ -231,6 +235,7 @@ RESHAPE = register(
         bytes_read=lambda ins, outs, attrs: 0.0,
         bytes_written=lambda ins, outs, attrs: 0.0,
         doc="ONNX Reshape: 0 copies the input dim, -1 is inferred. Needs a concrete shape input.",
+        sharding=sh.reshape,
     )
 )
 
@@ -269,6 +274,7 @@ UNSQUEEZE = register(
         reference=_unsqueeze_ref,
         bytes_read=lambda ins, outs, attrs: 0.0,
         bytes_written=lambda ins, outs, attrs: 0.0,
+        sharding=sh.reshape,
     )
 )
 
@@ -310,6 +316,7 @@ SQUEEZE = register(
         reference=_squeeze_ref,
         bytes_read=lambda ins, outs, attrs: 0.0,
         bytes_written=lambda ins, outs, attrs: 0.0,
+        sharding=sh.reshape,
     )
 )
 
@@ -344,17 +351,12 @@ TRANSPOSE = register(
         attrs={"perm": AttrSpec("ints", None)},
         reference=lambda args, attrs: (np.ascontiguousarray(np.transpose(args[0], attrs.get("perm"))),),  # type: ignore[arg-type]
         bytes_read=_copy_bytes,
+        sharding=sh.transpose,
     )
 )
 
 
 # -- Split ------------------------------------------------------------------------------------
-def split_sizes(n: int, parts: int) -> list[int]:
-    """Sizes of ``parts`` near-equal pieces of ``n`` (larger pieces first, like np.array_split)."""
-    q, r = divmod(n, parts)
-    return [q + 1 if i < r else q for i in range(parts)]
-
-
 def _split_count(n_inputs: int, attrs: Attrs) -> int:
     sizes: Any = attrs.get("sizes")
     if sizes is not None:
@@ -406,6 +408,7 @@ SPLIT = register(
         reference=_split_ref,
         bytes_read=_copy_bytes,
         doc="Split along dim into num_splits near-equal parts (first parts larger) or given sizes.",
+        sharding=sh.other_dims("dim"),
     )
 )
 
@@ -433,6 +436,19 @@ def _slices(ctx_or_none: TypeCtx | None, shape: tuple[int, ...], attrs: Attrs) -
     return sl
 
 
+def _slice_sharding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[sh.Strategy]:
+    """Dims that are not sliced may stay sharded."""
+    x = ins[0].shape if isinstance(ins[0], TensorType) else ()
+    starts: Any = attrs.get("starts") or ()
+    axes: Any = attrs.get("axes") or tuple(range(len(starts)))
+    sliced = {a % max(len(x), 1) for a in axes}
+    found = [sh.replicated(ins, outs)]
+    for d in range(len(x)):
+        if d not in sliced and x[d] > 1:
+            found.append(sh.Strategy((Shard(d),), (Shard(d),)))
+    return found
+
+
 def _slice_rule(ctx: TypeCtx) -> Sequence[Type]:
     t = ctx.tensor(0)
     sl = _slices(ctx, t.shape, ctx.attrs)
@@ -458,6 +474,7 @@ SLICE = register(
         ),
         bytes_read=_copy_bytes,
         doc="ONNX Slice with starts/ends/axes/steps as attributes (Python slice semantics).",
+        sharding=_slice_sharding,
     )
 )
 

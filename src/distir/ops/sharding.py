@@ -1,0 +1,270 @@
+"""Sharding rules: how an op can run on tensors distributed along one mesh axis.
+
+A rule is a function ``(ins, outs, attrs, n) -> list[Strategy]`` of the op's *global* input and
+result types, its attributes and the mesh axis size ``n``. A ``Strategy`` is one way to run the op
+locally: the placement each input must have and the placement each result then has. Rules list
+strategies most preferred first (no communication, then the rest); propagation picks among them
+and legalization inserts redistributions where a value's placement differs from what the chosen
+strategy needs. Mesh axes are independent: a rule speaks about one axis at a time.
+
+Each op's rule is set in its family's file (``sharding=``); the factories here build the common
+ones: pointwise ops with broadcasting, contractions, reductions, ops that need some axes whole,
+transposes and reshapes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from distir.ir.dtensor import Partial, Placement, Replicate, Shard, split_sizes
+from distir.ir.types import TensorType, Type
+from distir.ir.values import Attrs
+
+R = Replicate()
+SUM = Partial("sum")
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    ins: tuple[Placement, ...]
+    outs: tuple[Placement, ...]
+
+    def __str__(self) -> str:
+        return f"({', '.join(map(str, self.ins))}) -> ({', '.join(map(str, self.outs))})"
+
+
+ShardingRule = Callable[[Sequence[Type], Sequence[Type], Attrs, int], list[Strategy]]
+
+
+def _shape(t: Type) -> tuple[int, ...]:
+    return t.shape if isinstance(t, TensorType) else ()
+
+
+def replicated(ins: Sequence[Type], outs: Sequence[Type]) -> Strategy:
+    return Strategy(tuple(R for _ in ins), tuple(R for _ in outs))
+
+
+def pointwise(partial: str = "none") -> ShardingRule:
+    """Elementwise ops with numpy broadcasting. Sharding an output dim shards every input that
+    has that dim (size > 1); broadcast inputs stay replicated. ``partial`` says which pending
+    reductions pass through: ``"linear"`` (every input partial: Add, Sub, Sum, Neg, Identity),
+    ``"scale"`` (the first input partial, the others replicated: Mul, Div) or ``"none"``."""
+
+    def rule(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+        out = _shape(outs[0])
+        found = [replicated(ins, outs)]
+        for d in range(len(out)):
+            places: list[Placement] = []
+            for t in ins:
+                s = _shape(t)
+                k = d - (len(out) - len(s))
+                places.append(Shard(k) if k >= 0 and s[k] == out[d] and out[d] > 1 else R)
+            if any(isinstance(p, Shard) for p in places):
+                found.append(Strategy(tuple(places), tuple(Shard(d) for _ in outs)))
+        if partial == "linear":
+            found.append(Strategy(tuple(SUM for _ in ins), tuple(SUM for _ in outs)))
+        elif partial == "scale":
+            found.append(Strategy((SUM, *(R for _ in ins[1:])), tuple(SUM for _ in outs)))
+        return found
+
+    return rule
+
+
+def mul_rule() -> ShardingRule:
+    """Mul: pointwise, and a pending sum may be on either side (the other replicated)."""
+    base = pointwise("scale")
+
+    def rule(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+        return [*base(ins, outs, attrs, n), Strategy((R, SUM), (SUM,))]
+
+    return rule
+
+
+def matmul(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+    """A[..., m, k] @ B[..., k, n]: shard m (rows of A), n (columns of B), a batch dim (both), or
+    k (both: a pending sum); a pending sum on one side passes through with the other replicated."""
+    a, b, y = _shape(ins[0]), _shape(ins[1]), _shape(outs[0])
+    if len(a) < 2 or len(b) < 2:
+        return [replicated(ins, outs)]
+    found = [replicated(ins, outs)]
+    found.append(Strategy((Shard(len(a) - 2), R), (Shard(len(y) - 2),)))
+    found.append(Strategy((R, Shard(len(b) - 1)), (Shard(len(y) - 1),)))
+    for d in range(len(y) - 2):  # batch dims, aligned from the right
+        ka, kb = d - (len(y) - len(a)), d - (len(y) - len(b))
+        pa = Shard(ka) if ka >= 0 and a[ka] == y[d] and y[d] > 1 else R
+        pb = Shard(kb) if kb >= 0 and b[kb] == y[d] and y[d] > 1 else R
+        if isinstance(pa, Shard) or isinstance(pb, Shard):
+            found.append(Strategy((pa, pb), (Shard(d),)))
+    found.append(Strategy((Shard(len(a) - 1), Shard(len(b) - 2)), (SUM,)))
+    found.append(Strategy((SUM, R), (SUM,)))
+    found.append(Strategy((R, SUM), (SUM,)))
+    return found
+
+
+def gemm(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+    """Gemm(A, B, C?) with transposes: rows, columns, or the contraction (bias then replicated
+    on one... not allowed: a sharded contraction with a bias would add it n times)."""
+    ta, tb = bool(attrs.get("transA", 0)), bool(attrs.get("transB", 0))
+    m_dim, ka = (1, 0) if ta else (0, 1)
+    kb, n_dim = (1, 0) if tb else (0, 1)
+    c = _shape(ins[2]) if len(ins) == 3 else None
+
+    def bias(p: Placement, d: int) -> tuple[Placement, ...]:
+        if c is None:
+            return ()
+        k = d - (2 - len(c))
+        y = _shape(outs[0])
+        return (Shard(k) if isinstance(p, Shard) and k >= 0 and c[k] == y[d] and y[d] > 1 else R,)
+
+    found = [replicated(ins, outs)]
+    found.append(Strategy((Shard(m_dim), R, *bias(Shard(0), 0)), (Shard(0),)))
+    found.append(Strategy((R, Shard(n_dim), *bias(Shard(1), 1)), (Shard(1),)))
+    if c is None:
+        found.append(Strategy((Shard(ka), Shard(kb)), (SUM,)))
+        found.append(Strategy((SUM, R), (SUM,)))
+        found.append(Strategy((R, SUM), (SUM,)))
+    return found
+
+
+def _axes(attrs: Attrs, rank: int, name: str = "axes") -> list[int] | None:
+    axes: Any = attrs.get(name)
+    if axes is None or axes == ():
+        return None
+    return [a % rank for a in axes]
+
+
+def reduction(op: str) -> ShardingRule:
+    """ReduceSum / ReduceMean over ``axes``: a dim not reduced may stay sharded; a reduced dim
+    that is sharded leaves a pending reduction (sum; mean only when shards are even)."""
+
+    def rule(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+        x = _shape(ins[0])
+        axes = _axes(attrs, len(x)) or list(range(len(x)))
+        keep = bool(attrs.get("keepdims", 1))
+        found = [replicated(ins, outs)]
+        for d in range(len(x)):
+            if d in axes:
+                even = x[d] % n == 0
+                if op == "sum" or even:
+                    found.append(Strategy((Shard(d),), (Partial(op),)))
+                continue
+            od = d if keep else d - sum(1 for a in axes if a < d)
+            found.append(Strategy((Shard(d),), (Shard(od),)))
+        if op in ("sum", "mean"):
+            found.append(Strategy((Partial(op),), (Partial(op),)))
+        return found
+
+    return rule
+
+
+def whole_axes(attr: str = "axis", to_end: bool = False, extra_inputs: str = "R") -> ShardingRule:
+    """Ops that need the dims they normalize over whole (Softmax along ``axis``; LayerNorm /
+    RMSNorm from ``axis`` to the end): any other dim may be sharded. Extra inputs (scale, bias)
+    are replicated."""
+
+    def rule(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+        x = _shape(ins[0])
+        a: Any = attrs.get(attr, -1)
+        a %= max(len(x), 1)
+        busy = set(range(a, len(x))) if to_end else {a}
+        found = [replicated(ins, outs)]
+        for d in range(len(x)):
+            if d not in busy and x[d] > 1:
+                found.append(Strategy((Shard(d), *(R for _ in ins[1:])), tuple(Shard(d) for _ in outs)))
+        return found
+
+    return rule
+
+
+def transpose(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+    x = _shape(ins[0])
+    perm: Any = attrs.get("perm") or tuple(reversed(range(len(x))))
+    found = [replicated(ins, outs), Strategy((SUM,), (SUM,))]
+    for od, idim in enumerate(perm):
+        found.append(Strategy((Shard(idim),), (Shard(od),)))
+    return found
+
+
+def reshape_dim_map(src: Sequence[int], dst: Sequence[int], n: int) -> dict[int, int]:
+    """Which input dim's sharding carries to which output dim through a reshape: the first dim of
+    each group of dims whose sizes multiply to the same product, when the shard boundaries agree
+    (a split of an input dim needs its leading factor's shards to line up; a merge keeps the
+    leading input dim's shards)."""
+    out: dict[int, int] = {}
+    i = j = 0
+    while i < len(src) and j < len(dst):
+        gi, gj = [i], [j]
+        pi, pj = src[i], dst[j]
+        while pi != pj:
+            if pi < pj:
+                i += 1
+                if i >= len(src):
+                    return out
+                gi.append(i)
+                pi *= src[i]
+            else:
+                j += 1
+                if j >= len(dst):
+                    return out
+                gj.append(j)
+                pj *= dst[j]
+        lead_in, lead_out = gi[0], gj[0]
+        if src[lead_in] > 1:
+            inner_in = math.prod(src[k] for k in gi[1:])
+            inner_out = math.prod(dst[k] for k in gj[1:])
+            a = [s * inner_in for s in split_sizes(src[lead_in], n)]
+            b = [s * inner_out for s in split_sizes(dst[lead_out], n)]
+            if a == b:
+                out[lead_in] = lead_out
+        i += 1
+        j += 1
+    return out
+
+
+def reshape(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+    x, y = _shape(ins[0]), _shape(outs[0])
+    found = [replicated(ins, outs), Strategy((SUM, R), (SUM,))]
+    for i, o in reshape_dim_map(x, y, n).items():
+        found.append(Strategy((Shard(i), *(R for _ in ins[1:])), (Shard(o),)))
+    return found
+
+
+def other_dims(attr: str, default: int = 0) -> ShardingRule:
+    """Split / Concat / Gather-like ops that work along ``attr``: any other dim may be sharded
+    (in every input and result alike)."""
+
+    def rule(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+        x = _shape(ins[0])
+        a: Any = attrs.get(attr, default)
+        a %= max(len(x), 1)
+        found = [replicated(ins, outs)]
+        for d in range(len(x)):
+            if d != a and x[d] > 1:
+                found.append(Strategy(tuple(Shard(d) for _ in ins), tuple(Shard(d) for _ in outs)))
+        return found
+
+    return rule
+
+
+def embedding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+    """Gather(table, indices) along axis 0: the table replicated, the indices sharded on any dim
+    (the result sharded on the same dim), or the table sharded on its other dims."""
+    t, idx = _shape(ins[0]), _shape(ins[1])
+    axis: Any = attrs.get("axis", 0)
+    if axis % max(len(t), 1) != 0:
+        return [replicated(ins, outs)]
+    found = [replicated(ins, outs)]
+    for d in range(len(idx)):
+        if idx[d] > 1:
+            found.append(Strategy((R, Shard(d)), (Shard(d),)))
+    for d in range(1, len(t)):
+        if t[d] > 1:
+            found.append(Strategy((Shard(d), R), (Shard(len(idx) + d - 1),)))
+    return found
+
+
+def replicate_only(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+    return [replicated(ins, outs)]

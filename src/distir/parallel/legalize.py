@@ -1,0 +1,123 @@
+"""Legalization: make every change of placement an explicit ``Redistribute`` op.
+
+For each op of a DTensor program, the strategy is the one (of the op's sharding rule) that gives
+its results their declared placements and needs the least communication for its inputs; every
+input whose placements differ from what that strategy takes is redistributed first (one
+``Redistribute`` per value and target, reused by later ops). Results of the function that are
+still partial (a pending reduction) are reduced. The output type-checks: every op then takes its
+inputs exactly as its strategy says. A pure pass ``Module -> Module``.
+"""
+
+from __future__ import annotations
+
+from distir.ir.builder import FunctionBuilder
+from distir.ir.dtensor import DTensorType, Partial, Placement, Replicate, Shard, format_placements
+from distir.ir.function import Module
+from distir.ir.ops import Op
+from distir.ir.printer import print_op
+from distir.ir.rewrite import ValueMap, copy_instr
+from distir.ir.types import TensorType, Type
+from distir.ir.values import Value
+from distir.ops.registry import REGISTRY, OpKind, global_view
+from distir.ops.sharding import Strategy
+from distir.parallel.propagate import ShardingError, redistribution_bytes
+
+
+def _required(op: Op) -> list[tuple[Placement, ...] | None]:
+    """Per input, the placements (one per mesh axis) the op's strategy needs; None for inputs
+    that are not distributed tensors."""
+    types: list[Type | None] = [v.type for v in op.inputs]
+    dts = [t for t in types if isinstance(t, DTensorType)]
+    if not dts:
+        return [None] * len(types)
+    mesh = dts[0].mesh
+    glob = [global_view(t, mesh) for t in types if t is not None]
+    outs = [v.type for v in op.outputs]
+    if any(not isinstance(t, DTensorType) for t in outs) or len(glob) != len(types):
+        raise ShardingError(f"`{print_op(op)}`: every value of a sharded op needs a DTensor type")
+    d = REGISTRY[op.name]
+    gouts = [t.global_type() for t in outs if isinstance(t, DTensorType)]
+    per_axis: list[tuple[Placement, ...]] = []
+    for ax, (axis, n) in enumerate(mesh.axes):
+        want = tuple(t.placements[ax] for t in outs if isinstance(t, DTensorType))
+        have = tuple(t.placements[ax] if isinstance(t, DTensorType) else Replicate() for t in types)
+        options = [s for s in d.strategies(glob, gouts, op.attrs, n) if s.outs == want]
+        if not options:
+            raise ShardingError(
+                f"`{print_op(op)}`: no strategy of {op.name} gives results ({format_placements(want)}) "
+                f"on mesh axis {axis}"
+            )
+
+        def cost(s: Strategy, have: tuple[Placement, ...] = have, n: int = n) -> float:
+            return float(
+                sum(
+                    redistribution_bytes(g, h, w, n)
+                    for g, h, w in zip(glob, have, s.ins, strict=True)
+                    if isinstance(g, TensorType)
+                )
+            )
+
+        per_axis.append(min(options, key=cost).ins)
+    return [
+        tuple(pa[i] for pa in per_axis) if isinstance(types[i], DTensorType) else None
+        for i in range(len(types))
+    ]
+
+
+def _tag(places: tuple[Placement, ...]) -> str:
+    """A name suffix for a redistributed value: R, S0, Psum per axis (``%Z_R``, ``%x_S0R``)."""
+    return "".join(
+        "R" if isinstance(p, Replicate) else f"S{p.dim}" if isinstance(p, Shard) else f"P{p.op}"
+        for p in places
+    )
+
+
+def legalize(module: Module) -> Module:
+    """Insert ``Redistribute`` ops (see the module docstring); other functions are kept."""
+    fn = module.entry
+    fb = FunctionBuilder(fn.name)
+    vmap = ValueMap()
+    for p in fn.params:
+        vmap.bind(p, fb.param(p.name, p.type))
+    moved: dict[tuple[Value, tuple[Placement, ...]], Value] = {}
+
+    def redistribute(v: Value, to: tuple[Placement, ...]) -> Value:
+        t = v.type
+        assert isinstance(t, DTensorType)
+        if t.placements == to:
+            return vmap(v)
+        key = (v, to)
+        if key not in moved:
+            (moved[key],) = fb.op(
+                "Redistribute",
+                vmap(v),
+                names=[f"{v.name}_{_tag(to)}"],
+                types=[t.with_placements(to)],
+                to=format_placements(to),
+            )
+        return moved[key]
+
+    for instr in fn.body:
+        if isinstance(instr, Op) and REGISTRY[instr.name].kind is OpKind.LOCAL:
+            need = _required(instr)
+            if any(n is not None for n in need):
+                ins = tuple(
+                    redistribute(v, n) if n is not None else vmap(v)
+                    for v, n in zip(instr.inputs, need, strict=True)
+                )
+                fb.append(Op(instr.name, ins, tuple(vmap(o) for o in instr.outputs), instr.attrs))
+                continue
+        fb.append(copy_instr(instr, vmap))
+    outs = []
+    for v in fn.outputs:
+        t = v.type
+        if isinstance(t, DTensorType) and any(isinstance(p, Partial) for p in t.placements):
+            outs.append(
+                redistribute(v, tuple(Replicate() if isinstance(p, Partial) else p for p in t.placements))
+            )
+        else:
+            outs.append(vmap(v))
+    return module.replace(fb.ret(*outs))
+
+
+__all__ = ["legalize"]

@@ -1,0 +1,246 @@
+"""Materialization: a legalized DTensor program becomes an explicit DistIR program over the mesh's
+devices, with local shapes — one value per device for every distributed tensor.
+
+- A parameter ``%x: DTensor[...]`` becomes one parameter per device, ``%x.d0``, ``%x.d1``, ...,
+  each typed with that device's local shape. Shards may be uneven (127 rows over 2 devices: 64
+  and 63) — no padding.
+- A local op runs once per device on the local pieces; a ``Reshape`` gets a constant local target
+  shape. Constants of the logical program are made on every device.
+- ``Redistribute`` is lowered, one mesh axis at a time, per group of devices along that axis:
+  Partial→Replicate = AllReduce, Shard→Replicate = AllGather, Partial→Shard = ReduceScatter,
+  Shard(i)→Shard(j) = AllToAll, Replicate→Shard = a local Slice.
+- Each result of the function is returned as its per-device pieces, in mesh device order.
+
+The output is an ordinary global program: it verifies, type-checks, simulates, runs on the
+reference executor, and ``distir.interp.project`` turns it into per-rank programs;
+``shared_programs`` groups ranks whose programs are identical.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from distir.ir.builder import FunctionBuilder
+from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, Replicate, Shard, split_sizes
+from distir.ir.function import Module
+from distir.ir.ops import Op
+from distir.ir.printer import print_module, print_op
+from distir.ir.types import Device, TensorType
+from distir.ir.values import Attrs, Value
+from distir.ops.registry import REGISTRY, OpKind
+from distir.parallel.propagate import ShardingError
+
+
+def local_shape(t: DTensorType, device: Device) -> tuple[int, ...]:
+    """The shape of ``device``'s piece of ``t``."""
+    coords = t.mesh.coords(device)
+    shape = list(t.shape)
+    for ax, p in enumerate(t.placements):
+        if isinstance(p, Shard):
+            shape[p.dim] = split_sizes(shape[p.dim], t.mesh.shape[ax])[coords[ax]]
+    return tuple(shape)
+
+
+def local_offsets(t: DTensorType, device: Device) -> tuple[int, ...]:
+    """Where ``device``'s piece starts in the global tensor, per dim."""
+    coords = t.mesh.coords(device)
+    off = [0] * len(t.shape)
+    for ax, p in enumerate(t.placements):
+        if isinstance(p, Shard):
+            sizes = split_sizes(t.shape[p.dim], t.mesh.shape[ax])
+            off[p.dim] = sum(sizes[: coords[ax]])
+    return tuple(off)
+
+
+def local_type(t: DTensorType, device: Device) -> TensorType:
+    return TensorType(t.dtype, local_shape(t, device), device)
+
+
+def _check_layout(t: DTensorType, where: str) -> None:
+    dims = [p.dim for p in t.placements if isinstance(p, Shard)]
+    if len(dims) != len(set(dims)):
+        raise ShardingError(f"{where}: two mesh axes shard the same dim ({t}); not supported yet")
+
+
+def materialize(module: Module) -> Module:
+    """The explicit per-device program of a legalized DTensor program (module docstring)."""
+    fn = module.entry
+    meshes = {v.type.mesh for v in (*fn.params, *fn.outputs) if isinstance(v.type, DTensorType)}
+    for instr in fn.body:
+        meshes.update(v.type.mesh for v in instr.outputs if isinstance(v.type, DTensorType))
+    if len(meshes) != 1:
+        raise ShardingError(f"@{fn.name} must use exactly one mesh, uses {len(meshes)}")
+    mesh = meshes.pop()
+    fb = FunctionBuilder(fn.name, REGISTRY.out_arity)
+    local: dict[tuple[Value, Device], Value] = {}
+    logical: dict[Value, Value] = {}  # plain values of the logical program (constants)
+
+    def piece(v: Value, d: Device) -> Value:
+        got = local.get((v, d))
+        if got is None:
+            raise ShardingError(f"%{v.name} has no piece on {d} (is it a DTensor of this mesh?)")
+        return got
+
+    for p in fn.params:
+        t = p.type
+        if not isinstance(t, DTensorType):
+            raise ShardingError(f"parameter %{p.name} of @{fn.name} must be a DTensor, got {t}")
+        _check_layout(t, f"%{p.name}")
+        for d in mesh.devices:
+            local[(p, d)] = fb.param(f"{p.name}.{d}", local_type(t, d))
+    for instr in fn.body:
+        if not isinstance(instr, Op):
+            raise ShardingError("calls must be inlined before materialization")
+        if instr.name == "Redistribute":
+            _redistribute(fb, instr, mesh, local)
+            continue
+        if REGISTRY[instr.name].kind is not OpKind.LOCAL:
+            raise ShardingError(f"`{print_op(instr)}`: only local ops and Redistribute can be materialized")
+        if not instr.inputs:  # a constant of the logical program: one per device
+            for d in mesh.devices:
+                attrs = Attrs({**dict(instr.attrs.items()), "device": d})
+                outs = fb.emit(instr.name, (), attrs, [f"{o.name}.{d}" for o in instr.outputs])
+                for o, lo in zip(instr.outputs, outs, strict=True):
+                    local[(o, d)] = lo
+            logical.update({o: o for o in instr.outputs})
+            continue
+        for o in instr.outputs:
+            if not isinstance(o.type, DTensorType):
+                raise ShardingError(f"`{print_op(instr)}`: results of sharded ops must be DTensors")
+            _check_layout(o.type, f"%{o.name}")
+        for d in mesh.devices:
+            ins = [piece(v, d) for v in instr.inputs]
+            if instr.name == "Reshape":
+                target = local_shape(instr.outputs[0].type, d)  # type: ignore[arg-type]
+                (ins[1],) = fb.op(
+                    "Constant", names=[f"{instr.outputs[0].name}_shape.{d}"], value=list(target), device=d
+                )
+            outs = fb.emit(
+                instr.name,
+                ins,
+                instr.attrs,
+                [f"{o.name}.{d}" for o in instr.outputs],
+                [local_type(o.type, d) for o in instr.outputs],  # type: ignore[arg-type]
+            )
+            for o, lo in zip(instr.outputs, outs, strict=True):
+                local[(o, d)] = lo
+    results = [piece(v, d) for v in fn.outputs for d in mesh.devices]
+    return Module((fb.ret(*results),))
+
+
+def _redistribute(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Value, Device], Value]) -> None:
+    src_v, dst_v = op.inputs[0], op.outputs[0]
+    src, dst = src_v.type, dst_v.type
+    assert isinstance(src, DTensorType) and isinstance(dst, DTensorType)
+    cur = list(src.placements)
+    pieces = {d: local[(src_v, d)] for d in mesh.devices}
+    for ax in range(len(mesh.axes)):
+        a, b = cur[ax], dst.placements[ax]
+        if a == b:
+            continue
+        nxt = [*cur]
+        nxt[ax] = b
+        t_next = src.with_placements(tuple(nxt))
+        _check_layout(t_next, f"`{print_op(op)}`")
+        for group in mesh.groups(ax):
+            ins = [pieces[d] for d in group]
+            outs = _lower(fb, a, b, ins, group, t_next, dst_v.name, print_op(op))
+            for d, o in zip(group, outs, strict=True):
+                pieces[d] = o
+        cur = nxt
+    for d in mesh.devices:
+        local[(dst_v, d)] = pieces[d]
+
+
+def _lower(
+    fb: FunctionBuilder,
+    a: Placement,
+    b: Placement,
+    ins: Sequence[Value],
+    group: Sequence[Device],
+    t_next: DTensorType,
+    name: str,
+    where: str,
+) -> Sequence[Value]:
+    names = [f"{name}.{d}" for d in group]
+    types = [local_type(t_next, d) for d in group]
+    if isinstance(a, Partial) and isinstance(b, Replicate):
+        return fb.op("AllReduce", *ins, names=names, types=types, op=a.op)
+    if isinstance(a, Shard) and isinstance(b, Replicate):
+        return fb.op("AllGather", *ins, names=names, types=types, dim=a.dim)
+    if isinstance(a, Partial) and isinstance(b, Shard):
+        return fb.op("ReduceScatter", *ins, names=names, types=types, dim=b.dim, op=a.op)
+    if isinstance(a, Shard) and isinstance(b, Shard):
+        return fb.op("AllToAll", *ins, names=names, types=types, split_dim=b.dim, concat_dim=a.dim)
+    if isinstance(a, Replicate) and isinstance(b, Shard):
+        outs = []
+        for v, d, t in zip(ins, group, types, strict=True):
+            start = local_offsets(t_next, d)[b.dim]
+            (o,) = fb.op(
+                "Slice",
+                v,
+                names=[f"{name}.{d}"],
+                types=[t],
+                starts=[start],
+                ends=[start + t.shape[b.dim]],
+                axes=[b.dim],
+            )
+            outs.append(o)
+        return outs
+    raise ShardingError(f"{where}: cannot redistribute {a} to {b}")
+
+
+# -- values: splitting global arrays into pieces and putting them back --------------------------
+def shard_value(x: Any, t: DTensorType) -> dict[Device, np.ndarray]:
+    """Each device's piece of the global array ``x`` laid out as ``t`` (partials: device
+    coordinate 0 along each partial axis holds the value, the others zeros)."""
+    arr = np.asarray(x)
+    out: dict[Device, np.ndarray] = {}
+    for d in t.mesh.devices:
+        off, shape = local_offsets(t, d), local_shape(t, d)
+        sl = tuple(slice(o, o + s) for o, s in zip(off, shape, strict=True))
+        piece = np.array(arr[sl], copy=True)
+        coords = t.mesh.coords(d)
+        if any(isinstance(p, Partial) and coords[ax] != 0 for ax, p in enumerate(t.placements)):
+            piece = np.zeros_like(piece)
+        out[d] = piece
+    return out
+
+
+def unshard_value(pieces: Mapping[Device, Any], t: DTensorType) -> np.ndarray:
+    """The global array from its pieces (sums partial sums; takes any copy of replicas)."""
+    first = np.asarray(next(iter(pieces.values())))
+    out = np.zeros(t.shape, dtype=first.dtype)
+    filled = np.zeros(t.shape, dtype=bool)
+    partial_axes = [ax for ax, p in enumerate(t.placements) if isinstance(p, Partial)]
+    for d in t.mesh.devices:
+        coords = t.mesh.coords(d)
+        off, shape = local_offsets(t, d), local_shape(t, d)
+        sl = tuple(slice(o, o + s) for o, s in zip(off, shape, strict=True))
+        if partial_axes:
+            if all(coords[ax] == 0 for ax, p in enumerate(t.placements) if isinstance(p, Replicate)):
+                out[sl] += np.asarray(pieces[d])
+        elif not filled[sl].all():
+            out[sl] = pieces[d]
+            filled[sl] = True
+    return out
+
+
+def shared_programs(ranks: Mapping[Device, Module]) -> list[tuple[tuple[Device, ...], Module]]:
+    """Group ranks whose per-rank programs are the same once each rank's own device is renamed
+    (identical ranks share one program); groups in order of their first device."""
+    groups: dict[str, list[Device]] = {}
+    first: dict[str, Module] = {}
+    for d, m in sorted(ranks.items()):
+        key = re.sub(rf"\b{d}\b", "d?", print_module(m))
+        key = re.sub(r"%([A-Za-z0-9_]+)\.d\?", r"%\1", key)
+        groups.setdefault(key, []).append(d)
+        first.setdefault(key, m)
+    return [(tuple(devs), first[k]) for k, devs in groups.items()]
+
+
+__all__ = ["local_shape", "materialize", "shard_value", "shared_programs", "unshard_value"]

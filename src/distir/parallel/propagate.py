@@ -1,0 +1,198 @@
+"""Sharding propagation: from placements annotated on a few values to a placement for every value.
+
+Input: a sequential program (all on one device), a mesh and annotations — placements for some
+values, by name (typically weights and inputs). Each mesh axis is handled on its own. Every op
+offers strategies through its registry sharding rule; propagation iterates to a fixed point,
+forward and backward: an op with some values placed and a strategy consistent with all of them
+places its other values from that strategy (operands → results, results → operands, some
+operands → the rest, as Automap describes). Values still unknown at the fixed point are
+replicated. Finally each op, in program order, takes the strategy its inputs' placements ask
+for; when no strategy takes them as they are (rules conflict), it takes the strategy that needs
+the least communication to redistribute its inputs, and the conflict is reported.
+
+The result is a DTensor program: the same ops, every tensor value typed ``DTensor[...]`` with
+its producer's placements. Where an op's strategy needs other placements for an input,
+``distir.parallel.legalize`` inserts the redistribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from distir.interp.shapes import infer_types, type_of
+from distir.ir.builder import FunctionBuilder
+from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, Replicate, Shard, parse_placements
+from distir.ir.function import Function, Module
+from distir.ir.ops import Op
+from distir.ir.rewrite import ValueMap, copy_instr, inline_calls
+from distir.ir.types import TensorType, Type
+from distir.ir.values import Value
+from distir.ops.registry import REGISTRY
+from distir.ops.sharding import Strategy
+
+
+class ShardingError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """An op whose inputs arrive in placements none of its strategies takes (one mesh axis)."""
+
+    op: str
+    axis: str
+    have: tuple[Placement, ...]
+    chosen: Strategy
+
+    def __str__(self) -> str:
+        return (
+            f"`{self.op}` on mesh axis {self.axis}: inputs are ({', '.join(map(str, self.have))}); "
+            f"chose {self.chosen} (cheapest redistribution)"
+        )
+
+
+@dataclass
+class Propagation:
+    module: Module  # the DTensor program (before legalization)
+    strategies: dict[Op, tuple[Strategy, ...]] = field(default_factory=dict)  # per op, per axis
+    conflicts: list[Conflict] = field(default_factory=list)
+
+
+def redistribution_bytes(t: TensorType, src: Placement, dst: Placement, n: int) -> float:
+    """Bytes a device sends to move a tensor of global type ``t`` from ``src`` to ``dst`` along
+    an axis of ``n`` devices (ring algorithms); 0 when nothing moves."""
+    if src == dst or n == 1 or (isinstance(dst, Shard) and isinstance(src, Replicate)):
+        return 0.0
+    m = float(t.nbytes)
+    if isinstance(src, Partial) and isinstance(dst, Replicate):
+        return 2 * (n - 1) / n * m
+    if isinstance(src, Partial | Shard):
+        return (n - 1) / n * m
+    return float("inf")  # Replicate -> Partial is never asked for
+
+
+def _annotation(value: str, a: str | Sequence[Placement], mesh: Mesh) -> tuple[Placement, ...]:
+    places = parse_placements(a) if isinstance(a, str) else tuple(a)
+    if len(places) != len(mesh.axes):
+        raise ShardingError(
+            f"annotation of %{value} gives {len(places)} placements for a mesh of {len(mesh.axes)} axes"
+        )
+    return places
+
+
+def propagate(
+    module: Module, mesh: Mesh, annotations: Mapping[str, str | Sequence[Placement]]
+) -> Propagation:
+    """Place every tensor value of the entry (calls are inlined first). See the module docstring."""
+    fn = inline_calls(module)
+    flat = Module((fn,))
+    _, env = infer_types(flat)
+    types: dict[Value, Type] = {v: type_of(x) for v, x in env.items()}
+    by_name: dict[str, Value] = {}
+    for v in types:
+        by_name.setdefault(v.name, v)
+    for name in annotations:
+        if name not in by_name:
+            raise ShardingError(f"annotation names %{name}, which the program does not define")
+    ops = [i for i in fn.body if isinstance(i, Op)]
+    # constants (ops without inputs) stay plain tensors of the logical program: replicated
+    constants = {v for op in ops if not op.inputs for v in op.outputs}
+    placed: dict[Value, list[Placement | None]] = {
+        v: [None] * len(mesh.axes)
+        for v, t in types.items()
+        if isinstance(t, TensorType) and v not in constants
+    }
+    for name, a in annotations.items():
+        v = by_name[name]
+        if v not in placed:
+            raise ShardingError(f"%{name} is not a tensor, so it cannot be sharded")
+        for ax, p in enumerate(_annotation(name, a, mesh)):
+            if isinstance(p, Shard) and p.dim >= len(types[v].shape):  # type: ignore[union-attr]
+                raise ShardingError(f"%{name}: {p} is out of range for shape {types[v].shape}")  # type: ignore[union-attr]
+            placed[v][ax] = p
+    strat: dict[tuple[Op, int], list[Strategy]] = {}
+    for op in ops:
+        ins = [types[v] for v in op.inputs]
+        outs = [types[v] for v in op.outputs]
+        for ax, (_, n) in enumerate(mesh.axes):
+            strat[(op, ax)] = REGISTRY[op.name].strategies(ins, outs, op.attrs, n)
+
+    def current(v: Value, ax: int) -> Placement | None:
+        got = placed.get(v)
+        return got[ax] if got is not None else Replicate()
+
+    # fixed point: fill unknown placements from strategies consistent with the known ones
+    changed = True
+    while changed:
+        changed = False
+        for order in (ops, list(reversed(ops))):
+            for op in order:
+                vals = (*op.inputs, *op.outputs)
+                for ax in range(len(mesh.axes)):
+                    known = [current(v, ax) for v in vals]
+                    if all(k is not None for k in known) or all(k is None for k in known):
+                        continue
+                    for s in strat[(op, ax)]:
+                        if all(k is None or k == p for k, p in zip(known, (*s.ins, *s.outs), strict=True)):
+                            for v, k, p in zip(vals, known, (*s.ins, *s.outs), strict=True):
+                                if k is None and v in placed:
+                                    placed[v][ax] = p
+                                    changed = True
+                            break
+    for ps in placed.values():
+        for ax in range(len(ps)):
+            if ps[ax] is None:
+                ps[ax] = Replicate()
+    # final choice per op, in program order: the producer's placements are what consumers get
+    result = Propagation(flat)
+    for op in ops:
+        chosen: list[Strategy] = []
+        for ax, (axis, n) in enumerate(mesh.axes):
+            have: tuple[Placement, ...] = tuple(current(v, ax) or Replicate() for v in op.inputs)
+            want_out: tuple[Placement, ...] = tuple(current(v, ax) or Replicate() for v in op.outputs)
+            options = strat[(op, ax)]
+            exact = [s for s in options if s.ins == have]
+            if exact:
+                pick = next((s for s in exact if s.outs == want_out), exact[0])
+            else:
+
+                def cost(s: Strategy, have: tuple[Placement, ...] = have, n: int = n, op: Op = op) -> float:
+                    total = 0.0
+                    for v, h, w in zip(op.inputs, have, s.ins, strict=True):
+                        t = types[v]
+                        if isinstance(t, TensorType):
+                            total += redistribution_bytes(t, h, w, n)
+                    return total
+
+                pick = min(options, key=cost)
+                from distir.ir.printer import print_op
+
+                result.conflicts.append(Conflict(print_op(op), axis, have, pick))
+            chosen.append(pick)
+            for v, p in zip(op.outputs, pick.outs, strict=True):
+                if v in placed:
+                    placed[v][ax] = p
+        result.strategies[op] = tuple(chosen)
+    result.module = _typed(fn, types, placed, mesh)
+    return result
+
+
+def _typed(
+    fn: Function, types: Mapping[Value, Type], placed: Mapping[Value, list[Placement | None]], mesh: Mesh
+) -> Module:
+    """The entry with every tensor value typed as a DTensor with its placements."""
+
+    def dtype_of(v: Value) -> Type | None:
+        t = types.get(v)
+        if isinstance(t, TensorType) and v in placed:
+            return DTensorType(t.dtype, t.shape, mesh, tuple(p or Replicate() for p in placed[v]))
+        return t
+
+    vmap = ValueMap(lambda v: Value(v.name, dtype_of(v)))
+    fb = FunctionBuilder(fn.name)
+    for p in fn.params:
+        vmap.bind(p, fb.param(p.name, dtype_of(p)))
+    for instr in fn.body:
+        fb.append(copy_instr(instr, vmap))
+    return Module((fb.ret(*(vmap(v) for v in fn.outputs)),))
