@@ -33,6 +33,7 @@ import numpy as np
 
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs
+from distir.ops import sharding as sh
 from distir.ops._rules import float_input, int_attr, numel, same_dtype
 from distir.ops._special import F64, f64
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
@@ -448,6 +449,7 @@ CONV = register(
         flops=_conv_flops,
         doc="N-d grouped convolution (cross-correlation) of X (N, C, *S) with W (M, C/group, *K), "
         "zero padding, plus the optional bias B (M,) (ONNX Conv).",
+        sharding=sh.windowed("conv"),
     )
 )
 MAX_POOL = register(
@@ -461,6 +463,7 @@ MAX_POOL = register(
         reference=_max_pool_ref,
         flops=lambda ins, outs, attrs: pool_flops(1.0, outs[0], attrs),
         doc="The maximum over each window of X, padding with -inf (ONNX MaxPool, without Indices).",
+        sharding=sh.windowed("pool"),
     )
 )
 AVERAGE_POOL = register(
@@ -474,6 +477,7 @@ AVERAGE_POOL = register(
         reference=_avg_pool_ref,
         flops=lambda ins, outs, attrs: pool_flops(1.0, outs[0], attrs),
         doc="The mean over each window of X; pads count only with count_include_pad=1 (ONNX AveragePool).",
+        sharding=sh.windowed("pool"),
     )
 )
 

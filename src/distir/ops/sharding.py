@@ -268,3 +268,34 @@ def embedding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -
 
 def replicate_only(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
     return [replicated(ins, outs)]
+
+
+def windowed(kind: str) -> ShardingRule:
+    """Conv (``kind="conv"``: X, W, B?) and pooling (``"pool"``: X) over (N, C, *spatial):
+    shard the batch, the output channels (conv: W's first dim), the input channels (conv without
+    bias or groups: a pending sum), or one spatial dim — the latter needs rows of the neighbouring
+    shards (a halo), which materialization exchanges with Sends; offered only when every shard of
+    the input and of the result is non-empty and without ceil mode."""
+
+    def rule(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+        x, y = _shape(ins[0]), _shape(outs[0])
+        rest = tuple(R for _ in ins[1:])
+        found = [replicated(ins, outs)]
+        if x and x[0] > 1:
+            found.append(Strategy((Shard(0), *rest), (Shard(0),)))
+        group: Any = attrs.get("group", 1)
+        if kind == "pool" and x[1] > 1:
+            found.append(Strategy((Shard(1),), (Shard(1),)))
+        if kind == "conv" and group == 1:
+            w = _shape(ins[1])
+            if w[0] > 1:
+                found.append(Strategy((R, Shard(0), *(Shard(0) for _ in ins[2:])), (Shard(1),)))
+            if len(ins) == 2 and x[1] > 1:
+                found.append(Strategy((Shard(1), Shard(1)), (SUM,)))
+        if not attrs.get("ceil_mode", 0):
+            for d in range(2, len(x)):
+                if x[d] >= n and y[d] >= n:
+                    found.append(Strategy((Shard(d), *rest), (Shard(d),)))
+        return found
+
+    return rule

@@ -31,6 +31,7 @@ from distir.ir.ops import Op
 from distir.ir.printer import print_module, print_op
 from distir.ir.types import Device, TensorType
 from distir.ir.values import Attrs, Value
+from distir.ops.conv import halo_rows, input_range_for_output, window_of
 from distir.ops.registry import REGISTRY, OpKind
 from distir.parallel.propagate import ShardingError
 
@@ -112,6 +113,8 @@ def materialize(module: Module) -> Module:
             if not isinstance(o.type, DTensorType):
                 raise ShardingError(f"`{print_op(instr)}`: results of sharded ops must be DTensors")
             _check_layout(o.type, f"%{o.name}")
+        if REGISTRY[instr.name].family == "conv" and _halo(fb, instr, mesh, local):
+            continue
         for d in mesh.devices:
             ins = [piece(v, d) for v in instr.inputs]
             if instr.name == "Reshape":
@@ -130,6 +133,69 @@ def materialize(module: Module) -> Module:
                 local[(o, d)] = lo
     results = [piece(v, d) for v in fn.outputs for d in mesh.devices]
     return Module((fb.ret(*results),))
+
+
+def _halo(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Value, Device], Value]) -> bool:
+    """A sliding-window op (Conv, pooling) whose input is sharded along a spatial dim: each device
+    gathers the input rows its output rows read — its own shard plus halo rows Sent by its
+    neighbours — and runs the op with the padding of its piece (the RFC's Example 2). Returns
+    False when no spatial dim is sharded (the op then runs on local pieces as usual)."""
+    x_v, y_v = op.inputs[0], op.outputs[0]
+    xt, yt = x_v.type, y_v.type
+    assert isinstance(xt, DTensorType) and isinstance(yt, DTensorType)
+    spatial = [(ax, p.dim) for ax, p in enumerate(xt.placements) if isinstance(p, Shard) and p.dim >= 2]
+    if not spatial:
+        return False
+    if len(spatial) > 1:
+        raise ShardingError(f"`{print_op(op)}`: only one spatial dim may be sharded")
+    ax, dim = spatial[0]
+    if op.name == "Conv":
+        w = op.inputs[1].type
+        assert isinstance(w, DTensorType | TensorType)
+        kernel = w.shape[2:]
+    else:
+        kernel = tuple(x for x in op.attrs.get("kernel_shape", ()) if isinstance(x, int))  # type: ignore[union-attr]
+    win = window_of(op.attrs, kernel)
+    i, r = dim - 2, len(kernel)
+    for group in mesh.groups(ax):
+        owned = {
+            e: (local_offsets(xt, e)[dim], local_offsets(xt, e)[dim] + local_shape(xt, e)[dim]) for e in group
+        }
+        for d in group:
+            o0 = local_offsets(yt, d)[dim]
+            o1 = o0 + local_shape(yt, d)[dim]
+            lo, hi = input_range_for_output(
+                o0, o1, win.kernel[i], win.strides[i], win.pads_begin[i], win.dilations[i]
+            )
+            start, stop, pad_b, pad_e = halo_rows(lo, hi, xt.shape[dim])
+            parts: list[Value] = []
+            for e in group:
+                a, b = max(start, owned[e][0]), min(stop, owned[e][1])
+                if a >= b:
+                    continue
+                piece = local[(x_v, e)]
+                if (a, b) != owned[e]:
+                    (piece,) = fb.op(
+                        "Slice",
+                        piece,
+                        names=[f"{x_v.name}_halo.{e}"],
+                        starts=[a - owned[e][0]],
+                        ends=[b - owned[e][0]],
+                        axes=[dim],
+                    )
+                if e != d:
+                    (piece,) = fb.op("Send", piece, names=[f"{x_v.name}_halo.{d}"], dst=d)
+                parts.append(piece)
+            if len(parts) > 1:
+                (x_d,) = fb.op("Concat", *parts, names=[f"{x_v.name}_win.{d}"], axis=dim)
+            else:
+                x_d = parts[0]
+            pads = [*win.pads_begin, *win.pads_end]
+            pads[i], pads[i + r] = pad_b, pad_e
+            attrs = Attrs({**dict(op.attrs.items()), "pads": pads})
+            ins = [x_d, *(local[(v, d)] for v in op.inputs[1:])]
+            (local[(y_v, d)],) = fb.emit(op.name, ins, attrs, [f"{y_v.name}.{d}"], [local_type(yt, d)])
+    return True
 
 
 def _redistribute(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Value, Device], Value]) -> None:
