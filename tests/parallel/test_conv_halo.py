@@ -20,7 +20,8 @@ RFC_EXAMPLE_2 = """func @c(%a: Tensor[f32, (1, 3, 5, 3), d0], %w: Tensor[f32, (1
 
 
 def test_rfc_example2_exchanges_one_halo_row_each_way() -> None:
-    _legal, mat = sharded(parse_module(RFC_EXAMPLE_2), MESH2, {"a": "S(2)"})
+    # the result stays sharded like the input (results are replicated unless annotated)
+    _legal, mat = sharded(parse_module(RFC_EXAMPLE_2), MESH2, {"a": "S(2)", "r": "S(2)"})
     ops = [i.name for i in mat.entry.ops()]
     assert ops.count("Send") == 2 and not {"AllGather", "AllReduce"} & set(ops)
     sends = [i for i in mat.entry.ops() if i.name == "Send"]
@@ -28,7 +29,7 @@ def test_rfc_example2_exchanges_one_halo_row_each_way() -> None:
     assert all(i.outputs[0].type.shape == (1, 3, 1, 3) for i in sends)  # type: ignore[union-attr]
     convs = [i for i in mat.entry.ops() if i.name == "Conv"]
     assert [c.attrs["pads"] for c in convs] == [(1, 1, 0, 1), (0, 1, 1, 1)]
-    assert compare(parse_module(RFC_EXAMPLE_2), MESH2, {"a": "S(2)"}) < 1e-5
+    assert compare(parse_module(RFC_EXAMPLE_2), MESH2, {"a": "S(2)", "r": "S(2)"}) < 1e-5
 
 
 @settings(max_examples=25, deadline=None)
@@ -61,4 +62,4 @@ def test_spatially_sharded_conv_matches_unsharded(
 """
     mesh = Mesh((("x", n),), tuple(Device(i) for i in range(n)))
     m = distir.check(parse_module(src))
-    assert compare(m, mesh, {"x": "S(2)"}, seed) < 1e-5
+    assert compare(m, mesh, {"x": "S(2)", result[1:]: "S(2)"}, seed) < 1e-5

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import distir
 from distir.interp.project import project
-from distir.ir import Device, Mesh, parse_module, print_module
+from distir.ir import Device, Mesh, Partial, Replicate, parse_module, print_module
 from distir.parallel.legalize import legalize
 from distir.parallel.materialize import materialize, shared_programs
+from distir.parallel.optimize import sink_reductions
 from distir.parallel.propagate import propagate
 
 from .helpers import compare
@@ -26,15 +27,32 @@ PROPAGATED = f"""func @foo(%x: DTensor[f32, (128, 128), {M}, [R]], %A: DTensor[f
   %lv0: DTensor[f32, (128, 127), {M}, [S(1)]] = MatMul(%x, %A)
   %Y: DTensor[f32, (128, 127), {M}, [S(1)]] = Gelu(%lv0)
   %Z: DTensor[f32, (128, 128), {M}, [P(sum)]] = MatMul(%Y, %B)
-  %O: DTensor[f32, (128, 128), {M}, [P(sum)]] = Mul(%Z, %C)
+  %O: DTensor[f32, (128, 128), {M}, [R]] = Mul(%Z, %C)
   return %O
 }}
 """
 
-LEGALIZED = PROPAGATED.replace(
-    "  return %O\n",
-    f'  %O_R: DTensor[f32, (128, 128), {M}, [R]] = Redistribute(%O, to="R")\n  return %O_R\n',
-)
+# the RFC's LegalizeShardingPass output: the hidden reduction of the second matmul made explicit
+LEGALIZED = f"""func @foo(%x: DTensor[f32, (128, 128), {M}, [R]], %A: DTensor[f32, (128, 127), {M}, [S(1)]], %B: DTensor[f32, (127, 128), {M}, [S(0)]], %C: DTensor[f32, (128, 1), {M}, [R]]) {{
+  %lv0: DTensor[f32, (128, 127), {M}, [S(1)]] = MatMul(%x, %A)
+  %Y: DTensor[f32, (128, 127), {M}, [S(1)]] = Gelu(%lv0)
+  %Z: DTensor[f32, (128, 128), {M}, [P(sum)]] = MatMul(%Y, %B)
+  %Z_R: DTensor[f32, (128, 128), {M}, [R]] = Redistribute(%Z, to="R")
+  %O: DTensor[f32, (128, 128), {M}, [R]] = Mul(%Z_R, %C)
+  return %O
+}}
+"""
+
+# the RFC's multiply/redistribute swap
+SUNK = f"""func @foo(%x: DTensor[f32, (128, 128), {M}, [R]], %A: DTensor[f32, (128, 127), {M}, [S(1)]], %B: DTensor[f32, (127, 128), {M}, [S(0)]], %C: DTensor[f32, (128, 1), {M}, [R]]) {{
+  %lv0: DTensor[f32, (128, 127), {M}, [S(1)]] = MatMul(%x, %A)
+  %Y: DTensor[f32, (128, 127), {M}, [S(1)]] = Gelu(%lv0)
+  %Z: DTensor[f32, (128, 128), {M}, [P(sum)]] = MatMul(%Y, %B)
+  %O_p: DTensor[f32, (128, 128), {M}, [P(sum)]] = Mul(%Z, %C)
+  %O: DTensor[f32, (128, 128), {M}, [R]] = Redistribute(%O_p, to="R")
+  return %O
+}}
+"""
 
 MATERIALIZED = """func @foo(%x.d0: Tensor[f32, (128, 128), d0], %x.d1: Tensor[f32, (128, 128), d1], %A.d0: Tensor[f32, (128, 64), d0], %A.d1: Tensor[f32, (128, 63), d1], %B.d0: Tensor[f32, (64, 128), d0], %B.d1: Tensor[f32, (63, 128), d1], %C.d0: Tensor[f32, (128, 1), d0], %C.d1: Tensor[f32, (128, 1), d1]) {
   %lv0.d0: Tensor[f32, (128, 64), d0] = MatMul(%x.d0, %A.d0)
@@ -43,10 +61,10 @@ MATERIALIZED = """func @foo(%x.d0: Tensor[f32, (128, 128), d0], %x.d1: Tensor[f3
   %Y.d1: Tensor[f32, (128, 63), d1] = Gelu(%lv0.d1)
   %Z.d0: Tensor[f32, (128, 128), d0] = MatMul(%Y.d0, %B.d0)
   %Z.d1: Tensor[f32, (128, 128), d1] = MatMul(%Y.d1, %B.d1)
-  %O.d0: Tensor[f32, (128, 128), d0] = Mul(%Z.d0, %C.d0)
-  %O.d1: Tensor[f32, (128, 128), d1] = Mul(%Z.d1, %C.d1)
-  %O_R.d0: Tensor[f32, (128, 128), d0], %O_R.d1: Tensor[f32, (128, 128), d1] = AllReduce(%O.d0, %O.d1, op="sum")
-  return %O_R.d0, %O_R.d1
+  %O_p.d0: Tensor[f32, (128, 128), d0] = Mul(%Z.d0, %C.d0)
+  %O_p.d1: Tensor[f32, (128, 128), d1] = Mul(%Z.d1, %C.d1)
+  %O.d0: Tensor[f32, (128, 128), d0], %O.d1: Tensor[f32, (128, 128), d1] = AllReduce(%O_p.d0, %O_p.d1, op="sum")
+  return %O.d0, %O.d1
 }
 """
 
@@ -54,7 +72,10 @@ MATERIALIZED = """func @foo(%x.d0: Tensor[f32, (128, 128), d0], %x.d1: Tensor[f3
 def test_propagation_golden() -> None:
     p = propagate(distir.check(parse_module(SRC)), MESH, {"A": "S(1)"})
     assert print_module(p.module) == PROPAGATED
-    assert p.conflicts == []
+    # Mul cannot take the pending sum and give the replicated result: reported, reduced first
+    assert [(c.have, str(c.chosen)) for c in p.conflicts] == [
+        ((Partial("sum"), Replicate()), "(R, R) -> (R)")
+    ]
 
 
 def test_legalization_golden_exactly_one_allreduce() -> None:
@@ -63,8 +84,16 @@ def test_legalization_golden_exactly_one_allreduce() -> None:
     assert print_module(parse_module(LEGALIZED)) == LEGALIZED  # the DTensor text round-trips
 
 
+def test_sink_reductions_golden() -> None:
+    sunk = distir.check(sink_reductions(parse_module(LEGALIZED)))
+    assert print_module(sunk) == SUNK
+    # Gelu cannot take a pending sum: nothing moves
+    text = LEGALIZED.replace("Mul(%Z_R, %C)", "Gelu(%Z_R)")
+    assert print_module(sink_reductions(distir.check(parse_module(text)))) == text
+
+
 def test_materialization_golden_uneven_shards() -> None:
-    mat = distir.check(materialize(parse_module(LEGALIZED)))
+    mat = distir.check(materialize(parse_module(SUNK)))
     assert print_module(mat) == MATERIALIZED
     ops = [i.name for i in mat.entry.ops()]
     assert ops.count("AllReduce") == 1 and not {"AllGather", "ReduceScatter", "AllToAll"} & set(ops)

@@ -111,6 +111,13 @@ def propagate(
             if isinstance(p, Shard) and p.dim >= len(types[v].shape):  # type: ignore[union-attr]
                 raise ShardingError(f"%{name}: {p} is out of range for shape {types[v].shape}")  # type: ignore[union-attr]
             placed[v][ax] = p
+    params = set(fn.params)
+    # annotated values are constraints; results of the program are replicated unless annotated
+    fixed = {by_name[name] for name in annotations}
+    for v in fn.outputs:
+        if v not in fixed and v in placed and v not in params:
+            placed[v] = [Replicate()] * len(mesh.axes)
+            fixed.add(v)
     strat: dict[tuple[Op, int], list[Strategy]] = {}
     for op in ops:
         ins = [types[v] for v in op.inputs]
@@ -134,8 +141,12 @@ def propagate(
                     if all(k is not None for k in known) or all(k is None for k in known):
                         continue
                     for s in strat[(op, ax)]:
-                        if all(k is None or k == p for k, p in zip(known, (*s.ins, *s.outs), strict=True)):
-                            for v, k, p in zip(vals, known, (*s.ins, *s.outs), strict=True):
+                        places = (*s.ins, *s.outs)
+                        if all(k is None or k == p for k, p in zip(known, places, strict=True)) and not any(
+                            k is None and v in params and isinstance(p, Partial)
+                            for v, k, p in zip(vals, known, places, strict=True)
+                        ):  # a parameter is never guessed to be a pending sum; annotate it if meant
+                            for v, k, p in zip(vals, known, places, strict=True):
                                 if k is None and v in placed:
                                     placed[v][ax] = p
                                     changed = True
@@ -151,7 +162,11 @@ def propagate(
         for ax, (axis, n) in enumerate(mesh.axes):
             have: tuple[Placement, ...] = tuple(current(v, ax) or Replicate() for v in op.inputs)
             want_out: tuple[Placement, ...] = tuple(current(v, ax) or Replicate() for v in op.outputs)
-            options = strat[(op, ax)]
+            options = [
+                s
+                for s in strat[(op, ax)]
+                if all(v not in fixed or current(v, ax) == p for v, p in zip(op.outputs, s.outs, strict=True))
+            ] or strat[(op, ax)]
             exact = [s for s in options if s.ins == have]
             if exact:
                 pick = next((s for s in exact if s.outs == want_out), exact[0])
