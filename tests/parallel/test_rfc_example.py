@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import distir
 from distir.interp.project import project
-from distir.ir import Device, Mesh, Partial, Replicate, parse_module, print_module
+from distir.ir import Device, Mesh, parse_module, print_module
 from distir.parallel.legalize import legalize
 from distir.parallel.materialize import materialize, shared_programs
 from distir.parallel.optimize import sink_reductions
@@ -27,13 +27,19 @@ PROPAGATED = f"""func @foo(%x: DTensor[f32, (128, 128), {M}, [R]], %A: DTensor[f
   %lv0: DTensor[f32, (128, 127), {M}, [S(1)]] = MatMul(%x, %A)
   %Y: DTensor[f32, (128, 127), {M}, [S(1)]] = Gelu(%lv0)
   %Z: DTensor[f32, (128, 128), {M}, [P(sum)]] = MatMul(%Y, %B)
-  %O: DTensor[f32, (128, 128), {M}, [R]] = Mul(%Z, %C)
+  %O: DTensor[f32, (128, 128), {M}, [P(sum)]] = Mul(%Z, %C)
   return %O
 }}
 """
 
+# ours: Mul takes the pending sum (the cheapest choice), so the one reduction comes last
+LEGALIZED = PROPAGATED.replace(
+    "  return %O\n",
+    f'  %O_R: DTensor[f32, (128, 128), {M}, [R]] = Redistribute(%O, to="R")\n  return %O_R\n',
+)
+
 # the RFC's LegalizeShardingPass output: the hidden reduction of the second matmul made explicit
-LEGALIZED = f"""func @foo(%x: DTensor[f32, (128, 128), {M}, [R]], %A: DTensor[f32, (128, 127), {M}, [S(1)]], %B: DTensor[f32, (127, 128), {M}, [S(0)]], %C: DTensor[f32, (128, 1), {M}, [R]]) {{
+RFC_LEGALIZED = f"""func @foo(%x: DTensor[f32, (128, 128), {M}, [R]], %A: DTensor[f32, (128, 127), {M}, [S(1)]], %B: DTensor[f32, (127, 128), {M}, [S(0)]], %C: DTensor[f32, (128, 1), {M}, [R]]) {{
   %lv0: DTensor[f32, (128, 127), {M}, [S(1)]] = MatMul(%x, %A)
   %Y: DTensor[f32, (128, 127), {M}, [S(1)]] = Gelu(%lv0)
   %Z: DTensor[f32, (128, 128), {M}, [P(sum)]] = MatMul(%Y, %B)
@@ -61,10 +67,10 @@ MATERIALIZED = """func @foo(%x.d0: Tensor[f32, (128, 128), d0], %x.d1: Tensor[f3
   %Y.d1: Tensor[f32, (128, 63), d1] = Gelu(%lv0.d1)
   %Z.d0: Tensor[f32, (128, 128), d0] = MatMul(%Y.d0, %B.d0)
   %Z.d1: Tensor[f32, (128, 128), d1] = MatMul(%Y.d1, %B.d1)
-  %O_p.d0: Tensor[f32, (128, 128), d0] = Mul(%Z.d0, %C.d0)
-  %O_p.d1: Tensor[f32, (128, 128), d1] = Mul(%Z.d1, %C.d1)
-  %O.d0: Tensor[f32, (128, 128), d0], %O.d1: Tensor[f32, (128, 128), d1] = AllReduce(%O_p.d0, %O_p.d1, op="sum")
-  return %O.d0, %O.d1
+  %O.d0: Tensor[f32, (128, 128), d0] = Mul(%Z.d0, %C.d0)
+  %O.d1: Tensor[f32, (128, 128), d1] = Mul(%Z.d1, %C.d1)
+  %O_R.d0: Tensor[f32, (128, 128), d0], %O_R.d1: Tensor[f32, (128, 128), d1] = AllReduce(%O.d0, %O.d1, op="sum")
+  return %O_R.d0, %O_R.d1
 }
 """
 
@@ -72,10 +78,7 @@ MATERIALIZED = """func @foo(%x.d0: Tensor[f32, (128, 128), d0], %x.d1: Tensor[f3
 def test_propagation_golden() -> None:
     p = propagate(distir.check(parse_module(SRC)), MESH, {"A": "S(1)"})
     assert print_module(p.module) == PROPAGATED
-    # Mul cannot take the pending sum and give the replicated result: reported, reduced first
-    assert [(c.have, str(c.chosen)) for c in p.conflicts] == [
-        ((Partial("sum"), Replicate()), "(R, R) -> (R)")
-    ]
+    assert p.conflicts == []  # every op takes its inputs as they come
 
 
 def test_legalization_golden_exactly_one_allreduce() -> None:
@@ -85,15 +88,16 @@ def test_legalization_golden_exactly_one_allreduce() -> None:
 
 
 def test_sink_reductions_golden() -> None:
-    sunk = distir.check(sink_reductions(parse_module(LEGALIZED)))
+    """The RFC's form (reduce, then multiply) becomes the swapped form."""
+    sunk = distir.check(sink_reductions(distir.check(parse_module(RFC_LEGALIZED))))
     assert print_module(sunk) == SUNK
     # Gelu cannot take a pending sum: nothing moves
-    text = LEGALIZED.replace("Mul(%Z_R, %C)", "Gelu(%Z_R)")
+    text = RFC_LEGALIZED.replace("Mul(%Z_R, %C)", "Gelu(%Z_R)")
     assert print_module(sink_reductions(distir.check(parse_module(text)))) == text
 
 
 def test_materialization_golden_uneven_shards() -> None:
-    mat = distir.check(materialize(parse_module(SUNK)))
+    mat = distir.check(materialize(parse_module(LEGALIZED)))
     assert print_module(mat) == MATERIALIZED
     ops = [i.name for i in mat.entry.ops()]
     assert ops.count("AllReduce") == 1 and not {"AllGather", "ReduceScatter", "AllToAll"} & set(ops)

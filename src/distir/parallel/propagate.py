@@ -61,15 +61,20 @@ class Propagation:
 
 def redistribution_bytes(t: TensorType, src: Placement, dst: Placement, n: int) -> float:
     """Bytes a device sends to move a tensor of global type ``t`` from ``src`` to ``dst`` along
-    an axis of ``n`` devices (ring algorithms); 0 when nothing moves."""
-    if src == dst or n == 1 or (isinstance(dst, Shard) and isinstance(src, Replicate)):
+    an axis of ``n`` devices (ring algorithms); 0 when nothing moves; infinite when impossible
+    (a pending reduction is never created: ``Redistribute`` only reduces)."""
+    if src == dst:
+        return 0.0
+    if isinstance(dst, Partial):
+        return float("inf")
+    if n == 1 or (isinstance(dst, Shard) and isinstance(src, Replicate)):
         return 0.0
     m = float(t.nbytes)
     if isinstance(src, Partial) and isinstance(dst, Replicate):
         return 2 * (n - 1) / n * m
     if isinstance(src, Partial | Shard):
         return (n - 1) / n * m
-    return float("inf")  # Replicate -> Partial is never asked for
+    return float("inf")  # pragma: no cover - every other pair is handled above
 
 
 def _annotation(value: str, a: str | Sequence[Placement], mesh: Mesh) -> tuple[Placement, ...]:
@@ -118,6 +123,7 @@ def propagate(
         if v not in fixed and v in placed and v not in params:
             placed[v] = [Replicate()] * len(mesh.axes)
             fixed.add(v)
+    fixed_at = {v: [p or Replicate() for p in placed[v]] for v in fixed if v in placed}
     strat: dict[tuple[Op, int], list[Strategy]] = {}
     for op in ops:
         ins = [types[v] for v in op.inputs]
@@ -161,26 +167,35 @@ def propagate(
         chosen: list[Strategy] = []
         for ax, (axis, n) in enumerate(mesh.axes):
             have: tuple[Placement, ...] = tuple(current(v, ax) or Replicate() for v in op.inputs)
-            want_out: tuple[Placement, ...] = tuple(current(v, ax) or Replicate() for v in op.outputs)
-            options = [
-                s
-                for s in strat[(op, ax)]
-                if all(v not in fixed or current(v, ax) == p for v, p in zip(op.outputs, s.outs, strict=True))
-            ] or strat[(op, ax)]
-            exact = [s for s in options if s.ins == have]
-            if exact:
-                pick = next((s for s in exact if s.outs == want_out), exact[0])
-            else:
+            hint: tuple[Placement, ...] = tuple(current(v, ax) or Replicate() for v in op.outputs)
+            options = strat[(op, ax)]
 
-                def cost(s: Strategy, have: tuple[Placement, ...] = have, n: int = n, op: Op = op) -> float:
-                    total = 0.0
-                    for v, h, w in zip(op.inputs, have, s.ins, strict=True):
-                        t = types[v]
-                        if isinstance(t, TensorType):
-                            total += redistribution_bytes(t, h, w, n)
-                    return total
+            def key(
+                k: int,
+                op: Op = op,
+                ax: int = ax,
+                n: int = n,
+                have: tuple[Placement, ...] = have,
+                hint: tuple[Placement, ...] = hint,
+                options: list[Strategy] = options,
+            ) -> tuple[float, int, int, int]:
+                """Total bytes to redistribute inputs into the strategy and results into their
+                annotated placements; then fewer input moves; then the rule's preference."""
+                s = options[k]
+                total, moves = 0.0, 0
+                for v, h, w in zip(op.inputs, have, s.ins, strict=True):
+                    t = types[v]
+                    if isinstance(t, TensorType) and h != w:
+                        total += redistribution_bytes(t, h, w, n)
+                        moves += 1
+                for v, p in zip(op.outputs, s.outs, strict=True):
+                    t = types[v]
+                    if v in fixed_at and isinstance(t, TensorType):
+                        total += redistribution_bytes(t, p, fixed_at[v][ax], n)
+                return (total, moves, 0 if s.outs == hint else 1, k)
 
-                pick = min(options, key=cost)
+            pick = options[min(range(len(options)), key=key)]
+            if pick.ins != have:
                 from distir.ir.printer import print_op
 
                 result.conflicts.append(Conflict(print_op(op), axis, have, pick))
