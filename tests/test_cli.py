@@ -166,3 +166,26 @@ def test_clusters_lists_presets() -> None:
     assert code == 0
     names = {c["preset"] for c in json.loads(out)["clusters"]}
     assert {"dgx2-v100", "dgx-a100", "h100", "p3.8xlarge", "g4dn.12xlarge", "local"} <= names
+
+
+def test_shard_stages_and_errors(tmp_path: Path) -> None:
+    prog = tmp_path / "mlp.distir"
+    prog.write_text(
+        "func @mlp(%x: Tensor[f32, (8, 16), d0], %w1: Tensor[f32, (16, 64), d0], "
+        "%w2: Tensor[f32, (64, 16), d0]) {\n  %h = MatMul(%x, %w1)\n  %a = Gelu(%h)\n"
+        "  %y = MatMul(%a, %w2)\n  return %y\n}\n"
+    )
+    base = ["shard", str(prog), "--mesh", "tp=2", "--annotate", "w1=S(1)", "--annotate", "w2=S(0)"]
+    code, out, _ = run(*base, "--stage", "legalize")
+    assert code == 0 and 'Redistribute(%y, to="R")' in out and "[S(1)]" in out
+    code, out, _ = run(*base, "--json")
+    d = json.loads(out)
+    assert code == 0 and d["communication"] == {"AllReduce": 1} and "%w1.d1" in d["text"]
+    code, out, _ = run(*base, "--stage", "ranks", "--json")
+    assert code == 0 and [g["devices"] for g in json.loads(out)["ranks"]] == [["d0", "d1"]]
+    code, _, err = run("shard", str(prog), "--annotate", "w9=S(1)")
+    assert code == 2 and "%w9" in err
+    code, _, err = run("shard", str(prog), "--annotate", "w1=S(7)")
+    assert code == 2 and "out of range" in err
+    code, _, err = run("shard", str(prog), "--mesh", "tp=x")
+    assert code == 2 and "tp=4" in err

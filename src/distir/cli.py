@@ -221,6 +221,92 @@ def simulate(
 
 
 @app.command()
+def shard(
+    file: FileArg,
+    mesh: Annotated[str, typer.Option("--mesh", help="Mesh axes, e.g. tp=2 or dp=2,tp=4.")] = "tp=2",
+    devices: Annotated[
+        str | None, typer.Option("--devices", help="Mesh devices in row-major order (default d0, d1, ...).")
+    ] = None,
+    annotate: Annotated[
+        list[str] | None,
+        typer.Option("--annotate", help="VALUE=PLACEMENTS, e.g. w1=S(1) or x=S(0),R; repeat."),
+    ] = None,
+    stage: Annotated[
+        str, typer.Option("--stage", help="propagate, legalize, optimize, materialize or ranks.")
+    ] = "materialize",
+    entry: EntryOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Shard a sequential program on a device mesh: propagate the annotated placements, make
+    redistributions explicit, and materialize per-device (and per-rank) programs."""
+    from distir.ir.dtensor import Mesh
+    from distir.ir.types import IRTypeError
+    from distir.parallel.legalize import legalize
+    from distir.parallel.materialize import materialize, shared_programs
+    from distir.parallel.optimize import sink_reductions
+    from distir.parallel.propagate import ShardingError, propagate
+
+    stages = ("propagate", "legalize", "optimize", "materialize", "ranks")
+    if stage not in stages:
+        _fail(f"shard: --stage must be one of {', '.join(stages)}, got {stage!r}")
+    s = _Session(file, debug)
+    m = s.load(entry)
+    try:
+        mesh_v = Mesh.parse(mesh, devices)
+        notes: dict[str, str] = {}
+        for a in annotate or []:
+            name, eq, places = a.partition("=")
+            if not eq:
+                raise ShardingError(f"annotation {a!r} is not like w1=S(1)")
+            notes[name.strip().lstrip("%")] = places
+        typed = s.guard(lambda: distir.check(m))
+        prop = propagate(typed, mesh_v, notes)
+        out_m = prop.module
+        if stage != "propagate":
+            out_m = s.guard(lambda: distir.check(legalize(prop.module)))
+        if stage in ("optimize", "materialize", "ranks"):
+            out_m = s.guard(lambda: distir.check(sink_reductions(out_m)))
+        if stage in ("materialize", "ranks"):
+            out_m = s.guard(lambda: distir.check(materialize(out_m)))
+    except (ShardingError, IRTypeError) as e:
+        if debug:
+            traceback.print_exc()
+        _fail(f"{file}: {e}")
+    counts: dict[str, int] = {}
+    for op in out_m.entry.ops():
+        if op.name in ("AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Send", "Redistribute"):
+            counts[op.name] = counts.get(op.name, 0) + 1
+    result: dict[str, Any] = {
+        "file": str(file),
+        "mesh": str(mesh_v),
+        "stage": stage,
+        "communication": counts,
+        "conflicts": [str(c) for c in prop.conflicts],
+    }
+    if stage == "ranks":
+        ranks = s.guard(lambda: project(out_m))
+        s.guard(lambda: check_deadlock_free(ranks))
+        groups = shared_programs(ranks)
+        result["ranks"] = [
+            {"devices": [str(d) for d in devs], "text": print_module(pm)} for devs, pm in groups
+        ]
+    else:
+        result["text"] = print_module(out_m)
+    if json_out:
+        _emit_json(result)
+        return
+    for c in prop.conflicts:
+        err.print(f"note: {c}", markup=False)
+    if stage == "ranks":
+        for g in result["ranks"]:
+            out.print(f"// ranks {', '.join(g['devices'])}", markup=False)
+            out.print(g["text"], markup=False)
+    else:
+        out.print(result["text"], end="", markup=False)
+
+
+@app.command()
 def clusters(json_out: JsonOpt = False) -> None:
     """List the cluster presets with their figures and sources."""
     from distir.hardware.presets import clusters_json, render_clusters_table

@@ -105,3 +105,16 @@ def test_megatron_blocks_compute_the_same_numbers(n: int) -> None:
     assert compare(parse_module(MLP), _mesh(n), {"w1": "S(1)", "w2": "S(0)"}) < 1e-5
     ann = {"wq": "S(1)", "wk": "S(1)", "wv": "S(1)", "wo": "S(0)"}
     assert compare(parse_module(ATTENTION), _mesh(n), ann) < 1e-5
+
+
+def test_identical_ranks_share_one_program() -> None:
+    from distir.interp.project import project
+    from distir.parallel.materialize import shared_programs
+
+    _, mat = sharded(parse_module(MLP), _mesh(4), {"w1": "S(1)", "w2": "S(0)"})
+    groups = shared_programs(project(mat))
+    assert [devs for devs, _ in groups] == [tuple(Device(i) for i in range(4))]
+    # uneven: 64 hidden units over 3 devices are 22, 21, 21 -> d1 and d2 share, d0 differs
+    _, mat3 = sharded(parse_module(MLP), _mesh(3), {"w1": "S(1)", "w2": "S(0)"})
+    groups3 = shared_programs(project(mat3))
+    assert [devs for devs, _ in groups3] == [(Device(0),), (Device(1), Device(2))]

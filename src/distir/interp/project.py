@@ -16,6 +16,7 @@ from typing import Any
 
 from distir.interp.placement import Placement, placement
 from distir.ir.builder import FunctionBuilder
+from distir.ir.dtensor import DTensorType
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
 from distir.ir.rewrite import ValueMap, copy_instr, inline_calls
@@ -61,6 +62,11 @@ def project(module: Module, concrete: Mapping[str, Any] | None = None) -> dict[D
         builders[d] = FunctionBuilder(entry.name)
         vmaps[d] = ValueMap(lambda v: Value(v.name, types.get(v, v.type)))
     for p in entry.params:
+        if isinstance(types[p], DTensorType):
+            raise ProjectionError(
+                f"@{entry.name} is a sharded (DTensor) program; materialize it into per-device tensors "
+                "first (distir shard ... --stage materialize)"
+            )
         devs = devices_of(types[p])
         if len(devs) != 1:
             raise ProjectionError(

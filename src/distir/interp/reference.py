@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from distir.interp.loop import RecursiveCalls, interpret
+from distir.ir.dtensor import DTensorType
 from distir.ir.function import Function, Module
 from distir.ir.ops import Op
 from distir.ir.types import ScalarType, TensorType, TupleType, Type
@@ -45,7 +46,7 @@ def random_value(t: Type, rng: np.random.Generator) -> Any:
     """A seeded random value of type ``t``: floats ~ N(0, 1), ints in [0, 2), random bools."""
     if isinstance(t, TupleType):
         return tuple(random_value(e, rng) for e in t.elements)
-    shape = t.shape if isinstance(t, TensorType) else ()
+    shape = t.shape if isinstance(t, TensorType | DTensorType) else ()  # a DTensor: its logical value
     dt = t.dtype
     if dt.is_float:
         return rng.standard_normal(shape).astype(dt.to_numpy())

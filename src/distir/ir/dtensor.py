@@ -146,6 +146,26 @@ class Mesh:
             groups.setdefault(c[:axis] + c[axis + 1 :], []).append(d)
         return [tuple(g) for g in groups.values()]
 
+    @staticmethod
+    def parse(axes: str, devices: str | None = None) -> Mesh:
+        """``Mesh.parse("dp=2, tp=4")`` over d0..d7, or over ``devices`` like ``"d4,d5,d6,d7"``."""
+        parsed: list[tuple[str, int]] = []
+        for part in axes.split(","):
+            name, eq, size = part.strip().partition("=")
+            if not eq or not size.strip().isdigit():
+                raise IRTypeError(f"mesh axis {part.strip()!r} is not like tp=4")
+            parsed.append((name.strip(), int(size)))
+        n = math.prod(s for _, s in parsed)
+        if devices is None:
+            return Mesh(tuple(parsed), tuple(Device(i) for i in range(n)))
+        listed: list[Device] = []
+        for d in devices.split(","):
+            d = d.strip()
+            if not (d.startswith("d") and d[1:].isdigit()):
+                raise IRTypeError(f"mesh device {d!r} is not like d3")
+            listed.append(Device(int(d[1:])))
+        return Mesh(tuple(parsed), tuple(listed))
+
     def __str__(self) -> str:
         axes = ", ".join(f"{a}={n}" for a, n in self.axes)
         return f"mesh({axes}; {', '.join(map(str, self.devices))})"

@@ -302,7 +302,12 @@ def shared_programs(ranks: Mapping[Device, Module]) -> list[tuple[tuple[Device, 
     groups: dict[str, list[Device]] = {}
     first: dict[str, Module] = {}
     for d, m in sorted(ranks.items()):
-        key = re.sub(rf"\b{d}\b", "d?", print_module(m))
+        text = print_module(m)
+        groups_attr = re.findall(r"group=\[[^\]]*\]", text)  # the same list on every member: keep
+        text = re.sub(r"group=\[[^\]]*\]", "group=<>", text)
+        key = re.sub(rf"\b{d}\b", "d?", text)
+        for g in groups_attr:
+            key = key.replace("group=<>", g, 1)
         key = re.sub(r"%([A-Za-z0-9_]+)\.d\?", r"%\1", key)
         groups.setdefault(key, []).append(d)
         first.setdefault(key, m)
