@@ -1,7 +1,8 @@
 """Legalization: make every change of placement an explicit ``Redistribute`` op.
 
 For each op of a DTensor program, the strategy is the one (of the op's sharding rule) that gives
-its results their declared placements and needs the least communication for its inputs; every
+its results their declared placements and needs the least communication for its inputs (a
+requirement that would shard one dim of an input along two mesh axes only as a last resort); every
 input whose placements differ from what that strategy takes is redistributed first (one
 ``Redistribute`` per value and target, reused by later ops). Results of the function that are
 still partial (a pending reduction) are reduced. The output type-checks: every op then takes its
@@ -48,8 +49,22 @@ def _required(op: Op) -> list[tuple[Placement, ...] | None]:
                 f"on mesh axis {axis}"
             )
 
-        def cost(s: Strategy, have: tuple[Placement, ...] = have, n: int = n) -> float:
-            return float(
+        def cost(
+            s: Strategy, have: tuple[Placement, ...] = have, n: int = n, ax: int = ax
+        ) -> tuple[int, float]:
+            """Inputs that would be sharded along the same dim on two mesh axes (which
+            materialization cannot lay out) first, then the bytes to move."""
+            clash = sum(
+                isinstance(w, Shard)
+                and isinstance(t, DTensorType)
+                and any(
+                    (per_axis[b][i] if b < ax else t.placements[b]) == w
+                    for b in range(len(mesh.axes))
+                    if b != ax
+                )
+                for i, (t, w) in enumerate(zip(types, s.ins, strict=True))
+            )
+            return clash, float(
                 sum(
                     redistribution_bytes(g, h, w, n)
                     for g, h, w in zip(glob, have, s.ins, strict=True)

@@ -8,7 +8,9 @@ places its other values from that strategy (operands → results, results → op
 operands → the rest, as Automap describes). Values still unknown at the fixed point are
 replicated. Finally each op, in program order, takes the strategy its inputs' placements ask
 for; when no strategy takes them as they are (rules conflict), it takes the strategy that needs
-the least communication to redistribute its inputs, and the conflict is reported.
+the least communication to redistribute its inputs, and the conflict is reported. Axes are
+independent except for one thing: a strategy that would shard one dim of a value along two mesh
+axes (a layout materialization does not support) is taken only when no other is possible.
 
 The result is a DTensor program: the same ops, every tensor value typed ``DTensor[...]`` with
 its producer's placements. Where an op's strategy needs other placements for an input,
@@ -169,6 +171,7 @@ def propagate(
             have: tuple[Placement, ...] = tuple(current(v, ax) or Replicate() for v in op.inputs)
             hint: tuple[Placement, ...] = tuple(current(v, ax) or Replicate() for v in op.outputs)
             options = strat[(op, ax)]
+            others = [b for b in range(len(mesh.axes)) if b != ax]
 
             def key(
                 k: int,
@@ -178,11 +181,23 @@ def propagate(
                 have: tuple[Placement, ...] = have,
                 hint: tuple[Placement, ...] = hint,
                 options: list[Strategy] = options,
-            ) -> tuple[float, int, int, int]:
-                """Total bytes to redistribute inputs into the strategy and results into their
-                annotated placements; then fewer input moves; then the rule's preference."""
+                others: list[int] = others,
+                chosen: list[Strategy] = chosen,
+            ) -> tuple[int, float, int, int, int]:
+                """Layouts materialization cannot handle (a dim sharded along two mesh axes)
+                last; then total bytes to redistribute inputs into the strategy and results
+                into their annotated placements; then fewer input moves; then the rule's
+                preference."""
                 s = options[k]
                 total, moves = 0.0, 0
+                clash = sum(
+                    isinstance(w, Shard)
+                    and any((chosen[b].ins[i] if b < ax else current(v, b)) == w for b in others)
+                    for i, (v, w) in enumerate(zip(op.inputs, s.ins, strict=True))
+                ) + sum(
+                    isinstance(p, Shard) and v in placed and any(placed[v][b] == p for b in others)
+                    for v, p in zip(op.outputs, s.outs, strict=True)
+                )
                 for v, h, w in zip(op.inputs, have, s.ins, strict=True):
                     t = types[v]
                     if isinstance(t, TensorType) and h != w:
@@ -192,7 +207,7 @@ def propagate(
                     t = types[v]
                     if v in fixed_at and isinstance(t, TensorType):
                         total += redistribution_bytes(t, p, fixed_at[v][ax], n)
-                return (total, moves, 0 if s.outs == hint else 1, k)
+                return (clash, total, moves, 0 if s.outs == hint else 1, k)
 
             pick = options[min(range(len(options)), key=key)]
             if pick.ins != have:
