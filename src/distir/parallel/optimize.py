@@ -11,6 +11,8 @@ placements), never by op names. A pure pass ``Module -> Module``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from distir.ir.builder import FunctionBuilder
 from distir.ir.dtensor import DTensorType, format_placements
 from distir.ir.function import Module
@@ -37,27 +39,35 @@ def sink_reductions(module: Module) -> Module:
     for p in fn.params:
         vmap.bind(p, fb.param(p.name, p.type))
     deferred: dict[Op, None] = {}
+
+    def flush(v: Value) -> None:
+        """Emit the deferred Redistribute producing ``v``, if any (its user comes next)."""
+        r = pending.get(v)
+        if r is not None and r in deferred:
+            fb.append(copy_instr(r, vmap))
+            del deferred[r]
+
     for instr in fn.body:
         if isinstance(instr, Op) and instr in pending.values():
             deferred[instr] = None  # emitted later, where its only user is
             continue
-        moved = _try_sink(fb, vmap, instr, pending) if isinstance(instr, Op) else None
+        moved = _try_sink(fb, vmap, instr, pending, flush) if isinstance(instr, Op) else None
         if moved is not None:
             deferred.pop(moved, None)  # replaced by the reduction after the op
         else:
             for v in instr.inputs:
-                r = pending.get(v)
-                if r is not None and r in deferred:
-                    fb.append(copy_instr(r, vmap))
-                    del deferred[r]
+                flush(v)
             fb.append(copy_instr(instr, vmap))
     for r in deferred:
         fb.append(copy_instr(r, vmap))
     return module.replace(fb.ret(*(vmap(v) for v in fn.outputs)))
 
 
-def _try_sink(fb: FunctionBuilder, vmap: ValueMap, op: Op, pending: dict[Value, Op]) -> Op | None:
-    """Emit ``op`` on the unreduced input and the reduction after it; the Redistribute moved."""
+def _try_sink(
+    fb: FunctionBuilder, vmap: ValueMap, op: Op, pending: dict[Value, Op], flush: Callable[[Value], None]
+) -> Op | None:
+    """Emit ``op`` on the unreduced input and the reduction after it; the Redistribute moved.
+    The op's other inputs may come from deferred Redistributes too: ``flush`` emits those first."""
     d = REGISTRY[op.name]
     if d.kind is not OpKind.LOCAL or len(op.outputs) != 1:
         return None
@@ -77,6 +87,9 @@ def _try_sink(fb: FunctionBuilder, vmap: ValueMap, op: Op, pending: dict[Value, 
         want = op.outputs[0].type
         if not isinstance(out, DTensorType) or not isinstance(want, DTensorType):
             continue
+        for k, x in enumerate(op.inputs):
+            if k != j:
+                flush(x)
         new_ins = tuple(vmap(src) if k == j else vmap(x) for k, x in enumerate(op.inputs))
         (partial,) = fb.emit(op.name, new_ins, op.attrs, [f"{op.outputs[0].name}_p"], [out])
         (res,) = fb.emit(
