@@ -188,3 +188,22 @@ def test_mismatched_send_recv_shapes_are_rejected() -> None:
         distir.check(r)  # each rank program is well typed on its own
     with pytest.raises(DeadlockError):
         check_deadlock_free({Device(0): r0, Device(1): r1})
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: a call argument of the wrong type is named by types.index(t) — the first "
+    "argument with the same type — not by its position (shapes.py TypeDomain.call, plan.py too)",
+)
+def test_wrong_call_argument_is_named() -> None:
+    m = parse_module("""func @f(%p: Tensor[f32, (4, 2), d0], %q: Tensor[f32, (9, 9), d0]) {
+  return %p
+}
+func @m(%x: Tensor[f32, (4, 2), d0]) {
+  %a = Relu(%x)
+  %b = Relu(%x)
+  %y = @f(%a, %b)
+  return %y
+}""")
+    with pytest.raises(ValueError, match=r"\[input %b\]"):  # it says [input %a]
+        distir.check(m)

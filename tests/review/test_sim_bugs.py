@@ -361,3 +361,18 @@ func @m(%x: {T}) {{
     m = distir.check(parse_module(text))
     r = simulate(m, tiny_cluster(gpus=2), cost_model=UnitCost())
     assert r.step_time_s == 0.5 and Device(2) not in {d for ds in r.slot_devices for d in ds}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: a zero-time step gives throughput inf, so `simulate --json` prints the "
+    "non-JSON token Infinity (summary.py throughput)",
+)
+def test_summary_of_a_zero_time_step_is_valid_json() -> None:
+    import json
+
+    from distir.sim.summary import summary_dict
+
+    m = distir.check(parse_module(f"func @m(%x: {T}) {{\n  return %x\n}}"))
+    r = simulate(m, tiny_cluster(), cost_model=UnitCost())
+    json.dumps(summary_dict(r), allow_nan=False)
