@@ -33,11 +33,6 @@ def _peaks(text: str) -> tuple[float, float]:
 
 
 # -- memory: every result of one op ---------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: peak memory counts only one result of an op with several results on one GPU "
-    "(simulate.py:200 / plan.py:410 compare live+b per (gpu, bytes) entry instead of summing)",
-)
 def test_peak_counts_every_result_of_a_multi_output_op() -> None:
     m = distir.check(
         parse_module(f"""func @m(%x: {T}) {{
@@ -50,7 +45,6 @@ def test_peak_counts_every_result_of_a_multi_output_op() -> None:
     assert r.peak_memory == {0: 2 * KIB}
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Adam's three results are counted as one in the peak")
 def test_peak_of_an_adam_step() -> None:
     w = "Tensor[f32, (256, 1024), d0]"  # 1 MiB each
     m = distir.check(
@@ -63,7 +57,6 @@ def test_peak_of_an_adam_step() -> None:
     assert r.peak_memory == {0: 7.0 * (1 << 20) + 8}  # 4 inputs, step, 3 results; reported: 5 MiB
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a collective's two results on two streams of one GPU count once")
 def test_peak_counts_collective_results_on_streams_of_one_gpu() -> None:
     t = "Tensor[f32, (256,), d{}]"
     m = distir.check(
@@ -257,11 +250,6 @@ func @m(%x: {T}) {{
 
 
 # -- timing / robustness ----------------------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a call whose callee touches no device crashes _run "
-    "(max() of an empty list, simulate.py:190)",
-)
 def test_call_of_a_callee_touching_no_device() -> None:
     summ, flat = sim_both(f"""func @id(%p) {{
   return %p
@@ -288,11 +276,6 @@ class _IntCost(UnitCost):
         return int(super().compute_time(opdef, ins, outs, attrs, gpu))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a cost model returning numpy floats or ints trips `type(c) is float` "
-    "(simulate.py:160) into the call branch: AssertionError",
-)
 @pytest.mark.parametrize("cost", [_NumpyCost(), _IntCost()], ids=["np.float64", "int"])
 def test_cost_model_returning_numpy_or_int(cost: UnitCost) -> None:
     m = distir.check(
@@ -316,11 +299,6 @@ def _time(text: str) -> float:
     return simulate(m, cl, DeviceMap.parse(TWO_NODES, set(), cl.num_devices)).step_time_s
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Scatter is costed with devices[0] as root, not the source "
-    "(CommCost has no root; cost.py:93)",
-)
 def test_scatter_cost_uses_the_source_as_root() -> None:
     cl = parse_cluster("p3.8xlarge:2")
     t = _time(f"""func @m(%x: {TBIG.format(0)}) {{
@@ -330,10 +308,6 @@ def test_scatter_cost_uses_the_source_as_root() -> None:
     assert t == pytest.approx(scatter_time(cl, MB4, [0, 1, 4], root=0))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: MPIGather is costed with the first input's GPU as root, not root=",
-)
 def test_gather_cost_uses_the_root() -> None:
     cl = parse_cluster("p3.8xlarge:2")
     t = _time(f"""func @m(%x: {TBIG.format(0)}, %y: {TBIG.format(1)}, %z: {TBIG.format(2)}) {{
@@ -344,11 +318,6 @@ def test_gather_cost_uses_the_root() -> None:
 
 
 # -- device map ------------------------------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the default device map counts devices named in functions the entry never "
-    "reaches (simulate.py _program_devices scans every function)",
-)
 def test_unreachable_function_does_not_take_a_gpu() -> None:
     text = f"""func @unused(%p) {{
   %c = Constant(value=[1.0], device=d2)
@@ -363,11 +332,6 @@ func @m(%x: {T}) {{
     assert r.step_time_s == 0.5 and Device(2) not in {d for ds in r.slot_devices for d in ds}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a zero-time step gives throughput inf, so `simulate --json` prints the "
-    "non-JSON token Infinity (summary.py throughput)",
-)
 def test_summary_of_a_zero_time_step_is_valid_json() -> None:
     import json
 

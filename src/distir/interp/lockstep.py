@@ -22,7 +22,7 @@ from distir.ir.function import Module
 from distir.ir.ops import Op
 from distir.ir.printer import print_op
 from distir.ir.rewrite import inline_calls
-from distir.ir.types import Device
+from distir.ir.types import Device, ScalarType, TensorType
 from distir.ir.values import Value
 from distir.ops.comm import Rendezvous
 from distir.ops.registry import REGISTRY, OpKind
@@ -116,6 +116,7 @@ def _schedule(
             if not ready:
                 continue
             meeting = {p.device: p.ops[p.pc] for p in peers if p is not None}
+            _check_transfer(meeting)
             if execute:
                 ins = {d: [ranks[d].env[v] for v in op.inputs] for d, op in meeting.items()}
                 outs = rv.run(ins, {d: op.attrs for d, op in meeting.items()})
@@ -141,6 +142,32 @@ def _schedule(
         for d, r in ranks.items():
             results[d] = tuple(r.env[v] for v in r.outputs)
     return results
+
+
+def _strip_device(t: object) -> object:
+    if isinstance(t, TensorType):
+        return ("tensor", t.dtype, t.shape)
+    if isinstance(t, ScalarType):
+        return ("scalar", t.dtype)
+    return t
+
+
+def _check_transfer(meeting: Mapping[Device, Op]) -> None:
+    """A Send must deliver what its Recv declares (dtype, shape, tensor or scalar)."""
+    sends = [op for op in meeting.values() if op.name == "rank.Send"]
+    recvs = [op for op in meeting.values() if op.name == "rank.Recv"]
+    if sends and recvs:
+        sent = sends[0].inputs[0].type
+        attrs = recvs[0].attrs
+        shape = attrs.get("shape")
+        got: object = (
+            ("scalar", attrs.get("dtype")) if shape is None else ("tensor", attrs.get("dtype"), shape)
+        )
+        if sent is not None and _strip_device(sent) != got:
+            blocked = {d: print_op(op) for d, op in meeting.items()}
+            raise DeadlockError(
+                f"`{print_op(sends[0])}` sends {sent} but `{print_op(recvs[0])}` receives {got}", blocked
+            )
 
 
 def check_deadlock_free(programs: Mapping[Device, Module]) -> None:

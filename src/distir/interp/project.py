@@ -33,11 +33,23 @@ def _spread_out(module: Module, concrete: Mapping[str, Any] | None) -> tuple[Mod
     """Inline multi-device calls of the entry until none is left."""
     while True:
         pl = placement(module, concrete=concrete)
-        multi = {c for c, ds in pl.devices.items() if isinstance(c, Call) and len(ds) > 1}
+        multi = {
+            c
+            for c, ds in pl.devices.items()
+            if isinstance(c, Call) and (len(ds) > 1 or _communicates(module, c.callee))
+        }
         if not multi:
             return module, pl
         chosen: set[Call] = multi
         module = module.replace(inline_calls(module, should_inline=chosen.__contains__))
+
+
+def _communicates(module: Module, name: str) -> bool:
+    """Whether @name (or anything it calls) holds a communication op, which must be split."""
+    fn = module[name]
+    return any(REGISTRY[op.name].kind is OpKind.COMM for op in fn.ops()) or any(
+        _communicates(module, c.callee) for c in fn.calls()
+    )
 
 
 def _reachable(module: Module, fn: Function) -> list[str]:

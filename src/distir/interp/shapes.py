@@ -65,7 +65,7 @@ class TypeDomain:
         self.dispatch.register("*", Impl("abstract", 0, always, self._run_abstract))
         self._selected: dict[tuple[str, tuple[bool, ...]], Any] = {}
         self._defs: dict[str, OpDef] = {}
-        self._call_cache: dict[tuple[str, tuple[Type, ...]], tuple[Type, ...]] = {}
+        self._call_cache: dict[tuple[str, tuple[Type, ...]], tuple[Mixed, ...]] = {}
         self.record = record
         # function name -> list of (argument types, final state) seen; only when record=True
         self.envs: dict[str, list[tuple[tuple[Type, ...], dict[Value, Mixed]]]] = {}
@@ -134,22 +134,31 @@ class TypeDomain:
 
     def call(self, module: Module, call: Call, callee: Function, args: Sequence[Mixed]) -> Sequence[Mixed]:
         types = tuple(type_of(a) for a in args)
-        for p, t in zip(callee.params, types, strict=False):
+        for k, (p, t) in enumerate(zip(callee.params, types, strict=False)):
             if p.type is not None and p.type != t:
                 raise OpTypeError(
-                    f"argument for %{p.name} of @{callee.name} has the wrong type", types.index(t), p.type, t
+                    f"argument for %{p.name} of @{callee.name} has the wrong type", k, p.type, t
                 )
         abstract = not any(isinstance(a, Concrete) for a in args)
         key = (callee.name, types)
+        outs: Sequence[Mixed] | None = None
         if abstract and not self.record:
-            hit = self._call_cache.get(key)
-            if hit is not None:
-                return hit
-        outs, env = interpret(module, callee, args, self)
-        if self.record:
-            self.envs.setdefault(callee.name, []).append((types, env))
-        if abstract:
-            self._call_cache[key] = tuple(type_of(o) for o in outs)
+            outs = self._call_cache.get(key)
+        if outs is None:
+            outs, env = interpret(module, callee, args, self)
+            if self.record:
+                self.envs.setdefault(callee.name, []).append((types, env))
+            if abstract:
+                # results may be known values (a callee returning Shape(%p)): keep them
+                self._call_cache[key] = tuple(outs)
+        for v, o in zip(call.outputs, outs, strict=False):
+            if v.type is not None and v.type != type_of(o):
+                raise OpTypeError(
+                    f"%{v.name} is declared {v.type} but @{callee.name} returns {type_of(o)}",
+                    None,
+                    v.type,
+                    type_of(o),
+                )
         return outs
 
 

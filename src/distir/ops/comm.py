@@ -176,8 +176,9 @@ def _send_rule(ctx: TypeCtx) -> Sequence[Type]:
 
 def _recv_attrs(t: Type) -> dict[str, Any]:
     assert isinstance(t, TensorType | ScalarType)
-    shape = t.shape if isinstance(t, TensorType) else ()
-    return {"dtype": t.dtype, "shape": shape}
+    if isinstance(t, ScalarType):
+        return {"dtype": t.dtype}  # no shape: a scalar
+    return {"dtype": t.dtype, "shape": t.shape}
 
 
 def _project_send(
@@ -253,7 +254,11 @@ def _rank_send_rule(ctx: TypeCtx) -> Sequence[Type]:
 def _rank_recv_rule(ctx: TypeCtx) -> Sequence[Type]:
     if ctx.attr("src") == ctx.device:
         ctx.fail("rank.Recv from its own device", None, "another device", ctx.attr("src"))
-    return (ctx.out(ctx.attr("dtype"), ctx.attr("shape")),)
+    shape = ctx.attr("shape")
+    if shape is None:
+        assert ctx.device is not None
+        return (ScalarType(ctx.attr("dtype"), ctx.device),)
+    return (ctx.out(ctx.attr("dtype"), shape),)
 
 
 RANK_SEND = register(
@@ -281,7 +286,7 @@ RANK_RECV = register(
         attrs={
             "src": AttrSpec("device"),
             "dtype": AttrSpec("dtype"),
-            "shape": AttrSpec("ints"),
+            "shape": AttrSpec("ints", None),
             "device": AttrSpec("device"),
         },
         rendezvous=_P2P,
@@ -643,7 +648,10 @@ def _make_rendezvous(c: _Coll) -> Rendezvous:
 def _make_comm_cost(c: _Coll) -> Callable[[Sequence[Type], Sequence[Type], Attrs], CommCost]:
     def cost(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> CommCost:
         ts = [t for t in ins if isinstance(t, TensorType)]
-        return CommCost(c.pattern, c.message(ts, outs), c.group(ts, attrs))
+        root: Any = attrs.get("root")
+        if c.pattern is CommPattern.SCATTER:
+            root = ts[0].device
+        return CommCost(c.pattern, c.message(ts, outs), c.group(ts, attrs), root)
 
     return cost
 

@@ -88,6 +88,7 @@ class CommCost:
     pattern: CommPattern
     nbytes: float
     devices: tuple[Device, ...]
+    root: Device | None = None  # the source of a Scatter / the destination of a Gather
 
 
 class _Required:

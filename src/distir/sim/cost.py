@@ -90,4 +90,8 @@ class RooflineCostModel:
     def comm_time(self, cost: CommCost, gpus: Sequence[int]) -> float:
         if cost.pattern is CommPattern.P2P:
             return coll.send_time(self.cluster, cost.nbytes, gpus[0], gpus[-1])
+        if cost.pattern in (CommPattern.SCATTER, CommPattern.GATHER) and cost.root is not None:
+            root = gpus[list(cost.devices).index(cost.root)]
+            fn = coll.scatter_time if cost.pattern is CommPattern.SCATTER else coll.gather_time
+            return fn(self.cluster, cost.nbytes, gpus, root)
         return _COLLECTIVE[cost.pattern](self.cluster, cost.nbytes, gpus)

@@ -89,6 +89,7 @@ class FnPlan:
     out_alias: tuple[frozenset[int] | None, ...]
     out_types: tuple[Type, ...]
     param_last: tuple[int, ...]
+    out_values: tuple[Mixed, ...] = ()  # the results, with any known (concrete) values
 
 
 class PlanDomain(TypeDomain):
@@ -104,7 +105,7 @@ class PlanDomain(TypeDomain):
         self.slot_gpu = [s.gpu for s in dmap.slots]
         self._memo: dict[tuple[Any, ...], tuple[tuple[Type, ...], OpRecord]] = {}
         self._frames: list[list[OpRecord | CallSummary]] = []
-        self._summaries: dict[tuple[str, tuple[Type, ...]], tuple[CallSummary, tuple[Type, ...]]] = {}
+        self._summaries: dict[tuple[str, tuple[Type, ...]], tuple[CallSummary, tuple[Mixed, ...]]] = {}
 
     # -- ops -------------------------------------------------------------------------------------
     def op(self, op: Op, args: Sequence[Mixed]) -> Sequence[Mixed]:
@@ -158,9 +159,10 @@ class PlanDomain(TypeDomain):
             assert d.comm_cost is not None
             desc = d.comm_cost(ins, outs, op.attrs)
             gpus = [self.slot_gpu[self.dev_slot[x]] for x in desc.devices]
-            return devs, self.cost.comm_time(desc, gpus), True, op.name, 0.0, False, self._sizes(outs)
+            seconds = float(self.cost.comm_time(desc, gpus))
+            return devs, seconds, True, op.name, 0.0, False, self._sizes(outs)
         gpu = self.slot_gpu[devs[0]] if devs else 0
-        seconds = self.cost.compute_time(d, ins, outs, op.attrs, gpu) if devs else 0.0
+        seconds = float(self.cost.compute_time(d, ins, outs, op.attrs, gpu)) if devs else 0.0
         view = bool(ins) and d.bytes_written(ins, outs, op.attrs) == 0
         return devs, seconds, False, op.name, d.flops(ins, outs, op.attrs), view, self._sizes(outs)
 
@@ -174,18 +176,26 @@ class PlanDomain(TypeDomain):
         key = (callee.name, types)
         hit = self._summaries.get(key) if abstract else None
         if hit is None:
-            for p, t in zip(callee.params, types, strict=False):
+            for k, (p, t) in enumerate(zip(callee.params, types, strict=False)):
                 if p.type is not None and p.type != t:
                     raise OpTypeError(
                         f"argument for %{p.name} of @{callee.name} has the wrong type",
-                        types.index(t),
+                        k,
                         p.type,
                         t,
                     )
             plan = self.plan(callee, args)
-            hit = (summarize(plan, self.slot_gpu), plan.out_types)
+            hit = (summarize(plan, self.slot_gpu), plan.out_values)
             if abstract:
                 self._summaries[key] = hit
+        for v, o in zip(call.outputs, hit[1], strict=False):
+            if v.type is not None and v.type != type_of(o):
+                raise OpTypeError(
+                    f"%{v.name} is declared {v.type} but @{callee.name} returns {type_of(o)}",
+                    None,
+                    v.type,
+                    type_of(o),
+                )
         self._frames[-1].append(hit[0])
         return hit[1]
 
@@ -199,7 +209,9 @@ class PlanDomain(TypeDomain):
                 outs, env = interpret(self.module, fn, args, self)
         finally:
             records = self._frames.pop()
-        return build_plan(fn, env, records, tuple(type_of(o) for o in outs), self.dev_slot, self.slot_gpu)
+        plan = build_plan(fn, env, records, tuple(type_of(o) for o in outs), self.dev_slot, self.slot_gpu)
+        plan.out_values = tuple(outs)
+        return plan
 
     def _walk(self, fn: Function, args: Sequence[Mixed]) -> tuple[tuple[Mixed, ...], dict[Value, Mixed]]:
         """``interpret`` specialized for planning: the same semantics, with the memo lookup of
@@ -240,6 +252,16 @@ def _bytes_by_gpu(t: Type, dev_slot: dict[Any, int], slot_gpu: list[int]) -> lis
     if isinstance(t, DTensorType):
         raise OpTypeError("DTensor values must be materialized into per-device tensors first")
     return [(slot_gpu[dev_slot[t.device]], float(t.nbytes))]
+
+
+def _per_gpu(pairs: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """(gpu, bytes) pairs summed per GPU: all results of one op are live together."""
+    if len(pairs) <= 1:
+        return tuple(pairs)
+    acc: dict[int, float] = {}
+    for g, b in pairs:
+        acc[g] = acc.get(g, 0.0) + b
+    return tuple(acc.items())
 
 
 def build_plan(
@@ -329,7 +351,7 @@ def build_plan(
     mem: list[MemEvents | None] = [None] * n
     for i in allocs.keys() | frees.keys():
         al = tuple(allocs.get(i, ()))
-        mem[i] = (al, al, tuple(frees.get(i, ())))
+        mem[i] = (_per_gpu(al), al, tuple(frees.get(i, ())))
     if calls:
         dying_at: dict[int, list[Value]] = {}
         for r, end in last.items():

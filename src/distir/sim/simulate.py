@@ -117,7 +117,8 @@ def _program_devices(module: Module, fn: Function) -> set[Device]:
         if p.type is not None:
             devs.update(devices_of(p.type))
     seen: set[Attrs] = set()  # attributes already scanned (many ops have equal ones)
-    for f in module.functions:
+    reachable = [fn, *(module[n] for n in _callees(module, fn))]
+    for f in reachable:
         for op in f.body:
             attrs = getattr(op, "attrs", None)
             if not attrs:
@@ -133,6 +134,18 @@ def _program_devices(module: Module, fn: Function) -> set[Device]:
                 elif isinstance(x, tuple):
                     stack.extend(x)
     return devs
+
+
+def _callees(module: Module, fn: Function) -> list[str]:
+    """Names of the functions ``fn`` reaches through calls."""
+    seen: dict[str, None] = {}
+    stack = [c.callee for c in fn.calls()]
+    while stack:
+        name = stack.pop()
+        if name not in seen and name in module:
+            seen[name] = None
+            stack.extend(c.callee for c in module[name].calls())
+    return list(seen)
 
 
 def _run(
@@ -182,7 +195,10 @@ def _run(
             sub = c.slots
             ins = [clock[j] for j in sub]
             m = len(sub)
-            if m == 1:
+            if m == 0:  # a callee that runs nothing (it only passes values through)
+                e = max(clock) if clock else 0.0
+                new = []
+            elif m == 1:
                 e = ins[0] + c.delay[0][0]
                 new = [e]
             else:

@@ -35,7 +35,7 @@ def summary_dict(r: SimResult) -> dict[str, Any]:
     oom = r.oom_gpus
     return {
         "step_time_s": t,
-        "throughput": r.throughput,
+        "throughput": r.throughput if r.step_time_s > 0 else None,  # JSON has no Infinity
         "throughput_unit": "samples/s" if r.batch else "steps/s",
         "mfu": r.mfu,
         "flops": r.flops,
@@ -63,7 +63,7 @@ def summary_table(r: SimResult, title: str) -> Group:
     head = Text()
     head.append(f"{title}\n", style="bold")
     head.append(
-        f"step time {_time(r.step_time_s)}   throughput {d['throughput']:.4g} {d['throughput_unit']}   "
+        f"step time {_time(r.step_time_s)}   throughput {r.throughput:.4g} {d['throughput_unit']}   "
         f"MFU {100 * r.mfu:.1f}%   bubble {100 * r.bubble_fraction:.1f}%   ops {r.n_ops:,}\n"
     )
     table = Table()
