@@ -18,13 +18,31 @@ from collections.abc import Callable, Iterable, Sequence
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Instr, Op
 from distir.ir.types import Type
-from distir.ir.values import EMPTY_ATTRS, Attrs, Value
+from distir.ir.values import EMPTY_ATTRS, Attrs, Value, freeze_attr, typed_key
 
 OutArity = Callable[[str, int, Attrs], int]
 
 
 class BuilderError(ValueError):
     pass
+
+
+_ATTRS: dict[tuple[object, ...], Attrs] = {}
+
+
+def _interned(attrs: dict[str, object]) -> Attrs:
+    """Equal attributes built again and again by a transform share one ``Attrs`` object, so
+    comparing and hashing them (cost keys in the simulator) is an identity check."""
+    try:
+        key = tuple((k, typed_key(freeze_attr(v))) for k, v in attrs.items())
+        got = _ATTRS.get(key)
+    except TypeError:  # unhashable values (lists): not interned
+        return Attrs(attrs)
+    if got is None:
+        got = Attrs(attrs)
+        if len(_ATTRS) < 1 << 16:
+            _ATTRS[key] = got
+    return got
 
 
 class FunctionBuilder:
@@ -52,7 +70,7 @@ class FunctionBuilder:
     ) -> tuple[Value, ...]:
         """Append a primitive op and return its result values."""
         self._check_open()
-        a = Attrs(attrs) if attrs else EMPTY_ATTRS
+        a = _interned(attrs) if attrs else EMPTY_ATTRS
         if n_out is None:
             if names is not None:
                 n_out = len(names)

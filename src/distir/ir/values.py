@@ -74,7 +74,7 @@ class Attrs(Mapping[str, AttrValue]):
         Computed once (attributes are hashed and compared constantly as parts of cost keys)."""
         sig = self._sig
         if sig is None:
-            sig = self._sig = frozenset((k, _typed(v)) for k, v in self._items)
+            sig = self._sig = frozenset((k, typed_key(v)) for k, v in self._items)
         return sig
 
     def __eq__(self, other: object) -> bool:
@@ -94,9 +94,10 @@ class Attrs(Mapping[str, AttrValue]):
         return f"Attrs({dict(self._items)!r})"
 
 
-def _typed(v: AttrValue) -> object:
+def typed_key(v: AttrValue) -> object:
+    """A hashable key of an attribute value that tells 1, 1.0 and True apart, also in lists."""
     if isinstance(v, tuple):
-        return ("list", tuple(_typed(x) for x in v))
+        return ("list", tuple(typed_key(x) for x in v))
     if isinstance(v, float) and v != v:
         return ("float", "nan")  # nan != nan, but attributes holding nan are equal
     return (type(v).__name__, v)

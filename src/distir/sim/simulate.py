@@ -20,7 +20,6 @@ from distir.hardware.cluster import Cluster
 from distir.interp.shapes import entry_args
 from distir.ir.function import Function, Module
 from distir.ir.types import Device, devices_of
-from distir.ir.values import Attrs
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
 from distir.sim.plan import CallSummary, FnPlan, PlanDomain, _bytes_by_gpu
@@ -116,16 +115,16 @@ def _program_devices(module: Module, fn: Function) -> set[Device]:
     for p in fn.params:
         if p.type is not None:
             devs.update(devices_of(p.type))
-    seen: set[Attrs] = set()  # attributes already scanned (many ops have equal ones)
+    seen: set[int] = set()  # attribute objects already scanned (builders share equal ones)
     reachable = [fn, *(module[n] for n in _callees(module, fn))]
     for f in reachable:
         for op in f.body:
             attrs = getattr(op, "attrs", None)
             if not attrs:
                 continue
-            if attrs in seen:
+            if id(attrs) in seen:
                 continue
-            seen.add(attrs)
+            seen.add(id(attrs))
             stack: list[object] = list(attrs.values())
             while stack:
                 x = stack.pop()
