@@ -71,7 +71,6 @@ def test_peak_counts_collective_results_on_streams_of_one_gpu() -> None:
 
 
 # -- memory: call summaries vs the inlined program -------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="BUG: a callee returning one value twice is counted twice")
 def test_value_returned_twice() -> None:
     summ, flat = _peaks(f"""func @f(%p) {{
   %a = Relu(%p)
@@ -85,11 +84,6 @@ func @m(%x: {T}) {{
     assert summ == flat == 3 * KIB  # x, a, z; the summary says 4 KiB
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a callee result viewing a parameter and a fresh value (out_alias None) is "
-    "allocated whole by the caller: the parameter's bytes are counted twice",
-)
 def test_result_viewing_param_and_fresh_value() -> None:
     summ, flat = _peaks(f"""func @f(%p) {{
   %a = Relu(%p)
@@ -105,11 +99,6 @@ func @m(%x: {T}) {{
     assert summ == flat == 3 * KIB  # x, a, w; the summary says 4 KiB
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a callee result viewing several fresh roots is replaced by one fresh buffer of "
-    "the result's size: the other roots stop being live at the call",
-)
 def test_result_viewing_two_fresh_values() -> None:
     summ, flat = _peaks(f"""func @f(%p) {{
   %a = Relu(%p)
@@ -127,11 +116,6 @@ func @m(%x: {T}) {{
     assert summ == flat  # inlined: 4 KiB (u keeps a and b); summary: 3 KiB
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a callee returning Reshape(fresh, shape) drops the shape tensor the inlined "
-    "program keeps alive (Reshape aliases both inputs)",
-)
 def test_result_is_a_reshape_of_a_fresh_value() -> None:
     summ, flat = _peaks(f"""func @f(%p) {{
   %s = Constant(value=[16, 16], device=d0)
@@ -147,11 +131,6 @@ func @m(%x: {T}) {{
     assert summ == flat  # 3072 vs 3088
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a call result the caller never uses stays live until the callee returns "
-    "(inlined, it dies where it is created)",
-)
 def test_unused_call_result() -> None:
     summ, flat = _peaks(f"""func @f(%p) {{
   %a = Relu(%p)
@@ -166,11 +145,6 @@ func @m(%x: {T}) {{
     assert summ == flat == 2 * KIB  # the summary says 3 KiB
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an argument the callee returns (param_last = end of body) is kept live through "
-    "the whole callee when that result is unused",
-)
 def test_returned_param_whose_result_is_unused() -> None:
     summ, flat = _peaks(f"""func @f(%p, %q) {{
   %a = Relu(%q)
@@ -185,11 +159,6 @@ func @m(%x: {T}) {{
     assert summ == flat == 2 * KIB  # the summary says 3 KiB
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an argument the callee never reads is kept live up to the call "
-    "(inlined, it dies at its last real use before the call)",
-)
 def test_unused_callee_parameter() -> None:
     summ, flat = _peaks(f"""func @f(%p, %k) {{
   %a = Relu(%k)

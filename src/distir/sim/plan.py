@@ -48,25 +48,45 @@ class CallSummary:
     comm: list[float]  # communication seconds per position
     flops: float
     peak_extra: dict[int, float]  # gpu -> bytes above the caller's live set at the call
-    out_alias: tuple[frozenset[int] | None, ...]  # per result: None = fresh, else aliased params
+    # per result, the storage it uses: j >= 0 is parameter j, -1-k is the body's fresh buffer k
+    out_roots: tuple[tuple[int, ...], ...]
+    # per fresh buffer returned: its bytes per GPU and its last use inside the body (-1: none)
+    fresh: tuple[tuple[tuple[tuple[int, float], ...], int], ...]
     n_ops: int
     # memory profile: per GPU, (instruction index, owned live bytes at its peak) in body order
     profile: dict[int, list[tuple[int, float]]]
-    param_last: tuple[int, ...]  # per parameter: index of its last use in the body (-1: unused)
+    # per parameter: its last use in the body, not counting the return (-1: none)
+    param_last: tuple[int, ...]
 
-    def extra_with_dying(self, dying: list[tuple[int, int, float]]) -> tuple[tuple[int, float], ...]:
-        """Peak bumps per GPU above a caller live set that includes the ``dying`` arguments —
-        ``(last use inside the body, gpu, bytes)``, freed after the call. While the body runs an
-        argument only counts until its last use inside, exactly as if the call were inlined."""
+    def extra_with_dying(
+        self,
+        dying: list[tuple[int, int, float]],
+        dead: list[tuple[int, int, float]] = (),  # type: ignore[assignment]
+    ) -> tuple[tuple[int, float], ...]:
+        """Peak bumps per GPU above a caller live set that includes the ``dying`` arguments
+        (``(last use inside the body, gpu, bytes)``, freed after the call), for a call whose
+        returned fresh buffers ``dead`` (same form) the caller never uses: while the body runs an
+        argument counts until its last use inside and a dead result from its last use inside on
+        no more — exactly as if the call were inlined."""
+        if not dying and not dead:
+            return tuple(self.peak_extra.items())
         out = dict(self.peak_extra)
-        by_gpu: dict[int, list[tuple[int, float]]] = {}
+        by_gpu: dict[int, tuple[list[tuple[int, float]], list[tuple[int, float]]]] = {}
         for last, g, b in dying:
-            by_gpu.setdefault(g, []).append((last, b))
-        for g, mine in by_gpu.items():
+            by_gpu.setdefault(g, ([], []))[0].append((last, b))
+        for last, g, b in dead:
+            by_gpu.setdefault(g, ([], []))[1].append((last, b))
+        for g, (mine, gone) in by_gpu.items():
             prof = self.profile.get(g)
             if prof:
                 total = sum(b for _, b in mine)
-                out[g] = max(val + sum(b for last, b in mine if last >= i) for i, val in prof) - total
+                out[g] = (
+                    max(
+                        val + sum(b for last, b in mine if last >= i) - sum(b for last, b in gone if last < i)
+                        for i, val in prof
+                    )
+                    - total
+                )
         return tuple(out.items())
 
 
@@ -86,7 +106,8 @@ class FnPlan:
     flops: list[float]
     mem: list[MemEvents | None]
     slots: tuple[int, ...]
-    out_alias: tuple[frozenset[int] | None, ...]
+    out_roots: tuple[tuple[int, ...], ...]
+    fresh: tuple[tuple[tuple[tuple[int, float], ...], int], ...]
     out_types: tuple[Type, ...]
     param_last: tuple[int, ...]
     out_values: tuple[Mixed, ...] = ()  # the results, with any known (concrete) values
@@ -280,11 +301,14 @@ def build_plan(
     roots: dict[Value, tuple[Value, ...]] = {}
     owned: dict[Value, tuple[int, list[tuple[int, float]]]] = {}  # root -> (created at, bytes)
     last: dict[Value, int] = {}
-    sizes: dict[Type, list[tuple[int, float]]] = {}
     calls: list[int] = []
     get_roots = roots.get
+    call_roots: dict[int, dict[int, Value]] = {}  # call index -> fresh buffer k -> its root here
     for i, (instr, rec) in enumerate(zip(fn.body, records, strict=True)):
-        for v in instr.inputs:
+        skip = rec.param_last if isinstance(rec, CallSummary) else None
+        for j, v in enumerate(instr.inputs):
+            if skip is not None and skip[j] < 0:
+                continue  # the callee never reads it (a returned alias extends it where used)
             rs = get_roots(v)
             if rs is None:
                 last[v] = i
@@ -303,18 +327,22 @@ def build_plan(
             continue
         assert isinstance(rec, CallSummary)
         calls.append(i)
-        for o, alias in zip(instr.outputs, rec.out_alias, strict=True):
-            if alias is not None:
-                roots[o] = tuple(
-                    {r: None for j in alias for r in get_roots(instr.inputs[j]) or (instr.inputs[j],)}
-                )
-                continue
-            t = type_of(env[o])
-            known = sizes.get(t)
-            if known is None:
-                known = sizes[t] = _bytes_by_gpu(t, dev_slot, slot_gpu)
-            owned[o] = (i, known)
-            last[o] = i
+        mine: dict[int, Value] = call_roots.setdefault(i, {})
+        for o, out_refs in zip(instr.outputs, rec.out_roots, strict=True):
+            uses_of: dict[Value, None] = {}
+            for ref in out_refs:
+                if ref >= 0:
+                    arg = instr.inputs[ref]
+                    uses_of.update(dict.fromkeys(get_roots(arg) or (arg,)))
+                    continue
+                k = -1 - ref
+                buf = mine.get(k)
+                if buf is None:  # one buffer, however many results use it
+                    buf = mine[k] = Value(f"{rec.name}.buffer{k}")
+                    owned[buf] = (i, list(rec.fresh[k][0]))
+                    last[buf] = i
+                uses_of[buf] = None
+            roots[o] = tuple(uses_of)
     devs: list[tuple[int, ...]] = []
     costs: list[float | CallSummary] = []
     comm: list[bool] = []
@@ -338,6 +366,7 @@ def build_plan(
                 comm.append(rec[2])
                 names.append(rec[3])
                 flops.append(rec[4])
+    internal_last = dict(last)  # last uses, not counting the return
     for v in fn.outputs:
         for r in get_roots(v) or (v,):
             last[r] = n
@@ -362,22 +391,39 @@ def build_plan(
             assert isinstance(c, CallSummary)
             instr = fn.body[i]
             dying: list[tuple[int, int, float]] = []
+            dead: list[tuple[int, int, float]] = []
+            made = {buf: k for k, buf in call_roots.get(i, {}).items()}
             for r in dying_at.get(i, ()):
+                if r in made:  # a result nobody uses: gone after its last use inside
+                    dead.extend((c.fresh[made[r]][1], g, b) for g, b in owned[r][1])
+                    continue
                 uses = [c.param_last[j] for j, v in enumerate(instr.inputs) if r in (get_roots(v) or (v,))]
-                if uses:  # (the call's own unused results die here too, but are not arguments)
+                if uses and max(uses) >= 0:
                     dying.extend((max(uses), g, b) for g, b in owned[r][1])
-            pk = c.extra_with_dying(dying)
+            pk = c.extra_with_dying(dying, dead)
             al = tuple(allocs.get(i, ()))
             fr = tuple(frees.get(i, ()))
             mem[i] = (pk, al, fr) if (pk or al or fr) else None
     param_index = {p: j for j, p in enumerate(fn.params)}
-    out_alias: list[frozenset[int] | None] = []
+    fresh_index: dict[Value, int] = {}
+    fresh: list[tuple[tuple[tuple[int, float], ...], int]] = []
+    out_roots: list[tuple[int, ...]] = []
     for v in fn.outputs:
-        rs = get_roots(v) or (v,)
-        out_alias.append(frozenset(param_index[r] for r in rs) if all(r in param_index for r in rs) else None)
+        refs_of: list[int] = []
+        for r in get_roots(v) or (v,):
+            if r in param_index:
+                refs_of.append(param_index[r])
+            elif r in owned:
+                if r not in fresh_index:
+                    fresh_index[r] = len(fresh)
+                    fresh.append((tuple(owned[r][1]), internal_last.get(r, -1)))
+                refs_of.append(-1 - fresh_index[r])
+        out_roots.append(tuple(dict.fromkeys(refs_of)))
     slots = tuple(sorted({s for ds in devs for s in ds}))
-    param_last = tuple(last.get(p, -1) for p in fn.params)
-    return FnPlan(fn, devs, costs, comm, names, flops, mem, slots, tuple(out_alias), out_types, param_last)
+    param_last = tuple(internal_last.get(p, -1) for p in fn.params)
+    return FnPlan(
+        fn, devs, costs, comm, names, flops, mem, slots, tuple(out_roots), tuple(fresh), out_types, param_last
+    )
 
 
 def summarize(plan: FnPlan, slot_gpu: list[int]) -> CallSummary:
@@ -448,7 +494,8 @@ def summarize(plan: FnPlan, slot_gpu: list[int]) -> CallSummary:
         comm_t,
         sum(plan.flops),
         peak,
-        plan.out_alias,
+        plan.out_roots,
+        plan.fresh,
         n_ops,
         profile,
         plan.param_last,
