@@ -225,8 +225,10 @@ def reshape_dim_map(src: Sequence[int], dst: Sequence[int], n: int) -> dict[int,
 
 
 def reshape(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+    """Reshape, Squeeze, Unsqueeze: a pending sum passes through; a sharded dim carries over per
+    ``reshape_dim_map``. Extra inputs (Reshape's target shape) are replicated."""
     x, y = _shape(ins[0]), _shape(outs[0])
-    found = [replicated(ins, outs), Strategy((SUM, R), (SUM,))]
+    found = [replicated(ins, outs), Strategy((SUM, *(R for _ in ins[1:])), (SUM,))]
     for i, o in reshape_dim_map(x, y, n).items():
         found.append(Strategy((Shard(i), *(R for _ in ins[1:])), (Shard(o),)))
     return found

@@ -24,7 +24,16 @@ from dataclasses import dataclass, field
 
 from distir.interp.shapes import infer_types, type_of
 from distir.ir.builder import FunctionBuilder
-from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, Replicate, Shard, parse_placements
+from distir.ir.dtensor import (
+    DTensorType,
+    Mesh,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    format_placements,
+    parse_placements,
+)
 from distir.ir.function import Function, Module
 from distir.ir.ops import Op
 from distir.ir.rewrite import ValueMap, copy_instr, inline_calls
@@ -84,6 +93,12 @@ def _annotation(value: str, a: str | Sequence[Placement], mesh: Mesh) -> tuple[P
     if len(places) != len(mesh.axes):
         raise ShardingError(
             f"annotation of %{value} gives {len(places)} placements for a mesh of {len(mesh.axes)} axes"
+        )
+    dims = [p.dim for p in places if isinstance(p, Shard)]
+    if len(dims) != len(set(dims)):
+        raise ShardingError(
+            f"annotation of %{value} [{format_placements(places)}]: two mesh axes shard the same dim; "
+            "not supported yet"
         )
     return places
 
