@@ -4,7 +4,6 @@ programs written in the DTensor text format, and small MLP-like sequential progr
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -17,7 +16,7 @@ from distir.interp.lockstep import check_deadlock_free, run_ranks
 from distir.interp.project import project
 from distir.interp.reference import random_inputs, run_reference
 from distir.ir import Device, Mesh, Module
-from distir.ir.dtensor import DTensorType, Partial, Placement, Replicate, Shard, parse_placements, split_sizes
+from distir.ir.dtensor import DTensorType, Partial, Placement, Replicate, Shard, split_sizes
 from distir.parallel.legalize import legalize
 from distir.parallel.materialize import local_offsets, local_shape, materialize, shard_value, unshard_value
 from distir.parallel.optimize import sink_reductions
@@ -285,54 +284,6 @@ def annotations(
             places.append(draw(st.sampled_from([R, *free])))
         out[name] = tuple(places)
     return out
-
-
-# -- known bugs (see test_properties.py: each has a strict xfail reproducer) ---------------------
-ALLTOALL_UNEVEN = "alltoall-uneven"
-AXIS_ORDER = "axis-order"
-RESHAPE_EMPTY = "reshape-empty-shard"
-
-
-def lowering_bugs(case: RedistCase) -> set[str]:
-    """The known bugs the lowering of ``case`` runs into:
-
-    - ``alltoall-uneven``: S(i) -> S(j) where dim i is split unevenly. Materialization emits an
-      AllToAll whose inputs have different sizes along concat_dim, which the AllToAll type rule
-      (distir/ops/comm.py, ``_same_shapes``) rejects, although its reference implementation
-      handles it.
-    - ``axis-order``: materialization changes placements one mesh axis at a time in axis order, and
-      an intermediate layout shards one dim along two axes (``[S(0), S(1)] -> [S(1), S(0)]``
-      passes through ``[S(1), S(1)]``), which it rejects although source and target are valid.
-    """
-    found: set[str] = set()
-    cur = list(case.src)
-    for ax, b in enumerate(case.dst):
-        a = cur[ax]
-        if a == b:
-            continue
-        cur[ax] = b
-        if not valid_layout(tuple(cur)):
-            found.add(AXIS_ORDER)
-            break  # materialization stops here
-        if isinstance(a, Shard) and isinstance(b, Shard) and uneven(case.shape[a.dim], case.mesh.shape[ax]):
-            found.add(ALLTOALL_UNEVEN)
-    return found
-
-
-def known_bug(exc: Exception) -> str | None:
-    """Which known bug an exception of the sharding pipeline is, judged by its message: an
-    AllToAll rejected for unequal inputs, a Redistribute between two valid layouts rejected for
-    an intermediate layout, or a materialized Reshape whose local target shape has a 0 (an empty
-    shard), which ONNX Reshape reads as "copy the input dim"."""
-    msg = str(exc)
-    if "AllToAll input" in msg and "differs from input 1" in msg:
-        return ALLTOALL_UNEVEN
-    if re.search(r"= Reshape\(.*: (cannot reshape \(.*\) \(0 elements\)|Reshape dim \d+ is 0 \(copy\))", msg):
-        return RESHAPE_EMPTY
-    m = re.search(r'Redistribute\(%[\w.]+, to="([^"]*)"\)`: two mesh axes shard the same dim', msg)
-    if m is not None and valid_layout(parse_placements(m.group(1))):
-        return AXIS_ORDER
-    return None
 
 
 # -- running a sharded program against the sequential one -----------------------------------------

@@ -12,11 +12,9 @@ per-rank programs run on the reference executor give the same numbers as the uns
 3. Simulation of the Megatron MLP block: one AllReduce of batch x hidden x 4 bytes, timed as
    ``allreduce_time`` says.
 
-Three known bugs are tolerated by the properties, only where they are predicted and only with
-their own error (``gen.lowering_bugs`` / ``gen.known_bug``): AllToAll of uneven shards, lowering a
-Redistribute through an invalid intermediate layout, Reshape of an empty shard. Each has a strict
-xfail reproducer below, which fails once the bug is fixed, so the tolerance can go. Likewise
-``shard_value`` / ``unshard_value`` for P(max|min|mean).
+Regression tests below pin the bugs these properties found (AllToAll of uneven shards, lowering a
+Redistribute through an invalid intermediate layout, Reshape of an empty shard, ``shard_value`` /
+``unshard_value`` for P(max|min|mean)); they are all fixed, so no error is tolerated.
 """
 
 from __future__ import annotations
@@ -31,7 +29,6 @@ from hypothesis import strategies as st
 import distir
 from distir.hardware.cluster import parse_cluster
 from distir.interp.lockstep import check_deadlock_free, run_ranks
-from distir.interp.loop import InterpretError
 from distir.interp.project import project
 from distir.interp.reference import run_reference
 from distir.ir import DTensorType, Mesh, Module, parse_module
@@ -44,17 +41,12 @@ from distir.sim.collectives import allreduce_time
 from distir.sim.simulate import simulate
 
 from .gen import (
-    ALLTOALL_UNEVEN,
-    AXIS_ORDER,
-    RESHAPE_EMPTY,
     OpCase,
     RedistCase,
     annotations,
     compare_optimized,
     expected_collectives,
     gather_pieces,
-    known_bug,
-    lowering_bugs,
     mesh_of,
     meshes,
     mlp_programs,
@@ -90,15 +82,14 @@ def check_redistribution(case: RedistCase, seed: int) -> None:
     m = distir.check(parse_module(case.text))
     tin, tout = _types(m)
     devs = case.mesh.devices
-    bugs = lowering_bugs(case)
-    try:
-        mat = distir.check(materialize(m))
-    except (ShardingError, InterpretError) as e:
-        assert known_bug(e) in bugs, f"{case.text}{e}"
-        event(f"tolerated known bug: {known_bug(e)}")
-        return
+    mat = distir.check(materialize(m))
     names = [op.name for op in mat.entry.ops()]
-    if not bugs:  # in any order (a fixed bug may legitimately lower through other collectives)
+    if all(
+        a == b or isinstance(b, Replicate) or isinstance(a, Replicate)
+        for a, b in zip(case.src, case.dst, strict=True)
+    ):
+        # one move per axis; other cases may pass through R first (so no intermediate layout
+        # shards a dim twice), which costs other collectives
         assert Counter(names) == Counter(expected_collectives(case.src, case.dst, case.mesh)), case.text
     for op in mat.entry.ops():
         if op.name in ("AllReduce", "ReduceScatter"):
@@ -163,7 +154,6 @@ def test_each_lowering_uses_its_collective(
     shape: tuple[int, ...], mesh: tuple[int, ...], src: str, dst: str, ops: list[str]
 ) -> None:
     case = _case(shape, mesh, src, dst)
-    assert not lowering_bugs(case)
     assert expected_collectives(case.src, case.dst, case.mesh) == ops
     mat = distir.check(materialize(distir.check(parse_module(case.text))))
     assert [op.name for op in mat.entry.ops()] == ops
@@ -173,27 +163,23 @@ def test_each_lowering_uses_its_collective(
         check_redistribution(case, seed)
 
 
-@pytest.mark.xfail(strict=True, raises=InterpretError, reason="known bug: AllToAll rejects uneven inputs")
-def test_known_bug_alltoall_with_uneven_source_shards() -> None:
+def test_regression_alltoall_with_uneven_source_shards() -> None:
     """S(0) -> S(1) of 5 rows over 3 devices: the pieces have 2, 2 and 1 rows, and the AllToAll
     type rule requires equal inputs (``_same_shapes`` in distir/ops/comm.py ``_alltoall_rule``),
     although regrouping uneven pieces is well defined (and ``_alltoall_ref`` computes it). Fix:
     when split_dim != concat_dim, require equal shapes outside concat_dim and make each result's
     concat_dim the sum of the inputs' (``_concat_shape``)."""
     case = _case((5, 7), (3,), "S(0)", "S(1)")
-    assert lowering_bugs(case) == {ALLTOALL_UNEVEN}
     distir.check(materialize(distir.check(parse_module(case.text))))
 
 
-@pytest.mark.xfail(strict=True, raises=ShardingError, reason="known bug: per-axis lowering order")
-def test_known_bug_redistribute_through_an_invalid_layout() -> None:
+def test_regression_redistribute_through_an_invalid_layout() -> None:
     """[S(0), S(1)] -> [S(1), S(0)] on a 2x2 mesh: both layouts are valid, but materialization
     changes axis 0 first and passes through [S(1), S(1)], which it rejects. Fix (in
     materialize._redistribute): order the one-axis moves so every intermediate layout is valid
     (moves to R first, then any move whose result is valid; when none is, replicate a blocking
     axis first)."""
     case = _case((5, 7), (2, 2), "S(0), S(1)", "S(1), S(0)")
-    assert lowering_bugs(case) == {AXIS_ORDER}
     distir.check(materialize(distir.check(parse_module(case.text))))
 
 
@@ -211,9 +197,8 @@ def test_shard_value_round_trips(case: RedistCase, seed: int) -> None:
     np.testing.assert_array_equal(unshard_value(pieces, t), x)
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: shard_value/unshard_value treat every partial as a sum")
 @pytest.mark.parametrize("op", ["max", "min", "mean"])
-def test_known_bug_shard_value_of_non_sum_partials(op: str) -> None:
+def test_regression_shard_value_of_non_sum_partials(op: str) -> None:
     """A P(max|min|mean) tensor is the max / min / mean of its pieces, but ``shard_value`` puts
     the value on coordinate 0 and zeros elsewhere (their max is max(x, 0), their mean x/n) and
     ``unshard_value`` sums the pieces. Fix (distir/parallel/materialize.py): for a non-sum
@@ -254,13 +239,7 @@ def check_op_strategies(case: OpCase, n: int, seed: int) -> int:
         tout = [DTensorType(DType.f64, t.shape, mesh, (p,)) for t, p in zip(outs, s.outs, strict=True)]  # type: ignore[union-attr]
         where = f"{case.text()}strategy {s} on {n} devices"
         m = distir.check(parse_module(case.text([str(t) for t in tin], [str(t) for t in tout])))
-        try:
-            mat = distir.check(materialize(m))
-        except InterpretError as e:
-            empty = any(0 in local_shape(t, d) for t in tout for d in devs)
-            assert known_bug(e) == RESHAPE_EMPTY and empty, f"{where}\n{e}"
-            event(f"tolerated known bug: {RESHAPE_EMPTY}")
-            continue
+        mat = distir.check(materialize(m))
         pieces = [partial_pieces(a, t, rng) for a, t in zip(args, tin, strict=True)]
         got = run_reference(mat, [p[d] for p in pieces for d in devs])
         for k, (w, t) in enumerate(zip(want, tout, strict=True)):
@@ -278,8 +257,7 @@ def test_every_strategy_of_every_rule_is_sound(case: OpCase, n: int, seed: int) 
     check_op_strategies(case, n, seed)
 
 
-@pytest.mark.xfail(strict=True, raises=InterpretError, reason="known bug: Reshape of an empty shard")
-def test_known_bug_reshape_of_an_empty_shard() -> None:
+def test_regression_reshape_of_an_empty_shard() -> None:
     """(2, 2, 2) -> (1, 2, 2, 2) with S(1) -> S(2) on 3 devices: d2's pieces are (2, 0, 2) ->
     (1, 2, 0, 2), and materialization gives the local Reshape the target [1, 2, 0, 2], where ONNX
     Reshape reads 0 as "copy the input dim" (here 2). Fix: an ``allowzero`` attribute on Reshape
@@ -300,13 +278,6 @@ def annotated_programs(draw: st.DrawFn) -> tuple[str, Mesh, dict[str, str]]:
     return text, mesh, {k: places_text(v) for k, v in ann.items()}
 
 
-def _tolerated(e: Exception, where: str) -> None:
-    bug = known_bug(e)
-    if bug is None:
-        raise AssertionError(f"{where}\n{type(e).__name__}: {e}") from e
-    event(f"tolerated known bug: {bug}")
-
-
 @settings(max_examples=150, deadline=None)
 @given(annotated_programs(), st.integers(0, 3))
 def test_random_annotated_programs_match_sequential(
@@ -315,11 +286,7 @@ def test_random_annotated_programs_match_sequential(
     """Programs are f64 so that float rounding (e.g. a ReduceSum that nearly cancels) cannot pass
     for a sharding error; the bound is the float32 one, relative to the output's max abs."""
     text, mesh, ann = case
-    try:
-        err = compare(parse_module(text), mesh, ann, seed)
-    except (ShardingError, InterpretError) as e:
-        _tolerated(e, f"{text}{mesh} {ann}")
-        return
+    err = compare(parse_module(text), mesh, ann, seed)
     assert err < 1e-5, f"{text}{mesh} {ann}: relative error {err}"
 
 
@@ -329,11 +296,7 @@ def test_random_annotated_programs_match_sequential_after_sink_reductions(
     case: tuple[str, Mesh, dict[str, str]], seed: int
 ) -> None:
     text, mesh, ann = case
-    try:
-        err, moved = compare_optimized(parse_module(text), mesh, ann, seed)
-    except (ShardingError, InterpretError) as e:
-        _tolerated(e, f"{text}{mesh} {ann}")
-        return
+    err, moved = compare_optimized(parse_module(text), mesh, ann, seed)
     event(f"sink_reductions moved {'some ops' if moved else 'nothing'}")
     assert err < 1e-5, f"{text}{mesh} {ann}: relative error {err}"
 

@@ -396,14 +396,18 @@ def _reduce_rule(ctx: TypeCtx) -> Sequence[Type]:
 
 def _alltoall_rule(ctx: TypeCtx) -> Sequence[Type]:
     ts = _distinct_devices(ctx)
-    _same_shapes(ctx, ts)
     sd = norm_axis(ctx, ctx.attr("split_dim"), ts[0].rank, "AllToAll split_dim")
     cd = norm_axis(ctx, ctx.attr("concat_dim"), ts[0].rank, "AllToAll concat_dim")
     n = len(ts)
+    if sd == cd:
+        _same_shapes(ctx, ts)
+        total = [piece[cd] * n for piece in _chunk_shapes(ts[0].shape, n, sd)]
+    else:  # inputs may differ along concat_dim (uneven shards regrouped onto another dim)
+        total = [_concat_shape(ctx, ts, cd)[cd]] * n
     outs = []
-    for t, piece in zip(ts, _chunk_shapes(ts[0].shape, n, sd), strict=True):
+    for t, piece, size in zip(ts, _chunk_shapes(ts[0].shape, n, sd), total, strict=True):
         shape = list(piece)
-        shape[cd] = piece[cd] * n
+        shape[cd] = size
         outs.append(TensorType(t.dtype, tuple(shape), t.device))
     return tuple(outs)
 

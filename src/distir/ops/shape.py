@@ -180,12 +180,14 @@ CONCAT = register(
 
 
 # -- Reshape ----------------------------------------------------------------------------------
-def _reshape_target(ctx: TypeCtx, in_shape: tuple[int, ...], spec: np.ndarray) -> tuple[int, ...]:
+def _reshape_target(
+    ctx: TypeCtx, in_shape: tuple[int, ...], spec: np.ndarray, allowzero: bool = False
+) -> tuple[int, ...]:
     dims = [int(x) for x in np.asarray(spec).reshape(-1)]
     out = []
     infer_at = None
     for i, d in enumerate(dims):
-        if d == 0:
+        if d == 0 and not allowzero:
             if i >= len(in_shape):
                 ctx.fail(f"Reshape dim {i} is 0 (copy) but the input has rank {len(in_shape)}", 1)
             out.append(in_shape[i])
@@ -213,14 +215,15 @@ def _reshape_rule(ctx: TypeCtx) -> Sequence[Type]:
     data, shp = ctx.tensor(0), ctx.tensor(1)
     if not shp.dtype.is_int or shp.rank != 1:
         ctx.fail("Reshape's shape must be a 1-d integer tensor", 1, "Tensor[i64, (n,)]", shp)
-    target = _reshape_target(ctx, data.shape, ctx.const(1, "the target shape"))
+    target = _reshape_target(ctx, data.shape, ctx.const(1, "the target shape"), bool(ctx.attr("allowzero")))
     return (ctx.out(data.dtype, target),)
 
 
 def _reshape_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     data = np.asarray(args[0])
     spec = [int(x) for x in np.asarray(args[1]).reshape(-1)]
-    spec = [data.shape[i] if d == 0 else d for i, d in enumerate(spec)]
+    if not attrs.get("allowzero", 0):
+        spec = [data.shape[i] if d == 0 else d for i, d in enumerate(spec)]
     return (data.reshape(spec),)
 
 
@@ -230,11 +233,13 @@ RESHAPE = register(
         family=FAMILY,
         inputs=("data", "shape"),
         outputs=("reshaped",),
+        attrs={"allowzero": AttrSpec("int", 0, (0, 1))},
         infer=_reshape_rule,
         reference=_reshape_ref,
         bytes_read=lambda ins, outs, attrs: 0.0,
         bytes_written=lambda ins, outs, attrs: 0.0,
-        doc="ONNX Reshape: 0 copies the input dim, -1 is inferred. Needs a concrete shape input.",
+        doc="ONNX Reshape: 0 copies the input dim (a literal 0 with allowzero=1), -1 is inferred. "
+        "Needs a concrete shape input.",
         sharding=sh.reshape,
     )
 )

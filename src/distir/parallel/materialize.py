@@ -125,7 +125,9 @@ def materialize(module: Module) -> Module:
             outs = fb.emit(
                 instr.name,
                 ins,
-                instr.attrs,
+                Attrs({**dict(instr.attrs.items()), "allowzero": 1})
+                if instr.name == "Reshape"
+                else instr.attrs,
                 [f"{o.name}.{d}" for o in instr.outputs],
                 [local_type(o.type, d) for o in instr.outputs],  # type: ignore[arg-type]
             )
@@ -204,22 +206,43 @@ def _redistribute(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Val
     assert isinstance(src, DTensorType) and isinstance(dst, DTensorType)
     cur = list(src.placements)
     pieces = {d: local[(src_v, d)] for d in mesh.devices}
-    for ax in range(len(mesh.axes)):
-        a, b = cur[ax], dst.placements[ax]
-        if a == b:
-            continue
+    for ax, b in _steps(src.placements, dst.placements):
         nxt = [*cur]
         nxt[ax] = b
         t_next = src.with_placements(tuple(nxt))
         _check_layout(t_next, f"`{print_op(op)}`")
         for group in mesh.groups(ax):
             ins = [pieces[d] for d in group]
-            outs = _lower(fb, a, b, ins, group, t_next, dst_v.name, print_op(op))
+            outs = _lower(fb, cur[ax], b, ins, group, t_next, dst_v.name, print_op(op))
             for d, o in zip(group, outs, strict=True):
                 pieces[d] = o
         cur = nxt
     for d in mesh.devices:
         local[(dst_v, d)] = pieces[d]
+
+
+def _steps(src: Sequence[Placement], dst: Sequence[Placement]) -> list[tuple[int, Placement]]:
+    """One-axis moves (axis, new placement) from ``src`` to ``dst`` such that no intermediate
+    layout shards a dim along two mesh axes: moves to Replicate first, then any move whose result
+    is valid; when none is (``[S(0), S(1)] -> [S(1), S(0)]``), a blocking axis is replicated first."""
+    cur = list(src)
+    steps: list[tuple[int, Placement]] = []
+
+    def ok(ax: int, p: Placement) -> bool:
+        return not isinstance(p, Shard) or all(q != p for k, q in enumerate(cur) if k != ax)
+
+    while cur != list(dst):
+        todo = [ax for ax in range(len(cur)) if cur[ax] != dst[ax]]
+        ax = next((ax for ax in todo if isinstance(dst[ax], Replicate)), None)
+        ax = ax if ax is not None else next((ax for ax in todo if ok(ax, dst[ax])), None)
+        if ax is not None:
+            move = dst[ax]
+        else:  # every move collides with a shard of another axis: replicate that axis first
+            ax = next((k for k in todo if not isinstance(cur[k], Replicate)), todo[0])
+            move = dst[ax] if isinstance(cur[ax], Replicate) else Replicate()  # (an invalid target: reported)
+        steps.append((ax, move))
+        cur[ax] = move
+    return steps
 
 
 def _lower(
@@ -271,27 +294,33 @@ def shard_value(x: Any, t: DTensorType) -> dict[Device, np.ndarray]:
         sl = tuple(slice(o, o + s) for o, s in zip(off, shape, strict=True))
         piece = np.array(arr[sl], copy=True)
         coords = t.mesh.coords(d)
-        if any(isinstance(p, Partial) and coords[ax] != 0 for ax, p in enumerate(t.placements)):
-            piece = np.zeros_like(piece)
+        if any(
+            isinstance(p, Partial) and p.op == "sum" and coords[ax] != 0 for ax, p in enumerate(t.placements)
+        ):
+            piece = np.zeros_like(piece)  # (max, min, mean of copies of the value: the value)
         out[d] = piece
     return out
 
 
 def unshard_value(pieces: Mapping[Device, Any], t: DTensorType) -> np.ndarray:
-    """The global array from its pieces (sums partial sums; takes any copy of replicas)."""
-    first = np.asarray(next(iter(pieces.values())))
+    """The global array from its pieces (reduces partial axes with their op, in axis order as
+    the lowering does; takes any copy of replicas)."""
+    from distir.ops.comm import reduce_arrays
+
+    arrays = {d: np.asarray(pieces[d]) for d in t.mesh.devices}
+    for ax, p in enumerate(t.placements):
+        if isinstance(p, Partial):
+            for group in t.mesh.groups(ax):
+                r = reduce_arrays([arrays[d] for d in group], p.op)
+                arrays.update({d: r for d in group})
+    first = arrays[t.mesh.devices[0]]
     out = np.zeros(t.shape, dtype=first.dtype)
     filled = np.zeros(t.shape, dtype=bool)
-    partial_axes = [ax for ax, p in enumerate(t.placements) if isinstance(p, Partial)]
     for d in t.mesh.devices:
-        coords = t.mesh.coords(d)
         off, shape = local_offsets(t, d), local_shape(t, d)
         sl = tuple(slice(o, o + s) for o, s in zip(off, shape, strict=True))
-        if partial_axes:
-            if all(coords[ax] == 0 for ax, p in enumerate(t.placements) if isinstance(p, Replicate)):
-                out[sl] += np.asarray(pieces[d])
-        elif not filled[sl].all():
-            out[sl] = pieces[d]
+        if not filled[sl].all():
+            out[sl] = arrays[d]
             filled[sl] = True
     return out
 
