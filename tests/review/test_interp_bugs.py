@@ -66,11 +66,6 @@ func @m(%x: Tensor[f32, (4, 2), d0]) {
         distir.check(m)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: annotate_types types a callee from its first call when all calls have the same "
-    "argument *types*, though results depend on concrete arguments: check rejects a valid program",
-)
 def test_annotate_callee_whose_result_depends_on_a_concrete_argument() -> None:
     m = parse_module("""func @r(%x, %s) {
   %y = Reshape(%x, %s)
@@ -123,11 +118,6 @@ SCALAR_ALLREDUCE = """func @m(%a: Scalar[f32, d0], %b: Scalar[f32, d1]) {
 }"""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: collectives over Scalar inputs project to nothing (comm.py:545 keeps only "
-    "TensorType inputs, so the group is empty); the rank programs return undefined values",
-)
 def test_collective_over_scalars_projects() -> None:
     m = distir.check(parse_module(SCALAR_ALLREDUCE))
     args = [np.float32(1.0), np.float32(2.0)]
@@ -135,10 +125,6 @@ def test_collective_over_scalars_projects() -> None:
     assert float(per[Device(0)][0]) == float(per[Device(1)][0]) == 3.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: simulating a collective over Scalar inputs raises IndexError (comm.py:645 drops scalars)",
-)
 def test_collective_over_scalars_simulates() -> None:
     m = distir.check(parse_module(SCALAR_ALLREDUCE))
     assert simulate(m, tiny_cluster(), cost_model=UnitCost()).step_time_s == 0.5

@@ -39,10 +39,11 @@ def annotate_types(module: Module, concrete: Mapping[str, Any] | None = None) ->
             out.append(_typed_copy(fn, {v: type_of(x) for v, x in entry_env.items()}))
             continue
         seen = domain.envs.get(fn.name, [])
-        signatures = {sig for sig, _ in seen}
-        if len(signatures) == 1:
-            env = seen[0][1]
-            out.append(_typed_copy(fn, {v: type_of(x) for v, x in env.items()}))
+        # typed only if every call gives every value the same type (results may depend on known
+        # argument values, not only on argument types: a callee reshaping to a given shape)
+        typings = [{v: type_of(x) for v, x in env.items()} for _, env in seen]
+        if typings and all(t == typings[0] for t in typings[1:]):
+            out.append(_typed_copy(fn, typings[0]))
         else:
             out.append(fn)
     return Module(tuple(out))

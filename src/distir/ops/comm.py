@@ -420,6 +420,15 @@ def _alltoall_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return tuple(np.concatenate([pieces[i][j] for i in range(n)], axis=cd) for j in range(n))
 
 
+def _as_tensors(ins: Sequence[Type]) -> list[TensorType]:
+    """Inputs of a collective as tensors: a scalar is a 0-d tensor."""
+    return [
+        TensorType(t.dtype, (), t.device) if isinstance(t, ScalarType) else t
+        for t in ins
+        if isinstance(t, TensorType | ScalarType)
+    ]
+
+
 def _each_in(ins: Sequence[TensorType], outs: Sequence[Type]) -> float:
     """The size of one participant's input (all inputs have the same size)."""
     return float(ins[0].nbytes)
@@ -551,7 +560,7 @@ def _make_project(c: _Coll) -> Callable[..., dict[Device, list[Op]]]:
     def project(
         op: Op, ins: Sequence[Type], outs: Sequence[Type], vmap: Callable[[Value], Value]
     ) -> dict[Device, list[Op]]:
-        ts = [t for t in ins if isinstance(t, TensorType)]
+        ts = _as_tensors(ins)
         group = c.group(ts, op.attrs)
         in_devs = c.in_devices(ts, op.attrs)
         out_devs = c.out_devices(ts, op.attrs)
@@ -651,7 +660,7 @@ def _make_rendezvous(c: _Coll) -> Rendezvous:
 
 def _make_comm_cost(c: _Coll) -> Callable[[Sequence[Type], Sequence[Type], Attrs], CommCost]:
     def cost(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> CommCost:
-        ts = [t for t in ins if isinstance(t, TensorType)]
+        ts = _as_tensors(ins)
         root: Any = attrs.get("root")
         if c.pattern is CommPattern.SCATTER:
             root = ts[0].device
