@@ -1,5 +1,5 @@
 """Interpreter, projection and communication bugs found in review, each as a minimal program.
-A test marked xfail(strict) fails today because of the bug named in its reason."""
+All fixed since; they stay as regression tests (a test still marked xfail(strict) names an open bug)."""
 
 from __future__ import annotations
 
