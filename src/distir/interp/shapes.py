@@ -54,6 +54,22 @@ def _known(args: Sequence[Mixed]) -> list[Any]:
     return [a.data if isinstance(a, Concrete) else None for a in args]
 
 
+def check_declared(values: Sequence[Value], results: Sequence[Mixed], producer: str) -> None:
+    """Declared result types must be what the op or call produces."""
+    for v, o in zip(values, results, strict=False):
+        if v.type is not None and v.type != type_of(o):
+            raise OpTypeError(
+                f"%{v.name} is declared {v.type} but {producer} gives {type_of(o)}", None, v.type, type_of(o)
+            )
+
+
+def check_arguments(callee: Function, types: Sequence[Type]) -> None:
+    """Arguments of a call must have the types the callee declares for its parameters."""
+    for k, (p, t) in enumerate(zip(callee.params, types, strict=False)):
+        if p.type is not None and p.type != t:
+            raise OpTypeError(f"argument for %{p.name} of @{callee.name} has the wrong type", k, p.type, t)
+
+
 class TypeDomain:
     """Mixed abstract/concrete type propagation. See the module docstring."""
 
@@ -122,23 +138,12 @@ class TypeDomain:
             d.check_arity(len(args))
             impl = self._selected[key] = self.dispatch.select(d, concrete)
         outs: Sequence[Mixed] = impl.run(d, op, args)
-        for v, o in zip(op.outputs, outs, strict=False):
-            if v.type is not None and v.type != type_of(o):
-                raise OpTypeError(
-                    f"%{v.name} is declared {v.type} but {op.name} gives {type_of(o)}",
-                    None,
-                    v.type,
-                    type_of(o),
-                )
+        check_declared(op.outputs, outs, op.name)
         return outs
 
     def call(self, module: Module, call: Call, callee: Function, args: Sequence[Mixed]) -> Sequence[Mixed]:
         types = tuple(type_of(a) for a in args)
-        for k, (p, t) in enumerate(zip(callee.params, types, strict=False)):
-            if p.type is not None and p.type != t:
-                raise OpTypeError(
-                    f"argument for %{p.name} of @{callee.name} has the wrong type", k, p.type, t
-                )
+        check_arguments(callee, types)
         abstract = not any(isinstance(a, Concrete) for a in args)
         key = (callee.name, types)
         outs: Sequence[Mixed] | None = None
@@ -151,14 +156,7 @@ class TypeDomain:
             if abstract:
                 # results may be known values (a callee returning Shape(%p)): keep them
                 self._call_cache[key] = tuple(outs)
-        for v, o in zip(call.outputs, outs, strict=False):
-            if v.type is not None and v.type != type_of(o):
-                raise OpTypeError(
-                    f"%{v.name} is declared {v.type} but @{callee.name} returns {type_of(o)}",
-                    None,
-                    v.type,
-                    type_of(o),
-                )
+        check_declared(call.outputs, outs, "@" + callee.name)
         return outs
 
 

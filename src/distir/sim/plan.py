@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distir.interp.loop import interpret
-from distir.interp.shapes import Concrete, Mixed, TypeDomain, type_of
+from distir.interp.shapes import Concrete, Mixed, TypeDomain, check_arguments, check_declared, type_of
 from distir.ir.dtensor import DTensorType
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
@@ -137,7 +137,7 @@ class PlanDomain(TypeDomain):
             outs, rec = hit
             for v in op.outputs:
                 if v.type is not None:
-                    self._check_declared(op, outs)
+                    check_declared(op.outputs, outs, op.name)
                     break
             self._frames[-1].append(rec)
             return outs
@@ -149,12 +149,6 @@ class PlanDomain(TypeDomain):
             self._memo[key] = (out_types, rec)
         self._frames[-1].append(rec)
         return result
-
-    @staticmethod
-    def _check_declared(op: Op, outs: Sequence[Type]) -> None:
-        for v, t in zip(op.outputs, outs, strict=False):
-            if v.type is not None and v.type != t:
-                raise OpTypeError(f"%{v.name} is declared {v.type} but {op.name} gives {t}", None, v.type, t)
 
     def _slots_of(self, types: Sequence[Type]) -> list[int]:
         out: list[int] = []
@@ -197,26 +191,12 @@ class PlanDomain(TypeDomain):
         key = (callee.name, types)
         hit = self._summaries.get(key) if abstract else None
         if hit is None:
-            for k, (p, t) in enumerate(zip(callee.params, types, strict=False)):
-                if p.type is not None and p.type != t:
-                    raise OpTypeError(
-                        f"argument for %{p.name} of @{callee.name} has the wrong type",
-                        k,
-                        p.type,
-                        t,
-                    )
+            check_arguments(callee, types)
             plan = self.plan(callee, args)
             hit = (summarize(plan, self.slot_gpu), plan.out_values)
             if abstract:
                 self._summaries[key] = hit
-        for v, o in zip(call.outputs, hit[1], strict=False):
-            if v.type is not None and v.type != type_of(o):
-                raise OpTypeError(
-                    f"%{v.name} is declared {v.type} but @{callee.name} returns {type_of(o)}",
-                    None,
-                    v.type,
-                    type_of(o),
-                )
+        check_declared(call.outputs, hit[1], "@" + callee.name)
         self._frames[-1].append(hit[0])
         return hit[1]
 
@@ -252,7 +232,7 @@ class PlanDomain(TypeDomain):
                     outs, rec = hit
                     for v in instr.outputs:
                         if v.type is not None:
-                            self._check_declared(instr, outs)
+                            check_declared(instr.outputs, outs, instr.name)
                             break
                     append(rec)
                 else:
