@@ -343,10 +343,11 @@ def test_regression_no_dim_sharded_along_two_mesh_axes() -> None:
 
 def test_regression_sink_reductions_with_two_pending_inputs() -> None:
     """Both inputs of the second MatMul come from Redistributes; sinking one emitted the MatMul
-    before the other's (deferred) Redistribute: "%w2_R is used before it is defined"."""
+    before the other's (deferred) Redistribute: "%w2_R is used before it is defined". (Only
+    reductions are sunk now — these Redistributes gather — so nothing moves, and nothing breaks.)"""
     ann = {"w2": "S(1)", "w1": "S(0)", "x0": "S(0)"}
-    err, moved = compare_optimized(parse_module(SINK_TWO_PENDING), mesh_of((2,)), ann, 0)
-    assert moved and err < 1e-9
+    err, _moved = compare_optimized(parse_module(SINK_TWO_PENDING), mesh_of((2,)), ann, 0)
+    assert err < 1e-9
 
 
 @pytest.mark.parametrize(

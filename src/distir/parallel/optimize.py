@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from distir.ir.builder import FunctionBuilder
-from distir.ir.dtensor import DTensorType, format_placements
+from distir.ir.dtensor import DTensorType, Partial, Replicate, format_placements
 from distir.ir.function import Module
 from distir.ir.ops import Op
 from distir.ir.rewrite import ValueMap, copy_instr
@@ -32,7 +32,12 @@ def sink_reductions(module: Module) -> Module:
         uses[v] = uses.get(v, 0) + 1
     pending: dict[Value, Op] = {}  # result of a movable Redistribute -> that op
     for instr in fn.body:
-        if isinstance(instr, Op) and instr.name == "Redistribute" and uses.get(instr.outputs[0]) == 1:
+        if (
+            isinstance(instr, Op)
+            and instr.name == "Redistribute"
+            and uses.get(instr.outputs[0]) == 1
+            and _only_reduces(instr)
+        ):
             pending[instr.outputs[0]] = instr
     fb = FunctionBuilder(fn.name)
     vmap = ValueMap()
@@ -61,6 +66,17 @@ def sink_reductions(module: Module) -> Module:
     for r in deferred:
         fb.append(copy_instr(r, vmap))
     return module.replace(fb.ret(*(vmap(v) for v in fn.outputs)))
+
+
+def _only_reduces(op: Op) -> bool:
+    """A Redistribute that only resolves pending reductions (Partial -> Replicate on some axes,
+    every other axis unchanged): moving an op across it never makes communication bigger, while
+    moving one across a gather or an all-to-all could."""
+    src, dst = op.inputs[0].type, op.outputs[0].type
+    if not isinstance(src, DTensorType) or not isinstance(dst, DTensorType):
+        return False
+    changed = [(a, b) for a, b in zip(src.placements, dst.placements, strict=True) if a != b]
+    return bool(changed) and all(isinstance(a, Partial) and isinstance(b, Replicate) for a, b in changed)
 
 
 def _try_sink(
