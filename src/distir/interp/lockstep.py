@@ -24,7 +24,7 @@ from distir.ir.printer import print_op
 from distir.ir.rewrite import inline_calls
 from distir.ir.types import Device, ScalarType, TensorType
 from distir.ir.values import Value
-from distir.ops.comm import Rendezvous
+from distir.ops.rank_comm import Rendezvous
 from distir.ops.registry import REGISTRY, OpKind
 
 

@@ -10,6 +10,7 @@ from distir.ops import (  # noqa: F401  (registration)
     loss,
     nn,
     optim,
+    rank_comm,
     reduce,
     shape,
     tuples,
