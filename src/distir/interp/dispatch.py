@@ -47,9 +47,5 @@ class Dispatcher(Generic[R]):
         raise LookupError(f"no implementation of {opdef.name} for concreteness {list(concrete)}")
 
 
-def all_concrete(opdef: OpDef, concrete: Sequence[bool]) -> bool:
-    return all(concrete)
-
-
 def always(opdef: OpDef, concrete: Sequence[bool]) -> bool:
     return True

@@ -160,10 +160,6 @@ class TypeDomain:
         return outs
 
 
-class TypeInferenceError(InterpretError):
-    pass
-
-
 def entry_args(fn: Function, concrete: Mapping[str, Any] | None = None) -> list[Mixed]:
     """Arguments for ``fn`` from its declared parameter types (and optional concrete values)."""
     args: list[Mixed] = []
