@@ -189,3 +189,28 @@ def test_shard_stages_and_errors(tmp_path: Path) -> None:
     assert code == 2 and "out of range" in err
     code, _, err = run("shard", str(prog), "--mesh", "tp=x")
     assert code == 2 and "tp=4" in err
+
+
+def test_errors_at_run_time_and_untyped_entries_are_located(tmp_path: Path) -> None:
+    rt = tmp_path / "rt.distir"
+    rt.write_text(
+        "func @f(%x: Tensor[f32, (4,), d0]) {\n  %i = Constant(value=[7], device=d0)\n"
+        "  %y = Gather(%x, %i, axis=0)\n  return %y\n}\n"
+    )
+    code, _, err = run("exec", str(rt))
+    assert code == 2 and err.startswith(f"{rt}:3:3: ") and "out of range" in err
+    untyped = tmp_path / "u.distir"
+    untyped.write_text("func @f(%x) {\n  return %x\n}\n")
+    code, _, err = run("show", str(untyped))
+    assert code == 2 and err.startswith(f"{untyped}:1:9: ") and "has no type" in err
+
+
+def test_parse_positions_are_linear_and_right() -> None:
+    from distir.ir.parser import parse_with_positions
+
+    lines = ["func @f(%x: Tensor[f32, (4,), d0]) {"]
+    lines += [f"  %y{i} = Relu(%x)" for i in range(3000)]
+    lines += ["  return %x", "}"]
+    m, pos = parse_with_positions("\n".join(lines))
+    body = m.entry.body
+    assert pos[body[0]] == (2, 3) and pos[body[-1]] == (3001, 3)

@@ -23,6 +23,7 @@ lets another exception escape for any input text.
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 
@@ -107,10 +108,17 @@ class _Parser:
         self.toks = _tokenize(src, filename)
         self.i = 0
         self.depth = 0
+        self.line_starts = [0, *(m.end() for m in re.finditer("\n", src))]
         # where each op, call, function and value was written: object -> (line, col)
         self.positions: dict[object, tuple[int, int]] = {}
 
     # -- token helpers -------------------------------------------------------------------------
+    def line_col(self, pos: int) -> tuple[int, int]:
+        """1-based line and column of an offset, by binary search over line starts (positions are
+        recorded for every op and value, so this must not scan the text)."""
+        line = bisect.bisect_right(self.line_starts, pos)
+        return line, pos - self.line_starts[line - 1] + 1
+
     def peek(self) -> Token:
         return self.toks[self.i]
 
@@ -173,7 +181,7 @@ class _Parser:
         if t.kind != "FUNC":
             raise self.error(f"expected a function name like @main, found {self.describe(t)}", t)
         fb = FunctionBuilder(t.text[1:])
-        fn_pos = _line_col(self.src, t.pos)
+        fn_pos = self.line_col(t.pos)
         scope: dict[str, tuple[Value, Token]] = {}
         self.expect_punct("(", "after the function name")
         if not self.is_punct(")"):
@@ -216,7 +224,7 @@ class _Parser:
             line, col = _line_col(self.src, prev[1].pos)
             raise self.error(f"value %{v.name} is already defined at {line}:{col}", tok)
         scope[v.name] = (v, tok)
-        self.positions[v] = _line_col(self.src, tok.pos)
+        self.positions[v] = self.line_col(tok.pos)
 
     def use(self, scope: dict[str, tuple[Value, Token]]) -> Value:
         t = self.next()
@@ -275,7 +283,7 @@ class _Parser:
         else:
             instr = Op(head.text, tuple(inputs), outs, Attrs(attrs) if attrs else EMPTY_ATTRS)
         fb.append(instr)
-        self.positions[instr] = _line_col(self.src, start.pos)
+        self.positions[instr] = self.line_col(start.pos)
         for (tok, _), v in zip(results, outs, strict=True):
             self.define(scope, tok, v)
 

@@ -294,7 +294,8 @@ class OpDef:
         at = ", ".join(
             f"{k}: {s.kind}" + ("" if s.required else f" = {s.default!r}") for k, s in self.attrs.items()
         )
-        return f"{outs} = {self.name}({ins}{'; ' + at if at else ''})"
+        call = f"{self.name}({ins}{'; ' + at if at else ''})"
+        return f"{outs} = {call}" if outs else call
 
     # -- checks ---------------------------------------------------------------------------------
     def check_arity(self, n_inputs: int) -> None:

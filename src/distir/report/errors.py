@@ -34,8 +34,8 @@ def locate(err: BaseException, filename: str, positions: Mapping[object, tuple[i
     where: object = None
     if isinstance(err, VerifyError):
         where = err.op if err.op is not None else err.value
-    elif isinstance(err, InterpretError) and err.instrs:
-        where = err.instrs[0]
+    elif isinstance(err, InterpretError):
+        where = err.instrs[0] if err.instrs else err.value
     pos = positions.get(where) if where is not None else None
     if pos is not None:
         return f"{filename}:{pos[0]}:{pos[1]}: {err}"
