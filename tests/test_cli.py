@@ -214,3 +214,24 @@ def test_parse_positions_are_linear_and_right() -> None:
     m, pos = parse_with_positions("\n".join(lines))
     body = m.entry.body
     assert pos[body[0]] == (2, 3) and pos[body[-1]] == (3001, 3)
+
+
+def test_sharded_programs_lower_and_simulate_through_materialization(tmp_path: Path) -> None:
+    prog = tmp_path / "mlp.distir"
+    prog.write_text(
+        "func @mlp(%x: Tensor[f32, (8, 16), d0], %w1: Tensor[f32, (16, 64), d0], "
+        "%w2: Tensor[f32, (64, 16), d0]) {\n  %h = MatMul(%x, %w1)\n  %a = Gelu(%h)\n"
+        "  %y = MatMul(%a, %w2)\n  return %y\n}\n"
+    )
+    code, out, _ = run(
+        "shard", str(prog), "--annotate", "w1=S(1)", "--annotate", "w2=S(0)", "--stage", "optimize"
+    )
+    sharded = tmp_path / "mlp_tp2.distir"
+    sharded.write_text(out)
+    assert code == 0 and "DTensor[" in out
+    code, out, _ = run("simulate", str(sharded), "--cluster", "dgx-a100", "--json")
+    d = json.loads(out)
+    assert code == 0 and sorted(d["peak_memory_bytes"]) == ["d0", "d1"]
+    assert all(dev["comm_s"] > 0 for dev in d["devices"])  # the AllReduce
+    code, out, _ = run("lower", str(sharded), "--rank", "1")
+    assert code == 0 and "rank.AllReduce(" in out and "%w1.d1: Tensor[f32, (16, 32), d1]" in out

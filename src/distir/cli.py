@@ -76,6 +76,22 @@ class _Session:
             m = self.guard(lambda: m.with_entry(entry))
         return self.guard(lambda: distir.verify(m))
 
+    def explicit(self, m: Module) -> Module:
+        """``m`` itself, or, for a sharded (DTensor) program, its materialized per-device form."""
+        from distir.ir.dtensor import DTensorType
+        from distir.parallel.materialize import materialize
+        from distir.parallel.propagate import ShardingError
+
+        if not any(isinstance(p.type, DTensorType) for p in m.entry.params):
+            return m
+        typed = self.guard(lambda: distir.check(m))
+        try:
+            return self.guard(lambda: distir.check(materialize(typed)))
+        except ShardingError as e:
+            if self.debug:
+                traceback.print_exc()
+            _fail(f"{self.file}: {e}")
+
 
 def _emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")
@@ -109,6 +125,7 @@ def lower(
     s = _Session(file, debug)
     m = s.load(entry)
     s.guard(lambda: distir.check(m))
+    m = s.explicit(m)  # a sharded program is lowered from its materialized form
     ranks = s.guard(lambda: project(m))
     s.guard(lambda: check_deadlock_free(ranks))
     if rank is not None:
@@ -183,7 +200,7 @@ def simulate(
     from distir.sim.trace import write_trace
 
     s = _Session(file, debug)
-    m = s.load(entry)
+    m = s.explicit(s.load(entry))  # a sharded program is simulated in its materialized form
     try:
         cl = parse_cluster(cluster)
         dmap = (
