@@ -3,31 +3,23 @@ program with calls against its inlined form."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import distir
 from distir.hardware.cluster import Cluster
 from distir.hardware.specs import DeviceSpec, LinkSpec, NodeSpec
-from distir.ir import Attrs, Module, Type, parse_module
+from distir.ir import Module, parse_module
 from distir.ir.rewrite import inline_calls
-from distir.ops.registry import CommCost, OpDef
+from distir.sim.cost import FixedCostModel
 from distir.sim.simulate import SimResult, simulate
 
 
-class UnitCost:
+class UnitCost(FixedCostModel):
     """Every op that does any work costs 1 s, MatMul 2 s; every communication 0.5 s
     (the same model as ``tests/sim/test_simulate.py``)."""
 
-    def compute_time(
-        self, opdef: OpDef, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, gpu: int
-    ) -> float:
-        if opdef.flops(ins, outs, attrs) == 0 and opdef.bytes_written(ins, outs, attrs) == 0:
-            return 0.0
-        return 2.0 if opdef.name == "MatMul" else 1.0
-
-    def comm_time(self, cost: CommCost, gpus: Sequence[int]) -> float:
-        return 0.5
+    def __init__(self) -> None:
+        super().__init__(compute=1.0, comm=0.5, by_op={"MatMul": 2.0})
 
 
 def tiny_cluster(memory_bytes: int = 1 << 30, gpus: int = 2) -> Cluster:

@@ -4,7 +4,6 @@ call summaries agreeing with inlined programs, and the trace."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -12,27 +11,18 @@ import pytest
 import distir
 from distir.hardware.cluster import Cluster, parse_cluster
 from distir.hardware.specs import DeviceSpec, LinkSpec, NodeSpec
-from distir.ir import Attrs, Module, Op, Type, parse_module, print_module
+from distir.ir import Module, Op, parse_module, print_module
 from distir.ir.rewrite import inline_calls
-from distir.ops.registry import CommCost, OpDef
 from distir.report.demo import example_text
+from distir.sim.cost import FixedCostModel
 from distir.sim.devices import DeviceMap, DeviceMapError, Slot
 from distir.sim.simulate import simulate
 from distir.sim.trace import trace_events, write_trace
 
 
-class UnitCost:
+def UnitCost() -> FixedCostModel:
     """Every op that does any work costs 1 s, MatMul 2 s; every communication 0.5 s."""
-
-    def compute_time(
-        self, opdef: OpDef, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, gpu: int
-    ) -> float:
-        if opdef.flops(ins, outs, attrs) == 0 and opdef.bytes_written(ins, outs, attrs) == 0:
-            return 0.0
-        return 2.0 if opdef.name == "MatMul" else 1.0
-
-    def comm_time(self, cost: CommCost, gpus: Sequence[int]) -> float:
-        return 0.5
+    return FixedCostModel(compute=1.0, comm=0.5, by_op={"MatMul": 2.0})
 
 
 def tiny_cluster(memory_bytes: int = 1 << 30, gpus: int = 2) -> Cluster:
@@ -324,13 +314,9 @@ def test_collective_on_comm_streams_overlaps_compute() -> None:
     assert simulate(distir.check(parse_module(serial)), cl, cost_model=heavy).step_time_s == 5.0
 
 
-class UnitCostHeavyComm(UnitCost):
-    """Compute 1 s per op; a collective 2 s; Sends between streams of one GPU free."""
-
-    def comm_time(self, cost: CommCost, gpus: Sequence[int]) -> float:
-        if len(set(gpus)) == 1:
-            return 0.0
-        return 2.0
+def UnitCostHeavyComm() -> FixedCostModel:
+    """Compute 1 s per op (MatMul 2 s); a collective 2 s; Sends between streams of one GPU free."""
+    return FixedCostModel(compute=1.0, comm=2.0, by_op={"MatMul": 2.0}, free_local=True)
 
 
 def _devs(*ids: int) -> set:  # type: ignore[type-arg]

@@ -95,3 +95,27 @@ class RooflineCostModel:
             fn = coll.scatter_time if cost.pattern is CommPattern.SCATTER else coll.gather_time
             return fn(self.cluster, cost.nbytes, gpus, root)
         return _COLLECTIVE[cost.pattern](self.cluster, cost.nbytes, gpus)
+
+
+@dataclass(frozen=True)
+class FixedCostModel:
+    """Fixed costs, for reasoning about schedules by hand and for tests: an op that does any work
+    (FLOPs or bytes written) costs ``compute`` seconds (``by_op`` overrides per op name); every
+    communication costs ``comm`` seconds, except between streams of one GPU when ``free_local``."""
+
+    compute: float = 1.0
+    comm: float = 0.5
+    by_op: Mapping[str, float] = field(default_factory=dict)
+    free_local: bool = False
+
+    def compute_time(
+        self, opdef: OpDef, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, gpu: int
+    ) -> float:
+        if opdef.flops(ins, outs, attrs) == 0 and opdef.bytes_written(ins, outs, attrs) == 0:
+            return 0.0
+        return self.by_op.get(opdef.name, self.compute)
+
+    def comm_time(self, cost: CommCost, gpus: Sequence[int]) -> float:
+        if self.free_local and len(set(gpus)) == 1:
+            return 0.0
+        return self.comm
