@@ -91,7 +91,17 @@ class CallSummary:
 
 
 # per-op record: (devs, cost, is_comm, name, flops, view, bytes per GPU of each result)
-OpRecord = tuple[tuple[int, ...], float, bool, str, float, bool, tuple[list[tuple[int, float]], ...]]
+OpRecord = tuple[
+    tuple[int, ...],  # 0 slots
+    float,  # 1 seconds
+    bool,  # 2 communicates
+    str,  # 3 name
+    float,  # 4 FLOPs
+    bool,  # 5 a view (allocates nothing)
+    tuple[list[tuple[int, float]], ...],  # 6 bytes per GPU of each result
+    tuple[tuple[int, float], ...],  # 7 all allocations (empty for a view)
+    tuple[tuple[int, float], ...],  # 8 the same summed per GPU: the op's peak bump
+]
 # per-instruction memory: (peak bumps, allocations, frees), each a tuple of (gpu, bytes)
 MemEvents = tuple[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]]
 
@@ -175,14 +185,20 @@ class PlanDomain(TypeDomain):
             desc = d.comm_cost(ins, outs, op.attrs)
             gpus = [self.slot_gpu[self.dev_slot[x]] for x in desc.devices]
             seconds = float(self.cost.comm_time(desc, gpus))
-            return devs, seconds, True, op.name, 0.0, False, self._sizes(outs)
+            return (devs, seconds, True, op.name, 0.0, False, *self._sizes(outs, False))
         gpu = self.slot_gpu[devs[0]] if devs else 0
         seconds = float(self.cost.compute_time(d, ins, outs, op.attrs, gpu)) if devs else 0.0
         view = bool(ins) and d.bytes_written(ins, outs, op.attrs) == 0
-        return devs, seconds, False, op.name, d.flops(ins, outs, op.attrs), view, self._sizes(outs)
+        return (devs, seconds, False, op.name, d.flops(ins, outs, op.attrs), view, *self._sizes(outs, view))
 
-    def _sizes(self, outs: Sequence[Type]) -> tuple[list[tuple[int, float]], ...]:
-        return tuple(_bytes_by_gpu(t, self.dev_slot, self.slot_gpu) for t in outs)
+    def _sizes(
+        self, outs: Sequence[Type], view: bool
+    ) -> tuple[
+        tuple[list[tuple[int, float]], ...], tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]
+    ]:
+        per = tuple(_bytes_by_gpu(t, self.dev_slot, self.slot_gpu) for t in outs)
+        allocs = () if view else tuple(x for p in per for x in p)
+        return per, allocs, _per_gpu(allocs)
 
     # -- calls -----------------------------------------------------------------------------------
     def call(self, module: Module, call: Call, callee: Function, args: Sequence[Mixed]) -> Sequence[Mixed]:
@@ -279,33 +295,36 @@ def build_plan(
     # a value's storage roots: itself when absent (a fresh result or a parameter), else the
     # values whose storage it views
     roots: dict[Value, tuple[Value, ...]] = {}
-    owned: dict[Value, tuple[int, list[tuple[int, float]]]] = {}  # root -> (created at, bytes)
+    owned: dict[Value, list[tuple[int, float]]] = {}  # root -> bytes per GPU
     last: dict[Value, int] = {}
     calls: list[int] = []
     get_roots = roots.get
     call_roots: dict[int, dict[int, Value]] = {}  # call index -> fresh buffer k -> its root here
+    call_allocs: dict[int, list[tuple[int, float]]] = {}
     for i, (instr, rec) in enumerate(zip(fn.body, records, strict=True)):
-        skip = rec.param_last if isinstance(rec, CallSummary) else None
-        for j, v in enumerate(instr.inputs):
-            if skip is not None and skip[j] < 0:
-                continue  # the callee never reads it (a returned alias extends it where used)
-            rs = get_roots(v)
-            if rs is None:
-                last[v] = i
-            else:
-                for r in rs:
-                    last[r] = i
-        if type(rec) is tuple:
+        if type(rec) is tuple:  # the hot path: a primitive op
+            for v in instr.inputs:
+                rs = get_roots(v)
+                if rs is None:
+                    last[v] = i
+                else:
+                    for r in rs:
+                        last[r] = i
             if rec[5]:  # a view
                 shared = tuple({r: None for v in instr.inputs for r in get_roots(v) or (v,)})
                 for o in instr.outputs:
                     roots[o] = shared
                 continue
             for o, by_gpu in zip(instr.outputs, rec[6], strict=True):
-                owned[o] = (i, by_gpu)
+                owned[o] = by_gpu
                 last[o] = i
             continue
         assert isinstance(rec, CallSummary)
+        for j, v in enumerate(instr.inputs):
+            if rec.param_last[j] < 0:
+                continue  # the callee never reads it (a returned alias extends it where used)
+            for r in get_roots(v) or (v,):
+                last[r] = i
         calls.append(i)
         mine: dict[int, Value] = call_roots.setdefault(i, {})
         for o, out_refs in zip(instr.outputs, rec.out_roots, strict=True):
@@ -319,7 +338,8 @@ def build_plan(
                 buf = mine.get(k)
                 if buf is None:  # one buffer, however many results use it
                     buf = mine[k] = Value(f"{rec.name}.buffer{k}")
-                    owned[buf] = (i, list(rec.fresh[k][0]))
+                    owned[buf] = list(rec.fresh[k][0])
+                    call_allocs.setdefault(i, []).extend(rec.fresh[k][0])
                     last[buf] = i
                 uses_of[buf] = None
             roots[o] = tuple(uses_of)
@@ -346,21 +366,25 @@ def build_plan(
                 comm.append(rec[2])
                 names.append(rec[3])
                 flops.append(rec[4])
-    internal_last = dict(last)  # last uses, not counting the return
-    for v in fn.outputs:
-        for r in get_roots(v) or (v,):
-            last[r] = n
-    allocs: dict[int, list[tuple[int, float]]] = {}
+    out_root_list = [r for v in fn.outputs for r in get_roots(v) or (v,)]
+    # last uses not counting the return, where a summary needs them (parameters, results)
+    internal_last = {r: last.get(r, -1) for r in (*fn.params, *out_root_list)}
+    for r in out_root_list:
+        last[r] = n
     frees: dict[int, list[tuple[int, float]]] = {}
-    for r, (created, by_gpu) in owned.items():
-        allocs.setdefault(created, []).extend(by_gpu)
+    for r, by_gpu in owned.items():
         end = last[r]
         if end < n:
-            frees.setdefault(end, []).extend(by_gpu)
+            pending = frees.get(end)
+            if pending is None:
+                frees[end] = list(by_gpu)
+            else:
+                pending.extend(by_gpu)
     mem: list[MemEvents | None] = [None] * n
-    for i in allocs.keys() | frees.keys():
-        al = tuple(allocs.get(i, ()))
-        mem[i] = (_per_gpu(al), al, tuple(frees.get(i, ())))
+    for i, rec in enumerate(records):
+        freed = frees.get(i)
+        if type(rec) is tuple and (rec[7] or freed):
+            mem[i] = (rec[8], rec[7], tuple(freed) if freed else ())
     if calls:
         dying_at: dict[int, list[Value]] = {}
         for r, end in last.items():
@@ -375,13 +399,13 @@ def build_plan(
             made = {buf: k for k, buf in call_roots.get(i, {}).items()}
             for r in dying_at.get(i, ()):
                 if r in made:  # a result nobody uses: gone after its last use inside
-                    dead.extend((c.fresh[made[r]][1], g, b) for g, b in owned[r][1])
+                    dead.extend((c.fresh[made[r]][1], g, b) for g, b in owned[r])
                     continue
                 uses = [c.param_last[j] for j, v in enumerate(instr.inputs) if r in (get_roots(v) or (v,))]
                 if uses and max(uses) >= 0:
-                    dying.extend((max(uses), g, b) for g, b in owned[r][1])
+                    dying.extend((max(uses), g, b) for g, b in owned[r])
             pk = c.extra_with_dying(dying, dead)
-            al = tuple(allocs.get(i, ()))
+            al = tuple(call_allocs.get(i, ()))
             fr = tuple(frees.get(i, ()))
             mem[i] = (pk, al, fr) if (pk or al or fr) else None
     param_index = {p: j for j, p in enumerate(fn.params)}
@@ -396,7 +420,7 @@ def build_plan(
             elif r in owned:
                 if r not in fresh_index:
                     fresh_index[r] = len(fresh)
-                    fresh.append((tuple(owned[r][1]), internal_last.get(r, -1)))
+                    fresh.append((tuple(owned[r]), internal_last.get(r, -1)))
                 refs_of.append(-1 - fresh_index[r])
         out_roots.append(tuple(dict.fromkeys(refs_of)))
     slots = tuple(sorted({s for ds in devs for s in ds}))
