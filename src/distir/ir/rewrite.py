@@ -69,3 +69,16 @@ def inline_calls(
 
     emit(fn.body, top)
     return fb.ret(*(top(v) for v in fn.outputs))
+
+
+def eliminate_dead_code(fn: Function, keep: Callable[[Instr], bool] = lambda i: False) -> Function:
+    """``fn`` without the ops and calls whose results nobody uses (``keep`` spares some, e.g.
+    ops with effects). Straight-line code, so one backward sweep finds everything dead."""
+    live = set(fn.outputs)
+    body: list[Instr] = []
+    for instr in reversed(fn.body):
+        if keep(instr) or any(v in live for v in instr.outputs) or not instr.outputs:
+            body.append(instr)
+            live.update(instr.inputs)
+    body.reverse()
+    return Function(fn.name, fn.params, tuple(body), fn.outputs)

@@ -104,9 +104,20 @@ def _annotation(value: str, a: str | Sequence[Placement], mesh: Mesh) -> tuple[P
 
 
 def propagate(
-    module: Module, mesh: Mesh, annotations: Mapping[str, str | Sequence[Placement]]
+    module: Module,
+    mesh: Mesh,
+    annotations: Mapping[str, str | Sequence[Placement]],
+    *,
+    params: Mapping[int, str | Sequence[Placement]] | None = None,
+    results: Mapping[int, str | Sequence[Placement]] | None = None,
+    replicate_results: bool = True,
 ) -> Propagation:
-    """Place every tensor value of the entry (calls are inlined first). See the module docstring."""
+    """Place every tensor value of the entry (calls are inlined first). See the module docstring.
+
+    ``annotations`` name values; ``params`` / ``results`` annotate the entry's parameters and
+    results by position (for generated code whose names are only hints). With
+    ``replicate_results=False``, results nobody annotated keep whatever placement their producer
+    gives them (a transform that composes functions chooses the placements at the boundaries)."""
     fn = inline_calls(module)
     flat = Module((fn,))
     _, env = infer_types(flat)
@@ -117,6 +128,12 @@ def propagate(
     for name in annotations:
         if name not in by_name:
             raise ShardingError(f"annotation names %{name}, which the program does not define")
+    positional: dict[Value, str | Sequence[Placement]] = {}
+    for where, seq, given in (("parameter", fn.params, params), ("result", fn.outputs, results)):
+        for i, a in (given or {}).items():
+            if not 0 <= i < len(seq):
+                raise ShardingError(f"@{fn.name} has no {where} {i}")
+            positional[seq[i]] = a
     ops = [i for i in fn.body if isinstance(i, Op)]
     # constants (ops without inputs) stay plain tensors of the logical program: replicated
     constants = {v for op in ops if not op.inputs for v in op.outputs}
@@ -125,8 +142,10 @@ def propagate(
         for v, t in types.items()
         if isinstance(t, TensorType) and v not in constants
     }
-    for name, a in annotations.items():
-        v = by_name[name]
+    given: list[tuple[Value, str | Sequence[Placement]]] = [(by_name[n], a) for n, a in annotations.items()]
+    given.extend(positional.items())
+    for v, a in given:
+        name = v.name
         if v not in placed:
             raise ShardingError(f"%{name} is not a tensor, so it cannot be sharded")
         for ax, p in enumerate(_annotation(name, a, mesh)):
@@ -135,8 +154,8 @@ def propagate(
             placed[v][ax] = p
     params = set(fn.params)
     # annotated values are constraints; results of the program are replicated unless annotated
-    fixed = {by_name[name] for name in annotations}
-    for v in fn.outputs:
+    fixed = {v for v, _ in given}
+    for v in fn.outputs if replicate_results else ():
         if v not in fixed and v in placed and v not in params:
             placed[v] = [Replicate()] * len(mesh.axes)
             fixed.add(v)

@@ -1,0 +1,296 @@
+"""Reverse-mode autodiff over the IR: a function becomes a forward and a backward function.
+
+``vjp(module, fn, arg_types, wrt)`` differentiates a flat function (no calls; inline them first)
+at concrete argument types and returns two new functions:
+
+- ``@<fn>_fwd(params...) -> (outputs..., saved...)``: the original code, also returning the
+  forward values the backward needs (the *residuals*);
+- ``@<fn>_bwd(saved..., d_outputs...) -> (d_params for wrt...)``: the vector-Jacobian product.
+
+Each op's gradient comes from its registry ``grad`` rule (``distir.ops.gradrules``). A rule
+reads forward values through ``primal(v)``, and the *recompute policy* decides what that means:
+save the value (it becomes a residual) or recompute it inside the backward function from what is
+saved. ``SAVE_ALL`` saves everything the rules touch; ``RECOMPUTE_ALL`` (full activation
+recomputation) saves only the function's parameters and recomputes the rest; ``SELECTIVE`` saves
+the results of weight matmuls and recomputes the cheap, large rest (softmax, attention scores,
+norms, activations) as Korthikanti et al. (2022) do. Recomputation is emitted lazily, right before
+its first use, so recomputed values die as early as possible.
+
+Cotangents of a value used several times are summed. A parameter in ``wrt`` that the outputs do
+not depend on gets a zero gradient (``FillLike``). Integer values are never active.
+
+``split_weight_grad`` splits a backward function into the input-gradient part and the
+weight-gradient part (the zero-bubble pipeline schedules run them separately).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from distir.interp.loop import interpret
+from distir.interp.shapes import TypeDomain, type_of
+from distir.ir.builder import FunctionBuilder
+from distir.ir.function import Function, Module
+from distir.ir.ops import Call, Op
+from distir.ir.printer import print_op
+from distir.ir.rewrite import ValueMap, copy_instr, eliminate_dead_code
+from distir.ir.types import TensorType, Type
+from distir.ir.values import Value
+from distir.ops.gradrules import NotDifferentiableError
+from distir.ops.registry import REGISTRY
+
+RecomputePolicy = Callable[[Op, Function], bool]
+"""``policy(op, fn)``: True to save ``op``'s results for the backward, False to recompute them."""
+
+
+def SAVE_ALL(op: Op, fn: Function) -> bool:
+    return True
+
+
+def RECOMPUTE_ALL(op: Op, fn: Function) -> bool:
+    return False
+
+
+_MATMULS = frozenset({"MatMul", "Gemm", "Conv"})
+
+
+def SELECTIVE(op: Op, fn: Function) -> bool:
+    """Save the results of matmuls with a weight (a parameter of the function that is not its
+    first, activation, argument); recompute everything else."""
+    weights = set(fn.params[1:])
+    return op.name in _MATMULS and any(v in weights for v in op.inputs)
+
+
+POLICIES: dict[str, RecomputePolicy] = {"none": SAVE_ALL, "full": RECOMPUTE_ALL, "selective": SELECTIVE}
+
+
+class AutodiffError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class VJP:
+    """``fwd`` returns the original results then the residuals; ``bwd`` takes the parameters of
+    the original function it reads (``bwd_params``: their indices), then the residuals, then one
+    cotangent per active output. Parameters are passed by the caller rather than saved, so a
+    caller may hand the backward a re-gathered weight (ZeRO-3) instead of keeping it alive."""
+
+    fwd: Function
+    bwd: Function
+    n_outputs: int
+    n_residuals: int
+    bwd_params: tuple[int, ...]
+    active_outputs: tuple[int, ...]  # outputs that get a cotangent parameter in bwd, in order
+    wrt: tuple[int, ...]  # parameters whose gradients bwd returns, in order
+
+
+class _Ctx:
+    """The GradCtx handed to gradient rules (see distir.ops.gradrules)."""
+
+    def __init__(
+        self, fn: Function, types: dict[Value, Type], policy: RecomputePolicy, fb: FunctionBuilder
+    ) -> None:
+        self.fn = fn
+        self.types = types
+        self.policy = policy
+        self.fb = fb
+        self.producer: dict[Value, Op] = {}
+        for instr in fn.body:
+            assert isinstance(instr, Op)
+            for o in instr.outputs:
+                self.producer[o] = instr
+        self.params = set(fn.params)
+        self.saved: list[Value] = []  # forward values saved, in order of first use
+        self.bwd_of: dict[Value, Value] = {}  # forward value -> its backward stand-in
+
+    def op(self, name: str, *inputs: Value, n_out: int | None = None, **attrs: object) -> tuple[Value, ...]:
+        return self.fb.op(name, *inputs, n_out=n_out, **attrs)
+
+    def type(self, v: Value) -> TensorType:
+        t = self.types[v]
+        if not isinstance(t, TensorType):
+            raise AutodiffError(f"%{v.name} is {t}, not a tensor")
+        return t
+
+    def primal(self, v: Value) -> Value:
+        got = self.bwd_of.get(v)
+        if got is not None:
+            return got
+        op = self.producer.get(v)
+        if v in self.params or (op is not None and op.inputs and self.policy(op, self.fn)):
+            got = Value(v.name, None)
+            self.saved.append(v)
+            self.bwd_of[v] = got
+            return got
+        assert op is not None
+        ins = [self.primal(x) for x in op.inputs]
+        outs = self.fb.emit(op.name, ins, op.attrs, [o.name for o in op.outputs])
+        for o, n in zip(op.outputs, outs, strict=True):
+            self.bwd_of[o] = n
+        return self.bwd_of[v]
+
+
+def _types(module: Module, fn: Function, arg_types: Sequence[Type]) -> dict[Value, Type]:
+    _, env = interpret(module, fn, list(arg_types), TypeDomain(concrete_limit=0))
+    return {v: type_of(x) for v, x in env.items()}
+
+
+def _float(t: Type | None) -> bool:
+    return isinstance(t, TensorType) and t.dtype.is_float
+
+
+def vjp(
+    module: Module,
+    fn: Function,
+    arg_types: Sequence[Type],
+    wrt: Sequence[int],
+    policy: RecomputePolicy = SAVE_ALL,
+    name: str | None = None,
+) -> VJP:
+    """Forward and backward functions of ``fn`` at ``arg_types`` (module docstring)."""
+    base = name or fn.name
+    if any(isinstance(i, Call) for i in fn.body):
+        raise AutodiffError(f"@{fn.name} contains calls; inline them before differentiating")
+    types = _types(module, fn, arg_types)
+    for i in wrt:
+        if not 0 <= i < len(fn.params):
+            raise AutodiffError(f"@{fn.name} has no parameter {i}")
+        if not _float(types[fn.params[i]]):
+            raise AutodiffError(
+                f"cannot differentiate @{fn.name} with respect to %{fn.params[i].name}: "
+                f"it is {types[fn.params[i]]}, not a floating-point tensor"
+            )
+    active: set[Value] = {fn.params[i] for i in wrt}
+    for instr in fn.body:
+        if any(v in active for v in instr.inputs):
+            active.update(o for o in instr.outputs if _float(types.get(o)))
+    fb = FunctionBuilder(f"{base}_bwd", REGISTRY.out_arity)
+    ctx = _Ctx(fn, types, policy, fb)
+    cot: dict[Value, Value] = {}
+    cot_params: list[Value] = []
+    active_outputs: list[int] = []
+    for k, o in enumerate(fn.outputs):
+        if o in active and o not in cot:
+            p = Value(f"d{o.name}", None)
+            cot[o] = p
+            cot_params.append(p)
+            active_outputs.append(k)
+    for instr in reversed(fn.body):
+        assert isinstance(instr, Op)
+        douts = [cot.get(o) for o in instr.outputs]
+        if all(d is None for d in douts) or not any(v in active for v in instr.inputs):
+            continue
+        rule = REGISTRY[instr.name].grad
+        if rule is None:
+            raise NotDifferentiableError(
+                f"`{print_op(instr)}` in @{fn.name}: {instr.name} has no gradient rule, but the gradient "
+                "flows through it"
+            )
+        dins = rule(ctx, instr, douts)
+        if len(dins) != len(instr.inputs):  # pragma: no cover - a broken rule
+            raise AutodiffError(f"{instr.name}'s gradient rule returned {len(dins)} values")
+        for v, d in zip(instr.inputs, dins, strict=True):
+            if d is None or v not in active:
+                continue
+            prev = cot.get(v)
+            cot[v] = d if prev is None else fb.op("Add", prev, d, names=[f"d{v.name}"])[0]
+    grads: list[Value] = []
+    for i in wrt:
+        p = fn.params[i]
+        g = cot.get(p)
+        if g is None:
+            (g,) = fb.op("FillLike", ctx.primal(p), names=[f"d{p.name}"], value=0.0)
+        grads.append(g)
+    body_fn = fb.ret(*grads)
+    index = {p: j for j, p in enumerate(fn.params)}
+    used_params = sorted((v for v in ctx.saved if v in index), key=index.__getitem__)
+    residuals = [v for v in ctx.saved if v not in index]
+    bwd = eliminate_dead_code(
+        Function(
+            body_fn.name,
+            (*(ctx.bwd_of[v] for v in (*used_params, *residuals)), *cot_params),
+            body_fn.body,
+            body_fn.outputs,
+        )
+    )
+    # a fresh copy of the forward code: the module keeps the original function too
+    vmap = ValueMap()
+    fwd_params = tuple(Value(p.name, None) for p in fn.params)
+    for p, q in zip(fn.params, fwd_params, strict=True):
+        vmap.bind(p, q)
+    fwd = Function(
+        f"{base}_fwd",
+        fwd_params,
+        tuple(copy_instr(i, vmap) for i in fn.body),
+        tuple(vmap(v) for v in (*fn.outputs, *residuals)),
+    )
+    return VJP(
+        fwd,
+        bwd,
+        len(fn.outputs),
+        len(residuals),
+        tuple(index[v] for v in used_params),
+        tuple(active_outputs),
+        tuple(wrt),
+    )
+
+
+def split_weight_grad(bwd: Function, n_input_grads: int) -> tuple[Function, Function]:
+    """Split ``bwd`` (results: ``n_input_grads`` input gradients, then weight gradients) into
+    ``@<bwd>_i(params...) -> (input grads..., carried...)`` and ``@<bwd>_w(carried...) -> (weight
+    grads...)``. The input part holds every op the input gradients need; the weight part holds
+    the rest; *carried* are the values the weight part needs from the input part (or from the
+    parameters — passed through)."""
+    producer: dict[Value, Op] = {}
+    for instr in bwd.body:
+        assert isinstance(instr, Op)
+        for o in instr.outputs:
+            producer[o] = instr
+
+    def slice_of(roots: Sequence[Value]) -> set[Op]:
+        need: set[Op] = set()
+        stack = list(roots)
+        while stack:
+            v = stack.pop()
+            op = producer.get(v)
+            if op is not None and op not in need:
+                need.add(op)
+                stack.extend(op.inputs)
+        return need
+
+    i_ops = slice_of(bwd.outputs[:n_input_grads])
+    w_ops = slice_of(bwd.outputs[n_input_grads:]) - i_ops
+    w_defined = {o for op in w_ops for o in op.outputs}
+    carried: list[Value] = []
+    seen: set[Value] = set()
+    for instr in bwd.body:
+        if instr in w_ops:
+            for v in instr.inputs:
+                if v not in w_defined and v not in seen:
+                    seen.add(v)
+                    carried.append(v)
+    for v in bwd.outputs[n_input_grads:]:
+        if v not in w_defined and v not in seen:
+            seen.add(v)
+            carried.append(v)
+    i_fn = Function(
+        f"{bwd.name}_i",
+        bwd.params,
+        tuple(i for i in bwd.body if i in i_ops),
+        (*bwd.outputs[:n_input_grads], *carried),
+    )
+    fresh = {v: Value(v.name, None) for v in carried}
+
+    def m(v: Value) -> Value:
+        return fresh.get(v, v)
+
+    w_body = tuple(
+        Op(op.name, tuple(m(v) for v in op.inputs), op.outputs, op.attrs)
+        for op in bwd.body
+        if isinstance(op, Op) and op in w_ops
+    )
+    w_fn = Function(
+        f"{bwd.name}_w", tuple(fresh[v] for v in carried), w_body, tuple(m(v) for v in bwd.outputs[n_input_grads:])
+    )
+    return i_fn, w_fn

@@ -1,0 +1,171 @@
+"""Training steps: forward + loss + backward + optimizer update, built from a zoo model's chain.
+
+``training_step(model)`` is the *sequential* step every distributed program is checked against:
+
+    func @train_step(inputs..., weights..., [m..., v..., step]) {
+      %a1, %res0... = @embed_fwd(%ids, %wte, %wpe)          // forward, layer by layer
+      ...
+      %loss, %resL... = @loss_fwd(%aL, %labels)
+      %dloss = FillLike(%loss, value=1.0)                     // the seed
+      %daL = @loss_bwd(%resL..., %dloss)                      // backward, layer by layer
+      ...
+      %w_new = SGD(%w, %dw, lr=...)                           // or Adam with its state
+      return %loss, %w_new..., [%m_new..., %v_new...]
+    }
+
+Layers are differentiated once per distinct (layer function, argument types) (``layer_vjps``), so
+repeated blocks share one ``_fwd``/``_bwd`` pair and the program stays as small as the model.
+Layer 0 is not differentiated with respect to the model input (data, token ids); the loss layer
+only with respect to its activation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from distir.autodiff.reverse import POLICIES, VJP, AutodiffError, vjp
+from distir.frontends.zoo.model import Model
+from distir.interp.shapes import TypeDomain, infer_types, type_of
+from distir.ir.builder import FunctionBuilder
+from distir.ir.function import Function, Module
+from distir.ir.types import DType, TensorType, Type
+from distir.ir.values import Value
+from distir.ops.registry import REGISTRY
+
+
+@dataclass(frozen=True, slots=True)
+class Optimizer:
+    """``sgd`` or ``adam`` with its hyper-parameters; Adam keeps ``m`` and ``v`` per weight and
+    takes the 1-based step count as an ``i64`` scalar input ``step``."""
+
+    kind: str = "sgd"
+    lr: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("sgd", "adam"):
+            raise AutodiffError(f"optimizer must be sgd or adam, got {self.kind!r}")
+
+    @property
+    def state(self) -> tuple[str, ...]:
+        return ("m", "v") if self.kind == "adam" else ()
+
+    def emit(
+        self, fb: FunctionBuilder, w: Value, g: Value, state: Sequence[Value], step: Value | None
+    ) -> tuple[Value, ...]:
+        """The update ops for one weight: ``(new_w, *new_state)``."""
+        if self.kind == "sgd":
+            return fb.op("SGD", w, g, names=[f"{w.name}_new"], lr=self.lr)
+        assert step is not None
+        m, v = state
+        return fb.op(
+            "Adam",
+            w,
+            g,
+            m,
+            v,
+            step,
+            names=[f"{w.name}_new", f"{m.name}_new", f"{v.name}_new"],
+            lr=self.lr,
+            beta1=self.beta1,
+            beta2=self.beta2,
+            epsilon=self.epsilon,
+        )
+
+
+@dataclass(frozen=True)
+class LayerGrad:
+    """A layer call's derivative: which call arguments are differentiated (``wrt``, indices into
+    the call's inputs) and the forward/backward functions."""
+
+    index: int
+    vjp: VJP
+
+
+def layer_types(model: Model) -> list[list[Type]]:
+    """The argument types of every layer call of the model's forward (full batch)."""
+    _, env = infer_types(model.module, domain=TypeDomain(concrete_limit=0))
+    return [[type_of(env[v]) for v in call.inputs] for call in model.layers]
+
+
+def layer_vjps(
+    model: Model, arg_types: Sequence[Sequence[Type]], recompute: str = "none"
+) -> tuple[list[LayerGrad], list[Function]]:
+    """Differentiate every layer at ``arg_types`` (one list per layer). Returns one LayerGrad per
+    layer and the new functions (each distinct fwd/bwd once)."""
+    try:
+        policy = POLICIES[recompute]
+    except KeyError:
+        raise AutodiffError(f"recompute must be one of {', '.join(POLICIES)}, got {recompute!r}") from None
+    weights = {v for v in model.forward.params[len(model.inputs) :]}
+    cache: dict[tuple[str, tuple[Type, ...], tuple[int, ...]], VJP] = {}
+    names: dict[str, int] = {}
+    out: list[LayerGrad] = []
+    fns: list[Function] = []
+    last = len(model.layers) - 1
+    for i, call in enumerate(model.layers):
+        types = tuple(arg_types[i])
+        wrt = tuple(
+            j
+            for j, v in enumerate(call.inputs)
+            if (j == 0 and i > 0) or (v in weights and i != last)
+            if isinstance(types[j], TensorType) and types[j].dtype.is_float  # type: ignore[union-attr]
+        )
+        key = (call.callee, types, wrt)
+        got = cache.get(key)
+        if got is None:
+            n = names.get(call.callee, 0)
+            names[call.callee] = n + 1
+            base = call.callee if n == 0 else f"{call.callee}_{n}"
+            got = vjp(model.module, model.module[call.callee], types, wrt, policy, name=base)
+            cache[key] = got
+            fns.extend((got.fwd, got.bwd))
+        out.append(LayerGrad(i, got))
+    return out, fns
+
+
+def training_step(model: Model, optimizer: Optimizer | None = None, recompute: str = "none") -> Module:
+    """The sequential training step of ``model`` (module docstring)."""
+    opt = optimizer or Optimizer()
+    fwd = model.forward
+    grads, fns = layer_vjps(model, layer_types(model), recompute)
+    fb = FunctionBuilder("train_step", REGISTRY.out_arity)
+    env: dict[Value, Value] = {}
+    for p in fwd.params:
+        env[p] = fb.param(p.name, p.type)
+    n_in = len(model.inputs)
+    weights = fwd.params[n_in:]
+    state: dict[Value, list[Value]] = {w: [] for w in weights}
+    for s in opt.state:
+        for w in weights:
+            state[w].append(fb.param(f"{s}_{w.name}", w.type))
+    step = fb.param("step", TensorType(DType.i64, (), w.type.device)) if opt.kind == "adam" else None  # type: ignore[union-attr]
+    residuals: list[tuple[Value, ...]] = []
+    for call, lg in zip(model.layers, grads, strict=True):
+        outs = fb.call(lg.vjp.fwd, *(env[v] for v in call.inputs))
+        env[call.outputs[0]] = outs[0]
+        residuals.append(outs[lg.vjp.n_outputs :])
+    loss = env[model.layers[-1].outputs[0]]
+    (dy,) = fb.op("FillLike", loss, names=["dloss"], value=1.0)
+    dweight: dict[Value, Value] = {}
+    for call, lg, res in zip(reversed(model.layers), reversed(grads), reversed(residuals), strict=True):
+        v = lg.vjp
+        args = [env[call.inputs[j]] for j in v.bwd_params]
+        outs = fb.call(v.bwd, *args, *res, dy, names=[f"d{call.inputs[j].name}" for j in v.wrt])
+        for j, g in zip(v.wrt, outs, strict=True):
+            if j == 0 and lg.index > 0:
+                dy = g
+            else:
+                dweight[call.inputs[j]] = g
+    new_w: list[Value] = []
+    new_state: list[list[Value]] = [[] for _ in opt.state]
+    for w in weights:
+        upd = opt.emit(fb, env[w], dweight[w], state[w], step)
+        new_w.append(upd[0])
+        for k, s in enumerate(upd[1:]):
+            new_state[k].append(s)
+    entry = fb.ret(loss, *new_w, *(s for group in new_state for s in group))
+    return Module((*(f for f in model.module.functions if f is not fwd), *fns, entry))

@@ -1,0 +1,1 @@
+"""Frontends: where models come from (the built-in zoo; importers later)."""

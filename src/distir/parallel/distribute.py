@@ -1,0 +1,507 @@
+"""``distribute(model, strategy)``: the D/T/P/K program of a zoo model, as one DTensor program.
+
+The output is ordinary DistIR — it verifies, prints, type-checks, simulates (the simulator runs
+DTensor ops on all devices of their mesh), and ``materialize`` + ``project`` turn it into per-rank
+programs. Its shape:
+
+- **Meshes.** Pipeline stage s owns the mesh ``(dp=d, tp=t)`` over devices ``s·d·t … (s+1)·d·t−1``
+  (or the strategy's placement permutation). Chunk c (of p·v) lives on stage ``c mod p``.
+- **Layers.** Each distinct layer function is differentiated once at microbatch shapes
+  (``distir.autodiff``) and sharded once on a representative (d, t) mesh (``distir.parallel.layers``):
+  the layer functions are shared by every stage and microbatch.
+- **Chunks.** ``@c<i>_fwd`` calls its layers' forward functions and returns the activation and the
+  residuals; ``@c<i>_bwd`` (``_bwd_acc`` adds into gradient accumulators) runs them backward; the
+  zero-bubble schedule uses ``@c<i>_bwd_i`` (input gradients) and ``@c<i>_bwd_w`` (weight gradients).
+  ZeRO-3 weights are gathered inside the chunk functions, right before each layer uses them.
+- **Entry.** Inputs come as k microbatches; the schedule's actions (``distir.parallel.schedules``)
+  merged into one program order become chunk calls, with ``MeshSend`` between stages right after
+  the producing action. After the last microbatch, each weight gradient (a pending sum over ``dp``)
+  is reduced once — AllReduce, or ReduceScatter for ZeRO-2/3 — and the optimizer updates the
+  weight (ZeRO-1+: only this rank's shard of weight and state, then an AllGather for ZeRO-1/2).
+  Results: the loss (summed over microbatches, replicated), the new weights, the new optimizer state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from distir.autodiff.reverse import VJP, split_weight_grad
+from distir.autodiff.train import Optimizer, layer_types, layer_vjps
+from distir.frontends.zoo.model import Model
+from distir.ir.builder import FunctionBuilder
+from distir.ir.dtensor import DTensorType, Mesh, Placement, Replicate, Shard, format_placements
+from distir.ir.function import Function, Module
+from distir.ir.rewrite import copy_instr
+from distir.interp.loop import interpret
+from distir.interp.shapes import TypeDomain, type_of
+from distir.ir.types import Device, DType, TensorType, Type
+from distir.ir.values import Value
+from distir.ops.registry import REGISTRY
+from distir.parallel.layers import rep_mesh, shard_function, strip_types
+from distir.parallel.schedule_sim import merge
+from distir.parallel.schedules import Action, build_schedule
+from distir.parallel.strategy import Strategy, StrategyError
+
+ACT = "S(0), R"
+
+
+@dataclass
+class _Layer:
+    """One layer call of the model, once differentiated and sharded."""
+
+    index: int
+    weights: list[Value]  # entry-level weight params of the model forward
+    extras: list[Value]  # model inputs it takes besides the activation (labels)
+    fwd: Function
+    bwd: Function | None = None
+    bwd_i: Function | None = None
+    bwd_w: Function | None = None
+    vjp: VJP | None = None
+    n_carried: int = 0
+    grad_places: dict[Value, tuple[Placement, ...]] = field(default_factory=dict)
+
+
+def partition(model: Model, strategy: Strategy, n_layers: int) -> list[range]:
+    """Consecutive layer ranges, one per chunk (p·v of them)."""
+    n = strategy.chunks
+    if n > n_layers:
+        raise StrategyError(f"{strategy}: {n} pipeline chunks but the model has only {n_layers} layers")
+    if isinstance(strategy.partition, tuple):
+        counts = list(strategy.partition)
+        if sum(counts) != n_layers:
+            raise StrategyError(f"partition {'-'.join(map(str, counts))} covers {sum(counts)} layers, not {n_layers}")
+    elif strategy.partition == "uniform":
+        q, r = divmod(n_layers, n)
+        counts = [q + (1 if i < r else 0) for i in range(n)]
+    else:  # balance parameters greedily: cut when the running share passes the next quota
+        sizes = []
+        weights = {v for v in model.forward.params[len(model.inputs) :]}
+        for call in model.layers[:n_layers]:
+            sizes.append(sum(model.weight(v.name).type.numel for v in call.inputs if v in weights) + 1)
+        counts = _balanced(sizes, n)
+    out, start = [], 0
+    for c in counts:
+        out.append(range(start, start + c))
+        start += c
+    return out
+
+
+def _balanced(sizes: Sequence[int], n: int) -> list[int]:
+    total = sum(sizes)
+    counts: list[int] = []
+    acc, start = 0, 0
+    for i, s in enumerate(sizes):
+        acc += s
+        left_layers = len(sizes) - i - 1
+        left_chunks = n - len(counts) - 1
+        if left_chunks == 0:
+            continue
+        if acc >= total * (len(counts) + 1) / n or left_layers == left_chunks:
+            counts.append(i + 1 - start)
+            start = i + 1
+    counts.append(len(sizes) - start)
+    return counts
+
+
+def _at_batch(model: Model, batch: int) -> Module:
+    """The model's module with the entry's inputs retyped to ``batch`` samples."""
+    fwd = model.forward
+    fb = FunctionBuilder(fwd.name, REGISTRY.out_arity)
+    m: dict[Value, Value] = {}
+    for k, p in enumerate(fwd.params):
+        t = p.type
+        if k < len(model.inputs) and isinstance(t, TensorType):
+            t = TensorType(t.dtype, (batch, *t.shape[1:]), t.device)
+        m[p] = fb.param(p.name, t)
+    for instr in fwd.body:
+        fb.append(copy_instr(instr, lambda v: m.setdefault(v, Value(v.name, None))))
+    entry = fb.ret(*(m[v] for v in fwd.outputs))
+    return Module((*(f for f in model.module.functions if f is not fwd), entry))
+
+
+def _pl(*ps: Placement) -> str:
+    return format_placements(tuple(ps))
+
+
+def _zero_dim(w: TensorType, tp: Placement, d: int) -> int | None:
+    if d == 1:
+        return None
+    for i, s in enumerate(w.shape):
+        if s >= d and not (isinstance(tp, Shard) and tp.dim == i):
+            return i
+    return None
+
+
+def distribute(
+    model: Model, strategy: Strategy, optimizer: Optimizer | None = None, train: bool = True
+) -> Module:
+    """The distributed program of ``model`` under ``strategy`` (module docstring)."""
+    return _Builder(model, strategy, optimizer or Optimizer(), train).build()
+
+
+class _Builder:
+    def __init__(self, model: Model, s: Strategy, opt: Optimizer, train: bool) -> None:
+        self.model, self.s, self.opt, self.train = model, s, opt, train
+        if model.batch % s.k:
+            raise StrategyError(f"{s}: the batch {model.batch} does not split into k={s.k} microbatches")
+        self.mb = model.batch // s.k
+        self.mesh_rep = rep_mesh(s.d, s.t)
+        order = s.placement or tuple(range(s.devices))
+        self.meshes = [
+            Mesh((("dp", s.d), ("tp", s.t)), tuple(Device(order[st * s.d * s.t + j]) for j in range(s.d * s.t)))
+            for st in range(s.p)
+        ]
+        calls = model.layers if train else model.layers[:-1]
+        self.chunks = partition(model, s, len(calls))
+        self.n_in = len(model.inputs)
+        self.weight_params = set(model.forward.params[self.n_in :])
+        self.functions: dict[str, Function] = {}
+        self._sharded: dict[tuple[object, ...], tuple[Function, list[tuple[Placement, ...] | None]]] = {}
+        self._names: dict[str, int] = {}
+
+    # -- layers ----------------------------------------------------------------------------------
+    def _wp(self, w: Value) -> str:
+        return _pl(Replicate(), self.model.weight(w.name).tp)
+
+    def _layers(self) -> list[_Layer]:
+        module = _at_batch(self.model, self.mb)
+        model_mb = _model_with(self.model, module)
+        types = layer_types(model_mb)
+        orig_calls = self.model.layers
+        n = self.chunks[-1][-1] + 1
+        grads = layer_vjps(model_mb, types, self.s.recompute)[0] if self.train else []
+        out: list[_Layer] = []
+        for i in range(n):
+            call = orig_calls[i]
+            weights = [v for v in call.inputs[1:] if v in self.weight_params]
+            extras = [v for v in call.inputs[1:] if v not in self.weight_params]
+            pann = {0: ACT}
+            for j, v in enumerate(call.inputs[1:], start=1):
+                pann[j] = self._wp(v) if v in self.weight_params else ACT
+            if not self.train:
+                f, _ = self._shard(self.model.module[call.callee], types[i], pann, {0: ACT})
+                out.append(_Layer(i, weights, extras, f))
+                continue
+            v = grads[i].vjp
+            last = i == len(orig_calls) - 1
+            fwd, fplaces = self._shard(v.fwd, types[i], pann, {} if last else {0: ACT})
+            fwd_types = _result_types(v.fwd, types[i])
+            btypes: list[Type] = [types[i][j] for j in v.bwd_params]
+            bann: dict[int, str] = {k: pann[j] for k, j in enumerate(v.bwd_params)}
+            for r in range(v.n_residuals):
+                pl = fplaces[v.n_outputs + r]
+                if pl is not None:
+                    bann[len(btypes)] = _pl(*pl)
+                btypes.append(fwd_types[v.n_outputs + r])
+            for o in v.active_outputs:
+                # the loss's cotangent is the replicated seed; activations' are (S(0), R)
+                bann[len(btypes)] = "R, R" if last else ACT
+                btypes.append(fwd_types[o])
+            bwd, bplaces = self._shard(v.bwd, btypes, bann, {k: ACT for k, j in enumerate(v.wrt) if j == 0})
+            layer = _Layer(i, weights, extras, fwd, bwd, vjp=v)
+            for k, j in enumerate(v.wrt):
+                pl = bplaces[k]
+                if j > 0 and pl is not None:
+                    layer.grad_places[call.inputs[j]] = pl
+            if self.s.schedule == "zb1":
+                n_dx = 1 if 0 in v.wrt else 0
+                bi, bw = split_weight_grad(bwd, n_dx)
+                layer.bwd_i, layer.bwd_w = bi, bw
+                layer.n_carried = len(bi.outputs) - n_dx
+                self.functions.setdefault(bi.name, bi)
+                self.functions.setdefault(bw.name, bw)
+            out.append(layer)
+        return out
+
+    def _shard(
+        self, fn: Function, types: Sequence[Type], pann: dict[int, str], rann: dict[int, str]
+    ) -> tuple[Function, list[tuple[Placement, ...] | None]]:
+        """Shard ``fn`` once per argument types; a function met again with other types gets a
+        numbered name."""
+        key = (fn.name, tuple(types), tuple(sorted(pann.items())), tuple(sorted(rann.items())))
+        got = self._sharded.get(key)
+        if got is None:
+            f, places = shard_function(self.model.module, fn, types, self.mesh_rep, pann, rann)
+            n = self._names.get(fn.name, 0)
+            self._names[fn.name] = n + 1
+            if n:
+                f = strip_types(f, f"{fn.name}_{n}")
+            got = self._sharded[key] = (f, places)
+            self.functions[f.name] = f
+        return got
+
+    # -- chunks ----------------------------------------------------------------------------------
+    def _zero3_gather(self, fb: FunctionBuilder, w: Value, p: Value) -> Value:
+        if self.s.zero == 3 and self._zdim(w) is not None:
+            return fb.op("Redistribute", p, names=[w.name], to=self._wp(w))[0]
+        return p
+
+    def _zdim(self, w: Value) -> int | None:
+        spec = self.model.weight(w.name)
+        return _zero_dim(spec.type, spec.tp, self.s.d) if self.s.zero else None
+
+    def _chunk_fwd(self, c: int, layers: list[_Layer]) -> Function:
+        fb = FunctionBuilder(f"c{c}_fwd", REGISTRY.out_arity)
+        x = fb.param("x")
+        wp = {w: fb.param(w.name) for L in layers for w in L.weights}
+        ep = {e: fb.param(e.name) for L in layers for e in L.extras}
+        res: list[Value] = []
+        for L in layers:
+            call = self.model.layers[L.index]
+            args = []
+            for j, v in enumerate(call.inputs):
+                args.append(x if j == 0 else self._zero3_gather(fb, v, wp[v]) if v in wp else ep[v])
+            if L.vjp is None:
+                (x,) = fb.call(L.fwd, *args, n_out=1)
+                continue
+            outs = fb.call(L.fwd, *args, n_out=len(L.fwd.outputs))
+            if 0 in L.vjp.bwd_params:
+                res.append(args[0])
+            res.extend(outs[L.vjp.n_outputs :])
+            x = outs[0]
+        return fb.ret(x, *res)
+
+    def _chunk_bwd(self, c: int, layers: list[_Layer], acc: bool, part: str = "") -> Function:
+        """part: "" full backward, "i" input gradients (returns carried), "w" weight gradients."""
+        fb = FunctionBuilder(f"c{c}_bwd{'_' + part if part else ''}{'_acc' if acc else ''}", REGISTRY.out_arity)
+        grads: dict[Value, Value] = {}
+        if part == "w":
+            carried = [[fb.param(f"k{L.index}_{j}") for j in range(L.n_carried)] for L in layers]
+            for L, ks in zip(reversed(layers), reversed(carried), strict=True):
+                assert L.bwd_w is not None
+                outs = fb.call(L.bwd_w, *ks, n_out=len(L.bwd_w.outputs))
+                grads.update(zip(L.weights, outs, strict=True))
+            return self._accumulate(fb, layers, grads, acc)
+        wp = {w: fb.param(w.name) for L in layers for w in L.weights}
+        ep = {e: fb.param(e.name) for L in layers for e in L.extras}
+        res: list[list[Value]] = []
+        for L in layers:
+            assert L.vjp is not None
+            n = (1 if 0 in L.vjp.bwd_params else 0) + L.vjp.n_residuals
+            res.append([fb.param(f"r{L.index}_{j}") for j in range(n)])
+        dy = fb.param("dy")
+        carried: list[Value] = []
+        for L, rs in zip(reversed(layers), reversed(res), strict=True):
+            v = L.vjp
+            assert v is not None
+            call = self.model.layers[L.index]
+            args: list[Value] = []
+            it = iter(rs)
+            for j in v.bwd_params:
+                u = call.inputs[j]
+                args.append(next(it) if j == 0 else self._zero3_gather(fb, u, wp[u]) if u in wp else ep[u])
+            args.extend(it)
+            fn = L.bwd_i if part == "i" else L.bwd
+            assert fn is not None
+            outs = fb.call(fn, *args, dy, n_out=len(fn.outputs))
+            n_dx = 1 if 0 in v.wrt else 0
+            if part == "i":
+                carried.extend(outs[n_dx:])
+            else:
+                grads.update(zip(L.weights, outs[n_dx:], strict=True))
+            if n_dx:
+                dy = outs[0]
+        first_has_dx = layers[0].vjp is not None and 0 in layers[0].vjp.wrt
+        head = [dy] if first_has_dx else []
+        if part == "i":
+            return fb.ret(*head, *carried)
+        f = self._accumulate(fb, layers, grads, acc, head)
+        return f
+
+    def _accumulate(
+        self, fb: FunctionBuilder, layers: list[_Layer], grads: dict[Value, Value], acc: bool, head: Sequence[Value] = ()
+    ) -> Function:
+        ws = [w for L in layers for w in L.weights]
+        outs = []
+        accs = [fb.param(f"acc_{w.name}") for w in ws] if acc else []
+        for k, w in enumerate(ws):
+            g = grads[w]
+            outs.append(fb.op("Add", accs[k], g, names=[f"g_{w.name}"])[0] if acc else g)
+        return fb.ret(*head, *outs)
+
+    # -- entry -----------------------------------------------------------------------------------
+    def build(self) -> Module:
+        s, model = self.s, self.model
+        layers = self._layers()
+        by_chunk = [[layers[i] for i in r] for r in self.chunks]
+        stage_of = [c % s.p for c in range(len(self.chunks))]
+        chunk_of_layer = {i: c for c, r in enumerate(self.chunks) for i in r}
+        cf: dict[str, Function] = {}
+        for c, ls in enumerate(by_chunk):
+            cf[f"c{c}_fwd"] = self._chunk_fwd(c, ls)
+            if self.train:
+                if s.schedule == "zb1":
+                    cf[f"c{c}_bwd_i"] = self._chunk_bwd(c, ls, False, "i")
+                    cf[f"c{c}_bwd_w"] = self._chunk_bwd(c, ls, False, "w")
+                    cf[f"c{c}_bwd_w_acc"] = self._chunk_bwd(c, ls, True, "w")
+                else:
+                    cf[f"c{c}_bwd"] = self._chunk_bwd(c, ls, False)
+                    cf[f"c{c}_bwd_acc"] = self._chunk_bwd(c, ls, True)
+        fb = FunctionBuilder("step" if self.train else "infer", REGISTRY.out_arity)
+        # parameters: microbatched inputs, weights, optimizer state
+        fwd = model.forward
+        inputs = fwd.params[: self.n_in]
+        first_chunk_of: dict[Value, int] = {}
+        for c, ls in enumerate(by_chunk):
+            for L in ls:
+                for e in L.extras:
+                    first_chunk_of.setdefault(e, c)
+        mbs: dict[Value, list[Value]] = {}
+        for k_in, x in enumerate(inputs):
+            if k_in > 0 and x not in first_chunk_of:
+                continue
+            c = 0 if k_in == 0 else first_chunk_of[x]
+            mesh = self.meshes[stage_of[c]]
+            t = x.type
+            assert isinstance(t, TensorType)
+            dt = DTensorType(t.dtype, (self.mb, *t.shape[1:]), mesh, (Shard(0), Replicate()))
+            mbs[x] = [fb.param(f"{x.name}_{m}" if s.k > 1 else x.name, dt) for m in range(s.k)]
+        wparam: dict[Value, Value] = {}
+        wchunk: dict[Value, int] = {}
+        used = [w for ls in by_chunk for L in ls for w in L.weights]
+        for w in used:
+            spec = model.weight(w.name)
+            c = chunk_of_layer[next(L.index for ls in by_chunk for L in ls if w in L.weights)]
+            wchunk[w] = c
+            z = self._zdim(w) if s.zero == 3 else None
+            dp: Placement = Shard(z) if z is not None else Replicate()
+            wparam[w] = fb.param(w.name, DTensorType(spec.type.dtype, spec.type.shape, self.meshes[stage_of[c]], (dp, spec.tp)))
+        state: dict[Value, list[Value]] = {w: [] for w in used}
+        step_of: dict[int, Value] = {}
+        if self.train:
+            for sname in self.opt.state:
+                for w in used:
+                    spec = model.weight(w.name)
+                    z = self._zdim(w)
+                    dp = Shard(z) if z is not None else Replicate()
+                    t = DTensorType(spec.type.dtype, spec.type.shape, self.meshes[stage_of[wchunk[w]]], (dp, spec.tp))
+                    state[w].append(fb.param(f"{sname}_{w.name}", t))
+            if self.opt.kind == "adam":
+                for st in sorted({stage_of[c] for c in wchunk.values()}):
+                    step_of[st] = fb.param(
+                        f"step_s{st}", DTensorType(DType.i64, (), self.meshes[st], (Replicate(), Replicate()))
+                    )
+        # the schedule, as one program order
+        if self.train:
+            per_rank = build_schedule(s.schedule, s.p, s.k, s.v)
+        else:
+            per_rank = [[Action(c, m, "F") for m in range(s.k) for c in range(len(self.chunks)) if c % s.p == r] for r in range(s.p)]
+        order = merge(per_rank, s.p, s.v)
+        act: dict[tuple[int, int], Value] = {}
+        dys: dict[tuple[int, int], Value] = {}
+        res: dict[tuple[int, int], tuple[Value, ...]] = {}
+        carried: dict[tuple[int, int], tuple[Value, ...]] = {}
+        acc: dict[int, list[Value] | None] = {c: None for c in range(len(self.chunks))}
+        losses: list[Value] = []
+        outputs_inf: list[Value] = []
+        last = len(self.chunks) - 1
+
+        def send(v: Value, src: int, dst: int, name: str) -> Value:
+            if stage_of[src] == stage_of[dst]:
+                return v
+            mesh = self.meshes[stage_of[dst]]
+            spec = f"{', '.join(f'{a}={n}' for a, n in mesh.axes)}; {', '.join(map(str, mesh.devices))}"
+            return fb.op("MeshSend", v, names=[name], mesh=spec)[0]
+
+        def chunk_args(c: int, m: int) -> list[Value]:
+            ls = by_chunk[c]
+            return [wparam[w] for L in ls for w in L.weights] + [mbs[e][m] for L in ls for e in L.extras]
+
+        for _rank, a in order:
+            c, m = a.stage, a.microbatch
+            if a.kind == "F":
+                x = mbs[inputs[0]][m] if c == 0 else act[(c, m)]
+                f = cf[f"c{c}_fwd"]
+                outs = fb.call(f, x, *chunk_args(c, m), n_out=len(f.outputs), names=[f"a{c + 1}_{m}"] + [f"res{c}_{m}"] * (len(f.outputs) - 1))
+                res[(c, m)] = outs[1:]
+                if c < last:
+                    act[(c + 1, m)] = send(outs[0], c, c + 1, f"a{c + 1}_{m}")
+                elif self.train:
+                    losses.append(outs[0])
+                    dys[(c, m)] = fb.op("FillLike", outs[0], names=[f"dloss_{m}"], value=1.0)[0]
+                else:
+                    outputs_inf.append(outs[0])
+                continue
+            ws = [w for L in by_chunk[c] for w in L.weights]
+            has_dx = by_chunk[c][0].vjp is not None and 0 in by_chunk[c][0].vjp.wrt
+            if a.kind in ("B", "I"):
+                part = "i" if a.kind == "I" else ""
+                base = f"c{c}_bwd" + ("_i" if part else "")
+                prev = acc[c]
+                f = cf[base + ("_acc" if prev is not None and not part else "")]
+                args = [*chunk_args(c, m), *res.pop((c, m)), dys.pop((c, m))]
+                if prev is not None and not part:
+                    args.extend(prev)
+                outs = fb.call(f, *args, n_out=len(f.outputs), names=[f"d{c}_{m}"] * len(f.outputs))
+                rest = outs[1:] if has_dx else outs
+                if part:
+                    carried[(c, m)] = tuple(rest)
+                else:
+                    acc[c] = list(rest)
+                if has_dx and c > 0:
+                    dys[(c - 1, m)] = send(outs[0], c, c - 1, f"dy{c - 1}_{m}")
+            elif a.kind == "W":
+                prev = acc[c]
+                f = cf[f"c{c}_bwd_w" + ("_acc" if prev is not None else "")]
+                args = [*carried.pop((c, m)), *(prev or [])]
+                acc[c] = list(fb.call(f, *args, n_out=len(f.outputs), names=[f"g{c}_{m}"] * len(f.outputs)))
+            del ws
+        if not self.train:
+            entry = fb.ret(*outputs_inf)
+            return self._module(cf, entry)
+        # gradient reduction and the optimizer
+        grads: dict[Value, Value] = {}
+        for c, ls in enumerate(by_chunk):
+            ws = [w for L in ls for w in L.weights]
+            got = acc[c]
+            if ws:
+                assert got is not None, f"chunk {c} never ran its backward"
+                grads.update(zip(ws, got, strict=True))
+        new_w: list[Value] = []
+        new_state: list[list[Value]] = [[] for _ in self.opt.state]
+        for w in used:
+            tp = model.weight(w.name).tp
+            z = self._zdim(w)
+            g = grads[w]
+            wv = wparam[w]
+            st = state[w]
+            step = step_of.get(stage_of[wchunk[w]])
+            if z is None:
+                g = fb.op("Redistribute", g, names=[f"g_{w.name}"], to=_pl(Replicate(), tp))[0]
+                upd = self.opt.emit(fb, wv, g, st, step)
+            else:
+                shard = _pl(Shard(z), tp)
+                if s.zero == 1:
+                    g = fb.op("Redistribute", g, names=[f"g_{w.name}"], to=_pl(Replicate(), tp))[0]
+                g = fb.op("Redistribute", g, names=[f"g_{w.name}"], to=shard)[0]
+                if s.zero < 3:
+                    wv = fb.op("Redistribute", wv, names=[f"{w.name}_shard"], to=shard)[0]
+                upd = self.opt.emit(fb, wv, g, st, step)
+                if s.zero < 3:
+                    full = fb.op("Redistribute", upd[0], names=[f"{w.name}_new"], to=_pl(Replicate(), tp))[0]
+                    upd = (full, *upd[1:])
+            new_w.append(upd[0])
+            for k2, sv in enumerate(upd[1:]):
+                new_state[k2].append(sv)
+        loss = losses[0] if len(losses) == 1 else fb.op("Sum", *losses, names=["loss"])[0]
+        loss = fb.op("Redistribute", loss, names=["loss"], to="R, R")[0]
+        entry = fb.ret(loss, *new_w, *(x for group in new_state for x in group))
+        return self._module(cf, entry)
+
+    def _module(self, cf: dict[str, Function], entry: Function) -> Module:
+        fns = [*self.functions.values(), *cf.values()]
+        return Module((*fns, entry))
+
+
+def _result_types(fn: Function, arg_types: Sequence[Type]) -> list[Type]:
+    _, env = interpret(Module((fn,)), fn, list(arg_types), TypeDomain(concrete_limit=0))
+    return [type_of(env[o]) for o in fn.outputs]
+
+
+def _model_with(model: Model, module: Module) -> Model:
+    """The same model with another module (its forward retyped for a microbatch)."""
+    return Model(model.name, model.config, module, model.inputs, model.weights, model.batch, model.flops_per_sample)
+
+
+__all__ = ["distribute", "partition", "strip_types"]

@@ -1,0 +1,94 @@
+"""Sharding one layer function on a (dp, tp) mesh: the D and T of D/T/P/K.
+
+A layer function (a zoo layer, or its ``_fwd``/``_bwd`` from autodiff) is sharded by the
+sharding layer: its parameters and boundary results are annotated, ``propagate`` places every
+other value, ``legalize`` makes each change of placement an explicit ``Redistribute``. The result
+keeps the function's name and loses its value types, so the same function runs on the mesh of any
+pipeline stage with the same (dp, tp) shape: the placements live in the ``Redistribute`` ops and
+in the arguments, not in the devices.
+
+Boundary placements (the contract that lets layers chain and microbatches accumulate):
+activations and their gradients are ``(S(0), R)`` — batch split over ``dp``, whole over ``tp``;
+weights are ``(R, <declared tp placement>)``; residuals and weight gradients keep the placement
+their producer gives them (a weight gradient is typically ``P(sum)`` over ``dp``: the pending
+data-parallel reduction, summed over microbatches before one collective).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from distir.ir.builder import FunctionBuilder
+from distir.ir.dtensor import DTensorType, Mesh, Placement, format_placements, parse_placements
+from distir.ir.function import Function, Module
+from distir.ir.ops import Call, Op
+from distir.ir.rewrite import ValueMap, copy_instr
+from distir.ir.types import Device, TensorType, Type
+from distir.ir.values import Value
+from distir.ops.registry import REGISTRY
+from distir.parallel.legalize import legalize
+from distir.parallel.propagate import ShardingError, propagate
+
+
+def rep_mesh(d: int, t: int) -> Mesh:
+    """The representative (dp, tp) mesh layer functions are sharded on."""
+    return Mesh((("dp", d), ("tp", t)), tuple(Device(i) for i in range(d * t)))
+
+
+def strip_types(fn: Function, name: str | None = None) -> Function:
+    """A copy of ``fn`` whose values carry no declared types (types come from the arguments)."""
+    vmap = ValueMap(lambda v: Value(v.name, None))
+    params = tuple(vmap(p) for p in fn.params)
+    body = tuple(copy_instr(i, vmap) for i in fn.body)
+    return Function(name or fn.name, params, body, tuple(vmap(v) for v in fn.outputs))
+
+
+def shard_function(
+    module: Module,
+    fn: Function,
+    arg_types: Sequence[Type],
+    mesh: Mesh,
+    params: Mapping[int, str],
+    results: Mapping[int, str],
+) -> tuple[Function, list[tuple[Placement, ...] | None]]:
+    """Shard flat ``fn`` called with (global) ``arg_types`` on ``mesh``. ``params``/``results``
+    give placements by position (unlisted results are free). Returns the untyped sharded function
+    and the placements of its results (None for non-tensors)."""
+    if any(isinstance(i, Call) for i in fn.body):
+        raise ShardingError(f"@{fn.name} must be flat (inline its calls) to be sharded")
+    dev0 = mesh.devices[0]
+    fb = FunctionBuilder(fn.name, REGISTRY.out_arity)
+    vmap = ValueMap(lambda v: Value(v.name, None))
+    for p, t in zip(fn.params, arg_types, strict=True):
+        if isinstance(t, TensorType):
+            t = t.with_device(dev0)
+        vmap.bind(p, fb.param(p.name, t))
+    for instr in fn.body:
+        fb.append(copy_instr(instr, vmap))
+    typed = fb.ret(*(vmap(v) for v in fn.outputs))
+    prop = propagate(Module((typed,)), mesh, {}, params=params, results=results, replicate_results=False)
+    legal = legalize(prop.module).entry
+    # a result whose producer chose another placement than the boundary asks for: redistribute
+    fix = FunctionBuilder(fn.name, REGISTRY.out_arity)
+    vm = ValueMap()
+    for p in legal.params:
+        vm.bind(p, fix.param(p.name, p.type))
+    for instr in legal.body:
+        fix.append(copy_instr(instr, vm))
+    outs: list[Value] = []
+    places: list[tuple[Placement, ...] | None] = []
+    for i, v in enumerate(legal.outputs):
+        nv = vm(v)
+        t = v.type
+        want = results.get(i)
+        if isinstance(t, DTensorType) and want is not None and parse_placements(want) != t.placements:
+            (nv,) = fix.op("Redistribute", nv, names=[v.name], to=format_placements(parse_placements(want)))
+            places.append(parse_placements(want))
+        else:
+            places.append(t.placements if isinstance(t, DTensorType) else None)
+        outs.append(nv)
+    return strip_types(fix.ret(*outs)), places
+
+
+def count_ops(fn: Function, name: str) -> int:
+    return sum(1 for i in fn.body if isinstance(i, Op) and i.name == name)

@@ -1,0 +1,143 @@
+"""A distribution strategy as a value, with a compact string form.
+
+``Strategy(d=2, t=4, p=2, k=8, schedule="1f1b")`` prints as ``d2.t4.p2.k8.1f1b``; optional parts
+follow when they differ from the default, in this order:
+
+    v<n>        virtual pipeline stages per rank (interleaved schedules), default 1
+    z<0-3>      ZeRO stage, default 0
+    r<mode>     activation recomputation: none (default), full, sel (selective)
+    L<a>-<b>-…  layers per pipeline chunk (an explicit partition, e.g. L5-4-4-3);
+                Luniform (default) or Lparams (balance parameter counts)
+    @<i>-<j>-…  device placement: the cluster devices that play program devices 0, 1, …
+
+``parse_strategy`` is the exact inverse of ``str`` (round-trip tested) and raises
+``StrategyError`` naming the offending part and what was expected.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb1")
+_ALIASES = {"i1f1b": "interleaved", "zbh1": "zb1", "fill-drain": "gpipe"}
+RECOMPUTE = {"none": "none", "full": "full", "sel": "selective", "selective": "selective"}
+
+
+class StrategyError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    d: int = 1
+    t: int = 1
+    p: int = 1
+    k: int = 1
+    schedule: str = "1f1b"
+    v: int = 1
+    zero: int = 0
+    recompute: str = "none"
+    partition: tuple[int, ...] | str = "uniform"
+    placement: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for f in ("d", "t", "p", "k", "v"):
+            x = getattr(self, f)
+            if not isinstance(x, int) or isinstance(x, bool) or x < 1:
+                raise StrategyError(f"{f} must be a positive integer, got {x!r}")
+        if self.schedule not in SCHEDULES:
+            raise StrategyError(f"unknown schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}")
+        if self.zero not in (0, 1, 2, 3):
+            raise StrategyError(f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.recompute not in ("none", "full", "selective"):
+            raise StrategyError(f"recompute must be none, full or selective, got {self.recompute!r}")
+        if self.v > 1 and self.schedule != "interleaved":
+            raise StrategyError(f"v={self.v} virtual stages need the interleaved schedule, not {self.schedule}")
+        if isinstance(self.partition, str):
+            if self.partition not in ("uniform", "params"):
+                raise StrategyError(f"partition must be uniform, params or layer counts, got {self.partition!r}")
+        else:
+            if len(self.partition) != self.p * self.v or any(n < 1 for n in self.partition):
+                raise StrategyError(
+                    f"partition {'-'.join(map(str, self.partition))} must give p·v = {self.p * self.v} "
+                    "positive layer counts"
+                )
+        if self.placement is not None and sorted(self.placement) != list(range(self.devices)):
+            raise StrategyError(
+                f"placement must be a permutation of 0..{self.devices - 1}, got {list(self.placement)}"
+            )
+
+    @property
+    def devices(self) -> int:
+        return self.d * self.t * self.p
+
+    @property
+    def chunks(self) -> int:
+        return self.p * self.v
+
+    def __str__(self) -> str:
+        parts = [f"d{self.d}", f"t{self.t}", f"p{self.p}", f"k{self.k}", self.schedule]
+        if self.v != 1:
+            parts.append(f"v{self.v}")
+        if self.zero:
+            parts.append(f"z{self.zero}")
+        if self.recompute != "none":
+            parts.append("rfull" if self.recompute == "full" else "rsel")
+        if self.partition != "uniform":
+            parts.append("L" + (self.partition if isinstance(self.partition, str) else "-".join(map(str, self.partition))))
+        if self.placement is not None:
+            parts.append("@" + "-".join(map(str, self.placement)))
+        return ".".join(parts)
+
+
+def _int(part: str, text: str, what: str) -> int:
+    body = part[1:]
+    if not body.isdigit():
+        raise StrategyError(f"strategy {text!r}: {part!r} should be {what} (like {part[0]}2)")
+    return int(body)
+
+
+def _ints(body: str, part: str, text: str) -> tuple[int, ...]:
+    items = body.split("-")
+    if not all(x.isdigit() for x in items):
+        raise StrategyError(f"strategy {text!r}: {part!r} should list integers separated by '-'")
+    return tuple(int(x) for x in items)
+
+
+def parse_strategy(text: str) -> Strategy:
+    """``"d2.t4.p2.k8.1f1b"`` -> Strategy (module docstring)."""
+    fields: dict[str, object] = {}
+    if not text.strip():
+        raise StrategyError("empty strategy; expected something like d2.t4.p2.k8.1f1b")
+    for part in text.strip().split("."):
+        if not part:
+            raise StrategyError(f"strategy {text!r}: empty part (two dots in a row?)")
+        name = _ALIASES.get(part, part)
+        key: str
+        value: object
+        if name in SCHEDULES:
+            key, value = "schedule", name
+        elif part[0] in "dtpkv" and part[1:].isdigit():
+            key, value = part[0], _int(part, text, "a positive integer")
+        elif part[0] == "z":
+            key, value = "zero", _int(part, text, "a ZeRO stage 0-3")
+        elif part[0] == "r" and part[1:] in RECOMPUTE:
+            key, value = "recompute", RECOMPUTE[part[1:]]
+        elif part[0] == "L":
+            body = part[1:]
+            key, value = "partition", body if body in ("uniform", "params") else _ints(body, part, text)
+        elif part[0] == "@":
+            key, value = "placement", _ints(part[1:], part, text)
+        else:
+            known = ["d<n>", "t<n>", "p<n>", "k<n>", "v<n>", "z<0-3>", "rnone|rfull|rsel", "L…", "@…", *SCHEDULES]
+            close = difflib.get_close_matches(part, [*SCHEDULES, *_ALIASES], n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise StrategyError(f"strategy {text!r}: unknown part {part!r}{hint}; parts: {', '.join(known)}")
+        if key in fields:
+            raise StrategyError(f"strategy {text!r}: {key} is given twice")
+        fields[key] = value
+    try:
+        return Strategy(**fields)  # type: ignore[arg-type]
+    except StrategyError as e:
+        raise StrategyError(f"strategy {text!r}: {e}") from None
