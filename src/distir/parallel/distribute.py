@@ -183,29 +183,29 @@ class _Builder:
                 f, _ = self._shard(self.model.module[call.callee], types[i], pann, {0: ACT})
                 out.append(_Layer(i, weights, extras, f))
                 continue
-            v = grads[i].vjp
+            vj = grads[i].vjp
             last = i == len(orig_calls) - 1
-            fwd, fplaces = self._shard(v.fwd, types[i], pann, {} if last else {0: ACT})
-            fwd_types = _result_types(v.fwd, types[i])
-            btypes: list[Type] = [types[i][j] for j in v.bwd_params]
-            bann: dict[int, str] = {k: pann[j] for k, j in enumerate(v.bwd_params)}
-            for r in range(v.n_residuals):
-                pl = fplaces[v.n_outputs + r]
+            fwd, fplaces = self._shard(vj.fwd, types[i], pann, {} if last else {0: ACT})
+            fwd_types = _result_types(vj.fwd, types[i])
+            btypes: list[Type] = [types[i][j] for j in vj.bwd_params]
+            bann: dict[int, str] = {k: pann[j] for k, j in enumerate(vj.bwd_params)}
+            for r in range(vj.n_residuals):
+                pl = fplaces[vj.n_outputs + r]
                 if pl is not None:
                     bann[len(btypes)] = _pl(*pl)
-                btypes.append(fwd_types[v.n_outputs + r])
-            for o in v.active_outputs:
+                btypes.append(fwd_types[vj.n_outputs + r])
+            for o in vj.active_outputs:
                 # the loss's cotangent is the replicated seed; activations' are (S(0), R)
                 bann[len(btypes)] = "R, R" if last else ACT
                 btypes.append(fwd_types[o])
-            bwd, bplaces = self._shard(v.bwd, btypes, bann, {k: ACT for k, j in enumerate(v.wrt) if j == 0})
-            layer = _Layer(i, weights, extras, fwd, bwd, vjp=v)
-            for k, j in enumerate(v.wrt):
+            bwd, bplaces = self._shard(vj.bwd, btypes, bann, {k: ACT for k, j in enumerate(vj.wrt) if j == 0})
+            layer = _Layer(i, weights, extras, fwd, bwd, vjp=vj)
+            for k, j in enumerate(vj.wrt):
                 pl = bplaces[k]
                 if j > 0 and pl is not None:
                     layer.grad_places[call.inputs[j]] = pl
             if self.s.schedule == "zb1":
-                n_dx = 1 if 0 in v.wrt else 0
+                n_dx = 1 if 0 in vj.wrt else 0
                 bi, bw = split_weight_grad(bwd, n_dx)
                 layer.bwd_i, layer.bwd_w = bi, bw
                 layer.n_carried = len(bi.outputs) - n_dx
@@ -267,8 +267,9 @@ class _Builder:
         fb = FunctionBuilder(f"c{c}_bwd{'_' + part if part else ''}{'_acc' if acc else ''}", REGISTRY.out_arity)
         grads: dict[Value, Value] = {}
         if part == "w":
-            carried = [[fb.param(f"k{L.index}_{j}") for j in range(L.n_carried)] for L in layers]
-            for L, ks in zip(reversed(layers), reversed(carried), strict=True):
+            # the input part returns the carried values of its layers in backward (reversed) order
+            carried = [[fb.param(f"k{L.index}_{j}") for j in range(L.n_carried)] for L in reversed(layers)]
+            for L, ks in zip(reversed(layers), carried, strict=True):
                 assert L.bwd_w is not None
                 outs = fb.call(L.bwd_w, *ks, n_out=len(L.bwd_w.outputs))
                 grads.update(zip(L.weights, outs, strict=True))
@@ -281,7 +282,7 @@ class _Builder:
             n = (1 if 0 in L.vjp.bwd_params else 0) + L.vjp.n_residuals
             res.append([fb.param(f"r{L.index}_{j}") for j in range(n)])
         dy = fb.param("dy")
-        carried: list[Value] = []
+        kept: list[Value] = []
         for L, rs in zip(reversed(layers), reversed(res), strict=True):
             v = L.vjp
             assert v is not None
@@ -297,15 +298,15 @@ class _Builder:
             outs = fb.call(fn, *args, dy, n_out=len(fn.outputs))
             n_dx = 1 if 0 in v.wrt else 0
             if part == "i":
-                carried.extend(outs[n_dx:])
+                kept.extend(outs[n_dx:])
             else:
                 grads.update(zip(L.weights, outs[n_dx:], strict=True))
             if n_dx:
                 dy = outs[0]
-        first_has_dx = layers[0].vjp is not None and 0 in layers[0].vjp.wrt
-        head = [dy] if first_has_dx else []
+        first = layers[0].vjp
+        head = [dy] if first is not None and 0 in first.wrt else []
         if part == "i":
-            return fb.ret(*head, *carried)
+            return fb.ret(*head, *kept)
         f = self._accumulate(fb, layers, grads, acc, head)
         return f
 
@@ -423,8 +424,8 @@ class _Builder:
                 else:
                     outputs_inf.append(outs[0])
                 continue
-            ws = [w for L in by_chunk[c] for w in L.weights]
-            has_dx = by_chunk[c][0].vjp is not None and 0 in by_chunk[c][0].vjp.wrt
+            v0 = by_chunk[c][0].vjp
+            has_dx = v0 is not None and 0 in v0.wrt
             if a.kind in ("B", "I"):
                 part = "i" if a.kind == "I" else ""
                 base = f"c{c}_bwd" + ("_i" if part else "")
@@ -446,7 +447,6 @@ class _Builder:
                 f = cf[f"c{c}_bwd_w" + ("_acc" if prev is not None else "")]
                 args = [*carried.pop((c, m)), *(prev or [])]
                 acc[c] = list(fb.call(f, *args, n_out=len(f.outputs), names=[f"g{c}_{m}"] * len(f.outputs)))
-            del ws
         if not self.train:
             entry = fb.ret(*outputs_inf)
             return self._module(cf, entry)
@@ -465,11 +465,11 @@ class _Builder:
             z = self._zdim(w)
             g = grads[w]
             wv = wparam[w]
-            st = state[w]
+            wstate = state[w]
             step = step_of.get(stage_of[wchunk[w]])
             if z is None:
                 g = fb.op("Redistribute", g, names=[f"g_{w.name}"], to=_pl(Replicate(), tp))[0]
-                upd = self.opt.emit(fb, wv, g, st, step)
+                upd = self.opt.emit(fb, wv, g, wstate, step)
             else:
                 shard = _pl(Shard(z), tp)
                 if s.zero == 1:
@@ -477,7 +477,7 @@ class _Builder:
                 g = fb.op("Redistribute", g, names=[f"g_{w.name}"], to=shard)[0]
                 if s.zero < 3:
                     wv = fb.op("Redistribute", wv, names=[f"{w.name}_shard"], to=shard)[0]
-                upd = self.opt.emit(fb, wv, g, st, step)
+                upd = self.opt.emit(fb, wv, g, wstate, step)
                 if s.zero < 3:
                     full = fb.op("Redistribute", upd[0], names=[f"{w.name}_new"], to=_pl(Replicate(), tp))[0]
                     upd = (full, *upd[1:])

@@ -1,0 +1,243 @@
+"""Checking, ordering and timing pipeline schedules (per-rank action lists of
+``distir.parallel.schedules``).
+
+Dependencies (``dependencies``), over ``S = p*v`` virtual stages:
+``F(s,m)`` needs ``F(s-1,m)``; ``B(s,m)`` / ``I(s,m)`` need ``F(s,m)`` and, below the last
+stage, ``B(s+1,m)`` / ``I(s+1,m)``; ``W(s,m)`` needs ``I(s,m)``.
+
+- ``validate`` checks that a schedule has exactly the right actions on the right ranks and that
+  some execution finishes (no cyclic waits between the ranks' orders and the dependencies).
+- ``merge`` produces the one global order the DistIR program is written in.
+- ``simulate_schedule`` times a schedule by list scheduling; ``bubble_fraction`` and
+  ``peak_in_flight`` summarize it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from distir.parallel.schedules import Action, Kind, ScheduleError, _check_counts, num_stages, stage_of
+
+
+class ScheduleDeadlock(ScheduleError):
+    """No rank can run its next action. ``stuck`` lists ``(rank, index, action, waits_for)``."""
+
+    def __init__(self, message: str, stuck: Sequence[tuple[int, int, Action, tuple[Action, ...]]]) -> None:
+        r, i, a, _ = stuck[0]
+        super().__init__(message, rank=r, index=i, token=str(a))
+        self.stuck = list(stuck)
+
+
+@dataclass(frozen=True, slots=True)
+class TimedAction:
+    """One action of a simulated schedule: it runs on ``rank`` from ``start`` to ``end``."""
+
+    rank: int
+    action: Action
+    start: float
+    end: float
+
+
+def dependencies(action: Action, p: int, v: int) -> tuple[Action, ...]:
+    """The actions ``action`` must wait for (see the module docstring)."""
+    last = num_stages(p, v) - 1
+    s, m = action.stage, action.microbatch
+    if action.kind == "F":
+        return (Action(s - 1, m, "F"),) if s > 0 else ()
+    if action.kind == "W":
+        return (Action(s, m, "I"),)
+    fwd = Action(s, m, "F")
+    return (fwd,) if s == last else (fwd, Action(s + 1, m, action.kind))
+
+
+def _locate(per_rank: Sequence[Sequence[Action]], p: int, v: int) -> dict[Action, tuple[int, int]]:
+    """Map each action to its (rank, index); check the rank count, stages and duplicates."""
+    _check_counts(p=p, v=v)
+    if len(per_rank) != p:
+        raise ScheduleError(f"schedule has {len(per_rank)} ranks, expected p={p}")
+    n_stages = num_stages(p, v)
+    pos: dict[Action, tuple[int, int]] = {}
+    for r, acts in enumerate(per_rank):
+        for i, a in enumerate(acts):
+            if a.stage >= n_stages:
+                raise ScheduleError(
+                    f"stage {a.stage} out of range: p={p}, v={v} give stages 0..{n_stages - 1}",
+                    rank=r,
+                    index=i,
+                    token=str(a),
+                )
+            if stage_of(a.stage, p) != r:
+                raise ScheduleError(
+                    f"stage {a.stage} runs on rank {stage_of(a.stage, p)}, not rank {r}",
+                    rank=r,
+                    index=i,
+                    token=str(a),
+                )
+            if a in pos:
+                raise ScheduleError(
+                    f"duplicate action, first at index {pos[a][1]}", rank=r, index=i, token=str(a)
+                )
+            pos[a] = (r, i)
+    for a, (r, i) in pos.items():
+        for d in dependencies(a, p, v):
+            if d not in pos:
+                raise ScheduleError(f"depends on {d}, which no rank runs", rank=r, index=i, token=str(a))
+    return pos
+
+
+def validate(per_rank: Sequence[Sequence[Action]], p: int, k: int, v: int, split_backward: bool) -> None:
+    """Check a schedule; ``ScheduleError`` names the offending action.
+
+    Every (virtual stage, microbatch) of ``p*v`` stages and ``k`` microbatches has exactly one
+    ``F`` and one ``B`` — or, with ``split_backward``, one ``I`` and one ``W`` — on rank
+    ``stage % p``, and the ranks' orders together with the dependencies admit an execution
+    (``merge`` finds one; a ``ScheduleDeadlock`` otherwise).
+    """
+    _check_counts(p=p, k=k, v=v)
+    allowed: tuple[Kind, ...] = ("F", "I", "W") if split_backward else ("F", "B")
+    for r, acts in enumerate(per_rank):
+        for i, a in enumerate(acts):
+            if a.kind not in allowed:
+                raise ScheduleError(
+                    f"kind {a.kind} not allowed with split_backward={split_backward} "
+                    f"(allowed: {', '.join(allowed)})",
+                    rank=r,
+                    index=i,
+                    token=str(a),
+                )
+            if a.microbatch >= k:
+                raise ScheduleError(
+                    f"microbatch {a.microbatch} out of range 0..{k - 1}", rank=r, index=i, token=str(a)
+                )
+    pos = _locate(per_rank, p, v)
+    for s in range(num_stages(p, v)):
+        for m in range(k):
+            for kind in allowed:
+                a = Action(s, m, kind)
+                if a not in pos:
+                    raise ScheduleError(f"missing action {a} (stage {s} runs on rank {stage_of(s, p)})")
+    merge(per_rank, p, v)
+
+
+def merge(per_rank: Sequence[Sequence[Action]], p: int, v: int) -> list[tuple[int, Action]]:
+    """One global order of all ``(rank, action)`` that keeps every rank's order and every
+    dependency: the order of a lock-step execution in rounds.
+
+    Rule: in each round, every rank, in rank order, runs its next action if all of that action's
+    dependencies ran in an *earlier* round. What runs in a round becomes visible only in the next
+    one, as if each round ended with delivering the messages sent in it. So a forward whose input
+    was just produced on another rank waits one round, and a rank whose input is ready keeps
+    going. For 1F1B with p=2, k=2 this gives the DistIR paper's Figure 2 order
+    ``0F0 | 0F1 1F0 | 1B0 | 0B0 1F1 | 1B1 | 0B1`` (rounds separated by ``|``).
+
+    If no rank can run in some round, nothing changes any more: each rank's next action waits for
+    one that has not run, which is at or after some rank's next action; following the waits gives a
+    cycle through the ranks' orders and the dependencies, so *no* order exists. Hence ``merge``
+    fails (``ScheduleDeadlock`` naming the stuck actions and what they wait for) exactly for
+    schedules that cannot run, and succeeds for every other one.
+    """
+    _locate(per_rank, p, v)
+    done: set[Action] = set()
+    pcs = [0] * p
+    order: list[tuple[int, Action]] = []
+    remaining = sum(len(acts) for acts in per_rank)
+    while remaining:
+        ran: list[tuple[int, Action]] = []
+        for r in range(p):
+            if pcs[r] < len(per_rank[r]):
+                a = per_rank[r][pcs[r]]
+                if all(d in done for d in dependencies(a, p, v)):
+                    ran.append((r, a))
+                    pcs[r] += 1
+        if not ran:
+            stuck = [
+                (r, pcs[r], per_rank[r][pcs[r]], _unmet(per_rank[r][pcs[r]], done, p, v))
+                for r in range(p)
+                if pcs[r] < len(per_rank[r])
+            ]
+            detail = "; ".join(
+                f"rank {r} index {i} {a} waits for {', '.join(map(str, w))}" for r, i, a, w in stuck
+            )
+            raise ScheduleDeadlock(f"deadlock: no rank can run its next action: {detail}", stuck)
+        done.update(a for _, a in ran)
+        order.extend(ran)
+        remaining -= len(ran)
+    return order
+
+
+def _unmet(a: Action, done: set[Action], p: int, v: int) -> tuple[Action, ...]:
+    return tuple(d for d in dependencies(a, p, v) if d not in done)
+
+
+def simulate_schedule(
+    per_rank: Sequence[Sequence[Action]],
+    p: int,
+    k: int,
+    v: int,
+    f_time: float,
+    b_time: float,
+    w_time: float | None = None,
+    comm: float = 0.0,
+) -> tuple[float, list[float], list[TimedAction]]:
+    """Time a schedule by list scheduling: each rank runs its list in order; an action starts
+    when its rank is free and each dependency has ended, plus ``comm`` if that dependency ran on
+    another rank. ``F`` takes ``f_time`` and ``B`` ``b_time``; a split backward takes the same
+    total: ``I`` takes ``b_time - w_time`` and ``W`` takes ``w_time`` (required then).
+
+    Returns ``(makespan, busy time per rank, timeline)``, the timeline sorted by (start, rank).
+    The schedule must be valid (``validate``) for ``k`` microbatches.
+    """
+    split = any(a.kind in ("I", "W") for acts in per_rank for a in acts)
+    validate(per_rank, p, k, v, split_backward=split)
+    for name, val in (("f_time", f_time), ("b_time", b_time), ("comm", comm)):
+        if val < 0:
+            raise ScheduleError(f"{name} must be >= 0, got {val}")
+    durations = {"F": float(f_time), "B": float(b_time)}
+    if split:
+        if w_time is None:
+            raise ScheduleError("the schedule splits backwards into I and W: w_time is required")
+        if not 0 <= w_time <= b_time:
+            raise ScheduleError(f"w_time must be in [0, b_time={b_time}], got {w_time}")
+        durations |= {"I": float(b_time - w_time), "W": float(w_time)}
+    end: dict[Action, float] = {}
+    free = [0.0] * p
+    busy = [0.0] * p
+    timeline: list[TimedAction] = []
+    for r, a in merge(per_rank, p, v):  # a topological order, so every dependency is timed
+        start = free[r]
+        for d in dependencies(a, p, v):
+            start = max(start, end[d] + (comm if stage_of(d.stage, p) != r else 0.0))
+        end[a] = free[r] = start + durations[a.kind]
+        busy[r] += durations[a.kind]
+        timeline.append(TimedAction(r, a, start, end[a]))
+    timeline.sort(key=lambda t: (t.start, t.rank))
+    return max(free), busy, timeline
+
+
+def bubble_fraction(makespan: float, busy: Sequence[float]) -> float:
+    """Idle share of all ranks' time: ``1 - sum(busy) / (p * makespan)``."""
+    if makespan <= 0:
+        raise ScheduleError(f"makespan must be > 0, got {makespan}")
+    return 1.0 - sum(busy) / (len(busy) * makespan)
+
+
+def peak_in_flight(per_rank: Sequence[Sequence[Action]]) -> list[int]:
+    """Per rank, the most (virtual stage, microbatch) pairs held at once: forward done, backward
+    (``B`` or ``I``) not yet, walking the rank's list in order. Each chunk of an interleaved
+    rank counts separately, since each holds its own activations."""
+    peaks: list[int] = []
+    for r, acts in enumerate(per_rank):
+        held: set[tuple[int, int]] = set()
+        peak = 0
+        for i, a in enumerate(acts):
+            key = (a.stage, a.microbatch)
+            if a.kind == "F":
+                held.add(key)
+                peak = max(peak, len(held))
+            elif a.kind in ("B", "I"):
+                if key not in held:
+                    raise ScheduleError("backward before its forward", rank=r, index=i, token=str(a))
+                held.remove(key)
+        peaks.append(peak)
+    return peaks
