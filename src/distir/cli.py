@@ -336,6 +336,17 @@ def clusters(json_out: JsonOpt = False) -> None:
 
 
 @app.command()
+def models(json_out: JsonOpt = False) -> None:
+    """List the model zoo with layer counts, widths and parameter counts."""
+    from distir.frontends.zoo.registry import render_zoo_table, zoo_json
+
+    if json_out:
+        _emit_json(zoo_json())
+    else:
+        out.print(render_zoo_table())
+
+
+@app.command()
 def ops(json_out: JsonOpt = False) -> None:
     """List the registered ops with their signatures."""
     defs = sorted(distir.REGISTRY, key=lambda d: (d.family, d.name))

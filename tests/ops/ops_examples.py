@@ -298,3 +298,43 @@ __all__ = [
     "random_inputs",
     "random_value",
 ]
+
+# -- ops the model zoo and the gradient rules need ------------------------------------------------
+EXAMPLES["Reshape"] += [
+    Case([T(f32, 2, 3, 4)], {"shape": (0, -1, 2)}),
+    Case([T(i64, 6)], {"shape": (3, 2)}),
+    Case([T(f32, 2, 0, 3)], {"shape": (2, 3, 0), "allowzero": 1}),
+]
+EXAMPLES.update(
+    {
+        "Scale": [Case([T(f32, 2, 3)], {"alpha": 0.5}), Case([T(f64)], {"alpha": -3})],
+        "FillLike": [
+            Case([T(f32, 2, 3)]),
+            Case([T(i64, 4)], {"value": 7.0}),
+            Case([T(f16)], {"value": -2.5}),
+        ],
+        "CausalMask": [
+            Case([T(f32, 3, 3)]),
+            Case([T(f64, 2, 3, 4, 5)], {"fill": 0.0}),
+            Case([T(f16, 1, 5, 2)], {"fill": -1e4}),
+        ],
+        "Expand": [
+            Case([T(f32, 3, 1)], {"shape": (2, 3, 4)}),
+            Case([T(i64, 4)], {"shape": (4,)}),
+            Case([T(f64, 2, 5)], {"shape": (1, 1)}),
+            Case([T(f32)], {"shape": (2, 0)}),
+        ],
+        "GatherGrad": [
+            Case([T(f32, 2, 3), K(T(i64, 2), [1, 1])], {"size": 4}),
+            Case([T(f64, 2, 3, 4, 5), R(T(i32, 3, 4), -6, 6)], {"axis": 1, "size": 6}),
+            Case([T(f32, 4, 5), K(T(i64), 2)], {"axis": -1, "size": 3}),
+        ],
+        "SliceGrad": [
+            Case([T(f32, 3, 3)], {"shape": (5, 6), "starts": (1, -3), "ends": (4, 100), "axes": (0, 1)}),
+            Case(
+                [T(f64, 5, 2)], {"shape": (5, 6), "starts": (4,), "ends": (0,), "axes": (1,), "steps": (-2,)}
+            ),
+        ],
+    }
+)
+EXAMPLES["SliceGrad"].append(Case([T(f32, 3, 3)], {"shape": (5, -1), "starts": (1,), "ends": (4,)}))

@@ -194,6 +194,26 @@ GRAD_CASES = [
         ceil_mode=1,
         count_include_pad=1,
     ),
+    GradCase(
+        "GatherGrad",
+        "Gather",
+        primals(x=normal(5, 3), i=lambda rng: np.array([[0, 4], [-1, 2]])),
+        lambda p: [p["x"], p["i"]],
+        lambda p, dy, y: [dy, p["i"]],
+        [("x", 0)],
+        {"axis": 0, "size": 5},
+        fwd_attrs={"axis": 0},
+    ),
+    GradCase(
+        "SliceGrad",
+        "Slice",
+        primals(x=normal(5, 6)),
+        lambda p: [p["x"]],
+        lambda p, dy, y: [dy],
+        [("x", 0)],
+        {"shape": (5, -1), "starts": (4,), "ends": (0,), "axes": (0,), "steps": (-2,)},
+        fwd_attrs={"starts": (4,), "ends": (0,), "axes": (0,), "steps": (-2,)},
+    ),
 ]
 
 

@@ -78,7 +78,7 @@ def test_signature_shows_inputs_outputs_and_attribute_defaults() -> None:
 def test_new_ops_are_registered_in_their_families() -> None:
     families = {
         "reduce": {"ReduceSum", "ReduceMean"},
-        "nn": {"Softmax", "LayerNormalization", "RMSNormalization"},
+        "nn": {"Softmax", "LayerNormalization", "RMSNormalization", "CausalMask"},
         "loss": {"SoftmaxCrossEntropyLoss", "MSELoss"},
         "grad": {
             "ReluGrad",
@@ -93,6 +93,8 @@ def test_new_ops_are_registered_in_their_families() -> None:
             "ConvGrad",
             "MaxPoolGrad",
             "AveragePoolGrad",
+            "GatherGrad",
+            "SliceGrad",
         },
         "conv": {"Conv", "MaxPool", "AveragePool"},
         "optim": {"SGD", "Adam"},

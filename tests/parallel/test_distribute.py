@@ -19,7 +19,7 @@ from distir.parallel.schedules import build_schedule, parse_schedule
 from distir.parallel.strategy import Strategy, StrategyError, parse_strategy
 
 FAMILIES = {
-    "mlp": "mlp:layers=4,hidden=6",
+    "mlp": "mlp:layers=6,hidden=6",
     "gpt": "gpt:layers=3,hidden=8,heads=2,seq=4,vocab=16",
     "llama": "llama:layers=3,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=4",
     "transgan": "transgan:wide_layers=2,narrow_layers=2,wide=8,narrow=4,heads=2,tokens=3",
@@ -32,7 +32,9 @@ def cases(draw: st.DrawFn) -> tuple[str, Strategy]:
     p = draw(st.integers(1, 3))
     d = draw(st.integers(1, 2))
     t = draw(st.integers(1, 2))
-    schedule = draw(st.sampled_from(["gpipe", "1f1b", "zb1", "interleaved"] if p > 1 else ["gpipe", "1f1b", "zb1"]))
+    schedule = draw(
+        st.sampled_from(["gpipe", "1f1b", "zb1", "interleaved"] if p > 1 else ["gpipe", "1f1b", "zb1"])
+    )
     v = 2 if schedule == "interleaved" else 1
     k = draw(st.sampled_from([p, 2 * p] if schedule == "interleaved" else [1, 2, 4]))
     return family, Strategy(
@@ -67,7 +69,9 @@ def test_adam_with_zero_matches_sequential(opt: str) -> None:
 
     model = build_model(FAMILIES["gpt"], batch=4, dtype=DType.f64)
     for z in (0, 1, 2, 3):
-        cmp = check_against_sequential(model, parse_strategy(f"d2.t1.p2.k2.1f1b.z{z}"), Optimizer("adam", lr=0.01))
+        cmp = check_against_sequential(
+            model, parse_strategy(f"d2.t1.p2.k2.1f1b.z{z}"), Optimizer("adam", lr=0.01)
+        )
         assert cmp.max_rel_diff < 1e-7, (z, cmp.worst, cmp.max_rel_diff)
 
 

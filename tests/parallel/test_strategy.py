@@ -15,11 +15,25 @@ def strategies(draw: st.DrawFn) -> Strategy:
     schedule = draw(st.sampled_from(SCHEDULES))
     v = draw(st.integers(1, 4)) if schedule == "interleaved" else 1
     part: tuple[int, ...] | str = draw(
-        st.one_of(st.sampled_from(["uniform", "params"]), st.lists(st.integers(1, 9), min_size=p * v, max_size=p * v).map(tuple))
+        st.one_of(
+            st.sampled_from(["uniform", "params"]),
+            st.lists(st.integers(1, 9), min_size=p * v, max_size=p * v).map(tuple),
+        )
     )
-    placement = draw(st.none() | st.permutations(list(range(d * t * p))).map(tuple)) if d * t * p <= 8 else None
+    placement = (
+        draw(st.none() | st.permutations(list(range(d * t * p))).map(tuple)) if d * t * p <= 8 else None
+    )
     return Strategy(
-        d, t, p, k, schedule, v, draw(st.integers(0, 3)), draw(st.sampled_from(["none", "full", "selective"])), part, placement
+        d,
+        t,
+        p,
+        k,
+        schedule,
+        v,
+        draw(st.integers(0, 3)),
+        draw(st.sampled_from(["none", "full", "selective"])),
+        part,
+        placement,
     )
 
 
@@ -34,7 +48,10 @@ def test_the_issue_example() -> None:
     assert (s.d, s.t, s.p, s.k, s.schedule, s.zero, s.recompute) == (2, 4, 2, 8, "1f1b", 0, "none")
     assert s.devices == 16
     assert str(s) == "d2.t4.p2.k8.1f1b"
-    assert str(parse_strategy("k4.p2.i1f1b.v2.z3.rsel.L2-1-1-2")) == "d1.t1.p2.k4.interleaved.v2.z3.rsel.L2-1-1-2"
+    assert (
+        str(parse_strategy("k4.p2.i1f1b.v2.z3.rsel.L2-1-1-2"))
+        == "d1.t1.p2.k4.interleaved.v2.z3.rsel.L2-1-1-2"
+    )
 
 
 @pytest.mark.parametrize(

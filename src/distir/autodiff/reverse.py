@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from distir.interp.loop import interpret
 from distir.interp.shapes import TypeDomain, type_of
@@ -105,7 +106,8 @@ class _Ctx:
         self.bwd_of: dict[Value, Value] = {}  # forward value -> its backward stand-in
 
     def op(self, name: str, *inputs: Value, n_out: int | None = None, **attrs: object) -> tuple[Value, ...]:
-        return self.fb.op(name, *inputs, n_out=n_out, **attrs)
+        extra: dict[str, Any] = attrs
+        return self.fb.op(name, *inputs, n_out=n_out, **extra)
 
     def type(self, v: Value) -> TensorType:
         t = self.types[v]
@@ -291,6 +293,9 @@ def split_weight_grad(bwd: Function, n_input_grads: int) -> tuple[Function, Func
         if isinstance(op, Op) and op in w_ops
     )
     w_fn = Function(
-        f"{bwd.name}_w", tuple(fresh[v] for v in carried), w_body, tuple(m(v) for v in bwd.outputs[n_input_grads:])
+        f"{bwd.name}_w",
+        tuple(fresh[v] for v in carried),
+        w_body,
+        tuple(m(v) for v in bwd.outputs[n_input_grads:]),
     )
     return i_fn, w_fn

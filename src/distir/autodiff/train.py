@@ -142,7 +142,10 @@ def training_step(model: Model, optimizer: Optimizer | None = None, recompute: s
     for s in opt.state:
         for w in weights:
             state[w].append(fb.param(f"{s}_{w.name}", w.type))
-    step = fb.param("step", TensorType(DType.i64, (), w.type.device)) if opt.kind == "adam" else None  # type: ignore[union-attr]
+    dev = fwd.params[0].type.device if isinstance(fwd.params[0].type, TensorType) else None
+    step = (
+        fb.param("step", TensorType(DType.i64, (), dev)) if opt.kind == "adam" and dev is not None else None
+    )
     residuals: list[tuple[Value, ...]] = []
     for call, lg in zip(model.layers, grads, strict=True):
         outs = fb.call(lg.vjp.fwd, *(env[v] for v in call.inputs))
@@ -165,7 +168,7 @@ def training_step(model: Model, optimizer: Optimizer | None = None, recompute: s
     for w in weights:
         upd = opt.emit(fb, env[w], dweight[w], state[w], step)
         new_w.append(upd[0])
-        for k, s in enumerate(upd[1:]):
-            new_state[k].append(s)
-    entry = fb.ret(loss, *new_w, *(s for group in new_state for s in group))
+        for k, sv in enumerate(upd[1:]):
+            new_state[k].append(sv)
+    entry = fb.ret(loss, *new_w, *(sv for group in new_state for sv in group))
     return Module((*(f for f in model.module.functions if f is not fwd), *fns, entry))

@@ -6,6 +6,7 @@ from distir.ops import (  # noqa: F401  (registration)
     dist,
     elementwise,
     grad,
+    grad_index,
     linalg,
     loss,
     nn,

@@ -503,3 +503,6 @@ __all__ = [
     "spatial_input",
     "window_of",
 ]
+
+# the gradient rules live beside this file (it would grow past ~500 lines)
+from distir.ops import conv_grad  # noqa: E402, F401

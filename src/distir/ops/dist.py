@@ -1,23 +1,33 @@
-"""Ops of sharded (DTensor) programs: ``Redistribute`` changes a distributed tensor's placements.
+"""Ops of sharded (DTensor) programs: ``Redistribute`` changes a distributed tensor's placements;
+``MeshSend`` moves one to another mesh (the next pipeline stage).
 
 ``%z: DTensor[..., [R]] = Redistribute(%z1, to="R")`` is the explicit point where a value moves
 from one layout to another (Partial→Replicate is an all-reduce, Shard→Replicate an all-gather,
 Partial→Shard a reduce-scatter, Shard(i)→Shard(j) an all-to-all, Replicate→Shard a local slice);
 materialization (``distir.parallel.materialize``) lowers it to those communication ops. Its
 sequential meaning is the identity: a redistribution never changes the logical value.
+
+``%y = MeshSend(%x, mesh="dp=2, tp=2; d4, d5, d6, d7")`` moves a DTensor from its mesh A to mesh B
+(the attribute: axes, then devices in row-major order) of the same shape — the same axis names
+and sizes — keeping dtype, shape and placements: the device at coordinates c of A sends its local
+piece to the device at c of B (materialization lowers it to one ``Send`` per device of A). A device
+at the same coordinates in both meshes would send to itself: that is an error, like ``Send`` to
+itself. Its sequential meaning is the identity too.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from distir.ir.dtensor import DTensorType, Partial, parse_placements
-from distir.ir.types import IRTypeError, Type
+from distir.ir.dtensor import DTensorType, Mesh, Partial, Shard, parse_placements
+from distir.ir.types import _ITEMSIZE, IRTypeError, Type
 from distir.ir.values import Attrs
-from distir.ops.registry import AttrSpec, OpDef, OpKind, TypeCtx, register
+from distir.ops.registry import AttrSpec, CommCost, CommPattern, OpDef, OpKind, TypeCtx, register
 
 FAMILY = "dist"
 
@@ -57,5 +67,104 @@ REDISTRIBUTE = register(
         attrs={"to": AttrSpec("str")},
         reference=_identity,
         doc='Change a DTensor\'s placements, e.g. to="R" or to="S(0), R" (one per mesh axis).',
+    )
+)
+
+
+# -- MeshSend -----------------------------------------------------------------------------------
+def parse_mesh_attr(text: str, attr: str = "mesh") -> Mesh:
+    """``"dp=2, tp=2; d4, d5, d6, d7"`` -> that mesh; raises IRTypeError naming the attribute.
+    The same text gives the same Mesh object (type propagation meets one MeshSend per microbatch
+    and stage, and a 1024-device mesh is slow to build and to hash)."""
+    return _parse_mesh(text, attr)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_mesh(text: str, attr: str) -> Mesh:
+    axes, sep, devices = text.partition(";")
+    if not sep:
+        raise IRTypeError(
+            f'attribute {attr}={text!r} is not like "dp=2, tp=2; d4, d5, d6, d7" (axes; devices)'
+        )
+    try:
+        return Mesh.parse(axes, devices)
+    except IRTypeError as e:
+        raise IRTypeError(f"attribute {attr}={text!r}: {e}") from None
+
+
+def format_mesh_attr(mesh: Mesh) -> str:
+    """The inverse of ``parse_mesh_attr``: ``mesh(dp=2; d4, d5)`` -> ``"dp=2; d4, d5"``."""
+    return str(mesh)[len("mesh(") : -1]
+
+
+def largest_piece_bytes(t: DTensorType) -> int:
+    """Bytes of the largest local piece of ``t``: the one at coordinate 0 along every axis (shards
+    are split larger first, along each sharding axis in order, as ``split_sizes`` does)."""
+    shape = list(t.shape)
+    for ax, p in enumerate(t.placements):
+        if isinstance(p, Shard):
+            shape[p.dim] = -(-shape[p.dim] // t.mesh.shape[ax])
+    return math.prod(shape) * _ITEMSIZE[t.dtype]
+
+
+_MESH_SENT: dict[tuple[DTensorType, str], DTensorType] = {}  # (x's type, mesh) -> y's type
+
+
+def _meshsend_rule(ctx: TypeCtx) -> Sequence[Type]:
+    t = ctx.types[0]
+    if not isinstance(t, DTensorType):
+        ctx.fail("MeshSend needs a distributed tensor", 0, "DTensor[...]", t)
+    text = ctx.attr("mesh")
+    hit = _MESH_SENT.get((t, text))  # a pipeline sends alike per microbatch: check once
+    if hit is not None:
+        return (hit,)
+    try:
+        dst = parse_mesh_attr(text)
+    except IRTypeError as e:
+        ctx.fail(str(e), None, '"axes; devices" like "dp=2, tp=2; d4, d5, d6, d7"', text)
+    if dst.axes != t.mesh.axes:
+        ctx.fail(
+            f"MeshSend needs meshes of the same shape (axis names and sizes): from {t.mesh} to {dst}",
+            None,
+            ", ".join(f"{a}={n}" for a, n in t.mesh.axes),
+            ", ".join(f"{a}={n}" for a, n in dst.axes),
+        )
+    for a, b in zip(t.mesh.devices, dst.devices, strict=True):
+        if a == b:
+            ctx.fail(
+                f"MeshSend from {t.mesh} to {dst} would send {a}'s piece to itself "
+                "(the same device at the same mesh coordinates)",
+                None,
+                f"a device other than {a}",
+                b,
+            )
+    out = DTensorType(t.dtype, t.shape, dst, t.placements)
+    if len(_MESH_SENT) > 4096:
+        _MESH_SENT.clear()
+    _MESH_SENT[(t, text)] = out
+    return (out,)
+
+
+def _meshsend_cost(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> CommCost:
+    """Point-to-point, the largest piece's bytes; devices: A's devices, then B's (device i of A
+    sends to device i of B)."""
+    src, dst = ins[0], outs[0]
+    assert isinstance(src, DTensorType) and isinstance(dst, DTensorType)
+    return CommCost(CommPattern.P2P, float(largest_piece_bytes(src)), (*src.mesh.devices, *dst.mesh.devices))
+
+
+MESH_SEND = register(
+    OpDef(
+        name="MeshSend",
+        family=FAMILY,
+        kind=OpKind.COMM,
+        inputs=("x",),
+        outputs=("y",),
+        infer=_meshsend_rule,
+        attrs={"mesh": AttrSpec("str")},
+        reference=_identity,
+        comm_cost=_meshsend_cost,
+        doc='Move a DTensor to another mesh of the same shape, e.g. mesh="dp=2, tp=2; d4, d5, d6, d7": '
+        "each device sends its piece to the device at the same coordinates.",
     )
 )

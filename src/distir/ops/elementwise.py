@@ -1,5 +1,7 @@
 """Elementwise tensor ops (ONNX names): arithmetic with numpy broadcasting, activations, Where,
-Cast, Identity, and the variadic Sum.
+Cast, Identity, and the variadic Sum; and two non-ONNX helpers that gradient rules build on
+(they never need a constant on a device): ``Scale`` (alpha·X) and ``FillLike`` (a tensor of X's
+type filled with a value).
 
 Each op is one ``OpDef``: signature, shape rule, numpy reference, FLOPs per output element.
 """
@@ -11,12 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from distir.ir.types import DType, Type
-from distir.ir.values import Attrs
-from distir.ops._rules import broadcast_shapes, numel, out_numel_flops, same_dtype
+from distir.ir.dtensor import PARTIAL_OPS, Partial, Shard
+from distir.ir.ops import Op
+from distir.ir.types import DType, TensorType, Type
+from distir.ir.values import Attrs, Value
+from distir.ops._rules import broadcast_shapes, float_attr, numel, out_numel_flops, same_dtype
 from distir.ops._special import normal_cdf
+from distir.ops.gradrules import GradCtx, GradRule, first, is_float, unbroadcast, zeros_like
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
-from distir.ops.sharding import ShardingRule, mul_rule, pointwise
+from distir.ops.sharding import R, ShardingRule, Strategy, mul_rule, pointwise
 
 FAMILY = "elementwise"
 
@@ -198,3 +203,184 @@ CAST = register(
         sharding=pointwise(),
     )
 )
+
+
+# -- Scale / FillLike -------------------------------------------------------------------------
+def _scale_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    x = np.asarray(args[0])
+    return ((float_attr(attrs, "alpha", 1.0) * x).astype(x.dtype, copy=False),)
+
+
+SCALE = register(
+    OpDef(
+        name="Scale",
+        family=FAMILY,
+        inputs=("X",),
+        outputs=("Y",),
+        infer=_float_unary_rule,
+        attrs={"alpha": AttrSpec("float")},
+        reference=_scale_ref,
+        flops=out_numel_flops(1.0),
+        doc="Y = alpha * X (X's dtype): scaling by a constant without a constant tensor.",
+        sharding=pointwise("linear"),  # linear: a pending sum stays pending
+    )
+)
+
+
+def _fill_like_rule(ctx: TypeCtx) -> Sequence[Type]:
+    t = ctx.tensor(0)
+    return (ctx.out(t.dtype, t.shape),)
+
+
+def _fill_like_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    x = np.asarray(args[0])
+    return (np.full(x.shape, float_attr(attrs, "value", 1.0)).astype(x.dtype),)
+
+
+def _fill_like_sharding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+    """The result does not depend on X's values: shards map to shards, and a pending reduction
+    of X gives a replicated result (every piece has X's global shape)."""
+    x = ins[0].shape if isinstance(ins[0], TensorType) else ()
+    found = [Strategy((R,), (R,))]
+    found += [Strategy((Shard(d),), (Shard(d),)) for d in range(len(x)) if x[d] > 1]
+    found += [Strategy((Partial(op),), (R,)) for op in PARTIAL_OPS]
+    return found
+
+
+FILL_LIKE = register(
+    OpDef(
+        name="FillLike",
+        family=FAMILY,
+        inputs=("X",),
+        outputs=("Y",),
+        infer=_fill_like_rule,
+        attrs={"value": AttrSpec("float", 1.0)},
+        reference=_fill_like_ref,
+        bytes_read=lambda ins, outs, attrs: 0.0,  # only X's type is used
+        doc="A tensor of X's dtype and shape filled with value (cast to the dtype); X's values "
+        "are not read. Not differentiable.",
+        sharding=_fill_like_sharding,
+    )
+)
+
+
+# -- gradient rules (contract: distir.ops.gradrules) --------------------------------------------
+def _shape_of(ctx: GradCtx, v: Value) -> tuple[int, ...]:
+    return ctx.type(v).shape
+
+
+def _to_inputs(ctx: GradCtx, op: Op, grads: Sequence[Value | None]) -> list[Value | None]:
+    """Gradients computed at the result's shape, summed back to each (float) input's shape."""
+    y = _shape_of(ctx, op.outputs[0])
+    return [
+        unbroadcast(ctx, g, _shape_of(ctx, x), y) if g is not None and is_float(ctx, x) else None
+        for x, g in zip(op.inputs, grads, strict=True)
+    ]
+
+
+def _one(ctx: GradCtx, name: str, *inputs: Value, **attrs: Any) -> Value:
+    (out,) = ctx.op(name, *inputs, **attrs)
+    return out
+
+
+def _add_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    dy = first(douts)
+    return _to_inputs(ctx, op, [dy] * len(op.inputs))
+
+
+def _sub_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    dy = first(douts)
+    return _to_inputs(ctx, op, [dy, _one(ctx, "Neg", dy)])
+
+
+def _mul_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    dy = first(douts)
+    a, b = (ctx.primal(v) for v in op.inputs)
+    return _to_inputs(ctx, op, [_one(ctx, "Mul", dy, b), _one(ctx, "Mul", dy, a)])
+
+
+def _div_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    """C = A / B: dA = dC / B, dB = -dC · C / B."""
+    dy = first(douts)
+    b, c = ctx.primal(op.inputs[1]), ctx.primal(op.outputs[0])
+    da = _one(ctx, "Div", dy, b)
+    db = _one(ctx, "Neg", _one(ctx, "Mul", da, c))
+    return _to_inputs(ctx, op, [da, db])
+
+
+def _pow_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    """C = A^B: dA = dC · B · A^(B - 1). The exponent gets no gradient (it would need log A)."""
+    dy = first(douts)
+    a, b = ctx.primal(op.inputs[0]), ctx.primal(op.inputs[1])
+    b_minus_1 = _one(ctx, "Sub", b, _one(ctx, "FillLike", b, value=1.0))
+    da = _one(ctx, "Mul", _one(ctx, "Mul", dy, b), _one(ctx, "Pow", a, b_minus_1))
+    return _to_inputs(ctx, op, [da, None])
+
+
+def _sqrt_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    """Y = √X: dX = dY / (2Y)."""
+    return [_one(ctx, "Div", _one(ctx, "Scale", first(douts), alpha=0.5), ctx.primal(op.outputs[0]))]
+
+
+def _neg_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    return [_one(ctx, "Neg", first(douts)) if is_float(ctx, op.inputs[0]) else None]
+
+
+def _exp_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    return [_one(ctx, "Mul", first(douts), ctx.primal(op.outputs[0]))]
+
+
+def _via(grad_op: str, of: str) -> GradRule:
+    """dX = <grad_op>(dY, X or Y): activations with a dedicated gradient op."""
+
+    def rule(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+        if not is_float(ctx, op.inputs[0]):
+            return [None]
+        z = op.inputs[0] if of == "X" else op.outputs[0]
+        return [_one(ctx, grad_op, first(douts), ctx.primal(z))]
+
+    return rule
+
+
+def _identity_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    return [first(douts) if is_float(ctx, op.inputs[0]) else None]
+
+
+def _where_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    dy = first(douts)
+    cond = ctx.primal(op.inputs[0])
+    zeros = zeros_like(ctx, dy)
+    return _to_inputs(
+        ctx, op, [None, _one(ctx, "Where", cond, dy, zeros), _one(ctx, "Where", cond, zeros, dy)]
+    )
+
+
+def _cast_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    """Cast back to the input's dtype (no gradient flows through a cast from or to integers)."""
+    x, y = ctx.type(op.inputs[0]), ctx.type(op.outputs[0])
+    if not (x.dtype.is_float and y.dtype.is_float):
+        return [None]
+    return [_one(ctx, "Cast", first(douts), to=x.dtype)]
+
+
+def _scale_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    return [_one(ctx, "Scale", first(douts), alpha=float_attr(op.attrs, "alpha", 1.0))]
+
+
+ADD.fill("grad", _add_grad)
+SUB.fill("grad", _sub_grad)
+MUL.fill("grad", _mul_grad)
+DIV.fill("grad", _div_grad)
+POW.fill("grad", _pow_grad)
+SQRT.fill("grad", _sqrt_grad)
+NEG.fill("grad", _neg_grad)
+EXP.fill("grad", _exp_grad)
+RELU.fill("grad", _via("ReluGrad", "X"))
+GELU.fill("grad", _via("GeluGrad", "X"))
+TANH.fill("grad", _via("TanhGrad", "Y"))
+SIGMOID.fill("grad", _via("SigmoidGrad", "Y"))
+IDENTITY.fill("grad", _identity_grad)
+SUM.fill("grad", _add_grad)
+WHERE.fill("grad", _where_grad)
+CAST.fill("grad", _cast_grad)
+SCALE.fill("grad", _scale_grad)

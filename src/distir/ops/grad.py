@@ -3,6 +3,8 @@ of forward ops (``ReluGrad(dy, x) = dy * (x > 0)``, ...).
 
 Each takes the incoming gradient first and returns the gradient of the forward op's inputs, in
 the forward op's attribute conventions. References compute in float64 and round once.
+Sharding rules (``distir.ops.sharding``): every gradient here is linear in the incoming gradient,
+so a pending sum on it (the other inputs replicated) passes to every result.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs
+from distir.ops import sharding as sh
 from distir.ops._rules import (
     float_attr,
     float_input,
@@ -87,6 +90,7 @@ RELU_GRAD = register(
         reference=_relu_grad,
         flops=out_numel_flops(1.0),
         doc="dX = dY * (X > 0), the gradient of Relu at X.",
+        sharding=sh.pointwise("scale"),
     )
 )
 
@@ -116,6 +120,7 @@ GELU_GRAD = register(
         reference=_pointwise(_gelu_grad),
         flops=out_numel_flops(12.0),
         doc="dX = dY * (Phi(X) + X * phi(X)), the gradient of exact (erf) Gelu at X.",
+        sharding=sh.pointwise("scale"),
     )
 )
 TANH_GRAD = register(
@@ -128,6 +133,7 @@ TANH_GRAD = register(
         reference=_pointwise(lambda dy, y: dy * (1.0 - y * y)),
         flops=out_numel_flops(3.0),
         doc="dX = dY * (1 - Y^2) where Y = Tanh(X).",
+        sharding=sh.pointwise("scale"),
     )
 )
 SIGMOID_GRAD = register(
@@ -140,6 +146,7 @@ SIGMOID_GRAD = register(
         reference=_pointwise(lambda dy, y: dy * y * (1.0 - y)),
         flops=out_numel_flops(3.0),
         doc="dX = dY * Y * (1 - Y) where Y = Sigmoid(X).",
+        sharding=sh.pointwise("scale"),
     )
 )
 
@@ -169,6 +176,7 @@ SOFTMAX_GRAD = register(
         reference=_softmax_grad,
         flops=out_numel_flops(4.0),
         doc="dX = Y * (dY - sum(dY * Y, axis)) where Y = Softmax(X, axis).",
+        sharding=sh.whole_axes("axis", extra_inputs="same", partial="scale"),
     )
 )
 
@@ -240,6 +248,7 @@ LAYER_NORMALIZATION_GRAD = register(
         flops=in_numel_flops(12.0),
         doc="Gradients of LayerNormalization(X, Scale, B) w.r.t. X, Scale and B (B shaped like "
         "Scale); recomputes the statistics from X.",
+        sharding=sh.norm_grad,
     )
 )
 RMS_NORMALIZATION_GRAD = register(
@@ -253,6 +262,7 @@ RMS_NORMALIZATION_GRAD = register(
         reference=_rms_norm_grad,
         flops=in_numel_flops(9.0),
         doc="Gradients of RMSNormalization(X, scale) w.r.t. X and scale.",
+        sharding=sh.norm_grad,
     )
 )
 
@@ -307,6 +317,7 @@ SOFTMAX_CROSS_ENTROPY_LOSS_GRAD = register(
         flops=out_numel_flops(7.0),
         doc="dScores = (softmax(scores, 1) - onehot(labels)) * dLoss (divided by the label count "
         "for reduction='mean'; broadcast over classes for 'none').",
+        sharding=sh.loss_grad("ce"),
     )
 )
 
@@ -337,6 +348,7 @@ MSE_LOSS_GRAD = register(
         flops=out_numel_flops(3.0),
         doc="dPrediction = 2 * (prediction - target) * dLoss (divided by the element count for "
         "reduction='mean').",
+        sharding=sh.loss_grad("mse"),
     )
 )
 
@@ -440,6 +452,7 @@ CONV_GRAD = register(
         flops=lambda ins, outs, attrs: 4.0 * conv_macs(ins[0], ins[2]) + numel(ins[0]),
         doc="Gradients of Conv(X, W, B) w.r.t. X, W and B (dB has shape (M,), whether or not the "
         "forward had a bias).",
+        sharding=sh.windowed_grad("conv"),
     )
 )
 MAX_POOL_GRAD = register(
@@ -454,6 +467,7 @@ MAX_POOL_GRAD = register(
         flops=lambda ins, outs, attrs: pool_flops(2.0, ins[0], attrs),
         doc="Routes each dY to the position of its window's maximum in X (the first one on ties); "
         "recomputes the forward.",
+        sharding=sh.windowed_grad("pool"),
     )
 )
 AVERAGE_POOL_GRAD = register(
@@ -468,6 +482,7 @@ AVERAGE_POOL_GRAD = register(
         flops=lambda ins, outs, attrs: pool_flops(1.0, ins[0], attrs),
         doc="Spreads each dY / (its window's divisor) over the window's positions in X (only X's "
         "shape is read).",
+        sharding=sh.windowed_grad("pool"),
     )
 )
 

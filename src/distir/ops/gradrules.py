@@ -11,6 +11,13 @@ engine decides whether that value is saved from the forward pass or recomputed â
 forward types with ``ctx.type(v)`` (concrete: autodiff runs on typed functions, so shapes are
 known). Rules never create constants on a device: they build everything from the values they get
 (e.g. ``FillLike``, ``Scale``), which keeps backward code placement-agnostic (sharding works on it).
+
+Each op's rule is filled in its family's file, beside the op (``REGISTRY["Relu"].fill("grad",
+rule)``); ops without a rule (shapes, constants, communication, optimizers, gradient ops,
+``FillLike``) are not differentiable. The helpers below are shared by the rules: ``unbroadcast``
+sums a cotangent back to the shape numpy broadcasting grew an input from, ``reshape`` reshapes
+to a concrete shape (Reshape's attribute form, which materialization localizes per device),
+``zeros_like``, ``is_float`` and ``first``.
 """
 
 from __future__ import annotations
@@ -52,10 +59,11 @@ def is_float(ctx: GradCtx, v: Value) -> bool:
 
 def reshape(ctx: GradCtx, v: Value, shape: Sequence[int]) -> Value:
     """``v`` reshaped to the concrete ``shape`` (Reshape's attribute form; a 0 is a literal size)."""
-    attrs: dict[str, object] = {"shape": tuple(int(d) for d in shape)}
-    if 0 in attrs["shape"]:  # type: ignore[operator]
-        attrs["allowzero"] = 1
-    (out,) = ctx.op("Reshape", v, **attrs)
+    target = tuple(int(d) for d in shape)
+    if 0 in target:
+        (out,) = ctx.op("Reshape", v, shape=target, allowzero=1)
+    else:
+        (out,) = ctx.op("Reshape", v, shape=target)
     return out
 
 
@@ -68,17 +76,15 @@ def unbroadcast(ctx: GradCtx, dy: Value, shape: Sequence[int], dy_shape: Sequenc
     lead = len(dy_shape) - len(shape)
     if lead < 0:
         raise ValueError(f"unbroadcast: {dy_shape} cannot be a broadcast of {shape}")
-    inner = [lead + i for i, d in enumerate(shape) if d == 1 and dy_shape[lead + i] != 1]
-    if lead == 0 and not inner:
-        return dy
-    if not inner:  # only leading dims: dropping them gives the shape
-        (out,) = ctx.op("ReduceSum", dy, axes=tuple(range(lead)), keepdims=0)
-        return out
-    if lead == 0:
-        (out,) = ctx.op("ReduceSum", dy, axes=tuple(inner), keepdims=1)
-        return out
-    (summed,) = ctx.op("ReduceSum", dy, axes=(*range(lead), *inner), keepdims=1)
-    return reshape(ctx, summed, shape)
+    inner = tuple(i for i, d in enumerate(shape) if d == 1 and dy_shape[lead + i] != 1)
+    # two plain reductions rather than one and a reshape: every dim that is not reduced keeps
+    # its sharding through ReduceSum (a reshape dropping leading 1s may not); the leading dims
+    # first, as they usually shrink the tensor most
+    if lead:
+        (dy,) = ctx.op("ReduceSum", dy, axes=tuple(range(lead)), keepdims=0)
+    if inner:
+        (dy,) = ctx.op("ReduceSum", dy, axes=inner, keepdims=1)
+    return dy
 
 
 def zeros_like(ctx: GradCtx, v: Value) -> Value:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from distir.ir.ops import Op
 from distir.ir.types import TensorType, Type
-from distir.ir.values import Attrs
+from distir.ir.values import Attrs, Value
 from distir.ops import sharding as sharding_rules
-from distir.ops._rules import broadcast_shapes, float_attr, numel, same_dtype
+from distir.ops._rules import broadcast_shapes, float_attr, int_attr, numel, same_dtype
+from distir.ops.gradrules import GradCtx, first, reshape, unbroadcast
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
 
 FAMILY = "linalg"
@@ -119,3 +122,72 @@ GEMM = register(
         sharding=sharding_rules.gemm,
     )
 )
+
+
+# -- gradient rules (contract: distir.ops.gradrules) --------------------------------------------
+def _swap_last(ctx: GradCtx, v: Value, rank: int) -> Value:
+    """``v`` with its last two dims swapped."""
+    (out,) = ctx.op("Transpose", v, perm=(*range(rank - 2), rank - 1, rank - 2))
+    return out
+
+
+def _matmul_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    """Y = A @ B with numpy semantics. 1-D operands are promoted to matrices (A: (1, k), B:
+    (k, 1)) by reshapes; then dA = dY @ Bᵀ and dB = Aᵀ @ dY, each summed back over the batch dims
+    it was broadcast along. When B is a matrix and A is batched (a weight applied to a batch of
+    activations), dB is one matmul of the flattened batch instead: (Σ rows, k)ᵀ @ (Σ rows, n)."""
+    dy = first(douts)
+    at, bt = ctx.type(op.inputs[0]), ctx.type(op.inputs[1])
+    a_shape, b_shape = at.shape, bt.shape
+    a2 = (1, *a_shape) if len(a_shape) == 1 else a_shape
+    b2 = (*b_shape, 1) if len(b_shape) == 1 else b_shape
+    batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
+    y2 = (*batch, a2[-2], b2[-1])
+    a, b = ctx.primal(op.inputs[0]), ctx.primal(op.inputs[1])
+    if a2 != a_shape:
+        a = reshape(ctx, a, a2)
+    if b2 != b_shape:
+        b = reshape(ctx, b, b2)
+    if y2 != ctx.type(op.outputs[0]).shape:
+        dy = reshape(ctx, dy, y2)
+    (da,) = ctx.op("MatMul", dy, _swap_last(ctx, b, len(b2)))
+    da = unbroadcast(ctx, da, a2, (*batch, a2[-2], a2[-1]))
+    if len(b2) == 2 and len(a2) > 2:
+        rows = math.prod(a2[:-1])
+        a_flat = reshape(ctx, a, (rows, a2[-1]))
+        (db,) = ctx.op("MatMul", _swap_last(ctx, a_flat, 2), reshape(ctx, dy, (rows, b2[-1])))
+    else:
+        (db,) = ctx.op("MatMul", _swap_last(ctx, a, len(a2)), dy)
+        db = unbroadcast(ctx, db, b2, (*batch, b2[-2], b2[-1]))
+    if a2 != a_shape:
+        da = reshape(ctx, da, a_shape)
+    if b2 != b_shape:
+        db = reshape(ctx, db, b_shape)
+    return [da, db]
+
+
+def _gemm_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    """Y = alpha·A'·B' + beta·C (A' = Aᵀ when transA, B' likewise): each gradient is one Gemm
+    with the transposes arranged so it comes out in its input's layout; dC = beta·dY summed to
+    C's shape."""
+    dy = first(douts)
+    ta, tb = int_attr(op.attrs, "transA", 0), int_attr(op.attrs, "transB", 0)
+    alpha, beta = float_attr(op.attrs, "alpha", 1.0), float_attr(op.attrs, "beta", 1.0)
+    a, b = ctx.primal(op.inputs[0]), ctx.primal(op.inputs[1])
+    scaled: dict[str, Any] = {"alpha": alpha} if alpha != 1.0 else {}
+    if not ta:  # dA = alpha·dY·B'ᵀ
+        (da,) = ctx.op("Gemm", dy, b, transB=1 - tb, **scaled)
+    else:  # dA = (alpha·dY·B'ᵀ)ᵀ = alpha·B'·dYᵀ
+        (da,) = ctx.op("Gemm", b, dy, transA=tb, transB=1, **scaled)
+    if not tb:  # dB = alpha·A'ᵀ·dY
+        (db,) = ctx.op("Gemm", a, dy, transA=1 - ta, **scaled)
+    else:  # dB = (alpha·A'ᵀ·dY)ᵀ = alpha·dYᵀ·A'
+        (db,) = ctx.op("Gemm", dy, a, transA=1, transB=ta, **scaled)
+    if len(op.inputs) == 2:
+        return [da, db]
+    dc = dy if beta == 1.0 else ctx.op("Scale", dy, alpha=beta)[0]
+    return [da, db, unbroadcast(ctx, dc, ctx.type(op.inputs[2]).shape, ctx.type(op.outputs[0]).shape)]
+
+
+MATMUL.fill("grad", _matmul_grad)
+GEMM.fill("grad", _gemm_grad)

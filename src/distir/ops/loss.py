@@ -3,6 +3,8 @@ output) and MSELoss (mean squared error, named like PyTorch's).
 
 ``reduction`` is ``"mean"`` (default; a 0-d result), ``"sum"`` (0-d) or ``"none"`` (one loss per
 sample: the labels' shape, or the prediction's for MSELoss). References compute in float64.
+Sharding (``distir.ops.sharding.loss``): items (batch, positions) sharded; a sum is then a
+pending sum, a mean a pending mean only over even shards.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs
+from distir.ops import sharding as sh
 from distir.ops._rules import float_input, numel, same_dtype, same_shape, str_attr
 from distir.ops._special import F64, f64
 from distir.ops.nn import log_softmax
@@ -108,6 +111,7 @@ SOFTMAX_CROSS_ENTROPY_LOSS = register(
         reference=_sce_ref,
         flops=_sce_flops,
         doc="-log softmax(scores, axis=1)[labels], reduced (ONNX, without weights/ignore_index).",
+        sharding=sh.loss("ce"),
     )
 )
 
@@ -142,7 +146,35 @@ MSE_LOSS = register(
         reference=_mse_ref,
         flops=lambda ins, outs, attrs: 3.0 * numel(ins[0]),
         doc="(prediction - target)^2, reduced by mean (default), sum or none.",
+        sharding=sh.loss("mse"),
     )
 )
 
 __all__ = ["check_pred_target", "check_scores_labels", "picked_log_probs", "reduce_loss", "reduction"]
+
+
+# -- gradient rules (contract: distir.ops.gradrules) --------------------------------------------
+# (imported here so the rules stay one appended block; the other helpers own the top of the file)
+from distir.ir.ops import Op  # noqa: E402
+from distir.ir.values import Value  # noqa: E402
+from distir.ops.gradrules import GradCtx, first  # noqa: E402
+
+
+def _sce_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    scores, labels = (ctx.primal(v) for v in op.inputs)
+    how = str_attr(op.attrs, "reduction", "mean")
+    (ds,) = ctx.op("SoftmaxCrossEntropyLossGrad", first(douts), scores, labels, reduction=how)
+    return [ds, None]
+
+
+def _mse_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    """MSELossGrad gives d/dprediction; the target's gradient is its negation."""
+    pred, target = (ctx.primal(v) for v in op.inputs)
+    how = str_attr(op.attrs, "reduction", "mean")
+    (dp,) = ctx.op("MSELossGrad", first(douts), pred, target, reduction=how)
+    (dt,) = ctx.op("Neg", dp)
+    return [dp, dt]
+
+
+SOFTMAX_CROSS_ENTROPY_LOSS.fill("grad", _sce_grad)
+MSE_LOSS.fill("grad", _mse_grad)

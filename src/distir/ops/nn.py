@@ -1,4 +1,5 @@
-"""Neural-network layers (ONNX names): Softmax, LayerNormalization, RMSNormalization.
+"""Neural-network layers (ONNX names): Softmax, LayerNormalization, RMSNormalization; and
+CausalMask (attention's causal mask, not an ONNX op).
 
 The normalizations work over the trailing axes ``[axis, rank)`` of ``X`` (ONNX semantics);
 ``Scale`` (and ``B``) broadcast against those axes. References compute in float64 and round
@@ -12,8 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from distir.ir.dtensor import Shard
+from distir.ir.ops import Op
 from distir.ir.types import TensorType, Type
-from distir.ir.values import Attrs
+from distir.ir.values import Attrs, Value
 from distir.ops import sharding as sh
 from distir.ops._rules import (
     float_attr,
@@ -24,6 +27,7 @@ from distir.ops._rules import (
     same_dtype,
 )
 from distir.ops._special import F64, f64
+from distir.ops.gradrules import GradCtx, first, unbroadcast
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
 
 FAMILY = "nn"
@@ -174,6 +178,89 @@ RMS_NORMALIZATION = register(
         sharding=sh.whole_axes("axis", to_end=True),
     )
 )
+
+
+# -- CausalMask -------------------------------------------------------------------------------
+def _causal_mask_rule(ctx: TypeCtx) -> Sequence[Type]:
+    t = float_input(ctx, 0, "X")
+    if t.rank < 2:
+        ctx.fail("CausalMask needs an input of rank >= 2 (..., i, j)", 0, "rank >= 2", t.rank)
+    return (ctx.out(t.dtype, t.shape),)
+
+
+def _causal_mask_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    x = np.asarray(args[0])
+    i, j = x.shape[-2:]
+    above = np.triu(np.ones((i, j), dtype=bool), k=1)  # j > i
+    return (np.where(above, np.asarray(float_attr(attrs, "fill", -1e9)).astype(x.dtype), x),)
+
+
+def _causal_mask_sharding(
+    ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int
+) -> list[sh.Strategy]:
+    """Pointwise over the leading dims; the (i, j) dims stay whole (a piece does not know its
+    global offsets). With fill=0 the op is linear, so a pending sum passes through."""
+    x = ins[0].shape if isinstance(ins[0], TensorType) else ()
+    found = [sh.replicated(ins, outs)]
+    found += [sh.Strategy((Shard(d),), (Shard(d),)) for d in range(len(x) - 2) if x[d] > 1]
+    if float_attr(attrs, "fill", -1e9) == 0.0:
+        found.append(sh.Strategy((sh.SUM,), (sh.SUM,)))
+    return found
+
+
+CAUSAL_MASK = register(
+    OpDef(
+        name="CausalMask",
+        family=FAMILY,
+        inputs=("X",),
+        outputs=("Y",),
+        infer=_causal_mask_rule,
+        attrs={"fill": AttrSpec("float", -1e9)},
+        reference=_causal_mask_ref,
+        flops=out_numel_flops(1.0),
+        doc="Y[..., i, j] = fill where j > i, else X[..., i, j] (rank >= 2): attention's causal mask.",
+        sharding=_causal_mask_sharding,
+    )
+)
+
+
+# -- gradient rules (contract: distir.ops.gradrules) --------------------------------------------
+def _softmax_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    axis = int_attr(op.attrs, "axis", -1)
+    return ctx.op("SoftmaxGrad", first(douts), ctx.primal(op.outputs[0]), axis=axis)
+
+
+def _norm_attrs(op: Op) -> dict[str, Any]:
+    return {"axis": int_attr(op.attrs, "axis", -1), "epsilon": float_attr(op.attrs, "epsilon", 1e-5)}
+
+
+def _layer_norm_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    """LayerNormalizationGrad gives dB shaped like Scale; a bias that broadcasts differently gets
+    dY summed to its own shape instead."""
+    dy = first(douts)
+    x, scale = (ctx.primal(v) for v in op.inputs[:2])
+    dx, dscale, db = ctx.op("LayerNormalizationGrad", dy, x, scale, **_norm_attrs(op))
+    if len(op.inputs) == 2:
+        return [dx, dscale]
+    b_shape = ctx.type(op.inputs[2]).shape
+    if b_shape != ctx.type(op.inputs[1]).shape:
+        db = unbroadcast(ctx, dy, b_shape, ctx.type(op.inputs[0]).shape)
+    return [dx, dscale, db]
+
+
+def _rms_norm_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    x, scale = (ctx.primal(v) for v in op.inputs)
+    return ctx.op("RMSNormalizationGrad", first(douts), x, scale, **_norm_attrs(op))
+
+
+def _causal_mask_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    return ctx.op("CausalMask", first(douts), fill=0.0)
+
+
+SOFTMAX.fill("grad", _softmax_grad)
+LAYER_NORMALIZATION.fill("grad", _layer_norm_grad)
+RMS_NORMALIZATION.fill("grad", _rms_norm_grad)
+CAUSAL_MASK.fill("grad", _causal_mask_grad)
 
 __all__ = [
     "check_param",

@@ -8,15 +8,18 @@ integer sums wrap like the dtype does, integer means truncate toward zero.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from distir.ir.ops import Op
 from distir.ir.types import DType, Type
-from distir.ir.values import Attrs
+from distir.ir.values import Attrs, Value
 from distir.ops import sharding as sh
 from distir.ops._rules import norm_axes, numel
+from distir.ops.gradrules import GradCtx, GradRule, first
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
 
 FAMILY = "reduce"
@@ -101,5 +104,34 @@ REDUCE_MEAN = register(
         sharding=sh.reduction("mean"),
     )
 )
+
+
+# -- gradient rules (contract: distir.ops.gradrules) --------------------------------------------
+def _reduce_grad(mean: bool) -> GradRule:
+    """dX = dY expanded back over the reduced axes (put back as size 1 first when keepdims=0);
+    a mean also divides by the number of elements each result averaged."""
+
+    def rule(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+        dy = first(douts)
+        x = ctx.type(op.inputs[0])
+        if not x.dtype.is_float:
+            return [None]
+        axes: Any = op.attrs.get("axes")
+        axes = sorted(a % x.rank for a in axes) if axes else list(range(x.rank))
+        if op.attrs.get("keepdims", 1) == 0 and axes:
+            (dy,) = ctx.op("Unsqueeze", dy, axes=tuple(axes))
+        count = math.prod(x.shape[a] for a in axes)
+        if mean and count > 1:
+            (dy,) = ctx.op("Scale", dy, alpha=1.0 / count)
+        # 1 keeps the dims that were not reduced: Expand may keep them sharded
+        grow = tuple(x.shape[a] if a in axes else 1 for a in range(x.rank))
+        (dx,) = ctx.op("Expand", dy, shape=grow)
+        return [dx]
+
+    return rule
+
+
+REDUCE_SUM.fill("grad", _reduce_grad(mean=False))
+REDUCE_MEAN.fill("grad", _reduce_grad(mean=True))
 
 __all__ = ["reduced_axes"]

@@ -9,7 +9,10 @@ strategy needs. Mesh axes are independent: a rule speaks about one axis at a tim
 
 Each op's rule is set in its family's file (``sharding=``); the factories here build the common
 ones: pointwise ops with broadcasting, contractions, reductions, ops that need some axes whole,
-transposes and reshapes.
+transposes and reshapes; and for training, gradient ops (most are linear in the incoming
+gradient dY, so a pending sum on dY passes through: ``linear_first``), losses (items sharded, their
+sum pending) and their gradients, normalization and convolution / pooling gradients (rows or
+batch sharded, parameter gradients pending sums).
 """
 
 from __future__ import annotations
@@ -160,10 +163,17 @@ def reduction(op: str) -> ShardingRule:
     return rule
 
 
-def whole_axes(attr: str = "axis", to_end: bool = False, extra_inputs: str = "R") -> ShardingRule:
+def whole_axes(
+    attr: str = "axis", to_end: bool = False, extra_inputs: str = "R", partial: str = "none"
+) -> ShardingRule:
     """Ops that need the dims they normalize over whole (Softmax along ``axis``; LayerNorm /
-    RMSNorm from ``axis`` to the end): any other dim may be sharded. Extra inputs (scale, bias)
-    are replicated."""
+    RMSNorm from ``axis`` to the end): any other dim may be sharded. ``extra_inputs`` says how
+    the inputs after the first are placed then: ``"R"`` (scale, bias: replicated) or ``"same"``
+    (sharded alike: SoftmaxGrad's Y). ``partial="scale"`` adds a pending sum on the first input,
+    the others replicated, passing to every result (ops linear in their first input: gradients
+    in dY)."""
+    if extra_inputs not in ("R", "same") or partial not in ("none", "scale"):
+        raise ValueError(f"whole_axes: extra_inputs={extra_inputs!r}, partial={partial!r} not supported")
 
     def rule(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
         x = _shape(ins[0])
@@ -173,10 +183,35 @@ def whole_axes(attr: str = "axis", to_end: bool = False, extra_inputs: str = "R"
         found = [replicated(ins, outs)]
         for d in range(len(x)):
             if d not in busy and x[d] > 1:
-                found.append(Strategy((Shard(d), *(R for _ in ins[1:])), tuple(Shard(d) for _ in outs)))
+                rest = tuple(Shard(d) if extra_inputs == "same" else R for _ in ins[1:])
+                found.append(Strategy((Shard(d), *rest), tuple(Shard(d) for _ in outs)))
+        if partial == "scale":
+            found.append(linear_first(ins, outs))
         return found
 
     return rule
+
+
+def linear_first(ins: Sequence[Type], outs: Sequence[Type]) -> Strategy:
+    """A pending sum on the first input, the others replicated, passes to every result: the
+    strategy of an op linear in its first input (a gradient op in the incoming gradient dY)."""
+    return Strategy((SUM, *(R for _ in ins[1:])), tuple(SUM for _ in outs))
+
+
+def norm_grad(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+    """LayerNormalizationGrad / RMSNormalizationGrad ``(dY, X, Scale) -> (dX, dScale[, dB])``
+    over the axes ``[axis, rank)``: a row dim (before ``axis``) sharded in dY and X shards dX
+    alike, and dScale / dB (sums over the rows: Scale broadcasts over them) become pending sums;
+    a pending sum on dY (X, Scale replicated) passes to every result (all linear in dY)."""
+    x = _shape(ins[1])
+    a: Any = attrs.get("axis", -1)
+    a %= max(len(x), 1)
+    found = [replicated(ins, outs)]
+    for d in range(a):
+        if x[d] > 1:
+            found.append(Strategy((Shard(d), Shard(d), R), (Shard(d), *(SUM for _ in outs[1:]))))
+    found.append(linear_first(ins, outs))
+    return found
 
 
 def transpose(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
@@ -298,6 +333,101 @@ def windowed(kind: str) -> ShardingRule:
             for d in range(2, len(x)):
                 if x[d] >= n and y[d] >= n:
                     found.append(Strategy((Shard(d), *rest), (Shard(d),)))
+        return found
+
+    return rule
+
+
+def windowed_grad(kind: str) -> ShardingRule:
+    """ConvGrad (``kind="conv"``: ``(dY, X, W) -> (dX, dW, dB)``) and MaxPoolGrad /
+    AveragePoolGrad (``"pool"``: ``(dY, X) -> dX``) over (N, C, *spatial). The batch sharded in
+    dY and X shards dX alike; dW and dB sum over the batch, so they become pending sums. Every
+    result is linear in dY (pooling routes dY by X alone), so a pending sum on dY (the rest
+    replicated) passes through. Channels: pooling works per channel (dY, X, dX sharded alike);
+    an ungrouped conv may shard its output channels (dY's dim 1 and W's dim 0: dW and dB sharded
+    alike, dX a pending sum over them) or its input channels (X's dim 1 and W's dim 1: dX and dW
+    sharded alike, dB from the whole dY, replicated). Spatial dims are never sharded (no halo
+    for gradients)."""
+    if kind not in ("conv", "pool"):
+        raise ValueError(f"windowed_grad: kind must be 'conv' or 'pool', got {kind!r}")
+
+    def rule(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+        dy, x = _shape(ins[0]), _shape(ins[1])
+        found = [replicated(ins, outs)]
+        if x[0] > 1:
+            found.append(
+                Strategy((Shard(0), Shard(0), *(R for _ in ins[2:])), (Shard(0), *(SUM for _ in outs[1:])))
+            )
+        if kind == "pool" and x[1] > 1:
+            found.append(Strategy((Shard(1), Shard(1)), (Shard(1),)))
+        if kind == "conv" and attrs.get("group", 1) == 1:
+            if dy[1] > 1:
+                found.append(Strategy((Shard(1), R, Shard(0)), (SUM, Shard(0), Shard(0))))
+            if x[1] > 1:
+                found.append(Strategy((R, Shard(1), Shard(1)), (Shard(1), Shard(1), R)))
+        found.append(linear_first(ins, outs))
+        return found
+
+    return rule
+
+
+def _item_dims(kind: str, first: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(dim of scores / prediction, dim of labels / target and of the per-item loss) pairs a loss
+    may shard: for cross entropy every dim of the scores but the classes (dim 1), for squared
+    error every dim."""
+    if kind == "ce":
+        pairs = [(0, 0), *((d, d - 1) for d in range(2, len(first)))]
+    else:
+        pairs = [(d, d) for d in range(len(first))]
+    return [(a, b) for a, b in pairs if first[a] > 1]
+
+
+def loss(kind: str) -> ShardingRule:
+    """SoftmaxCrossEntropyLoss (``kind="ce"``: scores, labels) and MSELoss (``"mse"``:
+    prediction, target): the loss of each item depends on that item only (for cross entropy: on
+    all its classes), so the inputs may be sharded along an item dim (``_item_dims``). Then the
+    per-item losses (reduction ``"none"``) are sharded alike, their ``"sum"`` is a pending sum,
+    and their ``"mean"`` a pending mean — only when the shards are even (a local mean is an equal
+    share of the global mean only then)."""
+    if kind not in ("ce", "mse"):
+        raise ValueError(f"loss: kind must be 'ce' or 'mse', got {kind!r}")
+
+    def rule(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+        first = _shape(ins[0])
+        how = attrs.get("reduction", "mean")
+        found = [replicated(ins, outs)]
+        for a, b in _item_dims(kind, first):
+            if how == "none":
+                found.append(Strategy((Shard(a), Shard(b)), (Shard(b),)))
+            elif how == "sum":
+                found.append(Strategy((Shard(a), Shard(b)), (SUM,)))
+            elif how == "mean" and first[a] % n == 0:
+                found.append(Strategy((Shard(a), Shard(b)), (Partial("mean"),)))
+        return found
+
+    return rule
+
+
+def loss_grad(kind: str) -> ShardingRule:
+    """SoftmaxCrossEntropyLossGrad / MSELossGrad ``(dLoss, scores | prediction, labels | target)
+    -> dScores | dPrediction``: with the inputs sharded along an item dim (``_item_dims``), the
+    gradient is sharded alike, for reduction ``"sum"`` (dLoss, 0-d, replicated) and ``"none"``
+    (dLoss, per item, sharded like the items); not for ``"mean"``, whose gradient divides by the
+    global item count, which a shard does not see. The gradient is linear in dLoss: a pending sum
+    on dLoss (the rest replicated) passes through."""
+    if kind not in ("ce", "mse"):
+        raise ValueError(f"loss_grad: kind must be 'ce' or 'mse', got {kind!r}")
+
+    def rule(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+        first = _shape(ins[1])
+        how = attrs.get("reduction", "mean")
+        found = [replicated(ins, outs)]
+        for a, b in _item_dims(kind, first):
+            if how == "none":
+                found.append(Strategy((Shard(b), Shard(a), Shard(b)), (Shard(a),)))
+            elif how == "sum":
+                found.append(Strategy((R, Shard(a), Shard(b)), (Shard(a),)))
+        found.append(linear_first(ins, outs))
         return found
 
     return rule

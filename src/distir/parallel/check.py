@@ -50,8 +50,8 @@ def initial_values(model: Model, optimizer: Optimizer, seed: int) -> dict[str, n
     for s in optimizer.state:
         for w in model.weights:
             x = rng.standard_normal(w.type.shape) * 0.01
-            vals[f"{s}_{w.name}"] = np.abs(x).astype(w.type.dtype.to_numpy()) if s == "v" else x.astype(
-                w.type.dtype.to_numpy()
+            vals[f"{s}_{w.name}"] = (
+                np.abs(x).astype(w.type.dtype.to_numpy()) if s == "v" else x.astype(w.type.dtype.to_numpy())
             )
     if optimizer.kind == "adam":
         vals["step"] = np.array(3, dtype=np.int64)
@@ -78,8 +78,8 @@ def run_distributed(
     for p in entry.params:
         t = p.type
         assert isinstance(t, DTensorType), f"%{p.name} is not a DTensor"
-        pieces = shard_value(np.asarray(args[p.name]), t)
-        flat.extend(pieces[d] for d in t.mesh.devices)
+        by_dev = shard_value(np.asarray(args[p.name]), t)
+        flat.extend(by_dev[d] for d in t.mesh.devices)
     outs = run_reference(mat, flat)
     results: list[Any] = []
     k = 0

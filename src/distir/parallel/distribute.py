@@ -29,19 +29,20 @@ from dataclasses import dataclass, field
 from distir.autodiff.reverse import VJP, split_weight_grad
 from distir.autodiff.train import Optimizer, layer_types, layer_vjps
 from distir.frontends.zoo.model import Model
+from distir.interp.loop import interpret
+from distir.interp.shapes import TypeDomain, type_of
 from distir.ir.builder import FunctionBuilder
 from distir.ir.dtensor import DTensorType, Mesh, Placement, Replicate, Shard, format_placements
 from distir.ir.function import Function, Module
 from distir.ir.rewrite import copy_instr
-from distir.interp.loop import interpret
-from distir.interp.shapes import TypeDomain, type_of
 from distir.ir.types import Device, DType, TensorType, Type
 from distir.ir.values import Value
 from distir.ops.registry import REGISTRY
 from distir.parallel.layers import rep_mesh, shard_function, strip_types
-from distir.parallel.schedule_sim import merge
+from distir.parallel.schedule_sim import time_order
 from distir.parallel.schedules import Action, build_schedule
 from distir.parallel.strategy import Strategy, StrategyError
+from distir.sim.devices import DeviceMap, Slot
 
 ACT = "S(0), R"
 
@@ -70,7 +71,9 @@ def partition(model: Model, strategy: Strategy, n_layers: int) -> list[range]:
     if isinstance(strategy.partition, tuple):
         counts = list(strategy.partition)
         if sum(counts) != n_layers:
-            raise StrategyError(f"partition {'-'.join(map(str, counts))} covers {sum(counts)} layers, not {n_layers}")
+            raise StrategyError(
+                f"partition {'-'.join(map(str, counts))} covers {sum(counts)} layers, not {n_layers}"
+            )
     elif strategy.partition == "uniform":
         q, r = divmod(n_layers, n)
         counts = [q + (1 if i < r else 0) for i in range(n)]
@@ -134,24 +137,55 @@ def _zero_dim(w: TensorType, tp: Placement, d: int) -> int | None:
 
 
 def distribute(
-    model: Model, strategy: Strategy, optimizer: Optimizer | None = None, train: bool = True
+    model: Model,
+    strategy: Strategy,
+    optimizer: Optimizer | None = None,
+    train: bool = True,
+    comm_streams: bool = False,
 ) -> Module:
-    """The distributed program of ``model`` under ``strategy`` (module docstring)."""
-    return _Builder(model, strategy, optimizer or Optimizer(), train).build()
+    """The distributed program of ``model`` under ``strategy`` (module docstring).
+
+    With ``comm_streams``, pipeline transfers run between communication-stream devices
+    (program devices N..2N−1 carry activations forward, 2N..3N−1 gradients backward, for the N
+    compute devices; ``device_map`` maps them onto the GPUs' streams), so a stage keeps computing
+    while its activations travel — the DistIR paper's model of overlap. Without, a transfer blocks
+    sender and receiver (Figure 2's form)."""
+    return _Builder(model, strategy, optimizer or Optimizer(), train, comm_streams).build()
+
+
+def device_map(strategy: Strategy, comm_streams: bool = False) -> DeviceMap:
+    """Where the program devices of ``distribute(model, strategy, comm_streams=…)`` run: d<i> on
+    GPU ``placement[i]`` (GPU i by default) and, with communication streams, d<N+i> and d<2N+i> on
+    that GPU's ``fwd`` and ``bwd`` streams."""
+    n = strategy.devices
+    order = strategy.placement or tuple(range(n))
+    mapping = {Device(i): Slot(order[i]) for i in range(n)}
+    if comm_streams:
+        mapping.update({Device(n + i): Slot(order[i], "fwd") for i in range(n)})
+        mapping.update({Device(2 * n + i): Slot(order[i], "bwd") for i in range(n)})
+    return DeviceMap(mapping)
 
 
 class _Builder:
-    def __init__(self, model: Model, s: Strategy, opt: Optimizer, train: bool) -> None:
+    def __init__(self, model: Model, s: Strategy, opt: Optimizer, train: bool, comm_streams: bool) -> None:
         self.model, self.s, self.opt, self.train = model, s, opt, train
+        self.comm_streams = comm_streams
         if model.batch % s.k:
             raise StrategyError(f"{s}: the batch {model.batch} does not split into k={s.k} microbatches")
         self.mb = model.batch // s.k
         self.mesh_rep = rep_mesh(s.d, s.t)
-        order = s.placement or tuple(range(s.devices))
+        # program devices are numbered stage by stage; the placement maps them onto GPUs
         self.meshes = [
-            Mesh((("dp", s.d), ("tp", s.t)), tuple(Device(order[st * s.d * s.t + j]) for j in range(s.d * s.t)))
+            Mesh((("dp", s.d), ("tp", s.t)), tuple(Device(st * s.d * s.t + j) for j in range(s.d * s.t)))
             for st in range(s.p)
         ]
+        n = s.devices
+        # one stream per direction, so activations going forward never queue behind gradients
+        self.comm_meshes = {
+            (direction, st): Mesh(m.axes, tuple(Device(k * n + d.id) for d in m.devices))
+            for k, direction in ((1, "fwd"), (2, "bwd"))
+            for st, m in enumerate(self.meshes)
+        }
         calls = model.layers if train else model.layers[:-1]
         self.chunks = partition(model, s, len(calls))
         self.n_in = len(model.inputs)
@@ -264,7 +298,9 @@ class _Builder:
 
     def _chunk_bwd(self, c: int, layers: list[_Layer], acc: bool, part: str = "") -> Function:
         """part: "" full backward, "i" input gradients (returns carried), "w" weight gradients."""
-        fb = FunctionBuilder(f"c{c}_bwd{'_' + part if part else ''}{'_acc' if acc else ''}", REGISTRY.out_arity)
+        fb = FunctionBuilder(
+            f"c{c}_bwd{'_' + part if part else ''}{'_acc' if acc else ''}", REGISTRY.out_arity
+        )
         grads: dict[Value, Value] = {}
         if part == "w":
             # the input part returns the carried values of its layers in backward (reversed) order
@@ -311,7 +347,12 @@ class _Builder:
         return f
 
     def _accumulate(
-        self, fb: FunctionBuilder, layers: list[_Layer], grads: dict[Value, Value], acc: bool, head: Sequence[Value] = ()
+        self,
+        fb: FunctionBuilder,
+        layers: list[_Layer],
+        grads: dict[Value, Value],
+        acc: bool,
+        head: Sequence[Value] = (),
     ) -> Function:
         ws = [w for L in layers for w in L.weights]
         outs = []
@@ -367,7 +408,9 @@ class _Builder:
             wchunk[w] = c
             z = self._zdim(w) if s.zero == 3 else None
             dp: Placement = Shard(z) if z is not None else Replicate()
-            wparam[w] = fb.param(w.name, DTensorType(spec.type.dtype, spec.type.shape, self.meshes[stage_of[c]], (dp, spec.tp)))
+            wparam[w] = fb.param(
+                w.name, DTensorType(spec.type.dtype, spec.type.shape, self.meshes[stage_of[c]], (dp, spec.tp))
+            )
         state: dict[Value, list[Value]] = {w: [] for w in used}
         step_of: dict[int, Value] = {}
         if self.train:
@@ -376,7 +419,9 @@ class _Builder:
                     spec = model.weight(w.name)
                     z = self._zdim(w)
                     dp = Shard(z) if z is not None else Replicate()
-                    t = DTensorType(spec.type.dtype, spec.type.shape, self.meshes[stage_of[wchunk[w]]], (dp, spec.tp))
+                    t = DTensorType(
+                        spec.type.dtype, spec.type.shape, self.meshes[stage_of[wchunk[w]]], (dp, spec.tp)
+                    )
                     state[w].append(fb.param(f"{sname}_{w.name}", t))
             if self.opt.kind == "adam":
                 for st in sorted({stage_of[c] for c in wchunk.values()}):
@@ -387,8 +432,14 @@ class _Builder:
         if self.train:
             per_rank = build_schedule(s.schedule, s.p, s.k, s.v)
         else:
-            per_rank = [[Action(c, m, "F") for m in range(s.k) for c in range(len(self.chunks)) if c % s.p == r] for r in range(s.p)]
-        order = merge(per_rank, s.p, s.v)
+            per_rank = [
+                [Action(c, m, "F") for m in range(s.k) for c in range(len(self.chunks)) if c % s.p == r]
+                for r in range(s.p)
+            ]
+        # write the program in estimated time order (F ∝ the chunk's weights, B = 2F, I = W = F)
+        work = [1.0 + sum(model.weight(w.name).type.numel for L in ls for w in L.weights) for ls in by_chunk]
+        share = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+        order = time_order(per_rank, s.p, s.v, lambda r, a: work[a.stage] * share[a.kind])
         act: dict[tuple[int, int], Value] = {}
         dys: dict[tuple[int, int], Value] = {}
         res: dict[tuple[int, int], tuple[Value, ...]] = {}
@@ -398,26 +449,58 @@ class _Builder:
         outputs_inf: list[Value] = []
         last = len(self.chunks) - 1
 
-        def send(v: Value, src: int, dst: int, name: str) -> Value:
-            if stage_of[src] == stage_of[dst]:
-                return v
-            mesh = self.meshes[stage_of[dst]]
+        def to_mesh(v: Value, mesh: Mesh, name: str) -> Value:
             spec = f"{', '.join(f'{a}={n}' for a, n in mesh.axes)}; {', '.join(map(str, mesh.devices))}"
             return fb.op("MeshSend", v, names=[name], mesh=spec)[0]
+
+        def send(v: Value, src: int, dst: int, name: str) -> Value:
+            """Right after the producing action. With communication streams, the value moves to
+            the sender's stream (free) and across to the receiver's stream; ``receive`` hands it
+            to the receiver's compute stream right before the consuming action."""
+            a, b = stage_of[src], stage_of[dst]
+            if a == b:
+                return v
+            if not self.comm_streams:
+                return to_mesh(v, self.meshes[b], name)
+            way = "fwd" if dst > src else "bwd"
+            return to_mesh(to_mesh(v, self.comm_meshes[(way, a)], name), self.comm_meshes[(way, b)], name)
+
+        def receive(v: Value, src: int, dst: int, name: str) -> Value:
+            if not self.comm_streams or stage_of[src] == stage_of[dst]:
+                return v
+            return to_mesh(v, self.meshes[stage_of[dst]], name)
 
         def chunk_args(c: int, m: int) -> list[Value]:
             ls = by_chunk[c]
             return [wparam[w] for L in ls for w in L.weights] + [mbs[e][m] for L in ls for e in L.extras]
 
-        for _rank, a in order:
+        # calls at their (estimated) start, transfers at the end of the producing action
+        events = sorted(
+            [(ta.start, 1, i, ta.action) for i, ta in enumerate(order)]
+            + [(ta.end, 0, i, ta.action) for i, ta in enumerate(order)],
+            key=lambda e: (e[0], e[1], e[2]),
+        )
+        outbox: dict[Action, tuple[Value, int, int, str]] = {}
+        for _t, phase, _i, a in events:
             c, m = a.stage, a.microbatch
+            if phase == 0:
+                got_out = outbox.pop(a, None)
+                if got_out is not None:
+                    val, src, dst, name = got_out
+                    sent = send(val, src, dst, name)
+                    if dst > src:
+                        act[(dst, m)] = sent
+                    else:
+                        dys[(dst, m)] = sent
+                continue
             if a.kind == "F":
-                x = mbs[inputs[0]][m] if c == 0 else act[(c, m)]
+                x = mbs[inputs[0]][m] if c == 0 else receive(act.pop((c, m)), c - 1, c, f"a{c}_{m}")
                 f = cf[f"c{c}_fwd"]
-                outs = fb.call(f, x, *chunk_args(c, m), n_out=len(f.outputs), names=[f"a{c + 1}_{m}"] + [f"res{c}_{m}"] * (len(f.outputs) - 1))
+                names = [f"a{c + 1}_{m}"] + [f"res{c}_{m}"] * (len(f.outputs) - 1)
+                outs = fb.call(f, x, *chunk_args(c, m), n_out=len(f.outputs), names=names)
                 res[(c, m)] = outs[1:]
                 if c < last:
-                    act[(c + 1, m)] = send(outs[0], c, c + 1, f"a{c + 1}_{m}")
+                    outbox[a] = (outs[0], c, c + 1, f"a{c + 1}_{m}")
                 elif self.train:
                     losses.append(outs[0])
                     dys[(c, m)] = fb.op("FillLike", outs[0], names=[f"dloss_{m}"], value=1.0)[0]
@@ -431,7 +514,10 @@ class _Builder:
                 base = f"c{c}_bwd" + ("_i" if part else "")
                 prev = acc[c]
                 f = cf[base + ("_acc" if prev is not None and not part else "")]
-                args = [*chunk_args(c, m), *res.pop((c, m)), dys.pop((c, m))]
+                dy = dys.pop((c, m))
+                if c < last:
+                    dy = receive(dy, c + 1, c, f"dy{c}_{m}")
+                args = [*chunk_args(c, m), *res.pop((c, m)), dy]
                 if prev is not None and not part:
                     args.extend(prev)
                 outs = fb.call(f, *args, n_out=len(f.outputs), names=[f"d{c}_{m}"] * len(f.outputs))
@@ -441,7 +527,7 @@ class _Builder:
                 else:
                     acc[c] = list(rest)
                 if has_dx and c > 0:
-                    dys[(c - 1, m)] = send(outs[0], c, c - 1, f"dy{c - 1}_{m}")
+                    outbox[a] = (outs[0], c, c - 1, f"dy{c - 1}_{m}")
             elif a.kind == "W":
                 prev = acc[c]
                 f = cf[f"c{c}_bwd_w" + ("_acc" if prev is not None else "")]
@@ -501,7 +587,9 @@ def _result_types(fn: Function, arg_types: Sequence[Type]) -> list[Type]:
 
 def _model_with(model: Model, module: Module) -> Model:
     """The same model with another module (its forward retyped for a microbatch)."""
-    return Model(model.name, model.config, module, model.inputs, model.weights, model.batch, model.flops_per_sample)
+    return Model(
+        model.name, model.config, module, model.inputs, model.weights, model.batch, model.flops_per_sample
+    )
 
 
 __all__ = ["distribute", "partition", "strip_types"]

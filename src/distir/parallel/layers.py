@@ -59,10 +59,8 @@ def shard_function(
     dev0 = mesh.devices[0]
     fb = FunctionBuilder(fn.name, REGISTRY.out_arity)
     vmap = ValueMap(lambda v: Value(v.name, None))
-    for p, t in zip(fn.params, arg_types, strict=True):
-        if isinstance(t, TensorType):
-            t = t.with_device(dev0)
-        vmap.bind(p, fb.param(p.name, t))
+    for p, at in zip(fn.params, arg_types, strict=True):
+        vmap.bind(p, fb.param(p.name, at.with_device(dev0) if isinstance(at, TensorType) else at))
     for instr in fn.body:
         fb.append(copy_instr(instr, vmap))
     typed = fb.ret(*(vmap(v) for v in fn.outputs))
@@ -79,7 +77,7 @@ def shard_function(
     places: list[tuple[Placement, ...] | None] = []
     for i, v in enumerate(legal.outputs):
         nv = vm(v)
-        t = v.type
+        t: Type | None = v.type
         want = results.get(i)
         if isinstance(t, DTensorType) and want is not None and parse_placements(want) != t.placements:
             (nv,) = fix.op("Redistribute", nv, names=[v.name], to=format_placements(parse_placements(want)))

@@ -1,15 +1,23 @@
-"""Materialization: a legalized DTensor program becomes an explicit DistIR program over the mesh's
+"""Materialization: a legalized DTensor program becomes an explicit DistIR program over its meshes'
 devices, with local shapes — one value per device for every distributed tensor.
 
+- Calls are inlined first (layer functions get the types of each call site). A program may use
+  any number of meshes (one per pipeline stage): each value's pieces live on its own mesh.
 - A parameter ``%x: DTensor[...]`` becomes one parameter per device, ``%x.d0``, ``%x.d1``, ...,
   each typed with that device's local shape. Shards may be uneven (127 rows over 2 devices: 64
   and 63) — no padding.
-- A local op runs once per device on the local pieces; a ``Reshape`` gets a constant local target
-  shape. Constants of the logical program are made on every device.
+- A local op runs once per device on the local pieces; a ``Reshape`` gets its local target shape
+  (a constant shape input, or the ``shape`` attribute when the op uses the attribute form).
+  A local op runs on the mesh of its DTensor values (mixing meshes is an error). Constants of
+  the logical program are made on every device of the meshes of the ops that use them.
 - ``Redistribute`` is lowered, one mesh axis at a time, per group of devices along that axis:
   Partial→Replicate = AllReduce, Shard→Replicate = AllGather, Partial→Shard = ReduceScatter,
-  Shard(i)→Shard(j) = AllToAll, Replicate→Shard = a local Slice.
-- Each result of the function is returned as its per-device pieces, in mesh device order.
+  Shard(i)→Shard(j) = AllToAll, Replicate→Shard = a local Slice (``redistribute_steps`` orders
+  the per-axis moves; the simulator costs DTensor programs with the same steps).
+- ``MeshSend`` becomes one ``Send`` per device of the source mesh, to the device at the same
+  coordinates of the destination mesh.
+- Parameters and results become their per-device pieces, in parameter (result) order, each in
+  its mesh's device order.
 
 The output is an ordinary global program: it verifies, type-checks, simulates, runs on the
 reference executor, and ``distir.interp.project`` turns it into per-rank programs;
@@ -24,11 +32,13 @@ from typing import Any
 
 import numpy as np
 
+from distir.interp.annotate import annotate_types
 from distir.ir.builder import FunctionBuilder
 from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, Replicate, Shard, split_sizes
-from distir.ir.function import Module
+from distir.ir.function import Function, Module
 from distir.ir.ops import Op
 from distir.ir.printer import print_module, print_op
+from distir.ir.rewrite import inline_calls
 from distir.ir.types import Device, TensorType
 from distir.ir.values import Attrs, Value
 from distir.ops.conv import halo_rows, input_range_for_output, window_of
@@ -38,7 +48,11 @@ from distir.parallel.propagate import ShardingError
 
 def local_shape(t: DTensorType, device: Device) -> tuple[int, ...]:
     """The shape of ``device``'s piece of ``t``."""
-    coords = t.mesh.coords(device)
+    return local_shape_at(t, t.mesh.coords(device))
+
+
+def local_shape_at(t: DTensorType, coords: Sequence[int]) -> tuple[int, ...]:
+    """The shape of the piece of ``t`` at mesh coordinates ``coords``."""
     shape = list(t.shape)
     for ax, p in enumerate(t.placements):
         if isinstance(p, Shard):
@@ -69,16 +83,11 @@ def _check_layout(t: DTensorType, where: str) -> None:
 
 def materialize(module: Module) -> Module:
     """The explicit per-device program of a legalized DTensor program (module docstring)."""
-    fn = module.entry
-    meshes = {v.type.mesh for v in (*fn.params, *fn.outputs) if isinstance(v.type, DTensorType)}
-    for instr in fn.body:
-        meshes.update(v.type.mesh for v in instr.outputs if isinstance(v.type, DTensorType))
-    if len(meshes) != 1:
-        raise ShardingError(f"@{fn.name} must use exactly one mesh, uses {len(meshes)}")
-    mesh = meshes.pop()
+    fn = _flat_typed(module)
     fb = FunctionBuilder(fn.name, REGISTRY.out_arity)
     local: dict[tuple[Value, Device], Value] = {}
     logical: dict[Value, Value] = {}  # plain values of the logical program (constants)
+    const_devices = _constant_devices(fn)
 
     def piece(v: Value, d: Device) -> Value:
         got = local.get((v, d))
@@ -91,18 +100,23 @@ def materialize(module: Module) -> Module:
         if not isinstance(t, DTensorType):
             raise ShardingError(f"parameter %{p.name} of @{fn.name} must be a DTensor, got {t}")
         _check_layout(t, f"%{p.name}")
-        for d in mesh.devices:
+        for d in t.mesh.devices:
             local[(p, d)] = fb.param(f"{p.name}.{d}", local_type(t, d))
     for instr in fn.body:
-        if not isinstance(instr, Op):
+        if not isinstance(instr, Op):  # pragma: no cover - _flat_typed inlined every call
             raise ShardingError("calls must be inlined before materialization")
         if instr.name == "Redistribute":
-            _redistribute(fb, instr, mesh, local)
+            _redistribute(fb, instr, _op_mesh(instr), local)
+            continue
+        if instr.name == "MeshSend":
+            _mesh_send(fb, instr, local)
             continue
         if REGISTRY[instr.name].kind is not OpKind.LOCAL:
-            raise ShardingError(f"`{print_op(instr)}`: only local ops and Redistribute can be materialized")
-        if not instr.inputs:  # a constant of the logical program: one per device
-            for d in mesh.devices:
+            raise ShardingError(
+                f"`{print_op(instr)}`: only local ops, Redistribute and MeshSend can be materialized"
+            )
+        if not instr.inputs:  # a constant of the logical program: one per device of its users' meshes
+            for d in const_devices[instr.outputs[0]]:
                 attrs = Attrs({**dict(instr.attrs.items()), "device": d})
                 outs = fb.emit(instr.name, (), attrs, [f"{o.name}.{d}" for o in instr.outputs])
                 for o, lo in zip(instr.outputs, outs, strict=True):
@@ -113,28 +127,109 @@ def materialize(module: Module) -> Module:
             if not isinstance(o.type, DTensorType):
                 raise ShardingError(f"`{print_op(instr)}`: results of sharded ops must be DTensors")
             _check_layout(o.type, f"%{o.name}")
+        mesh = _op_mesh(instr)
         if REGISTRY[instr.name].family == "conv" and _halo(fb, instr, mesh, local):
             continue
         for d in mesh.devices:
             ins = [piece(v, d) for v in instr.inputs]
-            if instr.name == "Reshape":
+            attrs = instr.attrs
+            if instr.name == "Reshape":  # the local target shape; allowzero: an empty piece's 0 is literal
                 target = local_shape(instr.outputs[0].type, d)  # type: ignore[arg-type]
-                (ins[1],) = fb.op(
-                    "Constant", names=[f"{instr.outputs[0].name}_shape.{d}"], value=list(target), device=d
-                )
+                if len(ins) == 2:
+                    (ins[1],) = fb.op(
+                        "Constant", names=[f"{instr.outputs[0].name}_shape.{d}"], value=list(target), device=d
+                    )
+                    attrs = Attrs({**dict(instr.attrs.items()), "allowzero": 1})
+                else:
+                    attrs = Attrs({**dict(instr.attrs.items()), "allowzero": 1, "shape": tuple(target)})
             outs = fb.emit(
                 instr.name,
                 ins,
-                Attrs({**dict(instr.attrs.items()), "allowzero": 1})
-                if instr.name == "Reshape"
-                else instr.attrs,
+                attrs,
                 [f"{o.name}.{d}" for o in instr.outputs],
                 [local_type(o.type, d) for o in instr.outputs],  # type: ignore[arg-type]
             )
             for o, lo in zip(instr.outputs, outs, strict=True):
                 local[(o, d)] = lo
-    results = [piece(v, d) for v in fn.outputs for d in mesh.devices]
+    results = [
+        piece(v, d)
+        for v in fn.outputs
+        for d in (v.type.mesh.devices if isinstance(v.type, DTensorType) else const_devices[v])
+    ]
     return Module((fb.ret(*results),))
+
+
+def _flat_typed(module: Module) -> Function:
+    """The entry with every call inlined and every value typed (layer functions are often written
+    untyped; their values get the types of each call site)."""
+    fn = module.entry
+    typed = all(v.type is not None for v in fn.params) and all(
+        isinstance(i, Op) and all(v.type is not None for v in i.outputs) for i in fn.body
+    )
+    if typed:
+        return fn
+    return annotate_types(Module((inline_calls(module),))).entry
+
+
+def _op_mesh(op: Op) -> Mesh:
+    """The one mesh of an op's distributed values (a local op runs on the mesh of its DTensors)."""
+    meshes: dict[Mesh, None] = {}
+    for v in (*op.inputs, *op.outputs):
+        if isinstance(v.type, DTensorType):
+            meshes[v.type.mesh] = None
+    if len(meshes) != 1:
+        found = ", ".join(map(str, meshes)) or "none"
+        raise ShardingError(f"`{print_op(op)}` must run on one mesh; its DTensors are on: {found}")
+    return next(iter(meshes))
+
+
+def _constant_devices(fn: Function) -> dict[Value, tuple[Device, ...]]:
+    """Where each constant of the logical program (a plain value) is made: on every device of the
+    meshes of the ops that use it; an unused one on the meshes holding its ``device`` (or on the
+    program's only mesh)."""
+    meshes: dict[Mesh, None] = {}
+    users: dict[Value, dict[Device, None]] = {}
+    consts: list[tuple[Value, object]] = []
+    for v in fn.params:
+        if isinstance(v.type, DTensorType):
+            meshes[v.type.mesh] = None
+    for instr in fn.body:
+        if not isinstance(instr, Op):  # pragma: no cover - inlined
+            continue
+        dts = [v.type.mesh for v in (*instr.inputs, *instr.outputs) if isinstance(v.type, DTensorType)]
+        meshes.update(dict.fromkeys(dts))
+        if not instr.inputs:
+            consts.extend((o, instr.attrs.get("device")) for o in instr.outputs)
+            continue
+        for v in instr.inputs:
+            if not isinstance(v.type, DTensorType):
+                for m in dts:
+                    users.setdefault(v, {}).update(dict.fromkeys(m.devices))
+    out: dict[Value, tuple[Device, ...]] = {}
+    for v, dev in consts:
+        if v in users:
+            out[v] = tuple(users[v])
+            continue
+        holding = list(meshes) if len(meshes) == 1 else [m for m in meshes if dev in m.devices]
+        if not holding:
+            raise ShardingError(
+                f"constant %{v.name} is used by no sharded op and its device {dev} is on none of the meshes"
+            )
+        out[v] = tuple(dict.fromkeys(d for m in holding for d in m.devices))
+    return out
+
+
+def _mesh_send(fb: FunctionBuilder, op: Op, local: dict[tuple[Value, Device], Value]) -> None:
+    """``MeshSend``: one ``Send`` per device of the source mesh, to the device at the same
+    coordinates of the destination mesh."""
+    x, y = op.inputs[0], op.outputs[0]
+    src, dst = x.type, y.type
+    assert isinstance(src, DTensorType) and isinstance(dst, DTensorType)
+    _check_layout(dst, f"%{y.name}")
+    for a, b in zip(src.mesh.devices, dst.mesh.devices, strict=True):
+        (local[(y, b)],) = fb.op(
+            "Send", local[(x, a)], names=[f"{y.name}.{b}"], types=[local_type(dst, b)], dst=b
+        )
 
 
 def _halo(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Value, Device], Value]) -> bool:
@@ -206,7 +301,7 @@ def _redistribute(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Val
     assert isinstance(src, DTensorType) and isinstance(dst, DTensorType)
     cur = list(src.placements)
     pieces = {d: local[(src_v, d)] for d in mesh.devices}
-    for ax, b in _steps(src.placements, dst.placements):
+    for ax, b in redistribute_steps(src.placements, dst.placements):
         nxt = [*cur]
         nxt[ax] = b
         t_next = src.with_placements(tuple(nxt))
@@ -221,7 +316,7 @@ def _redistribute(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Val
         local[(dst_v, d)] = pieces[d]
 
 
-def _steps(src: Sequence[Placement], dst: Sequence[Placement]) -> list[tuple[int, Placement]]:
+def redistribute_steps(src: Sequence[Placement], dst: Sequence[Placement]) -> list[tuple[int, Placement]]:
     """One-axis moves (axis, new placement) from ``src`` to ``dst`` such that no intermediate
     layout shards a dim along two mesh axes: moves to Replicate first, then any move whose result
     is valid; when none is (``[S(0), S(1)] -> [S(1), S(0)]``), a blocking axis is replicated first."""
@@ -343,4 +438,13 @@ def shared_programs(ranks: Mapping[Device, Module]) -> list[tuple[tuple[Device, 
     return [(tuple(devs), first[k]) for k, devs in groups.items()]
 
 
-__all__ = ["local_shape", "materialize", "shard_value", "shared_programs", "unshard_value"]
+__all__ = [
+    "local_shape",
+    "local_shape_at",
+    "local_type",
+    "materialize",
+    "redistribute_steps",
+    "shard_value",
+    "shared_programs",
+    "unshard_value",
+]

@@ -152,11 +152,11 @@ def propagate(
             if isinstance(p, Shard) and p.dim >= len(types[v].shape):  # type: ignore[union-attr]
                 raise ShardingError(f"%{name}: {p} is out of range for shape {types[v].shape}")  # type: ignore[union-attr]
             placed[v][ax] = p
-    params = set(fn.params)
+    entry_params = set(fn.params)
     # annotated values are constraints; results of the program are replicated unless annotated
     fixed = {v for v, _ in given}
     for v in fn.outputs if replicate_results else ():
-        if v not in fixed and v in placed and v not in params:
+        if v not in fixed and v in placed and v not in entry_params:
             placed[v] = [Replicate()] * len(mesh.axes)
             fixed.add(v)
     fixed_at = {v: [p or Replicate() for p in placed[v]] for v in fixed if v in placed}
@@ -185,7 +185,7 @@ def propagate(
                     for s in strat[(op, ax)]:
                         places = (*s.ins, *s.outs)
                         if all(k is None or k == p for k, p in zip(known, places, strict=True)) and not any(
-                            k is None and v in params and isinstance(p, Partial)
+                            k is None and v in entry_params and isinstance(p, Partial)
                             for v, k, p in zip(vals, known, places, strict=True)
                         ):  # a parameter is never guessed to be a pending sum; annotate it if meant
                             for v, k, p in zip(vals, known, places, strict=True):

@@ -14,7 +14,7 @@ stage, ``B(s+1,m)`` / ``I(s+1,m)``; ``W(s,m)`` needs ``I(s,m)``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from distir.parallel.schedules import Action, Kind, ScheduleError, _check_counts, num_stages, stage_of
@@ -241,3 +241,30 @@ def peak_in_flight(per_rank: Sequence[Sequence[Action]]) -> list[int]:
                 held.remove(key)
         peaks.append(peak)
     return peaks
+
+
+def time_order(
+    per_rank: Sequence[Sequence[Action]], p: int, v: int, duration: Callable[[int, Action], float]
+) -> list[TimedAction]:
+    """All actions with estimated start and end times, in one global order by start time: list
+    scheduling with ``duration(rank, action)`` (no communication time), sorted by (start, lock-step
+    position).
+
+    This is the order a transform writes the program in. Under DistIR's semantics a device runs
+    its ops in program order, so a communication stream shared by several transfers would make a
+    transfer wait for one written before it even when it could go first; writing the program in
+    (estimated) time order avoids such false waits. Dependencies end before their dependents start,
+    and ties keep ``merge``'s order, so the result is a valid order. For 1F1B with p=2, k=2 and
+    ``B = 2·F`` it is again the DistIR paper's Figure 2 order."""
+    lockstep = merge(per_rank, p, v)
+    end: dict[Action, float] = {}
+    free = [0.0] * p
+    timed: list[tuple[float, int, TimedAction]] = []
+    for i, (r, a) in enumerate(lockstep):
+        start = free[r]
+        for d in dependencies(a, p, v):
+            start = max(start, end[d])
+        end[a] = free[r] = start + max(float(duration(r, a)), 0.0)
+        timed.append((start, i, TimedAction(r, a, start, end[a])))
+    timed.sort(key=lambda x: (x[0], x[1]))
+    return [t for _, _, t in timed]

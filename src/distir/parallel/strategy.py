@@ -53,10 +53,14 @@ class Strategy:
         if self.recompute not in ("none", "full", "selective"):
             raise StrategyError(f"recompute must be none, full or selective, got {self.recompute!r}")
         if self.v > 1 and self.schedule != "interleaved":
-            raise StrategyError(f"v={self.v} virtual stages need the interleaved schedule, not {self.schedule}")
+            raise StrategyError(
+                f"v={self.v} virtual stages need the interleaved schedule, not {self.schedule}"
+            )
         if isinstance(self.partition, str):
             if self.partition not in ("uniform", "params"):
-                raise StrategyError(f"partition must be uniform, params or layer counts, got {self.partition!r}")
+                raise StrategyError(
+                    f"partition must be uniform, params or layer counts, got {self.partition!r}"
+                )
         else:
             if len(self.partition) != self.p * self.v or any(n < 1 for n in self.partition):
                 raise StrategyError(
@@ -85,7 +89,10 @@ class Strategy:
         if self.recompute != "none":
             parts.append("rfull" if self.recompute == "full" else "rsel")
         if self.partition != "uniform":
-            parts.append("L" + (self.partition if isinstance(self.partition, str) else "-".join(map(str, self.partition))))
+            parts.append(
+                "L"
+                + (self.partition if isinstance(self.partition, str) else "-".join(map(str, self.partition)))
+            )
         if self.placement is not None:
             parts.append("@" + "-".join(map(str, self.placement)))
         return ".".join(parts)
@@ -130,7 +137,18 @@ def parse_strategy(text: str) -> Strategy:
         elif part[0] == "@":
             key, value = "placement", _ints(part[1:], part, text)
         else:
-            known = ["d<n>", "t<n>", "p<n>", "k<n>", "v<n>", "z<0-3>", "rnone|rfull|rsel", "L…", "@…", *SCHEDULES]
+            known = [
+                "d<n>",
+                "t<n>",
+                "p<n>",
+                "k<n>",
+                "v<n>",
+                "z<0-3>",
+                "rnone|rfull|rsel",
+                "L…",
+                "@…",
+                *SCHEDULES,
+            ]
             close = difflib.get_close_matches(part, [*SCHEDULES, *_ALIASES], n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise StrategyError(f"strategy {text!r}: unknown part {part!r}{hint}; parts: {', '.join(known)}")

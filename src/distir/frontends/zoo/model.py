@@ -80,7 +80,9 @@ class Model:
     inputs: tuple[InputSpec, ...]
     weights: tuple[WeightSpec, ...]
     batch: int
-    flops_per_sample: float = 0.0  # forward FLOPs per sample (for MFU); 0 when unknown
+    # forward FLOPs per sample (for MFU): the registry's ``flops`` of every op of the entry typed at
+    # batch 1, loss layer included (the zoo's ``assemble`` counts them); 0 when unknown
+    flops_per_sample: float = 0.0
     _by_name: dict[str, WeightSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,68 @@
+"""Multi-head (and grouped-query) scaled dot-product attention, written into a layer function.
+
+Shapes: ``q`` is (B, S, heads·head_dim), ``k`` and ``v`` are (B, S, kv_heads·head_dim). Heads are
+split with the shape-attribute ``Reshape`` and ``0`` for the batch and sequence dims (copied
+from the input), so nothing here depends on the batch size:
+
+    Reshape(q, shape=(0, 0, heads, head_dim)) → Transpose(0, 2, 1, 3)          (B, h, S, d)
+    Reshape(k, ...)                            → Transpose(0, 2, 3, 1)          (B, h, d, S)
+    scores = Scale(MatMul(q, kᵀ), alpha=1/sqrt(head_dim)) → CausalMask → Softmax(axis=3)
+    MatMul(probs, v) → Transpose(0, 2, 1, 3) → Reshape(shape=(0, 0, heads·head_dim))
+
+Grouped-query attention repeats each of the ``kv_heads`` key/value heads ``heads/kv_heads``
+times (query head ``i`` reads kv head ``i // (heads/kv_heads)``, as Llama's ``repeat_kv``):
+``Unsqueeze`` a group axis after the kv-head axis, ``Concat`` copies along it, ``Reshape`` the
+(kv_heads, group) pair into heads. The kv-head axis stays a dim of its own until that last
+reshape, so a tensor-parallel shard of the kv heads carries through to the query heads.
+"""
+
+from __future__ import annotations
+
+from distir.frontends.zoo._build import LayerFn, inv_sqrt
+from distir.ir.values import Value
+
+
+def split_heads(f: LayerFn, x: Value, heads: int, head_dim: int, name: str) -> Value:
+    """(B, S, heads·head_dim) → (B, S, heads, head_dim)."""
+    return f("Reshape", x, shape=(0, 0, heads, head_dim), name=name)
+
+
+def repeat_kv(f: LayerFn, x: Value, kv_heads: int, group: int, head_dim: int, name: str) -> Value:
+    """(B, S, kv_heads, head_dim) → (B, S, kv_heads·group, head_dim), each kv head repeated
+    ``group`` times in a row."""
+    if group == 1:
+        return x
+    u = f("Unsqueeze", x, axes=(3,), name=f"{name}_g")  # (B, S, kv, 1, d)
+    copies = f("Concat", *([u] * group), axis=3, name=f"{name}_rep")  # (B, S, kv, group, d)
+    return f("Reshape", copies, shape=(0, 0, kv_heads * group, head_dim), name=f"{name}_heads")
+
+
+def attention(
+    f: LayerFn,
+    q: Value,
+    k: Value,
+    v: Value,
+    *,
+    heads: int,
+    head_dim: int,
+    kv_heads: int | None = None,
+    causal: bool = True,
+) -> Value:
+    """Attention over already-projected ``q``, ``k``, ``v``; returns (B, S, heads·head_dim)
+    (before the output projection)."""
+    kv = heads if kv_heads is None else kv_heads
+    group = heads // kv
+    qh = split_heads(f, q, heads, head_dim, "qh")
+    kh = repeat_kv(f, split_heads(f, k, kv, head_dim, "kh"), kv, group, head_dim, "k")
+    vh = repeat_kv(f, split_heads(f, v, kv, head_dim, "vh"), kv, group, head_dim, "v")
+    qt = f("Transpose", qh, perm=(0, 2, 1, 3), name="qt")  # (B, h, S, d)
+    kt = f("Transpose", kh, perm=(0, 2, 3, 1), name="kt")  # (B, h, d, S)
+    vt = f("Transpose", vh, perm=(0, 2, 1, 3), name="vt")  # (B, h, S, d)
+    scores = f("MatMul", qt, kt, name="scores")  # (B, h, S, S)
+    scores = f("Scale", scores, alpha=inv_sqrt(head_dim), name="scaled")
+    if causal:
+        scores = f("CausalMask", scores, name="masked")
+    probs = f("Softmax", scores, axis=3, name="probs")
+    ctx = f("MatMul", probs, vt, name="ctx")  # (B, h, S, d)
+    merged = f("Transpose", ctx, perm=(0, 2, 1, 3), name="ctx_t")  # (B, S, h, d)
+    return f("Reshape", merged, shape=(0, 0, heads * head_dim), name="attn")

@@ -1,0 +1,173 @@
+"""GPT-2 / GPT-3 style decoder-only transformers.
+
+    func @forward(%ids: i64 (B, S), %labels: i64 (B, S), %wte, %wpe, <block weights>..., %lnf_scale,
+                  %lnf_bias, %wlm) {
+      %x0 = @embed(%ids, %wte, %wpe)              // Gather(wte, ids) + wpe[0:S] (broadcast Add)
+      %x1 = @block(%x0, <16 weights of layer 0>)  // ... one call per layer
+      %logits = @head(%xL, %lnf_scale, %lnf_bias, %wlm)   // LayerNorm, MatMul to the vocab
+      %loss = @loss(%logits, %labels)             // SoftmaxCrossEntropy(sum) · 1/(B·S)
+    }
+
+``@block`` is pre-LN: ``x + Attn(LN1(x))`` then ``x + MLP(LN2(x))`` with causal multi-head
+attention (``attention.py``) and a GELU MLP of width 4·hidden; every projection has a bias.
+The output projection ``wlm`` (hidden, vocab) is a weight of its own — *untied* from ``wte``
+(GPT-2 ties them; the chain contract uses each weight in one layer) — so the parameter count is
+the published one plus hidden·vocab. GELU is the exact (erf) one of the registry.
+
+Tensor-parallel declarations (Megatron-LM): wq/wk/wv and w1 column-parallel ``S(1)`` with their
+biases ``S(0)``; wo and w2 row-parallel ``S(0)`` with replicated biases; norms, embeddings and
+``wlm`` replicated.
+
+Sizes: ``gpt2-117m`` and ``gpt2-1.6b`` are GPT-2's smallest and largest (Radford et al.,
+"Language Models are Unsupervised Multitask Learners", 2019, Table 2: 12×768 and 48×1600,
+context 1024, vocabulary 50257; the paper's "117M" counts 124M with tied embeddings);
+``gpt2-13b`` and ``gpt2-175b`` are GPT-3 13B and 175B (Brown et al., "Language Models are
+Few-Shot Learners", 2020, Table 2.1: 40×5140 → 5120 as commonly trained, 40 heads; 96×12288,
+96 heads; context 2048) with GPT-2's vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from distir.frontends.zoo._build import LayerCall, LayerFn, assemble, check_config, tensor, weight
+from distir.frontends.zoo.attention import attention
+from distir.frontends.zoo.model import InputSpec, Model, WeightSpec
+from distir.ir.dtensor import Placement, Replicate, Shard
+from distir.ir.function import Function
+from distir.ir.types import DType
+from distir.ir.values import Value
+
+FAMILY = "gpt"
+R, COL, ROW = Replicate(), Shard(1), Shard(0)
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int = 50257
+
+    def __post_init__(self) -> None:
+        check_config(FAMILY, self, divides=[("heads", "hidden")])
+
+
+ZOO: dict[str, tuple[GPTConfig, str]] = {
+    "gpt2-117m": (GPTConfig(12, 768, 12, 1024), "GPT-2 small (Radford et al. 2019)"),
+    "gpt2-1.6b": (GPTConfig(48, 1600, 25, 1024), "GPT-2 XL (Radford et al. 2019)"),
+    "gpt2-13b": (GPTConfig(40, 5120, 40, 2048), "GPT-3 13B (Brown et al. 2020)"),
+    "gpt2-175b": (GPTConfig(96, 12288, 96, 2048), "GPT-3 175B (Brown et al. 2020)"),
+}
+
+# @block's parameters after the activation, in order
+BLOCK_WEIGHTS = (
+    "ln1_scale",
+    "ln1_bias",
+    "wq",
+    "bq",
+    "wk",
+    "bk",
+    "wv",
+    "bv",
+    "wo",
+    "bo",
+    "ln2_scale",
+    "ln2_bias",
+    "w1",
+    "b1",
+    "w2",
+    "b2",
+)
+
+
+def linear(f: LayerFn, x: Value, w: Value, b: Value, name: str) -> Value:
+    return f("Add", f("MatMul", x, w, name=f"{name}_xw"), b, name=name)
+
+
+def block_fn(name: str, hidden: int, heads: int, causal: bool = True) -> Function:
+    """The pre-LN transformer block (also TransGAN's, non-causal)."""
+    f = LayerFn(name)
+    x = f.param("x")
+    p = {n: f.param(n) for n in BLOCK_WEIGHTS}
+    h = f("LayerNormalization", x, p["ln1_scale"], p["ln1_bias"], name="ln1")
+    q = linear(f, h, p["wq"], p["bq"], "q")
+    k = linear(f, h, p["wk"], p["bk"], "k")
+    v = linear(f, h, p["wv"], p["bv"], "v")
+    a = attention(f, q, k, v, heads=heads, head_dim=hidden // heads, causal=causal)
+    x = f("Add", x, linear(f, a, p["wo"], p["bo"], "o"), name="x_attn")
+    h = f("LayerNormalization", x, p["ln2_scale"], p["ln2_bias"], name="ln2")
+    m = f("Gelu", linear(f, h, p["w1"], p["b1"], "fc1"), name="gelu")
+    return f.ret(f("Add", x, linear(f, m, p["w2"], p["b2"], "fc2"), name="x_mlp"))
+
+
+def block_weights(i: int, hidden: int, dtype: DType, std: float = 0.02) -> tuple[WeightSpec, ...]:
+    """Layer ``i``'s weights in ``@block``'s parameter order, with their TP placements."""
+    h, ff = hidden, 4 * hidden
+    shapes: dict[str, tuple[tuple[int, ...], Placement, float | None]] = {
+        "ln1_scale": ((h,), R, 1.0),
+        "ln1_bias": ((h,), R, 0.0),
+        "wq": ((h, h), COL, None),
+        "bq": ((h,), ROW, 0.0),
+        "wk": ((h, h), COL, None),
+        "bk": ((h,), ROW, 0.0),
+        "wv": ((h, h), COL, None),
+        "bv": ((h,), ROW, 0.0),
+        "wo": ((h, h), ROW, None),
+        "bo": ((h,), R, 0.0),
+        "ln2_scale": ((h,), R, 1.0),
+        "ln2_bias": ((h,), R, 0.0),
+        "w1": ((h, ff), COL, None),
+        "b1": ((ff,), ROW, 0.0),
+        "w2": ((ff, h), ROW, None),
+        "b2": ((h,), R, 0.0),
+    }
+    return tuple(
+        weight(f"{n}_{i}", dtype, shape, tp, std=std, value=value) for n, (shape, tp, value) in shapes.items()
+    )
+
+
+def embed_fn(seq: int) -> Function:
+    f = LayerFn("embed")
+    ids, wte, wpe = f.param("ids"), f.param("wte"), f.param("wpe")
+    tok = f("Gather", wte, ids, axis=0, name="tok")  # (B, S, H)
+    pos = f("Slice", wpe, starts=(0,), ends=(seq,), axes=(0,), name="pos")  # (S, H)
+    return f.ret(f("Add", tok, pos, name="x"))
+
+
+def head_fn() -> Function:
+    f = LayerFn("head")
+    x, scale, bias, wlm = f.param("x"), f.param("lnf_scale"), f.param("lnf_bias"), f.param("wlm")
+    h = f("LayerNormalization", x, scale, bias, name="lnf")
+    return f.ret(f("MatMul", h, wlm, name="logits"))
+
+
+def token_loss_fn(vocab: int, normalizer: int) -> Function:
+    """``@loss(logits (B, S, V), labels (B, S))`` = SoftmaxCrossEntropyLoss(sum) over the B·S
+    tokens, scaled by ``1/normalizer``. The logits are viewed as (B·S, V) (a free reshape)."""
+    f = LayerFn("loss")
+    logits, labels = f.param("logits"), f.param("labels")
+    scores = f("Reshape", logits, shape=(-1, vocab), name="scores")
+    flat = f("Reshape", labels, shape=(-1,), name="targets")
+    total = f("SoftmaxCrossEntropyLoss", scores, flat, reduction="sum", name="nll")
+    return f.ret(f("Scale", total, alpha=1.0 / normalizer, name="loss"))
+
+
+def build(cfg: GPTConfig, batch: int, dtype: DType = DType.f32, name: str = FAMILY) -> Model:
+    h, s, v = cfg.hidden, cfg.seq, cfg.vocab
+    inputs = (
+        InputSpec("ids", tensor(DType.i64, batch, s), high=v),
+        InputSpec("labels", tensor(DType.i64, batch, s), high=v),
+    )
+    block = block_fn("block", h, cfg.heads)
+    calls = [LayerCall(embed_fn(s), (weight("wte", dtype, (v, h)), weight("wpe", dtype, (s, h))), "x0")]
+    calls += [LayerCall(block, block_weights(i, h, dtype), f"x{i + 1}") for i in range(cfg.layers)]
+    head_w = (
+        weight("lnf_scale", dtype, (h,), value=1.0),
+        weight("lnf_bias", dtype, (h,), value=0.0),
+        weight("wlm", dtype, (h, v)),
+    )
+    calls.append(LayerCall(head_fn(), head_w, "logits"))
+    calls.append(LayerCall(token_loss_fn(v, batch * s), ("labels",), "loss"))
+    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls)

@@ -1,0 +1,127 @@
+"""Llama-style decoders: RMSNorm, SwiGLU MLP, grouped-query attention, no biases.
+
+    func @forward(%ids: i64 (B, S), %labels: i64 (B, S), %tok_emb, <block weights>..., %norm, %wlm) {
+      %x0 = @embed(%ids, %tok_emb)                       // Gather (no position embedding)
+      %x1 = @block(%x0, %attn_norm_0, %wq_0, %wk_0, %wv_0, %wo_0, %ffn_norm_0, %w1_0, %w3_0, %w2_0)
+      ...
+      %logits = @head(%xL, %norm, %wlm)                  // RMSNorm, MatMul to the vocab
+      %loss = @loss(%logits, %labels)                    // SoftmaxCrossEntropy(sum) · 1/(B·S)
+    }
+
+``@block`` is ``x + Wo·Attn(RMSNorm(x))`` then ``x + W2·(silu(W1·h) ⊙ W3·h)`` with
+``h = RMSNorm(x)`` and ``silu(a) = a·Sigmoid(a)``. Attention is causal and grouped-query: the
+``kv_heads`` key/value heads are each repeated ``heads/kv_heads`` times (``attention.py``).
+
+Simplified with respect to Llama: **no rotary position embedding** (RoPE rotates q and k by
+position; it costs a few elementwise FLOPs and changes no shape or parameter count) and no
+position information at all; RMSNorm epsilon 1e-5. ``wlm`` is untied from the token embedding,
+as in Llama.
+
+Tensor-parallel declarations (Megatron-LM / Llama's model-parallel layers): wq, wk, wv, w1, w3
+column-parallel ``S(1)``; wo, w2 row-parallel ``S(0)``; norms, the embedding and ``wlm``
+replicated. A column shard of wk/wv splits whole kv heads when the TP degree divides kv_heads.
+
+Sizes (Touvron et al., "Llama 2: Open Foundation and Fine-Tuned Chat Models", 2023, and the
+released configs; Meta, "The Llama 3 Herd of Models", 2024, Table 3): ``llama2-7b`` 32×4096,
+32 heads, ffn 11008, vocabulary 32000, context 4096; ``llama2-13b`` 40×5120, 40 heads, ffn 13824;
+``llama2-70b`` 80×8192, 64 heads, 8 kv heads, ffn 28672; ``llama3-8b`` 32×4096, 32 heads, 8 kv
+heads, ffn 14336, vocabulary 128256, context 8192.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from distir.frontends.zoo._build import LayerCall, LayerFn, assemble, check_config, tensor, weight
+from distir.frontends.zoo.attention import attention
+from distir.frontends.zoo.gpt import token_loss_fn
+from distir.frontends.zoo.model import InputSpec, Model, WeightSpec
+from distir.ir.dtensor import Replicate, Shard
+from distir.ir.function import Function
+from distir.ir.types import DType
+
+FAMILY = "llama"
+R, COL, ROW = Replicate(), Shard(1), Shard(0)
+BLOCK_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w3", "w2")
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    seq: int
+
+    def __post_init__(self) -> None:
+        check_config(FAMILY, self, divides=[("heads", "hidden"), ("kv_heads", "heads")])
+
+
+ZOO: dict[str, tuple[LlamaConfig, str]] = {
+    "llama2-7b": (LlamaConfig(32, 4096, 32, 32, 11008, 32000, 4096), "Llama 2 7B (Touvron et al. 2023)"),
+    "llama2-13b": (LlamaConfig(40, 5120, 40, 40, 13824, 32000, 4096), "Llama 2 13B (Touvron et al. 2023)"),
+    "llama2-70b": (LlamaConfig(80, 8192, 64, 8, 28672, 32000, 4096), "Llama 2 70B (Touvron et al. 2023)"),
+    "llama3-8b": (LlamaConfig(32, 4096, 32, 8, 14336, 128256, 8192), "Llama 3 8B (Meta 2024)"),
+}
+
+
+def block_fn(hidden: int, heads: int, kv_heads: int) -> Function:
+    f = LayerFn("block")
+    x = f.param("x")
+    p = {n: f.param(n) for n in BLOCK_WEIGHTS}
+    h = f("RMSNormalization", x, p["attn_norm"], name="attn_in")
+    q = f("MatMul", h, p["wq"], name="q")
+    k = f("MatMul", h, p["wk"], name="k")
+    v = f("MatMul", h, p["wv"], name="v")
+    a = attention(f, q, k, v, heads=heads, head_dim=hidden // heads, kv_heads=kv_heads)
+    x = f("Add", x, f("MatMul", a, p["wo"], name="o"), name="x_attn")
+    h = f("RMSNormalization", x, p["ffn_norm"], name="ffn_in")
+    gate = f("MatMul", h, p["w1"], name="gate")
+    silu = f("Mul", gate, f("Sigmoid", gate, name="sig"), name="silu")
+    up = f("MatMul", h, p["w3"], name="up")
+    down = f("MatMul", f("Mul", silu, up, name="swiglu"), p["w2"], name="down")
+    return f.ret(f("Add", x, down, name="x_mlp"))
+
+
+def block_weights(i: int, cfg: LlamaConfig, dtype: DType) -> tuple[WeightSpec, ...]:
+    h, kv = cfg.hidden, cfg.kv_heads * (cfg.hidden // cfg.heads)
+    return (
+        weight(f"attn_norm_{i}", dtype, (h,), value=1.0),
+        weight(f"wq_{i}", dtype, (h, h), COL),
+        weight(f"wk_{i}", dtype, (h, kv), COL),
+        weight(f"wv_{i}", dtype, (h, kv), COL),
+        weight(f"wo_{i}", dtype, (h, h), ROW),
+        weight(f"ffn_norm_{i}", dtype, (h,), value=1.0),
+        weight(f"w1_{i}", dtype, (h, cfg.ffn), COL),
+        weight(f"w3_{i}", dtype, (h, cfg.ffn), COL),
+        weight(f"w2_{i}", dtype, (cfg.ffn, h), ROW),
+    )
+
+
+def embed_fn() -> Function:
+    f = LayerFn("embed")
+    ids, table = f.param("ids"), f.param("tok_emb")
+    return f.ret(f("Gather", table, ids, axis=0, name="x"))
+
+
+def head_fn() -> Function:
+    f = LayerFn("head")
+    x, scale, wlm = f.param("x"), f.param("norm"), f.param("wlm")
+    return f.ret(f("MatMul", f("RMSNormalization", x, scale, name="normed"), wlm, name="logits"))
+
+
+def build(cfg: LlamaConfig, batch: int, dtype: DType = DType.f32, name: str = FAMILY) -> Model:
+    h, s, v = cfg.hidden, cfg.seq, cfg.vocab
+    inputs = (
+        InputSpec("ids", tensor(DType.i64, batch, s), high=v),
+        InputSpec("labels", tensor(DType.i64, batch, s), high=v),
+    )
+    block = block_fn(h, cfg.heads, cfg.kv_heads)
+    calls = [LayerCall(embed_fn(), (weight("tok_emb", dtype, (v, h)),), "x0")]
+    calls += [LayerCall(block, block_weights(i, cfg, dtype), f"x{i + 1}") for i in range(cfg.layers)]
+    head_w = (weight("norm", dtype, (h,), value=1.0), weight("wlm", dtype, (h, v)))
+    calls.append(LayerCall(head_fn(), head_w, "logits"))
+    calls.append(LayerCall(token_loss_fn(v, batch * s), ("labels",), "loss"))
+    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls)

@@ -1,0 +1,217 @@
+"""The zoo: named models, model strings, and ``build_model``.
+
+A model string is ``NAME`` or ``NAME:key=value,key=value``. ``NAME`` is a zoo entry
+(``gpt2-117m``, ``llama3-8b``, ... — ``ZOO``) or a family (``mlp``, ``gpt``, ``llama``,
+``transgan``); a bare family starts from its base entry (``mlp-1b``, ``gpt2-117m``,
+``llama2-7b``, ``transgan-hetero``), and the ``key=value`` pairs override fields of the
+configuration (all positive integers), e.g.
+
+    gpt:layers=24,hidden=2304,heads=24,seq=2048,vocab=51200
+    gpt2-117m:layers=2
+
+An unknown name or key, a malformed pair or a bad value raises ``ModelError`` naming it, what
+is expected and the close matches. ``build_model(spec, batch, dtype)`` builds the model for a
+global batch (the loss is normalized by it) and checks the chain contract (``check_model``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from distir.frontends.zoo import gpt, llama, mlp, transgan
+from distir.frontends.zoo.model import Model, ModelError
+from distir.ir.types import DType
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    config: type[Any]  # the family's config dataclass
+    build: Callable[[Any, int, DType, str], Model]
+    base: str  # the zoo entry a bare family name starts from
+    doc: str
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family("mlp", mlp.MLPConfig, mlp.build, "mlp-1b", "the DistIR paper's MLP (Relu(x·W) layers)"),
+        Family("gpt", gpt.GPTConfig, gpt.build, "gpt2-117m", "GPT-2/GPT-3 decoder (pre-LN, GELU)"),
+        Family("llama", llama.LlamaConfig, llama.build, "llama2-7b", "Llama decoder (RMSNorm, SwiGLU, GQA)"),
+        Family("transgan", transgan.TransGANConfig, transgan.build, "transgan-hetero", "AMP's uneven model"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    family: str
+    config: Any
+    source: str
+
+
+def _zoo() -> dict[str, ZooEntry]:
+    out: dict[str, ZooEntry] = {}
+    tables: Mapping[str, Mapping[str, tuple[Any, str]]] = {
+        "mlp": mlp.ZOO,
+        "gpt": gpt.ZOO,
+        "llama": llama.ZOO,
+        "transgan": transgan.ZOO,
+    }
+    for fam, table in tables.items():
+        for name, (cfg, source) in table.items():
+            out[name] = ZooEntry(name, fam, cfg, source)
+    return out
+
+
+ZOO: dict[str, ZooEntry] = _zoo()
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A parsed model string: the family and the full configuration."""
+
+    text: str
+    family: str
+    config: Any
+
+    def build(self, batch: int, dtype: DType = DType.f32) -> Model:
+        return build_from(self, batch, dtype)
+
+
+def _close(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=3, cutoff=0.5)
+    return f" (did you mean {', '.join(close)}?)" if close else ""
+
+
+def parse_model_string(text: str) -> ModelSpec:
+    """``NAME[:key=value,...]`` → ``ModelSpec`` (see the module docstring)."""
+    text = text.strip()
+    head, colon, rest = text.partition(":")
+    head = head.strip()
+    if head in ZOO:
+        family, base = ZOO[head].family, ZOO[head].config
+    elif head in FAMILIES:
+        family, base = head, ZOO[FAMILIES[head].base].config
+    else:
+        known = [*FAMILIES, *ZOO]
+        raise ModelError(
+            f"unknown model {head!r}{_close(head, known)}; expected a family ({', '.join(FAMILIES)}) "
+            f"or a zoo name ({', '.join(ZOO)})"
+        )
+    keys = [f.name for f in dataclasses.fields(base)]
+    overrides: dict[str, int] = {}
+    for item in rest.split(",") if colon and rest.strip() else []:
+        key, eq, value = (s.strip() for s in item.partition("="))
+        if not eq or not key:
+            raise ModelError(
+                f"model {text!r}: {item.strip()!r} is not key=value; keys of {family}: {', '.join(keys)}"
+            )
+        if key not in keys:
+            raise ModelError(
+                f"model {text!r}: unknown key {key!r}{_close(key, keys)} for {family}; "
+                f"its keys: {', '.join(keys)}"
+            )
+        if key in overrides:
+            raise ModelError(f"model {text!r}: key {key!r} is given twice")
+        if not (value.isascii() and value.isdigit()) or int(value) < 1:
+            raise ModelError(f"model {text!r}: {key}={value!r}; expected a positive integer")
+        overrides[key] = int(value)
+    return ModelSpec(text, family, dataclasses.replace(base, **overrides))
+
+
+def build_from(spec: ModelSpec, batch: int, dtype: DType = DType.f32) -> Model:
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ModelError(f"model {spec.text!r}: batch={batch!r}; expected a positive integer")
+    if not isinstance(dtype, DType) or not dtype.is_float:
+        raise ModelError(f"model {spec.text!r}: dtype={dtype!r}; expected a float DType (f32, bf16, ...)")
+    return FAMILIES[spec.family].build(spec.config, batch, dtype, spec.text)
+
+
+def build_model(spec: str, batch: int, dtype: DType = DType.f32) -> Model:
+    """Build the model named by the model string ``spec`` for a global ``batch``; the result
+    keeps the chain contract (checked) and carries ``flops_per_sample``."""
+    return build_from(parse_model_string(spec), batch, dtype)
+
+
+@dataclass(frozen=True)
+class ZooRow:
+    name: str
+    family: str
+    layers: int  # transformer blocks / dense layers (embedding, head and loss layers not counted)
+    hidden: int  # the model width (transgan: its wide half's)
+    heads: int | None
+    params: int
+
+
+@functools.cache
+def _zoo_model(name: str) -> Model:
+    """The zoo entry built at batch 1 (for its parameter and FLOP counts)."""
+    e = ZOO[name]
+    return FAMILIES[e.family].build(e.config, 1, DType.f32, e.name)
+
+
+def _row(e: ZooEntry) -> ZooRow:
+    c = e.config
+    hidden = c.wide if e.family == "transgan" else c.hidden
+    params = _zoo_model(e.name).num_params
+    return ZooRow(e.name, e.family, c.layers, hidden, getattr(c, "heads", None), params)
+
+
+def zoo_table() -> list[ZooRow]:
+    """One row per zoo entry, in ``ZOO`` order."""
+    return [_row(e) for e in ZOO.values()]
+
+
+def human_count(n: float) -> str:
+    """``1.07B``, ``124M``, ``175B``: three significant digits and a unit."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+def zoo_json() -> dict[str, Any]:
+    """``{"models": [...], "families": {...}}`` for ``distir models --json``; per model the
+    ``ZooRow`` fields, ``params_human``, ``flops_per_sample`` (forward), ``config``, ``source``."""
+    rows = []
+    for r in zoo_table():
+        e = ZOO[r.name]
+        rec = dataclasses.asdict(r)
+        rec.update(
+            params_human=human_count(r.params),
+            flops_per_sample=_zoo_model(r.name).flops_per_sample,
+            config=dataclasses.asdict(e.config),
+            source=e.source,
+        )
+        rows.append(rec)
+    return {"models": rows, "families": {f.name: f.doc for f in FAMILIES.values()}}
+
+
+def render_zoo_table() -> Table:
+    """The zoo as a rich table, for ``distir models``."""
+    from rich.table import Table
+
+    table = Table(
+        title="model zoo: NAME or NAME:key=value,... (e.g. gpt2-117m:layers=2, "
+        "gpt:layers=24,hidden=2304,heads=24,seq=2048)",
+        caption="families: " + "; ".join(f"{f.name}: {f.doc}" for f in FAMILIES.values()),
+        caption_justify="left",
+    )
+    for header in ("model", "family", "layers", "hidden", "heads", "params", "source"):
+        numeric = header in ("layers", "hidden", "heads", "params")
+        table.add_column(header, justify="right" if numeric else "left")
+    for r in zoo_table():
+        heads = "" if r.heads is None else str(r.heads)
+        cells = (str(r.layers), str(r.hidden), heads, human_count(r.params))
+        table.add_row(r.name, r.family, *cells, ZOO[r.name].source)
+    return table

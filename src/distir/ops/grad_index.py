@@ -1,0 +1,186 @@
+"""Gradient ops of the indexing ops (family ``grad``): ``GatherGrad`` (the adjoint of Gather: an
+embedding's gradient) and ``SliceGrad`` (the adjoint of Slice).
+
+Both build their result from zeros of the forward input's shape, which they take as attributes
+(``size`` / ``shape``), so backward code needs no constant on a device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from distir.ir.dtensor import Shard
+from distir.ir.types import TensorType, Type
+from distir.ir.values import Attrs
+from distir.ops import sharding as sh
+from distir.ops._rules import in_numel_flops, int_attr, norm_axis
+from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+from distir.ops.shape_index import SLICE_ATTRS, slice_sharding, slices
+
+FAMILY = "grad"
+
+
+def _shape(t: Type) -> tuple[int, ...]:
+    return t.shape if isinstance(t, TensorType) else ()
+
+
+# -- GatherGrad -------------------------------------------------------------------------------
+def _gather_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
+    dy, idx = ctx.tensor(0), ctx.tensor(1)
+    if not idx.dtype.is_int:
+        ctx.fail("GatherGrad indices must be integers", 1, "an int dtype", idx.dtype)
+    size = ctx.attr("size")
+    if size < 1:
+        ctx.fail(f"GatherGrad size must be positive, got {size}", None, ">= 1", size)
+    # dY = data[:axis] + indices + data[axis + 1:], so data has rank dY.rank - indices.rank + 1
+    rank = dy.rank - idx.rank + 1
+    if rank < 1:
+        ctx.fail(
+            f"GatherGrad: dY of rank {dy.rank} is too small for indices of rank {idx.rank}",
+            0,
+            f"rank >= {idx.rank}",
+            dy.rank,
+        )
+    ax = norm_axis(ctx, ctx.attr("axis"), rank, "GatherGrad axis")
+    if dy.shape[ax : ax + idx.rank] != idx.shape:
+        ctx.fail(
+            f"GatherGrad: dY of shape {dy.shape} does not hold the indices' shape {idx.shape} at axis {ax}",
+            0,
+            idx.shape,
+            dy.shape[ax : ax + idx.rank],
+        )
+    known = ctx.known[1]
+    if known is not None and np.any((known < -size) | (known >= size)):
+        ctx.fail(f"GatherGrad index out of range for size {size}", 1, f"-{size}..{size - 1}", known.tolist())
+    return (ctx.out(dy.dtype, (*dy.shape[:ax], size, *dy.shape[ax + idx.rank :])),)
+
+
+def _gather_grad_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    dy, idx = np.asarray(args[0]), np.asarray(args[1]).astype(np.int64)
+    ax = int_attr(attrs, "axis", 0) % (dy.ndim - idx.ndim + 1)
+    out = np.zeros((*dy.shape[:ax], int_attr(attrs, "size", 0), *dy.shape[ax + idx.ndim :]), dtype=dy.dtype)
+    where: Any = (*(slice(None) for _ in range(ax)), idx)
+    np.add.at(out, where, dy)  # repeated indices accumulate
+    return (out,)
+
+
+def _gather_grad_sharding(
+    ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int
+) -> list[sh.Strategy]:
+    """dY's dims before ``axis`` and after the index dims map to the result's; sharding an index
+    dim (dY and indices alike) leaves each device a part of the sum (P(sum)); linear in dY."""
+    dy, idx, y = _shape(ins[0]), _shape(ins[1]), _shape(outs[0])
+    a = int_attr(attrs, "axis", 0) % max(len(y), 1)
+    found = [sh.replicated(ins, outs)]
+    for d in range(len(dy)):
+        if dy[d] <= 1:
+            continue
+        if d < a:
+            found.append(sh.Strategy((Shard(d), sh.R), (Shard(d),)))
+        elif d < a + len(idx):
+            found.append(sh.Strategy((Shard(d), Shard(d - a)), (sh.SUM,)))
+        else:
+            found.append(sh.Strategy((Shard(d), sh.R), (Shard(d - len(idx) + 1),)))
+    found.append(sh.Strategy((sh.SUM, sh.R), (sh.SUM,)))
+    return found
+
+
+GATHER_GRAD = register(
+    OpDef(
+        name="GatherGrad",
+        family=FAMILY,
+        inputs=("dY", "indices"),
+        outputs=("dData",),
+        infer=_gather_grad_rule,
+        attrs={"axis": AttrSpec("int", 0), "size": AttrSpec("int")},
+        reference=_gather_grad_ref,
+        flops=in_numel_flops(1.0),
+        doc="The gradient of Gather(data, indices, axis) w.r.t. data, whose dim axis has the given "
+        "size: dY scatter-added into zeros along axis (repeated indices accumulate).",
+        sharding=_gather_grad_sharding,
+    )
+)
+
+
+# -- SliceGrad --------------------------------------------------------------------------------
+def _slice_grad_shape(dy: tuple[int, ...], shape: Sequence[int]) -> tuple[int, ...]:
+    """``shape`` with each -1 (a dim that is not sliced) replaced by dY's size there."""
+    return tuple(dy[k] if s == -1 else s for k, s in enumerate(shape))
+
+
+def _slice_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
+    dy = ctx.tensor(0)
+    given = tuple(ctx.attr("shape"))
+    if len(given) != dy.rank:
+        ctx.fail(
+            f"SliceGrad shape {list(given)} has rank {len(given)} but dY has rank {dy.rank}",
+            0,
+            len(given),
+            dy.rank,
+        )
+    if any(d < -1 for d in given):
+        ctx.fail(f"SliceGrad shape {list(given)} has a negative dim", None, "sizes >= 0 or -1", list(given))
+    starts = ctx.attr("starts")
+    axes = ctx.attr("axes") or tuple(range(len(starts)))
+    sliced = {norm_axis(ctx, a, dy.rank, "SliceGrad axis") for a in axes}
+    if any(given[a] == -1 for a in sliced):
+        ctx.fail(
+            f"SliceGrad shape {list(given)} has -1 at a sliced axis",
+            None,
+            "sizes at sliced axes",
+            list(given),
+        )
+    shape = _slice_grad_shape(dy.shape, given)
+    sl = slices(ctx, shape, ctx.attrs)
+    want = tuple(len(range(*s.indices(d))) for s, d in zip(sl, shape, strict=True))
+    if dy.shape != want:
+        ctx.fail(
+            f"SliceGrad: dY has shape {dy.shape} but the slice of {shape} has shape {want}",
+            0,
+            want,
+            dy.shape,
+        )
+    return (ctx.out(dy.dtype, shape),)
+
+
+def _slice_grad_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    dy = np.asarray(args[0])
+    given: Any = attrs["shape"]
+    shape = _slice_grad_shape(dy.shape, given)
+    out = np.zeros(shape, dtype=dy.dtype)
+    out[tuple(slices(None, shape, attrs))] = dy
+    return (out,)
+
+
+def _slice_grad_sharding(
+    ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int
+) -> list[sh.Strategy]:
+    """A dim that is not sliced may be sharded (dY and the result alike) when ``shape`` says -1
+    there (the attribute holds global sizes; -1 takes the piece's own); linear in dY."""
+    given: Any = attrs.get("shape", ())
+    found = [sh.replicated(ins, outs), sh.Strategy((sh.SUM,), (sh.SUM,))]
+    for s in slice_sharding(ins, outs, attrs, n)[1:]:
+        (p,) = s.ins
+        if isinstance(p, Shard) and given[p.dim] == -1:
+            found.append(s)
+    return found
+
+
+SLICE_GRAD = register(
+    OpDef(
+        name="SliceGrad",
+        family=FAMILY,
+        inputs=("dY",),
+        outputs=("dData",),
+        infer=_slice_grad_rule,
+        attrs={"shape": AttrSpec("ints"), **SLICE_ATTRS},
+        reference=_slice_grad_ref,
+        doc="The gradient of Slice(data; starts, ends, axes, steps) w.r.t. data of the given shape "
+        "(-1: a dim that is not sliced, of dY's size; only such dims may be sharded): dY placed "
+        "into zeros at the slice.",
+        sharding=_slice_grad_sharding,
+    )
+)

@@ -1,0 +1,222 @@
+"""Ops that select or join parts of tensors (ONNX names; family ``shape``, split from
+``distir.ops.shape`` to keep files short): Gather, Concat, Split, Slice.
+
+Their gradient rules are in ``distir.ops.shape_grad``; the gradient ops GatherGrad and SliceGrad
+in ``distir.ops.grad_index``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from distir.ir.dtensor import Shard, split_sizes
+from distir.ir.types import TensorType, Type
+from distir.ir.values import Attrs
+from distir.ops import sharding as sh
+from distir.ops._rules import int_attr, norm_axis
+from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+from distir.ops.shape import FAMILY, copy_bytes
+
+
+# -- Gather -----------------------------------------------------------------------------------
+def _gather_rule(ctx: TypeCtx) -> Sequence[Type]:
+    data, idx = ctx.tensor(0), ctx.tensor(1)
+    if not idx.dtype.is_int:
+        ctx.fail("Gather indices must be integers", 1, "an int dtype", idx.dtype)
+    if data.rank == 0:
+        ctx.fail("Gather data must have rank >= 1", 0, "rank >= 1", 0)
+    ax = norm_axis(ctx, ctx.attr("axis"), data.rank)
+    known = ctx.known[1]
+    if known is not None:
+        n = data.shape[ax]
+        if np.any((known < -n) | (known >= n)):
+            ctx.fail(f"Gather index out of range for axis of size {n}", 1, f"-{n}..{n - 1}", known.tolist())
+    return (ctx.out(data.dtype, data.shape[:ax] + idx.shape + data.shape[ax + 1 :]),)
+
+
+GATHER = register(
+    OpDef(
+        name="Gather",
+        family=FAMILY,
+        inputs=("data", "indices"),
+        outputs=("output",),
+        infer=_gather_rule,
+        attrs={"axis": AttrSpec("int", 0)},
+        reference=lambda args, attrs: (
+            np.take(args[0], np.asarray(args[1]), axis=int_attr(attrs, "axis", 0)),
+        ),
+        bytes_read=lambda ins, outs, attrs: float(outs[0].nbytes + ins[1].nbytes),
+        doc="ONNX Gather: take slices of data along axis (an embedding lookup when axis=0).",
+        sharding=sh.embedding,
+    )
+)
+
+
+# -- Concat -----------------------------------------------------------------------------------
+def _concat_rule(ctx: TypeCtx) -> Sequence[Type]:
+    ts = [ctx.tensor(i) for i in range(len(ctx.types))]
+    first = ts[0]
+    ax = norm_axis(ctx, ctx.attr("axis"), first.rank)
+    total = 0
+    for i, t in enumerate(ts):
+        if t.dtype != first.dtype:
+            ctx.fail(f"Concat input {i + 1} has dtype {t.dtype}", i, first.dtype, t.dtype)
+        if t.rank != first.rank or any(
+            a != b for k, (a, b) in enumerate(zip(t.shape, first.shape, strict=True)) if k != ax
+        ):
+            ctx.fail(
+                f"Concat input {i + 1} of shape {t.shape} does not match {first.shape} outside axis {ax}",
+                i,
+                first.shape,
+                t.shape,
+            )
+        total += t.shape[ax]
+    return (ctx.out(first.dtype, (*first.shape[:ax], total, *first.shape[ax + 1 :])),)
+
+
+CONCAT = register(
+    OpDef(
+        name="Concat",
+        family=FAMILY,
+        inputs=("*inputs",),
+        outputs=("concat_result",),
+        infer=_concat_rule,
+        attrs={"axis": AttrSpec("int")},
+        reference=lambda args, attrs: (
+            np.concatenate([np.asarray(a) for a in args], axis=int_attr(attrs, "axis", 0)),
+        ),
+        bytes_read=copy_bytes,
+        sharding=sh.other_dims("axis"),
+    )
+)
+
+
+# -- Split ------------------------------------------------------------------------------------
+def _split_count(n_inputs: int, attrs: Attrs) -> int:
+    sizes: Any = attrs.get("sizes")
+    if sizes is not None:
+        return len(sizes)
+    k = attrs.get("num_splits", 2)
+    return k if isinstance(k, int) and not isinstance(k, bool) and k > 0 else 1
+
+
+def _split_rule(ctx: TypeCtx) -> Sequence[Type]:
+    t = ctx.tensor(0)
+    ax = norm_axis(ctx, ctx.attr("dim"), t.rank, "Split dim")
+    sizes = ctx.attr("sizes")
+    if sizes is not None:
+        if "num_splits" in ctx.attrs:
+            ctx.fail("Split takes either num_splits or sizes, not both")
+        if sum(sizes) != t.shape[ax] or any(s < 0 for s in sizes):
+            ctx.fail(
+                f"Split sizes {list(sizes)} do not add up to dim {ax} of size {t.shape[ax]}",
+                0,
+                t.shape[ax],
+                sum(sizes),
+            )
+    else:
+        k = ctx.attr("num_splits")
+        if k < 1:
+            ctx.fail("Split num_splits must be positive", None, ">= 1", k)
+        sizes = split_sizes(t.shape[ax], k)
+    return tuple(ctx.out(t.dtype, (*t.shape[:ax], s, *t.shape[ax + 1 :])) for s in sizes)
+
+
+def _split_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    x = np.asarray(args[0])
+    ax: Any = attrs.get("dim", 0)
+    sizes: Any = attrs.get("sizes")
+    if sizes is None:
+        sizes = split_sizes(x.shape[ax], attrs.get("num_splits", 2))  # type: ignore[arg-type]
+    cuts = np.cumsum(sizes)[:-1]
+    return tuple(np.ascontiguousarray(p) for p in np.split(x, cuts, axis=ax))
+
+
+SPLIT = register(
+    OpDef(
+        name="Split",
+        family=FAMILY,
+        inputs=("input",),
+        outputs=_split_count,
+        infer=_split_rule,
+        attrs={"dim": AttrSpec("int", 0), "num_splits": AttrSpec("int", 2), "sizes": AttrSpec("ints", None)},
+        reference=_split_ref,
+        bytes_read=copy_bytes,
+        doc="Split along dim into num_splits near-equal parts (first parts larger) or given sizes.",
+        sharding=sh.other_dims("dim"),
+    )
+)
+
+
+# -- Slice ------------------------------------------------------------------------------------
+def slices(ctx_or_none: TypeCtx | None, shape: tuple[int, ...], attrs: Attrs) -> list[slice]:
+    starts: Any = attrs.get("starts")
+    ends: Any = attrs.get("ends")
+    axes: Any = attrs.get("axes") or tuple(range(len(starts)))
+    steps: Any = attrs.get("steps") or (1,) * len(starts)
+    if ctx_or_none is not None and not (len(starts) == len(ends) == len(axes) == len(steps)):
+        ctx_or_none.fail(
+            "Slice starts, ends, axes and steps must have the same length",
+            None,
+            len(starts),
+            [len(ends), len(axes), len(steps)],
+        )
+    sl = [slice(None)] * len(shape)
+    for s, e, a, st in zip(starts, ends, axes, steps, strict=True):
+        if ctx_or_none is not None:
+            a = norm_axis(ctx_or_none, a, len(shape), "Slice axis")
+            if st == 0:
+                ctx_or_none.fail("Slice step must not be 0", None, "non-zero", 0)
+        sl[a % len(shape)] = slice(s, e, st)
+    return sl
+
+
+SLICE_ATTRS = {
+    "starts": AttrSpec("ints"),
+    "ends": AttrSpec("ints"),
+    "axes": AttrSpec("ints", None),
+    "steps": AttrSpec("ints", None),
+}
+
+
+def slice_sharding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[sh.Strategy]:
+    """Dims that are not sliced may stay sharded."""
+    x = ins[0].shape if isinstance(ins[0], TensorType) else ()
+    starts: Any = attrs.get("starts") or ()
+    axes: Any = attrs.get("axes") or tuple(range(len(starts)))
+    sliced = {a % max(len(x), 1) for a in axes}
+    found = [sh.replicated(ins, outs)]
+    for d in range(len(x)):
+        if d not in sliced and x[d] > 1:
+            found.append(sh.Strategy((Shard(d),), (Shard(d),)))
+    return found
+
+
+def _slice_rule(ctx: TypeCtx) -> Sequence[Type]:
+    t = ctx.tensor(0)
+    sl = slices(ctx, t.shape, ctx.attrs)
+    shape = [len(range(*s.indices(d))) for s, d in zip(sl, t.shape, strict=True)]
+    return (ctx.out(t.dtype, shape),)
+
+
+SLICE = register(
+    OpDef(
+        name="Slice",
+        family=FAMILY,
+        inputs=("data",),
+        outputs=("output",),
+        infer=_slice_rule,
+        attrs=dict(SLICE_ATTRS),
+        reference=lambda args, attrs: (
+            np.array(np.asarray(args[0])[tuple(slices(None, np.shape(args[0]), attrs))]),
+        ),
+        bytes_read=copy_bytes,
+        doc="ONNX Slice with starts/ends/axes/steps as attributes (Python slice semantics).",
+        sharding=slice_sharding,
+    )
+)
+
+__all__ = ["SLICE_ATTRS", "slice_sharding", "slices"]

@@ -1,0 +1,253 @@
+"""The model zoo at its real sizes: every entry builds (types only, no weight arrays) and keeps
+the chain contract; parameter counts equal closed forms written here and the published
+figures; FLOP counts; model strings and their errors; ``distir models``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from distir.cli import app
+from distir.frontends.zoo import ZOO, ModelError, build_model, check_model, parse_model_string, zoo_table
+from distir.frontends.zoo._build import LayerCall, LayerFn, assemble, tensor, weight
+from distir.frontends.zoo.model import InputSpec
+from distir.ir.dtensor import Replicate, Shard
+from distir.ir.types import DType
+
+
+# -- closed-form parameter counts (independent of the builders) --------------------------------
+def closed_form_params(family: str, c: dict[str, Any]) -> int:
+    if family == "mlp":
+        return c["layers"] * c["hidden"] ** 2
+    if family == "gpt":
+        h, v = c["hidden"], c["vocab"]
+        block = 4 * (h * h + h) + 2 * (4 * h * h) + 4 * h + h + 2 * 2 * h  # qkvo, mlp, b1, b2, norms
+        return v * h + c["seq"] * h + c["layers"] * block + 2 * h + h * v
+    if family == "llama":
+        h, v, kv = c["hidden"], c["vocab"], c["kv_heads"] * (c["hidden"] // c["heads"])
+        block = 2 * h * h + 2 * h * kv + 3 * h * c["ffn"] + 2 * h
+        return v * h + c["layers"] * block + h + h * v
+    assert family == "transgan"
+
+    def block(h: int) -> int:
+        return 12 * h * h + 13 * h
+
+    w, n = c["wide"], c["narrow"]
+    return c["wide_layers"] * block(w) + w * n + n + c["narrow_layers"] * block(n)
+
+
+# published sizes; GPT counts exclude the untied output projection (hidden·vocab). GPT-2's
+# "117M" and "1542M" are 124M and 1558M as released (the paper's counts are known to be off);
+# GPT-3 13B was trained at width 5140 (the zoo uses 5120); Llama counts as released.
+PUBLISHED = {
+    "mlp-1b": 1.07e9,
+    "mlp-17b": 17.2e9,
+    "mlp-103b": 103e9,
+    "gpt2-117m": 124.4e6,
+    "gpt2-1.6b": 1.558e9,
+    "gpt2-13b": 13.0e9,
+    "gpt2-175b": 175.0e9,
+    "llama2-7b": 6.738e9,
+    "llama2-13b": 13.016e9,
+    "llama2-70b": 68.977e9,
+    "llama3-8b": 8.030e9,
+}
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_zoo_entry_builds_at_real_size(name: str) -> None:
+    t0 = time.perf_counter()
+    m = build_model(name, 8)
+    assert time.perf_counter() - t0 < 5.0  # types only: no weight is allocated
+    check_model(m)
+    assert m.batch == 8 and all(i.type.shape[0] == 8 for i in m.inputs)
+    e = ZOO[name]
+    cfg = dataclasses.asdict(e.config)
+    assert m.num_params == closed_form_params(e.family, cfg)
+    if name in PUBLISHED:
+        untied = cfg["hidden"] * cfg["vocab"] if e.family == "gpt" else 0
+        assert (m.num_params - untied) == pytest.approx(PUBLISHED[name], rel=0.015)
+    # the loss layer takes no weights
+    loss = m.layers[-1]
+    assert not set(loss.inputs[1:]) & set(m.forward.params[len(m.inputs) :])
+
+
+def test_transgan_is_uneven() -> None:
+    m = build_model("transgan-hetero", 4)
+    wide = [w for w in m.weights if w.name.startswith("w1_")]
+    assert [w.type.shape for w in wide] == [(1024, 4096)] * 12 + [(16, 64)] * 12
+    assert [c.callee for c in m.layers] == ["wide_block"] * 12 + ["proj"] + ["narrow_block"] * 12 + ["loss"]
+
+
+def test_tensor_parallel_declarations() -> None:
+    gpt = build_model("gpt2-117m:layers=1", 2)
+    want = {"wq_0": Shard(1), "bq_0": Shard(0), "wo_0": Shard(0), "bo_0": Replicate()}
+    want |= {"w1_0": Shard(1), "b1_0": Shard(0), "w2_0": Shard(0), "b2_0": Replicate(), "wte": Replicate()}
+    assert {k: gpt.weight(k).tp for k in want} == want
+    llama = build_model("llama3-8b:layers=1", 1)
+    assert [llama.weight(f"{n}_0").tp for n in ("wq", "wk", "wv", "wo", "w1", "w3", "w2")] == [
+        Shard(1),
+        Shard(1),
+        Shard(1),
+        Shard(0),
+        Shard(1),
+        Shard(1),
+        Shard(0),
+    ]
+    assert llama.weight("wk_0").type.shape == (4096, 1024)  # 8 kv heads of 128
+    mlp = build_model("mlp:layers=4,hidden=8", 2)
+    assert [w.tp for w in mlp.weights] == [Shard(1), Shard(0), Shard(1), Shard(0)]
+
+
+def test_flops_per_sample() -> None:
+    # MLP, exactly from the registry's costs: MatMul 2mnk, Relu 1, MSELoss 3 per element, Scale 1
+    layers, h = 3, 8
+    m = build_model(f"mlp:layers={layers},hidden={h}", 5)
+    assert m.flops_per_sample == layers * (2 * h * h + h) + 3 * h + 1
+    # GPT-2: 2·(matmul weights)·seq + attention's 2·2·seq²·hidden per layer, plus a few % of
+    # elementwise work
+    c = dataclasses.asdict(ZOO["gpt2-117m"].config)
+    big = build_model("gpt2-117m", 2)
+    L, H, S, V = c["layers"], c["hidden"], c["seq"], c["vocab"]
+    matmul = 2 * S * (L * 12 * H * H + H * V) + L * 4 * S * S * H
+    assert 1.0 < big.flops_per_sample / matmul < 1.05
+    # does not depend on the batch the model is built for
+    assert build_model("gpt2-117m", 7).flops_per_sample == big.flops_per_sample
+
+
+def test_dtype_applies_to_floats_only() -> None:
+    m = build_model("gpt:layers=1,hidden=8,heads=2,seq=4,vocab=16", 2, DType.bf16)
+    assert {w.type.dtype for w in m.weights} == {DType.bf16}
+    assert [i.type.dtype for i in m.inputs] == [DType.i64, DType.i64]
+
+
+# -- model strings ----------------------------------------------------------------------------
+def test_parse_family_string() -> None:
+    s = parse_model_string("gpt:layers=24,hidden=2304,heads=24,seq=2048,vocab=51200")
+    assert s.family == "gpt"
+    assert dataclasses.asdict(s.config) == {
+        "layers": 24,
+        "hidden": 2304,
+        "heads": 24,
+        "seq": 2048,
+        "vocab": 51200,
+    }
+    s = parse_model_string(" gpt2-117m:layers=2 ")
+    assert dataclasses.asdict(s.config) == {
+        "layers": 2,
+        "hidden": 768,
+        "heads": 12,
+        "seq": 1024,
+        "vocab": 50257,
+    }
+    assert parse_model_string("llama").config == ZOO["llama2-7b"].config
+    assert parse_model_string("llama3-8b").config == ZOO["llama3-8b"].config
+    m = build_model("mlp:layers=2,hidden=4", 3)
+    assert m.name == "mlp:layers=2,hidden=4" and m.config == {"family": "mlp", "layers": 2, "hidden": 4}
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    layers=st.integers(1, 4),
+    heads=st.integers(1, 4),
+    head_dim=st.integers(1, 8),
+    group=st.integers(1, 3),
+    seq=st.integers(1, 9),
+    vocab=st.integers(2, 50),
+)
+def test_llama_strings_round_trip(
+    layers: int, heads: int, head_dim: int, group: int, seq: int, vocab: int
+) -> None:
+    cfg = {
+        "layers": layers,
+        "hidden": heads * group * head_dim,
+        "heads": heads * group,
+        "kv_heads": heads,
+        "ffn": 3 * head_dim,
+        "vocab": vocab,
+        "seq": seq,
+    }
+    text = "llama:" + ",".join(f"{k}={v}" for k, v in cfg.items())
+    spec = parse_model_string(text)
+    assert dataclasses.asdict(spec.config) == cfg
+    m = build_model(text, 2)
+    assert m.num_params == closed_form_params("llama", cfg)
+
+
+BAD = [
+    ("gtp:layers=2", ["'gtp'", "did you mean gpt", "mlp, gpt, llama, transgan", "gpt2-117m"]),
+    ("gpt2-117:layers=2", ["'gpt2-117'", "did you mean gpt2-117m"]),
+    ("gpt:layer=2", ["'layer'", "did you mean layers", "layers, hidden, heads, seq, vocab"]),
+    ("gpt:layers=two", ["layers='two'", "positive integer"]),
+    ("gpt:layers=0", ["layers='0'", "positive integer"]),
+    ("gpt:layers=-3", ["layers='-3'", "positive integer"]),
+    ("gpt:layers", ["'layers' is not key=value", "layers, hidden"]),
+    ("gpt:layers=2,layers=3", ["'layers' is given twice"]),
+    ("gpt:heads=5", ["heads=5 must divide hidden=768"]),
+    ("llama:kv_heads=5", ["kv_heads=5 must divide heads=32"]),
+    ("transgan:narrow=6", ["heads=4 must divide narrow=6"]),
+]
+
+
+@pytest.mark.parametrize(("text", "fragments"), BAD)
+def test_model_string_errors(text: str, fragments: list[str]) -> None:
+    with pytest.raises(ModelError) as e:
+        build_model(text, 2)
+    for f in fragments:
+        assert f in str(e.value)
+
+
+def test_build_errors() -> None:
+    with pytest.raises(ModelError, match="batch=0; expected a positive integer"):
+        build_model("mlp:layers=1,hidden=2", 0)
+    with pytest.raises(ModelError, match="expected a float DType"):
+        build_model("mlp:layers=1,hidden=2", 2, DType.i32)
+
+
+def test_loss_layer_with_weights_is_rejected() -> None:
+    f = LayerFn("loss")
+    x, y, w = f.param("x"), f.param("y"), f.param("w")
+    loss_fn = f.ret(f("MSELoss", f("MatMul", x, w), y, reduction="sum"))
+    g = LayerFn("dense")
+    a, b = g.param("x"), g.param("w")
+    dense = g.ret(g("MatMul", a, b))
+    inputs = [InputSpec("x", tensor(DType.f32, 2, 4)), InputSpec("y", tensor(DType.f32, 2, 4))]
+    calls = [
+        LayerCall(dense, (weight("w0", DType.f32, (4, 4)),), "h"),
+        LayerCall(loss_fn, ("y", weight("w1", DType.f32, (4, 4))), "loss"),
+    ]
+    with pytest.raises(ModelError, match=r"the loss layer @loss takes weights \['w1'\]"):
+        assemble("bad", {}, inputs, calls)
+    with pytest.raises(ModelError, match="'w0' is declared twice"):
+        assemble("bad", {}, inputs, [calls[0], LayerCall(dense, (weight("w0", DType.f32, (4, 4)),), "h2")])
+
+
+# -- listing ----------------------------------------------------------------------------------
+def test_zoo_table_and_cli() -> None:
+    rows = {r.name: r for r in zoo_table()}
+    assert list(rows) == list(ZOO)
+    assert (rows["mlp-1b"].layers, rows["mlp-1b"].hidden, rows["mlp-1b"].heads) == (16, 8192, None)
+    assert rows["llama2-70b"].params == closed_form_params(
+        "llama", dataclasses.asdict(ZOO["llama2-70b"].config)
+    )
+    r = CliRunner().invoke(app, ["models", "--json"])
+    assert r.exit_code == 0
+    data = json.loads(r.stdout)
+    recs = {m["name"]: m for m in data["models"]}
+    assert set(recs) == set(ZOO)
+    assert recs["mlp-1b"]["params"] == 16 * 8192**2 and recs["mlp-1b"]["params_human"] == "1.07B"
+    assert recs["gpt2-175b"]["params_human"] == "175B" and recs["llama3-8b"]["params_human"] == "8.03B"
+    assert recs["gpt2-117m"]["flops_per_sample"] == build_model("gpt2-117m", 1).flops_per_sample
+    assert math.isclose(recs["transgan-hetero"]["params"], rows["transgan-hetero"].params)
+    r = CliRunner().invoke(app, ["models"], terminal_width=200)
+    assert r.exit_code == 0
+    lines = [ln for ln in r.stdout.splitlines() if "llama2-7b" in ln]
+    assert len(lines) == 1 and "6.74B" in lines[0] and "4096" in lines[0]
