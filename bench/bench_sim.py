@@ -7,8 +7,12 @@
 2. A layered training program: 96 transformer-sized layers in 8 pipeline stages, 128 microbatches,
    forward and backward as calls of per-layer functions (GPipe order, Sends between stages):
    wall time (target < 1 s on this 2-core machine).
+3. The same kind of program as a DTensor program (simulated directly, SPMD): 8 pipeline stages,
+   each on its own mesh (dp=16, tp=8: 1024 devices in all), Megatron-style layer functions with
+   Redistributes inside, called per microbatch, activations moved between stages by MeshSend.
+   ``--spmd-dp 128`` gives meshes of dp=128, tp=8 (8192 devices).
 
-    .venv/bin/python bench/bench_sim.py [--max-ops 1000000]
+    .venv/bin/python bench/bench_sim.py [--max-ops 1000000] [--spmd-dp 16]
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from distir.hardware.cluster import Cluster, parse_cluster
-from distir.ir import Device, DType, FunctionBuilder, Module, TensorType
+from distir.ir import Device, DTensorType, DType, FunctionBuilder, Mesh, Module, TensorType
+from distir.ir.dtensor import parse_placements
 from distir.ops import REGISTRY
+from distir.ops.dist import format_mesh_attr
 from distir.sim.simulate import simulate
 
 
@@ -133,6 +139,95 @@ def layered_program(
     return Module((*fns, fb.ret(*grads[-per_stage * stages :])))
 
 
+def spmd_program(
+    stages: int = 8,
+    dp: int = 16,
+    tp: int = 8,
+    layers: int = 96,
+    micro: int = 128,
+    batch: int = 64,
+    seq: int = 1024,
+    hidden: int = 2048,
+) -> Module:
+    """A D/T/P pipeline as a DTensor program: one (dp, tp) mesh per stage; untyped layer
+    functions (column/row-parallel MLP forward and backward, with the tensor-parallel all-reduces
+    and the data-parallel gradient all-reduce as Redistributes) called on every stage's mesh;
+    MeshSend between stages; GPipe order."""
+    per_stage = layers // stages
+    t = DType.f16
+
+    fb = FunctionBuilder("layer_fwd", REGISTRY.out_arity)
+    w1, w2, x = fb.param("w1"), fb.param("w2"), fb.param("x")
+    (h,) = fb.op("MatMul", x, w1)
+    (a,) = fb.op("Gelu", h)
+    (y,) = fb.op("MatMul", a, w2)
+    (y,) = fb.op("Redistribute", y, to="S(0), R")
+    (y,) = fb.op("Add", y, x)
+    fwd = fb.ret(y, h)
+
+    fb = FunctionBuilder("layer_bwd", REGISTRY.out_arity)
+    w1, w2, x, h, dy = (fb.param(n) for n in ("w1", "w2", "x", "h", "dy"))
+    (w2t,) = fb.op("Transpose", w2)
+    (dh,) = fb.op("MatMul", dy, w2t)
+    (dh,) = fb.op("GeluGrad", dh, h)
+    (w1t,) = fb.op("Transpose", w1)
+    (dx,) = fb.op("MatMul", dh, w1t)
+    (dx,) = fb.op("Redistribute", dx, to="S(0), R")
+    (dx,) = fb.op("Add", dx, dy)
+    (xt,) = fb.op("Transpose", x, perm=[0, 2, 1])
+    (dw1,) = fb.op("MatMul", xt, dh)
+    (dw1,) = fb.op("ReduceSum", dw1, axes=[0], keepdims=0)
+    (dw1,) = fb.op("Redistribute", dw1, to="R, S(1)")
+    bwd = fb.ret(dx, dw1)
+
+    fb = FunctionBuilder("train", REGISTRY.out_arity)
+    n = dp * tp
+    meshes = [
+        Mesh((("dp", dp), ("tp", tp)), tuple(Device(s * n + i) for i in range(n))) for s in range(stages)
+    ]
+
+    def dt(shape: tuple[int, ...], s: int, places: str) -> DTensorType:
+        return DTensorType(t, shape, meshes[s], parse_placements(places))
+
+    wts = [
+        [
+            (
+                fb.param(f"s{s}w1_{i}", dt((hidden, 4 * hidden), s, "R, S(1)")),
+                fb.param(f"s{s}w2_{i}", dt((4 * hidden, hidden), s, "R, S(0)")),
+            )
+            for i in range(per_stage)
+        ]
+        for s in range(stages)
+    ]
+    xs = [fb.param(f"x{m}", dt((batch, seq, hidden), 0, "S(0), R")) for m in range(micro)]
+    saved: dict[tuple[int, int], list[object]] = {}
+    outs = []
+    for m in range(micro):
+        x = xs[m]
+        for s in range(stages):
+            acts: list[object] = []
+            for w1, w2 in wts[s]:
+                acts.append(x)
+                x, h = fb.call(fwd, w1, w2, x)
+                acts.append(h)
+            saved[(m, s)] = acts
+            if s + 1 < stages:
+                (x,) = fb.op("MeshSend", x, mesh=format_mesh_attr(meshes[s + 1]))
+        outs.append(x)
+    grads = []
+    for m in range(micro):
+        dy = outs[m]
+        for s in reversed(range(stages)):
+            acts = saved[(m, s)]
+            for i in reversed(range(per_stage)):
+                w1, w2 = wts[s][i]
+                dy, dw = fb.call(bwd, w1, w2, acts[2 * i], acts[2 * i + 1], dy)  # type: ignore[arg-type]
+                grads.append(dw)
+            if s > 0:
+                (dy,) = fb.op("MeshSend", dy, mesh=format_mesh_attr(meshes[s - 1]))
+    return Module((fwd, bwd, fb.ret(*grads[-per_stage * stages :])))
+
+
 def timing_loop_seconds(m: Module, cluster: Cluster) -> float:
     """Seconds of the simulation loop alone, on an already compiled plan."""
     from distir.sim.cost import RooflineCostModel
@@ -151,6 +246,7 @@ def timing_loop_seconds(m: Module, cluster: Cluster) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--max-ops", type=int, default=1_000_000)
+    ap.add_argument("--spmd-dp", type=int, default=16, help="data-parallel size of each stage's mesh")
     args = ap.parse_args()
     cluster = parse_cluster("dgx-a100:1")
     points = []
@@ -184,6 +280,18 @@ def main() -> None:
         f"layered: 96 layers x 128 microbatches x 8 stages = {r.n_ops:,} ops in {dt:.3f} s "
         f"(step {r.step_time_s:.3f} s, bubble {100 * r.bubble_fraction:.1f}%, "
         f"peak memory {max(r.peak_memory.values()) / 2**30:.1f} GiB)"
+    )
+
+    m = spmd_program(dp=args.spmd_dp)
+    devices = 8 * args.spmd_dp * 8
+    big = parse_cluster(f"dgx-a100:{devices // 8}")
+    t0 = time.perf_counter()
+    r = simulate(m, big, batch=64 * 128)
+    dt = time.perf_counter() - t0
+    print(
+        f"spmd: 8 stages x mesh(dp={args.spmd_dp}, tp=8) = {devices} devices, 96 layers x 128 microbatches, "
+        f"{r.n_ops:,} DTensor ops in {dt:.3f} s (step {r.step_time_s:.3f} s, "
+        f"bubble {100 * r.bubble_fraction:.1f}%, peak memory {max(r.peak_memory.values()) / 2**30:.1f} GiB)"
     )
 
 

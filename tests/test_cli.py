@@ -235,3 +235,47 @@ def test_sharded_programs_lower_and_simulate_through_materialization(tmp_path: P
     assert all(dev["comm_s"] > 0 for dev in d["devices"])  # the AllReduce
     code, out, _ = run("lower", str(sharded), "--rank", "1")
     assert code == 0 and "rank.AllReduce(" in out and "%w1.d1: Tensor[f32, (16, 32), d1]" in out
+
+
+def test_simulate_a_zoo_model_under_a_strategy(tmp_path: Path) -> None:
+    trace = tmp_path / "t.json"
+    tiny = "gpt:layers=2,hidden=64,heads=2,seq=16,vocab=128"
+    code, out, _ = run(
+        "simulate", "--model", tiny, "--strategy", "d2.t2.p2.k4.1f1b", "--batch", "16", "--json",
+        "--trace", str(trace),
+    )  # fmt: skip
+    assert code == 0
+    d = json.loads(out)
+    assert d["strategy"] == "d2.t2.p2.k4.1f1b"
+    assert {"step_time_s", "throughput", "peak_memory_bytes", "oom", "bubble_fraction", "mfu"} <= set(d)
+    assert d["step_time_s"] > 0 and 0 < d["bubble_fraction"] < 1
+    assert len([k for k in d["peak_memory_bytes"]]) >= 8
+    assert json.loads(trace.read_text())["traceEvents"]
+    # inference does less work than training on the same strategy
+    code, out2, _ = run(
+        "simulate", "--model", tiny, "--strategy", "d2.t2.p2.k4.gpipe", "--batch", "16", "--infer", "--json",
+    )  # fmt: skip
+    assert code == 0
+    assert json.loads(out2)["flops"] < d["flops"] / 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "gpt9"], "unknown model 'gpt9'"),
+        (
+            ["--model", "mlp:layers=2,hidden=8", "--strategy", "d2.k3", "--batch", "8"],
+            "does not split into k=3",
+        ),
+        (
+            ["--model", "mlp:layers=2,hidden=8", "--strategy", "d32", "--batch", "32"],
+            "needs 32 GPUs but dgx2-v100 has 16",
+        ),
+        (["--model", "mlp:layers=2,hidden=8", "--strategy", "d2.x9"], "unknown part 'x9'"),
+        ([], "give a program FILE or --model"),
+    ],
+)
+def test_simulate_model_errors(args: list[str], message: str) -> None:
+    code, out, err = run("simulate", *args)
+    assert code == 2
+    assert message in out + err

@@ -169,7 +169,9 @@ def exec_(
 
 @app.command()
 def simulate(
-    file: FileArg,
+    file: Annotated[
+        Path | None, typer.Argument(help="A .distir program file (or use --model and --strategy).")
+    ] = None,
     cluster: Annotated[
         str,
         typer.Option(
@@ -177,6 +179,21 @@ def simulate(
             help="A preset (dgx2-v100, dgx-a100:4, p3.8xlarge:3+g4dn.12xlarge:1) or a .toml file.",
         ),
     ] = "dgx2-v100",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", help="A zoo model (distir models), e.g. gpt2-1.6b or gpt:layers=24,hidden=2048."
+        ),
+    ] = None,
+    strategy: Annotated[
+        str | None,
+        typer.Option("--strategy", help="With --model: e.g. d2.t4.p2.k8.1f1b (default d1.t1.p1.k1)."),
+    ] = None,
+    train: Annotated[
+        bool, typer.Option("--train/--infer", help="With --model: a training step (default) or inference.")
+    ] = True,
+    optimizer: Annotated[str, typer.Option("--optimizer", help="With --model: sgd or adam.")] = "adam",
+    dtype: Annotated[str, typer.Option("--dtype", help="With --model: f32, bf16 or f16.")] = "f32",
     trace: Annotated[
         Path | None, typer.Option("--trace", help="Write a Perfetto/Chrome trace JSON here.")
     ] = None,
@@ -184,13 +201,14 @@ def simulate(
         str | None, typer.Option("--device-map", help="Program devices to GPUs/streams: d0=0,d1=1,d8=0:comm.")
     ] = None,
     batch: Annotated[
-        int | None, typer.Option("--batch", min=1, help="Samples per step, for throughput.")
+        int | None, typer.Option("--batch", min=1, help="Samples per step (with --model: the global batch).")
     ] = None,
     entry: EntryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Predict step time, per-device busy/communication/idle time and peak memory."""
+    """Predict step time, per-device busy/communication/idle time and peak memory — of a program
+    file, or of a zoo model under a strategy (built with distribute(model, strategy))."""
     from distir.hardware.cluster import parse_cluster
     from distir.hardware.specs import HardwareError
     from distir.sim.devices import DeviceMap, DeviceMapError
@@ -199,43 +217,108 @@ def simulate(
     from distir.sim.summary import summary_dict, summary_table
     from distir.sim.trace import write_trace
 
-    s = _Session(file, debug)
-    m = s.explicit(s.load(entry))  # a sharded program is simulated in its materialized form
+    if (file is None) == (model is None):
+        _fail(
+            "give a program FILE or --model (with --strategy), not both"
+            if file
+            else "give a program FILE or --model"
+        )
+    source: str
+    if model is not None:
+        m, dmap0, source, batch = _model_program(model, strategy, batch, train, optimizer, dtype, debug)
+    else:
+        assert file is not None
+        if strategy is not None:
+            _fail("--strategy applies to --model, not to a program file")
+        s = _Session(file, debug)
+        m = s.explicit(s.load(entry))  # a sharded program is simulated in its materialized form
+        dmap0, source = None, str(file)
     try:
         cl = parse_cluster(cluster)
         dmap = (
             DeviceMap.parse(device_map, _program_devices(m, m.entry), cl.num_devices)
             if device_map is not None
-            else None
+            else dmap0
         )
+        if dmap is not None and max(s.gpu for s in dmap.mapping.values()) >= cl.num_devices:
+            raise DeviceMapError(
+                f"the strategy needs {1 + max(s.gpu for s in dmap.mapping.values())} GPUs but {cluster} has "
+                f"{cl.num_devices}"
+            )
     except (HardwareError, DeviceMapError) as e:
         if debug:
             traceback.print_exc()
-        _fail(str(e) if isinstance(e, HardwareError) else f"{file}: {e}")
+        _fail(str(e) if isinstance(e, HardwareError) else f"{source}: {e}")
+    guard = _Session(file, debug).guard if file is not None else _plain_guard(debug)
     try:
-        result = s.guard(lambda: run_sim(m, cl, dmap, trace=trace is not None, batch=batch))
+        result = guard(lambda: run_sim(m, cl, dmap, trace=trace is not None, batch=batch))
     except DeviceMapError as e:
-        _fail(f"{file}: {e}")
+        _fail(f"{source}: {e}")
     if trace is not None:
-        if trace.resolve() == file.resolve():
+        if file is not None and trace.resolve() == file.resolve():
             _fail(f"{trace}: refusing to overwrite the program with its trace")
         write_trace(result, trace)
     summary = summary_dict(result)
     if json_out:
         _emit_json(
             {
-                "file": str(file),
+                "file" if file is not None else "model": source,
+                **({"strategy": strategy or "d1.t1.p1.k1.1f1b"} if model is not None else {}),
                 "cluster": cluster,
                 **summary,
                 "trace": str(trace) if trace is not None else None,
             }
         )
         return
-    out.print(summary_table(result, f"@{m.entry.name} on {cluster}"))
+    out.print(summary_table(result, f"{source} on {cluster}"))
     if summary["oom"]:
         out.print(f"[red]out of memory on {', '.join(summary['oom_devices'])}[/red]")
     if trace is not None:
         out.print(f"trace written to {trace} (open it at https://ui.perfetto.dev)")
+
+
+def _plain_guard(debug: bool) -> Callable[[Callable[[], T]], T]:
+    def guard(thunk: Callable[[], T]) -> T:
+        from distir.interp.loop import InterpretError
+
+        try:
+            return thunk()
+        except (InterpretError, ValueError) as e:
+            if debug:
+                traceback.print_exc()
+            _fail(str(e))
+
+    return guard
+
+
+def _model_program(
+    spec: str, strategy: str | None, batch: int | None, train: bool, optimizer: str, dtype: str, debug: bool
+) -> tuple[Module, Any, str, int]:
+    """Build zoo model ``spec`` and distribute it: (program, device map, label, batch)."""
+    from distir.autodiff.reverse import AutodiffError
+    from distir.autodiff.train import Optimizer
+    from distir.frontends.zoo import build_model
+    from distir.frontends.zoo.model import ModelError
+    from distir.ir.types import DType
+    from distir.parallel.distribute import device_map as strategy_map
+    from distir.parallel.distribute import distribute
+    from distir.parallel.propagate import ShardingError
+    from distir.parallel.strategy import StrategyError, parse_strategy
+
+    try:
+        st = parse_strategy(strategy or "d1.t1.p1.k1.1f1b")
+        try:
+            dt = DType.parse(dtype)
+        except ValueError:
+            raise ModelError(f"--dtype must be f32, bf16 or f16, got {dtype!r}") from None
+        b = batch if batch is not None else 8 * st.d * st.k
+        mod = build_model(spec, batch=b, dtype=dt)
+        prog = distribute(mod, st, Optimizer(optimizer), train=train, comm_streams=True)
+    except (StrategyError, ModelError, AutodiffError, ShardingError) as e:
+        if debug:
+            traceback.print_exc()
+        _fail(str(e))
+    return prog, strategy_map(st, True), f"{mod.name} {st} ({'train' if train else 'infer'})", b
 
 
 @app.command()

@@ -79,9 +79,9 @@ FIG2 = """\
   %a1_0, %res0_0, %res0_0_1 = @c0_fwd(%x_0, %w_0)
   %a1_0_1 = MeshSend(%a1_0, mesh="dp=1, tp=1; d1")
   %a1_1, %res0_1, %res0_1_1 = @c0_fwd(%x_1, %w_0)
-  %a1_1_1 = MeshSend(%a1_1, mesh="dp=1, tp=1; d1")
   %a2_0, %res1_0, %res1_0_1, %res1_0_2 = @c1_fwd(%a1_0_1, %w_1, %y_0)
   %dloss_0 = FillLike(%a2_0, value=1.0)
+  %a1_1_1 = MeshSend(%a1_1, mesh="dp=1, tp=1; d1")
   %d1_0, %d1_0_1 = @c1_bwd(%w_1, %y_0, %res1_0, %res1_0_1, %res1_0_2, %dloss_0)
   %dy0_0 = MeshSend(%d1_0, mesh="dp=1, tp=1; d0")
   %d0_0 = @c0_bwd(%w_0, %res0_0, %res0_0_1, %dy0_0)
@@ -101,8 +101,8 @@ FIG2 = """\
 
 
 def test_two_stage_1f1b_has_the_op_order_of_figure_2() -> None:
-    """The paper's Figure 2: stage 0 forwards both microbatches, then stage 1 runs F/B of microbatch 1,
-    stage 0 its backward while stage 1 moves on to microbatch 2 — Sends right after their producers."""
+    """The paper's Figure 2, line for line: F0(1) Send F0(2) F1(1) Send(2) B1(1) Send B0(1) F1(2) B1(2) Send
+    B0(2), then the weight update (here with our seed, FillLike, where Figure 2 calls @lossGrad)."""
     model = build_model("mlp:layers=2,hidden=512", batch=256)
     prog = distribute(model, parse_strategy("d1.t1.p2.k2.1f1b.L1-2"))
     verify(prog)

@@ -93,6 +93,7 @@ class Mesh:
 
     axes: tuple[tuple[str, int], ...]
     devices: tuple[Device, ...]
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.axes, tuple) or not self.axes:
@@ -113,6 +114,14 @@ class Mesh:
             raise IRTypeError(
                 f"mesh of shape {self.shape} needs {math.prod(self.shape)} devices, got {len(self.devices)}"
             )
+        # meshes key every DTensor type; a 1024-device mesh would rehash 1024 devices each time
+        object.__setattr__(self, "_hash", hash((self.axes, tuple(d.id for d in self.devices))))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[Mesh], tuple[object, ...]]:
+        return (Mesh, (self.axes, self.devices))
 
     @property
     def shape(self) -> tuple[int, ...]:

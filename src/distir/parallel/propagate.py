@@ -129,8 +129,8 @@ def propagate(
         if name not in by_name:
             raise ShardingError(f"annotation names %{name}, which the program does not define")
     positional: dict[Value, str | Sequence[Placement]] = {}
-    for where, seq, given in (("parameter", fn.params, params), ("result", fn.outputs, results)):
-        for i, a in (given or {}).items():
+    for where, seq, by_pos in (("parameter", fn.params, params), ("result", fn.outputs, results)):
+        for i, a in (by_pos or {}).items():
             if not 0 <= i < len(seq):
                 raise ShardingError(f"@{fn.name} has no {where} {i}")
             positional[seq[i]] = a

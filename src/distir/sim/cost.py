@@ -12,11 +12,15 @@
 
 Every constant comes from the hardware description; a calibration profile (a later issue) can
 override them by constructing the model with other efficiencies or another cluster.
+
+A model may also say which GPUs cost compute alike (``gpu_class``: equal classes give equal
+``compute_time``); the simulator of DTensor programs uses it to cost an op once per class of
+GPUs instead of once per GPU. A model without it is asked about every GPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -56,6 +60,13 @@ class CostModel(Protocol):
     def comm_time(self, cost: CommCost, gpus: Sequence[int]) -> float: ...
 
 
+def gpu_class(model: CostModel, gpu: int) -> Hashable:
+    """The model's class of ``gpu`` (GPUs of one class have equal compute costs), or the GPU
+    itself for a model that does not group GPUs."""
+    fn = getattr(model, "gpu_class", None)
+    return fn(gpu) if fn is not None else ("gpu", gpu)
+
+
 def op_dtype(ins: Sequence[Type], outs: Sequence[Type]) -> DType:
     """The dtype that decides an op's peak: its first tensor input's, else its first result's."""
     for t in (*ins, *outs):
@@ -87,6 +98,10 @@ class RooflineCostModel:
         t_mem = nbytes / (spec.memory_bandwidth * self.memory_efficiency)
         return spec.launch_overhead_s + max(t_flops, t_mem)
 
+    def gpu_class(self, gpu: int) -> Hashable:
+        """GPUs of one device kind (``Cluster.kind_of``) compute alike."""
+        return self.cluster.kind_of(gpu)
+
     def comm_time(self, cost: CommCost, gpus: Sequence[int]) -> float:
         if cost.pattern is CommPattern.P2P:
             return coll.send_time(self.cluster, cost.nbytes, gpus[0], gpus[-1])
@@ -114,6 +129,10 @@ class FixedCostModel:
         if opdef.flops(ins, outs, attrs) == 0 and opdef.bytes_written(ins, outs, attrs) == 0:
             return 0.0
         return self.by_op.get(opdef.name, self.compute)
+
+    def gpu_class(self, gpu: int) -> Hashable:
+        """Every GPU computes alike."""
+        return 0
 
     def comm_time(self, cost: CommCost, gpus: Sequence[int]) -> float:
         if self.free_local and len(set(gpus)) == 1:

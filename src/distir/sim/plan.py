@@ -16,12 +16,19 @@ stages and microbatch steps cost what their call sites cost.
 **Memory.** A value is live from the op that creates it to its last use in the function (results
 of the function stay live). View ops (those that write no bytes: Reshape, Unsqueeze, tuples)
 alias their inputs instead of allocating. Parameters belong to the caller.
+
+**DTensor programs** are planned directly (``distir.sim.spmd``): an op on distributed tensors
+runs on all devices of its mesh. The plan's "slots" are then *units* of devices that always move
+together and its "GPUs" memory figures of GPUs that hold alike (``distir.sim.units``);
+``PlanDomain.units`` says which real slots and GPUs they stand for.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from distir.interp.loop import interpret
@@ -29,11 +36,13 @@ from distir.interp.shapes import Concrete, Mixed, TypeDomain, check_arguments, c
 from distir.ir.dtensor import DTensorType
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
-from distir.ir.types import TupleType, Type
+from distir.ir.types import Device, TupleType, Type
 from distir.ir.values import Value
 from distir.ops.registry import REGISTRY, OpKind, OpTypeError
+from distir.sim import spmd
 from distir.sim.cost import CostModel
 from distir.sim.devices import DeviceMap
+from distir.sim.units import Units, has_dtensor, leaves
 
 NEG_INF = float("-inf")
 
@@ -79,10 +88,17 @@ class CallSummary:
         for g, (mine, gone) in by_gpu.items():
             prof = self.profile.get(g)
             if prof:
-                total = sum(b for _, b in mine)
+                # sorted last uses with prefix sums: bytes still live / already gone at each point
+                mine.sort()
+                gone.sort()
+                m_last = [x for x, _ in mine]
+                g_last = [x for x, _ in gone]
+                m_pre = list(accumulate((b for _, b in mine), initial=0.0))
+                g_pre = list(accumulate((b for _, b in gone), initial=0.0))
+                total = m_pre[-1]
                 out[g] = (
                     max(
-                        val + sum(b for last, b in mine if last >= i) - sum(b for last, b in gone if last < i)
+                        val + (total - m_pre[bisect_left(m_last, i)]) - g_pre[bisect_left(g_last, i)]
                         for i, val in prof
                     )
                     - total
@@ -90,7 +106,7 @@ class CallSummary:
         return tuple(out.items())
 
 
-# per-op record: (devs, cost, is_comm, name, flops, view, bytes per GPU of each result)
+# per-op record: (devs, cost, is_comm, name, flops, view, bytes per GPU of each result, ...)
 OpRecord = tuple[
     tuple[int, ...],  # 0 slots
     float,  # 1 seconds
@@ -101,6 +117,9 @@ OpRecord = tuple[
     tuple[list[tuple[int, float]], ...],  # 6 bytes per GPU of each result
     tuple[tuple[int, float], ...],  # 7 all allocations (empty for a view)
     tuple[tuple[int, float], ...],  # 8 the same summed per GPU: the op's peak bump
+    # 9 the peak bump when the op's first input dies at it (a multi-step Redistribute frees its
+    # source after the first step), or None: the same as 8
+    tuple[tuple[int, float], ...] | None,
 ]
 # per-instruction memory: (peak bumps, allocations, frees), each a tuple of (gpu, bytes)
 MemEvents = tuple[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]]
@@ -131,12 +150,21 @@ class PlanDomain(TypeDomain):
         self.module = module
         self.dmap = dmap
         self.cost = cost
-        self.slot_index = {s: i for i, s in enumerate(dmap.slots)}
-        self.dev_slot = {d: self.slot_index[s] for d, s in dmap.mapping.items()}
-        self.slot_gpu = [s.gpu for s in dmap.slots]
+        # clocks and memory figures: slots and GPUs, or units of a DTensor program
+        self.units = Units(dmap, cost)
         self._memo: dict[tuple[Any, ...], tuple[tuple[Type, ...], OpRecord]] = {}
         self._frames: list[list[OpRecord | CallSummary]] = []
         self._summaries: dict[tuple[str, tuple[Type, ...]], tuple[CallSummary, tuple[Mixed, ...]]] = {}
+
+    @property
+    def dev_slot(self) -> dict[Device, int]:
+        """Program device -> the plan's clock (a slot, or a unit of a DTensor program)."""
+        return self.units.dev_slot
+
+    @property
+    def slot_gpu(self) -> list[int]:
+        """The plan's clock -> its memory figure (a GPU, or the unit itself)."""
+        return self.units.slot_gpu
 
     # -- ops -------------------------------------------------------------------------------------
     def op(self, op: Op, args: Sequence[Mixed]) -> Sequence[Mixed]:
@@ -168,7 +196,8 @@ class PlanDomain(TypeDomain):
                     out.extend(self._slots_of([e]))
                     continue
                 if isinstance(e, DTensorType):
-                    raise OpTypeError("DTensor values must be materialized into per-device tensors first")
+                    out.extend(u for u, *_ in self.units.mesh_units(e.mesh))
+                    continue
                 try:
                     out.append(self.dev_slot[e.device])
                 except KeyError:
@@ -177,28 +206,30 @@ class PlanDomain(TypeDomain):
 
     def _record(self, op: Op, ins: Sequence[Type], outs: Sequence[Type]) -> OpRecord:
         d = REGISTRY[op.name]
-        devs = tuple(sorted(set(self._slots_of([*ins, *outs]))))
         if d.kind is OpKind.RANK_COMM:
             raise OpTypeError(f"{op.name} belongs in a per-rank program; simulate the global program")
+        if any(has_dtensor(t) for t in (*ins, *outs)):
+            return spmd.record(self.units, op, d, ins, outs)
+        devs = tuple(sorted(set(self._slots_of([*ins, *outs]))))
         if d.kind is OpKind.COMM:
             assert d.comm_cost is not None
             desc = d.comm_cost(ins, outs, op.attrs)
-            gpus = [self.slot_gpu[self.dev_slot[x]] for x in desc.devices]
+            gpus = [self.units.dev_gpu[x] for x in desc.devices]
             seconds = float(self.cost.comm_time(desc, gpus))
-            return (devs, seconds, True, op.name, 0.0, False, *self._sizes(outs, False))
-        gpu = self.slot_gpu[devs[0]] if devs else 0
+            return (devs, seconds, True, op.name, 0.0, False, *self.units.sizes(outs, False), None)
+        gpu = self._first_gpu(ins, outs, op) if devs else 0
         seconds = float(self.cost.compute_time(d, ins, outs, op.attrs, gpu)) if devs else 0.0
         view = bool(ins) and d.bytes_written(ins, outs, op.attrs) == 0
-        return (devs, seconds, False, op.name, d.flops(ins, outs, op.attrs), view, *self._sizes(outs, view))
+        flops = d.flops(ins, outs, op.attrs)
+        return (devs, seconds, False, op.name, flops, view, *self.units.sizes(outs, view), None)
 
-    def _sizes(
-        self, outs: Sequence[Type], view: bool
-    ) -> tuple[
-        tuple[list[tuple[int, float]], ...], tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]
-    ]:
-        per = tuple(_bytes_by_gpu(t, self.dev_slot, self.slot_gpu) for t in outs)
-        allocs = () if view else tuple(x for p in per for x in p)
-        return per, allocs, _per_gpu(allocs)
+    def _first_gpu(self, ins: Sequence[Type], outs: Sequence[Type], op: Op) -> int:
+        """The real GPU a local op runs on (its first value's device)."""
+        for t in (*ins, *outs):
+            for e in leaves(t):
+                return self.units.dev_gpu[e.device]
+        a = op.attrs.get("device")
+        return self.units.dev_gpu[a] if isinstance(a, Device) else 0
 
     # -- calls -----------------------------------------------------------------------------------
     def call(self, module: Module, call: Call, callee: Function, args: Sequence[Mixed]) -> Sequence[Mixed]:
@@ -217,6 +248,8 @@ class PlanDomain(TypeDomain):
         return hit[1]
 
     def plan(self, fn: Function, args: Sequence[Mixed]) -> FnPlan:
+        if not self.units.prepared and not self._frames:
+            self.units.prepare(self.module, fn, args)
         self._frames.append([])
         try:
             try:
@@ -261,24 +294,6 @@ class PlanDomain(TypeDomain):
             for v, o in zip(instr.outputs, outs, strict=True):
                 env[v] = o
         return tuple(env[v] for v in fn.outputs), env
-
-
-def _bytes_by_gpu(t: Type, dev_slot: dict[Any, int], slot_gpu: list[int]) -> list[tuple[int, float]]:
-    if isinstance(t, TupleType):
-        return [x for e in t.elements for x in _bytes_by_gpu(e, dev_slot, slot_gpu)]
-    if isinstance(t, DTensorType):
-        raise OpTypeError("DTensor values must be materialized into per-device tensors first")
-    return [(slot_gpu[dev_slot[t.device]], float(t.nbytes))]
-
-
-def _per_gpu(pairs: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
-    """(gpu, bytes) pairs summed per GPU: all results of one op are live together."""
-    if len(pairs) <= 1:
-        return tuple(pairs)
-    acc: dict[int, float] = {}
-    for g, b in pairs:
-        acc[g] = acc.get(g, 0.0) + b
-    return tuple(acc.items())
 
 
 def build_plan(
@@ -384,7 +399,12 @@ def build_plan(
     for i, rec in enumerate(records):
         freed = frees.get(i)
         if type(rec) is tuple and (rec[7] or freed):
-            mem[i] = (rec[8], rec[7], tuple(freed) if freed else ())
+            bump = rec[8]
+            if rec[9] is not None:  # a bump that depends on whether the first input dies here
+                rs = get_roots(fn.body[i].inputs[0]) or (fn.body[i].inputs[0],)
+                if len(rs) == 1 and rs[0] in owned and last[rs[0]] == i:
+                    bump = rec[9]
+            mem[i] = (bump, rec[7], tuple(freed) if freed else ())
     if calls:
         dying_at: dict[int, list[Value]] = {}
         for r, end in last.items():
@@ -397,13 +417,21 @@ def build_plan(
             dying: list[tuple[int, int, float]] = []
             dead: list[tuple[int, int, float]] = []
             made = {buf: k for k, buf in call_roots.get(i, {}).items()}
-            for r in dying_at.get(i, ()):
+            dies = dying_at.get(i, ())
+            last_use: dict[Value, int] = {}
+            if dies:  # one pass over the arguments: the last use inside of each root passed in
+                for j, v in enumerate(instr.inputs):
+                    pl = c.param_last[j]
+                    for r in get_roots(v) or (v,):
+                        if last_use.get(r, -(1 << 62)) < pl:
+                            last_use[r] = pl
+            for r in dies:
                 if r in made:  # a result nobody uses: gone after its last use inside
                     dead.extend((c.fresh[made[r]][1], g, b) for g, b in owned[r])
                     continue
-                uses = [c.param_last[j] for j, v in enumerate(instr.inputs) if r in (get_roots(v) or (v,))]
-                if uses and max(uses) >= 0:
-                    dying.extend((max(uses), g, b) for g, b in owned[r])
+                u = last_use.get(r)
+                if u is not None and u >= 0:
+                    dying.extend((u, g, b) for g, b in owned[r])
             pk = c.extra_with_dying(dying, dead)
             al = tuple(call_allocs.get(i, ()))
             fr = tuple(frees.get(i, ()))

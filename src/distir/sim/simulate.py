@@ -7,10 +7,15 @@ calls summarized once) and this module's loop runs it with one clock per slot.
 
 Memory per GPU starts with the entry's parameters (weights, optimizer state, inputs) and follows
 the plan's allocations and frees; the peak is compared with each GPU's capacity.
+
+A DTensor program is simulated directly (``distir.sim.spmd``): an op on distributed tensors
+runs on every device of its mesh at once. Its plan runs over units of devices
+(``distir.sim.units``), which this module expands back into slots and GPUs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,10 +24,11 @@ from typing import Any
 from distir.hardware.cluster import Cluster
 from distir.interp.shapes import entry_args
 from distir.ir.function import Function, Module
-from distir.ir.types import Device, devices_of
+from distir.ir.types import Device, IRTypeError, devices_of
+from distir.ops.dist import parse_mesh_attr
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
-from distir.sim.plan import CallSummary, FnPlan, PlanDomain, _bytes_by_gpu
+from distir.sim.plan import CallSummary, FnPlan, PlanDomain
 
 # one traced slice: (name, start s, end s, slot index, is communication)
 TraceSlice = tuple[str, float, float, int, bool]
@@ -125,6 +131,10 @@ def _program_devices(module: Module, fn: Function) -> set[Device]:
             if id(attrs) in seen:
                 continue
             seen.add(id(attrs))
+            if getattr(op, "name", None) == "MeshSend" and isinstance(attrs.get("mesh"), str):
+                with contextlib.suppress(IRTypeError):  # the type rule reports a bad attribute
+                    devs.update(parse_mesh_attr(attrs["mesh"]).devices)
+
             stack: list[object] = list(attrs.values())
             while stack:
                 x = stack.pop()
@@ -150,8 +160,8 @@ def _callees(module: Module, fn: Function) -> list[str]:
 def _run(
     plan: FnPlan, domain: PlanDomain, cluster: Cluster, dmap: DeviceMap, trace: bool, batch: int | None
 ) -> SimResult:
-    n_slots = len(dmap.slots)
     slot_gpu = domain.slot_gpu
+    n_slots = len(slot_gpu)
     gpus = sorted(set(slot_gpu))
     clock = [0.0] * n_slots
     busy = [0.0] * n_slots
@@ -159,7 +169,7 @@ def _run(
     live = {g: 0.0 for g in gpus}
     for p in plan.fn.params:
         assert p.type is not None
-        for g, b in _bytes_by_gpu(p.type, domain.dev_slot, slot_gpu):
+        for g, b in domain.units.bytes_by_gpu(p.type):
             live[g] += b
     params = dict(live)
     peak = dict(live)
@@ -223,9 +233,24 @@ def _run(
             if timeline is not None:
                 for g in {g for g, _ in (*pk, *al, *fr)}:
                     timeline[g].append((e, live[g]))
-    slot_devices = tuple(
-        tuple(sorted(d for d, s in dmap.mapping.items() if s == slot)) for slot in dmap.slots
-    )
+    units = domain.units.units
+    if units is not None:  # units of a DTensor program: back to slots, memory figures to GPUs
+        unit_of = [0] * len(dmap.slots)
+        for u, members in enumerate(units):
+            for j in members:
+                unit_of[j] = u
+        clock, busy, commt = ([xs[u] for u in unit_of] for xs in (clock, busy, commt))
+        figure = domain.units.gpu_figure
+        peak, params = ({g: xs[f] for g, f in figure.items()} for xs in (peak, params))
+        if slices is not None:
+            slices = [(nm, t0, t1, j, cm) for nm, t0, t1, u, cm in slices for j in units[u]]
+        if timeline is not None:
+            timeline = {g: list(timeline[f]) for g, f in figure.items()}
+        gpus = sorted(figure)
+    on_slot: dict[Slot, list[Device]] = {slot: [] for slot in dmap.slots}
+    for dev, slot in dmap.mapping.items():
+        on_slot[slot].append(dev)
+    slot_devices = tuple(tuple(sorted(on_slot[slot])) for slot in dmap.slots)
     n_ops = sum(c.n_ops if isinstance(c, CallSummary) else 1 for c in plan.costs)
     dtype_peak = _peak_flops(plan, cluster, gpus)
     return SimResult(
@@ -248,11 +273,12 @@ def _run(
 
 
 def _peak_flops(plan: FnPlan, cluster: Cluster, gpus: list[int]) -> float:
+    from distir.ir.dtensor import DTensorType
     from distir.ir.types import DType, TensorType
 
     dtype = DType.f32
     for p in plan.fn.params:
-        if isinstance(p.type, TensorType) and p.type.dtype.is_float:
+        if isinstance(p.type, TensorType | DTensorType) and p.type.dtype.is_float:
             dtype = p.type.dtype
             break
     return sum(cluster.device_spec(g).peak_flops(dtype) for g in gpus)

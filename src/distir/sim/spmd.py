@@ -1,0 +1,233 @@
+"""Simulating DTensor programs directly (SPMD), without materializing them.
+
+DistIR semantics for a distributed tensor: an op on DTensors runs synchronously on every device
+of its mesh, each device working on its own piece (``distir.parallel.materialize``'s
+``local_type``). So:
+
+- a local op occupies all devices of its mesh for the *slowest* device's compute time on its
+  local shard types (costed once per distinct local types and GPU class); FLOPs add up over the
+  devices' shards;
+- ``Redistribute`` runs ``redistribute_steps`` (the per-axis moves materialization lowers to),
+  one after another; a step costs its slowest device group's collective (AllReduce, AllGather,
+  ReduceScatter or AllToAll, message sizes of the local pieces as the comm ops of
+  ``distir.ops.comm`` define them); Replicate→Shard is a local Slice, costed as compute;
+- ``MeshSend`` occupies both meshes for the slowest pair's point-to-point send;
+- memory: every device holds its own piece of every DTensor value.
+
+With even shards this gives exactly the step time and per-device peak memory of simulating the
+materialized program. With uneven shards the step time is an upper bound: a materialized device
+with a smaller piece goes on to its next op early, while here every device waits for the largest
+piece; memory stays exact. Known differences from the materialized simulation:
+
+- a constant of the logical program (a plain value) is made on its one device here, on every
+  device of its users' meshes once materialized (small; it may add a unit for its device);
+- a multi-step Redistribute frees a dying source after its first step (as the lowering does)
+  only when the source is owned by the function; a dying *parameter* of a called function is
+  held until the op ends (an upper bound);
+- where the materialized program writes an empty piece (a Slice of zero rows), its simulator
+  counts that op as a view, which keeps the input alive longer there;
+- a ``MeshSend`` between overlapping meshes costs its slowest pair, while the lowering's Sends
+  through a device in both meshes follow one another.
+
+**Units.** A 1024-device program must not cost 1024 clocks per op. Before planning, a pass over
+the program's types splits the devices into *units*: devices that every op touches together and
+that hold equally shaped pieces of every value, on GPUs of one class (see ``device_units``). The
+plan and its call summaries run over units, so a mesh of even shards is one clock and one memory
+figure; the simulator expands units back into devices at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from distir.ir.dtensor import DTensorType, Mesh, Partial, Replicate, Shard, split_sizes
+from distir.ir.ops import Op
+from distir.ir.types import ScalarType, TensorType, Type
+from distir.ir.values import Attrs
+from distir.ops.registry import REGISTRY, CommPattern, OpDef, OpKind, OpTypeError
+from distir.sim.units import Units, local_piece, mesh_info, piece_bytes, step_types
+
+if TYPE_CHECKING:
+    from distir.sim.plan import OpRecord
+
+_SLICE = REGISTRY["Slice"]
+
+
+# -- op records -------------------------------------------------------------------------------------
+def record(dom: Units, op: Op, d: OpDef, ins: Sequence[Type], outs: Sequence[Type]) -> OpRecord:
+    """The plan record of an op on DTensors (see the module docstring)."""
+    if op.name == "Redistribute":
+        return redistribute_record(dom, op, ins, outs)
+    if op.name == "MeshSend":
+        return mesh_send_record(dom, op, ins, outs)
+    if d.kind is not OpKind.LOCAL:
+        raise OpTypeError(
+            f"{op.name} on distributed tensors: only local ops, Redistribute and MeshSend can be "
+            "simulated on DTensors"
+        )
+    return local_record(dom, op, d, ins, outs)
+
+
+def _mesh_of(op: Op, types: Iterable[Type]) -> Mesh:
+    mesh: Mesh | None = None
+    for t in types:
+        if isinstance(t, DTensorType) and t.mesh is not mesh:
+            if mesh is not None and t.mesh != mesh:
+                raise OpTypeError(f"{op.name} mixes tensors of different meshes", None, mesh, t.mesh)
+            mesh = t.mesh
+    assert mesh is not None
+    return mesh
+
+
+def local_record(dom: Units, op: Op, d: OpDef, ins: Sequence[Type], outs: Sequence[Type]) -> OpRecord:
+    """A local op on DTensors: all of its mesh, for the slowest device's local compute."""
+    mesh = _mesh_of(op, (*ins, *outs))
+    x = ins[0] if ins else None
+    if (
+        d.family == "conv"
+        and isinstance(x, DTensorType)
+        and any(isinstance(p, Shard) and p.dim >= 2 for p in x.placements)
+    ):
+        raise OpTypeError(
+            f"{op.name} with its input sharded along a spatial dim exchanges halo rows; the SPMD "
+            "simulation does not model that: simulate the materialized program",
+            0,
+            "no spatial dim sharded",
+            x,
+        )
+    seconds = 0.0
+    flops = 0.0
+    cache = dom.local_costs
+    for _unit, rep, pos, count in dom.mesh_units(mesh):
+        lins = [local_piece(t, rep, pos) for t in ins]
+        louts = [local_piece(t, rep, pos) for t in outs]
+        key = (
+            op.name,
+            op.attrs,
+            *map(_shape_key, lins),
+            None,
+            *map(_shape_key, louts),
+            dom.gpu_class_of(rep),
+        )
+        got = cache.get(key)
+        if got is None:
+            gpu = dom.dev_gpu[rep]
+            got = cache[key] = (
+                float(dom.cost.compute_time(d, lins, louts, op.attrs, gpu)),
+                float(d.flops(lins, louts, op.attrs)),
+            )
+        seconds = max(seconds, got[0])
+        flops += got[1] * count
+    view = bool(ins) and d.bytes_written(ins, outs, op.attrs) == 0
+    devs = tuple(sorted(u for u, *_ in dom.mesh_units(mesh)))
+    return (devs, seconds, False, op.name, flops, view, *dom.sizes(outs, view), None)
+
+
+def _shape_key(t: Type) -> Any:
+    if isinstance(t, TensorType):
+        return (t.dtype, t.shape)
+    if isinstance(t, ScalarType):
+        return (t.dtype,)
+    return t
+
+
+_PATTERN = {
+    (Partial, Replicate): CommPattern.ALLREDUCE,
+    (Shard, Replicate): CommPattern.ALLGATHER,
+    (Partial, Shard): CommPattern.REDUCESCATTER,
+    (Shard, Shard): CommPattern.ALLTOALL,
+}
+
+
+def redistribute_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[Type]) -> OpRecord:
+    """``Redistribute``: its steps one after another, each as long as its slowest group (a
+    collective per group of devices along the step's axis; Replicate→Shard a local Slice)."""
+    src, dst = ins[0], outs[0]
+    assert isinstance(src, DTensorType) and isinstance(dst, DTensorType)
+    mesh = src.mesh
+    units = dom.mesh_units(mesh)
+    devs = tuple(sorted(u for u, *_ in units))
+    steps = step_types(src, dst)
+    if not steps:  # nothing moves: the result is the input (a view)
+        return (devs, 0.0, False, op.name, 0.0, True, *dom.sizes(outs, True), None)
+    for t in (src, *(after for *_, after in steps)):
+        dims = [p.dim for p in t.placements if isinstance(p, Shard)]
+        if len(dims) != len(set(dims)):  # as materialization: no lowering through such a layout
+            raise OpTypeError(
+                f"Redistribute through {t}: two mesh axes shard the same dim; not supported yet", 0
+            )
+    info = mesh_info(mesh)
+    seconds = 0.0
+    communicates = False
+    sizes: list[dict[int, float]] = []  # bytes per unit of each step's result
+    for ax, a, before, after in steps:
+        b = after.placements[ax]
+        if isinstance(a, Replicate):  # R -> S: every device slices its own rows
+            assert isinstance(b, Shard)
+            step = 0.0
+            for _unit, rep, pos, _count in units:
+                lin, lout = local_piece(before, rep, pos), local_piece(after, rep, pos)
+                assert isinstance(lout, TensorType)
+                key = ("Slice", _shape_key(lin), _shape_key(lout), dom.gpu_class_of(rep))
+                got = dom.local_costs.get(key)
+                if got is None:
+                    attrs = _slice_attrs(after, b.dim, pos, lout.shape[b.dim])
+                    gpu = dom.dev_gpu[rep]
+                    got = dom.local_costs[key] = (
+                        float(dom.cost.compute_time(_SLICE, [lin], [lout], attrs, gpu)),
+                        0.0,
+                    )
+                step = max(step, got[0])
+        else:
+            communicates = True
+            pattern = _PATTERN[(type(a), type(b))]
+            # message sizes as the comm ops define them: the gathered result for AllGather, the
+            # first participant's input otherwise
+            sized = after if pattern is CommPattern.ALLGATHER else before
+            step = 0.0
+            for g in info.groups(ax):
+                group = tuple(mesh.devices[i] for i in g)
+                step = max(step, dom.comm_seconds(pattern, piece_bytes(sized, g[0]), group))
+        seconds += step
+        sizes.append({u: piece_bytes(after, pos) for u, _rep, pos, _c in units})
+    per, allocs, bump = dom.sizes(outs, False)
+    dying: tuple[tuple[int, float], ...] | None = None
+    if len(sizes) > 1:  # intermediate layouts: step j holds step j-1's result and its own
+        src_b = {u: piece_bytes(src, pos) for u, _rep, pos, _c in units}
+        held = {u: max(sizes[j - 1][u] + sizes[j][u] for j in range(1, len(sizes))) for u in sizes[0]}
+        gpu_of = dom.slot_gpu
+        bump = _summed((gpu_of[u], max(sizes[0][u], held[u])) for u in sizes[0])
+        # when the source dies here, it is freed after the first step (as in the lowering)
+        dying = _summed((gpu_of[u], max(sizes[0][u], held[u] - src_b[u])) for u in sizes[0])
+    return (devs, seconds, communicates, op.name, 0.0, False, per, allocs, bump, dying)
+
+
+def _slice_attrs(t: DTensorType, dim: int, position: int, size: int) -> Attrs:
+    coords = mesh_info(t.mesh).coords[position]
+    start = 0
+    for ax, p in enumerate(t.placements):
+        if p == Shard(dim):
+            start = sum(split_sizes(t.shape[dim], t.mesh.shape[ax])[: coords[ax]])
+    return Attrs({"starts": [start], "ends": [start + size], "axes": [dim]})
+
+
+def _summed(pairs: Iterable[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    acc: dict[int, float] = {}
+    for g, b in pairs:
+        acc[g] = acc.get(g, 0.0) + b
+    return tuple(acc.items())
+
+
+def mesh_send_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[Type]) -> OpRecord:
+    """``MeshSend``: both meshes, for the slowest (source device, destination device) send."""
+    src, dst = ins[0], outs[0]
+    assert isinstance(src, DTensorType) and isinstance(dst, DTensorType)
+    seconds = 0.0
+    for i, (a, b) in enumerate(zip(src.mesh.devices, dst.mesh.devices, strict=True)):
+        seconds = max(seconds, dom.comm_seconds(CommPattern.P2P, piece_bytes(src, i), (a, b)))
+    devs = tuple(sorted({u for m in (src.mesh, dst.mesh) for u, *_ in dom.mesh_units(m)}))
+    return (devs, seconds, True, op.name, 0.0, False, *dom.sizes(outs, False), None)
+
+
+__all__ = ["local_record", "mesh_send_record", "record", "redistribute_record"]

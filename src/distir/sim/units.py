@@ -1,0 +1,366 @@
+"""Devices as the simulator's clocks and memory figures: slots, or *units* of a DTensor program.
+
+A plan runs one clock per "slot" and keeps memory per "GPU". For plain programs those are the
+device map's slots (streams of GPUs) and GPUs. A DTensor program on a 1024-device mesh must not
+cost 1024 clocks per op, so before planning ``Units.prepare`` groups devices into *units*:
+devices that every op touches together, that hold equally shaped pieces of every value, on the
+same stream of GPUs that cost alike (``device_units``); and GPUs into *memory figures*: GPUs whose
+streams fall into the same units. Plans and call summaries then run over units and figures — a
+mesh of even shards is one clock and one memory figure — and the simulator expands them back
+into slots and GPUs at the end.
+
+The helpers here also lay out DTensor pieces quickly: ``mesh_info`` (coordinates and axis groups
+without ``Mesh.coords``'s per-device search), ``piece_bytes``, ``local_piece``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+from distir.interp.loop import interpret
+from distir.interp.shapes import Mixed, TypeDomain, type_of
+from distir.ir.dtensor import DTensorType, Mesh, Placement, Shard
+from distir.ir.function import Function, Module
+from distir.ir.ops import Op
+from distir.ir.types import _ITEMSIZE, Device, ScalarType, TensorType, TupleType, Type
+from distir.ops.registry import CommCost, CommPattern, OpTypeError
+from distir.parallel.materialize import local_shape_at, redistribute_steps
+from distir.sim.cost import CostModel, gpu_class
+from distir.sim.devices import DeviceMap
+
+# per result its bytes per GPU; all allocations; their sum per GPU
+Pairs = tuple[tuple[int, float], ...]
+Sizes = tuple[tuple[list[tuple[int, float]], ...], Pairs, Pairs]
+
+
+class MeshInfo:
+    """Per mesh: each device's coordinates (row-major, by position) and the device groups along
+    each axis (as ``Mesh.groups``, without its per-device index search)."""
+
+    __slots__ = ("_groups", "coords", "mesh")
+
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+        self.coords: list[tuple[int, ...]] = list(itertools.product(*(range(n) for n in mesh.shape)))
+        self._groups: dict[int, list[tuple[int, ...]]] = {}
+
+    def groups(self, axis: int) -> list[tuple[int, ...]]:
+        """Positions (indices into ``mesh.devices``) of each group along ``axis``."""
+        got = self._groups.get(axis)
+        if got is None:
+            by_rest: dict[tuple[int, ...], list[int]] = {}
+            for i, c in enumerate(self.coords):
+                by_rest.setdefault(c[:axis] + c[axis + 1 :], []).append(i)
+            got = self._groups[axis] = [tuple(g) for g in by_rest.values()]
+        return got
+
+
+# by id: hashing a Mesh hashes every device (slow for 1024 of them); the entry keeps it alive
+_MESHES: dict[int, MeshInfo] = {}
+
+
+def mesh_info(mesh: Mesh) -> MeshInfo:
+    info = _MESHES.get(id(mesh))
+    if info is None or info.mesh is not mesh:
+        if len(_MESHES) > 256:
+            _MESHES.clear()
+        info = _MESHES[id(mesh)] = MeshInfo(mesh)
+    return info
+
+
+def uniform_shape(t: DTensorType) -> tuple[int, ...] | None:
+    """The one local shape of ``t`` when every device's piece has it (even shards), else None."""
+    shape = list(t.shape)
+    for ax, p in enumerate(t.placements):
+        if isinstance(p, Shard):
+            n = t.mesh.shape[ax]
+            if shape[p.dim] % n:
+                return None
+            shape[p.dim] //= n
+    return tuple(shape)
+
+
+def shape_groups(t: DTensorType) -> list[list[int]]:
+    """Positions of ``t``'s mesh devices grouped by the shape of their piece."""
+    n = len(t.mesh.devices)
+    if uniform_shape(t) is not None:
+        return [list(range(n))]
+    info = mesh_info(t.mesh)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, c in enumerate(info.coords):
+        groups.setdefault(local_shape_at(t, c), []).append(i)
+    return list(groups.values())
+
+
+def piece_bytes(t: DTensorType, position: int) -> float:
+    """Bytes of the piece of ``t`` on its mesh's device at ``position``."""
+    shape = uniform_shape(t)
+    if shape is None:
+        shape = local_shape_at(t, mesh_info(t.mesh).coords[position])
+    return float(math.prod(shape) * _ITEMSIZE[t.dtype])
+
+
+def local_piece(t: Type, device: Device, position: int) -> Type:
+    """The type a device works on: its piece of a DTensor; a plain tensor or scalar (a constant of
+    the logical program, made on every device) moved to it."""
+    if isinstance(t, DTensorType):
+        shape = uniform_shape(t)
+        if shape is None:
+            shape = local_shape_at(t, mesh_info(t.mesh).coords[position])
+        return TensorType(t.dtype, shape, device)
+    if isinstance(t, TensorType | ScalarType):
+        return t.with_device(device)
+    return t
+
+
+def step_types(src: DTensorType, dst: DTensorType) -> list[tuple[int, Placement, DTensorType, DTensorType]]:
+    """``redistribute_steps`` with the layouts around each step: (axis, from, before, after)."""
+    out = []
+    cur = src
+    for ax, b in redistribute_steps(src.placements, dst.placements):
+        nxt = cur.with_placements((*cur.placements[:ax], b, *cur.placements[ax + 1 :]))
+        out.append((ax, cur.placements[ax], cur, nxt))
+        cur = nxt
+    return out
+
+
+# -- units ----------------------------------------------------------------------------------------
+class _TypeCollector(TypeDomain):
+    """Type propagation that notes every DTensor type (with Redistribute's intermediate layouts)
+    and every device a plain value lives on; a device without a slot is an error at its op."""
+
+    def __init__(self, dev_slot: Mapping[Device, int]) -> None:
+        super().__init__()
+        self.dev_slot = dev_slot
+        self.dtensors: dict[DTensorType, None] = {}
+        self.devices: dict[Device, None] = {}
+        self._checked: dict[int, Mesh] = {}  # meshes whose devices are known mapped, by id
+
+    def note(self, t: Type) -> None:
+        if isinstance(t, DTensorType):
+            if t not in self.dtensors:
+                self.dtensors[t] = None
+                if id(t.mesh) not in self._checked:
+                    for d in t.mesh.devices:
+                        self._mapped(d)
+                    self._checked[id(t.mesh)] = t.mesh
+        elif isinstance(t, TupleType):
+            for e in t.elements:
+                self.note(e)
+        elif t.device not in self.devices:
+            self._mapped(t.device)
+            self.devices[t.device] = None
+
+    def _mapped(self, d: Device) -> None:
+        if d not in self.dev_slot:
+            raise OpTypeError(f"device {d} is not mapped onto the cluster")
+
+    def op(self, op: Op, args: Sequence[Mixed]) -> Sequence[Mixed]:
+        outs = super().op(op, args)
+        for x in (*args, *outs):
+            self.note(type_of(x))
+        if op.name == "Redistribute":
+            src, dst = type_of(args[0]), type_of(outs[0])
+            if isinstance(src, DTensorType) and isinstance(dst, DTensorType):
+                for *_, after in step_types(src, dst):
+                    self.dtensors[after] = None
+        return outs
+
+
+def device_units(
+    module: Module,
+    fn: Function,
+    args: Sequence[Mixed],
+    dev_slot: Mapping[Device, int],
+    n_slots: int,
+    slot_class: Sequence[Hashable],
+) -> tuple[list[int], set[DTensorType]]:
+    """The unit of every slot (units numbered 0..k-1 in order of their first slot), and the
+    DTensor types the units were made for. Slots start as one unit, then are split by: each
+    plain value's device (ops on plain values run on one device or a few), for each DTensor type
+    the devices holding equally shaped pieces (a mesh is the union of those groups), and the GPU
+    class. Every op then touches whole units, and within a unit every device holds the same bytes
+    and costs alike: one clock and one memory figure per unit are exact."""
+    col = _TypeCollector(dev_slot)
+    interpret(module, fn, list(args), col)
+    for a in args:
+        col.note(type_of(a))
+
+    def slot(d: Device) -> int:
+        try:
+            return dev_slot[d]
+        except KeyError:
+            raise OpTypeError(f"device {d} is not mapped onto the cluster") from None
+
+    groups: dict[tuple[int, ...], None] = {}
+    for d in col.devices:
+        groups[(slot(d),)] = None
+    for t in col.dtensors:
+        devs = t.mesh.devices
+        for positions in shape_groups(t):
+            groups[tuple(slot(devs[i]) for i in positions)] = None
+    by_class: dict[Hashable, list[int]] = {}
+    for s, c in enumerate(slot_class):
+        by_class.setdefault(c, []).append(s)
+    for members in by_class.values():
+        groups[tuple(members)] = None
+    unit = [0] * n_slots
+    n_units = 1
+    for g in groups:  # split every unit into its part inside g and its part outside
+        renamed: dict[int, int] = {}
+        for s in g:
+            old = unit[s]
+            new = renamed.get(old)
+            if new is None:
+                new = renamed[old] = n_units
+                n_units += 1
+            unit[s] = new
+    order: dict[int, int] = {}
+    return [order.setdefault(u, len(order)) for u in unit], set(col.dtensors)
+
+
+class Units:
+    """The plan's clocks and memory figures for one simulation (module docstring). ``dev_slot``
+    maps a program device to its clock, ``slot_gpu`` a clock to its memory figure, ``dev_gpu`` a
+    device to its real GPU (for costs); ``units`` lists each unit's real slots (None: the clocks
+    are the real slots)."""
+
+    def __init__(self, dmap: DeviceMap, cost: CostModel) -> None:
+        self.cost = cost
+        slot_index = {s: i for i, s in enumerate(dmap.slots)}
+        self.dev_slot = {d: slot_index[s] for d, s in dmap.mapping.items()}
+        self.slot_gpu = [s.gpu for s in dmap.slots]
+        self.dev_gpu = {d: s.gpu for d, s in dmap.mapping.items()}
+        self.streams = dmap.slots
+        self.units: list[tuple[int, ...]] | None = None
+        self.gpu_figure: dict[int, int] = {}  # real GPU -> its memory figure (with units)
+        self.prepared = False
+        self._unit_types: set[DTensorType] | None = None  # the DTensor types units were made for
+        # by id (see mesh_info), with the mesh kept alive
+        self._mesh_units: dict[int, tuple[Mesh, tuple[tuple[int, Device, int, int], ...]]] = {}
+        self._gpu_class: dict[int, Hashable] = {}
+        self._comm_memo: dict[tuple[Any, ...], float] = {}
+        self.local_costs: dict[tuple[Any, ...], tuple[float, float]] = {}  # (seconds, FLOPs)
+
+    def prepare(self, module: Module, fn: Function, args: Sequence[Mixed]) -> None:
+        """Before planning a DTensor program: group devices into units (``device_units``), and
+        GPUs into memory figures: GPUs whose streams fall into the same units hold the same bytes."""
+        self.prepared = True
+        if not any(has_dtensor(type_of(a)) for a in args):
+            return
+        # a unit holds slots of one stream name (so never two slots of one GPU) and GPU class
+        slot_class = [(gpu_class(self.cost, s.gpu), s.stream) for s in self.streams]
+        n_slots = len(self.slot_gpu)
+        unit_of, self._unit_types = device_units(module, fn, args, self.dev_slot, n_slots, slot_class)
+        gpu_of = self.slot_gpu
+
+        def signatures() -> dict[int, tuple[int, ...]]:
+            """Per GPU, the units of its slots."""
+            by_gpu: dict[int, list[int]] = {}
+            for j, u in enumerate(unit_of):
+                by_gpu.setdefault(gpu_of[j], []).append(u)
+            return {g: tuple(sorted(us)) for g, us in by_gpu.items()}
+
+        while True:  # split units until the GPUs of a unit have their other streams in equal units
+            sig = signatures()
+            keys: dict[tuple[int, tuple[int, ...]], int] = {}
+            split = [keys.setdefault((u, sig[gpu_of[j]]), len(keys)) for j, u in enumerate(unit_of)]
+            if len(keys) == max(unit_of, default=-1) + 1:
+                break
+            unit_of = split
+        figures: dict[tuple[int, ...], int] = {}
+        self.gpu_figure = {g: figures.setdefault(us, len(figures)) for g, us in signatures().items()}
+        n = max(unit_of, default=-1) + 1
+        members: list[list[int]] = [[] for _ in range(n)]
+        for j, u in enumerate(unit_of):
+            members[u].append(j)
+        self.units = [tuple(m) for m in members]
+        self.dev_slot = {d: unit_of[j] for d, j in self.dev_slot.items()}
+        self.slot_gpu = [self.gpu_figure[gpu_of[m[0]]] for m in members]
+
+    def mesh_units(self, mesh: Mesh) -> tuple[tuple[int, Device, int, int], ...]:
+        """(unit, a device of it, that device's position in the mesh, devices of the mesh in it)
+        for every unit the mesh covers."""
+        hit = self._mesh_units.get(id(mesh))
+        if hit is not None and hit[0] is mesh:
+            return hit[1]
+        acc: dict[int, list[Any]] = {}
+        for i, d in enumerate(mesh.devices):
+            try:
+                u = self.dev_slot[d]
+            except KeyError:
+                raise OpTypeError(f"device {d} is not mapped onto the cluster") from None
+            if u in acc:
+                acc[u][3] += 1
+            else:
+                acc[u] = [u, d, i, 1]
+        got = tuple((u, d, i, c) for u, d, i, c in acc.values())
+        self._mesh_units[id(mesh)] = (mesh, got)
+        return got
+
+    def gpu_class_of(self, d: Device) -> Hashable:
+        g = self.dev_gpu[d]
+        c = self._gpu_class.get(g)
+        if c is None:
+            c = self._gpu_class[g] = gpu_class(self.cost, g)
+        return c
+
+    def comm_seconds(self, pattern: CommPattern, nbytes: float, group: tuple[Device, ...]) -> float:
+        """The cost model's time for one collective (or P2P send: group = (source, dest))."""
+        gpus = tuple(self.dev_gpu[d] for d in group)
+        key = (pattern, nbytes, gpus)
+        t = self._comm_memo.get(key)
+        if t is None:
+            t = self._comm_memo[key] = float(self.cost.comm_time(CommCost(pattern, nbytes, group), gpus))
+        return t
+
+    def bytes_by_gpu(self, t: Type) -> list[tuple[int, float]]:
+        """(memory unit, bytes) of a value of type ``t``: a DTensor holds a piece on each device."""
+        if isinstance(t, DTensorType):
+            if self._unit_types is not None and t not in self._unit_types:  # pragma: no cover
+                raise OpTypeError(f"internal: {t} was not seen when devices were grouped into units")
+            return [(self.slot_gpu[u], piece_bytes(t, i)) for u, _d, i, _c in self.mesh_units(t.mesh)]
+        if isinstance(t, TupleType):
+            return [x for e in t.elements for x in self.bytes_by_gpu(e)]
+        return plain_bytes_by_gpu(t, self.dev_slot, self.slot_gpu)
+
+    def sizes(self, outs: Sequence[Type], view: bool) -> Sizes:
+        """Per result its bytes per GPU; all allocations (none for a view); their sum per GPU."""
+        per = tuple(self.bytes_by_gpu(t) for t in outs)
+        allocs = () if view else tuple(x for p in per for x in p)
+        return per, allocs, per_gpu(allocs)
+
+
+def plain_bytes_by_gpu(t: Type, dev_slot: dict[Any, int], slot_gpu: list[int]) -> list[tuple[int, float]]:
+    if isinstance(t, TupleType):
+        return [x for e in t.elements for x in plain_bytes_by_gpu(e, dev_slot, slot_gpu)]
+    if isinstance(t, DTensorType):
+        raise OpTypeError("DTensor values must be materialized into per-device tensors first")
+    return [(slot_gpu[dev_slot[t.device]], float(t.nbytes))]
+
+
+def has_dtensor(t: Type) -> bool:
+    if isinstance(t, TupleType):
+        return any(has_dtensor(e) for e in t.elements)
+    return isinstance(t, DTensorType)
+
+
+def leaves(t: Type) -> list[TensorType | ScalarType]:
+    """The plain tensors and scalars of a (tuple) type."""
+    if isinstance(t, TupleType):
+        return [x for e in t.elements for x in leaves(e)]
+    assert isinstance(t, TensorType | ScalarType)
+    return [t]
+
+
+def per_gpu(pairs: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """(gpu, bytes) pairs summed per GPU: all results of one op are live together."""
+    if len(pairs) <= 1:
+        return tuple(pairs)
+    acc: dict[int, float] = {}
+    for g, b in pairs:
+        acc[g] = acc.get(g, 0.0) + b
+    return tuple(acc.items())
