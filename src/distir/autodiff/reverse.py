@@ -133,7 +133,8 @@ class _Ctx:
         return self.bwd_of[v]
 
 
-def _types(module: Module, fn: Function, arg_types: Sequence[Type]) -> dict[Value, Type]:
+def value_types(module: Module, fn: Function, arg_types: Sequence[Type]) -> dict[Value, Type]:
+    """The type of every value of ``fn`` called with ``arg_types`` (abstract interpretation)."""
     _, env = interpret(module, fn, list(arg_types), TypeDomain(concrete_limit=0))
     return {v: type_of(x) for v, x in env.items()}
 
@@ -154,7 +155,7 @@ def vjp(
     base = name or fn.name
     if any(isinstance(i, Call) for i in fn.body):
         raise AutodiffError(f"@{fn.name} contains calls; inline them before differentiating")
-    types = _types(module, fn, arg_types)
+    types = value_types(module, fn, arg_types)
     for i in wrt:
         if not 0 <= i < len(fn.params):
             raise AutodiffError(f"@{fn.name} has no parameter {i}")

@@ -20,6 +20,7 @@ from distir.autodiff.train import Optimizer, training_step
 from distir.frontends.zoo.model import Model
 from distir.interp.annotate import annotate_types
 from distir.interp.reference import run_reference
+from distir.interp.shapes import TypeDomain, infer_types, type_of
 from distir.ir.dtensor import DTensorType
 from distir.ir.function import Module
 from distir.ir.rewrite import inline_calls
@@ -81,15 +82,10 @@ def run_distributed(
         by_dev = shard_value(np.asarray(args[p.name]), t)
         flat.extend(by_dev[d] for d in t.mesh.devices)
     outs = run_reference(mat, flat)
+    out_types = [type_of(x) for x in infer_types(dist, domain=TypeDomain(concrete_limit=0))[0]]
     results: list[Any] = []
     k = 0
-    for v in entry.outputs:
-        t = v.type
-        if not isinstance(t, DTensorType):
-            from distir.interp.shapes import infer_types, type_of
-
-            _, env = infer_types(dist)
-            t = type_of(env[v])
+    for t in out_types:
         assert isinstance(t, DTensorType)
         n = len(t.mesh.devices)
         results.append(unshard_value(dict(zip(t.mesh.devices, outs[k : k + n], strict=True)), t))

@@ -24,13 +24,11 @@ programs. Its shape:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from distir.autodiff.reverse import VJP, split_weight_grad
+from distir.autodiff.reverse import VJP, split_weight_grad, value_types
 from distir.autodiff.train import Optimizer, layer_types, layer_vjps
 from distir.frontends.zoo.model import Model
-from distir.interp.loop import interpret
-from distir.interp.shapes import TypeDomain, type_of
 from distir.ir.builder import FunctionBuilder
 from distir.ir.dtensor import DTensorType, Mesh, Placement, Replicate, Shard, format_placements
 from distir.ir.function import Function, Module
@@ -60,7 +58,6 @@ class _Layer:
     bwd_w: Function | None = None
     vjp: VJP | None = None
     n_carried: int = 0
-    grad_places: dict[Value, tuple[Placement, ...]] = field(default_factory=dict)
 
 
 def partition(model: Model, strategy: Strategy, n_layers: int) -> list[range]:
@@ -220,7 +217,8 @@ class _Builder:
             vj = grads[i].vjp
             last = i == len(orig_calls) - 1
             fwd, fplaces = self._shard(vj.fwd, types[i], pann, {} if last else {0: ACT})
-            fwd_types = _result_types(vj.fwd, types[i])
+            env = value_types(Module((vj.fwd,)), vj.fwd, types[i])
+            fwd_types = [env[o] for o in vj.fwd.outputs]
             btypes: list[Type] = [types[i][j] for j in vj.bwd_params]
             bann: dict[int, str] = {k: pann[j] for k, j in enumerate(vj.bwd_params)}
             for r in range(vj.n_residuals):
@@ -232,12 +230,8 @@ class _Builder:
                 # the loss's cotangent is the replicated seed; activations' are (S(0), R)
                 bann[len(btypes)] = "R, R" if last else ACT
                 btypes.append(fwd_types[o])
-            bwd, bplaces = self._shard(vj.bwd, btypes, bann, {k: ACT for k, j in enumerate(vj.wrt) if j == 0})
+            bwd, _ = self._shard(vj.bwd, btypes, bann, {k: ACT for k, j in enumerate(vj.wrt) if j == 0})
             layer = _Layer(i, weights, extras, fwd, bwd, vjp=vj)
-            for k, j in enumerate(vj.wrt):
-                pl = bplaces[k]
-                if j > 0 and pl is not None:
-                    layer.grad_places[call.inputs[j]] = pl
             if self.s.schedule == "zb1":
                 n_dx = 1 if 0 in vj.wrt else 0
                 bi, bw = split_weight_grad(bwd, n_dx)
@@ -578,11 +572,6 @@ class _Builder:
     def _module(self, cf: dict[str, Function], entry: Function) -> Module:
         fns = [*self.functions.values(), *cf.values()]
         return Module((*fns, entry))
-
-
-def _result_types(fn: Function, arg_types: Sequence[Type]) -> list[Type]:
-    _, env = interpret(Module((fn,)), fn, list(arg_types), TypeDomain(concrete_limit=0))
-    return [type_of(env[o]) for o in fn.outputs]
 
 
 def _model_with(model: Model, module: Module) -> Model:

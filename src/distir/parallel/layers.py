@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from distir.ir.builder import FunctionBuilder
 from distir.ir.dtensor import DTensorType, Mesh, Placement, format_placements, parse_placements
 from distir.ir.function import Function, Module
-from distir.ir.ops import Call, Op
+from distir.ir.ops import Call
 from distir.ir.rewrite import ValueMap, copy_instr
 from distir.ir.types import Device, TensorType, Type
 from distir.ir.values import Value
@@ -86,7 +86,3 @@ def shard_function(
             places.append(t.placements if isinstance(t, DTensorType) else None)
         outs.append(nv)
     return strip_types(fix.ret(*outs)), places
-
-
-def count_ops(fn: Function, name: str) -> int:
-    return sum(1 for i in fn.body if isinstance(i, Op) and i.name == name)
