@@ -419,6 +419,58 @@ def clusters(json_out: JsonOpt = False) -> None:
 
 
 @app.command()
+def search(
+    model: Annotated[
+        str, typer.Option("--model", help="A zoo model (distir models) or model string.")
+    ] = "gpt2-1.6b",
+    cluster: Annotated[
+        str,
+        typer.Option("--cluster", help="A preset (distir clusters), NAME:NODES, A:n+B:m or a .toml file."),
+    ] = "dgx2-v100",
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Global batch (samples per step).")] = 512,
+    train: Annotated[
+        bool, typer.Option("--train/--infer", help="A training step (default) or inference.")
+    ] = True,
+    top: Annotated[
+        int, typer.Option("--top", min=1, help="How many screened strategies to simulate exactly.")
+    ] = 8,
+    optimizer: Annotated[str, typer.Option("--optimizer", help="sgd or adam.")] = "adam",
+    dtype: Annotated[str, typer.Option("--dtype", help="f32, bf16 or f16.")] = "f32",
+    dp: Annotated[int | None, typer.Option("--dp", min=1, help="Pin data parallelism.")] = None,
+    tp: Annotated[int | None, typer.Option("--tp", min=1, help="Pin tensor parallelism.")] = None,
+    pp: Annotated[int | None, typer.Option("--pp", min=1, help="Pin pipeline stages.")] = None,
+    microbatches: Annotated[int | None, typer.Option("--microbatches", "-k", min=1, help="Pin k.")] = None,
+    schedule: Annotated[
+        str | None, typer.Option("--schedule", help="Pin gpipe, 1f1b, interleaved or zb1.")
+    ] = None,
+    zero: Annotated[int | None, typer.Option("--zero", min=0, max=3, help="Pin the ZeRO stage.")] = None,
+    recompute: Annotated[str | None, typer.Option("--recompute", help="Pin none, selective or full.")] = None,
+    max_k: Annotated[int, typer.Option("--max-microbatches", min=1, help="Largest k to try.")] = 128,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Processes for exact simulation.")] = 2,
+    executor: Annotated[str, typer.Option("--executor", help="local (processes) or ray.")] = "local",
+    store: Annotated[
+        Path | None,
+        typer.Option("--store", help="SQLite result store (default: ~/.cache/distir/search.sqlite)."),
+    ] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Ignore and do not write the result store.")] = False,
+    csv_path: Annotated[Path | None, typer.Option("--csv", help="Write the ranked results as CSV.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the Pareto plot (PNG).")] = None,
+    html: Annotated[
+        Path | None, typer.Option("--html", help="Write the interactive Pareto page (HTML).")
+    ] = None,
+    explain_: Annotated[
+        bool, typer.Option("--explain", help="Say why the winner beats pure D, pure T and pure P.")
+    ] = False,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Find the fastest strategy that fits: screen the space analytically, simulate the best."""
+    from distir.report.search_cli import run_search_command
+
+    run_search_command(locals(), out, err, json_out, debug)
+
+
+@app.command()
 def models(json_out: JsonOpt = False) -> None:
     """List the model zoo with layer counts, widths and parameter counts."""
     from distir.frontends.zoo.registry import render_zoo_table, zoo_json

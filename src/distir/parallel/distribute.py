@@ -30,7 +30,16 @@ from distir.autodiff.reverse import VJP, split_weight_grad, value_types
 from distir.autodiff.train import Optimizer, layer_types, layer_vjps
 from distir.frontends.zoo.model import Model
 from distir.ir.builder import FunctionBuilder
-from distir.ir.dtensor import DTensorType, Mesh, Placement, Replicate, Shard, format_placements
+from distir.ir.dtensor import (
+    DTensorType,
+    Mesh,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    format_placements,
+    parse_placements,
+)
 from distir.ir.function import Function, Module
 from distir.ir.rewrite import copy_instr
 from distir.ir.types import Device, DType, TensorType, Type
@@ -46,8 +55,10 @@ ACT = "S(0), R"
 
 
 @dataclass
-class _Layer:
-    """One layer call of the model, once differentiated and sharded."""
+class ShardedLayer:
+    """One layer call of the model, once differentiated and sharded. ``fwd_args``/``bwd_args``
+    are the argument types of ``fwd``/``bwd`` as DTensors on the representative (dp, tp) mesh
+    (global shapes at the microbatch size; non-tensors as they are)."""
 
     index: int
     weights: list[Value]  # entry-level weight params of the model forward
@@ -58,6 +69,11 @@ class _Layer:
     bwd_w: Function | None = None
     vjp: VJP | None = None
     n_carried: int = 0
+    fwd_args: tuple[Type, ...] = ()
+    bwd_args: tuple[Type, ...] = ()
+
+
+_Layer = ShardedLayer
 
 
 def partition(model: Model, strategy: Strategy, n_layers: int) -> list[range]:
@@ -118,6 +134,29 @@ def _at_batch(model: Model, batch: int) -> Module:
         fb.append(copy_instr(instr, lambda v: m.setdefault(v, Value(v.name, None))))
     entry = fb.ret(*(m[v] for v in fwd.outputs))
     return Module((*(f for f in model.module.functions if f is not fwd), entry))
+
+
+def _on_mesh(types: Sequence[Type], ann: dict[int, str], mesh: Mesh) -> tuple[Type, ...]:
+    """Global ``types`` as DTensors on ``mesh`` with the annotated placements (unannotated and
+    non-tensor types unchanged)."""
+    out: list[Type] = []
+    for j, t in enumerate(types):
+        a = ann.get(j)
+        if a is not None and isinstance(t, TensorType):
+            out.append(DTensorType(t.dtype, t.shape, mesh, parse_placements(a)))
+        else:
+            out.append(t)
+    return tuple(out)
+
+
+def sharded_layers(
+    model: Model, d: int, t: int, recompute: str = "none", train: bool = True, split_w: bool = False
+) -> list[ShardedLayer]:
+    """Every layer call of ``model`` (at its own batch size, i.e. one microbatch) differentiated
+    (``train``) and sharded on the (d, t) mesh, as ``distribute`` uses them; ``split_w`` also
+    splits each backward into input and weight parts (zero-bubble schedules)."""
+    s = Strategy(d=d, t=t, recompute=recompute, schedule="zb1" if split_w else "1f1b")
+    return _Builder(model, s, Optimizer(), train, False)._layers()
 
 
 def _pl(*ps: Placement) -> str:
@@ -210,9 +249,10 @@ class _Builder:
             pann = {0: ACT}
             for j, v in enumerate(call.inputs[1:], start=1):
                 pann[j] = self._wp(v) if v in self.weight_params else ACT
+            fargs = _on_mesh(types[i], pann, self.mesh_rep)
             if not self.train:
                 f, _ = self._shard(self.model.module[call.callee], types[i], pann, {0: ACT})
-                out.append(_Layer(i, weights, extras, f))
+                out.append(_Layer(i, weights, extras, f, fwd_args=fargs))
                 continue
             vj = grads[i].vjp
             last = i == len(orig_calls) - 1
@@ -230,8 +270,16 @@ class _Builder:
                 # the loss's cotangent is the replicated seed; activations' are (S(0), R)
                 bann[len(btypes)] = "R, R" if last else ACT
                 btypes.append(fwd_types[o])
-            bwd, _ = self._shard(vj.bwd, btypes, bann, {k: ACT for k, j in enumerate(vj.wrt) if j == 0})
-            layer = _Layer(i, weights, extras, fwd, bwd, vjp=vj)
+            # gradients: the input's as the activation, each weight's as its weight, pending the
+            # data-parallel sum (left free, propagation may gather a TP-sharded weight's gradient)
+            dp_grad: Placement = Partial() if self.s.d > 1 else Replicate()
+            rann = {
+                k: ACT if j == 0 else _pl(dp_grad, self.model.weight(call.inputs[j].name).tp)
+                for k, j in enumerate(vj.wrt)
+            }
+            bwd, _ = self._shard(vj.bwd, btypes, bann, rann)
+            bargs = _on_mesh(btypes, bann, self.mesh_rep)
+            layer = _Layer(i, weights, extras, fwd, bwd, vjp=vj, fwd_args=fargs, bwd_args=bargs)
             if self.s.schedule == "zb1":
                 n_dx = 1 if 0 in vj.wrt else 0
                 bi, bw = split_weight_grad(bwd, n_dx)
@@ -581,4 +629,4 @@ def _model_with(model: Model, module: Module) -> Model:
     )
 
 
-__all__ = ["distribute", "partition", "strip_types"]
+__all__ = ["ShardedLayer", "distribute", "partition", "sharded_layers", "strip_types"]

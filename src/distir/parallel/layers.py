@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from distir.ir.builder import FunctionBuilder
-from distir.ir.dtensor import DTensorType, Mesh, Placement, format_placements, parse_placements
+from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, format_placements, parse_placements
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call
 from distir.ir.rewrite import ValueMap, copy_instr
@@ -79,9 +79,16 @@ def shard_function(
         nv = vm(v)
         t: Type | None = v.type
         want = results.get(i)
-        if isinstance(t, DTensorType) and want is not None and parse_placements(want) != t.placements:
-            (nv,) = fix.op("Redistribute", nv, names=[v.name], to=format_placements(parse_placements(want)))
-            places.append(parse_placements(want))
+        target = None
+        if isinstance(t, DTensorType) and want is not None:
+            # a producer that cannot leave a sum pending has already reduced it: keep that
+            target = tuple(
+                g if isinstance(w, Partial) and not isinstance(g, Partial) else w
+                for w, g in zip(parse_placements(want), t.placements, strict=True)
+            )
+        if isinstance(t, DTensorType) and target is not None and target != t.placements:
+            (nv,) = fix.op("Redistribute", nv, names=[v.name], to=format_placements(target))
+            places.append(target)
         else:
             places.append(t.placements if isinstance(t, DTensorType) else None)
         outs.append(nv)

@@ -217,13 +217,13 @@ def propagate(
                 options: list[Strategy] = options,
                 others: list[int] = others,
                 chosen: list[Strategy] = chosen,
-            ) -> tuple[int, float, int, int, int]:
+            ) -> tuple[int, float, int, int, int, int, int]:
                 """Layouts materialization cannot handle (a dim sharded along two mesh axes)
                 last; then total bytes to redistribute inputs into the strategy and results
                 into their annotated placements; then fewer input moves; then the rule's
                 preference."""
                 s = options[k]
-                total, moves = 0.0, 0
+                total, moves, costly = 0.0, 0, 0
                 clash = sum(
                     isinstance(w, Shard)
                     and any((chosen[b].ins[i] if b < ax else current(v, b)) == w for b in others)
@@ -235,13 +235,19 @@ def propagate(
                 for v, h, w in zip(op.inputs, have, s.ins, strict=True):
                     t = types[v]
                     if isinstance(t, TensorType) and h != w:
-                        total += redistribution_bytes(t, h, w, n)
+                        nb = redistribution_bytes(t, h, w, n)
+                        total += nb
                         moves += 1
+                        costly += nb > 0
+                mismatch = 0
                 for v, p in zip(op.outputs, s.outs, strict=True):
                     t = types[v]
                     if v in fixed_at and isinstance(t, TensorType):
                         total += redistribution_bytes(t, p, fixed_at[v][ax], n)
-                return (clash, total, moves, 0 if s.outs == hint else 1, k)
+                        mismatch += p != fixed_at[v][ax]
+                # at equal bytes and no collective on the inputs, produce an annotated result
+                # directly: computing it replicated and slicing it after does the work n times
+                return (clash, total, costly, mismatch, moves, 0 if s.outs == hint else 1, k)
 
             pick = options[min(range(len(options)), key=key)]
             if pick.ins != have:

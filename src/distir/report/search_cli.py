@@ -1,0 +1,139 @@
+"""The body of ``distir search``: options to a ``SearchRequest``, progress, outputs, errors.
+
+Files: the result store defaults to ``$XDG_CACHE_HOME/distir/search.sqlite`` (``~/.cache``);
+the Pareto plot and page go where ``--plot``/``--html`` say, else next to the store under
+``reports/`` (named by the search's key), so no file the user wrote is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+PHASES = {"screen": "screening", "placement": "annealing placements", "simulate": "simulating exactly"}
+
+
+def default_store() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "distir" / "search.sqlite"
+
+
+def _fail(err: Console, message: str) -> NoReturn:
+    err.print(message, markup=False)
+    raise typer.Exit(2)
+
+
+def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: bool, debug: bool) -> None:
+    from distir.frontends.zoo.model import ModelError
+    from distir.hardware.specs import HardwareError
+    from distir.parallel.propagate import ShardingError
+    from distir.parallel.strategy import StrategyError
+    from distir.report.search_report import explain, results_table, search_json, write_csv
+    from distir.search.executor import EXECUTORS, ExecutorError
+    from distir.search.pareto import write_html, write_png
+    from distir.search.run import SearchRequest, search
+    from distir.search.space import Pins, SpaceError
+    from distir.search.store import StoreError, search_key
+
+    if a["executor"] not in EXECUTORS:
+        _fail(err, f"--executor must be one of {', '.join(EXECUTORS)}, got {a['executor']!r}")
+    if a["optimizer"] not in ("sgd", "adam"):
+        _fail(err, f"--optimizer must be sgd or adam, got {a['optimizer']!r}")
+    if a["dtype"] not in ("f32", "bf16", "f16"):
+        _fail(err, f"--dtype must be f32, bf16 or f16, got {a['dtype']!r}")
+    for opt in ("csv_path", "plot", "html"):
+        p = a[opt]
+        if p is not None and p.exists() and p.is_dir():
+            _fail(err, f"{p}: is a directory; give a file name")
+    try:
+        pins = Pins(
+            a["dp"], a["tp"], a["pp"], a["microbatches"], a["schedule"], a["zero"], a["recompute"], a["max_k"]
+        )
+        store = None if a["fresh"] else (a["store"] or default_store())
+        if store is not None:
+            store.parent.mkdir(parents=True, exist_ok=True)
+        req = SearchRequest(
+            model=a["model"],
+            cluster=a["cluster"],
+            batch=a["batch"],
+            train=a["train"],
+            optimizer=a["optimizer"],
+            dtype=a["dtype"],
+            pins=pins,
+            top=a["top"],
+            workers=a["workers"],
+            executor=a["executor"],
+            store=store,
+            explain=a["explain_"],
+        )
+        show = not json_out and sys.stderr.isatty()
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+            disable=not show,
+        ) as bar:
+            tasks: dict[str, Any] = {}
+
+            def progress(phase: str, done: int, total: int) -> None:
+                if phase not in tasks:
+                    tasks[phase] = bar.add_task(PHASES.get(phase, phase), total=total)
+                bar.update(tasks[phase], completed=done, total=total)
+
+            o = search(req, progress)
+    except (
+        ModelError,
+        HardwareError,
+        SpaceError,
+        StrategyError,
+        ShardingError,
+        StoreError,
+        ExecutorError,
+    ) as e:
+        if debug:
+            traceback.print_exc()
+        _fail(err, str(e))
+    key = search_key(req.key_parts())
+    reports = (store.parent if store is not None else Path.cwd() / "distir-reports") / "reports"
+    plot = a["plot"] or reports / f"search-{key}.png"
+    html = a["html"] or reports / f"search-{key}.html"
+    plot.parent.mkdir(parents=True, exist_ok=True)
+    html.parent.mkdir(parents=True, exist_ok=True)
+    title = f"{req.model} on {o.cluster.describe()}, batch {req.batch}"
+    rows = [r for r in o.results if "error" not in r]
+    write_png(rows, plot, title)
+    write_html(rows, html, title)
+    if a["csv_path"] is not None:
+        write_csv(o, a["csv_path"])
+    if json_out:
+        payload = search_json(o)
+        payload["plot"], payload["html"] = str(plot), str(html)
+        if a["explain_"]:
+            payload["explain"] = explain(o)
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        return
+    out.print(results_table(o))
+    t = o.timings
+    out.print(
+        f"screen {t['screen_s']:.2f} s ({o.n_screened} strategies, {o.profiles} layer simulations), "
+        f"placement {t['placement_s']:.2f} s, exact simulation {t['simulate_s']:.2f} s"
+        + (f" ({o.n_cached} from the store {store})" if o.n_cached else "")
+    )
+    if a["explain_"]:
+        out.print()
+        for line in explain(o):
+            out.print(line, markup=False)
+    out.print(f"Pareto plot: {plot}\nInteractive page: {html}", markup=False)
+    if a["csv_path"] is not None:
+        out.print(f"CSV: {a['csv_path']}", markup=False)

@@ -1,0 +1,172 @@
+"""What ``distir search`` shows: the ranked table, JSON, CSV and the ``--explain`` comparison."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from distir.search.run import SearchOutput
+
+GIB = float(1 << 30)
+CSV_KEYS = (
+    "rank",
+    "strategy",
+    "d",
+    "t",
+    "p",
+    "k",
+    "schedule",
+    "zero",
+    "recompute",
+    "step_time_s",
+    "throughput",
+    "mfu",
+    "peak_memory_bytes",
+    "capacity_bytes",
+    "fits",
+    "bubble_fraction",
+    "compute_s",
+    "comm_s",
+    "screen_step_time_s",
+)
+
+
+def _finite(x: Any) -> Any:
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def search_json(o: SearchOutput) -> dict[str, Any]:
+    """The ``--json`` object: ``results`` best first (each with ``strategy``, ``d``, ``t``, ``p``,
+    ``k``, ``step_time_s``, ``throughput``, ``peak_memory_bytes``, ``fits`` and more), the
+    screen's counts and timings."""
+    r = o.request
+    return {
+        "model": r.model,
+        "cluster": r.cluster,
+        "devices": o.cluster.num_devices,
+        "batch": r.batch,
+        "mode": "train" if r.train else "infer",
+        "optimizer": r.optimizer,
+        "results": [{k: _finite(v) for k, v in row.items()} for row in o.results],
+        "screened": o.n_screened,
+        "simulated": len(o.results),
+        "cached": o.n_cached,
+        "layer_profiles": o.profiles,
+        "timings_s": {k: round(v, 4) for k, v in o.timings.items()},
+        "screen_top": [
+            {
+                "strategy": str(e.strategy),
+                "step_time_s": e.step_time_s,
+                "peak_memory_bytes": e.peak_memory_bytes,
+                "fits": e.fits,
+            }
+            for e in o.screened[:20]
+        ],
+    }
+
+
+def write_csv(o: SearchOutput, path: Path) -> None:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_KEYS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for i, row in enumerate(o.results, 1):
+        w.writerow({"rank": i, **row})
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(buf.getvalue())
+    tmp.replace(path)
+
+
+def _t(s: float) -> str:
+    if not math.isfinite(s):
+        return "∞"
+    return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.3f} s"
+
+
+def results_table(o: SearchOutput) -> Table:
+    r = o.request
+    title = (
+        f"{r.model} on {o.cluster.describe()}, batch {r.batch}, {'training' if r.train else 'inference'}: "
+        f"{o.n_screened} strategies screened, {len(o.results)} simulated"
+    )
+    table = Table(title=title, caption="ranked by simulated throughput; memory is the worst device's")
+    for h in ("#", "strategy", "step", "samples/s", "MFU", "peak mem / capacity", "bubble", "screen"):
+        table.add_column(h, justify="left" if h == "strategy" else "right")
+    for i, row in enumerate(o.results, 1):
+        if "error" in row:
+            table.add_row(str(i), row["strategy"], "[red]error[/red]", "", "", row["error"][:60], "", "")
+            continue
+        mem = f"{row['peak_memory_bytes'] / GIB:.1f} / {row['capacity_bytes'] / GIB:.0f} GiB"
+        if not row["fits"]:
+            mem = f"[red]{mem} OOM[/red]"
+        table.add_row(
+            str(i),
+            row["strategy"],
+            _t(row["step_time_s"]),
+            f"{row['throughput']:.1f}",
+            f"{100 * row['mfu']:.1f}%",
+            mem,
+            f"{100 * row['bubble_fraction']:.0f}%",
+            _t(row.get("screen_step_time_s", math.nan)),
+        )
+    return table
+
+
+def _pure(rows: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
+    test = {
+        "D": lambda r: r["t"] == 1 and r["p"] == 1,
+        "T": lambda r: r["d"] == 1 and r["p"] == 1,
+        "P": lambda r: r["d"] == 1 and r["t"] == 1,
+    }[kind]
+    cands = [r for r in rows if "error" not in r and test(r)]
+    return next((r for r in cands if r["fits"]), cands[0] if cands else None)
+
+
+def explain(o: SearchOutput) -> list[str]:
+    """Why the winner beats the best pure-D, pure-T and pure-P strategies, in lines of text:
+    per strategy compute, communication, idle (bubble) time and peak memory, then the ratio and
+    the component that makes the difference."""
+    best = o.best()
+    if best is None or "error" in best:
+        return ["no strategy was simulated successfully; nothing to explain"]
+    lines = [f"winner {best['strategy']}: {_breakdown(best)}"]
+    for kind, name in (("D", "data"), ("T", "tensor"), ("P", "pipeline")):
+        other = _pure(o.results, kind)
+        if other is None:
+            lines.append(f"pure {name} parallel: not possible for this model and cluster")
+            continue
+        if other["strategy"] == best["strategy"]:
+            lines.append(f"the winner is the best pure {name}-parallel strategy")
+            continue
+        ratio = other["step_time_s"] / best["step_time_s"]
+        parts = {
+            "compute": other["compute_s"] - best["compute_s"],
+            "communication": other["comm_s"] - best["comm_s"],
+            "pipeline bubble": _idle(other) - _idle(best),
+        }
+        why = max(parts, key=lambda k: parts[k])
+        oom = "" if other["fits"] else " and does not fit in memory"
+        lines.append(
+            f"vs pure {name} {other['strategy']}: {_breakdown(other)} — the winner is {ratio:.2f}× faster"
+            f"{oom}; the largest difference is {why} ({_t(abs(parts[why]))} per step)"
+        )
+    return lines
+
+
+def _idle(r: dict[str, Any]) -> float:
+    return float(r["bubble_fraction"]) * float(r["step_time_s"])
+
+
+def _breakdown(r: dict[str, Any]) -> str:
+    return (
+        f"step {_t(r['step_time_s'])} = compute {_t(r['compute_s'])} + communication {_t(r['comm_s'])} "
+        f"+ idle {_t(_idle(r))}; peak memory {r['peak_memory_bytes'] / GIB:.1f} of "
+        f"{r['capacity_bytes'] / GIB:.0f} GiB"
+    )
+
+
+__all__ = ["explain", "results_table", "search_json", "write_csv"]

@@ -1,0 +1,1 @@
+"""Strategy search: space, analytic screen, layer assignment, placement, exact re-rank, store."""

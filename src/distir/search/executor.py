@@ -1,0 +1,276 @@
+"""Run a search's evaluations, in process, on a local process pool or on Ray, storing each result as
+it arrives.
+
+``run_all`` is what makes a search resumable: it evaluates only what the store does not hold yet,
+and the parent process stores every result the moment it arrives, so a kill (Ctrl-C, ``kill -9``, a
+lost node) loses at most the evaluations in flight, and rerunning repeats none that finished.
+
+Only exceptions raised by the evaluation function become results (``{"error": "<type>:
+<message>"}``, stored like any other so a failing strategy is not retried forever). Failures of the
+machinery around it (a worker process that died, an ``fn`` that cannot be pickled, a Ray error)
+raise ``ExecutorError`` and store nothing for the tasks affected, so a rerun retries them; results
+stored before the failure are kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.context import BaseContext
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Final
+
+from distir.search.store import ResultStore, dumps, loads
+
+__all__ = ["EXECUTORS", "ExecutorError", "run_all"]
+
+EXECUTORS: Final = ("local", "ray")
+
+# Evaluations run side by side, one per core: a BLAS/OpenMP pool per worker would oversubscribe.
+_THREAD_ENV: Final = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
+_PR_SET_PDEATHSIG: Final = 1  # from <linux/prctl.h>
+
+Result = dict[str, Any]
+_OnResult = Callable[[str, Result], None]
+
+
+class ExecutorError(Exception):
+    """The evaluations cannot be run: bad arguments, a missing optional dependency, or a failure
+    outside the evaluation function. Results stored before it was raised are kept."""
+
+
+def _evaluate(fn: Callable[[str], Result], task: str) -> Result:
+    """``fn(task)`` as the result to store: exactly what the store will give back, or an error result
+    if ``fn`` raises an ``Exception`` or returns something that is not a storable dict.
+
+    Runs where the evaluation runs (worker process or Ray worker), so an unstorable result becomes
+    an error result of its task instead of failing the whole search in the parent. ``BaseException``
+    (``KeyboardInterrupt``, ``SystemExit``) propagates: it stops the run rather than becoming a result.
+    """
+    try:
+        result = fn(task)
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    if not isinstance(result, Mapping):
+        return {"error": f"TypeError: evaluation returned {type(result).__name__}, not a dict"}
+    try:
+        # Round-tripped so that a fresh result is identical to the same result read back from the
+        # store later: a resumed search then renders exactly like an uninterrupted one.
+        stored: Result = loads(dumps(result))
+    except TypeError as exc:
+        return {"error": f"TypeError: result is not storable: {exc}"}
+    return stored
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Have the kernel kill this worker when its parent dies (Linux; best effort elsewhere).
+
+    Without it, ``kill -9`` of a search leaves its pool workers orphaned: they finish their task,
+    then take queued ones whose results go nowhere, then block forever on a queue nobody feeds.
+    """
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    # The parent may have died before prctl took effect; then we are already an orphan.
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _init_worker(parent_pid: int) -> None:
+    """Pool worker initializer: one thread per numeric library, and die with the parent.
+
+    The thread variables only reach libraries that read them after this point: with the fork start
+    method a library the parent has already loaded and initialised keeps its thread count.
+    """
+    for name in _THREAD_ENV:
+        os.environ[name] = "1"
+    _die_with_parent(parent_pid)
+
+
+def _mp_context() -> BaseContext:
+    # fork is fast (no re-import of the parent's modules per worker) and is the safe default only on
+    # Linux; macOS and Windows get spawn, which needs fn importable by the worker.
+    if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
+
+
+def _run_local(todo: Sequence[str], fn: Callable[[str], Result], on_result: _OnResult) -> None:
+    for task in todo:
+        on_result(task, _evaluate(fn, task))
+
+
+def _run_pool(todo: Sequence[str], fn: Callable[[str], Result], workers: int, on_result: _OnResult) -> None:
+    # Checked up front (with the pickler the pool uses) for a clear error: the pool would only report
+    # it from a background thread, task by task.
+    try:
+        ForkingPickler.dumps(fn)
+    except Exception as exc:
+        raise ExecutorError(
+            f"--workers > 1 needs a picklable evaluation function (a module-level function or a "
+            f"functools.partial of one), got {fn!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    pool = ProcessPoolExecutor(
+        max_workers=min(workers, len(todo)),
+        mp_context=_mp_context(),
+        initializer=_init_worker,
+        initargs=(os.getpid(),),
+    )
+    finished = False
+    try:
+        futures: dict[Future[Result], str] = {pool.submit(_evaluate, fn, task): task for task in todo}
+        for future in as_completed(futures):
+            task = futures[future]
+            try:
+                result = future.result()
+            except BrokenProcessPool as exc:
+                raise ExecutorError(
+                    f"a worker process died (killed, out of memory, or unable to import the evaluation "
+                    f"function), last waiting on {task!r}; finished results are stored, rerun to resume"
+                ) from exc
+            except Exception as exc:
+                raise ExecutorError(
+                    f"evaluating {task!r} failed outside the evaluation function ({type(exc).__name__}: "
+                    f"{exc}); the function and its arguments must be picklable"
+                ) from exc
+            on_result(task, result)
+        finished = True
+    finally:
+        if finished:
+            pool.shutdown(wait=True)
+        else:
+            # Stopping (Ctrl-C, a store error, a dead worker): what is still running cannot be
+            # stored, so end it now rather than let the interpreter wait for it at exit. The pool
+            # has no public way to do that before Python 3.14, hence the private process table.
+            processes = list((getattr(pool, "_processes", None) or {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                with contextlib.suppress(Exception):
+                    process.terminate()
+            for process in processes:
+                with contextlib.suppress(Exception):
+                    process.join(timeout=5.0)
+
+
+def _run_ray(todo: Sequence[str], fn: Callable[[str], Result], workers: int, on_result: _OnResult) -> None:
+    try:
+        ray: Any = importlib.import_module("ray")
+    except ImportError as exc:
+        raise ExecutorError(
+            "--executor ray needs Ray, which is not installed: pip install 'distir[ray]'"
+        ) from exc
+    # An explicit RAY_ADDRESS (e.g. ray://head:10001 or auto) joins that cluster; without it Ray
+    # joins a cluster started on this machine by `ray start`, or else starts a local one.
+    ray.init(address=os.environ.get("RAY_ADDRESS") or None, ignore_reinit_error=True)
+    # Ray sets OMP_NUM_THREADS to a task's num_cpus, so one CPU per task also means one thread.
+    remote = ray.remote(num_cpus=1)(_evaluate)
+    try:
+        fn_ref = ray.put(fn)  # shipped once, not once per task
+    except Exception as exc:
+        raise ExecutorError(
+            f"Ray cannot ship the evaluation function {fn!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    queue = iter(todo)
+    pending: dict[Any, str] = {}
+
+    def submit_next() -> None:
+        task = next(queue, None)
+        if task is not None:
+            pending[remote.remote(fn_ref, task)] = task
+
+    try:
+        # At most `workers` tasks in flight: the rest wait here, not in Ray's queue, so a kill
+        # leaves nothing half-scheduled on the cluster.
+        for _ in range(workers):
+            submit_next()
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                task = pending.pop(ref)
+                try:
+                    result: Result = ray.get(ref)
+                except Exception as exc:
+                    raise ExecutorError(
+                        f"Ray failed evaluating {task!r} outside the evaluation function "
+                        f"({type(exc).__name__}: {exc}); finished results are stored, rerun to resume"
+                    ) from exc
+                on_result(task, result)
+                submit_next()
+    finally:
+        for ref in pending:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+
+
+def run_all(
+    tasks: Sequence[str],
+    fn: Callable[[str], dict[str, Any]],
+    store: ResultStore,
+    *,
+    workers: int = 1,
+    executor: str = "local",
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Every task's result, in ``tasks`` order: the stored ones from ``store``, the others from
+    ``fn(task)``, each stored (``store.put``) by this process the moment it arrives.
+
+    - A task already in ``store.done()`` is never evaluated again; a repeated task is evaluated
+      once. An ``Exception`` raised by ``fn`` is stored and returned as ``{"error": "<type>:
+      <message>"}``; ``KeyboardInterrupt`` stops the run (results stored so far are kept).
+    - ``executor="local"``: ``workers == 1`` evaluates in this process, in order; ``workers > 1``
+      uses a process pool (fork start method on Linux, spawn elsewhere), in completion order. ``fn``
+      and its results must be picklable: a module-level function or a ``functools.partial`` of
+      one, not a lambda or closure (with spawn, its module must also be importable by a fresh
+      interpreter). Each worker sets ``OMP_NUM_THREADS`` and friends to 1, and is killed by the
+      kernel if this process dies (Linux). With fork, avoid calling this while other threads of the
+      process hold locks ``fn`` needs (a forked child inherits them held).
+    - ``executor="ray"``: evaluates on Ray (even with ``workers == 1``), at most ``workers`` tasks at
+      once, one CPU each. Ray is imported only when there is something to evaluate; its cluster is
+      ``RAY_ADDRESS`` if set (else a local one). ``fn`` is pickled by Ray, and the workers must be
+      able to import ``distir`` and ``fn``'s module.
+    - ``progress(done, total)`` is called once at the start with the stored count, then after each
+      newly stored result; ``total`` counts distinct tasks, stored ones included.
+
+    Raises ``ExecutorError`` for an unknown ``executor``, ``workers < 1``, a missing Ray, or a
+    failure outside ``fn``; ``StoreError`` if a result cannot be stored.
+    """
+    if executor not in EXECUTORS:
+        raise ExecutorError(f"unknown executor {executor!r}; choose one of {', '.join(EXECUTORS)}")
+    if workers < 1:
+        raise ExecutorError(f"workers must be at least 1, got {workers}")
+    unique = list(dict.fromkeys(tasks))
+    stored = store.done()
+    results: dict[str, Result] = {task: stored[task] for task in unique if task in stored}
+    todo = [task for task in unique if task not in stored]
+    total = len(unique)
+    if progress is not None:
+        progress(len(results), total)
+
+    def on_result(task: str, result: Result) -> None:
+        store.put(task, result)
+        results[task] = result
+        if progress is not None:
+            progress(len(results), total)
+
+    if todo:
+        if executor == "ray":
+            _run_ray(todo, fn, workers, on_result)
+        elif workers == 1:
+            _run_local(todo, fn, on_result)
+        else:
+            _run_pool(todo, fn, workers, on_result)
+    return {task: results[task] for task in tasks}

@@ -1,0 +1,178 @@
+"""Per-layer costs for the analytic screen, measured by the simulator on single layers.
+
+A ``LayerProfile`` is what one layer call of the model costs on one device of a tensor-parallel
+group of ``t`` GPUs, for one microbatch of ``b`` samples per data-parallel replica: forward and
+backward time (compute and the layer's own TP collectives), the bytes it keeps between its
+forward and backward (activation memory per microbatch in flight), its weights' bytes and the
+activation it hands to the next layer (the pipeline transfer when a stage boundary falls after
+it).
+
+The numbers come from the same layer functions ``distribute`` uses (``sharded_layers``: one
+differentiation, one propagation per (t, b)), each simulated alone on a real group of GPUs of
+the cluster — so the screen and the exact simulation share one cost model, and the screen's
+error is only in how it *composes* layers (the pipeline formula), never in what a layer costs.
+Profiles are memoized per (t, b, recompute, kind of the TP group): a search over thousands of
+strategies profiles each distinct layer a few dozen times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from distir.frontends.zoo.registry import ModelSpec, build_from
+from distir.hardware.cluster import Cluster
+from distir.ir.builder import FunctionBuilder
+from distir.ir.dtensor import DTensorType, Shard
+from distir.ir.function import Function, Module
+from distir.ir.types import Device, DType, TensorType, Type
+from distir.ops.registry import REGISTRY
+from distir.parallel.distribute import ShardedLayer, sharded_layers
+from distir.sim.cost import CostModel, RooflineCostModel
+from distir.sim.devices import DeviceMap, Slot
+from distir.sim.simulate import simulate
+
+
+@dataclass(frozen=True, slots=True)
+class LayerProfile:
+    """One layer call on one device of its TP group, per microbatch (module docstring)."""
+
+    fwd_s: float
+    bwd_s: float  # 0 for inference
+    flops: float  # forward + backward FLOPs on this device
+    weight_bytes: float  # this device's share of the layer's weights
+    n_weights: int
+    saved_bytes: float  # kept from forward to backward, per microbatch
+    out_bytes: float  # the activation leaving the layer, per device
+    work_bytes: float  # transient memory above its arguments while the backward (or forward) runs
+
+    @property
+    def time_s(self) -> float:
+        return self.fwd_s + self.bwd_s
+
+
+def local_nbytes(t: Type) -> float:
+    """Bytes of one device's part of ``t`` (a DTensor divided over its sharded mesh axes)."""
+    if isinstance(t, DTensorType):
+        parts = 1
+        for size, pl in zip(t.mesh.shape, t.placements, strict=True):
+            if isinstance(pl, Shard):
+                parts *= size
+        return t.nbytes / parts
+    if isinstance(t, TensorType):
+        return float(t.nbytes)
+    return 0.0
+
+
+def _probe(fn: Function, args: Sequence[Type]) -> Module:
+    """A module whose entry calls ``fn`` once on typed arguments."""
+    fb = FunctionBuilder("probe", REGISTRY.out_arity)
+    params = [fb.param(f"a{i}", t) for i, t in enumerate(args)]
+    outs = fb.call(fn, *params, n_out=len(fn.outputs))
+    return Module((fn, fb.ret(*outs)))
+
+
+@dataclass
+class Profiler:
+    """Layer profiles of one model on one cluster, memoized (module docstring)."""
+
+    spec: ModelSpec
+    cluster: Cluster
+    dtype: DType = DType.f32
+    train: bool = True
+    cost_model: CostModel | None = None
+    _cache: dict[tuple[object, ...], list[LayerProfile]] = field(default_factory=dict)
+    _fn_cache: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
+    _work: dict[tuple[object, ...], float] = field(default_factory=dict)
+    _layers: dict[tuple[int, int, str], list[ShardedLayer]] = field(default_factory=dict)
+    probes: int = 0  # layer simulations run (for benches)
+
+    def group_key(self, gpus: Sequence[int]) -> tuple[object, ...]:
+        """GPUs that cost alike: same node types, in the same arrangement over nodes."""
+        nodes = [self.cluster.node_of(g) for g in gpus]
+        first = {n: i for i, n in enumerate(dict.fromkeys(nodes))}
+        return tuple((self.cluster.nodes[n].name, first[n]) for n in nodes)
+
+    def sharded(self, t: int, b: int, recompute: str) -> list[ShardedLayer]:
+        key = (t, b, recompute)
+        got = self._layers.get(key)
+        if got is None:
+            model = build_from(self.spec, b, self.dtype)
+            got = self._layers[key] = sharded_layers(model, 1, t, recompute, self.train)
+        return got
+
+    def layers(self, t: int, b: int, gpus: Sequence[int], recompute: str = "none") -> list[LayerProfile]:
+        """Profiles of every layer call for microbatch ``b`` per replica on the TP group ``gpus``
+        (``len(gpus) == t``). Raises the sharding/model errors of ``sharded_layers``."""
+        key = (t, b, recompute, self.group_key(gpus))
+        got = self._cache.get(key)
+        if got is not None:
+            return got
+        layers = self.sharded(t, b, recompute)
+        model = build_from(self.spec, b, self.dtype)
+        dmap = DeviceMap({Device(i): Slot(g) for i, g in enumerate(gpus)})
+        cost = self.cost_model or RooflineCostModel(self.cluster)
+        out: list[LayerProfile] = []
+        for i, L in enumerate(layers):
+            fwd = self._run(L.fwd, L.fwd_args, dmap, cost, key)
+            bwd = (0.0, 0.0, 0.0)
+            if L.bwd is not None and L.vjp is not None:
+                bwd = self._run(L.bwd, L.bwd_args, dmap, cost, key)
+            saved = 0.0
+            if L.vjp is not None:
+                n_first = sum(1 for j in L.vjp.bwd_params if j == 0)
+                start = len(L.vjp.bwd_params)
+                res = list(L.bwd_args[:n_first]) if 0 in L.vjp.bwd_params else []
+                res += list(L.bwd_args[start : start + L.vjp.n_residuals])
+                saved = sum(local_nbytes(r) for r in res)
+            nxt = layers[i + 1].fwd_args[0] if i + 1 < len(layers) else None
+            wbytes = 0.0
+            for w in L.weights:
+                spec = model.weight(w.name)
+                wbytes += spec.type.nbytes / (t if isinstance(spec.tp, Shard) else 1)
+            out.append(
+                LayerProfile(
+                    fwd_s=fwd[0],
+                    bwd_s=bwd[0],
+                    flops=fwd[1] + bwd[1],
+                    weight_bytes=wbytes,
+                    n_weights=len(L.weights),
+                    saved_bytes=saved,
+                    out_bytes=local_nbytes(nxt) if nxt is not None else 0.0,
+                    work_bytes=max(fwd[2], bwd[2]),
+                )
+            )
+        self._cache[key] = out
+        return out
+
+    def _run(
+        self, fn: Function, args: Sequence[Type], dmap: DeviceMap, cost: CostModel, key: tuple[object, ...]
+    ) -> tuple[float, float, float]:
+        """(time, FLOPs per device, transient bytes) of one call of ``fn``."""
+        k2 = (*key, id(fn), tuple(args))
+        got = self._fn_cache.get(k2)
+        if got is not None:
+            return (*got, self._work.get(k2, 0.0))
+        r = simulate(_probe(fn, args), self.cluster, dmap, cost)
+        self.probes += 1
+        n = len(dmap.mapping)
+        work = max((r.peak_memory[g] - r.param_memory[g] for g in r.peak_memory), default=0.0)
+        self._fn_cache[k2] = (r.step_time_s, r.flops / max(n, 1))
+        self._work[k2] = work
+        return r.step_time_s, r.flops / max(n, 1), work
+
+
+def allowed_tp(spec: ModelSpec, dtype: DType, limit: int) -> list[int]:
+    """TP degrees up to ``limit`` that divide every tensor-parallel weight dimension of the model
+    (shapes allow them; uneven TP shards are legal DistIR but no one trains that way)."""
+    model = build_from(spec, 1, dtype)
+    dims = [w.type.shape[w.tp.dim] for w in model.weights if isinstance(w.tp, Shard)]
+    return [t for t in range(1, limit + 1) if all(n % t == 0 for n in dims)]
+
+
+def num_layers(spec: ModelSpec, dtype: DType, train: bool) -> int:
+    model = build_from(spec, 1, dtype)
+    return len(model.layers) if train else len(model.layers) - 1
+
+
+__all__ = ["LayerProfile", "Profiler", "allowed_tp", "local_nbytes", "num_layers"]

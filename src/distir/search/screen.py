@@ -1,0 +1,268 @@
+"""The analytic screen: a strategy's step time and peak memory per device in about a millisecond.
+
+AMP's formulas, generalized (heterogeneous devices, uneven layers, memory, schedules, ZeRO):
+
+- **Stage times.** Stage j runs its layers on its TP groups; a layer costs what its profile says
+  (``distir.search.profile``: the simulator on that layer alone, on that kind of GPUs, so TP
+  collectives are included); a stage mixing device kinds runs at its slowest group's pace.
+- **Pipeline.** With T_j the per-microbatch time of stage j and C_j the transfer after it
+  (activation forward, its gradient backward, over the slowest pair of the two stages' GPUs):
+  ``(k−1)·max(T, C) + Σ T + Σ C`` for GPipe and 1F1B; the interleaved schedule divides the
+  fill/drain part by v, the zero-bubble schedule (ZB-H1) by 3.
+- **Layer assignment.** Unless the strategy pins a partition, the layers are cut by the optimal
+  dynamic program of ``distir.search.layer_assignment`` (the same objective, per-stage device
+  kinds and memory limits), so a faster device takes more layers.
+- **Data-parallel sync.** After the last microbatch, each stage all-reduces its gradients over
+  its replicas (the collective model of ``distir.sim.collectives``, so the slowest link of the
+  group governs), one collective per weight; ZeRO-1 adds an all-gather of the updated shards,
+  ZeRO-3 gathers every weight in each forward and backward; then the optimizer.
+- **Memory per device.** Weights, gradients and their accumulator, optimizer state (divided by
+  d as the ZeRO stage says), activations of the microbatches in flight (k for GPipe,
+  min(k, p−j) for 1F1B, Megatron's warm-up count for interleaved), and the largest layer's
+  transient working set.
+
+The screen ranks; the exact simulation (``distir.search.rerank``) decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from distir.hardware.cluster import Cluster
+from distir.parallel.strategy import Strategy
+from distir.search.layer_assignment import assign_layers, objective
+from distir.search.profile import LayerProfile, Profiler
+from distir.sim import collectives as coll
+
+ADAM_BYTES = 12.0  # Adam reads w, g, m, v and writes w, m, v: ~12 tensor passes with its temporaries
+SGD_BYTES = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """What a search holds fixed: the global batch, training or inference, the optimizer."""
+
+    batch: int
+    train: bool = True
+    optimizer: str = "adam"
+
+    @property
+    def n_state(self) -> int:
+        return 2 if self.train and self.optimizer == "adam" else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """The screen's figures for one strategy (seconds, bytes; memory is the worst device's)."""
+
+    strategy: Strategy
+    step_time_s: float
+    peak_memory_bytes: float
+    capacity_bytes: float
+    fits: bool
+    bubble_fraction: float
+    compute_s: float  # k × the slowest stage's per-microbatch time
+    pipeline_comm_s: float  # stage-boundary transfers on the critical path
+    sync_s: float  # gradient reduction and optimizer after the last microbatch
+    memory_headroom: float  # min over stages of capacity − peak (negative: out of memory)
+
+    def throughput(self, batch: int) -> float:
+        return batch / self.step_time_s if self.step_time_s > 0 else float("inf")
+
+
+def _uniform(n_layers: int, chunks: int) -> tuple[int, ...]:
+    """``distribute``'s uniform partition."""
+    q, r = divmod(n_layers, chunks)
+    return tuple(q + (1 if i < r else 0) for i in range(chunks))
+
+
+class Screen:
+    """Evaluates strategies of one problem analytically (module docstring)."""
+
+    def __init__(self, profiler: Profiler, problem: Problem) -> None:
+        self.profiler = profiler
+        self.problem = problem
+        self.cluster: Cluster = profiler.cluster
+
+    # -- pieces ------------------------------------------------------------------------------
+    def stage_gpus(self, s: Strategy, placement: Sequence[int]) -> list[list[int]]:
+        n = s.d * s.t
+        return [[placement[j * n + i] for i in range(n)] for j in range(s.p)]
+
+    def _stage_profiles(self, s: Strategy, gpus: list[int], b: int) -> list[list[LayerProfile]]:
+        """The distinct TP groups' profiles of one stage (their slowest decides)."""
+        seen: dict[tuple[object, ...], list[LayerProfile]] = {}
+        for r in range(s.d):
+            group = gpus[r * s.t : (r + 1) * s.t]
+            key = self.profiler.group_key(group)
+            if key not in seen:
+                seen[key] = self.profiler.layers(s.t, b, group, s.recompute)
+        return list(seen.values())
+
+    def _transfer(self, nbytes: float, a: Sequence[int], b: Sequence[int]) -> float:
+        return max(coll.send_time(self.cluster, nbytes, x, y) for x, y in zip(a, b, strict=True))
+
+    # -- the estimate ------------------------------------------------------------------------
+    def estimate(self, s: Strategy, placement: Sequence[int] | None = None, balance: bool = True) -> Estimate:
+        """The screen's figures for ``s`` on ``placement`` (default: the strategy's own, else the
+        identity). With ``balance`` and no pinned partition, the layers are assigned optimally and
+        the returned strategy carries the partition (``L…``) when it is not the uniform one."""
+        pr = self.problem
+        if placement is None:
+            placement = s.placement or tuple(range(s.devices))
+        b, rem = divmod(pr.batch, s.d * s.k)
+        if rem or b < 1:
+            raise ValueError(f"{s}: batch {pr.batch} does not split into d·k = {s.d * s.k} parts")
+        stages = self.stage_gpus(s, placement)
+        profs = [self._stage_profiles(s, g, b) for g in stages]
+        n_layers = len(profs[0][0])
+        chunks = s.p * s.v
+        if chunks > n_layers:
+            raise ValueError(f"{s}: {chunks} pipeline chunks but only {n_layers} layers")
+        stage_of = [c % s.p for c in range(chunks)]
+        fb = 1.0 if pr.train else 0.0
+        lt = np.array(
+            [
+                [max(p[i].fwd_s + fb * p[i].bwd_s for p in profs[j]) for i in range(n_layers)]
+                for j in range(s.p)
+            ]
+        )
+        w_bytes = np.array([max(p[i].weight_bytes for p in profs[0]) for i in range(n_layers)])
+        n_w = np.array([profs[0][0][i].n_weights for i in range(n_layers)])
+        saved = np.array([max(p[i].saved_bytes for p in profs[0]) for i in range(n_layers)]) * fb
+        out_b = np.array([profs[0][0][i].out_bytes for i in range(n_layers)])
+        work = np.array([max(p[i].work_bytes for pj in profs for p in pj) for i in range(n_layers)])
+        # ZeRO-3 gathers every weight before its forward and its backward, in every microbatch
+        if pr.train and s.zero == 3 and s.d > 1:
+            for j in range(s.p):
+                group = stages[j][:: s.t][: s.d]
+                lat = coll.allgather_time(self.cluster, 1.0, group)
+                per_byte = coll.allgather_time(self.cluster, 1e9, group) / 1e9
+                lt[j] += 2 * (w_bytes * per_byte + n_w * lat)
+        # gradient accumulation: microbatches after the first add into the accumulators
+        if pr.train and s.k > 1:
+            for j in range(s.p):
+                spec = self.cluster.device_spec(stages[j][0])
+                per = 3 * w_bytes / (0.8 * spec.memory_bandwidth) + n_w * spec.launch_overhead_s
+                lt[j] += (s.k - 1) / s.k * per
+        time_c = lt[stage_of]
+        # transfer after chunk c when the cut follows layer i: forward activation (+ gradient back)
+        trips = 2.0 if pr.train else 1.0
+        comm = np.zeros((max(chunks - 1, 0), max(n_layers - 1, 0)))
+        for c in range(chunks - 1):
+            a, bb = stages[stage_of[c]], stages[stage_of[c + 1]]
+            if a == bb:
+                continue
+            lat = self._transfer(0.0, a, bb)
+            per_byte = (self._transfer(1e9, a, bb) - lat) / 1e9
+            comm[c] = trips * (lat + out_b[:-1] * per_byte)
+        # memory per device: static (weights, grads, state) + activations in flight + transient
+        d = s.d
+        wf = 1.0 / d if s.zero == 3 else 1.0
+        static_f = wf
+        if pr.train:
+            static_f += 1.0 + (1.0 if s.k > 1 else 0.0)  # gradient + its accumulator
+            static_f += pr.n_state / (d if s.zero >= 1 else 1)
+        inflight = [self._inflight(s, j) for j in range(s.p)]
+        caps = np.array([min(self.cluster.device_spec(g).memory_bytes for g in st) for st in stages], float)
+        counts: tuple[int, ...]
+        if isinstance(s.partition, tuple):
+            counts = s.partition
+        elif balance and s.v == 1 and s.p > 1:
+            mem = np.array([static_f * w_bytes + inflight[j] * saved for j in range(s.p)])
+            got = assign_layers(time_c, s.k, comm if chunks > 1 else None, mem, caps - work.max())
+            if got is None:  # nothing fits: balance time alone, report the memory honestly
+                got = assign_layers(time_c, s.k, comm if chunks > 1 else None)
+            assert got is not None
+            counts = got.counts
+            # equal time: keep the uniform split (the simpler strategy string)
+            uni = _uniform(n_layers, chunks)
+            if counts != uni and objective(uni, time_c, s.k, comm) <= got.time * (1 + 1e-6):
+                mem_u = np.array([static_f * w_bytes + inflight[j] * saved for j in range(s.p)])
+                cut = np.concatenate([[0], np.cumsum(uni)])
+                if all(mem_u[j, cut[j] : cut[j + 1]].sum() <= caps[j] - work.max() for j in range(s.p)):
+                    counts = uni
+        else:
+            counts = _uniform(n_layers, chunks)
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        t_chunk = [float(time_c[c, bounds[c] : bounds[c + 1]].sum()) for c in range(chunks)]
+        c_cut = [float(comm[c, bounds[c + 1] - 1]) for c in range(chunks - 1)]
+        t_stage = [sum(t_chunk[c] for c in range(chunks) if stage_of[c] == j) for j in range(s.p)]
+        pipe = self._pipeline(s, t_stage, c_cut)
+        # the gradient sync and optimizer, per stage (stages in parallel)
+        sync = 0.0
+        peaks: list[float] = []
+        for j in range(s.p):
+            layers = [i for c in range(chunks) if stage_of[c] == j for i in range(bounds[c], bounds[c + 1])]
+            wj = float(w_bytes[layers].sum())
+            nwj = int(n_w[layers].sum())
+            act = inflight[j] * float(saved[layers].sum()) / s.v
+            peaks.append(static_f * wj + act + float(work[layers].max(initial=0.0)))
+            if pr.train:
+                sync = max(sync, self._sync(s, stages[j], wj, nwj))
+        headroom = [float(c) - p for c, p in zip(caps, peaks, strict=True)]
+        worst = int(np.argmin(headroom))
+        step = pipe + sync
+        busy = s.k * max(t_stage)
+        mean_busy = s.k * sum(t_stage) / s.p
+        return Estimate(
+            strategy=self._with(s, counts, placement),
+            step_time_s=step,
+            peak_memory_bytes=max(peaks),
+            capacity_bytes=float(caps[worst]) if peaks[worst] > caps[worst] else float(caps.min()),
+            fits=min(headroom) >= 0,
+            bubble_fraction=max(0.0, 1.0 - mean_busy / step) if step > 0 else 0.0,
+            compute_s=busy,
+            pipeline_comm_s=max(pipe - busy, 0.0),
+            sync_s=sync,
+            memory_headroom=min(headroom),
+        )
+
+    def _inflight(self, s: Strategy, j: int) -> float:
+        """Microbatches whose activations stage j holds at its peak (in whole-stage units)."""
+        if not self.problem.train:
+            return 1.0
+        if s.schedule == "gpipe":
+            return float(s.k)
+        if s.schedule == "interleaved" and s.v > 1:
+            # Megatron's warm-up: 2(p−j−1) + (v−1)p + 1 chunk-microbatches, capped by k·v
+            return float(min(s.k * s.v, 2 * (s.p - j - 1) + (s.v - 1) * s.p + 1))
+        return float(min(s.k, s.p - j))
+
+    def _pipeline(self, s: Strategy, t_stage: list[float], c_cut: list[float]) -> float:
+        m = max([*t_stage, *c_cut])
+        total = sum(t_stage)
+        fill = total - max(t_stage)  # what the fill and drain add to k × the slowest stage
+        if s.schedule == "interleaved" and s.v > 1:
+            fill /= s.v
+        elif s.schedule == "zb1":
+            fill /= 3.0
+        return (s.k - 1) * m + max(t_stage) + fill + sum(c_cut)
+
+    def _sync(self, s: Strategy, gpus: list[int], w: float, n_w: int) -> float:
+        """Gradient reduction over the replicas (per TP rank, all ranks at once) and optimizer."""
+        pr = self.problem
+        t = 0.0
+        if s.d > 1 and n_w:
+            group = gpus[:: s.t][: s.d]
+            lat = coll.allreduce_time(self.cluster, 1.0, group)
+            t += coll.allreduce_time(self.cluster, w, group) + (n_w - 1) * lat
+            if s.zero == 1:
+                t += coll.allgather_time(self.cluster, w, group)
+        spec = self.cluster.device_spec(gpus[0])
+        share = w / (s.d if s.zero >= 1 else 1)
+        passes = ADAM_BYTES if pr.optimizer == "adam" else SGD_BYTES
+        t += passes * share / (0.8 * spec.memory_bandwidth) + n_w * spec.launch_overhead_s
+        return t
+
+    @staticmethod
+    def _with(s: Strategy, counts: tuple[int, ...], placement: Sequence[int]) -> Strategy:
+        part: tuple[int, ...] | str = "uniform" if counts == _uniform(sum(counts), len(counts)) else counts
+        place = None if tuple(placement) == tuple(range(len(placement))) else tuple(placement)
+        return Strategy(s.d, s.t, s.p, s.k, s.schedule, s.v, s.zero, s.recompute, part, place)
+
+
+__all__ = ["Estimate", "Problem", "Screen"]

@@ -1,0 +1,76 @@
+"""The search space: factorizations, divisibility, pins and the memory ladder."""
+
+from __future__ import annotations
+
+import pytest
+
+from distir.frontends.zoo.registry import parse_model_string
+from distir.ir.types import DType
+from distir.search.profile import allowed_tp, num_layers
+from distir.search.space import LADDER, Pins, Space, SpaceError, divisors
+
+
+def test_divisors_match_definition() -> None:
+    for n in range(1, 80):
+        assert divisors(n) == [i for i in range(1, n + 1) if n % i == 0]
+
+
+def test_triples_cover_every_factorization_not_only_powers_of_two() -> None:
+    sp = Space(devices=12, batch=24, n_layers=10, allowed_tp=(1, 2, 3, 4, 6, 12))
+    got = set(sp.triples())
+    want = {
+        (d, t, p) for d in range(1, 13) for t in (1, 2, 3, 4, 6, 12) for p in range(1, 11) if d * t * p == 12
+    }
+    want = {x for x in want if 24 % x[0] == 0}
+    assert got == want
+    assert (3, 2, 2) in got  # not a power of two
+
+
+def test_allowed_tp_divides_every_tp_weight_dimension() -> None:
+    spec = parse_model_string("gpt:layers=2,hidden=96,heads=4,vocab=60,seq=8")
+    ts = allowed_tp(spec, DType.f32, 16)
+    assert 1 in ts and 2 in ts and 4 in ts
+    # 60 = vocab is not divisible by 8 or 16; 96 by 5 neither
+    assert 5 not in ts and 16 not in ts
+
+
+def test_bases_respect_batch_layers_and_schedules() -> None:
+    sp = Space(devices=8, batch=32, n_layers=6, allowed_tp=(1, 2, 4, 8))
+    bases = list(sp.bases())
+    assert bases
+    for s in bases:
+        assert s.devices == 8
+        assert 32 % (s.d * s.k) == 0
+        assert s.p * s.v <= 6
+        if s.p == 1:
+            assert s.k == 1
+        if s.schedule == "interleaved":
+            assert s.v == 2 and s.k % s.p == 0
+    assert {s.schedule for s in bases if s.p > 1} == {"gpipe", "1f1b", "interleaved", "zb1"}
+
+
+def test_pins_restrict_and_bad_pins_say_why() -> None:
+    sp = Space(8, 32, 6, (1, 2, 4, 8), pins=Pins(tp=2, schedule="1f1b"))
+    assert all(s.t == 2 and (s.p == 1 or s.schedule == "1f1b") for s in sp.bases())
+    with pytest.raises(SpaceError, match="--tp 3"):
+        Space(8, 32, 6, (1, 2, 4, 8), pins=Pins(tp=3)).check()
+    with pytest.raises(SpaceError, match="--pp 16"):
+        Space(8, 32, 6, (1, 2, 4, 8), pins=Pins(pp=16)).check()
+    with pytest.raises(SpaceError, match="--schedule"):
+        Pins(schedule="fast")
+
+
+def test_ladder_cheapest_first_and_pins() -> None:
+    sp = Space(8, 32, 6, (1, 2, 4, 8))
+    base = next(s for s in sp.bases() if s.d == 2)
+    rungs = sp.ladder(base)
+    assert [(s.zero, s.recompute) for s in rungs] == list(LADDER)
+    single = next(s for s in sp.bases() if s.d == 1)
+    assert all(s.zero == 0 for s in sp.ladder(single))
+    pinned = Space(8, 32, 6, (1, 2, 4, 8), pins=Pins(zero=1))
+    assert {s.zero for s in pinned.ladder(base)} == {1}
+
+
+def test_num_layers_counts_the_loss_only_in_training() -> None:
+    spec = parse_model_string("mlp:layers=4,hidden=8")
+    assert num_layers(spec, DType.f32, True) == num_layers(spec, DType.f32, False) + 1
