@@ -30,9 +30,12 @@ def reference(
     best: float | None = None
     for cuts in itertools.combinations(range(1, n), p - 1):
         b = (0, *cuts, n)
-        if mem is not None and cap is not None:
-            if any(sum(mem[j][b[j] : b[j + 1]]) > cap[j] for j in range(p)):
-                continue
+        if (
+            mem is not None
+            and cap is not None
+            and any(sum(mem[j][b[j] : b[j + 1]]) > cap[j] for j in range(p))
+        ):
+            continue
         stage = [sum(time[j][b[j] : b[j + 1]]) for j in range(p)]
         cut = [comm[j][b[j + 1] - 1] if comm is not None else 0.0 for j in range(p - 1)]
         value = (k - 1) * max(stage + cut) + sum(stage) + sum(cut)
@@ -45,10 +48,8 @@ def instance(
 ) -> tuple[Matrix, Matrix | None, Matrix | None, list[float] | None]:
     """Random times on stages of different speeds; integer times half of the time (ties, zeros)."""
     speed = rng.choice([1.0, 2.0, 5.0], size=(p, 1))
-    if rng.random() < 0.5:
-        time = rng.integers(0, 4, (p, n)) / speed
-    else:
-        time = rng.uniform(0.1, 2.0, (p, n)) / speed
+    raw = rng.integers(0, 4, (p, n)) if rng.random() < 0.5 else rng.uniform(0.1, 2.0, (p, n))
+    time = raw / speed
     comm = rng.uniform(0.0, 1.5, (p - 1, n - 1)).tolist() if with_comm else None
     mem = cap = None
     if with_mem:  # integer bytes: sums are exact, so the reference's `>` is the module's `<=`

@@ -313,7 +313,7 @@ class _Solver:
             if j < p - 1:
                 cj = self.cut[j]
                 g = f + cj
-                pass
+                g[cj > thr] = np.inf
                 if not np.isfinite(g).any():
                     self.infeasible += 1
                     return None

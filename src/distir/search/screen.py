@@ -238,8 +238,10 @@ class Screen:
         fill = total - max(t_stage)  # what the fill and drain add to k × the slowest stage
         if s.schedule == "interleaved" and s.v > 1:
             fill /= s.v
-        elif s.schedule == "zb1":
-            fill /= 3.0
+        elif s.schedule == "zb1" and s.p > 1:
+            # ZB-H1 fills the bubble with deferred weight gradients: a third remains once
+            # there are enough microbatches (k ≥ p), none is saved with a single one
+            fill *= 1.0 - (2.0 / 3.0) * min(1.0, (s.k - 1) / (s.p - 1))
         return (s.k - 1) * m + max(t_stage) + fill + sum(c_cut)
 
     def _sync(self, s: Strategy, gpus: list[int], w: float, n_w: int) -> float:
