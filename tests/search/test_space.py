@@ -6,6 +6,7 @@ import pytest
 
 from distir.frontends.zoo.registry import parse_model_string
 from distir.ir.types import DType
+from distir.parallel.distribute import sharded_layers
 from distir.search.profile import allowed_tp, num_layers
 from distir.search.space import LADDER, Pins, Space, SpaceError, divisors
 
@@ -29,9 +30,13 @@ def test_triples_cover_every_factorization_not_only_powers_of_two() -> None:
 def test_allowed_tp_divides_every_tp_weight_dimension() -> None:
     spec = parse_model_string("gpt:layers=2,hidden=96,heads=4,vocab=60,seq=8")
     ts = allowed_tp(spec, DType.f32, 16)
-    assert 1 in ts and 2 in ts and 4 in ts
-    # 60 = vocab is not divisible by 8 or 16; 96 by 5 neither
-    assert 5 not in ts and 16 not in ts
+    # GPT's TP-sharded dimensions are multiples of hidden = 96 (q/k/v/o, the MLP's 4·hidden);
+    # the vocabulary (60) is not split: t must divide 96, so 3 and 12 qualify, 5 and 9 do not
+    assert ts == [t for t in range(1, 17) if 96 % t == 0]
+    model = spec.build(8)
+    for t in (3, 12):
+        layers = sharded_layers(model, 1, t)
+        assert len(layers) == len(model.layers)
 
 
 def test_bases_respect_batch_layers_and_schedules() -> None:

@@ -36,7 +36,7 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
     from distir.hardware.specs import HardwareError
     from distir.parallel.propagate import ShardingError
     from distir.parallel.strategy import StrategyError
-    from distir.report.search_report import explain, results_table, search_json, write_csv
+    from distir.report.search_report import explain, plot_rows, results_table, search_json, write_csv
     from distir.search.executor import EXECUTORS, ExecutorError
     from distir.search.pareto import write_html, write_png
     from distir.search.run import SearchRequest, search
@@ -111,7 +111,7 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
     plot.parent.mkdir(parents=True, exist_ok=True)
     html.parent.mkdir(parents=True, exist_ok=True)
     title = f"{req.model} on {o.cluster.describe()}, batch {req.batch}"
-    rows = [r for r in o.results if "error" not in r]
+    rows = plot_rows(o)
     write_png(rows, plot, title)
     write_html(rows, html, title)
     if a["csv_path"] is not None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.table import Table
 
-from distir.search.run import SearchOutput
+from distir.search.run import SearchOutput, is_pure
 
 GIB = float(1 << 30)
 CSV_KEYS = (
@@ -70,6 +70,34 @@ def search_json(o: SearchOutput) -> dict[str, Any]:
     }
 
 
+def plot_rows(o: SearchOutput) -> list[dict[str, Any]]:
+    """The simulated results and every other screened strategy (marked ``source: screen``)."""
+    rows = [r for r in o.results if "error" not in r]
+    seen = {r["strategy"] for r in rows}
+    batch = o.request.batch
+    for e in o.screened:
+        s = e.strategy
+        if str(s) in seen:
+            continue
+        rows.append(
+            {
+                "strategy": str(s),
+                "d": s.d,
+                "t": s.t,
+                "p": s.p,
+                "k": s.k,
+                "step_time_s": e.step_time_s,
+                "throughput": e.throughput(batch),
+                "peak_memory_bytes": e.peak_memory_bytes,
+                "capacity_bytes": e.capacity_bytes,
+                "fits": e.fits,
+                "bubble_fraction": e.bubble_fraction,
+                "source": "screen",
+            }
+        )
+    return rows
+
+
 def write_csv(o: SearchOutput, path: Path) -> None:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_KEYS, extrasaction="ignore", lineterminator="\n")
@@ -93,14 +121,21 @@ def results_table(o: SearchOutput) -> Table:
         f"{r.model} on {o.cluster.describe()}, batch {r.batch}, {'training' if r.train else 'inference'}: "
         f"{o.n_screened} strategies screened, {len(o.results)} simulated"
     )
-    table = Table(title=title, caption="ranked by simulated throughput; memory is the worst device's")
-    for h in ("#", "strategy", "step", "samples/s", "MFU", "peak mem / capacity", "bubble", "screen"):
-        table.add_column(h, justify="left" if h == "strategy" else "right")
+    table = Table(
+        title=title,
+        caption="ranked by simulated throughput; memory: the worst device's peak / its capacity (GiB); "
+        "screen: the analytic estimate of the step",
+    )
+    for h in ("#", "strategy", "step", "samples/s", "MFU", "memory", "bubble", "screen"):
+        if h == "strategy":  # long partitions fold; the figures never do
+            table.add_column(h, overflow="fold", ratio=1)
+        else:
+            table.add_column(h, justify="right", no_wrap=True)
     for i, row in enumerate(o.results, 1):
         if "error" in row:
             table.add_row(str(i), row["strategy"], "[red]error[/red]", "", "", row["error"][:60], "", "")
             continue
-        mem = f"{row['peak_memory_bytes'] / GIB:.1f} / {row['capacity_bytes'] / GIB:.0f} GiB"
+        mem = f"{row['peak_memory_bytes'] / GIB:.1f}/{row['capacity_bytes'] / GIB:.0f}G"
         if not row["fits"]:
             mem = f"[red]{mem} OOM[/red]"
         table.add_row(
@@ -117,12 +152,7 @@ def results_table(o: SearchOutput) -> Table:
 
 
 def _pure(rows: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
-    test = {
-        "D": lambda r: r["t"] == 1 and r["p"] == 1,
-        "T": lambda r: r["d"] == 1 and r["p"] == 1,
-        "P": lambda r: r["d"] == 1 and r["t"] == 1,
-    }[kind]
-    cands = [r for r in rows if "error" not in r and test(r)]
+    cands = [r for r in rows if "error" not in r and is_pure(r["d"], r["t"], r["p"], kind.lower())]
     return next((r for r in cands if r["fits"]), cands[0] if cands else None)
 
 
@@ -149,7 +179,7 @@ def explain(o: SearchOutput) -> list[str]:
             "pipeline bubble": _idle(other) - _idle(best),
         }
         why = max(parts, key=lambda k: parts[k])
-        oom = "" if other["fits"] else " and does not fit in memory"
+        oom = "" if other["fits"] else f" (and {other['strategy']} does not fit in memory)"
         lines.append(
             f"vs pure {name} {other['strategy']}: {_breakdown(other)} — the winner is {ratio:.2f}× faster"
             f"{oom}; the largest difference is {why} ({_t(abs(parts[why]))} per step)"
@@ -169,4 +199,4 @@ def _breakdown(r: dict[str, Any]) -> str:
     )
 
 
-__all__ = ["explain", "results_table", "search_json", "write_csv"]
+__all__ = ["explain", "plot_rows", "results_table", "search_json", "write_csv"]

@@ -153,16 +153,17 @@ def anneal(req: SearchRequest, screen: Screen, screened: list[Estimate], progres
     screened.sort(key=_rank_key)
 
 
+def is_pure(d: int, t: int, p: int, axis: str) -> bool:
+    """Whether (d, t, p) uses only the parallelism ``axis`` ("d", "t" or "p")."""
+    return {"d": (t, p), "t": (d, p), "p": (d, t)}[axis] == (1, 1)
+
+
 def pick_exact(screened: list[Estimate], top: int) -> list[Strategy]:
     """The ``top`` best fitting estimates, and the best pure-D, pure-T and pure-P ones."""
     fitting = [e for e in screened if e.fits] or screened
     chosen: list[Strategy] = [e.strategy for e in fitting[:top]]
-    for pure in (
-        lambda s: s.t == 1 and s.p == 1,
-        lambda s: s.d == 1 and s.p == 1,
-        lambda s: s.d == 1 and s.t == 1,
-    ):
-        cands = [e for e in screened if pure(e.strategy)]
+    for axis in ("d", "t", "p"):
+        cands = [e for e in screened if is_pure(e.strategy.d, e.strategy.t, e.strategy.p, axis)]
         best = next((e for e in cands if e.fits), cands[0] if cands else None)
         if best is not None and best.strategy not in chosen:
             chosen.append(best.strategy)

@@ -1,0 +1,152 @@
+"""Strategy-search benchmarks (issue 6). Prints figures; asserts nothing.
+
+    .venv/bin/python bench/bench_search.py [gpt2|gpt3|mlp|amp|all]
+
+1. GPT-2 1.6B on a 16-GPU DGX-2, the DistIR paper's grid (every D/T/P, k = 2..128, several
+   global batches): screened strategies, exact simulations, wall time (target < 60 s; the
+   original DistIR grid search took 35 min for ~1000 configurations on 56 cores).
+2. A GPT-3-175B-size model on 1024 A100s (128 DGX A100): wall time (target < 5 min).
+3. The original DistIR implementation's MLP grid (16 × 8192, batch 512, 1-16 devices, D·T·P
+   powers of two, k ∈ 2..128 when pipelined): 155 configurations screened, the best simulated
+   exactly (target < 3 s; ~130 s for the original implementation on this machine kind).
+4. AMP's three experiments (homogeneous 4 × g4dn.12xlarge, heterogeneous 3 × p3.8xlarge +
+   1 × g4dn.12xlarge, uneven TransGAN-like model on 4 × p3.8xlarge): screen time,
+   configurations/s, whole search with exact re-ranking (target < 1 s each; AMP ~300 CPU-s).
+
+One thread per process; exact simulations run on 2 local worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import replace
+
+from distir.autodiff.train import Optimizer
+from distir.frontends.zoo.registry import build_model, parse_model_string
+from distir.hardware.cluster import Cluster, preset_node
+from distir.ir.types import DType
+from distir.parallel.distribute import device_map, distribute
+from distir.parallel.strategy import Strategy
+from distir.search.profile import Profiler
+from distir.search.run import SearchRequest, search
+from distir.search.screen import Problem, Screen
+from distir.search.space import Pins
+from distir.sim.simulate import simulate
+
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")  # numpy is imported above but starts its pools lazily
+
+GPT_AMP = "gpt:layers=24,hidden=1024,heads=16,seq=1024"
+
+
+def _run(label: str, req: SearchRequest) -> tuple[int, float, float]:
+    t0 = time.perf_counter()
+    out = search(req)
+    wall = time.perf_counter() - t0
+    best = out.best()
+    screen_s = out.timings["screen_s"]
+    print(
+        f"  {label:34s} {out.n_screened:5d} screened in {screen_s:6.2f} s "
+        f"({out.n_screened / screen_s:7.0f} configs/s, {out.profiles} layer sims), "
+        f"placement {out.timings['placement_s']:5.2f} s, {len(out.results):2d} exact in "
+        f"{out.timings['simulate_s']:6.2f} s; total {wall:6.2f} s; best "
+        f"{best['strategy'] if best else '-'} {best['step_time_s'] * 1e3 if best else 0:.1f} ms",
+        flush=True,
+    )
+    return out.n_screened, screen_s, wall
+
+
+def bench_gpt2() -> None:
+    print("1. GPT-2 1.6B, 16 × V100 (dgx2-v100), every D/T/P, k ≤ 128, batches 64-512")
+    total_n, total_wall = 0, 0.0
+    for batch in (64, 128, 256, 512):
+        req = SearchRequest(model="gpt2-1.6b", cluster="dgx2-v100", batch=batch, top=4, workers=2)
+        n, _, wall = _run(f"batch {batch}", req)
+        total_n += n
+        total_wall += wall
+    print(f"  => {total_n} configurations in {total_wall:.1f} s wall (target < 60 s)\n")
+
+
+def bench_gpt3() -> None:
+    print("2. GPT-3 175B, 1024 × A100 (dgx-a100:128), batch 1536")
+    req = SearchRequest(
+        model="gpt2-175b", cluster="dgx-a100:128", batch=1536, top=2, workers=2, pins=Pins(max_k=128)
+    )
+    _, _, wall = _run("gpt3-175b", req)
+    print(f"  => {wall:.1f} s wall (target < 300 s)\n")
+
+
+def _mlp_grid() -> list[Strategy]:
+    out = []
+    for n in (1, 2, 4, 8, 16):
+        for d in (1, 2, 4, 8, 16):
+            for t in (1, 2, 4, 8, 16):
+                p, rem = divmod(n, d * t)
+                if rem or p < 1 or p & (p - 1):
+                    continue
+                for k in (1,) if p == 1 else (2, 4, 8, 16, 32, 64, 128):
+                    if 512 % (d * k):
+                        continue
+                    out.append(Strategy(d=d, t=t, p=p, k=k, schedule="1f1b"))
+    return out
+
+
+def bench_mlp() -> None:
+    print("3. DistIR's MLP grid: 16 × 8192, batch 512, 1-16 V100s, D·T·P powers of two, k 2..128")
+    t0 = time.perf_counter()
+    spec = parse_model_string("mlp:layers=16,hidden=8192")
+    node = preset_node("dgx2-v100")
+    grid = _mlp_grid()
+    best: dict[int, tuple[float, Strategy]] = {}
+    screens: dict[int, Screen] = {}
+    for s in grid:
+        n = s.devices
+        if n not in screens:
+            cl = Cluster(f"dgx2-v100[{n}]", (replace(node, devices_per_node=n),))
+            screens[n] = Screen(Profiler(spec, cl), Problem(512, True, "sgd"))
+        e = screens[n].estimate(s)
+        if e.fits and (n not in best or e.step_time_s < best[n][0]):
+            best[n] = (e.step_time_s, e.strategy)
+    t1 = time.perf_counter()
+    n_top = max(best)
+    model = build_model("mlp:layers=16,hidden=8192", 512)
+    s = best[n_top][1]
+    r = simulate(
+        distribute(model, s, Optimizer("sgd"), comm_streams=True),
+        screens[n_top].cluster,
+        device_map(s, True),
+        batch=512,
+    )
+    t2 = time.perf_counter()
+    print(
+        f"  {len(grid)} configurations screened in {t1 - t0:.2f} s ({len(grid) / (t1 - t0):.0f}/s); "
+        "best on 16: "
+        f"{s} screen {best[n_top][0] * 1e3:.1f} ms, simulated {r.step_time_s * 1e3:.1f} ms in {t2 - t1:.2f} s"
+    )
+    print(f"  => {t2 - t0:.2f} s wall (target < 3 s; original implementation ~130 s)\n")
+
+
+def bench_amp() -> None:
+    print("4. AMP's experiments (GPT-2 24 × 1024, seq 1024, batch 32; TransGAN-like, batch 64)")
+    cases = [
+        ("homogeneous 4 × g4dn.12xlarge", GPT_AMP, "g4dn.12xlarge:4", 32),
+        ("heterogeneous 3 × p3.8x + 1 × g4dn", GPT_AMP, "p3.8xlarge:3+g4dn.12xlarge:1", 32),
+        ("uneven TransGAN, 4 × p3.8xlarge", "transgan-hetero", "p3.8xlarge:4", 64),
+    ]
+    for label, model, cluster, batch in cases:
+        _run(label, SearchRequest(model=model, cluster=cluster, batch=batch, top=4, workers=2))
+    print("  => target < 1 s each (AMP ~300 CPU-s)\n")
+
+
+def main() -> None:
+    which = sys.argv[1] if len(sys.argv) > 1 else "all"
+    _ = DType.f32
+    for name, fn in (("mlp", bench_mlp), ("amp", bench_amp), ("gpt2", bench_gpt2), ("gpt3", bench_gpt3)):
+        if which in (name, "all"):
+            fn()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""``distir search``: the JSON contract, the store (rerun = no new simulation), outputs, errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from distir.cli import app
+from distir.parallel.strategy import parse_strategy
+from distir.search.rerank import RESULT_KEYS, ExactJob, evaluate
+
+MODEL = "mlp:layers=4,hidden=256"
+runner = CliRunner()
+
+
+def _search(tmp_path: Path, *extra: str) -> dict[str, object]:
+    args = ["search", "--model", MODEL, "--cluster", "dgx-a100", "--batch", "64", "--top", "3"]
+    args += ["--workers", "1", "--store", str(tmp_path / "s.sqlite"), "--json", *extra]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    out: dict[str, object] = json.loads(res.stdout)
+    return out
+
+
+def test_json_contract_ranked_best_first_and_consistent(tmp_path: Path) -> None:
+    out = _search(tmp_path, "--csv", str(tmp_path / "r.csv"))
+    results = out["results"]
+    assert isinstance(results, list) and len(results) >= 3
+    for r in results:
+        assert set(RESULT_KEYS) <= set(r)
+        s = parse_strategy(r["strategy"])
+        assert (s.d, s.t, s.p, s.k) == (r["d"], r["t"], r["p"], r["k"])
+        assert s.devices == 8
+        assert r["throughput"] == pytest.approx(64 / r["step_time_s"])
+    fitting = [r for r in results if r["fits"]]
+    assert [r["throughput"] for r in fitting] == sorted((r["throughput"] for r in fitting), reverse=True)
+    assert results[: len(fitting)] == fitting  # what fits comes first
+    # the winner's figures are what an independent simulation of its strategy gives
+    again = evaluate(ExactJob(MODEL, "dgx-a100", 64), results[0]["strategy"])
+    assert again["step_time_s"] == pytest.approx(results[0]["step_time_s"])
+    rows = list(csv.DictReader((tmp_path / "r.csv").open()))
+    assert [r["strategy"] for r in rows] == [r["strategy"] for r in results]
+    assert Path(str(out["plot"])).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "<svg" in Path(str(out["html"])).read_text() or "svg" in Path(str(out["html"])).read_text()
+
+
+def test_rerun_takes_every_result_from_the_store(tmp_path: Path) -> None:
+    first = _search(tmp_path)
+    second = _search(tmp_path)
+    assert first["cached"] == 0
+    assert second["cached"] == second["simulated"] == first["simulated"]
+    assert second["results"] == first["results"]
+    fresh = _search(tmp_path, "--fresh")
+    assert fresh["cached"] == 0 and fresh["results"] == first["results"]
+
+
+def test_pins_hold_and_explain_names_the_pure_strategies(tmp_path: Path) -> None:
+    out = _search(tmp_path, "--tp", "2", "--schedule", "1f1b", "--explain")
+    for r in out["results"][:3]:  # type: ignore[index]
+        assert r["t"] == 2 or r["strategy"].startswith(("d8.t1.p1", "d1.t8.p1", "d1.t1.p8"))
+    text = "\n".join(out["explain"])  # type: ignore[arg-type]
+    assert text.startswith("winner ")
+    assert "pure data" in text or "best pure data" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "gpt2-xxl"], "unknown model"),
+        (["--cluster", "dgx-b300"], "unknown preset"),
+        (["--tp", "3"], "--tp 3"),
+        (["--executor", "slurm"], "--executor must be one of"),
+        (["--optimizer", "lion"], "--optimizer must be sgd or adam"),
+    ],
+)
+def test_bad_input_is_one_clear_message(tmp_path: Path, args: list[str], message: str) -> None:
+    base = ["search", "--model", MODEL, "--cluster", "dgx-a100", "--batch", "64", "--fresh"]
+    res = runner.invoke(app, [*base, *args])
+    assert res.exit_code == 2
+    assert message in res.output
+    assert "Traceback" not in res.output
