@@ -103,7 +103,9 @@ def screen_space(
         cluster.num_devices,
         req.batch,
         num_layers(spec, dt, req.train),
-        tuple(allowed_tp(spec, dt, cluster.num_devices)),
+        # TP stays inside a node (its collectives run every layer; across a network they never
+        # pay off), unless the user pins a larger --tp
+        tuple(allowed_tp(spec, dt, req.pins.tp or min(n.devices_per_node for n in cluster.nodes))),
         req.train,
         req.pins,
     )
