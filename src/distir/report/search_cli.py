@@ -123,7 +123,8 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
             payload["explain"] = explain(o)
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         return
-    out.print(results_table(o))
+    # pipes and 80-column terminals would squeeze the strategy column to nothing
+    out.print(results_table(o), width=max(out.width, 120))
     t = o.timings
     out.print(
         f"screen {t['screen_s']:.2f} s ({o.n_screened} strategies, {o.profiles} layer simulations), "
