@@ -17,6 +17,12 @@ MODEL = "mlp:layers=4,hidden=256"
 runner = CliRunner()
 
 
+@pytest.fixture(autouse=True)
+def _cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Default stores and reports go under the test's directory, never the user's cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
 def _search(tmp_path: Path, *extra: str) -> dict[str, object]:
     args = ["search", "--model", MODEL, "--cluster", "dgx-a100", "--batch", "64", "--top", "3"]
     args += ["--workers", "1", "--store", str(tmp_path / "s.sqlite"), "--json", *extra]
@@ -56,6 +62,8 @@ def test_rerun_takes_every_result_from_the_store(tmp_path: Path) -> None:
     assert second["results"] == first["results"]
     fresh = _search(tmp_path, "--fresh")
     assert fresh["cached"] == 0 and fresh["results"] == first["results"]
+    # without a store, the reports still go to the cache directory, not the working directory
+    assert Path(str(fresh["plot"])).is_relative_to(tmp_path / "cache")
 
 
 def test_pins_hold_and_explain_names_the_pure_strategies(tmp_path: Path) -> None:

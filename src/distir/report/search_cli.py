@@ -105,7 +105,7 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
             traceback.print_exc()
         _fail(err, str(e))
     key = search_key(req.key_parts())
-    reports = (store.parent if store is not None else Path.cwd() / "distir-reports") / "reports"
+    reports = (store or default_store()).parent / "reports"  # never the working directory
     plot = a["plot"] or reports / f"search-{key}.png"
     html = a["html"] or reports / f"search-{key}.html"
     plot.parent.mkdir(parents=True, exist_ok=True)
