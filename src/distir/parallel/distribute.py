@@ -88,8 +88,7 @@ def partition(model: Model, strategy: Strategy, n_layers: int) -> list[range]:
                 f"partition {'-'.join(map(str, counts))} covers {sum(counts)} layers, not {n_layers}"
             )
     elif strategy.partition == "uniform":
-        q, r = divmod(n_layers, n)
-        counts = [q + (1 if i < r else 0) for i in range(n)]
+        counts = list(uniform_counts(n_layers, n))
     else:  # balance parameters greedily: cut when the running share passes the next quota
         sizes = []
         weights = {v for v in model.forward.params[len(model.inputs) :]}
@@ -101,6 +100,12 @@ def partition(model: Model, strategy: Strategy, n_layers: int) -> list[range]:
         out.append(range(start, start + c))
         start += c
     return out
+
+
+def uniform_counts(n_layers: int, chunks: int) -> tuple[int, ...]:
+    """The uniform partition: layers per chunk, the first ``n_layers mod chunks`` one more."""
+    q, r = divmod(n_layers, chunks)
+    return tuple(q + (1 if i < r else 0) for i in range(chunks))
 
 
 def _balanced(sizes: Sequence[int], n: int) -> list[int]:
@@ -629,4 +634,4 @@ def _model_with(model: Model, module: Module) -> Model:
     )
 
 
-__all__ = ["ShardedLayer", "distribute", "partition", "sharded_layers", "strip_types"]
+__all__ = ["ShardedLayer", "distribute", "partition", "sharded_layers", "strip_types", "uniform_counts"]

@@ -11,6 +11,7 @@ from typing import Any
 from rich.table import Table
 
 from distir.search.run import SearchOutput, is_pure
+from distir.sim.summary import format_seconds
 
 GIB = float(1 << 30)
 CSV_KEYS = (
@@ -110,9 +111,7 @@ def write_csv(o: SearchOutput, path: Path) -> None:
 
 
 def _t(s: float) -> str:
-    if not math.isfinite(s):
-        return "∞"
-    return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.3f} s"
+    return format_seconds(s) if math.isfinite(s) else "—"
 
 
 def results_table(o: SearchOutput) -> Table:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from distir.frontends.zoo.model import Model
 from distir.frontends.zoo.registry import ModelSpec, build_from
 from distir.hardware.cluster import Cluster
 from distir.ir.builder import FunctionBuilder
@@ -31,6 +32,7 @@ from distir.parallel.distribute import ShardedLayer, sharded_layers
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
 from distir.sim.simulate import simulate
+from distir.sim.units import piece_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +54,9 @@ class LayerProfile:
 
 
 def local_nbytes(t: Type) -> float:
-    """Bytes of one device's part of ``t`` (a DTensor divided over its sharded mesh axes)."""
+    """Bytes of one device's part of ``t`` (the first device's piece of a DTensor)."""
     if isinstance(t, DTensorType):
-        parts = 1
-        for size, pl in zip(t.mesh.shape, t.placements, strict=True):
-            if isinstance(pl, Shard):
-                parts *= size
-        return t.nbytes / parts
+        return piece_bytes(t, 0)
     if isinstance(t, TensorType):
         return float(t.nbytes)
     return 0.0
@@ -85,6 +83,7 @@ class Profiler:
     _fn_cache: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
     _work: dict[tuple[object, ...], float] = field(default_factory=dict)
     _layers: dict[tuple[int, int, str], list[ShardedLayer]] = field(default_factory=dict)
+    _models: dict[int, Model] = field(default_factory=dict)
     probes: int = 0  # layer simulations run (for benches)
 
     def group_key(self, gpus: Sequence[int]) -> tuple[object, ...]:
@@ -93,12 +92,17 @@ class Profiler:
         first = {n: i for i, n in enumerate(dict.fromkeys(nodes))}
         return tuple((self.cluster.nodes[n].name, first[n]) for n in nodes)
 
+    def model(self, b: int) -> Model:
+        got = self._models.get(b)
+        if got is None:
+            got = self._models[b] = build_from(self.spec, b, self.dtype)
+        return got
+
     def sharded(self, t: int, b: int, recompute: str) -> list[ShardedLayer]:
         key = (t, b, recompute)
         got = self._layers.get(key)
         if got is None:
-            model = build_from(self.spec, b, self.dtype)
-            got = self._layers[key] = sharded_layers(model, 1, t, recompute, self.train)
+            got = self._layers[key] = sharded_layers(self.model(b), 1, t, recompute, self.train)
         return got
 
     def layers(self, t: int, b: int, gpus: Sequence[int], recompute: str = "none") -> list[LayerProfile]:
@@ -109,7 +113,7 @@ class Profiler:
         if got is not None:
             return got
         layers = self.sharded(t, b, recompute)
-        model = build_from(self.spec, b, self.dtype)
+        model = self.model(b)
         dmap = DeviceMap({Device(i): Slot(g) for i, g in enumerate(gpus)})
         cost = self.cost_model or RooflineCostModel(self.cluster)
         out: list[LayerProfile] = []

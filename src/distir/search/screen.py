@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from distir.hardware.cluster import Cluster
+from distir.parallel.distribute import uniform_counts
 from distir.parallel.strategy import Strategy
 from distir.search.layer_assignment import assign_layers, objective
 from distir.search.profile import LayerProfile, Profiler
@@ -71,12 +72,6 @@ class Estimate:
 
     def throughput(self, batch: int) -> float:
         return batch / self.step_time_s if self.step_time_s > 0 else float("inf")
-
-
-def _uniform(n_layers: int, chunks: int) -> tuple[int, ...]:
-    """``distribute``'s uniform partition."""
-    q, r = divmod(n_layers, chunks)
-    return tuple(q + (1 if i < r else 0) for i in range(chunks))
 
 
 class Screen:
@@ -167,26 +162,25 @@ class Screen:
             static_f += 1.0 + (1.0 if s.k > 1 else 0.0)  # gradient + its accumulator
             static_f += pr.n_state / (d if s.zero >= 1 else 1)
         inflight = [self._inflight(s, j) for j in range(s.p)]
+        mem = np.array([static_f * w_bytes + inflight[j] * saved for j in range(s.p)])
         caps = np.array([min(self.cluster.device_spec(g).memory_bytes for g in st) for st in stages], float)
         counts: tuple[int, ...]
         if isinstance(s.partition, tuple):
             counts = s.partition
         elif balance and s.v == 1 and s.p > 1:
-            mem = np.array([static_f * w_bytes + inflight[j] * saved for j in range(s.p)])
             got = assign_layers(time_c, s.k, comm if chunks > 1 else None, mem, caps - work.max())
             if got is None:  # nothing fits: balance time alone, report the memory honestly
                 got = assign_layers(time_c, s.k, comm if chunks > 1 else None)
             assert got is not None
             counts = got.counts
             # equal time: keep the uniform split (the simpler strategy string)
-            uni = _uniform(n_layers, chunks)
+            uni = uniform_counts(n_layers, chunks)
             if counts != uni and objective(uni, time_c, s.k, comm) <= got.time * (1 + 1e-6):
-                mem_u = np.array([static_f * w_bytes + inflight[j] * saved for j in range(s.p)])
                 cut = np.concatenate([[0], np.cumsum(uni)])
-                if all(mem_u[j, cut[j] : cut[j + 1]].sum() <= caps[j] - work.max() for j in range(s.p)):
+                if all(mem[j, cut[j] : cut[j + 1]].sum() <= caps[j] - work.max() for j in range(s.p)):
                     counts = uni
         else:
-            counts = _uniform(n_layers, chunks)
+            counts = uniform_counts(n_layers, chunks)
         bounds = np.concatenate([[0], np.cumsum(counts)])
         t_chunk = [float(time_c[c, bounds[c] : bounds[c + 1]].sum()) for c in range(chunks)]
         c_cut = [float(comm[c, bounds[c + 1] - 1]) for c in range(chunks - 1)]
@@ -262,7 +256,9 @@ class Screen:
 
     @staticmethod
     def _with(s: Strategy, counts: tuple[int, ...], placement: Sequence[int]) -> Strategy:
-        part: tuple[int, ...] | str = "uniform" if counts == _uniform(sum(counts), len(counts)) else counts
+        part: tuple[int, ...] | str = (
+            "uniform" if counts == uniform_counts(sum(counts), len(counts)) else counts
+        )
         place = None if tuple(placement) == tuple(range(len(placement))) else tuple(placement)
         return Strategy(s.d, s.t, s.p, s.k, s.schedule, s.v, s.zero, s.recompute, part, place)
 

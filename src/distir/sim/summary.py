@@ -50,7 +50,8 @@ def summary_dict(r: SimResult) -> dict[str, Any]:
     }
 
 
-def _time(s: float) -> str:
+def format_seconds(s: float) -> str:
+    """A duration for tables: ``1.234 s``, ``12.345 ms`` or ``56.7 µs``."""
     if s >= 1:
         return f"{s:.3f} s"
     if s >= 1e-3:
@@ -63,7 +64,7 @@ def summary_table(r: SimResult, title: str) -> Group:
     head = Text()
     head.append(f"{title}\n", style="bold")
     head.append(
-        f"step time {_time(r.step_time_s)}   throughput {r.throughput:.4g} {d['throughput_unit']}   "
+        f"step time {format_seconds(r.step_time_s)}   throughput {r.throughput:.4g} {d['throughput_unit']}   "
         f"MFU {100 * r.mfu:.1f}%   bubble {100 * r.bubble_fraction:.1f}%   ops {r.n_ops:,}\n"
     )
     table = Table()
@@ -76,9 +77,9 @@ def summary_table(r: SimResult, title: str) -> Group:
         table.add_row(
             ", ".join(dev["devices"]),
             f"{g} {dev['kind']}" + (f" ({dev['stream']})" if dev["stream"] != "compute" else ""),
-            _time(dev["busy_s"]),
-            _time(dev["comm_s"]),
-            _time(dev["idle_s"]),
+            format_seconds(dev["busy_s"]),
+            format_seconds(dev["comm_s"]),
+            format_seconds(dev["idle_s"]),
             f"{peak / GIB:.3f} GiB",
             f"{cap / GIB:.1f} GiB",
             flag,
