@@ -42,6 +42,7 @@ from distir.ops.registry import REGISTRY, OpKind, OpTypeError
 from distir.sim import spmd
 from distir.sim.cost import CostModel
 from distir.sim.devices import DeviceMap
+from distir.sim.flatplan import plan_flat
 from distir.sim.units import Units, has_dtensor, leaves
 
 NEG_INF = float("-inf")
@@ -145,8 +146,9 @@ class FnPlan:
 class PlanDomain(TypeDomain):
     """Type propagation that also records, per op, where it runs and what it costs."""
 
-    def __init__(self, module: Module, dmap: DeviceMap, cost: CostModel) -> None:
+    def __init__(self, module: Module, dmap: DeviceMap, cost: CostModel, *, fast_path: bool = True) -> None:
         super().__init__()
+        self.fast_path = fast_path  # plan bodies of primitive ops in one pass (``flatplan``)
         self.module = module
         self.dmap = dmap
         self.cost = cost
@@ -250,6 +252,9 @@ class PlanDomain(TypeDomain):
     def plan(self, fn: Function, args: Sequence[Mixed]) -> FnPlan:
         if not self.units.prepared and not self._frames:
             self.units.prepare(self.module, fn, args)
+        fast = plan_flat(self, fn, args) if self.fast_path else None
+        if fast is not None:
+            return fast
         self._frames.append([])
         try:
             try:
