@@ -16,7 +16,7 @@ all-abstract arguments are cached per (function, argument types).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -82,6 +82,8 @@ class TypeDomain:
         self._selected: dict[tuple[str, tuple[bool, ...]], Any] = {}
         self._defs: dict[str, OpDef] = {}
         self._call_cache: dict[tuple[str, tuple[Type, ...]], tuple[Mixed, ...]] = {}
+        # (callee, ids of the argument types) -> (results, the argument types, pinned)
+        self._call_ids: dict[tuple[Any, ...], tuple[tuple[Mixed, ...], tuple[Type, ...]]] = {}
         self.record = record
         # function name -> list of (argument types, final state) seen; only when record=True
         self.envs: dict[str, list[tuple[tuple[Type, ...], dict[Value, Mixed]]]] = {}
@@ -142,13 +144,24 @@ class TypeDomain:
         return outs
 
     def call(self, module: Module, call: Call, callee: Function, args: Sequence[Mixed]) -> Sequence[Mixed]:
-        types = tuple(type_of(a) for a in args)
+        abstract = Concrete not in map(type, args)
+        if abstract and not self.record:
+            # the hot path (a call site seen before with the very same type objects): keyed by
+            # identity, so no type is hashed; the entry pins the types, so their ids stay valid
+            id_key = (callee.name, *map(id, args))
+            pinned = self._call_ids.get(id_key)
+            if pinned is not None:
+                check_declared(call.outputs, pinned[0], "@" + callee.name)
+                return pinned[0]
+        # no Concrete among abstract arguments: they are their types
+        types = cast(tuple[Type, ...], tuple(args)) if abstract else tuple(type_of(a) for a in args)
         check_arguments(callee, types)
-        abstract = not any(isinstance(a, Concrete) for a in args)
         key = (callee.name, types)
         outs: Sequence[Mixed] | None = None
         if abstract and not self.record:
             outs = self._call_cache.get(key)
+            if outs is not None:
+                self._call_ids[id_key] = (tuple(outs), types)
         if outs is None:
             outs, env = interpret(module, callee, args, self)
             if self.record:
@@ -156,6 +169,8 @@ class TypeDomain:
             if abstract:
                 # results may be known values (a callee returning Shape(%p)): keep them
                 self._call_cache[key] = tuple(outs)
+                if not self.record:
+                    self._call_ids[id_key] = (tuple(outs), types)
         check_declared(call.outputs, outs, "@" + callee.name)
         return outs
 

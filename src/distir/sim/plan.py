@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
@@ -46,6 +46,9 @@ from distir.sim.flatplan import plan_flat
 from distir.sim.units import Units, has_dtensor, leaves
 
 NEG_INF = float("-inf")
+# a storage root: a value (a parameter or an op's fresh result) or a call's fresh buffer, named
+# by (the call's index in the body, the buffer's index in the callee's summary)
+Root = Value | tuple[int, int]
 
 
 @dataclass(slots=True)
@@ -67,6 +70,7 @@ class CallSummary:
     profile: dict[int, list[tuple[int, float]]]
     # per parameter: its last use in the body, not counting the return (-1: none)
     param_last: tuple[int, ...]
+    _extra_memo: dict[Any, tuple[tuple[int, float], ...]] = field(default_factory=dict, repr=False)
 
     def extra_with_dying(
         self,
@@ -80,6 +84,15 @@ class CallSummary:
         no more — exactly as if the call were inlined."""
         if not dying and not dead:
             return tuple(self.peak_extra.items())
+        key = (tuple(dying), tuple(dead))  # call sites of one summary repeat (microbatches)
+        hit = self._extra_memo.get(key)
+        if hit is None:
+            hit = self._extra_memo[key] = self._extra(dying, dead)
+        return hit
+
+    def _extra(
+        self, dying: list[tuple[int, int, float]], dead: list[tuple[int, int, float]]
+    ) -> tuple[tuple[int, float], ...]:
         out = dict(self.peak_extra)
         by_gpu: dict[int, tuple[list[tuple[int, float]], list[tuple[int, float]]]] = {}
         for last, g, b in dying:
@@ -157,6 +170,10 @@ class PlanDomain(TypeDomain):
         self._memo: dict[tuple[Any, ...], tuple[tuple[Type, ...], OpRecord]] = {}
         self._frames: list[list[OpRecord | CallSummary]] = []
         self._summaries: dict[tuple[str, tuple[Type, ...]], tuple[CallSummary, tuple[Mixed, ...]]] = {}
+        # (callee, ids of the argument types) -> (summary and results, the argument types, pinned)
+        self._summary_ids: dict[
+            tuple[Any, ...], tuple[tuple[CallSummary, tuple[Mixed, ...]], tuple[Type, ...]]
+        ] = {}
 
     @property
     def dev_slot(self) -> dict[Device, int]:
@@ -235,16 +252,26 @@ class PlanDomain(TypeDomain):
 
     # -- calls -----------------------------------------------------------------------------------
     def call(self, module: Module, call: Call, callee: Function, args: Sequence[Mixed]) -> Sequence[Mixed]:
-        types = tuple(type_of(a) for a in args)
-        abstract = not any(type(a) is Concrete for a in args)
-        key = (callee.name, types)
-        hit = self._summaries.get(key) if abstract else None
-        if hit is None:
-            check_arguments(callee, types)
-            plan = self.plan(callee, args)
-            hit = (summarize(plan, self.slot_gpu), plan.out_values)
-            if abstract:
-                self._summaries[key] = hit
+        abstract = Concrete not in map(type, args)
+        # the hot path: a call site seen before with the very same type objects, keyed by
+        # identity (no type hashed); the entry pins the types, so their ids stay valid
+        id_key = (callee.name, *map(id, args)) if abstract else None
+        pinned = self._summary_ids.get(id_key) if id_key is not None else None
+        if pinned is not None:
+            hit = pinned[0]
+        else:
+            types = tuple(type_of(a) for a in args)
+            key = (callee.name, types)
+            found = self._summaries.get(key) if abstract else None
+            if found is None:
+                check_arguments(callee, types)
+                plan = self.plan(callee, args)
+                found = (summarize(plan, self.slot_gpu), plan.out_values)
+                if abstract:
+                    self._summaries[key] = found
+            hit = found
+            if id_key is not None:
+                self._summary_ids[id_key] = (hit, types)
         check_declared(call.outputs, hit[1], "@" + callee.name)
         self._frames[-1].append(hit[0])
         return hit[1]
@@ -314,12 +341,12 @@ def build_plan(
     assert len(records) == n
     # a value's storage roots: itself when absent (a fresh result or a parameter), else the
     # values whose storage it views
-    roots: dict[Value, tuple[Value, ...]] = {}
-    owned: dict[Value, list[tuple[int, float]]] = {}  # root -> bytes per GPU
-    last: dict[Value, int] = {}
+    roots: dict[Value, tuple[Root, ...]] = {}
+    owned: dict[Root, Sequence[tuple[int, float]]] = {}  # root -> bytes per GPU
+    last: dict[Root, int] = {}
     calls: list[int] = []
     get_roots = roots.get
-    call_roots: dict[int, dict[int, Value]] = {}  # call index -> fresh buffer k -> its root here
+    call_roots: dict[int, dict[int, Root]] = {}  # call index -> fresh buffer k -> its root here
     call_allocs: dict[int, list[tuple[int, float]]] = {}
     for i, (instr, rec) in enumerate(zip(fn.body, records, strict=True)):
         if type(rec) is tuple:  # the hot path: a primitive op
@@ -340,28 +367,42 @@ def build_plan(
                 last[o] = i
             continue
         assert isinstance(rec, CallSummary)
-        for j, v in enumerate(instr.inputs):
-            if rec.param_last[j] < 0:
+        for v, pl in zip(instr.inputs, rec.param_last, strict=True):
+            if pl < 0:
                 continue  # the callee never reads it (a returned alias extends it where used)
-            for r in get_roots(v) or (v,):
-                last[r] = i
+            rs = get_roots(v)
+            if rs is None:
+                last[v] = i
+            else:
+                for r in rs:
+                    last[r] = i
         calls.append(i)
-        mine: dict[int, Value] = call_roots.setdefault(i, {})
+        mine: dict[int, Root] = call_roots.setdefault(i, {})
+        allocs: list[tuple[int, float]] = call_allocs.setdefault(i, [])
         for o, out_refs in zip(instr.outputs, rec.out_roots, strict=True):
-            uses_of: dict[Value, None] = {}
+            if len(out_refs) == 1 and out_refs[0] < 0 and -1 - out_refs[0] not in mine:
+                # the common case: a result that is a fresh buffer of its own
+                k = -1 - out_refs[0]
+                buf = mine[k] = (i, k)  # a buffer is named by its call and index
+                owned[buf] = rec.fresh[k][0]
+                allocs.extend(rec.fresh[k][0])
+                last[buf] = i
+                roots[o] = (buf,)
+                continue
+            uses_of: dict[Root, None] = {}
             for ref in out_refs:
                 if ref >= 0:
                     arg = instr.inputs[ref]
                     uses_of.update(dict.fromkeys(get_roots(arg) or (arg,)))
                     continue
                 k = -1 - ref
-                buf = mine.get(k)
-                if buf is None:  # one buffer, however many results use it
-                    buf = mine[k] = Value(f"{rec.name}.buffer{k}")
-                    owned[buf] = list(rec.fresh[k][0])
-                    call_allocs.setdefault(i, []).extend(rec.fresh[k][0])
-                    last[buf] = i
-                uses_of[buf] = None
+                b = mine.get(k)
+                if b is None:  # one buffer, however many results use it
+                    b = mine[k] = (i, k)
+                    owned[b] = rec.fresh[k][0]
+                    allocs.extend(rec.fresh[k][0])
+                    last[b] = i
+                uses_of[b] = None
             roots[o] = tuple(uses_of)
     devs: list[tuple[int, ...]] = []
     costs: list[float | CallSummary] = []
@@ -392,14 +433,14 @@ def build_plan(
     for r in out_root_list:
         last[r] = n
     frees: dict[int, list[tuple[int, float]]] = {}
-    for r, by_gpu in owned.items():
+    for r, gb in owned.items():
         end = last[r]
         if end < n:
             pending = frees.get(end)
             if pending is None:
-                frees[end] = list(by_gpu)
+                frees[end] = list(gb)
             else:
-                pending.extend(by_gpu)
+                pending.extend(gb)
     mem: list[MemEvents | None] = [None] * n
     for i, rec in enumerate(records):
         freed = frees.get(i)
@@ -411,38 +452,44 @@ def build_plan(
                     bump = rec[9]
             mem[i] = (bump, rec[7], tuple(freed) if freed else ())
     if calls:
-        dying_at: dict[int, list[Value]] = {}
+        dying_at: dict[int, list[Root]] = {}
         for r, end in last.items():
             if r in owned and end < n:
                 dying_at.setdefault(end, []).append(r)
         for i in calls:
             c = costs[i]
             assert isinstance(c, CallSummary)
-            instr = fn.body[i]
-            dying: list[tuple[int, int, float]] = []
-            dead: list[tuple[int, int, float]] = []
-            made = {buf: k for k, buf in call_roots.get(i, {}).items()}
-            dies = dying_at.get(i, ())
-            last_use: dict[Value, int] = {}
-            if dies:  # one pass over the arguments: the last use inside of each root passed in
-                for j, v in enumerate(instr.inputs):
-                    pl = c.param_last[j]
+            dies = dying_at.get(i)
+            if not dies:
+                pk = tuple(c.peak_extra.items())
+            else:
+                instr = fn.body[i]
+                # one pass over the arguments: the last use inside of each root passed in
+                last_use: dict[Root, int] = {}
+                for v, pl in zip(instr.inputs, c.param_last, strict=True):
                     for r in get_roots(v) or (v,):
                         if last_use.get(r, -(1 << 62)) < pl:
                             last_use[r] = pl
-            for r in dies:
-                if r in made:  # a result nobody uses: gone after its last use inside
-                    dead.extend((c.fresh[made[r]][1], g, b) for g, b in owned[r])
-                    continue
-                u = last_use.get(r)
-                if u is not None and u >= 0:
-                    dying.extend((u, g, b) for g, b in owned[r])
-            pk = c.extra_with_dying(dying, dead)
+                # a result nobody uses (a buffer this call made) is gone after its last use inside
+                dead = [
+                    (c.fresh[r[1]][1], g, b)
+                    for r in dies
+                    if type(r) is tuple and r[0] == i
+                    for g, b in owned[r]
+                ]
+                dying = [
+                    (u, g, b)
+                    for r in dies
+                    if not (type(r) is tuple and r[0] == i) and last_use.get(r, -1) >= 0
+                    for u in (last_use[r],)
+                    for g, b in owned[r]
+                ]
+                pk = c.extra_with_dying(dying, dead)
             al = tuple(call_allocs.get(i, ()))
             fr = tuple(frees.get(i, ()))
             mem[i] = (pk, al, fr) if (pk or al or fr) else None
     param_index = {p: j for j, p in enumerate(fn.params)}
-    fresh_index: dict[Value, int] = {}
+    fresh_index: dict[Root, int] = {}
     fresh: list[tuple[tuple[tuple[int, float], ...], int]] = []
     out_roots: list[tuple[int, ...]] = []
     for v in fn.outputs:

@@ -21,7 +21,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from distir.interp.loop import interpret
-from distir.interp.shapes import Mixed, TypeDomain, type_of
+from distir.interp.shapes import Concrete, Mixed, TypeDomain, check_declared, type_of
 from distir.ir.dtensor import DTensorType, Mesh, Placement, Shard
 from distir.ir.function import Function, Module
 from distir.ir.ops import Op
@@ -138,6 +138,7 @@ class _TypeCollector(TypeDomain):
         self.dtensors: dict[DTensorType, None] = {}
         self.devices: dict[Device, None] = {}
         self._checked: dict[int, Mesh] = {}  # meshes whose devices are known mapped, by id
+        self._memo: dict[tuple[Any, ...], Sequence[Mixed]] = {}  # (op, attributes, input types)
 
     def note(self, t: Type) -> None:
         if isinstance(t, DTensorType):
@@ -159,6 +160,12 @@ class _TypeCollector(TypeDomain):
             raise OpTypeError(f"device {d} is not mapped onto the cluster")
 
     def op(self, op: Op, args: Sequence[Mixed]) -> Sequence[Mixed]:
+        key = (op.name, op.attrs, *args) if Concrete not in map(type, args) else None
+        if key is not None:  # an op seen before: its types are noted already
+            hit = self._memo.get(key)
+            if hit is not None:
+                check_declared(op.outputs, hit, op.name)
+                return hit
         outs = super().op(op, args)
         for x in (*args, *outs):
             self.note(type_of(x))
@@ -167,6 +174,8 @@ class _TypeCollector(TypeDomain):
             if isinstance(src, DTensorType) and isinstance(dst, DTensorType):
                 for *_, after in step_types(src, dst):
                     self.dtensors[after] = None
+        if key is not None and Concrete not in map(type, outs):
+            self._memo[key] = outs
         return outs
 
 
