@@ -92,8 +92,11 @@ def _parse_mesh(text: str, attr: str) -> Mesh:
         raise IRTypeError(f"attribute {attr}={text!r}: {e}") from None
 
 
+@functools.lru_cache(maxsize=4096)
 def format_mesh_attr(mesh: Mesh) -> str:
-    """The inverse of ``parse_mesh_attr``: ``mesh(dp=2; d4, d5)`` -> ``"dp=2; d4, d5"``."""
+    """The inverse of ``parse_mesh_attr``: ``mesh(dp=2; d4, d5)`` -> ``"dp=2; d4, d5"``.
+    Cached: a pipeline program names each stage's mesh (of up to thousands of devices) once
+    per microbatch and stage boundary."""
     return str(mesh)[len("mesh(") : -1]
 
 
