@@ -279,3 +279,26 @@ def test_simulate_model_errors(args: list[str], message: str) -> None:
     code, out, err = run("simulate", *args)
     assert code == 2
     assert message in out + err
+
+
+def test_simulate_mixed_precision() -> None:
+    """``--precision mixed`` computes in --dtype with fp32 masters and state: with Adam the step's
+    parameters hold 12 bytes per weight (4 master + 8 m, v) where pure bf16 holds 6."""
+    model = "mlp:layers=2,hidden=64"
+    base = ["simulate", "--model", model, "--batch", "8", "--json"]
+    got = {}
+    for dtype, precision in (("bf16", "pure"), ("bf16", "mixed"), ("f16", "mixed")):
+        code, out, _ = run(*base, "--dtype", dtype, "--precision", precision)
+        assert code == 0
+        d = json.loads(out)
+        assert (d["dtype"], d["precision"]) == (dtype, precision)
+        got[dtype, precision] = d["parameter_bytes"]["d0"]
+    n = 2 * 64 * 64
+    assert got["bf16", "mixed"] - got["bf16", "pure"] == 6 * n
+    assert got["f16", "mixed"] == got["bf16", "mixed"]
+    code, _, err = run(*base, "--precision", "mixed")  # --dtype f32
+    assert code == 2 and "mixed precision computes in bf16 or f16" in err and "is f32" in err
+    code, _, err = run(*base, "--dtype", "bf16", "--precision", "half")
+    assert code == 2 and "precision must be pure or mixed, got 'half'" in err
+    code, _, err = run("simulate", str(EX / "fig2_mlp_pipeline.distir"), "--precision", "mixed")
+    assert code == 2 and "--precision applies to --model" in err

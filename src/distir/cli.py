@@ -194,6 +194,14 @@ def simulate(
     ] = True,
     optimizer: Annotated[str, typer.Option("--optimizer", help="With --model: sgd or adam.")] = "adam",
     dtype: Annotated[str, typer.Option("--dtype", help="With --model: f32, bf16 or f16.")] = "f32",
+    precision: Annotated[
+        str,
+        typer.Option(
+            "--precision",
+            help="With --model: pure (everything in --dtype) or mixed (compute in --dtype bf16/f16, "
+            "fp32 master weights and optimizer state).",
+        ),
+    ] = "pure",
     trace: Annotated[
         Path | None, typer.Option("--trace", help="Write a Perfetto/Chrome trace JSON here.")
     ] = None,
@@ -225,11 +233,15 @@ def simulate(
         )
     source: str
     if model is not None:
-        m, dmap0, source, batch = _model_program(model, strategy, batch, train, optimizer, dtype, debug)
+        m, dmap0, source, batch = _model_program(
+            model, strategy, batch, train, optimizer, dtype, debug, precision
+        )
     else:
         assert file is not None
         if strategy is not None:
             _fail("--strategy applies to --model, not to a program file")
+        if precision != "pure":
+            _fail("--precision applies to --model, not to a program file")
         s = _Session(file, debug)
         m = s.explicit(s.load(entry))  # a sharded program is simulated in its materialized form
         dmap0, source = None, str(file)
@@ -263,7 +275,11 @@ def simulate(
         _emit_json(
             {
                 "file" if file is not None else "model": source,
-                **({"strategy": strategy or "d1.t1.p1.k1.1f1b"} if model is not None else {}),
+                **(
+                    {"strategy": strategy or "d1.t1.p1.k1.1f1b", "dtype": dtype, "precision": precision}
+                    if model is not None
+                    else {}
+                ),
                 "cluster": cluster,
                 **summary,
                 "trace": str(trace) if trace is not None else None,
@@ -292,9 +308,18 @@ def _plain_guard(debug: bool) -> Callable[[Callable[[], T]], T]:
 
 
 def _model_program(
-    spec: str, strategy: str | None, batch: int | None, train: bool, optimizer: str, dtype: str, debug: bool
+    spec: str,
+    strategy: str | None,
+    batch: int | None,
+    train: bool,
+    optimizer: str,
+    dtype: str,
+    debug: bool,
+    precision: str = "pure",
 ) -> tuple[Module, Any, str, int]:
-    """Build zoo model ``spec`` and distribute it: (program, device map, label, batch)."""
+    """Build zoo model ``spec`` in ``dtype`` and distribute it with ``precision`` (pure, or mixed:
+    fp32 masters): (program, device map, label, batch)."""
+    from distir.autodiff.precision import Precision
     from distir.autodiff.reverse import AutodiffError
     from distir.autodiff.train import Optimizer
     from distir.frontends.zoo import build_model
@@ -312,13 +337,15 @@ def _model_program(
         except ValueError:
             raise ModelError(f"--dtype must be f32, bf16 or f16, got {dtype!r}") from None
         b = batch if batch is not None else 8 * st.d * st.k
+        prec = Precision.parse(precision)
         mod = build_model(spec, batch=b, dtype=dt)
-        prog = distribute(mod, st, Optimizer(optimizer), train=train, comm_streams=True)
+        prog = distribute(mod, st, Optimizer(optimizer), train=train, comm_streams=True, precision=prec)
     except (StrategyError, ModelError, AutodiffError, ShardingError) as e:
         if debug:
             traceback.print_exc()
         _fail(str(e))
-    return prog, strategy_map(st, True), f"{mod.name} {st} ({'train' if train else 'infer'})", b
+    mode = f"{'train' if train else 'infer'}, {dt}{' mixed' if prec.mixed else ''}"
+    return prog, strategy_map(st, True), f"{mod.name} {st} ({mode})", b
 
 
 @app.command()

@@ -1,4 +1,4 @@
-"""distribute(model, strategy): every zoo family, sampled D/T/P/K/schedule/ZeRO/recompute combinations,
+"""distribute(model, strategy): every zoo family, sampled D/T/P/K/schedule/ZeRO/recompute/sp combinations,
 against the sequential training step; the Figure 2 golden; schedule orders in the program."""
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ def cases(draw: st.DrawFn) -> tuple[str, Strategy]:
         v=v,
         zero=draw(st.integers(0, 3)),
         recompute=draw(st.sampled_from(["none", "full", "selective"])),
+        # sequence parallelism: every family but the MLP declares a sequence dim
+        sp=t > 1 and family != "mlp" and draw(st.booleans()),
     )
 
 

@@ -34,6 +34,7 @@ def strategies(draw: st.DrawFn) -> Strategy:
         draw(st.sampled_from(["none", "full", "selective"])),
         part,
         placement,
+        sp=t > 1 and draw(st.booleans()),
     )
 
 
@@ -68,8 +69,23 @@ def test_the_issue_example() -> None:
         ("p2.L1-2-3", "must give p·v = 2 positive layer counts"),
         ("d2.@0-0", "permutation of 0..1"),
         ("Lfoo", "should list integers"),
+        ("d2.t1.sp", r"sp \(sequence parallelism\) .* needs t > 1"),
+        ("sp", "needs t > 1"),
+        ("t2.sp.sp", "sp is given twice"),
+        ("t2.seqp", "did you mean sp"),
     ],
 )
 def test_bad_strings_are_named(text: str, message: str) -> None:
     with pytest.raises(StrategyError, match=message):
         parse_strategy(text)
+
+
+def test_sequence_parallel_string_form() -> None:
+    """``sp`` prints right after ``t<n>`` (the issue's ``d2.t4.sp.p2.k8.1f1b``) and parses anywhere."""
+    s = parse_strategy("d2.t4.sp.p2.k8.1f1b")
+    assert s == Strategy(d=2, t=4, p=2, k=8, sp=True)
+    assert str(s) == "d2.t4.sp.p2.k8.1f1b"
+    assert parse_strategy("d2.t4.p2.k8.1f1b.sp") == s
+    assert not parse_strategy("d2.t4.p2.k8.1f1b").sp
+    with pytest.raises(StrategyError, match="sp must be True or False"):
+        Strategy(t=2, sp=1)  # type: ignore[arg-type]

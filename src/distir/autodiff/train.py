@@ -13,6 +13,10 @@
       return %loss, %w_new..., [%m_new..., %v_new...]
     }
 
+With ``precision="mixed"`` (``distir.autodiff.precision``) the weight and state parameters are
+fp32 masters, ``%w_bf16 = Cast(%w, to=bf16)`` feeds the layers, the loss layer computes in fp32,
+and each gradient is cast to fp32 (``%dw_f32 = Cast(%dw, to=f32)``) before the update.
+
 Layers are differentiated once per distinct (layer function, argument types) (``layer_vjps``), so
 repeated blocks share one ``_fwd``/``_bwd`` pair and the program stays as small as the model.
 Layer 0 is not differentiated with respect to the model input (data, token ids); the loss layer
@@ -24,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from distir.autodiff.precision import Precision, cast
 from distir.autodiff.reverse import POLICIES, VJP, AutodiffError, vjp
 from distir.frontends.zoo.model import Model
 from distir.interp.shapes import TypeDomain, infer_types, type_of
@@ -127,25 +132,38 @@ def layer_vjps(
     return out, fns
 
 
-def training_step(model: Model, optimizer: Optimizer | None = None, recompute: str = "none") -> Module:
+def training_step(
+    model: Model,
+    optimizer: Optimizer | None = None,
+    recompute: str = "none",
+    precision: Precision | str = "pure",
+) -> Module:
     """The sequential training step of ``model`` (module docstring)."""
     opt = optimizer or Optimizer()
+    prec = Precision.parse(precision)
+    compute = prec.compute_dtype(model)
+    model = prec.prepare(model)
     fwd = model.forward
     grads, fns = layer_vjps(model, layer_types(model), recompute)
     fb = FunctionBuilder("train_step", REGISTRY.out_arity)
     env: dict[Value, Value] = {}
-    for p in fwd.params:
-        env[p] = fb.param(p.name, p.type)
     n_in = len(model.inputs)
     weights = fwd.params[n_in:]
+    for k, p in enumerate(fwd.params):
+        t = p.type
+        env[p] = fb.param(p.name, prec.master_type(t) if k >= n_in and isinstance(t, TensorType) else t)
+    master = {w: env[w] for w in weights}
     state: dict[Value, list[Value]] = {w: [] for w in weights}
     for s in opt.state:
         for w in weights:
-            state[w].append(fb.param(f"{s}_{w.name}", w.type))
+            state[w].append(fb.param(f"{s}_{w.name}", master[w].type))
     dev = fwd.params[0].type.device if isinstance(fwd.params[0].type, TensorType) else None
     step = (
         fb.param("step", TensorType(DType.i64, (), dev)) if opt.kind == "adam" and dev is not None else None
     )
+    if prec.mixed:  # the compute copies, once per step, before any use
+        for w in weights:
+            env[w] = cast(fb, master[w], compute, f"{w.name}_{compute}")
     residuals: list[tuple[Value, ...]] = []
     for call, lg in zip(model.layers, grads, strict=True):
         outs = fb.call(lg.vjp.fwd, *(env[v] for v in call.inputs))
@@ -166,7 +184,10 @@ def training_step(model: Model, optimizer: Optimizer | None = None, recompute: s
     new_w: list[Value] = []
     new_state: list[list[Value]] = [[] for _ in opt.state]
     for w in weights:
-        upd = opt.emit(fb, env[w], dweight[w], state[w], step)
+        g = dweight[w]
+        if prec.mixed:
+            g = cast(fb, g, prec.master, f"d{w.name}_{prec.master}")
+        upd = opt.emit(fb, master[w], g, state[w], step)
         new_w.append(upd[0])
         for k, sv in enumerate(upd[1:]):
             new_state[k].append(sv)

@@ -191,6 +191,25 @@ def _cast_rule(ctx: TypeCtx) -> Sequence[Type]:
     return (ctx.out(to, t.shape),)
 
 
+def round_to_bf16(x: Any) -> np.ndarray:
+    """``x`` rounded to the nearest bf16 (ties to even), as the float32 array the reference
+    executor holds bf16 in: the top 16 bits of the float32 pattern, rounded. NaN stays NaN,
+    overflow goes to infinity."""
+    x32 = np.array(x, dtype=np.float32)  # a contiguous copy, any rank (0-d too)
+    bits = x32.view(np.uint32)
+    up = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    r = ((bits + up) & np.uint32(0xFFFF0000)).astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(x32), x32, r)
+
+
+def _cast_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    x, to = np.asarray(args[0]), attrs["to"]
+    assert isinstance(to, DType)
+    if to is DType.bf16 and x.dtype.kind == "f":  # bf16 computes in float32, on the bf16 grid
+        return (round_to_bf16(x),)
+    return (x.astype(to.to_numpy()),)
+
+
 CAST = register(
     OpDef(
         name="Cast",
@@ -199,7 +218,9 @@ CAST = register(
         outputs=("output",),
         infer=_cast_rule,
         attrs={"to": AttrSpec("dtype")},
-        reference=lambda args, attrs: (np.asarray(args[0]).astype(attrs["to"].to_numpy()),),  # type: ignore[union-attr]
+        reference=_cast_ref,
+        doc="Convert to dtype ``to``. The reference holds bf16 in float32 and rounds a cast to bf16 "
+        "to the nearest bf16 (ties to even); casts to f16 round as numpy's float16 does.",
         sharding=pointwise(),
     )
 )

@@ -192,7 +192,10 @@ def _causal_mask_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     x = np.asarray(args[0])
     i, j = x.shape[-2:]
     above = np.triu(np.ones((i, j), dtype=bool), k=1)  # j > i
-    return (np.where(above, np.asarray(float_attr(attrs, "fill", -1e9)).astype(x.dtype), x),)
+    fill = float_attr(attrs, "fill", -1e9)
+    if x.dtype.kind == "f":  # the fill as the dtype holds it (f16: -65504, not an overflow to -inf)
+        fill = min(max(fill, float(np.finfo(x.dtype).min)), float(np.finfo(x.dtype).max))
+    return (np.where(above, np.asarray(fill).astype(x.dtype), x),)
 
 
 def _causal_mask_sharding(

@@ -24,8 +24,9 @@ programs. Its shape:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from distir.autodiff.precision import Precision, cast
 from distir.autodiff.reverse import VJP, split_weight_grad, value_types
 from distir.autodiff.train import Optimizer, layer_types, layer_vjps
 from distir.frontends.zoo.model import Model
@@ -44,10 +45,12 @@ from distir.ir.function import Function, Module
 from distir.ir.rewrite import copy_instr
 from distir.ir.types import Device, DType, TensorType, Type
 from distir.ir.values import Value
+from distir.ops.dist import format_mesh_attr
 from distir.ops.registry import REGISTRY
 from distir.parallel.layers import rep_mesh, shard_function, strip_types
 from distir.parallel.schedule_sim import time_order
 from distir.parallel.schedules import Action, build_schedule
+from distir.parallel.seqpar import activation_placements
 from distir.parallel.strategy import Strategy, StrategyError
 from distir.sim.devices import DeviceMap, Slot
 
@@ -155,13 +158,22 @@ def _on_mesh(types: Sequence[Type], ann: dict[int, str], mesh: Mesh) -> tuple[Ty
 
 
 def sharded_layers(
-    model: Model, d: int, t: int, recompute: str = "none", train: bool = True, split_w: bool = False
+    model: Model,
+    d: int,
+    t: int,
+    recompute: str = "none",
+    train: bool = True,
+    split_w: bool = False,
+    sp: bool = False,
+    precision: Precision | str = "pure",
 ) -> list[ShardedLayer]:
     """Every layer call of ``model`` (at its own batch size, i.e. one microbatch) differentiated
     (``train``) and sharded on the (d, t) mesh, as ``distribute`` uses them; ``split_w`` also
-    splits each backward into input and weight parts (zero-bubble schedules)."""
-    s = Strategy(d=d, t=t, recompute=recompute, schedule="zb1" if split_w else "1f1b")
-    return _Builder(model, s, Optimizer(), train, False)._layers()
+    splits each backward into input and weight parts (zero-bubble schedules); ``sp`` shards the
+    activations between layers along the sequence (``distir.parallel.seqpar``); ``precision="mixed"``
+    gives the layers of a mixed-precision step (the same, but for the loss layer in fp32)."""
+    s = Strategy(d=d, t=t, recompute=recompute, schedule="zb1" if split_w else "1f1b", sp=sp)
+    return _Builder(model, s, Optimizer(), train, False, precision)._layers()
 
 
 def _pl(*ps: Placement) -> str:
@@ -183,6 +195,7 @@ def distribute(
     optimizer: Optimizer | None = None,
     train: bool = True,
     comm_streams: bool = False,
+    precision: Precision | str = "pure",
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -190,8 +203,14 @@ def distribute(
     (program devices N..2N−1 carry activations forward, 2N..3N−1 gradients backward, for the N
     compute devices; ``device_map`` maps them onto the GPUs' streams), so a stage keeps computing
     while its activations travel — the DistIR paper's model of overlap. Without, a transfer blocks
-    sender and receiver (Figure 2's form)."""
-    return _Builder(model, strategy, optimizer or Optimizer(), train, comm_streams).build()
+    sender and receiver (Figure 2's form).
+
+    ``precision="mixed"`` keeps fp32 master weights and optimizer state and computes in the
+    model's dtype (``distir.autodiff.precision``): each weight is cast once per step on its
+    stage (ZeRO-1/2: the master shard, then an all-gather of the low-precision copy; ZeRO-3: the
+    shard, gathered per use in the chunks), gradients are reduced in the compute dtype and cast
+    to fp32 for the optimizer."""
+    return _Builder(model, strategy, optimizer or Optimizer(), train, comm_streams, precision).build()
 
 
 def device_map(strategy: Strategy, comm_streams: bool = False) -> DeviceMap:
@@ -208,7 +227,18 @@ def device_map(strategy: Strategy, comm_streams: bool = False) -> DeviceMap:
 
 
 class _Builder:
-    def __init__(self, model: Model, s: Strategy, opt: Optimizer, train: bool, comm_streams: bool) -> None:
+    def __init__(
+        self,
+        model: Model,
+        s: Strategy,
+        opt: Optimizer,
+        train: bool,
+        comm_streams: bool,
+        precision: Precision | str = "pure",
+    ) -> None:
+        self.prec = Precision.parse(precision)
+        self.compute = self.prec.compute_dtype(model)
+        model = self.prec.prepare(model)  # mixed: the loss layer in fp32
         self.model, self.s, self.opt, self.train = model, s, opt, train
         self.comm_streams = comm_streams
         if model.batch % s.k:
@@ -247,21 +277,24 @@ class _Builder:
         n = self.chunks[-1][-1] + 1
         grads = layer_vjps(model_mb, types, self.s.recompute)[0] if self.train else []
         out: list[_Layer] = []
+        acts = activation_placements(self.model, self.s, types[:n])
         for i in range(n):
             call = orig_calls[i]
             weights = [v for v in call.inputs[1:] if v in self.weight_params]
             extras = [v for v in call.inputs[1:] if v not in self.weight_params]
-            pann = {0: ACT}
+            pann = {0: acts[i]}
+            # weights are used where their tensor-parallel placement puts them (seqpar docstring)
+            pins = tuple(j for j, v in enumerate(call.inputs) if v in self.weight_params)
             for j, v in enumerate(call.inputs[1:], start=1):
                 pann[j] = self._wp(v) if v in self.weight_params else ACT
             fargs = _on_mesh(types[i], pann, self.mesh_rep)
             if not self.train:
-                f, _ = self._shard(self.model.module[call.callee], types[i], pann, {0: ACT})
+                f, _ = self._shard(self.model.module[call.callee], types[i], pann, {0: acts[i + 1]}, pins)
                 out.append(_Layer(i, weights, extras, f, fwd_args=fargs))
                 continue
             vj = grads[i].vjp
             last = i == len(orig_calls) - 1
-            fwd, fplaces = self._shard(vj.fwd, types[i], pann, {} if last else {0: ACT})
+            fwd, fplaces = self._shard(vj.fwd, types[i], pann, {} if last else {0: acts[i + 1]}, pins)
             env = value_types(Module((vj.fwd,)), vj.fwd, types[i])
             fwd_types = [env[o] for o in vj.fwd.outputs]
             btypes: list[Type] = [types[i][j] for j in vj.bwd_params]
@@ -273,16 +306,17 @@ class _Builder:
                 btypes.append(fwd_types[vj.n_outputs + r])
             for o in vj.active_outputs:
                 # the loss's cotangent is the replicated seed; activations' are (S(0), R)
-                bann[len(btypes)] = "R, R" if last else ACT
+                bann[len(btypes)] = "R, R" if last else acts[i + 1]
                 btypes.append(fwd_types[o])
             # gradients: the input's as the activation, each weight's as its weight, pending the
             # data-parallel sum (left free, propagation may gather a TP-sharded weight's gradient)
             dp_grad: Placement = Partial() if self.s.d > 1 else Replicate()
             rann = {
-                k: ACT if j == 0 else _pl(dp_grad, self.model.weight(call.inputs[j].name).tp)
+                k: acts[i] if j == 0 else _pl(dp_grad, self.model.weight(call.inputs[j].name).tp)
                 for k, j in enumerate(vj.wrt)
             }
-            bwd, _ = self._shard(vj.bwd, btypes, bann, rann)
+            bpins = tuple(k for k, j in enumerate(vj.bwd_params) if j in pins)
+            bwd, _ = self._shard(vj.bwd, btypes, bann, rann, bpins)
             bargs = _on_mesh(btypes, bann, self.mesh_rep)
             layer = _Layer(i, weights, extras, fwd, bwd, vjp=vj, fwd_args=fargs, bwd_args=bargs)
             if self.s.schedule == "zb1":
@@ -296,14 +330,19 @@ class _Builder:
         return out
 
     def _shard(
-        self, fn: Function, types: Sequence[Type], pann: dict[int, str], rann: dict[int, str]
+        self,
+        fn: Function,
+        types: Sequence[Type],
+        pann: dict[int, str],
+        rann: dict[int, str],
+        pins: tuple[int, ...] = (),
     ) -> tuple[Function, list[tuple[Placement, ...] | None]]:
         """Shard ``fn`` once per argument types; a function met again with other types gets a
-        numbered name."""
-        key = (fn.name, tuple(types), tuple(sorted(pann.items())), tuple(sorted(rann.items())))
+        numbered name. ``pins``: the parameters (weights) used where they lie."""
+        key = (fn.name, tuple(types), tuple(sorted(pann.items())), tuple(sorted(rann.items())), pins)
         got = self._sharded.get(key)
         if got is None:
-            f, places = shard_function(self.model.module, fn, types, self.mesh_rep, pann, rann)
+            f, places = shard_function(self.model.module, fn, types, self.mesh_rep, pann, rann, pins)
             n = self._names.get(fn.name, 0)
             self._names[fn.name] = n + 1
             if n:
@@ -317,6 +356,18 @@ class _Builder:
         if self.s.zero == 3 and self._zdim(w) is not None:
             return fb.op("Redistribute", p, names=[w.name], to=self._wp(w))[0]
         return p
+
+    def _compute_copy(self, fb: FunctionBuilder, w: Value, master: Value) -> Value:
+        """Mixed precision: the weight in the compute dtype, once per step; with ZeRO-1/2 the
+        master is a shard, so the low-precision copy is all-gathered (ZeRO-3 gathers per use)."""
+        v = cast(fb, master, self.compute, f"{w.name}_{self.compute}")
+        if self.s.zero in (1, 2) and self._zdim(w) is not None:
+            v = fb.op("Redistribute", v, names=[f"{w.name}_{self.compute}"], to=self._wp(w))[0]
+        return v
+
+    def _to_master(self, fb: FunctionBuilder, w: Value, g: Value) -> Value:
+        """Mixed precision: the reduced gradient cast to the masters' dtype for the optimizer."""
+        return cast(fb, g, self.prec.master, f"g_{w.name}_{self.prec.master}") if self.prec.mixed else g
 
     def _zdim(self, w: Value) -> int | None:
         spec = self.model.weight(w.name)
@@ -453,10 +504,11 @@ class _Builder:
             spec = model.weight(w.name)
             c = chunk_of_layer[next(L.index for ls in by_chunk for L in ls if w in L.weights)]
             wchunk[w] = c
-            z = self._zdim(w) if s.zero == 3 else None
+            z = self._zdim(w) if s.zero == 3 or self.prec.mixed else None  # mixed: masters as the state
             dp: Placement = Shard(z) if z is not None else Replicate()
+            wt = self.prec.master_type(spec.type)
             wparam[w] = fb.param(
-                w.name, DTensorType(spec.type.dtype, spec.type.shape, self.meshes[stage_of[c]], (dp, spec.tp))
+                w.name, DTensorType(wt.dtype, wt.shape, self.meshes[stage_of[c]], (dp, spec.tp))
             )
         state: dict[Value, list[Value]] = {w: [] for w in used}
         step_of: dict[int, Value] = {}
@@ -467,7 +519,10 @@ class _Builder:
                     z = self._zdim(w)
                     dp = Shard(z) if z is not None else Replicate()
                     t = DTensorType(
-                        spec.type.dtype, spec.type.shape, self.meshes[stage_of[wchunk[w]]], (dp, spec.tp)
+                        self.prec.master_type(spec.type).dtype,
+                        spec.type.shape,
+                        self.meshes[stage_of[wchunk[w]]],
+                        (dp, spec.tp),
                     )
                     state[w].append(fb.param(f"{sname}_{w.name}", t))
             if self.opt.kind == "adam":
@@ -475,6 +530,7 @@ class _Builder:
                     step_of[st] = fb.param(
                         f"step_s{st}", DTensorType(DType.i64, (), self.meshes[st], (Replicate(), Replicate()))
                     )
+        wuse = {w: self._compute_copy(fb, w, wparam[w]) for w in used} if self.prec.mixed else wparam
         # the schedule, as one program order
         if self.train:
             per_rank = build_schedule(s.schedule, s.p, s.k, s.v)
@@ -497,8 +553,7 @@ class _Builder:
         last = len(self.chunks) - 1
 
         def to_mesh(v: Value, mesh: Mesh, name: str) -> Value:
-            spec = f"{', '.join(f'{a}={n}' for a, n in mesh.axes)}; {', '.join(map(str, mesh.devices))}"
-            return fb.op("MeshSend", v, names=[name], mesh=spec)[0]
+            return fb.op("MeshSend", v, names=[name], mesh=format_mesh_attr(mesh))[0]
 
         def send(v: Value, src: int, dst: int, name: str) -> Value:
             """Right after the producing action. With communication streams, the value moves to
@@ -519,7 +574,7 @@ class _Builder:
 
         def chunk_args(c: int, m: int) -> list[Value]:
             ls = by_chunk[c]
-            return [wparam[w] for L in ls for w in L.weights] + [mbs[e][m] for L in ls for e in L.extras]
+            return [wuse[w] for L in ls for w in L.weights] + [mbs[e][m] for L in ls for e in L.extras]
 
         # calls at their (estimated) start, transfers at the end of the producing action
         events = sorted(
@@ -600,18 +655,19 @@ class _Builder:
             wv = wparam[w]
             wstate = state[w]
             step = step_of.get(stage_of[wchunk[w]])
+            sliced = s.zero < 3 and not self.prec.mixed  # a replicated weight, updated by shards
             if z is None:
                 g = fb.op("Redistribute", g, names=[f"g_{w.name}"], to=_pl(Replicate(), tp))[0]
-                upd = self.opt.emit(fb, wv, g, wstate, step)
+                upd = self.opt.emit(fb, wv, self._to_master(fb, w, g), wstate, step)
             else:
                 shard = _pl(Shard(z), tp)
                 if s.zero == 1:
                     g = fb.op("Redistribute", g, names=[f"g_{w.name}"], to=_pl(Replicate(), tp))[0]
                 g = fb.op("Redistribute", g, names=[f"g_{w.name}"], to=shard)[0]
-                if s.zero < 3:
+                if sliced:
                     wv = fb.op("Redistribute", wv, names=[f"{w.name}_shard"], to=shard)[0]
-                upd = self.opt.emit(fb, wv, g, wstate, step)
-                if s.zero < 3:
+                upd = self.opt.emit(fb, wv, self._to_master(fb, w, g), wstate, step)
+                if sliced:
                     full = fb.op("Redistribute", upd[0], names=[f"{w.name}_new"], to=_pl(Replicate(), tp))[0]
                     upd = (full, *upd[1:])
             new_w.append(upd[0])
@@ -629,9 +685,7 @@ class _Builder:
 
 def _model_with(model: Model, module: Module) -> Model:
     """The same model with another module (its forward retyped for a microbatch)."""
-    return Model(
-        model.name, model.config, module, model.inputs, model.weights, model.batch, model.flops_per_sample
-    )
+    return replace(model, module=module)
 
 
 __all__ = ["ShardedLayer", "distribute", "partition", "sharded_layers", "strip_types", "uniform_counts"]

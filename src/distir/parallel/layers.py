@@ -16,7 +16,7 @@ data-parallel reduction, summed over microbatches before one collective).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from distir.ir.builder import FunctionBuilder
 from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, format_placements, parse_placements
@@ -50,10 +50,12 @@ def shard_function(
     mesh: Mesh,
     params: Mapping[int, str],
     results: Mapping[int, str],
+    pinned: Collection[int] = (),
 ) -> tuple[Function, list[tuple[Placement, ...] | None]]:
     """Shard flat ``fn`` called with (global) ``arg_types`` on ``mesh``. ``params``/``results``
-    give placements by position (unlisted results are free). Returns the untyped sharded function
-    and the placements of its results (None for non-tensors)."""
+    give placements by position (unlisted results are free); ``pinned`` parameters (the weights)
+    are used where they lie (``propagate``). Returns the untyped sharded function and the
+    placements of its results (None for non-tensors)."""
     if any(isinstance(i, Call) for i in fn.body):
         raise ShardingError(f"@{fn.name} must be flat (inline its calls) to be sharded")
     dev0 = mesh.devices[0]
@@ -64,7 +66,9 @@ def shard_function(
     for instr in fn.body:
         fb.append(copy_instr(instr, vmap))
     typed = fb.ret(*(vmap(v) for v in fn.outputs))
-    prop = propagate(Module((typed,)), mesh, {}, params=params, results=results, replicate_results=False)
+    prop = propagate(
+        Module((typed,)), mesh, {}, params=params, results=results, replicate_results=False, pinned=pinned
+    )
     legal = legalize(prop.module).entry
     # a result whose producer chose another placement than the boundary asks for: redistribute
     fix = FunctionBuilder(fn.name, REGISTRY.out_arity)

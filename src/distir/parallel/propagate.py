@@ -19,7 +19,7 @@ its producer's placements. Where an op's strategy needs other placements for an 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from distir.interp.shapes import infer_types, type_of
@@ -111,13 +111,20 @@ def propagate(
     params: Mapping[int, str | Sequence[Placement]] | None = None,
     results: Mapping[int, str | Sequence[Placement]] | None = None,
     replicate_results: bool = True,
+    pinned: Collection[int] = (),
 ) -> Propagation:
     """Place every tensor value of the entry (calls are inlined first). See the module docstring.
 
     ``annotations`` name values; ``params`` / ``results`` annotate the entry's parameters and
     results by position (for generated code whose names are only hints). With
     ``replicate_results=False``, results nobody annotated keep whatever placement their producer
-    gives them (a transform that composes functions chooses the placements at the boundaries)."""
+    gives them (a transform that composes functions chooses the placements at the boundaries).
+
+    ``pinned`` lists entry parameters (by position, annotated ones) that are used where they
+    lie: an op takes the strategy that moves a pinned value (collective bytes > 0) only when every
+    other one would too — before counting bytes. Tensor parallelism pins the weights: gathering a
+    weight can move fewer bytes than gathering the activation it multiplies (a microbatch of more
+    tokens than the weight has rows), but then the layer is no longer tensor-parallel."""
     fn = inline_calls(module)
     flat = Module((fn,))
     _, env = infer_types(flat)
@@ -153,6 +160,13 @@ def propagate(
                 raise ShardingError(f"%{name}: {p} is out of range for shape {types[v].shape}")  # type: ignore[union-attr]
             placed[v][ax] = p
     entry_params = set(fn.params)
+    for i in pinned:
+        if not 0 <= i < len(fn.params) or fn.params[i] not in positional:
+            raise ShardingError(f"@{fn.name}: pinned parameter {i} is not an annotated parameter")
+    pins = {fn.params[i] for i in pinned}
+    for op in ops:  # values computed from pinned ones alone (a weight's transpose) are weights too
+        if pins and op.inputs and all(v in pins or v in constants for v in op.inputs):
+            pins.update(op.outputs)
     # annotated values are constraints; results of the program are replicated unless annotated
     fixed = {v for v, _ in given}
     for v in fn.outputs if replicate_results else ():
@@ -217,13 +231,14 @@ def propagate(
                 options: list[Strategy] = options,
                 others: list[int] = others,
                 chosen: list[Strategy] = chosen,
-            ) -> tuple[int, float, int, int, int, int, int]:
+            ) -> tuple[int, int, float, int, int, int, int, int]:
                 """Layouts materialization cannot handle (a dim sharded along two mesh axes)
-                last; then total bytes to redistribute inputs into the strategy and results
+                last; then strategies that move a pinned parameter; then total bytes to
+                redistribute inputs into the strategy and results
                 into their annotated placements; then fewer input moves; then the rule's
                 preference."""
                 s = options[k]
-                total, moves, costly = 0.0, 0, 0
+                total, moves, costly, moved_pins = 0.0, 0, 0, 0
                 clash = sum(
                     isinstance(w, Shard)
                     and any((chosen[b].ins[i] if b < ax else current(v, b)) == w for b in others)
@@ -239,6 +254,7 @@ def propagate(
                         total += nb
                         moves += 1
                         costly += nb > 0
+                        moved_pins += nb > 0 and v in pins
                 mismatch = 0
                 for v, p in zip(op.outputs, s.outs, strict=True):
                     t = types[v]
@@ -247,7 +263,7 @@ def propagate(
                         mismatch += p != fixed_at[v][ax]
                 # at equal bytes and no collective on the inputs, produce an annotated result
                 # directly: computing it replicated and slicing it after does the work n times
-                return (clash, total, costly, mismatch, moves, 0 if s.outs == hint else 1, k)
+                return (clash, moved_pins, total, costly, mismatch, moves, 0 if s.outs == hint else 1, k)
 
             pick = options[min(range(len(options)), key=key)]
             if pick.ins != have:

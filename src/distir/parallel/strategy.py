@@ -1,8 +1,11 @@
 """A distribution strategy as a value, with a compact string form.
 
 ``Strategy(d=2, t=4, p=2, k=8, schedule="1f1b")`` prints as ``d2.t4.p2.k8.1f1b``; optional parts
-follow when they differ from the default, in this order:
+follow when they differ from the default, in this order (``sp`` right after ``t<n>``, as in
+``d2.t4.sp.p2.k8.1f1b``; the other parts after the schedule):
 
+    sp          sequence parallelism (Megatron-LM, Korthikanti et al. 2022) on the tensor-parallel
+                axis: activations between layers sharded along the model's sequence dim; needs t > 1
     v<n>        virtual pipeline stages per rank (interleaved schedules), default 1
     z<0-3>      ZeRO stage, default 0
     r<mode>     activation recomputation: none (default), full, sel (selective)
@@ -40,12 +43,19 @@ class Strategy:
     recompute: str = "none"
     partition: tuple[int, ...] | str = "uniform"
     placement: tuple[int, ...] | None = None
+    sp: bool = False
 
     def __post_init__(self) -> None:
         for f in ("d", "t", "p", "k", "v"):
             x = getattr(self, f)
             if not isinstance(x, int) or isinstance(x, bool) or x < 1:
                 raise StrategyError(f"{f} must be a positive integer, got {x!r}")
+        if not isinstance(self.sp, bool):
+            raise StrategyError(f"sp must be True or False, got {self.sp!r}")
+        if self.sp and self.t == 1:
+            raise StrategyError(
+                "sp (sequence parallelism) shards activations over the tensor-parallel group; it needs t > 1"
+            )
         if self.schedule not in SCHEDULES:
             raise StrategyError(f"unknown schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}")
         if self.zero not in (0, 1, 2, 3):
@@ -81,7 +91,8 @@ class Strategy:
         return self.p * self.v
 
     def __str__(self) -> str:
-        parts = [f"d{self.d}", f"t{self.t}", f"p{self.p}", f"k{self.k}", self.schedule]
+        parts = [f"d{self.d}", f"t{self.t}", *(["sp"] if self.sp else []), f"p{self.p}", f"k{self.k}"]
+        parts.append(self.schedule)
         if self.v != 1:
             parts.append(f"v{self.v}")
         if self.zero:
@@ -125,6 +136,8 @@ def parse_strategy(text: str) -> Strategy:
         value: object
         if name in SCHEDULES:
             key, value = "schedule", name
+        elif part == "sp":
+            key, value = "sp", True
         elif part[0] in "dtpkv" and part[1:].isdigit():
             key, value = part[0], _int(part, text, "a positive integer")
         elif part[0] == "z":
@@ -140,6 +153,7 @@ def parse_strategy(text: str) -> Strategy:
             known = [
                 "d<n>",
                 "t<n>",
+                "sp",
                 "p<n>",
                 "k<n>",
                 "v<n>",
@@ -149,7 +163,7 @@ def parse_strategy(text: str) -> Strategy:
                 "@…",
                 *SCHEDULES,
             ]
-            close = difflib.get_close_matches(part, [*SCHEDULES, *_ALIASES], n=1)
+            close = difflib.get_close_matches(part, [*SCHEDULES, *_ALIASES, "sp"], n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise StrategyError(f"strategy {text!r}: unknown part {part!r}{hint}; parts: {', '.join(known)}")
         if key in fields:

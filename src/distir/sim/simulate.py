@@ -361,4 +361,9 @@ def _peak_flops(plan: FnPlan, cluster: Cluster, gpus: list[int]) -> float:
         if isinstance(p.type, TensorType | DTensorType) and p.type.dtype.is_float:
             dtype = p.type.dtype
             break
+    # mixed precision: fp32 master parameters, cast to the compute dtype in the entry
+    for op in plan.fn.ops():
+        to = op.attrs.get("to") if op.name == "Cast" else None
+        if isinstance(to, DType) and to.is_float and to.itemsize < dtype.itemsize:
+            dtype = to
     return sum(cluster.device_spec(g).peak_flops(dtype) for g in gpus)

@@ -85,9 +85,11 @@ def assemble(
     config: Mapping[str, object],
     inputs: Sequence[InputSpec],
     calls: Sequence[LayerCall],
+    seq_dim: int | None = None,
 ) -> Model:
     """The ``Model`` whose entry ``@forward`` makes ``calls`` in order, starting from the first
-    input. Runs ``check_model`` and counts ``flops_per_sample``."""
+    input; ``seq_dim`` declares the activations' sequence dim (``Model.seq_dim``). Runs
+    ``check_model`` and counts ``flops_per_sample``."""
     if not inputs:
         raise ModelError(f"model {name}: no inputs")
     batch = inputs[0].type.shape[0]
@@ -115,13 +117,13 @@ def assemble(
         args = [vals[a.name if isinstance(a, WeightSpec) else a] for a in c.args]
         (prev,) = fb.call(c.fn, prev, *args, names=[c.result])
     module = Module((*functions.values(), fb.ret(prev)))
-    model = Model(name, dict(config), module, tuple(inputs), tuple(weights), batch)
+    model = Model(name, dict(config), module, tuple(inputs), tuple(weights), batch, seq_dim=seq_dim)
     check_model(model)
     flops = forward_flops(
         module,
         [_with_batch(p.type, 1) for p in module.entry.params[: len(inputs)]] + [w.type for w in weights],
     )
-    return Model(name, dict(config), module, tuple(inputs), tuple(weights), batch, flops)
+    return Model(name, dict(config), module, tuple(inputs), tuple(weights), batch, flops, seq_dim)
 
 
 def _with_batch(t: Type | None, batch: int) -> TensorType:

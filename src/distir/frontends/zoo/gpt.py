@@ -16,7 +16,8 @@ the published one plus hidden·vocab. GELU is the exact (erf) one of the registr
 
 Tensor-parallel declarations (Megatron-LM): wq/wk/wv and w1 column-parallel ``S(1)`` with their
 biases ``S(0)``; wo and w2 row-parallel ``S(0)`` with replicated biases; norms, embeddings and
-``wlm`` replicated.
+``wlm`` replicated. The activations between layers are (batch, seq, hidden): ``seq_dim=1``
+(sequence parallelism shards it).
 
 Sizes: ``gpt2-117m`` and ``gpt2-1.6b`` are GPT-2's smallest and largest (Radford et al.,
 "Language Models are Unsupervised Multitask Learners", 2019, Table 2: 12×768 and 48×1600,
@@ -170,4 +171,4 @@ def build(cfg: GPTConfig, batch: int, dtype: DType = DType.f32, name: str = FAMI
     )
     calls.append(LayerCall(head_fn(), head_w, "logits"))
     calls.append(LayerCall(token_loss_fn(v, batch * s), ("labels",), "loss"))
-    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls)
+    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1)

@@ -20,6 +20,7 @@ as in Llama.
 Tensor-parallel declarations (Megatron-LM / Llama's model-parallel layers): wq, wk, wv, w1, w3
 column-parallel ``S(1)``; wo, w2 row-parallel ``S(0)``; norms, the embedding and ``wlm``
 replicated. A column shard of wk/wv splits whole kv heads when the TP degree divides kv_heads.
+The activations between layers are (batch, seq, hidden): ``seq_dim=1``.
 
 Sizes (Touvron et al., "Llama 2: Open Foundation and Fine-Tuned Chat Models", 2023, and the
 released configs; Meta, "The Llama 3 Herd of Models", 2024, Table 3): ``llama2-7b`` 32×4096,
@@ -124,4 +125,4 @@ def build(cfg: LlamaConfig, batch: int, dtype: DType = DType.f32, name: str = FA
     head_w = (weight("norm", dtype, (h,), value=1.0), weight("wlm", dtype, (h, v)))
     calls.append(LayerCall(head_fn(), head_w, "logits"))
     calls.append(LayerCall(token_loss_fn(v, batch * s), ("labels",), "loss"))
-    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls)
+    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1)

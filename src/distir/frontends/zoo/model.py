@@ -29,6 +29,13 @@ Invariants (``check_model`` enforces them, with errors naming the call and value
 - layer functions have untyped parameters and never bake the batch size into their code
   (``Reshape`` uses 0/-1 for batch-like dims), so the same function serves any microbatch size.
 
+Sequence parallelism needs to know one more thing: ``Model.seq_dim``, the dim of the activations
+passed between layers (the first input and the result of every layer but the loss) that indexes
+the sequence (tokens), e.g. 1 for (batch, seq, hidden); None for a model without one. Transforms
+may shard that dim (Megatron-LM sequence parallelism), so no layer may mix positions *across*
+sequences and batch items differently than its ops' sharding rules say (attention gathers what it
+needs by itself).
+
 Which weights are column / row parallel is declared per weight (``WeightSpec.tp``: the
 placement along a tensor-parallel mesh axis — ``Shard(1)`` column, ``Shard(0)`` row,
 ``Replicate()`` otherwise); nothing model-specific lives in the transforms.
@@ -83,6 +90,8 @@ class Model:
     # forward FLOPs per sample (for MFU): the registry's ``flops`` of every op of the entry typed at
     # batch 1, loss layer included (the zoo's ``assemble`` counts them); 0 when unknown
     flops_per_sample: float = 0.0
+    # the sequence dim of the activations between layers (module docstring); None: no sequence
+    seq_dim: int | None = None
     _by_name: dict[str, WeightSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -176,6 +185,12 @@ def check_model(model: Model) -> None:
     unused = [v.name for v in weights if v not in used]
     if unused:
         raise ModelError(f"@{fn.name}: weights never used: {unused}")
+    rank = len(model.inputs[0].type.shape)
+    if model.seq_dim is not None and not 0 < model.seq_dim < rank:
+        raise ModelError(
+            f"model {model.name}: seq_dim {model.seq_dim} must index a non-batch dim of the first input "
+            f"(rank {rank})"
+        )
     for i in model.inputs:
         if i.type.shape[:1] != (model.batch,):
             raise ModelError(

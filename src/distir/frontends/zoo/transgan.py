@@ -14,7 +14,8 @@ pipeline stages: layers of very different cost. This model keeps exactly that pr
 The blocks are GPT's (``gpt.block_fn``: LayerNorm, multi-head attention, GELU MLP of 4·hidden,
 residuals, biases) but *non-causal*, as in a generator; heads = 4 in both halves (TransGAN's).
 Weights of block ``i`` are named ``<name>_i`` with i = 0..23 across both halves; tensor-parallel
-declarations are GPT's; the projection is replicated.
+declarations are GPT's; the projection is replicated; activations are (B, tokens, width):
+``seq_dim=1``.
 
 Simplified with respect to TransGAN's generator: no noise-to-tokens MLP at the input (the input
 is already a (B, tokens, wide) tensor, TransGAN's 8×8 = 64 tokens of its first stage), no
@@ -83,4 +84,4 @@ def build(cfg: TransGANConfig, batch: int, dtype: DType = DType.f32, name: str =
     for i in range(cfg.wide_layers, cfg.layers):  # block indices continue across the halves
         calls.append(LayerCall(narrow, block_weights(i, cfg.narrow, dtype), f"h{i + 1}"))
     calls.append(LayerCall(mse_loss_fn(batch * t * cfg.narrow), ("y",), "loss"))
-    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls)
+    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1)

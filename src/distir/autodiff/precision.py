@@ -1,0 +1,154 @@
+"""Training precision: ``pure`` (everything in the model's dtype) or ``mixed`` (Micikevicius et al.,
+"Mixed Precision Training", ICLR 2018; the layout of ZeRO, Megatron-LM, PyTorch AMP/FSDP).
+
+A model is built in its *compute* dtype (``build_model(spec, batch, dtype=bf16)``). Under mixed
+precision the training step (``training_step``, ``distribute``) then keeps, per weight:
+
+- an fp32 **master weight** and fp32 **optimizer state** (Adam's ``m``, ``v``): the step's weight and
+  state parameters and results are fp32;
+- one **compute copy**: ``%w_bf16 = Cast(%w, to=bf16)``, emitted once per step before any use;
+  forward and backward run on it, in the compute dtype;
+- the **gradient** in the compute dtype: accumulated over microbatches and reduced over the
+  data-parallel replicas in that dtype (half the bytes of an fp32 reduction — DeepSpeed ZeRO's and
+  FSDP's default ``reduce_dtype = param_dtype``; Megatron-LM instead accumulates and all-reduces
+  bf16 gradients in fp32, a precision/communication trade this IR could express by moving the
+  Cast before the reduction), then cast to fp32 (``%g_w_f32 = Cast(%g_w, to=f32)``) for the
+  optimizer, which updates the fp32 master.
+
+The **loss layer** computes in fp32 (``with_fp32_loss``): its floating-point inputs (the logits,
+float targets) are cast to fp32 first, as Megatron-LM (``output.float()`` before the cross
+entropy) and PyTorch autocast (softmax / log-softmax / losses autocast to fp32) do — a softmax
+over a large vocabulary and a sum over the whole batch lose too much in bf16. So the loss is
+fp32, and the gradient entering the backward is cast back to the compute dtype by Cast's own
+gradient rule.
+
+Model state per parameter with Adam (bytes): 4 master + 2 compute copy + 2 gradient + 4 ``m`` + 4
+``v`` = **16** (``state_bytes``), the ZeRO paper's 2Ψ + 2Ψ + 12Ψ. ZeRO partitions what it
+partitions in that paper: stage 1 and 2 shard the master with the optimizer state (the master is
+optimizer state: K = 12 bytes per parameter), cast the shard and all-gather the *compute* copy
+(2 bytes per parameter, where the fp32 path gathers 4); stage 3 also keeps the compute copy
+sharded and gathers the low-precision copy right before each use (DeepSpeed ZeRO-3 gathers fp16 /
+bf16 parameters, never fp32 masters).
+
+The reference executor computes bf16 in float32 (``DType.to_numpy``); ``Cast`` to bf16 rounds to
+the bf16 grid (round to nearest even), so masters, compute copies and the gradients entering
+the backward are genuinely rounded; f16 computes in numpy's float16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from distir.autodiff.reverse import AutodiffError
+from distir.frontends.zoo.model import Model
+from distir.interp.shapes import TypeDomain, infer_types, type_of
+from distir.ir.builder import FunctionBuilder
+from distir.ir.function import Function, Module
+from distir.ir.ops import Call
+from distir.ir.rewrite import ValueMap, copy_instr
+from distir.ir.types import DType, TensorType
+from distir.ir.values import Value
+from distir.ops.registry import REGISTRY
+
+LOW = (DType.bf16, DType.f16)
+
+
+class PrecisionError(AutodiffError):
+    """A precision option that does not apply (e.g. mixed precision of an f32 model)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Precision:
+    """``pure`` or ``mixed`` (module docstring); ``master`` is the dtype of master weights and
+    optimizer state, ``loss`` the dtype the loss layer computes in, under mixed precision."""
+
+    mixed: bool = False
+    master: DType = DType.f32
+    loss: DType = DType.f32
+
+    def __str__(self) -> str:
+        return "mixed" if self.mixed else "pure"
+
+    @staticmethod
+    def parse(text: str | Precision) -> Precision:
+        if isinstance(text, Precision):
+            return text
+        if text == "pure":
+            return PURE
+        if text == "mixed":
+            return MIXED
+        raise PrecisionError(f"precision must be pure or mixed, got {text!r}")
+
+    def compute_dtype(self, model: Model) -> DType:
+        """The dtype the model computes in (its weights'); under mixed precision it must be bf16
+        or f16."""
+        dtypes = {w.type.dtype for w in model.weights}
+        if len(dtypes) != 1:
+            raise PrecisionError(
+                f"model {model.name}: weights of several dtypes ({', '.join(sorted(map(str, dtypes)))}); "
+                "a training precision needs one compute dtype"
+            )
+        (dt,) = dtypes
+        if self.mixed and dt not in LOW:
+            raise PrecisionError(
+                f"mixed precision computes in bf16 or f16 with {self.master} master weights; model "
+                f"{model.name} is {dt} (build it in bf16 or f16, or train in pure precision)"
+            )
+        return dt
+
+    def master_type(self, t: TensorType) -> TensorType:
+        """The type of a weight's (or its optimizer state's) step parameter."""
+        return TensorType(self.master, t.shape, t.device) if self.mixed else t
+
+    def prepare(self, model: Model) -> Model:
+        """The model the step differentiates: under mixed precision, with its loss in fp32."""
+        return with_fp32_loss(model, self.loss) if self.mixed else model
+
+
+PURE = Precision()
+MIXED = Precision(mixed=True)
+
+
+def with_fp32_loss(model: Model, dtype: DType = DType.f32) -> Model:
+    """``model`` whose loss layer first casts its floating-point arguments to ``dtype``: the
+    layer ``@loss`` becomes ``@loss_f32(x, ...) = @loss(Cast(x, to=f32), ...)`` (the body copied,
+    so the layer stays one function that autodiff and sharding see whole)."""
+    fwd = model.forward
+    last = model.layers[-1]
+    _, env = infer_types(model.module, domain=TypeDomain(concrete_limit=0))
+    arg_types = [type_of(env[v]) for v in last.inputs]
+    callee = model.module[last.callee]
+    name = f"{callee.name}_{dtype}"
+    fb = FunctionBuilder(name, REGISTRY.out_arity)
+    vmap = ValueMap()
+    for p, t in zip(callee.params, arg_types, strict=True):
+        q = fb.param(p.name)
+        if isinstance(t, TensorType) and t.dtype.is_float and t.dtype != dtype:
+            (q,) = fb.op("Cast", q, names=[f"{p.name}_{dtype}"], to=dtype)
+        vmap.bind(p, q)
+    for instr in callee.body:
+        fb.append(copy_instr(instr, vmap))
+    wrapper = fb.ret(*(vmap(v) for v in callee.outputs))
+    body = tuple(Call(name, i.inputs, i.outputs) if i is last else i for i in fwd.body)
+    entry = Function(fwd.name, fwd.params, body, fwd.outputs)
+    functions = [f for f in model.module.functions if f is not fwd]
+    return replace(model, module=Module((*functions, wrapper, entry)))
+
+
+def cast(fb: FunctionBuilder, v: Value, to: DType, name: str) -> Value:
+    """``%name = Cast(%v, to=...)``."""
+    return fb.op("Cast", v, names=[name], to=to)[0]
+
+
+def state_bytes(optimizer_state: int, precision: Precision, dtype: DType) -> dict[str, int]:
+    """Bytes per parameter of the model state during a step, by part: ``master`` (fp32 weights,
+    mixed only), ``weights`` (the compute copy; the weights themselves when pure), ``grads``
+    (compute dtype) and ``optimizer`` (``optimizer_state`` tensors per weight, e.g. Adam's 2)."""
+    low = dtype.itemsize
+    if not precision.mixed:
+        return {"master": 0, "weights": low, "grads": low, "optimizer": optimizer_state * low}
+    hi = precision.master.itemsize
+    return {"master": hi, "weights": low, "grads": low, "optimizer": optimizer_state * hi}
+
+
+__all__ = ["MIXED", "PURE", "Precision", "PrecisionError", "cast", "state_bytes", "with_fp32_loss"]

@@ -1,0 +1,155 @@
+"""Mixed precision training steps (``distir.autodiff.precision``): fp32 masters and optimizer state,
+one cast per weight per step, the loss layer in fp32, gradients cast to fp32 for the update."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import distir
+from distir.autodiff.precision import MIXED, PURE, Precision, PrecisionError, state_bytes, with_fp32_loss
+from distir.autodiff.train import Optimizer, training_step
+from distir.frontends.zoo import build_model
+from distir.interp.reference import run_reference
+from distir.ir.ops import Call
+from distir.ir.printer import print_function
+from distir.ir.types import DType, TensorType
+from distir.ir.verify import verify
+from distir.parallel.check import initial_values
+
+TINY = "mlp:layers=2,hidden=4"
+
+GOLDEN_STEP = (
+    (
+        "func @train_step(%x: Tensor[bf16, (2, 4), d0], %y: Tensor[bf16, (2, 4), d0], "
+        "%w_0: Tensor[f32, (4, 4), d0], %w_1: Tensor[f32, (4, 4), d0]) {\n"
+    )
+    + """\
+  %w_0_bf16 = Cast(%w_0, to=bf16)
+  %w_1_bf16 = Cast(%w_1, to=bf16)
+  %dense_fwd, %dense_fwd_1 = @dense_fwd(%x, %w_0_bf16)
+  %dense_1_fwd, %dense_1_fwd_1 = @dense_1_fwd(%dense_fwd, %w_1_bf16)
+  %loss_f32_fwd, %loss_f32_fwd_1, %loss_f32_fwd_2 = @loss_f32_fwd(%dense_1_fwd, %y)
+  %dloss = FillLike(%loss_f32_fwd, value=1.0)
+  %dh1 = @loss_f32_bwd(%loss_f32_fwd_1, %loss_f32_fwd_2, %dloss)
+  %dh0, %dw_1 = @dense_1_bwd(%dense_fwd, %w_1_bf16, %dense_1_fwd_1, %dh1)
+  %dw_0 = @dense_bwd(%x, %w_0_bf16, %dense_fwd_1, %dh0)
+  %dw_0_f32 = Cast(%dw_0, to=f32)
+  %w_0_new = SGD(%w_0, %dw_0_f32, lr=0.01)
+  %dw_1_f32 = Cast(%dw_1, to=f32)
+  %w_1_new = SGD(%w_1, %dw_1_f32, lr=0.01)
+  return %loss_f32_fwd, %w_0_new, %w_1_new
+}
+"""
+)
+GOLDEN_LOSS = """\
+func @loss_f32_fwd(%pred, %target) {
+  %pred_f32 = Cast(%pred, to=f32)
+  %target_f32 = Cast(%target, to=f32)
+  %sse = MSELoss(%pred_f32, %target_f32, reduction="sum")
+  %loss = Scale(%sse, alpha=0.125)
+  return %loss, %pred_f32, %target_f32
+}
+func @loss_f32_bwd(%pred_f32, %target_f32, %dloss) {
+  %scale = Scale(%dloss, alpha=0.125)
+  %mselossgrad = MSELossGrad(%scale, %pred_f32, %target_f32, reduction="sum")
+  %cast = Cast(%mselossgrad, to=bf16)
+  return %cast
+}
+"""
+
+
+def test_mixed_step_of_a_tiny_mlp_casts_where_expected() -> None:
+    """Masters are f32 parameters; each is cast to bf16 once, before the first layer; the loss
+    layer casts its inputs to f32 and its input gradient back to bf16; each bf16 weight gradient
+    is cast to f32 right before its update."""
+    step = training_step(build_model(TINY, batch=2, dtype=DType.bf16), Optimizer("sgd"), precision="mixed")
+    verify(step)
+    assert print_function(step.entry) + "\n" == GOLDEN_STEP
+    loss = print_function(step["loss_f32_fwd"]) + "\n" + print_function(step["loss_f32_bwd"]) + "\n"
+    assert loss == GOLDEN_LOSS
+
+
+def test_mixed_adam_step_types() -> None:
+    """Weights, m, v and their results are f32; the loss is f32; layers compute in f16."""
+    model = build_model("gpt:layers=2,hidden=8,heads=2,seq=4,vocab=16", batch=2, dtype=DType.f16)
+    typed = distir.check(training_step(model, Optimizer("adam"), precision=MIXED))
+    entry = typed.entry
+    n_in, n_w = len(model.inputs), len(model.weights)
+    for p in entry.params[n_in : n_in + 3 * n_w]:
+        assert isinstance(p.type, TensorType) and p.type.dtype is DType.f32, p
+    for o in entry.outputs:
+        assert isinstance(o.type, TensorType) and o.type.dtype is DType.f32, o
+    casts = [op for op in entry.ops() if op.name == "Cast"]
+    assert [str(op.attrs["to"]) for op in casts].count("f16") == n_w  # one compute copy per weight
+    assert [str(op.attrs["to"]) for op in casts].count("f32") == n_w  # one gradient cast per weight
+    masters = set(entry.params[n_in:])
+    calls = [i for i in entry.body if isinstance(i, Call)]
+    assert calls and not any(v in masters for c in calls for v in c.inputs)  # layers take the copies
+
+
+@pytest.mark.parametrize("dtype", [DType.bf16, DType.f16])
+def test_mixed_step_is_close_to_the_f32_step_but_rounded(dtype: DType) -> None:
+    """The same f32 values through the f32 step and the mixed step: the mixed step rounds
+    weights and activations to ``dtype`` (the reference rounds casts to bf16; f16 computes in
+    float16), so results differ — by about that dtype's rounding, not more."""
+    spec = "mlp:layers=3,hidden=8"
+    f32 = build_model(spec, batch=4, dtype=DType.f32)
+    low = build_model(spec, batch=4, dtype=dtype)
+    opt = Optimizer("adam", lr=0.01)
+    vals = initial_values(f32, opt, seed=2)
+    want = run_reference(
+        training_step(f32, opt), [vals[p.name] for p in f32.forward.params] + _rest(f32, opt, vals)
+    )
+    step = training_step(low, opt, precision="mixed")
+    args = [
+        vals[p.name].astype(dtype.to_numpy()) if i < len(low.inputs) else vals[p.name]
+        for i, p in enumerate(low.forward.params)
+    ]
+    got = run_reference(step, args + _rest(low, opt, vals))
+    u = 2.0**-8 if dtype is DType.bf16 else 2.0**-11  # unit roundoff
+    assert abs(float(got[0]) - float(want[0])) <= 64 * u * abs(float(want[0]))
+    assert float(got[0]) != float(want[0])  # the casts round: mixed is not f32 in disguise
+    for a, b in zip(want[1:], got[1:], strict=True):
+        assert np.asarray(b).dtype == np.float32
+        # Adam normalizes the update, so weights move by ~lr whatever the gradient's rounding
+        np.testing.assert_allclose(b, a, rtol=0, atol=2 * opt.lr)
+
+
+def _rest(model, opt: Optimizer, vals: dict[str, np.ndarray]) -> list[np.ndarray]:  # type: ignore[no-untyped-def]
+    return [vals[f"{s}_{w.name}"] for s in opt.state for w in model.weights] + [vals["step"]]
+
+
+def test_with_fp32_loss_leaves_the_other_layers_alone() -> None:
+    model = build_model("gpt:layers=1,hidden=8,heads=2,seq=4,vocab=16", batch=2, dtype=DType.bf16)
+    wrapped = with_fp32_loss(model)
+    assert [c.callee for c in wrapped.layers[:-1]] == [c.callee for c in model.layers[:-1]]
+    assert wrapped.layers[-1].callee == f"{model.layers[-1].callee}_f32"
+    loss_fn = wrapped.module[wrapped.layers[-1].callee]
+    # the logits are cast, the integer labels are not
+    assert [op.name for op in loss_fn.body[:1]] == ["Cast"] and loss_fn.body[1].name != "Cast"
+    (out,) = run_reference(wrapped.module, [model.random_inputs(0)[p.name] for p in model.forward.params])
+    (ref,) = run_reference(model.module, [model.random_inputs(0)[p.name] for p in model.forward.params])
+    assert float(out) == pytest.approx(float(ref), rel=1e-6)
+
+
+def test_state_bytes_per_parameter() -> None:
+    """Mixed Adam: 4 (master) + 2 (bf16 copy) + 2 (bf16 gradient) + 8 (fp32 m, v) = 16 bytes per
+    parameter, the ZeRO paper's 2Ψ + 2Ψ + 12Ψ; pure bf16 Adam 8, pure f32 Adam 16, mixed SGD 8."""
+    assert state_bytes(2, MIXED, DType.bf16) == {"master": 4, "weights": 2, "grads": 2, "optimizer": 8}
+    assert sum(state_bytes(2, MIXED, DType.bf16).values()) == 16
+    assert sum(state_bytes(2, PURE, DType.bf16).values()) == 8
+    assert sum(state_bytes(2, PURE, DType.f32).values()) == 16
+    assert sum(state_bytes(0, MIXED, DType.f16).values()) == 8
+
+
+def test_precision_errors_name_the_problem() -> None:
+    with pytest.raises(PrecisionError, match="precision must be pure or mixed, got 'half'"):
+        Precision.parse("half")
+    f32 = build_model(TINY, batch=2, dtype=DType.f32)
+    with pytest.raises(PrecisionError, match=r"mixed precision computes in bf16 or f16 .* is f32"):
+        training_step(f32, precision="mixed")
+    f64 = build_model(TINY, batch=2, dtype=DType.f64)
+    with pytest.raises(PrecisionError, match="is f64"):
+        training_step(f64, precision="mixed")
+    assert str(Precision.parse("mixed")) == "mixed" and Precision.parse(PURE) is PURE
