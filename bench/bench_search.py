@@ -46,9 +46,9 @@ def _run(label: str, req: SearchRequest) -> tuple[int, float, float]:
     out = search(req)
     wall = time.perf_counter() - t0
     best = out.best()
-    screen_s = out.timings["screen_s"]
+    screen_s, cpu_s = out.timings["screen_s"], out.timings["screen_cpu_s"]
     print(
-        f"  {label:34s} {out.n_screened:5d} screened in {screen_s:6.2f} s "
+        f"  {label:34s} {out.n_screened:5d} screened in {screen_s:6.2f} s (cpu {cpu_s:5.2f} s) "
         f"({out.n_screened / screen_s:7.0f} configs/s, {out.profiles} layer sims), "
         f"placement {out.timings['placement_s']:5.2f} s, {len(out.results):2d} exact in "
         f"{out.timings['simulate_s']:6.2f} s; total {wall:6.2f} s; best "

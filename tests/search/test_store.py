@@ -284,6 +284,17 @@ def test_local_workers_run_in_other_processes(tmp_path: Path) -> None:
     assert _evaluations(log) == Counter(tasks(4))
 
 
+def test_without_a_store_workers_still_run_in_other_processes(tmp_path: Path) -> None:
+    log = tmp_path / "eval.log"
+    order = ["a", "b", "a", "c"]
+    results = run_all(order, functools.partial(failing, str(log)), None, workers=2)
+    assert list(results) == ["a", "b", "c"]
+    assert os.getpid() not in {r["pid"] for r in results.values()}
+    assert _evaluations(log) == Counter(["a", "b", "c"])  # a repeated task is evaluated once
+    bad = run_all(["bad1"], functools.partial(failing, str(log)), None)
+    assert bad == {"bad1": {"error": "ValueError: cannot evaluate bad1"}}
+
+
 def test_unpicklable_fn_raises_and_stores_nothing(tmp_path: Path) -> None:
     with ResultStore(tmp_path / "s.db", KEY, META) as store:
         with pytest.raises(ExecutorError, match="picklable"):

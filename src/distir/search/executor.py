@@ -219,14 +219,15 @@ def _run_ray(todo: Sequence[str], fn: Callable[[str], Result], workers: int, on_
 def run_all(
     tasks: Sequence[str],
     fn: Callable[[str], dict[str, Any]],
-    store: ResultStore,
+    store: ResultStore | None,
     *,
     workers: int = 1,
     executor: str = "local",
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Every task's result, in ``tasks`` order: the stored ones from ``store``, the others from
-    ``fn(task)``, each stored (``store.put``) by this process the moment it arrives.
+    ``fn(task)``, each stored (``store.put``) by this process the moment it arrives. Without a
+    store (None) nothing is stored or resumed; everything else is the same.
 
     - A task already in ``store.done()`` is never evaluated again; a repeated task is evaluated
       once. An ``Exception`` raised by ``fn`` is stored and returned as ``{"error": "<type>:
@@ -253,7 +254,7 @@ def run_all(
     if workers < 1:
         raise ExecutorError(f"workers must be at least 1, got {workers}")
     unique = list(dict.fromkeys(tasks))
-    stored = store.done()
+    stored = store.done() if store is not None else {}
     results: dict[str, Result] = {task: stored[task] for task in unique if task in stored}
     todo = [task for task in unique if task not in stored]
     total = len(unique)
@@ -261,7 +262,8 @@ def run_all(
         progress(len(results), total)
 
     def on_result(task: str, result: Result) -> None:
-        store.put(task, result)
+        if store is not None:
+            store.put(task, result)
         results[task] = result
         if progress is not None:
             progress(len(results), total)

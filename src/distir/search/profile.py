@@ -7,12 +7,19 @@ forward and backward (activation memory per microbatch in flight), its weights' 
 activation it hands to the next layer (the pipeline transfer when a stage boundary falls after
 it).
 
-The numbers come from the same layer functions ``distribute`` uses (``sharded_layers``: one
-differentiation, one propagation per (t, b)), each simulated alone on a real group of GPUs of
-the cluster — so the screen and the exact simulation share one cost model, and the screen's
-error is only in how it *composes* layers (the pipeline formula), never in what a layer costs.
+The numbers come from the same layer functions ``distribute`` uses (``sharded_layers`` on the
+model's distinct layers, ``distinct_layers``: one differentiation, one propagation per (t, b)),
+each simulated alone on a real group of GPUs of the cluster — so the screen and the exact
+simulation share one cost model, and the screen's error is only in how it *composes* layers
+(the pipeline formula), never in what a layer costs.
 Profiles are memoized per (t, b, recompute, kind of the TP group): a search over thousands of
 strategies profiles each distinct layer a few dozen times.
+
+Why each microbatch size b is differentiated and sharded anew rather than the functions of one b
+retyped: they are not batch-polymorphic. Differentiation bakes the batch into the backward's
+reshapes, and propagation's choices depend on the shapes (divisibility, the size-1 batch, the
+cheaper of two redistributions: e.g. an MLP layer with full recomputation shards its backward
+differently at b = 64 than at b = 8), so a retyped function can cost other than ``distribute``'s.
 """
 
 from __future__ import annotations
@@ -20,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from distir.frontends.zoo.model import Model
 from distir.frontends.zoo.registry import ModelSpec, build_from
 from distir.hardware.cluster import Cluster
 from distir.ir.builder import FunctionBuilder
@@ -29,6 +35,7 @@ from distir.ir.function import Function, Module
 from distir.ir.types import Device, DType, TensorType, Type
 from distir.ops.registry import REGISTRY
 from distir.parallel.distribute import ShardedLayer, sharded_layers
+from distir.search.distinct import Reduced, distinct_layers
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
 from distir.sim.simulate import simulate
@@ -83,7 +90,7 @@ class Profiler:
     _fn_cache: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
     _work: dict[tuple[object, ...], float] = field(default_factory=dict)
     _layers: dict[tuple[int, int, str], list[ShardedLayer]] = field(default_factory=dict)
-    _models: dict[int, Model] = field(default_factory=dict)
+    _models: dict[int, Reduced] = field(default_factory=dict)
     probes: int = 0  # layer simulations run (for benches)
 
     def group_key(self, gpus: Sequence[int]) -> tuple[object, ...]:
@@ -92,31 +99,37 @@ class Profiler:
         first = {n: i for i, n in enumerate(dict.fromkeys(nodes))}
         return tuple((self.cluster.nodes[n].name, first[n]) for n in nodes)
 
-    def model(self, b: int) -> Model:
+    def model(self, b: int) -> Reduced:
+        """The model at microbatch ``b`` with its repeated layers dropped (``distinct_layers``)."""
         got = self._models.get(b)
         if got is None:
-            got = self._models[b] = build_from(self.spec, b, self.dtype)
+            got = self._models[b] = distinct_layers(build_from(self.spec, b, self.dtype))
         return got
 
     def sharded(self, t: int, b: int, recompute: str) -> list[ShardedLayer]:
+        """The distinct layers of ``model(b)``, differentiated and sharded as ``distribute`` does."""
         key = (t, b, recompute)
         got = self._layers.get(key)
         if got is None:
-            got = self._layers[key] = sharded_layers(self.model(b), 1, t, recompute, self.train)
+            got = self._layers[key] = sharded_layers(self.model(b).model, 1, t, recompute, self.train)
         return got
 
     def layers(self, t: int, b: int, gpus: Sequence[int], recompute: str = "none") -> list[LayerProfile]:
         """Profiles of every layer call for microbatch ``b`` per replica on the TP group ``gpus``
-        (``len(gpus) == t``). Raises the sharding/model errors of ``sharded_layers``."""
+        (``len(gpus) == t``). Raises the sharding/model errors of ``sharded_layers``.
+
+        A repeated layer shares the profile of the call standing for it (``distinct_layers``):
+        the list has one entry per layer call of the full model, repeats being the same object."""
         key = (t, b, recompute, self.group_key(gpus))
         got = self._cache.get(key)
         if got is not None:
             return got
         layers = self.sharded(t, b, recompute)
-        model = self.model(b)
+        reduced = self.model(b)
+        model = reduced.model
         dmap = DeviceMap({Device(i): Slot(g) for i, g in enumerate(gpus)})
         cost = self.cost_model or RooflineCostModel(self.cluster)
-        out: list[LayerProfile] = []
+        distinct: list[LayerProfile] = []
         for i, L in enumerate(layers):
             fwd = self._run(L.fwd, L.fwd_args, dmap, cost, key)
             bwd = (0.0, 0.0, 0.0)
@@ -129,12 +142,13 @@ class Profiler:
                 res = list(L.bwd_args[:n_first]) if 0 in L.vjp.bwd_params else []
                 res += list(L.bwd_args[start : start + L.vjp.n_residuals])
                 saved = sum(local_nbytes(r) for r in res)
+            # a kept layer's result has the type its dropped repeats hand on (distinct_layers)
             nxt = layers[i + 1].fwd_args[0] if i + 1 < len(layers) else None
             wbytes = 0.0
             for w in L.weights:
                 spec = model.weight(w.name)
                 wbytes += spec.type.nbytes / (t if isinstance(spec.tp, Shard) else 1)
-            out.append(
+            distinct.append(
                 LayerProfile(
                     fwd_s=fwd[0],
                     bwd_s=bwd[0],
@@ -146,6 +160,7 @@ class Profiler:
                     work_bytes=max(fwd[2], bwd[2]),
                 )
             )
+        out = [distinct[r] for r in reduced.rep[: len(reduced.rep) - (0 if self.train else 1)]]
         self._cache[key] = out
         return out
 

@@ -26,6 +26,7 @@ The screen ranks; the exact simulation (``distir.search.rerank``) decides.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,7 +35,7 @@ import numpy as np
 from distir.hardware.cluster import Cluster
 from distir.parallel.distribute import uniform_counts
 from distir.parallel.strategy import Strategy
-from distir.search.layer_assignment import assign_layers, objective
+from distir.search.layer_assignment import Assignment, assign_layers, objective
 from distir.search.profile import LayerProfile, Profiler
 from distir.sim import collectives as coll
 
@@ -74,6 +75,25 @@ class Estimate:
         return batch / self.step_time_s if self.step_time_s > 0 else float("inf")
 
 
+def _frozen(values: Sequence[float]) -> np.ndarray:
+    a = np.array(values)
+    a.flags.writeable = False  # shared by every estimate of the stage
+    return a
+
+
+@dataclass(frozen=True, slots=True)
+class _StageRows:
+    """One stage's per-layer figures (``Screen._stage_rows``), read-only arrays of length L."""
+
+    time: np.ndarray  # forward + backward of one microbatch
+    weight: np.ndarray
+    n_w: np.ndarray
+    saved: np.ndarray
+    out: np.ndarray
+    work: np.ndarray
+    cap: float  # the smallest memory of the stage's GPUs
+
+
 class Screen:
     """Evaluates strategies of one problem analytically (module docstring)."""
 
@@ -81,24 +101,56 @@ class Screen:
         self.profiler = profiler
         self.problem = problem
         self.cluster: Cluster = profiler.cluster
+        # memos of pure functions (the placement search asks the same questions many times)
+        self._assignments: dict[bytes, Assignment | None] = {}
+        self._rows: dict[tuple[object, ...], _StageRows] = {}
+        self._links: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[float, float]] = {}
+        self._syncs: dict[tuple[object, ...], float] = {}
 
     # -- pieces ------------------------------------------------------------------------------
     def stage_gpus(self, s: Strategy, placement: Sequence[int]) -> list[list[int]]:
         n = s.d * s.t
         return [[placement[j * n + i] for i in range(n)] for j in range(s.p)]
 
-    def _stage_profiles(self, s: Strategy, gpus: list[int], b: int) -> list[list[LayerProfile]]:
-        """The distinct TP groups' profiles of one stage (their slowest decides)."""
+    def _stage_rows(self, s: Strategy, gpus: list[int], b: int) -> _StageRows:
+        """Per-layer figures of one stage on ``gpus``: each the worst of the stage's distinct TP
+        groups (their slowest decides), except the first group's weight count and activation;
+        and the stage's memory capacity. Memoized per (t, d, b, recompute, GPUs): a pure function of them."""
+        key = (s.t, s.d, b, s.recompute, tuple(gpus))
+        got = self._rows.get(key)
+        if got is not None:
+            return got
         seen: dict[tuple[object, ...], list[LayerProfile]] = {}
         for r in range(s.d):
             group = gpus[r * s.t : (r + 1) * s.t]
-            key = self.profiler.group_key(group)
-            if key not in seen:
-                seen[key] = self.profiler.layers(s.t, b, group, s.recompute)
-        return list(seen.values())
+            gk = self.profiler.group_key(group)
+            if gk not in seen:
+                seen[gk] = self.profiler.layers(s.t, b, group, s.recompute)
+        profs = list(seen.values())
+        fb = 1.0 if self.problem.train else 0.0
+        n = range(len(profs[0]))
+        got = self._rows[key] = _StageRows(
+            time=_frozen([max(p[i].fwd_s + fb * p[i].bwd_s for p in profs) for i in n]),
+            weight=_frozen([max(p[i].weight_bytes for p in profs) for i in n]),
+            n_w=_frozen([profs[0][i].n_weights for i in n]),
+            saved=_frozen([max(p[i].saved_bytes for p in profs) for i in n]),
+            out=_frozen([profs[0][i].out_bytes for i in n]),
+            work=_frozen([max(p[i].work_bytes for p in profs) for i in n]),
+            cap=min(self.cluster.device_spec(g).memory_bytes for g in gpus),
+        )
+        return got
 
     def _transfer(self, nbytes: float, a: Sequence[int], b: Sequence[int]) -> float:
         return max(coll.send_time(self.cluster, nbytes, x, y) for x, y in zip(a, b, strict=True))
+
+    def _link(self, a: Sequence[int], b: Sequence[int]) -> tuple[float, float]:
+        """(latency, seconds per byte) of a transfer from stage GPUs ``a`` to ``b``, memoized."""
+        key = (tuple(a), tuple(b))
+        got = self._links.get(key)
+        if got is None:
+            lat = self._transfer(0.0, a, b)
+            got = self._links[key] = (lat, (self._transfer(1e9, a, b) - lat) / 1e9)
+        return got
 
     # -- the estimate ------------------------------------------------------------------------
     def estimate(self, s: Strategy, placement: Sequence[int] | None = None, balance: bool = True) -> Estimate:
@@ -112,24 +164,19 @@ class Screen:
         if rem or b < 1:
             raise ValueError(f"{s}: batch {pr.batch} does not split into d·k = {s.d * s.k} parts")
         stages = self.stage_gpus(s, placement)
-        profs = [self._stage_profiles(s, g, b) for g in stages]
-        n_layers = len(profs[0][0])
+        rows = [self._stage_rows(s, g, b) for g in stages]
+        n_layers = rows[0].time.size
         chunks = s.p * s.v
         if chunks > n_layers:
             raise ValueError(f"{s}: {chunks} pipeline chunks but only {n_layers} layers")
         stage_of = [c % s.p for c in range(chunks)]
         fb = 1.0 if pr.train else 0.0
-        lt = np.array(
-            [
-                [max(p[i].fwd_s + fb * p[i].bwd_s for p in profs[j]) for i in range(n_layers)]
-                for j in range(s.p)
-            ]
-        )
-        w_bytes = np.array([max(p[i].weight_bytes for p in profs[0]) for i in range(n_layers)])
-        n_w = np.array([profs[0][0][i].n_weights for i in range(n_layers)])
-        saved = np.array([max(p[i].saved_bytes for p in profs[0]) for i in range(n_layers)]) * fb
-        out_b = np.array([profs[0][0][i].out_bytes for i in range(n_layers)])
-        work = np.array([max(p[i].work_bytes for pj in profs for p in pj) for i in range(n_layers)])
+        lt = np.array([r.time for r in rows])  # a fresh array: the terms below add into it
+        w_bytes = rows[0].weight
+        n_w = rows[0].n_w
+        saved = rows[0].saved * fb
+        out_b = rows[0].out
+        work = np.max([r.work for r in rows], axis=0)
         # ZeRO-3 gathers every weight before its forward and its backward, in every microbatch
         if pr.train and s.zero == 3 and s.d > 1:
             for j in range(s.p):
@@ -151,8 +198,7 @@ class Screen:
             a, bb = stages[stage_of[c]], stages[stage_of[c + 1]]
             if a == bb:
                 continue
-            lat = self._transfer(0.0, a, bb)
-            per_byte = (self._transfer(1e9, a, bb) - lat) / 1e9
+            lat, per_byte = self._link(a, bb)
             comm[c] = trips * (lat + out_b[:-1] * per_byte)
         # memory per device: static (weights, grads, state) + activations in flight + transient
         d = s.d
@@ -163,14 +209,14 @@ class Screen:
             static_f += pr.n_state / (d if s.zero >= 1 else 1)
         inflight = [self._inflight(s, j) for j in range(s.p)]
         mem = np.array([static_f * w_bytes + inflight[j] * saved for j in range(s.p)])
-        caps = np.array([min(self.cluster.device_spec(g).memory_bytes for g in st) for st in stages], float)
+        caps = np.array([r.cap for r in rows], float)
         counts: tuple[int, ...]
         if isinstance(s.partition, tuple):
             counts = s.partition
         elif balance and s.v == 1 and s.p > 1:
-            got = assign_layers(time_c, s.k, comm if chunks > 1 else None, mem, caps - work.max())
+            got = self._assign(time_c, s.k, comm if chunks > 1 else None, mem, caps - work.max())
             if got is None:  # nothing fits: balance time alone, report the memory honestly
-                got = assign_layers(time_c, s.k, comm if chunks > 1 else None)
+                got = self._assign(time_c, s.k, comm if chunks > 1 else None)
             assert got is not None
             counts = got.counts
             # equal time: keep the uniform split (the simpler strategy string)
@@ -215,6 +261,26 @@ class Screen:
             memory_headroom=min(headroom),
         )
 
+    def _assign(
+        self,
+        time_c: np.ndarray,
+        k: int,
+        comm: np.ndarray | None,
+        mem: np.ndarray | None = None,
+        cap: np.ndarray | None = None,
+    ) -> Assignment | None:
+        """``assign_layers``, memoized on the exact bytes of its inputs: the placement search
+        meets the same stage kinds, links and limits again and again under other GPU numbers.
+        The key is a 128-bit digest of them (the inputs themselves would hold megabytes)."""
+        h = hashlib.blake2b(str(k).encode(), digest_size=16)
+        for a in (time_c, comm, mem, cap):
+            h.update(b"-" if a is None else repr(a.shape).encode() + np.ascontiguousarray(a).tobytes())
+        key = h.digest()
+        if key in self._assignments:
+            return self._assignments[key]
+        got = self._assignments[key] = assign_layers(time_c, k, comm, mem, cap)
+        return got
+
     def _inflight(self, s: Strategy, j: int) -> float:
         """Microbatches whose activations stage j holds at its peak (in whole-stage units)."""
         if not self.problem.train:
@@ -239,7 +305,15 @@ class Screen:
         return (s.k - 1) * m + max(t_stage) + fill + sum(c_cut)
 
     def _sync(self, s: Strategy, gpus: list[int], w: float, n_w: int) -> float:
-        """Gradient reduction over the replicas (per TP rank, all ranks at once) and optimizer."""
+        """Gradient reduction over the replicas (per TP rank, all ranks at once) and optimizer;
+        memoized (a pure function of the arguments that matter)."""
+        key = (s.d, s.t, s.zero, tuple(gpus), w, n_w)
+        got = self._syncs.get(key)
+        if got is None:
+            got = self._syncs[key] = self._sync_time(s, gpus, w, n_w)
+        return got
+
+    def _sync_time(self, s: Strategy, gpus: list[int], w: float, n_w: int) -> float:
         pr = self.problem
         t = 0.0
         if s.d > 1 and n_w:

@@ -1,0 +1,85 @@
+"""Layer profiles: the distinct-layer reduction changes nothing a profile says."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from distir.autodiff.train import layer_types
+from distir.frontends.zoo.model import check_model
+from distir.frontends.zoo.registry import parse_model_string
+from distir.hardware.cluster import parse_cluster
+from distir.ir.function import Function
+from distir.ir.printer import print_function
+from distir.parallel.distribute import sharded_layers
+from distir.search.distinct import Reduced, distinct_layers
+from distir.search.profile import LayerProfile, Profiler
+
+GPT = "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128"
+MODELS = [
+    GPT,
+    "mlp:layers=4,hidden=64",
+    "llama:layers=3,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=128,seq=16",
+    "transgan:wide_layers=2,narrow_layers=3,wide=64,narrow=16,heads=4,tokens=16",
+]
+
+
+class _FullProfiler(Profiler):
+    """The profiler without the reduction: every layer call of the full model sharded and probed."""
+
+    def model(self, b: int) -> Reduced:
+        got = self._models.get(b)
+        if got is None:
+            m = self.spec.build(b, self.dtype)
+            got = self._models[b] = Reduced(m, tuple(range(len(m.layers))))
+        return got
+
+
+def _text(fn: Function | None) -> str | None:
+    # function names are numbered in order of appearance, which the reduction changes
+    return None if fn is None else re.sub(r"@[A-Za-z0-9_]+", "@f", print_function(fn))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_reduced_model_keeps_the_contract_and_stands_for_every_layer(name: str) -> None:
+    model = parse_model_string(name).build(4)
+    red = distinct_layers(model)
+    check_model(red.model)
+    full_types, red_types = layer_types(model), layer_types(red.model)
+    calls, kept = model.layers, red.model.layers
+    assert len(red.rep) == len(calls)
+    assert red.rep[0] == 0 and red.rep[-1] == len(kept) - 1 and red.rep[-2] == len(kept) - 2
+    assert sorted(set(red.rep)) == list(range(len(kept)))
+    for i, r in enumerate(red.rep):
+        assert calls[i].callee == kept[r].callee
+        assert full_types[i] == red_types[r]
+    if name == GPT:
+        assert red.dropped == 3  # four identical blocks: one stays
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize(("t", "recompute"), [(1, "none"), (2, "selective"), (4, "full")])
+def test_reduced_layers_shard_to_the_same_functions(name: str, t: int, recompute: str) -> None:
+    model = parse_model_string(name).build(2)
+    red = distinct_layers(model)
+    full = sharded_layers(model, 1, t, recompute)
+    mine = sharded_layers(red.model, 1, t, recompute)
+    for i, layer in enumerate(full):
+        other = mine[red.rep[i]]
+        assert (layer.fwd_args, layer.bwd_args) == (other.fwd_args, other.bwd_args)
+        assert _text(layer.fwd) == _text(other.fwd)
+        assert _text(layer.bwd) == _text(other.bwd)
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("train", [True, False])
+def test_profiles_equal_those_of_the_full_model(name: str, train: bool) -> None:
+    spec = parse_model_string(name)
+    cluster = parse_cluster("p3.8xlarge:1+g4dn.12xlarge:1")
+    fast, ref = Profiler(spec, cluster, train=train), _FullProfiler(spec, cluster, train=train)
+    for t, b, gpus, rec in ((1, 1, [0], "none"), (2, 4, [4, 5], "selective"), (2, 3, [0, 1], "none")):
+        got: list[LayerProfile] = fast.layers(t, b, gpus, rec)
+        want = ref.layers(t, b, gpus, rec)
+        assert got == want
+    assert fast.probes <= ref.probes

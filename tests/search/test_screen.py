@@ -1,0 +1,72 @@
+"""The analytic screen: its memos (a screen that has estimated many strategies and placements says
+exactly what a fresh one says: each memo is a pure function of its key), and its error against
+the exact simulation on a scattered placement."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from distir.frontends.zoo.registry import parse_model_string
+from distir.hardware.cluster import parse_cluster
+from distir.parallel.strategy import Strategy, parse_strategy
+from distir.search.profile import Profiler
+from distir.search.rerank import ExactJob, evaluate
+from distir.search.screen import Problem, Screen
+
+
+def _placements(s: Strategy, rng: random.Random, n: int) -> list[tuple[int, ...]]:
+    """The identity and ``n`` shuffles of whole TP groups (what the placement search tries)."""
+    groups = [tuple(range(i, i + s.t)) for i in range(0, s.devices, s.t)]
+    out = [tuple(range(s.devices))]
+    for _ in range(n):
+        rng.shuffle(groups)
+        out.append(tuple(g for grp in groups for g in grp))
+    return out
+
+
+def test_memoized_estimates_equal_fresh_ones() -> None:
+    spec = parse_model_string("gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128")
+    cluster = parse_cluster("p3.8xlarge:1+g4dn.12xlarge:1")
+    profiler = Profiler(spec, cluster)
+    problem = Problem(16)
+    shared = Screen(profiler, problem)
+    rng = random.Random(0)
+    strategies = [
+        Strategy(d=2, t=2, p=2, k=4, schedule="1f1b"),
+        Strategy(d=2, t=2, p=2, k=4, schedule="zb1", zero=1),
+        Strategy(d=2, t=2, p=2, k=4, schedule="1f1b", zero=1, recompute="selective"),
+        Strategy(d=2, t=1, p=4, k=8, schedule="gpipe", zero=3, recompute="selective"),
+        Strategy(d=2, t=2, p=2, k=4, schedule="interleaved", v=2),
+        Strategy(d=4, t=2, p=1, k=1, schedule="1f1b", zero=2),
+        Strategy(d=1, t=1, p=7, k=16, schedule="1f1b", recompute="full"),
+    ]
+    cases = [(s, pl) for s in strategies for pl in _placements(s, rng, 3)]
+    first = [shared.estimate(s, pl) for s, pl in cases]
+    again = [shared.estimate(s, pl) for s, pl in reversed(cases)][::-1]
+    fresh = [Screen(profiler, problem).estimate(s, pl) for s, pl in cases]
+    assert first == fresh
+    assert again == fresh
+    assert len({e.step_time_s for e in fresh}) > len(strategies)  # placements do matter here
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the exact program all-reduces each layer's weight gradients over dp inside the layer's "
+    "backward, i.e. in every microbatch and on the pipeline's critical path (sharded layer backwards "
+    "return them Replicate over dp, not the pending P(sum) distribute's docstring promises); the "
+    "screen models the documented single reduction after the last microbatch. A placement whose "
+    "replicas straddle nodes makes that k-fold reduction cross the slow network. Fix in parallel/, "
+    "then drop this marker.",
+)
+def test_screen_error_does_not_depend_on_the_placement() -> None:
+    model, cluster = "gpt:layers=4,hidden=512,heads=8,seq=256,vocab=1024", "p3.8xlarge:1+g4dn.12xlarge:1"
+    screen = Screen(Profiler(parse_model_string(model), parse_cluster(cluster)), Problem(32))
+    job = ExactJob(model, cluster, 32)
+    ratios = []
+    # the Megatron placement, then each stage's two replicas on different nodes (GPUs j and 4 + j)
+    for text in ("d2.t1.p4.k8.1f1b", "d2.t1.p4.k8.1f1b.@0-4-1-5-2-6-3-7"):
+        est = screen.estimate(parse_strategy(text), balance=False)
+        ratios.append(evaluate(job, text)["step_time_s"] / est.step_time_s)
+    assert ratios[1] <= 1.3 * ratios[0], ratios
