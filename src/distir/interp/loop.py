@@ -91,9 +91,10 @@ def interpret(
         )
     env: dict[Value, V] = dict(zip(fn.params, args, strict=True))
     op_fn = domain.op
+    env_of = env.__getitem__
     for instr in fn.body:
         try:
-            ins = [env[v] for v in instr.inputs]
+            ins = list(map(env_of, instr.inputs))
             if type(instr) is Op:
                 outs = op_fn(instr, ins)
             else:

@@ -14,6 +14,7 @@ say (``n_out=``); it is injected so the IR layer stays independent of the op reg
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
 
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Instr, Op
@@ -142,13 +143,11 @@ class FunctionBuilder:
             raise BuilderError(f"{len(names)} names given for {n} results")
         if types is not None and len(types) != n:
             raise BuilderError(f"{len(types)} types given for {n} results")
-        return tuple(
-            Value(
-                names[i] if names is not None else hint,
-                types[i] if types is not None else None,
-            )
-            for i in range(n)
-        )
+        # map over the class: no Python frame per value (a pipeline call returns hundreds)
+        hints = names if names is not None else repeat(hint, n)
+        if types is None:
+            return tuple(map(Value, hints))
+        return tuple(map(Value, hints, types))
 
     def _check_open(self) -> None:
         if self._done:

@@ -138,7 +138,7 @@ class _TypeCollector(TypeDomain):
         self.dtensors: dict[DTensorType, None] = {}
         self.devices: dict[Device, None] = {}
         self._checked: dict[int, Mesh] = {}  # meshes whose devices are known mapped, by id
-        self._memo: dict[tuple[Any, ...], Sequence[Mixed]] = {}  # (op, attributes, input types)
+        self.op_types: dict[tuple[Any, ...], Sequence[Mixed]] = {}  # (op, attributes, input types)
 
     def note(self, t: Type) -> None:
         if isinstance(t, DTensorType):
@@ -162,7 +162,7 @@ class _TypeCollector(TypeDomain):
     def op(self, op: Op, args: Sequence[Mixed]) -> Sequence[Mixed]:
         key = (op.name, op.attrs, *args) if Concrete not in map(type, args) else None
         if key is not None:  # an op seen before: its types are noted already
-            hit = self._memo.get(key)
+            hit = self.op_types.get(key)
             if hit is not None:
                 check_declared(op.outputs, hit, op.name)
                 return hit
@@ -175,7 +175,7 @@ class _TypeCollector(TypeDomain):
                 for *_, after in step_types(src, dst):
                     self.dtensors[after] = None
         if key is not None and Concrete not in map(type, outs):
-            self._memo[key] = outs
+            self.op_types[key] = outs
         return outs
 
 
@@ -186,13 +186,14 @@ def device_units(
     dev_slot: Mapping[Device, int],
     n_slots: int,
     slot_class: Sequence[Hashable],
-) -> tuple[list[int], set[DTensorType]]:
+) -> tuple[list[int], set[DTensorType], dict[tuple[Any, ...], Sequence[Mixed]]]:
     """The unit of every slot (units numbered 0..k-1 in order of their first slot), and the
     DTensor types the units were made for. Slots start as one unit, then are split by: each
     plain value's device (ops on plain values run on one device or a few), for each DTensor type
     the devices holding equally shaped pieces (a mesh is the union of those groups), and the GPU
     class. Every op then touches whole units, and within a unit every device holds the same bytes
-    and costs alike: one clock and one memory figure per unit are exact."""
+    and costs alike: one clock and one memory figure per unit are exact. Also returns the result
+    types of every op seen, keyed by (op, attributes, input types), for the planner to reuse."""
     col = _TypeCollector(dev_slot)
     interpret(module, fn, list(args), col)
     for a in args:
@@ -228,7 +229,7 @@ def device_units(
                 n_units += 1
             unit[s] = new
     order: dict[int, int] = {}
-    return [order.setdefault(u, len(order)) for u in unit], set(col.dtensors)
+    return [order.setdefault(u, len(order)) for u in unit], set(col.dtensors), col.op_types
 
 
 class Units:
@@ -253,6 +254,9 @@ class Units:
         self._gpu_class: dict[int, Hashable] = {}
         self._comm_memo: dict[tuple[Any, ...], float] = {}
         self.local_costs: dict[tuple[Any, ...], tuple[float, float]] = {}  # (seconds, FLOPs)
+        # result types per (op, attributes, input types) from ``prepare``'s pass over the program
+        # (the same type domain): planning does not infer an op's types twice
+        self.op_types: dict[tuple[Any, ...], Sequence[Mixed]] = {}
 
     def prepare(self, module: Module, fn: Function, args: Sequence[Mixed]) -> None:
         """Before planning a DTensor program: group devices into units (``device_units``), and
@@ -263,7 +267,9 @@ class Units:
         # a unit holds slots of one stream name (so never two slots of one GPU) and GPU class
         slot_class = [(gpu_class(self.cost, s.gpu), s.stream) for s in self.streams]
         n_slots = len(self.slot_gpu)
-        unit_of, self._unit_types = device_units(module, fn, args, self.dev_slot, n_slots, slot_class)
+        unit_of, self._unit_types, self.op_types = device_units(
+            module, fn, args, self.dev_slot, n_slots, slot_class
+        )
         gpu_of = self.slot_gpu
 
         def signatures() -> dict[int, tuple[int, ...]]:

@@ -1,0 +1,179 @@
+"""The planner's data: op records, call summaries and plans (see ``distir.sim.plan``).
+
+A ``CallSummary`` also precomputes, once per summary, what every call site of it needs in bulk
+(``read_pos``/``read_last``: the parameters the body reads, by last use; ``own_ks``: the fresh
+buffer of each result when every result is a buffer of its own) — a pipeline chunk call passes
+hundreds of arguments and returns hundreds of results, and its call sites repeat per microbatch.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import itemgetter
+from typing import Any
+
+from distir.interp.shapes import Mixed
+from distir.ir.function import Function
+from distir.ir.types import Type
+from distir.ir.values import Value
+
+NEG_INF = float("-inf")
+
+
+def picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """A function taking the items at ``positions`` of a sequence, as a tuple (C-level for 2+)."""
+    if len(positions) >= 2:
+        return itemgetter(*positions)
+    if len(positions) == 1:
+        j = positions[0]
+        return lambda xs: (xs[j],)
+    return lambda xs: ()
+
+
+# a storage root: a value (a parameter or an op's fresh result) or a call's fresh buffer, named
+# by (the call's index in the body, the buffer's index in the callee's summary)
+Root = Value | tuple[int, int]
+
+
+@dataclass(slots=True)
+class CallSummary:
+    name: str
+    slots: tuple[int, ...]
+    delay: list[list[float]]  # [u][v] over positions in ``slots``
+    first: list[list[float]]  # [u][v]: when v's first op starts, relative to u's clock at entry
+    busy: list[float]  # compute seconds per position in ``slots``
+    comm: list[float]  # communication seconds per position
+    flops: float
+    peak_extra: dict[int, float]  # gpu -> bytes above the caller's live set at the call
+    # per result, the storage it uses: j >= 0 is parameter j, -1-k is the body's fresh buffer k
+    out_roots: tuple[tuple[int, ...], ...]
+    # per fresh buffer returned: its bytes per GPU and its last use inside the body (-1: none)
+    fresh: tuple[tuple[tuple[tuple[int, float], ...], int], ...]
+    n_ops: int
+    # memory profile: per GPU, (instruction index, owned live bytes at its peak) in body order
+    profile: dict[int, list[tuple[int, float]]]
+    # per parameter: its last use in the body, not counting the return (-1: none)
+    param_last: tuple[int, ...]
+    _extra_memo: dict[Any, tuple[tuple[int, float], ...]] = field(default_factory=dict, repr=False)
+    # the parameters the body reads (param_last >= 0), ordered by last use (ties by position),
+    # and those last uses: a call site maps each root passed to its last use inside with one
+    # ``dict(zip(...))`` (a later, larger last use overwrites an earlier one)
+    read_pos: tuple[int, ...] = field(init=False, repr=False)
+    read_last: tuple[int, ...] = field(init=False, repr=False)
+    pick_read: Callable[[Sequence[Any]], tuple[Any, ...]] = field(init=False, repr=False)
+    # when every result is one parameter or a fresh buffer of its own (no buffer shared): the
+    # results that are buffers (positions, a picker, buffer indices, bytes per GPU of each, all
+    # their allocations in result order) and the aliases (result position, parameter); else None
+    own_ks: tuple[int, ...] | None = field(init=False, repr=False)
+    pick_own: Callable[[Sequence[Any]], tuple[Any, ...]] = field(init=False, repr=False)
+    own_bytes: tuple[tuple[tuple[int, float], ...], ...] = field(init=False, repr=False)
+    own_allocs: tuple[tuple[int, float], ...] = field(init=False, repr=False)
+    aliases: tuple[tuple[int, int], ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        read = sorted((pl, j) for j, pl in enumerate(self.param_last) if pl >= 0)
+        self.read_pos = tuple(j for _, j in read)
+        self.read_last = tuple(pl for pl, _ in read)
+        self.pick_read = picker(self.read_pos)
+        pos = [o for o, refs in enumerate(self.out_roots) if len(refs) == 1 and refs[0] < 0]
+        ks = tuple(-1 - self.out_roots[o][0] for o in pos)
+        aliases = tuple(
+            (o, refs[0]) for o, refs in enumerate(self.out_roots) if len(refs) == 1 and refs[0] >= 0
+        )
+        if len(pos) + len(aliases) == len(self.out_roots) and len(set(ks)) == len(ks):
+            self.own_ks = ks
+            self.own_bytes = tuple(self.fresh[k][0] for k in ks)
+            self.own_allocs = tuple(x for b in self.own_bytes for x in b)
+            self.aliases = aliases
+        else:
+            self.own_ks = None
+            self.own_bytes = ()
+            self.own_allocs = ()
+            self.aliases = ()
+        self.pick_own = picker(pos)
+
+    def extra_with_dying(
+        self,
+        dying: list[tuple[int, int, float]],
+        dead: list[tuple[int, int, float]] = (),  # type: ignore[assignment]
+    ) -> tuple[tuple[int, float], ...]:
+        """Peak bumps per GPU above a caller live set that includes the ``dying`` arguments
+        (``(last use inside the body, gpu, bytes)``, freed after the call), for a call whose
+        returned fresh buffers ``dead`` (same form) the caller never uses: while the body runs an
+        argument counts until its last use inside and a dead result from its last use inside on
+        no more — exactly as if the call were inlined."""
+        if not dying and not dead:
+            return tuple(self.peak_extra.items())
+        key = (tuple(dying), tuple(dead))  # call sites of one summary repeat (microbatches)
+        hit = self._extra_memo.get(key)
+        if hit is None:
+            hit = self._extra_memo[key] = self._extra(dying, dead)
+        return hit
+
+    def _extra(
+        self, dying: list[tuple[int, int, float]], dead: list[tuple[int, int, float]]
+    ) -> tuple[tuple[int, float], ...]:
+        out = dict(self.peak_extra)
+        by_gpu: dict[int, tuple[list[tuple[int, float]], list[tuple[int, float]]]] = {}
+        for last, g, b in dying:
+            by_gpu.setdefault(g, ([], []))[0].append((last, b))
+        for last, g, b in dead:
+            by_gpu.setdefault(g, ([], []))[1].append((last, b))
+        for g, (mine, gone) in by_gpu.items():
+            prof = self.profile.get(g)
+            if prof:
+                # sorted last uses with prefix sums: bytes still live / already gone at each point
+                mine.sort()
+                gone.sort()
+                m_last = [x for x, _ in mine]
+                g_last = [x for x, _ in gone]
+                m_pre = list(accumulate((b for _, b in mine), initial=0.0))
+                g_pre = list(accumulate((b for _, b in gone), initial=0.0))
+                total = m_pre[-1]
+                out[g] = (
+                    max(
+                        val + (total - m_pre[bisect_left(m_last, i)]) - g_pre[bisect_left(g_last, i)]
+                        for i, val in prof
+                    )
+                    - total
+                )
+        return tuple(out.items())
+
+
+# per-op record: (devs, cost, is_comm, name, flops, view, bytes per GPU of each result, ...)
+OpRecord = tuple[
+    tuple[int, ...],  # 0 slots
+    float,  # 1 seconds
+    bool,  # 2 communicates
+    str,  # 3 name
+    float,  # 4 FLOPs
+    bool,  # 5 a view (allocates nothing)
+    tuple[list[tuple[int, float]], ...],  # 6 bytes per GPU of each result
+    tuple[tuple[int, float], ...],  # 7 all allocations (empty for a view)
+    tuple[tuple[int, float], ...],  # 8 the same summed per GPU: the op's peak bump
+    # 9 the peak bump when the op's first input dies at it (a multi-step Redistribute frees its
+    # source after the first step), or None: the same as 8
+    tuple[tuple[int, float], ...] | None,
+]
+# per-instruction memory: (peak bumps, allocations, frees), each a tuple of (gpu, bytes)
+MemEvents = tuple[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]]
+
+
+@dataclass(slots=True)
+class FnPlan:
+    fn: Function
+    devs: list[tuple[int, ...]]
+    costs: list[float | CallSummary]
+    comm: list[bool]
+    names: list[str]
+    flops: list[float]
+    mem: list[MemEvents | None]
+    slots: tuple[int, ...]
+    out_roots: tuple[tuple[int, ...], ...]
+    fresh: tuple[tuple[tuple[tuple[int, float], ...], int], ...]
+    out_types: tuple[Type, ...]
+    param_last: tuple[int, ...]
+    out_values: tuple[Mixed, ...] = ()  # the results, with any known (concrete) values
