@@ -7,14 +7,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from distir.autodiff.reverse import value_types
 from distir.frontends.zoo import build_model
 from distir.interp.lockstep import check_deadlock_free
 from distir.interp.project import project
+from distir.ir.dtensor import DTensorType, Partial
+from distir.ir.function import Module
 from distir.ir.printer import print_function
 from distir.ir.types import DType
 from distir.ir.verify import verify
 from distir.parallel.check import check_against_sequential
-from distir.parallel.distribute import distribute
+from distir.parallel.distribute import distribute, sharded_layers
 from distir.parallel.schedules import build_schedule, parse_schedule
 from distir.parallel.strategy import Strategy, StrategyError, parse_strategy
 
@@ -181,3 +184,22 @@ def test_strategy_errors_name_the_problem() -> None:
         distribute(model, parse_strategy("p2.k2.interleaved.v2"))
     with pytest.raises(StrategyError, match="covers 2 layers, not 3"):
         distribute(model, parse_strategy("p2.k2.L1-1"))
+
+
+@pytest.mark.parametrize("spec", ["gpt:layers=2,hidden=16,heads=2,seq=8,vocab=32", "mlp:layers=2,hidden=16"])
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_weight_gradients_stay_pending_over_dp_inside_each_backward(spec: str, recompute: str) -> None:
+    """A layer's backward returns its weight gradients as pending sums over dp (P(sum)): the
+    data-parallel reduction runs once after the last microbatch, not in every microbatch's
+    backward (on the pipeline's critical path)."""
+    model = build_model(spec, batch=4)
+    checked = 0
+    for layer in sharded_layers(model, 2, 2, recompute=recompute):
+        assert layer.bwd is not None and layer.vjp is not None
+        env = value_types(Module((layer.bwd,)), layer.bwd, layer.bwd_args)
+        for k, j in enumerate(layer.vjp.wrt):
+            t = env[layer.bwd.outputs[k]]
+            if j > 0 and isinstance(t, DTensorType):  # a weight's gradient
+                assert isinstance(t.placements[0], Partial), (layer.bwd.name, k, t)
+                checked += 1
+    assert checked >= 2

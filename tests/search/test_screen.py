@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
-
 from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import parse_cluster
 from distir.parallel.strategy import Strategy, parse_strategy
@@ -51,16 +49,10 @@ def test_memoized_estimates_equal_fresh_ones() -> None:
     assert len({e.step_time_s for e in fresh}) > len(strategies)  # placements do matter here
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the exact program all-reduces each layer's weight gradients over dp inside the layer's "
-    "backward, i.e. in every microbatch and on the pipeline's critical path (sharded layer backwards "
-    "return them Replicate over dp, not the pending P(sum) distribute's docstring promises); the "
-    "screen models the documented single reduction after the last microbatch. A placement whose "
-    "replicas straddle nodes makes that k-fold reduction cross the slow network. Fix in parallel/, "
-    "then drop this marker.",
-)
 def test_screen_error_does_not_depend_on_the_placement() -> None:
+    """Layer backwards leave weight gradients pending over dp (one reduction after the last
+    microbatch, as the screen models): a placement whose replicas straddle nodes must not make the
+    exact program k times slower than the screen says."""
     model, cluster = "gpt:layers=4,hidden=512,heads=8,seq=256,vocab=1024", "p3.8xlarge:1+g4dn.12xlarge:1"
     screen = Screen(Profiler(parse_model_string(model), parse_cluster(cluster)), Problem(32))
     job = ExactJob(model, cluster, 32)

@@ -69,7 +69,9 @@ def shard_function(
     prop = propagate(
         Module((typed,)), mesh, {}, params=params, results=results, replicate_results=False, pinned=pinned
     )
-    legal = legalize(prop.module).entry
+    # results annotated as pending sums stay pending (the caller reduces them once, later)
+    pending = [i for i, w in results.items() if any(isinstance(x, Partial) for x in parse_placements(w))]
+    legal = legalize(prop.module, pending).entry
     # a result whose producer chose another placement than the boundary asks for: redistribute
     fix = FunctionBuilder(fn.name, REGISTRY.out_arity)
     vm = ValueMap()

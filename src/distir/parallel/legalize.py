@@ -5,11 +5,14 @@ its results their declared placements and needs the least communication for its 
 requirement that would shard one dim of an input along two mesh axes only as a last resort); every
 input whose placements differ from what that strategy takes is redistributed first (one
 ``Redistribute`` per value and target, reused by later ops). Results of the function that are
-still partial (a pending reduction) are reduced. The output type-checks: every op then takes its
-inputs exactly as its strategy says. A pure pass ``Module -> Module``.
+still partial (a pending reduction) are reduced, unless the caller keeps them pending. The
+output type-checks: every op then takes its inputs exactly as its strategy says. A pure pass
+``Module -> Module``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 from distir.ir.builder import FunctionBuilder
 from distir.ir.dtensor import DTensorType, Partial, Placement, Replicate, Shard, format_placements
@@ -87,8 +90,10 @@ def _tag(places: tuple[Placement, ...]) -> str:
     )
 
 
-def legalize(module: Module) -> Module:
-    """Insert ``Redistribute`` ops (see the module docstring); other functions are kept."""
+def legalize(module: Module, pending: Collection[int] = ()) -> Module:
+    """Insert ``Redistribute`` ops (see the module docstring); other functions are kept. The
+    results at positions ``pending`` keep their pending sums (a layer's weight gradient, summed
+    over data parallelism once after the last microbatch, not inside every backward)."""
     fn = module.entry
     fb = FunctionBuilder(fn.name)
     vmap = ValueMap()
@@ -124,9 +129,11 @@ def legalize(module: Module) -> Module:
                 continue
         fb.append(copy_instr(instr, vmap))
     outs = []
-    for v in fn.outputs:
+    for i, v in enumerate(fn.outputs):
         t = v.type
-        if isinstance(t, DTensorType) and any(isinstance(p, Partial) for p in t.placements):
+        if i in pending:
+            outs.append(vmap(v))
+        elif isinstance(t, DTensorType) and any(isinstance(p, Partial) for p in t.placements):
             outs.append(
                 redistribute(v, tuple(Replicate() if isinstance(p, Partial) else p for p in t.placements))
             )
