@@ -67,6 +67,20 @@ def test_rerun_takes_every_result_from_the_store(tmp_path: Path) -> None:
     assert Path(str(fresh["plot"])).is_relative_to(tmp_path / "cache")
 
 
+def test_table_keeps_each_strategy_on_one_line_in_a_narrow_pipe(tmp_path: Path) -> None:
+    """Piped output (80 columns by default) still prints every strategy string whole."""
+    out = _search(tmp_path)
+    args = ["search", "--model", MODEL, "--cluster", "dgx-a100", "--batch", "64", "--top", "3"]
+    res = runner.invoke(
+        app, [*args, "--workers", "1", "--store", str(tmp_path / "s.sqlite")], env={"COLUMNS": "80"}
+    )
+    assert res.exit_code == 0, res.output
+    results = out["results"]
+    assert isinstance(results, list)
+    for r in results:
+        assert r["strategy"] in res.stdout, (r["strategy"], res.stdout)
+
+
 def test_pins_hold_and_explain_names_the_pure_strategies(tmp_path: Path) -> None:
     out = _search(tmp_path, "--tp", "2", "--schedule", "1f1b", "--explain")
     for r in out["results"][:3]:  # type: ignore[index]

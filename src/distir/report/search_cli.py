@@ -123,8 +123,14 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
             payload["explain"] = explain(o)
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         return
-    # pipes and 80-column terminals would squeeze the strategy column to nothing
-    out.print(results_table(o), width=max(out.width, 120))
+    # pipes and 80-column terminals would squeeze the strategy column to nothing (rich clamps a
+    # print's width to the console's, so widen the console itself while the table prints)
+    width = out.width
+    out.width = max(width, 120)
+    try:
+        out.print(results_table(o))
+    finally:
+        out.width = width
     t = o.timings
     out.print(
         f"screen {t['screen_s']:.2f} s ({o.n_screened} strategies, {o.profiles} layer simulations), "
