@@ -17,7 +17,9 @@ declared type differs from the inferred one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_not, itemgetter
+from typing import TYPE_CHECKING, Any, cast
 
 from distir.interp.shapes import Concrete, Mixed
 from distir.ir.function import Function
@@ -36,131 +38,149 @@ def plan_flat(dom: PlanDomain, fn: Function, args: Sequence[Mixed]) -> FnPlan | 
     from distir.sim.plan import FnPlan
 
     body = fn.body
-    if any(type(a) is Concrete for a in args) or not all(type(x) is Op for x in body):
+    params = fn.params
+    if Concrete in map(type, args) or not set(map(type, body)) <= {Op}:
         return None
     n = len(body)
-    n_params = len(fn.params)
-    n_values = n_params + sum(len(x.outputs) for x in body)
-    num: dict[Value, int] = {p: j for j, p in enumerate(fn.params)}
-    # per value, numbered parameters first and then results in program order (lists sized up
-    # front: the loop assigns by index)
-    types: list[Type] = [*args, *([None] * (n_values - n_params))]  # type: ignore[list-item]
-    last: list[int] = [-1] * n_values
-    # None when a value is its own storage, else the values whose storage it views
-    root: list[tuple[int, ...] | None] = [None] * n_values
-    owned: list[GpuBytes | None] = [None] * n_values  # bytes per GPU of fresh results
+    ops = cast(tuple[Op, ...], body)  # all ops: checked above
+    # 1. types, records and direct last uses: the only pass that must run op by op. The memo
+    # here is keyed by the identity of the attribute and type objects (no hashing of their
+    # contents): attributes are interned by the builder and a result's type is the object the
+    # memo handed out, so a long body hits with a key of small ints. Every object whose id is in
+    # a key stays referenced (by the body or by ``types``) until this function returns, so the
+    # ids stay valid. Ops of one and two inputs and one result (nearly all) take unrolled paths.
+    types: dict[Value, Type] = dict(zip(params, cast(Sequence[Type], args), strict=True))
+    last: dict[Value, int] = {}  # value -> the last op that uses it directly
     records: list[OpRecord] = []
     rec_append = records.append
-    memo_get = dom._memo.get
-    depends: list[int] = []  # ops whose memory bump depends on their first input dying there
+    # key -> (result types, record, the type of the only result or None)
+    seen: dict[tuple[Any, ...], tuple[Sequence[Type], OpRecord, Type | None]] = {}
+    seen_get = seen.get
     frame: list[OpRecord] = []
-    k = n_params
     dom._frames.append(frame)  # type: ignore[arg-type]  # PlanDomain.op appends its record here
     try:
-        for i, instr in enumerate(cast(tuple[Op, ...], body)):  # all ops: checked above
-            js = [num[v] for v in instr.inputs]
-            ins = [types[j] for j in js]
-            hit = memo_get((instr.name, instr.attrs, *ins))
+        for i, instr in enumerate(ops):
+            ins = instr.inputs
+            n_in = len(ins)
+            if n_in == 1:
+                a = ins[0]
+                key: tuple[Any, ...] = (instr.name, id(instr.attrs), id(types[a]))
+                last[a] = i
+            elif n_in == 2:
+                a, b = ins
+                key = (instr.name, id(instr.attrs), id(types[a]), id(types[b]))
+                last[a] = i
+                last[b] = i
+            else:
+                key = (instr.name, id(instr.attrs), *[id(types[v]) for v in ins])
+                for v in ins:
+                    last[v] = i
+            hit = seen_get(key)
             if hit is None:
                 try:
-                    outs_m = dom.op(instr, ins)
+                    outs_m = dom.op(instr, [types[v] for v in ins])
                 except Exception:  # the general path reports it "while interpreting" the op
                     return None
-                rec = frame.pop()
-                if any(type(o) is Concrete for o in outs_m):
+                if Concrete in map(type, outs_m):
                     return None
-                outs: Sequence[Type] = outs_m  # type: ignore[assignment]
+                outs_t = cast(Sequence[Type], outs_m)
+                hit = seen[key] = (outs_t, frame.pop(), outs_t[0] if len(outs_t) == 1 else None)
+            rec_append(hit[1])
+            only = hit[2]
+            if only is not None:  # an op with one result (a mismatched count is caught below)
+                types[instr.outputs[0]] = only
             else:
-                outs, rec = hit
-            rec_append(rec)
-            if rec[9] is not None:
-                depends.append(i)
-            for j in js:
-                r = root[j]
-                if r is None:
-                    last[j] = i
-                else:
-                    for x in r:
-                        last[x] = i
-            if rec[5]:  # a view: its results alias the inputs' storage
-                shared = tuple(dict.fromkeys(x for j in js for x in (root[j] or (j,))))
-                for v, t in zip(instr.outputs, outs, strict=True):
-                    if v.type is not None and v.type != t:
-                        return None
-                    num[v] = k
-                    types[k] = t
-                    root[k] = shared
-                    k += 1
-                continue
-            for v, t, by_gpu in zip(instr.outputs, outs, rec[6], strict=True):
-                if v.type is not None and v.type != t:
-                    return None
-                num[v] = k
-                types[k] = t
-                last[k] = i
-                owned[k] = by_gpu
-                k += 1
-    except ValueError:  # a result count that differs from the op's: the general path reports it
-        return None
+                types.update(zip(instr.outputs, hit[0], strict=True))
+    except (KeyError, IndexError, ValueError):  # an undefined input or a result count that differs
+        return None  # from the op's: the general path reports it
     finally:
         dom._frames.pop()
-    out_refs = [root[num[v]] or (num[v],) for v in fn.outputs]
+    # 2. what the loop did not check, in bulk: result counts and declared result types
+    outputs_of = list(map(attrgetter("outputs"), ops))
+    if list(map(len, outputs_of)) != list(map(len, map(itemgetter(6), records))):
+        return None
+    results = list(chain.from_iterable(outputs_of))
+    if any(map(attrgetter("type"), results)):
+        for v in results:
+            if v.type is not None and v.type != types[v]:
+                return None
+    # 3. liveness: a use of a view is a use of the storage it shares (its roots)
+    inputs_of = list(map(attrgetter("inputs"), ops))
+    is_view = list(map(itemgetter(5), records))
+    root: dict[Value, tuple[Value, ...]] = {}  # a view's result -> the values whose storage it shares
+    if any(is_view):
+        for i in compress(range(n), is_view):
+            shared = tuple(dict.fromkeys(x for v in inputs_of[i] for x in root.get(v, (v,))))
+            for v in outputs_of[i]:
+                root[v] = shared
+        for i, ins in enumerate(inputs_of):  # in program order: the last assignment is the last use
+            for v in ins:
+                for x in root.get(v, (v,)):
+                    last[x] = i
+    out_refs = [root.get(v, (v,)) for v in fn.outputs]
     out_roots_all = [x for rs in out_refs for x in rs]
-    internal_last = {x: last[x] for x in out_roots_all}
+    views = set(root)
+    owned_flat = list(chain.from_iterable(map(itemgetter(6), records)))  # aligned with ``results``
+    defined_at = list(chain.from_iterable(map(repeat, range(n), map(len, outputs_of))))
+    # the last use inside the body; a result nothing uses dies at the op that makes it
+    internal_last = {x: last.get(x, -1) for x in out_roots_all}
+    for x, at in internal_last.items():
+        if at < 0 and x not in params:
+            internal_last[x] = defined_at[results.index(x)]
     for x in out_roots_all:
         last[x] = n
+    # 4. memory events: each fresh result's bytes are freed after its last use
+    ends = list(map(last.get, results, defined_at))
     frees: list[GpuBytes | None] = [None] * n
-    for j in range(n_params, n_values):
-        mine = owned[j]
-        if mine is None:
-            continue
-        end = last[j]
+    if views:
+        fresh_of = [v not in views for v in results]
+        dying = zip(compress(ends, fresh_of), compress(owned_flat, fresh_of), strict=True)
+    else:
+        dying = zip(ends, owned_flat, strict=True)
+    for end, mine in dying:
         if end < n:
             pending = frees[end]
             if pending is None:
                 frees[end] = list(mine)
             else:
                 pending.extend(mine)
-    bumps = [rec[8] for rec in records]
-    for i in depends:
-        first = body[i].inputs[0]
-        rs = root[num[first]] or (num[first],)
-        if len(rs) == 1 and owned[rs[0]] is not None and last[rs[0]] == i:
-            bumps[i] = records[i][9]  # type: ignore[assignment]
+    bumps = list(map(itemgetter(8), records))
+    param_index = {p: j for j, p in enumerate(params)}
+    for i in compress(range(n), map(is_not, map(itemgetter(9), records), repeat(None))):
+        rs = root.get(inputs_of[i][0], (inputs_of[i][0],))
+        x = rs[0]
+        if len(rs) == 1 and x not in param_index and x not in views and last[x] == i:
+            bumps[i] = records[i][9]
     mem: list[MemEvents | None] = [
-        (bump, rec[7], tuple(freed) if freed else ()) if (rec[7] or freed) else None
-        for rec, bump, freed in zip(records, bumps, frees, strict=True)
+        (bump, alloc, tuple(freed) if freed else ()) if (alloc or freed) else None
+        for alloc, bump, freed in zip(map(itemgetter(7), records), bumps, frees, strict=True)
     ]
-    fresh_index: dict[int, int] = {}
+    # 5. the results: parameters by index, fresh buffers by (negative) number
+    fresh_index: dict[Value, int] = {}
     fresh: list[tuple[tuple[tuple[int, float], ...], int]] = []
     out_roots: list[tuple[int, ...]] = []
     for rs in out_refs:
         refs_of: list[int] = []
         for x in rs:
-            if x < n_params:
-                refs_of.append(x)
+            if x in param_index:
+                refs_of.append(param_index[x])
                 continue
-            buf = owned[x]
-            if buf is not None:
-                if x not in fresh_index:
-                    fresh_index[x] = len(fresh)
-                    fresh.append((tuple(buf), internal_last[x]))
-                refs_of.append(-1 - fresh_index[x])
+            if x not in fresh_index:
+                fresh_index[x] = len(fresh)
+                fresh.append((tuple(owned_flat[results.index(x)]), internal_last[x]))
+            refs_of.append(-1 - fresh_index[x])
         out_roots.append(tuple(dict.fromkeys(refs_of)))
-    if records:
-        devs, costs, comm, names, flops = (list(c) for c in list(zip(*records, strict=True))[:5])
-    else:
-        devs, costs, comm, names, flops = [], [], [], [], []
+    devs = list(map(itemgetter(0), records))
     slots = tuple(sorted({s for ds in set(devs) for s in ds}))
-    param_last = tuple(internal_last.get(j, last[j]) for j in range(n_params))
-    out_types = tuple(types[num[v]] for v in fn.outputs)
+    param_last = tuple(internal_last.get(p, last.get(p, -1)) for p in params)
+    out_types = tuple(types[v] for v in fn.outputs)
     return FnPlan(
         fn,
         devs,
-        costs,
-        comm,
-        names,
-        flops,
+        list(map(itemgetter(1), records)),
+        list(map(itemgetter(2), records)),
+        list(map(itemgetter(3), records)),
+        list(map(itemgetter(4), records)),
         mem,
         slots,
         tuple(out_roots),

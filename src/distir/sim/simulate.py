@@ -19,18 +19,22 @@ import contextlib
 import gc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import compress, repeat
+from operator import attrgetter, is_not
+from typing import Any, cast
 
 from distir.hardware.cluster import Cluster
 from distir.interp.shapes import entry_args
 from distir.ir.function import Function, Module
-from distir.ir.ops import Op
+from distir.ir.ops import Call, Op
 from distir.ir.types import Device, IRTypeError, devices_of
-from distir.ir.values import EMPTY_ATTRS
 from distir.ops.dist import parse_mesh_attr
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
 from distir.sim.plan import CallSummary, FnPlan, PlanDomain
+
+_attrs = attrgetter("attrs")
+_name = attrgetter("name")
 
 # one traced slice: (name, start s, end s, slot index, is communication)
 TraceSlice = tuple[str, float, float, int, bool]
@@ -126,12 +130,13 @@ def _program_devices(module: Module, fn: Function) -> set[Device]:
     seen: set[tuple[int, bool]] = set()  # attribute objects already scanned (builders intern them)
     reachable = [fn, *(module[n] for n in _callees(module, fn))]
     for f in reachable:
-        # attributes are interned by the builder: scan each distinct object once
-        distinct = {
-            (id(a), type(op) is Op and op.name == "MeshSend"): a
-            for op in f.body
-            if (a := getattr(op, "attrs", EMPTY_ATTRS)) is not EMPTY_ATTRS
-        }
+        # attributes are interned by the builder: scan each distinct object once (the scan
+        # stays at C speed on long bodies: ids and names are mapped, not looped over)
+        ops = cast(tuple[Op, ...], f.body) if Call not in set(map(type, f.body)) else tuple(f.ops())
+        attrs = list(map(_attrs, ops))
+        distinct = {(k, False): a for k, a in dict(zip(map(id, attrs), attrs, strict=True)).items()}
+        if "MeshSend" in set(map(_name, ops)):
+            distinct.update(((id(op.attrs), True), op.attrs) for op in ops if op.name == "MeshSend")
         for key, attrs in distinct.items():
             if key in seen:
                 continue
@@ -154,6 +159,8 @@ def _program_devices(module: Module, fn: Function) -> set[Device]:
 def _callees(module: Module, fn: Function) -> list[str]:
     """Names of the functions ``fn`` reaches through calls."""
     seen: dict[str, None] = {}
+    if Call not in set(map(type, fn.body)):
+        return []
     stack = [c.callee for c in fn.calls()]
     while stack:
         name = stack.pop()
@@ -205,7 +212,9 @@ def _run(
     for dev, slot in dmap.mapping.items():
         on_slot[slot].append(dev)
     slot_devices = tuple(tuple(sorted(on_slot[slot])) for slot in dmap.slots)
-    n_ops = sum(c.n_ops if isinstance(c, CallSummary) else 1 for c in plan.costs)
+    costs = plan.costs
+    summaries = cast(list[CallSummary], list(compress(costs, map(is_not, map(type, costs), repeat(float)))))
+    n_ops = len(costs) - len(summaries) + sum(c.n_ops for c in summaries)
     dtype_peak = _peak_flops(plan, cluster, gpus)
     return SimResult(
         step_time_s=max(clock) if clock else 0.0,
@@ -362,7 +371,7 @@ def _peak_flops(plan: FnPlan, cluster: Cluster, gpus: list[int]) -> float:
             dtype = p.type.dtype
             break
     # mixed precision: fp32 master parameters, cast to the compute dtype in the entry
-    for op in plan.fn.ops():
+    for op in plan.fn.ops() if "Cast" in plan.names else ():
         to = op.attrs.get("to") if op.name == "Cast" else None
         if isinstance(to, DType) and to.is_float and to.itemsize < dtype.itemsize:
             dtype = to
