@@ -30,6 +30,7 @@ from distir.autodiff.precision import Precision, cast
 from distir.autodiff.reverse import VJP, split_weight_grad, value_types
 from distir.autodiff.train import Optimizer, layer_types, layer_vjps
 from distir.frontends.zoo.model import Model
+from distir.gcpause import paused_gc
 from distir.ir.builder import FunctionBuilder
 from distir.ir.dtensor import (
     DTensorType,
@@ -210,7 +211,8 @@ def distribute(
     stage (ZeRO-1/2: the master shard, then an all-gather of the low-precision copy; ZeRO-3: the
     shard, gathered per use in the chunks), gradients are reduced in the compute dtype and cast
     to fp32 for the optimizer."""
-    return _Builder(model, strategy, optimizer or Optimizer(), train, comm_streams, precision).build()
+    with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
+        return _Builder(model, strategy, optimizer or Optimizer(), train, comm_streams, precision).build()
 
 
 def device_map(strategy: Strategy, comm_streams: bool = False) -> DeviceMap:

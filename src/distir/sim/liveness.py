@@ -35,13 +35,20 @@ def build_plan(
     out_types: tuple[Type, ...],
     dev_slot: dict[Any, int],
     slot_gpu: list[int],
+    *,
+    param_uses: bool = True,
 ) -> FnPlan:
-    """Arrange the records of one interpreted body into a plan, with liveness-based memory."""
+    """Arrange the records of one interpreted body into a plan, with liveness-based memory.
+
+    ``param_uses=False`` (the simulated entry, whose plan is never summarized) does not track
+    the parameters' storage at all: the caller owns it, so it is never freed here, and what a
+    summary needs of it (``param_last``, parameters among ``out_roots``) is left empty. That
+    skips the largest share of a pipeline entry's value edges (the weights every chunk reads)."""
     body = fn.body
     n = len(body)
     assert len(records) == n
     # a value's storage roots: itself (a fresh result or a parameter), or the roots it views
-    roots: dict[Value, tuple[Root, ...]] = {p: (p,) for p in fn.params}
+    roots: dict[Value, tuple[Root, ...]] = {p: (p,) if param_uses else () for p in fn.params}
     roots_of = roots.__getitem__
     # owned roots in creation order, their bytes per GPU and the instruction creating them
     keys: list[Root] = []
@@ -222,11 +229,7 @@ def build_plan(
 def _last_uses(rs_list: list[tuple[Root, ...]], c: CallSummary) -> dict[Root, int]:
     """The last use inside ``c``'s body of each root a call site reads (``rs_list``: the roots of
     its arguments at ``c.read_pos``); built only for call sites where a root dies."""
-    flat = list(_chain(rs_list))
-    if len(flat) == len(rs_list):  # each argument read is its own storage (or views one)
-        return dict(zip(flat, c.read_last, strict=True))  # ascending last uses: the largest wins
-    lu: dict[Root, int] = {}
-    for rs, pl in zip(rs_list, c.read_last, strict=True):
-        for r in rs:
-            lu[r] = pl
-    return lu
+    # each root of each argument, paired with that argument's last use (the last pair of a root
+    # wins, as in a loop over the arguments; they come in ascending last use)
+    per_root = _chain(map(repeat, c.read_last, map(len, rs_list)))
+    return dict(zip(_chain(rs_list), per_root, strict=True))

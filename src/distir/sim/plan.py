@@ -63,9 +63,20 @@ __all__ = [
 class PlanDomain(TypeDomain):
     """Type propagation that also records, per op, where it runs and what it costs."""
 
-    def __init__(self, module: Module, dmap: DeviceMap, cost: CostModel, *, fast_path: bool = True) -> None:
+    def __init__(
+        self,
+        module: Module,
+        dmap: DeviceMap,
+        cost: CostModel,
+        *,
+        fast_path: bool = True,
+        entry_param_uses: bool = True,
+    ) -> None:
         super().__init__()
         self.fast_path = fast_path  # plan bodies of primitive ops in one pass (``flatplan``)
+        # False: the plan of the function planned first (the entry) is only run, never summarized,
+        # so its parameters' liveness is not tracked (``build_plan``'s ``param_uses``)
+        self.entry_param_uses = entry_param_uses
         self.module = module
         self.dmap = dmap
         self.cost = cost
@@ -186,7 +197,8 @@ class PlanDomain(TypeDomain):
         return hit[1]
 
     def plan(self, fn: Function, args: Sequence[Mixed]) -> FnPlan:
-        if not self.units.prepared and not self._frames:
+        top = not self._frames
+        if not self.units.prepared and top:
             self.units.prepare(self.module, fn, args)
         fast = plan_flat(self, fn, args) if self.fast_path else None
         if fast is not None:
@@ -200,7 +212,15 @@ class PlanDomain(TypeDomain):
                 outs, env = interpret(self.module, fn, args, self)
         finally:
             records = self._frames.pop()
-        plan = build_plan(fn, env, records, tuple(type_of(o) for o in outs), self.dev_slot, self.slot_gpu)
+        plan = build_plan(
+            fn,
+            env,
+            records,
+            tuple(type_of(o) for o in outs),
+            self.dev_slot,
+            self.slot_gpu,
+            param_uses=self.entry_param_uses or not top,
+        )
         plan.out_values = tuple(outs)
         return plan
 

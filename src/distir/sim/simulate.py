@@ -16,13 +16,13 @@ runs on every device of its mesh at once. Its plan runs over units of devices
 from __future__ import annotations
 
 import contextlib
-import gc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import attrgetter, is_not
 from typing import Any, cast
 
+from distir.gcpause import paused_gc
 from distir.hardware.cluster import Cluster
 from distir.interp.shapes import entry_args
 from distir.ir.function import Function, Module
@@ -107,18 +107,13 @@ def simulate(
     fn = fn if fn is not None else module.entry
     args = entry_args(fn, concrete)
     # planning allocates many small, long-lived objects: the cyclic GC only slows it down
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_gc():
         if device_map is None:
             device_map = DeviceMap.default(_program_devices(module, fn), cluster.num_devices)
         cost = cost_model if cost_model is not None else RooflineCostModel(cluster)
-        domain = PlanDomain(module, device_map, cost)
+        domain = PlanDomain(module, device_map, cost, entry_param_uses=False)
         plan = domain.plan(fn, args)
         return _run(plan, domain, cluster, device_map, trace, batch)
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _program_devices(module: Module, fn: Function) -> set[Device]:
