@@ -187,8 +187,13 @@ def _run(
     )
     if trace:
         _run_traced(plan, clock, busy, commt, live, peak, slices, timeline)
-    else:
-        _run_fast(plan, clock, busy, commt, live, peak)
+    else:  # live bytes and peaks in lists indexed by GPU (memory figure): no hashing per event
+        size = max(gpus, default=-1) + 1
+        live_l, peak_l = [0.0] * size, [0.0] * size
+        for g in gpus:
+            live_l[g], peak_l[g] = live[g], peak[g]
+        _run_fast(plan, clock, busy, commt, live_l, peak_l)
+        live, peak = {g: live_l[g] for g in gpus}, {g: peak_l[g] for g in gpus}
     units = domain.units.units
     if units is not None:  # units of a DTensor program: back to slots, memory figures to GPUs
         unit_of = [0] * len(dmap.slots)
@@ -304,8 +309,8 @@ def _run_fast(
     clock: list[float],
     busy: list[float],
     commt: list[float],
-    live: dict[int, float],
-    peak: dict[int, float],
+    live: list[float],
+    peak: list[float],
 ) -> None:
     """The timing loop without a trace: the same semantics as ``_run_traced``, fewer branches
     (a search runs it once per candidate program)."""
