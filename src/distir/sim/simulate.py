@@ -34,7 +34,6 @@ from distir.sim.devices import DeviceMap, Slot
 from distir.sim.plan import CallSummary, FnPlan, PlanDomain
 
 _attrs = attrgetter("attrs")
-_name = attrgetter("name")
 
 # one traced slice: (name, start s, end s, slot index, is communication)
 TraceSlice = tuple[str, float, float, int, bool]
@@ -122,26 +121,22 @@ def _program_devices(module: Module, fn: Function) -> set[Device]:
     for p in fn.params:
         if p.type is not None:
             devs.update(devices_of(p.type))
-    seen: set[tuple[int, bool]] = set()  # attribute objects already scanned (builders intern them)
+    seen: set[int] = set()  # attribute objects already scanned (builders intern them)
     reachable = [fn, *(module[n] for n in _callees(module, fn))]
     for f in reachable:
         # attributes are interned by the builder: scan each distinct object once (the scan
-        # stays at C speed on long bodies: ids and names are mapped, not looped over)
+        # stays at C speed on long bodies: ids are mapped, not looped over)
         ops = cast(tuple[Op, ...], f.body) if Call not in set(map(type, f.body)) else tuple(f.ops())
         attrs = list(map(_attrs, ops))
-        distinct = {(k, False): a for k, a in dict(zip(map(id, attrs), attrs, strict=True)).items()}
-        if "MeshSend" in set(map(_name, ops)):
-            distinct.update(((id(op.attrs), True), op.attrs) for op in ops if op.name == "MeshSend")
-        for key, attrs in distinct.items():
+        for key, a in dict(zip(map(id, attrs), attrs, strict=True)).items():
             if key in seen:
                 continue
             seen.add(key)
-            mesh = attrs.get("mesh")
-            if key[1] and isinstance(mesh, str):
+            mesh = a.get("mesh")  # MeshSend's destination mesh, in its text form
+            if isinstance(mesh, str):
                 with contextlib.suppress(IRTypeError):  # the type rule reports a bad attribute
                     devs.update(parse_mesh_attr(mesh).devices)
-
-            stack: list[object] = list(attrs.values())
+            stack: list[object] = list(a.values())
             while stack:
                 x = stack.pop()
                 if isinstance(x, Device):
