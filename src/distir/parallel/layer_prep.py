@@ -1,0 +1,283 @@
+"""Each layer call of a model, differentiated and sharded once, as ``distribute`` uses it.
+
+``LayerSharder.layers`` retypes the model's forward to one microbatch, differentiates each layer
+function once (``distir.autodiff``) and shards its forward and backward on a representative
+(dp, tp) mesh (``distir.parallel.layers``), with activations between layers at the strategy's
+placements (``distir.parallel.seqpar``) and weights pinned where their tensor-parallel placement
+puts them. A function met again with the same argument types and placements is sharded once;
+with others it gets a numbered name. Also here: the stage partition (consecutive layer ranges
+per pipeline chunk). The search's profiler uses ``sharded_layers`` to cost the very layers the
+transform emits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from distir.autodiff.precision import Precision
+from distir.autodiff.reverse import VJP, split_weight_grad, value_types
+from distir.autodiff.train import layer_types, layer_vjps
+from distir.frontends.zoo.model import Model
+from distir.ir.builder import FunctionBuilder
+from distir.ir.dtensor import (
+    DTensorType,
+    Mesh,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    format_placements,
+    parse_placements,
+)
+from distir.ir.function import Function, Module
+from distir.ir.rewrite import copy_instr
+from distir.ir.types import TensorType, Type
+from distir.ir.values import Value
+from distir.ops.registry import REGISTRY
+from distir.parallel.layers import rep_mesh, shard_function, strip_types
+from distir.parallel.seqpar import activation_placements
+from distir.parallel.strategy import Strategy, StrategyError
+
+ACT = "S(0), R"
+
+
+@dataclass
+class ShardedLayer:
+    """One layer call of the model, once differentiated and sharded. ``fwd_args``/``bwd_args``
+    are the argument types of ``fwd``/``bwd`` as DTensors on the representative (dp, tp) mesh
+    (global shapes at the microbatch size; non-tensors as they are)."""
+
+    index: int
+    weights: list[Value]  # entry-level weight params of the model forward
+    extras: list[Value]  # model inputs it takes besides the activation (labels)
+    fwd: Function
+    bwd: Function | None = None
+    bwd_i: Function | None = None
+    bwd_w: Function | None = None
+    vjp: VJP | None = None
+    n_carried: int = 0
+    fwd_args: tuple[Type, ...] = ()
+    bwd_args: tuple[Type, ...] = ()
+
+
+def partition(model: Model, strategy: Strategy, n_layers: int) -> list[range]:
+    """Consecutive layer ranges, one per chunk (p·v of them)."""
+    n = strategy.chunks
+    if n > n_layers:
+        raise StrategyError(f"{strategy}: {n} pipeline chunks but the model has only {n_layers} layers")
+    if isinstance(strategy.partition, tuple):
+        counts = list(strategy.partition)
+        if sum(counts) != n_layers:
+            raise StrategyError(
+                f"partition {'-'.join(map(str, counts))} covers {sum(counts)} layers, not {n_layers}"
+            )
+    elif strategy.partition == "uniform":
+        counts = list(uniform_counts(n_layers, n))
+    else:  # balance parameters greedily: cut when the running share passes the next quota
+        sizes = []
+        weights = {v for v in model.forward.params[len(model.inputs) :]}
+        for call in model.layers[:n_layers]:
+            sizes.append(sum(model.weight(v.name).type.numel for v in call.inputs if v in weights) + 1)
+        counts = _balanced(sizes, n)
+    out, start = [], 0
+    for c in counts:
+        out.append(range(start, start + c))
+        start += c
+    return out
+
+
+def uniform_counts(n_layers: int, chunks: int) -> tuple[int, ...]:
+    """The uniform partition: layers per chunk, the first ``n_layers mod chunks`` one more."""
+    q, r = divmod(n_layers, chunks)
+    return tuple(q + (1 if i < r else 0) for i in range(chunks))
+
+
+def _balanced(sizes: Sequence[int], n: int) -> list[int]:
+    total = sum(sizes)
+    counts: list[int] = []
+    acc, start = 0, 0
+    for i, s in enumerate(sizes):
+        acc += s
+        left_layers = len(sizes) - i - 1
+        left_chunks = n - len(counts) - 1
+        if left_chunks == 0:
+            continue
+        if acc >= total * (len(counts) + 1) / n or left_layers == left_chunks:
+            counts.append(i + 1 - start)
+            start = i + 1
+    counts.append(len(sizes) - start)
+    return counts
+
+
+def at_batch(model: Model, batch: int) -> Module:
+    """The model's module with the entry's inputs retyped to ``batch`` samples."""
+    fwd = model.forward
+    fb = FunctionBuilder(fwd.name, REGISTRY.out_arity)
+    m: dict[Value, Value] = {}
+    for k, p in enumerate(fwd.params):
+        t = p.type
+        if k < len(model.inputs) and isinstance(t, TensorType):
+            t = TensorType(t.dtype, (batch, *t.shape[1:]), t.device)
+        m[p] = fb.param(p.name, t)
+    for instr in fwd.body:
+        fb.append(copy_instr(instr, lambda v: m.setdefault(v, Value(v.name, None))))
+    entry = fb.ret(*(m[v] for v in fwd.outputs))
+    return Module((*(f for f in model.module.functions if f is not fwd), entry))
+
+
+def _on_mesh(types: Sequence[Type], ann: dict[int, str], mesh: Mesh) -> tuple[Type, ...]:
+    """Global ``types`` as DTensors on ``mesh`` with the annotated placements (unannotated and
+    non-tensor types unchanged)."""
+    out: list[Type] = []
+    for j, t in enumerate(types):
+        a = ann.get(j)
+        if a is not None and isinstance(t, TensorType):
+            out.append(DTensorType(t.dtype, t.shape, mesh, parse_placements(a)))
+        else:
+            out.append(t)
+    return tuple(out)
+
+
+def _pl(*ps: Placement) -> str:
+    return format_placements(tuple(ps))
+
+
+def _zero_dim(w: TensorType, tp: Placement, d: int) -> int | None:
+    if d == 1:
+        return None
+    for i, s in enumerate(w.shape):
+        if s >= d and not (isinstance(tp, Shard) and tp.dim == i):
+            return i
+    return None
+
+
+def sharded_layers(
+    model: Model,
+    d: int,
+    t: int,
+    recompute: str = "none",
+    train: bool = True,
+    split_w: bool = False,
+    sp: bool = False,
+    precision: Precision | str = "pure",
+) -> list[ShardedLayer]:
+    """Every layer call of ``model`` (at its own batch size, i.e. one microbatch) differentiated
+    (``train``) and sharded on the (d, t) mesh, as ``distribute`` uses them; ``split_w`` also
+    splits each backward into input and weight parts (zero-bubble schedules); ``sp`` shards the
+    activations between layers along the sequence (``distir.parallel.seqpar``); ``precision="mixed"``
+    gives the layers of a mixed-precision step (the same, but for the loss layer in fp32)."""
+    s = Strategy(d=d, t=t, recompute=recompute, schedule="zb1" if split_w else "1f1b", sp=sp)
+    model = Precision.parse(precision).prepare(model)  # mixed: the loss layer in fp32
+    n = len(model.layers) if train else len(model.layers) - 1
+    return LayerSharder(model, s, train, model.batch, {}).layers(n)
+
+
+class LayerSharder:
+    """Shards the layers of ``model`` (already prepared for its precision) for strategy ``s``
+    at microbatch size ``mb``; every function it makes goes into ``functions`` (shared with the
+    caller, which emits them into the module)."""
+
+    def __init__(
+        self, model: Model, s: Strategy, train: bool, mb: int, functions: dict[str, Function]
+    ) -> None:
+        self.model, self.s, self.train, self.mb = model, s, train, mb
+        self.mesh_rep = rep_mesh(s.d, s.t)
+        self.weight_params = set(model.forward.params[len(model.inputs) :])
+        self.functions = functions
+        self._sharded: dict[tuple[object, ...], tuple[Function, list[tuple[Placement, ...] | None]]] = {}
+        self._names: dict[str, int] = {}
+
+    def wp(self, w: Value) -> str:
+        """A weight's placement on the (dp, tp) mesh: replicated over dp, its TP placement."""
+        return _pl(Replicate(), self.model.weight(w.name).tp)
+
+    def layers(self, n: int) -> list[ShardedLayer]:
+        """The first ``n`` layer calls, differentiated (when training) and sharded."""
+        module = at_batch(self.model, self.mb)
+        model_mb = _model_with(self.model, module)
+        types = layer_types(model_mb)
+        orig_calls = self.model.layers
+        grads = layer_vjps(model_mb, types, self.s.recompute)[0] if self.train else []
+        out: list[ShardedLayer] = []
+        acts = activation_placements(self.model, self.s, types[:n])
+        for i in range(n):
+            call = orig_calls[i]
+            weights = [v for v in call.inputs[1:] if v in self.weight_params]
+            extras = [v for v in call.inputs[1:] if v not in self.weight_params]
+            pann = {0: acts[i]}
+            # weights are used where their tensor-parallel placement puts them (seqpar docstring)
+            pins = tuple(j for j, v in enumerate(call.inputs) if v in self.weight_params)
+            for j, v in enumerate(call.inputs[1:], start=1):
+                pann[j] = self.wp(v) if v in self.weight_params else ACT
+            fargs = _on_mesh(types[i], pann, self.mesh_rep)
+            if not self.train:
+                f, _ = self.shard(self.model.module[call.callee], types[i], pann, {0: acts[i + 1]}, pins)
+                out.append(ShardedLayer(i, weights, extras, f, fwd_args=fargs))
+                continue
+            vj = grads[i].vjp
+            last = i == len(orig_calls) - 1
+            fwd, fplaces = self.shard(vj.fwd, types[i], pann, {} if last else {0: acts[i + 1]}, pins)
+            env = value_types(Module((vj.fwd,)), vj.fwd, types[i])
+            fwd_types = [env[o] for o in vj.fwd.outputs]
+            btypes: list[Type] = [types[i][j] for j in vj.bwd_params]
+            bann: dict[int, str] = {k: pann[j] for k, j in enumerate(vj.bwd_params)}
+            for r in range(vj.n_residuals):
+                pl = fplaces[vj.n_outputs + r]
+                if pl is not None:
+                    bann[len(btypes)] = _pl(*pl)
+                btypes.append(fwd_types[vj.n_outputs + r])
+            for o in vj.active_outputs:
+                # the loss's cotangent is the replicated seed; activations' are (S(0), R)
+                bann[len(btypes)] = "R, R" if last else acts[i + 1]
+                btypes.append(fwd_types[o])
+            # gradients: the input's as the activation, each weight's as its weight, pending the
+            # data-parallel sum (left free, propagation may gather a TP-sharded weight's gradient)
+            dp_grad: Placement = Partial() if self.s.d > 1 else Replicate()
+            rann = {
+                k: acts[i] if j == 0 else _pl(dp_grad, self.model.weight(call.inputs[j].name).tp)
+                for k, j in enumerate(vj.wrt)
+            }
+            bpins = tuple(k for k, j in enumerate(vj.bwd_params) if j in pins)
+            bwd, _ = self.shard(vj.bwd, btypes, bann, rann, bpins)
+            bargs = _on_mesh(btypes, bann, self.mesh_rep)
+            layer = ShardedLayer(i, weights, extras, fwd, bwd, vjp=vj, fwd_args=fargs, bwd_args=bargs)
+            if self.s.schedule == "zb1":
+                n_dx = 1 if 0 in vj.wrt else 0
+                bi, bw = split_weight_grad(bwd, n_dx)
+                layer.bwd_i, layer.bwd_w = bi, bw
+                layer.n_carried = len(bi.outputs) - n_dx
+                self.functions.setdefault(bi.name, bi)
+                self.functions.setdefault(bw.name, bw)
+            out.append(layer)
+        return out
+
+    def shard(
+        self,
+        fn: Function,
+        types: Sequence[Type],
+        pann: dict[int, str],
+        rann: dict[int, str],
+        pins: tuple[int, ...] = (),
+    ) -> tuple[Function, list[tuple[Placement, ...] | None]]:
+        """Shard ``fn`` once per argument types; a function met again with other types gets a
+        numbered name. ``pins``: the parameters (weights) used where they lie."""
+        key = (fn.name, tuple(types), tuple(sorted(pann.items())), tuple(sorted(rann.items())), pins)
+        got = self._sharded.get(key)
+        if got is None:
+            f, places = shard_function(self.model.module, fn, types, self.mesh_rep, pann, rann, pins)
+            n = self._names.get(fn.name, 0)
+            self._names[fn.name] = n + 1
+            if n:
+                f = strip_types(f, f"{fn.name}_{n}")
+            got = self._sharded[key] = (f, places)
+            self.functions[f.name] = f
+        return got
+
+
+def _model_with(model: Model, module: Module) -> Model:
+    """The same model with another module (its forward retyped for a microbatch)."""
+    return replace(model, module=module)
+
+
+__all__ = ["ACT", "LayerSharder", "ShardedLayer", "at_batch", "partition", "sharded_layers", "uniform_counts"]
