@@ -208,8 +208,15 @@ def device_units(
     groups: dict[tuple[int, ...], None] = {}
     for d in col.devices:
         groups[(slot(d),)] = None
+    whole: dict[int, tuple[int, ...]] = {}  # mesh id -> the slots of all its devices
     for t in col.dtensors:
         devs = t.mesh.devices
+        if uniform_shape(t) is not None:  # one group: the whole mesh (most types of a program)
+            got = whole.get(id(t.mesh))
+            if got is None:
+                got = whole[id(t.mesh)] = tuple(map(slot, devs))
+            groups[got] = None
+            continue
         for positions in shape_groups(t):
             groups[tuple(slot(devs[i]) for i in positions)] = None
     by_class: dict[Hashable, list[int]] = {}
