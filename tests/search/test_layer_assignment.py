@@ -80,7 +80,49 @@ def check(time: Matrix, k: int, comm: Matrix | None, mem: Matrix | None, cap: li
     return True
 
 
-def test_matches_exhaustive_reference_on_small_instances() -> None:
+@pytest.fixture(params=["lists", "numpy"])
+def dp_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with the DP on Python lists (small problems) and with numpy (large ones)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(la, "SMALL_LAYERS", -1)
+    return str(request.param)
+
+
+def test_list_and_numpy_dps_agree_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two implementations of the min-sum DP give the same floats, hence the same search."""
+    rng = np.random.default_rng(3)
+    cases = []
+    for _ in range(150):
+        n = int(rng.integers(2, 41))
+        p = int(rng.integers(1, min(n, 9) + 1))
+        k = int(rng.choice([1, 2, 8, 64]))
+        cases.append((instance(rng, n, p, with_comm=rng.random() < 0.7, with_mem=rng.random() < 0.5), k))
+
+    def run() -> list[tuple[object, int, int]]:
+        out = []
+        for (time, comm, mem, cap), k in cases:
+            stats = SearchStats()
+            out.append(
+                (assign_layers(time, k, comm, mem, cap, stats=stats), stats.evaluations, stats.infeasible)
+            )
+        return out
+
+    # the DP itself, bound by bound
+    for (time, comm, mem, cap), k in cases[:40]:
+        inp = la._validate(time, k, comm, mem, cap)
+        small, large = la._Solver(inp), la._Solver(inp)
+        large.small = False
+        assert small.small
+        for mu in (math.inf, *np.unique(np.asarray(time)).tolist(), 0.0):
+            assert small.dp(mu) == large.dp(mu)
+    # and whole searches
+    lists = run()
+    monkeypatch.setattr(la, "SMALL_LAYERS", -1)
+    assert run() == lists
+    assert sum(1 for got, *_ in lists if got is not None) > 50
+
+
+def test_matches_exhaustive_reference_on_small_instances(dp_path: str) -> None:
     rng = np.random.default_rng(20240611)
     feasible = infeasible = 0
     for _ in range(600):
@@ -100,7 +142,7 @@ def test_matches_exhaustive_reference_on_small_instances() -> None:
     assert feasible > 200 and infeasible > 20
 
 
-def test_matches_reference_on_medium_instances() -> None:
+def test_matches_reference_on_medium_instances(dp_path: str) -> None:
     # more layers: many candidate values, so the branch and bound really branches
     rng = np.random.default_rng(7)
     for _ in range(40):

@@ -62,3 +62,44 @@ def test_screen_error_does_not_depend_on_the_placement() -> None:
         est = screen.estimate(parse_strategy(text), balance=False)
         ratios.append(evaluate(job, text)["step_time_s"] / est.step_time_s)
     assert ratios[1] <= 1.3 * ratios[0], ratios
+
+
+def test_memoized_inference_estimates_equal_fresh_ones() -> None:
+    """The same for inference (no backward, no sync, one microbatch in flight)."""
+    spec = parse_model_string("gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128")
+    cluster = parse_cluster("p3.8xlarge:1+g4dn.12xlarge:1")
+    profiler = Profiler(spec, cluster, train=False)
+    problem = Problem(16, train=False)
+    shared = Screen(profiler, problem)
+    rng = random.Random(1)
+    strategies = [
+        Strategy(d=2, t=2, p=2, k=4, schedule="1f1b"),
+        Strategy(d=1, t=1, p=4, k=8, schedule="1f1b"),
+        Strategy(d=8, t=1, p=1, k=1, schedule="1f1b"),
+    ]
+    cases = [(s, pl) for s in strategies for pl in _placements(s, rng, 4)]
+    first = [shared.estimate(s, pl) for s, pl in cases]
+    fresh = [Screen(profiler, problem).estimate(s, pl) for s, pl in cases]
+    assert first == fresh
+    assert all(e.sync_s == 0.0 for e in fresh)
+
+
+def test_memo_tells_apart_placements_of_equal_stage_kinds() -> None:
+    """Two nodes of one kind: placements with the same kinds of stages differ in their links
+    (inside a node or across) and replica groups; the memoized figures must follow."""
+    spec = parse_model_string("gpt:layers=6,hidden=64,heads=4,seq=16,vocab=128")
+    cluster = parse_cluster("p3.8xlarge:2+g4dn.12xlarge:1")
+    profiler = Profiler(spec, cluster)
+    problem = Problem(24)
+    shared = Screen(profiler, problem)
+    rng = random.Random(2)
+    strategies = [
+        Strategy(d=2, t=1, p=6, k=6, schedule="1f1b"),
+        Strategy(d=3, t=2, p=2, k=4, schedule="zb1", zero=3),
+        Strategy(d=2, t=2, p=3, k=4, schedule="gpipe", zero=1),
+    ]
+    cases = [(s, pl) for s in strategies for pl in _placements(s, rng, 25)]
+    first = [shared.estimate(s, pl) for s, pl in cases]
+    fresh = [Screen(profiler, problem).estimate(s, pl) for s, pl in cases]
+    assert first == fresh
+    assert len({e.step_time_s for e in fresh}) > 3 * len(strategies)

@@ -24,7 +24,7 @@ from distir.ir.types import TensorType, Type
 from distir.ir.values import Value
 from distir.ops.registry import REGISTRY, OpKind, global_view
 from distir.ops.sharding import Strategy
-from distir.parallel.propagate import ShardingError, redistribution_bytes
+from distir.parallel.propagate import ShardingError, op_strategies, redistribution_bytes
 
 
 def _required(op: Op) -> list[tuple[Placement, ...] | None]:
@@ -39,13 +39,12 @@ def _required(op: Op) -> list[tuple[Placement, ...] | None]:
     outs = [v.type for v in op.outputs]
     if any(not isinstance(t, DTensorType) for t in outs) or len(glob) != len(types):
         raise ShardingError(f"`{print_op(op)}`: every value of a sharded op needs a DTensor type")
-    d = REGISTRY[op.name]
     gouts = [t.global_type() for t in outs if isinstance(t, DTensorType)]
     per_axis: list[tuple[Placement, ...]] = []
     for ax, (axis, n) in enumerate(mesh.axes):
         want = tuple(t.placements[ax] for t in outs if isinstance(t, DTensorType))
         have = tuple(t.placements[ax] if isinstance(t, DTensorType) else Replicate() for t in types)
-        options = [s for s in d.strategies(glob, gouts, op.attrs, n) if s.outs == want]
+        options = [s for s in op_strategies(op.name, glob, gouts, op.attrs, n) if s.outs == want]
         if not options:
             raise ShardingError(
                 f"`{print_op(op)}`: no strategy of {op.name} gives results ({format_placements(want)}) "
@@ -75,7 +74,7 @@ def _required(op: Op) -> list[tuple[Placement, ...] | None]:
                 )
             )
 
-        per_axis.append(min(options, key=cost).ins)
+        per_axis.append(options[0].ins if len(options) == 1 else min(options, key=cost).ins)
     return [
         tuple(pa[i] for pa in per_axis) if isinstance(types[i], DTensorType) else None
         for i in range(len(types))

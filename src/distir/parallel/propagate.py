@@ -35,16 +35,20 @@ from distir.ir.dtensor import (
     parse_placements,
 )
 from distir.ir.function import Function, Module
-from distir.ir.ops import Op
+from distir.ir.ops import Call, Op
 from distir.ir.rewrite import ValueMap, copy_instr, inline_calls
 from distir.ir.types import TensorType, Type
-from distir.ir.values import Value
+from distir.ir.values import Attrs, Value
 from distir.ops.registry import REGISTRY
 from distir.ops.sharding import Strategy
 
 
 class ShardingError(ValueError):
     pass
+
+
+_R = Replicate()
+_INF = float("inf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,28 @@ def redistribution_bytes(t: TensorType, src: Placement, dst: Placement, n: int) 
     return float("inf")  # pragma: no cover - every other pair is handled above
 
 
+# A sharding rule is a pure function of the op's global types, attributes and the axis size, and
+# propagation and legalization ask it the same questions again and again (every layer of a
+# model, at every TP degree): its answers are memoized, keyed by the rule itself too (a test
+# may register another rule under a name). Bounded: cleared when full.
+_STRATEGIES: dict[tuple[object, ...], tuple[Strategy, ...]] = {}
+_STRATEGIES_MAX = 1 << 16
+
+
+def op_strategies(
+    name: str, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int
+) -> tuple[Strategy, ...]:
+    """``REGISTRY[name].strategies(ins, outs, attrs, n)``, memoized (see above)."""
+    d = REGISTRY[name]
+    key = (name, d.sharding, tuple(ins), tuple(outs), attrs, n)
+    got = _STRATEGIES.get(key)
+    if got is None:
+        if len(_STRATEGIES) >= _STRATEGIES_MAX:
+            _STRATEGIES.clear()
+        got = _STRATEGIES[key] = tuple(d.strategies(ins, outs, attrs, n))
+    return got
+
+
 def _annotation(value: str, a: str | Sequence[Placement], mesh: Mesh) -> tuple[Placement, ...]:
     places = parse_placements(a) if isinstance(a, str) else tuple(a)
     if len(places) != len(mesh.axes):
@@ -125,7 +151,9 @@ def propagate(
     other one would too — before counting bytes. Tensor parallelism pins the weights: gathering a
     weight can move fewer bytes than gathering the activation it multiplies (a microbatch of more
     tokens than the weight has rows), but then the layer is no longer tensor-parallel."""
-    fn = inline_calls(module)
+    fn = module.entry
+    if any(isinstance(i, Call) for i in fn.body):
+        fn = inline_calls(module)
     flat = Module((fn,))
     _, env = infer_types(flat)
     types: dict[Value, Type] = {v: type_of(x) for v, x in env.items()}
@@ -174,39 +202,47 @@ def propagate(
             placed[v] = [Replicate()] * len(mesh.axes)
             fixed.add(v)
     fixed_at = {v: [p or Replicate() for p in placed[v]] for v in fixed if v in placed}
-    strat: dict[tuple[Op, int], list[Strategy]] = {}
+    strat: dict[tuple[Op, int], tuple[Strategy, ...]] = {}
     for op in ops:
         ins = [types[v] for v in op.inputs]
         outs = [types[v] for v in op.outputs]
         for ax, (_, n) in enumerate(mesh.axes):
-            strat[(op, ax)] = REGISTRY[op.name].strategies(ins, outs, op.attrs, n)
+            strat[(op, ax)] = op_strategies(op.name, ins, outs, op.attrs, n)
 
-    def current(v: Value, ax: int) -> Placement | None:
-        got = placed.get(v)
-        return got[ax] if got is not None else Replicate()
-
-    # fixed point: fill unknown placements from strategies consistent with the known ones
+    n_axes = len(mesh.axes)
+    # per op: its values, their placement lists (None: not a tensor, i.e. always replicated)
+    # and which are entry parameters
+    views = {
+        op: (vals, [placed.get(v) for v in vals], [v in entry_params for v in vals])
+        for op in ops
+        for vals in ((*op.inputs, *op.outputs),)
+    }
+    # fixed point: fill unknown placements from strategies consistent with the known ones. An op
+    # whose values are all placed on every axis stays so: later sweeps skip it.
+    open_ops = list(ops)
     changed = True
     while changed:
         changed = False
-        for order in (ops, list(reversed(ops))):
+        for order in (open_ops, open_ops[::-1]):
             for op in order:
-                vals = (*op.inputs, *op.outputs)
-                for ax in range(len(mesh.axes)):
-                    known = [current(v, ax) for v in vals]
-                    if all(k is not None for k in known) or all(k is None for k in known):
+                _, lists, is_param = views[op]
+                for ax in range(n_axes):
+                    known = [lst[ax] if lst is not None else _R for lst in lists]
+                    n_none = known.count(None)
+                    if n_none == 0 or n_none == len(known):
                         continue
-                    for s in strat[(op, ax)]:
-                        places = (*s.ins, *s.outs)
+                    for st in strat[(op, ax)]:
+                        places = (*st.ins, *st.outs)
                         if all(k is None or k == p for k, p in zip(known, places, strict=True)) and not any(
-                            k is None and v in entry_params and isinstance(p, Partial)
-                            for v, k, p in zip(vals, known, places, strict=True)
+                            k is None and param and isinstance(p, Partial)
+                            for param, k, p in zip(is_param, known, places, strict=True)
                         ):  # a parameter is never guessed to be a pending sum; annotate it if meant
-                            for v, k, p in zip(vals, known, places, strict=True):
-                                if k is None and v in placed:
-                                    placed[v][ax] = p
+                            for lst, k, p in zip(lists, known, places, strict=True):
+                                if k is None and lst is not None:
+                                    lst[ax] = p
                                     changed = True
                             break
+        open_ops = [op for op in open_ops if any(lst is not None and None in lst for lst in views[op][1])]
     for ps in placed.values():
         for ax in range(len(ps)):
             if ps[ax] is None:
@@ -215,57 +251,91 @@ def propagate(
     result = Propagation(flat)
     for op in ops:
         chosen: list[Strategy] = []
+        # (input position, type, pinned) of the tensor inputs: only they can move; (output
+        # position, type, fixed placements) of the annotated tensor results
+        movable: list[tuple[int, TensorType, bool]] = []
+        for i, v in enumerate(op.inputs):
+            tv = types[v]
+            if isinstance(tv, TensorType):
+                movable.append((i, tv, v in pins))
+        in_lists = [placed.get(v) for v in op.inputs]
+        out_lists = [placed.get(v) for v in op.outputs]
+        targets: list[tuple[int, TensorType, list[Placement]]] = []
+        for i, v in enumerate(op.outputs):
+            tv = types[v]
+            if v in fixed_at and isinstance(tv, TensorType):
+                targets.append((i, tv, fixed_at[v]))
         for ax, (axis, n) in enumerate(mesh.axes):
-            have: tuple[Placement, ...] = tuple(current(v, ax) or Replicate() for v in op.inputs)
-            hint: tuple[Placement, ...] = tuple(current(v, ax) or Replicate() for v in op.outputs)
+            # every tensor is placed by now: a value without a list is not a tensor (replicated)
+            have: tuple[Placement, ...] = tuple(lst[ax] or _R if lst is not None else _R for lst in in_lists)
+            hint: tuple[Placement, ...] = tuple(lst[ax] or _R if lst is not None else _R for lst in out_lists)
             options = strat[(op, ax)]
-            others = [b for b in range(len(mesh.axes)) if b != ax]
-
-            def key(
-                k: int,
-                op: Op = op,
-                ax: int = ax,
-                n: int = n,
-                have: tuple[Placement, ...] = have,
-                hint: tuple[Placement, ...] = hint,
-                options: list[Strategy] = options,
-                others: list[int] = others,
-                chosen: list[Strategy] = chosen,
-            ) -> tuple[int, int, float, int, int, int, int, int]:
-                """Layouts materialization cannot handle (a dim sharded along two mesh axes)
-                last; then strategies that move a pinned parameter; then total bytes to
-                redistribute inputs into the strategy and results
-                into their annotated placements; then fewer input moves; then the rule's
-                preference."""
-                s = options[k]
-                total, moves, costly, moved_pins = 0.0, 0, 0, 0
-                clash = sum(
-                    isinstance(w, Shard)
-                    and any((chosen[b].ins[i] if b < ax else current(v, b)) == w for b in others)
-                    for i, (v, w) in enumerate(zip(op.inputs, s.ins, strict=True))
-                ) + sum(
-                    isinstance(p, Shard) and v in placed and any(placed[v][b] == p for b in others)
-                    for v, p in zip(op.outputs, s.outs, strict=True)
-                )
-                for v, h, w in zip(op.inputs, have, s.ins, strict=True):
-                    t = types[v]
-                    if isinstance(t, TensorType) and h != w:
-                        nb = redistribution_bytes(t, h, w, n)
-                        total += nb
-                        moves += 1
-                        costly += nb > 0
-                        moved_pins += nb > 0 and v in pins
-                mismatch = 0
-                for v, p in zip(op.outputs, s.outs, strict=True):
-                    t = types[v]
-                    if v in fixed_at and isinstance(t, TensorType):
-                        total += redistribution_bytes(t, p, fixed_at[v][ax], n)
-                        mismatch += p != fixed_at[v][ax]
-                # at equal bytes and no collective on the inputs, produce an annotated result
-                # directly: computing it replicated and slicing it after does the work n times
-                return (clash, moved_pins, total, costly, mismatch, moves, 0 if s.outs == hint else 1, k)
-
-            pick = options[min(range(len(options)), key=key)]
+            if len(options) == 1:
+                pick = options[0]
+            else:
+                others = [b for b in range(n_axes) if b != ax]
+                # what the other axes hold (or, for inputs on earlier axes, take): a strategy that
+                # shards a dim along this axis too clashes
+                in_other = [
+                    [chosen[b].ins[i] if b < ax else lst[b] if lst is not None else _R for b in others]
+                    for i, lst in enumerate(in_lists)
+                ]
+                out_other = [[lst[b] for b in others] if lst is not None else [] for lst in out_lists]
+                # Layouts materialization cannot handle (a dim sharded along two mesh axes) last; then
+                # strategies that move a pinned parameter; then total bytes to redistribute inputs
+                # into the strategy and results into their annotated placements; then fewer input
+                # moves; then the rule's preference. (Keys are distinct: the index k comes last.)
+                best: tuple[int, int, float, int, int, int, int, int] | None = None
+                pick = options[0]
+                for idx, st in enumerate(options):
+                    clash = 0
+                    for i, w in enumerate(st.ins):
+                        if isinstance(w, Shard) and w in in_other[i]:
+                            clash += 1
+                    for i, q in enumerate(st.outs):
+                        if isinstance(q, Shard) and q in out_other[i]:
+                            clash += 1
+                    total, moves, costly, moved_pins = 0.0, 0, 0, 0
+                    sins = st.ins
+                    for i, tv, is_pin in movable:
+                        h, w = have[i], sins[i]
+                        if h is not w and h != w:
+                            # on one device only creating a pending sum is impossible, the rest free
+                            nb = (
+                                (_INF if isinstance(w, Partial) else 0.0)
+                                if n == 1
+                                else redistribution_bytes(tv, h, w, n)
+                            )
+                            total += nb
+                            moves += 1
+                            if nb > 0:
+                                costly += 1
+                                if is_pin:
+                                    moved_pins += 1
+                    mismatch = 0
+                    for i, tv, fx in targets:
+                        q, want = st.outs[i], fx[ax]
+                        if q is not want and q != want:
+                            total += (
+                                (_INF if isinstance(want, Partial) else 0.0)
+                                if n == 1
+                                else redistribution_bytes(tv, q, want, n)
+                            )
+                            mismatch += 1
+                    # at equal bytes and no collective on the inputs, produce an annotated result
+                    # directly: computing it replicated and slicing it after does the work n times
+                    key = (
+                        clash,
+                        moved_pins,
+                        total,
+                        costly,
+                        mismatch,
+                        moves,
+                        0 if st.outs == hint else 1,
+                        idx,
+                    )
+                    if best is None or key < best:
+                        best, pick = key, st
             if pick.ins != have:
                 from distir.ir.printer import print_op
 

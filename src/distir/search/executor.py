@@ -21,7 +21,7 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.context import BaseContext
@@ -30,7 +30,7 @@ from typing import Any, Final
 
 from distir.search.store import ResultStore, dumps, loads
 
-__all__ = ["EXECUTORS", "ExecutorError", "run_all"]
+__all__ = ["EXECUTORS", "ExecutorError", "local_pool", "new_pool", "run_all", "start", "stop_pool"]
 
 EXECUTORS: Final = ("local", "ray")
 
@@ -114,7 +114,54 @@ def _run_local(todo: Sequence[str], fn: Callable[[str], Result], on_result: _OnR
         on_result(task, _evaluate(fn, task))
 
 
-def _run_pool(todo: Sequence[str], fn: Callable[[str], Result], workers: int, on_result: _OnResult) -> None:
+def new_pool(workers: int) -> ProcessPoolExecutor:
+    """A local process pool as ``run_all`` makes one (fork on Linux, one thread per numeric
+    library, workers die with this process). With fork, all workers start at the first submit."""
+    return ProcessPoolExecutor(
+        max_workers=workers, mp_context=_mp_context(), initializer=_init_worker, initargs=(os.getpid(),)
+    )
+
+
+def stop_pool(pool: ProcessPoolExecutor) -> None:
+    """End ``pool`` now: cancel what waits, terminate what runs (its results cannot be stored)."""
+    # The pool has no public way to do that before Python 3.14, hence the private process table.
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.terminate()
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.join(timeout=5.0)
+
+
+@contextlib.contextmanager
+def local_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
+    """``new_pool(workers)`` for the block: shut down (waiting) when it ends normally, stopped
+    (``stop_pool``) when it raises. A search runs all its phases on one such pool."""
+    pool = new_pool(workers)
+    try:
+        yield pool
+    except BaseException:
+        stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def start(pool: ProcessPoolExecutor, fn: Callable[[str], Result], task: str) -> Future[Result]:
+    """Start evaluating ``task`` on ``pool`` ahead of ``run_all`` (which takes the future in
+    ``started`` and stores its result like any other)."""
+    return pool.submit(_evaluate, fn, task)
+
+
+def _run_pool(
+    todo: Sequence[str],
+    fn: Callable[[str], Result],
+    workers: int,
+    on_result: _OnResult,
+    shared: ProcessPoolExecutor | None = None,
+    started: Mapping[str, Future[Result]] | None = None,
+) -> None:
     # Checked up front (with the pickler the pool uses) for a clear error: the pool would only report
     # it from a background thread, task by task.
     try:
@@ -124,15 +171,14 @@ def _run_pool(todo: Sequence[str], fn: Callable[[str], Result], workers: int, on
             f"--workers > 1 needs a picklable evaluation function (a module-level function or a "
             f"functools.partial of one), got {fn!r}: {type(exc).__name__}: {exc}"
         ) from exc
-    pool = ProcessPoolExecutor(
-        max_workers=min(workers, len(todo)),
-        mp_context=_mp_context(),
-        initializer=_init_worker,
-        initargs=(os.getpid(),),
-    )
+    pool = shared if shared is not None else new_pool(min(workers, len(todo)))
     finished = False
+    futures: dict[Future[Result], str] = {}
     try:
-        futures: dict[Future[Result], str] = {pool.submit(_evaluate, fn, task): task for task in todo}
+        early = started or {}
+        futures.update(
+            {early[task] if task in early else pool.submit(_evaluate, fn, task): task for task in todo}
+        )
         for future in as_completed(futures):
             task = futures[future]
             try:
@@ -150,20 +196,16 @@ def _run_pool(todo: Sequence[str], fn: Callable[[str], Result], workers: int, on
             on_result(task, result)
         finished = True
     finally:
-        if finished:
+        if shared is not None:
+            if not finished:  # the pool's owner stops it (``local_pool``); drop what waits here
+                for future in futures:
+                    future.cancel()
+        elif finished:
             pool.shutdown(wait=True)
         else:
             # Stopping (Ctrl-C, a store error, a dead worker): what is still running cannot be
-            # stored, so end it now rather than let the interpreter wait for it at exit. The pool
-            # has no public way to do that before Python 3.14, hence the private process table.
-            processes = list((getattr(pool, "_processes", None) or {}).values())
-            pool.shutdown(wait=False, cancel_futures=True)
-            for process in processes:
-                with contextlib.suppress(Exception):
-                    process.terminate()
-            for process in processes:
-                with contextlib.suppress(Exception):
-                    process.join(timeout=5.0)
+            # stored, so end it now rather than let the interpreter wait for it at exit.
+            stop_pool(pool)
 
 
 def _run_ray(todo: Sequence[str], fn: Callable[[str], Result], workers: int, on_result: _OnResult) -> None:
@@ -224,6 +266,8 @@ def run_all(
     workers: int = 1,
     executor: str = "local",
     progress: Callable[[int, int], None] | None = None,
+    pool: ProcessPoolExecutor | None = None,
+    started: Mapping[str, Future[Result]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Every task's result, in ``tasks`` order: the stored ones from ``store``, the others from
     ``fn(task)``, each stored (``store.put``) by this process the moment it arrives. Without a
@@ -243,6 +287,10 @@ def run_all(
       once, one CPU each. Ray is imported only when there is something to evaluate; its cluster is
       ``RAY_ADDRESS`` if set (else a local one). ``fn`` is pickled by Ray, and the workers must be
       able to import ``distir`` and ``fn``'s module.
+    - ``pool``: with ``executor="local"`` and ``workers > 1``, evaluate on this pool (``new_pool``,
+      ``local_pool``) instead of a new one, and leave it running (its owner shuts it down);
+      ``started`` holds tasks already submitted to it (``start``): they are not submitted again,
+      and those the store already holds are cancelled.
     - ``progress(done, total)`` is called once at the start with the stored count, then after each
       newly stored result; ``total`` counts distinct tasks, stored ones included.
 
@@ -257,6 +305,10 @@ def run_all(
     stored = store.done() if store is not None else {}
     results: dict[str, Result] = {task: stored[task] for task in unique if task in stored}
     todo = [task for task in unique if task not in stored]
+    pooled = executor == "local" and workers > 1 and pool is not None
+    for task, future in (started or {}).items():
+        if task not in todo or not pooled:
+            future.cancel()
     total = len(unique)
     if progress is not None:
         progress(len(results), total)
@@ -274,5 +326,5 @@ def run_all(
         elif workers == 1:
             _run_local(todo, fn, on_result)
         else:
-            _run_pool(todo, fn, workers, on_result)
+            _run_pool(todo, fn, workers, on_result, pool, started)
     return {task: results[task] for task in tasks}

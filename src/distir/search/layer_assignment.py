@@ -27,7 +27,9 @@ M* ∈ V. S is a non-increasing step function, so a search over V only has to fi
   a ≥ lo_j(b) whose lower end is non-decreasing in b: a sliding-window minimum. A monotone deque
   gives it in O(L) per stage; in numpy a sparse table over the window's levels is far faster than a
   Python loop, so each evaluation costs O(p·L·log W) element operations (W ≤ L the longest
-  admissible window, about L/p near the optimum) in O(p·log W) vectorized calls.
+  admissible window, about L/p near the optimum) in O(p·log W) vectorized calls. Up to
+  ``SMALL_LAYERS`` layers numpy's per-call overhead dominates, and the same DP runs on Python lists
+  (``_Solver._dp_lists``: the same float operations, so the same results bit for bit).
 - *Search over μ* (branch and bound on value intervals). The solution of dp(μ) has an actual
   maximum m ≤ μ with S(m) = S(μ), so every candidate in [m, μ] is dominated by it. An interval
   (lo, hi) of unexplored candidates carries a lower bound s on S over it (S(x) for the x that
@@ -78,6 +80,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -90,6 +93,7 @@ FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.intp]
 
 REL_TOL: Final = 1e-12
+SMALL_LAYERS: Final = 64  # up to this many layers, the DP runs on Python lists (``_dp_lists``)
 MATERIALIZE_LIMIT: Final = 1 << 16  # candidates of an interval listed explicitly (sorted once, sliced)
 
 
@@ -278,6 +282,13 @@ class _Solver:
         self.log2: IntArray = np.zeros(n + 2, dtype=np.intp)
         self.log2[2:] = np.floor(np.log2(np.arange(2, n + 2))).astype(np.intp)
         self.pow2: IntArray = np.left_shift(1, np.arange(int(self.log2[-1]) + 1)).astype(np.intp)
+        # small problems: the same DP on Python lists (numpy's per-call overhead dominates there)
+        self.small = n <= SMALL_LAYERS
+        if self.small:
+            self.P_rows: list[list[float]] = self.P.tolist()
+            self.cut_rows: list[list[float]] = self.cut.tolist()
+            self.lo_mem_rows: list[list[int]] = [lm.tolist() for lm in self.lo_mem]
+            self.comm_rows: list[list[float]] = inp.comm.tolist()
         self.evaluations = 0
         self.infeasible = 0
         self.listed = 0
@@ -290,6 +301,8 @@ class _Solver:
         re-evaluates the counts exactly.
         """
         self.evaluations += 1
+        if self.small:
+            return self._dp_lists(mu)
         p, n = self.p, self.n
         thr = mu + self.atol
         g = np.full(n + 1, np.inf)
@@ -333,6 +346,80 @@ class _Solver:
         mx = float((self.P[rows, bounds[1:]] - self.P[rows, bounds[:-1]]).max())
         if p > 1:
             mx = max(mx, float(self.inp.comm[rows[:-1], bounds[1:-1] - 1].max()))
+        return tuple(counts), total, mx
+
+    def _dp_lists(self, mu: float) -> tuple[tuple[int, ...], float, float] | None:
+        """``dp`` on Python lists, step for step: the same windows (the pointer finds what
+        ``searchsorted(side="left")`` finds), the same float operations in the same order (IEEE doubles,
+        as numpy's float64), ``min``/``index`` the exact minimum and its first position as
+        ``np.min``/``np.argmin``; so the same result, bit for bit (a test checks)."""
+        p, n = self.p, self.n
+        thr = mu + self.atol
+        inf = math.inf
+        g = [inf] * (n + 1)
+        g[0] = 0.0
+        hs: list[list[float]] = []
+        los: list[list[int]] = []
+        f = g
+        for j in range(p):
+            pj = self.P_rows[j]
+            h = list(map(operator.sub, g, pj))
+            lo_mem = self.lo_mem_rows[j]
+            f = [inf] * (n + 1)
+            lo_j: list[int] = []
+            # the first a with pj[a] >= pj[b] − thr (``searchsorted``), found by a pointer (pj and
+            # hence the bound are non-decreasing in b); capped at b, which leaves the window empty
+            # as an index past b does (and backtracking only reads non-empty windows)
+            ptr = 0
+            # min(h[lo:b]) of the last window, for the next when it only grows by one on the right
+            # (min is exact and ``<`` keeps the first of equal values, as ``min`` does)
+            cur, cur_lo, cur_b = inf, -1, -1
+            for i, b in enumerate(range(j + 1, n - p + j + 2) if j < p - 1 else (n,)):
+                bound = pj[b] - thr
+                while ptr < b and pj[ptr] < bound:
+                    ptr += 1
+                lo = ptr
+                if lo_mem[i] > lo:
+                    lo = lo_mem[i]
+                if j > lo:
+                    lo = j
+                lo_j.append(lo)
+                if b > lo:
+                    if lo == cur_lo and b == cur_b + 1:
+                        x = h[b - 1]
+                        if x < cur:
+                            cur = x
+                    else:
+                        cur = min(h[lo:b])
+                    cur_lo, cur_b = lo, b
+                    f[b] = pj[b] + cur
+            hs.append(h)
+            los.append(lo_j)
+            if j < p - 1:
+                g = [inf if c > thr else x + c for x, c in zip(f, self.cut_rows[j], strict=True)]
+                if min(g) == inf:
+                    self.infeasible += 1
+                    return None
+        total = f[n]
+        if not math.isfinite(total):
+            self.infeasible += 1
+            return None
+        counts = [0] * p
+        bb = n
+        for j in range(p - 1, -1, -1):
+            lo_b = los[j][bb - (j + 1 if j < p - 1 else n)]
+            seg = hs[j][lo_b:bb]
+            a = lo_b + seg.index(min(seg))
+            counts[j] = bb - a
+            bb = a
+        mx = -inf
+        a = 0
+        for j in range(p):
+            b = a + counts[j]
+            mx = max(mx, self.P_rows[j][b] - self.P_rows[j][a])
+            if j < p - 1:
+                mx = max(mx, self.comm_rows[j][b - 1])
+            a = b
         return tuple(counts), total, mx
 
     def _window_min(self, h: FloatArray, base: int, b: IntArray, lo: IntArray, maxlen: int) -> FloatArray:

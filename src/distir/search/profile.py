@@ -13,7 +13,9 @@ each simulated alone on a real group of GPUs of the cluster — so the screen an
 simulation share one cost model, and the screen's error is only in how it *composes* layers
 (the pipeline formula), never in what a layer costs.
 Profiles are memoized per (t, b, recompute, kind of the TP group): a search over thousands of
-strategies profiles each distinct layer a few dozen times.
+strategies profiles each distinct layer a few dozen times. ``Profiler.prefetch`` hands profiles the
+search will need to worker processes (``run_profile_task``: the same code on the same model and
+cluster, so the same figures), ``layers`` then takes their results.
 
 Why each microbatch size b is differentiated and sharded anew rather than the functions of one b
 retyped: they are not batch-polymorphic. Differentiation bakes the batch into the backward's
@@ -24,7 +26,9 @@ differently at b = 64 than at b = 8), so a retyped function can cost other than 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 
 from distir.frontends.zoo.registry import ModelSpec, build_from
@@ -91,7 +95,9 @@ class Profiler:
     _work: dict[tuple[object, ...], float] = field(default_factory=dict)
     _layers: dict[tuple[int, int, str], list[ShardedLayer]] = field(default_factory=dict)
     _models: dict[int, Reduced] = field(default_factory=dict)
-    probes: int = 0  # layer simulations run (for benches)
+    _pending: dict[tuple[object, ...], Future[TaskResult]] = field(default_factory=dict)
+    probes: int = 0  # layer simulations run (for benches), by workers too
+    worker_cpu_s: float = 0.0  # CPU seconds workers spent on the profiles taken from them
 
     def group_key(self, gpus: Sequence[int]) -> tuple[object, ...]:
         """GPUs that cost alike: same node types, in the same arrangement over nodes."""
@@ -122,6 +128,8 @@ class Profiler:
         the list has one entry per layer call of the full model, repeats being the same object."""
         key = (t, b, recompute, self.group_key(gpus))
         got = self._cache.get(key)
+        if got is None and key in self._pending:
+            got = self._collect(key)
         if got is not None:
             return got
         layers = self.sharded(t, b, recompute)
@@ -164,6 +172,59 @@ class Profiler:
         self._cache[key] = out
         return out
 
+    # -- profiles computed by worker processes --------------------------------------------------
+    def prefetch(self, pool: Executor, wanted: Iterable[tuple[int, int, str, Sequence[int]]]) -> int:
+        """Start computing ``layers(t, b, gpus, recompute)`` for each ``(t, b, recompute, gpus)`` of
+        ``wanted`` in ``pool`` (processes: a task is a ``ProfileTask``), in that order; ``layers``
+        then waits for and takes the result. What is known or pending already is skipped; the TP
+        group kinds of one (t, b, recompute) go to one task (one sharding serves them all). If a
+        task fails, ``layers`` computes its profiles here (raising what that raises). Returns the
+        number of tasks submitted."""
+        jobs: dict[tuple[int, int, str], dict[tuple[object, ...], tuple[int, ...]]] = {}
+        for t, b, recompute, gpus in wanted:
+            key = (t, b, recompute, self.group_key(gpus))
+            if key not in self._cache and key not in self._pending:
+                jobs.setdefault((t, b, recompute), {}).setdefault(key, tuple(gpus))
+        for (t, b, recompute), groups in jobs.items():
+            task = ProfileTask(
+                self.spec,
+                self.cluster,
+                self.dtype,
+                self.train,
+                self.cost_model,
+                t,
+                b,
+                recompute,
+                tuple(groups.values()),
+            )
+            fut = pool.submit(run_profile_task, task)
+            for k in groups:
+                self._pending[k] = fut
+        return len(jobs)
+
+    def _collect(self, key: tuple[object, ...]) -> list[LayerProfile] | None:
+        """The profiles of ``key`` from its pending task (None if the task failed)."""
+        fut = self._pending.pop(key)
+        try:
+            results, probes, cpu = fut.result()
+        except Exception:  # a failure of the task or of its process: ``layers`` computes it here
+            return None
+        for k, profiles in results:
+            self._pending.pop(k, None)
+            self._cache.setdefault(k, profiles)
+        self.probes += probes
+        self.worker_cpu_s += cpu
+        return self._cache.get(key)
+
+    def known(self, t: int, b: int, recompute: str) -> dict[tuple[object, ...], list[LayerProfile]]:
+        """The profiles computed so far for (t, b, recompute), by group kind (for ``adopt``)."""
+        return {k: v for k, v in self._cache.items() if k[:3] == (t, b, recompute)}
+
+    def adopt(self, profiles: dict[tuple[object, ...], list[LayerProfile]]) -> None:
+        """Take profiles another profiler of the same model and cluster computed (``known``)."""
+        for k, v in profiles.items():
+            self._cache.setdefault(k, v)
+
     def _run(
         self, fn: Function, args: Sequence[Type], dmap: DeviceMap, cost: CostModel, key: tuple[object, ...]
     ) -> tuple[float, float, float]:
@@ -181,6 +242,53 @@ class Profiler:
         return r.step_time_s, r.flops / max(n, 1), work
 
 
+TaskResult = tuple[list[tuple[tuple[object, ...], list[LayerProfile]]], int, float]
+
+
+@dataclass(frozen=True)
+class ProfileTask:
+    """Profiles for a worker process to compute (``run_profile_task``); picklable."""
+
+    spec: ModelSpec
+    cluster: Cluster
+    dtype: DType
+    train: bool
+    cost_model: CostModel | None
+    t: int
+    b: int
+    recompute: str
+    groups: tuple[tuple[int, ...], ...]  # one TP group of each kind wanted
+
+
+# a worker's profiler of the current model and cluster: the tasks of one search share its models
+# and shardings (only the latest is kept, so a long-lived worker does not accumulate searches)
+_PROFILERS: dict[tuple[ModelSpec, Cluster, DType, bool], Profiler] = {}
+
+
+def run_profile_task(task: ProfileTask) -> TaskResult:
+    """``Profiler.layers`` for each group of ``task``: ((cache key, profiles) per group, layer
+    simulations run, CPU seconds spent)."""
+    c0 = time.process_time()
+    if task.cost_model is None:
+        key = (task.spec, task.cluster, task.dtype, task.train)
+        prof = _PROFILERS.get(key)
+        if prof is None:
+            _PROFILERS.clear()
+            prof = _PROFILERS[key] = Profiler(task.spec, task.cluster, task.dtype, task.train)
+    else:
+        prof = Profiler(task.spec, task.cluster, task.dtype, task.train, task.cost_model)
+    n0 = prof.probes
+    out: list[tuple[tuple[object, ...], list[LayerProfile]]] = []
+    for g in task.groups:
+        out.append(
+            (
+                (task.t, task.b, task.recompute, prof.group_key(g)),
+                prof.layers(task.t, task.b, g, task.recompute),
+            )
+        )
+    return out, prof.probes - n0, time.process_time() - c0
+
+
 def allowed_tp(spec: ModelSpec, dtype: DType, limit: int) -> list[int]:
     """TP degrees up to ``limit`` that divide every tensor-parallel weight dimension of the model
     (shapes allow them; uneven TP shards are legal DistIR but no one trains that way)."""
@@ -194,4 +302,12 @@ def num_layers(spec: ModelSpec, dtype: DType, train: bool) -> int:
     return len(model.layers) if train else len(model.layers) - 1
 
 
-__all__ = ["LayerProfile", "Profiler", "allowed_tp", "local_nbytes", "num_layers"]
+__all__ = [
+    "LayerProfile",
+    "ProfileTask",
+    "Profiler",
+    "allowed_tp",
+    "local_nbytes",
+    "num_layers",
+    "run_profile_task",
+]

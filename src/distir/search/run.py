@@ -11,13 +11,21 @@
    (``distir.search.rerank``), in parallel, streaming into the result store
    (``distir.search.store``) so an interrupted search resumes.
 4. **Rank** by simulated throughput; out-of-memory strategies (by simulated peak) go last.
+
+With ``workers > 1`` on the local executor, one process pool serves every phase and starts with
+the search (its start-up overlaps the screen's set-up): the layer profiles the screen will ask
+for go to it first (``Profiler.prefetch``), the placement searches of the leading shapes run on
+it side by side, then the exact simulations. Each worker runs the same code on the same inputs,
+so the results are those of a single process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,9 +34,10 @@ from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import Cluster, parse_cluster
 from distir.ir.types import DType
 from distir.parallel.strategy import Strategy
-from distir.search.executor import run_all
+from distir.search.executor import local_pool, run_all
+from distir.search.executor import start as start_task
 from distir.search.placement import anneal_placement, megatron_placement
-from distir.search.profile import Profiler, allowed_tp, num_layers
+from distir.search.profile import LayerProfile, Profiler, allowed_tp, num_layers
 from distir.search.rerank import ExactJob, evaluate
 from distir.search.screen import Estimate, Problem, Screen
 from distir.search.space import Pins, Space
@@ -92,9 +101,11 @@ def _rank_key(e: Estimate) -> tuple[bool, float]:
 
 
 def screen_space(
-    req: SearchRequest, cluster: Cluster, progress: Progress | None = None
+    req: SearchRequest, cluster: Cluster, progress: Progress | None = None, pool: Executor | None = None
 ) -> tuple[list[Estimate], int, Screen]:
-    """Every base strategy, each up its memory ladder until it fits (module docstring)."""
+    """Every base strategy, each up its memory ladder until it fits (module docstring). With a
+    ``pool``, the profiles of every base's first rung are computed there (``Profiler.prefetch``)
+    while this process screens; the estimates are the same."""
     spec = parse_model_string(req.model)
     dt = DType.parse(req.dtype)
     prof = Profiler(spec, cluster, dt, req.train)
@@ -111,11 +122,14 @@ def screen_space(
     )
     space.check()
     bases = list(space.bases())
+    ident = megatron_placement(cluster.num_devices, 1, 1, cluster.num_devices)
+    ladders = [space.ladder(base) for base in bases]
+    if pool is not None:
+        prof.prefetch(pool, _first_rung_profiles(screen, ladders, req.batch))
     out: list[Estimate] = []
     n = 0
-    ident = megatron_placement(cluster.num_devices, 1, 1, cluster.num_devices)
-    for i, base in enumerate(bases):
-        for s in space.ladder(base):
+    for i, ladder in enumerate(ladders):
+        for s in ladder:
             n += 1
             e = screen.estimate(s, ident)
             out.append(e)
@@ -127,8 +141,72 @@ def screen_space(
     return out, n, screen
 
 
-def anneal(req: SearchRequest, screen: Screen, screened: list[Estimate], progress: Progress | None) -> None:
-    """Replace the leading shapes' best estimates by annealed placements (in place)."""
+def _first_rung_profiles(
+    screen: Screen, ladders: list[list[Strategy]], batch: int
+) -> Iterator[tuple[int, int, str, list[int]]]:
+    """(t, b, recompute, TP group) of every profile the first rung of each ladder asks for on the
+    identity placement, in the order the screen asks: there a stage's TP groups are the aligned
+    blocks of t GPUs, and the stages cover the cluster, so every kind of block is asked for (one
+    block of each kind stands for it)."""
+    kinds: dict[int, list[list[int]]] = {}
+    for ladder in ladders:
+        if not ladder:
+            continue
+        s = ladder[0]
+        b, rem = divmod(batch, s.d * s.k)
+        if rem or b < 1:
+            continue
+        if s.t not in kinds:
+            reps: dict[tuple[object, ...], list[int]] = {}
+            for g in range(0, screen.cluster.num_devices - s.t + 1, s.t):
+                block = list(range(g, g + s.t))
+                reps.setdefault(screen.profiler.group_key(block), block)
+            kinds[s.t] = list(reps.values())
+        for block in kinds[s.t]:
+            yield s.t, b, s.recompute, block
+
+
+@dataclass(frozen=True)
+class _AnnealTask:
+    """One placement search, for a worker process (``_anneal_task``); picklable."""
+
+    request: SearchRequest
+    cluster: Cluster
+    problem: Problem
+    profiles: dict[tuple[object, ...], list[LayerProfile]]  # what the estimates need
+    base: Strategy
+    start: tuple[int, ...]
+    seed: int
+
+
+def _placement_cost(screen: Screen, base: Strategy) -> Callable[[tuple[int, ...]], float]:
+    """What the placement search minimizes: the step time, out-of-memory placements far behind."""
+
+    def cost(pl: tuple[int, ...]) -> float:
+        e = screen.estimate(base, pl)
+        return e.step_time_s if e.fits else e.step_time_s * 10 - e.memory_headroom
+
+    return cost
+
+
+def _anneal(
+    screen: Screen, base: Strategy, start: tuple[int, ...], iters: int, seed: int
+) -> tuple[tuple[int, ...], float]:
+    cost = _placement_cost(screen, base)
+    return anneal_placement(base.d, base.t, base.p, cost, start=start, iters=iters, seed=seed)
+
+
+def _anneal_task(task: _AnnealTask) -> tuple[tuple[int, ...], float]:
+    """``_anneal`` in a worker, on a screen seeded with the main process's profiles."""
+    req = task.request
+    prof = Profiler(parse_model_string(req.model), task.cluster, DType.parse(req.dtype), req.train)
+    prof.adopt(task.profiles)
+    return _anneal(Screen(prof, task.problem), task.base, task.start, req.anneal_iters, task.seed)
+
+
+def anneal_picks(req: SearchRequest, screened: list[Estimate]) -> list[int]:
+    """Indices of the estimates the placement search improves: the best fitting one of each of the
+    ``req.anneal_top`` leading (d, t, p) shapes."""
     seen: set[tuple[int, int, int]] = set()
     picks: list[int] = []
     for i, e in enumerate(screened):
@@ -138,20 +216,50 @@ def anneal(req: SearchRequest, screen: Screen, screened: list[Estimate], progres
             picks.append(i)
         if len(picks) >= req.anneal_top:
             break
-    for n, i in enumerate(picks):
+    return picks
+
+
+def anneal(
+    req: SearchRequest,
+    screen: Screen,
+    screened: list[Estimate],
+    progress: Progress | None,
+    pool: Executor | None = None,
+    picks: list[int] | None = None,
+    then: Callable[[], object] | None = None,
+) -> None:
+    """Replace the estimates of ``picks`` (default ``anneal_picks``) by annealed placements, in
+    place, and re-sort. With a ``pool``, the searches run there side by side, the longest (most
+    pipeline stages) first; each is deterministic, so the results are the same. ``then`` is called
+    once the searches are under way (e.g. to queue other work on the pool behind them)."""
+    if picks is None:
+        picks = anneal_picks(req, screened)
+    jobs: list[tuple[int, Strategy, tuple[int, ...]]] = []
+    for i in picks:
         s = screened[i].strategy
-        base = replace(s, partition="uniform", placement=None)
-
-        def cost(pl: tuple[int, ...], base: Strategy = base) -> float:
-            e = screen.estimate(base, pl)
-            return e.step_time_s if e.fits else e.step_time_s * 10 - e.memory_headroom
-
-        start = s.placement or tuple(range(s.devices))
-        pl, c = anneal_placement(s.d, s.t, s.p, cost, start=start, iters=req.anneal_iters, seed=n)
+        jobs.append(
+            (i, replace(s, partition="uniform", placement=None), s.placement or tuple(range(s.devices)))
+        )
+    futures: dict[int, Future[tuple[tuple[int, ...], float]]] = {}
+    if pool is not None and len(jobs) > 1:
+        for n in sorted(range(len(jobs)), key=lambda n: -jobs[n][1].p):
+            _, base, start = jobs[n]
+            b = req.batch // (base.d * base.k)
+            profiles = screen.profiler.known(base.t, b, base.recompute)
+            task = _AnnealTask(req, screen.cluster, screen.problem, profiles, base, start, n)
+            futures[n] = pool.submit(_anneal_task, task)
+    if then is not None:
+        then()
+    for n, (i, base, start) in enumerate(jobs):
+        got = None
+        if n in futures:
+            with contextlib.suppress(Exception):  # a failed worker: search here instead
+                got = futures[n].result()
+        pl, c = got if got is not None else _anneal(screen, base, start, req.anneal_iters, n)
         if c < screened[i].step_time_s:
             screened[i] = screen.estimate(base, pl)
         if progress is not None:
-            progress("placement", n + 1, len(picks))
+            progress("placement", n + 1, len(jobs))
     screened.sort(key=_rank_key)
 
 
@@ -160,49 +268,83 @@ def is_pure(d: int, t: int, p: int, axis: str) -> bool:
     return {"d": (t, p), "t": (d, p), "p": (d, t)}[axis] == (1, 1)
 
 
+def pure_bests(screened: list[Estimate]) -> list[Strategy]:
+    """The best pure-D, pure-T and pure-P strategies (the best fitting one, else the best), in that
+    order, where the space has them."""
+    out: list[Strategy] = []
+    for axis in ("d", "t", "p"):
+        cands = [e for e in screened if is_pure(e.strategy.d, e.strategy.t, e.strategy.p, axis)]
+        best = next((e for e in cands if e.fits), cands[0] if cands else None)
+        if best is not None:
+            out.append(best.strategy)
+    return out
+
+
 def pick_exact(screened: list[Estimate], top: int) -> list[Strategy]:
     """The ``top`` best fitting estimates, and the best pure-D, pure-T and pure-P ones."""
     fitting = [e for e in screened if e.fits] or screened
     chosen: list[Strategy] = [e.strategy for e in fitting[:top]]
-    for axis in ("d", "t", "p"):
-        cands = [e for e in screened if is_pure(e.strategy.d, e.strategy.t, e.strategy.p, axis)]
-        best = next((e for e in cands if e.fits), cands[0] if cands else None)
-        if best is not None and best.strategy not in chosen:
-            chosen.append(best.strategy)
+    for s in pure_bests(screened):
+        if s not in chosen:
+            chosen.append(s)
     return chosen
+
+
+def _exact_order(strategies: list[Strategy]) -> list[str]:
+    """The exact simulations, longest first (more microbatch chunks: a longer program), so that the
+    workers finish together."""
+    return [str(s) for s in sorted(strategies, key=lambda s: (-s.k * s.v, -s.p))]
 
 
 def search(req: SearchRequest, progress: Progress | None = None) -> SearchOutput:
     """Run a search (module docstring)."""
+    parallel = req.workers > 1 and req.executor == "local"
+    with local_pool(req.workers) if parallel else contextlib.nullcontext() as pool:
+        return _search(req, progress, pool)
+
+
+def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExecutor | None) -> SearchOutput:
     t0, c0 = time.perf_counter(), time.process_time()
     cluster = parse_cluster(req.cluster)
-    screened, n, screen = screen_space(req, cluster, progress)
+    screened, n, screen = screen_space(req, cluster, progress, pool)
     t1, c1 = time.perf_counter(), time.process_time()
-    if heterogeneous(cluster) and req.anneal_iters > 0:
-        anneal(req, screen, screened, progress)
-    t2 = time.perf_counter()
-    chosen = pick_exact(screened, req.top)
+    picks = anneal_picks(req, screened) if heterogeneous(cluster) and req.anneal_iters > 0 else []
     job = ExactJob(req.model, req.cluster, req.batch, req.train, req.optimizer, req.dtype)
     fn = functools.partial(evaluate, job)
-    tasks = [str(s) for s in chosen]
-    cached = 0
+    store_cm = (
+        ResultStore(req.store, search_key(req.key_parts()), req.key_parts())
+        if req.store is not None
+        else contextlib.nullcontext()
+    )
+    with store_cm as store:
+        done = set(store.done()) if store is not None else set()
+        started: dict[str, Future[dict[str, Any]]] = {}
 
-    def run(store: ResultStore | None) -> dict[str, dict[str, Any]]:
-        return run_all(
-            tasks,
+        def start_early() -> None:
+            """The best pure strategies of shapes the placement search leaves alone are simulated
+            whatever it finds (``pick_exact``): start them now, beside (behind) it."""
+            moved = {(screened[i].strategy.d, screened[i].strategy.t, screened[i].strategy.p) for i in picks}
+            for s in pure_bests(screened):
+                if pool is not None and (s.d, s.t, s.p) not in moved and str(s) not in done:
+                    started[str(s)] = start_task(pool, fn, str(s))
+
+        if picks:
+            anneal(req, screen, screened, progress, pool, picks, then=start_early)
+        t2 = time.perf_counter()
+        chosen = pick_exact(screened, req.top)
+        tasks = [str(s) for s in chosen]
+        cached = len(done & set(tasks))
+        # in the store or not, in parallel on the requested workers
+        results = run_all(
+            _exact_order(chosen),
             fn,
             store,
             workers=req.workers,
             executor=req.executor,
             progress=(lambda d, t: progress("simulate", d, t)) if progress else None,
+            pool=pool,
+            started=started,
         )
-
-    if req.store is not None:
-        with ResultStore(req.store, search_key(req.key_parts()), req.key_parts()) as store:
-            cached = len(set(store.done()) & set(tasks))
-            results = run(store)
-    else:  # no store: still in parallel on the requested workers, nothing to resume
-        results = run(None)
     t3 = time.perf_counter()
     est = {str(e.strategy): e for e in screened}
     rows: list[dict[str, Any]] = []
@@ -225,6 +367,7 @@ def search(req: SearchRequest, progress: Progress | None = None) -> SearchOutput
         {
             "screen_s": t1 - t0,
             "screen_cpu_s": c1 - c0,  # this process's CPU time: a busy machine inflates only screen_s
+            "screen_worker_cpu_s": screen.profiler.worker_cpu_s,  # profiles computed by workers
             "placement_s": t2 - t1,
             "simulate_s": t3 - t2,
             "total_s": t3 - t0,
@@ -234,4 +377,13 @@ def search(req: SearchRequest, progress: Progress | None = None) -> SearchOutput
     )
 
 
-__all__ = ["SearchOutput", "SearchRequest", "heterogeneous", "pick_exact", "screen_space", "search"]
+__all__ = [
+    "SearchOutput",
+    "SearchRequest",
+    "anneal_picks",
+    "heterogeneous",
+    "pick_exact",
+    "pure_bests",
+    "screen_space",
+    "search",
+]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from distir.hardware.cluster import Cluster
 from distir.parallel.distribute import uniform_counts
 from distir.parallel.strategy import Strategy
 from distir.search.layer_assignment import Assignment, assign_layers, objective
-from distir.search.profile import LayerProfile, Profiler
+from distir.search.profile import Profiler
 from distir.sim import collectives as coll
 
 ADAM_BYTES = 12.0  # Adam reads w, g, m, v and writes w, m, v: ~12 tensor passes with its temporaries
@@ -94,6 +94,22 @@ class _StageRows:
     cap: float  # the smallest memory of the stage's GPUs
 
 
+@dataclass(frozen=True, slots=True)
+class _Figures:
+    """What ``Screen.estimate`` computes before the gradient sync (its memo)."""
+
+    counts: tuple[int, ...]
+    pipe_s: float  # the pipeline's time (``Screen._pipeline``)
+    compute_s: float  # k × the slowest stage's per-microbatch time
+    mean_busy_s: float  # k × the mean stage's per-microbatch time
+    stage_w: tuple[float, ...]  # weight bytes per stage
+    stage_nw: tuple[int, ...]  # weights per stage
+    peak_memory_bytes: float
+    capacity_bytes: float
+    fits: bool
+    memory_headroom: float
+
+
 class Screen:
     """Evaluates strategies of one problem analytically (module docstring)."""
 
@@ -105,28 +121,43 @@ class Screen:
         self._assignments: dict[bytes, Assignment | None] = {}
         self._rows: dict[tuple[object, ...], _StageRows] = {}
         self._links: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[float, float]] = {}
+        self._pairs: dict[tuple[int, int], tuple[float, float]] = {}
+        self._gathers: dict[tuple[int, ...], tuple[float, float]] = {}
         self._syncs: dict[tuple[object, ...], float] = {}
+        self._group_keys: dict[tuple[int, ...], tuple[object, ...]] = {}
+        # estimates up to the gradient sync, keyed by everything they depend on (``estimate``):
+        # placements that put the same kinds of stages behind the same links share one
+        self._figures: dict[tuple[object, ...], _Figures] = {}
+        self._kinds = tuple(self.cluster.kind_of(g) for g in range(self.cluster.num_devices))
+        self._specs = {self._kinds[g]: self.cluster.device_spec(g) for g in range(self.cluster.num_devices)}
 
     # -- pieces ------------------------------------------------------------------------------
     def stage_gpus(self, s: Strategy, placement: Sequence[int]) -> list[list[int]]:
         n = s.d * s.t
         return [[placement[j * n + i] for i in range(n)] for j in range(s.p)]
 
-    def _stage_rows(self, s: Strategy, gpus: list[int], b: int) -> _StageRows:
+    def _group_key(self, group: tuple[int, ...]) -> tuple[object, ...]:
+        got = self._group_keys.get(group)
+        if got is None:
+            got = self._group_keys[group] = self.profiler.group_key(group)
+        return got
+
+    def _stage_rows(self, s: Strategy, gpus: list[int], b: int) -> tuple[tuple[object, ...], _StageRows]:
         """Per-layer figures of one stage on ``gpus``: each the worst of the stage's distinct TP
         groups (their slowest decides), except the first group's weight count and activation;
-        and the stage's memory capacity. Memoized per (t, d, b, recompute, GPUs): a pure function of them."""
-        key = (s.t, s.d, b, s.recompute, tuple(gpus))
+        and the stage's memory capacity. Returns them with their key: (t, d, b, recompute, the
+        distinct group keys in order of appearance, capacity), of which they are a pure function
+        (the profiler's figures depend on a group only through its key); memoized on it."""
+        gks: dict[tuple[object, ...], tuple[int, ...]] = {}
+        for r in range(s.d):
+            group = tuple(gpus[r * s.t : (r + 1) * s.t])
+            gks.setdefault(self._group_key(group), group)
+        cap = min(self._specs[self._kinds[g]].memory_bytes for g in gpus)
+        key = (s.t, s.d, b, s.recompute, tuple(gks), cap)
         got = self._rows.get(key)
         if got is not None:
-            return got
-        seen: dict[tuple[object, ...], list[LayerProfile]] = {}
-        for r in range(s.d):
-            group = gpus[r * s.t : (r + 1) * s.t]
-            gk = self.profiler.group_key(group)
-            if gk not in seen:
-                seen[gk] = self.profiler.layers(s.t, b, group, s.recompute)
-        profs = list(seen.values())
+            return key, got
+        profs = [self.profiler.layers(s.t, b, group, s.recompute) for group in gks.values()]
         fb = 1.0 if self.problem.train else 0.0
         n = range(len(profs[0]))
         got = self._rows[key] = _StageRows(
@@ -136,27 +167,49 @@ class Screen:
             saved=_frozen([max(p[i].saved_bytes for p in profs) for i in n]),
             out=_frozen([profs[0][i].out_bytes for i in n]),
             work=_frozen([max(p[i].work_bytes for p in profs) for i in n]),
-            cap=min(self.cluster.device_spec(g).memory_bytes for g in gpus),
+            cap=cap,
         )
+        return key, got
+
+    def _pair(self, x: int, y: int) -> tuple[float, float]:
+        """``send_time`` of 0 bytes and of 1 GB from GPU ``x`` to ``y``, memoized."""
+        got = self._pairs.get((x, y))
+        if got is None:
+            got = self._pairs[(x, y)] = (
+                coll.send_time(self.cluster, 0.0, x, y),
+                coll.send_time(self.cluster, 1e9, x, y),
+            )
         return got
 
-    def _transfer(self, nbytes: float, a: Sequence[int], b: Sequence[int]) -> float:
-        return max(coll.send_time(self.cluster, nbytes, x, y) for x, y in zip(a, b, strict=True))
-
     def _link(self, a: Sequence[int], b: Sequence[int]) -> tuple[float, float]:
-        """(latency, seconds per byte) of a transfer from stage GPUs ``a`` to ``b``, memoized."""
+        """(latency, seconds per byte) of a transfer from stage GPUs ``a`` to ``b`` (the slowest
+        pair at 0 bytes and at 1 GB), memoized."""
         key = (tuple(a), tuple(b))
         got = self._links.get(key)
         if got is None:
-            lat = self._transfer(0.0, a, b)
-            got = self._links[key] = (lat, (self._transfer(1e9, a, b) - lat) / 1e9)
+            pairs = [self._pair(x, y) for x, y in zip(a, b, strict=True)]
+            lat = max(p[0] for p in pairs)
+            got = self._links[key] = (lat, (max(p[1] for p in pairs) - lat) / 1e9)
+        return got
+
+    def _gather(self, group: tuple[int, ...]) -> tuple[float, float]:
+        """(latency, seconds per byte) of an all-gather over ``group`` (ZeRO-3), memoized."""
+        got = self._gathers.get(group)
+        if got is None:
+            lat = coll.allgather_time(self.cluster, 1.0, group)
+            got = self._gathers[group] = (lat, coll.allgather_time(self.cluster, 1e9, group) / 1e9)
         return got
 
     # -- the estimate ------------------------------------------------------------------------
     def estimate(self, s: Strategy, placement: Sequence[int] | None = None, balance: bool = True) -> Estimate:
         """The screen's figures for ``s`` on ``placement`` (default: the strategy's own, else the
         identity). With ``balance`` and no pinned partition, the layers are assigned optimally and
-        the returned strategy carries the partition (``L…``) when it is not the uniform one."""
+        the returned strategy carries the partition (``L…``) when it is not the uniform one.
+
+        All but the gradient sync is memoized on everything it depends on: the strategy without
+        its placement, ``balance``, and what the placement decides — each stage's figures
+        (``_stage_rows``' key) and its first GPU's kind, the links between consecutive stages, the
+        ZeRO-3 gathers. The sync (``_sync``, memoized on its own) depends on the replica groups."""
         pr = self.problem
         if placement is None:
             placement = s.placement or tuple(range(s.devices))
@@ -164,12 +217,70 @@ class Screen:
         if rem or b < 1:
             raise ValueError(f"{s}: batch {pr.batch} does not split into d·k = {s.d * s.k} parts")
         stages = self.stage_gpus(s, placement)
-        rows = [self._stage_rows(s, g, b) for g in stages]
+        keyed = [self._stage_rows(s, g, b) for g in stages]
+        rows = [r for _, r in keyed]
         n_layers = rows[0].time.size
         chunks = s.p * s.v
         if chunks > n_layers:
             raise ValueError(f"{s}: {chunks} pipeline chunks but only {n_layers} layers")
         stage_of = [c % s.p for c in range(chunks)]
+        kinds = tuple(self._kinds[g[0]] for g in stages)
+        links = tuple(
+            None
+            if stages[stage_of[c]] == stages[stage_of[c + 1]]
+            else self._link(stages[stage_of[c]], stages[stage_of[c + 1]])
+            for c in range(chunks - 1)
+        )
+        # the replicas' collectives: one GPU of each replica (the first of its TP group)
+        groups = tuple(tuple(g[:: s.t][: s.d]) for g in stages)
+        zero3 = tuple(self._gather(grp) for grp in groups) if pr.train and s.zero == 3 and s.d > 1 else ()
+        key = (
+            s if s.placement is None else replace(s, placement=None),
+            balance,
+            tuple(k for k, _ in keyed),
+            kinds,
+            links,
+            zero3,
+        )
+        fig = self._figures.get(key)
+        if fig is None:
+            fig = self._figures[key] = self._figures_of(s, rows, stage_of, kinds, links, zero3, balance)
+        # the gradient sync and optimizer, per stage (stages in parallel)
+        sync = 0.0
+        if pr.train:
+            for j in range(s.p):
+                sync = max(sync, self._sync(s, groups[j], kinds[j], fig.stage_w[j], fig.stage_nw[j]))
+        pipe = fig.pipe_s
+        step = pipe + sync
+        busy = fig.compute_s
+        return Estimate(
+            strategy=self._with(s, fig.counts, placement),
+            step_time_s=step,
+            peak_memory_bytes=fig.peak_memory_bytes,
+            capacity_bytes=fig.capacity_bytes,
+            fits=fig.fits,
+            bubble_fraction=max(0.0, 1.0 - fig.mean_busy_s / step) if step > 0 else 0.0,
+            compute_s=busy,
+            pipeline_comm_s=max(pipe - busy, 0.0),
+            sync_s=sync,
+            memory_headroom=fig.memory_headroom,
+        )
+
+    def _figures_of(
+        self,
+        s: Strategy,
+        rows: list[_StageRows],
+        stage_of: list[int],
+        kinds: tuple[str, ...],
+        links: tuple[tuple[float, float] | None, ...],
+        zero3: tuple[tuple[float, float], ...],
+        balance: bool,
+    ) -> _Figures:
+        """``estimate``'s figures up to the gradient sync, from what the placement decides for
+        them (see there)."""
+        pr = self.problem
+        chunks = len(stage_of)
+        n_layers = rows[0].time.size
         fb = 1.0 if pr.train else 0.0
         lt = np.array([r.time for r in rows])  # a fresh array: the terms below add into it
         w_bytes = rows[0].weight
@@ -178,28 +289,22 @@ class Screen:
         out_b = rows[0].out
         work = np.max([r.work for r in rows], axis=0)
         # ZeRO-3 gathers every weight before its forward and its backward, in every microbatch
-        if pr.train and s.zero == 3 and s.d > 1:
-            for j in range(s.p):
-                group = stages[j][:: s.t][: s.d]
-                lat = coll.allgather_time(self.cluster, 1.0, group)
-                per_byte = coll.allgather_time(self.cluster, 1e9, group) / 1e9
-                lt[j] += 2 * (w_bytes * per_byte + n_w * lat)
+        for j, (lat, per_byte) in enumerate(zero3):
+            lt[j] += 2 * (w_bytes * per_byte + n_w * lat)
         # gradient accumulation: microbatches after the first add into the accumulators
         if pr.train and s.k > 1:
             for j in range(s.p):
-                spec = self.cluster.device_spec(stages[j][0])
+                spec = self._specs[kinds[j]]
                 per = 3 * w_bytes / (0.8 * spec.memory_bandwidth) + n_w * spec.launch_overhead_s
                 lt[j] += (s.k - 1) / s.k * per
         time_c = lt[stage_of]
         # transfer after chunk c when the cut follows layer i: forward activation (+ gradient back)
         trips = 2.0 if pr.train else 1.0
         comm = np.zeros((max(chunks - 1, 0), max(n_layers - 1, 0)))
-        for c in range(chunks - 1):
-            a, bb = stages[stage_of[c]], stages[stage_of[c + 1]]
-            if a == bb:
-                continue
-            lat, per_byte = self._link(a, bb)
-            comm[c] = trips * (lat + out_b[:-1] * per_byte)
+        for c, link in enumerate(links):
+            if link is not None:
+                lat, per_byte = link
+                comm[c] = trips * (lat + out_b[:-1] * per_byte)
         # memory per device: static (weights, grads, state) + activations in flight + transient
         d = s.d
         wf = 1.0 / d if s.zero == 3 else 1.0
@@ -232,32 +337,29 @@ class Screen:
         c_cut = [float(comm[c, bounds[c + 1] - 1]) for c in range(chunks - 1)]
         t_stage = [sum(t_chunk[c] for c in range(chunks) if stage_of[c] == j) for j in range(s.p)]
         pipe = self._pipeline(s, t_stage, c_cut)
-        # the gradient sync and optimizer, per stage (stages in parallel)
-        sync = 0.0
         peaks: list[float] = []
+        stage_w: list[float] = []
+        stage_nw: list[int] = []
         for j in range(s.p):
             layers = [i for c in range(chunks) if stage_of[c] == j for i in range(bounds[c], bounds[c + 1])]
             wj = float(w_bytes[layers].sum())
             nwj = int(n_w[layers].sum())
             act = inflight[j] * float(saved[layers].sum()) / s.v
             peaks.append(static_f * wj + act + float(work[layers].max(initial=0.0)))
-            if pr.train:
-                sync = max(sync, self._sync(s, stages[j], wj, nwj))
+            stage_w.append(wj)
+            stage_nw.append(nwj)
         headroom = [float(c) - p for c, p in zip(caps, peaks, strict=True)]
         worst = int(np.argmin(headroom))
-        step = pipe + sync
-        busy = s.k * max(t_stage)
-        mean_busy = s.k * sum(t_stage) / s.p
-        return Estimate(
-            strategy=self._with(s, counts, placement),
-            step_time_s=step,
+        return _Figures(
+            counts=tuple(counts),
+            pipe_s=pipe,
+            compute_s=s.k * max(t_stage),
+            mean_busy_s=s.k * sum(t_stage) / s.p,
+            stage_w=tuple(stage_w),
+            stage_nw=tuple(stage_nw),
             peak_memory_bytes=max(peaks),
             capacity_bytes=float(caps[worst]) if peaks[worst] > caps[worst] else float(caps.min()),
             fits=min(headroom) >= 0,
-            bubble_fraction=max(0.0, 1.0 - mean_busy / step) if step > 0 else 0.0,
-            compute_s=busy,
-            pipeline_comm_s=max(pipe - busy, 0.0),
-            sync_s=sync,
             memory_headroom=min(headroom),
         )
 
@@ -304,25 +406,26 @@ class Screen:
             fill *= 1.0 - (2.0 / 3.0) * min(1.0, (s.k - 1) / (s.p - 1))
         return (s.k - 1) * m + max(t_stage) + fill + sum(c_cut)
 
-    def _sync(self, s: Strategy, gpus: list[int], w: float, n_w: int) -> float:
-        """Gradient reduction over the replicas (per TP rank, all ranks at once) and optimizer;
-        memoized (a pure function of the arguments that matter)."""
-        key = (s.d, s.t, s.zero, tuple(gpus), w, n_w)
+    def _sync(self, s: Strategy, group: tuple[int, ...], kind: str, w: float, n_w: int) -> float:
+        """Gradient reduction over the replicas ``group`` (per TP rank, all ranks at once) and the
+        optimizer on GPUs of ``kind``; memoized (a pure function of the arguments that matter)."""
+        # the collectives collapse duplicates and order a group by GPU index
+        # (``distir.sim.collectives``): its set is what matters
+        key = (s.d, s.zero, tuple(sorted(group)), kind, w, n_w)
         got = self._syncs.get(key)
         if got is None:
-            got = self._syncs[key] = self._sync_time(s, gpus, w, n_w)
+            got = self._syncs[key] = self._sync_time(s, group, kind, w, n_w)
         return got
 
-    def _sync_time(self, s: Strategy, gpus: list[int], w: float, n_w: int) -> float:
+    def _sync_time(self, s: Strategy, group: tuple[int, ...], kind: str, w: float, n_w: int) -> float:
         pr = self.problem
         t = 0.0
         if s.d > 1 and n_w:
-            group = gpus[:: s.t][: s.d]
             lat = coll.allreduce_time(self.cluster, 1.0, group)
             t += coll.allreduce_time(self.cluster, w, group) + (n_w - 1) * lat
             if s.zero == 1:
                 t += coll.allgather_time(self.cluster, w, group)
-        spec = self.cluster.device_spec(gpus[0])
+        spec = self._specs[kind]
         share = w / (s.d if s.zero >= 1 else 1)
         passes = ADAM_BYTES if pr.optimizer == "adam" else SGD_BYTES
         t += passes * share / (0.8 * spec.memory_bandwidth) + n_w * spec.launch_overhead_s
