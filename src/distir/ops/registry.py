@@ -236,6 +236,9 @@ def zero_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float
 SLOTS = ("grad", "sharding", "torch")
 
 
+_OPTIONS_MAX = 1 << 14  # memoized sharding answers per op
+
+
 @dataclass(slots=True, eq=False)
 class OpDef:
     """Everything about one op. See the module docstring."""
@@ -261,8 +264,11 @@ class OpDef:
     torch: Any = None
     min_inputs: int = field(init=False)
     max_inputs: int | None = field(init=False)
+    # ``strategy_options``' answers: (rule, global types, attributes, axis size) -> strategies
+    _options: dict[tuple[object, ...], tuple[Any, ...]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self._options = {}
         names = self.inputs
         variadic = [i for i, n in enumerate(names) if n.startswith("*")]
         if variadic and variadic != [len(names) - 1]:
@@ -372,6 +378,21 @@ class OpDef:
             return [replicated(ins, outs)]
         return list(self.sharding(ins, outs, attrs, n))
 
+    def strategy_options(
+        self, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int
+    ) -> tuple[Any, ...]:
+        """``strategies``, memoized: a sharding rule is a pure function of the global types, the
+        attributes and the axis size, and propagation, legalization and DTensor type inference
+        ask it the same questions again and again (every layer, microbatch size and TP degree).
+        Keyed by the rule too (a test may fill the slot of a fresh op); bounded: cleared when full."""
+        key = (self.sharding, tuple(ins), tuple(outs), attrs, n)
+        got = self._options.get(key)
+        if got is None:
+            if len(self._options) >= _OPTIONS_MAX:
+                self._options.clear()
+            got = self._options[key] = tuple(self.strategies(ins, outs, attrs, n))
+        return got
+
     def _infer_distributed(
         self, types: Sequence[Type], attrs: Attrs, known: Sequence[np.ndarray | None]
     ) -> tuple[Type, ...]:
@@ -387,7 +408,7 @@ class OpDef:
         per_axis: list[tuple[Placement, ...]] = []
         for a, (axis, n) in enumerate(mesh.axes):
             have = tuple(t.placements[a] if isinstance(t, DTensorType) else Replicate() for t in types)
-            for s in self.strategies(glob, outs, attrs, n):
+            for s in self.strategy_options(glob, outs, attrs, n):
                 if s.ins == have:
                     per_axis.append(s.outs)
                     break

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from distir.autodiff.precision import Precision
 from distir.autodiff.reverse import VJP, split_weight_grad, value_types
@@ -194,11 +195,8 @@ class LayerSharder:
 
     def layers(self, n: int) -> list[ShardedLayer]:
         """The first ``n`` layer calls, differentiated (when training) and sharded."""
-        module = at_batch(self.model, self.mb)
-        model_mb = _model_with(self.model, module)
-        types = layer_types(model_mb)
+        types, grads = _differentiated(self.model, self.mb, self.s.recompute, self.train)
         orig_calls = self.model.layers
-        grads = layer_vjps(model_mb, types, self.s.recompute)[0] if self.train else []
         out: list[ShardedLayer] = []
         acts = activation_placements(self.model, self.s, types[:n])
         for i in range(n):
@@ -273,6 +271,26 @@ class LayerSharder:
             got = self._sharded[key] = (f, places)
             self.functions[f.name] = f
         return got
+
+
+# (model id, microbatch, recompute, train) -> (the model, kept alive so its id stays valid; layer
+# argument types; layer VJPs): the same for every (d, t), which the search's profiler walks
+_DIFFERENTIATED: dict[tuple[int, int, str, bool], tuple[Model, list[Any], list[Any]]] = {}
+
+
+def _differentiated(model: Model, mb: int, recompute: str, train: bool) -> tuple[list[Any], list[Any]]:
+    """The layers' argument types at microbatch ``mb`` and (training) their VJPs; memoized (a few
+    models): they do not depend on the mesh."""
+    key = (id(model), mb, recompute, train)
+    hit = _DIFFERENTIATED.get(key)
+    if hit is None or hit[0] is not model:
+        model_mb = _model_with(model, at_batch(model, mb))
+        types = layer_types(model_mb)
+        grads = layer_vjps(model_mb, types, recompute)[0] if train else []
+        if len(_DIFFERENTIATED) >= 16:
+            _DIFFERENTIATED.clear()
+        hit = _DIFFERENTIATED[key] = (model, list(types), list(grads))
+    return hit[1], hit[2]
 
 
 def _model_with(model: Model, module: Module) -> Model:

@@ -53,12 +53,20 @@ _INF = float("inf")
 
 @dataclass(frozen=True, slots=True)
 class Conflict:
-    """An op whose inputs arrive in placements none of its strategies takes (one mesh axis)."""
+    """An op whose inputs arrive in placements none of its strategies takes (one mesh axis).
+    ``op`` is printed only when the conflict is (the profiler shards thousands of layers and
+    reads no conflict)."""
 
-    op: str
+    instr: Op
     axis: str
     have: tuple[Placement, ...]
     chosen: Strategy
+
+    @property
+    def op(self) -> str:
+        from distir.ir.printer import print_op
+
+        return print_op(self.instr)
 
     def __str__(self) -> str:
         return (
@@ -92,26 +100,13 @@ def redistribution_bytes(t: TensorType, src: Placement, dst: Placement, n: int) 
     return float("inf")  # pragma: no cover - every other pair is handled above
 
 
-# A sharding rule is a pure function of the op's global types, attributes and the axis size, and
-# propagation and legalization ask it the same questions again and again (every layer of a
-# model, at every TP degree): its answers are memoized, keyed by the rule itself too (a test
-# may register another rule under a name). Bounded: cleared when full.
-_STRATEGIES: dict[tuple[object, ...], tuple[Strategy, ...]] = {}
-_STRATEGIES_MAX = 1 << 16
-
-
 def op_strategies(
     name: str, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int
 ) -> tuple[Strategy, ...]:
-    """``REGISTRY[name].strategies(ins, outs, attrs, n)``, memoized (see above)."""
-    d = REGISTRY[name]
-    key = (name, d.sharding, tuple(ins), tuple(outs), attrs, n)
-    got = _STRATEGIES.get(key)
-    if got is None:
-        if len(_STRATEGIES) >= _STRATEGIES_MAX:
-            _STRATEGIES.clear()
-        got = _STRATEGIES[key] = tuple(d.strategies(ins, outs, attrs, n))
-    return got
+    """``REGISTRY[name].strategies(ins, outs, attrs, n)``, memoized by the op's definition
+    (``OpDef.strategy_options``): propagation and legalization ask the same questions again and
+    again."""
+    return REGISTRY[name].strategy_options(ins, outs, attrs, n)
 
 
 def _annotation(value: str, a: str | Sequence[Placement], mesh: Mesh) -> tuple[Placement, ...]:
@@ -337,9 +332,7 @@ def propagate(
                     if best is None or key < best:
                         best, pick = key, st
             if pick.ins != have:
-                from distir.ir.printer import print_op
-
-                result.conflicts.append(Conflict(print_op(op), axis, have, pick))
+                result.conflicts.append(Conflict(op, axis, have, pick))
             chosen.append(pick)
             for v, p in zip(op.outputs, pick.outs, strict=True):
                 if v in placed:
