@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from itertools import chain, groupby, repeat
+from itertools import chain, compress, groupby, repeat
 from typing import Any
 
 from distir.interp.shapes import Mixed
@@ -231,5 +231,10 @@ def _last_uses(rs_list: list[tuple[Root, ...]], c: CallSummary) -> dict[Root, in
     its arguments at ``c.read_pos``); built only for call sites where a root dies."""
     # each root of each argument, paired with that argument's last use (the last pair of a root
     # wins, as in a loop over the arguments; they come in ascending last use)
-    per_root = _chain(map(repeat, c.read_last, map(len, rs_list)))
-    return dict(zip(_chain(rs_list), per_root, strict=True))
+    flat = list(_chain(rs_list))
+    counts = list(map(len, rs_list))
+    if len(flat) == len(rs_list):  # each argument is its own storage (or views one)
+        return dict(zip(flat, c.read_last, strict=True))
+    if counts.count(0) + counts.count(1) == len(counts):  # untracked arguments (no roots) aside
+        return dict(zip(flat, compress(c.read_last, counts), strict=True))
+    return dict(zip(flat, _chain(map(repeat, c.read_last, counts)), strict=True))
