@@ -473,7 +473,9 @@ def search(
     zero: Annotated[int | None, typer.Option("--zero", min=0, max=3, help="Pin the ZeRO stage.")] = None,
     recompute: Annotated[str | None, typer.Option("--recompute", help="Pin none, selective or full.")] = None,
     max_k: Annotated[int, typer.Option("--max-microbatches", min=1, help="Largest k to try.")] = 128,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Processes for exact simulation.")] = 2,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, help="Worker processes: profiles, placement, exact sims.")
+    ] = 2,
     executor: Annotated[str, typer.Option("--executor", help="local (processes) or ray.")] = "local",
     store: Annotated[
         Path | None,
