@@ -11,7 +11,7 @@ from distir.hardware.cluster import parse_cluster
 from distir.parallel.strategy import Strategy, parse_strategy
 from distir.search.profile import Profiler
 from distir.search.rerank import ExactJob, evaluate
-from distir.search.screen import Problem, Screen
+from distir.search.screen import Estimate, Problem, Screen
 
 
 def _placements(s: Strategy, rng: random.Random, n: int) -> list[tuple[int, ...]]:
@@ -24,13 +24,27 @@ def _placements(s: Strategy, rng: random.Random, n: int) -> list[tuple[int, ...]
     return out
 
 
-def test_memoized_estimates_equal_fresh_ones() -> None:
-    spec = parse_model_string("gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128")
-    cluster = parse_cluster("p3.8xlarge:1+g4dn.12xlarge:1")
-    profiler = Profiler(spec, cluster)
-    problem = Problem(16)
+def _shared_and_fresh(
+    model: str,
+    cluster: str,
+    problem: Problem,
+    strategies: list[Strategy],
+    seed: int,
+    n: int,
+    train: bool = True,
+) -> tuple[Screen, list[tuple[Strategy, tuple[int, ...]]], list[Estimate], list[Estimate]]:
+    """Estimates of each strategy at ``n`` random placements from one shared (memoizing) screen,
+    and from a fresh screen each."""
+    profiler = Profiler(parse_model_string(model), parse_cluster(cluster), train=train)
     shared = Screen(profiler, problem)
-    rng = random.Random(0)
+    rng = random.Random(seed)
+    cases = [(s, pl) for s in strategies for pl in _placements(s, rng, n)]
+    first = [shared.estimate(s, pl) for s, pl in cases]
+    fresh = [Screen(profiler, problem).estimate(s, pl) for s, pl in cases]
+    return shared, cases, first, fresh
+
+
+def test_memoized_estimates_equal_fresh_ones() -> None:
     strategies = [
         Strategy(d=2, t=2, p=2, k=4, schedule="1f1b"),
         Strategy(d=2, t=2, p=2, k=4, schedule="zb1", zero=1),
@@ -40,10 +54,11 @@ def test_memoized_estimates_equal_fresh_ones() -> None:
         Strategy(d=4, t=2, p=1, k=1, schedule="1f1b", zero=2),
         Strategy(d=1, t=1, p=7, k=16, schedule="1f1b", recompute="full"),
     ]
-    cases = [(s, pl) for s in strategies for pl in _placements(s, rng, 3)]
-    first = [shared.estimate(s, pl) for s, pl in cases]
+    shared, cases, first, fresh = _shared_and_fresh(
+        "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128", "p3.8xlarge:1+g4dn.12xlarge:1", Problem(16),
+        strategies, seed=0, n=3,
+    )  # fmt: skip
     again = [shared.estimate(s, pl) for s, pl in reversed(cases)][::-1]
-    fresh = [Screen(profiler, problem).estimate(s, pl) for s, pl in cases]
     assert first == fresh
     assert again == fresh
     assert len({e.step_time_s for e in fresh}) > len(strategies)  # placements do matter here
@@ -66,20 +81,15 @@ def test_screen_error_does_not_depend_on_the_placement() -> None:
 
 def test_memoized_inference_estimates_equal_fresh_ones() -> None:
     """The same for inference (no backward, no sync, one microbatch in flight)."""
-    spec = parse_model_string("gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128")
-    cluster = parse_cluster("p3.8xlarge:1+g4dn.12xlarge:1")
-    profiler = Profiler(spec, cluster, train=False)
-    problem = Problem(16, train=False)
-    shared = Screen(profiler, problem)
-    rng = random.Random(1)
     strategies = [
         Strategy(d=2, t=2, p=2, k=4, schedule="1f1b"),
         Strategy(d=1, t=1, p=4, k=8, schedule="1f1b"),
         Strategy(d=8, t=1, p=1, k=1, schedule="1f1b"),
     ]
-    cases = [(s, pl) for s in strategies for pl in _placements(s, rng, 4)]
-    first = [shared.estimate(s, pl) for s, pl in cases]
-    fresh = [Screen(profiler, problem).estimate(s, pl) for s, pl in cases]
+    _, _, first, fresh = _shared_and_fresh(
+        "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128", "p3.8xlarge:1+g4dn.12xlarge:1",
+        Problem(16, train=False), strategies, seed=1, n=4, train=False,
+    )  # fmt: skip
     assert first == fresh
     assert all(e.sync_s == 0.0 for e in fresh)
 
@@ -87,19 +97,14 @@ def test_memoized_inference_estimates_equal_fresh_ones() -> None:
 def test_memo_tells_apart_placements_of_equal_stage_kinds() -> None:
     """Two nodes of one kind: placements with the same kinds of stages differ in their links
     (inside a node or across) and replica groups; the memoized figures must follow."""
-    spec = parse_model_string("gpt:layers=6,hidden=64,heads=4,seq=16,vocab=128")
-    cluster = parse_cluster("p3.8xlarge:2+g4dn.12xlarge:1")
-    profiler = Profiler(spec, cluster)
-    problem = Problem(24)
-    shared = Screen(profiler, problem)
-    rng = random.Random(2)
     strategies = [
         Strategy(d=2, t=1, p=6, k=6, schedule="1f1b"),
         Strategy(d=3, t=2, p=2, k=4, schedule="zb1", zero=3),
         Strategy(d=2, t=2, p=3, k=4, schedule="gpipe", zero=1),
     ]
-    cases = [(s, pl) for s in strategies for pl in _placements(s, rng, 25)]
-    first = [shared.estimate(s, pl) for s, pl in cases]
-    fresh = [Screen(profiler, problem).estimate(s, pl) for s, pl in cases]
+    _, _, first, fresh = _shared_and_fresh(
+        "gpt:layers=6,hidden=64,heads=4,seq=16,vocab=128", "p3.8xlarge:2+g4dn.12xlarge:1", Problem(24),
+        strategies, seed=2, n=25,
+    )  # fmt: skip
     assert first == fresh
     assert len({e.step_time_s for e in fresh}) > 3 * len(strategies)

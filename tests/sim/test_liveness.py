@@ -126,3 +126,18 @@ def test_planning_reuses_the_types_prepare_inferred(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(TypeDomain, "op", counting)
     dom.plan(m.entry, args)
     assert inferred == []  # every op's types came from prepare's pass
+
+
+def test_last_uses_pair_each_root_with_its_own_argument() -> None:
+    """``_last_uses`` with untracked arguments (no roots: the simulated entry's parameters) beside
+    a view of two buffers: lengths that happen to match must not pair roots with wrong arguments."""
+    from types import SimpleNamespace
+
+    from distir.sim.liveness import _last_uses
+
+    a, b, c = (0, 0), (0, 1), (0, 2)
+    summary = SimpleNamespace(read_last=(3, 7))
+    assert _last_uses([(), (a, b)], summary) == {a: 7, b: 7}  # type: ignore[arg-type]
+    summary = SimpleNamespace(read_last=(3, 7, 9))
+    assert _last_uses([(a,), (), (b,)], summary) == {a: 3, b: 9}  # type: ignore[arg-type]
+    assert _last_uses([(a, c), (b,), (a,)], summary) == {a: 9, c: 3, b: 7}  # type: ignore[arg-type]

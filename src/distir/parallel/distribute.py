@@ -36,7 +36,6 @@ from distir.ir.dtensor import (
     Placement,
     Replicate,
     Shard,
-    format_placements,
 )
 from distir.ir.function import Function, Module
 from distir.ir.types import Device, DType, TensorType
@@ -47,6 +46,7 @@ from distir.parallel.layer_prep import (
     LayerSharder,
     ShardedLayer,
     partition,
+    placement_text,
     sharded_layers,
     uniform_counts,
 )
@@ -55,10 +55,6 @@ from distir.parallel.schedule_sim import time_order
 from distir.parallel.schedules import Action, build_schedule
 from distir.parallel.strategy import Strategy, StrategyError
 from distir.sim.devices import DeviceMap, Slot
-
-
-def _pl(*ps: Placement) -> str:
-    return format_placements(tuple(ps))
 
 
 def _zero_dim(w: TensorType, tp: Placement, d: int) -> int | None:
@@ -458,18 +454,20 @@ class _Builder:
             step = step_of.get(stage_of[wchunk[w]])
             sliced = s.zero < 3 and not self.prec.mixed  # a replicated weight, updated by shards
             if z is None:
-                g = fb.op("Redistribute", g, names=[f"g_{w.name}"], to=_pl(Replicate(), tp))[0]
+                g = fb.op("Redistribute", g, names=[f"g_{w.name}"], to=placement_text(Replicate(), tp))[0]
                 upd = self.opt.emit(fb, wv, self._to_master(fb, w, g), wstate, step)
             else:
-                shard = _pl(Shard(z), tp)
+                shard = placement_text(Shard(z), tp)
                 if s.zero == 1:
-                    g = fb.op("Redistribute", g, names=[f"g_{w.name}"], to=_pl(Replicate(), tp))[0]
+                    g = fb.op("Redistribute", g, names=[f"g_{w.name}"], to=placement_text(Replicate(), tp))[0]
                 g = fb.op("Redistribute", g, names=[f"g_{w.name}"], to=shard)[0]
                 if sliced:
                     wv = fb.op("Redistribute", wv, names=[f"{w.name}_shard"], to=shard)[0]
                 upd = self.opt.emit(fb, wv, self._to_master(fb, w, g), wstate, step)
                 if sliced:
-                    full = fb.op("Redistribute", upd[0], names=[f"{w.name}_new"], to=_pl(Replicate(), tp))[0]
+                    full = fb.op(
+                        "Redistribute", upd[0], names=[f"{w.name}_new"], to=placement_text(Replicate(), tp)
+                    )[0]
                     upd = (full, *upd[1:])
             new_w.append(upd[0])
             for k2, sv in enumerate(upd[1:]):

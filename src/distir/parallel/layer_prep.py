@@ -27,7 +27,6 @@ from distir.ir.dtensor import (
     Partial,
     Placement,
     Replicate,
-    Shard,
     format_placements,
     parse_placements,
 )
@@ -140,17 +139,9 @@ def _on_mesh(types: Sequence[Type], ann: dict[int, str], mesh: Mesh) -> tuple[Ty
     return tuple(out)
 
 
-def _pl(*ps: Placement) -> str:
+def placement_text(*ps: Placement) -> str:
+    """Placements in their annotation form (``"R, S(1)"``)."""
     return format_placements(tuple(ps))
-
-
-def _zero_dim(w: TensorType, tp: Placement, d: int) -> int | None:
-    if d == 1:
-        return None
-    for i, s in enumerate(w.shape):
-        if s >= d and not (isinstance(tp, Shard) and tp.dim == i):
-            return i
-    return None
 
 
 def sharded_layers(
@@ -191,7 +182,7 @@ class LayerSharder:
 
     def wp(self, w: Value) -> str:
         """A weight's placement on the (dp, tp) mesh: replicated over dp, its TP placement."""
-        return _pl(Replicate(), self.model.weight(w.name).tp)
+        return placement_text(Replicate(), self.model.weight(w.name).tp)
 
     def layers(self, n: int) -> list[ShardedLayer]:
         """The first ``n`` layer calls, differentiated (when training) and sharded."""
@@ -223,7 +214,7 @@ class LayerSharder:
             for r in range(vj.n_residuals):
                 pl = fplaces[vj.n_outputs + r]
                 if pl is not None:
-                    bann[len(btypes)] = _pl(*pl)
+                    bann[len(btypes)] = placement_text(*pl)
                 btypes.append(fwd_types[vj.n_outputs + r])
             for o in vj.active_outputs:
                 # the loss's cotangent is the replicated seed; activations' are (S(0), R)
@@ -233,7 +224,7 @@ class LayerSharder:
             # data-parallel sum (left free, propagation may gather a TP-sharded weight's gradient)
             dp_grad: Placement = Partial() if self.s.d > 1 else Replicate()
             rann = {
-                k: acts[i] if j == 0 else _pl(dp_grad, self.model.weight(call.inputs[j].name).tp)
+                k: acts[i] if j == 0 else placement_text(dp_grad, self.model.weight(call.inputs[j].name).tp)
                 for k, j in enumerate(vj.wrt)
             }
             bpins = tuple(k for k, j in enumerate(vj.bwd_params) if j in pins)
@@ -298,4 +289,13 @@ def _model_with(model: Model, module: Module) -> Model:
     return replace(model, module=module)
 
 
-__all__ = ["ACT", "LayerSharder", "ShardedLayer", "at_batch", "partition", "sharded_layers", "uniform_counts"]
+__all__ = [
+    "ACT",
+    "LayerSharder",
+    "ShardedLayer",
+    "at_batch",
+    "partition",
+    "placement_text",
+    "sharded_layers",
+    "uniform_counts",
+]

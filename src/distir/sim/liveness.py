@@ -233,8 +233,7 @@ def _last_uses(rs_list: list[tuple[Root, ...]], c: CallSummary) -> dict[Root, in
     # wins, as in a loop over the arguments; they come in ascending last use)
     flat = list(_chain(rs_list))
     counts = list(map(len, rs_list))
-    if len(flat) == len(rs_list):  # each argument is its own storage (or views one)
-        return dict(zip(flat, c.read_last, strict=True))
-    if counts.count(0) + counts.count(1) == len(counts):  # untracked arguments (no roots) aside
+    # the common case: each argument its own storage (or a view of one), or untracked (no roots)
+    if counts.count(0) + counts.count(1) == len(counts):
         return dict(zip(flat, compress(c.read_last, counts), strict=True))
     return dict(zip(flat, _chain(map(repeat, c.read_last, counts)), strict=True))
