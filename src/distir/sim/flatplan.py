@@ -17,15 +17,18 @@ declared type differs from the inferred one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain, compress, repeat
+from itertools import chain, compress, islice, repeat
 from operator import attrgetter, is_not, itemgetter
 from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
 
 from distir.interp.shapes import Concrete, Mixed
 from distir.ir.function import Function
 from distir.ir.ops import Op
 from distir.ir.types import Type
 from distir.ir.values import Value
+from distir.sim.memcols import build_columns
 
 if TYPE_CHECKING:
     from distir.sim.plan import FnPlan, MemEvents, OpRecord, PlanDomain
@@ -33,9 +36,16 @@ if TYPE_CHECKING:
 GpuBytes = list[tuple[int, float]]
 
 
-def plan_flat(dom: PlanDomain, fn: Function, args: Sequence[Mixed]) -> FnPlan | None:
-    """The plan of ``fn`` at ``args``, or None when the body needs the general path."""
+def plan_flat(
+    dom: PlanDomain, fn: Function, args: Sequence[Mixed], *, columnar: bool = False
+) -> FnPlan | None:
+    """The plan of ``fn`` at ``args``, or None when the body needs the general path.
+
+    ``columnar=True`` (an entry that is only run, untraced) keeps the plan compact
+    (``FnPlan.columns``: a record per distinct op, memory events as columns) and leaves the
+    per-op lists empty."""
     from distir.sim.plan import FnPlan
+    from distir.sim.records import FlatColumns
 
     body = fn.body
     params = fn.params
@@ -50,11 +60,15 @@ def plan_flat(dom: PlanDomain, fn: Function, args: Sequence[Mixed]) -> FnPlan | 
     # a key stays referenced (by the body or by ``types``) until this function returns, so the
     # ids stay valid. Ops of one and two inputs and one result (nearly all) take unrolled paths.
     types: dict[Value, Type] = dict(zip(params, cast(Sequence[Type], args), strict=True))
-    last: dict[Value, int] = {}  # value -> the last op that uses it directly
-    records: list[OpRecord] = []
-    rec_append = records.append
-    # key -> (result types, record, the type of the only result or None)
-    seen: dict[tuple[Any, ...], tuple[Sequence[Type], OpRecord, Type | None]] = {}
+    # value -> the last op that uses it directly, or makes it (-1: a parameter nothing uses). A
+    # result enters at the op making it, so the values come in program order: parameters first,
+    # then each op's results (``ends`` below reads them in bulk)
+    last: dict[Value, int] = dict.fromkeys(params, -1)
+    kinds: list[int] = []  # per op, its record's index in ``table``
+    kind_append = kinds.append
+    table: list[OpRecord] = []  # the distinct records, one per memo entry
+    # key -> (result types, record, the type of the only result or None, the record's index)
+    seen: dict[tuple[Any, ...], tuple[Sequence[Type], OpRecord, Type | None, int]] = {}
     seen_get = seen.get
     frame: list[OpRecord] = []
     dom._frames.append(frame)  # type: ignore[arg-type]  # PlanDomain.op appends its record here
@@ -84,31 +98,43 @@ def plan_flat(dom: PlanDomain, fn: Function, args: Sequence[Mixed]) -> FnPlan | 
                 if Concrete in map(type, outs_m):
                     return None
                 outs_t = cast(Sequence[Type], outs_m)
-                hit = seen[key] = (outs_t, frame.pop(), outs_t[0] if len(outs_t) == 1 else None)
-            rec_append(hit[1])
+                table.append(frame.pop())
+                hit = seen[key] = (outs_t, table[-1], outs_t[0] if len(outs_t) == 1 else None, len(table) - 1)
+            kind_append(hit[3])
             only = hit[2]
             if only is not None:  # an op with one result (a mismatched count is caught below)
-                types[instr.outputs[0]] = only
+                out = instr.outputs[0]
+                types[out] = only
+                last[out] = i
             else:
                 types.update(zip(instr.outputs, hit[0], strict=True))
+                last.update(zip(instr.outputs, repeat(i)))
     except (KeyError, IndexError, ValueError):  # an undefined input or a result count that differs
         return None  # from the op's: the general path reports it
     finally:
         dom._frames.pop()
     # 2. what the loop did not check, in bulk: result counts and declared result types
     outputs_of = list(map(attrgetter("outputs"), ops))
-    if list(map(len, outputs_of)) != list(map(len, map(itemgetter(6), records))):
+    if list(map(len, outputs_of)) != list(map([len(rec[6]) for rec in table].__getitem__, kinds)):
         return None
     results = list(chain.from_iterable(outputs_of))
+    if len(last) != len(params) + len(results):  # a value defined twice: the general path reports it
+        return None
     if any(map(attrgetter("type"), results)):
         for v in results:
             if v.type is not None and v.type != types[v]:
                 return None
+    one_each = len(results) == n  # every op has one result: result r is op r's
+    has_views = any(rec[5] for rec in table)
+    has_own_bump = any(rec[9] is not None for rec in table)
+    # the per-op records and inputs; a compact plan of a plain body needs neither
+    plain = columnar and one_each and not has_views and not has_own_bump
+    records = [] if plain else list(map(table.__getitem__, kinds))
+    inputs_of = [] if plain else list(map(attrgetter("inputs"), ops))
     # 3. liveness: a use of a view is a use of the storage it shares (its roots)
-    inputs_of = list(map(attrgetter("inputs"), ops))
-    is_view = list(map(itemgetter(5), records))
     root: dict[Value, tuple[Value, ...]] = {}  # a view's result -> the values whose storage it shares
-    if any(is_view):
+    if has_views:
+        is_view = list(map(itemgetter(5), records))
         for i in compress(range(n), is_view):
             shared = tuple(dict.fromkeys(x for v in inputs_of[i] for x in root.get(v, (v,))))
             for v in outputs_of[i]:
@@ -120,41 +146,56 @@ def plan_flat(dom: PlanDomain, fn: Function, args: Sequence[Mixed]) -> FnPlan | 
     out_refs = [root.get(v, (v,)) for v in fn.outputs]
     out_roots_all = [x for rs in out_refs for x in rs]
     views = set(root)
-    owned_flat = list(chain.from_iterable(map(itemgetter(6), records)))  # aligned with ``results``
-    defined_at = list(chain.from_iterable(map(repeat, range(n), map(len, outputs_of))))
+    # bytes per GPU of each result (aligned with ``results``); a compact plan needs only the outputs'
+    owned_flat = None if columnar and one_each else list(chain.from_iterable(map(itemgetter(6), records)))
     # the last use inside the body; a result nothing uses dies at the op that makes it
-    internal_last = {x: last.get(x, -1) for x in out_roots_all}
-    for x, at in internal_last.items():
-        if at < 0 and x not in params:
-            internal_last[x] = defined_at[results.index(x)]
+    if not all(map(last.__contains__, out_roots_all)):  # an undefined result: the general path reports it
+        return None
+    internal_last = {x: last[x] for x in out_roots_all}
     for x in out_roots_all:
         last[x] = n
+    # each result's last use (where it dies), in program order; a returned one outlives the body
+    ends_of = islice(last.values(), len(params), None)
     # 4. memory events: each fresh result's bytes are freed after its last use
-    ends = list(map(last.get, results, defined_at))
-    frees: list[GpuBytes | None] = [None] * n
-    if views:
-        fresh_of = [v not in views for v in results]
-        dying = zip(compress(ends, fresh_of), compress(owned_flat, fresh_of), strict=True)
-    else:
-        dying = zip(ends, owned_flat, strict=True)
-    for end, mine in dying:
-        if end < n:
-            pending = frees[end]
-            if pending is None:
-                frees[end] = list(mine)
-            else:
-                pending.extend(mine)
-    bumps = list(map(itemgetter(8), records))
     param_index = {p: j for j, p in enumerate(params)}
-    for i in compress(range(n), map(is_not, map(itemgetter(9), records), repeat(None))):
+    # an op whose first input dies at it bumps the peak less (a Redistribute freeing its source)
+    bump_at: dict[int, Sequence[tuple[int, float]]] = {}
+    own_bump = map(is_not, map(itemgetter(9), records), repeat(None))
+    for i in compress(range(n), own_bump) if has_own_bump else ():
         rs = root.get(inputs_of[i][0], (inputs_of[i][0],))
         x = rs[0]
         if len(rs) == 1 and x not in param_index and x not in views and last[x] == i:
-            bumps[i] = records[i][9]
-    mem: list[MemEvents | None] = [
-        (bump, alloc, tuple(freed) if freed else ()) if (alloc or freed) else None
-        for alloc, bump, freed in zip(map(itemgetter(7), records), bumps, frees, strict=True)
-    ]
+            bump_at[i] = cast(Sequence[tuple[int, float]], records[i][9])  # not None: selected above
+    fresh_of = [v not in views for v in results] if views else None
+    mem: list[MemEvents | None] = []
+    columns = None
+    if columnar:
+        outs_per_op = None if one_each else list(map(len, outputs_of))
+        ends = np.fromiter(ends_of, np.int64, len(results))
+        columns = build_columns(kinds, table, bump_at, outs_per_op, fresh_of, ends)
+    else:
+        frees: list[GpuBytes | None] = [None] * n
+        ends_list = list(ends_of)
+        assert owned_flat is not None  # built unless columnar
+        owned = owned_flat
+        if fresh_of is not None:
+            dying = zip(compress(ends_list, fresh_of), compress(owned, fresh_of), strict=True)
+        else:
+            dying = zip(ends_list, owned, strict=True)
+        for end, mine in dying:
+            if end < n:
+                pending = frees[end]
+                if pending is None:
+                    frees[end] = list(mine)
+                else:
+                    pending.extend(mine)
+        bumps = list(map(itemgetter(8), records))
+        for i, bump in bump_at.items():
+            bumps[i] = bump
+        mem = [
+            (bump, alloc, tuple(freed) if freed else ()) if (alloc or freed) else None
+            for alloc, bump, freed in zip(map(itemgetter(7), records), bumps, frees, strict=True)
+        ]
     # 5. the results: parameters by index, fresh buffers by (negative) number
     fresh_index: dict[Value, int] = {}
     fresh: list[tuple[tuple[tuple[int, float], ...], int]] = []
@@ -167,20 +208,31 @@ def plan_flat(dom: PlanDomain, fn: Function, args: Sequence[Mixed]) -> FnPlan | 
                 continue
             if x not in fresh_index:
                 fresh_index[x] = len(fresh)
-                fresh.append((tuple(owned_flat[results.index(x)]), internal_last[x]))
+                r = results.index(x)
+                mine = owned_flat[r] if owned_flat is not None else table[kinds[r]][6][0]
+                fresh.append((tuple(mine), internal_last[x]))
             refs_of.append(-1 - fresh_index[x])
         out_roots.append(tuple(dict.fromkeys(refs_of)))
-    devs = list(map(itemgetter(0), records))
-    slots = tuple(sorted({s for ds in set(devs) for s in ds}))
-    param_last = tuple(internal_last.get(p, last.get(p, -1)) for p in params)
     out_types = tuple(types[v] for v in fn.outputs)
+    param_last = tuple(internal_last.get(p, last.get(p, -1)) for p in params)
+    if columns is not None:
+        slots = tuple(sorted({s for rec in table for s in rec[0]}))
+        devs: list[tuple[int, ...]] = []
+        costs: list[Any] = []
+        comm: list[bool] = []
+        names: list[str] = []
+        flops: list[float] = []
+    else:
+        devs = list(map(itemgetter(0), records))
+        slots = tuple(sorted({s for ds in set(devs) for s in ds}))
+        costs, comm, names, flops = (list(map(itemgetter(k), records)) for k in range(1, 5))
     return FnPlan(
         fn,
         devs,
-        list(map(itemgetter(1), records)),
-        list(map(itemgetter(2), records)),
-        list(map(itemgetter(3), records)),
-        list(map(itemgetter(4), records)),
+        costs,
+        comm,
+        names,
+        flops,
         mem,
         slots,
         tuple(out_roots),
@@ -188,4 +240,5 @@ def plan_flat(dom: PlanDomain, fn: Function, args: Sequence[Mixed]) -> FnPlan | 
         out_types,
         param_last,
         out_values=out_types,
+        columns=None if columns is None else FlatColumns(kinds, table, columns),
     )

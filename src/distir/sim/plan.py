@@ -71,12 +71,15 @@ class PlanDomain(TypeDomain):
         *,
         fast_path: bool = True,
         entry_param_uses: bool = True,
+        entry_memory_columns: bool = False,
     ) -> None:
         super().__init__()
         self.fast_path = fast_path  # plan bodies of primitive ops in one pass (``flatplan``)
         # False: the plan of the function planned first (the entry) is only run, never summarized,
         # so its parameters' liveness is not tracked (``build_plan``'s ``param_uses``)
         self.entry_param_uses = entry_param_uses
+        # True: the entry is run untraced, so a flat entry keeps its memory events as columns
+        self.entry_memory_columns = entry_memory_columns
         self.module = module
         self.dmap = dmap
         self.cost = cost
@@ -200,7 +203,8 @@ class PlanDomain(TypeDomain):
         top = not self._frames
         if not self.units.prepared and top:
             self.units.prepare(self.module, fn, args)
-        fast = plan_flat(self, fn, args) if self.fast_path else None
+        columnar = top and self.entry_memory_columns
+        fast = plan_flat(self, fn, args, columnar=columnar) if self.fast_path else None
         if fast is not None:
             return fast
         self._frames.append([])

@@ -19,6 +19,7 @@ from distir.interp.shapes import Mixed
 from distir.ir.function import Function
 from distir.ir.types import Type
 from distir.ir.values import Value
+from distir.sim.memcols import MemColumns
 
 NEG_INF = float("-inf")
 
@@ -177,3 +178,15 @@ class FnPlan:
     out_types: tuple[Type, ...]
     param_last: tuple[int, ...]
     out_values: tuple[Mixed, ...] = ()  # the results, with any known (concrete) values
+    # a flat entry run untraced may be kept compact instead (the per-op lists above are then empty)
+    columns: FlatColumns | None = None
+
+
+@dataclass(slots=True)
+class FlatColumns:
+    """A plan of primitive ops kept compact: op ``i``'s record is ``table[kinds[i]]`` (a long
+    body repeats a few), its memory events are columns (``distir.sim.memcols``)."""
+
+    kinds: list[int]
+    table: list[OpRecord]
+    mem: MemColumns

@@ -31,7 +31,9 @@ from distir.ir.types import Device, IRTypeError, devices_of
 from distir.ops.dist import parse_mesh_attr
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
+from distir.sim.memcols import peaks
 from distir.sim.plan import CallSummary, FnPlan, PlanDomain
+from distir.sim.records import FlatColumns
 
 _attrs = attrgetter("attrs")
 
@@ -110,7 +112,7 @@ def simulate(
         if device_map is None:
             device_map = DeviceMap.default(_program_devices(module, fn), cluster.num_devices)
         cost = cost_model if cost_model is not None else RooflineCostModel(cluster)
-        domain = PlanDomain(module, device_map, cost, entry_param_uses=False)
+        domain = PlanDomain(module, device_map, cost, entry_param_uses=False, entry_memory_columns=not trace)
         plan = domain.plan(fn, args)
         return _run(plan, domain, cluster, device_map, trace, batch)
 
@@ -127,8 +129,7 @@ def _program_devices(module: Module, fn: Function) -> set[Device]:
         # attributes are interned by the builder: scan each distinct object once (the scan
         # stays at C speed on long bodies: ids are mapped, not looped over)
         ops = cast(tuple[Op, ...], f.body) if Call not in set(map(type, f.body)) else tuple(f.ops())
-        attrs = list(map(_attrs, ops))
-        for key, a in dict(zip(map(id, attrs), attrs, strict=True)).items():
+        for key, a in dict(zip(map(id, map(_attrs, ops)), map(_attrs, ops), strict=True)).items():
             if key in seen:
                 continue
             seen.add(key)
@@ -187,7 +188,11 @@ def _run(
         live_l, peak_l = [0.0] * size, [0.0] * size
         for g in gpus:
             live_l[g], peak_l[g] = live[g], peak[g]
-        _run_fast(plan, clock, busy, commt, live_l, peak_l)
+        if plan.columns is not None:
+            _run_kinds(plan.columns, clock, busy, commt)
+            peaks(plan.columns.mem, live_l, peak_l)
+        else:
+            _run_fast(plan, clock, busy, commt, live_l, peak_l)
         live, peak = {g: live_l[g] for g in gpus}, {g: peak_l[g] for g in gpus}
     units = domain.units.units
     if units is not None:  # units of a DTensor program: back to slots, memory figures to GPUs
@@ -210,6 +215,10 @@ def _run(
     costs = plan.costs
     summaries = cast(list[CallSummary], list(compress(costs, map(is_not, map(type, costs), repeat(float)))))
     n_ops = len(costs) - len(summaries) + sum(c.n_ops for c in summaries)
+    flops = sum(plan.flops)
+    if plan.columns is not None:  # a compact flat plan: op records by index, no calls
+        n_ops = len(plan.columns.kinds)
+        flops = sum(map([rec[4] for rec in plan.columns.table].__getitem__, plan.columns.kinds))
     dtype_peak = _peak_flops(plan, cluster, gpus)
     return SimResult(
         step_time_s=max(clock) if clock else 0.0,
@@ -220,7 +229,7 @@ def _run(
         peak_memory=peak,
         param_memory=params,
         capacity={g: float(cluster.device_spec(g).memory_bytes) for g in gpus},
-        flops=sum(plan.flops),
+        flops=flops,
         n_ops=n_ops,
         peak_flops=dtype_peak,
         batch=batch,
@@ -338,6 +347,25 @@ def _run_fast(
                 live[g] -= b
 
 
+def _run_kinds(cols: FlatColumns, clock: list[float], busy: list[float], commt: list[float]) -> None:
+    """``_run_fast``'s timing for a compact flat plan (memory runs apart, in bulk): the same
+    additions in the same order, with each distinct record's slots and cost unpacked once."""
+    steps = [
+        (ds[0] if len(ds) == 1 else -1, c, commt if is_comm else busy, ds)
+        for ds, c, is_comm, *_ in cols.table
+    ]
+    for k in cols.kinds:
+        d, c, acc, ds = steps[k]
+        if d >= 0:
+            clock[d] += c
+            acc[d] += c
+        elif ds:
+            e = max([clock[x] for x in ds]) + c
+            for x in ds:
+                clock[x] = e
+                acc[x] += c
+
+
 def _apply_summary(c: CallSummary, clock: list[float], busy: list[float], commt: list[float]) -> None:
     """Advance the clocks of a call's slots by its summary (max-plus)."""
     sub = c.slots
@@ -366,7 +394,8 @@ def _peak_flops(plan: FnPlan, cluster: Cluster, gpus: list[int]) -> float:
             dtype = p.type.dtype
             break
     # mixed precision: fp32 master parameters, cast to the compute dtype in the entry
-    for op in plan.fn.ops() if "Cast" in plan.names else ():
+    names = plan.names if plan.columns is None else [rec[3] for rec in plan.columns.table]
+    for op in plan.fn.ops() if "Cast" in names else ():
         to = op.attrs.get("to") if op.name == "Cast" else None
         if isinstance(to, DType) and to.is_float and to.itemsize < dtype.itemsize:
             dtype = to
