@@ -114,11 +114,12 @@ def plan_flat(
     finally:
         dom._frames.pop()
     # 2. what the loop did not check, in bulk: result counts and declared result types
+    # every result entered ``last`` once (the loop enters an op's results, or its first only when
+    # the memo gives one): else an op has more results than its definition, or a value is defined
+    # twice, and the general path reports it
     outputs_of = list(map(attrgetter("outputs"), ops))
-    if list(map(len, outputs_of)) != list(map([len(rec[6]) for rec in table].__getitem__, kinds)):
-        return None
     results = list(chain.from_iterable(outputs_of))
-    if len(last) != len(params) + len(results):  # a value defined twice: the general path reports it
+    if len(last) != len(params) + len(results):
         return None
     if any(map(attrgetter("type"), results)):
         for v in results:
