@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 
 import distir
 from distir.hardware.cluster import Cluster, parse_cluster
+from distir.interp.loop import InterpretError
 from distir.interp.shapes import entry_args
 from distir.ir import Device, DTensorType, DType, Mesh, Module, parse_module
 from distir.ir.dtensor import parse_placements
@@ -113,3 +114,10 @@ def test_a_body_with_calls_keeps_the_plain_plan() -> None:
         )
     )
     assert not _assert_same(m, tiny_cluster(gpus=1), UnitCost())
+
+
+def test_an_op_binding_more_results_than_it_has_is_reported() -> None:
+    """The compact path counts the results it entered; a mismatch goes to the general path."""
+    m = parse_module("func @main(%x: Tensor[f32, (2, 2), d0]) { %a, %b = Relu(%x)  return %a }")
+    with pytest.raises(InterpretError, match=r"produces 1 results but 2 are bound"):
+        simulate(m, tiny_cluster())
