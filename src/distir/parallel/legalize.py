@@ -13,6 +13,7 @@ output type-checks: every op then takes its inputs exactly as its strategy says.
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Final
 
 from distir.ir.builder import FunctionBuilder
 from distir.ir.dtensor import DTensorType, Partial, Placement, Replicate, Shard, format_placements
@@ -26,10 +27,34 @@ from distir.ops.registry import REGISTRY, OpKind, global_view
 from distir.ops.sharding import Strategy
 from distir.parallel.propagate import ShardingError, op_strategies, redistribution_bytes
 
+# ``_required`` answers, by (op name, sharding rule, input types, result types, attributes): it is
+# a pure function of them, and the layers of a model (every microbatch size, TP degree, forward
+# and backward) meet the same typed ops again and again. Bounded: cleared when full.
+_REQUIRED: dict[tuple[object, ...], list[tuple[Placement, ...] | None]] = {}
+_REQUIRED_MAX: Final = 1 << 15
+
 
 def _required(op: Op) -> list[tuple[Placement, ...] | None]:
     """Per input, the placements (one per mesh axis) the op's strategy needs; None for inputs
-    that are not distributed tensors."""
+    that are not distributed tensors. Memoized (``_REQUIRED``); callers must not mutate the list."""
+    key = (
+        op.name,
+        REGISTRY[op.name].sharding,
+        tuple(v.type for v in op.inputs),
+        tuple(v.type for v in op.outputs),
+        op.attrs,
+    )
+    got = _REQUIRED.get(key)
+    if got is None:
+        got = _required_of(op)
+        if len(_REQUIRED) >= _REQUIRED_MAX:
+            _REQUIRED.clear()
+        _REQUIRED[key] = got
+    return got
+
+
+def _required_of(op: Op) -> list[tuple[Placement, ...] | None]:
+    """``_required`` computed."""
     types: list[Type | None] = [v.type for v in op.inputs]
     dts = [t for t in types if isinstance(t, DTensorType)]
     if not dts:

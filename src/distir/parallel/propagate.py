@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from distir.interp.shapes import infer_types, type_of
 from distir.ir.builder import FunctionBuilder
@@ -198,9 +199,15 @@ def propagate(
             fixed.add(v)
     fixed_at = {v: [p or Replicate() for p in placed[v]] for v in fixed if v in placed}
     strat: dict[tuple[Op, int], tuple[Strategy, ...]] = {}
+    # per op: what fixes its options and move costs (name, global types, attributes), and which
+    # inputs are pinned (``_choose``'s memo key)
+    sig: dict[Op, tuple[object, ...]] = {}
+    pin_flags: dict[Op, tuple[bool, ...]] = {}
     for op in ops:
         ins = [types[v] for v in op.inputs]
         outs = [types[v] for v in op.outputs]
+        sig[op] = (op.name, REGISTRY[op.name].sharding, tuple(ins), tuple(outs), op.attrs)
+        pin_flags[op] = tuple(v in pins for v in op.inputs)
         for ax, (_, n) in enumerate(mesh.axes):
             strat[(op, ax)] = op_strategies(op.name, ins, outs, op.attrs, n)
 
@@ -271,66 +278,23 @@ def propagate(
                 others = [b for b in range(n_axes) if b != ax]
                 # what the other axes hold (or, for inputs on earlier axes, take): a strategy that
                 # shards a dim along this axis too clashes
-                in_other = [
-                    [chosen[b].ins[i] if b < ax else lst[b] if lst is not None else _R for b in others]
+                in_other = tuple(
+                    tuple(chosen[b].ins[i] if b < ax else lst[b] if lst is not None else _R for b in others)
                     for i, lst in enumerate(in_lists)
-                ]
-                out_other = [[lst[b] for b in others] if lst is not None else [] for lst in out_lists]
-                # Layouts materialization cannot handle (a dim sharded along two mesh axes) last; then
-                # strategies that move a pinned parameter; then total bytes to redistribute inputs
-                # into the strategy and results into their annotated placements; then fewer input
-                # moves; then the rule's preference. (Keys are distinct: the index k comes last.)
-                best: tuple[int, int, float, int, int, int, int, int] | None = None
-                pick = options[0]
-                for idx, st in enumerate(options):
-                    clash = 0
-                    for i, w in enumerate(st.ins):
-                        if isinstance(w, Shard) and w in in_other[i]:
-                            clash += 1
-                    for i, q in enumerate(st.outs):
-                        if isinstance(q, Shard) and q in out_other[i]:
-                            clash += 1
-                    total, moves, costly, moved_pins = 0.0, 0, 0, 0
-                    sins = st.ins
-                    for i, tv, is_pin in movable:
-                        h, w = have[i], sins[i]
-                        if h is not w and h != w:
-                            # on one device only creating a pending sum is impossible, the rest free
-                            nb = (
-                                (_INF if isinstance(w, Partial) else 0.0)
-                                if n == 1
-                                else redistribution_bytes(tv, h, w, n)
-                            )
-                            total += nb
-                            moves += 1
-                            if nb > 0:
-                                costly += 1
-                                if is_pin:
-                                    moved_pins += 1
-                    mismatch = 0
-                    for i, tv, fx in targets:
-                        q, want = st.outs[i], fx[ax]
-                        if q is not want and q != want:
-                            total += (
-                                (_INF if isinstance(want, Partial) else 0.0)
-                                if n == 1
-                                else redistribution_bytes(tv, q, want, n)
-                            )
-                            mismatch += 1
-                    # at equal bytes and no collective on the inputs, produce an annotated result
-                    # directly: computing it replicated and slicing it after does the work n times
-                    key = (
-                        clash,
-                        moved_pins,
-                        total,
-                        costly,
-                        mismatch,
-                        moves,
-                        0 if st.outs == hint else 1,
-                        idx,
-                    )
-                    if best is None or key < best:
-                        best, pick = key, st
+                )
+                out_other = tuple(
+                    tuple(lst[b] for b in others) if lst is not None else () for lst in out_lists
+                )
+                tgt = tuple((i, fx[ax]) for i, _, fx in targets)
+                # everything the choice depends on besides the options' own key (``sig``)
+                ckey = (sig[op], n, have, hint, in_other, out_other, pin_flags[op], tgt)
+                got = _CHOICES.get(ckey)
+                if got is None:
+                    got = _choose(options, n, have, hint, in_other, out_other, movable, targets, tgt)
+                    if len(_CHOICES) >= _CHOICES_MAX:
+                        _CHOICES.clear()
+                    _CHOICES[ckey] = got
+                pick = got
             if pick.ins != have:
                 result.conflicts.append(Conflict(op, axis, have, pick))
             chosen.append(pick)
@@ -342,15 +306,91 @@ def propagate(
     return result
 
 
+# ``_choose`` answers (see there), keyed by everything they depend on: the op's name, sharding
+# rule, global types and attributes (which fix its options and the bytes of every move), the axis
+# size, and the placements around it. Layers meet the same typed ops again and again. Bounded:
+# cleared when full.
+_CHOICES: dict[tuple[object, ...], Strategy] = {}
+_CHOICES_MAX: Final = 1 << 15
+
+
+def _choose(
+    options: Sequence[Strategy],
+    n: int,
+    have: tuple[Placement, ...],
+    hint: tuple[Placement, ...],
+    in_other: Sequence[Sequence[Placement | None]],
+    out_other: Sequence[Sequence[Placement | None]],
+    movable: Sequence[tuple[int, TensorType, bool]],
+    targets: Sequence[tuple[int, TensorType, list[Placement]]],
+    tgt: Sequence[tuple[int, Placement]],
+) -> Strategy:
+    """The strategy an op takes on one mesh axis of ``n`` devices when its inputs arrive in
+    ``have`` (``propagate``'s final choice): layouts materialization cannot handle (a dim sharded
+    along two mesh axes, given what the other axes hold: ``in_other``, ``out_other``) last; then
+    strategies that move a pinned parameter; then total bytes to redistribute inputs into the
+    strategy and results into their annotated placements (``targets``, with this axis' placement
+    in ``tgt``); then fewer input moves; then the one whose results are ``hint`` (what the fixed
+    point gave them); then the rule's preference. Keys are distinct: the index comes last. A pure
+    function of its arguments (``movable`` and ``targets`` through their types and pin flags)."""
+    best: tuple[int, int, float, int, int, int, int, int] | None = None
+    pick = options[0]
+    for idx, st in enumerate(options):
+        clash = 0
+        for i, w in enumerate(st.ins):
+            if isinstance(w, Shard) and w in in_other[i]:
+                clash += 1
+        for i, q in enumerate(st.outs):
+            if isinstance(q, Shard) and q in out_other[i]:
+                clash += 1
+        total, moves, costly, moved_pins = 0.0, 0, 0, 0
+        sins = st.ins
+        for i, tv, is_pin in movable:
+            h, w = have[i], sins[i]
+            if h is not w and h != w:
+                # on one device only creating a pending sum is impossible, the rest free
+                nb = (
+                    (_INF if isinstance(w, Partial) else 0.0) if n == 1 else redistribution_bytes(tv, h, w, n)
+                )
+                total += nb
+                moves += 1
+                if nb > 0:
+                    costly += 1
+                    if is_pin:
+                        moved_pins += 1
+        mismatch = 0
+        for (i, tv, _), (_, want) in zip(targets, tgt, strict=True):
+            q = st.outs[i]
+            if q is not want and q != want:
+                total += (
+                    (_INF if isinstance(want, Partial) else 0.0)
+                    if n == 1
+                    else redistribution_bytes(tv, q, want, n)
+                )
+                mismatch += 1
+        # at equal bytes and no collective on the inputs, produce an annotated result
+        # directly: computing it replicated and slicing it after does the work n times
+        key = (clash, moved_pins, total, costly, mismatch, moves, 0 if st.outs == hint else 1, idx)
+        if best is None or key < best:
+            best, pick = key, st
+    return pick
+
+
 def _typed(
     fn: Function, types: Mapping[Value, Type], placed: Mapping[Value, list[Placement | None]], mesh: Mesh
 ) -> Module:
     """The entry with every tensor value typed as a DTensor with its placements."""
 
+    made: dict[tuple[TensorType, tuple[Placement, ...]], DTensorType] = {}  # types are immutable
+
     def dtype_of(v: Value) -> Type | None:
         t = types.get(v)
         if isinstance(t, TensorType) and v in placed:
-            return DTensorType(t.dtype, t.shape, mesh, tuple(p or Replicate() for p in placed[v]))
+            places = tuple(p or _R for p in placed[v])
+            got = made.get((t, places))
+            if got is None:
+                got = made[(t, places)] = DTensorType(t.dtype, t.shape, mesh, places)
+            return got
         return t
 
     vmap = ValueMap(lambda v: Value(v.name, dtype_of(v)))

@@ -282,6 +282,9 @@ class _Solver:
         self.log2: IntArray = np.zeros(n + 2, dtype=np.intp)
         self.log2[2:] = np.floor(np.log2(np.arange(2, n + 2))).astype(np.intp)
         self.pow2: IntArray = np.left_shift(1, np.arange(int(self.log2[-1]) + 1)).astype(np.intp)
+        # every interval of a problem with at most MATERIALIZE_LIMIT candidates in all is listed:
+        # no need to count them first
+        self.few = p * n * (n + 1) // 2 + max(p - 1, 0) * max(n - 1, 0) <= MATERIALIZE_LIMIT
         # small problems: the same DP on Python lists (numpy's per-call overhead dominates there)
         self.small = n <= SMALL_LAYERS
         if self.small:
@@ -562,7 +565,7 @@ def _search(solver: _Solver, inp: _Inputs) -> Assignment | None:
         if listed is not None:
             listed = listed[np.searchsorted(listed, lo + atol, side="right") :]
             listed = listed[: np.searchsorted(listed, hi - atol, side="left")]
-        elif solver.count(lo, hi) <= MATERIALIZE_LIMIT:
+        elif solver.few or solver.count(lo, hi) <= MATERIALIZE_LIMIT:
             listed = solver.listing(lo, hi)
         if listed is not None:
             if listed.size == 0:
