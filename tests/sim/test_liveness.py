@@ -96,14 +96,21 @@ def test_bulk_call_sites_match_the_inlined_program() -> None:
 
 
 def test_last_uses_take_the_largest_over_repeated_and_viewed_arguments() -> None:
+    from distir.ir.values import Value
     from distir.sim.liveness import _last_uses
 
     # read in order of last use: parameters 1, 3, 0
     summary = dataclasses.replace(_plan_summary(), param_last=(3, 1, -1, 2))
     assert summary.read_pos == (1, 3, 0) and summary.read_last == (1, 2, 3)
-    # parameter 1 and 0 share a root "r"; parameter 3 views two roots
-    assert _last_uses([("r",), ("s", "t"), ("r",)], summary) == {"r": 3, "s": 2, "t": 2}  # type: ignore[list-item]
-    assert _last_uses([("r",), ("s",), ("r",)], summary) == {"r": 3, "s": 2}  # type: ignore[list-item]
+    r, s, t, v = Value("r"), Value("s"), Value("t"), Value("v")
+    # parameters 1 and 0 are one value r; parameter 3 is a view v of two roots s and t
+    lu = _last_uses([r, v, r], summary, {v: (s, t)})
+    assert (lu[r], lu[s], lu[t]) == (3, 2, 2)
+    assert _last_uses([r, s, r], summary, {}) == {r: 3, s: 2}
+    # a view of r read before r's own last read does not lower it; read after, it raises it
+    assert _last_uses([r, v, s], dataclasses.replace(summary), {v: (r,)})[r] == 2
+    assert _last_uses([v, r, s], dataclasses.replace(summary), {v: (r,)})[r] == 2
+    assert _last_uses([v, s, r], summary, {v: (s,)})[s] == 2
 
 
 def _plan_summary() -> records.CallSummary:
@@ -130,14 +137,23 @@ def test_planning_reuses_the_types_prepare_inferred(monkeypatch: pytest.MonkeyPa
 
 def test_last_uses_pair_each_root_with_its_own_argument() -> None:
     """``_last_uses`` with untracked arguments (no roots: the simulated entry's parameters) beside
-    a view of two buffers: lengths that happen to match must not pair roots with wrong arguments."""
+    a view of two buffers: each root gets its own argument's last use."""
     from types import SimpleNamespace
 
+    from distir.ir.values import Value
     from distir.sim.liveness import _last_uses
 
     a, b, c = (0, 0), (0, 1), (0, 2)
+    p, v, w, x = Value("p"), Value("v"), Value("w"), Value("x")
+    roots = {p: (), v: (a, b), w: (a,), x: (b,)}
     summary = SimpleNamespace(read_last=(3, 7))
-    assert _last_uses([(), (a, b)], summary) == {a: 7, b: 7}  # type: ignore[arg-type]
+
+    def uses(read: list[Value], s: object) -> dict[object, int]:
+        lu = _last_uses(read, s, roots)  # type: ignore[arg-type]
+        return {r: lu[r] for r in (a, b, c) if r in lu}
+
+    assert uses([p, v], summary) == {a: 7, b: 7}
     summary = SimpleNamespace(read_last=(3, 7, 9))
-    assert _last_uses([(a,), (), (b,)], summary) == {a: 3, b: 9}  # type: ignore[arg-type]
-    assert _last_uses([(a, c), (b,), (a,)], summary) == {a: 9, c: 3, b: 7}  # type: ignore[arg-type]
+    assert uses([w, p, x], summary) == {a: 3, b: 9}
+    roots[v] = (a, c)
+    assert uses([v, x, w], summary) == {a: 9, c: 3, b: 7}

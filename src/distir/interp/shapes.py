@@ -151,15 +151,17 @@ class TypeDomain:
         return outs
 
     def call(self, module: Module, call: Call, callee: Function, args: Sequence[Mixed]) -> Sequence[Mixed]:
-        abstract = Concrete not in map(type, args)
-        if abstract and not self.record:
+        if not self.record:
             # the hot path (a call site seen before with the very same type objects): keyed by
-            # identity, so no type is hashed; the entry pins the types, so their ids stay valid
+            # identity, so no type is hashed; the entry pins the types, so their ids stay valid.
+            # Only abstract arguments are ever entered, and a live object's id is its own, so
+            # arguments with a Concrete value never match (no need to scan for one first).
             id_key = (callee.name, *map(id, args))
             pinned = self._call_ids.get(id_key)
             if pinned is not None:
                 check_declared(call.outputs, pinned[0], "@" + callee.name)
                 return pinned[0]
+        abstract = Concrete not in map(type, args)
         # no Concrete among abstract arguments: they are their types
         types = cast(tuple[Type, ...], tuple(args)) if abstract else tuple(type_of(a) for a in args)
         check_arguments(callee, types)

@@ -24,6 +24,7 @@ programs. Its shape:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
 
 from distir.autodiff.precision import Precision, cast
 from distir.autodiff.train import Optimizer
@@ -297,9 +298,14 @@ class _Builder:
         wparam: dict[Value, Value] = {}
         wchunk: dict[Value, int] = {}
         used = [w for ls in by_chunk for L in ls for w in L.weights]
+        layer_of: dict[Value, int] = {}  # each weight's first layer (scanned once, not per weight)
+        for ls in by_chunk:
+            for L in ls:
+                for w in L.weights:
+                    layer_of.setdefault(w, L.index)
         for w in used:
             spec = model.weight(w.name)
-            c = chunk_of_layer[next(L.index for ls in by_chunk for L in ls if w in L.weights)]
+            c = chunk_of_layer[layer_of[w]]
             wchunk[w] = c
             z = self._zdim(w) if s.zero == 3 or self.prec.mixed else None  # mixed: masters as the state
             dp: Placement = Shard(z) if z is not None else Replicate()
@@ -369,15 +375,18 @@ class _Builder:
                 return v
             return to_mesh(v, self.meshes[stage_of[dst]], name)
 
+        # a chunk's weights are the same values for every microbatch: listed once per chunk
+        chunk_weights = [[wuse[w] for L in ls for w in L.weights] for ls in by_chunk]
+        chunk_extras = [[mbs[e] for L in ls for e in L.extras] for ls in by_chunk]
+
         def chunk_args(c: int, m: int) -> list[Value]:
-            ls = by_chunk[c]
-            return [wuse[w] for L in ls for w in L.weights] + [mbs[e][m] for L in ls for e in L.extras]
+            return [*chunk_weights[c], *(per_mb[m] for per_mb in chunk_extras[c])]
 
         # calls at their (estimated) start, transfers at the end of the producing action
         events = sorted(
             [(ta.start, 1, i, ta.action) for i, ta in enumerate(order)]
             + [(ta.end, 0, i, ta.action) for i, ta in enumerate(order)],
-            key=lambda e: (e[0], e[1], e[2]),
+            key=itemgetter(0, 1, 2),  # the action itself never breaks a tie
         )
         outbox: dict[Action, tuple[Value, int, int, str]] = {}
         for _t, phase, _i, a in events:

@@ -178,11 +178,33 @@ class LayerSharder:
         self.weight_params = set(model.forward.params[len(model.inputs) :])
         self.functions = functions
         self._sharded: dict[tuple[object, ...], tuple[Function, list[tuple[Placement, ...] | None]]] = {}
+        # (id of a forward function, argument types) -> (that function, its result types)
+        self._out_types: dict[tuple[object, ...], tuple[Function, list[Type]]] = {}
+        self._meshed: dict[tuple[object, ...], tuple[Type, ...]] = {}  # ``_on_mesh`` per layer kind
         self._names: dict[str, int] = {}
 
     def wp(self, w: Value) -> str:
         """A weight's placement on the (dp, tp) mesh: replicated over dp, its TP placement."""
         return placement_text(Replicate(), self.model.weight(w.name).tp)
+
+    def _on_mesh(self, types: Sequence[Type], ann: dict[int, str]) -> tuple[Type, ...]:
+        """``_on_mesh`` on this sharder's mesh, once per (types, annotations): repeated blocks
+        share the resulting types."""
+        key = (*types, None, *sorted(ann.items()))
+        hit = self._meshed.get(key)
+        if hit is None:
+            hit = self._meshed[key] = _on_mesh(types, ann, self.mesh_rep)
+        return hit
+
+    def _fwd_types(self, fwd: Function, arg_types: Sequence[Type]) -> list[Type]:
+        """The result types of ``fwd`` on ``arg_types``, inferred once per (function, types): the
+        repeated blocks of a model share one differentiated forward."""
+        key = (id(fwd), *arg_types)
+        hit = self._out_types.get(key)
+        if hit is None or hit[0] is not fwd:
+            env = value_types(Module((fwd,)), fwd, arg_types)
+            hit = self._out_types[key] = (fwd, [env[o] for o in fwd.outputs])
+        return list(hit[1])
 
     def layers(self, n: int) -> list[ShardedLayer]:
         """The first ``n`` layer calls, differentiated (when training) and sharded."""
@@ -199,7 +221,7 @@ class LayerSharder:
             pins = tuple(j for j, v in enumerate(call.inputs) if v in self.weight_params)
             for j, v in enumerate(call.inputs[1:], start=1):
                 pann[j] = self.wp(v) if v in self.weight_params else ACT
-            fargs = _on_mesh(types[i], pann, self.mesh_rep)
+            fargs = self._on_mesh(types[i], pann)
             if not self.train:
                 f, _ = self.shard(self.model.module[call.callee], types[i], pann, {0: acts[i + 1]}, pins)
                 out.append(ShardedLayer(i, weights, extras, f, fwd_args=fargs))
@@ -207,8 +229,7 @@ class LayerSharder:
             vj = grads[i].vjp
             last = i == len(orig_calls) - 1
             fwd, fplaces = self.shard(vj.fwd, types[i], pann, {} if last else {0: acts[i + 1]}, pins)
-            env = value_types(Module((vj.fwd,)), vj.fwd, types[i])
-            fwd_types = [env[o] for o in vj.fwd.outputs]
+            fwd_types = self._fwd_types(vj.fwd, types[i])
             btypes: list[Type] = [types[i][j] for j in vj.bwd_params]
             bann: dict[int, str] = {k: pann[j] for k, j in enumerate(vj.bwd_params)}
             for r in range(vj.n_residuals):
@@ -229,7 +250,7 @@ class LayerSharder:
             }
             bpins = tuple(k for k, j in enumerate(vj.bwd_params) if j in pins)
             bwd, _ = self.shard(vj.bwd, btypes, bann, rann, bpins)
-            bargs = _on_mesh(btypes, bann, self.mesh_rep)
+            bargs = self._on_mesh(btypes, bann)
             layer = ShardedLayer(i, weights, extras, fwd, bwd, vjp=vj, fwd_args=fargs, bwd_args=bargs)
             if self.s.schedule == "zb1":
                 n_dx = 1 if 0 in vj.wrt else 0

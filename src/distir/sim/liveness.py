@@ -2,21 +2,30 @@
 
 ``build_plan`` is the general path of ``PlanDomain.plan`` (``distir.sim.flatplan`` is the fast
 path for bodies of primitive ops only). Memory semantics (``distir.sim.plan``): a storage *root*
-— a parameter, a fresh op result, or a call's fresh buffer named ``(call index, buffer index)`` —
-is live from its creation to its last use; views alias their inputs' roots; results stay live.
+— a parameter, a fresh op result, or a call's fresh buffer — is live from its creation to its last
+use; views alias their inputs' roots; results stay live.
 
-Every value has an entry in ``roots`` (its own root is itself), so a call site's arguments and
-results are handled in bulk with C-level iteration (``map``, ``zip``, ``dict.update``) instead of
-a Python loop per value: the entry of a 1024-device pipeline program has ~10k instructions but
-~1M value edges (each chunk call passes ~300 arguments and returns ~150 results). Any change
-here must keep the plan identical, including the order of frees (floats are summed in it).
+The entry of a 1024-device pipeline program has ~10k instructions but ~1M value edges (each chunk
+call passes ~300 arguments and returns ~150 results), so nothing here loops in Python per value:
+
+- a value is its own root unless an ``alias`` entry says otherwise (views, results passing an
+  argument through, results sharing a buffer); in particular a call's own fresh buffer is the
+  result value itself, so a call's results need no bookkeeping beyond list extends;
+- last uses are one dictionary of the values read (filled per instruction at C speed), with
+  aliased reads folded into their roots afterwards;
+- roots are kept in creation order (``keys``) with their bytes (``vals``, and all pairs
+  concatenated in ``flat``); roots dying together form runs of consecutive keys, so the frees of
+  an instruction are a few slices.
+
+Any change here must keep the plan identical, including the order of frees (floats are summed in
+it): ``tests/sim/test_liveness.py`` and the simulator tests pin it.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Sequence
-from itertools import chain, compress, groupby, repeat
+from itertools import accumulate, chain, compress, groupby, repeat
+from operator import ne
 from typing import Any
 
 from distir.interp.shapes import Mixed
@@ -47,54 +56,70 @@ def build_plan(
     body = fn.body
     n = len(body)
     assert len(records) == n
-    # a value's storage roots: itself (a fresh result or a parameter), or the roots it views
-    roots: dict[Value, tuple[Root, ...]] = {p: (p,) if param_uses else () for p in fn.params}
-    roots_of = roots.__getitem__
+    # Roots: a value is its own one root unless ``alias`` says otherwise (a view: its inputs'
+    # roots; a call result passing parameter j through: the argument's; a result of a call
+    # whose results share buffers: those buffers, named ``(call index, buffer index)``); an
+    # untracked parameter has none. A call's own fresh buffer is the result value itself.
+    alias: dict[Value, tuple[Root, ...]] = {}
+    alias_get = alias.get
+    untracked = frozenset(() if param_uses else fn.params)
+
+    def roots_of(v: Value) -> tuple[Root, ...]:
+        rs = alias_get(v)
+        if rs is not None:
+            return rs
+        return () if v in untracked else (v,)
+
     # owned roots in creation order, their bytes per GPU and the instruction creating them
     keys: list[Root] = []
     vals: list[Sequence[tuple[int, float]]] = []
+    flat: list[tuple[int, float]] = []  # the pairs of ``vals``, concatenated
     created: list[int] = []
-    op_owned: dict[Value, Sequence[tuple[int, float]]] = {}  # the owned roots that are values
-    # last uses of roots; a call's buffer is entered only when read (else: its call, ``r[0]``)
-    last: dict[Root, int] = {}
+    pos: dict[Root, int] = {}  # position in ``keys`` of op results and shared call buffers
+    # per instruction (that reads anything) the values it reads: a call, only the parameters
+    # its body reads (``CallSummary.read_pos``); last uses are taken from these in bulk
+    reads: list[Sequence[Value]] = []
+    read_at: list[int] = []
     calls: list[int] = []
-    # call index -> the roots of each argument it reads (in the order of ``read_pos``)
-    call_reads: dict[int, list[tuple[Root, ...]]] = {}
+    call_reads: dict[int, tuple[Value, ...]] = {}
     call_allocs: dict[int, Sequence[tuple[int, float]]] = {}
     call_first: dict[int, int] = {}  # call index -> position in ``keys`` of its first buffer
     for i, (instr, rec) in enumerate(zip(body, records, strict=True)):
         if type(rec) is tuple:  # a primitive op
-            for v in instr.inputs:
-                for r in roots[v]:
-                    last[r] = i
+            ins = instr.inputs
+            if ins:
+                reads.append(ins)
+                read_at.append(i)
+            outs = instr.outputs
             if rec[5]:  # a view
-                shared = tuple(dict.fromkeys(_chain(map(roots_of, instr.inputs)))) or None
-                for o in instr.outputs:
-                    roots[o] = shared or (o,)
+                shared = tuple(dict.fromkeys(_chain(map(roots_of, ins))))
+                if shared:
+                    alias.update(zip(outs, repeat(shared)))
                 continue
-            for o, by_gpu in zip(instr.outputs, rec[6], strict=True):
-                roots[o] = (o,)
-                op_owned[o] = by_gpu
-                keys.append(o)
-                vals.append(by_gpu)
-                created.append(i)
-                last[o] = i
+            assert len(rec[6]) == len(outs)
+            pos.update(zip(outs, range(len(keys), len(keys) + len(outs)), strict=True))
+            keys.extend(outs)
+            vals.extend(rec[6])
+            flat.extend(_chain(rec[6]))
+            created.extend(repeat(i, len(outs)))
             continue
         assert isinstance(rec, CallSummary)
         calls.append(i)
         ins = instr.inputs
-        rs_list = list(map(roots_of, rec.pick_read(ins)))
-        call_reads[i] = rs_list
-        last.update(zip(_chain(rs_list), repeat(i)))
+        rd = rec.pick_read(ins)
+        call_reads[i] = rd
+        if rd:
+            reads.append(rd)
+            read_at.append(i)
         call_first[i] = len(keys)
         if rec.own_ks is not None:  # the common case: each result a parameter or a buffer of its own
-            bufs = list(zip(repeat(i), rec.own_ks))  # a buffer is named by its call and index
-            roots.update(zip(rec.pick_own(instr.outputs), zip(bufs), strict=True))
-            for at, j in rec.aliases:  # a result that is parameter j: the argument's storage
-                roots[instr.outputs[at]] = roots[ins[j]]
-            keys.extend(bufs)
+            own = rec.pick_own(instr.outputs)
+            keys.extend(own)
             vals.extend(rec.own_bytes)
-            created.extend(repeat(i, len(bufs)))
+            flat.extend(rec.own_allocs)  # own_bytes, concatenated
+            created.extend(repeat(i, len(own)))
+            for at, j in rec.aliases:  # a result that is parameter j: the argument's storage
+                alias[instr.outputs[at]] = roots_of(ins[j])
             call_allocs[i] = rec.own_allocs
             continue
         mine: dict[int, Root] = {}  # fresh buffer k -> its root here
@@ -103,19 +128,35 @@ def build_plan(
             uses_of: dict[Root, None] = {}
             for ref in out_refs:
                 if ref >= 0:
-                    uses_of.update(dict.fromkeys(roots[ins[ref]]))
+                    uses_of.update(dict.fromkeys(roots_of(ins[ref])))
                     continue
                 k = -1 - ref
                 b = mine.get(k)
                 if b is None:  # one buffer, however many results use it
                     b = mine[k] = (i, k)
+                    pos[b] = len(keys)
                     keys.append(b)
                     vals.append(rec.fresh[k][0])
                     created.append(i)
                     allocs.extend(rec.fresh[k][0])
                 uses_of[b] = None
-            roots[o] = tuple(uses_of) or (o,)
+            if uses_of:
+                alias[o] = tuple(uses_of)
+        flat.extend(allocs)
         call_allocs[i] = allocs
+    # last uses: of each value read, at C speed per instruction (later reads overwrite earlier
+    # ones); then a read of a value with other roots is a read of those roots. Only roots are
+    # looked up in ``last`` (the entries of aliased or untracked values are never consulted).
+    last: dict[Root, int] = {}
+    put = last.update
+    for vs, i in zip(reads, read_at, strict=True):
+        put(zip(vs, repeat(i), strict=False))
+    for v, rs in alias.items():
+        lv = last.get(v)
+        if lv is not None:
+            for r in rs:
+                if last.get(r, -1) < lv:
+                    last[r] = lv
     devs: list[tuple[int, ...]] = []
     costs: list[float | CallSummary] = []
     comm: list[bool] = []
@@ -140,43 +181,72 @@ def build_plan(
                 names.append(rec[3])
                 flops.append(rec[4])
     out_root_list = list(_chain(map(roots_of, fn.outputs)))
+    param_index = {p: j for j, p in enumerate(fn.params)}
+    own_indexed = not calls
+
+    def position(r: Root) -> int | None:
+        """The position in ``keys`` of an owned root, else None (the calls' own buffers are
+        indexed on the first miss: few lookups, and a pipeline entry has ~300k of them)."""
+        nonlocal own_indexed
+        p = pos.get(r)
+        if p is None and not own_indexed and r not in param_index:
+            own_indexed = True
+            for i in calls:
+                c = records[i]
+                assert isinstance(c, CallSummary)
+                if c.own_ks is not None:
+                    first = call_first[i]
+                    own = c.pick_own(body[i].outputs)
+                    pos.update(zip(own, range(first, first + len(own)), strict=True))
+            p = pos.get(r)
+        return p
 
     def owned(r: Root) -> Sequence[tuple[int, float]] | None:
         """The bytes per GPU of an owned root (a call's buffer, or a fresh op result), else None."""
-        if type(r) is tuple:
-            rec = records[r[0]]
-            assert isinstance(rec, CallSummary)
-            return rec.fresh[r[1]][0]
-        return op_owned.get(r)  # type: ignore[arg-type]
+        p = position(r)
+        return None if p is None else vals[p]
 
-    def last_of(r: Root, default: int = -1) -> int:
-        return last.get(r, r[0] if type(r) is tuple else default)
+    def last_of(r: Root) -> int:
+        """The last use of root ``r`` (an owned root never read: its creation; else -1)."""
+        x = last.get(r)
+        if x is None:
+            p = position(r)
+            return -1 if p is None else created[p]
+        return x
 
     # last uses not counting the return, where a summary needs them (parameters, results)
-    internal_last = {r: last_of(r) for r in (*fn.params, *out_root_list)}
+    internal_last = {r: last_of(r) for r in out_root_list}
+    param_last = tuple(last.get(p, -1) for p in fn.params) if param_uses else (-1,) * len(fn.params)
     last.update(zip(out_root_list, repeat(n)))
-    # frees: each owned root at its last use, in creation order within one instruction (a
-    # stable sort by last use keeps it); and which roots (positions in ``keys``) die where
-    frees: dict[int, list[tuple[int, float]]] = {}
-    dying_at: dict[int, list[int]] = {}
+    # frees: each owned root at its last use, in creation order within one instruction; and
+    # which roots (spans of positions in ``keys``) die where. Consecutive roots mostly die
+    # together (a call's buffers): they are grouped into runs at C speed, the runs ordered
+    # (stably) by end, and a run's frees are one slice of ``flat`` (all bytes pairs, key order).
+    frees: dict[int, tuple[tuple[int, float], ...]] = {}
+    dying_at: dict[int, list[tuple[int, int]]] = {}
     ends = list(map(last.get, keys, created))
-    for end, grp in groupby(sorted(range(len(keys)), key=ends.__getitem__), ends.__getitem__):
+    n_keys = len(ends)
+    cuts = [0, *compress(range(1, n_keys), map(ne, ends[1:], ends[:-1])), n_keys] if ends else [0]
+    starts, stops = cuts[:-1], cuts[1:]
+    run_end = list(map(ends.__getitem__, starts))
+    off = list(accumulate(map(len, vals), initial=0))  # where each root's pairs start in ``flat``
+    for end, grp in groupby(sorted(range(len(starts)), key=run_end.__getitem__), run_end.__getitem__):
         if end >= n:
             continue
-        members = list(grp)
-        frees[end] = list(_chain(map(vals.__getitem__, members)))
+        spans = [(starts[j], stops[j]) for j in grp]
+        frees[end] = tuple(_chain([flat[off[a] : off[b]] for a, b in spans]))
         if calls:
-            dying_at[end] = members
+            dying_at[end] = spans
     mem: list[MemEvents | None] = [None] * n
     for i, rec in enumerate(records):
         freed = frees.get(i)
         if type(rec) is tuple and (rec[7] or freed):
             bump = rec[8]
             if rec[9] is not None:  # a bump that depends on whether the first input dies here
-                rs = roots[body[i].inputs[0]]
+                rs = roots_of(body[i].inputs[0])
                 if len(rs) == 1 and owned(rs[0]) is not None and last_of(rs[0]) == i:
                     bump = rec[9]
-            mem[i] = (bump, rec[7], tuple(freed) if freed else ())
+            mem[i] = (bump, rec[7], freed or ())
     # a call's peak bumps given the roots dying at it, memoized per call site pattern (the
     # microbatches repeat one): the bytes objects are alive here, so their ids identify them
     peak_memo: dict[tuple[Any, ...], tuple[tuple[int, float], ...]] = {}
@@ -190,27 +260,35 @@ def build_plan(
             # roots older than the call that die here were read by it (so are in ``lu``): they
             # count until their last use inside; this call's buffers dying here are results
             # nobody uses: gone after their last use inside
-            split = bisect_left(dies, call_first[i])
-            older = list(map(keys.__getitem__, dies[:split]))
-            mine_k = tuple(b[1] for b in map(keys.__getitem__, dies[split:]))  # type: ignore[index]
-            uses = tuple(map(_last_uses(call_reads[i], c).__getitem__, older)) if older else ()
-            key = (id(c), uses, tuple(map(id, map(vals.__getitem__, dies[:split]))), mine_k)
+            first = call_first[i]
+            older = [(a, min(b, first)) for a, b in dies if a < first]
+            gone = [(max(a, first), b) for a, b in dies if b > first]
+            older_vals = list(_chain([vals[a:b] for a, b in older]))
+            if older:
+                lu = _last_uses(call_reads[i], c, alias)
+                uses = tuple(map(lu.__getitem__, _chain([keys[a:b] for a, b in older])))
+            else:
+                uses = ()
+            if c.own_ks is not None:
+                mine_k = tuple(_chain(c.own_ks[a - first : b - first] for a, b in gone))
+            else:
+                mine_k = tuple(r[1] for r in _chain(keys[a:b] for a, b in gone))  # type: ignore[index]
+            key = (id(c), uses, tuple(map(id, older_vals)), mine_k)
             hit = peak_memo.get(key)
             if hit is None:
-                dying = [(u, g, b) for u, j in zip(uses, dies[:split], strict=True) for g, b in vals[j]]
+                dying = [(u, g, b) for u, v in zip(uses, older_vals, strict=True) for g, b in v]
                 dead = [(c.fresh[k][1], g, b) for k in mine_k for g, b in c.fresh[k][0]]
                 hit = peak_memo[key] = c.extra_with_dying(dying, dead)
             pk = hit
         al = tuple(call_allocs[i])
-        fr = tuple(frees.get(i, ()))
+        fr = frees.get(i, ())
         mem[i] = (pk, al, fr) if (pk or al or fr) else None
-    param_index = {p: j for j, p in enumerate(fn.params)}
     fresh_index: dict[Root, int] = {}
     fresh: list[tuple[tuple[tuple[int, float], ...], int]] = []
     out_roots: list[tuple[int, ...]] = []
     for v in fn.outputs:
         refs_of: list[int] = []
-        for r in roots[v]:
+        for r in roots_of(v):
             if r in param_index:
                 refs_of.append(param_index[r])
             elif (mine_bytes := owned(r)) is not None:
@@ -220,20 +298,24 @@ def build_plan(
                 refs_of.append(-1 - fresh_index[r])
         out_roots.append(tuple(dict.fromkeys(refs_of)))
     slots = tuple(sorted({s for ds in devs for s in ds}))
-    param_last = tuple(internal_last.get(p, -1) for p in fn.params)
     return FnPlan(
         fn, devs, costs, comm, names, flops, mem, slots, tuple(out_roots), tuple(fresh), out_types, param_last
     )
 
 
-def _last_uses(rs_list: list[tuple[Root, ...]], c: CallSummary) -> dict[Root, int]:
-    """The last use inside ``c``'s body of each root a call site reads (``rs_list``: the roots of
-    its arguments at ``c.read_pos``); built only for call sites where a root dies."""
-    # each root of each argument, paired with that argument's last use (the last pair of a root
-    # wins, as in a loop over the arguments; they come in ascending last use)
-    flat = list(_chain(rs_list))
-    counts = list(map(len, rs_list))
-    # the common case: each argument its own storage (or a view of one), or untracked (no roots)
-    if counts.count(0) + counts.count(1) == len(counts):
-        return dict(zip(flat, compress(c.read_last, counts), strict=True))
-    return dict(zip(flat, _chain(map(repeat, c.read_last, counts)), strict=True))
+def _last_uses(
+    read: Sequence[Value], c: CallSummary, alias: dict[Value, tuple[Root, ...]]
+) -> dict[Root, int]:
+    """The last use inside ``c``'s body of each root a call site reads (``read``: its arguments at
+    ``c.read_pos``, in ascending last use; ``alias``: the roots of values that are not their own
+    root); built only for call sites where a root dies. Entries of aliased or untracked values
+    themselves are meaningless (they are never roots)."""
+    # a value passed twice keeps its larger last use (they come in ascending order)
+    lu: dict[Root, int] = dict(zip(read, c.read_last, strict=True))
+    if alias:
+        for v in alias.keys() & read:  # the max below does not depend on this set's order
+            lv = lu[v]
+            for r in alias[v]:
+                if lu.get(r, -1) < lv:
+                    lu[r] = lv
+    return lu

@@ -28,7 +28,8 @@ liveness pass that arranges a walked body into a plan, ``build_plan``, in ``dist
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import repeat
 from typing import Any
 
 from distir.interp.loop import interpret
@@ -175,14 +176,16 @@ class PlanDomain(TypeDomain):
 
     # -- calls -----------------------------------------------------------------------------------
     def call(self, module: Module, call: Call, callee: Function, args: Sequence[Mixed]) -> Sequence[Mixed]:
-        abstract = Concrete not in map(type, args)
         # the hot path: a call site seen before with the very same type objects, keyed by
-        # identity (no type hashed); the entry pins the types, so their ids stay valid
-        id_key = (callee.name, *map(id, args)) if abstract else None
-        pinned = self._summary_ids.get(id_key) if id_key is not None else None
+        # identity (no type hashed); the entry pins the types, so their ids stay valid. Only
+        # abstract arguments are entered and a live object's id is its own: arguments with a
+        # Concrete value never match, so no scan for one comes first.
+        id_key = (callee.name, *map(id, args))
+        pinned = self._summary_ids.get(id_key)
         if pinned is not None:
             hit = pinned[0]
         else:
+            abstract = Concrete not in map(type, args)
             types = tuple(type_of(a) for a in args)
             key = (callee.name, types)
             found = self._summaries.get(key) if abstract else None
@@ -193,7 +196,7 @@ class PlanDomain(TypeDomain):
                 if abstract:
                     self._summaries[key] = found
             hit = found
-            if id_key is not None:
+            if abstract:
                 self._summary_ids[id_key] = (hit, types)
         check_declared(call.outputs, hit[1], "@" + callee.name)
         self._frames[-1].append(hit[0])
@@ -231,16 +234,33 @@ class PlanDomain(TypeDomain):
     def _walk(self, fn: Function, args: Sequence[Mixed]) -> tuple[tuple[Mixed, ...], dict[Value, Mixed]]:
         """``interpret`` specialized for planning: the same semantics, with the memo lookup of
         already-seen ops inlined (the hot path of simulating a long flat program). Any failure
-        is re-run through ``interpret`` by the caller, which reports it precisely."""
-        env: dict[Value, Mixed] = dict(zip(fn.params, args, strict=True))
+        is re-run through ``interpret`` by the caller, which reports it precisely.
+
+        The function ``Units.prepare`` walked (the entry of a DTensor program) takes its final
+        state and each instruction's arguments from there (the same type domain: the same
+        values), instead of looking up and storing ~1M value edges again; and a call site whose
+        results tuple from there was seen before (same callee, same argument types) reuses that
+        site's summary without keying it by its hundreds of argument types again."""
+        trace = self.units.take_trace(fn, args)
+        env: dict[Value, Mixed]
+        ins_seq: Iterable[list[Mixed]]
+        seen_seq: Iterable[Sequence[Mixed] | None]
+        if trace is not None:
+            env, ins_seq, seen_seq = trace
+        else:
+            env = dict(zip(fn.params, args, strict=True))
+            env_of = env.__getitem__
+            ins_seq = (list(map(env_of, i.inputs)) for i in fn.body)  # lazily: after each update
+            seen_seq = repeat(None)
+        store = trace is None
+        # id of prepare's results tuple -> (the summary, the results, that tuple: kept alive)
+        by_seen: dict[int, tuple[CallSummary, Sequence[Mixed], Sequence[Mixed]]] = {}
         memo_get = self._memo.get
         frame = self._frames[-1]
         append = frame.append
         module = self.module
         outs: Sequence[Mixed]
-        env_of = env.__getitem__
-        for instr in fn.body:
-            ins = list(map(env_of, instr.inputs))
+        for instr, ins, seen in zip(fn.body, ins_seq, seen_seq, strict=False):  # seen_seq may repeat
             if type(instr) is Op:
                 hit = memo_get((instr.name, instr.attrs, *ins)) if Concrete not in map(type, ins) else None
                 if hit is not None:
@@ -254,10 +274,21 @@ class PlanDomain(TypeDomain):
                     outs = self.op(instr, ins)
             else:
                 assert isinstance(instr, Call)
-                outs = self.call(module, instr, module[instr.callee], ins)
+                got = by_seen.get(id(seen)) if seen else None
+                if got is not None and got[2] is seen:
+                    check_declared(instr.outputs, got[1], "@" + instr.callee)
+                    append(got[0])
+                    outs = got[1]
+                else:
+                    outs = self.call(module, instr, module[instr.callee], ins)
+                    if seen:
+                        summary = frame[-1]
+                        assert isinstance(summary, CallSummary)
+                        by_seen[id(seen)] = (summary, outs, seen)
             if len(outs) != len(instr.outputs):
                 raise OpTypeError("result count mismatch")
-            env.update(zip(instr.outputs, outs, strict=True))
+            if store:
+                env.update(zip(instr.outputs, outs, strict=True))
         return tuple(env[v] for v in fn.outputs), env
 
 

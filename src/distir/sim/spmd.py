@@ -46,7 +46,7 @@ from distir.ir.ops import Op
 from distir.ir.types import ScalarType, TensorType, Type
 from distir.ir.values import Attrs
 from distir.ops.registry import REGISTRY, CommPattern, OpDef, OpKind, OpTypeError
-from distir.sim.units import Units, local_piece, mesh_info, piece_bytes, step_types
+from distir.sim.units import Units, local_piece, mesh_info, piece_bytes, step_types, uniform_shape
 
 if TYPE_CHECKING:
     from distir.sim.plan import OpRecord
@@ -224,8 +224,11 @@ def mesh_send_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[Typ
     src, dst = ins[0], outs[0]
     assert isinstance(src, DTensorType) and isinstance(dst, DTensorType)
     seconds = 0.0
+    even = uniform_shape(src) is not None  # every piece the same bytes: computed once
+    nbytes = piece_bytes(src, 0) if even else 0.0
     for i, (a, b) in enumerate(zip(src.mesh.devices, dst.mesh.devices, strict=True)):
-        seconds = max(seconds, dom.comm_seconds(CommPattern.P2P, piece_bytes(src, i), (a, b)))
+        sized = nbytes if even else piece_bytes(src, i)
+        seconds = max(seconds, dom.comm_seconds(CommPattern.P2P, sized, (a, b)))
     devs = tuple(sorted({u for m in (src.mesh, dst.mesh) for u, *_ in dom.mesh_units(m)}))
     return (devs, seconds, True, op.name, 0.0, False, *dom.sizes(outs, False), None)
 

@@ -9,6 +9,11 @@ streams fall into the same units. Plans and call summaries then run over units a
 mesh of even shards is one clock and one memory figure — and the simulator expands them back
 into slots and GPUs at the end.
 
+``prepare``'s pass over the program is a full type propagation; it keeps the entry's final state,
+each instruction's arguments and each call's results (``Units.take_trace``), so the planner's walk
+of the entry (``PlanDomain._walk``) looks up no value twice: the entry of a 1024-device pipeline
+program has ~1M value edges.
+
 The helpers here also lay out DTensor pieces quickly: ``mesh_info`` (coordinates and axis groups
 without ``Mesh.coords``'s per-device search), ``piece_bytes``, ``local_piece``.
 """
@@ -24,13 +29,16 @@ from distir.interp.loop import interpret
 from distir.interp.shapes import Concrete, Mixed, TypeDomain, check_declared, type_of
 from distir.ir.dtensor import DTensorType, Mesh, Placement, Shard
 from distir.ir.function import Function, Module
-from distir.ir.ops import Op
+from distir.ir.ops import Call, Op
 from distir.ir.types import _ITEMSIZE, Device, ScalarType, TensorType, TupleType, Type
+from distir.ir.values import Value
 from distir.ops.registry import CommCost, CommPattern, OpTypeError
 from distir.parallel.materialize import local_shape_at, redistribute_steps
 from distir.sim.cost import CostModel, gpu_class
 from distir.sim.devices import DeviceMap
 
+# a function's final state, each instruction's arguments and results, from one walk of its body
+Trace = tuple[dict[Value, Mixed], list[list[Mixed]], list[Sequence[Mixed]]]
 # per result its bytes per GPU; all allocations; their sum per GPU
 Pairs = tuple[tuple[int, float], ...]
 Sizes = tuple[tuple[list[tuple[int, float]], ...], Pairs, Pairs]
@@ -164,7 +172,10 @@ class _TypeCollector(TypeDomain):
         if key is not None:  # an op seen before: its types are noted already
             hit = self.op_types.get(key)
             if hit is not None:
-                check_declared(op.outputs, hit, op.name)
+                for v in op.outputs:  # declared types are rare: checked only when there is one
+                    if v.type is not None:
+                        check_declared(op.outputs, hit, op.name)
+                        break
                 return hit
         outs = super().op(op, args)
         for x in (*args, *outs):
@@ -178,6 +189,39 @@ class _TypeCollector(TypeDomain):
             self.op_types[key] = outs
         return outs
 
+    def walk(self, module: Module, fn: Function, args: Sequence[Mixed]) -> Trace:
+        """``interpret`` of the top function that also keeps each instruction's arguments and
+        results, for the planner's walk of the same body (``Units.take_trace``); returns the final
+        state, those arguments and those results. Any failure is re-run through ``interpret``,
+        which reports it precisely.
+
+        A call's results are the very tuple ``TypeDomain.call`` cached for its (callee, argument
+        types), so call sites that share a results tuple (of at least one value: the empty tuple
+        is one object) share their callee and argument types."""
+        try:
+            env: dict[Value, Mixed] = dict(zip(fn.params, args, strict=True))
+            env_of = env.__getitem__
+            ins_at: list[list[Mixed]] = []
+            outs_at: list[Sequence[Mixed]] = []
+            for instr in fn.body:
+                ins = list(map(env_of, instr.inputs))
+                if type(instr) is Op:
+                    outs = self.op(instr, ins)
+                else:
+                    assert isinstance(instr, Call)
+                    outs = self.call(module, instr, module[instr.callee], ins)
+                if len(outs) != len(instr.outputs):
+                    raise OpTypeError("result count mismatch")
+                env.update(zip(instr.outputs, outs, strict=True))
+                ins_at.append(ins)
+                outs_at.append(outs)
+            for v in fn.outputs:
+                env[v]  # an undefined result is an error (as in ``interpret``)
+            return env, ins_at, outs_at
+        except Exception:
+            interpret(module, fn, list(args), _TypeCollector(self.dev_slot))  # raises precisely
+            raise
+
 
 def device_units(
     module: Module,
@@ -186,16 +230,17 @@ def device_units(
     dev_slot: Mapping[Device, int],
     n_slots: int,
     slot_class: Sequence[Hashable],
-) -> tuple[list[int], set[DTensorType], dict[tuple[Any, ...], Sequence[Mixed]]]:
+) -> tuple[list[int], set[DTensorType], dict[tuple[Any, ...], Sequence[Mixed]], Trace]:
     """The unit of every slot (units numbered 0..k-1 in order of their first slot), and the
     DTensor types the units were made for. Slots start as one unit, then are split by: each
     plain value's device (ops on plain values run on one device or a few), for each DTensor type
     the devices holding equally shaped pieces (a mesh is the union of those groups), and the GPU
     class. Every op then touches whole units, and within a unit every device holds the same bytes
     and costs alike: one clock and one memory figure per unit are exact. Also returns the result
-    types of every op seen, keyed by (op, attributes, input types), for the planner to reuse."""
+    types of every op seen, keyed by (op, attributes, input types), and ``fn``'s final state and
+    per-instruction arguments (``_TypeCollector.walk``), for the planner to reuse."""
     col = _TypeCollector(dev_slot)
-    interpret(module, fn, list(args), col)
+    trace = col.walk(module, fn, args)
     for a in args:
         col.note(type_of(a))
 
@@ -236,7 +281,7 @@ def device_units(
                 n_units += 1
             unit[s] = new
     order: dict[int, int] = {}
-    return [order.setdefault(u, len(order)) for u in unit], set(col.dtensors), col.op_types
+    return [order.setdefault(u, len(order)) for u in unit], set(col.dtensors), col.op_types, trace
 
 
 class Units:
@@ -264,6 +309,17 @@ class Units:
         # result types per (op, attributes, input types) from ``prepare``'s pass over the program
         # (the same type domain): planning does not infer an op's types twice
         self.op_types: dict[tuple[Any, ...], Sequence[Mixed]] = {}
+        # (the function prepared, its arguments) and its ``Trace``
+        self._trace: tuple[Function, Sequence[Mixed], Trace] | None = None
+
+    def take_trace(self, fn: Function, args: Sequence[Mixed]) -> Trace | None:
+        """``prepare``'s walk of ``fn`` (``_TypeCollector.walk``) when it prepared this very
+        function on these very arguments (handed out once; the type domain is the planner's, so
+        the values are what the planner's own walk would compute), else None."""
+        t, self._trace = self._trace, None
+        if t is not None and t[0] is fn and t[1] is args:
+            return t[2]
+        return None
 
     def prepare(self, module: Module, fn: Function, args: Sequence[Mixed]) -> None:
         """Before planning a DTensor program: group devices into units (``device_units``), and
@@ -274,9 +330,10 @@ class Units:
         # a unit holds slots of one stream name (so never two slots of one GPU) and GPU class
         slot_class = [(gpu_class(self.cost, s.gpu), s.stream) for s in self.streams]
         n_slots = len(self.slot_gpu)
-        unit_of, self._unit_types, self.op_types = device_units(
+        unit_of, self._unit_types, self.op_types, trace = device_units(
             module, fn, args, self.dev_slot, n_slots, slot_class
         )
+        self._trace = (fn, args, trace)
         gpu_of = self.slot_gpu
 
         def signatures() -> dict[int, tuple[int, ...]]:
@@ -332,7 +389,7 @@ class Units:
 
     def comm_seconds(self, pattern: CommPattern, nbytes: float, group: tuple[Device, ...]) -> float:
         """The cost model's time for one collective (or P2P send: group = (source, dest))."""
-        gpus = tuple(self.dev_gpu[d] for d in group)
+        gpus = tuple(map(self.dev_gpu.__getitem__, group))
         key = (pattern, nbytes, gpus)
         t = self._comm_memo.get(key)
         if t is None:
