@@ -212,13 +212,15 @@ def _run(
     for dev, slot in dmap.mapping.items():
         on_slot[slot].append(dev)
     slot_devices = tuple(tuple(sorted(on_slot[slot])) for slot in dmap.slots)
-    costs = plan.costs
-    summaries = cast(list[CallSummary], list(compress(costs, map(is_not, map(type, costs), repeat(float)))))
-    n_ops = len(costs) - len(summaries) + sum(c.n_ops for c in summaries)
-    flops = sum(plan.flops)
     if plan.columns is not None:  # a compact flat plan: op records by index, no calls
         n_ops = len(plan.columns.kinds)
         flops = sum(map([rec[4] for rec in plan.columns.table].__getitem__, plan.columns.kinds))
+    else:
+        costs = plan.costs
+        calls = compress(costs, map(is_not, map(type, costs), repeat(float)))
+        summaries = cast(list[CallSummary], list(calls))
+        n_ops = len(costs) - len(summaries) + sum(c.n_ops for c in summaries)
+        flops = sum(plan.flops)
     dtype_peak = _peak_flops(plan, cluster, gpus)
     return SimResult(
         step_time_s=max(clock) if clock else 0.0,
