@@ -12,7 +12,7 @@ from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import parse_cluster
 from distir.ir.function import Function
 from distir.ir.printer import print_function
-from distir.parallel.distribute import sharded_layers
+from distir.parallel.distribute import ShardedLayer, sharded_layers
 from distir.search.distinct import Reduced, distinct_layers
 from distir.search.profile import LayerProfile, Profiler
 
@@ -83,3 +83,29 @@ def test_profiles_equal_those_of_the_full_model(name: str, train: bool) -> None:
         want = ref.layers(t, b, gpus, rec)
         assert got == want
     assert fast.probes <= ref.probes
+
+
+class _ShardingProfiler(Profiler):
+    """The profiler that shards even at one device per group (``sharded_layers`` on a 1 x 1 mesh)."""
+
+    def sharded(self, t: int, b: int, recompute: str) -> list[ShardedLayer]:
+        key = (t, b, recompute)
+        if key not in self._layers:
+            self._layers[key] = sharded_layers(self.model(b).model, 1, t, recompute, self.train)
+        return self._layers[key]
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("train", [True, False])
+def test_unsharded_profiles_equal_those_of_a_one_device_mesh(name: str, train: bool) -> None:
+    """Without tensor parallelism the profiler skips sharding (``unsharded_layers``): every figure
+    is that of the layers sharded on a 1 x 1 mesh, whose Redistributes move nothing."""
+    spec = parse_model_string(name)
+    cluster = parse_cluster("p3.8xlarge:1+g4dn.12xlarge:1")
+    fast, ref = Profiler(spec, cluster, train=train), _ShardingProfiler(spec, cluster, train=train)
+    for b, gpus, rec in ((1, [0], "none"), (3, [4], "selective"), (4, [0], "full")):
+        assert fast.layers(1, b, gpus, rec) == ref.layers(1, b, gpus, rec)
+        # the shortcut is taken: no Redistribute in the layers profiled
+        for layer in fast.sharded(1, b, rec):
+            for fn in (layer.fwd, layer.bwd):
+                assert fn is None or all(op.name != "Redistribute" for op in fn.body)

@@ -324,6 +324,41 @@ def test_multi_step_peak_by_hand() -> None:
         assert [flat.peak_memory[g] for g in range(4)] == [want] * 4
 
 
+@pytest.mark.parametrize(
+    ("src", "dst", "moves"),
+    [
+        ("S(0), R", "R, R", False),  # dp of one device: the whole batch is already there
+        ("P(sum), S(1)", "R, S(1)", False),  # a sum of one piece
+        ("R, S(1)", "S(0), S(1)", False),
+        ("S(0), P(sum)", "R, R", True),  # the tp step moves (an all-reduce over 3), the dp one not
+    ],
+)
+def test_steps_along_an_axis_of_one_device_move_nothing(src: str, dst: str, moves: bool) -> None:
+    """On a (1, 3) mesh every placement along the first axis is the same piece: a Redistribute
+    that changes only that axis is a view (no time, no buffer), in the SPMD simulation and in the
+    materialized program alike; one that also changes the second axis costs that step alone."""
+    mesh = "mesh(dp=1, tp=3; d0, d1, d2)"
+
+    def prog(at: str, redistribute: bool) -> Module:
+        moved = f'  %y = Redistribute(%x, to="{dst}")\n  %z = Exp(%y)\n'
+        body = moved if redistribute else "  %z = Exp(%x)\n"
+        return distir.check(
+            parse_module(f"func @f(%x: DTensor[f32, (6, 9), {mesh}, [{at}]]) {{\n{body}  return %z\n}}\n")
+        )
+
+    m = prog(src, True)
+    spmd, flat = both(m)
+    assert_same(spmd, flat)
+    lowered = [o.name for o in materialize(m).entry.body if o.name != "Exp"]
+    assert bool(lowered) == moves, lowered
+    ref = simulate(prog(dst, False), DGX)
+    if moves:
+        assert spmd.step_time_s > ref.step_time_s
+    else:  # the program that starts in the target layout
+        assert spmd.step_time_s == ref.step_time_s
+        assert spmd.peak_memory == ref.peak_memory
+
+
 def mesh_of_2x2() -> Mesh:
     return Mesh((("a", 2), ("b", 2)), tuple(Device(i) for i in range(4)))
 

@@ -32,7 +32,7 @@ from distir.ir.dtensor import (
 )
 from distir.ir.function import Function, Module
 from distir.ir.rewrite import copy_instr
-from distir.ir.types import TensorType, Type
+from distir.ir.types import Device, TensorType, Type
 from distir.ir.values import Value
 from distir.ops.registry import REGISTRY
 from distir.parallel.layers import rep_mesh, shard_function, strip_types
@@ -165,6 +165,51 @@ def sharded_layers(
     return LayerSharder(model, s, train, model.batch, {}).layers(n)
 
 
+def bwd_arg_types(vj: VJP, arg_types: Sequence[Type], fwd_types: Sequence[Type]) -> list[Type]:
+    """The argument types of ``vj.bwd`` when the forward ran on ``arg_types`` and gave
+    ``fwd_types``: the forward arguments it takes again, the residuals, then the cotangents of the
+    active outputs."""
+    out: list[Type] = [arg_types[j] for j in vj.bwd_params]
+    out += [fwd_types[vj.n_outputs + r] for r in range(vj.n_residuals)]
+    out += [fwd_types[o] for o in vj.active_outputs]
+    return out
+
+
+def unsharded_layers(model: Model, recompute: str = "none", train: bool = True) -> list[ShardedLayer]:
+    """Every layer call of ``model`` (at its own batch size) differentiated (``train``) but not
+    sharded, on device ``d0``: what ``sharded_layers(model, 1, 1, ...)`` gives, without the
+    Redistributes between placements of a one-device mesh (they move nothing: the simulator and
+    the lowering treat them as views), so the two cost the same. The search profiles layers of no
+    tensor parallelism with it: a third of the sharding's time at one device per group."""
+    model = Precision.parse("pure").prepare(model)
+    n = len(model.layers) if train else len(model.layers) - 1
+    types, grads = _differentiated(model, model.batch, recompute, train)
+    weight_params = set(model.forward.params[len(model.inputs) :])
+    d0 = Device(0)
+
+    def on_d0(ts: Sequence[Type]) -> tuple[Type, ...]:
+        return tuple(t.with_device(d0) if isinstance(t, TensorType) else t for t in ts)
+
+    out: list[ShardedLayer] = []
+    for i in range(n):
+        call = model.layers[i]
+        weights = [v for v in call.inputs[1:] if v in weight_params]
+        extras = [v for v in call.inputs[1:] if v not in weight_params]
+        if not train:
+            fn = model.module[call.callee]
+            out.append(ShardedLayer(i, weights, extras, fn, fwd_args=on_d0(types[i])))
+            continue
+        vj = grads[i].vjp
+        env = value_types(Module((vj.fwd,)), vj.fwd, types[i])
+        btypes = bwd_arg_types(vj, types[i], [env[o] for o in vj.fwd.outputs])
+        out.append(
+            ShardedLayer(
+                i, weights, extras, vj.fwd, vj.bwd, vjp=vj, fwd_args=on_d0(types[i]), bwd_args=on_d0(btypes)
+            )
+        )
+    return out
+
+
 class LayerSharder:
     """Shards the layers of ``model`` (already prepared for its precision) for strategy ``s``
     at microbatch size ``mb``; every function it makes goes into ``functions`` (shared with the
@@ -229,18 +274,16 @@ class LayerSharder:
             vj = grads[i].vjp
             last = i == len(orig_calls) - 1
             fwd, fplaces = self.shard(vj.fwd, types[i], pann, {} if last else {0: acts[i + 1]}, pins)
-            fwd_types = self._fwd_types(vj.fwd, types[i])
-            btypes: list[Type] = [types[i][j] for j in vj.bwd_params]
+            btypes = bwd_arg_types(vj, types[i], self._fwd_types(vj.fwd, types[i]))
             bann: dict[int, str] = {k: pann[j] for k, j in enumerate(vj.bwd_params)}
+            at = len(vj.bwd_params)
             for r in range(vj.n_residuals):
                 pl = fplaces[vj.n_outputs + r]
                 if pl is not None:
-                    bann[len(btypes)] = placement_text(*pl)
-                btypes.append(fwd_types[vj.n_outputs + r])
-            for o in vj.active_outputs:
+                    bann[at + r] = placement_text(*pl)
+            for k in range(len(vj.active_outputs)):
                 # the loss's cotangent is the replicated seed; activations' are (S(0), R)
-                bann[len(btypes)] = "R, R" if last else acts[i + 1]
-                btypes.append(fwd_types[o])
+                bann[at + vj.n_residuals + k] = "R, R" if last else acts[i + 1]
             # gradients: the input's as the activation, each weight's as its weight, pending the
             # data-parallel sum (left free, propagation may gather a TP-sharded weight's gradient)
             dp_grad: Placement = Partial() if self.s.d > 1 else Replicate()
@@ -315,8 +358,10 @@ __all__ = [
     "LayerSharder",
     "ShardedLayer",
     "at_batch",
+    "bwd_arg_types",
     "partition",
     "placement_text",
     "sharded_layers",
     "uniform_counts",
+    "unsharded_layers",
 ]

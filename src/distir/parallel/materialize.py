@@ -306,6 +306,9 @@ def _redistribute(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Val
         nxt[ax] = b
         t_next = src.with_placements(tuple(nxt))
         _check_layout(t_next, f"`{print_op(op)}`")
+        if mesh.shape[ax] == 1:  # one device holds the whole along this axis: nothing moves
+            cur = nxt
+            continue
         for group in mesh.groups(ax):
             ins = [pieces[d] for d in group]
             outs = _lower(fb, cur[ax], b, ins, group, t_next, dst_v.name, print_op(op))

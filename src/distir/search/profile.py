@@ -39,6 +39,7 @@ from distir.ir.function import Function, Module
 from distir.ir.types import Device, DType, TensorType, Type
 from distir.ops.registry import REGISTRY
 from distir.parallel.distribute import ShardedLayer, sharded_layers
+from distir.parallel.layer_prep import unsharded_layers
 from distir.search.distinct import Reduced, distinct_layers
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
@@ -117,7 +118,12 @@ class Profiler:
         key = (t, b, recompute)
         got = self._layers.get(key)
         if got is None:
-            got = self._layers[key] = sharded_layers(self.model(b).model, 1, t, recompute, self.train)
+            model = self.model(b).model
+            if t == 1:  # the same costs without sharding on a one-device mesh (``unsharded_layers``)
+                got = unsharded_layers(model, recompute, self.train)
+            else:
+                got = sharded_layers(model, 1, t, recompute, self.train)
+            self._layers[key] = got
         return got
 
     def layers(self, t: int, b: int, gpus: Sequence[int], recompute: str = "none") -> list[LayerProfile]:

@@ -149,14 +149,18 @@ def redistribute_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[
     units = dom.mesh_units(mesh)
     devs = tuple(sorted(u for u, *_ in units))
     steps = step_types(src, dst)
-    if not steps:  # nothing moves: the result is the input (a view)
-        return (devs, 0.0, False, op.name, 0.0, True, *dom.sizes(outs, True), None)
     for t in (src, *(after for *_, after in steps)):
         dims = [p.dim for p in t.placements if isinstance(p, Shard)]
         if len(dims) != len(set(dims)):  # as materialization: no lowering through such a layout
             raise OpTypeError(
                 f"Redistribute through {t}: two mesh axes shard the same dim; not supported yet", 0
             )
+    # along an axis of one device every placement is the same piece (S(0), R and P(sum) of one
+    # device all hold the whole): such a step moves nothing
+    sizes_of = mesh.shape
+    steps = [s for s in steps if sizes_of[s[0]] > 1]
+    if not steps:  # nothing moves: the result is the input (a view)
+        return (devs, 0.0, False, op.name, 0.0, True, *dom.sizes(outs, True), None)
     info = mesh_info(mesh)
     seconds = 0.0
     communicates = False
