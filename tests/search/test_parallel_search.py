@@ -31,9 +31,10 @@ def _screened(out: SearchOutput) -> list[tuple[Any, ...]]:
 
 
 def test_two_workers_search_exactly_as_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Screen (prefetched profiles), placement searches (on workers) and exact re-ranking (some
-    started during the placement search) give the same figures, with and without a store."""
-    req = SearchRequest(model=GPT, cluster=HETERO, batch=16, top=3, anneal_iters=60)
+    """Screen (prefetched profiles), placement searches (on workers) and exact re-ranking (with
+    ``explain``, the pure bests started during the placement search) give the same figures, with
+    and without a store."""
+    req = SearchRequest(model=GPT, cluster=HETERO, batch=16, top=3, anneal_iters=60, explain=True)
     serial = search(req)
     early: list[str] = []
     real_start = run.start_task

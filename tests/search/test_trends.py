@@ -50,7 +50,9 @@ def test_mlp_1b_shifts_from_tensor_to_data_parallel_with_batch() -> None:
 def test_amp_heterogeneous_cluster_pipelines_across_slow_links(batch: int) -> None:
     cluster = "p3.8xlarge:3+g4dn.12xlarge:1"
     model = "gpt:layers=24,hidden=1024,heads=16,seq=1024"
-    out = search(SearchRequest(model=model, cluster=cluster, batch=batch, top=2, anneal_iters=100))
+    # explain: the best pure strategies (pure d = 16, the Megatron-heuristic choice) simulated too
+    req = SearchRequest(model=model, cluster=cluster, batch=batch, top=2, anneal_iters=100, explain=True)
+    out = search(req)
     best = out.best()
     assert best is not None and best["fits"]
     s = parse_strategy(str(best["strategy"]))

@@ -6,8 +6,9 @@
 2. **Placement** (heterogeneous clusters): the best screened strategies of the leading
    (d, t, p) shapes are annealed over placements that keep TP groups whole
    (``distir.search.placement``), the layer assignment re-optimized for each placement.
-3. **Exact re-rank**: the ``top`` best that the screen says fit, plus the best pure-D, pure-T and
-   pure-P strategies (for ``--explain``), are distributed and simulated
+3. **Exact re-rank**: the ``top`` best that the screen says fit (with ``explain``, also the best
+   pure-D, pure-T and pure-P strategies, which ``--explain`` compares the winner with) are
+   distributed and simulated
    (``distir.search.rerank``), in parallel, streaming into the result store
    (``distir.search.store``) so an interrupted search resumes.
 4. **Rank** by simulated throughput; out-of-memory strategies (by simulated peak) go last.
@@ -280,11 +281,12 @@ def pure_bests(screened: list[Estimate]) -> list[Strategy]:
     return out
 
 
-def pick_exact(screened: list[Estimate], top: int) -> list[Strategy]:
-    """The ``top`` best fitting estimates, and the best pure-D, pure-T and pure-P ones."""
+def pick_exact(screened: list[Estimate], top: int, pure: bool = False) -> list[Strategy]:
+    """The ``top`` best fitting estimates (the best ones if none fits); with ``pure``, also the
+    best pure-D, pure-T and pure-P ones."""
     fitting = [e for e in screened if e.fits] or screened
     chosen: list[Strategy] = [e.strategy for e in fitting[:top]]
-    for s in pure_bests(screened):
+    for s in pure_bests(screened) if pure else ():
         if s not in chosen:
             chosen.append(s)
     return chosen
@@ -322,16 +324,16 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
 
         def start_early() -> None:
             """The best pure strategies of shapes the placement search leaves alone are simulated
-            whatever it finds (``pick_exact``): start them now, beside (behind) it."""
+            whatever it finds (``pick_exact`` with ``explain``): start them now, beside (behind) it."""
             moved = {(screened[i].strategy.d, screened[i].strategy.t, screened[i].strategy.p) for i in picks}
-            for s in pure_bests(screened):
+            for s in pure_bests(screened) if req.explain else ():
                 if pool is not None and (s.d, s.t, s.p) not in moved and str(s) not in done:
                     started[str(s)] = start_task(pool, fn, str(s))
 
         if picks:
             anneal(req, screen, screened, progress, pool, picks, then=start_early)
         t2 = time.perf_counter()
-        chosen = pick_exact(screened, req.top)
+        chosen = pick_exact(screened, req.top, pure=req.explain)
         tasks = [str(s) for s in chosen]
         cached = len(done & set(tasks))
         # in the store or not, in parallel on the requested workers
