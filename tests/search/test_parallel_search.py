@@ -4,6 +4,7 @@ early; and the pool machinery of ``run_all`` (a shared pool, tasks started ahead
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import Counter
 from concurrent.futures import Executor, Future
@@ -15,10 +16,13 @@ import pytest
 
 from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import parse_cluster
+from distir.ir.types import DType
 from distir.search import run
 from distir.search.executor import local_pool, run_all, start
-from distir.search.profile import Profiler
-from distir.search.run import SearchOutput, SearchRequest, search
+from distir.search.profile import Profiler, allowed_tp, num_layers
+from distir.search.run import SearchOutput, SearchRequest, screen_space, search
+from distir.search.screen import Estimate, Problem, Screen
+from distir.search.space import Space
 
 from ._store_tasks import logged, pure
 
@@ -112,3 +116,38 @@ def test_run_all_on_a_shared_pool_with_a_task_started_ahead(tmp_path: Path) -> N
     evaluated = Counter(line.split()[0] for line in log.read_text().splitlines())
     assert all(evaluated[t] == 1 for t in order)  # "a" was not submitted twice
     assert evaluated["z"] <= 1
+
+
+def test_the_screen_climbs_rung_by_rung_as_base_by_base() -> None:
+    """``screen_space`` climbs the memory ladders round by round (the next rung's profiles go to the
+    workers as soon as a base does not fit); what it returns is what climbing each base's ladder
+    in turn until it fits gives, in the same order. A tight memory makes bases climb."""
+
+    req = SearchRequest(
+        model="gpt:layers=4,hidden=1024,heads=16,seq=1024", cluster="g4dn.12xlarge:1", batch=64
+    )
+    cluster = parse_cluster(req.cluster)
+    spec = parse_model_string(req.model)
+    screen = Screen(Profiler(spec, cluster), Problem(req.batch, True, req.optimizer))
+    space = Space(
+        cluster.num_devices,
+        req.batch,
+        num_layers(spec, DType.f32, True),
+        tuple(allowed_tp(spec, DType.f32, 4)),
+        True,
+        req.pins,
+    )
+    want: list[Estimate] = []
+    for base in space.bases():
+        for s in space.ladder(base):
+            want.append(screen.estimate(s, tuple(range(cluster.num_devices))))
+            if want[-1].fits:
+                break
+    climbed = sum(1 for e in want if e.strategy.zero or e.strategy.recompute != "none")
+    assert climbed > 0  # the case exercises the later rounds
+    want.sort(key=lambda e: (not e.fits, e.step_time_s if e.fits else -e.memory_headroom))
+    for workers in (1, 2):
+        with local_pool(2) if workers == 2 else contextlib.nullcontext() as pool:
+            got, n, _ = screen_space(req, cluster, pool=pool)
+        assert n == len(want)
+        assert [astuple(e) for e in got] == [astuple(e) for e in want]

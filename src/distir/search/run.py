@@ -105,8 +105,8 @@ def screen_space(
     req: SearchRequest, cluster: Cluster, progress: Progress | None = None, pool: Executor | None = None
 ) -> tuple[list[Estimate], int, Screen]:
     """Every base strategy, each up its memory ladder until it fits (module docstring). With a
-    ``pool``, the profiles of every base's first rung are computed there (``Profiler.prefetch``)
-    while this process screens; the estimates are the same."""
+    ``pool``, the profiles of each rung are computed there (``Profiler.prefetch``) while this
+    process screens; the estimates are the same."""
     spec = parse_model_string(req.model)
     dt = DType.parse(req.dtype)
     prof = Profiler(spec, cluster, dt, req.train)
@@ -125,35 +125,46 @@ def screen_space(
     bases = list(space.bases())
     ident = megatron_placement(cluster.num_devices, 1, 1, cluster.num_devices)
     ladders = [space.ladder(base) for base in bases]
+    # rung by rung: the bases that did not fit climb together after the others, and the profiles
+    # of a base's next rung go to the workers the moment it does not fit (rather than being
+    # computed here, later, while they wait); the estimates are the same, listed in the order of
+    # a base-by-base climb
+    got: list[tuple[int, int, Estimate]] = []
+    climbing = [i for i, ladder in enumerate(ladders) if ladder]
+    done = len(bases) - len(climbing)
     if pool is not None:
-        prof.prefetch(pool, _first_rung_profiles(screen, ladders, req.batch))
-    out: list[Estimate] = []
-    n = 0
-    for i, ladder in enumerate(ladders):
-        for s in ladder:
-            n += 1
-            e = screen.estimate(s, ident)
-            out.append(e)
-            if e.fits:
-                break
-        if progress is not None:
-            progress("screen", i + 1, len(bases))
+        prof.prefetch(pool, _rung_profiles(screen, [ladders[i][0] for i in climbing], req.batch))
+    rung = 0
+    while climbing:
+        still: list[int] = []
+        for i in climbing:
+            e = screen.estimate(ladders[i][rung], ident)
+            got.append((i, rung, e))
+            if not e.fits and rung + 1 < len(ladders[i]):
+                still.append(i)
+                if pool is not None:
+                    prof.prefetch(pool, _rung_profiles(screen, [ladders[i][rung + 1]], req.batch))
+            else:
+                done += 1
+                if progress is not None:
+                    progress("screen", done, len(bases))
+        climbing, rung = still, rung + 1
+    got.sort(key=lambda x: x[:2])
+    out = [e for *_, e in got]
+    n = len(out)
     out.sort(key=_rank_key)
     return out, n, screen
 
 
-def _first_rung_profiles(
-    screen: Screen, ladders: list[list[Strategy]], batch: int
+def _rung_profiles(
+    screen: Screen, rungs: list[Strategy], batch: int
 ) -> Iterator[tuple[int, int, str, list[int]]]:
-    """(t, b, recompute, TP group) of every profile the first rung of each ladder asks for on the
+    """(t, b, recompute, TP group) of every profile the strategies ``rungs`` ask for on the
     identity placement, in the order the screen asks: there a stage's TP groups are the aligned
     blocks of t GPUs, and the stages cover the cluster, so every kind of block is asked for (one
     block of each kind stands for it)."""
     kinds: dict[int, list[list[int]]] = {}
-    for ladder in ladders:
-        if not ladder:
-            continue
-        s = ladder[0]
+    for s in rungs:
         b, rem = divmod(batch, s.d * s.k)
         if rem or b < 1:
             continue
