@@ -32,11 +32,11 @@ from distir.interp.lockstep import check_deadlock_free, run_ranks
 from distir.interp.project import project
 from distir.interp.reference import run_reference
 from distir.ir import DTensorType, Mesh, Module, parse_module
-from distir.ir.dtensor import Partial, Placement, Replicate, Shard, parse_placements
+from distir.ir.dtensor import Partial, Placement, Replicate, Shard, format_placements, parse_placements
 from distir.ir.types import DType
 from distir.ops.registry import REGISTRY, CommPattern, OpKind
 from distir.parallel.materialize import local_shape, materialize, shard_value, unshard_value
-from distir.parallel.propagate import ShardingError
+from distir.parallel.propagate import ShardingError, propagate
 from distir.sim.collectives import allreduce_time
 from distir.sim.simulate import simulate
 
@@ -316,6 +316,17 @@ TWO_AXES_SAME_DIM = """func @mlp(%x0: Tensor[f64, (9, 2), d0], %w1: Tensor[f64, 
   return %v3
 }
 """
+# an unannotated bias gets S(0) on axis a forward from %x0 (through %v2) and was given S(0) on
+# axis b backward from %w3 (%v3 must be S(1) for the contraction over %w3's rows)
+BIAS_SHARDED_TWICE = """func @mlp(%x0: Tensor[f64, (3, 4), d0], %w1: Tensor[f64, (3, 3), d0], %b2: Tensor[f64, (4,), d0], %w3: Tensor[f64, (4, 5), d0]) {
+  %v1 = MatMul(%w1, %x0)
+  %v2 = Gelu(%v1)
+  %v3 = Add(%b2, %v2)
+  %v4 = MatMul(%v3, %w3)
+  %v5 = ReduceSum(%v4, axes=[0], keepdims=0)
+  return %v5
+}
+"""
 SINK_TWO_PENDING = """func @mlp(%x0: Tensor[f64, (7, 7), d0], %w1: Tensor[f64, (7, 2), d0], %w2: Tensor[f64, (2, 4), d0]) {
   %v1 = MatMul(%x0, %w1)
   %v2 = MatMul(%v1, %w2)
@@ -339,6 +350,36 @@ def test_regression_no_dim_sharded_along_two_mesh_axes() -> None:
     from %b2), which materialization rejects; propagation and legalization now avoid it."""
     mesh = mesh_of((2, 3))
     assert compare(parse_module(TWO_AXES_SAME_DIM), mesh, {"w1": "S(1), R", "b2": "R, S(1)"}, 3) < 1e-9
+
+
+def test_regression_unannotated_parameter_not_sharded_twice_on_one_dim() -> None:
+    """Found by ``test_random_annotated_programs_match_sequential`` (rarely: a fresh database):
+    the fixed point fills each mesh axis with the first strategy consistent with that axis alone,
+    so %b2 got S(0) on axis a (forward, from %x0's S(1) through the broadcast Add) and S(0) on
+    axis b (backward, from %w3's S(0) through the contraction), and materialization refused it:
+    "%b2: two mesh axes shard the same dim ([S(0), S(0)])". No op's final choice places a
+    parameter, so nothing undid it. Fix (``propagate``): the fixed point never fills a placement
+    that shards a dim some other axis of the value already shards."""
+    mesh = mesh_of((2, 2))
+    ann = {"w3": "R, S(0)", "x0": "S(1), S(0)"}
+    prop = propagate(distir.check(parse_module(BIAS_SHARDED_TWICE)), mesh, ann)
+    fn = prop.module.entry
+    got = {}
+    for v in (*fn.params, *(o for op in fn.ops() for o in op.outputs)):
+        assert isinstance(v.type, DTensorType)
+        got[v.name] = format_placements(v.type.placements)
+    assert got == {
+        "x0": "S(1), S(0)",
+        "w1": "R, S(1)",
+        "b2": "S(0), R",  # was S(0), S(0)
+        "w3": "R, S(0)",
+        "v1": "S(1), P(sum)",
+        "v2": "S(1), S(0)",
+        "v3": "S(1), S(0)",
+        "v4": "R, P(sum)",
+        "v5": "R, P(sum)",
+    }
+    assert compare(parse_module(BIAS_SHARDED_TWICE), mesh, ann, 0) < 1e-9
 
 
 def test_regression_sink_reductions_with_two_pending_inputs() -> None:

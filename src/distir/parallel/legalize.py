@@ -2,34 +2,40 @@
 
 For each op of a DTensor program, the strategy is the one (of the op's sharding rule) that gives
 its results their declared placements and needs the least communication for its inputs (a
-requirement that would shard one dim of an input along two mesh axes only as a last resort); every
-input whose placements differ from what that strategy takes is redistributed first (one
-``Redistribute`` per value and target, reused by later ops). Results of the function that are
-still partial (a pending reduction) are reduced, unless the caller keeps them pending. The
-output type-checks: every op then takes its inputs exactly as its strategy says. A pure pass
-``Module -> Module``.
+requirement that would shard one dim of an input along two mesh axes only as a last resort, and
+then refused: ``ShardingError``); every input whose placements differ from what that strategy
+takes is redistributed first (one ``Redistribute`` per value and target, reused by later ops).
+Results of the function that are still partial (a pending reduction) are reduced, unless the
+caller keeps them pending. The output type-checks: every op then takes its inputs exactly as its
+strategy says. A pure pass ``Module -> Module``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from typing import Final
 
 from distir.ir.builder import FunctionBuilder
-from distir.ir.dtensor import DTensorType, Partial, Placement, Replicate, Shard, format_placements
+from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, Replicate, Shard, format_placements
 from distir.ir.function import Module
 from distir.ir.ops import Op
 from distir.ir.printer import print_op
 from distir.ir.rewrite import ValueMap, copy_instr
 from distir.ir.types import TensorType, Type
-from distir.ir.values import Value
+from distir.ir.values import Attrs, Value
 from distir.ops.registry import REGISTRY, OpKind, global_view
-from distir.ops.sharding import Strategy
-from distir.parallel.propagate import ShardingError, op_strategies, redistribution_bytes
+from distir.parallel.propagate import (
+    Placed,
+    ShardingError,
+    op_strategies,
+    redistribution_bytes,
+    shards_one_dim_twice,
+)
 
 # ``_required`` answers, by (op name, sharding rule, input types, result types, attributes): it is
 # a pure function of them, and the layers of a model (every microbatch size, TP degree, forward
-# and backward) meet the same typed ops again and again. Bounded: cleared when full.
+# and backward) meet the same typed ops again and again. Also ``legalize_placed``'s answers
+# (``_moves``), by keys that start with ``_PLACED``. Bounded: cleared when full.
 _REQUIRED: dict[tuple[object, ...], list[tuple[Placement, ...] | None]] = {}
 _REQUIRED_MAX: Final = 1 << 15
 
@@ -65,10 +71,32 @@ def _required_of(op: Op) -> list[tuple[Placement, ...] | None]:
     if any(not isinstance(t, DTensorType) for t in outs) or len(glob) != len(types):
         raise ShardingError(f"`{print_op(op)}`: every value of a sharded op needs a DTensor type")
     gouts = [t.global_type() for t in outs if isinstance(t, DTensorType)]
+    return _required_core(
+        op,
+        glob,
+        [t.placements if isinstance(t, DTensorType) else None for t in types],
+        gouts,
+        [t.placements for t in outs if isinstance(t, DTensorType)],
+        mesh,
+    )
+
+
+def _required_core(
+    op: Op,
+    glob: Sequence[Type],
+    in_places: Sequence[tuple[Placement, ...] | None],
+    gouts: Sequence[Type],
+    out_places: Sequence[tuple[Placement, ...]],
+    mesh: Mesh,
+) -> list[tuple[Placement, ...] | None]:
+    """``_required`` from the global types of ``op``'s inputs and results on the mesh's first
+    device (``glob``, ``gouts``), the placements of its inputs (None: not a distributed tensor)
+    and of its results. ``op`` gives the name, attributes and error messages."""
     per_axis: list[tuple[Placement, ...]] = []
+    n_axes = len(mesh.axes)
     for ax, (axis, n) in enumerate(mesh.axes):
-        want = tuple(t.placements[ax] for t in outs if isinstance(t, DTensorType))
-        have = tuple(t.placements[ax] if isinstance(t, DTensorType) else Replicate() for t in types)
+        want = tuple(pl[ax] for pl in out_places)
+        have = tuple(pl[ax] if pl is not None else Replicate() for pl in in_places)
         options = [s for s in op_strategies(op.name, glob, gouts, op.attrs, n) if s.outs == want]
         if not options:
             raise ShardingError(
@@ -76,34 +104,165 @@ def _required_of(op: Op) -> list[tuple[Placement, ...] | None]:
                 f"on mesh axis {axis}"
             )
 
-        def cost(
-            s: Strategy, have: tuple[Placement, ...] = have, n: int = n, ax: int = ax
-        ) -> tuple[int, float]:
-            """Inputs that would be sharded along the same dim on two mesh axes (which
-            materialization cannot lay out) first, then the bytes to move."""
-            clash = sum(
-                isinstance(w, Shard)
-                and isinstance(t, DTensorType)
-                and any(
-                    (per_axis[b][i] if b < ax else t.placements[b]) == w
-                    for b in range(len(mesh.axes))
-                    if b != ax
-                )
-                for i, (t, w) in enumerate(zip(types, s.ins, strict=True))
+        if len(options) == 1:
+            per_axis.append(options[0].ins)
+            continue
+        # the cheapest: inputs that would be sharded along the same dim on two mesh axes (which
+        # materialization cannot lay out) first, then the bytes to move; the first of equals
+        # (``min``). Nothing is cheaper than (0, 0.0): the first option costing that is it.
+        best = options[0]
+        best_cost: tuple[int, float] | None = None
+        for st in options:
+            clash = 0
+            for i, (pl, w) in enumerate(zip(in_places, st.ins, strict=True)):
+                if pl is not None and isinstance(w, Shard):
+                    for b in range(n_axes):
+                        if b != ax and (per_axis[b][i] if b < ax else pl[b]) == w:
+                            clash += 1
+                            break
+            c = (
+                clash,
+                float(
+                    sum(
+                        [
+                            redistribution_bytes(g, h, w, n)
+                            for g, h, w in zip(glob, have, st.ins, strict=True)
+                            if isinstance(g, TensorType)
+                        ]
+                    )
+                ),
             )
-            return clash, float(
-                sum(
-                    redistribution_bytes(g, h, w, n)
-                    for g, h, w in zip(glob, have, s.ins, strict=True)
-                    if isinstance(g, TensorType)
-                )
+            if best_cost is None or c < best_cost:
+                best, best_cost = st, c
+                if c == (0, 0.0):
+                    break
+        per_axis.append(best.ins)
+    need = [tuple(pa[i] for pa in per_axis) if pl is not None else None for i, pl in enumerate(in_places)]
+    for v, places in zip(op.inputs, need, strict=True):
+        if places is not None and shards_one_dim_twice(places):
+            raise ShardingError(
+                f"`{print_op(op)}`: every strategy giving its results their placements needs %{v.name} "
+                f"as [{format_placements(places)}], one dim sharded along two mesh axes (not supported)"
             )
+    return need
 
-        per_axis.append(options[0].ins if len(options) == 1 else min(options, key=cost).ins)
-    return [
-        tuple(pa[i] for pa in per_axis) if isinstance(types[i], DTensorType) else None
-        for i in range(len(types))
-    ]
+
+# marks ``_REQUIRED`` keys of ``legalize_placed`` (which name an op by its signature id)
+_PLACED: Final = object()
+
+
+def legalize_placed(
+    got: Placed, mesh: Mesh, pending: Collection[int], fb: FunctionBuilder
+) -> list[tuple[Value, tuple[Placement, ...] | None]]:
+    """``legalize`` of the DTensor program ``propagate`` would build from ``got`` (``place``'s
+    result on ``mesh``), emitted into ``fb`` with untyped values and without building that
+    program: parameters, then the body with its ``Redistribute`` ops, op for op and name for
+    name as ``legalize`` emits them. Returns each result of the function (a value of ``fb``)
+    with its placements (None: not a distributed tensor)."""
+    plan = got.plan
+    fn = plan.fn
+    placed = got.placed
+    ids = got.ids
+    dev0 = mesh.devices[0]
+    axes = mesh.axes
+    new = _Fresh()
+    for p in fn.params:
+        new[p] = fb.param(p.name)
+    fresh = new.__getitem__
+    moved: dict[tuple[Value, tuple[Placement, ...]], Value] = {}
+
+    def redistribute(v: Value, to: tuple[Placement, ...]) -> Value:
+        key = (v, to)
+        got = moved.get(key)
+        if got is None:
+            tag, attrs = _redistribute_attrs(to)
+            (got,) = fb.emit("Redistribute", (new[v],), attrs, [f"{v.name}_{tag}"])
+            moved[key] = got
+        return got
+
+    ops = iter(enumerate(plan.ops))
+    for instr in fn.body:
+        if not isinstance(instr, Op):
+            fb.append(copy_instr(instr, fresh))
+            continue
+        k, op = next(ops)
+        if plan.sharded[k]:
+            if plan.sharded[k] < 0:
+                raise ShardingError(f"`{print_op(op)}`: every value of a sharded op needs a DTensor type")
+            # placements by id (``propagate._pt_id``): equal ids, equal placements
+            key = (
+                _PLACED,
+                plan.sig[k],
+                axes,
+                dev0,
+                tuple(map(ids.get, op.inputs)),
+                tuple(map(ids.__getitem__, op.outputs)),
+            )
+            moves = _REQUIRED.get(key)
+            if moves is None:
+                moves = _moves(op, plan.ins[k], plan.outs[k], placed, mesh)
+                if len(_REQUIRED) >= _REQUIRED_MAX:
+                    _REQUIRED.clear()
+                _REQUIRED[key] = moves
+            if any(moves):
+                ins = tuple(
+                    fresh(v) if to is None else redistribute(v, to)
+                    for v, to in zip(op.inputs, moves, strict=True)
+                )
+            else:
+                ins = tuple(map(fresh, op.inputs))
+            fb.append(Op(op.name, ins, tuple(map(fresh, op.outputs)), op.attrs))
+            continue
+        fb.append(copy_instr(op, fresh))
+    outs: list[tuple[Value, tuple[Placement, ...] | None]] = []
+    for i, v in enumerate(fn.outputs):
+        lst = placed.get(v)
+        pl = tuple(lst) if lst is not None else None
+        if i not in pending and pl is not None and any(isinstance(p, Partial) for p in pl):
+            to = tuple(Replicate() if isinstance(p, Partial) else p for p in pl)
+            outs.append((redistribute(v, to), to))
+        else:
+            outs.append((fresh(v), pl))
+    return outs
+
+
+# target placements -> (name tag, ``Redistribute`` attributes): a few targets, met in every layer
+_TO: dict[tuple[Placement, ...], tuple[str, Attrs]] = {}
+
+
+def _redistribute_attrs(to: tuple[Placement, ...]) -> tuple[str, Attrs]:
+    """``_tag(to)`` and the attributes of ``Redistribute(..., to=...)`` (one shared object)."""
+    got = _TO.get(to)
+    if got is None:
+        if len(_TO) >= 1 << 12:
+            _TO.clear()
+        got = _TO[to] = (_tag(to), Attrs({"to": format_placements(to)}))
+    return got
+
+
+class _Fresh(dict[Value, Value]):
+    """Old values to new untyped ones, made on first use."""
+
+    def __missing__(self, v: Value) -> Value:
+        nv = self[v] = Value(v.name)
+        return nv
+
+
+def _moves(
+    op: Op, ins: Sequence[Type], outs: Sequence[Type], placed: Mapping[Value, Sequence[Placement]], mesh: Mesh
+) -> list[tuple[Placement, ...] | None]:
+    """Per input of ``op`` (global types ``ins``, results ``outs``, placed as ``placed`` says
+    on ``mesh``), the placements ``_required_core`` asks for when they differ from the input's,
+    else None."""
+    in_places = tuple(tuple(lst) if (lst := placed.get(v)) is not None else None for v in op.inputs)
+    out_places = tuple(tuple(placed[v]) for v in op.outputs)
+    dev0 = mesh.devices[0]
+    # the global view (tensors on the mesh's first device): most already are, and equal types
+    # are as good as new ones
+    glob = [t if type(t) is TensorType and t.device == dev0 else global_view(t, mesh) for t in ins]
+    gouts = [t if type(t) is TensorType and t.device == dev0 else global_view(t, mesh) for t in outs]
+    need = _required_core(op, glob, in_places, gouts, out_places, mesh)
+    return [n if n is not None and n != pl else None for n, pl in zip(need, in_places, strict=True)]
 
 
 def _tag(places: tuple[Placement, ...]) -> str:
@@ -166,4 +325,4 @@ def legalize(module: Module, pending: Collection[int] = ()) -> Module:
     return module.replace(fb.ret(*outs))
 
 
-__all__ = ["legalize"]
+__all__ = ["legalize", "legalize_placed"]

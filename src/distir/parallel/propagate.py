@@ -9,16 +9,25 @@ operands → the rest, as Automap describes). Values still unknown at the fixed 
 replicated. Finally each op, in program order, takes the strategy its inputs' placements ask
 for; when no strategy takes them as they are (rules conflict), it takes the strategy that needs
 the least communication to redistribute its inputs, and the conflict is reported. Axes are
-independent except for one thing: a strategy that would shard one dim of a value along two mesh
-axes (a layout materialization does not support) is taken only when no other is possible.
+independent except for one thing: one dim of a value sharded along two mesh axes (a layout
+materialization does not support). The fixed point never fills a placement that would make one
+(a parameter keeps what the fixed point gives it, so no later choice could undo it); the final
+choice takes a strategy that makes one only when every other does too, and then reports the value
+(``ShardingError``).
 
 The result is a DTensor program: the same ops, every tensor value typed ``DTensor[...]`` with
 its producer's placements. Where an op's strategy needs other placements for an input,
 ``distir.parallel.legalize`` inserts the redistribution.
+
+``propagate`` is ``Plan`` (what the function alone fixes: types, options, pins) then ``place``
+(the fixed point and the final choice, one op at a time, memoized on everything an op's choice
+depends on). ``distir.parallel.layers.shard_function`` keeps plans and builds the legalized
+function straight from ``place``'s placements, without the DTensor program.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -40,7 +49,7 @@ from distir.ir.ops import Call, Op
 from distir.ir.rewrite import ValueMap, copy_instr, inline_calls
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs, Value
-from distir.ops.registry import REGISTRY
+from distir.ops.registry import REGISTRY, OpKind
 from distir.ops.sharding import Strategy
 
 
@@ -110,14 +119,28 @@ def op_strategies(
     return REGISTRY[name].strategy_options(ins, outs, attrs, n)
 
 
+# annotation texts -> placements (a few distinct texts, met for every layer); bounded
+_PARSED: dict[str, tuple[Placement, ...]] = {}
+
+
+def parsed_placements(text: str) -> tuple[Placement, ...]:
+    """``parse_placements(text)``, memoized (placements are immutable)."""
+    got = _PARSED.get(text)
+    if got is None:
+        got = parse_placements(text)
+        if len(_PARSED) >= 1 << 12:
+            _PARSED.clear()
+        _PARSED[text] = got
+    return got
+
+
 def _annotation(value: str, a: str | Sequence[Placement], mesh: Mesh) -> tuple[Placement, ...]:
-    places = parse_placements(a) if isinstance(a, str) else tuple(a)
+    places = parsed_placements(a) if isinstance(a, str) else tuple(a)
     if len(places) != len(mesh.axes):
         raise ShardingError(
             f"annotation of %{value} gives {len(places)} placements for a mesh of {len(mesh.axes)} axes"
         )
-    dims = [p.dim for p in places if isinstance(p, Shard)]
-    if len(dims) != len(set(dims)):
+    if shards_one_dim_twice(places):
         raise ShardingError(
             f"annotation of %{value} [{format_placements(places)}]: two mesh axes shard the same dim; "
             "not supported yet"
@@ -150,30 +173,204 @@ def propagate(
     fn = module.entry
     if any(isinstance(i, Call) for i in fn.body):
         fn = inline_calls(module)
-    flat = Module((fn,))
-    _, env = infer_types(flat)
-    types: dict[Value, Type] = {v: type_of(x) for v, x in env.items()}
-    by_name: dict[str, Value] = {}
-    for v in types:
-        by_name.setdefault(v.name, v)
-    for name in annotations:
-        if name not in by_name:
-            raise ShardingError(f"annotation names %{name}, which the program does not define")
+    plan = Plan(fn)
+    got = place(plan, mesh, annotations, params, results, replicate_results, pinned)
+    result = Propagation(Module((fn,)), got.strategies, got.conflicts)
+    result.module = _typed(fn, plan.types, got.placed, mesh)
+    return result
+
+
+class Plan:
+    """What propagation derives from a flat function alone, for any mesh and annotations: the
+    global type of every value (type inference on the declared parameter types), the ops and
+    their constants, and per op what fixes its options and move costs (name, sharding rule,
+    global types, attributes; an interned ``sig`` for memo keys) and, per axis size, the options
+    themselves. Immutable once built (the per-size tables fill lazily): ``shard_function`` keeps
+    one per (function, argument types), and the meshes a layer is sharded on share it."""
+
+    __slots__ = (
+        "_by_name",
+        "_fill",
+        "_options",
+        "_pin_flags",
+        "_pins",
+        "constants",
+        "fn",
+        "ins",
+        "is_param",
+        "movable",
+        "ops",
+        "outs",
+        "params",
+        "sharded",
+        "sig",
+        "tensors",
+        "types",
+        "vals",
+    )
+
+    def __init__(self, fn: Function) -> None:
+        """``fn``: flat (no calls), every parameter typed."""
+        self.fn = fn
+        _, env = infer_types(Module((fn,)))
+        self.types: dict[Value, Type] = {v: type_of(x) for v, x in env.items()}
+        types = self.types
+        self.ops: list[Op] = [i for i in fn.body if isinstance(i, Op)]
+        # constants (ops without inputs) stay plain tensors of the logical program: replicated
+        self.constants = {v for op in self.ops if not op.inputs for v in op.outputs}
+        # the values propagation places, in the order inference met them
+        self.tensors = [v for v, t in types.items() if isinstance(t, TensorType) and v not in self.constants]
+        self.params = set(fn.params)
+        self.ins: list[list[Type]] = []
+        self.outs: list[list[Type]] = []
+        self.sig: list[int] = []
+        self.vals: list[tuple[Value, ...]] = []  # per op: its inputs, then its results
+        self.is_param: list[tuple[bool, ...]] = []
+        self.movable: list[tuple[tuple[int, TensorType], ...]] = []  # per op: its tensor inputs
+        self.sharded: list[int] = []
+        tensors = set(self.tensors)
+        for op in self.ops:
+            ins = [types[v] for v in op.inputs]
+            outs = [types[v] for v in op.outputs]
+            self.ins.append(ins)
+            self.outs.append(outs)
+            self.sig.append(_sig_id((op.name, REGISTRY[op.name].sharding, tuple(ins), tuple(outs), op.attrs)))
+            vals = (*op.inputs, *op.outputs)
+            self.vals.append(vals)
+            self.is_param.append(tuple(v in self.params for v in vals))
+            self.movable.append(tuple((i, t) for i, t in enumerate(ins) if isinstance(t, TensorType)))
+            # legalization: 1 for a local op with a distributed input (its strategy may move
+            # them), -1 when one of its results cannot be distributed (an error), else 0
+            sharded = REGISTRY[op.name].kind is OpKind.LOCAL and any(v in tensors for v in op.inputs)
+            self.sharded.append(0 if not sharded else 1 if all(v in tensors for v in op.outputs) else -1)
+        self._options: dict[int, list[tuple[Strategy, ...]]] = {}
+        self._fill: dict[int, list[tuple[tuple[Placement, ...], ...]]] = {}
+        self._pins: dict[tuple[int, ...], set[Value]] = {}
+        self._pin_flags: dict[tuple[int, ...], list[tuple[bool, ...]]] = {}
+        self._by_name: dict[str, Value] | None = None
+
+    def options(self, n: int) -> list[tuple[Strategy, ...]]:
+        """Per op, its strategies along a mesh axis of ``n`` devices."""
+        got = self._options.get(n)
+        if got is None:
+            got = self._options[n] = [self._tables(sig, k, n)[0] for k, sig in enumerate(self.sig)]
+        return got
+
+    def fill(self, n: int) -> list[tuple[tuple[Placement, ...], ...]]:
+        """Per op, each strategy's placements of its inputs, then its results (``vals``)."""
+        got = self._fill.get(n)
+        if got is None:
+            got = self._fill[n] = [self._tables(sig, k, n)[1] for k, sig in enumerate(self.sig)]
+        return got
+
+    def _tables(
+        self, sig: int, k: int, n: int
+    ) -> tuple[tuple[Strategy, ...], tuple[tuple[Placement, ...], ...]]:
+        """Op ``k``'s options on an axis of ``n`` devices and their ``fill`` rows, by signature
+        id first (``_OPTIONS``: an int key, where ``op_strategies`` hashes the types)."""
+        got = _OPTIONS.get((sig, n))
+        if got is None:
+            op = self.ops[k]
+            opts = op_strategies(op.name, self.ins[k], self.outs[k], op.attrs, n)
+            if len(_OPTIONS) >= _OPTIONS_MAX:
+                _OPTIONS.clear()
+            got = _OPTIONS[(sig, n)] = (opts, tuple((*st.ins, *st.outs) for st in opts))
+        return got
+
+    def by_name(self) -> dict[str, Value]:
+        """The first value of each name (annotations name values)."""
+        if self._by_name is None:
+            self._by_name = {}
+            for v in self.types:
+                self._by_name.setdefault(v.name, v)
+        return self._by_name
+
+    def pin_flags(self, pinned: tuple[int, ...]) -> list[tuple[bool, ...]]:
+        """Per op, per input: pinned (``pins``)."""
+        got = self._pin_flags.get(pinned)
+        if got is None:
+            pins = self.pins(pinned)
+            got = self._pin_flags[pinned] = [tuple(v in pins for v in op.inputs) for op in self.ops]
+        return got
+
+    def pins(self, pinned: tuple[int, ...]) -> set[Value]:
+        """The pinned parameters and the values computed from them (and constants) alone: a
+        weight's transpose is a weight too. Callers must not mutate the set."""
+        got = self._pins.get(pinned)
+        if got is None:
+            fn = self.fn
+            got = {fn.params[i] for i in pinned}
+            for op in self.ops:
+                if got and op.inputs and all(v in got or v in self.constants for v in op.inputs):
+                    got.update(op.outputs)
+            self._pins[pinned] = got
+        return got
+
+
+# op signatures (name, sharding rule, global types, attributes) -> small ints, so that memo keys
+# hash an int instead of types. Ids are never reused: clearing the table when full only makes
+# later keys of a signature differ from earlier ones (a memo miss, never a wrong hit).
+_SIGS: dict[tuple[object, ...], int] = {}
+_SIGS_MAX: Final = 1 << 15
+_next_sig = itertools.count()
+
+
+def _sig_id(sig: tuple[object, ...]) -> int:
+    got = _SIGS.get(sig)
+    if got is None:
+        if len(_SIGS) >= _SIGS_MAX:
+            _SIGS.clear()
+        got = _SIGS[sig] = next(_next_sig)
+    return got
+
+
+# (signature id, axis size) -> the op's options (``op_strategies``) and its ``Plan.fill`` rows;
+# bounded: cleared when full
+_OPTIONS: dict[tuple[int, int], tuple[tuple[Strategy, ...], tuple[tuple[Placement, ...], ...]]] = {}
+_OPTIONS_MAX: Final = 1 << 15
+
+
+@dataclass
+class Placed:
+    """``place``'s result: every placed value's placements (one per mesh axis), and per op the
+    strategy it takes on each axis and its conflicts."""
+
+    plan: Plan
+    placed: dict[Value, list[Placement]]
+    strategies: dict[Op, tuple[Strategy, ...]]
+    conflicts: list[Conflict]
+    ids: dict[Value, int]  # per placed value, the id of its placements (``_pt_id``)
+
+
+def place(
+    plan: Plan,
+    mesh: Mesh,
+    annotations: Mapping[str, str | Sequence[Placement]],
+    params: Mapping[int, str | Sequence[Placement]] | None = None,
+    results: Mapping[int, str | Sequence[Placement]] | None = None,
+    replicate_results: bool = True,
+    pinned: Collection[int] = (),
+) -> Placed:
+    """``propagate`` on a plan of the flat entry, without building the DTensor program."""
+    fn = plan.fn
+    types = plan.types
+    if annotations:
+        by_name = plan.by_name()
+        for name in annotations:
+            if name not in by_name:
+                raise ShardingError(f"annotation names %{name}, which the program does not define")
     positional: dict[Value, str | Sequence[Placement]] = {}
     for where, seq, by_pos in (("parameter", fn.params, params), ("result", fn.outputs, results)):
         for i, a in (by_pos or {}).items():
             if not 0 <= i < len(seq):
                 raise ShardingError(f"@{fn.name} has no {where} {i}")
             positional[seq[i]] = a
-    ops = [i for i in fn.body if isinstance(i, Op)]
-    # constants (ops without inputs) stay plain tensors of the logical program: replicated
-    constants = {v for op in ops if not op.inputs for v in op.outputs}
-    placed: dict[Value, list[Placement | None]] = {
-        v: [None] * len(mesh.axes)
-        for v, t in types.items()
-        if isinstance(t, TensorType) and v not in constants
-    }
-    given: list[tuple[Value, str | Sequence[Placement]]] = [(by_name[n], a) for n, a in annotations.items()]
+    ops = plan.ops
+    n_axes = len(mesh.axes)
+    placed: dict[Value, list[Placement | None]] = {v: [None] * n_axes for v in plan.tensors}
+    given: list[tuple[Value, str | Sequence[Placement]]] = [
+        (plan.by_name()[n], a) for n, a in annotations.items()
+    ]
     given.extend(positional.items())
     for v, a in given:
         name = v.name
@@ -183,101 +380,185 @@ def propagate(
             if isinstance(p, Shard) and p.dim >= len(types[v].shape):  # type: ignore[union-attr]
                 raise ShardingError(f"%{name}: {p} is out of range for shape {types[v].shape}")  # type: ignore[union-attr]
             placed[v][ax] = p
-    entry_params = set(fn.params)
+    entry_params = plan.params
     for i in pinned:
         if not 0 <= i < len(fn.params) or fn.params[i] not in positional:
             raise ShardingError(f"@{fn.name}: pinned parameter {i} is not an annotated parameter")
-    pins = {fn.params[i] for i in pinned}
-    for op in ops:  # values computed from pinned ones alone (a weight's transpose) are weights too
-        if pins and op.inputs and all(v in pins or v in constants for v in op.inputs):
-            pins.update(op.outputs)
     # annotated values are constraints; results of the program are replicated unless annotated
     fixed = {v for v, _ in given}
     for v in fn.outputs if replicate_results else ():
         if v not in fixed and v in placed and v not in entry_params:
-            placed[v] = [Replicate()] * len(mesh.axes)
+            placed[v] = [Replicate()] * n_axes
             fixed.add(v)
     fixed_at = {v: [p or Replicate() for p in placed[v]] for v in fixed if v in placed}
-    strat: dict[tuple[Op, int], tuple[Strategy, ...]] = {}
-    # per op: what fixes its options and move costs (name, global types, attributes), and which
-    # inputs are pinned (``_choose``'s memo key)
-    sig: dict[Op, tuple[object, ...]] = {}
-    pin_flags: dict[Op, tuple[bool, ...]] = {}
-    for op in ops:
-        ins = [types[v] for v in op.inputs]
-        outs = [types[v] for v in op.outputs]
-        sig[op] = (op.name, REGISTRY[op.name].sharding, tuple(ins), tuple(outs), op.attrs)
-        pin_flags[op] = tuple(v in pins for v in op.inputs)
-        for ax, (_, n) in enumerate(mesh.axes):
-            strat[(op, ax)] = op_strategies(op.name, ins, outs, op.attrs, n)
+    sizes = tuple(n for _, n in mesh.axes)
+    options = [plan.options(n) for n in sizes]  # per axis, per op
+    fills = [plan.fill(n) for n in sizes]
 
-    n_axes = len(mesh.axes)
-    # per op: its values, their placement lists (None: not a tensor, i.e. always replicated)
-    # and which are entry parameters
-    views = {
-        op: (vals, [placed.get(v) for v in vals], [v in entry_params for v in vals])
-        for op in ops
-        for vals in ((*op.inputs, *op.outputs),)
-    }
+    # per op: the placement lists of its values (None: not a tensor, i.e. always replicated)
+    lists_of = [[placed.get(v) for v in vals] for vals in plan.vals]
     # fixed point: fill unknown placements from strategies consistent with the known ones. An op
     # whose values are all placed on every axis stays so: later sweeps skip it.
-    open_ops = list(ops)
+    open_ops = list(range(len(ops)))
+    done = [[False] * n_axes for _ in ops]  # per op and axis: every value placed (it stays so)
+    # per op and axis: the known placements when no strategy was consistent with them. While
+    # they stay so, none is: the other axes only gain placements, which only rejects more.
+    stuck: list[list[list[Placement | None] | None]] = [[None] * n_axes for _ in ops]
     changed = True
     while changed:
         changed = False
         for order in (open_ops, open_ops[::-1]):
-            for op in order:
-                _, lists, is_param = views[op]
+            for j in order:
+                lists = lists_of[j]
+                is_param = plan.is_param[j]
+                done_j = done[j]
+                stuck_j = stuck[j]
                 for ax in range(n_axes):
-                    known = [lst[ax] if lst is not None else _R for lst in lists]
-                    n_none = known.count(None)
-                    if n_none == 0 or n_none == len(known):
+                    if done_j[ax]:
                         continue
-                    for st in strat[(op, ax)]:
-                        places = (*st.ins, *st.outs)
-                        if all(k is None or k == p for k, p in zip(known, places, strict=True)) and not any(
-                            k is None and param and isinstance(p, Partial)
-                            for param, k, p in zip(is_param, known, places, strict=True)
-                        ):  # a parameter is never guessed to be a pending sum; annotate it if meant
-                            for lst, k, p in zip(lists, known, places, strict=True):
-                                if k is None and lst is not None:
-                                    lst[ax] = p
-                                    changed = True
-                            break
-        open_ops = [op for op in open_ops if any(lst is not None and None in lst for lst in views[op][1])]
+                    known: list[Placement | None] = []
+                    n_none = 0
+                    for lst in lists:
+                        if lst is None:
+                            known.append(_R)
+                        else:
+                            x = lst[ax]
+                            if x is None:
+                                n_none += 1
+                            known.append(x)
+                    if n_none == 0:
+                        done_j[ax] = True
+                        continue
+                    if n_none == len(known) or known == stuck_j[ax]:
+                        continue
+                    for places in fills[ax][j]:
+                        # consistent with every known placement (plain loops: this is the hot spot)
+                        for kp, p in zip(known, places, strict=True):
+                            if kp is not None and kp is not p and kp != p:
+                                break
+                        else:
+                            for param, lst, kp, p in zip(is_param, lists, known, places, strict=True):
+                                if kp is None and (
+                                    # a parameter is never guessed to be a pending sum; annotate it
+                                    # if meant
+                                    (param and isinstance(p, Partial))
+                                    # nor is a dim sharded along two mesh axes: no op's choice can
+                                    # undo that for a parameter (``lst[ax]`` is None, so ``in``
+                                    # sees the other axes)
+                                    or (isinstance(p, Shard) and p in lst)  # type: ignore[operator]
+                                ):
+                                    break
+                            else:
+                                for lst, kp, p in zip(lists, known, places, strict=True):
+                                    if kp is None and lst is not None:
+                                        lst[ax] = p
+                                        changed = True
+                                break
+                    else:
+                        stuck_j[ax] = known
+        open_ops = [j for j in open_ops if not all(done[j])]
     for ps in placed.values():
         for ax in range(len(ps)):
             if ps[ax] is None:
                 ps[ax] = Replicate()
-    # final choice per op, in program order: the producer's placements are what consumers get
-    result = Propagation(flat)
-    for op in ops:
-        chosen: list[Strategy] = []
-        # (input position, type, pinned) of the tensor inputs: only they can move; (output
-        # position, type, fixed placements) of the annotated tensor results
-        movable: list[tuple[int, TensorType, bool]] = []
-        for i, v in enumerate(op.inputs):
-            tv = types[v]
-            if isinstance(tv, TensorType):
-                movable.append((i, tv, v in pins))
-        in_lists = [placed.get(v) for v in op.inputs]
-        out_lists = [placed.get(v) for v in op.outputs]
-        targets: list[tuple[int, TensorType, list[Placement]]] = []
-        for i, v in enumerate(op.outputs):
-            tv = types[v]
-            if v in fixed_at and isinstance(tv, TensorType):
-                targets.append((i, tv, fixed_at[v]))
-        for ax, (axis, n) in enumerate(mesh.axes):
-            # every tensor is placed by now: a value without a list is not a tensor (replicated)
-            have: tuple[Placement, ...] = tuple(lst[ax] or _R if lst is not None else _R for lst in in_lists)
-            hint: tuple[Placement, ...] = tuple(lst[ax] or _R if lst is not None else _R for lst in out_lists)
-            options = strat[(op, ax)]
-            if len(options) == 1:
-                pick = options[0]
+    # final choice per op, in program order: the producer's placements are what consumers get.
+    # Placement lists are named by interned ids (``_pt_id``): here those the fixed point gave, and
+    # once an op has chosen, its results' final ones (consumers come later)
+    ids = {v: _pt_id(tuple(ps)) for v, ps in placed.items()}  # type: ignore[arg-type]
+    pin_flags = plan.pin_flags(tuple(pinned))
+    strategies: dict[Op, tuple[Strategy, ...]] = {}
+    conflicts: list[Conflict] = []
+    for k, op in enumerate(ops):
+        # everything the op's choice depends on (``_choose_op``): its signature (options, types),
+        # the axis sizes, its inputs' final placements and its results' from the fixed point,
+        # which results are annotated, which inputs pinned
+        outs = op.outputs
+        ckey = (
+            plan.sig[k],
+            sizes,
+            tuple([ids.get(v) for v in op.inputs]),
+            tuple([ids.get(v) for v in outs]),
+            tuple([v in fixed_at for v in outs]) if fixed_at else None,
+            pin_flags[k],
+        )
+        got = _CHOICES.get(ckey)
+        if got is None:
+            got = _choose_op(op, plan, k, options, sizes, placed, fixed_at, pin_flags[k])
+            if len(_CHOICES) >= _CHOICES_MAX:
+                _CHOICES.clear()
+            _CHOICES[ckey] = got
+        chosen, finals, moved = got
+        for v, (fin, fid) in zip(outs, finals, strict=True):
+            if fid is not None:
+                placed[v] = list(fin)  # type: ignore[arg-type]
+                ids[v] = fid
+        for ax, have in moved:
+            conflicts.append(Conflict(op, mesh.axes[ax][0], have, chosen[ax]))
+        strategies[op] = chosen
+    return Placed(plan, placed, strategies, conflicts, ids)  # type: ignore[arg-type]
+
+
+# An op's final choice (``_choose_op``): per axis the strategy it takes, per result its final
+# placements and their id (None: not placed), and the axes where its inputs do not arrive as the
+# strategy takes them, with the placements they arrive in.
+_OpChoice = tuple[
+    tuple[Strategy, ...],
+    tuple[tuple[tuple[Placement, ...] | None, int | None], ...],
+    tuple[tuple[int, tuple[Placement, ...]], ...],
+]
+
+
+def _choose_op(
+    op: Op,
+    plan: Plan,
+    k: int,
+    options: Sequence[Sequence[tuple[Strategy, ...]]],
+    sizes: tuple[int, ...],
+    placed: Mapping[Value, list[Placement | None]],
+    fixed: Mapping[Value, list[Placement]],
+    pins: tuple[bool, ...],
+) -> _OpChoice:
+    """Op ``k`` of ``plan`` chooses a strategy per mesh axis (of sizes ``sizes``), in axis order,
+    each by ``_choose`` given what the axes before took; ``placed`` holds its inputs' final
+    placements and its results' from the fixed point (``fixed``: the annotated ones). Reads
+    ``placed``, never writes it. Raises ShardingError when a result would shard one dim along
+    two mesh axes. A pure function of the op's signature (``plan.sig[k]``), the sizes, those
+    placements, which results are annotated and ``pins`` (per input: pinned)."""
+    types = plan.types
+    n_axes = len(sizes)
+    chosen: list[Strategy] = []
+    in_lists = [placed.get(v) for v in op.inputs]
+    # per result: its placements so far (axes before the current one: what the op chose)
+    out_lists = [list(lst) if lst is not None else None for lst in (placed.get(v) for v in op.outputs)]
+    # (output position, type, fixed placements) of the annotated tensor results
+    targets: list[tuple[int, TensorType, list[Placement]]] = []
+    for i, v in enumerate(op.outputs):
+        tv = types[v]
+        if v in fixed and isinstance(tv, TensorType):
+            targets.append((i, tv, fixed[v]))
+    moved: list[tuple[int, tuple[Placement, ...]]] = []
+    for ax, n in enumerate(sizes):
+        # every tensor is placed by now (no None left): a value without a list is not a tensor
+        # (replicated)
+        have: tuple[Placement, ...] = tuple([lst[ax] if lst is not None else _R for lst in in_lists])  # type: ignore[misc]
+        hint: tuple[Placement, ...] = tuple([lst[ax] if lst is not None else _R for lst in out_lists])  # type: ignore[misc]
+        opts = options[ax][k]
+        if len(opts) == 1:
+            pick = opts[0]
+        else:
+            # what the other axes hold (or, for inputs on earlier axes, take): a strategy that
+            # shards a dim along this axis too clashes
+            in_other: tuple[tuple[Placement | None, ...], ...]
+            out_other: tuple[tuple[Placement | None, ...], ...]
+            if n_axes == 2:  # the (dp, tp) meshes of the layers: one other axis
+                b = 1 - ax
+                if b < ax:
+                    in_other = tuple([(w,) for w in chosen[b].ins])
+                else:
+                    in_other = tuple([(lst[b],) if lst is not None else (_R,) for lst in in_lists])
+                out_other = tuple([(lst[b],) if lst is not None else () for lst in out_lists])
             else:
                 others = [b for b in range(n_axes) if b != ax]
-                # what the other axes hold (or, for inputs on earlier axes, take): a strategy that
-                # shards a dim along this axis too clashes
                 in_other = tuple(
                     tuple(chosen[b].ins[i] if b < ax else lst[b] if lst is not None else _R for b in others)
                     for i, lst in enumerate(in_lists)
@@ -285,32 +566,63 @@ def propagate(
                 out_other = tuple(
                     tuple(lst[b] for b in others) if lst is not None else () for lst in out_lists
                 )
-                tgt = tuple((i, fx[ax]) for i, _, fx in targets)
-                # everything the choice depends on besides the options' own key (``sig``)
-                ckey = (sig[op], n, have, hint, in_other, out_other, pin_flags[op], tgt)
-                got = _CHOICES.get(ckey)
-                if got is None:
-                    got = _choose(options, n, have, hint, in_other, out_other, movable, targets, tgt)
-                    if len(_CHOICES) >= _CHOICES_MAX:
-                        _CHOICES.clear()
-                    _CHOICES[ckey] = got
-                pick = got
-            if pick.ins != have:
-                result.conflicts.append(Conflict(op, axis, have, pick))
-            chosen.append(pick)
-            for v, p in zip(op.outputs, pick.outs, strict=True):
-                if v in placed:
-                    placed[v][ax] = p
-        result.strategies[op] = tuple(chosen)
-    result.module = _typed(fn, types, placed, mesh)
-    return result
+            tgt = tuple((i, fx[ax]) for i, _, fx in targets)
+            got = _free(opts, have, hint, in_other, out_other, plan.movable[k], tgt)
+            if got is None:
+                # (input position, type, pinned) of the tensor inputs: only they can move
+                movable = [(i, tv, pins[i]) for i, tv in plan.movable[k]]
+                got = _choose(opts, n, have, hint, in_other, out_other, movable, targets, tgt)
+            pick = got
+        if pick.ins != have:
+            moved.append((ax, have))
+        chosen.append(pick)
+        for lst, p in zip(out_lists, pick.outs, strict=True):
+            if lst is not None:
+                lst[ax] = p
+    finals: list[tuple[tuple[Placement, ...] | None, int | None]] = []
+    for v, lst in zip(op.outputs, out_lists, strict=True):
+        if lst is None:
+            finals.append((None, None))
+            continue
+        # ``_choose`` takes such a strategy only when every other one clashes too
+        if n_axes > 1 and shards_one_dim_twice(lst):
+            raise ShardingError(
+                f"%{v.name}: every strategy of {op.name} shards one dim along two mesh axes "
+                f"([{format_placements(tuple(p or _R for p in lst))}]), which is not supported"
+            )
+        fin = tuple(p or _R for p in lst)
+        finals.append((fin, _pt_id(fin)))
+    return tuple(chosen), tuple(finals), tuple(moved)
 
 
-# ``_choose`` answers (see there), keyed by everything they depend on: the op's name, sharding
-# rule, global types and attributes (which fix its options and the bytes of every move), the axis
-# size, and the placements around it. Layers meet the same typed ops again and again. Bounded:
-# cleared when full.
-_CHOICES: dict[tuple[object, ...], Strategy] = {}
+# placement lists -> small ints, so that memo keys hash ints instead of placements (a dataclass
+# hashes in Python). Ids are never reused: clearing the table when full only makes later keys of
+# a list differ from earlier ones (a memo miss, never a wrong hit).
+_PT_IDS: dict[tuple[Placement, ...], int] = {}
+_PT_IDS_MAX: Final = 1 << 15
+_next_pt = itertools.count()
+
+
+def _pt_id(places: tuple[Placement, ...]) -> int:
+    got = _PT_IDS.get(places)
+    if got is None:
+        if len(_PT_IDS) >= _PT_IDS_MAX:
+            _PT_IDS.clear()
+        got = _PT_IDS[places] = next(_next_pt)
+    return got
+
+
+def shards_one_dim_twice(places: Sequence[Placement | None]) -> bool:
+    """Whether two mesh axes shard the same dim (a layout materialization does not support)."""
+    dims = [p.dim for p in places if isinstance(p, Shard)]
+    return len(dims) != len(set(dims))
+
+
+# ``_choose_op`` answers (see there), keyed by everything they depend on: the op's signature (name,
+# sharding rule, global types and attributes, which fix its options and the bytes of every move),
+# the axis sizes, and the placements around it (by id). Layers meet the same typed ops again and
+# again. Bounded: cleared when full.
+_CHOICES: dict[tuple[object, ...], _OpChoice] = {}
 _CHOICES_MAX: Final = 1 << 15
 
 
@@ -343,6 +655,8 @@ def _choose(
         for i, q in enumerate(st.outs):
             if isinstance(q, Shard) and q in out_other[i]:
                 clash += 1
+        if best is not None and clash > best[0]:
+            continue  # its key is larger, whatever the rest
         total, moves, costly, moved_pins = 0.0, 0, 0, 0
         sins = st.ins
         for i, tv, is_pin in movable:
@@ -376,8 +690,49 @@ def _choose(
     return pick
 
 
+def _free(
+    options: Sequence[Strategy],
+    have: tuple[Placement, ...],
+    hint: tuple[Placement, ...],
+    in_other: Sequence[Sequence[Placement | None]],
+    out_other: Sequence[Sequence[Placement | None]],
+    movable: Sequence[tuple[int, TensorType]],
+    tgt: Sequence[tuple[int, Placement]],
+) -> Strategy | None:
+    """``_choose``'s answer when it costs nothing, found without counting: the first strategy
+    that clashes nowhere, takes every tensor input as it arrives (no move, so no pinned move and
+    no bytes), gives the annotated results their placements (``tgt``) and its results the fixed
+    point's (``hint``). Its key in ``_choose`` is all zeros up to the index, the least possible,
+    so it is ``_choose``'s pick; None when no strategy is free."""
+    for st in options:
+        outs = st.outs
+        if outs != hint:
+            continue
+        sins = st.ins
+        for i, _ in movable:
+            h, w = have[i], sins[i]
+            if h is not w and h != w:
+                break
+        else:
+            for i, want in tgt:
+                q = outs[i]
+                if q is not want and q != want:
+                    break
+            else:
+                for i, w in enumerate(sins):
+                    if isinstance(w, Shard) and w in in_other[i]:
+                        break
+                else:
+                    for i, q in enumerate(outs):
+                        if isinstance(q, Shard) and q in out_other[i]:
+                            break
+                    else:
+                        return st
+    return None
+
+
 def _typed(
-    fn: Function, types: Mapping[Value, Type], placed: Mapping[Value, list[Placement | None]], mesh: Mesh
+    fn: Function, types: Mapping[Value, Type], placed: Mapping[Value, Sequence[Placement | None]], mesh: Mesh
 ) -> Module:
     """The entry with every tensor value typed as a DTensor with its placements."""
 
