@@ -110,9 +110,7 @@ def test_list_and_numpy_dps_agree_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -
     # the DP itself, bound by bound
     for (time, comm, mem, cap), k in cases[:40]:
         inp = la._validate(time, k, comm, mem, cap)
-        small, large = la._Solver(inp), la._Solver(inp)
-        large.small = False
-        assert small.small
+        small, large = la._list_solver(inp), la._Solver(inp)
         for mu in (math.inf, *np.unique(np.asarray(time)).tolist(), 0.0):
             assert small.dp(mu) == large.dp(mu)
     # and whole searches

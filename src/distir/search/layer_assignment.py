@@ -28,8 +28,9 @@ M* ∈ V. S is a non-increasing step function, so a search over V only has to fi
   gives it in O(L) per stage; in numpy a sparse table over the window's levels is far faster than a
   Python loop, so each evaluation costs O(p·L·log W) element operations (W ≤ L the longest
   admissible window, about L/p near the optimum) in O(p·log W) vectorized calls. Up to
-  ``SMALL_LAYERS`` layers numpy's per-call overhead dominates, and the same DP runs on Python lists
-  (``_Solver._dp_lists``: the same float operations, so the same results bit for bit).
+  ``SMALL_LAYERS`` layers numpy's per-call overhead dominates, and the whole search runs on Python
+  lists (``distir.search.layer_assignment_lists.ListSolver``: the same float operations, so the
+  same results bit for bit).
 - *Search over μ* (branch and bound on value intervals). The solution of dp(μ) has an actual
   maximum m ≤ μ with S(m) = S(μ), so every candidate in [m, μ] is dominated by it. An interval
   (lo, hi) of unexplored candidates carries a lower bound s on S over it (S(x) for the x that
@@ -80,7 +81,7 @@ from __future__ import annotations
 
 import itertools
 import math
-import operator
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -89,11 +90,13 @@ import numpy as np
 import numpy.typing as npt
 from numpy.typing import NDArray
 
+from distir.search.layer_assignment_lists import ListSolver
+
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.intp]
 
 REL_TOL: Final = 1e-12
-SMALL_LAYERS: Final = 64  # up to this many layers, the DP runs on Python lists (``_dp_lists``)
+SMALL_LAYERS: Final = 64  # up to this many layers, the solver works on Python lists (``ListSolver``)
 MATERIALIZE_LIMIT: Final = 1 << 16  # candidates of an interval listed explicitly (sorted once, sliced)
 
 
@@ -190,6 +193,12 @@ def _mem_tol(mem: FloatArray) -> float:
     return REL_TOL * max(float(mem.sum(axis=1).max()), 1.0)
 
 
+def _few(p: int, n: int) -> bool:
+    """Whether a problem has at most MATERIALIZE_LIMIT candidates in all: then every interval is
+    listed, with no need to count its candidates first."""
+    return p * n * (n + 1) // 2 + max(p - 1, 0) * max(n - 1, 0) <= MATERIALIZE_LIMIT
+
+
 def _bounds(counts: Sequence[int], p: int, n_layers: int) -> list[int]:
     if len(counts) != p:
         raise LayerAssignmentError(f"counts: expected {p} stages, got {len(counts)}")
@@ -221,6 +230,16 @@ def _fits(counts: Sequence[int], inp: _Inputs) -> bool:
 def objective(counts: Sequence[int], time: npt.ArrayLike, k: int, comm: npt.ArrayLike | None = None) -> float:
     """``(k−1)·max(T_j, C_j) + Σ T_j + Σ C_j`` of the assignment ``counts`` (memory is not checked)."""
     return _evaluate(counts, _validate(time, k, comm, None, None)).time
+
+
+def objective_unchecked(
+    counts: Sequence[int], time: FloatArray, k: int, comm: FloatArray | None = None
+) -> float:
+    """``objective`` for callers that build their arguments (``assign_layers_unchecked``'s
+    contract), without checking them."""
+    p, n = int(time.shape[0]), int(time.shape[1])
+    c = np.zeros((p - 1, max(n - 1, 0))) if comm is None else comm
+    return _evaluate(counts, _Inputs(time, k, c, None, None)).time
 
 
 def brute_force(
@@ -282,19 +301,15 @@ class _Solver:
         self.log2: IntArray = np.zeros(n + 2, dtype=np.intp)
         self.log2[2:] = np.floor(np.log2(np.arange(2, n + 2))).astype(np.intp)
         self.pow2: IntArray = np.left_shift(1, np.arange(int(self.log2[-1]) + 1)).astype(np.intp)
-        # every interval of a problem with at most MATERIALIZE_LIMIT candidates in all is listed:
-        # no need to count them first
-        self.few = p * n * (n + 1) // 2 + max(p - 1, 0) * max(n - 1, 0) <= MATERIALIZE_LIMIT
-        # small problems: the same DP on Python lists (numpy's per-call overhead dominates there)
-        self.small = n <= SMALL_LAYERS
-        if self.small:
-            self.P_rows: list[list[float]] = self.P.tolist()
-            self.cut_rows: list[list[float]] = self.cut.tolist()
-            self.lo_mem_rows: list[list[int]] = [lm.tolist() for lm in self.lo_mem]
-            self.comm_rows: list[list[float]] = inp.comm.tolist()
+        self.few = _few(p, n)
         self.evaluations = 0
         self.infeasible = 0
         self.listed = 0
+
+    def evaluate(self, counts: Sequence[int]) -> tuple[float, float, float]:
+        """(objective, max, sum) of the valid assignment ``counts`` (``_evaluate``)."""
+        got = _evaluate(counts, self.inp)
+        return got.time, got.max_stage, got.sum_stage
 
     # -- min-sum DP for one bound ------------------------------------------------------------
     def dp(self, mu: float) -> tuple[tuple[int, ...], float, float] | None:
@@ -304,8 +319,6 @@ class _Solver:
         re-evaluates the counts exactly.
         """
         self.evaluations += 1
-        if self.small:
-            return self._dp_lists(mu)
         p, n = self.p, self.n
         thr = mu + self.atol
         g = np.full(n + 1, np.inf)
@@ -349,80 +362,6 @@ class _Solver:
         mx = float((self.P[rows, bounds[1:]] - self.P[rows, bounds[:-1]]).max())
         if p > 1:
             mx = max(mx, float(self.inp.comm[rows[:-1], bounds[1:-1] - 1].max()))
-        return tuple(counts), total, mx
-
-    def _dp_lists(self, mu: float) -> tuple[tuple[int, ...], float, float] | None:
-        """``dp`` on Python lists, step for step: the same windows (the pointer finds what
-        ``searchsorted(side="left")`` finds), the same float operations in the same order (IEEE doubles,
-        as numpy's float64), ``min``/``index`` the exact minimum and its first position as
-        ``np.min``/``np.argmin``; so the same result, bit for bit (a test checks)."""
-        p, n = self.p, self.n
-        thr = mu + self.atol
-        inf = math.inf
-        g = [inf] * (n + 1)
-        g[0] = 0.0
-        hs: list[list[float]] = []
-        los: list[list[int]] = []
-        f = g
-        for j in range(p):
-            pj = self.P_rows[j]
-            h = list(map(operator.sub, g, pj))
-            lo_mem = self.lo_mem_rows[j]
-            f = [inf] * (n + 1)
-            lo_j: list[int] = []
-            # the first a with pj[a] >= pj[b] − thr (``searchsorted``), found by a pointer (pj and
-            # hence the bound are non-decreasing in b); capped at b, which leaves the window empty
-            # as an index past b does (and backtracking only reads non-empty windows)
-            ptr = 0
-            # min(h[lo:b]) of the last window, for the next when it only grows by one on the right
-            # (min is exact and ``<`` keeps the first of equal values, as ``min`` does)
-            cur, cur_lo, cur_b = inf, -1, -1
-            for i, b in enumerate(range(j + 1, n - p + j + 2) if j < p - 1 else (n,)):
-                bound = pj[b] - thr
-                while ptr < b and pj[ptr] < bound:
-                    ptr += 1
-                lo = ptr
-                if lo_mem[i] > lo:
-                    lo = lo_mem[i]
-                if j > lo:
-                    lo = j
-                lo_j.append(lo)
-                if b > lo:
-                    if lo == cur_lo and b == cur_b + 1:
-                        x = h[b - 1]
-                        if x < cur:
-                            cur = x
-                    else:
-                        cur = min(h[lo:b])
-                    cur_lo, cur_b = lo, b
-                    f[b] = pj[b] + cur
-            hs.append(h)
-            los.append(lo_j)
-            if j < p - 1:
-                g = [inf if c > thr else x + c for x, c in zip(f, self.cut_rows[j], strict=True)]
-                if min(g) == inf:
-                    self.infeasible += 1
-                    return None
-        total = f[n]
-        if not math.isfinite(total):
-            self.infeasible += 1
-            return None
-        counts = [0] * p
-        bb = n
-        for j in range(p - 1, -1, -1):
-            lo_b = los[j][bb - (j + 1 if j < p - 1 else n)]
-            seg = hs[j][lo_b:bb]
-            a = lo_b + seg.index(min(seg))
-            counts[j] = bb - a
-            bb = a
-        mx = -inf
-        a = 0
-        for j in range(p):
-            b = a + counts[j]
-            mx = max(mx, self.P_rows[j][b] - self.P_rows[j][a])
-            if j < p - 1:
-                mx = max(mx, self.comm_rows[j][b - 1])
-            a = b
         return tuple(counts), total, mx
 
     def _window_min(self, h: FloatArray, base: int, b: IntArray, lo: IntArray, maxlen: int) -> FloatArray:
@@ -528,10 +467,32 @@ def assign_layers(
     ``mem``/``cap``: (p, L) memory per layer on each stage and (p,) stage capacities, both or
     neither. Infeasible: p > L, or no cut fits memory. Raises ``LayerAssignmentError`` on bad input.
     """
-    inp = _validate(time, k, comm, mem, cap)
+    return _solve(_validate(time, k, comm, mem, cap), stats)
+
+
+def assign_layers_unchecked(
+    time: FloatArray,
+    k: int,
+    comm: FloatArray | None = None,
+    mem: FloatArray | None = None,
+    cap: FloatArray | None = None,
+) -> Assignment | None:
+    """``assign_layers`` for callers that build their arguments (the screen), without checking
+    them: float64 arrays of the documented shapes (``comm`` None or (p−1, L−1)), ``time``,
+    ``comm`` and ``mem`` finite and non-negative, ``cap`` not NaN, ``mem`` and ``cap`` both or
+    neither; ``k`` an int ≥ 1. On such arguments the same answer as ``assign_layers`` (a test
+    checks); on others, undefined."""
+    p, n = int(time.shape[0]), int(time.shape[1])
+    c = np.zeros((p - 1, max(n - 1, 0))) if comm is None else comm
+    return _solve(_Inputs(time, k, c, mem, cap), None)
+
+
+def _solve(inp: _Inputs, stats: SearchStats | None) -> Assignment | None:
+    """``assign_layers`` on validated inputs: the list solver up to ``SMALL_LAYERS`` layers, else
+    numpy's; both give the same answers bit for bit."""
     if inp.p > inp.n_layers:
         return None
-    solver = _Solver(inp)
+    solver = _list_solver(inp) if inp.n_layers <= SMALL_LAYERS else _Solver(inp)
     try:
         return _search(solver, inp)
     finally:
@@ -541,11 +502,30 @@ def assign_layers(
             stats.listed = solver.listed
 
 
-def _search(solver: _Solver, inp: _Inputs) -> Assignment | None:
+def _list_solver(inp: _Inputs) -> ListSolver:
+    """The solver on Python lists of a validated problem with p ≤ L."""
+    mem_tol = _mem_tol(inp.mem) if inp.mem is not None else 0.0
+    return ListSolver(
+        inp.time,
+        inp.k,
+        inp.comm,
+        inp.mem,
+        inp.cap,
+        rel_tol=REL_TOL,
+        mem_tol=mem_tol,
+        few=_few(inp.p, inp.n_layers),
+    )
+
+
+def _assignment(solver: _Solver | ListSolver, counts: tuple[int, ...]) -> Assignment:
+    return Assignment(tuple(int(c) for c in counts), *solver.evaluate(counts))
+
+
+def _search(solver: _Solver | ListSolver, inp: _Inputs) -> Assignment | None:
     first = solver.dp(math.inf)
     if first is None:
         return None
-    best = _evaluate(first[0], inp)
+    best = _assignment(solver, first[0])
     k1 = inp.k - 1
     if k1 == 0:  # F = S: the unconstrained min-sum is optimal
         return best
@@ -554,7 +534,9 @@ def _search(solver: _Solver, inp: _Inputs) -> Assignment | None:
     # every assignment's maximum is at least its costliest layer at its cheapest stage
     lo0 = float(inp.time.min(axis=0).max()) - 2 * atol
     # (lo, hi, s): candidates inside (lo, hi), S ≥ s on them; listed values if known
-    stack: list[tuple[float, float, float, FloatArray | None]] = [(lo0, first[2], first[1], None)]
+    stack: list[tuple[float, float, float, FloatArray | list[float] | None]] = [
+        (lo0, first[2], first[1], None)
+    ]
     while stack:
         lo, hi, s_lb, listed = stack.pop()
         # cut: a candidate μ can only win if (k−1)·μ + s < F̂ (by more than the tolerance)
@@ -563,14 +545,15 @@ def _search(solver: _Solver, inp: _Inputs) -> Assignment | None:
             continue
         mu: float | None
         if listed is not None:
-            listed = listed[np.searchsorted(listed, lo + atol, side="right") :]
-            listed = listed[: np.searchsorted(listed, hi - atol, side="left")]
+            # sorted values: ``bisect`` finds what ``searchsorted`` finds, on arrays and lists
+            listed = listed[bisect_right(listed, lo + atol) :]
+            listed = listed[: bisect_left(listed, hi - atol)]
         elif solver.few or solver.count(lo, hi) <= MATERIALIZE_LIMIT:
             listed = solver.listing(lo, hi)
         if listed is not None:
-            if listed.size == 0:
+            if len(listed) == 0:
                 continue
-            mu = float(listed[listed.size // 2])
+            mu = float(listed[len(listed) // 2])
         else:
             mu = solver.pivot(lo, hi)
             if mu is None:  # only rounding-level candidates were counted
@@ -580,7 +563,7 @@ def _search(solver: _Solver, inp: _Inputs) -> Assignment | None:
         if got is None:  # nothing fits under μ: the bisection towards M_min
             continue
         counts, s_mu, m = got
-        cand = _evaluate(counts, inp)
+        cand = _assignment(solver, counts)
         if cand.time < best.time:
             best = cand
         stack.append((lo, m, s_mu, listed))  # [m, μ] is dominated by `cand`; below m, S ≥ S(μ)

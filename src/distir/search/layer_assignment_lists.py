@@ -1,0 +1,327 @@
+"""The layer assignment's solver for small problems, on Python lists.
+
+``distir.search.layer_assignment`` searches the bound μ of the pipeline's slowest stage by branch
+and bound; each step asks its solver for the min-sum DP under one bound (``dp``), for the
+candidate values of an interval (``count``, ``listing``, ``pivot``) and for an assignment's
+objective (``evaluate``). Up to ``SMALL_LAYERS`` layers (tens of layers, a few dozen candidate
+values per row) numpy's per-call overhead dominates those answers; ``ListSolver`` gives them on
+Python lists and is a drop-in replacement for the numpy ``_Solver``: the same float operations in
+the same order on the same IEEE doubles, so the same answers bit for bit (tests compare the two on
+random instances, answer by answer and search by search). In particular:
+
+- prefix sums come from the same ``np.cumsum`` calls; ``bisect`` finds what ``searchsorted`` finds
+  on those non-decreasing lists (the same ``<`` comparisons);
+- ``min``/``list.index`` give the exact minimum and its first position, as ``np.min``/``np.argmin``;
+  ``sorted(set(...))`` gives the distinct cut costs ``np.unique`` does (up to the sign of a zero,
+  which no answer depends on: zeros only meet comparisons and sums with a bound or the tolerance);
+- a stage's time is summed as numpy sums a short slice: numpy's ``add.reduce`` on a contiguous
+  float64 slice is pairwise, and below 8 elements that is a plain loop from 0.0 — done the same
+  way here (``seq_sum``; a test checks it against numpy); longer slices are summed by numpy.
+
+The DP computes less than the numpy one, never anything else: stage j of p starts at a in
+[j, j+m) and ends at b in [j+1, j+m] (m = L − p + 1), and of those only the ends that can still
+lead to a finite total (``ListSolver.dp``); the numpy DP leaves the others infinite or computes
+values that no optimal path reads. The candidates of an interval are listed by numpy in one pass
+over all rows (``listing``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+FloatArray = NDArray[np.float64]
+# (counts, S(μ) on prefix sums, the assignment's actual maximum), as ``_Solver.dp``
+DpResult = tuple[tuple[int, ...], float, float]
+
+
+def seq_sum(xs: Sequence[float]) -> float:
+    """``float(np.array(xs).sum())`` for fewer than 8 elements: numpy's pairwise summation adds
+    short runs one by one from 0.0 (not Python's ``sum``, which compensates from 3.12 on)."""
+    total = 0.0
+    for x in xs:
+        total += x
+    return total
+
+
+@functools.lru_cache(maxsize=256)
+def _grid(p: int, n: int) -> tuple[NDArray[np.intp], NDArray[np.bool_]]:
+    """For p stages over n layers: each stage's starts a ∈ [j, j + m) as a (p, m) array, and the
+    (p, m, n + 1) mask of the ends b ∈ [a + 1, n − p + j + 2) that ``_Solver._rows`` scans."""
+    m = n - p + 1
+    starts = np.arange(p)[:, None] + np.arange(m)[None, :]
+    b = np.arange(n + 1)[None, None, :]
+    valid = (b > starts[:, :, None]) & (b < (n - p + 2 + np.arange(p))[:, None, None])
+    starts.flags.writeable = False  # shared by every solver of the shape
+    valid.flags.writeable = False
+    return starts, valid
+
+
+class ListSolver:
+    """The solver of one problem on Python lists (module docstring).
+
+    ``time`` (p, L), ``comm`` (p−1, L−1) and, both or neither, ``mem`` (p, L) and ``cap`` (p,) are
+    float64 arrays as ``layer_assignment._validate`` returns them (times and memory finite and
+    non-negative, so prefix sums are non-decreasing), with p ≤ L; ``k`` ≥ 1. ``rel_tol`` and
+    ``mem_tol`` are the search's tolerances (``REL_TOL`` and ``_mem_tol(mem)``); ``few``: every
+    interval is listed without counting (``_Solver.few``). Counts ``evaluations``, ``infeasible``
+    and ``listed`` as ``_Solver`` does."""
+
+    def __init__(
+        self,
+        time: FloatArray,
+        k: int,
+        comm: FloatArray,
+        mem: FloatArray | None,
+        cap: FloatArray | None,
+        *,
+        rel_tol: float,
+        mem_tol: float,
+        few: bool,
+    ) -> None:
+        p, n = int(time.shape[0]), int(time.shape[1])
+        self.p, self.n, self.k = p, n, k
+        m = self.m = n - p + 1  # starts (and ends) per stage
+        self.time = time
+        self.P: FloatArray = np.zeros((p, n + 1))
+        np.cumsum(time, axis=1, out=self.P[:, 1:])
+        self.P_rows: list[list[float]] = self.P.tolist()
+        self.time_rows: list[list[float]] = time.tolist()
+        self.comm_rows: list[list[float]] = comm.tolist()
+        scale = max(row[n] for row in self.P_rows)
+        if p > 1 and n > 1:
+            scale = max(scale, max(max(row) for row in self.comm_rows))
+        self.atol = rel_tol * (scale if scale > 0 else 1.0)
+        # per stage and end b (index b − j − 1; the last stage: b = L only), the lowest start
+        # allowed by memory (``searchsorted`` on the non-decreasing memory prefix sums) and by
+        # the stages before (j layers), independent of μ
+        self.lo_min: list[list[int]] = []
+        q_rows = None
+        if mem is not None and cap is not None:
+            Q = np.zeros((p, n + 1))
+            np.cumsum(mem, axis=1, out=Q[:, 1:])  # row by row as ``_Solver``'s 1-D cumsums
+            q_rows = Q.tolist()
+        for j in range(p):
+            ends = range(j + 1, j + m + 1) if j < p - 1 else range(n, n + 1)
+            if q_rows is None or cap is None:
+                self.lo_min.append([j] * len(ends))
+            else:
+                q, room = q_rows[j], float(cap[j]) + mem_tol
+                self.lo_min.append([max(bisect_left(q, q[b] - room), j) for b in ends])
+        # the cut costs after stage j's ends (index b − j − 1)
+        self.cut_rows = [self.comm_rows[j][j : j + m] for j in range(p - 1)]
+        # the distinct cut costs at admissible cuts, sorted (``_Solver.comm_vals``)
+        self.comm_vals = sorted({c for j in range(p - 1) for c in self.cut_rows[j]})
+        self.few = few
+        self.evaluations = 0
+        self.infeasible = 0
+        self.listed = 0
+
+    def dp(self, mu: float) -> DpResult | None:
+        """``_Solver.dp(mu)``: the least-sum assignment with every stage and cut ≤ μ (+ atol).
+
+        Only *useful* ends are computed. From the back: a window's start only grows with its
+        end, so the stages after stage j can reach L only from an end b ≥ low[j] (the window
+        start of stage j+1's lowest useful end); every feasible assignment's ends are useful,
+        and a useful end's window holds only useful ends of the stage before. From the front:
+        stage by stage on the *band* of starts a where g(a) may be finite (∞ elsewhere, as in
+        the numpy DP), and ends whose window meets it. A window's minimum is exact and does not
+        depend on entries that are ∞ or left out (min over the band's part of the window), so
+        every f(b) of a useful end, the total and every first argmin of the backtracking are
+        the numpy DP's, which is infeasible exactly when no useful end is finite."""
+        self.evaluations += 1
+        p, n, m = self.p, self.n, self.m
+        thr = mu + self.atol
+        inf = math.inf
+        # low[j]: stage j's lowest useful end, from the back (the last stage ends at L)
+        low = [0] * p
+        b = n
+        for j in range(p - 1, 0, -1):
+            pj = self.P_rows[j]
+            lm = self.lo_min[j][b - j - 1 if j < p - 1 else 0]
+            lo = bisect_left(pj, pj[b] - thr, j, b)  # ``searchsorted`` from j, capped at b
+            b = lo if lo > lm else lm
+            if b > j - 1 + m:  # past stage j − 1's last end: nothing reaches L
+                self.infeasible += 1
+                return None
+            low[j - 1] = b
+        ga, g = 0, [0.0]  # the band: g(a) for a in [ga, ga + len(g)); ∞ elsewhere
+        # per stage: ga, h on the band, the first end computed and the window start per end
+        bands: list[tuple[int, list[float], int, list[int]]] = []
+        for j in range(p):
+            pj = self.P_rows[j]
+            gb = ga + len(g)
+            h = list(map(operator.sub, g, pj[ga:gb]))
+            lo_min = self.lo_min[j]
+            if j == p - 1:
+                # the first a >= ga with pj[a] >= pj[n] − thr (``searchsorted``, capped at n):
+                # the numpy DP's start raised to ga, which only drops infinite h
+                lo = bisect_left(pj, pj[n] - thr, ga, n)
+                if lo_min[0] > lo:
+                    lo = lo_min[0]
+                if lo >= gb:
+                    self.infeasible += 1
+                    return None
+                f_last = pj[n] + min(h[lo - ga :])
+                bands.append((ga, h, n, [lo]))
+                break
+            e0, top = j + 1, j + m + 1  # stage j's ends are [e0, top)
+            b0 = ga + 1 if ga + 1 > low[j] else low[j]
+            f: list[float] = []
+            lo_j: list[int] = []
+            # per useful end b from ga + 1 on (a window below it misses the band), its lowest
+            # start: the first a >= ga with pj[a] >= pj[b] − thr, capped at b (a pointer: pj
+            # and the bound are non-decreasing in b), or memory's limit; the windows' starts only
+            # grow, so once one is past the band every later one is
+            ptr = ga
+            # min over the last window, for the next when it only grows by one on the right
+            # (``<`` keeps the first of equal values, as ``min`` does)
+            cur, cur_lo, cur_b = inf, -1, -1
+            for b in range(b0, top):
+                bound = pj[b] - thr
+                while ptr < b and pj[ptr] < bound:
+                    ptr += 1
+                lo = ptr if ptr > lo_min[b - e0] else lo_min[b - e0]
+                if lo >= gb:
+                    break
+                lo_j.append(lo)
+                if b > lo:
+                    if lo == cur_lo and b == cur_b + 1:
+                        if b <= gb:
+                            x = h[b - 1 - ga]
+                            if x < cur:
+                                cur = x
+                    else:
+                        cur = min(h[lo - ga : b - ga])
+                    cur_lo, cur_b = lo, b
+                    f.append(pj[b] + cur)
+                else:
+                    f.append(inf)
+            # the next stage's band: its starts are these ends; trimmed to its finite values
+            cut = self.cut_rows[j]
+            c0 = b0 - j - 1  # cut index of the end b0
+            g = [inf if c > thr else x + c for x, c in zip(f, cut[c0 : c0 + len(f)], strict=True)]
+            first, last = 0, len(g)
+            while first < last and g[first] == inf:
+                first += 1
+            if first == last:
+                self.infeasible += 1
+                return None
+            while g[last - 1] == inf:
+                last -= 1
+            bands.append((ga, h, b0, lo_j))
+            ga, g = b0 + first, g[first:last]
+        counts = [0] * p
+        bb = n
+        for j in range(p - 1, -1, -1):
+            ga, h, b0, lo_j = bands[j]
+            lo_b = lo_j[bb - b0]
+            seg = h[lo_b - ga : bb - ga]
+            a = lo_b + seg.index(min(seg))
+            counts[j] = bb - a
+            bb = a
+        mx = -inf
+        a = 0
+        for j in range(p):
+            b = a + counts[j]
+            mx = max(mx, self.P_rows[j][b] - self.P_rows[j][a])
+            if j < p - 1:
+                mx = max(mx, self.comm_rows[j][b - 1])
+            a = b
+        return tuple(counts), f_last, mx
+
+    # -- candidates ------------------------------------------------------------------------------
+    def _rows(self, j: int, lo: float, hi: float) -> list[tuple[int, int, int]]:
+        """``_Solver._rows``: (a, s, e) of stage j's segments [a, b), b in [s, e), with
+        lo < P(b) − P(a) < hi (±rounding), the empty ones left out."""
+        pj = self.P_rows[j]
+        top = self.n - self.p + j + 2
+        out = []
+        for a in range(j, j + self.m):
+            pa = pj[a]
+            # max(searchsorted(pj, pa + lo, "right"), a + 1), min(searchsorted(pj, pa + hi), top)
+            s = bisect_right(pj, pa + lo, a + 1)
+            e = bisect_left(pj, pa + hi, a + 1, top)
+            if e > s:
+                out.append((a, s, e))
+        return out
+
+    def _comm_in(self, lo: float, hi: float) -> list[float]:
+        c = self.comm_vals
+        return c[bisect_right(c, lo) : bisect_left(c, hi)]
+
+    def count(self, lo: float, hi: float) -> int:
+        """``_Solver.count``: candidate values (with repetitions) inside (lo + atol, hi − atol)."""
+        lo_, hi_ = lo + self.atol, hi - self.atol
+        total = len(self._comm_in(lo_, hi_))
+        for j in range(self.p):
+            for _, s, e in self._rows(j, lo_, hi_):
+                total += e - s
+        return total
+
+    def listing(self, lo: float, hi: float) -> list[float]:
+        """``_Solver.listing`` as a list: the distinct candidates inside (lo + atol, hi − atol),
+        sorted, each within atol of the one before dropped.
+
+        One numpy pass over every (stage, start, end) at once (the row-by-row loop costs more
+        in Python than in numpy here: a listing holds a thousand values or so). The mask is
+        ``_Solver._rows``' range: on non-decreasing prefix sums, b ≥ searchsorted(pj, pa + lo,
+        "right") is pj[b] > pa + lo and b < searchsorted(pj, pa + hi) is pj[b] < pa + hi; the
+        values, the dedup and the merge are ``_Solver.listing``'s operations."""
+        starts, valid = _grid(self.p, self.n)
+        pb = self.P[:, None, :]
+        pa = np.take_along_axis(self.P, starts, axis=1)[:, :, None]
+        inside = (pb > pa + lo) & (pb < pa + hi) & valid
+        comm = np.array(self._comm_in(lo, hi), dtype=np.float64)
+        v = np.unique(np.concatenate((comm, (pb - pa)[inside])))
+        v = v[(v > lo + self.atol) & (v < hi - self.atol)]
+        if v.size > 1:
+            v = v[np.concatenate(([True], np.diff(v) > self.atol))]
+        self.listed += int(v.size)
+        out: list[float] = v.tolist()
+        return out
+
+    def pivot(self, lo: float, hi: float) -> float | None:
+        """``_Solver.pivot``: the weighted median of the row medians of the interval's candidates."""
+        lo_, hi_ = lo + self.atol, hi - self.atol
+        vals: list[tuple[float, int]] = [(v, 1) for v in self._comm_in(lo_, hi_) if lo_ < v < hi_]
+        for j in range(self.p):
+            pj = self.P_rows[j]
+            for a, s, e in self._rows(j, lo_, hi_):
+                v = pj[(s + e - 1) // 2] - pj[a]
+                if lo_ < v < hi_:
+                    vals.append((v, e - s))
+        if not vals:
+            return None
+        # a stable sort by value (``argsort(kind="stable")``); weights are ints, compared exactly
+        vals.sort(key=operator.itemgetter(0))
+        cw: list[int] = []
+        acc = 0
+        for _, w in vals:
+            acc += w
+            cw.append(acc)
+        return vals[bisect_left(cw, cw[-1] / 2.0)][0]
+
+    def evaluate(self, counts: Sequence[int]) -> tuple[float, float, float]:
+        """``layer_assignment._evaluate`` of valid ``counts``: (objective, max, sum), summing each
+        stage's times as numpy does (module docstring)."""
+        stage: list[float] = []
+        a = 0
+        for j, c in enumerate(counts):
+            b = a + c
+            stage.append(seq_sum(self.time_rows[j][a:b]) if c < 8 else float(self.time[j, a:b].sum()))
+            a = b
+        cut: list[float] = []
+        a = 0
+        for j in range(self.p - 1):
+            a += counts[j]
+            cut.append(self.comm_rows[j][a - 1])
+        mx = max(stage + cut)
+        sm = math.fsum(stage + cut)
+        return (self.k - 1) * mx + sm, mx, sm

@@ -1,0 +1,320 @@
+"""The screen's figures up to the gradient sync, for one strategy on one placement.
+
+``distir.search.screen.Screen.estimate`` splits a placement into what it decides for each stage
+(``Stage``: the stage's per-layer figures ``StageRows``, its first GPU's kind, its replica group
+and ZeRO-3 gather) and the links between consecutive stages; ``figures`` turns them into the
+pipeline's time, the layer assignment and the memory per device (``Figures``; the formulas are
+the screen's, see its module docstring). What the placements of one strategy share lives in its
+``Tables``: the memo of ``figures`` and of the per-stage arrays it stacks, each entry a pure
+function of its key (and the strategy).
+
+The figures are those of the stacked numpy formulation bit for bit: a stage's row gets the same
+elementwise operations alone as inside the matrix, and a reduction over fewer than 8 values is done
+in Python the way numpy does it (``seq_sum``); longer ones are left to numpy.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from distir.hardware.specs import DeviceSpec
+from distir.parallel.distribute import uniform_counts
+from distir.parallel.strategy import Strategy
+from distir.search.layer_assignment import Assignment, objective_unchecked
+from distir.search.layer_assignment_lists import seq_sum
+
+# ``Screen._assign``: (time, k, comm, mem, cap) -> an optimal assignment, None if none fits
+Assign = Callable[
+    [np.ndarray, int, np.ndarray | None, np.ndarray | None, np.ndarray | None], Assignment | None
+]
+
+
+def frozen(values: Sequence[float]) -> np.ndarray:
+    """``values`` as a read-only array."""
+    a = np.array(values)
+    a.flags.writeable = False  # shared by every estimate of the stage
+    return a
+
+
+@dataclass(frozen=True, slots=True)
+class StageRows:
+    """One stage's per-layer figures (``Screen._stage_rows``), read-only arrays of length L."""
+
+    time: np.ndarray  # forward + backward of one microbatch
+    weight: np.ndarray
+    n_w: np.ndarray
+    saved: np.ndarray
+    out: np.ndarray
+    work: np.ndarray
+    cap: float  # the smallest memory of the stage's GPUs
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """What ``Screen.estimate`` computes before the gradient sync (its memo)."""
+
+    counts: tuple[int, ...]
+    pipe_s: float  # the pipeline's time (``pipeline_time``)
+    compute_s: float  # k × the slowest stage's per-microbatch time
+    mean_busy_s: float  # k × the mean stage's per-microbatch time
+    stage_w: tuple[float, ...]  # weight bytes per stage
+    stage_nw: tuple[int, ...]  # weights per stage
+    peak_memory_bytes: float
+    capacity_bytes: float
+    fits: bool
+    memory_headroom: float
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """What one stage's GPUs decide for a strategy (``Screen._stage``)."""
+
+    gpus: tuple[int, ...]
+    rid: int  # the id of its rows' key (``Screen._row_ids``): equal keys, equal ids
+    rows: StageRows
+    kind: str  # its first GPU's kind
+    group: tuple[int, ...]  # one GPU of each replica (the first of its TP group): the sync's group
+    sorted_group: tuple[int, ...]
+    gather: tuple[float, float] | None  # its ZeRO-3 all-gather (``Screen._gather``), if it has one
+
+
+@dataclass(slots=True)
+class Tables:
+    """Per strategy without its placement: what ``Screen.estimate`` reuses across placements.
+    Filled by ``Screen``; every entry is a pure function of its key (and the strategy)."""
+
+    b: int  # the microbatch
+    stage_of: list[int]  # per chunk, its stage
+    zero3: bool  # ZeRO-3 gathers weights in every microbatch
+    static_f: float  # static memory per weight byte (weights, gradients, optimizer state)
+    inflight: list[float]  # per stage (``inflight``)
+    identity: tuple[int, ...]  # the identity placement
+    stages: dict[tuple[int, ...], Stage] = field(default_factory=dict)  # by GPUs
+    figures: dict[tuple[object, ...], Figures] = field(default_factory=dict)  # ``estimate``'s memo
+    # per (stage rows, first stage rows, kind, gather): the stage's per-layer time, array and list
+    time: dict[tuple[object, ...], tuple[np.ndarray, list[float]]] = field(default_factory=dict)
+    # per (first stage rows, link): a cut's transfer per layer, array and list
+    comm: dict[tuple[object, ...], tuple[np.ndarray, list[float]]] = field(default_factory=dict)
+    # per first stage rows: the memory rows, the saved bytes, and (weights, counts, saved) as lists
+    mem: dict[int, tuple[np.ndarray, np.ndarray, tuple[list[float], list[float], list[float]]]] = field(
+        default_factory=dict
+    )
+    parts: dict[tuple[int, ...], tuple[int, ...] | str] = field(default_factory=dict)  # ``Screen._with``
+
+
+def new_tables(s: Strategy, b: int, train: bool, n_state: int) -> Tables:
+    """Empty tables for ``s`` (without its placement) at microbatch ``b``; ``n_state``: optimizer
+    state tensors per weight."""
+    # memory per device: static (weights, grads, state) + activations in flight + transient
+    static_f = 1.0 / s.d if s.zero == 3 else 1.0
+    if train:
+        static_f += 1.0 + (1.0 if s.k > 1 else 0.0)  # gradient + its accumulator
+        static_f += n_state / (s.d if s.zero >= 1 else 1)
+    return Tables(
+        b=b,
+        stage_of=[c % s.p for c in range(s.p * s.v)],
+        zero3=train and s.zero == 3 and s.d > 1,
+        static_f=static_f,
+        inflight=[inflight(s, j, train) for j in range(s.p)],
+        identity=tuple(range(s.devices)),
+    )
+
+
+def figures(
+    s: Strategy,
+    tb: Tables,
+    stages: list[Stage],
+    links: tuple[tuple[float, float] | None, ...],
+    zero3: tuple[tuple[float, float] | None, ...],
+    balance: bool,
+    *,
+    train: bool,
+    specs: Mapping[str, DeviceSpec],
+    assign: Assign,
+) -> Figures:
+    """``Screen.estimate``'s figures up to the gradient sync for ``s`` (its tables ``tb``), from
+    what the placement decides: per stage ``stages``, per cut between chunks its link (None
+    within one stage), per stage its ZeRO-3 gather (``()`` without ZeRO-3); with ``balance``
+    (and no pinned partition) the layers are assigned by ``assign``. Per-stage arrays come
+    from ``tb`` (module docstring)."""
+    stage_of = tb.stage_of
+    chunks = len(stage_of)
+    first = stages[0]
+    n_layers = first.rows.time.size
+    lt = [_time_row(s, tb, st, first, z, train, specs) for st, z in itertools.zip_longest(stages, zero3)]
+    time_c = np.array([lt[c][0] for c in stage_of])
+    comm = np.zeros((max(chunks - 1, 0), max(n_layers - 1, 0)))
+    comm_rows: list[list[float] | None] = []
+    for c, link in enumerate(links):
+        if link is None:
+            comm_rows.append(None)
+        else:
+            row, row_list = _comm_row(tb, first, link, train)
+            comm[c] = row
+            comm_rows.append(row_list)
+    work = np.max([st.rows.work for st in stages], axis=0)
+    mem, saved, (w_list, nw_list, saved_list) = _mem_of(s, tb, first, train)
+    caps = np.array([st.rows.cap for st in stages], float)
+    counts: tuple[int, ...]
+    if isinstance(s.partition, tuple):
+        counts = s.partition
+    elif balance and s.v == 1 and s.p > 1:
+        got = assign(time_c, s.k, comm if chunks > 1 else None, mem, caps - work.max())
+        if got is None:  # nothing fits: balance time alone, report the memory honestly
+            got = assign(time_c, s.k, comm if chunks > 1 else None, None, None)
+        assert got is not None
+        counts = got.counts
+        # equal time: keep the uniform split (the simpler strategy string)
+        uni = uniform_counts(n_layers, chunks)
+        if counts != uni and objective_unchecked(uni, time_c, s.k, comm) <= got.time * (1 + 1e-6):
+            cut = np.concatenate([[0], np.cumsum(uni)])
+            if all(mem[j, cut[j] : cut[j + 1]].sum() <= caps[j] - work.max() for j in range(s.p)):
+                counts = uni
+    else:
+        counts = uniform_counts(n_layers, chunks)
+    bounds = [0, *itertools.accumulate(counts)]
+    t_chunk: list[float] = []
+    for c in range(chunks):
+        a, b = bounds[c], bounds[c + 1]
+        row, row_list = lt[stage_of[c]]
+        t_chunk.append(seq_sum(row_list[a:b]) if b - a < 8 else float(row[a:b].sum()))
+    c_cut: list[float] = []
+    for c in range(chunks - 1):
+        cr = comm_rows[c]
+        c_cut.append(0.0 if cr is None else cr[bounds[c + 1] - 1])
+    t_stage = [sum(t_chunk[c] for c in range(chunks) if stage_of[c] == j) for j in range(s.p)]
+    pipe = pipeline_time(s, t_stage, c_cut)
+    w_bytes, n_w = first.rows.weight, first.rows.n_w
+    work_list = work.tolist()
+    peaks: list[float] = []
+    stage_w: list[float] = []
+    stage_nw: list[int] = []
+    for j in range(s.p):
+        layers = [i for c in range(chunks) if stage_of[c] == j for i in range(bounds[c], bounds[c + 1])]
+        if len(layers) < 8:
+            wj = seq_sum([w_list[i] for i in layers])
+            nwj = int(seq_sum([nw_list[i] for i in layers]))  # exact: ints below 2**53
+            sv = seq_sum([saved_list[i] for i in layers])
+        else:
+            wj = float(w_bytes[layers].sum())
+            nwj = int(n_w[layers].sum())
+            sv = float(saved[layers].sum())
+        act = tb.inflight[j] * sv / s.v
+        # np.max(initial=0.0): the exact maximum of 0.0 and the values
+        peaks.append(tb.static_f * wj + act + max([0.0, *[work_list[i] for i in layers]]))
+        stage_w.append(wj)
+        stage_nw.append(nwj)
+    cap_list = caps.tolist()
+    headroom = [c - p for c, p in zip(cap_list, peaks, strict=True)]
+    worst = headroom.index(min(headroom))  # np.argmin: the first least
+    return Figures(
+        counts=tuple(counts),
+        pipe_s=pipe,
+        compute_s=s.k * max(t_stage),
+        mean_busy_s=s.k * sum(t_stage) / s.p,
+        stage_w=tuple(stage_w),
+        stage_nw=tuple(stage_nw),
+        peak_memory_bytes=max(peaks),
+        capacity_bytes=cap_list[worst] if peaks[worst] > cap_list[worst] else min(cap_list),
+        fits=min(headroom) >= 0,
+        memory_headroom=min(headroom),
+    )
+
+
+def _time_row(
+    s: Strategy,
+    tb: Tables,
+    st: Stage,
+    first: Stage,
+    gather: tuple[float, float] | None,
+    train: bool,
+    specs: Mapping[str, DeviceSpec],
+) -> tuple[np.ndarray, list[float]]:
+    """Stage ``st``'s per-microbatch time per layer: its rows' time, plus the ZeRO-3 gathers
+    (``gather``) and the gradient accumulation of the weights of the first stage's rows, as an
+    array and a list; memoized in ``tb``."""
+    key = (st.rid, first.rid, st.kind, gather)
+    got = tb.time.get(key)
+    if got is None:
+        row = np.array(st.rows.time)  # a fresh array: the terms below add into it
+        w_bytes, n_w = first.rows.weight, first.rows.n_w
+        # ZeRO-3 gathers every weight before its forward and its backward, in every microbatch
+        if gather is not None:
+            lat, per_byte = gather
+            row += 2 * (w_bytes * per_byte + n_w * lat)
+        # gradient accumulation: microbatches after the first add into the accumulators
+        if train and s.k > 1:
+            spec = specs[st.kind]
+            per = 3 * w_bytes / (0.8 * spec.memory_bandwidth) + n_w * spec.launch_overhead_s
+            row += (s.k - 1) / s.k * per
+        row.flags.writeable = False
+        got = tb.time[key] = (row, row.tolist())
+    return got
+
+
+def _comm_row(
+    tb: Tables, first: Stage, link: tuple[float, float], train: bool
+) -> tuple[np.ndarray, list[float]]:
+    """A transfer over ``link`` after each layer but the last, as array and list: forward
+    activation (of the first stage's rows) and, training, its gradient back; memoized."""
+    key = (first.rid, link)
+    got = tb.comm.get(key)
+    if got is None:
+        lat, per_byte = link
+        trips = 2.0 if train else 1.0
+        row = trips * (lat + first.rows.out[:-1] * per_byte)
+        row.flags.writeable = False
+        got = tb.comm[key] = (row, row.tolist())
+    return got
+
+
+def _mem_of(
+    s: Strategy, tb: Tables, first: Stage, train: bool
+) -> tuple[np.ndarray, np.ndarray, tuple[list[float], list[float], list[float]]]:
+    """Per stage, its memory per layer (static and activations in flight, of the first stage's
+    rows); the saved bytes per layer; and weight bytes, weight counts and saved bytes as
+    lists. Memoized in ``tb``."""
+    got = tb.mem.get(first.rid)
+    if got is None:
+        w_bytes = first.rows.weight
+        saved = first.rows.saved * (1.0 if train else 0.0)
+        mem = np.array([tb.static_f * w_bytes + tb.inflight[j] * saved for j in range(s.p)])
+        mem.flags.writeable = False
+        saved.flags.writeable = False
+        got = tb.mem[first.rid] = (
+            mem,
+            saved,
+            (w_bytes.tolist(), first.rows.n_w.tolist(), saved.tolist()),
+        )
+    return got
+
+
+def inflight(s: Strategy, j: int, train: bool) -> float:
+    """Microbatches whose activations stage j holds at its peak (in whole-stage units)."""
+    if not train:
+        return 1.0
+    if s.schedule == "gpipe":
+        return float(s.k)
+    if s.schedule == "interleaved" and s.v > 1:
+        # Megatron's warm-up: 2(p−j−1) + (v−1)p + 1 chunk-microbatches, capped by k·v
+        return float(min(s.k * s.v, 2 * (s.p - j - 1) + (s.v - 1) * s.p + 1))
+    return float(min(s.k, s.p - j))
+
+
+def pipeline_time(s: Strategy, t_stage: list[float], c_cut: list[float]) -> float:
+    """The pipeline's time from its stages' and cuts' per-microbatch times (module docstring of
+    ``distir.search.screen``)."""
+    m = max([*t_stage, *c_cut])
+    total = sum(t_stage)
+    fill = total - max(t_stage)  # what the fill and drain add to k × the slowest stage
+    if s.schedule == "interleaved" and s.v > 1:
+        fill /= s.v
+    elif s.schedule == "zb1" and s.p > 1:
+        # ZB-H1 fills the bubble with deferred weight gradients: a third remains once
+        # there are enough microbatches (k ≥ p), none is saved with a single one
+        fill *= 1.0 - (2.0 / 3.0) * min(1.0, (s.k - 1) / (s.p - 1))
+    return (s.k - 1) * m + max(t_stage) + fill + sum(c_cut)

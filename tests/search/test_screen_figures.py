@@ -1,0 +1,169 @@
+"""The screen's figures (``distir.search.screen_figures``: per-stage rows memoized per strategy,
+short sums in Python) against the plain numpy formulation written out here, bit for bit, on
+strategies of every kind (balanced and pinned partitions, interleaved, ZeRO-1/3, one stage, stages
+of more than 8 layers, inference) at random placements of a heterogeneous cluster."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import astuple
+
+import numpy as np
+import pytest
+
+from distir.frontends.zoo.registry import parse_model_string
+from distir.hardware.cluster import parse_cluster
+from distir.parallel.distribute import uniform_counts
+from distir.parallel.strategy import Strategy
+from distir.search.layer_assignment import assign_layers, objective
+from distir.search.profile import Profiler
+from distir.search.screen import Problem, Screen
+from distir.search.screen_figures import inflight, pipeline_time
+
+MODEL = "gpt:layers=16,hidden=64,heads=4,seq=16,vocab=128"
+CLUSTER = "p3.8xlarge:1+g4dn.12xlarge:1"
+
+
+def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: bool) -> tuple[object, ...]:
+    """``Screen.estimate`` as one numpy computation on the stacked stages (no memo of figures)."""
+    pr = screen.problem
+    b = pr.batch // (s.d * s.k)
+    stages = screen.stage_gpus(s, placement)
+    rows = [screen._stage_rows(s, g, b)[1] for g in stages]
+    n_layers = rows[0].time.size
+    chunks = s.p * s.v
+    stage_of = [c % s.p for c in range(chunks)]
+    kinds = [screen._kinds[g[0]] for g in stages]
+    links = [
+        None
+        if stages[stage_of[c]] == stages[stage_of[c + 1]]
+        else screen._link(stages[stage_of[c]], stages[stage_of[c + 1]])
+        for c in range(chunks - 1)
+    ]
+    groups = [tuple(g[:: s.t][: s.d]) for g in stages]
+    zero3 = [screen._gather(grp) for grp in groups] if pr.train and s.zero == 3 and s.d > 1 else []
+    fb = 1.0 if pr.train else 0.0
+    lt = np.array([r.time for r in rows])
+    w_bytes, n_w, saved, out_b = rows[0].weight, rows[0].n_w, rows[0].saved * fb, rows[0].out
+    work = np.max([r.work for r in rows], axis=0)
+    for j, (lat, per_byte) in enumerate(zero3):
+        lt[j] += 2 * (w_bytes * per_byte + n_w * lat)
+    if pr.train and s.k > 1:
+        for j in range(s.p):
+            spec = screen._specs[kinds[j]]
+            lt[j] += (
+                (s.k - 1) / s.k * (3 * w_bytes / (0.8 * spec.memory_bandwidth) + n_w * spec.launch_overhead_s)
+            )
+    time_c = lt[stage_of]
+    comm = np.zeros((max(chunks - 1, 0), max(n_layers - 1, 0)))
+    for c, link in enumerate(links):
+        if link is not None:
+            comm[c] = (2.0 if pr.train else 1.0) * (link[0] + out_b[:-1] * link[1])
+    static_f = 1.0 / s.d if s.zero == 3 else 1.0
+    if pr.train:
+        static_f += 1.0 + (1.0 if s.k > 1 else 0.0) + pr.n_state / (s.d if s.zero >= 1 else 1)
+    infl = [inflight(s, j, pr.train) for j in range(s.p)]
+    mem = np.array([static_f * w_bytes + infl[j] * saved for j in range(s.p)])
+    caps = np.array([r.cap for r in rows], float)
+    if isinstance(s.partition, tuple):
+        counts = s.partition
+    elif balance and s.v == 1 and s.p > 1:
+        got = assign_layers(time_c, s.k, comm, mem, caps - work.max()) or assign_layers(time_c, s.k, comm)
+        assert got is not None
+        counts = got.counts
+        uni = uniform_counts(n_layers, chunks)
+        if counts != uni and objective(uni, time_c, s.k, comm) <= got.time * (1 + 1e-6):
+            cut = np.concatenate([[0], np.cumsum(uni)])
+            if all(mem[j, cut[j] : cut[j + 1]].sum() <= caps[j] - work.max() for j in range(s.p)):
+                counts = uni
+    else:
+        counts = uniform_counts(n_layers, chunks)
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    t_chunk = [float(time_c[c, bounds[c] : bounds[c + 1]].sum()) for c in range(chunks)]
+    c_cut = [float(comm[c, bounds[c + 1] - 1]) for c in range(chunks - 1)]
+    t_stage = [sum(t_chunk[c] for c in range(chunks) if stage_of[c] == j) for j in range(s.p)]
+    pipe = pipeline_time(s, t_stage, c_cut)
+    peaks, sync = [], 0.0
+    for j in range(s.p):
+        layers = [i for c in range(chunks) if stage_of[c] == j for i in range(bounds[c], bounds[c + 1])]
+        wj, nwj = float(w_bytes[layers].sum()), int(n_w[layers].sum())
+        act = infl[j] * float(saved[layers].sum()) / s.v
+        peaks.append(static_f * wj + act + float(work[layers].max(initial=0.0)))
+        if pr.train:
+            sync = max(sync, screen._sync_time(s, groups[j], kinds[j], wj, nwj))
+    headroom = [float(c) - p for c, p in zip(caps, peaks, strict=True)]
+    worst = int(np.argmin(headroom))
+    step = pipe + sync
+    busy = s.k * max(t_stage)
+    part = "uniform" if tuple(counts) == uniform_counts(n_layers, chunks) else tuple(counts)
+    place = None if placement == tuple(range(len(placement))) else placement
+    return (
+        astuple(Strategy(s.d, s.t, s.p, s.k, s.schedule, s.v, s.zero, s.recompute, part, place)),
+        step,
+        max(peaks),
+        float(caps[worst]) if peaks[worst] > caps[worst] else float(caps.min()),
+        min(headroom) >= 0,
+        max(0.0, 1.0 - s.k * sum(t_stage) / s.p / step) if step > 0 else 0.0,
+        busy,
+        max(pipe - busy, 0.0),
+        sync,
+        min(headroom),
+    )
+
+
+STRATEGIES = [
+    (Strategy(d=2, t=1, p=4, k=8, schedule="1f1b"), True),
+    (Strategy(d=1, t=1, p=8, k=16, schedule="zb1"), True),
+    (Strategy(d=1, t=1, p=2, k=4, schedule="1f1b"), True),  # stages of 8 layers and more
+    (Strategy(d=2, t=2, p=2, k=4, schedule="gpipe", zero=1, recompute="selective"), True),
+    (Strategy(d=2, t=2, p=2, k=4, schedule="zb1", zero=3), True),
+    (Strategy(d=2, t=1, p=2, k=4, schedule="interleaved", v=2), True),
+    (Strategy(d=8, t=1, p=1, k=1, schedule="1f1b", zero=2), True),
+    (Strategy(d=2, t=1, p=4, k=8, schedule="1f1b"), False),
+    (Strategy(d=1, t=2, p=4, k=4, schedule="1f1b", partition=(3, 3, 3, 9)), True),
+    (Strategy(d=2, t=1, p=1, k=2, schedule="interleaved", v=2), True),  # a cut inside one stage
+    (Strategy(d=1, t=1, p=4, k=8, schedule="1f1b"), True),  # one node: ties with the uniform split
+]
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_estimates_equal_the_numpy_formulation(train: bool) -> None:
+    profiler = Profiler(parse_model_string(MODEL), parse_cluster(CLUSTER), train=train)
+    screen = Screen(profiler, Problem(16, train=train))  # shared: its memos are exercised too
+    rng = random.Random(7)
+    n_layers, compared = 0, 0
+    for s, balance in STRATEGIES:
+        groups = [tuple(range(i, i + s.t)) for i in range(0, s.devices, s.t)]
+        for r in range(12):
+            if r:
+                rng.shuffle(groups)
+            pl = tuple(g for grp in groups for g in grp)
+            got = screen.estimate(s, pl, balance)
+            assert (astuple(got.strategy), *astuple(got)[1:]) == reference(screen, s, pl, balance), (s, pl)
+            compared += 1
+        n_layers = screen._stage_rows(s, list(range(s.d * s.t)), 16 // (s.d * s.k))[1].time.size
+    assert n_layers >= 16 and compared == 12 * len(STRATEGIES)
+
+
+def test_estimates_equal_the_numpy_formulation_when_nothing_fits() -> None:
+    """Activations beyond every GPU's memory: the layers are balanced on time alone."""
+    model = "gpt:layers=6,hidden=1024,heads=16,seq=1024,vocab=128"
+    screen = Screen(Profiler(parse_model_string(model), parse_cluster(CLUSTER)), Problem(1024))
+    rng = random.Random(3)
+    s = Strategy(d=2, t=1, p=4, k=1, schedule="gpipe")
+    pl = list(range(s.devices))
+    for _ in range(6):
+        rng.shuffle(pl)
+        got = screen.estimate(s, tuple(pl))
+        assert not got.fits
+        assert (astuple(got.strategy), *astuple(got)[1:]) == reference(screen, s, tuple(pl), True)
+
+
+def test_estimates_equal_the_numpy_formulation_when_the_uniform_split_ties() -> None:
+    """Identical stages and layers: an optimal split other than the uniform one gives way to it."""
+    model = "gpt:layers=9,hidden=64,heads=4,seq=16,vocab=128"
+    screen = Screen(Profiler(parse_model_string(model), parse_cluster("p3.8xlarge:2")), Problem(16))
+    s = Strategy(d=1, t=1, p=4, k=8, schedule="1f1b")
+    got = screen.estimate(s)
+    assert got.strategy.partition == "uniform"
+    assert (astuple(got.strategy), *astuple(got)[1:]) == reference(screen, s, tuple(range(4)), True)
