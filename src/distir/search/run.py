@@ -46,7 +46,7 @@ from distir.search.store import ResultStore, search_key
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
-STORE_VERSION = 1  # bump when the cost model or the result format changes: old results go stale
+STORE_VERSION = 2  # bump when the cost model or the result format changes: old results go stale
 
 
 @dataclass(frozen=True)
