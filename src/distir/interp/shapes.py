@@ -77,15 +77,26 @@ def check_arguments(callee: Function, types: Sequence[Type]) -> None:
             raise OpTypeError(f"argument for %{p.name} of @{callee.name} has the wrong type", k, p.type, t)
 
 
+def _has_partial(d: OpDef, concrete: Sequence[bool]) -> bool:
+    return d.partial is not None
+
+
 class TypeDomain:
-    """Mixed abstract/concrete type propagation. See the module docstring."""
+    """Mixed abstract/concrete type propagation. See the module docstring.
+
+    A domain holds no reference to itself (no bound method in its dispatcher): it is freed by
+    reference counting as soon as its user drops it, with everything it memoized."""
 
     def __init__(self, concrete_limit: int = 1 << 12, record: bool = False) -> None:
         self.concrete_limit = concrete_limit
+        # implementations are the class's functions, called with the domain: a bound method here
+        # would make every domain a reference cycle, and a simulation's planning domain (with all
+        # its plans and memos) would wait for the cyclic collector instead of dying at once
+        cls = type(self)
         self.dispatch: Dispatcher[Any] = Dispatcher()
-        self.dispatch.register("*", Impl("reference", 2, self._can_run, self._run_reference))
-        self.dispatch.register("*", Impl("partial", 1, lambda d, c: d.partial is not None, self._run_partial))
-        self.dispatch.register("*", Impl("abstract", 0, always, self._run_abstract))
+        self.dispatch.register("*", Impl("reference", 2, cls._can_run, cls._run_reference))
+        self.dispatch.register("*", Impl("partial", 1, _has_partial, cls._run_partial))
+        self.dispatch.register("*", Impl("abstract", 0, always, cls._run_abstract))
         self._selected: dict[tuple[str, tuple[bool, ...]], Any] = {}
         self._defs: dict[str, OpDef] = {}
         self._call_cache: dict[tuple[str, tuple[Type, ...]], tuple[Mixed, ...]] = {}
@@ -146,7 +157,7 @@ class TypeDomain:
         if impl is None:
             d.check_arity(len(args))
             impl = self._selected[key] = self.dispatch.select(d, concrete)
-        outs: Sequence[Mixed] = impl.run(d, op, args)
+        outs: Sequence[Mixed] = impl.run(self, d, op, args)
         check_declared(op.outputs, outs, op.name)
         return outs
 

@@ -398,11 +398,49 @@ class OpDef:
     ) -> tuple[Type, ...]:
         """A local op on distributed tensors: shapes from the rule on the global view, result
         placements from the sharding strategy that takes exactly the inputs' placements. Plain
-        tensors among the inputs count as replicated (constants of the logical program)."""
-        meshes = {t.mesh for t in types if isinstance(t, DTensorType)}
-        if len(meshes) != 1:
-            raise OpTypeError(f"{self.name} mixes tensors of different meshes", None, 1, len(meshes))
-        mesh = meshes.pop()
+        tensors among the inputs count as replicated (constants of the logical program).
+
+        Memoized apart from the mesh's devices (``_DIST``): the answer depends on the mesh only
+        through its axes (the global view puts every input on the mesh's first device, which
+        only a ``device`` attribute can tell, and then it is in the key) — the same layer on
+        each pipeline stage's mesh is inferred once. Only answers are stored, never failures."""
+        mesh: Mesh | None = None
+        for t in types:
+            if type(t) is DTensorType:
+                if mesh is None:
+                    mesh = t.mesh
+                elif t.mesh is not mesh and t.mesh != mesh:
+                    n = len({x.mesh for x in types if isinstance(x, DTensorType)})
+                    raise OpTypeError(f"{self.name} mixes tensors of different meshes", None, 1, n)
+        assert mesh is not None  # the caller saw a DTensor
+        key: tuple[object, ...] | None = None
+        if all(k is None for k in known):  # known values (arrays) are not keys
+            key = (self, attrs, mesh.axes, *map(mesh_free, types))
+            if "device" in attrs:
+                key = (*key, mesh.devices[0])
+            got = _DIST.get(key)
+            if got is not None:
+                inst = got[1].get(id(mesh))
+                if inst is None or inst[0] is not mesh:
+                    if len(got[1]) >= 64:
+                        got[1].clear()
+                    made = tuple(DTensorType(dt, sh, mesh, pl) for dt, sh, pl in got[0])
+                    inst = got[1][id(mesh)] = (mesh, made)
+                return inst[1]
+        result = self._infer_on_mesh(types, attrs, known, mesh)
+        if key is not None:
+            if len(_DIST) >= _OPTIONS_MAX:
+                _DIST.clear()
+            _DIST[key] = (
+                tuple((t.dtype, t.shape, t.placements) for t in result),
+                {id(mesh): (mesh, result)},
+            )
+        return result
+
+    def _infer_on_mesh(
+        self, types: Sequence[Type], attrs: Attrs, known: Sequence[np.ndarray | None], mesh: Mesh
+    ) -> tuple[DTensorType, ...]:
+        """``_infer_distributed`` itself, on the one ``mesh`` of the DTensor inputs."""
         glob = [global_view(t, mesh) for t in types]
         outs = self.infer_types(glob, attrs, known)
         per_axis: list[tuple[Placement, ...]] = []
@@ -421,12 +459,31 @@ class OpDef:
                     accepted,
                     ", ".join(map(str, have)),
                 )
-        result: list[Type] = []
+        result: list[DTensorType] = []
         for i, t in enumerate(outs):
             if not isinstance(t, TensorType):
                 raise OpTypeError(f"{self.name} on distributed tensors must give tensors, not {t}")
             result.append(DTensorType(t.dtype, t.shape, mesh, tuple(pa[i] for pa in per_axis)))
         return tuple(result)
+
+
+# ``OpDef._infer_distributed``'s answers: (op, attributes, mesh axes, the inputs without devices
+# [, the mesh's first device]) -> (per result (dtype, shape, placements), per mesh (by id, the mesh
+# kept alive) the result types). Bounded: cleared when full.
+_DIST: dict[tuple[object, ...], tuple[tuple[Any, ...], dict[int, tuple[Mesh, tuple[DTensorType, ...]]]]] = {}
+
+
+def mesh_free(t: Type) -> object:
+    """What the global view of an input of a DTensor op keeps of it: every input goes to the
+    mesh's first device, so a DTensor is its dtype, shape and placements, a plain tensor or
+    scalar its dtype (and shape); anything else is kept whole."""
+    if type(t) is DTensorType:
+        return (t.dtype, t.shape, t.placements)
+    if type(t) is TensorType:
+        return (t.dtype, t.shape)
+    if type(t) is ScalarType:
+        return (t.dtype,)
+    return t
 
 
 def global_view(t: Type, mesh: Mesh) -> Type:

@@ -40,7 +40,7 @@ from distir.ir.dtensor import (
 )
 from distir.ir.function import Function, Module
 from distir.ir.types import Device, DType, TensorType
-from distir.ir.values import Value
+from distir.ir.values import Attrs, Value
 from distir.ops.dist import format_mesh_attr
 from distir.ops.registry import REGISTRY
 from distir.parallel.layer_prep import (
@@ -135,12 +135,42 @@ class _Builder:
             for k, direction in ((1, "fwd"), (2, "bwd"))
             for st, m in enumerate(self.meshes)
         }
-        calls = model.layers if train else model.layers[:-1]
+        self.layer_calls = model.layers  # a property that collects them anew at each access
+        calls = self.layer_calls if train else self.layer_calls[:-1]
         self.chunks = partition(model, s, len(calls))
         self.n_in = len(model.inputs)
         self.weight_params = set(model.forward.params[self.n_in :])
         self.functions: dict[str, Function] = {}
         self.sharder = LayerSharder(model, s, train, self.mb, self.functions)
+        self._param_types: dict[tuple[object, ...], DTensorType] = {}  # ``_on_stage``
+        self._made_attrs: dict[tuple[str, str], Attrs] = {}  # ``_attrs``
+        self._mesh_text: dict[int, str] = {}  # ``format_mesh_attr`` of each mesh, by id (in ``meshes``)
+
+    def _attrs(self, name: str, value: str) -> Attrs:
+        """The attributes ``{name: value}`` of an op the entry emits again and again (a
+        ``Redistribute`` per weight, a ``MeshSend`` per transfer), made once."""
+        a = self._made_attrs.get((name, value))
+        if a is None:
+            a = self._made_attrs[(name, value)] = Attrs({name: value})
+        return a
+
+    def _redistribute(self, fb: FunctionBuilder, v: Value, name: str, to: str) -> Value:
+        """``Redistribute(v, to=to)``, its result named ``name``."""
+        return fb.emit("Redistribute", (v,), self._attrs("to", to), (name,))[0]
+
+    def _on_stage(
+        self, dtype: DType, shape: tuple[int, ...], stage: int, zero_dim: int | None, tp: Placement
+    ) -> DTensorType:
+        """The entry parameter type of a weight or optimizer state on ``stage``'s mesh, sharded
+        along ``zero_dim`` over ``dp`` (None: replicated) and placed ``tp`` over ``tp``; one
+        object per distinct type: the simulator's memos find a type they met by identity before
+        comparing it (comparing two DTensor types compares their meshes device by device)."""
+        key = (dtype, shape, stage, zero_dim, tp)
+        t = self._param_types.get(key)
+        if t is None:
+            dp: Placement = Shard(zero_dim) if zero_dim is not None else Replicate()
+            t = self._param_types[key] = DTensorType(dtype, shape, self.meshes[stage], (dp, tp))
+        return t
 
     # -- layers ----------------------------------------------------------------------------------
     def _wp(self, w: Value) -> str:
@@ -152,7 +182,7 @@ class _Builder:
     # -- chunks ----------------------------------------------------------------------------------
     def _zero3_gather(self, fb: FunctionBuilder, w: Value, p: Value) -> Value:
         if self.s.zero == 3 and self._zdim(w) is not None:
-            return fb.op("Redistribute", p, names=[w.name], to=self._wp(w))[0]
+            return self._redistribute(fb, p, w.name, self._wp(w))
         return p
 
     def _compute_copy(self, fb: FunctionBuilder, w: Value, master: Value) -> Value:
@@ -160,7 +190,7 @@ class _Builder:
         master is a shard, so the low-precision copy is all-gathered (ZeRO-3 gathers per use)."""
         v = cast(fb, master, self.compute, f"{w.name}_{self.compute}")
         if self.s.zero in (1, 2) and self._zdim(w) is not None:
-            v = fb.op("Redistribute", v, names=[f"{w.name}_{self.compute}"], to=self._wp(w))[0]
+            v = self._redistribute(fb, v, f"{w.name}_{self.compute}", self._wp(w))
         return v
 
     def _to_master(self, fb: FunctionBuilder, w: Value, g: Value) -> Value:
@@ -178,7 +208,7 @@ class _Builder:
         ep = {e: fb.param(e.name) for L in layers for e in L.extras}
         res: list[Value] = []
         for L in layers:
-            call = self.model.layers[L.index]
+            call = self.layer_calls[L.index]
             args = []
             for j, v in enumerate(call.inputs):
                 args.append(x if j == 0 else self._zero3_gather(fb, v, wp[v]) if v in wp else ep[v])
@@ -218,7 +248,7 @@ class _Builder:
         for L, rs in zip(reversed(layers), reversed(res), strict=True):
             v = L.vjp
             assert v is not None
-            call = self.model.layers[L.index]
+            call = self.layer_calls[L.index]
             args: list[Value] = []
             it = iter(rs)
             for j in v.bwd_params:
@@ -308,24 +338,20 @@ class _Builder:
             c = chunk_of_layer[layer_of[w]]
             wchunk[w] = c
             z = self._zdim(w) if s.zero == 3 or self.prec.mixed else None  # mixed: masters as the state
-            dp: Placement = Shard(z) if z is not None else Replicate()
             wt = self.prec.master_type(spec.type)
-            wparam[w] = fb.param(
-                w.name, DTensorType(wt.dtype, wt.shape, self.meshes[stage_of[c]], (dp, spec.tp))
-            )
+            wparam[w] = fb.param(w.name, self._on_stage(wt.dtype, wt.shape, stage_of[c], z, spec.tp))
         state: dict[Value, list[Value]] = {w: [] for w in used}
         step_of: dict[int, Value] = {}
         if self.train:
             for sname in self.opt.state:
                 for w in used:
                     spec = model.weight(w.name)
-                    z = self._zdim(w)
-                    dp = Shard(z) if z is not None else Replicate()
-                    t = DTensorType(
+                    t = self._on_stage(
                         self.prec.master_type(spec.type).dtype,
                         spec.type.shape,
-                        self.meshes[stage_of[wchunk[w]]],
-                        (dp, spec.tp),
+                        stage_of[wchunk[w]],
+                        self._zdim(w),
+                        spec.tp,
                     )
                     state[w].append(fb.param(f"{sname}_{w.name}", t))
             if self.opt.kind == "adam":
@@ -356,7 +382,10 @@ class _Builder:
         last = len(self.chunks) - 1
 
         def to_mesh(v: Value, mesh: Mesh, name: str) -> Value:
-            return fb.op("MeshSend", v, names=[name], mesh=format_mesh_attr(mesh))[0]
+            text = self._mesh_text.get(id(mesh))
+            if text is None:
+                text = self._mesh_text[id(mesh)] = format_mesh_attr(mesh)
+            return fb.emit("MeshSend", (v,), self._attrs("mesh", text), (name,))[0]
 
         def send(v: Value, src: int, dst: int, name: str) -> Value:
             """Right after the producing action. With communication streams, the value moves to
@@ -454,6 +483,7 @@ class _Builder:
                 grads.update(zip(ws, got, strict=True))
         new_w: list[Value] = []
         new_state: list[list[Value]] = [[] for _ in self.opt.state]
+        replicated: dict[Placement, str] = {}  # the text of (R, tp) per TP placement
         for w in used:
             tp = model.weight(w.name).tp
             z = self._zdim(w)
@@ -462,27 +492,28 @@ class _Builder:
             wstate = state[w]
             step = step_of.get(stage_of[wchunk[w]])
             sliced = s.zero < 3 and not self.prec.mixed  # a replicated weight, updated by shards
+            rep = replicated.get(tp)
+            if rep is None:
+                rep = replicated[tp] = placement_text(Replicate(), tp)
             if z is None:
-                g = fb.op("Redistribute", g, names=[f"g_{w.name}"], to=placement_text(Replicate(), tp))[0]
+                g = self._redistribute(fb, g, f"g_{w.name}", rep)
                 upd = self.opt.emit(fb, wv, self._to_master(fb, w, g), wstate, step)
             else:
                 shard = placement_text(Shard(z), tp)
                 if s.zero == 1:
-                    g = fb.op("Redistribute", g, names=[f"g_{w.name}"], to=placement_text(Replicate(), tp))[0]
-                g = fb.op("Redistribute", g, names=[f"g_{w.name}"], to=shard)[0]
+                    g = self._redistribute(fb, g, f"g_{w.name}", rep)
+                g = self._redistribute(fb, g, f"g_{w.name}", shard)
                 if sliced:
-                    wv = fb.op("Redistribute", wv, names=[f"{w.name}_shard"], to=shard)[0]
+                    wv = self._redistribute(fb, wv, f"{w.name}_shard", shard)
                 upd = self.opt.emit(fb, wv, self._to_master(fb, w, g), wstate, step)
                 if sliced:
-                    full = fb.op(
-                        "Redistribute", upd[0], names=[f"{w.name}_new"], to=placement_text(Replicate(), tp)
-                    )[0]
+                    full = self._redistribute(fb, upd[0], f"{w.name}_new", rep)
                     upd = (full, *upd[1:])
             new_w.append(upd[0])
             for k2, sv in enumerate(upd[1:]):
                 new_state[k2].append(sv)
         loss = losses[0] if len(losses) == 1 else fb.op("Sum", *losses, names=["loss"])[0]
-        loss = fb.op("Redistribute", loss, names=["loss"], to="R, R")[0]
+        loss = self._redistribute(fb, loss, "loss", "R, R")
         entry = fb.ret(loss, *new_w, *(x for group in new_state for x in group))
         return self._module(cf, entry)
 

@@ -5,9 +5,12 @@ function once (``distir.autodiff``) and shards its forward and backward on a rep
 (dp, tp) mesh (``distir.parallel.layers``), with activations between layers at the strategy's
 placements (``distir.parallel.seqpar``) and weights pinned where their tensor-parallel placement
 puts them. A function met again with the same argument types and placements is sharded once;
-with others it gets a numbered name. Also here: the stage partition (consecutive layer ranges
-per pipeline chunk). The search's profiler uses ``sharded_layers`` to cost the very layers the
-transform emits.
+with others it gets a numbered name; layer calls alike (a model's repeated blocks) are worked out
+once. Sharding, splitting a backward for zero-bubble schedules and a forward's result types are
+pure functions of the (differentiated) functions, types and mesh: memoized across sharders, so
+the strategies of one microbatch size and (d, t) that a search simulates share them. Also here:
+the stage partition (consecutive layer ranges per pipeline chunk). The search's profiler uses
+``sharded_layers`` to cost the very layers the transform emits.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from distir.ir.dtensor import (
     parse_placements,
 )
 from distir.ir.function import Function, Module
+from distir.ir.ops import Call
 from distir.ir.rewrite import copy_instr
 from distir.ir.types import Device, TensorType, Type
 from distir.ir.values import Value
@@ -191,8 +195,9 @@ def unsharded_layers(model: Model, recompute: str = "none", train: bool = True) 
         return tuple(t.with_device(d0) if isinstance(t, TensorType) else t for t in ts)
 
     out: list[ShardedLayer] = []
+    calls = model.layers  # a property that collects them anew at each access
     for i in range(n):
-        call = model.layers[i]
+        call = calls[i]
         weights = [v for v in call.inputs[1:] if v in weight_params]
         extras = [v for v in call.inputs[1:] if v not in weight_params]
         if not train:
@@ -223,9 +228,11 @@ class LayerSharder:
         self.weight_params = set(model.forward.params[len(model.inputs) :])
         self.functions = functions
         self._sharded: dict[tuple[object, ...], tuple[Function, list[tuple[Placement, ...] | None]]] = {}
-        # (id of a forward function, argument types) -> (that function, its result types)
-        self._out_types: dict[tuple[object, ...], tuple[Function, list[Type]]] = {}
         self._meshed: dict[tuple[object, ...], tuple[Type, ...]] = {}  # ``_on_mesh`` per layer kind
+        self._weight_texts: dict[Placement, str] = {}  # a weight's placement text per TP placement
+        # (layer function, id of its VJP, types, activation placements around it, its inputs'
+        # roles) -> the layer sharded (``layers``), which keeps the VJP alive: its id stays its own
+        self._alike: dict[tuple[object, ...], ShardedLayer] = {}
         self._names: dict[str, int] = {}
 
     def wp(self, w: Value) -> str:
@@ -243,67 +250,114 @@ class LayerSharder:
 
     def _fwd_types(self, fwd: Function, arg_types: Sequence[Type]) -> list[Type]:
         """The result types of ``fwd`` on ``arg_types``, inferred once per (function, types): the
-        repeated blocks of a model share one differentiated forward."""
+        repeated blocks of a model share one differentiated forward, and the differentiated
+        functions are the same objects for every strategy of one microbatch size
+        (``_differentiated``), so the memo is kept across sharders (``_OUT_TYPES``)."""
         key = (id(fwd), *arg_types)
-        hit = self._out_types.get(key)
+        hit = _OUT_TYPES.get(key)
         if hit is None or hit[0] is not fwd:
             env = value_types(Module((fwd,)), fwd, arg_types)
-            hit = self._out_types[key] = (fwd, [env[o] for o in fwd.outputs])
+            _bounded(_OUT_TYPES)
+            hit = _OUT_TYPES[key] = (fwd, [env[o] for o in fwd.outputs])
         return list(hit[1])
 
     def layers(self, n: int) -> list[ShardedLayer]:
-        """The first ``n`` layer calls, differentiated (when training) and sharded."""
+        """The first ``n`` layer calls, differentiated (when training) and sharded. Layer calls
+        alike — the same layer function and VJP at the same types, with the same placements of
+        the activations around them and of their weights (a model's repeated blocks) — are
+        sharded alike: each is worked out once (``_layer``) and the others share its functions."""
         types, grads = _differentiated(self.model, self.mb, self.s.recompute, self.train)
         orig_calls = self.model.layers
         out: list[ShardedLayer] = []
         acts = activation_placements(self.model, self.s, types[:n])
+        alike = self._alike
         for i in range(n):
             call = orig_calls[i]
             weights = [v for v in call.inputs[1:] if v in self.weight_params]
             extras = [v for v in call.inputs[1:] if v not in self.weight_params]
-            pann = {0: acts[i]}
-            # weights are used where their tensor-parallel placement puts them (seqpar docstring)
-            pins = tuple(j for j, v in enumerate(call.inputs) if v in self.weight_params)
-            for j, v in enumerate(call.inputs[1:], start=1):
-                pann[j] = self.wp(v) if v in self.weight_params else ACT
-            fargs = self._on_mesh(types[i], pann)
-            if not self.train:
-                f, _ = self.shard(self.model.module[call.callee], types[i], pann, {0: acts[i + 1]}, pins)
-                out.append(ShardedLayer(i, weights, extras, f, fwd_args=fargs))
+            # each input's role: a weight placed by its tensor-parallel placement, or not a weight
+            roles = tuple(
+                self.model.weight(v.name).tp if v in self.weight_params else None for v in call.inputs
+            )
+            last = self.train and i == len(orig_calls) - 1
+            vj = grads[i].vjp if self.train else None
+            key = (call.callee, id(vj), tuple(types[i]), acts[i], None if last else acts[i + 1], roles)
+            got = alike.get(key)
+            if got is None:
+                act_out = None if last else acts[i + 1]
+                got = alike[key] = self._layer(call, vj, types[i], acts[i], act_out, roles)
+                out.append(replace(got, index=i, weights=weights, extras=extras))
                 continue
-            vj = grads[i].vjp
-            last = i == len(orig_calls) - 1
-            fwd, fplaces = self.shard(vj.fwd, types[i], pann, {} if last else {0: acts[i + 1]}, pins)
-            btypes = bwd_arg_types(vj, types[i], self._fwd_types(vj.fwd, types[i]))
-            bann: dict[int, str] = {k: pann[j] for k, j in enumerate(vj.bwd_params)}
-            at = len(vj.bwd_params)
-            for r in range(vj.n_residuals):
-                pl = fplaces[vj.n_outputs + r]
-                if pl is not None:
-                    bann[at + r] = placement_text(*pl)
-            for k in range(len(vj.active_outputs)):
-                # the loss's cotangent is the replicated seed; activations' are (S(0), R)
-                bann[at + vj.n_residuals + k] = "R, R" if last else acts[i + 1]
-            # gradients: the input's as the activation, each weight's as its weight, pending the
-            # data-parallel sum (left free, propagation may gather a TP-sharded weight's gradient)
-            dp_grad: Placement = Partial() if self.s.d > 1 else Replicate()
-            rann = {
-                k: acts[i] if j == 0 else placement_text(dp_grad, self.model.weight(call.inputs[j].name).tp)
-                for k, j in enumerate(vj.wrt)
-            }
-            bpins = tuple(k for k, j in enumerate(vj.bwd_params) if j in pins)
-            bwd, _ = self.shard(vj.bwd, btypes, bann, rann, bpins)
-            bargs = self._on_mesh(btypes, bann)
-            layer = ShardedLayer(i, weights, extras, fwd, bwd, vjp=vj, fwd_args=fargs, bwd_args=bargs)
-            if self.s.schedule == "zb1":
-                n_dx = 1 if 0 in vj.wrt else 0
-                bi, bw = split_weight_grad(bwd, n_dx)
-                layer.bwd_i, layer.bwd_w = bi, bw
-                layer.n_carried = len(bi.outputs) - n_dx
-                self.functions.setdefault(bi.name, bi)
-                self.functions.setdefault(bw.name, bw)
-            out.append(layer)
+            # the arguments on the mesh of a layer alike, by ``_on_mesh``'s memo (one dict lookup)
+            fargs = self._on_mesh(types[i], self._annotations(acts[i], roles))
+            out.append(replace(got, index=i, weights=weights, extras=extras, fwd_args=fargs))
         return out
+
+    def _annotations(self, act_in: str, roles: tuple[Placement | None, ...]) -> dict[int, str]:
+        """A layer's parameter annotations: the activation at ``act_in``, each weight replicated
+        over dp and placed by its role over tp, other inputs as activations."""
+        pann = {0: act_in}
+        texts = self._weight_texts
+        for j, r in enumerate(roles[1:], start=1):
+            if r is None:
+                pann[j] = ACT
+                continue
+            text = texts.get(r)
+            if text is None:
+                text = texts[r] = placement_text(Replicate(), r)
+            pann[j] = text
+        return pann
+
+    def _layer(
+        self,
+        call: Call,
+        vj: VJP | None,
+        types: Sequence[Type],
+        act_in: str,
+        act_out: str | None,
+        roles: tuple[Placement | None, ...],
+    ) -> ShardedLayer:
+        """One layer call (``call``, differentiated as ``vj`` when training) sharded, with the
+        activation entering at ``act_in`` and leaving at ``act_out`` (None: the last layer, whose
+        result is the loss), weights placed by their ``roles``. Its index, weights and extras are
+        the caller's to fill in."""
+        pann = self._annotations(act_in, roles)
+        # weights are used where their tensor-parallel placement puts them (seqpar docstring)
+        pins = tuple(j for j, r in enumerate(roles) if r is not None)
+        fargs = self._on_mesh(types, pann)
+        if vj is None:
+            assert act_out is not None
+            f, _ = self.shard(self.model.module[call.callee], types, pann, {0: act_out}, pins)
+            return ShardedLayer(-1, [], [], f, fwd_args=fargs)
+        fwd, fplaces = self.shard(vj.fwd, types, pann, {} if act_out is None else {0: act_out}, pins)
+        btypes = bwd_arg_types(vj, types, self._fwd_types(vj.fwd, types))
+        bann: dict[int, str] = {k: pann[j] for k, j in enumerate(vj.bwd_params)}
+        at = len(vj.bwd_params)
+        for r in range(vj.n_residuals):
+            pl = fplaces[vj.n_outputs + r]
+            if pl is not None:
+                bann[at + r] = placement_text(*pl)
+        for k in range(len(vj.active_outputs)):
+            # the loss's cotangent is the replicated seed; activations' are (S(0), R)
+            bann[at + vj.n_residuals + k] = "R, R" if act_out is None else act_out
+        # gradients: the input's as the activation, each weight's as its weight, pending the
+        # data-parallel sum (left free, propagation may gather a TP-sharded weight's gradient)
+        dp_grad: Placement = Partial() if self.s.d > 1 else Replicate()
+        rann = {
+            k: act_in if j == 0 else placement_text(dp_grad, _role(roles, j)) for k, j in enumerate(vj.wrt)
+        }
+        bpins = tuple(k for k, j in enumerate(vj.bwd_params) if j in pins)
+        bwd, _ = self.shard(vj.bwd, btypes, bann, rann, bpins)
+        bargs = self._on_mesh(btypes, bann)
+        layer = ShardedLayer(-1, [], [], fwd, bwd, vjp=vj, fwd_args=fargs, bwd_args=bargs)
+        if self.s.schedule == "zb1":
+            n_dx = 1 if 0 in vj.wrt else 0
+            bi, bw = _split(bwd, n_dx)
+            layer.bwd_i, layer.bwd_w = bi, bw
+            layer.n_carried = len(bi.outputs) - n_dx
+            self.functions.setdefault(bi.name, bi)
+            self.functions.setdefault(bw.name, bw)
+        return layer
 
     def shard(
         self,
@@ -318,7 +372,7 @@ class LayerSharder:
         key = (fn.name, tuple(types), tuple(sorted(pann.items())), tuple(sorted(rann.items())), pins)
         got = self._sharded.get(key)
         if got is None:
-            f, places = shard_function(self.model.module, fn, types, self.mesh_rep, pann, rann, pins)
+            f, places = _shard(self.model.module, fn, key, self.mesh_rep, pann, rann, pins)
             n = self._names.get(fn.name, 0)
             self._names[fn.name] = n + 1
             if n:
@@ -326,6 +380,60 @@ class LayerSharder:
             got = self._sharded[key] = (f, places)
             self.functions[f.name] = f
         return got
+
+
+def _role(roles: tuple[Placement | None, ...], j: int) -> Placement:
+    """Input ``j``'s role, a weight's (a gradient is taken with respect to weights only)."""
+    r = roles[j]
+    assert r is not None, "a gradient of an input that is not a weight"
+    return r
+
+
+# Pure functions of their arguments, memoized across sharders (every strategy a search simulates
+# exactly builds its own): the same model, microbatch size and (d, t) give the same layers. Keyed
+# by the identity of the functions and module (kept alive in the entry, so their ids stay theirs)
+# and the value of everything else; bounded (cleared when full).
+_MEMO_MAX = 256
+# (id of the module, the sharder's key, mesh) -> (module, function, its sharding, result placements)
+_SHARDS: dict[tuple[object, ...], tuple[Module, Function, Function, list[tuple[Placement, ...] | None]]] = {}
+# (id of a backward, inputs with a gradient) -> (that backward, its input and weight parts)
+_SPLITS: dict[tuple[int, int], tuple[Function, tuple[Function, Function]]] = {}
+# (id of a forward, argument types) -> (that forward, its result types): ``LayerSharder._fwd_types``
+_OUT_TYPES: dict[tuple[object, ...], tuple[Function, list[Type]]] = {}
+
+
+def _bounded(memo: dict[Any, Any]) -> None:
+    if len(memo) >= _MEMO_MAX:
+        memo.clear()
+
+
+def _shard(
+    module: Module,
+    fn: Function,
+    key: tuple[object, ...],
+    mesh: Mesh,
+    pann: dict[int, str],
+    rann: dict[int, str],
+    pins: tuple[int, ...],
+) -> tuple[Function, list[tuple[Placement, ...] | None]]:
+    """``shard_function`` memoized (``_SHARDS``); ``key`` is ``LayerSharder.shard``'s (the
+    function's name, argument types, annotations and pins)."""
+    full = (id(module), id(fn), key, mesh)
+    hit = _SHARDS.get(full)
+    if hit is None or hit[0] is not module or hit[1] is not fn:
+        f, places = shard_function(module, fn, key[1], mesh, pann, rann, pins)  # type: ignore[arg-type]
+        _bounded(_SHARDS)
+        hit = _SHARDS[full] = (module, fn, f, places)
+    return hit[2], hit[3]
+
+
+def _split(bwd: Function, n_dx: int) -> tuple[Function, Function]:
+    """``split_weight_grad`` memoized (``_SPLITS``)."""
+    hit = _SPLITS.get((id(bwd), n_dx))
+    if hit is None or hit[0] is not bwd:
+        _bounded(_SPLITS)
+        hit = _SPLITS[(id(bwd), n_dx)] = (bwd, split_weight_grad(bwd, n_dx))
+    return hit[1]
 
 
 # (model id, microbatch, recompute, train) -> (the model, kept alive so its id stays valid; layer

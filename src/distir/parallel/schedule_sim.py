@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 from distir.parallel.schedules import Action, Kind, ScheduleError, _check_counts, num_stages, stage_of
 
@@ -42,22 +43,51 @@ class TimedAction:
 def dependencies(action: Action, p: int, v: int) -> tuple[Action, ...]:
     """The actions ``action`` must wait for (see the module docstring)."""
     last = num_stages(p, v) - 1
-    s, m = action.stage, action.microbatch
-    if action.kind == "F":
-        return (Action(s - 1, m, "F"),) if s > 0 else ()
-    if action.kind == "W":
-        return (Action(s, m, "I"),)
-    fwd = Action(s, m, "F")
-    return (fwd,) if s == last else (fwd, Action(s + 1, m, action.kind))
+    return tuple(Action(*k) for k in _dependency_keys(action.stage, action.microbatch, action.kind, last))
 
 
-def _locate(per_rank: Sequence[Sequence[Action]], p: int, v: int) -> dict[Action, tuple[int, int]]:
-    """Map each action to its (rank, index); check the rank count, stages and duplicates."""
+_Key = tuple[int, int, Kind]  # (virtual stage, microbatch, kind): an action, hashed at C speed
+
+
+def _dependency_keys(s: int, m: int, kind: Kind, last: int) -> tuple[_Key, ...]:
+    """``dependencies`` as keys, for a schedule of virtual stages 0..``last``."""
+    if kind == "F":
+        return ((s - 1, m, "F"),) if s > 0 else ()
+    if kind == "W":
+        return ((s, m, "I"),)
+    return ((s, m, "F"),) if s == last else ((s, m, "F"), (s + 1, m, kind))
+
+
+class _Indexed:
+    """A schedule's actions numbered in rank order (rank 0's list first), with each action's
+    dependencies as numbers, computed once: ``merge`` asks about a rank's next action in every
+    round until it runs."""
+
+    __slots__ = ("actions", "deps", "first")
+
+    def __init__(self, per_rank: Sequence[Sequence[Action]], p: int, v: int) -> None:
+        """Checks the schedule as ``_locate`` does (the same errors)."""
+        pos, deps = _locate(per_rank, p, v)
+        self.actions = [a for acts in per_rank for a in acts]
+        self.first = [0] * (p + 1)  # rank r's actions are numbers first[r] .. first[r + 1] - 1
+        for r, acts in enumerate(per_rank):
+            self.first[r + 1] = self.first[r] + len(acts)
+        first = self.first
+        number = {k: first[r] + i for k, (r, i) in pos.items()}
+        self.deps = [tuple(map(number.__getitem__, ds)) for ds in deps]
+
+
+def _locate(
+    per_rank: Sequence[Sequence[Action]], p: int, v: int
+) -> tuple[dict[_Key, tuple[int, int]], list[tuple[_Key, ...]]]:
+    """Map each action (by key) to its (rank, index), and list the dependencies of each action
+    in rank order; check the rank count, stages, duplicates and that every dependency is run by
+    some rank."""
     _check_counts(p=p, v=v)
     if len(per_rank) != p:
         raise ScheduleError(f"schedule has {len(per_rank)} ranks, expected p={p}")
     n_stages = num_stages(p, v)
-    pos: dict[Action, tuple[int, int]] = {}
+    pos: dict[_Key, tuple[int, int]] = {}
     for r, acts in enumerate(per_rank):
         for i, a in enumerate(acts):
             if a.stage >= n_stages:
@@ -67,23 +97,27 @@ def _locate(per_rank: Sequence[Sequence[Action]], p: int, v: int) -> dict[Action
                     index=i,
                     token=str(a),
                 )
-            if stage_of(a.stage, p) != r:
+            if a.stage % p != r:  # ``stage_of`` (p is checked above, stages are >= 0)
                 raise ScheduleError(
                     f"stage {a.stage} runs on rank {stage_of(a.stage, p)}, not rank {r}",
                     rank=r,
                     index=i,
                     token=str(a),
                 )
-            if a in pos:
+            k = (a.stage, a.microbatch, a.kind)
+            if k in pos:
                 raise ScheduleError(
-                    f"duplicate action, first at index {pos[a][1]}", rank=r, index=i, token=str(a)
+                    f"duplicate action, first at index {pos[k][1]}", rank=r, index=i, token=str(a)
                 )
-            pos[a] = (r, i)
-    for a, (r, i) in pos.items():
-        for d in dependencies(a, p, v):
+            pos[k] = (r, i)
+    deps = [_dependency_keys(s, m, kind, n_stages - 1) for s, m, kind in pos]
+    for (k, (r, i)), ds in zip(pos.items(), deps, strict=True):
+        for d in ds:
             if d not in pos:
-                raise ScheduleError(f"depends on {d}, which no rank runs", rank=r, index=i, token=str(a))
-    return pos
+                raise ScheduleError(
+                    f"depends on {Action(*d)}, which no rank runs", rank=r, index=i, token=str(Action(*k))
+                )
+    return pos, deps
 
 
 def validate(per_rank: Sequence[Sequence[Action]], p: int, k: int, v: int, split_backward: bool) -> None:
@@ -110,12 +144,12 @@ def validate(per_rank: Sequence[Sequence[Action]], p: int, k: int, v: int, split
                 raise ScheduleError(
                     f"microbatch {a.microbatch} out of range 0..{k - 1}", rank=r, index=i, token=str(a)
                 )
-    pos = _locate(per_rank, p, v)
+    pos, _ = _locate(per_rank, p, v)
     for s in range(num_stages(p, v)):
         for m in range(k):
             for kind in allowed:
-                a = Action(s, m, kind)
-                if a not in pos:
+                if (s, m, kind) not in pos:
+                    a = Action(s, m, kind)
                     raise ScheduleError(f"missing action {a} (stage {s} runs on rank {stage_of(s, p)})")
     merge(per_rank, p, v)
 
@@ -137,22 +171,29 @@ def merge(per_rank: Sequence[Sequence[Action]], p: int, v: int) -> list[tuple[in
     fails (``ScheduleDeadlock`` naming the stuck actions and what they wait for) exactly for
     schedules that cannot run, and succeeds for every other one.
     """
-    _locate(per_rank, p, v)
-    done: set[Action] = set()
+    ix = _Indexed(per_rank, p, v)
+    return [(r, ix.actions[j]) for r, j in _merge(per_rank, p, v, ix)]
+
+
+def _merge(per_rank: Sequence[Sequence[Action]], p: int, v: int, ix: _Indexed) -> list[tuple[int, int]]:
+    """``merge`` on the numbered schedule: the same rounds, giving (rank, action number)."""
+    deps, first = ix.deps, ix.first
+    done = [False] * len(ix.actions)
     pcs = [0] * p
-    order: list[tuple[int, Action]] = []
-    remaining = sum(len(acts) for acts in per_rank)
+    order: list[tuple[int, int]] = []
+    remaining = len(ix.actions)
     while remaining:
-        ran: list[tuple[int, Action]] = []
+        ran: list[tuple[int, int]] = []
         for r in range(p):
             if pcs[r] < len(per_rank[r]):
-                a = per_rank[r][pcs[r]]
-                if all(d in done for d in dependencies(a, p, v)):
-                    ran.append((r, a))
+                j = first[r] + pcs[r]
+                if all(done[d] for d in deps[j]):
+                    ran.append((r, j))
                     pcs[r] += 1
         if not ran:
+            ran_before = {ix.actions[j] for j, x in enumerate(done) if x}
             stuck = [
-                (r, pcs[r], per_rank[r][pcs[r]], _unmet(per_rank[r][pcs[r]], done, p, v))
+                (r, pcs[r], per_rank[r][pcs[r]], _unmet(per_rank[r][pcs[r]], ran_before, p, v))
                 for r in range(p)
                 if pcs[r] < len(per_rank[r])
             ]
@@ -160,7 +201,8 @@ def merge(per_rank: Sequence[Sequence[Action]], p: int, v: int) -> list[tuple[in
                 f"rank {r} index {i} {a} waits for {', '.join(map(str, w))}" for r, i, a, w in stuck
             )
             raise ScheduleDeadlock(f"deadlock: no rank can run its next action: {detail}", stuck)
-        done.update(a for _, a in ran)
+        for _, j in ran:  # visible from the next round on
+            done[j] = True
         order.extend(ran)
         remaining -= len(ran)
     return order
@@ -256,15 +298,16 @@ def time_order(
     (estimated) time order avoids such false waits. Dependencies end before their dependents start,
     and ties keep ``merge``'s order, so the result is a valid order. For 1F1B with p=2, k=2 and
     ``B = 2·F`` it is again the DistIR paper's Figure 2 order."""
-    lockstep = merge(per_rank, p, v)
-    end: dict[Action, float] = {}
+    ix = _Indexed(per_rank, p, v)
+    end = [0.0] * len(ix.actions)
     free = [0.0] * p
     timed: list[tuple[float, int, TimedAction]] = []
-    for i, (r, a) in enumerate(lockstep):
+    for i, (r, j) in enumerate(_merge(per_rank, p, v, ix)):
+        a = ix.actions[j]
         start = free[r]
-        for d in dependencies(a, p, v):
+        for d in ix.deps[j]:
             start = max(start, end[d])
-        end[a] = free[r] = start + max(float(duration(r, a)), 0.0)
-        timed.append((start, i, TimedAction(r, a, start, end[a])))
-    timed.sort(key=lambda x: (x[0], x[1]))
+        end[j] = free[r] = start + max(float(duration(r, a)), 0.0)
+        timed.append((start, i, TimedAction(r, a, start, end[j])))
+    timed.sort(key=itemgetter(0, 1))
     return [t for _, _, t in timed]

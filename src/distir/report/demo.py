@@ -70,19 +70,23 @@ def run_demo(console: Console | None, seed: int = 0) -> dict[str, Any]:
     per_rank = run_ranks(ranks, rank_inputs(fig2, args))
     flat = [x for d in ranks for x in per_rank[d]]
     seq = distir.check(load_example("mlp_sequential.distir"))
-    sequential = run_reference(seq, args)
+    # the distributed and the sequential step sum in different orders; in float32 that can flip a
+    # ReLU whose input is near 0 (how likely depends on this CPU's BLAS kernels), and a flipped
+    # unit changes a whole column of the update: compare the two programs' math in float64
+    args64 = [np.asarray(a, np.float64) for a in args]
+    glob64, sequential = run_reference(fig2, args64), run_reference(seq, args64)
     rows: list[dict[str, Any]] = []
     for i, v in enumerate(fig2.entry.outputs):
         rows.append(
             {
                 "output": v.name,
                 "rank_vs_global": max_rel_diff(flat[i], glob[i]),
-                "global_vs_sequential": max_rel_diff(glob[i], sequential[i]),
+                "global_vs_sequential": max_rel_diff(glob64[i], sequential[i]),
             }
         )
-    ok = all(r["rank_vs_global"] == 0.0 and r["global_vs_sequential"] < 1e-5 for r in rows)
+    ok = all(r["rank_vs_global"] == 0.0 and r["global_vs_sequential"] < 1e-9 for r in rows)
     table = Table(title=f"3. Updated weights, seed {seed} (max relative difference)")
-    for col in ("output", "per-rank vs global", "global vs sequential"):
+    for col in ("output", "per-rank vs global", "global vs sequential (float64)"):
         table.add_column(col)
     for r in rows:
         table.add_row(r["output"], f"{r['rank_vs_global']:.2e}", f"{r['global_vs_sequential']:.2e}")

@@ -11,7 +11,8 @@ Contract: for a body it accepts, the plan is the one the general path builds —
 memory events (in the same order), result roots, fresh buffers and parameter last uses (tested
 against the general path). It returns None — and the general path plans the body, reporting any
 error precisely — for a body with a call, a concrete argument or result, or a result whose
-declared type differs from the inferred one.
+declared type differs from the inferred one. It also lists each distinct communicating op with
+its types (``FnPlan.comm_ops``: what ``distir.sim.relabel`` checks on another mesh).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def plan_flat(
     seen: dict[tuple[Any, ...], tuple[Sequence[Type], OpRecord, Type | None, int]] = {}
     seen_get = seen.get
     frame: list[OpRecord] = []
+    comm_ops: list[tuple[Op, tuple[Type, ...], tuple[Type, ...]]] = []
     dom._frames.append(frame)  # type: ignore[arg-type]  # PlanDomain.op appends its record here
     try:
         for i, instr in enumerate(ops):
@@ -91,14 +93,17 @@ def plan_flat(
                     last[v] = i
             hit = seen_get(key)
             if hit is None:
+                in_t = [types[v] for v in ins]
                 try:
-                    outs_m = dom.op(instr, [types[v] for v in ins])
+                    outs_m = dom.op(instr, in_t)
                 except Exception:  # the general path reports it "while interpreting" the op
                     return None
                 if Concrete in map(type, outs_m):
                     return None
                 outs_t = cast(Sequence[Type], outs_m)
                 table.append(frame.pop())
+                if table[-1][2]:  # each distinct communication, for ``distir.sim.relabel``
+                    comm_ops.append((instr, tuple(in_t), tuple(outs_t)))
                 hit = seen[key] = (outs_t, table[-1], outs_t[0] if len(outs_t) == 1 else None, len(table) - 1)
             kind_append(hit[3])
             only = hit[2]
@@ -242,4 +247,6 @@ def plan_flat(
         param_last,
         out_values=out_types,
         columns=None if columns is None else FlatColumns(kinds, table, columns),
+        flat=True,
+        comm_ops=tuple(comm_ops),
     )

@@ -50,9 +50,10 @@ def build_plan(
     """Arrange the records of one interpreted body into a plan, with liveness-based memory.
 
     ``param_uses=False`` (the simulated entry, whose plan is never summarized) does not track
-    the parameters' storage at all: the caller owns it, so it is never freed here, and what a
-    summary needs of it (``param_last``, parameters among ``out_roots``) is left empty. That
-    skips the largest share of a pipeline entry's value edges (the weights every chunk reads)."""
+    the parameters' storage at all: the caller owns it, so it is never freed here, and what only
+    a summary needs (``param_last``, ``out_roots``, ``fresh``) is left empty (``param_last`` all
+    -1). That skips the largest share of a pipeline entry's value edges (the weights every chunk
+    reads) and a walk of its hundreds of results."""
     body = fn.body
     n = len(body)
     assert len(records) == n
@@ -76,10 +77,12 @@ def build_plan(
     flat: list[tuple[int, float]] = []  # the pairs of ``vals``, concatenated
     created: list[int] = []
     pos: dict[Root, int] = {}  # position in ``keys`` of op results and shared call buffers
-    # per instruction (that reads anything) the values it reads: a call, only the parameters
-    # its body reads (``CallSummary.read_pos``); last uses are taken from these in bulk
-    reads: list[Sequence[Value]] = []
-    read_at: list[int] = []
+    # last uses: of each value read (a call reads only the parameters its body reads,
+    # ``CallSummary.read_pos``), at C speed per instruction, later reads overwriting earlier ones;
+    # a read of a value with other roots is folded into those roots after the walk. Only roots
+    # are looked up in ``last`` (the entries of aliased or untracked values are never consulted).
+    last: dict[Root, int] = {}
+    put = last.update
     calls: list[int] = []
     call_reads: dict[int, tuple[Value, ...]] = {}
     call_allocs: dict[int, Sequence[tuple[int, float]]] = {}
@@ -87,9 +90,10 @@ def build_plan(
     for i, (instr, rec) in enumerate(zip(body, records, strict=True)):
         if type(rec) is tuple:  # a primitive op
             ins = instr.inputs
-            if ins:
-                reads.append(ins)
-                read_at.append(i)
+            if len(ins) == 1:
+                last[ins[0]] = i
+            elif ins:
+                put(zip(ins, repeat(i)))
             outs = instr.outputs
             if rec[5]:  # a view
                 shared = tuple(dict.fromkeys(_chain(map(roots_of, ins))))
@@ -97,6 +101,15 @@ def build_plan(
                     alias.update(zip(outs, repeat(shared)))
                 continue
             assert len(rec[6]) == len(outs)
+            if len(outs) == 1:  # most ops: no iterators to make
+                o = outs[0]
+                pos[o] = len(keys)
+                keys.append(o)
+                pairs = rec[6][0]
+                vals.append(pairs)
+                flat.extend(pairs)
+                created.append(i)
+                continue
             pos.update(zip(outs, range(len(keys), len(keys) + len(outs)), strict=True))
             keys.extend(outs)
             vals.extend(rec[6])
@@ -109,8 +122,7 @@ def build_plan(
         rd = rec.pick_read(ins)
         call_reads[i] = rd
         if rd:
-            reads.append(rd)
-            read_at.append(i)
+            put(zip(rd, repeat(i)))
         call_first[i] = len(keys)
         if rec.own_ks is not None:  # the common case: each result a parameter or a buffer of its own
             own = rec.pick_own(instr.outputs)
@@ -144,13 +156,7 @@ def build_plan(
                 alias[o] = tuple(uses_of)
         flat.extend(allocs)
         call_allocs[i] = allocs
-    # last uses: of each value read, at C speed per instruction (later reads overwrite earlier
-    # ones); then a read of a value with other roots is a read of those roots. Only roots are
-    # looked up in ``last`` (the entries of aliased or untracked values are never consulted).
-    last: dict[Root, int] = {}
-    put = last.update
-    for vs, i in zip(reads, read_at, strict=True):
-        put(zip(vs, repeat(i), strict=False))
+    # a read of a value with other roots is a read of those roots
     for v, rs in alias.items():
         lv = last.get(v)
         if lv is not None:
@@ -215,7 +221,7 @@ def build_plan(
         return x
 
     # last uses not counting the return, where a summary needs them (parameters, results)
-    internal_last = {r: last_of(r) for r in out_root_list}
+    internal_last = {r: last_of(r) for r in out_root_list} if param_uses else {}
     param_last = tuple(last.get(p, -1) for p in fn.params) if param_uses else (-1,) * len(fn.params)
     last.update(zip(out_root_list, repeat(n)))
     # frees: each owned root at its last use, in creation order within one instruction; and
@@ -286,7 +292,7 @@ def build_plan(
     fresh_index: dict[Root, int] = {}
     fresh: list[tuple[tuple[tuple[int, float], ...], int]] = []
     out_roots: list[tuple[int, ...]] = []
-    for v in fn.outputs:
+    for v in fn.outputs if param_uses else ():  # a plan never summarized: no result storage
         refs_of: list[int] = []
         for r in roots_of(v):
             if r in param_index:

@@ -11,7 +11,10 @@ entry to their clocks at exit by a max-plus linear map: ``out[v] = max_u (in[u] 
 A callee is compiled and summarized once per (function, argument types) — its delay matrix, the
 first-start matrix (for traces), busy/communication time per slot, FLOPs and peak extra memory per
 GPU — and every call site applies the summary in O(k²) for k devices, so repeated layers,
-stages and microbatch steps cost what their call sites cost.
+stages and microbatch steps cost what their call sites cost. A callee met on another mesh alike
+(the next pipeline stage's) takes the summary it had on the first, renamed onto the new mesh's
+clocks and memory figures, when that is exactly what planning it there would give
+(``distir.sim.relabel``; ``relabel=False`` plans every call).
 
 **Memory.** A value is live from the op that creates it to its last use in the function (results
 of the function stay live). View ops (those that write no bytes: Reshape, Unsqueeze, tuples)
@@ -20,7 +23,11 @@ alias their inputs instead of allocating. Parameters belong to the caller.
 **DTensor programs** are planned directly (``distir.sim.spmd``): an op on distributed tensors
 runs on all devices of its mesh. The plan's "slots" are then *units* of devices that always move
 together and its "GPUs" memory figures of GPUs that hold alike (``distir.sim.units``);
-``PlanDomain.units`` says which real slots and GPUs they stand for.
+``PlanDomain.units`` says which real slots and GPUs they stand for. They are made either by
+``Units.prepare``'s type pass over the whole program before planning, or (``assume_units``, as
+``simulate`` does) assumed from the entry's types and confirmed after planning by the types the
+planner met (``Units.confirm``): the planner then infers the types itself, and the program is
+walked once instead of twice.
 
 The plan's data (op records, ``CallSummary``, ``FnPlan``) live in ``distir.sim.records``; the
 liveness pass that arranges a walked body into a plan, ``build_plan``, in ``distir.sim.liveness``.
@@ -28,8 +35,7 @@ liveness pass that arranges a walked body into a plan, ``build_plan``, in ``dist
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from itertools import repeat
+from collections.abc import Sequence
 from typing import Any
 
 from distir.interp.loop import interpret
@@ -46,6 +52,7 @@ from distir.sim.devices import DeviceMap
 from distir.sim.flatplan import plan_flat
 from distir.sim.liveness import build_plan
 from distir.sim.records import NEG_INF, CallSummary, FnPlan, MemEvents, OpRecord, Root
+from distir.sim.relabel import Relabeler
 from distir.sim.units import Units, has_dtensor, leaves
 
 __all__ = [
@@ -61,6 +68,9 @@ __all__ = [
 ]
 
 
+_Summarized = tuple[CallSummary, tuple[Mixed, ...], Any]
+
+
 class PlanDomain(TypeDomain):
     """Type propagation that also records, per op, where it runs and what it costs."""
 
@@ -73,8 +83,16 @@ class PlanDomain(TypeDomain):
         fast_path: bool = True,
         entry_param_uses: bool = True,
         entry_memory_columns: bool = False,
+        relabel: bool = True,
+        assume_units: bool = False,
     ) -> None:
         super().__init__()
+        # group a DTensor program's devices into units by ``Units.assume`` (check with
+        # ``units.confirm()`` after planning) instead of ``Units.prepare``'s pass over the program
+        self.assume_units = assume_units
+        # carry a callee's summary to another mesh alike instead of planning it again there
+        # (``distir.sim.relabel``; False: plan every call, the reference the tests compare with)
+        self.relabel = relabel
         self.fast_path = fast_path  # plan bodies of primitive ops in one pass (``flatplan``)
         # False: the plan of the function planned first (the entry) is only run, never summarized,
         # so its parameters' liveness is not tracked (``build_plan``'s ``param_uses``)
@@ -86,13 +104,14 @@ class PlanDomain(TypeDomain):
         self.cost = cost
         # clocks and memory figures: slots and GPUs, or units of a DTensor program
         self.units = Units(dmap, cost)
+        self._relabel = Relabeler(self.units)
         self._memo: dict[tuple[Any, ...], tuple[tuple[Type, ...], OpRecord]] = {}
         self._frames: list[list[OpRecord | CallSummary]] = []
-        self._summaries: dict[tuple[str, tuple[Type, ...]], tuple[CallSummary, tuple[Mixed, ...]]] = {}
-        # (callee, ids of the argument types) -> (summary and results, the argument types, pinned)
-        self._summary_ids: dict[
-            tuple[Any, ...], tuple[tuple[CallSummary, tuple[Mixed, ...]], tuple[Type, ...]]
-        ] = {}
+        # (callee, argument types) -> (summary, results, mesh-free key and mesh or None: the call
+        # in ``distir.sim.relabel``'s terms)
+        self._summaries: dict[tuple[str, tuple[Type, ...]], _Summarized] = {}
+        # (callee, ids of the argument types) -> (the same, the argument types, pinned)
+        self._summary_ids: dict[tuple[Any, ...], tuple[_Summarized, tuple[Type, ...]]] = {}
 
     @property
     def dev_slot(self) -> dict[Device, int]:
@@ -125,6 +144,8 @@ class PlanDomain(TypeDomain):
             result = super().op(op, args)
         ins = [type_of(a) for a in args]
         out_types = tuple(type_of(o) for o in result)
+        for t in out_types:  # under ``Units.assume``: every type met (its inputs were results)
+            self.units.note(t)
         rec = self._record(op, ins, out_types)
         if Concrete not in map(type, (*args, *result)):
             self._memo[key] = (out_types, rec)
@@ -191,21 +212,36 @@ class PlanDomain(TypeDomain):
             found = self._summaries.get(key) if abstract else None
             if found is None:
                 check_arguments(callee, types)
-                plan = self.plan(callee, args)
-                found = (summarize(plan, self.slot_gpu), plan.out_values)
+                alike = self._relabel.key(callee, types) if abstract and self.relabel else None
+                carried = self._relabel.carried(callee, *alike) if alike is not None else None
+                if carried is not None:
+                    self.units.relabels += 1
+                    for t in carried[1]:
+                        self.units.note(type_of(t))
+                else:
+                    self._relabel.begin()
+                    try:
+                        plan = self.plan(callee, args)
+                    finally:
+                        nested = self._relabel.end()
+                    carried = (summarize(plan, self.slot_gpu), plan.out_values)
+                    if alike is not None:
+                        self._relabel.remember(*alike, plan, carried, nested)
+                found = (*carried, alike)
                 if abstract:
                     self._summaries[key] = found
             hit = found
             if abstract:
                 self._summary_ids[id_key] = (hit, types)
         check_declared(call.outputs, hit[1], "@" + callee.name)
+        self._relabel.called(hit[2])
         self._frames[-1].append(hit[0])
         return hit[1]
 
     def plan(self, fn: Function, args: Sequence[Mixed]) -> FnPlan:
         top = not self._frames
         if not self.units.prepared and top:
-            self.units.prepare(self.module, fn, args)
+            (self.units.assume if self.assume_units else self.units.prepare)(self.module, fn, args)
         columnar = top and self.entry_memory_columns
         fast = plan_flat(self, fn, args, columnar=columnar) if self.fast_path else None
         if fast is not None:
@@ -242,36 +278,18 @@ class PlanDomain(TypeDomain):
         results tuple from there was seen before (same callee, same argument types) reuses that
         site's summary without keying it by its hundreds of argument types again."""
         trace = self.units.take_trace(fn, args)
-        env: dict[Value, Mixed]
-        ins_seq: Iterable[list[Mixed]]
-        seen_seq: Iterable[Sequence[Mixed] | None]
-        if trace is not None:
-            env, ins_seq, seen_seq = trace
-        else:
-            env = dict(zip(fn.params, args, strict=True))
-            env_of = env.__getitem__
-            ins_seq = (list(map(env_of, i.inputs)) for i in fn.body)  # lazily: after each update
-            seen_seq = repeat(None)
-        store = trace is None
+        if trace is None:
+            return self._walk_plain(fn, args)
+        env, ins_seq, seen_seq = trace
         # id of prepare's results tuple -> (the summary, the results, that tuple: kept alive)
         by_seen: dict[int, tuple[CallSummary, Sequence[Mixed], Sequence[Mixed]]] = {}
-        memo_get = self._memo.get
         frame = self._frames[-1]
         append = frame.append
         module = self.module
         outs: Sequence[Mixed]
-        for instr, ins, seen in zip(fn.body, ins_seq, seen_seq, strict=False):  # seen_seq may repeat
-            if type(instr) is Op:
-                hit = memo_get((instr.name, instr.attrs, *ins)) if Concrete not in map(type, ins) else None
-                if hit is not None:
-                    outs, rec = hit
-                    for v in instr.outputs:
-                        if v.type is not None:
-                            check_declared(instr.outputs, outs, instr.name)
-                            break
-                    append(rec)
-                else:
-                    outs = self.op(instr, ins)
+        for instr, ins, seen in zip(fn.body, ins_seq, seen_seq, strict=True):
+            if type(instr) is Op:  # ``op`` answers a repeated op from its memo
+                outs = self.op(instr, ins)
             else:
                 assert isinstance(instr, Call)
                 got = by_seen.get(id(seen)) if seen else None
@@ -287,8 +305,27 @@ class PlanDomain(TypeDomain):
                         by_seen[id(seen)] = (summary, outs, seen)
             if len(outs) != len(instr.outputs):
                 raise OpTypeError("result count mismatch")
-            if store:
-                env.update(zip(instr.outputs, outs, strict=True))
+        return tuple(env[v] for v in fn.outputs), env
+
+    def _walk_plain(
+        self, fn: Function, args: Sequence[Mixed]
+    ) -> tuple[tuple[Mixed, ...], dict[Value, Mixed]]:
+        """``_walk`` of a body no ``Units.prepare`` walked: the state built here."""
+        env: dict[Value, Mixed] = dict(zip(fn.params, args, strict=True))
+        env_of = env.__getitem__
+        update = env.update
+        module = self.module
+        outs: Sequence[Mixed]
+        for instr in fn.body:
+            ins = list(map(env_of, instr.inputs))
+            if type(instr) is Op:  # ``op`` answers a repeated op from its memo
+                outs = self.op(instr, ins)
+            else:
+                assert isinstance(instr, Call)
+                outs = self.call(module, instr, module[instr.callee], ins)
+            if len(outs) != len(instr.outputs):
+                raise OpTypeError("result count mismatch")
+            update(zip(instr.outputs, outs, strict=True))
         return tuple(env[v] for v in fn.outputs), env
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from distir.interp.shapes import Mixed
 from distir.ir.function import Function
+from distir.ir.ops import Op
 from distir.ir.types import Type
 from distir.ir.values import Value
 from distir.sim.memcols import MemColumns
@@ -180,6 +181,10 @@ class FnPlan:
     out_values: tuple[Mixed, ...] = ()  # the results, with any known (concrete) values
     # a flat entry run untraced may be kept compact instead (the per-op lists above are then empty)
     columns: FlatColumns | None = None
+    # planned by the fast path (``distir.sim.flatplan``): primitive ops only, no concrete value
+    flat: bool = False
+    # the fast path's distinct communicating ops with their input and result types
+    comm_ops: tuple[tuple[Op, tuple[Type, ...], tuple[Type, ...]], ...] = ()
 
 
 @dataclass(slots=True)

@@ -10,7 +10,11 @@ the plan's allocations and frees; the peak is compared with each GPU's capacity.
 
 A DTensor program is simulated directly (``distir.sim.spmd``): an op on distributed tensors
 runs on every device of its mesh at once. Its plan runs over units of devices
-(``distir.sim.units``), which this module expands back into slots and GPUs.
+(``distir.sim.units``), which this module expands back into slots and GPUs. The units are
+assumed from the entry's types and confirmed after planning (``Units.assume``); when the program
+calls for others, or planning under the assumption fails, it is planned again after the full
+type pass (``Units.prepare``), which also reports any error precisely — the results are the same
+either way.
 """
 
 from __future__ import annotations
@@ -107,14 +111,40 @@ def simulate(
     """Simulate ``fn`` (default: the module's entry) on ``cluster``."""
     fn = fn if fn is not None else module.entry
     args = entry_args(fn, concrete)
-    # planning allocates many small, long-lived objects: the cyclic GC only slows it down
+    # planning allocates many small, long-lived objects: the cyclic GC only slows it down. The
+    # planning domain, its plans and memos are freed (by reference counting: they hold no
+    # cycle) before the collector is back on, so its first collection does not walk them
     with paused_gc():
-        if device_map is None:
-            device_map = DeviceMap.default(_program_devices(module, fn), cluster.num_devices)
-        cost = cost_model if cost_model is not None else RooflineCostModel(cluster)
+        return _simulate(module, fn, args, cluster, device_map, cost_model, trace, batch)
+
+
+def _simulate(
+    module: Module,
+    fn: Function,
+    args: list[Any],
+    cluster: Cluster,
+    device_map: DeviceMap | None,
+    cost_model: CostModel | None,
+    trace: bool,
+    batch: int | None,
+) -> SimResult:
+    if device_map is None:
+        device_map = DeviceMap.default(_program_devices(module, fn), cluster.num_devices)
+    cost = cost_model if cost_model is not None else RooflineCostModel(cluster)
+    # units assumed from the entry's types (``Units.assume``), confirmed after planning; if the
+    # program calls for other units (or planning under the assumption fails), plan it again
+    # after ``Units.prepare``'s pass, which also reports any error precisely
+    plan: FnPlan | None = None
+    domain = PlanDomain(
+        module, device_map, cost, entry_param_uses=False, entry_memory_columns=not trace, assume_units=True
+    )
+    with contextlib.suppress(Exception):
+        plan = domain.plan(fn, args)
+    if plan is None or not domain.units.confirm():
+        del plan, domain  # freed before planning again
         domain = PlanDomain(module, device_map, cost, entry_param_uses=False, entry_memory_columns=not trace)
         plan = domain.plan(fn, args)
-        return _run(plan, domain, cluster, device_map, trace, batch)
+    return _run(plan, domain, cluster, device_map, trace, batch)
 
 
 def _program_devices(module: Module, fn: Function) -> set[Device]:

@@ -45,8 +45,9 @@ from distir.ir.dtensor import DTensorType, Mesh, Partial, Replicate, Shard, spli
 from distir.ir.ops import Op
 from distir.ir.types import ScalarType, TensorType, Type
 from distir.ir.values import Attrs
-from distir.ops.registry import REGISTRY, CommPattern, OpDef, OpKind, OpTypeError
-from distir.sim.units import Units, local_piece, mesh_info, piece_bytes, step_types, uniform_shape
+from distir.ops.registry import REGISTRY, CommPattern, OpDef, OpKind, OpTypeError, mesh_free
+from distir.sim.layout import local_piece, mesh_info, piece_bytes, step_types, uniform_shape
+from distir.sim.units import Units, per_gpu
 
 if TYPE_CHECKING:
     from distir.sim.plan import OpRecord
@@ -81,8 +82,49 @@ def _mesh_of(op: Op, types: Iterable[Type]) -> Mesh:
 
 
 def local_record(dom: Units, op: Op, d: OpDef, ins: Sequence[Type], outs: Sequence[Type]) -> OpRecord:
-    """A local op on DTensors: all of its mesh, for the slowest device's local compute."""
+    """A local op on DTensors: all of its mesh, for the slowest device's local compute.
+
+    What does not depend on which devices the mesh has — the time, FLOPs, whether it is a view
+    and each result's bytes per unit of the mesh — is computed once per (op, attributes, types
+    without their meshes' devices, the mesh's axes and, per unit it covers, the unit's position,
+    device count and GPU class; ``Units.local_shapes``): the same layer on every pipeline
+    stage's mesh. Only the units and their memory figures are filled in per mesh."""
     mesh = _mesh_of(op, (*ins, *outs))
+    units = dom.mesh_units(mesh)
+    if not all(type(t) is DTensorType for t in outs):  # pragma: no cover - inference gives DTensors
+        seconds, flops, view, _ = _local_shape(dom, op, d, ins, outs, mesh)
+        return (devs_of(units), seconds, False, op.name, flops, view, *dom.sizes(outs, view), None)
+    key = (
+        op.name,
+        op.attrs,
+        *map(mesh_free, ins),
+        None,
+        *map(mesh_free, outs),
+        mesh.axes,
+        *[(pos, count, dom.gpu_class_of(rep)) for _u, rep, pos, count in units],
+    )
+    got = dom.local_shapes.get(key)
+    if got is None:
+        got = dom.local_shapes[key] = _local_shape(dom, op, d, ins, outs, mesh)
+    seconds, flops, view, per_bytes = got
+    gpu_of = dom.slot_gpu
+    gpus = [gpu_of[u] for u, *_ in units]
+    per = tuple(list(zip(gpus, bs, strict=True)) for bs in per_bytes)
+    allocs = () if view else tuple(x for p in per for x in p)
+    return (devs_of(units), seconds, False, op.name, flops, view, per, allocs, per_gpu(allocs), None)
+
+
+def devs_of(units: Sequence[tuple[int, Any, int, int]]) -> tuple[int, ...]:
+    """The units of ``Units.mesh_units``, sorted: the clocks an op on that mesh runs on."""
+    return tuple(sorted(u for u, *_ in units))
+
+
+def _local_shape(
+    dom: Units, op: Op, d: OpDef, ins: Sequence[Type], outs: Sequence[Type], mesh: Mesh
+) -> tuple[float, float, bool, tuple[tuple[float, ...], ...]]:
+    """``local_record``'s part that does not depend on the mesh's devices: seconds, FLOPs,
+    whether it is a view, and per result its bytes on each unit of the mesh (in
+    ``mesh_units`` order)."""
     x = ins[0] if ins else None
     if (
         d.family == "conv"
@@ -120,8 +162,8 @@ def local_record(dom: Units, op: Op, d: OpDef, ins: Sequence[Type], outs: Sequen
         seconds = max(seconds, got[0])
         flops += got[1] * count
     view = bool(ins) and d.bytes_written(ins, outs, op.attrs) == 0
-    devs = tuple(sorted(u for u, *_ in dom.mesh_units(mesh)))
-    return (devs, seconds, False, op.name, flops, view, *dom.sizes(outs, view), None)
+    per_bytes = tuple(tuple(b for _g, b in dom.bytes_by_gpu(t)) for t in outs if isinstance(t, DTensorType))
+    return seconds, flops, view, per_bytes
 
 
 def _shape_key(t: Type) -> Any:
@@ -149,6 +191,8 @@ def redistribute_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[
     units = dom.mesh_units(mesh)
     devs = tuple(sorted(u for u, *_ in units))
     steps = step_types(src, dst)
+    for *_, after in steps:  # the layouts it passes through (``Units.assume`` notes every type)
+        dom.note(after)
     for t in (src, *(after for *_, after in steps)):
         dims = [p.dim for p in t.placements if isinstance(p, Shard)]
         if len(dims) != len(set(dims)):  # as materialization: no lowering through such a layout

@@ -12,127 +12,48 @@ into slots and GPUs at the end.
 ``prepare``'s pass over the program is a full type propagation; it keeps the entry's final state,
 each instruction's arguments and each call's results (``Units.take_trace``), so the planner's walk
 of the entry (``PlanDomain._walk``) looks up no value twice: the entry of a 1024-device pipeline
-program has ~1M value edges.
-
-The helpers here also lay out DTensor pieces quickly: ``mesh_info`` (coordinates and axis groups
-without ``Mesh.coords``'s per-device search), ``piece_bytes``, ``local_piece``.
+program has ~1M value edges. ``assume`` skips that pass: it makes the units the entry's parameter
+types and the meshes named by attributes call for, the planner notes every type it meets
+(``note``), and ``confirm`` checks afterwards that they call for the same units (else the
+simulator plans again after ``prepare``). Which slots group into units is
+``distir.sim.grouping``; laying out DTensor pieces (``mesh_info``, ``piece_bytes``,
+``local_piece``, re-exported here) is ``distir.sim.layout``.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from distir.interp.loop import interpret
 from distir.interp.shapes import Concrete, Mixed, TypeDomain, check_declared, type_of
-from distir.ir.dtensor import DTensorType, Mesh, Placement, Shard
+from distir.ir.dtensor import DTensorType, Mesh
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
-from distir.ir.types import _ITEMSIZE, Device, ScalarType, TensorType, TupleType, Type
+from distir.ir.types import Device, ScalarType, TensorType, TupleType, Type
 from distir.ir.values import Value
 from distir.ops.registry import CommCost, CommPattern, OpTypeError
-from distir.parallel.materialize import local_shape_at, redistribute_steps
 from distir.sim.cost import CostModel, gpu_class
 from distir.sim.devices import DeviceMap
+from distir.sim.grouping import attribute_meshes, device_groups, split_units
+from distir.sim.layout import (  # re-exported: the layout helpers' former home
+    MeshInfo,
+    local_piece,
+    mesh_info,
+    piece_bytes,
+    shape_groups,
+    step_types,
+    uniform_shape,
+)
 
+# ``spmd.local_record``'s part that does not depend on the mesh's devices: seconds, FLOPs,
+# whether it is a view, and per result its bytes on each unit of the mesh
+LocalShape = tuple[float, float, bool, tuple[tuple[float, ...], ...]]
 # a function's final state, each instruction's arguments and results, from one walk of its body
 Trace = tuple[dict[Value, Mixed], list[list[Mixed]], list[Sequence[Mixed]]]
 # per result its bytes per GPU; all allocations; their sum per GPU
 Pairs = tuple[tuple[int, float], ...]
 Sizes = tuple[tuple[list[tuple[int, float]], ...], Pairs, Pairs]
-
-
-class MeshInfo:
-    """Per mesh: each device's coordinates (row-major, by position) and the device groups along
-    each axis (as ``Mesh.groups``, without its per-device index search)."""
-
-    __slots__ = ("_groups", "coords", "mesh")
-
-    def __init__(self, mesh: Mesh) -> None:
-        self.mesh = mesh
-        self.coords: list[tuple[int, ...]] = list(itertools.product(*(range(n) for n in mesh.shape)))
-        self._groups: dict[int, list[tuple[int, ...]]] = {}
-
-    def groups(self, axis: int) -> list[tuple[int, ...]]:
-        """Positions (indices into ``mesh.devices``) of each group along ``axis``."""
-        got = self._groups.get(axis)
-        if got is None:
-            by_rest: dict[tuple[int, ...], list[int]] = {}
-            for i, c in enumerate(self.coords):
-                by_rest.setdefault(c[:axis] + c[axis + 1 :], []).append(i)
-            got = self._groups[axis] = [tuple(g) for g in by_rest.values()]
-        return got
-
-
-# by id: hashing a Mesh hashes every device (slow for 1024 of them); the entry keeps it alive
-_MESHES: dict[int, MeshInfo] = {}
-
-
-def mesh_info(mesh: Mesh) -> MeshInfo:
-    info = _MESHES.get(id(mesh))
-    if info is None or info.mesh is not mesh:
-        if len(_MESHES) > 256:
-            _MESHES.clear()
-        info = _MESHES[id(mesh)] = MeshInfo(mesh)
-    return info
-
-
-def uniform_shape(t: DTensorType) -> tuple[int, ...] | None:
-    """The one local shape of ``t`` when every device's piece has it (even shards), else None."""
-    shape = list(t.shape)
-    for ax, p in enumerate(t.placements):
-        if isinstance(p, Shard):
-            n = t.mesh.shape[ax]
-            if shape[p.dim] % n:
-                return None
-            shape[p.dim] //= n
-    return tuple(shape)
-
-
-def shape_groups(t: DTensorType) -> list[list[int]]:
-    """Positions of ``t``'s mesh devices grouped by the shape of their piece."""
-    n = len(t.mesh.devices)
-    if uniform_shape(t) is not None:
-        return [list(range(n))]
-    info = mesh_info(t.mesh)
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i, c in enumerate(info.coords):
-        groups.setdefault(local_shape_at(t, c), []).append(i)
-    return list(groups.values())
-
-
-def piece_bytes(t: DTensorType, position: int) -> float:
-    """Bytes of the piece of ``t`` on its mesh's device at ``position``."""
-    shape = uniform_shape(t)
-    if shape is None:
-        shape = local_shape_at(t, mesh_info(t.mesh).coords[position])
-    return float(math.prod(shape) * _ITEMSIZE[t.dtype])
-
-
-def local_piece(t: Type, device: Device, position: int) -> Type:
-    """The type a device works on: its piece of a DTensor; a plain tensor or scalar (a constant of
-    the logical program, made on every device) moved to it."""
-    if isinstance(t, DTensorType):
-        shape = uniform_shape(t)
-        if shape is None:
-            shape = local_shape_at(t, mesh_info(t.mesh).coords[position])
-        return TensorType(t.dtype, shape, device)
-    if isinstance(t, TensorType | ScalarType):
-        return t.with_device(device)
-    return t
-
-
-def step_types(src: DTensorType, dst: DTensorType) -> list[tuple[int, Placement, DTensorType, DTensorType]]:
-    """``redistribute_steps`` with the layouts around each step: (axis, from, before, after)."""
-    out = []
-    cur = src
-    for ax, b in redistribute_steps(src.placements, dst.placements):
-        nxt = cur.with_placements((*cur.placements[:ax], b, *cur.placements[ax + 1 :]))
-        out.append((ax, cur.placements[ax], cur, nxt))
-        cur = nxt
-    return out
 
 
 # -- units ----------------------------------------------------------------------------------------
@@ -230,7 +151,7 @@ def device_units(
     dev_slot: Mapping[Device, int],
     n_slots: int,
     slot_class: Sequence[Hashable],
-) -> tuple[list[int], set[DTensorType], dict[tuple[Any, ...], Sequence[Mixed]], Trace]:
+) -> tuple[list[int], set[DTensorType], dict[tuple[Any, ...], Sequence[Mixed]], Trace, bool]:
     """The unit of every slot (units numbered 0..k-1 in order of their first slot), and the
     DTensor types the units were made for. Slots start as one unit, then are split by: each
     plain value's device (ops on plain values run on one device or a few), for each DTensor type
@@ -238,11 +159,18 @@ def device_units(
     class. Every op then touches whole units, and within a unit every device holds the same bytes
     and costs alike: one clock and one memory figure per unit are exact. Also returns the result
     types of every op seen, keyed by (op, attributes, input types), and ``fn``'s final state and
-    per-instruction arguments (``_TypeCollector.walk``), for the planner to reuse."""
+    per-instruction arguments (``_TypeCollector.walk``), for the planner to reuse; and whether
+    any value is a plain (per-device) one."""
     col = _TypeCollector(dev_slot)
     trace = col.walk(module, fn, args)
     for a in args:
         col.note(type_of(a))
+    groups = device_groups(col.dtensors, col.devices, slot_of(dev_slot), slot_class)
+    return split_units(groups, n_slots), set(col.dtensors), col.op_types, trace, bool(col.devices)
+
+
+def slot_of(dev_slot: Mapping[Device, int]) -> Callable[[Device], int]:
+    """A device's slot; an unmapped device is the program's error."""
 
     def slot(d: Device) -> int:
         try:
@@ -250,38 +178,7 @@ def device_units(
         except KeyError:
             raise OpTypeError(f"device {d} is not mapped onto the cluster") from None
 
-    groups: dict[tuple[int, ...], None] = {}
-    for d in col.devices:
-        groups[(slot(d),)] = None
-    whole: dict[int, tuple[int, ...]] = {}  # mesh id -> the slots of all its devices
-    for t in col.dtensors:
-        devs = t.mesh.devices
-        if uniform_shape(t) is not None:  # one group: the whole mesh (most types of a program)
-            got = whole.get(id(t.mesh))
-            if got is None:
-                got = whole[id(t.mesh)] = tuple(map(slot, devs))
-            groups[got] = None
-            continue
-        for positions in shape_groups(t):
-            groups[tuple(slot(devs[i]) for i in positions)] = None
-    by_class: dict[Hashable, list[int]] = {}
-    for s, c in enumerate(slot_class):
-        by_class.setdefault(c, []).append(s)
-    for members in by_class.values():
-        groups[tuple(members)] = None
-    unit = [0] * n_slots
-    n_units = 1
-    for g in groups:  # split every unit into its part inside g and its part outside
-        renamed: dict[int, int] = {}
-        for s in g:
-            old = unit[s]
-            new = renamed.get(old)
-            if new is None:
-                new = renamed[old] = n_units
-                n_units += 1
-            unit[s] = new
-    order: dict[int, int] = {}
-    return [order.setdefault(u, len(order)) for u in unit], set(col.dtensors), col.op_types, trace
+    return slot
 
 
 class Units:
@@ -300,12 +197,29 @@ class Units:
         self.units: list[tuple[int, ...]] | None = None
         self.gpu_figure: dict[int, int] = {}  # real GPU -> its memory figure (with units)
         self.prepared = False
+        # a DTensor program without any plain (per-device) value: every op runs on a mesh
+        self.all_dtensor = False
+        # ``assume``: the units assumed, the types and plain devices the planner met, whether one
+        # of them is unevenly sharded; how many calls were carried to another mesh (``relabel``)
+        self._assumed = False
+        self._assumed_units: list[int] = []
+        self._attr_meshes: list[Mesh] = []
+        self._slot_of: Callable[[Device], int] = slot_of(self.dev_slot)
+        self._seen_dtensors: dict[DTensorType, None] = {}
+        self._seen_devices: dict[Device, None] = {}
+        self.uneven = False
+        self.relabels = 0
         self._unit_types: set[DTensorType] | None = None  # the DTensor types units were made for
         # by id (see mesh_info), with the mesh kept alive
         self._mesh_units: dict[int, tuple[Mesh, tuple[tuple[int, Device, int, int], ...]]] = {}
         self._gpu_class: dict[int, Hashable] = {}
         self._comm_memo: dict[tuple[Any, ...], float] = {}
         self.local_costs: dict[tuple[Any, ...], tuple[float, float]] = {}  # (seconds, FLOPs)
+        self._dtensor_bytes: dict[DTensorType, list[tuple[int, float]]] = {}  # ``bytes_by_gpu``
+        # the same by identity (the type kept alive): comparing two equal types compares meshes
+        self._dtensor_bytes_ids: dict[int, tuple[DTensorType, list[tuple[int, float]]]] = {}
+        # ``spmd.local_record``'s mesh-free part: (seconds, FLOPs, view, bytes per mesh unit)
+        self.local_shapes: dict[tuple[Any, ...], LocalShape] = {}
         # result types per (op, attributes, input types) from ``prepare``'s pass over the program
         # (the same type domain): planning does not infer an op's types twice
         self.op_types: dict[tuple[Any, ...], Sequence[Mixed]] = {}
@@ -327,13 +241,68 @@ class Units:
         self.prepared = True
         if not any(has_dtensor(type_of(a)) for a in args):
             return
-        # a unit holds slots of one stream name (so never two slots of one GPU) and GPU class
-        slot_class = [(gpu_class(self.cost, s.gpu), s.stream) for s in self.streams]
-        n_slots = len(self.slot_gpu)
-        unit_of, self._unit_types, self.op_types, trace = device_units(
-            module, fn, args, self.dev_slot, n_slots, slot_class
+        unit_of, self._unit_types, self.op_types, trace, plain = device_units(
+            module, fn, args, self.dev_slot, len(self.slot_gpu), self._slot_classes()
         )
+        self.all_dtensor = not plain
         self._trace = (fn, args, trace)
+        self._finish(unit_of)
+
+    def assume(self, module: Module, fn: Function, args: Sequence[Mixed]) -> None:
+        """``prepare`` without its pass over the program: the units the entry's parameter types
+        and the meshes named by attributes call for (``grouping.attribute_meshes``), assuming the
+        rest of the program adds no group — the planner notes every type it meets (``note``) and
+        ``confirm`` checks the assumption afterwards. The planner then infers the types itself."""
+        self.prepared = True
+        if not any(has_dtensor(type_of(a)) for a in args):
+            return
+        self._assumed = True
+        self._slot_of = slot_of(self.dev_slot)  # by slot, before units replace slots
+        for a in args:
+            self.note(type_of(a))
+        self.all_dtensor = not self._seen_devices
+        self._attr_meshes = attribute_meshes(module, fn)
+        groups = device_groups(
+            self._seen_dtensors, self._seen_devices, self._slot_of, self._slot_classes(), self._attr_meshes
+        )
+        self._assumed_units = split_units(groups, len(self.slot_gpu))
+        self._finish(self._assumed_units)
+
+    def note(self, t: Type) -> None:
+        """A type the planner met (under ``assume``; a no-op after ``prepare``)."""
+        if not self._assumed:
+            return
+        if isinstance(t, DTensorType):
+            if t not in self._seen_dtensors:
+                self._seen_dtensors[t] = None
+                if uniform_shape(t) is None:
+                    self.uneven = True
+        elif isinstance(t, TupleType):
+            for e in t.elements:
+                self.note(e)
+        else:
+            self._seen_devices[t.device] = None
+            self.all_dtensor = False  # as ``prepare`` would have found (no more carried calls)
+
+    def confirm(self) -> bool:
+        """Whether the units ``assume`` made are the ones ``prepare`` would have made: the types
+        the planner met call for the same groups. (It meets every value's type but those in the
+        bodies of calls carried to another mesh, ``relabel``: carried only while no type met is
+        unevenly sharded, they are evenly sharded on that mesh, whose group is there already.)"""
+        if not self._assumed:
+            return True
+        groups = device_groups(
+            self._seen_dtensors, self._seen_devices, self._slot_of, self._slot_classes(), self._attr_meshes
+        )
+        return split_units(groups, len(self._assumed_units)) == self._assumed_units
+
+    def _slot_classes(self) -> list[Hashable]:
+        # a unit holds slots of one stream name (so never two slots of one GPU) and GPU class
+        return [(gpu_class(self.cost, s.gpu), s.stream) for s in self.streams]
+
+    def _finish(self, unit_of: list[int]) -> None:
+        """Units from each slot's unit: split further until the GPUs of a unit have their other
+        streams in equal units, then memory figures (GPUs whose slots fall into the same units)."""
         gpu_of = self.slot_gpu
 
         def signatures() -> dict[int, tuple[int, ...]]:
@@ -343,7 +312,7 @@ class Units:
                 by_gpu.setdefault(gpu_of[j], []).append(u)
             return {g: tuple(sorted(us)) for g, us in by_gpu.items()}
 
-        while True:  # split units until the GPUs of a unit have their other streams in equal units
+        while True:
             sig = signatures()
             keys: dict[tuple[int, tuple[int, ...]], int] = {}
             split = [keys.setdefault((u, sig[gpu_of[j]]), len(keys)) for j, u in enumerate(unit_of)]
@@ -359,6 +328,9 @@ class Units:
         self.units = [tuple(m) for m in members]
         self.dev_slot = {d: unit_of[j] for d, j in self.dev_slot.items()}
         self.slot_gpu = [self.gpu_figure[gpu_of[m[0]]] for m in members]
+        self._mesh_units.clear()  # anything asked before was in terms of slots, not units
+        self._dtensor_bytes.clear()
+        self._dtensor_bytes_ids.clear()
 
     def mesh_units(self, mesh: Mesh) -> tuple[tuple[int, Device, int, int], ...]:
         """(unit, a device of it, that device's position in the mesh, devices of the mesh in it)
@@ -397,11 +369,21 @@ class Units:
         return t
 
     def bytes_by_gpu(self, t: Type) -> list[tuple[int, float]]:
-        """(memory unit, bytes) of a value of type ``t``: a DTensor holds a piece on each device."""
+        """(memory unit, bytes) of a value of type ``t``: a DTensor holds a piece on each device.
+        A DTensor's answer is computed once per type (a pipeline entry has a parameter per weight
+        and optimizer state, most of a few types); callers never modify the list."""
         if isinstance(t, DTensorType):
-            if self._unit_types is not None and t not in self._unit_types:  # pragma: no cover
-                raise OpTypeError(f"internal: {t} was not seen when devices were grouped into units")
-            return [(self.slot_gpu[u], piece_bytes(t, i)) for u, _d, i, _c in self.mesh_units(t.mesh)]
+            pinned = self._dtensor_bytes_ids.get(id(t))  # a type met before as this very object
+            if pinned is not None and pinned[0] is t:
+                return pinned[1]
+            got = self._dtensor_bytes.get(t)
+            if got is None:
+                if self._unit_types is not None and t not in self._unit_types:  # pragma: no cover
+                    raise OpTypeError(f"internal: {t} was not seen when devices were grouped into units")
+                got = [(self.slot_gpu[u], piece_bytes(t, i)) for u, _d, i, _c in self.mesh_units(t.mesh)]
+                self._dtensor_bytes[t] = got
+            self._dtensor_bytes_ids[id(t)] = (t, got)
+            return got
         if isinstance(t, TupleType):
             return [x for e in t.elements for x in self.bytes_by_gpu(e)]
         return plain_bytes_by_gpu(t, self.dev_slot, self.slot_gpu)
@@ -443,3 +425,22 @@ def per_gpu(pairs: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...]
     for g, b in pairs:
         acc[g] = acc.get(g, 0.0) + b
     return tuple(acc.items())
+
+
+__all__ = [
+    "MeshInfo",
+    "Trace",
+    "Units",
+    "device_units",
+    "has_dtensor",
+    "leaves",
+    "local_piece",
+    "mesh_info",
+    "per_gpu",
+    "piece_bytes",
+    "plain_bytes_by_gpu",
+    "shape_groups",
+    "slot_of",
+    "step_types",
+    "uniform_shape",
+]
