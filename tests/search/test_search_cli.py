@@ -58,8 +58,11 @@ def test_json_contract_ranked_best_first_and_consistent(tmp_path: Path) -> None:
 def test_rerun_takes_every_result_from_the_store(tmp_path: Path) -> None:
     first = _search(tmp_path)
     second = _search(tmp_path)
-    assert first["cached"] == 0
+    assert first["cached"] == 0 and first["from_store"] is False
     assert second["cached"] == second["simulated"] == first["simulated"]
+    assert second["from_store"] is True and second["timings_s"] == first["timings_s"] | {
+        "render_s": second["timings_s"]["render_s"]  # type: ignore[index]
+    }
     assert second["results"] == first["results"]
     fresh = _search(tmp_path, "--fresh")
     assert fresh["cached"] == 0 and fresh["results"] == first["results"]

@@ -132,11 +132,18 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
     finally:
         out.width = width
     t = o.timings
-    out.print(
-        f"screen {t['screen_s']:.2f} s ({o.n_screened} strategies, {o.profiles} layer simulations), "
-        f"placement {t['placement_s']:.2f} s, exact simulation {t['simulate_s']:.2f} s"
-        + (f" ({o.n_cached} from the store {store})" if o.n_cached else "")
-    )
+    if o.from_store:
+        out.print(
+            f"from the store {store} in {t['render_s']:.2f} s: this search ran before "
+            f"({o.n_screened} strategies screened in {t['screen_s']:.2f} s, {t['total_s']:.2f} s in all); "
+            "--fresh searches again"
+        )
+    else:
+        out.print(
+            f"screen {t['screen_s']:.2f} s ({o.n_screened} strategies, {o.profiles} layer simulations), "
+            f"placement {t['placement_s']:.2f} s, exact simulation {t['simulate_s']:.2f} s"
+            + (f" ({o.n_cached} from the store {store})" if o.n_cached else "")
+        )
     if a["explain_"]:
         out.print()
         for line in explain(o):

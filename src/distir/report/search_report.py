@@ -57,6 +57,7 @@ def search_json(o: SearchOutput) -> dict[str, Any]:
         "screened": o.n_screened,
         "simulated": len(o.results),
         "cached": o.n_cached,
+        "from_store": o.from_store,  # re-rendered from a finished search: timings are its
         "layer_profiles": o.profiles,
         "timings_s": {k: round(v, 4) for k, v in o.timings.items()},
         "screen_top": [

@@ -23,6 +23,7 @@ so the results are those of a single process.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +36,7 @@ from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import Cluster, parse_cluster
 from distir.ir.types import DType
 from distir.parallel.strategy import Strategy
+from distir.search import final
 from distir.search.executor import local_pool, run_all
 from distir.search.executor import start as start_task
 from distir.search.placement import anneal_placement, megatron_placement
@@ -42,7 +44,7 @@ from distir.search.profile import LayerProfile, Profiler, allowed_tp, num_layers
 from distir.search.rerank import ExactJob, evaluate
 from distir.search.screen import Estimate, Problem, Screen
 from distir.search.space import Pins, Space
-from distir.search.store import ResultStore, search_key
+from distir.search.store import ResultStore, StoreError, dumps, loads, search_key
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -88,6 +90,7 @@ class SearchOutput:
     timings: dict[str, float]
     n_cached: int = 0
     profiles: int = 0
+    from_store: bool = False  # re-rendered from the store: ``timings`` are the original search's
 
     def best(self) -> dict[str, Any] | None:
         return self.results[0] if self.results else None
@@ -310,7 +313,12 @@ def _exact_order(strategies: list[Strategy]) -> list[str]:
 
 
 def search(req: SearchRequest, progress: Progress | None = None) -> SearchOutput:
-    """Run a search (module docstring)."""
+    """Run a search (module docstring); a finished one with the same view comes from the store
+    (``distir.search.final``), nothing screened or simulated (``SearchOutput.from_store``)."""
+    if req.store is not None:
+        stored = _stored_output(req)
+        if stored is not None:
+            return stored
     parallel = req.workers > 1 and req.executor == "local"
     with local_pool(req.workers) if parallel else contextlib.nullcontext() as pool:
         return _search(req, progress, pool)
@@ -358,7 +366,32 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
             pool=pool,
             started=started,
         )
-    t3 = time.perf_counter()
+        t3 = time.perf_counter()
+        out = _output(req, cluster, tasks, results, screened, n, screen.profiler.probes, cached)
+        out.timings.update(
+            screen_s=t1 - t0,
+            screen_cpu_s=c1 - c0,  # this process's CPU time: a busy machine inflates only screen_s
+            screen_worker_cpu_s=screen.profiler.worker_cpu_s,  # profiles computed by workers
+            placement_s=t2 - t1,
+            simulate_s=t3 - t2,
+            total_s=t3 - t0,
+        )
+        if store is not None:
+            store.put_final(_final_payload(req, out))
+    return out
+
+
+def _output(
+    req: SearchRequest,
+    cluster: Cluster,
+    tasks: list[str],
+    results: dict[str, dict[str, Any]],
+    screened: list[Estimate],
+    n: int,
+    profiles: int,
+    cached: int,
+) -> SearchOutput:
+    """The exact results of ``tasks`` with their screen figures, ranked (module docstring, 4)."""
     est = {str(e.strategy): e for e in screened}
     rows: list[dict[str, Any]] = []
     for task in tasks:
@@ -371,22 +404,58 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
     ok = [r for r in rows if "error" not in r]
     ok.sort(key=lambda r: (not r["fits"], -r["throughput"]))
     errors = [r | {"strategy": t} for t, r in zip(tasks, rows, strict=True) if "error" in r]
+    return SearchOutput(req, cluster, ok + errors, screened, n, {}, n_cached=cached, profiles=profiles)
+
+
+def _view(req: SearchRequest) -> dict[str, Any]:
+    """What of the request, beyond the store's key, decides the output (``distir.search.final``),
+    as it reads back from the store (JSON: tuples as lists)."""
+    view = {
+        "pins": dataclasses.asdict(req.pins),
+        "top": req.top,
+        "explain": req.explain,
+        "anneal_iters": req.anneal_iters,
+        "anneal_top": req.anneal_top,
+    }
+    plain: dict[str, Any] = loads(dumps(view))
+    return plain
+
+
+def _final_payload(req: SearchRequest, out: SearchOutput) -> dict[str, Any]:
+    return {
+        "format": final.FORMAT,
+        "view": _view(req),
+        "results": out.results,
+        "screened": final.estimates_plain(out.screened),
+        "n_screened": out.n_screened,
+        "timings": out.timings,
+        "profiles": out.profiles,
+    }
+
+
+def _stored_output(req: SearchRequest) -> SearchOutput | None:
+    """The stored output of this very search, if finished with the same view."""
+    assert req.store is not None
+    t0 = time.perf_counter()
+    with ResultStore(req.store, search_key(req.key_parts()), req.key_parts()) as store:
+        payload = store.final()
+    if payload is None or not final.view_matches(payload, _view(req)):
+        return None
+    where = f"{req.store}: search {search_key(req.key_parts())}"
+    try:
+        results, n, timings, profiles = (
+            payload["results"],
+            payload["n_screened"],
+            payload["timings"],
+            payload["profiles"],
+        )
+    except KeyError as exc:
+        raise StoreError(f"{where}: stored output has no {exc}") from exc
+    screened = final.estimates_from_plain(payload["screened"], where)
+    timings = dict(timings, render_s=time.perf_counter() - t0)
+    cluster = parse_cluster(req.cluster)
     return SearchOutput(
-        req,
-        cluster,
-        ok + errors,
-        screened,
-        n,
-        {
-            "screen_s": t1 - t0,
-            "screen_cpu_s": c1 - c0,  # this process's CPU time: a busy machine inflates only screen_s
-            "screen_worker_cpu_s": screen.profiler.worker_cpu_s,  # profiles computed by workers
-            "placement_s": t2 - t1,
-            "simulate_s": t3 - t2,
-            "total_s": t3 - t0,
-        },
-        n_cached=cached,
-        profiles=screen.profiler.probes,
+        req, cluster, results, screened, n, timings, n_cached=len(results), profiles=profiles, from_store=True
     )
 
 

@@ -324,7 +324,7 @@ class Screen:
             )
         ident = tb.identity if len(placement) == len(tb.identity) else tuple(range(len(placement)))
         place = None if placement == ident else placement
-        return Strategy(s.d, s.t, s.p, s.k, s.schedule, s.v, s.zero, s.recompute, part, place)
+        return Strategy(s.d, s.t, s.p, s.k, s.schedule, s.v, s.zero, s.recompute, part, place, s.sp)
 
 
 __all__ = ["Estimate", "Problem", "Screen"]
