@@ -91,6 +91,8 @@ def test_pins_hold_and_explain_names_the_pure_strategies(tmp_path: Path) -> None
     text = "\n".join(out["explain"])  # type: ignore[arg-type]
     assert text.startswith("winner ")
     assert "pure data" in text or "best pure data" in text
+    # with t pinned to 2 no pure strategy is in the space, and the comparison says why
+    assert "pure tensor parallel: not searched: --tp 2 is pinned" in text
 
 
 @pytest.mark.parametrize(

@@ -79,3 +79,37 @@ def test_ladder_cheapest_first_and_pins() -> None:
 def test_num_layers_counts_the_loss_only_in_training() -> None:
     spec = parse_model_string("mlp:layers=4,hidden=8")
     assert num_layers(spec, DType.f32, True) == num_layers(spec, DType.f32, False) + 1
+
+
+@pytest.mark.parametrize(
+    ("space", "shape", "why"),
+    [
+        (
+            Space(8, 64, 6, (1, 2, 4)),
+            (1, 8, 1),
+            "t = 8 is not a tensor-parallel degree searched here (1, 2, 4",
+        ),
+        (Space(8, 64, 6, (1, 2, 4, 8)), (1, 1, 8), "the model has 6 layer calls, fewer than 8 stages"),
+        (Space(8, 36, 6, (1, 2, 4, 8)), (8, 1, 1), "the batch 36 does not split 8 ways"),
+        (Space(8, 64, 6, (1, 2, 4, 8), pins=Pins(tp=2)), (8, 1, 1), "--tp 2 is pinned"),
+        (Space(8, 64, 6, (1, 2, 4, 8)), (2, 2, 1), "d·t·p = 4, not the cluster's 8 devices"),
+    ],
+)
+def test_why_not_names_the_rule_that_leaves_a_shape_out(
+    space: Space, shape: tuple[int, int, int], why: str
+) -> None:
+    assert (space.why_not(*shape) or "").startswith(why)
+    assert shape not in set(space.triples())
+
+
+def test_why_not_is_none_exactly_for_the_shapes_the_space_has() -> None:
+    for space in (
+        Space(12, 48, 7, (1, 2, 3, 4)),
+        Space(8, 36, 3, (1, 2), pins=Pins(pp=2)),
+        Space(6, 4, 9, (1, 3)),
+    ):
+        have = set(space.triples())
+        for d in divisors(space.devices):
+            for t in divisors(space.devices // d):
+                p = space.devices // (d * t)
+                assert (space.why_not(d, t, p) is None) == ((d, t, p) in have), (space, d, t, p)

@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.table import Table
 
-from distir.search.run import SearchOutput, is_pure
+from distir.search.run import SearchOutput, build_space, is_pure
 from distir.sim.summary import format_seconds
 
 GIB = float(1 << 30)
@@ -156,6 +156,14 @@ def _pure(rows: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
     return next((r for r in cands if r["fits"]), cands[0] if cands else None)
 
 
+def _why_not_pure(o: SearchOutput, kind: str) -> str:
+    n = o.cluster.num_devices
+    d, t, p = {"D": (n, 1, 1), "T": (1, n, 1), "P": (1, 1, n)}[kind]
+    why = build_space(o.request, o.cluster).why_not(d, t, p)
+    # in the space but not simulated: the search was cut short, or its results predate --explain
+    return why or "no such strategy was simulated"
+
+
 def explain(o: SearchOutput) -> list[str]:
     """Why the winner beats the best pure-D, pure-T and pure-P strategies, in lines of text:
     per strategy compute, communication, idle (bubble) time and peak memory, then the ratio and
@@ -167,7 +175,7 @@ def explain(o: SearchOutput) -> list[str]:
     for kind, name in (("D", "data"), ("T", "tensor"), ("P", "pipeline")):
         other = _pure(o.results, kind)
         if other is None:
-            lines.append(f"pure {name} parallel: not possible for this model and cluster")
+            lines.append(f"pure {name} parallel: not searched: {_why_not_pure(o, kind)}")
             continue
         if other["strategy"] == best["strategy"]:
             lines.append(f"the winner is the best pure {name}-parallel strategy")

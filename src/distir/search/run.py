@@ -104,17 +104,11 @@ def _rank_key(e: Estimate) -> tuple[bool, float]:
     return (not e.fits, e.step_time_s if e.fits else -e.memory_headroom)
 
 
-def screen_space(
-    req: SearchRequest, cluster: Cluster, progress: Progress | None = None, pool: Executor | None = None
-) -> tuple[list[Estimate], int, Screen]:
-    """Every base strategy, each up its memory ladder until it fits (module docstring). With a
-    ``pool``, the profiles of each rung are computed there (``Profiler.prefetch``) while this
-    process screens; the estimates are the same."""
+def build_space(req: SearchRequest, cluster: Cluster) -> Space:
+    """The space ``req`` searches on ``cluster``."""
     spec = parse_model_string(req.model)
     dt = DType.parse(req.dtype)
-    prof = Profiler(spec, cluster, dt, req.train)
-    screen = Screen(prof, Problem(req.batch, req.train, req.optimizer))
-    space = Space(
+    return Space(
         cluster.num_devices,
         req.batch,
         num_layers(spec, dt, req.train),
@@ -124,6 +118,17 @@ def screen_space(
         req.train,
         req.pins,
     )
+
+
+def screen_space(
+    req: SearchRequest, cluster: Cluster, progress: Progress | None = None, pool: Executor | None = None
+) -> tuple[list[Estimate], int, Screen]:
+    """Every base strategy, each up its memory ladder until it fits (module docstring). With a
+    ``pool``, the profiles of each rung are computed there (``Profiler.prefetch``) while this
+    process screens; the estimates are the same."""
+    prof = Profiler(parse_model_string(req.model), cluster, DType.parse(req.dtype), req.train)
+    screen = Screen(prof, Problem(req.batch, req.train, req.optimizer))
+    space = build_space(req, cluster)
     space.check()
     bases = list(space.bases())
     ident = megatron_placement(cluster.num_devices, 1, 1, cluster.num_devices)
@@ -463,6 +468,7 @@ __all__ = [
     "SearchOutput",
     "SearchRequest",
     "anneal_picks",
+    "build_space",
     "heterogeneous",
     "pick_exact",
     "pure_bests",

@@ -104,6 +104,27 @@ class Space:
                 f"(tensor parallelism allowed: {', '.join(map(str, self.allowed_tp))})"
             )
 
+    def why_not(self, d: int, t: int, p: int) -> str | None:
+        """Why the space has no strategy of shape (d, t, p), in words (``None``: it has some);
+        the conditions of ``triples``."""
+        pins = self.pins
+        for name, x, pin in (("dp", d, pins.dp), ("tp", t, pins.tp), ("pp", p, pins.pp)):
+            if pin is not None and x != pin:
+                return f"--{name} {pin} is pinned"
+        if d * t * p != self.devices:
+            return f"d·t·p = {d * t * p}, not the cluster's {self.devices} devices"
+        if t not in self.allowed_tp:
+            searched = ", ".join(map(str, self.allowed_tp))
+            return (
+                f"t = {t} is not a tensor-parallel degree searched here ({searched}: it stays inside "
+                "a node unless --tp pins more, and must divide the model's tensor-parallel dimensions)"
+            )
+        if p > self.n_layers:
+            return f"the model has {self.n_layers} layer calls, fewer than {p} stages"
+        if self.batch % d:
+            return f"the batch {self.batch} does not split {d} ways"
+        return None
+
     def triples(self) -> Iterator[tuple[int, int, int]]:
         p = self.pins
         for t in self.allowed_tp:
