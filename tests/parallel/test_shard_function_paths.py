@@ -2,7 +2,7 @@
 
 ``shard_function`` builds the sharded layer straight from ``place``'s placements
 (``legalize_placed``) with a ``Plan`` kept per (function, argument types), and the final choice
-takes a free strategy without counting bytes (``propagate._free``); the search shards thousands
+takes a free strategy without counting bytes (``propagate_choice._free``); the search shards thousands
 of layers that way. Here each of those is checked against the plain composition it replaces:
 ``strip_types`` of ``legalize(propagate(...))`` plus the boundary ``Redistribute`` ops (the
 former implementation, kept below as the reference), ``_choose`` itself, and legalization's
@@ -37,7 +37,7 @@ from distir.ir.types import Device, DType, TensorType, Type
 from distir.ir.values import Value
 from distir.ops.registry import REGISTRY, OpKind, global_view
 from distir.ops.sharding import Strategy
-from distir.parallel import layer_prep, legalize, propagate
+from distir.parallel import layer_prep, legalize, propagate, propagate_choice
 from distir.parallel.layers import shard_function, strip_types
 
 MODELS = (
@@ -228,11 +228,13 @@ def test_a_free_strategy_is_chooses_pick(case: tuple[object, ...]) -> None:
     """Whenever ``_free`` finds a strategy, ``_choose`` picks that very one."""
     opts, n, have, hint, in_other, out_other, movable, tgt, t = case
     targets = [(i, t, [p]) for i, p in tgt]  # type: ignore[attr-defined]
-    free = propagate._free(opts, have, hint, in_other, out_other, [(i, tv) for i, tv, _ in movable], tgt)  # type: ignore[arg-type, attr-defined]
+    free = propagate_choice._free(
+        opts, have, hint, in_other, out_other, [(i, tv) for i, tv, _ in movable], tgt
+    )  # type: ignore[arg-type, attr-defined]
     _ANSWERED[0] += 1
     if free is not None:
         _ANSWERED[1] += 1
-        picked = propagate._choose(opts, n, have, hint, in_other, out_other, movable, targets, tgt)  # type: ignore[arg-type]
+        picked = propagate_choice._choose(opts, n, have, hint, in_other, out_other, movable, targets, tgt)  # type: ignore[arg-type]
         assert free is picked
 
 

@@ -23,15 +23,14 @@ its producer's placements. Where an op's strategy needs other placements for an 
 (the fixed point and the final choice, one op at a time, memoized on everything an op's choice
 depends on). ``distir.parallel.layers.shard_function`` keeps plans and builds the legalized
 function straight from ``place``'s placements, without the DTensor program. ``Plan`` and the
-tables it shares with legalization live in ``distir.parallel.propagate_plan`` (re-exported here).
+tables it shares with legalization live in ``distir.parallel.propagate_plan``, the final choice
+per op and axis and its costs in ``distir.parallel.propagate_choice`` (both re-exported here).
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
 
 from distir.ir.builder import FunctionBuilder
 from distir.ir.dtensor import (
@@ -49,17 +48,15 @@ from distir.ir.rewrite import ValueMap, copy_instr, inline_calls
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Value
 from distir.ops.sharding import Strategy
+from distir.parallel.propagate_choice import _CHOICES, _CHOICES_MAX, _choose_op, _pt_id
+from distir.parallel.propagate_choice import ShardingError as ShardingError
+from distir.parallel.propagate_choice import redistribution_bytes as redistribution_bytes
+from distir.parallel.propagate_choice import shards_one_dim_twice as shards_one_dim_twice
 from distir.parallel.propagate_plan import Plan as Plan
 from distir.parallel.propagate_plan import op_strategies as op_strategies
 from distir.parallel.propagate_plan import parsed_placements as parsed_placements
 
-
-class ShardingError(ValueError):
-    pass
-
-
 _R = Replicate()
-_INF = float("inf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,24 +88,6 @@ class Propagation:
     module: Module  # the DTensor program (before legalization)
     strategies: dict[Op, tuple[Strategy, ...]] = field(default_factory=dict)  # per op, per axis
     conflicts: list[Conflict] = field(default_factory=list)
-
-
-def redistribution_bytes(t: TensorType, src: Placement, dst: Placement, n: int) -> float:
-    """Bytes a device sends to move a tensor of global type ``t`` from ``src`` to ``dst`` along
-    an axis of ``n`` devices (ring algorithms); 0 when nothing moves; infinite when impossible
-    (a pending reduction is never created: ``Redistribute`` only reduces)."""
-    if src == dst:
-        return 0.0
-    if isinstance(dst, Partial):
-        return float("inf")
-    if n == 1 or (isinstance(dst, Shard) and isinstance(src, Replicate)):
-        return 0.0
-    m = float(t.nbytes)
-    if isinstance(src, Partial) and isinstance(dst, Replicate):
-        return 2 * (n - 1) / n * m
-    if isinstance(src, Partial | Shard):
-        return (n - 1) / n * m
-    return float("inf")  # pragma: no cover - every other pair is handled above
 
 
 def _annotation(value: str, a: str | Sequence[Placement], mesh: Mesh) -> tuple[Placement, ...]:
@@ -323,239 +302,6 @@ def place(
             conflicts.append(Conflict(op, mesh.axes[ax][0], have, chosen[ax]))
         strategies[op] = chosen
     return Placed(plan, placed, strategies, conflicts, ids)  # type: ignore[arg-type]
-
-
-# An op's final choice (``_choose_op``): per axis the strategy it takes, per result its final
-# placements and their id (None: not placed), and the axes where its inputs do not arrive as the
-# strategy takes them, with the placements they arrive in.
-_OpChoice = tuple[
-    tuple[Strategy, ...],
-    tuple[tuple[tuple[Placement, ...] | None, int | None], ...],
-    tuple[tuple[int, tuple[Placement, ...]], ...],
-]
-
-
-def _choose_op(
-    op: Op,
-    plan: Plan,
-    k: int,
-    options: Sequence[Sequence[tuple[Strategy, ...]]],
-    sizes: tuple[int, ...],
-    placed: Mapping[Value, list[Placement | None]],
-    fixed: Mapping[Value, list[Placement]],
-    pins: tuple[bool, ...],
-) -> _OpChoice:
-    """Op ``k`` of ``plan`` chooses a strategy per mesh axis (of sizes ``sizes``), in axis order,
-    each by ``_choose`` given what the axes before took; ``placed`` holds its inputs' final
-    placements and its results' from the fixed point (``fixed``: the annotated ones). Reads
-    ``placed``, never writes it. Raises ShardingError when a result would shard one dim along
-    two mesh axes. A pure function of the op's signature (``plan.sig[k]``), the sizes, those
-    placements, which results are annotated and ``pins`` (per input: pinned)."""
-    types = plan.types
-    n_axes = len(sizes)
-    chosen: list[Strategy] = []
-    in_lists = [placed.get(v) for v in op.inputs]
-    # per result: its placements so far (axes before the current one: what the op chose)
-    out_lists = [list(lst) if lst is not None else None for lst in (placed.get(v) for v in op.outputs)]
-    # (output position, type, fixed placements) of the annotated tensor results
-    targets: list[tuple[int, TensorType, list[Placement]]] = []
-    for i, v in enumerate(op.outputs):
-        tv = types[v]
-        if v in fixed and isinstance(tv, TensorType):
-            targets.append((i, tv, fixed[v]))
-    moved: list[tuple[int, tuple[Placement, ...]]] = []
-    for ax, n in enumerate(sizes):
-        # every tensor is placed by now (no None left): a value without a list is not a tensor
-        # (replicated)
-        have: tuple[Placement, ...] = tuple([lst[ax] if lst is not None else _R for lst in in_lists])  # type: ignore[misc]
-        hint: tuple[Placement, ...] = tuple([lst[ax] if lst is not None else _R for lst in out_lists])  # type: ignore[misc]
-        opts = options[ax][k]
-        if len(opts) == 1:
-            pick = opts[0]
-        else:
-            # what the other axes hold (or, for inputs on earlier axes, take): a strategy that
-            # shards a dim along this axis too clashes
-            in_other: tuple[tuple[Placement | None, ...], ...]
-            out_other: tuple[tuple[Placement | None, ...], ...]
-            if n_axes == 2:  # the (dp, tp) meshes of the layers: one other axis
-                b = 1 - ax
-                if b < ax:
-                    in_other = tuple([(w,) for w in chosen[b].ins])
-                else:
-                    in_other = tuple([(lst[b],) if lst is not None else (_R,) for lst in in_lists])
-                out_other = tuple([(lst[b],) if lst is not None else () for lst in out_lists])
-            else:
-                others = [b for b in range(n_axes) if b != ax]
-                in_other = tuple(
-                    tuple(chosen[b].ins[i] if b < ax else lst[b] if lst is not None else _R for b in others)
-                    for i, lst in enumerate(in_lists)
-                )
-                out_other = tuple(
-                    tuple(lst[b] for b in others) if lst is not None else () for lst in out_lists
-                )
-            tgt = tuple((i, fx[ax]) for i, _, fx in targets)
-            got = _free(opts, have, hint, in_other, out_other, plan.movable[k], tgt)
-            if got is None:
-                # (input position, type, pinned) of the tensor inputs: only they can move
-                movable = [(i, tv, pins[i]) for i, tv in plan.movable[k]]
-                got = _choose(opts, n, have, hint, in_other, out_other, movable, targets, tgt)
-            pick = got
-        if pick.ins != have:
-            moved.append((ax, have))
-        chosen.append(pick)
-        for lst, p in zip(out_lists, pick.outs, strict=True):
-            if lst is not None:
-                lst[ax] = p
-    finals: list[tuple[tuple[Placement, ...] | None, int | None]] = []
-    for v, lst in zip(op.outputs, out_lists, strict=True):
-        if lst is None:
-            finals.append((None, None))
-            continue
-        # ``_choose`` takes such a strategy only when every other one clashes too
-        if n_axes > 1 and shards_one_dim_twice(lst):
-            raise ShardingError(
-                f"%{v.name}: every strategy of {op.name} shards one dim along two mesh axes "
-                f"([{format_placements(tuple(p or _R for p in lst))}]), which is not supported"
-            )
-        fin = tuple(p or _R for p in lst)
-        finals.append((fin, _pt_id(fin)))
-    return tuple(chosen), tuple(finals), tuple(moved)
-
-
-# placement lists -> small ints, so that memo keys hash ints instead of placements (a dataclass
-# hashes in Python). Ids are never reused: clearing the table when full only makes later keys of
-# a list differ from earlier ones (a memo miss, never a wrong hit).
-_PT_IDS: dict[tuple[Placement, ...], int] = {}
-_PT_IDS_MAX: Final = 1 << 15
-_next_pt = itertools.count()
-
-
-def _pt_id(places: tuple[Placement, ...]) -> int:
-    got = _PT_IDS.get(places)
-    if got is None:
-        if len(_PT_IDS) >= _PT_IDS_MAX:
-            _PT_IDS.clear()
-        got = _PT_IDS[places] = next(_next_pt)
-    return got
-
-
-def shards_one_dim_twice(places: Sequence[Placement | None]) -> bool:
-    """Whether two mesh axes shard the same dim (a layout materialization does not support)."""
-    dims = [p.dim for p in places if isinstance(p, Shard)]
-    return len(dims) != len(set(dims))
-
-
-# ``_choose_op`` answers (see there), keyed by everything they depend on: the op's signature (name,
-# sharding rule, global types and attributes, which fix its options and the bytes of every move),
-# the axis sizes, and the placements around it (by id). Layers meet the same typed ops again and
-# again. Bounded: cleared when full.
-_CHOICES: dict[tuple[object, ...], _OpChoice] = {}
-_CHOICES_MAX: Final = 1 << 15
-
-
-def _choose(
-    options: Sequence[Strategy],
-    n: int,
-    have: tuple[Placement, ...],
-    hint: tuple[Placement, ...],
-    in_other: Sequence[Sequence[Placement | None]],
-    out_other: Sequence[Sequence[Placement | None]],
-    movable: Sequence[tuple[int, TensorType, bool]],
-    targets: Sequence[tuple[int, TensorType, list[Placement]]],
-    tgt: Sequence[tuple[int, Placement]],
-) -> Strategy:
-    """The strategy an op takes on one mesh axis of ``n`` devices when its inputs arrive in
-    ``have`` (``propagate``'s final choice): layouts materialization cannot handle (a dim sharded
-    along two mesh axes, given what the other axes hold: ``in_other``, ``out_other``) last; then
-    strategies that move a pinned parameter; then total bytes to redistribute inputs into the
-    strategy and results into their annotated placements (``targets``, with this axis' placement
-    in ``tgt``); then fewer input moves; then the one whose results are ``hint`` (what the fixed
-    point gave them); then the rule's preference. Keys are distinct: the index comes last. A pure
-    function of its arguments (``movable`` and ``targets`` through their types and pin flags)."""
-    best: tuple[int, int, float, int, int, int, int, int] | None = None
-    pick = options[0]
-    for idx, st in enumerate(options):
-        clash = 0
-        for i, w in enumerate(st.ins):
-            if isinstance(w, Shard) and w in in_other[i]:
-                clash += 1
-        for i, q in enumerate(st.outs):
-            if isinstance(q, Shard) and q in out_other[i]:
-                clash += 1
-        if best is not None and clash > best[0]:
-            continue  # its key is larger, whatever the rest
-        total, moves, costly, moved_pins = 0.0, 0, 0, 0
-        sins = st.ins
-        for i, tv, is_pin in movable:
-            h, w = have[i], sins[i]
-            if h is not w and h != w:
-                # on one device only creating a pending sum is impossible, the rest free
-                nb = (
-                    (_INF if isinstance(w, Partial) else 0.0) if n == 1 else redistribution_bytes(tv, h, w, n)
-                )
-                total += nb
-                moves += 1
-                if nb > 0:
-                    costly += 1
-                    if is_pin:
-                        moved_pins += 1
-        mismatch = 0
-        for (i, tv, _), (_, want) in zip(targets, tgt, strict=True):
-            q = st.outs[i]
-            if q is not want and q != want:
-                total += (
-                    (_INF if isinstance(want, Partial) else 0.0)
-                    if n == 1
-                    else redistribution_bytes(tv, q, want, n)
-                )
-                mismatch += 1
-        # at equal bytes and no collective on the inputs, produce an annotated result
-        # directly: computing it replicated and slicing it after does the work n times
-        key = (clash, moved_pins, total, costly, mismatch, moves, 0 if st.outs == hint else 1, idx)
-        if best is None or key < best:
-            best, pick = key, st
-    return pick
-
-
-def _free(
-    options: Sequence[Strategy],
-    have: tuple[Placement, ...],
-    hint: tuple[Placement, ...],
-    in_other: Sequence[Sequence[Placement | None]],
-    out_other: Sequence[Sequence[Placement | None]],
-    movable: Sequence[tuple[int, TensorType]],
-    tgt: Sequence[tuple[int, Placement]],
-) -> Strategy | None:
-    """``_choose``'s answer when it costs nothing, found without counting: the first strategy
-    that clashes nowhere, takes every tensor input as it arrives (no move, so no pinned move and
-    no bytes), gives the annotated results their placements (``tgt``) and its results the fixed
-    point's (``hint``). Its key in ``_choose`` is all zeros up to the index, the least possible,
-    so it is ``_choose``'s pick; None when no strategy is free."""
-    for st in options:
-        outs = st.outs
-        if outs != hint:
-            continue
-        sins = st.ins
-        for i, _ in movable:
-            h, w = have[i], sins[i]
-            if h is not w and h != w:
-                break
-        else:
-            for i, want in tgt:
-                q = outs[i]
-                if q is not want and q != want:
-                    break
-            else:
-                for i, w in enumerate(sins):
-                    if isinstance(w, Shard) and w in in_other[i]:
-                        break
-                else:
-                    for i, q in enumerate(outs):
-                        if isinstance(q, Shard) and q in out_other[i]:
-                            break
-                    else:
-                        return st
-    return None
 
 
 def _typed(
