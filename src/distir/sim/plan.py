@@ -234,7 +234,7 @@ class PlanDomain(TypeDomain):
             if abstract:
                 self._summary_ids[id_key] = (hit, types)
         check_declared(call.outputs, hit[1], "@" + callee.name)
-        self._relabel.called(hit[2])
+        self._relabel.called(hit[2], hit[0])
         self._frames[-1].append(hit[0])
         return hit[1]
 

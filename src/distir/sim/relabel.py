@@ -19,7 +19,9 @@ planning it there would give, when:
   times depend on the very GPUs of each group: each distinct collective of a body planned by the
   fast path is recorded again on the new mesh and must take the same time (any other body
   carries none);
-- every call in the body can be carried likewise, onto the same mesh;
+- every call in the body can be carried likewise, onto the same mesh, and each collective in the
+  summaries those calls took (kept with the summary, as planned: a key's latest entry may come
+  from another mesh) takes the same time on the new mesh;
 - the two meshes cover their units alike: per unit (in the mesh's order) the same position,
   device count and GPU class — part of the key — and the renaming keeps the order of the units
   the body runs on (so the delay matrices keep their rows) and maps memory figures one to one.
@@ -36,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import pairwise
 from operator import attrgetter
-from typing import Any, cast
+from typing import Any
 
 from distir.interp.shapes import Mixed
 from distir.ir.dtensor import DTensorType, Mesh
@@ -60,9 +62,9 @@ class Relabeler:
 
     def __init__(self, units: Units) -> None:
         self.units = units
-        # key -> (summary, results, the mesh they were planned on, its units, the callee's
-        # communicating ops with their types and records there, the keys of the calls in its
-        # body), or None when the callee cannot be carried (then it is planned on every mesh)
+        # key -> (summary, results, the mesh they were planned on, its units, the collectives
+        # of the callee and of the calls in its body with their types and times there), or None
+        # when the callee cannot be carried (then it is planned on every mesh)
         self._seen: dict[Key, _Seen | None] = {}
         # by id of a function (kept alive): the number of its body's shape, None if it has an
         # op with a ``device`` attribute or uses an undefined value
@@ -72,8 +74,12 @@ class Relabeler:
         self._forms: dict[int, int] = {}
         self._form_ids: dict[object, int] = {}
         self._pinned: list[Type] = []
-        # the calls met while planning each callee: (key, the mesh of its arguments) or None
-        self._nested: list[list[tuple[Key, Mesh] | None]] = []
+        # the calls met while planning each callee: (key, the mesh of its arguments) or None,
+        # with the summary the call took
+        self._nested: list[list[tuple[tuple[Key, Mesh] | None, CallSummary]]] = []
+        # by id of a summary (kept alive): every collective in it, its callee's and those of the
+        # calls in its body, with the time it was planned with (``remember``, ``carried``)
+        self._comm_of: dict[int, tuple[CallSummary, list[_Comm]]] = {}
         # (id of a type, id of a mesh) -> (both, kept alive; the type on that mesh): ``_on``
         self._moved: dict[tuple[int, int], tuple[DTensorType, Mesh, DTensorType]] = {}
 
@@ -138,16 +144,22 @@ class Relabeler:
         """Before planning a callee: collect the keys of the calls in its body."""
         self._nested.append([])
 
-    def end(self) -> list[tuple[Key, Mesh] | None]:
+    def end(self) -> list[tuple[tuple[Key, Mesh] | None, CallSummary]]:
         return self._nested.pop()
 
-    def called(self, alike: tuple[Key, Mesh] | None) -> None:
-        """A call (its key and mesh, None if it cannot be carried) in the body being planned."""
+    def called(self, alike: tuple[Key, Mesh] | None, summary: CallSummary) -> None:
+        """A call (its key and mesh, None if it cannot be carried) in the body being planned,
+        and the summary it took."""
         if self._nested:
-            self._nested[-1].append(alike)
+            self._nested[-1].append((alike, summary))
 
     def remember(
-        self, key: Key, mesh: Mesh, plan: FnPlan, found: Found, nested: list[tuple[Key, Mesh] | None]
+        self,
+        key: Key,
+        mesh: Mesh,
+        plan: FnPlan,
+        found: Found,
+        nested: list[tuple[tuple[Key, Mesh] | None, CallSummary]],
     ) -> None:
         """Keep a planned callee's summary for other meshes, if it can be carried: so can every
         call in its body, on the same mesh; it runs on the mesh's units only and sends nothing
@@ -155,7 +167,7 @@ class Relabeler:
         have none)."""
         units = [u for u, *_ in self.units.mesh_units(mesh)]
         ok = (
-            all(n is not None and (n[1] is mesh or n[1] == mesh) for n in nested)
+            all(n is not None and (n[1] is mesh or n[1] == mesh) for n, _ in nested)
             and (
                 all(op.name == "Redistribute" for op, _, _ in plan.comm_ops)
                 if plan.flat
@@ -168,8 +180,18 @@ class Relabeler:
             self._seen[key] = None
             return
         comm = [(op, ins, outs, self._seconds(op, ins, outs)) for op, ins, outs in plan.comm_ops]
-        calls = list(dict.fromkeys(n[0] for n in cast(list[tuple[Key, Mesh]], nested)))
-        self._seen[key] = (found[0], found[1], mesh, units, comm, calls)
+        # the collectives of the calls in its body, as planned into this summary: those of the
+        # very summaries the calls took (a key's entry in ``_seen`` is replaced when its callee is
+        # planned again on another mesh, so it may hold other times)
+        for s in {id(s): s for _, s in nested}.values():  # each summary once (by identity)
+            inner = self._comm_of.get(id(s))
+            if inner is None or inner[0] is not s:
+                self._seen[key] = None
+                return
+            comm.extend(inner[1])
+        comm = list(dict.fromkeys(comm))
+        self._seen[key] = (found[0], found[1], mesh, units, comm)
+        self._comm_of[id(found[0])] = (found[0], comm)
 
     def _seconds(self, op: Op, ins: Sequence[Type], outs: Sequence[Type]) -> float:
         """The time of a communicating op's record."""
@@ -184,9 +206,11 @@ class Relabeler:
         renaming = self._renaming(key, mesh)
         if got is None or renaming is None:
             return None
-        summary, outs, *_ = got
+        summary, outs, _mesh0, _units0, comm = got
         slots, figure = renaming
-        return _renamed(summary, callee.name, slots, figure), tuple(self._on(t, mesh) for t in outs)
+        moved = _renamed(summary, callee.name, slots, figure)
+        self._comm_of[id(moved)] = (moved, comm)  # the same times, checked by ``_renaming``
+        return moved, tuple(self._on(t, mesh) for t in outs)
 
     def _renaming(self, key: Key, mesh: Mesh) -> tuple[tuple[int, ...], dict[int, int]] | None:
         """The clocks and memory figures of the callee's summary renamed onto ``mesh``, if its
@@ -194,7 +218,7 @@ class Relabeler:
         got = self._seen.get(key)
         if got is None:
             return None
-        summary, _outs, _mesh0, units0, comm, calls = got
+        summary, _outs, _mesh0, units0, comm = got
         units1 = [u for u, *_ in self.units.mesh_units(mesh)]
         unit_of = dict(zip(units0, units1, strict=True))  # same length: the key's signature
         slots = tuple(unit_of[s] for s in summary.slots)
@@ -207,12 +231,11 @@ class Relabeler:
                 return None
         if len(set(figure.values())) != len(figure):
             return None
-        for op, ins, outs_c, seconds in comm:  # collectives over other GPUs: the same times?
+        # collectives over other GPUs, its own and those of the calls in its body: the same times?
+        for op, ins, outs_c, seconds in comm:
             moved = [self._on(t, mesh) for t in ins], [self._on(t, mesh) for t in outs_c]
             if self._seconds(op, *moved) != seconds:
                 return None
-        if any(self._renaming(k, mesh) is None for k in calls):  # the calls in the body, alike
-            return None
         return slots, figure
 
     def _on(self, t: Mixed, mesh: Mesh) -> DTensorType:
@@ -226,13 +249,14 @@ class Relabeler:
         return got[2]
 
 
+# a collective with its types and its time
+_Comm = tuple[Op, tuple[Type, ...], tuple[Type, ...], float]
 _Seen = tuple[
     CallSummary,
     tuple[Mixed, ...],
     Mesh,
     list[int],
-    list[tuple[Op, tuple[Type, ...], tuple[Type, ...], float]],
-    list[Key],
+    list[_Comm],  # every collective of the callee and of the calls in its body, as planned
 ]
 
 
