@@ -77,11 +77,14 @@ def distribute(
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
-    With ``comm_streams``, pipeline transfers run between communication-stream devices
-    (program devices N..2N−1 carry activations forward, 2N..3N−1 gradients backward, for the N
-    compute devices; ``device_map`` maps them onto the GPUs' streams), so a stage keeps computing
-    while its activations travel — the DistIR paper's model of overlap. Without, a transfer blocks
-    sender and receiver (Figure 2's form).
+    With ``comm_streams``, pipeline transfers run between communication-stream devices, four per
+    compute device (``STREAMS``: program devices N..2N−1 send activations forward, 2N..3N−1 send
+    gradients backward, 3N..4N−1 and 4N..5N−1 receive them, for the N compute devices;
+    ``device_map`` maps them onto the GPUs' streams), so a stage keeps computing while its
+    activations travel — the DistIR paper's model of overlap — and receives the next microbatch
+    while it sends the last one on (links are full duplex; one stream for both would make each
+    receive wait, in program order, behind the send written before it). Without, a transfer
+    blocks sender and receiver (Figure 2's form).
 
     ``precision="mixed"`` keeps fp32 master weights and optimizer state and computes in the
     model's dtype (``distir.autodiff.precision``): each weight is cast once per step on its
@@ -92,16 +95,21 @@ def distribute(
         return _Builder(model, strategy, optimizer or Optimizer(), train, comm_streams, precision).build()
 
 
+# the communication streams of each GPU (``distribute``): program devices (k+1)·N .. (k+2)·N−1
+# run on stream k of the N compute devices' GPUs
+STREAMS = ("fwd_send", "bwd_send", "fwd_recv", "bwd_recv")
+
+
 def device_map(strategy: Strategy, comm_streams: bool = False) -> DeviceMap:
     """Where the program devices of ``distribute(model, strategy, comm_streams=…)`` run: d<i> on
-    GPU ``placement[i]`` (GPU i by default) and, with communication streams, d<N+i> and d<2N+i> on
-    that GPU's ``fwd`` and ``bwd`` streams."""
+    GPU ``placement[i]`` (GPU i by default) and, with communication streams, d<(k+1)·N+i> on that
+    GPU's stream ``STREAMS[k]``."""
     n = strategy.devices
     order = strategy.placement or tuple(range(n))
     mapping = {Device(i): Slot(order[i]) for i in range(n)}
     if comm_streams:
-        mapping.update({Device(n + i): Slot(order[i], "fwd") for i in range(n)})
-        mapping.update({Device(2 * n + i): Slot(order[i], "bwd") for i in range(n)})
+        for k, stream in enumerate(STREAMS):
+            mapping.update({Device((k + 1) * n + i): Slot(order[i], stream) for i in range(n)})
     return DeviceMap(mapping)
 
 
@@ -129,10 +137,11 @@ class _Builder:
             for st in range(s.p)
         ]
         n = s.devices
-        # one stream per direction, so activations going forward never queue behind gradients
+        # per direction a stream that sends and one that receives, so activations going forward
+        # never queue behind gradients, and a receive never behind a send (``distribute``)
         self.comm_meshes = {
-            (direction, st): Mesh(m.axes, tuple(Device(k * n + d.id) for d in m.devices))
-            for k, direction in ((1, "fwd"), (2, "bwd"))
+            (stream, st): Mesh(m.axes, tuple(Device((k + 1) * n + d.id) for d in m.devices))
+            for k, stream in enumerate(STREAMS)
             for st, m in enumerate(self.meshes)
         }
         self.layer_calls = model.layers  # a property that collects them anew at each access
@@ -389,15 +398,17 @@ class _Builder:
 
         def send(v: Value, src: int, dst: int, name: str) -> Value:
             """Right after the producing action. With communication streams, the value moves to
-            the sender's stream (free) and across to the receiver's stream; ``receive`` hands it
-            to the receiver's compute stream right before the consuming action."""
+            the sender's send stream (free) and across to the receiver's receive stream;
+            ``receive`` hands it to the receiver's compute stream right before the consuming
+            action."""
             a, b = stage_of[src], stage_of[dst]
             if a == b:
                 return v
             if not self.comm_streams:
                 return to_mesh(v, self.meshes[b], name)
             way = "fwd" if dst > src else "bwd"
-            return to_mesh(to_mesh(v, self.comm_meshes[(way, a)], name), self.comm_meshes[(way, b)], name)
+            out, into = self.comm_meshes[(f"{way}_send", a)], self.comm_meshes[(f"{way}_recv", b)]
+            return to_mesh(to_mesh(v, out, name), into, name)
 
         def receive(v: Value, src: int, dst: int, name: str) -> Value:
             if not self.comm_streams or stage_of[src] == stage_of[dst]:
