@@ -184,6 +184,14 @@ def test_strategy_errors_name_the_problem() -> None:
         distribute(model, parse_strategy("p2.k2.interleaved.v2"))
     with pytest.raises(StrategyError, match="covers 2 layers, not 3"):
         distribute(model, parse_strategy("p2.k2.L1-1"))
+    gpt = build_model("gpt:layers=2,hidden=16,heads=2,seq=8,vocab=32", batch=8)
+    with pytest.raises(StrategyError, match="needs microbatches of at least 2 samples, got 1"):
+        distribute(gpt, parse_strategy("d4.t2.sp.k8"))
+    # without sequence parallelism one sample is fine, and with sp so are empty pieces (3 over 4)
+    assert distribute(gpt, parse_strategy("d4.t2.k8")) is not None
+    assert distribute(
+        build_model("gpt:layers=2,hidden=16,heads=2,seq=8,vocab=32", batch=6), parse_strategy("d4.t2.sp.k2")
+    )
 
 
 @pytest.mark.parametrize("spec", ["gpt:layers=2,hidden=16,heads=2,seq=8,vocab=32", "mlp:layers=2,hidden=16"])

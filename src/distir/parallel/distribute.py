@@ -131,6 +131,13 @@ class _Builder:
         if model.batch % s.k:
             raise StrategyError(f"{s}: the batch {model.batch} does not split into k={s.k} microbatches")
         self.mb = model.batch // s.k
+        if s.sp and s.d > 1 and self.mb == 1:
+            # a batch dim of size 1 keeps no shard through a reshape (``reshape_dim_map``), and the
+            # sequence-parallel embedding backward would then have to create a pending sum over dp
+            raise StrategyError(
+                f"{s}: sequence parallelism with d > 1 needs microbatches of at least 2 samples, got 1 "
+                f"(batch {model.batch} over k={s.k} microbatches)"
+            )
         # program devices are numbered stage by stage; the placement maps them onto GPUs
         self.meshes = [
             Mesh((("dp", s.d), ("tp", s.t)), tuple(Device(st * s.d * s.t + j) for j in range(s.d * s.t)))
