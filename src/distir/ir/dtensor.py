@@ -12,6 +12,12 @@ in row-major order). A placement says how a tensor relates to one mesh axis:
 ``DTensorType(dtype, shape, mesh, placements)`` is a tensor of *global* ``shape`` laid out on
 ``mesh`` with one placement per mesh axis; its text form is
 ``DTensor[f32, (128, 127), mesh(x=2; d0, d1), [S(1)]]``. All are frozen, slotted, validated.
+
+A mesh axis may give its devices uneven *shares* (``AxisSize``; ``mesh(dp=4[2:2:2:1], tp=2; …)``):
+every dim sharded along it is then split in proportion to them (largest remainders first), not
+near-equally — uneven data parallelism, where a faster device takes more of the batch. The
+shares live in the axis size itself, so everything that reads an axis' size (sharding rules,
+memo keys, ``split_sizes``) sees them, and equal sizes with different shares compare unequal.
 """
 
 from __future__ import annotations
@@ -20,6 +26,63 @@ import math
 from dataclasses import dataclass, field
 
 from distir.ir.types import _ITEMSIZE, Device, DType, IRTypeError, TensorType
+
+
+class AxisSize(int):
+    """The size of a mesh axis whose devices take uneven ``shares`` (positive ints in lowest
+    terms, one per device along the axis, not all equal) of every dim sharded along it. An int
+    for arithmetic; compares and hashes with its shares. Build with ``axis_size``."""
+
+    shares: tuple[int, ...]
+
+    def __new__(cls, n: int, shares: tuple[int, ...]) -> AxisSize:
+        obj = super().__new__(cls, n)
+        obj.shares = shares
+        return obj
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is AxisSize and int(self) == int(other) and self.shares == other.shares
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash((int(self), self.shares))
+
+    def __repr__(self) -> str:
+        return f"AxisSize({int(self)}, {self.shares})"
+
+    def __str__(self) -> str:
+        return f"{int(self)}[{':'.join(map(str, self.shares))}]"
+
+    def __reduce__(self) -> tuple[type[AxisSize], tuple[int, tuple[int, ...]]]:
+        return (AxisSize, (int(self), self.shares))
+
+
+def axis_size(n: int, shares: tuple[int, ...] | None = None) -> int:
+    """The size of an axis of ``n`` devices with ``shares`` (None or all equal: a plain int, the
+    even split); raises IRTypeError unless ``shares`` gives ``n`` positive ints."""
+    if shares is None:
+        return n
+    if (
+        not isinstance(shares, tuple)
+        or len(shares) != n
+        or not all(type(x) is int and x >= 1 for x in shares)
+    ):
+        raise IRTypeError(f"an axis of {n} devices needs {n} positive integer shares, got {shares!r}")
+    if len(set(shares)) == 1:
+        return n
+    g = math.gcd(*shares)
+    return AxisSize(n, tuple(x // g for x in shares))
+
+
+def shares_of(n: int) -> tuple[int, ...] | None:
+    """The shares of an axis size (None: even)."""
+    return n.shares if type(n) is AxisSize else None
+
+
+def format_axis_size(n: int) -> str:
+    return str(n) if type(n) is AxisSize else str(int(n))
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +124,17 @@ R = Replicate()
 
 def split_sizes(n: int, parts: int) -> list[int]:
     """Sizes of ``parts`` near-equal pieces of ``n``, larger pieces first (like np.array_split):
-    how a sharded dim is divided (127 over 2: 64, 63)."""
+    how a sharded dim is divided (127 over 2: 64, 63). Along an axis with shares (``AxisSize``),
+    pieces in proportion to them: each its floor, the rest one each to the largest remainders,
+    earlier pieces first on ties (equal shares would give the near-equal split)."""
+    if type(parts) is AxisSize:
+        w = parts.shares
+        total = sum(w)
+        sizes = [n * x // total for x in w]
+        order = sorted(range(len(w)), key=lambda i: (-(n * w[i] % total), i))
+        for i in order[: n - sum(sizes)]:
+            sizes[i] += 1
+        return sizes
     q, r = divmod(n, parts)
     return [q + 1 if i < r else q for i in range(parts)]
 
@@ -106,6 +179,13 @@ class Mesh:
                 raise IRTypeError(f"mesh axis name must be an identifier, got {a!r}")
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise IRTypeError(f"mesh axis {a} must have a positive size, got {n!r}")
+            if type(n) is AxisSize and (
+                len(n.shares) != int(n) or n.shares != shares_of(axis_size(int(n), n.shares))
+            ):
+                raise IRTypeError(
+                    f"mesh axis {a}: shares {n.shares} must give {int(n)} positive ints in lowest terms, "
+                    "not all equal (build the size with axis_size)"
+                )
         if not isinstance(self.devices, tuple) or not all(isinstance(d, Device) for d in self.devices):
             raise IRTypeError(f"mesh devices must be a tuple of devices, got {self.devices!r}")
         if len(set(self.devices)) != len(self.devices):
@@ -161,9 +241,16 @@ class Mesh:
         parsed: list[tuple[str, int]] = []
         for part in axes.split(","):
             name, eq, size = part.strip().partition("=")
+            size, bracket, rest = size.strip().partition("[")
             if not eq or not size.strip().isdigit():
-                raise IRTypeError(f"mesh axis {part.strip()!r} is not like tp=4")
-            parsed.append((name.strip(), int(size)))
+                raise IRTypeError(f"mesh axis {part.strip()!r} is not like tp=4 or dp=2[2:1]")
+            shares = None
+            if bracket:
+                items = rest.rstrip().removesuffix("]").split(":")
+                if not rest.rstrip().endswith("]") or not all(x.strip().isdigit() for x in items):
+                    raise IRTypeError(f"mesh axis {part.strip()!r}: shares are not like [2:1]")
+                shares = tuple(int(x) for x in items)
+            parsed.append((name.strip(), axis_size(int(size), shares)))
         n = math.prod(s for _, s in parsed)
         if devices is None:
             return Mesh(tuple(parsed), tuple(Device(i) for i in range(n)))
@@ -176,7 +263,7 @@ class Mesh:
         return Mesh(tuple(parsed), tuple(listed))
 
     def __str__(self) -> str:
-        axes = ", ".join(f"{a}={n}" for a, n in self.axes)
+        axes = ", ".join(f"{a}={format_axis_size(n)}" for a, n in self.axes)
         return f"mesh({axes}; {', '.join(map(str, self.devices))})"
 
 

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 
 from distir.ir.builder import FunctionBuilder
-from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, Replicate, Shard
+from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, Replicate, Shard, axis_size
 from distir.ir.function import Function, Module, ModuleError
 from distir.ir.ops import Call, Op
 from distir.ir.types import Device, DType, IRTypeError, ScalarType, TensorType, TupleType, Type
@@ -398,7 +398,7 @@ class _Parser:
         )
 
     def mesh(self) -> Mesh:
-        """``mesh(x=2, y=4; d0, d1, ...)``."""
+        """``mesh(x=2, y=4; d0, d1, ...)``; an axis with uneven shares as ``dp=2[2:1]``."""
         start = self.expect_ident("mesh", "(a DTensor's mesh, like mesh(x=2; d0, d1))")
         self.expect_punct("(", "after mesh")
         axes: list[tuple[str, int]] = []
@@ -410,7 +410,17 @@ class _Parser:
                 raise self.error(
                     f"expected the size of mesh axis {name.text}, found {self.describe(size)}", size
                 )
-            axes.append((name.text, self.integer(size, size.text)))
+            n = self.integer(size, size.text)
+            if self._maybe("["):  # uneven shares of the axis' devices: dp=4[2:2:2:1]
+                shares = [self._share(name.text)]
+                while self._maybe(":"):
+                    shares.append(self._share(name.text))
+                self.expect_punct("]", f"to close the shares of mesh axis {name.text}")
+                try:
+                    n = axis_size(n, tuple(shares))
+                except IRTypeError as e:
+                    raise self.error(str(e), size) from None
+            axes.append((name.text, n))
             if not self._maybe(","):
                 break
         self.expect_punct(";", "between the mesh axes and its devices")
@@ -422,6 +432,12 @@ class _Parser:
             return Mesh(tuple(axes), tuple(devices))
         except IRTypeError as e:
             raise self.error(str(e), start) from None
+
+    def _share(self, axis: str) -> int:
+        t = self.next()
+        if t.kind != "INT" or t.text.startswith("-"):
+            raise self.error(f"expected a share of mesh axis {axis} (like 2), found {self.describe(t)}", t)
+        return self.integer(t, t.text)
 
     def placement(self) -> Placement:
         """``R``, ``S(dim)`` or ``P(op)``."""

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from distir.ir.dtensor import DTensorType, Mesh, Partial, Shard, parse_placements
+from distir.ir.dtensor import DTensorType, Mesh, Partial, Shard, parse_placements, shares_of, split_sizes
 from distir.ir.types import _ITEMSIZE, IRTypeError, Type
 from distir.ir.values import Attrs
 from distir.ops.registry import AttrSpec, CommCost, CommPattern, OpDef, OpKind, TypeCtx, register
@@ -102,11 +102,16 @@ def format_mesh_attr(mesh: Mesh) -> str:
 
 def largest_piece_bytes(t: DTensorType) -> int:
     """Bytes of the largest local piece of ``t``: the one at coordinate 0 along every axis (shards
-    are split larger first, along each sharding axis in order, as ``split_sizes`` does)."""
+    are split larger first, along each sharding axis in order, as ``split_sizes`` does; along an
+    axis with uneven shares, its largest piece)."""
     shape = list(t.shape)
     for ax, p in enumerate(t.placements):
         if isinstance(p, Shard):
-            shape[p.dim] = -(-shape[p.dim] // t.mesh.shape[ax])
+            n = t.mesh.shape[ax]
+            if shares_of(n) is None:
+                shape[p.dim] = -(-shape[p.dim] // n)
+            else:
+                shape[p.dim] = max(split_sizes(shape[p.dim], n))
     return math.prod(shape) * _ITEMSIZE[t.dtype]
 
 

@@ -37,6 +37,7 @@ from distir.ir.dtensor import (
     Placement,
     Replicate,
     Shard,
+    axis_size,
 )
 from distir.ir.function import Function, Module
 from distir.ir.types import Device, DType, TensorType
@@ -131,6 +132,11 @@ class _Builder:
         if model.batch % s.k:
             raise StrategyError(f"{s}: the batch {model.batch} does not split into k={s.k} microbatches")
         self.mb = model.batch // s.k
+        if s.shares is not None and self.mb % sum(s.shares):
+            raise StrategyError(
+                f"{s}: a microbatch of {self.mb} samples does not split in the batch shares "
+                f"{'-'.join(map(str, s.shares))} (their sum, {sum(s.shares)}, must divide it)"
+            )
         if s.sp and s.d > 1 and self.mb == 1:
             # a batch dim of size 1 keeps no shard through a reshape (``reshape_dim_map``), and the
             # sequence-parallel embedding backward would then have to create a pending sum over dp
@@ -138,9 +144,12 @@ class _Builder:
                 f"{s}: sequence parallelism with d > 1 needs microbatches of at least 2 samples, got 1 "
                 f"(batch {model.batch} over k={s.k} microbatches)"
             )
-        # program devices are numbered stage by stage; the placement maps them onto GPUs
+        # program devices are numbered stage by stage; the placement maps them onto GPUs; uneven
+        # batch shares are the dp axis' (``distir.ir.dtensor.AxisSize``): each replica's piece of
+        # every microbatch in proportion
+        dp = axis_size(s.d, s.shares)
         self.meshes = [
-            Mesh((("dp", s.d), ("tp", s.t)), tuple(Device(st * s.d * s.t + j) for j in range(s.d * s.t)))
+            Mesh((("dp", dp), ("tp", s.t)), tuple(Device(st * s.d * s.t + j) for j in range(s.d * s.t)))
             for st in range(s.p)
         ]
         n = s.devices

@@ -30,6 +30,7 @@ from distir.ir.dtensor import (
     Partial,
     Placement,
     Replicate,
+    axis_size,
     format_placements,
     parse_placements,
 )
@@ -224,7 +225,7 @@ class LayerSharder:
         self, model: Model, s: Strategy, train: bool, mb: int, functions: dict[str, Function]
     ) -> None:
         self.model, self.s, self.train, self.mb = model, s, train, mb
-        self.mesh_rep = rep_mesh(s.d, s.t)
+        self.mesh_rep = rep_mesh(axis_size(s.d, s.shares), s.t)
         self.weight_params = set(model.forward.params[len(model.inputs) :])
         self.functions = functions
         self._sharded: dict[tuple[object, ...], tuple[Function, list[tuple[Placement, ...] | None]]] = {}

@@ -34,7 +34,7 @@ import numpy as np
 
 from distir.interp.annotate import annotate_types
 from distir.ir.builder import FunctionBuilder
-from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, Replicate, Shard, split_sizes
+from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, Replicate, Shard, shares_of, split_sizes
 from distir.ir.function import Function, Module
 from distir.ir.ops import Op
 from distir.ir.printer import print_module, print_op
@@ -309,6 +309,16 @@ def _redistribute(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Val
         if mesh.shape[ax] == 1:  # one device holds the whole along this axis: nothing moves
             cur = nxt
             continue
+        if (
+            shares_of(mesh.shape[ax]) is not None
+            and isinstance(b, Shard)
+            and not isinstance(cur[ax], Replicate)
+        ):
+            # ReduceScatter and AllToAll split near-equally
+            raise ShardingError(
+                f"`{print_op(op)}`: {cur[ax]} -> {b} along mesh axis {mesh.axes[ax][0]} with uneven shares "
+                "is not supported yet"
+            )
         for group in mesh.groups(ax):
             ins = [pieces[d] for d in group]
             outs = _lower(fb, cur[ax], b, ins, group, t_next, dst_v.name, print_op(op))

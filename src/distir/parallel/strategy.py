@@ -11,6 +11,9 @@ follow when they differ from the default, in this order (``sp`` right after ``t<
     r<mode>     activation recomputation: none (default), full, sel (selective)
     L<a>-<b>-…  layers per pipeline chunk (an explicit partition, e.g. L5-4-4-3);
                 Luniform (default) or Lparams (balance parameter counts)
+    b<a>-<b>-…  batch shares of the d data-parallel replicas (uneven data parallelism, for
+                replicas on GPUs of different speeds): replica r takes a_r/Σa of every
+                microbatch; written in lowest terms, equal shares are the default (even)
     @<i>-<j>-…  device placement: the cluster devices that play program devices 0, 1, …
 
 ``parse_strategy`` is the exact inverse of ``str`` (round-trip tested) and raises
@@ -20,6 +23,7 @@ follow when they differ from the default, in this order (``sp`` right after ``t<
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb1")
@@ -44,6 +48,7 @@ class Strategy:
     partition: tuple[int, ...] | str = "uniform"
     placement: tuple[int, ...] | None = None
     sp: bool = False
+    shares: tuple[int, ...] | None = None  # per data-parallel replica (None: even)
 
     def __post_init__(self) -> None:
         for f in ("d", "t", "p", "k", "v"):
@@ -77,6 +82,19 @@ class Strategy:
                     f"partition {'-'.join(map(str, self.partition))} must give p·v = {self.p * self.v} "
                     "positive layer counts"
                 )
+        if self.shares is not None:
+            sh = self.shares
+            if (
+                not isinstance(sh, tuple)
+                or len(sh) != self.d
+                or any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in sh)
+            ):
+                raise StrategyError(f"batch shares must be d = {self.d} positive integers, got {sh!r}")
+            if self.zero:
+                raise StrategyError("batch shares (uneven data parallelism) do not combine with ZeRO yet")
+            g = math.gcd(*sh)
+            # lowest terms, equal shares as None: one string per strategy
+            object.__setattr__(self, "shares", None if len(set(sh)) == 1 else tuple(x // g for x in sh))
         if self.placement is not None and sorted(self.placement) != list(range(self.devices)):
             raise StrategyError(
                 f"placement must be a permutation of 0..{self.devices - 1}, got {list(self.placement)}"
@@ -104,6 +122,8 @@ class Strategy:
                 "L"
                 + (self.partition if isinstance(self.partition, str) else "-".join(map(str, self.partition)))
             )
+        if self.shares is not None:
+            parts.append("b" + "-".join(map(str, self.shares)))
         if self.placement is not None:
             parts.append("@" + "-".join(map(str, self.placement)))
         return ".".join(parts)
@@ -149,6 +169,8 @@ def parse_strategy(text: str) -> Strategy:
             key, value = "partition", body if body in ("uniform", "params") else _ints(body, part, text)
         elif part[0] == "@":
             key, value = "placement", _ints(part[1:], part, text)
+        elif part[0] == "b" and part[1:2].isdigit():
+            key, value = "shares", _ints(part[1:], part, text)
         else:
             known = [
                 "d<n>",
@@ -160,6 +182,7 @@ def parse_strategy(text: str) -> Strategy:
                 "z<0-3>",
                 "rnone|rfull|rsel",
                 "L…",
+                "b…",
                 "@…",
                 *SCHEDULES,
             ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from distir.ir.dtensor import DTensorType, Mesh, Placement, Shard
+from distir.ir.dtensor import DTensorType, Mesh, Placement, Shard, shares_of
 from distir.ir.types import _ITEMSIZE, Device, ScalarType, TensorType, Type
 from distir.parallel.materialize import local_shape_at, redistribute_steps
 
@@ -53,12 +53,13 @@ def mesh_info(mesh: Mesh) -> MeshInfo:
 
 
 def uniform_shape(t: DTensorType) -> tuple[int, ...] | None:
-    """The one local shape of ``t`` when every device's piece has it (even shards), else None."""
+    """The one local shape of ``t`` when every device's piece has it (even shards), else None
+    (also along an axis with uneven shares)."""
     shape = list(t.shape)
     for ax, p in enumerate(t.placements):
         if isinstance(p, Shard):
             n = t.mesh.shape[ax]
-            if shape[p.dim] % n:
+            if shape[p.dim] % n or shares_of(n) is not None:
                 return None
             shape[p.dim] //= n
     return tuple(shape)
