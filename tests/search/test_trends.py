@@ -6,7 +6,9 @@
   32): the winner pipelines across the slow inter-node links and beats pure d = 16 (the
   Megatron-heuristic choice) by ≥ 1.3× in simulation;
 - AMP's uneven TransGAN-like model on 4 × p3.8xlarge: the cost-balanced layer assignment beats
-  the uniform one by ≥ 1.15× (both simulated exactly).
+  the uniform one by ≥ 1.15× (both simulated exactly);
+- uneven work on heterogeneous clusters by the batch too: data-parallel replicas on V100s and T4s
+  take uneven batch shares, the V100s the larger, ≥ 1.15× faster than even shares.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from distir.hardware.cluster import parse_cluster
 from distir.parallel.strategy import parse_strategy
 from distir.search.rerank import ExactJob, evaluate
 from distir.search.run import SearchRequest, search
+from distir.search.space import Pins
 
 
 def _winner(**kw: object) -> dict[str, object]:
@@ -76,3 +79,26 @@ def test_uneven_model_balanced_assignment_beats_uniform() -> None:
     assert isinstance(s.partition, tuple)  # the cost-balanced assignment is not the uniform one
     uniform = evaluate(ExactJob(**job), str(replace(s, partition="uniform")))  # type: ignore[arg-type]
     assert uniform["step_time_s"] / best["step_time_s"] >= 1.15
+
+
+def test_mixed_replicas_take_uneven_batch_shares() -> None:
+    """One node of V100s and one of T4s, pipelines pinned off: the winner's data-parallel
+    replicas take uneven batch shares, the V100s the larger, and beat the even split."""
+    job = dict(
+        model="gpt:layers=4,hidden=256,heads=4,seq=128,vocab=512",
+        cluster="p3.8xlarge:1+g4dn.12xlarge:1",
+        batch=48,
+    )
+    out = search(SearchRequest(top=3, pins=Pins(pp=1), **job))  # type: ignore[arg-type]
+    best = out.best()
+    assert best is not None and best["fits"]
+    s = parse_strategy(str(best["strategy"]))
+    assert s.shares is not None, best["strategy"]
+    cl = parse_cluster(str(job["cluster"]))
+    place = s.placement or tuple(range(s.devices))
+    kinds = [cl.kind_of(place[r * s.t]) for r in range(s.d)]
+    fast = [w for w, k in zip(s.shares, kinds, strict=True) if "V100" in k]
+    slow = [w for w, k in zip(s.shares, kinds, strict=True) if "V100" not in k]
+    assert fast and slow and min(fast) > max(slow), (s, kinds)
+    even = evaluate(ExactJob(**job), str(replace(s, shares=None)))  # type: ignore[arg-type]
+    assert even["step_time_s"] / best["step_time_s"] >= 1.15

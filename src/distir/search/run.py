@@ -6,12 +6,15 @@
 2. **Placement** (heterogeneous clusters): the best screened strategies of the leading
    (d, t, p) shapes are annealed over placements that keep TP groups whole
    (``distir.search.placement``), the layer assignment re-optimized for each placement.
-3. **Exact re-rank**: the ``top`` best that the screen says fit (with ``explain``, also the best
+3. **Batch shares** (heterogeneous clusters): for the best screened strategies with d > 1, the
+   screen proposes uneven batch shares of their replicas (``distir.search.shares``); the
+   proposals it finds faster join the screened list.
+4. **Exact re-rank**: the ``top`` best that the screen says fit (with ``explain``, also the best
    pure-D, pure-T and pure-P strategies, which ``--explain`` compares the winner with) are
    distributed and simulated
    (``distir.search.rerank``), in parallel, streaming into the result store
    (``distir.search.store``) so an interrupted search resumes.
-4. **Rank** by simulated throughput; out-of-memory strategies (by simulated peak) go last.
+5. **Rank** by simulated throughput; out-of-memory strategies (by simulated peak) go last.
 
 With ``workers > 1`` on the local executor, one process pool serves every phase and starts with
 the search (its start-up overlaps the screen's set-up): the layer profiles the screen will ask
@@ -43,12 +46,17 @@ from distir.search.placement import anneal_placement, megatron_placement
 from distir.search.profile import LayerProfile, Profiler, allowed_tp, num_layers
 from distir.search.rerank import ExactJob, evaluate
 from distir.search.screen import Estimate, Problem, Screen
+from distir.search.shares import Candidates, best_of, candidates, mixed_replicas, wanted_profiles
 from distir.search.space import Pins, Space
 from distir.search.store import ResultStore, StoreError, dumps, loads, search_key
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
-STORE_VERSION = 3  # bump when the cost model or the result format changes: old results go stale
+STORE_VERSION = 4  # bump when the cost model or the result format changes: old results go stale
+SHARES_TOP = 8  # strategies whose batch shares the search proposes (``add_shares``)
+# ... among those within this factor of the best screened step: shares shorten a mixed group's
+# compute by the speed ratio of its GPU kinds at most (2-3x for V100 vs T4), not its communication
+SHARES_REACH = 2.0
 
 
 @dataclass(frozen=True)
@@ -283,6 +291,45 @@ def anneal(
     screened.sort(key=_rank_key)
 
 
+def add_shares(
+    screen: Screen, screened: list[Estimate], n: int = SHARES_TOP, pool: Executor | None = None
+) -> int:
+    """Batch shares (``distir.search.shares``) for the ``n`` best fitting screened strategies,
+    within ``SHARES_REACH`` of the best, that can take them and may gain (d > 1, no ZeRO, no
+    shares yet, a stage whose replicas differ in GPU kinds: ``mixed_replicas``), each on its own
+    placement: the proposals the screen finds faster
+    than their even split join ``screened``, in place, unless already there; the list is re-sorted
+    best first. With a ``pool``, the layer profiles at the new microbatch sizes are computed there
+    first (the costly part); the proposals are the same. Returns how many joined."""
+    cands: list[Candidates] = []
+    best = next((e.step_time_s for e in screened if e.fits), None)
+    for e in screened:
+        s = e.strategy
+        if len(cands) >= n or best is None or e.step_time_s > SHARES_REACH * best:
+            break  # (sorted best first) shares cannot bring it near the best
+        if e.fits and s.d > 1 and not s.zero and s.shares is None and mixed_replicas(screen, s, _place(s)):
+            c = candidates(screen, s, _place(s))
+            if c is not None:
+                cands.append(c)
+    if pool is not None:
+        screen.profiler.prefetch(pool, (w for c in cands for w in wanted_profiles(screen, c)))
+    have = {e.strategy for e in screened}
+    added = 0
+    for c in cands:
+        got = best_of(screen, c)
+        if got is not None and got.strategy not in have:
+            have.add(got.strategy)
+            screened.append(got)
+            added += 1
+    screened.sort(key=_rank_key)  # stable: the proposals land after equal estimates
+    return added
+
+
+def _place(s: Strategy) -> tuple[int, ...]:
+    """``s``'s placement, the identity when it has none."""
+    return s.placement or tuple(range(s.devices))
+
+
 def is_pure(d: int, t: int, p: int, axis: str) -> bool:
     """Whether (d, t, p) uses only the parallelism ``axis`` ("d", "t" or "p")."""
     return {"d": (t, p), "t": (d, p), "p": (d, t)}[axis] == (1, 1)
@@ -356,6 +403,8 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
 
         if picks:
             anneal(req, screen, screened, progress, pool, picks, then=start_early)
+        if heterogeneous(cluster):
+            add_shares(screen, screened, pool=pool)
         t2 = time.perf_counter()
         chosen = pick_exact(screened, req.top, pure=req.explain)
         tasks = [str(s) for s in chosen]
@@ -467,6 +516,7 @@ def _stored_output(req: SearchRequest) -> SearchOutput | None:
 __all__ = [
     "SearchOutput",
     "SearchRequest",
+    "add_shares",
     "anneal_picks",
     "build_space",
     "heterogeneous",

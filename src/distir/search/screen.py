@@ -12,6 +12,10 @@ AMP's formulas, generalized (heterogeneous devices, uneven layers, memory, sched
 - **Layer assignment.** Unless the strategy pins a partition, the layers are cut by the optimal
   dynamic program of ``distir.search.layer_assignment`` (the same objective, per-stage device
   kinds and memory limits), so a faster device takes more layers.
+- **Batch shares.** With uneven data parallelism (``Strategy.shares``) replica r takes
+  shares[r]/Σshares of every microbatch: its TP group is profiled at that size, and a stage's
+  figures are the worst of its replicas' (the slowest replica sets the pace, the largest holds
+  the most activations).
 - **Data-parallel sync.** After the last microbatch, each stage all-reduces its gradients over
   its replicas (the collective model of ``distir.sim.collectives``, so the slowest link of the
   group governs), one collective per weight; ZeRO-1 adds an all-gather of the updated shards,
@@ -36,7 +40,7 @@ from distir.hardware.cluster import Cluster
 from distir.parallel.distribute import uniform_counts
 from distir.parallel.strategy import Strategy
 from distir.search.layer_assignment import Assignment, assign_layers_unchecked
-from distir.search.profile import Profiler
+from distir.search.profile import LayerProfile, Profiler
 from distir.search.screen_figures import Stage, StageRows, Tables, figures, frozen, new_tables
 from distir.sim import collectives as coll
 
@@ -100,6 +104,11 @@ class Screen:
         self._kinds = tuple(self.cluster.kind_of(g) for g in range(self.cluster.num_devices))
         self._specs = {self._kinds[g]: self.cluster.device_spec(g) for g in range(self.cluster.num_devices)}
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Each cluster GPU's kind (``Cluster.kind_of``), by index."""
+        return self._kinds
+
     # -- pieces ------------------------------------------------------------------------------
     def stage_gpus(self, s: Strategy, placement: Sequence[int]) -> list[list[int]]:
         n = s.d * s.t
@@ -112,33 +121,64 @@ class Screen:
         return got
 
     def _stage_rows(self, s: Strategy, gpus: list[int], b: int) -> tuple[tuple[object, ...], StageRows]:
-        """Per-layer figures of one stage on ``gpus``: each the worst of the stage's distinct TP
-        groups (their slowest decides), except the first group's weight count and activation;
-        and the stage's memory capacity. Returns them with their key: (t, d, b, recompute, the
-        distinct group keys in order of appearance, capacity), of which they are a pure function
-        (the profiler's figures depend on a group only through its key); memoized on it."""
+        """Per-layer figures of one stage on ``gpus``: each the worst of the stage's replicas (TP
+        groups; their slowest decides), except the first replica's weight count and activation (of
+        the largest replica's with batch shares); and the stage's memory capacity. ``b`` is the
+        per-replica microbatch, or with batch shares (``s.shares``) the microbatch of one share:
+        replica r then takes ``b·shares[r]`` samples. Returns them with their key, of which they
+        are a pure function (the profiler's figures depend on a group only through its key);
+        memoized on it. Without shares the key is (t, d, b, recompute, the distinct group keys in
+        order of appearance, capacity); with shares, (t, d, None, recompute, the distinct (group
+        key, replica microbatch) pairs in order of appearance, capacity)."""
+        cap = min(self._specs[self._kinds[g]].memory_bytes for g in gpus)
+        if s.shares is not None:
+            return self._shared_stage_rows(s, gpus, b, s.shares, cap)
         gks: dict[tuple[object, ...], tuple[int, ...]] = {}
         for r in range(s.d):
             group = tuple(gpus[r * s.t : (r + 1) * s.t])
             gks.setdefault(self._group_key(group), group)
-        cap = min(self._specs[self._kinds[g]].memory_bytes for g in gpus)
         key = (s.t, s.d, b, s.recompute, tuple(gks), cap)
         got = self._rows.get(key)
         if got is not None:
             return key, got
         profs = [self.profiler.layers(s.t, b, group, s.recompute) for group in gks.values()]
+        got = self._rows[key] = self._worst_rows(profs, profs[0], cap)
+        return key, got
+
+    def _shared_stage_rows(
+        self, s: Strategy, gpus: list[int], unit: int, shares: tuple[int, ...], cap: float
+    ) -> tuple[tuple[object, ...], StageRows]:
+        """``_stage_rows`` with batch shares: replica r's TP group profiled at ``unit·shares[r]``."""
+        pairs: dict[tuple[tuple[object, ...], int], tuple[int, ...]] = {}
+        for r in range(s.d):
+            group = tuple(gpus[r * s.t : (r + 1) * s.t])
+            pairs.setdefault((self._group_key(group), unit * shares[r]), group)
+        # None where the even key has its microbatch: the two kinds of keys never meet
+        key = (s.t, s.d, None, s.recompute, tuple(pairs), cap)
+        got = self._rows.get(key)
+        if got is not None:
+            return key, got
+        sizes = [b_r for _, b_r in pairs]
+        profs = [self.profiler.layers(s.t, b_r, group, s.recompute) for (_, b_r), group in pairs.items()]
+        # the largest replica's activation is the largest transfer between stages
+        big = sizes.index(max(sizes))
+        got = self._rows[key] = self._worst_rows(profs, profs[big], cap)
+        return key, got
+
+    def _worst_rows(self, profs: list[list[LayerProfile]], lead: list[LayerProfile], cap: float) -> StageRows:
+        """Per layer the worst of ``profs`` (time, weight, saved, work); weight count and output
+        activation from ``lead``."""
         fb = 1.0 if self.problem.train else 0.0
         n = range(len(profs[0]))
-        got = self._rows[key] = StageRows(
+        return StageRows(
             time=frozen([max(p[i].fwd_s + fb * p[i].bwd_s for p in profs) for i in n]),
             weight=frozen([max(p[i].weight_bytes for p in profs) for i in n]),
-            n_w=frozen([profs[0][i].n_weights for i in n]),
+            n_w=frozen([lead[i].n_weights for i in n]),
             saved=frozen([max(p[i].saved_bytes for p in profs) for i in n]),
-            out=frozen([profs[0][i].out_bytes for i in n]),
+            out=frozen([lead[i].out_bytes for i in n]),
             work=frozen([max(p[i].work_bytes for p in profs) for i in n]),
             cap=cap,
         )
-        return key, got
 
     def _pair(self, x: int, y: int) -> tuple[float, float]:
         """``send_time`` of 0 bytes and of 1 GB from GPU ``x`` to ``y``, memoized."""
@@ -234,7 +274,8 @@ class Screen:
 
     def _tables_of(self, s: Strategy) -> Tables:
         """The tables of ``s`` without its placement (``Tables``); raises ValueError when the
-        batch does not split into d·k microbatches."""
+        batch does not split into d·k microbatches (with batch shares: when it does not split
+        into k microbatches of Σshares equal parts)."""
         last, tb = self._last
         if s is last and tb is not None:  # the placement search asks about one strategy
             return tb
@@ -242,9 +283,19 @@ class Screen:
         tb = self._tables.get(bare)
         if tb is None:
             pr = self.problem
-            b, rem = divmod(pr.batch, s.d * s.k)
-            if rem or b < 1:
-                raise ValueError(f"{s}: batch {pr.batch} does not split into d·k = {s.d * s.k} parts")
+            if s.shares is None:
+                b, rem = divmod(pr.batch, s.d * s.k)
+                if rem or b < 1:
+                    raise ValueError(f"{s}: batch {pr.batch} does not split into d·k = {s.d * s.k} parts")
+            else:
+                # the microbatch of one share: replica r takes b·shares[r] of every microbatch
+                w = sum(s.shares)
+                b, rem = divmod(pr.batch, s.k * w)
+                if rem or b < 1:
+                    raise ValueError(
+                        f"{s}: batch {pr.batch} does not split into k = {s.k} microbatches of "
+                        f"Σshares = {w} parts"
+                    )
             tb = self._tables[bare] = new_tables(s, b, pr.train, pr.n_state)
         self._last = (s, tb)
         return tb
@@ -324,7 +375,7 @@ class Screen:
             )
         ident = tb.identity if len(placement) == len(tb.identity) else tuple(range(len(placement)))
         place = None if placement == ident else placement
-        return Strategy(s.d, s.t, s.p, s.k, s.schedule, s.v, s.zero, s.recompute, part, place, s.sp)
+        return Strategy(s.d, s.t, s.p, s.k, s.schedule, s.v, s.zero, s.recompute, part, place, s.sp, s.shares)
 
 
 __all__ = ["Estimate", "Problem", "Screen"]

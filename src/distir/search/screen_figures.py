@@ -87,7 +87,7 @@ class Tables:
     """Per strategy without its placement: what ``Screen.estimate`` reuses across placements.
     Filled by ``Screen``; every entry is a pure function of its key (and the strategy)."""
 
-    b: int  # the microbatch
+    b: int  # the per-replica microbatch; with batch shares, that of one share (``Screen._stage_rows``)
     stage_of: list[int]  # per chunk, its stage
     zero3: bool  # ZeRO-3 gathers weights in every microbatch
     static_f: float  # static memory per weight byte (weights, gradients, optimizer state)
