@@ -13,9 +13,9 @@ from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import parse_cluster
 from distir.parallel.strategy import Strategy, parse_strategy
 from distir.search.profile import Profiler
-from distir.search.run import _rank_key, add_shares
-from distir.search.screen import Estimate, Problem, Screen
+from distir.search.screen import Estimate, Problem, Screen, rank_key
 from distir.search.shares import (
+    add_shares,
     best_of,
     best_shares,
     candidates,
@@ -122,10 +122,10 @@ def test_rounded_shares_are_positive_and_sum_to_total(weights: list[float], tota
 
 def test_search_adds_proposals_once_and_keeps_the_order() -> None:
     sc = _screen()
-    screened = sorted([sc.estimate(EVEN), sc.estimate(Strategy(d=1, t=4, p=2, k=2))], key=_rank_key)
+    screened = sorted([sc.estimate(EVEN), sc.estimate(Strategy(d=1, t=4, p=2, k=2))], key=rank_key)
     assert add_shares(sc, screened) == 1
     assert any(e.strategy.shares is not None for e in screened)
-    assert screened == sorted(screened, key=_rank_key)
+    assert screened == sorted(screened, key=rank_key)
     assert add_shares(sc, screened) == 0  # already there
     assert len(screened) == 3
     best = best_shares(sc, EVEN, tuple(range(8)))

@@ -45,18 +45,14 @@ from distir.search.executor import start as start_task
 from distir.search.placement import anneal_placement, megatron_placement
 from distir.search.profile import LayerProfile, Profiler, allowed_tp, num_layers
 from distir.search.rerank import ExactJob, evaluate
-from distir.search.screen import Estimate, Problem, Screen
-from distir.search.shares import Candidates, best_of, candidates, mixed_replicas, wanted_profiles
+from distir.search.screen import Estimate, Problem, Screen, rank_key
+from distir.search.shares import add_shares
 from distir.search.space import Pins, Space
 from distir.search.store import ResultStore, StoreError, dumps, loads, search_key
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 STORE_VERSION = 4  # bump when the cost model or the result format changes: old results go stale
-SHARES_TOP = 8  # strategies whose batch shares the search proposes (``add_shares``)
-# ... among those within this factor of the best screened step: shares shorten a mixed group's
-# compute by the speed ratio of its GPU kinds at most (2-3x for V100 vs T4), not its communication
-SHARES_REACH = 2.0
 
 
 @dataclass(frozen=True)
@@ -106,10 +102,6 @@ class SearchOutput:
 
 def heterogeneous(cluster: Cluster) -> bool:
     return cluster.has_matrices or len({n.name for n in cluster.nodes}) > 1
-
-
-def _rank_key(e: Estimate) -> tuple[bool, float]:
-    return (not e.fits, e.step_time_s if e.fits else -e.memory_headroom)
 
 
 def build_space(req: SearchRequest, cluster: Cluster) -> Space:
@@ -168,7 +160,7 @@ def screen_space(
     got.sort(key=lambda x: x[:2])
     out = [e for *_, e in got]
     n = len(out)
-    out.sort(key=_rank_key)
+    out.sort(key=rank_key)
     return out, n, screen
 
 
@@ -288,46 +280,7 @@ def anneal(
             screened[i] = screen.estimate(base, pl)
         if progress is not None:
             progress("placement", n + 1, len(jobs))
-    screened.sort(key=_rank_key)
-
-
-def add_shares(
-    screen: Screen, screened: list[Estimate], n: int = SHARES_TOP, pool: Executor | None = None
-) -> int:
-    """Batch shares (``distir.search.shares``) for the ``n`` best fitting screened strategies,
-    within ``SHARES_REACH`` of the best, that can take them and may gain (d > 1, no ZeRO, no
-    shares yet, a stage whose replicas differ in GPU kinds: ``mixed_replicas``), each on its own
-    placement: the proposals the screen finds faster
-    than their even split join ``screened``, in place, unless already there; the list is re-sorted
-    best first. With a ``pool``, the layer profiles at the new microbatch sizes are computed there
-    first (the costly part); the proposals are the same. Returns how many joined."""
-    cands: list[Candidates] = []
-    best = next((e.step_time_s for e in screened if e.fits), None)
-    for e in screened:
-        s = e.strategy
-        if len(cands) >= n or best is None or e.step_time_s > SHARES_REACH * best:
-            break  # (sorted best first) shares cannot bring it near the best
-        if e.fits and s.d > 1 and not s.zero and s.shares is None and mixed_replicas(screen, s, _place(s)):
-            c = candidates(screen, s, _place(s))
-            if c is not None:
-                cands.append(c)
-    if pool is not None:
-        screen.profiler.prefetch(pool, (w for c in cands for w in wanted_profiles(screen, c)))
-    have = {e.strategy for e in screened}
-    added = 0
-    for c in cands:
-        got = best_of(screen, c)
-        if got is not None and got.strategy not in have:
-            have.add(got.strategy)
-            screened.append(got)
-            added += 1
-    screened.sort(key=_rank_key)  # stable: the proposals land after equal estimates
-    return added
-
-
-def _place(s: Strategy) -> tuple[int, ...]:
-    """``s``'s placement, the identity when it has none."""
-    return s.placement or tuple(range(s.devices))
+    screened.sort(key=rank_key)
 
 
 def is_pure(d: int, t: int, p: int, axis: str) -> bool:
@@ -516,7 +469,6 @@ def _stored_output(req: SearchRequest) -> SearchOutput | None:
 __all__ = [
     "SearchOutput",
     "SearchRequest",
-    "add_shares",
     "anneal_picks",
     "build_space",
     "heterogeneous",

@@ -80,6 +80,12 @@ class Estimate:
         return batch / self.step_time_s if self.step_time_s > 0 else float("inf")
 
 
+def rank_key(e: Estimate) -> tuple[bool, float]:
+    """The search's order of estimates: fitting ones first, the faster first; then the others,
+    the nearer to fitting first."""
+    return (not e.fits, e.step_time_s if e.fits else -e.memory_headroom)
+
+
 class Screen:
     """Evaluates strategies of one problem analytically (module docstring)."""
 
@@ -378,4 +384,4 @@ class Screen:
         return Strategy(s.d, s.t, s.p, s.k, s.schedule, s.v, s.zero, s.recompute, part, place, s.sp, s.shares)
 
 
-__all__ = ["Estimate", "Problem", "Screen"]
+__all__ = ["Estimate", "Problem", "Screen", "rank_key"]

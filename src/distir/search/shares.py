@@ -5,24 +5,25 @@ larger share of every microbatch (``Strategy.shares``).
 per-microbatch time at the even split (its TP groups' layer profiles, summed over its stages'
 layers), a share inversely proportional to it, rounded to small integers whose sum divides the
 microbatch. Each rounding is screened; the best is proposed only if the screen says it beats the
-even split. The exact simulation still decides (``distir.search.rerank``).
+even split. The exact simulation still decides (``distir.search.rerank``). ``add_shares`` is the
+search's step (``distir.search.run``): proposals for the best screened strategies.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 
 from distir.parallel.distribute import uniform_counts
 from distir.parallel.strategy import Strategy
-from distir.search.screen import Estimate, Screen
+from distir.search.screen import Estimate, Screen, rank_key
 
 MAX_SUM_PER_REPLICA = 4  # shares sum to at most 4·d: few distinct microbatches to profile
-
-
-def _rank(e: Estimate) -> tuple[bool, float]:
-    """Fitting estimates first, then the faster (the order of ``distir.search.run``)."""
-    return (not e.fits, e.step_time_s if e.fits else -e.memory_headroom)
+SHARES_TOP = 8  # strategies whose batch shares the search proposes (``add_shares``)
+# ... among those within this factor of the best screened step: shares shorten a mixed group's
+# compute by the speed ratio of its GPU kinds at most (2-3x for V100 vs T4), not its communication
+SHARES_REACH = 2.0
 
 
 def replica_times(screen: Screen, even: Estimate, placement: Sequence[int]) -> list[float]:
@@ -136,7 +137,7 @@ def best_of(screen: Screen, c: Candidates) -> Estimate | None:
             e = screen.estimate(replace(c.base, shares=sh), c.placement)
         except ValueError:
             continue
-        if best is None or _rank(e) < _rank(best):
+        if best is None or rank_key(e) < rank_key(best):
             best = e
     even = c.even
     if best is None or (even.fits and not best.fits) or best.step_time_s >= even.step_time_s:
@@ -166,8 +167,50 @@ def best_shares(screen: Screen, s: Strategy, placement: Sequence[int]) -> Estima
     return None if c is None else best_of(screen, c)
 
 
+def add_shares(
+    screen: Screen, screened: list[Estimate], n: int = SHARES_TOP, pool: Executor | None = None
+) -> int:
+    """Batch shares for the ``n`` best fitting screened strategies (``screened`` sorted by
+    ``rank_key``), within ``SHARES_REACH`` of the best, that can take them and may gain (d > 1, no
+    ZeRO, no shares yet, a stage whose replicas differ in GPU kinds: ``mixed_replicas``), each on
+    its own placement: the proposals the screen finds faster than their even split join
+    ``screened``, in place, unless already there; the list is re-sorted best first. With a
+    ``pool``, the layer profiles at the new microbatch sizes are computed there first (the costly
+    part); the proposals are the same. Returns how many joined."""
+    cands: list[Candidates] = []
+    best = next((e.step_time_s for e in screened if e.fits), None)
+    for e in screened:
+        s = e.strategy
+        if len(cands) >= n or best is None or e.step_time_s > SHARES_REACH * best:
+            break  # (sorted best first) shares cannot bring it near the best
+        if e.fits and s.d > 1 and not s.zero and s.shares is None and mixed_replicas(screen, s, _place(s)):
+            c = candidates(screen, s, _place(s))
+            if c is not None:
+                cands.append(c)
+    if pool is not None:
+        screen.profiler.prefetch(pool, (w for c in cands for w in wanted_profiles(screen, c)))
+    have = {e.strategy for e in screened}
+    added = 0
+    for c in cands:
+        got = best_of(screen, c)
+        if got is not None and got.strategy not in have:
+            have.add(got.strategy)
+            screened.append(got)
+            added += 1
+    screened.sort(key=rank_key)  # stable: the proposals land after equal estimates
+    return added
+
+
+def _place(s: Strategy) -> tuple[int, ...]:
+    """``s``'s placement, the identity when it has none."""
+    return s.placement or tuple(range(s.devices))
+
+
 __all__ = [
+    "SHARES_REACH",
+    "SHARES_TOP",
     "Candidates",
+    "add_shares",
     "best_of",
     "best_shares",
     "candidates",
