@@ -234,7 +234,7 @@ def simulate(
     source: str
     if model is not None:
         m, dmap0, source, batch = _model_program(
-            model, strategy, batch, train, optimizer, dtype, debug, precision
+            model, strategy, batch, train, optimizer, dtype, debug, precision, cluster
         )
     else:
         assert file is not None
@@ -316,19 +316,27 @@ def _model_program(
     dtype: str,
     debug: bool,
     precision: str = "pure",
+    cluster: str | None = None,
 ) -> tuple[Module, Any, str, int]:
     """Build zoo model ``spec`` in ``dtype`` and distribute it with ``precision`` (pure, or mixed:
-    fp32 masters): (program, device map, label, batch)."""
+    fp32 masters): (program, device map, label, batch). With a ``cluster`` that has the
+    strategy's GPUs, the program order follows the cost model's chunk times there, as the
+    search's exact simulation does (``distir.search.chunk_times``); the caller reports a cluster
+    that cannot run it."""
     from distir.autodiff.precision import Precision
     from distir.autodiff.reverse import AutodiffError
     from distir.autodiff.train import Optimizer
     from distir.frontends.zoo import build_model
     from distir.frontends.zoo.model import ModelError
+    from distir.frontends.zoo.registry import parse_model_string
+    from distir.hardware.cluster import parse_cluster
+    from distir.hardware.specs import HardwareError
     from distir.ir.types import DType
     from distir.parallel.distribute import device_map as strategy_map
     from distir.parallel.distribute import distribute
     from distir.parallel.propagate import ShardingError
     from distir.parallel.strategy import StrategyError, parse_strategy
+    from distir.search.chunk_times import chunk_times
 
     try:
         st = parse_strategy(strategy or "d1.t1.p1.k1.1f1b")
@@ -339,7 +347,17 @@ def _model_program(
         b = batch if batch is not None else 8 * st.d * st.k
         prec = Precision.parse(precision)
         mod = build_model(spec, batch=b, dtype=dt)
-        prog = distribute(mod, st, Optimizer(optimizer), train=train, comm_streams=True, precision=prec)
+        times = None
+        if cluster is not None:
+            try:
+                cl = parse_cluster(cluster)
+            except HardwareError:
+                cl = None  # reported by the caller, with the other cluster errors
+            if cl is not None and st.devices <= cl.num_devices:
+                times = chunk_times(mod, parse_model_string(spec), cl, dt, train, st)
+        prog = distribute(
+            mod, st, Optimizer(optimizer), train=train, comm_streams=True, precision=prec, chunk_times=times
+        )
     except (StrategyError, ModelError, AutodiffError, ShardingError) as e:
         if debug:
             traceback.print_exc()

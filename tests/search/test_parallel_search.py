@@ -52,8 +52,10 @@ def test_two_workers_search_exactly_as_one(tmp_path: Path, monkeypatch: pytest.M
     assert parallel.results == serial.results
     assert _screened(stored) == _screened(serial)
     assert stored.results == serial.results
-    # every layer profile is computed once, wherever
-    assert parallel.profiles == serial.profiles
+    # no layer profile is computed twice: the workers' profile tasks run what the screen asks for
+    # (an exact simulation started during the placement search shares its worker's profiler for
+    # its program order, ``chunk_times``, so a task that follows may find profiles already there)
+    assert 0 < parallel.profiles <= serial.profiles
     assert parallel.timings["screen_worker_cpu_s"] > 0 and serial.timings["screen_worker_cpu_s"] == 0
     # the placement search did move something: the parallel path is exercised, not skipped
     assert any(e.strategy.placement is not None for e in serial.screened)

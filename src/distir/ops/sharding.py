@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from distir.ir.dtensor import Partial, Placement, Replicate, Shard, split_sizes
+from distir.ir.dtensor import Partial, Placement, Replicate, Shard, shares_of, split_sizes
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs
 
@@ -139,6 +139,12 @@ def _axes(attrs: Attrs, rank: int, name: str = "axes") -> list[int] | None:
     return [a % rank for a in axes]
 
 
+def _even(size: int, n: int) -> bool:
+    """Whether a dim of ``size`` shards in equal pieces along an axis of ``n`` devices (a mean of
+    the pieces' means is the mean only then; an axis with uneven shares never)."""
+    return size % n == 0 and shares_of(n) is None
+
+
 def reduction(op: str) -> ShardingRule:
     """ReduceSum / ReduceMean over ``axes``: a dim not reduced may stay sharded; a reduced dim
     that is sharded leaves a pending reduction (sum; mean only when shards are even)."""
@@ -150,7 +156,7 @@ def reduction(op: str) -> ShardingRule:
         found = [replicated(ins, outs)]
         for d in range(len(x)):
             if d in axes:
-                even = x[d] % n == 0
+                even = _even(x[d], n)
                 if op == "sum" or even:
                     found.append(Strategy((Shard(d),), (Partial(op),)))
                 continue
@@ -401,7 +407,7 @@ def loss(kind: str) -> ShardingRule:
                 found.append(Strategy((Shard(a), Shard(b)), (Shard(b),)))
             elif how == "sum":
                 found.append(Strategy((Shard(a), Shard(b)), (SUM,)))
-            elif how == "mean" and first[a] % n == 0:
+            elif how == "mean" and _even(first[a], n):
                 found.append(Strategy((Shard(a), Shard(b)), (Partial("mean"),)))
         return found
 

@@ -75,8 +75,16 @@ def distribute(
     train: bool = True,
     comm_streams: bool = False,
     precision: Precision | str = "pure",
+    chunk_times: tuple[Sequence[float], Sequence[float]] | None = None,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
+
+    ``chunk_times``: per pipeline chunk, its forward and backward seconds for one microbatch on its
+    stage (``distir.search.profile.chunk_times`` gives them from the cost model). The schedule is
+    written in the time order they give (a zero-bubble backward splits in two halves); without,
+    forward times are taken ∝ each chunk's weights and backward = 2 × forward — a poor guess for
+    layers whose compute does not follow their weights (convolutions, attention, embeddings), and
+    under DistIR's semantics the order is the schedule.
 
     With ``comm_streams``, pipeline transfers run between communication-stream devices, four per
     compute device (``STREAMS``: program devices N..2N−1 send activations forward, 2N..3N−1 send
@@ -93,7 +101,9 @@ def distribute(
     shard, gathered per use in the chunks), gradients are reduced in the compute dtype and cast
     to fp32 for the optimizer."""
     with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
-        return _Builder(model, strategy, optimizer or Optimizer(), train, comm_streams, precision).build()
+        return _Builder(
+            model, strategy, optimizer or Optimizer(), train, comm_streams, precision, chunk_times
+        ).build()
 
 
 # the communication streams of each GPU (``distribute``): program devices (k+1)·N .. (k+2)·N−1
@@ -123,6 +133,7 @@ class _Builder:
         train: bool,
         comm_streams: bool,
         precision: Precision | str = "pure",
+        chunk_times: tuple[Sequence[float], Sequence[float]] | None = None,
     ) -> None:
         self.prec = Precision.parse(precision)
         self.compute = self.prec.compute_dtype(model)
@@ -163,6 +174,12 @@ class _Builder:
         self.layer_calls = model.layers  # a property that collects them anew at each access
         calls = self.layer_calls if train else self.layer_calls[:-1]
         self.chunks = partition(model, s, len(calls))
+        if chunk_times is not None and any(len(x) != len(self.chunks) for x in chunk_times):
+            raise StrategyError(
+                f"{s}: chunk_times give {[len(x) for x in chunk_times]} forward and backward times for "
+                f"{len(self.chunks)} chunks"
+            )
+        self.chunk_times = chunk_times
         self.n_in = len(model.inputs)
         self.weight_params = set(model.forward.params[self.n_in :])
         self.functions: dict[str, Function] = {}
@@ -393,10 +410,18 @@ class _Builder:
                 [Action(c, m, "F") for m in range(s.k) for c in range(len(self.chunks)) if c % s.p == r]
                 for r in range(s.p)
             ]
-        # write the program in estimated time order (F ∝ the chunk's weights, B = 2F, I = W = F)
-        work = [1.0 + sum(model.weight(w.name).type.numel for L in ls for w in L.weights) for ls in by_chunk]
-        share = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
-        order = time_order(per_rank, s.p, s.v, lambda r, a: work[a.stage] * share[a.kind])
+        # write the program in estimated time order: the given chunk times (I = W = B/2), else
+        # F ∝ the chunk's weights, B = 2F, I = W = F
+        if self.chunk_times is not None:
+            f_s, b_s = self.chunk_times
+            times = {"F": list(f_s), "B": list(b_s), "I": [b / 2 for b in b_s], "W": [b / 2 for b in b_s]}
+            order = time_order(per_rank, s.p, s.v, lambda r, a: times[a.kind][a.stage])
+        else:
+            work = [
+                1.0 + sum(model.weight(w.name).type.numel for L in ls for w in L.weights) for ls in by_chunk
+            ]
+            share = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+            order = time_order(per_rank, s.p, s.v, lambda r, a: work[a.stage] * share[a.kind])
         act: dict[tuple[int, int], Value] = {}
         dys: dict[tuple[int, int], Value] = {}
         res: dict[tuple[int, int], tuple[Value, ...]] = {}

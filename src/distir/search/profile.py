@@ -271,16 +271,22 @@ class ProfileTask:
 _PROFILERS: dict[tuple[ModelSpec, Cluster, DType, bool], Profiler] = {}
 
 
+def cached_profiler(spec: ModelSpec, cluster: Cluster, dtype: DType, train: bool) -> Profiler:
+    """This process's profiler of ``spec`` on ``cluster`` (the latest one kept: ``_PROFILERS``)."""
+    key = (spec, cluster, dtype, train)
+    prof = _PROFILERS.get(key)
+    if prof is None:
+        _PROFILERS.clear()
+        prof = _PROFILERS[key] = Profiler(spec, cluster, dtype, train)
+    return prof
+
+
 def run_profile_task(task: ProfileTask) -> TaskResult:
     """``Profiler.layers`` for each group of ``task``: ((cache key, profiles) per group, layer
     simulations run, CPU seconds spent)."""
     c0 = time.process_time()
     if task.cost_model is None:
-        key = (task.spec, task.cluster, task.dtype, task.train)
-        prof = _PROFILERS.get(key)
-        if prof is None:
-            _PROFILERS.clear()
-            prof = _PROFILERS[key] = Profiler(task.spec, task.cluster, task.dtype, task.train)
+        prof = cached_profiler(task.spec, task.cluster, task.dtype, task.train)
     else:
         prof = Profiler(task.spec, task.cluster, task.dtype, task.train, task.cost_model)
     n0 = prof.probes
@@ -313,6 +319,7 @@ __all__ = [
     "ProfileTask",
     "Profiler",
     "allowed_tp",
+    "cached_profiler",
     "local_nbytes",
     "num_layers",
     "run_profile_task",

@@ -13,11 +13,12 @@ from typing import Any
 
 from distir.autodiff.train import Optimizer
 from distir.frontends.zoo.model import Model
-from distir.frontends.zoo.registry import build_model
+from distir.frontends.zoo.registry import build_model, parse_model_string
 from distir.hardware.cluster import Cluster, parse_cluster
 from distir.ir.types import DType
 from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import parse_strategy
+from distir.search.chunk_times import chunk_times
 from distir.sim.simulate import simulate
 
 RESULT_KEYS = (
@@ -54,12 +55,16 @@ def _cluster(spec: str) -> Cluster:
 
 
 def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
-    """Distribute and simulate ``strategy``: step time, throughput, MFU, memory and a
-    compute / communication / idle breakdown (means over the compute streams)."""
+    """Distribute (in the program order of the cost model's chunk times: ``chunk_times``) and
+    simulate ``strategy``: step time, throughput, MFU, memory and a compute / communication /
+    idle breakdown (means over the compute streams)."""
     s = parse_strategy(strategy)
     model = _model(job.model, job.batch, job.dtype)
     cluster = _cluster(job.cluster)
-    prog = distribute(model, s, Optimizer(job.optimizer), train=job.train, comm_streams=True)
+    times = chunk_times(model, parse_model_string(job.model), cluster, DType.parse(job.dtype), job.train, s)
+    prog = distribute(
+        model, s, Optimizer(job.optimizer), train=job.train, comm_streams=True, chunk_times=times
+    )
     r = simulate(prog, cluster, device_map(s, True), batch=job.batch)
     compute = [i for i, slot in enumerate(r.slots) if slot.stream == "compute"]
     busy = sum(r.busy_s[i] for i in compute) / max(len(compute), 1)

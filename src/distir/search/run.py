@@ -52,7 +52,7 @@ from distir.search.store import ResultStore, StoreError, dumps, loads, search_ke
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
-STORE_VERSION = 4  # bump when the cost model or the result format changes: old results go stale
+STORE_VERSION = 5  # bump when the cost model or the result format changes: old results go stale
 
 
 @dataclass(frozen=True)

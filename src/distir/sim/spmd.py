@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from distir.ir.dtensor import DTensorType, Mesh, Partial, Replicate, Shard, split_sizes
+from distir.ir.dtensor import DTensorType, Mesh, Partial, Replicate, Shard, shares_of, split_sizes
 from distir.ir.ops import Op
 from distir.ir.types import ScalarType, TensorType, Type
 from distir.ir.values import Attrs
@@ -193,6 +193,14 @@ def redistribute_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[
     steps = step_types(src, dst)
     for *_, after in steps:  # the layouts it passes through (``Units.assume`` notes every type)
         dom.note(after)
+    for ax, a, _before, after in steps:  # as materialization: ReduceScatter/AllToAll split evenly
+        b = after.placements[ax]
+        if shares_of(mesh.shape[ax]) is not None and isinstance(b, Shard) and not isinstance(a, Replicate):
+            raise OpTypeError(
+                f"Redistribute {a} -> {b} along mesh axis {mesh.axes[ax][0]} with uneven shares: "
+                "not supported yet",
+                0,
+            )
     for t in (src, *(after for *_, after in steps)):
         dims = [p.dim for p in t.placements if isinstance(p, Shard)]
         if len(dims) != len(set(dims)):  # as materialization: no lowering through such a layout
