@@ -357,7 +357,7 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
         if picks:
             anneal(req, screen, screened, progress, pool, picks, then=start_early)
         if heterogeneous(cluster):
-            add_shares(screen, screened, pool=pool)
+            n += add_shares(screen, screened, pool=pool)  # the proposals count as screened
         t2 = time.perf_counter()
         chosen = pick_exact(screened, req.top, pure=req.explain)
         tasks = [str(s) for s in chosen]
