@@ -107,8 +107,12 @@ def test_why_not_is_none_exactly_for_the_shapes_the_space_has() -> None:
         Space(12, 48, 7, (1, 2, 3, 4)),
         Space(8, 36, 3, (1, 2), pins=Pins(pp=2)),
         Space(6, 4, 9, (1, 3)),
+        Space(8, 64, 6, (1, 2, 4, 8), pins=Pins(schedule="zb1")),
+        Space(8, 64, 6, (1, 2, 4, 8), pins=Pins(k=16)),
+        Space(8, 64, 6, (1, 2, 4, 8), train=False, pins=Pins(schedule="gpipe")),
+        Space(8, 64, 5, (1, 2, 4, 8), pins=Pins(schedule="interleaved")),
     ):
-        have = set(space.triples())
+        have = {(b.d, b.t, b.p) for b in space.bases()}
         for d in divisors(space.devices):
             for t in divisors(space.devices // d):
                 p = space.devices // (d * t)

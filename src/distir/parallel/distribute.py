@@ -179,6 +179,13 @@ class _Builder:
                 f"{s}: chunk_times give {[len(x) for x in chunk_times]} forward and backward times for "
                 f"{len(self.chunks)} chunks"
             )
+        if chunk_times is not None:
+            # a zero-length action would end before it starts in the event order below
+            bad = [(c, x) for xs in chunk_times[: 2 if train else 1] for c, x in enumerate(xs)]
+            bad = [(c, x) for c, x in bad if not (isinstance(x, int | float) and 0 < x < float("inf"))]
+            if bad:
+                c, x = bad[0]
+                raise StrategyError(f"{s}: chunk_times must be positive and finite, got {x!r} for chunk {c}")
         self.chunk_times = chunk_times
         self.n_in = len(model.inputs)
         self.weight_params = set(model.forward.params[self.n_in :])

@@ -28,7 +28,7 @@ from multiprocessing.context import BaseContext
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Final
 
-from distir.search.store import ResultStore, dumps, loads
+from distir.search.store import DuplicateResult, ResultStore, dumps, loads
 
 __all__ = ["EXECUTORS", "ExecutorError", "local_pool", "new_pool", "run_all", "start", "stop_pool"]
 
@@ -315,7 +315,12 @@ def run_all(
 
     def on_result(task: str, result: Result) -> None:
         if store is not None:
-            store.put(task, result)
+            try:
+                store.put(task, result)
+            except DuplicateResult:
+                # another process running the same search stored it first: theirs stands (the
+                # same inputs give the same result), this search goes on
+                result = store.done()[task]
         results[task] = result
         if progress is not None:
             progress(len(results), total)

@@ -105,8 +105,8 @@ class Space:
             )
 
     def why_not(self, d: int, t: int, p: int) -> str | None:
-        """Why the space has no strategy of shape (d, t, p), in words (``None``: it has some);
-        the conditions of ``triples``."""
+        """Why the space has no strategy of shape (d, t, p), in words (``None``: exactly when
+        ``bases`` yields some); the conditions of ``triples`` and ``bases``."""
         pins = self.pins
         for name, x, pin in (("dp", d, pins.dp), ("tp", t, pins.tp), ("pp", p, pins.pp)):
             if pin is not None and x != pin:
@@ -123,6 +123,23 @@ class Space:
             return f"the model has {self.n_layers} layer calls, fewer than {p} stages"
         if self.batch % d:
             return f"the batch {self.batch} does not split {d} ways"
+        # the rules of ``bases``
+        per_replica = self.batch // d
+        if pins.k is not None and per_replica % pins.k:
+            return f"-k {pins.k} does not divide the per-replica batch {per_replica}"
+        sched = pins.schedule
+        if p == 1 and sched not in (None, "1f1b", "gpipe"):
+            return f"--schedule {sched} needs a pipeline (p > 1)"
+        if p > 1 and not self.train and sched not in (None, "1f1b"):
+            return f"inference runs its pipeline in 1f1b order, not --schedule {sched}"
+        if next((b for b in self.bases() if (b.d, b.t, b.p) == (d, t, p)), None) is None:
+            if sched == "interleaved" and 2 * p > self.n_layers:
+                return (
+                    f"--schedule interleaved needs 2·p = {2 * p} layer calls, the model has {self.n_layers}"
+                )
+            if sched == "interleaved":
+                return f"--schedule interleaved needs k a multiple of p = {p}, and no such k is allowed"
+            return "no microbatch count and schedule of this shape fits the pins"
         return None
 
     def triples(self) -> Iterator[tuple[int, int, int]]:

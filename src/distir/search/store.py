@@ -36,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-__all__ = ["SCHEMA_VERSION", "ResultStore", "StoreError", "dumps", "loads", "search_key"]
+__all__ = ["SCHEMA_VERSION", "DuplicateResult", "ResultStore", "StoreError", "dumps", "loads", "search_key"]
 
 SCHEMA_VERSION: Final = 1
 # "dIst" in ASCII: tells a distir store from any other SQLite file, whose application_id is 0.
@@ -63,6 +63,10 @@ _SCHEMA: Final = (
 
 class StoreError(Exception):
     """A result store cannot be opened, read or written; the message names the file and the problem."""
+
+
+class DuplicateResult(StoreError):
+    """``put`` of a strategy the search already has a result for (another process stored it)."""
 
 
 def _plain(value: object, where: str) -> Any:
@@ -246,7 +250,15 @@ class ResultStore:
             )
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot read results of search {self.key}: {exc}") from exc
-        return {strategy: loads(text) for strategy, text in rows}
+        out: dict[str, dict[str, Any]] = {}
+        for strategy, text in rows:
+            try:
+                out[strategy] = loads(text)
+            except ValueError as exc:
+                raise StoreError(
+                    f"{self.path}: the stored result of {strategy!r} in search {self.key} is not JSON: {exc}"
+                ) from exc
+        return out
 
     def put(self, strategy: str, result: Mapping[str, Any]) -> None:
         """Store ``strategy``'s result, committed and synced before returning.
@@ -262,7 +274,7 @@ class ResultStore:
                 (self.key, strategy, text, time.time()),
             )
         except sqlite3.IntegrityError as exc:
-            raise StoreError(
+            raise DuplicateResult(
                 f"{self.path}: search {self.key} already has a result for strategy {strategy!r}"
             ) from exc
         except sqlite3.Error as exc:
@@ -284,7 +296,17 @@ class ResultStore:
             raise StoreError(f"{self.path}: cannot read search {self.key}: {exc}") from exc
         if row is None or row[0] is None:
             return None
-        payload: dict[str, Any] = loads(row[0])
+        try:
+            payload = loads(row[0])
+        except ValueError as exc:  # JSONDecodeError: the file was edited or damaged
+            raise StoreError(
+                f"{self.path}: the stored output of search {self.key} is not JSON: {exc}"
+            ) from exc
+        if not isinstance(payload, dict):
+            raise StoreError(
+                f"{self.path}: the stored output of search {self.key} is a {type(payload).__name__}, "
+                "not an object"
+            )
         return payload
 
     def close(self) -> None:
