@@ -62,7 +62,7 @@ def test_amp_heterogeneous_cluster_pipelines_across_slow_links(batch: int) -> No
     assert s.p > 1
     # some pipeline boundary crosses nodes (the 10-50 Gb/s links)
     cl = parse_cluster(cluster)
-    place = s.placement or tuple(range(s.devices))
+    place = s.gpus
     n = s.d * s.t
     nodes = [{cl.node_of(place[j * n + i]) for i in range(n)} for j in range(s.p)]
     assert any(nodes[j] != nodes[j + 1] for j in range(s.p - 1))
@@ -95,7 +95,7 @@ def test_mixed_replicas_take_uneven_batch_shares() -> None:
     s = parse_strategy(str(best["strategy"]))
     assert s.shares is not None, best["strategy"]
     cl = parse_cluster(str(job["cluster"]))
-    place = s.placement or tuple(range(s.devices))
+    place = s.gpus
     kinds = [cl.kind_of(place[r * s.t]) for r in range(s.d)]
     fast = [w for w, k in zip(s.shares, kinds, strict=True) if "V100" in k]
     slow = [w for w, k in zip(s.shares, kinds, strict=True) if "V100" not in k]

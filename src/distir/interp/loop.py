@@ -130,3 +130,33 @@ def interpret(
     except KeyError:
         raise InterpretError("returns an undefined value", [(fn.name, "return")]) from None
     return result, env
+
+
+def walk_unchecked(
+    module: Module,
+    fn: Function,
+    args: Sequence[V],
+    domain: Domain[V],
+    trace: tuple[list[list[V]], list[Sequence[V]]] | None = None,
+) -> dict[Value, V]:
+    """``interpret``'s walk without its per-op error reporting, for hot paths whose callers
+    re-run ``interpret`` on a failure to report it: the final state (outputs not looked up).
+    With ``trace``, each instruction's arguments and results are appended to its two lists."""
+    env: dict[Value, V] = dict(zip(fn.params, args, strict=True))
+    env_of = env.__getitem__
+    update = env.update
+    op_fn, call_fn = domain.op, domain.call
+    for instr in fn.body:
+        ins = list(map(env_of, instr.inputs))
+        if type(instr) is Op:
+            outs = op_fn(instr, ins)
+        else:
+            assert isinstance(instr, Call)
+            outs = call_fn(module, instr, module[instr.callee], ins)
+        if len(outs) != len(instr.outputs):
+            raise OpTypeError("result count mismatch")
+        update(zip(instr.outputs, outs, strict=True))
+        if trace is not None:
+            trace[0].append(ins)
+            trace[1].append(outs)
+    return env

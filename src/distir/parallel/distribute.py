@@ -23,6 +23,7 @@ programs. Its shape:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from operator import itemgetter
 
@@ -116,7 +117,7 @@ def device_map(strategy: Strategy, comm_streams: bool = False) -> DeviceMap:
     GPU ``placement[i]`` (GPU i by default) and, with communication streams, d<(k+1)·N+i> on that
     GPU's stream ``STREAMS[k]``."""
     n = strategy.devices
-    order = strategy.placement or tuple(range(n))
+    order = strategy.gpus
     mapping = {Device(i): Slot(order[i]) for i in range(n)}
     if comm_streams:
         for k, stream in enumerate(STREAMS):
@@ -179,13 +180,13 @@ class _Builder:
                 f"{s}: chunk_times give {[len(x) for x in chunk_times]} forward and backward times for "
                 f"{len(self.chunks)} chunks"
             )
-        if chunk_times is not None:
-            # a zero-length action would end before it starts in the event order below
-            bad = [(c, x) for xs in chunk_times[: 2 if train else 1] for c, x in enumerate(xs)]
-            bad = [(c, x) for c, x in bad if not (isinstance(x, int | float) and 0 < x < float("inf"))]
-            if bad:
-                c, x = bad[0]
-                raise StrategyError(f"{s}: chunk_times must be positive and finite, got {x!r} for chunk {c}")
+        # a zero-length action would end before it starts in the event order of ``build``
+        for xs in chunk_times[: 2 if train else 1] if chunk_times is not None else ():
+            for c, x in enumerate(xs):
+                if not (isinstance(x, int | float) and 0 < x < math.inf):
+                    raise StrategyError(
+                        f"{s}: chunk_times must be positive and finite, got {x!r} for chunk {c}"
+                    )
         self.chunk_times = chunk_times
         self.n_in = len(model.inputs)
         self.weight_params = set(model.forward.params[self.n_in :])

@@ -309,16 +309,9 @@ def _redistribute(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Val
         if mesh.shape[ax] == 1:  # one device holds the whole along this axis: nothing moves
             cur = nxt
             continue
-        if (
-            shares_of(mesh.shape[ax]) is not None
-            and isinstance(b, Shard)
-            and not isinstance(cur[ax], Replicate)
-        ):
-            # ReduceScatter and AllToAll split near-equally
-            raise ShardingError(
-                f"`{print_op(op)}`: {cur[ax]} -> {b} along mesh axis {mesh.axes[ax][0]} with uneven shares "
-                "is not supported yet"
-            )
+        why = unsupported_step(mesh, ax, cur[ax], b)
+        if why is not None:
+            raise ShardingError(f"`{print_op(op)}`: {why}")
         for group in mesh.groups(ax):
             ins = [pieces[d] for d in group]
             outs = _lower(fb, cur[ax], b, ins, group, t_next, dst_v.name, print_op(op))
@@ -327,6 +320,15 @@ def _redistribute(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Val
         cur = nxt
     for d in mesh.devices:
         local[(dst_v, d)] = pieces[d]
+
+
+def unsupported_step(mesh: Mesh, ax: int, a: Placement, b: Placement) -> str | None:
+    """Why the step ``a -> b`` along ``mesh``'s axis ``ax`` has no lowering, or None: along an axis
+    with uneven shares, ReduceScatter and AllToAll would split near-equally. The simulator refuses
+    what materialization cannot lower (``distir.sim.spmd``)."""
+    if shares_of(mesh.shape[ax]) is not None and isinstance(b, Shard) and not isinstance(a, Replicate):
+        return f"{a} -> {b} along mesh axis {mesh.axes[ax][0]} with uneven shares is not supported yet"
+    return None
 
 
 def redistribute_steps(src: Sequence[Placement], dst: Sequence[Placement]) -> list[tuple[int, Placement]]:

@@ -108,6 +108,11 @@ class Strategy:
     def chunks(self) -> int:
         return self.p * self.v
 
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        """The cluster GPU of each program device: the placement, else GPU i for device i."""
+        return self.placement or tuple(range(self.devices))
+
     def __str__(self) -> str:
         parts = [f"d{self.d}", f"t{self.t}", *(["sp"] if self.sp else []), f"p{self.p}", f"k{self.k}"]
         parts.append(self.schedule)

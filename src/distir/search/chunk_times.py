@@ -30,7 +30,7 @@ def chunk_times(
     chunks = partition(model, s, n_layers)
     prof = cached_profiler(spec, cluster, dtype, train)
     b = max(1, model.batch // (s.d * s.k))
-    place = s.placement or tuple(range(s.devices))
+    place = s.gpus
     n = s.d * s.t
     by_stage = [prof.layers(s.t, b, list(place[j * n : j * n + s.t]), s.recompute) for j in range(s.p)]
     fwd: list[float] = []

@@ -257,9 +257,7 @@ def anneal(
     jobs: list[tuple[int, Strategy, tuple[int, ...]]] = []
     for i in picks:
         s = screened[i].strategy
-        jobs.append(
-            (i, replace(s, partition="uniform", placement=None), s.placement or tuple(range(s.devices)))
-        )
+        jobs.append((i, replace(s, partition="uniform", placement=None), s.gpus))
     futures: dict[int, Future[tuple[tuple[int, ...], float]]] = {}
     if pool is not None and len(jobs) > 1:
         for n in sorted(range(len(jobs)), key=lambda n: -jobs[n][1].p):

@@ -228,7 +228,7 @@ class Screen:
         own) depends on the replica groups."""
         pr = self.problem
         if placement is None:
-            placement = s.placement or tuple(range(s.devices))
+            placement = s.gpus
         tb = self._tables_of(s)
         pl = tuple(placement)
         n = s.d * s.t

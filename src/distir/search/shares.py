@@ -183,8 +183,8 @@ def add_shares(
         s = e.strategy
         if len(cands) >= n or best is None or e.step_time_s > SHARES_REACH * best:
             break  # (sorted best first) shares cannot bring it near the best
-        if e.fits and s.d > 1 and not s.zero and s.shares is None and mixed_replicas(screen, s, _place(s)):
-            c = candidates(screen, s, _place(s))
+        if e.fits and s.d > 1 and not s.zero and s.shares is None and mixed_replicas(screen, s, s.gpus):
+            c = candidates(screen, s, s.gpus)
             if c is not None:
                 cands.append(c)
     if pool is not None:
@@ -199,11 +199,6 @@ def add_shares(
             added += 1
     screened.sort(key=rank_key)  # stable: the proposals land after equal estimates
     return added
-
-
-def _place(s: Strategy) -> tuple[int, ...]:
-    """``s``'s placement, the identity when it has none."""
-    return s.placement or tuple(range(s.devices))
 
 
 __all__ = [

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from distir.interp.loop import interpret
+from distir.interp.loop import interpret, walk_unchecked
 from distir.interp.shapes import Concrete, Mixed, TypeDomain, check_arguments, check_declared, type_of
 from distir.ir.dtensor import DTensorType
 from distir.ir.function import Function, Module
@@ -310,22 +310,9 @@ class PlanDomain(TypeDomain):
     def _walk_plain(
         self, fn: Function, args: Sequence[Mixed]
     ) -> tuple[tuple[Mixed, ...], dict[Value, Mixed]]:
-        """``_walk`` of a body no ``Units.prepare`` walked: the state built here."""
-        env: dict[Value, Mixed] = dict(zip(fn.params, args, strict=True))
-        env_of = env.__getitem__
-        update = env.update
-        module = self.module
-        outs: Sequence[Mixed]
-        for instr in fn.body:
-            ins = list(map(env_of, instr.inputs))
-            if type(instr) is Op:  # ``op`` answers a repeated op from its memo
-                outs = self.op(instr, ins)
-            else:
-                assert isinstance(instr, Call)
-                outs = self.call(module, instr, module[instr.callee], ins)
-            if len(outs) != len(instr.outputs):
-                raise OpTypeError("result count mismatch")
-            update(zip(instr.outputs, outs, strict=True))
+        """``_walk`` of a body no ``Units.prepare`` walked: the state built here (``op`` answers a
+        repeated op from its memo)."""
+        env = walk_unchecked(self.module, fn, args, self)
         return tuple(env[v] for v in fn.outputs), env
 
 

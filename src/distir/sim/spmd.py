@@ -17,7 +17,8 @@ of its mesh, each device working on its own piece (``distir.parallel.materialize
 With even shards this gives exactly the step time and per-device peak memory of simulating the
 materialized program. With uneven shards the step time is an upper bound: a materialized device
 with a smaller piece goes on to its next op early, while here every device waits for the largest
-piece; memory stays exact. Known differences from the materialized simulation:
+piece (and counts that wait as busy: uneven batch shares show less idle time than their
+materialized form); memory stays exact. Known differences from the materialized simulation:
 
 - a constant of the logical program (a plain value) is made on its one device here, on every
   device of its users' meshes once materialized (small; it may add a unit for its device);
@@ -41,11 +42,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from distir.ir.dtensor import DTensorType, Mesh, Partial, Replicate, Shard, shares_of, split_sizes
+from distir.ir.dtensor import DTensorType, Mesh, Partial, Replicate, Shard, split_sizes
 from distir.ir.ops import Op
 from distir.ir.types import ScalarType, TensorType, Type
 from distir.ir.values import Attrs
 from distir.ops.registry import REGISTRY, CommPattern, OpDef, OpKind, OpTypeError, mesh_free
+from distir.parallel.materialize import unsupported_step
 from distir.sim.layout import local_piece, mesh_info, piece_bytes, step_types, uniform_shape
 from distir.sim.units import Units, per_gpu
 
@@ -193,14 +195,10 @@ def redistribute_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[
     steps = step_types(src, dst)
     for *_, after in steps:  # the layouts it passes through (``Units.assume`` notes every type)
         dom.note(after)
-    for ax, a, _before, after in steps:  # as materialization: ReduceScatter/AllToAll split evenly
-        b = after.placements[ax]
-        if shares_of(mesh.shape[ax]) is not None and isinstance(b, Shard) and not isinstance(a, Replicate):
-            raise OpTypeError(
-                f"Redistribute {a} -> {b} along mesh axis {mesh.axes[ax][0]} with uneven shares: "
-                "not supported yet",
-                0,
-            )
+    for ax, a, _before, after in steps:
+        why = unsupported_step(mesh, ax, a, after.placements[ax])
+        if why is not None:
+            raise OpTypeError(f"Redistribute {why}", 0)
     for t in (src, *(after for *_, after in steps)):
         dims = [p.dim for p in t.placements if isinstance(p, Shard)]
         if len(dims) != len(set(dims)):  # as materialization: no lowering through such a layout

@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
-from distir.interp.loop import interpret
+from distir.interp.loop import interpret, walk_unchecked
 from distir.interp.shapes import Concrete, Mixed, TypeDomain, check_declared, type_of
 from distir.ir.dtensor import DTensorType, Mesh
 from distir.ir.function import Function, Module
-from distir.ir.ops import Call, Op
+from distir.ir.ops import Op
 from distir.ir.types import Device, ScalarType, TensorType, TupleType, Type
 from distir.ir.values import Value
 from distir.ops.registry import CommCost, CommPattern, OpTypeError
@@ -120,22 +120,9 @@ class _TypeCollector(TypeDomain):
         types), so call sites that share a results tuple (of at least one value: the empty tuple
         is one object) share their callee and argument types."""
         try:
-            env: dict[Value, Mixed] = dict(zip(fn.params, args, strict=True))
-            env_of = env.__getitem__
             ins_at: list[list[Mixed]] = []
             outs_at: list[Sequence[Mixed]] = []
-            for instr in fn.body:
-                ins = list(map(env_of, instr.inputs))
-                if type(instr) is Op:
-                    outs = self.op(instr, ins)
-                else:
-                    assert isinstance(instr, Call)
-                    outs = self.call(module, instr, module[instr.callee], ins)
-                if len(outs) != len(instr.outputs):
-                    raise OpTypeError("result count mismatch")
-                env.update(zip(instr.outputs, outs, strict=True))
-                ins_at.append(ins)
-                outs_at.append(outs)
+            env = walk_unchecked(module, fn, args, self, (ins_at, outs_at))
             for v in fn.outputs:
                 env[v]  # an undefined result is an error (as in ``interpret``)
             return env, ins_at, outs_at
