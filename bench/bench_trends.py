@@ -1,0 +1,121 @@
+"""Search quality figures (issue 6). Prints figures; asserts nothing (``tests/search/test_trends.py``
+asserts the thresholds).
+
+    .venv/bin/python bench/bench_trends.py
+
+1. AMP's heterogeneous cluster (GPT-2 24 × 1024, batch 32): the winner vs pure d = 16.
+2. The TransGAN-like model on 4 × p3.8xlarge: the cost-balanced layer split vs the uniform one.
+3. Batch shares: a V100 node and a T4 node, pipelines pinned off: the winner vs its even split.
+4. Program order: TransGAN's 16-stage GPipe written in the order of the weight counts vs of the
+   cost model's chunk times (``search/chunk_times.py``).
+5. Screen calibration: the screen's estimate / the exact simulation over the 24 best strategies.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import replace
+
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+from distir.autodiff.train import Optimizer  # noqa: E402
+from distir.frontends.zoo.registry import build_model, parse_model_string  # noqa: E402
+from distir.hardware.cluster import parse_cluster  # noqa: E402
+from distir.ir.types import DType  # noqa: E402
+from distir.parallel.distribute import device_map, distribute  # noqa: E402
+from distir.parallel.strategy import parse_strategy  # noqa: E402
+from distir.search.chunk_times import chunk_times  # noqa: E402
+from distir.search.rerank import ExactJob, evaluate  # noqa: E402
+from distir.search.run import SearchRequest, search  # noqa: E402
+from distir.search.space import Pins  # noqa: E402
+from distir.sim.simulate import simulate  # noqa: E402
+
+GPT_AMP = "gpt:layers=24,hidden=1024,heads=16,seq=1024"
+SMALL_GPT = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=512"
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.1f} ms"
+
+
+def amp_heterogeneous() -> None:
+    req = SearchRequest(
+        model=GPT_AMP, cluster="p3.8xlarge:3+g4dn.12xlarge:1", batch=32, top=2, anneal_iters=100, explain=True
+    )
+    out = search(req)
+    best = out.best()
+    assert best is not None
+    pure = next(r for r in out.results if r["strategy"].startswith("d16.t1.p1"))
+    ratio = pure["step_time_s"] / best["step_time_s"]
+    print(
+        f"1. AMP heterogeneous: {best['strategy']} {_ms(best['step_time_s'])} vs {pure['strategy']} "
+        f"{_ms(pure['step_time_s'])}: {ratio:.2f}x"
+    )
+
+
+def transgan_balance() -> None:
+    job = dict(model="transgan-hetero", cluster="p3.8xlarge:4", batch=64)
+    best = search(SearchRequest(top=2, anneal_iters=0, **job)).best()  # type: ignore[arg-type]
+    assert best is not None
+    s = parse_strategy(str(best["strategy"]))
+    uniform = evaluate(ExactJob(**job), str(replace(s, partition="uniform")))  # type: ignore[arg-type]
+    ratio = uniform["step_time_s"] / best["step_time_s"]
+    print(
+        f"2. TransGAN: {s} {_ms(best['step_time_s'])} vs uniform split {_ms(uniform['step_time_s'])}: "
+        f"{ratio:.2f}x"
+    )
+
+
+def batch_shares() -> None:
+    job = dict(model=SMALL_GPT, cluster="p3.8xlarge:1+g4dn.12xlarge:1", batch=48)
+    best = search(SearchRequest(top=3, pins=Pins(pp=1), **job)).best()  # type: ignore[arg-type]
+    assert best is not None
+    s = parse_strategy(str(best["strategy"]))
+    even = evaluate(ExactJob(**job), str(replace(s, shares=None)))  # type: ignore[arg-type]
+    ratio = even["step_time_s"] / best["step_time_s"]
+    print(
+        f"3. batch shares (--pp 1): {s} {_ms(best['step_time_s'])} vs even {_ms(even['step_time_s'])}: "
+        f"{ratio:.2f}x"
+    )
+
+
+def program_order() -> None:
+    s = parse_strategy("d1.t1.p16.k16.gpipe.L1-1-1-1-1-1-1-1-1-1-1-2-1-1-5-6")
+    model = build_model("transgan-hetero", 64)
+    cl = parse_cluster("p3.8xlarge:4")
+    times = chunk_times(model, parse_model_string("transgan-hetero"), cl, DType.f32, True, s)
+    steps = []
+    for ct in (None, times):
+        prog = distribute(model, s, Optimizer("adam"), comm_streams=True, chunk_times=ct)
+        steps.append(simulate(prog, cl, device_map(s, True), batch=64).step_time_s)
+    print(f"4. program order, {s}: by weight counts {_ms(steps[0])}, by chunk times {_ms(steps[1])}")
+
+
+def calibration() -> None:
+    print("5. screen / exact over the 24 best (median, min, max):")
+    for label, model, cluster, batch in (
+        ("GPT-2 117M, 3 × p3.8xlarge + g4dn", "gpt2-117m", "p3.8xlarge:3+g4dn.12xlarge:1", 32),
+        ("TransGAN-like, 4 × p3.8xlarge", "transgan-hetero", "p3.8xlarge:4", 64),
+    ):
+        out = search(SearchRequest(model=model, cluster=cluster, batch=batch, top=24, workers=2))
+        ratios = [
+            r["screen_step_time_s"] / r["step_time_s"] for r in out.results if "screen_step_time_s" in r
+        ]
+        print(
+            f"   {label:36s} {statistics.median(ratios):.3f} ({min(ratios):.2f}-{max(ratios):.2f}, "
+            f"{len(ratios)} strategies)"
+        )
+
+
+def main() -> None:
+    amp_heterogeneous()
+    transgan_balance()
+    batch_shares()
+    program_order()
+    calibration()
+
+
+if __name__ == "__main__":
+    main()
