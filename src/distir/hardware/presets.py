@@ -12,6 +12,11 @@ Conventions:
   5 µs, AWS Ethernet 30-50 µs), every kernel launch overhead (5 µs on GPUs), the p3.8xlarge
   intra-node bandwidth (see there), T4 fp64, and all of ``local``. A calibration profile
   (``distir calibrate``) replaces them with fitted values.
+- **Matrix-product efficiency** (``GemmProfile``, the curve of ``distir.hardware.gemm``): SM
+  counts from NVIDIA's architecture whitepapers; each GPU's published GEMM benchmark point
+  (fraction of the dense peak at a shape) is named in its profile's ``source``.
+- **Runtime memory** (``RuntimeMemory``, ``CUDA_RUNTIME``): what a PyTorch training process
+  holds on a GPU besides tensors; its figures and their sources are listed there.
 
 ``node_record`` / ``clusters_json`` / ``render_clusters_table`` describe node types in the units
 of the TOML cluster format (TFLOP/s, GB/s, GiB, µs), so a JSON row reads like a TOML node type.
@@ -23,7 +28,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from distir.hardware.specs import DeviceSpec, LinkSpec, NodeSpec
+from distir.hardware.gemm import ceiling
+from distir.hardware.specs import DeviceSpec, GemmProfile, LinkSpec, NodeSpec, RuntimeMemory
 from distir.ir.types import DType
 
 if TYPE_CHECKING:
@@ -32,6 +38,53 @@ if TYPE_CHECKING:
 TERA = 1e12
 GIGA = 1e9
 GIB = 1 << 30
+MIB = 1 << 20
+
+CUDA_RUNTIME = RuntimeMemory(
+    context_bytes=512 * MIB,
+    workspace_bytes=64 * MIB,
+    comm_bytes=512 * MIB,
+    fragmentation=0.05,
+    source="CUDA context 512 MiB: estimate between the ~720 MiB measured on first CUDA use "
+    "(https://discuss.pytorch.org/t/what-is-the-reason-for-pytorchs-gpu-memory-floor/73021) and the "
+    "smaller context of CUDA lazy loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2); "
+    "workspaces 64 MiB: cuBLAS's per-stream workspace (PyTorch CUBLAS_WORKSPACE_CONFIG, up to "
+    "4096 KiB x 8 = 32 MiB on Hopper, https://docs.pytorch.org/docs/stable/notes/randomness.html) plus "
+    "cuBLASLt/cuDNN; NCCL 512 MiB: estimate from NCCL_BUFFSIZE (4 MiB per channel and peer, send and "
+    "receive, https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html) over a few "
+    "communicators of up to 16 channels; allocator 5% of the peak: estimate of the caching allocator's "
+    "reserved-but-unallocated memory (https://docs.pytorch.org/docs/stable/notes/cuda.html#memory-management)",
+)
+"""What a PyTorch training process holds on a GPU besides its tensors (the presets' default)."""
+
+_MAMF = "https://github.com/stas00/ml-engineering/tree/master/compute/accelerator#maximum-achievable-matmul-flops-comparison-table"
+_V100_GEMM = GemmProfile(
+    sms=80,
+    fraction=83 / 125,
+    fp32_fraction=(83 / 7) / 15.7,
+    anchor=(8192, 8192, 8192),
+    source="Markidis et al. 2018, 'NVIDIA Tensor Core Programmability, Performance & Precision' "
+    "(IPDPSW, arXiv:1803.04014): cuBLAS GEMM on V100 up to 83 TFLOP/s mixed precision (of 125), "
+    "7x its fp32 SGEMM; anchor: large square (8192^3, estimate of the paper's largest sizes)",
+)
+_A100_GEMM = GemmProfile(
+    sms=108,
+    fraction=267.9 / 312,
+    anchor=(6912, 16384, 2048),
+    source=f"MAMF table (bf16 matmul, CUDA 12.1): A100 SXM 267.9 of 312 TFLOP/s at 6912x16384x2048, {_MAMF}",
+)
+_H100_GEMM = GemmProfile(
+    sms=132,
+    fraction=792.1 / 989,
+    anchor=(6144, 17920, 2816),
+    source=f"MAMF table (bf16 matmul, CUDA 12.1): H100 SXM 792.1 of 989 TFLOP/s at 6144x17920x2816, {_MAMF}",
+)
+_T4_GEMM = GemmProfile(
+    sms=40,
+    fraction=0.75,
+    anchor=(8192, 8192, 8192),
+    source="estimate: no published T4 GEMM benchmark found; the former flat 75% at a large square GEMM",
+)
 
 
 def us(x: float) -> float:
@@ -48,6 +101,7 @@ def _gpu(
     fp64: float,
     hbm_gb_s: float,
     mem_gib: int,
+    gemm: GemmProfile,
     launch_us: float = 5.0,
 ) -> DeviceSpec:
     """A DeviceSpec from sheet units: TFLOP/s, GB/s, GiB, µs."""
@@ -61,6 +115,8 @@ def _gpu(
         memory_bandwidth=hbm_gb_s * GIGA,
         memory_bytes=mem_gib * GIB,
         launch_overhead_s=us(launch_us),
+        gemm=gemm,
+        runtime=CUDA_RUNTIME,
     )
 
 
@@ -68,12 +124,12 @@ def _link(gb_s: float, latency_us: float) -> LinkSpec:
     return LinkSpec(gb_s * GIGA, us(latency_us))
 
 
-V100_SXM3_32GB = _gpu("V100-SXM3-32GB", 15.7, 15.7, 125.0, 15.7, 7.8, 900.0, 32)
-V100_SXM2_16GB = _gpu("V100-SXM2-16GB", 15.7, 15.7, 125.0, 15.7, 7.8, 900.0, 16)
-A100_SXM_80GB = _gpu("A100-SXM-80GB", 19.5, 156.0, 312.0, 312.0, 9.7, 2039.0, 80)
-H100_SXM_80GB = _gpu("H100-SXM-80GB", 67.0, 494.5, 989.5, 989.5, 34.0, 3350.0, 80)
+V100_SXM3_32GB = _gpu("V100-SXM3-32GB", 15.7, 15.7, 125.0, 15.7, 7.8, 900.0, 32, _V100_GEMM)
+V100_SXM2_16GB = _gpu("V100-SXM2-16GB", 15.7, 15.7, 125.0, 15.7, 7.8, 900.0, 16, _V100_GEMM)
+A100_SXM_80GB = _gpu("A100-SXM-80GB", 19.5, 156.0, 312.0, 312.0, 9.7, 2039.0, 80, _A100_GEMM)
+H100_SXM_80GB = _gpu("H100-SXM-80GB", 67.0, 494.5, 989.5, 989.5, 34.0, 3350.0, 80, _H100_GEMM)
 # T4 fp64 is 1/32 of fp32 (not on the sheet; estimate).
-T4_16GB = _gpu("T4-16GB", 8.1, 8.1, 65.0, 8.1, 0.25, 320.0, 16)
+T4_16GB = _gpu("T4-16GB", 8.1, 8.1, 65.0, 8.1, 0.25, 320.0, 16, _T4_GEMM)
 
 _V100_SHEET = (
     "https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf"
@@ -178,8 +234,36 @@ def node_record(key: str, node: NodeSpec) -> dict[str, Any]:
         "inter_bandwidth_gb_s": node.inter.bandwidth / GIGA,
         "inter_latency_us": node.inter.latency_s * 1e6,
         "source": node.source,
+        **_gemm_record(d),
+        **_runtime_record(d),
     }
     return {k: round(v, 6) if isinstance(v, float) else v for k, v in rec.items()}
+
+
+def _gemm_record(d: DeviceSpec) -> dict[str, Any]:
+    """The matrix-product profile in TOML keys; ``matmul_ceiling`` is the curve's asymptote."""
+    g = d.gemm
+    if g is None:
+        return {"sm_count": None, "matmul_efficiency": None, "matmul_source": "flat fraction of peak (no profile)"}
+    return {
+        "sm_count": g.sms,
+        "matmul_efficiency": g.fraction,
+        "matmul_fp32_efficiency": g.fp32_fraction if g.fp32_fraction is not None else g.fraction,
+        "matmul_anchor": list(g.anchor),
+        "matmul_ceiling": ceiling(g),
+        "matmul_source": g.source,
+    }
+
+
+def _runtime_record(d: DeviceSpec) -> dict[str, Any]:
+    r = d.runtime
+    return {
+        "cuda_context_mib": r.context_bytes / MIB,
+        "workspace_mib": r.workspace_bytes / MIB,
+        "comm_buffers_mib": r.comm_bytes / MIB,
+        "allocator_fragmentation": r.fragmentation,
+        "runtime_memory_source": r.source,
+    }
 
 
 def clusters_json() -> dict[str, Any]:
@@ -203,15 +287,23 @@ def render_clusters_table() -> Table:
         ("mem", "memory_gib"),
         ("intra", "intra_bandwidth_gb_s"),
         ("inter", "inter_bandwidth_gb_s"),
+        ("GEMM", "matmul_efficiency"),
+        ("runtime", "cuda_context_mib"),
         ("source", "source"),
     ]
     recs = clusters_json()["clusters"]
-    notes = "\n".join(f"[{i}] {r['source'].replace(' ; ', ' ')}" for i, r in enumerate(recs, 1))
+    notes = "\n".join(
+        f"[{i}] {r['source'].replace(' ; ', ' ')}\n    GEMM: {r['matmul_source']}" for i, r in enumerate(recs, 1)
+    )
+    runtime_sources = dict.fromkeys(r["runtime_memory_source"] for r in recs if r["runtime_memory_source"])
     table = Table(
         title="cluster presets: NAME or NAME:NODES, joined with + (e.g. p3.8xlarge:3+g4dn.12xlarge:1)",
         caption="GPUs per node; fp32..bf16: dense peak TFLOP/s; HBM: memory bandwidth, GB/s; mem: GiB; "
-        "intra: GPU↔GPU in a node, per GPU, GB/s; inter: network, per node, GB/s (per direction). "
-        f"Sources:\n{notes}",
+        "intra: GPU↔GPU in a node, per GPU, GB/s; inter: network, per node, GB/s (per direction); "
+        "GEMM: fraction of the dense peak a published GEMM benchmark reached (the efficiency curve of "
+        "distir.hardware.gemm passes through it; smaller or skinny products run below it); runtime: "
+        "memory held besides tensors, MiB (CUDA context + workspaces + NCCL buffers) + the allocator's "
+        f"share of the peak. Sources:\n{notes}\nRuntime memory: {' / '.join(runtime_sources)}",
         caption_justify="left",
     )
     for header, key in cols:
@@ -219,6 +311,11 @@ def render_clusters_table() -> Table:
         table.add_column(header, justify="right" if numeric else "left")
     for i, rec in enumerate(recs, 1):
         cells = [f"{rec[k]:g}" if isinstance(rec[k], float) else str(rec[k]) for _, k in cols]
+        eff = rec["matmul_efficiency"]
+        cells[-3] = f"{100 * eff:.0f}%" if eff is not None else "flat"
+        fixed = rec["cuda_context_mib"] + rec["workspace_mib"] + rec["comm_buffers_mib"]
+        frag = rec["allocator_fragmentation"]
+        cells[-2] = f"{fixed:g}+{100 * frag:g}%" if fixed or frag else "0"
         cells[-1] = f"[{i}]"
         table.add_row(*cells)
     return table

@@ -8,7 +8,9 @@ Invariants (checked on construction, so an ill-formed spec cannot exist):
 - a ``DeviceSpec`` has a non-empty name, positive finite FLOP/s for every precision, a positive
   finite memory bandwidth, a positive integer memory size and a non-negative launch overhead;
 - a ``LinkSpec`` has a positive bandwidth (possibly ``inf``) and a finite non-negative latency;
-- a ``NodeSpec`` has a non-empty name, a ``DeviceSpec``, at least one device and two links.
+- a ``NodeSpec`` has a non-empty name, a ``DeviceSpec``, at least one device and two links;
+- a ``GemmProfile`` has a positive SM count, fractions in (0, 1] and a positive anchor shape;
+- a ``RuntimeMemory`` has non-negative byte counts and a fragmentation fraction in [0, 1).
 """
 
 from __future__ import annotations
@@ -54,6 +56,77 @@ def _name(owner: str, x: object) -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class GemmProfile:
+    """How fast one GPU kind runs matrix products, for ``distir.hardware.gemm``.
+
+    ``sms``: streaming multiprocessors (the size of a wave of tiles). ``fraction``: the fraction
+    of the dense tensor-core peak (fp16/bf16/tf32) a published GEMM benchmark reached at the
+    shape ``anchor`` (M, N, K); ``fp32_fraction`` the same for fp32 on the CUDA cores (None:
+    ``fraction``). ``source`` names the benchmark. The efficiency curve passes through the
+    anchor point (see ``distir.hardware.gemm``)."""
+
+    sms: int
+    fraction: float
+    anchor: tuple[int, int, int]
+    source: str
+    fp32_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        owner = "gemm profile"
+        if not isinstance(self.sms, int) or isinstance(self.sms, bool) or self.sms < 1:
+            raise SpecError(f"{owner}: sms must be a positive int, got {self.sms!r}")
+        for f in ("fraction", "fp32_fraction"):
+            x = getattr(self, f)
+            if x is None and f == "fp32_fraction":
+                continue
+            _positive(owner, f, x)
+            if x > 1:
+                raise SpecError(f"{owner}: {f} must be at most 1 (a fraction of the peak), got {x!r}")
+        a = self.anchor
+        if not (isinstance(a, tuple) and len(a) == 3 and all(isinstance(x, int) and x >= 1 for x in a)):
+            raise SpecError(f"{owner}: anchor must be three positive ints (M, N, K), got {a!r}")
+        if not isinstance(self.source, str):
+            raise SpecError(f"{owner}: source must be a string, got {self.source!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeMemory:
+    """Device memory a training process holds besides its tensors (all default 0: none).
+
+    ``context_bytes``: the CUDA context (kernels, driver state); ``workspace_bytes``: library
+    workspaces (cuBLAS/cuBLASLt/cuDNN); ``comm_bytes``: communication buffers (NCCL);
+    ``fragmentation``: what the caching allocator reserves beyond the live tensors, as a
+    fraction of their peak. ``source`` says where the figures come from."""
+
+    context_bytes: int = 0
+    workspace_bytes: int = 0
+    comm_bytes: int = 0
+    fragmentation: float = 0.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        owner = "runtime memory"
+        for f in ("context_bytes", "workspace_bytes", "comm_bytes"):
+            x = getattr(self, f)
+            if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+                raise SpecError(f"{owner}: {f} must be a non-negative int (bytes), got {x!r}")
+        _non_negative(owner, "fragmentation", self.fragmentation)
+        if self.fragmentation >= 1:
+            raise SpecError(f"{owner}: fragmentation must be below 1 (a fraction), got {self.fragmentation!r}")
+        if not isinstance(self.source, str):
+            raise SpecError(f"{owner}: source must be a string, got {self.source!r}")
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Context, workspaces and communication buffers together."""
+        return self.context_bytes + self.workspace_bytes + self.comm_bytes
+
+    def overhead(self, peak_tensor_bytes: float) -> float:
+        """Bytes held besides tensors when the live tensors peak at ``peak_tensor_bytes``."""
+        return self.fixed_bytes + self.fragmentation * peak_tensor_bytes
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceSpec:
     """One accelerator (or a CPU standing in for one).
 
@@ -63,6 +136,8 @@ class DeviceSpec:
     (HBM/GDDR/DRAM) bandwidth in B/s, ``memory_bytes`` its capacity in bytes and
     ``launch_overhead_s`` the fixed cost of starting one kernel. ``name`` identifies the spec: two
     different specs in one cluster must not share a name (it is the simulator's cache key).
+    ``gemm`` describes its matrix-product throughput by shape (None: the cost model's flat
+    fraction of peak) and ``runtime`` the memory a process holds besides its tensors.
     """
 
     name: str
@@ -74,6 +149,8 @@ class DeviceSpec:
     memory_bytes: int
     launch_overhead_s: float
     fp64: float | None = None
+    gemm: GemmProfile | None = None
+    runtime: RuntimeMemory = RuntimeMemory()
 
     def __post_init__(self) -> None:
         _name("device spec", self.name)
@@ -86,6 +163,10 @@ class DeviceSpec:
             raise SpecError(f"{owner}: memory_bytes must be an int, got {self.memory_bytes!r}")
         _positive(owner, "memory_bytes", self.memory_bytes)
         _non_negative(owner, "launch_overhead_s", self.launch_overhead_s)
+        if self.gemm is not None and not isinstance(self.gemm, GemmProfile):
+            raise SpecError(f"{owner}: gemm must be a GemmProfile or None, got {self.gemm!r}")
+        if not isinstance(self.runtime, RuntimeMemory):
+            raise SpecError(f"{owner}: runtime must be a RuntimeMemory, got {self.runtime!r}")
 
     def peak_flops(self, dtype: DType, allow_tf32: bool = False) -> float:
         """Dense peak FLOP/s for arithmetic in ``dtype``.
