@@ -20,7 +20,7 @@ from distir.ir.values import Attrs, Value
 from distir.ops._rules import broadcast_shapes, float_attr, numel, out_numel_flops, same_dtype
 from distir.ops._special import normal_cdf
 from distir.ops.gradrules import GradCtx, GradRule, first, is_float, unbroadcast, zeros_like
-from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, Fusion, OpDef, TypeCtx, register
 from distir.ops.sharding import R, ShardingRule, Strategy, mul_rule, pointwise
 
 FAMILY = "elementwise"
@@ -62,6 +62,7 @@ def _binary(
         OpDef(
             name=name,
             family=FAMILY,
+            fusion=Fusion.POINTWISE,
             inputs=("A", "B"),
             outputs=("C",),
             infer=_broadcast_rule,
@@ -80,6 +81,7 @@ def _unary(
         OpDef(
             name=name,
             family=FAMILY,
+            fusion=Fusion.POINTWISE,
             inputs=("X",),
             outputs=("Y",),
             infer=_float_unary_rule if float_only else _unary_rule,
@@ -143,6 +145,7 @@ SUM = register(
     OpDef(
         name="Sum",
         family=FAMILY,
+        fusion=Fusion.POINTWISE,
         inputs=("*data",),
         outputs=("sum",),
         infer=_sum_rule,
@@ -172,6 +175,7 @@ WHERE = register(
     OpDef(
         name="Where",
         family=FAMILY,
+        fusion=Fusion.POINTWISE,
         inputs=("condition", "X", "Y"),
         outputs=("output",),
         infer=_where_rule,
@@ -214,6 +218,7 @@ CAST = register(
     OpDef(
         name="Cast",
         family=FAMILY,
+        fusion=Fusion.POINTWISE,
         inputs=("input",),
         outputs=("output",),
         infer=_cast_rule,
@@ -236,6 +241,7 @@ SCALE = register(
     OpDef(
         name="Scale",
         family=FAMILY,
+        fusion=Fusion.POINTWISE,
         inputs=("X",),
         outputs=("Y",),
         infer=_float_unary_rule,

@@ -57,7 +57,7 @@ from distir.ops.nn import (
     softmax,
     softmax_axis,
 )
-from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, Fusion, OpDef, TypeCtx, register
 
 FAMILY = "grad"
 
@@ -84,6 +84,7 @@ RELU_GRAD = register(
     OpDef(
         name="ReluGrad",
         family=FAMILY,
+        fusion=Fusion.POINTWISE,
         inputs=("dY", "X"),
         outputs=("dX",),
         infer=_like_first,
@@ -114,6 +115,7 @@ GELU_GRAD = register(
     OpDef(
         name="GeluGrad",
         family=FAMILY,
+        fusion=Fusion.POINTWISE,
         inputs=("dY", "X"),
         outputs=("dX",),
         infer=_float_like_first,
@@ -127,6 +129,7 @@ TANH_GRAD = register(
     OpDef(
         name="TanhGrad",
         family=FAMILY,
+        fusion=Fusion.POINTWISE,
         inputs=("dY", "Y"),
         outputs=("dX",),
         infer=_float_like_first,
@@ -140,6 +143,7 @@ SIGMOID_GRAD = register(
     OpDef(
         name="SigmoidGrad",
         family=FAMILY,
+        fusion=Fusion.POINTWISE,
         inputs=("dY", "Y"),
         outputs=("dX",),
         infer=_float_like_first,
@@ -169,6 +173,7 @@ SOFTMAX_GRAD = register(
     OpDef(
         name="SoftmaxGrad",
         family=FAMILY,
+        fusion=Fusion.ROWWISE,
         inputs=("dY", "Y"),
         outputs=("dX",),
         infer=_softmax_grad_rule,
@@ -240,6 +245,7 @@ LAYER_NORMALIZATION_GRAD = register(
     OpDef(
         name="LayerNormalizationGrad",
         family=FAMILY,
+        fusion=Fusion.ROWWISE,
         inputs=("dY", "X", "Scale"),
         outputs=("dX", "dScale", "dB"),
         infer=_layer_norm_grad_rule,
@@ -255,6 +261,7 @@ RMS_NORMALIZATION_GRAD = register(
     OpDef(
         name="RMSNormalizationGrad",
         family=FAMILY,
+        fusion=Fusion.ROWWISE,
         inputs=("dY", "X", "scale"),
         outputs=("dX", "dScale"),
         infer=_rms_norm_grad_rule,

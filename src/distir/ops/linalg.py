@@ -8,13 +8,14 @@ from typing import Any
 
 import numpy as np
 
+from distir.hardware.gemm import GemmShape
 from distir.ir.ops import Op
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops import sharding as sharding_rules
 from distir.ops._rules import broadcast_shapes, float_attr, int_attr, numel, same_dtype
 from distir.ops.gradrules import GradCtx, first, reshape, unbroadcast
-from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, Fusion, OpDef, TypeCtx, register
 
 FAMILY = "linalg"
 
@@ -47,15 +48,34 @@ def _matmul_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> fl
     return 2.0 * numel(outs[0]) * k
 
 
+def _matmul_gemm(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> GemmShape:
+    """As torch runs it: a product by a matrix (rank <= 2 second operand) flattens the first
+    operand's leading dims into M (one GEMM); otherwise a batched GEMM over the result's
+    leading dims."""
+    a, b = ins[0], ins[1]
+    assert isinstance(a, TensorType) and isinstance(b, TensorType)
+    k = a.shape[-1] if a.shape else 1
+    n = b.shape[-1] if len(b.shape) >= 2 else 1
+    if len(b.shape) <= 2:
+        return GemmShape(1, numel(a) // k if k else 0, n, k)
+    out = outs[0]
+    assert isinstance(out, TensorType)
+    m = a.shape[-2] if len(a.shape) >= 2 else 1
+    batch = math.prod(out.shape[:-2]) if len(a.shape) >= 2 else math.prod(out.shape[:-1])
+    return GemmShape(batch, m, n, k)
+
+
 MATMUL = register(
     OpDef(
         name="MatMul",
         family=FAMILY,
+        fusion=Fusion.GEMM,
         inputs=("A", "B"),
         outputs=("Y",),
         infer=_matmul_rule,
         reference=lambda args, attrs: (np.matmul(args[0], args[1]),),
         flops=_matmul_flops,
+        gemm=_matmul_gemm,
         doc="Matrix product with numpy broadcasting of batch dims.",
         sharding=sharding_rules.matmul,
     )
@@ -103,10 +123,18 @@ def _gemm_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> floa
     return 2.0 * numel(outs[0]) * k + (2.0 * numel(outs[0]) if len(ins) == 3 else 0.0)
 
 
+def _gemm_gemm(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> GemmShape:
+    a, out = ins[0], outs[0]
+    assert isinstance(a, TensorType) and isinstance(out, TensorType)
+    k = a.shape[0] if attrs.get("transA", 0) else a.shape[1]
+    return GemmShape(1, out.shape[0], out.shape[1], k)
+
+
 GEMM = register(
     OpDef(
         name="Gemm",
         family=FAMILY,
+        fusion=Fusion.GEMM,
         inputs=("A", "B", "C?"),
         outputs=("Y",),
         infer=_gemm_rule,
@@ -118,6 +146,7 @@ GEMM = register(
         },
         reference=_gemm_ref,
         flops=_gemm_flops,
+        gemm=_gemm_gemm,
         doc="ONNX Gemm: Y = alpha * A' @ B' + beta * C, with optional transposes and bias.",
         sharding=sharding_rules.gemm,
     )

@@ -28,7 +28,7 @@ from distir.ops._rules import (
 )
 from distir.ops._special import F64, f64
 from distir.ops.gradrules import GradCtx, first, unbroadcast
-from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, Fusion, OpDef, TypeCtx, register
 
 FAMILY = "nn"
 
@@ -68,6 +68,7 @@ SOFTMAX = register(
     OpDef(
         name="Softmax",
         family=FAMILY,
+        fusion=Fusion.ROWWISE,
         inputs=("input",),
         outputs=("output",),
         infer=_softmax_rule,
@@ -154,6 +155,7 @@ LAYER_NORMALIZATION = register(
     OpDef(
         name="LayerNormalization",
         family=FAMILY,
+        fusion=Fusion.ROWWISE,
         inputs=("X", "Scale", "B?"),
         outputs=("Y",),
         infer=_norm_rule,
@@ -168,6 +170,7 @@ RMS_NORMALIZATION = register(
     OpDef(
         name="RMSNormalization",
         family=FAMILY,
+        fusion=Fusion.ROWWISE,
         inputs=("X", "scale"),
         outputs=("Y",),
         infer=_norm_rule,
@@ -215,6 +218,7 @@ CAUSAL_MASK = register(
     OpDef(
         name="CausalMask",
         family=FAMILY,
+        fusion=Fusion.POINTWISE,
         inputs=("X",),
         outputs=("Y",),
         infer=_causal_mask_rule,

@@ -3,7 +3,8 @@
 An ``OpDef`` carries the op's signature (named inputs, optional and variadic ones, its result
 count), attribute schema, type/shape rule, optional partial evaluator (outputs computable from
 types and the known inputs, e.g. ``Shape``), numpy reference implementation, cost descriptors
-(FLOPs, bytes read and written) and named slots that later layers fill once each
+(FLOPs, bytes read and written, the GEMM shape of a matrix product, how it fuses with its
+neighbours: ``Fusion``) and named slots that later layers fill once each
 (``grad``, ``sharding``, ``torch``).
 
 Ops are registered by their family's module (``distir.ops.tensor``, ``distir.ops.comm``, ...) when
@@ -27,6 +28,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from distir.hardware.gemm import GemmShape
 from distir.ir.dtensor import DTensorType, Mesh, Placement, Replicate
 from distir.ir.ops import Op
 from distir.ir.types import Device, DType, ScalarType, TensorType, TupleType, Type, devices_of
@@ -78,6 +80,22 @@ class CommPattern(Enum):
     SCATTER = "scatter"
     GATHER = "gather"
     ALLTOALL = "alltoall"
+
+
+class Fusion(Enum):
+    """How an op fuses with the op producing its input into one kernel (``distir.sim.fusion``).
+
+    NONE: a kernel of its own. GEMM: a matrix product; pointwise ops can follow it as its
+    epilogue (cuBLASLt's bias/GeLU epilogues). POINTWISE: elementwise; joins the kernel of the
+    op right before it when it consumes that op's result and that op is GEMM or POINTWISE
+    (bias+GeLU, bias+dropout+residual add, scale+mask). ROWWISE: a row-wise reduction (Softmax,
+    LayerNorm, RMSNorm): one kernel of its own that can take a pointwise prologue (Megatron's
+    fused scale-mask-softmax) but nothing joins after it."""
+
+    NONE = "none"
+    GEMM = "gemm"
+    POINTWISE = "pointwise"
+    ROWWISE = "rowwise"
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +233,7 @@ TypeRule = Callable[[TypeCtx], Sequence[Type]]
 PartialRule = Callable[[TypeCtx], Sequence[np.ndarray | None]]
 RefImpl = Callable[[Sequence[Any], Attrs], Sequence[Any]]
 CostFn = Callable[[Sequence[Type], Sequence[Type], Attrs], float]
+GemmFn = Callable[[Sequence[Type], Sequence[Type], Attrs], GemmShape]
 
 
 def _nbytes(ts: Sequence[Type]) -> float:
@@ -255,6 +274,8 @@ class OpDef:
     flops: CostFn = zero_flops
     bytes_read: CostFn = default_bytes_read
     bytes_written: CostFn = default_bytes_written
+    gemm: GemmFn | None = None  # a matrix product's (batch, M, N, K), for the GEMM efficiency curve
+    fusion: Fusion = Fusion.NONE
     doc: str = ""
     project: Any = None
     rendezvous: Any = None

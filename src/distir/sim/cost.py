@@ -4,9 +4,15 @@
 ``RooflineCostModel``, costs
 
 - a compute op by roofline from the registry's cost descriptors: ``launch + max(FLOPs / (peak ×
-  efficiency), bytes / (memory bandwidth × efficiency))`` with the device's peak for the op's dtype
-  and an achievable fraction of peak per op family; an op that moves no bytes and does no FLOPs
-  (Shape, Reshape, tuples) launches no kernel and costs 0;
+  efficiency), bytes / (memory bandwidth × efficiency))`` with the device's peak for the op's dtype;
+  an op that moves no bytes and does no FLOPs (Shape, Reshape, tuples) launches no kernel and
+  costs 0. The efficiency of a matrix product (an op with a ``gemm`` descriptor) follows the
+  device's GEMM efficiency curve by shape and precision (``distir.hardware.gemm``; a device
+  without a ``GemmProfile``, or ``gemm_curve=False``, takes the flat ``flop_efficiency`` of its
+  family); every other op takes the achievable fraction of peak of its family;
+- an op that joins the kernel of the op before it (``distir.sim.fusion``; ``fuse=True``, the
+  default) by ``fused_time``: no launch, and no memory traffic for the linked input (nor for the
+  producer's write of it when nothing else uses it);
 - a communication op by the alpha-beta model of its pattern (``distir.sim.collectives``) over the
   cluster's links, from the op's ``comm_cost`` descriptor.
 
@@ -25,10 +31,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from distir.hardware.cluster import Cluster
+from distir.hardware.gemm import gemm_efficiency
+from distir.hardware.specs import DeviceSpec
 from distir.ir.types import DType, TensorType, TupleType, Type
 from distir.ir.values import Attrs
 from distir.ops.registry import CommCost, CommPattern, OpDef
 from distir.sim import collectives as coll
+from distir.sim.fusion import FusedInput
 
 DEFAULT_FLOP_EFFICIENCY: Mapping[str, float] = {
     "linalg": 0.75,
@@ -60,6 +69,11 @@ class CostModel(Protocol):
     def comm_time(self, cost: CommCost, gpus: Sequence[int]) -> float: ...
 
 
+def fuses(model: CostModel) -> bool:
+    """Whether the model costs fused chains (it has ``fused_time`` and its ``fuse`` is on)."""
+    return bool(getattr(model, "fuse", False)) and hasattr(model, "fused_time")
+
+
 def gpu_class(model: CostModel, gpu: int) -> Hashable:
     """The model's class of ``gpu`` (GPUs of one class have equal compute costs), or the GPU
     itself for a model that does not group GPUs."""
@@ -79,11 +93,17 @@ def op_dtype(ins: Sequence[Type], outs: Sequence[Type]) -> DType:
 
 @dataclass(frozen=True)
 class RooflineCostModel:
+    """The roofline model of the module docstring. ``gemm_curve``: matrix products follow the
+    device's GEMM efficiency curve (False: the flat ``flop_efficiency["linalg"]``); ``fuse``:
+    elementwise chains fuse as the trainers fuse them (False: every op is a kernel of its own)."""
+
     cluster: Cluster
     allow_tf32: bool = False
     flop_efficiency: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_FLOP_EFFICIENCY))
     default_flop_efficiency: float = 0.5
     memory_efficiency: float = 0.8
+    gemm_curve: bool = True
+    fuse: bool = True
 
     def compute_time(
         self, opdef: OpDef, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, gpu: int
@@ -93,10 +113,48 @@ class RooflineCostModel:
         if flops <= 0 and nbytes <= 0:
             return 0.0
         spec = self.cluster.device_spec(gpu)
-        eff = self.flop_efficiency.get(opdef.family, self.default_flop_efficiency)
-        t_flops = flops / (spec.peak_flops(op_dtype(ins, outs), self.allow_tf32) * eff)
+        return spec.launch_overhead_s + self._roofline(spec, opdef, ins, outs, attrs, flops, nbytes)
+
+    def fused_time(
+        self,
+        opdef: OpDef,
+        ins: Sequence[Type],
+        outs: Sequence[Type],
+        attrs: Attrs,
+        gpu: int,
+        link: FusedInput,
+    ) -> float:
+        """``compute_time`` of an op inside the kernel of the op before it: no launch; input
+        ``link.index`` comes from registers, and when it has no other use the producer's write
+        of it is saved too (this op's write takes its place)."""
+        flops = opdef.flops(ins, outs, attrs)
+        nbytes = opdef.bytes_read(ins, outs, attrs) + opdef.bytes_written(ins, outs, attrs)
+        if flops <= 0 and nbytes <= 0:
+            return 0.0
+        linked = ins[link.index].nbytes if link.index < len(ins) else 0
+        nbytes = max(0.0, nbytes - linked * (2 if link.sole else 1))
+        spec = self.cluster.device_spec(gpu)
+        return self._roofline(spec, opdef, ins, outs, attrs, flops, nbytes)
+
+    def _roofline(
+        self,
+        spec: DeviceSpec,
+        opdef: OpDef,
+        ins: Sequence[Type],
+        outs: Sequence[Type],
+        attrs: Attrs,
+        flops: float,
+        nbytes: float,
+    ) -> float:
+        dtype = op_dtype(ins, outs)
+        if opdef.gemm is not None and self.gemm_curve and spec.gemm is not None:
+            fp32 = not (dtype in (DType.f16, DType.bf16) or (dtype is DType.f32 and self.allow_tf32))
+            eff = gemm_efficiency(spec.gemm, opdef.gemm(ins, outs, attrs), fp32=fp32)
+        else:
+            eff = self.flop_efficiency.get(opdef.family, self.default_flop_efficiency)
+        t_flops = flops / (spec.peak_flops(dtype, self.allow_tf32) * eff) if flops > 0 else 0.0
         t_mem = nbytes / (spec.memory_bandwidth * self.memory_efficiency)
-        return spec.launch_overhead_s + max(t_flops, t_mem)
+        return max(t_flops, t_mem)
 
     def gpu_class(self, gpu: int) -> Hashable:
         """GPUs of one device kind (``Cluster.kind_of``) compute alike."""

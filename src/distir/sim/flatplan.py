@@ -73,6 +73,7 @@ def plan_flat(
     seen_get = seen.get
     frame: list[OpRecord] = []
     comm_ops: list[tuple[Op, tuple[Type, ...], tuple[Type, ...]]] = []
+    links = dom.fusion_of(fn)  # fused elementwise chains: an op's link is part of its key
     dom._frames.append(frame)  # type: ignore[arg-type]  # PlanDomain.op appends its record here
     try:
         for i, instr in enumerate(ops):
@@ -91,9 +92,13 @@ def plan_flat(
                 key = (instr.name, id(instr.attrs), *[id(types[v]) for v in ins])
                 for v in ins:
                     last[v] = i
+            link = links[i] if links is not None else None
+            if link is not None:
+                key = (*key, link)
             hit = seen_get(key)
             if hit is None:
                 in_t = [types[v] for v in ins]
+                dom.pending_link = link
                 try:
                     outs_m = dom.op(instr, in_t)
                 except Exception:  # the general path reports it "while interpreting" the op

@@ -47,9 +47,10 @@ from distir.ir.types import Device, TupleType, Type
 from distir.ir.values import Value
 from distir.ops.registry import REGISTRY, OpKind, OpTypeError
 from distir.sim import spmd
-from distir.sim.cost import CostModel
+from distir.sim.cost import CostModel, fuses
 from distir.sim.devices import DeviceMap
 from distir.sim.flatplan import plan_flat
+from distir.sim.fusion import FusedInput, fused_inputs
 from distir.sim.liveness import build_plan
 from distir.sim.records import NEG_INF, CallSummary, FnPlan, MemEvents, OpRecord, Root
 from distir.sim.relabel import Relabeler
@@ -112,6 +113,13 @@ class PlanDomain(TypeDomain):
         self._summaries: dict[tuple[str, tuple[Type, ...]], _Summarized] = {}
         # (callee, ids of the argument types) -> (the same, the argument types, pinned)
         self._summary_ids: dict[tuple[Any, ...], tuple[_Summarized, tuple[Type, ...]]] = {}
+        # fused elementwise chains (``distir.sim.fusion``), when the cost model fuses: per
+        # function (by id, kept alive) its links; the link of the op ``op`` plans next (set by
+        # the caller that knows the op's position); the links of general-path bodies by op id
+        self.fuse = fuses(cost)
+        self._fusion: dict[int, tuple[Function, list[FusedInput | None] | None]] = {}
+        self.pending_link: FusedInput | None = None
+        self._link_by_id: dict[int, FusedInput] = {}
 
     @property
     def dev_slot(self) -> dict[Device, int]:
@@ -123,10 +131,27 @@ class PlanDomain(TypeDomain):
         """The plan's clock -> its memory figure (a GPU, or the unit itself)."""
         return self.units.slot_gpu
 
+    def fusion_of(self, fn: Function) -> list[FusedInput | None] | None:
+        """``fn``'s fused links per instruction (``distir.sim.fusion``), or None when the cost
+        model does not fuse or nothing in ``fn`` joins a kernel."""
+        if not self.fuse:
+            return None
+        got = self._fusion.get(id(fn))
+        if got is None or got[0] is not fn:
+            links = fused_inputs(fn)
+            got = self._fusion[id(fn)] = (fn, links if any(links) else None)
+        return got[1]
+
     # -- ops -------------------------------------------------------------------------------------
     def op(self, op: Op, args: Sequence[Mixed]) -> Sequence[Mixed]:
-        # the hot path: an op seen before with the same attributes and input types
-        key = (op.name, op.attrs, *args)
+        link = self.pending_link
+        if link is not None:
+            self.pending_link = None
+        elif self._link_by_id:
+            link = self._link_by_id.get(id(op))
+        # the hot path: an op seen before with the same attributes and input types (and link)
+        base = (op.name, op.attrs, *args)
+        key = base if link is None else (*base, link)
         hit = self._memo.get(key) if Concrete not in map(type, args) else None
         if hit is not None:
             outs, rec = hit
@@ -136,7 +161,7 @@ class PlanDomain(TypeDomain):
                     break
             self._frames[-1].append(rec)
             return outs
-        known = self.units.op_types.get(key) if Concrete not in map(type, args) else None
+        known = self.units.op_types.get(base) if Concrete not in map(type, args) else None
         if known is not None:  # types inferred by ``Units.prepare``: the same domain, so the same
             check_declared(op.outputs, known, op.name)
             result = known
@@ -146,7 +171,7 @@ class PlanDomain(TypeDomain):
         out_types = tuple(type_of(o) for o in result)
         for t in out_types:  # under ``Units.assume``: every type met (its inputs were results)
             self.units.note(t)
-        rec = self._record(op, ins, out_types)
+        rec = self._record(op, ins, out_types, link)
         if Concrete not in map(type, (*args, *result)):
             self._memo[key] = (out_types, rec)
         self._frames[-1].append(rec)
@@ -168,12 +193,14 @@ class PlanDomain(TypeDomain):
                     raise OpTypeError(f"device {e.device} is not mapped onto the cluster") from None
         return out
 
-    def _record(self, op: Op, ins: Sequence[Type], outs: Sequence[Type]) -> OpRecord:
+    def _record(
+        self, op: Op, ins: Sequence[Type], outs: Sequence[Type], link: FusedInput | None = None
+    ) -> OpRecord:
         d = REGISTRY[op.name]
         if d.kind is OpKind.RANK_COMM:
             raise OpTypeError(f"{op.name} belongs in a per-rank program; simulate the global program")
         if any(has_dtensor(t) for t in (*ins, *outs)):
-            return spmd.record(self.units, op, d, ins, outs)
+            return spmd.record(self.units, op, d, ins, outs, link)
         devs = tuple(sorted(set(self._slots_of([*ins, *outs]))))
         if d.kind is OpKind.COMM:
             assert d.comm_cost is not None
@@ -182,7 +209,12 @@ class PlanDomain(TypeDomain):
             seconds = float(self.cost.comm_time(desc, gpus))
             return (devs, seconds, True, op.name, 0.0, False, *self.units.sizes(outs, False), None)
         gpu = self._first_gpu(ins, outs, op) if devs else 0
-        seconds = float(self.cost.compute_time(d, ins, outs, op.attrs, gpu)) if devs else 0.0
+        if not devs:
+            seconds = 0.0
+        elif link is None:
+            seconds = float(self.cost.compute_time(d, ins, outs, op.attrs, gpu))
+        else:
+            seconds = float(self.cost.fused_time(d, ins, outs, op.attrs, gpu, link))  # type: ignore[attr-defined]
         view = bool(ins) and d.bytes_written(ins, outs, op.attrs) == 0
         flops = d.flops(ins, outs, op.attrs)
         return (devs, seconds, False, op.name, flops, view, *self.units.sizes(outs, view), None)
@@ -246,6 +278,9 @@ class PlanDomain(TypeDomain):
         fast = plan_flat(self, fn, args, columnar=columnar) if self.fast_path else None
         if fast is not None:
             return fast
+        links = self.fusion_of(fn)
+        if links is not None:  # the general path meets the ops by the interpreter: by op id
+            self._link_by_id.update((id(x), k) for x, k in zip(fn.body, links, strict=True) if k is not None)
         self._frames.append([])
         try:
             try:

@@ -48,6 +48,7 @@ from distir.ir.types import ScalarType, TensorType, Type
 from distir.ir.values import Attrs
 from distir.ops.registry import REGISTRY, CommPattern, OpDef, OpKind, OpTypeError, mesh_free
 from distir.parallel.materialize import unsupported_step
+from distir.sim.fusion import FusedInput
 from distir.sim.layout import local_piece, mesh_info, piece_bytes, step_types, uniform_shape
 from distir.sim.units import Units, per_gpu
 
@@ -58,8 +59,11 @@ _SLICE = REGISTRY["Slice"]
 
 
 # -- op records -------------------------------------------------------------------------------------
-def record(dom: Units, op: Op, d: OpDef, ins: Sequence[Type], outs: Sequence[Type]) -> OpRecord:
-    """The plan record of an op on DTensors (see the module docstring)."""
+def record(
+    dom: Units, op: Op, d: OpDef, ins: Sequence[Type], outs: Sequence[Type], link: FusedInput | None = None
+) -> OpRecord:
+    """The plan record of an op on DTensors (see the module docstring); ``link``: how it joins
+    the previous op's kernel (``distir.sim.fusion``)."""
     if op.name == "Redistribute":
         return redistribute_record(dom, op, ins, outs)
     if op.name == "MeshSend":
@@ -69,7 +73,7 @@ def record(dom: Units, op: Op, d: OpDef, ins: Sequence[Type], outs: Sequence[Typ
             f"{op.name} on distributed tensors: only local ops, Redistribute and MeshSend can be "
             "simulated on DTensors"
         )
-    return local_record(dom, op, d, ins, outs)
+    return local_record(dom, op, d, ins, outs, link)
 
 
 def _mesh_of(op: Op, types: Iterable[Type]) -> Mesh:
@@ -83,7 +87,9 @@ def _mesh_of(op: Op, types: Iterable[Type]) -> Mesh:
     return mesh
 
 
-def local_record(dom: Units, op: Op, d: OpDef, ins: Sequence[Type], outs: Sequence[Type]) -> OpRecord:
+def local_record(
+    dom: Units, op: Op, d: OpDef, ins: Sequence[Type], outs: Sequence[Type], link: FusedInput | None = None
+) -> OpRecord:
     """A local op on DTensors: all of its mesh, for the slowest device's local compute.
 
     What does not depend on which devices the mesh has — the time, FLOPs, whether it is a view
@@ -94,7 +100,7 @@ def local_record(dom: Units, op: Op, d: OpDef, ins: Sequence[Type], outs: Sequen
     mesh = _mesh_of(op, (*ins, *outs))
     units = dom.mesh_units(mesh)
     if not all(type(t) is DTensorType for t in outs):  # pragma: no cover - inference gives DTensors
-        seconds, flops, view, _ = _local_shape(dom, op, d, ins, outs, mesh)
+        seconds, flops, view, _ = _local_shape(dom, op, d, ins, outs, mesh, link)
         return (devs_of(units), seconds, False, op.name, flops, view, *dom.sizes(outs, view), None)
     key = (
         op.name,
@@ -104,10 +110,11 @@ def local_record(dom: Units, op: Op, d: OpDef, ins: Sequence[Type], outs: Sequen
         *map(mesh_free, outs),
         mesh.axes,
         *[(pos, count, dom.gpu_class_of(rep)) for _u, rep, pos, count in units],
+        link,
     )
     got = dom.local_shapes.get(key)
     if got is None:
-        got = dom.local_shapes[key] = _local_shape(dom, op, d, ins, outs, mesh)
+        got = dom.local_shapes[key] = _local_shape(dom, op, d, ins, outs, mesh, link)
     seconds, flops, view, per_bytes = got
     gpu_of = dom.slot_gpu
     gpus = [gpu_of[u] for u, *_ in units]
@@ -122,7 +129,13 @@ def devs_of(units: Sequence[tuple[int, Any, int, int]]) -> tuple[int, ...]:
 
 
 def _local_shape(
-    dom: Units, op: Op, d: OpDef, ins: Sequence[Type], outs: Sequence[Type], mesh: Mesh
+    dom: Units,
+    op: Op,
+    d: OpDef,
+    ins: Sequence[Type],
+    outs: Sequence[Type],
+    mesh: Mesh,
+    link: FusedInput | None = None,
 ) -> tuple[float, float, bool, tuple[tuple[float, ...], ...]]:
     """``local_record``'s part that does not depend on the mesh's devices: seconds, FLOPs,
     whether it is a view, and per result its bytes on each unit of the mesh (in
@@ -153,12 +166,17 @@ def _local_shape(
             None,
             *map(_shape_key, louts),
             dom.gpu_class_of(rep),
+            link,
         )
         got = cache.get(key)
         if got is None:
             gpu = dom.dev_gpu[rep]
             got = cache[key] = (
-                float(dom.cost.compute_time(d, lins, louts, op.attrs, gpu)),
+                float(
+                    dom.cost.compute_time(d, lins, louts, op.attrs, gpu)
+                    if link is None
+                    else dom.cost.fused_time(d, lins, louts, op.attrs, gpu, link)  # type: ignore[attr-defined]
+                ),
                 float(d.flops(lins, louts, op.attrs)),
             )
         seconds = max(seconds, got[0])
