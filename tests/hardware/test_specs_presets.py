@@ -139,9 +139,13 @@ def test_render_clusters_table() -> None:
     t = render_clusters_table()
     assert t.row_count == len(PRESETS)
     headers = [str(c.header) for c in t.columns]
-    assert headers[0] == "preset" and headers[-1] == "source" and len(headers) == 12
+    assert headers[0] == "preset" and headers[-1] == "source" and len(headers) == 14
+    assert "GEMM" in headers and "runtime" in headers
     console = Console(width=400, record=True)
     console.print(t)
     text = console.export_text()
     assert "A100-SXM-80GB" in text and "2039" in text and "1.25" in text
     assert "[3] https://www.nvidia.com/en-us/data-center/h100/" in text
+    # every GEMM figure and the runtime memory state their sources
+    assert text.count("GEMM: ") == len(PRESETS) and "arXiv:1803.04014" in text and "ml-engineering" in text
+    assert "Runtime memory: " in text and "NCCL_BUFFSIZE" in text

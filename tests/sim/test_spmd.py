@@ -210,7 +210,8 @@ def test_two_meshes_uneven_rows() -> None:
     m = parse_module(_two_stages(4, 2, 2, rows=10))
     assert not all_even(m)
     spmd, flat = both(m)
-    assert spmd.step_time_s >= flat.step_time_s
+    # (equal here up to summation order: 3- and 2-row shards pad to the same GEMM tiles)
+    assert spmd.step_time_s >= flat.step_time_s * (1 - 1e-12)
     assert_same_memory(spmd, flat)
 
 

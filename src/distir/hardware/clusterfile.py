@@ -25,6 +25,17 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
     inter_latency_us = 30            # µs
     node_name = "g4dn.12xlarge"      # optional, default: the type's key
     source = "https://..."           # optional: where the figures come from
+    sm_count = 40                    # optional: GEMM efficiency curve (distir.hardware.gemm):
+    matmul_efficiency = 0.7          #   SMs, the published fraction of the dense peak at
+    matmul_anchor = [8192, 8192, 8192]  #   the shape matmul_anchor (default 8192^3),
+    matmul_fp32_efficiency = 0.8     #   the same for fp32 (default matmul_efficiency),
+    matmul_source = "..."            #   and its source; without sm_count and
+                                     #   matmul_efficiency: a flat fraction of peak
+    cuda_context_mib = 512           # optional: memory held besides tensors (defaults:
+    workspace_mib = 64               #   distir.hardware.presets.CUDA_RUNTIME): CUDA context,
+    comm_buffers_mib = 512           #   library workspaces, NCCL buffers (MiB) and the
+    allocator_fragmentation = 0.05   #   allocator's reserve as a fraction of the peak,
+    runtime_memory_source = "..."    #   with their source
 
     [[nodes]]                        # nodes in order; GPUs are numbered node by node
     type = "p3"                      # a key of [types], or a preset name
@@ -37,7 +48,7 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
     bandwidth_matrix_gb_s = [[...]]  # optional: full GPU×GPU matrices, overriding every
     latency_matrix_us = [[...]]      # pairwise link (the diagonal is ignored)
 
-A preset type whose device figures are overridden gets the device name ``"<preset gpu> [<key>]"``
+A preset type overrides any of these keys one by one (the rest are the preset's). A preset type whose device figures are overridden gets the device name ``"<preset gpu> [<key>]"``
 unless ``gpu`` is given, so that different figures never share a name.
 
 Every problem is a ``ClusterError`` naming the file, the line:column where it can be found, the
@@ -56,8 +67,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from distir.hardware.cluster import Cluster, ClusterError, Matrix
-from distir.hardware.presets import GIB, GIGA, PRESETS, TERA, us
-from distir.hardware.specs import DeviceSpec, HardwareError, LinkSpec, NodeSpec
+from distir.hardware.presets import CUDA_RUNTIME, GIB, GIGA, MIB, PRESETS, TERA, us
+from distir.hardware.specs import DeviceSpec, GemmProfile, HardwareError, LinkSpec, NodeSpec, RuntimeMemory
 
 Path_ = tuple[str | int, ...]
 
@@ -99,7 +110,10 @@ _DEVICE_FIELDS = {
     "memory_bandwidth_gb_s": "memory_bandwidth",
     "launch_overhead_us": "launch_overhead_s",
 }
-_TYPE_KEYS = ("preset", "gpu", "devices_per_node", *_NUMERIC, "node_name", "source")
+_GEMM_KEYS = ("sm_count", "matmul_efficiency", "matmul_fp32_efficiency", "matmul_anchor", "matmul_source")
+_RUNTIME_MIB = {"cuda_context_mib": "context_bytes", "workspace_mib": "workspace_bytes", "comm_buffers_mib": "comm_bytes"}
+_RUNTIME_KEYS = (*_RUNTIME_MIB, "allocator_fragmentation", "runtime_memory_source")
+_TYPE_KEYS = ("preset", "gpu", "devices_per_node", *_NUMERIC, "node_name", "source", *_GEMM_KEYS, *_RUNTIME_KEYS)
 _TOP_KEYS = ("name", "types", "nodes", "inter_node", "bandwidth_matrix_gb_s", "latency_matrix_us")
 
 
@@ -252,9 +266,15 @@ class _Loader:
         if "source" in t and not isinstance(t["source"], str):
             self.fail((*path, "source"), f"expected a string, got {_got(t['source'])}")
         source = t.get("source", base.source if base else "")
-        dev_over = {_DEVICE_FIELDS[k]: v for k, v in vals.items() if k in _DEVICE_FIELDS}
+        dev_over: dict[str, Any] = {_DEVICE_FIELDS[k]: v for k, v in vals.items() if k in _DEVICE_FIELDS}
         if "memory_gib" in vals:
             dev_over["memory_bytes"] = round(vals["memory_gib"])
+        gemm = self.gemm_profile(t, path, base.device.gemm if base else None)
+        runtime = self.runtime_memory(t, path, base.device.runtime if base else CUDA_RUNTIME)
+        if base is not None and gemm != base.device.gemm:
+            dev_over["gemm"] = gemm
+        if base is not None and runtime != base.device.runtime:
+            dev_over["runtime"] = runtime
         try:
             if base is None:
                 fp32 = vals["fp32_tflops"]
@@ -269,6 +289,8 @@ class _Loader:
                     memory_bandwidth=vals["memory_bandwidth_gb_s"],
                     memory_bytes=round(vals["memory_gib"]),
                     launch_overhead_s=vals.get("launch_overhead_us", us(5)),
+                    gemm=gemm,
+                    runtime=runtime,
                 )
                 intra = LinkSpec(vals["intra_bandwidth_gb_s"], vals["intra_latency_us"])
                 inter = LinkSpec(vals["inter_bandwidth_gb_s"], vals["inter_latency_us"])
@@ -288,6 +310,57 @@ class _Loader:
             return NodeSpec(node_name, device, dpn or base.devices_per_node, intra, inter, source)
         except HardwareError as e:
             self.fail(path, str(e))
+
+    def gemm_profile(self, t: dict[str, Any], path: Path_, base: GemmProfile | None) -> GemmProfile | None:
+        """The type's GEMM profile: ``base`` with the type's ``matmul_*``/``sm_count`` keys over
+        it; without a base, both ``sm_count`` and ``matmul_efficiency`` or neither (None)."""
+        given = [k for k in _GEMM_KEYS if k in t]
+        if not given:
+            return base
+        if base is None:
+            for k in ("sm_count", "matmul_efficiency"):
+                if k not in t:
+                    self.fail((*path, k), f"missing key: the GEMM curve needs sm_count and matmul_efficiency (got {', '.join(given)})")
+        over: dict[str, Any] = {}
+        if "sm_count" in t:
+            over["sms"] = self.positive_int(t["sm_count"], (*path, "sm_count"), "streaming multiprocessors")
+        for key, field_ in (("matmul_efficiency", "fraction"), ("matmul_fp32_efficiency", "fp32_fraction")):
+            if key in t:
+                x = self.number(t[key], (*path, key), "a fraction of the dense peak")
+                if x > 1:
+                    self.fail((*path, key), f"expected a fraction of the dense peak in (0, 1], got {_got(t[key])}")
+                over[field_] = x
+        if "matmul_anchor" in t:
+            a = t["matmul_anchor"]
+            if not (isinstance(a, list) and len(a) == 3 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in a)):
+                self.fail((*path, "matmul_anchor"), f"expected [M, N, K], three positive integers, got {_got(a)}")
+            over["anchor"] = tuple(a)
+        if "matmul_source" in t:
+            if not isinstance(t["matmul_source"], str):
+                self.fail((*path, "matmul_source"), f"expected a string, got {_got(t['matmul_source'])}")
+            over["source"] = t["matmul_source"]
+        if base is None:
+            over.setdefault("anchor", (8192, 8192, 8192))
+            over.setdefault("source", f"{self.file}: {_fmt(path)}")
+            return GemmProfile(**over)
+        return replace(base, **over)
+
+    def runtime_memory(self, t: dict[str, Any], path: Path_, base: RuntimeMemory) -> RuntimeMemory:
+        """``base`` with the type's runtime-memory keys over it."""
+        over: dict[str, Any] = {}
+        for key, field_ in _RUNTIME_MIB.items():
+            if key in t:
+                over[field_] = round(self.number(t[key], (*path, key), "MiB", zero_ok=True) * MIB)
+        if "allocator_fragmentation" in t:
+            x = self.number(t["allocator_fragmentation"], (*path, "allocator_fragmentation"), "a fraction of the peak", zero_ok=True)
+            if x >= 1:
+                self.fail((*path, "allocator_fragmentation"), f"expected a fraction in [0, 1), got {_got(t['allocator_fragmentation'])}")
+            over["fragmentation"] = x
+        if "runtime_memory_source" in t:
+            if not isinstance(t["runtime_memory_source"], str):
+                self.fail((*path, "runtime_memory_source"), f"expected a string, got {_got(t['runtime_memory_source'])}")
+            over["source"] = t["runtime_memory_source"]
+        return replace(base, **over) if over else base
 
     def _unknown_preset(self, name: str) -> str:
         close = difflib.get_close_matches(name, list(PRESETS), n=1)

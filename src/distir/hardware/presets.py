@@ -28,7 +28,6 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from distir.hardware.gemm import ceiling
 from distir.hardware.specs import DeviceSpec, GemmProfile, LinkSpec, NodeSpec, RuntimeMemory
 from distir.ir.types import DType
 
@@ -234,25 +233,20 @@ def node_record(key: str, node: NodeSpec) -> dict[str, Any]:
         "inter_bandwidth_gb_s": node.inter.bandwidth / GIGA,
         "inter_latency_us": node.inter.latency_s * 1e6,
         "source": node.source,
-        **_gemm_record(d),
-        **_runtime_record(d),
     }
-    return {k: round(v, 6) if isinstance(v, float) else v for k, v in rec.items()}
+    # the GEMM and runtime figures unrounded: a row read back as a TOML node type is the preset
+    return {k: round(v, 6) if isinstance(v, float) else v for k, v in rec.items()} | _gemm_record(d) | _runtime_record(d)
 
 
 def _gemm_record(d: DeviceSpec) -> dict[str, Any]:
-    """The matrix-product profile in TOML keys; ``matmul_ceiling`` is the curve's asymptote."""
+    """The matrix-product profile in TOML keys (none without a profile)."""
     g = d.gemm
     if g is None:
-        return {"sm_count": None, "matmul_efficiency": None, "matmul_source": "flat fraction of peak (no profile)"}
-    return {
-        "sm_count": g.sms,
-        "matmul_efficiency": g.fraction,
-        "matmul_fp32_efficiency": g.fp32_fraction if g.fp32_fraction is not None else g.fraction,
-        "matmul_anchor": list(g.anchor),
-        "matmul_ceiling": ceiling(g),
-        "matmul_source": g.source,
-    }
+        return {}
+    rec: dict[str, Any] = {"sm_count": g.sms, "matmul_efficiency": g.fraction}
+    if g.fp32_fraction is not None:
+        rec["matmul_fp32_efficiency"] = g.fp32_fraction
+    return rec | {"matmul_anchor": list(g.anchor), "matmul_source": g.source}
 
 
 def _runtime_record(d: DeviceSpec) -> dict[str, Any]:
@@ -293,7 +287,8 @@ def render_clusters_table() -> Table:
     ]
     recs = clusters_json()["clusters"]
     notes = "\n".join(
-        f"[{i}] {r['source'].replace(' ; ', ' ')}\n    GEMM: {r['matmul_source']}" for i, r in enumerate(recs, 1)
+        f"[{i}] {r['source'].replace(' ; ', ' ')}\n    GEMM: {r.get('matmul_source', 'flat fraction of peak')}"
+        for i, r in enumerate(recs, 1)
     )
     runtime_sources = dict.fromkeys(r["runtime_memory_source"] for r in recs if r["runtime_memory_source"])
     table = Table(
@@ -310,8 +305,8 @@ def render_clusters_table() -> Table:
         numeric = key not in ("preset", "gpu", "source")
         table.add_column(header, justify="right" if numeric else "left")
     for i, rec in enumerate(recs, 1):
-        cells = [f"{rec[k]:g}" if isinstance(rec[k], float) else str(rec[k]) for _, k in cols]
-        eff = rec["matmul_efficiency"]
+        cells = [f"{rec[k]:g}" if isinstance(rec.get(k), float) else str(rec.get(k)) for _, k in cols]
+        eff = rec.get("matmul_efficiency")
         cells[-3] = f"{100 * eff:.0f}%" if eff is not None else "flat"
         fixed = rec["cuda_context_mib"] + rec["workspace_mib"] + rec["comm_buffers_mib"]
         frag = rec["allocator_fragmentation"]
