@@ -6,7 +6,10 @@ into a plan (``distir.sim.plan``: types, devices, costs and memory events precom
 calls summarized once) and this module's loop runs it with one clock per slot.
 
 Memory per GPU starts with the entry's parameters (weights, optimizer state, inputs) and follows
-the plan's allocations and frees; the peak is compared with each GPU's capacity.
+the plan's allocations and frees. The reported peak adds what the process holds besides tensors
+(the device's ``RuntimeMemory``: CUDA context, library workspaces, communication buffers, and
+the caching allocator's reserve as a fraction of the tensors' peak; ``SimResult.runtime_memory``
+says how much) and is compared with each GPU's capacity.
 
 A DTensor program is simulated directly (``distir.sim.spmd``): an op on distributed tensors
 runs on every device of its mesh at once. Its plan runs over units of devices
@@ -52,7 +55,7 @@ class SimResult:
     slot_devices: tuple[tuple[Device, ...], ...]  # program devices on each slot
     busy_s: list[float]
     comm_s: list[float]
-    peak_memory: dict[int, float]  # gpu -> bytes
+    peak_memory: dict[int, float]  # gpu -> bytes (tensors at their peak + runtime_memory)
     param_memory: dict[int, float]  # gpu -> bytes of the entry's parameters
     capacity: dict[int, float]  # gpu -> bytes
     flops: float
@@ -62,6 +65,8 @@ class SimResult:
     slices: list[TraceSlice] | None = None
     memory_timeline: dict[int, list[tuple[float, float]]] | None = None
     cluster: Cluster | None = field(default=None, repr=False)
+    # gpu -> bytes held besides tensors at the peak (context, workspaces, buffers, allocator)
+    runtime_memory: dict[int, float] = field(default_factory=dict)
 
     @property
     def oom_gpus(self) -> list[int]:
@@ -252,6 +257,8 @@ def _run(
         n_ops = len(costs) - len(summaries) + sum(c.n_ops for c in summaries)
         flops = sum(plan.flops)
     dtype_peak = _peak_flops(plan, cluster, gpus)
+    runtime = {g: cluster.device_spec(g).runtime.overhead(peak[g]) for g in gpus}
+    peak = {g: peak[g] + runtime[g] for g in gpus}
     return SimResult(
         step_time_s=max(clock) if clock else 0.0,
         slots=dmap.slots,
@@ -268,6 +275,7 @@ def _run(
         slices=slices,
         memory_timeline=timeline,
         cluster=cluster,
+        runtime_memory=runtime,
     )
 
 

@@ -15,8 +15,10 @@ GIB = float(1 << 30)
 
 def summary_dict(r: SimResult) -> dict[str, Any]:
     """JSON keys: step_time_s, throughput, throughput_unit, mfu, flops, bubble_fraction, ops,
-    peak_memory_bytes and capacity_bytes (per program device: its GPU's figure), oom (bool),
-    oom_devices, devices (per slot: devices, gpu, stream, kind, busy_s, comm_s, idle_s)."""
+    peak_memory_bytes, runtime_memory_bytes, parameter_bytes and capacity_bytes (per program
+    device: its GPU's figure; the peak includes the runtime memory: CUDA context, workspaces,
+    communication buffers and the allocator's reserve), oom (bool), oom_devices, devices (per
+    slot: devices, gpu, stream, kind, busy_s, comm_s, idle_s)."""
     t = r.step_time_s
     gpu_of = {d: s.gpu for s, devs in zip(r.slots, r.slot_devices, strict=True) for d in devs}
     devices = []
@@ -42,6 +44,7 @@ def summary_dict(r: SimResult) -> dict[str, Any]:
         "bubble_fraction": r.bubble_fraction,
         "ops": r.n_ops,
         "peak_memory_bytes": {str(d): r.peak_memory[g] for d, g in sorted(gpu_of.items())},
+        "runtime_memory_bytes": {str(d): r.runtime_memory.get(g, 0.0) for d, g in sorted(gpu_of.items())},
         "parameter_bytes": {str(d): r.param_memory[g] for d, g in sorted(gpu_of.items())},
         "capacity_bytes": {str(d): r.capacity[g] for d, g in sorted(gpu_of.items())},
         "oom": bool(oom),
@@ -68,7 +71,7 @@ def summary_table(r: SimResult, title: str) -> Group:
         f"MFU {100 * r.mfu:.1f}%   bubble {100 * r.bubble_fraction:.1f}%   ops {r.n_ops:,}\n"
     )
     table = Table()
-    for col in ("device", "GPU", "busy", "comm", "idle", "peak memory", "capacity", ""):
+    for col in ("device", "GPU", "busy", "comm", "idle", "peak memory", "of it runtime", "capacity", ""):
         table.add_column(col, justify="left" if col in ("device", "GPU", "") else "right")
     for dev in d["devices"]:
         g = dev["gpu"]
@@ -81,6 +84,7 @@ def summary_table(r: SimResult, title: str) -> Group:
             format_seconds(dev["comm_s"]),
             format_seconds(dev["idle_s"]),
             f"{peak / GIB:.3f} GiB",
+            f"{r.runtime_memory.get(g, 0.0) / GIB:.3f} GiB",
             f"{cap / GIB:.1f} GiB",
             flag,
         )
