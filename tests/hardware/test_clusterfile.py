@@ -231,3 +231,78 @@ def test_unreadable_files(tmp_path: Path) -> None:
     binary.write_bytes(b"\xff\xfe\x00name")
     with pytest.raises(ClusterError, match="cannot read"):
         load_cluster_file(binary)
+
+
+# -- GEMM curve and runtime memory ----------------------------------------------------------------
+def test_gemm_and_runtime_memory_defaults() -> None:
+    """An inline type gets no GEMM profile (a flat fraction) and the CUDA runtime defaults; a
+    preset type keeps its preset's."""
+    from distir.hardware.presets import CUDA_RUNTIME
+
+    dev = cluster_from_toml(INLINE + '[[nodes]]\ntype = "t"\n').nodes[0].device
+    assert dev.gemm is None and dev.runtime == CUDA_RUNTIME
+    a100 = cluster_from_toml('[[nodes]]\ntype = "dgx-a100"\n').nodes[0].device
+    assert a100 == PRESETS["dgx-a100"].device
+
+
+def test_gemm_and_runtime_memory_overrides() -> None:
+    text = """\
+[types.a]
+preset = "dgx-a100"
+matmul_efficiency = 0.7
+cuda_context_mib = 300
+allocator_fragmentation = 0.1
+runtime_memory_source = "measured"
+[types.t]
+gpu = "T"
+devices_per_node = 2
+fp32_tflops = 10
+fp16_tflops = 100
+memory_bandwidth_gb_s = 500
+memory_gib = 16
+intra_bandwidth_gb_s = 50
+intra_latency_us = 4
+inter_bandwidth_gb_s = 5
+inter_latency_us = 40
+sm_count = 20
+matmul_efficiency = 0.6
+matmul_anchor = [4096, 4096, 4096]
+comm_buffers_mib = 0
+[[nodes]]
+type = "a"
+[[nodes]]
+type = "t"
+"""
+    c = cluster_from_toml(text)
+    a, t = c.nodes[0].device, c.nodes[1].device
+    base = PRESETS["dgx-a100"].device
+    assert a.name == f"{base.name} [a]"  # other figures than the preset's: another name
+    assert a.gemm is not None and base.gemm is not None
+    assert a.gemm.fraction == 0.7 and a.gemm.sms == base.gemm.sms and a.gemm.anchor == base.gemm.anchor
+    assert a.runtime.context_bytes == 300 << 20 and a.runtime.fragmentation == 0.1
+    assert a.runtime.workspace_bytes == base.runtime.workspace_bytes and a.runtime.source == "measured"
+    assert t.gemm is not None and (t.gemm.sms, t.gemm.fraction, t.gemm.anchor) == (20, 0.6, (4096, 4096, 4096))
+    assert t.runtime.comm_bytes == 0 and t.runtime.context_bytes > 0
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "needle"),
+    [
+        ("matmul_efficiency = 1.5", "types.a.matmul_efficiency", "(0, 1]"),
+        ("matmul_efficiency = 0", "types.a.matmul_efficiency", "positive number"),
+        ("sm_count = 0", "types.a.sm_count", "positive integer"),
+        ("matmul_anchor = [1, 2]", "types.a.matmul_anchor", "[M, N, K]"),
+        ("cuda_context_mib = -1", "types.a.cuda_context_mib", "non-negative"),
+        ("allocator_fragmentation = 1.0", "types.a.allocator_fragmentation", "[0, 1)"),
+        ('workspace_mib = "big"', "types.a.workspace_mib", "non-negative number"),
+        ("matmul_efficency = 0.5", "types.a.matmul_efficency", "did you mean matmul_efficiency"),
+    ],
+)
+def test_bad_gemm_and_runtime_values_are_clear_errors(line: str, key: str, needle: str) -> None:
+    e = err(f'[types.a]\npreset = "dgx-a100"\n{line}\n[[nodes]]\ntype = "a"\n')
+    assert e.key == key and needle in e.message and e.line == 3, str(e)
+
+
+def test_gemm_curve_needs_its_two_keys_without_a_preset() -> None:
+    e = err(INLINE + 'matmul_efficiency = 0.6\n[[nodes]]\ntype = "t"\n')
+    assert e.key == "types.t.sm_count" and "sm_count and matmul_efficiency" in e.message

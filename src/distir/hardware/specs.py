@@ -125,6 +125,10 @@ class RuntimeMemory:
         """Bytes held besides tensors when the live tensors peak at ``peak_tensor_bytes``."""
         return self.fixed_bytes + self.fragmentation * peak_tensor_bytes
 
+    def tensor_capacity(self, capacity: float) -> float:
+        """The largest tensor peak that fits in ``capacity`` bytes with this overhead."""
+        return max(0.0, capacity - self.fixed_bytes) / (1 + self.fragmentation)
+
 
 @dataclass(frozen=True, slots=True)
 class DeviceSpec:
@@ -167,6 +171,11 @@ class DeviceSpec:
             raise SpecError(f"{owner}: gemm must be a GemmProfile or None, got {self.gemm!r}")
         if not isinstance(self.runtime, RuntimeMemory):
             raise SpecError(f"{owner}: runtime must be a RuntimeMemory, got {self.runtime!r}")
+
+    @property
+    def tensor_capacity(self) -> float:
+        """Bytes of device memory left for tensors once ``runtime`` memory is held."""
+        return self.runtime.tensor_capacity(self.memory_bytes)
 
     def peak_flops(self, dtype: DType, allow_tf32: bool = False) -> float:
         """Dense peak FLOP/s for arithmetic in ``dtype``.

@@ -27,7 +27,7 @@ import numpy as np
 from distir.ir.dtensor import DTensorType, Mesh, Partial, Shard, parse_placements, shares_of, split_sizes
 from distir.ir.types import _ITEMSIZE, IRTypeError, Type
 from distir.ir.values import Attrs
-from distir.ops.registry import AttrSpec, CommCost, CommPattern, OpDef, OpKind, TypeCtx, register
+from distir.ops.registry import AttrSpec, CommCost, CommPattern, Fusion, OpDef, OpKind, TypeCtx, register
 
 FAMILY = "dist"
 
@@ -61,6 +61,7 @@ REDISTRIBUTE = register(
         name="Redistribute",
         family=FAMILY,
         kind=OpKind.COMM,
+        fusion=Fusion.TRANSPARENT,
         inputs=("x",),
         outputs=("y",),
         infer=_redistribute_rule,

@@ -90,12 +90,15 @@ class Fusion(Enum):
     op right before it when it consumes that op's result and that op is GEMM or POINTWISE
     (bias+GeLU, bias+dropout+residual add, scale+mask). ROWWISE: a row-wise reduction (Softmax,
     LayerNorm, RMSNorm): one kernel of its own that can take a pointwise prologue (Megatron's
-    fused scale-mask-softmax) but nothing joins after it."""
+    fused scale-mask-softmax) but nothing joins after it. TRANSPARENT: a layout change
+    (Redistribute) that a chain passes through when it moves nothing (a view: e.g. on a mesh axis
+    of one device); when it moves data it ends the chain."""
 
     NONE = "none"
     GEMM = "gemm"
     POINTWISE = "pointwise"
     ROWWISE = "rowwise"
+    TRANSPARENT = "transparent"
 
 
 @dataclass(frozen=True, slots=True)

@@ -242,7 +242,11 @@ class Profiler:
         r = simulate(_probe(fn, args), self.cluster, dmap, cost)
         self.probes += 1
         n = len(dmap.mapping)
-        work = max((r.peak_memory[g] - r.param_memory[g] for g in r.peak_memory), default=0.0)
+        # the tensors' transient peak (the runtime memory is the device's, not the layer's)
+        work = max(
+            (r.peak_memory[g] - r.runtime_memory.get(g, 0.0) - r.param_memory[g] for g in r.peak_memory),
+            default=0.0,
+        )
         self._fn_cache[k2] = (r.step_time_s, r.flops / max(n, 1))
         self._work[k2] = work
         return r.step_time_s, r.flops / max(n, 1), work

@@ -136,7 +136,7 @@ class Screen:
         memoized on it. Without shares the key is (t, d, b, recompute, the distinct group keys in
         order of appearance, capacity); with shares, (t, d, None, recompute, the distinct (group
         key, replica microbatch) pairs in order of appearance, capacity)."""
-        cap = min(self._specs[self._kinds[g]].memory_bytes for g in gpus)
+        cap = min(self._specs[self._kinds[g]].tensor_capacity for g in gpus)  # runtime memory held
         if s.shares is not None:
             return self._shared_stage_rows(s, gpus, b, s.shares, cap)
         gks: dict[tuple[object, ...], tuple[int, ...]] = {}

@@ -94,7 +94,10 @@ def plan_flat(
                     last[v] = i
             link = links[i] if links is not None else None
             if link is not None:
-                key = (*key, link)
+                if link.via >= 0:  # through a Redistribute: only if it moved nothing (a view)
+                    link = link.plain() if table[kinds[link.via]][5] else None
+                if link is not None:
+                    key = (*key, link)
             hit = seen_get(key)
             if hit is None:
                 in_t = [types[v] for v in ins]

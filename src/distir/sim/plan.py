@@ -149,6 +149,10 @@ class PlanDomain(TypeDomain):
             self.pending_link = None
         elif self._link_by_id:
             link = self._link_by_id.get(id(op))
+            if link is not None and link.via >= 0:  # through a Redistribute: only if it moved nothing
+                done = self._frames[-1]
+                rec = done[link.via] if link.via < len(done) else None
+                link = link.plain() if isinstance(rec, tuple) and rec[5] else None
         # the hot path: an op seen before with the same attributes and input types (and link)
         base = (op.name, op.attrs, *args)
         key = base if link is None else (*base, link)

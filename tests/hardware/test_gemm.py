@@ -1,0 +1,104 @@
+"""The GEMM efficiency curve (distir.hardware.gemm): its shape and its calibration."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from distir.hardware.gemm import TILES, GemmShape, ceiling, gemm_efficiency, shape_factor, tile_factor
+from distir.hardware.presets import PRESETS
+from distir.hardware.specs import GemmProfile, SpecError
+
+PROFILES = {k: n.device.gemm for k, n in PRESETS.items() if n.device.gemm is not None}
+
+
+@pytest.mark.parametrize("key", sorted(PROFILES))
+def test_efficiency_is_monotone_in_size_and_bounded_by_the_ceiling(key: str) -> None:
+    g = PROFILES[key]
+    assert g is not None
+    top = ceiling(g)
+    last = 0.0
+    for p in range(6, 15):  # square GEMMs of 64 .. 16384: tile multiples
+        n = 1 << p
+        eff = gemm_efficiency(g, GemmShape(1, n, n, n))
+        assert 0 < eff <= top <= 1
+        assert eff >= last, (n, eff, last)
+        last = eff
+    # the large ones approach the ceiling, the small ones run far below it
+    assert gemm_efficiency(g, GemmShape(1, 16384, 16384, 16384)) > 0.95 * top
+    assert gemm_efficiency(g, GemmShape(1, 128, 128, 128)) < 0.25 * top
+
+
+@pytest.mark.parametrize("key", sorted(PROFILES))
+def test_the_curve_passes_through_the_published_anchor(key: str) -> None:
+    g = PROFILES[key]
+    assert g is not None
+    m, n, k = g.anchor
+    assert gemm_efficiency(g, GemmShape(1, m, n, k)) == pytest.approx(g.fraction, rel=1e-12)
+    if g.fp32_fraction is not None:
+        assert gemm_efficiency(g, GemmShape(1, m, n, k), fp32=True) == pytest.approx(g.fp32_fraction, rel=1e-12)
+
+
+def test_published_maxima_are_the_benchmarks_figures() -> None:
+    """A100 267.9 and H100 792.1 TFLOP/s bf16 (MAMF table), V100 83 of 125 (Markidis et al.)."""
+    a100, h100 = PRESETS["dgx-a100"].device, PRESETS["h100"].device
+    assert a100.gemm is not None and h100.gemm is not None
+    assert a100.gemm.fraction * 312e12 == pytest.approx(267.9e12)
+    assert h100.gemm.fraction * 989e12 == pytest.approx(792.1e12)
+    v100 = PRESETS["dgx2-v100"].device.gemm
+    assert v100 is not None and v100.fraction * 125 == pytest.approx(83)
+
+
+def test_tile_quantization_is_visible_just_above_a_tile_multiple() -> None:
+    """N = 8192 fills its tiles; N = 8193 pads a column of tiles that does almost no work: the
+    efficiency drops, and the time (FLOPs over efficiency) grows by much more than 1/8192."""
+    g = PROFILES["dgx-a100"]
+    assert g is not None
+    at = gemm_efficiency(g, GemmShape(1, 8192, 8192, 4096))
+    above = gemm_efficiency(g, GemmShape(1, 8192, 8193, 4096))
+    assert above < 0.97 * at
+    t_at, t_above = 8192 / at, 8193 / above
+    assert t_above / t_at > 1.03
+
+
+def test_wave_quantization_one_tile_more_than_a_wave() -> None:
+    """On 108 SMs, 108 tiles of 256x128 are one full wave; 109 take two waves."""
+    sms = 108
+    full = tile_factor(GemmShape(1, 256 * 12, 128 * 9, 4096), sms, (256, 128))  # 108 tiles
+    over = tile_factor(GemmShape(1, 256 * 109, 128, 4096), sms, (256, 128))  # 109 tiles
+    assert full == pytest.approx(1.0)
+    assert over == pytest.approx(109 / 216)
+
+
+def test_skinny_and_small_k_products_run_below_square_ones() -> None:
+    g = PROFILES["h100"]
+    assert g is not None
+    square = gemm_efficiency(g, GemmShape(1, 4096, 4096, 4096))
+    assert gemm_efficiency(g, GemmShape(1, 4096, 64, 4096)) < square  # narrow N: small tiles
+    assert gemm_efficiency(g, GemmShape(1, 4096, 4096, 64)) < 0.6 * square  # K = 64: half overhead
+    # a batch of small products fills the waves like one large one
+    assert gemm_efficiency(g, GemmShape(64, 512, 512, 512)) > gemm_efficiency(g, GemmShape(1, 512, 512, 512))
+
+
+def test_shape_factor_is_the_best_tile() -> None:
+    s = GemmShape(2, 1000, 3000, 700)
+    best = max(tile_factor(s, 80, t) for t in TILES)
+    assert shape_factor(s, 80) == pytest.approx(best * 700 / (700 + 64))
+    assert math.isclose(gemm_efficiency(PROFILES["dgx2-v100"], GemmShape(1, 0, 5, 5)), ceiling(PROFILES["dgx2-v100"]))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kw", "what"),
+    [
+        ({"sms": 0}, "sms"),
+        ({"fraction": 1.5}, "fraction"),
+        ({"fraction": 0.0}, "fraction"),
+        ({"fp32_fraction": -1.0}, "fp32_fraction"),
+        ({"anchor": (1, 2)}, "anchor"),
+    ],
+)
+def test_bad_profiles_are_spec_errors(kw: dict[str, object], what: str) -> None:
+    base: dict[str, object] = {"sms": 80, "fraction": 0.7, "anchor": (8192, 8192, 8192), "source": "x"}
+    with pytest.raises(SpecError, match=what):
+        GemmProfile(**(base | kw))  # type: ignore[arg-type]

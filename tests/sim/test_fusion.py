@@ -1,0 +1,134 @@
+"""Fused elementwise chains (distir.sim.fusion) and how the roofline cost model prices them."""
+
+from __future__ import annotations
+
+import pytest
+
+import distir
+from distir.hardware.cluster import parse_cluster
+from distir.interp.shapes import infer_types
+from distir.ir import Module, parse_module, print_module
+from distir.ir.types import DType, TensorType
+from distir.ops import REGISTRY
+from distir.ops.registry import Fusion
+from distir.sim.cost import RooflineCostModel
+from distir.sim.fusion import FusedInput, fused_inputs
+from distir.sim.simulate import simulate
+
+A100 = parse_cluster("dgx-a100")
+
+X, W, B = "Tensor[f16, (2048, 1024), d0]", "Tensor[f16, (1024, 4096), d0]", "Tensor[f16, (4096,), d0]"
+W2 = "Tensor[f16, (4096, 1024), d0]"
+# bias+GeLU after the first product, bias+residual after the second: Megatron's fused kernels
+MLP = f"""func @mlp(%x: {X}, %w1: {W}, %b1: {B}, %w2: {W2}, %b2: Tensor[f16, (1024,), d0]) {{
+  %h = MatMul(%x, %w1)
+  %hb = Add(%h, %b1)
+  %g = Gelu(%hb)
+  %y = MatMul(%g, %w2)
+  %yb = Add(%y, %b2)
+  %r = Add(%x, %yb)
+  return %r
+}}
+"""
+
+
+def _names(m: Module) -> list[tuple[str, FusedInput | None]]:
+    fn = m.entry
+    return [(op.name, link) for op, link in zip(fn.body, fused_inputs(fn), strict=True)]  # type: ignore[union-attr]
+
+
+def test_registry_declares_how_ops_fuse() -> None:
+    assert REGISTRY["MatMul"].fusion is Fusion.GEMM and REGISTRY["Gemm"].fusion is Fusion.GEMM
+    for name in ("Add", "Mul", "Gelu", "Relu", "Scale", "CausalMask", "Cast", "GeluGrad"):
+        assert REGISTRY[name].fusion is Fusion.POINTWISE, name
+    for name in ("Softmax", "LayerNormalization", "RMSNormalization", "SoftmaxGrad"):
+        assert REGISTRY[name].fusion is Fusion.ROWWISE, name
+    assert REGISTRY["Transpose"].fusion is Fusion.NONE and REGISTRY["Adam"].fusion is Fusion.NONE
+
+
+def test_chains_of_the_mlp() -> None:
+    """Add joins the MatMul (epilogue), Gelu the Add; the second chain likewise, and the residual
+    Add joins the bias Add through its second input. Single-use links are ``sole``."""
+    got = _names(parse_module(MLP))
+    assert got == [
+        ("MatMul", None),
+        ("Add", FusedInput(0, True)),
+        ("Gelu", FusedInput(0, True)),
+        ("MatMul", None),
+        ("Add", FusedInput(0, True)),
+        ("Add", FusedInput(1, True)),
+    ]
+
+
+def test_a_shared_result_is_linked_but_not_sole_and_rowwise_ends_a_chain() -> None:
+    t = "Tensor[f32, (8, 16), d0]"
+    text = f"""func @f(%x: {t}) {{
+  %a = Scale(%x, alpha=0.5)
+  %b = CausalMask(%a)
+  %p = Softmax(%b, axis=1)
+  %q = Relu(%p)
+  %s = Add(%b, %q)
+  return %s
+}}
+"""
+    got = _names(parse_module(text))
+    # %a's first use links (the producer is pointwise); %b is used twice: not sole; Relu does not
+    # join the Softmax (a row-wise op ends a chain); the last Add is not %b's first consumer
+    assert got == [
+        ("Scale", None),
+        ("CausalMask", FusedInput(0, True)),
+        ("Softmax", FusedInput(0, False)),
+        ("Relu", None),
+        ("Add", FusedInput(1, True)),
+    ]
+
+
+def test_a_returned_result_is_not_sole() -> None:
+    t = "Tensor[f32, (8, 16), d0]"
+    text = f"func @f(%x: {t}) {{\n  %a = Relu(%x)\n  %b = Neg(%a)\n  return %a, %b\n}}\n"
+    assert _names(parse_module(text)) == [("Relu", None), ("Neg", FusedInput(0, False))]
+
+
+def test_fused_time_by_hand() -> None:
+    """A fused Gelu after the bias Add (16 MiB in, 16 MiB out, f16): it launches nothing and
+    moves nothing when its input has no other use, its output only otherwise."""
+    cm = RooflineCostModel(A100)
+    t = TensorType(DType.f16, (2048, 4096), distir.ir.Device(0))
+    gelu = REGISTRY["Gelu"]
+    spec = A100.device_spec(0)
+    n = t.nbytes
+    unfused = cm.compute_time(gelu, [t], [t], {}, 0)
+    bw = spec.memory_bandwidth * cm.memory_efficiency
+    flops_t = 8.0 * 2048 * 4096 / (spec.bf16 * cm.flop_efficiency["elementwise"])
+    assert unfused == pytest.approx(spec.launch_overhead_s + max(flops_t, 2 * n / bw))
+    assert cm.fused_time(gelu, [t], [t], {}, 0, FusedInput(0, False)) == pytest.approx(max(flops_t, n / bw))
+    assert cm.fused_time(gelu, [t], [t], {}, 0, FusedInput(0, True)) == pytest.approx(flops_t)
+
+
+def test_fused_chains_cost_less_and_keep_values_memory_and_flops() -> None:
+    m = distir.check(parse_module(MLP))
+    before = print_module(m)
+    fused = simulate(m, A100)
+    unfused = simulate(m, A100, cost_model=RooflineCostModel(A100, fuse=False))
+    assert fused.step_time_s < unfused.step_time_s
+    # a cost annotation, not a rewrite: the program (so every value it computes), its FLOPs and
+    # its memory are the same
+    assert print_module(m) == before
+    assert fused.flops == unfused.flops and fused.peak_memory == unfused.peak_memory
+    # the saving is the chains' launches and round trips: 4 elementwise ops join a kernel
+    spec = A100.device_spec(0)
+    assert unfused.step_time_s - fused.step_time_s > 4 * spec.launch_overhead_s
+
+
+def test_fusion_off_is_every_op_its_own_kernel() -> None:
+    m = distir.check(parse_module(MLP))
+    cm = RooflineCostModel(A100, fuse=False)
+    r = simulate(m, A100, cost_model=cm)
+    by_hand = 0.0
+    types = infer_types(m)[1]
+    for op in m.entry.ops():
+        d = REGISTRY[op.name]
+        ins = [types[v] for v in op.inputs]
+        outs = [types[v] for v in op.outputs]
+        by_hand += cm.compute_time(d, ins, outs, op.attrs, 0)
+    assert r.step_time_s == pytest.approx(by_hand, rel=1e-12)
