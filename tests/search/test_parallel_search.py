@@ -26,9 +26,10 @@ from distir.search.space import Space
 
 from ._store_tasks import logged, pure
 
-# seq 64: at seq 16 every kernel is launch-bound, no GPU placement is better than another, and
-# the placement search (exercised below) has nothing to move
-GPT = "gpt:layers=4,hidden=64,heads=4,seq=64,vocab=128"
+GPT = "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128"
+# seq 64 for the search below: at seq 16 every kernel is launch-bound, no GPU placement is better
+# than another, and the placement search it exercises has nothing to move
+GPT_PLACED = "gpt:layers=4,hidden=64,heads=4,seq=64,vocab=128"
 HETERO = "p3.8xlarge:1+g4dn.12xlarge:1"
 
 
@@ -40,7 +41,7 @@ def test_two_workers_search_exactly_as_one(tmp_path: Path, monkeypatch: pytest.M
     """Screen (prefetched profiles), placement searches (on workers) and exact re-ranking (with
     ``explain``, the pure bests started during the placement search) give the same figures, with
     and without a store."""
-    req = SearchRequest(model=GPT, cluster=HETERO, batch=16, top=3, anneal_iters=60, explain=True)
+    req = SearchRequest(model=GPT_PLACED, cluster=HETERO, batch=16, top=3, anneal_iters=60, explain=True)
     serial = search(req)
     early: list[str] = []
     real_start = run.start_task

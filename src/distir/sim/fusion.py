@@ -25,13 +25,14 @@ and its memory accounting are unchanged: this is a cost annotation, not a rewrit
 
 from __future__ import annotations
 
-from collections import Counter
-from itertools import chain, repeat
+from itertools import chain
 from operator import attrgetter
 from typing import NamedTuple
 
+import numpy as np
+
 from distir.ir.function import Function
-from distir.ir.ops import Op
+from distir.ir.ops import Call, Op
 from distir.ops.registry import REGISTRY, Fusion, UnknownOpError
 
 
@@ -51,56 +52,99 @@ class FusedInput(NamedTuple):
 
 
 _LINKS = {(i, s): FusedInput(i, s) for i in range(8) for s in (False, True)}  # shared instances
-_HEADS = frozenset((Fusion.GEMM, Fusion.POINTWISE))
-_JOINS = frozenset((Fusion.POINTWISE, Fusion.ROWWISE))
-_KIND: dict[str, Fusion] = {}
+_TABLE = (None, *(_LINKS[(i, s)] for i in range(8) for s in (False, True)))  # by 1 + 2·index + sole
+_NONE, _HEAD, _JOIN, _BOTH, _THROUGH = 0, 1, 2, 3, 4  # per op: may start, may join a chain
+_CODE = {
+    Fusion.NONE: _NONE,
+    Fusion.GEMM: _HEAD,
+    Fusion.ROWWISE: _JOIN,
+    Fusion.POINTWISE: _BOTH,
+    Fusion.TRANSPARENT: _THROUGH,
+}
+_KIND: dict[str, int] = {}
 
 
-def _kind(name: str) -> Fusion:
+def _code(name: str) -> int:
     got = _KIND.get(name)
     if got is None:
         try:
-            got = REGISTRY[name].fusion
+            got = _CODE[REGISTRY[name].fusion]
         except UnknownOpError:  # the planner reports the unknown op
-            got = Fusion.NONE
+            got = _NONE
         _KIND[name] = got
     return got
 
 
 def fused_inputs(fn: Function) -> list[FusedInput | None]:
     """Per instruction of ``fn``'s body, how it joins the kernel of the op producing one of its
-    inputs (None: it does not). Calls never fuse."""
+    inputs (None: it does not). Calls never fuse. In bulk (numpy over the values' identities,
+    which stay valid while ``fn`` lives): the planner asks once per body, and a flat program has
+    a million ops."""
     body = fn.body
-    kinds = [_kind(x.name) if type(x) is Op else Fusion.NONE for x in body]
-    out: list[FusedInput | None] = [None] * len(body)
-    joins = [i for i, k in enumerate(kinds) if k in _JOINS]
-    if not joins:
-        return out
-    # the values a chain can continue from: a head's one result (GEMM or pointwise), and the one
-    # result of a transparent op that is the first consumer of such a value (through it)
-    heads = [x.outputs[0] for x, k in zip(body, kinds, strict=True) if k in _HEADS and len(x.outputs) == 1]
-    if not heads:
-        return out
-    made = dict.fromkeys(heads, -1)
+    n = len(body)
+    names = [x.name if type(x) is Op else "" for x in body] if Call in set(map(type, body)) else list(
+        map(attrgetter("name"), body)  # type: ignore[arg-type]
+    )
+    for name in set(names):
+        _code(name)
+    codes = np.array(list(map(_KIND.__getitem__, names)), np.int64)
+    if not n or not (codes & _JOIN).any() or not (codes & _HEAD).any():
+        return [None] * n
+    outputs = list(map(attrgetter("outputs"), body))
     inputs = list(map(attrgetter("inputs"), body))
-    flat = list(chain.from_iterable(inputs))
-    # each value's first consumer: later assignments win, so assign in reverse program order
-    at = chain.from_iterable(map(repeat, range(len(body) - 1, -1, -1), map(len, reversed(inputs))))
-    first = dict(zip(reversed(flat), at, strict=True))
-    uses = Counter(flat)
-    uses.update(fn.outputs)
-    source: dict[object, object] = {}  # a transparent op's result -> the head's value it passes on
-    for t, k in enumerate(kinds):
-        if k is Fusion.TRANSPARENT and len(inputs[t]) == 1 and len(body[t].outputs) == 1:
-            v = inputs[t][0]
-            if made.get(v) == -1 and first[v] == t:
-                made[body[t].outputs[0]] = t
-                source[body[t].outputs[0]] = v
-    for i in joins:
-        for j, x in enumerate(inputs[i]):
-            via = made.get(x)
-            if via is not None and first[x] == i:
-                sole = uses[x] == 1 and (via < 0 or uses[source[x]] == 1)
-                out[i] = (_LINKS.get((j, sole)) or FusedInput(j, sole)) if via < 0 else FusedInput(j, sole, via)
-                break
+    n_out = np.fromiter(map(len, outputs), np.int64, n)
+    n_in = np.fromiter(map(len, inputs), np.int64, n)
+    made = np.fromiter(map(id, chain.from_iterable(outputs)), np.int64, int(n_out.sum()))
+    read = np.fromiter(map(id, chain.from_iterable(inputs)), np.int64, int(n_in.sum()))
+    op_of = np.repeat(np.arange(n), n_in)  # the consumer of each input occurrence
+    start = np.zeros(n, np.int64)
+    np.cumsum(n_in[:-1], out=start[1:])
+    # per occurrence: the op producing the value read (-1: a parameter)
+    order = np.argsort(made, kind="stable")
+    at = np.minimum(np.searchsorted(made[order], read), max(len(made) - 1, 0))
+    found = made[order][at] == read if len(made) else np.zeros(len(read), bool)
+    producer = np.where(found, np.repeat(np.arange(n), n_out)[order][at] if len(made) else -1, -1)
+    # per occurrence: the value's first consumer and its number of uses (returning it is one)
+    _, first_at, inverse, counts = np.unique(read, return_index=True, return_inverse=True, return_counts=True)
+    first = op_of[first_at][inverse]
+    uses = counts[inverse]
+    ret = np.array(list(map(id, fn.outputs)), np.int64)
+    if len(ret):
+        r_ids, r_counts = np.unique(ret, return_counts=True)
+        pos = np.minimum(np.searchsorted(r_ids, read), len(r_ids) - 1)
+        uses = uses + np.where(r_ids[pos] == read, r_counts[pos], 0)
+    prod = np.maximum(producer, 0)
+    from_head = (producer >= 0) & (n_out[prod] == 1) & ((codes[prod] & _HEAD) > 0)
+    # through a transparent op (one input, one result) that is its input's first consumer
+    via = np.full(len(read), -1)
+    through = (codes == _THROUGH) & (n_in == 1) & (n_out == 1)
+    if through.any():
+        t_occ = start[through]  # each transparent op's input occurrence
+        ok_t = np.zeros(n, bool)
+        ok_t[np.flatnonzero(through)] = from_head[t_occ] & (first[t_occ] == op_of[t_occ])
+        src_uses = np.zeros(n, np.int64)
+        src_uses[np.flatnonzero(through)] = uses[t_occ]
+        passing = (producer >= 0) & ok_t[prod]
+        from_head |= passing
+        via = np.where(passing, producer, -1)
+        uses = np.where(passing, np.maximum(uses, src_uses[prod]), uses)  # sole only if both are
+    # an occurrence links when its consumer joins and is the value's first consumer; per consumer
+    # the first such input counts
+    link = from_head & ((codes[op_of] & _JOIN) > 0) & (first == op_of)
+    hits = np.flatnonzero(link)
+    if not len(hits):
+        return [None] * n
+    ops, keep = np.unique(op_of[hits], return_index=True)
+    hits = hits[keep]
+    j = hits - start[ops]
+    sole = uses[hits] == 1
+    vias = via[hits]
+    # the common links (no via, input < 8) from a table in one C-level pass, the rest one by one
+    common = (vias < 0) & (j < 8)
+    code = np.zeros(n, np.int64)
+    code[ops[common]] = 1 + 2 * j[common] + sole[common]
+    out: list[FusedInput | None] = list(map(_TABLE.__getitem__, code.tolist()))
+    rest = ~common
+    for i, jj, ss, vv in zip(ops[rest].tolist(), j[rest].tolist(), sole[rest].tolist(), vias[rest].tolist(), strict=True):
+        out[i] = FusedInput(jj, ss, vv)
     return out
