@@ -281,7 +281,11 @@ type = "t"
     assert a.gemm.fraction == 0.7 and a.gemm.sms == base.gemm.sms and a.gemm.anchor == base.gemm.anchor
     assert a.runtime.context_bytes == 300 << 20 and a.runtime.fragmentation == 0.1
     assert a.runtime.workspace_bytes == base.runtime.workspace_bytes and a.runtime.source == "measured"
-    assert t.gemm is not None and (t.gemm.sms, t.gemm.fraction, t.gemm.anchor) == (20, 0.6, (4096, 4096, 4096))
+    assert t.gemm is not None and (t.gemm.sms, t.gemm.fraction, t.gemm.anchor) == (
+        20,
+        0.6,
+        (4096, 4096, 4096),
+    )
     assert t.runtime.comm_bytes == 0 and t.runtime.context_bytes > 0
 
 

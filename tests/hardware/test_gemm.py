@@ -37,7 +37,9 @@ def test_the_curve_passes_through_the_published_anchor(key: str) -> None:
     m, n, k = g.anchor
     assert gemm_efficiency(g, GemmShape(1, m, n, k)) == pytest.approx(g.fraction, rel=1e-12)
     if g.fp32_fraction is not None:
-        assert gemm_efficiency(g, GemmShape(1, m, n, k), fp32=True) == pytest.approx(g.fp32_fraction, rel=1e-12)
+        assert gemm_efficiency(g, GemmShape(1, m, n, k), fp32=True) == pytest.approx(
+            g.fp32_fraction, rel=1e-12
+        )
 
 
 def test_published_maxima_are_the_benchmarks_figures() -> None:
@@ -85,7 +87,9 @@ def test_shape_factor_is_the_best_tile() -> None:
     s = GemmShape(2, 1000, 3000, 700)
     best = max(tile_factor(s, 80, t) for t in TILES)
     assert shape_factor(s, 80) == pytest.approx(best * 700 / (700 + 64))
-    assert math.isclose(gemm_efficiency(PROFILES["dgx2-v100"], GemmShape(1, 0, 5, 5)), ceiling(PROFILES["dgx2-v100"]))  # type: ignore[arg-type]
+    assert math.isclose(
+        gemm_efficiency(PROFILES["dgx2-v100"], GemmShape(1, 0, 5, 5)), ceiling(PROFILES["dgx2-v100"])
+    )  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -147,5 +147,7 @@ def test_render_clusters_table() -> None:
     assert "A100-SXM-80GB" in text and "2039" in text and "1.25" in text
     assert "[3] https://www.nvidia.com/en-us/data-center/h100/" in text
     # every GEMM figure and the runtime memory state their sources
-    assert text.count("    GEMM: ") == len(PRESETS) and "arXiv:1803.04014" in text and "ml-engineering" in text
+    assert (
+        text.count("    GEMM: ") == len(PRESETS) and "arXiv:1803.04014" in text and "ml-engineering" in text
+    )
     assert "Runtime memory: " in text and "NCCL_BUFFSIZE" in text

@@ -34,7 +34,9 @@ def test_no_runtime_memory_by_default() -> None:
 
 
 def test_runtime_memory_is_counted_in_the_peak() -> None:
-    rt = RuntimeMemory(context_bytes=300 * MIB, workspace_bytes=32 * MIB, comm_bytes=100 * MIB, fragmentation=0.1)
+    rt = RuntimeMemory(
+        context_bytes=300 * MIB, workspace_bytes=32 * MIB, comm_bytes=100 * MIB, fragmentation=0.1
+    )
     r = simulate(parse_module(PROG), cluster(rt))
     extra = (300 + 32 + 100) * MIB + 0.1 * TENSORS
     assert r.runtime_memory == {0: pytest.approx(extra)}
@@ -63,7 +65,11 @@ def test_tensor_capacity_inverts_the_overhead() -> None:
 
 @pytest.mark.parametrize(
     ("kw", "what"),
-    [({"context_bytes": -1}, "context_bytes"), ({"comm_bytes": 1.5}, "comm_bytes"), ({"fragmentation": 1.0}, "fragmentation")],
+    [
+        ({"context_bytes": -1}, "context_bytes"),
+        ({"comm_bytes": 1.5}, "comm_bytes"),
+        ({"fragmentation": 1.0}, "fragmentation"),
+    ],
 )
 def test_bad_runtime_memory_is_a_spec_error(kw: dict[str, object], what: str) -> None:
     with pytest.raises(SpecError, match=what):

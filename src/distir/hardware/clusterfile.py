@@ -48,7 +48,8 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
     bandwidth_matrix_gb_s = [[...]]  # optional: full GPU×GPU matrices, overriding every
     latency_matrix_us = [[...]]      # pairwise link (the diagonal is ignored)
 
-A preset type overrides any of these keys one by one (the rest are the preset's). A preset type whose device figures are overridden gets the device name ``"<preset gpu> [<key>]"``
+A preset type overrides any of these keys one by one (the rest are the preset's). A preset
+type whose device figures are overridden gets the device name ``"<preset gpu> [<key>]"``
 unless ``gpu`` is given, so that different figures never share a name.
 
 Every problem is a ``ClusterError`` naming the file, the line:column where it can be found, the
@@ -111,9 +112,22 @@ _DEVICE_FIELDS = {
     "launch_overhead_us": "launch_overhead_s",
 }
 _GEMM_KEYS = ("sm_count", "matmul_efficiency", "matmul_fp32_efficiency", "matmul_anchor", "matmul_source")
-_RUNTIME_MIB = {"cuda_context_mib": "context_bytes", "workspace_mib": "workspace_bytes", "comm_buffers_mib": "comm_bytes"}
+_RUNTIME_MIB = {
+    "cuda_context_mib": "context_bytes",
+    "workspace_mib": "workspace_bytes",
+    "comm_buffers_mib": "comm_bytes",
+}
 _RUNTIME_KEYS = (*_RUNTIME_MIB, "allocator_fragmentation", "runtime_memory_source")
-_TYPE_KEYS = ("preset", "gpu", "devices_per_node", *_NUMERIC, "node_name", "source", *_GEMM_KEYS, *_RUNTIME_KEYS)
+_TYPE_KEYS = (
+    "preset",
+    "gpu",
+    "devices_per_node",
+    *_NUMERIC,
+    "node_name",
+    "source",
+    *_GEMM_KEYS,
+    *_RUNTIME_KEYS,
+)
 _TOP_KEYS = ("name", "types", "nodes", "inter_node", "bandwidth_matrix_gb_s", "latency_matrix_us")
 
 
@@ -298,7 +312,7 @@ class _Loader:
             device = base.device
             if dev_over or gpu is not None:
                 name = gpu if gpu is not None else f"{device.name} [{key}]"
-                device = replace(device, name=name, **dev_over)  # type: ignore[arg-type]
+                device = replace(device, name=name, **dev_over)
             intra = LinkSpec(
                 vals.get("intra_bandwidth_gb_s", base.intra.bandwidth),
                 vals.get("intra_latency_us", base.intra.latency_s),
@@ -320,7 +334,11 @@ class _Loader:
         if base is None:
             for k in ("sm_count", "matmul_efficiency"):
                 if k not in t:
-                    self.fail((*path, k), f"missing key: the GEMM curve needs sm_count and matmul_efficiency (got {', '.join(given)})")
+                    self.fail(
+                        (*path, k),
+                        "missing key: the GEMM curve needs sm_count and matmul_efficiency "
+                        f"(got {', '.join(given)})",
+                    )
         over: dict[str, Any] = {}
         if "sm_count" in t:
             over["sms"] = self.positive_int(t["sm_count"], (*path, "sm_count"), "streaming multiprocessors")
@@ -328,12 +346,20 @@ class _Loader:
             if key in t:
                 x = self.number(t[key], (*path, key), "a fraction of the dense peak")
                 if x > 1:
-                    self.fail((*path, key), f"expected a fraction of the dense peak in (0, 1], got {_got(t[key])}")
+                    self.fail(
+                        (*path, key), f"expected a fraction of the dense peak in (0, 1], got {_got(t[key])}"
+                    )
                 over[field_] = x
         if "matmul_anchor" in t:
             a = t["matmul_anchor"]
-            if not (isinstance(a, list) and len(a) == 3 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in a)):
-                self.fail((*path, "matmul_anchor"), f"expected [M, N, K], three positive integers, got {_got(a)}")
+            if not (
+                isinstance(a, list)
+                and len(a) == 3
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in a)
+            ):
+                self.fail(
+                    (*path, "matmul_anchor"), f"expected [M, N, K], three positive integers, got {_got(a)}"
+                )
             over["anchor"] = tuple(a)
         if "matmul_source" in t:
             if not isinstance(t["matmul_source"], str):
@@ -352,13 +378,24 @@ class _Loader:
             if key in t:
                 over[field_] = round(self.number(t[key], (*path, key), "MiB", zero_ok=True) * MIB)
         if "allocator_fragmentation" in t:
-            x = self.number(t["allocator_fragmentation"], (*path, "allocator_fragmentation"), "a fraction of the peak", zero_ok=True)
+            x = self.number(
+                t["allocator_fragmentation"],
+                (*path, "allocator_fragmentation"),
+                "a fraction of the peak",
+                zero_ok=True,
+            )
             if x >= 1:
-                self.fail((*path, "allocator_fragmentation"), f"expected a fraction in [0, 1), got {_got(t['allocator_fragmentation'])}")
+                self.fail(
+                    (*path, "allocator_fragmentation"),
+                    f"expected a fraction in [0, 1), got {_got(t['allocator_fragmentation'])}",
+                )
             over["fragmentation"] = x
         if "runtime_memory_source" in t:
             if not isinstance(t["runtime_memory_source"], str):
-                self.fail((*path, "runtime_memory_source"), f"expected a string, got {_got(t['runtime_memory_source'])}")
+                self.fail(
+                    (*path, "runtime_memory_source"),
+                    f"expected a string, got {_got(t['runtime_memory_source'])}",
+                )
             over["source"] = t["runtime_memory_source"]
         return replace(base, **over) if over else base
 

@@ -235,7 +235,11 @@ def node_record(key: str, node: NodeSpec) -> dict[str, Any]:
         "source": node.source,
     }
     # the GEMM and runtime figures unrounded: a row read back as a TOML node type is the preset
-    return {k: round(v, 6) if isinstance(v, float) else v for k, v in rec.items()} | _gemm_record(d) | _runtime_record(d)
+    return (
+        {k: round(v, 6) if isinstance(v, float) else v for k, v in rec.items()}
+        | _gemm_record(d)
+        | _runtime_record(d)
+    )
 
 
 def _gemm_record(d: DeviceSpec) -> dict[str, Any]:
@@ -265,6 +269,9 @@ def clusters_json() -> dict[str, Any]:
     return {"clusters": [node_record(k, n) for k, n in PRESETS.items()]}
 
 
+_FLAT = "flat fraction of peak (no GEMM profile)"
+
+
 def render_clusters_table() -> Table:
     """The presets as a rich table, for ``distir clusters``."""
     from rich.table import Table
@@ -287,7 +294,7 @@ def render_clusters_table() -> Table:
     ]
     recs = clusters_json()["clusters"]
     notes = "\n".join(
-        f"[{i}] {r['source'].replace(' ; ', ' ')}\n    GEMM: {r.get('matmul_source', 'flat fraction of peak')}"
+        f"[{i}] {r['source'].replace(' ; ', ' ')}\n    GEMM: {r.get('matmul_source', _FLAT)}"
         for i, r in enumerate(recs, 1)
     )
     runtime_sources = dict.fromkeys(r["runtime_memory_source"] for r in recs if r["runtime_memory_source"])

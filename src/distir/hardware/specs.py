@@ -112,7 +112,9 @@ class RuntimeMemory:
                 raise SpecError(f"{owner}: {f} must be a non-negative int (bytes), got {x!r}")
         _non_negative(owner, "fragmentation", self.fragmentation)
         if self.fragmentation >= 1:
-            raise SpecError(f"{owner}: fragmentation must be below 1 (a fraction), got {self.fragmentation!r}")
+            raise SpecError(
+                f"{owner}: fragmentation must be below 1 (a fraction), got {self.fragmentation!r}"
+            )
         if not isinstance(self.source, str):
             raise SpecError(f"{owner}: source must be a string, got {self.source!r}")
 

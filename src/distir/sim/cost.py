@@ -125,13 +125,13 @@ class RooflineCostModel:
         link: FusedInput,
     ) -> float:
         """``compute_time`` of an op inside the kernel of the op before it: no launch; input
-        ``link.index`` comes from registers, and when it has no other use the producer's write
+        ``link.arg`` comes from registers, and when it has no other use the producer's write
         of it is saved too (this op's write takes its place)."""
         flops = opdef.flops(ins, outs, attrs)
         nbytes = opdef.bytes_read(ins, outs, attrs) + opdef.bytes_written(ins, outs, attrs)
         if flops <= 0 and nbytes <= 0:
             return 0.0
-        linked = ins[link.index].nbytes if link.index < len(ins) else 0
+        linked = ins[link.arg].nbytes if link.arg < len(ins) else 0
         nbytes = max(0.0, nbytes - linked * (2 if link.sole else 1))
         spec = self.cluster.device_spec(gpu)
         return self._roofline(spec, opdef, ins, outs, attrs, flops, nbytes)

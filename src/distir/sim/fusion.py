@@ -37,18 +37,18 @@ from distir.ops.registry import REGISTRY, Fusion, UnknownOpError
 
 
 class FusedInput(NamedTuple):
-    """How an op joins the kernel of the op producing one of its inputs: ``index`` is that input
+    """How an op joins the kernel of the op producing one of its inputs: ``arg`` is that input
     (read from registers, not memory); ``sole``: the result has no other use (so it is never
     written to memory); ``via``: the position of the TRANSPARENT op the chain passes through, or
     -1. The cost model sees links with ``via == -1`` only (``FusedInput.plain``)."""
 
-    index: int
+    arg: int
     sole: bool
     via: int = -1
 
     def plain(self) -> FusedInput:
         """The link without ``via`` (a shared instance: memo keys stay small)."""
-        return _LINKS.get((self.index, self.sole)) or FusedInput(self.index, self.sole)
+        return _LINKS.get((self.arg, self.sole)) or FusedInput(self.arg, self.sole)
 
 
 _LINKS = {(i, s): FusedInput(i, s) for i in range(8) for s in (False, True)}  # shared instances
@@ -82,8 +82,10 @@ def fused_inputs(fn: Function) -> list[FusedInput | None]:
     a million ops."""
     body = fn.body
     n = len(body)
-    names = [x.name if type(x) is Op else "" for x in body] if Call in set(map(type, body)) else list(
-        map(attrgetter("name"), body)  # type: ignore[arg-type]
+    names = (
+        [x.name if type(x) is Op else "" for x in body]
+        if Call in set(map(type, body))
+        else list(map(attrgetter("name"), body))
     )
     for name in set(names):
         _code(name)
@@ -145,6 +147,8 @@ def fused_inputs(fn: Function) -> list[FusedInput | None]:
     code[ops[common]] = 1 + 2 * j[common] + sole[common]
     out: list[FusedInput | None] = list(map(_TABLE.__getitem__, code.tolist()))
     rest = ~common
-    for i, jj, ss, vv in zip(ops[rest].tolist(), j[rest].tolist(), sole[rest].tolist(), vias[rest].tolist(), strict=True):
+    for i, jj, ss, vv in zip(
+        ops[rest].tolist(), j[rest].tolist(), sole[rest].tolist(), vias[rest].tolist(), strict=True
+    ):
         out[i] = FusedInput(jj, ss, vv)
     return out
