@@ -71,7 +71,7 @@ def summary_table(r: SimResult, title: str) -> Group:
         f"MFU {100 * r.mfu:.1f}%   bubble {100 * r.bubble_fraction:.1f}%   ops {r.n_ops:,}\n"
     )
     table = Table()
-    for col in ("device", "GPU", "busy", "comm", "idle", "peak memory", "of it runtime", "capacity", ""):
+    for col in ("device", "GPU", "busy", "comm", "idle", "peak memory", "runtime", "capacity", ""):
         table.add_column(col, justify="left" if col in ("device", "GPU", "") else "right")
     for dev in d["devices"]:
         g = dev["gpu"]
