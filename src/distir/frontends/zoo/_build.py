@@ -86,10 +86,13 @@ def assemble(
     inputs: Sequence[InputSpec],
     calls: Sequence[LayerCall],
     seq_dim: int | None = None,
+    ends: tuple[int, int] = (0, 0),
 ) -> Model:
     """The ``Model`` whose entry ``@forward`` makes ``calls`` in order, starting from the first
     input; ``seq_dim`` declares the activations' sequence dim (``Model.seq_dim``). Runs
-    ``check_model`` and counts ``flops_per_sample``."""
+    ``check_model`` and counts ``flops_per_sample``. ``ends``: how many calls before and after
+    the repeated blocks belong with the first and the last pipeline chunk (``Model.pre``,
+    ``Model.post``)."""
     if not inputs:
         raise ModelError(f"model {name}: no inputs")
     batch = inputs[0].type.shape[0]
@@ -123,7 +126,12 @@ def assemble(
         module,
         [_with_batch(p.type, 1) for p in module.entry.params[: len(inputs)]] + [w.type for w in weights],
     )
-    return Model(name, dict(config), module, tuple(inputs), tuple(weights), batch, flops, seq_dim)
+    pre, post = ends
+    if pre < 0 or post < 0 or pre + post > len(calls):
+        raise ModelError(f"model {name}: {pre} + {post} end calls but {len(calls)} calls")
+    return Model(
+        name, dict(config), module, tuple(inputs), tuple(weights), batch, flops, seq_dim, pre=pre, post=post
+    )
 
 
 def _with_batch(t: Type | None, batch: int) -> TensorType:

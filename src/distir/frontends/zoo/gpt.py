@@ -171,4 +171,4 @@ def build(cfg: GPTConfig, batch: int, dtype: DType = DType.f32, name: str = FAMI
     )
     calls.append(LayerCall(head_fn(), head_w, "logits"))
     calls.append(LayerCall(token_loss_fn(v, batch * s), ("labels",), "loss"))
-    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1)
+    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1, ends=(1, 2))

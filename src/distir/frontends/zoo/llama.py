@@ -125,4 +125,4 @@ def build(cfg: LlamaConfig, batch: int, dtype: DType = DType.f32, name: str = FA
     head_w = (weight("norm", dtype, (h,), value=1.0), weight("wlm", dtype, (h, v)))
     calls.append(LayerCall(head_fn(), head_w, "logits"))
     calls.append(LayerCall(token_loss_fn(v, batch * s), ("labels",), "loss"))
-    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1)
+    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1, ends=(1, 2))
