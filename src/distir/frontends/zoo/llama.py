@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from distir.frontends.zoo._build import LayerCall, LayerFn, assemble, check_config, tensor, weight
 from distir.frontends.zoo.attention import attention, attention_field
 from distir.frontends.zoo.gpt import token_loss_fn
-from distir.frontends.zoo.model import InputSpec, Model, WeightSpec
+from distir.frontends.zoo.model import InputSpec, Model, ModelError, WeightSpec
 from distir.ir.dtensor import Replicate, Shard
 from distir.ir.function import Function
 from distir.ir.types import DType
@@ -61,6 +61,8 @@ class LlamaConfig:
 
     def __post_init__(self) -> None:
         check_config(FAMILY, self, divides=[("heads", "hidden"), ("kv_heads", "heads")])
+        if (self.hidden // self.heads) % 2:
+            raise ModelError(f"{FAMILY}: head_dim = hidden/heads = {self.hidden // self.heads} must be even (RoPE)")
 
 
 ZOO: dict[str, tuple[LlamaConfig, str]] = {
