@@ -30,7 +30,7 @@ def naive_attention(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, scale: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """One (batch, head) at a time: softmax(scale · q_h k_gᵀ) v_g, g = h // (h / h_kv)."""
-    b, s, h, d = q.shape
+    b, s, h, _ = q.shape
     group = h // k.shape[2]
     out, lse = np.zeros_like(q), np.zeros((b, h, s))
     for n in range(b):
@@ -164,7 +164,7 @@ def test_rope_rejects_an_odd_head_dim() -> None:
 def complex_rope(x: np.ndarray, theta: float) -> np.ndarray:
     """Meta's ``apply_rotary_emb``: consecutive pairs as complex numbers times
     exp(i · s · theta^(-2j/d))."""
-    b, s, h, d = x.shape
+    _, s, _, d = x.shape
     z = x[..., 0::2] + 1j * x[..., 1::2]
     freqs = theta ** (-np.arange(0, d, 2) / d)
     z = z * np.exp(1j * np.arange(s)[:, None, None] * freqs[None, None, :])

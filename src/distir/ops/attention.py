@@ -126,7 +126,12 @@ def _attention_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
     for i, name in ((0, "dout"), (4, "out")):
         t = ctx.tensor(i)
         if t.shape != q.shape:
-            ctx.fail(f"AttentionGrad: {name} of shape {t.shape} must be shaped like q {q.shape}", i, q.shape, t.shape)
+            ctx.fail(
+                f"AttentionGrad: {name} of shape {t.shape} must be shaped like q {q.shape}",
+                i,
+                q.shape,
+                t.shape,
+            )
     lse, want = ctx.tensor(5), _lse_type(ctx, q)
     if (lse.dtype, lse.shape) != (want.dtype, want.shape):
         ctx.fail(
@@ -265,7 +270,13 @@ def heads_split_evenly(h: int, hkv: int, n: int) -> bool:
 
 
 def _attention_strategies(
-    q: tuple[int, ...], hkv: int, n: int, tensor_ins: int, lse_at: int | None, n_outs: int, lse_out: int | None
+    q: tuple[int, ...],
+    hkv: int,
+    n: int,
+    tensor_ins: int,
+    lse_at: int | None,
+    n_outs: int,
+    lse_out: int | None,
 ) -> list[sh.Strategy]:
     """Batch and heads strategies: every (B, S, h, d) tensor on dim 0 / 2, the lse on 0 / 1."""
     found: list[sh.Strategy] = []
@@ -331,7 +342,12 @@ ATTENTION_GRAD = register(
 def _rope_rule(ctx: TypeCtx) -> Sequence[Type]:
     x = float_input(ctx, 0, "X")
     if x.rank != 4 or x.shape[3] % 2:
-        ctx.fail("Rope needs X of shape (batch, seq, heads, head_dim) with an even head_dim", 0, "(B, S, h, 2k)", x.shape)
+        ctx.fail(
+            "Rope needs X of shape (batch, seq, heads, head_dim) with an even head_dim",
+            0,
+            "(B, S, h, 2k)",
+            x.shape,
+        )
     if ctx.attr("theta") <= 0:
         ctx.fail(f"Rope theta={ctx.attr('theta')} must be positive", None, "> 0", ctx.attr("theta"))
     return (ctx.out(x.dtype, x.shape),)
@@ -340,7 +356,7 @@ def _rope_rule(ctx: TypeCtx) -> Sequence[Type]:
 def rope_angles(seq: int, head_dim: int, theta: float) -> F64:
     """(S, d/2): position s times theta^(-2i/d)."""
     freqs = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    return np.outer(np.arange(seq, dtype=np.float64), freqs)  # type: ignore[no-any-return]
+    return np.outer(np.arange(seq, dtype=np.float64), freqs)
 
 
 def _rope_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
@@ -391,7 +407,8 @@ def _attention_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequ
         )
     q, k, v = (ctx.primal(x) for x in op.inputs)
     out, lse = (ctx.primal(x) for x in op.outputs)
-    return ctx.op("AttentionGrad", first(douts), q, k, v, out, lse, **dict(op.attrs.items()))
+    attrs: dict[str, Any] = dict(op.attrs.items())
+    return ctx.op("AttentionGrad", first(douts), q, k, v, out, lse, **attrs)
 
 
 def _rope_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:

@@ -178,4 +178,3 @@ def check_config(family: str, cfg: object, divides: Sequence[tuple[str, str]] = 
         va, vb = getattr(cfg, a), getattr(cfg, b)
         if vb % va:
             raise ModelError(f"{family}: {a}={va} must divide {b}={vb}")
-

@@ -88,7 +88,9 @@ def linear(f: LayerFn, x: Value, w: Value, b: Value, name: str) -> Value:
     return f("Add", f("MatMul", x, w, name=f"{name}_xw"), b, name=name)
 
 
-def block_fn(name: str, hidden: int, heads: int, causal: bool = True, attention_form: str = "fused") -> Function:
+def block_fn(
+    name: str, hidden: int, heads: int, causal: bool = True, attention_form: str = "fused"
+) -> Function:
     """The pre-LN transformer block (also TransGAN's, non-causal); ``attention_form`` is the
     model's ``attention`` option."""
     f = LayerFn(name)

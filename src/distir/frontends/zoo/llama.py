@@ -62,14 +62,19 @@ class LlamaConfig:
     def __post_init__(self) -> None:
         check_config(FAMILY, self, divides=[("heads", "hidden"), ("kv_heads", "heads")])
         if (self.hidden // self.heads) % 2:
-            raise ModelError(f"{FAMILY}: head_dim = hidden/heads = {self.hidden // self.heads} must be even (RoPE)")
+            raise ModelError(
+                f"{FAMILY}: head_dim = hidden/heads = {self.hidden // self.heads} must be even (RoPE)"
+            )
 
 
 ZOO: dict[str, tuple[LlamaConfig, str]] = {
     "llama2-7b": (LlamaConfig(32, 4096, 32, 32, 11008, 32000, 4096), "Llama 2 7B (Touvron et al. 2023)"),
     "llama2-13b": (LlamaConfig(40, 5120, 40, 40, 13824, 32000, 4096), "Llama 2 13B (Touvron et al. 2023)"),
     "llama2-70b": (LlamaConfig(80, 8192, 64, 8, 28672, 32000, 4096), "Llama 2 70B (Touvron et al. 2023)"),
-    "llama3-8b": (LlamaConfig(32, 4096, 32, 8, 14336, 128256, 8192, rope_theta=500000), "Llama 3 8B (Meta 2024)"),
+    "llama3-8b": (
+        LlamaConfig(32, 4096, 32, 8, 14336, 128256, 8192, rope_theta=500000),
+        "Llama 3 8B (Meta 2024)",
+    ),
 }
 
 
