@@ -21,7 +21,7 @@ saved. The policies, as the trainers define them (``POLICIES``, the strategy's `
   only the *attention core* and save everything else (projections, norms, activations, MLP).
   The core (``attention_core``) is defined by the registry, not by value names: every op whose
   ``OpDef.attention_core`` is set (the fused ``Attention``; ``Softmax``), and, around a flagged op
-  with one activation input (the softmax of the naive form), the chain of weight-free ops with
+  with a single input (the softmax of the naive form), the chain of weight-free ops with
   one activation input on either side up to and including the first op with two activation
   inputs (QKᵀ before, ·V after): QKᵀ, scale, mask, softmax, dropout, ·V. So in the naive form
   the S×S scores and probabilities are recomputed from the saved q, k, v; in the fused form the
@@ -71,7 +71,7 @@ def RECOMPUTE_ALL(op: Op, fn: Function) -> bool:
 
 def attention_core(fn: Function) -> frozenset[Op]:
     """The ops of ``fn`` in attention's core (module docstring): the registry's flagged ops and,
-    around a flagged op with one activation input, the weight-free chain up to the contraction on
+    around a flagged op with a single input, the weight-free chain up to the contraction on
     each side. An activation is any value but a weight (a parameter after the first)."""
     got = _CORE.get(id(fn))
     if got is not None and got[0] is fn:
@@ -95,9 +95,9 @@ def attention_core(fn: Function) -> frozenset[Op]:
         if not REGISTRY[op.name].attention_core:
             continue
         core.add(op)
-        if len(acts(op)) != 1:
+        if len(op.inputs) != 1 or op.inputs[0] in weights:  # the fused op is the core by itself
             continue
-        back = producer.get(acts(op)[0])
+        back = producer.get(op.inputs[0])
         while back is not None and chainable(back) and back not in core:
             core.add(back)
             back = producer.get(acts(back)[0]) if len(acts(back)) == 1 else None
