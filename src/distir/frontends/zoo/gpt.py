@@ -9,7 +9,8 @@
     }
 
 ``@block`` is pre-LN: ``x + Attn(LN1(x))`` then ``x + MLP(LN2(x))`` with causal multi-head
-attention (``attention.py``) and a GELU MLP of width 4·hidden; every projection has a bias.
+attention (``attention.py``: the fused op by default, ``attention=naive`` the explicit form) and
+a GELU MLP of width 4·hidden; every projection has a bias.
 The output projection ``wlm`` (hidden, vocab) is a weight of its own — *untied* from ``wte``
 (GPT-2 ties them; the chain contract uses each weight in one layer) — so the parameter count is
 the published one plus hidden·vocab. GELU is the exact (erf) one of the registry.
