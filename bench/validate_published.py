@@ -166,7 +166,9 @@ def _check(r: Run, where: str) -> None:
     if (p.metric == "tflops_per_gpu") != (p.flops_formula in FLOPS_FORMULAS):
         raise RunsError(f"{where}.published.flops_formula: tflops_per_gpu needs one of {FLOPS_FORMULAS}")
     if s.dp * s.tp * s.pp * s.cp != r.cluster.gpus:
-        raise RunsError(f"{where}.strategy: dp·tp·pp·cp = {s.dp * s.tp * s.pp * s.cp} ≠ {r.cluster.gpus} GPUs")
+        raise RunsError(
+            f"{where}.strategy: dp·tp·pp·cp = {s.dp * s.tp * s.pp * s.cp} ≠ {r.cluster.gpus} GPUs"
+        )
     if s.global_batch % (s.dp * s.microbatch):
         raise RunsError(
             f"{where}.strategy: global_batch {s.global_batch} is not a whole number of microbatches "
@@ -349,14 +351,27 @@ def _yn(b: bool) -> str:
 
 
 def table_lines(rows: list[Row], markdown: bool) -> list[str]:
-    head = ("run", "GPUs", "strategy", "unit", "published", "predicted", "error", "fits pub/pred", "peak GiB", "note")
+    head = (
+        "run",
+        "GPUs",
+        "strategy",
+        "unit",
+        "published",
+        "predicted",
+        "error",
+        "fits pub/pred",
+        "peak GiB",
+        "note",
+    )
     body: list[tuple[str, ...]] = []
     for row in rows:
         r, p = row.run, row.prediction
         unit = METRICS[r.published.metric]
         if p is None or row.error_pct is None:
             fit = f"{_yn(r.published.fit)}/-"
-            body.append((r.name, str(r.cluster.gpus), "", unit, _fmt(r.published.value), "-", "", fit, "", row.note))
+            body.append(
+                (r.name, str(r.cluster.gpus), "", unit, _fmt(r.published.value), "-", "", fit, "", row.note)
+            )
             continue
         body.append(
             (
@@ -392,7 +407,8 @@ def summary_lines(rows: list[Row]) -> list[str]:
         fit_ok = [r for r in pub_fit if r.prediction is not None and r.prediction.fits]
         over = sum(e > TARGET_MAX for e in errs)
         out += [
-            f"median |error| {med:.1f}% (target ≤ {TARGET_MEDIAN:.0f}%: {'met' if med <= TARGET_MEDIAN else 'NOT met'})",
+            f"median |error| {med:.1f}% "
+            f"(target ≤ {TARGET_MEDIAN:.0f}%: {'met' if med <= TARGET_MEDIAN else 'NOT met'})",
             f"max |error| {mx:.1f}% ({worst.run.name}); {over} over {TARGET_MAX:.0f}% "
             f"(target none: {'met' if over == 0 else 'NOT met'})",
             f"published-fit runs predicted to fit: {len(fit_ok)}/{len(pub_fit)} "
