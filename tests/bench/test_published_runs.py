@@ -77,6 +77,18 @@ def test_figure_of_tokens_per_gpu() -> None:
     assert vp.figure_of(run, 2.0) == pytest.approx(tokens / 2.0 / run.cluster.gpus)
 
 
+def test_error_is_a_throughput_error_for_every_metric() -> None:
+    # twice as fast a step is +100 % whether the source publishes a rate or a step time
+    for metric in vp.METRICS:
+        run = next((r for r in RUNS if r.published.metric == metric), None)
+        if run is None:
+            continue
+        # the step time whose figure is the published value (rates are work / step time), then half
+        t = run.published.value if metric == "seconds_per_step" else vp.figure_of(run, 1.0) / run.published.value
+        assert vp.throughput_error_pct(run, vp.figure_of(run, t)) == pytest.approx(0.0, abs=1e-9)
+        assert vp.throughput_error_pct(run, vp.figure_of(run, t / 2)) == pytest.approx(100.0)
+
+
 def test_context_parallel_and_fp8_runs_are_marked_unsupported() -> None:
     for r in RUNS:
         if r.strategy.cp > 1:
