@@ -9,9 +9,10 @@ the cost model's chunk times, ``distribute`` with Adam and comm streams — and 
 run's cluster. The predicted step time is turned into the published unit (tokens/s per GPU,
 samples/s, seconds per step, or TFLOP/s per GPU under the publisher's FLOPs formula, so that the
 error is the error of the step time whatever the formula), and the table prints published vs
-predicted, the throughput error (negative: distir predicts a slower step), whether the run fits (published vs predicted) and the peak memory. The summary gives the
-median and max absolute error and how many published-fit runs are predicted to fit, against the
-issue's targets (median ≤ 10 %, none over 25 %, all fit).
+predicted, the throughput error (negative: distir predicts a slower step), whether the run fits
+(published vs predicted) and the peak memory. The summary gives the median and max absolute
+error and how many published-fit runs are predicted to fit, against the issue's targets
+(median ≤ 10 %, none over 25 %, all fit).
 
 Runs needing a feature distir lacks (context parallelism, FP8, ...) are listed as
 ``unsupported: <feature>`` and left out of the summary; a run distir refuses is listed with its
