@@ -113,7 +113,10 @@ def test_uneven_shares_train_as_the_sequential_step(family: str, strategy: str, 
     s = parse_strategy(strategy)
     model = build_model(FAMILIES[family], batch=batch, dtype=DType.f64)
     cmp = check_against_sequential(model, s)
-    assert cmp.max_rel_diff < 1e-9, f"{family} {s}: {cmp.worst} differs by {cmp.max_rel_diff:.2e}"
+    # updates, not weights: a key bias's gradient is zero in exact arithmetic (softmax ignores a
+    # shift of all scores), so its update is rounding noise with no relative accuracy
+    err, where = cmp.update_error()
+    assert err < 1e-9, f"{family} {s}: {where} differs by {err:.2e}"
     verify(cmp.distributed)
     verify(cmp.materialized)
     ranks = project(cmp.materialized)
