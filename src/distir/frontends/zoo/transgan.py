@@ -128,9 +128,11 @@ class TransGANConfig:
     mlp: int = 4  # g_mlp: the MLP's width / the block's width
 
     def __post_init__(self) -> None:
-        check_config(FAMILY, self, divides=[("heads", "narrow")])
+        check_config(FAMILY, self)
         if self.dim % 64:
             raise ModelError(f"{FAMILY}: dim={self.dim} must be a multiple of 64 (stage 6 has width dim/64)")
+        if self.narrow % self.heads:
+            raise ModelError(f"{FAMILY}: heads={self.heads} must divide narrow={self.narrow} (stage 6's width)")
         last = self.resolution(STAGES)
         if last % self.window:
             raise ModelError(f"{FAMILY}: window={self.window} must divide stage 6's resolution {last}")
