@@ -159,7 +159,7 @@ def bench_amp_case(i: int) -> None:
 
 
 def bench_amp() -> None:
-    print("4. AMP's experiments (GPT-2 24 × 1024, seq 1024, batch 32; TransGAN generator, batch 64)", flush=True)
+    print("4. AMP's experiments (GPT-2 24 × 1024, seq 1024, batch 32; TransGAN, batch 64)", flush=True)
     for i in range(len(AMP_CASES)):  # each cold: a fresh process, nothing cached
         subprocess.run([sys.executable, __file__, "amp-case", str(i)], check=True)
     print("  => target < 1 s each (AMP ~300 CPU-s)\n")

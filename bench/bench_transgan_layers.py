@@ -56,11 +56,12 @@ def main() -> None:
     prof = cached_profiler(parse_model_string(spec), parse_cluster(cluster), DType.f32, True)
     times = prof.layers(1, b, [0], "none")
     print(f"{spec}, microbatch {b}, f32, {cluster} GPU 0: per layer")
-    print(f"{'#':>3} {'layer':8s} {'input':>18s} {'GFLOP':>8s} {'matmul':>8s} {'GB moved':>9s} {'fwd ms':>8s} {'bwd ms':>8s}")
+    cols = ("GFLOP", "matmul", "GB moved", "fwd ms", "bwd ms")
+    print(f"{'#':>3} {'layer':8s} {'input':>18s} " + " ".join(f"{c:>8s}" for c in cols))
     for i, (name, shape, f, mm, moved) in enumerate(layer_costs(m)):
         t = times[i]
         print(
-            f"{i:3d} {name:8s} {str(shape):>18s} {f / 1e9:8.3f} {mm / 1e9:8.3f} {moved / 1e9:9.3f} "
+            f"{i:3d} {name:8s} {shape!s:>18s} {f / 1e9:8.3f} {mm / 1e9:8.3f} {moved / 1e9:8.3f} "
             f"{t.fwd_s * 1e3:8.2f} {t.bwd_s * 1e3:8.2f}"
         )
 

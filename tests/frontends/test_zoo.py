@@ -19,9 +19,9 @@ from distir.cli import app
 from distir.frontends.zoo import ZOO, ModelError, build_model, check_model, parse_model_string, zoo_table
 from distir.frontends.zoo._build import LayerCall, LayerFn, assemble, tensor, weight
 from distir.frontends.zoo.model import InputSpec
-from distir.ir.dtensor import Replicate, Shard
 from distir.interp.loop import interpret
 from distir.interp.shapes import TypeDomain, type_of
+from distir.ir.dtensor import Replicate, Shard
 from distir.ir.types import DType
 from distir.ops.registry import REGISTRY
 

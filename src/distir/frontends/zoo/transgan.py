@@ -52,12 +52,13 @@ the transition partitions the (B, H·W, C) tokens into (B·nW, window², C) wind
 
 Blocks (``ParallelTransformerBlock``): ``x + Attn(PixelNorm(x))`` then ``x + MLP(PixelNorm(x))``;
 PixelNorm is ``x / sqrt(mean(x², channels) + 1e-8)``, without parameters, written as its
-separate ops as PyTorch runs it (without the 1e-8: ``pixel_norm``); attention is non-causal multi-head (``attention.py``) with a
-bias on q/k/v (Megatron's ColumnParallelLinear adds it) and none on the output projection; the
-MLP is GELU of width ``mlp``·width without biases: the repository's RowParallelLinear of the
-output projection and both MLP layers are built with ``skip_bias_add=True`` and their returned
-biases are discarded, so those biases exist (and are counted in ``repo_params``) but never
-change the output. Tensor-parallel declarations are Megatron's: wq/wk/wv and w1 column-parallel
+separate ops as PyTorch runs it (without the 1e-8: ``pixel_norm``); attention is non-causal
+multi-head (``attention.py``) with a bias on q/k/v (Megatron's ColumnParallelLinear adds it)
+and none on the output projection; the MLP is GELU of width ``mlp``·width without biases. (The
+repository builds the output projection and both MLP layers with ``skip_bias_add=True`` and
+discards the biases they return: those biases are allocated but never change the output, so
+they are left out here; ``tests/frontends/test_zoo.py`` counts the repository's parameters and
+what is left out.) Tensor-parallel declarations are Megatron's: wq/wk/wv and w1 column-parallel
 ``S(1)`` (q/k/v biases ``S(0)``), wo and w2 row-parallel ``S(0)``; the stem, the position
 embeddings and ``@to_rgb`` replicated (nn.Linear / nn.Parameter / nn.Conv2d in the repository).
 The activations change rank and meaning between layers (the latent, tokens, windows), so the
@@ -132,7 +133,7 @@ class TransGANConfig:
         if self.dim % 64:
             raise ModelError(f"{FAMILY}: dim={self.dim} must be a multiple of 64 (stage 6 has width dim/64)")
         if self.narrow % self.heads:
-            raise ModelError(f"{FAMILY}: heads={self.heads} must divide narrow={self.narrow} (stage 6's width)")
+            raise ModelError(f"{FAMILY}: heads={self.heads} must divide narrow={self.narrow} (stage 6)")
         last = self.resolution(STAGES)
         if last % self.window:
             raise ModelError(f"{FAMILY}: window={self.window} must divide stage 6's resolution {last}")
@@ -156,7 +157,7 @@ class TransGANConfig:
         return self.dim if stage == 1 else self.dim // UPSAMPLES[stage - 2].width_div
 
     def resolution(self, stage: int) -> int:
-        return self.bottom * 2 ** (stage - 1)
+        return self.bottom << (stage - 1)
 
     def tokens(self, stage: int) -> int:
         """Tokens per sample (resolution²)."""
