@@ -68,6 +68,25 @@ def test_distributed_training_step_matches_sequential(case: tuple[str, Strategy]
     check_deadlock_free(ranks)
 
 
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        "d2.t2.p2.k2.1f1b",  # a stage boundary between the window partition and the narrow blocks
+        "d1.t2.p4.k4.zb1.L2-2-2-2",  # stem+wide | wide+up | narrow, narrow | to_rgb+loss
+        "d2.t1.p3.k3.interleaved.v2.z2.rsel",
+    ],
+)
+def test_transgan_windows_train_as_the_sequential_step(strategy: str) -> None:
+    """AMP's generator in small (nearest and pixel-shuffle upsampling, windows of 4² tokens in
+    the last stage): data, tensor (heads and MLP split, Megatron-style) and pipeline parallel
+    training steps equal the sequential step."""
+    s = parse_strategy(strategy)
+    model = build_model(FAMILIES["transgan"], batch=s.k * s.d, dtype=DType.f64)
+    cmp = check_against_sequential(model, s)
+    assert cmp.max_rel_diff < 1e-7, f"{s}: {cmp.worst} differs by {cmp.max_rel_diff:.2e}"
+    check_deadlock_free(project(cmp.materialized))
+
+
 @pytest.mark.parametrize("opt", ["adam"])
 def test_adam_with_zero_matches_sequential(opt: str) -> None:
     from distir.autodiff.train import Optimizer
