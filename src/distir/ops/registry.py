@@ -4,7 +4,8 @@ An ``OpDef`` carries the op's signature (named inputs, optional and variadic one
 count), attribute schema, type/shape rule, optional partial evaluator (outputs computable from
 types and the known inputs, e.g. ``Shape``), numpy reference implementation, cost descriptors
 (FLOPs, bytes read and written, the GEMM shape of a matrix product, how it fuses with its
-neighbours: ``Fusion``) and named slots that later layers fill once each
+neighbours: ``Fusion``), whether it belongs to attention's core (``attention_core``: what
+selective recomputation recomputes) and named slots that later layers fill once each
 (``grad``, ``sharding``, ``torch``).
 
 Ops are registered by their family's module (``distir.ops.tensor``, ``distir.ops.comm``, ...) when
@@ -283,6 +284,9 @@ class OpDef:
     project: Any = None
     rendezvous: Any = None
     comm_cost: Callable[[Sequence[Type], Sequence[Type], Attrs], CommCost] | None = None
+    # part of attention's core, which selective recomputation recomputes
+    # (``distir.autodiff.reverse.attention_core``)
+    attention_core: bool = False
     grad: Any = None
     sharding: Any = None
     torch: Any = None
