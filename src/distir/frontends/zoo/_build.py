@@ -66,6 +66,10 @@ class LayerFn:
         (y,) = self._fb.op(op, *inputs, n_out=1, names=[name or op.lower()], **attrs)
         return y
 
+    def multi(self, op: str, *inputs: Value, names: Sequence[str], **attrs: Any) -> tuple[Value, ...]:
+        """An op with several results, named ``names``."""
+        return self._fb.op(op, *inputs, n_out=len(names), names=list(names), **attrs)
+
     def ret(self, y: Value) -> Function:
         return self._fb.ret(y)
 
@@ -86,9 +90,11 @@ def assemble(
     inputs: Sequence[InputSpec],
     calls: Sequence[LayerCall],
     seq_dim: int | None = None,
+    loss_input_tp: Placement = REPLICATE,
 ) -> Model:
     """The ``Model`` whose entry ``@forward`` makes ``calls`` in order, starting from the first
-    input; ``seq_dim`` declares the activations' sequence dim (``Model.seq_dim``). Runs
+    input; ``seq_dim`` declares the activations' sequence dim (``Model.seq_dim``) and
+    ``loss_input_tp`` the loss layer's input's tensor-parallel placement. Runs
     ``check_model`` and counts ``flops_per_sample``."""
     if not inputs:
         raise ModelError(f"model {name}: no inputs")
@@ -117,13 +123,15 @@ def assemble(
         args = [vals[a.name if isinstance(a, WeightSpec) else a] for a in c.args]
         (prev,) = fb.call(c.fn, prev, *args, names=[c.result])
     module = Module((*functions.values(), fb.ret(prev)))
-    model = Model(name, dict(config), module, tuple(inputs), tuple(weights), batch, seq_dim=seq_dim)
+    model = Model(
+        name, dict(config), module, tuple(inputs), tuple(weights), batch, seq_dim=seq_dim, loss_input_tp=loss_input_tp
+    )
     check_model(model)
     flops = forward_flops(
         module,
         [_with_batch(p.type, 1) for p in module.entry.params[: len(inputs)]] + [w.type for w in weights],
     )
-    return Model(name, dict(config), module, tuple(inputs), tuple(weights), batch, flops, seq_dim)
+    return Model(name, dict(config), module, tuple(inputs), tuple(weights), batch, flops, seq_dim, loss_input_tp)
 
 
 def _with_batch(t: Type | None, batch: int) -> TensorType:

@@ -41,6 +41,8 @@ from distir.ir.values import Value
 
 FAMILY = "gpt"
 R, COL, ROW = Replicate(), Shard(1), Shard(0)
+VOCAB = Shard(0)  # an embedding table (vocab, hidden) sharded on the vocabulary
+LOGITS = Shard(2)  # the loss layer's input, logits (batch, seq, vocab), sharded on the vocabulary
 
 
 @dataclass(frozen=True)
@@ -145,13 +147,21 @@ def head_fn() -> Function:
 
 
 def token_loss_fn(vocab: int, normalizer: int) -> Function:
-    """``@loss(logits (B, S, V), labels (B, S))`` = SoftmaxCrossEntropyLoss(sum) over the B·S
-    tokens, scaled by ``1/normalizer``. The logits are viewed as (B·S, V) (a free reshape)."""
+    """``@loss(logits (B, S, V), labels (B, S))``: the summed cross entropy of the B·S tokens,
+    scaled by ``1/normalizer``, written as Megatron-LM's vocabulary-parallel cross entropy so that
+    logits sharded on the vocabulary stay sharded: with the row max as a shift (a constant for
+    the gradient), ``nll = log Σ exp(logits − max) − (logits[label] − max)``. Sharded on V, the
+    max, the sum of exponentials and the picked logit are pending reductions of B·S numbers
+    (AllReduce max, sum, sum), never the logits; the gradient (softmax − one-hot, scaled) is
+    computed on each device's piece. Replicated, it is the same cross entropy."""
     f = LayerFn("loss")
     logits, labels = f.param("logits"), f.param("labels")
-    scores = f("Reshape", logits, shape=(-1, vocab), name="scores")
-    flat = f("Reshape", labels, shape=(-1,), name="targets")
-    total = f("SoftmaxCrossEntropyLoss", scores, flat, reduction="sum", name="nll")
+    scores = f("Reshape", logits, shape=(-1, vocab), name="scores")  # (B·S, V)
+    targets = f("Reshape", labels, shape=(-1,), name="targets")  # (B·S,)
+    peak = f("StopGradient", f("ReduceMax", scores, axes=(1,), keepdims=0, name="max"), name="shift")
+    sumexp, picked = f.multi("SoftmaxCrossEntropyParts", scores, peak, targets, names=("sumexp", "picked"))
+    nll = f("Sub", f("Log", sumexp, name="lse"), picked, name="nll")
+    total = f("ReduceSum", nll, keepdims=0, name="total")
     return f.ret(f("Scale", total, alpha=1.0 / normalizer, name="loss"))
 
 
@@ -162,13 +172,14 @@ def build(cfg: GPTConfig, batch: int, dtype: DType = DType.f32, name: str = FAMI
         InputSpec("labels", tensor(DType.i64, batch, s), high=v),
     )
     block = block_fn("block", h, cfg.heads)
-    calls = [LayerCall(embed_fn(s), (weight("wte", dtype, (v, h)), weight("wpe", dtype, (s, h))), "x0")]
+    wte = weight("wte", dtype, (v, h), VOCAB)
+    calls = [LayerCall(embed_fn(s), (wte, weight("wpe", dtype, (s, h))), "x0")]
     calls += [LayerCall(block, block_weights(i, h, dtype), f"x{i + 1}") for i in range(cfg.layers)]
     head_w = (
         weight("lnf_scale", dtype, (h,), value=1.0),
         weight("lnf_bias", dtype, (h,), value=0.0),
-        weight("wlm", dtype, (h, v)),
+        weight("wlm", dtype, (h, v), COL),
     )
     calls.append(LayerCall(head_fn(), head_w, "logits"))
     calls.append(LayerCall(token_loss_fn(v, batch * s), ("labels",), "loss"))
-    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1)
+    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1, loss_input_tp=LOGITS)

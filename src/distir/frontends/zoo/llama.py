@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 
 from distir.frontends.zoo._build import LayerCall, LayerFn, assemble, check_config, tensor, weight
 from distir.frontends.zoo.attention import attention
-from distir.frontends.zoo.gpt import token_loss_fn
+from distir.frontends.zoo.gpt import LOGITS, VOCAB, token_loss_fn
 from distir.frontends.zoo.model import InputSpec, Model, WeightSpec
 from distir.ir.dtensor import Replicate, Shard
 from distir.ir.function import Function
@@ -120,9 +120,9 @@ def build(cfg: LlamaConfig, batch: int, dtype: DType = DType.f32, name: str = FA
         InputSpec("labels", tensor(DType.i64, batch, s), high=v),
     )
     block = block_fn(h, cfg.heads, cfg.kv_heads)
-    calls = [LayerCall(embed_fn(), (weight("tok_emb", dtype, (v, h)),), "x0")]
+    calls = [LayerCall(embed_fn(), (weight("tok_emb", dtype, (v, h), VOCAB),), "x0")]
     calls += [LayerCall(block, block_weights(i, cfg, dtype), f"x{i + 1}") for i in range(cfg.layers)]
-    head_w = (weight("norm", dtype, (h,), value=1.0), weight("wlm", dtype, (h, v)))
+    head_w = (weight("norm", dtype, (h,), value=1.0), weight("wlm", dtype, (h, v), COL))
     calls.append(LayerCall(head_fn(), head_w, "logits"))
     calls.append(LayerCall(token_loss_fn(v, batch * s), ("labels",), "loss"))
-    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1)
+    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1, loss_input_tp=LOGITS)

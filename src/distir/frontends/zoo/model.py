@@ -36,6 +36,12 @@ may shard that dim (Megatron-LM sequence parallelism), so no layer may mix posit
 sequences and batch items differently than its ops' sharding rules say (attention gathers what it
 needs by itself).
 
+The loss layer's input may be declared sharded along the tensor-parallel axis
+(``Model.loss_input_tp``, e.g. ``Shard(2)``: logits (batch, seq, vocab) sharded on the vocabulary,
+Megatron-LM's vocabulary-parallel cross entropy); the transforms then pass it so between the last
+two layers, and the loss layer's ops must compute the loss from such pieces (pending reductions
+their sharding rules express), never gathering them whole.
+
 Which weights are column / row parallel is declared per weight (``WeightSpec.tp``: the
 placement along a tensor-parallel mesh axis — ``Shard(1)`` column, ``Shard(0)`` row,
 ``Replicate()`` otherwise); nothing model-specific lives in the transforms.
@@ -49,7 +55,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from distir.ir.dtensor import Placement, Replicate
+from distir.ir.dtensor import Placement, Replicate, Shard
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
 from distir.ir.types import TensorType
@@ -92,6 +98,9 @@ class Model:
     flops_per_sample: float = 0.0
     # the sequence dim of the activations between layers (module docstring); None: no sequence
     seq_dim: int | None = None
+    # the tensor-parallel placement of the loss layer's input (module docstring): Replicate, or
+    # Shard(d) when the loss is written to work on a sharded dim d (the vocabulary of the logits)
+    loss_input_tp: Placement = REPLICATE
     _by_name: dict[str, WeightSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -185,6 +194,9 @@ def check_model(model: Model) -> None:
     unused = [v.name for v in weights if v not in used]
     if unused:
         raise ModelError(f"@{fn.name}: weights never used: {unused}")
+    tp = model.loss_input_tp
+    if isinstance(tp, Shard) and tp.dim == 0:
+        raise ModelError(f"model {model.name}: the loss layer's input cannot be tensor-parallel on dim 0 (the batch)")
     rank = len(model.inputs[0].type.shape)
     if model.seq_dim is not None and not 0 < model.seq_dim < rank:
         raise ModelError(
