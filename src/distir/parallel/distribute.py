@@ -60,6 +60,19 @@ from distir.parallel.strategy import Strategy, StrategyError
 from distir.sim.devices import DeviceMap, Slot
 
 
+def chunk_weights(layers: Sequence[ShardedLayer]) -> list[Value]:
+    """The weights of a chunk's layers, each once (a tied weight may serve two of them)."""
+    return list(dict.fromkeys(w for L in layers for w in L.weights))
+
+
+def _add_grads(fb: FunctionBuilder, grads: dict[Value, Value], ws: Sequence[Value], gs: Sequence[Value]) -> None:
+    """Record the gradients ``gs`` of the weights ``ws``, adding to one already there (a tied
+    weight gets a gradient from each layer that uses it)."""
+    for w, g in zip(ws, gs, strict=True):
+        prev = grads.get(w)
+        grads[w] = g if prev is None else fb.op("Add", prev, g, names=[f"g_{w.name}"])[0]
+
+
 def _zero_dim(w: TensorType, tp: Placement, d: int) -> int | None:
     if d == 1:
         return None
@@ -254,7 +267,7 @@ class _Builder:
     def _chunk_fwd(self, c: int, layers: list[ShardedLayer]) -> Function:
         fb = FunctionBuilder(f"c{c}_fwd", REGISTRY.out_arity)
         x = fb.param("x")
-        wp = {w: fb.param(w.name) for L in layers for w in L.weights}
+        wp = {w: fb.param(w.name) for w in chunk_weights(layers)}
         ep = {e: fb.param(e.name) for L in layers for e in L.extras}
         res: list[Value] = []
         for L in layers:
@@ -284,9 +297,9 @@ class _Builder:
             for L, ks in zip(reversed(layers), carried, strict=True):
                 assert L.bwd_w is not None
                 outs = fb.call(L.bwd_w, *ks, n_out=len(L.bwd_w.outputs))
-                grads.update(zip(L.weights, outs, strict=True))
+                _add_grads(fb, grads, L.weights, outs)
             return self._accumulate(fb, layers, grads, acc)
-        wp = {w: fb.param(w.name) for L in layers for w in L.weights}
+        wp = {w: fb.param(w.name) for w in chunk_weights(layers)}
         ep = {e: fb.param(e.name) for L in layers for e in L.extras}
         res: list[list[Value]] = []
         for L in layers:
@@ -312,7 +325,7 @@ class _Builder:
             if part == "i":
                 kept.extend(outs[n_dx:])
             else:
-                grads.update(zip(L.weights, outs[n_dx:], strict=True))
+                _add_grads(fb, grads, L.weights, outs[n_dx:])
             if n_dx:
                 dy = outs[0]
         first = layers[0].vjp
@@ -330,7 +343,7 @@ class _Builder:
         acc: bool,
         head: Sequence[Value] = (),
     ) -> Function:
-        ws = [w for L in layers for w in L.weights]
+        ws = chunk_weights(layers)
         outs = []
         accs = [fb.param(f"acc_{w.name}") for w in ws] if acc else []
         for k, w in enumerate(ws):
@@ -377,7 +390,13 @@ class _Builder:
             mbs[x] = [fb.param(f"{x.name}_{m}" if s.k > 1 else x.name, dt) for m in range(s.k)]
         wparam: dict[Value, Value] = {}
         wchunk: dict[Value, int] = {}
-        used = [w for ls in by_chunk for L in ls for w in L.weights]
+        used = [w for ls in by_chunk for w in chunk_weights(ls)]
+        if len(used) != len(set(used)):
+            tied = sorted({w.name for w in used if used.count(w) > 1})
+            raise StrategyError(
+                f"{s}: the tied weights {tied} are used on two pipeline chunks; tying is supported "
+                "when the embedding and the head share a chunk (p = 1)"
+            )
         layer_of: dict[Value, int] = {}  # each weight's first layer (scanned once, not per weight)
         for ls in by_chunk:
             for L in ls:
@@ -465,11 +484,11 @@ class _Builder:
             return to_mesh(v, self.meshes[stage_of[dst]], name)
 
         # a chunk's weights are the same values for every microbatch: listed once per chunk
-        chunk_weights = [[wuse[w] for L in ls for w in L.weights] for ls in by_chunk]
+        weights_of = [[wuse[w] for w in chunk_weights(ls)] for ls in by_chunk]
         chunk_extras = [[mbs[e] for L in ls for e in L.extras] for ls in by_chunk]
 
         def chunk_args(c: int, m: int) -> list[Value]:
-            return [*chunk_weights[c], *(per_mb[m] for per_mb in chunk_extras[c])]
+            return [*weights_of[c], *(per_mb[m] for per_mb in chunk_extras[c])]
 
         # calls at their (estimated) start, transfers at the end of the producing action
         events = sorted(
@@ -536,7 +555,7 @@ class _Builder:
         # gradient reduction and the optimizer
         grads: dict[Value, Value] = {}
         for c, ls in enumerate(by_chunk):
-            ws = [w for L in ls for w in L.weights]
+            ws = chunk_weights(ls)
             got = acc[c]
             if ws:
                 assert got is not None, f"chunk {c} never ran its backward"

@@ -4,8 +4,9 @@
 A family builder writes its layer functions with ``LayerFn`` (untyped parameters, one result,
 ops named as in the registry) and lists the calls of the entry as ``LayerCall``s: the function
 and the arguments after the incoming activation — weights (declared right there, as
-``WeightSpec``s, so a weight's shape and its tensor-parallel placement sit next to its use) or
-names of model inputs (the labels of the loss layer). ``assemble`` turns that list into the
+``WeightSpec``s, so a weight's shape and its tensor-parallel placement sit next to its use; the
+same spec passed to a later call again *ties* the weight, ``Model.tied``) or names of model
+inputs (the labels of the loss layer). ``assemble`` turns that list into the
 module and the ``Model``; it declares the entry's parameters (inputs, then weights in the order
 of first use) and leaves the results of the calls untyped, so the same entry can be
 interpreted at another batch size.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from distir.frontends.zoo.model import REPLICATE, InputSpec, Model, ModelError, WeightSpec, check_model
@@ -102,6 +103,7 @@ def assemble(
     by_input = {i.name: i for i in inputs}
     weights: list[WeightSpec] = []
     seen: set[str] = set(by_input)
+    tied: list[str] = []  # weights passed to a second call (the same spec again)
     functions: dict[str, Function] = {}
     for c in calls:
         have = functions.setdefault(c.fn.name, c.fn)
@@ -109,6 +111,9 @@ def assemble(
             raise ModelError(f"model {name}: two different layer functions are named @{c.fn.name}")
         for a in c.args:
             if isinstance(a, WeightSpec):
+                if a in weights:
+                    tied.append(a.name)
+                    continue
                 if a.name in seen:
                     raise ModelError(f"model {name}: the name {a.name!r} is declared twice")
                 seen.add(a.name)
@@ -124,14 +129,22 @@ def assemble(
         (prev,) = fb.call(c.fn, prev, *args, names=[c.result])
     module = Module((*functions.values(), fb.ret(prev)))
     model = Model(
-        name, dict(config), module, tuple(inputs), tuple(weights), batch, seq_dim=seq_dim, loss_input_tp=loss_input_tp
+        name,
+        dict(config),
+        module,
+        tuple(inputs),
+        tuple(weights),
+        batch,
+        seq_dim=seq_dim,
+        loss_input_tp=loss_input_tp,
+        tied=tuple(dict.fromkeys(tied)),
     )
     check_model(model)
     flops = forward_flops(
         module,
         [_with_batch(p.type, 1) for p in module.entry.params[: len(inputs)]] + [w.type for w in weights],
     )
-    return Model(name, dict(config), module, tuple(inputs), tuple(weights), batch, flops, seq_dim, loss_input_tp)
+    return replace(model, flops_per_sample=flops)
 
 
 def _with_batch(t: Type | None, batch: int) -> TensorType:
@@ -167,10 +180,13 @@ def inv_sqrt(n: float) -> float:
 
 
 def check_config(family: str, cfg: object, divides: Sequence[tuple[str, str]] = ()) -> None:
-    """Every int field of the dataclass ``cfg`` is positive, and for each ``(a, b)`` in
-    ``divides`` field ``a`` divides field ``b``; else a ModelError naming key and value."""
+    """Every int field of the dataclass ``cfg`` is positive (bool fields are flags), and for
+    each ``(a, b)`` in ``divides`` field ``a`` divides field ``b``; else a ModelError naming key
+    and value."""
     for f in fields(cfg):  # type: ignore[arg-type]
         v = getattr(cfg, f.name)
+        if isinstance(v, bool) and isinstance(f.default, bool):
+            continue
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ModelError(f"{family}: {f.name}={v!r} must be a positive integer")
     for a, b in divides:

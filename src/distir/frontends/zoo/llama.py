@@ -5,7 +5,7 @@
       %x1 = @block(%x0, %attn_norm_0, %wq_0, %wk_0, %wv_0, %wo_0, %ffn_norm_0, %w1_0, %w3_0, %w2_0)
       ...
       %logits = @head(%xL, %norm, %wlm)                  // RMSNorm, MatMul to the vocab
-      %loss = @loss(%logits, %labels)                    // SoftmaxCrossEntropy(sum) · 1/(B·S)
+      %loss = @loss(%logits, %labels)                    // cross entropy (sum) · 1/(B·S)
     }
 
 ``@block`` is ``x + Wo·Attn(RMSNorm(x))`` then ``x + W2·(silu(W1·h) ⊙ W3·h)`` with
@@ -18,8 +18,9 @@ position information at all; RMSNorm epsilon 1e-5. ``wlm`` is untied from the to
 as in Llama.
 
 Tensor-parallel declarations (Megatron-LM / Llama's model-parallel layers): wq, wk, wv, w1, w3
-column-parallel ``S(1)``; wo, w2 row-parallel ``S(0)``; norms, the embedding and ``wlm``
-replicated. A column shard of wk/wv splits whole kv heads when the TP degree divides kv_heads.
+column-parallel ``S(1)``; wo, w2 row-parallel ``S(0)``; norms replicated; the embedding sharded
+on the vocabulary and ``wlm`` column-parallel, the logits reaching the loss sharded on the
+vocabulary (Megatron-LM's vocabulary-parallel layers, as GPT's). A column shard of wk/wv splits whole kv heads when the TP degree divides kv_heads.
 The activations between layers are (batch, seq, hidden): ``seq_dim=1``.
 
 Sizes (Touvron et al., "Llama 2: Open Foundation and Fine-Tuned Chat Models", 2023, and the

@@ -16,7 +16,8 @@ Invariants (``check_model`` enforces them, with errors naming the call and value
   (``Model.weights``, in order), all typed ``Tensor[..., d0]``; dim 0 of every input is the batch;
 - the entry body holds only calls, one per layer; call 0 takes the first input as its first
   argument; call i > 0 takes the result of call i-1 as its first argument; the other arguments
-  of a call are weights (each weight used by exactly one call) or model inputs other than the
+  of a call are weights (each weight used by exactly one call, but for the *tied* ones,
+  ``Model.tied``: GPT-2's token embedding, used again by the head) or model inputs other than the
   first (e.g. labels, consumed by the last layer);
 - each call has exactly one result; the last one is the scalar loss (a 0-d f32 tensor), already
   normalized by the *global* batch (so that summing the losses of microbatches gives the
@@ -101,6 +102,9 @@ class Model:
     # the tensor-parallel placement of the loss layer's input (module docstring): Replicate, or
     # Shard(d) when the loss is written to work on a sharded dim d (the vocabulary of the logits)
     loss_input_tp: Placement = REPLICATE
+    # weights used by more than one layer (tied: GPT-2's embedding and output projection); their
+    # gradient is the sum of the layers' (the transforms add them up)
+    tied: tuple[str, ...] = ()
     _by_name: dict[str, WeightSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -172,8 +176,8 @@ def check_model(model: Model) -> None:
             )
         for v in instr.inputs[1:]:
             if v in weights:
-                if v in used:
-                    raise ModelError(f"@{fn.name}: weight %{v.name} is used by two layers")
+                if v in used and v.name not in model.tied:
+                    raise ModelError(f"@{fn.name}: weight %{v.name} is used by two layers (and not tied)")
                 used.add(v)
             elif v not in inputs or v is fn.params[0]:
                 raise ModelError(

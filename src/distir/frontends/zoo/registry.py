@@ -4,7 +4,7 @@ A model string is ``NAME`` or ``NAME:key=value,key=value``. ``NAME`` is a zoo en
 (``gpt2-117m``, ``llama3-8b``, ... — ``ZOO``) or a family (``mlp``, ``gpt``, ``llama``,
 ``transgan``); a bare family starts from its base entry (``mlp-1b``, ``gpt2-117m``,
 ``llama2-7b``, ``transgan-hetero``), and the ``key=value`` pairs override fields of the
-configuration (all positive integers), e.g.
+configuration (positive integers; flags such as GPT's ``tied`` 0 or 1), e.g.
 
     gpt:layers=24,hidden=2304,heads=24,seq=2048,vocab=51200
     gpt2-117m:layers=2
@@ -123,6 +123,11 @@ def parse_model_string(text: str) -> ModelSpec:
             )
         if key in overrides:
             raise ModelError(f"model {text!r}: key {key!r} is given twice")
+        if isinstance(getattr(base, key), bool):  # a flag: 0 or 1
+            if value not in ("0", "1"):
+                raise ModelError(f"model {text!r}: {key}={value!r}; expected 0 or 1")
+            overrides[key] = value == "1"
+            continue
         if not (value.isascii() and value.isdigit()) or int(value) < 1:
             raise ModelError(f"model {text!r}: {key}={value!r}; expected a positive integer")
         overrides[key] = int(value)
