@@ -143,6 +143,7 @@ def test_parse_family_string() -> None:
         "heads": 24,
         "seq": 2048,
         "vocab": 51200,
+        "tied": False,  # GPT-2's tied embedding is a flag, off by default
     }
     s = parse_model_string(" gpt2-117m:layers=2 ")
     assert dataclasses.asdict(s.config) == {
@@ -151,7 +152,9 @@ def test_parse_family_string() -> None:
         "heads": 12,
         "seq": 1024,
         "vocab": 50257,
+        "tied": False,
     }
+    assert parse_model_string("gpt2-117m:tied=1").config.tied is True
     assert parse_model_string("llama").config == ZOO["llama2-7b"].config
     assert parse_model_string("llama3-8b").config == ZOO["llama3-8b"].config
     m = build_model("mlp:layers=2,hidden=4", 3)

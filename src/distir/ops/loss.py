@@ -153,7 +153,8 @@ def exp_and_onehot(scores: Any, shift: Any, labels: Any, rows: Any) -> tuple[F64
     e = np.exp(x - f64(shift)[:, None])
     idx, mask = local_rows(labels, rows, x.shape[1])
     onehot = np.zeros_like(x)
-    np.put_along_axis(onehot, idx[:, None], 1.0 if mask is None else mask[:, None].astype(np.float64), axis=1)
+    if x.shape[1]:  # an empty piece of the classes holds no label
+        np.put_along_axis(onehot, idx[:, None], 1.0 if mask is None else mask[:, None].astype(np.float64), axis=1)
     return e, onehot
 
 

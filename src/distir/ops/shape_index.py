@@ -100,6 +100,8 @@ def _gather_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     data = np.asarray(args[0])
     ax = gather_axis(attrs, data.ndim)
     idx, mask = local_rows(args[1], attrs.get("rows"), data.shape[ax])
+    if data.shape[ax] == 0:  # an empty piece of the table: every index is elsewhere
+        return (np.zeros(data.shape[:ax] + idx.shape + data.shape[ax + 1 :], dtype=data.dtype),)
     out = np.take(data, idx, axis=ax)
     if mask is not None:
         out = out * mask.reshape((1,) * ax + mask.shape + (1,) * (data.ndim - ax - 1)).astype(data.dtype)

@@ -111,7 +111,7 @@ def assemble(
             raise ModelError(f"model {name}: two different layer functions are named @{c.fn.name}")
         for a in c.args:
             if isinstance(a, WeightSpec):
-                if a in weights:
+                if any(a is x for x in weights):  # the very spec again: a tied weight
                     tied.append(a.name)
                     continue
                 if a.name in seen:
