@@ -106,7 +106,11 @@ def test_tensor_parallel_declarations() -> None:
         Shard(0),
     ]
     assert llama.weight("wk_0").type.shape == (4096, 1024)  # 8 kv heads of 128
-    assert (llama.weight("tok_emb").tp, llama.weight("wlm").tp, llama.loss_input_tp) == (Shard(0), Shard(1), Shard(2))
+    assert (llama.weight("tok_emb").tp, llama.weight("wlm").tp, llama.loss_input_tp) == (
+        Shard(0),
+        Shard(1),
+        Shard(2),
+    )
     mlp = build_model("mlp:layers=4,hidden=8", 2)
     assert [w.tp for w in mlp.weights] == [Shard(1), Shard(0), Shard(1), Shard(0)]
 

@@ -50,7 +50,9 @@ def test_tied_gradient_is_the_sum_of_both_uses() -> None:
     grad = (vals["wte"] - outs[k]) / lr
 
     def loss(wte: np.ndarray) -> float:
-        return float(run_reference(model.module, [{**vals, "wte": wte}[p.name] for p in model.forward.params])[0])
+        return float(
+            run_reference(model.module, [{**vals, "wte": wte}[p.name] for p in model.forward.params])[0]
+        )
 
     want = np.zeros_like(grad)
     h = 1e-6

@@ -336,7 +336,9 @@ def _parts_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
     for i in (0, 1):
         d = ctx.tensor(i)
         if d.shape != scores.shape[:1]:
-            ctx.fail(f"{ctx.op.name} input {i} must have shape {scores.shape[:1]}", i, scores.shape[:1], d.shape)
+            ctx.fail(
+                f"{ctx.op.name} input {i} must have shape {scores.shape[:1]}", i, scores.shape[:1], d.shape
+            )
     return (ctx.out(scores.dtype, scores.shape),)
 
 

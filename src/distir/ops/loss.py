@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from distir.ir.dtensor import Shard
+from distir.ir.dtensor import Placement, Shard
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs
 from distir.ops import sharding as sh
@@ -137,7 +137,9 @@ def check_parts(ctx: TypeCtx, si: int) -> tuple[TensorType, int | None]:
     total = c if rows is None else rows[1]
     known = ctx.known[si + 2] if si + 2 < len(ctx.known) else None
     if known is not None and np.any((np.asarray(known) < 0) | (np.asarray(known) >= total)):
-        ctx.fail(f"{ctx.op.name} label out of range for {total} classes", si + 2, f"0..{total - 1}", known.tolist())
+        ctx.fail(
+            f"{ctx.op.name} label out of range for {total} classes", si + 2, f"0..{total - 1}", known.tolist()
+        )
     return scores, None if rows is None else total
 
 
@@ -154,7 +156,9 @@ def exp_and_onehot(scores: Any, shift: Any, labels: Any, rows: Any) -> tuple[F64
     idx, mask = local_rows(labels, rows, x.shape[1])
     onehot = np.zeros_like(x)
     if x.shape[1]:  # an empty piece of the classes holds no label
-        np.put_along_axis(onehot, idx[:, None], 1.0 if mask is None else mask[:, None].astype(np.float64), axis=1)
+        np.put_along_axis(
+            onehot, idx[:, None], 1.0 if mask is None else mask[:, None].astype(np.float64), axis=1
+        )
     return e, onehot
 
 
@@ -171,18 +175,21 @@ def parts_sharding(first: int, linear: int) -> sh.ShardingRule:
     first inputs (incoming gradients) may be pending sums, the rest replicated."""
 
     def rule(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[sh.Strategy]:
-        scores = ins[first].shape if isinstance(ins[first], TensorType) else ()
+        t = ins[first]
+        scores = t.shape if isinstance(t, TensorType) else ()
         found = [sh.replicated(ins, outs)]
         if len(scores) != 2:
             return found
         if scores[0] > 1:
             found.append(sh.Strategy(tuple(Shard(0) for _ in ins), tuple(Shard(0) for _ in outs)))
         if scores[1] > 1:
-            places = tuple(Shard(1) if i == first else sh.R for i in range(len(ins)))
-            outs_p = tuple(Shard(1) if linear else sh.SUM for _ in outs)
-            found.append(sh.Strategy(places, outs_p))  # type: ignore[arg-type]
+            places: tuple[Placement, ...] = tuple(Shard(1) if i == first else sh.R for i in range(len(ins)))
+            outs_p: tuple[Placement, ...] = tuple(Shard(1) if linear else sh.SUM for _ in outs)
+            found.append(sh.Strategy(places, outs_p))
         if linear:
-            found.append(sh.Strategy((*(sh.SUM for _ in range(linear)), *(sh.R for _ in ins[linear:])), (sh.SUM,)))
+            found.append(
+                sh.Strategy((*(sh.SUM for _ in range(linear)), *(sh.R for _ in ins[linear:])), (sh.SUM,))
+            )
         return found
 
     return rule

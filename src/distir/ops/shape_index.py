@@ -20,7 +20,6 @@ from distir.ops._rules import int_attr, norm_axis
 from distir.ops.registry import AttrSpec, LocalizeRule, LocalPiece, OpDef, TypeCtx, register
 from distir.ops.shape import FAMILY, copy_bytes
 
-
 # -- Gather -----------------------------------------------------------------------------------
 # ``rows=[start, total]``: ``data`` is the piece starting at row ``start`` (along ``axis``) of a
 # table of ``total`` rows, sharded on the gathered axis (Megatron's vocabulary-parallel
@@ -37,7 +36,7 @@ def check_rows(ctx: TypeCtx, n: int) -> tuple[int, int] | None:
         return None
     if len(rows) != 2 or rows[0] < 0 or rows[0] + n > rows[1]:
         ctx.fail(
-            f"{ctx.op.name} rows={list(rows)} must be [start, total] with 0 <= start and start + {n} <= total",
+            f"{ctx.op.name} rows={list(rows)} must be [start, total] with 0 <= start, start + {n} <= total",
             None,
             "[start, total]",
             list(rows),

@@ -5,7 +5,8 @@ random full-batch inputs with the reference executor, materializes the distribut
 explicit per-device code (``materialize``), runs that on the same data (inputs split into
 microbatches and sharded per device), and reassembles the results. It returns the largest
 relative difference over the loss and every updated weight and optimizer state (and the copies of
-tied weights another pipeline stage keeps: equal to their weight's), and the materialized program (callers project it and check it for deadlocks).
+tied weights another pipeline stage keeps: equal to their weight's), and the materialized program
+(callers project it and check it for deadlocks).
 """
 
 from __future__ import annotations
@@ -142,8 +143,8 @@ def check_against_sequential(
     # tied weights' copies on another pipeline stage (parameters named like their weight, after
     # the weights; results after the others): each must equal its weight's result
     wnames = {w.name for w in model.weights}
-    seen: set[str] = set()
-    copies = [p.name for p in dist.entry.params if p.name in wnames and (p.name in seen or seen.add(p.name))]
+    names_seen = [p.name for p in dist.entry.params if p.name in wnames]
+    copies = [n for k, n in enumerate(names_seen) if n in names_seen[:k]]
     extra = [*copies, *(f"{st}_{c}" for st in opt.state for c in copies)]
     got_copies = got[len(names) :]
     got = got[: len(names)]

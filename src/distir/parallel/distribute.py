@@ -65,7 +65,9 @@ def chunk_weights(layers: Sequence[ShardedLayer]) -> list[Value]:
     return list(dict.fromkeys(w for L in layers for w in L.weights))
 
 
-def _add_grads(fb: FunctionBuilder, grads: dict[Value, Value], ws: Sequence[Value], gs: Sequence[Value]) -> None:
+def _add_grads(
+    fb: FunctionBuilder, grads: dict[Value, Value], ws: Sequence[Value], gs: Sequence[Value]
+) -> None:
     """Record the gradients ``gs`` of the weights ``ws``, adding to one already there (a tied
     weight gets a gradient from each layer that uses it)."""
     for w, g in zip(ws, gs, strict=True):
@@ -385,7 +387,6 @@ class _Builder:
         layers = self._layers()
         by_chunk = [[layers[i] for i in r] for r in self.chunks]
         stage_of = [c % s.p for c in range(len(self.chunks))]
-        chunk_of_layer = {i: c for c, r in enumerate(self.chunks) for i in r}
         cf: dict[str, Function] = {}
         for c, ls in enumerate(by_chunk):
             cf[f"c{c}_fwd"] = self._chunk_fwd(c, ls)
@@ -596,7 +597,9 @@ class _Builder:
                 # take the same step (an all-reduce of two, as two sends that cross)
                 g_other = reduced.pop(other)
                 here, there = self.meshes[stage_of[wchunk[w]]], self.meshes[stage_of[wchunk[other]]]
-                (g_other_sum,) = fb.op("Add", g_other, to_mesh(g, there, f"g_{w.name}_tied"), names=[f"g_{w.name}"])
+                (g_other_sum,) = fb.op(
+                    "Add", g_other, to_mesh(g, there, f"g_{w.name}_tied"), names=[f"g_{w.name}"]
+                )
                 (g,) = fb.op("Add", g, to_mesh(g_other, here, f"g_{w.name}_tied"), names=[f"g_{w.name}"])
                 updates[other] = self._update(fb, other, wparam[other], g_other_sum, state[other], step_of)
             updates[w] = self._update(fb, w, wparam[w], g, state[w], step_of)
@@ -604,7 +607,10 @@ class _Builder:
         loss = self._redistribute(fb, loss, "loss", "R, R")
         # the new weights and state as the sequential step returns them, then the tied copies'
         results = [loss]
-        for group in ([w for w in used if w in self.weight_params], [w for w in used if w not in self.weight_params]):
+        for group in (
+            [w for w in used if w in self.weight_params],
+            [w for w in used if w not in self.weight_params],
+        ):
             results += [updates[w][0] for w in group]
             results += [updates[w][1 + k] for k in range(len(self.opt.state)) for w in group]
         entry = fb.ret(*results)

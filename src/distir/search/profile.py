@@ -309,11 +309,7 @@ def allowed_tp(spec: ModelSpec, dtype: DType, limit: int) -> list[int]:
     cost within 0.1%)."""
     model = build_from(spec, 1, dtype)
     vocab = model.config.get("vocab")
-    dims = [
-        n
-        for w in model.weights
-        if isinstance(w.tp, Shard) and (n := w.type.shape[w.tp.dim]) != vocab
-    ]
+    dims = [n for w in model.weights if isinstance(w.tp, Shard) and (n := w.type.shape[w.tp.dim]) != vocab]
     return [t for t in range(1, limit + 1) if all(n % t == 0 for n in dims)]
 
 

@@ -20,8 +20,9 @@ as in Llama.
 Tensor-parallel declarations (Megatron-LM / Llama's model-parallel layers): wq, wk, wv, w1, w3
 column-parallel ``S(1)``; wo, w2 row-parallel ``S(0)``; norms replicated; the embedding sharded
 on the vocabulary and ``wlm`` column-parallel, the logits reaching the loss sharded on the
-vocabulary (Megatron-LM's vocabulary-parallel layers, as GPT's). A column shard of wk/wv splits whole kv heads when the TP degree divides kv_heads.
-The activations between layers are (batch, seq, hidden): ``seq_dim=1``.
+vocabulary (Megatron-LM's vocabulary-parallel layers, as GPT's). A column shard of wk/wv splits
+whole kv heads when the TP degree divides kv_heads. The activations between layers are (batch,
+seq, hidden): ``seq_dim=1``.
 
 Sizes (Touvron et al., "Llama 2: Open Foundation and Fine-Tuned Chat Models", 2023, and the
 released configs; Meta, "The Llama 3 Herd of Models", 2024, Table 3): ``llama2-7b`` 32×4096,

@@ -200,7 +200,9 @@ def check_model(model: Model) -> None:
         raise ModelError(f"@{fn.name}: weights never used: {unused}")
     tp = model.loss_input_tp
     if isinstance(tp, Shard) and tp.dim == 0:
-        raise ModelError(f"model {model.name}: the loss layer's input cannot be tensor-parallel on dim 0 (the batch)")
+        raise ModelError(
+            f"model {model.name}: the loss layer's input cannot be tensor-parallel on dim 0 (the batch)"
+        )
     rank = len(model.inputs[0].type.shape)
     if model.seq_dim is not None and not 0 < model.seq_dim < rank:
         raise ModelError(
