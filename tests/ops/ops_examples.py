@@ -339,6 +339,8 @@ EXAMPLES.update(
             Case([T(f32, 2, 3), K(T(i64, 2), [1, 1])], {"size": 4}),
             Case([T(f64, 2, 3, 4, 5), R(T(i32, 3, 4), -6, 6)], {"axis": 1, "size": 6}),
             Case([T(f32, 4, 5), K(T(i64), 2)], {"axis": -1, "size": 3}),
+            Case([T(f32, 2, 3), K(T(i64, 2), [1, 3]), T(f32, 4, 3)], {"size": 4}),  # with the data
+            Case([T(f64, 2, 3), K(T(i64, 2), [1, 6]), T(f64, 3, 3)], {"size": 3, "rows": (1, 7)}),  # a piece
         ],
         "SliceGrad": [
             Case([T(f32, 3, 3)], {"shape": (5, 6), "starts": (1, -3), "ends": (4, 100), "axes": (0, 1)}),

@@ -129,6 +129,12 @@ def test_vocab_parallel_embedding_equals_the_replicated_lookup(t: int) -> None:
     gather = next(op for op in legal.entry.ops() if op.name == "Gather")
     assert isinstance(gather.outputs[0].type, DTensorType)
     assert gather.outputs[0].type.placements == (Partial("sum"),)  # each rank's rows, then a sum
+    # the backward scatters into each rank's rows: the table's gradient is never whole on a rank
+    scatter = next(op for op in legal.entry.ops() if op.name == "GatherGrad")
+    assert isinstance(scatter.outputs[0].type, DTensorType)
+    assert scatter.outputs[0].type.placements == (Shard(0),)
+    moved = [op.inputs[0].type.shape for op in legal.entry.ops() if op.name == "Redistribute"]  # type: ignore[union-attr]
+    assert (vocab, hidden) not in moved, moved
 
 
 @pytest.mark.parametrize(
