@@ -23,7 +23,7 @@ from distir.parallel.check import check_against_sequential, initial_values
 from distir.parallel.distribute import distribute
 from distir.parallel.strategy import parse_strategy
 
-TIED = "gpt:layers=2,hidden=8,heads=2,seq=4,vocab=13,tied=1"
+TIED = "gpt:layers=4,hidden=8,heads=2,seq=4,vocab=13,tied=1"
 
 
 def test_tied_model_shares_the_embedding_with_the_head() -> None:

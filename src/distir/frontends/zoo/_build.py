@@ -67,7 +67,7 @@ class LayerFn:
         (y,) = self._fb.op(op, *inputs, n_out=1, names=[name or op.lower()], **attrs)
         return y
 
-    def multi(self, op: str, *inputs: Value, names: Sequence[str], **attrs: Any) -> tuple[Value, ...]:
+    def results(self, op: str, *inputs: Value, names: Sequence[str], **attrs: Any) -> tuple[Value, ...]:
         """An op with several results, named ``names``."""
         return self._fb.op(op, *inputs, n_out=len(names), names=list(names), **attrs)
 
@@ -91,12 +91,14 @@ def assemble(
     inputs: Sequence[InputSpec],
     calls: Sequence[LayerCall],
     seq_dim: int | None = None,
+    ends: tuple[int, int] = (0, 0),
     loss_input_tp: Placement = REPLICATE,
 ) -> Model:
     """The ``Model`` whose entry ``@forward`` makes ``calls`` in order, starting from the first
     input; ``seq_dim`` declares the activations' sequence dim (``Model.seq_dim``) and
-    ``loss_input_tp`` the loss layer's input's tensor-parallel placement. Runs
-    ``check_model`` and counts ``flops_per_sample``."""
+    ``loss_input_tp`` the loss layer's input's tensor-parallel placement. Runs ``check_model`` and
+    counts ``flops_per_sample``. ``ends``: how many calls before and after the repeated blocks
+    belong with the first and the last pipeline chunk (``Model.pre``, ``Model.post``)."""
     if not inputs:
         raise ModelError(f"model {name}: no inputs")
     batch = inputs[0].type.shape[0]
@@ -144,7 +146,10 @@ def assemble(
         module,
         [_with_batch(p.type, 1) for p in module.entry.params[: len(inputs)]] + [w.type for w in weights],
     )
-    return replace(model, flops_per_sample=flops)
+    pre, post = ends
+    if pre < 0 or post < 0 or pre + post > len(calls):
+        raise ModelError(f"model {name}: {pre} + {post} end calls but {len(calls)} calls")
+    return replace(model, flops_per_sample=flops, pre=pre, post=post)
 
 
 def _with_batch(t: Type | None, batch: int) -> TensorType:
@@ -180,14 +185,19 @@ def inv_sqrt(n: float) -> float:
 
 
 def check_config(family: str, cfg: object, divides: Sequence[tuple[str, str]] = ()) -> None:
-    """Every int field of the dataclass ``cfg`` is positive (bool fields are flags), and for
+    """Every int field of the dataclass ``cfg`` is positive (bool fields are flags), every
+    enumerated field (a field whose metadata lists its ``choices``) holds one of them, and for
     each ``(a, b)`` in ``divides`` field ``a`` divides field ``b``; else a ModelError naming key
     and value."""
     for f in fields(cfg):  # type: ignore[arg-type]
         v = getattr(cfg, f.name)
-        if isinstance(v, bool) and isinstance(f.default, bool):
+        choices = f.metadata.get("choices")
+        if choices is not None:
+            if v not in choices:
+                raise ModelError(f"{family}: {f.name}={v!r} must be one of {', '.join(choices)}")
+        elif isinstance(v, bool) and isinstance(f.default, bool):
             continue
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ModelError(f"{family}: {f.name}={v!r} must be a positive integer")
     for a, b in divides:
         va, vb = getattr(cfg, a), getattr(cfg, b)
