@@ -20,7 +20,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Final
 
 from distir.ir.builder import FunctionBuilder
-from distir.ir.dtensor import Mesh, Partial, Placement, Shard, format_placements
+from distir.ir.dtensor import Mesh, Partial, Placement, format_placements
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call
 from distir.ir.rewrite import ValueMap, copy_instr
@@ -75,11 +75,8 @@ def shard_function(
         ),
     )
     got = place(plan, mesh, {}, params=params, results=results, replicate_results=False, pinned=pinned)
-    # results annotated as pending sums stay pending (the caller reduces them once, later); a
-    # pending sum to be sharded is reduce-scattered straight there (below), not all-reduced first
-    pending = [
-        i for i, w in results.items() if any(isinstance(x, Partial | Shard) for x in parsed_placements(w))
-    ]
+    # results annotated as pending sums stay pending (the caller reduces them once, later)
+    pending = [i for i, w in results.items() if any(isinstance(x, Partial) for x in parsed_placements(w))]
     fb = FunctionBuilder(fn.name, REGISTRY.out_arity)
     legal = legalize_placed(got, mesh, pending, fb)
     # a result whose producer chose another placement than the boundary asks for: redistribute
