@@ -10,7 +10,7 @@
    powers of two, k ∈ 2..128 when pipelined): 155 configurations screened, the best simulated
    exactly (target < 3 s; ~130 s for the original implementation on this machine kind).
 4. AMP's three experiments (homogeneous 4 × g4dn.12xlarge, heterogeneous 3 × p3.8xlarge +
-   1 × g4dn.12xlarge, uneven TransGAN-like model on 4 × p3.8xlarge), each cold in a fresh
+   1 × g4dn.12xlarge, AMP's TransGAN generator on 4 × p3.8xlarge), each cold in a fresh
    process (imports done, no cache): screen time, configurations/s, placement search, whole
    search with exact re-ranking (target < 1 s each; AMP ~300 CPU-s).
 
@@ -159,7 +159,7 @@ def bench_amp_case(i: int) -> None:
 
 
 def bench_amp() -> None:
-    print("4. AMP's experiments (GPT-2 24 × 1024, seq 1024, batch 32; TransGAN-like, batch 64)", flush=True)
+    print("4. AMP's experiments (GPT-2 24 × 1024, seq 1024, batch 32; TransGAN, batch 64)", flush=True)
     for i in range(len(AMP_CASES)):  # each cold: a fresh process, nothing cached
         subprocess.run([sys.executable, __file__, "amp-case", str(i)], check=True)
     print("  => target < 1 s each (AMP ~300 CPU-s)\n")

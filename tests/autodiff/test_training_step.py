@@ -18,7 +18,7 @@ TINY = {
     "mlp": "mlp:layers=3,hidden=6",
     "gpt": "gpt:layers=2,hidden=8,heads=2,seq=4,vocab=16",
     "llama": "llama:layers=2,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=4",
-    "transgan": "transgan:wide_layers=2,narrow_layers=2,wide=8,narrow=4,heads=2,tokens=3",
+    "transgan": "transgan:wide_layers=2,narrow_layers=2,dim=128,bottom=1,window=4,latent=8,heads=2",
 }
 
 

@@ -19,8 +19,11 @@ from distir.cli import app
 from distir.frontends.zoo import ZOO, ModelError, build_model, check_model, parse_model_string, zoo_table
 from distir.frontends.zoo._build import LayerCall, LayerFn, assemble, tensor, weight
 from distir.frontends.zoo.model import InputSpec
+from distir.interp.loop import interpret
+from distir.interp.shapes import TypeDomain, type_of
 from distir.ir.dtensor import Replicate, Shard
 from distir.ir.types import DType
+from distir.ops.registry import REGISTRY
 
 
 # -- closed-form parameter counts (independent of the builders) --------------------------------
@@ -36,12 +39,115 @@ def closed_form_params(family: str, c: dict[str, Any]) -> int:
         block = 2 * h * h + 2 * h * kv + 3 * h * c["ffn"] + 2 * h
         return v * h + c["layers"] * block + h + h * v
     assert family == "transgan"
+    return transgan_repository_params(c) - transgan_unapplied_params(c)
 
-    def block(h: int) -> int:
-        return 12 * h * h + 13 * h
 
-    w, n = c["wide"], c["narrow"]
-    return c["wide_layers"] * block(w) + w * n + n + c["narrow_layers"] * block(n)
+# -- AMP's TransGAN generator, as its repository configures it ---------------------------------
+# github:DachengLi1/AMP @ 72eeea45518d88997dd33c0db4a885a7eeec1d15: src/het_model.py (hidden_size
+# 1024, depth [12,0,0,0,0,12], bottom 9), examples/ds_pretrain_transgan_pipe.sh (--g_window_size
+# 18, --latent_dim 512, --gf_dim = hidden), megatron/arguments.py (--g_mlp 4) and
+# megatron/model/trans_gan_gen.py (ParallelTransGANGeneratorPipe: num_heads 4; the widths
+# gf_dim, gf_dim, gf_dim, gf_dim//4, gf_dim//16, gf_dim//64; position embeddings of
+# (bottom_width·2^k)² tokens; stages 1-3 attend over the whole grid, 4-6 in windows).
+AMP_REPO = {
+    "g_depth": (12, 0, 0, 0, 0, 12),
+    "gf_dim": 1024,
+    "bottom_width": 9,
+    "g_window_size": 18,
+    "latent_dim": 512,
+    "num_heads": 4,
+    "g_mlp": 4,
+}
+WIDTH_DIV = (1, 1, 1, 4, 16, 64)
+
+
+def _stages(c: dict[str, Any]) -> list[dict[str, int]]:
+    """Per stage of the generator written from the config dict of the zoo (c) or the repo."""
+    depth = (c["wide_layers"], 0, 0, 0, 0, c["narrow_layers"])
+    out = []
+    for k in range(6):
+        res = c["bottom"] * 2**k
+        win = res if k < 3 else c["window"]  # the pipe passes bottom_width·2^k to stages 1-3
+        out.append({"depth": depth[k], "res": res, "width": c["dim"] // WIDTH_DIV[k], "win": win})
+    return out
+
+
+def transgan_repository_params(c: dict[str, Any]) -> int:
+    """The parameters ``ParallelTransGANGeneratorPipe`` allocates (tensor parallelism 1)."""
+    total = c["latent"] * c["bottom"] ** 2 * c["dim"] + c["bottom"] ** 2 * c["dim"]  # l1
+    for s in _stages(c):
+        h, ff = s["width"], c["mlp"] * s["width"]
+        total += s["res"] ** 2 * h  # PositionEmbedding
+        block = (3 * h * h + 3 * h) + (h * h + h) + (h * ff + ff) + (ff * h + h)  # qkv, proj, fc1, fc2
+        block += (2 * s["win"] - 1) ** 2 * c["heads"] + 1  # relative position bias, noise_strength_1
+        total += s["depth"] * block
+    return total + 3 * c["dim"] // 64 + 3  # Conv2d(dim/64, 3, 1)
+
+
+def transgan_unapplied_params(c: dict[str, Any]) -> int:
+    """Parameters the zoo model leaves out (its docstring): the biases the repository allocates
+    but discards (skip_bias_add: proj, fc1, fc2), the relative position bias tables and the noise
+    strengths."""
+    total = 0
+    for s in _stages(c):
+        h = s["width"]
+        total += s["depth"] * (h + c["mlp"] * h + h + (2 * s["win"] - 1) ** 2 * c["heads"] + 1)
+    return total
+
+
+def test_transgan_follows_amps_repository() -> None:
+    r = AMP_REPO
+    cfg = dataclasses.asdict(ZOO["transgan-hetero"].config)
+    assert (cfg["wide_layers"], cfg["narrow_layers"]) == (r["g_depth"][0], r["g_depth"][5])
+    assert (cfg["dim"], cfg["bottom"], cfg["window"]) == (r["gf_dim"], r["bottom_width"], r["g_window_size"])
+    assert (cfg["latent"], cfg["heads"], cfg["mlp"]) == (r["latent_dim"], r["num_heads"], r["g_mlp"])
+    m = build_model("transgan-hetero", 1)
+    # position embeddings: (bottom·2^k)² tokens of width gf_dim / (1, 1, 1, 4, 16, 64)
+    pos = [m.weight(f"pos_{k + 1}").type.shape for k in range(6)]
+    assert pos == [((9 * 2**k) ** 2, 1024 // d) for k, d in enumerate(WIDTH_DIV)]
+    assert [t[0] for t in pos] == [81, 324, 1296, 5184, 20736, 82944]
+    # the blocks: 12 of width 1024 on 81 tokens (global), 12 of width 16 on 288² tokens in
+    # windows of 18² (256 per image)
+    _, env = interpret(m.module, m.forward, [p.type for p in m.forward.params], TypeDomain())
+    blocks = [c for c in m.layers if c.callee.startswith("block_")]
+    shapes = [type_of(env[c.inputs[0]]).shape for c in blocks]  # type: ignore[union-attr]
+    assert shapes == [(1, 81, 1024)] * 12 + [(256, 324, 16)] * 12
+    assert 256 * 324 == 288**2 == pos[5][0]
+    assert [m.weight(f"w1_{i}").type.shape for i in range(24)] == [(1024, 4096)] * 12 + [(16, 64)] * 12
+    assert [c.callee for c in m.layers] == ["stem"] + ["block_1"] * 12 + ["up_6"] + ["block_6"] * 12 + [
+        "to_rgb",
+        "loss",
+    ]
+    repo = {"wide_layers": 12, "narrow_layers": 12, "dim": 1024, "bottom": 9, "window": 18}
+    repo |= {"latent": 512, "heads": 4, "mlp": 4}
+    # by hand: l1 42,550,272 + pos 5,723,136 + 12 × 12,593,285 + 12 × 8,117 + conv 51
+    assert transgan_repository_params(repo) == 199_490_283
+    assert m.num_params == transgan_repository_params(repo) - transgan_unapplied_params(repo)
+
+
+def _matmul_flops(m: Any, callee: str) -> float:
+    """Forward MatMul FLOPs of the first call of ``callee`` at batch 1, by the registry."""
+    _, env = interpret(m.module, m.forward, [p.type for p in m.forward.params], TypeDomain())
+    call = next(c for c in m.layers if c.callee == callee)
+    _, inner = interpret(m.module, m.module[callee], [type_of(env[v]) for v in call.inputs], TypeDomain())
+    total = 0.0
+    for op in m.module[callee].body:
+        if op.name == "MatMul":
+            ins = [type_of(inner[v]) for v in op.inputs]
+            total += REGISTRY["MatMul"].flops(ins, [type_of(inner[op.outputs[0]])], op.attrs)
+    return total
+
+
+def test_transgan_narrow_blocks_cost_as_much_as_the_wide() -> None:
+    """Per sample, a block of N tokens of width h attending over rows of S tokens does
+    2·N·12h² (q, k, v, o, fc1, fc2) + 2·2·N·S·h (scores and context) multiply-add FLOPs: the
+    narrow high-resolution blocks cost more than the wide ones."""
+    m = build_model("transgan-hetero", 1)
+    wide = 2 * 81 * 12 * 1024**2 + 4 * 81 * 81 * 1024
+    narrow = 2 * 288**2 * 12 * 16**2 + 4 * 288**2 * 324 * 16
+    assert _matmul_flops(m, "block_1") == wide
+    assert _matmul_flops(m, "block_6") == narrow
+    assert narrow > wide
 
 
 # published sizes; GPT counts exclude the untied output projection (hidden·vocab). GPT-2's
@@ -78,13 +184,6 @@ def test_zoo_entry_builds_at_real_size(name: str) -> None:
     # the loss layer takes no weights
     loss = m.layers[-1]
     assert not set(loss.inputs[1:]) & set(m.forward.params[len(m.inputs) :])
-
-
-def test_transgan_is_uneven() -> None:
-    m = build_model("transgan-hetero", 4)
-    wide = [w for w in m.weights if w.name.startswith("w1_")]
-    assert [w.type.shape for w in wide] == [(1024, 4096)] * 12 + [(16, 64)] * 12
-    assert [c.callee for c in m.layers] == ["wide_block"] * 12 + ["proj"] + ["narrow_block"] * 12 + ["loss"]
 
 
 def test_tensor_parallel_declarations() -> None:
@@ -217,7 +316,9 @@ BAD = [
     ("gpt:heads=5", ["heads=5 must divide hidden=768"]),
     ("llama:kv_heads=5", ["kv_heads=5 must divide heads=32"]),
     ("llama:hidden=96,heads=32,kv_heads=32", ["head_dim = hidden/heads = 3 must be even"]),
-    ("transgan:narrow=6", ["heads=4 must divide narrow=6"]),
+    ("transgan:heads=3", ["heads=3 must divide narrow=16"]),
+    ("transgan:dim=1000", ["dim=1000 must be a multiple of 64"]),
+    ("transgan:window=20", ["window=20 must divide stage 6's resolution 288"]),
 ]
 
 

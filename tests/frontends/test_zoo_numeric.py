@@ -22,8 +22,9 @@ LLAMA = "llama:layers=2,hidden=16,heads=4,kv_heads=2,ffn=24,vocab=32,seq=8"
 LLAMA_MHA = "llama:layers=1,hidden=12,heads=3,kv_heads=3,ffn=10,vocab=16,seq=5"
 LLAMA_MQA = "llama:layers=1,hidden=12,heads=3,kv_heads=1,ffn=10,vocab=16,seq=5"
 MLP = "mlp:layers=3,hidden=8"
-TRANSGAN = "transgan:wide_layers=2,narrow_layers=1,wide=12,narrow=4,heads=2,tokens=5"
-TINY = [GPT, LLAMA, LLAMA_MHA, LLAMA_MQA, MLP, TRANSGAN]
+TRANSGAN = "transgan:wide_layers=2,narrow_layers=1,dim=128,bottom=1,window=4,latent=6,heads=2"
+TRANSGAN_GLOBAL = "transgan:wide_layers=1,narrow_layers=1,dim=64,bottom=1,window=32,latent=4,heads=1"
+TINY = [GPT, LLAMA, LLAMA_MHA, LLAMA_MQA, MLP, TRANSGAN, TRANSGAN_GLOBAL]
 TINY += [f"{s},attention=naive" for s in (GPT, LLAMA, LLAMA_MQA, TRANSGAN)]
 
 
@@ -162,14 +163,64 @@ def numpy_mlp(c: dict[str, Any], w: dict[str, np.ndarray]) -> tuple[np.ndarray, 
     return x, float(((x - w["y"]) ** 2).sum() / w["y"].size)
 
 
+def pixel_norm(x: np.ndarray) -> np.ndarray:
+    return x / np.sqrt((x * x).mean(-1, keepdims=True))
+
+
+def transgan_block(x: np.ndarray, w: dict[str, np.ndarray], i: int, heads: int) -> np.ndarray:
+    """TransGAN's block on (rows, tokens, width): PixelNorm, q/k/v with biases, no other bias."""
+    h = pixel_norm(x)
+    q, k, v = (h @ w[f"w{c}_{i}"] + w[f"b{c}_{i}"] for c in "qkv")
+    x = x + attention(q, k, v, heads, heads, causal=False) @ w[f"wo_{i}"]
+    return x + gelu(pixel_norm(x) @ w[f"w1_{i}"]) @ w[f"w2_{i}"]
+
+
+def nearest_up(grid: np.ndarray) -> np.ndarray:
+    """(B, H, W, C) → (B, 2H, 2W, C): every pixel copied to a 2×2 block."""
+    return np.repeat(np.repeat(grid, 2, axis=1), 2, axis=2)
+
+
+def pixel_shuffle(grid: np.ndarray) -> np.ndarray:
+    """torch's PixelShuffle(2) on channels-last: out[2h+i, 2w+j, c] = in[h, w, 4c + 2i + j]."""
+    b, hh, ww, c = grid.shape
+    out = np.zeros((b, 2 * hh, 2 * ww, c // 4))
+    for i in range(2):
+        for j in range(2):
+            out[:, i::2, j::2, :] = grid[:, :, :, 2 * i + j :: 4]
+    return out
+
+
+def windowed(grid: np.ndarray, win: int, fn: Any) -> np.ndarray:
+    """``fn`` applied to every win × win window of (B, H, W, C), each as (B, win², C)."""
+    b, hh, ww, c = grid.shape
+    out = np.zeros_like(grid)
+    for r in range(0, hh, win):
+        for col in range(0, ww, win):
+            piece = grid[:, r : r + win, col : col + win, :].reshape(b, win * win, c)
+            out[:, r : r + win, col : col + win, :] = fn(piece).reshape(b, win, win, c)
+    return out
+
+
 def numpy_transgan(c: dict[str, Any], w: dict[str, np.ndarray]) -> tuple[np.ndarray, float]:
-    x = w["x"]
-    for i in range(c["wide_layers"]):
-        x = gpt_block(x, w, i, c["heads"], causal=False)
-    x = x @ w["proj_w"] + w["proj_b"]
-    for i in range(c["wide_layers"], c["wide_layers"] + c["narrow_layers"]):
-        x = gpt_block(x, w, i, c["heads"], causal=False)
-    return x, float(((x - w["y"]) ** 2).sum() / w["y"].size)
+    """AMP's generator (depths wide_layers,0,0,0,0,narrow_layers): stage k has resolution
+    bottom·2^(k-1); 1→2→3 nearest, 3→4→5→6 pixel shuffle; stage 6 attends within windows."""
+    res, dim, n = c["bottom"], c["dim"], c["wide_layers"]
+    x = (w["z"] @ w["l1_w"] + w["l1_b"]).reshape(-1, res, res, dim) + w["pos_1"].reshape(res, res, dim)
+    for i in range(n):
+        x = transgan_block(x.reshape(-1, res * res, dim), w, i, c["heads"]).reshape(x.shape)
+    for stage, up in zip(range(2, 7), [nearest_up] * 2 + [pixel_shuffle] * 3, strict=True):
+        x = up(x)
+        res = x.shape[1]
+        x = x + w[f"pos_{stage}"].reshape(res, res, -1)
+
+    def stage6(rows: np.ndarray) -> np.ndarray:
+        for i in range(n, n + c["narrow_layers"]):
+            rows = transgan_block(rows, w, i, c["heads"])
+        return rows
+
+    x = windowed(x, min(c["window"], res), stage6)
+    img = x.reshape(x.shape[0], res * res, -1) @ w["rgb_w"] + w["rgb_b"]
+    return img, float(img.mean())
 
 
 NUMPY = {"gpt": numpy_gpt, "llama": numpy_llama, "mlp": numpy_mlp, "transgan": numpy_transgan}
@@ -224,7 +275,8 @@ def test_layers_do_not_bake_in_the_batch(spec: str) -> None:
         types.append(TensorType(t.dtype, (2, *t.shape[1:]), t.device) if k < len(m.inputs) else t)
     _, env = interpret(m.module, m.forward, types, TypeDomain())
     for c, value in zip(m.layers[:-1], full[:-1], strict=True):
-        assert type_of(env[c.outputs[0]]).shape == (2, *value.shape[1:])  # type: ignore[union-attr]
+        # dim 0 is the batch, or batch × windows (TransGAN's window attention): halved either way
+        assert type_of(env[c.outputs[0]]).shape == (value.shape[0] // 2, *value.shape[1:])  # type: ignore[union-attr]
     assert type_of(env[m.layers[-1].outputs[0]]).shape == ()  # type: ignore[union-attr]
 
 

@@ -30,8 +30,9 @@ FAMILIES = {
     "mlp": "mlp:layers=4,hidden=6",
     "gpt": "gpt:layers=4,hidden=8,heads=2,seq=4,vocab=16",
     "llama": "llama:layers=4,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=4",
-    "transgan": "transgan:wide_layers=2,narrow_layers=2,wide=8,narrow=4,heads=2,tokens=3",
+    "transgan": "transgan:wide_layers=2,narrow_layers=2,dim=128,bottom=1,window=4,latent=8,heads=2",
 }
+SEQUENCE = {"gpt", "llama"}  # the families declaring a sequence dim (TransGAN's activations change meaning)
 # (strategy, batch): the microbatch divides by the shares' sum
 STRATEGIES = [
     ("d3.t1.p1.k2.1f1b.b2-1-1", 8),
@@ -39,7 +40,7 @@ STRATEGIES = [
     ("d2.t2.p1.k1.gpipe.b1-3", 4),
     ("d2.t1.p2.k2.interleaved.v2.rsel.b1-3", 8),
     ("d3.t1.p1.k1.1f1b.rfull.b1-2-3", 6),
-    ("d2.t2.sp.p1.k2.1f1b.b3-1", 8),  # sequence parallelism: every family but the MLP
+    ("d2.t2.sp.p1.k2.1f1b.b3-1", 8),  # sequence parallelism: the families with a sequence dim
 ]
 
 
@@ -107,13 +108,16 @@ def test_share_strategies_round_trip_and_errors() -> None:
 
 @pytest.mark.parametrize(
     ("family", "strategy", "batch"),
-    [(f, st, b) for f in sorted(FAMILIES) for st, b in STRATEGIES if f != "mlp" or ".sp." not in st],
+    [(f, st, b) for f in sorted(FAMILIES) for st, b in STRATEGIES if f in SEQUENCE or ".sp." not in st],
 )
 def test_uneven_shares_train_as_the_sequential_step(family: str, strategy: str, batch: int) -> None:
     s = parse_strategy(strategy)
     model = build_model(FAMILIES[family], batch=batch, dtype=DType.f64)
     cmp = check_against_sequential(model, s)
-    assert cmp.max_rel_diff < 1e-9, f"{family} {s}: {cmp.worst} differs by {cmp.max_rel_diff:.2e}"
+    # updates, not weights: a key bias's gradient is zero in exact arithmetic (softmax ignores a
+    # shift of all scores), so its update is rounding noise with no relative accuracy
+    err, where = cmp.update_error()
+    assert err < 1e-9, f"{family} {s}: {where} differs by {err:.2e}"
     verify(cmp.distributed)
     verify(cmp.materialized)
     ranks = project(cmp.materialized)

@@ -27,7 +27,7 @@ FAMILIES = {
     "mlp": "mlp:layers=6,hidden=6",
     "gpt": "gpt:layers=6,hidden=8,heads=2,seq=4,vocab=16",
     "llama": "llama:layers=6,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=4",
-    "transgan": "transgan:wide_layers=2,narrow_layers=2,wide=8,narrow=4,heads=2,tokens=3",
+    "transgan": "transgan:wide_layers=2,narrow_layers=2,dim=128,bottom=1,window=4,latent=8,heads=2",
 }
 
 
@@ -51,8 +51,8 @@ def cases(draw: st.DrawFn) -> tuple[str, Strategy]:
         v=v,
         zero=draw(st.integers(0, 3)),
         recompute=draw(st.sampled_from(["none", "full", "selective"])),
-        # sequence parallelism: every family but the MLP declares a sequence dim
-        sp=t > 1 and family != "mlp" and draw(st.booleans()),
+        # sequence parallelism: GPT and Llama declare a sequence dim (the MLP and TransGAN do not)
+        sp=t > 1 and family in ("gpt", "llama") and draw(st.booleans()),
     )
 
 
@@ -68,6 +68,25 @@ def test_distributed_training_step_matches_sequential(case: tuple[str, Strategy]
     ranks = project(cmp.materialized)
     assert len(ranks) == s.devices
     check_deadlock_free(ranks)
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        "d2.t2.p2.k2.1f1b",  # a stage boundary between the window partition and the narrow blocks
+        "d1.t2.p4.k4.zb1.L2-2-2-2",  # stem+wide | wide+up | narrow, narrow | to_rgb+loss
+        "d2.t1.p3.k3.interleaved.v2.z2.rsel",
+    ],
+)
+def test_transgan_windows_train_as_the_sequential_step(strategy: str) -> None:
+    """AMP's generator in small (nearest and pixel-shuffle upsampling, windows of 4² tokens in
+    the last stage): data, tensor (heads and MLP split, Megatron-style) and pipeline parallel
+    training steps equal the sequential step."""
+    s = parse_strategy(strategy)
+    model = build_model(FAMILIES["transgan"], batch=s.k * s.d, dtype=DType.f64)
+    cmp = check_against_sequential(model, s)
+    assert cmp.max_rel_diff < 1e-7, f"{s}: {cmp.worst} differs by {cmp.max_rel_diff:.2e}"
+    check_deadlock_free(project(cmp.materialized))
 
 
 @pytest.mark.parametrize("opt", ["adam"])

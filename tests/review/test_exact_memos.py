@@ -52,7 +52,7 @@ CASES = [  # (model, strategy, cluster, batch)
     (GPT, "d1.t2.p2.k2.1f1b", "g4dn.12xlarge:2", 8),
     (GPT, "d2.t2.sp.p2.k2.z3.1f1b", "g4dn.12xlarge:2", 8),
     ("llama:layers=3,hidden=64,heads=4,kv_heads=2,seq=16,vocab=128", "d1.t2.p3.k3.1f1b", "p3.8xlarge:2", 6),
-    ("transgan-hetero:wide_layers=2,narrow_layers=2", "d1.t1.p4.k4.zb1.L1-1-1-3", "p3.8xlarge:1", 8),
+    ("transgan-hetero:wide_layers=2,narrow_layers=2", "d1.t1.p4.k4.zb1.L0-2-1-2", "p3.8xlarge:1", 8),
 ]
 
 

@@ -32,7 +32,7 @@ from distir.search.run import SearchRequest, search
 from distir.search.space import Pins, Space
 from distir.search.store import ResultStore, search_key
 
-GPT = "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128"  # 5 layer calls training, 4 inference
+GPT = "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128"  # 4 blocks (+ embedding, head, loss)
 NODE = "p3.8xlarge:1"  # 4 V100s
 MIXED = "p3.8xlarge:1+g4dn.12xlarge:1"  # 4 V100s then 4 T4s
 runner = CliRunner()
@@ -66,7 +66,7 @@ def _search_cli(tmp_path: Path, cluster: str, *extra: str) -> tuple[int, str, st
         (MIXED, "d1.t4.p2.k2.zb1.@4-5-6-7-0-1-2-3", 8, True),
         (MIXED, "d2.t1.p1.k1.1f1b.b2-1", 6, True),  # batch shares
         (NODE, "d1.t2.p2.k2.1f1b.z1.rfull", 8, True),  # recomputation (ZeRO is a no-op at d = 1)
-        (NODE, "d2.t1.p1.k2.1f1b", 6, True),  # a batch of 6 does not split in d·k = 4
+        (NODE, "d2.t1.p1.k2.1f1b", 12, True),  # 3 samples per replica and microbatch
         (NODE, "d1.t2.p2.k2.zb1", 8, False),  # inference: no loss layer, no backward
         (NODE, "d1.t1.p2.k4.interleaved.v2", 8, False),
     ],
@@ -102,7 +102,8 @@ def test_chunk_times_of_interleaved_placed_chunks_use_their_stage_s_first_tp_gro
     assert len(fwd) == len(bwd) == 4
     prof = Profiler(parse_model_string(GPT), cl, DType.f32, True)
     stage_gpus = [[6, 7], [2, 3]]
-    bounds = [0, 2, 3, 4, 5]  # uniform partition of 5 layer calls into 4 chunks
+    # one block per chunk: the embedding with the first, head and loss with the last
+    bounds = [0, 2, 3, 4, 7]
     for c in range(4):
         layers = prof.layers(2, 2, stage_gpus[c % 2], "none")
         r = range(bounds[c], bounds[c + 1])
@@ -123,7 +124,7 @@ def test_zero_chunk_times_give_a_program_or_a_strategy_error(times: tuple[list[f
         (["--strategy", "d1.t1.p2.k2.1f1b", "--cluster", "p3.8xlarge:0"], "node count of 'p3.8xlarge'"),
         (["--strategy", "d1.t1.p2.k2.1f1b", "--cluster", "nosuchgpu:1"], "nosuchgpu"),
         (["--strategy", "d2.t4.p1.k1.1f1b", "--cluster", NODE], "needs 8 GPUs"),
-        (["--strategy", "d1.t1.p2.k2.1f1b.L2-3", "--cluster", NODE, "--infer"], "covers 5 layers, not 4"),
+        (["--strategy", "d1.t1.p2.k2.1f1b.L2-3", "--cluster", NODE, "--infer"], "covers 5 blocks, not 4"),
         (["--strategy", "d2.t1.p1.k1.1f1b.b2-1", "--cluster", MIXED, "--batch", "4"], "batch shares 2-1"),
         (["--strategy", "d1.t1.p2.k2.1f1b", "--cluster", NODE, "--precision", "mixed"], "mixed"),
     ],
@@ -242,11 +243,11 @@ def test_why_not_names_the_pin(pins: Pins, shape: tuple[int, int, int], why: str
     assert Space(4, 8, 5, (1, 2, 4), pins=pins).why_not(*shape) == why
 
 
-def test_why_not_for_inference_counts_the_layer_calls_without_the_loss() -> None:
+def test_why_not_counts_the_blocks_for_inference_too() -> None:
     space = run.build_space(
         SearchRequest(model=GPT, cluster=MIXED, batch=8, train=False), parse_cluster(MIXED)
     )
-    assert space.why_not(1, 1, 8) == "the model has 4 layer calls, fewer than 8 stages"
+    assert space.why_not(1, 1, 8) == "the model has 4 blocks, fewer than 8 stages"
     assert space.n_layers == 4 and space.why_not(1, 1, 4) == "d·t·p = 4, not the cluster's 8 devices"
 
 

@@ -21,7 +21,7 @@ MODELS = [
     GPT,
     "mlp:layers=4,hidden=64",
     "llama:layers=3,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=128,seq=16",
-    "transgan:wide_layers=2,narrow_layers=3,wide=64,narrow=16,heads=4,tokens=16",
+    "transgan:wide_layers=2,narrow_layers=3,dim=256,bottom=2,window=8,latent=16,heads=4",
 ]
 
 

@@ -1,5 +1,6 @@
 """The model zoo: builders of chain-shaped models (``model.py``'s contract) for the DistIR
-paper's MLP, GPT-2/GPT-3, Llama-style decoders and AMP's uneven TransGAN-like model.
+paper's MLP, GPT-2/GPT-3, Llama-style decoders and the TransGAN generator of AMP's
+heterogeneous-model experiment.
 
     from distir.frontends.zoo import build_model
     m = build_model("gpt2-117m:layers=2", batch=8)     # a Model; m.module is the DistIR module

@@ -169,7 +169,7 @@ class ZooRow:
     name: str
     family: str
     layers: int  # transformer blocks / dense layers (embedding, head and loss layers not counted)
-    hidden: int  # the model width (transgan: its wide half's)
+    hidden: int  # the model width (transgan: its first stage's)
     heads: int | None
     params: int
 
@@ -183,7 +183,7 @@ def _zoo_model(name: str) -> Model:
 
 def _row(e: ZooEntry) -> ZooRow:
     c = e.config
-    hidden = c.wide if e.family == "transgan" else c.hidden
+    hidden = c.hidden
     params = _zoo_model(e.name).num_params
     return ZooRow(e.name, e.family, c.layers, hidden, getattr(c, "heads", None), params)
 
