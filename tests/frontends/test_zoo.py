@@ -142,7 +142,7 @@ def test_transgan_narrow_blocks_cost_as_much_as_the_wide() -> None:
     """Per sample, a block of N tokens of width h attending over rows of S tokens does
     2·N·12h² (q, k, v, o, fc1, fc2) + 2·2·N·S·h (scores and context) multiply-add FLOPs: the
     narrow high-resolution blocks cost more than the wide ones."""
-    m = build_model("transgan-hetero", 1)
+    m = build_model("transgan-hetero:attention=naive", 1)  # the explicit score and context matmuls
     wide = 2 * 81 * 12 * 1024**2 + 4 * 81 * 81 * 1024
     narrow = 2 * 288**2 * 12 * 16**2 + 4 * 288**2 * 324 * 16
     assert _matmul_flops(m, "block_1") == wide
@@ -189,8 +189,11 @@ def test_zoo_entry_builds_at_real_size(name: str) -> None:
 def test_tensor_parallel_declarations() -> None:
     gpt = build_model("gpt2-117m:layers=1", 2)
     want = {"wq_0": Shard(1), "bq_0": Shard(0), "wo_0": Shard(0), "bo_0": Replicate()}
-    want |= {"w1_0": Shard(1), "b1_0": Shard(0), "w2_0": Shard(0), "b2_0": Replicate(), "wte": Replicate()}
+    want |= {"w1_0": Shard(1), "b1_0": Shard(0), "w2_0": Shard(0), "b2_0": Replicate()}
+    # Megatron's vocabulary-parallel embedding and head; position embeddings replicated
+    want |= {"wte": Shard(0), "wpe": Replicate(), "wlm": Shard(1)}
     assert {k: gpt.weight(k).tp for k in want} == want
+    assert gpt.loss_input_tp == Shard(2)  # logits (batch, seq, vocab) sharded on the vocabulary
     llama = build_model("llama3-8b:layers=1", 1)
     assert [llama.weight(f"{n}_0").tp for n in ("wq", "wk", "wv", "wo", "w1", "w3", "w2")] == [
         Shard(1),
@@ -202,6 +205,11 @@ def test_tensor_parallel_declarations() -> None:
         Shard(0),
     ]
     assert llama.weight("wk_0").type.shape == (4096, 1024)  # 8 kv heads of 128
+    assert (llama.weight("tok_emb").tp, llama.weight("wlm").tp, llama.loss_input_tp) == (
+        Shard(0),
+        Shard(1),
+        Shard(2),
+    )
     mlp = build_model("mlp:layers=4,hidden=8", 2)
     assert [w.tp for w in mlp.weights] == [Shard(1), Shard(0), Shard(1), Shard(0)]
 
@@ -242,6 +250,7 @@ def test_parse_family_string() -> None:
         "seq": 2048,
         "vocab": 51200,
         "attention": "fused",
+        "tied": False,  # GPT-2's tied embedding is a flag, off by default
     }
     s = parse_model_string(" gpt2-117m:layers=2 ")
     assert dataclasses.asdict(s.config) == {
@@ -251,8 +260,10 @@ def test_parse_family_string() -> None:
         "seq": 1024,
         "vocab": 50257,
         "attention": "fused",
+        "tied": False,
     }
     assert parse_model_string("gpt2-117m:attention=naive").config.attention == "naive"
+    assert parse_model_string("gpt2-117m:tied=1").config.tied is True
     assert parse_model_string("llama").config.rope_theta == 10000  # Llama 2's RoPE base
     assert parse_model_string("llama3-8b").config.rope_theta == 500000  # Llama 3's
     assert parse_model_string("llama").config == ZOO["llama2-7b"].config

@@ -21,7 +21,7 @@ from distir.sim.simulate import simulate
 TINY = {
     "gpt": "gpt:layers=2,hidden=16,heads=2,seq=6,vocab=24",
     "llama": "llama:layers=2,hidden=16,heads=4,kv_heads=2,ffn=20,vocab=24,seq=6",
-    "transgan": "transgan:wide_layers=1,narrow_layers=1,wide=8,narrow=4,heads=2,tokens=5",
+    "transgan": "transgan:wide_layers=1,narrow_layers=1,dim=128,bottom=1,window=4,latent=6,heads=2",
 }
 
 

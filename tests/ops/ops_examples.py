@@ -155,6 +155,8 @@ EXAMPLES: dict[str, list[Case]] = {
     "Pow": [Case([R(T(f32, 2, 3), 0.1, 3.0), T(f32, 3)]), Case([R(T(i64, 4), 0, 5), R(T(i64, 4), 0, 3)])],
     "Sqrt": _pos_unary,
     "Exp": _float_unary,
+    "Log": _pos_unary,
+    "StopGradient": _any_unary,
     "Gelu": _float_unary,
     "Tanh": _float_unary,
     "Sigmoid": _float_unary,
@@ -204,6 +206,7 @@ EXAMPLES: dict[str, list[Case]] = {
     # reduce
     "ReduceSum": _reduce,
     "ReduceMean": _reduce,
+    "ReduceMax": [c for c in _reduce if 0 not in c.types()[0].shape],  # type: ignore[union-attr]
     # nn
     "Softmax": [Case([T(f32, 2, 5)]), Case([T(f64, 3, 4, 2)], {"axis": 1}), Case([T(f16, 7)])],
     "LayerNormalization": [
@@ -222,6 +225,10 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([T(f32, 3, 2), R(T(i64, 3), 0, 2)], {"reduction": "sum"}),
     ],
     "MSELoss": _pred,
+    "SoftmaxCrossEntropyParts": [
+        Case([T(f32, 4, 5), T(f32, 4), R(T(i64, 4), 0, 5)]),
+        Case([T(f64, 3, 4), T(f64, 3), K(T(i32, 3), [0, 5, 11])], {"rows": (4, 12)}),  # a piece
+    ],
     # conv
     "Conv": [
         Case([T(f32, 2, 3, 5, 5), T(f32, 4, 3, 3, 3)]),
@@ -262,6 +269,10 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([T(f32), T(f32, 4, 5), R(T(i64, 4), 0, 5)]),
         Case([S(f64), T(f64, 3, 2), R(T(i64, 3), 0, 2)], {"reduction": "sum"}),
         Case([T(f64, 2, 4), T(f64, 2, 3, 4), R(T(i32, 2, 4), 0, 3)], {"reduction": "none"}),
+    ],
+    "SoftmaxCrossEntropyPartsGrad": [
+        Case([T(f32, 4), T(f32, 4), T(f32, 4, 5), T(f32, 4), R(T(i64, 4), 0, 5)]),
+        Case([T(f64, 3), T(f64, 3), T(f64, 3, 4), T(f64, 3), K(T(i64, 3), [3, 4, 9])], {"rows": (4, 10)}),
     ],
     "MSELossGrad": [
         Case([T(f32), T(f32, 4, 3), T(f32, 4, 3)]),
@@ -328,6 +339,8 @@ EXAMPLES.update(
             Case([T(f32, 2, 3), K(T(i64, 2), [1, 1])], {"size": 4}),
             Case([T(f64, 2, 3, 4, 5), R(T(i32, 3, 4), -6, 6)], {"axis": 1, "size": 6}),
             Case([T(f32, 4, 5), K(T(i64), 2)], {"axis": -1, "size": 3}),
+            Case([T(f32, 2, 3), K(T(i64, 2), [1, 3]), T(f32, 4, 3)], {"size": 4}),  # with the data
+            Case([T(f64, 2, 3), K(T(i64, 2), [1, 6]), T(f64, 3, 3)], {"size": 3, "rows": (1, 7)}),  # a piece
         ],
         "SliceGrad": [
             Case([T(f32, 3, 3)], {"shape": (5, 6), "starts": (1, -3), "ends": (4, 100), "axes": (0, 1)}),

@@ -36,6 +36,7 @@ DIFFERENTIABLE = {
     *("RMSNormalization", "MatMul", "Gemm", "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Split"),
     *("Concat", "Slice", "Gather", "Expand", "ReduceSum", "ReduceMean", "SoftmaxCrossEntropyLoss"),
     *("MSELoss", "Conv", "MaxPool", "AveragePool", "Attention", "Rope"),
+    *("Log", "StopGradient", "SoftmaxCrossEntropyParts"),
 }
 
 
@@ -163,6 +164,11 @@ CASES: list[GCase] = [
     GCase("SoftmaxCrossEntropyLoss", [t(4, 5), R(T(i64, 4), 0, 5)]),
     GCase("SoftmaxCrossEntropyLoss", [t(2, 3, 4), R(T(i32, 2, 4), 0, 3)], {"reduction": "none"}),
     GCase("SoftmaxCrossEntropyLoss", [t(3, 2), R(T(i64, 3), 0, 2)], {"reduction": "sum"}),
+    GCase("Log", [pos(2, 3)]),
+    GCase("StopGradient", [t(2, 3)], no_grad=(0,)),  # by definition: a constant for autodiff
+    GCase("SoftmaxCrossEntropyParts", [t(4, 5), t(4), R(T(i64, 4), 0, 5)]),
+    GCase("SoftmaxCrossEntropyParts", [t(3, 4), t(3), R(T(i64, 3), 0, 4)], dead=(0,)),
+    GCase("SoftmaxCrossEntropyParts", [t(3, 4), t(3), R(T(i64, 3), 0, 4)], dead=(1,)),
     GCase("MSELoss", [t(4, 3), t(4, 3)]),
     GCase("MSELoss", [t(5), t(5)], {"reduction": "sum"}),
     GCase("MSELoss", [t(2, 3), t(2, 3)], {"reduction": "none"}),

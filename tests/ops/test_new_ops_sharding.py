@@ -120,7 +120,10 @@ def cases(draw: st.DrawFn) -> Case:
         idx_shape = tuple(draw(st.lists(dims, min_size=0, max_size=2)))
         dy_shape = (*shape[:axis], *idx_shape, *shape[axis + 1 :])
         idx = rng.integers(-size, size, size=idx_shape)
-        return Case(kind, (rng.standard_normal(dy_shape), idx), {"axis": axis, "size": size})
+        ins: tuple[np.ndarray, ...] = (rng.standard_normal(dy_shape), idx)
+        if draw(st.booleans()):  # the forward's data, for its type: sharded on axis, rows of a table
+            ins = (*ins, rng.standard_normal((*shape[:axis], size, *shape[axis + 1 :])))
+        return Case(kind, ins, {"axis": axis, "size": size})
     d = draw(st.integers(0, rank - 1))
     lo = draw(st.integers(0, shape[d] - 1))
     hi = draw(st.integers(lo + 1, shape[d]))
@@ -160,6 +163,9 @@ def test_the_rules_offer_what_they_promise() -> None:
     assert "(S(0)) -> (S(1))" not in strategies("Expand", [np.zeros((4, 1))], shape=(3, 4, 5))
     gg = strategies("GatherGrad", [np.zeros((2, 3, 5)), np.zeros((2, 3), dtype=np.int64)], size=7)
     assert {"(S(0), S(0)) -> (P(sum))", "(S(2), R) -> (S(1))"} <= gg
+    table = np.zeros((7, 5))
+    gg = strategies("GatherGrad", [np.zeros((2, 3, 5)), np.zeros((2, 3), dtype=np.int64), table], size=7)
+    assert "(R, R, S(0)) -> (S(0))" in gg  # each device its rows of the table's gradient
     sg = strategies("SliceGrad", [np.zeros((4, 2))], shape=(-1, 6), starts=(1,), ends=(3,), axes=(1,))
     assert "(S(0)) -> (S(0))" in sg and "(S(1)) -> (S(1))" not in sg
     sg = strategies("SliceGrad", [np.zeros((4, 2))], shape=(4, 6), starts=(1,), ends=(3,), axes=(1,))

@@ -135,6 +135,7 @@ def test_compute_ops_count_flops() -> None:
         "Split",
         "Slice",
         "Identity",
+        "StopGradient",  # a view (PyTorch's detach): no arithmetic
         "Cast",
         "MakeTuple",
         "UnpackTuple",

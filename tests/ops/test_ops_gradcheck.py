@@ -74,6 +74,20 @@ def labels(shape: tuple[int, ...], c: int) -> Callable[[np.random.Generator], np
     return lambda rng: rng.integers(0, c, size=shape)
 
 
+def sce_parts(rows: tuple[int, int] | None) -> GradCase:
+    """SoftmaxCrossEntropyParts on a piece of the classes (``rows``) or all of them."""
+    total = 9 if rows is None else rows[1]
+    return GradCase(
+        "SoftmaxCrossEntropyPartsGrad",
+        "SoftmaxCrossEntropyParts",
+        primals(s=normal(5, 4 if rows else 9), m=normal(5), l=labels((5,), total)),
+        lambda p: [p["s"], p["m"], p["l"]],
+        lambda p, dy, y: [dy[0], dy[1], p["s"], p["m"], p["l"]],
+        [("s", 0)],
+        {} if rows is None else {"rows": rows},
+    )
+
+
 def sce(reduction: str, scores: tuple[int, ...], lab: tuple[int, ...]) -> GradCase:
     return GradCase(
         "SoftmaxCrossEntropyLossGrad",
@@ -171,6 +185,8 @@ GRAD_CASES = [
     layer_norm((2, 3, 4), (1, 4), axis=-2),
     rms_norm((2, 5), (5,)),
     rms_norm((2, 3, 4), (3, 1), axis=1, epsilon=1e-2),
+    sce_parts(None),
+    sce_parts((3, 9)),  # rows 3..6 of 9 classes: labels elsewhere pick nothing here
     sce("mean", (4, 3), (4,)),
     sce("sum", (4, 3), (4,)),
     sce("none", (2, 3, 4), (2, 4)),
@@ -242,14 +258,16 @@ def test_grad_op_matches_finite_differences(case: GradCase) -> None:
     rng = np.random.default_rng(0)
     p = case.primals(rng)
     fwd_attrs = case.attrs if case.fwd_attrs is None else case.fwd_attrs
-    (y,) = run(case.forward, case.fwd_args(p), fwd_attrs)
-    dy = rng.standard_normal(np.shape(y))
-    grads = run(case.grad_op, case.grad_args(p, dy, np.asarray(y)), case.attrs)
+    ys = run(case.forward, case.fwd_args(p), fwd_attrs)
+    dys = [rng.standard_normal(np.shape(y)) for y in ys]
+    # a forward of one result gets its dY and Y; of several, the lists of them
+    dy, y = (dys[0], np.asarray(ys[0])) if len(ys) == 1 else (dys, ys)
+    grads = run(case.grad_op, case.grad_args(p, dy, y), case.attrs)
     for name, k in case.wrt:
 
         def objective(v: np.ndarray, name: str = name) -> float:
-            (out,) = run(case.forward, case.fwd_args({**p, name: v}), fwd_attrs)
-            return float(np.sum(dy * out))
+            outs = run(case.forward, case.fwd_args({**p, name: v}), fwd_attrs)
+            return float(sum(np.sum(d * o) for d, o in zip(dys, outs, strict=True)))
 
         want = numeric_grad(objective, p[name].copy())
         got = np.asarray(grads[k])

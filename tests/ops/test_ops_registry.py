@@ -77,9 +77,9 @@ def test_signature_shows_inputs_outputs_and_attribute_defaults() -> None:
 
 def test_new_ops_are_registered_in_their_families() -> None:
     families = {
-        "reduce": {"ReduceSum", "ReduceMean"},
+        "reduce": {"ReduceSum", "ReduceMean", "ReduceMax"},
         "nn": {"Softmax", "LayerNormalization", "RMSNormalization", "CausalMask"},
-        "loss": {"SoftmaxCrossEntropyLoss", "MSELoss"},
+        "loss": {"SoftmaxCrossEntropyLoss", "MSELoss", "SoftmaxCrossEntropyParts"},
         "grad": {
             "ReluGrad",
             "GeluGrad",
@@ -89,6 +89,7 @@ def test_new_ops_are_registered_in_their_families() -> None:
             "LayerNormalizationGrad",
             "RMSNormalizationGrad",
             "SoftmaxCrossEntropyLossGrad",
+            "SoftmaxCrossEntropyPartsGrad",
             "MSELossGrad",
             "ConvGrad",
             "MaxPoolGrad",

@@ -27,7 +27,7 @@ FAMILIES = {
     "mlp": "mlp:layers=6,hidden=6",
     "gpt": "gpt:layers=6,hidden=8,heads=2,seq=4,vocab=16",
     "llama": "llama:layers=6,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=4",
-    "transgan": "transgan:wide_layers=2,narrow_layers=2,dim=128,bottom=1,window=4,latent=8,heads=2",
+    "transgan": "transgan:wide_layers=3,narrow_layers=2,dim=128,bottom=1,window=4,latent=8,heads=2",
 }
 
 
@@ -74,7 +74,7 @@ def test_distributed_training_step_matches_sequential(case: tuple[str, Strategy]
     "strategy",
     [
         "d2.t2.p2.k2.1f1b",  # a stage boundary between the window partition and the narrow blocks
-        "d1.t2.p4.k4.zb1.L2-2-2-2",  # stem+wide | wide+up | narrow, narrow | to_rgb+loss
+        "d1.t2.p4.k4.zb1.L2-2-2-0",  # stem+2 wide | wide+up | narrow, narrow | to_rgb+loss
         "d2.t1.p3.k3.interleaved.v2.z2.rsel",
     ],
 )

@@ -54,6 +54,8 @@ TRAINING_OPS = (
     "SoftmaxCrossEntropyLoss",
     "MSELoss",
     "SoftmaxCrossEntropyLossGrad",
+    "SoftmaxCrossEntropyParts",
+    "SoftmaxCrossEntropyPartsGrad",
     "MSELossGrad",
     "ConvGrad",
     "MaxPoolGrad",
@@ -212,6 +214,10 @@ def training_cases(draw: st.DrawFn) -> tuple[str, Case]:
             return op, Case([scores, labels], {"reduction": how})
         dloss = T(f64, n, *rest) if how == "none" else T(f64)
         return op, Case([dloss, scores, labels], {"reduction": how})
+    if op in ("SoftmaxCrossEntropyParts", "SoftmaxCrossEntropyPartsGrad"):
+        n, c = draw(dim), draw(dim)
+        parts = [T(f64, n, c), T(f64, n), In(T(i64, n), lo=0, hi=c)]
+        return op, Case(parts if op == "SoftmaxCrossEntropyParts" else [T(f64, n), T(f64, n), *parts])
     if op == "MSELoss":
         return op, Case([T(f64, *shape), T(f64, *shape)], {"reduction": how})
     if op == "MSELossGrad":
@@ -364,3 +370,16 @@ def test_optimizers_take_every_data_parallel_and_zero_layout() -> None:
     assert "(R, R, R, R, R) -> (R, R, R)" in adam
     for d in (0, 1):  # weight, gradient and both moments sharded alike, the step replicated
         assert f"(S({d}), S({d}), S({d}), S({d}), R) -> (S({d}), S({d}), S({d}))" in adam
+
+
+def test_vocab_parallel_rules_leave_pending_reductions_of_rows_only() -> None:
+    """Megatron's vocabulary-parallel layers: a table sharded on its rows gives a pending sum of
+    lookups; scores sharded on the classes give pending per-row max and sums, and the gradient
+    stays sharded on the classes from whole per-row cotangents."""
+    n, c = 6, 8
+    scores, shift, labels = T(f64, n, c), T(f64, n), T(i64, n)
+    assert "(S(0), R) -> (P(sum))" in _offered("Gather", [T(f64, c, 3), T(i64, 2, n)])
+    assert "(S(1)) -> (P(max))" in _offered("ReduceMax", [scores], axes=(1,), keepdims=0)
+    assert "(S(1), R, R) -> (P(sum), P(sum))" in _offered("SoftmaxCrossEntropyParts", [scores, shift, labels])
+    grad = [T(f64, n), T(f64, n), scores, shift, labels]
+    assert "(R, R, S(1), R, R) -> (S(1))" in _offered("SoftmaxCrossEntropyPartsGrad", grad)

@@ -116,7 +116,7 @@ CURATED: list[Case] = [
 # carry, and those marked False carry nothing with any layer count: their alike calls are one
 # function on one mesh, which the planner's call memo plans once (nothing left to carry).
 SWEEP: list[Case] = [
-    ("tg-small", 1, "d1.t4.p2.k4.interleaved.v2.z2.rfull.@3-5-2-1-7-4-0-6", "h1r", 12, "nostreams", True),
+    ("tg-small", 1, "d1.t4.p2.k4.interleaved.v2.z2.rfull.@3-5-2-1-7-4-0-6", "h1r", 12, "nostreams", False),
     ("mlp", 12, "d4.t1.p4.k4.interleaved.v3.@0-1-2-3-4-5-6-7-12-13-14-15-8-9-10-11", "h3", 16, "trace", True),
     ("tg-small", 3, "d2.t2.p3.k6.interleaved.v2.z3.rfull.@8-9-6-2-3-10-5-11-0-1-7-4", "g3", 24, "", False),
     ("llama-odd", 5, "d1.t2.p6.k2.1f1b.@0-1-10-11-8-9-4-5-6-7-2-3", "hph", 4, "fixed", True),
@@ -339,6 +339,12 @@ def _simulate(
     return got, domains[-1].units.relabels
 
 
+@functools.cache
+def _blocks(family: str, n: int) -> int:
+    model = build_model(MODELS[family].format(n), 1)
+    return len(model.layers) - model.pre - model.post
+
+
 def _fit(case: Case) -> Case:
     """The case under ``distribute``'s rules: at least one repeated block per pipeline chunk
     of a uniform partition (the embedding, head and loss are not blocks: a GPT, Llama or MLP
@@ -346,8 +352,9 @@ def _fit(case: Case) -> Case:
     samples per replica (the batch raised to a multiple of d·k)."""
     family, n, strategy, cluster, batch, options, carries = case
     s = parse_strategy(strategy)
-    if s.partition == "uniform" and not family.startswith("tg"):  # TransGAN's cases fit as written
-        n = max(n, s.chunks)
+    if s.partition == "uniform":
+        while _blocks(family, n) < s.chunks:
+            n += 1
     parts = (sum(s.shares) if s.shares else s.d) * s.k
     batch = -(-batch // parts) * parts
     return family, n, strategy, cluster, batch, options, carries
@@ -392,7 +399,9 @@ def test_the_sweep_is_mostly_carrying() -> None:
     differ (GPU kinds, node spans, uneven shards): carrying refused, still compared."""
     cases = CURATED + SWEEP
     assert len(cases) >= 150
-    assert sum(c[-1] for c in cases) >= 0.75 * len(cases)
+    # (the embedding, head and loss ride with the first and last chunk, so those chunks differ
+    # from the middle ones: fewer calls repeat on alike meshes than when every call was a layer)
+    assert sum(c[-1] for c in cases) >= 0.7 * len(cases)
     assert sum(c[-1] for c in CURATED) >= 0.6 * len(CURATED)
 
 

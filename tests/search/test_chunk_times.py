@@ -70,7 +70,7 @@ def test_profiled_order_shortens_a_deep_pipeline_of_uneven_layers() -> None:
     p3.8xlarge): ordered by weight counts — the wide blocks hold nearly all the block weights, the
     narrow ones most of the time — stages wait on each other (1844 ms); by the profiled times,
     1275 ms."""
-    s = parse_strategy("d1.t1.p16.k64.gpipe.rsel.L2-4-8-1-1-1-1-1-1-1-1-1-1-1-1-2")
+    s = parse_strategy("d1.t1.p16.k64.gpipe.rsel.L1-4-8-1-1-1-1-1-1-1-1-1-1-1-1-0")
     model = build_model("transgan-hetero", 64)
     cl = parse_cluster("p3.8xlarge:4")
     times = chunk_times(model, parse_model_string("transgan-hetero"), cl, DType.f32, True, s)

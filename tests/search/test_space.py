@@ -31,7 +31,8 @@ def test_allowed_tp_divides_every_tp_weight_dimension() -> None:
     spec = parse_model_string("gpt:layers=2,hidden=96,heads=4,vocab=60,seq=8")
     ts = allowed_tp(spec, DType.f32, 16)
     # GPT's TP-sharded dimensions are multiples of hidden = 96 (q/k/v/o, the MLP's 4·hidden);
-    # the vocabulary (60) is not split: t must divide 96, so 3 and 12 qualify, 5 and 9 do not
+    # the vocabulary (60) is sharded but never limits t (Megatron pads it): t must divide 96, so 3
+    # and 12 qualify, 5 and 9 do not
     assert ts == [t for t in range(1, 17) if 96 % t == 0]
     model = spec.build(8)
     for t in (3, 12):

@@ -179,8 +179,10 @@ def training_step(
         for j, g in zip(v.wrt, outs, strict=True):
             if j == 0 and lg.index > 0:
                 dy = g
-            else:
-                dweight[call.inputs[j]] = g
+            else:  # a tied weight (used by two layers) gets the sum of their gradients
+                w = call.inputs[j]
+                prev = dweight.get(w)
+                dweight[w] = g if prev is None else fb.op("Add", prev, g, names=[f"d{w.name}"])[0]
     new_w: list[Value] = []
     new_state: list[list[Value]] = [[] for _ in opt.state]
     for w in weights:

@@ -1,5 +1,6 @@
 """Elementwise tensor ops (ONNX names): arithmetic with numpy broadcasting, activations, Where,
-Cast, Identity, and the variadic Sum; and two non-ONNX helpers that gradient rules build on
+Cast, Identity, Log, and the variadic Sum; ``StopGradient`` (the identity, a constant for
+autodiff); and two non-ONNX helpers that gradient rules build on
 (they never need a constant on a device): ``Scale`` (alpha·X) and ``FillLike`` (a tensor of X's
 type filled with a value).
 
@@ -117,6 +118,24 @@ RELU = _unary("Relu", lambda x: np.maximum(x, 0), 1.0, float_only=False)
 GELU = _unary("Gelu", _gelu, 8.0)
 TANH = _unary("Tanh", np.tanh, 4.0)
 SIGMOID = _unary("Sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), 4.0)
+LOG = _unary("Log", np.log, 1.0)
+STOP_GRADIENT = register(
+    OpDef(
+        name="StopGradient",
+        family=FAMILY,
+        inputs=("X",),
+        outputs=("Y",),
+        infer=_unary_rule,
+        reference=lambda args, attrs: (np.array(args[0], copy=True),),
+        bytes_read=lambda ins, outs, attrs: 0.0,
+        bytes_written=lambda ins, outs, attrs: 0.0,  # a view (PyTorch's detach)
+        doc="Y = X, through which no gradient flows (autodiff treats Y as a constant).",
+        sharding=lambda ins, outs, attrs, n: [
+            *pointwise("none")(ins, outs, attrs, n),
+            *(Strategy((Partial(p),), (Partial(p),)) for p in PARTIAL_OPS),
+        ],
+    )
+)
 IDENTITY = register(
     OpDef(
         name="Identity",
@@ -357,6 +376,14 @@ def _exp_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[V
     return [_one(ctx, "Mul", first(douts), ctx.primal(op.outputs[0]))]
 
 
+def _log_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    return [_one(ctx, "Div", first(douts), ctx.primal(op.inputs[0]))]
+
+
+def _stop_gradient_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    return [None]
+
+
 def _via(grad_op: str, of: str) -> GradRule:
     """dX = <grad_op>(dY, X or Y): activations with a dedicated gradient op."""
 
@@ -402,6 +429,8 @@ POW.fill("grad", _pow_grad)
 SQRT.fill("grad", _sqrt_grad)
 NEG.fill("grad", _neg_grad)
 EXP.fill("grad", _exp_grad)
+LOG.fill("grad", _log_grad)
+STOP_GRADIENT.fill("grad", _stop_gradient_grad)
 RELU.fill("grad", _via("ReluGrad", "X"))
 GELU.fill("grad", _via("GeluGrad", "X"))
 TANH.fill("grad", _via("TanhGrad", "Y"))

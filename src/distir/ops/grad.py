@@ -46,7 +46,15 @@ from distir.ops.conv import (
     pool_window,
     window_of,
 )
-from distir.ops.loss import REDUCTION, check_pred_target, check_scores_labels, reduction
+from distir.ops.loss import (
+    REDUCTION,
+    check_parts,
+    check_pred_target,
+    check_scores_labels,
+    exp_and_onehot,
+    parts_sharding,
+    reduction,
+)
 from distir.ops.nn import (
     NORM_ATTRS,
     check_param,
@@ -58,6 +66,7 @@ from distir.ops.nn import (
     softmax_axis,
 )
 from distir.ops.registry import AttrSpec, Fusion, OpDef, TypeCtx, register
+from distir.ops.shape_index import ROWS, rows_localizer
 
 FAMILY = "grad"
 
@@ -325,6 +334,42 @@ SOFTMAX_CROSS_ENTROPY_LOSS_GRAD = register(
         doc="dScores = (softmax(scores, 1) - onehot(labels)) * dLoss (divided by the label count "
         "for reduction='mean'; broadcast over classes for 'none').",
         sharding=sh.loss_grad("ce"),
+    )
+)
+
+
+def _parts_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
+    scores, _ = check_parts(ctx, 2)
+    for i in (0, 1):
+        d = ctx.tensor(i)
+        if d.shape != scores.shape[:1]:
+            ctx.fail(
+                f"{ctx.op.name} input {i} must have shape {scores.shape[:1]}", i, scores.shape[:1], d.shape
+            )
+    return (ctx.out(scores.dtype, scores.shape),)
+
+
+def _parts_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    e, onehot = exp_and_onehot(args[2], args[3], args[4], attrs.get("rows"))
+    d = f64(args[0])[:, None] * e + f64(args[1])[:, None] * onehot
+    return (d.astype(np.asarray(args[2]).dtype),)
+
+
+SOFTMAX_CROSS_ENTROPY_PARTS_GRAD = register(
+    OpDef(
+        name="SoftmaxCrossEntropyPartsGrad",
+        family=FAMILY,
+        inputs=("dSumexp", "dPicked", "scores", "shift", "labels"),
+        outputs=("dScores",),
+        infer=_parts_grad_rule,
+        attrs={"rows": ROWS},
+        reference=_parts_grad,
+        flops=out_numel_flops(5.0),
+        doc="The gradient of SoftmaxCrossEntropyParts w.r.t. scores: dSumexp·exp(scores − shift) + "
+        "dPicked·onehot(labels), per row (softmax − one-hot when dSumexp = 1/sumexp, dPicked = −1); "
+        "rows as the forward's.",
+        sharding=parts_sharding(2, 2),
+        localize=rows_localizer(lambda attrs, rank: 1, 2),
     )
 )
 

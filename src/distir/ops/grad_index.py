@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from distir.ir.dtensor import Shard
+from distir.ir.dtensor import Placement, Shard
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs
 from distir.ops import sharding as sh
 from distir.ops._rules import in_numel_flops, int_attr, norm_axis
-from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
-from distir.ops.shape_index import SLICE_ATTRS, slice_sharding, slices
+from distir.ops.registry import AttrSpec, LocalPiece, OpDef, TypeCtx, register
+from distir.ops.shape_index import ROWS, SLICE_ATTRS, check_rows, local_rows, slice_sharding, slices
 
 FAMILY = "grad"
 
@@ -33,7 +33,7 @@ def _gather_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
     if not idx.dtype.is_int:
         ctx.fail("GatherGrad indices must be integers", 1, "an int dtype", idx.dtype)
     size = ctx.attr("size")
-    if size < 1:
+    if size < 1 and not (size == 0 and ctx.attr("rows") is not None):  # a piece may be empty
         ctx.fail(f"GatherGrad size must be positive, got {size}", None, ">= 1", size)
     # dY = data[:axis] + indices + data[axis + 1:], so data has rank dY.rank - indices.rank + 1
     rank = dy.rank - idx.rank + 1
@@ -52,16 +52,34 @@ def _gather_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
             idx.shape,
             dy.shape[ax : ax + idx.rank],
         )
+    rows = check_rows(ctx, size)
+    total = size if rows is None else rows[1]
     known = ctx.known[1]
-    if known is not None and np.any((known < -size) | (known >= size)):
-        ctx.fail(f"GatherGrad index out of range for size {size}", 1, f"-{size}..{size - 1}", known.tolist())
-    return (ctx.out(dy.dtype, (*dy.shape[:ax], size, *dy.shape[ax + idx.rank :])),)
+    if known is not None and np.any((known < -total) | (known >= total)):
+        ctx.fail(
+            f"GatherGrad index out of range for size {total}", 1, f"-{total}..{total - 1}", known.tolist()
+        )
+    shape = (*dy.shape[:ax], size, *dy.shape[ax + idx.rank :])
+    if len(ctx.types) == 3 and ctx.tensor(2).shape != shape:
+        ctx.fail(
+            f"GatherGrad data of shape {ctx.tensor(2).shape} is not the result's {shape}",
+            2,
+            shape,
+            ctx.tensor(2).shape,
+        )
+    return (ctx.out(dy.dtype, shape),)
 
 
 def _gather_grad_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
-    dy, idx = np.asarray(args[0]), np.asarray(args[1]).astype(np.int64)
+    dy, idx = np.asarray(args[0]), np.asarray(args[1])
     ax = int_attr(attrs, "axis", 0) % (dy.ndim - idx.ndim + 1)
-    out = np.zeros((*dy.shape[:ax], int_attr(attrs, "size", 0), *dy.shape[ax + idx.ndim :]), dtype=dy.dtype)
+    size = int_attr(attrs, "size", 0)
+    idx, mask = local_rows(idx, attrs.get("rows"), size)
+    out = np.zeros((*dy.shape[:ax], size, *dy.shape[ax + idx.ndim :]), dtype=dy.dtype)
+    if mask is not None:  # rows another piece of the table holds: nothing to add here
+        if not size:
+            return (out,)
+        dy = dy * mask.reshape((1,) * ax + mask.shape + (1,) * (dy.ndim - ax - idx.ndim)).astype(dy.dtype)
     where: Any = (*(slice(None) for _ in range(ax)), idx)
     np.add.at(out, where, dy)  # repeated indices accumulate
     return (out,)
@@ -74,33 +92,61 @@ def _gather_grad_sharding(
     dim (dY and indices alike) leaves each device a part of the sum (P(sum)); linear in dY."""
     dy, idx, y = _shape(ins[0]), _shape(ins[1]), _shape(outs[0])
     a = int_attr(attrs, "axis", 0) % max(len(y), 1)
+    with_data = len(ins) == 3
+
+    def data(p: Placement) -> tuple[Placement, ...]:  # the data input, placed as the result
+        return (p,) if with_data else ()
+
     found = [sh.replicated(ins, outs)]
     for d in range(len(dy)):
         if dy[d] <= 1:
             continue
         if d < a:
-            found.append(sh.Strategy((Shard(d), sh.R), (Shard(d),)))
+            found.append(sh.Strategy((Shard(d), sh.R, *data(Shard(d))), (Shard(d),)))
         elif d < a + len(idx):
-            found.append(sh.Strategy((Shard(d), Shard(d - a)), (sh.SUM,)))
+            found.append(sh.Strategy((Shard(d), Shard(d - a), *data(sh.R)), (sh.SUM,)))
         else:
-            found.append(sh.Strategy((Shard(d), sh.R), (Shard(d - len(idx) + 1),)))
-    found.append(sh.Strategy((sh.SUM, sh.R), (sh.SUM,)))
+            od = d - len(idx) + 1
+            found.append(sh.Strategy((Shard(d), sh.R, *data(Shard(od))), (Shard(od),)))
+    if with_data and y[a] > 1:  # each device scatters into its rows of the table (``rows``)
+        found.append(sh.Strategy((sh.R, sh.R, Shard(a)), (Shard(a),)))
+    found.append(sh.Strategy((sh.SUM, sh.R, *data(sh.R)), (sh.SUM,)))
     return found
+
+
+def _gather_grad_localize(
+    attrs: Attrs, ins: Sequence[LocalPiece | None], outs: Sequence[LocalPiece | None]
+) -> Attrs:
+    """A result sharded on ``axis`` (the table's rows): ``size`` is the piece's, ``rows`` where it
+    starts in the table."""
+    y = outs[0]
+    if y is None:
+        return attrs
+    ax = int_attr(attrs, "axis", 0) % max(len(y.shape), 1)
+    if y.shape[ax] == y.global_shape[ax]:
+        return attrs
+    given: Any = attrs.get("rows")
+    start, total = (int(given[0]), int(given[1])) if given is not None else (0, y.global_shape[ax])
+    return Attrs({**dict(attrs.items()), "size": y.shape[ax], "rows": (start + y.offset[ax], total)})
 
 
 GATHER_GRAD = register(
     OpDef(
         name="GatherGrad",
         family=FAMILY,
-        inputs=("dY", "indices"),
+        inputs=("dY", "indices", "data?"),
         outputs=("dData",),
         infer=_gather_grad_rule,
-        attrs={"axis": AttrSpec("int", 0), "size": AttrSpec("int")},
+        attrs={"axis": AttrSpec("int", 0), "size": AttrSpec("int"), "rows": ROWS},
         reference=_gather_grad_ref,
         flops=in_numel_flops(1.0),
+        bytes_read=lambda ins, outs, attrs: float(sum(t.nbytes for t in ins[:2])),  # data: its type only
         doc="The gradient of Gather(data, indices, axis) w.r.t. data, whose dim axis has the given "
-        "size: dY scatter-added into zeros along axis (repeated indices accumulate).",
+        "size: dY scatter-added into zeros along axis (repeated indices accumulate). The optional "
+        "data (the forward's) gives only its type: sharded on axis, each device keeps its rows "
+        "(rows=[start, total] as Gather's: indices outside them add nothing).",
         sharding=_gather_grad_sharding,
+        localize=_gather_grad_localize,
     )
 )
 

@@ -1,5 +1,7 @@
 """Losses: SoftmaxCrossEntropyLoss (ONNX semantics, no weights or ignore_index; only the loss
-output) and MSELoss (mean squared error, named like PyTorch's).
+output), MSELoss (mean squared error, named like PyTorch's) and SoftmaxCrossEntropyParts (the
+per-row sums a cross entropy over classes sharded across devices is made of: Megatron-LM's
+vocabulary-parallel cross entropy, which the zoo's language models use).
 
 ``reduction`` is ``"mean"`` (default; a 0-d result), ``"sum"`` (0-d) or ``"none"`` (one loss per
 sample: the labels' shape, or the prediction's for MSELoss). References compute in float64.
@@ -14,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from distir.ir.dtensor import Placement, Shard
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs
 from distir.ops import sharding as sh
@@ -21,6 +24,7 @@ from distir.ops._rules import float_input, numel, same_dtype, same_shape, str_at
 from distir.ops._special import F64, f64
 from distir.ops.nn import log_softmax
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+from distir.ops.shape_index import ROWS, check_rows, local_rows, rows_localizer
 
 FAMILY = "loss"
 
@@ -116,6 +120,101 @@ SOFTMAX_CROSS_ENTROPY_LOSS = register(
 )
 
 
+# -- SoftmaxCrossEntropyParts (the local half of a vocabulary-parallel cross entropy) ----------
+def check_parts(ctx: TypeCtx, si: int) -> tuple[TensorType, int | None]:
+    """scores (N, C) float, shift (N,) of its dtype, labels (N,) int (in range when known), at
+    ``si``, ``si + 1``, ``si + 2``; returns the scores and the total class count when ``rows``
+    is set (a piece of the classes)."""
+    scores, shift, labels = float_input(ctx, si, "scores"), ctx.tensor(si + 1), ctx.tensor(si + 2)
+    if scores.rank != 2:
+        ctx.fail(f"{ctx.op.name} scores must be (N, C)", si, "rank 2", scores.rank)
+    n, c = scores.shape
+    if shift.shape != (n,) or shift.dtype != scores.dtype:
+        ctx.fail(f"{ctx.op.name} shift must be ({n},) {scores.dtype}", si + 1, (n,), shift.shape)
+    if not labels.dtype.is_int or labels.shape != (n,):
+        ctx.fail(f"{ctx.op.name} labels must be ({n},) integers", si + 2, (n,), labels.shape)
+    rows = check_rows(ctx, c)
+    total = c if rows is None else rows[1]
+    known = ctx.known[si + 2] if si + 2 < len(ctx.known) else None
+    if known is not None and np.any((np.asarray(known) < 0) | (np.asarray(known) >= total)):
+        ctx.fail(
+            f"{ctx.op.name} label out of range for {total} classes", si + 2, f"0..{total - 1}", known.tolist()
+        )
+    return scores, None if rows is None else total
+
+
+def _parts_rule(ctx: TypeCtx) -> Sequence[Type]:
+    scores, _ = check_parts(ctx, 0)
+    return (ctx.out(scores.dtype, scores.shape[:1]), ctx.out(scores.dtype, scores.shape[:1]))
+
+
+def exp_and_onehot(scores: Any, shift: Any, labels: Any, rows: Any) -> tuple[F64, F64]:
+    """exp(scores − shift) per score, and the one-hot of the labels within this piece of the
+    classes (``rows``: Gather's convention; zeros for a label another piece holds)."""
+    x = f64(scores)
+    e = np.exp(x - f64(shift)[:, None])
+    idx, mask = local_rows(labels, rows, x.shape[1])
+    onehot = np.zeros_like(x)
+    if x.shape[1]:  # an empty piece of the classes holds no label
+        np.put_along_axis(
+            onehot, idx[:, None], 1.0 if mask is None else mask[:, None].astype(np.float64), axis=1
+        )
+    return e, onehot
+
+
+def _parts_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    dtype = np.asarray(args[0]).dtype
+    e, onehot = exp_and_onehot(args[0], args[1], args[2], attrs.get("rows"))
+    z = f64(args[0]) - f64(args[1])[:, None]
+    return (e.sum(1).astype(dtype), (z * onehot).sum(1).astype(dtype))
+
+
+def parts_sharding(first: int, linear: int) -> sh.ShardingRule:
+    """The rows (dim 0 of everything) sharded alike; the classes of the scores (input ``first``)
+    sharded with the rest whole: each result a pending sum (a sum over classes); the ``linear``
+    first inputs (incoming gradients) may be pending sums, the rest replicated."""
+
+    def rule(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[sh.Strategy]:
+        t = ins[first]
+        scores = t.shape if isinstance(t, TensorType) else ()
+        found = [sh.replicated(ins, outs)]
+        if len(scores) != 2:
+            return found
+        if scores[0] > 1:
+            found.append(sh.Strategy(tuple(Shard(0) for _ in ins), tuple(Shard(0) for _ in outs)))
+        if scores[1] > 1:
+            places: tuple[Placement, ...] = tuple(Shard(1) if i == first else sh.R for i in range(len(ins)))
+            outs_p: tuple[Placement, ...] = tuple(Shard(1) if linear else sh.SUM for _ in outs)
+            found.append(sh.Strategy(places, outs_p))
+        if linear:
+            found.append(
+                sh.Strategy((*(sh.SUM for _ in range(linear)), *(sh.R for _ in ins[linear:])), (sh.SUM,))
+            )
+        return found
+
+    return rule
+
+
+SOFTMAX_CROSS_ENTROPY_PARTS = register(
+    OpDef(
+        name="SoftmaxCrossEntropyParts",
+        family=FAMILY,
+        inputs=("scores", "shift", "labels"),
+        outputs=("sumexp", "picked"),
+        infer=_parts_rule,
+        attrs={"rows": ROWS},
+        reference=_parts_ref,
+        flops=lambda ins, outs, attrs: 3.0 * numel(ins[0]) + numel(ins[1]),
+        doc="Per row n: sumexp = Σ_c exp(scores[n, c] − shift[n]) and picked = scores[n, labels[n]] − "
+        "shift[n]; the cross entropy is log(sumexp) − picked. Sharded on the classes, both are pending "
+        "sums (Megatron's vocabulary-parallel cross entropy); rows=[start, total]: scores is that piece "
+        "of the classes, a label outside it picks 0.",
+        sharding=parts_sharding(0, 0),
+        localize=rows_localizer(lambda attrs, rank: 1, 0),
+    )
+)
+
+
 # -- MSELoss ----------------------------------------------------------------------------------
 def check_pred_target(ctx: TypeCtx, pi: int, ti: int) -> TensorType:
     p = float_input(ctx, pi, "prediction")
@@ -150,14 +249,23 @@ MSE_LOSS = register(
     )
 )
 
-__all__ = ["check_pred_target", "check_scores_labels", "picked_log_probs", "reduce_loss", "reduction"]
+__all__ = [
+    "check_parts",
+    "check_pred_target",
+    "check_scores_labels",
+    "exp_and_onehot",
+    "parts_sharding",
+    "picked_log_probs",
+    "reduce_loss",
+    "reduction",
+]
 
 
 # -- gradient rules (contract: distir.ops.gradrules) --------------------------------------------
 # (imported here so the rules stay one appended block; the other helpers own the top of the file)
 from distir.ir.ops import Op  # noqa: E402
 from distir.ir.values import Value  # noqa: E402
-from distir.ops.gradrules import GradCtx, first  # noqa: E402
+from distir.ops.gradrules import GradCtx, first, zeros_like  # noqa: E402
 
 
 def _sce_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
@@ -176,5 +284,19 @@ def _mse_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[V
     return [dp, dt]
 
 
+def _parts_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    """d scores from SoftmaxCrossEntropyPartsGrad; d shift = −(d sumexp · sumexp + d picked)
+    (the zoo's shift is a StopGradient, so dead code removes it); labels: none."""
+    scores, shift, labels = (ctx.primal(v) for v in op.inputs)
+    ds, dp = douts
+    ds = ds if ds is not None else zeros_like(ctx, first([dp]))
+    dp = dp if dp is not None else zeros_like(ctx, ds)
+    (dscores,) = ctx.op("SoftmaxCrossEntropyPartsGrad", ds, dp, scores, shift, labels)
+    (scaled,) = ctx.op("Mul", ds, ctx.primal(op.outputs[0]))
+    (dshift,) = ctx.op("Neg", ctx.op("Add", scaled, dp)[0])
+    return [dscores, dshift, None]
+
+
 SOFTMAX_CROSS_ENTROPY_LOSS.fill("grad", _sce_grad)
+SOFTMAX_CROSS_ENTROPY_PARTS.fill("grad", _parts_grad)
 MSE_LOSS.fill("grad", _mse_grad)

@@ -1,9 +1,12 @@
-"""Reductions (ONNX names): ReduceSum and ReduceMean over a set of axes.
+"""Reductions (ONNX names): ReduceSum, ReduceMean and ReduceMax over a set of axes.
 
 Attributes follow ONNX with the axes as an attribute: ``axes`` (default: every axis; an empty
 list also means every axis, ONNX's ``noop_with_empty_axes=0``) and ``keepdims`` (1 keeps reduced
 axes with size 1). Float references accumulate in float64 and round once to the input dtype;
 integer sums wrap like the dtype does, integer means truncate toward zero.
+
+ReduceMax has no gradient rule (its gradient would route to the argmax): the vocabulary-parallel
+cross entropy of the zoo uses it for the softmax's shift, behind a ``StopGradient``.
 """
 
 from __future__ import annotations
@@ -102,6 +105,27 @@ REDUCE_MEAN = register(
         flops=_mean_flops,
         doc="Mean over axes (default all); keepdims=1 keeps them with size 1.",
         sharding=sh.reduction("mean"),
+    )
+)
+
+
+def _max_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    x = np.asarray(args[0])
+    return (np.asarray(np.max(x, axis=_axes_of(x, attrs), keepdims=attrs.get("keepdims", 1) == 1)),)
+
+
+REDUCE_MAX = register(
+    OpDef(
+        name="ReduceMax",
+        family=FAMILY,
+        inputs=("data",),
+        outputs=("reduced",),
+        infer=_reduce_rule,
+        attrs=dict(ATTRS),
+        reference=_max_ref,
+        flops=_sum_flops,
+        doc="Maximum over axes (default all); keepdims=1 keeps them with size 1. Not differentiable.",
+        sharding=sh.reduction("max"),
     )
 )
 

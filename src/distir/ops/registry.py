@@ -25,7 +25,7 @@ import difflib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -259,6 +259,18 @@ def zero_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float
 SLOTS = ("grad", "sharding", "torch")
 
 
+class LocalPiece(NamedTuple):
+    """One device's piece of a distributed value, as ``OpDef.localize`` sees it: where it starts
+    in the global tensor and its shape, per dim, and the global shape."""
+
+    offset: tuple[int, ...]
+    shape: tuple[int, ...]
+    global_shape: tuple[int, ...]
+
+
+LocalizeRule = Callable[[Attrs, Sequence["LocalPiece | None"], Sequence["LocalPiece | None"]], Attrs]
+
+
 _OPTIONS_MAX = 1 << 14  # memoized sharding answers per op
 
 
@@ -290,6 +302,10 @@ class OpDef:
     grad: Any = None
     sharding: Any = None
     torch: Any = None
+    # the attributes of the op run on one device's pieces (``distir.parallel.materialize``), from
+    # its global attributes and the pieces of its inputs and results (None: not distributed);
+    # for ops whose attributes hold global sizes or positions of a dim a sharding rule splits
+    localize: LocalizeRule | None = None
     min_inputs: int = field(init=False)
     max_inputs: int | None = field(init=False)
     # ``strategy_options``' answers: (rule, global types, attributes, axis size) -> strategies

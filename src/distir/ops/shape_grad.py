@@ -110,7 +110,10 @@ def _gather_grad(ctx: GradCtx, op: Op, douts: Grads) -> Grads:
         return [None, None]
     axis: Any = op.attrs.get("axis", 0)
     axis %= data.rank
-    (dx,) = ctx.op("GatherGrad", first(douts), ctx.primal(op.inputs[1]), axis=axis, size=data.shape[axis])
+    # the data, for its type only: a sharded table's gradient is sharded alike (each device
+    # scatters into its own rows); a weight is a backward input anyway, nothing is saved for it
+    dy, idx, table = first(douts), ctx.primal(op.inputs[1]), ctx.primal(op.inputs[0])
+    (dx,) = ctx.op("GatherGrad", dy, idx, table, axis=axis, size=data.shape[axis])
     return [dx, None]
 
 

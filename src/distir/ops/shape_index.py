@@ -7,7 +7,7 @@ in ``distir.ops.grad_index``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,11 +17,68 @@ from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs
 from distir.ops import sharding as sh
 from distir.ops._rules import int_attr, norm_axis
-from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, LocalizeRule, LocalPiece, OpDef, TypeCtx, register
 from distir.ops.shape import FAMILY, copy_bytes
 
-
 # -- Gather -----------------------------------------------------------------------------------
+# ``rows=[start, total]``: ``data`` is the piece starting at row ``start`` (along ``axis``) of a
+# table of ``total`` rows, sharded on the gathered axis (Megatron's vocabulary-parallel
+# embedding). An index (negative ones count from ``total``) that falls outside the piece reads
+# zeros, so the pieces' results sum to the whole table's. Materialization sets it per device
+# (``localize``); a global program leaves it unset.
+ROWS = AttrSpec("ints", None)
+
+
+def check_rows(ctx: TypeCtx, n: int) -> tuple[int, int] | None:
+    """The ``rows`` attribute of an op whose piece has ``n`` rows, validated (None: unset)."""
+    rows = ctx.attr("rows")
+    if rows is None:
+        return None
+    if len(rows) != 2 or rows[0] < 0 or rows[0] + n > rows[1]:
+        ctx.fail(
+            f"{ctx.op.name} rows={list(rows)} must be [start, total] with 0 <= start, start + {n} <= total",
+            None,
+            "[start, total]",
+            list(rows),
+        )
+    return int(rows[0]), int(rows[1])
+
+
+def local_rows(idx: Any, rows: Any, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Indices into a piece of ``n`` rows at ``rows=[start, total]`` (None: the whole table), and
+    the mask of those it holds (None: all)."""
+    i = np.asarray(idx).astype(np.int64)
+    if rows is None:
+        return i, None
+    start, total = int(rows[0]), int(rows[1])
+    local = np.where(i < 0, i + total, i) - start
+    mask = (local >= 0) & (local < n)
+    return np.where(mask, local, 0), mask
+
+
+def rows_localizer(axis_of: Callable[[Attrs, int], int], table: int) -> LocalizeRule:
+    """The ``localize`` rule of an op whose input ``table`` is read along ``axis_of(attrs,
+    rank)``: when that input is a piece of a sharded axis, ``rows`` says where the piece starts
+    and the global size."""
+
+    def localize(attrs: Attrs, ins: Sequence[LocalPiece | None], outs: Sequence[LocalPiece | None]) -> Attrs:
+        piece = ins[table]
+        if piece is None:
+            return attrs
+        ax = axis_of(attrs, len(piece.shape))
+        if piece.shape[ax] == piece.global_shape[ax]:
+            return attrs
+        given: Any = attrs.get("rows")
+        start, total = (int(given[0]), int(given[1])) if given is not None else (0, piece.global_shape[ax])
+        return Attrs({**dict(attrs.items()), "rows": (start + piece.offset[ax], total)})
+
+    return localize
+
+
+def gather_axis(attrs: Attrs, rank: int) -> int:
+    return int_attr(attrs, "axis", 0) % max(rank, 1)
+
+
 def _gather_rule(ctx: TypeCtx) -> Sequence[Type]:
     data, idx = ctx.tensor(0), ctx.tensor(1)
     if not idx.dtype.is_int:
@@ -29,12 +86,25 @@ def _gather_rule(ctx: TypeCtx) -> Sequence[Type]:
     if data.rank == 0:
         ctx.fail("Gather data must have rank >= 1", 0, "rank >= 1", 0)
     ax = norm_axis(ctx, ctx.attr("axis"), data.rank)
+    rows = check_rows(ctx, data.shape[ax])
     known = ctx.known[1]
     if known is not None:
-        n = data.shape[ax]
+        n = data.shape[ax] if rows is None else rows[1]
         if np.any((known < -n) | (known >= n)):
             ctx.fail(f"Gather index out of range for axis of size {n}", 1, f"-{n}..{n - 1}", known.tolist())
     return (ctx.out(data.dtype, data.shape[:ax] + idx.shape + data.shape[ax + 1 :]),)
+
+
+def _gather_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    data = np.asarray(args[0])
+    ax = gather_axis(attrs, data.ndim)
+    idx, mask = local_rows(args[1], attrs.get("rows"), data.shape[ax])
+    if data.shape[ax] == 0:  # an empty piece of the table: every index is elsewhere
+        return (np.zeros(data.shape[:ax] + idx.shape + data.shape[ax + 1 :], dtype=data.dtype),)
+    out = np.take(data, idx, axis=ax)
+    if mask is not None:
+        out = out * mask.reshape((1,) * ax + mask.shape + (1,) * (data.ndim - ax - 1)).astype(data.dtype)
+    return (out,)
 
 
 GATHER = register(
@@ -44,13 +114,13 @@ GATHER = register(
         inputs=("data", "indices"),
         outputs=("output",),
         infer=_gather_rule,
-        attrs={"axis": AttrSpec("int", 0)},
-        reference=lambda args, attrs: (
-            np.take(args[0], np.asarray(args[1]), axis=int_attr(attrs, "axis", 0)),
-        ),
+        attrs={"axis": AttrSpec("int", 0), "rows": ROWS},
+        reference=_gather_ref,
         bytes_read=lambda ins, outs, attrs: float(outs[0].nbytes + ins[1].nbytes),
-        doc="ONNX Gather: take slices of data along axis (an embedding lookup when axis=0).",
+        doc="ONNX Gather: take slices of data along axis (an embedding lookup when axis=0); "
+        "rows=[start, total]: data is that piece of a sharded table, indices outside it read zeros.",
         sharding=sh.embedding,
+        localize=rows_localizer(gather_axis, 0),
     )
 )
 

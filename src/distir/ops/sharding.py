@@ -146,8 +146,9 @@ def _even(size: int, n: int) -> bool:
 
 
 def reduction(op: str) -> ShardingRule:
-    """ReduceSum / ReduceMean over ``axes``: a dim not reduced may stay sharded; a reduced dim
-    that is sharded leaves a pending reduction (sum; mean only when shards are even)."""
+    """ReduceSum / ReduceMean / ReduceMax over ``axes``: a dim not reduced may stay sharded; a
+    reduced dim that is sharded leaves a pending reduction (sum, max; mean only when shards are
+    even), and a pending reduction of the same kind passes through."""
 
     def rule(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
         x = _shape(ins[0])
@@ -157,13 +158,12 @@ def reduction(op: str) -> ShardingRule:
         for d in range(len(x)):
             if d in axes:
                 even = _even(x[d], n)
-                if op == "sum" or even:
+                if op != "mean" or even:
                     found.append(Strategy((Shard(d),), (Partial(op),)))
                 continue
             od = d if keep else d - sum(1 for a in axes if a < d)
             found.append(Strategy((Shard(d),), (Shard(od),)))
-        if op in ("sum", "mean"):
-            found.append(Strategy((Partial(op),), (Partial(op),)))
+        found.append(Strategy((Partial(op),), (Partial(op),)))
         return found
 
     return rule
@@ -294,7 +294,10 @@ def other_dims(attr: str, default: int = 0) -> ShardingRule:
 
 def embedding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
     """Gather(table, indices) along axis 0: the table replicated, the indices sharded on any dim
-    (the result sharded on the same dim), or the table sharded on its other dims."""
+    (the result sharded on the same dim), or the table sharded on its other dims, or on its rows
+    with the indices whole: each device looks up the indices its rows hold, zeros for the others
+    (Gather's ``rows``), so the result is a pending sum — Megatron's vocabulary-parallel
+    embedding."""
     t, idx = _shape(ins[0]), _shape(ins[1])
     axis: Any = attrs.get("axis", 0)
     if axis % max(len(t), 1) != 0:
@@ -306,6 +309,8 @@ def embedding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -
     for d in range(1, len(t)):
         if t[d] > 1:
             found.append(Strategy((Shard(d), R), (Shard(len(idx) + d - 1),)))
+    if t and t[0] > 1:
+        found.append(Strategy((Shard(0), R), (SUM,)))
     return found
 
 

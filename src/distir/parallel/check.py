@@ -4,8 +4,9 @@
 random full-batch inputs with the reference executor, materializes the distributed program into
 explicit per-device code (``materialize``), runs that on the same data (inputs split into
 microbatches and sharded per device), and reassembles the results. It returns the largest
-relative difference over the loss and every updated weight and optimizer state, and the
-materialized program (callers project it and check it for deadlocks).
+relative difference over the loss and every updated weight and optimizer state (and the copies of
+tied weights another pipeline stage keeps: equal to their weight's), and the materialized program
+(callers project it and check it for deadlocks).
 """
 
 from __future__ import annotations
@@ -139,7 +140,19 @@ def check_against_sequential(
     want = run_reference(seq, [vals[p.name] for p in seq.entry.params])
     mat, got = run_distributed(dist, model, strategy, vals)
     names = ["loss", *(p.name for p in seq.entry.params[len(model.inputs) :] if p.name != "step")]
+    # tied weights' copies on another pipeline stage (parameters named like their weight, after
+    # the weights; results after the others): each must equal its weight's result
+    wnames = {w.name for w in model.weights}
+    names_seen = [p.name for p in dist.entry.params if p.name in wnames]
+    copies = [n for k, n in enumerate(names_seen) if n in names_seen[:k]]
+    extra = [*copies, *(f"{st}_{c}" for st in opt.state for c in copies)]
+    got_copies = got[len(names) :]
+    got = got[: len(names)]
     worst, where = 0.0, ""
+    for name, b in zip(extra, got_copies, strict=True):
+        r = _rel(want[names.index(name)], b)
+        if r > worst:
+            worst, where = r, f"{name} (tied copy)"
     results: dict[str, tuple[str, Any, Any, Any]] = {}
     n_w = len(model.weights)
     for k, (name, a, b) in enumerate(zip(names, want, got, strict=True)):

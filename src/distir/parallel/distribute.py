@@ -60,6 +60,49 @@ from distir.parallel.strategy import Strategy, StrategyError
 from distir.sim.devices import DeviceMap, Slot
 
 
+def chunk_weights(layers: Sequence[ShardedLayer]) -> list[Value]:
+    """The weights of a chunk's layers, each once (a tied weight may serve two of them)."""
+    return list(dict.fromkeys(w for L in layers for w in L.weights))
+
+
+def _add_grads(
+    fb: FunctionBuilder, grads: dict[Value, Value], ws: Sequence[Value], gs: Sequence[Value]
+) -> None:
+    """Record the gradients ``gs`` of the weights ``ws``, adding to one already there (a tied
+    weight gets a gradient from each layer that uses it)."""
+    for w, g in zip(ws, gs, strict=True):
+        prev = grads.get(w)
+        grads[w] = g if prev is None else fb.op("Add", prev, g, names=[f"g_{w.name}"])[0]
+
+
+def _tied_copies(
+    by_chunk: Sequence[Sequence[ShardedLayer]], stage_of: Sequence[int]
+) -> tuple[dict[tuple[Value, int], Value], dict[Value, Value]]:
+    """Where each chunk finds each of its weights: ``home[(w, c)]`` is ``w`` itself on the stage
+    of its first chunk, and on another stage (a tied weight: GPT-2's embedding, used again by the
+    head) a copy — a new value named like ``w``, an entry parameter of that stage with its own
+    optimizer state, as Megatron-LM keeps the word embeddings on the first and the last stage.
+    ``partner`` pairs each copy with its weight both ways. A weight on more than two stages is a
+    StrategyError."""
+    home: dict[tuple[Value, int], Value] = {}
+    by_stage: dict[tuple[Value, int], Value] = {}
+    first: dict[Value, int] = {}
+    for c, ls in enumerate(by_chunk):
+        for w in chunk_weights(ls):
+            st = first.setdefault(w, stage_of[c])
+            key = (w, stage_of[c])
+            if key not in by_stage:
+                by_stage[key] = w if stage_of[c] == st else Value(w.name, None)
+            home[(w, c)] = by_stage[key]
+    partner: dict[Value, Value] = {}
+    for (w, _st), h in by_stage.items():
+        if h is not w:
+            if w in partner:
+                raise StrategyError(f"the tied weight {w.name} is used on more than two pipeline stages")
+            partner[w], partner[h] = h, w
+    return home, partner
+
+
 def _zero_dim(w: TensorType, tp: Placement, d: int) -> int | None:
     if d == 1:
         return None
@@ -260,7 +303,7 @@ class _Builder:
     def _chunk_fwd(self, c: int, layers: list[ShardedLayer]) -> Function:
         fb = FunctionBuilder(f"c{c}_fwd", REGISTRY.out_arity)
         x = fb.param("x")
-        wp = {w: fb.param(w.name) for L in layers for w in L.weights}
+        wp = {w: fb.param(w.name) for w in chunk_weights(layers)}
         ep = {e: fb.param(e.name) for L in layers for e in L.extras}
         res: list[Value] = []
         for L in layers:
@@ -290,9 +333,9 @@ class _Builder:
             for L, ks in zip(reversed(layers), carried, strict=True):
                 assert L.bwd_w is not None
                 outs = fb.call(L.bwd_w, *ks, n_out=len(L.bwd_w.outputs))
-                grads.update(zip(L.weights, outs, strict=True))
+                _add_grads(fb, grads, L.weights, outs)
             return self._accumulate(fb, layers, grads, acc)
-        wp = {w: fb.param(w.name) for L in layers for w in L.weights}
+        wp = {w: fb.param(w.name) for w in chunk_weights(layers)}
         ep = {e: fb.param(e.name) for L in layers for e in L.extras}
         res: list[list[Value]] = []
         for L in layers:
@@ -318,7 +361,7 @@ class _Builder:
             if part == "i":
                 kept.extend(outs[n_dx:])
             else:
-                grads.update(zip(L.weights, outs[n_dx:], strict=True))
+                _add_grads(fb, grads, L.weights, outs[n_dx:])
             if n_dx:
                 dy = outs[0]
         first = layers[0].vjp
@@ -336,7 +379,7 @@ class _Builder:
         acc: bool,
         head: Sequence[Value] = (),
     ) -> Function:
-        ws = [w for L in layers for w in L.weights]
+        ws = chunk_weights(layers)
         outs = []
         accs = [fb.param(f"acc_{w.name}") for w in ws] if acc else []
         for k, w in enumerate(ws):
@@ -350,7 +393,6 @@ class _Builder:
         layers = self._layers()
         by_chunk = [[layers[i] for i in r] for r in self.chunks]
         stage_of = [c % s.p for c in range(len(self.chunks))]
-        chunk_of_layer = {i: c for c, r in enumerate(self.chunks) for i in r}
         cf: dict[str, Function] = {}
         for c, ls in enumerate(by_chunk):
             cf[f"c{c}_fwd"] = self._chunk_fwd(c, ls)
@@ -383,16 +425,17 @@ class _Builder:
             mbs[x] = [fb.param(f"{x.name}_{m}" if s.k > 1 else x.name, dt) for m in range(s.k)]
         wparam: dict[Value, Value] = {}
         wchunk: dict[Value, int] = {}
-        used = [w for ls in by_chunk for L in ls for w in L.weights]
-        layer_of: dict[Value, int] = {}  # each weight's first layer (scanned once, not per weight)
-        for ls in by_chunk:
-            for L in ls:
-                for w in L.weights:
-                    layer_of.setdefault(w, L.index)
+        # each weight's value on each stage that uses it: the weight on the stage of its first
+        # layer; a tied weight used on another stage too gets a copy there (``_tied_copies``)
+        home, partner = _tied_copies(by_chunk, stage_of)
+        for (_w, c), h in home.items():
+            wchunk.setdefault(h, c)
+        # the model's weights in order of use, then the tied copies (parameters and results last)
+        used = [h for (w, _c), h in home.items() if h is w] + [h for (w, _c), h in home.items() if h is not w]
+        used = list(dict.fromkeys(used))
         for w in used:
             spec = model.weight(w.name)
-            c = chunk_of_layer[layer_of[w]]
-            wchunk[w] = c
+            c = wchunk[w]
             z = self._zdim(w) if s.zero == 3 or self.prec.mixed else None  # mixed: masters as the state
             wt = self.prec.master_type(spec.type)
             wparam[w] = fb.param(w.name, self._on_stage(wt.dtype, wt.shape, stage_of[c], z, spec.tp))
@@ -471,11 +514,11 @@ class _Builder:
             return to_mesh(v, self.meshes[stage_of[dst]], name)
 
         # a chunk's weights are the same values for every microbatch: listed once per chunk
-        chunk_weights = [[wuse[w] for L in ls for w in L.weights] for ls in by_chunk]
+        weights_of = [[wuse[home[(w, c)]] for w in chunk_weights(ls)] for c, ls in enumerate(by_chunk)]
         chunk_extras = [[mbs[e] for L in ls for e in L.extras] for ls in by_chunk]
 
         def chunk_args(c: int, m: int) -> list[Value]:
-            return [*chunk_weights[c], *(per_mb[m] for per_mb in chunk_extras[c])]
+            return [*weights_of[c], *(per_mb[m] for per_mb in chunk_extras[c])]
 
         # calls at their (estimated) start, transfers at the end of the producing action
         events = sorted(
@@ -542,46 +585,82 @@ class _Builder:
         # gradient reduction and the optimizer
         grads: dict[Value, Value] = {}
         for c, ls in enumerate(by_chunk):
-            ws = [w for L in ls for w in L.weights]
+            ws = chunk_weights(ls)
             got = acc[c]
             if ws:
                 assert got is not None, f"chunk {c} never ran its backward"
-                grads.update(zip(ws, got, strict=True))
-        new_w: list[Value] = []
-        new_state: list[list[Value]] = [[] for _ in self.opt.state]
-        replicated: dict[Placement, str] = {}  # the text of (R, tp) per TP placement
+                _add_grads(fb, grads, [home[(w, c)] for w in ws], got)
+        updates: dict[Value, tuple[Value, ...]] = {}
+        reduced: dict[Value, Value] = {}  # a tied copy's reduced gradient, until its partner's is
         for w in used:
-            tp = model.weight(w.name).tp
-            z = self._zdim(w)
-            g = grads[w]
-            wv = wparam[w]
-            wstate = state[w]
-            step = step_of.get(stage_of[wchunk[w]])
-            sliced = s.zero < 3 and not self.prec.mixed  # a replicated weight, updated by shards
-            rep = replicated.get(tp)
-            if rep is None:
-                rep = replicated[tp] = placement_text(Replicate(), tp)
-            if z is None:
-                g = self._redistribute(fb, g, f"g_{w.name}", rep)
-                upd = self.opt.emit(fb, wv, self._to_master(fb, w, g), wstate, step)
-            else:
-                shard = placement_text(Shard(z), tp)
-                if s.zero == 1:
-                    g = self._redistribute(fb, g, f"g_{w.name}", rep)
-                g = self._redistribute(fb, g, f"g_{w.name}", shard)
-                if sliced:
-                    wv = self._redistribute(fb, wv, f"{w.name}_shard", shard)
-                upd = self.opt.emit(fb, wv, self._to_master(fb, w, g), wstate, step)
-                if sliced:
-                    full = self._redistribute(fb, upd[0], f"{w.name}_new", rep)
-                    upd = (full, *upd[1:])
-            new_w.append(upd[0])
-            for k2, sv in enumerate(upd[1:]):
-                new_state[k2].append(sv)
+            g = self._reduce_grad(fb, w, grads[w])
+            other = partner.get(w)
+            if other is not None:
+                if other not in reduced:
+                    reduced[w] = g
+                    continue
+                # Megatron's embedding group: each stage adds the other's gradient, so the copies
+                # take the same step (an all-reduce of two, as two sends that cross)
+                g_other = reduced.pop(other)
+                here, there = self.meshes[stage_of[wchunk[w]]], self.meshes[stage_of[wchunk[other]]]
+                (g_other_sum,) = fb.op(
+                    "Add", g_other, to_mesh(g, there, f"g_{w.name}_tied"), names=[f"g_{w.name}"]
+                )
+                (g,) = fb.op("Add", g, to_mesh(g_other, here, f"g_{w.name}_tied"), names=[f"g_{w.name}"])
+                updates[other] = self._update(fb, other, wparam[other], g_other_sum, state[other], step_of)
+            updates[w] = self._update(fb, w, wparam[w], g, state[w], step_of)
         loss = losses[0] if len(losses) == 1 else fb.op("Sum", *losses, names=["loss"])[0]
         loss = self._redistribute(fb, loss, "loss", "R, R")
-        entry = fb.ret(loss, *new_w, *(x for group in new_state for x in group))
+        # the new weights and state as the sequential step returns them, then the tied copies'
+        results = [loss]
+        for group in (
+            [w for w in used if w in self.weight_params],
+            [w for w in used if w not in self.weight_params],
+        ):
+            results += [updates[w][0] for w in group]
+            results += [updates[w][1 + k] for k in range(len(self.opt.state)) for w in group]
+        entry = fb.ret(*results)
         return self._module(cf, entry)
+
+    def _reduce_grad(self, fb: FunctionBuilder, w: Value, g: Value) -> Value:
+        """A weight's gradient (a pending sum over dp) reduced for its optimizer: all-reduced, or
+        reduce-scattered to its ZeRO shard (ZeRO-1: all-reduced, then sliced)."""
+        tp = self.model.weight(w.name).tp
+        rep = placement_text(Replicate(), tp)
+        z = self._zdim(w)
+        if z is None:
+            return self._redistribute(fb, g, f"g_{w.name}", rep)
+        if self.s.zero == 1:
+            g = self._redistribute(fb, g, f"g_{w.name}", rep)
+        return self._redistribute(fb, g, f"g_{w.name}", placement_text(Shard(z), tp))
+
+    def _update(
+        self,
+        fb: FunctionBuilder,
+        w: Value,
+        wv: Value,
+        g: Value,
+        wstate: list[Value],
+        step_of: dict[int, Value],
+    ) -> tuple[Value, ...]:
+        """The optimizer step of weight ``w`` (value ``wv``) with its reduced gradient ``g``: a
+        ZeRO-1/2 replicated weight is updated by shards and all-gathered after."""
+        tp = self.model.weight(w.name).tp
+        z = self._zdim(w)
+        step = step_of.get(self._stage_of_value(wv))
+        sliced = self.s.zero < 3 and not self.prec.mixed  # a replicated weight, updated by shards
+        if z is None or not sliced:
+            return self.opt.emit(fb, wv, self._to_master(fb, w, g), wstate, step)
+        wv = self._redistribute(fb, wv, f"{w.name}_shard", placement_text(Shard(z), tp))
+        upd = self.opt.emit(fb, wv, self._to_master(fb, w, g), wstate, step)
+        full = self._redistribute(fb, upd[0], f"{w.name}_new", placement_text(Replicate(), tp))
+        return (full, *upd[1:])
+
+    def _stage_of_value(self, v: Value) -> int:
+        """The pipeline stage whose mesh holds the entry parameter ``v``."""
+        t = v.type
+        assert isinstance(t, DTensorType)
+        return next(st for st, m in enumerate(self.meshes) if m == t.mesh)
 
     def _module(self, cf: dict[str, Function], entry: Function) -> Module:
         fns = [*self.functions.values(), *cf.values()]

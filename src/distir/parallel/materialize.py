@@ -7,7 +7,9 @@ devices, with local shapes — one value per device for every distributed tensor
   each typed with that device's local shape. Shards may be uneven (127 rows over 2 devices: 64
   and 63) — no padding.
 - A local op runs once per device on the local pieces; a ``Reshape`` gets its local target shape
-  (a constant shape input, or the ``shape`` attribute when the op uses the attribute form).
+  (a constant shape input, or the ``shape`` attribute when the op uses the attribute form), and
+  an op with a ``localize`` rule the attributes of its pieces (e.g. a vocabulary-sharded
+  ``Gather`` the first row its table piece holds).
   A local op runs on the mesh of its DTensor values (mixing meshes is an error). Constants of
   the logical program are made on every device of the meshes of the ops that use them.
 - ``Redistribute`` is lowered, one mesh axis at a time, per group of devices along that axis:
@@ -42,7 +44,7 @@ from distir.ir.rewrite import inline_calls
 from distir.ir.types import Device, TensorType
 from distir.ir.values import Attrs, Value
 from distir.ops.conv import halo_rows, input_range_for_output, window_of
-from distir.ops.registry import REGISTRY, OpKind
+from distir.ops.registry import REGISTRY, LocalPiece, OpKind
 from distir.parallel.propagate import ShardingError
 
 
@@ -130,9 +132,12 @@ def materialize(module: Module) -> Module:
         mesh = _op_mesh(instr)
         if REGISTRY[instr.name].family == "conv" and _halo(fb, instr, mesh, local):
             continue
+        localize = REGISTRY[instr.name].localize
         for d in mesh.devices:
             ins = [piece(v, d) for v in instr.inputs]
             attrs = instr.attrs
+            if localize is not None:  # attributes holding global sizes or positions
+                attrs = localize(attrs, _pieces(instr.inputs, d), _pieces(instr.outputs, d))
             if instr.name == "Reshape":  # the local target shape; allowzero: an empty piece's 0 is literal
                 target = local_shape(instr.outputs[0].type, d)  # type: ignore[arg-type]
                 if len(ins) == 2:
@@ -157,6 +162,14 @@ def materialize(module: Module) -> Module:
         for d in (v.type.mesh.devices if isinstance(v.type, DTensorType) else const_devices[v])
     ]
     return Module((fb.ret(*results),))
+
+
+def _pieces(vs: Sequence[Value], d: Device) -> list[LocalPiece | None]:
+    """``device``'s piece of each of ``vs`` (None for a value that is not distributed)."""
+    return [
+        LocalPiece(local_offsets(t, d), local_shape(t, d), t.shape) if isinstance(t, DTensorType) else None
+        for t in (v.type for v in vs)
+    ]
 
 
 def _flat_typed(module: Module) -> Function:

@@ -13,7 +13,9 @@ AllReduce it replaces: AllGather + ReduceScatter = 2(t−1)/t·M).
 
 Which boundaries: every activation between two layers except the first input (a model input,
 laid out by the entry) and the loss layer's input (the loss reduces over all positions, so its
-input stays whole on ``tp``: the last layer before it gathers what it needs). Uneven sequence
+input stays whole on ``tp``: the last layer before it gathers what it needs — or, when the model
+declares it (``Model.loss_input_tp``, with or without ``sp``), sharded as declared: the logits
+sharded on the vocabulary for a vocabulary-parallel cross entropy). Uneven sequence
 shards (seq not divisible by t) are allowed: the sharding layer lays out uneven shards without
 padding (AllGather / ReduceScatter of unequal pieces); a sequence shorter than t is refused,
 as it would leave ranks without work.
@@ -30,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from distir.frontends.zoo.model import Model
-from distir.ir.dtensor import Shard, format_placements
+from distir.ir.dtensor import Replicate, Shard, format_placements
 from distir.ir.types import TensorType, Type
 from distir.parallel.strategy import Strategy, StrategyError
 
@@ -43,6 +45,9 @@ def activation_placements(model: Model, s: Strategy, layer_types: Sequence[Seque
     without ``s.sp``; with it, ``(S(0), S(seq_dim))`` between layers (module docstring)."""
     n = len(layer_types)
     out = [ACT] * (n + 1)
+    loss = len(model.layers) - 1
+    if s.t > 1 and not isinstance(model.loss_input_tp, Replicate) and loss < n:
+        out[loss] = format_placements((Shard(0), model.loss_input_tp))
     if not s.sp:
         return out
     if model.seq_dim is None:
@@ -50,7 +55,6 @@ def activation_placements(model: Model, s: Strategy, layer_types: Sequence[Seque
             f"{s}: sequence parallelism needs the model's sequence dim, and {model.name} declares none "
             "(Model.seq_dim)"
         )
-    loss = len(model.layers) - 1
     for i in range(1, min(n, loss)):
         t = layer_types[i][0]
         if not isinstance(t, TensorType) or len(t.shape) <= model.seq_dim:

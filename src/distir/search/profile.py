@@ -307,9 +307,13 @@ def run_profile_task(task: ProfileTask) -> TaskResult:
 
 def allowed_tp(spec: ModelSpec, dtype: DType, limit: int) -> list[int]:
     """TP degrees up to ``limit`` that divide every tensor-parallel weight dimension of the model
-    (shapes allow them; uneven TP shards are legal DistIR but no one trains that way)."""
+    (shapes allow them; uneven TP shards are legal DistIR but no one trains that way) but the
+    vocabulary (``config["vocab"]``): Megatron-LM pads it to a multiple of 128·t, and distir
+    shards it unevenly instead (GPT-2's 50257 over t = 8: 6283 or 6282 rows, not 6288 — the same
+    cost within 0.1%)."""
     model = build_from(spec, 1, dtype)
-    dims = [w.type.shape[w.tp.dim] for w in model.weights if isinstance(w.tp, Shard)]
+    vocab = model.config.get("vocab")
+    dims = [n for w in model.weights if isinstance(w.tp, Shard) and (n := w.type.shape[w.tp.dim]) != vocab]
     return [t for t in range(1, limit + 1) if all(n % t == 0 for n in dims)]
 
 

@@ -4,8 +4,9 @@
 A family builder writes its layer functions with ``LayerFn`` (untyped parameters, one result,
 ops named as in the registry) and lists the calls of the entry as ``LayerCall``s: the function
 and the arguments after the incoming activation — weights (declared right there, as
-``WeightSpec``s, so a weight's shape and its tensor-parallel placement sit next to its use) or
-names of model inputs (the labels of the loss layer). ``assemble`` turns that list into the
+``WeightSpec``s, so a weight's shape and its tensor-parallel placement sit next to its use; the
+same spec passed to a later call again *ties* the weight, ``Model.tied``) or names of model
+inputs (the labels of the loss layer). ``assemble`` turns that list into the
 module and the ``Model``; it declares the entry's parameters (inputs, then weights in the order
 of first use) and leaves the results of the calls untyped, so the same entry can be
 interpreted at another batch size.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from distir.frontends.zoo.model import REPLICATE, InputSpec, Model, ModelError, WeightSpec, check_model
@@ -91,18 +92,20 @@ def assemble(
     calls: Sequence[LayerCall],
     seq_dim: int | None = None,
     ends: tuple[int, int] = (0, 0),
+    loss_input_tp: Placement = REPLICATE,
 ) -> Model:
     """The ``Model`` whose entry ``@forward`` makes ``calls`` in order, starting from the first
-    input; ``seq_dim`` declares the activations' sequence dim (``Model.seq_dim``). Runs
-    ``check_model`` and counts ``flops_per_sample``. ``ends``: how many calls before and after
-    the repeated blocks belong with the first and the last pipeline chunk (``Model.pre``,
-    ``Model.post``)."""
+    input; ``seq_dim`` declares the activations' sequence dim (``Model.seq_dim``) and
+    ``loss_input_tp`` the loss layer's input's tensor-parallel placement. Runs ``check_model`` and
+    counts ``flops_per_sample``. ``ends``: how many calls before and after the repeated blocks
+    belong with the first and the last pipeline chunk (``Model.pre``, ``Model.post``)."""
     if not inputs:
         raise ModelError(f"model {name}: no inputs")
     batch = inputs[0].type.shape[0]
     by_input = {i.name: i for i in inputs}
     weights: list[WeightSpec] = []
     seen: set[str] = set(by_input)
+    tied: list[str] = []  # weights passed to a second call (the same spec again)
     functions: dict[str, Function] = {}
     for c in calls:
         have = functions.setdefault(c.fn.name, c.fn)
@@ -110,6 +113,9 @@ def assemble(
             raise ModelError(f"model {name}: two different layer functions are named @{c.fn.name}")
         for a in c.args:
             if isinstance(a, WeightSpec):
+                if any(a is x for x in weights):  # the very spec again: a tied weight
+                    tied.append(a.name)
+                    continue
                 if a.name in seen:
                     raise ModelError(f"model {name}: the name {a.name!r} is declared twice")
                 seen.add(a.name)
@@ -124,7 +130,17 @@ def assemble(
         args = [vals[a.name if isinstance(a, WeightSpec) else a] for a in c.args]
         (prev,) = fb.call(c.fn, prev, *args, names=[c.result])
     module = Module((*functions.values(), fb.ret(prev)))
-    model = Model(name, dict(config), module, tuple(inputs), tuple(weights), batch, seq_dim=seq_dim)
+    model = Model(
+        name,
+        dict(config),
+        module,
+        tuple(inputs),
+        tuple(weights),
+        batch,
+        seq_dim=seq_dim,
+        loss_input_tp=loss_input_tp,
+        tied=tuple(dict.fromkeys(tied)),
+    )
     check_model(model)
     flops = forward_flops(
         module,
@@ -133,9 +149,7 @@ def assemble(
     pre, post = ends
     if pre < 0 or post < 0 or pre + post > len(calls):
         raise ModelError(f"model {name}: {pre} + {post} end calls but {len(calls)} calls")
-    return Model(
-        name, dict(config), module, tuple(inputs), tuple(weights), batch, flops, seq_dim, pre=pre, post=post
-    )
+    return replace(model, flops_per_sample=flops, pre=pre, post=post)
 
 
 def _with_batch(t: Type | None, batch: int) -> TensorType:
@@ -171,15 +185,18 @@ def inv_sqrt(n: float) -> float:
 
 
 def check_config(family: str, cfg: object, divides: Sequence[tuple[str, str]] = ()) -> None:
-    """Every int field of the dataclass ``cfg`` is positive, every enumerated field (a field
-    whose metadata lists its ``choices``) holds one of them, and for each ``(a, b)`` in
-    ``divides`` field ``a`` divides field ``b``; else a ModelError naming key and value."""
+    """Every int field of the dataclass ``cfg`` is positive (bool fields are flags), every
+    enumerated field (a field whose metadata lists its ``choices``) holds one of them, and for
+    each ``(a, b)`` in ``divides`` field ``a`` divides field ``b``; else a ModelError naming key
+    and value."""
     for f in fields(cfg):  # type: ignore[arg-type]
         v = getattr(cfg, f.name)
         choices = f.metadata.get("choices")
         if choices is not None:
             if v not in choices:
                 raise ModelError(f"{family}: {f.name}={v!r} must be one of {', '.join(choices)}")
+        elif isinstance(v, bool) and isinstance(f.default, bool):
+            continue
         elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ModelError(f"{family}: {f.name}={v!r} must be a positive integer")
     for a, b in divides:

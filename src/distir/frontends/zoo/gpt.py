@@ -5,20 +5,23 @@
       %x0 = @embed(%ids, %wte, %wpe)              // Gather(wte, ids) + wpe[0:S] (broadcast Add)
       %x1 = @block(%x0, <16 weights of layer 0>)  // ... one call per layer
       %logits = @head(%xL, %lnf_scale, %lnf_bias, %wlm)   // LayerNorm, MatMul to the vocab
-      %loss = @loss(%logits, %labels)             // SoftmaxCrossEntropy(sum) · 1/(B·S)
+      %loss = @loss(%logits, %labels)             // cross entropy (sum) · 1/(B·S), vocab-parallel
     }
 
 ``@block`` is pre-LN: ``x + Attn(LN1(x))`` then ``x + MLP(LN2(x))`` with causal multi-head
 attention (``attention.py``: the fused op by default, ``attention=naive`` the explicit form) and
 a GELU MLP of width 4·hidden; every projection has a bias.
-The output projection ``wlm`` (hidden, vocab) is a weight of its own — *untied* from ``wte``
-(GPT-2 ties them; the chain contract uses each weight in one layer) — so the parameter count is
-the published one plus hidden·vocab. GELU is the exact (erf) one of the registry.
+The output projection ``wlm`` (hidden, vocab) is a weight of its own — *untied* from ``wte`` —
+so the parameter count is the published one plus hidden·vocab; ``tied=1`` ties them as GPT-2
+does: the head multiplies by ``wte``ᵀ (``Model.tied``; its gradient is the sum of the
+embedding's and the head's). GELU is the exact (erf) one of the registry.
 
 Tensor-parallel declarations (Megatron-LM): wq/wk/wv and w1 column-parallel ``S(1)`` with their
-biases ``S(0)``; wo and w2 row-parallel ``S(0)`` with replicated biases; norms, embeddings and
-``wlm`` replicated. The activations between layers are (batch, seq, hidden): ``seq_dim=1``
-(sequence parallelism shards it).
+biases ``S(0)``; wo and w2 row-parallel ``S(0)`` with replicated biases; norms and ``wpe``
+replicated; Megatron-LM's vocabulary-parallel embedding, head and cross entropy: ``wte`` sharded
+on the vocabulary ``S(0)``, ``wlm`` column-parallel ``S(1)``, and the logits reach the loss
+sharded on the vocabulary (``Model.loss_input_tp``). The activations between layers are
+(batch, seq, hidden): ``seq_dim=1`` (sequence parallelism shards it).
 
 Sizes: ``gpt2-117m`` and ``gpt2-1.6b`` are GPT-2's smallest and largest (Radford et al.,
 "Language Models are Unsupervised Multitask Learners", 2019, Table 2: 12×768 and 48×1600,
@@ -42,6 +45,8 @@ from distir.ir.values import Value
 
 FAMILY = "gpt"
 R, COL, ROW = Replicate(), Shard(1), Shard(0)
+VOCAB = Shard(0)  # an embedding table (vocab, hidden) sharded on the vocabulary
+LOGITS = Shard(2)  # the loss layer's input, logits (batch, seq, vocab), sharded on the vocabulary
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,7 @@ class GPTConfig:
     seq: int
     vocab: int = 50257
     attention: str = attention_field()
+    tied: bool = False  # GPT-2's tied embedding: the head multiplies by wteᵀ (``tied=1``)
 
     def __post_init__(self) -> None:
         check_config(FAMILY, self, divides=[("heads", "hidden")])
@@ -149,14 +155,31 @@ def head_fn() -> Function:
     return f.ret(f("MatMul", h, wlm, name="logits"))
 
 
+def tied_head_fn() -> Function:
+    """The head of a tied model: LayerNorm, then the logits from the token embedding ``wte``
+    (vocab, hidden) transposed — sharded on the vocabulary, it gives logits sharded alike."""
+    f = LayerFn("head")
+    x, scale, bias, wte = f.param("x"), f.param("lnf_scale"), f.param("lnf_bias"), f.param("wte")
+    h = f("LayerNormalization", x, scale, bias, name="lnf")
+    return f.ret(f("MatMul", h, f("Transpose", wte, perm=(1, 0), name="wteT"), name="logits"))
+
+
 def token_loss_fn(vocab: int, normalizer: int) -> Function:
-    """``@loss(logits (B, S, V), labels (B, S))`` = SoftmaxCrossEntropyLoss(sum) over the B·S
-    tokens, scaled by ``1/normalizer``. The logits are viewed as (B·S, V) (a free reshape)."""
+    """``@loss(logits (B, S, V), labels (B, S))``: the summed cross entropy of the B·S tokens,
+    scaled by ``1/normalizer``, written as Megatron-LM's vocabulary-parallel cross entropy so that
+    logits sharded on the vocabulary stay sharded: with the row max as a shift (a constant for
+    the gradient), ``nll = log Σ exp(logits − max) − (logits[label] − max)``. Sharded on V, the
+    max, the sum of exponentials and the picked logit are pending reductions of B·S numbers
+    (AllReduce max, sum, sum), never the logits; the gradient (softmax − one-hot, scaled) is
+    computed on each device's piece. Replicated, it is the same cross entropy."""
     f = LayerFn("loss")
     logits, labels = f.param("logits"), f.param("labels")
-    scores = f("Reshape", logits, shape=(-1, vocab), name="scores")
-    flat = f("Reshape", labels, shape=(-1,), name="targets")
-    total = f("SoftmaxCrossEntropyLoss", scores, flat, reduction="sum", name="nll")
+    scores = f("Reshape", logits, shape=(-1, vocab), name="scores")  # (B·S, V)
+    targets = f("Reshape", labels, shape=(-1,), name="targets")  # (B·S,)
+    peak = f("StopGradient", f("ReduceMax", scores, axes=(1,), keepdims=0, name="max"), name="shift")
+    sumexp, picked = f.results("SoftmaxCrossEntropyParts", scores, peak, targets, names=("sumexp", "picked"))
+    nll = f("Sub", f("Log", sumexp, name="lse"), picked, name="nll")
+    total = f("ReduceSum", nll, keepdims=0, name="total")
     return f.ret(f("Scale", total, alpha=1.0 / normalizer, name="loss"))
 
 
@@ -167,13 +190,15 @@ def build(cfg: GPTConfig, batch: int, dtype: DType = DType.f32, name: str = FAMI
         InputSpec("labels", tensor(DType.i64, batch, s), high=v),
     )
     block = block_fn("block", h, cfg.heads, attention_form=cfg.attention)
-    calls = [LayerCall(embed_fn(s), (weight("wte", dtype, (v, h)), weight("wpe", dtype, (s, h))), "x0")]
+    wte = weight("wte", dtype, (v, h), VOCAB)
+    calls = [LayerCall(embed_fn(s), (wte, weight("wpe", dtype, (s, h))), "x0")]
     calls += [LayerCall(block, block_weights(i, h, dtype), f"x{i + 1}") for i in range(cfg.layers)]
-    head_w = (
-        weight("lnf_scale", dtype, (h,), value=1.0),
-        weight("lnf_bias", dtype, (h,), value=0.0),
-        weight("wlm", dtype, (h, v)),
-    )
-    calls.append(LayerCall(head_fn(), head_w, "logits"))
+    lnf = (weight("lnf_scale", dtype, (h,), value=1.0), weight("lnf_bias", dtype, (h,), value=0.0))
+    if cfg.tied:  # the same spec again: the weight is tied (``Model.tied``)
+        calls.append(LayerCall(tied_head_fn(), (*lnf, wte), "logits"))
+    else:
+        calls.append(LayerCall(head_fn(), (*lnf, weight("wlm", dtype, (h, v), COL)), "logits"))
     calls.append(LayerCall(token_loss_fn(v, batch * s), ("labels",), "loss"))
-    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1, ends=(1, 2))
+    return assemble(
+        name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1, ends=(1, 2), loss_input_tp=LOGITS
+    )

@@ -5,7 +5,7 @@
       %x1 = @block(%x0, %attn_norm_0, %wq_0, %wk_0, %wv_0, %wo_0, %ffn_norm_0, %w1_0, %w3_0, %w2_0)
       ...
       %logits = @head(%xL, %norm, %wlm)                  // RMSNorm, MatMul to the vocab
-      %loss = @loss(%logits, %labels)                    // SoftmaxCrossEntropy(sum) · 1/(B·S)
+      %loss = @loss(%logits, %labels)                    // cross entropy (sum) · 1/(B·S)
     }
 
 ``@block`` is ``x + Wo·Attn(RMSNorm(x))`` then ``x + W2·(silu(W1·h) ⊙ W3·h)`` with
@@ -19,9 +19,11 @@ Simplified with respect to Llama: RMSNorm epsilon 1e-5. ``wlm`` is untied from t
 embedding, as in Llama.
 
 Tensor-parallel declarations (Megatron-LM / Llama's model-parallel layers): wq, wk, wv, w1, w3
-column-parallel ``S(1)``; wo, w2 row-parallel ``S(0)``; norms, the embedding and ``wlm``
-replicated. A column shard of wk/wv splits whole kv heads when the TP degree divides kv_heads.
-The activations between layers are (batch, seq, hidden): ``seq_dim=1``.
+column-parallel ``S(1)``; wo, w2 row-parallel ``S(0)``; norms replicated; the embedding sharded
+on the vocabulary and ``wlm`` column-parallel, the logits reaching the loss sharded on the
+vocabulary (Megatron-LM's vocabulary-parallel layers, as GPT's). A column shard of wk/wv splits
+whole kv heads when the TP degree divides kv_heads. The activations between layers are (batch,
+seq, hidden): ``seq_dim=1``.
 
 Sizes (Touvron et al., "Llama 2: Open Foundation and Fine-Tuned Chat Models", 2023, and the
 released configs; Meta, "The Llama 3 Herd of Models", 2024, Table 3): ``llama2-7b`` 32×4096,
@@ -36,7 +38,7 @@ from dataclasses import asdict, dataclass
 
 from distir.frontends.zoo._build import LayerCall, LayerFn, assemble, check_config, tensor, weight
 from distir.frontends.zoo.attention import attention, attention_field
-from distir.frontends.zoo.gpt import token_loss_fn
+from distir.frontends.zoo.gpt import LOGITS, VOCAB, token_loss_fn
 from distir.frontends.zoo.model import InputSpec, Model, ModelError, WeightSpec
 from distir.ir.dtensor import Replicate, Shard
 from distir.ir.function import Function
@@ -141,9 +143,11 @@ def build(cfg: LlamaConfig, batch: int, dtype: DType = DType.f32, name: str = FA
         InputSpec("labels", tensor(DType.i64, batch, s), high=v),
     )
     block = block_fn(cfg)
-    calls = [LayerCall(embed_fn(), (weight("tok_emb", dtype, (v, h)),), "x0")]
+    calls = [LayerCall(embed_fn(), (weight("tok_emb", dtype, (v, h), VOCAB),), "x0")]
     calls += [LayerCall(block, block_weights(i, cfg, dtype), f"x{i + 1}") for i in range(cfg.layers)]
-    head_w = (weight("norm", dtype, (h,), value=1.0), weight("wlm", dtype, (h, v)))
+    head_w = (weight("norm", dtype, (h,), value=1.0), weight("wlm", dtype, (h, v), COL))
     calls.append(LayerCall(head_fn(), head_w, "logits"))
     calls.append(LayerCall(token_loss_fn(v, batch * s), ("labels",), "loss"))
-    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1, ends=(1, 2))
+    return assemble(
+        name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1, ends=(1, 2), loss_input_tp=LOGITS
+    )

@@ -16,7 +16,8 @@ Invariants (``check_model`` enforces them, with errors naming the call and value
   (``Model.weights``, in order), all typed ``Tensor[..., d0]``; dim 0 of every input is the batch;
 - the entry body holds only calls, one per layer; call 0 takes the first input as its first
   argument; call i > 0 takes the result of call i-1 as its first argument; the other arguments
-  of a call are weights (each weight used by exactly one call) or model inputs other than the
+  of a call are weights (each weight used by exactly one call, but for the *tied* ones,
+  ``Model.tied``: GPT-2's token embedding, used again by the head) or model inputs other than the
   first (e.g. labels, consumed by the last layer);
 - each call has exactly one result; the last one is the scalar loss (a 0-d f32 tensor), already
   normalized by the *global* batch (so that summing the losses of microbatches gives the
@@ -36,6 +37,12 @@ may shard that dim (Megatron-LM sequence parallelism), so no layer may mix posit
 sequences and batch items differently than its ops' sharding rules say (attention gathers what it
 needs by itself).
 
+The loss layer's input may be declared sharded along the tensor-parallel axis
+(``Model.loss_input_tp``, e.g. ``Shard(2)``: logits (batch, seq, vocab) sharded on the vocabulary,
+Megatron-LM's vocabulary-parallel cross entropy); the transforms then pass it so between the last
+two layers, and the loss layer's ops must compute the loss from such pieces (pending reductions
+their sharding rules express), never gathering them whole.
+
 Which weights are column / row parallel is declared per weight (``WeightSpec.tp``: the
 placement along a tensor-parallel mesh axis — ``Shard(1)`` column, ``Shard(0)`` row,
 ``Replicate()`` otherwise); nothing model-specific lives in the transforms.
@@ -49,7 +56,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from distir.ir.dtensor import Placement, Replicate
+from distir.ir.dtensor import Placement, Replicate, Shard
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
 from distir.ir.types import TensorType
@@ -92,6 +99,12 @@ class Model:
     flops_per_sample: float = 0.0
     # the sequence dim of the activations between layers (module docstring); None: no sequence
     seq_dim: int | None = None
+    # the tensor-parallel placement of the loss layer's input (module docstring): Replicate, or
+    # Shard(d) when the loss is written to work on a sharded dim d (the vocabulary of the logits)
+    loss_input_tp: Placement = REPLICATE
+    # weights used by more than one layer (tied: GPT-2's embedding and output projection); their
+    # gradient is the sum of the layers' (the transforms add them up)
+    tied: tuple[str, ...] = ()
     # the layer calls that are not repeated blocks: ``pre`` before them (the embedding) always
     # runs on the first pipeline chunk, ``post`` after them (head, loss) on the last; a
     # strategy's partition (``L…``) counts the blocks in between (``distir.parallel.layer_prep``)
@@ -176,8 +189,8 @@ def check_model(model: Model) -> None:
             )
         for v in instr.inputs[1:]:
             if v in weights:
-                if v in used:
-                    raise ModelError(f"@{fn.name}: weight %{v.name} is used by two layers")
+                if v in used and v.name not in model.tied:
+                    raise ModelError(f"@{fn.name}: weight %{v.name} is used by two layers (and not tied)")
                 used.add(v)
             elif v not in inputs or v is fn.params[0]:
                 raise ModelError(
@@ -198,6 +211,11 @@ def check_model(model: Model) -> None:
     unused = [v.name for v in weights if v not in used]
     if unused:
         raise ModelError(f"@{fn.name}: weights never used: {unused}")
+    tp = model.loss_input_tp
+    if isinstance(tp, Shard) and tp.dim == 0:
+        raise ModelError(
+            f"model {model.name}: the loss layer's input cannot be tensor-parallel on dim 0 (the batch)"
+        )
     rank = len(model.inputs[0].type.shape)
     if model.seq_dim is not None and not 0 < model.seq_dim < rank:
         raise ModelError(

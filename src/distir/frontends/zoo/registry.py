@@ -4,8 +4,8 @@ A model string is ``NAME`` or ``NAME:key=value,key=value``. ``NAME`` is a zoo en
 (``gpt2-117m``, ``llama3-8b``, ... — ``ZOO``) or a family (``mlp``, ``gpt``, ``llama``,
 ``transgan``); a bare family starts from its base entry (``mlp-1b``, ``gpt2-117m``,
 ``llama2-7b``, ``transgan-hetero``), and the ``key=value`` pairs override fields of the
-configuration: positive integers, or one of the listed words for an enumerated field (the
-transformers' ``attention=fused|naive``), e.g.
+configuration: positive integers, one of the listed words for an enumerated field (the
+transformers' ``attention=fused|naive``), or 0 or 1 for a flag (GPT's ``tied``), e.g.
 
     gpt:layers=24,hidden=2304,heads=24,seq=2048,vocab=51200
     gpt2-117m:layers=2
@@ -126,6 +126,11 @@ def parse_model_string(text: str) -> ModelSpec:
             )
         if key in overrides:
             raise ModelError(f"model {text!r}: key {key!r} is given twice")
+        if isinstance(fields[key].default, bool):  # a flag: 0 or 1
+            if value not in ("0", "1"):
+                raise ModelError(f"model {text!r}: {key}={value!r}; expected 0 or 1")
+            overrides[key] = value == "1"
+            continue
         overrides[key] = _option_value(text, key, value, fields[key].metadata.get("choices"))
     return ModelSpec(text, family, dataclasses.replace(base, **overrides))
 
