@@ -34,7 +34,7 @@ def test_bubble_fraction_matches_the_formula(schedule: str, p: int, k: int) -> N
 
 
 def _activations(r: SimResult, gpu: int) -> float:
-    return r.peak_memory[gpu] - r.param_memory[gpu]
+    return r.peak_memory[gpu] - r.runtime_memory[gpu] - r.param_memory[gpu]
 
 
 def test_activation_memory_follows_in_flight_microbatches() -> None:
