@@ -53,10 +53,14 @@ class FunctionBuilder:
         self._body: list[Instr] = []
         self._out_arity = out_arity
         self._done = False
+        self._donated: list[int] = []
 
-    def param(self, name: str, type: Type | None = None) -> Value:
+    def param(self, name: str, type: Type | None = None, donated: bool = False) -> Value:
+        """A new parameter; ``donated``: the function may reuse its storage (``Function.donated``)."""
         self._check_open()
         v = Value(name, type)
+        if donated:
+            self._donated.append(len(self._params))
         self._params.append(v)
         return v
 
@@ -130,7 +134,9 @@ class FunctionBuilder:
         """Finish the function, returning ``outputs``. The builder cannot be used afterwards."""
         self._check_open()
         self._done = True
-        return Function(self.name, tuple(self._params), tuple(self._body), tuple(outputs))
+        return Function(
+            self.name, tuple(self._params), tuple(self._body), tuple(outputs), tuple(self._donated)
+        )
 
     def _results(
         self,

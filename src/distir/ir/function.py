@@ -23,6 +23,10 @@ class Function:
     params: tuple[Value, ...]
     body: tuple[Instr, ...]
     outputs: tuple[Value, ...]
+    # indices of parameters whose storage the function may reuse (JAX's ``donate_argnums``): the
+    # caller gives up the buffer, so the simulator frees it after its last use in the body (a
+    # step's weights and optimizer state, which the update replaces in place); printed ``donated``
+    donated: tuple[int, ...] = ()
 
     def ops(self) -> Iterator[Op]:
         """The primitive ops of the body (calls excluded), in program order."""

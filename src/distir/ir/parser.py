@@ -4,7 +4,7 @@ Grammar (``//`` starts a comment that runs to the end of the line)::
 
     module   := function*
     function := "func" "@"NAME "(" [param ("," param)*] ")" "{" instr* "return" [vals] "}"
-    param    := "%"NAME [":" type]
+    param    := "%"NAME [":" type] ["donated"]
     instr    := [result ("," result)* "="] (OPNAME | "@"NAME) "(" [args] ")"
     result   := "%"NAME [":" type]
     args     := value ("," value)* ["," attr ("," attr)*]  |  attr ("," attr)*
@@ -190,7 +190,11 @@ class _Parser:
                 if tok.kind != "VALUE":
                     raise self.error(f"expected a parameter like %x, found {self.describe(tok)}", tok)
                 typ = self.type() if self._maybe(":") else None
-                self.define(scope, tok, fb.param(tok.text[1:], typ))
+                nxt = self.peek()
+                donated = nxt.kind == "IDENT" and nxt.text == "donated"
+                if donated:
+                    self.next()
+                self.define(scope, tok, fb.param(tok.text[1:], typ, donated))
                 if not self._maybe(","):
                     break
         self.expect_punct(")", "to close the parameter list")

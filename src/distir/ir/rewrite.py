@@ -81,4 +81,4 @@ def eliminate_dead_code(fn: Function, keep: Callable[[Instr], bool] = lambda i: 
             body.append(instr)
             live.update(instr.inputs)
     body.reverse()
-    return Function(fn.name, fn.params, tuple(body), fn.outputs)
+    return Function(fn.name, fn.params, tuple(body), fn.outputs, fn.donated)

@@ -389,7 +389,8 @@ class _Builder:
             wchunk[w] = c
             z = self._zdim(w) if s.zero == 3 or self.prec.mixed else None  # mixed: masters as the state
             wt = self.prec.master_type(spec.type)
-            wparam[w] = fb.param(w.name, self._on_stage(wt.dtype, wt.shape, stage_of[c], z, spec.tp))
+            wt_on = self._on_stage(wt.dtype, wt.shape, stage_of[c], z, spec.tp)
+            wparam[w] = fb.param(w.name, wt_on, donated=self.train)
         state: dict[Value, list[Value]] = {w: [] for w in used}
         step_of: dict[int, Value] = {}
         if self.train:
@@ -403,11 +404,13 @@ class _Builder:
                         self._zdim(w),
                         spec.tp,
                     )
-                    state[w].append(fb.param(f"{sname}_{w.name}", t))
+                    state[w].append(fb.param(f"{sname}_{w.name}", t, donated=True))
             if self.opt.kind == "adam":
                 for st in sorted({stage_of[c] for c in wchunk.values()}):
                     step_of[st] = fb.param(
-                        f"step_s{st}", DTensorType(DType.i64, (), self.meshes[st], (Replicate(), Replicate()))
+                        f"step_s{st}",
+                        DTensorType(DType.i64, (), self.meshes[st], (Replicate(), Replicate())),
+                        donated=True,
                     )
         wuse = {w: self._compute_copy(fb, w, wparam[w]) for w in used} if self.prec.mixed else wparam
         # the schedule, as one program order

@@ -23,7 +23,7 @@ it): ``tests/sim/test_liveness.py`` and the simulator tests pin it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import accumulate, chain, compress, groupby, repeat
 from operator import ne
 from typing import Any
@@ -46,6 +46,7 @@ def build_plan(
     slot_gpu: list[int],
     *,
     param_uses: bool = True,
+    donated: Mapping[Value, Sequence[tuple[int, float]]] | None = None,
 ) -> FnPlan:
     """Arrange the records of one interpreted body into a plan, with liveness-based memory.
 
@@ -53,7 +54,11 @@ def build_plan(
     the parameters' storage at all: the caller owns it, so it is never freed here, and what only
     a summary needs (``param_last``, ``out_roots``, ``fresh``) is left empty (``param_last`` all
     -1). That skips the largest share of a pipeline entry's value edges (the weights every chunk
-    reads) and a walk of its hundreds of results."""
+    reads) and a walk of its hundreds of results.
+
+    ``donated`` (with ``param_uses=False``): parameters the body owns after all (``Function.donated``),
+    with their bytes per GPU: tracked as roots created before the first instruction, each freed
+    after its last use (a parameter nothing reads: after the first instruction), unless returned."""
     body = fn.body
     n = len(body)
     assert len(records) == n
@@ -63,7 +68,8 @@ def build_plan(
     # untracked parameter has none. A call's own fresh buffer is the result value itself.
     alias: dict[Value, tuple[Root, ...]] = {}
     alias_get = alias.get
-    untracked = frozenset(() if param_uses else fn.params)
+    donated = {} if param_uses or donated is None else donated
+    untracked = frozenset(() if param_uses else fn.params) - donated.keys()
 
     def roots_of(v: Value) -> tuple[Root, ...]:
         rs = alias_get(v)
@@ -77,6 +83,12 @@ def build_plan(
     flat: list[tuple[int, float]] = []  # the pairs of ``vals``, concatenated
     created: list[int] = []
     pos: dict[Root, int] = {}  # position in ``keys`` of op results and shared call buffers
+    for p in (p for p in fn.params if p in donated):  # donated parameters first, in parameter order
+        pos[p] = len(keys)
+        keys.append(p)
+        vals.append(donated[p])
+        flat.extend(donated[p])
+        created.append(0)
     # last uses: of each value read (a call reads only the parameters its body reads,
     # ``CallSummary.read_pos``), at C speed per instruction, later reads overwriting earlier ones;
     # a read of a value with other roots is folded into those roots after the walk. Only roots

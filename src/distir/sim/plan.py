@@ -17,7 +17,8 @@ clocks and memory figures, when that is exactly what planning it there would giv
 (``distir.sim.relabel``; ``relabel=False`` plans every call).
 
 **Memory.** A value is live from the op that creates it to its last use in the function (results
-of the function stay live). View ops (those that write no bytes: Reshape, Unsqueeze, tuples)
+of the function stay live); the entry's donated parameters (``Function.donated``) likewise, from
+the start. View ops (those that write no bytes: Reshape, Unsqueeze, tuples)
 alias their inputs instead of allocating. Parameters belong to the caller.
 
 **DTensor programs** are planned directly (``distir.sim.spmd``): an op on distributed tensors
@@ -243,7 +244,8 @@ class PlanDomain(TypeDomain):
         if not self.units.prepared and top:
             (self.units.assume if self.assume_units else self.units.prepare)(self.module, fn, args)
         columnar = top and self.entry_memory_columns
-        fast = plan_flat(self, fn, args, columnar=columnar) if self.fast_path else None
+        donated = self._donated(fn) if top and not self.entry_param_uses else None
+        fast = plan_flat(self, fn, args, columnar=columnar, donated=donated) if self.fast_path else None
         if fast is not None:
             return fast
         self._frames.append([])
@@ -263,9 +265,18 @@ class PlanDomain(TypeDomain):
             self.dev_slot,
             self.slot_gpu,
             param_uses=self.entry_param_uses or not top,
+            donated=donated,
         )
         plan.out_values = tuple(outs)
         return plan
+
+    def _donated(self, fn: Function) -> dict[Value, Sequence[tuple[int, float]]] | None:
+        """The entry's donated parameters (``Function.donated``) with their bytes per GPU (memory
+        figure): the plan frees each after its last use, as the caller gave its storage up."""
+        if not fn.donated:
+            return None
+        ps = [fn.params[j] for j in fn.donated]
+        return {p: self.units.bytes_by_gpu(p.type) for p in ps if p.type is not None}
 
     def _walk(self, fn: Function, args: Sequence[Mixed]) -> tuple[tuple[Mixed, ...], dict[Value, Mixed]]:
         """``interpret`` specialized for planning: the same semantics, with the memo lookup of
