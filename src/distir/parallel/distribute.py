@@ -60,6 +60,9 @@ from distir.parallel.strategy import Strategy, StrategyError
 from distir.sim.devices import DeviceMap, Slot
 
 
+DDP_BUCKET_MB = 25.0  # PyTorch DDP's ``bucket_cap_mb`` default (MiB)
+
+
 def _zero_dim(w: TensorType, tp: Placement, d: int) -> int | None:
     if d == 1:
         return None
@@ -77,6 +80,7 @@ def distribute(
     comm_streams: bool = False,
     precision: Precision | str = "pure",
     chunk_times: tuple[Sequence[float], Sequence[float]] | None = None,
+    bucket_mb: float = DDP_BUCKET_MB,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -103,13 +107,14 @@ def distribute(
     to fp32 for the optimizer."""
     with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
         return _Builder(
-            model, strategy, optimizer or Optimizer(), train, comm_streams, precision, chunk_times
+            model, strategy, optimizer or Optimizer(), train, comm_streams, precision, chunk_times, bucket_mb
         ).build()
 
 
 # the communication streams of each GPU (``distribute``): program devices (k+1)·N .. (k+2)·N−1
-# run on stream k of the N compute devices' GPUs
-STREAMS = ("fwd_send", "bwd_send", "fwd_recv", "bwd_recv")
+# run on stream k of the N compute devices' GPUs; the last two run the data-parallel collectives
+# (gradient buckets; ZeRO-3's prefetched parameter gathers)
+STREAMS = ("fwd_send", "bwd_send", "fwd_recv", "bwd_recv", "dp_reduce", "dp_gather")
 
 
 def device_map(strategy: Strategy, comm_streams: bool = False) -> DeviceMap:
@@ -135,7 +140,13 @@ class _Builder:
         comm_streams: bool,
         precision: Precision | str = "pure",
         chunk_times: tuple[Sequence[float], Sequence[float]] | None = None,
+        bucket_mb: float = DDP_BUCKET_MB,
     ) -> None:
+        if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
+            raise StrategyError(f"{s}: the gradient bucket size must be positive and finite, got {bucket_mb!r} MiB")
+        self.bucket_bytes = bucket_mb * (1 << 20)
+        # data parallel: gradients reduced in buckets inside the backward (``_Buckets``)
+        self.bucketed = train and s.d > 1
         self.prec = Precision.parse(precision)
         self.compute = self.prec.compute_dtype(model)
         model = self.prec.prepare(model)  # mixed: the loss layer in fp32
@@ -204,6 +215,13 @@ class _Builder:
             a = self._made_attrs[(name, value)] = Attrs({name: value})
         return a
 
+    def _mesh_attr(self, mesh: Mesh) -> str:
+        """``format_mesh_attr(mesh)``, made once per mesh."""
+        text = self._mesh_text.get(id(mesh))
+        if text is None:
+            text = self._mesh_text[id(mesh)] = format_mesh_attr(mesh)
+        return text
+
     def _redistribute(self, fb: FunctionBuilder, v: Value, name: str, to: str) -> Value:
         """``Redistribute(v, to=to)``, its result named ``name``."""
         return fb.emit("Redistribute", (v,), self._attrs("to", to), (name,))[0]
@@ -235,6 +253,10 @@ class _Builder:
             return self._redistribute(fb, p, w.name, self._wp(w))
         return p
 
+    def _gathers(self, fb: FunctionBuilder, c: int, wp: dict[Value, Value], order: list[list[Value]]) -> _Gathers:
+        """ZeRO-3's gathers of chunk ``c``'s layers, which read ``order[i]`` one after another."""
+        return _Gathers(self, fb, c, wp, order)
+
     def _compute_copy(self, fb: FunctionBuilder, w: Value, master: Value) -> Value:
         """Mixed precision: the weight in the compute dtype, once per step; with ZeRO-1/2 the
         master is a shard, so the low-precision copy is all-gathered (ZeRO-3 gathers per use)."""
@@ -257,11 +279,13 @@ class _Builder:
         wp = {w: fb.param(w.name) for L in layers for w in L.weights}
         ep = {e: fb.param(e.name) for L in layers for e in L.extras}
         res: list[Value] = []
-        for L in layers:
+        gather = self._gathers(fb, c, wp, [list(self.layer_calls[L.index].inputs) for L in layers])
+        for i, L in enumerate(layers):
             call = self.layer_calls[L.index]
             args = []
+            gather.before(i)
             for j, v in enumerate(call.inputs):
-                args.append(x if j == 0 else self._zero3_gather(fb, v, wp[v]) if v in wp else ep[v])
+                args.append(x if j == 0 else gather.take(v) if v in wp else ep[v])
             if L.vjp is None:
                 (x,) = fb.call(L.fwd, *args, n_out=1)
                 continue
@@ -272,19 +296,33 @@ class _Builder:
             x = outs[0]
         return fb.ret(x, *res)
 
-    def _chunk_bwd(self, c: int, layers: list[ShardedLayer], acc: bool, part: str = "") -> Function:
-        """part: "" full backward, "i" input gradients (returns carried), "w" weight gradients."""
-        fb = FunctionBuilder(
-            f"c{c}_bwd{'_' + part if part else ''}{'_acc' if acc else ''}", REGISTRY.out_arity
-        )
+    def _chunk_bwd(
+        self, c: int, layers: list[ShardedLayer], acc: bool, part: str = "", reduce: bool = False
+    ) -> Function:
+        """part: "" full backward, "i" input gradients (returns carried), "w" weight gradients.
+        ``reduce``: the weight gradients are reduced over ``dp`` in buckets as the backward
+        completes them (``_Buckets``; ZeRO-2/3 in every backward, DDP/ZeRO-0/1 in the last)."""
+        suffix = ("_" + part if part else "") + ("_acc" if acc else "") + ("_red" if reduce else "")
+        fb = FunctionBuilder(f"c{c}_bwd{suffix}", REGISTRY.out_arity)
+        ws = [w for L in layers for w in L.weights]
+        buckets = _Buckets(self, fb, c, ws, acc) if reduce else None
         grads: dict[Value, Value] = {}
+
+        def done(L: ShardedLayer, outs: Sequence[Value]) -> None:
+            """A layer's weight gradients are complete."""
+            if buckets is None:
+                grads.update(zip(L.weights, outs, strict=True))
+            else:
+                buckets.add(L.weights, outs)
+
         if part == "w":
             # the input part returns the carried values of its layers in backward (reversed) order
             carried = [[fb.param(f"k{L.index}_{j}") for j in range(L.n_carried)] for L in reversed(layers)]
             for L, ks in zip(reversed(layers), carried, strict=True):
                 assert L.bwd_w is not None
-                outs = fb.call(L.bwd_w, *ks, n_out=len(L.bwd_w.outputs))
-                grads.update(zip(L.weights, outs, strict=True))
+                done(L, fb.call(L.bwd_w, *ks, n_out=len(L.bwd_w.outputs)))
+            if buckets is not None:
+                return fb.ret(*buckets.results())
             return self._accumulate(fb, layers, grads, acc)
         wp = {w: fb.param(w.name) for L in layers for w in L.weights}
         ep = {e: fb.param(e.name) for L in layers for e in L.extras}
@@ -294,16 +332,21 @@ class _Builder:
             n = (1 if 0 in L.vjp.bwd_params else 0) + L.vjp.n_residuals
             res.append([fb.param(f"r{L.index}_{j}") for j in range(n)])
         dy = fb.param("dy")
+        if buckets is not None:
+            buckets.take_accumulators()
         kept: list[Value] = []
-        for L, rs in zip(reversed(layers), reversed(res), strict=True):
+        reads = [[self.layer_calls[L.index].inputs[j] for j in L.vjp.bwd_params] for L in reversed(layers)]  # type: ignore[union-attr]
+        gather = self._gathers(fb, c, wp, reads)
+        for i, (L, rs) in enumerate(zip(reversed(layers), reversed(res), strict=True)):
             v = L.vjp
             assert v is not None
             call = self.layer_calls[L.index]
             args: list[Value] = []
             it = iter(rs)
+            gather.before(i)
             for j in v.bwd_params:
                 u = call.inputs[j]
-                args.append(next(it) if j == 0 else self._zero3_gather(fb, u, wp[u]) if u in wp else ep[u])
+                args.append(next(it) if j == 0 else gather.take(u) if u in wp else ep[u])
             args.extend(it)
             fn = L.bwd_i if part == "i" else L.bwd
             assert fn is not None
@@ -312,15 +355,16 @@ class _Builder:
             if part == "i":
                 kept.extend(outs[n_dx:])
             else:
-                grads.update(zip(L.weights, outs[n_dx:], strict=True))
+                done(L, outs[n_dx:])
             if n_dx:
                 dy = outs[0]
         first = layers[0].vjp
         head = [dy] if first is not None and 0 in first.wrt else []
         if part == "i":
             return fb.ret(*head, *kept)
-        f = self._accumulate(fb, layers, grads, acc, head)
-        return f
+        if buckets is not None:
+            return fb.ret(*head, *buckets.results())
+        return self._accumulate(fb, layers, grads, acc, head)
 
     def _accumulate(
         self,
@@ -338,6 +382,18 @@ class _Builder:
             outs.append(fb.op("Add", accs[k], g, names=[f"g_{w.name}"])[0] if acc else g)
         return fb.ret(*head, *outs)
 
+    def _grad_target(self, w: Value) -> str:
+        """The placement a bucket reduces ``w``'s gradient to: this rank's ZeRO shard
+        (ZeRO-2/3: a reduce-scatter), else replicated over dp (an all-reduce)."""
+        tp = self.model.weight(w.name).tp
+        z = self._zdim(w)
+        return placement_text(Shard(z) if z is not None and self.s.zero >= 2 else Replicate(), tp)
+
+    def _grad_bytes(self, w: Value) -> float:
+        """A device's bytes of ``w``'s (unreduced) gradient, in the compute dtype."""
+        spec = self.model.weight(w.name)
+        return spec.type.numel * self.compute.itemsize / (self.s.t if isinstance(spec.tp, Shard) else 1)
+
     # -- entry -----------------------------------------------------------------------------------
     def build(self) -> Module:
         s, model = self.s, self.model
@@ -349,13 +405,16 @@ class _Builder:
         for c, ls in enumerate(by_chunk):
             cf[f"c{c}_fwd"] = self._chunk_fwd(c, ls)
             if self.train:
-                if s.schedule == "zb1":
+                part = "w" if s.schedule == "zb1" else ""
+                if part:
                     cf[f"c{c}_bwd_i"] = self._chunk_bwd(c, ls, False, "i")
-                    cf[f"c{c}_bwd_w"] = self._chunk_bwd(c, ls, False, "w")
-                    cf[f"c{c}_bwd_w_acc"] = self._chunk_bwd(c, ls, True, "w")
-                else:
-                    cf[f"c{c}_bwd"] = self._chunk_bwd(c, ls, False)
-                    cf[f"c{c}_bwd_acc"] = self._chunk_bwd(c, ls, True)
+                every = self.bucketed and s.zero >= 2  # ZeRO-2/3 reduce in every backward
+                for a in (False, True):
+                    f = self._chunk_bwd(c, ls, a, part, every)
+                    cf[f.name] = f
+                    if self.bucketed and not every:  # DDP: the last microbatch's backward reduces
+                        f = self._chunk_bwd(c, ls, a, part, True)
+                        cf[f.name] = f
         fb = FunctionBuilder("step" if self.train else "infer", REGISTRY.out_arity)
         # parameters: microbatched inputs, weights, optimizer state
         fwd = model.forward
@@ -438,6 +497,18 @@ class _Builder:
         res: dict[tuple[int, int], tuple[Value, ...]] = {}
         carried: dict[tuple[int, int], tuple[Value, ...]] = {}
         acc: dict[int, list[Value] | None] = {c: None for c in range(len(self.chunks))}
+        # per chunk, the backward actions left that produce weight gradients (the last reduces)
+        grad_kind = "W" if s.schedule == "zb1" else "B"
+        grads_left = {c: 0 for c in range(len(self.chunks))}
+        for ta in order:
+            if ta.action.kind == grad_kind:
+                grads_left[ta.action.stage] += 1
+        ddp = self.bucketed and s.zero < 2
+
+        def red(c: int) -> str:
+            """The suffix of chunk ``c``'s backward that produces weight gradients now."""
+            grads_left[c] -= 1
+            return "_red" if self.bucketed and (not ddp or grads_left[c] == 0) else ""
         losses: list[Value] = []
         outputs_inf: list[Value] = []
         last = len(self.chunks) - 1
@@ -513,7 +584,7 @@ class _Builder:
                 part = "i" if a.kind == "I" else ""
                 base = f"c{c}_bwd" + ("_i" if part else "")
                 prev = acc[c]
-                f = cf[base + ("_acc" if prev is not None and not part else "")]
+                f = cf[base + ("_acc" if prev is not None and not part else "") + ("" if part else red(c))]
                 dy = dys.pop((c, m))
                 if c < last:
                     dy = receive(dy, c + 1, c, f"dy{c}_{m}")
@@ -530,7 +601,7 @@ class _Builder:
                     outbox[a] = (outs[0], c, c - 1, f"dy{c - 1}_{m}")
             elif a.kind == "W":
                 prev = acc[c]
-                f = cf[f"c{c}_bwd_w" + ("_acc" if prev is not None else "")]
+                f = cf[f"c{c}_bwd_w" + ("_acc" if prev is not None else "") + red(c)]
                 args = [*carried.pop((c, m)), *(prev or [])]
                 acc[c] = list(fb.call(f, *args, n_out=len(f.outputs), names=[f"g{c}_{m}"] * len(f.outputs)))
         if not self.train:
@@ -558,14 +629,18 @@ class _Builder:
             rep = replicated.get(tp)
             if rep is None:
                 rep = replicated[tp] = placement_text(Replicate(), tp)
+            if self.bucketed and self.comm_streams:  # reduced on the dp_reduce stream
+                g = to_mesh(g, self.meshes[stage_of[wchunk[w]]], f"g_{w.name}")
             if z is None:
-                g = self._redistribute(fb, g, f"g_{w.name}", rep)
+                if not self.bucketed:
+                    g = self._redistribute(fb, g, f"g_{w.name}", rep)
                 upd = self.opt.emit(fb, wv, self._to_master(fb, w, g), wstate, step)
             else:
                 shard = placement_text(Shard(z), tp)
-                if s.zero == 1:
+                if s.zero == 1 and not self.bucketed:
                     g = self._redistribute(fb, g, f"g_{w.name}", rep)
-                g = self._redistribute(fb, g, f"g_{w.name}", shard)
+                if s.zero < 2 or not self.bucketed:
+                    g = self._redistribute(fb, g, f"g_{w.name}", shard)
                 if sliced:
                     wv = self._redistribute(fb, wv, f"{w.name}_shard", shard)
                 upd = self.opt.emit(fb, wv, self._to_master(fb, w, g), wstate, step)
@@ -585,4 +660,114 @@ class _Builder:
         return Module((*fns, entry))
 
 
-__all__ = ["ShardedLayer", "distribute", "partition", "sharded_layers", "strip_types", "uniform_counts"]
+class _Gathers:
+    """ZeRO-3's parameter gathers in a chunk function (FSDP's ``forward_prefetch`` /
+    ``BACKWARD_PRE`` prefetch): each layer's weight shards are all-gathered right before it runs
+    (forward, and again in the backward), the full weight freed after its use. With
+    communication streams the gather runs on the stage's ``dp_gather`` stream one layer ahead —
+    the next layer's gather is issued before this layer's compute and taken over to the compute
+    stream right before that layer — so it overlaps compute; without, it blocks."""
+
+    def __init__(
+        self, b: _Builder, fb: FunctionBuilder, c: int, wp: dict[Value, Value], order: list[list[Value]]
+    ) -> None:
+        self.b, self.fb, self.wp, self.order = b, fb, wp, order
+        self.on = b.s.zero == 3 and b.s.d > 1
+        self.stream = b.comm_meshes[("dp_gather", c % b.s.p)] if b.comm_streams and self.on else None
+        self.home = b.meshes[c % b.s.p]
+        self.ready: dict[Value, Value] = {}  # weight -> its full copy on the gather stream
+
+    def _needs(self, i: int) -> list[Value]:
+        if i >= len(self.order):
+            return []
+        ws = dict.fromkeys(u for u in self.order[i] if u in self.wp)
+        return [w for w in ws if self.b._zdim(w) is not None and w not in self.ready]
+
+    def _issue(self, ws: Sequence[Value]) -> None:
+        assert self.stream is not None
+        text = self.b._mesh_attr(self.stream)
+        for w in ws:
+            v = self.fb.emit("MeshSend", (self.wp[w],), self.b._attrs("mesh", text), (w.name,))[0]
+            self.ready[w] = self.b._redistribute(self.fb, v, w.name, self.b._wp(w))
+
+    def before(self, i: int) -> None:
+        """Layer ``i`` (of ``order``) runs next: with a stream, its gathers (unless prefetched)
+        and the next layer's are issued."""
+        if self.stream is not None:
+            self._issue(self._needs(i))
+            self._issue(self._needs(i + 1))
+
+    def take(self, w: Value) -> Value:
+        """The full weight ``w`` for the layer about to run."""
+        if not self.on:
+            return self.wp[w]
+        if self.stream is None:
+            return self.b._zero3_gather(self.fb, w, self.wp[w])
+        got = self.ready.pop(w, None)
+        if got is None:  # not sharded by ZeRO (no dimension divides): used as it is
+            return self.wp[w]
+        text = self.b._mesh_attr(self.home)
+        return self.fb.emit("MeshSend", (got,), self.b._attrs("mesh", text), (w.name,))[0]
+
+
+class _Buckets:
+    """Gradients reduced over ``dp`` in buckets while the backward runs (PyTorch DDP's
+    ``bucket_cap_mb``; DeepSpeed ZeRO-2's ``reduce_bucket_size``; FSDP's per-module
+    reduce-scatter): a layer's weight gradients join the open bucket as its backward completes
+    them, and once the bucket holds ``bucket_bytes`` each of its gradients is reduced — sent to
+    the stage's ``dp_reduce`` stream first when the program has communication streams, so the
+    reduction overlaps the rest of the backward. ZeRO-2/3 reduce-scatter (to this rank's shard)
+    in every microbatch's backward and add the shard into the accumulated shard, so no replica
+    holds the whole gradient; DDP / ZeRO-0/1 add the microbatch's gradient to the accumulated one
+    and all-reduce the sum, in the last microbatch's backward. Results: the reduced gradients in
+    the chunk's weight order (on the ``dp_reduce`` stream's mesh with communication streams)."""
+
+    def __init__(self, b: _Builder, fb: FunctionBuilder, c: int, ws: list[Value], acc: bool) -> None:
+        self.b, self.fb, self.ws = b, fb, ws
+        self.scatter = b.s.zero >= 2
+        stage = c % b.s.p
+        self.stream = b.comm_meshes[("dp_reduce", stage)] if b.comm_streams else None
+        self.stream_text = b._mesh_attr(self.stream) if self.stream is not None else ""
+        self.acc = acc
+        self.accs: dict[Value, Value] = {}
+        self.pending: list[tuple[Value, Value]] = []
+        self.size = 0.0
+        self.out: dict[Value, Value] = {}
+
+    def take_accumulators(self) -> None:
+        """The accumulated gradients (``acc_<w>``): parameters after the chunk's others."""
+        if self.acc:
+            self.accs = {w: self.fb.param(f"acc_{w.name}") for w in self.ws}
+
+    def add(self, weights: Sequence[Value], grads: Sequence[Value]) -> None:
+        if self.acc and not self.accs:  # the weight-gradient half of a split backward
+            self.take_accumulators()
+        for w, g in zip(weights, grads, strict=True):
+            if self.accs and not self.scatter:  # DDP: the microbatches' sum, reduced once
+                (g,) = self.fb.op("Add", self.accs[w], g, names=[f"g_{w.name}"])
+            self.pending.append((w, g))
+            self.size += self.b._grad_bytes(w)
+        if self.size >= self.b.bucket_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        fb = self.fb
+        moved = [
+            (w, fb.emit("MeshSend", (g,), self.b._attrs("mesh", self.stream_text), (g.name,))[0])
+            if self.stream is not None
+            else (w, g)
+            for w, g in self.pending
+        ]
+        for w, g in moved:
+            r = self.b._redistribute(fb, g, f"g_{w.name}", self.b._grad_target(w))
+            if self.accs and self.scatter:  # ZeRO-2/3: accumulated in the shard
+                (r,) = fb.op("Add", self.accs[w], r, names=[f"g_{w.name}"])
+            self.out[w] = r
+        self.pending, self.size = [], 0.0
+
+    def results(self) -> list[Value]:
+        self.flush()
+        return [self.out[w] for w in self.ws]
+
+
+__all__ = ["DDP_BUCKET_MB", "ShardedLayer", "distribute", "partition", "sharded_layers", "strip_types", "uniform_counts"]
