@@ -106,9 +106,9 @@ def format_instr(instr: Instr, namer: Namer | None = None) -> str:
 
 def print_function(fn: Function) -> str:
     namer = Namer()
-    donated = set(fn.donated)
+    donated = {d.param: " donated" if d.result < 0 else f" donated({d.result})" for d in fn.donated}
     params = ", ".join(
-        (f"%{namer(p)}: {p.type}" if p.type is not None else f"%{namer(p)}") + (" donated" if j in donated else "")
+        (f"%{namer(p)}: {p.type}" if p.type is not None else f"%{namer(p)}") + donated.get(j, "")
         for j, p in enumerate(fn.params)
     )
     lines = [f"func @{fn.name}({params}) {{"]

@@ -24,8 +24,10 @@ from distir.interp.reference import run_reference
 from distir.interp.shapes import TypeDomain, infer_types, type_of
 from distir.ir.dtensor import DTensorType
 from distir.ir.function import Module
+from distir.ir.values import Attrs
+from distir.ops.registry import REGISTRY
 from distir.ir.rewrite import inline_calls
-from distir.parallel.distribute import distribute
+from distir.parallel.distribute import DDP_BUCKET_MB, distribute
 from distir.parallel.materialize import materialize, shard_value, unshard_value
 from distir.parallel.strategy import Strategy
 
@@ -101,11 +103,15 @@ def run_distributed(
         pieces = np.split(vals[i.name], strategy.k, axis=0)
         for m, x in enumerate(pieces):
             args[f"{i.name}_{m}" if strategy.k > 1 else i.name] = x
+    copies = {f"{w.name}_{w.type.dtype}": w for w in model.weights}  # mixed: persistent compute copies
     for p in entry.params:
         if p.name in vals:
             args[p.name] = vals[p.name]
         elif p.name.startswith("step_s"):
             args[p.name] = vals["step"]
+        elif p.name in copies:
+            w = copies[p.name]
+            (args[p.name],) = REGISTRY["Cast"].reference([vals[w.name]], Attrs({"to": w.type.dtype}))
     mat = materialize(annotate_types(Module((inline_calls(dist),))))
     flat: list[Any] = []
     for p in entry.params:
@@ -131,17 +137,24 @@ def check_against_sequential(
     optimizer: Optimizer | None = None,
     seed: int = 0,
     precision: Precision | str = "pure",
+    bucket_mb: float = DDP_BUCKET_MB,
+    comm_streams: bool = False,
 ) -> Comparison:
     opt = optimizer or Optimizer("sgd", lr=0.1)
     seq = training_step(model, opt, strategy.recompute, precision)
-    dist = distribute(model, strategy, opt, precision=precision)
+    dist = distribute(model, strategy, opt, comm_streams=comm_streams, precision=precision, bucket_mb=bucket_mb)
     vals = initial_values(model, opt, seed, precision)
     want = run_reference(seq, [vals[p.name] for p in seq.entry.params])
     mat, got = run_distributed(dist, model, strategy, vals)
     names = ["loss", *(p.name for p in seq.entry.params[len(model.inputs) :] if p.name != "step")]
+    # mixed precision: the new compute copies (last) are the new masters, cast
+    n_w = len(model.weights)
+    for k, (w, copy) in enumerate(zip(model.weights, got[len(names) :], strict=True) if len(got) > len(names) else ()):
+        (want_copy,) = REGISTRY["Cast"].reference([got[1 + k]], Attrs({"to": w.type.dtype}))
+        assert np.array_equal(want_copy, copy), f"the new compute copy of {w.name} is not its new master, cast"
+    got = got[: len(names)]
     worst, where = 0.0, ""
     results: dict[str, tuple[str, Any, Any, Any]] = {}
-    n_w = len(model.weights)
     for k, (name, a, b) in enumerate(zip(names, want, got, strict=True)):
         r = _rel(a, b)
         if r > worst or not where:

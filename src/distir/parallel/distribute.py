@@ -471,7 +471,16 @@ class _Builder:
                         DTensorType(DType.i64, (), self.meshes[st], (Replicate(), Replicate())),
                         donated=True,
                     )
-        wuse = {w: self._compute_copy(fb, w, wparam[w]) for w in used} if self.prec.mixed else wparam
+        # mixed precision: the compute copies persist between steps (step inputs, updated in place
+        # from the new masters after the optimizer), as trainers keep them; inference casts
+        half: dict[Value, Value] = {}
+        if self.prec.mixed and self.train:
+            for w in used:
+                spec = model.weight(w.name)
+                z = self._zdim(w) if s.zero == 3 else None
+                t = self._on_stage(self.compute, spec.type.shape, stage_of[wchunk[w]], z, spec.tp)
+                half[w] = fb.param(f"{w.name}_{self.compute}", t, donated=True)
+        wuse = half or ({w: self._compute_copy(fb, w, wparam[w]) for w in used} if self.prec.mixed else wparam)
         # the schedule, as one program order
         if self.train:
             per_rank = build_schedule(s.schedule, s.p, s.k, s.v)
@@ -617,6 +626,7 @@ class _Builder:
                 grads.update(zip(ws, got, strict=True))
         new_w: list[Value] = []
         new_state: list[list[Value]] = [[] for _ in self.opt.state]
+        new_half: list[Value] = []
         replicated: dict[Placement, str] = {}  # the text of (R, tp) per TP placement
         for w in used:
             tp = model.weight(w.name).tp
@@ -648,11 +658,16 @@ class _Builder:
                     full = self._redistribute(fb, upd[0], f"{w.name}_new", rep)
                     upd = (full, *upd[1:])
             new_w.append(upd[0])
-            for k2, sv in enumerate(upd[1:]):
+            fb.donate(wparam[w], upd[0])
+            for k2, (sv, old) in enumerate(zip(upd[1:], wstate, strict=True)):
                 new_state[k2].append(sv)
+                fb.donate(old, sv)
+            if w in half:
+                new_half.append(self._compute_copy(fb, w, upd[0]))
+                fb.donate(half[w], new_half[-1])
         loss = losses[0] if len(losses) == 1 else fb.op("Sum", *losses, names=["loss"])[0]
         loss = self._redistribute(fb, loss, "loss", "R, R")
-        entry = fb.ret(loss, *new_w, *(x for group in new_state for x in group))
+        entry = fb.ret(loss, *new_w, *(x for group in new_state for x in group), *new_half)
         return self._module(cf, entry)
 
     def _module(self, cf: dict[str, Function], entry: Function) -> Module:

@@ -33,6 +33,7 @@ from distir.sim.memcols import build_columns
 
 if TYPE_CHECKING:
     from distir.sim.plan import FnPlan, MemEvents, OpRecord, PlanDomain
+    from distir.sim.records import Gift
 
 GpuBytes = list[tuple[int, float]]
 
@@ -43,14 +44,14 @@ def plan_flat(
     args: Sequence[Mixed],
     *,
     columnar: bool = False,
-    donated: Mapping[Value, Sequence[tuple[int, float]]] | None = None,
+    donated: Mapping[Value, Gift] | None = None,
 ) -> FnPlan | None:
     """The plan of ``fn`` at ``args``, or None when the body needs the general path.
 
     ``columnar=True`` (an entry that is only run, untraced) keeps the plan compact
     (``FnPlan.columns``: a record per distinct op, memory events as columns) and leaves the
-    per-op lists empty. ``donated``: parameters freed after their last use, with their bytes per
-    GPU (``build_plan``'s)."""
+    per-op lists empty. ``donated``: parameters freed after their last use or the instruction
+    writing their successor (``build_plan``'s)."""
     from distir.sim.plan import FnPlan
     from distir.sim.records import FlatColumns
 
@@ -175,7 +176,10 @@ def plan_flat(
     gift = donated or {}
     # donated parameters die after their last use (one nothing reads: after the first op), first
     # among the frees after an op (``build_plan`` keeps them first in creation order)
-    gifts = [(max(last[p], 0), gift[p]) for p in params if p in gift]
+    for p, g in gift.items():  # held until its in-place successor is made
+        if g.until > last[p]:
+            last[p] = g.until
+    gifts = [(max(last[p], 0), gift[p].bytes) for p in params if p in gift]
     own_bump = map(is_not, map(itemgetter(9), records), repeat(None))
     for i in compress(range(n), own_bump) if has_own_bump else ():
         rs = root.get(inputs_of[i][0], (inputs_of[i][0],))

@@ -32,9 +32,10 @@ from distir.interp.shapes import Mixed
 from distir.ir.function import Function
 from distir.ir.types import Type
 from distir.ir.values import Value
-from distir.sim.records import CallSummary, FnPlan, MemEvents, OpRecord, Root
+from distir.sim.records import CallSummary, FnPlan, Gift, MemEvents, OpRecord, Root
 
 _chain = chain.from_iterable
+_WHOLE_CALL = 1 << 62  # the "last use inside a call" of a root it never reads
 
 
 def build_plan(
@@ -46,7 +47,7 @@ def build_plan(
     slot_gpu: list[int],
     *,
     param_uses: bool = True,
-    donated: Mapping[Value, Sequence[tuple[int, float]]] | None = None,
+    donated: Mapping[Value, Gift] | None = None,
 ) -> FnPlan:
     """Arrange the records of one interpreted body into a plan, with liveness-based memory.
 
@@ -57,8 +58,9 @@ def build_plan(
     reads) and a walk of its hundreds of results.
 
     ``donated`` (with ``param_uses=False``): parameters the body owns after all (``Function.donated``),
-    with their bytes per GPU: tracked as roots created before the first instruction, each freed
-    after its last use (a parameter nothing reads: after the first instruction), unless returned."""
+    (``Gift``): tracked as roots created before the first instruction, each freed after its last
+    use or the instruction writing its successor, whichever is later (a parameter nothing reads
+    and nothing replaces: after the first instruction), unless returned."""
     body = fn.body
     n = len(body)
     assert len(records) == n
@@ -86,8 +88,8 @@ def build_plan(
     for p in (p for p in fn.params if p in donated):  # donated parameters first, in parameter order
         pos[p] = len(keys)
         keys.append(p)
-        vals.append(donated[p])
-        flat.extend(donated[p])
+        vals.append(donated[p].bytes)
+        flat.extend(donated[p].bytes)
         created.append(0)
     # last uses: of each value read (a call reads only the parameters its body reads,
     # ``CallSummary.read_pos``), at C speed per instruction, later reads overwriting earlier ones;
@@ -168,6 +170,9 @@ def build_plan(
                 alias[o] = tuple(uses_of)
         flat.extend(allocs)
         call_allocs[i] = allocs
+    for p, gift in donated.items():  # held until its in-place successor is made
+        if gift.until > last.get(p, -1):
+            last[p] = gift.until
     # a read of a value with other roots is a read of those roots
     for v, rs in alias.items():
         lv = last.get(v)
@@ -284,7 +289,9 @@ def build_plan(
             older_vals = list(_chain([vals[a:b] for a, b in older]))
             if older:
                 lu = _last_uses(call_reads[i], c, alias)
-                uses = tuple(map(lu.__getitem__, _chain([keys[a:b] for a, b in older])))
+                # a root the call never reads (a donated parameter held for its successor)
+                # stays live through the whole call
+                uses = tuple(lu.get(r, _WHOLE_CALL) for r in _chain([keys[a:b] for a, b in older]))
             else:
                 uses = ()
             if c.own_ks is not None:

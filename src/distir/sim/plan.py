@@ -52,7 +52,7 @@ from distir.sim.cost import CostModel
 from distir.sim.devices import DeviceMap
 from distir.sim.flatplan import plan_flat
 from distir.sim.liveness import build_plan
-from distir.sim.records import NEG_INF, CallSummary, FnPlan, MemEvents, OpRecord, Root
+from distir.sim.records import NEG_INF, CallSummary, FnPlan, Gift, MemEvents, OpRecord, Root
 from distir.sim.relabel import Relabeler
 from distir.sim.units import Units, has_dtensor, leaves
 
@@ -270,13 +270,24 @@ class PlanDomain(TypeDomain):
         plan.out_values = tuple(outs)
         return plan
 
-    def _donated(self, fn: Function) -> dict[Value, Sequence[tuple[int, float]]] | None:
-        """The entry's donated parameters (``Function.donated``) with their bytes per GPU (memory
-        figure): the plan frees each after its last use, as the caller gave its storage up."""
+    def _donated(self, fn: Function) -> dict[Value, Gift] | None:
+        """The entry's donated parameters (``Function.donated``): the plan frees each after its
+        last use, or after the instruction making the result written into it if later."""
         if not fn.donated:
             return None
-        ps = [fn.params[j] for j in fn.donated]
-        return {p: self.units.bytes_by_gpu(p.type) for p in ps if p.type is not None}
+        into = {fn.outputs[d.result]: d.param for d in fn.donated if d.result >= 0}
+        made: dict[int, int] = {}  # parameter index -> the instruction making its successor
+        for i, instr in enumerate(fn.body):
+            if into and not into.keys().isdisjoint(instr.outputs):
+                for v in instr.outputs:
+                    j = into.pop(v, None)
+                    if j is not None:
+                        made[j] = i
+        return {
+            fn.params[d.param]: Gift(self.units.bytes_by_gpu(fn.params[d.param].type), made.get(d.param, -1))  # type: ignore[arg-type]
+            for d in fn.donated
+            if fn.params[d.param].type is not None
+        }
 
     def _walk(self, fn: Function, args: Sequence[Mixed]) -> tuple[tuple[Mixed, ...], dict[Value, Mixed]]:
         """``interpret`` specialized for planning: the same semantics, with the memo lookup of

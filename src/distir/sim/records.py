@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from distir.interp.shapes import Mixed
 from distir.ir.function import Function
@@ -161,6 +161,15 @@ OpRecord = tuple[
     tuple[tuple[int, float], ...] | None,
 ]
 # per-instruction memory: (peak bumps, allocations, frees), each a tuple of (gpu, bytes)
+class Gift(NamedTuple):
+    """A donated entry parameter (``Function.donated``) as the plan owns it: its bytes per GPU
+    (memory figure), and the instruction that writes its in-place successor (-1: none) — it is
+    freed after that instruction or its last use, whichever comes later."""
+
+    bytes: Sequence[tuple[int, float]]
+    until: int
+
+
 MemEvents = tuple[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]]
 
 
