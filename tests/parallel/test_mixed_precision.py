@@ -70,7 +70,11 @@ def test_mixed_zero_program_shape(zero: int) -> None:
     )
     entry = prog.entry
     copies = {p.name: p for p in entry.params if p.name.endswith("_bf16")}
-    masters = {p.name: p for p in entry.params if p.name.startswith(("w_", "m_w_", "v_w_")) and p not in copies.values()}
+    masters = {
+        p.name: p
+        for p in entry.params
+        if p.name.startswith(("w_", "m_w_", "v_w_")) and p not in copies.values()
+    }
     for p in masters.values():
         assert isinstance(p.type, DTensorType) and p.type.dtype is DType.f32
         assert isinstance(p.type.placements[0], Shard if zero else Replicate), p
@@ -80,7 +84,10 @@ def test_mixed_zero_program_shape(zero: int) -> None:
         assert isinstance(p.type.placements[0], Shard if zero == 3 else Replicate), p
     ops = list(entry.ops())
     casts = [op for op in ops if op.name == "Cast"]
-    assert sorted(str(op.inputs[0].name) for op in casts if op.attrs["to"] is DType.bf16) == ["w_0_new", "w_1_new"]
+    assert sorted(str(op.inputs[0].name) for op in casts if op.attrs["to"] is DType.bf16) == [
+        "w_0_new",
+        "w_1_new",
+    ]
     low_copies = {op.outputs[0] for op in casts if op.attrs["to"] is DType.bf16}
     redists = [op for op in ops if op.name == "Redistribute"]
     gathered = [op for op in redists if op.inputs[0] in low_copies]
@@ -123,7 +130,9 @@ def test_mixed_adam_model_state_is_16_bytes_per_parameter(strategy: str) -> None
     ops = list(entry.ops())
     n_in = 2 * s.k
     copies = [p for p in entry.params[n_in:] if p.name.endswith("_bf16")]  # persistent compute copies
-    master = sum(_local_bytes(p.type, dev) for p in entry.params[n_in:] if p.name.startswith("w_") and p not in copies)
+    master = sum(
+        _local_bytes(p.type, dev) for p in entry.params[n_in:] if p.name.startswith("w_") and p not in copies
+    )
     state = sum(_local_bytes(p.type, dev) for p in entry.params[n_in:] if p.name.startswith(("m_", "v_")))
     weights = sum(_local_bytes(v.type, dev) for v in copies)
     grads = sum(

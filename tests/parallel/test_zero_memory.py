@@ -45,7 +45,12 @@ def _peak(spec: str, zero: int, d: int, k: int, mixed: bool) -> tuple[float, int
     mb = 2
     model = build_model(spec, batch=mb * d * k, dtype=dtype)
     prog = distribute(
-        model, s, Optimizer("adam"), comm_streams=True, precision="mixed" if mixed else "pure", bucket_mb=BUCKET_MB
+        model,
+        s,
+        Optimizer("adam"),
+        comm_streams=True,
+        precision="mixed" if mixed else "pure",
+        bucket_mb=BUCKET_MB,
     )
     r = simulate(prog, parse_cluster("dgx-a100"), device_map(s, True))
     layers, hidden = MODELS[spec]
@@ -84,9 +89,21 @@ def test_one_microbatch_keeps_the_compute_copy_and_the_gradients(zero: int) -> N
 
 
 @pytest.mark.parametrize("opt", ["sgd", "adam"])
-@pytest.mark.parametrize("strategy", ["d2.t1.p1.k2.1f1b", "d2.t1.p1.k3.1f1b.z1", "d2.t1.p2.k2.1f1b.z2", "d2.t2.p1.k2.gpipe.z3", "d2.t1.p2.k2.zb1.z2", "d2.t1.p2.k2.zb1"])
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        "d2.t1.p1.k2.1f1b",
+        "d2.t1.p1.k3.1f1b.z1",
+        "d2.t1.p2.k2.1f1b.z2",
+        "d2.t2.p1.k2.gpipe.z3",
+        "d2.t1.p2.k2.zb1.z2",
+        "d2.t1.p2.k2.zb1",
+    ],
+)
 @pytest.mark.parametrize("streams", [False, True], ids=["one-stream", "comm-streams"])
-def test_bucketed_gradient_reduction_equals_the_sequential_step(strategy: str, opt: str, streams: bool) -> None:
+def test_bucketed_gradient_reduction_equals_the_sequential_step(
+    strategy: str, opt: str, streams: bool
+) -> None:
     """Buckets far smaller than a layer's gradients (one reduction per weight, in the backward):
     the loss and every update agree with the sequential step."""
     s = parse_strategy(strategy)
@@ -112,8 +129,12 @@ def test_gradients_are_reduced_inside_the_backward() -> None:
         reds = [i for i, x in enumerate(body) if isinstance(x, Op) and x.name == "Redistribute"]
         assert len(reds) == 4 and reds[0] < calls[-1]  # the first bucket before the last layer
     sends = [x for x in prog["c0_bwd_red"].body if isinstance(x, Op) and x.name == "MeshSend"]
-    assert sends and all(str(x.attrs["mesh"]).endswith(", ".join(f"d{i}" for i in sorted(reduce_devs))) for x in sends)
-    entry_reds = [x for x in prog.entry.ops() if x.name == "Redistribute" and x.outputs[0].name.startswith("g_")]
+    assert sends and all(
+        str(x.attrs["mesh"]).endswith(", ".join(f"d{i}" for i in sorted(reduce_devs))) for x in sends
+    )
+    entry_reds = [
+        x for x in prog.entry.ops() if x.name == "Redistribute" and x.outputs[0].name.startswith("g_")
+    ]
     assert not entry_reds
     from distir.interp.shapes import TypeDomain, infer_types, type_of
 

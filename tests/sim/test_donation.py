@@ -1,7 +1,8 @@
 """Donated entry parameters (``Function.donated``): the simulator frees a donated parameter after
-its last use, or — donated to a result — not before the instruction making that result (an
-in-place update); the event loop (traced), the column path (untraced flat entry) and the general
-path (an entry with calls) agree, and the text form round-trips."""
+its last use; donated to a result that nothing reads it after, the result takes its place (an
+in-place update: released right before the instruction making the result), else it lives until
+both its last use and that instruction; the event loop (traced), the column path (untraced
+flat entry) and the general path (an entry with calls) agree, and the text form round-trips."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def _peaks(m: Module) -> tuple[float, float]:
         ("", 5 * MB),  # the caller's: never freed
         (" donated", 4 * MB),  # freed after Add, its last use
         (" donated(0)", 4 * MB),  # written into by result 0 (a), made by Add
-        (" donated(1)", 5 * MB),  # held until result 1 (d), made by the last op
+        (" donated(1)", 4 * MB),  # result 1 (d) takes its place: released before the last op
     ],
 )
 def test_donated_parameter_is_freed_after_its_last_use_or_its_successor(donation: str, peak: float) -> None:
@@ -102,3 +103,31 @@ func @main(%x: {T}, %w: {T} donated) {{
     fast, traced = _peaks(m)
     # at %d: x, w (through v), c, d = 4 tensors; at %e: x, w, d, e (c is dead) = 4
     assert fast == traced == 4 * MB
+
+
+def _update(tail: str, donation: str) -> Module:
+    return parse_module(
+        f"""
+func @main(%x: {T}, %w: {T}{donation}) {{
+  %c = Relu(%x)
+  %w2 = Relu(%w)
+{tail}
+}}"""
+    )
+
+
+@pytest.mark.parametrize(
+    ("donation", "peak"),
+    [("", 4 * MB), (" donated", 4 * MB), (" donated(0)", 3 * MB)],
+)
+def test_an_in_place_update_takes_the_donated_storage(donation: str, peak: float) -> None:
+    """``w2`` made from ``w`` (its last read): donated to it, ``w2`` is ``w``'s storage — x, c
+    and one of w, w2 at once; otherwise w and w2 are live together."""
+    fast, traced = _peaks(_update("  return %w2, %c", donation))
+    assert fast == traced == peak
+
+
+def test_a_donated_parameter_read_after_its_successor_is_made_is_not_updated_in_place() -> None:
+    """``w`` is read after ``w2`` is made: it lives until that read (x, w, c, w2, e)."""
+    fast, traced = _peaks(_update("  %e = Add(%w, %c)\n  return %w2, %e", " donated(0)"))
+    assert fast == traced == 5 * MB

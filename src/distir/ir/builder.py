@@ -143,9 +143,7 @@ class FunctionBuilder:
         self._done = True
         index = {p: j for j, p in enumerate(self._params)}
         at = {v: j for j, v in reversed(list(enumerate(outputs)))}
-        donated = tuple(
-            Donation(index[p], -1 if r is None else at[r]) for p, r in self._donated.items()
-        )
+        donated = tuple(Donation(index[p], -1 if r is None else at[r]) for p, r in self._donated.items())
         return Function(self.name, tuple(self._params), tuple(self._body), tuple(outputs), donated)
 
     def _results(

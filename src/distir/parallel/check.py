@@ -24,9 +24,10 @@ from distir.interp.reference import run_reference
 from distir.interp.shapes import TypeDomain, infer_types, type_of
 from distir.ir.dtensor import DTensorType
 from distir.ir.function import Module
+from distir.ir.rewrite import inline_calls
+from distir.ir.types import DType
 from distir.ir.values import Attrs
 from distir.ops.registry import REGISTRY
-from distir.ir.rewrite import inline_calls
 from distir.parallel.distribute import DDP_BUCKET_MB, distribute
 from distir.parallel.materialize import materialize, shard_value, unshard_value
 from distir.parallel.strategy import Strategy
@@ -111,7 +112,7 @@ def run_distributed(
             args[p.name] = vals["step"]
         elif p.name in copies:
             w = copies[p.name]
-            (args[p.name],) = REGISTRY["Cast"].reference([vals[w.name]], Attrs({"to": w.type.dtype}))
+            args[p.name] = _cast(vals[w.name], w.type.dtype)
     mat = materialize(annotate_types(Module((inline_calls(dist),))))
     flat: list[Any] = []
     for p in entry.params:
@@ -131,6 +132,13 @@ def run_distributed(
     return mat, results
 
 
+def _cast(x: Any, dtype: DType) -> Any:
+    """``x`` cast to ``dtype`` as the reference executor casts (bf16 rounded, held in float32)."""
+    ref = REGISTRY["Cast"].reference
+    assert ref is not None
+    return ref([x], Attrs({"to": dtype}))[0]
+
+
 def check_against_sequential(
     model: Model,
     strategy: Strategy,
@@ -142,16 +150,21 @@ def check_against_sequential(
 ) -> Comparison:
     opt = optimizer or Optimizer("sgd", lr=0.1)
     seq = training_step(model, opt, strategy.recompute, precision)
-    dist = distribute(model, strategy, opt, comm_streams=comm_streams, precision=precision, bucket_mb=bucket_mb)
+    dist = distribute(
+        model, strategy, opt, comm_streams=comm_streams, precision=precision, bucket_mb=bucket_mb
+    )
     vals = initial_values(model, opt, seed, precision)
     want = run_reference(seq, [vals[p.name] for p in seq.entry.params])
     mat, got = run_distributed(dist, model, strategy, vals)
     names = ["loss", *(p.name for p in seq.entry.params[len(model.inputs) :] if p.name != "step")]
     # mixed precision: the new compute copies (last) are the new masters, cast
     n_w = len(model.weights)
-    for k, (w, copy) in enumerate(zip(model.weights, got[len(names) :], strict=True) if len(got) > len(names) else ()):
-        (want_copy,) = REGISTRY["Cast"].reference([got[1 + k]], Attrs({"to": w.type.dtype}))
-        assert np.array_equal(want_copy, copy), f"the new compute copy of {w.name} is not its new master, cast"
+    for k, (w, copy) in enumerate(
+        zip(model.weights, got[len(names) :], strict=True) if len(got) > len(names) else ()
+    ):
+        assert np.array_equal(_cast(got[1 + k], w.type.dtype), copy), (
+            f"the new compute copy of {w.name} is not its new master, cast"
+        )
     got = got[: len(names)]
     worst, where = 0.0, ""
     results: dict[str, tuple[str, Any, Any, Any]] = {}

@@ -59,7 +59,6 @@ from distir.parallel.schedules import Action, build_schedule
 from distir.parallel.strategy import Strategy, StrategyError
 from distir.sim.devices import DeviceMap, Slot
 
-
 DDP_BUCKET_MB = 25.0  # PyTorch DDP's ``bucket_cap_mb`` default (MiB)
 
 
@@ -143,7 +142,9 @@ class _Builder:
         bucket_mb: float = DDP_BUCKET_MB,
     ) -> None:
         if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
-            raise StrategyError(f"{s}: the gradient bucket size must be positive and finite, got {bucket_mb!r} MiB")
+            raise StrategyError(
+                f"{s}: the gradient bucket size must be positive and finite, got {bucket_mb!r} MiB"
+            )
         self.bucket_bytes = bucket_mb * (1 << 20)
         # data parallel: gradients reduced in buckets inside the backward (``_Buckets``)
         self.bucketed = train and s.d > 1
@@ -253,7 +254,9 @@ class _Builder:
             return self._redistribute(fb, p, w.name, self._wp(w))
         return p
 
-    def _gathers(self, fb: FunctionBuilder, c: int, wp: dict[Value, Value], order: list[list[Value]]) -> _Gathers:
+    def _gathers(
+        self, fb: FunctionBuilder, c: int, wp: dict[Value, Value], order: list[list[Value]]
+    ) -> _Gathers:
         """ZeRO-3's gathers of chunk ``c``'s layers, which read ``order[i]`` one after another."""
         return _Gathers(self, fb, c, wp, order)
 
@@ -308,12 +311,18 @@ class _Builder:
         buckets = _Buckets(self, fb, c, ws, acc) if reduce else None
         grads: dict[Value, Value] = {}
 
+        accs: dict[Value, Value] = {}
+
         def done(L: ShardedLayer, outs: Sequence[Value]) -> None:
-            """A layer's weight gradients are complete."""
-            if buckets is None:
-                grads.update(zip(L.weights, outs, strict=True))
-            else:
+            """A layer's weight gradients are complete: reduced in buckets, or added into the
+            accumulated ones right away (as a trainer accumulates into ``.grad``)."""
+            if buckets is not None:
                 buckets.add(L.weights, outs)
+                return
+            if acc and not accs:  # after the other parameters (the call sites pass them last)
+                accs.update((w, fb.param(f"acc_{w.name}")) for w in ws)
+            for w, g in zip(L.weights, outs, strict=True):
+                grads[w] = fb.op("Add", accs[w], g, names=[f"g_{w.name}"])[0] if acc else g
 
         if part == "w":
             # the input part returns the carried values of its layers in backward (reversed) order
@@ -323,7 +332,7 @@ class _Builder:
                 done(L, fb.call(L.bwd_w, *ks, n_out=len(L.bwd_w.outputs)))
             if buckets is not None:
                 return fb.ret(*buckets.results())
-            return self._accumulate(fb, layers, grads, acc)
+            return fb.ret(*(grads[w] for w in ws))
         wp = {w: fb.param(w.name) for L in layers for w in L.weights}
         ep = {e: fb.param(e.name) for L in layers for e in L.extras}
         res: list[list[Value]] = []
@@ -364,23 +373,7 @@ class _Builder:
             return fb.ret(*head, *kept)
         if buckets is not None:
             return fb.ret(*head, *buckets.results())
-        return self._accumulate(fb, layers, grads, acc, head)
-
-    def _accumulate(
-        self,
-        fb: FunctionBuilder,
-        layers: list[ShardedLayer],
-        grads: dict[Value, Value],
-        acc: bool,
-        head: Sequence[Value] = (),
-    ) -> Function:
-        ws = [w for L in layers for w in L.weights]
-        outs = []
-        accs = [fb.param(f"acc_{w.name}") for w in ws] if acc else []
-        for k, w in enumerate(ws):
-            g = grads[w]
-            outs.append(fb.op("Add", accs[k], g, names=[f"g_{w.name}"])[0] if acc else g)
-        return fb.ret(*head, *outs)
+        return fb.ret(*head, *(grads[w] for w in ws))
 
     def _grad_target(self, w: Value) -> str:
         """The placement a bucket reduces ``w``'s gradient to: this rank's ZeRO shard
@@ -409,11 +402,11 @@ class _Builder:
                 if part:
                     cf[f"c{c}_bwd_i"] = self._chunk_bwd(c, ls, False, "i")
                 every = self.bucketed and s.zero >= 2  # ZeRO-2/3 reduce in every backward
-                for a in (False, True):
-                    f = self._chunk_bwd(c, ls, a, part, every)
+                for accumulate in (False, True):
+                    f = self._chunk_bwd(c, ls, accumulate, part, every)
                     cf[f.name] = f
                     if self.bucketed and not every:  # DDP: the last microbatch's backward reduces
-                        f = self._chunk_bwd(c, ls, a, part, True)
+                        f = self._chunk_bwd(c, ls, accumulate, part, True)
                         cf[f.name] = f
         fb = FunctionBuilder("step" if self.train else "infer", REGISTRY.out_arity)
         # parameters: microbatched inputs, weights, optimizer state
@@ -480,7 +473,9 @@ class _Builder:
                 z = self._zdim(w) if s.zero == 3 else None
                 t = self._on_stage(self.compute, spec.type.shape, stage_of[wchunk[w]], z, spec.tp)
                 half[w] = fb.param(f"{w.name}_{self.compute}", t, donated=True)
-        wuse = half or ({w: self._compute_copy(fb, w, wparam[w]) for w in used} if self.prec.mixed else wparam)
+        wuse = half or (
+            {w: self._compute_copy(fb, w, wparam[w]) for w in used} if self.prec.mixed else wparam
+        )
         # the schedule, as one program order
         if self.train:
             per_rank = build_schedule(s.schedule, s.p, s.k, s.v)
@@ -518,6 +513,7 @@ class _Builder:
             """The suffix of chunk ``c``'s backward that produces weight gradients now."""
             grads_left[c] -= 1
             return "_red" if self.bucketed and (not ddp or grads_left[c] == 0) else ""
+
         losses: list[Value] = []
         outputs_inf: list[Value] = []
         last = len(self.chunks) - 1
@@ -785,4 +781,12 @@ class _Buckets:
         return [self.out[w] for w in self.ws]
 
 
-__all__ = ["DDP_BUCKET_MB", "ShardedLayer", "distribute", "partition", "sharded_layers", "strip_types", "uniform_counts"]
+__all__ = [
+    "DDP_BUCKET_MB",
+    "ShardedLayer",
+    "distribute",
+    "partition",
+    "sharded_layers",
+    "strip_types",
+    "uniform_counts",
+]

@@ -176,9 +176,8 @@ def plan_flat(
     gift = donated or {}
     # donated parameters die after their last use (one nothing reads: after the first op), first
     # among the frees after an op (``build_plan`` keeps them first in creation order)
-    for p, g in gift.items():  # held until its in-place successor is made
-        if g.until > last[p]:
-            last[p] = g.until
+    for p, g in gift.items():
+        last[p] = g.end(last[p])
     gifts = [(max(last[p], 0), gift[p].bytes) for p in params if p in gift]
     own_bump = map(is_not, map(itemgetter(9), records), repeat(None))
     for i in compress(range(n), own_bump) if has_own_bump else ():

@@ -58,9 +58,9 @@ def build_plan(
     reads) and a walk of its hundreds of results.
 
     ``donated`` (with ``param_uses=False``): parameters the body owns after all (``Function.donated``),
-    (``Gift``): tracked as roots created before the first instruction, each freed after its last
-    use or the instruction writing its successor, whichever is later (a parameter nothing reads
-    and nothing replaces: after the first instruction), unless returned."""
+    (``Gift``): tracked as roots created before the first instruction, each freed where
+    ``Gift.end`` says (a parameter nothing reads and nothing replaces: after the first
+    instruction), unless returned."""
     body = fn.body
     n = len(body)
     assert len(records) == n
@@ -170,9 +170,6 @@ def build_plan(
                 alias[o] = tuple(uses_of)
         flat.extend(allocs)
         call_allocs[i] = allocs
-    for p, gift in donated.items():  # held until its in-place successor is made
-        if gift.until > last.get(p, -1):
-            last[p] = gift.until
     # a read of a value with other roots is a read of those roots
     for v, rs in alias.items():
         lv = last.get(v)
@@ -180,6 +177,8 @@ def build_plan(
             for r in rs:
                 if last.get(r, -1) < lv:
                     last[r] = lv
+    for p, gift in donated.items():
+        last[p] = gift.end(last.get(p, -1))
     devs: list[tuple[int, ...]] = []
     costs: list[float | CallSummary] = []
     comm: list[bool] = []

@@ -120,7 +120,9 @@ def build_columns(
     early = [(at, pairs) for at, pairs in before if at < n]
     if early:
         pg0, pb0 = _table([p for _, p in early])[2:]
-        pat = np.repeat(np.fromiter((at for at, _ in early), np.int64, len(early)), [len(p) for _, p in early])
+        pat = np.repeat(
+            np.fromiter((at for at, _ in early), np.int64, len(early)), [len(p) for _, p in early]
+        )
         free_at, fg, fb = np.concatenate([pat, free_at]), np.concatenate([pg0, fg]), np.concatenate([pb0, fb])
     order = np.argsort(free_at, kind="stable")  # the results' order within an op
     free_at, fg, fb = free_at[order], fg[order], fb[order]
