@@ -15,10 +15,17 @@ programs. Its shape:
   ZeRO-3 weights are gathered inside the chunk functions, right before each layer uses them.
 - **Entry.** Inputs come as k microbatches; the schedule's actions (``distir.parallel.schedules``)
   merged into one program order become chunk calls, with ``MeshSend`` between stages right after
-  the producing action. After the last microbatch, each weight gradient (a pending sum over ``dp``)
-  is reduced once — AllReduce, or ReduceScatter for ZeRO-2/3 — and the optimizer updates the
-  weight (ZeRO-1+: only this rank's shard of weight and state, then an AllGather for ZeRO-1/2).
-  Results: the loss (summed over microbatches, replicated), the new weights, the new optimizer state.
+  the producing action. With d > 1 the weight gradients (pending sums over ``dp``) are reduced in
+  buckets inside the backward chunks as their layers complete them (``_Buckets``; ``bucket_mb``,
+  DDP's 25 MiB): DDP / ZeRO-0/1 all-reduce the accumulated gradients in each chunk's last
+  backward, ZeRO-2/3 reduce-scatter in every backward and accumulate this rank's shard. Then the
+  optimizer updates the weight (ZeRO-1+: only this rank's shard of weight and state, then an
+  AllGather for ZeRO-1/2). Results: the loss (summed over microbatches, replicated), the new
+  weights, the new optimizer state (and, under mixed precision, the new compute copies).
+- **In place.** Weights, optimizer state, Adam's step and the compute copies are donated
+  (``Function.donated``), each to its successor among the results: the simulator lets the
+  update take the old value's storage, as trainers update in place (the ZeRO paper's model
+  state: 2Ψ + 2Ψ + KΨ and its stage divisions, ``tests/parallel/test_zero_memory.py``).
 """
 
 from __future__ import annotations
@@ -92,7 +99,8 @@ def distribute(
 
     With ``comm_streams``, pipeline transfers run between communication-stream devices, four per
     compute device (``STREAMS``: program devices N..2N−1 send activations forward, 2N..3N−1 send
-    gradients backward, 3N..4N−1 and 4N..5N−1 receive them, for the N compute devices;
+    gradients backward, 3N..4N−1 and 4N..5N−1 receive them, for the N compute devices; 5N..6N−1
+    and 6N..7N−1 run the data-parallel collectives;
     ``device_map`` maps them onto the GPUs' streams), so a stage keeps computing while its
     activations travel — the DistIR paper's model of overlap — and receives the next microbatch
     while it sends the last one on (links are full duplex; one stream for both would make each
@@ -100,10 +108,17 @@ def distribute(
     blocks sender and receiver (Figure 2's form).
 
     ``precision="mixed"`` keeps fp32 master weights and optimizer state and computes in the
-    model's dtype (``distir.autodiff.precision``): each weight is cast once per step on its
-    stage (ZeRO-1/2: the master shard, then an all-gather of the low-precision copy; ZeRO-3: the
-    shard, gathered per use in the chunks), gradients are reduced in the compute dtype and cast
-    to fp32 for the optimizer."""
+    model's dtype (``distir.autodiff.precision``): the compute copy of each weight is a step
+    input that persists between steps (whole; ZeRO-3: this rank's shard, gathered per use in the
+    chunks) and is made anew from the new master after the optimizer (ZeRO-1/2: the master shard
+    cast, then an all-gather of the low-precision copy); gradients are reduced in the compute
+    dtype and cast to fp32 for the optimizer. An inference program casts the masters instead.
+
+    ``bucket_mb`` (MiB; PyTorch DDP's ``bucket_cap_mb`` default, 25): with d > 1, gradients are
+    reduced in buckets of about this size during the backward (``_Buckets``); with
+    ``comm_streams`` the reductions run on each GPU's ``dp_reduce`` stream, overlapping the rest of
+    the backward, and ZeRO-3's gathers on its ``dp_gather`` stream, one layer ahead
+    (``_Gathers``)."""
     with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
         return _Builder(
             model, strategy, optimizer or Optimizer(), train, comm_streams, precision, chunk_times, bucket_mb
