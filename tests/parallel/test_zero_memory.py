@@ -15,6 +15,8 @@ of the state — smaller than a whole gradient, which ZeRO-2/3 must therefore ne
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from distir.autodiff.train import Optimizer
@@ -164,3 +166,34 @@ def test_bucket_size_must_be_positive() -> None:
         with pytest.raises(StrategyError, match="bucket"):
             distribute(model, parse_strategy("d2.t1.p1.k1.1f1b"), bucket_mb=bad)
     assert DDP_BUCKET_MB == 25.0
+
+
+def test_zero3_prefetches_the_next_layer_on_the_gather_stream() -> None:
+    """FSDP: in the forward and the backward, the next layer's weights are all-gathered (on the
+    ``dp_gather`` stream) before this layer runs, and handed to the compute stream right before
+    the layer that reads them."""
+    s = parse_strategy("d2.t1.p1.k1.1f1b.z3")
+    model = build_model("mlp:layers=3,hidden=64", batch=4)
+    prog = distribute(model, s, Optimizer("adam"), comm_streams=True)
+    n = s.devices
+    gather_devs = ", ".join(f"d{(STREAMS.index('dp_gather') + 1) * n + i}" for i in range(n))
+    for name in ("c0_fwd", "c0_bwd_red"):
+        body = prog[name].body
+        weight_of: dict[object, object] = {}  # a value on its way -> the weight shard it gathers
+        issue: dict[object, int] = {}  # weight -> where its shard leaves for the gather stream
+        take: dict[object, int] = {}  # weight -> where its gathered copy comes back
+        for j, x in enumerate(body):
+            if not isinstance(x, Op):
+                continue
+            if x.name == "MeshSend" and str(x.attrs["mesh"]).endswith(gather_devs):
+                issue[x.inputs[0]] = j
+                weight_of[x.outputs[0]] = x.inputs[0]
+            elif x.name == "Redistribute" and x.inputs[0] in weight_of:
+                weight_of[x.outputs[0]] = weight_of[x.inputs[0]]
+            elif x.name == "MeshSend" and x.inputs[0] in weight_of:
+                take[weight_of[x.inputs[0]]] = j
+        assert len(issue) == len(take) == 3, name
+        order = sorted(take, key=take.__getitem__)
+        for a, b in pairwise(order):
+            runs = next(j for j in range(take[a], len(body)) if isinstance(body[j], Call))  # a's layer
+            assert issue[b] < runs < take[b], (name, a, b)

@@ -702,6 +702,7 @@ class _Gathers:
         self.stream = b.comm_meshes[("dp_gather", c % b.s.p)] if b.comm_streams and self.on else None
         self.home = b.meshes[c % b.s.p]
         self.ready: dict[Value, Value] = {}  # weight -> its full copy on the gather stream
+        self.taken: dict[Value, Value] = {}  # weight -> its full copy for the layer running next
 
     def _needs(self, i: int) -> list[Value]:
         if i >= len(self.order):
@@ -719,6 +720,7 @@ class _Gathers:
     def before(self, i: int) -> None:
         """Layer ``i`` (of ``order``) runs next: with a stream, its gathers (unless prefetched)
         and the next layer's are issued."""
+        self.taken = {}
         if self.stream is not None:
             self._issue(self._needs(i))
             self._issue(self._needs(i + 1))
@@ -729,11 +731,14 @@ class _Gathers:
             return self.wp[w]
         if self.stream is None:
             return self.b._zero3_gather(self.fb, w, self.wp[w])
+        if w in self.taken:  # read twice by one layer
+            return self.taken[w]
         got = self.ready.pop(w, None)
         if got is None:  # not sharded by ZeRO (no dimension divides): used as it is
             return self.wp[w]
         text = self.b._mesh_attr(self.home)
-        return self.fb.emit("MeshSend", (got,), self.b._attrs("mesh", text), (w.name,))[0]
+        self.taken[w] = self.fb.emit("MeshSend", (got,), self.b._attrs("mesh", text), (w.name,))[0]
+        return self.taken[w]
 
 
 class _Buckets:
