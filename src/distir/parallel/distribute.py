@@ -269,12 +269,6 @@ class _Builder:
             return self._redistribute(fb, p, w.name, self._wp(w))
         return p
 
-    def _gathers(
-        self, fb: FunctionBuilder, c: int, wp: dict[Value, Value], order: list[list[Value]]
-    ) -> _Gathers:
-        """ZeRO-3's gathers of chunk ``c``'s layers, which read ``order[i]`` one after another."""
-        return _Gathers(self, fb, c, wp, order)
-
     def _compute_copy(self, fb: FunctionBuilder, w: Value, master: Value) -> Value:
         """Mixed precision: the weight in the compute dtype, once per step; with ZeRO-1/2 the
         master is a shard, so the low-precision copy is all-gathered (ZeRO-3 gathers per use)."""
@@ -297,7 +291,7 @@ class _Builder:
         wp = {w: fb.param(w.name) for L in layers for w in L.weights}
         ep = {e: fb.param(e.name) for L in layers for e in L.extras}
         res: list[Value] = []
-        gather = self._gathers(fb, c, wp, [list(self.layer_calls[L.index].inputs) for L in layers])
+        gather = _Gathers(self, fb, c, wp, [list(self.layer_calls[L.index].inputs) for L in layers])
         for i, L in enumerate(layers):
             call = self.layer_calls[L.index]
             args = []
@@ -356,11 +350,12 @@ class _Builder:
             n = (1 if 0 in L.vjp.bwd_params else 0) + L.vjp.n_residuals
             res.append([fb.param(f"r{L.index}_{j}") for j in range(n)])
         dy = fb.param("dy")
-        if buckets is not None:
-            buckets.take_accumulators()
         kept: list[Value] = []
-        reads = [[self.layer_calls[L.index].inputs[j] for j in L.vjp.bwd_params] for L in reversed(layers)]  # type: ignore[union-attr]
-        gather = self._gathers(fb, c, wp, reads)
+        reads = []  # what each layer's backward reads, in backward order
+        for L in reversed(layers):
+            assert L.vjp is not None
+            reads.append([self.layer_calls[L.index].inputs[j] for j in L.vjp.bwd_params])
+        gather = _Gathers(self, fb, c, wp, reads)
         for i, (L, rs) in enumerate(zip(reversed(layers), reversed(res), strict=True)):
             v = L.vjp
             assert v is not None
@@ -765,14 +760,10 @@ class _Buckets:
         self.size = 0.0
         self.out: dict[Value, Value] = {}
 
-    def take_accumulators(self) -> None:
-        """The accumulated gradients (``acc_<w>``): parameters after the chunk's others."""
-        if self.acc:
-            self.accs = {w: self.fb.param(f"acc_{w.name}") for w in self.ws}
-
     def add(self, weights: Sequence[Value], grads: Sequence[Value]) -> None:
-        if self.acc and not self.accs:  # the weight-gradient half of a split backward
-            self.take_accumulators()
+        """A layer's weight gradients are complete."""
+        if self.acc and not self.accs:  # the accumulated gradients: parameters after the others
+            self.accs = {w: self.fb.param(f"acc_{w.name}") for w in self.ws}
         for w, g in zip(weights, grads, strict=True):
             if self.accs and not self.scatter:  # DDP: the microbatches' sum, reduced once
                 (g,) = self.fb.op("Add", self.accs[w], g, names=[f"g_{w.name}"])
