@@ -7,12 +7,13 @@ stderr (no traceback unless ``--debug``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, NamedTuple, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -241,9 +242,10 @@ def simulate(
         )
     source: str
     if model is not None:
-        m, dmap0, source, batch = _model_program(
+        built = _model_program(
             model, strategy, batch, train, optimizer, dtype, debug, precision, cluster, bucket_mb
         )
+        m, dmap0, source, batch, model_flops = built
     else:
         assert file is not None
         if strategy is not None:
@@ -254,7 +256,7 @@ def simulate(
             _fail("--bucket-mb applies to --model, not to a program file")
         s = _Session(file, debug)
         m = s.explicit(s.load(entry))  # a sharded program is simulated in its materialized form
-        dmap0, source = None, str(file)
+        dmap0, source, model_flops = None, str(file), None
     try:
         cl = parse_cluster(cluster)
         dmap = (
@@ -276,6 +278,7 @@ def simulate(
         result = guard(lambda: run_sim(m, cl, dmap, trace=trace is not None, batch=batch))
     except DeviceMapError as e:
         _fail(f"{source}: {e}")
+    result = dataclasses.replace(result, model_flops=model_flops)
     if trace is not None:
         if file is not None and trace.resolve() == file.resolve():
             _fail(f"{trace}: refusing to overwrite the program with its trace")
@@ -317,6 +320,16 @@ def _plain_guard(debug: bool) -> Callable[[Callable[[], T]], T]:
     return guard
 
 
+class ModelProgram(NamedTuple):
+    """A zoo model's distributed program (``_model_program``), with what its report needs."""
+
+    module: Module
+    device_map: Any
+    label: str
+    batch: int
+    model_flops: float | None  # the model's FLOPs per step (MFU), recomputation excluded
+
+
 def _model_program(
     spec: str,
     strategy: str | None,
@@ -328,9 +341,9 @@ def _model_program(
     precision: str = "pure",
     cluster: str | None = None,
     bucket_mb: float = 25.0,
-) -> tuple[Module, Any, str, int]:
+) -> ModelProgram:
     """Build zoo model ``spec`` in ``dtype`` and distribute it with ``precision`` (pure, or mixed:
-    fp32 masters): (program, device map, label, batch). With a ``cluster`` that has the
+    fp32 masters). With a ``cluster`` that has the
     strategy's GPUs, the program order follows the cost model's chunk times there, as the
     search's exact simulation does (``distir.search.chunk_times``); the caller reports a cluster
     that cannot run it."""
@@ -381,7 +394,7 @@ def _model_program(
             traceback.print_exc()
         _fail(str(e))
     mode = f"{'train' if train else 'infer'}, {dt}{' mixed' if prec.mixed else ''}"
-    return prog, strategy_map(st, True), f"{mod.name} {st} ({mode})", b
+    return ModelProgram(prog, strategy_map(st, True), f"{mod.name} {st} ({mode})", b, mod.step_flops(train))
 
 
 @app.command()

@@ -87,17 +87,49 @@ def test_recompute_policies_change_what_is_saved() -> None:
     assert 0 < saved["selective"] < saved["none"]
 
 
-def test_selective_saves_only_weight_matmuls() -> None:
-    model = _model("gpt")
+def _block_vjp(spec: str, policy):
+    model = build_model(spec, batch=2, dtype=DType.f64)
     types = layer_types(model)
     call = model.layers[1]
     fn = model.module[call.callee]
-    v = vjp(model.module, fn, types[1], list(range(len(call.inputs))), SELECTIVE)
-    producers = {o: op for op in v.fwd.body for o in op.outputs}
-    res = v.fwd.outputs[v.n_outputs :]
-    assert res and all(producers[r].name == "MatMul" for r in res)
-    weights = set(v.fwd.params[1:])
-    assert all(any(x in weights for x in producers[r].inputs) for r in res)
+    v = vjp(model.module, fn, types[1], list(range(len(call.inputs))), policy)
+    producers = {o: op.name for op in v.fwd.body for o in op.outputs}
+    saved = [producers.get(r, "param") for r in v.fwd.outputs[v.n_outputs :]]
+    return saved, [op.name for op in v.bwd.body]
+
+
+_FORWARD_ONLY = {"LayerNormalization", "Gelu", "Softmax", "CausalMask", "Attention"}  # never in a gradient
+
+
+@pytest.mark.parametrize("family", ["gpt", "llama"])
+def test_selective_recomputes_only_the_attention_core_of_the_naive_form(family: str) -> None:
+    """Megatron's selective recomputation: the backward re-runs QKᵀ, scale, mask, softmax (and
+    ·V), nothing else; the S×S values are never saved, everything else is."""
+    spec = TINY[family] + ",attention=naive"
+    saved, bwd = _block_vjp(spec, SELECTIVE)
+    recomputed = {n for n in bwd if n in _FORWARD_ONLY}
+    assert recomputed == {"CausalMask", "Softmax"}
+    assert not {"Softmax", "CausalMask", "Scale"} & set(saved)
+    everything, _ = _block_vjp(spec, SAVE_ALL)
+    assert "Softmax" in everything  # what selective drops: the probabilities
+    assert sorted(saved) == sorted(n for n in everything if n != "Softmax")
+
+
+@pytest.mark.parametrize("family", ["gpt", "llama"])
+def test_selective_reruns_the_fused_attention_and_saves_the_rest(family: str) -> None:
+    saved, bwd = _block_vjp(TINY[family], SELECTIVE)
+    assert {n for n in bwd if n in _FORWARD_ONLY} == {"Attention"}
+    assert "Attention" not in saved
+    everything, bwd_all = _block_vjp(TINY[family], SAVE_ALL)
+    assert not {n for n in bwd_all if n in _FORWARD_ONLY}
+    assert everything.count("Attention") == 2  # out and lse
+    assert sorted(saved) == sorted(n for n in everything if n != "Attention")
+
+
+def test_full_recomputation_saves_only_the_layer_input() -> None:
+    saved, bwd = _block_vjp(TINY["gpt"], RECOMPUTE_ALL)
+    assert saved == []
+    assert {"LayerNormalization", "Gelu", "Attention"} <= set(bwd)
 
 
 def test_split_weight_grad_computes_the_same_gradients() -> None:

@@ -112,13 +112,16 @@ def test_flops_per_sample() -> None:
     layers, h = 3, 8
     m = build_model(f"mlp:layers={layers},hidden={h}", 5)
     assert m.flops_per_sample == layers * (2 * h * h + h) + 3 * h + 1
-    # GPT-2: 2·(matmul weights)·seq + attention's 2·2·seq²·hidden per layer, plus a few % of
-    # elementwise work
+    # GPT-2: 2·(matmul weights)·seq + attention per layer, plus a few % of elementwise work;
+    # attention as FlashAttention-2 counts it (fused, the default): 4·seq²·hidden halved for the
+    # causal mask; the naive form computes the whole S×S products: 2·2·seq²·hidden
     c = dataclasses.asdict(ZOO["gpt2-117m"].config)
     big = build_model("gpt2-117m", 2)
     L, H, S, V = c["layers"], c["hidden"], c["seq"], c["vocab"]
-    matmul = 2 * S * (L * 12 * H * H + H * V) + L * 4 * S * S * H
+    matmul = 2 * S * (L * 12 * H * H + H * V) + L * 2 * S * S * H
     assert 1.0 < big.flops_per_sample / matmul < 1.05
+    naive = build_model("gpt2-117m:attention=naive", 2)
+    assert 1.0 < naive.flops_per_sample / (matmul + L * 2 * S * S * H) < 1.05
     # does not depend on the batch the model is built for
     assert build_model("gpt2-117m", 7).flops_per_sample == big.flops_per_sample
 
@@ -139,6 +142,7 @@ def test_parse_family_string() -> None:
         "heads": 24,
         "seq": 2048,
         "vocab": 51200,
+        "attention": "fused",
     }
     s = parse_model_string(" gpt2-117m:layers=2 ")
     assert dataclasses.asdict(s.config) == {
@@ -147,7 +151,11 @@ def test_parse_family_string() -> None:
         "heads": 12,
         "seq": 1024,
         "vocab": 50257,
+        "attention": "fused",
     }
+    assert parse_model_string("gpt2-117m:attention=naive").config.attention == "naive"
+    assert parse_model_string("llama").config.rope_theta == 10000  # Llama 2's RoPE base
+    assert parse_model_string("llama3-8b").config.rope_theta == 500000  # Llama 3's
     assert parse_model_string("llama").config == ZOO["llama2-7b"].config
     assert parse_model_string("llama3-8b").config == ZOO["llama3-8b"].config
     m = build_model("mlp:layers=2,hidden=4", 3)
@@ -158,7 +166,7 @@ def test_parse_family_string() -> None:
 @given(
     layers=st.integers(1, 4),
     heads=st.integers(1, 4),
-    head_dim=st.integers(1, 8),
+    head_dim=st.sampled_from([2, 4, 6, 8]),  # even: RoPE rotates pairs
     group=st.integers(1, 3),
     seq=st.integers(1, 9),
     vocab=st.integers(2, 50),
@@ -177,7 +185,7 @@ def test_llama_strings_round_trip(
     }
     text = "llama:" + ",".join(f"{k}={v}" for k, v in cfg.items())
     spec = parse_model_string(text)
-    assert dataclasses.asdict(spec.config) == cfg
+    assert dataclasses.asdict(spec.config) == {**cfg, "rope_theta": 10000, "attention": "fused"}
     m = build_model(text, 2)
     assert m.num_params == closed_form_params("llama", cfg)
 
@@ -185,7 +193,11 @@ def test_llama_strings_round_trip(
 BAD = [
     ("gtp:layers=2", ["'gtp'", "did you mean gpt", "mlp, gpt, llama, transgan", "gpt2-117m"]),
     ("gpt2-117:layers=2", ["'gpt2-117'", "did you mean gpt2-117m"]),
-    ("gpt:layer=2", ["'layer'", "did you mean layers", "layers, hidden, heads, seq, vocab"]),
+    ("gpt:layer=2", ["'layer'", "did you mean layers", "layers, hidden, heads, seq, vocab, attention"]),
+    ("gpt:attention=flash", ["attention='flash'", "expected one of fused, naive"]),
+    ("llama3-8b:attention=nave", ["attention='nave'", "did you mean naive", "expected one of fused, naive"]),
+    ("transgan:attention=2", ["attention='2'", "expected one of fused, naive"]),
+    ("gpt:layers=fused", ["layers='fused'", "positive integer"]),
     ("gpt:layers=two", ["layers='two'", "positive integer"]),
     ("gpt:layers=0", ["layers='0'", "positive integer"]),
     ("gpt:layers=-3", ["layers='-3'", "positive integer"]),
@@ -193,6 +205,7 @@ BAD = [
     ("gpt:layers=2,layers=3", ["'layers' is given twice"]),
     ("gpt:heads=5", ["heads=5 must divide hidden=768"]),
     ("llama:kv_heads=5", ["kv_heads=5 must divide heads=32"]),
+    ("llama:hidden=96,heads=32,kv_heads=32", ["head_dim = hidden/heads = 3 must be even"]),
     ("transgan:narrow=6", ["heads=4 must divide narrow=6"]),
 ]
 

@@ -24,6 +24,7 @@ LLAMA_MQA = "llama:layers=1,hidden=12,heads=3,kv_heads=1,ffn=10,vocab=16,seq=5"
 MLP = "mlp:layers=3,hidden=8"
 TRANSGAN = "transgan:wide_layers=2,narrow_layers=1,wide=12,narrow=4,heads=2,tokens=5"
 TINY = [GPT, LLAMA, LLAMA_MHA, LLAMA_MQA, MLP, TRANSGAN]
+TINY += [f"{s},attention=naive" for s in (GPT, LLAMA, LLAMA_MQA, TRANSGAN)]
 
 
 def values(m: Model, seed: int) -> dict[str, np.ndarray]:
@@ -68,10 +69,28 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
 
 
+def rope(x: np.ndarray, theta: float) -> np.ndarray:
+    """(S, d): consecutive pairs as complex numbers, the pair i at position s turned by
+    s·theta^(-2i/d) (Meta's Llama ``apply_rotary_emb``)."""
+    s, d = x.shape
+    z = x[:, 0::2] + 1j * x[:, 1::2]
+    z = z * np.exp(1j * np.outer(np.arange(s), theta ** (-np.arange(0, d, 2) / d)))
+    out = np.empty_like(x)
+    out[:, 0::2], out[:, 1::2] = z.real, z.imag
+    return out
+
+
 def attention(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, heads: int, kv_heads: int, causal: bool
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    heads: int,
+    kv_heads: int,
+    causal: bool,
+    rope_theta: float | None = None,
 ) -> np.ndarray:
-    """Per batch element and head: softmax(q_h k_g^T / sqrt(d)) v_g with g the head's kv group."""
+    """Per batch element and head: softmax(q_h k_g^T / sqrt(d)) v_g with g the head's kv group
+    (q_h and k_g rotated by position first when ``rope_theta`` is given)."""
     b, s, hidden = q.shape
     d = hidden // heads
     out = np.zeros_like(q)
@@ -83,6 +102,8 @@ def attention(
                 k[n, :, g * d : (g + 1) * d],
                 v[n, :, g * d : (g + 1) * d],
             )
+            if rope_theta is not None:
+                qh, kg = rope(qh, rope_theta), rope(kg, rope_theta)
             scores = qh @ kg.T / math.sqrt(d)
             if causal:
                 for i in range(s):
@@ -125,7 +146,8 @@ def numpy_llama(c: dict[str, Any], w: dict[str, np.ndarray]) -> tuple[np.ndarray
     for i in range(c["layers"]):
         h = rms_norm(x, w[f"attn_norm_{i}"])
         q, k, v = h @ w[f"wq_{i}"], h @ w[f"wk_{i}"], h @ w[f"wv_{i}"]
-        x = x + attention(q, k, v, c["heads"], c["kv_heads"], causal=True) @ w[f"wo_{i}"]
+        a = attention(q, k, v, c["heads"], c["kv_heads"], causal=True, rope_theta=c["rope_theta"])
+        x = x + a @ w[f"wo_{i}"]
         h = rms_norm(x, w[f"ffn_norm_{i}"])
         a = h @ w[f"w1_{i}"]
         x = x + ((a / (1.0 + np.exp(-a))) * (h @ w[f"w3_{i}"])) @ w[f"w2_{i}"]

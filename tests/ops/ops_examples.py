@@ -338,3 +338,26 @@ EXAMPLES.update(
     }
 )
 EXAMPLES["SliceGrad"].append(Case([T(f32, 3, 3)], {"shape": (5, -1), "starts": (1,), "ends": (4,)}))
+
+# -- attention (distir.ops.attention) -------------------------------------------------------------
+EXAMPLES.update(
+    {
+        "Attention": [
+            Case([T(f32, 2, 3, 4, 2), T(f32, 2, 3, 2, 2), T(f32, 2, 3, 2, 2)], {"causal": True}),
+            Case([T(f64, 1, 4, 3, 5), T(f64, 1, 4, 1, 5), T(f64, 1, 4, 1, 5)], {"scale": 0.3}),
+            Case([T(f16, 2, 2, 2, 4), T(f16, 2, 2, 2, 4), T(f16, 2, 2, 2, 4)]),
+        ],
+        "AttentionGrad": [
+            # dout, q, k, v, out, lse
+            Case(
+                [*[T(f32, 2, 3, 4, 2)] * 2, *[T(f32, 2, 3, 2, 2)] * 2, T(f32, 2, 3, 4, 2), T(f32, 2, 4, 3)],
+                {"causal": True},
+            ),
+            Case([*[T(f64, 1, 4, 3, 2)] * 5, T(f64, 1, 3, 4)]),
+        ],
+        "Rope": [
+            Case([T(f32, 2, 5, 3, 4)]),
+            Case([T(f64, 1, 3, 2, 6)], {"theta": 500000.0, "inverse": True}),
+        ],
+    }
+)

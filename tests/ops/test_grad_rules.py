@@ -35,7 +35,7 @@ DIFFERENTIABLE = {
     *("Identity", "Sum", "Where", "Cast", "Scale", "CausalMask", "Softmax", "LayerNormalization"),
     *("RMSNormalization", "MatMul", "Gemm", "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Split"),
     *("Concat", "Slice", "Gather", "Expand", "ReduceSum", "ReduceMean", "SoftmaxCrossEntropyLoss"),
-    *("MSELoss", "Conv", "MaxPool", "AveragePool"),
+    *("MSELoss", "Conv", "MaxPool", "AveragePool", "Attention", "Rope"),
 }
 
 
@@ -176,6 +176,11 @@ CASES: list[GCase] = [
     GCase("MaxPool", [t(1, 2, 7)], _pool1d_ceil),
     GCase("AveragePool", [t(2, 3, 6, 6)], {"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}),
     GCase("AveragePool", [t(1, 2, 7)], _avg1d),
+    # the log-sum-exp is a residual for the gradient, without a cotangent of its own
+    GCase("Attention", [t(2, 3, 4, 2), t(2, 3, 2, 2), t(2, 3, 2, 2)], {"causal": True}, dead=(1,)),
+    GCase("Attention", [t(1, 4, 3, 3), t(1, 4, 1, 3), t(1, 4, 1, 3)], {"scale": 0.7}, dead=(1,)),
+    GCase("Rope", [t(2, 4, 3, 6)], {"theta": 7.0}),
+    GCase("Rope", [t(1, 3, 2, 4)], {"inverse": True}),
 ]
 
 

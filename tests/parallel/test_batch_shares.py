@@ -28,8 +28,8 @@ from distir.sim.simulate import simulate
 
 FAMILIES = {
     "mlp": "mlp:layers=4,hidden=6",
-    "gpt": "gpt:layers=2,hidden=8,heads=2,seq=4,vocab=16",
-    "llama": "llama:layers=2,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=4",
+    "gpt": "gpt:layers=4,hidden=8,heads=2,seq=4,vocab=16",
+    "llama": "llama:layers=4,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=4",
     "transgan": "transgan:wide_layers=2,narrow_layers=2,wide=8,narrow=4,heads=2,tokens=3",
 }
 # (strategy, batch): the microbatch divides by the shares' sum
@@ -101,7 +101,7 @@ def test_share_strategies_round_trip_and_errors() -> None:
     with pytest.raises(StrategyError, match="do not combine with ZeRO"):
         parse_strategy("d2.z1.b2-1")
     model = build_model(FAMILIES["mlp"], batch=6)
-    with pytest.raises(StrategyError, match="does not split in the batch shares 2-1-1"):
+    with pytest.raises(StrategyError, match="the batch 6 does not split in the batch shares 2-1-1"):
         distribute(model, parse_strategy("d3.k2.b2-1-1"))  # microbatch 3, shares sum to 4
 
 

@@ -19,7 +19,7 @@ from distir.sim.simulate import simulate
 
 MODEL = "gpt:layers=4,hidden=256,heads=4,seq=256,vocab=512"
 # one stage per node (4 GPUs each): every transfer crosses the network
-STRATEGY = "d4.t1.p3.k6.gpipe.L3-2-2"
+STRATEGY = "d4.t1.p3.k6.gpipe.L2-2-0"
 
 
 def _program(strategy: str = STRATEGY) -> tuple[Strategy, Module]:

@@ -3,6 +3,8 @@ against the sequential training step; the Figure 2 golden; schedule orders in th
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,8 +25,8 @@ from distir.parallel.strategy import Strategy, StrategyError, parse_strategy
 
 FAMILIES = {
     "mlp": "mlp:layers=6,hidden=6",
-    "gpt": "gpt:layers=3,hidden=8,heads=2,seq=4,vocab=16",
-    "llama": "llama:layers=3,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=4",
+    "gpt": "gpt:layers=6,hidden=8,heads=2,seq=4,vocab=16",
+    "llama": "llama:layers=6,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=4",
     "transgan": "transgan:wide_layers=2,narrow_layers=2,wide=8,narrow=4,heads=2,tokens=3",
 }
 
@@ -109,7 +111,7 @@ def test_two_stage_1f1b_has_the_op_order_of_figure_2() -> None:
     """The paper's Figure 2, line for line: F0(1) Send F0(2) F1(1) Send(2) B1(1) Send B0(1) F1(2) B1(2) Send
     B0(2), then the weight update (here with our seed, FillLike, where Figure 2 calls @lossGrad)."""
     model = build_model("mlp:layers=2,hidden=512", batch=256)
-    prog = distribute(model, parse_strategy("d1.t1.p2.k2.1f1b.L1-2"))
+    prog = distribute(model, parse_strategy("d1.t1.p2.k2.1f1b.L1-1"))
     verify(prog)
     body = print_function(prog.entry).split("\n", 1)[1].rsplit("}", 1)[0]
     assert body == FIG2
@@ -180,18 +182,20 @@ def test_strategy_errors_name_the_problem() -> None:
     model = build_model("mlp:layers=2,hidden=4", batch=6)
     with pytest.raises(StrategyError, match="does not split into k=4"):
         distribute(model, parse_strategy("k4"))
-    with pytest.raises(StrategyError, match="only 3 layers"):
+    with pytest.raises(StrategyError, match="4 pipeline chunks but the model has only 2 blocks"):
         distribute(model, parse_strategy("p2.k2.interleaved.v2"))
-    with pytest.raises(StrategyError, match="covers 2 layers, not 3"):
-        distribute(model, parse_strategy("p2.k2.L1-1"))
+    with pytest.raises(StrategyError, match="covers 3 blocks, not 2"):
+        distribute(model, parse_strategy("p2.k2.L1-2"))
     gpt = build_model("gpt:layers=2,hidden=16,heads=2,seq=8,vocab=32", batch=8)
-    with pytest.raises(StrategyError, match="needs microbatches of at least 2 samples, got 1"):
-        distribute(gpt, parse_strategy("d4.t2.sp.k8"))
-    # without sequence parallelism one sample is fine, and with sp so are empty pieces (3 over 4)
-    assert distribute(gpt, parse_strategy("d4.t2.k8")) is not None
-    assert distribute(
-        build_model("gpt:layers=2,hidden=16,heads=2,seq=8,vocab=32", batch=6), parse_strategy("d4.t2.sp.k2")
-    )
+    # a quarter sample per replica is refused, with or without sequence parallelism
+    for s in ("d4.t2.sp.k8", "d4.t2.k8"):
+        with pytest.raises(StrategyError, match="k must divide 2: 1, 2"):
+            distribute(gpt, parse_strategy(s))
+    with pytest.raises(StrategyError, match="the batch 6 does not split over d=4"):
+        distribute(
+            build_model("gpt:layers=2,hidden=16,heads=2,seq=8,vocab=32", batch=6),
+            parse_strategy("d4.t2.sp.k2"),
+        )
 
 
 @pytest.mark.parametrize("spec", ["gpt:layers=2,hidden=16,heads=2,seq=8,vocab=32", "mlp:layers=2,hidden=16"])
@@ -211,3 +215,25 @@ def test_weight_gradients_stay_pending_over_dp_inside_each_backward(spec: str, r
                 assert isinstance(t.placements[0], Partial), (layer.bwd.name, k, t)
                 checked += 1
     assert checked >= 2
+
+
+@pytest.mark.parametrize(
+    ("strategy", "batch", "message"),
+    [
+        ("d32.t1.p1.k512.1f1b", 512, r"k must divide 16: 1, 2, 4, 8, 16"),
+        ("d3.t1.p1.k1.1f1b", 8, r"the batch 8 does not split over d=3 \(needs a multiple of 3\)"),
+        ("d2.t1.p1.k3.1f1b", 8, r"does not split into k=3 microbatches of whole samples over d=2"),
+        ("d2.t1.p1.k2.1f1b.b3-1", 12, r"12 / \(4·2\) = 1.5 samples"),
+    ],
+)
+def test_a_batch_that_gives_fractional_samples_is_refused(strategy: str, batch: int, message: str) -> None:
+    """No replica ever computes on a fraction of a sample: d·k (or Σshares·k) must divide the
+    batch, and the error says which k would."""
+    model = build_model("mlp:layers=2,hidden=4", batch=batch)
+    with pytest.raises(StrategyError, match=message):
+        distribute(model, parse_strategy(strategy))
+    # the same d with a k that divides builds
+    s = parse_strategy(strategy)
+    parts = sum(s.shares) if s.shares else s.d
+    if batch % parts == 0:
+        distribute(model, dataclasses.replace(s, k=1))

@@ -20,8 +20,7 @@ N = 16  # layers per stage
 
 def _run(p: int, k: int, schedule: str, mb: int = 64) -> SimResult:
     model = build_model(f"mlp:layers={p * N},hidden=64", batch=k * mb)
-    part = "-".join([str(N)] * (p - 1) + [str(N + 1)])  # the loss layer joins the last stage
-    s = parse_strategy(f"p{p}.k{k}.{schedule}.L{part}")
+    s = parse_strategy(f"p{p}.k{k}.{schedule}")  # N blocks per stage; the loss joins the last
     prog = distribute(model, s, comm_streams=True)
     return simulate(prog, parse_cluster("dgx2-v100"), device_map(s, True), UNIT)
 

@@ -66,7 +66,7 @@ def test_the_issue_example() -> None:
         ("d0", "d must be a positive integer"),
         ("z5", "ZeRO stage must be 0, 1, 2 or 3"),
         ("p2.v2.1f1b", "need the interleaved schedule"),
-        ("p2.L1-2-3", "must give p·v = 2 positive layer counts"),
+        ("p2.L1-2-3", "must give p·v = 2 block counts"),
         ("d2.@0-0", "permutation of 0..1"),
         ("Lfoo", "should list integers"),
         ("d2.t1.sp", r"sp \(sequence parallelism\) .* needs t > 1"),

@@ -41,8 +41,8 @@ from distir.sim.simulate import SimResult, simulate
 
 FAMILIES = {
     "mlp": "mlp:layers=4,hidden=6",
-    "gpt": "gpt:layers=2,hidden=8,heads=2,seq=4,vocab=16",
-    "llama": "llama:layers=2,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=4",
+    "gpt": "gpt:layers=4,hidden=8,heads=2,seq=4,vocab=16",
+    "llama": "llama:layers=4,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=4",
 }
 GPT_CLI = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=512"
 MIXED = "p3.8xlarge:1+g4dn.12xlarge:1"
@@ -170,7 +170,7 @@ NUMERIC = [
     ("mlp", "d2.t1.p2.k2.gpipe.b3-1", 8),
     ("mlp", "d2.t2.p2.k2.zb1.b1-3", 8),
     ("mlp", "d2.t1.p2.k2.1f1b.b3-1.@3-2-1-0", 8),  # placement
-    ("mlp", "d3.t1.p2.k1.gpipe.L3-2.b1-1-5", 7),  # uneven partition, odd batch
+    ("mlp", "d3.t1.p2.k1.gpipe.L3-1.b1-1-5", 7),  # uneven partition, odd batch
     ("gpt", "d2.t2.p2.k2.interleaved.v2.b3-1", 8),
     ("gpt", "d2.t2.sp.p2.k2.1f1b.rsel.b2-1", 6),
     ("gpt", "d2.t1.p1.k1.1f1b.b7-1", 8),  # one replica gets a single sample
@@ -243,7 +243,7 @@ def test_share_strategy_errors_are_typed_and_named() -> None:
     assert Strategy(d=1, shares=(5,)) == Strategy(d=1) and str(parse_strategy("d1.b5")) == "d1.t1.p1.k1.1f1b"
     # a microbatch smaller than Σshares
     with pytest.raises(
-        StrategyError, match=r"microbatch of 4 samples does not split in the batch shares 7-1"
+        StrategyError, match=r"does not split into k=2 microbatches of whole samples in the batch shares 7-1"
     ):
         distribute(build_model(FAMILIES["mlp"], batch=8), parse_strategy("d2.k2.b7-1"))
 

@@ -26,7 +26,7 @@ def test_chunk_times_sum_each_stage_s_own_profiles() -> None:
     T4 node, the same layers take longer on the T4s."""
     model = build_model(GPT, 8)
     cl = parse_cluster("p3.8xlarge:1+g4dn.12xlarge:1")
-    s = parse_strategy("d1.t4.p2.k2.1f1b.L3-4")
+    s = parse_strategy("d1.t4.p2.k2.1f1b.L2-2")
     fwd, bwd = chunk_times(model, parse_model_string(GPT), cl, DType.f32, True, s)
     assert len(fwd) == len(bwd) == 2
     prof = Profiler(parse_model_string(GPT), cl, DType.f32, True)
@@ -37,7 +37,7 @@ def test_chunk_times_sum_each_stage_s_own_profiles() -> None:
     t4 = prof.layers(4, 4, [4, 5, 6, 7], "none")
     v100 = prof.layers(4, 4, [0, 1, 2, 3], "none")
     assert t4[2].fwd_s > v100[2].fwd_s  # a block: slower on the T4s
-    inf = parse_strategy("d1.t4.p2.k2.1f1b.L3-3")  # inference: no loss layer
+    inf = parse_strategy("d1.t4.p2.k2.1f1b.L2-2")  # inference: no loss layer
     inf_fwd, inf_bwd = chunk_times(build_model(GPT, 8), parse_model_string(GPT), cl, DType.f32, False, inf)
     assert inf_bwd == [0.0, 0.0] and all(x > 0 for x in inf_fwd)
 
@@ -47,7 +47,7 @@ def test_the_order_changes_no_value(strategy: str) -> None:
     """Only the interleaving of the ranks changes: every rank runs its actions in the same order,
     so the training step gives bit-identical results."""
     s = parse_strategy(strategy)
-    model = build_model("gpt:layers=3,hidden=8,heads=2,seq=4,vocab=16", 8, DType.f64)
+    model = build_model("gpt:layers=4,hidden=8,heads=2,seq=4,vocab=16", 8, DType.f64)
     vals = initial_values(model, Optimizer("sgd", lr=0.1), 0)
     chunks = s.p * s.v
     rng = np.random.default_rng(1)

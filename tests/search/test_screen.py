@@ -55,7 +55,7 @@ def test_memoized_estimates_equal_fresh_ones() -> None:
         Strategy(d=1, t=1, p=7, k=16, schedule="1f1b", recompute="full"),
     ]
     shared, cases, first, fresh = _shared_and_fresh(
-        "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128", "p3.8xlarge:1+g4dn.12xlarge:1", Problem(16),
+        "gpt:layers=7,hidden=64,heads=4,seq=16,vocab=128", "p3.8xlarge:1+g4dn.12xlarge:1", Problem(16),
         strategies, seed=0, n=3,
     )  # fmt: skip
     again = [shared.estimate(s, pl) for s, pl in reversed(cases)][::-1]

@@ -89,7 +89,7 @@ def test_num_layers_counts_the_loss_only_in_training() -> None:
             (1, 8, 1),
             "t = 8 is not a tensor-parallel degree searched here (1, 2, 4",
         ),
-        (Space(8, 64, 6, (1, 2, 4, 8)), (1, 1, 8), "the model has 6 layer calls, fewer than 8 stages"),
+        (Space(8, 64, 6, (1, 2, 4, 8)), (1, 1, 8), "the model has 6 blocks, fewer than 8 stages"),
         (Space(8, 36, 6, (1, 2, 4, 8)), (8, 1, 1), "the batch 36 does not split 8 ways"),
         (Space(8, 64, 6, (1, 2, 4, 8), pins=Pins(tp=2)), (8, 1, 1), "--tp 2 is pinned"),
         (Space(8, 64, 6, (1, 2, 4, 8)), (2, 2, 1), "d·t·p = 4, not the cluster's 8 devices"),

@@ -10,11 +10,27 @@ at concrete argument types and returns two new functions:
 Each op's gradient comes from its registry ``grad`` rule (``distir.ops.gradrules``). A rule
 reads forward values through ``primal(v)``, and the *recompute policy* decides what that means:
 save the value (it becomes a residual) or recompute it inside the backward function from what is
-saved. ``SAVE_ALL`` saves everything the rules touch; ``RECOMPUTE_ALL`` (full activation
-recomputation) saves only the function's parameters and recomputes the rest; ``SELECTIVE`` saves
-the results of weight matmuls and recomputes the cheap, large rest (softmax, attention scores,
-norms, activations) as Korthikanti et al. (2022) do. Recomputation is emitted lazily, right before
-its first use, so recomputed values die as early as possible.
+saved. The policies, as the trainers define them (``POLICIES``, the strategy's ``r`` suffix):
+
+- ``none`` (``SAVE_ALL``): save everything the rules touch;
+- ``full`` (``RECOMPUTE_ALL``, Megatron-LM's ``--recompute-granularity full``): save only the
+  layer's inputs (the function's parameters: the incoming activation; weights are passed again)
+  and recompute the whole layer forward inside the backward;
+- ``selective`` (``SELECTIVE``, Megatron-LM's ``--recompute-granularity selective``, Korthikanti
+  et al., "Reducing Activation Recomputation in Large Transformer Models", 2022, §4.2): recompute
+  only the *attention core* and save everything else (projections, norms, activations, MLP).
+  The core (``attention_core``) is defined by the registry, not by value names: every op whose
+  ``OpDef.attention_core`` is set (the fused ``Attention``; ``Softmax``), and, around a flagged op
+  with a single input (the softmax of the naive form), the chain of weight-free ops with
+  one activation input on either side up to and including the first op with two activation
+  inputs (QKᵀ before, ·V after): QKᵀ, scale, mask, softmax, dropout, ·V. So in the naive form
+  the S×S scores and probabilities are recomputed from the saved q, k, v; in the fused form the
+  ``Attention`` op is run again before its gradient (whose kernel recomputes the scores anyway),
+  so its output and log-sum-exp are not kept. (A ``Softmax`` outside attention counts as core too;
+  the zoo uses Softmax only in attention.)
+
+Recomputation is emitted lazily, right before its first use, so recomputed values die as early as
+possible.
 
 Cotangents of a value used several times are summed. A parameter in ``wrt`` that the outputs do
 not depend on gets a zero gradient (``FillLike``). Integer values are never active.
@@ -53,14 +69,61 @@ def RECOMPUTE_ALL(op: Op, fn: Function) -> bool:
     return False
 
 
-_MATMULS = frozenset({"MatMul", "Gemm", "Conv"})
+def attention_core(fn: Function) -> frozenset[Op]:
+    """The ops of ``fn`` in attention's core (module docstring): the registry's flagged ops and,
+    around a flagged op with a single input, the weight-free chain up to the contraction on
+    each side. An activation is any value but a weight (a parameter after the first)."""
+    got = _CORE.get(id(fn))
+    if got is not None and got[0] is fn:
+        return got[1]
+    weights = set(fn.params[1:])
+    ops = [i for i in fn.body if isinstance(i, Op)]
+    producer = {o: op for op in ops for o in op.outputs}
+    consumers: dict[Value, list[Op]] = {}
+    for op in ops:
+        for v in op.inputs:
+            consumers.setdefault(v, []).append(op)
+
+    def acts(op: Op) -> list[Value]:
+        return [v for v in op.inputs if v not in weights]
+
+    def chainable(op: Op) -> bool:  # part of the chain: no weight input
+        return not any(v in weights for v in op.inputs)
+
+    core: set[Op] = set()
+    for op in ops:
+        if not REGISTRY[op.name].attention_core:
+            continue
+        core.add(op)
+        if len(op.inputs) != 1 or op.inputs[0] in weights:  # the fused op is the core by itself
+            continue
+        back = producer.get(op.inputs[0])
+        while back is not None and chainable(back) and back not in core:
+            core.add(back)
+            back = producer.get(acts(back)[0]) if len(acts(back)) == 1 else None
+        todo = [c for o in op.outputs for c in consumers.get(o, [])]
+        while todo:
+            nxt = todo.pop()
+            if nxt in core or not chainable(nxt):
+                continue
+            core.add(nxt)
+            if len(acts(nxt)) == 1:
+                todo.extend(c for o in nxt.outputs for c in consumers.get(o, []))
+    found = frozenset(core)
+    if len(_CORE) >= 256:
+        _CORE.clear()
+    _CORE[id(fn)] = (fn, found)
+    return found
+
+
+# ``attention_core``'s answers by function identity (the function kept alive); bounded
+_CORE: dict[int, tuple[Function, frozenset[Op]]] = {}
 
 
 def SELECTIVE(op: Op, fn: Function) -> bool:
-    """Save the results of matmuls with a weight (a parameter of the function that is not its
-    first, activation, argument); recompute everything else."""
-    weights = set(fn.params[1:])
-    return op.name in _MATMULS and any(v in weights for v in op.inputs)
+    """Megatron-LM's selective recomputation: save everything but attention's core
+    (``attention_core``), which is recomputed."""
+    return op not in attention_core(fn)
 
 
 POLICIES: dict[str, RecomputePolicy] = {"none": SAVE_ALL, "full": RECOMPUTE_ALL, "selective": SELECTIVE}

@@ -1,6 +1,7 @@
 """The op registry and the op families. Importing this package registers every op."""
 
 from distir.ops import (  # noqa: F401  (registration)
+    attention,
     comm,
     conv,
     dist,

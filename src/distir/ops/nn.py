@@ -76,6 +76,7 @@ SOFTMAX = register(
         flops=out_numel_flops(5.0),
         doc="exp(x - max) / sum(exp(x - max)) along one axis (ONNX opset 13 Softmax).",
         sharding=sh.whole_axes("axis"),
+        attention_core=True,
     )
 )
 

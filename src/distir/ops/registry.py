@@ -3,7 +3,8 @@
 An ``OpDef`` carries the op's signature (named inputs, optional and variadic ones, its result
 count), attribute schema, type/shape rule, optional partial evaluator (outputs computable from
 types and the known inputs, e.g. ``Shape``), numpy reference implementation, cost descriptors
-(FLOPs, bytes read and written) and named slots that later layers fill once each
+(FLOPs, bytes read and written), whether it belongs to attention's core (``attention_core``: what
+selective recomputation recomputes) and named slots that later layers fill once each
 (``grad``, ``sharding``, ``torch``).
 
 Ops are registered by their family's module (``distir.ops.tensor``, ``distir.ops.comm``, ...) when
@@ -259,6 +260,9 @@ class OpDef:
     project: Any = None
     rendezvous: Any = None
     comm_cost: Callable[[Sequence[Type], Sequence[Type], Attrs], CommCost] | None = None
+    # part of attention's core, which selective recomputation recomputes
+    # (``distir.autodiff.reverse.attention_core``)
+    attention_core: bool = False
     grad: Any = None
     sharding: Any = None
     torch: Any = None

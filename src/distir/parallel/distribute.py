@@ -125,6 +125,25 @@ def distribute(
         ).build()
 
 
+def check_batch(batch: int, s: Strategy) -> None:
+    """Raise StrategyError unless the global ``batch`` splits into ``s.k`` microbatches of whole
+    samples for every data-parallel replica (in proportion to the batch shares, if any): no replica
+    ever gets a fraction of a sample. The message says which k would divide."""
+    parts = sum(s.shares) if s.shares is not None else s.d
+    if batch % (s.k * parts) == 0:
+        return
+    who = f"in the batch shares {'-'.join(map(str, s.shares))}" if s.shares is not None else f"over d={s.d}"
+    if batch % parts:
+        raise StrategyError(f"{s}: the batch {batch} does not split {who} (needs a multiple of {parts})")
+    per = batch // parts
+    ks = [k for k in range(1, per + 1) if per % k == 0]
+    shown = ", ".join(map(str, ks[:12])) + (", …" if len(ks) > 12 else "")
+    raise StrategyError(
+        f"{s}: the batch {batch} does not split into k={s.k} microbatches of whole samples {who} "
+        f"({batch} / ({parts}·{s.k}) = {batch / (parts * s.k):g} samples); k must divide {per}: {shown}"
+    )
+
+
 # the communication streams of each GPU (``distribute``): program devices (k+1)·N .. (k+2)·N−1
 # run on stream k of the N compute devices' GPUs; the last two run the data-parallel collectives
 # (gradient buckets; ZeRO-3's prefetched parameter gathers)
@@ -168,21 +187,8 @@ class _Builder:
         model = self.prec.prepare(model)  # mixed: the loss layer in fp32
         self.model, self.s, self.opt, self.train = model, s, opt, train
         self.comm_streams = comm_streams
-        if model.batch % s.k:
-            raise StrategyError(f"{s}: the batch {model.batch} does not split into k={s.k} microbatches")
+        check_batch(model.batch, s)
         self.mb = model.batch // s.k
-        if s.shares is not None and self.mb % sum(s.shares):
-            raise StrategyError(
-                f"{s}: a microbatch of {self.mb} samples does not split in the batch shares "
-                f"{'-'.join(map(str, s.shares))} (their sum, {sum(s.shares)}, must divide it)"
-            )
-        if s.sp and s.d > 1 and self.mb == 1:
-            # a batch dim of size 1 keeps no shard through a reshape (``reshape_dim_map``), and the
-            # sequence-parallel embedding backward would then have to create a pending sum over dp
-            raise StrategyError(
-                f"{s}: sequence parallelism with d > 1 needs microbatches of at least 2 samples, got 1 "
-                f"(batch {model.batch} over k={s.k} microbatches)"
-            )
         # program devices are numbered stage by stage; the placement maps them onto GPUs; uneven
         # batch shares are the dp axis' (``distir.ir.dtensor.AxisSize``): each replica's piece of
         # every microbatch in proportion

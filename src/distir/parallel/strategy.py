@@ -9,8 +9,9 @@ follow when they differ from the default, in this order (``sp`` right after ``t<
     v<n>        virtual pipeline stages per rank (interleaved schedules), default 1
     z<0-3>      ZeRO stage, default 0
     r<mode>     activation recomputation: none (default), full, sel (selective)
-    L<a>-<b>-…  layers per pipeline chunk (an explicit partition, e.g. L5-4-4-3);
-                Luniform (default) or Lparams (balance parameter counts)
+    L<a>-<b>-…  repeated blocks per pipeline chunk (an explicit partition, e.g. L5-4-4-3; the
+                embedding always joins the first chunk, head and loss the last, so those two
+                may hold 0 blocks); Luniform (default) or Lparams (balance parameter counts)
     b<a>-<b>-…  batch shares of the d data-parallel replicas (uneven data parallelism, for
                 replicas on GPUs of different speeds): replica r takes a_r/Σa of every
                 microbatch; written in lowest terms, equal shares are the default (even)
@@ -77,10 +78,10 @@ class Strategy:
                     f"partition must be uniform, params or layer counts, got {self.partition!r}"
                 )
         else:
-            if len(self.partition) != self.p * self.v or any(n < 1 for n in self.partition):
+            if len(self.partition) != self.p * self.v or any(n < 0 for n in self.partition):
                 raise StrategyError(
                     f"partition {'-'.join(map(str, self.partition))} must give p·v = {self.p * self.v} "
-                    "positive layer counts"
+                    "block counts"
                 )
         if self.shares is not None:
             sh = self.shares

@@ -27,6 +27,7 @@ CSV_KEYS = (
     "step_time_s",
     "throughput",
     "mfu",
+    "hfu",
     "peak_memory_bytes",
     "capacity_bytes",
     "fits",
@@ -35,6 +36,10 @@ CSV_KEYS = (
     "comm_s",
     "screen_step_time_s",
 )
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{100 * x:.1f}%"
 
 
 def _finite(x: Any) -> Any:
@@ -123,17 +128,18 @@ def results_table(o: SearchOutput) -> Table:
     )
     table = Table(
         title=title,
-        caption="ranked by simulated throughput; memory: the worst device's peak / its capacity (GiB); "
+        caption="ranked by simulated throughput; MFU: model FLOPs (recomputation excluded), HFU: all "
+        "FLOPs executed; memory: the worst device's peak / its capacity (GiB); "
         "screen: the analytic estimate of the step",
     )
-    for h in ("#", "strategy", "step", "samples/s", "MFU", "memory", "bubble", "screen"):
+    for h in ("#", "strategy", "step", "samples/s", "MFU", "HFU", "memory", "bubble", "screen"):
         if h == "strategy":  # long partitions fold; the figures never do
             table.add_column(h, overflow="fold", ratio=1)
         else:
             table.add_column(h, justify="right", no_wrap=True)
     for i, row in enumerate(o.results, 1):
         if "error" in row:
-            table.add_row(str(i), row["strategy"], "[red]error[/red]", "", "", row["error"][:60], "", "")
+            table.add_row(str(i), row["strategy"], "[red]error[/red]", "", "", "", row["error"][:60], "", "")
             continue
         mem = f"{row['peak_memory_bytes'] / GIB:.1f}/{row['capacity_bytes'] / GIB:.0f}G"
         if not row["fits"]:
@@ -143,7 +149,8 @@ def results_table(o: SearchOutput) -> Table:
             row["strategy"],
             _t(row["step_time_s"]),
             f"{row['throughput']:.1f}",
-            f"{100 * row['mfu']:.1f}%",
+            _pct(row.get("mfu")),
+            _pct(row.get("hfu")),
             mem,
             f"{100 * row['bubble_fraction']:.0f}%",
             _t(row.get("screen_step_time_s", math.nan)),

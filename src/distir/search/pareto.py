@@ -403,6 +403,7 @@ def page_data(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                         "step_time_s",
                         "throughput",
                         "mfu",
+                        "hfu",
                         "peak_memory_bytes",
                         "capacity_bytes",
                         "bubble_fraction",

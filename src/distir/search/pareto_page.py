@@ -185,7 +185,7 @@ JS = r"""
       " (" + pct(r.peak_memory_bytes / r.capacity_bytes) + ")" : "");
     const lines = [
       ["step time", secs(r.step_time_s)], ["throughput", num(r.throughput, 1) + " samples/s"],
-      ["MFU", pct(r.mfu)], ["peak memory", mem], ["bubble", pct(r.bubble_fraction)],
+      ["MFU", pct(r.mfu)], ["HFU", pct(r.hfu)], ["peak memory", mem], ["bubble", pct(r.bubble_fraction)],
       ["fits", r.fits ? "yes" : "no (out of memory)"], ["source", src(r.source)],
     ];
     if (r.front) lines.push(["", "on the Pareto front"]);
@@ -241,7 +241,8 @@ JS = r"""
   const cols = [
     ["i", "#", int], ["strategy", "strategy", String], ["d", "D", int], ["t", "T", int], ["p", "P", int],
     ["k", "K", int], ["step_time_s", "step time", secs], ["throughput", "samples/s", (v) => num(v, 1)],
-    ["mfu", "MFU", pct], ["peak_memory_bytes", "peak memory", gib], ["capacity_bytes", "capacity", gib],
+    ["mfu", "MFU", pct], ["hfu", "HFU", pct], ["peak_memory_bytes", "peak memory", gib],
+    ["capacity_bytes", "capacity", gib],
     ["bubble_fraction", "bubble", pct], ["fits", "fits", (v) => (v ? "yes" : "no")],
     ["source", "source", src], ["front", "front", (v) => (v ? "\u25cf" : "")],
   ];

@@ -39,7 +39,7 @@ from distir.ir.function import Function, Module
 from distir.ir.types import Device, DType, TensorType, Type
 from distir.ops.registry import REGISTRY
 from distir.parallel.distribute import ShardedLayer, sharded_layers
-from distir.parallel.layer_prep import unsharded_layers
+from distir.parallel.layer_prep import Ends, ends, unsharded_layers
 from distir.search.distinct import Reduced, distinct_layers
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
@@ -314,6 +314,18 @@ def num_layers(spec: ModelSpec, dtype: DType, train: bool) -> int:
     return len(model.layers) if train else len(model.layers) - 1
 
 
+def model_ends(spec: ModelSpec, dtype: DType, train: bool) -> Ends:
+    """The layer calls around the model's repeated blocks, as ``distribute`` places them."""
+    model = build_from(spec, 1, dtype)
+    return ends(model, len(model.layers) if train else len(model.layers) - 1)
+
+
+def num_blocks(spec: ModelSpec, dtype: DType, train: bool) -> int:
+    """The repeated blocks that a pipeline partition divides (``layer_prep.partition``)."""
+    e = model_ends(spec, dtype, train)
+    return num_layers(spec, dtype, train) - e.pre - e.post
+
+
 __all__ = [
     "LayerProfile",
     "ProfileTask",
@@ -321,6 +333,8 @@ __all__ = [
     "allowed_tp",
     "cached_profiler",
     "local_nbytes",
+    "model_ends",
+    "num_blocks",
     "num_layers",
     "run_profile_task",
 ]

@@ -8,7 +8,7 @@ job)`` can go to worker processes or Ray tasks; each process builds the model an
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from distir.autodiff.train import Optimizer
@@ -66,6 +66,7 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
         model, s, Optimizer(job.optimizer), train=job.train, comm_streams=True, chunk_times=times
     )
     r = simulate(prog, cluster, device_map(s, True), batch=job.batch)
+    r = replace(r, model_flops=model.step_flops(job.train))
     compute = [i for i, slot in enumerate(r.slots) if slot.stream == "compute"]
     busy = sum(r.busy_s[i] for i in compute) / max(len(compute), 1)
     comm = sum(r.comm_s[i] for i in compute) / max(len(compute), 1)
@@ -82,6 +83,7 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
         "step_time_s": r.step_time_s,
         "throughput": r.throughput,
         "mfu": r.mfu,
+        "hfu": r.hfu,
         "peak_memory_bytes": max(r.peak_memory.values()),
         "capacity_bytes": r.capacity[worst],
         "fits": not r.oom_gpus,

@@ -43,7 +43,7 @@ from distir.search import final
 from distir.search.executor import local_pool, run_all
 from distir.search.executor import start as start_task
 from distir.search.placement import anneal_placement, megatron_placement
-from distir.search.profile import LayerProfile, Profiler, allowed_tp, num_layers
+from distir.search.profile import LayerProfile, Profiler, allowed_tp, num_blocks
 from distir.search.rerank import ExactJob, evaluate
 from distir.search.screen import Estimate, Problem, Screen, rank_key
 from distir.search.shares import add_shares
@@ -111,7 +111,7 @@ def build_space(req: SearchRequest, cluster: Cluster) -> Space:
     return Space(
         cluster.num_devices,
         req.batch,
-        num_layers(spec, dt, req.train),
+        num_blocks(spec, dt, req.train),
         # TP stays inside a node (its collectives run every layer; across a network they never
         # pay off), unless the user pins a larger --tp
         tuple(allowed_tp(spec, dt, req.pins.tp or min(n.devices_per_node for n in cluster.nodes))),

@@ -38,9 +38,10 @@ import numpy as np
 
 from distir.hardware.cluster import Cluster
 from distir.parallel.distribute import uniform_counts
+from distir.parallel.layer_prep import Ends, block_counts
 from distir.parallel.strategy import Strategy
 from distir.search.layer_assignment import Assignment, assign_layers_unchecked
-from distir.search.profile import LayerProfile, Profiler
+from distir.search.profile import LayerProfile, Profiler, model_ends
 from distir.search.screen_figures import Stage, StageRows, Tables, figures, frozen, new_tables
 from distir.sim import collectives as coll
 
@@ -93,6 +94,8 @@ class Screen:
         self.profiler = profiler
         self.problem = problem
         self.cluster: Cluster = profiler.cluster
+        # the embedding stays with the first chunk, head and loss with the last
+        self.ends = model_ends(profiler.spec, profiler.dtype, problem.train)
         # memos of pure functions (the placement search asks the same questions many times)
         self._assignments: dict[bytes, Assignment | None] = {}
         self._rows: dict[tuple[object, ...], StageRows] = {}
@@ -239,8 +242,9 @@ class Screen:
         n_layers = stages[0].rows.time.size
         stage_of = tb.stage_of
         chunks = len(stage_of)
-        if chunks > n_layers:
-            raise ValueError(f"{s}: {chunks} pipeline chunks but only {n_layers} layers")
+        n_blocks = n_layers - self.ends.pre - self.ends.post
+        if chunks > n_blocks:
+            raise ValueError(f"{s}: {chunks} pipeline chunks but only {n_blocks} blocks")
         kinds = tuple([st.kind for st in stages])
         links = tuple(
             [
@@ -255,7 +259,16 @@ class Screen:
         fig = tb.figures.get(key)
         if fig is None:
             fig = tb.figures[key] = figures(
-                s, tb, stages, links, zero3, balance, train=pr.train, specs=self._specs, assign=self._assign
+                s,
+                tb,
+                stages,
+                links,
+                zero3,
+                balance,
+                train=pr.train,
+                specs=self._specs,
+                assign=self._assign,
+                ends=self.ends,
             )
         # the gradient sync and optimizer, per stage (stages in parallel)
         sync = 0.0
@@ -266,7 +279,7 @@ class Screen:
         step = pipe + sync
         busy = fig.compute_s
         return Estimate(
-            strategy=self._with(s, fig.counts, pl, tb),
+            strategy=self._with(s, fig.counts, pl, tb, self.ends),
             step_time_s=step,
             peak_memory_bytes=fig.peak_memory_bytes,
             capacity_bytes=fig.capacity_bytes,
@@ -371,13 +384,17 @@ class Screen:
         return t
 
     @staticmethod
-    def _with(s: Strategy, counts: tuple[int, ...], placement: tuple[int, ...], tb: Tables) -> Strategy:
-        """``s`` with the partition ``counts`` ("uniform" when it is) and ``placement`` (None when
-        it is the identity)."""
+    def _with(
+        s: Strategy, counts: tuple[int, ...], placement: tuple[int, ...], tb: Tables, ends: Ends
+    ) -> Strategy:
+        """``s`` with the partition of ``counts`` layer calls per chunk (as blocks per chunk,
+        "uniform" when it is) and ``placement`` (None when it is the identity)."""
         part = tb.parts.get(counts)
         if part is None:
+            blocks = block_counts(counts, ends)
+            assert blocks is not None, f"{s}: the layer assignment split the model's ends: {counts}"
             part = tb.parts[counts] = (
-                "uniform" if counts == uniform_counts(sum(counts), len(counts)) else counts
+                "uniform" if blocks == uniform_counts(sum(blocks), len(blocks)) else blocks
             )
         ident = tb.identity if len(placement) == len(tb.identity) else tuple(range(len(placement)))
         place = None if placement == ident else placement

@@ -23,6 +23,7 @@ import numpy as np
 
 from distir.hardware.specs import DeviceSpec
 from distir.parallel.distribute import uniform_counts
+from distir.parallel.layer_prep import Ends, call_counts
 from distir.parallel.strategy import Strategy
 from distir.search.layer_assignment import Assignment, objective_unchecked
 from distir.search.layer_assignment_lists import seq_sum
@@ -127,6 +128,49 @@ def new_tables(s: Strategy, b: int, train: bool, n_state: int) -> Tables:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _WholeEnds:
+    """The layer assignment with the model's ends (``Ends``) kept whole: the embedding's calls
+    as one unit that the first chunk takes, head and loss as one that the last takes; the
+    solver sees one column per unit (times and memory summed, cuts inside a unit dropped)."""
+
+    ends: Ends
+    n_layers: int
+
+    def units(self) -> list[int]:
+        """The first layer call of each unit."""
+        pre, post, n = self.ends.pre, self.ends.post, self.n_layers
+        return [*([0] if pre else []), *range(pre, n - post), *([n - post] if post else [])]
+
+    def assign(
+        self,
+        assign: Assign,
+        time_c: np.ndarray,
+        k: int,
+        comm: np.ndarray | None,
+        mem: np.ndarray | None,
+        cap: np.ndarray | None,
+    ) -> tuple[int, ...] | None:
+        """Layer calls per chunk of the optimal assignment of the units, None if none fits."""
+        starts = self.units()
+        if len(starts) == self.n_layers:
+            got = assign(time_c, k, comm, mem, cap)
+            return None if got is None else got.counts
+        cuts = [b - 1 for b in starts[1:]]  # the cut after each unit but the last
+        got = assign(
+            np.add.reduceat(time_c, starts, axis=1),
+            k,
+            None if comm is None else np.ascontiguousarray(comm[:, cuts]),
+            None if mem is None else np.add.reduceat(mem, starts, axis=1),
+            cap,
+        )
+        if got is None:
+            return None
+        ends_at = [*starts[1:], self.n_layers]
+        bounds = [0, *(ends_at[u - 1] for u in itertools.accumulate(got.counts))]
+        return tuple(b - a for a, b in itertools.pairwise(bounds))
+
+
 def figures(
     s: Strategy,
     tb: Tables,
@@ -138,12 +182,14 @@ def figures(
     train: bool,
     specs: Mapping[str, DeviceSpec],
     assign: Assign,
+    ends: Ends,
 ) -> Figures:
     """``Screen.estimate``'s figures up to the gradient sync for ``s`` (its tables ``tb``), from
     what the placement decides: per stage ``stages``, per cut between chunks its link (None
     within one stage), per stage its ZeRO-3 gather (``()`` without ZeRO-3); with ``balance``
-    (and no pinned partition) the layers are assigned by ``assign``. Per-stage arrays come
-    from ``tb`` (module docstring)."""
+    (and no pinned partition) the layers are assigned by ``assign``, the model's ``ends``
+    (embedding; head and loss) kept with the first and the last chunk. Per-stage arrays come
+    from ``tb`` (module docstring); ``Figures.counts`` are layer calls per chunk."""
     stage_of = tb.stage_of
     chunks = len(stage_of)
     first = stages[0]
@@ -163,22 +209,27 @@ def figures(
     mem, saved, (w_list, nw_list, saved_list) = _mem_of(s, tb, first, train)
     caps = np.array([st.rows.cap for st in stages], float)
     counts: tuple[int, ...]
+    n_blocks = n_layers - ends.pre - ends.post
     if isinstance(s.partition, tuple):
-        counts = s.partition
+        counts = call_counts(s.partition, ends)
     elif balance and s.v == 1 and s.p > 1:
-        got = assign(time_c, s.k, comm if chunks > 1 else None, mem, caps - work.max())
+        whole = _WholeEnds(ends, n_layers)
+        cm = comm if chunks > 1 else None
+        got = whole.assign(assign, time_c, s.k, cm, mem, caps - work.max())
         if got is None:  # nothing fits: balance time alone, report the memory honestly
-            got = assign(time_c, s.k, comm if chunks > 1 else None, None, None)
+            got = whole.assign(assign, time_c, s.k, cm, None, None)
         assert got is not None
-        counts = got.counts
+        counts = got
         # equal time: keep the uniform split (the simpler strategy string)
-        uni = uniform_counts(n_layers, chunks)
-        if counts != uni and objective_unchecked(uni, time_c, s.k, comm) <= got.time * (1 + 1e-6):
+        uni = call_counts(uniform_counts(n_blocks, chunks), ends)
+        if counts != uni and objective_unchecked(uni, time_c, s.k, comm) <= objective_unchecked(
+            counts, time_c, s.k, comm
+        ) * (1 + 1e-6):
             cut = np.concatenate([[0], np.cumsum(uni)])
             if all(mem[j, cut[j] : cut[j + 1]].sum() <= caps[j] - work.max() for j in range(s.p)):
                 counts = uni
     else:
-        counts = uniform_counts(n_layers, chunks)
+        counts = call_counts(uniform_counts(n_blocks, chunks), ends)
     bounds = [0, *itertools.accumulate(counts)]
     t_chunk: list[float] = []
     for c in range(chunks):

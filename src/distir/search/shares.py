@@ -16,6 +16,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 
 from distir.parallel.distribute import uniform_counts
+from distir.parallel.layer_prep import call_counts
 from distir.parallel.strategy import Strategy
 from distir.search.screen import Estimate, Screen, rank_key
 
@@ -36,7 +37,13 @@ def replica_times(screen: Screen, even: Estimate, placement: Sequence[int]) -> l
     fb = 1.0 if screen.problem.train else 0.0
     # the layers of each stage: its chunks j, j + p, … of the partition
     first = screen.profiler.layers(s.t, b, stages[0][: s.t], s.recompute)
-    counts = s.partition if isinstance(s.partition, tuple) else uniform_counts(len(first), s.chunks)
+    e = screen.ends
+    blocks = (
+        s.partition
+        if isinstance(s.partition, tuple)
+        else uniform_counts(len(first) - e.pre - e.post, s.chunks)
+    )
+    counts = call_counts(blocks, e)
     bounds = [0]
     for n in counts:
         bounds.append(bounds[-1] + n)

@@ -1,7 +1,7 @@
 """The search space: every strategy the model's shapes and the cluster allow, under user pins.
 
 - (d, t, p) with d·t·p = the number of devices (any factorization, not only powers of two);
-  t divides every tensor-parallel weight dimension; p·v ≤ the number of layer calls;
+  t divides every tensor-parallel weight dimension; p·v ≤ the number of repeated blocks;
 - k: every divisor of the per-replica batch up to ``max_k`` (k = 1 only without pipelining
   unless pinned: without a pipeline, microbatching only saves memory, which the memory
   ladder below covers);
@@ -74,7 +74,8 @@ def divisors(n: int) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class Space:
-    """Strategies for ``devices`` devices, a global ``batch`` and ``n_layers`` layer calls."""
+    """Strategies for ``devices`` devices, a global ``batch`` and a model of ``n_layers``
+    repeated blocks (the layer calls a pipeline partition divides: ``layer_prep.partition``)."""
 
     devices: int
     batch: int
@@ -95,7 +96,7 @@ class Space:
                 f"(allowed: {', '.join(map(str, self.allowed_tp))})"
             )
         if p.pp is not None and p.pp > self.n_layers:
-            raise SpaceError(f"--pp {p.pp}: the model has only {self.n_layers} layer calls")
+            raise SpaceError(f"--pp {p.pp}: the model has only {self.n_layers} blocks")
         if p.dp is not None and self.batch % p.dp:
             raise SpaceError(f"--dp {p.dp} does not divide the batch {self.batch}")
         if next(self.bases(), None) is None:
@@ -120,7 +121,7 @@ class Space:
                 "a node unless --tp pins more, and must divide the model's tensor-parallel dimensions)"
             )
         if p > self.n_layers:
-            return f"the model has {self.n_layers} layer calls, fewer than {p} stages"
+            return f"the model has {self.n_layers} blocks, fewer than {p} stages"
         if self.batch % d:
             return f"the batch {self.batch} does not split {d} ways"
         # the rules of ``bases``
@@ -134,9 +135,7 @@ class Space:
             return f"inference runs its pipeline in 1f1b order, not --schedule {sched}"
         if next((b for b in self.bases() if (b.d, b.t, b.p) == (d, t, p)), None) is None:
             if sched == "interleaved" and 2 * p > self.n_layers:
-                return (
-                    f"--schedule interleaved needs 2·p = {2 * p} layer calls, the model has {self.n_layers}"
-                )
+                return f"--schedule interleaved needs 2·p = {2 * p} blocks, the model has {self.n_layers}"
             if sched == "interleaved":
                 return f"--schedule interleaved needs k a multiple of p = {p}, and no such k is allowed"
             return "no microbatch count and schedule of this shape fits the pins"

@@ -59,6 +59,7 @@ class SimResult:
     n_ops: int
     peak_flops: float  # sum of the used GPUs' peak FLOP/s for the program's dtype
     batch: int | None = None
+    model_flops: float | None = None  # the model's FLOPs per step (``mfu``), when known
     slices: list[TraceSlice] | None = None
     memory_timeline: dict[int, list[tuple[float, float]]] | None = None
     cluster: Cluster | None = field(default=None, repr=False)
@@ -75,11 +76,23 @@ class SimResult:
         return (self.batch or 1) / self.step_time_s
 
     @property
-    def mfu(self) -> float:
-        """FLOPs executed per second over the used GPUs' peak (recomputation counts as work)."""
+    def hfu(self) -> float:
+        """Hardware FLOPs utilization: all FLOPs executed (recomputation included) per second over
+        the used GPUs' peak."""
         if self.step_time_s <= 0 or self.peak_flops <= 0:
             return 0.0
         return self.flops / self.step_time_s / self.peak_flops
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilization: the model's FLOPs for the step (``model_flops``: forward and
+        backward of the sequential model, recomputation excluded) per second over the used GPUs'
+        peak; None when the program does not say what its model's FLOPs are (a program file)."""
+        if self.model_flops is None:
+            return None
+        if self.step_time_s <= 0 or self.peak_flops <= 0:
+            return 0.0
+        return self.model_flops / self.step_time_s / self.peak_flops
 
     @property
     def bubble_fraction(self) -> float:

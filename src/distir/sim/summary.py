@@ -14,7 +14,8 @@ GIB = float(1 << 30)
 
 
 def summary_dict(r: SimResult) -> dict[str, Any]:
-    """JSON keys: step_time_s, throughput, throughput_unit, mfu, flops, bubble_fraction, ops,
+    """JSON keys: step_time_s, throughput, throughput_unit, mfu (model FLOPs; null for a program
+    file), hfu (all FLOPs executed), flops, model_flops, bubble_fraction, ops,
     peak_memory_bytes and capacity_bytes (per program device: its GPU's figure), oom (bool),
     oom_devices, devices (per slot: devices, gpu, stream, kind, busy_s, comm_s, idle_s)."""
     t = r.step_time_s
@@ -38,7 +39,9 @@ def summary_dict(r: SimResult) -> dict[str, Any]:
         "throughput": r.throughput if r.step_time_s > 0 else None,  # JSON has no Infinity
         "throughput_unit": "samples/s" if r.batch else "steps/s",
         "mfu": r.mfu,
+        "hfu": r.hfu,
         "flops": r.flops,
+        "model_flops": r.model_flops,
         "bubble_fraction": r.bubble_fraction,
         "ops": r.n_ops,
         "peak_memory_bytes": {str(d): r.peak_memory[g] for d, g in sorted(gpu_of.items())},
@@ -48,6 +51,10 @@ def summary_dict(r: SimResult) -> dict[str, Any]:
         "oom_devices": [str(d) for d, g in sorted(gpu_of.items()) if g in oom],
         "devices": devices,
     }
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
 
 
 def format_seconds(s: float) -> str:
@@ -65,7 +72,7 @@ def summary_table(r: SimResult, title: str) -> Group:
     head.append(f"{title}\n", style="bold")
     head.append(
         f"step time {format_seconds(r.step_time_s)}   throughput {r.throughput:.4g} {d['throughput_unit']}   "
-        f"MFU {100 * r.mfu:.1f}%   bubble {100 * r.bubble_fraction:.1f}%   ops {r.n_ops:,}\n"
+        f"MFU {_pct(r.mfu)}   HFU {_pct(r.hfu)}   bubble {100 * r.bubble_fraction:.1f}%   ops {r.n_ops:,}\n"
     )
     table = Table()
     for col in ("device", "GPU", "busy", "comm", "idle", "peak memory", "capacity", ""):

@@ -66,6 +66,10 @@ class LayerFn:
         (y,) = self._fb.op(op, *inputs, n_out=1, names=[name or op.lower()], **attrs)
         return y
 
+    def results(self, op: str, *inputs: Value, names: Sequence[str], **attrs: Any) -> tuple[Value, ...]:
+        """An op with several results, named ``names``."""
+        return self._fb.op(op, *inputs, n_out=len(names), names=list(names), **attrs)
+
     def ret(self, y: Value) -> Function:
         return self._fb.ret(y)
 
@@ -86,10 +90,13 @@ def assemble(
     inputs: Sequence[InputSpec],
     calls: Sequence[LayerCall],
     seq_dim: int | None = None,
+    ends: tuple[int, int] = (0, 0),
 ) -> Model:
     """The ``Model`` whose entry ``@forward`` makes ``calls`` in order, starting from the first
     input; ``seq_dim`` declares the activations' sequence dim (``Model.seq_dim``). Runs
-    ``check_model`` and counts ``flops_per_sample``."""
+    ``check_model`` and counts ``flops_per_sample``. ``ends``: how many calls before and after
+    the repeated blocks belong with the first and the last pipeline chunk (``Model.pre``,
+    ``Model.post``)."""
     if not inputs:
         raise ModelError(f"model {name}: no inputs")
     batch = inputs[0].type.shape[0]
@@ -123,7 +130,12 @@ def assemble(
         module,
         [_with_batch(p.type, 1) for p in module.entry.params[: len(inputs)]] + [w.type for w in weights],
     )
-    return Model(name, dict(config), module, tuple(inputs), tuple(weights), batch, flops, seq_dim)
+    pre, post = ends
+    if pre < 0 or post < 0 or pre + post > len(calls):
+        raise ModelError(f"model {name}: {pre} + {post} end calls but {len(calls)} calls")
+    return Model(
+        name, dict(config), module, tuple(inputs), tuple(weights), batch, flops, seq_dim, pre=pre, post=post
+    )
 
 
 def _with_batch(t: Type | None, batch: int) -> TensorType:
@@ -159,11 +171,16 @@ def inv_sqrt(n: float) -> float:
 
 
 def check_config(family: str, cfg: object, divides: Sequence[tuple[str, str]] = ()) -> None:
-    """Every int field of the dataclass ``cfg`` is positive, and for each ``(a, b)`` in
+    """Every int field of the dataclass ``cfg`` is positive, every enumerated field (a field
+    whose metadata lists its ``choices``) holds one of them, and for each ``(a, b)`` in
     ``divides`` field ``a`` divides field ``b``; else a ModelError naming key and value."""
     for f in fields(cfg):  # type: ignore[arg-type]
         v = getattr(cfg, f.name)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        choices = f.metadata.get("choices")
+        if choices is not None:
+            if v not in choices:
+                raise ModelError(f"{family}: {f.name}={v!r} must be one of {', '.join(choices)}")
+        elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ModelError(f"{family}: {f.name}={v!r} must be a positive integer")
     for a, b in divides:
         va, vb = getattr(cfg, a), getattr(cfg, b)

@@ -1,6 +1,17 @@
 """Multi-head (and grouped-query) scaled dot-product attention, written into a layer function.
 
-Shapes: ``q`` is (B, S, heads·head_dim), ``k`` and ``v`` are (B, S, kv_heads·head_dim). Heads are
+Two forms (a model's ``attention`` option): ``fused`` (the default) is the registry's
+``Attention`` op on the heads in the BSHD layout, as FlashAttention runs it (no S×S value; its
+backward recomputes the scores), ``naive`` the explicit computation below. Both give the same
+numbers. Fused:
+
+    Reshape(q, shape=(0, 0, heads, head_dim)), k and v alike (kv_heads)      (B, S, h, d)
+    out, lse = Attention(q, k, v; causal) → Reshape(shape=(0, 0, heads·head_dim))
+
+With ``rope_theta`` (Llama), q and k are rotated by ``Rope`` right after the head split, in
+either form.
+
+Naive. Shapes: ``q`` is (B, S, heads·head_dim), ``k`` and ``v`` are (B, S, kv_heads·head_dim). Heads are
 split with the shape-attribute ``Reshape`` and ``0`` for the batch and sequence dims (copied
 from the input), so nothing here depends on the batch size:
 
@@ -18,8 +29,20 @@ reshape, so a tensor-parallel shard of the kv heads carries through to the query
 
 from __future__ import annotations
 
+from dataclasses import field
+from typing import Any
+
 from distir.frontends.zoo._build import LayerFn, inv_sqrt
 from distir.ir.values import Value
+
+ATTENTION_FORMS = ("fused", "naive")
+
+
+def attention_field() -> Any:
+    """The ``attention`` option of a transformer config: ``fused`` (default: the registry's
+    ``Attention`` op, as FlashAttention runs it) or ``naive`` (the explicit QKᵀ, softmax, ·V);
+    an enumerated field (``check_config`` and the model-string parser read its ``choices``)."""
+    return field(default="fused", metadata={"choices": ATTENTION_FORMS})
 
 
 def split_heads(f: LayerFn, x: Value, heads: int, head_dim: int, name: str) -> Value:
@@ -47,14 +70,25 @@ def attention(
     head_dim: int,
     kv_heads: int | None = None,
     causal: bool = True,
+    form: str = "fused",
+    rope_theta: float | None = None,
 ) -> Value:
     """Attention over already-projected ``q``, ``k``, ``v``; returns (B, S, heads·head_dim)
-    (before the output projection)."""
+    (before the output projection). ``form`` is ``fused`` or ``naive``; ``rope_theta`` (if
+    given) rotates q and k by position first."""
     kv = heads if kv_heads is None else kv_heads
     group = heads // kv
     qh = split_heads(f, q, heads, head_dim, "qh")
-    kh = repeat_kv(f, split_heads(f, k, kv, head_dim, "kh"), kv, group, head_dim, "k")
-    vh = repeat_kv(f, split_heads(f, v, kv, head_dim, "vh"), kv, group, head_dim, "v")
+    kh = split_heads(f, k, kv, head_dim, "kh")
+    if rope_theta is not None:
+        qh = f("Rope", qh, theta=float(rope_theta), name="q_rope")
+        kh = f("Rope", kh, theta=float(rope_theta), name="k_rope")
+    vh = split_heads(f, v, kv, head_dim, "vh")
+    if form == "fused":
+        out, _ = f.results("Attention", qh, kh, vh, names=["ctx", "lse"], causal=causal)
+        return f("Reshape", out, shape=(0, 0, heads * head_dim), name="attn")
+    kh = repeat_kv(f, kh, kv, group, head_dim, "k")
+    vh = repeat_kv(f, vh, kv, group, head_dim, "v")
     qt = f("Transpose", qh, perm=(0, 2, 1, 3), name="qt")  # (B, h, S, d)
     kt = f("Transpose", kh, perm=(0, 2, 3, 1), name="kt")  # (B, h, d, S)
     vt = f("Transpose", vh, perm=(0, 2, 1, 3), name="vt")  # (B, h, S, d)

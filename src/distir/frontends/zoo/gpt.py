@@ -9,7 +9,8 @@
     }
 
 ``@block`` is pre-LN: ``x + Attn(LN1(x))`` then ``x + MLP(LN2(x))`` with causal multi-head
-attention (``attention.py``) and a GELU MLP of width 4·hidden; every projection has a bias.
+attention (``attention.py``: the fused op by default, ``attention=naive`` the explicit form) and
+a GELU MLP of width 4·hidden; every projection has a bias.
 The output projection ``wlm`` (hidden, vocab) is a weight of its own — *untied* from ``wte``
 (GPT-2 ties them; the chain contract uses each weight in one layer) — so the parameter count is
 the published one plus hidden·vocab. GELU is the exact (erf) one of the registry.
@@ -32,7 +33,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from distir.frontends.zoo._build import LayerCall, LayerFn, assemble, check_config, tensor, weight
-from distir.frontends.zoo.attention import attention
+from distir.frontends.zoo.attention import attention, attention_field
 from distir.frontends.zoo.model import InputSpec, Model, WeightSpec
 from distir.ir.dtensor import Placement, Replicate, Shard
 from distir.ir.function import Function
@@ -50,6 +51,7 @@ class GPTConfig:
     heads: int
     seq: int
     vocab: int = 50257
+    attention: str = attention_field()
 
     def __post_init__(self) -> None:
         check_config(FAMILY, self, divides=[("heads", "hidden")])
@@ -87,8 +89,11 @@ def linear(f: LayerFn, x: Value, w: Value, b: Value, name: str) -> Value:
     return f("Add", f("MatMul", x, w, name=f"{name}_xw"), b, name=name)
 
 
-def block_fn(name: str, hidden: int, heads: int, causal: bool = True) -> Function:
-    """The pre-LN transformer block (also TransGAN's, non-causal)."""
+def block_fn(
+    name: str, hidden: int, heads: int, causal: bool = True, attention_form: str = "fused"
+) -> Function:
+    """The pre-LN transformer block (also TransGAN's, non-causal); ``attention_form`` is the
+    model's ``attention`` option."""
     f = LayerFn(name)
     x = f.param("x")
     p = {n: f.param(n) for n in BLOCK_WEIGHTS}
@@ -96,7 +101,7 @@ def block_fn(name: str, hidden: int, heads: int, causal: bool = True) -> Functio
     q = linear(f, h, p["wq"], p["bq"], "q")
     k = linear(f, h, p["wk"], p["bk"], "k")
     v = linear(f, h, p["wv"], p["bv"], "v")
-    a = attention(f, q, k, v, heads=heads, head_dim=hidden // heads, causal=causal)
+    a = attention(f, q, k, v, heads=heads, head_dim=hidden // heads, causal=causal, form=attention_form)
     x = f("Add", x, linear(f, a, p["wo"], p["bo"], "o"), name="x_attn")
     h = f("LayerNormalization", x, p["ln2_scale"], p["ln2_bias"], name="ln2")
     m = f("Gelu", linear(f, h, p["w1"], p["b1"], "fc1"), name="gelu")
@@ -161,7 +166,7 @@ def build(cfg: GPTConfig, batch: int, dtype: DType = DType.f32, name: str = FAMI
         InputSpec("ids", tensor(DType.i64, batch, s), high=v),
         InputSpec("labels", tensor(DType.i64, batch, s), high=v),
     )
-    block = block_fn("block", h, cfg.heads)
+    block = block_fn("block", h, cfg.heads, attention_form=cfg.attention)
     calls = [LayerCall(embed_fn(s), (weight("wte", dtype, (v, h)), weight("wpe", dtype, (s, h))), "x0")]
     calls += [LayerCall(block, block_weights(i, h, dtype), f"x{i + 1}") for i in range(cfg.layers)]
     head_w = (
@@ -171,4 +176,4 @@ def build(cfg: GPTConfig, batch: int, dtype: DType = DType.f32, name: str = FAMI
     )
     calls.append(LayerCall(head_fn(), head_w, "logits"))
     calls.append(LayerCall(token_loss_fn(v, batch * s), ("labels",), "loss"))
-    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1)
+    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1, ends=(1, 2))

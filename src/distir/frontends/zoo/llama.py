@@ -10,12 +10,13 @@
 
 ``@block`` is ``x + Wo·Attn(RMSNorm(x))`` then ``x + W2·(silu(W1·h) ⊙ W3·h)`` with
 ``h = RMSNorm(x)`` and ``silu(a) = a·Sigmoid(a)``. Attention is causal and grouped-query: the
-``kv_heads`` key/value heads are each repeated ``heads/kv_heads`` times (``attention.py``).
+``kv_heads`` key/value heads are each repeated ``heads/kv_heads`` times (``attention.py``;
+``attention=fused`` by default, ``naive`` the explicit form). Position information is Llama's
+rotary embedding (``Rope`` on q and k after the head split, Meta's interleaved pairs) with base
+``rope_theta``: 10000 for Llama 2, 500000 for Llama 3 (the released configs).
 
-Simplified with respect to Llama: **no rotary position embedding** (RoPE rotates q and k by
-position; it costs a few elementwise FLOPs and changes no shape or parameter count) and no
-position information at all; RMSNorm epsilon 1e-5. ``wlm`` is untied from the token embedding,
-as in Llama.
+Simplified with respect to Llama: RMSNorm epsilon 1e-5. ``wlm`` is untied from the token
+embedding, as in Llama.
 
 Tensor-parallel declarations (Megatron-LM / Llama's model-parallel layers): wq, wk, wv, w1, w3
 column-parallel ``S(1)``; wo, w2 row-parallel ``S(0)``; norms, the embedding and ``wlm``
@@ -34,9 +35,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from distir.frontends.zoo._build import LayerCall, LayerFn, assemble, check_config, tensor, weight
-from distir.frontends.zoo.attention import attention
+from distir.frontends.zoo.attention import attention, attention_field
 from distir.frontends.zoo.gpt import token_loss_fn
-from distir.frontends.zoo.model import InputSpec, Model, WeightSpec
+from distir.frontends.zoo.model import InputSpec, Model, ModelError, WeightSpec
 from distir.ir.dtensor import Replicate, Shard
 from distir.ir.function import Function
 from distir.ir.types import DType
@@ -55,20 +56,30 @@ class LlamaConfig:
     ffn: int
     vocab: int
     seq: int
+    rope_theta: int = 10000  # RoPE's base: 10000 (Llama 2), 500000 (Llama 3)
+    attention: str = attention_field()
 
     def __post_init__(self) -> None:
         check_config(FAMILY, self, divides=[("heads", "hidden"), ("kv_heads", "heads")])
+        if (self.hidden // self.heads) % 2:
+            raise ModelError(
+                f"{FAMILY}: head_dim = hidden/heads = {self.hidden // self.heads} must be even (RoPE)"
+            )
 
 
 ZOO: dict[str, tuple[LlamaConfig, str]] = {
     "llama2-7b": (LlamaConfig(32, 4096, 32, 32, 11008, 32000, 4096), "Llama 2 7B (Touvron et al. 2023)"),
     "llama2-13b": (LlamaConfig(40, 5120, 40, 40, 13824, 32000, 4096), "Llama 2 13B (Touvron et al. 2023)"),
     "llama2-70b": (LlamaConfig(80, 8192, 64, 8, 28672, 32000, 4096), "Llama 2 70B (Touvron et al. 2023)"),
-    "llama3-8b": (LlamaConfig(32, 4096, 32, 8, 14336, 128256, 8192), "Llama 3 8B (Meta 2024)"),
+    "llama3-8b": (
+        LlamaConfig(32, 4096, 32, 8, 14336, 128256, 8192, rope_theta=500000),
+        "Llama 3 8B (Meta 2024)",
+    ),
 }
 
 
-def block_fn(hidden: int, heads: int, kv_heads: int) -> Function:
+def block_fn(cfg: LlamaConfig) -> Function:
+    hidden, heads, kv_heads = cfg.hidden, cfg.heads, cfg.kv_heads
     f = LayerFn("block")
     x = f.param("x")
     p = {n: f.param(n) for n in BLOCK_WEIGHTS}
@@ -76,7 +87,17 @@ def block_fn(hidden: int, heads: int, kv_heads: int) -> Function:
     q = f("MatMul", h, p["wq"], name="q")
     k = f("MatMul", h, p["wk"], name="k")
     v = f("MatMul", h, p["wv"], name="v")
-    a = attention(f, q, k, v, heads=heads, head_dim=hidden // heads, kv_heads=kv_heads)
+    a = attention(
+        f,
+        q,
+        k,
+        v,
+        heads=heads,
+        head_dim=hidden // heads,
+        kv_heads=kv_heads,
+        form=cfg.attention,
+        rope_theta=cfg.rope_theta,
+    )
     x = f("Add", x, f("MatMul", a, p["wo"], name="o"), name="x_attn")
     h = f("RMSNormalization", x, p["ffn_norm"], name="ffn_in")
     gate = f("MatMul", h, p["w1"], name="gate")
@@ -119,10 +140,10 @@ def build(cfg: LlamaConfig, batch: int, dtype: DType = DType.f32, name: str = FA
         InputSpec("ids", tensor(DType.i64, batch, s), high=v),
         InputSpec("labels", tensor(DType.i64, batch, s), high=v),
     )
-    block = block_fn(h, cfg.heads, cfg.kv_heads)
+    block = block_fn(cfg)
     calls = [LayerCall(embed_fn(), (weight("tok_emb", dtype, (v, h)),), "x0")]
     calls += [LayerCall(block, block_weights(i, cfg, dtype), f"x{i + 1}") for i in range(cfg.layers)]
     head_w = (weight("norm", dtype, (h,), value=1.0), weight("wlm", dtype, (h, v)))
     calls.append(LayerCall(head_fn(), head_w, "logits"))
     calls.append(LayerCall(token_loss_fn(v, batch * s), ("labels",), "loss"))
-    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1)
+    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1, ends=(1, 2))

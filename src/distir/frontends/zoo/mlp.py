@@ -69,4 +69,4 @@ def build(cfg: MLPConfig, batch: int, dtype: DType = DType.f32, name: str = FAMI
         for i in range(cfg.layers)
     ]
     calls.append(LayerCall(mse_loss_fn(batch * h), ("y",), "loss"))
-    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls)
+    return assemble(name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, ends=(0, 1))

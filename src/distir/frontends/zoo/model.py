@@ -92,6 +92,11 @@ class Model:
     flops_per_sample: float = 0.0
     # the sequence dim of the activations between layers (module docstring); None: no sequence
     seq_dim: int | None = None
+    # the layer calls that are not repeated blocks: ``pre`` before them (the embedding) always
+    # runs on the first pipeline chunk, ``post`` after them (head, loss) on the last; a
+    # strategy's partition (``L…``) counts the blocks in between (``distir.parallel.layer_prep``)
+    pre: int = 0
+    post: int = 0
     _by_name: dict[str, WeightSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -110,6 +115,14 @@ class Model:
             return self._by_name[name]
         except KeyError:
             raise ModelError(f"model {self.name} has no weight {name!r}") from None
+
+    def step_flops(self, train: bool = True) -> float | None:
+        """The model's FLOPs for one step at its batch — forward, plus backward = 2 × forward when
+        training (the 6·N·tokens convention with attention included; recomputation never
+        counts) — or None when the model does not know its forward FLOPs."""
+        if self.flops_per_sample <= 0:
+            return None
+        return self.flops_per_sample * self.batch * (3 if train else 1)
 
     @property
     def num_params(self) -> int:

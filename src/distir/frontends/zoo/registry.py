@@ -4,10 +4,12 @@ A model string is ``NAME`` or ``NAME:key=value,key=value``. ``NAME`` is a zoo en
 (``gpt2-117m``, ``llama3-8b``, ... — ``ZOO``) or a family (``mlp``, ``gpt``, ``llama``,
 ``transgan``); a bare family starts from its base entry (``mlp-1b``, ``gpt2-117m``,
 ``llama2-7b``, ``transgan-hetero``), and the ``key=value`` pairs override fields of the
-configuration (all positive integers), e.g.
+configuration: positive integers, or one of the listed words for an enumerated field (the
+transformers' ``attention=fused|naive``), e.g.
 
     gpt:layers=24,hidden=2304,heads=24,seq=2048,vocab=51200
     gpt2-117m:layers=2
+    llama3-8b:attention=naive
 
 An unknown name or key, a malformed pair or a bad value raises ``ModelError`` naming it, what
 is expected and the close matches. ``build_model(spec, batch, dtype)`` builds the model for a
@@ -108,8 +110,9 @@ def parse_model_string(text: str) -> ModelSpec:
             f"unknown model {head!r}{_close(head, known)}; expected a family ({', '.join(FAMILIES)}) "
             f"or a zoo name ({', '.join(ZOO)})"
         )
-    keys = [f.name for f in dataclasses.fields(base)]
-    overrides: dict[str, int] = {}
+    fields = {f.name: f for f in dataclasses.fields(base)}
+    keys = list(fields)
+    overrides: dict[str, int | str] = {}
     for item in rest.split(",") if colon and rest.strip() else []:
         key, eq, value = (s.strip() for s in item.partition("="))
         if not eq or not key:
@@ -123,10 +126,23 @@ def parse_model_string(text: str) -> ModelSpec:
             )
         if key in overrides:
             raise ModelError(f"model {text!r}: key {key!r} is given twice")
-        if not (value.isascii() and value.isdigit()) or int(value) < 1:
-            raise ModelError(f"model {text!r}: {key}={value!r}; expected a positive integer")
-        overrides[key] = int(value)
+        overrides[key] = _option_value(text, key, value, fields[key].metadata.get("choices"))
     return ModelSpec(text, family, dataclasses.replace(base, **overrides))
+
+
+def _option_value(text: str, key: str, value: str, choices: tuple[str, ...] | None) -> int | str:
+    """The value of one ``key=value`` pair: a word of an enumerated field's ``choices``, else a
+    positive integer."""
+    if choices is not None:
+        if value not in choices:
+            raise ModelError(
+                f"model {text!r}: {key}={value!r}{_close(value, list(choices))}; expected one of "
+                f"{', '.join(choices)}"
+            )
+        return value
+    if not (value.isascii() and value.isdigit()) or int(value) < 1:
+        raise ModelError(f"model {text!r}: {key}={value!r}; expected a positive integer")
+    return int(value)
 
 
 def build_from(spec: ModelSpec, batch: int, dtype: DType = DType.f32) -> Model:

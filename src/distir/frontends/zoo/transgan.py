@@ -30,6 +30,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from distir.frontends.zoo._build import LayerCall, LayerFn, assemble, check_config, tensor, weight
+from distir.frontends.zoo.attention import attention_field
 from distir.frontends.zoo.gpt import block_fn, block_weights, linear
 from distir.frontends.zoo.mlp import mse_loss_fn
 from distir.frontends.zoo.model import InputSpec, Model
@@ -47,6 +48,7 @@ class TransGANConfig:
     narrow: int = 16
     heads: int = 4
     tokens: int = 64
+    attention: str = attention_field()
 
     def __post_init__(self) -> None:
         check_config(FAMILY, self, divides=[("heads", "wide"), ("heads", "narrow")])
@@ -73,8 +75,8 @@ def build(cfg: TransGANConfig, batch: int, dtype: DType = DType.f32, name: str =
         InputSpec("x", tensor(dtype, batch, t, cfg.wide)),
         InputSpec("y", tensor(dtype, batch, t, cfg.narrow)),
     )
-    wide = block_fn("wide_block", cfg.wide, cfg.heads, causal=False)
-    narrow = block_fn("narrow_block", cfg.narrow, cfg.heads, causal=False)
+    wide = block_fn("wide_block", cfg.wide, cfg.heads, causal=False, attention_form=cfg.attention)
+    narrow = block_fn("narrow_block", cfg.narrow, cfg.heads, causal=False, attention_form=cfg.attention)
     calls = [LayerCall(wide, block_weights(i, cfg.wide, dtype), f"h{i + 1}") for i in range(cfg.wide_layers)]
     proj_w = (
         weight("proj_w", dtype, (cfg.wide, cfg.narrow), std=1.0 / math.sqrt(cfg.wide)),

@@ -1,0 +1,485 @@
+"""Published-runs validation (issue 16): predict published training runs with distir and compare.
+
+    PYTHONPATH=src .venv/bin/python bench/validate_published.py [--only NAME]... [--quick] [--markdown]
+
+Each run of ``bench/published_runs.toml`` (its source, model, cluster, the run's own strategy and
+precision, the published throughput and whether it fit) is built as ``distir simulate --model
+... --strategy ... --dtype bf16 --precision mixed`` builds it — the zoo model on the global batch,
+the cost model's chunk times, ``distribute`` with Adam and comm streams — and simulated on the
+run's cluster. The predicted step time is turned into the published unit (tokens/s per GPU,
+samples/s, seconds per step, or TFLOP/s per GPU under the publisher's FLOPs formula, so that the
+error is the error of the step time whatever the formula), and the table prints published vs
+predicted, the throughput error (negative: distir predicts a slower step), whether the run fits
+(published vs predicted) and the peak memory. The summary gives the median and max absolute
+error and how many published-fit runs are predicted to fit, against the issue's targets
+(median ≤ 10 %, none over 25 %, all fit).
+
+Runs needing a feature distir lacks (context parallelism, FP8, ...) are listed as
+``unsupported: <feature>`` and left out of the summary; a run distir refuses is listed with its
+error and counted as a failure. Prints figures; asserts nothing (``tests/bench`` checks the data).
+
+``--quick`` keeps the runs on at most 256 GPUs; ``--only NAME`` (repeatable, or a prefix ending in
+``*``) selects runs by name. One thread: set before numpy loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, NamedTuple
+
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "bench" / "published_runs.toml"
+METRICS = {
+    "tokens_per_gpu_s": "tok/s/GPU",
+    "samples_per_s": "samples/s",
+    "tflops_per_gpu": "TFLOP/s/GPU",
+    "seconds_per_step": "s/step",
+}
+PRECISIONS = {"bf16-mixed": "mixed", "bf16-pure": "pure", "fp8": None}
+FLOPS_FORMULAS = ("megatron",)
+QUICK_MAX_GPUS = 256
+TARGET_MEDIAN, TARGET_MAX = 10.0, 25.0
+
+
+class RunsError(ValueError):
+    """The data file is malformed: names the file, the run and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCfg:
+    family: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    seq: int
+    notes: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterCfg:
+    spec: str
+    gpu: str
+    gpus: int
+    interconnect: str
+
+
+@dataclass(frozen=True, slots=True)
+class StrategyCfg:
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    microbatch: int
+    global_batch: int
+    schedule: str
+    virtual_stages: int
+    zero: int
+    recompute: str
+    sequence_parallel: bool
+    assumed: tuple[str, ...] = ()
+    notes: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    metric: str
+    value: float
+    fit: bool
+    flops_formula: str = ""
+    also: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    name: str
+    trainer: str
+    source: str
+    where: str
+    commit: str
+    precision: str
+    precision_notes: str
+    model: ModelCfg
+    cluster: ClusterCfg
+    strategy: StrategyCfg
+    published: Published
+    unsupported: str = ""
+
+
+_TYPES: dict[str, type] = {"int": int, "str": str, "bool": bool, "float": float}
+
+
+def _typed(cls: type, table: Any, where: str) -> Any:
+    """An instance of dataclass ``cls`` from a TOML table: every field without a default present,
+    no unknown keys, each of its declared type (an int is a float; tuples from arrays of strings)."""
+    if not isinstance(table, dict):
+        raise RunsError(f"{where}: expected a table, got {type(table).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise RunsError(f"{where}: unknown field(s) {', '.join(unknown)}")
+    out: dict[str, Any] = {}
+    for name, f in known.items():
+        if name not in table:
+            if f.default is f.default_factory:  # dataclasses.MISSING for both: required
+                raise RunsError(f"{where}: missing field {name!r}")
+            continue
+        v, want = table[name], str(f.type)
+        if want.startswith("tuple"):
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise RunsError(f"{where}.{name}: expected a list of strings, got {v!r}")
+            v = tuple(v)
+        elif want in _TYPES and not isinstance(v, dict):
+            ok = isinstance(v, _TYPES[want]) and not (want != "bool" and isinstance(v, bool))
+            if want == "float" and isinstance(v, int) and not isinstance(v, bool):
+                ok, v = True, float(v)
+            if not ok:
+                raise RunsError(f"{where}.{name}: expected {want}, got {v!r}")
+        out[name] = v
+    return cls(**out)
+
+
+_SUB = {"model": ModelCfg, "cluster": ClusterCfg, "strategy": StrategyCfg, "published": Published}
+
+
+def _check(r: Run, where: str) -> None:
+    """Semantic checks a run needs before it can be predicted."""
+    for label, x in (("source", r.source), ("where", r.where), ("commit", r.commit)):
+        if not x.strip():
+            raise RunsError(f"{where}: empty {label}")
+    if not r.source.startswith("https://"):
+        raise RunsError(f"{where}.source: expected an https:// URL, got {r.source!r}")
+    if r.precision not in PRECISIONS:
+        raise RunsError(f"{where}.precision: expected one of {', '.join(PRECISIONS)}, got {r.precision!r}")
+    m, s, p = r.model, r.strategy, r.published
+    if m.family not in ("gpt", "llama"):
+        raise RunsError(f"{where}.model.family: expected gpt or llama, got {m.family!r}")
+    if p.metric not in METRICS:
+        raise RunsError(f"{where}.published.metric: expected one of {', '.join(METRICS)}, got {p.metric!r}")
+    if (p.metric == "tflops_per_gpu") != (p.flops_formula in FLOPS_FORMULAS):
+        raise RunsError(f"{where}.published.flops_formula: tflops_per_gpu needs one of {FLOPS_FORMULAS}")
+    if s.dp * s.tp * s.pp * s.cp != r.cluster.gpus:
+        raise RunsError(
+            f"{where}.strategy: dp·tp·pp·cp = {s.dp * s.tp * s.pp * s.cp} ≠ {r.cluster.gpus} GPUs"
+        )
+    if s.global_batch % (s.dp * s.microbatch):
+        raise RunsError(
+            f"{where}.strategy: global_batch {s.global_batch} is not a whole number of microbatches "
+            f"of {s.microbatch} per replica (dp {s.dp})"
+        )
+    if s.recompute not in ("none", "selective", "full"):
+        raise RunsError(f"{where}.strategy.recompute: expected none, selective or full, got {s.recompute!r}")
+
+
+def load_runs(path: Path = DATA) -> tuple[Run, ...]:
+    """Every [[run]] of the data file, typed and checked (``RunsError`` naming where otherwise)."""
+    with path.open("rb") as fh:
+        data = tomllib.load(fh)
+    runs: list[Run] = []
+    for i, t in enumerate(data.get("run", [])):
+        where = f"{path.name}: run[{i}] ({t.get('name', '?') if isinstance(t, dict) else '?'})"
+        if not isinstance(t, dict):
+            raise RunsError(f"{where}: expected a table")
+        top = {k: (_typed(_SUB[k], v, f"{where}.{k}") if k in _SUB else v) for k, v in t.items()}
+        r = _typed(Run, top, where)
+        _check(r, where)
+        runs.append(r)
+    names = [r.name for r in runs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise RunsError(f"{path.name}: duplicate run names {', '.join(dup)}")
+    return tuple(runs)
+
+
+def unsupported(r: Run) -> str:
+    """The features of ``r`` distir does not model, or ''."""
+    feats = [x.strip() for x in r.unsupported.split(",") if x.strip()]
+    if r.strategy.cp > 1 and "context parallelism" not in feats:
+        feats.append("context parallelism")
+    if PRECISIONS[r.precision] is None and r.precision not in feats:
+        feats.append(r.precision)
+    if r.model.family == "gpt" and (r.model.ffn != 4 * r.model.hidden or r.model.kv_heads != r.model.heads):
+        feats.append("gpt with ffn ≠ 4·hidden or grouped-query attention")
+    return ", ".join(feats)
+
+
+def zoo_model(m: ModelCfg) -> str:
+    """The zoo model string of ``m`` (its family's fields; the record's notes say what differs)."""
+    if m.family == "gpt":
+        return f"gpt:layers={m.layers},hidden={m.hidden},heads={m.heads},seq={m.seq},vocab={m.vocab}"
+    return (
+        f"llama:layers={m.layers},hidden={m.hidden},heads={m.heads},kv_heads={m.kv_heads},"
+        f"ffn={m.ffn},vocab={m.vocab},seq={m.seq}"
+    )
+
+
+def strategy_of(s: StrategyCfg) -> Any:
+    """The distir Strategy of a run: k = global batch / (dp · microbatch)."""
+    from distir.parallel.strategy import Strategy
+
+    return Strategy(
+        d=s.dp,
+        t=s.tp,
+        p=s.pp,
+        k=s.global_batch // (s.dp * s.microbatch),
+        schedule=s.schedule,
+        v=s.virtual_stages,
+        zero=s.zero,
+        recompute=s.recompute,
+        sp=s.sequence_parallel,
+    )
+
+
+def cluster_of(c: ClusterCfg) -> Any:
+    """The run's cluster: the preset or one-node cluster file's node, repeated to hold ``gpus``."""
+    from distir.hardware.cluster import Cluster, parse_cluster
+
+    spec = str(ROOT / c.spec) if c.spec.endswith(".toml") else c.spec
+    base = parse_cluster(spec)
+    node = base.nodes[0]
+    n = math.ceil(c.gpus / node.devices_per_node)
+    return Cluster(f"{base.name}:{n}", (node,) * n, inter_node=base.inter_node)
+
+
+def megatron_flops(m: ModelCfg, batch: int) -> float:
+    """Megatron-LM's model FLOPs per step (``num_floating_point_operations`` in
+    megatron/training/training.py at f2e5db4, the commit of the H100 table): forward + backward,
+    no recomputation, full (non-causal) attention scores, the logit layer included."""
+    gated = 1.5 if m.family == "llama" else 1.0
+    attn = 1 + m.kv_heads / m.heads + m.seq / m.hidden
+    mlp = m.ffn / m.hidden * gated
+    logit = m.vocab / (2 * m.layers * m.hidden)
+    return 12 * batch * m.seq * m.layers * m.hidden**2 * (attn + mlp + logit)
+
+
+class Prediction(NamedTuple):
+    step_time_s: float
+    figure: float  # in the published metric's unit
+    fits: bool
+    peak_gib: float
+    capacity_gib: float
+    strategy: str
+    seconds: float  # wall time of build + simulation
+
+
+def figure_of(r: Run, step_time_s: float) -> float:
+    """A step time in the unit ``r`` publishes."""
+    s, m = r.strategy, r.model
+    metric = r.published.metric
+    if metric == "seconds_per_step":
+        return step_time_s
+    if metric == "tokens_per_gpu_s":
+        return s.global_batch * m.seq / step_time_s / r.cluster.gpus
+    if metric == "samples_per_s":
+        return s.global_batch / step_time_s
+    return megatron_flops(m, s.global_batch) / step_time_s / r.cluster.gpus / 1e12
+
+
+def predict(r: Run) -> Prediction:
+    """Build, distribute and simulate ``r`` as ``distir simulate --model`` does."""
+    from distir.autodiff.precision import Precision
+    from distir.autodiff.train import Optimizer
+    from distir.frontends.zoo.registry import build_model, parse_model_string
+    from distir.ir.types import DType
+    from distir.parallel.distribute import device_map, distribute
+    from distir.search.chunk_times import chunk_times
+    from distir.sim.simulate import simulate
+
+    t0 = time.perf_counter()
+    spec, st, cl = zoo_model(r.model), strategy_of(r.strategy), cluster_of(r.cluster)
+    dt, batch = DType.bf16, r.strategy.global_batch
+    mod = build_model(spec, batch=batch, dtype=dt)
+    times = chunk_times(mod, parse_model_string(spec), cl, dt, True, st)
+    prec = Precision.parse(PRECISIONS[r.precision] or "mixed")
+    prog = distribute(
+        mod, st, Optimizer("adam"), train=True, comm_streams=True, precision=prec, chunk_times=times
+    )
+    res = simulate(prog, cl, device_map(st, True), batch=batch)
+    peak = max(res.peak_memory.values())
+    cap = min(res.capacity.values())
+    return Prediction(
+        res.step_time_s,
+        figure_of(r, res.step_time_s),
+        not res.oom_gpus,
+        peak / 2**30,
+        cap / 2**30,
+        str(st),
+        time.perf_counter() - t0,
+    )
+
+
+class Row(NamedTuple):
+    run: Run
+    prediction: Prediction | None
+    error_pct: float | None  # of the throughput: predicted / published - 1, in %
+    note: str  # "unsupported: ...", "error: ..." or ""
+
+
+def throughput_error_pct(r: Run, predicted: float) -> float:
+    """predicted / published throughput - 1, in %: negative when distir predicts a slower step
+    (for a published step time, published / predicted - 1)."""
+    pub = r.published.value
+    ratio = pub / predicted if r.published.metric == "seconds_per_step" else predicted / pub
+    return 100.0 * (ratio - 1.0)
+
+
+def _distir_errors() -> tuple[type[Exception], ...]:
+    from distir.autodiff.reverse import AutodiffError
+    from distir.frontends.zoo.model import ModelError
+    from distir.hardware.specs import HardwareError
+    from distir.interp.loop import InterpretError
+    from distir.parallel.propagate import ShardingError
+    from distir.parallel.strategy import StrategyError
+
+    return (StrategyError, ModelError, AutodiffError, ShardingError, HardwareError, InterpretError)
+
+
+def evaluate(r: Run) -> Row:
+    missing = unsupported(r)
+    if missing:
+        return Row(r, None, None, f"unsupported: {missing}")
+    try:
+        p = predict(r)
+    except _distir_errors() as e:
+        return Row(r, None, None, f"error: {e}")
+    return Row(r, p, throughput_error_pct(r, p.figure), "")
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}" if x >= 1000 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+def _yn(b: bool) -> str:
+    return "yes" if b else "NO"
+
+
+def table_lines(rows: list[Row], markdown: bool) -> list[str]:
+    head = (
+        "run",
+        "GPUs",
+        "strategy",
+        "unit",
+        "published",
+        "predicted",
+        "error",
+        "fits pub/pred",
+        "peak GiB",
+        "note",
+    )
+    body: list[tuple[str, ...]] = []
+    for row in rows:
+        r, p = row.run, row.prediction
+        unit = METRICS[r.published.metric]
+        if p is None or row.error_pct is None:
+            fit = f"{_yn(r.published.fit)}/-"
+            body.append(
+                (r.name, str(r.cluster.gpus), "", unit, _fmt(r.published.value), "-", "", fit, "", row.note)
+            )
+            continue
+        body.append(
+            (
+                r.name,
+                str(r.cluster.gpus),
+                p.strategy,
+                unit,
+                _fmt(r.published.value),
+                _fmt(p.figure),
+                f"{row.error_pct:+.1f}%",
+                f"{_yn(r.published.fit)}/{_yn(p.fits)}",
+                f"{p.peak_gib:.1f}/{p.capacity_gib:.0f}",
+                f"assumed: {', '.join(r.strategy.assumed)}" if r.strategy.assumed else "",
+            )
+        )
+    if markdown:
+        out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        return out + ["| " + " | ".join(b) + " |" for b in body]
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    return ["  ".join(x[i].ljust(widths[i]) for i in range(len(head))).rstrip() for x in [head, *body]]
+
+
+def summary_lines(rows: list[Row]) -> list[str]:
+    done = [r for r in rows if r.error_pct is not None]
+    unsup = [r for r in rows if r.note.startswith("unsupported")]
+    failed = [r for r in rows if r.note.startswith("error")]
+    out = [f"runs: {len(rows)}; predicted: {len(done)}; unsupported: {len(unsup)}; refused: {len(failed)}"]
+    if done:
+        errs = [abs(r.error_pct) for r in done if r.error_pct is not None]
+        worst = max(done, key=lambda r: abs(r.error_pct or 0.0))
+        med, mx = statistics.median(errs), max(errs)
+        pub_fit = [r for r in done + failed if r.run.published.fit]  # a refused run does not fit
+        fit_ok = [r for r in pub_fit if r.prediction is not None and r.prediction.fits]
+        over = sum(e > TARGET_MAX for e in errs)
+        out += [
+            f"median |error| {med:.1f}% "
+            f"(target ≤ {TARGET_MEDIAN:.0f}%: {'met' if med <= TARGET_MEDIAN else 'NOT met'})",
+            f"max |error| {mx:.1f}% ({worst.run.name}); {over} over {TARGET_MAX:.0f}% "
+            f"(target none: {'met' if over == 0 else 'NOT met'})",
+            f"published-fit runs predicted to fit: {len(fit_ok)}/{len(pub_fit)} "
+            f"(target all: {'met' if len(fit_ok) == len(pub_fit) else 'NOT met'})",
+        ]
+    if failed:
+        out.append(f"refused by distir (count as misses): {', '.join(r.run.name for r in failed)}")
+    return out
+
+
+def _named(r: Run, pattern: str) -> bool:
+    return r.name.startswith(pattern[:-1]) if pattern.endswith("*") else r.name == pattern
+
+
+def select(runs: tuple[Run, ...], only: list[str], quick: bool) -> list[Run]:
+    """The runs named by ``only`` (all if empty), on at most QUICK_MAX_GPUS GPUs with ``quick``."""
+    unknown = [o for o in only if not any(_named(r, o) for r in runs)]
+    if unknown:
+        raise RunsError(f"--only: no run named {', '.join(unknown)}")
+    return [
+        r
+        for r in runs
+        if (not only or any(_named(r, o) for o in only)) and (not quick or r.cluster.gpus <= QUICK_MAX_GPUS)
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", action="append", default=[], metavar="NAME", help="a run name or prefix*")
+    ap.add_argument("--quick", action="store_true", help=f"only runs on at most {QUICK_MAX_GPUS} GPUs")
+    ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    ap.add_argument("--sources", action="store_true", help="also list each run's source")
+    ap.add_argument("--data", type=Path, default=DATA, help="the runs file")
+    args = ap.parse_args(argv)
+    try:
+        runs = select(load_runs(args.data), args.only, args.quick)
+    except RunsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rows = []
+    for i, r in enumerate(runs, 1):
+        row = evaluate(r)
+        took = f"{row.prediction.seconds:.1f} s" if row.prediction else row.note
+        slow = "  (slow: over 60 s)" if row.prediction and row.prediction.seconds > 60 else ""
+        print(f"[{i}/{len(runs)}] {r.name}: {took}{slow}", file=sys.stderr, flush=True)
+        rows.append(row)
+    print("\n".join(table_lines(rows, args.markdown)))
+    print()
+    print("\n".join(summary_lines(rows)))
+    if args.sources:
+        print()
+        for r in runs:
+            print(f"{r.name}: {r.source} — {r.where}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,433 @@
+"""Fused attention and rotary position embedding: Attention, AttentionGrad, Rope.
+
+``out, lse = Attention(q, k, v; causal, scale, dropout)`` is scaled-dot-product self-attention
+as FlashAttention-2 computes it, in its BSHD layout (no transposes around it):
+
+- ``q`` is (B, S, h, d), ``k`` and ``v`` are (B, S, h_kv, d) with ``h_kv`` dividing ``h``
+  (grouped-query attention: query head ``i`` reads kv head ``i // (h / h_kv)``);
+- ``out`` (B, S, h, d) = softmax(scale · q kᵀ [+ causal mask]) v, per head; ``scale`` defaults
+  to 1/sqrt(d); ``causal`` hides key j from query i when j > i;
+- ``lse`` (B, h, S) is the log-sum-exp of each query's scaled scores, in f32 (f64 for f64
+  inputs): the one statistic the backward needs to rebuild the probabilities. No S×S tensor is
+  ever a value of the program, so memory is O(B·S·h·d).
+
+``dq, dk, dv = AttentionGrad(dout, q, k, v, out, lse; ...)`` is its backward (FlashAttention-2's:
+it recomputes the scores blockwise from q, k and ``lse``).
+
+FLOPs as FlashAttention-2 counts them (Dao, "FlashAttention-2", 2023, §4.1): the forward is
+two matmuls of 2·B·h·S²·d each, 4·B·h·S²·d, halved when causal; the backward 2.5 times that
+(five matmuls, one of them the recomputed scores). Bytes read and written are the operands' and
+results' (the default): O(B·S·h·d).
+
+``dropout`` (the probability of dropping an attention probability, default 0) is accepted by
+the type rule and costs nothing extra here (FlashAttention generates its mask on the fly from a
+seed); the numpy references refuse a nonzero dropout (``AttentionDropoutError``): they cannot
+reproduce the kernel's random stream, so a program with dropout can be simulated but not run.
+
+``Rope(x; theta, inverse)`` is rotary position embedding (Su et al., "RoFormer", 2021) as Meta's
+Llama applies it to q and k: x is (B, S, heads, d) with d even, and each consecutive pair
+``(x[2i], x[2i+1])`` at position ``s`` (dim 1) is rotated by the angle ``s · theta^(-2i/d)``.
+``inverse`` rotates by the opposite angle: the inverse, and the transpose, so it is also the
+gradient.
+
+Sharding (``distir.ops.sharding``-style rules, defined here): both attention ops split the batch
+(every tensor on its dim 0), or the heads (q, k, v, out on dim 2, lse on dim 1) when every
+shard keeps whole GQA groups (the pieces of h are the pieces of h_kv times h / h_kv: the local
+query head i still reads local kv head i // group); the sequence and head dims stay whole.
+AttentionGrad is linear in dout, so a pending sum on it (the rest replicated) passes to all
+three gradients. Rope is pointwise over the batch and the heads (and linear: a pending sum
+passes through); the positions (dim 1) and the pairs (dim 3) stay whole, since a piece does not
+know its global position.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from distir.ir.dtensor import Placement, Shard, split_sizes
+from distir.ir.ops import Op
+from distir.ir.types import DType, TensorType, Type
+from distir.ir.values import Attrs, Value
+from distir.ops import sharding as sh
+from distir.ops._rules import float_attr, float_input, out_numel_flops, same_dtype
+from distir.ops._special import F64, f64
+from distir.ops.gradrules import GradCtx, NotDifferentiableError, first
+from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+
+FAMILY = "attention"
+
+ATTENTION_ATTRS = {
+    "causal": AttrSpec("bool", False),
+    "scale": AttrSpec("float", None),  # None: 1/sqrt(d)
+    "dropout": AttrSpec("float", 0.0),
+}
+
+BACKWARD_FACTOR = 2.5  # FlashAttention-2: backward FLOPs = 2.5 x forward
+
+
+class AttentionDropoutError(ValueError):
+    """A numpy reference was asked for attention with dropout, which it cannot reproduce."""
+
+
+def lse_dtype(dtype: DType) -> DType:
+    """The log-sum-exp's dtype: f32, or f64 for f64 inputs (never narrower than f32)."""
+    return DType.f64 if dtype == DType.f64 else DType.f32
+
+
+# -- type rules -------------------------------------------------------------------------------
+def _check_qkv(ctx: TypeCtx, first_index: int) -> tuple[TensorType, TensorType]:
+    """q (B, S, h, d), k and v (B, S, h_kv, d) at inputs ``first_index``.. +2: one float dtype,
+    h_kv dividing h; returns (q, k)."""
+    qi, ki, vi = first_index, first_index + 1, first_index + 2
+    q = float_input(ctx, qi, "q")
+    same_dtype(ctx, [qi, ki, vi])
+    k, v = ctx.tensor(ki), ctx.tensor(vi)
+    for i, t, name in ((qi, q, "q"), (ki, k, "k"), (vi, v, "v")):
+        if t.rank != 4:
+            ctx.fail(f"{ctx.op.name}: {name} must be (batch, seq, heads, head_dim)", i, "rank 4", t.rank)
+    if v.shape != k.shape:
+        ctx.fail(f"{ctx.op.name}: v of shape {v.shape} differs from k {k.shape}", vi, k.shape, v.shape)
+    want = (q.shape[0], q.shape[1], k.shape[2], q.shape[3])
+    if k.shape != want:
+        ctx.fail(
+            f"{ctx.op.name}: k of shape {k.shape} does not fit q {q.shape} (want (B, S, h_kv, d) = "
+            f"(batch, seq of q, kv heads, head_dim of q))",
+            ki,
+            want,
+            k.shape,
+        )
+    h, hkv = q.shape[2], k.shape[2]
+    if (hkv == 0 and h != 0) or (hkv and h % hkv):
+        ctx.fail(f"{ctx.op.name}: kv heads {hkv} must divide query heads {h}", ki, f"a divisor of {h}", hkv)
+    p = ctx.attr("dropout")
+    if not 0.0 <= p < 1.0:
+        ctx.fail(f"{ctx.op.name}: dropout={p} must be in [0, 1)", None, "[0, 1)", p)
+    return q, k
+
+
+def _lse_type(ctx: TypeCtx, q: TensorType) -> TensorType:
+    b, s, h, _ = q.shape
+    return ctx.out(lse_dtype(q.dtype), (b, h, s))
+
+
+def _attention_rule(ctx: TypeCtx) -> Sequence[Type]:
+    q, _ = _check_qkv(ctx, 0)
+    return (ctx.out(q.dtype, q.shape), _lse_type(ctx, q))
+
+
+def _attention_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
+    q, k = _check_qkv(ctx, 1)
+    float_input(ctx, 0, "gradient")
+    same_dtype(ctx, [0, 1, 4])
+    for i, name in ((0, "dout"), (4, "out")):
+        t = ctx.tensor(i)
+        if t.shape != q.shape:
+            ctx.fail(
+                f"AttentionGrad: {name} of shape {t.shape} must be shaped like q {q.shape}",
+                i,
+                q.shape,
+                t.shape,
+            )
+    lse, want = ctx.tensor(5), _lse_type(ctx, q)
+    if (lse.dtype, lse.shape) != (want.dtype, want.shape):
+        ctx.fail(
+            f"AttentionGrad: lse must be {want.dtype} {want.shape} (B, h, S), got {lse.dtype} {lse.shape}",
+            5,
+            (want.dtype, want.shape),
+            (lse.dtype, lse.shape),
+        )
+    return (ctx.out(q.dtype, q.shape), ctx.out(k.dtype, k.shape), ctx.out(k.dtype, k.shape))
+
+
+# -- numpy references -------------------------------------------------------------------------
+def _scale(attrs: Attrs, d: int) -> float:
+    s = attrs.get("scale")
+    return 1.0 / math.sqrt(d) if s is None else float_attr(attrs, "scale", 0.0)
+
+
+def _no_dropout(attrs: Attrs) -> None:
+    if float_attr(attrs, "dropout", 0.0) > 0.0:
+        raise AttentionDropoutError(
+            "the numpy reference of attention cannot run dropout > 0 (FlashAttention draws its mask "
+            "from the kernel's random stream); simulate such a program, or run it with dropout=0"
+        )
+
+
+def repeat_kv(x: F64, group: int) -> F64:
+    """(B, S, h_kv, d) -> (B, S, h_kv·group, d), each kv head repeated ``group`` times in a row."""
+    return np.repeat(x, group, axis=2)
+
+
+def _group_sum(x: F64, hkv: int) -> F64:
+    """(B, S, h_kv·group, d) -> (B, S, h_kv, d): sum each kv head's group (repeat_kv's adjoint)."""
+    b, s, h, d = x.shape
+    return x.reshape(b, s, hkv, h // max(hkv, 1), d).sum(axis=3)  # type: ignore[no-any-return]
+
+
+def scores(q: F64, k: F64, scale: float, causal: bool) -> F64:
+    """(B, h, S, S) scaled scores of q (B, S, h, d) against the repeated k; -inf where masked."""
+    group = q.shape[2] // max(k.shape[2], 1)
+    s = np.einsum("bihd,bjhd->bhij", q, repeat_kv(k, group)) * scale
+    if causal:
+        n = s.shape[-1]
+        s = np.where(np.triu(np.ones((n, n), dtype=bool), k=1), -np.inf, s)
+    return s  # type: ignore[no-any-return]
+
+
+def attention_reference(
+    q: Any, k: Any, v: Any, *, causal: bool, scale: float | None = None
+) -> tuple[F64, F64]:
+    """Exact softmax attention in float64: (out (B, S, h, d), lse (B, h, S))."""
+    qd, kd, vd = f64(q), f64(k), f64(v)
+    sc = 1.0 / math.sqrt(qd.shape[3]) if scale is None else scale
+    s = scores(qd, kd, sc, causal)
+    m = np.max(s, axis=-1, keepdims=True, initial=-np.inf) if s.size else np.zeros((*s.shape[:-1], 1))
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - m)
+    total = np.sum(e, axis=-1, keepdims=True)
+    lse = (m + np.log(total))[..., 0]
+    group = qd.shape[2] // max(kd.shape[2], 1)
+    out = np.einsum("bhij,bjhd->bihd", e / total, repeat_kv(vd, group))
+    return out, lse
+
+
+def _attention_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    _no_dropout(attrs)
+    q = np.asarray(args[0])
+    out, lse = attention_reference(
+        q, args[1], args[2], causal=bool(attrs.get("causal", False)), scale=_scale(attrs, q.shape[3])
+    )
+    return (out.astype(q.dtype), lse.astype(lse_dtype(DType.from_numpy(q.dtype)).to_numpy()))
+
+
+def attention_grad_reference(
+    dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *, causal: bool, scale: float
+) -> tuple[F64, F64, F64]:
+    """(dq, dk, dv) in float64, the probabilities rebuilt from ``lse`` (FlashAttention-2's
+    backward, untiled)."""
+    do, qd, kd, vd, od = f64(dout), f64(q), f64(k), f64(v), f64(out)
+    hkv = kd.shape[2]
+    group = qd.shape[2] // max(hkv, 1)
+    p = np.exp(scores(qd, kd, scale, causal) - f64(lse)[..., None])  # (B, h, S, S)
+    dv = _group_sum(np.einsum("bhij,bihd->bjhd", p, do), hkv)
+    dp = np.einsum("bihd,bjhd->bhij", do, repeat_kv(vd, group))
+    delta = np.einsum("bihd,bihd->bhi", do, od)[..., None]  # rowsum(dout ⊙ out)
+    ds = p * (dp - delta) * scale
+    dq = np.einsum("bhij,bjhd->bihd", ds, repeat_kv(kd, group))
+    dk = _group_sum(np.einsum("bhij,bihd->bjhd", ds, qd), hkv)
+    return dq, dk, dv
+
+
+def _attention_grad_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    _no_dropout(attrs)
+    dout, q, k = np.asarray(args[0]), np.asarray(args[1]), np.asarray(args[2])
+    dq, dk, dv = attention_grad_reference(
+        dout,
+        q,
+        k,
+        args[3],
+        args[4],
+        args[5],
+        causal=bool(attrs.get("causal", False)),
+        scale=_scale(attrs, q.shape[3]),
+    )
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(k.dtype))
+
+
+# -- costs ------------------------------------------------------------------------------------
+def forward_flops(batch: int, seq: int, heads: int, head_dim: int, causal: bool) -> float:
+    """FlashAttention-2's forward count: 4·B·h·S²·d, halved when causal."""
+    return 4.0 * batch * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
+
+
+def _q_shape(t: Type) -> tuple[int, ...]:
+    assert isinstance(t, TensorType)
+    return t.shape
+
+
+def _attention_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+    b, s, h, d = _q_shape(ins[0])
+    return forward_flops(b, s, h, d, bool(attrs.get("causal", False)))
+
+
+def _attention_grad_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+    b, s, h, d = _q_shape(ins[1])
+    return BACKWARD_FACTOR * forward_flops(b, s, h, d, bool(attrs.get("causal", False)))
+
+
+# -- sharding ---------------------------------------------------------------------------------
+def heads_split_evenly(h: int, hkv: int, n: int) -> bool:
+    """Whether splitting h query heads and h_kv kv heads over ``n`` keeps whole GQA groups on
+    every shard (each shard's query heads are exactly its kv heads' groups)."""
+    if h <= 1 or hkv < 1:
+        return False
+    group = h // hkv
+    return split_sizes(h, n) == [group * x for x in split_sizes(hkv, n)]
+
+
+def _attention_strategies(
+    q: tuple[int, ...],
+    hkv: int,
+    n: int,
+    tensor_ins: int,
+    lse_at: int | None,
+    n_outs: int,
+    lse_out: int | None,
+) -> list[sh.Strategy]:
+    """Batch and heads strategies: every (B, S, h, d) tensor on dim 0 / 2, the lse on 0 / 1."""
+    found: list[sh.Strategy] = []
+
+    def place(count: int, lse: int | None, dim: int, lse_dim: int) -> tuple[Placement, ...]:
+        return tuple(Shard(lse_dim if i == lse else dim) for i in range(count))
+
+    if q[0] > 1:
+        found.append(sh.Strategy(place(tensor_ins, lse_at, 0, 0), place(n_outs, lse_out, 0, 0)))
+    if heads_split_evenly(q[2], hkv, n):
+        found.append(sh.Strategy(place(tensor_ins, lse_at, 2, 1), place(n_outs, lse_out, 2, 1)))
+    return found
+
+
+def _attention_sharding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[sh.Strategy]:
+    q, k = _q_shape(ins[0]), _q_shape(ins[1])
+    return [sh.replicated(ins, outs), *_attention_strategies(q, k[2], n, 3, None, 2, 1)]
+
+
+def _attention_grad_sharding(
+    ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int
+) -> list[sh.Strategy]:
+    q, k = _q_shape(ins[1]), _q_shape(ins[2])
+    found = [sh.replicated(ins, outs), *_attention_strategies(q, k[2], n, 6, 5, 3, None)]
+    found.append(sh.linear_first(ins, outs))
+    return found
+
+
+ATTENTION = register(
+    OpDef(
+        name="Attention",
+        family=FAMILY,
+        inputs=("q", "k", "v"),
+        outputs=("out", "lse"),
+        infer=_attention_rule,
+        attrs=dict(ATTENTION_ATTRS),
+        reference=_attention_ref,
+        flops=_attention_flops,
+        doc="Fused scaled-dot-product attention in the BSHD layout (GQA, causal): out and the "
+        "f32 log-sum-exp per query (B, h, S); never an S×S value.",
+        sharding=_attention_sharding,
+        attention_core=True,
+    )
+)
+ATTENTION_GRAD = register(
+    OpDef(
+        name="AttentionGrad",
+        family=FAMILY,
+        inputs=("dout", "q", "k", "v", "out", "lse"),
+        outputs=("dq", "dk", "dv"),
+        infer=_attention_grad_rule,
+        attrs=dict(ATTENTION_ATTRS),
+        reference=_attention_grad_ref,
+        flops=_attention_grad_flops,
+        doc="Gradients of Attention w.r.t. q, k and v (FlashAttention-2's backward: recomputes "
+        "the scores from q, k and lse; 2.5x the forward FLOPs).",
+        sharding=_attention_grad_sharding,
+    )
+)
+
+
+# -- Rope -------------------------------------------------------------------------------------
+def _rope_rule(ctx: TypeCtx) -> Sequence[Type]:
+    x = float_input(ctx, 0, "X")
+    if x.rank != 4 or x.shape[3] % 2:
+        ctx.fail(
+            "Rope needs X of shape (batch, seq, heads, head_dim) with an even head_dim",
+            0,
+            "(B, S, h, 2k)",
+            x.shape,
+        )
+    if ctx.attr("theta") <= 0:
+        ctx.fail(f"Rope theta={ctx.attr('theta')} must be positive", None, "> 0", ctx.attr("theta"))
+    return (ctx.out(x.dtype, x.shape),)
+
+
+def rope_angles(seq: int, head_dim: int, theta: float) -> F64:
+    """(S, d/2): position s times theta^(-2i/d)."""
+    freqs = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    return np.outer(np.arange(seq, dtype=np.float64), freqs)
+
+
+def _rope_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    x = np.asarray(args[0])
+    ang = rope_angles(x.shape[1], x.shape[3], float_attr(attrs, "theta", 10000.0))
+    if attrs.get("inverse", False):
+        ang = -ang
+    cos, sin = np.cos(ang)[None, :, None, :], np.sin(ang)[None, :, None, :]
+    xd = f64(x)
+    even, odd = xd[..., 0::2], xd[..., 1::2]
+    y = np.empty_like(xd)
+    y[..., 0::2] = even * cos - odd * sin
+    y[..., 1::2] = even * sin + odd * cos
+    return (y.astype(x.dtype),)
+
+
+def _rope_sharding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[sh.Strategy]:
+    x = _q_shape(ins[0])
+    found = [sh.replicated(ins, outs)]
+    found += [sh.Strategy((Shard(d),), (Shard(d),)) for d in (0, 2) if x[d] > 1]
+    found.append(sh.Strategy((sh.SUM,), (sh.SUM,)))
+    return found
+
+
+ROPE = register(
+    OpDef(
+        name="Rope",
+        family=FAMILY,
+        inputs=("X",),
+        outputs=("Y",),
+        infer=_rope_rule,
+        attrs={"theta": AttrSpec("float", 10000.0), "inverse": AttrSpec("bool", False)},
+        reference=_rope_ref,
+        flops=out_numel_flops(3.0),
+        doc="Rotary position embedding of X (B, S, h, d): pairs (2i, 2i+1) at position s rotated by "
+        "s·theta^(-2i/d) (by the opposite angle when inverse).",
+        sharding=_rope_sharding,
+    )
+)
+
+
+# -- gradient rules (contract: distir.ops.gradrules) --------------------------------------------
+def _attention_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    if douts[1] is not None:
+        raise NotDifferentiableError(
+            f"the log-sum-exp %{op.outputs[1].name} of Attention is a residual for its gradient; "
+            "a gradient flowing into it is not supported"
+        )
+    q, k, v = (ctx.primal(x) for x in op.inputs)
+    out, lse = (ctx.primal(x) for x in op.outputs)
+    attrs: dict[str, Any] = dict(op.attrs.items())
+    return ctx.op("AttentionGrad", first(douts), q, k, v, out, lse, **attrs)
+
+
+def _rope_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    theta = float_attr(op.attrs, "theta", 10000.0)
+    return ctx.op("Rope", first(douts), theta=theta, inverse=not bool(op.attrs.get("inverse", False)))
+
+
+ATTENTION.fill("grad", _attention_grad)
+ROPE.fill("grad", _rope_grad)
+
+__all__ = [
+    "BACKWARD_FACTOR",
+    "AttentionDropoutError",
+    "attention_grad_reference",
+    "attention_reference",
+    "forward_flops",
+    "heads_split_evenly",
+    "lse_dtype",
+    "repeat_kv",
+    "rope_angles",
+    "scores",
+]

@@ -1,0 +1,134 @@
+"""The published-runs data file (bench/published_runs.toml) and what validate_published.py derives
+from each record: the file parses, every run has a source and the fields the bench needs, maps
+onto a zoo model, a strategy and a cluster distir accepts; the loader names bad records. Not a
+test of the prediction errors (the bench prints those)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from distir.frontends.zoo.registry import parse_model_string
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "validate_published.py"
+
+
+def _load_bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("validate_published", BENCH)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses resolve the module by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+vp = _load_bench()
+RUNS = vp.load_runs()
+SUPPORTED = [r for r in RUNS if not vp.unsupported(r)]
+
+
+def test_at_least_15_supported_runs_from_several_sources() -> None:
+    assert len(SUPPORTED) >= 15
+    repos = {re.match(r"https://github.com/([^/]+/[^/]+)/", r.source).group(1) for r in RUNS}  # type: ignore[union-attr]
+    assert len(repos) >= 3
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda r: r.name)
+def test_every_run_has_a_source_at_a_commit(run: object) -> None:
+    assert run.source.startswith("https://")  # type: ignore[attr-defined]
+    assert re.fullmatch(r"[0-9a-f]{40}", run.commit)  # type: ignore[attr-defined]
+    assert run.commit in run.source  # type: ignore[attr-defined]
+    assert len(run.where) > 20  # type: ignore[attr-defined]
+    assert run.published.value > 0 and run.published.fit in (True, False)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("run", SUPPORTED, ids=lambda r: r.name)
+def test_supported_run_maps_onto_distir(run: object) -> None:
+    m, s, c = run.model, run.strategy, run.cluster  # type: ignore[attr-defined]
+    cfg = parse_model_string(vp.zoo_model(m)).config
+    for key in ("layers", "hidden", "heads", "seq", "vocab"):
+        assert getattr(cfg, key) == getattr(m, key)
+    if m.family == "llama":
+        assert (cfg.kv_heads, cfg.ffn) == (m.kv_heads, m.ffn)
+    st = vp.strategy_of(s)
+    assert st.d * st.k * s.microbatch == s.global_batch  # k whole microbatches per replica
+    assert st.devices == c.gpus
+    assert vp.cluster_of(c).num_devices >= c.gpus
+
+
+def test_megatron_flops_equals_the_closed_form() -> None:
+    # Narayanan et al. 2021, eq. (3) without recomputation: 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))
+    m = vp.ModelCfg(
+        "gpt", layers=24, hidden=2048, heads=16, kv_heads=16, ffn=8192, vocab=131072, seq=4096, notes=""
+    )
+    b, s, h, L, V = 192, 4096, 2048, 24, 131072
+    want = 72 * b * s * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h))
+    assert vp.megatron_flops(m, b) == pytest.approx(want, rel=1e-12)
+
+
+def test_figure_of_tokens_per_gpu() -> None:
+    run = next(r for r in RUNS if r.published.metric == "tokens_per_gpu_s")
+    tokens = run.strategy.global_batch * run.model.seq
+    assert vp.figure_of(run, 2.0) == pytest.approx(tokens / 2.0 / run.cluster.gpus)
+
+
+def test_error_is_a_throughput_error_for_every_metric() -> None:
+    # twice as fast a step is +100 % whether the source publishes a rate or a step time
+    for metric in vp.METRICS:
+        run = next((r for r in RUNS if r.published.metric == metric), None)
+        if run is None:
+            continue
+        # the step time whose figure is the published value (rates are work / step time), then half
+        pub = run.published.value
+        t = pub if metric == "seconds_per_step" else vp.figure_of(run, 1.0) / pub
+        assert vp.throughput_error_pct(run, vp.figure_of(run, t)) == pytest.approx(0.0, abs=1e-9)
+        assert vp.throughput_error_pct(run, vp.figure_of(run, t / 2)) == pytest.approx(100.0)
+
+
+def test_context_parallel_and_fp8_runs_are_marked_unsupported() -> None:
+    for r in RUNS:
+        if r.strategy.cp > 1:
+            assert "context parallelism" in vp.unsupported(r)
+        if r.precision == "fp8":
+            assert "fp8" in vp.unsupported(r)
+
+
+def _one_run_text() -> str:
+    text = vp.DATA.read_text()
+    start = text.index("\n[[run]]\n") + 1
+    return text[start : text.index("\n[[run]]\n", start)]
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: re.sub(r'^source = ".*"\n', "", t, flags=re.M), "missing field 'source'"),
+        (lambda t: t.replace("[run.strategy]\n", "[run.strategy]\nmicrobatchsize = 2\n"), "unknown field"),
+        (
+            lambda t: re.sub(r"^global_batch = \d+", "global_batch = 7", t, flags=re.M),
+            "whole number of microbatches",
+        ),
+        (lambda t: re.sub(r'^metric = ".*"', 'metric = "mfu_percent"', t, flags=re.M), "published.metric"),
+        (lambda t: re.sub(r"^dp = \d+", "dp = 3", t, flags=re.M), "GPUs"),
+    ],
+)
+def test_loader_names_a_bad_record(tmp_path: Path, edit: object, message: str) -> None:
+    bad = tmp_path / "runs.toml"
+    bad.write_text(edit(_one_run_text()))  # type: ignore[operator]
+    with pytest.raises(vp.RunsError, match=re.escape(message)) as e:
+        vp.load_runs(bad)
+    assert "run[0]" in str(e.value)
+
+
+def test_only_selects_by_name_and_prefix_and_rejects_unknown() -> None:
+    first = RUNS[0].name
+    assert [r.name for r in vp.select(RUNS, [first], False)] == [first]
+    prefix = first.split("-")[0] + "-*"
+    assert all(r.name.startswith(prefix[:-1]) for r in vp.select(RUNS, [prefix], False))
+    with pytest.raises(vp.RunsError, match="no run named"):
+        vp.select(RUNS, ["no-such-run"], False)
