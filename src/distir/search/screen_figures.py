@@ -110,10 +110,13 @@ class Tables:
 def new_tables(s: Strategy, b: int, train: bool, n_state: int) -> Tables:
     """Empty tables for ``s`` (without its placement) at microbatch ``b``; ``n_state``: optimizer
     state tensors per weight."""
-    # memory per device: static (weights, grads, state) + activations in flight + transient
+    # memory per device: static (weights, grads, state) + activations in flight + transient; the
+    # ZeRO paper's model state, as ``distribute`` holds it: the gradient accumulates in place
+    # (ZeRO-2/3: this replica's shard, reduce-scattered in buckets during every backward) and
+    # the optimizer updates weights and state in place
     static_f = 1.0 / s.d if s.zero == 3 else 1.0
     if train:
-        static_f += 1.0 + (1.0 if s.k > 1 else 0.0)  # gradient + its accumulator
+        static_f += 1.0 / s.d if s.zero >= 2 else 1.0  # the gradient
         static_f += n_state / (s.d if s.zero >= 1 else 1)
     return Tables(
         b=b,
