@@ -511,7 +511,18 @@ def search(
         int, typer.Option("--top", min=1, help="How many screened strategies to simulate exactly.")
     ] = 8,
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd or adam.")] = "adam",
-    dtype: Annotated[str, typer.Option("--dtype", help="f32, bf16 or f16.")] = "f32",
+    dtype: Annotated[
+        str,
+        typer.Option("--dtype", help="auto (the GPUs' fast half: bf16, else f16), f32, bf16 or f16."),
+    ] = "auto",
+    precision: Annotated[
+        str,
+        typer.Option(
+            "--precision",
+            help="auto (mixed for training, pure for inference), mixed (compute in --dtype, fp32 "
+            "master weights and optimizer state) or pure (everything in --dtype).",
+        ),
+    ] = "auto",
     dp: Annotated[int | None, typer.Option("--dp", min=1, help="Pin data parallelism.")] = None,
     tp: Annotated[int | None, typer.Option("--tp", min=1, help="Pin tensor parallelism.")] = None,
     pp: Annotated[int | None, typer.Option("--pp", min=1, help="Pin pipeline stages.")] = None,
