@@ -283,7 +283,8 @@ def test_simulate_model_errors(args: list[str], message: str) -> None:
 
 def test_simulate_mixed_precision() -> None:
     """``--precision mixed`` computes in --dtype with fp32 masters and state: with Adam the step's
-    parameters hold 12 bytes per weight (4 master + 8 m, v) where pure bf16 holds 6."""
+    parameters hold 14 bytes per weight (4 master + 8 m, v + the persistent bf16 copy) where pure
+    bf16 holds 6."""
     model = "mlp:layers=2,hidden=64"
     base = ["simulate", "--model", model, "--batch", "8", "--json"]
     got = {}
@@ -294,7 +295,7 @@ def test_simulate_mixed_precision() -> None:
         assert (d["dtype"], d["precision"]) == (dtype, precision)
         got[dtype, precision] = d["parameter_bytes"]["d0"]
     n = 2 * 64 * 64
-    assert got["bf16", "mixed"] - got["bf16", "pure"] == 6 * n
+    assert got["bf16", "mixed"] - got["bf16", "pure"] == 8 * n
     assert got["f16", "mixed"] == got["bf16", "mixed"]
     code, _, err = run(*base, "--precision", "mixed")  # --dtype f32
     assert code == 2 and "mixed precision computes in bf16 or f16" in err and "is f32" in err
@@ -302,3 +303,19 @@ def test_simulate_mixed_precision() -> None:
     assert code == 2 and "precision must be pure or mixed, got 'half'" in err
     code, _, err = run("simulate", str(EX / "fig2_mlp_pipeline.distir"), "--precision", "mixed")
     assert code == 2 and "--precision applies to --model" in err
+
+
+def test_simulate_bucket_size() -> None:
+    """``--bucket-mb``: smaller buckets start reducing earlier, so ZeRO-2 holds less unreduced
+    gradient at once; a size that is not positive is a one-line error; a program file has none."""
+    base = ["simulate", "--model", "mlp:layers=8,hidden=256", "--strategy", "d4.t1.p1.k2.1f1b.z2", "--json"]
+    peaks = {}
+    for mb in ("0.25", "25"):
+        code, out, _ = run(*base, "--bucket-mb", mb)
+        assert code == 0
+        peaks[mb] = max(json.loads(out)["peak_memory_bytes"].values())
+    assert peaks["0.25"] < peaks["25"]
+    code, _, err = run(*base, "--bucket-mb", "0")
+    assert code == 2 and "gradient bucket size must be positive" in err
+    code, _, err = run("simulate", str(EX / "fig2_mlp_pipeline.distir"), "--bucket-mb", "1")
+    assert code == 2 and "--bucket-mb applies to --model" in err

@@ -203,6 +203,14 @@ def simulate(
             "fp32 master weights and optimizer state).",
         ),
     ] = "pure",
+    bucket_mb: Annotated[
+        float,
+        typer.Option(
+            "--bucket-mb",
+            help="With --model and d > 1: gradient bucket size in MiB, reduced during the backward "
+            "(PyTorch DDP's bucket_cap_mb; default 25).",
+        ),
+    ] = 25.0,
     trace: Annotated[
         Path | None, typer.Option("--trace", help="Write a Perfetto/Chrome trace JSON here.")
     ] = None,
@@ -234,7 +242,9 @@ def simulate(
         )
     source: str
     if model is not None:
-        built = _model_program(model, strategy, batch, train, optimizer, dtype, debug, precision, cluster)
+        built = _model_program(
+            model, strategy, batch, train, optimizer, dtype, debug, precision, cluster, bucket_mb
+        )
         m, dmap0, source, batch, model_flops = built
     else:
         assert file is not None
@@ -242,6 +252,8 @@ def simulate(
             _fail("--strategy applies to --model, not to a program file")
         if precision != "pure":
             _fail("--precision applies to --model, not to a program file")
+        if bucket_mb != 25.0:
+            _fail("--bucket-mb applies to --model, not to a program file")
         s = _Session(file, debug)
         m = s.explicit(s.load(entry))  # a sharded program is simulated in its materialized form
         dmap0, source, model_flops = None, str(file), None
@@ -328,6 +340,7 @@ def _model_program(
     debug: bool,
     precision: str = "pure",
     cluster: str | None = None,
+    bucket_mb: float = 25.0,
 ) -> ModelProgram:
     """Build zoo model ``spec`` in ``dtype`` and distribute it with ``precision`` (pure, or mixed:
     fp32 masters). With a ``cluster`` that has the
@@ -367,7 +380,14 @@ def _model_program(
             if cl is not None and st.devices <= cl.num_devices:
                 times = chunk_times(mod, parse_model_string(spec), cl, dt, train, st)
         prog = distribute(
-            mod, st, Optimizer(optimizer), train=train, comm_streams=True, precision=prec, chunk_times=times
+            mod,
+            st,
+            Optimizer(optimizer),
+            train=train,
+            comm_streams=True,
+            precision=prec,
+            chunk_times=times,
+            bucket_mb=bucket_mb,
         )
     except (StrategyError, ModelError, AutodiffError, ShardingError) as e:
         if debug:
@@ -491,7 +511,18 @@ def search(
         int, typer.Option("--top", min=1, help="How many screened strategies to simulate exactly.")
     ] = 8,
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd or adam.")] = "adam",
-    dtype: Annotated[str, typer.Option("--dtype", help="f32, bf16 or f16.")] = "f32",
+    dtype: Annotated[
+        str,
+        typer.Option("--dtype", help="auto (the GPUs' fast half: bf16, else f16), f32, bf16 or f16."),
+    ] = "auto",
+    precision: Annotated[
+        str,
+        typer.Option(
+            "--precision",
+            help="auto (mixed for training, pure for inference), mixed (compute in --dtype, fp32 "
+            "master weights and optimizer state) or pure (everything in --dtype).",
+        ),
+    ] = "auto",
     dp: Annotated[int | None, typer.Option("--dp", min=1, help="Pin data parallelism.")] = None,
     tp: Annotated[int | None, typer.Option("--tp", min=1, help="Pin tensor parallelism.")] = None,
     pp: Annotated[int | None, typer.Option("--pp", min=1, help="Pin pipeline stages.")] = None,

@@ -504,3 +504,27 @@ def test_verify_error_without_context() -> None:
     assert str(e) == "plain"
     e = VerifyError("m", "f", Call("g", (Value("a"),), ()), expected=1, actual=2)
     assert str(e) == "in @f, at `@g(%a)`: m (expected 1, got 2)"
+
+
+def test_verify_checks_donations() -> None:
+    """A donated parameter exists and is donated once, into a result that exists and that no
+    other parameter is donated to (``Function.donated``)."""
+    import dataclasses
+
+    from distir.ir.function import Donation
+
+    m = parse_module(
+        """
+func @f(%x: Tensor[f32, (4,), d0], %w: Tensor[f32, (4,), d0] donated(0)) {
+  %y = Add(%x, %w)
+  return %y
+}"""
+    )
+    verify(m)
+    for bad, message in (
+        ((Donation(1, 0), Donation(0, 0)), "donated to result #0"),
+        ((Donation(7, -1),), "no such parameter"),
+        ((Donation(1, 3),), "donated to result #3"),
+    ):
+        with pytest.raises(VerifyError, match=message):
+            verify(Module((dataclasses.replace(m.entry, donated=bad),)))

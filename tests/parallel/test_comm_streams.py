@@ -45,9 +45,11 @@ def test_every_transfer_goes_from_a_send_stream_to_a_receive_stream() -> None:
             crossings += 1
             way = src.split("_")[0]
             assert (src, dst) == (f"{way}_send", f"{way}_recv"), (src, dst)
-        else:  # on one GPU: compute -> a send stream, or a receive stream -> compute
+        else:  # on one GPU: compute -> a send stream, or a receive stream -> compute (or to a
+            # data-parallel collective's stream and back: the gradient buckets)
             assert (src == "compute") != (dst == "compute")
-            assert dst.endswith("_send") or src.endswith("_recv"), (src, dst)
+            dp = src.startswith("dp_") or dst.startswith("dp_")
+            assert dst.endswith("_send") or src.endswith("_recv") or dp, (src, dst)
     assert crossings == 2 * 2 * 6  # 2 cuts, 6 microbatches, forward and backward
     assert sorted({slot.stream for slot in slots.values()}) == sorted(("compute", *STREAMS))
     assert len(slots) == (1 + len(STREAMS)) * n

@@ -62,7 +62,8 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
             comm[c] = (2.0 if pr.train else 1.0) * (link[0] + out_b[:-1] * link[1])
     static_f = 1.0 / s.d if s.zero == 3 else 1.0
     if pr.train:
-        static_f += 1.0 + (1.0 if s.k > 1 else 0.0) + pr.n_state / (s.d if s.zero >= 1 else 1)
+        # the gradient (accumulated in place; a shard from ZeRO-2) and the optimizer state
+        static_f += (1.0 / s.d if s.zero >= 2 else 1.0) + pr.n_state / (s.d if s.zero >= 1 else 1)
     infl = [inflight(s, j, pr.train) for j in range(s.p)]
     mem = np.array([static_f * w_bytes + infl[j] * saved for j in range(s.p)])
     caps = np.array([r.cap for r in rows], float)

@@ -46,7 +46,9 @@ def test_json_contract_ranked_best_first_and_consistent(tmp_path: Path) -> None:
     assert [r["throughput"] for r in fitting] == sorted((r["throughput"] for r in fitting), reverse=True)
     assert results[: len(fitting)] == fitting  # what fits comes first
     # the winner's figures are what an independent simulation of its strategy gives
-    again = evaluate(ExactJob(MODEL, "dgx-a100", 64), results[0]["strategy"])
+    assert (out["dtype"], out["precision"]) == ("bf16", "mixed")  # the trainers' default on A100s
+    job = ExactJob(MODEL, "dgx-a100", 64, dtype="bf16", precision="mixed")
+    again = evaluate(job, results[0]["strategy"])
     assert again["step_time_s"] == pytest.approx(results[0]["step_time_s"])
     rows = list(csv.DictReader((tmp_path / "r.csv").open()))
     assert [r["strategy"] for r in rows] == [r["strategy"] for r in results]

@@ -6,8 +6,10 @@ precision the training step (``training_step``, ``distribute``) then keeps, per 
 
 - an fp32 **master weight** and fp32 **optimizer state** (Adam's ``m``, ``v``): the step's weight and
   state parameters and results are fp32;
-- one **compute copy**: ``%w_bf16 = Cast(%w, to=bf16)``, emitted once per step before any use;
-  forward and backward run on it, in the compute dtype;
+- one **compute copy**: ``%w_bf16 = Cast(%w, to=bf16)``; forward and backward run on it, in the
+  compute dtype. The sequential step casts it once per step before any use; ``distribute`` keeps
+  it as trainers do — a step input that persists between steps, made anew from the updated
+  master after the optimizer and written into the old copy's place (``Function.donated``);
 - the **gradient** in the compute dtype: accumulated over microbatches and reduced over the
   data-parallel replicas in that dtype (half the bytes of an fp32 reduction — DeepSpeed ZeRO's and
   FSDP's default ``reduce_dtype = param_dtype``; Megatron-LM instead accumulates and all-reduces

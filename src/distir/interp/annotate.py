@@ -9,6 +9,7 @@ is right for it. Functions never reached are copied unchanged.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from distir.interp.shapes import TypeDomain, infer_types, type_of
@@ -26,7 +27,7 @@ def _typed_copy(fn: Function, types: Mapping[Value, Type]) -> Function:
         vmap.bind(p, fb.param(p.name, types.get(p, p.type)))
     for instr in fn.body:
         fb.append(copy_instr(instr, vmap))
-    return fb.ret(*(vmap(v) for v in fn.outputs))
+    return replace(fb.ret(*(vmap(v) for v in fn.outputs)), donated=fn.donated)
 
 
 def annotate_types(module: Module, concrete: Mapping[str, Any] | None = None) -> Module:

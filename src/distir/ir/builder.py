@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 
-from distir.ir.function import Function, Module
+from distir.ir.function import Donation, Function, Module
 from distir.ir.ops import Call, Instr, Op
 from distir.ir.types import Type
 from distir.ir.values import EMPTY_ATTRS, Attrs, Value, freeze_attr, typed_key
@@ -53,12 +53,23 @@ class FunctionBuilder:
         self._body: list[Instr] = []
         self._out_arity = out_arity
         self._done = False
+        self._donated: dict[Value, Value | None] = {}  # donated parameter -> result written into it
 
-    def param(self, name: str, type: Type | None = None) -> Value:
+    def param(self, name: str, type: Type | None = None, donated: bool = False) -> Value:
+        """A new parameter; ``donated``: the function may reuse its storage (``Function.donated``)."""
         self._check_open()
         v = Value(name, type)
+        if donated:
+            self._donated[v] = None
         self._params.append(v)
         return v
+
+    def donate(self, param: Value, into: Value) -> None:
+        """``param`` (donated) is updated in place: the result ``into`` (returned by ``ret``)
+        is written into its storage (``Donation``)."""
+        if param not in self._donated:
+            raise ValueError(f"%{param.name} is not a donated parameter of @{self.name}")
+        self._donated[param] = into
 
     def op(
         self,
@@ -130,7 +141,10 @@ class FunctionBuilder:
         """Finish the function, returning ``outputs``. The builder cannot be used afterwards."""
         self._check_open()
         self._done = True
-        return Function(self.name, tuple(self._params), tuple(self._body), tuple(outputs))
+        index = {p: j for j, p in enumerate(self._params)}
+        at = {v: j for j, v in reversed(list(enumerate(outputs)))}
+        donated = tuple(Donation(index[p], -1 if r is None else at[r]) for p, r in self._donated.items())
+        return Function(self.name, tuple(self._params), tuple(self._body), tuple(outputs), donated)
 
     def _results(
         self,

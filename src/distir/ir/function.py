@@ -12,9 +12,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from distir.ir.ops import Call, Instr, Op
 from distir.ir.values import Value
+
+
+class Donation(NamedTuple):
+    """Parameter ``param``'s storage belongs to the function: it is freed after the parameter's
+    last use — or, when ``result`` ≥ 0, not before the instruction that makes result ``result``,
+    which is written into it (an in-place update: a step's new weights and optimizer state take
+    the old ones' place, as every trainer updates them)."""
+
+    param: int
+    result: int = -1
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -23,6 +34,9 @@ class Function:
     params: tuple[Value, ...]
     body: tuple[Instr, ...]
     outputs: tuple[Value, ...]
+    # parameters whose storage the caller gives up (JAX's ``donate_argnums`` with XLA's
+    # input-output aliasing): ``Donation``; printed ``donated`` / ``donated(result)``
+    donated: tuple[Donation, ...] = ()
 
     def ops(self) -> Iterator[Op]:
         """The primitive ops of the body (calls excluded), in program order."""

@@ -4,7 +4,7 @@ Grammar (``//`` starts a comment that runs to the end of the line)::
 
     module   := function*
     function := "func" "@"NAME "(" [param ("," param)*] ")" "{" instr* "return" [vals] "}"
-    param    := "%"NAME [":" type]
+    param    := "%"NAME [":" type] ["donated" ["(" INT ")"]]     (``Function.donated``)
     instr    := [result ("," result)* "="] (OPNAME | "@"NAME) "(" [args] ")"
     result   := "%"NAME [":" type]
     args     := value ("," value)* ["," attr ("," attr)*]  |  attr ("," attr)*
@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import bisect
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from distir.ir.builder import FunctionBuilder
 from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, Replicate, Shard, axis_size
-from distir.ir.function import Function, Module, ModuleError
+from distir.ir.function import Donation, Function, Module, ModuleError
 from distir.ir.ops import Call, Op
 from distir.ir.types import Device, DType, IRTypeError, ScalarType, TensorType, TupleType, Type
 from distir.ir.values import EMPTY_ATTRS, Attrs, AttrValue, Value
@@ -184,12 +184,27 @@ class _Parser:
         fn_pos = self.line_col(t.pos)
         scope: dict[str, tuple[Value, Token]] = {}
         self.expect_punct("(", "after the function name")
+        gifts: list[Donation] = []  # donated parameters (``Function.donated``)
+        gifts_at: list[Token] = []  # each parameter's token
         if not self.is_punct(")"):
             while True:
                 tok = self.next()
                 if tok.kind != "VALUE":
                     raise self.error(f"expected a parameter like %x, found {self.describe(tok)}", tok)
                 typ = self.type() if self._maybe(":") else None
+                nxt = self.peek()
+                donated = nxt.kind == "IDENT" and nxt.text == "donated"
+                if donated:
+                    self.next()
+                    into = -1
+                    if self._maybe("("):
+                        r = self.next()
+                        if r.kind != "INT" or r.text.startswith("-"):
+                            raise self.error(f"expected a result index, found {self.describe(r)}", r)
+                        into = int(r.text)
+                        self.expect_punct(")", "after the donated result's index")
+                    gifts.append(Donation(len(gifts_at), into))
+                gifts_at.append(tok)
                 self.define(scope, tok, fb.param(tok.text[1:], typ))
                 if not self._maybe(","):
                     break
@@ -206,6 +221,15 @@ class _Parser:
                         outs.append(self.use(scope))
                 self.expect_punct("}", "after the return statement")
                 fn = fb.ret(*outs)
+                for g in gifts:
+                    if g.result >= len(outs):
+                        raise self.error(
+                            f"parameter {gifts_at[g.param].text} is donated to result {g.result}, "
+                            f"but @{fn.name} returns {len(outs)}",
+                            gifts_at[g.param],
+                        )
+                if gifts:
+                    fn = replace(fn, donated=tuple(gifts))
                 self.positions[fn] = fn_pos
                 return fn
             if t.kind == "EOF" or self.is_punct("}"):

@@ -106,7 +106,11 @@ def format_instr(instr: Instr, namer: Namer | None = None) -> str:
 
 def print_function(fn: Function) -> str:
     namer = Namer()
-    params = ", ".join(f"%{namer(p)}: {p.type}" if p.type is not None else f"%{namer(p)}" for p in fn.params)
+    donated = {d.param: " donated" if d.result < 0 else f" donated({d.result})" for d in fn.donated}
+    params = ", ".join(
+        (f"%{namer(p)}: {p.type}" if p.type is not None else f"%{namer(p)}") + donated.get(j, "")
+        for j, p in enumerate(fn.params)
+    )
     lines = [f"func @{fn.name}({params}) {{"]
     for instr in fn.body:
         lines.append("  " + format_instr(instr, namer))

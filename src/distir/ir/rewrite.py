@@ -6,6 +6,7 @@ Passes are pure: they build new functions and modules and never mutate their inp
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from distir.ir.builder import FunctionBuilder
 from distir.ir.function import Function, Module
@@ -68,7 +69,7 @@ def inline_calls(
                 fb.append(copy_instr(instr, vmap))
 
     emit(fn.body, top)
-    return fb.ret(*(top(v) for v in fn.outputs))
+    return replace(fb.ret(*(top(v) for v in fn.outputs)), donated=fn.donated)
 
 
 def eliminate_dead_code(fn: Function, keep: Callable[[Instr], bool] = lambda i: False) -> Function:
@@ -81,4 +82,4 @@ def eliminate_dead_code(fn: Function, keep: Callable[[Instr], bool] = lambda i: 
             body.append(instr)
             live.update(instr.inputs)
     body.reverse()
-    return Function(fn.name, fn.params, tuple(body), fn.outputs)
+    return Function(fn.name, fn.params, tuple(body), fn.outputs, fn.donated)

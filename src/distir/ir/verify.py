@@ -82,6 +82,28 @@ def verify(module: Module, check_op: OpChecker | None = None) -> Module:
     return module
 
 
+def _verify_donations(fn: Function) -> None:
+    """Each donated parameter (``Function.donated``) exists, is donated once, and is written
+    into a result that exists, by at most one parameter."""
+    seen: set[int] = set()
+    into: set[int] = set()
+    for d in fn.donated:
+        if not 0 <= d.param < len(fn.params) or d.param in seen:
+            raise VerifyError(
+                f"donation of parameter #{d.param}: no such parameter, or donated twice", fn.name
+            )
+        seen.add(d.param)
+        if d.result >= len(fn.outputs) or d.result in into:
+            raise VerifyError(
+                f"parameter %{fn.params[d.param].name} is donated to result #{d.result}: no such "
+                "result, or one another parameter is donated to",
+                fn.name,
+                value=fn.params[d.param],
+            )
+        if d.result >= 0:
+            into.add(d.result)
+
+
 def _verify_function(module: Module, fn: Function, check_op: OpChecker | None) -> None:
     if not NAME_RE.fullmatch(fn.name):
         raise VerifyError(f"invalid function name {fn.name!r}", fn.name)
@@ -90,6 +112,7 @@ def _verify_function(module: Module, fn: Function, check_op: OpChecker | None) -
         if p in defined:
             raise VerifyError(f"parameter %{p.name} appears twice", fn.name, value=p)
         defined.add(p)
+    _verify_donations(fn)
     for instr in fn.body:
         for v in instr.inputs:
             if v not in defined:

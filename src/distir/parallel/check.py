@@ -26,7 +26,10 @@ from distir.interp.shapes import TypeDomain, infer_types, type_of
 from distir.ir.dtensor import DTensorType
 from distir.ir.function import Module
 from distir.ir.rewrite import inline_calls
-from distir.parallel.distribute import distribute
+from distir.ir.types import DType
+from distir.ir.values import Attrs
+from distir.ops.registry import REGISTRY
+from distir.parallel.distribute import DDP_BUCKET_MB, distribute
 from distir.parallel.materialize import materialize, shard_value, unshard_value
 from distir.parallel.strategy import Strategy
 
@@ -102,11 +105,15 @@ def run_distributed(
         pieces = np.split(vals[i.name], strategy.k, axis=0)
         for m, x in enumerate(pieces):
             args[f"{i.name}_{m}" if strategy.k > 1 else i.name] = x
+    copies = {f"{w.name}_{w.type.dtype}": w for w in model.weights}  # mixed: persistent compute copies
     for p in entry.params:
         if p.name in vals:
             args[p.name] = vals[p.name]
         elif p.name.startswith("step_s"):
             args[p.name] = vals["step"]
+        elif p.name in copies:
+            w = copies[p.name]
+            args[p.name] = _cast(vals[w.name], w.type.dtype)
     mat = materialize(annotate_types(Module((inline_calls(dist),))))
     flat: list[Any] = []
     for p in entry.params:
@@ -126,16 +133,27 @@ def run_distributed(
     return mat, results
 
 
+def _cast(x: Any, dtype: DType) -> Any:
+    """``x`` cast to ``dtype`` as the reference executor casts (bf16 rounded, held in float32)."""
+    ref = REGISTRY["Cast"].reference
+    assert ref is not None
+    return ref([x], Attrs({"to": dtype}))[0]
+
+
 def check_against_sequential(
     model: Model,
     strategy: Strategy,
     optimizer: Optimizer | None = None,
     seed: int = 0,
     precision: Precision | str = "pure",
+    bucket_mb: float = DDP_BUCKET_MB,
+    comm_streams: bool = False,
 ) -> Comparison:
     opt = optimizer or Optimizer("sgd", lr=0.1)
     seq = training_step(model, opt, strategy.recompute, precision)
-    dist = distribute(model, strategy, opt, precision=precision)
+    dist = distribute(
+        model, strategy, opt, comm_streams=comm_streams, precision=precision, bucket_mb=bucket_mb
+    )
     vals = initial_values(model, opt, seed, precision)
     want = run_reference(seq, [vals[p.name] for p in seq.entry.params])
     mat, got = run_distributed(dist, model, strategy, vals)
@@ -146,15 +164,24 @@ def check_against_sequential(
     names_seen = [p.name for p in dist.entry.params if p.name in wnames]
     copies = [n for k, n in enumerate(names_seen) if n in names_seen[:k]]
     extra = [*copies, *(f"{st}_{c}" for st in opt.state for c in copies)]
-    got_copies = got[len(names) :]
+    got_copies = got[len(names) : len(names) + len(extra)]
+    # mixed precision: the new compute copies (last: the weights', then the tied copies') are the
+    # new masters, cast
+    halves = got[len(names) + len(extra) :]
+    if halves:
+        assert len(halves) == len(model.weights) + len(copies), "one compute copy per weight"
+        for k, (w, copy) in enumerate(zip(model.weights, halves, strict=False)):
+            assert np.array_equal(_cast(got[1 + k], w.type.dtype), copy), (
+                f"the new compute copy of {w.name} is not its new master, cast"
+            )
     got = got[: len(names)]
+    n_w = len(model.weights)
     worst, where = 0.0, ""
     for name, b in zip(extra, got_copies, strict=True):
         r = _rel(want[names.index(name)], b)
         if r > worst:
             worst, where = r, f"{name} (tied copy)"
     results: dict[str, tuple[str, Any, Any, Any]] = {}
-    n_w = len(model.weights)
     for k, (name, a, b) in enumerate(zip(names, want, got, strict=True)):
         r = _rel(a, b)
         if r > worst or not where:

@@ -15,16 +15,24 @@ programs. Its shape:
   ZeRO-3 weights are gathered inside the chunk functions, right before each layer uses them.
 - **Entry.** Inputs come as k microbatches; the schedule's actions (``distir.parallel.schedules``)
   merged into one program order become chunk calls, with ``MeshSend`` between stages right after
-  the producing action. After the last microbatch, each weight gradient (a pending sum over ``dp``)
-  is reduced once — AllReduce, or ReduceScatter for ZeRO-2/3 — and the optimizer updates the
-  weight (ZeRO-1+: only this rank's shard of weight and state, then an AllGather for ZeRO-1/2).
-  Results: the loss (summed over microbatches, replicated), the new weights, the new optimizer state.
+  the producing action. With d > 1 the weight gradients (pending sums over ``dp``) are reduced in
+  buckets inside the backward chunks as their layers complete them (``_Buckets``; ``bucket_mb``,
+  DDP's 25 MiB): DDP / ZeRO-0/1 all-reduce the accumulated gradients in each chunk's last
+  backward, ZeRO-2/3 reduce-scatter in every backward and accumulate this rank's shard. Then the
+  optimizer updates the weight (ZeRO-1+: only this rank's shard of weight and state, then an
+  AllGather for ZeRO-1/2). Results: the loss (summed over microbatches, replicated), the new
+  weights, the new optimizer state (and, under mixed precision, the new compute copies).
+- **In place.** Weights, optimizer state, Adam's step and the compute copies are donated
+  (``Function.donated``), each to its successor among the results: the simulator lets the
+  update take the old value's storage, as trainers update in place (the ZeRO paper's model
+  state: 2Ψ + 2Ψ + KΨ and its stage divisions, ``tests/parallel/test_zero_memory.py``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from operator import itemgetter
 
 from distir.autodiff.precision import Precision, cast
@@ -58,6 +66,17 @@ from distir.parallel.schedule_sim import time_order
 from distir.parallel.schedules import Action, build_schedule
 from distir.parallel.strategy import Strategy, StrategyError
 from distir.sim.devices import DeviceMap, Slot
+
+DDP_BUCKET_MB = 25.0  # PyTorch DDP's ``bucket_cap_mb`` default (MiB)
+
+
+def _zero_dim(w: TensorType, tp: Placement, d: int) -> int | None:
+    if d == 1:
+        return None
+    for i, s in enumerate(w.shape):
+        if s >= d and not (isinstance(tp, Shard) and tp.dim == i):
+            return i
+    return None
 
 
 def chunk_weights(layers: Sequence[ShardedLayer]) -> list[Value]:
@@ -103,15 +122,6 @@ def _tied_copies(
     return home, partner
 
 
-def _zero_dim(w: TensorType, tp: Placement, d: int) -> int | None:
-    if d == 1:
-        return None
-    for i, s in enumerate(w.shape):
-        if s >= d and not (isinstance(tp, Shard) and tp.dim == i):
-            return i
-    return None
-
-
 def distribute(
     model: Model,
     strategy: Strategy,
@@ -120,6 +130,7 @@ def distribute(
     comm_streams: bool = False,
     precision: Precision | str = "pure",
     chunk_times: tuple[Sequence[float], Sequence[float]] | None = None,
+    bucket_mb: float = DDP_BUCKET_MB,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -132,7 +143,8 @@ def distribute(
 
     With ``comm_streams``, pipeline transfers run between communication-stream devices, four per
     compute device (``STREAMS``: program devices N..2N−1 send activations forward, 2N..3N−1 send
-    gradients backward, 3N..4N−1 and 4N..5N−1 receive them, for the N compute devices;
+    gradients backward, 3N..4N−1 and 4N..5N−1 receive them, for the N compute devices; 5N..6N−1
+    and 6N..7N−1 run the data-parallel collectives;
     ``device_map`` maps them onto the GPUs' streams), so a stage keeps computing while its
     activations travel — the DistIR paper's model of overlap — and receives the next microbatch
     while it sends the last one on (links are full duplex; one stream for both would make each
@@ -140,13 +152,20 @@ def distribute(
     blocks sender and receiver (Figure 2's form).
 
     ``precision="mixed"`` keeps fp32 master weights and optimizer state and computes in the
-    model's dtype (``distir.autodiff.precision``): each weight is cast once per step on its
-    stage (ZeRO-1/2: the master shard, then an all-gather of the low-precision copy; ZeRO-3: the
-    shard, gathered per use in the chunks), gradients are reduced in the compute dtype and cast
-    to fp32 for the optimizer."""
+    model's dtype (``distir.autodiff.precision``): the compute copy of each weight is a step
+    input that persists between steps (whole; ZeRO-3: this rank's shard, gathered per use in the
+    chunks) and is made anew from the new master after the optimizer (ZeRO-1/2: the master shard
+    cast, then an all-gather of the low-precision copy); gradients are reduced in the compute
+    dtype and cast to fp32 for the optimizer. An inference program casts the masters instead.
+
+    ``bucket_mb`` (MiB; PyTorch DDP's ``bucket_cap_mb`` default, 25): with d > 1, gradients are
+    reduced in buckets of about this size during the backward (``_Buckets``); with
+    ``comm_streams`` the reductions run on each GPU's ``dp_reduce`` stream, overlapping the rest of
+    the backward, and ZeRO-3's gathers on its ``dp_gather`` stream, one layer ahead
+    (``_Gathers``)."""
     with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
         return _Builder(
-            model, strategy, optimizer or Optimizer(), train, comm_streams, precision, chunk_times
+            model, strategy, optimizer or Optimizer(), train, comm_streams, precision, chunk_times, bucket_mb
         ).build()
 
 
@@ -170,8 +189,9 @@ def check_batch(batch: int, s: Strategy) -> None:
 
 
 # the communication streams of each GPU (``distribute``): program devices (k+1)·N .. (k+2)·N−1
-# run on stream k of the N compute devices' GPUs
-STREAMS = ("fwd_send", "bwd_send", "fwd_recv", "bwd_recv")
+# run on stream k of the N compute devices' GPUs; the last two run the data-parallel collectives
+# (gradient buckets; ZeRO-3's prefetched parameter gathers)
+STREAMS = ("fwd_send", "bwd_send", "fwd_recv", "bwd_recv", "dp_reduce", "dp_gather")
 
 
 def device_map(strategy: Strategy, comm_streams: bool = False) -> DeviceMap:
@@ -197,7 +217,15 @@ class _Builder:
         comm_streams: bool,
         precision: Precision | str = "pure",
         chunk_times: tuple[Sequence[float], Sequence[float]] | None = None,
+        bucket_mb: float = DDP_BUCKET_MB,
     ) -> None:
+        if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
+            raise StrategyError(
+                f"{s}: the gradient bucket size must be positive and finite, got {bucket_mb!r} MiB"
+            )
+        self.bucket_bytes = bucket_mb * (1 << 20)
+        # data parallel: gradients reduced in buckets inside the backward (``_Buckets``)
+        self.bucketed = train and s.d > 1
         self.prec = Precision.parse(precision)
         self.compute = self.prec.compute_dtype(model)
         model = self.prec.prepare(model)  # mixed: the loss layer in fp32
@@ -253,6 +281,13 @@ class _Builder:
             a = self._made_attrs[(name, value)] = Attrs({name: value})
         return a
 
+    def _mesh_attr(self, mesh: Mesh) -> str:
+        """``format_mesh_attr(mesh)``, made once per mesh."""
+        text = self._mesh_text.get(id(mesh))
+        if text is None:
+            text = self._mesh_text[id(mesh)] = format_mesh_attr(mesh)
+        return text
+
     def _redistribute(self, fb: FunctionBuilder, v: Value, name: str, to: str) -> Value:
         """``Redistribute(v, to=to)``, its result named ``name``."""
         return fb.emit("Redistribute", (v,), self._attrs("to", to), (name,))[0]
@@ -306,11 +341,13 @@ class _Builder:
         wp = {w: fb.param(w.name) for w in chunk_weights(layers)}
         ep = {e: fb.param(e.name) for L in layers for e in L.extras}
         res: list[Value] = []
-        for L in layers:
+        gather = _Gathers(self, fb, c, wp, [list(self.layer_calls[L.index].inputs) for L in layers])
+        for i, L in enumerate(layers):
             call = self.layer_calls[L.index]
             args = []
+            gather.before(i)
             for j, v in enumerate(call.inputs):
-                args.append(x if j == 0 else self._zero3_gather(fb, v, wp[v]) if v in wp else ep[v])
+                args.append(x if j == 0 else gather.take(v) if v in wp else ep[v])
             if L.vjp is None:
                 (x,) = fb.call(L.fwd, *args, n_out=1)
                 continue
@@ -321,20 +358,52 @@ class _Builder:
             x = outs[0]
         return fb.ret(x, *res)
 
-    def _chunk_bwd(self, c: int, layers: list[ShardedLayer], acc: bool, part: str = "") -> Function:
-        """part: "" full backward, "i" input gradients (returns carried), "w" weight gradients."""
-        fb = FunctionBuilder(
-            f"c{c}_bwd{'_' + part if part else ''}{'_acc' if acc else ''}", REGISTRY.out_arity
-        )
+    def _chunk_bwd(
+        self, c: int, layers: list[ShardedLayer], acc: bool, part: str = "", reduce: bool = False
+    ) -> Function:
+        """part: "" full backward, "i" input gradients (returns carried), "w" weight gradients.
+        ``reduce``: the weight gradients are reduced over ``dp`` in buckets as the backward
+        completes them (``_Buckets``; ZeRO-2/3 in every backward, DDP/ZeRO-0/1 in the last)."""
+        suffix = ("_" + part if part else "") + ("_acc" if acc else "") + ("_red" if reduce else "")
+        fb = FunctionBuilder(f"c{c}_bwd{suffix}", REGISTRY.out_arity)
+        ws = chunk_weights(layers)
+        buckets = _Buckets(self, fb, c, ws, acc) if reduce else None
         grads: dict[Value, Value] = {}
+
+        accs: dict[Value, Value] = {}
+        left = Counter(w for L in layers for w in L.weights)  # uses still to differentiate
+        partial: dict[Value, Value] = {}  # a tied weight's gradient from its later uses
+
+        def done(L: ShardedLayer, outs: Sequence[Value]) -> None:
+            """A layer's weight gradients are complete — a tied weight's once every use in the
+            chunk has added its part: reduced in buckets, or added into the accumulated ones
+            right away (as a trainer accumulates into ``.grad``)."""
+            ready: list[tuple[Value, Value]] = []
+            for w, g in zip(L.weights, outs, strict=True):
+                prev = partial.pop(w, None)
+                g = g if prev is None else fb.op("Add", prev, g, names=[f"g_{w.name}"])[0]
+                left[w] -= 1
+                if left[w]:
+                    partial[w] = g
+                else:
+                    ready.append((w, g))
+            if buckets is not None:
+                buckets.add([w for w, _ in ready], [g for _, g in ready])
+                return
+            if acc and not accs:  # after the other parameters (the call sites pass them last)
+                accs.update((w, fb.param(f"acc_{w.name}")) for w in ws)
+            for w, g in ready:
+                grads[w] = fb.op("Add", accs[w], g, names=[f"g_{w.name}"])[0] if acc else g
+
         if part == "w":
             # the input part returns the carried values of its layers in backward (reversed) order
             carried = [[fb.param(f"k{L.index}_{j}") for j in range(L.n_carried)] for L in reversed(layers)]
             for L, ks in zip(reversed(layers), carried, strict=True):
                 assert L.bwd_w is not None
-                outs = fb.call(L.bwd_w, *ks, n_out=len(L.bwd_w.outputs))
-                _add_grads(fb, grads, L.weights, outs)
-            return self._accumulate(fb, layers, grads, acc)
+                done(L, fb.call(L.bwd_w, *ks, n_out=len(L.bwd_w.outputs)))
+            if buckets is not None:
+                return fb.ret(*buckets.results())
+            return fb.ret(*(grads[w] for w in ws))
         wp = {w: fb.param(w.name) for w in chunk_weights(layers)}
         ep = {e: fb.param(e.name) for L in layers for e in L.extras}
         res: list[list[Value]] = []
@@ -344,15 +413,21 @@ class _Builder:
             res.append([fb.param(f"r{L.index}_{j}") for j in range(n)])
         dy = fb.param("dy")
         kept: list[Value] = []
-        for L, rs in zip(reversed(layers), reversed(res), strict=True):
+        reads = []  # what each layer's backward reads, in backward order
+        for L in reversed(layers):
+            assert L.vjp is not None
+            reads.append([self.layer_calls[L.index].inputs[j] for j in L.vjp.bwd_params])
+        gather = _Gathers(self, fb, c, wp, reads)
+        for i, (L, rs) in enumerate(zip(reversed(layers), reversed(res), strict=True)):
             v = L.vjp
             assert v is not None
             call = self.layer_calls[L.index]
             args: list[Value] = []
             it = iter(rs)
+            gather.before(i)
             for j in v.bwd_params:
                 u = call.inputs[j]
-                args.append(next(it) if j == 0 else self._zero3_gather(fb, u, wp[u]) if u in wp else ep[u])
+                args.append(next(it) if j == 0 else gather.take(u) if u in wp else ep[u])
             args.extend(it)
             fn = L.bwd_i if part == "i" else L.bwd
             assert fn is not None
@@ -361,31 +436,28 @@ class _Builder:
             if part == "i":
                 kept.extend(outs[n_dx:])
             else:
-                _add_grads(fb, grads, L.weights, outs[n_dx:])
+                done(L, outs[n_dx:])
             if n_dx:
                 dy = outs[0]
         first = layers[0].vjp
         head = [dy] if first is not None and 0 in first.wrt else []
         if part == "i":
             return fb.ret(*head, *kept)
-        f = self._accumulate(fb, layers, grads, acc, head)
-        return f
+        if buckets is not None:
+            return fb.ret(*head, *buckets.results())
+        return fb.ret(*head, *(grads[w] for w in ws))
 
-    def _accumulate(
-        self,
-        fb: FunctionBuilder,
-        layers: list[ShardedLayer],
-        grads: dict[Value, Value],
-        acc: bool,
-        head: Sequence[Value] = (),
-    ) -> Function:
-        ws = chunk_weights(layers)
-        outs = []
-        accs = [fb.param(f"acc_{w.name}") for w in ws] if acc else []
-        for k, w in enumerate(ws):
-            g = grads[w]
-            outs.append(fb.op("Add", accs[k], g, names=[f"g_{w.name}"])[0] if acc else g)
-        return fb.ret(*head, *outs)
+    def _grad_target(self, w: Value) -> str:
+        """The placement a bucket reduces ``w``'s gradient to: this rank's ZeRO shard
+        (ZeRO-2/3: a reduce-scatter), else replicated over dp (an all-reduce)."""
+        tp = self.model.weight(w.name).tp
+        z = self._zdim(w)
+        return placement_text(Shard(z) if z is not None and self.s.zero >= 2 else Replicate(), tp)
+
+    def _grad_bytes(self, w: Value) -> float:
+        """A device's bytes of ``w``'s (unreduced) gradient, in the compute dtype."""
+        spec = self.model.weight(w.name)
+        return spec.type.numel * self.compute.itemsize / (self.s.t if isinstance(spec.tp, Shard) else 1)
 
     # -- entry -----------------------------------------------------------------------------------
     def build(self) -> Module:
@@ -397,13 +469,16 @@ class _Builder:
         for c, ls in enumerate(by_chunk):
             cf[f"c{c}_fwd"] = self._chunk_fwd(c, ls)
             if self.train:
-                if s.schedule == "zb1":
+                part = "w" if s.schedule == "zb1" else ""
+                if part:
                     cf[f"c{c}_bwd_i"] = self._chunk_bwd(c, ls, False, "i")
-                    cf[f"c{c}_bwd_w"] = self._chunk_bwd(c, ls, False, "w")
-                    cf[f"c{c}_bwd_w_acc"] = self._chunk_bwd(c, ls, True, "w")
-                else:
-                    cf[f"c{c}_bwd"] = self._chunk_bwd(c, ls, False)
-                    cf[f"c{c}_bwd_acc"] = self._chunk_bwd(c, ls, True)
+                every = self.bucketed and s.zero >= 2  # ZeRO-2/3 reduce in every backward
+                for accumulate in (False, True):
+                    f = self._chunk_bwd(c, ls, accumulate, part, every)
+                    cf[f.name] = f
+                    if self.bucketed and not every:  # DDP: the last microbatch's backward reduces
+                        f = self._chunk_bwd(c, ls, accumulate, part, True)
+                        cf[f.name] = f
         fb = FunctionBuilder("step" if self.train else "infer", REGISTRY.out_arity)
         # parameters: microbatched inputs, weights, optimizer state
         fwd = model.forward
@@ -438,7 +513,8 @@ class _Builder:
             c = wchunk[w]
             z = self._zdim(w) if s.zero == 3 or self.prec.mixed else None  # mixed: masters as the state
             wt = self.prec.master_type(spec.type)
-            wparam[w] = fb.param(w.name, self._on_stage(wt.dtype, wt.shape, stage_of[c], z, spec.tp))
+            wt_on = self._on_stage(wt.dtype, wt.shape, stage_of[c], z, spec.tp)
+            wparam[w] = fb.param(w.name, wt_on, donated=self.train)
         state: dict[Value, list[Value]] = {w: [] for w in used}
         step_of: dict[int, Value] = {}
         if self.train:
@@ -452,13 +528,26 @@ class _Builder:
                         self._zdim(w),
                         spec.tp,
                     )
-                    state[w].append(fb.param(f"{sname}_{w.name}", t))
+                    state[w].append(fb.param(f"{sname}_{w.name}", t, donated=True))
             if self.opt.kind == "adam":
                 for st in sorted({stage_of[c] for c in wchunk.values()}):
                     step_of[st] = fb.param(
-                        f"step_s{st}", DTensorType(DType.i64, (), self.meshes[st], (Replicate(), Replicate()))
+                        f"step_s{st}",
+                        DTensorType(DType.i64, (), self.meshes[st], (Replicate(), Replicate())),
+                        donated=True,
                     )
-        wuse = {w: self._compute_copy(fb, w, wparam[w]) for w in used} if self.prec.mixed else wparam
+        # mixed precision: the compute copies persist between steps (step inputs, updated in place
+        # from the new masters after the optimizer), as trainers keep them; inference casts
+        half: dict[Value, Value] = {}
+        if self.prec.mixed and self.train:
+            for w in used:
+                spec = model.weight(w.name)
+                z = self._zdim(w) if s.zero == 3 else None
+                t = self._on_stage(self.compute, spec.type.shape, stage_of[wchunk[w]], z, spec.tp)
+                half[w] = fb.param(f"{w.name}_{self.compute}", t, donated=True)
+        wuse = half or (
+            {w: self._compute_copy(fb, w, wparam[w]) for w in used} if self.prec.mixed else wparam
+        )
         # the schedule, as one program order
         if self.train:
             per_rank = build_schedule(s.schedule, s.p, s.k, s.v)
@@ -484,6 +573,19 @@ class _Builder:
         res: dict[tuple[int, int], tuple[Value, ...]] = {}
         carried: dict[tuple[int, int], tuple[Value, ...]] = {}
         acc: dict[int, list[Value] | None] = {c: None for c in range(len(self.chunks))}
+        # per chunk, the backward actions left that produce weight gradients (the last reduces)
+        grad_kind = "W" if s.schedule == "zb1" else "B"
+        grads_left = {c: 0 for c in range(len(self.chunks))}
+        for ta in order:
+            if ta.action.kind == grad_kind:
+                grads_left[ta.action.stage] += 1
+        ddp = self.bucketed and s.zero < 2
+
+        def red(c: int) -> str:
+            """The suffix of chunk ``c``'s backward that produces weight gradients now."""
+            grads_left[c] -= 1
+            return "_red" if self.bucketed and (not ddp or grads_left[c] == 0) else ""
+
         losses: list[Value] = []
         outputs_inf: list[Value] = []
         last = len(self.chunks) - 1
@@ -559,7 +661,7 @@ class _Builder:
                 part = "i" if a.kind == "I" else ""
                 base = f"c{c}_bwd" + ("_i" if part else "")
                 prev = acc[c]
-                f = cf[base + ("_acc" if prev is not None and not part else "")]
+                f = cf[base + ("_acc" if prev is not None and not part else "") + ("" if part else red(c))]
                 dy = dys.pop((c, m))
                 if c < last:
                     dy = receive(dy, c + 1, c, f"dy{c}_{m}")
@@ -576,7 +678,7 @@ class _Builder:
                     outbox[a] = (outs[0], c, c - 1, f"dy{c - 1}_{m}")
             elif a.kind == "W":
                 prev = acc[c]
-                f = cf[f"c{c}_bwd_w" + ("_acc" if prev is not None else "")]
+                f = cf[f"c{c}_bwd_w" + ("_acc" if prev is not None else "") + red(c)]
                 args = [*carried.pop((c, m)), *(prev or [])]
                 acc[c] = list(fb.call(f, *args, n_out=len(f.outputs), names=[f"g{c}_{m}"] * len(f.outputs)))
         if not self.train:
@@ -593,7 +695,7 @@ class _Builder:
         updates: dict[Value, tuple[Value, ...]] = {}
         reduced: dict[Value, Value] = {}  # a tied copy's reduced gradient, until its partner's is
         for w in used:
-            g = self._reduce_grad(fb, w, grads[w])
+            g = self._reduce_grad(fb, w, grads[w], to_mesh, stage_of[wchunk[w]])
             other = partner.get(w)
             if other is not None:
                 if other not in reduced:
@@ -611,7 +713,8 @@ class _Builder:
             updates[w] = self._update(fb, w, wparam[w], g, state[w], step_of)
         loss = losses[0] if len(losses) == 1 else fb.op("Sum", *losses, names=["loss"])[0]
         loss = self._redistribute(fb, loss, "loss", "R, R")
-        # the new weights and state as the sequential step returns them, then the tied copies'
+        # the new weights and state as the sequential step returns them, then the tied copies',
+        # then (mixed precision) the new compute copies, each donated its predecessor's storage
         results = [loss]
         for group in (
             [w for w in used if w in self.weight_params],
@@ -619,20 +722,41 @@ class _Builder:
         ):
             results += [updates[w][0] for w in group]
             results += [updates[w][1 + k] for k in range(len(self.opt.state)) for w in group]
+        for w in used:
+            fb.donate(wparam[w], updates[w][0])
+            for sv, old in zip(updates[w][1:], state[w], strict=True):
+                fb.donate(old, sv)
+        for w in used:
+            if w in half:
+                results.append(self._compute_copy(fb, w, updates[w][0]))
+                fb.donate(half[w], results[-1])
         entry = fb.ret(*results)
         return self._module(cf, entry)
 
-    def _reduce_grad(self, fb: FunctionBuilder, w: Value, g: Value) -> Value:
-        """A weight's gradient (a pending sum over dp) reduced for its optimizer: all-reduced, or
-        reduce-scattered to its ZeRO shard (ZeRO-1: all-reduced, then sliced)."""
+    def _reduce_grad(
+        self,
+        fb: FunctionBuilder,
+        w: Value,
+        g: Value,
+        to_mesh: Callable[[Value, Mesh, str], Value],
+        stage: int,
+    ) -> Value:
+        """A weight's gradient (a pending sum over dp, or already reduced in buckets by the
+        backward) as its optimizer takes it: all-reduced, or reduce-scattered to its ZeRO shard
+        (ZeRO-1: all-reduced, then sliced); a bucket's result comes back from the dp_reduce
+        stream first."""
         tp = self.model.weight(w.name).tp
         rep = placement_text(Replicate(), tp)
         z = self._zdim(w)
+        if self.bucketed and self.comm_streams:  # reduced on the dp_reduce stream
+            g = to_mesh(g, self.meshes[stage], f"g_{w.name}")
         if z is None:
-            return self._redistribute(fb, g, f"g_{w.name}", rep)
-        if self.s.zero == 1:
+            return g if self.bucketed else self._redistribute(fb, g, f"g_{w.name}", rep)
+        if self.s.zero == 1 and not self.bucketed:
             g = self._redistribute(fb, g, f"g_{w.name}", rep)
-        return self._redistribute(fb, g, f"g_{w.name}", placement_text(Shard(z), tp))
+        if self.s.zero < 2 or not self.bucketed:
+            g = self._redistribute(fb, g, f"g_{w.name}", placement_text(Shard(z), tp))
+        return g
 
     def _update(
         self,
@@ -667,4 +791,123 @@ class _Builder:
         return Module((*fns, entry))
 
 
-__all__ = ["ShardedLayer", "distribute", "partition", "sharded_layers", "strip_types", "uniform_counts"]
+class _Gathers:
+    """ZeRO-3's parameter gathers in a chunk function (FSDP's ``forward_prefetch`` /
+    ``BACKWARD_PRE`` prefetch): each layer's weight shards are all-gathered right before it runs
+    (forward, and again in the backward), the full weight freed after its use. With
+    communication streams the gather runs on the stage's ``dp_gather`` stream one layer ahead —
+    the next layer's gather is issued before this layer's compute and taken over to the compute
+    stream right before that layer — so it overlaps compute; without, it blocks."""
+
+    def __init__(
+        self, b: _Builder, fb: FunctionBuilder, c: int, wp: dict[Value, Value], order: list[list[Value]]
+    ) -> None:
+        self.b, self.fb, self.wp, self.order = b, fb, wp, order
+        self.on = b.s.zero == 3 and b.s.d > 1
+        self.stream = b.comm_meshes[("dp_gather", c % b.s.p)] if b.comm_streams and self.on else None
+        self.home = b.meshes[c % b.s.p]
+        self.ready: dict[Value, Value] = {}  # weight -> its full copy on the gather stream
+        self.taken: dict[Value, Value] = {}  # weight -> its full copy for the layer running next
+
+    def _needs(self, i: int) -> list[Value]:
+        if i >= len(self.order):
+            return []
+        ws = dict.fromkeys(u for u in self.order[i] if u in self.wp)
+        return [w for w in ws if self.b._zdim(w) is not None and w not in self.ready]
+
+    def _issue(self, ws: Sequence[Value]) -> None:
+        assert self.stream is not None
+        text = self.b._mesh_attr(self.stream)
+        for w in ws:
+            v = self.fb.emit("MeshSend", (self.wp[w],), self.b._attrs("mesh", text), (w.name,))[0]
+            self.ready[w] = self.b._redistribute(self.fb, v, w.name, self.b._wp(w))
+
+    def before(self, i: int) -> None:
+        """Layer ``i`` (of ``order``) runs next: with a stream, its gathers (unless prefetched)
+        and the next layer's are issued."""
+        self.taken = {}
+        if self.stream is not None:
+            self._issue(self._needs(i))
+            self._issue(self._needs(i + 1))
+
+    def take(self, w: Value) -> Value:
+        """The full weight ``w`` for the layer about to run."""
+        if not self.on:
+            return self.wp[w]
+        if self.stream is None:
+            return self.b._zero3_gather(self.fb, w, self.wp[w])
+        if w in self.taken:  # read twice by one layer
+            return self.taken[w]
+        got = self.ready.pop(w, None)
+        if got is None:  # not sharded by ZeRO (no dimension divides): used as it is
+            return self.wp[w]
+        text = self.b._mesh_attr(self.home)
+        self.taken[w] = self.fb.emit("MeshSend", (got,), self.b._attrs("mesh", text), (w.name,))[0]
+        return self.taken[w]
+
+
+class _Buckets:
+    """Gradients reduced over ``dp`` in buckets while the backward runs (PyTorch DDP's
+    ``bucket_cap_mb``; DeepSpeed ZeRO-2's ``reduce_bucket_size``; FSDP's per-module
+    reduce-scatter): a layer's weight gradients join the open bucket as its backward completes
+    them, and once the bucket holds ``bucket_bytes`` each of its gradients is reduced — sent to
+    the stage's ``dp_reduce`` stream first when the program has communication streams, so the
+    reduction overlaps the rest of the backward. ZeRO-2/3 reduce-scatter (to this rank's shard)
+    in every microbatch's backward and add the shard into the accumulated shard, so no replica
+    holds the whole gradient; DDP / ZeRO-0/1 add the microbatch's gradient to the accumulated one
+    and all-reduce the sum, in the last microbatch's backward. Results: the reduced gradients in
+    the chunk's weight order (on the ``dp_reduce`` stream's mesh with communication streams)."""
+
+    def __init__(self, b: _Builder, fb: FunctionBuilder, c: int, ws: list[Value], acc: bool) -> None:
+        self.b, self.fb, self.ws = b, fb, ws
+        self.scatter = b.s.zero >= 2
+        stage = c % b.s.p
+        self.stream = b.comm_meshes[("dp_reduce", stage)] if b.comm_streams else None
+        self.stream_text = b._mesh_attr(self.stream) if self.stream is not None else ""
+        self.acc = acc
+        self.accs: dict[Value, Value] = {}
+        self.pending: list[tuple[Value, Value]] = []
+        self.size = 0.0
+        self.out: dict[Value, Value] = {}
+
+    def add(self, weights: Sequence[Value], grads: Sequence[Value]) -> None:
+        """A layer's weight gradients are complete."""
+        if self.acc and not self.accs:  # the accumulated gradients: parameters after the others
+            self.accs = {w: self.fb.param(f"acc_{w.name}") for w in self.ws}
+        for w, g in zip(weights, grads, strict=True):
+            if self.accs and not self.scatter:  # DDP: the microbatches' sum, reduced once
+                (g,) = self.fb.op("Add", self.accs[w], g, names=[f"g_{w.name}"])
+            self.pending.append((w, g))
+            self.size += self.b._grad_bytes(w)
+        if self.size >= self.b.bucket_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        fb = self.fb
+        moved = [
+            (w, fb.emit("MeshSend", (g,), self.b._attrs("mesh", self.stream_text), (g.name,))[0])
+            if self.stream is not None
+            else (w, g)
+            for w, g in self.pending
+        ]
+        for w, g in moved:
+            r = self.b._redistribute(fb, g, f"g_{w.name}", self.b._grad_target(w))
+            if self.accs and self.scatter:  # ZeRO-2/3: accumulated in the shard
+                (r,) = fb.op("Add", self.accs[w], r, names=[f"g_{w.name}"])
+            self.out[w] = r
+        self.pending, self.size = [], 0.0
+
+    def results(self) -> list[Value]:
+        self.flush()
+        return [self.out[w] for w in self.ws]
+
+
+__all__ = [
+    "DDP_BUCKET_MB",
+    "ShardedLayer",
+    "distribute",
+    "partition",
+    "sharded_layers",
+    "strip_types",
+    "uniform_counts",
+]

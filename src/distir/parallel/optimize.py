@@ -12,6 +12,7 @@ placements), never by op names. A pure pass ``Module -> Module``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from distir.ir.builder import FunctionBuilder
 from distir.ir.dtensor import DTensorType, Partial, Replicate, format_placements
@@ -65,7 +66,7 @@ def sink_reductions(module: Module) -> Module:
             fb.append(copy_instr(instr, vmap))
     for r in deferred:
         fb.append(copy_instr(r, vmap))
-    return module.replace(fb.ret(*(vmap(v) for v in fn.outputs)))
+    return module.replace(replace(fb.ret(*(vmap(v) for v in fn.outputs)), donated=fn.donated))
 
 
 def _only_reduces(op: Op) -> bool:

@@ -31,6 +31,29 @@ def _fail(err: Console, message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+def _numerics(a: dict[str, Any], err: Console) -> tuple[str, str]:
+    """``--dtype`` and ``--precision`` with ``auto`` resolved as the trainers run: mixed precision
+    for training (pure for inference) in the GPUs' fast half format — bf16 where every GPU of the
+    cluster has a bf16 fast path, else f16."""
+    from distir.hardware.cluster import parse_cluster
+    from distir.hardware.specs import HardwareError
+    from distir.ir.types import DType
+
+    dtype, precision = a["dtype"], a["precision"]
+    if precision == "auto":
+        precision = "mixed" if a["train"] else "pure"
+    if dtype == "auto":
+        try:
+            cluster = parse_cluster(a["cluster"])
+        except HardwareError as e:
+            _fail(err, str(e))
+        specs = [cluster.device_spec(g) for g in range(cluster.num_devices)]
+        dtype = "bf16" if all(s.peak_flops(DType.bf16) > s.peak_flops(DType.f32) for s in specs) else "f16"
+    if precision == "mixed" and dtype == "f32":
+        _fail(err, "--precision mixed computes in a half format: give --dtype bf16 or f16 (or auto)")
+    return dtype, precision
+
+
 def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: bool, debug: bool) -> None:
     from distir.frontends.zoo.model import ModelError
     from distir.hardware.specs import HardwareError
@@ -47,8 +70,11 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
         _fail(err, f"--executor must be one of {', '.join(EXECUTORS)}, got {a['executor']!r}")
     if a["optimizer"] not in ("sgd", "adam"):
         _fail(err, f"--optimizer must be sgd or adam, got {a['optimizer']!r}")
-    if a["dtype"] not in ("f32", "bf16", "f16"):
-        _fail(err, f"--dtype must be f32, bf16 or f16, got {a['dtype']!r}")
+    if a["dtype"] not in ("auto", "f32", "bf16", "f16"):
+        _fail(err, f"--dtype must be auto, f32, bf16 or f16, got {a['dtype']!r}")
+    if a["precision"] not in ("auto", "mixed", "pure"):
+        _fail(err, f"--precision must be auto, mixed or pure, got {a['precision']!r}")
+    dtype, precision = _numerics(a, err)
     for opt in ("csv_path", "plot", "html"):
         p = a[opt]
         if p is not None and p.exists() and p.is_dir():
@@ -66,7 +92,8 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
             batch=a["batch"],
             train=a["train"],
             optimizer=a["optimizer"],
-            dtype=a["dtype"],
+            dtype=dtype,
+            precision=precision,
             pins=pins,
             top=a["top"],
             workers=a["workers"],

@@ -24,6 +24,8 @@ CSV_KEYS = (
     "schedule",
     "zero",
     "recompute",
+    "dtype",
+    "precision",
     "step_time_s",
     "throughput",
     "mfu",
@@ -58,6 +60,8 @@ def search_json(o: SearchOutput) -> dict[str, Any]:
         "batch": r.batch,
         "mode": "train" if r.train else "infer",
         "optimizer": r.optimizer,
+        "dtype": r.dtype,
+        "precision": r.precision,
         "results": [{k: _finite(v) for k, v in row.items()} for row in o.results],
         "screened": o.n_screened,
         "simulated": len(o.results),
@@ -123,7 +127,8 @@ def _t(s: float) -> str:
 def results_table(o: SearchOutput) -> Table:
     r = o.request
     title = (
-        f"{r.model} on {o.cluster.describe()}, batch {r.batch}, {'training' if r.train else 'inference'}: "
+        f"{r.model} on {o.cluster.describe()}, batch {r.batch}, {'training' if r.train else 'inference'} "
+        f"in {r.dtype}{' (mixed: fp32 masters)' if r.precision == 'mixed' and r.train else ''}: "
         f"{o.n_screened} strategies screened, {len(o.results)} simulated"
     )
     table = Table(

@@ -42,6 +42,7 @@ class ExactJob:
     train: bool = True
     optimizer: str = "adam"
     dtype: str = "f32"
+    precision: str = "pure"
 
 
 @functools.lru_cache(maxsize=4)
@@ -63,7 +64,13 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
     cluster = _cluster(job.cluster)
     times = chunk_times(model, parse_model_string(job.model), cluster, DType.parse(job.dtype), job.train, s)
     prog = distribute(
-        model, s, Optimizer(job.optimizer), train=job.train, comm_streams=True, chunk_times=times
+        model,
+        s,
+        Optimizer(job.optimizer),
+        train=job.train,
+        comm_streams=True,
+        precision=job.precision if job.train else "pure",
+        chunk_times=times,
     )
     r = simulate(prog, cluster, device_map(s, True), batch=job.batch)
     r = replace(r, model_flops=model.step_flops(job.train))
@@ -80,6 +87,8 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
         "schedule": s.schedule,
         "zero": s.zero,
         "recompute": s.recompute,
+        "dtype": job.dtype,
+        "precision": job.precision if job.train else "pure",
         "step_time_s": r.step_time_s,
         "throughput": r.throughput,
         "mfu": r.mfu,

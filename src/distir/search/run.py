@@ -52,7 +52,7 @@ from distir.search.store import ResultStore, StoreError, dumps, loads, search_ke
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
-STORE_VERSION = 5  # bump when the cost model or the result format changes: old results go stale
+STORE_VERSION = 6  # bump when the cost model or the result format changes: old results go stale
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ class SearchRequest:
     train: bool = True
     optimizer: str = "adam"
     dtype: str = "f32"
+    precision: str = "pure"  # mixed: compute in ``dtype``, fp32 master weights and optimizer state
     pins: Pins = field(default_factory=Pins)
     top: int = 8
     workers: int = 1
@@ -81,6 +82,7 @@ class SearchRequest:
             "train": self.train,
             "optimizer": self.optimizer,
             "dtype": self.dtype,
+            "precision": self.precision,
         }
 
 
@@ -127,7 +129,7 @@ def screen_space(
     ``pool``, the profiles of each rung are computed there (``Profiler.prefetch``) while this
     process screens; the estimates are the same."""
     prof = Profiler(parse_model_string(req.model), cluster, DType.parse(req.dtype), req.train)
-    screen = Screen(prof, Problem(req.batch, req.train, req.optimizer))
+    screen = Screen(prof, Problem(req.batch, req.train, req.optimizer, req.precision == "mixed"))
     space = build_space(req, cluster)
     space.check()
     bases = list(space.bases())
@@ -333,7 +335,7 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
     screened, n, screen = screen_space(req, cluster, progress, pool)
     t1, c1 = time.perf_counter(), time.process_time()
     picks = anneal_picks(req, screened) if heterogeneous(cluster) and req.anneal_iters > 0 else []
-    job = ExactJob(req.model, req.cluster, req.batch, req.train, req.optimizer, req.dtype)
+    job = ExactJob(req.model, req.cluster, req.batch, req.train, req.optimizer, req.dtype, req.precision)
     fn = functools.partial(evaluate, job)
     store_cm = (
         ResultStore(req.store, search_key(req.key_parts()), req.key_parts())

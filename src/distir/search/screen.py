@@ -51,11 +51,13 @@ SGD_BYTES = 3.0
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """What a search holds fixed: the global batch, training or inference, the optimizer."""
+    """What a search holds fixed: the global batch, training or inference, the optimizer, the
+    precision (the profiles' dtype is the compute dtype)."""
 
     batch: int
     train: bool = True
     optimizer: str = "adam"
+    mixed: bool = False  # mixed precision: fp32 master weights and optimizer state (training)
 
     @property
     def n_state(self) -> int:
@@ -315,7 +317,7 @@ class Screen:
                         f"{s}: batch {pr.batch} does not split into k = {s.k} microbatches of "
                         f"Σshares = {w} parts"
                     )
-            tb = self._tables[bare] = new_tables(s, b, pr.train, pr.n_state)
+            tb = self._tables[bare] = new_tables(s, b, pr.train, pr.n_state, pr.train and pr.mixed)
         self._last = (s, tb)
         return tb
 
@@ -380,6 +382,8 @@ class Screen:
         spec = self._specs[kind]
         share = w / (s.d if s.zero >= 1 else 1)
         passes = ADAM_BYTES if pr.optimizer == "adam" else SGD_BYTES
+        if pr.train and pr.mixed:  # fp32 masters and state (twice the compute bytes), and the cast
+            passes = 2 * passes + 1.5
         t += passes * share / (0.8 * spec.memory_bandwidth) + n_w * spec.launch_overhead_s
         return t
 

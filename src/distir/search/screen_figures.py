@@ -107,14 +107,20 @@ class Tables:
     parts: dict[tuple[int, ...], tuple[int, ...] | str] = field(default_factory=dict)  # ``Screen._with``
 
 
-def new_tables(s: Strategy, b: int, train: bool, n_state: int) -> Tables:
+def new_tables(s: Strategy, b: int, train: bool, n_state: int, mixed: bool = False) -> Tables:
     """Empty tables for ``s`` (without its placement) at microbatch ``b``; ``n_state``: optimizer
-    state tensors per weight."""
-    # memory per device: static (weights, grads, state) + activations in flight + transient
+    state tensors per weight; ``mixed``: fp32 masters and state beside the compute-dtype weights
+    (whose bytes the profiles count), as ``distribute(precision="mixed")`` holds them."""
+    # memory per device: static (weights, grads, state) + activations in flight + transient; the
+    # ZeRO paper's model state, as ``distribute`` holds it: the gradient accumulates in place
+    # (ZeRO-2/3: this replica's shard, reduce-scattered in buckets during every backward) and
+    # the optimizer updates weights and state in place
     static_f = 1.0 / s.d if s.zero == 3 else 1.0
     if train:
-        static_f += 1.0 + (1.0 if s.k > 1 else 0.0)  # gradient + its accumulator
-        static_f += n_state / (s.d if s.zero >= 1 else 1)
+        static_f += 1.0 / s.d if s.zero >= 2 else 1.0  # the gradient
+        # mixed: the fp32 master (sharded from ZeRO-1 on) and state, each twice a half weight
+        state = 2.0 * (1 + n_state) if mixed else float(n_state)
+        static_f += state / (s.d if s.zero >= 1 else 1)
     return Tables(
         b=b,
         stage_of=[c % s.p for c in range(s.p * s.v)],

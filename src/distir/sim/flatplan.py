@@ -17,7 +17,7 @@ its types (``FnPlan.comm_ops``: what ``distir.sim.relabel`` checks on another me
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import chain, compress, islice, repeat
 from operator import attrgetter, is_not, itemgetter
 from typing import TYPE_CHECKING, Any, cast
@@ -33,18 +33,25 @@ from distir.sim.memcols import build_columns
 
 if TYPE_CHECKING:
     from distir.sim.plan import FnPlan, MemEvents, OpRecord, PlanDomain
+    from distir.sim.records import Gift
 
 GpuBytes = list[tuple[int, float]]
 
 
 def plan_flat(
-    dom: PlanDomain, fn: Function, args: Sequence[Mixed], *, columnar: bool = False
+    dom: PlanDomain,
+    fn: Function,
+    args: Sequence[Mixed],
+    *,
+    columnar: bool = False,
+    donated: Mapping[Value, Gift] | None = None,
 ) -> FnPlan | None:
     """The plan of ``fn`` at ``args``, or None when the body needs the general path.
 
     ``columnar=True`` (an entry that is only run, untraced) keeps the plan compact
     (``FnPlan.columns``: a record per distinct op, memory events as columns) and leaves the
-    per-op lists empty."""
+    per-op lists empty. ``donated``: parameters freed after their last use or the instruction
+    writing their successor (``build_plan``'s)."""
     from distir.sim.plan import FnPlan
     from distir.sim.records import FlatColumns
 
@@ -174,11 +181,17 @@ def plan_flat(
     param_index = {p: j for j, p in enumerate(params)}
     # an op whose first input dies at it bumps the peak less (a Redistribute freeing its source)
     bump_at: dict[int, Sequence[tuple[int, float]]] = {}
+    gift = donated or {}
+    # donated parameters die after their last use (one nothing reads: after the first op), first
+    # among the frees after an op (``build_plan`` keeps them first in creation order)
+    for p, g in gift.items():
+        last[p] = g.end(last[p])
+    gifts = [(max(last[p], 0), gift[p].bytes) for p in params if p in gift]
     own_bump = map(is_not, map(itemgetter(9), records), repeat(None))
     for i in compress(range(n), own_bump) if has_own_bump else ():
         rs = root.get(inputs_of[i][0], (inputs_of[i][0],))
         x = rs[0]
-        if len(rs) == 1 and x not in param_index and x not in views and last[x] == i:
+        if len(rs) == 1 and (x not in param_index or x in gift) and x not in views and last[x] == i:
             bump_at[i] = cast(Sequence[tuple[int, float]], records[i][9])  # not None: selected above
     fresh_of = [v not in views for v in results] if views else None
     mem: list[MemEvents | None] = []
@@ -186,7 +199,7 @@ def plan_flat(
     if columnar:
         outs_per_op = None if one_each else list(map(len, outputs_of))
         ends = np.fromiter(ends_of, np.int64, len(results))
-        columns = build_columns(kinds, table, bump_at, outs_per_op, fresh_of, ends)
+        columns = build_columns(kinds, table, bump_at, outs_per_op, fresh_of, ends, gifts)
     else:
         frees: list[GpuBytes | None] = [None] * n
         ends_list = list(ends_of)
@@ -196,7 +209,7 @@ def plan_flat(
             dying = zip(compress(ends_list, fresh_of), compress(owned, fresh_of), strict=True)
         else:
             dying = zip(ends_list, owned, strict=True)
-        for end, mine in dying:
+        for end, mine in chain(gifts, dying):
             if end < n:
                 pending = frees[end]
                 if pending is None:

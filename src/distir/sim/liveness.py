@@ -23,7 +23,7 @@ it): ``tests/sim/test_liveness.py`` and the simulator tests pin it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import accumulate, chain, compress, groupby, repeat
 from operator import ne
 from typing import Any
@@ -32,9 +32,10 @@ from distir.interp.shapes import Mixed
 from distir.ir.function import Function
 from distir.ir.types import Type
 from distir.ir.values import Value
-from distir.sim.records import CallSummary, FnPlan, MemEvents, OpRecord, Root
+from distir.sim.records import CallSummary, FnPlan, Gift, MemEvents, OpRecord, Root
 
 _chain = chain.from_iterable
+_WHOLE_CALL = 1 << 62  # the "last use inside a call" of a root it never reads
 
 
 def build_plan(
@@ -46,6 +47,7 @@ def build_plan(
     slot_gpu: list[int],
     *,
     param_uses: bool = True,
+    donated: Mapping[Value, Gift] | None = None,
 ) -> FnPlan:
     """Arrange the records of one interpreted body into a plan, with liveness-based memory.
 
@@ -53,7 +55,12 @@ def build_plan(
     the parameters' storage at all: the caller owns it, so it is never freed here, and what only
     a summary needs (``param_last``, ``out_roots``, ``fresh``) is left empty (``param_last`` all
     -1). That skips the largest share of a pipeline entry's value edges (the weights every chunk
-    reads) and a walk of its hundreds of results."""
+    reads) and a walk of its hundreds of results.
+
+    ``donated`` (with ``param_uses=False``): parameters the body owns after all (``Function.donated``),
+    (``Gift``): tracked as roots created before the first instruction, each freed where
+    ``Gift.end`` says (a parameter nothing reads and nothing replaces: after the first
+    instruction), unless returned."""
     body = fn.body
     n = len(body)
     assert len(records) == n
@@ -63,7 +70,8 @@ def build_plan(
     # untracked parameter has none. A call's own fresh buffer is the result value itself.
     alias: dict[Value, tuple[Root, ...]] = {}
     alias_get = alias.get
-    untracked = frozenset(() if param_uses else fn.params)
+    donated = {} if param_uses or donated is None else donated
+    untracked = frozenset(() if param_uses else fn.params) - donated.keys()
 
     def roots_of(v: Value) -> tuple[Root, ...]:
         rs = alias_get(v)
@@ -77,6 +85,12 @@ def build_plan(
     flat: list[tuple[int, float]] = []  # the pairs of ``vals``, concatenated
     created: list[int] = []
     pos: dict[Root, int] = {}  # position in ``keys`` of op results and shared call buffers
+    for p in (p for p in fn.params if p in donated):  # donated parameters first, in parameter order
+        pos[p] = len(keys)
+        keys.append(p)
+        vals.append(donated[p].bytes)
+        flat.extend(donated[p].bytes)
+        created.append(0)
     # last uses: of each value read (a call reads only the parameters its body reads,
     # ``CallSummary.read_pos``), at C speed per instruction, later reads overwriting earlier ones;
     # a read of a value with other roots is folded into those roots after the walk. Only roots
@@ -163,6 +177,8 @@ def build_plan(
             for r in rs:
                 if last.get(r, -1) < lv:
                     last[r] = lv
+    for p, gift in donated.items():
+        last[p] = gift.end(last.get(p, -1))
     devs: list[tuple[int, ...]] = []
     costs: list[float | CallSummary] = []
     comm: list[bool] = []
@@ -272,7 +288,9 @@ def build_plan(
             older_vals = list(_chain([vals[a:b] for a, b in older]))
             if older:
                 lu = _last_uses(call_reads[i], c, alias)
-                uses = tuple(map(lu.__getitem__, _chain([keys[a:b] for a, b in older])))
+                # a root the call never reads (a donated parameter held for its successor)
+                # stays live through the whole call
+                uses = tuple(lu.get(r, _WHOLE_CALL) for r in _chain([keys[a:b] for a, b in older]))
             else:
                 uses = ()
             if c.own_ks is not None:

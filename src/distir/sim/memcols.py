@@ -91,14 +91,16 @@ def build_columns(
     outs_per_op: Sequence[int] | None,
     fresh: Sequence[bool] | None,
     ends: I64,
+    before: Sequence[tuple[int, Pairs]] = (),
 ) -> MemColumns:
     """The columns of a body of ``n = len(kinds)`` ops whose op ``i`` has record
     ``table[kinds[i]]``: it probes that record's bump (``bump_at[i]`` instead where given) and
     allocates its allocations. Result ``r`` (in program order; ``outs_per_op`` results per op,
     one each when None) holds the bytes its record gives it and, unless ``fresh[r]`` is False (a
     view), is freed after op ``ends[r]`` (never when ``ends[r] >= n``: it outlives the body).
-    As in ``FnPlan.mem``, an op that neither allocates nor frees probes nothing, and the frees
-    after one op come in the results' order."""
+    ``before``: storage owned from the start (donated parameters: after which op each is freed,
+    and its bytes), freed after that op before any result. As in ``FnPlan.mem``, an op that
+    neither allocates nor frees probes nothing, and the frees after one op come in that order."""
     n = len(kinds)
     kind = np.fromiter(kinds, np.int64, n)
     # frees: the table entry of each result (record, result index), grouped by the op they follow
@@ -115,6 +117,13 @@ def build_columns(
         keep &= np.fromiter(fresh, np.bool_, len(fresh))
     per_result, fg, fb = _expand([x for rec in table for x in rec[6]], which[keep])
     free_at = np.repeat(free_at[keep], per_result)
+    early = [(at, pairs) for at, pairs in before if at < n]
+    if early:
+        pg0, pb0 = _table([p for _, p in early])[2:]
+        pat = np.repeat(
+            np.fromiter((at for at, _ in early), np.int64, len(early)), [len(p) for _, p in early]
+        )
+        free_at, fg, fb = np.concatenate([pat, free_at]), np.concatenate([pg0, fg]), np.concatenate([pb0, fb])
     order = np.argsort(free_at, kind="stable")  # the results' order within an op
     free_at, fg, fb = free_at[order], fg[order], fb[order]
     cf = np.bincount(free_at, minlength=n).astype(np.int64)

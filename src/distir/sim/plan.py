@@ -17,7 +17,8 @@ clocks and memory figures, when that is exactly what planning it there would giv
 (``distir.sim.relabel``; ``relabel=False`` plans every call).
 
 **Memory.** A value is live from the op that creates it to its last use in the function (results
-of the function stay live). View ops (those that write no bytes: Reshape, Unsqueeze, tuples)
+of the function stay live); the entry's donated parameters (``Function.donated``) likewise, from
+the start. View ops (those that write no bytes: Reshape, Unsqueeze, tuples)
 alias their inputs instead of allocating. Parameters belong to the caller.
 
 **DTensor programs** are planned directly (``distir.sim.spmd``): an op on distributed tensors
@@ -52,7 +53,7 @@ from distir.sim.devices import DeviceMap
 from distir.sim.flatplan import plan_flat
 from distir.sim.fusion import FusedInput, fused_inputs
 from distir.sim.liveness import build_plan
-from distir.sim.records import NEG_INF, CallSummary, FnPlan, MemEvents, OpRecord, Root
+from distir.sim.records import NEG_INF, CallSummary, FnPlan, Gift, MemEvents, OpRecord, Root
 from distir.sim.relabel import Relabeler
 from distir.sim.units import Units, has_dtensor, leaves
 
@@ -279,7 +280,8 @@ class PlanDomain(TypeDomain):
         if not self.units.prepared and top:
             (self.units.assume if self.assume_units else self.units.prepare)(self.module, fn, args)
         columnar = top and self.entry_memory_columns
-        fast = plan_flat(self, fn, args, columnar=columnar) if self.fast_path else None
+        donated = self._donated(fn) if top and not self.entry_param_uses else None
+        fast = plan_flat(self, fn, args, columnar=columnar, donated=donated) if self.fast_path else None
         if fast is not None:
             return fast
         links = self.fusion_of(fn)
@@ -302,9 +304,29 @@ class PlanDomain(TypeDomain):
             self.dev_slot,
             self.slot_gpu,
             param_uses=self.entry_param_uses or not top,
+            donated=donated,
         )
         plan.out_values = tuple(outs)
         return plan
+
+    def _donated(self, fn: Function) -> dict[Value, Gift] | None:
+        """The entry's donated parameters (``Function.donated``): the plan frees each after its
+        last use, or after the instruction making the result written into it if later."""
+        if not fn.donated:
+            return None
+        into = {fn.outputs[d.result]: d.param for d in fn.donated if d.result >= 0}
+        made: dict[int, int] = {}  # parameter index -> the instruction making its successor
+        for i, instr in enumerate(fn.body):
+            if into and not into.keys().isdisjoint(instr.outputs):
+                for v in instr.outputs:
+                    j = into.pop(v, None)
+                    if j is not None:
+                        made[j] = i
+        return {
+            fn.params[d.param]: Gift(self.units.bytes_by_gpu(fn.params[d.param].type), made.get(d.param, -1))  # type: ignore[arg-type]
+            for d in fn.donated
+            if fn.params[d.param].type is not None
+        }
 
     def _walk(self, fn: Function, args: Sequence[Mixed]) -> tuple[tuple[Mixed, ...], dict[Value, Mixed]]:
         """``interpret`` specialized for planning: the same semantics, with the memo lookup of

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from distir.interp.shapes import Mixed
 from distir.ir.function import Function
@@ -160,7 +160,27 @@ OpRecord = tuple[
     # source after the first step), or None: the same as 8
     tuple[tuple[int, float], ...] | None,
 ]
+
+
 # per-instruction memory: (peak bumps, allocations, frees), each a tuple of (gpu, bytes)
+class Gift(NamedTuple):
+    """A donated entry parameter (``Function.donated``) as the plan owns it: its bytes per GPU
+    (memory figure), and the instruction that writes its in-place successor (-1: none)."""
+
+    bytes: Sequence[tuple[int, float]]
+    until: int
+
+    def end(self, last_use: int) -> int:
+        """After which instruction the parameter's storage is released, given its last use: an
+        in-place update (nothing reads it after the instruction making its successor) hands the
+        storage over to that instruction — it is released just before it, so the successor
+        takes its place instead of being counted beside it; otherwise after its last use or its
+        successor, whichever is later (a parameter nothing reads: after the first instruction)."""
+        if self.until > 0 and last_use <= self.until:
+            return self.until - 1
+        return max(last_use, self.until, 0)
+
+
 MemEvents = tuple[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]]
 
 
