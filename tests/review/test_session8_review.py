@@ -166,7 +166,10 @@ def test_rerender_with_share_strategies_and_top_1_gives_the_same_outputs(tmp_pat
     assert (first["from_store"], second["from_store"]) == (False, True)
     win = first["results"][0]["strategy"]
     assert parse_strategy(win).shares is not None and len(first["results"]) == 1
-    exact = evaluate(ExactJob(GPT, MIXED, 48), win)
+    # the search weighs precisions too (auto): evaluate the winner's (mixed f16 here, since fused
+    # chains absorb mixed precision's casts)
+    row = first["results"][0]
+    exact = evaluate(ExactJob(GPT, MIXED, 48, dtype=row["dtype"], precision=row["precision"]), win)
     assert first["results"][0]["step_time_s"] == exact["step_time_s"]
     for key in ("results", "screened", "screen_top", "layer_profiles", "simulated"):
         assert second[key] == first[key], key
