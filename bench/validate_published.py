@@ -67,6 +67,9 @@ class ModelCfg:
     vocab: int
     seq: int
     notes: str
+    # the attention the run's software computes: fused (FlashAttention and its kin, 2022 on) or
+    # naive (the explicit scores, e.g. Megatron-DeepSpeed's fused masked softmax before it)
+    attention: str = "fused"
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +170,8 @@ def _check(r: Run, where: str) -> None:
     m, s, p = r.model, r.strategy, r.published
     if m.family not in ("gpt", "llama"):
         raise RunsError(f"{where}.model.family: expected gpt or llama, got {m.family!r}")
+    if m.attention not in ("fused", "naive"):
+        raise RunsError(f"{where}.model.attention: expected fused or naive, got {m.attention!r}")
     if p.metric not in METRICS:
         raise RunsError(f"{where}.published.metric: expected one of {', '.join(METRICS)}, got {p.metric!r}")
     if (p.metric == "tflops_per_gpu") != (p.flops_formula in FLOPS_FORMULAS):
@@ -180,8 +185,8 @@ def _check(r: Run, where: str) -> None:
             f"{where}.strategy: global_batch {s.global_batch} is not a whole number of microbatches "
             f"of {s.microbatch} per replica (dp {s.dp})"
         )
-    if s.recompute not in ("none", "selective", "full"):
-        raise RunsError(f"{where}.strategy.recompute: expected none, selective or full, got {s.recompute!r}")
+    if s.recompute not in ("none", "selective", "full", "ops"):
+        raise RunsError(f"{where}.strategy.recompute: expected none, selective, full or ops, got {s.recompute!r}")
 
 
 def load_runs(path: Path = DATA) -> tuple[Run, ...]:
@@ -219,11 +224,13 @@ def unsupported(r: Run) -> str:
 def zoo_model(m: ModelCfg) -> str:
     """The zoo model string of ``m`` (its family's fields; the record's notes say what differs)."""
     if m.family == "gpt":
-        return f"gpt:layers={m.layers},hidden={m.hidden},heads={m.heads},seq={m.seq},vocab={m.vocab}"
-    return (
-        f"llama:layers={m.layers},hidden={m.hidden},heads={m.heads},kv_heads={m.kv_heads},"
-        f"ffn={m.ffn},vocab={m.vocab},seq={m.seq}"
-    )
+        spec = f"gpt:layers={m.layers},hidden={m.hidden},heads={m.heads},seq={m.seq},vocab={m.vocab}"
+    else:
+        spec = (
+            f"llama:layers={m.layers},hidden={m.hidden},heads={m.heads},kv_heads={m.kv_heads},"
+            f"ffn={m.ffn},vocab={m.vocab},seq={m.seq}"
+        )
+    return spec if m.attention == "fused" else f"{spec},attention={m.attention}"
 
 
 def strategy_of(s: StrategyCfg) -> Any:

@@ -29,6 +29,11 @@ saved. The policies, as the trainers define them (``POLICIES``, the strategy's `
   so its output and log-sum-exp are not kept. (A ``Softmax`` outside attention counts as core too;
   the zoo uses Softmax only in attention.)
 
+- ``ops`` (``SAVE_PRODUCTS``, torchtitan's ``selective_ac_option = "op"``, PyTorch's selective
+  activation checkpointing): save the results of matrix products with a weight and of the fused
+  attention, recompute everything else (torchtitan also recomputes every second matmul; not
+  modelled).
+
 Recomputation is emitted lazily, right before its first use, so recomputed values die as early as
 possible.
 
@@ -126,7 +131,24 @@ def SELECTIVE(op: Op, fn: Function) -> bool:
     return op not in attention_core(fn)
 
 
-POLICIES: dict[str, RecomputePolicy] = {"none": SAVE_ALL, "full": RECOMPUTE_ALL, "selective": SELECTIVE}
+def SAVE_PRODUCTS(op: Op, fn: Function) -> bool:
+    """PyTorch's op-level selective activation checkpointing as torchtitan runs it
+    (``selective_ac_option = "op"``): save the results of matrix products with a weight (ops
+    whose registry entry describes a GEMM shape, ``OpDef.gemm``) and of the fused attention;
+    recompute the cheap, large rest (norms, activations, elementwise chains)."""
+    d = REGISTRY[op.name]
+    weights = set(fn.params[1:])
+    if d.gemm is not None:
+        return any(v in weights for v in op.inputs)
+    return d.attention_core and len(op.inputs) > 1  # the fused op, not a lone softmax
+
+
+POLICIES: dict[str, RecomputePolicy] = {
+    "none": SAVE_ALL,
+    "full": RECOMPUTE_ALL,
+    "selective": SELECTIVE,
+    "ops": SAVE_PRODUCTS,
+}
 
 
 class AutodiffError(ValueError):

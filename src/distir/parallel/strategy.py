@@ -8,7 +8,8 @@ follow when they differ from the default, in this order (``sp`` right after ``t<
                 axis: activations between layers sharded along the model's sequence dim; needs t > 1
     v<n>        virtual pipeline stages per rank (interleaved schedules), default 1
     z<0-3>      ZeRO stage, default 0
-    r<mode>     activation recomputation: none (default), full, sel (selective)
+    r<mode>     activation recomputation: none (default), full, sel (Megatron's selective: the
+                attention core), ops (torchtitan's op-level: products saved, the rest recomputed)
     L<a>-<b>-…  repeated blocks per pipeline chunk (an explicit partition, e.g. L5-4-4-3; the
                 embedding always joins the first chunk, head and loss the last, so those two
                 may hold 0 blocks); Luniform (default) or Lparams (balance parameter counts)
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb1")
 _ALIASES = {"i1f1b": "interleaved", "zbh1": "zb1", "fill-drain": "gpipe"}
-RECOMPUTE = {"none": "none", "full": "full", "sel": "selective", "selective": "selective"}
+RECOMPUTE = {"none": "none", "full": "full", "sel": "selective", "selective": "selective", "ops": "ops"}
 
 
 class StrategyError(ValueError):
@@ -66,8 +67,8 @@ class Strategy:
             raise StrategyError(f"unknown schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}")
         if self.zero not in (0, 1, 2, 3):
             raise StrategyError(f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero!r}")
-        if self.recompute not in ("none", "full", "selective"):
-            raise StrategyError(f"recompute must be none, full or selective, got {self.recompute!r}")
+        if self.recompute not in ("none", "full", "selective", "ops"):
+            raise StrategyError(f"recompute must be none, full, selective or ops, got {self.recompute!r}")
         if self.v > 1 and self.schedule != "interleaved":
             raise StrategyError(
                 f"v={self.v} virtual stages need the interleaved schedule, not {self.schedule}"
@@ -122,7 +123,7 @@ class Strategy:
         if self.zero:
             parts.append(f"z{self.zero}")
         if self.recompute != "none":
-            parts.append("rfull" if self.recompute == "full" else "rsel")
+            parts.append({"full": "rfull", "selective": "rsel", "ops": "rops"}[self.recompute])
         if self.partition != "uniform":
             parts.append(
                 "L"
@@ -186,7 +187,7 @@ def parse_strategy(text: str) -> Strategy:
                 "k<n>",
                 "v<n>",
                 "z<0-3>",
-                "rnone|rfull|rsel",
+                "rnone|rfull|rsel|rops",
                 "L…",
                 "b…",
                 "@…",

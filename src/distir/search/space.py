@@ -64,8 +64,8 @@ class Pins:
             raise SpaceError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if self.zero is not None and self.zero not in (0, 1, 2, 3):
             raise SpaceError(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
-        if self.recompute is not None and self.recompute not in ("none", "selective", "full"):
-            raise SpaceError(f"--recompute must be none, selective or full, got {self.recompute!r}")
+        if self.recompute is not None and self.recompute not in ("none", "selective", "full", "ops"):
+            raise SpaceError(f"--recompute must be none, selective, full or ops, got {self.recompute!r}")
 
 
 def divisors(n: int) -> list[int]:
