@@ -186,7 +186,9 @@ def _check(r: Run, where: str) -> None:
             f"of {s.microbatch} per replica (dp {s.dp})"
         )
     if s.recompute not in ("none", "selective", "full", "ops"):
-        raise RunsError(f"{where}.strategy.recompute: expected none, selective, full or ops, got {s.recompute!r}")
+        raise RunsError(
+            f"{where}.strategy.recompute: expected none, selective, full or ops, got {s.recompute!r}"
+        )
 
 
 def load_runs(path: Path = DATA) -> tuple[Run, ...]:

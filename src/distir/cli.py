@@ -531,7 +531,9 @@ def search(
         str | None, typer.Option("--schedule", help="Pin gpipe, 1f1b, interleaved or zb1.")
     ] = None,
     zero: Annotated[int | None, typer.Option("--zero", min=0, max=3, help="Pin the ZeRO stage.")] = None,
-    recompute: Annotated[str | None, typer.Option("--recompute", help="Pin none, selective, full or ops.")] = None,
+    recompute: Annotated[
+        str | None, typer.Option("--recompute", help="Pin none, selective, full or ops.")
+    ] = None,
     max_k: Annotated[int, typer.Option("--max-microbatches", min=1, help="Largest k to try.")] = 128,
     workers: Annotated[
         int, typer.Option("--workers", min=1, help="Worker processes: profiles, placement, exact sims.")
