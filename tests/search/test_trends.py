@@ -109,3 +109,21 @@ def test_mixed_replicas_take_uneven_batch_shares() -> None:
     assert fast and slow and min(fast) > max(slow), (s, kinds)
     even = evaluate(ExactJob(**job), str(replace(s, shares=None)))  # type: ignore[arg-type]
     assert even["step_time_s"] / best["step_time_s"] >= 1.15
+
+
+def test_llama3_8b_on_one_h100_node_gets_a_plan_that_fits_in_the_trainers_precision() -> None:
+    """``distir search --model llama3-8b --cluster h100 --batch 1024`` (sequence 8192, mixed bf16
+    as the CLI's ``auto`` resolves it): the winner fits once simulated exactly — activation memory
+    with fused attention, ZeRO/FSDP state and the runtime memory counted — and reports its MFU,
+    below its HFU when it recomputes."""
+    out = search(
+        SearchRequest(
+            model="llama3-8b", cluster="h100", batch=1024, dtype="bf16", precision="mixed", top=8, workers=1
+        )
+    )
+    best = out.best()
+    assert best is not None and best["fits"], best
+    assert best["precision"] == "mixed" and best["dtype"] == "bf16"
+    assert 0.2 < best["mfu"] <= best["hfu"] < 1.0
+    if parse_strategy(str(best["strategy"])).recompute != "none":
+        assert best["mfu"] < best["hfu"]
