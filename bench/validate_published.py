@@ -120,6 +120,9 @@ class Run:
     strategy: StrategyCfg
     published: Published
     unsupported: str = ""
+    # the trainer's kernels: fused (Megatron-LM's fused kernels, torch.compile) or eager (one
+    # kernel per op, as eager PyTorch runs them); ``distir simulate --kernels``
+    kernels: str = "fused"
 
 
 _TYPES: dict[str, type] = {"int": int, "str": str, "bool": bool, "float": float}
@@ -165,6 +168,8 @@ def _check(r: Run, where: str) -> None:
             raise RunsError(f"{where}: empty {label}")
     if not r.source.startswith("https://"):
         raise RunsError(f"{where}.source: expected an https:// URL, got {r.source!r}")
+    if r.kernels not in ("fused", "eager"):
+        raise RunsError(f"{where}.kernels: expected fused or eager, got {r.kernels!r}")
     if r.precision not in PRECISIONS:
         raise RunsError(f"{where}.precision: expected one of {', '.join(PRECISIONS)}, got {r.precision!r}")
     m, s, p = r.model, r.strategy, r.published
@@ -305,6 +310,7 @@ def predict(r: Run) -> Prediction:
     from distir.ir.types import DType
     from distir.parallel.distribute import device_map, distribute
     from distir.search.chunk_times import chunk_times
+    from distir.sim.cost import RooflineCostModel
     from distir.sim.simulate import simulate
 
     t0 = time.perf_counter()
@@ -316,7 +322,8 @@ def predict(r: Run) -> Prediction:
     prog = distribute(
         mod, st, Optimizer("adam"), train=True, comm_streams=True, precision=prec, chunk_times=times
     )
-    res = simulate(prog, cl, device_map(st, True), batch=batch)
+    cost = RooflineCostModel(cl, fuse=r.kernels == "fused")
+    res = simulate(prog, cl, device_map(st, True), cost, batch=batch)
     peak = max(res.peak_memory.values())
     cap = min(res.capacity.values())
     return Prediction(

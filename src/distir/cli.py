@@ -203,6 +203,14 @@ def simulate(
             "fp32 master weights and optimizer state).",
         ),
     ] = "pure",
+    kernels: Annotated[
+        str,
+        typer.Option(
+            "--kernels",
+            help="fused (elementwise chains fused into their producer's kernel, as Megatron-LM and "
+            "torch.compile run them; default) or eager (one kernel per op, as eager PyTorch).",
+        ),
+    ] = "fused",
     bucket_mb: Annotated[
         float,
         typer.Option(
@@ -228,12 +236,15 @@ def simulate(
     file, or of a zoo model under a strategy (built with distribute(model, strategy))."""
     from distir.hardware.cluster import parse_cluster
     from distir.hardware.specs import HardwareError
+    from distir.sim.cost import RooflineCostModel
     from distir.sim.devices import DeviceMap, DeviceMapError
     from distir.sim.simulate import _program_devices
     from distir.sim.simulate import simulate as run_sim
     from distir.sim.summary import summary_dict, summary_table
     from distir.sim.trace import write_trace
 
+    if kernels not in ("fused", "eager"):
+        _fail(f"--kernels must be fused or eager, got {kernels!r}")
     if (file is None) == (model is None):
         _fail(
             "give a program FILE or --model (with --strategy), not both"
@@ -275,7 +286,8 @@ def simulate(
         _fail(str(e) if isinstance(e, HardwareError) else f"{source}: {e}")
     guard = _Session(file, debug).guard if file is not None else _plain_guard(debug)
     try:
-        result = guard(lambda: run_sim(m, cl, dmap, trace=trace is not None, batch=batch))
+        cost = RooflineCostModel(cl, fuse=kernels == "fused")
+        result = guard(lambda: run_sim(m, cl, dmap, cost, trace=trace is not None, batch=batch))
     except DeviceMapError as e:
         _fail(f"{source}: {e}")
     result = dataclasses.replace(result, model_flops=model_flops)
@@ -294,6 +306,7 @@ def simulate(
                     else {}
                 ),
                 "cluster": cluster,
+                "kernels": kernels,
                 **summary,
                 "trace": str(trace) if trace is not None else None,
             }
