@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -55,6 +56,12 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 STORE_VERSION = 6  # bump when the cost model or the result format changes: old results go stale
 
 
+def cluster_digest(spec: str) -> str:
+    """A digest of every figure of the cluster ``spec`` resolves to (devices, links, runtime
+    memory, GEMM profiles): equal for equal clusters whatever file or preset names them."""
+    return hashlib.sha256(repr(parse_cluster(spec)).encode("utf-8")).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class SearchRequest:
     model: str = "gpt2-1.6b"
@@ -74,10 +81,13 @@ class SearchRequest:
     explain: bool = False
 
     def key_parts(self) -> dict[str, Any]:
+        """What the search's results depend on, as the store's key: the request, and the
+        cluster's resolved figures (a TOML file edited between two searches is a new search)."""
         return {
             "version": STORE_VERSION,
             "model": self.model,
             "cluster": self.cluster,
+            "cluster_figures": cluster_digest(self.cluster),
             "batch": self.batch,
             "train": self.train,
             "optimizer": self.optimizer,
