@@ -143,7 +143,9 @@ def block_fn(
     x = f("Add", x, dropout(f, linear(f, a, p["wo"], p["bo"], "o"), p_drop, "o_drop"), name="x_attn")
     h = f("LayerNormalization", x, p["ln2_scale"], p["ln2_bias"], name="ln2")
     m = f("Gelu", linear(f, h, p["w1"], p["b1"], "fc1"), name="gelu")
-    return f.ret(f("Add", x, dropout(f, linear(f, m, p["w2"], p["b2"], "fc2"), p_drop, "fc2_drop"), name="x_mlp"))
+    return f.ret(
+        f("Add", x, dropout(f, linear(f, m, p["w2"], p["b2"], "fc2"), p_drop, "fc2_drop"), name="x_mlp")
+    )
 
 
 def block_weights(i: int, hidden: int, dtype: DType, std: float = 0.02) -> tuple[WeightSpec, ...]:
