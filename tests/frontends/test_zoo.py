@@ -251,6 +251,7 @@ def test_parse_family_string() -> None:
         "vocab": 51200,
         "attention": "fused",
         "tied": False,  # GPT-2's tied embedding is a flag, off by default
+        "dropout": 0.0,  # hidden and attention dropout, off by default
     }
     s = parse_model_string(" gpt2-117m:layers=2 ")
     assert dataclasses.asdict(s.config) == {
@@ -261,6 +262,7 @@ def test_parse_family_string() -> None:
         "vocab": 50257,
         "attention": "fused",
         "tied": False,
+        "dropout": 0.0,
     }
     assert parse_model_string("gpt2-117m:attention=naive").config.attention == "naive"
     assert parse_model_string("gpt2-117m:tied=1").config.tied is True

@@ -374,3 +374,19 @@ EXAMPLES.update(
         ],
     }
 )
+
+# -- dropout (distir.ops.nn): the reference runs p = 0 only; DropoutGrad any p --------------------
+EXAMPLES.update(
+    {
+        "Dropout": [
+            Case([T(f32, 2, 3)], {"p": 0.0}),
+            Case([T(f64, 4, 1, 5)], {"p": 0.0}),
+            Case([T(f16)], {"p": 0.0}),
+        ],
+        "DropoutGrad": [
+            Case([T(f32, 2, 3), T(b, 2, 3)], {"p": 0.1}),
+            Case([T(f64, 4, 5), T(b, 4, 5)], {"p": 0.0}),
+            Case([T(f16, 3), T(b, 3)], {"p": 0.5}),
+        ],
+    }
+)

@@ -36,7 +36,7 @@ DIFFERENTIABLE = {
     *("RMSNormalization", "MatMul", "Gemm", "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Split"),
     *("Concat", "Slice", "Gather", "Expand", "ReduceSum", "ReduceMean", "SoftmaxCrossEntropyLoss"),
     *("MSELoss", "Conv", "MaxPool", "AveragePool", "Attention", "Rope"),
-    *("Log", "StopGradient", "SoftmaxCrossEntropyParts"),
+    *("Log", "StopGradient", "SoftmaxCrossEntropyParts", "Dropout"),
 }
 
 
@@ -187,6 +187,8 @@ CASES: list[GCase] = [
     GCase("Attention", [t(1, 4, 3, 3), t(1, 4, 1, 3), t(1, 4, 1, 3)], {"scale": 0.7}, dead=(1,)),
     GCase("Rope", [t(2, 4, 3, 6)], {"theta": 7.0}),
     GCase("Rope", [t(1, 3, 2, 4)], {"inverse": True}),
+    # the reference runs p = 0 only (DropoutGrad's formula: test_dropout); the mask is bool
+    GCase("Dropout", [t(2, 3)], {"p": 0.0}, dead=(1,)),
 ]
 
 

@@ -1,9 +1,21 @@
 """Neural-network layers (ONNX names): Softmax, LayerNormalization, RMSNormalization; and
-CausalMask (attention's causal mask, not an ONNX op).
+CausalMask (attention's causal mask, not an ONNX op); Dropout and its gradient DropoutGrad.
 
 The normalizations work over the trailing axes ``[axis, rank)`` of ``X`` (ONNX semantics);
 ``Scale`` (and ``B``) broadcast against those axes. References compute in float64 and round
 once to the input dtype. Helpers here are shared with their gradients in ``distir.ops.grad``.
+
+``Y, mask = Dropout(X; p)`` is inverted dropout as PyTorch and Megatron-LM train with it: each
+element is kept with probability 1 − p (``mask`` true, a bool tensor of X's shape: 1 byte per
+element, what the backward keeps) and scaled by 1/(1 − p), else zeroed. ``dX = DropoutGrad(dY,
+mask; p)`` is dY·mask/(1 − p). Both are pointwise (``Fusion.POINTWISE``: Megatron's fused
+bias+dropout+residual add) and shard elementwise: X, Y and mask alike on any dim, the gradient
+also linearly in dY (a pending sum on dY, the mask replicated). The numpy reference of Dropout
+runs p = 0 only (the identity and an all-true mask) and refuses p > 0 with ``DropoutError``: a
+distributed program draws its masks per rank (data-parallel replicas, pipeline microbatches and
+sequence-parallel shards each draw their own), so no sequential program computes the same
+numbers; such a program is typed, costed and simulated, not run. DropoutGrad's reference runs
+any p: its mask is an input.
 """
 
 from __future__ import annotations
@@ -15,12 +27,13 @@ import numpy as np
 
 from distir.ir.dtensor import Shard
 from distir.ir.ops import Op
-from distir.ir.types import TensorType, Type
+from distir.ir.types import DType, TensorType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops import sharding as sh
 from distir.ops._rules import (
     float_attr,
     float_input,
+    in_numel_flops,
     int_attr,
     norm_axis,
     out_numel_flops,
@@ -232,6 +245,90 @@ CAUSAL_MASK = register(
 )
 
 
+# -- Dropout ----------------------------------------------------------------------------------
+class DropoutError(ValueError):
+    """The numpy reference was asked for dropout with p > 0, which no sequential program
+    reproduces (the module docstring)."""
+
+
+def _dropout_p(ctx: TypeCtx) -> float:
+    p = ctx.attr("p")
+    if not 0.0 <= p < 1.0:
+        ctx.fail(f"{ctx.op.name}: p={p} must be in [0, 1)", None, "[0, 1)", p)
+    return float(p)
+
+
+def _dropout_rule(ctx: TypeCtx) -> Sequence[Type]:
+    x = float_input(ctx, 0, "X")
+    _dropout_p(ctx)
+    return (ctx.out(x.dtype, x.shape), ctx.out(DType.bool, x.shape))
+
+
+def _dropout_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    if float_attr(attrs, "p", 0.0) > 0.0:
+        raise DropoutError(
+            "the numpy reference of Dropout cannot run p > 0: a distributed program draws a "
+            "different mask on each rank, so no sequential reference exists; simulate such a "
+            "program, or run it with dropout 0"
+        )
+    x = np.asarray(args[0])
+    return (np.array(x, copy=True), np.ones(x.shape, dtype=bool))
+
+
+def _dropout_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
+    dy = float_input(ctx, 0, "dY")
+    mask = ctx.tensor(1)
+    if mask.dtype is not DType.bool or mask.shape != dy.shape:
+        ctx.fail(
+            f"DropoutGrad: mask must be bool {dy.shape} like dY, got {mask.dtype} {mask.shape}",
+            1,
+            (DType.bool, dy.shape),
+            (mask.dtype, mask.shape),
+        )
+    _dropout_p(ctx)
+    return (ctx.out(dy.dtype, dy.shape),)
+
+
+def _dropout_grad_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    dy = np.asarray(args[0])
+    keep = np.asarray(args[1], dtype=bool)
+    scale = 1.0 / (1.0 - float_attr(attrs, "p", 0.0))
+    return (np.where(keep, f64(dy) * scale, 0.0).astype(dy.dtype),)
+
+
+DROPOUT = register(
+    OpDef(
+        name="Dropout",
+        family=FAMILY,
+        fusion=Fusion.POINTWISE,
+        inputs=("X",),
+        outputs=("Y", "mask"),
+        infer=_dropout_rule,
+        attrs={"p": AttrSpec("float")},
+        reference=_dropout_ref,
+        flops=in_numel_flops(2.0),  # a compare with the random draw, a scale
+        doc="Inverted dropout: Y = X·mask/(1 − p) with mask (bool, X's shape) true with "
+        "probability 1 − p; the reference runs p = 0 only (DropoutError).",
+        sharding=sh.pointwise(),
+    )
+)
+DROPOUT_GRAD = register(
+    OpDef(
+        name="DropoutGrad",
+        family=FAMILY,
+        fusion=Fusion.POINTWISE,
+        inputs=("dY", "mask"),
+        outputs=("dX",),
+        infer=_dropout_grad_rule,
+        attrs={"p": AttrSpec("float")},
+        reference=_dropout_grad_ref,
+        flops=out_numel_flops(2.0),  # a select, a scale
+        doc="dX = dY·mask/(1 − p), the gradient of Dropout given its mask.",
+        sharding=sh.pointwise("scale"),
+    )
+)
+
+
 # -- gradient rules (contract: distir.ops.gradrules) --------------------------------------------
 def _softmax_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
     axis = int_attr(op.attrs, "axis", -1)
@@ -265,12 +362,23 @@ def _causal_mask_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Se
     return ctx.op("CausalMask", first(douts), fill=0.0)
 
 
+def _dropout_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    """dX = DropoutGrad(dY, mask); the mask (bool) takes no cotangent."""
+    dy = douts[0]
+    if dy is None:
+        return [None]
+    p = float_attr(op.attrs, "p", 0.0)
+    return ctx.op("DropoutGrad", dy, ctx.primal(op.outputs[1]), p=p)
+
+
 SOFTMAX.fill("grad", _softmax_grad)
 LAYER_NORMALIZATION.fill("grad", _layer_norm_grad)
 RMS_NORMALIZATION.fill("grad", _rms_norm_grad)
 CAUSAL_MASK.fill("grad", _causal_mask_grad)
+DROPOUT.fill("grad", _dropout_grad)
 
 __all__ = [
+    "DropoutError",
     "check_param",
     "layer_norm_stats",
     "log_softmax",

@@ -7,7 +7,8 @@ scale+mask+softmax into single kernels, LayerNorm/RMSNorm and softmax are one ke
 (``OpDef.fusion``, ``distir.ops.registry.Fusion``); this module finds the chains of a body.
 
 Rule: an op joins the kernel of the op producing one of its inputs when it is POINTWISE or
-ROWWISE, the producer is a GEMM or POINTWISE op with a single result, and the op is that
+ROWWISE, the producer is a GEMM op with a single result or a POINTWISE op (Dropout's two
+results: the joined op reads Y from registers, the mask is still written), and the op is that
 result's first consumer in program order. A chain is a run of such links (a ROWWISE op ends it:
 nothing joins after it; a GEMM takes only pointwise epilogues). The rule reads the program's
 structure only — no devices — so a program and its materialized per-device form (where the
@@ -116,7 +117,7 @@ def fused_inputs(fn: Function) -> list[FusedInput | None]:
         pos = np.minimum(np.searchsorted(r_ids, read), len(r_ids) - 1)
         uses = uses + np.where(r_ids[pos] == read, r_counts[pos], 0)
     prod = np.maximum(producer, 0)
-    from_head = (producer >= 0) & (n_out[prod] == 1) & ((codes[prod] & _HEAD) > 0)
+    from_head = (producer >= 0) & ((n_out[prod] == 1) | (codes[prod] == _BOTH)) & ((codes[prod] & _HEAD) > 0)
     # through a transparent op (one input, one result) that is its input's first consumer
     via = np.full(len(read), -1)
     through = (codes == _THROUGH) & (n_in == 1) & (n_out == 1)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from distir.frontends.zoo.model import REPLICATE, InputSpec, Model, ModelError, WeightSpec, check_model
@@ -184,15 +184,34 @@ def inv_sqrt(n: float) -> float:
     return 1.0 / math.sqrt(n)
 
 
+def probability_field() -> Any:
+    """A probability option of a config (GPT's ``dropout``): a float in [0, 1), default 0; its
+    metadata ``range`` is what ``check_config`` and the model-string parser check."""
+    return field(default=0.0, metadata={"range": PROBABILITY})
+
+
+PROBABILITY = (0.0, 1.0)  # the half-open range [0, 1) of a probability option
+
+
+def in_range(v: object, bounds: tuple[float, float]) -> bool:
+    """Whether ``v`` is a number (not a bool) in the half-open range ``[lo, hi)``."""
+    lo, hi = bounds
+    return isinstance(v, int | float) and not isinstance(v, bool) and lo <= v < hi
+
+
 def check_config(family: str, cfg: object, divides: Sequence[tuple[str, str]] = ()) -> None:
     """Every int field of the dataclass ``cfg`` is positive (bool fields are flags), every
-    enumerated field (a field whose metadata lists its ``choices``) holds one of them, and for
-    each ``(a, b)`` in ``divides`` field ``a`` divides field ``b``; else a ModelError naming key
-    and value."""
+    enumerated field (a field whose metadata lists its ``choices``) holds one of them, every
+    float field with a ``range`` (``probability_field``) lies in it, and for each ``(a, b)`` in
+    ``divides`` field ``a`` divides field ``b``; else a ModelError naming key and value."""
     for f in fields(cfg):  # type: ignore[arg-type]
         v = getattr(cfg, f.name)
         choices = f.metadata.get("choices")
-        if choices is not None:
+        bounds = f.metadata.get("range")
+        if bounds is not None:
+            if not in_range(v, bounds):
+                raise ModelError(f"{family}: {f.name}={v!r} must be a number in [{bounds[0]}, {bounds[1]})")
+        elif choices is not None:
             if v not in choices:
                 raise ModelError(f"{family}: {f.name}={v!r} must be one of {', '.join(choices)}")
         elif isinstance(v, bool) and isinstance(f.default, bool):

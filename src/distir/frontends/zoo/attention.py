@@ -72,10 +72,12 @@ def attention(
     causal: bool = True,
     form: str = "fused",
     rope_theta: float | None = None,
+    dropout: float = 0.0,
 ) -> Value:
     """Attention over already-projected ``q``, ``k``, ``v``; returns (B, S, heads·head_dim)
     (before the output projection). ``form`` is ``fused`` or ``naive``; ``rope_theta`` (if
-    given) rotates q and k by position first."""
+    given) rotates q and k by position first; ``dropout`` > 0 drops attention probabilities
+    (the fused op's ``dropout`` attribute; in the naive form a ``Dropout`` after the softmax)."""
     kv = heads if kv_heads is None else kv_heads
     group = heads // kv
     qh = split_heads(f, q, heads, head_dim, "qh")
@@ -85,7 +87,8 @@ def attention(
         kh = f("Rope", kh, theta=float(rope_theta), name="k_rope")
     vh = split_heads(f, v, kv, head_dim, "vh")
     if form == "fused":
-        out, _ = f.results("Attention", qh, kh, vh, names=["ctx", "lse"], causal=causal)
+        drop = {"dropout": dropout} if dropout > 0.0 else {}
+        out, _ = f.results("Attention", qh, kh, vh, names=["ctx", "lse"], causal=causal, **drop)
         return f("Reshape", out, shape=(0, 0, heads * head_dim), name="attn")
     kh = repeat_kv(f, kh, kv, group, head_dim, "k")
     vh = repeat_kv(f, vh, kv, group, head_dim, "v")
@@ -97,6 +100,8 @@ def attention(
     if causal:
         scores = f("CausalMask", scores, name="masked")
     probs = f("Softmax", scores, axis=3, name="probs")
+    if dropout > 0.0:
+        probs, _ = f.results("Dropout", probs, names=["probs_drop", "probs_mask"], p=dropout)
     ctx = f("MatMul", probs, vt, name="ctx")  # (B, h, S, d)
     merged = f("Transpose", ctx, perm=(0, 2, 1, 3), name="ctx_t")  # (B, S, h, d)
     return f("Reshape", merged, shape=(0, 0, heads * head_dim), name="attn")

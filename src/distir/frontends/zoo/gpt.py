@@ -10,7 +10,12 @@
 
 ``@block`` is pre-LN: ``x + Attn(LN1(x))`` then ``x + MLP(LN2(x))`` with causal multi-head
 attention (``attention.py``: the fused op by default, ``attention=naive`` the explicit form) and
-a GELU MLP of width 4·hidden; every projection has a bias.
+a GELU MLP of width 4·hidden; every projection has a bias. ``dropout=p`` (default 0: no Dropout
+op at all) applies Megatron-LM's hidden dropout — the attention output projection's and the MLP's
+results each through ``Dropout`` before the residual add, whose bool mask (1 byte per element)
+the backward keeps — and passes ``dropout=p`` to the fused ``Attention`` (its FLOPs and memory
+do not change: FlashAttention regenerates its mask; the naive form drops the probabilities
+with a ``Dropout`` of its own, an S×S mask). Embedding dropout is not modelled.
 The output projection ``wlm`` (hidden, vocab) is a weight of its own — *untied* from ``wte`` —
 so the parameter count is the published one plus hidden·vocab; ``tied=1`` ties them as GPT-2
 does: the head multiplies by ``wte``ᵀ (``Model.tied``; its gradient is the sum of the
@@ -35,7 +40,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from distir.frontends.zoo._build import LayerCall, LayerFn, assemble, check_config, tensor, weight
+from distir.frontends.zoo._build import (
+    LayerCall,
+    LayerFn,
+    assemble,
+    check_config,
+    probability_field,
+    tensor,
+    weight,
+)
 from distir.frontends.zoo.attention import attention, attention_field
 from distir.frontends.zoo.model import InputSpec, Model, WeightSpec
 from distir.ir.dtensor import Placement, Replicate, Shard
@@ -58,6 +71,7 @@ class GPTConfig:
     vocab: int = 50257
     attention: str = attention_field()
     tied: bool = False  # GPT-2's tied embedding: the head multiplies by wteᵀ (``tied=1``)
+    dropout: float = probability_field()  # hidden and attention dropout (``dropout=0.1``)
 
     def __post_init__(self) -> None:
         check_config(FAMILY, self, divides=[("heads", "hidden")])
@@ -95,11 +109,27 @@ def linear(f: LayerFn, x: Value, w: Value, b: Value, name: str) -> Value:
     return f("Add", f("MatMul", x, w, name=f"{name}_xw"), b, name=name)
 
 
+def dropout(f: LayerFn, x: Value, p: float, name: str) -> Value:
+    """``x`` through Dropout (its mask a value of the program, 1 byte per element), or ``x``
+    itself when ``p`` is 0."""
+    if p <= 0.0:
+        return x
+    y, _ = f.results("Dropout", x, names=(name, f"{name}_mask"), p=p)
+    return y
+
+
 def block_fn(
-    name: str, hidden: int, heads: int, causal: bool = True, attention_form: str = "fused"
+    name: str,
+    hidden: int,
+    heads: int,
+    causal: bool = True,
+    attention_form: str = "fused",
+    p_drop: float = 0.0,
 ) -> Function:
-    """The pre-LN transformer block (also TransGAN's, non-causal); ``attention_form`` is the
-    model's ``attention`` option."""
+    """The pre-LN transformer block; ``attention_form`` is the model's ``attention`` option,
+    ``p_drop`` its ``dropout``: as Megatron-LM, the output projection's and the MLP's results
+    go through Dropout before each residual add (bias+dropout+add, one fused kernel), and the
+    attention drops probabilities with the same p."""
     f = LayerFn(name)
     x = f.param("x")
     p = {n: f.param(n) for n in BLOCK_WEIGHTS}
@@ -107,11 +137,15 @@ def block_fn(
     q = linear(f, h, p["wq"], p["bq"], "q")
     k = linear(f, h, p["wk"], p["bk"], "k")
     v = linear(f, h, p["wv"], p["bv"], "v")
-    a = attention(f, q, k, v, heads=heads, head_dim=hidden // heads, causal=causal, form=attention_form)
-    x = f("Add", x, linear(f, a, p["wo"], p["bo"], "o"), name="x_attn")
+    a = attention(
+        f, q, k, v, heads=heads, head_dim=hidden // heads, causal=causal, form=attention_form, dropout=p_drop
+    )
+    x = f("Add", x, dropout(f, linear(f, a, p["wo"], p["bo"], "o"), p_drop, "o_drop"), name="x_attn")
     h = f("LayerNormalization", x, p["ln2_scale"], p["ln2_bias"], name="ln2")
     m = f("Gelu", linear(f, h, p["w1"], p["b1"], "fc1"), name="gelu")
-    return f.ret(f("Add", x, linear(f, m, p["w2"], p["b2"], "fc2"), name="x_mlp"))
+    return f.ret(
+        f("Add", x, dropout(f, linear(f, m, p["w2"], p["b2"], "fc2"), p_drop, "fc2_drop"), name="x_mlp")
+    )
 
 
 def block_weights(i: int, hidden: int, dtype: DType, std: float = 0.02) -> tuple[WeightSpec, ...]:
@@ -189,7 +223,7 @@ def build(cfg: GPTConfig, batch: int, dtype: DType = DType.f32, name: str = FAMI
         InputSpec("ids", tensor(DType.i64, batch, s), high=v),
         InputSpec("labels", tensor(DType.i64, batch, s), high=v),
     )
-    block = block_fn("block", h, cfg.heads, attention_form=cfg.attention)
+    block = block_fn("block", h, cfg.heads, attention_form=cfg.attention, p_drop=cfg.dropout)
     wte = weight("wte", dtype, (v, h), VOCAB)
     calls = [LayerCall(embed_fn(s), (wte, weight("wpe", dtype, (s, h))), "x0")]
     calls += [LayerCall(block, block_weights(i, h, dtype), f"x{i + 1}") for i in range(cfg.layers)]

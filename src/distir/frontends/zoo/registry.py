@@ -5,11 +5,13 @@ A model string is ``NAME`` or ``NAME:key=value,key=value``. ``NAME`` is a zoo en
 ``transgan``); a bare family starts from its base entry (``mlp-1b``, ``gpt2-117m``,
 ``llama2-7b``, ``transgan-hetero``), and the ``key=value`` pairs override fields of the
 configuration: positive integers, one of the listed words for an enumerated field (the
-transformers' ``attention=fused|naive``), or 0 or 1 for a flag (GPT's ``tied``), e.g.
+transformers' ``attention=fused|naive``), 0 or 1 for a flag (GPT's ``tied``), or a number in
+[0, 1) for a probability (GPT's ``dropout``), e.g.
 
     gpt:layers=24,hidden=2304,heads=24,seq=2048,vocab=51200
     gpt2-117m:layers=2
     llama3-8b:attention=naive
+    gpt2-1.6b:dropout=0.1
 
 An unknown name or key, a malformed pair or a bad value raises ``ModelError`` naming it, what
 is expected and the close matches. ``build_model(spec, batch, dtype)`` builds the model for a
@@ -21,11 +23,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from distir.frontends.zoo import gpt, llama, mlp, transgan
+from distir.frontends.zoo._build import in_range
 from distir.frontends.zoo.model import Model, ModelError
 from distir.ir.types import DType
 
@@ -112,7 +116,7 @@ def parse_model_string(text: str) -> ModelSpec:
         )
     fields = {f.name: f for f in dataclasses.fields(base)}
     keys = list(fields)
-    overrides: dict[str, int | str] = {}
+    overrides: dict[str, int | str | float] = {}
     for item in rest.split(",") if colon and rest.strip() else []:
         key, eq, value = (s.strip() for s in item.partition("="))
         if not eq or not key:
@@ -131,8 +135,25 @@ def parse_model_string(text: str) -> ModelSpec:
                 raise ModelError(f"model {text!r}: {key}={value!r}; expected 0 or 1")
             overrides[key] = value == "1"
             continue
+        bounds = fields[key].metadata.get("range")
+        if bounds is not None:  # a probability
+            overrides[key] = _number_value(text, key, value, bounds)
+            continue
         overrides[key] = _option_value(text, key, value, fields[key].metadata.get("choices"))
     return ModelSpec(text, family, dataclasses.replace(base, **overrides))
+
+
+def _number_value(text: str, key: str, value: str, bounds: tuple[float, float]) -> float:
+    """The value of a ``key=value`` pair of a float field with a ``range`` (``[lo, hi)``)."""
+    try:
+        got = float(value)
+    except ValueError:
+        got = math.nan
+    if not in_range(got, bounds):  # NaN and infinities fail too
+        raise ModelError(
+            f"model {text!r}: {key}={value!r}; expected a number in [{bounds[0]:g}, {bounds[1]:g})"
+        )
+    return got
 
 
 def _option_value(text: str, key: str, value: str, choices: tuple[str, ...] | None) -> int | str:
