@@ -317,8 +317,8 @@ def predict(r: Run) -> Prediction:
     spec, st, cl = zoo_model(r.model), strategy_of(r.strategy), cluster_of(r.cluster)
     dt, batch = DType.bf16, r.strategy.global_batch
     mod = build_model(spec, batch=batch, dtype=dt)
-    times = chunk_times(mod, parse_model_string(spec), cl, dt, True, st)
     prec = Precision.parse(PRECISIONS[r.precision] or "mixed")
+    times = chunk_times(mod, parse_model_string(spec), cl, dt, True, st, prec.mixed)
     prog = distribute(
         mod, st, Optimizer("adam"), train=True, comm_streams=True, precision=prec, chunk_times=times
     )

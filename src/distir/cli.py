@@ -391,7 +391,7 @@ def _model_program(
             except HardwareError:
                 cl = None  # reported by the caller, with the other cluster errors
             if cl is not None and st.devices <= cl.num_devices:
-                times = chunk_times(mod, parse_model_string(spec), cl, dt, train, st)
+                times = chunk_times(mod, parse_model_string(spec), cl, dt, train, st, train and prec.mixed)
         prog = distribute(
             mod,
             st,

@@ -8,6 +8,7 @@ from rich.console import Console
 
 from distir.report.search_cli import _numerics
 from distir.search.run import SearchRequest, search
+from distir.search.space import Pins
 
 
 def _resolve(
@@ -71,3 +72,22 @@ def test_mixed_holds_more_memory_than_pure_bf16() -> None:
         for p in ("mixed", "pure")
     }
     assert peak["mixed"] - peak["pure"] >= 8 * n * 0.95
+
+
+def test_the_screen_profiles_the_mixed_program_s_fp32_loss() -> None:
+    """Under mixed precision the loss layer computes in fp32 (``Precision.prepare``): with a large
+    vocabulary its copies dominate the last stage, and the screen's peak follows the exact one
+    (it profiled the pure-bf16 loss before, half the bytes)."""
+    model = "llama:layers=4,hidden=256,heads=4,kv_heads=2,ffn=512,vocab=32768,seq=512"
+    req = SearchRequest(
+        model=model, cluster="dgx-a100", batch=64, dtype="bf16", precision="mixed", top=6, workers=1,
+        pins=Pins(schedule="1f1b"),
+    )  # fmt: skip
+    o = search(req)
+    screened = {str(e.strategy): e.peak_memory_bytes for e in o.screened}
+    # the screen weighs tensors against the memory the runtime leaves them; the exact peak
+    # includes the runtime's (context, workspaces, buffers, allocator reserve)
+    runtime = o.cluster.device_spec(0).runtime
+    ratios = [screened[r["strategy"]] / runtime.tensor_capacity(r["peak_memory_bytes"]) for r in o.results]
+    assert len(ratios) >= 4
+    assert all(0.9 <= x <= 1.1 for x in ratios), ratios

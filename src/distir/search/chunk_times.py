@@ -22,14 +22,20 @@ from distir.search.profile import cached_profiler
 
 
 def chunk_times(
-    model: Model, spec: ModelSpec, cluster: Cluster, dtype: DType, train: bool, s: Strategy
+    model: Model,
+    spec: ModelSpec,
+    cluster: Cluster,
+    dtype: DType,
+    train: bool,
+    s: Strategy,
+    mixed: bool = False,
 ) -> tuple[list[float], list[float]]:
     """(forward, backward) seconds per chunk of ``model`` (built from ``spec``) under ``s`` on
     ``cluster``, in chunk order; backward is 0 for inference. Raises what ``partition`` and the
     profiler raise for a strategy the model or cluster cannot take."""
     n_layers = len(model.layers) if train else len(model.layers) - 1
     chunks = partition(model, s, n_layers)
-    prof = cached_profiler(spec, cluster, dtype, train)
+    prof = cached_profiler(spec, cluster, dtype, train, mixed)
     b = max(1, model.batch // (s.d * s.k))
     place = s.gpus
     n = s.d * s.t

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 
+from distir.autodiff.precision import MIXED
 from distir.frontends.zoo.registry import ModelSpec, build_from
 from distir.hardware.cluster import Cluster
 from distir.ir.builder import FunctionBuilder
@@ -91,6 +92,7 @@ class Profiler:
     dtype: DType = DType.f32
     train: bool = True
     cost_model: CostModel | None = None
+    mixed: bool = False  # mixed precision: the loss layer casts to fp32 (``Precision.prepare``)
     _cache: dict[tuple[object, ...], list[LayerProfile]] = field(default_factory=dict)
     _fn_cache: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
     _work: dict[tuple[object, ...], float] = field(default_factory=dict)
@@ -110,7 +112,10 @@ class Profiler:
         """The model at microbatch ``b`` with its repeated layers dropped (``distinct_layers``)."""
         got = self._models.get(b)
         if got is None:
-            got = self._models[b] = distinct_layers(build_from(self.spec, b, self.dtype))
+            model = build_from(self.spec, b, self.dtype)
+            if self.mixed and self.train:  # the program distribute builds: the loss in fp32
+                model = MIXED.prepare(model)
+            got = self._models[b] = distinct_layers(model)
         return got
 
     def sharded(self, t: int, b: int, recompute: str) -> list[ShardedLayer]:
@@ -202,6 +207,7 @@ class Profiler:
                 b,
                 recompute,
                 tuple(groups.values()),
+                self.mixed,
             )
             fut = pool.submit(run_profile_task, task)
             for k in groups:
@@ -268,20 +274,23 @@ class ProfileTask:
     b: int
     recompute: str
     groups: tuple[tuple[int, ...], ...]  # one TP group of each kind wanted
+    mixed: bool = False
 
 
 # a worker's profiler of the current model and cluster: the tasks of one search share its models
 # and shardings (only the latest is kept, so a long-lived worker does not accumulate searches)
-_PROFILERS: dict[tuple[ModelSpec, Cluster, DType, bool], Profiler] = {}
+_PROFILERS: dict[tuple[ModelSpec, Cluster, DType, bool, bool], Profiler] = {}
 
 
-def cached_profiler(spec: ModelSpec, cluster: Cluster, dtype: DType, train: bool) -> Profiler:
+def cached_profiler(
+    spec: ModelSpec, cluster: Cluster, dtype: DType, train: bool, mixed: bool = False
+) -> Profiler:
     """This process's profiler of ``spec`` on ``cluster`` (the latest one kept: ``_PROFILERS``)."""
-    key = (spec, cluster, dtype, train)
+    key = (spec, cluster, dtype, train, mixed)
     prof = _PROFILERS.get(key)
     if prof is None:
         _PROFILERS.clear()
-        prof = _PROFILERS[key] = Profiler(spec, cluster, dtype, train)
+        prof = _PROFILERS[key] = Profiler(spec, cluster, dtype, train, mixed=mixed)
     return prof
 
 
@@ -290,9 +299,9 @@ def run_profile_task(task: ProfileTask) -> TaskResult:
     simulations run, CPU seconds spent)."""
     c0 = time.process_time()
     if task.cost_model is None:
-        prof = cached_profiler(task.spec, task.cluster, task.dtype, task.train)
+        prof = cached_profiler(task.spec, task.cluster, task.dtype, task.train, task.mixed)
     else:
-        prof = Profiler(task.spec, task.cluster, task.dtype, task.train, task.cost_model)
+        prof = Profiler(task.spec, task.cluster, task.dtype, task.train, task.cost_model, task.mixed)
     n0 = prof.probes
     out: list[tuple[tuple[object, ...], list[LayerProfile]]] = []
     for g in task.groups:

@@ -62,7 +62,10 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
     s = parse_strategy(strategy)
     model = _model(job.model, job.batch, job.dtype)
     cluster = _cluster(job.cluster)
-    times = chunk_times(model, parse_model_string(job.model), cluster, DType.parse(job.dtype), job.train, s)
+    mixed = job.train and job.precision == "mixed"
+    times = chunk_times(
+        model, parse_model_string(job.model), cluster, DType.parse(job.dtype), job.train, s, mixed
+    )
     prog = distribute(
         model,
         s,

@@ -138,7 +138,13 @@ def screen_space(
     """Every base strategy, each up its memory ladder until it fits (module docstring). With a
     ``pool``, the profiles of each rung are computed there (``Profiler.prefetch``) while this
     process screens; the estimates are the same."""
-    prof = Profiler(parse_model_string(req.model), cluster, DType.parse(req.dtype), req.train)
+    prof = Profiler(
+        parse_model_string(req.model),
+        cluster,
+        DType.parse(req.dtype),
+        req.train,
+        mixed=req.precision == "mixed",
+    )
     screen = Screen(prof, Problem(req.batch, req.train, req.optimizer, req.precision == "mixed"))
     space = build_space(req, cluster)
     space.check()
@@ -231,7 +237,13 @@ def _anneal(
 def _anneal_task(task: _AnnealTask) -> tuple[tuple[int, ...], float]:
     """``_anneal`` in a worker, on a screen seeded with the main process's profiles."""
     req = task.request
-    prof = Profiler(parse_model_string(req.model), task.cluster, DType.parse(req.dtype), req.train)
+    prof = Profiler(
+        parse_model_string(req.model),
+        task.cluster,
+        DType.parse(req.dtype),
+        req.train,
+        mixed=req.precision == "mixed",
+    )
     prof.adopt(task.profiles)
     return _anneal(Screen(prof, task.problem), task.base, task.start, req.anneal_iters, task.seed)
 
