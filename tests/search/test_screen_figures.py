@@ -15,6 +15,7 @@ from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import parse_cluster
 from distir.parallel.distribute import uniform_counts
 from distir.parallel.layer_prep import block_counts, call_counts
+from distir.parallel.schedules import build_schedule
 from distir.parallel.strategy import Strategy
 from distir.search.layer_assignment import assign_layers, objective
 from distir.search.profile import Profiler
@@ -23,6 +24,22 @@ from distir.search.screen_figures import inflight, pipeline_time
 
 MODEL = "gpt:layers=16,hidden=64,heads=4,seq=16,vocab=128"
 CLUSTER = "p3.8xlarge:1+g4dn.12xlarge:1"
+
+
+def _zb_holds(s: Strategy, j: int) -> list[tuple[int, int]]:
+    """Replaying stage j's ZB-H1 actions: after each, how many microbatches sit between F and I
+    (their saved activations held) and between I and W (what I carries to W held)."""
+    fi = iw = 0
+    out = []
+    for a in build_schedule("zb1", s.p, s.k, s.v)[j]:
+        if a.kind == "F":
+            fi += 1
+        elif a.kind == "I":
+            fi, iw = fi - 1, iw + 1
+        elif a.kind == "W":
+            iw -= 1
+        out.append((fi, iw))
+    return out
 
 
 def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: bool) -> tuple[object, ...]:
@@ -65,7 +82,10 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
         # the gradient (accumulated in place; a shard from ZeRO-2) and the optimizer state
         static_f += (1.0 / s.d if s.zero >= 2 else 1.0) + pr.n_state / (s.d if s.zero >= 1 else 1)
     infl = [inflight(s, j, pr.train) for j in range(s.p)]
-    mem = np.array([static_f * w_bytes + infl[j] * saved for j in range(s.p)])
+    carried = rows[0].carried * fb
+    holds = [_zb_holds(s, j) if pr.train and s.schedule == "zb1" else [] for j in range(s.p)]
+    pending = [max((iw for _, iw in h), default=0) for h in holds]
+    mem = np.array([static_f * w_bytes + infl[j] * saved + pending[j] * carried for j in range(s.p)])
     caps = np.array([r.cap for r in rows], float)
     # the embedding stays with the first chunk, head and loss with the last: a cut between two
     # of their calls costs more than any step (the screen merges them into one unit instead)
@@ -97,7 +117,8 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
     for j in range(s.p):
         layers = [i for c in range(chunks) if stage_of[c] == j for i in range(bounds[c], bounds[c + 1])]
         wj, nwj = float(w_bytes[layers].sum()), int(n_w[layers].sum())
-        act = infl[j] * float(saved[layers].sum()) / s.v
+        sv, cv = float(saved[layers].sum()), float(carried[layers].sum())
+        act = (max(a * sv + b * cv for a, b in holds[j]) if holds[j] else infl[j] * sv) / s.v
         peaks.append(static_f * wj + act + float(work[layers].max(initial=0.0)))
         if pr.train:
             sync = max(sync, screen._sync_time(s, groups[j], kinds[j], wj, nwj))

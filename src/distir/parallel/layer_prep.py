@@ -470,6 +470,13 @@ def _shard(
     return hit[2], hit[3]
 
 
+def split_backward(bwd: Function, n_dx: int) -> tuple[Function, Function]:
+    """A layer's backward as its input-gradient part (returning the ``n_dx`` input gradients,
+    then the values it carries to the weight-gradient part) and its weight-gradient part, as
+    the zero-bubble schedules run them (memoized)."""
+    return _split(bwd, n_dx)
+
+
 def _split(bwd: Function, n_dx: int) -> tuple[Function, Function]:
     """``split_weight_grad`` memoized (``_SPLITS``)."""
     hit = _SPLITS.get((id(bwd), n_dx))

@@ -34,13 +34,15 @@ from dataclasses import dataclass, field
 from distir.autodiff.precision import MIXED
 from distir.frontends.zoo.registry import ModelSpec, build_from
 from distir.hardware.cluster import Cluster
+from distir.interp.loop import interpret
+from distir.interp.shapes import TypeDomain, type_of
 from distir.ir.builder import FunctionBuilder
 from distir.ir.dtensor import DTensorType, Shard
 from distir.ir.function import Function, Module
 from distir.ir.types import Device, DType, TensorType, Type
 from distir.ops.registry import REGISTRY
 from distir.parallel.distribute import ShardedLayer, sharded_layers
-from distir.parallel.layer_prep import Ends, ends, unsharded_layers
+from distir.parallel.layer_prep import Ends, ends, split_backward, unsharded_layers
 from distir.search.distinct import Reduced, distinct_layers
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
@@ -60,6 +62,8 @@ class LayerProfile:
     saved_bytes: float  # kept from forward to backward, per microbatch
     out_bytes: float  # the activation leaving the layer, per device
     work_bytes: float  # transient memory above its arguments while the backward (or forward) runs
+    # held from the input-gradient pass to the weight-gradient pass of a zero-bubble schedule
+    carried_bytes: float = 0.0
 
     @property
     def time_s(self) -> float:
@@ -177,6 +181,7 @@ class Profiler:
                     saved_bytes=saved,
                     out_bytes=local_nbytes(nxt) if nxt is not None else 0.0,
                     work_bytes=max(fwd[2], bwd[2]),
+                    carried_bytes=_carried(L),
                 )
             )
         out = [distinct[r] for r in reduced.rep[: len(reduced.rep) - (0 if self.train else 1)]]
@@ -256,6 +261,18 @@ class Profiler:
         self._fn_cache[k2] = (r.step_time_s, r.flops / max(n, 1))
         self._work[k2] = work
         return r.step_time_s, r.flops / max(n, 1), work
+
+
+def _carried(L: ShardedLayer) -> float:
+    """Bytes one device holds between ``L``'s input-gradient and weight-gradient passes (the
+    outputs of its input-gradient part after the input gradient: ``split_backward``); 0 for a
+    layer without a backward."""
+    if L.vjp is None or L.bwd is None:
+        return 0.0
+    n_dx = 1 if 0 in L.vjp.wrt else 0
+    bwd_i, _ = split_backward(L.bwd, n_dx)
+    outs, _ = interpret(Module((bwd_i,)), bwd_i, list(L.bwd_args), TypeDomain())
+    return sum(local_nbytes(type_of(o)) for o in outs[n_dx:])
 
 
 TaskResult = tuple[list[tuple[tuple[object, ...], list[LayerProfile]]], int, float]

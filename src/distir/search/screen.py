@@ -188,6 +188,7 @@ class Screen:
             saved=frozen([max(p[i].saved_bytes for p in profs) for i in n]),
             out=frozen([lead[i].out_bytes for i in n]),
             work=frozen([max(p[i].work_bytes for p in profs) for i in n]),
+            carried=frozen([max(p[i].carried_bytes for p in profs) for i in n]),
             cap=cap,
         )
 

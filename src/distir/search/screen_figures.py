@@ -15,6 +15,7 @@ in Python the way numpy does it (``seq_sum``); longer ones are left to numpy.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ import numpy as np
 from distir.hardware.specs import DeviceSpec
 from distir.parallel.distribute import uniform_counts
 from distir.parallel.layer_prep import Ends, call_counts
+from distir.parallel.schedules import build_schedule
 from distir.parallel.strategy import Strategy
 from distir.search.layer_assignment import Assignment, objective_unchecked
 from distir.search.layer_assignment_lists import seq_sum
@@ -51,6 +53,7 @@ class StageRows:
     saved: np.ndarray
     out: np.ndarray
     work: np.ndarray
+    carried: np.ndarray  # held from input- to weight-gradient pass (zero-bubble schedules)
     cap: float  # the smallest memory of the stage's GPUs
 
 
@@ -93,6 +96,7 @@ class Tables:
     zero3: bool  # ZeRO-3 gathers weights in every microbatch
     static_f: float  # static memory per weight byte (weights, gradients, optimizer state)
     inflight: list[float]  # per stage (``inflight``)
+    pending_w: list[float]  # per stage, deferred weight gradients at most (``pending_weight_grads``)
     identity: tuple[int, ...]  # the identity placement
     stages: dict[tuple[int, ...], Stage] = field(default_factory=dict)  # by GPUs
     figures: dict[tuple[object, ...], Figures] = field(default_factory=dict)  # ``estimate``'s memo
@@ -127,6 +131,7 @@ def new_tables(s: Strategy, b: int, train: bool, n_state: int, mixed: bool = Fal
         zero3=train and s.zero == 3 and s.d > 1,
         static_f=static_f,
         inflight=[inflight(s, j, train) for j in range(s.p)],
+        pending_w=[pending_weight_grads(s, j, train) for j in range(s.p)],
         identity=tuple(range(s.devices)),
     )
 
@@ -261,6 +266,10 @@ def figures(
             nwj = int(n_w[layers].sum())
             sv = float(saved[layers].sum())
         act = tb.inflight[j] * sv / s.v
+        if tb.pending_w[j]:  # zero-bubble: the microbatches between F and I hold the saved
+            # activations, those between I and W what I carries to W; the worst moment
+            cv = float(first.rows.carried[layers].sum())
+            act = max(a * sv + b * cv for a, b in _zb_states(s.p, s.k, s.v)[j]) / s.v
         # np.max(initial=0.0): the exact maximum of 0.0 and the values
         peaks.append(tb.static_f * wj + act + max([0.0, *[work_list[i] for i in layers]]))
         stage_w.append(wj)
@@ -339,7 +348,10 @@ def _mem_of(
     if got is None:
         w_bytes = first.rows.weight
         saved = first.rows.saved * (1.0 if train else 0.0)
-        mem = np.array([tb.static_f * w_bytes + tb.inflight[j] * saved for j in range(s.p)])
+        carried = first.rows.carried * (1.0 if train else 0.0)
+        mem = np.array(
+            [tb.static_f * w_bytes + tb.inflight[j] * saved + tb.pending_w[j] * carried for j in range(s.p)]
+        )
         mem.flags.writeable = False
         saved.flags.writeable = False
         got = tb.mem[first.rid] = (
@@ -360,6 +372,37 @@ def inflight(s: Strategy, j: int, train: bool) -> float:
         # Megatron's warm-up: 2(p−j−1) + (v−1)p + 1 chunk-microbatches, capped by k·v
         return float(min(s.k * s.v, 2 * (s.p - j - 1) + (s.v - 1) * s.p + 1))
     return float(min(s.k, s.p - j))
+
+
+def pending_weight_grads(s: Strategy, j: int, train: bool) -> float:
+    """Microbatches whose weight-gradient pass stage j defers at most at once (ZB-H1: the input-
+    gradient pass done, the weight-gradient pass not yet; each holds what ``split_backward``
+    carries), from the stage's own action list; 0 for schedules without the split."""
+    if not train or s.schedule != "zb1":
+        return 0.0
+    return float(_pending_w(s.p, s.k, s.v)[j])
+
+
+@functools.lru_cache(maxsize=256)
+def _pending_w(p: int, k: int, v: int) -> tuple[int, ...]:
+    return tuple(max(b for _, b in states) for states in _zb_states(p, k, v))
+
+
+@functools.lru_cache(maxsize=256)
+def _zb_states(p: int, k: int, v: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Per stage of a ZB-H1 pipeline, the (between F and I, between I and W) microbatch counts
+    it passes through that no other dominates (both at least as large), from its action list."""
+    out = []
+    for actions in build_schedule("zb1", p, k, v):
+        fi = iw = 0
+        seen: set[tuple[int, int]] = set()
+        for a in actions:
+            fi += 1 if a.kind == "F" else -1 if a.kind == "I" else 0
+            iw += 1 if a.kind == "I" else -1 if a.kind == "W" else 0
+            seen.add((fi, iw))
+        front = [x for x in seen if not any(y != x and y[0] >= x[0] and y[1] >= x[1] for y in seen)]
+        out.append(tuple(sorted(front)))
+    return tuple(out)
 
 
 def pipeline_time(s: Strategy, t_stage: list[float], c_cut: list[float]) -> float:
