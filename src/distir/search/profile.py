@@ -263,16 +263,28 @@ class Profiler:
         return r.step_time_s, r.flops / max(n, 1), work
 
 
+# id(layer) -> (the layer, kept alive so its id stays valid; its carried bytes): the GPU groups
+# of one (t, microbatch, recompute) share their sharded layers
+_CARRIED: dict[int, tuple[ShardedLayer, float]] = {}
+
+
 def _carried(L: ShardedLayer) -> float:
     """Bytes one device holds between ``L``'s input-gradient and weight-gradient passes (the
     outputs of its input-gradient part after the input gradient: ``split_backward``); 0 for a
-    layer without a backward."""
+    layer without a backward. Memoized per layer."""
     if L.vjp is None or L.bwd is None:
         return 0.0
+    hit = _CARRIED.get(id(L))
+    if hit is not None and hit[0] is L:
+        return hit[1]
     n_dx = 1 if 0 in L.vjp.wrt else 0
     bwd_i, _ = split_backward(L.bwd, n_dx)
     outs, _ = interpret(Module((bwd_i,)), bwd_i, list(L.bwd_args), TypeDomain())
-    return sum(local_nbytes(type_of(o)) for o in outs[n_dx:])
+    got = sum(local_nbytes(type_of(o)) for o in outs[n_dx:])
+    if len(_CARRIED) >= 4096:
+        _CARRIED.clear()
+    _CARRIED[id(L)] = (L, got)
+    return got
 
 
 TaskResult = tuple[list[tuple[tuple[object, ...], list[LayerProfile]]], int, float]
