@@ -34,6 +34,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from operator import itemgetter
+from typing import Any, NamedTuple
 
 from distir.autodiff.precision import Precision, cast
 from distir.autodiff.train import Optimizer
@@ -205,6 +206,20 @@ def device_map(strategy: Strategy, comm_streams: bool = False) -> DeviceMap:
         for k, stream in enumerate(STREAMS):
             mapping.update({Device((k + 1) * n + i): Slot(order[i], stream) for i in range(n)})
     return DeviceMap(mapping)
+
+
+class _Params(NamedTuple):
+    """The entry's weight-side parameters (``_Builder._declare``)."""
+
+    wparam: dict[Value, Value]  # each weight's (master) parameter
+    wchunk: dict[Value, int]  # the chunk of each weight's first use
+    home: dict[tuple[Value, int], Value]  # the value chunk c uses for weight w (``_tied_copies``)
+    partner: dict[Value, Value]  # a tied weight and its copy, both ways
+    used: list[Value]  # the model's weights in order of use, then the tied copies
+    state: dict[Value, list[Value]]  # optimizer state per weight
+    step_of: dict[int, Value]  # Adam's step per stage
+    half: dict[Value, Value]  # mixed precision: the persistent compute copies
+    wuse: dict[Value, Value]  # what the chunks read for each weight
 
 
 class _Builder:
@@ -460,11 +475,11 @@ class _Builder:
         return spec.type.numel * self.compute.itemsize / (self.s.t if isinstance(spec.tp, Shard) else 1)
 
     # -- entry -----------------------------------------------------------------------------------
-    def build(self) -> Module:
-        s, model = self.s, self.model
-        layers = self._layers()
-        by_chunk = [[layers[i] for i in r] for r in self.chunks]
-        stage_of = [c % s.p for c in range(len(self.chunks))]
+    def _chunk_functions(self, by_chunk: list[list[ShardedLayer]]) -> dict[str, Function]:
+        """Each chunk's forward and (training) backward functions: the full backward, or the
+        input- and weight-gradient halves (zero-bubble), each also accumulating and, with data
+        parallelism, reducing in buckets (``_chunk_bwd``)."""
+        s = self.s
         cf: dict[str, Function] = {}
         for c, ls in enumerate(by_chunk):
             cf[f"c{c}_fwd"] = self._chunk_fwd(c, ls)
@@ -479,8 +494,17 @@ class _Builder:
                     if self.bucketed and not every:  # DDP: the last microbatch's backward reduces
                         f = self._chunk_bwd(c, ls, accumulate, part, True)
                         cf[f.name] = f
-        fb = FunctionBuilder("step" if self.train else "infer", REGISTRY.out_arity)
-        # parameters: microbatched inputs, weights, optimizer state
+        return cf
+
+    def _declare(
+        self, fb: FunctionBuilder, by_chunk: list[list[ShardedLayer]], stage_of: list[int]
+    ) -> tuple[list[Value], dict[Value, list[Value]], _Params]:
+        """The entry's parameters: the inputs (one per microbatch, on the mesh of the first chunk
+        that reads them), the weights (on the stage of their first use; a tied weight's copy on
+        its other stage), the optimizer state and, under mixed precision, the persistent compute
+        copies — all donated to their successors; returns the inputs, the microbatched inputs and
+        the weights' parameters (``_Params``)."""
+        s, model = self.s, self.model
         fwd = model.forward
         inputs = fwd.params[: self.n_in]
         first_chunk_of: dict[Value, int] = {}
@@ -548,7 +572,13 @@ class _Builder:
         wuse = half or (
             {w: self._compute_copy(fb, w, wparam[w]) for w in used} if self.prec.mixed else wparam
         )
-        # the schedule, as one program order
+        params = _Params(wparam, wchunk, home, partner, used, state, step_of, half, wuse)
+        return list(inputs), mbs, params
+
+    def _program_order(self, by_chunk: list[list[ShardedLayer]]) -> list[Any]:
+        """The schedule's actions of every rank merged into one program order: by the given
+        chunk times (I = W = B/2), else F ∝ the chunk's weights, B = 2F, I = W = F."""
+        s, model = self.s, self.model
         if self.train:
             per_rank = build_schedule(s.schedule, s.p, s.k, s.v)
         else:
@@ -568,6 +598,18 @@ class _Builder:
             ]
             share = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
             order = time_order(per_rank, s.p, s.v, lambda r, a: work[a.stage] * share[a.kind])
+        return order
+
+    def build(self) -> Module:
+        s = self.s
+        layers = self._layers()
+        by_chunk = [[layers[i] for i in r] for r in self.chunks]
+        stage_of = [c % s.p for c in range(len(self.chunks))]
+        cf = self._chunk_functions(by_chunk)
+        fb = FunctionBuilder("step" if self.train else "infer", REGISTRY.out_arity)
+        inputs, mbs, wp = self._declare(fb, by_chunk, stage_of)
+        wparam, wchunk, home, partner, used, state, step_of, half, wuse = wp
+        order = self._program_order(by_chunk)
         act: dict[tuple[int, int], Value] = {}
         dys: dict[tuple[int, int], Value] = {}
         res: dict[tuple[int, int], tuple[Value, ...]] = {}
