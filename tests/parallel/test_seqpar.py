@@ -177,3 +177,22 @@ def test_pinned_weights_are_used_where_they_lie(pinned: tuple[int, ...]) -> None
     prop = propagate(m, mesh_of((2,)), {}, params=params, results={0: "S(0)"}, pinned=pinned)
     moved = {op.inputs[0].name for op in legalize(prop.module).entry.ops() if op.name == "Redistribute"}
     assert moved == ({"x", "y"} if pinned else {"w1", "w2"})
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "gpt:layers=2,hidden=16,heads=2,seq=8,vocab=32",
+        "llama:layers=2,hidden=16,heads=4,kv_heads=2,ffn=24,vocab=32,seq=8",
+    ],
+)
+@pytest.mark.parametrize("strategy", ["d2.t2.sp.p1.k4", "d2.t2.sp.p2.k4.1f1b", "d4.t2.sp.p1.k2"])
+def test_one_sample_microbatches_per_replica_with_sp_train_as_the_sequential_step(
+    spec: str, strategy: str
+) -> None:
+    """Megatron's usual setting for large models: data parallelism, sequence parallelism and one
+    sample per replica and microbatch (the batch is d·k)."""
+    s = parse_strategy(strategy)
+    model = build_model(spec, batch=s.d * s.k, dtype=DType.f64)
+    err, where = check_against_sequential(model, s).update_error()
+    assert err < 1e-9, (where, err)
