@@ -319,3 +319,38 @@ def test_simulate_bucket_size() -> None:
     assert code == 2 and "gradient bucket size must be positive" in err
     code, _, err = run("simulate", str(EX / "fig2_mlp_pipeline.distir"), "--bucket-mb", "1")
     assert code == 2 and "--bucket-mb applies to --model" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["search", "--batch", "0"], "distir search: Invalid value for '--batch'"),
+        (["simulate", "--bogus"], "distir simulate: No such option: --bogus"),
+        (["search", "--zero", "4"], "distir search: Invalid value for '--zero'"),
+    ],
+)
+def test_usage_errors_are_one_line_with_status_2(
+    argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The console script (``main``) turns a usage error into one line naming the command."""
+    from distir.cli import main
+
+    monkeypatch.setattr("sys.argv", ["distir", *argv])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_main_passes_exit_codes_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    from distir.cli import main
+
+    monkeypatch.setattr("sys.argv", ["distir", "ops", "--json"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 0
+    monkeypatch.setattr("sys.argv", ["distir", "show", "/nonexistent.distir"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 2

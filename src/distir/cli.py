@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import Annotated, Any, NamedTuple, NoReturn, TypeVar
 
 import typer
+
+try:  # typer vendors click from 0.26 on; before, it depends on it
+    from typer._click.exceptions import UsageError as _UsageError
+except ImportError:  # pragma: no cover - older typer
+    from click.exceptions import UsageError as _UsageError  # type: ignore[no-redef,import-not-found,unused-ignore]
 from rich.console import Console
 
 import distir
@@ -631,4 +636,15 @@ def demo(json_out: JsonOpt = False, debug: DebugOpt = False) -> None:
 
 
 def main() -> None:
-    app()
+    """The ``distir`` command. A usage error (an unknown option, a value out of range) is one
+    line on stderr naming the command and the option, exit status 2, as every other user error."""
+    try:
+        code = app(standalone_mode=False, prog_name="distir")
+    except _UsageError as e:
+        where = e.ctx.command_path if e.ctx is not None else "distir"
+        err.print(f"{where}: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except typer.Abort:
+        err.print("distir: aborted", markup=False)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
