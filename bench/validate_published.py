@@ -302,8 +302,21 @@ def figure_of(r: Run, step_time_s: float) -> float:
     return megatron_flops(m, s.global_batch) / step_time_s / r.cluster.gpus / 1e12
 
 
-def predict(r: Run) -> Prediction:
-    """Build, distribute and simulate ``r`` as ``distir simulate --model`` does."""
+class Variant(NamedTuple):
+    """What the cost model assumes, for ``--gemm flat`` / ``--kernels`` comparisons: matmuls by
+    the GEMM curve (``gemm_curve``) or at the flat 75% of peak; every run's own kernels (None) or
+    all ``fused`` / ``eager``."""
+
+    gemm_curve: bool = True
+    kernels: str | None = None
+
+
+AS_PUBLISHED = Variant()  # each run's own kernels, matmuls by the GEMM curve
+
+
+def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
+    """(the SimResult, the strategy) of ``r`` built, distributed and simulated as ``distir
+    simulate --model`` does."""
     from distir.autodiff.precision import Precision
     from distir.autodiff.train import Optimizer
     from distir.frontends.zoo.registry import build_model, parse_model_string
@@ -313,7 +326,6 @@ def predict(r: Run) -> Prediction:
     from distir.sim.cost import RooflineCostModel
     from distir.sim.simulate import simulate
 
-    t0 = time.perf_counter()
     spec, st, cl = zoo_model(r.model), strategy_of(r.strategy), cluster_of(r.cluster)
     dt, batch = DType.bf16, r.strategy.global_batch
     mod = build_model(spec, batch=batch, dtype=dt)
@@ -322,8 +334,15 @@ def predict(r: Run) -> Prediction:
     prog = distribute(
         mod, st, Optimizer("adam"), train=True, comm_streams=True, precision=prec, chunk_times=times
     )
-    cost = RooflineCostModel(cl, fuse=r.kernels == "fused")
-    res = simulate(prog, cl, device_map(st, True), cost, batch=batch)
+    kernels = v.kernels or r.kernels
+    cost = RooflineCostModel(cl, fuse=kernels == "fused", gemm_curve=v.gemm_curve)
+    return simulate(prog, cl, device_map(st, True), cost, batch=batch, trace=trace), st
+
+
+def predict(r: Run, v: Variant = AS_PUBLISHED) -> Prediction:
+    """``r``'s predicted step, figure, fit and peak memory."""
+    t0 = time.perf_counter()
+    res, st = _simulated(r, v)
     peak = max(res.peak_memory.values())
     cap = min(res.capacity.values())
     return Prediction(
@@ -335,6 +354,24 @@ def predict(r: Run) -> Prediction:
         str(st),
         time.perf_counter() - t0,
     )
+
+
+def breakdown(r: Run, v: Variant = AS_PUBLISHED) -> list[str]:
+    """Where GPU 0's step goes: its compute stream's time per call or op (chunk calls include
+    their tensor-parallel collectives), and busy, communication and idle time."""
+    res, st = _simulated(r, v, trace=True)
+    t = res.step_time_s
+    per: dict[str, float] = {}
+    for name, a, b, slot, _comm in res.slices or []:
+        if slot == 0:
+            per[name] = per.get(name, 0.0) + (b - a)
+    lines = [
+        f"{r.name} ({st}): step {t:.3f} s; GPU 0 busy {res.busy_s[0]:.3f} s, "
+        f"communication {res.comm_s[0]:.3f} s, idle {max(t - res.busy_s[0] - res.comm_s[0], 0.0):.3f} s"
+    ]
+    for name, x in sorted(per.items(), key=lambda kv: -kv[1])[:10]:
+        lines.append(f"  {name:40s} {x:10.4f} s  {100 * x / t:5.1f}%")
+    return lines
 
 
 class Row(NamedTuple):
@@ -363,12 +400,12 @@ def _distir_errors() -> tuple[type[Exception], ...]:
     return (StrategyError, ModelError, AutodiffError, ShardingError, HardwareError, InterpretError)
 
 
-def evaluate(r: Run) -> Row:
+def evaluate(r: Run, v: Variant = AS_PUBLISHED) -> Row:
     missing = unsupported(r)
     if missing:
         return Row(r, None, None, f"unsupported: {missing}")
     try:
-        p = predict(r)
+        p = predict(r, v)
     except _distir_errors() as e:
         return Row(r, None, None, f"error: {e}")
     return Row(r, p, throughput_error_pct(r, p.figure), "")
@@ -474,15 +511,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
     ap.add_argument("--sources", action="store_true", help="also list each run's source")
     ap.add_argument("--data", type=Path, default=DATA, help="the runs file")
+    ap.add_argument(
+        "--gemm", choices=("curve", "flat"), default="curve",
+        help="matmuls by the GPU's GEMM curve (default) or at a flat 75%% of peak",
+    )  # fmt: skip
+    ap.add_argument(
+        "--kernels", choices=("run", "fused", "eager"), default="run",
+        help="each run's own kernels (default), or all fused / all eager",
+    )  # fmt: skip
+    ap.add_argument("--breakdown", action="store_true", help="where each selected run's step goes")
     args = ap.parse_args(argv)
+    v = Variant(args.gemm == "curve", None if args.kernels == "run" else args.kernels)
     try:
         runs = select(load_runs(args.data), args.only, args.quick)
     except RunsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.breakdown:
+        for r in runs:
+            if not unsupported(r):
+                print("\n".join(breakdown(r, v)))
+        return 0
     rows = []
     for i, r in enumerate(runs, 1):
-        row = evaluate(r)
+        row = evaluate(r, v)
         took = f"{row.prediction.seconds:.1f} s" if row.prediction else row.note
         slow = "  (slow: over 60 s)" if row.prediction and row.prediction.seconds > 60 else ""
         print(f"[{i}/{len(runs)}] {r.name}: {took}{slow}", file=sys.stderr, flush=True)

@@ -15,17 +15,21 @@ from distir.frontends.zoo import build_model
 from distir.hardware.cluster import parse_cluster
 from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import parse_strategy
-from distir.sim.simulate import simulate
+from distir.sim.simulate import SimResult, simulate
 
 MLP = "mlp:layers=4,hidden=64"
 
 
-def _run(model_spec: str, strategy: str, batch: int, train: bool = True) -> tuple[float, float, float]:
+def _result(model_spec: str, strategy: str, batch: int, train: bool = True) -> SimResult:
     model = build_model(model_spec, batch=batch)
     s = parse_strategy(strategy)
     prog = distribute(model, s, Optimizer("sgd"), train=train, comm_streams=True)
     r = simulate(prog, parse_cluster("dgx-a100"), device_map(s, True), batch=batch)
-    r = dataclasses.replace(r, model_flops=model.step_flops(train))
+    return dataclasses.replace(r, model_flops=model.step_flops(train))
+
+
+def _run(model_spec: str, strategy: str, batch: int, train: bool = True) -> tuple[float, float, float]:
+    r = _result(model_spec, strategy, batch, train)
     assert r.mfu is not None
     return r.mfu, r.hfu, r.flops
 
@@ -48,9 +52,16 @@ def test_recomputation_raises_hfu_not_mfu() -> None:
 
 
 def test_model_flops_do_not_depend_on_the_strategy() -> None:
-    a = build_model(MLP, batch=16).step_flops(True)
-    mfu, _, _ = _run(MLP, "d2.t1.p2.k2.1f1b", 16)
-    assert a is not None and mfu > 0
+    """MFU × step × peak is the model's FLOPs whatever the strategy (data, pipeline, tensor
+    parallel, recomputing), while the FLOPs executed differ."""
+    got = []
+    for st in ("d1.t1.p1.k1", "d2.t1.p2.k2.1f1b", "d1.t2.p1.k1.rfull"):
+        r = _result(MLP, st, 16)
+        assert r.mfu is not None
+        got.append((r.mfu * r.step_time_s * r.peak_flops, r.flops))
+    model_flops = build_model(MLP, batch=16).step_flops(True)
+    assert all(m == pytest.approx(model_flops, rel=1e-9) for m, _ in got)
+    assert len({round(f) for _, f in got}) > 1
 
 
 def test_model_without_flop_count_has_no_mfu() -> None:

@@ -395,7 +395,7 @@ class LayerSharder:
         layer = ShardedLayer(-1, [], [], fwd, bwd, vjp=vj, fwd_args=fargs, bwd_args=bargs)
         if self.s.schedule == "zb1":
             n_dx = 1 if 0 in vj.wrt else 0
-            bi, bw = _split(bwd, n_dx)
+            bi, bw = split_backward(bwd, n_dx)
             layer.bwd_i, layer.bwd_w = bi, bw
             layer.n_carried = len(bi.outputs) - n_dx
             self.functions.setdefault(bi.name, bi)
@@ -473,12 +473,7 @@ def _shard(
 def split_backward(bwd: Function, n_dx: int) -> tuple[Function, Function]:
     """A layer's backward as its input-gradient part (returning the ``n_dx`` input gradients,
     then the values it carries to the weight-gradient part) and its weight-gradient part, as
-    the zero-bubble schedules run them (memoized)."""
-    return _split(bwd, n_dx)
-
-
-def _split(bwd: Function, n_dx: int) -> tuple[Function, Function]:
-    """``split_weight_grad`` memoized (``_SPLITS``)."""
+    the zero-bubble schedules run them: ``split_weight_grad`` memoized (``_SPLITS``)."""
     hit = _SPLITS.get((id(bwd), n_dx))
     if hit is None or hit[0] is not bwd:
         _bounded(_SPLITS)

@@ -47,8 +47,8 @@ def _numerics(a: dict[str, Any], err: Console) -> tuple[str, str]:
             cluster = parse_cluster(a["cluster"])
         except HardwareError as e:
             _fail(err, str(e))
-        specs = [cluster.device_spec(g) for g in range(cluster.num_devices)]
-        dtype = "bf16" if all(s.peak_flops(DType.bf16) > s.peak_flops(DType.f32) for s in specs) else "f16"
+        fast = all(n.device.peak_flops(DType.bf16) > n.device.peak_flops(DType.f32) for n in cluster.nodes)
+        dtype = "bf16" if fast else "f16"
     if precision == "mixed" and dtype == "f32":
         _fail(err, "--precision mixed computes in a half format: give --dtype bf16 or f16 (or auto)")
     return dtype, precision

@@ -380,12 +380,7 @@ def pending_weight_grads(s: Strategy, j: int, train: bool) -> float:
     carries), from the stage's own action list; 0 for schedules without the split."""
     if not train or s.schedule != "zb1":
         return 0.0
-    return float(_pending_w(s.p, s.k, s.v)[j])
-
-
-@functools.lru_cache(maxsize=256)
-def _pending_w(p: int, k: int, v: int) -> tuple[int, ...]:
-    return tuple(max(b for _, b in states) for states in _zb_states(p, k, v))
+    return float(max(iw for _, iw in _zb_states(s.p, s.k, s.v)[j]))
 
 
 @functools.lru_cache(maxsize=256)
