@@ -20,7 +20,7 @@ import typer
 try:  # typer vendors click from 0.26 on; before, it depends on it
     from typer._click.exceptions import UsageError as _UsageError
 except ImportError:  # pragma: no cover - older typer
-    from click.exceptions import UsageError as _UsageError  # type: ignore[no-redef,import-not-found,unused-ignore]
+    from click.exceptions import UsageError as _UsageError  # type: ignore[no-redef,import-not-found,assignment,unused-ignore]
 from rich.console import Console
 
 import distir

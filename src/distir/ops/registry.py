@@ -301,6 +301,8 @@ class OpDef:
     attention_core: bool = False
     grad: Any = None
     sharding: Any = None
+    # the torch implementation: ``impl(ctx, inputs, attrs) -> outputs`` with ``ctx`` a
+    # ``distir.backend.context.TorchContext`` (``ctx.torch`` is the module; see there)
     torch: Any = None
     # the attributes of the op run on one device's pieces (``distir.parallel.materialize``), from
     # its global attributes and the pieces of its inputs and results (None: not distributed);
