@@ -70,6 +70,11 @@ class ModelCfg:
     # the attention the run's software computes: fused (FlashAttention and its kin, 2022 on) or
     # naive (the explicit scores, e.g. Megatron-DeepSpeed's fused masked softmax before it)
     attention: str = "fused"
+    # GPT only: the head multiplies by the embedding's transpose (Megatron's, MPT's default)
+    tied: bool = False
+    # the cross entropy's kernel (the zoo's ``loss`` option): fp32 (the logits cast to fp32
+    # first: Megatron, torchtitan) or fused (fp32 inside, no fp32 copy: flash-attn's, llm-foundry)
+    loss: str = "fp32"
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +182,10 @@ def _check(r: Run, where: str) -> None:
         raise RunsError(f"{where}.model.family: expected gpt or llama, got {m.family!r}")
     if m.attention not in ("fused", "naive"):
         raise RunsError(f"{where}.model.attention: expected fused or naive, got {m.attention!r}")
+    if m.loss not in ("fp32", "fused"):
+        raise RunsError(f"{where}.model.loss: expected fp32 or fused, got {m.loss!r}")
+    if m.tied and m.family != "gpt":
+        raise RunsError(f"{where}.model.tied: only the gpt family ties its embedding and head")
     if p.metric not in METRICS:
         raise RunsError(f"{where}.published.metric: expected one of {', '.join(METRICS)}, got {p.metric!r}")
     if (p.metric == "tflops_per_gpu") != (p.flops_formula in FLOPS_FORMULAS):
@@ -237,7 +246,11 @@ def zoo_model(m: ModelCfg) -> str:
             f"llama:layers={m.layers},hidden={m.hidden},heads={m.heads},kv_heads={m.kv_heads},"
             f"ffn={m.ffn},vocab={m.vocab},seq={m.seq}"
         )
-    return spec if m.attention == "fused" else f"{spec},attention={m.attention}"
+    if m.attention != "fused":
+        spec += f",attention={m.attention}"
+    if m.tied:
+        spec += ",tied=1"
+    return spec if m.loss == "fp32" else f"{spec},loss={m.loss}"
 
 
 def strategy_of(s: StrategyCfg) -> Any:

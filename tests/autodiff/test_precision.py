@@ -153,3 +153,39 @@ def test_precision_errors_name_the_problem() -> None:
     with pytest.raises(PrecisionError, match="is f64"):
         training_step(f64, precision="mixed")
     assert str(Precision.parse("mixed")) == "mixed" and Precision.parse(PURE) is PURE
+
+
+FUSED = "gpt:layers=1,hidden=8,heads=2,seq=4,vocab=64,loss=fused"
+
+
+def test_fused_loss_is_not_wrapped_and_keeps_no_fp32_copy_of_the_logits() -> None:
+    """``loss=fused`` computes in fp32 inside (flash-attn's cross entropy): mixed precision casts
+    nothing in the loss layer, its results are f32, and the logits' gradient is bf16."""
+    model = build_model(FUSED, batch=2, dtype=DType.bf16)
+    assert model.loss_dtype is DType.f32 and MIXED.prepare(model) is model
+    step = distir.check(training_step(model, Optimizer("adam"), precision=MIXED))
+    (loss,) = (o for o in step.entry.outputs[:1])
+    assert isinstance(loss.type, TensorType) and loss.type.dtype is DType.f32
+    names = [f.name for f in step.functions]
+    assert not any(n.startswith("loss_f32") for n in names)
+    bwd = step["loss_bwd"]
+    casts = [op for f in (step["loss_fwd"], bwd) for op in f.ops() if op.name == "Cast"]
+    assert casts == []  # no copy of the logits in either direction
+    assert "SoftmaxCrossEntropyPartsGrad" in {op.name for op in bwd.ops()}
+
+
+def test_fused_loss_equals_the_fp32_loss() -> None:
+    """The same bf16 logits: the fused loss (fp32 accumulation inside) and the cast-first loss
+    agree to fp32 rounding, and so do their gradients after the fp32 → bf16 cast."""
+    fused = build_model(FUSED, batch=2, dtype=DType.bf16)
+    plain = MIXED.prepare(build_model(FUSED.replace(",loss=fused", ""), batch=2, dtype=DType.bf16))
+    vals = fused.random_inputs(3)
+    args = [vals[p.name] for p in fused.forward.params]
+    (a,) = run_reference(fused.module, args)
+    (b,) = run_reference(plain.module, args)
+    assert np.asarray(a).dtype == np.float32 and float(a) == pytest.approx(float(b), rel=1e-5)
+    opt = Optimizer("sgd", lr=1.0)
+    ga = run_reference(training_step(fused, opt, precision=MIXED), args)
+    gb = run_reference(training_step(plain, opt, precision=MIXED), args)
+    for x, y in zip(ga, gb, strict=True):  # updated fp32 masters: w - 1.0 · gradient
+        np.testing.assert_allclose(x, y, rtol=2.0**-7, atol=2.0**-12)

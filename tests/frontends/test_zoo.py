@@ -252,6 +252,7 @@ def test_parse_family_string() -> None:
         "attention": "fused",
         "tied": False,  # GPT-2's tied embedding is a flag, off by default
         "dropout": 0.0,  # hidden and attention dropout, off by default
+        "loss": "fp32",  # the cross entropy on the logits cast to fp32 (mixed precision)
     }
     s = parse_model_string(" gpt2-117m:layers=2 ")
     assert dataclasses.asdict(s.config) == {
@@ -263,6 +264,7 @@ def test_parse_family_string() -> None:
         "attention": "fused",
         "tied": False,
         "dropout": 0.0,
+        "loss": "fp32",
     }
     assert parse_model_string("gpt2-117m:attention=naive").config.attention == "naive"
     assert parse_model_string("gpt2-117m:tied=1").config.tied is True
@@ -297,7 +299,8 @@ def test_llama_strings_round_trip(
     }
     text = "llama:" + ",".join(f"{k}={v}" for k, v in cfg.items())
     spec = parse_model_string(text)
-    assert dataclasses.asdict(spec.config) == {**cfg, "rope_theta": 10000, "attention": "fused"}
+    defaults = {"rope_theta": 10000, "attention": "fused", "loss": "fp32"}
+    assert dataclasses.asdict(spec.config) == {**cfg, **defaults}
     m = build_model(text, 2)
     assert m.num_params == closed_form_params("llama", cfg)
 

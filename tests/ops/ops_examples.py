@@ -228,6 +228,7 @@ EXAMPLES: dict[str, list[Case]] = {
     "SoftmaxCrossEntropyParts": [
         Case([T(f32, 4, 5), T(f32, 4), R(T(i64, 4), 0, 5)]),
         Case([T(f64, 3, 4), T(f64, 3), K(T(i32, 3), [0, 5, 11])], {"rows": (4, 12)}),  # a piece
+        Case([T(f16, 4, 5), T(f16, 4), R(T(i64, 4), 0, 5)], {"acc": f32}),  # fused: f16 in, f32 out
     ],
     # conv
     "Conv": [

@@ -104,7 +104,9 @@ class Precision:
 
     def prepare(self, model: Model) -> Model:
         """The model the step differentiates: under mixed precision, with its loss in fp32."""
-        return with_fp32_loss(model, self.loss) if self.mixed else model
+        if not self.mixed or model.loss_dtype == self.loss:  # a fused loss computes in fp32 itself
+            return model
+        return with_fp32_loss(model, self.loss)
 
 
 PURE = Precision()

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from distir.ir.dtensor import Placement, Shard
-from distir.ir.types import TensorType, Type
+from distir.ir.types import DType, TensorType, Type
 from distir.ir.values import Attrs
 from distir.ops import sharding as sh
 from distir.ops._rules import float_input, numel, same_dtype, same_shape, str_attr
@@ -145,7 +145,10 @@ def check_parts(ctx: TypeCtx, si: int) -> tuple[TensorType, int | None]:
 
 def _parts_rule(ctx: TypeCtx) -> Sequence[Type]:
     scores, _ = check_parts(ctx, 0)
-    return (ctx.out(scores.dtype, scores.shape[:1]), ctx.out(scores.dtype, scores.shape[:1]))
+    acc = ctx.attr("acc") or scores.dtype
+    if not acc.is_float:
+        ctx.fail(f"{ctx.op.name} accumulates in a float dtype", None, "a float dtype", acc)
+    return (ctx.out(acc, scores.shape[:1]), ctx.out(acc, scores.shape[:1]))
 
 
 def exp_and_onehot(scores: Any, shift: Any, labels: Any, rows: Any) -> tuple[F64, F64]:
@@ -163,7 +166,8 @@ def exp_and_onehot(scores: Any, shift: Any, labels: Any, rows: Any) -> tuple[F64
 
 
 def _parts_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
-    dtype = np.asarray(args[0]).dtype
+    acc = attrs.get("acc")
+    dtype = acc.to_numpy() if isinstance(acc, DType) else np.asarray(args[0]).dtype
     e, onehot = exp_and_onehot(args[0], args[1], args[2], attrs.get("rows"))
     z = f64(args[0]) - f64(args[1])[:, None]
     return (e.sum(1).astype(dtype), (z * onehot).sum(1).astype(dtype))
@@ -202,13 +206,15 @@ SOFTMAX_CROSS_ENTROPY_PARTS = register(
         inputs=("scores", "shift", "labels"),
         outputs=("sumexp", "picked"),
         infer=_parts_rule,
-        attrs={"rows": ROWS},
+        attrs={"rows": ROWS, "acc": AttrSpec("dtype", None)},
         reference=_parts_ref,
         flops=lambda ins, outs, attrs: 3.0 * numel(ins[0]) + numel(ins[1]),
         doc="Per row n: sumexp = Σ_c exp(scores[n, c] − shift[n]) and picked = scores[n, labels[n]] − "
         "shift[n]; the cross entropy is log(sumexp) − picked. Sharded on the classes, both are pending "
         "sums (Megatron's vocabulary-parallel cross entropy); rows=[start, total]: scores is that piece "
-        "of the classes, a label outside it picks 0.",
+        "of the classes, a label outside it picks 0. acc: the dtype of both results (default: the "
+        "scores'); acc=f32 on bf16 scores is a fused cross entropy (flash-attn's xentropy kernel): fp32 "
+        "inside, no fp32 copy of the scores, and the gradient written in the scores' dtype.",
         sharding=parts_sharding(0, 0),
         localize=rows_localizer(lambda attrs, rank: 1, 0),
     )

@@ -93,6 +93,7 @@ def assemble(
     seq_dim: int | None = None,
     ends: tuple[int, int] = (0, 0),
     loss_input_tp: Placement = REPLICATE,
+    loss_dtype: DType | None = None,
 ) -> Model:
     """The ``Model`` whose entry ``@forward`` makes ``calls`` in order, starting from the first
     input; ``seq_dim`` declares the activations' sequence dim (``Model.seq_dim``) and
@@ -140,6 +141,7 @@ def assemble(
         seq_dim=seq_dim,
         loss_input_tp=loss_input_tp,
         tied=tuple(dict.fromkeys(tied)),
+        loss_dtype=loss_dtype,
     )
     check_model(model)
     flops = forward_flops(

@@ -38,7 +38,8 @@ Few-Shot Learners", 2020, Table 2.1: 40×5140 → 5120 as commonly trained, 40 h
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from distir.frontends.zoo._build import (
     LayerCall,
@@ -58,8 +59,20 @@ from distir.ir.values import Value
 
 FAMILY = "gpt"
 R, COL, ROW = Replicate(), Shard(1), Shard(0)
+LOSS_FORMS = ("fp32", "fused")
 VOCAB = Shard(0)  # an embedding table (vocab, hidden) sharded on the vocabulary
 LOGITS = Shard(2)  # the loss layer's input, logits (batch, seq, vocab), sharded on the vocabulary
+
+
+def loss_field() -> Any:
+    """The ``loss`` option of a language model's config: the cross entropy's kernel,
+    ``fp32`` (default) or ``fused`` (``token_loss_fn``); an enumerated field."""
+    return field(default="fp32", metadata={"choices": LOSS_FORMS})
+
+
+def loss_dtype(form: str) -> DType | None:
+    """``Model.loss_dtype`` of a ``loss`` option: fused computes in fp32 by itself."""
+    return DType.f32 if form == "fused" else None
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,7 @@ class GPTConfig:
     attention: str = attention_field()
     tied: bool = False  # GPT-2's tied embedding: the head multiplies by wteᵀ (``tied=1``)
     dropout: float = probability_field()  # hidden and attention dropout (``dropout=0.1``)
+    loss: str = loss_field()  # the cross entropy's kernel: fp32 (default) or fused
 
     def __post_init__(self) -> None:
         check_config(FAMILY, self, divides=[("heads", "hidden")])
@@ -198,20 +212,30 @@ def tied_head_fn() -> Function:
     return f.ret(f("MatMul", h, f("Transpose", wte, perm=(1, 0), name="wteT"), name="logits"))
 
 
-def token_loss_fn(vocab: int, normalizer: int) -> Function:
+def token_loss_fn(vocab: int, normalizer: int, form: str = "fp32") -> Function:
     """``@loss(logits (B, S, V), labels (B, S))``: the summed cross entropy of the B·S tokens,
     scaled by ``1/normalizer``, written as Megatron-LM's vocabulary-parallel cross entropy so that
     logits sharded on the vocabulary stay sharded: with the row max as a shift (a constant for
     the gradient), ``nll = log Σ exp(logits − max) − (logits[label] − max)``. Sharded on V, the
     max, the sum of exponentials and the picked logit are pending reductions of B·S numbers
     (AllReduce max, sum, sum), never the logits; the gradient (softmax − one-hot, scaled) is
-    computed on each device's piece. Replicated, it is the same cross entropy."""
+    computed on each device's piece. Replicated, it is the same cross entropy.
+
+    ``form`` is the model's ``loss`` option (``loss_field``): ``fp32`` computes in the logits'
+    dtype, which mixed precision makes fp32 by casting the logits first (``with_fp32_loss``, as
+    Megatron-LM and torchtitan do); ``fused`` reads the logits in their own dtype and
+    accumulates in fp32 inside (``SoftmaxCrossEntropyParts(acc=f32)``: flash-attn's fused cross
+    entropy, llm-foundry's default), so no fp32 copy of the logits exists and their gradient
+    comes back in the compute dtype."""
     f = LayerFn("loss")
     logits, labels = f.param("logits"), f.param("labels")
     scores = f("Reshape", logits, shape=(-1, vocab), name="scores")  # (B·S, V)
     targets = f("Reshape", labels, shape=(-1,), name="targets")  # (B·S,)
     peak = f("StopGradient", f("ReduceMax", scores, axes=(1,), keepdims=0, name="max"), name="shift")
-    sumexp, picked = f.results("SoftmaxCrossEntropyParts", scores, peak, targets, names=("sumexp", "picked"))
+    acc = {"acc": DType.f32} if form == "fused" else {}
+    sumexp, picked = f.results(
+        "SoftmaxCrossEntropyParts", scores, peak, targets, names=("sumexp", "picked"), **acc
+    )
     nll = f("Sub", f("Log", sumexp, name="lse"), picked, name="nll")
     total = f("ReduceSum", nll, keepdims=0, name="total")
     return f.ret(f("Scale", total, alpha=1.0 / normalizer, name="loss"))
@@ -232,7 +256,14 @@ def build(cfg: GPTConfig, batch: int, dtype: DType = DType.f32, name: str = FAMI
         calls.append(LayerCall(tied_head_fn(), (*lnf, wte), "logits"))
     else:
         calls.append(LayerCall(head_fn(), (*lnf, weight("wlm", dtype, (h, v), COL)), "logits"))
-    calls.append(LayerCall(token_loss_fn(v, batch * s), ("labels",), "loss"))
+    calls.append(LayerCall(token_loss_fn(v, batch * s, cfg.loss), ("labels",), "loss"))
     return assemble(
-        name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1, ends=(1, 2), loss_input_tp=LOGITS
+        name,
+        {"family": FAMILY, **asdict(cfg)},
+        inputs,
+        calls,
+        seq_dim=1,
+        ends=(1, 2),
+        loss_input_tp=LOGITS,
+        loss_dtype=loss_dtype(cfg.loss),
     )

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 
 from distir.frontends.zoo._build import LayerCall, LayerFn, assemble, check_config, tensor, weight
 from distir.frontends.zoo.attention import attention, attention_field
-from distir.frontends.zoo.gpt import LOGITS, VOCAB, token_loss_fn
+from distir.frontends.zoo.gpt import LOGITS, VOCAB, loss_dtype, loss_field, token_loss_fn
 from distir.frontends.zoo.model import InputSpec, Model, ModelError, WeightSpec
 from distir.ir.dtensor import Replicate, Shard
 from distir.ir.function import Function
@@ -60,6 +60,7 @@ class LlamaConfig:
     seq: int
     rope_theta: int = 10000  # RoPE's base: 10000 (Llama 2), 500000 (Llama 3)
     attention: str = attention_field()
+    loss: str = loss_field()  # the cross entropy's kernel: fp32 (default) or fused
 
     def __post_init__(self) -> None:
         check_config(FAMILY, self, divides=[("heads", "hidden"), ("kv_heads", "heads")])
@@ -147,7 +148,14 @@ def build(cfg: LlamaConfig, batch: int, dtype: DType = DType.f32, name: str = FA
     calls += [LayerCall(block, block_weights(i, cfg, dtype), f"x{i + 1}") for i in range(cfg.layers)]
     head_w = (weight("norm", dtype, (h,), value=1.0), weight("wlm", dtype, (h, v), COL))
     calls.append(LayerCall(head_fn(), head_w, "logits"))
-    calls.append(LayerCall(token_loss_fn(v, batch * s), ("labels",), "loss"))
+    calls.append(LayerCall(token_loss_fn(v, batch * s, cfg.loss), ("labels",), "loss"))
     return assemble(
-        name, {"family": FAMILY, **asdict(cfg)}, inputs, calls, seq_dim=1, ends=(1, 2), loss_input_tp=LOGITS
+        name,
+        {"family": FAMILY, **asdict(cfg)},
+        inputs,
+        calls,
+        seq_dim=1,
+        ends=(1, 2),
+        loss_input_tp=LOGITS,
+        loss_dtype=loss_dtype(cfg.loss),
     )

@@ -59,7 +59,7 @@ import numpy as np
 from distir.ir.dtensor import Placement, Replicate, Shard
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
-from distir.ir.types import TensorType
+from distir.ir.types import DType, TensorType
 
 REPLICATE: Placement = Replicate()
 
@@ -110,6 +110,10 @@ class Model:
     # strategy's partition (``L…``) counts the blocks in between (``distir.parallel.layer_prep``)
     pre: int = 0
     post: int = 0
+    # the dtype the loss layer computes in by itself (a fused cross entropy: fp32 inside, the
+    # logits read in the compute dtype); None: its inputs' dtype, so mixed precision casts the
+    # logits to fp32 first (``distir.autodiff.precision.with_fp32_loss``)
+    loss_dtype: DType | None = None
     _by_name: dict[str, WeightSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
