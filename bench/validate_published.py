@@ -73,7 +73,8 @@ class ModelCfg:
     # GPT only: the head multiplies by the embedding's transpose (Megatron's, MPT's default)
     tied: bool = False
     # the cross entropy's kernel (the zoo's ``loss`` option): fp32 (the logits cast to fp32
-    # first: Megatron, torchtitan) or fused (fp32 inside, no fp32 copy: flash-attn's, llm-foundry)
+    # first, vocabulary-parallel: Megatron), fused (fp32 inside, no fp32 copy: flash-attn's,
+    # llm-foundry) or torch (F.cross_entropy on fp32 logits: torchtitan without TP)
     loss: str = "fp32"
 
 
@@ -182,8 +183,8 @@ def _check(r: Run, where: str) -> None:
         raise RunsError(f"{where}.model.family: expected gpt or llama, got {m.family!r}")
     if m.attention not in ("fused", "naive"):
         raise RunsError(f"{where}.model.attention: expected fused or naive, got {m.attention!r}")
-    if m.loss not in ("fp32", "fused"):
-        raise RunsError(f"{where}.model.loss: expected fp32 or fused, got {m.loss!r}")
+    if m.loss not in ("fp32", "fused", "torch"):
+        raise RunsError(f"{where}.model.loss: expected fp32, fused or torch, got {m.loss!r}")
     if m.tied and m.family != "gpt":
         raise RunsError(f"{where}.model.tied: only the gpt family ties its embedding and head")
     if p.metric not in METRICS:

@@ -10,12 +10,16 @@ import distir
 from distir.autodiff.precision import MIXED, PURE, Precision, PrecisionError, state_bytes, with_fp32_loss
 from distir.autodiff.train import Optimizer, training_step
 from distir.frontends.zoo import build_model
+from distir.hardware.cluster import parse_cluster
 from distir.interp.reference import run_reference
 from distir.ir.ops import Call
 from distir.ir.printer import print_function
 from distir.ir.types import DType, TensorType
 from distir.ir.verify import verify
 from distir.parallel.check import initial_values
+from distir.parallel.distribute import device_map, distribute
+from distir.parallel.strategy import parse_strategy
+from distir.sim.simulate import simulate
 
 TINY = "mlp:layers=2,hidden=4"
 
@@ -189,3 +193,32 @@ def test_fused_loss_equals_the_fp32_loss() -> None:
     gb = run_reference(training_step(plain, opt, precision=MIXED), args)
     for x, y in zip(ga, gb, strict=True):  # updated fp32 masters: w - 1.0 · gradient
         np.testing.assert_allclose(x, y, rtol=2.0**-7, atol=2.0**-12)
+
+
+def test_torch_loss_equals_the_fp32_loss_and_keeps_more() -> None:
+    """``loss=torch`` (F.cross_entropy: LogSoftmax then NegativeLogLikelihoodLoss) computes the
+    same loss and gradients as the default form, and under mixed precision keeps more memory: the
+    saved fp32 log-probabilities and the dense gradient of the NLL beside the log-softmax's."""
+    base = "gpt:layers=1,hidden=8,heads=2,seq=4,vocab=64"
+    torch_form = build_model(base + ",loss=torch", batch=2, dtype=DType.f64)
+    plain = build_model(base, batch=2, dtype=DType.f64)
+    vals = plain.random_inputs(5)
+    args = [vals[p.name] for p in plain.forward.params]
+    opt = Optimizer("sgd", lr=1.0)
+    ga = run_reference(training_step(torch_form, opt), args)
+    gb = run_reference(training_step(plain, opt), args)
+    for x, y in zip(ga, gb, strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-14)
+    peaks = {}
+    for form in ("fp32", "torch", "fused"):
+        spec = "gpt:layers=1,hidden=64,heads=4,seq=64,vocab=8192" + f",loss={form}"
+        model = build_model(spec, 8, DType.bf16)
+        s = parse_strategy("d1.t1.p1.k1")
+        prog = distribute(model, s, comm_streams=True, precision="mixed")
+        peaks[form] = simulate(prog, parse_cluster("dgx-a100"), device_map(s, True)).peak_memory[0]
+    logits = 8 * 64 * 8192  # elements
+    # at the backward's peak the default form holds the fp32 scores, their fp32 gradient and its
+    # bf16 cast (10 bytes per logit); torch's the fp32 log-probabilities, the NLL's dense gradient
+    # and the log-softmax's (12); the fused kernel the bf16 logits and their bf16 gradient (4)
+    assert peaks["torch"] - peaks["fp32"] >= 2 * logits
+    assert peaks["fp32"] - peaks["fused"] >= 5 * logits

@@ -1,5 +1,5 @@
-"""``rops``: torchtitan's op-level selective activation checkpointing — matrix products with a
-weight and the fused attention saved, everything else recomputed."""
+"""``rops``: torchtitan's op-level selective activation checkpointing — every other matrix product
+with a weight and the fused attention saved, everything else recomputed."""
 
 from __future__ import annotations
 
@@ -23,6 +23,18 @@ def test_ops_saves_products_and_fused_attention_only() -> None:
     assert saved == {"MatMul", "Attention"}
     assert POLICIES["ops"] is SAVE_PRODUCTS
     assert str(parse_strategy("d1.t1.p1.k1.rops")) == "d1.t1.p1.k1.1f1b.rops"
+
+
+def test_ops_saves_every_other_weight_product_in_program_order() -> None:
+    """torchtitan counts ``aten.mm`` per block and recomputes the even ones: of a Llama block's
+    seven products (q, k, v, o, gate, up, down) the 1st, 3rd, 5th and 7th are kept."""
+    model = build_model("llama:layers=1,hidden=64,heads=4,kv_heads=2,ffn=96,vocab=64,seq=16", 2)
+    block = model.module["block"]
+    weights = set(block.params[1:])
+    products = [op for op in block.ops() if op.name == "MatMul" and any(v in weights for v in op.inputs)]
+    assert len(products) == 7
+    kept = [SAVE_PRODUCTS(op, block) for op in products]
+    assert kept == [True, False, True, False, True, False, True]
 
 
 def test_ops_memory_lies_between_selective_and_full() -> None:

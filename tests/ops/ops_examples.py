@@ -209,6 +209,7 @@ EXAMPLES: dict[str, list[Case]] = {
     "ReduceMax": [c for c in _reduce if 0 not in c.types()[0].shape],  # type: ignore[union-attr]
     # nn
     "Softmax": [Case([T(f32, 2, 5)]), Case([T(f64, 3, 4, 2)], {"axis": 1}), Case([T(f16, 7)])],
+    "LogSoftmax": [Case([T(f32, 2, 5)]), Case([T(f64, 3, 4, 2)], {"axis": 1}), Case([T(f16, 7)])],
     "LayerNormalization": [
         Case([T(f32, 2, 5), T(f32, 5), T(f32, 5)]),
         Case([T(f64, 2, 4, 5), T(f64, 4, 5)], {"axis": 1, "epsilon": 1e-3}),
@@ -220,6 +221,11 @@ EXAMPLES: dict[str, list[Case]] = {
     ],
     # loss
     "SoftmaxCrossEntropyLoss": [
+        Case([T(f32, 4, 5), R(T(i64, 4), 0, 5)]),
+        Case([T(f64, 2, 3, 4), R(T(i32, 2, 4), 0, 3)], {"reduction": "none"}),
+        Case([T(f32, 3, 2), R(T(i64, 3), 0, 2)], {"reduction": "sum"}),
+    ],
+    "NegativeLogLikelihoodLoss": [
         Case([T(f32, 4, 5), R(T(i64, 4), 0, 5)]),
         Case([T(f64, 2, 3, 4), R(T(i32, 2, 4), 0, 3)], {"reduction": "none"}),
         Case([T(f32, 3, 2), R(T(i64, 3), 0, 2)], {"reduction": "sum"}),
@@ -258,6 +264,7 @@ EXAMPLES: dict[str, list[Case]] = {
     "TanhGrad": _like,
     "SigmoidGrad": _like,
     "SoftmaxGrad": [*_like, Case([T(f32, 3, 4), T(f32, 3, 4)], {"axis": 0})],
+    "LogSoftmaxGrad": [*_like, Case([T(f32, 3, 4), T(f32, 3, 4)], {"axis": 0})],
     "LayerNormalizationGrad": [
         Case([T(f32, 2, 5), T(f32, 2, 5), T(f32, 5)]),
         Case([T(f64, 2, 4, 5), T(f64, 2, 4, 5), T(f64, 1, 5)], {"axis": 1}),
@@ -267,6 +274,11 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([T(f64, 2, 4, 5), T(f64, 2, 4, 5), T(f64, 4, 1)], {"axis": -2}),
     ],
     "SoftmaxCrossEntropyLossGrad": [
+        Case([T(f32), T(f32, 4, 5), R(T(i64, 4), 0, 5)]),
+        Case([S(f64), T(f64, 3, 2), R(T(i64, 3), 0, 2)], {"reduction": "sum"}),
+        Case([T(f64, 2, 4), T(f64, 2, 3, 4), R(T(i32, 2, 4), 0, 3)], {"reduction": "none"}),
+    ],
+    "NegativeLogLikelihoodLossGrad": [
         Case([T(f32), T(f32, 4, 5), R(T(i64, 4), 0, 5)]),
         Case([S(f64), T(f64, 3, 2), R(T(i64, 3), 0, 2)], {"reduction": "sum"}),
         Case([T(f64, 2, 4), T(f64, 2, 3, 4), R(T(i32, 2, 4), 0, 3)], {"reduction": "none"}),

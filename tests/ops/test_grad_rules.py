@@ -36,7 +36,8 @@ DIFFERENTIABLE = {
     *("RMSNormalization", "MatMul", "Gemm", "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Split"),
     *("Concat", "Slice", "Gather", "Expand", "ReduceSum", "ReduceMean", "SoftmaxCrossEntropyLoss"),
     *("MSELoss", "Conv", "MaxPool", "AveragePool", "Attention", "Rope"),
-    *("Log", "StopGradient", "SoftmaxCrossEntropyParts", "Dropout"),
+    *("Log", "StopGradient", "SoftmaxCrossEntropyParts", "Dropout", "LogSoftmax"),
+    "NegativeLogLikelihoodLoss",
 }
 
 
@@ -108,6 +109,8 @@ CASES: list[GCase] = [
     GCase("CausalMask", [t(2, 4, 3)], {"fill": -3.0}),
     GCase("Softmax", [t(2, 5)]),
     GCase("Softmax", [t(3, 4, 2)], {"axis": 1}),
+    GCase("LogSoftmax", [t(2, 5)]),
+    GCase("LogSoftmax", [t(3, 4, 2)], {"axis": 1}),
     GCase("LayerNormalization", [t(2, 5), t(5), t(5)]),
     GCase("LayerNormalization", [t(2, 3, 4), t(3, 4)], {"axis": 1, "epsilon": 1e-3}),
     GCase("LayerNormalization", [t(3, 4, 5), t(1, 5), t(5)], {"axis": -2}),  # B shaped unlike Scale
@@ -164,6 +167,9 @@ CASES: list[GCase] = [
     GCase("SoftmaxCrossEntropyLoss", [t(4, 5), R(T(i64, 4), 0, 5)]),
     GCase("SoftmaxCrossEntropyLoss", [t(2, 3, 4), R(T(i32, 2, 4), 0, 3)], {"reduction": "none"}),
     GCase("SoftmaxCrossEntropyLoss", [t(3, 2), R(T(i64, 3), 0, 2)], {"reduction": "sum"}),
+    GCase("NegativeLogLikelihoodLoss", [t(4, 5), R(T(i64, 4), 0, 5)]),
+    GCase("NegativeLogLikelihoodLoss", [t(2, 3, 4), R(T(i32, 2, 4), 0, 3)], {"reduction": "none"}),
+    GCase("NegativeLogLikelihoodLoss", [t(3, 2), R(T(i64, 3), 0, 2)], {"reduction": "sum"}),
     GCase("Log", [pos(2, 3)]),
     GCase("StopGradient", [t(2, 3)], no_grad=(0,)),  # by definition: a constant for autodiff
     GCase("SoftmaxCrossEntropyParts", [t(4, 5), t(4), R(T(i64, 4), 0, 5)]),

@@ -136,6 +136,30 @@ def rms_norm(x: tuple[int, ...], scale: tuple[int, ...], **attrs: Any) -> GradCa
     )
 
 
+def nll(reduction: str, scores: tuple[int, ...], lab: tuple[int, ...]) -> GradCase:
+    return GradCase(
+        "NegativeLogLikelihoodLossGrad",
+        "NegativeLogLikelihoodLoss",
+        primals(s=normal(*scores), l=labels(lab, scores[1])),
+        lambda p: [p["s"], p["l"]],
+        lambda p, dy, y: [dy, p["s"], p["l"]],
+        [("s", 0)],
+        {"reduction": reduction},
+    )
+
+
+def log_softmax(shape: tuple[int, ...], axis: int) -> GradCase:
+    return GradCase(
+        "LogSoftmaxGrad",
+        "LogSoftmax",
+        primals(x=normal(*shape)),
+        lambda p: [p["x"]],
+        lambda p, dy, y: [dy, y],
+        [("x", 0)],
+        {"axis": axis},
+    )
+
+
 def softmax(shape: tuple[int, ...], axis: int) -> GradCase:
     return GradCase(
         "SoftmaxGrad",
@@ -180,6 +204,8 @@ GRAD_CASES = [
     unary("SigmoidGrad", "Sigmoid", True),
     softmax((3, 4), -1),
     softmax((3, 4, 2), 1),
+    log_softmax((3, 4), -1),
+    log_softmax((3, 4, 2), 1),
     layer_norm((2, 5), (5,)),
     layer_norm((2, 3, 4), (3, 4), axis=1, epsilon=1e-3),
     layer_norm((2, 3, 4), (1, 4), axis=-2),
@@ -191,6 +217,9 @@ GRAD_CASES = [
     sce("sum", (4, 3), (4,)),
     sce("none", (2, 3, 4), (2, 4)),
     sce("mean", (2, 5, 3), (2, 3)),
+    nll("mean", (4, 3), (4,)),
+    nll("sum", (4, 3), (4,)),
+    nll("none", (2, 3, 4), (2, 4)),
     mse("mean", (3, 4)),
     mse("sum", (5,)),
     mse("none", (2, 3)),

@@ -78,17 +78,21 @@ def test_signature_shows_inputs_outputs_and_attribute_defaults() -> None:
 def test_new_ops_are_registered_in_their_families() -> None:
     families = {
         "reduce": {"ReduceSum", "ReduceMean", "ReduceMax"},
-        "nn": {"Softmax", "LayerNormalization", "RMSNormalization", "CausalMask", "Dropout", "DropoutGrad"},
-        "loss": {"SoftmaxCrossEntropyLoss", "MSELoss", "SoftmaxCrossEntropyParts"},
+        "nn": {"Softmax", "LogSoftmax", "LayerNormalization", "RMSNormalization", "CausalMask", "Dropout"}
+        | {"DropoutGrad"},
+        "loss": {"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "MSELoss"}
+        | {"SoftmaxCrossEntropyParts"},
         "grad": {
             "ReluGrad",
             "GeluGrad",
             "TanhGrad",
             "SigmoidGrad",
             "SoftmaxGrad",
+            "LogSoftmaxGrad",
             "LayerNormalizationGrad",
             "RMSNormalizationGrad",
             "SoftmaxCrossEntropyLossGrad",
+            "NegativeLogLikelihoodLossGrad",
             "SoftmaxCrossEntropyPartsGrad",
             "MSELossGrad",
             "ConvGrad",

@@ -30,9 +30,9 @@ saved. The policies, as the trainers define them (``POLICIES``, the strategy's `
   the zoo uses Softmax only in attention.)
 
 - ``ops`` (``SAVE_PRODUCTS``, torchtitan's ``selective_ac_option = "op"``, PyTorch's selective
-  activation checkpointing): save the results of matrix products with a weight and of the fused
-  attention, recompute everything else (torchtitan also recomputes every second matmul; not
-  modelled).
+  activation checkpointing): save the results of the fused attention and of every other matrix
+  product with a weight — the 1st, 3rd, 5th... in program order, as torchtitan's policy counts
+  ``aten.mm`` calls per block and recomputes the even ones —, recompute everything else.
 
 Recomputation is emitted lazily, right before its first use, so recomputed values die as early as
 possible.
@@ -133,14 +133,35 @@ def SELECTIVE(op: Op, fn: Function) -> bool:
 
 def SAVE_PRODUCTS(op: Op, fn: Function) -> bool:
     """PyTorch's op-level selective activation checkpointing as torchtitan runs it
-    (``selective_ac_option = "op"``): save the results of matrix products with a weight (ops
-    whose registry entry describes a GEMM shape, ``OpDef.gemm``) and of the fused attention;
-    recompute the cheap, large rest (norms, activations, elementwise chains)."""
+    (``selective_ac_option = "op"``): save the results of the fused attention and of the odd
+    matrix products with a weight (ops whose registry entry describes a GEMM shape,
+    ``OpDef.gemm``: the 1st, 3rd, ... of the layer, in program order — torchtitan's policy
+    recomputes every second ``mm``); recompute the rest (norms, activations, elementwise
+    chains, the even products)."""
     d = REGISTRY[op.name]
-    weights = set(fn.params[1:])
     if d.gemm is not None:
-        return any(v in weights for v in op.inputs)
+        return op in saved_products(fn)
     return d.attention_core and len(op.inputs) > 1  # the fused op, not a lone softmax
+
+
+def saved_products(fn: Function) -> frozenset[Op]:
+    """The matrix products with a weight that ``SAVE_PRODUCTS`` saves: every other one, from
+    the first, in ``fn``'s program order (memoized per function)."""
+    got = _PRODUCTS.get(id(fn))
+    if got is not None and got[0] is fn:
+        return got[1]
+    weights = set(fn.params[1:])
+    products = [
+        op for op in fn.ops() if REGISTRY[op.name].gemm is not None and any(v in weights for v in op.inputs)
+    ]
+    found = frozenset(products[::2])
+    if len(_PRODUCTS) >= 256:
+        _PRODUCTS.clear()
+    _PRODUCTS[id(fn)] = (fn, found)
+    return found
+
+
+_PRODUCTS: dict[int, tuple[Function, frozenset[Op]]] = {}
 
 
 POLICIES: dict[str, RecomputePolicy] = {

@@ -195,6 +195,31 @@ SOFTMAX_GRAD = register(
 )
 
 
+def _log_softmax_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    dy0 = np.asarray(args[0])
+    dy, y = f64(dy0), f64(args[1])
+    ax = int_attr(attrs, "axis", -1)
+    return ((dy - np.exp(y) * np.sum(dy, axis=ax, keepdims=True)).astype(dy0.dtype),)
+
+
+LOG_SOFTMAX_GRAD = register(
+    OpDef(
+        name="LogSoftmaxGrad",
+        family=FAMILY,
+        fusion=Fusion.ROWWISE,
+        inputs=("dY", "Y"),
+        outputs=("dX",),
+        infer=_softmax_grad_rule,
+        attrs={"axis": AttrSpec("int", -1)},
+        reference=_log_softmax_grad,
+        flops=out_numel_flops(4.0),
+        doc="dX = dY - exp(Y) * sum(dY, axis) where Y = LogSoftmax(X, axis) (torch's "
+        "_log_softmax_backward_data).",
+        sharding=sh.whole_axes("axis", extra_inputs="same", partial="scale"),
+    )
+)
+
+
 # -- normalizations ---------------------------------------------------------------------------
 def sum_to_shape(g: F64, shape: Sequence[int]) -> F64:
     """Sum ``g`` over the axes along which ``shape`` was broadcast to ``g.shape``."""
@@ -319,6 +344,42 @@ def _sce_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     else:
         p = p * (dloss / labels.size if how == "mean" else dloss)
     return (p.astype(scores0.dtype),)
+
+
+def _nll_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    logp0 = np.asarray(args[1])
+    labels = np.expand_dims(np.asarray(args[2]).astype(np.int64), 1)
+    dloss = f64(args[0])
+    how = str_attr(attrs, "reduction", "mean")
+    per = -np.expand_dims(dloss, 1) if how == "none" else np.full(labels.shape, -float(dloss))
+    if how == "mean":
+        per = per / labels.size
+    d = np.zeros(logp0.shape)
+    np.put_along_axis(d, labels, per, axis=1)
+    return (d.astype(logp0.dtype),)
+
+
+def _nll_grad_bytes_read(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+    """dLoss and the labels: the input is read for its shape only."""
+    return float(ins[0].nbytes + ins[2].nbytes)
+
+
+NEGATIVE_LOG_LIKELIHOOD_LOSS_GRAD = register(
+    OpDef(
+        name="NegativeLogLikelihoodLossGrad",
+        family=FAMILY,
+        inputs=("dLoss", "input", "target"),
+        outputs=("dInput",),
+        infer=_sce_grad_rule,
+        attrs={"reduction": REDUCTION},
+        reference=_nll_grad,
+        flops=lambda ins, outs, attrs: float(numel(ins[2])),  # a scaled negation per item
+        bytes_read=_nll_grad_bytes_read,
+        doc="dInput = −dLoss at each target, 0 elsewhere (divided by the item count for "
+        "reduction='mean'): dense, as torch's nll_loss_backward writes it.",
+        sharding=sh.loss_grad("ce"),
+    )
+)
 
 
 SOFTMAX_CROSS_ENTROPY_LOSS_GRAD = register(

@@ -120,6 +120,49 @@ SOFTMAX_CROSS_ENTROPY_LOSS = register(
 )
 
 
+# -- NegativeLogLikelihoodLoss ----------------------------------------------------------------
+def picked(values: Any, labels: Any) -> F64:
+    """values[n, labels[n, ...], ...] in float64: the shape of labels."""
+    idx = np.expand_dims(np.asarray(labels).astype(np.int64), 1)
+    return np.take_along_axis(f64(values), idx, axis=1).squeeze(1)  # type: ignore[no-any-return]
+
+
+def _nll_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    logp = np.asarray(args[0])
+    loss = reduce_loss(-picked(logp, args[1]), str_attr(attrs, "reduction", "mean"))
+    return (loss.astype(logp.dtype),)
+
+
+def _nll_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+    """Pick and negate per item, reduce."""
+    n = numel(ins[1])
+    return 2.0 * n + (n if attrs.get("reduction", "mean") != "none" else 0.0)
+
+
+def _nll_bytes_read(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+    """The labels and one picked value per item (a gather), not every class's."""
+    t = ins[0]
+    return float(ins[1].nbytes) + (numel(ins[1]) * t.dtype.itemsize if isinstance(t, TensorType) else 0.0)
+
+
+NEGATIVE_LOG_LIKELIHOOD_LOSS = register(
+    OpDef(
+        name="NegativeLogLikelihoodLoss",
+        family=FAMILY,
+        inputs=("input", "target"),
+        outputs=("loss",),
+        infer=_sce_rule,
+        attrs={"reduction": REDUCTION},
+        reference=_nll_ref,
+        flops=_nll_flops,
+        bytes_read=_nll_bytes_read,
+        doc="-input[n, target[n], ...], reduced (ONNX, without weights/ignore_index): with LogSoftmax "
+        "before it, torch's F.cross_entropy; its gradient is dense (every class, zeros but the targets).",
+        sharding=sh.loss("ce"),
+    )
+)
+
+
 # -- SoftmaxCrossEntropyParts (the local half of a vocabulary-parallel cross entropy) ----------
 def check_parts(ctx: TypeCtx, si: int) -> tuple[TensorType, int | None]:
     """scores (N, C) float, shift (N,) of its dtype, labels (N,) int (in range when known), at
@@ -303,6 +346,14 @@ def _parts_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence
     return [dscores, dshift, None]
 
 
+def _nll_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    logp, labels = (ctx.primal(v) for v in op.inputs)
+    how = str_attr(op.attrs, "reduction", "mean")
+    (d,) = ctx.op("NegativeLogLikelihoodLossGrad", first(douts), logp, labels, reduction=how)
+    return [d, None]
+
+
 SOFTMAX_CROSS_ENTROPY_LOSS.fill("grad", _sce_grad)
+NEGATIVE_LOG_LIKELIHOOD_LOSS.fill("grad", _nll_grad)
 SOFTMAX_CROSS_ENTROPY_PARTS.fill("grad", _parts_grad)
 MSE_LOSS.fill("grad", _mse_grad)

@@ -95,6 +95,29 @@ SOFTMAX = register(
 )
 
 
+def _log_softmax_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    x = np.asarray(args[0])
+    return (log_softmax(x, int_attr(attrs, "axis", -1)).astype(x.dtype),)
+
+
+LOG_SOFTMAX = register(
+    OpDef(
+        name="LogSoftmax",
+        family=FAMILY,
+        fusion=Fusion.ROWWISE,
+        inputs=("input",),
+        outputs=("output",),
+        infer=_softmax_rule,
+        attrs={"axis": AttrSpec("int", -1)},
+        reference=_log_softmax_ref,
+        flops=out_numel_flops(5.0),
+        doc="x - max - log(sum(exp(x - max))) along one axis (ONNX opset 13 LogSoftmax; torch's "
+        "log_softmax, the first half of F.cross_entropy: its gradient needs only its output).",
+        sharding=sh.whole_axes("axis"),
+    )
+)
+
+
 # -- normalizations ---------------------------------------------------------------------------
 def norm_start(ctx: TypeCtx, x: TensorType) -> int:
     """The first normalized axis of ``x`` (``axis`` attribute, normalized)."""
@@ -335,6 +358,11 @@ def _softmax_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequen
     return ctx.op("SoftmaxGrad", first(douts), ctx.primal(op.outputs[0]), axis=axis)
 
 
+def _log_softmax_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    axis = int_attr(op.attrs, "axis", -1)
+    return ctx.op("LogSoftmaxGrad", first(douts), ctx.primal(op.outputs[0]), axis=axis)
+
+
 def _norm_attrs(op: Op) -> dict[str, Any]:
     return {"axis": int_attr(op.attrs, "axis", -1), "epsilon": float_attr(op.attrs, "epsilon", 1e-5)}
 
@@ -372,6 +400,7 @@ def _dropout_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequen
 
 
 SOFTMAX.fill("grad", _softmax_grad)
+LOG_SOFTMAX.fill("grad", _log_softmax_grad)
 LAYER_NORMALIZATION.fill("grad", _layer_norm_grad)
 RMS_NORMALIZATION.fill("grad", _rms_norm_grad)
 CAUSAL_MASK.fill("grad", _causal_mask_grad)

@@ -59,15 +59,21 @@ from distir.ir.values import Value
 
 FAMILY = "gpt"
 R, COL, ROW = Replicate(), Shard(1), Shard(0)
-LOSS_FORMS = ("fp32", "fused")
+LOSS_FORMS = ("fp32", "fused", "torch")
 VOCAB = Shard(0)  # an embedding table (vocab, hidden) sharded on the vocabulary
 LOGITS = Shard(2)  # the loss layer's input, logits (batch, seq, vocab), sharded on the vocabulary
 
 
 def loss_field() -> Any:
     """The ``loss`` option of a language model's config: the cross entropy's kernel,
-    ``fp32`` (default) or ``fused`` (``token_loss_fn``); an enumerated field."""
+    ``fp32`` (default), ``fused`` or ``torch`` (``token_loss_fn``); an enumerated field."""
     return field(default="fp32", metadata={"choices": LOSS_FORMS})
+
+
+def loss_input(form: str) -> Placement:
+    """``Model.loss_input_tp`` of a ``loss`` option: the logits sharded on the vocabulary, but
+    for ``torch`` (whole)."""
+    return R if form == "torch" else LOGITS
 
 
 def loss_dtype(form: str) -> DType | None:
@@ -85,7 +91,7 @@ class GPTConfig:
     attention: str = attention_field()
     tied: bool = False  # GPT-2's tied embedding: the head multiplies by wteᵀ (``tied=1``)
     dropout: float = probability_field()  # hidden and attention dropout (``dropout=0.1``)
-    loss: str = loss_field()  # the cross entropy's kernel: fp32 (default) or fused
+    loss: str = loss_field()  # the cross entropy's kernel: fp32 (default), fused or torch
 
     def __post_init__(self) -> None:
         check_config(FAMILY, self, divides=[("heads", "hidden")])
@@ -226,7 +232,18 @@ def token_loss_fn(vocab: int, normalizer: int, form: str = "fp32") -> Function:
     Megatron-LM and torchtitan do); ``fused`` reads the logits in their own dtype and
     accumulates in fp32 inside (``SoftmaxCrossEntropyParts(acc=f32)``: flash-attn's fused cross
     entropy, llm-foundry's default), so no fp32 copy of the logits exists and their gradient
-    comes back in the compute dtype."""
+    comes back in the compute dtype; ``torch`` is ``F.cross_entropy`` on the fp32 logits as
+    torchtitan (without loss parallelism) and Hugging Face models run it — ``LogSoftmax``, whose
+    fp32 output is saved, then ``NegativeLogLikelihoodLoss``, whose gradient is dense — and,
+    having no vocabulary-parallel form, takes the logits whole (``loss_input``)."""
+    if form == "torch":
+        f = LayerFn("loss")
+        logits, labels = f.param("logits"), f.param("labels")
+        scores = f("Reshape", logits, shape=(-1, vocab), name="scores")
+        targets = f("Reshape", labels, shape=(-1,), name="targets")
+        logp = f("LogSoftmax", scores, axis=1, name="logp")
+        total = f("NegativeLogLikelihoodLoss", logp, targets, reduction="sum", name="total")
+        return f.ret(f("Scale", total, alpha=1.0 / normalizer, name="loss"))
     f = LayerFn("loss")
     logits, labels = f.param("logits"), f.param("labels")
     scores = f("Reshape", logits, shape=(-1, vocab), name="scores")  # (B·S, V)
@@ -264,6 +281,6 @@ def build(cfg: GPTConfig, batch: int, dtype: DType = DType.f32, name: str = FAMI
         calls,
         seq_dim=1,
         ends=(1, 2),
-        loss_input_tp=LOGITS,
+        loss_input_tp=loss_input(cfg.loss),
         loss_dtype=loss_dtype(cfg.loss),
     )

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 
 from distir.frontends.zoo._build import LayerCall, LayerFn, assemble, check_config, tensor, weight
 from distir.frontends.zoo.attention import attention, attention_field
-from distir.frontends.zoo.gpt import LOGITS, VOCAB, loss_dtype, loss_field, token_loss_fn
+from distir.frontends.zoo.gpt import VOCAB, loss_dtype, loss_field, loss_input, token_loss_fn
 from distir.frontends.zoo.model import InputSpec, Model, ModelError, WeightSpec
 from distir.ir.dtensor import Replicate, Shard
 from distir.ir.function import Function
@@ -60,7 +60,7 @@ class LlamaConfig:
     seq: int
     rope_theta: int = 10000  # RoPE's base: 10000 (Llama 2), 500000 (Llama 3)
     attention: str = attention_field()
-    loss: str = loss_field()  # the cross entropy's kernel: fp32 (default) or fused
+    loss: str = loss_field()  # the cross entropy's kernel: fp32 (default), fused or torch
 
     def __post_init__(self) -> None:
         check_config(FAMILY, self, divides=[("heads", "hidden"), ("kv_heads", "heads")])
@@ -156,6 +156,6 @@ def build(cfg: LlamaConfig, batch: int, dtype: DType = DType.f32, name: str = FA
         calls,
         seq_dim=1,
         ends=(1, 2),
-        loss_input_tp=LOGITS,
+        loss_input_tp=loss_input(cfg.loss),
         loss_dtype=loss_dtype(cfg.loss),
     )
