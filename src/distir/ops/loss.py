@@ -124,7 +124,7 @@ SOFTMAX_CROSS_ENTROPY_LOSS = register(
 def picked(values: Any, labels: Any) -> F64:
     """values[n, labels[n, ...], ...] in float64: the shape of labels."""
     idx = np.expand_dims(np.asarray(labels).astype(np.int64), 1)
-    return np.take_along_axis(f64(values), idx, axis=1).squeeze(1)  # type: ignore[no-any-return]
+    return np.take_along_axis(f64(values), idx, axis=1).squeeze(1)
 
 
 def _nll_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
