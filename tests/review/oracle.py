@@ -1,5 +1,5 @@
 """An independent, deliberately naive simulator of *call-free* programs, written from the
-README's stated semantics only (not from ``distir.sim.plan``):
+docs/simulator.md's stated semantics only (not from ``distir.sim.plan``):
 
 - timing: ops run in program order; an op starts at the max clock of the slots of its inputs'
   and results' devices, and all of them advance to its end;

@@ -71,7 +71,7 @@ def _same(a: object, b: object, keys: tuple[str, ...] = KEYS) -> None:
 @given(programs(Feats()), st.sampled_from(DEVICE_MAPS))
 def test_call_summaries_equal_inlined_program_and_naive_oracle(m: Module, dm: DeviceMap | None) -> None:
     """Claim (2) with unit costs (exact floats): summaries == inlined program == a naive
-    simulator of the inlined program written from the README's semantics alone."""
+    simulator of the inlined program written from the docs' semantics alone."""
     m = distir.check(m)
     flat = Module((inline_calls(m),))
     cost = UnitCost()
