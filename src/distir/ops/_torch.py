@@ -92,4 +92,26 @@ def local_rows(ctx: TorchContext, idx: Any, rows: Any, n: int) -> tuple[Any, Any
     return ctx.torch.where(mask, local, ctx.torch.zeros_like(local)), mask
 
 
-__all__ = ["TorchImpl", "binary", "is_half", "like", "local_rows", "pad_spatial", "sum_to", "unary", "upcast"]
+
+
+def vjp(ctx: TorchContext, f: Callable[[Any], Any], x: Any, dy: Any) -> Any:
+    """The gradient of ``f`` at ``x`` against ``dy`` by torch's autograd (for gradient ops whose
+    forward has no backward kernel of its own exposed: pooling)."""
+    with ctx.torch.enable_grad():
+        xg = x.detach().requires_grad_(True)
+        (dx,) = ctx.torch.autograd.grad(f(xg), xg, dy)
+    return dx
+
+
+__all__ = [
+    "TorchImpl",
+    "binary",
+    "is_half",
+    "like",
+    "local_rows",
+    "pad_spatial",
+    "sum_to",
+    "unary",
+    "upcast",
+    "vjp",
+]
