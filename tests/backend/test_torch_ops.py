@@ -62,14 +62,6 @@ def _dtype_of(t: Type) -> DType | None:
     return t.dtype if isinstance(t, TensorType | ScalarType) else None
 
 
-def _to_torch(ctx: TorchContext, value: Any, t: Type) -> Any:
-    if isinstance(t, TupleType):
-        return tuple(_to_torch(ctx, v, e) for v, e in zip(value, t.elements, strict=True))
-    x = to_torch(ctx, value)
-    dt = _dtype_of(t)
-    return x.to(ctx.dtype(dt)) if dt is not None else x
-
-
 def _compare(got: Any, want: Any, t: Type, where: str) -> None:
     if isinstance(t, TupleType):
         for k, (g, w, e) in enumerate(zip(got, want, t.elements, strict=True)):
@@ -95,7 +87,7 @@ def _run(d: OpDef, case: Case, values: list[Any], types: list[Type]) -> tuple[An
     ctx = TorchContext.local()
     want = tuple(d.reference(values, case.attr_map()))  # type: ignore[misc]
     assert d.torch is not None, f"{d.name} has no torch implementation"
-    ins = [_to_torch(ctx, v, t) for v, t in zip(values, types, strict=True)]
+    ins = [to_torch(ctx, v, t) for v, t in zip(values, types, strict=True)]
     got = tuple(d.torch(ctx, ins, case.attr_map()))
     return want, got
 
@@ -181,6 +173,7 @@ def test_dropout_on_torch_draws_its_mask_from_torchs_generator() -> None:
 def test_attention_dropout_is_refused_on_torch_as_by_the_reference(name: str) -> None:
     case = EXAMPLES[name][0]
     ctx = TorchContext.local()
-    ins = [_to_torch(ctx, v, t) for v, t in zip(random_inputs(case, np.random.default_rng(0)), case.types())]
+    values = random_inputs(case, np.random.default_rng(0))
+    ins = [to_torch(ctx, v, t) for v, t in zip(values, case.types(), strict=True)]
     with pytest.raises(AttentionDropoutError):
         REGISTRY[name].torch(ctx, ins, Attrs({**case.attrs, "dropout": 0.1}))
