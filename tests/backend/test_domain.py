@@ -22,9 +22,13 @@ from distir.autodiff.train import Optimizer, training_step  # noqa: E402
 from distir.backend.context import TorchContext  # noqa: E402
 from distir.backend.domain import args_to_torch, run_torch, to_numpy  # noqa: E402
 from distir.frontends.zoo import build_model  # noqa: E402
+from distir.interp.annotate import annotate_types  # noqa: E402
+from distir.interp.loop import InterpretError  # noqa: E402
 from distir.interp.reference import run_reference  # noqa: E402
+from distir.ir.builder import FunctionBuilder  # noqa: E402
 from distir.ir.function import Module  # noqa: E402
-from distir.ir.types import DType, TensorType  # noqa: E402
+from distir.ir.types import Device, DType, TensorType  # noqa: E402
+from distir.ops import REGISTRY  # noqa: E402
 from distir.ops.elementwise import round_to_bf16  # noqa: E402
 
 TINY = {
@@ -97,3 +101,27 @@ def test_mixed_precision_training_step_on_torch_is_close_to_the_reference(family
         scale = max(1.0, float(np.max(np.abs(m))))
         err = float(np.max(np.abs((g - m) - (w - m)))) / scale
         assert err <= 1e-2, (step.entry.params[k - len(masters)].name, err)
+
+
+def _relu_program() -> Module:
+    fb = FunctionBuilder("f", REGISTRY.out_arity)
+    x = fb.param("x", TensorType(DType.f32, (2, 3), Device(0)))
+    (y,) = fb.op("Relu", x, names=["y"])
+    return annotate_types(Module((fb.ret(y),)))
+
+
+def test_a_torch_result_of_the_wrong_shape_or_dtype_is_an_error_naming_the_op(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the reference executor's: the interpreter's error shows the op as printed in the IR."""
+    ctx, prog = TorchContext.local(), _relu_program()
+    x = [torch.ones(2, 3)]
+    monkeypatch.setattr(REGISTRY["Relu"], "torch", lambda ctx, xs, attrs: (xs[0].reshape(3, 2),))
+    with pytest.raises(InterpretError, match=r"Relu's torch implementation produced .*\(3, 2\)"):
+        run_torch(prog, x, ctx)
+    monkeypatch.setattr(REGISTRY["Relu"], "torch", lambda ctx, xs, attrs: (xs[0].double(),))
+    with pytest.raises(InterpretError, match=r"torch\.float64"):
+        run_torch(prog, x, ctx)
+    monkeypatch.setattr(REGISTRY["Relu"], "torch", None)
+    with pytest.raises(InterpretError, match="Relu has no torch implementation"):
+        run_torch(prog, x, ctx)

@@ -3,7 +3,8 @@
 ``TorchDomain`` gives each primitive op its registry ``torch`` implementation (the abstract
 interpreter walks the program, ``distir.interp.loop``); ``run_torch(module, args, ctx)`` runs the
 entry. An op without a torch implementation is an ``OpTypeError`` naming it, as the reference
-executor does for ops without a reference.
+executor does for ops without a reference; so is a tensor result whose shape or dtype is not
+its type's (the reference executor checks shapes alike).
 """
 
 from __future__ import annotations
@@ -33,7 +34,19 @@ class TorchDomain(RecursiveCalls[Any]):
             d = self._defs[op.name] = REGISTRY[op.name]
         if d.torch is None:
             raise OpTypeError(f"{op.name} has no torch implementation")
-        return tuple(d.torch(self.ctx, args, op.attrs))
+        outs = tuple(d.torch(self.ctx, args, op.attrs))
+        for v, o in zip(op.outputs, outs, strict=False):
+            t = v.type
+            if isinstance(t, TensorType) and (
+                tuple(o.shape) != t.shape or o.dtype != self.ctx.dtype(t.dtype)
+            ):
+                raise OpTypeError(
+                    f"{op.name}'s torch implementation produced {o.dtype} {tuple(o.shape)} for %{v.name}",
+                    None,
+                    (t.dtype, t.shape),
+                    (o.dtype, tuple(o.shape)),
+                )
+        return outs
 
 
 def to_torch(ctx: TorchContext, value: Any, t: Type | None = None) -> Any:
