@@ -657,6 +657,24 @@ def _sce_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple
     return (like(p * scale, scores0),)
 
 
+def _log_softmax_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    dy, y = xs
+    axis = int_attr(attrs, "axis", -1) % y.dim()
+    return (ctx.torch.ops.aten._log_softmax_backward_data(dy, y, axis, y.dtype),)
+
+
+def _nll_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """−dLoss at each target, zeros elsewhere (a dense tensor, as nll_loss_backward writes)."""
+    dloss, logp, labels = xs
+    how, d = str_attr(attrs, "reduction", "mean"), upcast(ctx, dloss)
+    idx = labels.long().unsqueeze(1)
+    per = -d.unsqueeze(1) if how == "none" else (-d).expand(idx.shape)
+    if how == "mean":
+        per = per / labels.numel()
+    out = ctx.torch.zeros(logp.shape, dtype=per.dtype, device=logp.device)
+    return (like(out.scatter(1, idx, per), logp),)
+
+
 def _parts_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
     dsum, dpicked, scores, shift, labels = xs
     e, onehot = torch_exp_and_onehot(ctx, scores, shift, labels, attrs.get("rows"))
@@ -712,6 +730,8 @@ GELU_GRAD.fill("torch", _aten_grad("gelu_backward"))
 TANH_GRAD.fill("torch", _aten_grad("tanh_backward"))
 SIGMOID_GRAD.fill("torch", _aten_grad("sigmoid_backward"))
 SOFTMAX_GRAD.fill("torch", _softmax_grad_torch)
+LOG_SOFTMAX_GRAD.fill("torch", _log_softmax_grad_torch)
+NEGATIVE_LOG_LIKELIHOOD_LOSS_GRAD.fill("torch", _nll_grad_torch)
 LAYER_NORMALIZATION_GRAD.fill("torch", _norm_grad_torch(rms=False))
 RMS_NORMALIZATION_GRAD.fill("torch", _norm_grad_torch(rms=True))
 SOFTMAX_CROSS_ENTROPY_LOSS_GRAD.fill("torch", _sce_grad_torch)

@@ -392,7 +392,17 @@ def _parts_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[An
     scores, shift, labels = xs
     e, onehot = torch_exp_and_onehot(ctx, scores, shift, labels, attrs.get("rows"))
     z = _torch.upcast(ctx, scores) - _torch.upcast(ctx, shift)[:, None]
-    return (_torch.like(e.sum(1), scores), _torch.like((z * onehot).sum(1), scores))
+    acc = attrs.get("acc")
+    out = ctx.dtype(acc) if isinstance(acc, DType) else scores.dtype
+    return (e.sum(1).to(out), (z * onehot).sum(1).to(out))
+
+
+def _nll_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """torch's nll_loss (in f32 for 16-bit inputs)."""
+    logp, labels = xs
+    how = str_attr(attrs, "reduction", "mean")
+    f = ctx.torch.nn.functional.nll_loss
+    return (_torch.like(f(_torch.upcast(ctx, logp), labels.long(), reduction=how), logp),)
 
 
 def _mse_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
@@ -404,4 +414,5 @@ def _mse_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any,
 
 SOFTMAX_CROSS_ENTROPY_LOSS.fill("torch", _sce_torch)
 SOFTMAX_CROSS_ENTROPY_PARTS.fill("torch", _parts_torch)
+NEGATIVE_LOG_LIKELIHOOD_LOSS.fill("torch", _nll_torch)
 MSE_LOSS.fill("torch", _mse_torch)

@@ -469,6 +469,7 @@ def _dropout_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> t
 
 
 SOFTMAX.fill("torch", lambda ctx, xs, attrs: (ctx.torch.softmax(xs[0], int_attr(attrs, "axis", -1)),))
+LOG_SOFTMAX.fill("torch", lambda ctx, xs, attrs: (ctx.torch.log_softmax(xs[0], int_attr(attrs, "axis", -1)),))
 LAYER_NORMALIZATION.fill("torch", _layer_norm_torch)
 RMS_NORMALIZATION.fill("torch", _rms_norm_torch)
 CAUSAL_MASK.fill("torch", _causal_mask_torch)
