@@ -505,7 +505,7 @@ def _print_run(d: dict[str, Any]) -> None:
         status = "verified" if d["verified"] else "NOT verified"
         out.print(
             f"  {status} against the reference executor: max abs error {d['max_abs_error']:.3g} "
-            f"(worst {d['worst_output']})",
+            f"(worst {d['worst_output']}; allowed {d['tolerance']:g} x max(1, |reference|))",
             markup=False,
         )
     out.print(f"  step time {d['step_time_s'] * 1e3:.2f} ms (median after warm-up, slowest rank)", markup=False)

@@ -55,6 +55,8 @@ class RunFailed(RuntimeError):
 class LaunchOptions:
     timeout_s: float = 300.0  # gloo/NCCL timeout of any one collective or transfer
     backend: str | None = None  # default: nccl if CUDA is present, else gloo
+    # set (``.set()``, e.g. a threading.Event) once every rank is running its ops: for watchers
+    running: Any = None
 
 
 def default_backend() -> str:
@@ -114,17 +116,24 @@ def launch(jobs: Sequence[Sequence[RankProgram]], options: LaunchOptions | None 
     procs = []
     for r in range(world):
         setup = RankSetup(r, world, backend, f"tcp://127.0.0.1:{port}", opts.timeout_s)
-        p = ctx.Process(target=_worker_main, args=(setup, list(jobs[r]), results, progress[r]), daemon=True)
+        p = ctx.Process(
+            target=_worker_main,
+            args=(setup, list(jobs[r]), results, progress[r]),
+            name=f"distir-rank-{r}",
+            daemon=True,
+        )
         procs.append(p)
     try:
         for p in procs:
             p.start()
-        return _monitor(procs, results, jobs, progress)
+        return _monitor(procs, results, jobs, progress, opts.running)
     finally:
         _stop(procs)
 
 
-def _monitor(procs: list[Any], results: Any, jobs: Sequence[Sequence[RankProgram]], progress: list[Any]) -> list[list[RankResult]]:
+def _monitor(
+    procs: list[Any], results: Any, jobs: Sequence[Sequence[RankProgram]], progress: list[Any], running: Any
+) -> list[list[RankResult]]:
     done: dict[int, list[RankResult]] = {}
     failures: dict[int, tuple[str, bool]] = {}  # rank -> (message, secondary)
     first_failure: float | None = None
@@ -137,6 +146,9 @@ def _monitor(procs: list[Any], results: Any, jobs: Sequence[Sequence[RankProgram
             else:
                 failures[msg[1]] = (msg[2], msg[3])
         now = time.monotonic()
+        if running is not None and all(p[1] >= 0 for p in progress):
+            running.set()
+            running = None
         for r, p in enumerate(procs):
             code = p.exitcode
             if code is None or code == 0 or r in failures or r in done:

@@ -19,7 +19,7 @@ from typing import Any
 from distir.backend.launch import LaunchOptions, default_backend, launch, torchrun_rank, under_torchrun
 from distir.backend.program import GlobalProgram, rank_programs
 from distir.backend.trace import write_trace
-from distir.backend.verify import TOLERANCE, Verdict, compare, reference_outputs
+from distir.backend.verify import Verdict, compare, reference_outputs
 from distir.backend.worker import RankResult
 from distir.ir.types import Device
 
@@ -94,7 +94,7 @@ def report_dict(rep: RunReport) -> dict[str, Any]:
         "verified": v.verified if v is not None else None,
         "max_abs_error": v.max_abs_error if v is not None else None,
         "worst_output": v.worst if v is not None else None,
-        "tolerance": {str(dt): tol for dt, tol in TOLERANCE.items()},
+        "tolerance": v.tolerance if v is not None else None,
         "step_time_s": rep.step_time_s,
         "step_time_s_per_rank": {str(d): t for d, t in rep.step_time_s_per_rank.items()},
         "peak_memory_bytes": {str(d): b for d, b in rep.peak_memory_bytes.items()},

@@ -3,10 +3,12 @@
 ``reference_outputs(prog)`` runs the global explicit program on the reference executor (numpy)
 with the same inputs and splits its results by the device each lives on, as the per-rank programs
 return them. ``compare`` checks every rank's every output (loss, updated weights, optimizer
-state, outputs) against it: an output passes when ``max |real - reference| <= tol * max(1,
-max |reference|)``, with ``tol`` per dtype (``TOLERANCE``: f64 1e-9, f32 1e-4, f16 1e-2, bf16
-3e-2 — torch and numpy sum in different orders, and low-precision kernels round differently from
-the reference's round-after-each-op); integers and booleans must be equal.
+state, outputs) against it: a float output passes when ``max |real - reference| <= tol * max(1,
+max |reference|)``, with ``tol`` that of the lowest precision the program computes in
+(``TOLERANCE``: f64 1e-9, f32 1e-4, f16 1e-2, bf16 3e-2 — torch and numpy sum in different orders,
+and low-precision kernels and collectives round differently from the reference's round-after-
+each-op; an fp32 master weight updated from bf16 gradients carries bf16's error); integers and
+booleans must be equal.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Verdict(NamedTuple):
     max_abs_error: float  # over every output of every rank
     worst: str  # the output with the largest error relative to its tolerance, "d1: %name"
     checked: int  # outputs compared
+    tolerance: float  # tol of the program's lowest precision (module docstring)
 
 
 def reference_outputs(module: Module, args: Sequence[Any]) -> dict[Device, tuple[Any, ...]]:
@@ -38,7 +41,17 @@ def reference_outputs(module: Module, args: Sequence[Any]) -> dict[Device, tuple
     return {d: tuple(outs[i] for i in idx) for d, idx in outputs_by_rank(module).items()}
 
 
-def _error(real: Any, ref: Any, dtype: DType | None) -> tuple[float, float]:
+def compute_dtype(module: Module) -> DType:
+    """The lowest-precision float dtype among the values of ``module`` (f64 if none)."""
+    found = {DType.f64}
+    for fn in module.functions:
+        for v in (*fn.params, *(o for i in fn.body for o in i.outputs)):
+            if isinstance(v.type, TensorType | ScalarType) and v.type.dtype.is_float:
+                found.add(v.type.dtype)
+    return max(found, key=TOLERANCE.__getitem__)
+
+
+def _error(real: Any, ref: Any, dtype: DType | None, tol: float) -> tuple[float, float]:
     """(max absolute error, that error over its allowance)."""
     a = np.atleast_1d(np.asarray(real, dtype=np.float64))
     b = np.atleast_1d(np.asarray(ref, dtype=np.float64))
@@ -54,7 +67,7 @@ def _error(real: Any, ref: Any, dtype: DType | None) -> tuple[float, float]:
         return err, (0.0 if err == 0.0 else float("inf"))
     finite = np.abs(b[np.isfinite(b)])
     scale = max(1.0, float(np.max(finite)) if finite.size else 1.0)
-    return err, err / (TOLERANCE[dtype] * scale)
+    return err, err / (tol * scale)
 
 
 def compare(
@@ -63,18 +76,19 @@ def compare(
     """Every rank's outputs against the reference's (see the module docstring)."""
     names = output_names(module.entry.outputs)
     idx = outputs_by_rank(module)
+    tol = TOLERANCE[compute_dtype(module)]
     worst_abs, worst_ratio, worst, n = 0.0, -1.0, "", 0
     for d, ref in want.items():
         real = got.get(d, ())
         if len(real) != len(ref):
-            return Verdict(False, float("inf"), f"{d}: {len(real)} outputs, expected {len(ref)}", n)
+            return Verdict(False, float("inf"), f"{d}: {len(real)} outputs, expected {len(ref)}", n, tol)
         for k, (a, b) in enumerate(zip(real, ref, strict=True)):
             v = module.entry.outputs[idx[d][k]]
             t = v.type
             dtype = t.dtype if isinstance(t, TensorType | ScalarType) else None
-            err, ratio = _error(a, b, dtype)
+            err, ratio = _error(a, b, dtype, tol)
             n += 1
             worst_abs = max(worst_abs, err)
             if ratio > worst_ratio:
                 worst_ratio, worst = ratio, f"{d}: {names[idx[d][k]]}"
-    return Verdict(worst_ratio <= 1.0, worst_abs, worst, n)
+    return Verdict(worst_ratio <= 1.0, worst_abs, worst, n, tol)
