@@ -218,3 +218,52 @@ def test_torchrun_runs_a_two_stage_pipeline_and_verifies() -> None:
     assert report["launcher"] == "torchrun"
     assert report["verified"] is True
     assert set(report["peak_memory_bytes"]) == {"d0", "d1"}
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "distir.cli", "run", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(), cwd=cwd)
+
+
+def test_run_command_reports_json_and_writes_real_traces(tmp_path: Path) -> None:
+    trace = tmp_path / "real.json"
+    proc = _cli("--model", MLP, "--strategy", "p2.k2.1f1b", "--batch", "4", "--steps", "3", "--json", "--trace", str(trace))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["verified"] is True and report["launcher"] == "local" and report["steps"] == 3
+    assert 0 <= report["max_abs_error"] <= report["tolerance"]
+    assert report["step_time_s"] > 0
+    assert report["memory_source"] == "tracked live tensors"
+    assert set(report["peak_memory_bytes"]) == {"d0", "d1"} and min(report["peak_memory_bytes"].values()) > 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in slices} == {0, 1}
+    # the simulator's trace keys, so real and simulated traces load side by side
+    assert all({"name", "cat", "ph", "pid", "tid", "ts", "dur"} <= e.keys() for e in slices)
+    names = {(e["pid"], e["name"], e["cat"]) for e in slices}
+    assert (0, "rank.Send", "comm") in names and (1, "rank.Recv", "comm") in names
+    for pid in (0, 1):  # one op at a time per rank: slices do not overlap
+        mine = sorted((e["ts"], e["ts"] + e["dur"]) for e in slices if e["pid"] == pid)
+        assert all(a[1] <= b[0] + 1e-3 for a, b in zip(mine, mine[1:], strict=False))
+
+
+BAD = """
+func @bad(%x: Tensor[f32, (4, 3), d0], %t: Tensor[f32, (1, 3), d1], %i: Tensor[i64, (5,), d1]) {
+  %y = Send(%x, dst=d1)
+  %g = Gather(%t, %i, axis=0)
+  %s = ReduceSum(%y, axes=[0], keepdims=0)
+  return %g, %s
+}
+"""
+
+
+def test_a_rank_that_raises_stops_the_run_with_one_message(tmp_path: Path) -> None:
+    # seeded integer inputs are 0 or 1: row 1 of a 1-row table is out of range on d1
+    f = tmp_path / "bad.distir"
+    f.write_text(BAD)
+    proc = _cli(str(f))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("distir run: rank 1 (d1) failed at `%g: Tensor[f32, (5, 3), d1] = Gather(%t, %i, axis=0)`")
+    assert "IndexError" in lines[0]

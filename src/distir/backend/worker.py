@@ -196,6 +196,15 @@ class _Runner:
             self.texts = [print_op(op) for op in self.ops]
         return self.texts[k]
 
+    def _flush(self, k: int) -> None:
+        """Start and wait for the posted point-to-point operations; a failure is charged to the
+        last of them (the op ``k`` waiting for them has not started)."""
+        self.at = max(j for j in range(k) if self.p2p[j]) if self.ctx.pending else k
+        self.ctx.flush()
+        self.at = k
+        if self.progress is not None:
+            self.progress[1] = k
+
     def step(self, args: Sequence[Any], trace: bool, t0: float) -> tuple[tuple[Any, ...], int, list[OpSlice]]:
         ctx = self.ctx
         env: dict[Value, Any] = dict(zip(self.fn.params, args, strict=True))
@@ -210,7 +219,7 @@ class _Runner:
             if self.progress is not None:
                 self.progress[1] = k
             if ctx.pending and (not self.p2p[k] or any(v in received for v in op.inputs)):
-                ctx.flush()
+                self._flush(k)
                 received.clear()
             start = clock()
             outs = self.impls[k](ctx, [env[v] for v in op.inputs], op.attrs)
@@ -227,8 +236,8 @@ class _Runner:
                 slices.append(OpSlice(op.name, cat, start - t0, end - t0, self.text(k), live.bytes))
             for v in self.drop[k]:
                 live.drop(env.pop(v))
+        self._flush(len(self.ops))
         self.at = len(self.ops)
-        ctx.flush()
         return tuple(env[v] for v in self.fn.outputs), live.peak, slices
 
 
