@@ -326,7 +326,9 @@ def _t_reducescatter(ctx: Any, inputs: Sequence[Any], attrs: Attrs) -> tuple[Any
     sizes = split_sizes(x.shape[dim % x.dim()], m.n)
     if dim % x.dim() == 0 and len(set(sizes)) == 1 and m.order == sorted(m.order):
         out = ctx.torch.empty((sizes[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-        ctx.dist.reduce_scatter_tensor(out, x.contiguous(), op=_reduce_op(ctx, attrs), group=m.pg)
+        # reduce_scatter_single from torch 2.11 on (reduce_scatter_tensor warns there)
+        rs = getattr(ctx.dist, "reduce_scatter_single", None) or ctx.dist.reduce_scatter_tensor
+        rs(out, x.contiguous(), op=_reduce_op(ctx, attrs), group=m.pg)
         return (_finish_reduce(out, attrs, m.n),)
     y = x.clone()  # uneven pieces or a group out of rank order: reduce everything, keep mine
     ctx.dist.all_reduce(y, op=_reduce_op(ctx, attrs), group=m.pg)
