@@ -23,7 +23,17 @@ from distir.backend.verify import compare, reference_outputs
 
 GPT = "gpt:layers=8,hidden=64,heads=4,seq=32,vocab=256"
 STRATEGIES = {
-    4: ["d4", "d4.z3", "t4.sp", "p4.k4.1f1b", "p4.k8.interleaved.v2", "p4.k4.zb1", "d2.t2.sp", "d2.p2.k4.1f1b", "t2.p2.k2.1f1b"],
+    4: [
+        "d4",
+        "d4.z3",
+        "t4.sp",
+        "p4.k4.1f1b",
+        "p4.k8.interleaved.v2",
+        "p4.k4.zb1",
+        "d2.t2.sp",
+        "d2.p2.k4.1f1b",
+        "t2.p2.k2.1f1b",
+    ],
     2: ["d2", "d2.z3", "t2.sp", "p2.k2.1f1b", "p2.k4.interleaved.v2", "p2.k2.zb1"],
 }
 

@@ -422,9 +422,12 @@ def run(
     ] = None,
     model: Annotated[str | None, typer.Option("--model", help="A zoo model (distir models).")] = None,
     strategy: Annotated[
-        str | None, typer.Option("--strategy", help="With --model: e.g. d1.t1.p2.k2.1f1b (default d1.t1.p1.k1).")
+        str | None,
+        typer.Option("--strategy", help="With --model: e.g. d1.t1.p2.k2.1f1b (default d1.t1.p1.k1)."),
     ] = None,
-    batch: Annotated[int | None, typer.Option("--batch", min=1, help="With --model: the global batch.")] = None,
+    batch: Annotated[
+        int | None, typer.Option("--batch", min=1, help="With --model: the global batch.")
+    ] = None,
     steps: Annotated[
         int, typer.Option("--steps", min=1, help="Steps to run; the first is a warm-up when there are more.")
     ] = 3,
@@ -435,10 +438,14 @@ def run(
     ] = "pure",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the inputs, weights and optimizer state.")] = 0,
     verify: Annotated[
-        bool, typer.Option("--verify/--no-verify", help="Compare every rank's outputs with the reference executor.")
+        bool,
+        typer.Option(
+            "--verify/--no-verify", help="Compare every rank's outputs with the reference executor."
+        ),
     ] = True,
     trace: Annotated[
-        Path | None, typer.Option("--trace", help="Write the ranks' real op timelines (Perfetto/Chrome JSON).")
+        Path | None,
+        typer.Option("--trace", help="Write the ranks' real op timelines (Perfetto/Chrome JSON)."),
     ] = None,
     timeout: Annotated[
         float, typer.Option("--timeout", min=1.0, help="Seconds any one communication may wait for a peer.")
@@ -460,7 +467,11 @@ def run(
     from distir.parallel.strategy import StrategyError
 
     if (file is None) == (model is None):
-        _fail("give a program FILE or --model (with --strategy), not both" if file else "give a program FILE or --model")
+        _fail(
+            "give a program FILE or --model (with --strategy), not both"
+            if file
+            else "give a program FILE or --model"
+        )
     try:
         if model is not None:
             prog = _plain_guard(debug)(
@@ -500,7 +511,10 @@ def run(
 
 
 def _print_run(d: dict[str, Any]) -> None:
-    out.print(f"{d['program']}: {d['ranks']} ranks, {d['backend']} ({d['launcher']}), {d['steps']} steps", markup=False)
+    out.print(
+        f"{d['program']}: {d['ranks']} ranks, {d['backend']} ({d['launcher']}), {d['steps']} steps",
+        markup=False,
+    )
     if d["verified"] is not None:
         status = "verified" if d["verified"] else "NOT verified"
         out.print(
@@ -508,12 +522,15 @@ def _print_run(d: dict[str, Any]) -> None:
             f"(worst {d['worst_output']}; allowed {d['tolerance']:g} x max(1, |reference|))",
             markup=False,
         )
-    out.print(f"  step time {d['step_time_s'] * 1e3:.2f} ms (median after warm-up, slowest rank)", markup=False)
+    out.print(
+        f"  step time {d['step_time_s'] * 1e3:.2f} ms (median after warm-up, slowest rank)", markup=False
+    )
     for dev, b in d["peak_memory_bytes"].items():
         t = d["step_time_s_per_rank"][dev]
         out.print(f"  {dev}: {t * 1e3:.2f} ms, peak memory {b} B ({d['memory_source']})", markup=False)
     if d["reference_fallback_ops"]:
-        out.print(f"  ran on the numpy reference (no torch implementation): {', '.join(d['reference_fallback_ops'])}", markup=False)
+        ops = ", ".join(d["reference_fallback_ops"])
+        out.print(f"  ran on the numpy reference (no torch implementation): {ops}", markup=False)
     if d["trace"] is not None:
         out.print(f"  trace written to {d['trace']} (open it at https://ui.perfetto.dev)", markup=False)
 

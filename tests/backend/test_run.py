@@ -8,6 +8,7 @@ program, one 4-rank launch the hybrids."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
@@ -20,19 +21,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 
-import distir  # noqa: E402
-from distir.backend.launch import FAIL_STOP_BOUND_S, LaunchOptions, RunFailed, launch  # noqa: E402
-from distir.backend.program import GlobalProgram, file_program, model_program, rank_programs  # noqa: E402
-from distir.backend.verify import compare, reference_outputs  # noqa: E402
-from distir.backend.worker import RankResult  # noqa: E402
-from distir.ir import Device, DType, FunctionBuilder, Module, TensorType  # noqa: E402
-from distir.ir.types import ScalarType  # noqa: E402
-from distir.ops import REGISTRY  # noqa: E402
+import distir
+from distir.backend.launch import FAIL_STOP_BOUND_S, LaunchOptions, RunFailed, launch
+from distir.backend.program import GlobalProgram, file_program, model_program, rank_programs
+from distir.backend.verify import compare, reference_outputs
+from distir.backend.worker import RankResult
+from distir.ir import Device, DType, FunctionBuilder, Module, TensorType
+from distir.ir.types import ScalarType
+from distir.ops import REGISTRY
 
 MLP = "mlp:layers=4,hidden=6"
 GPT = "gpt:layers=4,hidden=8,heads=2,seq=4,vocab=16"
@@ -177,7 +177,7 @@ def test_a_killed_rank_stops_every_rank_within_the_bound() -> None:
     assert str(e).startswith("rank 1 (d1) was killed by SIGKILL at `")  # names the op, as printed
     assert not other.is_alive() and not victim.is_alive()
     for p in (victim, other):
-        assert p.pid is not None and not Path(f"/proc/{p.pid}").exists() or _zombie(p.pid)
+        assert (p.pid is not None and not Path(f"/proc/{p.pid}").exists()) or _zombie(p.pid)
 
 
 def _zombie(pid: int) -> bool:
@@ -227,7 +227,19 @@ def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str
 
 def test_run_command_reports_json_and_writes_real_traces(tmp_path: Path) -> None:
     trace = tmp_path / "real.json"
-    proc = _cli("--model", MLP, "--strategy", "p2.k2.1f1b", "--batch", "4", "--steps", "3", "--json", "--trace", str(trace))
+    proc = _cli(
+        "--model",
+        MLP,
+        "--strategy",
+        "p2.k2.1f1b",
+        "--batch",
+        "4",
+        "--steps",
+        "3",
+        "--json",
+        "--trace",
+        str(trace),
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["verified"] is True and report["launcher"] == "local" and report["steps"] == 3
@@ -244,7 +256,7 @@ def test_run_command_reports_json_and_writes_real_traces(tmp_path: Path) -> None
     assert (0, "rank.Send", "comm") in names and (1, "rank.Recv", "comm") in names
     for pid in (0, 1):  # one op at a time per rank: slices do not overlap
         mine = sorted((e["ts"], e["ts"] + e["dur"]) for e in slices if e["pid"] == pid)
-        assert all(a[1] <= b[0] + 1e-3 for a, b in zip(mine, mine[1:], strict=False))
+        assert all(a[1] <= b[0] + 1e-3 for a, b in itertools.pairwise(mine))
 
 
 BAD = """
@@ -265,5 +277,25 @@ def test_a_rank_that_raises_stops_the_run_with_one_message(tmp_path: Path) -> No
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("distir run: rank 1 (d1) failed at `%g: Tensor[f32, (5, 3), d1] = Gather(%t, %i, axis=0)`")
+    assert lines[0].startswith(
+        "distir run: rank 1 (d1) failed at `%g: Tensor[f32, (5, 3), d1] = Gather(%t, %i, axis=0)`"
+    )
     assert "IndexError" in lines[0]
+
+
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.skipif(
+    _cuda_devices() < 2, reason="NCCL needs 2 CUDA devices; this machine has fewer (CPU gloo runs above)"
+)
+def test_nccl_runs_the_same_programs_on_cuda() -> None:
+    progs = [model_program(m, s, b, dt, prec, "adam") for _, m, s, b, dt, prec in TWO_RANKS[:6]]
+    jobs = [rank_programs(p) for p in progs]
+    results = launch([[j[r] for j in jobs] for r in range(2)], LaunchOptions(timeout_s=120, backend="nccl"))
+    for k, p in enumerate(progs):
+        assert _verdict(p, results, k).verified
+        assert all(rank[k].memory_source == "cuda allocator" for rank in results)

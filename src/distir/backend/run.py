@@ -80,7 +80,7 @@ def execute(
 def _step_time(results: list[RankResult]) -> float:
     """Per step, the slowest rank; the median over the steps after the warm-up."""
     per_step = [max(ts) for ts in zip(*(r.step_times for r in results), strict=True)]
-    return statistics.median(per_step[1:] or per_step)
+    return float(statistics.median(per_step[1:] or per_step))
 
 
 def report_dict(rep: RunReport) -> dict[str, Any]:

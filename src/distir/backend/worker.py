@@ -17,8 +17,8 @@ posted by consecutive ``rank.Send``/``rank.Recv`` start together (``TorchContext
 any other op, or a send of a value received in the same batch.
 
 ``progress`` (optional, a shared pair of integers) holds the index of the program and of the op
-the rank is at, so the launcher can name the op of a rank that was killed. A failure of an op is a ``RankFailure``
-naming the rank, its device, the op as printed in the IR, and why.
+the rank is at, so the launcher can name the op of a rank that was killed. A failure of an op is
+a ``RankFailure`` naming the rank, its device, the op as printed in the IR, and why.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def _fallback(d: OpDef, op: Op) -> Any:
 
     def impl(ctx: TorchContext, inputs: Sequence[Any], attrs: Any) -> tuple[Any, ...]:
         assert d.reference is not None
-        outs = d.reference([to_numpy(x) if not isinstance(x, tuple) else to_numpy(x) for x in inputs], attrs)
+        outs = d.reference([to_numpy(x) for x in inputs], attrs)
         res = []
         for v, y in zip(op.outputs, outs, strict=True):
             t = to_torch(ctx, y)
@@ -241,7 +241,9 @@ class _Runner:
         return tuple(env[v] for v in self.fn.outputs), live.peak, slices
 
 
-def _make_context(torch: Any, setup: RankSetup, job: RankProgram, groups: dict[tuple[int, ...], Any]) -> TorchContext:
+def _make_context(
+    torch: Any, setup: RankSetup, job: RankProgram, groups: dict[tuple[int, ...], Any]
+) -> TorchContext:
     cuda = setup.backend == "nccl"
     dev = torch.device(f"cuda:{setup.rank % torch.cuda.device_count()}") if cuda else torch.device("cpu")
     return TorchContext(torch, dev, me=job.device, ranks=dict(job.ranks), groups=groups)
@@ -315,5 +317,6 @@ def _failure(rank: int, device: Device, runner: _Runner, e: BaseException) -> Ra
     text = runner.text(k) if k < len(runner.ops) else None
     secondary = k < len(runner.ops) and runner.comm[k]
     where = f" at `{text}`" if text is not None else ""
-    return RankFailure(f"rank {rank} ({device}) failed{where}: {type(e).__name__}: {e}", rank, text, secondary)
-
+    return RankFailure(
+        f"rank {rank} ({device}) failed{where}: {type(e).__name__}: {e}", rank, text, secondary
+    )
