@@ -494,7 +494,7 @@ def run(
             traceback.print_exc()
         _fail(str(e))
     except RankFailure as e:  # under torchrun: this rank failed (torchrun stops the others)
-        err.print(str(e), markup=False)
+        err.print(f"distir run: {e}", markup=False)
         raise typer.Exit(2) from None
     except RunFailed as e:
         err.print(f"distir run: {e}", markup=False)
@@ -511,15 +511,15 @@ def run(
 
 
 def _print_run(d: dict[str, Any]) -> None:
-    out.print(
-        f"{d['program']}: {d['ranks']} ranks, {d['backend']} ({d['launcher']}), {d['steps']} steps",
-        markup=False,
-    )
+    steps = f"{d['steps']} step{'s' if d['steps'] != 1 else ''}"
+    out.print(f"{d['program']}: {d['ranks']} ranks, {d['backend']} ({d['launcher']}), {steps}", markup=False)
     if d["verified"] is not None:
         status = "verified" if d["verified"] else "NOT verified"
+        off = d["elements_outside_tolerance"]
+        where = f"{d['worst_output']}" + (f": {off} of {d['worst_output_size']} elements off" if off else "")
         out.print(
             f"  {status} against the reference executor: max abs error {d['max_abs_error']:.3g} "
-            f"(worst {d['worst_output']}; allowed {d['tolerance']:g} x max(1, |reference|))",
+            f"(worst {where}; allowed {d['tolerance']:g} x max(1, |reference|))",
             markup=False,
         )
     out.print(
