@@ -217,7 +217,8 @@ def torchrun_rank(
         raise RunFailed(
             f"the program has {len(jobs_by_rank)} ranks but torchrun started {world} (WORLD_SIZE)", None
         )
-    setup = RankSetup(rank, world, opts.backend or default_backend(), "env://", opts.timeout_s)
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    setup = RankSetup(rank, world, opts.backend or default_backend(), "env://", opts.timeout_s, local)
     out = run_programs(setup, jobs_by_rank[rank])
     dist = require_torch().distributed
     gathered: list[Any] | None = [None] * world if rank == 0 else None

@@ -64,6 +64,7 @@ class RankSetup:
     backend: str  # gloo, or nccl when CUDA is present
     init_method: str
     timeout_s: float
+    local_rank: int = -1  # the rank on this machine (torchrun's LOCAL_RANK; -1: ``rank``): its GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,11 +242,15 @@ class _Runner:
         return tuple(env[v] for v in self.fn.outputs), live.peak, slices
 
 
+def _gpu(torch: Any, setup: RankSetup) -> int:
+    return (setup.local_rank if setup.local_rank >= 0 else setup.rank) % int(torch.cuda.device_count())
+
+
 def _make_context(
     torch: Any, setup: RankSetup, job: RankProgram, groups: dict[tuple[int, ...], Any]
 ) -> TorchContext:
     cuda = setup.backend == "nccl"
-    dev = torch.device(f"cuda:{setup.rank % torch.cuda.device_count()}") if cuda else torch.device("cpu")
+    dev = torch.device(f"cuda:{_gpu(torch, setup)}") if cuda else torch.device("cpu")
     return TorchContext(torch, dev, me=job.device, ranks=dict(job.ranks), groups=groups)
 
 
@@ -257,7 +262,7 @@ def run_programs(setup: RankSetup, jobs: Sequence[RankProgram], progress: Any = 
     torch.set_num_threads(1)
     dist = torch.distributed
     if setup.backend == "nccl":
-        torch.cuda.set_device(setup.rank % torch.cuda.device_count())
+        torch.cuda.set_device(_gpu(torch, setup))
     dist.init_process_group(
         setup.backend,
         init_method=setup.init_method,
