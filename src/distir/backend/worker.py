@@ -191,17 +191,24 @@ class _Runner:
                 self.drop[k].append(v)
         self.texts: list[str] | None = None
         self.at = 0  # the op being run
+        self.batch: list[tuple[int, float]] = []  # posted point-to-point ops: (index, when)
 
     def text(self, k: int) -> str:
         if self.texts is None:
             self.texts = [print_op(op) for op in self.ops]
         return self.texts[k]
 
-    def _flush(self, k: int) -> None:
+    def _flush(self, k: int, trace: list[OpSlice] | None, t0: float, live: int) -> None:
         """Start and wait for the posted point-to-point operations; a failure is charged to the
-        last of them (the op ``k`` waiting for them has not started)."""
-        self.at = max(j for j in range(k) if self.p2p[j]) if self.ctx.pending else k
+        last of them (the op ``k`` waiting for them has not started). Traced as one slice per
+        batch, from the first post to the end of the wait, named by its ops."""
+        batch, self.batch = self.batch, []
+        self.at = batch[-1][0] if batch else k
         self.ctx.flush()
+        if trace is not None and batch:
+            names = "+".join(dict.fromkeys(self.ops[j].name for j, _ in batch))
+            text = "; ".join(self.text(j) for j, _ in batch)
+            trace.append(OpSlice(names, "comm", batch[0][1] - t0, time.perf_counter() - t0, text, live))
         self.at = k
         if self.progress is not None:
             self.progress[1] = k
@@ -214,15 +221,18 @@ class _Runner:
         for a in args:
             live.add(a)
         slices: list[OpSlice] = []
+        traced = slices if trace else None
         clock = time.perf_counter
         for k, op in enumerate(self.ops):
             self.at = k
             if self.progress is not None:
                 self.progress[1] = k
             if ctx.pending and (not self.p2p[k] or any(v in received for v in op.inputs)):
-                self._flush(k)
+                self._flush(k, traced, t0, live.bytes)
                 received.clear()
             start = clock()
+            if self.p2p[k]:
+                self.batch.append((k, start))
             outs = self.impls[k](ctx, [env[v] for v in op.inputs], op.attrs)
             if not self.p2p[k] and ctx.device.type == "cuda":
                 ctx.torch.cuda.synchronize()
@@ -232,12 +242,12 @@ class _Runner:
                 live.add(y)
                 if self.p2p[k]:
                     received.add(v)
-            if trace:
+            if trace and not self.p2p[k]:
                 cat = "comm" if self.comm[k] else "compute"
                 slices.append(OpSlice(op.name, cat, start - t0, end - t0, self.text(k), live.bytes))
             for v in self.drop[k]:
                 live.drop(env.pop(v))
-        self._flush(len(self.ops))
+        self._flush(len(self.ops), traced, t0, live.bytes)
         self.at = len(self.ops)
         return tuple(env[v] for v in self.fn.outputs), live.peak, slices
 
