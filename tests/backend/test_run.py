@@ -132,6 +132,7 @@ def test_real_runs_report_step_times_and_peak_memory(two_ranks: Any) -> None:
     for rank in results:
         for r, p in zip(rank, progs, strict=True):
             assert len(r.step_times) == 1 and r.step_times[0] > 0
+            assert r.fallback_ops == []  # every op ran its torch implementation
             # tracked live bytes start with the rank's inputs, which stay live through the step
             inputs = [q.type for q in p.module.entry.params if q.type.device == r.device]  # type: ignore[union-attr]
             least = sum(t.nbytes if isinstance(t, TensorType) else t.dtype.itemsize for t in inputs)

@@ -32,15 +32,15 @@ from typing import Any
 
 from distir.backend import require_torch
 from distir.backend.context import TorchContext
-from distir.backend.domain import cast_like, to_numpy, to_torch
+from distir.backend.domain import args_to_torch, to_numpy, to_torch
 from distir.ir.function import Function, Module
 from distir.ir.ops import Op
 from distir.ir.printer import print_op
 from distir.ir.rewrite import inline_calls
-from distir.ir.types import Device, ScalarType, TensorType
+from distir.ir.types import Device, TensorType
 from distir.ir.values import Value
 from distir.ops.rank_comm import P2P
-from distir.ops.registry import REGISTRY, OpDef, OpKind
+from distir.ops.registry import REGISTRY, OpDef, OpKind, OpTypeError
 
 
 class RankFailure(RuntimeError):
@@ -116,13 +116,7 @@ def _fallback(d: OpDef, op: Op) -> Any:
     def impl(ctx: TorchContext, inputs: Sequence[Any], attrs: Any) -> tuple[Any, ...]:
         assert d.reference is not None
         outs = d.reference([to_numpy(x) for x in inputs], attrs)
-        res = []
-        for v, y in zip(op.outputs, outs, strict=True):
-            t = to_torch(ctx, y)
-            if isinstance(v.type, TensorType | ScalarType):
-                t = cast_like(ctx, t, v.type.dtype)
-            res.append(t)
-        return tuple(res)
+        return tuple(to_torch(ctx, y, v.type) for v, y in zip(op.outputs, outs, strict=True))
 
     return impl
 
@@ -190,8 +184,26 @@ class _Runner:
             if v not in keep and v not in fn.params:
                 self.drop[k].append(v)
         self.texts: list[str] | None = None
+        # each result's (torch dtype, shape) when it is a tensor, checked after the op
+        self.expect = [
+            [
+                (ctx.dtype(v.type.dtype), v.type.shape) if isinstance(v.type, TensorType) else None
+                for v in op.outputs
+            ]
+            for op in self.ops
+        ]
         self.at = 0  # the op being run
         self.batch: list[tuple[int, float]] = []  # posted point-to-point ops: (index, when)
+
+    def _check(self, k: int, outs: Sequence[Any]) -> None:
+        """A tensor result must have its type's shape and dtype (as the reference checks)."""
+        want = self.expect[k]
+        if len(outs) != len(want):
+            raise OpTypeError(f"{self.ops[k].name} returned {len(outs)} results, expected {len(want)}")
+        for v, o, w in zip(self.ops[k].outputs, outs, want, strict=True):
+            if w is not None and (o.dtype, tuple(o.shape)) != w:
+                got = f"{str(o.dtype).removeprefix('torch.')} {tuple(o.shape)}"
+                raise OpTypeError(f"%{v.name} came out {got}, not {v.type}")
 
     def text(self, k: int) -> str:
         if self.texts is None:
@@ -237,6 +249,7 @@ class _Runner:
             if not self.p2p[k] and ctx.device.type == "cuda":
                 ctx.torch.cuda.synchronize()
             end = clock()
+            self._check(k, outs)
             for v, y in zip(op.outputs, outs, strict=True):
                 env[v] = y
                 live.add(y)
@@ -299,10 +312,7 @@ def _run_one(
     ctx = _make_context(torch, setup, job, groups)
     fn = inline_calls(job.program)
     runner = _Runner(ctx, fn, progress)
-    args = []
-    for p, a in zip(fn.params, job.inputs, strict=True):
-        t = to_torch(ctx, a)
-        args.append(cast_like(ctx, t, p.type.dtype) if isinstance(p.type, TensorType | ScalarType) else t)
+    args = args_to_torch(ctx, fn, job.inputs)
     cuda = ctx.device.type == "cuda"
     times: list[float] = []
     outs: tuple[Any, ...] = ()
