@@ -36,7 +36,7 @@ DIFFERENTIABLE = {
     *("RMSNormalization", "MatMul", "Gemm", "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Split"),
     *("Concat", "Slice", "Gather", "Expand", "ReduceSum", "ReduceMean", "SoftmaxCrossEntropyLoss"),
     *("MSELoss", "Conv", "MaxPool", "AveragePool", "Attention", "Rope"),
-    *("Log", "StopGradient", "SoftmaxCrossEntropyParts", "Dropout"),
+    *("Log", "StopGradient", "SoftmaxCrossEntropyParts", "Dropout", "Max", "Min", "Trilu"),
 }
 
 
@@ -130,6 +130,10 @@ CASES: list[GCase] = [
             strict=True,
         )
     ),
+    GCase("Max", [t(2, 3), t(3)]),
+    GCase("Min", [t(2, 3), t(1, 3)]),
+    GCase("Trilu", [t(3, 4)]),
+    GCase("Trilu", [t(2, 3, 3)], {"upper": 0, "k": 1}),
     GCase("Transpose", [t(2, 3, 4)]),
     GCase("Transpose", [t(2, 3, 4)], {"perm": (2, 0, 1)}),
     GCase("Reshape", [t(2, 3, 4), K(T(i64, 3), [0, -1, 2])]),
