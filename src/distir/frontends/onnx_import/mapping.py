@@ -364,3 +364,16 @@ PRODUCED = {"LayerNormalization": 1, "Dropout": 1, "MaxPool": 1, "Conv": 1, "Ave
 
 def supported_ops() -> frozenset[str]:
     return frozenset(CONVERTERS)
+
+
+@converter("Max", "Min")
+def _max_min(n: Node) -> Sequence[Value]:
+    """ONNX's variadic Max / Min as a chain of two-input ones."""
+    name = n.proto.op_type
+    ins = [n.input(i) for i in range(len(n.inputs))]
+    if len(ins) == 1:
+        return n.op("Identity", ins[0])
+    acc = ins[0]
+    for x in ins[1:-1]:
+        acc = n.tmp(name, acc, x)
+    return n.op(name, acc, ins[-1])

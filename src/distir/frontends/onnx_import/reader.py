@@ -53,9 +53,11 @@ def read_model(source: str | Path | bytes) -> OnnxModel:
     """Load and check an ONNX model from a path or its serialized bytes."""
     onnx = require_onnx()
     where = "<bytes>" if isinstance(source, bytes) else str(source)
-    data = source if isinstance(source, bytes) else _read_bytes(Path(source))
+    if not isinstance(source, bytes):
+        _check_readable(Path(source))
     try:
-        proto = onnx.load_model_from_string(data)
+        # a path: weights stored as external data beside the file are loaded too
+        proto = onnx.load_model_from_string(source) if isinstance(source, bytes) else onnx.load(str(source))
     except Exception as e:  # protobuf raises DecodeError and friends; no common base class
         raise OnnxImportError(f"{where}: not an ONNX model ({_one_line(e)})") from None
     if not proto.HasField("graph") or not proto.graph.node:
@@ -72,9 +74,10 @@ def read_model(source: str | Path | bytes) -> OnnxModel:
     return OnnxModel(proto, opset, where)
 
 
-def _read_bytes(path: Path) -> bytes:
+def _check_readable(path: Path) -> None:
     try:
-        return path.read_bytes()
+        with path.open("rb"):
+            pass
     except OSError as e:
         raise OnnxImportError(f"{path}: cannot read the file ({e.strerror or e})") from None
 
