@@ -147,7 +147,10 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([K(T(i64), 0), K(T(i64), 5), K(T(i64), 2)]),
         Case([K(T(f32), 1.0), K(T(f32), -1.0), K(T(f32), -0.5)]),
     ],
-    "ConstantOfShape": [Case([K(T(i64, 2), [2, 3])], {"value": 1.5}), Case([K(T(i64, 1), [4])], {"dtype": i64})],
+    "ConstantOfShape": [
+        Case([K(T(i64, 2), [2, 3])], {"value": 1.5}),
+        Case([K(T(i64, 1), [4])], {"dtype": i64}),
+    ],
     "Trilu": [Case([T(f32, 3, 4)]), Case([T(f32, 2, 3, 3)], {"upper": 0, "k": -1})],
     "Slice": [
         Case([T(f32, 5, 6)], {"starts": (1, -3), "ends": (4, 100), "axes": (0, 1)}),

@@ -43,7 +43,18 @@ def test_examples_name_registered_local_ops() -> None:
 
 def test_the_walk_covers_the_new_families() -> None:
     families = {d.family for d in _checked_ops()}
-    assert {"reduce", "nn", "loss", "grad", "optim", "elementwise", "shape", "linalg", "conv", "compare"} <= families
+    assert {
+        "reduce",
+        "nn",
+        "loss",
+        "grad",
+        "optim",
+        "elementwise",
+        "shape",
+        "linalg",
+        "conv",
+        "compare",
+    } <= families
 
 
 def check_value(value: Any, t: Type, where: str) -> None:

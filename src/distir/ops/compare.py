@@ -54,7 +54,9 @@ def _bool_ref(fn: Callable[..., Any]) -> Callable[[Sequence[Any], Attrs], Sequen
     return ref
 
 
-def _op(name: str, inputs: tuple[str, ...], rule: Callable[[TypeCtx], Sequence[Type]], fn: Any, doc: str) -> OpDef:
+def _op(
+    name: str, inputs: tuple[str, ...], rule: Callable[[TypeCtx], Sequence[Type]], fn: Any, doc: str
+) -> OpDef:
     return register(
         OpDef(
             name=name,

@@ -1,5 +1,5 @@
-"""Elementwise tensor ops (ONNX names): arithmetic with numpy broadcasting (Max and Min too), activations, Where,
-Cast, Identity, Log, and the variadic Sum; ``StopGradient`` (the identity, a constant for
+"""Elementwise tensor ops (ONNX names): arithmetic with numpy broadcasting (Max and Min too),
+activations, Where, Cast, Identity, Log, and the variadic Sum; ``StopGradient`` (the identity, a constant for
 autodiff); and two non-ONNX helpers that gradient rules build on
 (they never need a constant on a device): ``Scale`` (alpha·X) and ``FillLike`` (a tensor of X's
 type filled with a value).

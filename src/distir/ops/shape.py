@@ -112,20 +112,25 @@ def _range_count(ctx: TypeCtx) -> int:
     start, limit, delta = (ctx.const(i, w).item() for i, w in enumerate(("start", "limit", "delta")))
     if delta == 0:
         ctx.fail("Range delta must not be 0", 2, "non-zero", 0)
-    return max(int(math.ceil((limit - start) / delta)), 0)
+    return max(math.ceil(float(limit - start) / float(delta)), 0)
 
 
 def _range_rule(ctx: TypeCtx) -> Sequence[Type]:
     ts = [ctx.tensor(i) for i in range(3)]
     for i, t in enumerate(ts):
         if t.rank != 0 or t.dtype is not ts[0].dtype:
-            ctx.fail(f"Range's inputs must be scalars of one dtype (input {i + 1})", i, f"Tensor[{ts[0].dtype}, ()]", t)
+            ctx.fail(
+                f"Range's inputs must be scalars of one dtype (input {i + 1})",
+                i,
+                f"Tensor[{ts[0].dtype}, ()]",
+                t,
+            )
     return (ctx.out(ts[0].dtype, (_range_count(ctx),)),)
 
 
 def _range_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     start, limit, delta = (np.asarray(a) for a in args)
-    n = max(int(math.ceil((limit.item() - start.item()) / delta.item())), 0)
+    n = max(math.ceil((limit.item() - start.item()) / delta.item()), 0)
     return ((start + delta * np.arange(n)).astype(start.dtype),)
 
 

@@ -128,7 +128,7 @@ def _trilu_grad(ctx: GradCtx, op: Op, douts: Grads) -> Grads:
     """Trilu is linear: the cotangent's same triangle."""
     if not is_float(ctx, op.inputs[0]):
         return [None]
-    (dx,) = ctx.op("Trilu", first(douts), **dict(op.attrs.items()))
+    (dx,) = ctx.op("Trilu", first(douts), upper=op.attrs.get("upper", 1), k=op.attrs.get("k", 0))
     return [dx]
 
 

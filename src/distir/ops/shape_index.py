@@ -289,6 +289,7 @@ SLICE = register(
     )
 )
 
+
 # -- Trilu ------------------------------------------------------------------------------------
 def _trilu_rule(ctx: TypeCtx) -> Sequence[Type]:
     t = ctx.tensor(0)

@@ -39,6 +39,8 @@ from distir.frontends.onnx_import.values import Param
 from distir.ir.function import Module
 from distir.ir.types import Device
 
+D0 = Device(0)
+
 
 @dataclass(frozen=True, slots=True)
 class OnnxImport:
@@ -70,7 +72,7 @@ def import_onnx(
     dims: Mapping[str, int] | None = None,
     batch: int = 1,
     layers: bool = True,
-    device: Device = Device(0),
+    device: Device = D0,
 ) -> OnnxImport:
     """Import an ONNX model from a path or its bytes (see the module docstring)."""
     model = read_model(source)

@@ -149,7 +149,9 @@ def _group_ops(program: Program, scopes: Sequence[tuple[str, ...]], prefix: str)
     return groups
 
 
-def _chain(program: Program, output: Value, groups: list[int | None]) -> tuple[Module, tuple[str, ...], tuple[str, ...]]:
+def _chain(
+    program: Program, output: Value, groups: list[int | None]
+) -> tuple[Module, tuple[str, ...], tuple[str, ...]]:
     order = sorted({g for g in groups if g is not None})
     params = [v for v, _ in program.params]
     first_input = params[0] if params and program.params[0][1].value is None else None
@@ -175,13 +177,18 @@ def _chain(program: Program, output: Value, groups: list[int | None]) -> tuple[M
     users: Counter[Value] = Counter()
     prev = entry_params[first_input]
     for n, g in enumerate(order):
-        out = output if n == len(order) - 1 else _exported(members[g], where, g, order[n + 1:], program, output)
+        out = (
+            output
+            if n == len(order) - 1
+            else _exported(members[g], where, g, order[n + 1 :], program, output)
+        )
         fn_args, fn = _layer(members[g], acts[-1], out, where, floating, g, order[:n], _name(g, order))
         key = _structure(fn)
         got = fns.get(key)
         if got is None:
-            got = fns[key] = Function(_unique(_name(g, order), {f.name for f in fns.values()}), fn.params,
-                                      fn.body, fn.outputs)
+            got = fns[key] = Function(
+                _unique(_name(g, order), {f.name for f in fns.values()}), fn.params, fn.body, fn.outputs
+            )
         layers.append(got.name)
         for v in fn_args:
             if v in entry_params and v is not first_input:
@@ -204,8 +211,9 @@ def _unique(name: str, taken: set[str]) -> str:
     return got
 
 
-def _exported(ops: list[Op], where: dict[Value, int], g: int, later: Sequence[int], program: Program,
-              output: Value) -> Value:
+def _exported(
+    ops: list[Op], where: dict[Value, int], g: int, later: Sequence[int], program: Program, output: Value
+) -> Value:
     """The one value of group ``g`` that later groups use: the next group's activation."""
     made = {v for op in ops for v in op.outputs}
     used_by: dict[Value, set[int]] = {}
@@ -219,7 +227,9 @@ def _exported(ops: list[Op], where: dict[Value, int], g: int, later: Sequence[in
         raise _NotAChain(f"the graph output %{output.name} is made before the last layer")
     if len(used_by) != 1:
         names = ", ".join("%" + v.name for v in used_by) or "none"
-        raise _NotAChain(f"layer group {_label(g)} passes {len(used_by)} values to later layers ({names}), not one")
+        raise _NotAChain(
+            f"layer group {_label(g)} passes {len(used_by)} values to later layers ({names}), not one"
+        )
     ((v, hs),) = used_by.items()
     if hs != {later[0]}:
         raise _NotAChain(f"%{v.name} of layer group {_label(g)} is used beyond the next layer")
@@ -234,8 +244,16 @@ def _label(g: int) -> str:
     return "pre" if g == PRE else "post" if g == POST else str(g)
 
 
-def _layer(ops: list[Op], act: Value, out: Value, where: dict[Value, int], floating: dict[Value, Op],
-           g: int, earlier: Sequence[int], name: str) -> tuple[list[Value], Function]:
+def _layer(
+    ops: list[Op],
+    act: Value,
+    out: Value,
+    where: dict[Value, int],
+    floating: dict[Value, Op],
+    g: int,
+    earlier: Sequence[int],
+    name: str,
+) -> tuple[list[Value], Function]:
     """Group ``g``'s function: (activation, outside values it uses...) -> out; the outside
     values (entry parameters) are returned in parameter order. Constant-only ops are copied in."""
     fb = FunctionBuilder(name)
@@ -250,8 +268,10 @@ def _layer(ops: list[Op], act: Value, out: Value, where: dict[Value, int], float
             _copy(floating[v], get, fb, vmap)
             return vmap[v]
         if v in where:
-            raise _NotAChain(f"layer group {_label(g)} uses %{v.name} of layer group {_label(where[v])}, "
-                             "not the previous layer's result")
+            raise _NotAChain(
+                f"layer group {_label(g)} uses %{v.name} of layer group {_label(where[v])}, "
+                "not the previous layer's result"
+            )
         vmap[v] = p = fb.param(v.name)
         args.append(v)
         return p

@@ -18,7 +18,13 @@ from typing import Any
 import numpy as np
 
 from distir.frontends.onnx_import.mapping import CONVERTERS, PRODUCED, Node, supported_ops
-from distir.frontends.onnx_import.reader import OnnxImportError, OnnxModel, check_supported, dtype_of, require_onnx
+from distir.frontends.onnx_import.reader import (
+    OnnxImportError,
+    OnnxModel,
+    check_supported,
+    dtype_of,
+    require_onnx,
+)
 from distir.frontends.onnx_import.values import LITERAL_LIMIT, Program
 from distir.ir.types import Device, TensorType
 from distir.ir.values import Value
@@ -51,8 +57,11 @@ def convert(model: OnnxModel, dims: Mapping[str, int], batch: int, device: Devic
         arr = onnx.numpy_helper.to_array(t)
         dt = dtype_of(t.data_type, f"initializer {name}")
         if dt.is_float and arr.size > LITERAL_LIMIT:
-            env[name] = program.param(name, TensorType(dt, tuple(int(s) for s in arr.shape), device),
-                                      np.ascontiguousarray(arr, dtype=dt.to_numpy()))
+            env[name] = program.param(
+                name,
+                TensorType(dt, tuple(int(s) for s in arr.shape), device),
+                np.ascontiguousarray(arr, dtype=dt.to_numpy()),
+            )
         else:
             literals[name] = (arr, dt)
     unproduced: dict[str, str] = {}
@@ -70,15 +79,22 @@ def convert(model: OnnxModel, dims: Mapping[str, int], batch: int, device: Devic
                 unproduced[name] = n.where
     out_values = []
     for vi in g.output:
-        if vi.name not in env:
-            out_values.append(_lookup(program, env, literals, unproduced, vi.name, None, -1))
-        else:
-            out_values.append(env[vi.name])
+        out = _lookup(program, env, literals, unproduced, vi.name, None, -1)
+        if out is None:
+            raise OnnxImportError("a graph output has no name")
+        out_values.append(out)
     return Converted(program, tuple(inputs), tuple(out_values), tuple(vi.name for vi in g.output))
 
 
-def _lookup(program: Program, env: dict[str, Value], literals: dict[str, tuple[np.ndarray, Any]],
-            unproduced: dict[str, str], name: str, node: Any, k: int) -> Value | None:
+def _lookup(
+    program: Program,
+    env: dict[str, Value],
+    literals: dict[str, tuple[np.ndarray, Any]],
+    unproduced: dict[str, str],
+    name: str,
+    node: Any,
+    k: int,
+) -> Value | None:
     if not name:
         return None
     v = env.get(name)
@@ -90,7 +106,9 @@ def _lookup(program: Program, env: dict[str, Value], literals: dict[str, tuple[n
         env[name] = v = program.literal(name, arr, dt, -1, f"initializer {name}")
         return v
     if name in unproduced:
-        raise OnnxImportError(f"{where}: uses {name!r}, an output of {unproduced[name]} distir does not compute")
+        raise OnnxImportError(
+            f"{where}: uses {name!r}, an output of {unproduced[name]} distir does not compute"
+        )
     raise OnnxImportError(f"{where}: uses {name!r}, which no node, input or initializer defines")
 
 

@@ -33,7 +33,8 @@ import numpy as np
 from distir.frontends.onnx_import.reader import OnnxImportError, dtype_of, require_onnx
 from distir.frontends.onnx_import.values import Program
 from distir.ir.types import DType
-from distir.ir.values import Value
+from distir.ir.values import Attrs, Value
+from distir.ops.registry import REGISTRY
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +77,11 @@ class Node:
     def ints(self, i: int, what: str) -> tuple[int, ...]:
         return tuple(int(x) for x in self.const(i, what).reshape(-1))
 
-    def op(self, name: str, *inputs: Value, n_out: int = 1, **attrs: Any) -> tuple[Value, ...]:
-        names = list(self.proto.output[:n_out]) if n_out == len(self.proto.output) else [
-            f"{self.proto.output[0] if self.proto.output else name.lower()}_{k}" for k in range(n_out)
-        ]
+    def op(self, name: str, *inputs: Value, **attrs: Any) -> tuple[Value, ...]:
+        """Emit the op making the node's outputs (named as ONNX names them)."""
+        n = REGISTRY.out_arity(name, len(inputs), Attrs(attrs))
+        outs = list(self.proto.output)
+        names = outs if n == len(outs) else [f"{outs[0] if outs else name.lower()}_{k}" for k in range(n)]
         return self.program.emit(name, inputs, attrs, names, self.index, self.where)
 
     def tmp(self, name: str, *inputs: Value, **attrs: Any) -> Value:
@@ -119,9 +121,32 @@ def same(name: str) -> Converter:
     return conv
 
 
-for _name in ("Add", "Sub", "Mul", "Div", "Sqrt", "Neg", "Exp", "Relu", "Tanh", "Sigmoid", "Log", "Where",
-              "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "IsNaN", "Not", "And", "Or",
-              "MatMul", "Identity", "Sum"):
+for _name in (
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Sqrt",
+    "Neg",
+    "Exp",
+    "Relu",
+    "Tanh",
+    "Sigmoid",
+    "Log",
+    "Where",
+    "Equal",
+    "Less",
+    "LessOrEqual",
+    "Greater",
+    "GreaterOrEqual",
+    "IsNaN",
+    "Not",
+    "And",
+    "Or",
+    "MatMul",
+    "Identity",
+    "Sum",
+):
     CONVERTERS[_name] = same(_name)
 
 
@@ -185,8 +210,14 @@ def _flatten(n: Node) -> Sequence[Value]:
 @converter("Gemm")
 def _gemm(n: Node) -> Sequence[Value]:
     ins = [n.input(0), n.input(1)] + ([n.input(2)] if n.has(2) else [])
-    return n.op("Gemm", *ins, alpha=float(n.attr("alpha", 1.0)), beta=float(n.attr("beta", 1.0)),
-                transA=int(n.attr("transA", 0)), transB=int(n.attr("transB", 0)))
+    return n.op(
+        "Gemm",
+        *ins,
+        alpha=float(n.attr("alpha", 1.0)),
+        beta=float(n.attr("beta", 1.0)),
+        transA=int(n.attr("transA", 0)),
+        transB=int(n.attr("transB", 0)),
+    )
 
 
 @converter("Softmax")
@@ -194,17 +225,24 @@ def _softmax(n: Node) -> Sequence[Value]:
     rank = len(n.program.type(n.input(0)).shape)
     axis = int(n.attr("axis", -1 if n.opset >= 13 else 1))
     if n.opset < 13 and axis % max(rank, 1) != rank - 1:
-        raise OnnxImportError(f"{n.where}: opset {n.opset} Softmax over the flattened dims {axis}.. of a "
-                              f"rank-{rank} input is not supported (only the last axis)")
+        raise OnnxImportError(
+            f"{n.where}: opset {n.opset} Softmax over the flattened dims {axis}.. of a "
+            f"rank-{rank} input is not supported (only the last axis)"
+        )
     return n.op("Softmax", n.input(0), axis=axis)
 
 
 @converter("LayerNormalization")
 def _layer_norm(n: Node) -> Sequence[Value]:
     ins = [n.input(0), n.input(1)] + ([n.input(2)] if n.has(2) else [])
-    out = n.program.emit("LayerNormalization", ins,
-                         {"axis": int(n.attr("axis", -1)), "epsilon": float(n.attr("epsilon", 1e-5))},
-                         [n.proto.output[0]], n.index, n.where)
+    out = n.program.emit(
+        "LayerNormalization",
+        ins,
+        {"axis": int(n.attr("axis", -1)), "epsilon": float(n.attr("epsilon", 1e-5))},
+        [n.proto.output[0]],
+        n.index,
+        n.where,
+    )
     return out
 
 
@@ -261,8 +299,9 @@ def _slice(n: Node) -> Sequence[Value]:
     if n.opset < 10:
         starts, ends = tuple(n.attr("starts")), tuple(n.attr("ends"))
         axes = n.attr("axes")
-        return n.op("Slice", n.input(0), starts=starts, ends=ends,
-                    **({} if axes is None else {"axes": tuple(axes)}))
+        return n.op(
+            "Slice", n.input(0), starts=starts, ends=ends, **({} if axes is None else {"axes": tuple(axes)})
+        )
     attrs: dict[str, Any] = {"starts": n.ints(1, "starts"), "ends": n.ints(2, "ends")}
     if n.has(3):
         attrs["axes"] = n.ints(3, "axes")
@@ -275,10 +314,8 @@ def _slice(n: Node) -> Sequence[Value]:
 def _split(n: Node) -> Sequence[Value]:
     k = len(n.proto.output)
     axis = int(n.attr("axis", 0))
-    if n.opset < 13:
-        sizes = n.attr("split")
-    else:
-        sizes = n.ints(1, "split") if n.has(1) else None
+    # the split sizes: an attribute before opset 13, an optional input from 13 on
+    sizes = n.attr("split") if n.opset < 13 else n.ints(1, "split") if n.has(1) else None
     attrs: dict[str, Any] = {"dim": axis}
     if sizes is not None:
         attrs["sizes"] = tuple(int(s) for s in sizes)
@@ -288,7 +325,7 @@ def _split(n: Node) -> Sequence[Value]:
         # the first ones larger: the same when k divides dim)
         step = -(-dim // k)
         attrs["sizes"] = tuple(max(0, min(step, dim - step * j)) for j in range(k))
-    return n.op("Split", n.input(0), n_out=k, **attrs)
+    return n.op("Split", n.input(0), **attrs)
 
 
 @converter("Expand")
@@ -345,7 +382,9 @@ def _windowed(name: str, keys: tuple[str, ...]) -> Converter:
         pad = n.attr("auto_pad", "NOTSET")
         if pad not in ("NOTSET", b"NOTSET"):
             raise OnnxImportError(f"{n.where}: auto_pad={pad!r} is not supported (explicit pads only)")
-        attrs = {k: (tuple(v) if isinstance(v, list) else int(v)) for k in keys if (v := n.attr(k)) is not None}
+        attrs = {
+            k: (tuple(v) if isinstance(v, list) else int(v)) for k in keys if (v := n.attr(k)) is not None
+        }
         ins = [n.input(i) for i in range(len(n.inputs)) if n.has(i)]
         outs = n.program.emit(name, ins, attrs, [n.proto.output[0]], n.index, n.where)
         return outs
@@ -355,8 +394,9 @@ def _windowed(name: str, keys: tuple[str, ...]) -> Converter:
 
 CONVERTERS["Conv"] = _windowed("Conv", ("strides", "pads", "dilations", "group", "kernel_shape"))
 CONVERTERS["MaxPool"] = _windowed("MaxPool", ("kernel_shape", "strides", "pads", "dilations", "ceil_mode"))
-CONVERTERS["AveragePool"] = _windowed("AveragePool",
-                                      ("kernel_shape", "strides", "pads", "ceil_mode", "count_include_pad"))
+CONVERTERS["AveragePool"] = _windowed(
+    "AveragePool", ("kernel_shape", "strides", "pads", "ceil_mode", "count_include_pad")
+)
 
 # node outputs beyond the ones listed are not produced (an error if used): op -> outputs made
 PRODUCED = {"LayerNormalization": 1, "Dropout": 1, "MaxPool": 1, "Conv": 1, "AveragePool": 1}

@@ -109,8 +109,16 @@ def check_supported(model: OnnxModel, supported: Collection[str]) -> None:
 
 
 # ONNX TensorProto.DataType -> distir dtype (bf16 computes in f32 in the reference)
-_DTYPES = {1: DType.f32, 3: DType.i8, 6: DType.i32, 7: DType.i64, 9: DType.bool, 10: DType.f16, 11: DType.f64,
-           16: DType.bf16}
+_DTYPES = {
+    1: DType.f32,
+    3: DType.i8,
+    6: DType.i32,
+    7: DType.i64,
+    9: DType.bool,
+    10: DType.f16,
+    11: DType.f64,
+    16: DType.bf16,
+}
 
 
 def dtype_of(elem_type: int, what: str) -> DType:

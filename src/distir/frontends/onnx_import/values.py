@@ -27,8 +27,8 @@ from distir.interp.shapes import Concrete, Mixed, TypeDomain
 from distir.ir.ops import Op
 from distir.ir.types import Device, DType, TensorType
 from distir.ir.values import Attrs, Value
-from distir.ops.registry import REGISTRY, OpTypeError
 from distir.ir.verify import OpSignatureError
+from distir.ops.registry import REGISTRY, OpTypeError
 
 LITERAL_LIMIT = 1  # float literals with more elements are weights, not Constants
 
@@ -73,8 +73,15 @@ class Program:
         self.state[v] = t
         return v
 
-    def emit(self, name: str, inputs: Sequence[Value], attrs: Mapping[str, Any], names: Sequence[str],
-             origin: int, where: str) -> tuple[Value, ...]:
+    def emit(
+        self,
+        name: str,
+        inputs: Sequence[Value],
+        attrs: Mapping[str, Any],
+        names: Sequence[str],
+        origin: int,
+        where: str,
+    ) -> tuple[Value, ...]:
         """Append op ``name`` and type it; a rule's rejection is an error naming ``where``."""
         d = REGISTRY[name]
         try:
@@ -98,8 +105,11 @@ class Program:
         """A known tensor: a ``Constant`` op, or a weight when it is a large float tensor."""
         arr = np.asarray(value)
         if dtype.is_float and arr.size > LITERAL_LIMIT:
-            return self.param(hint, TensorType(dtype, tuple(int(s) for s in arr.shape), self.device),
-                              arr.astype(dtype.to_numpy()))
+            return self.param(
+                hint,
+                TensorType(dtype, tuple(int(s) for s in arr.shape), self.device),
+                arr.astype(dtype.to_numpy()),
+            )
         attrs = {"value": arr.tolist(), "dtype": dtype, "device": self.device}
         (v,) = self.emit("Constant", (), attrs, [hint], origin, where)
         return v
