@@ -162,6 +162,11 @@ EXAMPLES: dict[str, list[Case]] = {
     "Mul": _bin,
     "Div": [Case([T(f32, 2, 3), R(T(f32, 3), 0.5, 2.0)]), Case([T(i64, 2, 3), R(T(i64, 3), 1, 5)])],
     "Pow": [Case([R(T(f32, 2, 3), 0.1, 3.0), T(f32, 3)]), Case([R(T(i64, 4), 0, 5), R(T(i64, 4), 0, 3)])],
+    "CumSum": [
+        Case([T(f32, 2, 3)], {"axis": 1}),
+        Case([T(i64, 4)], {"exclusive": 1, "reverse": 1}),
+        Case([T(f64, 3, 2)], {"axis": -2, "reverse": 1}),
+    ],
     "Max": _bin,
     "Min": _bin,
     "Sqrt": _pos_unary,

@@ -36,7 +36,7 @@ DIFFERENTIABLE = {
     *("RMSNormalization", "MatMul", "Gemm", "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Split"),
     *("Concat", "Slice", "Gather", "Expand", "ReduceSum", "ReduceMean", "SoftmaxCrossEntropyLoss"),
     *("MSELoss", "Conv", "MaxPool", "AveragePool", "Attention", "Rope"),
-    *("Log", "StopGradient", "SoftmaxCrossEntropyParts", "Dropout", "Max", "Min", "Trilu"),
+    *("Log", "StopGradient", "SoftmaxCrossEntropyParts", "Dropout", "Max", "Min", "Trilu", "CumSum"),
 }
 
 
@@ -132,6 +132,8 @@ CASES: list[GCase] = [
     ),
     GCase("Max", [t(2, 3), t(3)]),
     GCase("Min", [t(2, 3), t(1, 3)]),
+    GCase("CumSum", [t(3, 4)], {"axis": 1}),
+    GCase("CumSum", [t(5)], {"exclusive": 1, "reverse": 1}),
     GCase("Trilu", [t(3, 4)]),
     GCase("Trilu", [t(2, 3, 3)], {"upper": 0, "k": 1}),
     GCase("Transpose", [t(2, 3, 4)]),

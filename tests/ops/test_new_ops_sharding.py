@@ -1,5 +1,5 @@
 """The sharding rules of the ops added for gradient rules and the model zoo (Scale, FillLike,
-CausalMask, Expand, Reshape with the shape attribute, GatherGrad, SliceGrad, Trilu) are sound: under
+CausalMask, Expand, Reshape with the shape attribute, GatherGrad, SliceGrad, Trilu, CumSum) are sound: under
 every strategy a rule offers on a 1-D mesh of 2-4 devices (uneven and empty shards included),
 the materialized per-device program, fed the pieces of random inputs laid out as the strategy
 takes them (pending sums as genuinely different pieces), gives pieces whose global value, laid
@@ -90,7 +90,17 @@ def cases(draw: st.DrawFn) -> Case:
     rank = len(shape)
     kind = draw(
         st.sampled_from(
-            ["Scale", "FillLike", "CausalMask", "Expand", "Reshape", "GatherGrad", "SliceGrad", "Trilu"]
+            [
+                "Scale",
+                "FillLike",
+                "CausalMask",
+                "Expand",
+                "Reshape",
+                "GatherGrad",
+                "SliceGrad",
+                "Trilu",
+                "CumSum",
+            ]
         )
     )
     x = rng.standard_normal(shape)
@@ -101,6 +111,10 @@ def cases(draw: st.DrawFn) -> Case:
     if kind == "CausalMask":
         x = rng.standard_normal((*shape, draw(dims))) if rank == 1 else x
         return Case(kind, (x,), {"fill": draw(st.sampled_from([0.0, -1e9]))})
+    if kind == "CumSum":
+        return Case(
+            kind, (x,), {"axis": draw(st.integers(-rank, rank - 1)), "reverse": draw(st.integers(0, 1))}
+        )
     if kind == "Trilu":
         x = rng.standard_normal((*shape, draw(dims))) if rank == 1 else x
         return Case(kind, (x,), {"upper": draw(st.integers(0, 1)), "k": draw(st.integers(-2, 2))})

@@ -12,7 +12,9 @@ is computed from constants only) belong to no group: each group that uses them g
 The grouping is kept only if it is a chain — the model contract's shape
 (``distir.frontends.zoo.model``): each group takes the previous group's one result (the first
 group the first graph input) plus weights and other graph inputs, and the last group returns
-the graph's one output. Blocks with the same code are one function called once per block
+the graph's one output. A value a group needs from an earlier one that is known at import time
+(sizes taken with ``Shape``, a causal mask computed from them — a dynamic-shape export) is
+copied into the group as a ``Constant``: such layers are specialized to the imported sizes. Blocks with the same code are one function called once per block
 (``@block``), their weights passed as arguments. Otherwise (no scopes, no repeated blocks, a
 value skipping a group, several outputs) the program is a single function, and ``Layering.note``
 says why.
@@ -34,6 +36,7 @@ from distir.ir.ops import Call, Op
 from distir.ir.values import Value
 
 ENTRY = "forward"
+PORTABLE_LIMIT = 1 << 16  # elements of a known value a layer may take as a constant
 _BLOCK = re.compile(r"^(.*)\.(\d+)$")
 
 
@@ -165,6 +168,7 @@ def _chain(
                 floating[v] = op
             else:
                 where[v] = g
+    producer = {v: op for op in program.ops for v in op.outputs}
     members: dict[int, list[Op]] = {g: [] for g in order}
     for op, g in zip(program.ops, groups, strict=True):
         if g is not None:
@@ -173,6 +177,7 @@ def _chain(
     fb = FunctionBuilder(ENTRY)
     entry_params = {p: fb.param(p.name, p.type) for p in params}
     fns: dict[tuple[Any, ...], Function] = {}
+    ids: dict[tuple[Any, ...], int] = {}
     layers: list[str] = []
     users: Counter[Value] = Counter()
     prev = entry_params[first_input]
@@ -182,8 +187,10 @@ def _chain(
             if n == len(order) - 1
             else _exported(members[g], where, g, order[n + 1 :], program, output)
         )
-        fn_args, fn = _layer(members[g], acts[-1], out, where, floating, g, order[:n], _name(g, order))
-        key = _structure(fn)
+        fn_args, fn = _layer(
+            members[g], acts[-1], out, where, floating, g, program, producer, _name(g, order)
+        )
+        key = _structure(fn, ids)
         got = fns.get(key)
         if got is None:
             got = fns[key] = Function(
@@ -221,7 +228,7 @@ def _exported(
         if h is None or h == g:
             continue
         for v in op.inputs:
-            if v in made:
+            if v in made and not _portable(program, v):
                 used_by.setdefault(v, set()).add(h)
     if output in made:
         raise _NotAChain(f"the graph output %{output.name} is made before the last layer")
@@ -251,11 +258,14 @@ def _layer(
     where: dict[Value, int],
     floating: dict[Value, Op],
     g: int,
-    earlier: Sequence[int],
+    program: Program,
+    producer: dict[Value, Op],
     name: str,
 ) -> tuple[list[Value], Function]:
     """Group ``g``'s function: (activation, outside values it uses...) -> out; the outside
-    values (entry parameters) are returned in parameter order. Constant-only ops are copied in."""
+    values (entry parameters) are returned in parameter order. Constant-only ops are copied in;
+    a small value of another group known at import time is recomputed the same way when its
+    inputs are such values too, else it becomes a ``Constant``."""
     fb = FunctionBuilder(name)
     vmap: dict[Value, Value] = {act: fb.param(act.name)}
     args: list[Value] = []
@@ -266,6 +276,17 @@ def _layer(
             return got
         if v in floating:
             _copy(floating[v], get, fb, vmap)
+            return vmap[v]
+        if v in where and _portable(program, v):
+            made = producer[v]
+            if all(u in floating or (u in where and _portable(program, u)) for u in made.inputs):
+                _copy(made, get, fb, vmap)  # recomputed from constants: the same code in each layer
+                return vmap[v]
+            arr = program.known(v)
+            assert arr is not None
+            t = program.type(v)
+            attrs = {"value": arr.tolist(), "dtype": t.dtype, "device": t.device}
+            (vmap[v],) = fb.op("Constant", names=[v.name], **attrs)
             return vmap[v]
         if v in where:
             raise _NotAChain(
@@ -281,6 +302,12 @@ def _layer(
     return args, fb.ret(get(out))
 
 
+def _portable(program: Program, v: Value) -> bool:
+    """A value known at import time and small enough to copy into a layer as a constant."""
+    arr = program.known(v)
+    return arr is not None and arr.size <= PORTABLE_LIMIT
+
+
 def _copy(op: Op, get: Any, fb: FunctionBuilder, vmap: dict[Value, Value]) -> None:
     ins = tuple(get(v) for v in op.inputs)
     outs = tuple(Value(v.name) for v in op.outputs)
@@ -289,16 +316,20 @@ def _copy(op: Op, get: Any, fb: FunctionBuilder, vmap: dict[Value, Value]) -> No
         vmap[a] = b
 
 
-def _structure(fn: Function) -> tuple[Any, ...]:
-    """The function's code up to value names: equal for blocks that differ only in weights."""
-    ref: dict[Value, tuple[Any, ...]] = {p: ("p", i) for i, p in enumerate(fn.params)}
-    body = []
-    for i, instr in enumerate(fn.body):
+def _structure(fn: Function, ids: dict[tuple[Any, ...], int]) -> tuple[Any, ...]:
+    """What the function computes, up to value names and op order: each value is numbered by
+    (op, attributes, the numbers of its inputs, result index) — hash-consed in ``ids``, shared
+    by the functions compared — so two blocks with the same dataflow get the same key even when
+    their ops are listed in different orders (constants recomputed at first use)."""
+    ref: dict[Value, int] = {}
+    for i, p in enumerate(fn.params):
+        ref[p] = ids.setdefault(("p", i), len(ids))
+    for instr in fn.body:
         assert isinstance(instr, Op)
-        body.append((instr.name, instr.attrs, tuple(ref[v] for v in instr.inputs)))
+        ins = tuple(ref[v] for v in instr.inputs)
         for j, v in enumerate(instr.outputs):
-            ref[v] = ("o", i, j)
-    return (len(fn.params), tuple(body), tuple(ref[v] for v in fn.outputs))
+            ref[v] = ids.setdefault((instr.name, instr.attrs, ins, j), len(ids))
+    return (len(fn.params), tuple(ref[v] for v in fn.outputs))
 
 
 __all__ = ["ENTRY", "Call", "Layering", "assemble", "scopes_of", "single"]

@@ -8,8 +8,10 @@ emits registry ops, returning one value per node output. Conversions that depend
   subgraphs, see ``values``): Slice's starts/ends/axes/steps (inputs since opset 10), Unsqueeze /
   Squeeze axes (13), ReduceSum axes (13) and ReduceMean/Max axes (18), Split's sizes (the
   ``split`` attribute before 13, an input since; ``num_outputs`` since 18), Expand's shape,
-  Trilu's k, Range's bounds, ConstantOfShape's shape; Reshape keeps its shape as an input (the
-  checker resolves it);
+  Trilu's k, CumSum's axis, Range's bounds, ConstantOfShape's shape; Reshape keeps its shape as
+  an input (the checker resolves it);
+- ``GatherND`` (batch_dims 0) is written as a ``Gather`` of flat offsets (so it has a gradient
+  and sharding rules without an op of its own); ONNX's variadic ``Max`` / ``Min`` as a chain;
 - ``Shape``'s start/end (15) become a Slice of the shape; ``Softmax`` before opset 13 flattens to
   2-d: only its last-axis form maps; ``Gemm`` keeps alpha/beta/transA/transB; ``Cast``'s ``to``
   maps to a dtype; ``Constant``'s value/value_float(s)/value_int(s) become a literal;
@@ -369,6 +371,42 @@ def _constant_of_shape(n: Node) -> Sequence[Value]:
         return n.op("ConstantOfShape", n.input(0))
     value = onnx.numpy_helper.to_array(t).reshape(-1)[0].item()
     return n.op("ConstantOfShape", n.input(0), value=float(value), dtype=dtype_of(t.data_type, n.where))
+
+
+@converter("CumSum")
+def _cumsum(n: Node) -> Sequence[Value]:
+    axis = n.ints(1, "axis")[0]
+    return n.op(
+        "CumSum",
+        n.input(0),
+        axis=axis,
+        exclusive=int(n.attr("exclusive", 0)),
+        reverse=int(n.attr("reverse", 0)),
+    )
+
+
+@converter("GatherND")
+def _gather_nd(n: Node) -> Sequence[Value]:
+    """GatherND (batch_dims=0) written as a Gather: the index tuples (negative ones counted from
+    the end) made flat offsets into data with its first k dims merged."""
+    if int(n.attr("batch_dims", 0)):
+        raise OnnxImportError(f"{n.where}: GatherND with batch_dims > 0 is not supported")
+    data, idx = n.input(0), n.input(1)
+    shape, it = n.program.type(data).shape, n.program.type(idx)
+    k = it.shape[-1] if it.shape else 0
+    if not 1 <= k <= len(shape):
+        raise OnnxImportError(f"{n.where}: index tuples of length {k} for data of rank {len(shape)}")
+    dims, hint = shape[:k], n.proto.output[0]
+    strides = [math.prod(dims[j + 1 :]) for j in range(k)]
+
+    def ints(name: str, values: Any) -> Value:
+        return n.program.literal(f"{hint}_{name}", np.asarray(values, np.int64), it.dtype, n.index, n.where)
+
+    negative = n.tmp("Less", idx, ints("zero", 0))
+    idx = n.tmp("Where", negative, n.tmp("Add", idx, ints("dims", dims)), idx)
+    flat = n.tmp("ReduceSum", n.tmp("Mul", idx, ints("strides", strides)), axes=(-1,), keepdims=0)
+    rows = n.tmp("Reshape", data, shape=(-1, *shape[k:]))
+    return n.op("Gather", rows, flat, axis=0)
 
 
 @converter("Trilu")
