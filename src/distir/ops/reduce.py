@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from distir.ir.ops import Op
 from distir.ir.dtensor import Shard
+from distir.ir.ops import Op
 from distir.ir.types import DType, TensorType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops import sharding as sh

@@ -12,10 +12,12 @@ is computed from constants only) belong to no group: each group that uses them g
 The grouping is kept only if it is a chain — the model contract's shape
 (``distir.frontends.zoo.model``): each group takes the previous group's one result (the first
 group the first graph input) plus weights and other graph inputs, and the last group returns
-the graph's one output. A value a group needs from an earlier one that is known at import time
-(sizes taken with ``Shape``, a causal mask computed from them — a dynamic-shape export) is
-copied into the group as a ``Constant``: such layers are specialized to the imported sizes. Blocks with the same code are one function called once per block
-(``@block``), their weights passed as arguments. Otherwise (no scopes, no repeated blocks, a
+the graph's one output. A small value a group needs from an earlier one that is known at import
+time (sizes taken with ``Shape``, a causal mask computed from them — a dynamic-shape export) is
+recomputed in the group from such values, down to ``Constant``s of the ones read from tensors
+(``Shape`` of a graph input): such layers are specialized to the imported sizes. Blocks that
+compute the same thing (compared by dataflow, not op order) are one function called once per
+block (``@block``), their weights passed as arguments. Otherwise (no scopes, no repeated blocks, a
 value skipping a group, several outputs) the program is a single function, and ``Layering.note``
 says why.
 """
