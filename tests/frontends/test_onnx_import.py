@@ -309,6 +309,38 @@ def test_mask_ops_match_onnxruntime() -> None:
         np.testing.assert_allclose(g, w, rtol=1e-6)
 
 
+def test_conv_net_and_activations_match_onnxruntime() -> None:
+    """Conv, MaxPool, Flatten, LayerNormalization, Gelu (exact and tanh), Dropout at inference,
+    Pow with an integer exponent, Sqrt, Transpose: opset 20 forms."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6, 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    arrays = {
+        "w": RNG.standard_normal((4, 3, 3, 3)).astype(np.float32),
+        "cb": RNG.standard_normal(4).astype(np.float32),
+        "ls": RNG.standard_normal(16).astype(np.float32),
+        "lb": RNG.standard_normal(16).astype(np.float32),
+        "fc": RNG.standard_normal((4, 16)).astype(np.float32),
+    }
+    inits = [numpy_helper.from_array(a, k) for k, a in arrays.items()]
+    inits.append(numpy_helper.from_array(np.array(2, np.int64), "two"))
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "cb"], ["c"], pads=[1, 1, 1, 1], strides=[1, 1]),
+        helper.make_node("MaxPool", ["c"], ["p"], kernel_shape=[3, 3], strides=[3, 3]),
+        helper.make_node("Flatten", ["p"], ["f"], axis=1),
+        helper.make_node("LayerNormalization", ["f", "ls", "lb"], ["n"], epsilon=1e-3),
+        helper.make_node("Gelu", ["n"], ["g1"]),
+        helper.make_node("Gelu", ["g1"], ["g2"], approximate="tanh"),
+        helper.make_node("Dropout", ["g2"], ["d"]),
+        helper.make_node("Pow", ["d", "two"], ["sq"]),
+        helper.make_node("Sqrt", ["sq"], ["r"]),
+        helper.make_node("Gemm", ["r", "fc"], ["y"], transB=1),
+    ]
+    data = _model(nodes, [x], [y], inits, 20)
+    xv = RNG.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    _, (got,) = _run(data, {"x": xv})
+    np.testing.assert_allclose(got, _ort(data, {"x": xv})[0], rtol=1e-4, atol=1e-5)
+
+
 def test_cumsum_and_gather_nd_match_onnxruntime() -> None:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])
     outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in (("a", [3, 4]), ("g", [2, 4]))]

@@ -63,7 +63,8 @@ def read_model(source: str | Path | bytes) -> OnnxModel:
     if not proto.HasField("graph") or not proto.graph.node:
         raise OnnxImportError(f"{where}: not an ONNX model (no graph nodes)")
     try:
-        onnx.checker.check_model(proto)
+        # a path is checked from the file: a model over protobuf's 2 GB limit is checked there too
+        onnx.checker.check_model(proto if isinstance(source, bytes) else str(source))
     except onnx.checker.ValidationError as e:
         raise OnnxImportError(f"{where}: invalid ONNX model: {_one_line(e)}") from None
     if proto.functions:
