@@ -134,6 +134,11 @@ def test_gpt2_blocks_become_one_layer_function_called_per_block(gpt2_onnx: Path)
     assert "m.transformer.h.0.attn.c_attn.weight" in [v.name for v in calls[1].inputs]
     assert "m.transformer.h.1.attn.c_attn.weight" in [v.name for v in calls[2].inputs]
     assert _ops(imp.module).count("Gemm") == 4  # the block's four projections, once
+    assert imp.op_counts()["Gemm"] == 8  # ... run by both blocks
+    flat = import_onnx(str(gpt2_onnx), layers=False)
+    layered, whole = imp.op_counts(), flat.op_counts()
+    del layered["Constant"], whole["Constant"]  # constants are copied into each layer
+    assert layered == whole
 
 
 def test_gpt2_single_function_import_computes_the_same(gpt2_onnx: Path) -> None:

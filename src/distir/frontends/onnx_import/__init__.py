@@ -24,6 +24,7 @@ dynamic dim without a size, a shape input only known at run time where distir ne
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,8 @@ from distir.frontends.onnx_import.convert import convert
 from distir.frontends.onnx_import.mapping import supported_ops
 from distir.frontends.onnx_import.reader import OnnxImportError, read_model
 from distir.frontends.onnx_import.values import Param
-from distir.ir.function import Module
+from distir.ir.function import Function, Module
+from distir.ir.ops import Call
 from distir.ir.types import Device
 
 D0 = Device(0)
@@ -56,6 +58,25 @@ class OnnxImport:
     shared: tuple[str, ...]
     note: str
     opset: int
+
+    @property
+    def num_params(self) -> int:
+        """Elements of the weights (folded constants the exporter stored as initializers too)."""
+        return sum(w.type.numel for w in self.weights)
+
+    def op_counts(self) -> Counter[str]:
+        """Ops by type as the program runs them (a layer function's ops once per call)."""
+        counts: Counter[str] = Counter()
+
+        def walk(fn: Function, times: int) -> None:
+            for i in fn.body:
+                if isinstance(i, Call):
+                    walk(self.module[i.callee], times)
+                else:
+                    counts[i.name] += times
+
+        walk(self.module.entry, 1)
+        return counts
 
     def arguments(self, inputs: Mapping[str, Any]) -> list[np.ndarray]:
         """The entry's arguments: ``inputs`` (by ONNX input name) then the weights' values."""
