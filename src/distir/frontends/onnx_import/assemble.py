@@ -12,10 +12,10 @@ is computed from constants only) belong to no group: each group that uses them g
 The grouping is kept only if it is a chain — the model contract's shape
 (``distir.frontends.zoo.model``): each group takes the previous group's one result (the first
 group the first graph input) plus weights and other graph inputs, and the last group returns
-the graph's one output. A small value a group needs from an earlier one that is known at import
-time (sizes taken with ``Shape``, a causal mask computed from them — a dynamic-shape export) is
-recomputed in the group from such values, down to ``Constant``s of the ones read from tensors
-(``Shape`` of a graph input): such layers are specialized to the imported sizes. Blocks that
+the graph's one output. A value a group needs from an earlier one that is known at import time
+(sizes taken with ``Shape``, a causal mask computed from them — a dynamic-shape export) is
+recomputed in the group from such values, down to ``Constant``s of the small ones read from
+tensors (``Shape`` of a graph input): such layers are specialized to the imported sizes. Blocks that
 compute the same thing (compared by dataflow, not op order) are one function called once per
 block (``@block``), their weights passed as arguments. Otherwise (no scopes, no repeated blocks, a
 value skipping a group, several outputs) the program is a single function, and ``Layering.note``
@@ -38,7 +38,7 @@ from distir.ir.ops import Call, Op
 from distir.ir.values import Value
 
 ENTRY = "forward"
-PORTABLE_LIMIT = 1 << 16  # elements of a known value a layer may take as a constant
+PORTABLE_LIMIT = 1 << 12  # elements of a known value a layer may take as a Constant
 _BLOCK = re.compile(r"^(.*)\.(\d+)$")
 
 
@@ -230,7 +230,7 @@ def _exported(
         if h is None or h == g:
             continue
         for v in op.inputs:
-            if v in made and not _portable(program, v):
+            if v in made and not _known(program, v):
                 used_by.setdefault(v, set()).add(h)
     if output in made:
         raise _NotAChain(f"the graph output %{output.name} is made before the last layer")
@@ -279,13 +279,18 @@ def _layer(
         if v in floating:
             _copy(floating[v], get, fb, vmap)
             return vmap[v]
-        if v in where and _portable(program, v):
+        if v in where and _known(program, v):
             made = producer[v]
-            if all(u in floating or (u in where and _portable(program, u)) for u in made.inputs):
+            if all(u in floating or (u in where and _known(program, u)) for u in made.inputs):
                 _copy(made, get, fb, vmap)  # recomputed from constants: the same code in each layer
                 return vmap[v]
             arr = program.known(v)
             assert arr is not None
+            if arr.size > PORTABLE_LIMIT:
+                raise _NotAChain(
+                    f"layer group {_label(g)} uses %{v.name} of layer group {_label(where[v])}, known at "
+                    f"import but of {arr.size} elements (copied as a constant only up to {PORTABLE_LIMIT})"
+                )
             t = program.type(v)
             attrs = {"value": arr.tolist(), "dtype": t.dtype, "device": t.device}
             (vmap[v],) = fb.op("Constant", names=[v.name], **attrs)
@@ -304,10 +309,9 @@ def _layer(
     return args, fb.ret(get(out))
 
 
-def _portable(program: Program, v: Value) -> bool:
-    """A value known at import time and small enough to copy into a layer as a constant."""
-    arr = program.known(v)
-    return arr is not None and arr.size <= PORTABLE_LIMIT
+def _known(program: Program, v: Value) -> bool:
+    """Whether ``v`` is known at import time (computed from sizes and constants)."""
+    return program.known(v) is not None
 
 
 def _copy(op: Op, get: Any, fb: FunctionBuilder, vmap: dict[Value, Value]) -> None:

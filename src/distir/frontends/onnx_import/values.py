@@ -3,8 +3,8 @@
 Each emitted op is typed at once by the checker's own mixed abstract/concrete interpretation
 (``distir.interp.shapes.TypeDomain``): an op whose inputs are all known runs its reference, an
 op with a partial evaluator (``Shape``, ``Constant``) gives known results from types alone, any
-other op gets its type. So a shape subgraph — ``Shape → Slice → Concat → Reshape``, the DistIR
-paper's Figure 4 — keeps its ops in the program *and* its values are known here, which is what
+other op gets its type (a result over ``KNOWN_LIMIT`` elements stays abstract). So a shape
+subgraph — ``Shape → Slice → Concat → Reshape``, the DistIR paper's Figure 4 — keeps its ops in the program *and* its values are known here, which is what
 lets the mapping turn ONNX inputs that distir takes as attributes (Slice's starts, Unsqueeze's
 axes, Expand's shape, Split's sizes) into attributes, and the checker later resolve the same
 shapes again from the program alone.
@@ -31,6 +31,9 @@ from distir.ir.verify import OpSignatureError
 from distir.ops.registry import REGISTRY, OpTypeError
 
 LITERAL_LIMIT = 1  # float literals with more elements are weights, not Constants
+# results of at most this many elements computed from known values are known too (a causal mask
+# of batch·seq² computed from the sizes, for batch 8 and seq 512)
+KNOWN_LIMIT = 1 << 21
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +55,7 @@ class Program:
     ops: list[Op] = field(default_factory=list)
     origin: list[int] = field(default_factory=list)
     state: dict[Value, Mixed] = field(default_factory=dict)
-    domain: TypeDomain = field(default_factory=lambda: TypeDomain(concrete_limit=1 << 16))
+    domain: TypeDomain = field(default_factory=lambda: TypeDomain(concrete_limit=KNOWN_LIMIT))
     _names: set[str] = field(default_factory=set)
 
     def name(self, hint: str) -> str:
