@@ -4,10 +4,11 @@ Each emitted op is typed at once by the checker's own mixed abstract/concrete in
 (``distir.interp.shapes.TypeDomain``): an op whose inputs are all known runs its reference, an
 op with a partial evaluator (``Shape``, ``Constant``) gives known results from types alone, any
 other op gets its type (a result over ``KNOWN_LIMIT`` elements stays abstract). So a shape
-subgraph — ``Shape → Slice → Concat → Reshape``, the DistIR paper's Figure 4 — keeps its ops in the program *and* its values are known here, which is what
-lets the mapping turn ONNX inputs that distir takes as attributes (Slice's starts, Unsqueeze's
-axes, Expand's shape, Split's sizes) into attributes, and the checker later resolve the same
-shapes again from the program alone.
+subgraph — ``Shape → Slice → Concat → Reshape``, the DistIR paper's Figure 4 — keeps its ops in
+the program *and* its values are known here, which is what lets the mapping turn ONNX inputs
+that distir takes as attributes (Slice's starts, Unsqueeze's axes, Expand's shape, Split's
+sizes) into attributes, and the checker later resolve the same shapes again from the program
+alone.
 
 Every op records the ONNX node it came from (its index; -1 for literals), which the module
 assembly uses to group ops into layer functions. A literal that is a tensor of floats with more
