@@ -346,6 +346,73 @@ def test_conv_net_and_activations_match_onnxruntime() -> None:
     np.testing.assert_allclose(got, _ort(data, {"x": xv})[0], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("op", "dtype"),
+    [
+        *((op, TensorProto.FLOAT) for op in ("Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual")),
+        *((op, TensorProto.BOOL) for op in ("And", "Or")),
+        *((op, TensorProto.INT64) for op in ("Max", "Min", "Equal")),
+    ],
+)
+def test_binary_compare_and_logic_ops_match_onnxruntime(op: str, dtype: int) -> None:
+    a = helper.make_tensor_value_info("a", dtype, [3, 1])
+    b = helper.make_tensor_value_info("b", dtype, [4])
+    out = TensorProto.BOOL if op not in ("Max", "Min") else dtype
+    c = helper.make_tensor_value_info("c", out, [3, 4])
+    data = _model([helper.make_node(op, ["a", "b"], ["c"])], [a, b], [c], (), 13)
+    np_dt = {TensorProto.FLOAT: np.float32, TensorProto.BOOL: np.bool_, TensorProto.INT64: np.int64}[dtype]
+    av, bv = (RNG.integers(0, 3, shape).astype(np_dt) for shape in ((3, 1), (4,)))  # ties included
+    _, (got,) = _run(data, {"a": av, "b": bv})
+    np.testing.assert_array_equal(got, _ort(data, {"a": av, "b": bv})[0])
+
+
+def test_torch_mlp_blocks_import_as_layers_and_match_torch() -> None:
+    """A PyTorch MLP of repeated blocks (``blocks.N``) exported with dynamic batch: one layer
+    function for the block (its Linear as the exporter writes it: Gemm or MatMul), torch's
+    eager output as the oracle at a batch other than the export's."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    torch.set_num_threads(1)
+    torch.manual_seed(1)
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 16)
+
+        def forward(self, x: Any) -> Any:
+            return x + torch.relu(self.fc(x))
+
+    class MLP(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = torch.nn.Linear(8, 16)
+            self.blocks = torch.nn.ModuleList([Block() for _ in range(3)])
+            self.out = torch.nn.Linear(16, 4)
+
+        def forward(self, x: Any) -> Any:
+            h = self.inp(x)
+            for b in self.blocks:
+                h = b(h)
+            return torch.softmax(self.out(h), dim=-1)
+
+    mlp = MLP().eval()
+    program = torch.onnx.export(
+        mlp,
+        (torch.randn(2, 8),),
+        dynamo=True,
+        input_names=["x"],
+        dynamic_shapes=({0: torch.export.Dim("n")},),
+    )
+    data = program.model_proto.SerializeToString()
+    xv = RNG.standard_normal((5, 8)).astype(np.float32)
+    imp, (got,) = _run(data, {"x": xv}, dims={"n": 5})
+    with torch.no_grad():
+        want = mlp(torch.from_numpy(xv)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert imp.layers == ("pre", "block", "block", "block", "post"), imp.note
+
+
 def test_cumsum_and_gather_nd_match_onnxruntime() -> None:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])
     outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in (("a", [3, 4]), ("g", [2, 4]))]
