@@ -21,7 +21,9 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import distir  # noqa: E402
+from distir.autodiff.train import Optimizer, training_step  # noqa: E402
 from distir.frontends.onnx_import import OnnxImportError, import_onnx  # noqa: E402
+from distir.frontends.onnx_import.model import to_model  # noqa: E402
 from distir.interp.reference import run_reference  # noqa: E402
 from distir.ir import parse_module  # noqa: E402
 from distir.ir.ops import Call, Op  # noqa: E402
@@ -57,7 +59,7 @@ def _ops(module: Any) -> list[str]:
 
 
 # -- GPT-2 exported by torch.onnx (dynamo) ------------------------------------------------------
-def _export_gpt2(path: Path, dynamic: bool) -> Path:
+def _export_gpt2(path: Path, dynamic: bool) -> tuple[Path, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -94,20 +96,26 @@ def _export_gpt2(path: Path, dynamic: bool) -> Path:
         external_data=False,
         dynamic_shapes=shapes,
     )
-    return path
+    return path, lm
+
+
+@pytest.fixture(scope="module")
+def gpt2_with_torch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """The static export and the torch model it came from."""
+    return _export_gpt2(tmp_path_factory.mktemp("onnx") / "gpt2_t.onnx", dynamic=False)
 
 
 @pytest.fixture(scope="module")
 def gpt2_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Static shapes: the exporter folds the sizes (batch 2, seq 8) into constants."""
-    return _export_gpt2(tmp_path_factory.mktemp("onnx") / "gpt2.onnx", dynamic=False)
+    return _export_gpt2(tmp_path_factory.mktemp("onnx") / "gpt2.onnx", dynamic=False)[0]
 
 
 @pytest.fixture(scope="module")
 def gpt2_dynamic_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Dynamic batch and sequence: sizes flow through Shape subgraphs (Figure 4 at scale) and
     the causal mask is computed from them (Range, GatherND, CumSum, comparisons)."""
-    return _export_gpt2(tmp_path_factory.mktemp("onnx") / "gpt2_dyn.onnx", dynamic=True)
+    return _export_gpt2(tmp_path_factory.mktemp("onnx") / "gpt2_dyn.onnx", dynamic=True)[0]
 
 
 def test_gpt2_export_imports_verifies_and_matches_onnxruntime(gpt2_onnx: Path) -> None:
@@ -147,6 +155,42 @@ def test_gpt2_single_function_import_computes_the_same(gpt2_onnx: Path) -> None:
     _, (layered,) = _run(str(gpt2_onnx), {"input_ids": ids})
     assert imp.layers == () and len(imp.module.functions) == 1
     np.testing.assert_array_equal(flat, layered)
+
+
+def test_gpt2_as_a_model_trains_like_torch(gpt2_with_torch: tuple[Path, Any]) -> None:
+    """``to_model``: the import plus a cross-entropy loss keeps the model contract; one SGD step
+    of the training program (autodiff through every imported op) gives torch autograd's loss
+    and gradients for the block weights (which the export keeps as they are)."""
+    torch = pytest.importorskip("torch")
+    path, lm = gpt2_with_torch
+    imp = import_onnx(str(path))
+    model = to_model(imp, "gpt2-onnx")
+    assert [c.callee for c in model.layers] == ["pre", "block", "block", "post", "loss"]
+    assert (model.pre, model.post, model.batch) == (1, 2, 2)
+    ids, labels = RNG.integers(0, 50, (2, 8)), RNG.integers(0, 50, (2, 8))
+    vals = {
+        p.name: a for p, a in zip(imp.module.entry.params, imp.arguments({"input_ids": ids}), strict=True)
+    }
+    vals["labels"] = labels
+    lr = 1.0
+    step = training_step(model, Optimizer("sgd", lr=lr))
+    outs = run_reference(step, [vals[p.name] for p in step.entry.params])
+    lm.zero_grad()
+    logits = lm(input_ids=torch.from_numpy(ids), use_cache=False).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 50), torch.from_numpy(labels).reshape(-1))
+    loss.backward()
+    np.testing.assert_allclose(outs[0], loss.item(), rtol=1e-5)
+    params = dict(lm.named_parameters())
+    compared = 0
+    for k, w in enumerate(model.weights):
+        name = w.name.removeprefix("m.")
+        if name.startswith("transformer.h."):
+            grad = (vals[w.name] - outs[1 + k]) / lr
+            np.testing.assert_allclose(grad, params[name].grad.numpy(), rtol=1e-3, atol=1e-6, err_msg=name)
+            compared += 1
+    # per block: two norms' scale and bias, four projections (the exporter drops the projections'
+    # biases, zero at init, with the Add of zeros)
+    assert compared == 2 * 8
 
 
 @pytest.mark.parametrize(("batch", "seq"), [(2, 8), (3, 5)])
