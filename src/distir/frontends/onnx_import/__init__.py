@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from distir.frontends.onnx_import.assemble import assemble, scopes_of
+from distir.frontends.onnx_import.assemble import assemble, scopes_of, single
 from distir.frontends.onnx_import.convert import convert
 from distir.frontends.onnx_import.mapping import supported_ops
 from distir.frontends.onnx_import.reader import OnnxImportError, read_model
@@ -103,8 +103,6 @@ def import_onnx(
         lay = assemble(conv.program, conv.outputs, scopes)
         module, names, shared, note = lay.module, lay.layers, lay.shared, lay.note
     else:
-        from distir.frontends.onnx_import.assemble import single
-
         module, names, shared, note = Module((single(conv.program, conv.outputs),)), (), (), "layers=False"
     params = [p for _, p in conv.program.params]
     return OnnxImport(

@@ -34,7 +34,7 @@ from typing import Any
 from distir.frontends.onnx_import.values import Program
 from distir.ir.builder import FunctionBuilder
 from distir.ir.function import Function, Module
-from distir.ir.ops import Call, Op
+from distir.ir.ops import Op
 from distir.ir.values import Value
 
 ENTRY = "forward"
@@ -338,4 +338,4 @@ def _structure(fn: Function, ids: dict[tuple[Any, ...], int]) -> tuple[Any, ...]
     return (len(fn.params), tuple(ref[v] for v in fn.outputs))
 
 
-__all__ = ["ENTRY", "Call", "Layering", "assemble", "scopes_of", "single"]
+__all__ = ["ENTRY", "Layering", "assemble", "scopes_of", "single"]
