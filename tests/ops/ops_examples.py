@@ -143,6 +143,15 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([T(f32, 127, 2)], {"num_splits": 2}),
         Case([T(f32, 3, 10)], {"dim": 1, "sizes": (3, 0, 7)}),
     ],
+    "Range": [
+        Case([K(T(i64), 0), K(T(i64), 5), K(T(i64), 2)]),
+        Case([K(T(f32), 1.0), K(T(f32), -1.0), K(T(f32), -0.5)]),
+    ],
+    "ConstantOfShape": [
+        Case([K(T(i64, 2), [2, 3])], {"value": 1.5}),
+        Case([K(T(i64, 1), [4])], {"dtype": i64}),
+    ],
+    "Trilu": [Case([T(f32, 3, 4)]), Case([T(f32, 2, 3, 3)], {"upper": 0, "k": -1})],
     "Slice": [
         Case([T(f32, 5, 6)], {"starts": (1, -3), "ends": (4, 100), "axes": (0, 1)}),
         Case([T(f32, 5, 6)], {"starts": (4,), "ends": (0,), "axes": (1,), "steps": (-2,)}),
@@ -153,6 +162,13 @@ EXAMPLES: dict[str, list[Case]] = {
     "Mul": _bin,
     "Div": [Case([T(f32, 2, 3), R(T(f32, 3), 0.5, 2.0)]), Case([T(i64, 2, 3), R(T(i64, 3), 1, 5)])],
     "Pow": [Case([R(T(f32, 2, 3), 0.1, 3.0), T(f32, 3)]), Case([R(T(i64, 4), 0, 5), R(T(i64, 4), 0, 3)])],
+    "CumSum": [
+        Case([T(f32, 2, 3)], {"axis": 1}),
+        Case([T(i64, 4)], {"exclusive": 1, "reverse": 1}),
+        Case([T(f64, 3, 2)], {"axis": -2, "reverse": 1}),
+    ],
+    "Max": _bin,
+    "Min": _bin,
     "Sqrt": _pos_unary,
     "Exp": _float_unary,
     "Log": _pos_unary,
@@ -168,6 +184,16 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([T(f32, 2, 3), T(f32, 3), T(f32, 1, 1)]),
         Case([T(i64, 4), T(i64, 4)]),
     ],
+    # compare
+    "Equal": [Case([T(i64, 2, 3), T(i64, 3)]), Case([T(f32, 4), T(f32, 1)])],
+    "Less": _bin,
+    "LessOrEqual": _bin,
+    "Greater": _bin,
+    "GreaterOrEqual": [Case([T(i64, 2, 1), T(i64, 1, 4)])],
+    "IsNaN": [Case([K(T(f32, 3), [1.0, float("nan"), 0.0])]), Case([T(f64, 2, 2)])],
+    "Not": [Case([T(b, 2, 3)])],
+    "And": [Case([T(b, 2, 3), T(b, 3)])],
+    "Or": [Case([T(b, 1, 3), T(b, 2, 1)])],
     "Where": [Case([T(b, 2, 3), T(f32, 2, 3), T(f32, 3)]), Case([T(b), T(i64, 2), T(i64)])],
     "Cast": [
         Case([T(f32, 2, 3)], {"to": f16}),

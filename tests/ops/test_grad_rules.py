@@ -37,7 +37,7 @@ DIFFERENTIABLE = {
     *("Concat", "Slice", "Gather", "Expand", "ReduceSum", "ReduceMean", "SoftmaxCrossEntropyLoss"),
     *("MSELoss", "Conv", "MaxPool", "AveragePool", "Attention", "Rope"),
     *("Log", "StopGradient", "SoftmaxCrossEntropyParts", "Dropout", "LogSoftmax"),
-    "NegativeLogLikelihoodLoss",
+    *("NegativeLogLikelihoodLoss", "Max", "Min", "Trilu", "CumSum"),
 }
 
 
@@ -133,6 +133,12 @@ CASES: list[GCase] = [
             strict=True,
         )
     ),
+    GCase("Max", [t(2, 3), t(3)]),
+    GCase("Min", [t(2, 3), t(1, 3)]),
+    GCase("CumSum", [t(3, 4)], {"axis": 1}),
+    GCase("CumSum", [t(5)], {"exclusive": 1, "reverse": 1}),
+    GCase("Trilu", [t(3, 4)]),
+    GCase("Trilu", [t(2, 3, 3)], {"upper": 0, "k": 1}),
     GCase("Transpose", [t(2, 3, 4)]),
     GCase("Transpose", [t(2, 3, 4)], {"perm": (2, 0, 1)}),
     GCase("Reshape", [t(2, 3, 4), K(T(i64, 3), [0, -1, 2])]),

@@ -1,5 +1,5 @@
 """The sharding rules of the ops added for gradient rules and the model zoo (Scale, FillLike,
-CausalMask, Expand, Reshape with the shape attribute, GatherGrad, SliceGrad) are sound: under
+CausalMask, Expand, Reshape with the shape attribute, GatherGrad, SliceGrad, Trilu, CumSum) are sound: under
 every strategy a rule offers on a 1-D mesh of 2-4 devices (uneven and empty shards included),
 the materialized per-device program, fed the pieces of random inputs laid out as the strategy
 takes them (pending sums as genuinely different pieces), gives pieces whose global value, laid
@@ -89,7 +89,19 @@ def cases(draw: st.DrawFn) -> Case:
     shape = tuple(draw(st.lists(dims, min_size=1, max_size=3)))
     rank = len(shape)
     kind = draw(
-        st.sampled_from(["Scale", "FillLike", "CausalMask", "Expand", "Reshape", "GatherGrad", "SliceGrad"])
+        st.sampled_from(
+            [
+                "Scale",
+                "FillLike",
+                "CausalMask",
+                "Expand",
+                "Reshape",
+                "GatherGrad",
+                "SliceGrad",
+                "Trilu",
+                "CumSum",
+            ]
+        )
     )
     x = rng.standard_normal(shape)
     if kind == "Scale":
@@ -99,6 +111,13 @@ def cases(draw: st.DrawFn) -> Case:
     if kind == "CausalMask":
         x = rng.standard_normal((*shape, draw(dims))) if rank == 1 else x
         return Case(kind, (x,), {"fill": draw(st.sampled_from([0.0, -1e9]))})
+    if kind == "CumSum":
+        return Case(
+            kind, (x,), {"axis": draw(st.integers(-rank, rank - 1)), "reverse": draw(st.integers(0, 1))}
+        )
+    if kind == "Trilu":
+        x = rng.standard_normal((*shape, draw(dims))) if rank == 1 else x
+        return Case(kind, (x,), {"upper": draw(st.integers(0, 1)), "k": draw(st.integers(-2, 2))})
     if kind == "Expand":
         small = tuple(1 if draw(st.integers(0, 2)) == 0 else s for s in shape)
         # the target: new leading dims, and per dim its size or 1 where the input keeps it
@@ -157,6 +176,8 @@ def test_the_rules_offer_what_they_promise() -> None:
     assert "(S(0)) -> (S(0))" in causal and not any(f"S({k})" in s for s in causal for k in (1, 2))
     assert "(P(sum)) -> (P(sum))" not in causal
     assert "(P(sum)) -> (P(sum))" in strategies("CausalMask", [x], fill=0.0)
+    trilu = strategies("Trilu", [x], k=1)
+    assert {"(S(0)) -> (S(0))", "(P(sum)) -> (P(sum))"} <= trilu and "(S(1)) -> (S(1))" not in trilu
     expand = strategies("Expand", [np.zeros((4, 1))], shape=(3, 1, 5))
     assert "(S(0)) -> (S(1))" in expand and "(S(1)) -> (S(2))" not in expand  # a size-1 dim grows
     # a global size in the attribute would be wrong for a piece: only a 1 keeps the piece's size

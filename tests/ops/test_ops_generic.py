@@ -43,7 +43,18 @@ def test_examples_name_registered_local_ops() -> None:
 
 def test_the_walk_covers_the_new_families() -> None:
     families = {d.family for d in _checked_ops()}
-    assert {"reduce", "nn", "loss", "grad", "optim", "elementwise", "shape", "linalg", "conv"} <= families
+    assert {
+        "reduce",
+        "nn",
+        "loss",
+        "grad",
+        "optim",
+        "elementwise",
+        "shape",
+        "linalg",
+        "conv",
+        "compare",
+    } <= families
 
 
 def check_value(value: Any, t: Type, where: str) -> None:
@@ -126,6 +137,9 @@ def test_compute_ops_count_flops() -> None:
         "SliceGrad",
         "Shape",
         "Constant",
+        "Range",
+        "ConstantOfShape",
+        "Trilu",
         "Gather",
         "Concat",
         "Reshape",

@@ -77,7 +77,7 @@ def test_signature_shows_inputs_outputs_and_attribute_defaults() -> None:
 
 def test_new_ops_are_registered_in_their_families() -> None:
     families = {
-        "reduce": {"ReduceSum", "ReduceMean", "ReduceMax"},
+        "reduce": {"ReduceSum", "ReduceMean", "ReduceMax", "CumSum"},
         "nn": {"Softmax", "LogSoftmax", "LayerNormalization", "RMSNormalization", "CausalMask", "Dropout"}
         | {"DropoutGrad"},
         "loss": {"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "MSELoss"}

@@ -3,6 +3,7 @@
 from distir.ops import (  # noqa: F401  (registration)
     attention,
     comm,
+    compare,
     conv,
     dist,
     elementwise,

@@ -1,5 +1,5 @@
-"""Elementwise tensor ops (ONNX names): arithmetic with numpy broadcasting, activations, Where,
-Cast, Identity, Log, and the variadic Sum; ``StopGradient`` (the identity, a constant for
+"""Elementwise tensor ops (ONNX names): arithmetic with numpy broadcasting (Max and Min too),
+activations, Where, Cast, Identity, Log, and the variadic Sum; ``StopGradient`` (the identity, a constant for
 autodiff); and two non-ONNX helpers that gradient rules build on
 (they never need a constant on a device): ``Scale`` (alpha·X) and ``FillLike`` (a tensor of X's
 type filled with a value).
@@ -108,6 +108,8 @@ SUB = _binary("Sub", np.subtract, sharding=pointwise("linear"))
 MUL = _binary("Mul", np.multiply, sharding=mul_rule())
 DIV = _binary("Div", _int_div, sharding=pointwise("scale"))
 POW = _binary("Pow", np.power, flops=4.0)
+MAX = _binary("Max", np.maximum, doc="C = max(A, B), numpy broadcasting (ONNX Max of two inputs)")
+MIN = _binary("Min", np.minimum, doc="C = min(A, B), numpy broadcasting (ONNX Min of two inputs)")
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
@@ -367,6 +369,20 @@ def _pow_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[V
     return _to_inputs(ctx, op, [da, None])
 
 
+def _select_grad(keep_a: str) -> GradRule:
+    """Max / Min: the cotangent goes to the input the result came from (``keep_a``: the
+    comparison that picks A; a tie goes to A)."""
+
+    def rule(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+        dy = first(douts)
+        a, b = (ctx.primal(v) for v in op.inputs)
+        pick = _one(ctx, keep_a, a, b)
+        zeros = zeros_like(ctx, dy)
+        return _to_inputs(ctx, op, [_one(ctx, "Where", pick, dy, zeros), _one(ctx, "Where", pick, zeros, dy)])
+
+    return rule
+
+
 def _sqrt_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
     """Y = √X: dX = dY / (2Y)."""
     return [_one(ctx, "Div", _one(ctx, "Scale", first(douts), alpha=0.5), ctx.primal(op.outputs[0]))]
@@ -430,6 +446,8 @@ SUB.fill("grad", _sub_grad)
 MUL.fill("grad", _mul_grad)
 DIV.fill("grad", _div_grad)
 POW.fill("grad", _pow_grad)
+MAX.fill("grad", _select_grad("GreaterOrEqual"))
+MIN.fill("grad", _select_grad("LessOrEqual"))
 SQRT.fill("grad", _sqrt_grad)
 NEG.fill("grad", _neg_grad)
 EXP.fill("grad", _exp_grad)

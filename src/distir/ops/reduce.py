@@ -1,4 +1,5 @@
-"""Reductions (ONNX names): ReduceSum, ReduceMean and ReduceMax over a set of axes.
+"""Reductions (ONNX names): ReduceSum, ReduceMean and ReduceMax over a set of axes, and the
+running sum CumSum along one axis.
 
 Attributes follow ONNX with the axes as an attribute: ``axes`` (default: every axis; an empty
 list also means every axis, ONNX's ``noop_with_empty_axes=0``) and ``keepdims`` (1 keeps reduced
@@ -17,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from distir.ir.dtensor import Shard
 from distir.ir.ops import Op
-from distir.ir.types import DType, Type
+from distir.ir.types import DType, TensorType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops import sharding as sh
-from distir.ops._rules import norm_axes, numel
+from distir.ops._rules import int_attr, norm_axes, numel
 from distir.ops.gradrules import GradCtx, GradRule, first
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
 
@@ -133,6 +135,58 @@ REDUCE_MAX = register(
 )
 
 
+# -- CumSum -----------------------------------------------------------------------------------
+def _cumsum_rule(ctx: TypeCtx) -> Sequence[Type]:
+    t = ctx.tensor(0)
+    if t.dtype is DType.bool or t.rank == 0:
+        ctx.fail("CumSum needs a numeric tensor of rank >= 1", 0, "a numeric dtype, rank >= 1", t)
+    norm_axes(ctx, [ctx.attr("axis")], t.rank, "CumSum axis")
+    return (ctx.out(t.dtype, t.shape),)
+
+
+def _cumsum_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    x = np.asarray(args[0])
+    ax = int_attr(attrs, "axis", 0) % x.ndim
+    rev = int_attr(attrs, "reverse", 0) == 1
+    y = np.flip(x, ax) if rev else x
+    acc = np.float64 if x.dtype.kind == "f" else np.int64
+    s = np.cumsum(y, axis=ax, dtype=acc)
+    if int_attr(attrs, "exclusive", 0):
+        s = s - y  # the sum of the elements before, not including, each one
+    return (np.ascontiguousarray(np.flip(s, ax) if rev else s).astype(x.dtype),)
+
+
+def _cumsum_sharding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[sh.Strategy]:
+    """Dims other than the summed one may be sharded; a running sum is linear, so a pending sum
+    passes through."""
+    x = ins[0].shape if isinstance(ins[0], TensorType) else ()
+    ax = int_attr(attrs, "axis", 0) % max(len(x), 1)
+    found = [sh.replicated(ins, outs), sh.Strategy((sh.SUM,), (sh.SUM,))]
+    found += [sh.Strategy((Shard(d),), (Shard(d),)) for d in range(len(x)) if d != ax and x[d] > 1]
+    return found
+
+
+CUMSUM = register(
+    OpDef(
+        name="CumSum",
+        family=FAMILY,
+        inputs=("x",),
+        outputs=("y",),
+        infer=_cumsum_rule,
+        attrs={
+            "axis": AttrSpec("int", 0),
+            "exclusive": AttrSpec("int", 0, (0, 1)),
+            "reverse": AttrSpec("int", 0, (0, 1)),
+        },
+        reference=_cumsum_ref,
+        flops=lambda ins, outs, attrs: float(numel(outs[0])),
+        doc="ONNX CumSum with the axis as an attribute: running sums along axis (exclusive=1: of "
+        "the elements before each one; reverse=1: from the end). Floats accumulate in float64.",
+        sharding=_cumsum_sharding,
+    )
+)
+
+
 # -- gradient rules (contract: distir.ops.gradrules) --------------------------------------------
 def _reduce_grad(mean: bool) -> GradRule:
     """dX = dY expanded back over the reduced axes (put back as size 1 first when keepdims=0);
@@ -160,6 +214,25 @@ def _reduce_grad(mean: bool) -> GradRule:
 
 REDUCE_SUM.fill("grad", _reduce_grad(mean=False))
 REDUCE_MEAN.fill("grad", _reduce_grad(mean=True))
+
+
+def _cumsum_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    """Each input element adds to the results after it (before it, reversed): dX is the running
+    sum of dY the other way, with the same exclusivity."""
+    if not ctx.type(op.inputs[0]).dtype.is_float:
+        return [None]
+    rev = 1 - int_attr(op.attrs, "reverse", 0)
+    (dx,) = ctx.op(
+        "CumSum",
+        first(douts),
+        axis=int_attr(op.attrs, "axis", 0),
+        exclusive=int_attr(op.attrs, "exclusive", 0),
+        reverse=rev,
+    )
+    return [dx]
+
+
+CUMSUM.fill("grad", _cumsum_grad)
 
 __all__ = ["reduced_axes"]
 

@@ -1,6 +1,6 @@
-"""Shape and data-movement ops (ONNX names): Shape, Constant, Reshape, Expand, Unsqueeze,
-Squeeze, Transpose (Gather, Concat, Split and Slice, of the same family, are in
-``distir.ops.shape_index``).
+"""Shape and data-movement ops (ONNX names): Shape, Constant, Range, ConstantOfShape, Reshape,
+Expand, Unsqueeze, Squeeze, Transpose (Gather, Concat, Split, Slice and Trilu, of the same family,
+are in ``distir.ops.shape_index``).
 
 ``Shape`` and ``Constant`` have partial evaluators: their results are concrete from types and
 attributes alone, which is what lets mixed abstract/concrete interpretation compute shapes of
@@ -106,6 +106,80 @@ CONSTANT = register(
         reference=_constant_ref,
         bytes_read=lambda ins, outs, attrs: 0.0,
         doc="A literal tensor on a device; dtype defaults to i64 for ints and f32 for floats.",
+    )
+)
+
+
+# -- Range / ConstantOfShape ------------------------------------------------------------------
+def _range_count(ctx: TypeCtx) -> int:
+    start, limit, delta = (ctx.const(i, w).item() for i, w in enumerate(("start", "limit", "delta")))
+    if delta == 0:
+        ctx.fail("Range delta must not be 0", 2, "non-zero", 0)
+    return max(math.ceil(float(limit - start) / float(delta)), 0)
+
+
+def _range_rule(ctx: TypeCtx) -> Sequence[Type]:
+    ts = [ctx.tensor(i) for i in range(3)]
+    for i, t in enumerate(ts):
+        if t.rank != 0 or t.dtype is not ts[0].dtype:
+            ctx.fail(
+                f"Range's inputs must be scalars of one dtype (input {i + 1})",
+                i,
+                f"Tensor[{ts[0].dtype}, ()]",
+                t,
+            )
+    return (ctx.out(ts[0].dtype, (_range_count(ctx),)),)
+
+
+def _range_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    start, limit, delta = (np.asarray(a) for a in args)
+    n = max(math.ceil((limit.item() - start.item()) / delta.item()), 0)
+    return ((start + delta * np.arange(n)).astype(start.dtype),)
+
+
+RANGE = register(
+    OpDef(
+        name="Range",
+        family=FAMILY,
+        inputs=("start", "limit", "delta"),
+        outputs=("output",),
+        infer=_range_rule,
+        reference=_range_ref,
+        bytes_read=lambda ins, outs, attrs: 0.0,
+        doc="ONNX Range: start, start + delta, ... up to (excluding) limit; the three scalar inputs "
+        "must be known (constants or shape subgraphs) so the length is.",
+    )
+)
+
+
+def _constant_of_shape_rule(ctx: TypeCtx) -> Sequence[Type]:
+    shp = ctx.tensor(0)
+    if not shp.dtype.is_int or shp.rank != 1:
+        ctx.fail("ConstantOfShape's shape must be a 1-d integer tensor", 0, "Tensor[i64, (n,)]", shp)
+    dims = [int(d) for d in ctx.const(0, "the shape")]
+    if any(d < 0 for d in dims):
+        ctx.fail(f"ConstantOfShape shape {dims} has a negative dim", 0, "sizes >= 0", dims)
+    return (ctx.out(ctx.attr("dtype"), dims),)
+
+
+def _constant_of_shape_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    dt = attrs.get("dtype", DType.f32)
+    assert isinstance(dt, DType)
+    shape = tuple(int(d) for d in np.asarray(args[0]))
+    return (np.full(shape, attrs.get("value", 0.0), dtype=dt.to_numpy()),)
+
+
+CONSTANT_OF_SHAPE = register(
+    OpDef(
+        name="ConstantOfShape",
+        family=FAMILY,
+        inputs=("shape",),
+        outputs=("output",),
+        infer=_constant_of_shape_rule,
+        attrs={"value": AttrSpec("float", 0.0), "dtype": AttrSpec("dtype", DType.f32)},
+        reference=_constant_of_shape_ref,
+        bytes_read=lambda ins, outs, attrs: 0.0,
+        doc="ONNX ConstantOfShape: a tensor of the (known) shape input filled with value, cast to dtype.",
     )
 )
 

@@ -17,7 +17,7 @@ from distir.ir.ops import Op
 from distir.ir.values import Value
 from distir.ops.gradrules import GradCtx, first, is_float, reshape, unbroadcast, zeros_like
 from distir.ops.shape import EXPAND, RESHAPE, SQUEEZE, TRANSPOSE, UNSQUEEZE
-from distir.ops.shape_index import CONCAT, GATHER, SLICE, SPLIT
+from distir.ops.shape_index import CONCAT, GATHER, SLICE, SPLIT, TRILU
 
 Grads = Sequence[Value | None]
 
@@ -124,6 +124,14 @@ def _expand_grad(ctx: GradCtx, op: Op, douts: Grads) -> Grads:
     return [unbroadcast(ctx, first(douts), x.shape, ctx.type(op.outputs[0]).shape)]
 
 
+def _trilu_grad(ctx: GradCtx, op: Op, douts: Grads) -> Grads:
+    """Trilu is linear: the cotangent's same triangle."""
+    if not is_float(ctx, op.inputs[0]):
+        return [None]
+    (dx,) = ctx.op("Trilu", first(douts), upper=op.attrs.get("upper", 1), k=op.attrs.get("k", 0))
+    return [dx]
+
+
 TRANSPOSE.fill("grad", _transpose_grad)
 RESHAPE.fill("grad", _reshape_grad)
 UNSQUEEZE.fill("grad", _unsqueeze_grad)
@@ -133,3 +141,4 @@ CONCAT.fill("grad", _concat_grad)
 SLICE.fill("grad", _slice_grad)
 GATHER.fill("grad", _gather_grad)
 EXPAND.fill("grad", _expand_grad)
+TRILU.fill("grad", _trilu_grad)

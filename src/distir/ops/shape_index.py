@@ -1,5 +1,5 @@
 """Ops that select or join parts of tensors (ONNX names; family ``shape``, split from
-``distir.ops.shape`` to keep files short): Gather, Concat, Split, Slice.
+``distir.ops.shape`` to keep files short): Gather, Concat, Split, Slice, Trilu.
 
 Their gradient rules are in ``distir.ops.shape_grad``; the gradient ops GatherGrad and SliceGrad
 in ``distir.ops.grad_index``.
@@ -290,6 +290,46 @@ SLICE = register(
         bytes_read=copy_bytes,
         doc="ONNX Slice with starts/ends/axes/steps as attributes (Python slice semantics).",
         sharding=slice_sharding,
+    )
+)
+
+
+# -- Trilu ------------------------------------------------------------------------------------
+def _trilu_rule(ctx: TypeCtx) -> Sequence[Type]:
+    t = ctx.tensor(0)
+    if t.rank < 2:
+        ctx.fail("Trilu needs a tensor of rank >= 2 (matrices in its last two dims)", 0, "rank >= 2", t.rank)
+    return (ctx.out(t.dtype, t.shape),)
+
+
+def _trilu_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    x = np.asarray(args[0])
+    k = int_attr(attrs, "k", 0)
+    return (np.triu(x, k) if int_attr(attrs, "upper", 1) else np.tril(x, k),)
+
+
+def _trilu_sharding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[sh.Strategy]:
+    """The batch dims (all but the last two) may be sharded; zeroing is linear, so a pending
+    sum passes through."""
+    x = ins[0].shape if isinstance(ins[0], TensorType) else ()
+    found = [sh.replicated(ins, outs), sh.Strategy((sh.SUM,), (sh.SUM,))]
+    found += [sh.Strategy((Shard(d),), (Shard(d),)) for d in range(len(x) - 2) if x[d] > 1]
+    return found
+
+
+TRILU = register(
+    OpDef(
+        name="Trilu",
+        family=FAMILY,
+        inputs=("input",),
+        outputs=("output",),
+        infer=_trilu_rule,
+        attrs={"upper": AttrSpec("int", 1, (0, 1)), "k": AttrSpec("int", 0)},
+        reference=_trilu_ref,
+        bytes_read=copy_bytes,
+        doc="ONNX Trilu with k as an attribute: the upper (upper=1: j - i >= k) or lower (upper=0: "
+        "j - i <= k) triangle of the last two dims, zeros elsewhere.",
+        sharding=_trilu_sharding,
     )
 )
 
