@@ -19,6 +19,7 @@ import numpy as np
 from distir.ir.types import DType, Type
 from distir.ir.values import Attrs
 from distir.ops._rules import broadcast_shapes, out_numel_flops, same_dtype
+from distir.ops._torch import binary, unary
 from distir.ops.registry import Fusion, OpDef, TypeCtx, register
 from distir.ops.sharding import pointwise
 
@@ -86,3 +87,15 @@ IS_NAN = _op("IsNaN", ("X",), _isnan_rule, np.isnan, "C = isnan(X) of a float X"
 NOT = _op("Not", ("X",), _logic_rule, np.logical_not, "C = not X (bool)")
 AND = _op("And", ("A", "B"), _logic_rule, np.logical_and, "C = A and B (bool, numpy broadcasting)")
 OR = _op("Or", ("A", "B"), _logic_rule, np.logical_or, "C = A or B (bool, numpy broadcasting)")
+
+
+# -- torch implementations (contract: distir.ops._torch) ----------------------------------------
+EQUAL.fill("torch", binary(lambda ctx, a, b: ctx.torch.eq(a, b)))
+LESS.fill("torch", binary(lambda ctx, a, b: ctx.torch.lt(a, b)))
+LESS_OR_EQUAL.fill("torch", binary(lambda ctx, a, b: ctx.torch.le(a, b)))
+GREATER.fill("torch", binary(lambda ctx, a, b: ctx.torch.gt(a, b)))
+GREATER_OR_EQUAL.fill("torch", binary(lambda ctx, a, b: ctx.torch.ge(a, b)))
+IS_NAN.fill("torch", unary(lambda ctx, x: ctx.torch.isnan(x)))
+NOT.fill("torch", unary(lambda ctx, x: ctx.torch.logical_not(x)))
+AND.fill("torch", binary(lambda ctx, a, b: ctx.torch.logical_and(a, b)))
+OR.fill("torch", binary(lambda ctx, a, b: ctx.torch.logical_or(a, b)))

@@ -495,6 +495,8 @@ def _fill_like_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tupl
 
 
 ADD.fill("torch", binary(lambda ctx, a, b: a + b))
+MAX.fill("torch", binary(lambda ctx, a, b: ctx.torch.maximum(a, b)))
+MIN.fill("torch", binary(lambda ctx, a, b: ctx.torch.minimum(a, b)))
 SUB.fill("torch", binary(lambda ctx, a, b: a - b))
 MUL.fill("torch", binary(lambda ctx, a, b: a * b))
 DIV.fill("torch", binary(_div_torch))

@@ -268,6 +268,18 @@ def _max_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any,
     return (ctx.torch.amax(x, dim=axes, keepdim=attrs.get("keepdims", 1) == 1) if axes else x.clone(),)
 
 
+def _cumsum_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    x = xs[0]
+    ax = int_attr(attrs, "axis", 0) % x.dim()
+    y = x.flip(ax) if int_attr(attrs, "reverse", 0) == 1 else x
+    acc = ctx.torch.float64 if x.dtype.is_floating_point else ctx.torch.int64
+    s = ctx.torch.cumsum(y.to(acc), dim=ax)
+    if int_attr(attrs, "exclusive", 0):
+        s = s - y.to(acc)  # the sum of the elements before, not including, each one
+    return ((s.flip(ax) if int_attr(attrs, "reverse", 0) == 1 else s).to(x.dtype),)
+
+
 REDUCE_SUM.fill("torch", _reduce_torch(mean=False))
+CUMSUM.fill("torch", _cumsum_torch)
 REDUCE_MEAN.fill("torch", _reduce_torch(mean=True))
 REDUCE_MAX.fill("torch", _max_torch)

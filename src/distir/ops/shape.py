@@ -501,7 +501,28 @@ def _transpose_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tupl
     return (x.permute(tuple(perm) if perm is not None else tuple(reversed(range(x.dim())))),)
 
 
+def _range_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    start, limit, delta = (x.item() for x in xs)
+    n = max(math.ceil((limit - start) / delta), 0)
+    steps = ctx.torch.arange(n, device=xs[0].device).to(xs[0].dtype)
+    return (xs[0] + xs[2] * steps,)
+
+
+def _constant_of_shape_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    dt = attrs.get("dtype", DType.f32)
+    assert isinstance(dt, DType)
+    shape = tuple(int(d) for d in xs[0].tolist())
+    value: Any = attrs.get("value", 0.0)
+    if dt.is_int:
+        value = int(value)
+    elif dt is DType.bool:
+        value = value != 0.0
+    return (ctx.torch.full(shape, value, dtype=ctx.dtype(dt), device=xs[0].device),)
+
+
 SHAPE.fill("torch", _shape_torch)
+RANGE.fill("torch", _range_torch)
+CONSTANT_OF_SHAPE.fill("torch", _constant_of_shape_torch)
 CONSTANT.fill("torch", _constant_torch)
 RESHAPE.fill("torch", _reshape_torch)
 EXPAND.fill("torch", _expand_torch)

@@ -381,7 +381,13 @@ def _slice_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[An
     return (y.flip(flip) if flip else y,)
 
 
+def _trilu_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    k = int_attr(attrs, "k", 0)
+    return (ctx.torch.triu(xs[0], k) if int_attr(attrs, "upper", 1) else ctx.torch.tril(xs[0], k),)
+
+
 GATHER.fill("torch", _gather_torch)
+TRILU.fill("torch", _trilu_torch)
 CONCAT.fill("torch", lambda ctx, xs, attrs: (ctx.torch.cat(list(xs), dim=int_attr(attrs, "axis", 0)),))
 SPLIT.fill("torch", _split_torch)
 SLICE.fill("torch", _slice_torch)
