@@ -6,8 +6,9 @@ simulation with the fitted figures reproduces the measured times:
 - ``fit_gemm``: matrix products of known shapes and FLOPs. The time model is
   ``launch + FLOPs / (peak × shape_factor(shape, sms))`` (``distir.hardware.gemm`` with its
   ceiling at 1): per dtype the asymptotic rate ``peak`` is the geometric mean of
-  ``rate / shape_factor`` (a least-squares fit in log space), and ``sms`` the candidate with the
-  smallest log residual over all dtypes. The device's peak for a dtype is that asymptote, and
+  ``rate / shape_factor`` weighted by each product's time (a weighted least-squares fit in log
+  space: the products that take the time decide, as they decide a step's time), and ``sms``
+  the candidate with the smallest weighted log residual over all dtypes. The device's peak for a dtype is that asymptote, and
   the ``GemmProfile`` passes through the largest measured shape (its ``anchor``) at the shape
   factor there, so the curve the cost model draws is the fitted one.
 - ``fit_family``: the ops of one family (elementwise, nn, attention, ...), each with its FLOPs
@@ -110,17 +111,19 @@ def fit_gemm(
     if not samples:
         raise FitError("GEMM fit: no matrix products were measured")
     best: tuple[float, int, dict[str, float]] | None = None
+    rate = np.array([s.flops / max(s.seconds - launch_s, 1e-12) for s in samples])
+    weight = np.array([s.seconds for s in samples])
     for sms in sorted(set(sms_candidates)):
         sf = np.array([shape_factor(s.shape, sms) for s in samples])
-        rate = np.array([s.flops / max(s.seconds - launch_s, 1e-12) for s in samples])
         logs = np.log(rate) - np.log(sf)
         peak: dict[str, float] = {}
         resid = 0.0
         for dt in sorted({s.dtype for s in samples}):
             sel = np.array([s.dtype == dt for s in samples])
-            mu = float(np.mean(logs[sel]))
+            w = weight[sel] / weight[sel].sum()
+            mu = float(np.sum(w * logs[sel]))
             peak[dt] = math.exp(mu)
-            resid += float(np.sum((logs[sel] - mu) ** 2))
+            resid += float(np.sum(w * (logs[sel] - mu) ** 2))
         if best is None or resid < best[0] - 1e-12:
             best = (resid, sms, peak)
     assert best is not None
@@ -245,7 +248,7 @@ def fit_link(
             s[col] = max(c, 0.0)
             candidates.append((float(np.sum((a @ np.array(s) - 1) ** 2)), s))
         inv_b, alpha = min(candidates)[1]
-    if inv_b <= 0:
+    if inv_b <= 0 or float(np.max(xy[:, 0] * inv_b / t)) < 0.01:  # B explains < 1% of any time
         raise FitError(
             f"link fit of {samples[0].collective}: the times do not grow with the message size; "
             "measure larger messages"
