@@ -544,7 +544,8 @@ def calibrate(
         int, typer.Option("--nproc", min=2, help="Processes (ranks) for the communication benchmarks.")
     ] = 2,
     threads: Annotated[
-        int, typer.Option("--threads", min=1, help="Threads for the compute benchmarks (1: as each rank runs).")
+        int,
+        typer.Option("--threads", min=1, help="Threads for the compute benchmarks (1: as each rank runs)."),
     ] = 1,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
@@ -565,8 +566,12 @@ def calibrate(
     known = {d.name: d for d in (DType.f32, DType.bf16, DType.f16)}
     bad = [n for n in names if n not in known]
     if bad or not names:
-        _fail(f"calibrate: --dtypes {dtypes!r}: unknown dtype {bad[0] if bad else '(none)'}; use f32, bf16, f16")
-    opts = CalibrateOptions(dtypes=tuple(known[n] for n in dict.fromkeys(names)), nproc=nproc, quick=quick, threads=threads)
+        _fail(
+            f"calibrate: --dtypes {dtypes!r}: unknown dtype {bad[0] if bad else '(none)'}; use f32, bf16, f16"
+        )
+    opts = CalibrateOptions(
+        dtypes=tuple(known[n] for n in dict.fromkeys(names)), nproc=nproc, quick=quick, threads=threads
+    )
     bar = Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -727,7 +732,11 @@ def _calibration_json(cal: Any, path: Path) -> dict[str, Any]:
         "launch_us": cal.launch_s * 1e6,
         "memory_bandwidth_gb_s": cal.bandwidth / 1e9,
         "peak_tflops": {k: v / 1e12 for k, v in cal.gemm.peak.items()},
-        "gemm": {"sm_count": cal.gemm.sms, "anchor": list(cal.gemm.anchor), "fit": cal.gemm.quality._asdict()},
+        "gemm": {
+            "sm_count": cal.gemm.sms,
+            "anchor": list(cal.gemm.anchor),
+            "fit": cal.gemm.quality._asdict(),
+        },
         "families": {
             k: {
                 "flop_efficiency": f.flop,

@@ -41,8 +41,18 @@ def test_quick_calibrate_writes_a_profile_simulate_accepts(tmp_path: Path) -> No
     assert node.intra.bandwidth == pytest.approx(data["links"]["p2p"]["bandwidth_gb_s"] * 1e9, rel=1e-5)
     r = runner.invoke(
         app,
-        ["simulate", "--cluster", str(out), "--model", "gpt:layers=2,hidden=64,heads=4,seq=32,vocab=128",
-         "--strategy", "d2.t1.p1.k1", "--batch", "4", "--json"],
+        [
+            "simulate",
+            "--cluster",
+            str(out),
+            "--model",
+            "gpt:layers=2,hidden=64,heads=4,seq=32,vocab=128",
+            "--strategy",
+            "d2.t1.p1.k1",
+            "--batch",
+            "4",
+            "--json",
+        ],
     )
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["step_time_s"] > 0

@@ -168,4 +168,6 @@ def test_fits_refuse_no_samples() -> None:
 def test_link_spec_of_fit_is_usable() -> None:
     samples = [LinkSample("p2p", 2, m, _closed_form("p2p", 2, m)) for m in (1e3, 1e6)]
     link = fit_link(samples, COSTS["p2p"]).link
-    assert isinstance(link, LinkSpec) and math.isclose(link.time(1e6), _closed_form("p2p", 2, 1e6), rel_tol=1e-6)
+    assert isinstance(link, LinkSpec) and math.isclose(
+        link.time(1e6), _closed_form("p2p", 2, 1e6), rel_tol=1e-6
+    )

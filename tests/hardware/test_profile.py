@@ -26,7 +26,9 @@ Q = Quality(0.05, 0.2, 10)
 
 
 def _calibration() -> Calibration:
-    gemm = GemmFit({"f32": 90e9, "bf16": 40e9}, 4, (512, 512, 512), shape_factor(GemmShape(1, 512, 512, 512), 4), Q)
+    gemm = GemmFit(
+        {"f32": 90e9, "bf16": 40e9}, 4, (512, 512, 512), shape_factor(GemmShape(1, 512, 512, 512), 4), Q
+    )
     families = {
         "elementwise": FamilyFit(0.1, 0.7, 1.5e-6, True, True, Q),
         "nn": FamilyFit(0.2, 0.3, 4e-6, True, False, Q),
@@ -36,7 +38,19 @@ def _calibration() -> Calibration:
         "allreduce": LinkFit(LinkSpec(1e9, 150e-6), Q),
         "allgather": LinkFit(LinkSpec(1.5e9, 100e-6), Q),
     }
-    return Calibration("testhost", "2026-01-01 00:00 UTC", "synthetic", "CPU test", 2, 8 << 30, 1.2e-6, 30e9, gemm, families, links)
+    return Calibration(
+        "testhost",
+        "2026-01-01 00:00 UTC",
+        "synthetic",
+        "CPU test",
+        2,
+        8 << 30,
+        1.2e-6,
+        30e9,
+        gemm,
+        families,
+        links,
+    )
 
 
 def test_profile_round_trips_through_the_cluster_loader() -> None:
@@ -63,7 +77,11 @@ def test_profile_round_trips_through_the_cluster_loader() -> None:
     assert node.intra_for("broadcast") == node.intra  # not measured: the p2p link
     for what in ("source", "matmul_source", "runtime_memory_source"):
         assert "calibrated on testhost, 2026-01-01 00:00 UTC, by distir calibrate" in (
-            node.source if what == "source" else d.gemm.source if what == "matmul_source" else d.runtime.source
+            node.source
+            if what == "source"
+            else d.gemm.source
+            if what == "matmul_source"
+            else d.runtime.source
         )
 
 
@@ -103,8 +121,18 @@ def test_simulate_runs_on_the_profile(tmp_path: Path) -> None:
     path.write_text(profile_toml(_calibration()), encoding="utf-8")
     r = CliRunner().invoke(
         app,
-        ["simulate", "--cluster", str(path), "--model", "gpt:layers=2,hidden=64,heads=4,seq=32,vocab=128",
-         "--strategy", "d2.t1.p1.k1", "--batch", "4", "--json"],
+        [
+            "simulate",
+            "--cluster",
+            str(path),
+            "--model",
+            "gpt:layers=2,hidden=64,heads=4,seq=32,vocab=128",
+            "--strategy",
+            "d2.t1.p1.k1",
+            "--batch",
+            "4",
+            "--json",
+        ],
     )
     assert r.exit_code == 0, r.stderr
     data = json.loads(r.stdout)
@@ -128,10 +156,26 @@ def test_existing_cluster_files_stay_valid() -> None:
 @pytest.mark.parametrize(
     ("body", "key", "what"),
     [
-        ("[types.local.families.loss]\nflop_efficiency = 1.5\nmemory_efficiency = 0.5\nlaunch_us = 1", "flop_efficiency", "fraction"),
-        ("[types.local.families.loss]\nflop_efficiency = 0.5\nmemory_efficiency = 0.5", "launch_us", "missing"),
-        ("[types.local.collectives.allreduse]\nbandwidth_gb_s = 1\nlatency_us = 1", "allreduse", "did you mean allreduce"),
-        ("[types.local.collectives.broadcast]\nbandwidth_gb_s = -1\nlatency_us = 1", "bandwidth_gb_s", "positive"),
+        (
+            "[types.local.families.loss]\nflop_efficiency = 1.5\nmemory_efficiency = 0.5\nlaunch_us = 1",
+            "flop_efficiency",
+            "fraction",
+        ),
+        (
+            "[types.local.families.loss]\nflop_efficiency = 0.5\nmemory_efficiency = 0.5",
+            "launch_us",
+            "missing",
+        ),
+        (
+            "[types.local.collectives.allreduse]\nbandwidth_gb_s = 1\nlatency_us = 1",
+            "allreduse",
+            "did you mean allreduce",
+        ),
+        (
+            "[types.local.collectives.broadcast]\nbandwidth_gb_s = -1\nlatency_us = 1",
+            "bandwidth_gb_s",
+            "positive",
+        ),
     ],
 )
 def test_bad_calibrated_tables_are_located_errors(body: str, key: str, what: str) -> None:

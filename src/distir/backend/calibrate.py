@@ -32,9 +32,9 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from distir.backend import require_torch
 from distir.backend import commbench as cb
 from distir.backend import microbench as mb
+from distir.backend import require_torch
 from distir.hardware.cluster import Cluster
 from distir.hardware.fit import FamilyFit, LinkFit, fit_family, fit_gemm, fit_link
 from distir.hardware.profile import Calibration
@@ -62,7 +62,7 @@ class CalibrateOptions:
             return self.comm_sizes
         if self.quick:
             return (1 << 10, 1 << 14, 1 << 17, 1 << 19)
-        return (1 << 10, 1 << 13, 1 << 16, 1 << 19, 1 << 21, 1 << 23, 1 << 25)
+        return (1 << 10, 1 << 13, 1 << 16, 1 << 19, 1 << 21, 1 << 23)
 
 
 Progress = Callable[[int], Callable[[str], None]]
@@ -104,7 +104,11 @@ def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Ca
     torch.set_num_threads(options.threads)
     try:
         timing = mb.run_cases(
-            work, device, batch_s=0.005 if options.quick else 0.05, repeats=3 if options.quick else 5, tick=tick
+            work,
+            device,
+            batch_s=0.005 if options.quick else 0.05,
+            repeats=3 if options.quick else 5,
+            tick=tick,
         )
     finally:
         torch.set_num_threads(threads)

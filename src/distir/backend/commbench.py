@@ -6,7 +6,8 @@ timed on ``torch.distributed`` across local processes.
 directory. For every collective of ``COLLECTIVES``, group size 2..nproc (the group of ranks
 0..size-1) and message size, every rank runs one warm-up call, the ranks agree on a repetition
 count (the slowest rank's warm-up decides), run it back to back in ``ROUNDS`` rounds and take the
-fastest round's time per call of the slowest rank. ``p2p`` is a ping-pong between ranks 0 and 1: half the round trip.
+fastest round's time per call of the slowest rank. ``p2p`` is a ping-pong between ranks 0 and 1:
+half the round trip.
 
 Message sizes are stated as the cost functions of ``distir.sim.collectives`` read them: the
 buffer for all-reduce and broadcast, the full gathered (scattered) size for all-gather
@@ -59,7 +60,9 @@ def elements(nbytes: int, g: int) -> int:
     return max(g, (nbytes // 4) // g * g)
 
 
-def _op(dist: Any, torch: Any, name: str, group: Any, g: int, nbytes: int, dev: Any, rank: int) -> Callable[[], None]:
+def _op(
+    dist: Any, torch: Any, name: str, group: Any, g: int, nbytes: int, dev: Any, rank: int
+) -> Callable[[], None]:
     """A closure running collective ``name`` once on ``elements(nbytes, g)`` float32s."""
     n = elements(nbytes, g)
     x = torch.ones(n, device=dev)
@@ -88,7 +91,9 @@ def _op(dist: Any, torch: Any, name: str, group: Any, g: int, nbytes: int, dev: 
     raise ValueError(f"unknown collective {name!r}")
 
 
-def _worker(rank: int, nproc: int, store: str, device: str, work: list[tuple[str, int, int]], target_s: float, q: Any) -> None:
+def _worker(
+    rank: int, nproc: int, store: str, device: str, work: list[tuple[str, int, int]], target_s: float, q: Any
+) -> None:
     try:
         import warnings
 
@@ -100,7 +105,9 @@ def _worker(rank: int, nproc: int, store: str, device: str, work: list[tuple[str
         dev = torch.device(f"cuda:{rank}" if cuda else "cpu")
         if cuda:
             torch.cuda.set_device(dev)
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{store}", rank=rank, world_size=nproc)
+        dist.init_process_group(
+            "nccl" if cuda else "gloo", init_method=f"file://{store}", rank=rank, world_size=nproc
+        )
         sync = torch.cuda.synchronize if cuda else (lambda: None)
         groups = {g: (dist.new_group(list(range(g))) if g < nproc else None) for g in range(2, nproc + 1)}
         out = []
@@ -160,7 +167,10 @@ def run_comm(
         old = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
-            procs = [ctx.Process(target=_worker, args=(r, nproc, store, device, work, target_s, q), daemon=True) for r in range(nproc)]
+            procs = [
+                ctx.Process(target=_worker, args=(r, nproc, store, device, work, target_s, q), daemon=True)
+                for r in range(nproc)
+            ]
             for p in procs:
                 p.start()
         finally:

@@ -359,7 +359,9 @@ class _Loader:
                 vals.get("inter_bandwidth_gb_s", base.inter.bandwidth),
                 vals.get("inter_latency_us", base.inter.latency_s),
             )
-            return NodeSpec(node_name, device, dpn or base.devices_per_node, intra, inter, source, collectives)
+            return NodeSpec(
+                node_name, device, dpn or base.devices_per_node, intra, inter, source, collectives
+            )
         except HardwareError as e:
             self.fail(path, str(e))
 

@@ -8,9 +8,10 @@ simulation with the fitted figures reproduces the measured times:
   ceiling at 1): per dtype the asymptotic rate ``peak`` is the geometric mean of
   ``rate / shape_factor`` weighted by each product's time (a weighted least-squares fit in log
   space: the products that take the time decide, as they decide a step's time), and ``sms``
-  the candidate with the smallest weighted log residual over all dtypes. The device's peak for a dtype is that asymptote, and
-  the ``GemmProfile`` passes through the largest measured shape (its ``anchor``) at the shape
-  factor there, so the curve the cost model draws is the fitted one.
+  the candidate with the smallest weighted log residual over all dtypes. The device's peak for a
+  dtype is that asymptote, and the ``GemmProfile`` passes through the largest measured shape
+  (its ``anchor``) at the shape factor there, so the curve the cost model draws is the fitted
+  one.
 - ``fit_family``: the ops of one family (elementwise, nn, attention, ...), each with its FLOPs
   and bytes as the registry counts them. The time model is the roofline
   ``launch + max(FLOPs / (peak × flop), bytes / (bandwidth × memory))`` with ``peak`` and
@@ -38,8 +39,7 @@ import numpy as np
 
 from distir.hardware.cluster import Cluster
 from distir.hardware.gemm import GemmShape, shape_factor
-from distir.hardware.specs import GemmProfile, LinkSpec, NodeSpec
-from distir.hardware.specs import DeviceSpec
+from distir.hardware.specs import DeviceSpec, GemmProfile, LinkSpec, NodeSpec
 
 
 class FitError(ValueError):
@@ -105,7 +105,9 @@ class GemmFit(NamedTuple):
 
 
 def fit_gemm(
-    samples: Sequence[GemmSample], launch_s: float, sms_candidates: Iterable[int] = (1, 2, 4, 8, 16, 32, 64, 128)
+    samples: Sequence[GemmSample],
+    launch_s: float,
+    sms_candidates: Iterable[int] = (1, 2, 4, 8, 16, 32, 64, 128),
 ) -> GemmFit:
     """See the module docstring. ``launch_s``: the per-op fixed cost taken off each time."""
     if not samples:
@@ -129,9 +131,7 @@ def fit_gemm(
     assert best is not None
     _, sms, peak = best
     largest = max(samples, key=lambda s: s.flops).shape
-    model = np.array(
-        [launch_s + s.flops / (peak[s.dtype] * shape_factor(s.shape, sms)) for s in samples]
-    )
+    model = np.array([launch_s + s.flops / (peak[s.dtype] * shape_factor(s.shape, sms)) for s in samples])
     anchor = (largest.m, largest.n, largest.k)
     factor = shape_factor(GemmShape(1, *anchor), sms)
     return GemmFit(peak, sms, anchor, factor, _quality(model, np.array([s.seconds for s in samples])))
@@ -173,9 +173,7 @@ def _argmin_high(loss: np.ndarray) -> tuple[int, int]:
     return i, j
 
 
-def fit_family(
-    samples: Sequence[OpSample], peak: Callable[[str], float], bandwidth: float
-) -> FamilyFit:
+def fit_family(samples: Sequence[OpSample], peak: Callable[[str], float], bandwidth: float) -> FamilyFit:
     """See the module docstring. ``peak(dtype)``: the device's FLOP/s for a dtype name;
     ``bandwidth``: its memory bandwidth (B/s)."""
     if not samples:

@@ -70,9 +70,22 @@ def _peaks(cal: Calibration) -> tuple[dict[str, float], str]:
     return out, "; ".join(notes)
 
 
+def _sources(cal: Calibration, peak_note: str) -> dict[str, str]:
+    """The node's, the GEMM curve's and the runtime memory's source strings."""
+    return {
+        "source": f"{cal.stamp}; {peak_note}; inter-node link not measured (one machine): "
+        "the point-to-point figures",
+        "matmul_source": f"{cal.stamp}: the curve of distir.hardware.gemm fitted to timed matrix "
+        "products (sm_count chosen by the fit; the peaks are its asymptote)",
+        "runtime_memory_source": f"{cal.stamp}: none on a CPU (no CUDA context, no NCCL buffers; "
+        "tensor bytes as tracked)",
+    }
+
+
 def profile_toml(cal: Calibration) -> str:
     """The cluster file of ``cal`` (see the module docstring)."""
     peaks, peak_note = _peaks(cal)
+    src = _sources(cal, peak_note)
     p2p = cal.links["p2p"].link
     name = f"calibrated-{cal.host}"
     lines = [
@@ -96,17 +109,17 @@ def profile_toml(cal: Calibration) -> str:
         f"intra_latency_us = {_num(p2p.latency_s * 1e6)}",
         f"inter_bandwidth_gb_s = {_num(p2p.bandwidth / 1e9)}  # not measured (one machine): = intra",
         f"inter_latency_us = {_num(p2p.latency_s * 1e6)}",
-        f"source = {json.dumps(f'{cal.stamp}; {peak_note}; inter-node link not measured (one machine): the point-to-point figures')}",
+        f"source = {json.dumps(src['source'])}",
         f"sm_count = {cal.gemm.sms}",
         f"matmul_efficiency = {_num(min(1.0, cal.gemm.anchor_factor))}",
         f"matmul_fp32_efficiency = {_num(min(1.0, cal.gemm.anchor_factor))}",
         f"matmul_anchor = [{', '.join(map(str, cal.gemm.anchor))}]",
-        f"matmul_source = {json.dumps(f'{cal.stamp}: the curve of distir.hardware.gemm fitted to timed matrix products (sm_count chosen by the fit; the peaks are its asymptote)')}",
+        f"matmul_source = {json.dumps(src['matmul_source'])}",
         "cuda_context_mib = 0",
         "workspace_mib = 0",
         "comm_buffers_mib = 0",
         "allocator_fragmentation = 0",
-        f"runtime_memory_source = {json.dumps(f'{cal.stamp}: none on a CPU (no CUDA context, no NCCL buffers; tensor bytes as tracked)')}",
+        f"runtime_memory_source = {json.dumps(src['runtime_memory_source'])}",
     ]
     for fam, f in cal.families.items():
         unbounded = [w for w, b in (("flop", f.flop_bounded), ("memory", f.memory_bounded)) if not b]
