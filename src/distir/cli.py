@@ -416,6 +416,109 @@ def _model_program(
 
 
 @app.command()
+def run(
+    file: Annotated[
+        Path | None, typer.Argument(help="A distributed .distir program (or use --model and --strategy).")
+    ] = None,
+    model: Annotated[str | None, typer.Option("--model", help="A zoo model (distir models).")] = None,
+    strategy: Annotated[
+        str | None, typer.Option("--strategy", help="With --model: e.g. d1.t1.p2.k2.1f1b (default d1.t1.p1.k1).")
+    ] = None,
+    batch: Annotated[int | None, typer.Option("--batch", min=1, help="With --model: the global batch.")] = None,
+    steps: Annotated[
+        int, typer.Option("--steps", min=1, help="Steps to run; the first is a warm-up when there are more.")
+    ] = 3,
+    optimizer: Annotated[str, typer.Option("--optimizer", help="With --model: sgd or adam.")] = "adam",
+    dtype: Annotated[str, typer.Option("--dtype", help="With --model: f32, bf16 or f16.")] = "f32",
+    precision: Annotated[
+        str, typer.Option("--precision", help="With --model: pure or mixed (fp32 masters).")
+    ] = "pure",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the inputs, weights and optimizer state.")] = 0,
+    verify: Annotated[
+        bool, typer.Option("--verify/--no-verify", help="Compare every rank's outputs with the reference executor.")
+    ] = True,
+    trace: Annotated[
+        Path | None, typer.Option("--trace", help="Write the ranks' real op timelines (Perfetto/Chrome JSON).")
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=1.0, help="Seconds any one communication may wait for a peer.")
+    ] = 300.0,
+    entry: EntryOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Run a distributed program for real: one process per rank (torch.distributed: gloo on CPU,
+    NCCL with CUDA), each running its per-rank program; check every rank's loss, outputs and
+    updated weights against the reference executor; report step time and peak memory per rank.
+    Under torchrun the same command runs this process's rank."""
+    from distir.backend import TorchMissing
+    from distir.backend.launch import LaunchOptions, RunFailed
+    from distir.backend.program import file_program, model_program
+    from distir.backend.run import execute, report_dict
+    from distir.backend.worker import RankFailure
+    from distir.frontends.zoo.model import ModelError
+    from distir.parallel.strategy import StrategyError
+
+    if (file is None) == (model is None):
+        _fail("give a program FILE or --model (with --strategy), not both" if file else "give a program FILE or --model")
+    try:
+        if model is not None:
+            prog = _plain_guard(debug)(
+                lambda: model_program(model, strategy, batch, dtype, precision, optimizer, seed)
+            )
+        else:
+            assert file is not None
+            if strategy is not None or batch is not None:
+                _fail("--strategy and --batch apply to --model, not to a program file")
+            s = _Session(file, debug)
+            m = s.explicit(s.load(entry))
+            typed = s.guard(lambda: distir.check(m))
+            prog = file_program(typed, str(file), seed)
+        if trace is not None and file is not None and trace.resolve() == file.resolve():
+            _fail(f"{trace}: refusing to overwrite the program with its trace")
+        guard = _Session(file, debug).guard if file is not None else _plain_guard(debug)
+        rep = guard(lambda: execute(prog, steps, verify, trace, LaunchOptions(timeout_s=timeout)))
+    except (StrategyError, ModelError, TorchMissing) as e:
+        if debug:
+            traceback.print_exc()
+        _fail(str(e))
+    except RankFailure as e:  # under torchrun: this rank failed (torchrun stops the others)
+        err.print(str(e), markup=False)
+        raise typer.Exit(2) from None
+    except RunFailed as e:
+        err.print(f"distir run: {e}", markup=False)
+        raise typer.Exit(2 if "killed by" not in str(e) and "exited with" not in str(e) else 1) from None
+    if rep is None:  # a torchrun rank other than 0: rank 0 reports
+        return
+    d = report_dict(rep)
+    if json_out:
+        _emit_json(d)
+    else:
+        _print_run(d)
+    if rep.verdict is not None and not rep.verdict.verified:
+        raise typer.Exit(1)
+
+
+def _print_run(d: dict[str, Any]) -> None:
+    out.print(f"{d['program']}: {d['ranks']} ranks, {d['backend']} ({d['launcher']}), {d['steps']} steps", markup=False)
+    if d["verified"] is not None:
+        status = "verified" if d["verified"] else "NOT verified"
+        out.print(
+            f"  {status} against the reference executor: max abs error {d['max_abs_error']:.3g} "
+            f"(worst {d['worst_output']}; allowed {d['tolerance']:g} x max(1, |reference|))",
+            markup=False,
+        )
+    out.print(f"  step time {d['step_time_s'] * 1e3:.2f} ms (median after warm-up, slowest rank)", markup=False)
+    for dev, b in d["peak_memory_bytes"].items():
+        t = d["step_time_s_per_rank"][dev]
+        out.print(f"  {dev}: {t * 1e3:.2f} ms, peak memory {b} B ({d['memory_source']})", markup=False)
+    if d["reference_fallback_ops"]:
+        out.print(f"  ran on the numpy reference (no torch implementation): {', '.join(d['reference_fallback_ops'])}", markup=False)
+    if d["trace"] is not None:
+        out.print(f"  trace written to {d['trace']} (open it at https://ui.perfetto.dev)", markup=False)
+
+
+@app.command()
 def shard(
     file: FileArg,
     mesh: Annotated[str, typer.Option("--mesh", help="Mesh axes, e.g. tp=2 or dp=2,tp=4.")] = "tp=2",
@@ -799,3 +902,7 @@ def main() -> None:
         err.print("distir: aborted", markup=False)
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -5,7 +5,7 @@ tensors (0-d tensors for scalars, Python tuples for tuples), ``attrs`` the op's 
 the IR, and ``ctx`` this context: the ``torch`` module itself (so op families never import torch
 at module level), the torch device tensors live on, and, for rank ops, the process-group layer
 (this process's device in the program, the global rank of any program device, the process group
-of a device group). A single-process context (``TorchContext.local()``) has no process groups;
+of a device group, and the point-to-point operations posted and not yet started: ``post``/``flush``). A single-process context (``TorchContext.local()``) has no process groups;
 rank ops refuse to run there.
 """
 
@@ -36,6 +36,8 @@ class TorchContext:
     ranks: dict[Device, int] = field(default_factory=dict)
     groups: dict[tuple[int, ...], Any] = field(default_factory=dict)
     new_group: Callable[[Sequence[int]], Any] | None = None
+    # point-to-point operations posted by rank.Send/rank.Recv and not yet waited for (``post``)
+    pending: list[Any] = field(default_factory=list)
 
     @staticmethod
     def local(device: str = "cpu") -> TorchContext:
@@ -65,6 +67,20 @@ class TorchContext:
                 raise NoProcessGroup(f"no process group for ranks {key}")
             g = self.groups[key] = self.new_group(key)
         return g
+
+    def post(self, p2p: Any) -> None:
+        """Post a ``torch.distributed.P2POp``; it starts at the next ``flush`` with the others
+        posted since the last one (one ``batch_isend_irecv``), so a rank's consecutive sends and
+        receives overlap. The runner flushes before anything reads a received tensor."""
+        self.pending.append(p2p)
+
+    def flush(self) -> None:
+        """Start every posted point-to-point operation together and wait for all of them."""
+        if not self.pending:
+            return
+        ops, self.pending = self.pending, []
+        for req in self.dist.batch_isend_irecv(ops):
+            req.wait()
 
     def dtype(self, dt: DType) -> Any:
         """The torch dtype of a DistIR dtype."""

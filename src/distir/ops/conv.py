@@ -27,7 +27,7 @@ import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,7 +36,11 @@ from distir.ir.values import Attrs
 from distir.ops import sharding as sh
 from distir.ops._rules import float_input, int_attr, numel, same_dtype
 from distir.ops._special import F64, f64
+from distir.ops._torch import pad_spatial
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+
+if TYPE_CHECKING:
+    from distir.backend.context import TorchContext
 
 FAMILY = "conv"
 
@@ -501,8 +505,64 @@ __all__ = [
     "pool_window",
     "shape_of",
     "spatial_input",
+    "torch_avg_pool",
+    "torch_max_pool",
+    "torch_pad_for",
     "window_of",
 ]
+
+
+# -- torch implementations (contract: distir.ops._torch) --------------------------------------------
+def torch_pad_for(ctx: TorchContext, x: Any, win: Window, value: float) -> Any:
+    """``pad_for`` on torch: ``x`` padded (or cropped at the end) so that the window's outputs
+    tile it exactly, as an unpadded floor-mode op takes it (ceil mode and asymmetric pads are
+    then nobody's business but this padding)."""
+    out = win.out_shape(tuple(x.shape[2:]))
+    ends = [
+        (o - 1) * s + win.extent(i) - n - b
+        for i, (o, s, n, b) in enumerate(zip(out, win.strides, x.shape[2:], win.pads_begin, strict=True))
+    ]
+    return pad_spatial(ctx, x, win.pads_begin, ends, value)
+
+
+def _conv_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    x, w = xs[0], xs[1]
+    b = xs[2] if len(xs) > 2 else None
+    win = window_of(attrs, tuple(w.shape[2:]))
+    r = len(win.kernel)
+    xp = torch_pad_for(ctx, x, win, 0.0)
+    group = int_attr(attrs, "group", 1)
+    y = ctx.torch.ops.aten.convolution(xp, w, b, win.strides, [0] * r, win.dilations, False, [0] * r, group)
+    return (y,)
+
+
+def torch_max_pool(ctx: TorchContext, x: Any, win: Window) -> Any:
+    """MaxPool on torch (1 to 3 spatial axes), padding with -inf."""
+    f = getattr(ctx.torch.nn.functional, f"max_pool{len(win.kernel)}d")
+    return f(torch_pad_for(ctx, x, win, -math.inf), win.kernel, win.strides, 0, win.dilations)
+
+
+def torch_avg_pool(ctx: TorchContext, x: Any, win: Window, include_pad: bool) -> Any:
+    """AveragePool on torch: window sums of the zero-padded input over the reference's divisors
+    (``avg_pool_counts``)."""
+    f = getattr(ctx.torch.nn.functional, f"avg_pool{len(win.kernel)}d")
+    sums = f(torch_pad_for(ctx, x, win, 0.0), win.kernel, win.strides, 0) * math.prod(win.kernel)
+    counts = avg_pool_counts(tuple(x.shape), win, include_pad)
+    return sums / ctx.torch.from_numpy(counts).to(device=x.device, dtype=x.dtype)
+
+
+def _max_pool_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    return (torch_max_pool(ctx, xs[0], pool_window(attrs)),)
+
+
+def _avg_pool_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    include = bool(int_attr(attrs, "count_include_pad", 0))
+    return (torch_avg_pool(ctx, xs[0], pool_window(attrs), include),)
+
+
+CONV.fill("torch", _conv_torch)
+MAX_POOL.fill("torch", _max_pool_torch)
+AVERAGE_POOL.fill("torch", _avg_pool_torch)
 
 # the gradient rules live beside this file (it would grow past ~500 lines)
 from distir.ops import conv_grad  # noqa: E402, F401

@@ -10,7 +10,7 @@ Each op is one ``OpDef``: signature, shape rule, numpy reference, FLOPs per outp
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,9 +20,13 @@ from distir.ir.types import DType, TensorType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops._rules import broadcast_shapes, float_attr, numel, out_numel_flops, same_dtype
 from distir.ops._special import normal_cdf
+from distir.ops._torch import binary, unary
 from distir.ops.gradrules import GradCtx, GradRule, first, is_float, unbroadcast, zeros_like
 from distir.ops.registry import AttrSpec, Fusion, OpDef, TypeCtx, register
 from distir.ops.sharding import R, ShardingRule, Strategy, mul_rule, pointwise
+
+if TYPE_CHECKING:
+    from distir.backend.context import TorchContext
 
 FAMILY = "elementwise"
 
@@ -440,3 +444,55 @@ SUM.fill("grad", _add_grad)
 WHERE.fill("grad", _where_grad)
 CAST.fill("grad", _cast_grad)
 SCALE.fill("grad", _scale_grad)
+
+
+# -- torch implementations (contract: distir.ops._torch) ----------------------------------------
+def _div_torch(ctx: TorchContext, a: Any, b: Any) -> Any:
+    """Integers divide toward zero (ONNX), floats truly."""
+    if a.dtype.is_floating_point:
+        return a / b
+    return ctx.torch.div(a, b, rounding_mode="trunc")
+
+
+def _sum_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    acc = xs[0]
+    for x in xs[1:]:
+        acc = acc + x
+    return (acc if len(xs) > 1 else acc.clone(),)
+
+
+def _cast_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """torch rounds to bf16 (and f16) to nearest, ties to even, as the reference does."""
+    to = attrs["to"]
+    assert isinstance(to, DType)
+    return (xs[0].to(ctx.dtype(to)),)
+
+
+def _fill_like_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """The value converted as numpy's ``astype`` does: truncated for integers, != 0 for bool."""
+    x, value = xs[0], float_attr(attrs, "value", 1.0)
+    if x.dtype == ctx.torch.bool:
+        return (ctx.torch.full_like(x, value != 0.0),)
+    return (ctx.torch.full_like(x, value if x.dtype.is_floating_point else int(value)),)
+
+
+ADD.fill("torch", binary(lambda ctx, a, b: a + b))
+SUB.fill("torch", binary(lambda ctx, a, b: a - b))
+MUL.fill("torch", binary(lambda ctx, a, b: a * b))
+DIV.fill("torch", binary(_div_torch))
+POW.fill("torch", binary(lambda ctx, a, b: ctx.torch.pow(a, b)))
+SQRT.fill("torch", unary(lambda ctx, x: ctx.torch.sqrt(x)))
+NEG.fill("torch", unary(lambda ctx, x: ctx.torch.neg(x)))
+EXP.fill("torch", unary(lambda ctx, x: ctx.torch.exp(x)))
+RELU.fill("torch", unary(lambda ctx, x: ctx.torch.clamp_min(x, 0)))
+GELU.fill("torch", unary(lambda ctx, x: ctx.torch.nn.functional.gelu(x)))  # exact (erf)
+TANH.fill("torch", unary(lambda ctx, x: ctx.torch.tanh(x)))
+SIGMOID.fill("torch", unary(lambda ctx, x: ctx.torch.sigmoid(x)))
+LOG.fill("torch", unary(lambda ctx, x: ctx.torch.log(x)))
+STOP_GRADIENT.fill("torch", unary(lambda ctx, x: x.detach()))
+IDENTITY.fill("torch", unary(lambda ctx, x: x))
+SUM.fill("torch", _sum_torch)
+WHERE.fill("torch", lambda ctx, xs, attrs: (ctx.torch.where(xs[0], xs[1], xs[2]),))
+CAST.fill("torch", _cast_torch)
+SCALE.fill("torch", lambda ctx, xs, attrs: (xs[0] * float_attr(attrs, "alpha", 1.0),))
+FILL_LIKE.fill("torch", _fill_like_torch)

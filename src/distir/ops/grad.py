@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from distir.ops._rules import (
     str_attr,
 )
 from distir.ops._special import F64, f64, normal_cdf, normal_pdf
+from distir.ops._torch import like, sum_to, upcast, vjp
 from distir.ops.conv import (
     AVERAGE_POOL_ATTRS,
     CONV_ATTRS,
@@ -44,6 +45,9 @@ from distir.ops.conv import (
     pool_flops,
     pool_types,
     pool_window,
+    torch_avg_pool,
+    torch_max_pool,
+    torch_pad_for,
     window_of,
 )
 from distir.ops.loss import (
@@ -54,12 +58,14 @@ from distir.ops.loss import (
     exp_and_onehot,
     parts_sharding,
     reduction,
+    torch_exp_and_onehot,
 )
 from distir.ops.nn import (
     NORM_ATTRS,
     check_param,
     layer_norm_stats,
     norm_axes_of,
+    norm_shape,
     norm_start,
     rms_norm_stats,
     softmax,
@@ -67,6 +73,9 @@ from distir.ops.nn import (
 )
 from distir.ops.registry import AttrSpec, Fusion, OpDef, TypeCtx, register
 from distir.ops.shape_index import ROWS, rows_localizer
+
+if TYPE_CHECKING:
+    from distir.backend.context import TorchContext
 
 FAMILY = "grad"
 
@@ -539,3 +548,117 @@ AVERAGE_POOL_GRAD = register(
 )
 
 __all__ = ["avg_pool_backward", "conv_backward", "max_pool_backward", "scatter_windows", "sum_to_shape"]
+
+
+# -- torch implementations (contract: distir.ops._torch) ----------------------------------------
+def _relu_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    dy, x = xs
+    return (dy * (x > 0).to(dy.dtype),)
+
+
+def _softmax_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    dy, y = xs
+    axis = int_attr(attrs, "axis", -1) % y.dim()
+    return (ctx.torch.ops.aten._softmax_backward_data(dy, y, axis, y.dtype),)
+
+
+def _norm_grad_torch(rms: bool) -> Any:
+    """The norms' backward by their formulas (those of the references), accumulating 16-bit
+    types in f32 as the fused kernels do: (dX, dScale[, dB])."""
+
+    def impl(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+        dy0, x0, scale0 = xs
+        dy, x, scale = (upcast(ctx, t) for t in xs)
+        axes = tuple(range(x.dim() - len(norm_shape(x, attrs)), x.dim()))
+        eps = float_attr(attrs, "epsilon", 1e-5)
+        if not rms:
+            x = x - x.mean(dim=axes, keepdim=True)
+        r = ctx.torch.rsqrt((x * x).mean(dim=axes, keepdim=True) + eps)
+        xhat, g = x * r, dy * scale
+        dx = g - xhat * (g * xhat).mean(dim=axes, keepdim=True)
+        if not rms:
+            dx = dx - g.mean(dim=axes, keepdim=True)
+        shape = tuple(scale0.shape)
+        grads = (r * dx, sum_to(dy * xhat, shape)) + (() if rms else (sum_to(dy, shape),))
+        return tuple(like(t, dy0) for t in grads)
+
+    return impl
+
+
+def _sce_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """(softmax − one-hot) · dLoss, in f32 for 16-bit scores."""
+    dloss, scores0, labels = xs
+    p = ctx.torch.softmax(upcast(ctx, scores0), 1)
+    idx = labels.long().unsqueeze(1)
+    p = p.scatter_add(1, idx, ctx.torch.full(idx.shape, -1.0, dtype=p.dtype, device=p.device))
+    how, d = str_attr(attrs, "reduction", "mean"), upcast(ctx, dloss)
+    if how == "none":
+        p = p * d.unsqueeze(1)
+    else:
+        p = p * (d / labels.numel() if how == "mean" else d)
+    return (like(p, scores0),)
+
+
+def _parts_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    dsum, dpicked, scores, shift, labels = xs
+    e, onehot = torch_exp_and_onehot(ctx, scores, shift, labels, attrs.get("rows"))
+    d = upcast(ctx, dsum)[:, None] * e + upcast(ctx, dpicked)[:, None] * onehot
+    return (like(d, scores),)
+
+
+def _mse_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    dloss, p, t = xs
+    g = 2.0 * (upcast(ctx, p) - upcast(ctx, t)) * upcast(ctx, dloss)
+    if str_attr(attrs, "reduction", "mean") == "mean":
+        g = g / max(p.numel(), 1)
+    return (like(g, p),)
+
+
+def _conv_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """torch's convolution backward on the padded input; dX is its unpadded part."""
+    dy, x, w = xs
+    win = window_of(attrs, tuple(w.shape[2:]))
+    r = len(win.kernel)
+    zeros, group = [0] * r, int_attr(attrs, "group", 1)
+    xp = torch_pad_for(ctx, x, win, 0.0)
+    dxp, dw, db = ctx.torch.ops.aten.convolution_backward(
+        dy, xp, w, [w.shape[0]], win.strides, zeros, win.dilations, False, zeros, group, [True, True, True]
+    )
+    crop = tuple(slice(b, b + n) for b, n in zip(win.pads_begin, x.shape[2:], strict=True))
+    return (dxp[(slice(None), slice(None), *crop)], dw, db)
+
+
+def _max_pool_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    dy, x = xs
+    win = pool_window(attrs)
+    return (vjp(ctx, lambda t: torch_max_pool(ctx, t, win), x, dy),)
+
+
+def _avg_pool_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    dy, x = xs
+    win, include = pool_window(attrs), bool(int_attr(attrs, "count_include_pad", 0))
+    return (vjp(ctx, lambda t: torch_avg_pool(ctx, t, win, include), x, dy),)
+
+
+def _aten_grad(name: str) -> Any:
+    """dX = aten.<name>(dY, Z): torch's own backward kernel of an activation."""
+
+    def impl(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+        return (getattr(ctx.torch.ops.aten, name)(xs[0], xs[1]),)
+
+    return impl
+
+
+RELU_GRAD.fill("torch", _relu_grad_torch)
+GELU_GRAD.fill("torch", _aten_grad("gelu_backward"))
+TANH_GRAD.fill("torch", _aten_grad("tanh_backward"))
+SIGMOID_GRAD.fill("torch", _aten_grad("sigmoid_backward"))
+SOFTMAX_GRAD.fill("torch", _softmax_grad_torch)
+LAYER_NORMALIZATION_GRAD.fill("torch", _norm_grad_torch(rms=False))
+RMS_NORMALIZATION_GRAD.fill("torch", _norm_grad_torch(rms=True))
+SOFTMAX_CROSS_ENTROPY_LOSS_GRAD.fill("torch", _sce_grad_torch)
+SOFTMAX_CROSS_ENTROPY_PARTS_GRAD.fill("torch", _parts_grad_torch)
+MSE_LOSS_GRAD.fill("torch", _mse_grad_torch)
+CONV_GRAD.fill("torch", _conv_grad_torch)
+MAX_POOL_GRAD.fill("torch", _max_pool_grad_torch)
+AVERAGE_POOL_GRAD.fill("torch", _avg_pool_grad_torch)

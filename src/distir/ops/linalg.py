@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,6 +16,9 @@ from distir.ops import sharding as sharding_rules
 from distir.ops._rules import broadcast_shapes, float_attr, int_attr, numel, same_dtype
 from distir.ops.gradrules import GradCtx, first, reshape, unbroadcast
 from distir.ops.registry import AttrSpec, Fusion, OpDef, TypeCtx, register
+
+if TYPE_CHECKING:
+    from distir.backend.context import TorchContext
 
 FAMILY = "linalg"
 
@@ -220,3 +223,19 @@ def _gemm_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[
 
 MATMUL.fill("grad", _matmul_grad)
 GEMM.fill("grad", _gemm_grad)
+
+
+# -- torch implementations (contract: distir.ops._torch) ----------------------------------------
+def _gemm_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """One GEMM with the bias as its epilogue (``addmm``) when there is one."""
+    a = xs[0].T if int_attr(attrs, "transA", 0) else xs[0]
+    b = xs[1].T if int_attr(attrs, "transB", 0) else xs[1]
+    alpha, beta = float_attr(attrs, "alpha", 1.0), float_attr(attrs, "beta", 1.0)
+    if len(xs) == 3:
+        return (ctx.torch.addmm(xs[2], a, b, beta=beta, alpha=alpha),)
+    y = a @ b
+    return (y if alpha == 1.0 else y * alpha,)
+
+
+MATMUL.fill("torch", lambda ctx, xs, attrs: (ctx.torch.matmul(xs[0], xs[1]),))
+GEMM.fill("torch", _gemm_torch)

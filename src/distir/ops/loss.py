@@ -12,7 +12,7 @@ pending sum, a mean a pending mean only over even shards.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,10 +21,14 @@ from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs
 from distir.ops import sharding as sh
 from distir.ops._rules import float_input, numel, same_dtype, same_shape, str_attr
+from distir.ops import _torch
 from distir.ops._special import F64, f64
 from distir.ops.nn import log_softmax
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
 from distir.ops.shape_index import ROWS, check_rows, local_rows, rows_localizer
+
+if TYPE_CHECKING:
+    from distir.backend.context import TorchContext
 
 FAMILY = "loss"
 
@@ -258,6 +262,7 @@ __all__ = [
     "picked_log_probs",
     "reduce_loss",
     "reduction",
+    "torch_exp_and_onehot",
 ]
 
 
@@ -300,3 +305,44 @@ def _parts_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence
 SOFTMAX_CROSS_ENTROPY_LOSS.fill("grad", _sce_grad)
 SOFTMAX_CROSS_ENTROPY_PARTS.fill("grad", _parts_grad)
 MSE_LOSS.fill("grad", _mse_grad)
+
+
+# -- torch implementations (contract: distir.ops._torch) ----------------------------------------
+def _sce_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """torch's cross entropy (log-softmax and pick, in f32 for 16-bit scores)."""
+    scores, labels = xs
+    how = str_attr(attrs, "reduction", "mean")
+    f = ctx.torch.nn.functional.cross_entropy
+    return (_torch.like(f(_torch.upcast(ctx, scores), labels.long(), reduction=how), scores),)
+
+
+def torch_exp_and_onehot(ctx: TorchContext, scores: Any, shift: Any, labels: Any, rows: Any) -> tuple[Any, Any]:
+    """``exp_and_onehot`` on torch (in f32 for 16-bit scores): exp(scores − shift) and the
+    one-hot of the labels this piece of the classes holds."""
+    x = _torch.upcast(ctx, scores)
+    e = ctx.torch.exp(x - _torch.upcast(ctx, shift)[:, None])
+    onehot = ctx.torch.zeros_like(x)
+    if x.shape[1]:
+        idx, mask = _torch.local_rows(ctx, labels, rows, x.shape[1])
+        hit = ctx.torch.ones_like(idx, dtype=x.dtype) if mask is None else mask.to(x.dtype)
+        onehot.scatter_(1, idx[:, None], hit[:, None])
+    return e, onehot
+
+
+def _parts_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    scores, shift, labels = xs
+    e, onehot = torch_exp_and_onehot(ctx, scores, shift, labels, attrs.get("rows"))
+    z = _torch.upcast(ctx, scores) - _torch.upcast(ctx, shift)[:, None]
+    return (_torch.like(e.sum(1), scores), _torch.like((z * onehot).sum(1), scores))
+
+
+def _mse_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    p, t = xs
+    how = str_attr(attrs, "reduction", "mean")
+    f = ctx.torch.nn.functional.mse_loss
+    return (_torch.like(f(_torch.upcast(ctx, p), _torch.upcast(ctx, t), reduction=how), p),)
+
+
+SOFTMAX_CROSS_ENTROPY_LOSS.fill("torch", _sce_torch)
+SOFTMAX_CROSS_ENTROPY_PARTS.fill("torch", _parts_torch)
+MSE_LOSS.fill("torch", _mse_torch)

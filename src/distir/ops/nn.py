@@ -21,7 +21,7 @@ any p: its mask is an input.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,6 +42,9 @@ from distir.ops._rules import (
 from distir.ops._special import F64, f64
 from distir.ops.gradrules import GradCtx, first, unbroadcast
 from distir.ops.registry import AttrSpec, Fusion, OpDef, TypeCtx, register
+
+if TYPE_CHECKING:
+    from distir.backend.context import TorchContext
 
 FAMILY = "nn"
 
@@ -383,8 +386,62 @@ __all__ = [
     "layer_norm_stats",
     "log_softmax",
     "norm_axes_of",
+    "norm_shape",
     "norm_start",
     "rms_norm_stats",
     "softmax",
     "softmax_axis",
 ]
+
+
+# -- torch implementations (contract: distir.ops._torch) ----------------------------------------
+def norm_shape(x: Any, attrs: Attrs) -> tuple[int, ...]:
+    """The normalized (trailing) shape of ``x``: its axes ``[axis, rank)``."""
+    return tuple(x.shape[int_attr(attrs, "axis", -1) % x.dim() :])
+
+
+def _layer_norm_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    x, shape = xs[0], norm_shape(xs[0], attrs)
+    bias = xs[2].expand(shape) if len(xs) > 2 and xs[2] is not None else None
+    eps = float_attr(attrs, "epsilon", 1e-5)
+    return (ctx.torch.nn.functional.layer_norm(x, shape, xs[1].expand(shape), bias, eps),)
+
+
+def _rms_norm_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    x, shape = xs[0], norm_shape(xs[0], attrs)
+    eps = float_attr(attrs, "epsilon", 1e-5)
+    return (ctx.torch.nn.functional.rms_norm(x, shape, xs[1].expand(shape), eps),)
+
+
+def _causal_mask_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    x = xs[0]
+    i, j = x.shape[-2:]
+    above = ctx.torch.ones((i, j), dtype=ctx.torch.bool, device=x.device).triu(1)
+    fill = float_attr(attrs, "fill", -1e9)
+    info = ctx.torch.finfo(x.dtype)  # the fill as the dtype holds it (f16: -65504, not -inf)
+    return (x.masked_fill(above, min(max(fill, info.min), info.max)),)
+
+
+def _dropout_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """p = 0: the identity and an all-true mask, as the reference. p > 0: a mask drawn from
+    torch's generator on the device (seeded by the runner; each rank draws its own, as trainers
+    do), which no reference reproduces (the module docstring)."""
+    x, p = xs[0], float_attr(attrs, "p", 0.0)
+    if p == 0.0:
+        return (x, ctx.torch.ones(x.shape, dtype=ctx.torch.bool, device=x.device))
+    keep = ctx.torch.rand(x.shape, device=x.device) >= p
+    return (x * keep * (1.0 / (1.0 - p)), keep)
+
+
+def _dropout_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    dy, keep = xs
+    scale = 1.0 / (1.0 - float_attr(attrs, "p", 0.0))
+    return (ctx.torch.where(keep, dy * scale, ctx.torch.zeros_like(dy)),)
+
+
+SOFTMAX.fill("torch", lambda ctx, xs, attrs: (ctx.torch.softmax(xs[0], int_attr(attrs, "axis", -1)),))
+LAYER_NORMALIZATION.fill("torch", _layer_norm_torch)
+RMS_NORMALIZATION.fill("torch", _rms_norm_torch)
+CAUSAL_MASK.fill("torch", _causal_mask_torch)
+DROPOUT.fill("torch", _dropout_torch)
+DROPOUT_GRAD.fill("torch", _dropout_grad_torch)

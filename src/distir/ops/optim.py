@@ -4,7 +4,7 @@ steps use them as the weight-update op, the paper's ``Optimizer``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -12,7 +12,11 @@ from distir.ir.types import Type
 from distir.ir.values import Attrs
 from distir.ops import sharding as sh
 from distir.ops._rules import float_attr, float_input, numel, same_dtype, same_shape
+from distir.ops._torch import like, upcast
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+
+if TYPE_CHECKING:
+    from distir.backend.context import TorchContext
 
 FAMILY = "optim"
 
@@ -108,3 +112,22 @@ ADAM = register(
         sharding=sh.pointwise(),
     )
 )
+
+
+# -- torch implementations (contract: distir.ops._torch) ----------------------------------------
+def _adam_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """Adam in the weight's dtype (a 16-bit one in f32), as torch.optim.Adam's update."""
+    w0 = xs[0]
+    w, g, m, v = (upcast(ctx, x) for x in xs[:4])
+    t = int(xs[4].item())
+    lr, b1 = float_attr(attrs, "lr", 0.001), float_attr(attrs, "beta1", 0.9)
+    b2, eps = float_attr(attrs, "beta2", 0.999), float_attr(attrs, "epsilon", 1e-8)
+    m = ctx.torch.lerp(m, g, 1.0 - b1)
+    v = v * b2 + (1.0 - b2) * g * g
+    denom = (v / (1.0 - b2**t)).sqrt() + eps
+    w = w - (lr / (1.0 - b1**t)) * m / denom
+    return tuple(like(a, w0) for a in (w, m, v))
+
+
+SGD.fill("torch", lambda ctx, xs, attrs: (ctx.torch.add(xs[0], xs[1], alpha=-float_attr(attrs, "lr", 0.01)),))
+ADAM.fill("torch", _adam_torch)

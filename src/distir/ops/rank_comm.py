@@ -4,8 +4,14 @@ Per-rank projection splits a global ``Send`` into ``rank.Send`` on the source an
 the destination, and a collective into ``rank.<Collective>`` on every member of its ``group``
 (``shapes`` lists the global inputs' shapes, so each rank knows its result's type). Each rank op
 has a ``Rendezvous``: who must meet, what must agree among them, and what the meeting computes —
-the lock-step executor and the deadlock check (``distir.interp.lockstep``) use it, and the torch
-backend will implement each with its torch.distributed call.
+the lock-step executor and the deadlock check (``distir.interp.lockstep``) use it. Each rank op's
+``torch`` implementation is its torch.distributed call (``distir.backend``): ``rank.Send`` and
+``rank.Recv`` post a point-to-point operation (``TorchContext.post``; the runner starts a rank's
+consecutive ones together with ``batch_isend_irecv``), a collective calls the torch collective on
+the process group of its ``group`` (uneven pieces padded to the largest, then cut back; AllToAll
+as point-to-point exchanges, which any piece shapes allow). Ranks of a torch process group are
+ordered by global rank, pieces of a DistIR group by its ``group`` list; the implementations map
+one order to the other.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from distir.ir.dtensor import split_sizes
 from distir.ir.types import Device, DType, ScalarType, TensorType, Type
 from distir.ir.values import Attrs
 from distir.ops.comm import _COLLS, FAMILY, _Coll
@@ -69,6 +76,23 @@ def _p2p_run(
 
 
 _P2P = Rendezvous(_p2p_participants, _p2p_key, _p2p_run)
+P2P = _P2P  # the rendezvous of rank.Send and rank.Recv: the ops the torch runner batches
+
+
+def _torch_send(ctx: Any, inputs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    dist = ctx.dist
+    dst: Any = attrs["dst"]
+    ctx.post(dist.P2POp(dist.isend, inputs[0].contiguous(), ctx.rank(dst)))
+    return ()
+
+
+def _torch_recv(ctx: Any, inputs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    dist = ctx.dist
+    shape: Any = attrs.get("shape")
+    src: Any = attrs["src"]
+    buf = ctx.torch.empty(tuple(shape) if shape is not None else (), dtype=ctx.dtype(attrs["dtype"]), device=ctx.device)  # type: ignore[arg-type]
+    ctx.post(dist.P2POp(dist.irecv, buf, ctx.rank(src)))
+    return (buf,)
 
 
 def _rank_send_rule(ctx: TypeCtx) -> Sequence[Type]:
@@ -100,6 +124,7 @@ RANK_SEND = register(
         infer=_rank_send_rule,
         attrs={"dst": AttrSpec("device")},
         rendezvous=_P2P,
+        torch=_torch_send,
         bytes_written=lambda ins, outs, attrs: 0.0,
         doc="The sending half of a Send, in a per-rank program.",
     )
@@ -119,6 +144,7 @@ RANK_RECV = register(
             "device": AttrSpec("device"),
         },
         rendezvous=_P2P,
+        torch=_torch_recv,
         bytes_read=lambda ins, outs, attrs: 0.0,
         doc="The receiving half of a Send, in a per-rank program.",
     )
@@ -203,6 +229,174 @@ def _make_rendezvous(c: _Coll) -> Rendezvous:
     return Rendezvous(_group, _collective_key(*names), run)
 
 
+# -- torch implementations of the collectives ----------------------------------------------------
+class _Members:
+    """A rank op's group as torch sees it: the process group, this rank's position in the DistIR
+    group order, and the global rank of each member (in group order)."""
+
+    def __init__(self, ctx: Any, attrs: Attrs) -> None:
+        group: Any = attrs["group"]
+        self.devices: tuple[Device, ...] = tuple(group)
+        self.pg = ctx.group(self.devices)
+        self.me = self.devices.index(ctx.me)
+        self.ranks = [ctx.rank(d) for d in self.devices]
+        # torch orders a group's ranks by global rank; order[i]: the group position of torch's i-th
+        self.order = sorted(range(len(self.ranks)), key=self.ranks.__getitem__)
+        self.n = len(self.devices)
+
+
+_REDUCE = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN", "prod": "PRODUCT"}
+
+
+def _reduce_op(ctx: Any, attrs: Attrs) -> Any:
+    how: Any = attrs.get("op", "sum")
+    return getattr(ctx.dist.ReduceOp, _REDUCE[how])
+
+
+def _finish_reduce(y: Any, attrs: Attrs, n: int) -> Any:
+    """``mean`` is a sum divided by the group size (torch's gloo has no average)."""
+    if attrs.get("op", "sum") != "mean":
+        return y
+    return y / n if y.is_floating_point() else y // n
+
+
+def _empty(ctx: Any, shape: Sequence[int], attrs: Attrs) -> Any:
+    return ctx.torch.empty(tuple(shape), dtype=ctx.dtype(attrs["dtype"]), device=ctx.device)  # type: ignore[arg-type]
+
+
+def _pad(ctx: Any, x: Any, dim: int, size: int) -> Any:
+    """``x`` padded with zeros along ``dim`` to ``size`` (uneven pieces travel at the largest size)."""
+    if x.shape[dim] == size:
+        return x.contiguous()
+    shape = list(x.shape)
+    shape[dim] = size - x.shape[dim]
+    return ctx.torch.cat([x, ctx.torch.zeros(shape, dtype=x.dtype, device=x.device)], dim=dim).contiguous()
+
+
+def _gather_pieces(ctx: Any, x: Any, attrs: Attrs, dim: int, root: int | None) -> list[Any] | None:
+    """Every member's piece, in group order (on every rank, or on global rank ``root`` only)."""
+    m = _Members(ctx, attrs)
+    shapes: Any = attrs["shapes"]
+    dim = dim % max(len(shapes[0]), 1)
+    size = max(s[dim] for s in shapes)
+    mine = _pad(ctx, x, dim, size)
+    bufs = [ctx.torch.empty_like(mine) for _ in range(m.n)]
+    if root is None:
+        ctx.dist.all_gather(bufs, mine, group=m.pg)
+    else:
+        ctx.dist.gather(mine, bufs if ctx.rank(ctx.me) == root else None, dst=root, group=m.pg)
+        if ctx.rank(ctx.me) != root:
+            return None
+    by_pos = {m.order[i]: b for i, b in enumerate(bufs)}
+    return [by_pos[i].narrow(dim, 0, shapes[i][dim]) for i in range(m.n)]
+
+
+def _t_allreduce(ctx: Any, inputs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    m = _Members(ctx, attrs)
+    y = inputs[0].clone()
+    ctx.dist.all_reduce(y, op=_reduce_op(ctx, attrs), group=m.pg)
+    return (_finish_reduce(y, attrs, m.n),)
+
+
+def _t_allgather(ctx: Any, inputs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    dim: Any = attrs.get("dim", 0)
+    pieces = _gather_pieces(ctx, inputs[0], attrs, dim, None)
+    assert pieces is not None
+    return (ctx.torch.cat(pieces, dim=dim),)
+
+
+def _t_mpigather(ctx: Any, inputs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    dim: Any = attrs.get("dim", 0)
+    root: Any = attrs["root"]
+    pieces = _gather_pieces(ctx, inputs[0], attrs, dim, ctx.rank(root))
+    return () if pieces is None else (ctx.torch.cat(pieces, dim=dim),)
+
+
+def _my_chunk(x: Any, attrs: Attrs, n: int, me: int) -> Any:
+    dim: Any = attrs.get("dim", 0)
+    dim = dim % max(x.dim(), 1)
+    sizes = split_sizes(x.shape[dim], n)
+    return x.narrow(dim, sum(sizes[:me]), sizes[me]).contiguous()
+
+
+def _t_reducescatter(ctx: Any, inputs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    m = _Members(ctx, attrs)
+    x = inputs[0]
+    dim: Any = attrs.get("dim", 0)
+    sizes = split_sizes(x.shape[dim % x.dim()], m.n)
+    if dim % x.dim() == 0 and len(set(sizes)) == 1 and m.order == sorted(m.order):
+        out = ctx.torch.empty((sizes[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+        ctx.dist.reduce_scatter_tensor(out, x.contiguous(), op=_reduce_op(ctx, attrs), group=m.pg)
+        return (_finish_reduce(out, attrs, m.n),)
+    y = x.clone()  # uneven pieces or a group out of rank order: reduce everything, keep mine
+    ctx.dist.all_reduce(y, op=_reduce_op(ctx, attrs), group=m.pg)
+    return (_finish_reduce(_my_chunk(y, attrs, m.n, m.me), attrs, m.n),)
+
+
+def _t_reduce(ctx: Any, inputs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    m = _Members(ctx, attrs)
+    root: Any = attrs["root"]
+    y = inputs[0].clone()
+    ctx.dist.reduce(y, dst=ctx.rank(root), op=_reduce_op(ctx, attrs), group=m.pg)
+    return (_finish_reduce(y, attrs, m.n),) if ctx.me == root else ()
+
+
+def _t_broadcast(ctx: Any, inputs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    m = _Members(ctx, attrs)
+    root: Any = attrs["root"]
+    shapes: Any = attrs["shapes"]
+    y = inputs[0].clone().contiguous() if ctx.me == root else _empty(ctx, shapes[0], attrs)
+    ctx.dist.broadcast(y, src=ctx.rank(root), group=m.pg)
+    return (y,)
+
+
+def _t_scatter(ctx: Any, inputs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """The root's tensor broadcast, then each member keeps its chunk (any chunk sizes)."""
+    (y,) = _t_broadcast(ctx, inputs, attrs)
+    m = _Members(ctx, attrs)
+    return (_my_chunk(y, attrs, m.n, m.me),)
+
+
+def _t_alltoall(ctx: Any, inputs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """Chunk j of every member's input to member j: one batch of point-to-point exchanges."""
+    m = _Members(ctx, attrs)
+    dist, torch = ctx.dist, ctx.torch
+    shapes: Any = attrs["shapes"]
+    x = inputs[0]
+    sd: Any = attrs.get("split_dim", 0)
+    cd: Any = attrs.get("concat_dim", 0)
+    sd, cd = sd % x.dim(), cd % x.dim()
+    sizes = split_sizes(x.shape[sd], m.n)
+    pieces: list[Any] = []
+    ops = []
+    for i in range(m.n):
+        if i == m.me:
+            pieces.append(x.narrow(sd, sum(sizes[:i]), sizes[i]).contiguous())
+            continue
+        shape = list(shapes[i])
+        shape[sd] = split_sizes(shape[sd], m.n)[m.me]
+        buf = _empty(ctx, shape, attrs)
+        pieces.append(buf)
+        chunk = x.narrow(sd, sum(sizes[:i]), sizes[i]).contiguous()
+        ops.append(dist.P2POp(dist.isend, chunk, m.ranks[i], group=m.pg))
+        ops.append(dist.P2POp(dist.irecv, buf, m.ranks[i], group=m.pg))
+    for req in dist.batch_isend_irecv(ops) if ops else ():
+        req.wait()
+    return (torch.cat(pieces, dim=cd),)
+
+
+_TORCH_COLLS: dict[str, Callable[[Any, Sequence[Any], Attrs], tuple[Any, ...]]] = {
+    "AllReduce": _t_allreduce,
+    "AllGather": _t_allgather,
+    "ReduceScatter": _t_reducescatter,
+    "Broadcast": _t_broadcast,
+    "Scatter": _t_scatter,
+    "MPIGather": _t_mpigather,
+    "Reduce": _t_reduce,
+    "AllToAll": _t_alltoall,
+}
+
+
 for _c in _COLLS:
     register(
         OpDef(
@@ -221,6 +415,7 @@ for _c in _COLLS:
                 "root": AttrSpec("device", None),
             },
             rendezvous=_make_rendezvous(_c),
+            torch=_TORCH_COLLS[_c.name],
             doc=f"One rank's part of {_c.name}; `shapes` are the global inputs' shapes, in group order.",
         )
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from distir.ops import sharding as sh
 from distir.ops._rules import norm_axes, numel
 from distir.ops.gradrules import GradCtx, GradRule, first
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+
+if TYPE_CHECKING:
+    from distir.backend.context import TorchContext
 
 FAMILY = "reduce"
 
@@ -159,3 +162,39 @@ REDUCE_SUM.fill("grad", _reduce_grad(mean=False))
 REDUCE_MEAN.fill("grad", _reduce_grad(mean=True))
 
 __all__ = ["reduced_axes"]
+
+
+# -- torch implementations (contract: distir.ops._torch) ----------------------------------------
+def _torch_axes(x: Any, attrs: Attrs) -> tuple[int, ...]:
+    axes: Any = attrs.get("axes")
+    return tuple(a % x.dim() for a in axes) if axes else tuple(range(x.dim()))
+
+
+def _reduce_torch(mean: bool) -> Any:
+    """Sums in the input's dtype (integers in i64, wrapping back like the dtype); an integer
+    mean truncates toward zero."""
+
+    def impl(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+        x = xs[0]
+        axes, keep = _torch_axes(x, attrs), attrs.get("keepdims", 1) == 1
+        if x.dtype.is_floating_point:
+            f = ctx.torch.mean if mean else ctx.torch.sum
+            return (f(x, dim=axes, keepdim=keep) if axes else x.clone(),)
+        s = ctx.torch.sum(x, dim=axes, keepdim=keep, dtype=ctx.torch.int64) if axes else x.long()
+        if mean:
+            n = math.prod(x.shape[a] for a in axes)
+            s = ctx.torch.div(s, n, rounding_mode="trunc") if n else ctx.torch.zeros_like(s)
+        return (s.to(x.dtype),)
+
+    return impl
+
+
+def _max_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    x = xs[0]
+    axes = _torch_axes(x, attrs)
+    return (ctx.torch.amax(x, dim=axes, keepdim=attrs.get("keepdims", 1) == 1) if axes else x.clone(),)
+
+
+REDUCE_SUM.fill("torch", _reduce_torch(mean=False))
+REDUCE_MEAN.fill("torch", _reduce_torch(mean=True))
+REDUCE_MAX.fill("torch", _max_torch)

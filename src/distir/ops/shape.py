@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from distir.ir.values import Attrs
 from distir.ops import sharding as sh
 from distir.ops._rules import norm_axis, numel
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+
+if TYPE_CHECKING:
+    from distir.backend.context import TorchContext
 
 FAMILY = "shape"
 
@@ -372,6 +375,65 @@ TRANSPOSE = register(
 
 
 __all__ = ["copy_bytes", "numel", "split_sizes"]
+
+
+
+# -- torch implementations (contract: distir.ops._torch) ----------------------------------------
+def _shape_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    return (ctx.torch.tensor(tuple(xs[0].shape), dtype=ctx.torch.int64, device=ctx.device),)
+
+
+def _constant_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """The reference's array on the device, in the constant's dtype (bf16 as bf16)."""
+    (arr,) = _constant_ref(xs, attrs)
+    dt = attrs.get("dtype")
+    t = ctx.torch.from_numpy(np.array(arr, copy=True)).to(ctx.device)
+    return (t.to(ctx.dtype(dt)) if isinstance(dt, DType) else t,)
+
+
+def _reshape_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """The target shape is an attribute or a concrete (host-read) shape input."""
+    x, given = xs[0], attrs.get("shape")
+    spec = [int(d) for d in (given if isinstance(given, tuple) else xs[1].reshape(-1).tolist())]
+    if not attrs.get("allowzero", 0):
+        spec = [x.shape[i] if d == 0 else d for i, d in enumerate(spec)]
+    return (x.reshape(spec),)
+
+
+def _expand_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    target: Any = attrs["shape"]
+    return (xs[0].expand(np.broadcast_shapes(tuple(xs[0].shape), tuple(target))),)
+
+
+def _unsqueeze_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    x, axes = xs[0], attrs["axes"]
+    assert isinstance(axes, tuple)
+    r = x.dim() + len(axes)
+    for a in sorted(int(a) % r for a in axes):
+        x = x.unsqueeze(a)
+    return (x,)
+
+
+def _squeeze_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    x, axes = xs[0], attrs.get("axes")
+    if not isinstance(axes, tuple):
+        return (x.squeeze(),)
+    return (x.squeeze(tuple(int(a) % x.dim() for a in axes)) if axes else x,)
+
+
+def _transpose_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    perm: Any = attrs.get("perm")
+    x = xs[0]
+    return (x.permute(tuple(perm) if perm is not None else tuple(reversed(range(x.dim())))),)
+
+
+SHAPE.fill("torch", _shape_torch)
+CONSTANT.fill("torch", _constant_torch)
+RESHAPE.fill("torch", _reshape_torch)
+EXPAND.fill("torch", _expand_torch)
+UNSQUEEZE.fill("torch", _unsqueeze_torch)
+SQUEEZE.fill("torch", _squeeze_torch)
+TRANSPOSE.fill("torch", _transpose_torch)
 
 # the rest of the family and the gradient rules live beside this file (it would grow past ~500
 # lines)

@@ -8,17 +8,21 @@ in ``distir.ops.grad_index``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from distir.ir.dtensor import Shard, split_sizes
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs
+from distir.ops import _torch
 from distir.ops import sharding as sh
 from distir.ops._rules import int_attr, norm_axis
 from distir.ops.registry import AttrSpec, LocalizeRule, LocalPiece, OpDef, TypeCtx, register
 from distir.ops.shape import FAMILY, copy_bytes
+
+if TYPE_CHECKING:
+    from distir.backend.context import TorchContext
 
 # -- Gather -----------------------------------------------------------------------------------
 # ``rows=[start, total]``: ``data`` is the piece starting at row ``start`` (along ``axis``) of a
@@ -289,4 +293,55 @@ SLICE = register(
     )
 )
 
-__all__ = ["SLICE_ATTRS", "slice_sharding", "slices"]
+__all__ = ["SLICE_ATTRS", "forward_slices", "slice_sharding", "slices"]
+
+
+# -- torch implementations (contract: distir.ops._torch) ----------------------------------------
+def forward_slices(shape: Sequence[int], attrs: Attrs) -> tuple[tuple[slice, ...], tuple[int, ...]]:
+    """Slice's index as torch takes it (torch has no negative steps): slices with positive
+    steps, and the dims to flip after them (those whose step was negative)."""
+    out: list[slice] = []
+    flip: list[int] = []
+    for d, (s, n) in enumerate(zip(slices(None, tuple(shape), attrs), shape, strict=True)):
+        r = range(*s.indices(n))
+        if r.step > 0 or not r:
+            out.append(slice(r.start, r.stop, r.step) if r else slice(0, 0))
+        else:
+            out.append(slice(r[-1], r[0] + 1, -r.step))
+            flip.append(d)
+    return tuple(out), tuple(flip)
+
+
+def _gather_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    data, idx = xs
+    ax = gather_axis(attrs, data.dim())
+    n = data.shape[ax]
+    shape = (*data.shape[:ax], *idx.shape, *data.shape[ax + 1 :])
+    if n == 0:
+        return (ctx.torch.zeros(shape, dtype=data.dtype, device=data.device),)
+    i, mask = _torch.local_rows(ctx, idx, attrs.get("rows"), n)
+    out = data.index_select(ax, i.reshape(-1)).reshape(shape)
+    if mask is not None:
+        out = out * mask.reshape((1,) * ax + tuple(mask.shape) + (1,) * (data.dim() - ax - 1)).to(out.dtype)
+    return (out,)
+
+
+def _split_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    x = xs[0]
+    ax = int_attr(attrs, "dim", 0) % x.dim()
+    sizes: Any = attrs.get("sizes")
+    if sizes is None:
+        sizes = split_sizes(x.shape[ax], int_attr(attrs, "num_splits", 2))
+    return tuple(ctx.torch.split(x, list(sizes), dim=ax))
+
+
+def _slice_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    index, flip = forward_slices(tuple(xs[0].shape), attrs)
+    y = xs[0][index]
+    return (y.flip(flip) if flip else y,)
+
+
+GATHER.fill("torch", _gather_torch)
+CONCAT.fill("torch", lambda ctx, xs, attrs: (ctx.torch.cat(list(xs), dim=int_attr(attrs, "axis", 0)),))
+SPLIT.fill("torch", _split_torch)
+SLICE.fill("torch", _slice_torch)

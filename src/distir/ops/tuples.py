@@ -57,3 +57,7 @@ UNPACK_TUPLE = register(
         doc="One result per tuple element; the count comes from the input's type.",
     )
 )
+
+# torch implementations (contract: distir.ops._torch): tuples are Python tuples of tensors
+MAKE_TUPLE.fill("torch", lambda ctx, xs, attrs: (tuple(xs),))
+UNPACK_TUPLE.fill("torch", lambda ctx, xs, attrs: tuple(xs[0]))

@@ -95,10 +95,11 @@ def initial_values(
     return vals
 
 
-def run_distributed(
+def materialized_inputs(
     dist: Module, model: Model, strategy: Strategy, vals: Mapping[str, np.ndarray]
 ) -> tuple[Module, list[Any]]:
-    """Run the materialized ``dist`` on full-batch ``vals``; returns (materialized, logical results)."""
+    """``dist`` materialized into explicit per-device code, and its arguments: full-batch
+    ``vals`` split into microbatches and sharded per device (in the materialized entry's order)."""
     entry = dist.entry
     args: dict[str, np.ndarray] = {}
     for i in model.inputs:
@@ -121,6 +122,14 @@ def run_distributed(
         assert isinstance(t, DTensorType), f"%{p.name} is not a DTensor"
         by_dev = shard_value(np.asarray(args[p.name]), t)
         flat.extend(by_dev[d] for d in t.mesh.devices)
+    return mat, flat
+
+
+def run_distributed(
+    dist: Module, model: Model, strategy: Strategy, vals: Mapping[str, np.ndarray]
+) -> tuple[Module, list[Any]]:
+    """Run the materialized ``dist`` on full-batch ``vals``; returns (materialized, logical results)."""
+    mat, flat = materialized_inputs(dist, model, strategy, vals)
     outs = run_reference(mat, flat)
     out_types = [type_of(x) for x in infer_types(dist, domain=TypeDomain(concrete_limit=0))[0]]
     results: list[Any] = []

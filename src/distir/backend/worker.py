@@ -1,0 +1,310 @@
+"""One rank's loop: its per-rank programs executed on torch, op by op, with timings and memory.
+
+``RankProgram`` is what a rank runs: its projected program (``distir.interp.project``) and its
+inputs (numpy, as the reference executor takes them). ``run_programs`` joins the process group
+(``RankSetup``), makes every process group any program uses — all ranks make all groups in the
+same order, as torch.distributed requires — and runs each program ``steps`` times. Per run it
+returns a ``RankResult``: the outputs of the last step (numpy), the wall time of each step (the
+ranks start each step together, after a barrier), the peak of live tensor bytes and, with
+``trace``, a ``(name, category, start, end, op text)`` slice per op of the last step.
+
+Execution: the program's calls are inlined; each op runs its registry ``torch`` implementation
+(an op without one runs its numpy reference on the host, and is listed in ``fallback_ops``). A
+value is dropped after its last reader, so the memory figure is real: on CUDA the allocator's
+peak (``torch.cuda.max_memory_allocated``); on CPU the tracked bytes of the distinct storages of
+live values (the step's inputs included), sampled after every op. Point-to-point operations
+posted by consecutive ``rank.Send``/``rank.Recv`` start together (``TorchContext.flush``) before
+any other op, or a send of a value received in the same batch.
+
+``progress`` (optional, a shared pair of integers) holds the index of the program and of the op
+the rank is at, so the launcher can name the op of a rank that was killed. A failure of an op is a ``RankFailure``
+naming the rank, its device, the op as printed in the IR, and why.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from distir.backend import require_torch
+from distir.backend.context import TorchContext
+from distir.backend.domain import cast_like, to_numpy, to_torch
+from distir.ir.function import Function, Module
+from distir.ir.ops import Op
+from distir.ir.printer import print_op
+from distir.ir.rewrite import inline_calls
+from distir.ir.types import Device, ScalarType, TensorType
+from distir.ir.values import Value
+from distir.ops.rank_comm import P2P
+from distir.ops.registry import REGISTRY, OpDef, OpKind
+
+
+class RankFailure(RuntimeError):
+    """An op of a rank's program raised. ``secondary``: it failed in communication, which is what
+    a rank sees when a peer died first (the launcher reports the peer's failure instead)."""
+
+    def __init__(self, message: str, rank: int, op_text: str | None, secondary: bool) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.op_text = op_text
+        self.secondary = secondary
+
+
+@dataclass(frozen=True, slots=True)
+class RankSetup:
+    """How a rank joins the run: ``init_method`` is ``tcp://host:port`` (local launch) or
+    ``env://`` (torchrun: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)."""
+
+    rank: int
+    world_size: int
+    backend: str  # gloo, or nccl when CUDA is present
+    init_method: str
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RankProgram:
+    """One rank's program, its inputs (numpy, in the program's parameter order) and how often to
+    run it (the first of several steps is a warm-up)."""
+
+    device: Device
+    program: Module
+    inputs: tuple[Any, ...]
+    ranks: dict[Device, int]  # program device -> global rank
+    groups: tuple[tuple[Device, ...], ...]  # every device group any rank's program uses
+    steps: int = 1
+    trace: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OpSlice:
+    """One op's execution on one rank (seconds since the step's start)."""
+
+    name: str
+    category: str  # compute or comm
+    start: float
+    end: float
+    text: str
+    live_bytes: int  # tracked live tensor bytes after the op
+
+
+@dataclass(slots=True)
+class RankResult:
+    device: Device
+    outputs: tuple[Any, ...]
+    step_times: list[float]
+    peak_memory_bytes: int
+    memory_source: str  # cuda allocator or tracked live tensors
+    slices: list[OpSlice] = field(default_factory=list)
+    fallback_ops: list[str] = field(default_factory=list)
+
+    @property
+    def step_time_s(self) -> float:
+        """The median step time after the warm-up step (the only step if there is one)."""
+        times = self.step_times[1:] or self.step_times
+        return statistics.median(times)
+
+
+def _fallback(d: OpDef, op: Op) -> Any:
+    """An op without a torch implementation: its numpy reference, tensors moved through the host."""
+
+    def impl(ctx: TorchContext, inputs: Sequence[Any], attrs: Any) -> tuple[Any, ...]:
+        assert d.reference is not None
+        outs = d.reference([to_numpy(x) if not isinstance(x, tuple) else to_numpy(x) for x in inputs], attrs)
+        res = []
+        for v, y in zip(op.outputs, outs, strict=True):
+            t = to_torch(ctx, y)
+            if isinstance(v.type, TensorType | ScalarType):
+                t = cast_like(ctx, t, v.type.dtype)
+            res.append(t)
+        return tuple(res)
+
+    return impl
+
+
+class _LiveBytes:
+    """Bytes of the distinct storages of live values (views share their base's storage)."""
+
+    def __init__(self) -> None:
+        self.count: dict[int, int] = {}
+        self.bytes = 0
+        self.peak = 0
+
+    def _storages(self, value: Any) -> list[tuple[int, int]]:
+        if isinstance(value, tuple):
+            return [s for v in value for s in self._storages(v)]
+        st = value.untyped_storage()
+        return [(st.data_ptr(), int(st.nbytes()))]
+
+    def add(self, value: Any) -> None:
+        for key, n in self._storages(value):
+            c = self.count.get(key, 0)
+            self.count[key] = c + 1
+            if c == 0:
+                self.bytes += n
+        self.peak = max(self.peak, self.bytes)
+
+    def drop(self, value: Any) -> None:
+        for key, n in self._storages(value):
+            c = self.count[key] - 1
+            if c == 0:
+                del self.count[key]
+                self.bytes -= n
+            else:
+                self.count[key] = c
+
+
+class _Runner:
+    """One program compiled to a list of steps for this rank (see the module docstring)."""
+
+    def __init__(self, ctx: TorchContext, fn: Function, progress: Any) -> None:
+        self.ctx = ctx
+        self.fn = fn
+        self.ops = [i for i in fn.body if isinstance(i, Op)]
+        self.progress = progress
+        self.fallback: list[str] = []
+        self.impls = []
+        for op in self.ops:
+            d = REGISTRY[op.name]
+            if d.torch is None:
+                if d.reference is None:
+                    raise RankFailure(f"{op.name} has no torch implementation", -1, print_op(op), False)
+                self.fallback.append(op.name)
+                self.impls.append(_fallback(d, op))
+            else:
+                self.impls.append(d.torch)
+        self.p2p = [REGISTRY[op.name].rendezvous is P2P for op in self.ops]
+        self.comm = [REGISTRY[op.name].kind is OpKind.RANK_COMM for op in self.ops]
+        keep = set(fn.outputs)
+        last: dict[Value, int] = {}
+        for k, op in enumerate(self.ops):
+            for v in op.inputs:
+                last[v] = k
+        self.drop: list[list[Value]] = [[] for _ in self.ops]
+        for v, k in last.items():
+            if v not in keep and v not in fn.params:
+                self.drop[k].append(v)
+        self.texts: list[str] | None = None
+        self.at = 0  # the op being run
+
+    def text(self, k: int) -> str:
+        if self.texts is None:
+            self.texts = [print_op(op) for op in self.ops]
+        return self.texts[k]
+
+    def step(self, args: Sequence[Any], trace: bool, t0: float) -> tuple[tuple[Any, ...], int, list[OpSlice]]:
+        ctx = self.ctx
+        env: dict[Value, Any] = dict(zip(self.fn.params, args, strict=True))
+        received: set[Value] = set()
+        live = _LiveBytes()
+        for a in args:
+            live.add(a)
+        slices: list[OpSlice] = []
+        clock = time.perf_counter
+        for k, op in enumerate(self.ops):
+            self.at = k
+            if self.progress is not None:
+                self.progress[1] = k
+            if ctx.pending and (not self.p2p[k] or any(v in received for v in op.inputs)):
+                ctx.flush()
+                received.clear()
+            start = clock()
+            outs = self.impls[k](ctx, [env[v] for v in op.inputs], op.attrs)
+            if not self.p2p[k] and ctx.device.type == "cuda":
+                ctx.torch.cuda.synchronize()
+            end = clock()
+            for v, y in zip(op.outputs, outs, strict=True):
+                env[v] = y
+                live.add(y)
+                if self.p2p[k]:
+                    received.add(v)
+            if trace:
+                cat = "comm" if self.comm[k] else "compute"
+                slices.append(OpSlice(op.name, cat, start - t0, end - t0, self.text(k), live.bytes))
+            for v in self.drop[k]:
+                live.drop(env.pop(v))
+        self.at = len(self.ops)
+        ctx.flush()
+        return tuple(env[v] for v in self.fn.outputs), live.peak, slices
+
+
+def _make_context(torch: Any, setup: RankSetup, job: RankProgram, groups: dict[tuple[int, ...], Any]) -> TorchContext:
+    cuda = setup.backend == "nccl"
+    dev = torch.device(f"cuda:{setup.rank % torch.cuda.device_count()}") if cuda else torch.device("cpu")
+    return TorchContext(torch, dev, me=job.device, ranks=dict(job.ranks), groups=groups)
+
+
+def run_programs(setup: RankSetup, jobs: Sequence[RankProgram], progress: Any = None) -> list[RankResult]:
+    """Join the process group and run each of this rank's programs (see the module docstring).
+    The process group stays up (the caller may gather results over it, then destroys it).
+    ``progress``: a shared pair (program index, op index) the launcher reads."""
+    torch = require_torch()
+    torch.set_num_threads(1)
+    dist = torch.distributed
+    if setup.backend == "nccl":
+        torch.cuda.set_device(setup.rank % torch.cuda.device_count())
+    dist.init_process_group(
+        setup.backend,
+        init_method=setup.init_method,
+        rank=setup.rank,
+        world_size=setup.world_size,
+        timeout=timedelta(seconds=setup.timeout_s),
+    )
+    groups: dict[tuple[int, ...], Any] = {}
+    keys = sorted({tuple(sorted(job.ranks[d] for d in g)) for job in jobs for g in job.groups})
+    for key in keys:  # every rank makes every group, in the same order
+        groups[key] = dist.new_group(list(key)) if len(key) < setup.world_size else dist.group.WORLD
+    results = []
+    for i, job in enumerate(jobs):
+        if progress is not None:
+            progress[0] = i
+        results.append(_run_one(torch, setup, job, groups, progress))
+    dist.barrier()
+    return results
+
+
+def _run_one(
+    torch: Any, setup: RankSetup, job: RankProgram, groups: dict[tuple[int, ...], Any], progress: Any
+) -> RankResult:
+    ctx = _make_context(torch, setup, job, groups)
+    fn = inline_calls(job.program)
+    runner = _Runner(ctx, fn, progress)
+    args = []
+    for p, a in zip(fn.params, job.inputs, strict=True):
+        t = to_torch(ctx, a)
+        args.append(cast_like(ctx, t, p.type.dtype) if isinstance(p.type, TensorType | ScalarType) else t)
+    cuda = ctx.device.type == "cuda"
+    times: list[float] = []
+    outs: tuple[Any, ...] = ()
+    peak = 0
+    slices: list[OpSlice] = []
+    for s in range(job.steps):
+        torch.distributed.barrier()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        try:
+            outs, peak, slices = runner.step(args, job.trace and s == job.steps - 1, t0)
+        except RankFailure:
+            raise
+        except Exception as e:
+            raise _failure(setup.rank, job.device, runner, e) from e
+        if cuda:
+            torch.cuda.synchronize()
+            peak = int(torch.cuda.max_memory_allocated())
+        times.append(time.perf_counter() - t0)
+    source = "cuda allocator" if cuda else "tracked live tensors"
+    return RankResult(job.device, to_numpy(outs), times, peak, source, slices, sorted(set(runner.fallback)))
+
+
+def _failure(rank: int, device: Device, runner: _Runner, e: BaseException) -> RankFailure:
+    k = runner.at
+    text = runner.text(k) if k < len(runner.ops) else None
+    secondary = k < len(runner.ops) and runner.comm[k]
+    where = f" at `{text}`" if text is not None else ""
+    return RankFailure(f"rank {rank} ({device}) failed{where}: {type(e).__name__}: {e}", rank, text, secondary)
+
