@@ -1,10 +1,12 @@
 """Compute microbenchmarks for ``distir calibrate``: registry ops timed on torch.
 
 Each case names a registry op (its family, FLOPs, bytes and GEMM shape come from the op's cost
-descriptors, so the fit is in the cost model's own terms) and the eager PyTorch kernel that runs
-it (``torch.matmul`` for MatMul, ``F.scaled_dot_product_attention`` for Attention, ...). Cases
-cover matrix products over (M, N, K) shapes, elementwise ops, row-wise ops (Softmax,
-LayerNormalization, their gradients, the loss), reductions and attention, over sizes and dtypes.
+descriptors, so the fit is in the cost model's own terms) and runs what ``distir run`` runs for
+it (``op_impl``: the op's registry torch implementation, or its numpy reference through the
+host for an op without one). Cases cover matrix products over (M, N, K) shapes, elementwise
+ops, row-wise ops (Softmax, LayerNormalization, SoftmaxGrad, the loss, ReduceSum) and attention,
+over sizes and dtypes. Inputs are random normal tensors made once per case; the caller sets the
+thread count (``torch.set_num_threads``).
 
 Timing (``time_call``): one warm-up call, then batches of calls sized to last about
 ``batch_s`` each; the time is the fastest of ``repeats`` batches' time per call (on a shared
@@ -15,8 +17,7 @@ Sizes stop at 2^20 elements per tensor (4 MiB in f32): the sizes of the steps ``
 validate`` runs on a CPU. Beyond them a CPU slows down (every eager op's output is fresh memory
 the kernel must fault in page by page: 1-7 GB/s against 30 GB/s below, on the machine this was
 written on), which one memory bandwidth per family cannot describe; profiles are for the
-measured range. Inputs are random normal
-tensors made once per case. The caller sets the thread count (``torch.set_num_threads``).
+measured range.
 """
 
 from __future__ import annotations
@@ -25,27 +26,25 @@ import functools
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from distir.backend import require_torch
+from distir.backend.context import TorchContext
+from distir.backend.domain import to_numpy, to_torch
 from distir.hardware.fit import GemmSample, OpSample
 from distir.hardware.gemm import GemmShape
 from distir.ir.types import Device, DType, TensorType
 from distir.ir.values import Attrs
-from distir.ops.registry import REGISTRY
-
-Kernel = Callable[[Any, Sequence[Any]], Any]
-"""``kernel(torch, inputs)``: runs the op once on torch tensors."""
+from distir.ops.registry import REGISTRY, OpDef
 
 
 class Case(NamedTuple):
-    """One op at one size: the registry op, its input shapes, attributes, the torch kernel and
-    which inputs are integer class labels (drawn in [0, shape[-1] of input 0))."""
+    """One op at one size: the registry op, its input shapes, attributes, and which inputs are
+    integer class labels (drawn in [0, shape[-1] of input 0))."""
 
     op: str
     shapes: tuple[tuple[int, ...], ...]
-    attrs: tuple[tuple[str, Any], ...]
-    kernel: Kernel
+    attrs: tuple[tuple[str, Any], ...] = ()
     labels: tuple[int, ...] = ()
 
 
@@ -76,7 +75,7 @@ FULL = Sizes(
     gemm_low=((128, 128, 128), (256, 256, 256), (512, 512, 512), (512, 128, 1024), (768, 768, 256)),
     elementwise=(1 << 10, 1 << 13, 1 << 16, 1 << 18, 1 << 20),
     rows=((64, 1024), (256, 1024), (1024, 1024)),
-    attention=((1, 128, 4, 64), (2, 256, 4, 64), (1, 512, 8, 64)),
+    attention=((1, 64, 4, 32), (2, 128, 4, 32), (1, 256, 4, 64)),
 )
 
 QUICK = Sizes(
@@ -84,61 +83,51 @@ QUICK = Sizes(
     gemm_low=((32, 32, 32), (64, 64, 64), (128, 64, 128)),
     elementwise=(1 << 8, 1 << 12, 1 << 16, 1 << 18),
     rows=((16, 256), (64, 512), (256, 1024)),
-    attention=((1, 64, 2, 32), (1, 128, 4, 32)),
+    attention=((1, 32, 2, 16), (1, 64, 2, 32)),
 )
 
+ROW_OPS = ("Softmax", "SoftmaxGrad", "ReduceSum", "SoftmaxCrossEntropyLoss", "LayerNormalization")
+POINTWISE = ("Mul", "Gelu", "Exp", "GeluGrad")
 
-def _sdpa(torch: Any, x: Sequence[Any]) -> Any:
-    q, k, v = (t.transpose(1, 2) for t in x)  # BSHD → BHSD, as a view
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+def _row_case(op: str, r: int, c: int) -> Case:
+    """A row-wise op over (r, c), reducing along the last axis."""
+    if op == "LayerNormalization":
+        return Case(op, ((r, c), (c,), (c,)), (("axis", -1),))
+    if op == "SoftmaxGrad":
+        return Case(op, ((r, c), (r, c)), (("axis", -1),))
+    if op == "ReduceSum":
+        return Case(op, ((r, c),), (("axes", (-1,)),))
+    if op == "SoftmaxCrossEntropyLoss":
+        return Case(op, ((r, c), (r,)), labels=(1,))
+    return Case(op, ((r, c),), (("axis", -1),))
 
 
 def _cases(sizes: Sizes, low: bool) -> list[Case]:
     """Every case of ``sizes`` (``low``: the GEMM shapes for 16-bit dtypes)."""
-    out: list[Case] = [
-        Case("MatMul", ((m, k), (k, n)), (), lambda t, x: t.matmul(x[0], x[1]))
-        for m, n, k in (sizes.gemm_low if low else sizes.gemm)
-    ]
-    for n in (1, *sizes.elementwise):
-        out.append(Case("Add", ((n,), (n,)), (), lambda t, x: t.add(x[0], x[1])))
+    out = [Case("MatMul", ((m, k), (k, n))) for m, n, k in (sizes.gemm_low if low else sizes.gemm)]
+    out += [Case("Add", ((n,), (n,))) for n in (1, *sizes.elementwise)]
     for n in sizes.elementwise:
-        out.append(Case("Mul", ((n,), (n,)), (), lambda t, x: t.mul(x[0], x[1])))
-        out.append(Case("Gelu", ((n,),), (), lambda t, x: t.nn.functional.gelu(x[0])))
-        out.append(Case("Exp", ((n,),), (), lambda t, x: t.exp(x[0])))
-        out.append(Case("GeluGrad", ((n,), (n,)), (), lambda t, x: t.ops.aten.gelu_backward(x[0], x[1])))
-    for r, c in sizes.rows:
-        out.append(Case("Softmax", ((r, c),), (("axis", -1),), lambda t, x: t.softmax(x[0], -1)))
-        out.append(
-            Case(
-                "LayerNormalization",
-                ((r, c), (c,), (c,)),
-                (("axis", -1),),
-                lambda t, x: t.nn.functional.layer_norm(x[0], x[0].shape[-1:], x[1], x[2]),
-            )
-        )
-        out.append(
-            Case(
-                "SoftmaxGrad",
-                ((r, c), (r, c)),
-                (("axis", -1),),
-                lambda t, x: t.ops.aten._softmax_backward_data(x[0], x[1], -1, x[0].dtype),
-            )
-        )
-        out.append(
-            Case("ReduceSum", ((r, c),), (("axes", (-1,)),), lambda t, x: t.sum(x[0], -1, keepdim=True))
-        )
-        out.append(
-            Case(
-                "SoftmaxCrossEntropyLoss",
-                ((r, c), (r,)),
-                (),
-                lambda t, x: t.nn.functional.cross_entropy(x[0], x[1]),
-                labels=(1,),
-            )
-        )
-    for b, s, h, d in sizes.attention:
-        out.append(Case("Attention", ((b, s, h, d),) * 3, (("causal", True),), _sdpa))
+        out += [Case(op, ((n,),) * REGISTRY[op].min_inputs) for op in POINTWISE]
+    out += [_row_case(op, r, c) for r, c in sizes.rows for op in ROW_OPS]
+    out += [Case("Attention", ((b, s, h, d),) * 3, (("causal", True),)) for b, s, h, d in sizes.attention]
     return out
+
+
+def op_impl(op: OpDef) -> Callable[[TorchContext, Sequence[Any], Attrs], Sequence[Any]]:
+    """What ``distir run`` executes for ``op``: its registry torch implementation, or, for an op
+    without one, its numpy reference with the tensors moved through the host (as the worker's
+    fallback does)."""
+    if op.torch is not None:
+        return cast(Callable[[TorchContext, Sequence[Any], Attrs], Sequence[Any]], op.torch)
+    ref = op.reference
+    if ref is None:
+        raise ValueError(f"{op.name} has neither a torch implementation nor a reference")
+
+    def fallback(ctx: TorchContext, inputs: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+        return [to_torch(ctx, y) for y in ref([to_numpy(x) for x in inputs], attrs)]
+
+    return fallback
 
 
 class CaseCost(NamedTuple):
@@ -200,24 +189,22 @@ def run_cases(
 ) -> Timing:
     """Time every (case, dtype) of ``work`` on ``device``; ``tick(label)`` after each."""
     torch = require_torch()
-    dev = torch.device(device)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    ctx = TorchContext.local(device)
+    sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
     gen = torch.Generator(device="cpu").manual_seed(0)
     gemm: list[GemmSample] = []
     ops: list[OpSample] = []
     launch = math.inf
     for case, dt in work:
         cost = case_cost(case, dt)
-        tdt = getattr(
-            torch, {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64"}[dt.name]
-        )
         xs = []
         for i, s in enumerate(case.shapes):
             if i in case.labels:
-                xs.append(torch.randint(0, case.shapes[0][-1], s, generator=gen).to(dev))
+                xs.append(torch.randint(0, case.shapes[0][-1], s, generator=gen).to(ctx.device))
             else:
-                xs.append(torch.randn(s, generator=gen).to(dev, tdt))
-        secs = time_call(functools.partial(case.kernel, torch, xs), sync, batch_s, repeats)
+                xs.append(torch.randn(s, generator=gen).to(ctx.device, ctx.dtype(dt)))
+        impl, attrs = op_impl(REGISTRY[case.op]), Attrs(dict(case.attrs))
+        secs = time_call(functools.partial(impl, ctx, xs, attrs), sync, batch_s, repeats)
         if cost.gemm is not None:
             gemm.append(GemmSample(cost.gemm, dt.name, cost.flops, secs))
         elif math.prod(case.shapes[0]) == 1:
