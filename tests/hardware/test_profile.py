@@ -50,12 +50,15 @@ def _calibration() -> Calibration:
         gemm,
         families,
         links,
+        {"broadcast": "the times do not grow"},
     )
 
 
 def test_profile_round_trips_through_the_cluster_loader() -> None:
     cal = _calibration()
-    cl = cluster_from_toml(profile_toml(cal), "profile.toml")
+    text = profile_toml(cal)
+    assert "#   broadcast: not fitted, runs on the point-to-point link (the times do not grow)" in text
+    cl = cluster_from_toml(text, "profile.toml")
     assert cl.num_devices == 2 and cl.name == "calibrated-testhost"
     node = cl.nodes[0]
     d = node.device
@@ -74,7 +77,7 @@ def test_profile_round_trips_through_the_cluster_loader() -> None:
     assert rates.launch_s == pytest.approx(4e-6)
     assert node.intra.bandwidth == pytest.approx(2e9) and node.intra.latency_s == pytest.approx(50e-6)
     assert node.intra_for("allreduce").bandwidth == pytest.approx(1e9)
-    assert node.intra_for("broadcast") == node.intra  # not measured: the p2p link
+    assert node.intra_for("broadcast") == node.intra  # not fitted: the p2p link
     for what in ("source", "matmul_source", "runtime_memory_source"):
         assert "calibrated on testhost, 2026-01-01 00:00 UTC, by distir calibrate" in (
             node.source

@@ -11,7 +11,10 @@ process with ``threads`` threads, then the communication benchmarks
    launch overhead;
 4. per op family (elementwise, nn, grad, reduce, loss, attention): FLOP and memory efficiencies
    and a launch time, against those peaks and that bandwidth;
-5. per collective and for point-to-point: the link (B, α) of its alpha-beta formula.
+5. per collective and for point-to-point: the link (B, α) of its alpha-beta formula. A
+   collective whose times do not fit (they do not grow with the message size: noise swamped
+   them) is left out of the profile, with the reason in ``Calibration.skipped`` and in the file;
+   it then runs on the point-to-point link. Point-to-point itself must fit.
 
 The result is a ``distir.hardware.profile.Calibration``; ``profile_toml`` writes it as a cluster
 file. ``--quick`` uses tiny sizes and short timings (under a minute; figures for smoke tests, not
@@ -36,7 +39,7 @@ from distir.backend import commbench as cb
 from distir.backend import microbench as mb
 from distir.backend import require_torch
 from distir.hardware.cluster import Cluster
-from distir.hardware.fit import FamilyFit, LinkFit, fit_family, fit_gemm, fit_link
+from distir.hardware.fit import FamilyFit, FitError, LinkFit, fit_family, fit_gemm, fit_link
 from distir.hardware.profile import Calibration
 from distir.ir.types import DType
 from distir.sim import collectives as coll
@@ -61,7 +64,7 @@ class CalibrateOptions:
         if self.comm_sizes is not None:
             return self.comm_sizes
         if self.quick:
-            return (1 << 10, 1 << 14, 1 << 17, 1 << 19)
+            return (1 << 10, 1 << 15, 1 << 19, 1 << 21)
         return (1 << 10, 1 << 13, 1 << 16, 1 << 19, 1 << 21, 1 << 23)
 
 
@@ -127,9 +130,15 @@ def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Ca
         fs = [s for s in timing.ops if s.family == fam]
         families[fam] = fit_family(fs, lambda dt: peak.get(dt, peak["f32"]), bandwidth)
     links: dict[str, LinkFit] = {}
+    skipped: dict[str, str] = {}
     for name in cb.COLLECTIVES:
         ls = [s for s in links_raw if s.collective == name]
-        links[name] = fit_link(ls, _COSTS[name])
+        try:
+            links[name] = fit_link(ls, _COSTS[name])
+        except FitError as e:
+            if name == "p2p":
+                raise CalibrationError(f"calibrate: {e}") from None
+            skipped[name] = str(e)
     name = torch.cuda.get_device_name(0) if cuda else (platform.processor() or platform.machine() or "cpu")
     backend = "nccl" if cuda else "gloo"
     setup = (
@@ -150,4 +159,5 @@ def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Ca
         gemm,
         families,
         links,
+        skipped,
     )

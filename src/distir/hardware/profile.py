@@ -27,7 +27,7 @@ class Calibration(NamedTuple):
     ``ranks``: processes the communication ran on (the node's ``devices_per_node``);
     ``setup``: how it was measured (torch version, backend, threads); ``launch_s``: the
     smallest op's time; ``bandwidth``: memory bandwidth (B/s); ``links`` by collective name,
-    ``p2p`` the point-to-point link."""
+    ``p2p`` the point-to-point link; ``skipped``: collectives measured but not fitted, and why."""
 
     host: str
     date: str
@@ -40,6 +40,7 @@ class Calibration(NamedTuple):
     gemm: GemmFit
     families: dict[str, FamilyFit]
     links: dict[str, LinkFit]
+    skipped: dict[str, str]
 
     @property
     def stamp(self) -> str:
@@ -94,6 +95,7 @@ def profile_toml(cal: Calibration) -> str:
         f"#   GEMM curve: {_q(cal.gemm.quality)}",
         *(f"#   family {k}: {_q(f.quality)}" for k, f in cal.families.items()),
         *(f"#   {k}: {_q(f.quality)}" for k, f in cal.links.items()),
+        *(f"#   {k}: not fitted, runs on the point-to-point link ({why})" for k, why in cal.skipped.items()),
         "",
         f"name = {json.dumps(name)}",
         "",
