@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -422,9 +423,12 @@ def run(
     ] = None,
     model: Annotated[str | None, typer.Option("--model", help="A zoo model (distir models).")] = None,
     strategy: Annotated[
-        str | None, typer.Option("--strategy", help="With --model: e.g. d1.t1.p2.k2.1f1b (default d1.t1.p1.k1).")
+        str | None,
+        typer.Option("--strategy", help="With --model: e.g. d1.t1.p2.k2.1f1b (default d1.t1.p1.k1)."),
     ] = None,
-    batch: Annotated[int | None, typer.Option("--batch", min=1, help="With --model: the global batch.")] = None,
+    batch: Annotated[
+        int | None, typer.Option("--batch", min=1, help="With --model: the global batch.")
+    ] = None,
     steps: Annotated[
         int, typer.Option("--steps", min=1, help="Steps to run; the first is a warm-up when there are more.")
     ] = 3,
@@ -435,10 +439,14 @@ def run(
     ] = "pure",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the inputs, weights and optimizer state.")] = 0,
     verify: Annotated[
-        bool, typer.Option("--verify/--no-verify", help="Compare every rank's outputs with the reference executor.")
+        bool,
+        typer.Option(
+            "--verify/--no-verify", help="Compare every rank's outputs with the reference executor."
+        ),
     ] = True,
     trace: Annotated[
-        Path | None, typer.Option("--trace", help="Write the ranks' real op timelines (Perfetto/Chrome JSON).")
+        Path | None,
+        typer.Option("--trace", help="Write the ranks' real op timelines (Perfetto/Chrome JSON)."),
     ] = None,
     timeout: Annotated[
         float, typer.Option("--timeout", min=1.0, help="Seconds any one communication may wait for a peer.")
@@ -460,7 +468,11 @@ def run(
     from distir.parallel.strategy import StrategyError
 
     if (file is None) == (model is None):
-        _fail("give a program FILE or --model (with --strategy), not both" if file else "give a program FILE or --model")
+        _fail(
+            "give a program FILE or --model (with --strategy), not both"
+            if file
+            else "give a program FILE or --model"
+        )
     try:
         if model is not None:
             prog = _plain_guard(debug)(
@@ -500,7 +512,10 @@ def run(
 
 
 def _print_run(d: dict[str, Any]) -> None:
-    out.print(f"{d['program']}: {d['ranks']} ranks, {d['backend']} ({d['launcher']}), {d['steps']} steps", markup=False)
+    out.print(
+        f"{d['program']}: {d['ranks']} ranks, {d['backend']} ({d['launcher']}), {d['steps']} steps",
+        markup=False,
+    )
     if d["verified"] is not None:
         status = "verified" if d["verified"] else "NOT verified"
         out.print(
@@ -508,12 +523,18 @@ def _print_run(d: dict[str, Any]) -> None:
             f"(worst {d['worst_output']}; allowed {d['tolerance']:g} x max(1, |reference|))",
             markup=False,
         )
-    out.print(f"  step time {d['step_time_s'] * 1e3:.2f} ms (median after warm-up, slowest rank)", markup=False)
+    out.print(
+        f"  step time {d['step_time_s'] * 1e3:.2f} ms (median after warm-up, slowest rank)", markup=False
+    )
     for dev, b in d["peak_memory_bytes"].items():
         t = d["step_time_s_per_rank"][dev]
         out.print(f"  {dev}: {t * 1e3:.2f} ms, peak memory {b} B ({d['memory_source']})", markup=False)
     if d["reference_fallback_ops"]:
-        out.print(f"  ran on the numpy reference (no torch implementation): {', '.join(d['reference_fallback_ops'])}", markup=False)
+        out.print(
+            "  ran on the numpy reference (no torch implementation): "
+            + ", ".join(d["reference_fallback_ops"]),
+            markup=False,
+        )
     if d["trace"] is not None:
         out.print(f"  trace written to {d['trace']} (open it at https://ui.perfetto.dev)", markup=False)
 
@@ -656,8 +677,6 @@ def calibrate(
     """Measure this machine (op families over sizes and dtypes, collectives and point-to-point
     over message and group sizes, on torch), fit the cost model and write a device profile that
     --cluster accepts. On a GPU node it profiles GPU 0 and NCCL over the first --nproc GPUs."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from distir.backend import TorchMissing
     from distir.backend.calibrate import CalibrateOptions, CalibrationError
     from distir.backend.calibrate import calibrate as run_calibration
@@ -675,15 +694,7 @@ def calibrate(
     opts = CalibrateOptions(
         dtypes=tuple(known[n] for n in dict.fromkeys(names)), nproc=nproc, quick=quick, threads=threads
     )
-    bar = Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=json_out,
-    )
+    bar = _progress_bar(json_out)
 
     def progress(total: int) -> Callable[[str], None]:
         task = bar.add_task("measuring", total=total)
@@ -826,6 +837,106 @@ def demo(json_out: JsonOpt = False, debug: DebugOpt = False) -> None:
         _emit_json(result)
     if not result["ok"]:
         raise typer.Exit(1)
+
+
+@app.command()
+def validate(
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model", help="A zoo model (distir models), e.g. gpt:layers=4,hidden=128,heads=4,seq=64."
+        ),
+    ] = "gpt:layers=4,hidden=128,heads=4,seq=64,vocab=256",
+    samples: Annotated[int, typer.Option("--samples", min=2, help="Strategies to run and simulate.")] = 20,
+    nproc: Annotated[
+        int, typer.Option("--nproc", min=2, help="Ranks (processes) each strategy runs on.")
+    ] = 2,
+    cluster: Annotated[
+        str,
+        typer.Option("--cluster", help="The calibrated profile (distir calibrate --out FILE) or a cluster."),
+    ] = "profile.toml",
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Global batch of every strategy.")] = 8,
+    steps: Annotated[int, typer.Option("--steps", min=2, help="Steps per run; the first is a warm-up.")] = 4,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the strategy draw.")] = 0,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the scatter plot (PNG) here.")] = Path(
+        "validate.png"
+    ),
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Run --samples strategies of --model for real on --nproc local ranks and simulate each on
+    the calibrated --cluster; report Spearman's rho of throughput, the median and max error of
+    step time and of peak memory, and a scatter plot."""
+    from distir.backend import TorchMissing
+    from distir.backend.launch import RunFailed
+    from distir.backend.validate import ValidateError, fidelity_dict, scatter_png
+    from distir.backend.validate import validate as run_validation
+    from distir.backend.worker import RankFailure
+    from distir.hardware.cluster import parse_cluster
+    from distir.hardware.specs import HardwareError
+
+    try:
+        cl = parse_cluster(cluster)
+    except HardwareError as e:
+        _fail(str(e))
+    load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    bar = _progress_bar(json_out)
+    task = bar.add_task("running", total=samples)
+    try:
+        with bar:
+            f = run_validation(
+                model,
+                samples,
+                nproc,
+                cl,
+                batch,
+                steps,
+                seed,
+                tick=lambda label: bar.update(task, advance=1, description=f"ran {label}"),
+            )
+        if plot is not None:
+            scatter_png(f, plot)
+    except (ValidateError, TorchMissing, RunFailed, RankFailure, OSError) as e:
+        if debug:
+            traceback.print_exc()
+        _fail(f"validate: {e}")
+    load = max(load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"))
+    d = fidelity_dict(f) | {"plot": str(plot) if plot else None, "load_average": load, "cpus": os.cpu_count()}
+    if json_out:
+        _emit_json(d)
+        return
+    out.print(
+        f"{f.model}, batch {f.batch}, {f.nproc} ranks, {len(f.points)} strategies, simulated on {f.cluster} "
+        f"(load average {load:.1f} on {os.cpu_count()} CPUs)",
+        markup=False,
+    )
+    out.print(f"  Spearman rho of throughput: {f.rho_throughput:.3f}", markup=False)
+    out.print(
+        f"  step time error: median {100 * f.step_time.median:.1f}%, max {100 * f.step_time.max:.1f}%",
+        markup=False,
+    )
+    out.print(
+        f"  peak memory error: median {100 * f.peak_memory.median:.1f}%, max {100 * f.peak_memory.max:.1f}% "
+        f"({f.memory_source})",
+        markup=False,
+    )
+    if plot is not None:
+        out.print(f"  scatter plot: {plot}", markup=False)
+
+
+def _progress_bar(disable: bool) -> Any:
+    """A rich progress bar on stderr (transient; off with --json)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=disable,
+    )
 
 
 def _calibration_json(cal: Any, path: Path) -> dict[str, Any]:
