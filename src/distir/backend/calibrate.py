@@ -109,14 +109,21 @@ def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Ca
         timing = mb.run_cases(
             work,
             device,
-            batch_s=0.005 if options.quick else 0.05,
-            repeats=3 if options.quick else 5,
+            batch_s=0.005 if options.quick else 0.01,
+            repeats=3 if options.quick else 9,
             tick=tick,
         )
     finally:
         torch.set_num_threads(threads)
     try:
-        links_raw = cb.run_comm(options.nproc, options.sizes(), device, 0.01 if options.quick else 0.1, tick)
+        links_raw = cb.run_comm(
+            options.nproc,
+            options.sizes(),
+            device,
+            0.01 if options.quick else 0.02,
+            tick,
+            rounds=3 if options.quick else 7,
+        )
     except cb.CommBenchError as e:
         raise CalibrationError(f"calibrate: {e}") from None
     gemm = fit_gemm(timing.gemm, timing.launch_s)

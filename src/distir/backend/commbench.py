@@ -5,7 +5,7 @@ timed on ``torch.distributed`` across local processes.
 (gloo on CPU, NCCL when ``device`` is CUDA: rank r uses GPU r) through a file store in a temporary
 directory. For every collective of ``COLLECTIVES``, group size 2..nproc (the group of ranks
 0..size-1) and message size, every rank runs one warm-up call, the ranks agree on a repetition
-count (the slowest rank's warm-up decides), run it back to back in ``ROUNDS`` rounds and take the
+count (the slowest rank's warm-up decides), run it back to back in ``rounds`` rounds and take the
 fastest round's time per call of the slowest rank. ``p2p`` is a ping-pong between ranks 0 and 1:
 half the round trip.
 
@@ -34,9 +34,6 @@ from distir.backend import require_torch
 from distir.hardware.fit import LinkSample
 
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "broadcast", "p2p")
-ROUNDS = 3
-"""Rounds of back-to-back calls per measurement; the fastest round counts (scheduling noise on
-a shared machine only ever adds time)."""
 
 
 class CommBenchError(RuntimeError):
@@ -92,7 +89,14 @@ def _op(
 
 
 def _worker(
-    rank: int, nproc: int, store: str, device: str, work: list[tuple[str, int, int]], target_s: float, q: Any
+    rank: int,
+    nproc: int,
+    store: str,
+    device: str,
+    work: list[tuple[str, int, int]],
+    target_s: float,
+    rounds: int,
+    q: Any,
 ) -> None:
     try:
         import warnings
@@ -122,7 +126,7 @@ def _worker(
             dist.all_reduce(first, op=dist.ReduceOp.MAX)
             reps = max(1, min(200, math.ceil(target_s / max(float(first), 1e-6))))
             best = math.inf
-            for _ in range(ROUNDS):
+            for _ in range(rounds):
                 dist.barrier()
                 t0 = time.perf_counter()
                 if fn is not None:
@@ -152,6 +156,7 @@ def run_comm(
     target_s: float = 0.05,
     tick: Callable[[str], None] | None = None,
     timeout_s: float = 600.0,
+    rounds: int = 3,
 ) -> list[LinkSample]:
     """Time ``comm_plan(nproc, sizes)`` (see the module docstring); ``tick(label)`` after each."""
     import multiprocessing as mp
@@ -168,7 +173,9 @@ def run_comm(
         os.environ.update(env)
         try:
             procs = [
-                ctx.Process(target=_worker, args=(r, nproc, store, device, work, target_s, q), daemon=True)
+                ctx.Process(
+                    target=_worker, args=(r, nproc, store, device, work, target_s, rounds, q), daemon=True
+                )
                 for r in range(nproc)
             ]
             for p in procs:

@@ -21,9 +21,13 @@ from distir.backend.worker import RankResult
 def trace_events(results: Sequence[RankResult]) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     for rank, r in enumerate(results):
-        events.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank} ({r.device})"}})
+        events.append(
+            {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank} ({r.device})"}}
+        )
         events.append({"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}})
-        events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"ops: {r.device}"}})
+        events.append(
+            {"name": "thread_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"ops: {r.device}"}}
+        )
         for s in r.slices:
             events.append(
                 {
@@ -37,7 +41,9 @@ def trace_events(results: Sequence[RankResult]) -> list[dict[str, Any]]:
                     "args": {"op": s.text},
                 }
             )
-            events.append({"name": "memory", "ph": "C", "pid": rank, "ts": s.end * 1e6, "args": {"bytes": s.live_bytes}})
+            events.append(
+                {"name": "memory", "ph": "C", "pid": rank, "ts": s.end * 1e6, "args": {"bytes": s.live_bytes}}
+            )
     return events
 
 

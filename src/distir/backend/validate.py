@@ -7,10 +7,11 @@ selective. ``validate(...)`` draws ``samples`` of them (seeded; those that do no
 model are skipped and the next drawn), and for each:
 
 - *real*: builds the distributed training step (``distir.backend.program.model_program``: f32,
-  Adam), runs it ``steps`` times on one process per rank (``distir.backend.run.execute``,
-  unverified) and takes its step time (the slowest rank's, median after the warm-up) and peak
-  memory (the largest rank's: the CUDA allocator's peak, or on CPU the tracked bytes of live
-  tensors, the step's inputs included);
+  Adam), runs it ``steps`` times on one process per rank (``distir.backend.launch``, as ``distir
+  run`` does, unverified) and takes its step time (per step the slowest rank's; the fastest step
+  after the warm-up, since on a shared machine other processes only ever add time, as
+  ``distir calibrate`` times its benchmarks) and peak memory (the largest rank's: the CUDA
+  allocator's peak, or on CPU the tracked bytes of live tensors, the step's inputs included);
 - *simulated*: the same explicit program on the cluster (the calibrated profile), one kernel
   per op as eager PyTorch runs it (``RooflineCostModel(fuse=False)``), same two figures.
 
@@ -27,9 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from distir.backend.launch import LaunchOptions
-from distir.backend.program import model_program
-from distir.backend.run import execute
+from distir.backend.launch import LaunchOptions, launch
+from distir.backend.program import model_program, rank_programs
 from distir.hardware.cluster import Cluster
 from distir.parallel.strategy import Strategy
 from distir.report.fidelity import ErrorStats, errors, spearman
@@ -91,17 +91,18 @@ def _measure(
     model: str, st: Strategy, batch: int, cluster: Cluster, steps: int, timeout_s: float
 ) -> tuple[Point, str]:
     prog = model_program(model, str(st), batch)
-    rep = execute(prog, steps=steps, verify=False, options=LaunchOptions(timeout_s=timeout_s))
-    assert rep is not None  # a local launch always reports
+    jobs = rank_programs(prog, steps, False)
+    results = [g[0] for g in launch([[j] for j in jobs], LaunchOptions(timeout_s=timeout_s))]
+    per_step = [max(ts) for ts in zip(*(r.step_times for r in results), strict=True)]
     sim = simulate(prog.module, cluster, None, RooflineCostModel(cluster, fuse=False), batch=batch)
     point = Point(
         str(st),
-        rep.step_time_s,
+        min(per_step[1:] or per_step),
         sim.step_time_s,
-        max(rep.peak_memory_bytes.values()),
+        max(r.peak_memory_bytes for r in results),
         max(sim.peak_memory.values()),
     )
-    return point, rep.memory_source
+    return point, results[0].memory_source
 
 
 def validate(
