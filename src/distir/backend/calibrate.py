@@ -99,6 +99,11 @@ def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Ca
     torch = require_torch()
     cuda = bool(torch.cuda.is_available())
     device = "cuda" if cuda else "cpu"
+    if cuda and options.nproc > torch.cuda.device_count():
+        raise CalibrationError(
+            f"calibrate: --nproc {options.nproc} needs as many GPUs; "
+            f"this node has {torch.cuda.device_count()}"
+        )
     sizes = mb.QUICK if options.quick else mb.FULL
     work = mb.plan(sizes, options.dtypes)
     comm = cb.comm_plan(options.nproc, options.sizes())

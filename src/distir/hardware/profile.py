@@ -11,7 +11,8 @@ What is not measured is said so in the file: a dtype not in ``--dtypes`` takes t
 measured one (named); ``tf32`` is ``fp32`` (no TF32 path on a CPU); the network between
 machines (``inter_*``) is the measured point-to-point link (one machine has no network); families
 not measured keep the cost model's defaults; on a CPU the runtime memory besides tensors is 0
-(no CUDA context; tensors are tracked by bytes).
+(no CUDA context; tensors are tracked by bytes); a GPU keeps the CUDA runtime estimates of
+``distir.hardware.presets.CUDA_RUNTIME``.
 """
 
 from __future__ import annotations
@@ -117,12 +118,21 @@ def profile_toml(cal: Calibration) -> str:
         f"matmul_fp32_efficiency = {_num(min(1.0, cal.gemm.anchor_factor))}",
         f"matmul_anchor = [{', '.join(map(str, cal.gemm.anchor))}]",
         f"matmul_source = {json.dumps(src['matmul_source'])}",
-        "cuda_context_mib = 0",
-        "workspace_mib = 0",
-        "comm_buffers_mib = 0",
-        "allocator_fragmentation = 0",
-        f"runtime_memory_source = {json.dumps(src['runtime_memory_source'])}",
     ]
+    if cal.device.startswith("CPU"):  # a GPU keeps the CUDA runtime estimates (not measured)
+        lines += [
+            "cuda_context_mib = 0",
+            "workspace_mib = 0",
+            "comm_buffers_mib = 0",
+            "allocator_fragmentation = 0",
+            f"runtime_memory_source = {json.dumps(src['runtime_memory_source'])}",
+        ]
+    return "\n".join(lines + _measured_tables(cal))
+
+
+def _measured_tables(cal: Calibration) -> list[str]:
+    """The ``families`` and ``collectives`` tables and the one node."""
+    lines: list[str] = []
     for fam, f in cal.families.items():
         unbounded = [w for w, b in (("flop", f.flop_bounded), ("memory", f.memory_bounded)) if not b]
         note = f"  # not bounded by the data: {', '.join(unbounded)}" if unbounded else ""
@@ -142,5 +152,4 @@ def profile_toml(cal: Calibration) -> str:
             f"bandwidth_gb_s = {_num(lf.link.bandwidth / 1e9)}",
             f"latency_us = {_num(lf.link.latency_s * 1e6)}",
         ]
-    lines += ["", "[[nodes]]", 'type = "local"', ""]
-    return "\n".join(lines)
+    return [*lines, "", "[[nodes]]", 'type = "local"', ""]
