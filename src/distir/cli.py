@@ -671,6 +671,9 @@ def calibrate(
         int,
         typer.Option("--threads", min=1, help="Threads for the compute benchmarks (1: as each rank runs)."),
     ] = 1,
+    raw: Annotated[
+        Path | None, typer.Option("--raw", help="Also write every timing the fits used (JSON) here.")
+    ] = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -706,6 +709,8 @@ def calibrate(
         text = profile_toml(cal)
         cluster_from_toml(text, str(out_file))  # the written file must load
         out_file.write_text(text, encoding="utf-8")
+        if raw is not None:
+            raw.write_text(json.dumps(cal.measurements.as_json(), indent=1), encoding="utf-8")
     except (CalibrationError, TorchMissing, OSError) as e:
         if debug:
             traceback.print_exc()

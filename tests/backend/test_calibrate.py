@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from distir.backend.calibrate import CalibrateOptions
+from distir.backend.commbench import comm_plan
 from distir.cli import app
 from distir.hardware.clusterfile import load_cluster_file
+from distir.ops.registry import REGISTRY
 
 torch = pytest.importorskip("torch")
 
@@ -26,8 +29,16 @@ def _one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_quick_calibrate_writes_a_profile_simulate_accepts(tmp_path: Path) -> None:
     out = tmp_path / "profile.toml"
-    r = runner.invoke(app, ["calibrate", "--quick", "--dtypes", "f32", "--out", str(out), "--json"])
+    raw = tmp_path / "raw.json"
+    r = runner.invoke(
+        app, ["calibrate", "--quick", "--dtypes", "f32", "--out", str(out), "--raw", str(raw), "--json"]
+    )
     assert r.exit_code == 0, r.stderr
+    timings = json.loads(raw.read_text())
+    assert len(timings["links"]) == len(comm_plan(2, CalibrateOptions(quick=True).sizes()))
+    assert {s["op"] for s in timings["ops"]} >= {"Add", "Softmax", "Attention"}
+    assert all(REGISTRY[s["op"]].family == s["family"] and s["seconds"] > 0 for s in timings["ops"])
+    assert all(s["dtype"] == "f32" for s in timings["gemm"])
     data = json.loads(r.stdout)
     assert data["profile"] == str(out) and "by distir calibrate" in data["source"]
     assert set(data["links"]) == {"allreduce", "allgather", "reducescatter", "broadcast", "p2p"}

@@ -40,7 +40,7 @@ from distir.backend import microbench as mb
 from distir.backend import require_torch
 from distir.hardware.cluster import Cluster
 from distir.hardware.fit import FamilyFit, FitError, LinkFit, fit_family, fit_gemm, fit_link
-from distir.hardware.profile import Calibration
+from distir.hardware.profile import Calibration, Measurements
 from distir.ir.types import DType
 from distir.sim import collectives as coll
 
@@ -172,4 +172,5 @@ def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Ca
         families,
         links,
         skipped,
+        Measurements(tuple(timing.gemm), tuple(timing.ops), tuple(links_raw)),
     )

@@ -6,12 +6,13 @@ simulation with the fitted figures reproduces the measured times:
 - ``fit_gemm``: matrix products of known shapes and FLOPs. The time model is
   ``launch + FLOPs / (peak × shape_factor(shape, sms))`` (``distir.hardware.gemm`` with its
   ceiling at 1): per dtype the asymptotic rate ``peak`` is the geometric mean of
-  ``rate / shape_factor`` weighted by each product's time (a weighted least-squares fit in log
-  space: the products that take the time decide, as they decide a step's time), and ``sms``
-  the candidate with the smallest weighted log residual over all dtypes. The device's peak for a
-  dtype is that asymptote, and the ``GemmProfile`` passes through the largest measured shape
-  (its ``anchor``) at the shape factor there, so the curve the cost model draws is the fitted
-  one.
+  ``rate / shape_factor`` weighted by each product's FLOPs (a weighted least-squares fit in log
+  space: the products that do the work decide, as they decide a step's time; weights from the
+  work, not the measured time, so that a sample slowed by another process does not weigh
+  more), and ``sms`` the candidate with the smallest weighted log residual over all dtypes.
+  The device's peak for a dtype is that asymptote, and the ``GemmProfile`` passes through the
+  largest measured shape (its ``anchor``) at the shape factor there, so the curve the cost
+  model draws is the fitted one.
 - ``fit_family``: the ops of one family (elementwise, nn, attention, ...), each with its FLOPs
   and bytes as the registry counts them. The time model is the roofline
   ``launch + max(FLOPs / (peak × flop), bytes / (bandwidth × memory))`` with ``peak`` and
@@ -114,7 +115,7 @@ def fit_gemm(
         raise FitError("GEMM fit: no matrix products were measured")
     best: tuple[float, int, dict[str, float]] | None = None
     rate = np.array([s.flops / max(s.seconds - launch_s, 1e-12) for s in samples])
-    weight = np.array([s.seconds for s in samples])
+    weight = np.array([s.flops for s in samples])
     for sms in sorted(set(sms_candidates)):
         sf = np.array([shape_factor(s.shape, sms) for s in samples])
         logs = np.log(rate) - np.log(sf)

@@ -20,7 +20,25 @@ from __future__ import annotations
 import json
 from typing import NamedTuple
 
-from distir.hardware.fit import FamilyFit, GemmFit, LinkFit, Quality
+from distir.hardware.fit import FamilyFit, GemmFit, GemmSample, LinkFit, LinkSample, OpSample, Quality
+
+
+class Measurements(NamedTuple):
+    """The timings the fits were made from (``distir calibrate --raw`` writes them as JSON)."""
+
+    gemm: tuple[GemmSample, ...] = ()
+    ops: tuple[OpSample, ...] = ()
+    links: tuple[LinkSample, ...] = ()
+
+    def as_json(self) -> dict[str, list[dict[str, object]]]:
+        return {
+            "gemm": [
+                {"shape": list(s.shape), "dtype": s.dtype, "flops": s.flops, "seconds": s.seconds}
+                for s in self.gemm
+            ],
+            "ops": [s._asdict() for s in self.ops],
+            "links": [s._asdict() for s in self.links],
+        }
 
 
 class Calibration(NamedTuple):
@@ -28,7 +46,8 @@ class Calibration(NamedTuple):
     ``ranks``: processes the communication ran on (the node's ``devices_per_node``);
     ``setup``: how it was measured (torch version, backend, threads); ``launch_s``: the
     smallest op's time; ``bandwidth``: memory bandwidth (B/s); ``links`` by collective name,
-    ``p2p`` the point-to-point link; ``skipped``: collectives measured but not fitted, and why."""
+    ``p2p`` the point-to-point link; ``skipped``: collectives measured but not fitted, and why;
+    ``measurements``: the timings fitted."""
 
     host: str
     date: str
@@ -42,6 +61,7 @@ class Calibration(NamedTuple):
     families: dict[str, FamilyFit]
     links: dict[str, LinkFit]
     skipped: dict[str, str]
+    measurements: Measurements = Measurements()
 
     @property
     def stamp(self) -> str:
