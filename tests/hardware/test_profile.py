@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from distir.cli import app
-from distir.hardware.cluster import ClusterError
+from distir.hardware.cluster import ClusterError, parse_cluster
 from distir.hardware.clusterfile import cluster_from_toml, load_cluster_file
 from distir.hardware.fit import FamilyFit, GemmFit, LinkFit, Quality
 from distir.hardware.gemm import GemmShape, gemm_efficiency, shape_factor
@@ -32,6 +32,7 @@ def _calibration() -> Calibration:
     families = {
         "elementwise": FamilyFit(0.1, 0.7, 1.5e-6, True, True, Q),
         "nn": FamilyFit(0.2, 0.3, 4e-6, True, False, Q),
+        "shape": FamilyFit(1.0, 1.0, 3e-6, False, False, Q),
     }
     links = {
         "p2p": LinkFit(LinkSpec(2e9, 50e-6), Q),
@@ -109,6 +110,17 @@ def test_calibrated_rates_drive_the_cost_model() -> None:
     assert model.compute_time(rs, [x], routs, attrs, 0) == pytest.approx(want, rel=1e-5)
 
 
+def test_a_zero_work_op_costs_its_calibrated_family_launch() -> None:
+    """A Reshape moves nothing: 0 on an uncalibrated device, the shape family's launch when
+    measured (eager execution pays its dispatch)."""
+    x = TensorType(DType.f32, (8, 16), Device(0))
+    op, attrs = REGISTRY["Reshape"], Attrs({"shape": (128,)})
+    outs = op.infer_types([x], attrs, [None])
+    cal = RooflineCostModel(cluster_from_toml(profile_toml(_calibration())))
+    assert cal.compute_time(op, [x], outs, attrs, 0) == pytest.approx(3e-6)
+    assert RooflineCostModel(parse_cluster("dgx-a100")).compute_time(op, [x], outs, attrs, 0) == 0.0
+
+
 def test_calibrated_links_drive_the_collectives() -> None:
     cl = cluster_from_toml(profile_toml(_calibration()))
     m = 1 << 20
@@ -143,7 +155,11 @@ def test_simulate_runs_on_the_profile(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["clusters", "--cluster", str(path), "--json"])
     assert r.exit_code == 0, r.stderr
     rec = json.loads(r.stdout)["clusters"][0]
-    assert "calibrated on testhost" in rec["source"] and set(rec["families"]) == {"elementwise", "nn"}
+    assert "calibrated on testhost" in rec["source"] and set(rec["families"]) == {
+        "elementwise",
+        "nn",
+        "shape",
+    }
     assert set(rec["collectives"]) == {"allreduce", "allgather"}
     r = CliRunner().invoke(app, ["clusters", "--cluster", str(path)])
     assert r.exit_code == 0 and "calibrated on testhost" in r.stdout

@@ -39,13 +39,22 @@ from distir.ops.registry import REGISTRY, OpDef
 
 
 class Case(NamedTuple):
-    """One op at one size: the registry op, its input shapes, attributes, and which inputs are
-    integer class labels (drawn in [0, shape[-1] of input 0))."""
+    """One op at one size: the registry op, its input shapes, attributes, which inputs are
+    integer class labels (drawn in [0, shape[-1] of input 0)), which are an integer 1 (a step
+    count), and which stay f32 whatever the dtype (statistics such as attention's lse)."""
 
     op: str
     shapes: tuple[tuple[int, ...], ...]
     attrs: tuple[tuple[str, Any], ...] = ()
     labels: tuple[int, ...] = ()
+    ones: tuple[int, ...] = ()
+    f32: tuple[int, ...] = ()
+
+    def dtype(self, i: int, dtype: DType) -> DType:
+        """The dtype of input ``i`` when the case runs in ``dtype``."""
+        if i in self.labels or i in self.ones:
+            return DType.i64
+        return DType.f32 if i in self.f32 else dtype
 
 
 class Sizes(NamedTuple):
@@ -86,7 +95,14 @@ QUICK = Sizes(
     attention=((1, 32, 2, 16), (1, 64, 2, 32)),
 )
 
-ROW_OPS = ("Softmax", "SoftmaxGrad", "ReduceSum", "SoftmaxCrossEntropyLoss", "LayerNormalization")
+ROW_OPS = (
+    "Softmax",
+    "SoftmaxGrad",
+    "ReduceSum",
+    "SoftmaxCrossEntropyLoss",
+    "LayerNormalization",
+    "LayerNormalizationGrad",
+)
 POINTWISE = ("Mul", "Gelu", "Exp", "GeluGrad")
 
 
@@ -96,6 +112,8 @@ def _row_case(op: str, r: int, c: int) -> Case:
         return Case(op, ((r, c), (c,), (c,)), (("axis", -1),))
     if op == "SoftmaxGrad":
         return Case(op, ((r, c), (r, c)), (("axis", -1),))
+    if op == "LayerNormalizationGrad":
+        return Case(op, ((r, c), (r, c), (c,)), (("axis", -1),))
     if op == "ReduceSum":
         return Case(op, ((r, c),), (("axes", (-1,)),))
     if op == "SoftmaxCrossEntropyLoss":
@@ -110,7 +128,15 @@ def _cases(sizes: Sizes, low: bool) -> list[Case]:
     for n in sizes.elementwise:
         out += [Case(op, ((n,),) * REGISTRY[op].min_inputs) for op in POINTWISE]
     out += [_row_case(op, r, c) for r, c in sizes.rows for op in ROW_OPS]
-    out += [Case("Attention", ((b, s, h, d),) * 3, (("causal", True),)) for b, s, h, d in sizes.attention]
+    out += [Case("Adam", ((n,),) * 4 + ((),), ones=(4,)) for n in sizes.elementwise]
+    for r, c in sizes.rows:
+        out += [
+            Case("Reshape", ((r, c),), (("shape", (r * c,)),)),
+            Case("Transpose", ((r, c),), (("perm", (1, 0)),)),
+        ]
+    for b, s, h, d in sizes.attention:
+        out.append(Case("Attention", ((b, s, h, d),) * 3, (("causal", True),)))
+        out.append(Case("AttentionGrad", ((b, s, h, d),) * 5 + ((b, h, s),), (("causal", True),), f32=(5,)))
     return out
 
 
@@ -140,9 +166,7 @@ class CaseCost(NamedTuple):
 def case_cost(case: Case, dtype: DType) -> CaseCost:
     """The case's family, FLOPs, bytes and GEMM shape as the registry counts them."""
     op = REGISTRY[case.op]
-    ins = [
-        TensorType(DType.i64 if i in case.labels else dtype, s, Device(0)) for i, s in enumerate(case.shapes)
-    ]
+    ins = [TensorType(case.dtype(i, dtype), s, Device(0)) for i, s in enumerate(case.shapes)]
     attrs = Attrs(dict(case.attrs))
     outs = op.infer_types(ins, attrs, [None] * len(ins))
     nbytes = op.bytes_read(ins, outs, attrs) + op.bytes_written(ins, outs, attrs)
@@ -201,8 +225,10 @@ def run_cases(
         for i, s in enumerate(case.shapes):
             if i in case.labels:
                 xs.append(torch.randint(0, case.shapes[0][-1], s, generator=gen).to(ctx.device))
+            elif i in case.ones:
+                xs.append(torch.ones(s, dtype=torch.int64, device=ctx.device))
             else:
-                xs.append(torch.randn(s, generator=gen).to(ctx.device, ctx.dtype(dt)))
+                xs.append(torch.randn(s, generator=gen).to(ctx.device, ctx.dtype(case.dtype(i, dt))))
         impl, attrs = op_impl(REGISTRY[case.op]), Attrs(dict(case.attrs))
         secs = time_call(functools.partial(impl, ctx, xs, attrs), sync, batch_s, repeats)
         if cost.gemm is not None:

@@ -21,7 +21,8 @@ carries measured rates per op family (``DeviceSpec.families``): an op of a liste
 that family's launch time and FLOP and memory efficiencies instead of the model's
 ``flop_efficiency``, ``memory_efficiency`` and the device's ``launch_overhead_s`` (a matrix
 product still follows the device's GEMM curve for its FLOPs; its family's memory efficiency and
-launch time apply).
+launch time apply). An op of a calibrated family that does no work (a Reshape) still costs its
+family's launch time: the measured cost of dispatching it, which eager execution pays.
 
 A model may also say which GPUs cost compute alike (``gpu_class``: equal classes give equal
 ``compute_time``); the simulator of DTensor programs uses it to cost an op once per class of
@@ -114,10 +115,10 @@ class RooflineCostModel:
     ) -> float:
         flops = opdef.flops(ins, outs, attrs)
         nbytes = opdef.bytes_read(ins, outs, attrs) + opdef.bytes_written(ins, outs, attrs)
-        if flops <= 0 and nbytes <= 0:
-            return 0.0
         spec = self.cluster.device_spec(gpu)
         rates = spec.family_rates(opdef.family)
+        if flops <= 0 and nbytes <= 0:
+            return 0.0 if rates is None else rates.launch_s
         launch = spec.launch_overhead_s if rates is None else rates.launch_s
         return launch + self._roofline(spec, opdef, ins, outs, attrs, flops, nbytes)
 
