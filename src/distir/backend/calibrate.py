@@ -39,7 +39,7 @@ from distir.backend import commbench as cb
 from distir.backend import microbench as mb
 from distir.backend import require_torch
 from distir.hardware.cluster import Cluster
-from distir.hardware.fit import FamilyFit, FitError, LinkFit, fit_family, fit_gemm, fit_link
+from distir.hardware.fit import FamilyFit, FitError, LinkFit, LinkSample, fit_family, fit_gemm, fit_link
 from distir.hardware.profile import Calibration, Measurements
 from distir.ir.types import DType
 from distir.sim import collectives as coll
@@ -92,20 +92,13 @@ _COSTS: dict[str, Callable[..., float]] = {
 }
 
 
-def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Calibration:
-    """Measure and fit (see the module docstring)."""
-    if DType.f32 not in options.dtypes:
-        raise CalibrationError("calibrate: --dtypes must include f32 (the device's base peak)")
+def _measure(
+    options: CalibrateOptions, device: str, progress: Progress | None
+) -> tuple[mb.Timing, list[LinkSample]]:
+    """The compute timings (this process, ``options.threads`` threads) and the communication
+    timings (``options.nproc`` spawned ranks)."""
     torch = require_torch()
-    cuda = bool(torch.cuda.is_available())
-    device = "cuda" if cuda else "cpu"
-    if cuda and options.nproc > torch.cuda.device_count():
-        raise CalibrationError(
-            f"calibrate: --nproc {options.nproc} needs as many GPUs; "
-            f"this node has {torch.cuda.device_count()}"
-        )
-    sizes = mb.QUICK if options.quick else mb.FULL
-    work = mb.plan(sizes, options.dtypes)
+    work = mb.plan(mb.QUICK if options.quick else mb.FULL, options.dtypes)
     comm = cb.comm_plan(options.nproc, options.sizes())
     tick = progress(len(work) + len(comm)) if progress is not None else None
     threads = torch.get_num_threads()
@@ -121,7 +114,7 @@ def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Ca
     finally:
         torch.set_num_threads(threads)
     try:
-        links_raw = cb.run_comm(
+        links = cb.run_comm(
             options.nproc,
             options.sizes(),
             device,
@@ -131,41 +124,58 @@ def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Ca
         )
     except cb.CommBenchError as e:
         raise CalibrationError(f"calibrate: {e}") from None
+    return timing, links
+
+
+def _fit_links(samples: list[LinkSample]) -> tuple[dict[str, LinkFit], dict[str, str]]:
+    """The fitted link of every collective and of p2p; those that do not fit, and why."""
+    links: dict[str, LinkFit] = {}
+    skipped: dict[str, str] = {}
+    for name in cb.COLLECTIVES:
+        try:
+            links[name] = fit_link([s for s in samples if s.collective == name], _COSTS[name])
+        except FitError as e:
+            if name == "p2p":
+                raise CalibrationError(f"calibrate: {e}") from None
+            skipped[name] = str(e)
+    return links, skipped
+
+
+def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Calibration:
+    """Measure and fit (see the module docstring)."""
+    if DType.f32 not in options.dtypes:
+        raise CalibrationError("calibrate: --dtypes must include f32 (the device's base peak)")
+    torch = require_torch()
+    cuda = bool(torch.cuda.is_available())
+    if cuda and options.nproc > torch.cuda.device_count():
+        raise CalibrationError(
+            f"calibrate: --nproc {options.nproc} needs as many GPUs; "
+            f"this node has {torch.cuda.device_count()}"
+        )
+    timing, links_raw = _measure(options, "cuda" if cuda else "cpu", progress)
     gemm = fit_gemm(timing.gemm, timing.launch_s)
     first = options.dtypes[0].name
-    adds = [s for s in timing.ops if s.op == "Add" and s.dtype == first]
-    big = max(adds, key=lambda s: s.nbytes)
+    big = max((s for s in timing.ops if s.op == "Add" and s.dtype == first), key=lambda s: s.nbytes)
     bandwidth = big.nbytes / max(big.seconds - timing.launch_s, 1e-12)
     peak = gemm.peak
     families: dict[str, FamilyFit] = {}
     for fam in sorted({s.family for s in timing.ops}):
         fs = [s for s in timing.ops if s.family == fam]
         families[fam] = fit_family(fs, lambda dt: peak.get(dt, peak["f32"]), bandwidth)
-    links: dict[str, LinkFit] = {}
-    skipped: dict[str, str] = {}
-    for name in cb.COLLECTIVES:
-        ls = [s for s in links_raw if s.collective == name]
-        try:
-            links[name] = fit_link(ls, _COSTS[name])
-        except FitError as e:
-            if name == "p2p":
-                raise CalibrationError(f"calibrate: {e}") from None
-            skipped[name] = str(e)
+    links, skipped = _fit_links(links_raw)
     name = torch.cuda.get_device_name(0) if cuda else (platform.processor() or platform.machine() or "cpu")
-    backend = "nccl" if cuda else "gloo"
     setup = (
-        f"torch {torch.__version__}, {backend}, {options.nproc} ranks x 1 thread, compute on "
-        f"{options.threads} thread{'s' if options.threads > 1 else ''}{', quick' if options.quick else ''}"
+        f"torch {torch.__version__}, {'nccl' if cuda else 'gloo'}, {options.nproc} ranks x 1 thread, "
+        f"compute on {options.threads} thread{'s' if options.threads > 1 else ''}"
+        f"{', quick' if options.quick else ''}"
     )
-    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    mem = int(torch.cuda.get_device_properties(0).total_memory) if cuda else _memory_bytes()
     return Calibration(
         socket.gethostname(),
-        date,
+        datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         setup,
         f"{'GPU' if cuda else 'CPU'} {name}",
         options.nproc,
-        mem,
+        int(torch.cuda.get_device_properties(0).total_memory) if cuda else _memory_bytes(),
         timing.launch_s,
         bandwidth,
         gemm,
