@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--model", default="gpt:layers=4,hidden=128,heads=4,seq=64,vocab=256")
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--plot", type=Path, default=Path("validate.png"))
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     a = ap.parse_args()

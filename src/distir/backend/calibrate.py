@@ -7,8 +7,8 @@ process with ``threads`` threads, then the communication benchmarks
 
 1. the launch overhead: the time of a 1-element Add;
 2. the GEMM curve and the peak FLOP/s per dtype (matrix products);
-3. the memory bandwidth: the bytes of the largest Add of the first dtype over its time less the
-   launch overhead;
+3. the memory bandwidth: the highest bytes per second of the Adds of the first dtype (bytes over
+   time less the launch overhead; the highest, since other processes only ever slow a sample);
 4. per op family (elementwise, nn, grad, reduce, loss, attention): FLOP and memory efficiencies
    and a launch time, against those peaks and that bandwidth;
 5. per collective and for point-to-point: the link (B, α) of its alpha-beta formula. A
@@ -107,8 +107,8 @@ def _measure(
         timing = mb.run_cases(
             work,
             device,
-            batch_s=0.005 if options.quick else 0.01,
-            repeats=3 if options.quick else 9,
+            batch_s=0.005 if options.quick else 0.002,
+            repeats=3 if options.quick else 15,
             tick=tick,
         )
     finally:
@@ -155,8 +155,11 @@ def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Ca
     timing, links_raw = _measure(options, "cuda" if cuda else "cpu", progress)
     gemm = fit_gemm(timing.gemm, timing.launch_s)
     first = options.dtypes[0].name
-    big = max((s for s in timing.ops if s.op == "Add" and s.dtype == first), key=lambda s: s.nbytes)
-    bandwidth = big.nbytes / max(big.seconds - timing.launch_s, 1e-12)
+    bandwidth = max(
+        s.nbytes / max(s.seconds - timing.launch_s, 1e-12)
+        for s in timing.ops
+        if s.op == "Add" and s.dtype == first
+    )
     peak = gemm.peak
     families: dict[str, FamilyFit] = {}
     for fam in sorted({s.family for s in timing.ops}):

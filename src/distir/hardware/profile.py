@@ -125,7 +125,7 @@ def profile_toml(cal: Calibration) -> str:
         f"node_name = {json.dumps(cal.host)}",
         f"devices_per_node = {cal.ranks}",
         *(f"{k} = {_num(v)}  # matrix-product asymptote" for k, v in peaks.items()),
-        f"memory_bandwidth_gb_s = {_num(cal.bandwidth / 1e9)}  # the largest Add's bytes over its time",
+        f"memory_bandwidth_gb_s = {_num(cal.bandwidth / 1e9)}  # the fastest Add's bytes per second",
         f"memory_gib = {_num(cal.memory_bytes / (1 << 30))}",
         f"launch_overhead_us = {_num(cal.launch_s * 1e6)}  # a 1-element Add",
         f"intra_bandwidth_gb_s = {_num(p2p.bandwidth / 1e9)}  # point-to-point (ping-pong)",
