@@ -136,9 +136,7 @@ def test_torch_implementation_in_bf16_is_close_to_the_reference(name: str, index
     d, case = REGISTRY[name], EXAMPLES[name][index]
     values = random_inputs(case, np.random.default_rng(index))
     types = [_bf16(t) for t in case.types()]
-    values = [
-        round_to_bf16(v) if _dtype_of(t) is DType.bf16 else v for v, t in zip(values, types, strict=True)
-    ]
+    values = [round_to_bf16(v) if _dtype_of(t) is DType.bf16 else v for v, t in zip(values, types, strict=True)]
     bcase = Case([In(t, s.value, s.lo, s.hi) for t, s in zip(types, case.specs(), strict=True)], case.attrs)
     want, got = _run(d, bcase, values, types)
     for k, (g, w, t) in enumerate(zip(got, want, _out_types(d, bcase, types, values), strict=True)):

@@ -232,9 +232,7 @@ class _Runner:
         return tuple(env[v] for v in self.fn.outputs), live.peak, slices
 
 
-def _make_context(
-    torch: Any, setup: RankSetup, job: RankProgram, groups: dict[tuple[int, ...], Any]
-) -> TorchContext:
+def _make_context(torch: Any, setup: RankSetup, job: RankProgram, groups: dict[tuple[int, ...], Any]) -> TorchContext:
     cuda = setup.backend == "nccl"
     dev = torch.device(f"cuda:{setup.rank % torch.cuda.device_count()}") if cuda else torch.device("cpu")
     return TorchContext(torch, dev, me=job.device, ranks=dict(job.ranks), groups=groups)
@@ -308,6 +306,5 @@ def _failure(rank: int, device: Device, runner: _Runner, e: BaseException) -> Ra
     text = runner.text(k) if k < len(runner.ops) else None
     secondary = k < len(runner.ops) and runner.comm[k]
     where = f" at `{text}`" if text is not None else ""
-    return RankFailure(
-        f"rank {rank} ({device}) failed{where}: {type(e).__name__}: {e}", rank, text, secondary
-    )
+    return RankFailure(f"rank {rank} ({device}) failed{where}: {type(e).__name__}: {e}", rank, text, secondary)
+

@@ -316,9 +316,7 @@ def _sce_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any,
     return (_torch.like(f(_torch.upcast(ctx, scores), labels.long(), reduction=how), scores),)
 
 
-def torch_exp_and_onehot(
-    ctx: TorchContext, scores: Any, shift: Any, labels: Any, rows: Any
-) -> tuple[Any, Any]:
+def torch_exp_and_onehot(ctx: TorchContext, scores: Any, shift: Any, labels: Any, rows: Any) -> tuple[Any, Any]:
     """``exp_and_onehot`` on torch (in f32 for 16-bit scores): exp(scores − shift) and the
     one-hot of the labels this piece of the classes holds."""
     x = _torch.upcast(ctx, scores)

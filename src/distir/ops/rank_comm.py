@@ -90,9 +90,7 @@ def _torch_recv(ctx: Any, inputs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...
     dist = ctx.dist
     shape: Any = attrs.get("shape")
     src: Any = attrs["src"]
-    buf = ctx.torch.empty(
-        tuple(shape) if shape is not None else (), dtype=ctx.dtype(attrs["dtype"]), device=ctx.device
-    )  # type: ignore[arg-type]
+    buf = ctx.torch.empty(tuple(shape) if shape is not None else (), dtype=ctx.dtype(attrs["dtype"]), device=ctx.device)  # type: ignore[arg-type]
     ctx.post(dist.P2POp(dist.irecv, buf, ctx.rank(src)))
     return (buf,)
 

@@ -377,6 +377,7 @@ TRANSPOSE = register(
 __all__ = ["copy_bytes", "numel", "split_sizes"]
 
 
+
 # -- torch implementations (contract: distir.ops._torch) ----------------------------------------
 def _shape_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
     return (ctx.torch.tensor(tuple(xs[0].shape), dtype=ctx.torch.int64, device=ctx.device),)
