@@ -495,7 +495,7 @@ def run(
             traceback.print_exc()
         _fail(str(e))
     except RankFailure as e:  # under torchrun: this rank failed (torchrun stops the others)
-        err.print(str(e), markup=False)
+        err.print(f"distir run: {e}", markup=False)
         raise typer.Exit(2) from None
     except RunFailed as e:
         err.print(f"distir run: {e}", markup=False)
@@ -512,15 +512,15 @@ def run(
 
 
 def _print_run(d: dict[str, Any]) -> None:
-    out.print(
-        f"{d['program']}: {d['ranks']} ranks, {d['backend']} ({d['launcher']}), {d['steps']} steps",
-        markup=False,
-    )
+    steps = f"{d['steps']} step{'s' if d['steps'] != 1 else ''}"
+    out.print(f"{d['program']}: {d['ranks']} ranks, {d['backend']} ({d['launcher']}), {steps}", markup=False)
     if d["verified"] is not None:
         status = "verified" if d["verified"] else "NOT verified"
+        off = d["elements_outside_tolerance"]
+        where = f"{d['worst_output']}" + (f": {off} of {d['worst_output_size']} elements off" if off else "")
         out.print(
             f"  {status} against the reference executor: max abs error {d['max_abs_error']:.3g} "
-            f"(worst {d['worst_output']}; allowed {d['tolerance']:g} x max(1, |reference|))",
+            f"(worst {where}; allowed {d['tolerance']:g} x max(1, |reference|))",
             markup=False,
         )
     out.print(
@@ -530,11 +530,8 @@ def _print_run(d: dict[str, Any]) -> None:
         t = d["step_time_s_per_rank"][dev]
         out.print(f"  {dev}: {t * 1e3:.2f} ms, peak memory {b} B ({d['memory_source']})", markup=False)
     if d["reference_fallback_ops"]:
-        out.print(
-            "  ran on the numpy reference (no torch implementation): "
-            + ", ".join(d["reference_fallback_ops"]),
-            markup=False,
-        )
+        ops = ", ".join(d["reference_fallback_ops"])
+        out.print(f"  ran on the numpy reference (no torch implementation): {ops}", markup=False)
     if d["trace"] is not None:
         out.print(f"  trace written to {d['trace']} (open it at https://ui.perfetto.dev)", markup=False)
 

@@ -8,6 +8,7 @@ program, one 4-rank launch the hybrids."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
@@ -20,19 +21,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 
-import distir  # noqa: E402
-from distir.backend.launch import FAIL_STOP_BOUND_S, LaunchOptions, RunFailed, launch  # noqa: E402
-from distir.backend.program import GlobalProgram, file_program, model_program, rank_programs  # noqa: E402
-from distir.backend.verify import compare, reference_outputs  # noqa: E402
-from distir.backend.worker import RankResult  # noqa: E402
-from distir.ir import Device, DType, FunctionBuilder, Module, TensorType  # noqa: E402
-from distir.ir.types import ScalarType  # noqa: E402
-from distir.ops import REGISTRY  # noqa: E402
+import distir
+from distir.backend.launch import FAIL_STOP_BOUND_S, LaunchOptions, RunFailed, launch
+from distir.backend.program import GlobalProgram, file_program, model_program, rank_programs
+from distir.backend.verify import compare, reference_outputs
+from distir.backend.worker import RankResult
+from distir.ir import Device, DType, FunctionBuilder, Module, TensorType
+from distir.ir.types import ScalarType
+from distir.ops import REGISTRY
 
 MLP = "mlp:layers=4,hidden=6"
 GPT = "gpt:layers=4,hidden=8,heads=2,seq=4,vocab=16"
@@ -132,6 +132,7 @@ def test_real_runs_report_step_times_and_peak_memory(two_ranks: Any) -> None:
     for rank in results:
         for r, p in zip(rank, progs, strict=True):
             assert len(r.step_times) == 1 and r.step_times[0] > 0
+            assert r.fallback_ops == []  # every op ran its torch implementation
             # tracked live bytes start with the rank's inputs, which stay live through the step
             inputs = [q.type for q in p.module.entry.params if q.type.device == r.device]  # type: ignore[union-attr]
             least = sum(t.nbytes if isinstance(t, TensorType) else t.dtype.itemsize for t in inputs)
@@ -177,7 +178,7 @@ def test_a_killed_rank_stops_every_rank_within_the_bound() -> None:
     assert str(e).startswith("rank 1 (d1) was killed by SIGKILL at `")  # names the op, as printed
     assert not other.is_alive() and not victim.is_alive()
     for p in (victim, other):
-        assert p.pid is not None and not Path(f"/proc/{p.pid}").exists() or _zombie(p.pid)
+        assert (p.pid is not None and not Path(f"/proc/{p.pid}").exists()) or _zombie(p.pid)
 
 
 def _zombie(pid: int) -> bool:
@@ -218,3 +219,85 @@ def test_torchrun_runs_a_two_stage_pipeline_and_verifies() -> None:
     assert report["launcher"] == "torchrun"
     assert report["verified"] is True
     assert set(report["peak_memory_bytes"]) == {"d0", "d1"}
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "distir.cli", "run", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(), cwd=cwd)
+
+
+def test_run_command_reports_json_and_writes_real_traces(tmp_path: Path) -> None:
+    trace = tmp_path / "real.json"
+    proc = _cli(
+        "--model",
+        MLP,
+        "--strategy",
+        "p2.k2.1f1b",
+        "--batch",
+        "4",
+        "--steps",
+        "3",
+        "--json",
+        "--trace",
+        str(trace),
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["verified"] is True and report["launcher"] == "local" and report["steps"] == 3
+    assert 0 <= report["max_abs_error"] <= report["tolerance"]
+    assert report["step_time_s"] > 0
+    assert report["memory_source"] == "tracked live tensors"
+    assert set(report["peak_memory_bytes"]) == {"d0", "d1"} and min(report["peak_memory_bytes"].values()) > 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in slices} == {0, 1}
+    # the simulator's trace keys, so real and simulated traces load side by side
+    assert all({"name", "cat", "ph", "pid", "tid", "ts", "dur"} <= e.keys() for e in slices)
+    # a batch of point-to-point transfers is one slice, named by its ops ("rank.Send+rank.Recv")
+    comm = {(e["pid"], op) for e in slices if e["cat"] == "comm" for op in e["name"].split("+")}
+    assert {(0, "rank.Send"), (1, "rank.Recv"), (1, "rank.Send"), (0, "rank.Recv")} <= comm
+    for pid in (0, 1):  # one op at a time per rank: slices do not overlap
+        mine = sorted((e["ts"], e["ts"] + e["dur"]) for e in slices if e["pid"] == pid)
+        assert all(a[1] <= b[0] + 1e-3 for a, b in itertools.pairwise(mine))
+
+
+BAD = """
+func @bad(%x: Tensor[f32, (4, 3), d0], %t: Tensor[f32, (1, 3), d1], %i: Tensor[i64, (5,), d1]) {
+  %y = Send(%x, dst=d1)
+  %g = Gather(%t, %i, axis=0)
+  %s = ReduceSum(%y, axes=[0], keepdims=0)
+  return %g, %s
+}
+"""
+
+
+def test_a_rank_that_raises_stops_the_run_with_one_message(tmp_path: Path) -> None:
+    # seeded integer inputs are 0 or 1: row 1 of a 1-row table is out of range on d1
+    f = tmp_path / "bad.distir"
+    f.write_text(BAD)
+    proc = _cli(str(f))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(
+        "distir run: rank 1 (d1) failed at `%g: Tensor[f32, (5, 3), d1] = Gather(%t, %i, axis=0)`"
+    )
+    assert "IndexError" in lines[0]
+
+
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.skipif(
+    _cuda_devices() < 2, reason="NCCL needs 2 CUDA devices; this machine has fewer (CPU gloo runs above)"
+)
+def test_nccl_runs_the_same_programs_on_cuda() -> None:
+    progs = [model_program(m, s, b, dt, prec, "adam") for _, m, s, b, dt, prec in TWO_RANKS[:6]]
+    jobs = [rank_programs(p) for p in progs]
+    results = launch([[j[r] for j in jobs] for r in range(2)], LaunchOptions(timeout_s=120, backend="nccl"))
+    for k, p in enumerate(progs):
+        assert _verdict(p, results, k).verified
+        assert all(rank[k].memory_source == "cuda allocator" for rank in results)

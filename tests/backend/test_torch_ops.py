@@ -22,7 +22,9 @@ torch = pytest.importorskip("torch")
 from distir.backend.context import TorchContext  # noqa: E402
 from distir.backend.domain import to_numpy, to_torch  # noqa: E402
 from distir.ir.types import DType, ScalarType, TensorType, TupleType, Type  # noqa: E402
+from distir.ir.values import Attrs  # noqa: E402
 from distir.ops import REGISTRY, OpDef, OpKind  # noqa: E402
+from distir.ops.attention import AttentionDropoutError  # noqa: E402
 from distir.ops.elementwise import round_to_bf16  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops"))
@@ -31,6 +33,8 @@ from ops_examples import EXAMPLES, Case, In, random_inputs  # noqa: E402
 TOLERANCE = {DType.f64: 1e-9, DType.f32: 1e-5, DType.f16: 2e-3, DType.bf16: 3e-2}
 # ops whose bf16 variant is not an op of the same meaning (a cast's target is its attribute)
 NO_BF16 = {"Cast"}
+# inputs that stay f32 when the others are bf16 (attention's log-sum-exp is f32 for bf16 inputs)
+KEEP_F32 = {"AttentionGrad": {5}}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -58,14 +62,6 @@ def _dtype_of(t: Type) -> DType | None:
     return t.dtype if isinstance(t, TensorType | ScalarType) else None
 
 
-def _to_torch(ctx: TorchContext, value: Any, t: Type) -> Any:
-    if isinstance(t, TupleType):
-        return tuple(_to_torch(ctx, v, e) for v, e in zip(value, t.elements, strict=True))
-    x = to_torch(ctx, value)
-    dt = _dtype_of(t)
-    return x.to(ctx.dtype(dt)) if dt is not None else x
-
-
 def _compare(got: Any, want: Any, t: Type, where: str) -> None:
     if isinstance(t, TupleType):
         for k, (g, w, e) in enumerate(zip(got, want, t.elements, strict=True)):
@@ -91,7 +87,7 @@ def _run(d: OpDef, case: Case, values: list[Any], types: list[Type]) -> tuple[An
     ctx = TorchContext.local()
     want = tuple(d.reference(values, case.attr_map()))  # type: ignore[misc]
     assert d.torch is not None, f"{d.name} has no torch implementation"
-    ins = [_to_torch(ctx, v, t) for v, t in zip(values, types, strict=True)]
+    ins = [to_torch(ctx, v, t) for v, t in zip(values, types, strict=True)]
     got = tuple(d.torch(ctx, ins, case.attr_map()))
     return want, got
 
@@ -135,9 +131,50 @@ def test_torch_implementation_in_bf16_is_close_to_the_reference(name: str, index
     same (bf16-rounded) numbers, as the reference executor holds bf16."""
     d, case = REGISTRY[name], EXAMPLES[name][index]
     values = random_inputs(case, np.random.default_rng(index))
-    types = [_bf16(t) for t in case.types()]
-    values = [round_to_bf16(v) if _dtype_of(t) is DType.bf16 else v for v, t in zip(values, types, strict=True)]
+    keep = KEEP_F32.get(name, set())
+    types = [t if i in keep else _bf16(t) for i, t in enumerate(case.types())]
+    values = [
+        round_to_bf16(v) if _dtype_of(t) is DType.bf16 else v for v, t in zip(values, types, strict=True)
+    ]
     bcase = Case([In(t, s.value, s.lo, s.hi) for t, s in zip(types, case.specs(), strict=True)], case.attrs)
     want, got = _run(d, bcase, values, types)
     for k, (g, w, t) in enumerate(zip(got, want, _out_types(d, bcase, types, values), strict=True)):
         _compare(g, w, t, f"{name} result {k} (bf16)")
+
+
+@pytest.mark.parametrize(
+    ("name", "index"), [p for p in CASES if p.values[0] in ("Attention", "AttentionGrad")]
+)
+def test_unfused_attention_equals_the_reference(
+    name: str, index: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unfused formulas other devices than the CPU run (the CPU runs torch's fused kernels)."""
+    monkeypatch.setattr("distir.ops.attention._fused", lambda ctx: False)
+    test_torch_implementation_equals_the_reference(name, index)
+
+
+def test_dropout_on_torch_draws_its_mask_from_torchs_generator() -> None:
+    """p > 0, which the reference refuses: the mask keeps each element with probability 1 − p
+    (within 4 standard deviations over 10^4 draws), Y = X·mask/(1 − p), the same seed draws the
+    same mask, and DropoutGrad scales dY by the same mask."""
+    ctx, p = TorchContext.local(), 0.25
+    x = torch.randn(100, 100, dtype=torch.float32)
+    torch.manual_seed(7)
+    y, keep = REGISTRY["Dropout"].torch(ctx, [x], Attrs({"p": p}))
+    torch.manual_seed(7)
+    _, again = REGISTRY["Dropout"].torch(ctx, [x], Attrs({"p": p}))
+    assert keep.dtype == torch.bool and torch.equal(keep, again)
+    assert abs(keep.float().mean().item() - (1 - p)) <= 4 * (p * (1 - p) / keep.numel()) ** 0.5
+    torch.testing.assert_close(y, torch.where(keep, x / (1 - p), torch.zeros_like(x)))
+    (dx,) = REGISTRY["DropoutGrad"].torch(ctx, [x, keep], Attrs({"p": p}))
+    torch.testing.assert_close(dx, y)
+
+
+@pytest.mark.parametrize("name", ["Attention", "AttentionGrad"])
+def test_attention_dropout_is_refused_on_torch_as_by_the_reference(name: str) -> None:
+    case = EXAMPLES[name][0]
+    ctx = TorchContext.local()
+    values = random_inputs(case, np.random.default_rng(0))
+    ins = [to_torch(ctx, v, t) for v, t in zip(values, case.types(), strict=True)]
+    with pytest.raises(AttentionDropoutError):
+        REGISTRY[name].torch(ctx, ins, Attrs({**case.attrs, "dropout": 0.1}))

@@ -5,8 +5,9 @@ tensors (0-d tensors for scalars, Python tuples for tuples), ``attrs`` the op's 
 the IR, and ``ctx`` this context: the ``torch`` module itself (so op families never import torch
 at module level), the torch device tensors live on, and, for rank ops, the process-group layer
 (this process's device in the program, the global rank of any program device, the process group
-of a device group, and the point-to-point operations posted and not yet started: ``post``/``flush``). A single-process context (``TorchContext.local()``) has no process groups;
-rank ops refuse to run there.
+of a device group, and the point-to-point operations posted and not yet started: ``post`` and
+``flush``). A single-process context (``TorchContext.local()``) has no process groups; rank ops
+refuse to run there.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def _worker_main(setup: RankSetup, jobs: list[RankProgram], results: Any, progre
         out = run_programs(setup, jobs, progress)
     except RankFailure as e:
         _report_and_exit(results, ("error", setup.rank, str(e), e.secondary))
-    except BaseException as e:  # noqa: BLE001 - any failure of a rank is reported, then the rank exits
+    except BaseException as e:
         _report_and_exit(results, ("error", setup.rank, f"rank {setup.rank}: {type(e).__name__}: {e}", True))
     results.put(("ok", setup.rank, out))
     results.close()
@@ -102,7 +102,9 @@ def _report_and_exit(results: Any, message: tuple[Any, ...]) -> None:
     os._exit(1)  # skip torch.distributed's exit handlers, which may wait for dead peers
 
 
-def launch(jobs: Sequence[Sequence[RankProgram]], options: LaunchOptions | None = None) -> list[list[RankResult]]:
+def launch(
+    jobs: Sequence[Sequence[RankProgram]], options: LaunchOptions | None = None
+) -> list[list[RankResult]]:
     """Run rank r's programs ``jobs[r]`` in one spawned process per rank (module docstring)."""
     import multiprocessing as mp
 
@@ -204,14 +206,19 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
-def torchrun_rank(jobs_by_rank: Sequence[Sequence[RankProgram]], options: LaunchOptions | None = None) -> list[list[RankResult]] | None:
+def torchrun_rank(
+    jobs_by_rank: Sequence[Sequence[RankProgram]], options: LaunchOptions | None = None
+) -> list[list[RankResult]] | None:
     """Run this process's rank (RANK) of ``jobs_by_rank`` under torchrun; rank 0 gets everyone's
     results (None elsewhere). A failure raises ``RankFailure`` on the failing rank."""
     opts = options or LaunchOptions()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != len(jobs_by_rank):
-        raise RunFailed(f"the program has {len(jobs_by_rank)} ranks but torchrun started {world} (WORLD_SIZE)", None)
-    setup = RankSetup(rank, world, opts.backend or default_backend(), "env://", opts.timeout_s)
+        raise RunFailed(
+            f"the program has {len(jobs_by_rank)} ranks but torchrun started {world} (WORLD_SIZE)", None
+        )
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    setup = RankSetup(rank, world, opts.backend or default_backend(), "env://", opts.timeout_s, local)
     out = run_programs(setup, jobs_by_rank[rank])
     dist = require_torch().distributed
     gathered: list[Any] | None = [None] * world if rank == 0 else None

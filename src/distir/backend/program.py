@@ -33,7 +33,6 @@ class GlobalProgram:
     module: Module
     args: tuple[Any, ...]
     label: str
-    dtype: DType
 
 
 def model_program(
@@ -69,15 +68,12 @@ def model_program(
     mat, flat = materialized_inputs(dist, model, st, vals)
     mat = distir.check(mat)
     mode = f"train, {dt}{' mixed' if prec.mixed else ''}"
-    return GlobalProgram(mat, tuple(flat), f"{model.name} {st} ({mode})", dt)
+    return GlobalProgram(mat, tuple(flat), f"{model.name} {st} ({mode})")
 
 
 def file_program(module: Module, label: str, seed: int = 0) -> GlobalProgram:
     """An explicit program (already checked) with seeded random inputs."""
-    args = random_inputs(module.entry, seed)
-    dts = [p.type.dtype for p in module.entry.params if hasattr(p.type, "dtype")]
-    dt = next((d for d in dts if d.is_float), DType.f32) if dts else DType.f32
-    return GlobalProgram(module, tuple(args), label, dt)
+    return GlobalProgram(module, tuple(random_inputs(module.entry, seed)), label)
 
 
 def _groups(ranks: dict[Device, Module]) -> tuple[tuple[Device, ...], ...]:

@@ -80,7 +80,7 @@ def execute(
 def _step_time(results: list[RankResult]) -> float:
     """Per step, the slowest rank; the median over the steps after the warm-up."""
     per_step = [max(ts) for ts in zip(*(r.step_times for r in results), strict=True)]
-    return statistics.median(per_step[1:] or per_step)
+    return float(statistics.median(per_step[1:] or per_step))
 
 
 def report_dict(rep: RunReport) -> dict[str, Any]:
@@ -94,6 +94,8 @@ def report_dict(rep: RunReport) -> dict[str, Any]:
         "verified": v.verified if v is not None else None,
         "max_abs_error": v.max_abs_error if v is not None else None,
         "worst_output": v.worst if v is not None else None,
+        "elements_outside_tolerance": v.outside if v is not None else None,
+        "worst_output_size": v.size if v is not None else None,
         "tolerance": v.tolerance if v is not None else None,
         "step_time_s": rep.step_time_s,
         "step_time_s_per_rank": {str(d): t for d, t in rep.step_time_s_per_rank.items()},

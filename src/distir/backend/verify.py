@@ -32,6 +32,8 @@ class Verdict(NamedTuple):
     max_abs_error: float  # over every output of every rank
     worst: str  # the output with the largest error relative to its tolerance, "d1: %name"
     checked: int  # outputs compared
+    outside: int  # elements of the worst output outside its allowance (0 when verified)
+    size: int  # elements of the worst output
     tolerance: float  # tol of the program's lowest precision (module docstring)
 
 
@@ -51,23 +53,30 @@ def compute_dtype(module: Module) -> DType:
     return max(found, key=TOLERANCE.__getitem__)
 
 
-def _error(real: Any, ref: Any, dtype: DType | None, tol: float) -> tuple[float, float]:
-    """(max absolute error, that error over its allowance)."""
+class _Err(NamedTuple):
+    abs: float  # max absolute error
+    ratio: float  # that error over its allowance
+    outside: int  # elements outside the allowance
+    size: int
+
+
+def _error(real: Any, ref: Any, dtype: DType | None, tol: float) -> _Err:
+    """How far ``real`` is from ``ref`` (see the module docstring for the allowance)."""
     a = np.atleast_1d(np.asarray(real, dtype=np.float64))
     b = np.atleast_1d(np.asarray(ref, dtype=np.float64))
     if a.shape != b.shape:
-        return float("inf"), float("inf")
+        return _Err(float("inf"), float("inf"), b.size, b.size)
     if a.size == 0:
-        return 0.0, 0.0
+        return _Err(0.0, 0.0, 0, 0)
     diff = np.atleast_1d(np.abs(a - b))
     diff[np.isnan(a) & np.isnan(b)] = 0.0
     diff[np.isnan(diff)] = np.inf
     err = float(np.max(diff))
     if dtype is None or not dtype.is_float:
-        return err, (0.0 if err == 0.0 else float("inf"))
+        return _Err(err, 0.0 if err == 0.0 else float("inf"), int(np.count_nonzero(diff)), b.size)
     finite = np.abs(b[np.isfinite(b)])
-    scale = max(1.0, float(np.max(finite)) if finite.size else 1.0)
-    return err, err / (tol * scale)
+    allowed = tol * max(1.0, float(np.max(finite)) if finite.size else 1.0)
+    return _Err(err, err / allowed, int(np.count_nonzero(diff > allowed)), b.size)
 
 
 def compare(
@@ -77,18 +86,20 @@ def compare(
     names = output_names(module.entry.outputs)
     idx = outputs_by_rank(module)
     tol = TOLERANCE[compute_dtype(module)]
-    worst_abs, worst_ratio, worst, n = 0.0, -1.0, "", 0
+    worst_abs, worst_ratio, worst, n, outside, size = 0.0, -1.0, "", 0, 0, 0
     for d, ref in want.items():
         real = got.get(d, ())
         if len(real) != len(ref):
-            return Verdict(False, float("inf"), f"{d}: {len(real)} outputs, expected {len(ref)}", n, tol)
+            return Verdict(
+                False, float("inf"), f"{d}: {len(real)} outputs, expected {len(ref)}", n, 0, 0, tol
+            )
         for k, (a, b) in enumerate(zip(real, ref, strict=True)):
             v = module.entry.outputs[idx[d][k]]
             t = v.type
             dtype = t.dtype if isinstance(t, TensorType | ScalarType) else None
-            err, ratio = _error(a, b, dtype, tol)
+            e = _error(a, b, dtype, tol)
             n += 1
-            worst_abs = max(worst_abs, err)
-            if ratio > worst_ratio:
-                worst_ratio, worst = ratio, f"{d}: {names[idx[d][k]]}"
-    return Verdict(worst_ratio <= 1.0, worst_abs, worst, n, tol)
+            worst_abs = max(worst_abs, e.abs)
+            if e.ratio > worst_ratio:
+                worst_ratio, worst, outside, size = e.ratio, f"{d}: {names[idx[d][k]]}", e.outside, e.size
+    return Verdict(worst_ratio <= 1.0, worst_abs, worst, n, outside, size, tol)

@@ -17,8 +17,8 @@ posted by consecutive ``rank.Send``/``rank.Recv`` start together (``TorchContext
 any other op, or a send of a value received in the same batch.
 
 ``progress`` (optional, a shared pair of integers) holds the index of the program and of the op
-the rank is at, so the launcher can name the op of a rank that was killed. A failure of an op is a ``RankFailure``
-naming the rank, its device, the op as printed in the IR, and why.
+the rank is at, so the launcher can name the op of a rank that was killed. A failure of an op is
+a ``RankFailure`` naming the rank, its device, the op as printed in the IR, and why.
 """
 
 from __future__ import annotations
@@ -32,15 +32,15 @@ from typing import Any
 
 from distir.backend import require_torch
 from distir.backend.context import TorchContext
-from distir.backend.domain import cast_like, to_numpy, to_torch
+from distir.backend.domain import args_to_torch, to_numpy, to_torch
 from distir.ir.function import Function, Module
 from distir.ir.ops import Op
 from distir.ir.printer import print_op
 from distir.ir.rewrite import inline_calls
-from distir.ir.types import Device, ScalarType, TensorType
+from distir.ir.types import Device, TensorType
 from distir.ir.values import Value
 from distir.ops.rank_comm import P2P
-from distir.ops.registry import REGISTRY, OpDef, OpKind
+from distir.ops.registry import REGISTRY, OpDef, OpKind, OpTypeError
 
 
 class RankFailure(RuntimeError):
@@ -64,6 +64,7 @@ class RankSetup:
     backend: str  # gloo, or nccl when CUDA is present
     init_method: str
     timeout_s: float
+    local_rank: int = -1  # the rank on this machine (torchrun's LOCAL_RANK; -1: ``rank``): its GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,14 +115,8 @@ def _fallback(d: OpDef, op: Op) -> Any:
 
     def impl(ctx: TorchContext, inputs: Sequence[Any], attrs: Any) -> tuple[Any, ...]:
         assert d.reference is not None
-        outs = d.reference([to_numpy(x) if not isinstance(x, tuple) else to_numpy(x) for x in inputs], attrs)
-        res = []
-        for v, y in zip(op.outputs, outs, strict=True):
-            t = to_torch(ctx, y)
-            if isinstance(v.type, TensorType | ScalarType):
-                t = cast_like(ctx, t, v.type.dtype)
-            res.append(t)
-        return tuple(res)
+        outs = d.reference([to_numpy(x) for x in inputs], attrs)
+        return tuple(to_torch(ctx, y, v.type) for v, y in zip(op.outputs, outs, strict=True))
 
     return impl
 
@@ -189,12 +184,46 @@ class _Runner:
             if v not in keep and v not in fn.params:
                 self.drop[k].append(v)
         self.texts: list[str] | None = None
+        # each result's (torch dtype, shape) when it is a tensor, checked after the op
+        self.expect = [
+            [
+                (ctx.dtype(v.type.dtype), v.type.shape) if isinstance(v.type, TensorType) else None
+                for v in op.outputs
+            ]
+            for op in self.ops
+        ]
         self.at = 0  # the op being run
+        self.batch: list[tuple[int, float]] = []  # posted point-to-point ops: (index, when)
+
+    def _check(self, k: int, outs: Sequence[Any]) -> None:
+        """A tensor result must have its type's shape and dtype (as the reference checks)."""
+        want = self.expect[k]
+        if len(outs) != len(want):
+            raise OpTypeError(f"{self.ops[k].name} returned {len(outs)} results, expected {len(want)}")
+        for v, o, w in zip(self.ops[k].outputs, outs, want, strict=True):
+            if w is not None and (o.dtype, tuple(o.shape)) != w:
+                got = f"{str(o.dtype).removeprefix('torch.')} {tuple(o.shape)}"
+                raise OpTypeError(f"%{v.name} came out {got}, not {v.type}")
 
     def text(self, k: int) -> str:
         if self.texts is None:
             self.texts = [print_op(op) for op in self.ops]
         return self.texts[k]
+
+    def _flush(self, k: int, trace: list[OpSlice] | None, t0: float, live: int) -> None:
+        """Start and wait for the posted point-to-point operations; a failure is charged to the
+        last of them (the op ``k`` waiting for them has not started). Traced as one slice per
+        batch, from the first post to the end of the wait, named by its ops."""
+        batch, self.batch = self.batch, []
+        self.at = batch[-1][0] if batch else k
+        self.ctx.flush()
+        if trace is not None and batch:
+            names = "+".join(dict.fromkeys(self.ops[j].name for j, _ in batch))
+            text = "; ".join(self.text(j) for j, _ in batch)
+            trace.append(OpSlice(names, "comm", batch[0][1] - t0, time.perf_counter() - t0, text, live))
+        self.at = k
+        if self.progress is not None:
+            self.progress[1] = k
 
     def step(self, args: Sequence[Any], trace: bool, t0: float) -> tuple[tuple[Any, ...], int, list[OpSlice]]:
         ctx = self.ctx
@@ -204,37 +233,47 @@ class _Runner:
         for a in args:
             live.add(a)
         slices: list[OpSlice] = []
+        traced = slices if trace else None
         clock = time.perf_counter
         for k, op in enumerate(self.ops):
             self.at = k
             if self.progress is not None:
                 self.progress[1] = k
             if ctx.pending and (not self.p2p[k] or any(v in received for v in op.inputs)):
-                ctx.flush()
+                self._flush(k, traced, t0, live.bytes)
                 received.clear()
             start = clock()
+            if self.p2p[k]:
+                self.batch.append((k, start))
             outs = self.impls[k](ctx, [env[v] for v in op.inputs], op.attrs)
             if not self.p2p[k] and ctx.device.type == "cuda":
                 ctx.torch.cuda.synchronize()
             end = clock()
+            self._check(k, outs)
             for v, y in zip(op.outputs, outs, strict=True):
                 env[v] = y
                 live.add(y)
                 if self.p2p[k]:
                     received.add(v)
-            if trace:
+            if trace and not self.p2p[k]:
                 cat = "comm" if self.comm[k] else "compute"
                 slices.append(OpSlice(op.name, cat, start - t0, end - t0, self.text(k), live.bytes))
             for v in self.drop[k]:
                 live.drop(env.pop(v))
+        self._flush(len(self.ops), traced, t0, live.bytes)
         self.at = len(self.ops)
-        ctx.flush()
         return tuple(env[v] for v in self.fn.outputs), live.peak, slices
 
 
-def _make_context(torch: Any, setup: RankSetup, job: RankProgram, groups: dict[tuple[int, ...], Any]) -> TorchContext:
+def _gpu(torch: Any, setup: RankSetup) -> int:
+    return (setup.local_rank if setup.local_rank >= 0 else setup.rank) % int(torch.cuda.device_count())
+
+
+def _make_context(
+    torch: Any, setup: RankSetup, job: RankProgram, groups: dict[tuple[int, ...], Any]
+) -> TorchContext:
     cuda = setup.backend == "nccl"
-    dev = torch.device(f"cuda:{setup.rank % torch.cuda.device_count()}") if cuda else torch.device("cpu")
+    dev = torch.device(f"cuda:{_gpu(torch, setup)}") if cuda else torch.device("cpu")
     return TorchContext(torch, dev, me=job.device, ranks=dict(job.ranks), groups=groups)
 
 
@@ -246,7 +285,7 @@ def run_programs(setup: RankSetup, jobs: Sequence[RankProgram], progress: Any = 
     torch.set_num_threads(1)
     dist = torch.distributed
     if setup.backend == "nccl":
-        torch.cuda.set_device(setup.rank % torch.cuda.device_count())
+        torch.cuda.set_device(_gpu(torch, setup))
     dist.init_process_group(
         setup.backend,
         init_method=setup.init_method,
@@ -273,10 +312,7 @@ def _run_one(
     ctx = _make_context(torch, setup, job, groups)
     fn = inline_calls(job.program)
     runner = _Runner(ctx, fn, progress)
-    args = []
-    for p, a in zip(fn.params, job.inputs, strict=True):
-        t = to_torch(ctx, a)
-        args.append(cast_like(ctx, t, p.type.dtype) if isinstance(p.type, TensorType | ScalarType) else t)
+    args = args_to_torch(ctx, fn, job.inputs)
     cuda = ctx.device.type == "cuda"
     times: list[float] = []
     outs: tuple[Any, ...] = ()
@@ -306,5 +342,6 @@ def _failure(rank: int, device: Device, runner: _Runner, e: BaseException) -> Ra
     text = runner.text(k) if k < len(runner.ops) else None
     secondary = k < len(runner.ops) and runner.comm[k]
     where = f" at `{text}`" if text is not None else ""
-    return RankFailure(f"rank {rank} ({device}) failed{where}: {type(e).__name__}: {e}", rank, text, secondary)
-
+    return RankFailure(
+        f"rank {rank} ({device}) failed{where}: {type(e).__name__}: {e}", rank, text, secondary
+    )

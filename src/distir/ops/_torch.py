@@ -92,8 +92,6 @@ def local_rows(ctx: TorchContext, idx: Any, rows: Any, n: int) -> tuple[Any, Any
     return ctx.torch.where(mask, local, ctx.torch.zeros_like(local)), mask
 
 
-
-
 def vjp(ctx: TorchContext, f: Callable[[Any], Any], x: Any, dy: Any) -> Any:
     """The gradient of ``f`` at ``x`` against ``dy`` by torch's autograd (for gradient ops whose
     forward has no backward kernel of its own exposed: pooling)."""

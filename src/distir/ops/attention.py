@@ -42,9 +42,10 @@ know its global position.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -55,8 +56,12 @@ from distir.ir.values import Attrs, Value
 from distir.ops import sharding as sh
 from distir.ops._rules import float_attr, float_input, out_numel_flops, same_dtype
 from distir.ops._special import F64, f64
+from distir.ops._torch import like, upcast
 from distir.ops.gradrules import GradCtx, NotDifferentiableError, first
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+
+if TYPE_CHECKING:
+    from distir.backend.context import TorchContext
 
 FAMILY = "attention"
 
@@ -418,6 +423,114 @@ def _rope_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[
 
 ATTENTION.fill("grad", _attention_grad)
 ROPE.fill("grad", _rope_grad)
+
+
+# -- torch implementations (contract: distir.ops._torch) ----------------------------------------
+# On CPU both attention ops run torch's fused FlashAttention-2 kernels for CPU (the forward
+# returns the log-sum-exp; the backward rebuilds the probabilities from it, as the references
+# do); on other devices the same formulas run unfused (an S×S temporary per head).
+class _Heads(NamedTuple):
+    """An attention op's operands in torch's (B, h, S, d) layout, kv heads repeated to h."""
+
+    q: Any
+    k: Any
+    v: Any
+    group: int
+    causal: bool
+    scale: float
+
+
+def _heads(q: Any, k: Any, v: Any, attrs: Attrs) -> _Heads:
+    _no_dropout(attrs)
+    group = q.shape[2] // max(k.shape[2], 1)
+    kh, vh = (t.repeat_interleave(group, dim=2) if group > 1 else t for t in (k, v))
+    causal = bool(attrs.get("causal", False))
+    return _Heads(
+        q.transpose(1, 2), kh.transpose(1, 2), vh.transpose(1, 2), group, causal, _scale(attrs, q.shape[3])
+    )
+
+
+def _fused(ctx: TorchContext) -> bool:
+    return bool(ctx.device.type == "cpu")
+
+
+def _scores_torch(ctx: TorchContext, a: _Heads) -> Any:
+    """(B, h, S, S) scaled scores (in f32 for 16-bit inputs), -inf where masked."""
+    s = upcast(ctx, a.q) @ upcast(ctx, a.k).transpose(-1, -2) * a.scale
+    if a.causal:
+        n = s.shape[-1]
+        s = s.masked_fill(ctx.torch.ones((n, n), dtype=ctx.torch.bool, device=s.device).triu(1), -math.inf)
+    return s
+
+
+def _attention_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    q = xs[0]
+    a = _heads(q, xs[1], xs[2], attrs)
+    lse_t = ctx.dtype(lse_dtype(DType.f64 if q.dtype == ctx.torch.float64 else DType.f32))
+    if _fused(ctx):
+        kernel = ctx.torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        out, lse = kernel(a.q, a.k, a.v, 0.0, a.causal, scale=a.scale)
+    else:
+        s = _scores_torch(ctx, a)
+        lse = ctx.torch.logsumexp(s, -1)
+        out = like(ctx.torch.exp(s - lse[..., None]) @ upcast(ctx, a.v), q)
+    return (out.transpose(1, 2), lse.to(lse_t))
+
+
+def _group_sum_torch(x: Any, group: int) -> Any:
+    """(B, h, S, d) -> (B, S, h/group, d): each kv head's group summed (repeat's adjoint)."""
+    b, h, s, d = x.shape
+    y = x.transpose(1, 2)
+    return y if group == 1 else y.reshape(b, s, h // group, group, d).sum(3)
+
+
+def _attention_grad_unfused(ctx: TorchContext, a: _Heads, dout: Any, out: Any, lse: Any) -> tuple[Any, ...]:
+    do, o = upcast(ctx, dout), upcast(ctx, out)
+    p = ctx.torch.exp(_scores_torch(ctx, a) - lse.to(do.dtype)[..., None])
+    dv = p.transpose(-1, -2) @ do
+    delta = (do * o).sum(-1, keepdim=True)
+    ds = p * (do @ upcast(ctx, a.v).transpose(-1, -2) - delta) * a.scale
+    return (
+        like(ds @ upcast(ctx, a.k), dout),
+        like(ds.transpose(-1, -2) @ upcast(ctx, a.q), dout),
+        like(dv, dout),
+    )
+
+
+def _attention_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    dout, q, k, v, out, lse = xs
+    a = _heads(q, k, v, attrs)
+    dout_h, out_h = dout.transpose(1, 2), out.transpose(1, 2)
+    if _fused(ctx):
+        kernel = ctx.torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        dq, dk, dv = kernel(dout_h, a.q, a.k, a.v, out_h, lse, 0.0, a.causal, scale=a.scale)
+    else:
+        dq, dk, dv = _attention_grad_unfused(ctx, a, dout_h, out_h, lse)
+    return (dq.transpose(1, 2), _group_sum_torch(dk, a.group), _group_sum_torch(dv, a.group))
+
+
+@functools.lru_cache(maxsize=64)
+def _rope_table(seq: int, head_dim: int, theta: float, inverse: bool) -> tuple[F64, F64]:
+    ang = rope_angles(seq, head_dim, theta)
+    return np.cos(-ang if inverse else ang), np.sin(-ang if inverse else ang)
+
+
+def _rope_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """Llama's rotation: in f32 (f64 for f64), the angles from the reference's table."""
+    x = xs[0]
+    xf = upcast(ctx, x)
+    table = _rope_table(
+        x.shape[1], x.shape[3], float_attr(attrs, "theta", 10000.0), bool(attrs.get("inverse", False))
+    )
+    cos, sin = (ctx.torch.from_numpy(t).to(device=x.device, dtype=xf.dtype)[None, :, None, :] for t in table)
+    even, odd = xf[..., 0::2], xf[..., 1::2]
+    y = ctx.torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+    return (like(y, x),)
+
+
+ATTENTION.fill("torch", _attention_torch)
+ATTENTION_GRAD.fill("torch", _attention_grad_torch)
+ROPE.fill("torch", _rope_torch)
 
 __all__ = [
     "BACKWARD_FACTOR",

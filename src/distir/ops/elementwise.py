@@ -458,7 +458,7 @@ def _sum_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any,
     acc = xs[0]
     for x in xs[1:]:
         acc = acc + x
-    return (acc if len(xs) > 1 else acc.clone(),)
+    return (acc,)
 
 
 def _cast_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:

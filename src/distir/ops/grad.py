@@ -567,7 +567,7 @@ def _norm_grad_torch(rms: bool) -> Any:
     types in f32 as the fused kernels do: (dX, dScale[, dB])."""
 
     def impl(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
-        dy0, x0, scale0 = xs
+        dy0, scale0 = xs[0], xs[2]
         dy, x, scale = (upcast(ctx, t) for t in xs)
         axes = tuple(range(x.dim() - len(norm_shape(x, attrs)), x.dim()))
         eps = float_attr(attrs, "epsilon", 1e-5)
@@ -592,11 +592,8 @@ def _sce_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple
     idx = labels.long().unsqueeze(1)
     p = p.scatter_add(1, idx, ctx.torch.full(idx.shape, -1.0, dtype=p.dtype, device=p.device))
     how, d = str_attr(attrs, "reduction", "mean"), upcast(ctx, dloss)
-    if how == "none":
-        p = p * d.unsqueeze(1)
-    else:
-        p = p * (d / labels.numel() if how == "mean" else d)
-    return (like(p, scores0),)
+    scale = d.unsqueeze(1) if how == "none" else d / labels.numel() if how == "mean" else d
+    return (like(p * scale, scores0),)
 
 
 def _parts_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:

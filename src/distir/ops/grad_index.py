@@ -8,17 +8,29 @@ Both build their result from zeros of the forward input's shape, which they take
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from distir.ir.dtensor import Placement, Shard
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs
+from distir.ops import _torch
 from distir.ops import sharding as sh
 from distir.ops._rules import in_numel_flops, int_attr, norm_axis
 from distir.ops.registry import AttrSpec, LocalPiece, OpDef, TypeCtx, register
-from distir.ops.shape_index import ROWS, SLICE_ATTRS, check_rows, local_rows, slice_sharding, slices
+from distir.ops.shape_index import (
+    ROWS,
+    SLICE_ATTRS,
+    check_rows,
+    forward_slices,
+    local_rows,
+    slice_sharding,
+    slices,
+)
+
+if TYPE_CHECKING:
+    from distir.backend.context import TorchContext
 
 FAMILY = "grad"
 
@@ -230,3 +242,34 @@ SLICE_GRAD = register(
         sharding=_slice_grad_sharding,
     )
 )
+
+
+# -- torch implementations (contract: distir.ops._torch) ----------------------------------------
+def _gather_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """dY index-added into zeros along the axis (repeated indices accumulate)."""
+    dy, idx = xs[0], xs[1]
+    ax = int_attr(attrs, "axis", 0) % (dy.dim() - idx.dim() + 1)
+    size = int_attr(attrs, "size", 0)
+    post = tuple(dy.shape[ax + idx.dim() :])
+    out = ctx.torch.zeros((*dy.shape[:ax], size, *post), dtype=dy.dtype, device=dy.device)
+    if not size:
+        return (out,)
+    i, mask = _torch.local_rows(ctx, idx, attrs.get("rows"), size)
+    if mask is not None:  # rows another piece of the table holds: nothing to add here
+        dy = dy * mask.reshape((1,) * ax + tuple(mask.shape) + (1,) * len(post)).to(dy.dtype)
+    flat = dy.reshape((*dy.shape[:ax], i.numel(), *post))
+    return (out.index_add(ax, i.reshape(-1), flat),)
+
+
+def _slice_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    dy = xs[0]
+    given: Any = attrs["shape"]
+    shape = _slice_grad_shape(tuple(dy.shape), given)
+    index, flip = forward_slices(shape, attrs)
+    out = ctx.torch.zeros(shape, dtype=dy.dtype, device=dy.device)
+    out[index] = dy.flip(flip) if flip else dy
+    return (out,)
+
+
+GATHER_GRAD.fill("torch", _gather_grad_torch)
+SLICE_GRAD.fill("torch", _slice_grad_torch)

@@ -19,9 +19,9 @@ import numpy as np
 from distir.ir.dtensor import Placement, Shard
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs
+from distir.ops import _torch
 from distir.ops import sharding as sh
 from distir.ops._rules import float_input, numel, same_dtype, same_shape, str_attr
-from distir.ops import _torch
 from distir.ops._special import F64, f64
 from distir.ops.nn import log_softmax
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
@@ -316,7 +316,9 @@ def _sce_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any,
     return (_torch.like(f(_torch.upcast(ctx, scores), labels.long(), reduction=how), scores),)
 
 
-def torch_exp_and_onehot(ctx: TorchContext, scores: Any, shift: Any, labels: Any, rows: Any) -> tuple[Any, Any]:
+def torch_exp_and_onehot(
+    ctx: TorchContext, scores: Any, shift: Any, labels: Any, rows: Any
+) -> tuple[Any, Any]:
     """``exp_and_onehot`` on torch (in f32 for 16-bit scores): exp(scores − shift) and the
     one-hot of the labels this piece of the classes holds."""
     x = _torch.upcast(ctx, scores)

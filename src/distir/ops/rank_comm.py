@@ -90,7 +90,9 @@ def _torch_recv(ctx: Any, inputs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...
     dist = ctx.dist
     shape: Any = attrs.get("shape")
     src: Any = attrs["src"]
-    buf = ctx.torch.empty(tuple(shape) if shape is not None else (), dtype=ctx.dtype(attrs["dtype"]), device=ctx.device)  # type: ignore[arg-type]
+    buf = ctx.torch.empty(
+        tuple(shape) if shape is not None else (), dtype=ctx.dtype(attrs["dtype"]), device=ctx.device
+    )
     ctx.post(dist.P2POp(dist.irecv, buf, ctx.rank(src)))
     return (buf,)
 
@@ -261,7 +263,7 @@ def _finish_reduce(y: Any, attrs: Attrs, n: int) -> Any:
 
 
 def _empty(ctx: Any, shape: Sequence[int], attrs: Attrs) -> Any:
-    return ctx.torch.empty(tuple(shape), dtype=ctx.dtype(attrs["dtype"]), device=ctx.device)  # type: ignore[arg-type]
+    return ctx.torch.empty(tuple(shape), dtype=ctx.dtype(attrs["dtype"]), device=ctx.device)
 
 
 def _pad(ctx: Any, x: Any, dim: int, size: int) -> Any:
@@ -326,7 +328,9 @@ def _t_reducescatter(ctx: Any, inputs: Sequence[Any], attrs: Attrs) -> tuple[Any
     sizes = split_sizes(x.shape[dim % x.dim()], m.n)
     if dim % x.dim() == 0 and len(set(sizes)) == 1 and m.order == sorted(m.order):
         out = ctx.torch.empty((sizes[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-        ctx.dist.reduce_scatter_tensor(out, x.contiguous(), op=_reduce_op(ctx, attrs), group=m.pg)
+        # reduce_scatter_single where torch has it (reduce_scatter_tensor is deprecated there)
+        rs = getattr(ctx.dist, "reduce_scatter_single", None) or ctx.dist.reduce_scatter_tensor
+        rs(out, x.contiguous(), op=_reduce_op(ctx, attrs), group=m.pg)
         return (_finish_reduce(out, attrs, m.n),)
     y = x.clone()  # uneven pieces or a group out of rank order: reduce everything, keep mine
     ctx.dist.all_reduce(y, op=_reduce_op(ctx, attrs), group=m.pg)

@@ -377,7 +377,6 @@ TRANSPOSE = register(
 __all__ = ["copy_bytes", "numel", "split_sizes"]
 
 
-
 # -- torch implementations (contract: distir.ops._torch) ----------------------------------------
 def _shape_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
     return (ctx.torch.tensor(tuple(xs[0].shape), dtype=ctx.torch.int64, device=ctx.device),)
@@ -393,8 +392,9 @@ def _constant_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple
 
 def _reshape_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
     """The target shape is an attribute or a concrete (host-read) shape input."""
-    x, given = xs[0], attrs.get("shape")
-    spec = [int(d) for d in (given if isinstance(given, tuple) else xs[1].reshape(-1).tolist())]
+    x = xs[0]
+    given: Any = attrs.get("shape")
+    spec: list[int] = list(given) if given is not None else xs[1].reshape(-1).tolist()
     if not attrs.get("allowzero", 0):
         spec = [x.shape[i] if d == 0 else d for i, d in enumerate(spec)]
     return (x.reshape(spec),)
@@ -409,7 +409,7 @@ def _unsqueeze_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tupl
     x, axes = xs[0], attrs["axes"]
     assert isinstance(axes, tuple)
     r = x.dim() + len(axes)
-    for a in sorted(int(a) % r for a in axes):
+    for a in sorted(int(a) % r for a in axes if isinstance(a, int)):
         x = x.unsqueeze(a)
     return (x,)
 
@@ -418,7 +418,7 @@ def _squeeze_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[
     x, axes = xs[0], attrs.get("axes")
     if not isinstance(axes, tuple):
         return (x.squeeze(),)
-    return (x.squeeze(tuple(int(a) % x.dim() for a in axes)) if axes else x,)
+    return (x.squeeze(tuple(a % x.dim() for a in axes if isinstance(a, int))) if axes else x,)
 
 
 def _transpose_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:

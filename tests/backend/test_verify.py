@@ -1,0 +1,64 @@
+"""Checking a real run against the reference: the allowance per precision, exact integers, the
+count of elements outside the allowance, and the precision a program computes in (numpy only)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import distir
+from distir.backend.verify import TOLERANCE, compare, compute_dtype, reference_outputs
+from distir.ir import Device, DType, FunctionBuilder, Module, TensorType
+from distir.ops import REGISTRY
+
+
+def _program(dtype: DType) -> Module:
+    d0, d1 = Device(0), Device(1)
+    fb = FunctionBuilder("f", REGISTRY.out_arity)
+    x = fb.param("x", TensorType(dtype, (4, 3), d0))
+    i = fb.param("i", TensorType(DType.i64, (2,), d1))
+    (y,) = fb.op("Neg", x)
+    (j,) = fb.op("Neg", i)
+    return distir.check(Module((fb.ret(y, j),)))
+
+
+def _want(m: Module) -> dict[Device, tuple[np.ndarray, ...]]:
+    x = np.arange(12, dtype=np.float32).reshape(4, 3) * 10.0  # max |y| = 110
+    return reference_outputs(m, [x, np.array([1, 2])])
+
+
+def test_a_float_output_passes_within_its_precisions_allowance_and_fails_beyond() -> None:
+    m = _program(DType.f32)
+    want = _want(m)
+    allowed = TOLERANCE[DType.f32] * 110.0  # tol x max(1, max |reference|)
+    for delta, ok in ((0.9 * allowed, True), (1.1 * allowed, False)):
+        got = {d: tuple(np.array(v, copy=True) for v in vs) for d, vs in want.items()}
+        got[Device(0)][0][1, 2] += delta
+        v = compare(m, want, got)
+        assert v.verified is ok
+        assert np.isclose(v.max_abs_error, delta, rtol=1e-3)
+        assert v.outside == (0 if ok else 1) and v.worst.startswith("d0: %") and v.size == 12
+
+
+def test_integers_must_be_equal() -> None:
+    m = _program(DType.f32)
+    want = _want(m)
+    got = {Device(0): want[Device(0)], Device(1): (want[Device(1)][0] + np.array([0, 1]),)}
+    v = compare(m, want, got)
+    assert not v.verified and v.outside == 1 and v.worst.startswith("d1:")
+
+
+def test_the_allowance_is_that_of_the_lowest_precision_the_program_computes_in() -> None:
+    assert compute_dtype(_program(DType.f64)) == DType.f64
+    assert compute_dtype(_program(DType.bf16)) == DType.bf16
+    m = _program(DType.bf16)
+    want = _want(m)
+    got = {d: tuple(np.array(v, copy=True) for v in vs) for d, vs in want.items()}
+    got[Device(0)][0][0, 0] += 0.5 * TOLERANCE[DType.bf16] * 110.0  # far beyond f32's allowance
+    assert compare(m, want, got).verified
+
+
+def test_a_missing_output_fails() -> None:
+    m = _program(DType.f32)
+    want = _want(m)
+    v = compare(m, want, {Device(0): (), Device(1): want[Device(1)]})
+    assert not v.verified and v.max_abs_error == float("inf")
