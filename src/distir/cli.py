@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -622,14 +623,99 @@ def shard(
 
 
 @app.command()
-def clusters(json_out: JsonOpt = False) -> None:
-    """List the cluster presets with their figures and sources."""
+def clusters(
+    cluster: Annotated[
+        str | None,
+        typer.Option("--cluster", help="List this cluster's node types (a .toml file or spec) instead."),
+    ] = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """List the cluster presets (or a cluster file's node types) with their figures and sources."""
+    from distir.hardware.cluster import parse_cluster
     from distir.hardware.presets import clusters_json, render_clusters_table
+    from distir.hardware.specs import HardwareError
 
+    cl = None
+    if cluster is not None:
+        try:
+            cl = parse_cluster(cluster)
+        except HardwareError as e:
+            if debug:
+                traceback.print_exc()
+            _fail(str(e))
     if json_out:
-        _emit_json(clusters_json())
+        _emit_json(clusters_json(cl))
     else:
-        out.print(render_clusters_table())
+        out.print(render_clusters_table(cl))
+
+
+@app.command()
+def calibrate(
+    out_file: Annotated[
+        Path, typer.Option("--out", help="Where to write the profile (a cluster .toml file).")
+    ] = Path("profile.toml"),
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Tiny sizes, short timings: under a minute (a smoke test).")
+    ] = False,
+    dtypes: Annotated[
+        str, typer.Option("--dtypes", help="Compute dtypes to measure, comma-separated (f32 required).")
+    ] = "f32,bf16",
+    nproc: Annotated[
+        int, typer.Option("--nproc", min=2, help="Processes (ranks) for the communication benchmarks.")
+    ] = 2,
+    threads: Annotated[
+        int,
+        typer.Option("--threads", min=1, help="Threads for the compute benchmarks (1: as each rank runs)."),
+    ] = 1,
+    raw: Annotated[
+        Path | None, typer.Option("--raw", help="Also write every timing the fits used (JSON) here.")
+    ] = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Measure this machine (op families over sizes and dtypes, collectives and point-to-point
+    over message and group sizes, on torch), fit the cost model and write a device profile that
+    --cluster accepts. On a GPU node it profiles GPU 0 and NCCL over the first --nproc GPUs."""
+    from distir.backend import TorchMissing
+    from distir.backend.calibrate import CalibrateOptions, CalibrationError
+    from distir.backend.calibrate import calibrate as run_calibration
+    from distir.hardware.clusterfile import cluster_from_toml
+    from distir.hardware.profile import profile_toml
+    from distir.ir.types import DType
+
+    names = [d.strip() for d in dtypes.split(",") if d.strip()]
+    known = {d.name: d for d in (DType.f32, DType.bf16, DType.f16)}
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        _fail(
+            f"calibrate: --dtypes {dtypes!r}: unknown dtype {bad[0] if bad else '(none)'}; use f32, bf16, f16"
+        )
+    opts = CalibrateOptions(
+        dtypes=tuple(known[n] for n in dict.fromkeys(names)), nproc=nproc, quick=quick, threads=threads
+    )
+    bar = _progress_bar(json_out)
+
+    def progress(total: int) -> Callable[[str], None]:
+        task = bar.add_task("measuring", total=total)
+        return lambda label: bar.update(task, advance=1, description=f"measuring {label}")
+
+    try:
+        with bar:
+            cal = run_calibration(opts, progress)
+        text = profile_toml(cal)
+        cluster_from_toml(text, str(out_file))  # the written file must load
+        out_file.write_text(text, encoding="utf-8")
+        if raw is not None:
+            raw.write_text(json.dumps(cal.measurements.as_json(), indent=1), encoding="utf-8")
+    except (CalibrationError, TorchMissing, OSError) as e:
+        if debug:
+            traceback.print_exc()
+        _fail(str(e))
+    if json_out:
+        _emit_json(_calibration_json(cal, out_file))
+        return
+    out.print(_calibration_table(cal, out_file))
 
 
 @app.command()
@@ -753,6 +839,167 @@ def demo(json_out: JsonOpt = False, debug: DebugOpt = False) -> None:
         _emit_json(result)
     if not result["ok"]:
         raise typer.Exit(1)
+
+
+@app.command()
+def validate(
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model", help="A zoo model (distir models), e.g. gpt:layers=4,hidden=128,heads=4,seq=64."
+        ),
+    ] = "gpt:layers=4,hidden=128,heads=4,seq=64,vocab=256",
+    samples: Annotated[int, typer.Option("--samples", min=2, help="Strategies to run and simulate.")] = 20,
+    nproc: Annotated[
+        int, typer.Option("--nproc", min=2, help="Ranks (processes) each strategy runs on.")
+    ] = 2,
+    cluster: Annotated[
+        str,
+        typer.Option("--cluster", help="The calibrated profile (distir calibrate --out FILE) or a cluster."),
+    ] = "profile.toml",
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Global batch of every strategy.")] = 8,
+    steps: Annotated[int, typer.Option("--steps", min=2, help="Steps per run; the first is a warm-up.")] = 4,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the strategy draw.")] = 0,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the scatter plot (PNG) here.")] = Path(
+        "validate.png"
+    ),
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Run --samples strategies of --model for real on --nproc local ranks and simulate each on
+    the calibrated --cluster; report Spearman's rho of throughput, the median and max error of
+    step time and of peak memory, and a scatter plot."""
+    from distir.backend import TorchMissing
+    from distir.backend.launch import RunFailed
+    from distir.backend.validate import ValidateError, fidelity_dict, scatter_png
+    from distir.backend.validate import validate as run_validation
+    from distir.backend.worker import RankFailure
+    from distir.hardware.cluster import parse_cluster
+    from distir.hardware.specs import HardwareError
+
+    try:
+        cl = parse_cluster(cluster)
+    except HardwareError as e:
+        _fail(str(e))
+    load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    bar = _progress_bar(json_out)
+    task = bar.add_task("running", total=samples)
+    try:
+        with bar:
+            f = run_validation(
+                model,
+                samples,
+                nproc,
+                cl,
+                batch,
+                steps,
+                seed,
+                tick=lambda label: bar.update(task, advance=1, description=f"ran {label}"),
+            )
+        if plot is not None:
+            scatter_png(f, plot)
+    except (ValidateError, TorchMissing, RunFailed, RankFailure, OSError) as e:
+        if debug:
+            traceback.print_exc()
+        _fail(f"validate: {e}")
+    load = max(load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"))
+    d = fidelity_dict(f) | {"plot": str(plot) if plot else None, "load_average": load, "cpus": os.cpu_count()}
+    if json_out:
+        _emit_json(d)
+        return
+    out.print(
+        f"{f.model}, batch {f.batch}, {f.nproc} ranks, {len(f.points)} strategies, simulated on {f.cluster} "
+        f"(load average {load:.1f} on {os.cpu_count()} CPUs)",
+        markup=False,
+    )
+    out.print(f"  Spearman rho of throughput: {f.rho_throughput:.3f}", markup=False)
+    out.print(
+        f"  step time error: median {100 * f.step_time.median:.1f}%, max {100 * f.step_time.max:.1f}%",
+        markup=False,
+    )
+    out.print(
+        f"  peak memory error: median {100 * f.peak_memory.median:.1f}%, max {100 * f.peak_memory.max:.1f}% "
+        f"({f.memory_source})",
+        markup=False,
+    )
+    if plot is not None:
+        out.print(f"  scatter plot: {plot}", markup=False)
+
+
+def _progress_bar(disable: bool) -> Any:
+    """A rich progress bar on stderr (transient; off with --json)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=disable,
+    )
+
+
+def _calibration_json(cal: Any, path: Path) -> dict[str, Any]:
+    return {
+        "profile": str(path),
+        "source": cal.stamp,
+        "launch_us": cal.launch_s * 1e6,
+        "memory_bandwidth_gb_s": cal.bandwidth / 1e9,
+        "peak_tflops": {k: v / 1e12 for k, v in cal.gemm.peak.items()},
+        "gemm": {
+            "sm_count": cal.gemm.sms,
+            "anchor": list(cal.gemm.anchor),
+            "fit": cal.gemm.quality._asdict(),
+        },
+        "families": {
+            k: {
+                "flop_efficiency": f.flop,
+                "memory_efficiency": f.memory,
+                "launch_us": f.launch_s * 1e6,
+                "fit": f.quality._asdict(),
+            }
+            for k, f in cal.families.items()
+        },
+        "links": {
+            k: {
+                "bandwidth_gb_s": f.link.bandwidth / 1e9,
+                "latency_us": f.link.latency_s * 1e6,
+                "fit": f.quality._asdict(),
+            }
+            for k, f in cal.links.items()
+        },
+    }
+
+
+def _calibration_table(cal: Any, path: Path) -> Any:
+    from rich.table import Table
+
+    t = Table(title=f"{path}: {cal.stamp}", title_justify="left")
+    for h in ("what", "figure", "fit: median / max error"):
+        t.add_column(h)
+    g = cal.gemm
+    fit = f"{100 * g.quality.median:.0f}% / {100 * g.quality.max:.0f}%"
+    for k, v in g.peak.items():
+        t.add_row(f"GEMM peak {k}", f"{v / 1e9:.1f} GFLOP/s (sm_count {g.sms})", fit)
+    t.add_row("memory bandwidth", f"{cal.bandwidth / 1e9:.1f} GB/s", "")
+    t.add_row("launch overhead", f"{cal.launch_s * 1e6:.2f} µs", "")
+    for k, f in cal.families.items():
+        q = f.quality
+        t.add_row(
+            f"family {k}",
+            f"flop {100 * f.flop:.1f}%, memory {100 * f.memory:.1f}%, launch {f.launch_s * 1e6:.2f} µs",
+            f"{100 * q.median:.0f}% / {100 * q.max:.0f}%",
+        )
+    for k, lf in cal.links.items():
+        q = lf.quality
+        t.add_row(
+            k,
+            f"{lf.link.bandwidth / 1e9:.3f} GB/s, {lf.link.latency_s * 1e6:.1f} µs",
+            f"{100 * q.median:.0f}% / {100 * q.max:.0f}%",
+        )
+    return t
 
 
 def main() -> None:

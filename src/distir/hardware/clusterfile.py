@@ -37,6 +37,16 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
     allocator_fragmentation = 0.05   #   allocator's reserve as a fraction of the peak,
     runtime_memory_source = "..."    #   with their source
 
+    [types.t4.families.elementwise]  # optional, per op family (OpDef.family; written by
+    flop_efficiency = 0.4            #   `distir calibrate`): measured fraction of the dense
+    memory_efficiency = 0.8          #   peak and of the memory bandwidth, and the per-op
+    launch_us = 4                    #   fixed cost, replacing the cost model's defaults
+
+    [types.t4.collectives.allreduce] # optional, per collective (allreduce, allgather,
+    bandwidth_gb_s = 12              #   reducescatter, broadcast, reduce, scatter, gather,
+    latency_us = 9                   #   alltoall): the measured link (B, α) of its alpha-beta
+                                     #   formula inside the node, instead of intra_*
+
     [[nodes]]                        # nodes in order; GPUs are numbered node by node
     type = "p3"                      # a key of [types], or a preset name
     count = 3                        # optional, default 1
@@ -69,7 +79,15 @@ from typing import Any, NoReturn
 
 from distir.hardware.cluster import Cluster, ClusterError, Matrix
 from distir.hardware.presets import CUDA_RUNTIME, GIB, GIGA, MIB, PRESETS, TERA, us
-from distir.hardware.specs import DeviceSpec, GemmProfile, HardwareError, LinkSpec, NodeSpec, RuntimeMemory
+from distir.hardware.specs import (
+    DeviceSpec,
+    FamilyRates,
+    GemmProfile,
+    HardwareError,
+    LinkSpec,
+    NodeSpec,
+    RuntimeMemory,
+)
 
 Path_ = tuple[str | int, ...]
 
@@ -118,6 +136,19 @@ _RUNTIME_MIB = {
     "comm_buffers_mib": "comm_bytes",
 }
 _RUNTIME_KEYS = (*_RUNTIME_MIB, "allocator_fragmentation", "runtime_memory_source")
+_FAMILY_KEYS = ("flop_efficiency", "memory_efficiency", "launch_us")
+_COLLECTIVE_KEYS = ("bandwidth_gb_s", "latency_us")
+COLLECTIVE_NAMES = (
+    "allreduce",
+    "allgather",
+    "reducescatter",
+    "broadcast",
+    "reduce",
+    "scatter",
+    "gather",
+    "alltoall",
+)
+"""The collectives a node type's ``collectives`` table may name (``distir.sim.collectives``)."""
 _TYPE_KEYS = (
     "preset",
     "gpu",
@@ -127,6 +158,8 @@ _TYPE_KEYS = (
     "source",
     *_GEMM_KEYS,
     *_RUNTIME_KEYS,
+    "families",
+    "collectives",
 )
 _TOP_KEYS = ("name", "types", "nodes", "inter_node", "bandwidth_matrix_gb_s", "latency_matrix_us")
 
@@ -289,6 +322,10 @@ class _Loader:
             dev_over["gemm"] = gemm
         if base is not None and runtime != base.device.runtime:
             dev_over["runtime"] = runtime
+        families = self.families(t, path, base.device.families if base else ())
+        if base is not None and families != base.device.families:
+            dev_over["families"] = families
+        collectives = self.collectives(t, path, base.collectives if base else ())
         try:
             if base is None:
                 fp32 = vals["fp32_tflops"]
@@ -305,10 +342,11 @@ class _Loader:
                     launch_overhead_s=vals.get("launch_overhead_us", us(5)),
                     gemm=gemm,
                     runtime=runtime,
+                    families=families,
                 )
                 intra = LinkSpec(vals["intra_bandwidth_gb_s"], vals["intra_latency_us"])
                 inter = LinkSpec(vals["inter_bandwidth_gb_s"], vals["inter_latency_us"])
-                return NodeSpec(node_name, device, dpn, intra, inter, source)
+                return NodeSpec(node_name, device, dpn, intra, inter, source, collectives)
             device = base.device
             if dev_over or gpu is not None:
                 name = gpu if gpu is not None else f"{device.name} [{key}]"
@@ -321,7 +359,9 @@ class _Loader:
                 vals.get("inter_bandwidth_gb_s", base.inter.bandwidth),
                 vals.get("inter_latency_us", base.inter.latency_s),
             )
-            return NodeSpec(node_name, device, dpn or base.devices_per_node, intra, inter, source)
+            return NodeSpec(
+                node_name, device, dpn or base.devices_per_node, intra, inter, source, collectives
+            )
         except HardwareError as e:
             self.fail(path, str(e))
 
@@ -370,6 +410,51 @@ class _Loader:
             over.setdefault("source", f"{self.file}: {_fmt(path)}")
             return GemmProfile(**over)
         return replace(base, **over)
+
+    def families(
+        self, t: dict[str, Any], path: Path_, base: tuple[tuple[str, FamilyRates], ...]
+    ) -> tuple[tuple[str, FamilyRates], ...]:
+        """``base`` with the type's ``families`` tables over it (a family given replaces)."""
+        if "families" not in t:
+            return base
+        fpath: Path_ = (*path, "families")
+        raw = self.table(t["families"], fpath, list(t["families"]) if isinstance(t["families"], dict) else ())
+        out = dict(base)
+        for fam, entry in raw.items():
+            epath: Path_ = (*fpath, fam)
+            e = self.table(entry, epath, _FAMILY_KEYS)
+            for k in _FAMILY_KEYS:
+                if k not in e:
+                    self.fail((*epath, k), f"missing required key (one of {', '.join(_FAMILY_KEYS)})")
+            effs = []
+            for k in ("flop_efficiency", "memory_efficiency"):
+                x = self.number(e[k], (*epath, k), "a fraction")
+                if x > 1:
+                    self.fail((*epath, k), f"expected a fraction in (0, 1], got {_got(e[k])}")
+                effs.append(x)
+            launch = us(self.number(e["launch_us"], (*epath, "launch_us"), "µs per op", zero_ok=True))
+            out[fam] = FamilyRates(effs[0], effs[1], launch)
+        return tuple(out.items())
+
+    def collectives(
+        self, t: dict[str, Any], path: Path_, base: tuple[tuple[str, LinkSpec], ...]
+    ) -> tuple[tuple[str, LinkSpec], ...]:
+        """``base`` with the type's ``collectives`` tables over it (a collective given replaces)."""
+        if "collectives" not in t:
+            return base
+        cpath: Path_ = (*path, "collectives")
+        raw = self.table(t["collectives"], cpath, COLLECTIVE_NAMES)
+        out = dict(base)
+        for name, entry in raw.items():
+            epath: Path_ = (*cpath, name)
+            e = self.table(entry, epath, _COLLECTIVE_KEYS)
+            for k in _COLLECTIVE_KEYS:
+                if k not in e:
+                    self.fail((*epath, k), "missing required key (bandwidth_gb_s and latency_us)")
+            bw = self.number(e["bandwidth_gb_s"], (*epath, "bandwidth_gb_s"), "GB/s")
+            lat = self.number(e["latency_us"], (*epath, "latency_us"), "µs", zero_ok=True)
+            out[name] = LinkSpec(bw * GIGA, us(lat))
+        return tuple(out.items())
 
     def runtime_memory(self, t: dict[str, Any], path: Path_, base: RuntimeMemory) -> RuntimeMemory:
         """``base`` with the type's runtime-memory keys over it."""

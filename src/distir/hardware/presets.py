@@ -34,6 +34,8 @@ from distir.ir.types import DType
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from distir.hardware.cluster import Cluster
+
 TERA = 1e12
 GIGA = 1e9
 GIB = 1 << 30
@@ -239,6 +241,7 @@ def node_record(key: str, node: NodeSpec) -> dict[str, Any]:
         {k: round(v, 6) if isinstance(v, float) else v for k, v in rec.items()}
         | _gemm_record(d)
         | _runtime_record(d)
+        | _calibrated_record(node)
     )
 
 
@@ -264,16 +267,36 @@ def _runtime_record(d: DeviceSpec) -> dict[str, Any]:
     }
 
 
-def clusters_json() -> dict[str, Any]:
-    """``{"clusters": [node_record(...) for every preset]}``, for ``distir clusters --json``."""
-    return {"clusters": [node_record(k, n) for k, n in PRESETS.items()]}
+def _calibrated_record(node: NodeSpec) -> dict[str, Any]:
+    """Measured rates per op family and links per collective, as TOML tables (none if absent)."""
+    rec: dict[str, Any] = {}
+    if node.device.families:
+        rec["families"] = {
+            k: {"flop_efficiency": r.flop, "memory_efficiency": r.memory, "launch_us": r.launch_s * 1e6}
+            for k, r in node.device.families
+        }
+    if node.collectives:
+        rec["collectives"] = {
+            k: {"bandwidth_gb_s": ln.bandwidth / GIGA, "latency_us": ln.latency_s * 1e6}
+            for k, ln in node.collectives
+        }
+    return rec
+
+
+def clusters_json(cluster: Cluster | None = None) -> dict[str, Any]:
+    """``{"clusters": [node_record(...) for every preset]}``, for ``distir clusters --json``;
+    with ``cluster``, its distinct node types instead (keyed by node name)."""
+    if cluster is None:
+        return {"clusters": [node_record(k, n) for k, n in PRESETS.items()]}
+    kinds = dict.fromkeys(cluster.nodes)
+    return {"clusters": [node_record(n.name, n) for n in kinds]}
 
 
 _FLAT = "flat fraction of peak (no GEMM profile)"
 
 
-def render_clusters_table() -> Table:
-    """The presets as a rich table, for ``distir clusters``."""
+def render_clusters_table(cluster: Cluster | None = None) -> Table:
+    """The presets (or ``cluster``'s node types) as a rich table, for ``distir clusters``."""
     from rich.table import Table
 
     cols = [
@@ -292,14 +315,25 @@ def render_clusters_table() -> Table:
         ("runtime", "cuda_context_mib"),
         ("source", "source"),
     ]
-    recs = clusters_json()["clusters"]
+    recs = clusters_json(cluster)["clusters"]
     notes = "\n".join(
         f"[{i}] {r['source'].replace(' ; ', ' ')}\n    GEMM: {r.get('matmul_source', _FLAT)}"
         for i, r in enumerate(recs, 1)
     )
     runtime_sources = dict.fromkeys(r["runtime_memory_source"] for r in recs if r["runtime_memory_source"])
+    title = "cluster presets: NAME or NAME:NODES, joined with + (e.g. p3.8xlarge:3+g4dn.12xlarge:1)"
+    if cluster is not None:
+        title = f"node types of {cluster.name}: {cluster.describe()}"
+    calibrated = [
+        f"[{i}] measured: families {', '.join(r.get('families', {})) or 'none'}; "
+        f"collectives {', '.join(r.get('collectives', {})) or 'none'}"
+        for i, r in enumerate(recs, 1)
+        if "families" in r or "collectives" in r
+    ]
+    if calibrated:
+        notes += "\n" + "\n".join(calibrated)
     table = Table(
-        title="cluster presets: NAME or NAME:NODES, joined with + (e.g. p3.8xlarge:3+g4dn.12xlarge:1)",
+        title=title,
         caption="GPUs per node; fp32..bf16: dense peak TFLOP/s; HBM: memory bandwidth, GB/s; mem: GiB; "
         "intra: GPU↔GPU in a node, per GPU, GB/s; inter: network, per node, GB/s (per direction); "
         "GEMM: fraction of the dense peak a published GEMM benchmark reached (the efficiency curve of "

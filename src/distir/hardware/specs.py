@@ -10,7 +10,9 @@ Invariants (checked on construction, so an ill-formed spec cannot exist):
 - a ``LinkSpec`` has a positive bandwidth (possibly ``inf``) and a finite non-negative latency;
 - a ``NodeSpec`` has a non-empty name, a ``DeviceSpec``, at least one device and two links;
 - a ``GemmProfile`` has a positive SM count, fractions in (0, 1] and a positive anchor shape;
-- a ``RuntimeMemory`` has non-negative byte counts and a fragmentation fraction in [0, 1).
+- a ``RuntimeMemory`` has non-negative byte counts and a fragmentation fraction in [0, 1);
+- a ``FamilyRates`` has efficiencies in (0, 1] and a finite non-negative launch time; a
+  device's ``families`` and a node's ``collectives`` name each family / collective once.
 """
 
 from __future__ import annotations
@@ -133,6 +135,42 @@ class RuntimeMemory:
 
 
 @dataclass(frozen=True, slots=True)
+class FamilyRates:
+    """How fast one op family (``OpDef.family``) ran on one device, as measured by ``distir
+    calibrate``: an op of the family takes ``launch_s + max(FLOPs / (peak × flop),
+    bytes / (memory_bandwidth × memory))`` (the roofline of ``distir.sim.cost`` with the
+    family's own efficiencies and fixed cost). ``flop``: the fraction of the device's dense peak
+    for the op's dtype; ``memory``: the fraction of ``memory_bandwidth``; ``launch_s``: the
+    per-op fixed cost, replacing the device's ``launch_overhead_s`` for this family."""
+
+    flop: float
+    memory: float
+    launch_s: float
+
+    def __post_init__(self) -> None:
+        owner = "family rates"
+        for f in ("flop", "memory"):
+            x = getattr(self, f)
+            _positive(owner, f, x)
+            if x > 1:
+                raise SpecError(f"{owner}: {f} must be at most 1 (a fraction), got {x!r}")
+        _non_negative(owner, "launch_s", self.launch_s)
+
+
+def _named_once(owner: str, field: str, entries: object, kind: type) -> None:
+    """``entries`` is a tuple of (name, ``kind``) pairs, each name once."""
+    if not isinstance(entries, tuple):
+        raise SpecError(f"{owner}: {field} must be a tuple of (name, {kind.__name__}) pairs")
+    seen: set[str] = set()
+    for e in entries:
+        if not (isinstance(e, tuple) and len(e) == 2 and isinstance(e[0], str) and isinstance(e[1], kind)):
+            raise SpecError(f"{owner}: {field} entries must be (name, {kind.__name__}) pairs, got {e!r}")
+        if e[0] in seen:
+            raise SpecError(f"{owner}: {field} names {e[0]!r} twice")
+        seen.add(e[0])
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceSpec:
     """One accelerator (or a CPU standing in for one).
 
@@ -144,6 +182,8 @@ class DeviceSpec:
     different specs in one cluster must not share a name (it is the simulator's cache key).
     ``gemm`` describes its matrix-product throughput by shape (None: the cost model's flat
     fraction of peak) and ``runtime`` the memory a process holds besides its tensors.
+    ``families``: measured rates per op family (``distir calibrate``), as (family, rates) pairs;
+    a family listed there is costed with its rates instead of the cost model's defaults.
     """
 
     name: str
@@ -157,6 +197,7 @@ class DeviceSpec:
     fp64: float | None = None
     gemm: GemmProfile | None = None
     runtime: RuntimeMemory = RuntimeMemory()
+    families: tuple[tuple[str, FamilyRates], ...] = ()
 
     def __post_init__(self) -> None:
         _name("device spec", self.name)
@@ -173,6 +214,14 @@ class DeviceSpec:
             raise SpecError(f"{owner}: gemm must be a GemmProfile or None, got {self.gemm!r}")
         if not isinstance(self.runtime, RuntimeMemory):
             raise SpecError(f"{owner}: runtime must be a RuntimeMemory, got {self.runtime!r}")
+        _named_once(owner, "families", self.families, FamilyRates)
+
+    def family_rates(self, family: str) -> FamilyRates | None:
+        """The measured rates of op family ``family`` (None: not calibrated)."""
+        for name, rates in self.families:
+            if name == family:
+                return rates
+        return None
 
     @property
     def tensor_capacity(self) -> float:
@@ -227,7 +276,11 @@ class NodeSpec:
     ``intra`` is the GPU↔GPU link inside the node, per GPU per direction (e.g. one GPU's NVLink
     bandwidth into an NVSwitch). ``inter`` is the node's network: its *aggregate* bandwidth to
     other nodes per direction (all NICs together) and the network latency. ``source`` says where
-    the figures come from (a URL, or "estimate").
+    the figures come from (a URL, or "estimate"). ``collectives``: measured links per
+    collective (``distir calibrate``), as (name, link) pairs with names from
+    ``distir.sim.collectives.COLLECTIVES``: the (B, α) that make that collective's alpha-beta
+    formula match its measured times; inside the node a listed collective uses its link instead
+    of ``intra`` (``intra`` stays the point-to-point link).
     """
 
     name: str
@@ -236,6 +289,7 @@ class NodeSpec:
     intra: LinkSpec
     inter: LinkSpec
     source: str = ""
+    collectives: tuple[tuple[str, LinkSpec], ...] = ()
 
     def __post_init__(self) -> None:
         _name("node spec", self.name)
@@ -250,3 +304,11 @@ class NodeSpec:
                 raise SpecError(f"{owner}: {f} must be a LinkSpec, got {getattr(self, f)!r}")
         if not isinstance(self.source, str):
             raise SpecError(f"{owner}: source must be a string, got {self.source!r}")
+        _named_once(owner, "collectives", self.collectives, LinkSpec)
+
+    def intra_for(self, collective: str) -> LinkSpec:
+        """The link ``collective`` runs on inside this node: its measured link, else ``intra``."""
+        for name, link in self.collectives:
+            if name == collective:
+                return link
+        return self.intra

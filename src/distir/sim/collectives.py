@@ -18,6 +18,12 @@ Links:
   differ takes as long as its slowest node (``max`` over nodes).
 
 Groups spanning nodes use hierarchical algorithms (phases run one after the other, no overlap).
+
+Calibrated nodes (``NodeSpec.collectives``, written by ``distir calibrate``): inside a node, a
+collective listed there runs on its own measured (B, α) instead of the node's ``intra`` link
+(``NodeSpec.intra_for``); reduce-scatter uses the all-gather formula with reduce-scatter's link,
+reduce the broadcast formula with reduce's. Bandwidth/latency matrices, when given, override
+these as they override ``intra``.
 """
 
 from __future__ import annotations
@@ -68,28 +74,35 @@ def _slowest(links: Iterable[LinkSpec]) -> LinkSpec:
     return LinkSpec(bw, lat)
 
 
-def _all_pairs(cluster: Cluster, gpus: Sequence[int]) -> LinkSpec:
-    """The slowest link between any two of ``gpus`` (one node: its ``intra`` without matrices)."""
+def _intra(cluster: Cluster, gpu: int, kind: str) -> LinkSpec:
+    """The link collective ``kind`` runs on inside the node of ``gpu`` (no matrices)."""
+    return cluster.nodes[cluster.gpu_nodes[gpu]].intra_for(kind)
+
+
+def _all_pairs(cluster: Cluster, gpus: Sequence[int], kind: str) -> LinkSpec:
+    """The slowest link between any two of ``gpus`` (one node: its link for ``kind`` without
+    matrices)."""
     if not cluster.has_matrices and cluster.gpu_nodes[gpus[0]] == cluster.gpu_nodes[gpus[-1]]:
-        return cluster.link(gpus[0], gpus[1])
+        return _intra(cluster, gpus[0], kind)
     return _slowest(cluster.link(a, b) for a in gpus for b in gpus if a != b)
 
 
-def _ring(cluster: Cluster, gpus: Sequence[int]) -> LinkSpec:
-    """The slowest link of the ring gpus[0] → gpus[1] → ... → gpus[0]."""
+def _ring(cluster: Cluster, gpus: Sequence[int], kind: str) -> LinkSpec:
+    """The slowest link of the ring gpus[0] → gpus[1] → ... → gpus[0] for collective ``kind``."""
     n = len(gpus)
     if not cluster.has_matrices and cluster.gpu_nodes[gpus[0]] == cluster.gpu_nodes[gpus[-1]]:
-        return cluster.link(gpus[0], gpus[1])
+        return _intra(cluster, gpus[0], kind)
     return _slowest(cluster.link(gpus[i], gpus[(i + 1) % n]) for i in range(n))
 
 
-def _star(cluster: Cluster, root: int, gpus: Sequence[int], outward: bool) -> LinkSpec:
+def _star(cluster: Cluster, root: int, gpus: Sequence[int], outward: bool, kind: str) -> LinkSpec:
     """The slowest link between ``root`` and the other GPUs (root → j if ``outward``)."""
     if not cluster.has_matrices:  # links are per node pair, and symmetric
         nodes = cluster.gpu_nodes
         rn = nodes[root]
         targets = {nodes[j] for j in gpus if j != root}
-        return _slowest(cluster.nodes[rn].intra if t == rn else cluster.node_link(rn, t) for t in targets)
+        intra = cluster.nodes[rn].intra_for(kind)
+        return _slowest(intra if t == rn else cluster.node_link(rn, t) for t in targets)
     return _slowest(cluster.link(root, j) if outward else cluster.link(j, root) for j in gpus if j != root)
 
 
@@ -108,12 +121,12 @@ def _net(cluster: Cluster, parts: Sequence[tuple[int, ...]], all_pairs: bool = F
     return _slowest(cluster.link(leaders[i], leaders[(i + 1) % k]) for i in range(k))
 
 
-def _ring_phase(cluster: Cluster, gpus: Sequence[int], m: float) -> float:
+def _ring_phase(cluster: Cluster, gpus: Sequence[int], m: float, kind: str) -> float:
     """All-gather or reduce-scatter of M bytes in total inside one node: (g−1)/g·M/B + (g−1)α."""
     g = len(gpus)
     if g < 2:
         return 0.0
-    link = _ring(cluster, gpus)
+    link = _ring(cluster, gpus, kind)
     return (g - 1) / g * m / link.bandwidth + (g - 1) * link.latency_s
 
 
@@ -147,22 +160,22 @@ def allreduce_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> flo
     parts = _by_node(cluster, g)
     k = len(parts)
     if k == 1:
-        link = _ring(cluster, g)
+        link = _ring(cluster, g, "allreduce")
         return 2 * (n - 1) / n * m / link.bandwidth + 2 * (n - 1) * link.latency_s
-    intra = max(_ring_phase(cluster, p, m) for p in parts)
+    intra = max(_ring_phase(cluster, p, m, "allreduce") for p in parts)
     net = _net(cluster, parts)
     inter = 2 * (k - 1) / k * m / net.bandwidth + 2 * (k - 1) * net.latency_s
     return intra + inter + intra
 
 
-def allgather_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> float:
+def allgather_time(cluster: Cluster, nbytes: float, group: Iterable[int], kind: str = "allgather") -> float:
     """All-gather where ``nbytes`` is the *full gathered* size (each GPU contributes M/n).
 
     One node: ring, (n−1)/n·M/B + (n−1)α. Across k nodes (hierarchical): (1) g concurrent ring
     all-gathers across the nodes, one per local rank: node i must receive the (n−g_i)/n·M bytes it
     does not hold over B_net, the slowest node governing, + (k−1)α_net (with equal g this is
     (k−1)/k·M/B_net); (2) all-gather of the full M inside each node, (g_i−1)/g_i·M/B_i +
-    (g_i−1)α_i, the slowest node governing.
+    (g_i−1)α_i, the slowest node governing. ``kind``: whose calibrated intra-node link to use.
     """
     m = _nbytes(nbytes)
     g = _group(cluster, group)
@@ -172,11 +185,11 @@ def allgather_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> flo
     parts = _by_node(cluster, g)
     k = len(parts)
     if k == 1:
-        return _ring_phase(cluster, g, m)
+        return _ring_phase(cluster, g, m, kind)
     net = _net(cluster, parts)
     g_min = min(len(p) for p in parts)
     inter = (n - g_min) / n * m / net.bandwidth + (k - 1) * net.latency_s
-    return inter + max(_ring_phase(cluster, p, m) for p in parts)
+    return inter + max(_ring_phase(cluster, p, m, kind) for p in parts)
 
 
 def reducescatter_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> float:
@@ -185,16 +198,16 @@ def reducescatter_time(cluster: Cluster, nbytes: float, group: Iterable[int]) ->
     The mirror image of ``allgather_time`` (intra-node reduce-scatter first, then across nodes),
     so it costs the same.
     """
-    return allgather_time(cluster, nbytes, group)
+    return allgather_time(cluster, nbytes, group, "reducescatter")
 
 
-def broadcast_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> float:
+def broadcast_time(cluster: Cluster, nbytes: float, group: Iterable[int], kind: str = "broadcast") -> float:
     """Broadcast of ``nbytes`` (the message size) from one GPU of the group to the others.
 
     One node: pipelined ring (chunks flow down a chain), M/B + (n−1)α over the slowest link.
     Across k nodes: a pipelined ring over the nodes, M/B_net + (k−1)α_net, then a pipelined ring
     inside each node with g_i ≥ 2, M/B_i + (g_i−1)α_i, the slowest node governing. The root's
-    position does not change the cost.
+    position does not change the cost. ``kind``: whose calibrated intra-node link to use.
     """
     m = _nbytes(nbytes)
     g = _group(cluster, group)
@@ -204,14 +217,14 @@ def broadcast_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> flo
     parts = _by_node(cluster, g)
     k = len(parts)
     if k == 1:
-        link = _ring(cluster, g)
+        link = _ring(cluster, g, kind)
         return m / link.bandwidth + (n - 1) * link.latency_s
     net = _net(cluster, parts)
     inter = m / net.bandwidth + (k - 1) * net.latency_s
     intra = 0.0
     for p in parts:
         if len(p) >= 2:
-            link = _ring(cluster, p)
+            link = _ring(cluster, p, kind)
             intra = max(intra, m / link.bandwidth + (len(p) - 1) * link.latency_s)
     return inter + intra
 
@@ -219,7 +232,7 @@ def broadcast_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> flo
 def reduce_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> float:
     """Reduce of ``nbytes`` (each participant's buffer size) to one GPU: the mirror image of
     ``broadcast_time`` (pipelined ring inside nodes, then across them), so it costs the same."""
-    return broadcast_time(cluster, nbytes, group)
+    return broadcast_time(cluster, nbytes, group, "reduce")
 
 
 def _scatter_like(
@@ -235,18 +248,19 @@ def _scatter_like(
     if n < 2:
         return 0.0
     parts = _by_node(cluster, g)
+    kind = "scatter" if out else "gather"
     if len(parts) == 1:
-        link = _star(cluster, r, g, out)
+        link = _star(cluster, r, g, out, kind)
         return (n - 1) / n * m / link.bandwidth + (n - 1) * link.latency_s
     nodes = cluster.gpu_nodes
     leaders = [r if nodes[p[0]] == nodes[r] else p[0] for p in parts]
-    net = _star(cluster, r, leaders, out)
+    net = _star(cluster, r, leaders, out, kind)
     g_root = next(len(p) for p in parts if nodes[p[0]] == nodes[r])
     inter = (n - g_root) / n * m / net.bandwidth + (len(parts) - 1) * net.latency_s
     intra = 0.0
     for lead, p in zip(leaders, parts, strict=True):
         if len(p) >= 2:
-            link = _star(cluster, lead, p, out)
+            link = _star(cluster, lead, p, out, kind)
             intra = max(intra, (len(p) - 1) / n * m / link.bandwidth + (len(p) - 1) * link.latency_s)
     return inter + intra
 
@@ -285,7 +299,7 @@ def alltoall_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> floa
         return 0.0
     parts = _by_node(cluster, g)
     if len(parts) == 1:
-        link = _all_pairs(cluster, g)
+        link = _all_pairs(cluster, g, "alltoall")
         return (n - 1) / n * m / link.bandwidth + (n - 1) * link.latency_s
     net = _net(cluster, parts, all_pairs=True)
     worst = 0.0
@@ -293,7 +307,7 @@ def alltoall_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> floa
         gi = len(p)
         intra_bw, intra_lat = 0.0, 0.0
         if gi >= 2:
-            link = _all_pairs(cluster, p)
+            link = _all_pairs(cluster, p, "alltoall")
             intra_bw, intra_lat = (gi - 1) / n * m / link.bandwidth, (gi - 1) * link.latency_s
         inter_bw = gi * (n - gi) / n * m / net.bandwidth
         worst = max(worst, max(intra_bw, inter_bw) + intra_lat + (n - gi) * net.latency_s)

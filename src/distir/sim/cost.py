@@ -16,8 +16,13 @@
 - a communication op by the alpha-beta model of its pattern (``distir.sim.collectives``) over the
   cluster's links, from the op's ``comm_cost`` descriptor.
 
-Every constant comes from the hardware description; a calibration profile (a later issue) can
-override them by constructing the model with other efficiencies or another cluster.
+Every constant comes from the hardware description. A device calibrated by ``distir calibrate``
+carries measured rates per op family (``DeviceSpec.families``): an op of a listed family takes
+that family's launch time and FLOP and memory efficiencies instead of the model's
+``flop_efficiency``, ``memory_efficiency`` and the device's ``launch_overhead_s`` (a matrix
+product still follows the device's GEMM curve for its FLOPs; its family's memory efficiency and
+launch time apply). An op of a calibrated family that does no work (a Reshape) still costs its
+family's launch time: the measured cost of dispatching it, which eager execution pays.
 
 A model may also say which GPUs cost compute alike (``gpu_class``: equal classes give equal
 ``compute_time``); the simulator of DTensor programs uses it to cost an op once per class of
@@ -110,10 +115,12 @@ class RooflineCostModel:
     ) -> float:
         flops = opdef.flops(ins, outs, attrs)
         nbytes = opdef.bytes_read(ins, outs, attrs) + opdef.bytes_written(ins, outs, attrs)
-        if flops <= 0 and nbytes <= 0:
-            return 0.0
         spec = self.cluster.device_spec(gpu)
-        return spec.launch_overhead_s + self._roofline(spec, opdef, ins, outs, attrs, flops, nbytes)
+        rates = spec.family_rates(opdef.family)
+        if flops <= 0 and nbytes <= 0:
+            return 0.0 if rates is None else rates.launch_s
+        launch = spec.launch_overhead_s if rates is None else rates.launch_s
+        return launch + self._roofline(spec, opdef, ins, outs, attrs, flops, nbytes)
 
     def fused_time(
         self,
@@ -147,13 +154,17 @@ class RooflineCostModel:
         nbytes: float,
     ) -> float:
         dtype = op_dtype(ins, outs)
+        rates = spec.family_rates(opdef.family)
         if opdef.gemm is not None and self.gemm_curve and spec.gemm is not None:
             fp32 = not (dtype in (DType.f16, DType.bf16) or (dtype is DType.f32 and self.allow_tf32))
             eff = gemm_efficiency(spec.gemm, opdef.gemm(ins, outs, attrs), fp32=fp32)
+        elif rates is not None:
+            eff = rates.flop
         else:
             eff = self.flop_efficiency.get(opdef.family, self.default_flop_efficiency)
+        mem_eff = self.memory_efficiency if rates is None else rates.memory
         t_flops = flops / (spec.peak_flops(dtype, self.allow_tf32) * eff) if flops > 0 else 0.0
-        t_mem = nbytes / (spec.memory_bandwidth * self.memory_efficiency)
+        t_mem = nbytes / (spec.memory_bandwidth * mem_eff)
         return max(t_flops, t_mem)
 
     def gpu_class(self, gpu: int) -> Hashable:

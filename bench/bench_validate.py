@@ -1,0 +1,86 @@
+"""Fidelity on this machine: calibrate, then run ≥ 20 strategies of a small GPT training step for
+real on 2 local ranks (gloo, one thread each) and simulate each on the calibrated profile;
+report Spearman's ρ of throughput and the median/max error of step time and of peak memory
+(memory: tracked bytes of live tensors on CPU). Targets (issue 18): ρ ≥ 0.9, median step-time
+error ≤ 15%, median peak-memory error ≤ 10%. Run:
+
+    .venv/bin/python bench/bench_validate.py [--profile profile.toml] [--samples 20] [--nproc 2]
+        [--model gpt:layers=4,hidden=128,heads=4,seq=64,vocab=256] [--plot validate.png]
+
+Without --profile it first runs `distir calibrate` (full sizes) into a temporary file. With
+--nproc 4 on a machine with fewer cores the ranks are oversubscribed (stated in the output).
+The load average is printed before and after: other processes on a shared machine slow the real
+runs (both sides take the fastest step / batch, which only partly shields them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from distir.backend.calibrate import CalibrateOptions, calibrate
+from distir.backend.validate import fidelity_dict, scatter_png, validate
+from distir.hardware.clusterfile import load_cluster_file
+from distir.hardware.profile import profile_toml
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", type=Path, default=None)
+    ap.add_argument("--samples", type=int, default=20)
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--model", default="gpt:layers=4,hidden=128,heads=4,seq=64,vocab=256")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--plot", type=Path, default=Path("validate.png"))
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    a = ap.parse_args()
+    cpus = os.cpu_count() or 1
+    print(f"load average before: {os.getloadavg()[0]:.2f} on {cpus} CPUs", flush=True)
+    profile = a.profile
+    if profile is None:
+        t0 = time.perf_counter()
+        cal = calibrate(CalibrateOptions(nproc=a.nproc))
+        profile = Path(tempfile.mkdtemp(prefix="distir-bench-")) / "profile.toml"
+        profile.write_text(profile_toml(cal), encoding="utf-8")
+        print(f"calibrated in {time.perf_counter() - t0:.0f} s: {profile}", flush=True)
+    cluster = load_cluster_file(profile)
+    if a.nproc > cpus:
+        print(f"oversubscribed: {a.nproc} ranks on {cpus} CPUs", flush=True)
+    t0 = time.perf_counter()
+    f = validate(
+        a.model,
+        a.samples,
+        a.nproc,
+        cluster,
+        a.batch,
+        a.steps,
+        tick=lambda s: print(f"  {time.perf_counter() - t0:6.0f} s  ran {s}", flush=True),
+    )
+    scatter_png(f, a.plot)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    print(f"{'strategy':34} {'real ms':>9} {'sim ms':>9} {'real MiB':>9} {'sim MiB':>9}")
+    for p in f.points:
+        print(
+            f"{p.strategy:34} {p.real_step_s * 1e3:9.1f} {p.sim_step_s * 1e3:9.1f} "
+            f"{p.real_peak_bytes / 2**20:9.2f} {p.sim_peak_bytes / 2**20:9.2f}"
+        )
+    print(
+        f"{len(f.points)} strategies of {f.model} (batch {f.batch}) on {f.nproc} ranks: "
+        f"Spearman rho of throughput {f.rho_throughput:.3f}; step time error median "
+        f"{100 * f.step_time.median:.1f}%, max {100 * f.step_time.max:.1f}%; peak memory error "
+        f"median {100 * f.peak_memory.median:.1f}%, max {100 * f.peak_memory.max:.1f}% ({f.memory_source}); "
+        f"plot {a.plot}"
+    )
+    if a.json is not None:
+        a.json.write_text(json.dumps(fidelity_dict(f), indent=2), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

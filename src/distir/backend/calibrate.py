@@ -1,0 +1,189 @@
+"""``distir calibrate``: measure this machine and fit the cost model to it.
+
+``calibrate(options)`` runs the compute microbenchmarks (``distir.backend.microbench``) in this
+process with ``threads`` threads, then the communication benchmarks
+(``distir.backend.commbench``) across ``nproc`` spawned processes of one thread each, and fits
+(``distir.hardware.fit``):
+
+1. the launch overhead: the time of a 1-element Add;
+2. the GEMM curve and the peak FLOP/s per dtype (matrix products);
+3. the memory bandwidth: the highest bytes per second of the Adds of the first dtype (bytes over
+   time less the launch overhead; the highest, since other processes only ever slow a sample);
+4. per op family (elementwise, nn, grad, reduce, loss, attention): FLOP and memory efficiencies
+   and a launch time, against those peaks and that bandwidth;
+5. per collective and for point-to-point: the link (B, α) of its alpha-beta formula. A
+   collective whose times do not fit (they do not grow with the message size: noise swamped
+   them) is left out of the profile, with the reason in ``Calibration.skipped`` and in the file;
+   it then runs on the point-to-point link. Point-to-point itself must fit.
+
+The result is a ``distir.hardware.profile.Calibration``; ``profile_toml`` writes it as a cluster
+file. ``--quick`` uses tiny sizes and short timings (under a minute; figures for smoke tests, not
+for decisions). On a machine with CUDA the compute benchmarks run on GPU 0 and the
+communication on NCCL over the first ``nproc`` GPUs (one profile per run; a node with several GPU
+types is profiled once per type with ``CUDA_VISIBLE_DEVICES`` selecting it). This path is written
+for CUDA but only the CPU path has run (there is no GPU here).
+
+``progress(total)`` returns a callback ``tick(label)``; the CLI draws a rich progress bar with it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from distir.backend import commbench as cb
+from distir.backend import microbench as mb
+from distir.backend import require_torch
+from distir.hardware.cluster import Cluster
+from distir.hardware.fit import FamilyFit, FitError, LinkFit, LinkSample, fit_family, fit_gemm, fit_link
+from distir.hardware.profile import Calibration, Measurements
+from distir.ir.types import DType
+from distir.sim import collectives as coll
+
+
+class CalibrationError(RuntimeError):
+    """Calibration could not run or fit (names the step and the reason)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrateOptions:
+    """``dtypes``: compute dtypes (f32 must be one); ``nproc``: processes for communication;
+    ``quick``: tiny sizes; ``threads``: compute threads; ``comm_sizes``: message bytes."""
+
+    dtypes: tuple[DType, ...] = (DType.f32, DType.bf16)
+    nproc: int = 2
+    quick: bool = False
+    threads: int = 1
+    comm_sizes: tuple[int, ...] | None = None
+
+    def sizes(self) -> tuple[int, ...]:
+        if self.comm_sizes is not None:
+            return self.comm_sizes
+        if self.quick:
+            return (1 << 10, 1 << 15, 1 << 19, 1 << 21)
+        return (1 << 10, 1 << 13, 1 << 16, 1 << 19, 1 << 21, 1 << 23)
+
+
+Progress = Callable[[int], Callable[[str], None]]
+
+
+def _memory_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 16 << 30
+
+
+def _send(cluster: Cluster, nbytes: float, gpus: Sequence[int]) -> float:
+    """A point-to-point send from the group's first GPU to its last."""
+    return coll.send_time(cluster, nbytes, gpus[0], gpus[-1])
+
+
+_COSTS: dict[str, Callable[..., float]] = {
+    "allreduce": coll.allreduce_time,
+    "allgather": coll.allgather_time,
+    "reducescatter": coll.reducescatter_time,
+    "broadcast": coll.broadcast_time,
+    "p2p": _send,
+}
+
+
+def _measure(
+    options: CalibrateOptions, device: str, progress: Progress | None
+) -> tuple[mb.Timing, list[LinkSample]]:
+    """The compute timings (this process, ``options.threads`` threads) and the communication
+    timings (``options.nproc`` spawned ranks)."""
+    torch = require_torch()
+    work = mb.plan(mb.QUICK if options.quick else mb.FULL, options.dtypes)
+    comm = cb.comm_plan(options.nproc, options.sizes())
+    tick = progress(len(work) + len(comm)) if progress is not None else None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(options.threads)
+    try:
+        timing = mb.run_cases(
+            work,
+            device,
+            batch_s=0.005 if options.quick else 0.002,
+            repeats=3 if options.quick else 15,
+            tick=tick,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    try:
+        links = cb.run_comm(
+            options.nproc,
+            options.sizes(),
+            device,
+            0.01 if options.quick else 0.02,
+            tick,
+            rounds=3 if options.quick else 7,
+        )
+    except cb.CommBenchError as e:
+        raise CalibrationError(f"calibrate: {e}") from None
+    return timing, links
+
+
+def _fit_links(samples: list[LinkSample]) -> tuple[dict[str, LinkFit], dict[str, str]]:
+    """The fitted link of every collective and of p2p; those that do not fit, and why."""
+    links: dict[str, LinkFit] = {}
+    skipped: dict[str, str] = {}
+    for name in cb.COLLECTIVES:
+        try:
+            links[name] = fit_link([s for s in samples if s.collective == name], _COSTS[name])
+        except FitError as e:
+            if name == "p2p":
+                raise CalibrationError(f"calibrate: {e}") from None
+            skipped[name] = str(e)
+    return links, skipped
+
+
+def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Calibration:
+    """Measure and fit (see the module docstring)."""
+    if DType.f32 not in options.dtypes:
+        raise CalibrationError("calibrate: --dtypes must include f32 (the device's base peak)")
+    torch = require_torch()
+    cuda = bool(torch.cuda.is_available())
+    if cuda and options.nproc > torch.cuda.device_count():
+        raise CalibrationError(
+            f"calibrate: --nproc {options.nproc} needs as many GPUs; "
+            f"this node has {torch.cuda.device_count()}"
+        )
+    timing, links_raw = _measure(options, "cuda" if cuda else "cpu", progress)
+    gemm = fit_gemm(timing.gemm, timing.launch_s)
+    first = options.dtypes[0].name
+    bandwidth = max(
+        s.nbytes / max(s.seconds - timing.launch_s, 1e-12)
+        for s in timing.ops
+        if s.op == "Add" and s.dtype == first
+    )
+    peak = gemm.peak
+    families: dict[str, FamilyFit] = {}
+    for fam in sorted({s.family for s in timing.ops}):
+        fs = [s for s in timing.ops if s.family == fam]
+        families[fam] = fit_family(fs, lambda dt: peak.get(dt, peak["f32"]), bandwidth)
+    links, skipped = _fit_links(links_raw)
+    name = torch.cuda.get_device_name(0) if cuda else (platform.processor() or platform.machine() or "cpu")
+    setup = (
+        f"torch {torch.__version__}, {'nccl' if cuda else 'gloo'}, {options.nproc} ranks x 1 thread, "
+        f"compute on {options.threads} thread{'s' if options.threads > 1 else ''}"
+        f"{', quick' if options.quick else ''}"
+    )
+    return Calibration(
+        socket.gethostname(),
+        datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        setup,
+        f"{'GPU' if cuda else 'CPU'} {name}",
+        options.nproc,
+        int(torch.cuda.get_device_properties(0).total_memory) if cuda else _memory_bytes(),
+        timing.launch_s,
+        bandwidth,
+        gemm,
+        families,
+        links,
+        skipped,
+        Measurements(tuple(timing.gemm), tuple(timing.ops), tuple(links_raw)),
+    )

@@ -1,0 +1,242 @@
+"""Compute microbenchmarks for ``distir calibrate``: registry ops timed on torch.
+
+Each case names a registry op (its family, FLOPs, bytes and GEMM shape come from the op's cost
+descriptors, so the fit is in the cost model's own terms) and runs what ``distir run`` runs for
+it (``op_impl``: the op's registry torch implementation, or its numpy reference through the
+host for an op without one). Cases cover matrix products over (M, N, K) shapes, elementwise
+ops, row-wise ops (Softmax, LayerNormalization, SoftmaxGrad, the loss, ReduceSum) and attention,
+over sizes and dtypes. Inputs are random normal tensors made once per case; the caller sets the
+thread count (``torch.set_num_threads``).
+
+Timing (``time_call``): one warm-up call, then batches of calls sized to last about
+``batch_s`` each; the time is the fastest of ``repeats`` batches' time per call (on a shared
+machine other processes only ever add time; on CUDA, each batch ends with
+``torch.cuda.synchronize``).
+
+Sizes stop at 2^20 elements per tensor (4 MiB in f32): the sizes of the steps ``distir
+validate`` runs on a CPU. Beyond them a CPU slows down (every eager op's output is fresh memory
+the kernel must fault in page by page: 1-7 GB/s against 30 GB/s below, on the machine this was
+written on), which one memory bandwidth per family cannot describe; profiles are for the
+measured range.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, cast
+
+from distir.backend import require_torch
+from distir.backend.context import TorchContext
+from distir.backend.domain import to_numpy, to_torch
+from distir.hardware.fit import GemmSample, OpSample
+from distir.hardware.gemm import GemmShape
+from distir.ir.types import Device, DType, TensorType
+from distir.ir.values import Attrs
+from distir.ops.registry import REGISTRY, OpDef
+
+
+class Case(NamedTuple):
+    """One op at one size: the registry op, its input shapes, attributes, which inputs are
+    integer class labels (drawn in [0, shape[-1] of input 0)), which are an integer 1 (a step
+    count), and which stay f32 whatever the dtype (statistics such as attention's lse)."""
+
+    op: str
+    shapes: tuple[tuple[int, ...], ...]
+    attrs: tuple[tuple[str, Any], ...] = ()
+    labels: tuple[int, ...] = ()
+    ones: tuple[int, ...] = ()
+    f32: tuple[int, ...] = ()
+
+    def dtype(self, i: int, dtype: DType) -> DType:
+        """The dtype of input ``i`` when the case runs in ``dtype``."""
+        if i in self.labels or i in self.ones:
+            return DType.i64
+        return DType.f32 if i in self.f32 else dtype
+
+
+class Sizes(NamedTuple):
+    """The sweep: GEMM (M, N, K) per dtype kind, elementwise sizes, row-wise (rows, cols),
+    attention (B, S, heads, head dim)."""
+
+    gemm: tuple[tuple[int, int, int], ...]
+    gemm_low: tuple[tuple[int, int, int], ...]  # for 16-bit dtypes (slow on CPUs)
+    elementwise: tuple[int, ...]
+    rows: tuple[tuple[int, int], ...]
+    attention: tuple[tuple[int, int, int, int], ...]
+
+
+FULL = Sizes(
+    gemm=(
+        (128, 128, 128),
+        (256, 256, 256),
+        (512, 512, 512),
+        (1024, 1024, 1024),
+        (2048, 512, 512),
+        (512, 2048, 128),
+        (64, 1024, 1024),
+        (1024, 64, 1024),
+        (256, 256, 2048),
+        (1536, 1536, 512),
+    ),
+    gemm_low=((128, 128, 128), (256, 256, 256), (512, 512, 512), (512, 128, 1024), (768, 768, 256)),
+    elementwise=(1 << 10, 1 << 13, 1 << 16, 1 << 18, 1 << 20),
+    rows=((64, 1024), (256, 1024), (1024, 1024)),
+    attention=((1, 64, 4, 32), (2, 128, 4, 32), (1, 256, 4, 64)),
+)
+
+QUICK = Sizes(
+    gemm=((32, 32, 32), (64, 64, 64), (128, 128, 128), (256, 128, 64), (64, 256, 128)),
+    gemm_low=((32, 32, 32), (64, 64, 64), (128, 64, 128)),
+    elementwise=(1 << 8, 1 << 12, 1 << 16, 1 << 18),
+    rows=((16, 256), (64, 512), (256, 1024)),
+    attention=((1, 32, 2, 16), (1, 64, 2, 32)),
+)
+
+ROW_OPS = (
+    "Softmax",
+    "SoftmaxGrad",
+    "ReduceSum",
+    "SoftmaxCrossEntropyLoss",
+    "LayerNormalization",
+    "LayerNormalizationGrad",
+)
+POINTWISE = ("Mul", "Gelu", "Exp", "GeluGrad")
+
+
+def _row_case(op: str, r: int, c: int) -> Case:
+    """A row-wise op over (r, c), reducing along the last axis."""
+    if op == "LayerNormalization":
+        return Case(op, ((r, c), (c,), (c,)), (("axis", -1),))
+    if op == "SoftmaxGrad":
+        return Case(op, ((r, c), (r, c)), (("axis", -1),))
+    if op == "LayerNormalizationGrad":
+        return Case(op, ((r, c), (r, c), (c,)), (("axis", -1),))
+    if op == "ReduceSum":
+        return Case(op, ((r, c),), (("axes", (-1,)),))
+    if op == "SoftmaxCrossEntropyLoss":
+        return Case(op, ((r, c), (r,)), labels=(1,))
+    return Case(op, ((r, c),), (("axis", -1),))
+
+
+def _cases(sizes: Sizes, low: bool) -> list[Case]:
+    """Every case of ``sizes`` (``low``: the GEMM shapes for 16-bit dtypes)."""
+    out = [Case("MatMul", ((m, k), (k, n))) for m, n, k in (sizes.gemm_low if low else sizes.gemm)]
+    out += [Case("Add", ((n,), (n,))) for n in (1, *sizes.elementwise)]
+    for n in sizes.elementwise:
+        out += [Case(op, ((n,),) * REGISTRY[op].min_inputs) for op in POINTWISE]
+    out += [_row_case(op, r, c) for r, c in sizes.rows for op in ROW_OPS]
+    out += [Case("Adam", ((n,),) * 4 + ((),), ones=(4,)) for n in sizes.elementwise]
+    for r, c in sizes.rows:
+        out += [
+            Case("Reshape", ((r, c),), (("shape", (r * c,)),)),
+            Case("Transpose", ((r, c),), (("perm", (1, 0)),)),
+        ]
+    for b, s, h, d in sizes.attention:
+        out.append(Case("Attention", ((b, s, h, d),) * 3, (("causal", True),)))
+        out.append(Case("AttentionGrad", ((b, s, h, d),) * 5 + ((b, h, s),), (("causal", True),), f32=(5,)))
+    return out
+
+
+def op_impl(op: OpDef) -> Callable[[TorchContext, Sequence[Any], Attrs], Sequence[Any]]:
+    """What ``distir run`` executes for ``op``: its registry torch implementation, or, for an op
+    without one, its numpy reference with the tensors moved through the host (as the worker's
+    fallback does)."""
+    if op.torch is not None:
+        return cast(Callable[[TorchContext, Sequence[Any], Attrs], Sequence[Any]], op.torch)
+    ref = op.reference
+    if ref is None:
+        raise ValueError(f"{op.name} has neither a torch implementation nor a reference")
+
+    def fallback(ctx: TorchContext, inputs: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+        return [to_torch(ctx, y) for y in ref([to_numpy(x) for x in inputs], attrs)]
+
+    return fallback
+
+
+class CaseCost(NamedTuple):
+    family: str
+    flops: float
+    nbytes: float
+    gemm: GemmShape | None
+
+
+def case_cost(case: Case, dtype: DType) -> CaseCost:
+    """The case's family, FLOPs, bytes and GEMM shape as the registry counts them."""
+    op = REGISTRY[case.op]
+    ins = [TensorType(case.dtype(i, dtype), s, Device(0)) for i, s in enumerate(case.shapes)]
+    attrs = Attrs(dict(case.attrs))
+    outs = op.infer_types(ins, attrs, [None] * len(ins))
+    nbytes = op.bytes_read(ins, outs, attrs) + op.bytes_written(ins, outs, attrs)
+    gemm = op.gemm(ins, outs, attrs) if op.gemm is not None else None
+    return CaseCost(op.family, op.flops(ins, outs, attrs), nbytes, gemm)
+
+
+def time_call(fn: Callable[[], Any], sync: Callable[[], None], batch_s: float, repeats: int) -> float:
+    """Seconds per call of ``fn`` (see the module docstring)."""
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    first = max(time.perf_counter() - t0, 1e-7)
+    calls = max(1, min(10_000, math.ceil(batch_s / first)))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        times.append((time.perf_counter() - t0) / calls)
+    return min(times)
+
+
+class Timing(NamedTuple):
+    """What ``run_cases`` measured: GEMM samples, other op samples, the 1-element Add's time."""
+
+    gemm: list[GemmSample]
+    ops: list[OpSample]
+    launch_s: float
+
+
+def plan(sizes: Sizes, dtypes: Sequence[DType]) -> list[tuple[Case, DType]]:
+    """Every (case, dtype) to time, in order."""
+    return [(c, dt) for dt in dtypes for c in _cases(sizes, dt in (DType.bf16, DType.f16))]
+
+
+def run_cases(
+    work: Sequence[tuple[Case, DType]],
+    device: str = "cpu",
+    batch_s: float = 0.02,
+    repeats: int = 5,
+    tick: Callable[[str], None] | None = None,
+) -> Timing:
+    """Time every (case, dtype) of ``work`` on ``device``; ``tick(label)`` after each."""
+    torch = require_torch()
+    ctx = TorchContext.local(device)
+    sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    gemm: list[GemmSample] = []
+    ops: list[OpSample] = []
+    launch = math.inf
+    for case, dt in work:
+        cost = case_cost(case, dt)
+        xs = []
+        for i, s in enumerate(case.shapes):
+            if i in case.labels:
+                xs.append(torch.randint(0, case.shapes[0][-1], s, generator=gen).to(ctx.device))
+            elif i in case.ones:
+                xs.append(torch.ones(s, dtype=torch.int64, device=ctx.device))
+            else:
+                xs.append(torch.randn(s, generator=gen).to(ctx.device, ctx.dtype(case.dtype(i, dt))))
+        impl, attrs = op_impl(REGISTRY[case.op]), Attrs(dict(case.attrs))
+        secs = time_call(functools.partial(impl, ctx, xs, attrs), sync, batch_s, repeats)
+        if cost.gemm is not None:
+            gemm.append(GemmSample(cost.gemm, dt.name, cost.flops, secs))
+        elif math.prod(case.shapes[0]) == 1:
+            launch = min(launch, secs)
+        else:
+            ops.append(OpSample(case.op, cost.family, dt.name, cost.flops, cost.nbytes, secs))
+        if tick is not None:
+            tick(f"{case.op} {'x'.join(map(str, case.shapes[0]))} {dt.name}")
+    return Timing(gemm, ops, launch if math.isfinite(launch) else 0.0)

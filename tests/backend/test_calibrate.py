@@ -1,0 +1,85 @@
+"""`distir calibrate --quick` on this machine: it measures, fits and writes a profile that the
+cluster loader accepts and `distir simulate` runs on (tiny sizes; under ~30 s)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from distir.backend.calibrate import CalibrateOptions
+from distir.backend.commbench import comm_plan
+from distir.cli import app
+from distir.hardware.clusterfile import load_cluster_file
+from distir.ops.registry import REGISTRY
+
+torch = pytest.importorskip("torch")
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
+
+def test_quick_calibrate_writes_a_profile_simulate_accepts(tmp_path: Path) -> None:
+    out = tmp_path / "profile.toml"
+    raw = tmp_path / "raw.json"
+    r = runner.invoke(
+        app, ["calibrate", "--quick", "--dtypes", "f32", "--out", str(out), "--raw", str(raw), "--json"]
+    )
+    assert r.exit_code == 0, r.stderr
+    timings = json.loads(raw.read_text())
+    assert len(timings["links"]) == len(comm_plan(2, CalibrateOptions(quick=True).sizes()))
+    assert {s["op"] for s in timings["ops"]} >= {"Add", "Softmax", "Attention"}
+    assert all(REGISTRY[s["op"]].family == s["family"] and s["seconds"] > 0 for s in timings["ops"])
+    assert all(s["dtype"] == "f32" for s in timings["gemm"])
+    data = json.loads(r.stdout)
+    assert data["profile"] == str(out) and "by distir calibrate" in data["source"]
+    assert set(data["links"]) == {"allreduce", "allgather", "reducescatter", "broadcast", "p2p"}
+    assert {"elementwise", "nn", "attention"} <= set(data["families"])
+    assert set(data["peak_tflops"]) == {"f32"}
+    cl = load_cluster_file(out)
+    node = cl.nodes[0]
+    assert cl.num_devices == 2 and node.device.gemm is not None
+    assert f"calibrated on {os.uname().nodename}" in node.source
+    assert node.device.fp32 == pytest.approx(data["peak_tflops"]["f32"] * 1e12, rel=1e-5)
+    assert node.intra.bandwidth == pytest.approx(data["links"]["p2p"]["bandwidth_gb_s"] * 1e9, rel=1e-5)
+    r = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--cluster",
+            str(out),
+            "--model",
+            "gpt:layers=2,hidden=64,heads=4,seq=32,vocab=128",
+            "--strategy",
+            "d2.t1.p1.k1",
+            "--batch",
+            "4",
+            "--json",
+        ],
+    )
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["step_time_s"] > 0
+
+
+@pytest.mark.parametrize(("dtypes", "what"), [("f32,f8", "unknown dtype f8"), ("bf16", "must include f32")])
+def test_calibrate_bad_dtypes_is_one_line(tmp_path: Path, dtypes: str, what: str) -> None:
+    r = runner.invoke(app, ["calibrate", "--quick", "--dtypes", dtypes, "--out", str(tmp_path / "p.toml")])
+    assert r.exit_code == 2 and what in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "p.toml").exists()
+
+
+def test_cuda_calibration_needs_a_gpu() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine: the GPU path (compute on GPU 0, NCCL) is untested here")
+    from distir.backend.calibrate import CalibrateOptions, calibrate
+
+    cal = calibrate(CalibrateOptions(quick=True, dtypes=(__import__("distir").ir.types.DType.f32,)))
+    assert cal.device.startswith("GPU")
