@@ -78,6 +78,11 @@ def _as_f64(spec: In) -> In:
     return In(t, spec.value, spec.lo, spec.hi)
 
 
+def _attrs_f64(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The attributes with float dtypes in f64 (an accumulation dtype, ``acc=f32``, would round)."""
+    return {k: f64 if isinstance(v, DType) and v.is_float else v for k, v in attrs.items()}
+
+
 def _value(spec: In, rng: np.random.Generator) -> np.ndarray:
     t = spec.type
     assert isinstance(t, TensorType)
@@ -105,9 +110,10 @@ def check_rule(op: str, case: Case, n: int, seed: int) -> list[Strategy]:
     """Run ``op`` on ``case`` under each strategy of its rule on a mesh of ``n`` devices and
     compare with the unsharded result; returns the strategies."""
     specs = [_as_f64(s) for s in case.specs()]
+    attrs = _attrs_f64(case.attrs)
     rng = np.random.default_rng(seed)
     args = [_value(s, rng) for s in specs]
-    seq = distir.check(_one_op(op, [s.type for s in specs], case.attrs, None))
+    seq = distir.check(_one_op(op, [s.type for s in specs], attrs, None))
     (node,) = seq.entry.ops()
     ins, outs = [v.type for v in node.inputs], [v.type for v in node.outputs]
     want = run_reference(seq, args)
@@ -118,11 +124,11 @@ def check_rule(op: str, case: Case, n: int, seed: int) -> list[Strategy]:
     mesh = mesh_of((n,))
     devs = mesh.devices
     for s in strategies:
-        where = f"{op}{case.attrs} {[t.shape for t in ins]}: strategy {s} on {n} devices"  # type: ignore[union-attr]
+        where = f"{op}{attrs} {[t.shape for t in ins]}: strategy {s} on {n} devices"  # type: ignore[union-attr]
         assert len(s.ins) == len(ins) and len(s.outs) == len(outs), where
         tin = [DTensorType(t.dtype, t.shape, mesh, (p,)) for t, p in zip(ins, s.ins, strict=True)]  # type: ignore[union-attr]
         tout = [DTensorType(t.dtype, t.shape, mesh, (p,)) for t, p in zip(outs, s.outs, strict=True)]  # type: ignore[union-attr]
-        mat = distir.check(materialize(distir.check(_one_op(op, tin, case.attrs, tout))))
+        mat = distir.check(materialize(distir.check(_one_op(op, tin, attrs, tout))))
         pieces = [partial_pieces(a, t, rng) for a, t in zip(args, tin, strict=True)]
         got = run_reference(mat, [p[d] for p in pieces for d in devs])
         for k, (w, t) in enumerate(zip(want, tout, strict=True)):
