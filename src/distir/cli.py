@@ -570,6 +570,13 @@ def search(
     explain_: Annotated[
         bool, typer.Option("--explain", help="Say why the winner beats pure D, pure T and pure P.")
     ] = False,
+    export_to: Annotated[
+        str | None,
+        typer.Option("--export", help="Also write the winner for torchtitan, megatron, deepspeed or fsdp."),
+    ] = None,
+    export_out: Annotated[
+        Path | None, typer.Option("--export-out", help="With --export: write it here (default: stdout).")
+    ] = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -577,6 +584,40 @@ def search(
     from distir.report.search_cli import run_search_command
 
     run_search_command(locals(), out, err, json_out, debug)
+
+
+@app.command("export")
+def export_(
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="torchtitan (job TOML), megatron (arguments), deepspeed (config JSON) or fsdp "
+            "(a PyTorch file).",
+        ),
+    ],
+    model: Annotated[str, typer.Option("--model", help="A zoo model (distir models) or model string.")],
+    strategy: Annotated[str, typer.Option("--strategy", help="e.g. d2.t4.sp.p2.k8.1f1b.z1.")],
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Global batch (samples per step).")],
+    cluster: Annotated[
+        str | None, typer.Option("--cluster", help="Check the GPU count and resolve --dtype auto on it.")
+    ] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="auto, f32, bf16 or f16.")] = "auto",
+    precision: Annotated[
+        str, typer.Option("--precision", help="auto (mixed in a half dtype), mixed or pure.")
+    ] = "auto",
+    optimizer: Annotated[str, typer.Option("--optimizer", help="adam or sgd.")] = "adam",
+    out_path: Annotated[
+        Path | None, typer.Option("--out", help="Write the configuration here (default: stdout).")
+    ] = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Write a strategy as the configuration of a trainer: what the target cannot express is an
+    error naming it, what it expresses only approximately a warning (stderr)."""
+    from distir.report.export_cli import run_export_command
+
+    run_export_command(locals(), out, err, json_out, debug)
 
 
 @app.command()

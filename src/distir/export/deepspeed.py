@@ -34,7 +34,9 @@ def _pipeline(plan: Plan, warn: list[str], notes: list[str]) -> None:
             "one chunk per stage (TrainSchedule, 1F1B)"
         )
     if s.zero >= 2:
-        raise ExportError(f"{TARGET} cannot combine ZeRO stage {s.zero} with pipeline parallelism (p{s.p}): 0 or 1")
+        raise ExportError(
+            f"{TARGET} cannot combine ZeRO stage {s.zero} with pipeline parallelism (p{s.p}): 0 or 1"
+        )
     if s.schedule in ("gpipe", "zb1"):
         name = {"gpipe": "GPipe", "zb1": "ZB-H1"}[s.schedule]
         warn.append(
@@ -74,7 +76,9 @@ def ds_config(plan: Plan) -> tuple[dict[str, Any], list[str], list[str]]:
             )
     if s.t > 1:
         if s.zero == 3:
-            raise ExportError(f"{TARGET} cannot combine ZeRO-3 with tensor parallelism (t{s.t}): AutoTP takes ZeRO 0-2")
+            raise ExportError(
+                f"{TARGET} cannot combine ZeRO-3 with tensor parallelism (t{s.t}): AutoTP takes ZeRO 0-2"
+            )
         cfg["tensor_parallel"] = {"autotp_size": s.t}
         if s.sp:
             warn.append(
@@ -84,7 +88,10 @@ def ds_config(plan: Plan) -> tuple[dict[str, Any], list[str], list[str]]:
     if s.p > 1:
         _pipeline(plan, warn, notes)
     if s.recompute != "none":
-        cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
+        cfg["activation_checkpointing"] = {
+            "partition_activations": False,
+            "contiguous_memory_optimization": False,
+        }
         what = {
             "full": "every block's forward",
             "selective": "each block's attention core (softmax·V)",

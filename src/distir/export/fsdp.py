@@ -125,7 +125,8 @@ def _policy(save_matmuls: bool):
                 if op not in matmuls:
                     return CheckpointPolicy.PREFER_RECOMPUTE
                 count[ctx.is_recompute] += 1
-                return CheckpointPolicy.MUST_SAVE if count[ctx.is_recompute] % 2 else CheckpointPolicy.PREFER_RECOMPUTE
+                odd = count[ctx.is_recompute] % 2
+                return CheckpointPolicy.MUST_SAVE if odd else CheckpointPolicy.PREFER_RECOMPUTE
             return CheckpointPolicy.PREFER_RECOMPUTE if op in core else CheckpointPolicy.MUST_SAVE
 
         return create_selective_checkpoint_contexts(policy)
@@ -181,7 +182,9 @@ def export(plan: Plan) -> Exported:
             "parameters and optimizer state stay fp32"
         )
     if s.t > 1 and (plan.shape is None):
-        raise ExportError(f"{TARGET}: the tensor-parallel plan names transformer modules; {plan.model} has none")
+        raise ExportError(
+            f"{TARGET}: the tensor-parallel plan names transformer modules; {plan.model} has none"
+        )
     title = f"distir export --to fsdp: {plan.model} {s}, batch {plan.batch}, {plan.dtype} {plan.precision}."
     text = TEMPLATE.substitute(
         title=title,

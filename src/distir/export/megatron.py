@@ -68,7 +68,9 @@ def layout(blocks: tuple[int, ...]) -> str:
     """``--pipeline-model-parallel-layout`` for blocks per chunk: the embedding with chunk 0, the
     head and loss with the last."""
     last = len(blocks) - 1
-    return "|".join(("E" if c == 0 else "") + "t" * n + ("L" if c == last else "") for c, n in enumerate(blocks))
+    return "|".join(
+        ("E" if c == 0 else "") + "t" * n + ("L" if c == last else "") for c, n in enumerate(blocks)
+    )
 
 
 def _split_args(plan: Plan) -> list[str]:
@@ -91,7 +93,14 @@ def _split_args(plan: Plan) -> list[str]:
 def _recompute_args(plan: Plan, warn: list[str]) -> list[str]:
     r = plan.strategy.recompute
     if r == "full":
-        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+        return [
+            "--recompute-granularity",
+            "full",
+            "--recompute-method",
+            "uniform",
+            "--recompute-num-layers",
+            "1",
+        ]
     if r == "ops":
         warn.append(
             "rops (op-level recomputation: products saved, the rest recomputed) has no Megatron-LM "
@@ -106,9 +115,9 @@ def _numerics_args(plan: Plan, warn: list[str]) -> list[str]:
     if plan.precision == "pure":
         warn.append(
             f"pure {plan.dtype} (no fp32 master weights) has no Megatron-LM option; exported as mixed "
-            f"precision --{plan.dtype}, which keeps fp32 main weights and optimizer state"
+            f"precision, which keeps fp32 main weights and optimizer state"
         )
-    return [f"--{plan.dtype}"]
+    return ["--bf16" if plan.dtype == "bf16" else "--fp16"]
 
 
 def megatron_args(plan: Plan) -> tuple[list[str], list[str]]:
@@ -149,7 +158,8 @@ def export(plan: Plan) -> Exported:
     s = plan.strategy
     lines = [
         f"# distir export --to megatron: {plan.model} {s}, batch {plan.batch}, {plan.dtype} {plan.precision}",
-        f"# world size {s.devices} = d·t·p = {s.d}·{s.t}·{s.p}; ranks in Megatron-LM's order (TP fastest, then DP, then PP)",
+        f"# world size {s.devices} = d·t·p = {s.d}·{s.t}·{s.p}; ranks in Megatron-LM's order "
+        "(TP fastest, then DP, then PP)",
         "MEGATRON_ARGS=(",
     ]
     i = 0
@@ -161,7 +171,8 @@ def export(plan: Plan) -> Exported:
         i = j
     lines += [
         ")",
-        f'# on {s.devices} GPUs: torchrun ... pretrain_gpt.py "${{MEGATRON_ARGS[@]}}" plus your data, tokenizer and '
+        f'# on {s.devices} GPUs: torchrun ... pretrain_gpt.py "${{MEGATRON_ARGS[@]}}" plus your data, '
+        "tokenizer and "
         "learning-rate arguments",
     ]
     return Exported(TARGET, "\n".join(lines) + "\n", ".sh", tuple(warn))

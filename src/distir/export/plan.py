@@ -169,7 +169,8 @@ def refuse_common(plan: Plan, target: str) -> None:
     s = plan.strategy
     if s.shares is not None:
         raise ExportError(
-            f"{target} cannot express uneven batch shares (b{'-'.join(map(str, s.shares))}): its data-parallel "
+            f"{target} cannot express uneven batch shares (b{'-'.join(map(str, s.shares))}): its "
+            "data-parallel "
             "replicas take equal microbatches"
         )
     if s.placement is not None and s.placement != tuple(range(s.devices)):
@@ -184,7 +185,8 @@ def need_transformer(plan: Plan, target: str) -> ModelShape:
     if plan.shape is None:
         family = parse_model_string(plan.model).family
         raise ExportError(
-            f"{target} trains transformers (GPT, Llama); {plan.model} is a {family} model it has no arguments for"
+            f"{target} trains transformers (GPT, Llama); {plan.model} is a {family} model it has no "
+            "arguments for"
         )
     return plan.shape
 

@@ -35,7 +35,12 @@ from typing import Any
 from distir.export.plan import Exported, ExportError, Plan, need_transformer, refuse_common
 
 TARGET = "torchtitan"
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb1": "InterleavedZeroBubble"}
+SCHEDULES = {
+    "gpipe": "GPipe",
+    "1f1b": "1F1B",
+    "interleaved": "Interleaved1F1B",
+    "zb1": "InterleavedZeroBubble",
+}
 FLAVORS = {"llama3-8b": ("llama3", "8B")}
 
 
@@ -105,7 +110,9 @@ def _training(plan: Plan) -> dict[str, Any]:
     local = plan.batch // s.d if s.p > 1 else plan.microbatch
     tr: dict[str, Any] = {"local_batch_size": local, "global_batch_size": plan.batch, "seq_len": shape.seq}
     if plan.dtype == "f16":
-        raise ExportError(f"{TARGET} cannot express fp16: its mixed precision and training dtype are bfloat16 or float32")
+        raise ExportError(
+            f"{TARGET} cannot express fp16: its mixed precision and training dtype are bfloat16 or float32"
+        )
     if plan.dtype == "bf16" and plan.precision == "pure":
         tr["dtype"] = "bfloat16"
     else:
@@ -121,7 +128,7 @@ def _activation_checkpoint(plan: Plan, warn: list[str]) -> dict[str, Any]:
     if r == "selective":
         warn.append(
             "rsel (Megatron's selective recomputation: the attention core) has no torchtitan mode; exported "
-            "as op-level selective checkpointing (selective_ac_option = \"op\"), which recomputes more"
+            'as op-level selective checkpointing (selective_ac_option = "op"), which recomputes more'
         )
     return {"mode": "selective", "selective_ac_option": "op"}
 

@@ -74,6 +74,10 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
         _fail(err, f"--dtype must be auto, f32, bf16 or f16, got {a['dtype']!r}")
     if a["precision"] not in ("auto", "mixed", "pure"):
         _fail(err, f"--precision must be auto, mixed or pure, got {a['precision']!r}")
+    if a.get("export_to") is not None:
+        from distir.report.export_cli import check_target
+
+        check_target(a["export_to"], err, "--export")
     dtype, precision = _numerics(a, err)
     for opt in ("csv_path", "plot", "html"):
         p = a[opt]
@@ -143,11 +147,18 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
     write_html(rows, html, title)
     if a["csv_path"] is not None:
         write_csv(o, a["csv_path"])
+    exported = _export_winner(o, a, err, debug)
     if json_out:
         payload = search_json(o)
         payload["plot"], payload["html"] = str(plot), str(html)
         if a["explain_"]:
             payload["explain"] = explain(o)
+        if exported is not None:
+            from distir.report.export_cli import export_json
+
+            if a.get("export_out") is not None:
+                a["export_out"].write_text(exported.text, encoding="utf-8")
+            payload["export"] = export_json(exported, a.get("export_out"))
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         return
     # pipes and 80-column terminals would squeeze the strategy column to nothing (rich clamps a
@@ -178,3 +189,34 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
     out.print(f"Pareto plot: {plot}\nInteractive page: {html}", markup=False)
     if a["csv_path"] is not None:
         out.print(f"CSV: {a['csv_path']}", markup=False)
+    if exported is not None:
+        from distir.report.export_cli import emit
+
+        out.print(f"\nthe winner for {exported.target}:", markup=False)
+        emit(exported, a.get("export_out"), out, err)
+
+
+def _export_winner(o: Any, a: dict[str, Any], err: Console, debug: bool) -> Any:
+    """``--export``: the best simulated strategy written for the target (None without it)."""
+    if a.get("export_to") is None:
+        return None
+    from distir.report.export_cli import build_export
+
+    best = o.best()
+    if best is None or "error" in best:
+        _fail(err, "--export: no strategy was simulated successfully; nothing to export")
+    if not best["fits"]:
+        err.print(f"warning: the winner {best['strategy']} does not fit in memory", markup=False)
+    r = o.request
+    return build_export(
+        a["export_to"],
+        r.model,
+        best["strategy"],
+        r.batch,
+        dtype=r.dtype,
+        precision=r.precision,
+        optimizer=r.optimizer,
+        cluster=r.cluster,
+        err=err,
+        debug=debug,
+    )
