@@ -32,6 +32,7 @@ from distir.ir.parser import parse_with_positions
 from distir.ir.printer import print_module
 from distir.ir.types import Device
 from distir.report.errors import USER_ERRORS, locate
+from distir.report.fields import SCHEMA
 from distir.report.summary import module_stats, output_names, outputs_table, value_summary
 
 app = typer.Typer(
@@ -304,12 +305,9 @@ def simulate(
     if json_out:
         _emit_json(
             {
+                "schema": SCHEMA,
                 "file" if file is not None else "model": source,
-                **(
-                    {"strategy": strategy or "d1.t1.p1.k1.1f1b", "dtype": dtype, "precision": precision}
-                    if model is not None
-                    else {}
-                ),
+                **(_strategy_json(model, strategy, batch, dtype, precision) if model is not None else {}),
                 "cluster": cluster,
                 "kernels": kernels,
                 **summary,
@@ -322,6 +320,15 @@ def simulate(
         out.print(f"[red]out of memory on {', '.join(summary['oom_devices'])}[/red]")
     if trace is not None:
         out.print(f"trace written to {trace} (open it at https://ui.perfetto.dev)")
+
+
+def _strategy_json(model: str, strategy: str | None, batch: int | None, dtype: str, precision: str) -> dict[str, Any]:
+    """``simulate --model --json``: every part of the strategy as its own field (``docs/json.md``)."""
+    from distir.parallel.strategy import parse_strategy
+    from distir.report.fields import fields_for
+
+    assert batch is not None  # _model_program resolved it
+    return {**fields_for(model, parse_strategy(strategy or "d1.t1.p1.k1.1f1b"), batch), "dtype": dtype, "precision": precision}
 
 
 def _plain_guard(debug: bool) -> Callable[[Callable[[], T]], T]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from distir.frontends.zoo.model import ModelError
 from distir.frontends.zoo.registry import parse_model_string
 from distir.parallel.strategy import Strategy, StrategyError, parse_strategy
+from distir.report.fields import chunk_blocks
 
 
 class ExportError(ValueError):
@@ -94,18 +95,6 @@ def model_shape(spec: str) -> ModelShape | None:
     return None
 
 
-def _chunk_blocks(spec: str, strategy: Strategy, microbatch: int) -> tuple[int, ...]:
-    """The repeated blocks of every chunk, as ``distribute`` partitions them."""
-    from distir.frontends.zoo import build_model
-    from distir.parallel.layer_prep import block_counts, ends, partition
-
-    model = build_model(spec, batch=microbatch)
-    n = len(model.layers)
-    counts = block_counts([len(r) for r in partition(model, strategy, n)], ends(model, n))
-    assert counts is not None  # partition keeps the ends on the first and last chunks
-    return counts
-
-
 def resolve_numerics(dtype: str, precision: str, cluster: str | None) -> tuple[str, str]:
     """``auto`` as ``distir search`` resolves it for training: mixed precision in bf16 where every
     GPU of the cluster has a bf16 fast path, else f16 (f16 without a cluster)."""
@@ -158,7 +147,7 @@ def make_plan(
             raise ExportError(f"{s} needs {s.devices} GPUs but {cluster} has {n}")
     dtype, precision = resolve_numerics(dtype, precision, cluster)
     try:
-        blocks = _chunk_blocks(model, s, micro)
+        blocks = chunk_blocks(model, s)
     except StrategyError as e:
         raise ExportError(f"{model}: {e}") from None
     return Plan(model, model_shape(model), s, batch, micro, blocks, dtype, precision, optimizer, cluster)

@@ -10,20 +10,15 @@ from typing import Any
 
 from rich.table import Table
 
+from distir.parallel.strategy import StrategyError, parse_strategy
+from distir.report.fields import SCHEMA, STRATEGY_FIELDS, chunk_blocks, strategy_fields
 from distir.search.run import SearchOutput, build_space, is_pure
 from distir.sim.summary import format_seconds
 
 GIB = float(1 << 30)
 CSV_KEYS = (
     "rank",
-    "strategy",
-    "d",
-    "t",
-    "p",
-    "k",
-    "schedule",
-    "zero",
-    "recompute",
+    *STRATEGY_FIELDS,
     "dtype",
     "precision",
     "step_time_s",
@@ -48,21 +43,33 @@ def _finite(x: Any) -> Any:
     return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
+def with_fields(model: str, batch: int, row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` (a result or an estimate) led by every part of its strategy as its own field
+    (``distir.report.fields``; ``layers_per_chunk`` null where the strategy does not fit the model)."""
+    s = parse_strategy(row["strategy"])
+    try:
+        blocks: tuple[int, ...] | None = chunk_blocks(model, s)
+    except StrategyError:
+        blocks = None
+    return {**strategy_fields(s, batch, blocks), **row}
+
+
 def search_json(o: SearchOutput) -> dict[str, Any]:
-    """The ``--json`` object: ``results`` best first (each with ``strategy``, ``d``, ``t``, ``p``,
-    ``k``, ``step_time_s``, ``throughput``, ``peak_memory_bytes``, ``fits`` and more), the
-    screen's counts and timings."""
+    """The ``--json`` object (``docs/json.md``, versioned by ``schema``): ``results`` best first
+    (each with every part of its strategy as a field, ``step_time_s``, ``throughput``,
+    ``peak_memory_bytes``, ``fits`` and more), the screen's counts and timings."""
     r = o.request
     return {
+        "schema": SCHEMA,
         "model": r.model,
-        "cluster": r.cluster,
+        "cluster": r.cluster if isinstance(r.cluster, str) else r.cluster.name,
         "devices": o.cluster.num_devices,
         "batch": r.batch,
         "mode": "train" if r.train else "infer",
         "optimizer": r.optimizer,
         "dtype": r.dtype,
         "precision": r.precision,
-        "results": [{k: _finite(v) for k, v in row.items()} for row in o.results],
+        "results": [{k: _finite(v) for k, v in with_fields(r.model, r.batch, row).items()} for row in o.results],
         "screened": o.n_screened,
         "simulated": len(o.results),
         "cached": o.n_cached,
@@ -70,12 +77,16 @@ def search_json(o: SearchOutput) -> dict[str, Any]:
         "layer_profiles": o.profiles,
         "timings_s": {k: round(v, 4) for k, v in o.timings.items()},
         "screen_top": [
-            {
-                "strategy": str(e.strategy),
-                "step_time_s": e.step_time_s,
-                "peak_memory_bytes": e.peak_memory_bytes,
-                "fits": e.fits,
-            }
+            with_fields(
+                r.model,
+                r.batch,
+                {
+                    "strategy": str(e.strategy),
+                    "step_time_s": e.step_time_s,
+                    "peak_memory_bytes": e.peak_memory_bytes,
+                    "fits": e.fits,
+                },
+            )
             for e in o.screened[:20]
         ],
     }
@@ -109,12 +120,19 @@ def plot_rows(o: SearchOutput) -> list[dict[str, Any]]:
     return rows
 
 
+def _csv_cell(v: Any) -> Any:
+    """Lists (layers per chunk, placement, shares) as the strategy string writes them: 15-17."""
+    return "-".join(map(str, v)) if isinstance(v, list | tuple) else v
+
+
 def write_csv(o: SearchOutput, path: Path) -> None:
+    """The ranked results, one row each, the columns ``CSV_KEYS`` (``docs/json.md``)."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_KEYS, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
+    r = o.request
     for i, row in enumerate(o.results, 1):
-        w.writerow({"rank": i, **row})
+        w.writerow({"rank": i, **{k: _csv_cell(v) for k, v in with_fields(r.model, r.batch, row).items()}})
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(buf.getvalue())
     tmp.replace(path)
@@ -219,4 +237,4 @@ def _breakdown(r: dict[str, Any]) -> str:
     )
 
 
-__all__ = ["explain", "plot_rows", "results_table", "search_json", "write_csv"]
+__all__ = ["explain", "plot_rows", "results_table", "search_json", "with_fields", "write_csv"]
