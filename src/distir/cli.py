@@ -322,13 +322,19 @@ def simulate(
         out.print(f"trace written to {trace} (open it at https://ui.perfetto.dev)")
 
 
-def _strategy_json(model: str, strategy: str | None, batch: int | None, dtype: str, precision: str) -> dict[str, Any]:
+def _strategy_json(
+    model: str, strategy: str | None, batch: int | None, dtype: str, precision: str
+) -> dict[str, Any]:
     """``simulate --model --json``: every part of the strategy as its own field (``docs/json.md``)."""
     from distir.parallel.strategy import parse_strategy
     from distir.report.fields import fields_for
 
     assert batch is not None  # _model_program resolved it
-    return {**fields_for(model, parse_strategy(strategy or "d1.t1.p1.k1.1f1b"), batch), "dtype": dtype, "precision": precision}
+    return {
+        **fields_for(model, parse_strategy(strategy or "d1.t1.p1.k1.1f1b"), batch),
+        "dtype": dtype,
+        "precision": precision,
+    }
 
 
 def _plain_guard(debug: bool) -> Callable[[Callable[[], T]], T]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from distir.frontends.zoo.model import ModelError
 from distir.frontends.zoo.registry import parse_model_string
+from distir.hardware.cluster import Cluster
 from distir.parallel.strategy import Strategy, StrategyError, parse_strategy
 from distir.report.fields import chunk_blocks
 
@@ -95,7 +96,7 @@ def model_shape(spec: str) -> ModelShape | None:
     return None
 
 
-def resolve_numerics(dtype: str, precision: str, cluster: str | None) -> tuple[str, str]:
+def resolve_numerics(dtype: str, precision: str, cluster: str | Cluster | None) -> tuple[str, str]:
     """``auto`` as ``distir search`` resolves it for training: mixed precision in bf16 where every
     GPU of the cluster has a bf16 fast path, else f16 (f16 without a cluster)."""
     from distir.hardware.cluster import parse_cluster

@@ -136,11 +136,14 @@ def _activation_checkpoint(plan: Plan, warn: list[str]) -> dict[str, Any]:
 def job_sections(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
     refuse_common(plan, TARGET)
     warn: list[str] = []
-    name, flavor = FLAVORS.get(plan.model, ("llama3", plan.model))
+    shape = need_transformer(plan, TARGET)
+    name, flavor = FLAVORS.get(
+        plan.model, ("llama3" if shape.family == "llama" else shape.family, plan.model)
+    )
     if plan.model not in FLAVORS:
         warn.append(
-            f"torchtitan ships no {plan.model!r} flavor; [model] names one after it: register its model "
-            "args (layers, width, heads) under that flavor"
+            f"torchtitan ships no {plan.model} model; [model] names it (name {name!r}, flavor {flavor!r}): "
+            "register a model of its shape under those names"
         )
     sections = {
         "model": {"name": name, "flavor": flavor},

@@ -69,7 +69,9 @@ def search_json(o: SearchOutput) -> dict[str, Any]:
         "optimizer": r.optimizer,
         "dtype": r.dtype,
         "precision": r.precision,
-        "results": [{k: _finite(v) for k, v in with_fields(r.model, r.batch, row).items()} for row in o.results],
+        "results": [
+            {k: _finite(v) for k, v in with_fields(r.model, r.batch, row).items()} for row in o.results
+        ],
         "screened": o.n_screened,
         "simulated": len(o.results),
         "cached": o.n_cached,

@@ -56,7 +56,7 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 STORE_VERSION = 6  # bump when the cost model or the result format changes: old results go stale
 
 
-def cluster_digest(spec: str) -> str:
+def cluster_digest(spec: str | Cluster) -> str:
     """A digest of every figure of the cluster ``spec`` resolves to (devices, links, runtime
     memory, GEMM profiles): equal for equal clusters whatever file or preset names them."""
     return hashlib.sha256(repr(parse_cluster(spec)).encode("utf-8")).hexdigest()[:16]
@@ -65,7 +65,7 @@ def cluster_digest(spec: str) -> str:
 @dataclass(frozen=True)
 class SearchRequest:
     model: str = "gpt2-1.6b"
-    cluster: str = "dgx2-v100"
+    cluster: str | Cluster = "dgx2-v100"  # a spec (``parse_cluster``) or a Cluster
     batch: int = 512
     train: bool = True
     optimizer: str = "adam"
@@ -86,7 +86,7 @@ class SearchRequest:
         return {
             "version": STORE_VERSION,
             "model": self.model,
-            "cluster": self.cluster,
+            "cluster": self.cluster if isinstance(self.cluster, str) else self.cluster.name,
             "cluster_figures": cluster_digest(self.cluster),
             "batch": self.batch,
             "train": self.train,
