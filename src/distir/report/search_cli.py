@@ -16,9 +16,22 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
-PHASES = {"screen": "screening", "placement": "annealing placements", "simulate": "simulating exactly"}
+# the screen counts base strategies (each climbs its memory ladder until it fits: the summary's
+# "strategies screened" counts every rung), the others their own items
+PHASES = {
+    "screen": "screening base strategies",
+    "placement": "annealing placements",
+    "simulate": "simulating exactly",
+}
 
 
 def default_store() -> Path:
@@ -111,6 +124,8 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
             console=err,
             transient=True,
             disable=not show,
@@ -178,7 +193,8 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
         )
     else:
         out.print(
-            f"screen {t['screen_s']:.2f} s ({o.n_screened} strategies, {o.profiles} layer simulations), "
+            f"screen {t['screen_s']:.2f} s ({o.n_screened} strategies: the base strategies, each up its "
+            f"memory ladder until it fits; {o.profiles} layer simulations), "
             f"placement {t['placement_s']:.2f} s, exact simulation {t['simulate_s']:.2f} s"
             + (f" ({o.n_cached} from the store {store})" if o.n_cached else "")
         )

@@ -198,8 +198,8 @@ def _why_not_pure(o: SearchOutput, kind: str) -> str:
 
 def explain(o: SearchOutput) -> list[str]:
     """Why the winner beats the best pure-D, pure-T and pure-P strategies, in lines of text:
-    per strategy compute, communication, idle (bubble) time and peak memory, then the ratio and
-    the component that makes the difference."""
+    per strategy compute, communication, idle (bubble) time and peak memory, then how much slower
+    (or faster, yet out of memory) each is and what makes most of the difference."""
     best = o.best()
     if best is None or "error" in best:
         return ["no strategy was simulated successfully; nothing to explain"]
@@ -212,19 +212,39 @@ def explain(o: SearchOutput) -> list[str]:
         if other["strategy"] == best["strategy"]:
             lines.append(f"the winner is the best pure {name}-parallel strategy")
             continue
-        ratio = other["step_time_s"] / best["step_time_s"]
-        parts = {
-            "compute": other["compute_s"] - best["compute_s"],
-            "communication": other["comm_s"] - best["comm_s"],
-            "pipeline bubble": _idle(other) - _idle(best),
-        }
-        why = max(parts, key=lambda k: parts[k])
-        oom = "" if other["fits"] else f" (and {other['strategy']} does not fit in memory)"
-        lines.append(
-            f"vs pure {name} {other['strategy']}: {_breakdown(other)} — the winner is {ratio:.2f}× faster"
-            f"{oom}; the largest difference is {why} ({_t(abs(parts[why]))} per step)"
-        )
+        lines.append(f"vs pure {name} {other['strategy']}: {_breakdown(other)} — {compare(best, other)}")
     return lines
+
+
+def compare(best: dict[str, Any], other: dict[str, Any]) -> str:
+    """``other`` against the winner in words: "1.05× slower, mostly communication (+3.1 ms per
+    step)", or "1.05× faster but out of memory (peak 90.1 of 80 GiB)"."""
+    ratio = other["step_time_s"] / best["step_time_s"]
+    parts = {
+        "compute": other["compute_s"] - best["compute_s"],
+        "communication": other["comm_s"] - best["comm_s"],
+        "pipeline bubble": _idle(other) - _idle(best),
+    }
+    slower = ratio >= 1
+    why = max(parts, key=lambda k: parts[k] if slower else -parts[k])
+    rest = ", ".join(f"{k} {_signed(v)}" for k, v in parts.items() if k != why)
+    if slower:
+        head = f"{ratio:.2f}× slower than the winner" if ratio >= 1.005 else "as fast as the winner"
+        text = f"{head}, mostly {why} ({_signed(parts[why])} per step; {rest})"
+    else:
+        text = (
+            f"{1 / ratio:.2f}× faster than the winner, mostly {why} ({_signed(parts[why])} per step; {rest})"
+        )
+    if not other["fits"]:
+        text += (
+            f", but it does not fit in memory (peak {other['peak_memory_bytes'] / GIB:.1f} of "
+            f"{other['capacity_bytes'] / GIB:.0f} GiB)"
+        )
+    return text
+
+
+def _signed(s: float) -> str:
+    return ("+" if s >= 0 else "−") + _t(abs(s))
 
 
 def _idle(r: dict[str, Any]) -> float:
@@ -239,4 +259,4 @@ def _breakdown(r: dict[str, Any]) -> str:
     )
 
 
-__all__ = ["explain", "plot_rows", "results_table", "search_json", "with_fields", "write_csv"]
+__all__ = ["compare", "explain", "plot_rows", "results_table", "search_json", "with_fields", "write_csv"]
