@@ -111,6 +111,7 @@ class SearchResults:
     screened: int  # strategies screened analytically
     timings_s: Mapping[str, float] = field(default_factory=dict, hash=False)
     explain: tuple[str, ...] = ()  # with explain=True: why the winner beats pure D, T and P
+    advice: tuple[str, ...] = ()  # when nothing fits: the smallest changes that would
 
     @property
     def best(self) -> Result | None:
@@ -211,6 +212,7 @@ def _results(o: SearchOutput) -> SearchResults:
         js["screened"],
         dict(o.timings),
         tuple(explain(o)) if o.request.explain else (),
+        tuple(o.advice),
     )
 
 

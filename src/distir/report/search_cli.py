@@ -184,6 +184,8 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
         out.print(results_table(o))
     finally:
         out.width = width
+    for line in o.advice:
+        out.print(line, markup=False)
     t = o.timings
     if o.from_store:
         out.print(

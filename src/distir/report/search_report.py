@@ -77,6 +77,7 @@ def search_json(o: SearchOutput) -> dict[str, Any]:
         "cached": o.n_cached,
         "from_store": o.from_store,  # re-rendered from a finished search: timings are its
         "layer_profiles": o.profiles,
+        "advice": o.advice,  # when nothing fits: the smallest changes that would
         "timings_s": {k: round(v, 4) for k, v in o.timings.items()},
         "screen_top": [
             with_fields(

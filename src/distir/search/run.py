@@ -107,6 +107,7 @@ class SearchOutput:
     n_cached: int = 0
     profiles: int = 0
     from_store: bool = False  # re-rendered from the store: ``timings`` are the original search's
+    advice: list[str] = field(default_factory=list)  # when nothing fits: what would (``advice``)
 
     def best(self) -> dict[str, Any] | None:
         return self.results[0] if self.results else None
@@ -397,6 +398,8 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
         )
         t3 = time.perf_counter()
         out = _output(req, cluster, tasks, results, screened, n, screen.profiler.probes, cached)
+        if not any(r.get("fits") for r in out.results):
+            out.advice = _advice(req, screen, screened)
         out.timings.update(
             screen_s=t1 - t0,
             screen_cpu_s=c1 - c0,  # this process's CPU time: a busy machine inflates only screen_s
@@ -408,6 +411,19 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
         if store is not None:
             store.put_final(_final_payload(req, out))
     return out
+
+
+def _advice(req: SearchRequest, screen: Screen, screened: list[Estimate]) -> list[str]:
+    """Nothing fits: the smallest changes that would, in words (``distir.search.advice``)."""
+    from distir.search.advice import advice_lines, advise
+
+    p = req.pins
+    pinned = {
+        o
+        for o, v in (("--zero", p.zero), ("--recompute", p.recompute), ("--microbatches", p.k))
+        if v is not None
+    }
+    return advice_lines(screened, advise(req.cluster, screen, screened), pinned)
 
 
 def _output(
@@ -459,6 +475,7 @@ def _final_payload(req: SearchRequest, out: SearchOutput) -> dict[str, Any]:
         "n_screened": out.n_screened,
         "timings": out.timings,
         "profiles": out.profiles,
+        "advice": out.advice,
     }
 
 
@@ -484,7 +501,16 @@ def _stored_output(req: SearchRequest) -> SearchOutput | None:
     timings = dict(timings, render_s=time.perf_counter() - t0)
     cluster = parse_cluster(req.cluster)
     return SearchOutput(
-        req, cluster, results, screened, n, timings, n_cached=len(results), profiles=profiles, from_store=True
+        req,
+        cluster,
+        results,
+        screened,
+        n,
+        timings,
+        n_cached=len(results),
+        profiles=profiles,
+        from_store=True,
+        advice=list(payload.get("advice", [])),
     )
 
 
