@@ -67,10 +67,18 @@ def test_fsdp_with_gradient_accumulation() -> None:
 
 
 def test_tp_with_sequence_parallelism() -> None:
-    doc, warn = _toml("d2.t4.sp.p1.k1.1f1b.rops")
-    assert doc["parallelism"]["tensor_parallel_degree"] == 4
+    doc, warn = _toml("d1.t8.sp.p1.k1.1f1b.rops")
+    assert doc["parallelism"]["tensor_parallel_degree"] == 8
     assert doc["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
     assert warn == ()
+
+
+def test_replicas_beside_tp_are_fsdp_since_torchtitan_ddp_is_1d_only() -> None:
+    doc, warn = _toml("d2.t4.sp.p1.k1.1f1b")
+    par = doc["parallelism"]
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (1, 2)
+    assert par["fsdp_reshard_after_forward"] == "never"
+    assert len(warn) == 1 and "DDP" in warn[0]
 
 
 def test_interleaved_pipeline_lists_every_chunk() -> None:

@@ -16,8 +16,9 @@ d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22; many options there are gen
 - recomputation: full → ``--recompute-granularity full --recompute-method uniform
   --recompute-num-layers 1`` (every block), sel → ``--recompute-granularity selective`` (the
   attention core, Megatron's default module);
-- ZeRO: 1 → ``--use-distributed-optimizer``; 2 and 3 → Megatron-FSDP
-  (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` / ``optim_grads_params``);
+- ZeRO: 1 → ``--use-distributed-optimizer``; 2 and 3 → Megatron-FSDP (``--use-megatron-fsdp
+  --use-distributed-optimizer --data-parallel-sharding-strategy optim_grads`` /
+  ``optim_grads_params``);
 - numerics: mixed bf16/f16 → ``--bf16`` / ``--fp16`` (fp32 main weights and optimizer state);
 - the model's shape (``--num-layers``, ``--hidden-size``, ... and Llama's ``--swiglu
   --normalization RMSNorm --position-embedding-type rope ...``).
@@ -146,7 +147,13 @@ def megatron_args(plan: Plan) -> tuple[list[str], list[str]]:
         args.append("--use-distributed-optimizer")
     elif s.zero >= 2:
         strategy = "optim_grads" if s.zero == 2 else "optim_grads_params"
-        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy]
+        # Megatron-FSDP (v1) runs with the distributed optimizer (it turns it on, with a warning)
+        args += [
+            "--use-megatron-fsdp",
+            "--use-distributed-optimizer",
+            "--data-parallel-sharding-strategy",
+            strategy,
+        ]
     args += _numerics_args(plan, warn)
     if plan.optimizer == "sgd":
         args += ["--optimizer", "sgd"]

@@ -6,7 +6,8 @@ replaced the TOML job files by Python configurations (``Trainer.Config``; its
 ``ParallelismConfig`` keeps the degree names used here and its ``--section.option`` flags still
 work). What the plan maps to:
 
-- ``[parallelism]``: ZeRO-0 replicas as ``data_parallel_replicate_degree`` (DDP); ZeRO-1/2/3 as
+- ``[parallelism]``: ZeRO-0 replicas as ``data_parallel_replicate_degree`` (DDP, which torchtitan
+  runs without TP and PP only: with them, FSDP as for ZeRO-2, with a warning); ZeRO-1/2/3 as
   ``data_parallel_shard_degree`` (FSDP2) with ``fsdp_reshard_after_forward`` "always" (ZeRO-3)
   or "never" (parameters kept gathered from the forward to the backward: ZeRO-2);
   ``tensor_parallel_degree``; ``pipeline_parallel_degree``, ``pipeline_parallel_schedule``
@@ -79,11 +80,18 @@ def module_fqns(blocks: tuple[int, ...]) -> list[list[str]]:
 
 def _parallelism(plan: Plan, warn: list[str]) -> dict[str, Any]:
     s = plan.strategy
+    ddp = s.zero == 0 and (s.d == 1 or (s.t == 1 and s.p == 1))
+    if not ddp:
+        warn.append(
+            "torchtitan's DDP runs without TP and PP only (its parallelize: \"DDP has not supported > 1D "
+            'parallelism"); ZeRO-0 replicas exported as FSDP without resharding after the forward (ZeRO-2: '
+            "less memory, gradients reduce-scattered and parameters all-gathered instead of all-reduced)"
+        )
     par: dict[str, Any] = {
-        "data_parallel_replicate_degree": s.d if s.zero == 0 else 1,
-        "data_parallel_shard_degree": s.d if s.zero else 1,
+        "data_parallel_replicate_degree": s.d if ddp else 1,
+        "data_parallel_shard_degree": 1 if ddp else s.d,
     }
-    if s.zero:
+    if not ddp:
         par["fsdp_reshard_after_forward"] = "always" if s.zero == 3 else "never"
         if s.zero == 1:
             warn.append(
