@@ -2,7 +2,8 @@
 
 Files: the result store defaults to ``$XDG_CACHE_HOME/distir/search.sqlite`` (``~/.cache``);
 the Pareto plot and page go where ``--plot``/``--html`` say, else next to the store under
-``reports/`` (named by the search's key), so no file the user wrote is touched.
+``reports/``, named by the search's key and its view (pins, ``--top``, ``--explain``: views of
+one search do not overwrite each other's), so no file the user wrote is touched.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
     from distir.report.search_report import explain, plot_rows, results_table, search_json, write_csv
     from distir.search.executor import EXECUTORS, ExecutorError
     from distir.search.pareto import write_html, write_png
-    from distir.search.run import SearchRequest, search
+    from distir.search.run import SearchRequest, search, view_of
     from distir.search.space import Pins, SpaceError
     from distir.search.store import StoreError, search_key
 
@@ -150,7 +151,8 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
         if debug:
             traceback.print_exc()
         _fail(err, str(e))
-    key = search_key(req.key_parts())
+    # named by the search and its view (pins, top, ...): a pinned search keeps the unpinned one's
+    key = f"{search_key(req.key_parts())}-{search_key(view_of(req))[:8]}"
     reports = (store or default_store()).parent / "reports"  # never the working directory
     plot = a["plot"] or reports / f"search-{key}.png"
     html = a["html"] or reports / f"search-{key}.html"

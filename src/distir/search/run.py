@@ -452,7 +452,7 @@ def _output(
     return SearchOutput(req, cluster, ok + errors, screened, n, {}, n_cached=cached, profiles=profiles)
 
 
-def _view(req: SearchRequest) -> dict[str, Any]:
+def view_of(req: SearchRequest) -> dict[str, Any]:
     """What of the request, beyond the store's key, decides the output (``distir.search.final``),
     as it reads back from the store (JSON: tuples as lists)."""
     view = {
@@ -469,7 +469,7 @@ def _view(req: SearchRequest) -> dict[str, Any]:
 def _final_payload(req: SearchRequest, out: SearchOutput) -> dict[str, Any]:
     return {
         "format": final.FORMAT,
-        "view": _view(req),
+        "view": view_of(req),
         "results": out.results,
         "screened": final.estimates_plain(out.screened),
         "n_screened": out.n_screened,
@@ -485,7 +485,7 @@ def _stored_output(req: SearchRequest) -> SearchOutput | None:
     t0 = time.perf_counter()
     with ResultStore(req.store, search_key(req.key_parts()), req.key_parts()) as store:
         payload = store.final()
-    if payload is None or not final.view_matches(payload, _view(req)):
+    if payload is None or not final.view_matches(payload, view_of(req)):
         return None
     where = f"{req.store}: search {search_key(req.key_parts())}"
     try:
@@ -524,4 +524,5 @@ __all__ = [
     "pure_bests",
     "screen_space",
     "search",
+    "view_of",
 ]
