@@ -116,3 +116,8 @@ def test_the_file_is_a_bash_array_of_the_arguments() -> None:
 def test_what_megatron_cannot_express_is_an_error(model: str, strategy: str, feature: str) -> None:
     with pytest.raises(ExportError, match=feature):
         export(make_plan(model, strategy, 64), "megatron")
+
+
+def test_one_microbatch_needs_no_schedule_warning() -> None:
+    _, warn = _args("d2.t2.p2.k1.gpipe")
+    assert warn == []

@@ -37,7 +37,7 @@ def _pipeline(plan: Plan, warn: list[str], notes: list[str]) -> None:
         raise ExportError(
             f"{TARGET} cannot combine ZeRO stage {s.zero} with pipeline parallelism (p{s.p}): 0 or 1"
         )
-    if s.schedule in ("gpipe", "zb1"):
+    if s.k > 1 and s.schedule in ("gpipe", "zb1"):  # one microbatch: the schedules coincide
         name = {"gpipe": "GPipe", "zb1": "ZB-H1"}[s.schedule]
         warn.append(
             f"DeepSpeed's pipeline has no {name} schedule; its TrainSchedule runs 1F1B (the same layout; "

@@ -135,7 +135,7 @@ def megatron_args(plan: Plan) -> tuple[list[str], list[str]]:
     ]  # fmt: skip
     if s.sp:
         args.append("--sequence-parallel")
-    if s.p > 1 and s.schedule in ("gpipe", "zb1"):
+    if s.p > 1 and s.k > 1 and s.schedule in ("gpipe", "zb1"):  # k = 1: the schedules coincide
         name = {"gpipe": "GPipe", "zb1": "ZB-H1"}[s.schedule]
         warn.append(
             f"Megatron-LM has no {name} schedule; exported with its 1F1B schedule (the same layout; "
