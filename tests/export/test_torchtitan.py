@@ -61,6 +61,7 @@ def test_fsdp_with_gradient_accumulation() -> None:
     par, tr = doc["parallelism"], doc["training"]
     assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (1, 4)
     assert par["fsdp_reshard_after_forward"] == "always"
+    assert not any("DDP" in w for w in _toml("d4.t2.p1.k1.1f1b.z3")[1])  # FSDP as asked: no warning
     # torchtitan accumulates global / (local · dp) = k microbatches
     assert tr["global_batch_size"] // (tr["local_batch_size"] * 4) == 4
     assert doc["activation_checkpoint"] == {"mode": "full"}

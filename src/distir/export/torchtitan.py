@@ -81,7 +81,7 @@ def module_fqns(blocks: tuple[int, ...]) -> list[list[str]]:
 def _parallelism(plan: Plan, warn: list[str]) -> dict[str, Any]:
     s = plan.strategy
     ddp = s.zero == 0 and (s.d == 1 or (s.t == 1 and s.p == 1))
-    if not ddp:
+    if s.zero == 0 and not ddp:
         warn.append(
             "torchtitan's DDP runs without TP and PP only (its parallelize: \"DDP has not supported > 1D "
             'parallelism"); ZeRO-0 replicas exported as FSDP without resharding after the forward (ZeRO-2: '
