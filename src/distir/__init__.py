@@ -7,15 +7,23 @@ The convenience functions here wire the IR to the op registry:
     m = distir.load("examples/fig2_mlp_pipeline.distir")   # parse a file
     distir.verify(m)                                       # structure + op signatures
     typed = distir.check(m)                                # verify + infer types, annotated copy
+
+and the strategy API (``distir.api``, imported on first use):
+
+    found = distir.search(model="gpt2-1.6b", cluster="dgx-a100:2", batch=512)
+    one = distir.simulate(model="gpt2-1.6b", strategy="d4.t4.p1.k8.1f1b", cluster="dgx-a100:2", batch=512)
+    program = distir.distribute("gpt2-117m", "d2.t2.p2.k4.1f1b", batch=32)
+    cluster = distir.Cluster.parse("dgx-a100:4")
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distir import ops as _ops  # registers every op
+from distir import search  # a package, and callable: distir.search(...) is distir.api.search
 from distir.interp.annotate import annotate_types
 from distir.ir import Module, parse_module
 from distir.ir.verify import verify as _verify
@@ -41,4 +49,31 @@ def load(path: str | Path) -> Module:
     return parse_module(p.read_text(encoding="utf-8"), str(path))
 
 
-__all__ = ["REGISTRY", "annotate_types", "check", "load", "verify"]
+_API = ("Cluster", "Result", "SearchResults", "distribute", "simulate")
+
+if TYPE_CHECKING:
+    from distir.api import Cluster, Result, SearchResults, distribute, simulate
+
+
+def __getattr__(name: str) -> Any:
+    """The strategy API (``distir.api``), imported on first use."""
+    if name in _API:
+        from distir import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'distir' has no attribute {name!r}")
+
+
+__all__ = [
+    "REGISTRY",
+    "Cluster",
+    "Result",
+    "SearchResults",
+    "annotate_types",
+    "check",
+    "distribute",
+    "load",
+    "search",
+    "simulate",
+    "verify",
+]

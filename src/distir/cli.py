@@ -33,6 +33,7 @@ from distir.ir.parser import parse_with_positions
 from distir.ir.printer import print_module
 from distir.ir.types import Device
 from distir.report.errors import USER_ERRORS, locate
+from distir.report.fields import SCHEMA
 from distir.report.summary import module_stats, output_names, outputs_table, value_summary
 
 app = typer.Typer(
@@ -305,12 +306,9 @@ def simulate(
     if json_out:
         _emit_json(
             {
+                "schema": SCHEMA,
                 "file" if file is not None else "model": source,
-                **(
-                    {"strategy": strategy or "d1.t1.p1.k1.1f1b", "dtype": dtype, "precision": precision}
-                    if model is not None
-                    else {}
-                ),
+                **(_strategy_json(model, strategy, batch, dtype, precision) if model is not None else {}),
                 "cluster": cluster,
                 "kernels": kernels,
                 **summary,
@@ -323,6 +321,21 @@ def simulate(
         out.print(f"[red]out of memory on {', '.join(summary['oom_devices'])}[/red]")
     if trace is not None:
         out.print(f"trace written to {trace} (open it at https://ui.perfetto.dev)")
+
+
+def _strategy_json(
+    model: str, strategy: str | None, batch: int | None, dtype: str, precision: str
+) -> dict[str, Any]:
+    """``simulate --model --json``: every part of the strategy as its own field (``docs/json.md``)."""
+    from distir.parallel.strategy import parse_strategy
+    from distir.report.fields import fields_for
+
+    assert batch is not None  # _model_program resolved it
+    return {
+        **fields_for(model, parse_strategy(strategy or "d1.t1.p1.k1.1f1b"), batch),
+        "dtype": dtype,
+        "precision": precision,
+    }
 
 
 def _plain_guard(debug: bool) -> Callable[[Callable[[], T]], T]:
@@ -776,6 +789,13 @@ def search(
     explain_: Annotated[
         bool, typer.Option("--explain", help="Say why the winner beats pure D, pure T and pure P.")
     ] = False,
+    export_to: Annotated[
+        str | None,
+        typer.Option("--export", help="Also write the winner for torchtitan, megatron, deepspeed or fsdp."),
+    ] = None,
+    export_out: Annotated[
+        Path | None, typer.Option("--export-out", help="With --export: write it here (default: stdout).")
+    ] = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -783,6 +803,40 @@ def search(
     from distir.report.search_cli import run_search_command
 
     run_search_command(locals(), out, err, json_out, debug)
+
+
+@app.command("export")
+def export_(
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="torchtitan (job TOML), megatron (arguments), deepspeed (config JSON) or fsdp "
+            "(a PyTorch file).",
+        ),
+    ],
+    model: Annotated[str, typer.Option("--model", help="A zoo model (distir models) or model string.")],
+    strategy: Annotated[str, typer.Option("--strategy", help="e.g. d2.t4.sp.p2.k8.1f1b.z1.")],
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Global batch (samples per step).")],
+    cluster: Annotated[
+        str | None, typer.Option("--cluster", help="Check the GPU count and resolve --dtype auto on it.")
+    ] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="auto, f32, bf16 or f16.")] = "auto",
+    precision: Annotated[
+        str, typer.Option("--precision", help="auto (mixed in a half dtype), mixed or pure.")
+    ] = "auto",
+    optimizer: Annotated[str, typer.Option("--optimizer", help="adam or sgd.")] = "adam",
+    out_path: Annotated[
+        Path | None, typer.Option("--out", help="Write the configuration here (default: stdout).")
+    ] = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Write a strategy as the configuration of a trainer: what the target cannot express is an
+    error naming it, what it expresses only approximately a warning (stderr)."""
+    from distir.report.export_cli import run_export_command
+
+    run_export_command(locals(), out, err, json_out, debug)
 
 
 @app.command()

@@ -113,3 +113,11 @@ def test_bad_input_is_one_clear_message(tmp_path: Path, args: list[str], message
     assert res.exit_code == 2
     assert message in res.output
     assert "Traceback" not in res.output
+
+
+def test_views_of_one_search_keep_their_own_report_files(tmp_path: Path) -> None:
+    plain = _search(tmp_path)
+    pinned = _search(tmp_path, "--tp", "2")
+    again = _search(tmp_path)
+    assert plain["plot"] != pinned["plot"] and plain["html"] != pinned["html"]
+    assert again["plot"] == plain["plot"]

@@ -202,6 +202,11 @@ class Cluster:
         lat = base.latency_s if self.latency_matrix is None else self.latency_matrix[a][b]
         return LinkSpec(float(bw), float(lat))
 
+    @classmethod
+    def parse(cls, spec: str) -> Cluster:
+        """``parse_cluster(spec)``: a preset (``dgx-a100``), ``NAME:NODES``, ``A:n+B:m`` or a file."""
+        return parse_cluster(spec)
+
     def describe(self) -> str:
         """One line: e.g. ``3 × p3.8xlarge + 1 × g4dn.12xlarge (16 GPUs)``."""
         runs = [(name, len(list(g))) for name, g in itertools.groupby(n.name for n in self.nodes)]
@@ -224,8 +229,8 @@ def _is_file_spec(spec: str) -> bool:
     return spec.endswith(".toml") or "/" in spec or "\\" in spec
 
 
-def parse_cluster(spec: str) -> Cluster:
-    """A cluster from a spec string:
+def parse_cluster(spec: str | Cluster) -> Cluster:
+    """A cluster from a spec string (a ``Cluster`` is returned as it is):
 
     - ``NAME`` or ``NAME:NODES``: ``NODES`` nodes (default 1) of preset ``NAME``
       (``dgx-a100:128`` is 128 DGX A100 nodes, 1024 GPUs);
@@ -235,6 +240,8 @@ def parse_cluster(spec: str) -> Cluster:
 
     Errors (``ClusterError``) name the spec and the part that is wrong.
     """
+    if isinstance(spec, Cluster):
+        return spec
     if not isinstance(spec, str) or not spec.strip():
         known = ", ".join(PRESETS)
         raise ClusterError(f"empty cluster spec {spec!r}; give a preset name ({known}) or a .toml file")

@@ -134,6 +134,15 @@ def partition(model: Model, strategy: Strategy, n_layers: int) -> list[range]:
     return out
 
 
+def chunk_blocks(model: Model, strategy: Strategy) -> tuple[int, ...]:
+    """The repeated blocks of every chunk (``partition`` counted in blocks: the embedding, head
+    and loss not counted)."""
+    n = len(model.layers)
+    counts = block_counts([len(r) for r in partition(model, strategy, n)], ends(model, n))
+    assert counts is not None  # partition keeps the ends on the first and last chunks
+    return counts
+
+
 def uniform_counts(n_layers: int, chunks: int) -> tuple[int, ...]:
     """The uniform partition: layers per chunk, the first ``n_layers mod chunks`` one more."""
     q, r = divmod(n_layers, chunks)
@@ -512,6 +521,7 @@ __all__ = [
     "ShardedLayer",
     "at_batch",
     "bwd_arg_types",
+    "chunk_blocks",
     "partition",
     "placement_text",
     "sharded_layers",

@@ -2,7 +2,8 @@
 
 Files: the result store defaults to ``$XDG_CACHE_HOME/distir/search.sqlite`` (``~/.cache``);
 the Pareto plot and page go where ``--plot``/``--html`` say, else next to the store under
-``reports/`` (named by the search's key), so no file the user wrote is touched.
+``reports/``, named by the search's key and its view (pins, ``--top``, ``--explain``: views of
+one search do not overwrite each other's), so no file the user wrote is touched.
 """
 
 from __future__ import annotations
@@ -16,9 +17,22 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
-PHASES = {"screen": "screening", "placement": "annealing placements", "simulate": "simulating exactly"}
+# the screen counts base strategies (each climbs its memory ladder until it fits: the summary's
+# "strategies screened" counts every rung), the others their own items
+PHASES = {
+    "screen": "screening base strategies",
+    "placement": "annealing placements",
+    "simulate": "simulating exactly",
+}
 
 
 def default_store() -> Path:
@@ -62,7 +76,7 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
     from distir.report.search_report import explain, plot_rows, results_table, search_json, write_csv
     from distir.search.executor import EXECUTORS, ExecutorError
     from distir.search.pareto import write_html, write_png
-    from distir.search.run import SearchRequest, search
+    from distir.search.run import SearchRequest, search, view_of
     from distir.search.space import Pins, SpaceError
     from distir.search.store import StoreError, search_key
 
@@ -74,6 +88,10 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
         _fail(err, f"--dtype must be auto, f32, bf16 or f16, got {a['dtype']!r}")
     if a["precision"] not in ("auto", "mixed", "pure"):
         _fail(err, f"--precision must be auto, mixed or pure, got {a['precision']!r}")
+    if a.get("export_to") is not None:
+        from distir.report.export_cli import check_target
+
+        check_target(a["export_to"], err, "--export")
     dtype, precision = _numerics(a, err)
     for opt in ("csv_path", "plot", "html"):
         p = a[opt]
@@ -107,6 +125,8 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
             console=err,
             transient=True,
             disable=not show,
@@ -131,7 +151,8 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
         if debug:
             traceback.print_exc()
         _fail(err, str(e))
-    key = search_key(req.key_parts())
+    # named by the search and its view (pins, top, ...): a pinned search keeps the unpinned one's
+    key = f"{search_key(req.key_parts())}-{search_key(view_of(req))[:8]}"
     reports = (store or default_store()).parent / "reports"  # never the working directory
     plot = a["plot"] or reports / f"search-{key}.png"
     html = a["html"] or reports / f"search-{key}.html"
@@ -143,11 +164,18 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
     write_html(rows, html, title)
     if a["csv_path"] is not None:
         write_csv(o, a["csv_path"])
+    exported = _export_winner(o, a, err, debug)
     if json_out:
         payload = search_json(o)
         payload["plot"], payload["html"] = str(plot), str(html)
         if a["explain_"]:
             payload["explain"] = explain(o)
+        if exported is not None:
+            from distir.report.export_cli import export_json
+
+            if a.get("export_out") is not None:
+                a["export_out"].write_text(exported.text, encoding="utf-8")
+            payload["export"] = export_json(exported, a.get("export_out"))
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         return
     # pipes and 80-column terminals would squeeze the strategy column to nothing (rich clamps a
@@ -158,6 +186,8 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
         out.print(results_table(o))
     finally:
         out.width = width
+    for line in o.advice:
+        out.print(line, markup=False)
     t = o.timings
     if o.from_store:
         out.print(
@@ -167,7 +197,8 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
         )
     else:
         out.print(
-            f"screen {t['screen_s']:.2f} s ({o.n_screened} strategies, {o.profiles} layer simulations), "
+            f"screen {t['screen_s']:.2f} s ({o.n_screened} strategies: the base strategies, each up its "
+            f"memory ladder until it fits; {o.profiles} layer simulations), "
             f"placement {t['placement_s']:.2f} s, exact simulation {t['simulate_s']:.2f} s"
             + (f" ({o.n_cached} from the store {store})" if o.n_cached else "")
         )
@@ -178,3 +209,34 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
     out.print(f"Pareto plot: {plot}\nInteractive page: {html}", markup=False)
     if a["csv_path"] is not None:
         out.print(f"CSV: {a['csv_path']}", markup=False)
+    if exported is not None:
+        from distir.report.export_cli import emit
+
+        out.print(f"\nthe winner for {exported.target}:", markup=False)
+        emit(exported, a.get("export_out"), out, err)
+
+
+def _export_winner(o: Any, a: dict[str, Any], err: Console, debug: bool) -> Any:
+    """``--export``: the best simulated strategy written for the target (None without it)."""
+    if a.get("export_to") is None:
+        return None
+    from distir.report.export_cli import build_export
+
+    best = o.best()
+    if best is None or "error" in best:
+        _fail(err, "--export: no strategy was simulated successfully; nothing to export")
+    if not best["fits"]:
+        err.print(f"warning: the winner {best['strategy']} does not fit in memory", markup=False)
+    r = o.request
+    return build_export(
+        a["export_to"],
+        r.model,
+        best["strategy"],
+        r.batch,
+        dtype=r.dtype,
+        precision=r.precision,
+        optimizer=r.optimizer,
+        cluster=r.cluster,
+        err=err,
+        debug=debug,
+    )

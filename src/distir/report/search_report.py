@@ -10,20 +10,15 @@ from typing import Any
 
 from rich.table import Table
 
+from distir.parallel.strategy import StrategyError, parse_strategy
+from distir.report.fields import SCHEMA, STRATEGY_FIELDS, chunk_blocks, strategy_fields
 from distir.search.run import SearchOutput, build_space, is_pure
 from distir.sim.summary import format_seconds
 
 GIB = float(1 << 30)
 CSV_KEYS = (
     "rank",
-    "strategy",
-    "d",
-    "t",
-    "p",
-    "k",
-    "schedule",
-    "zero",
-    "recompute",
+    *STRATEGY_FIELDS,
     "dtype",
     "precision",
     "step_time_s",
@@ -48,34 +43,53 @@ def _finite(x: Any) -> Any:
     return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
+def with_fields(model: str, batch: int, row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` (a result or an estimate) led by every part of its strategy as its own field
+    (``distir.report.fields``; ``layers_per_chunk`` null where the strategy does not fit the model)."""
+    s = parse_strategy(row["strategy"])
+    try:
+        blocks: tuple[int, ...] | None = chunk_blocks(model, s)
+    except StrategyError:
+        blocks = None
+    return {**strategy_fields(s, batch, blocks), **row}
+
+
 def search_json(o: SearchOutput) -> dict[str, Any]:
-    """The ``--json`` object: ``results`` best first (each with ``strategy``, ``d``, ``t``, ``p``,
-    ``k``, ``step_time_s``, ``throughput``, ``peak_memory_bytes``, ``fits`` and more), the
-    screen's counts and timings."""
+    """The ``--json`` object (``docs/json.md``, versioned by ``schema``): ``results`` best first
+    (each with every part of its strategy as a field, ``step_time_s``, ``throughput``,
+    ``peak_memory_bytes``, ``fits`` and more), the screen's counts and timings."""
     r = o.request
     return {
+        "schema": SCHEMA,
         "model": r.model,
-        "cluster": r.cluster,
+        "cluster": r.cluster if isinstance(r.cluster, str) else r.cluster.name,
         "devices": o.cluster.num_devices,
         "batch": r.batch,
         "mode": "train" if r.train else "infer",
         "optimizer": r.optimizer,
         "dtype": r.dtype,
         "precision": r.precision,
-        "results": [{k: _finite(v) for k, v in row.items()} for row in o.results],
+        "results": [
+            {k: _finite(v) for k, v in with_fields(r.model, r.batch, row).items()} for row in o.results
+        ],
         "screened": o.n_screened,
         "simulated": len(o.results),
         "cached": o.n_cached,
         "from_store": o.from_store,  # re-rendered from a finished search: timings are its
         "layer_profiles": o.profiles,
+        "advice": o.advice,  # when nothing fits: the smallest changes that would
         "timings_s": {k: round(v, 4) for k, v in o.timings.items()},
         "screen_top": [
-            {
-                "strategy": str(e.strategy),
-                "step_time_s": e.step_time_s,
-                "peak_memory_bytes": e.peak_memory_bytes,
-                "fits": e.fits,
-            }
+            with_fields(
+                r.model,
+                r.batch,
+                {
+                    "strategy": str(e.strategy),
+                    "step_time_s": e.step_time_s,
+                    "peak_memory_bytes": e.peak_memory_bytes,
+                    "fits": e.fits,
+                },
+            )
             for e in o.screened[:20]
         ],
     }
@@ -109,12 +123,19 @@ def plot_rows(o: SearchOutput) -> list[dict[str, Any]]:
     return rows
 
 
+def _csv_cell(v: Any) -> Any:
+    """Lists (layers per chunk, placement, shares) as the strategy string writes them: 15-17."""
+    return "-".join(map(str, v)) if isinstance(v, list | tuple) else v
+
+
 def write_csv(o: SearchOutput, path: Path) -> None:
+    """The ranked results, one row each, the columns ``CSV_KEYS`` (``docs/json.md``)."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_KEYS, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
+    r = o.request
     for i, row in enumerate(o.results, 1):
-        w.writerow({"rank": i, **row})
+        w.writerow({"rank": i, **{k: _csv_cell(v) for k, v in with_fields(r.model, r.batch, row).items()}})
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(buf.getvalue())
     tmp.replace(path)
@@ -178,8 +199,8 @@ def _why_not_pure(o: SearchOutput, kind: str) -> str:
 
 def explain(o: SearchOutput) -> list[str]:
     """Why the winner beats the best pure-D, pure-T and pure-P strategies, in lines of text:
-    per strategy compute, communication, idle (bubble) time and peak memory, then the ratio and
-    the component that makes the difference."""
+    per strategy compute, communication, idle (bubble) time and peak memory, then how much slower
+    (or faster, yet out of memory) each is and what makes most of the difference."""
     best = o.best()
     if best is None or "error" in best:
         return ["no strategy was simulated successfully; nothing to explain"]
@@ -192,19 +213,39 @@ def explain(o: SearchOutput) -> list[str]:
         if other["strategy"] == best["strategy"]:
             lines.append(f"the winner is the best pure {name}-parallel strategy")
             continue
-        ratio = other["step_time_s"] / best["step_time_s"]
-        parts = {
-            "compute": other["compute_s"] - best["compute_s"],
-            "communication": other["comm_s"] - best["comm_s"],
-            "pipeline bubble": _idle(other) - _idle(best),
-        }
-        why = max(parts, key=lambda k: parts[k])
-        oom = "" if other["fits"] else f" (and {other['strategy']} does not fit in memory)"
-        lines.append(
-            f"vs pure {name} {other['strategy']}: {_breakdown(other)} — the winner is {ratio:.2f}× faster"
-            f"{oom}; the largest difference is {why} ({_t(abs(parts[why]))} per step)"
-        )
+        lines.append(f"vs pure {name} {other['strategy']}: {_breakdown(other)} — {compare(best, other)}")
     return lines
+
+
+def compare(best: dict[str, Any], other: dict[str, Any]) -> str:
+    """``other`` against the winner in words: "1.05× slower, mostly communication (+3.1 ms per
+    step)", or "1.05× faster but out of memory (peak 90.1 of 80 GiB)"."""
+    ratio = other["step_time_s"] / best["step_time_s"]
+    parts = {
+        "compute": other["compute_s"] - best["compute_s"],
+        "communication": other["comm_s"] - best["comm_s"],
+        "pipeline bubble": _idle(other) - _idle(best),
+    }
+    slower = ratio >= 1
+    why = max(parts, key=lambda k: parts[k] if slower else -parts[k])
+    rest = ", ".join(f"{k} {_signed(v)}" for k, v in parts.items() if k != why)
+    if slower:
+        head = f"{ratio:.2f}× slower than the winner" if ratio >= 1.005 else "as fast as the winner"
+        text = f"{head}, mostly {why} ({_signed(parts[why])} per step; {rest})"
+    else:
+        text = (
+            f"{1 / ratio:.2f}× faster than the winner, mostly {why} ({_signed(parts[why])} per step; {rest})"
+        )
+    if not other["fits"]:
+        text += (
+            f", but it does not fit in memory (peak {other['peak_memory_bytes'] / GIB:.1f} of "
+            f"{other['capacity_bytes'] / GIB:.0f} GiB)"
+        )
+    return text
+
+
+def _signed(s: float) -> str:
+    return ("+" if s >= 0 else "−") + _t(abs(s))
 
 
 def _idle(r: dict[str, Any]) -> float:
@@ -219,4 +260,4 @@ def _breakdown(r: dict[str, Any]) -> str:
     )
 
 
-__all__ = ["explain", "plot_rows", "results_table", "search_json", "write_csv"]
+__all__ = ["compare", "explain", "plot_rows", "results_table", "search_json", "with_fields", "write_csv"]

@@ -37,7 +37,7 @@ RESULT_KEYS = (
 @dataclass(frozen=True, slots=True)
 class ExactJob:
     model: str
-    cluster: str
+    cluster: str | Cluster
     batch: int
     train: bool = True
     optimizer: str = "adam"
@@ -51,7 +51,7 @@ def _model(model: str, batch: int, dtype: str) -> Model:
 
 
 @functools.lru_cache(maxsize=4)
-def _cluster(spec: str) -> Cluster:
+def _cluster(spec: str | Cluster) -> Cluster:
     return parse_cluster(spec)
 
 

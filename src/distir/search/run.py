@@ -56,7 +56,7 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 STORE_VERSION = 6  # bump when the cost model or the result format changes: old results go stale
 
 
-def cluster_digest(spec: str) -> str:
+def cluster_digest(spec: str | Cluster) -> str:
     """A digest of every figure of the cluster ``spec`` resolves to (devices, links, runtime
     memory, GEMM profiles): equal for equal clusters whatever file or preset names them."""
     return hashlib.sha256(repr(parse_cluster(spec)).encode("utf-8")).hexdigest()[:16]
@@ -65,7 +65,7 @@ def cluster_digest(spec: str) -> str:
 @dataclass(frozen=True)
 class SearchRequest:
     model: str = "gpt2-1.6b"
-    cluster: str = "dgx2-v100"
+    cluster: str | Cluster = "dgx2-v100"  # a spec (``parse_cluster``) or a Cluster
     batch: int = 512
     train: bool = True
     optimizer: str = "adam"
@@ -86,7 +86,7 @@ class SearchRequest:
         return {
             "version": STORE_VERSION,
             "model": self.model,
-            "cluster": self.cluster,
+            "cluster": self.cluster if isinstance(self.cluster, str) else self.cluster.name,
             "cluster_figures": cluster_digest(self.cluster),
             "batch": self.batch,
             "train": self.train,
@@ -107,6 +107,7 @@ class SearchOutput:
     n_cached: int = 0
     profiles: int = 0
     from_store: bool = False  # re-rendered from the store: ``timings`` are the original search's
+    advice: list[str] = field(default_factory=list)  # when nothing fits: what would (``advice``)
 
     def best(self) -> dict[str, Any] | None:
         return self.results[0] if self.results else None
@@ -397,6 +398,8 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
         )
         t3 = time.perf_counter()
         out = _output(req, cluster, tasks, results, screened, n, screen.profiler.probes, cached)
+        if not any(r.get("fits") for r in out.results):
+            out.advice = _advice(req, screen, screened)
         out.timings.update(
             screen_s=t1 - t0,
             screen_cpu_s=c1 - c0,  # this process's CPU time: a busy machine inflates only screen_s
@@ -408,6 +411,19 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
         if store is not None:
             store.put_final(_final_payload(req, out))
     return out
+
+
+def _advice(req: SearchRequest, screen: Screen, screened: list[Estimate]) -> list[str]:
+    """Nothing fits: the smallest changes that would, in words (``distir.search.advice``)."""
+    from distir.search.advice import advice_lines, advise
+
+    p = req.pins
+    pinned = {
+        o
+        for o, v in (("--zero", p.zero), ("--recompute", p.recompute), ("--microbatches", p.k))
+        if v is not None
+    }
+    return advice_lines(screened, advise(req.cluster, screen, screened), pinned)
 
 
 def _output(
@@ -436,7 +452,7 @@ def _output(
     return SearchOutput(req, cluster, ok + errors, screened, n, {}, n_cached=cached, profiles=profiles)
 
 
-def _view(req: SearchRequest) -> dict[str, Any]:
+def view_of(req: SearchRequest) -> dict[str, Any]:
     """What of the request, beyond the store's key, decides the output (``distir.search.final``),
     as it reads back from the store (JSON: tuples as lists)."""
     view = {
@@ -453,12 +469,13 @@ def _view(req: SearchRequest) -> dict[str, Any]:
 def _final_payload(req: SearchRequest, out: SearchOutput) -> dict[str, Any]:
     return {
         "format": final.FORMAT,
-        "view": _view(req),
+        "view": view_of(req),
         "results": out.results,
         "screened": final.estimates_plain(out.screened),
         "n_screened": out.n_screened,
         "timings": out.timings,
         "profiles": out.profiles,
+        "advice": out.advice,
     }
 
 
@@ -468,7 +485,7 @@ def _stored_output(req: SearchRequest) -> SearchOutput | None:
     t0 = time.perf_counter()
     with ResultStore(req.store, search_key(req.key_parts()), req.key_parts()) as store:
         payload = store.final()
-    if payload is None or not final.view_matches(payload, _view(req)):
+    if payload is None or not final.view_matches(payload, view_of(req)):
         return None
     where = f"{req.store}: search {search_key(req.key_parts())}"
     try:
@@ -484,7 +501,16 @@ def _stored_output(req: SearchRequest) -> SearchOutput | None:
     timings = dict(timings, render_s=time.perf_counter() - t0)
     cluster = parse_cluster(req.cluster)
     return SearchOutput(
-        req, cluster, results, screened, n, timings, n_cached=len(results), profiles=profiles, from_store=True
+        req,
+        cluster,
+        results,
+        screened,
+        n,
+        timings,
+        n_cached=len(results),
+        profiles=profiles,
+        from_store=True,
+        advice=list(payload.get("advice", [])),
     )
 
 
@@ -498,4 +524,5 @@ __all__ = [
     "pure_bests",
     "screen_space",
     "search",
+    "view_of",
 ]

@@ -1,0 +1,281 @@
+"""The Python API: ``distir.search``, ``distir.simulate``, ``distir.distribute``, ``distir.Cluster``.
+
+    import distir
+
+    found = distir.search(model="gpt2-1.6b", cluster="dgx-a100:2", batch=512)
+    best = found.best                      # a Result: strategy, d, t, p, k, ..., step_time_s, fits
+    print(best.strategy, best.step_time_s, best.layers_per_chunk)
+    one = distir.simulate(model="llama3-8b", strategy="d2.t4.sp.p2.k8.1f1b", cluster="dgx-a100:2", batch=64)
+    program = distir.distribute("gpt2-117m", "d2.t2.p2.k4.1f1b", batch=32)   # a DistIR Module
+
+Models are zoo model strings (``distir models``; ``gpt:layers=24,hidden=2048``) or parsed
+``ModelSpec`` objects (``distribute`` also takes a built zoo ``Model``); clusters are spec strings
+(``distir clusters``; ``dgx-a100:4``, ``a.toml``) or ``Cluster`` objects (``Cluster.parse(spec)``,
+or built from ``NodeSpec``s). Results are frozen dataclasses with the fields of the JSON outputs
+(``docs/json.md``: the strategy's parts, then the simulated figures); ``SearchResults.to_dataframe()``
+gives a pandas DataFrame when pandas is installed. Bad input raises the typed one-line errors of
+the CLI (``StrategyError``, ``ModelError``, ``HardwareError``, ``SpaceError``, ``ExportError``).
+
+``distir.search`` is both the package of the search's modules and this function: the package's
+module object is callable (``distir/search/__init__.py``), so ``import distir.search.run`` keeps
+working. Type checkers see the function as ``distir.api.search``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from distir.frontends.zoo.model import Model
+from distir.frontends.zoo.registry import ModelSpec
+from distir.hardware.cluster import Cluster, parse_cluster
+from distir.ir.function import Module
+from distir.parallel.strategy import Strategy, parse_strategy
+
+if TYPE_CHECKING:
+    from distir.search.run import SearchOutput
+
+ModelArg = str | ModelSpec
+ClusterArg = str | Cluster
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One simulated strategy: a search result or ``simulate``'s answer (``docs/json.md``)."""
+
+    strategy: str
+    d: int
+    t: int
+    p: int
+    k: int
+    v: int
+    schedule: str
+    microbatch_size: int
+    sp: bool
+    zero: int
+    recompute: str
+    partition: str  # uniform, params or explicit
+    layers_per_chunk: tuple[int, ...] | None  # repeated blocks of each pipeline chunk
+    placement: tuple[int, ...]  # the cluster GPU of each program device
+    shares: tuple[int, ...]  # batch shares of the d replicas (all 1: even)
+    dtype: str
+    precision: str
+    step_time_s: float
+    throughput: float  # samples/s
+    mfu: float | None
+    hfu: float | None
+    peak_memory_bytes: float  # the worst device's peak
+    capacity_bytes: float  # that device's capacity
+    fits: bool
+    bubble_fraction: float
+    compute_s: float
+    comm_s: float
+    screen_step_time_s: float | None = None  # the analytic screen's estimate (search results)
+    screen_peak_memory_bytes: float | None = None
+    source: str = "simulated"
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Result:
+        """From a JSON result row (lists as tuples; unknown keys ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in row.items() if k in names}
+        return cls(**kw)
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """A strategy whose exact simulation failed."""
+
+    strategy: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResults:
+    """A search's answer: the request, the simulated strategies best first (``results``), the
+    failed ones, and the screen's counts."""
+
+    model: str
+    cluster: str
+    devices: int
+    batch: int
+    mode: str  # train or infer
+    optimizer: str
+    dtype: str
+    precision: str
+    results: tuple[Result, ...]
+    failed: tuple[Failed, ...]
+    screened: int  # strategies screened analytically
+    timings_s: Mapping[str, float] = field(default_factory=dict, hash=False)
+    explain: tuple[str, ...] = ()  # with explain=True: why the winner beats pure D, T and P
+    advice: tuple[str, ...] = ()  # when nothing fits: the smallest changes that would
+
+    @property
+    def best(self) -> Result | None:
+        """The fastest strategy that fits (the fastest one if none fits); None if none ran."""
+        return self.results[0] if self.results else None
+
+    def to_dataframe(self) -> Any:
+        """The results as a pandas DataFrame, one row each, the ``Result`` fields as columns."""
+        try:
+            import pandas as pd  # type: ignore[import-untyped,unused-ignore]
+        except ImportError:
+            raise ImportError("to_dataframe needs pandas (pip install pandas)") from None
+        return pd.DataFrame([dataclasses.asdict(r) for r in self.results])
+
+
+def _model_text(model: ModelArg) -> str:
+    return model.text if isinstance(model, ModelSpec) else model
+
+
+def _numerics(dtype: str, precision: str, train: bool, cluster: ClusterArg | None) -> tuple[str, str]:
+    """``auto`` as the CLI resolves it (``distir.export.plan.resolve_numerics``); inference: pure."""
+    from distir.export.plan import resolve_numerics
+
+    if not train and precision == "auto":
+        precision = "pure"
+    return resolve_numerics(dtype, precision, cluster)
+
+
+def search(
+    model: ModelArg = "gpt2-1.6b",
+    cluster: ClusterArg = "dgx2-v100",
+    batch: int = 512,
+    *,
+    train: bool = True,
+    optimizer: str = "adam",
+    dtype: str = "auto",
+    precision: str = "auto",
+    dp: int | None = None,
+    tp: int | None = None,
+    pp: int | None = None,
+    microbatches: int | None = None,
+    schedule: str | None = None,
+    zero: int | None = None,
+    recompute: str | None = None,
+    max_microbatches: int = 128,
+    top: int = 8,
+    workers: int = 1,
+    store: str | Path | None = None,
+    explain: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> SearchResults:
+    """Find the fastest strategy that fits, as ``distir search`` does: screen the space
+    analytically, simulate the ``top`` best exactly, rank by throughput (those that do not fit
+    last). ``dp``/``tp``/``pp``/``microbatches``/``schedule``/``zero``/``recompute`` pin a part;
+    ``dtype``/``precision`` ``auto``: mixed precision in the GPUs' fast half format (training).
+    ``store``: a SQLite result store (a finished search comes back from it; None: none).
+    ``progress(phase, done, total)`` is called as the phases advance."""
+    from distir.search.run import SearchRequest
+    from distir.search.run import search as run_search
+    from distir.search.space import Pins
+
+    dtype, precision = _numerics(dtype, precision, train, cluster)
+    pins = Pins(dp, tp, pp, microbatches, schedule, zero, recompute, max_microbatches)
+    req = SearchRequest(
+        model=_model_text(model),
+        cluster=cluster,
+        batch=batch,
+        train=train,
+        optimizer=optimizer,
+        dtype=dtype,
+        precision=precision,
+        pins=pins,
+        top=top,
+        workers=workers,
+        store=Path(store) if store is not None else None,
+        explain=explain,
+    )
+    return _results(run_search(req, progress))
+
+
+def _results(o: SearchOutput) -> SearchResults:
+    from distir.report.search_report import explain, search_json
+
+    js = search_json(o)
+    ok = tuple(Result.from_row(r) for r in js["results"] if "error" not in r)
+    failed = tuple(Failed(r["strategy"], r["error"]) for r in js["results"] if "error" in r)
+    return SearchResults(
+        js["model"],
+        js["cluster"],
+        js["devices"],
+        js["batch"],
+        js["mode"],
+        js["optimizer"],
+        js["dtype"],
+        js["precision"],
+        ok,
+        failed,
+        js["screened"],
+        dict(o.timings),
+        tuple(explain(o)) if o.request.explain else (),
+        tuple(o.advice),
+    )
+
+
+def simulate(
+    model: ModelArg,
+    strategy: str | Strategy = "d1.t1.p1.k1.1f1b",
+    cluster: ClusterArg = "dgx2-v100",
+    batch: int | None = None,
+    *,
+    train: bool = True,
+    optimizer: str = "adam",
+    dtype: str = "auto",
+    precision: str = "auto",
+) -> Result:
+    """Distribute zoo ``model`` under ``strategy`` and simulate one step on ``cluster``, exactly as
+    the search's exact simulation does (program order from the cost model's chunk times). ``batch``
+    (the global batch) defaults to 8·d·k."""
+    from distir.report.fields import fields_for
+    from distir.search.rerank import ExactJob, evaluate
+
+    s = parse_strategy(strategy) if isinstance(strategy, str) else strategy
+    b = batch if batch is not None else 8 * s.d * s.k
+    dtype, precision = _numerics(dtype, precision, train, cluster)
+    spec = _model_text(model)
+    row = evaluate(ExactJob(spec, cluster, b, train, optimizer, dtype, precision), str(s))
+    return Result.from_row({**fields_for(spec, s, b), **row})
+
+
+def distribute(
+    model: ModelArg | Model,
+    strategy: str | Strategy,
+    batch: int | None = None,
+    *,
+    train: bool = True,
+    optimizer: str = "adam",
+    dtype: str = "f32",
+    precision: str = "pure",
+    cluster: ClusterArg | None = None,
+) -> Module:
+    """The DistIR program of ``model`` under ``strategy``: per-device compute, collectives, sends,
+    the pipeline schedule. ``model``: a zoo model string or spec (built for the global ``batch``,
+    default 8·d·k, in ``dtype``) or a built zoo ``Model``. With a ``cluster``, the program order
+    follows the cost model's chunk times there (as ``simulate`` does)."""
+    from distir.autodiff.train import Optimizer
+    from distir.frontends.zoo.registry import parse_model_string
+    from distir.ir.types import DType
+    from distir.parallel.distribute import distribute as run_distribute
+    from distir.search.chunk_times import chunk_times
+
+    s = parse_strategy(strategy) if isinstance(strategy, str) else strategy
+    dt = DType.parse(dtype)
+    if isinstance(model, Model):
+        built, spec = model, None
+    else:
+        spec = parse_model_string(_model_text(model))
+        built = spec.build(batch if batch is not None else 8 * s.d * s.k, dt)
+    times = None
+    if cluster is not None and spec is not None:
+        cl = parse_cluster(cluster)
+        times = chunk_times(built, spec, cl, dt, train, s, train and precision == "mixed")
+    return run_distribute(
+        built, s, Optimizer(optimizer), train=train, comm_streams=True, precision=precision, chunk_times=times
+    )
+
+
+__all__ = ["Cluster", "Failed", "Result", "SearchResults", "distribute", "search", "simulate"]

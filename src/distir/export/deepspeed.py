@@ -1,0 +1,109 @@
+"""A DeepSpeed config JSON for a plan.
+
+Keys follow DeepSpeed's configuration documentation (https://www.deepspeed.ai/docs/config-json/,
+and the AutoTP training tutorial https://www.deepspeed.ai/tutorials/autotp-training/ for
+``tensor_parallel.autotp_size``): ``train_batch_size`` (the global batch) =
+``train_micro_batch_size_per_gpu`` (batch / (d·k)) × ``gradient_accumulation_steps`` (k) × the
+data-parallel size; ``zero_optimization.stage``; ``bf16.enabled`` / ``fp16.enabled`` (mixed
+precision: DeepSpeed's optimizer keeps fp32 master weights); ``tensor_parallel.autotp_size`` for
+t > 1 (AutoTP, ZeRO stages 0-2).
+
+DeepSpeed's pipeline (``deepspeed.pipe.PipelineModule``) is built in code, not in the JSON: the
+export notes the ``num_stages`` and the partition. Refused: interleaved virtual stages (its
+``TrainSchedule`` is 1F1B only), ZeRO-2/3 with pipelining (its pipeline engine takes ZeRO 0-1),
+ZeRO-3 with AutoTP, uneven batch shares and a non-default placement. Nearest, with a warning:
+GPipe and ZB-H1 (run as 1F1B), sequence parallelism (AutoTP has none: activations between
+layers replicated), pure half precision (DeepSpeed keeps fp32 masters).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from distir.export.plan import Exported, ExportError, Plan, refuse_common
+
+TARGET = "deepspeed"
+
+
+def _pipeline(plan: Plan, warn: list[str], notes: list[str]) -> None:
+    s = plan.strategy
+    if s.v > 1:
+        raise ExportError(
+            f"{TARGET} cannot express interleaved virtual pipeline stages (v{s.v}): its pipeline engine runs "
+            "one chunk per stage (TrainSchedule, 1F1B)"
+        )
+    if s.zero >= 2:
+        raise ExportError(
+            f"{TARGET} cannot combine ZeRO stage {s.zero} with pipeline parallelism (p{s.p}): 0 or 1"
+        )
+    if s.k > 1 and s.schedule in ("gpipe", "zb1"):  # one microbatch: the schedules coincide
+        name = {"gpipe": "GPipe", "zb1": "ZB-H1"}[s.schedule]
+        warn.append(
+            f"DeepSpeed's pipeline has no {name} schedule; its TrainSchedule runs 1F1B (the same layout; "
+            "the step time and peak memory differ from the plan's)"
+        )
+    split = (
+        "partition_method='uniform'"
+        if plan.uniform_blocks is not None
+        else f"the plan's split of the blocks, {'-'.join(map(str, plan.blocks))} (embedding with the first "
+        "stage, head with the last; partition_method='uniform' splits evenly)"
+    )
+    notes.append(
+        f"pipeline: build the model as deepspeed.pipe.PipelineModule(layers, num_stages={s.p}, loss_fn=...) "
+        f"with {split}; gradient_accumulation_steps is its number of microbatches"
+    )
+
+
+def ds_config(plan: Plan) -> tuple[dict[str, Any], list[str], list[str]]:
+    """The config, warnings (nearest configurations) and notes (what goes in code)."""
+    refuse_common(plan, TARGET)
+    s = plan.strategy
+    warn: list[str] = []
+    notes: list[str] = []
+    cfg: dict[str, Any] = {
+        "train_batch_size": plan.batch,
+        "train_micro_batch_size_per_gpu": plan.microbatch,
+        "gradient_accumulation_steps": s.k,
+        "zero_optimization": {"stage": s.zero},
+    }
+    if plan.half:
+        cfg["bf16" if plan.dtype == "bf16" else "fp16"] = {"enabled": True}
+        if plan.precision == "pure":
+            warn.append(
+                f"pure {plan.dtype} (no fp32 master weights) has no DeepSpeed option; exported as mixed "
+                "precision, which keeps fp32 master weights in the optimizer"
+            )
+    if s.t > 1:
+        if s.zero == 3:
+            raise ExportError(
+                f"{TARGET} cannot combine ZeRO-3 with tensor parallelism (t{s.t}): AutoTP takes ZeRO 0-2"
+            )
+        cfg["tensor_parallel"] = {"autotp_size": s.t}
+        if s.sp:
+            warn.append(
+                "DeepSpeed's AutoTP has no sequence parallelism: exported without sp (activations between "
+                "layers replicated over the tensor-parallel group: more memory than the plan's)"
+            )
+    if s.p > 1:
+        _pipeline(plan, warn, notes)
+    if s.recompute != "none":
+        cfg["activation_checkpointing"] = {
+            "partition_activations": False,
+            "contiguous_memory_optimization": False,
+        }
+        what = {
+            "full": "every block's forward",
+            "selective": "each block's attention core (softmax·V)",
+            "ops": "everything in each block but its matrix products",
+        }[s.recompute]
+        notes.append(f"recomputation: wrap {what} in deepspeed.checkpointing.checkpoint")
+    if plan.optimizer == "sgd":
+        cfg["optimizer"] = {"type": "SGD", "params": {"lr": 0.001}}
+        notes.append("optimizer: SGD with a placeholder learning rate; set your own")
+    return cfg, warn, notes
+
+
+def export(plan: Plan) -> Exported:
+    cfg, warn, notes = ds_config(plan)
+    return Exported(TARGET, json.dumps(cfg, indent=2) + "\n", ".json", tuple(warn), tuple(notes))

@@ -1,0 +1,185 @@
+"""Megatron-LM command-line arguments for a plan (``pretrain_gpt.py``).
+
+Option names follow ``megatron/training/arguments.py`` of NVIDIA/Megatron-LM at commit
+d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22; many options there are generated from the
+``TransformerConfig``/``ModelParallelConfig``/``TrainingConfig`` dataclass fields, ``x_y`` as
+``--x-y``). What the plan maps to:
+
+- degrees: ``--tensor-model-parallel-size t``, ``--pipeline-model-parallel-size p`` (the
+  data-parallel size is the world size over t·p), ``--sequence-parallel`` with ``sp``;
+- batch: ``--micro-batch-size`` (batch / (d·k)), ``--global-batch-size`` (Megatron runs k
+  microbatches per replica, through the pipeline or as gradient accumulation);
+- the pipeline split: uniform chunks need nothing, or ``--num-layers-per-virtual-pipeline-stage``
+  with v > 1; only the first and/or last stage different: ``--decoder-first-pipeline-num-layers``
+  / ``--decoder-last-pipeline-num-layers``; any other split: ``--pipeline-model-parallel-layout``
+  (``E`` embedding, ``t`` a block, ``L`` the head and loss, stages split by ``|``);
+- recomputation: full → ``--recompute-granularity full --recompute-method uniform
+  --recompute-num-layers 1`` (every block), sel → ``--recompute-granularity selective`` (the
+  attention core, Megatron's default module);
+- ZeRO: 1 → ``--use-distributed-optimizer``; 2 and 3 → Megatron-FSDP (``--use-megatron-fsdp
+  --use-distributed-optimizer --data-parallel-sharding-strategy optim_grads`` /
+  ``optim_grads_params``);
+- numerics: mixed bf16/f16 → ``--bf16`` / ``--fp16`` (fp32 main weights and optimizer state);
+- the model's shape (``--num-layers``, ``--hidden-size``, ... and Llama's ``--swiglu
+  --normalization RMSNorm --position-embedding-type rope ...``).
+
+Nearest configurations, with a warning: the GPipe and ZB-H1 schedules (Megatron-LM runs 1F1B,
+interleaved with virtual stages), op-level recomputation (exported as selective), pure half
+precision (Megatron-LM keeps fp32 main weights). Refused: uneven batch shares, a non-default
+placement (``distir.export.plan.refuse_common``), models other than GPT and Llama.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from distir.export.plan import Exported, ModelShape, Plan, need_transformer, refuse_common
+
+TARGET = "megatron"
+
+
+def _model_args(m: ModelShape) -> list[str]:
+    args = [
+        "--num-layers", str(m.layers),
+        "--hidden-size", str(m.hidden),
+        "--ffn-hidden-size", str(m.ffn),
+        "--num-attention-heads", str(m.heads),
+        "--seq-length", str(m.seq),
+        "--max-position-embeddings", str(m.seq),
+        "--vocab-size", str(m.vocab),
+        "--hidden-dropout", f"{m.dropout:g}",
+        "--attention-dropout", f"{m.dropout:g}",
+    ]  # fmt: skip
+    if not m.tied:
+        args.append("--untie-embeddings-and-output-weights")
+    if m.family == "llama":
+        args += [
+            "--swiglu",
+            "--normalization", "RMSNorm",
+            "--position-embedding-type", "rope",
+            "--rotary-base", str(m.rope_theta),
+            "--disable-bias-linear",
+        ]  # fmt: skip
+        if m.kv_heads != m.heads:
+            args += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
+    return args
+
+
+def layout(blocks: tuple[int, ...]) -> str:
+    """``--pipeline-model-parallel-layout`` for blocks per chunk: the embedding with chunk 0, the
+    head and loss with the last."""
+    last = len(blocks) - 1
+    return "|".join(
+        ("E" if c == 0 else "") + "t" * n + ("L" if c == last else "") for c, n in enumerate(blocks)
+    )
+
+
+def _split_args(plan: Plan) -> list[str]:
+    s, b = plan.strategy, plan.blocks
+    if s.p == 1:
+        return []
+    if plan.uniform_blocks is not None:
+        return ["--num-layers-per-virtual-pipeline-stage", str(b[0])] if s.v > 1 else []
+    middle = b[1:-1]
+    if s.v == 1 and len(set(middle)) <= 1:
+        args = []
+        if not middle or b[0] != middle[0]:
+            args += ["--decoder-first-pipeline-num-layers", str(b[0])]
+        if not middle or b[-1] != middle[0]:
+            args += ["--decoder-last-pipeline-num-layers", str(b[-1])]
+        return args
+    return ["--pipeline-model-parallel-layout", layout(b)]
+
+
+def _recompute_args(plan: Plan, warn: list[str]) -> list[str]:
+    r = plan.strategy.recompute
+    if r == "full":
+        return [
+            "--recompute-granularity",
+            "full",
+            "--recompute-method",
+            "uniform",
+            "--recompute-num-layers",
+            "1",
+        ]
+    if r == "ops":
+        warn.append(
+            "rops (op-level recomputation: products saved, the rest recomputed) has no Megatron-LM "
+            "option; exported as --recompute-granularity selective (the attention core), which keeps more"
+        )
+    return ["--recompute-granularity", "selective"] if r in ("selective", "ops") else []
+
+
+def _numerics_args(plan: Plan, warn: list[str]) -> list[str]:
+    if not plan.half:
+        return []
+    if plan.precision == "pure":
+        warn.append(
+            f"pure {plan.dtype} (no fp32 master weights) has no Megatron-LM option; exported as mixed "
+            f"precision, which keeps fp32 main weights and optimizer state"
+        )
+    return ["--bf16" if plan.dtype == "bf16" else "--fp16"]
+
+
+def megatron_args(plan: Plan) -> tuple[list[str], list[str]]:
+    """The arguments, and the warnings on what was written as the nearest configuration."""
+    refuse_common(plan, TARGET)
+    shape = need_transformer(plan, TARGET)
+    s = plan.strategy
+    warn: list[str] = []
+    args = [
+        "--tensor-model-parallel-size", str(s.t),
+        "--pipeline-model-parallel-size", str(s.p),
+        "--micro-batch-size", str(plan.microbatch),
+        "--global-batch-size", str(plan.batch),
+    ]  # fmt: skip
+    if s.sp:
+        args.append("--sequence-parallel")
+    if s.p > 1 and s.k > 1 and s.schedule in ("gpipe", "zb1"):  # k = 1: the schedules coincide
+        name = {"gpipe": "GPipe", "zb1": "ZB-H1"}[s.schedule]
+        warn.append(
+            f"Megatron-LM has no {name} schedule; exported with its 1F1B schedule (the same layout; "
+            "the step time and peak memory differ from the plan's)"
+        )
+    args += _split_args(plan)
+    args += _recompute_args(plan, warn)
+    if s.zero == 1:
+        args.append("--use-distributed-optimizer")
+    elif s.zero >= 2:
+        strategy = "optim_grads" if s.zero == 2 else "optim_grads_params"
+        # Megatron-FSDP (v1) runs with the distributed optimizer (it turns it on, with a warning)
+        args += [
+            "--use-megatron-fsdp",
+            "--use-distributed-optimizer",
+            "--data-parallel-sharding-strategy",
+            strategy,
+        ]
+    args += _numerics_args(plan, warn)
+    if plan.optimizer == "sgd":
+        args += ["--optimizer", "sgd"]
+    return args + _model_args(shape), warn
+
+
+def export(plan: Plan) -> Exported:
+    args, warn = megatron_args(plan)
+    s = plan.strategy
+    lines = [
+        f"# distir export --to megatron: {plan.model} {s}, batch {plan.batch}, {plan.dtype} {plan.precision}",
+        f"# world size {s.devices} = d·t·p = {s.d}·{s.t}·{s.p}; ranks in Megatron-LM's order "
+        "(TP fastest, then DP, then PP)",
+        "MEGATRON_ARGS=(",
+    ]
+    i = 0
+    while i < len(args):  # one option (with its value) per line
+        j = i + 1
+        while j < len(args) and not args[j].startswith("--"):
+            j += 1
+        lines.append("  " + " ".join(shlex.quote(a) for a in args[i:j]))
+        i = j
+    lines += [
+        ")",
+        f'# on {s.devices} GPUs: torchrun ... pretrain_gpt.py "${{MEGATRON_ARGS[@]}}" plus your data, '
+        "tokenizer and "
+        "learning-rate arguments",
+    ]
+    return Exported(TARGET, "\n".join(lines) + "\n", ".sh", tuple(warn))

@@ -1,0 +1,195 @@
+"""The plan an exporter writes: a strategy resolved against a model, a batch and numerics.
+
+``make_plan(model, strategy, batch, dtype, precision, optimizer, cluster)`` checks what every
+trainer needs (the batch divides into ``d·k`` microbatches, the strategy fits the model's blocks
+and the cluster's GPUs) and resolves what the strategy string leaves implicit: the microbatch
+size, the blocks of every pipeline chunk (a ``uniform`` or ``params`` partition as counts), the
+model's shape, and ``auto`` numerics (mixed precision in the GPUs' fast half format, as
+``distir search`` resolves them).
+
+An exporter (one module per target in this package) turns a ``Plan`` into an ``Exported``: the
+target's configuration text, the ``warnings`` where it wrote the nearest configuration the target
+can express (never silently), and ``notes`` on what the user does in code. What a target cannot
+express at all raises ``ExportError`` naming the feature and the target. Two features no trainer
+expresses are refused here for all of them (``refuse_common``): uneven batch shares and a device
+placement other than the trainers' rank order (distir's program device ``s·d·t + r·t + j`` —
+stage s, replica r, tensor rank j — is the rank order of Megatron-LM, DeepSpeed and torchtitan's
+``(pp, dp, tp)`` mesh, so the identity placement needs nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distir.frontends.zoo.model import ModelError
+from distir.frontends.zoo.registry import parse_model_string
+from distir.hardware.cluster import Cluster
+from distir.parallel.strategy import Strategy, StrategyError, parse_strategy
+from distir.report.fields import chunk_blocks
+
+
+class ExportError(ValueError):
+    """A plan the target cannot express, or bad input to the export (one line, names what)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """A transformer's shape as the trainers' model arguments name it (``None``: not a transformer
+    family a trainer ships: the DistIR paper's MLP, TransGAN)."""
+
+    family: str  # gpt or llama
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    seq: int
+    vocab: int
+    tied: bool  # the output head shares the embedding's weight
+    rope_theta: int | None  # Llama's RoPE base; None: learned absolute positions (GPT)
+    dropout: float
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    model: str  # the model string
+    shape: ModelShape | None
+    strategy: Strategy
+    batch: int  # global batch (samples per step)
+    microbatch: int  # samples per microbatch per data-parallel replica: batch / (d·k)
+    blocks: tuple[int, ...]  # repeated blocks of each pipeline chunk (p·v of them), chunk c on stage c mod p
+    dtype: str  # f32, bf16 or f16
+    precision: str  # mixed (fp32 master weights and optimizer state) or pure
+    optimizer: str  # adam or sgd
+    cluster: str | None = None
+
+    @property
+    def uniform_blocks(self) -> int | None:
+        """The blocks per chunk when every chunk holds as many, else None."""
+        return self.blocks[0] if len(set(self.blocks)) == 1 else None
+
+    @property
+    def half(self) -> bool:
+        return self.dtype in ("bf16", "f16")
+
+
+@dataclass(frozen=True, slots=True)
+class Exported:
+    target: str
+    text: str
+    suffix: str  # the file name ending the target reads: .toml, .json, .sh, .py
+    warnings: tuple[str, ...] = ()  # where the nearest configuration the target can express was written
+    notes: tuple[str, ...] = ()  # what the user does in code (the target's config cannot say it)
+
+
+def model_shape(spec: str) -> ModelShape | None:
+    ms = parse_model_string(spec)
+    c = ms.config
+    if ms.family == "gpt":
+        return ModelShape(
+            "gpt", c.layers, c.hidden, c.heads, c.heads, 4 * c.hidden, c.seq, c.vocab, c.tied, None, c.dropout
+        )
+    if ms.family == "llama":
+        return ModelShape(
+            "llama", c.layers, c.hidden, c.heads, c.kv_heads, c.ffn, c.seq, c.vocab, False, c.rope_theta, 0.0
+        )
+    return None
+
+
+def resolve_numerics(dtype: str, precision: str, cluster: str | Cluster | None) -> tuple[str, str]:
+    """``auto`` as ``distir search`` resolves it for training: mixed precision in bf16 where every
+    GPU of the cluster has a bf16 fast path, else f16 (f16 without a cluster)."""
+    from distir.hardware.cluster import parse_cluster
+    from distir.ir.types import DType
+
+    if dtype not in ("auto", "f32", "bf16", "f16"):
+        raise ExportError(f"--dtype must be auto, f32, bf16 or f16, got {dtype!r}")
+    if precision not in ("auto", "mixed", "pure"):
+        raise ExportError(f"--precision must be auto, mixed or pure, got {precision!r}")
+    if precision == "auto":
+        precision = "pure" if dtype == "f32" else "mixed"
+    if dtype == "auto":
+        fast = False
+        if cluster is not None:
+            nodes = parse_cluster(cluster).nodes
+            fast = all(n.device.peak_flops(DType.bf16) > n.device.peak_flops(DType.f32) for n in nodes)
+        dtype = "bf16" if fast else "f16"
+    if precision == "mixed" and dtype == "f32":
+        raise ExportError("--precision mixed computes in a half format: give --dtype bf16 or f16 (or auto)")
+    return dtype, precision
+
+
+def make_plan(
+    model: str,
+    strategy: str | Strategy,
+    batch: int,
+    dtype: str = "auto",
+    precision: str = "auto",
+    optimizer: str = "adam",
+    cluster: str | None = None,
+) -> Plan:
+    """Check and resolve a plan (module docstring). Raises ``ExportError``, ``StrategyError``,
+    ``ModelError`` or ``HardwareError`` naming what is wrong."""
+    s = parse_strategy(strategy) if isinstance(strategy, str) else strategy
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ExportError(f"batch must be a positive integer, got {batch!r}")
+    if optimizer not in ("adam", "sgd"):
+        raise ExportError(f"--optimizer must be adam or sgd, got {optimizer!r}")
+    micro, rem = divmod(batch, s.d * s.k)
+    if rem or micro < 1:
+        raise ExportError(
+            f"{s}: batch {batch} does not split into d·k = {s.d}·{s.k} = {s.d * s.k} equal microbatches"
+        )
+    if cluster is not None:
+        from distir.hardware.cluster import parse_cluster
+
+        n = parse_cluster(cluster).num_devices
+        if s.devices > n:
+            raise ExportError(f"{s} needs {s.devices} GPUs but {cluster} has {n}")
+    dtype, precision = resolve_numerics(dtype, precision, cluster)
+    try:
+        blocks = chunk_blocks(model, s)
+    except StrategyError as e:
+        raise ExportError(f"{model}: {e}") from None
+    return Plan(model, model_shape(model), s, batch, micro, blocks, dtype, precision, optimizer, cluster)
+
+
+def refuse_common(plan: Plan, target: str) -> None:
+    """The features no trainer's configuration expresses (module docstring)."""
+    s = plan.strategy
+    if s.shares is not None:
+        raise ExportError(
+            f"{target} cannot express uneven batch shares (b{'-'.join(map(str, s.shares))}): its "
+            "data-parallel "
+            "replicas take equal microbatches"
+        )
+    if s.placement is not None and s.placement != tuple(range(s.devices)):
+        raise ExportError(
+            f"{target} cannot express the device placement @{'-'.join(map(str, s.placement))}: its ranks are "
+            "laid out pipeline stage, then data-parallel replica, then tensor rank; start the job with the "
+            "GPUs (ranks) in the placement's order instead"
+        )
+
+
+def need_transformer(plan: Plan, target: str) -> ModelShape:
+    if plan.shape is None:
+        family = parse_model_string(plan.model).family
+        raise ExportError(
+            f"{target} trains transformers (GPT, Llama); {plan.model} is a {family} model it has no "
+            "arguments for"
+        )
+    return plan.shape
+
+
+__all__ = [
+    "ExportError",
+    "Exported",
+    "ModelError",
+    "ModelShape",
+    "Plan",
+    "make_plan",
+    "model_shape",
+    "need_transformer",
+    "refuse_common",
+    "resolve_numerics",
+]

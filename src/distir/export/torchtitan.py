@@ -1,0 +1,174 @@
+"""A torchtitan job TOML for a plan (``--job.config_file``).
+
+Section and key names follow ``torchtitan/config/job_config.py`` of pytorch/torchtitan at commit
+e347b1e5e6b6941d789d16d340145294d82dc71e (2026-02-15), the last before #2386 (2026-02-23)
+replaced the TOML job files by Python configurations (``Trainer.Config``; its
+``ParallelismConfig`` keeps the degree names used here and its ``--section.option`` flags still
+work). What the plan maps to:
+
+- ``[parallelism]``: ZeRO-0 replicas as ``data_parallel_replicate_degree`` (DDP, which torchtitan
+  runs without TP and PP only: with them, FSDP as for ZeRO-2, with a warning); ZeRO-1/2/3 as
+  ``data_parallel_shard_degree`` (FSDP2) with ``fsdp_reshard_after_forward`` "always" (ZeRO-3)
+  or "never" (parameters kept gathered from the forward to the backward: ZeRO-2);
+  ``tensor_parallel_degree``; ``pipeline_parallel_degree``, ``pipeline_parallel_schedule``
+  (GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble for zb1),
+  ``pipeline_parallel_microbatch_size`` and, for p > 1, the chunks as
+  ``module_fqns_per_model_part`` (torchtitan's Llama module names);
+- ``[training]``: ``local_batch_size`` (per data-parallel rank; without pipelining, one
+  microbatch, torchtitan accumulating ``global_batch_size / (local_batch_size · d)`` of them),
+  ``global_batch_size``, ``seq_len``; mixed precision as ``mixed_precision_param`` (bfloat16)
+  and ``mixed_precision_reduce`` (float32), pure bf16 as ``dtype = "bfloat16"``;
+- ``[activation_checkpoint]``: ``mode`` none/full, op-level recomputation as ``selective`` with
+  ``selective_ac_option = "op"``;
+- ``[model]``: ``name``/``flavor`` for the models torchtitan ships (Llama 3 8B), else a flavor
+  named after the model, with a warning (register it in torchtitan's model args).
+
+Nearest, with a warning: TP without sp (torchtitan's TP always shards the norms' activations
+over the sequence), ZeRO-1 (exported as ZeRO-2), Megatron's selective recomputation (exported as
+op-level). Refused: fp16 (torchtitan's mixed precision is bfloat16), uneven batch shares, a
+non-default placement.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distir.export.plan import Exported, ExportError, Plan, need_transformer, refuse_common
+
+TARGET = "torchtitan"
+SCHEDULES = {
+    "gpipe": "GPipe",
+    "1f1b": "1F1B",
+    "interleaved": "Interleaved1F1B",
+    "zb1": "InterleavedZeroBubble",
+}
+FLAVORS = {"llama3-8b": ("llama3", "8B")}
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return "[" + ", ".join(_value(x) for x in v) + "]"
+
+
+def to_toml(sections: dict[str, dict[str, Any]], header: list[str]) -> str:
+    lines = [f"# {h}" for h in header]
+    for name, table in sections.items():
+        lines += ["", f"[{name}]"]
+        lines += [f"{k} = {_value(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+def module_fqns(blocks: tuple[int, ...]) -> list[list[str]]:
+    """torchtitan's Llama module names per chunk: the embedding first, the norm and head last."""
+    out: list[list[str]] = []
+    start = 0
+    for c, n in enumerate(blocks):
+        names = [f"layers.{i}" for i in range(start, start + n)]
+        start += n
+        if c == 0:
+            names.insert(0, "tok_embeddings")
+        if c == len(blocks) - 1:
+            names += ["norm", "output"]
+        out.append(names)
+    return out
+
+
+def _parallelism(plan: Plan, warn: list[str]) -> dict[str, Any]:
+    s = plan.strategy
+    ddp = s.zero == 0 and (s.d == 1 or (s.t == 1 and s.p == 1))
+    if s.zero == 0 and not ddp:
+        warn.append(
+            "torchtitan's DDP runs without TP and PP only (its parallelize: \"DDP has not supported > 1D "
+            'parallelism"); ZeRO-0 replicas exported as FSDP without resharding after the forward (ZeRO-2: '
+            "less memory, gradients reduce-scattered and parameters all-gathered instead of all-reduced)"
+        )
+    par: dict[str, Any] = {
+        "data_parallel_replicate_degree": s.d if ddp else 1,
+        "data_parallel_shard_degree": 1 if ddp else s.d,
+    }
+    if not ddp:
+        par["fsdp_reshard_after_forward"] = "always" if s.zero == 3 else "never"
+        if s.zero == 1:
+            warn.append(
+                "torchtitan has no ZeRO-1 (optimizer state sharded, gradients whole); exported as FSDP "
+                "without resharding after the forward (ZeRO-2: gradients sharded too, less memory)"
+            )
+    par["tensor_parallel_degree"] = s.t
+    if s.t > 1 and not s.sp:
+        warn.append(
+            "torchtitan's tensor parallelism always shards the norms' activations over the sequence "
+            "(sequence parallelism); exported with it (less activation memory than the plan's)"
+        )
+    par["pipeline_parallel_degree"] = s.p
+    if s.p > 1:
+        par["pipeline_parallel_schedule"] = SCHEDULES[s.schedule]
+        par["pipeline_parallel_microbatch_size"] = plan.microbatch
+        par["module_fqns_per_model_part"] = module_fqns(plan.blocks)
+    return par
+
+
+def _training(plan: Plan) -> dict[str, Any]:
+    s = plan.strategy
+    shape = need_transformer(plan, TARGET)
+    local = plan.batch // s.d if s.p > 1 else plan.microbatch
+    tr: dict[str, Any] = {"local_batch_size": local, "global_batch_size": plan.batch, "seq_len": shape.seq}
+    if plan.dtype == "f16":
+        raise ExportError(
+            f"{TARGET} cannot express fp16: its mixed precision and training dtype are bfloat16 or float32"
+        )
+    if plan.dtype == "bf16" and plan.precision == "pure":
+        tr["dtype"] = "bfloat16"
+    else:
+        tr["mixed_precision_param"] = "bfloat16" if plan.dtype == "bf16" else "float32"
+        tr["mixed_precision_reduce"] = "float32"
+    return tr
+
+
+def _activation_checkpoint(plan: Plan, warn: list[str]) -> dict[str, Any]:
+    r = plan.strategy.recompute
+    if r in ("none", "full"):
+        return {"mode": r}
+    if r == "selective":
+        warn.append(
+            "rsel (Megatron's selective recomputation: the attention core) has no torchtitan mode; exported "
+            'as op-level selective checkpointing (selective_ac_option = "op"), which recomputes more'
+        )
+    return {"mode": "selective", "selective_ac_option": "op"}
+
+
+def job_sections(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    refuse_common(plan, TARGET)
+    warn: list[str] = []
+    shape = need_transformer(plan, TARGET)
+    name, flavor = FLAVORS.get(
+        plan.model, ("llama3" if shape.family == "llama" else shape.family, plan.model)
+    )
+    if plan.model not in FLAVORS:
+        warn.append(
+            f"torchtitan ships no {plan.model} model; [model] names it (name {name!r}, flavor {flavor!r}): "
+            "register a model of its shape under those names"
+        )
+    sections = {
+        "model": {"name": name, "flavor": flavor},
+        "training": _training(plan),
+        "parallelism": _parallelism(plan, warn),
+        "activation_checkpoint": _activation_checkpoint(plan, warn),
+    }
+    if plan.optimizer == "sgd":
+        sections["optimizer"] = {"name": "SGD"}
+    return sections, warn
+
+
+def export(plan: Plan) -> Exported:
+    sections, warn = job_sections(plan)
+    s = plan.strategy
+    header = [
+        f"distir export --to torchtitan: {plan.model} {s}, batch {plan.batch}, {plan.dtype} {plan.precision}",
+        f"NGPU = {s.devices} (d·t·p = {s.d}·{s.t}·{s.p}); torchtitan job config (job_config.py at e347b1e5)",
+    ]
+    return Exported(TARGET, to_toml(sections, header), ".toml", tuple(warn))

@@ -1,0 +1,72 @@
+"""The DeepSpeed config JSON (``distir.export.deepspeed``): parsed by json, checked against the
+documented keys (deepspeed.ai/docs/config-json, AutoTP training) and DeepSpeed's batch identity
+train_batch_size = micro × accumulation × data-parallel size."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from distir.export import ExportError, export, make_plan
+
+TOP = {
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
+    "bf16", "fp16", "tensor_parallel", "activation_checkpointing", "optimizer",
+}  # fmt: skip
+
+
+def _cfg(strategy: str, **kw: Any) -> tuple[dict[str, Any], tuple[str, ...], tuple[str, ...]]:
+    e = export(make_plan("gpt2-1.6b", strategy, 64, cluster="dgx-a100:2", **kw), "deepspeed")
+    cfg = json.loads(e.text)
+    assert set(cfg) <= TOP
+    d = make_plan("gpt2-1.6b", strategy, 64).strategy.d
+    assert (
+        cfg["train_batch_size"]
+        == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * d
+    )
+    return cfg, e.warnings, e.notes
+
+
+def test_pure_data_parallel() -> None:
+    cfg, warn, notes = _cfg("d8.t1.p1.k1.1f1b")
+    assert cfg["zero_optimization"] == {"stage": 0} and cfg["bf16"] == {"enabled": True}
+    assert "fp16" not in cfg and "tensor_parallel" not in cfg and warn == notes == ()
+
+
+def test_zero3_with_accumulation() -> None:
+    cfg, _, _ = _cfg("d4.t1.p1.k4.1f1b.z3")
+    assert cfg["zero_optimization"]["stage"] == 3 and cfg["gradient_accumulation_steps"] == 4
+
+
+def test_tp_with_sp_warns_that_autotp_has_no_sequence_parallelism() -> None:
+    cfg, warn, _ = _cfg("d2.t4.sp.p1.k1.1f1b.z2")
+    assert cfg["tensor_parallel"] == {"autotp_size": 4}
+    assert any("sequence parallelism" in w for w in warn)
+
+
+def test_f16_mixed_precision() -> None:
+    cfg, _, _ = _cfg("d8.t1.p1.k1.1f1b", dtype="f16")
+    assert cfg["fp16"] == {"enabled": True} and "bf16" not in cfg
+
+
+def test_pipeline_is_a_note_and_gpipe_a_warning() -> None:
+    cfg, warn, notes = _cfg("d2.t2.p2.k4.gpipe.z1.rfull")
+    assert cfg["gradient_accumulation_steps"] == 4
+    assert any("GPipe" in w for w in warn)
+    assert any("num_stages=2" in n for n in notes) and any("checkpoint" in n for n in notes)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "feature"),
+    [
+        ("d1.t1.p4.k8.interleaved.v2", "interleaved"),
+        ("d2.t1.p4.k8.1f1b.z2", "ZeRO stage 2"),
+        ("d2.t4.p1.k1.1f1b.z3", "ZeRO-3"),
+        ("d2.t1.p1.k1.1f1b.b1-3", "uneven batch shares"),
+    ],
+)
+def test_what_deepspeed_cannot_express_is_an_error(strategy: str, feature: str) -> None:
+    with pytest.raises(ExportError, match=feature):
+        export(make_plan("gpt2-1.6b", strategy, 64), "deepspeed")

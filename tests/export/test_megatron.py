@@ -1,0 +1,123 @@
+"""Megatron-LM arguments (``distir.export.megatron``), parsed by an argparse parser declaring the
+options as megatron/training/arguments.py (d98e8a64) declares them (names, arity, choices)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+import pytest
+
+from distir.export import ExportError, export, make_plan
+from distir.export.megatron import layout, megatron_args
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(exit_on_error=False)
+    for name in (
+        "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+        "--num-layers-per-virtual-pipeline-stage",
+        "--micro-batch-size", "--global-batch-size", "--decoder-first-pipeline-num-layers",
+        "--decoder-last-pipeline-num-layers", "--recompute-num-layers", "--num-layers", "--hidden-size",
+        "--ffn-hidden-size", "--num-attention-heads", "--seq-length", "--max-position-embeddings",
+        "--vocab-size", "--rotary-base", "--num-query-groups",
+    ):  # fmt: skip
+        p.add_argument(name, type=int)
+    for name in ("--hidden-dropout", "--attention-dropout"):
+        p.add_argument(name, type=float)
+    for name in (
+        "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16", "--fp16",
+        "--untie-embeddings-and-output-weights", "--swiglu", "--disable-bias-linear",
+        "--group-query-attention",
+    ):  # fmt: skip
+        p.add_argument(name, action="store_true")
+    p.add_argument("--recompute-granularity", choices=["full", "selective"])
+    p.add_argument("--recompute-method", choices=["uniform", "block"])
+    p.add_argument(
+        "--data-parallel-sharding-strategy",
+        choices=["no_shard", "optim", "optim_grads", "optim_grads_params"],
+    )
+    p.add_argument("--pipeline-model-parallel-layout", type=str)
+    p.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"])
+    p.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "none"])
+    p.add_argument("--optimizer", choices=["adam", "sgd"])
+    return p
+
+
+def _args(strategy: str, model: str = "llama3-8b", **kw: str) -> tuple[argparse.Namespace, list[str]]:
+    args, warn = megatron_args(make_plan(model, strategy, 64, cluster="dgx-a100:2", **kw))
+    return _parser().parse_args(args), warn
+
+
+def test_pure_data_parallel_and_the_llama_shape() -> None:
+    a, warn = _args("d8.t1.p1.k1.1f1b")
+    assert (a.tensor_model_parallel_size, a.pipeline_model_parallel_size) == (1, 1)
+    assert (a.micro_batch_size, a.global_batch_size) == (8, 64) and a.bf16 and warn == []
+    assert (a.num_layers, a.hidden_size, a.ffn_hidden_size, a.num_attention_heads) == (32, 4096, 14336, 32)
+    assert a.group_query_attention and a.num_query_groups == 8 and a.swiglu and a.normalization == "RMSNorm"
+    assert a.position_embedding_type == "rope" and a.rotary_base == 500000 and a.vocab_size == 128256
+
+
+def test_gpt_shape_learned_positions_untied() -> None:
+    a, _ = _args("d8.t1.p1.k1.1f1b", model="gpt2-1.6b", dtype="f16")
+    assert (a.num_layers, a.hidden_size, a.ffn_hidden_size, a.seq_length) == (48, 1600, 6400, 1024)
+    assert a.fp16 and not a.bf16 and not a.swiglu and a.untie_embeddings_and_output_weights
+    assert a.position_embedding_type is None  # Megatron's default: learned absolute
+
+
+def test_fsdp_is_megatron_fsdp() -> None:
+    a, _ = _args("d4.t1.p1.k4.1f1b.z3")
+    assert a.use_megatron_fsdp and a.data_parallel_sharding_strategy == "optim_grads_params"
+    assert a.global_batch_size // (a.micro_batch_size * 4) == 4  # k microbatches per replica
+
+
+def test_tp_with_sp_and_selective_recomputation() -> None:
+    a, warn = _args("d2.t4.sp.p1.k1.1f1b.z1.rsel")
+    assert a.tensor_model_parallel_size == 4 and a.sequence_parallel and a.use_distributed_optimizer
+    assert a.recompute_granularity == "selective" and warn == []
+
+
+def test_interleaved_uniform_pipeline() -> None:
+    a, _ = _args("d1.t1.p4.k8.interleaved.v2")
+    assert a.pipeline_model_parallel_size == 4 and a.num_layers_per_virtual_pipeline_stage == 32 // 8
+    assert a.pipeline_model_parallel_layout is None
+
+
+def test_hybrid_3d_with_uneven_first_and_last_stages() -> None:
+    a, warn = _args("d2.t2.sp.p4.k8.zb1.rfull.L7-9-9-7")
+    assert (a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers) == (7, 7)
+    assert (
+        a.recompute_granularity == "full" and a.recompute_method == "uniform" and a.recompute_num_layers == 1
+    )
+    assert any("ZB-H1" in w for w in warn)
+
+
+def test_an_irregular_split_is_a_layout() -> None:
+    a, _ = _args("d1.t1.p2.k8.interleaved.v2.L7-9-9-7")
+    assert a.pipeline_model_parallel_layout == "Ettttttt|ttttttttt|ttttttttt|tttttttL"
+    assert layout((0, 2, 0)) == "E|tt|L"
+
+
+def test_the_file_is_a_bash_array_of_the_arguments() -> None:
+    plan = make_plan("llama3-8b", "d2.t4.sp.p1.k1.1f1b", 64)
+    text = export(plan, "megatron").text
+    body = text.split("MEGATRON_ARGS=(\n", 1)[1].split("\n)", 1)[0]
+    assert shlex.split(body) == megatron_args(plan)[0]
+
+
+@pytest.mark.parametrize(
+    ("model", "strategy", "feature"),
+    [
+        ("llama3-8b", "d2.t1.p1.k1.1f1b.b1-3", "uneven batch shares"),
+        ("llama3-8b", "d2.t1.p1.k1.1f1b.@1-0", "placement"),
+        ("mlp:layers=4,hidden=64", "d2.t1.p1.k1.1f1b", "transformers"),
+    ],
+)
+def test_what_megatron_cannot_express_is_an_error(model: str, strategy: str, feature: str) -> None:
+    with pytest.raises(ExportError, match=feature):
+        export(make_plan(model, strategy, 64), "megatron")
+
+
+def test_one_microbatch_needs_no_schedule_warning() -> None:
+    _, warn = _args("d2.t2.p2.k1.gpipe")
+    assert warn == []

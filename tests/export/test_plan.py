@@ -1,0 +1,45 @@
+"""The shared plan (``distir.export.plan``): microbatch, chunk blocks, numerics, input errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from distir.export import ExportError, export, make_plan
+from distir.export.plan import resolve_numerics
+
+
+def test_microbatch_and_uniform_blocks() -> None:
+    plan = make_plan("gpt2-1.6b", "d2.t1.p4.k8.1f1b", 64)
+    assert plan.microbatch == 64 // (2 * 8)
+    assert plan.blocks == (12, 12, 12, 12) and plan.uniform_blocks == 12
+
+
+def test_uneven_uniform_split_gives_the_first_chunks_one_more() -> None:
+    plan = make_plan("gpt2-1.6b", "d1.t1.p5.k5.1f1b", 10)
+    assert plan.blocks == (10, 10, 10, 9, 9) and plan.uniform_blocks is None
+
+
+def test_numerics_auto_follow_the_cluster() -> None:
+    assert resolve_numerics("auto", "auto", "dgx-a100") == ("bf16", "mixed")
+    assert resolve_numerics("auto", "auto", "dgx2-v100") == ("f16", "mixed")
+    assert resolve_numerics("f32", "auto", None) == ("f32", "pure")
+    with pytest.raises(ExportError, match="half format"):
+        resolve_numerics("f32", "mixed", None)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "batch", "cluster", "what"),
+    [
+        ("d2.t1.p1.k3.1f1b", 64, None, "equal microbatches"),
+        ("d16.t1.p1.k1.1f1b", 64, "dgx-a100", "needs 16 GPUs"),
+        ("d1.t1.p2.k2.1f1b.L1-1", 64, None, "covers 2 blocks"),
+    ],
+)
+def test_bad_plans_are_one_line_errors(strategy: str, batch: int, cluster: str | None, what: str) -> None:
+    with pytest.raises(ExportError, match=what):
+        make_plan("gpt2-1.6b", strategy, batch, cluster=cluster)
+
+
+def test_unknown_target() -> None:
+    with pytest.raises(ExportError, match="--to must be one of"):
+        export(make_plan("gpt2-1.6b", "d1.t1.p1.k1.1f1b", 8), "colossal")

@@ -1,0 +1,126 @@
+"""The Python API (``distir.api``): the docs' example runs, results carry the JSON's fields,
+models and clusters as objects or strings, ``distir.search`` both callable and a package."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import distir
+from distir.api import Failed, Result, SearchResults
+from distir.cli import app
+from distir.frontends.zoo.registry import parse_model_string
+from distir.parallel.strategy import StrategyError
+from distir.report.fields import STRATEGY_FIELDS
+from distir.search.rerank import RESULT_KEYS
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT = "gpt:layers=2,hidden=64,heads=2,seq=32,vocab=128"
+
+
+def test_the_docs_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    text = (ROOT / "docs" / "api.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks and "distir.search(" in blocks[0]
+    namespace: dict[str, object] = {}
+    for block in blocks:
+        exec(compile(block, "docs/api.md", "exec"), namespace)
+    out = capsys.readouterr().out
+    best = namespace["best"]
+    assert isinstance(best, Result) and best.strategy in out
+    assert "MEGATRON_ARGS=(" in out
+
+
+@pytest.fixture(scope="module")
+def found() -> SearchResults:
+    return distir.search(model=GPT, cluster="dgx-a100", batch=16, top=3)
+
+
+def test_search_results_are_typed_with_the_json_fields(found: SearchResults) -> None:
+    assert isinstance(found, SearchResults) and found.results and found.best is found.results[0]
+    names = [f.name for f in dataclasses.fields(Result)]
+    assert names[: len(STRATEGY_FIELDS)] == list(STRATEGY_FIELDS)
+    assert set(RESULT_KEYS) <= set(names)
+    for r in found.results:
+        assert r.microbatch_size * r.d * r.k == found.batch
+        assert r.layers_per_chunk is not None and sum(r.layers_per_chunk) == 2
+        assert len(r.placement) == r.d * r.t * r.p
+    assert found.results == tuple(sorted(found.results, key=lambda r: (not r.fits, -r.throughput)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        found.best.d = 3  # type: ignore[misc, union-attr]
+
+
+def test_the_search_json_has_exactly_the_result_fields(tmp_path: Path) -> None:
+    args = ["search", "--model", GPT, "--cluster", "dgx-a100", "--batch", "16", "--top", "3"]
+    res = CliRunner().invoke(app, [*args, "--workers", "1", "--fresh", "--json"])
+    assert res.exit_code == 0, res.output
+    names = {f.name for f in dataclasses.fields(Result)}
+    for row in json.loads(res.stdout)["results"]:
+        assert set(row) == names
+
+
+def test_objects_and_strings_give_the_same_search(found: SearchResults) -> None:
+    again = distir.search(
+        model=parse_model_string(GPT), cluster=distir.Cluster.parse("dgx-a100"), batch=16, top=3
+    )
+    assert [r.strategy for r in again.results] == [r.strategy for r in found.results]
+    assert again.best is not None and found.best is not None
+    assert again.best.step_time_s == found.best.step_time_s
+
+
+def test_simulate_agrees_with_the_cli() -> None:
+    one = distir.simulate(GPT, "d2.t2.p2.k4.1f1b", "dgx-a100", 16, dtype="bf16", precision="mixed")
+    args = ["simulate", "--model", GPT, "--strategy", "d2.t2.p2.k4.1f1b", "--cluster", "dgx-a100"]
+    res = CliRunner().invoke(
+        app, [*args, "--batch", "16", "--dtype", "bf16", "--precision", "mixed", "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    cli = json.loads(res.stdout)
+    assert one.step_time_s == pytest.approx(cli["step_time_s"], rel=1e-9)
+    assert (one.v, one.microbatch_size, one.layers_per_chunk) == (1, 2, (1, 1))
+    assert [cli[f] for f in ("d", "t", "p", "k", "microbatch_size")] == [2, 2, 2, 4, 2]
+
+
+def test_distribute_returns_a_verified_program() -> None:
+    prog = distir.distribute(GPT, "d2.t1.p2.k2.1f1b", batch=8)
+    distir.verify(prog)
+    model = parse_model_string(GPT).build(8)
+    assert distir.distribute(model, "d2.t1.p2.k2.1f1b") is not None  # a built model
+
+
+def test_bad_input_is_a_typed_error() -> None:
+    with pytest.raises(StrategyError, match="unknown part"):
+        distir.simulate(GPT, "d2.x3", "dgx-a100", 16)
+
+
+def test_search_is_callable_and_still_a_package() -> None:
+    import distir.search.run as run
+
+    assert callable(distir.search) and run.SearchRequest is not None
+    assert isinstance(Failed("d1", "boom"), Failed)
+
+
+def test_import_distir_needs_neither_torch_nor_pandas() -> None:
+    code = (
+        "import sys, distir; distir.Cluster; print(sorted({'torch', 'pandas', 'typer'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_to_dataframe(found: SearchResults) -> None:
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="pandas"):
+            found.to_dataframe()
+        return
+    df = found.to_dataframe()
+    assert list(df["strategy"]) == [r.strategy for r in found.results]
