@@ -21,8 +21,10 @@ CSV_KEYS = (
     "t",
     "p",
     "k",
+    "microbatch_size",
     "schedule",
     "zero",
+    "shard_group",
     "recompute",
     "dtype",
     "precision",
@@ -50,7 +52,7 @@ def _finite(x: Any) -> Any:
 
 def search_json(o: SearchOutput) -> dict[str, Any]:
     """The ``--json`` object: ``results`` best first (each with ``strategy``, ``d``, ``t``, ``p``,
-    ``k``, ``step_time_s``, ``throughput``, ``peak_memory_bytes``, ``fits`` and more), the
+    ``k``, ``microbatch_size``, ``step_time_s``, ``throughput``, ``peak_memory_bytes``, ``fits`` and more), the
     screen's counts and timings."""
     r = o.request
     return {
@@ -72,6 +74,8 @@ def search_json(o: SearchOutput) -> dict[str, Any]:
         "screen_top": [
             {
                 "strategy": str(e.strategy),
+                "microbatch_size": r.batch // (e.strategy.d * e.strategy.k),
+                "k": e.strategy.k,
                 "step_time_s": e.step_time_s,
                 "peak_memory_bytes": e.peak_memory_bytes,
                 "fits": e.fits,
@@ -97,6 +101,7 @@ def plot_rows(o: SearchOutput) -> list[dict[str, Any]]:
                 "t": s.t,
                 "p": s.p,
                 "k": s.k,
+                "microbatch_size": batch // (s.d * s.k),
                 "step_time_s": e.step_time_s,
                 "throughput": e.throughput(batch),
                 "peak_memory_bytes": e.peak_memory_bytes,
@@ -135,16 +140,17 @@ def results_table(o: SearchOutput) -> Table:
         title=title,
         caption="ranked by simulated throughput; MFU: model FLOPs (recomputation excluded), HFU: all "
         "FLOPs executed; memory: the worst device's peak / its capacity (GiB); "
-        "screen: the analytic estimate of the step",
+        "screen: the analytic estimate of the step; mb×k: samples per GPU and microbatch × "
+        "microbatches (gradient-accumulation steps) per step",
     )
-    for h in ("#", "strategy", "step", "samples/s", "MFU", "HFU", "memory", "bubble", "screen"):
+    for h in ("#", "strategy", "mb×k", "step", "samples/s", "MFU", "HFU", "memory", "bubble", "screen"):
         if h == "strategy":  # long partitions fold; the figures never do
             table.add_column(h, overflow="fold", ratio=1)
         else:
             table.add_column(h, justify="right", no_wrap=True)
     for i, row in enumerate(o.results, 1):
         if "error" in row:
-            table.add_row(str(i), row["strategy"], "[red]error[/red]", "", "", "", row["error"][:60], "", "")
+            table.add_row(str(i), row["strategy"], "", "[red]error[/red]", "", "", "", row["error"][:60], "", "")
             continue
         mem = f"{row['peak_memory_bytes'] / GIB:.1f}/{row['capacity_bytes'] / GIB:.0f}G"
         if not row["fits"]:
@@ -152,6 +158,7 @@ def results_table(o: SearchOutput) -> Table:
         table.add_row(
             str(i),
             row["strategy"],
+            f"{row['microbatch_size']}×{row['k']}",
             _t(row["step_time_s"]),
             f"{row['throughput']:.1f}",
             _pct(row.get("mfu")),

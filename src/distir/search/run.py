@@ -9,8 +9,10 @@
 3. **Batch shares** (heterogeneous clusters): for the best screened strategies with d > 1, the
    screen proposes uneven batch shares of their replicas (``distir.search.shares``); the
    proposals it finds faster join the screened list.
-4. **Exact re-rank**: the ``top`` best that the screen says fit (with ``explain``, also the best
-   pure-D, pure-T and pure-P strategies, which ``--explain`` compares the winner with) are
+4. **Exact re-rank**: the ``top`` best that the screen says fit (with pins: the best of each of
+   the ``top`` best (d, t, p, k) shapes, so the best of every shape the pins leave is shown; with
+   ``explain``, also the best pure-D, pure-T and pure-P strategies, which ``--explain`` compares
+   the winner with) are
    distributed and simulated
    (``distir.search.rerank``), in parallel, streaming into the result store
    (``distir.search.store``) so an interrupted search resumes.
@@ -53,7 +55,7 @@ from distir.search.store import ResultStore, StoreError, dumps, loads, search_ke
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
-STORE_VERSION = 6  # bump when the cost model or the result format changes: old results go stale
+STORE_VERSION = 7  # bump when the cost model or the result format changes: old results go stale
 
 
 def cluster_digest(spec: str) -> str:
@@ -120,15 +122,17 @@ def build_space(req: SearchRequest, cluster: Cluster) -> Space:
     """The space ``req`` searches on ``cluster``."""
     spec = parse_model_string(req.model)
     dt = DType.parse(req.dtype)
+    node = min(n.devices_per_node for n in cluster.nodes)
     return Space(
         cluster.num_devices,
         req.batch,
         num_blocks(spec, dt, req.train),
         # TP stays inside a node (its collectives run every layer; across a network they never
         # pay off), unless the user pins a larger --tp
-        tuple(allowed_tp(spec, dt, req.pins.tp or min(n.devices_per_node for n in cluster.nodes))),
+        tuple(allowed_tp(spec, dt, req.pins.tp or node)),
         req.train,
         req.pins,
+        node,  # HSDP shards within a node
     )
 
 
@@ -322,11 +326,22 @@ def pure_bests(screened: list[Estimate]) -> list[Strategy]:
     return out
 
 
-def pick_exact(screened: list[Estimate], top: int, pure: bool = False) -> list[Strategy]:
-    """The ``top`` best fitting estimates (the best ones if none fits); with ``pure``, also the
-    best pure-D, pure-T and pure-P ones."""
+def pick_exact(screened: list[Estimate], top: int, pure: bool = False, by_shape: bool = False) -> list[Strategy]:
+    """The ``top`` best fitting estimates (the best ones if none fits); with ``by_shape`` (a
+    pinned search), the best of each of the ``top`` best (d, t, p, k) shapes instead, so that
+    every microbatch size the pins leave is simulated, not only the screen's favourite; with
+    ``pure``, also the best pure-D, pure-T and pure-P ones."""
     fitting = [e for e in screened if e.fits] or screened
-    chosen: list[Strategy] = [e.strategy for e in fitting[:top]]
+    chosen: list[Strategy] = []
+    shapes: set[tuple[int, int, int, int]] = set()
+    for e in fitting:
+        if len(chosen) >= top:
+            break
+        s = e.strategy
+        if by_shape and (s.d, s.t, s.p, s.k) in shapes:
+            continue
+        shapes.add((s.d, s.t, s.p, s.k))
+        chosen.append(s)
     for s in pure_bests(screened) if pure else ():
         if s not in chosen:
             chosen.append(s)
@@ -381,7 +396,7 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
         if heterogeneous(cluster):
             n += add_shares(screen, screened, pool=pool)  # the proposals count as screened
         t2 = time.perf_counter()
-        chosen = pick_exact(screened, req.top, pure=req.explain)
+        chosen = pick_exact(screened, req.top, pure=req.explain, by_shape=req.pins.pinned)
         tasks = [str(s) for s in chosen]
         cached = len(done & set(tasks))
         # in the store or not, in parallel on the requested workers

@@ -119,12 +119,13 @@ def new_tables(s: Strategy, b: int, train: bool, n_state: int, mixed: bool = Fal
     # ZeRO paper's model state, as ``distribute`` holds it: the gradient accumulates in place
     # (ZeRO-2/3: this replica's shard, reduce-scattered in buckets during every backward) and
     # the optimizer updates weights and state in place
-    static_f = 1.0 / s.d if s.zero == 3 else 1.0
+    h = s.zero_degree  # HSDP shards over its group, replicates across groups
+    static_f = 1.0 / h if s.zero == 3 else 1.0
     if train:
-        static_f += 1.0 / s.d if s.zero >= 2 else 1.0  # the gradient
+        static_f += 1.0 / h if s.zero >= 2 else 1.0  # the gradient
         # mixed: the fp32 master (sharded from ZeRO-1 on) and state, each twice a half weight
         state = 2.0 * (1 + n_state) if mixed else float(n_state)
-        static_f += state / (s.d if s.zero >= 1 else 1)
+        static_f += state / (h if s.zero >= 1 else 1)
     return Tables(
         b=b,
         stage_of=[c % s.p for c in range(s.p * s.v)],
