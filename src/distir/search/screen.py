@@ -25,7 +25,7 @@ AMP's formulas, generalized (heterogeneous devices, uneven layers, memory, sched
 - **Memory per device.** Weights, gradients and their accumulator, optimizer state (divided by
   d — HSDP: by its shard group — as the ZeRO stage says), activations of the microbatches in flight (k for GPipe,
   min(k, p−j) for 1F1B, Megatron's warm-up count for interleaved), and the largest layer's
-  transient working set.
+  transient working set (ZeRO-3: with the largest layer's gathered weights).
 
 The screen ranks; the exact simulation (``distir.search.rerank``) decides.
 """

@@ -217,6 +217,7 @@ def figures(
     work = np.max([st.rows.work for st in stages], axis=0)
     mem, saved, (w_list, nw_list, saved_list) = _mem_of(s, tb, first, train)
     caps = np.array([st.rows.cap for st in stages], float)
+    w_bytes_max = float(first.rows.weight.max()) if n_layers else 0.0
     counts: tuple[int, ...]
     n_blocks = n_layers - ends.pre - ends.post
     if isinstance(s.partition, tuple):
@@ -224,7 +225,7 @@ def figures(
     elif balance and s.v == 1 and s.p > 1:
         whole = _WholeEnds(ends, n_layers)
         cm = comm if chunks > 1 else None
-        got = whole.assign(assign, time_c, s.k, cm, mem, caps - work.max())
+        got = whole.assign(assign, time_c, s.k, cm, mem, caps - work.max() - (w_bytes_max if tb.zero3 else 0.0))
         if got is None:  # nothing fits: balance time alone, report the memory honestly
             got = whole.assign(assign, time_c, s.k, cm, None, None)
         assert got is not None
@@ -271,8 +272,11 @@ def figures(
             # activations, those between I and W what I carries to W; the worst moment
             cv = float(first.rows.carried[layers].sum())
             act = max(a * sv + b * cv for a, b in _zb_states(s.p, s.k, s.v)[j]) / s.v
-        # np.max(initial=0.0): the exact maximum of 0.0 and the values
-        peaks.append(tb.static_f * wj + act + max([0.0, *[work_list[i] for i in layers]]))
+        # np.max(initial=0.0): the exact maximum of 0.0 and the values; ZeRO-3 holds the running
+        # layer's gathered weights beside its working set (whose weight gradient is whole until
+        # reduce-scattered)
+        gathered = max([0.0, *[w_list[i] for i in layers]]) if tb.zero3 else 0.0
+        peaks.append(tb.static_f * wj + act + max([0.0, *[work_list[i] for i in layers]]) + gathered)
         stage_w.append(wj)
         stage_nw.append(nwj)
     cap_list = caps.tolist()
