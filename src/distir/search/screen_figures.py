@@ -217,7 +217,8 @@ def figures(
     work = np.max([st.rows.work for st in stages], axis=0)
     mem, saved, (w_list, nw_list, saved_list) = _mem_of(s, tb, first, train)
     caps = np.array([st.rows.cap for st in stages], float)
-    w_bytes_max = float(first.rows.weight.max()) if n_layers else 0.0
+    # the largest working set (ZeRO-3: with the largest gathered layer) bounds what layers may hold
+    transient = work.max() + (float(first.rows.weight.max()) if tb.zero3 else 0.0)
     counts: tuple[int, ...]
     n_blocks = n_layers - ends.pre - ends.post
     if isinstance(s.partition, tuple):
@@ -225,7 +226,7 @@ def figures(
     elif balance and s.v == 1 and s.p > 1:
         whole = _WholeEnds(ends, n_layers)
         cm = comm if chunks > 1 else None
-        got = whole.assign(assign, time_c, s.k, cm, mem, caps - work.max() - (w_bytes_max if tb.zero3 else 0.0))
+        got = whole.assign(assign, time_c, s.k, cm, mem, caps - transient)
         if got is None:  # nothing fits: balance time alone, report the memory honestly
             got = whole.assign(assign, time_c, s.k, cm, None, None)
         assert got is not None
@@ -236,7 +237,7 @@ def figures(
             counts, time_c, s.k, comm
         ) * (1 + 1e-6):
             cut = np.concatenate([[0], np.cumsum(uni)])
-            if all(mem[j, cut[j] : cut[j + 1]].sum() <= caps[j] - work.max() for j in range(s.p)):
+            if all(mem[j, cut[j] : cut[j + 1]].sum() <= caps[j] - transient for j in range(s.p)):
                 counts = uni
     else:
         counts = call_counts(uniform_counts(n_blocks, chunks), ends)
