@@ -65,7 +65,12 @@ def _tensor_peak(spec: str, strategy: str, mixed: bool) -> tuple[float, int, flo
     mb = 2
     model = build_model(spec, batch=mb * s.d * s.k, dtype=dtype)
     prog = distribute(
-        model, s, Optimizer("adam"), comm_streams=True, precision="mixed" if mixed else "pure", bucket_mb=BUCKET_MB
+        model,
+        s,
+        Optimizer("adam"),
+        comm_streams=True,
+        precision="mixed" if mixed else "pure",
+        bucket_mb=BUCKET_MB,
     )
     r = simulate(prog, parse_cluster("dgx-a100"), device_map(s, True))
     layers, hidden = MODELS[spec]

@@ -24,7 +24,9 @@ BIG = "gpt:layers=4,hidden=20480,heads=160,seq=4096,vocab=50304"
 
 def test_fsdp_with_gradient_accumulation_at_p1_is_screened_and_wins() -> None:
     out = search(
-        SearchRequest(model=BIG, cluster="dgx-a100", batch=16, dtype="bf16", precision="mixed", top=4, pins=Pins(tp=1))
+        SearchRequest(
+            model=BIG, cluster="dgx-a100", batch=16, dtype="bf16", precision="mixed", top=4, pins=Pins(tp=1)
+        )
     )
     best = out.best()
     assert best is not None and best["fits"]
@@ -35,7 +37,9 @@ def test_fsdp_with_gradient_accumulation_at_p1_is_screened_and_wins() -> None:
     assert piped and all(r["step_time_s"] > best["step_time_s"] for r in piped)
     # without gradient accumulation at p = 1 (the space before): one sample per GPU needs full
     # recomputation to fit, slower than accumulating two one-sample microbatches
-    one = [e for e in out.screened if e.strategy.p == 1 and e.strategy.d == 8 and e.strategy.k == 1 and e.fits]
+    one = [
+        e for e in out.screened if e.strategy.p == 1 and e.strategy.d == 8 and e.strategy.k == 1 and e.fits
+    ]
     assert one and all(e.strategy.recompute != "none" for e in one)
 
 
@@ -49,11 +53,17 @@ def test_screen_memory_of_zero3_with_accumulation_and_hsdp_follows_the_simulator
 
     cluster = parse_cluster("dgx-a100")
     screen = Screen(
-        Profiler(parse_model_string(BIG), cluster, DType.bf16, True, mixed=True), Problem(16, True, "adam", True)
+        Profiler(parse_model_string(BIG), cluster, DType.bf16, True, mixed=True),
+        Problem(16, True, "adam", True),
     )
     runtime = cluster.device_spec(0).runtime
     job = ExactJob(BIG, "dgx-a100", 16, dtype="bf16", precision="mixed")
-    for text in ("d8.t1.p1.k2.1f1b.z3", "d8.t1.p1.k2.1f1b.z3h4", "d4.t2.p1.k4.1f1b.z3h2", "d8.t1.p1.k1.1f1b.z3.rsel"):
+    for text in (
+        "d8.t1.p1.k2.1f1b.z3",
+        "d8.t1.p1.k2.1f1b.z3h4",
+        "d4.t2.p1.k4.1f1b.z3h2",
+        "d8.t1.p1.k1.1f1b.z3.rsel",
+    ):
         est = screen.estimate(parse_strategy(text))
         exact = runtime.tensor_capacity(evaluate(job, text)["peak_memory_bytes"])
         assert 0.9 <= est.peak_memory_bytes / exact <= 1.2, (text, est.peak_memory_bytes / exact)

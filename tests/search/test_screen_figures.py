@@ -134,7 +134,19 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
     place = None if placement == tuple(range(len(placement))) else placement
     return (
         astuple(
-            Strategy(s.d, s.t, s.p, s.k, s.schedule, s.v, s.zero, s.recompute, part, place, shard_group=s.shard_group)
+            Strategy(
+                s.d,
+                s.t,
+                s.p,
+                s.k,
+                s.schedule,
+                s.v,
+                s.zero,
+                s.recompute,
+                part,
+                place,
+                shard_group=s.shard_group,
+            )
         ),
         step,
         max(peaks),

@@ -261,9 +261,11 @@ class _Builder:
         # weights, their state and sharded gradients live there, ``MeshView`` crosses over
         self.hsdp = train and s.zero == 3 and s.shard_group is not None
         h = s.zero_degree
-        self.meshes3 = [
-            Mesh((("dpr", s.d // h), ("dp", h), ("tp", s.t)), m.devices) for m in self.meshes
-        ] if self.hsdp else []
+        self.meshes3 = (
+            [Mesh((("dpr", s.d // h), ("dp", h), ("tp", s.t)), m.devices) for m in self.meshes]
+            if self.hsdp
+            else []
+        )
         n = s.devices
         # per direction a stream that sends and one that receives, so activations going forward
         # never queue behind gradients, and a receive never behind a send (``distribute``)
@@ -779,7 +781,10 @@ class _Builder:
                 # Megatron's embedding group: each stage adds the other's gradient, so the copies
                 # take the same step (an all-reduce of two, as two sends that cross)
                 g_other = reduced.pop(other)
-                here, there = self._mesh_for(w, stage_of[wchunk[w]]), self._mesh_for(w, stage_of[wchunk[other]])
+                here, there = (
+                    self._mesh_for(w, stage_of[wchunk[w]]),
+                    self._mesh_for(w, stage_of[wchunk[other]]),
+                )
                 (g_other_sum,) = fb.op(
                     "Add", g_other, to_mesh(g, there, f"g_{w.name}_tied"), names=[f"g_{w.name}"]
                 )

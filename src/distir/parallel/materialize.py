@@ -122,7 +122,8 @@ def materialize(module: Module) -> Module:
             continue
         if REGISTRY[instr.name].kind is not OpKind.LOCAL:
             raise ShardingError(
-                f"`{print_op(instr)}`: only local ops, Redistribute, MeshSend and MeshView can be materialized"
+                f"`{print_op(instr)}`: only local ops, Redistribute, MeshSend and MeshView can be "
+                "materialized"
             )
         if not instr.inputs:  # a constant of the logical program: one per device of its users' meshes
             for d in const_devices[instr.outputs[0]]:

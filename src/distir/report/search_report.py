@@ -52,8 +52,8 @@ def _finite(x: Any) -> Any:
 
 def search_json(o: SearchOutput) -> dict[str, Any]:
     """The ``--json`` object: ``results`` best first (each with ``strategy``, ``d``, ``t``, ``p``,
-    ``k``, ``microbatch_size``, ``step_time_s``, ``throughput``, ``peak_memory_bytes``, ``fits`` and more), the
-    screen's counts and timings."""
+    ``k``, ``microbatch_size``, ``step_time_s``, ``throughput``, ``peak_memory_bytes``, ``fits``
+    and more), the screen's counts and timings."""
     r = o.request
     return {
         "model": r.model,
@@ -150,7 +150,9 @@ def results_table(o: SearchOutput) -> Table:
             table.add_column(h, justify="right", no_wrap=True)
     for i, row in enumerate(o.results, 1):
         if "error" in row:
-            table.add_row(str(i), row["strategy"], "", "[red]error[/red]", "", "", "", row["error"][:60], "", "")
+            table.add_row(
+                str(i), row["strategy"], "", "[red]error[/red]", "", "", "", row["error"][:60], "", ""
+            )
             continue
         mem = f"{row['peak_memory_bytes'] / GIB:.1f}/{row['capacity_bytes'] / GIB:.0f}G"
         if not row["fits"]:

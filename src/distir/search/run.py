@@ -326,7 +326,9 @@ def pure_bests(screened: list[Estimate]) -> list[Strategy]:
     return out
 
 
-def pick_exact(screened: list[Estimate], top: int, pure: bool = False, by_shape: bool = False) -> list[Strategy]:
+def pick_exact(
+    screened: list[Estimate], top: int, pure: bool = False, by_shape: bool = False
+) -> list[Strategy]:
     """The ``top`` best fitting estimates (the best ones if none fits); with ``by_shape`` (a
     pinned search), the best of each of the ``top`` best (d, t, p, k) shapes instead, so that
     every microbatch size the pins leave is simulated, not only the screen's favourite; with

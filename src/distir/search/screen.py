@@ -23,9 +23,9 @@ AMP's formulas, generalized (heterogeneous devices, uneven layers, memory, sched
   its shard group and reduce-scatters there, then all-reduces the shard across the groups; then
   the optimizer.
 - **Memory per device.** Weights, gradients and their accumulator, optimizer state (divided by
-  d — HSDP: by its shard group — as the ZeRO stage says), activations of the microbatches in flight (k for GPipe,
-  min(k, p−j) for 1F1B, Megatron's warm-up count for interleaved), and the largest layer's
-  transient working set (ZeRO-3: with the largest layer's gathered weights).
+  d — HSDP: by its shard group — as the ZeRO stage says), activations of the microbatches in
+  flight (k for GPipe, min(k, p−j) for 1F1B, Megatron's warm-up count for interleaved), and the
+  largest layer's transient working set (ZeRO-3: with the largest layer's gathered weights).
 
 The screen ranks; the exact simulation (``distir.search.rerank``) decides.
 """
@@ -382,8 +382,12 @@ class Screen:
         if s.d > 1 and n_w and h < s.d:
             # HSDP: reduce-scatter within the shard group, all-reduce the shard across groups
             inner, across = group[:h], group[::h]
-            lat = coll.reducescatter_time(self.cluster, 1.0, inner) + coll.allreduce_time(self.cluster, 1.0, across)
-            t += coll.reducescatter_time(self.cluster, w, inner) + coll.allreduce_time(self.cluster, w / h, across)
+            lat = coll.reducescatter_time(self.cluster, 1.0, inner) + coll.allreduce_time(
+                self.cluster, 1.0, across
+            )
+            t += coll.reducescatter_time(self.cluster, w, inner) + coll.allreduce_time(
+                self.cluster, w / h, across
+            )
             t += (n_w - 1) * lat
         elif s.d > 1 and n_w:
             lat = coll.allreduce_time(self.cluster, 1.0, group)
@@ -414,7 +418,19 @@ class Screen:
         ident = tb.identity if len(placement) == len(tb.identity) else tuple(range(len(placement)))
         place = None if placement == ident else placement
         return Strategy(
-            s.d, s.t, s.p, s.k, s.schedule, s.v, s.zero, s.recompute, part, place, s.sp, s.shares, s.shard_group
+            s.d,
+            s.t,
+            s.p,
+            s.k,
+            s.schedule,
+            s.v,
+            s.zero,
+            s.recompute,
+            part,
+            place,
+            s.sp,
+            s.shares,
+            s.shard_group,
         )
 
 

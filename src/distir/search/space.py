@@ -124,11 +124,18 @@ class Space:
         if p.dp is not None and self.batch % p.dp:
             raise SpaceError(f"--dp {p.dp} does not divide the batch {self.batch}")
         if not self.train:
-            for flag, x, free in (("zero", p.zero, 0), ("recompute", p.recompute, "none"), ("hsdp", p.hsdp, None)):
-                if x is not None and x != free:
-                    raise SpaceError(f"--{flag} {x}: inference keeps no gradients or optimizer state")
+            given: tuple[tuple[str, object, object], ...] = (
+                ("zero", p.zero, 0),
+                ("recompute", p.recompute, "none"),
+                ("hsdp", p.hsdp, None),
+            )
+            for flag, val, free in given:
+                if val is not None and val != free:
+                    raise SpaceError(f"--{flag} {val}: inference keeps no gradients or optimizer state")
         if p.hsdp is not None and p.dp is not None and (p.dp % p.hsdp or p.hsdp >= p.dp):
-            raise SpaceError(f"--hsdp {p.hsdp} must divide --dp {p.dp} and be smaller (--hsdp {p.dp} is --zero 3)")
+            raise SpaceError(
+                f"--hsdp {p.hsdp} must divide --dp {p.dp} and be smaller (--hsdp {p.dp} is --zero 3)"
+            )
         if next(self.strategies(), None) is None:
             raise SpaceError(
                 f"no strategy for {self.devices} devices, batch {self.batch} and these pins "
