@@ -149,3 +149,27 @@ def test_a_pinned_search_simulates_the_best_of_each_shape() -> None:
     ]
     assert Pins(dp=4).pinned and not Pins(max_k=8).pinned
     assert {f.name for f in fields(Pins)} == {*PARTS, "max_k"}
+
+
+def test_pins_inference_cannot_take_and_microbatch_pins_say_why() -> None:
+    import pytest
+
+    from distir.search.space import SpaceError
+
+    for pins in (Pins(zero=1), Pins(recompute="full"), Pins(hsdp=2)):
+        with pytest.raises(SpaceError, match="inference keeps no gradients"):
+            Space(8, 32, 6, (1, 2, 4, 8), train=False, pins=pins).check()
+    with pytest.raises(SpaceError, match="--microbatch-size must be a positive integer"):
+        Pins(mbs=0)
+    with pytest.raises(SpaceError, match="HSDP shards ZeRO-3"):
+        Pins(hsdp=4, zero=2)
+    sp = Space(8, 32, 6, (1, 2, 4, 8), pins=Pins(mbs=3))
+    assert (sp.why_not(8, 1, 1) or "").startswith("--microbatch-size 3 does not divide")
+    # a pinned k beyond --max-microbatches is still searched; unpinned, k stops there
+    assert {s.k for s in Space(1, 256, 6, (1,), pins=Pins(k=256, max_k=8)).bases()} == {256}
+    assert max(s.k for s in Space(1, 256, 6, (1,), pins=Pins(max_k=8)).bases()) == 8
+    # recomputation outside the ladder (torchtitan's op-level) when pinned
+    got = {
+        (s.zero, s.recompute) for s in Space(8, 32, 6, (1, 2), pins=Pins(recompute="ops", dp=8)).strategies()
+    }
+    assert got == {(z, "ops") for z in range(4)}
