@@ -2,7 +2,9 @@
 
 1. **Screen** every strategy of the space (``distir.search.space``) analytically
    (``distir.search.screen``), climbing each base's memory ladder only until it fits, with the
-   Megatron placement (TP groups on consecutive GPUs, i.e. inside nodes).
+   Megatron placement (TP groups on consecutive GPUs, i.e. inside nodes). Without a pipeline the
+   microbatch count is a rung too: a larger k is screened only on the rungs cheaper than the one
+   the next smaller k fit on (``_p1_chains``).
 2. **Placement** (heterogeneous clusters): the best screened strategies of the leading
    (d, t, p) shapes are annealed over placements that keep TP groups whole
    (``distir.search.placement``), the layer assignment re-optimized for each placement.
@@ -158,12 +160,15 @@ def screen_space(
     # rung by rung: the bases that did not fit climb together after the others, and the profiles
     # of a base's next rung go to the workers the moment it does not fit (rather than being
     # computed here, later, while they wait); the estimates are the same, listed in the order of
-    # a base-by-base climb
+    # a base-by-base climb. Without a pipeline the microbatch is one more rung (``_p1_chains``).
     got: list[tuple[int, int, Estimate]] = []
-    climbing = [i for i, ladder in enumerate(ladders) if ladder]
-    done = len(bases) - len(climbing)
+    chains = _p1_chains(bases)
+    chained = {i for chain in chains for i in chain}
+    climbing = [i for i, ladder in enumerate(ladders) if ladder and i not in chained]
+    done = len(bases) - len(climbing) - len(chained)
     if pool is not None:
-        prof.prefetch(pool, _rung_profiles(screen, [ladders[i][0] for i in climbing], req.batch))
+        heads = [ladders[i][0] for i in climbing] + [ladders[c[0]][0] for c in chains if ladders[c[0]]]
+        prof.prefetch(pool, _rung_profiles(screen, heads, req.batch))
     rung = 0
     while climbing:
         still: list[int] = []
@@ -179,11 +184,37 @@ def screen_space(
                 if progress is not None:
                     progress("screen", done, len(bases))
         climbing, rung = still, rung + 1
+    for chain in chains:
+        limit = len(ladders[chain[0]])
+        for i in chain:
+            for r, s in enumerate(ladders[i][:limit]):
+                e = screen.estimate(s, ident)
+                got.append((i, r, e))
+                if e.fits:
+                    limit = r
+                    break
+            done += 1
+            if progress is not None:
+                progress("screen", done, len(bases))
     got.sort(key=lambda x: x[:2])
     out = [e for *_, e in got]
     n = len(out)
     out.sort(key=rank_key)
     return out, n, screen
+
+
+def _p1_chains(bases: list[Strategy]) -> list[list[int]]:
+    """The bases without a pipeline, by (d, t, schedule), as indices in order of growing k.
+    Without a pipeline, more microbatches only save memory (smaller GEMMs, more ZeRO-3 gathers
+    and gradient additions per step): after a k fits on some rung of the ladder, a larger k is
+    screened only on the cheaper rungs (``screen_space``)."""
+    chains: dict[tuple[int, int, str], list[int]] = {}
+    for i, b in enumerate(bases):
+        if b.p == 1:
+            chains.setdefault((b.d, b.t, b.schedule), []).append(i)
+    for chain in chains.values():
+        chain.sort(key=lambda i: bases[i].k)
+    return list(chains.values())
 
 
 def _rung_profiles(
