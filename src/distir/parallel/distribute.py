@@ -22,6 +22,12 @@ programs. Its shape:
   optimizer updates the weight (ZeRO-1+: only this rank's shard of weight and state, then an
   AllGather for ZeRO-1/2). Results: the loss (summed over microbatches, replicated), the new
   weights, the new optimizer state (and, under mixed precision, the new compute copies).
+- **HSDP** (``z3h<n>``, ``Strategy.shard_group``): weights, optimizer state and the reduced
+  gradients live on each stage's mesh seen as ``(dpr=d/n, dp=n, tp=t)`` (the same devices), ZeRO-3
+  sharded over ``dp`` (a group of n consecutive replicas) and replicated over ``dpr``; a chunk
+  all-gathers a weight within its group and sees it on the ``(dp, tp)`` mesh (``MeshView``); a
+  bucket sees its pending gradients on the regrouped mesh, reduce-scatters them within the group
+  and all-reduces the shard across the groups, in every backward.
 - **In place.** Weights, optimizer state, Adam's step and the compute copies are donated
   (``Function.donated``), each to its successor among the results: the simulator lets the
   update take the old value's storage, as trainers update in place (the ZeRO paper's model
@@ -360,13 +366,12 @@ class _Builder:
             return self._redistribute(fb, p, w.name, self._wp(w))
         return p
 
-    def _mesh_for(self, w: Value, stage: int, stream: str | None = None) -> Mesh:
-        """The mesh (of ``stage``, or of its ``stream``) that holds ``w``'s ZeRO shard and sharded
-        gradient: HSDP's (dpr, dp, tp) view for a weight it shards, else the (dp, tp) mesh."""
-        three = self.hsdp
+    def _mesh_for(self, stage: int, stream: str | None = None) -> Mesh:
+        """The mesh (of ``stage``, or of its ``stream``) that holds the weights, their state and
+        reduced gradients: HSDP's (dpr, dp, tp) view of it, else the (dp, tp) mesh itself."""
         if stream is None:
-            return self.meshes3[stage] if three else self.meshes[stage]
-        return self.comm_meshes3[(stream, stage)] if three else self.comm_meshes[(stream, stage)]
+            return self.meshes3[stage] if self.hsdp else self.meshes[stage]
+        return self.comm_meshes3[(stream, stage)] if self.hsdp else self.comm_meshes[(stream, stage)]
 
     def _compute_copy(self, fb: FunctionBuilder, w: Value, master: Value) -> Value:
         """Mixed precision: the weight in the compute dtype, once per step; with ZeRO-1/2 the
@@ -782,8 +787,8 @@ class _Builder:
                 # take the same step (an all-reduce of two, as two sends that cross)
                 g_other = reduced.pop(other)
                 here, there = (
-                    self._mesh_for(w, stage_of[wchunk[w]]),
-                    self._mesh_for(w, stage_of[wchunk[other]]),
+                    self._mesh_for(stage_of[wchunk[w]]),
+                    self._mesh_for(stage_of[wchunk[other]]),
                 )
                 (g_other_sum,) = fb.op(
                     "Add", g_other, to_mesh(g, there, f"g_{w.name}_tied"), names=[f"g_{w.name}"]
@@ -829,7 +834,7 @@ class _Builder:
         rep = placement_text(Replicate(), tp)
         z = self._zdim(w)
         if self.bucketed and self.comm_streams:  # reduced on the dp_reduce stream
-            g = to_mesh(g, self._mesh_for(w, stage), f"g_{w.name}")
+            g = to_mesh(g, self._mesh_for(stage), f"g_{w.name}")
         if z is None:
             return g if self.bucketed else self._redistribute(fb, g, f"g_{w.name}", rep)
         if self.s.zero == 1 and not self.bucketed:
@@ -899,7 +904,7 @@ class _Gathers:
     def _issue(self, ws: Sequence[Value]) -> None:
         assert self.stream is not None
         for w in ws:
-            text = self.b._mesh_attr(self.b._mesh_for(w, self.stage, "dp_gather"))
+            text = self.b._mesh_attr(self.b._mesh_for(self.stage, "dp_gather"))
             v = self.fb.emit("MeshSend", (self.wp[w],), self.b._attrs("mesh", text), (w.name,))[0]
             self.ready[w] = self.b._zero3_gather(self.fb, w, v, self.stream)
 
@@ -985,7 +990,7 @@ class _Buckets:
         """HSDP: ``w``'s pending gradient seen on the (dpr, dp, tp) mesh, reduce-scattered within
         the shard group (dp), then its shard all-reduced across the groups (dpr)."""
         b = self.b
-        mesh = b._mesh_for(w, self.stage, "dp_reduce" if self.stream is not None else None)
+        mesh = b._mesh_for(self.stage, "dp_reduce" if self.stream is not None else None)
         (g,) = self.fb.emit("MeshView", (g,), b._attrs("mesh", b._mesh_attr(mesh)), (g.name,))
         shard = b._grad_target(w)  # "S(z), <tp>"; "R, <tp>" for a weight ZeRO does not shard
         if b._zdim(w) is not None:
