@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -162,40 +163,42 @@ def screen_space(
     # computed here, later, while they wait); the estimates are the same, listed in the order of
     # a base-by-base climb. Without a pipeline the microbatch is one more rung (``_p1_chains``).
     got: list[tuple[int, int, Estimate]] = []
-    chains = _p1_chains(bases)
-    chained = {i for chain in chains for i in chain}
-    climbing = [i for i, ladder in enumerate(ladders) if ladder and i not in chained]
-    done = len(bases) - len(climbing) - len(chained)
+    # a chain's next base (``_p1_chains``) and, once it starts, how many rungs it may climb
+    after = {a: b for chain in _p1_chains(bases) for a, b in itertools.pairwise(chain)}
+    waiting = set(after.values())
+    climbing = [(i, len(ladder)) for i, ladder in enumerate(ladders) if ladder and i not in waiting]
+    done = len(bases) - len(climbing) - len(waiting)
     if pool is not None:
-        heads = [ladders[i][0] for i in climbing] + [ladders[c[0]][0] for c in chains if ladders[c[0]]]
-        prof.prefetch(pool, _rung_profiles(screen, heads, req.batch))
-    rung = 0
+        prof.prefetch(pool, _rung_profiles(screen, [ladders[i][0] for i, _ in climbing], req.batch))
+    rung = {i: 0 for i, _ in climbing}
     while climbing:
-        still: list[int] = []
-        for i in climbing:
-            e = screen.estimate(ladders[i][rung], ident)
-            got.append((i, rung, e))
-            if not e.fits and rung + 1 < len(ladders[i]):
-                still.append(i)
+        still: list[tuple[int, int]] = []
+        for i, limit in climbing:
+            r = rung[i]
+            e = screen.estimate(ladders[i][r], ident)
+            got.append((i, r, e))
+            if not e.fits and r + 1 < limit:
+                still.append((i, limit))
+                rung[i] = r + 1
                 if pool is not None:
-                    prof.prefetch(pool, _rung_profiles(screen, [ladders[i][rung + 1]], req.batch))
-            else:
-                done += 1
-                if progress is not None:
-                    progress("screen", done, len(bases))
-        climbing, rung = still, rung + 1
-    for chain in chains:
-        limit = len(ladders[chain[0]])
-        for i in chain:
-            for r, s in enumerate(ladders[i][:limit]):
-                e = screen.estimate(s, ident)
-                got.append((i, r, e))
-                if e.fits:
-                    limit = r
-                    break
+                    prof.prefetch(pool, _rung_profiles(screen, [ladders[i][r + 1]], req.batch))
+                continue
             done += 1
+            j = after.get(i)
+            limit = r if e.fits else limit  # the next k without a pipeline: the rungs below this one
+            while j is not None:
+                limit = min(limit, len(ladders[j]))
+                if limit > 0:
+                    still.append((j, limit))
+                    rung[j] = 0
+                    if pool is not None:
+                        prof.prefetch(pool, _rung_profiles(screen, [ladders[j][0]], req.batch))
+                    break
+                done += 1  # nothing cheaper to try: neither for any larger k
+                j = after.get(j)
             if progress is not None:
                 progress("screen", done, len(bases))
+        climbing = still
     got.sort(key=lambda x: x[:2])
     out = [e for *_, e in got]
     n = len(out)
