@@ -10,6 +10,9 @@ asserts the thresholds).
 4. Program order: TransGAN's 16-stage GPipe written in the order of the weight counts vs of the
    cost model's chunk times (``search/chunk_times.py``).
 5. Screen calibration: the screen's estimate / the exact simulation over the 24 best strategies.
+6. Llama-3 8B on 8 × H100 (seq 8192, batch 1024, bf16 mixed): the winner, and the best FSDP /
+   ZeRO-3 data-parallel plan (``--pp 1 --tp 1 --zero 3``: every microbatch size searched) and by
+   how much it loses (or wins).
 """
 
 from __future__ import annotations
@@ -113,12 +116,27 @@ def calibration() -> None:
         )
 
 
+def llama_fsdp() -> None:
+    job = {"model": "llama3-8b", "cluster": "h100", "batch": 1024, "dtype": "bf16", "precision": "mixed"}
+    best = search(SearchRequest(top=8, workers=2, **job)).best()  # type: ignore[arg-type]
+    fsdp = search(SearchRequest(top=8, workers=2, pins=Pins(pp=1, tp=1, zero=3), **job)).best()  # type: ignore[arg-type]
+    assert best is not None and fsdp is not None
+    print(
+        f"6. llama3-8b, 8 × H100, batch 1024: winner {best['strategy']} {best['step_time_s']:.2f} s "
+        f"(microbatch {best['microbatch_size']} × k {best['k']}); best FSDP/ZeRO-3 {fsdp['strategy']} "
+        f"{fsdp['step_time_s']:.2f} s (microbatch {fsdp['microbatch_size']} × k {fsdp['k']}, "
+        f"{'fits' if fsdp['fits'] else 'OOM'}): "
+        f"{fsdp['step_time_s'] / best['step_time_s']:.3f}× the winner's step"
+    )
+
+
 def main() -> None:
     amp_heterogeneous()
     transgan_balance()
     batch_shares()
     program_order()
     calibration()
+    llama_fsdp()
 
 
 if __name__ == "__main__":

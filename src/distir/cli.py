@@ -763,11 +763,21 @@ def search(
     dp: Annotated[int | None, typer.Option("--dp", min=1, help="Pin data parallelism.")] = None,
     tp: Annotated[int | None, typer.Option("--tp", min=1, help="Pin tensor parallelism.")] = None,
     pp: Annotated[int | None, typer.Option("--pp", min=1, help="Pin pipeline stages.")] = None,
-    microbatches: Annotated[int | None, typer.Option("--microbatches", "-k", min=1, help="Pin k.")] = None,
+    microbatches: Annotated[
+        int | None, typer.Option("--microbatches", "-k", min=1, help="Pin k (gradient-accumulation steps).")
+    ] = None,
+    microbatch_size: Annotated[
+        int | None,
+        typer.Option("--microbatch-size", min=1, help="Pin the samples per replica and microbatch."),
+    ] = None,
     schedule: Annotated[
         str | None, typer.Option("--schedule", help="Pin gpipe, 1f1b, interleaved or zb1.")
     ] = None,
     zero: Annotated[int | None, typer.Option("--zero", min=0, max=3, help="Pin the ZeRO stage.")] = None,
+    hsdp: Annotated[
+        int | None,
+        typer.Option("--hsdp", min=2, help="Pin HSDP: ZeRO-3 sharded over groups of N replicas (z3hN)."),
+    ] = None,
     recompute: Annotated[
         str | None, typer.Option("--recompute", help="Pin none, selective, full or ops.")
     ] = None,

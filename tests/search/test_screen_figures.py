@@ -59,7 +59,8 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
         for c in range(chunks - 1)
     ]
     groups = [tuple(g[:: s.t][: s.d]) for g in stages]
-    zero3 = [screen._gather(grp) for grp in groups] if pr.train and s.zero == 3 and s.d > 1 else []
+    h = s.shard_group or s.d  # HSDP gathers within its group, shards its state over it
+    zero3 = [screen._gather(grp[:h]) for grp in groups] if pr.train and s.zero == 3 and s.d > 1 else []
     fb = 1.0 if pr.train else 0.0
     lt = np.array([r.time for r in rows])
     w_bytes, n_w, saved, out_b = rows[0].weight, rows[0].n_w, rows[0].saved * fb, rows[0].out
@@ -77,16 +78,17 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
     for c, link in enumerate(links):
         if link is not None:
             comm[c] = (2.0 if pr.train else 1.0) * (link[0] + out_b[:-1] * link[1])
-    static_f = 1.0 / s.d if s.zero == 3 else 1.0
+    static_f = 1.0 / h if s.zero == 3 else 1.0
     if pr.train:
         # the gradient (accumulated in place; a shard from ZeRO-2) and the optimizer state
-        static_f += (1.0 / s.d if s.zero >= 2 else 1.0) + pr.n_state / (s.d if s.zero >= 1 else 1)
+        static_f += (1.0 / h if s.zero >= 2 else 1.0) + pr.n_state / (h if s.zero >= 1 else 1)
     infl = [inflight(s, j, pr.train) for j in range(s.p)]
     carried = rows[0].carried * fb
     holds = [_zb_holds(s, j) if pr.train and s.schedule == "zb1" else [] for j in range(s.p)]
     pending = [max((iw for _, iw in h), default=0) for h in holds]
     mem = np.array([static_f * w_bytes + infl[j] * saved + pending[j] * carried for j in range(s.p)])
     caps = np.array([r.cap for r in rows], float)
+    transient = work.max() + (w_bytes.max() if zero3 else 0.0)  # ZeRO-3: with a gathered layer
     # the embedding stays with the first chunk, head and loss with the last: a cut between two
     # of their calls costs more than any step (the screen merges them into one unit instead)
     e = screen.ends
@@ -97,14 +99,14 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
     elif balance and s.v == 1 and s.p > 1:
         walled = comm.copy()
         walled[:, [*range(e.pre - 1), *range(n_layers - e.post, n_layers - 1)]] = 1e6
-        got = assign_layers(time_c, s.k, walled, mem, caps - work.max()) or assign_layers(time_c, s.k, walled)
+        got = assign_layers(time_c, s.k, walled, mem, caps - transient) or assign_layers(time_c, s.k, walled)
         assert got is not None
         counts = got.counts
         if counts != uni and objective(uni, time_c, s.k, comm) <= objective(counts, time_c, s.k, comm) * (
             1 + 1e-6
         ):
             cut = np.concatenate([[0], np.cumsum(uni)])
-            if all(mem[j, cut[j] : cut[j + 1]].sum() <= caps[j] - work.max() for j in range(s.p)):
+            if all(mem[j, cut[j] : cut[j + 1]].sum() <= caps[j] - transient for j in range(s.p)):
                 counts = uni
     else:
         counts = uni
@@ -119,7 +121,8 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
         wj, nwj = float(w_bytes[layers].sum()), int(n_w[layers].sum())
         sv, cv = float(saved[layers].sum()), float(carried[layers].sum())
         act = (max(a * sv + b * cv for a, b in holds[j]) if holds[j] else infl[j] * sv) / s.v
-        peaks.append(static_f * wj + act + float(work[layers].max(initial=0.0)))
+        gathered = float(w_bytes[layers].max(initial=0.0)) if zero3 else 0.0  # ZeRO-3's running layer
+        peaks.append(static_f * wj + act + float(work[layers].max(initial=0.0)) + gathered)
         if pr.train:
             sync = max(sync, screen._sync_time(s, groups[j], kinds[j], wj, nwj))
     headroom = [float(c) - p for c, p in zip(caps, peaks, strict=True)]
@@ -130,7 +133,21 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
     part = "uniform" if blocks == uniform_counts(n_blocks, chunks) else blocks
     place = None if placement == tuple(range(len(placement))) else placement
     return (
-        astuple(Strategy(s.d, s.t, s.p, s.k, s.schedule, s.v, s.zero, s.recompute, part, place)),
+        astuple(
+            Strategy(
+                s.d,
+                s.t,
+                s.p,
+                s.k,
+                s.schedule,
+                s.v,
+                s.zero,
+                s.recompute,
+                part,
+                place,
+                shard_group=s.shard_group,
+            )
+        ),
         step,
         max(peaks),
         float(caps[worst]) if peaks[worst] > caps[worst] else float(caps.min()),
@@ -151,6 +168,7 @@ STRATEGIES = [
     (Strategy(d=2, t=2, p=2, k=4, schedule="zb1", zero=3), True),
     (Strategy(d=2, t=1, p=2, k=4, schedule="interleaved", v=2), True),
     (Strategy(d=8, t=1, p=1, k=1, schedule="1f1b", zero=2), True),
+    (Strategy(d=4, t=1, p=2, k=2, schedule="1f1b", zero=3, shard_group=2), True),  # HSDP
     (Strategy(d=2, t=1, p=4, k=8, schedule="1f1b"), False),
     (Strategy(d=1, t=2, p=4, k=4, schedule="1f1b", partition=(2, 3, 3, 8)), True),
     (Strategy(d=1, t=2, p=4, k=4, schedule="1f1b", partition=(0, 8, 8, 0)), True),  # end-only chunks

@@ -48,11 +48,13 @@ def test_bases_respect_batch_layers_and_schedules() -> None:
         assert s.devices == 8
         assert 32 % (s.d * s.k) == 0
         assert s.p * s.v <= 6
-        if s.p == 1:
-            assert s.k == 1
         if s.schedule == "interleaved":
             assert s.v == 2 and s.k % s.p == 0
     assert {s.schedule for s in bases if s.p > 1} == {"gpipe", "1f1b", "interleaved", "zb1"}
+    # every microbatch size of every shape, p = 1 included (gradient accumulation without a pipeline)
+    for d, t, p in sp.triples():
+        got = sorted(s.k for s in bases if (s.d, s.t, s.p, s.schedule) == (d, t, p, "1f1b"))
+        assert got == divisors(32 // d), (d, t, p)
 
 
 def test_pins_restrict_and_bad_pins_say_why() -> None:

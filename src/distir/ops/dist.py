@@ -1,5 +1,6 @@
 """Ops of sharded (DTensor) programs: ``Redistribute`` changes a distributed tensor's placements;
-``MeshSend`` moves one to another mesh (the next pipeline stage).
+``MeshSend`` moves one to another mesh (the next pipeline stage); ``MeshView`` sees one on its
+devices with the mesh axes regrouped (no data moves).
 
 ``%z: DTensor[..., [R]] = Redistribute(%z1, to="R")`` is the explicit point where a value moves
 from one layout to another (Partial→Replicate is an all-reduce, Shard→Replicate an all-gather,
@@ -13,6 +14,11 @@ and sizes — keeping dtype, shape and placements: the device at coordinates c o
 piece to the device at c of B (materialization lowers it to one ``Send`` per device of A). A device
 at the same coordinates in both meshes would send to itself: that is an error, like ``Send`` to
 itself. Its sequential meaning is the identity too.
+
+``%y = MeshView(%x, mesh="dpr=2, dp=4, tp=1; d0, …, d7")`` is ``%x`` on a mesh of the same
+devices in the same order whose axes split or merge ``%x``'s (``regroup_placements``): each
+device keeps its piece, so it costs nothing and materializes to nothing. HSDP uses it to reduce
+and gather within groups of the data-parallel axis.
 """
 
 from __future__ import annotations
@@ -24,7 +30,16 @@ from typing import Any
 
 import numpy as np
 
-from distir.ir.dtensor import DTensorType, Mesh, Partial, Shard, parse_placements, shares_of, split_sizes
+from distir.ir.dtensor import (
+    DTensorType,
+    Mesh,
+    Partial,
+    Placement,
+    Shard,
+    parse_placements,
+    shares_of,
+    split_sizes,
+)
 from distir.ir.types import _ITEMSIZE, IRTypeError, Type
 from distir.ir.values import Attrs
 from distir.ops.registry import AttrSpec, CommCost, CommPattern, Fusion, OpDef, OpKind, TypeCtx, register
@@ -175,5 +190,81 @@ MESH_SEND = register(
         comm_cost=_meshsend_cost,
         doc='Move a DTensor to another mesh of the same shape, e.g. mesh="dp=2, tp=2; d4, d5, d6, d7": '
         "each device sends its piece to the device at the same coordinates.",
+    )
+)
+
+
+# -- MeshView -----------------------------------------------------------------------------------
+def regroup_placements(
+    src: tuple[int, ...], places: tuple[Placement, ...], dst: tuple[int, ...]
+) -> tuple[Placement, ...] | str:
+    """The placements over axes of sizes ``dst`` of a tensor placed ``places`` over axes of sizes
+    ``src``, the same devices in the same row-major order, when every device keeps its piece:
+    consecutive axes of one side group with consecutive axes of the other of the same product
+    (an axis split in two, or two merged); an axis kept as it is keeps its placement, a split or
+    merged group must be replicated or pending the same reduction along all of it. Otherwise the
+    reason, in words."""
+    out: list[Placement] = []
+    i = j = 0
+    while i < len(src) and j < len(dst):
+        a, b = [i], [j]
+        pa, pb = src[i], dst[j]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb and i < len(src):
+                pa, i = pa * src[i], i + 1
+                a.append(i - 1)
+            elif pb < pa and j < len(dst):
+                pb, j = pb * dst[j], j + 1
+                b.append(j - 1)
+            else:
+                return f"axes of sizes {src} do not regroup into {dst}"
+        if len(a) == 1 and len(b) == 1:
+            out.append(places[a[0]])
+            continue
+        kinds = {places[x] for x in a}
+        p = next(iter(kinds))
+        if len(kinds) != 1 or isinstance(p, Shard):
+            shown = ", ".join(str(places[x]) for x in a)
+            return f"axes {a} placed {shown} cannot regroup (a regrouped axis must be all R or all P)"
+        out.extend([p] * len(b))
+    if i != len(src) or j != len(dst):
+        return f"axes of sizes {src} do not regroup into {dst}"
+    return tuple(out)
+
+
+def _meshview_rule(ctx: TypeCtx) -> Sequence[Type]:
+    t = ctx.types[0]
+    if not isinstance(t, DTensorType):
+        ctx.fail("MeshView needs a distributed tensor", 0, "DTensor[...]", t)
+    text = ctx.attr("mesh")
+    try:
+        dst = parse_mesh_attr(text)
+    except IRTypeError as e:
+        ctx.fail(str(e), None, '"axes; devices" like "dpr=2, dp=4, tp=1; d0, …, d7"', text)
+    if dst.devices != t.mesh.devices:
+        ctx.fail(f"MeshView needs the same devices in the same order: {t.mesh} to {dst}", None, t.mesh, dst)
+    if any(shares_of(n) is not None for n in (*t.mesh.shape, *dst.shape)):
+        ctx.fail("MeshView regroups axes of even shares only", None, "even axes", dst)
+    got = regroup_placements(t.mesh.shape, t.placements, dst.shape)
+    if isinstance(got, str):
+        ctx.fail(f"MeshView from {t.mesh} to {dst}: {got}", 0, "regroupable placements", t)
+    return (DTensorType(t.dtype, t.shape, dst, got),)
+
+
+MESH_VIEW = register(
+    OpDef(
+        name="MeshView",
+        family=FAMILY,
+        kind=OpKind.COMM,
+        fusion=Fusion.TRANSPARENT,
+        inputs=("x",),
+        outputs=("y",),
+        infer=_meshview_rule,
+        attrs={"mesh": AttrSpec("str")},
+        reference=_identity,
+        doc='View a DTensor on the same devices with its mesh axes regrouped, e.g. mesh="dpr=2, dp=4, '
+        'tp=1; d0, …, d7" for one of mesh(dp=8, tp=1): every device keeps its piece, nothing moves '
+        "(HSDP's shard groups inside the data-parallel axis).",
     )
 )

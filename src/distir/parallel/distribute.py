@@ -22,6 +22,12 @@ programs. Its shape:
   optimizer updates the weight (ZeRO-1+: only this rank's shard of weight and state, then an
   AllGather for ZeRO-1/2). Results: the loss (summed over microbatches, replicated), the new
   weights, the new optimizer state (and, under mixed precision, the new compute copies).
+- **HSDP** (``z3h<n>``, ``Strategy.shard_group``): weights, optimizer state and the reduced
+  gradients live on each stage's mesh seen as ``(dpr=d/n, dp=n, tp=t)`` (the same devices), ZeRO-3
+  sharded over ``dp`` (a group of n consecutive replicas) and replicated over ``dpr``; a chunk
+  all-gathers a weight within its group and sees it on the ``(dp, tp)`` mesh (``MeshView``); a
+  bucket sees its pending gradients on the regrouped mesh, reduce-scatters them within the group
+  and all-reduces the shard across the groups, in every backward.
 - **In place.** Weights, optimizer state, Adam's step and the compute copies are donated
   (``Function.donated``), each to its successor among the results: the simulator lets the
   update take the old value's storage, as trainers update in place (the ZeRO paper's model
@@ -256,6 +262,16 @@ class _Builder:
             Mesh((("dp", dp), ("tp", s.t)), tuple(Device(st * s.d * s.t + j) for j in range(s.d * s.t)))
             for st in range(s.p)
         ]
+        # HSDP (``Strategy.shard_group``): each stage's devices seen as (dpr, dp, tp), ZeRO-3's
+        # shards over the h replicas of a group (dp), replicated across the d/h groups (dpr);
+        # weights, their state and sharded gradients live there, ``MeshView`` crosses over
+        self.hsdp = train and s.zero == 3 and s.shard_group is not None
+        h = s.zero_degree
+        self.meshes3 = (
+            [Mesh((("dpr", s.d // h), ("dp", h), ("tp", s.t)), m.devices) for m in self.meshes]
+            if self.hsdp
+            else []
+        )
         n = s.devices
         # per direction a stream that sends and one that receives, so activations going forward
         # never queue behind gradients, and a receive never behind a send (``distribute``)
@@ -263,6 +279,11 @@ class _Builder:
             (stream, st): Mesh(m.axes, tuple(Device((k + 1) * n + d.id) for d in m.devices))
             for k, stream in enumerate(STREAMS)
             for st, m in enumerate(self.meshes)
+        }
+        self.comm_meshes3 = {
+            (stream, st): Mesh(m.axes, tuple(Device((k + 1) * n + d.id) for d in m.devices))
+            for k, stream in enumerate(STREAMS)
+            for st, m in enumerate(self.meshes3)
         }
         self.layer_calls = model.layers  # a property that collects them anew at each access
         calls = self.layer_calls if train else self.layer_calls[:-1]
@@ -317,6 +338,11 @@ class _Builder:
         key = (dtype, shape, stage, zero_dim, tp)
         t = self._param_types.get(key)
         if t is None:
+            if self.hsdp:  # sharded within a group (if at all), replicated across groups
+                inner: Placement = Shard(zero_dim) if zero_dim is not None else Replicate()
+                t = DTensorType(dtype, shape, self.meshes3[stage], (Replicate(), inner, tp))
+                self._param_types[key] = t
+                return t
             dp: Placement = Shard(zero_dim) if zero_dim is not None else Replicate()
             t = self._param_types[key] = DTensorType(dtype, shape, self.meshes[stage], (dp, tp))
         return t
@@ -329,10 +355,23 @@ class _Builder:
         return self.sharder.layers(self.chunks[-1][-1] + 1)
 
     # -- chunks ----------------------------------------------------------------------------------
-    def _zero3_gather(self, fb: FunctionBuilder, w: Value, p: Value) -> Value:
+    def _zero3_gather(self, fb: FunctionBuilder, w: Value, p: Value, mesh: Mesh) -> Value:
+        """ZeRO-3: the whole weight ``w`` from its shard ``p`` (an all-gather over dp; HSDP: over
+        its group, then seen on ``mesh``, the (dp, tp) mesh of the same devices)."""
+        if self.hsdp:  # every weight lives on the (dpr, dp, tp) view
+            if self._zdim(w) is not None:
+                p = self._redistribute(fb, p, w.name, "R, " + self._wp(w))
+            return fb.emit("MeshView", (p,), self._attrs("mesh", self._mesh_attr(mesh)), (w.name,))[0]
         if self.s.zero == 3 and self._zdim(w) is not None:
             return self._redistribute(fb, p, w.name, self._wp(w))
         return p
+
+    def _mesh_for(self, stage: int, stream: str | None = None) -> Mesh:
+        """The mesh (of ``stage``, or of its ``stream``) that holds the weights, their state and
+        reduced gradients: HSDP's (dpr, dp, tp) view of it, else the (dp, tp) mesh itself."""
+        if stream is None:
+            return self.meshes3[stage] if self.hsdp else self.meshes[stage]
+        return self.comm_meshes3[(stream, stage)] if self.hsdp else self.comm_meshes[(stream, stage)]
 
     def _compute_copy(self, fb: FunctionBuilder, w: Value, master: Value) -> Value:
         """Mixed precision: the weight in the compute dtype, once per step; with ZeRO-1/2 the
@@ -348,7 +387,7 @@ class _Builder:
 
     def _zdim(self, w: Value) -> int | None:
         spec = self.model.weight(w.name)
-        return _zero_dim(spec.type, spec.tp, self.s.d) if self.s.zero else None
+        return _zero_dim(spec.type, spec.tp, self.s.zero_degree) if self.s.zero else None
 
     def _chunk_fwd(self, c: int, layers: list[ShardedLayer]) -> Function:
         fb = FunctionBuilder(f"c{c}_fwd", REGISTRY.out_arity)
@@ -555,9 +594,10 @@ class _Builder:
                     state[w].append(fb.param(f"{sname}_{w.name}", t, donated=True))
             if self.opt.kind == "adam":
                 for st in sorted({stage_of[c] for c in wchunk.values()}):
+                    mesh = self.meshes3[st] if self.hsdp else self.meshes[st]
                     step_of[st] = fb.param(
                         f"step_s{st}",
-                        DTensorType(DType.i64, (), self.meshes[st], (Replicate(), Replicate())),
+                        DTensorType(DType.i64, (), mesh, tuple(Replicate() for _ in mesh.axes)),
                         donated=True,
                     )
         # mixed precision: the compute copies persist between steps (step inputs, updated in place
@@ -746,7 +786,10 @@ class _Builder:
                 # Megatron's embedding group: each stage adds the other's gradient, so the copies
                 # take the same step (an all-reduce of two, as two sends that cross)
                 g_other = reduced.pop(other)
-                here, there = self.meshes[stage_of[wchunk[w]]], self.meshes[stage_of[wchunk[other]]]
+                here, there = (
+                    self._mesh_for(stage_of[wchunk[w]]),
+                    self._mesh_for(stage_of[wchunk[other]]),
+                )
                 (g_other_sum,) = fb.op(
                     "Add", g_other, to_mesh(g, there, f"g_{w.name}_tied"), names=[f"g_{w.name}"]
                 )
@@ -791,7 +834,7 @@ class _Builder:
         rep = placement_text(Replicate(), tp)
         z = self._zdim(w)
         if self.bucketed and self.comm_streams:  # reduced on the dp_reduce stream
-            g = to_mesh(g, self.meshes[stage], f"g_{w.name}")
+            g = to_mesh(g, self._mesh_for(stage), f"g_{w.name}")
         if z is None:
             return g if self.bucketed else self._redistribute(fb, g, f"g_{w.name}", rep)
         if self.s.zero == 1 and not self.bucketed:
@@ -826,7 +869,7 @@ class _Builder:
         """The pipeline stage whose mesh holds the entry parameter ``v``."""
         t = v.type
         assert isinstance(t, DTensorType)
-        return next(st for st, m in enumerate(self.meshes) if m == t.mesh)
+        return next(st for st, m in [*enumerate(self.meshes), *enumerate(self.meshes3)] if m == t.mesh)
 
     def _module(self, cf: dict[str, Function], entry: Function) -> Module:
         fns = [*self.functions.values(), *cf.values()]
@@ -846,8 +889,9 @@ class _Gathers:
     ) -> None:
         self.b, self.fb, self.wp, self.order = b, fb, wp, order
         self.on = b.s.zero == 3 and b.s.d > 1
-        self.stream = b.comm_meshes[("dp_gather", c % b.s.p)] if b.comm_streams and self.on else None
-        self.home = b.meshes[c % b.s.p]
+        self.stage = c % b.s.p
+        self.stream = b.comm_meshes[("dp_gather", self.stage)] if b.comm_streams and self.on else None
+        self.home = b.meshes[self.stage]
         self.ready: dict[Value, Value] = {}  # weight -> its full copy on the gather stream
         self.taken: dict[Value, Value] = {}  # weight -> its full copy for the layer running next
 
@@ -859,10 +903,10 @@ class _Gathers:
 
     def _issue(self, ws: Sequence[Value]) -> None:
         assert self.stream is not None
-        text = self.b._mesh_attr(self.stream)
         for w in ws:
+            text = self.b._mesh_attr(self.b._mesh_for(self.stage, "dp_gather"))
             v = self.fb.emit("MeshSend", (self.wp[w],), self.b._attrs("mesh", text), (w.name,))[0]
-            self.ready[w] = self.b._redistribute(self.fb, v, w.name, self.b._wp(w))
+            self.ready[w] = self.b._zero3_gather(self.fb, w, v, self.stream)
 
     def before(self, i: int) -> None:
         """Layer ``i`` (of ``order``) runs next: with a stream, its gathers (unless prefetched)
@@ -877,12 +921,12 @@ class _Gathers:
         if not self.on:
             return self.wp[w]
         if self.stream is None:
-            return self.b._zero3_gather(self.fb, w, self.wp[w])
+            return self.b._zero3_gather(self.fb, w, self.wp[w], self.home)
         if w in self.taken:  # read twice by one layer
             return self.taken[w]
         got = self.ready.pop(w, None)
-        if got is None:  # not sharded by ZeRO (no dimension divides): used as it is
-            return self.wp[w]
+        if got is None:  # not sharded by ZeRO (no dimension divides): used as it is (HSDP: viewed)
+            return self.b._zero3_gather(self.fb, w, self.wp[w], self.home) if self.b.hsdp else self.wp[w]
         text = self.b._mesh_attr(self.home)
         self.taken[w] = self.fb.emit("MeshSend", (got,), self.b._attrs("mesh", text), (w.name,))[0]
         return self.taken[w]
@@ -903,7 +947,7 @@ class _Buckets:
     def __init__(self, b: _Builder, fb: FunctionBuilder, c: int, ws: list[Value], acc: bool) -> None:
         self.b, self.fb, self.ws = b, fb, ws
         self.scatter = b.s.zero >= 2
-        stage = c % b.s.p
+        stage = self.stage = c % b.s.p
         self.stream = b.comm_meshes[("dp_reduce", stage)] if b.comm_streams else None
         self.stream_text = b._mesh_attr(self.stream) if self.stream is not None else ""
         self.acc = acc
@@ -933,11 +977,25 @@ class _Buckets:
             for w, g in self.pending
         ]
         for w, g in moved:
-            r = self.b._redistribute(fb, g, f"g_{w.name}", self.b._grad_target(w))
+            if self.b.hsdp:
+                r = self._hsdp_reduce(w, g)
+            else:
+                r = self.b._redistribute(fb, g, f"g_{w.name}", self.b._grad_target(w))
             if self.accs and self.scatter:  # ZeRO-2/3: accumulated in the shard
                 (r,) = fb.op("Add", self.accs[w], r, names=[f"g_{w.name}"])
             self.out[w] = r
         self.pending, self.size = [], 0.0
+
+    def _hsdp_reduce(self, w: Value, g: Value) -> Value:
+        """HSDP: ``w``'s pending gradient seen on the (dpr, dp, tp) mesh, reduce-scattered within
+        the shard group (dp), then its shard all-reduced across the groups (dpr)."""
+        b = self.b
+        mesh = b._mesh_for(self.stage, "dp_reduce" if self.stream is not None else None)
+        (g,) = self.fb.emit("MeshView", (g,), b._attrs("mesh", b._mesh_attr(mesh)), (g.name,))
+        shard = b._grad_target(w)  # "S(z), <tp>"; "R, <tp>" for a weight ZeRO does not shard
+        if b._zdim(w) is not None:
+            g = b._redistribute(self.fb, g, f"g_{w.name}", "P(sum), " + shard)
+        return b._redistribute(self.fb, g, f"g_{w.name}", "R, " + shard)
 
     def results(self) -> list[Value]:
         self.flush()

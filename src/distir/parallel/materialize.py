@@ -17,7 +17,8 @@ devices, with local shapes — one value per device for every distributed tensor
   Shard(i)→Shard(j) = AllToAll, Replicate→Shard = a local Slice (``redistribute_steps`` orders
   the per-axis moves; the simulator costs DTensor programs with the same steps).
 - ``MeshSend`` becomes one ``Send`` per device of the source mesh, to the device at the same
-  coordinates of the destination mesh.
+  coordinates of the destination mesh; ``MeshView`` becomes nothing (each device's piece is its
+  input's).
 - Parameters and results become their per-device pieces, in parameter (result) order, each in
   its mesh's device order.
 
@@ -113,9 +114,16 @@ def materialize(module: Module) -> Module:
         if instr.name == "MeshSend":
             _mesh_send(fb, instr, local)
             continue
+        if instr.name == "MeshView":  # every device keeps its piece
+            x, y = instr.inputs[0], instr.outputs[0]
+            assert isinstance(y.type, DTensorType)
+            for d in y.type.mesh.devices:
+                local[(y, d)] = local[(x, d)]
+            continue
         if REGISTRY[instr.name].kind is not OpKind.LOCAL:
             raise ShardingError(
-                f"`{print_op(instr)}`: only local ops, Redistribute and MeshSend can be materialized"
+                f"`{print_op(instr)}`: only local ops, Redistribute, MeshSend and MeshView can be "
+                "materialized"
             )
         if not instr.inputs:  # a constant of the logical program: one per device of its users' meshes
             for d in const_devices[instr.outputs[0]]:

@@ -8,6 +8,12 @@ follow when they differ from the default, in this order (``sp`` right after ``t<
                 axis: activations between layers sharded along the model's sequence dim; needs t > 1
     v<n>        virtual pipeline stages per rank (interleaved schedules), default 1
     z<0-3>      ZeRO stage, default 0
+    z3h<n>      HSDP (hybrid sharding: FSDP's HYBRID_SHARD, torchtitan's data_parallel_shard_degree
+                × data_parallel_replicate_degree): ZeRO-3 inside groups of n consecutive data-
+                parallel replicas (with the default placement, the GPUs of a node when n·t is the
+                node's size), replicated over the d/n groups — parameters, gradients and optimizer
+                state sharded n ways, parameters all-gathered within the group, gradients
+                reduce-scattered within it and all-reduced across groups; 1 < n < d, n divides d
     r<mode>     activation recomputation: none (default), full, sel (Megatron's selective: the
                 attention core), ops (torchtitan's op-level: products saved, the rest recomputed)
     L<a>-<b>-…  repeated blocks per pipeline chunk (an explicit partition, e.g. L5-4-4-3; the
@@ -51,6 +57,7 @@ class Strategy:
     placement: tuple[int, ...] | None = None
     sp: bool = False
     shares: tuple[int, ...] | None = None  # per data-parallel replica (None: even)
+    shard_group: int | None = None  # HSDP: ZeRO-3 over groups of this many replicas (None: all d)
 
     def __post_init__(self) -> None:
         for f in ("d", "t", "p", "k", "v"):
@@ -67,6 +74,16 @@ class Strategy:
             raise StrategyError(f"unknown schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}")
         if self.zero not in (0, 1, 2, 3):
             raise StrategyError(f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.shard_group is not None:
+            h = self.shard_group
+            if not isinstance(h, int) or isinstance(h, bool) or h < 2:
+                raise StrategyError(f"the HSDP shard group must be an integer ≥ 2, got {h!r}")
+            if self.zero != 3:
+                raise StrategyError(f"an HSDP shard group (h{h}) shards ZeRO-3's state: it needs z3")
+            if h >= self.d or self.d % h:
+                raise StrategyError(
+                    f"the HSDP shard group h{h} must divide d = {self.d} and be smaller (h = d is plain z3)"
+                )
         if self.recompute not in ("none", "full", "selective", "ops"):
             raise StrategyError(f"recompute must be none, full, selective or ops, got {self.recompute!r}")
         if self.v > 1 and self.schedule != "interleaved":
@@ -107,6 +124,11 @@ class Strategy:
         return self.d * self.t * self.p
 
     @property
+    def zero_degree(self) -> int:
+        """The replicas ZeRO shards over: the HSDP shard group, else all d."""
+        return self.shard_group or self.d
+
+    @property
     def chunks(self) -> int:
         return self.p * self.v
 
@@ -121,7 +143,7 @@ class Strategy:
         if self.v != 1:
             parts.append(f"v{self.v}")
         if self.zero:
-            parts.append(f"z{self.zero}")
+            parts.append(f"z{self.zero}" + (f"h{self.shard_group}" if self.shard_group else ""))
         if self.recompute != "none":
             parts.append({"full": "rfull", "selective": "rsel", "ops": "rops"}[self.recompute])
         if self.partition != "uniform":
@@ -167,6 +189,12 @@ def parse_strategy(text: str) -> Strategy:
             key, value = "sp", True
         elif part[0] in "dtpkv" and part[1:].isdigit():
             key, value = part[0], _int(part, text, "a positive integer")
+        elif part[0] == "z" and "h" in part:
+            stage, _, h = part[1:].partition("h")
+            if not (stage.isdigit() and h.isdigit()):
+                raise StrategyError(f"strategy {text!r}: {part!r} should be z3h<n> (HSDP, like z3h8)")
+            key, value = "zero", int(stage)
+            fields["shard_group"] = int(h)
         elif part[0] == "z":
             key, value = "zero", _int(part, text, "a ZeRO stage 0-3")
         elif part[0] == "r" and part[1:] in RECOMPUTE:
@@ -187,6 +215,7 @@ def parse_strategy(text: str) -> Strategy:
                 "k<n>",
                 "v<n>",
                 "z<0-3>",
+                "z3h<n>",
                 "rnone|rfull|rsel|rops",
                 "L…",
                 "b…",

@@ -43,6 +43,7 @@ STRATEGY_FIELDS = (
     "microbatch_size",
     "sp",
     "zero",
+    "shard_group",
     "recompute",
     "partition",
     "layers_per_chunk",
@@ -79,6 +80,7 @@ def strategy_fields(strategy: Strategy, batch: int, blocks: tuple[int, ...] | No
         "microbatch_size": batch // (s.d * s.k),
         "sp": s.sp,
         "zero": s.zero,
+        "shard_group": s.zero_degree if s.zero else None,  # ZeRO's shard group (HSDP: < d)
         "recompute": s.recompute,
         "partition": part,
         "layers_per_chunk": list(blocks) if blocks is not None else None,

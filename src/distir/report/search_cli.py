@@ -99,7 +99,16 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
             _fail(err, f"{p}: is a directory; give a file name")
     try:
         pins = Pins(
-            a["dp"], a["tp"], a["pp"], a["microbatches"], a["schedule"], a["zero"], a["recompute"], a["max_k"]
+            dp=a["dp"],
+            tp=a["tp"],
+            pp=a["pp"],
+            k=a["microbatches"],
+            schedule=a["schedule"],
+            zero=a["zero"],
+            recompute=a["recompute"],
+            max_k=a["max_k"],
+            mbs=a["microbatch_size"],
+            hsdp=a["hsdp"],
         )
         store = None if a["fresh"] else (a["store"] or default_store())
         if store is not None:

@@ -111,6 +111,7 @@ def plot_rows(o: SearchOutput) -> list[dict[str, Any]]:
                 "t": s.t,
                 "p": s.p,
                 "k": s.k,
+                "microbatch_size": batch // (s.d * s.k),
                 "step_time_s": e.step_time_s,
                 "throughput": e.throughput(batch),
                 "peak_memory_bytes": e.peak_memory_bytes,
@@ -156,16 +157,19 @@ def results_table(o: SearchOutput) -> Table:
         title=title,
         caption="ranked by simulated throughput; MFU: model FLOPs (recomputation excluded), HFU: all "
         "FLOPs executed; memory: the worst device's peak / its capacity (GiB); "
-        "screen: the analytic estimate of the step",
+        "screen: the analytic estimate of the step; mb×k: samples per GPU and microbatch × "
+        "microbatches (gradient-accumulation steps) per step",
     )
-    for h in ("#", "strategy", "step", "samples/s", "MFU", "HFU", "memory", "bubble", "screen"):
+    for h in ("#", "strategy", "mb×k", "step", "samples/s", "MFU", "HFU", "memory", "bubble", "screen"):
         if h == "strategy":  # long partitions fold; the figures never do
             table.add_column(h, overflow="fold", ratio=1)
         else:
             table.add_column(h, justify="right", no_wrap=True)
     for i, row in enumerate(o.results, 1):
         if "error" in row:
-            table.add_row(str(i), row["strategy"], "[red]error[/red]", "", "", "", row["error"][:60], "", "")
+            table.add_row(
+                str(i), row["strategy"], "", "[red]error[/red]", "", "", "", row["error"][:60], "", ""
+            )
             continue
         mem = f"{row['peak_memory_bytes'] / GIB:.1f}/{row['capacity_bytes'] / GIB:.0f}G"
         if not row["fits"]:
@@ -173,6 +177,7 @@ def results_table(o: SearchOutput) -> Table:
         table.add_row(
             str(i),
             row["strategy"],
+            f"{row['microbatch_size']}×{row['k']}",
             _t(row["step_time_s"]),
             f"{row['throughput']:.1f}",
             _pct(row.get("mfu")),

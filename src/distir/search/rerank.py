@@ -27,6 +27,7 @@ RESULT_KEYS = (
     "t",
     "p",
     "k",
+    "microbatch_size",
     "step_time_s",
     "throughput",
     "peak_memory_bytes",
@@ -87,8 +88,10 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
         "t": s.t,
         "p": s.p,
         "k": s.k,
+        "microbatch_size": job.batch // (s.d * s.k),  # samples per replica and microbatch
         "schedule": s.schedule,
         "zero": s.zero,
+        "shard_group": s.zero_degree if s.zero else None,  # ZeRO's shard group (HSDP: < d)
         "recompute": s.recompute,
         "dtype": job.dtype,
         "precision": job.precision if job.train else "pure",

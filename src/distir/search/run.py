@@ -2,15 +2,19 @@
 
 1. **Screen** every strategy of the space (``distir.search.space``) analytically
    (``distir.search.screen``), climbing each base's memory ladder only until it fits, with the
-   Megatron placement (TP groups on consecutive GPUs, i.e. inside nodes).
+   Megatron placement (TP groups on consecutive GPUs, i.e. inside nodes). Without a pipeline the
+   microbatch count is a rung too: a larger k is screened only on the rungs cheaper than the one
+   the next smaller k fit on (``_p1_chains``).
 2. **Placement** (heterogeneous clusters): the best screened strategies of the leading
    (d, t, p) shapes are annealed over placements that keep TP groups whole
    (``distir.search.placement``), the layer assignment re-optimized for each placement.
 3. **Batch shares** (heterogeneous clusters): for the best screened strategies with d > 1, the
    screen proposes uneven batch shares of their replicas (``distir.search.shares``); the
    proposals it finds faster join the screened list.
-4. **Exact re-rank**: the ``top`` best that the screen says fit (with ``explain``, also the best
-   pure-D, pure-T and pure-P strategies, which ``--explain`` compares the winner with) are
+4. **Exact re-rank**: the ``top`` best that the screen says fit (with pins: the best of each of
+   the ``top`` best (d, t, p, k) shapes, so the best of every shape the pins leave is shown; with
+   ``explain``, also the best pure-D, pure-T and pure-P strategies, which ``--explain`` compares
+   the winner with) are
    distributed and simulated
    (``distir.search.rerank``), in parallel, streaming into the result store
    (``distir.search.store``) so an interrupted search resumes.
@@ -29,6 +33,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -53,7 +58,7 @@ from distir.search.store import ResultStore, StoreError, dumps, loads, search_ke
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
-STORE_VERSION = 6  # bump when the cost model or the result format changes: old results go stale
+STORE_VERSION = 7  # bump when the cost model or the result format changes: old results go stale
 
 
 def cluster_digest(spec: str | Cluster) -> str:
@@ -121,15 +126,17 @@ def build_space(req: SearchRequest, cluster: Cluster) -> Space:
     """The space ``req`` searches on ``cluster``."""
     spec = parse_model_string(req.model)
     dt = DType.parse(req.dtype)
+    node = min(n.devices_per_node for n in cluster.nodes)
     return Space(
         cluster.num_devices,
         req.batch,
         num_blocks(spec, dt, req.train),
         # TP stays inside a node (its collectives run every layer; across a network they never
         # pay off), unless the user pins a larger --tp
-        tuple(allowed_tp(spec, dt, req.pins.tp or min(n.devices_per_node for n in cluster.nodes))),
+        tuple(allowed_tp(spec, dt, req.pins.tp or node)),
         req.train,
         req.pins,
+        node,  # HSDP shards within a node
     )
 
 
@@ -155,32 +162,63 @@ def screen_space(
     # rung by rung: the bases that did not fit climb together after the others, and the profiles
     # of a base's next rung go to the workers the moment it does not fit (rather than being
     # computed here, later, while they wait); the estimates are the same, listed in the order of
-    # a base-by-base climb
+    # a base-by-base climb. Without a pipeline the microbatch is one more rung (``_p1_chains``).
     got: list[tuple[int, int, Estimate]] = []
-    climbing = [i for i, ladder in enumerate(ladders) if ladder]
-    done = len(bases) - len(climbing)
+    # a chain's next base (``_p1_chains``) and, once it starts, how many rungs it may climb
+    after = {a: b for chain in _p1_chains(bases) for a, b in itertools.pairwise(chain)}
+    waiting = set(after.values())
+    climbing = [(i, len(ladder)) for i, ladder in enumerate(ladders) if ladder and i not in waiting]
+    done = len(bases) - len(climbing) - len(waiting)
     if pool is not None:
-        prof.prefetch(pool, _rung_profiles(screen, [ladders[i][0] for i in climbing], req.batch))
-    rung = 0
+        prof.prefetch(pool, _rung_profiles(screen, [ladders[i][0] for i, _ in climbing], req.batch))
+    rung = {i: 0 for i, _ in climbing}
     while climbing:
-        still: list[int] = []
-        for i in climbing:
-            e = screen.estimate(ladders[i][rung], ident)
-            got.append((i, rung, e))
-            if not e.fits and rung + 1 < len(ladders[i]):
-                still.append(i)
+        still: list[tuple[int, int]] = []
+        for i, limit in climbing:
+            r = rung[i]
+            e = screen.estimate(ladders[i][r], ident)
+            got.append((i, r, e))
+            if not e.fits and r + 1 < limit:
+                still.append((i, limit))
+                rung[i] = r + 1
                 if pool is not None:
-                    prof.prefetch(pool, _rung_profiles(screen, [ladders[i][rung + 1]], req.batch))
-            else:
-                done += 1
-                if progress is not None:
-                    progress("screen", done, len(bases))
-        climbing, rung = still, rung + 1
+                    prof.prefetch(pool, _rung_profiles(screen, [ladders[i][r + 1]], req.batch))
+                continue
+            done += 1
+            j = after.get(i)
+            limit = r if e.fits else limit  # the next k without a pipeline: the rungs below this one
+            while j is not None:
+                limit = min(limit, len(ladders[j]))
+                if limit > 0:
+                    still.append((j, limit))
+                    rung[j] = 0
+                    if pool is not None:
+                        prof.prefetch(pool, _rung_profiles(screen, [ladders[j][0]], req.batch))
+                    break
+                done += 1  # nothing cheaper to try: neither for any larger k
+                j = after.get(j)
+            if progress is not None:
+                progress("screen", done, len(bases))
+        climbing = still
     got.sort(key=lambda x: x[:2])
     out = [e for *_, e in got]
     n = len(out)
     out.sort(key=rank_key)
     return out, n, screen
+
+
+def _p1_chains(bases: list[Strategy]) -> list[list[int]]:
+    """The bases without a pipeline, by (d, t, schedule), as indices in order of growing k.
+    Without a pipeline, more microbatches only save memory (smaller GEMMs, more ZeRO-3 gathers
+    and gradient additions per step): after a k fits on some rung of the ladder, a larger k is
+    screened only on the cheaper rungs (``screen_space``)."""
+    chains: dict[tuple[int, int, str], list[int]] = {}
+    for i, b in enumerate(bases):
+        if b.p == 1:
+            chains.setdefault((b.d, b.t, b.schedule), []).append(i)
+    for chain in chains.values():
+        chain.sort(key=lambda i: bases[i].k)
+    return list(chains.values())
 
 
 def _rung_profiles(
@@ -323,11 +361,24 @@ def pure_bests(screened: list[Estimate]) -> list[Strategy]:
     return out
 
 
-def pick_exact(screened: list[Estimate], top: int, pure: bool = False) -> list[Strategy]:
-    """The ``top`` best fitting estimates (the best ones if none fits); with ``pure``, also the
-    best pure-D, pure-T and pure-P ones."""
+def pick_exact(
+    screened: list[Estimate], top: int, pure: bool = False, by_shape: bool = False
+) -> list[Strategy]:
+    """The ``top`` best fitting estimates (the best ones if none fits); with ``by_shape`` (a
+    pinned search), the best of each of the ``top`` best (d, t, p, k) shapes instead, so that
+    every microbatch size the pins leave is simulated, not only the screen's favourite; with
+    ``pure``, also the best pure-D, pure-T and pure-P ones."""
     fitting = [e for e in screened if e.fits] or screened
-    chosen: list[Strategy] = [e.strategy for e in fitting[:top]]
+    chosen: list[Strategy] = []
+    shapes: set[tuple[int, int, int, int]] = set()
+    for e in fitting:
+        if len(chosen) >= top:
+            break
+        s = e.strategy
+        if by_shape and (s.d, s.t, s.p, s.k) in shapes:
+            continue
+        shapes.add((s.d, s.t, s.p, s.k))
+        chosen.append(s)
     for s in pure_bests(screened) if pure else ():
         if s not in chosen:
             chosen.append(s)
@@ -382,7 +433,7 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
         if heterogeneous(cluster):
             n += add_shares(screen, screened, pool=pool)  # the proposals count as screened
         t2 = time.perf_counter()
-        chosen = pick_exact(screened, req.top, pure=req.explain)
+        chosen = pick_exact(screened, req.top, pure=req.explain, by_shape=req.pins.pinned)
         tasks = [str(s) for s in chosen]
         cached = len(done & set(tasks))
         # in the store or not, in parallel on the requested workers

@@ -19,11 +19,13 @@ AMP's formulas, generalized (heterogeneous devices, uneven layers, memory, sched
 - **Data-parallel sync.** After the last microbatch, each stage all-reduces its gradients over
   its replicas (the collective model of ``distir.sim.collectives``, so the slowest link of the
   group governs), one collective per weight; ZeRO-1 adds an all-gather of the updated shards,
-  ZeRO-3 gathers every weight in each forward and backward; then the optimizer.
+  ZeRO-3 gathers every weight in each forward and backward; HSDP (``z3h<n>``) gathers within
+  its shard group and reduce-scatters there, then all-reduces the shard across the groups; then
+  the optimizer.
 - **Memory per device.** Weights, gradients and their accumulator, optimizer state (divided by
-  d as the ZeRO stage says), activations of the microbatches in flight (k for GPipe,
-  min(k, p−j) for 1F1B, Megatron's warm-up count for interleaved), and the largest layer's
-  transient working set.
+  d — HSDP: by its shard group — as the ZeRO stage says), activations of the microbatches in
+  flight (k for GPipe, min(k, p−j) for 1F1B, Megatron's warm-up count for interleaved), and the
+  largest layer's transient working set (ZeRO-3: with the largest layer's gathered weights).
 
 The screen ranks; the exact simulation (``distir.search.rerank``) decides.
 """
@@ -336,7 +338,8 @@ class Screen:
             kind=self._kinds[gpus[0]],
             group=group,
             sorted_group=tuple(sorted(group)),
-            gather=self._gather(group) if tb.zero3 else None,
+            # ZeRO-3 gathers over its shard group: all d replicas, or HSDP's first group
+            gather=self._gather(group[: s.zero_degree]) if tb.zero3 else None,
         )
         return got
 
@@ -366,7 +369,7 @@ class Screen:
         pure function of the arguments that matter)."""
         # the collectives collapse duplicates and order a group by GPU index
         # (``distir.sim.collectives``): its set is what matters
-        key = (s.d, s.zero, st.sorted_group, st.kind, w, n_w)
+        key = (s.d, s.zero, s.shard_group, st.sorted_group, st.kind, w, n_w)
         got = self._syncs.get(key)
         if got is None:
             got = self._syncs[key] = self._sync_time(s, st.group, st.kind, w, n_w)
@@ -375,13 +378,24 @@ class Screen:
     def _sync_time(self, s: Strategy, group: tuple[int, ...], kind: str, w: float, n_w: int) -> float:
         pr = self.problem
         t = 0.0
-        if s.d > 1 and n_w:
+        h = s.zero_degree
+        if s.d > 1 and n_w and h < s.d:
+            # HSDP: reduce-scatter within the shard group, all-reduce the shard across groups
+            inner, across = group[:h], group[::h]
+            lat = coll.reducescatter_time(self.cluster, 1.0, inner) + coll.allreduce_time(
+                self.cluster, 1.0, across
+            )
+            t += coll.reducescatter_time(self.cluster, w, inner) + coll.allreduce_time(
+                self.cluster, w / h, across
+            )
+            t += (n_w - 1) * lat
+        elif s.d > 1 and n_w:
             lat = coll.allreduce_time(self.cluster, 1.0, group)
             t += coll.allreduce_time(self.cluster, w, group) + (n_w - 1) * lat
             if s.zero == 1:
                 t += coll.allgather_time(self.cluster, w, group)
         spec = self._specs[kind]
-        share = w / (s.d if s.zero >= 1 else 1)
+        share = w / (h if s.zero >= 1 else 1)
         passes = ADAM_BYTES if pr.optimizer == "adam" else SGD_BYTES
         if pr.train and pr.mixed:  # fp32 masters and state (twice the compute bytes), and the cast
             passes = 2 * passes + 1.5
@@ -403,7 +417,21 @@ class Screen:
             )
         ident = tb.identity if len(placement) == len(tb.identity) else tuple(range(len(placement)))
         place = None if placement == ident else placement
-        return Strategy(s.d, s.t, s.p, s.k, s.schedule, s.v, s.zero, s.recompute, part, place, s.sp, s.shares)
+        return Strategy(
+            s.d,
+            s.t,
+            s.p,
+            s.k,
+            s.schedule,
+            s.v,
+            s.zero,
+            s.recompute,
+            part,
+            place,
+            s.sp,
+            s.shares,
+            s.shard_group,
+        )
 
 
 __all__ = ["Estimate", "Problem", "Screen", "rank_key"]

@@ -119,12 +119,13 @@ def new_tables(s: Strategy, b: int, train: bool, n_state: int, mixed: bool = Fal
     # ZeRO paper's model state, as ``distribute`` holds it: the gradient accumulates in place
     # (ZeRO-2/3: this replica's shard, reduce-scattered in buckets during every backward) and
     # the optimizer updates weights and state in place
-    static_f = 1.0 / s.d if s.zero == 3 else 1.0
+    h = s.zero_degree  # HSDP shards over its group, replicates across groups
+    static_f = 1.0 / h if s.zero == 3 else 1.0
     if train:
-        static_f += 1.0 / s.d if s.zero >= 2 else 1.0  # the gradient
+        static_f += 1.0 / h if s.zero >= 2 else 1.0  # the gradient
         # mixed: the fp32 master (sharded from ZeRO-1 on) and state, each twice a half weight
         state = 2.0 * (1 + n_state) if mixed else float(n_state)
-        static_f += state / (s.d if s.zero >= 1 else 1)
+        static_f += state / (h if s.zero >= 1 else 1)
     return Tables(
         b=b,
         stage_of=[c % s.p for c in range(s.p * s.v)],
@@ -216,6 +217,8 @@ def figures(
     work = np.max([st.rows.work for st in stages], axis=0)
     mem, saved, (w_list, nw_list, saved_list) = _mem_of(s, tb, first, train)
     caps = np.array([st.rows.cap for st in stages], float)
+    # the largest working set (ZeRO-3: with the largest gathered layer) bounds what layers may hold
+    transient = work.max() + (float(first.rows.weight.max()) if tb.zero3 else 0.0)
     counts: tuple[int, ...]
     n_blocks = n_layers - ends.pre - ends.post
     if isinstance(s.partition, tuple):
@@ -223,7 +226,7 @@ def figures(
     elif balance and s.v == 1 and s.p > 1:
         whole = _WholeEnds(ends, n_layers)
         cm = comm if chunks > 1 else None
-        got = whole.assign(assign, time_c, s.k, cm, mem, caps - work.max())
+        got = whole.assign(assign, time_c, s.k, cm, mem, caps - transient)
         if got is None:  # nothing fits: balance time alone, report the memory honestly
             got = whole.assign(assign, time_c, s.k, cm, None, None)
         assert got is not None
@@ -234,7 +237,7 @@ def figures(
             counts, time_c, s.k, comm
         ) * (1 + 1e-6):
             cut = np.concatenate([[0], np.cumsum(uni)])
-            if all(mem[j, cut[j] : cut[j + 1]].sum() <= caps[j] - work.max() for j in range(s.p)):
+            if all(mem[j, cut[j] : cut[j + 1]].sum() <= caps[j] - transient for j in range(s.p)):
                 counts = uni
     else:
         counts = call_counts(uniform_counts(n_blocks, chunks), ends)
@@ -270,8 +273,11 @@ def figures(
             # activations, those between I and W what I carries to W; the worst moment
             cv = float(first.rows.carried[layers].sum())
             act = max(a * sv + b * cv for a, b in _zb_states(s.p, s.k, s.v)[j]) / s.v
-        # np.max(initial=0.0): the exact maximum of 0.0 and the values
-        peaks.append(tb.static_f * wj + act + max([0.0, *[work_list[i] for i in layers]]))
+        # np.max(initial=0.0): the exact maximum of 0.0 and the values; ZeRO-3 holds the running
+        # layer's gathered weights beside its working set (whose weight gradient is whole until
+        # reduce-scattered)
+        gathered = max([0.0, *[w_list[i] for i in layers]]) if tb.zero3 else 0.0
+        peaks.append(tb.static_f * wj + act + max([0.0, *[work_list[i] for i in layers]]) + gathered)
         stage_w.append(wj)
         stage_nw.append(nwj)
     cap_list = caps.tolist()

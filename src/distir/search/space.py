@@ -2,23 +2,26 @@
 
 - (d, t, p) with d·t·p = the number of devices (any factorization, not only powers of two);
   t divides every tensor-parallel weight dimension; p·v ≤ the number of repeated blocks;
-- k: every divisor of the per-replica batch up to ``max_k`` (k = 1 only without pipelining
-  unless pinned: without a pipeline, microbatching only saves memory, which the memory
-  ladder below covers);
+- the **microbatch** (samples per replica and microbatch, what users set as the per-GPU
+  microbatch size): every divisor b of the per-replica batch with k = per-replica / b ≤ ``max_k``
+  gradient-accumulation steps, for every p — p = 1 included, so FSDP/ZeRO-3 with one or two
+  sequences per GPU and gradient accumulation is in the space;
 - schedules: GPipe, 1F1B, interleaved (v = 2, when k is a multiple of p) and ZB-H1 for p > 1;
 - the **memory ladder**: ZeRO stage and recomputation cost time and save memory, so each
   (d, t, p, k, schedule) is tried with the cheapest variant first and climbs only while the
-  screen says it does not fit (``LADDER``). Pinning ``zero`` or ``recompute`` keeps only
-  that rung's value.
+  screen says it does not fit (``LADDER``). Where a stage's replicas span more than a node
+  (d·t > ``node_devices``), each ZeRO-3 rung is tried first as HSDP (``z3h<n>``: sharded within
+  the node's n = node_devices / t replicas, replicated across nodes), then as plain ZeRO-3.
 
-``Pins`` holds the user's constraints (``--dp 2 --tp 8 --schedule 1f1b`` ...); each pinned
-dimension is checked against what the model allows, with an error that says why not.
+``Pins`` holds the user's constraints (``--dp 2 --tp 8 --schedule 1f1b -k 8 --hsdp 8`` ...): any
+subset of the parts may be pinned and the rest is searched; each pinned part is checked against
+what the model allows, with an error that says why not.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from distir.parallel.strategy import SCHEDULES, Strategy
 
@@ -54,18 +57,37 @@ class Pins:
     zero: int | None = None
     recompute: str | None = None
     max_k: int = 128
+    mbs: int | None = None  # samples per replica and microbatch
+    hsdp: int | None = None  # the HSDP shard group (ZeRO-3 over this many replicas)
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "k"):
+        for name in ("dp", "tp", "pp", "k", "mbs", "hsdp"):
             x = getattr(self, name)
-            if x is not None and (not isinstance(x, int) or x < 1):
-                raise SpaceError(f"--{name} must be a positive integer, got {x!r}")
+            if x is not None and (not isinstance(x, int) or isinstance(x, bool) or x < 1):
+                raise SpaceError(f"--{_FLAG.get(name, name)} must be a positive integer, got {x!r}")
         if self.schedule is not None and self.schedule not in SCHEDULES:
             raise SpaceError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if self.zero is not None and self.zero not in (0, 1, 2, 3):
             raise SpaceError(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
-        if self.recompute is not None and self.recompute not in ("none", "selective", "full", "ops"):
+        if self.recompute is not None and self.recompute not in RECOMPUTES:
             raise SpaceError(f"--recompute must be none, selective, full or ops, got {self.recompute!r}")
+        if self.hsdp is not None and (self.hsdp < 2 or self.zero not in (None, 3)):
+            raise SpaceError(
+                f"--hsdp {self.hsdp}: HSDP shards ZeRO-3 over groups of at least 2 replicas"
+                + (f", not with --zero {self.zero}" if self.zero not in (None, 3) else "")
+            )
+
+    @property
+    def pinned(self) -> bool:
+        """Whether any part of the strategy is pinned (``max_k`` is a bound, not a pin)."""
+        return any(
+            getattr(self, f) is not None
+            for f in ("dp", "tp", "pp", "k", "schedule", "zero", "recompute", "mbs", "hsdp")
+        )
+
+
+_FLAG = {"k": "microbatches", "mbs": "microbatch-size"}
+RECOMPUTES = ("none", "selective", "full", "ops")
 
 
 def divisors(n: int) -> list[int]:
@@ -75,7 +97,8 @@ def divisors(n: int) -> list[int]:
 @dataclass(frozen=True, slots=True)
 class Space:
     """Strategies for ``devices`` devices, a global ``batch`` and a model of ``n_layers``
-    repeated blocks (the layer calls a pipeline partition divides: ``layer_prep.partition``)."""
+    repeated blocks (the layer calls a pipeline partition divides: ``layer_prep.partition``);
+    ``node_devices``: GPUs per node (0: HSDP is not tried unless pinned)."""
 
     devices: int
     batch: int
@@ -83,6 +106,7 @@ class Space:
     allowed_tp: tuple[int, ...]
     train: bool = True
     pins: Pins = Pins()
+    node_devices: int = 0
 
     def check(self) -> None:
         """Pinned values the model/cluster cannot take raise ``SpaceError``."""
@@ -99,7 +123,20 @@ class Space:
             raise SpaceError(f"--pp {p.pp}: the model has only {self.n_layers} blocks")
         if p.dp is not None and self.batch % p.dp:
             raise SpaceError(f"--dp {p.dp} does not divide the batch {self.batch}")
-        if next(self.bases(), None) is None:
+        if not self.train:
+            given: tuple[tuple[str, object, object], ...] = (
+                ("zero", p.zero, 0),
+                ("recompute", p.recompute, "none"),
+                ("hsdp", p.hsdp, None),
+            )
+            for flag, val, free in given:
+                if val is not None and val != free:
+                    raise SpaceError(f"--{flag} {val}: inference keeps no gradients or optimizer state")
+        if p.hsdp is not None and p.dp is not None and (p.dp % p.hsdp or p.hsdp >= p.dp):
+            raise SpaceError(
+                f"--hsdp {p.hsdp} must divide --dp {p.dp} and be smaller (--hsdp {p.dp} is --zero 3)"
+            )
+        if next(self.strategies(), None) is None:
             raise SpaceError(
                 f"no strategy for {self.devices} devices, batch {self.batch} and these pins "
                 f"(tensor parallelism allowed: {', '.join(map(str, self.allowed_tp))})"
@@ -107,7 +144,7 @@ class Space:
 
     def why_not(self, d: int, t: int, p: int) -> str | None:
         """Why the space has no strategy of shape (d, t, p), in words (``None``: exactly when
-        ``bases`` yields some); the conditions of ``triples`` and ``bases``."""
+        ``strategies`` yields some); the conditions of ``triples``, ``bases`` and ``ladder``."""
         pins = self.pins
         for name, x, pin in (("dp", d, pins.dp), ("tp", t, pins.tp), ("pp", p, pins.pp)):
             if pin is not None and x != pin:
@@ -128,17 +165,26 @@ class Space:
         per_replica = self.batch // d
         if pins.k is not None and per_replica % pins.k:
             return f"-k {pins.k} does not divide the per-replica batch {per_replica}"
+        if pins.mbs is not None and per_replica % pins.mbs:
+            return f"--microbatch-size {pins.mbs} does not divide the per-replica batch {per_replica}"
+        if not self.microbatches(per_replica):
+            return f"no microbatch of the per-replica batch {per_replica} fits the pins (k ≤ {pins.max_k})"
         sched = pins.schedule
         if p == 1 and sched not in (None, "1f1b", "gpipe"):
             return f"--schedule {sched} needs a pipeline (p > 1)"
         if p > 1 and not self.train and sched not in (None, "1f1b"):
             return f"inference runs its pipeline in 1f1b order, not --schedule {sched}"
-        if next((b for b in self.bases() if (b.d, b.t, b.p) == (d, t, p)), None) is None:
+        bases = [b for b in self.bases() if (b.d, b.t, b.p) == (d, t, p)]
+        if not bases:
             if sched == "interleaved" and 2 * p > self.n_layers:
                 return f"--schedule interleaved needs 2·p = {2 * p} blocks, the model has {self.n_layers}"
             if sched == "interleaved":
                 return f"--schedule interleaved needs k a multiple of p = {p}, and no such k is allowed"
             return "no microbatch count and schedule of this shape fits the pins"
+        if not any(self.ladder(b) for b in bases):
+            if d == 1:
+                return "ZeRO and HSDP pins need data parallelism (d > 1)"
+            return f"--hsdp {pins.hsdp} must divide d = {d} and be smaller"
         return None
 
     def triples(self) -> Iterator[tuple[int, int, int]]:
@@ -152,22 +198,29 @@ class Space:
                     continue
                 if pp > self.n_layers or self.batch % d:
                     continue
-                if not self.train and pp > self.n_layers:
-                    continue
                 yield d, t, pp
+
+    def microbatches(self, per_replica: int) -> list[int]:
+        """The gradient-accumulation steps k of a replica's ``per_replica`` samples: one per
+        microbatch size b = per_replica / k (largest microbatch first), k ≤ ``max_k``, under
+        the ``-k`` and ``--microbatch-size`` pins (a pinned k may exceed ``max_k``)."""
+        pins = self.pins
+        out = []
+        for k in divisors(per_replica):
+            if pins.k is not None and k != pins.k:
+                continue
+            if pins.mbs is not None and k * pins.mbs != per_replica:
+                continue
+            if k > pins.max_k and pins.k is None and pins.mbs is None:
+                continue
+            out.append(k)
+        return out
 
     def bases(self) -> Iterator[Strategy]:
         """Every (d, t, p, k, schedule, v), with ZeRO 0 and no recomputation."""
         pins = self.pins
         for d, t, pp in self.triples():
-            per_replica = self.batch // d
-            if pins.k is not None:
-                ks = [pins.k] if per_replica % pins.k == 0 else []
-            elif pp == 1:
-                ks = [1]
-            else:
-                ks = [k for k in divisors(per_replica) if k <= pins.max_k]
-            for k in ks:
+            for k in self.microbatches(self.batch // d):
                 if pp == 1:
                     scheds = (
                         [(pins.schedule or "1f1b", 1)] if pins.schedule in (None, "1f1b", "gpipe") else []
@@ -186,21 +239,48 @@ class Space:
                 for name, v in scheds:
                     yield Strategy(d=d, t=t, p=pp, k=k, schedule=name, v=v)
 
+    def strategies(self) -> Iterator[Strategy]:
+        """Every strategy of the space: each base's ladder."""
+        for base in self.bases():
+            yield from self.ladder(base)
+
+    def shard_group(self, base: Strategy) -> int | None:
+        """The HSDP shard group of ``base``'s ZeRO-3 rungs: the ``--hsdp`` pin, else the replicas
+        of one node (node_devices / t) when a stage's replicas span more than a node; None when
+        there is none (it must divide d and be between 2 and d − 1)."""
+        h = self.pins.hsdp
+        if h is None and self.node_devices and base.d * base.t > self.node_devices:
+            h = self.node_devices // base.t if self.node_devices % base.t == 0 else None
+        if h is None or h < 2 or h >= base.d or base.d % h:
+            return None
+        return h
+
     def ladder(self, base: Strategy) -> list[Strategy]:
-        """The memory-saving variants of ``base``, cheapest first (module docstring)."""
+        """The memory-saving variants of ``base``, cheapest first (module docstring); a pinned
+        recomputation outside the ladder (``ops``) takes the place of selective."""
         pins = self.pins
+        if not self.train:
+            return [base]
+        rungs = list(LADDER)
+        if pins.recompute is not None and all(r != pins.recompute for _, r in LADDER):
+            rungs = [(z, pins.recompute) for z, r in LADDER if r == "selective"]
+        h = self.shard_group(base)
         out: list[Strategy] = []
-        for zero, rec in LADDER if self.train else ((0, "none"),):
+        for zero, rec in rungs:
             if (pins.zero is not None and zero != pins.zero) or (
                 pins.recompute is not None and rec != pins.recompute
             ):
                 continue
             if zero and base.d == 1:
                 continue
-            out.append(
-                Strategy(base.d, base.t, base.p, base.k, base.schedule, base.v, zero, rec, base.partition)
-            )
+            groups: list[int | None] = [None]
+            if zero == 3:
+                groups = [h] if pins.hsdp is not None else [h, None] if h is not None else [None]
+            for g in groups:
+                if pins.hsdp is not None and g is None:
+                    continue
+                out.append(replace(base, zero=zero, recompute=rec, shard_group=g))
         return out
 
 
-__all__ = ["LADDER", "Pins", "Space", "SpaceError", "divisors"]
+__all__ = ["LADDER", "RECOMPUTES", "Pins", "Space", "SpaceError", "divisors"]

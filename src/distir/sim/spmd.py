@@ -11,7 +11,8 @@ of its mesh, each device working on its own piece (``distir.parallel.materialize
   one after another; a step costs its slowest device group's collective (AllReduce, AllGather,
   ReduceScatter or AllToAll, message sizes of the local pieces as the comm ops of
   ``distir.ops.comm`` define them); Replicate→Shard is a local Slice, costed as compute;
-- ``MeshSend`` occupies both meshes for the slowest pair's point-to-point send;
+- ``MeshSend`` occupies both meshes for the slowest pair's point-to-point send; ``MeshView``
+  (the same pieces seen on a regrouped mesh) is a view that costs nothing;
 - memory: every device holds its own piece of every DTensor value.
 
 With even shards this gives exactly the step time and per-device peak memory of simulating the
@@ -68,9 +69,12 @@ def record(
         return redistribute_record(dom, op, ins, outs)
     if op.name == "MeshSend":
         return mesh_send_record(dom, op, ins, outs)
+    if op.name == "MeshView":  # the same pieces on the same devices: a view, nothing moves
+        devs = devs_of(dom.mesh_units(_mesh_of(op, ins)))
+        return (devs, 0.0, False, op.name, 0.0, True, *dom.sizes(outs, True), None)
     if d.kind is not OpKind.LOCAL:
         raise OpTypeError(
-            f"{op.name} on distributed tensors: only local ops, Redistribute and MeshSend can be "
+            f"{op.name} on distributed tensors: only local ops, Redistribute, MeshSend and MeshView can be "
             "simulated on DTensors"
         )
     return local_record(dom, op, d, ins, outs, link)
