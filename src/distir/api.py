@@ -56,6 +56,7 @@ class Result:
     microbatch_size: int
     sp: bool
     zero: int
+    shard_group: int | None  # the GPUs ZeRO shards over (HSDP: fewer than d); None without ZeRO
     recompute: str
     partition: str  # uniform, params or explicit
     layers_per_chunk: tuple[int, ...] | None  # repeated blocks of each pipeline chunk
