@@ -46,6 +46,13 @@ def import_module(
     return build_imported(conv, name, batch, dtype, tp_patterns=tp_patterns)
 
 
+def weight_values(model: Model, module: Any) -> dict[str, Any]:
+    """``model``'s weights' values from the torch ``module`` it was imported from."""
+    from distir.frontends.torch_import.assemble import weight_values as values
+
+    return values(model, module)
+
+
 __all__ = [
     "TP_PATTERNS",
     "ImportFailure",
@@ -55,4 +62,5 @@ __all__ = [
     "TraceError",
     "UnsupportedOpsError",
     "import_module",
+    "weight_values",
 ]

@@ -66,7 +66,7 @@ def build_imported(
     first = tuple(d if d is not None else batch for d in conv.input_shape)
     high = vocab if conv.input_dtype.is_int else 0
     inputs = (
-        InputSpec(conv.input_name, tensor(conv.input_dtype, *first), high=high),
+        InputSpec(conv.input_name, tensor(conv.input_dtype if conv.input_dtype.is_int else dtype, *first), high=high),
         InputSpec("labels", tensor(DType.i64, batch, *positions), high=vocab),  # type: ignore[arg-type]
     )
     calls = [LayerCall(lay.fn, tuple(specs[w] for w in lay.weights), f"x{i}") for i, lay in enumerate(conv.layers)]
@@ -92,3 +92,18 @@ def build_imported(
         ends=(pre, post),
         loss_input_tp=Shard(rank - 1) if vocab_tp else REPLICATE,
     )
+
+
+def weight_values(model: Model, module: object) -> dict[str, object]:
+    """The values of ``model``'s weights taken from the torch ``module`` it was imported from
+    (numpy arrays in the model's layout: ``nn.Linear`` weights transposed), by weight name."""
+    import torch
+
+    assert isinstance(module, torch.nn.Module)
+    state = dict(module.named_parameters(remove_duplicate=False))
+    transposed = set(model.config.get("transposed", ()))  # type: ignore[call-overload]
+    out: dict[str, object] = {}
+    for w in model.weights:
+        t = state[w.name].detach().cpu()
+        out[w.name] = (t.T if w.name in transposed else t).numpy().astype(w.type.dtype.to_numpy())
+    return out

@@ -327,7 +327,9 @@ class Converter:
         return tuple(out)
 
     def fill(self, like: Value, value: float) -> Value:
-        return self.op("FillLike", like, value=float(value))
+        """A tensor like ``like`` filled with ``value``, a constant for autodiff (FillLike has no
+        gradient rule: a StopGradient view of it, which costs nothing, ends the gradient)."""
+        return self.op("StopGradient", self.op("FillLike", like, value=float(value)))
 
     def is_tensor(self, x: object) -> bool:
         return isinstance(x, TArg)

@@ -16,6 +16,7 @@ reason. Mixture-of-experts configs (``num_local_experts``: Mixtral) are refused:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -88,8 +89,9 @@ def _register() -> None:
     AttentionMaskInterface.register(ATTENTION, _no_mask)
 
 
-def hf_model(path: str, seq: int | None = None) -> tuple[Any, dict[str, Any]]:
-    """The causal LM of config ``path`` (parameters on meta) and its example inputs."""
+def hf_model(path: str, seq: int | None = None, meta: bool = True) -> tuple[Any, dict[str, Any]]:
+    """The causal LM of config ``path`` (parameters on meta, or randomly initialized when not
+    ``meta``: for tests) and its example inputs."""
     raw = read_config(path)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -108,7 +110,7 @@ def hf_model(path: str, seq: int | None = None) -> tuple[Any, dict[str, Any]]:
         raise SourceError(f"hf:{path}: sliding_window={sliding} < seq={length} is not supported (seq=N ≤ it is)")
     cfg.use_cache = False
     try:
-        with params_on_meta():
+        with params_on_meta() if meta else contextlib.nullcontext():
             model = AutoModelForCausalLM.from_config(cfg, attn_implementation=ATTENTION, dtype=torch.float32)
     except (ValueError, KeyError) as e:
         raise SourceError(f"hf:{path}: transformers has no causal LM for this config ({e})") from None
