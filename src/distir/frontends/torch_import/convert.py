@@ -29,6 +29,7 @@ import numpy as np
 from distir.frontends.torch_import import aten_map
 from distir.frontends.torch_import.errors import StructureError, UnsupportedOpsError
 from distir.frontends.torch_import.layers import LayerOf, assign, module_paths
+from distir.frontends.torch_import.patterns import RopeMatch, match_rope
 from distir.frontends.torch_import.trace import Traced
 from distir.ir.builder import FunctionBuilder
 from distir.ir.function import Function
@@ -343,11 +344,37 @@ class Converter:
         stacks = [module_paths(n.meta.get("nn_module_stack")) for n in tensors]
         for n, lay in zip(tensors, assign(stacks, [n.name for n in tensors]), strict=True):
             self.layer_of[n.name] = lay
+        self._match_patterns(tensors)
         for n in tensors:
-            self._emit(n)
+            if n.name not in self.skip:
+                self._emit(n)
         if self.unsupported:
             raise UnsupportedOpsError(self.unsupported)
         return self._finish(nodes)
+
+    def _match_patterns(self, tensors: Sequence[Any]) -> None:
+        """Rotary embeddings (``patterns.match_rope``): the final add becomes a Rope, the
+        pattern's other nodes are skipped when nothing else reads them."""
+        self.skip: set[str] = set()
+        self.ropes: dict[str, RopeMatch] = {}
+        tables: dict[tuple[str, str], Any] = {}  # the tables' check, once per pair (shared by layers)
+        for n in tensors:
+            m = match_rope(n, self.const, lambda a: self.kind.get(a.name) == "const", tables)
+            if m is None:
+                continue
+            inside = {x.name for x in m.interior} | {n.name}
+            if all(u.name in inside for x in m.interior for u in x.users):
+                self.ropes[n.name] = m
+                self.skip |= {x.name for x in m.interior}
+
+    def _rope(self, cx: Any, a: Sequence[Any], kw: dict[str, Any]) -> Value:
+        m = self.ropes[self.node.name]
+        assert self.cur is not None
+        x = self.tensor_arg(m.x, self.cur).value
+        if m.seq_axis == 2:
+            x = self.op("Transpose", x, perm=aten_map.BHSD)
+        y = self.op("Rope", x, halves=True, freqs=m.freqs)
+        return self.op("Transpose", y, perm=aten_map.BHSD) if m.seq_axis == 2 else y
 
     def _builder(self, key: str) -> _Builder:
         b = self.builders.get(key)
@@ -368,7 +395,9 @@ class Converter:
             b.paths.append(lay.path)
         name = _packet(n)
         emitter: Callable[..., Any] | None
-        if n.target is _getitem():
+        if n.name in self.ropes:
+            emitter = self._rope
+        elif n.target is _getitem():
             emitter = aten_map.GETITEM
         elif name in ("aten.to", "aten._to_copy"):
             emitter = self._cast
@@ -378,8 +407,9 @@ class Converter:
             self.unsupported[name].append(_location(n))
             self.poisoned.add(n.name)
             return
-        args = self.arg(list(n.args), b)
-        kwargs = {k: self.arg(v, b) for k, v in n.kwargs.items()}
+        rope = n.name in self.ropes  # its arguments are the pattern's skipped nodes
+        args = self.arg(list(n.args), b) if not rope else []
+        kwargs = {k: self.arg(v, b) for k, v in n.kwargs.items()} if not rope else {}
         if name == "aten.embedding" and isinstance(args[1], TArg) and args[1].const is not None:
             emitter = self._embedding_rows
         try:
@@ -483,6 +513,32 @@ def _share(layers: list[Layer]) -> list[Layer]:
         fn = made.setdefault(names[text], replace(kinds[text], name=names[text]))
         out.append(replace(lay, fn=fn))
     return out
+
+
+def deepen(conv: Converted, blocks: int) -> Converted | None:
+    """``conv`` with its blocks repeated to ``blocks`` of them, when it was traced at a smaller
+    depth and its blocks share one function (``layer i``'s weights renamed from block 0's by
+    the index in the module path); None when its blocks differ."""
+    body = [lay for lay in conv.layers if lay.key not in ("pre", "post", "body")]
+    if not body or any(lay.fn is not body[0].fn for lay in body):
+        return None
+    first = body[0]
+    container, _, index = first.key.rpartition(".")
+    if not index.isdigit():
+        return None
+    old = f"{first.key}."
+    params = {p.name: p for p in conv.params.values() if not any(p.name.startswith(f"{b.key}.") for b in body)}
+    layers: list[Layer] = [lay for lay in conv.layers if lay.key == "pre"]
+    for i in range(blocks):
+        new = f"{container}.{i}." if container else f"{i}."
+        names = tuple(new + w[len(old) :] if w.startswith(old) else w for w in first.weights)
+        for w, n in zip(first.weights, names, strict=True):
+            if w.startswith(old):
+                params[n] = replace(conv.params[w], name=n)
+        paths = tuple(new[:-1] + p[len(old) - 1 :] if p.startswith(old[:-1]) else p for p in first.paths)
+        layers.append(Layer(first.fn, names, new[:-1], paths))
+    layers += [lay for lay in conv.layers if lay.key == "post"]
+    return replace(conv, layers=tuple(layers), params=params)
 
 
 def _flatten(x: Any) -> list[Any]:

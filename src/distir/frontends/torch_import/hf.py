@@ -55,6 +55,18 @@ def read_config(path: str) -> dict[str, Any]:
     return raw
 
 
+def depth(raw: dict[str, Any]) -> int | None:
+    """The number of blocks of a config, when its blocks are all alike (no per-layer
+    ``layer_types`` that differ), else None."""
+    kinds = raw.get("layer_types")
+    if isinstance(kinds, list) and len(set(map(str, kinds))) > 1:
+        return None
+    for key in ("num_hidden_layers", "n_layer", "num_layers"):
+        if isinstance(raw.get(key), int):
+            return int(raw[key])
+    return None
+
+
 def _attention(
     module: Any,
     query: Any,
@@ -89,9 +101,11 @@ def _register() -> None:
     AttentionMaskInterface.register(ATTENTION, _no_mask)
 
 
-def hf_model(path: str, seq: int | None = None, meta: bool = True) -> tuple[Any, dict[str, Any]]:
+def hf_model(
+    path: str, seq: int | None = None, meta: bool = True, layers: int | None = None
+) -> tuple[Any, dict[str, Any]]:
     """The causal LM of config ``path`` (parameters on meta, or randomly initialized when not
-    ``meta``: for tests) and its example inputs."""
+    ``meta``: for tests) and its example inputs; ``layers`` overrides the number of blocks."""
     raw = read_config(path)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -109,6 +123,8 @@ def hf_model(path: str, seq: int | None = None, meta: bool = True) -> tuple[Any,
     if getattr(cfg, "use_sliding_window", True) and isinstance(sliding, int) and 0 < sliding < length:
         raise SourceError(f"hf:{path}: sliding_window={sliding} < seq={length} is not supported (seq=N ≤ it is)")
     cfg.use_cache = False
+    if layers is not None:
+        cfg.num_hidden_layers = layers
     try:
         with params_on_meta() if meta else contextlib.nullcontext():
             model = AutoModelForCausalLM.from_config(cfg, attn_implementation=ATTENTION, dtype=torch.float32)

@@ -59,27 +59,48 @@ def _factory(text: str) -> tuple[Any, Any]:
     return got
 
 
-def module_of(text: str) -> tuple[Any, Any, dict[str, object]]:
-    """The nn.Module, its example inputs and a config summary for the model string ``text``."""
+def module_of(text: str, layers: int | None = None) -> tuple[Any, Any, dict[str, object]]:
+    """The nn.Module, its example inputs and a config summary for the model string ``text``
+    (``layers``: a Hugging Face model built with that many blocks)."""
     text = text.strip()
     if text.startswith("hf:"):
         from distir.frontends.torch_import.hf import hf_model, read_config
 
-        rest = text[3:]
-        m = _SEQ.match(rest)
-        path, seq = (m.group("path"), int(m.group("seq"))) if m else (rest, None)
+        path, seq = _hf_path(text)
         raw = read_config(path)
-        module, inputs = hf_model(path, seq)
+        module, inputs = hf_model(path, seq, layers=layers)
         return module, inputs, {"source": text, "model_type": raw.get("model_type")}
     module, inputs = _factory(text)
     return module, inputs, {"source": text}
 
 
+def _hf_path(text: str) -> tuple[str, int | None]:
+    rest = text[3:]
+    m = _SEQ.match(rest)
+    return (m.group("path"), int(m.group("seq"))) if m else (rest, None)
+
+
+SHALLOW = 2  # blocks a Hugging Face model of alike blocks is traced with (``converted``)
+
+
 @functools.lru_cache(maxsize=8)
 def converted(text: str, dtype: DType) -> tuple[Any, dict[str, object]]:
-    from distir.frontends.torch_import.convert import convert
+    """The converted model of ``text``. A Hugging Face config whose blocks are all alike is
+    traced with ``SHALLOW`` blocks and its block function repeated to the config's depth
+    (``convert.deepen``: the blocks must have come out as one function, else the full depth is
+    traced): tracing time grows with depth, the program does not change."""
+    from distir.frontends.torch_import.convert import convert, deepen
     from distir.frontends.torch_import.trace import trace
 
+    if text.startswith("hf:"):
+        from distir.frontends.torch_import.hf import depth, read_config
+
+        full = depth(read_config(_hf_path(text)[0]))
+        if full is not None and full > SHALLOW:
+            module, inputs, config = module_of(text, SHALLOW)
+            deep = deepen(convert(trace(module, inputs, text), dtype), full)
+            if deep is not None:
+                return deep, config
     module, inputs, config = module_of(text)
     return convert(trace(module, inputs, text), dtype), config
 
