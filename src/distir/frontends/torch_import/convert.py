@@ -29,7 +29,7 @@ import numpy as np
 from distir.frontends.torch_import import aten_map
 from distir.frontends.torch_import.errors import StructureError, UnsupportedOpsError
 from distir.frontends.torch_import.layers import LayerOf, assign, module_paths
-from distir.frontends.torch_import.patterns import RopeMatch, match_rope
+from distir.frontends.torch_import.patterns import RMSMatch, RopeMatch, match_rms_norm, match_rope
 from distir.frontends.torch_import.trace import Traced
 from distir.ir.builder import FunctionBuilder
 from distir.ir.function import Function
@@ -357,15 +357,28 @@ class Converter:
         pattern's other nodes are skipped when nothing else reads them."""
         self.skip: set[str] = set()
         self.ropes: dict[str, RopeMatch] = {}
+        self.norms: dict[str, RMSMatch] = {}
         tables: dict[tuple[str, str], Any] = {}  # the tables' check, once per pair (shared by layers)
         for n in tensors:
-            m = match_rope(n, self.const, lambda a: self.kind.get(a.name) == "const", tables)
+            m: RopeMatch | RMSMatch | None = match_rope(
+                n, self.const, lambda a: self.kind.get(a.name) == "const", tables
+            )
+            m = m or match_rms_norm(n, lambda a: self.kind.get(a.name) == "param")
             if m is None:
                 continue
             inside = {x.name for x in m.interior} | {n.name}
-            if all(u.name in inside for x in m.interior for u in x.users):
-                self.ropes[n.name] = m
+            if all(u.name in inside or u.name not in self.kind for x in m.interior for u in x.users):
+                if isinstance(m, RopeMatch):
+                    self.ropes[n.name] = m
+                else:
+                    self.norms[n.name] = m
                 self.skip |= {x.name for x in m.interior}
+
+    def _rms_norm(self, cx: Any, a: Sequence[Any], kw: dict[str, Any]) -> Value:
+        m = self.norms[self.node.name]
+        assert self.cur is not None
+        x, w = self.tensor_arg(m.x, self.cur).value, self.tensor_arg(m.weight, self.cur).value
+        return self.op("RMSNormalization", x, w, epsilon=m.eps)
 
     def _rope(self, cx: Any, a: Sequence[Any], kw: dict[str, Any]) -> Value:
         m = self.ropes[self.node.name]
@@ -397,6 +410,8 @@ class Converter:
         emitter: Callable[..., Any] | None
         if n.name in self.ropes:
             emitter = self._rope
+        elif n.name in self.norms:
+            emitter = self._rms_norm
         elif n.target is _getitem():
             emitter = aten_map.GETITEM
         elif name in ("aten.to", "aten._to_copy"):
@@ -407,7 +422,7 @@ class Converter:
             self.unsupported[name].append(_location(n))
             self.poisoned.add(n.name)
             return
-        rope = n.name in self.ropes  # its arguments are the pattern's skipped nodes
+        rope = n.name in self.ropes or n.name in self.norms  # arguments: the pattern's skipped nodes
         args = self.arg(list(n.args), b) if not rope else []
         kwargs = {k: self.arg(v, b) for k, v in n.kwargs.items()} if not rope else {}
         if name == "aten.embedding" and isinstance(args[1], TArg) and args[1].const is not None:

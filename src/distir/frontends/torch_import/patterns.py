@@ -1,4 +1,9 @@
-"""Patterns the ATen table cannot see op by op: Hugging Face's rotary position embedding.
+"""Patterns the ATen table cannot see op by op: RMSNorm written out, and Hugging Face's rotary
+position embedding.
+
+``w · (x · rsqrt(mean(x², -1) + eps))`` (Llama's ``RMSNorm``, casts to float32 and back in
+between: identities here) becomes one ``RMSNormalization(x, w, epsilon=eps)``, the fused kernel
+trainers run (one read of x, no saved intermediates).
 
 ``x·cos + rotate_half(x)·sin`` (``rotate_half(x) = cat(-x[..., d/2:], x[..., :d/2])``) with
 ``cos`` and ``sin`` constants of the program (tables computed from a rotary module's buffers)
@@ -28,6 +33,59 @@ class RopeMatch:
     seq_axis: int  # 1 (B, S, h, d) or 2 (B, h, S, d)
     freqs: tuple[float, ...]
     interior: tuple[Any, ...]  # the pattern's nodes other than the final add
+
+
+@dataclass(frozen=True, slots=True)
+class RMSMatch:
+    x: Any  # the normalized tensor's node
+    weight: Any  # the scale's node
+    eps: float
+    interior: tuple[Any, ...]
+
+
+CASTS = ("aten.to", "aten._to_copy")
+
+
+def _through_casts(n: Any, seen: list[Any]) -> Any:
+    while _packet(n) in CASTS and hasattr(n, "op"):
+        seen.append(n)
+        n = n.args[0]
+    return n
+
+
+def match_rms_norm(mul: Any, is_param: Callable[[Any], bool]) -> RMSMatch | None:
+    """The RMSNorm whose final product with its weight is ``mul``, or None (module docstring)."""
+    if not _is(mul, "aten.mul") or len(mul.args) != 2:
+        return None
+    for w, y in (mul.args, mul.args[::-1]):
+        if not (hasattr(w, "op") and is_param(w) and w.meta["val"].ndim == 1 and hasattr(y, "op")):
+            continue
+        seen: list[Any] = []
+        y = _through_casts(y, seen)
+        if not _is(y, "aten.mul") or len(y.args) != 2:
+            continue
+        for x, r in (y.args, y.args[::-1]):
+            found = _rsqrt_mean_square(r, x, seen) if hasattr(r, "op") else None
+            if found is not None:
+                return RMSMatch(x, w, found, (y, *seen))
+    return None
+
+
+def _rsqrt_mean_square(r: Any, x: Any, seen: list[Any]) -> float | None:
+    """eps when ``r`` is ``rsqrt(mean(x², -1, keepdim) + eps)``; adds its nodes to ``seen``."""
+    if not _is(r, "aten.rsqrt"):
+        return None
+    add = r.args[0]
+    if not _is(add, "aten.add") or len(add.args) != 2 or not isinstance(add.args[1], float | int):
+        return None
+    mean = add.args[0]
+    if not _is(mean, "aten.mean") or len(mean.args) < 3 or list(mean.args[1]) not in ([-1], [x.meta["val"].ndim - 1]):
+        return None
+    sq = mean.args[0]
+    if not (_is(sq, "aten.pow") and sq.args[1] == 2 and sq.args[0] is x) or not mean.args[2]:
+        return None
+    seen += [r, add, mean, sq]
+    return float(add.args[1])
 
 
 def _packet(n: Any) -> str:
