@@ -84,6 +84,9 @@ def build_imported(
             "family": "imported",
             "vocab": vocab,
             "transposed": tuple(p.name for p in conv.params.values() if p.transposed),
+            # the module path of each layer call but the loss (pre, post, or the block's path):
+            # where split points by module name fall
+            "layer_paths": tuple(lay.key for lay in conv.layers),
             **dict(config or {}),
         },
         inputs,
