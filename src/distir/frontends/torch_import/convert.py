@@ -398,8 +398,11 @@ class Converter:
         return b
 
     def _emit(self, n: Any) -> None:
-        if any(a.name in self.poisoned for a in n.all_input_nodes):
-            self.poisoned.add(n.name)
+        if any(a.name in self.poisoned for a in n.all_input_nodes):  # after an unsupported op:
+            self.poisoned.add(n.name)  # nothing to emit, but its own op is still checked
+            name = _packet(n)
+            if name not in aten_map.ATEN and name not in ("aten.to", "aten._to_copy") and n.target is not _getitem():
+                self.unsupported[name].append(_location(n))
             return
         lay = self.layer_of[n.name]
         self.node = n
