@@ -16,6 +16,7 @@ pytest.importorskip("transformers")
 from distir.autodiff.train import Optimizer, training_step  # noqa: E402
 from distir.frontends.torch_import import import_module, weight_values  # noqa: E402
 from distir.frontends.torch_import.hf import hf_model  # noqa: E402
+from distir.frontends.zoo import build_model  # noqa: E402
 from distir.interp.reference import run_reference  # noqa: E402
 from distir.ir.types import DType  # noqa: E402
 from distir.ir.verify import verify  # noqa: E402
@@ -110,3 +111,25 @@ def test_repeated_blocks_share_one_layer_function(config: str, block_weights: in
     assert callees == ["embed", "block", "block", "head", "loss"]
     assert (model.pre, model.post) == (1, 2)
     assert len(model.module["block"].params) == 1 + block_weights
+
+
+@pytest.mark.parametrize("config", ["gpt2-tiny", "llama-tiny"])
+def test_shallow_trace_deepened_equals_the_full_trace(config: str, tmp_path: Path) -> None:
+    """``hf:`` traces 2 blocks of a config whose blocks are alike and repeats the block: the
+    program is the one the full-depth trace gives."""
+    import json
+
+    from distir.frontends.torch_import.source import converted
+    from distir.ir.printer import print_module
+
+    raw = json.loads((CONFIGS / f"{config}.json").read_text())
+    raw["n_layer" if "n_layer" in raw else "num_hidden_layers"] = 4
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    converted.cache_clear()
+    deep = build_model(f"hf:{path}", batch=2)
+    module, inputs = hf_model(str(path))
+    full = import_module(module, inputs, batch=2, name=f"hf:{path}")
+    assert [c.callee for c in deep.layers] == ["embed", *["block"] * 4, "head", "loss"]
+    assert print_module(deep.module) == print_module(full.module)
+    assert deep.weights == full.weights and deep.config["layer_paths"] == full.config["layer_paths"]
