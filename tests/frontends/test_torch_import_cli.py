@@ -13,10 +13,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from typer.testing import CliRunner  # noqa: E402
+from typer.testing import CliRunner
 
-from distir.cli import app  # noqa: E402
-from distir.frontends.zoo import build_model  # noqa: E402
+from distir.cli import app
+from distir.frontends.zoo import build_model
 
 CONFIGS = Path(__file__).parent / "configs"
 

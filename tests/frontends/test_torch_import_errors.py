@@ -12,12 +12,12 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from typer.testing import CliRunner  # noqa: E402
+from typer.testing import CliRunner
 
-from distir.cli import app  # noqa: E402
-from distir.frontends.torch_import import SourceError, TraceError, UnsupportedOpsError  # noqa: E402
-from distir.frontends.zoo import build_model  # noqa: E402
-from distir.frontends.zoo.model import ModelError  # noqa: E402
+from distir.cli import app
+from distir.frontends.torch_import import SourceError, TraceError, UnsupportedOpsError
+from distir.frontends.zoo import build_model
+from distir.frontends.zoo.model import ModelError
 
 CONFIGS = Path(__file__).parent / "configs"
 FACTORIES = "tests.frontends.torch_models"

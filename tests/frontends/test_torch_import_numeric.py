@@ -90,7 +90,12 @@ F32_INSIDE = 1e-4
 
 @pytest.mark.parametrize(
     ("config", "rtol"),
-    [("gpt2-tiny", 1e-9), ("llama-tiny", F32_INSIDE), ("qwen2-tiny", F32_INSIDE), ("mistral-tiny", F32_INSIDE)],
+    [
+        ("gpt2-tiny", 1e-9),
+        ("llama-tiny", F32_INSIDE),
+        ("qwen2-tiny", F32_INSIDE),
+        ("mistral-tiny", F32_INSIDE),
+    ],
 )
 def test_hf_model_loss_and_gradients_equal_torch(config: str, rtol: float) -> None:
     torch.manual_seed(0)

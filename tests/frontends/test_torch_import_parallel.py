@@ -11,13 +11,13 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from distir.frontends.zoo import build_model  # noqa: E402
-from distir.interp.lockstep import check_deadlock_free  # noqa: E402
-from distir.interp.project import project  # noqa: E402
-from distir.ir.dtensor import Replicate, Shard  # noqa: E402
-from distir.ir.types import DType  # noqa: E402
-from distir.parallel.check import check_against_sequential  # noqa: E402
-from distir.parallel.strategy import parse_strategy  # noqa: E402
+from distir.frontends.zoo import build_model
+from distir.interp.lockstep import check_deadlock_free
+from distir.interp.project import project
+from distir.ir.dtensor import Replicate, Shard
+from distir.ir.types import DType
+from distir.parallel.check import check_against_sequential
+from distir.parallel.strategy import parse_strategy
 
 CONFIGS = Path(__file__).parent / "configs"
 

@@ -8,7 +8,6 @@ from typing import Any
 
 def mlp() -> tuple[Any, Any]:
     import torch
-
     from tests.frontends.test_torch_import_numeric import MLP
 
     return MLP(), (torch.zeros(2, 5),)

@@ -355,7 +355,10 @@ def _rope_rule(ctx: TypeCtx) -> Sequence[Type]:
     freqs = ctx.attr("freqs")
     if freqs is not None and len(freqs) != x.shape[3] // 2:
         ctx.fail(
-            f"Rope freqs lists {len(freqs)} frequencies for head_dim {x.shape[3]}", None, x.shape[3] // 2, len(freqs)
+            f"Rope freqs lists {len(freqs)} frequencies for head_dim {x.shape[3]}",
+            None,
+            x.shape[3] // 2,
+            len(freqs),
         )
     return (ctx.out(x.dtype, x.shape),)
 
@@ -378,9 +381,15 @@ def _rope_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     cos, sin = np.cos(ang)[None, :, None, :], np.sin(ang)[None, :, None, :]
     xd = f64(x)
     h = x.shape[3] // 2
-    first, second = (xd[..., :h], xd[..., h:]) if attrs.get("halves", False) else (xd[..., 0::2], xd[..., 1::2])
+    first, second = (
+        (xd[..., :h], xd[..., h:]) if attrs.get("halves", False) else (xd[..., 0::2], xd[..., 1::2])
+    )
     y = np.empty_like(xd)
-    a, b = (np.s_[..., :h], np.s_[..., h:]) if attrs.get("halves", False) else (np.s_[..., 0::2], np.s_[..., 1::2])
+    a, b = (
+        (np.s_[..., :h], np.s_[..., h:])
+        if attrs.get("halves", False)
+        else (np.s_[..., 0::2], np.s_[..., 1::2])
+    )
     y[a] = first * cos - second * sin
     y[b] = first * sin + second * cos
     return (y.astype(x.dtype),)

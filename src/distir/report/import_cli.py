@@ -65,7 +65,9 @@ def render(info: dict[str, Any]) -> str:
         if f["paths"]:
             shown = f["paths"] if len(f["paths"]) <= 3 else [f["paths"][0], "...", f["paths"][-1]]
             where = f" — {', '.join(shown)}"
-        lines.append(f"  @{name}: {f['calls']} call(s), {f['weights']} argument(s) after the activation{where}")
+        lines.append(
+            f"  @{name}: {f['calls']} call(s), {f['weights']} argument(s) after the activation{where}"
+        )
     lines.append("ops: " + ", ".join(f"{k} {v}" for k, v in info["ops"].items()))
     if info["tied"]:
         lines.append(f"tied weights: {', '.join(info['tied'])}")

@@ -40,8 +40,10 @@ def _placement(p: Param, patterns: Sequence[TPPattern]) -> Placement:
 def _is_table(name: str, patterns: Sequence[TPPattern]) -> bool:
     import re
 
-    return any(re.search(p.pattern, name) and p.matrix == Shard(0) and p.bias == REPLICATE and "embed" in p.pattern
-               for p in patterns)
+    return any(
+        re.search(p.pattern, name) and p.matrix == Shard(0) and p.bias == REPLICATE and "embed" in p.pattern
+        for p in patterns
+    )
 
 
 def build_imported(
@@ -54,22 +56,30 @@ def build_imported(
 ) -> Model:
     """The ``Model`` of ``conv`` for a global ``batch`` in ``dtype`` (module docstring)."""
     if len(conv.output_shape) < 2 or conv.output_shape[0] is not None:
-        raise ModelError(f"model {name}: the module must return logits (batch, ..., classes), got {conv.output_shape}")
+        raise ModelError(
+            f"model {name}: the module must return logits (batch, ..., classes), got {conv.output_shape}"
+        )
     vocab = conv.output_shape[-1]
     assert vocab is not None
     positions = tuple(d for d in conv.output_shape[1:-1])
     if any(d is None for d in positions):
-        raise ModelError(f"model {name}: the logits {conv.output_shape} have a batch-dependent dim besides dim 0")
+        raise ModelError(
+            f"model {name}: the logits {conv.output_shape} have a batch-dependent dim besides dim 0"
+        )
     specs: dict[str, WeightSpec] = {}
     for p in conv.params.values():
         specs[p.name] = weight(p.name, dtype, p.shape, _placement(p, tp_patterns))
     first = tuple(d if d is not None else batch for d in conv.input_shape)
     high = vocab if conv.input_dtype.is_int else 0
     inputs = (
-        InputSpec(conv.input_name, tensor(conv.input_dtype if conv.input_dtype.is_int else dtype, *first), high=high),
+        InputSpec(
+            conv.input_name, tensor(conv.input_dtype if conv.input_dtype.is_int else dtype, *first), high=high
+        ),
         InputSpec("labels", tensor(DType.i64, batch, *positions), high=vocab),  # type: ignore[arg-type]
     )
-    calls = [LayerCall(lay.fn, tuple(specs[w] for w in lay.weights), f"x{i}") for i, lay in enumerate(conv.layers)]
+    calls = [
+        LayerCall(lay.fn, tuple(specs[w] for w in lay.weights), f"x{i}") for i, lay in enumerate(conv.layers)
+    ]
     normalizer = batch * math.prod(positions)  # type: ignore[arg-type]
     calls.append(LayerCall(token_loss_fn(vocab, normalizer), ("labels",), "loss"))
     keys = [lay.key for lay in conv.layers]

@@ -243,7 +243,7 @@ def _binary(name: str) -> Emitter:
             return cx.op("Scale", _v(t), alpha=s)
         if name == "Div" and t_first:
             return cx.op("Scale", _v(t), alpha=1.0 / s)
-        if name == "Add" and s == 0.0 or name == "Sub" and s == 0.0 and t_first:
+        if (name == "Add" and s == 0.0) or (name == "Sub" and s == 0.0 and t_first):
             return _v(t)
         c = cx.fill(_v(t), s)
         return cx.op(name, _v(t), c) if t_first else cx.op(name, c, _v(t))
@@ -252,7 +252,8 @@ def _binary(name: str) -> Emitter:
 
 
 def _rsub(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
-    return _binary("Sub")(cx, (a[1], a[0]), kw)
+    y: Value = _binary("Sub")(cx, (a[1], a[0]), kw)
+    return y
 
 
 def _unary(name: str) -> Emitter:
@@ -287,7 +288,9 @@ def _gelu(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
         return cx.op("Gelu", _v(a[0]))
     x = _v(a[0])  # tanh: ½x(1 + tanh(√(2/π)(x + 0.044715x³)))
     cube = cx.op("Mul", cx.op("Mul", x, x), x)
-    inner = cx.op("Scale", cx.op("Add", x, cx.op("Scale", cube, alpha=0.044715)), alpha=math.sqrt(2 / math.pi))
+    inner = cx.op(
+        "Scale", cx.op("Add", x, cx.op("Scale", cube, alpha=0.044715)), alpha=math.sqrt(2 / math.pi)
+    )
     one = cx.op("Add", cx.op("Tanh", inner), cx.fill(x, 1.0))
     return cx.op("Mul", cx.op("Scale", x, alpha=0.5), one)
 
@@ -315,7 +318,9 @@ def _getitem(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Any:
 
 
 # ops that produce no value of the program (shape checks)
-DROPPED = frozenset({"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size"})
+DROPPED = frozenset(
+    {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size"}
+)
 IDENTITY = frozenset(
     {"aten.alias", "aten.contiguous", "aten.clone", "aten.detach", "aten.lift_fresh_copy", "aten.type_as"}
 )

@@ -129,6 +129,8 @@ class Converter:
         self.tuples: dict[str, Any] = {}
         self.cur: _Builder | None = None
         self.node: Any = None
+        # Transpose results of the current walk → (input, perm): a transpose of one cancels
+        self._transposes: dict[Value, tuple[Value, tuple[int, ...]]] = {}
         self.params = self._params()
 
     # -- analysis ------------------------------------------------------------------------
@@ -151,7 +153,9 @@ class Converter:
                 continue
             name = self.t.params[n.name]
             shape = tuple(int(d) for d in n.meta["val"].shape)
-            linear = [u for u in n.users if _packet(u) == "aten.linear" and len(u.args) > 1 and u.args[1] is n]
+            linear = [
+                u for u in n.users if _packet(u) == "aten.linear" and len(u.args) > 1 and u.args[1] is n
+            ]
             transposed = len(shape) == 2 and bool(linear) and len(linear) == len(n.users)
             stored = shape[::-1] if transposed else shape
             out[n.name] = Param(name, stored, transposed, bool(linear) and not transposed)
@@ -203,7 +207,9 @@ class Converter:
             with torch.no_grad():
                 v = n.target(*args, **kwargs)
         if isinstance(v, torch.Tensor) and v.device.type == "meta":
-            raise StructureError(f"constant {n.name} ({_location(n)}) is computed from a buffer on the meta device")
+            raise StructureError(
+                f"constant {n.name} ({_location(n)}) is computed from a buffer on the meta device"
+            )
         self.consts[n.name] = v
         return v
 
@@ -250,7 +256,9 @@ class Converter:
         if src is not None:
             prev = self.builders[self.order[self.order.index(b.key) - 1]] if self.order.index(b.key) else None
             if prev is None or prev.key != src:
-                raise StructureError(f"layer {b.key} uses {n.name} of layer {src}, which is not the one before it")
+                raise StructureError(
+                    f"layer {b.key} uses {n.name} of layer {src}, which is not the one before it"
+                )
         assert b.x is not None
         b.x_from = n.name
         b.values[n.name] = b.x
@@ -286,8 +294,6 @@ class Converter:
             self._transposes[outs[0]] = (inputs[0], tuple(attrs["perm"]))
         return outs
 
-    _transposes: dict[Value, tuple[Value, tuple[int, ...]]] = {}
-
     def _fold_transpose(self, x: Value, perm: tuple[int, ...]) -> Value | None:
         prev = self._transposes.get(x)
         if prev is None:
@@ -296,7 +302,9 @@ class Converter:
         return src if tuple(p0[i] for i in perm) == tuple(range(len(perm))) else None
 
     def weight_matrix(self, arg: Any) -> Value:
-        p = next((p for k, p in self.params.items() if self.cur and self.cur.values.get(k) is arg.value), None)
+        p = next(
+            (p for k, p in self.params.items() if self.cur and self.cur.values.get(k) is arg.value), None
+        )
         if p is not None and p.transposed:
             return arg.value  # type: ignore[no-any-return]
         return self.op("Transpose", arg.value, perm=(1, 0))
@@ -339,7 +347,6 @@ class Converter:
     def run(self) -> Converted:
         nodes = self._live()
         self._classify(nodes)
-        self._transposes = {}
         tensors = [n for n in nodes if n.op == "call_function" and self.kind[n.name] == "tensor"]
         stacks = [module_paths(n.meta.get("nn_module_stack")) for n in tensors]
         for n, lay in zip(tensors, assign(stacks, [n.name for n in tensors]), strict=True):
@@ -401,7 +408,11 @@ class Converter:
         if any(a.name in self.poisoned for a in n.all_input_nodes):  # after an unsupported op:
             self.poisoned.add(n.name)  # nothing to emit, but its own op is still checked
             name = _packet(n)
-            if name not in aten_map.ATEN and name not in ("aten.to", "aten._to_copy") and n.target is not _getitem():
+            if (
+                name not in aten_map.ATEN
+                and name not in ("aten.to", "aten._to_copy")
+                and n.target is not _getitem()
+            ):
                 self.unsupported[name].append(_location(n))
             return
         lay = self.layer_of[n.name]
@@ -460,14 +471,20 @@ class Converter:
         src = self.node.args[0].meta["val"].dtype if self.node is not None else torch.float32
         if dt.is_floating_point == src.is_floating_point:
             return x
-        return TArg(self.op("Cast", x.value, to=self.dtype if dt.is_floating_point else _torch_dtype(dt)), x.shape, x.batch_dims)
+        return TArg(
+            self.op("Cast", x.value, to=self.dtype if dt.is_floating_point else _torch_dtype(dt)),
+            x.shape,
+            x.batch_dims,
+        )
 
     def _embedding_rows(self, cx: Any, a: Sequence[Any], kw: dict[str, Any]) -> Value:
         """An embedding of constant contiguous indices (positions): a Slice of the table."""
         w, idx = a[0], a[1]
         flat = np.asarray(idx.const).reshape(-1)
         if flat.size and np.array_equal(flat, np.arange(flat[0], flat[0] + flat.size)):
-            rows = self.op("Slice", w.value, starts=(int(flat[0]),), ends=(int(flat[0] + flat.size),), axes=(0,))
+            rows = self.op(
+                "Slice", w.value, starts=(int(flat[0]),), ends=(int(flat[0] + flat.size),), axes=(0,)
+            )
             return self.op("Reshape", rows, shape=(*idx.const.shape, w.shape[1]))
         return self.op("Gather", w.value, idx.value, axis=0)
 
@@ -507,7 +524,11 @@ class Converter:
         )
 
     def _relative(self, name: str, key: str) -> str:
-        return name[len(key) + 1 :] if key not in ("pre", "post", "body") and name.startswith(key + ".") else name
+        return (
+            name[len(key) + 1 :]
+            if key not in ("pre", "post", "body") and name.startswith(key + ".")
+            else name
+        )
 
 
 def _share(layers: list[Layer]) -> list[Layer]:
@@ -545,7 +566,9 @@ def deepen(conv: Converted, blocks: int) -> Converted | None:
     if not index.isdigit():
         return None
     old = f"{first.key}."
-    params = {p.name: p for p in conv.params.values() if not any(p.name.startswith(f"{b.key}.") for b in body)}
+    params = {
+        p.name: p for p in conv.params.values() if not any(p.name.startswith(f"{b.key}.") for b in body)
+    }
     layers: list[Layer] = [lay for lay in conv.layers if lay.key == "pre"]
     for i in range(blocks):
         new = f"{container}.{i}." if container else f"{i}."

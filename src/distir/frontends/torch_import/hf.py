@@ -121,13 +121,17 @@ def hf_model(
         raise SourceError(f"hf:{path}: the config gives no context length; give one (hf:{path}:seq=N)")
     sliding = getattr(cfg, "sliding_window", None)
     if getattr(cfg, "use_sliding_window", True) and isinstance(sliding, int) and 0 < sliding < length:
-        raise SourceError(f"hf:{path}: sliding_window={sliding} < seq={length} is not supported (seq=N ≤ it is)")
+        raise SourceError(
+            f"hf:{path}: sliding_window={sliding} < seq={length} is not supported (seq=N ≤ it is)"
+        )
     cfg.use_cache = False
     if layers is not None:
         cfg.num_hidden_layers = layers
     try:
         with params_on_meta() if meta else contextlib.nullcontext():
-            model = AutoModelForCausalLM.from_config(cfg, attn_implementation=ATTENTION, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+                cfg, attn_implementation=ATTENTION, dtype=torch.float32
+            )
     except (ValueError, KeyError) as e:
         raise SourceError(f"hf:{path}: transformers has no causal LM for this config ({e})") from None
     ids = torch.zeros(2, length, dtype=torch.long)

@@ -92,7 +92,9 @@ def assign(stacks: Sequence[Sequence[str]], names: Sequence[str]) -> list[LayerO
         elif i > last:
             out.append(LayerOf(POST, path))
         else:
-            raise StructureError(f"op {names[i]} (module {path or 'top'}) runs between blocks {current} and the next")
+            raise StructureError(
+                f"op {names[i]} (module {path or 'top'}) runs between blocks {current} and the next"
+            )
     del order
     return out
 

@@ -79,7 +79,11 @@ def _rsqrt_mean_square(r: Any, x: Any, seen: list[Any]) -> float | None:
     if not _is(add, "aten.add") or len(add.args) != 2 or not isinstance(add.args[1], float | int):
         return None
     mean = add.args[0]
-    if not _is(mean, "aten.mean") or len(mean.args) < 3 or list(mean.args[1]) not in ([-1], [x.meta["val"].ndim - 1]):
+    if (
+        not _is(mean, "aten.mean")
+        or len(mean.args) < 3
+        or list(mean.args[1]) not in ([-1], [x.meta["val"].ndim - 1])
+    ):
         return None
     sq = mean.args[0]
     if not (_is(sq, "aten.pow") and sq.args[1] == 2 and sq.args[0] is x) or not mean.args[2]:

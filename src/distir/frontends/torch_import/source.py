@@ -55,7 +55,9 @@ def _factory(text: str) -> tuple[Any, Any]:
     import torch.nn as nn
 
     if not isinstance(got[0], nn.Module):
-        raise SourceError(f"model {text!r}: {m.group('attr')}() returned a {type(got[0]).__name__}, not an nn.Module")
+        raise SourceError(
+            f"model {text!r}: {m.group('attr')}() returned a {type(got[0]).__name__}, not an nn.Module"
+        )
     return got
 
 

@@ -1,8 +1,8 @@
 """The zoo: named models, model strings, and ``build_model``.
 
-A model string is ``NAME`` or ``NAME:key=value,key=value`` — or an imported model:
-``hf:PATH`` (a Hugging Face config) or ``package.module:factory`` (``distir.frontends.torch_import``). ``NAME`` is a zoo entry
-(``gpt2-117m``, ``llama3-8b``, ... — ``ZOO``) or a family (``mlp``, ``gpt``, ``llama``,
+A model string is ``NAME`` or ``NAME:key=value,key=value`` — or an imported model: ``hf:PATH``
+(a Hugging Face config) or ``package.module:factory`` (``distir.frontends.torch_import``).
+``NAME`` is a zoo entry (``gpt2-117m``, ``llama3-8b``, ... — ``ZOO``) or a family (``mlp``, ``gpt``, ``llama``,
 ``transgan``); a bare family starts from its base entry (``mlp-1b``, ``gpt2-117m``,
 ``llama2-7b``, ``transgan-hetero``), and the ``key=value`` pairs override fields of the
 configuration: positive integers, one of the listed words for an enumerated field (the
