@@ -66,3 +66,13 @@ def test_bad_sources_are_one_typed_error(source: str, error: type[ModelError], w
 def test_unsupported_ops_exit_2_on_one_line() -> None:
     code, _, err = run("import", f"{FACTORIES}:unsupported")
     assert code == 2 and "unsupported ops (2)" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if transformers were not installed
+    path = tmp_path / "config.json"
+    path.write_text((CONFIGS / "gpt2-tiny.json").read_text())
+    with pytest.raises(SourceError, match=r"needs transformers: .*distir\[hf\]"):
+        build_model(f"hf:{path}", batch=2)

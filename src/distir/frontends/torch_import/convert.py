@@ -18,7 +18,6 @@ together (``UnsupportedOpsError``), never imported in part.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -635,4 +634,4 @@ def convert(traced: Traced, dtype: DType = DType.f32) -> Converted:
     return Converter(traced, dtype).run()
 
 
-__all__ = ["Converted", "Layer", "Param", "convert", "math"]
+__all__ = ["Converted", "Layer", "Param", "convert", "deepen"]

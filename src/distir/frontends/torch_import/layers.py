@@ -14,7 +14,6 @@ Every op keeps the module path it came from (``LayerOf.path``), so split points 
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -74,7 +73,6 @@ def assign(stacks: Sequence[Sequence[str]], names: Sequence[str]) -> list[LayerO
     if not seen:
         return [LayerOf("body", s[-1] if s else "") for s in stacks]
     first, last = seen[0], seen[-1]
-    order = list(dict.fromkeys(b for b in blocks if b is not None))
     done: set[str] = set()
     current: str | None = None
     for i, (s, b) in enumerate(zip(stacks, blocks, strict=True)):
@@ -95,9 +93,4 @@ def assign(stacks: Sequence[Sequence[str]], names: Sequence[str]) -> list[LayerO
             raise StructureError(
                 f"op {names[i]} (module {path or 'top'}) runs between blocks {current} and the next"
             )
-    del order
     return out
-
-
-def counts(layers: Sequence[LayerOf]) -> Counter[str]:
-    return Counter(x.key for x in layers)

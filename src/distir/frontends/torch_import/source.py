@@ -85,12 +85,26 @@ def _hf_path(text: str) -> tuple[str, int | None]:
 SHALLOW = 2  # blocks a Hugging Face model of alike blocks is traced with (``converted``)
 
 
+def _require(text: str) -> None:
+    """torch (and transformers for ``hf:``) are optional extras: a ``SourceError`` naming the
+    one to install when missing."""
+    wanted = [("torch", "torch")] + ([("transformers", "hf")] if text.startswith("hf:") else [])
+    for module, extra in wanted:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise SourceError(
+                f"model {text!r} needs {module}: pip install -c constraints.txt 'distir[{extra}]'"
+            ) from None
+
+
 @functools.lru_cache(maxsize=8)
 def converted(text: str, dtype: DType) -> tuple[Any, dict[str, object]]:
     """The converted model of ``text``. A Hugging Face config whose blocks are all alike is
     traced with ``SHALLOW`` blocks and its block function repeated to the config's depth
     (``convert.deepen``: the blocks must have come out as one function, else the full depth is
     traced): tracing time grows with depth, the program does not change."""
+    _require(text)
     from distir.frontends.torch_import.convert import convert, deepen
     from distir.frontends.torch_import.trace import trace
 
