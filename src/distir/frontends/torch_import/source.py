@@ -17,6 +17,7 @@ import functools
 import importlib
 import re
 import sys
+from collections.abc import Container
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +29,14 @@ _FACTORY = re.compile(r"^(?P<module>[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*):(?P<attr>
 _SEQ = re.compile(r"^(?P<path>.+):seq=(?P<seq>\d+)$")
 
 
-def is_import_spec(text: str) -> bool:
+def is_import_spec(text: str, zoo_names: Container[str] = ()) -> bool:
+    """Whether ``text`` names an imported model: ``hf:...``, or ``module:factory`` whose module
+    is dotted or not one of ``zoo_names`` (zoo strings are ``NAME:key=value``, never that)."""
     t = text.strip()
     if t.startswith("hf:"):
         return True
     m = _FACTORY.match(t)
-    return bool(m and "." in m.group("module"))
+    return bool(m and ("." in m.group("module") or m.group("module") not in zoo_names))
 
 
 def _factory(text: str) -> tuple[Any, Any]:

@@ -2,8 +2,8 @@
 
 A model string is ``NAME`` or ``NAME:key=value,key=value`` — or an imported model: ``hf:PATH``
 (a Hugging Face config) or ``package.module:factory`` (``distir.frontends.torch_import``).
-``NAME`` is a zoo entry (``gpt2-117m``, ``llama3-8b``, ... — ``ZOO``) or a family (``mlp``, ``gpt``, ``llama``,
-``transgan``); a bare family starts from its base entry (``mlp-1b``, ``gpt2-117m``,
+``NAME`` is a zoo entry (``gpt2-117m``, ``llama3-8b``, ... — ``ZOO``) or a family (``mlp``,
+``gpt``, ``llama``, ``transgan``); a bare family starts from its base entry (``mlp-1b``, ``gpt2-117m``,
 ``llama2-7b``, ``transgan-hetero``), and the ``key=value`` pairs override fields of the
 configuration: positive integers, one of the listed words for an enumerated field (the
 transformers' ``attention=fused|naive``), 0 or 1 for a flag (GPT's ``tied``), or a number in
@@ -110,7 +110,7 @@ def parse_model_string(text: str) -> ModelSpec:
     from distir.frontends.torch_import.source import is_import_spec  # the importers build on the zoo
 
     text = text.strip()
-    if is_import_spec(text):
+    if is_import_spec(text, {*ZOO, *FAMILIES}):
         return ModelSpec(text, IMPORTED, text)
     head, colon, rest = text.partition(":")
     head = head.strip()
