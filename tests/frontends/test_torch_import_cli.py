@@ -62,3 +62,20 @@ def test_simulate_an_imported_model_with_tensor_parallelism() -> None:
     code, out, err = run("simulate", "--model", spec, "--strategy", "d1.t2.p2.k2", "--batch", "4", "--json")
     assert code == 0, err
     assert json.loads(out)["step_time_s"] > 0
+
+
+def test_factory_in_a_top_level_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``module:factory`` with an undotted module (a ``models.py`` of the user's) is an import
+    string when the module is not a zoo name."""
+    (tmp_path / "user_models_for_distir.py").write_text(
+        "import torch\n"
+        "def make():\n"
+        "    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))\n"
+        "    return net, (torch.zeros(2, 3),)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = build_model("user_models_for_distir:make", batch=4)
+    # nn.Sequential's numbered children are the blocks; the two Linear layers share a function
+    assert [c.callee for c in model.layers] == ["block_0", "block_1", "block_0", "loss"]
+    assert (model.pre, model.post) == (0, 1)
+    assert model.num_params == 3 * 4 + 4 + 4 * 2 + 2
