@@ -860,6 +860,45 @@ def models(json_out: JsonOpt = False) -> None:
         out.print(render_zoo_table())
 
 
+@app.command("import")
+def import_(
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="hf:PATH (a Hugging Face config.json or its directory), package.module:factory, "
+            "a config path, or a zoo model string."
+        ),
+    ],
+    batch: Annotated[int, typer.Option("--batch", min=1, help="The global batch of the program.")] = 1,
+    dtype: Annotated[str, typer.Option("--dtype", help="f32, bf16 or f16.")] = "f32",
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Import a model (PyTorch module or Hugging Face config): print its program and a summary."""
+    from distir.frontends.zoo import build_model
+    from distir.frontends.zoo.model import ModelError
+    from distir.ir.types import DType
+    from distir.report.import_cli import render, source_string, summary
+
+    spec = source_string(source)
+    try:
+        try:
+            dt = DType.parse(dtype)
+        except ValueError:
+            raise ModelError(f"--dtype must be f32, bf16 or f16, got {dtype!r}") from None
+        model = build_model(spec, batch=batch, dtype=dt)
+    except ModelError as e:
+        if debug:
+            traceback.print_exc()
+        _fail(str(e))
+    info = summary(model)
+    if json_out:
+        _emit_json({**info, "program": print_module(model.module)})
+        return
+    out.print(print_module(model.module), markup=False)
+    out.print(render(info), markup=False)
+
+
 @app.command()
 def ops(json_out: JsonOpt = False) -> None:
     """List the registered ops with their signatures."""

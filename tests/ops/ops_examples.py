@@ -410,6 +410,8 @@ EXAMPLES.update(
         "Rope": [
             Case([T(f32, 2, 5, 3, 4)]),
             Case([T(f64, 1, 3, 2, 6)], {"theta": 500000.0, "inverse": True}),
+            Case([T(f64, 2, 4, 3, 6)], {"halves": True}),
+            Case([T(f32, 1, 5, 2, 4)], {"halves": True, "freqs": (1.0, 0.05), "inverse": True}),
         ],
     }
 )

@@ -203,6 +203,37 @@ def test_rope_grad_matches_finite_differences() -> None:
     np.testing.assert_allclose(dx, want, rtol=1e-7, atol=1e-9)
 
 
+def rotate_half_rope(x: np.ndarray, freqs: np.ndarray) -> np.ndarray:
+    """Hugging Face's form: ``x·cos + rotate_half(x)·sin`` with the angles repeated over both
+    halves and ``rotate_half(x) = (-x[d/2:], x[:d/2])``."""
+    s, h = x.shape[1], x.shape[3] // 2
+    ang = np.arange(s)[:, None] * freqs[None, :]
+    cos = np.cos(np.concatenate([ang, ang], -1))[None, :, None, :]
+    sin = np.sin(np.concatenate([ang, ang], -1))[None, :, None, :]
+    rot = np.concatenate([-x[..., h:], x[..., :h]], -1)
+    return x * cos + rot * sin
+
+
+def test_rope_halves_with_explicit_freqs_is_rotate_half() -> None:
+    x = np.random.default_rng(8).standard_normal((2, 5, 3, 6))
+    freqs = np.array([1.0, 0.3, 0.002])
+    (y,) = run("Rope", [x], halves=True, freqs=tuple(freqs))
+    np.testing.assert_allclose(y, rotate_half_rope(x, freqs), rtol=1e-12, atol=1e-12)
+    (back,) = run("Rope", [y], halves=True, freqs=tuple(freqs), inverse=True)
+    np.testing.assert_allclose(back, x, rtol=1e-12, atol=1e-12)
+
+
+def test_rope_freqs_default_to_theta_powers() -> None:
+    x = np.random.default_rng(9).standard_normal((1, 4, 2, 8))
+    freqs = tuple(float(f) for f in 100.0 ** (-np.arange(0, 8, 2) / 8))
+    np.testing.assert_allclose(run("Rope", [x], freqs=freqs)[0], run("Rope", [x], theta=100.0)[0], rtol=1e-12)
+
+
+def test_rope_rejects_freqs_of_the_wrong_length() -> None:
+    with pytest.raises(OpTypeError, match="frequencies"):
+        ROPE.infer_types([T(f32, 1, 2, 2, 4)], Attrs({"freqs": (1.0,)}), [None])
+
+
 # -- sharding ---------------------------------------------------------------------------------
 def _grad_inputs(rng: np.random.Generator, shape: tuple[int, ...], causal: bool) -> tuple[np.ndarray, ...]:
     q, k, v = qkv(rng, *shape)

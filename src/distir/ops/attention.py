@@ -28,7 +28,9 @@ reproduce the kernel's random stream, so a program with dropout can be simulated
 Llama applies it to q and k: x is (B, S, heads, d) with d even, and each consecutive pair
 ``(x[2i], x[2i+1])`` at position ``s`` (dim 1) is rotated by the angle ``s · theta^(-2i/d)``.
 ``inverse`` rotates by the opposite angle: the inverse, and the transpose, so it is also the
-gradient.
+gradient. Two options describe the other common forms: ``halves`` pairs ``(x[i], x[i + d/2])``
+instead (GPT-NeoX's and Hugging Face's ``rotate_half``), and ``freqs`` lists the d/2 inverse
+frequencies explicitly in place of ``theta^(-2i/d)`` (scaled schedules: Llama 3's, NTK).
 
 Sharding (``distir.ops.sharding``-style rules, defined here): both attention ops split the batch
 (every tensor on its dim 0), or the heads (q, k, v, out on dim 2, lse on dim 1) when every
@@ -355,26 +357,46 @@ def _rope_rule(ctx: TypeCtx) -> Sequence[Type]:
         )
     if ctx.attr("theta") <= 0:
         ctx.fail(f"Rope theta={ctx.attr('theta')} must be positive", None, "> 0", ctx.attr("theta"))
+    freqs = ctx.attr("freqs")
+    if freqs is not None and len(freqs) != x.shape[3] // 2:
+        ctx.fail(
+            f"Rope freqs lists {len(freqs)} frequencies for head_dim {x.shape[3]}",
+            None,
+            x.shape[3] // 2,
+            len(freqs),
+        )
     return (ctx.out(x.dtype, x.shape),)
 
 
-def rope_angles(seq: int, head_dim: int, theta: float) -> F64:
-    """(S, d/2): position s times theta^(-2i/d)."""
-    freqs = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    return np.outer(np.arange(seq, dtype=np.float64), freqs)
+def rope_angles(seq: int, head_dim: int, theta: float, freqs: Sequence[float] | None = None) -> F64:
+    """(S, d/2): position s times theta^(-2i/d) (or times ``freqs[i]`` when given)."""
+    if freqs is None:
+        f = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    else:
+        f = np.asarray(freqs, dtype=np.float64)
+    return np.outer(np.arange(seq, dtype=np.float64), f)
 
 
 def _rope_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     x = np.asarray(args[0])
-    ang = rope_angles(x.shape[1], x.shape[3], float_attr(attrs, "theta", 10000.0))
+    freqs = attrs.get("freqs")
+    ang = rope_angles(x.shape[1], x.shape[3], float_attr(attrs, "theta", 10000.0), freqs)  # type: ignore[arg-type]
     if attrs.get("inverse", False):
         ang = -ang
     cos, sin = np.cos(ang)[None, :, None, :], np.sin(ang)[None, :, None, :]
     xd = f64(x)
-    even, odd = xd[..., 0::2], xd[..., 1::2]
+    h = x.shape[3] // 2
+    first, second = (
+        (xd[..., :h], xd[..., h:]) if attrs.get("halves", False) else (xd[..., 0::2], xd[..., 1::2])
+    )
     y = np.empty_like(xd)
-    y[..., 0::2] = even * cos - odd * sin
-    y[..., 1::2] = even * sin + odd * cos
+    a, b = (
+        (np.s_[..., :h], np.s_[..., h:])
+        if attrs.get("halves", False)
+        else (np.s_[..., 0::2], np.s_[..., 1::2])
+    )
+    y[a] = first * cos - second * sin
+    y[b] = first * sin + second * cos
     return (y.astype(x.dtype),)
 
 
@@ -393,11 +415,16 @@ ROPE = register(
         inputs=("X",),
         outputs=("Y",),
         infer=_rope_rule,
-        attrs={"theta": AttrSpec("float", 10000.0), "inverse": AttrSpec("bool", False)},
+        attrs={
+            "theta": AttrSpec("float", 10000.0),
+            "inverse": AttrSpec("bool", False),
+            "halves": AttrSpec("bool", False),
+            "freqs": AttrSpec("floats", None),
+        },
         reference=_rope_ref,
         flops=out_numel_flops(3.0),
-        doc="Rotary position embedding of X (B, S, h, d): pairs (2i, 2i+1) at position s rotated by "
-        "s·theta^(-2i/d) (by the opposite angle when inverse).",
+        doc="Rotary position embedding of X (B, S, h, d): pairs (2i, 2i+1) (or (i, i+d/2) when halves) at "
+        "position s rotated by s·theta^(-2i/d) (or s·freqs[i]; by the opposite angle when inverse).",
         sharding=_rope_sharding,
     )
 )
@@ -417,8 +444,9 @@ def _attention_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequ
 
 
 def _rope_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
-    theta = float_attr(op.attrs, "theta", 10000.0)
-    return ctx.op("Rope", first(douts), theta=theta, inverse=not bool(op.attrs.get("inverse", False)))
+    attrs: dict[str, Any] = dict(op.attrs.items())
+    attrs["inverse"] = not bool(op.attrs.get("inverse", False))
+    return ctx.op("Rope", first(douts), **attrs)
 
 
 ATTENTION.fill("grad", _attention_grad)

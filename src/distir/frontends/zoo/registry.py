@@ -1,8 +1,9 @@
 """The zoo: named models, model strings, and ``build_model``.
 
-A model string is ``NAME`` or ``NAME:key=value,key=value``. ``NAME`` is a zoo entry
-(``gpt2-117m``, ``llama3-8b``, ... — ``ZOO``) or a family (``mlp``, ``gpt``, ``llama``,
-``transgan``); a bare family starts from its base entry (``mlp-1b``, ``gpt2-117m``,
+A model string is ``NAME`` or ``NAME:key=value,key=value`` — or an imported model: ``hf:PATH``
+(a Hugging Face config) or ``package.module:factory`` (``distir.frontends.torch_import``).
+``NAME`` is a zoo entry (``gpt2-117m``, ``llama3-8b``, ... — ``ZOO``) or a family (``mlp``,
+``gpt``, ``llama``, ``transgan``); a bare family starts from its base entry (``mlp-1b``, ``gpt2-117m``,
 ``llama2-7b``, ``transgan-hetero``), and the ``key=value`` pairs override fields of the
 configuration: positive integers, one of the listed words for an enumerated field (the
 transformers' ``attention=fused|naive``), 0 or 1 for a flag (GPT's ``tied``), or a number in
@@ -99,9 +100,18 @@ def _close(word: str, choices: list[str]) -> str:
     return f" (did you mean {', '.join(close)}?)" if close else ""
 
 
+IMPORTED = "imported"  # the family of a model string naming an imported model
+
+
 def parse_model_string(text: str) -> ModelSpec:
-    """``NAME[:key=value,...]`` → ``ModelSpec`` (see the module docstring)."""
+    """``NAME[:key=value,...]`` → ``ModelSpec`` (see the module docstring); an import string
+    (``hf:PATH``, ``package.module:factory``: ``distir.frontends.torch_import.source``) is a
+    spec of the ``imported`` family, resolved when built."""
+    from distir.frontends.torch_import.source import is_import_spec  # the importers build on the zoo
+
     text = text.strip()
+    if is_import_spec(text, {*ZOO, *FAMILIES}):
+        return ModelSpec(text, IMPORTED, text)
     head, colon, rest = text.partition(":")
     head = head.strip()
     if head in ZOO:
@@ -176,6 +186,10 @@ def build_from(spec: ModelSpec, batch: int, dtype: DType = DType.f32) -> Model:
         raise ModelError(f"model {spec.text!r}: batch={batch!r}; expected a positive integer")
     if not isinstance(dtype, DType) or not dtype.is_float:
         raise ModelError(f"model {spec.text!r}: dtype={dtype!r}; expected a float DType (f32, bf16, ...)")
+    if spec.family == IMPORTED:
+        from distir.frontends.torch_import.source import load
+
+        return load(spec.text, batch, dtype)
     return FAMILIES[spec.family].build(spec.config, batch, dtype, spec.text)
 
 

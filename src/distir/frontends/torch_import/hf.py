@@ -1,0 +1,138 @@
+"""Hugging Face models from their config: ``hf:PATH`` (a ``config.json`` or a directory holding
+one) → the transformers causal-LM built from it with parameters on the meta device (random
+init that never happens, no weights read, no network: ``HF_HUB_OFFLINE=1``) and its example
+inputs (token ids of shape (2, seq)).
+
+``seq`` is the config's context length (``max_position_embeddings``, GPT-2's ``n_positions``)
+unless given (``hf:PATH:seq=2048``).
+
+Attention runs through distir's own attention function (registered with transformers'
+``AttentionInterface`` as ``distir``): ``scaled_dot_product_attention`` with ``is_causal`` and
+grouped-query heads, no mask tensor — the fused ``Attention`` op of the registry. A model that
+needs a mask (padding, a sliding window shorter than the sequence) fails to import with that
+reason. Mixture-of-experts configs (``num_local_experts``: Mixtral) are refused: expert routing
+(top-k dispatch with data-dependent shapes) has no registry mapping yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from distir.frontends.torch_import.errors import SourceError
+from distir.frontends.torch_import.trace import params_on_meta
+
+ATTENTION = "distir"
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def config_path(path: str) -> Path:
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise SourceError(f"hf:{path}: no such file (expected a config.json or a directory holding one)")
+    return p
+
+
+def read_config(path: str) -> dict[str, Any]:
+    p = config_path(path)
+    try:
+        raw = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SourceError(f"hf:{path}: {p} is not a JSON config ({e})") from None
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise SourceError(f"hf:{path}: {p} is not a model config (no model_type)")
+    for key in MOE_KEYS:
+        if raw.get(key):
+            raise SourceError(
+                f"hf:{path}: a mixture-of-experts model ({key}={raw[key]}) is not supported: expert "
+                "routing (top-k token dispatch) has no DistIR mapping; dense models only"
+            )
+    return raw
+
+
+def depth(raw: dict[str, Any]) -> int | None:
+    """The number of blocks of a config, when its blocks are all alike (no per-layer
+    ``layer_types`` that differ), else None."""
+    kinds = raw.get("layer_types")
+    if isinstance(kinds, list) and len(set(map(str, kinds))) > 1:
+        return None
+    for key in ("num_hidden_layers", "n_layer", "num_layers"):
+        if isinstance(raw.get(key), int):
+            return int(raw[key])
+    return None
+
+
+def _attention(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
+    """transformers' attention interface: q, k, v (B, h, S, d) → (B, S, h, d)."""
+    import torch.nn.functional as F
+
+    if attention_mask is not None:
+        raise NotImplementedError("an attention mask tensor (padding or sliding window) is not supported")
+    causal = is_causal if is_causal is not None else bool(getattr(module, "is_causal", True))
+    gqa = query.shape[1] != key.shape[1]
+    out = F.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scaling, enable_gqa=gqa)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION, _attention)
+    AttentionMaskInterface.register(ATTENTION, _no_mask)
+
+
+def hf_model(
+    path: str, seq: int | None = None, meta: bool = True, layers: int | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """The causal LM of config ``path`` (parameters on meta, or randomly initialized when not
+    ``meta``: for tests) and its example inputs; ``layers`` overrides the number of blocks."""
+    raw = read_config(path)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    _register()
+    try:
+        cfg = AutoConfig.for_model(**raw)
+    except (ValueError, KeyError, TypeError) as e:
+        raise SourceError(f"hf:{path}: not a transformers model config ({e})") from None
+    length = seq or getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    if not isinstance(length, int) or length < 1:
+        raise SourceError(f"hf:{path}: the config gives no context length; give one (hf:{path}:seq=N)")
+    sliding = getattr(cfg, "sliding_window", None)
+    if getattr(cfg, "use_sliding_window", True) and isinstance(sliding, int) and 0 < sliding < length:
+        raise SourceError(
+            f"hf:{path}: sliding_window={sliding} < seq={length} is not supported (seq=N ≤ it is)"
+        )
+    cfg.use_cache = False
+    if layers is not None:
+        cfg.num_hidden_layers = layers
+    try:
+        with params_on_meta() if meta else contextlib.nullcontext():
+            model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+                cfg, attn_implementation=ATTENTION, dtype=torch.float32
+            )
+    except (ValueError, KeyError) as e:
+        raise SourceError(f"hf:{path}: transformers has no causal LM for this config ({e})") from None
+    ids = torch.zeros(2, length, dtype=torch.long)
+    return model, {"input_ids": ids, "use_cache": False}

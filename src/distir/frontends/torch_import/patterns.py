@@ -1,0 +1,206 @@
+"""Patterns the ATen table cannot see op by op: RMSNorm written out, and Hugging Face's rotary
+position embedding.
+
+``w · (x · rsqrt(mean(x², -1) + eps))`` (Llama's ``RMSNorm``, casts to float32 and back in
+between: identities here) becomes one ``RMSNormalization(x, w, epsilon=eps)``, the fused kernel
+trainers run (one read of x, no saved intermediates).
+
+``x·cos + rotate_half(x)·sin`` (``rotate_half(x) = cat(-x[..., d/2:], x[..., :d/2])``) with
+``cos`` and ``sin`` constants of the program (tables computed from a rotary module's buffers)
+becomes one ``Rope(halves=true, freqs=...)``: the inverse frequencies are read off the tables
+(the angle at position 1) and the whole tables are checked against them, so a schedule with an
+attention scaling (YaRN's) or positions not starting at 0 is left to the op-by-op path. Without
+this, every layer would carry the (S, d) tables as constants and the 7 elementwise ops around
+them; with it, an imported Llama is written as the zoo's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# the tables are computed in float32: the angle p·f of position p carries a rounding error of
+# about p·|f|·6e-8 (5e-4 at position 8191), which an exact rotation does not have
+TOLERANCE = 2e-3
+
+
+@dataclass(frozen=True, slots=True)
+class RopeMatch:
+    x: Any  # the rotated tensor's node
+    seq_axis: int  # 1 (B, S, h, d) or 2 (B, h, S, d)
+    freqs: tuple[float, ...]
+    interior: tuple[Any, ...]  # the pattern's nodes other than the final add
+
+
+@dataclass(frozen=True, slots=True)
+class RMSMatch:
+    x: Any  # the normalized tensor's node
+    weight: Any  # the scale's node
+    eps: float
+    interior: tuple[Any, ...]
+
+
+CASTS = ("aten.to", "aten._to_copy")
+
+
+def _through_casts(n: Any, seen: list[Any]) -> Any:
+    while _packet(n) in CASTS and hasattr(n, "op"):
+        seen.append(n)
+        n = n.args[0]
+    return n
+
+
+def match_rms_norm(mul: Any, is_param: Callable[[Any], bool]) -> RMSMatch | None:
+    """The RMSNorm whose final product with its weight is ``mul``, or None (module docstring)."""
+    if not _is(mul, "aten.mul") or len(mul.args) != 2:
+        return None
+    for w, y in (mul.args, mul.args[::-1]):
+        if not (hasattr(w, "op") and is_param(w) and w.meta["val"].ndim == 1 and hasattr(y, "op")):
+            continue
+        seen: list[Any] = []
+        y = _through_casts(y, seen)
+        if not _is(y, "aten.mul") or len(y.args) != 2:
+            continue
+        for x, r in (y.args, y.args[::-1]):
+            found = _rsqrt_mean_square(r, x, seen) if hasattr(r, "op") else None
+            if found is not None:
+                return RMSMatch(x, w, found, (y, *seen))
+    return None
+
+
+def _rsqrt_mean_square(r: Any, x: Any, seen: list[Any]) -> float | None:
+    """eps when ``r`` is ``rsqrt(mean(x², -1, keepdim) + eps)``; adds its nodes to ``seen``."""
+    if not _is(r, "aten.rsqrt"):
+        return None
+    add = r.args[0]
+    if not _is(add, "aten.add") or len(add.args) != 2 or not isinstance(add.args[1], float | int):
+        return None
+    mean = add.args[0]
+    if (
+        not _is(mean, "aten.mean")
+        or len(mean.args) < 3
+        or list(mean.args[1]) not in ([-1], [x.meta["val"].ndim - 1])
+    ):
+        return None
+    sq = mean.args[0]
+    if not (_is(sq, "aten.pow") and sq.args[1] == 2 and sq.args[0] is x) or not mean.args[2]:
+        return None
+    seen += [r, add, mean, sq]
+    return float(add.args[1])
+
+
+def _packet(n: Any) -> str:
+    pk = getattr(n.target, "_overloadpacket", None)
+    return str(pk) if pk is not None else ""
+
+
+def _is(n: Any, name: str) -> bool:
+    return hasattr(n, "op") and n.op == "call_function" and _packet(n) == name
+
+
+def _mul_parts(n: Any, is_const: Callable[[Any], bool]) -> tuple[Any, Any] | None:
+    """(tensor, constant) of ``mul(tensor, constant)`` in either order."""
+    if not _is(n, "aten.mul") or len(n.args) != 2:
+        return None
+    a, b = n.args
+    if hasattr(b, "op") and is_const(b) and hasattr(a, "op") and not is_const(a):
+        return a, b
+    if hasattr(a, "op") and is_const(a) and hasattr(b, "op") and not is_const(b):
+        return b, a
+    return None
+
+
+def _rotate_half_of(n: Any) -> tuple[Any, tuple[Any, ...]] | None:
+    """x and the nodes of ``cat([-x[..., h:], x[..., :h]], -1)``."""
+    if not _is(n, "aten.cat") or len(n.args[0]) != 2:
+        return None
+    neg, lo = n.args[0]
+    dim = n.args[1] if len(n.args) > 1 else 0
+    if not (_is(neg, "aten.neg") and _is(lo, "aten.slice")):
+        return None
+    hi = neg.args[0]
+    if not _is(hi, "aten.slice") or hi.args[0] is not lo.args[0]:
+        return None
+    x = lo.args[0]
+    d = int(x.meta["val"].shape[-1])
+    h = d // 2
+    rank = x.meta["val"].ndim
+    last = {-1, rank - 1}
+    ok = (
+        dim in last
+        and lo.args[1] in last
+        and hi.args[1] in last
+        and list(lo.args[2:4]) == [0, h]
+        and hi.args[2] == h
+        and (len(hi.args) < 4 or hi.args[3] >= d)
+    )
+    return (x, (n, neg, lo, hi)) if ok else None
+
+
+def _table(c: Any, x_shape: tuple[int, ...]) -> tuple[np.ndarray, int] | None:
+    """The (S, d) table of a constant broadcast against x (B, ., ., d), and x's seq axis."""
+    arr = np.asarray(c.detach().cpu().numpy() if hasattr(c, "detach") else c, dtype=np.float64)
+    if arr.ndim != 4 or arr.shape[0] != 1 or arr.shape[-1] != x_shape[-1]:
+        return None
+    for axis in (1, 2):
+        other = 3 - axis
+        if arr.shape[other] == 1 and arr.shape[axis] == x_shape[axis]:
+            return arr.reshape(arr.shape[axis], arr.shape[-1]), axis
+    return None
+
+
+def match_rope(
+    add: Any,
+    const: Callable[[Any], Any],
+    is_const: Callable[[Any], bool],
+    memo: dict[tuple[str, str], Any] | None = None,
+) -> RopeMatch | None:
+    """The rotary embedding whose final ``add`` is ``add``, or None (module docstring);
+    ``memo`` keeps the tables' check by the (cos, sin) nodes' names."""
+    memo = {} if memo is None else memo
+    if not _is(add, "aten.add") or len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1:
+        return None
+    for first, second in (add.args, add.args[::-1]):
+        p1, p2 = _mul_parts(first, is_const), _mul_parts(second, is_const)
+        if p1 is None or p2 is None:
+            continue
+        (x, cos_node), (rot, sin_node) = p1, p2
+        rh = _rotate_half_of(rot)
+        if rh is None or rh[0] is not x:
+            continue
+        shape = tuple(int(d) if isinstance(d, int) else -1 for d in x.meta["val"].shape)
+        key = (cos_node.name, sin_node.name)
+        if key not in memo:
+            memo[key] = _freqs(const(cos_node), const(sin_node), shape)
+        found = memo[key]
+        if found is None:
+            continue
+        freqs, axis = found
+        return RopeMatch(x, axis, freqs, (first, second, *rh[1]))
+    return None
+
+
+def _freqs(cos: Any, sin: Any, x_shape: tuple[int, ...]) -> tuple[tuple[float, ...], int] | None:
+    tc, ts = _table(cos, x_shape), _table(sin, x_shape)
+    if tc is None or ts is None or tc[1] != ts[1] or tc[0].shape[0] < 2:
+        return None
+    (c, axis), (s, _) = tc, ts
+    n, d = c.shape
+    h = d // 2
+    f = np.arctan2(s[1, :h], c[1, :h])
+    if np.any(f < 0):
+        return None
+    p = 2
+    while p < n:  # refine: the angle at position p is p·f up to whole turns
+        got = np.arctan2(s[p, :h], c[p, :h])
+        turns = np.round((p * f - got) / (2 * np.pi))
+        f = (got + 2 * np.pi * turns) / p
+        p *= 2
+    ang = np.arange(n)[:, None] * f[None, :]
+    ang = np.concatenate([ang, ang], -1)
+    if not (np.allclose(c, np.cos(ang), atol=TOLERANCE) and np.allclose(s, np.sin(ang), atol=TOLERANCE)):
+        return None
+    return tuple(float(v) for v in f), axis

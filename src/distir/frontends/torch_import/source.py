@@ -1,0 +1,132 @@
+"""Model strings of imported models, and their cache.
+
+- ``hf:PATH`` / ``hf:PATH:seq=N`` — a Hugging Face config (``hf.py``);
+- ``package.module:factory`` — a Python function returning ``(nn.Module, example inputs)``
+  (``trace.py`` says what the inputs may be), imported from ``sys.path`` (the current
+  directory included).
+
+``is_import_spec(text)`` tells such strings from zoo model strings (which never contain a dot
+before their colon, nor start with ``hf:``). ``load(text, batch, dtype)`` builds the ``Model``:
+the module is traced and converted once per (text, dtype) and cached in the process, so the
+search's many builds at different microbatch sizes cost one trace.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+import sys
+from collections.abc import Container
+from pathlib import Path
+from typing import Any
+
+from distir.frontends.torch_import.errors import SourceError
+from distir.frontends.zoo.model import Model
+from distir.ir.types import DType
+
+_FACTORY = re.compile(r"^(?P<module>[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*):(?P<attr>[A-Za-z_]\w*)$")
+_SEQ = re.compile(r"^(?P<path>.+):seq=(?P<seq>\d+)$")
+
+
+def is_import_spec(text: str, zoo_names: Container[str] = ()) -> bool:
+    """Whether ``text`` names an imported model: ``hf:...``, or ``module:factory`` whose module
+    is dotted or not one of ``zoo_names`` (zoo strings are ``NAME:key=value``, never that)."""
+    t = text.strip()
+    if t.startswith("hf:"):
+        return True
+    m = _FACTORY.match(t)
+    return bool(m and ("." in m.group("module") or m.group("module") not in zoo_names))
+
+
+def _factory(text: str) -> tuple[Any, Any]:
+    m = _FACTORY.match(text)
+    if not m:
+        raise SourceError(f"model {text!r}: expected package.module:factory")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        mod = importlib.import_module(m.group("module"))
+    except ImportError as e:
+        raise SourceError(f"model {text!r}: cannot import {m.group('module')} ({e})") from None
+    fn = getattr(mod, m.group("attr"), None)
+    if not callable(fn):
+        raise SourceError(f"model {text!r}: {m.group('module')} has no function {m.group('attr')}")
+    got = fn()
+    if not (isinstance(got, tuple) and len(got) == 2):
+        raise SourceError(f"model {text!r}: {m.group('attr')}() must return (nn.Module, example inputs)")
+    import torch.nn as nn
+
+    if not isinstance(got[0], nn.Module):
+        raise SourceError(
+            f"model {text!r}: {m.group('attr')}() returned a {type(got[0]).__name__}, not an nn.Module"
+        )
+    return got
+
+
+def module_of(text: str, layers: int | None = None) -> tuple[Any, Any, dict[str, object]]:
+    """The nn.Module, its example inputs and a config summary for the model string ``text``
+    (``layers``: a Hugging Face model built with that many blocks)."""
+    text = text.strip()
+    if text.startswith("hf:"):
+        from distir.frontends.torch_import.hf import hf_model, read_config
+
+        path, seq = _hf_path(text)
+        raw = read_config(path)
+        module, inputs = hf_model(path, seq, layers=layers)
+        return module, inputs, {"source": text, "model_type": raw.get("model_type")}
+    module, inputs = _factory(text)
+    return module, inputs, {"source": text}
+
+
+def _hf_path(text: str) -> tuple[str, int | None]:
+    rest = text[3:]
+    m = _SEQ.match(rest)
+    return (m.group("path"), int(m.group("seq"))) if m else (rest, None)
+
+
+SHALLOW = 2  # blocks a Hugging Face model of alike blocks is traced with (``converted``)
+
+
+def _require(text: str) -> None:
+    """torch (and transformers for ``hf:``) are optional extras: a ``SourceError`` naming the
+    one to install when missing."""
+    wanted = [("torch", "torch")] + ([("transformers", "hf")] if text.startswith("hf:") else [])
+    for module, extra in wanted:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise SourceError(
+                f"model {text!r} needs {module}: pip install -c constraints.txt 'distir[{extra}]'"
+            ) from None
+
+
+@functools.lru_cache(maxsize=8)
+def converted(text: str, dtype: DType) -> tuple[Any, dict[str, object]]:
+    """The converted model of ``text``. A Hugging Face config whose blocks are all alike is
+    traced with ``SHALLOW`` blocks and its block function repeated to the config's depth
+    (``convert.deepen``: the blocks must have come out as one function, else the full depth is
+    traced): tracing time grows with depth, the program does not change."""
+    _require(text)
+    from distir.frontends.torch_import.convert import convert, deepen
+    from distir.frontends.torch_import.trace import trace
+
+    if text.startswith("hf:"):
+        from distir.frontends.torch_import.hf import depth, read_config
+
+        full = depth(read_config(_hf_path(text)[0]))
+        if full is not None and full > SHALLOW:
+            module, inputs, config = module_of(text, SHALLOW)
+            deep = deepen(convert(trace(module, inputs, text), dtype), full)
+            if deep is not None:
+                return deep, config
+    module, inputs, config = module_of(text)
+    return convert(trace(module, inputs, text), dtype), config
+
+
+def load(text: str, batch: int, dtype: DType = DType.f32) -> Model:
+    """The ``Model`` of the import string ``text`` for a global ``batch`` (cached trace)."""
+    from distir.frontends.torch_import.assemble import build_imported
+
+    conv, config = converted(text.strip(), dtype)
+    return build_imported(conv, text.strip(), batch, dtype, config)

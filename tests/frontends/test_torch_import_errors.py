@@ -1,0 +1,78 @@
+"""What the importer refuses, and how: every unsupported op listed with its count and source
+location (never a partial import), a module torch.export cannot trace, a config that is not a
+model, a missing file, a mixture-of-experts config, a bad factory — each one typed error
+(a ``ModelError``), and one line with exit status 2 from the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from typer.testing import CliRunner
+
+from distir.cli import app
+from distir.frontends.torch_import import SourceError, TraceError, UnsupportedOpsError
+from distir.frontends.zoo import build_model
+from distir.frontends.zoo.model import ModelError
+
+CONFIGS = Path(__file__).parent / "configs"
+FACTORIES = "tests.frontends.torch_models"
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    r = CliRunner().invoke(app, list(args))
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_every_unsupported_op_is_listed_with_count_and_location() -> None:
+    with pytest.raises(UnsupportedOpsError) as info:
+        build_model(f"{FACTORIES}:unsupported", batch=2)
+    assert set(info.value.ops) == {"aten.cumsum", "aten.erf"}
+    assert len(info.value.ops["aten.cumsum"]) == 2 and len(info.value.ops["aten.erf"]) == 1
+    message = str(info.value)
+    assert "aten.cumsum ×2" in message and "aten.erf ×1" in message
+    assert "torch_models.py" in info.value.ops["aten.erf"][0]
+
+
+def test_a_module_that_cannot_be_traced() -> None:
+    with pytest.raises(TraceError, match="cannot trace"):
+        build_model(f"{FACTORIES}:data_dependent", batch=2)
+
+
+@pytest.mark.parametrize(
+    ("source", "error", "words"),
+    [
+        (f"hf:{CONFIGS / 'not-a-model.json'}", SourceError, "not a model config"),
+        (f"hf:{CONFIGS / 'missing.json'}", SourceError, "no such file"),
+        (f"hf:{CONFIGS}", SourceError, "no such file"),  # a directory without config.json
+        (f"hf:{CONFIGS / 'mixtral-tiny.json'}", SourceError, "mixture-of-experts"),
+        (f"{FACTORIES}:not_a_module", SourceError, "not an nn.Module"),
+        (f"{FACTORIES}:nothing_here", SourceError, "no function nothing_here"),
+        ("tests.frontends.no_such_module:f", SourceError, "cannot import"),
+    ],
+)
+def test_bad_sources_are_one_typed_error(source: str, error: type[ModelError], words: str) -> None:
+    with pytest.raises(error, match=words):
+        build_model(source, batch=2)
+    code, out, err = run("import", source)
+    assert code == 2 and out == ""
+    assert words in err and len(err.strip().splitlines()) == 1
+
+
+def test_unsupported_ops_exit_2_on_one_line() -> None:
+    code, _, err = run("import", f"{FACTORIES}:unsupported")
+    assert code == 2 and "unsupported ops (2)" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if transformers were not installed
+    path = tmp_path / "config.json"
+    path.write_text((CONFIGS / "gpt2-tiny.json").read_text())
+    with pytest.raises(SourceError, match=r"needs transformers: .*distir\[hf\]"):
+        build_model(f"hf:{path}", batch=2)

@@ -1,0 +1,140 @@
+"""Imported models compute what torch computes: the loss and every weight's gradient of the
+training step on distir's reference executor equal torch eager's (float64, the same weights),
+for a torch MLP and tiny GPT-2, Llama, Qwen2 and Mistral models built by transformers from
+their configs; repeated blocks share one layer function."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from distir.autodiff.train import Optimizer, training_step  # noqa: E402
+from distir.frontends.torch_import import import_module, weight_values  # noqa: E402
+from distir.frontends.torch_import.hf import hf_model  # noqa: E402
+from distir.frontends.zoo import build_model  # noqa: E402
+from distir.interp.reference import run_reference  # noqa: E402
+from distir.ir.types import DType  # noqa: E402
+from distir.ir.verify import verify  # noqa: E402
+
+CONFIGS = Path(__file__).parent / "configs"
+BATCH = 3
+torch.set_num_threads(1)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(width, width)
+        self.norm = torch.nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.relu(self.fc(self.norm(x)))
+
+
+class MLP(torch.nn.Module):
+    """An input projection, repeated residual blocks, a classifier head."""
+
+    def __init__(self, inputs: int = 5, width: int = 6, classes: int = 4, layers: int = 3) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(inputs, width)
+        self.layers = torch.nn.ModuleList(Block(width) for _ in range(layers))
+        self.out = torch.nn.Linear(width, classes, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.inp(x))
+        for layer in self.layers:
+            h = layer(h)
+        return self.out(h)
+
+
+def _check_against_torch(
+    module: torch.nn.Module, inputs: object, x: torch.Tensor, labels: torch.Tensor, rtol: float = 1e-9
+) -> None:
+    module = module.double()
+    model = import_module(module, inputs, batch=x.shape[0], dtype=DType.f64)
+    vals = {model.inputs[0].name: x.numpy(), "labels": labels.numpy(), **weight_values(model, module)}
+    step = training_step(model, Optimizer("sgd", lr=1.0))
+    verify(step)
+    out = run_reference(step, [vals[p.name] for p in step.entry.params])
+    module.zero_grad()
+    y = module(x) if not isinstance(inputs, dict) else module(input_ids=x, use_cache=False).logits
+    loss = torch.nn.functional.cross_entropy(y.reshape(-1, y.shape[-1]), labels.reshape(-1), reduction="mean")
+    loss.backward()
+    assert float(out[0]) == pytest.approx(loss.item(), rel=rtol)
+    params = dict(module.named_parameters(remove_duplicate=False))
+    transposed = set(model.config["transposed"])  # type: ignore[call-overload]
+    for k, w in enumerate(model.weights):
+        grad = vals[w.name] - out[1 + k]
+        g = params[w.name].grad
+        want = (g.T if w.name in transposed else g).numpy()
+        np.testing.assert_allclose(grad, want, rtol=max(rtol, 1e-7), atol=rtol * 1e-2, err_msg=w.name)
+
+
+def test_mlp_loss_and_gradients_equal_torch() -> None:
+    torch.manual_seed(0)
+    mlp = MLP()
+    x = torch.randn(BATCH, 5, dtype=torch.float64)
+    labels = torch.randint(0, 4, (BATCH,))
+    _check_against_torch(mlp, (x,), x, labels)
+
+
+# HF's RMSNorm and rotary embedding compute in float32 even in a float64 model (an explicit cast,
+# which the importer reads as the model's dtype): those models agree to float32's precision
+F32_INSIDE = 1e-4
+
+
+@pytest.mark.parametrize(
+    ("config", "rtol"),
+    [
+        ("gpt2-tiny", 1e-9),
+        ("llama-tiny", F32_INSIDE),
+        ("qwen2-tiny", F32_INSIDE),
+        ("mistral-tiny", F32_INSIDE),
+    ],
+)
+def test_hf_model_loss_and_gradients_equal_torch(config: str, rtol: float) -> None:
+    torch.manual_seed(0)
+    module, inputs = hf_model(str(CONFIGS / f"{config}.json"), meta=False)
+    seq = inputs["input_ids"].shape[1]
+    x = torch.randint(0, 32, (BATCH, seq))
+    labels = torch.randint(0, 32, (BATCH, seq))
+    _check_against_torch(module, inputs, x, labels, rtol)
+
+
+@pytest.mark.parametrize(
+    ("config", "block_weights"), [("gpt2-tiny", 12), ("llama-tiny", 9), ("qwen2-tiny", 12)]
+)
+def test_repeated_blocks_share_one_layer_function(config: str, block_weights: int) -> None:
+    module, inputs = hf_model(str(CONFIGS / f"{config}.json"))
+    model = import_module(module, inputs, batch=2)
+    callees = [c.callee for c in model.layers]
+    assert callees == ["embed", "block", "block", "head", "loss"]
+    assert (model.pre, model.post) == (1, 2)
+    assert len(model.module["block"].params) == 1 + block_weights
+
+
+@pytest.mark.parametrize("config", ["gpt2-tiny", "llama-tiny"])
+def test_shallow_trace_deepened_equals_the_full_trace(config: str, tmp_path: Path) -> None:
+    """``hf:`` traces 2 blocks of a config whose blocks are alike and repeats the block: the
+    program is the one the full-depth trace gives."""
+    import json
+
+    from distir.frontends.torch_import.source import converted
+    from distir.ir.printer import print_module
+
+    raw = json.loads((CONFIGS / f"{config}.json").read_text())
+    raw["n_layer" if "n_layer" in raw else "num_hidden_layers"] = 4
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    converted.cache_clear()
+    deep = build_model(f"hf:{path}", batch=2)
+    module, inputs = hf_model(str(path))
+    full = import_module(module, inputs, batch=2, name=f"hf:{path}")
+    assert [c.callee for c in deep.layers] == ["embed", *["block"] * 4, "head", "loss"]
+    assert print_module(deep.module) == print_module(full.module)
+    assert deep.weights == full.weights and deep.config["layer_paths"] == full.config["layer_paths"]

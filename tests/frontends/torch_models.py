@@ -1,0 +1,50 @@
+"""Model factories for ``--model package.module:factory`` tests: each returns an ``nn.Module``
+and its example inputs (torch is imported only when a factory runs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def mlp() -> tuple[Any, Any]:
+    import torch
+    from tests.frontends.test_torch_import_numeric import MLP
+
+    return MLP(), (torch.zeros(2, 5),)
+
+
+def unsupported() -> tuple[Any, Any]:
+    """Uses two ops the importer has no mapping for: cumsum (twice) and erf."""
+    import torch
+
+    class Odd(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x.cumsum(-1) + torch.erf(x)
+            return self.fc(y.cumsum(-1))
+
+    return Odd(), (torch.zeros(2, 4),)
+
+
+def data_dependent() -> tuple[Any, Any]:
+    """Python control flow on a tensor's value: torch.export cannot trace it."""
+    import torch
+
+    class Branchy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.sum() > 0:
+                return self.fc(x)
+            return self.fc(-x)
+
+    return Branchy(), (torch.zeros(2, 4),)
+
+
+def not_a_module() -> tuple[Any, Any]:
+    return "a string", ()
