@@ -538,21 +538,34 @@ def _attention_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) ->
 
 
 @functools.lru_cache(maxsize=64)
-def _rope_table(seq: int, head_dim: int, theta: float, inverse: bool) -> tuple[F64, F64]:
-    ang = rope_angles(seq, head_dim, theta)
+def _rope_table(
+    seq: int, head_dim: int, theta: float, inverse: bool, freqs: tuple[float, ...] | None
+) -> tuple[F64, F64]:
+    ang = rope_angles(seq, head_dim, theta, freqs)
     return np.cos(-ang if inverse else ang), np.sin(-ang if inverse else ang)
 
 
 def _rope_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
-    """Llama's rotation: in f32 (f64 for f64), the angles from the reference's table."""
+    """Llama's rotation (or ``rotate_half``'s with ``halves``): in f32 (f64 for f64), the angles
+    from the reference's table."""
     x = xs[0]
     xf = upcast(ctx, x)
+    freqs: Any = attrs.get("freqs")
     table = _rope_table(
-        x.shape[1], x.shape[3], float_attr(attrs, "theta", 10000.0), bool(attrs.get("inverse", False))
+        x.shape[1],
+        x.shape[3],
+        float_attr(attrs, "theta", 10000.0),
+        bool(attrs.get("inverse", False)),
+        tuple(freqs) if freqs is not None else None,
     )
     cos, sin = (ctx.torch.from_numpy(t).to(device=x.device, dtype=xf.dtype)[None, :, None, :] for t in table)
-    even, odd = xf[..., 0::2], xf[..., 1::2]
-    y = ctx.torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+    if attrs.get("halves", False):
+        h = x.shape[3] // 2
+        first, second = xf[..., :h], xf[..., h:]
+        y = ctx.torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
+    else:
+        even, odd = xf[..., 0::2], xf[..., 1::2]
+        y = ctx.torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
     return (like(y, x),)
 
 
