@@ -183,6 +183,8 @@ def _death(rank: int, signum: int, jobs: Sequence[RankProgram], progress: Any) -
     ops = [x for x in inline_calls(job.program).body if isinstance(x, Op)]
     if 0 <= k < len(ops):
         where = f" at `{print_op(ops[k])}`"
+    elif ops and k >= len(ops):  # the step's last transfers, or the barrier before the next step
+        where = f" after its last op `{print_op(ops[-1])}`, between steps"
     return f"rank {rank} ({job.device}) was killed by {name}{where}"
 
 
