@@ -1,0 +1,180 @@
+"""Automap's problem: the flat program, its layers, and the decision points of the searched axis.
+
+``Problem.build(module, mesh, axis, fixed)`` inlines the entry's calls (recording, per op, the
+layer it came from: ``@callee[i]`` for the i-th call of ``callee`` in the entry, ``@entry`` for
+the entry's own ops) and lists the **decision points**: the entry's parameters (weights,
+optimizer state, inputs) whose placement along the searched mesh axis nobody fixed. With
+grouping, repeated layers share one decision: a parameter passed to a layer function is grouped
+by (function, parameter position) — every instance of ``@block`` decides its ``wq`` once — and
+any other by its name scope with layer numbers erased (``m_wq_3`` and ``m_wq_7`` are ``m_wq_#``,
+``layers.3.attn.q_proj.weight`` is ``layers.#.attn.q_proj.weight``), members of one group having
+one type. Points are ordered by their bytes, largest first (the decisions an expert takes first).
+
+Parameters that a step updates are paired with the result that replaces them (``Donation`` with
+a result, or a result named ``<param>_new`` of the same type): the pair keeps one placement, so
+the layout holds from step to step.
+
+Every other mesh axis is fixed: placements the caller gives per parameter (``fixed``: a batch
+split of the inputs), replicated otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from distir.ir.dtensor import Mesh, Placement, Replicate, Shard
+from distir.ir.function import Function, Module
+from distir.ir.ops import Call, Op
+from distir.ir.rewrite import inline_calls
+from distir.ir.types import TensorType
+from distir.parallel.propagate import Plan, ShardingError
+
+ENTRY = "@entry"
+_LAYER_NO = re.compile(r"(?<=[._])\d+(?=$|[._])")
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionPoint:
+    """One decision of the search: the placement along the searched axis of ``params`` (entry
+    parameter positions; several when grouped), all of global ``shape``; ``nbytes`` in total."""
+
+    label: str
+    params: tuple[int, ...]
+    shape: tuple[int, ...]
+    nbytes: int
+
+    def options(self, n: int) -> tuple[Placement, ...]:
+        """Replicate, or shard a dim that has at least ``n`` elements."""
+        return (Replicate(), *(Shard(d) for d, s in enumerate(self.shape) if s >= n))
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What the search works on (module docstring)."""
+
+    fn: Function  # the flat entry
+    plan: Plan
+    layers: tuple[str, ...]  # per op of ``fn`` (``plan.ops`` order), its layer
+    mesh: Mesh
+    axis: int  # the searched axis (index into ``mesh.axes``)
+    fixed: Mapping[int, tuple[Placement | None, ...]]  # per parameter, per axis (None: searched)
+    points: tuple[DecisionPoint, ...]
+    pairs: Mapping[int, int]  # result position -> the parameter it replaces
+
+    @property
+    def size(self) -> int:
+        """Devices along the searched axis."""
+        return self.mesh.axes[self.axis][1]
+
+    @staticmethod
+    def build(
+        module: Module,
+        mesh: Mesh,
+        axis: str,
+        fixed: Mapping[str, Sequence[Placement | None]],
+        group: bool = True,
+    ) -> Problem:
+        """The problem of searching ``axis`` of ``mesh`` for ``module``'s entry. ``fixed`` gives
+        placements per parameter name, one per mesh axis; None on the searched axis leaves it to
+        the search, a placement there fixes it (no decision)."""
+        names = [a for a, _ in mesh.axes]
+        if axis not in names:
+            raise ShardingError(f"--auto {axis}: the mesh has no axis {axis} (axes: {', '.join(names)})")
+        ax = names.index(axis)
+        fn, layers = flatten(module)
+        by_name = {p.name: i for i, p in enumerate(fn.params)}
+        full: dict[int, tuple[Placement | None, ...]] = {}
+        for name, places in fixed.items():
+            if name not in by_name:
+                raise ShardingError(f"annotation names %{name}, which is not a parameter of @{fn.name}")
+            if len(places) != len(names):
+                raise ShardingError(f"annotation of %{name} gives {len(places)} placements for {len(names)} axes")
+            full[by_name[name]] = tuple(places)
+        for i, p in enumerate(fn.params):
+            if isinstance(p.type, TensorType):
+                full.setdefault(i, tuple(None if b == ax else Replicate() for b in range(len(names))))
+        plan = Plan(fn)
+        open_params = [i for i, pl in sorted(full.items()) if pl[ax] is None]
+        points = decision_points(module, fn, open_params, group)
+        return Problem(fn, plan, layers, mesh, ax, full, points, result_pairs(fn))
+
+
+def flatten(module: Module) -> tuple[Function, tuple[str, ...]]:
+    """The entry with every call inlined, and per op the layer it came from (module docstring)."""
+    fn = module.entry
+    counts: dict[str, int] = {}
+
+    def n_ops(f: Function) -> int:
+        if f.name not in counts:
+            counts[f.name] = sum(n_ops(module[i.callee]) if isinstance(i, Call) else 1 for i in f.body)
+        return counts[f.name]
+
+    layers: list[str] = []
+    seen: dict[str, int] = {}
+    for instr in fn.body:
+        if isinstance(instr, Call):
+            k = seen.get(instr.callee, 0)
+            seen[instr.callee] = k + 1
+            layers.extend([f"@{instr.callee}[{k}]"] * n_ops(module[instr.callee]))
+        else:
+            layers.append(ENTRY)
+    flat = inline_calls(module) if seen else fn
+    assert len(layers) == sum(1 for i in flat.body if isinstance(i, Op))
+    return flat, tuple(layers)
+
+
+def group_key(module: Module, name: str, uses: Mapping[str, tuple[str, int]]) -> str:
+    """The group of parameter ``name``: ``@callee:param`` when a layer function takes it (the
+    first call that does), else its name scope with layer numbers erased."""
+    use = uses.get(name)
+    if use is not None:
+        callee, pos = use
+        return f"@{callee}:{module[callee].params[pos].name}"
+    return _LAYER_NO.sub("#", name)
+
+
+def decision_points(
+    module: Module, fn: Function, params: Sequence[int], group: bool
+) -> tuple[DecisionPoint, ...]:
+    """The decision points of the tensor parameters ``params`` of flat ``fn`` (module
+    docstring); ``module``'s entry gives the layer calls that group them."""
+    uses: dict[str, tuple[str, int]] = {}
+    for instr in module.entry.body:
+        if isinstance(instr, Call):
+            for pos, v in enumerate(instr.inputs):
+                uses.setdefault(v.name, (instr.callee, pos))
+    groups: dict[tuple[str, TensorType], list[int]] = {}
+    for i in params:
+        p = fn.params[i]
+        t = p.type
+        assert isinstance(t, TensorType)
+        key = group_key(module, p.name, uses) if group else p.name
+        groups.setdefault((key, t), []).append(i)
+    # members of one group have one type: a group key met with two types splits by type
+    labels: dict[str, int] = {}
+    for key, _t in groups:
+        labels[key] = labels.get(key, 0) + 1
+    points = []
+    for (key, t), members in groups.items():
+        label = key if labels[key] == 1 else f"{key}{list(t.shape)}"
+        if len(members) == 1:
+            label = fn.params[members[0]].name
+        points.append(DecisionPoint(label, tuple(members), t.shape, t.nbytes * len(members)))
+    points.sort(key=lambda p: (-p.nbytes, p.params[0]))
+    return tuple(points)
+
+
+def result_pairs(fn: Function) -> dict[int, int]:
+    """Result position -> the parameter it replaces (module docstring)."""
+    pairs = {d.result: d.param for d in fn.donated if d.result >= 0}
+    by_name = {p.name: i for i, p in enumerate(fn.params)}
+    for r, v in enumerate(fn.outputs):
+        base = v.name.removesuffix("_new")
+        i = by_name.get(base)
+        if r not in pairs and v.name.endswith("_new") and i is not None:
+            pt = fn.params[i].type
+            if isinstance(pt, TensorType) and (v.type is None or v.type == pt):
+                pairs[r] = i
+    return pairs
