@@ -46,7 +46,9 @@ def replicated(st: Strategy) -> bool:
     return all(type(p) is Replicate for p in st.ins) and all(type(p) is Replicate for p in st.outs)
 
 
-def move_seconds(cluster: Cluster, group: Sequence[int], nbytes: float, src: Placement, dst: Placement) -> float:
+def move_seconds(
+    cluster: Cluster, group: Sequence[int], nbytes: float, src: Placement, dst: Placement
+) -> float:
     """The collective that moves a tensor of ``nbytes`` (this device's share before the move,
     other axes' shards applied) from ``src`` to ``dst`` along ``group``; 0 for a local slice."""
     if src == dst or isinstance(src, Replicate):
@@ -65,9 +67,7 @@ def axis_group(mesh: Mesh, ax: int) -> tuple[int, ...]:
     """The GPUs along axis ``ax`` through the mesh's first device (program device i on GPU i)."""
     first = mesh.coords(mesh.devices[0])
     return tuple(
-        d.id
-        for d in mesh.devices
-        if all(c == first[b] for b, c in enumerate(mesh.coords(d)) if b != ax)
+        d.id for d in mesh.devices if all(c == first[b] for b, c in enumerate(mesh.coords(d)) if b != ax)
     )
 
 
@@ -101,7 +101,9 @@ class AnalyticJudge:
             for v, ps in got.placed.items():
                 if isinstance(ps[0], Shard):
                     self.shards[v] = self.shards.get(v, 1) * n
-        self.fixed_moves = [m for b, got in zip(fixed_axes, self.fixed, strict=True) for m in self._moves_of(b, got)]
+        self.fixed_moves = [
+            m for b, got in zip(fixed_axes, self.fixed, strict=True) for m in self._moves_of(b, got)
+        ]
 
     def _fixed_axis(self, b: int) -> Placed:
         pr = self.problem
@@ -109,7 +111,8 @@ class AnalyticJudge:
         mesh = Mesh(((name, n),), pr.mesh.devices[:n])
         params = {i: (pl[b] or Replicate(),) for i, pl in pr.fixed.items()}
         results = {r: params[i] for r, i in pr.pairs.items() if i in params}
-        return place(pr.plan, mesh, {}, params, results, replicate_results=False, pinned=tuple(params))
+        notes = {name: (pl[b],) for name, pl in pr.pins.items()}
+        return place(pr.plan, mesh, notes, params, results, replicate_results=False, pinned=tuple(params))
 
     def cost(self, placed: Placed) -> Cost:
         """The cost of a state whose propagation on the searched axis is ``placed``."""

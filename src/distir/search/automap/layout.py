@@ -63,7 +63,11 @@ def layout_annotations(problem: Problem, placed: Placed | None) -> dict[int, tup
 
 
 def layout_program(
-    fn: Function, mesh: Mesh, pairs: Mapping[int, int], params: Mapping[int, Sequence[Placement]]
+    fn: Function,
+    mesh: Mesh,
+    pairs: Mapping[int, int],
+    params: Mapping[int, Sequence[Placement]],
+    pins: Mapping[str, Sequence[Placement]],
 ) -> Module:
     """The legalized DTensor program of the flat ``fn`` on ``mesh`` with parameters placed as
     ``params``, each result of ``pairs`` as its parameter (module docstring)."""
@@ -71,7 +75,7 @@ def layout_program(
     prop = propagate(
         Module((fn,)),
         mesh,
-        {},
+        pins,
         params=params,
         results=results,
         replicate_results=False,
@@ -134,7 +138,9 @@ def simulated(legal: Module, cluster: Cluster) -> Simulated:
     return Simulated(r.step_time_s, peak, cap)
 
 
-def summarize(per_layer: Mapping[str, Counter[Collective]]) -> list[tuple[str, int, list[tuple[Collective, int]]]]:
+def summarize(
+    per_layer: Mapping[str, Counter[Collective]],
+) -> list[tuple[str, int, list[tuple[Collective, int]]]]:
     """Layers with equal collectives merged: (first layer, how many layers, sorted collectives
     with counts), in program order of their first layer."""
     rows: dict[tuple[tuple[Collective, int], ...], list[str]] = {}

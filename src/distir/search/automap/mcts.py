@@ -99,8 +99,10 @@ class Tree:
         while not node.terminal and not node.untried:
             node = max(
                 (c for c in node.children if not c.closed),
-                key=lambda c: c.total / max(c.visits, 1)
-                + EXPLORE * math.sqrt(math.log(node.visits + 1) / (c.visits + 1)),
+                key=lambda c: (
+                    c.total / max(c.visits, 1)
+                    + EXPLORE * math.sqrt(math.log(node.visits + 1) / (c.visits + 1))
+                ),
             )
             path.append(node)
         if node.untried:

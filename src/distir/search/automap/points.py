@@ -21,13 +21,17 @@ split of the inputs), replicated otherwise.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import NamedTuple
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from distir.ir.dtensor import Mesh, Placement, Replicate, Shard
 from distir.ir.function import Function, Module
-from distir.ir.ops import Call, Op
-from distir.ir.rewrite import inline_calls
+from distir.ir.builder import FunctionBuilder
+from distir.ir.ops import Call, Instr
+from distir.ir.rewrite import ValueMap, copy_instr
+from distir.ir.values import Value
 from distir.ir.types import TensorType
 from distir.parallel.propagate import Plan, ShardingError
 
@@ -62,6 +66,8 @@ class Problem:
     fixed: Mapping[int, tuple[Placement | None, ...]]  # per parameter, per axis (None: searched)
     points: tuple[DecisionPoint, ...]
     pairs: Mapping[int, int]  # result position -> the parameter it replaces
+    # internal values fixed by name (layer boundaries a transform imposes): placements per axis
+    pins: Mapping[str, tuple[Placement, ...]]
 
     @property
     def size(self) -> int:
@@ -75,22 +81,27 @@ class Problem:
         axis: str,
         fixed: Mapping[str, Sequence[Placement | None]],
         group: bool = True,
+        boundaries: Callable[[Flat], Mapping[str, tuple[Placement, ...]]] | None = None,
     ) -> Problem:
         """The problem of searching ``axis`` of ``mesh`` for ``module``'s entry. ``fixed`` gives
         placements per parameter name, one per mesh axis; None on the searched axis leaves it to
-        the search, a placement there fixes it (no decision)."""
+        the search, a placement there fixes it (no decision). ``boundaries`` gives internal values
+        of the flat program fixed on every axis (by their unique names)."""
         names = [a for a, _ in mesh.axes]
         if axis not in names:
             raise ShardingError(f"--auto {axis}: the mesh has no axis {axis} (axes: {', '.join(names)})")
         ax = names.index(axis)
-        fn, layers = flatten(module)
+        flat = flatten(module)
+        fn, layers = flat.fn, flat.layers
         by_name = {p.name: i for i, p in enumerate(fn.params)}
         full: dict[int, tuple[Placement | None, ...]] = {}
         for name, places in fixed.items():
             if name not in by_name:
                 raise ShardingError(f"annotation names %{name}, which is not a parameter of @{fn.name}")
             if len(places) != len(names):
-                raise ShardingError(f"annotation of %{name} gives {len(places)} placements for {len(names)} axes")
+                raise ShardingError(
+                    f"annotation of %{name} gives {len(places)} placements for {len(names)} axes"
+                )
             full[by_name[name]] = tuple(places)
         for i, p in enumerate(fn.params):
             if isinstance(p.type, TensorType):
@@ -98,31 +109,61 @@ class Problem:
         plan = Plan(fn)
         open_params = [i for i, pl in sorted(full.items()) if pl[ax] is None]
         points = decision_points(module, fn, open_params, group)
-        return Problem(fn, plan, layers, mesh, ax, full, points, result_pairs(fn))
+        pins = dict(boundaries(flat)) if boundaries is not None else {}
+        return Problem(fn, plan, layers, mesh, ax, full, points, result_pairs(fn), pins)
 
 
-def flatten(module: Module) -> tuple[Function, tuple[str, ...]]:
-    """The entry with every call inlined, and per op the layer it came from (module docstring)."""
-    fn = module.entry
-    counts: dict[str, int] = {}
+class Flat(NamedTuple):
+    """The entry inlined: ``fn`` (every value named uniquely: a repeated name gets ``.2``,
+    ``.3``, ...), per op its layer, per call of the entry the names of its results."""
 
-    def n_ops(f: Function) -> int:
-        if f.name not in counts:
-            counts[f.name] = sum(n_ops(module[i.callee]) if isinstance(i, Call) else 1 for i in f.body)
-        return counts[f.name]
+    fn: Function
+    layers: tuple[str, ...]
+    call_results: tuple[tuple[str, ...], ...]
+
+
+def flatten(module: Module) -> Flat:
+    """The entry with every call inlined (module docstring)."""
+    entry = module.entry
+    fb = FunctionBuilder(entry.name)
+    taken: dict[str, int] = {}
+
+    def fresh(v: Value) -> Value:
+        n = taken.get(v.name, 0) + 1
+        taken[v.name] = n
+        return Value(v.name if n == 1 else f"{v.name}.{n}", v.type)
 
     layers: list[str] = []
+    call_results: list[tuple[str, ...]] = []
+
+    def emit(body: tuple[Instr, ...], vmap: ValueMap, layer: str | None) -> None:
+        for instr in body:
+            if isinstance(instr, Call):
+                callee = module[instr.callee]
+                inner = ValueMap(fresh)
+                for p, a in zip(callee.params, instr.inputs, strict=True):
+                    inner.bind(p, vmap(a))
+                here = layer
+                if here is None:
+                    k = seen.get(instr.callee, 0)
+                    seen[instr.callee] = k + 1
+                    here = f"@{instr.callee}[{k}]"
+                emit(callee.body, inner, here)
+                for out, r in zip(instr.outputs, callee.outputs, strict=True):
+                    vmap.bind(out, inner(r))
+                if layer is None:
+                    call_results.append(tuple(inner(r).name for r in callee.outputs))
+            else:
+                fb.append(copy_instr(instr, vmap))
+                layers.append(layer or ENTRY)
+
     seen: dict[str, int] = {}
-    for instr in fn.body:
-        if isinstance(instr, Call):
-            k = seen.get(instr.callee, 0)
-            seen[instr.callee] = k + 1
-            layers.extend([f"@{instr.callee}[{k}]"] * n_ops(module[instr.callee]))
-        else:
-            layers.append(ENTRY)
-    flat = inline_calls(module) if seen else fn
-    assert len(layers) == sum(1 for i in flat.body if isinstance(i, Op))
-    return flat, tuple(layers)
+    top = ValueMap(fresh)
+    for p in entry.params:
+        top.bind(p, fb.param(fresh(p).name, p.type))
+    emit(entry.body, top, None)
+    fn = replace(fb.ret(*(top(v) for v in entry.outputs)), donated=entry.donated)
+    return Flat(fn, tuple(layers), tuple(call_results))
 
 
 def group_key(module: Module, name: str, uses: Mapping[str, tuple[str, int]]) -> str:

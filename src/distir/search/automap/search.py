@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from distir.frontends.zoo.model import Model
@@ -35,7 +35,7 @@ from distir.search.automap.layout import (
     simulated,
 )
 from distir.search.automap.mcts import Budget, Tree
-from distir.search.automap.points import Problem
+from distir.search.automap.points import Flat, Problem
 from distir.search.automap.state import Outcome, Propagator
 
 FINALISTS = 3
@@ -76,6 +76,7 @@ def automap(
     seed: int = 0,
     group: bool = True,
     batch_axis: str | None = None,
+    boundaries: Callable[[Flat], Mapping[str, tuple[Placement, ...]]] | None = None,
 ) -> AutomapResult:
     """Search the placements along ``axis`` of ``mesh`` for ``module``'s entry (module
     docstring). ``fixed``: placements per parameter name, one per axis, None on the searched
@@ -83,9 +84,11 @@ def automap(
     is replicated on the other axes). ``batch_axis`` names the axis the baseline merges the
     searched one into (data parallelism alone); None: no baseline."""
     if len(mesh.devices) > cluster.num_devices:
-        raise ShardingError(f"the mesh needs {len(mesh.devices)} GPUs but the cluster has {cluster.num_devices}")
+        raise ShardingError(
+            f"the mesh needs {len(mesh.devices)} GPUs but the cluster has {cluster.num_devices}"
+        )
     start = time.perf_counter()
-    problem = Problem.build(module, mesh, axis, fixed or {}, group)
+    problem = Problem.build(module, mesh, axis, fixed or {}, group, boundaries)
     propagator = Propagator(problem)
     judge = AnalyticJudge(problem, cluster)
     tree = Tree(propagator, lambda s: judge.cost(s.placed), random.Random(seed))
@@ -93,7 +96,9 @@ def automap(
     ranked = sorted(tree.scored.values(), key=lambda e: (e[0].key, len(e[1].decisions)))
     best: tuple[tuple[bool, float, float], Outcome, Cost, Simulated, Module, int, float] | None = None
     for cost, state, ep, sec in ranked[:FINALISTS]:
-        legal = layout_program(problem.fn, problem.mesh, problem.pairs, layout_annotations(problem, state.placed))
+        legal = layout_program(
+            problem.fn, problem.mesh, problem.pairs, layout_annotations(problem, state.placed), problem.pins
+        )
         sim = simulated(legal, cluster)
         key = (not sim.fits, sim.step_time_s, cost.comm_bytes)
         if best is None or key < best[0]:
@@ -144,9 +149,10 @@ def baseline(problem: Problem, cluster: Cluster, batch_axis: str | None) -> tupl
                 ok = False
         params[i] = pl
     if ok:
-        legal = layout_program(problem.fn, dp_mesh, problem.pairs, params)
+        pins = {name: tuple(p for k, p in enumerate(pl) if k != ax) for name, pl in problem.pins.items()}
+        legal = layout_program(problem.fn, dp_mesh, problem.pairs, params, pins)
         return simulated(legal, cluster), f"data parallel over {len(dp_mesh.devices)} devices"
-    legal = layout_program(problem.fn, mesh, problem.pairs, layout_annotations(problem, None))
+    legal = layout_program(problem.fn, mesh, problem.pairs, layout_annotations(problem, None), problem.pins)
     return simulated(legal, cluster), f"{names[ax]} replicated"
 
 
@@ -154,6 +160,7 @@ def with_layout(model: Model, result: AutomapResult) -> Model:
     """``model`` with each weight's tensor-parallel placement the found one (module docstring)."""
     ax = result.problem.axis
     weights = tuple(
-        replace(w, tp=result.placements[w.name][ax]) if w.name in result.placements else w for w in model.weights
+        replace(w, tp=result.placements[w.name][ax]) if w.name in result.placements else w
+        for w in model.weights
     )
     return replace(model, weights=weights)

@@ -6,7 +6,9 @@ searched axis alone (axes propagate independently): every decided parameter anno
 pinned (used where it lies, as tensor parallelism uses its weights), each updated parameter's
 result tied to it, the rest inferred — what the fixed point cannot place is replicated. The
 decision points propagation left open are the state's worklist; those it placed are moot and
-never offered. Outcomes are memoized per decision set: search trees meet them again and again.
+never offered. The fixed point fills a value from the first strategy consistent with what is known
+even when others are too, so a point it leaves replicated stays open: only a point propagation
+shards is settled by it. Outcomes are memoized per decision set: search trees meet them again and again.
 
 An **action** decides the first open point (points are ordered by bytes, so each decision set is
 reached by one sequence of actions), or infers the rest (``INFER``): the state is final, its
@@ -18,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from distir.ir.dtensor import Mesh, Placement
+from distir.ir.dtensor import Mesh, Placement, Replicate
 from distir.parallel.propagate import Placed, place
 from distir.search.automap.points import Problem
 
@@ -44,6 +46,10 @@ class Outcome:
     decisions: Decisions
     placed: Placed
     open: tuple[int, ...]
+
+
+def _replicated(places: list[Placement]) -> bool:
+    return all(type(p) is Replicate for p in places)
 
 
 class Propagator:
@@ -81,13 +87,15 @@ class Propagator:
                 params[i] = (pl,)
         results = {r: params[i] for r, i in pr.pairs.items() if i in params}
         self.propagations += 1
-        got = place(pr.plan, self.mesh, {}, params, results, replicate_results=False, pinned=tuple(params))
+        notes = {name: (pl[ax],) for name, pl in pr.pins.items()}
+        got = place(pr.plan, self.mesh, notes, params, results, replicate_results=False, pinned=tuple(params))
         fn = pr.fn
         decided = {k for k, _ in decisions}
         open_points = tuple(
             k
             for k, pt in enumerate(pr.points)
-            if k not in decided and any(fn.params[i] in got.guessed for i in pt.params)
+            if k not in decided
+            and any(fn.params[i] in got.guessed or _replicated(got.placed[fn.params[i]]) for i in pt.params)
         )
         return Outcome(decisions, got, open_points)
 

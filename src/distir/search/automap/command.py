@@ -1,0 +1,92 @@
+"""``distir shard --auto AXIS``: run Automap on a zoo model's training step or a program file and
+report it — the decisions, every parameter's placements, the collectives per layer (layers with
+equal ones merged), the simulated step time and the gain over data parallelism alone, and for a
+model that declares its own tensor-parallel placements whether the found layout has the same
+collectives in every layer (``matches_hand_layout``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distir.frontends.zoo.model import Model
+from distir.hardware.cluster import Cluster
+from distir.ir.dtensor import Mesh, Placement, format_placements
+from distir.ir.function import Module
+from distir.search.automap.layout import summarize
+from distir.search.automap.mcts import Budget
+from distir.search.automap.model import HandComparison, automap_model
+from distir.search.automap.search import AutomapResult, automap
+
+
+def run_auto(
+    source: Model | Module,
+    mesh: Mesh,
+    axis: str,
+    cluster: Cluster,
+    fixed: dict[str, tuple[Placement | None, ...]],
+    budget: Budget,
+    seed: int,
+    group: bool,
+) -> tuple[AutomapResult, HandComparison | None]:
+    """Search ``source`` (a zoo model: its training step; or a program), batch axis the first
+    unsearched one."""
+    batch_axis = next((a for a, _ in mesh.axes if a != axis), None)
+    if isinstance(source, Model):
+        r = automap_model(
+            source, mesh, axis, cluster, batch_axis=batch_axis, budget=budget, seed=seed, group=group
+        )
+        return r, HandComparison(r, source, cluster)
+    r = automap(
+        source, mesh, axis, cluster, fixed, budget=budget, seed=seed, group=group, batch_axis=batch_axis
+    )
+    return r, None
+
+
+def report(r: AutomapResult, hand: HandComparison | None, label: str) -> dict[str, Any]:
+    """The JSON object of ``distir shard --auto --json``."""
+    return {
+        "source": label,
+        "mesh": str(r.problem.mesh),
+        "searched_axis": r.problem.mesh.axes[r.problem.axis][0],
+        "decisions": {name: format_placements(pl) for name, pl in r.placements.items()},
+        "actions": [{"point": label_, "placement": str(p)} for label_, p in r.decisions],
+        "collectives": {
+            layer: [
+                {"axis": c.axis, "kind": c.kind, "bytes": c.nbytes, "count": k} for c, k in sorted(cs.items())
+            ]
+            for layer, cs in r.collectives.items()
+        },
+        "seconds": r.seconds,
+        "episodes": r.episodes,
+        "found_at_episode": r.found_episode,
+        "step_time_s": r.simulated.step_time_s,
+        "peak_memory_bytes": r.simulated.peak_memory,
+        "baseline": r.baseline_label,
+        "baseline_step_time_s": r.baseline.step_time_s if r.baseline is not None else None,
+        "gain_over_baseline": r.gain,
+        "matches_hand_layout": hand.matches if hand is not None else None,
+        "hand_step_time_s": hand.step_time_s if hand is not None else None,
+    }
+
+
+def text(r: AutomapResult, hand: HandComparison | None) -> list[str]:
+    """The text report, line by line."""
+    axis = r.problem.mesh.axes[r.problem.axis][0]
+    lines = [f"searched {axis} of {r.problem.mesh}: {r.episodes} episodes in {r.seconds:.2f} s"]
+    lines.append("decisions:" if r.decisions else "decisions: none (everything inferred)")
+    lines += [f"  {name} -> {p}" for name, p in r.decisions]
+    lines.append("placements (" + ", ".join(a for a, _ in r.problem.mesh.axes) + "):")
+    lines += [f"  %{name}: [{format_placements(pl)}]" for name, pl in r.placements.items()]
+    lines.append("collectives per layer:")
+    for first, count, cs in summarize(r.collectives):
+        what = ", ".join(f"{k}× {c}" for c, k in cs)
+        lines.append(f"  {first}{f' (and {count - 1} alike)' if count > 1 else ''}: {what}")
+    lines.append(f"simulated step time: {r.simulated.step_time_s * 1e3:.3f} ms")
+    if r.baseline is not None and r.gain is not None:
+        lines.append(f"{r.baseline_label}: {r.baseline.step_time_s * 1e3:.3f} ms (gain ×{r.gain:.2f})")
+    if hand is not None and hand.matches is not None:
+        lines.append(
+            f"hand layout: {hand.step_time_s * 1e3 if hand.step_time_s else 0:.3f} ms; "
+            f"same collectives per layer: {'yes' if hand.matches else 'no'}"
+        )
+    return lines
