@@ -114,6 +114,18 @@ class AnalyticJudge:
         notes = {name: (pl[b],) for name, pl in pr.pins.items()}
         return place(pr.plan, mesh, notes, params, results, replicate_results=False, pinned=tuple(params))
 
+    def whole_results(self) -> dict[int, tuple[Placement, ...]]:
+        """The results that replace no parameter: replicated along the searched axis, on the
+        fixed axes as their propagation places them."""
+        pr = self.problem
+        fixed = iter(self.fixed)
+        per_axis = [None if b == pr.axis else next(fixed) for b in range(len(pr.mesh.axes))]
+        out = {}
+        for r in pr.whole_results:
+            v = pr.fn.outputs[r]
+            out[r] = tuple(Replicate() if got is None else got.placed[v][0] for got in per_axis)
+        return out
+
     def cost(self, placed: Placed) -> Cost:
         """The cost of a state whose propagation on the searched axis is ``placed``."""
         pr = self.problem
@@ -145,6 +157,18 @@ class AnalyticJudge:
                 if t is None:
                     t = memo[key] = move_seconds(self.cluster, tp_group, local, have, want)
                 seconds += t
+                moved += redistribution_bytes(tv, have, want, n) / shards.get(v, 1)
+        # results: whole, or as the parameter they replace
+        fn = pr.fn
+        targets = [(r, Replicate()) for r in pr.whole_results]
+        targets += [(r, pl[fn.params[i]][0]) for r, i in pr.pairs.items()]
+        for r, want in targets:
+            v = fn.outputs[r]
+            have = pl[v][0]
+            tv = types[v]
+            if have != want and isinstance(tv, TensorType):
+                local = tv.nbytes / shards.get(v, 1)
+                seconds += move_seconds(self.cluster, tp_group, local, have, want)
                 moved += redistribution_bytes(tv, have, want, n) / shards.get(v, 1)
         for b, v, tv, have, want in self.fixed_moves:
             split = n if isinstance(pl[v][0], Shard) else 1

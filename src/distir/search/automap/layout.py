@@ -68,10 +68,12 @@ def layout_program(
     pairs: Mapping[int, int],
     params: Mapping[int, Sequence[Placement]],
     pins: Mapping[str, Sequence[Placement]],
+    outs: Mapping[int, Sequence[Placement]] | None = None,
 ) -> Module:
     """The legalized DTensor program of the flat ``fn`` on ``mesh`` with parameters placed as
-    ``params``, each result of ``pairs`` as its parameter (module docstring)."""
-    results = {r: params[i] for r, i in pairs.items() if i in params}
+    ``params``, each result of ``pairs`` as its parameter, ``outs`` others (module docstring)."""
+    results = dict(outs or {})
+    results.update({r: params[i] for r, i in pairs.items() if i in params})
     prop = propagate(
         Module((fn,)),
         mesh,

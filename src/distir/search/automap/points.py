@@ -70,6 +70,12 @@ class Problem:
     pins: Mapping[str, tuple[Placement, ...]]
 
     @property
+    def whole_results(self) -> tuple[int, ...]:
+        """The results that replace no parameter: whole along the searched axis (what the
+        program returns is the program's, however it is sharded)."""
+        return tuple(r for r, v in enumerate(self.fn.outputs) if r not in self.pairs and isinstance(self.plan.types.get(v), TensorType))
+
+    @property
     def size(self) -> int:
         """Devices along the searched axis."""
         return self.mesh.axes[self.axis][1]

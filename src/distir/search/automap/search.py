@@ -93,11 +93,12 @@ def automap(
     judge = AnalyticJudge(problem, cluster)
     tree = Tree(propagator, lambda s: judge.cost(s.placed), random.Random(seed))
     tree.run(budget or Budget())
+    outs = judge.whole_results()
     ranked = sorted(tree.scored.values(), key=lambda e: (e[0].key, len(e[1].decisions)))
     best: tuple[tuple[bool, float, float], Outcome, Cost, Simulated, Module, int, float] | None = None
     for cost, state, ep, sec in ranked[:FINALISTS]:
         legal = layout_program(
-            problem.fn, problem.mesh, problem.pairs, layout_annotations(problem, state.placed), problem.pins
+            problem.fn, problem.mesh, problem.pairs, layout_annotations(problem, state.placed), problem.pins, outs
         )
         sim = simulated(legal, cluster)
         key = (not sim.fits, sim.step_time_s, cost.comm_bytes)
@@ -108,7 +109,7 @@ def automap(
     seconds = time.perf_counter() - start
     fn = problem.fn
     places = layout_annotations(problem, state.placed)
-    base, label = baseline(problem, cluster, batch_axis)
+    base, label = baseline(problem, cluster, batch_axis, outs)
     return AutomapResult(
         problem,
         tuple((problem.points[k].label, p) for k, p in state.decisions),
@@ -126,7 +127,9 @@ def automap(
     )
 
 
-def baseline(problem: Problem, cluster: Cluster, batch_axis: str | None) -> tuple[Simulated | None, str]:
+def baseline(
+    problem: Problem, cluster: Cluster, batch_axis: str | None, outs: Mapping[int, Sequence[Placement]]
+) -> tuple[Simulated | None, str]:
     """Data parallelism alone on the same devices: the searched axis merged into
     ``batch_axis`` (the inputs split over both), simulated; when the batch does not split so,
     the searched axis replicated instead. None without a ``batch_axis``."""
@@ -150,9 +153,10 @@ def baseline(problem: Problem, cluster: Cluster, batch_axis: str | None) -> tupl
         params[i] = pl
     if ok:
         pins = {name: tuple(p for k, p in enumerate(pl) if k != ax) for name, pl in problem.pins.items()}
-        legal = layout_program(problem.fn, dp_mesh, problem.pairs, params, pins)
+        dp_outs = {r: tuple(p for k, p in enumerate(pl) if k != ax) for r, pl in outs.items()}
+        legal = layout_program(problem.fn, dp_mesh, problem.pairs, params, pins, dp_outs)
         return simulated(legal, cluster), f"data parallel over {len(dp_mesh.devices)} devices"
-    legal = layout_program(problem.fn, mesh, problem.pairs, layout_annotations(problem, None), problem.pins)
+    legal = layout_program(problem.fn, mesh, problem.pairs, layout_annotations(problem, None), problem.pins, outs)
     return simulated(legal, cluster), f"{names[ax]} replicated"
 
 

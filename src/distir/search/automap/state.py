@@ -85,7 +85,8 @@ class Propagator:
         for k, pl in decisions:
             for i in pr.points[k].params:
                 params[i] = (pl,)
-        results = {r: params[i] for r, i in pr.pairs.items() if i in params}
+        results: dict[int, tuple[Placement, ...]] = {r: (Replicate(),) for r in pr.whole_results}
+        results.update({r: params[i] for r, i in pr.pairs.items() if i in params})
         self.propagations += 1
         notes = {name: (pl[ax],) for name, pl in pr.pins.items()}
         got = place(pr.plan, self.mesh, notes, params, results, replicate_results=False, pinned=tuple(params))

@@ -1,0 +1,158 @@
+"""Automap: search of the placements along one mesh axis (``distir.search.automap``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+import pytest
+
+import distir
+from distir.frontends.zoo import build_model
+from distir.hardware.cluster import parse_cluster
+from distir.ir import parse_module
+from distir.ir.dtensor import Mesh, Replicate, Shard
+from distir.ir.function import Module
+from distir.parallel.distribute import distribute
+from distir.parallel.strategy import parse_strategy
+from distir.search.automap import Budget, automap, with_layout
+from distir.search.automap.layout import Collective, collectives, layout_program, simulated
+from distir.search.automap.model import HandComparison, automap_model
+from distir.search.automap.points import Problem
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+CLUSTER = parse_cluster("dgx2-v100")
+
+
+def mlp(b: int, h: int) -> Module:
+    return distir.check(
+        parse_module(f"""func @mlp(%x: Tensor[f32, ({b}, {h}), d0], %w1: Tensor[f32, ({h}, {4 * h}), d0], %w2: Tensor[f32, ({4 * h}, {h}), d0]) {{
+  %h = MatMul(%x, %w1)
+  %a = Gelu(%h)
+  %y = MatMul(%a, %w2)
+  return %y
+}}
+""")
+    )
+
+
+def test_large_mlp_finds_megatron_one_allreduce() -> None:
+    # compute dominates: column- then row-parallel, one AllReduce of the (b, h) result
+    b, h = 4096, 4096
+    r = automap(mlp(b, h), Mesh.parse("tp=4"), "tp", CLUSTER, {"x": (Replicate(),)}, budget=Budget(50), seed=1)
+    assert r.placements["w1"] == (Shard(1),)
+    assert r.placements["w2"] == (Shard(0),)
+    assert r.collectives == {"results": Counter({Collective("tp", "AllReduce", b * h * 4): 1})}
+
+
+def test_tiny_mlp_replication_is_the_answer() -> None:
+    # a few hundred FLOPs: any collective costs more than the work it would split
+    m = mlp(8, 16)
+    r = automap(m, Mesh.parse("tp=4"), "tp", CLUSTER, {"x": (Replicate(),)}, budget=Budget(50), seed=0)
+    assert r.placements["w1"] == (Replicate(),) and r.placements["w2"] == (Replicate(),)
+    assert not r.collectives
+    megatron = layout_program(r.problem.fn, r.problem.mesh, {}, {0: (Replicate(),), 1: (Shard(1),), 2: (Shard(0),)}, {})
+    assert r.simulated.step_time_s < simulated(megatron, CLUSTER).step_time_s
+
+
+def test_same_seed_same_search() -> None:
+    m = build_model("gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128", batch=8)
+    mesh = Mesh.parse("dp=2,tp=4")
+    runs = [automap_model(m, mesh, "tp", CLUSTER, batch_axis="dp", budget=Budget(25), seed=3) for _ in range(2)]
+    assert runs[0].decisions == runs[1].decisions
+    assert runs[0].placements == runs[1].placements
+    assert (runs[0].episodes, runs[0].found_episode) == (runs[1].episodes, runs[1].found_episode)
+
+
+def test_budget_is_honoured() -> None:
+    m = build_model("gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128", batch=8)
+    mesh = Mesh.parse("dp=2,tp=4")
+    r = automap_model(m, mesh, "tp", CLUSTER, batch_axis="dp", budget=Budget(episodes=7), seed=0)
+    assert r.episodes <= 7
+    r = automap_model(m, mesh, "tp", CLUSTER, batch_axis="dp", budget=Budget(episodes=None, seconds=0.0), seed=0)
+    assert r.episodes == 0
+
+
+def test_grouping_shares_decisions_of_repeated_layers() -> None:
+    m = build_model("gpt:layers=3,hidden=64,heads=4,seq=16,vocab=128", batch=8)
+    from distir.search.automap.model import training_program
+
+    grouped = Problem.build(training_program(m), Mesh.parse("tp=4"), "tp", {})
+    alone = Problem.build(training_program(m), Mesh.parse("tp=4"), "tp", {}, group=False)
+    wq = next(p for p in grouped.points if p.label == "@block_fwd:wq")
+    assert [grouped.fn.params[i].name for i in wq.params] == ["wq_0", "wq_1", "wq_2"]
+    assert len(alone.points) == len(grouped.points) + 2 * 3 * 16  # 16 block weights and 2 states, ×3 → ×1
+    assert all(len(p.params) == 1 for p in alone.points)
+
+
+def test_llama_found_layout_at_least_as_fast_as_hand() -> None:
+    m = build_model("llama:layers=2,hidden=256,heads=8,kv_heads=4,ffn=704,vocab=512,seq=64", batch=8)
+    r = automap_model(m, Mesh.parse("dp=2,tp=4"), "tp", CLUSTER, batch_axis="dp", budget=Budget(60), seed=0)
+    hand = HandComparison(r, m, CLUSTER)
+    assert hand.step_time_s is not None
+    assert r.simulated.step_time_s <= hand.step_time_s * 1.0001
+
+
+def test_found_layout_plugs_into_distribute() -> None:
+    m = build_model("gpt:layers=2,hidden=128,heads=4,seq=16,vocab=128", batch=8)
+    bare = with_layout(m, _replicated_result(m))
+    assert all(isinstance(w.tp, Replicate) for w in bare.weights)
+    r = automap_model(bare, Mesh.parse("dp=2,tp=4"), "tp", CLUSTER, batch_axis="dp", budget=Budget(30), seed=0)
+    found = with_layout(bare, r)
+    for w in found.weights:
+        assert w.tp == r.placements[w.name][1]
+    prog = distribute(found, parse_strategy("d2.t4.p1.k1"))
+    assert distir.check(prog)
+
+
+def _replicated_result(m):  # type: ignore[no-untyped-def]
+    """A stand-in result whose placements replicate every weight (a model declaring none)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        problem=SimpleNamespace(axis=1), placements={w.name: (Replicate(), Replicate()) for w in m.weights}
+    )
+
+
+def test_cli_auto_json(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from distir.cli import app
+
+    app(
+        [
+            "shard", "--model", "gpt:layers=1,hidden=64,heads=4,seq=16,vocab=128", "--mesh", "dp=2,tp=4",
+            "--auto", "tp", "--episodes", "10", "--seed", "2", "--json",
+        ],
+        standalone_mode=False,
+    )
+    got = json.loads(capsys.readouterr().out)
+    for key in ("decisions", "collectives", "seconds", "episodes", "step_time_s", "matches_hand_layout"):
+        assert key in got
+    assert got["episodes"] <= 10
+    assert got["decisions"]["ids"].startswith("S(0)")
+
+
+def test_cli_auto_on_file(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from distir.cli import app
+    from distir.ir.printer import print_module
+
+    f = tmp_path / "mlp.distir"
+    f.write_text(print_module(mlp(512, 512)))
+    app(["shard", str(f), "--mesh", "tp=4", "--auto", "tp", "--annotate", "x=R", "--episodes", "20"], standalone_mode=False)
+    out = capsys.readouterr().out
+    assert "%w1:" in out and "simulated step time" in out
+
+
+def test_cli_auto_unknown_axis_is_one_line(capsys) -> None:  # type: ignore[no-untyped-def]
+    from distir.cli import main
+    import sys
+
+    argv = sys.argv
+    sys.argv = ["distir", "shard", "--model", "gpt:layers=1,hidden=64,heads=4,seq=16,vocab=128", "--mesh", "dp=2,tp=4", "--auto", "pp"]
+    try:
+        with pytest.raises(SystemExit) as e:
+            main()
+    finally:
+        sys.argv = argv
+    assert e.value.code == 2
+    assert "no axis pp" in capsys.readouterr().err
