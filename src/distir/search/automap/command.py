@@ -65,6 +65,7 @@ def report(r: AutomapResult, hand: HandComparison | None, label: str) -> dict[st
         "baseline_step_time_s": r.baseline.step_time_s if r.baseline is not None else None,
         "gain_over_baseline": r.gain,
         "matches_hand_layout": hand.matches if hand is not None else None,
+        "matches_hand_blocks": hand.blocks_match if hand is not None else None,
         "hand_step_time_s": hand.step_time_s if hand is not None else None,
     }
 
@@ -87,6 +88,7 @@ def text(r: AutomapResult, hand: HandComparison | None) -> list[str]:
     if hand is not None and hand.matches is not None:
         lines.append(
             f"hand layout: {hand.step_time_s * 1e3 if hand.step_time_s else 0:.3f} ms; "
-            f"same collectives per layer: {'yes' if hand.matches else 'no'}"
+            f"same collectives per layer: {'yes' if hand.matches else 'no'}, "
+            f"in every block: {'yes' if hand.blocks_match else 'no'}"
         )
     return lines

@@ -110,16 +110,23 @@ def collectives(problem: Problem, legal: Module) -> dict[str, Counter[Collective
             continue
         src_t, dst_t = op.inputs[0].type, op.outputs[0].type
         assert isinstance(src_t, DTensorType) and isinstance(dst_t, DTensorType)
-        cur = list(src_t.placements)
-        for ax, p in redistribute_steps(src_t.placements, dst_t.placements):
-            kind = _kind(cur[ax], p)
-            before = _local_bytes(src_t, cur)
-            cur[ax] = p
-            if kind is not None:
-                nb = _local_bytes(src_t, cur) if kind == "AllGather" else before
-                pending.append(Collective(mesh.axes[ax][0], kind, nb))
+        pending.extend(redistribution_collectives(src_t, dst_t.placements))
     if pending:
         out.setdefault(RESULTS, Counter()).update(pending)
+    return out
+
+
+def redistribution_collectives(src: DTensorType, dst: Sequence[Placement]) -> list[Collective]:
+    """The collectives that move ``src`` to placements ``dst``, one axis at a time."""
+    out: list[Collective] = []
+    cur = list(src.placements)
+    for ax, p in redistribute_steps(src.placements, dst):
+        kind = _kind(cur[ax], p)
+        before = _local_bytes(src, cur)
+        cur[ax] = p
+        if kind is not None:
+            nb = _local_bytes(src, cur) if kind == "AllGather" else before
+            out.append(Collective(src.mesh.axes[ax][0], kind, nb))
     return out
 
 

@@ -4,9 +4,10 @@ A node is a state (``distir.search.automap.state``); its children are the action
 open decision point, tried in an order drawn from the seeded generator. An episode descends by
 UCB1 (mean reward + ``C·sqrt(ln N / n)``) through fully expanded nodes, expands one untried
 action, and scores the new state by inferring the rest from it — one memoized propagation and
-the analytic judge, the rollout Automap's "infer the rest" tactic makes cheap. The reward is
-the root's cost (nothing decided) over the state's, divided by the searched axis' size, clamped
-to [0, 1]: 1 is the ideal ``n``-fold speed-up. Subtrees with nothing left to try are closed, and
+the judge, the rollout Automap's "infer the rest" tactic makes cheap. The search optimizes (one
+player, deterministic costs), so a node is worth the best cost met below it (max-backup, not
+the mean): UCB1 reads the least cost met anywhere over that, a reward in (0, 1], 1 on the path
+to the best layout so far. Subtrees with nothing left to try are closed, and
 the search ends when the root is (every state visited), or when the budget is spent: episodes,
 or seconds. For a given seed and an episode budget it is deterministic.
 """
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from distir.search.automap.judge import Cost
 from distir.search.automap.state import Action, Outcome, Propagator
 
-EXPLORE = 0.5  # UCB1's exploration constant (rewards in [0, 1])
+EXPLORE = 0.2  # UCB1's exploration constant (rewards in (0, 1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,7 @@ class Node:
     untried: list[Action]
     children: list[Node] = field(default_factory=list)
     visits: int = 0
-    total: float = 0.0
+    best: float = math.inf  # the least cost (seconds) met below
     closed: bool = False
 
 
@@ -69,7 +70,7 @@ class Tree:
 
     def __post_init__(self) -> None:
         self.root = self._node(self.propagator.outcome(()), terminal=False)
-        self.ref = self.root.cost.seconds
+        self.lo = self.root.cost.seconds  # the least cost met
 
     def _node(self, state: Outcome, terminal: bool) -> Node:
         cost = self._score(state)
@@ -85,10 +86,6 @@ class Tree:
             self.scored[state.decisions] = got
         return got[0]
 
-    def reward(self, cost: Cost) -> float:
-        n = self.propagator.problem.size
-        return min(1.0, max(0.0, self.ref / (cost.seconds * n))) if cost.seconds > 0 else 1.0
-
     def run(self, budget: Budget) -> None:
         while not self.root.closed and not budget.spent(self.episodes, time.perf_counter() - self.started):
             self.episode()
@@ -96,12 +93,14 @@ class Tree:
     def episode(self) -> None:
         node = self.root
         path = [node]
+        lo = self.lo
         while not node.terminal and not node.untried:
+            parent = node
             node = max(
-                (c for c in node.children if not c.closed),
+                (c for c in parent.children if not c.closed),
                 key=lambda c: (
-                    c.total / max(c.visits, 1)
-                    + EXPLORE * math.sqrt(math.log(node.visits + 1) / (c.visits + 1))
+                    (lo / c.best if c.best > 0 else 1.0)
+                    + EXPLORE * math.sqrt(math.log(parent.visits + 1) / (c.visits + 1))
                 ),
             )
             path.append(node)
@@ -111,10 +110,11 @@ class Tree:
             node.children.append(child)
             path.append(child)
             node = child
-        r = self.reward(node.cost)
+        c = node.cost.seconds
+        self.lo = min(self.lo, c)
         for n in path:
             n.visits += 1
-            n.total += r
+            n.best = min(n.best, c)
         for n in reversed(path):  # close what has nothing left to try
             n.closed = n.terminal or (not n.untried and all(c.closed for c in n.children))
         self.episodes += 1

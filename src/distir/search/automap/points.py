@@ -8,7 +8,9 @@ grouping, repeated layers share one decision: a parameter passed to a layer func
 by (function, parameter position) — every instance of ``@block`` decides its ``wq`` once — and
 any other by its name scope with layer numbers erased (``m_wq_3`` and ``m_wq_7`` are ``m_wq_#``,
 ``layers.3.attn.q_proj.weight`` is ``layers.#.attn.q_proj.weight``), members of one group having
-one type. Points are ordered by their bytes, largest first (the decisions an expert takes first).
+one type. Points are ordered by their bytes, largest first (the decisions an expert takes first);
+values under ``MIN_SHARE`` of the largest point's bytes (biases, norm scales) are no decision
+points — their placement moves at most that share of bytes — and are left to propagation.
 
 Parameters that a step updates are paired with the result that replaces them (``Donation`` with
 a result, or a result named ``<param>_new`` of the same type): the pair keeps one placement, so
@@ -23,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from typing import NamedTuple
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from distir.ir.dtensor import Mesh, Placement, Replicate, Shard
@@ -36,6 +38,7 @@ from distir.ir.types import TensorType
 from distir.parallel.propagate import Plan, ShardingError
 
 ENTRY = "@entry"
+MIN_SHARE = 0.01  # decision points hold at least this share of the largest one's bytes
 _LAYER_NO = re.compile(r"(?<=[._])\d+(?=$|[._])")
 
 
@@ -88,11 +91,15 @@ class Problem:
         fixed: Mapping[str, Sequence[Placement | None]],
         group: bool = True,
         boundaries: Callable[[Flat], Mapping[str, tuple[Placement, ...]]] | None = None,
+        decide: Collection[str] | None = None,
+        repeat: float = 1.0,
     ) -> Problem:
         """The problem of searching ``axis`` of ``mesh`` for ``module``'s entry. ``fixed`` gives
         placements per parameter name, one per mesh axis; None on the searched axis leaves it to
         the search, a placement there fixes it (no decision). ``boundaries`` gives internal values
-        of the flat program fixed on every axis (by their unique names)."""
+        of the flat program fixed on every axis (by their unique names). ``decide`` limits the
+        decision points to these parameters (the others are left to propagation); ``repeat``
+        scales the bytes of grouped points in the ordering (a program standing for a deeper one)."""
         names = [a for a, _ in mesh.axes]
         if axis not in names:
             raise ShardingError(f"--auto {axis}: the mesh has no axis {axis} (axes: {', '.join(names)})")
@@ -113,8 +120,10 @@ class Problem:
             if isinstance(p.type, TensorType):
                 full.setdefault(i, tuple(None if b == ax else Replicate() for b in range(len(names))))
         plan = Plan(fn)
-        open_params = [i for i, pl in sorted(full.items()) if pl[ax] is None]
-        points = decision_points(module, fn, open_params, group)
+        open_params = [
+            i for i, pl in sorted(full.items()) if pl[ax] is None and (decide is None or fn.params[i].name in decide)
+        ]
+        points = decision_points(module, fn, open_params, group, repeat)
         pins = dict(boundaries(flat)) if boundaries is not None else {}
         return Problem(fn, plan, layers, mesh, ax, full, points, result_pairs(fn), pins)
 
@@ -172,6 +181,11 @@ def flatten(module: Module) -> Flat:
     return Flat(fn, tuple(layers), tuple(call_results))
 
 
+def scope(name: str) -> str:
+    """A name with its layer numbers erased (``wq_3`` -> ``wq_#``)."""
+    return _LAYER_NO.sub("#", name)
+
+
 def group_key(module: Module, name: str, uses: Mapping[str, tuple[str, int]]) -> str:
     """The group of parameter ``name``: ``@callee:param`` when a layer function takes it (the
     first call that does), else its name scope with layer numbers erased."""
@@ -179,11 +193,11 @@ def group_key(module: Module, name: str, uses: Mapping[str, tuple[str, int]]) ->
     if use is not None:
         callee, pos = use
         return f"@{callee}:{module[callee].params[pos].name}"
-    return _LAYER_NO.sub("#", name)
+    return scope(name)
 
 
 def decision_points(
-    module: Module, fn: Function, params: Sequence[int], group: bool
+    module: Module, fn: Function, params: Sequence[int], group: bool, repeat: float = 1.0
 ) -> tuple[DecisionPoint, ...]:
     """The decision points of the tensor parameters ``params`` of flat ``fn`` (module
     docstring); ``module``'s entry gives the layer calls that group them."""
@@ -209,8 +223,12 @@ def decision_points(
         if len(members) == 1:
             label = fn.params[members[0]].name
         points.append(DecisionPoint(label, tuple(members), t.shape, t.nbytes * len(members)))
-    points.sort(key=lambda p: (-p.nbytes, p.params[0]))
-    return tuple(points)
+    size = {id(p): p.nbytes * (repeat if len(p.params) > 1 else 1.0) for p in points}
+    points.sort(key=lambda p: (-size[id(p)], p.params[0]))
+    # values far smaller than the largest move at most their share of bytes, whatever their
+    # placement: left to propagation (settled, or replicated when the rest is inferred)
+    least = MIN_SHARE * max(size.values(), default=0.0)
+    return tuple(p for p in points if size[id(p)] >= least)
 
 
 def result_pairs(fn: Function) -> dict[int, int]:
