@@ -17,11 +17,11 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from distir.frontends.zoo import build_model  # noqa: E402
-from distir.hardware.cluster import parse_cluster  # noqa: E402
-from distir.ir.dtensor import Mesh  # noqa: E402
-from distir.search.automap import Budget  # noqa: E402
-from distir.search.automap.model import HandComparison, automap_model  # noqa: E402
+from distir.frontends.zoo import build_model
+from distir.hardware.cluster import parse_cluster
+from distir.ir.dtensor import Mesh
+from distir.search.automap import Budget
+from distir.search.automap.model import HandComparison, automap_model
 
 MODEL = "gpt:layers=24,hidden=1024,heads=16,seq=512,vocab=8192"
 
@@ -44,16 +44,20 @@ def run(spec: str, seeds: int, budget: Budget, group: bool) -> None:
             eps.append(r.found_episode + 1)
             secs.append(r.found_seconds)
         print(
-            f"  seed {seed:2d}: {'megatron' if hand.blocks_match else 'other   '}{' (all layers)' if hand.matches else '             '} episodes {r.episodes:4d} "
+            f"  seed {seed:2d}: {'megatron' if hand.blocks_match else 'other   '}"
+            f"{' (all layers)' if hand.matches else '             '} episodes {r.episodes:4d} "
             f"found at {r.found_episode + 1:4d} ({r.found_seconds:6.2f} s of {total[-1]:6.2f} s), "
             f"step {r.simulated.step_time_s * 1e3:.3f} ms = {ratio[-1]:.3f}× hand",
             flush=True,
         )
     label = "grouped" if group else "ungrouped"
-    print(f"{label}: Megatron's blocks recovered in {ok}/{seeds} seeds within {budget}; every layer in {all_ok}")
+    print(
+        f"{label}: Megatron's blocks recovered in {ok}/{seeds} seeds within {budget}; every layer in {all_ok}"
+    )
     if eps:
-        print(f"  median episodes to it {statistics.median(eps):g}, median seconds to it {statistics.median(secs):.2f}")
-    print(f"  median search seconds {statistics.median(total):.2f}; median step time vs hand {statistics.median(ratio):.3f}")
+        print(f"  median episodes to it {statistics.median(eps):g}, seconds {statistics.median(secs):.2f}")
+    print(f"  median search seconds {statistics.median(total):.2f}", end="; ")
+    print(f"median step time vs hand {statistics.median(ratio):.3f}")
 
 
 def main() -> None:

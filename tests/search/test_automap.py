@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -17,7 +18,7 @@ from distir.ir.function import Module
 from distir.parallel.distribute import distribute
 from distir.parallel.strategy import parse_strategy
 from distir.search.automap import Budget, automap, with_layout
-from distir.search.automap.layout import Collective, collectives, layout_program, simulated
+from distir.search.automap.layout import Collective, layout_program, simulated
 from distir.search.automap.model import HandComparison, automap_model
 from distir.search.automap.points import Problem
 
@@ -26,8 +27,11 @@ CLUSTER = parse_cluster("dgx2-v100")
 
 
 def mlp(b: int, h: int) -> Module:
+    """A two-layer MLP program (no placements declared anywhere)."""
+    params = f"%x: Tensor[f32, ({b}, {h}), d0], %w1: Tensor[f32, ({h}, {4 * h}), d0], "
+    params += f"%w2: Tensor[f32, ({4 * h}, {h}), d0]"
     return distir.check(
-        parse_module(f"""func @mlp(%x: Tensor[f32, ({b}, {h}), d0], %w1: Tensor[f32, ({h}, {4 * h}), d0], %w2: Tensor[f32, ({4 * h}, {h}), d0]) {{
+        parse_module(f"""func @mlp({params}) {{
   %h = MatMul(%x, %w1)
   %a = Gelu(%h)
   %y = MatMul(%a, %w2)
@@ -40,7 +44,9 @@ def mlp(b: int, h: int) -> Module:
 def test_large_mlp_finds_megatron_one_allreduce() -> None:
     # compute dominates: column- then row-parallel, one AllReduce of the (b, h) result
     b, h = 4096, 4096
-    r = automap(mlp(b, h), Mesh.parse("tp=4"), "tp", CLUSTER, {"x": (Replicate(),)}, budget=Budget(50), seed=1)
+    r = automap(
+        mlp(b, h), Mesh.parse("tp=4"), "tp", CLUSTER, {"x": (Replicate(),)}, budget=Budget(50), seed=1
+    )
     assert r.placements["w1"] == (Shard(1),)
     assert r.placements["w2"] == (Shard(0),)
     assert r.collectives == {"results": Counter({Collective("tp", "AllReduce", b * h * 4): 1})}
@@ -52,14 +58,18 @@ def test_tiny_mlp_replication_is_the_answer() -> None:
     r = automap(m, Mesh.parse("tp=4"), "tp", CLUSTER, {"x": (Replicate(),)}, budget=Budget(50), seed=0)
     assert r.placements["w1"] == (Replicate(),) and r.placements["w2"] == (Replicate(),)
     assert not r.collectives
-    megatron = layout_program(r.problem.fn, r.problem.mesh, {}, {0: (Replicate(),), 1: (Shard(1),), 2: (Shard(0),)}, {})
+    megatron = layout_program(
+        r.problem.fn, r.problem.mesh, {}, {0: (Replicate(),), 1: (Shard(1),), 2: (Shard(0),)}, {}
+    )
     assert r.simulated.step_time_s < simulated(megatron, CLUSTER).step_time_s
 
 
 def test_same_seed_same_search() -> None:
     m = build_model("gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128", batch=8)
     mesh = Mesh.parse("dp=2,tp=4")
-    runs = [automap_model(m, mesh, "tp", CLUSTER, batch_axis="dp", budget=Budget(10), seed=3) for _ in range(2)]
+    runs = [
+        automap_model(m, mesh, "tp", CLUSTER, batch_axis="dp", budget=Budget(10), seed=3) for _ in range(2)
+    ]
     assert runs[0].decisions == runs[1].decisions
     assert runs[0].placements == runs[1].placements
     assert (runs[0].episodes, runs[0].found_episode) == (runs[1].episodes, runs[1].found_episode)
@@ -70,7 +80,9 @@ def test_budget_is_honoured() -> None:
     mesh = Mesh.parse("dp=2,tp=4")
     r = automap_model(m, mesh, "tp", CLUSTER, batch_axis="dp", budget=Budget(episodes=4), seed=0)
     assert r.episodes <= 4
-    r = automap_model(m, mesh, "tp", CLUSTER, batch_axis="dp", budget=Budget(episodes=None, seconds=0.0), seed=0)
+    r = automap_model(
+        m, mesh, "tp", CLUSTER, batch_axis="dp", budget=Budget(episodes=None, seconds=0.0), seed=0
+    )
     assert r.episodes == 0
 
 
@@ -97,24 +109,29 @@ def test_llama_found_layout_at_least_as_fast_as_hand() -> None:
 
 
 def test_found_layout_plugs_into_distribute() -> None:
-    m = build_model("gpt:layers=2,hidden=128,heads=4,seq=16,vocab=128", batch=8)
-    bare = with_layout(m, _replicated_result(m))
-    assert all(isinstance(w.tp, Replicate) for w in bare.weights)
-    r = automap_model(bare, Mesh.parse("dp=2,tp=4"), "tp", CLUSTER, batch_axis="dp", budget=Budget(30), seed=0)
-    found = with_layout(bare, r)
-    for w in found.weights:
-        assert w.tp == r.placements[w.name][1]
-    prog = distribute(found, parse_strategy("d2.t4.p1.k1"))
-    assert distir.check(prog)
-
-
-def _replicated_result(m):  # type: ignore[no-untyped-def]
-    """A stand-in result whose placements replicate every weight (a model declaring none)."""
-    from types import SimpleNamespace
-
-    return SimpleNamespace(
-        problem=SimpleNamespace(axis=1), placements={w.name: (Replicate(), Replicate()) for w in m.weights}
+    declared = build_model("gpt:layers=2,hidden=1024,heads=16,seq=512,vocab=8192", batch=16)
+    bare = replace(declared, weights=tuple(replace(w, tp=Replicate()) for w in declared.weights))
+    r = automap_model(
+        bare, Mesh.parse("dp=2,tp=4"), "tp", CLUSTER, batch_axis="dp", budget=Budget(12), seed=0
     )
+    found = with_layout(bare, r)
+    assert [w.tp for w in found.weights] == [r.placements[w.name][1] for w in bare.weights]
+    assert any(isinstance(w.tp, Shard) for w in found.weights)
+    assert distir.check(distribute(found, parse_strategy("d2.t4.p1.k1")))
+
+
+def test_deep_gpt_recovers_megatron_blocks() -> None:
+    # the bench's question at 4 blocks (searched on the two-block form, extrapolated): every
+    # block has the hand layout's collectives, and the step is at least as fast as the hand one
+    m = build_model("gpt:layers=4,hidden=1024,heads=16,seq=512,vocab=8192", batch=16)
+    r = automap_model(m, Mesh.parse("dp=2,tp=4"), "tp", CLUSTER, batch_axis="dp", budget=Budget(40), seed=0)
+    hand = HandComparison(r, m, CLUSTER)
+    assert hand.blocks_match
+    assert hand.step_time_s is not None and r.simulated.step_time_s <= hand.step_time_s * 1.0001
+    for i in range(4):
+        assert r.placements[f"w1_{i}"][1] == Shard(1) and r.placements[f"w2_{i}"][1] == Shard(0)
+        assert r.placements[f"wq_{i}"][1] == Shard(1) and r.placements[f"wo_{i}"][1] == Shard(0)
+    assert r.gain is not None and r.gain > 1
 
 
 def test_cli_auto_json(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -122,8 +139,18 @@ def test_cli_auto_json(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def
 
     app(
         [
-            "shard", "--model", "gpt:layers=1,hidden=64,heads=4,seq=16,vocab=128", "--mesh", "dp=2,tp=4",
-            "--auto", "tp", "--episodes", "10", "--seed", "2", "--json",
+            "shard",
+            "--model",
+            "gpt:layers=1,hidden=64,heads=4,seq=16,vocab=128",
+            "--mesh",
+            "dp=2,tp=4",
+            "--auto",
+            "tp",
+            "--episodes",
+            "10",
+            "--seed",
+            "2",
+            "--json",
         ],
         standalone_mode=False,
     )
@@ -140,17 +167,30 @@ def test_cli_auto_on_file(tmp_path, capsys) -> None:  # type: ignore[no-untyped-
 
     f = tmp_path / "mlp.distir"
     f.write_text(print_module(mlp(512, 512)))
-    app(["shard", str(f), "--mesh", "tp=4", "--auto", "tp", "--annotate", "x=R", "--episodes", "20"], standalone_mode=False)
+    app(
+        ["shard", str(f), "--mesh", "tp=4", "--auto", "tp", "--annotate", "x=R", "--episodes", "20"],
+        standalone_mode=False,
+    )
     out = capsys.readouterr().out
     assert "%w1:" in out and "simulated step time" in out
 
 
 def test_cli_auto_unknown_axis_is_one_line(capsys) -> None:  # type: ignore[no-untyped-def]
-    from distir.cli import main
     import sys
 
+    from distir.cli import main
+
     argv = sys.argv
-    sys.argv = ["distir", "shard", "--model", "gpt:layers=1,hidden=64,heads=4,seq=16,vocab=128", "--mesh", "dp=2,tp=4", "--auto", "pp"]
+    sys.argv = [
+        "distir",
+        "shard",
+        "--model",
+        "gpt:layers=1,hidden=64,heads=4,seq=16,vocab=128",
+        "--mesh",
+        "dp=2,tp=4",
+        "--auto",
+        "pp",
+    ]
     try:
         with pytest.raises(SystemExit) as e:
             main()

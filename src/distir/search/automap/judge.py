@@ -160,25 +160,25 @@ class AnalyticJudge:
                 moved += redistribution_bytes(tv, have, want, n) / shards.get(v, 1)
         # results: whole, or as the parameter they replace
         fn = pr.fn
-        targets = [(r, Replicate()) for r in pr.whole_results]
+        targets: list[tuple[int, Placement]] = [(r, Replicate()) for r in pr.whole_results]
         targets += [(r, pl[fn.params[i]][0]) for r, i in pr.pairs.items()]
         for r, want in targets:
-            v = fn.outputs[r]
-            have = pl[v][0]
-            tv = types[v]
-            if have != want and isinstance(tv, TensorType):
-                local = tv.nbytes / shards.get(v, 1)
-                seconds += move_seconds(self.cluster, tp_group, local, have, want)
-                moved += redistribution_bytes(tv, have, want, n) / shards.get(v, 1)
+            out = fn.outputs[r]
+            got = pl[out][0]
+            to = types[out]
+            if got != want and isinstance(to, TensorType):
+                local = to.nbytes / shards.get(out, 1)
+                seconds += move_seconds(self.cluster, tp_group, local, got, want)
+                moved += redistribution_bytes(to, got, want, n) / shards.get(out, 1)
         for b, v, tv, have, want in self.fixed_moves:
             split = n if isinstance(pl[v][0], Shard) else 1
             seconds += move_seconds(self.cluster, self.groups[b], tv.nbytes / split, have, want)
             moved += redistribution_bytes(tv, have, want, pr.mesh.axes[b][1]) / split
         memory = 0.0
         for v in plan.tensors:
-            t = types[v]
-            if isinstance(t, TensorType):
-                memory += t.nbytes / shards.get(v, 1) / (n if isinstance(pl[v][0], Shard) else 1)
+            vt = types[v]
+            if isinstance(vt, TensorType):
+                memory += vt.nbytes / shards.get(v, 1) / (n if isinstance(pl[v][0], Shard) else 1)
         if memory > self.capacity:
             seconds *= 1 + OVER_CAPACITY * (memory / self.capacity - 1)
         return Cost(seconds, moved, memory)

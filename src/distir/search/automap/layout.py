@@ -96,7 +96,6 @@ def _kind(src: Placement, dst: Placement) -> str | None:
 
 def collectives(problem: Problem, legal: Module) -> dict[str, Counter[Collective]]:
     """Per layer, its collectives (module docstring); layers without any are left out."""
-    mesh = problem.mesh
     layers = problem.layers
     out: dict[str, Counter[Collective]] = {}
     pending: list[Collective] = []

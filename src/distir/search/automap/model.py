@@ -18,11 +18,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from distir.autodiff.reverse import value_types
 from distir.autodiff.train import Optimizer, training_step
 from distir.frontends.zoo.model import Model
 from distir.frontends.zoo.registry import FAMILIES
 from distir.hardware.cluster import Cluster
-from distir.autodiff.reverse import value_types
 from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, Replicate, Shard
 from distir.ir.function import Function, Module
 from distir.ir.types import Type
@@ -193,9 +193,7 @@ class ModelJudge:
     def layout(self, state: Outcome) -> tuple[Placement, ...]:
         """Per weight, its placement along the searched axis in ``state`` (a sum: replicated)."""
         pl = state.placed.placed
-        return tuple(
-            Replicate() if isinstance(p := pl[v][0], Partial) else p for v in self.weight_params
-        )
+        return tuple(Replicate() if isinstance(p := pl[v][0], Partial) else p for v in self.weight_params)
 
     def with_tp(self, tp: tuple[Placement, ...], model: Model | None = None) -> Model:
         """``model`` (default: the judged one) with the weights' placements ``tp`` (by name
@@ -278,7 +276,9 @@ class HandComparison:
         self.collectives = judge.collectives(tp)
         self.matches = self.collectives == result.collectives
         e = ends(model, len(model.layers))
-        blocks = {f"@{c.callee}[{i}]" for i, c in enumerate(model.layers) if e.pre <= i < len(model.layers) - e.post}
+        blocks = {
+            f"@{c.callee}[{i}]" for i, c in enumerate(model.layers) if e.pre <= i < len(model.layers) - e.post
+        }
         self.blocks_match = {k: v for k, v in self.collectives.items() if k in blocks} == {
             k: v for k, v in result.collectives.items() if k in blocks
         }

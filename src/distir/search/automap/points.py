@@ -23,18 +23,17 @@ split of the inputs), replicated otherwise.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
-from typing import NamedTuple
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
+from distir.ir.builder import FunctionBuilder
 from distir.ir.dtensor import Mesh, Placement, Replicate, Shard
 from distir.ir.function import Function, Module
-from distir.ir.builder import FunctionBuilder
 from distir.ir.ops import Call, Instr
 from distir.ir.rewrite import ValueMap, copy_instr
-from distir.ir.values import Value
 from distir.ir.types import TensorType
+from distir.ir.values import Value
 from distir.parallel.propagate import Plan, ShardingError
 
 ENTRY = "@entry"
@@ -76,7 +75,11 @@ class Problem:
     def whole_results(self) -> tuple[int, ...]:
         """The results that replace no parameter: whole along the searched axis (what the
         program returns is the program's, however it is sharded)."""
-        return tuple(r for r, v in enumerate(self.fn.outputs) if r not in self.pairs and isinstance(self.plan.types.get(v), TensorType))
+        return tuple(
+            r
+            for r, v in enumerate(self.fn.outputs)
+            if r not in self.pairs and isinstance(self.plan.types.get(v), TensorType)
+        )
 
     @property
     def size(self) -> int:
@@ -121,7 +124,9 @@ class Problem:
                 full.setdefault(i, tuple(None if b == ax else Replicate() for b in range(len(names))))
         plan = Plan(fn)
         open_params = [
-            i for i, pl in sorted(full.items()) if pl[ax] is None and (decide is None or fn.params[i].name in decide)
+            i
+            for i, pl in sorted(full.items())
+            if pl[ax] is None and (decide is None or fn.params[i].name in decide)
         ]
         points = decision_points(module, fn, open_params, group, repeat)
         pins = dict(boundaries(flat)) if boundaries is not None else {}

@@ -98,7 +98,12 @@ def automap(
     best: tuple[tuple[bool, float, float], Outcome, Cost, Simulated, Module, int, float] | None = None
     for cost, state, ep, sec in ranked[:FINALISTS]:
         legal = layout_program(
-            problem.fn, problem.mesh, problem.pairs, layout_annotations(problem, state.placed), problem.pins, outs
+            problem.fn,
+            problem.mesh,
+            problem.pairs,
+            layout_annotations(problem, state.placed),
+            problem.pins,
+            outs,
         )
         sim = simulated(legal, cluster)
         key = (not sim.fits, sim.step_time_s, cost.comm_bytes)
@@ -156,7 +161,9 @@ def baseline(
         dp_outs = {r: tuple(p for k, p in enumerate(pl) if k != ax) for r, pl in outs.items()}
         legal = layout_program(problem.fn, dp_mesh, problem.pairs, params, pins, dp_outs)
         return simulated(legal, cluster), f"data parallel over {len(dp_mesh.devices)} devices"
-    legal = layout_program(problem.fn, mesh, problem.pairs, layout_annotations(problem, None), problem.pins, outs)
+    legal = layout_program(
+        problem.fn, mesh, problem.pairs, layout_annotations(problem, None), problem.pins, outs
+    )
     return simulated(legal, cluster), f"{names[ax]} replicated"
 
 

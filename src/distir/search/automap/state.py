@@ -9,7 +9,8 @@ decision points propagation left open are the state's worklist; those it placed 
 never offered. Which points propagation settles is decided by Automap's conservative
 propagation (``settle``: a value is placed only when every consistent strategy agrees), not by
 ``place``'s fixed point, which fills a value from the first consistent strategy even when
-others are too; settled points are then annotated as if decided. Outcomes are memoized per decision set: search trees meet them again and again.
+others are too; settled points are then annotated as if decided. Outcomes are memoized per
+decision set: search trees meet them again and again.
 
 An **action** decides the first open point (points are ordered by bytes, so each decision set is
 reached by one sequence of actions), or infers the rest (``INFER``): the state is final, its
@@ -24,8 +25,7 @@ from typing import NamedTuple
 
 from distir.ir.dtensor import Mesh, Partial, Placement, Replicate
 from distir.ir.values import Value
-from distir.parallel.propagate import Plan
-from distir.parallel.propagate import Placed, place
+from distir.parallel.propagate import Placed, Plan, place
 from distir.search.automap.points import Problem
 
 
@@ -60,7 +60,7 @@ def settle(plan: Plan, n: int, known: Mapping[Value, Placement]) -> dict[Value, 
     same shard or sum; to a fixed point (a worklist of the ops around each newly placed value).
     Replication constrains nothing (as PartIR's untiled values): a replicated value may always
     be redistributed, so it is neither a premise nor a conclusion."""
-    placed = {v: p for v, p in known.items() if not isinstance(p, Replicate)}
+    placed: dict[Value, Placement] = {v: p for v, p in known.items() if not isinstance(p, Replicate)}
     tensors = set(plan.tensors)
     fills = plan.fill(n)
     users: dict[Value, list[int]] = {}
@@ -88,7 +88,12 @@ def settle(plan: Plan, n: int, known: Mapping[Value, Placement]) -> dict[Value, 
         if not rows:
             continue
         for i, (v, c) in enumerate(zip(vals, cur, strict=True)):
-            if c is None and v in tensors and type(rows[0][i]) is not Replicate and all(row[i] == rows[0][i] for row in rows):
+            if (
+                c is None
+                and v in tensors
+                and type(rows[0][i]) is not Replicate
+                and all(row[i] == rows[0][i] for row in rows)
+            ):
                 placed[v] = rows[0][i]
                 for u in users[v]:
                     if u not in queued:
@@ -126,8 +131,9 @@ class Propagator:
         fn = pr.fn
         params: dict[int, tuple[Placement, ...]] = {}
         for i, places in pr.fixed.items():
-            if places[ax] is not None:
-                params[i] = (places[ax],)
+            p = places[ax]
+            if p is not None:
+                params[i] = (p,)
         for k, pl in decisions:
             for i in pr.points[k].params:
                 params[i] = (pl,)
