@@ -233,6 +233,14 @@ def simulate(
     batch: Annotated[
         int | None, typer.Option("--batch", min=1, help="Samples per step (with --model: the global batch).")
     ] = None,
+    tp_layout: Annotated[
+        str,
+        typer.Option(
+            "--tp-layout",
+            help="With --model: declared (the weights' tensor-parallel placements) or auto (found by "
+            "search, as distir shard --auto).",
+        ),
+    ] = "declared",
     entry: EntryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
@@ -259,7 +267,7 @@ def simulate(
     source: str
     if model is not None:
         built = _model_program(
-            model, strategy, batch, train, optimizer, dtype, debug, precision, cluster, bucket_mb
+            model, strategy, batch, train, optimizer, dtype, debug, precision, cluster, bucket_mb, tp_layout
         )
         m, dmap0, source, batch, model_flops = built
     else:
@@ -359,6 +367,7 @@ def _model_program(
     precision: str = "pure",
     cluster: str | None = None,
     bucket_mb: float = 25.0,
+    tp_layout: str = "declared",
 ) -> ModelProgram:
     """Build zoo model ``spec`` in ``dtype`` and distribute it with ``precision`` (pure, or mixed:
     fp32 masters). With a ``cluster`` that has the
@@ -389,6 +398,10 @@ def _model_program(
         b = batch if batch is not None else 8 * st.d * st.k
         prec = Precision.parse(precision)
         mod = build_model(spec, batch=b, dtype=dt)
+        if tp_layout != "declared":
+            from distir.search.automap.command import auto_layout
+
+            mod = auto_layout(mod, st, tp_layout, cluster)
         times = None
         if cluster is not None:
             try:

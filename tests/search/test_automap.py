@@ -198,3 +198,20 @@ def test_cli_auto_unknown_axis_is_one_line(capsys) -> None:  # type: ignore[no-u
         sys.argv = argv
     assert e.value.code == 2
     assert "no axis pp" in capsys.readouterr().err
+
+
+def test_simulate_tp_layout_auto(capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # a found layout plugs in where the declared one does: at least as fast (the search's judge
+    # is this very simulation, and the declared layout is one of the layouts it can reach)
+    from distir.cli import app
+    from distir.search.automap import command
+
+    monkeypatch.setattr(command, "AUTO_EPISODES", 40)
+
+    times = {}
+    for how in ("declared", "auto"):
+        args = ["simulate", "--model", "gpt:layers=2,hidden=1024,heads=16,seq=512,vocab=8192"]
+        args += ["--strategy", "d2.t4.p1.k1", "--batch", "16", "--tp-layout", how, "--json"]
+        app(args, standalone_mode=False)
+        times[how] = json.loads(capsys.readouterr().out)["step_time_s"]
+    assert times["auto"] <= times["declared"] * 1.0001

@@ -2,20 +2,27 @@
 report it — the decisions, every parameter's placements, the collectives per layer (layers with
 equal ones merged), the simulated step time and the gain over data parallelism alone, and for a
 model that declares its own tensor-parallel placements whether the found layout has the same
-collectives in every layer (``matches_hand_layout``)."""
+collectives in every layer (``matches_hand_layout``) and in every block (``matches_hand_blocks``).
+Also ``--tp-layout auto`` of ``distir simulate --model``: the model with the found placements
+(``auto_layout``)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from distir.frontends.zoo.model import Model
-from distir.hardware.cluster import Cluster
-from distir.ir.dtensor import Mesh, Placement, format_placements
+from distir.frontends.zoo.model import Model, ModelError
+from distir.hardware.cluster import Cluster, parse_cluster
+from distir.hardware.specs import HardwareError
+from distir.ir.dtensor import Mesh, Placement, Replicate, format_placements
 from distir.ir.function import Module
+from distir.parallel.strategy import Strategy
 from distir.search.automap.layout import summarize
 from distir.search.automap.mcts import Budget
 from distir.search.automap.model import HandComparison, automap_model
-from distir.search.automap.search import AutomapResult, automap
+from distir.search.automap.search import AutomapResult, automap, with_layout
+
+AUTO_EPISODES, AUTO_SECONDS = 200, 10.0  # ``--tp-layout auto``'s search budget
 
 
 def run_auto(
@@ -92,3 +99,21 @@ def text(r: AutomapResult, hand: HandComparison | None) -> list[str]:
             f"in every block: {'yes' if hand.blocks_match else 'no'}"
         )
     return lines
+
+
+def auto_layout(model: Model, strategy: Strategy, how: str, cluster: str | None) -> Model:
+    """``model`` with the tensor-parallel placements ``--tp-layout auto`` finds for the
+    strategy's (d, t) on ``cluster`` (default dgx2-v100), searched from none declared; the
+    model itself when t is 1."""
+    if how != "auto":
+        raise ModelError(f"--tp-layout must be declared or auto, got {how!r}")
+    if strategy.t == 1:
+        return model
+    bare = replace(model, weights=tuple(replace(w, tp=Replicate()) for w in model.weights))
+    mesh = Mesh.parse(f"dp={strategy.d},tp={strategy.t}")
+    try:
+        cl = parse_cluster(cluster or "dgx2-v100")
+    except HardwareError:
+        cl = parse_cluster("dgx2-v100")  # the caller reports its cluster's error
+    found = automap_model(bare, mesh, "tp", cl, batch_axis="dp", budget=Budget(AUTO_EPISODES, AUTO_SECONDS))
+    return with_layout(bare, found)
