@@ -20,6 +20,7 @@ from distir.parallel.strategy import Strategy
 from distir.search.automap.layout import summarize
 from distir.search.automap.mcts import Budget
 from distir.search.automap.model import HandComparison, automap_model
+from distir.search.automap.points import scope
 from distir.search.automap.search import AutomapResult, automap, with_layout
 
 AUTO_EPISODES, AUTO_SECONDS = 200, 10.0  # ``--tp-layout auto``'s search budget
@@ -84,7 +85,12 @@ def text(r: AutomapResult, hand: HandComparison | None) -> list[str]:
     lines.append("decisions:" if r.decisions else "decisions: none (everything inferred)")
     lines += [f"  {name} -> {p}" for name, p in r.decisions]
     lines.append("placements (" + ", ".join(a for a, _ in r.problem.mesh.axes) + "):")
-    lines += [f"  %{name}: [{format_placements(pl)}]" for name, pl in r.placements.items()]
+    alike: dict[tuple[str, tuple[Placement, ...]], list[str]] = {}
+    for name, pl in r.placements.items():  # repeated layers' values alike: one line
+        alike.setdefault((scope(name), pl), []).append(name)
+    for (_, pl), names in alike.items():
+        what = f"%{names[0]}" if len(names) == 1 else f"%{names[0]} … %{names[-1]} ({len(names)})"
+        lines.append(f"  {what}: [{format_placements(pl)}]")
     lines.append("collectives per layer:")
     for first, count, cs in summarize(r.collectives):
         what = ", ".join(f"{k}× {c}" for c, k in cs)

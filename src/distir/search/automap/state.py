@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from distir.ir.dtensor import Mesh, Partial, Placement, Replicate
+from distir.ir.dtensor import Mesh, Partial, Placement, Replicate, Shard
 from distir.ir.values import Value
 from distir.parallel.propagate import Placed, Plan, place
 from distir.search.automap.points import Problem
@@ -146,7 +146,9 @@ class Propagator:
         for k, pt in enumerate(pr.points):
             if k in decided:
                 continue
-            if all(fn.params[i] in settled for i in pt.params):
+            if all(
+                fn.params[i] in settled and not self._clashes(i, settled[fn.params[i]]) for i in pt.params
+            ):
                 for i in pt.params:  # settled by propagation: annotated as if decided
                     params[i] = (settled[fn.params[i]],)
             else:
@@ -158,9 +160,22 @@ class Propagator:
         got = place(pr.plan, self.mesh, notes, params, results, replicate_results=False, pinned=tuple(params))
         return Outcome(decisions, got, tuple(open_points))
 
+    def _clashes(self, i: int, p: Placement) -> bool:
+        """Whether parameter ``i`` placed ``p`` on the searched axis shards a dim another axis
+        shards."""
+        pr = self.problem
+        return isinstance(p, Shard) and any(q == p for b, q in enumerate(pr.fixed[i]) if b != pr.axis)
+
     def actions(self, state: Outcome) -> list[Action]:
-        """``INFER``, then every placement of the first open point (none when nothing is open)."""
+        """``INFER``, then every placement of the first open point (none when nothing is open)
+        but shards of a dim another axis shards."""
         if not state.open:
             return []
+        pr = self.problem
         k = state.open[0]
-        return [INFER, *(Action(k, p) for p in self.problem.points[k].options(self.problem.size))]
+        pt = pr.points[k]
+        # a dim another axis shards is not offered (one dim along two axes: not supported)
+        taken = {
+            p for i in pt.params for b, p in enumerate(pr.fixed[i]) if b != pr.axis and isinstance(p, Shard)
+        }
+        return [INFER, *(Action(k, p) for p in pt.options(pr.size) if p not in taken)]
