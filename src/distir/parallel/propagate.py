@@ -146,9 +146,6 @@ class Placed:
     strategies: dict[Op, tuple[Strategy, ...]]
     conflicts: list[Conflict]
     ids: dict[Value, int]  # per placed value, the id of its placements (``_pt_id``)
-    # the values the fixed point left unknown on some axis (then replicated): what annotations
-    # and propagation leave open (Automap's worklist)
-    guessed: set[Value] = field(default_factory=set)
 
 
 def place(
@@ -266,7 +263,6 @@ def place(
                     else:
                         stuck_j[ax] = known
         open_ops = [j for j in open_ops if not all(done[j])]
-    guessed = {v for v, ps in placed.items() if None in ps}
     for ps in placed.values():
         for ax in range(len(ps)):
             if ps[ax] is None:
@@ -305,7 +301,7 @@ def place(
         for ax, have in moved:
             conflicts.append(Conflict(op, mesh.axes[ax][0], have, chosen[ax]))
         strategies[op] = chosen
-    return Placed(plan, placed, strategies, conflicts, ids, guessed)  # type: ignore[arg-type]
+    return Placed(plan, placed, strategies, conflicts, ids)  # type: ignore[arg-type]
 
 
 def _typed(
