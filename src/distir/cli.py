@@ -235,6 +235,14 @@ def simulate(
     batch: Annotated[
         int | None, typer.Option("--batch", min=1, help="Samples per step (with --model: the global batch).")
     ] = None,
+    tp_layout: Annotated[
+        str,
+        typer.Option(
+            "--tp-layout",
+            help="With --model: declared (the weights' tensor-parallel placements) or auto (found by "
+            "search, as distir shard --auto).",
+        ),
+    ] = "declared",
     entry: EntryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
@@ -261,7 +269,7 @@ def simulate(
     source: str
     if model is not None:
         built = _model_program(
-            model, strategy, batch, train, optimizer, dtype, debug, precision, cluster, bucket_mb
+            model, strategy, batch, train, optimizer, dtype, debug, precision, cluster, bucket_mb, tp_layout
         )
         m, dmap0, source, batch, model_flops = built
     else:
@@ -373,6 +381,7 @@ def _model_program(
     precision: str = "pure",
     cluster: str | None = None,
     bucket_mb: float = 25.0,
+    tp_layout: str = "declared",
 ) -> ModelProgram:
     """Build zoo model ``spec`` in ``dtype`` and distribute it with ``precision`` (pure, or mixed:
     fp32 masters). With a ``cluster`` that has the
@@ -403,6 +412,10 @@ def _model_program(
         b = batch if batch is not None else 8 * st.d * st.k
         prec = Precision.parse(precision)
         mod = build_model(spec, batch=b, dtype=dt)
+        if tp_layout != "declared":
+            from distir.search.automap.command import auto_layout
+
+            mod = auto_layout(mod, st, tp_layout, cluster)
         times = None
         if cluster is not None:
             try:
@@ -551,8 +564,31 @@ def _print_run(d: dict[str, Any]) -> None:
 
 @app.command()
 def shard(
-    file: FileArg,
+    file: Annotated[
+        Path | None, typer.Argument(help="A .distir program file (or --model with --auto).")
+    ] = None,
     mesh: Annotated[str, typer.Option("--mesh", help="Mesh axes, e.g. tp=2 or dp=2,tp=4.")] = "tp=2",
+    model: Annotated[
+        str | None, typer.Option("--model", help="With --auto: a zoo model (its training step).")
+    ] = None,
+    auto: Annotated[
+        str | None,
+        typer.Option("--auto", help="Search the placements along this mesh axis (Automap), e.g. tp."),
+    ] = None,
+    episodes: Annotated[int, typer.Option("--episodes", min=1, help="With --auto: search episodes.")] = 200,
+    seconds: Annotated[
+        float | None, typer.Option("--seconds", min=0.0, help="With --auto: search seconds at most.")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="With --auto: the search's seed.")] = 0,
+    no_group: Annotated[
+        bool, typer.Option("--no-group", help="With --auto: one decision per layer, not per repeated layer.")
+    ] = False,
+    cluster: Annotated[
+        str, typer.Option("--cluster", help="With --auto: the cluster that judges.")
+    ] = "dgx2-v100",
+    batch: Annotated[
+        int | None, typer.Option("--batch", min=1, help="With --model: the global batch.")
+    ] = None,
     devices: Annotated[
         str | None, typer.Option("--devices", help="Mesh devices in row-major order (default d0, d1, ...).")
     ] = None,
@@ -576,6 +612,27 @@ def shard(
     from distir.parallel.optimize import sink_reductions
     from distir.parallel.propagate import ShardingError, propagate
 
+    if auto is not None:
+        _shard_auto(
+            file,
+            model,
+            mesh,
+            devices,
+            annotate,
+            auto,
+            episodes,
+            seconds,
+            seed,
+            not no_group,
+            cluster,
+            batch,
+            entry,
+            json_out,
+            debug,
+        )
+        return
+    if file is None:
+        _fail("shard: give a program FILE (--model needs --auto)")
     stages = ("propagate", "legalize", "optimize", "materialize", "ranks")
     if stage not in stages:
         _fail(f"shard: --stage must be one of {', '.join(stages)}, got {stage!r}")
@@ -633,6 +690,74 @@ def shard(
             out.print(g["text"], markup=False)
     else:
         out.print(result["text"], end="", markup=False)
+
+
+def _shard_auto(
+    file: Path | None,
+    model: str | None,
+    mesh: str,
+    devices: str | None,
+    annotate: list[str] | None,
+    axis: str,
+    episodes: int,
+    seconds: float | None,
+    seed: int,
+    group: bool,
+    cluster: str,
+    batch: int | None,
+    entry: str | None,
+    json_out: bool,
+    debug: bool,
+) -> None:
+    """``distir shard --auto AXIS`` (``distir.search.automap.command``)."""
+    from distir.autodiff.reverse import AutodiffError
+    from distir.frontends.zoo import build_model
+    from distir.frontends.zoo.model import Model, ModelError
+    from distir.hardware.cluster import parse_cluster
+    from distir.hardware.specs import HardwareError
+    from distir.ir.dtensor import Mesh
+    from distir.ir.types import IRTypeError
+    from distir.parallel.propagate import ShardingError, parsed_placements
+    from distir.search.automap.command import report, run_auto, text
+    from distir.search.automap.mcts import Budget
+
+    if (file is None) == (model is None):
+        _fail(
+            "shard --auto: give a program FILE or --model, not both"
+            if file
+            else "shard --auto: give a program FILE or --model"
+        )
+    try:
+        mesh_v = Mesh.parse(mesh, devices)
+        cl = parse_cluster(cluster)
+        fixed: dict[str, tuple[Any, ...]] = {}
+        for a in annotate or []:
+            name, eq, places = a.partition("=")
+            if not eq:
+                raise ShardingError(f"annotation {a!r} is not like x=S(0),R")
+            fixed[name.strip().lstrip("%")] = parsed_placements(places)
+        source: Any
+        if model is not None:
+            if annotate:
+                raise ShardingError("--annotate applies to a program file, not to --model")
+            source = build_model(model, batch or 8 * len(mesh_v.devices))
+            label = model
+        else:
+            assert file is not None
+            s = _Session(file, debug)
+            source = s.guard(lambda: distir.check(s.load(entry)))
+            label = str(file)
+        result, hand = run_auto(source, mesh_v, axis, cl, fixed, Budget(episodes, seconds), seed, group)
+    except (ShardingError, IRTypeError, ModelError, HardwareError, AutodiffError) as e:
+        if debug:
+            traceback.print_exc()
+        _fail(f"{label if 'label' in locals() else (file or model)}: {e}")
+    if json_out:
+        _emit_json(report(result, hand, label))
+        return
+    _ = Model  # the model type is what ``run_auto`` dispatches on
+    for line in text(result, hand):
+        out.print(line, markup=False)
 
 
 @app.command()
