@@ -1,4 +1,4 @@
-"""Fused attention and rotary position embedding: Attention, AttentionGrad, Rope.
+"""Fused attention and rotary position embedding: Attention, AttentionGrad, AttentionMerge, Rope.
 
 ``out, lse = Attention(q, k, v; causal, scale, dropout)`` is scaled-dot-product self-attention
 as FlashAttention-2 computes it, in its BSHD layout (no transposes around it):
@@ -23,6 +23,14 @@ results' (the default): O(B·S·h·d).
 the type rule and costs nothing extra here (FlashAttention generates its mask on the fly from a
 seed); the numpy references refuse a nonzero dropout (``AttentionDropoutError``): they cannot
 reproduce the kernel's random stream, so a program with dropout can be simulated but not run.
+
+``out, lse = AttentionMerge(out1, lse1, out2, lse2)`` merges two partial attentions of the same
+queries over disjoint key sets (ring attention's step; FlashAttention's online softmax across
+blocks): ``lse = log(exp(lse1) + exp(lse2))``, ``out = exp(lse1 − lse)·out1 + exp(lse2 −
+lse)·out2`` per query and head, in f32 (f64 for f64) like the lse. It has no gradient rule: the
+ring backward runs AttentionGrad per block with the *merged* out and lse (FlashAttention-2's
+backward only needs those), so nothing differentiates through the merge. Its sharding is
+pointwise per query: batch, sequence or heads (out on dims 0/1/2, lse on 0/2/1).
 
 ``Rope(x; theta, inverse)`` is rotary position embedding (Su et al., "RoFormer", 2021) as Meta's
 Llama applies it to q and k: x is (B, S, heads, d) with d even, and each consecutive pair
@@ -343,6 +351,71 @@ ATTENTION_GRAD = register(
 )
 
 
+# -- AttentionMerge ---------------------------------------------------------------------------
+def _merge_rule(ctx: TypeCtx) -> Sequence[Type]:
+    o1 = float_input(ctx, 0, "out1")
+    same_dtype(ctx, [0, 2])
+    same_dtype(ctx, [1, 3])
+    if o1.rank != 4:
+        ctx.fail("AttentionMerge: out1 must be (batch, seq, heads, head_dim)", 0, "rank 4", o1.rank)
+    b, s_, h, _ = o1.shape
+    for i, want in ((1, (b, h, s_)), (2, o1.shape), (3, (b, h, s_))):
+        got = ctx.tensor(i).shape
+        if got != want:
+            ctx.fail(f"AttentionMerge: input {i} of shape {got} does not fit out1 {o1.shape}", i, want, got)
+    lt = lse_dtype(o1.dtype)
+    if ctx.tensor(1).dtype != lt:
+        ctx.fail(f"AttentionMerge: the lse must be {lt.value} for {o1.dtype.value} outputs", 1, lt, ctx.tensor(1).dtype)
+    return (ctx.out(o1.dtype, o1.shape), ctx.out(lt, (b, h, s_)))
+
+
+def attention_merge_reference(o1: Any, lse1: Any, o2: Any, lse2: Any) -> tuple[F64, F64]:
+    """The merged (out, lse) in float64 (module docstring); a query with no visible key in
+    either part (both lse −inf) gets out 0, lse −inf."""
+    l1, l2 = f64(lse1), f64(lse2)
+    lse = np.logaddexp(l1, l2)
+    safe = np.where(np.isfinite(lse), lse, 0.0)
+    w1 = np.where(np.isfinite(l1), np.exp(l1 - safe), 0.0)
+    w2 = np.where(np.isfinite(l2), np.exp(l2 - safe), 0.0)
+    bshd = (0, 2, 1)  # (B, h, S) -> (B, S, h), then a trailing axis for d
+
+    def weigh(w: F64, o: Any) -> F64:
+        return np.transpose(w, bshd)[..., None] * f64(o)  # type: ignore[no-any-return]
+
+    return weigh(w1, o1) + weigh(w2, o2), lse
+
+
+def _merge_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    out, lse = attention_merge_reference(*args)
+    return (out.astype(np.asarray(args[0]).dtype), lse.astype(np.asarray(args[1]).dtype))
+
+
+def _merge_sharding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[sh.Strategy]:
+    o = _q_shape(ins[0])
+    found = [sh.replicated(ins, outs)]
+    for dim, lse_dim in ((0, 0), (1, 2), (2, 1)):
+        if o[dim] > 1:
+            pl = (Shard(dim), Shard(lse_dim))
+            found.append(sh.Strategy(pl * 2, pl))
+    return found
+
+
+ATTENTION_MERGE = register(
+    OpDef(
+        name="AttentionMerge",
+        family=FAMILY,
+        inputs=("out1", "lse1", "out2", "lse2"),
+        outputs=("out", "lse"),
+        infer=_merge_rule,
+        reference=_merge_ref,
+        flops=out_numel_flops(3.0),
+        doc="Merge two partial attentions of the same queries over disjoint keys by their "
+        "log-sum-exps (ring attention's online-softmax step).",
+        sharding=_merge_sharding,
+    )
+)
+
+
 # -- Rope -------------------------------------------------------------------------------------
 def _rope_rule(ctx: TypeCtx) -> Sequence[Type]:
     x = float_input(ctx, 0, "X")
@@ -528,14 +601,27 @@ def _rope_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any
     return (like(y, x),)
 
 
+def _merge_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    o1, l1, o2, l2 = xs
+    t = ctx.torch
+    lse = t.logaddexp(l1, l2)
+    safe = t.where(t.isfinite(lse), lse, t.zeros_like(lse))
+    w1 = t.where(t.isfinite(l1), t.exp(l1 - safe), t.zeros_like(l1))
+    w2 = t.where(t.isfinite(l2), t.exp(l2 - safe), t.zeros_like(l2))
+    out = w1.transpose(1, 2)[..., None] * upcast(ctx, o1) + w2.transpose(1, 2)[..., None] * upcast(ctx, o2)
+    return (like(out, o1), lse)
+
+
 ATTENTION.fill("torch", _attention_torch)
 ATTENTION_GRAD.fill("torch", _attention_grad_torch)
 ROPE.fill("torch", _rope_torch)
+ATTENTION_MERGE.fill("torch", _merge_torch)
 
 __all__ = [
     "BACKWARD_FACTOR",
     "AttentionDropoutError",
     "attention_grad_reference",
+    "attention_merge_reference",
     "attention_reference",
     "forward_flops",
     "heads_split_evenly",
