@@ -1,0 +1,283 @@
+"""Context parallelism: ring attention over ``c`` GPUs (Liu et al., "Ring Attention", 2023; as
+Megatron-LM's ``context_parallel`` and torchtitan's ``context_parallel`` run it).
+
+**Design (op level).** Ring attention is written as ordinary ops of an explicit per-device
+program, not as a sharding rule of ``Attention``: each block is the registry's ``Attention`` (or
+``AttentionGrad``) on one query chunk against one key/value chunk, partial results are merged by
+``AttentionMerge`` (the log-sum-exp merge, ``distir.ops.attention``), and the ring is explicit
+``Send`` ops. So the reference executor runs it (and its numbers are the sequential op's:
+``tests/parallel/test_context.py``), and the simulator times each block and each transfer.
+
+**Layout (load-balanced causal chunks).** The sequence of S positions is cut into 2c equal
+chunks; rank i holds chunks i and 2c−1−i (Megatron's and torchtitan's layout), so under a causal
+mask every rank does the same work. ``balanced_positions`` gives a rank's global positions;
+``shard_sequence`` / ``unshard_sequence`` move a tensor between the global order and the ranks'
+pieces. Position-dependent ops on a rank's piece must use those global positions.
+
+**Blocks.** A query chunk a against a key chunk b (global chunk indices) is ``diag`` when a = b
+(the ordinary causal block), ``full`` when a > b (every key visible: ``causal=False``), and
+skipped when a < b (every key hidden); without a causal mask every block is ``full``.
+
+**Forward** (``ring_attention``): at step s = 0..c−1, rank r holds the K/V of rank (r − s) mod c;
+it first sends them on to rank r+1 (one Send of K and one of V per step, except the last step),
+then runs its blocks against them, merging into its running (out, lse) per query chunk — the
+transfer overlaps the blocks. **Backward**: FlashAttention-2's backward needs only the merged
+out and lse, so each block is ``AttentionGrad`` with them: dQ accumulates on the rank; dK/dV of
+the travelling K/V accumulate along the ring, sent on with them, and after c steps arrive back
+at their owner (c Sends of dK and dV per rank; K/V themselves travel c−1 times).
+
+With ``comm_streams`` the ring runs on two streams per GPU (program devices c+r send, 2c+r
+receive; ``ring_device_map``): the compute device hands a tensor to its send stream and takes it
+from its receive stream right before use (both free on one GPU), so only the streams wait for
+the link.
+
+Integration into ``distribute`` (a ``cp`` mesh axis, ``Strategy.c``) is not done yet:
+``distribute`` refuses c > 1 (``StrategyError``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import distir
+from distir.ir.builder import FunctionBuilder
+from distir.ir.function import Module
+from distir.ir.types import Device, DType, TensorType
+from distir.ir.values import Value
+from distir.parallel.strategy import StrategyError
+from distir.sim.devices import DeviceMap, Slot
+
+RING_STREAMS = ("cp_send", "cp_recv")
+
+
+def balanced_chunks(c: int, rank: int) -> tuple[int, int]:
+    """The two global chunks (of 2c) that ``rank`` holds: rank and 2c−1−rank."""
+    return rank, 2 * c - 1 - rank
+
+
+def balanced_positions(seq: int, c: int, rank: int) -> np.ndarray:
+    """The global positions of ``rank``'s tokens, in its local order (its two chunks, in turn)."""
+    n = _chunk_len(seq, c)
+    return np.concatenate([np.arange(g * n, (g + 1) * n) for g in balanced_chunks(c, rank)])
+
+
+def shard_sequence(x: Any, c: int, dim: int) -> list[np.ndarray]:
+    """Rank r's piece of ``x`` (global order along ``dim``): its two chunks, concatenated."""
+    a = np.asarray(x)
+    return [np.take(a, balanced_positions(a.shape[dim], c, r), axis=dim) for r in range(c)]
+
+
+def unshard_sequence(parts: Sequence[Any], dim: int) -> np.ndarray:
+    """The inverse of ``shard_sequence``: the ranks' pieces back in global order."""
+    c = len(parts)
+    seq = sum(np.asarray(p).shape[dim] for p in parts)
+    order = np.concatenate([balanced_positions(seq, c, r) for r in range(c)])
+    return np.take(np.concatenate([np.asarray(p) for p in parts], axis=dim), np.argsort(order), axis=dim)
+
+
+def _chunk_len(seq: int, c: int) -> int:
+    if c < 1 or seq % (2 * c):
+        raise StrategyError(
+            f"context parallelism over c={c} cuts the sequence into 2c = {2 * c} equal chunks; "
+            f"{seq} positions do not divide"
+        )
+    return seq // (2 * c)
+
+
+def block_kind(q_chunk: int, k_chunk: int, causal: bool) -> str | None:
+    """``diag``, ``full`` or None (skipped) for a query chunk against a key chunk (docstring)."""
+    if not causal or q_chunk > k_chunk:
+        return "full"
+    return "diag" if q_chunk == k_chunk else None
+
+
+@dataclass(frozen=True, slots=True)
+class RingShape:
+    """Global attention shapes: q (batch, seq, heads, head_dim), k and v (…, kv_heads, …)."""
+
+    batch: int
+    seq: int
+    heads: int
+    head_dim: int
+    kv_heads: int
+    dtype: DType = DType.f64
+    causal: bool = True
+
+
+def ring_device_map(c: int, comm_streams: bool) -> DeviceMap:
+    """Program device r on GPU r; with ``comm_streams``, c+r and 2c+r on its ring streams."""
+    m = {Device(r): Slot(r) for r in range(c)}
+    if comm_streams:
+        for k, stream in enumerate(RING_STREAMS):
+            m.update({Device((k + 1) * c + r): Slot(r, stream) for r in range(c)})
+    return DeviceMap(m)
+
+
+class _Ring:
+    """Builds the ring program (module docstring); ``send`` moves a tensor to the next rank."""
+
+    def __init__(self, fb: FunctionBuilder, c: int, causal: bool, comm_streams: bool) -> None:
+        self.fb, self.c, self.causal, self.streams = fb, c, causal, comm_streams
+
+    def send(self, x: Value, r: int, name: str) -> Value:
+        """Start moving ``x`` from rank r to rank r+1 (on the streams: as far as the receive
+        stream; ``take`` finishes the move right before use)."""
+        nxt = (r + 1) % self.c
+        if not self.streams:
+            return self.fb.op("Send", x, names=[name], dst=Device(nxt))[0]
+        (on_send,) = self.fb.op("Send", x, names=[name], dst=Device(self.c + r))
+        return self.fb.op("Send", on_send, names=[name], dst=Device(2 * self.c + nxt))[0]
+
+    def take(self, x: Value, r: int) -> Value:
+        if not self.streams:
+            return x
+        return self.fb.op("Send", x, names=[x.name], dst=Device(r))[0]
+
+    def split(self, x: Value, dim: int, name: str) -> tuple[Value, Value]:
+        a, b = self.fb.op("Split", x, names=[f"{name}0", f"{name}1"], dim=dim, num_splits=2)
+        return a, b
+
+    def blocks(self, r: int, s: int) -> list[tuple[int, int, bool]]:
+        """(query chunk, key chunk, causal) of rank r at step s, local chunk indices 0/1."""
+        j = (r - s) % self.c
+        gq, gk = balanced_chunks(self.c, r), balanced_chunks(self.c, j)
+        out = []
+        for x in (0, 1):
+            for y in (0, 1):
+                kind = block_kind(gq[x], gk[y], self.causal)
+                if kind is not None:
+                    out.append((x, y, kind == "diag"))
+        return out
+
+
+def ring_attention(shape: RingShape, c: int, comm_streams: bool = False) -> Module:
+    """The forward and backward of attention over ``c`` ranks by ring (module docstring).
+
+    Entry parameters, per rank r (on device r, its load-balanced piece of the sequence): q, k, v
+    and dout — ``4c`` in all, rank by rank. Results per rank: out, lse (B, h, local seq), dq, dk,
+    dv. ``shard_sequence`` makes the pieces; the results equal ``Attention`` / ``AttentionGrad``
+    of the whole sequence, pieced back with ``unshard_sequence``."""
+    n = _chunk_len(shape.seq, c)
+    if c < 2:
+        raise StrategyError(f"ring attention needs c >= 2 ranks, got c={c}")
+    fb = FunctionBuilder(f"ring_attention_c{c}")
+    ring = _Ring(fb, c, shape.causal, comm_streams)
+    b, h, hk, d = shape.batch, shape.heads, shape.kv_heads, shape.head_dim
+    ins = []
+    for r in range(c):
+        dev = Device(r)
+        qt = TensorType(shape.dtype, (b, 2 * n, h, d), dev)
+        kt = TensorType(shape.dtype, (b, 2 * n, hk, d), dev)
+        ins.append(
+            [fb.param(f"{x}_{r}", t) for x, t in (("q", qt), ("k", kt), ("v", kt), ("dout", qt))]
+        )
+    fwd = _forward(ring, [(q, k, v) for q, k, v, _ in ins])
+    bwd = _backward(ring, [(q, k, v, do) for q, k, v, do in ins], fwd)
+    results = [x for r in range(c) for x in (*fwd[r], *bwd[r])]
+    return distir.check(Module((fb.ret(*results),)))
+
+
+def _forward(ring: _Ring, qkv: Sequence[tuple[Value, Value, Value]]) -> list[tuple[Value, Value]]:
+    fb, c = ring.fb, ring.c
+    qs = [ring.split(q, 1, f"q{r}_") for r, (q, _, _) in enumerate(qkv)]
+    held = [(k, v) for _, k, v in qkv]  # the K/V rank r holds at this step
+    acc: list[list[tuple[Value, Value] | None]] = [[None, None] for _ in range(c)]
+    for s in range(c):
+        sent = [
+            (ring.send(k, r, f"k{(r - s) % c}_at{(r + 1) % c}"), ring.send(v, r, f"v{(r - s) % c}_at{(r + 1) % c}"))
+            for r, (k, v) in enumerate(held)
+        ] if s < c - 1 else []
+        for r, (k, v) in enumerate(held):
+            ks, vs = ring.split(k, 1, f"k{r}s{s}_"), ring.split(v, 1, f"v{r}s{s}_")
+            for x, y, diag in ring.blocks(r, s):
+                o, lse = fb.op("Attention", qs[r][x], ks[y], vs[y], names=[f"o{r}_{x}", f"lse{r}_{x}"], causal=diag)
+                prev = acc[r][x]
+                if prev is not None:
+                    o, lse = fb.op("AttentionMerge", *prev, o, lse, names=[f"o{r}_{x}", f"lse{r}_{x}"])
+                acc[r][x] = (o, lse)
+        held = [(ring.take(sent[r - 1][0], r), ring.take(sent[r - 1][1], r)) for r in range(c)] if sent else held
+    outs = []
+    for r in range(c):
+        (o0, l0), (o1, l1) = (p for p in acc[r] if p is not None)
+        (o,) = fb.op("Concat", o0, o1, names=[f"out_{r}"], axis=1)
+        (lse,) = fb.op("Concat", l0, l1, names=[f"lse_{r}"], axis=2)
+        outs.append((o, lse))
+    return outs
+
+
+def _backward(
+    ring: _Ring, qkvd: Sequence[tuple[Value, Value, Value, Value]], fwd: Sequence[tuple[Value, Value]]
+) -> list[tuple[Value, Value, Value]]:
+    fb, c = ring.fb, ring.c
+    qs = [ring.split(q, 1, f"bq{r}_") for r, (q, _, _, _) in enumerate(qkvd)]
+    dos = [ring.split(do, 1, f"do{r}_") for r, (_, _, _, do) in enumerate(qkvd)]
+    os_ = [ring.split(o, 1, f"bo{r}_") for r, (o, _) in enumerate(fwd)]
+    ls = [ring.split(lse, 2, f"bl{r}_") for r, (_, lse) in enumerate(fwd)]
+    held = [(k, v) for _, k, v, _ in qkvd]
+    dkv: list[tuple[Value, Value] | None] = [None] * c  # arriving dK/dV of the held K/V
+    dq: list[list[Value | None]] = [[None, None] for _ in range(c)]
+    for s in range(c):
+        sent = [
+            (ring.send(k, r, f"bk{(r - s) % c}_at{(r + 1) % c}"), ring.send(v, r, f"bv{(r - s) % c}_at{(r + 1) % c}"))
+            for r, (k, v) in enumerate(held)
+        ] if s < c - 1 else []
+        out_dkv = []
+        for r, (k, v) in enumerate(held):
+            ks, vs = ring.split(k, 1, f"bk{r}s{s}_"), ring.split(v, 1, f"bv{r}s{s}_")
+            dks: list[Value | None] = [None, None]
+            dvs: list[Value | None] = [None, None]
+            for x, y, diag in ring.blocks(r, s):
+                g = fb.op(
+                    "AttentionGrad", dos[r][x], qs[r][x], ks[y], vs[y], os_[r][x], ls[r][x],
+                    names=[f"dq{r}_{x}", f"dk{r}_{y}", f"dv{r}_{y}"], causal=diag,
+                )
+                dq[r][x] = _add(fb, dq[r][x], g[0])
+                dks[y], dvs[y] = _add(fb, dks[y], g[1]), _add(fb, dvs[y], g[2])
+            dk = _concat(fb, dks, ks, f"dk{r}s{s}")
+            dv = _concat(fb, dvs, vs, f"dv{r}s{s}")
+            prev = dkv[r]
+            if prev is not None:
+                got_k, got_v = ring.take(prev[0], r), ring.take(prev[1], r)
+                dk = fb.op("Add", got_k, dk, names=[dk.name])[0]
+                dv = fb.op("Add", got_v, dv, names=[dv.name])[0]
+            j = (r - s) % c
+            out_dkv.append((ring.send(dk, r, f"dk{j}"), ring.send(dv, r, f"dv{j}")))
+        dkv = [out_dkv[r - 1] for r in range(c)]
+        if sent:
+            held = [(ring.take(sent[r - 1][0], r), ring.take(sent[r - 1][1], r)) for r in range(c)]
+    results = []
+    for r in range(c):
+        dq0, dq1 = dq[r]
+        assert dq0 is not None and dq1 is not None  # every query sees at least its diagonal block
+        (dqr,) = fb.op("Concat", dq0, dq1, names=[f"dq_{r}"], axis=1)
+        arrived = dkv[r]
+        assert arrived is not None
+        results.append((dqr, ring.take(arrived[0], r), ring.take(arrived[1], r)))
+    return results
+
+
+def _add(fb: FunctionBuilder, acc: Value | None, x: Value) -> Value:
+    return x if acc is None else fb.op("Add", acc, x, names=[x.name])[0]
+
+
+def _concat(fb: FunctionBuilder, parts: Sequence[Value | None], like: Sequence[Value], name: str) -> Value:
+    """The two chunks' gradients along the sequence; a chunk no block touched gets zeros."""
+    full = [p if p is not None else fb.op("FillLike", like[i], names=[f"{name}_0"], value=0.0)[0] for i, p in enumerate(parts)]
+    return fb.op("Concat", *full, names=[name], axis=1)[0]
+
+
+__all__ = [
+    "RING_STREAMS",
+    "RingShape",
+    "balanced_chunks",
+    "balanced_positions",
+    "block_kind",
+    "ring_attention",
+    "ring_device_map",
+    "shard_sequence",
+    "unshard_sequence",
+]
