@@ -7,9 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from distir.frontends.zoo import build_model
 from distir.hardware.cluster import Cluster
 from distir.hardware.specs import DeviceSpec, LinkSpec, NodeSpec
 from distir.interp.reference import run_reference
+from distir.ir.types import DType
 from distir.ops.attention import attention_grad_reference, attention_reference
 from distir.parallel.context import (
     RingShape,
@@ -20,7 +22,8 @@ from distir.parallel.context import (
     shard_sequence,
     unshard_sequence,
 )
-from distir.parallel.strategy import StrategyError
+from distir.parallel.distribute import distribute
+from distir.parallel.strategy import StrategyError, parse_strategy
 from distir.sim.simulate import simulate
 
 
@@ -89,15 +92,13 @@ def _cluster(gpus: int) -> Cluster:
 def test_activation_memory_per_gpu_falls_about_1_over_c() -> None:
     peaks = {}
     for c in (2, 4):
-        shape = RingShape(batch=1, seq=1024, heads=8, head_dim=64, kv_heads=8, dtype=__import__("distir").ir.types.DType.f32)
+        shape = RingShape(batch=1, seq=1024, heads=8, head_dim=64, kv_heads=8, dtype=DType.f32)
         r = simulate(ring_attention(shape, c), _cluster(c), ring_device_map(c, False))
         peaks[c] = max(r.peak_memory.values())
     assert 0.4 < peaks[4] / peaks[2] < 0.6
 
 
 def test_ring_sends_overlap_the_attention_blocks() -> None:
-    from distir.ir.types import DType
-
     c = 4
     shape = RingShape(batch=1, seq=4096, heads=8, head_dim=64, kv_heads=8, dtype=DType.f32)
     cl = _cluster(c)
@@ -108,3 +109,9 @@ def test_ring_sends_overlap_the_attention_blocks() -> None:
     sends = [(s, e) for n, s, e, slot, _ in slices if n == "Send" and e > s]
     attn = [(s, e) for n, s, e, slot, _ in slices if n == "Attention"]
     assert sends and any(s < ae and as_ < e for s, e in sends for as_, ae in attn)
+
+
+def test_distribute_refuses_context_parallelism_with_a_named_error() -> None:
+    model = build_model("gpt:layers=1,hidden=8,heads=2,seq=8,vocab=16", batch=2)
+    with pytest.raises(StrategyError, match=r"context parallelism \(c=2\) is not wired"):
+        distribute(model, parse_strategy("d1.t1.c2.p1.k1"))
