@@ -21,7 +21,9 @@ def strategies(draw: st.DrawFn) -> Strategy:
         )
     )
     placement = (
-        draw(st.none() | st.permutations(list(range(d * c * t * p))).map(tuple)) if d * c * t * p <= 8 else None
+        draw(st.none() | st.permutations(list(range(d * c * t * p))).map(tuple))
+        if d * c * t * p <= 8
+        else None
     )
     return Strategy(
         d,

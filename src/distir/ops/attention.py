@@ -365,7 +365,12 @@ def _merge_rule(ctx: TypeCtx) -> Sequence[Type]:
             ctx.fail(f"AttentionMerge: input {i} of shape {got} does not fit out1 {o1.shape}", i, want, got)
     lt = lse_dtype(o1.dtype)
     if ctx.tensor(1).dtype != lt:
-        ctx.fail(f"AttentionMerge: the lse must be {lt.value} for {o1.dtype.value} outputs", 1, lt, ctx.tensor(1).dtype)
+        ctx.fail(
+            f"AttentionMerge: the lse must be {lt.value} for {o1.dtype.value} outputs",
+            1,
+            lt,
+            ctx.tensor(1).dtype,
+        )
     return (ctx.out(o1.dtype, o1.shape), ctx.out(lt, (b, h, s_)))
 
 
@@ -380,7 +385,7 @@ def attention_merge_reference(o1: Any, lse1: Any, o2: Any, lse2: Any) -> tuple[F
     bshd = (0, 2, 1)  # (B, h, S) -> (B, S, h), then a trailing axis for d
 
     def weigh(w: F64, o: Any) -> F64:
-        return np.transpose(w, bshd)[..., None] * f64(o)  # type: ignore[no-any-return]
+        return np.transpose(w, bshd)[..., None] * f64(o)
 
     return weigh(w1, o1) + weigh(w2, o2), lse
 

@@ -141,6 +141,24 @@ class _Ring:
         a, b = self.fb.op("Split", x, names=[f"{name}0", f"{name}1"], dim=dim, num_splits=2)
         return a, b
 
+    def pass_kv(self, held: Sequence[tuple[Value, Value]], s: int, tag: str) -> list[tuple[Value, Value]]:
+        """Step ``s``: every rank sends the K/V it holds on to the next rank (none at the last
+        step); ``arrive`` takes them in at step s+1."""
+        if s == self.c - 1:
+            return []
+        c = self.c
+        return [
+            (
+                self.send(k, r, f"{tag}k{(r - s) % c}_at{(r + 1) % c}"),
+                self.send(v, r, f"{tag}v{(r - s) % c}_at{(r + 1) % c}"),
+            )
+            for r, (k, v) in enumerate(held)
+        ]
+
+    def arrive(self, sent: Sequence[tuple[Value, Value]]) -> list[tuple[Value, Value]]:
+        """What each rank holds after ``pass_kv``: the pair its previous rank sent."""
+        return [(self.take(sent[r - 1][0], r), self.take(sent[r - 1][1], r)) for r in range(self.c)]
+
     def blocks(self, r: int, s: int) -> list[tuple[int, int, bool]]:
         """(query chunk, key chunk, causal) of rank r at step s, local chunk indices 0/1."""
         j = (r - s) % self.c
@@ -172,9 +190,7 @@ def ring_attention(shape: RingShape, c: int, comm_streams: bool = False) -> Modu
         dev = Device(r)
         qt = TensorType(shape.dtype, (b, 2 * n, h, d), dev)
         kt = TensorType(shape.dtype, (b, 2 * n, hk, d), dev)
-        ins.append(
-            [fb.param(f"{x}_{r}", t) for x, t in (("q", qt), ("k", kt), ("v", kt), ("dout", qt))]
-        )
+        ins.append([fb.param(f"{x}_{r}", t) for x, t in (("q", qt), ("k", kt), ("v", kt), ("dout", qt))])
     fwd = _forward(ring, [(q, k, v) for q, k, v, _ in ins])
     bwd = _backward(ring, [(q, k, v, do) for q, k, v, do in ins], fwd)
     results = [x for r in range(c) for x in (*fwd[r], *bwd[r])]
@@ -187,19 +203,18 @@ def _forward(ring: _Ring, qkv: Sequence[tuple[Value, Value, Value]]) -> list[tup
     held = [(k, v) for _, k, v in qkv]  # the K/V rank r holds at this step
     acc: list[list[tuple[Value, Value] | None]] = [[None, None] for _ in range(c)]
     for s in range(c):
-        sent = [
-            (ring.send(k, r, f"k{(r - s) % c}_at{(r + 1) % c}"), ring.send(v, r, f"v{(r - s) % c}_at{(r + 1) % c}"))
-            for r, (k, v) in enumerate(held)
-        ] if s < c - 1 else []
+        sent = ring.pass_kv(held, s, "")
         for r, (k, v) in enumerate(held):
             ks, vs = ring.split(k, 1, f"k{r}s{s}_"), ring.split(v, 1, f"v{r}s{s}_")
             for x, y, diag in ring.blocks(r, s):
-                o, lse = fb.op("Attention", qs[r][x], ks[y], vs[y], names=[f"o{r}_{x}", f"lse{r}_{x}"], causal=diag)
+                o, lse = fb.op(
+                    "Attention", qs[r][x], ks[y], vs[y], names=[f"o{r}_{x}", f"lse{r}_{x}"], causal=diag
+                )
                 prev = acc[r][x]
                 if prev is not None:
                     o, lse = fb.op("AttentionMerge", *prev, o, lse, names=[f"o{r}_{x}", f"lse{r}_{x}"])
                 acc[r][x] = (o, lse)
-        held = [(ring.take(sent[r - 1][0], r), ring.take(sent[r - 1][1], r)) for r in range(c)] if sent else held
+        held = ring.arrive(sent) if sent else held
     outs = []
     for r in range(c):
         (o0, l0), (o1, l1) = (p for p in acc[r] if p is not None)
@@ -221,10 +236,7 @@ def _backward(
     dkv: list[tuple[Value, Value] | None] = [None] * c  # arriving dK/dV of the held K/V
     dq: list[list[Value | None]] = [[None, None] for _ in range(c)]
     for s in range(c):
-        sent = [
-            (ring.send(k, r, f"bk{(r - s) % c}_at{(r + 1) % c}"), ring.send(v, r, f"bv{(r - s) % c}_at{(r + 1) % c}"))
-            for r, (k, v) in enumerate(held)
-        ] if s < c - 1 else []
+        sent = ring.pass_kv(held, s, "b")
         out_dkv = []
         for r, (k, v) in enumerate(held):
             ks, vs = ring.split(k, 1, f"bk{r}s{s}_"), ring.split(v, 1, f"bv{r}s{s}_")
@@ -232,8 +244,15 @@ def _backward(
             dvs: list[Value | None] = [None, None]
             for x, y, diag in ring.blocks(r, s):
                 g = fb.op(
-                    "AttentionGrad", dos[r][x], qs[r][x], ks[y], vs[y], os_[r][x], ls[r][x],
-                    names=[f"dq{r}_{x}", f"dk{r}_{y}", f"dv{r}_{y}"], causal=diag,
+                    "AttentionGrad",
+                    dos[r][x],
+                    qs[r][x],
+                    ks[y],
+                    vs[y],
+                    os_[r][x],
+                    ls[r][x],
+                    names=[f"dq{r}_{x}", f"dk{r}_{y}", f"dv{r}_{y}"],
+                    causal=diag,
                 )
                 dq[r][x] = _add(fb, dq[r][x], g[0])
                 dks[y], dvs[y] = _add(fb, dks[y], g[1]), _add(fb, dvs[y], g[2])
@@ -247,8 +266,7 @@ def _backward(
             j = (r - s) % c
             out_dkv.append((ring.send(dk, r, f"dk{j}"), ring.send(dv, r, f"dv{j}")))
         dkv = [out_dkv[r - 1] for r in range(c)]
-        if sent:
-            held = [(ring.take(sent[r - 1][0], r), ring.take(sent[r - 1][1], r)) for r in range(c)]
+        held = ring.arrive(sent) if sent else held
     results = []
     for r in range(c):
         dq0, dq1 = dq[r]
@@ -266,7 +284,10 @@ def _add(fb: FunctionBuilder, acc: Value | None, x: Value) -> Value:
 
 def _concat(fb: FunctionBuilder, parts: Sequence[Value | None], like: Sequence[Value], name: str) -> Value:
     """The two chunks' gradients along the sequence; a chunk no block touched gets zeros."""
-    full = [p if p is not None else fb.op("FillLike", like[i], names=[f"{name}_0"], value=0.0)[0] for i, p in enumerate(parts)]
+    full = [
+        p if p is not None else fb.op("FillLike", x, names=[f"{name}_0"], value=0.0)[0]
+        for p, x in zip(parts, like, strict=True)
+    ]
     return fb.op("Concat", *full, names=[name], axis=1)[0]
 
 
