@@ -7,11 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import distir
 from distir.frontends.zoo import build_model
 from distir.hardware.cluster import Cluster
 from distir.hardware.specs import DeviceSpec, LinkSpec, NodeSpec
 from distir.interp.reference import run_reference
-from distir.ir.types import DType
+from distir.ir.builder import FunctionBuilder
+from distir.ir.function import Module
+from distir.ir.types import Device, DType, TensorType
 from distir.ops.attention import attention_grad_reference, attention_reference
 from distir.parallel.context import (
     RingShape,
@@ -58,15 +61,12 @@ def _run(shape: RingShape, c: int, seed: int = 0, streams: bool = False):  # typ
     k, v = rng.standard_normal((b, s, hk, d)), rng.standard_normal((b, s, hk, d))
     m = ring_attention(shape, c, comm_streams=streams)
     pieces = [shard_sequence(x, c, 1) for x in (q, k, v, do)]
-    args = [pieces[i][r] for r in range(c) for i in range(4)]
+    args = [half for r in range(c) for i in range(4) for half in np.split(pieces[i][r], 2, axis=1)]
     outs = run_reference(m, args)
-    per = [outs[5 * r : 5 * r + 5] for r in range(c)]
+    per = [outs[10 * r : 10 * r + 10] for r in range(c)]  # out, lse, dq, dk, dv: two chunks each
     got = {
-        "out": unshard_sequence([p[0] for p in per], 1),
-        "lse": unshard_sequence([p[1] for p in per], 2),
-        "dq": unshard_sequence([p[2] for p in per], 1),
-        "dk": unshard_sequence([p[3] for p in per], 1),
-        "dv": unshard_sequence([p[4] for p in per], 1),
+        name: unshard_sequence([np.concatenate(p[2 * i : 2 * i + 2], axis=dim) for p in per], dim)
+        for i, (name, dim) in enumerate((("out", 1), ("lse", 2), ("dq", 1), ("dk", 1), ("dv", 1)))
     }
     out, lse = attention_reference(q, k, v, causal=shape.causal)
     dq, dk, dv = attention_grad_reference(do, q, k, v, out, lse, causal=shape.causal, scale=d**-0.5)
@@ -74,7 +74,7 @@ def _run(shape: RingShape, c: int, seed: int = 0, streams: bool = False):  # typ
     return got, want
 
 
-@pytest.mark.parametrize("c", [2, 4])
+@pytest.mark.parametrize("c", [2, 3, 4])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("streams", [False, True])
 def test_ring_attention_equals_attention_forward_and_backward(c: int, causal: bool, streams: bool) -> None:
@@ -89,13 +89,29 @@ def _cluster(gpus: int) -> Cluster:
     return Cluster("ring", (NodeSpec("n", dev, gpus, LinkSpec(2e11, 1e-6), LinkSpec(1e10, 1e-5)),))
 
 
+def _sequential(shape: RingShape) -> Module:
+    """Attention and its gradient on one device: the c = 1 baseline."""
+    fb = FunctionBuilder("sequential")
+    q = TensorType(shape.dtype, (shape.batch, shape.seq, shape.heads, shape.head_dim), Device(0))
+    k = TensorType(shape.dtype, (shape.batch, shape.seq, shape.kv_heads, shape.head_dim), Device(0))
+    qv, kv, vv, dov = (fb.param(n, t) for n, t in (("q", q), ("k", k), ("v", k), ("dout", q)))
+    o, lse = fb.op("Attention", qv, kv, vv, names=["o", "lse"], causal=shape.causal)
+    g = fb.op("AttentionGrad", dov, qv, kv, vv, o, lse, names=["dq", "dk", "dv"], causal=shape.causal)
+    return distir.check(Module((fb.ret(o, lse, *g),)))
+
+
 def test_activation_memory_per_gpu_falls_about_1_over_c() -> None:
-    peaks = {}
-    for c in (2, 4):
-        shape = RingShape(batch=1, seq=1024, heads=8, head_dim=64, kv_heads=8, dtype=DType.f32)
+    """Each rank holds 1/c of q, k, v, dout and of the results, plus the ring's buffers (the K/V
+    chunks received, the travelling dK/dV) — also 1/c of the whole: the peak falls ~1/c."""
+    shape = RingShape(batch=1, seq=1024, heads=8, head_dim=64, kv_heads=8, dtype=DType.f32)
+    peaks = {1: max(simulate(_sequential(shape), _cluster(1)).peak_memory.values())}
+    for c in (2, 4, 8):
         r = simulate(ring_attention(shape, c), _cluster(c), ring_device_map(c, False))
         peaks[c] = max(r.peak_memory.values())
-    assert 0.4 < peaks[4] / peaks[2] < 0.6
+    assert peaks[2] < peaks[1]
+    for c in (4, 8):
+        assert 0.45 < peaks[c] / peaks[c // 2] < 0.6, peaks
+    assert peaks[8] < peaks[1] / 4
 
 
 def test_ring_sends_overlap_the_attention_blocks() -> None:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -52,6 +52,7 @@ from distir.parallel.strategy import StrategyError
 from distir.sim.devices import DeviceMap, Slot
 
 RING_STREAMS = ("cp_send", "cp_recv")
+Pair = tuple[Value, Value]  # a rank's two chunks of one tensor
 
 
 def balanced_chunks(c: int, rank: int) -> tuple[int, int]:
@@ -137,27 +138,31 @@ class _Ring:
             return x
         return self.fb.op("Send", x, names=[x.name], dst=Device(r))[0]
 
-    def split(self, x: Value, dim: int, name: str) -> tuple[Value, Value]:
-        a, b = self.fb.op("Split", x, names=[f"{name}0", f"{name}1"], dim=dim, num_splits=2)
-        return a, b
+    def send_pair(self, x: Pair, r: int) -> Pair:
+        return self.send(x[0], r, x[0].name), self.send(x[1], r, x[1].name)
 
-    def pass_kv(self, held: Sequence[tuple[Value, Value]], s: int, tag: str) -> list[tuple[Value, Value]]:
-        """Step ``s``: every rank sends the K/V it holds on to the next rank (none at the last
-        step); ``arrive`` takes them in at step s+1."""
+    def take_pair(self, x: Pair, r: int) -> Pair:
+        return self.take(x[0], r), self.take(x[1], r)
+
+    def pass_kv(self, held: Sequence[tuple[Pair, Pair]], s: int, tag: str) -> list[tuple[Pair, Pair]]:
+        """Step ``s``: every rank sends the K/V chunks it holds on to the next rank (none at the
+        last step); ``arrive`` takes them in at step s+1."""
         if s == self.c - 1:
             return []
         c = self.c
-        return [
-            (
-                self.send(k, r, f"{tag}k{(r - s) % c}_at{(r + 1) % c}"),
-                self.send(v, r, f"{tag}v{(r - s) % c}_at{(r + 1) % c}"),
+        out = []
+        for r, kv in enumerate(held):
+            at = f"{(r - s) % c}_at{(r + 1) % c}"
+            k, v = (
+                tuple(self.send(x, r, f"{tag}{w}{at}_{i}") for i, x in enumerate(p))
+                for w, p in zip("kv", kv, strict=True)
             )
-            for r, (k, v) in enumerate(held)
-        ]
+            out.append(((k[0], k[1]), (v[0], v[1])))
+        return out
 
-    def arrive(self, sent: Sequence[tuple[Value, Value]]) -> list[tuple[Value, Value]]:
-        """What each rank holds after ``pass_kv``: the pair its previous rank sent."""
-        return [(self.take(sent[r - 1][0], r), self.take(sent[r - 1][1], r)) for r in range(self.c)]
+    def arrive(self, sent: Sequence[tuple[Pair, Pair]]) -> list[tuple[Pair, Pair]]:
+        """What each rank holds after ``pass_kv``: the chunks its previous rank sent."""
+        return [(self.take_pair(sent[r - 1][0], r), self.take_pair(sent[r - 1][1], r)) for r in range(self.c)]
 
     def blocks(self, r: int, s: int) -> list[tuple[int, int, bool]]:
         """(query chunk, key chunk, causal) of rank r at step s, local chunk indices 0/1."""
@@ -175,120 +180,133 @@ class _Ring:
 def ring_attention(shape: RingShape, c: int, comm_streams: bool = False) -> Module:
     """The forward and backward of attention over ``c`` ranks by ring (module docstring).
 
-    Entry parameters, per rank r (on device r, its load-balanced piece of the sequence): q, k, v
-    and dout — ``4c`` in all, rank by rank. Results per rank: out, lse (B, h, local seq), dq, dk,
-    dv. ``shard_sequence`` makes the pieces; the results equal ``Attention`` / ``AttentionGrad``
-    of the whole sequence, pieced back with ``unshard_sequence``."""
+    Entry parameters, per rank r (on device r): the two chunks of its load-balanced piece of
+    the sequence (``shard_sequence``, cut in half) of q, k, v and dout — ``8c`` in all, rank by
+    rank, chunk by chunk. Results per rank, likewise as two chunks each: out, lse (B, h, chunk),
+    dq, dk, dv — equal to ``Attention`` / ``AttentionGrad`` of the whole sequence, pieced back
+    with ``unshard_sequence``. Chunks stay separate values (no copy to split or join a rank's
+    piece), and travel separately (a Send per chunk of K and of V)."""
     n = _chunk_len(shape.seq, c)
     if c < 2:
         raise StrategyError(f"ring attention needs c >= 2 ranks, got c={c}")
     fb = FunctionBuilder(f"ring_attention_c{c}")
     ring = _Ring(fb, c, shape.causal, comm_streams)
     b, h, hk, d = shape.batch, shape.heads, shape.kv_heads, shape.head_dim
-    ins = []
+    ranks = []
     for r in range(c):
         dev = Device(r)
-        qt = TensorType(shape.dtype, (b, 2 * n, h, d), dev)
-        kt = TensorType(shape.dtype, (b, 2 * n, hk, d), dev)
-        ins.append([fb.param(f"{x}_{r}", t) for x, t in (("q", qt), ("k", kt), ("v", kt), ("dout", qt))])
-    fwd = _forward(ring, [(q, k, v) for q, k, v, _ in ins])
-    bwd = _backward(ring, [(q, k, v, do) for q, k, v, do in ins], fwd)
-    results = [x for r in range(c) for x in (*fwd[r], *bwd[r])]
+        qt = TensorType(shape.dtype, (b, n, h, d), dev)
+        kt = TensorType(shape.dtype, (b, n, hk, d), dev)
+        named = (("q", qt), ("k", kt), ("v", kt), ("dout", qt))
+        ranks.append(_Local(*((fb.param(f"{x}_{r}_0", t), fb.param(f"{x}_{r}_1", t)) for x, t in named)))
+    fwd = _forward(ring, ranks)
+    bwd = _backward(ring, ranks, fwd)
+    results: list[Value] = []
+    for r in range(c):
+        (o0, l0), (o1, l1) = fwd[r]
+        results += [o0, o1, l0, l1]
+        results += [v for g in bwd[r] for v in g]
     return distir.check(Module((fb.ret(*results),)))
 
 
-def _forward(ring: _Ring, qkv: Sequence[tuple[Value, Value, Value]]) -> list[tuple[Value, Value]]:
+class _Local(NamedTuple):
+    """A rank's pieces, each as its two chunks."""
+
+    q: Pair
+    k: Pair
+    v: Pair
+    dout: Pair
+
+
+def _forward(ring: _Ring, ranks: Sequence[_Local]) -> list[tuple[tuple[Value, Value], tuple[Value, Value]]]:
+    """Per rank, per query chunk: the merged (out, lse)."""
     fb, c = ring.fb, ring.c
-    qs = [ring.split(q, 1, f"q{r}_") for r, (q, _, _) in enumerate(qkv)]
-    held = [(k, v) for _, k, v in qkv]  # the K/V rank r holds at this step
+    held = [(x.k, x.v) for x in ranks]  # the K/V chunks rank r holds at this step
     acc: list[list[tuple[Value, Value] | None]] = [[None, None] for _ in range(c)]
     for s in range(c):
         sent = ring.pass_kv(held, s, "")
-        for r, (k, v) in enumerate(held):
-            ks, vs = ring.split(k, 1, f"k{r}s{s}_"), ring.split(v, 1, f"v{r}s{s}_")
+        for r, (ks, vs) in enumerate(held):
             for x, y, diag in ring.blocks(r, s):
-                o, lse = fb.op(
-                    "Attention", qs[r][x], ks[y], vs[y], names=[f"o{r}_{x}", f"lse{r}_{x}"], causal=diag
-                )
+                names = [f"o{r}_{x}", f"lse{r}_{x}"]
+                o, lse = fb.op("Attention", ranks[r].q[x], ks[y], vs[y], names=names, causal=diag)
                 prev = acc[r][x]
                 if prev is not None:
-                    o, lse = fb.op("AttentionMerge", *prev, o, lse, names=[f"o{r}_{x}", f"lse{r}_{x}"])
+                    o, lse = fb.op("AttentionMerge", *prev, o, lse, names=names)
                 acc[r][x] = (o, lse)
         held = ring.arrive(sent) if sent else held
-    outs = []
-    for r in range(c):
-        (o0, l0), (o1, l1) = (p for p in acc[r] if p is not None)
-        (o,) = fb.op("Concat", o0, o1, names=[f"out_{r}"], axis=1)
-        (lse,) = fb.op("Concat", l0, l1, names=[f"lse_{r}"], axis=2)
-        outs.append((o, lse))
-    return outs
+    out = []
+    for a in acc:
+        first, second = a
+        assert first is not None and second is not None  # every query sees its diagonal block
+        out.append((first, second))
+    return out
 
 
 def _backward(
-    ring: _Ring, qkvd: Sequence[tuple[Value, Value, Value, Value]], fwd: Sequence[tuple[Value, Value]]
-) -> list[tuple[Value, Value, Value]]:
+    ring: _Ring, ranks: Sequence[_Local], fwd: Sequence[tuple[tuple[Value, Value], tuple[Value, Value]]]
+) -> list[tuple[Pair, Pair, Pair]]:
+    """Per rank: (dq, dk, dv), each as its two chunks."""
     fb, c = ring.fb, ring.c
-    qs = [ring.split(q, 1, f"bq{r}_") for r, (q, _, _, _) in enumerate(qkvd)]
-    dos = [ring.split(do, 1, f"do{r}_") for r, (_, _, _, do) in enumerate(qkvd)]
-    os_ = [ring.split(o, 1, f"bo{r}_") for r, (o, _) in enumerate(fwd)]
-    ls = [ring.split(lse, 2, f"bl{r}_") for r, (_, lse) in enumerate(fwd)]
-    held = [(k, v) for _, k, v, _ in qkvd]
-    dkv: list[tuple[Value, Value] | None] = [None] * c  # arriving dK/dV of the held K/V
+    held = [(x.k, x.v) for x in ranks]
+    dkv: list[tuple[Pair, Pair] | None] = [None] * c  # arriving dK/dV of the held K/V
     dq: list[list[Value | None]] = [[None, None] for _ in range(c)]
     for s in range(c):
         sent = ring.pass_kv(held, s, "b")
         out_dkv = []
-        for r, (k, v) in enumerate(held):
-            ks, vs = ring.split(k, 1, f"bk{r}s{s}_"), ring.split(v, 1, f"bv{r}s{s}_")
+        for r, (ks, vs) in enumerate(held):
+            loc = ranks[r]
             dks: list[Value | None] = [None, None]
             dvs: list[Value | None] = [None, None]
             for x, y, diag in ring.blocks(r, s):
+                o, lse = fwd[r][x]
                 g = fb.op(
                     "AttentionGrad",
-                    dos[r][x],
-                    qs[r][x],
+                    loc.dout[x],
+                    loc.q[x],
                     ks[y],
                     vs[y],
-                    os_[r][x],
-                    ls[r][x],
+                    o,
+                    lse,
                     names=[f"dq{r}_{x}", f"dk{r}_{y}", f"dv{r}_{y}"],
                     causal=diag,
                 )
                 dq[r][x] = _add(fb, dq[r][x], g[0])
                 dks[y], dvs[y] = _add(fb, dks[y], g[1]), _add(fb, dvs[y], g[2])
-            dk = _concat(fb, dks, ks, f"dk{r}s{s}")
-            dv = _concat(fb, dvs, vs, f"dv{r}s{s}")
             prev = dkv[r]
-            if prev is not None:
-                got_k, got_v = ring.take(prev[0], r), ring.take(prev[1], r)
-                dk = fb.op("Add", got_k, dk, names=[dk.name])[0]
-                dv = fb.op("Add", got_v, dv, names=[dv.name])[0]
+            got = (ring.take_pair(prev[0], r), ring.take_pair(prev[1], r)) if prev is not None else None
             j = (r - s) % c
-            out_dkv.append((ring.send(dk, r, f"dk{j}"), ring.send(dv, r, f"dv{j}")))
+            dk = _sum_chunks(fb, dks, got[0] if got else None, ks, f"dk{j}")
+            dv = _sum_chunks(fb, dvs, got[1] if got else None, vs, f"dv{j}")
+            out_dkv.append((ring.send_pair(dk, r), ring.send_pair(dv, r)))
         dkv = [out_dkv[r - 1] for r in range(c)]
         held = ring.arrive(sent) if sent else held
     results = []
     for r in range(c):
         dq0, dq1 = dq[r]
-        assert dq0 is not None and dq1 is not None  # every query sees at least its diagonal block
-        (dqr,) = fb.op("Concat", dq0, dq1, names=[f"dq_{r}"], axis=1)
         arrived = dkv[r]
-        assert arrived is not None
-        results.append((dqr, ring.take(arrived[0], r), ring.take(arrived[1], r)))
+        assert dq0 is not None and dq1 is not None and arrived is not None
+        results.append(((dq0, dq1), ring.take_pair(arrived[0], r), ring.take_pair(arrived[1], r)))
     return results
+
+
+def _sum_chunks(
+    fb: FunctionBuilder, parts: Sequence[Value | None], arrived: Pair | None, like: Pair, name: str
+) -> Pair:
+    """This step's gradient of each K/V chunk plus what arrived with it; a chunk no block touched
+    passes on what arrived (or zeros at the first step)."""
+    out = []
+    for i, p in enumerate(parts):
+        a = arrived[i] if arrived is not None else None
+        if p is None:
+            p = a if a is not None else fb.op("FillLike", like[i], names=[f"{name}_{i}"], value=0.0)[0]
+        elif a is not None:
+            (p,) = fb.op("Add", a, p, names=[f"{name}_{i}"])
+        out.append(p)
+    return out[0], out[1]
 
 
 def _add(fb: FunctionBuilder, acc: Value | None, x: Value) -> Value:
     return x if acc is None else fb.op("Add", acc, x, names=[x.name])[0]
-
-
-def _concat(fb: FunctionBuilder, parts: Sequence[Value | None], like: Sequence[Value], name: str) -> Value:
-    """The two chunks' gradients along the sequence; a chunk no block touched gets zeros."""
-    full = [
-        p if p is not None else fb.op("FillLike", x, names=[f"{name}_0"], value=0.0)[0]
-        for p, x in zip(parts, like, strict=True)
-    ]
-    return fb.op("Concat", *full, names=[name], axis=1)[0]
 
 
 __all__ = [
