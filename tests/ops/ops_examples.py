@@ -416,6 +416,7 @@ EXAMPLES.update(
         "Rope": [
             Case([T(f32, 2, 5, 3, 4)]),
             Case([T(f64, 1, 3, 2, 6)], {"theta": 500000.0, "inverse": True}),
+            Case([T(f32, 2, 3, 2, 4)], {"offset": 5}),
         ],
     }
 )

@@ -158,6 +158,8 @@ def test_dropout_is_typed_but_the_reference_refuses_it() -> None:
 def test_rope_rejects_an_odd_head_dim() -> None:
     with pytest.raises(OpTypeError, match="even head_dim"):
         ROPE.infer_types([T(f32, 1, 2, 2, 3)], Attrs({}), [None])
+    with pytest.raises(OpTypeError, match="offset=-1 must be a position"):
+        ROPE.infer_types([T(f32, 1, 2, 2, 4)], Attrs({"offset": -1}), [None])
 
 
 # -- Rope -------------------------------------------------------------------------------------
@@ -277,3 +279,15 @@ def test_every_attention_merge_strategy_is_sound(n: int) -> None:
     o1, o2 = rng.standard_normal((3, 4, 4, 2)), rng.standard_normal((3, 4, 4, 2))
     l1, l2 = rng.standard_normal((3, 4, 4)), rng.standard_normal((3, 4, 4))
     assert check(Case("AttentionMerge", (o1, l1, o2, l2), {}), n, 14) == 4  # R, batch, seq, heads
+
+
+def test_rope_of_a_chunk_with_its_offset_is_that_chunk_of_the_whole() -> None:
+    """Context parallelism rotates a rank's chunks at their global positions."""
+    x = np.random.default_rng(10).standard_normal((2, 12, 3, 4))
+    whole = run("Rope", [x], theta=100.0)[0]
+    for lo, hi in ((0, 3), (3, 6), (9, 12)):
+        np.testing.assert_allclose(
+            run("Rope", [x[:, lo:hi]], theta=100.0, offset=lo)[0], whole[:, lo:hi], rtol=1e-13
+        )
+        back = run("Rope", [whole[:, lo:hi]], theta=100.0, offset=lo, inverse=True)[0]
+        np.testing.assert_allclose(back, x[:, lo:hi], rtol=1e-12, atol=1e-13)

@@ -36,7 +36,8 @@ pointwise per query: batch, sequence or heads (out on dims 0/1/2, lse on 0/2/1).
 Llama applies it to q and k: x is (B, S, heads, d) with d even, and each consecutive pair
 ``(x[2i], x[2i+1])`` at position ``s`` (dim 1) is rotated by the angle ``s · theta^(-2i/d)``.
 ``inverse`` rotates by the opposite angle: the inverse, and the transpose, so it is also the
-gradient.
+gradient. ``offset`` (default 0) is the global position of x's first row: a chunk of a longer
+sequence (context parallelism's, ``distir.parallel.context``) is rotated as it is in the whole.
 
 Sharding (``distir.ops.sharding``-style rules, defined here): both attention ops split the batch
 (every tensor on its dim 0), or the heads (q, k, v, out on dim 2, lse on dim 1) when every
@@ -433,18 +434,26 @@ def _rope_rule(ctx: TypeCtx) -> Sequence[Type]:
         )
     if ctx.attr("theta") <= 0:
         ctx.fail(f"Rope theta={ctx.attr('theta')} must be positive", None, "> 0", ctx.attr("theta"))
+    if ctx.attr("offset") < 0:
+        ctx.fail(
+            f"Rope offset={ctx.attr('offset')} must be a position (>= 0)", None, ">= 0", ctx.attr("offset")
+        )
     return (ctx.out(x.dtype, x.shape),)
 
 
-def rope_angles(seq: int, head_dim: int, theta: float) -> F64:
-    """(S, d/2): position s times theta^(-2i/d)."""
+def rope_angles(seq: int, head_dim: int, theta: float, offset: int = 0) -> F64:
+    """(S, d/2): position offset + s times theta^(-2i/d)."""
     freqs = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    return np.outer(np.arange(seq, dtype=np.float64), freqs)
+    return np.outer(np.arange(offset, offset + seq, dtype=np.float64), freqs)
+
+
+def _offset(attrs: Attrs) -> int:
+    return int(attrs.get("offset", 0) or 0)
 
 
 def _rope_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     x = np.asarray(args[0])
-    ang = rope_angles(x.shape[1], x.shape[3], float_attr(attrs, "theta", 10000.0))
+    ang = rope_angles(x.shape[1], x.shape[3], float_attr(attrs, "theta", 10000.0), _offset(attrs))
     if attrs.get("inverse", False):
         ang = -ang
     cos, sin = np.cos(ang)[None, :, None, :], np.sin(ang)[None, :, None, :]
@@ -471,7 +480,11 @@ ROPE = register(
         inputs=("X",),
         outputs=("Y",),
         infer=_rope_rule,
-        attrs={"theta": AttrSpec("float", 10000.0), "inverse": AttrSpec("bool", False)},
+        attrs={
+            "theta": AttrSpec("float", 10000.0),
+            "inverse": AttrSpec("bool", False),
+            "offset": AttrSpec("int", 0),
+        },
         reference=_rope_ref,
         flops=out_numel_flops(3.0),
         doc="Rotary position embedding of X (B, S, h, d): pairs (2i, 2i+1) at position s rotated by "
@@ -496,7 +509,9 @@ def _attention_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequ
 
 def _rope_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
     theta = float_attr(op.attrs, "theta", 10000.0)
-    return ctx.op("Rope", first(douts), theta=theta, inverse=not bool(op.attrs.get("inverse", False)))
+    inverse = not bool(op.attrs.get("inverse", False))
+    at = {"offset": _offset(op.attrs)} if _offset(op.attrs) else {}
+    return ctx.op("Rope", first(douts), theta=theta, inverse=inverse, **at)
 
 
 ATTENTION.fill("grad", _attention_grad)
@@ -588,8 +603,8 @@ def _attention_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) ->
 
 
 @functools.lru_cache(maxsize=64)
-def _rope_table(seq: int, head_dim: int, theta: float, inverse: bool) -> tuple[F64, F64]:
-    ang = rope_angles(seq, head_dim, theta)
+def _rope_table(seq: int, head_dim: int, theta: float, inverse: bool, offset: int) -> tuple[F64, F64]:
+    ang = rope_angles(seq, head_dim, theta, offset)
     return np.cos(-ang if inverse else ang), np.sin(-ang if inverse else ang)
 
 
@@ -598,7 +613,11 @@ def _rope_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any
     x = xs[0]
     xf = upcast(ctx, x)
     table = _rope_table(
-        x.shape[1], x.shape[3], float_attr(attrs, "theta", 10000.0), bool(attrs.get("inverse", False))
+        x.shape[1],
+        x.shape[3],
+        float_attr(attrs, "theta", 10000.0),
+        bool(attrs.get("inverse", False)),
+        _offset(attrs),
     )
     cos, sin = (ctx.torch.from_numpy(t).to(device=x.device, dtype=xf.dtype)[None, :, None, :] for t in table)
     even, odd = xf[..., 0::2], xf[..., 1::2]
