@@ -12,19 +12,24 @@ program, not as a sharding rule of ``Attention``: each block is the registry's `
 chunks; rank i holds chunks i and 2c−1−i (Megatron's and torchtitan's layout), so under a causal
 mask every rank does the same work. ``balanced_positions`` gives a rank's global positions;
 ``shard_sequence`` / ``unshard_sequence`` move a tensor between the global order and the ranks'
-pieces. Position-dependent ops on a rank's piece must use those global positions.
+pieces. Position-dependent ops on a rank's piece must use those global positions: ``Rope`` takes
+the global position of a chunk's first row (its ``offset``); the causal mask is the block kinds
+below. In the program a rank's two chunks stay separate values end to end (no copy to split or
+join its piece) and travel separately: per step a rank sends its four K/V chunks (K and V of
+each chunk; Megatron packs them into one buffer — the same bytes, 4α instead of α).
 
 **Blocks.** A query chunk a against a key chunk b (global chunk indices) is ``diag`` when a = b
 (the ordinary causal block), ``full`` when a > b (every key visible: ``causal=False``), and
 skipped when a < b (every key hidden); without a causal mask every block is ``full``.
 
 **Forward** (``ring_attention``): at step s = 0..c−1, rank r holds the K/V of rank (r − s) mod c;
-it first sends them on to rank r+1 (one Send of K and one of V per step, except the last step),
-then runs its blocks against them, merging into its running (out, lse) per query chunk — the
+it first sends them on to rank r+1 (except at the last step), then runs its blocks against them, merging into its running (out, lse) per query chunk — the
 transfer overlaps the blocks. **Backward**: FlashAttention-2's backward needs only the merged
 out and lse, so each block is ``AttentionGrad`` with them: dQ accumulates on the rank; dK/dV of
 the travelling K/V accumulate along the ring, sent on with them, and after c steps arrive back
-at their owner (c Sends of dK and dV per rank; K/V themselves travel c−1 times).
+at their owner (dK/dV travel c times, K/V c−1 times). Memory per rank: 1/c of q, k, v, dout
+and of the results, plus the ring's buffers (the K/V chunks received, the travelling dK/dV),
+also ∝ 1/c.
 
 With ``comm_streams`` the ring runs on two streams per GPU (program devices c+r send, 2c+r
 receive; ``ring_device_map``): the compute device hands a tensor to its send stream and takes it
