@@ -63,7 +63,7 @@ from distir.ir.ops import Op
 from distir.ir.types import DType, TensorType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops import sharding as sh
-from distir.ops._rules import float_attr, float_input, out_numel_flops, same_dtype
+from distir.ops._rules import float_attr, float_input, int_attr, out_numel_flops, same_dtype
 from distir.ops._special import F64, f64
 from distir.ops._torch import like, upcast
 from distir.ops.gradrules import GradCtx, NotDifferentiableError, first
@@ -448,7 +448,7 @@ def rope_angles(seq: int, head_dim: int, theta: float, offset: int = 0) -> F64:
 
 
 def _offset(attrs: Attrs) -> int:
-    return int(attrs.get("offset", 0) or 0)
+    return int_attr(attrs, "offset", 0)
 
 
 def _rope_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
