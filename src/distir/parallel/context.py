@@ -24,10 +24,10 @@ skipped when a < b (every key hidden); without a causal mask every block is ``fu
 
 **Forward** (``ring_attention``): at step s = 0..c−1, rank r holds the K/V of rank (r − s) mod c;
 it first sends them on to rank r+1 (except at the last step), then runs its blocks against them,
-merging into its running (out, lse) per query chunk — the transfer overlaps the blocks. **Backward**: FlashAttention-2's backward needs only the merged
-out and lse, so each block is ``AttentionGrad`` with them: dQ accumulates on the rank; dK/dV of
-the travelling K/V accumulate along the ring, sent on with them, and after c steps arrive back
-at their owner (dK/dV travel c times, K/V c−1 times). Memory per rank: 1/c of q, k, v, dout
+merging into its running (out, lse) per query chunk — the transfer overlaps the blocks.
+**Backward**: FlashAttention-2's backward needs only the merged out and lse, so each block is
+``AttentionGrad`` with them: dQ accumulates on the rank; dK/dV of the travelling K/V accumulate
+along the ring, sent on with them, and after c steps arrive back at their owner (dK/dV travel c times, K/V c−1 times). Memory per rank: 1/c of q, k, v, dout
 and of the results, plus the ring's buffers (the K/V chunks received, the travelling dK/dV),
 also ∝ 1/c.
 
