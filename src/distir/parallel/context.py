@@ -27,9 +27,9 @@ it first sends them on to rank r+1 (except at the last step), then runs its bloc
 merging into its running (out, lse) per query chunk — the transfer overlaps the blocks.
 **Backward**: FlashAttention-2's backward needs only the merged out and lse, so each block is
 ``AttentionGrad`` with them: dQ accumulates on the rank; dK/dV of the travelling K/V accumulate
-along the ring, sent on with them, and after c steps arrive back at their owner (dK/dV travel c times, K/V c−1 times). Memory per rank: 1/c of q, k, v, dout
-and of the results, plus the ring's buffers (the K/V chunks received, the travelling dK/dV),
-also ∝ 1/c.
+along the ring, sent on with them, and after c steps arrive back at their owner (dK/dV travel c
+times, K/V c−1 times). Memory per rank: 1/c of q, k, v, dout and of the results, plus the ring's
+buffers (the K/V chunks received, the travelling dK/dV), also ∝ 1/c.
 
 With ``comm_streams`` the ring runs on two streams per GPU (program devices c+r send, 2c+r
 receive; ``ring_device_map``): the compute device hands a tensor to its send stream and takes it
