@@ -407,11 +407,19 @@ EXAMPLES.update(
             ),
             Case([*[T(f64, 1, 4, 3, 2)] * 5, T(f64, 1, 3, 4)]),
         ],
+        "AttentionMerge": [
+            # out1, lse1, out2, lse2
+            Case([T(f32, 2, 3, 4, 2), T(f32, 2, 4, 3), T(f32, 2, 3, 4, 2), T(f32, 2, 4, 3)]),
+            Case([T(f64, 1, 5, 2, 3), T(f64, 1, 2, 5), T(f64, 1, 5, 2, 3), T(f64, 1, 2, 5)]),
+            Case([T(f16, 1, 2, 2, 4), T(f32, 1, 2, 2), T(f16, 1, 2, 2, 4), T(f32, 1, 2, 2)]),
+        ],
         "Rope": [
             Case([T(f32, 2, 5, 3, 4)]),
             Case([T(f64, 1, 3, 2, 6)], {"theta": 500000.0, "inverse": True}),
             Case([T(f64, 2, 4, 3, 6)], {"halves": True}),
             Case([T(f32, 1, 5, 2, 4)], {"halves": True, "freqs": (1.0, 0.05), "inverse": True}),
+            Case([T(f32, 2, 3, 2, 4)], {"offset": 5}),
+            Case([T(f32, 1, 3, 2, 4)], {"halves": True, "offset": 2}),
         ],
     }
 )

@@ -158,6 +158,8 @@ def test_dropout_is_typed_but_the_reference_refuses_it() -> None:
 def test_rope_rejects_an_odd_head_dim() -> None:
     with pytest.raises(OpTypeError, match="even head_dim"):
         ROPE.infer_types([T(f32, 1, 2, 2, 3)], Attrs({}), [None])
+    with pytest.raises(OpTypeError, match="offset=-1 must be a position"):
+        ROPE.infer_types([T(f32, 1, 2, 2, 4)], Attrs({"offset": -1}), [None])
 
 
 # -- Rope -------------------------------------------------------------------------------------
@@ -275,3 +277,48 @@ def test_heads_are_split_only_in_whole_gqa_groups() -> None:
         "S(1)" in s.split("->")[0] or "S(3)" in s for s in _offered("Attention", [(2, 4, 4, 4)] * 3, 2)
     )
     assert not any("S(1)" in s or "S(3)" in s for s in _offered("Rope", [(2, 4, 4, 4)], 2))
+
+
+@pytest.mark.parametrize("shape", SHAPES[:3])
+def test_attention_merge_of_two_key_sets_is_attention_over_both(shape: tuple[int, ...]) -> None:
+    """Attention of q over keys [0, j) merged with attention over [j, S) is attention over all S
+    (the naive per-head softmax as the oracle)."""
+    q, k, v = qkv(np.random.default_rng(3), *shape)
+    j = shape[1] // 2
+    o1, l1 = run("Attention", [q, k[:, :j], v[:, :j]])
+    o2, l2 = run("Attention", [q, k[:, j:], v[:, j:]])
+    out, lse = run("AttentionMerge", [o1, l1, o2, l2])
+    want_out, want_lse = naive_attention(q, k, v, False, 1 / math.sqrt(shape[4]))
+    np.testing.assert_allclose(out, want_out, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-12)
+
+
+def test_attention_merge_with_an_empty_part_keeps_the_other() -> None:
+    rng = np.random.default_rng(4)
+    o, lse = rng.standard_normal((1, 3, 2, 2)), rng.standard_normal((1, 2, 3))
+    empty = np.full_like(lse, -np.inf)
+    out, got = run("AttentionMerge", [o, lse, np.zeros_like(o), empty])
+    np.testing.assert_allclose(out, o, rtol=1e-15)
+    np.testing.assert_allclose(got, lse, rtol=1e-15)
+    out, got = run("AttentionMerge", [o, empty, o, empty])
+    assert np.all(out == 0.0) and np.all(got == -np.inf)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_attention_merge_strategy_is_sound(n: int) -> None:
+    rng = np.random.default_rng(9)
+    o1, o2 = rng.standard_normal((3, 4, 4, 2)), rng.standard_normal((3, 4, 4, 2))
+    l1, l2 = rng.standard_normal((3, 4, 4)), rng.standard_normal((3, 4, 4))
+    assert check(Case("AttentionMerge", (o1, l1, o2, l2), {}), n, 14) == 4  # R, batch, seq, heads
+
+
+def test_rope_of_a_chunk_with_its_offset_is_that_chunk_of_the_whole() -> None:
+    """Context parallelism rotates a rank's chunks at their global positions."""
+    x = np.random.default_rng(10).standard_normal((2, 12, 3, 4))
+    whole = run("Rope", [x], theta=100.0)[0]
+    for lo, hi in ((0, 3), (3, 6), (9, 12)):
+        np.testing.assert_allclose(
+            run("Rope", [x[:, lo:hi]], theta=100.0, offset=lo)[0], whole[:, lo:hi], rtol=1e-13
+        )
+        back = run("Rope", [whole[:, lo:hi]], theta=100.0, offset=lo, inverse=True)[0]
+        np.testing.assert_allclose(back, x[:, lo:hi], rtol=1e-12, atol=1e-13)

@@ -103,7 +103,7 @@ def test_new_ops_are_registered_in_their_families() -> None:
         },
         "conv": {"Conv", "MaxPool", "AveragePool"},
         "optim": {"SGD", "Adam"},
-        "attention": {"Attention", "AttentionGrad", "Rope"},
+        "attention": {"Attention", "AttentionGrad", "AttentionMerge", "Rope"},
     }
     for fam, names in families.items():
         assert {d.name for d in REGISTRY if d.family == fam} == names, fam

@@ -11,7 +11,7 @@ from distir.parallel.strategy import SCHEDULES, Strategy, StrategyError, parse_s
 
 @st.composite
 def strategies(draw: st.DrawFn) -> Strategy:
-    d, t, p, k = (draw(st.integers(1, 16)) for _ in range(4))
+    d, t, p, k, c = (draw(st.integers(1, 16)) for _ in range(5))
     schedule = draw(st.sampled_from(SCHEDULES))
     v = draw(st.integers(1, 4)) if schedule == "interleaved" else 1
     part: tuple[int, ...] | str = draw(
@@ -21,7 +21,9 @@ def strategies(draw: st.DrawFn) -> Strategy:
         )
     )
     placement = (
-        draw(st.none() | st.permutations(list(range(d * t * p))).map(tuple)) if d * t * p <= 8 else None
+        draw(st.none() | st.permutations(list(range(d * c * t * p))).map(tuple))
+        if d * c * t * p <= 8
+        else None
     )
     return Strategy(
         d,
@@ -35,6 +37,7 @@ def strategies(draw: st.DrawFn) -> Strategy:
         part,
         placement,
         sp=t > 1 and draw(st.booleans()),
+        c=c,
     )
 
 
@@ -73,6 +76,9 @@ def test_the_issue_example() -> None:
         ("sp", "needs t > 1"),
         ("t2.sp.sp", "sp is given twice"),
         ("t2.seqp", "did you mean sp"),
+        ("c0", "c must be a positive integer"),
+        ("c2.cx", "unknown part 'cx'"),
+        ("d2.@0-1.c2", "permutation of 0..3"),
     ],
 )
 def test_bad_strings_are_named(text: str, message: str) -> None:
@@ -89,3 +95,14 @@ def test_sequence_parallel_string_form() -> None:
     assert not parse_strategy("d2.t4.p2.k8.1f1b").sp
     with pytest.raises(StrategyError, match="sp must be True or False"):
         Strategy(t=2, sp=1)  # type: ignore[arg-type]
+
+
+def test_context_parallel_string_form() -> None:
+    """``c<n>`` prints after ``t<n>``/``sp`` (``d2.t1.c2.p1.k1``), only when c > 1, and counts in
+    the devices (a stage's mesh is d·c·t)."""
+    s = parse_strategy("d2.t1.c2.p1.k1")
+    assert s == Strategy(d=2, k=1, c=2)
+    assert str(s) == "d2.t1.c2.p1.k1.1f1b"
+    assert s.devices == 4
+    assert str(parse_strategy("p2.c4.d2.t2.sp")) == "d2.t2.sp.c4.p2.k1.1f1b"
+    assert parse_strategy("d2.t4").c == 1 and "c" not in str(parse_strategy("d2.t4"))

@@ -1,4 +1,4 @@
-"""Fused attention and rotary position embedding: Attention, AttentionGrad, Rope.
+"""Fused attention and rotary position embedding: Attention, AttentionGrad, AttentionMerge, Rope.
 
 ``out, lse = Attention(q, k, v; causal, scale, dropout)`` is scaled-dot-product self-attention
 as FlashAttention-2 computes it, in its BSHD layout (no transposes around it):
@@ -24,6 +24,14 @@ the type rule and costs nothing extra here (FlashAttention generates its mask on
 seed); the numpy references refuse a nonzero dropout (``AttentionDropoutError``): they cannot
 reproduce the kernel's random stream, so a program with dropout can be simulated but not run.
 
+``out, lse = AttentionMerge(out1, lse1, out2, lse2)`` merges two partial attentions of the same
+queries over disjoint key sets (ring attention's step; FlashAttention's online softmax across
+blocks): ``lse = log(exp(lse1) + exp(lse2))``, ``out = exp(lse1 − lse)·out1 + exp(lse2 −
+lse)·out2`` per query and head, in f32 (f64 for f64) like the lse. It has no gradient rule: the
+ring backward runs AttentionGrad per block with the *merged* out and lse (FlashAttention-2's
+backward only needs those), so nothing differentiates through the merge. Its sharding is
+pointwise per query: batch, sequence or heads (out on dims 0/1/2, lse on 0/2/1).
+
 ``Rope(x; theta, inverse)`` is rotary position embedding (Su et al., "RoFormer", 2021) as Meta's
 Llama applies it to q and k: x is (B, S, heads, d) with d even, and each consecutive pair
 ``(x[2i], x[2i+1])`` at position ``s`` (dim 1) is rotated by the angle ``s · theta^(-2i/d)``.
@@ -31,6 +39,8 @@ Llama applies it to q and k: x is (B, S, heads, d) with d even, and each consecu
 gradient. Two options describe the other common forms: ``halves`` pairs ``(x[i], x[i + d/2])``
 instead (GPT-NeoX's and Hugging Face's ``rotate_half``), and ``freqs`` lists the d/2 inverse
 frequencies explicitly in place of ``theta^(-2i/d)`` (scaled schedules: Llama 3's, NTK).
+``offset`` (default 0) is the global position of x's first row: a chunk of a longer sequence
+(context parallelism's, ``distir.parallel.context``) is rotated as it is in the whole.
 
 Sharding (``distir.ops.sharding``-style rules, defined here): both attention ops split the batch
 (every tensor on its dim 0), or the heads (q, k, v, out on dim 2, lse on dim 1) when every
@@ -56,7 +66,7 @@ from distir.ir.ops import Op
 from distir.ir.types import DType, TensorType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops import sharding as sh
-from distir.ops._rules import float_attr, float_input, out_numel_flops, same_dtype
+from distir.ops._rules import float_attr, float_input, int_attr, out_numel_flops, same_dtype
 from distir.ops._special import F64, f64
 from distir.ops._torch import like, upcast
 from distir.ops.gradrules import GradCtx, NotDifferentiableError, first
@@ -345,6 +355,76 @@ ATTENTION_GRAD = register(
 )
 
 
+# -- AttentionMerge ---------------------------------------------------------------------------
+def _merge_rule(ctx: TypeCtx) -> Sequence[Type]:
+    o1 = float_input(ctx, 0, "out1")
+    same_dtype(ctx, [0, 2])
+    same_dtype(ctx, [1, 3])
+    if o1.rank != 4:
+        ctx.fail("AttentionMerge: out1 must be (batch, seq, heads, head_dim)", 0, "rank 4", o1.rank)
+    b, s_, h, _ = o1.shape
+    for i, want in ((1, (b, h, s_)), (2, o1.shape), (3, (b, h, s_))):
+        got = ctx.tensor(i).shape
+        if got != want:
+            ctx.fail(f"AttentionMerge: input {i} of shape {got} does not fit out1 {o1.shape}", i, want, got)
+    lt = lse_dtype(o1.dtype)
+    if ctx.tensor(1).dtype != lt:
+        ctx.fail(
+            f"AttentionMerge: the lse must be {lt.value} for {o1.dtype.value} outputs",
+            1,
+            lt,
+            ctx.tensor(1).dtype,
+        )
+    return (ctx.out(o1.dtype, o1.shape), ctx.out(lt, (b, h, s_)))
+
+
+def attention_merge_reference(o1: Any, lse1: Any, o2: Any, lse2: Any) -> tuple[F64, F64]:
+    """The merged (out, lse) in float64 (module docstring); a query with no visible key in
+    either part (both lse −inf) gets out 0, lse −inf."""
+    l1, l2 = f64(lse1), f64(lse2)
+    lse = np.logaddexp(l1, l2)
+    safe = np.where(np.isfinite(lse), lse, 0.0)
+    w1 = np.where(np.isfinite(l1), np.exp(l1 - safe), 0.0)
+    w2 = np.where(np.isfinite(l2), np.exp(l2 - safe), 0.0)
+    bshd = (0, 2, 1)  # (B, h, S) -> (B, S, h), then a trailing axis for d
+
+    def weigh(w: F64, o: Any) -> F64:
+        return np.transpose(w, bshd)[..., None] * f64(o)
+
+    return weigh(w1, o1) + weigh(w2, o2), lse
+
+
+def _merge_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    out, lse = attention_merge_reference(*args)
+    return (out.astype(np.asarray(args[0]).dtype), lse.astype(np.asarray(args[1]).dtype))
+
+
+def _merge_sharding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[sh.Strategy]:
+    o = _q_shape(ins[0])
+    found = [sh.replicated(ins, outs)]
+    for dim, lse_dim in ((0, 0), (1, 2), (2, 1)):
+        if o[dim] > 1:
+            pl = (Shard(dim), Shard(lse_dim))
+            found.append(sh.Strategy(pl * 2, pl))
+    return found
+
+
+ATTENTION_MERGE = register(
+    OpDef(
+        name="AttentionMerge",
+        family=FAMILY,
+        inputs=("out1", "lse1", "out2", "lse2"),
+        outputs=("out", "lse"),
+        infer=_merge_rule,
+        reference=_merge_ref,
+        flops=out_numel_flops(3.0),
+        doc="Merge two partial attentions of the same queries over disjoint keys by their "
+        "log-sum-exps (ring attention's online-softmax step).",
+        sharding=_merge_sharding,
+    )
+)
+
+
 # -- Rope -------------------------------------------------------------------------------------
 def _rope_rule(ctx: TypeCtx) -> Sequence[Type]:
     x = float_input(ctx, 0, "X")
@@ -357,6 +437,10 @@ def _rope_rule(ctx: TypeCtx) -> Sequence[Type]:
         )
     if ctx.attr("theta") <= 0:
         ctx.fail(f"Rope theta={ctx.attr('theta')} must be positive", None, "> 0", ctx.attr("theta"))
+    if ctx.attr("offset") < 0:
+        ctx.fail(
+            f"Rope offset={ctx.attr('offset')} must be a position (>= 0)", None, ">= 0", ctx.attr("offset")
+        )
     freqs = ctx.attr("freqs")
     if freqs is not None and len(freqs) != x.shape[3] // 2:
         ctx.fail(
@@ -368,19 +452,25 @@ def _rope_rule(ctx: TypeCtx) -> Sequence[Type]:
     return (ctx.out(x.dtype, x.shape),)
 
 
-def rope_angles(seq: int, head_dim: int, theta: float, freqs: Sequence[float] | None = None) -> F64:
-    """(S, d/2): position s times theta^(-2i/d) (or times ``freqs[i]`` when given)."""
+def rope_angles(
+    seq: int, head_dim: int, theta: float, freqs: Sequence[float] | None = None, offset: int = 0
+) -> F64:
+    """(S, d/2): position offset + s times theta^(-2i/d) (or times ``freqs[i]`` when given)."""
     if freqs is None:
         f = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     else:
         f = np.asarray(freqs, dtype=np.float64)
-    return np.outer(np.arange(seq, dtype=np.float64), f)
+    return np.outer(np.arange(offset, offset + seq, dtype=np.float64), f)
+
+
+def _offset(attrs: Attrs) -> int:
+    return int_attr(attrs, "offset", 0)
 
 
 def _rope_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     x = np.asarray(args[0])
     freqs = attrs.get("freqs")
-    ang = rope_angles(x.shape[1], x.shape[3], float_attr(attrs, "theta", 10000.0), freqs)  # type: ignore[arg-type]
+    ang = rope_angles(x.shape[1], x.shape[3], float_attr(attrs, "theta", 10000.0), freqs, _offset(attrs))  # type: ignore[arg-type]
     if attrs.get("inverse", False):
         ang = -ang
     cos, sin = np.cos(ang)[None, :, None, :], np.sin(ang)[None, :, None, :]
@@ -420,11 +510,13 @@ ROPE = register(
             "inverse": AttrSpec("bool", False),
             "halves": AttrSpec("bool", False),
             "freqs": AttrSpec("floats", None),
+            "offset": AttrSpec("int", 0),
         },
         reference=_rope_ref,
         flops=out_numel_flops(3.0),
         doc="Rotary position embedding of X (B, S, h, d): pairs (2i, 2i+1) (or (i, i+d/2) when halves) at "
-        "position s rotated by s·theta^(-2i/d) (or s·freqs[i]; by the opposite angle when inverse).",
+        "position offset + s rotated by (offset + s)·theta^(-2i/d) (or ·freqs[i]; by the opposite angle when "
+        "inverse).",
         sharding=_rope_sharding,
     )
 )
@@ -539,9 +631,9 @@ def _attention_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) ->
 
 @functools.lru_cache(maxsize=64)
 def _rope_table(
-    seq: int, head_dim: int, theta: float, inverse: bool, freqs: tuple[float, ...] | None
+    seq: int, head_dim: int, theta: float, inverse: bool, freqs: tuple[float, ...] | None, offset: int
 ) -> tuple[F64, F64]:
-    ang = rope_angles(seq, head_dim, theta, freqs)
+    ang = rope_angles(seq, head_dim, theta, freqs, offset)
     return np.cos(-ang if inverse else ang), np.sin(-ang if inverse else ang)
 
 
@@ -557,6 +649,7 @@ def _rope_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any
         float_attr(attrs, "theta", 10000.0),
         bool(attrs.get("inverse", False)),
         tuple(freqs) if freqs is not None else None,
+        _offset(attrs),
     )
     cos, sin = (ctx.torch.from_numpy(t).to(device=x.device, dtype=xf.dtype)[None, :, None, :] for t in table)
     if attrs.get("halves", False):
@@ -569,14 +662,27 @@ def _rope_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any
     return (like(y, x),)
 
 
+def _merge_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    o1, l1, o2, l2 = xs
+    t = ctx.torch
+    lse = t.logaddexp(l1, l2)
+    safe = t.where(t.isfinite(lse), lse, t.zeros_like(lse))
+    w1 = t.where(t.isfinite(l1), t.exp(l1 - safe), t.zeros_like(l1))
+    w2 = t.where(t.isfinite(l2), t.exp(l2 - safe), t.zeros_like(l2))
+    out = w1.transpose(1, 2)[..., None] * upcast(ctx, o1) + w2.transpose(1, 2)[..., None] * upcast(ctx, o2)
+    return (like(out, o1), lse)
+
+
 ATTENTION.fill("torch", _attention_torch)
 ATTENTION_GRAD.fill("torch", _attention_grad_torch)
 ROPE.fill("torch", _rope_torch)
+ATTENTION_MERGE.fill("torch", _merge_torch)
 
 __all__ = [
     "BACKWARD_FACTOR",
     "AttentionDropoutError",
     "attention_grad_reference",
+    "attention_merge_reference",
     "attention_reference",
     "forward_flops",
     "heads_split_evenly",

@@ -252,6 +252,11 @@ class _Builder:
         model = self.prec.prepare(model)  # mixed: the loss layer in fp32
         self.model, self.s, self.opt, self.train = model, s, opt, train
         self.comm_streams = comm_streams
+        if s.c > 1:
+            raise StrategyError(
+                f"{s}: context parallelism (c={s.c}) is not wired into distribute yet; ring attention "
+                "itself is distir.parallel.context.ring_attention"
+            )
         check_batch(model.batch, s)
         self.mb = model.batch // s.k
         # program devices are numbered stage by stage; the placement maps them onto GPUs; uneven

@@ -1,11 +1,14 @@
 """A distribution strategy as a value, with a compact string form.
 
 ``Strategy(d=2, t=4, p=2, k=8, schedule="1f1b")`` prints as ``d2.t4.p2.k8.1f1b``; optional parts
-follow when they differ from the default, in this order (``sp`` right after ``t<n>``, as in
-``d2.t4.sp.p2.k8.1f1b``; the other parts after the schedule):
+follow when they differ from the default, in this order (``sp`` and ``c<n>`` right after
+``t<n>``, as in ``d2.t4.sp.c2.p2.k8.1f1b``; the other parts after the schedule):
 
     sp          sequence parallelism (Megatron-LM, Korthikanti et al. 2022) on the tensor-parallel
                 axis: activations between layers sharded along the model's sequence dim; needs t > 1
+    c<n>        context parallelism over n GPUs (after t/sp, as in ``d2.t1.c2.p1.k1``; default 1,
+                not printed): the sequence split over a ``cp`` mesh axis, attention by ring
+                (``distir.parallel.context``); a stage's mesh is (dp=d, cp=c, tp=t)
     v<n>        virtual pipeline stages per rank (interleaved schedules), default 1
     z<0-3>      ZeRO stage, default 0
     z3h<n>      HSDP (hybrid sharding: FSDP's HYBRID_SHARD, torchtitan's data_parallel_shard_degree
@@ -58,9 +61,10 @@ class Strategy:
     sp: bool = False
     shares: tuple[int, ...] | None = None  # per data-parallel replica (None: even)
     shard_group: int | None = None  # HSDP: ZeRO-3 over groups of this many replicas (None: all d)
+    c: int = 1  # context parallelism (last, so positional construction keeps its meaning)
 
     def __post_init__(self) -> None:
-        for f in ("d", "t", "p", "k", "v"):
+        for f in ("d", "t", "p", "k", "v", "c"):
             x = getattr(self, f)
             if not isinstance(x, int) or isinstance(x, bool) or x < 1:
                 raise StrategyError(f"{f} must be a positive integer, got {x!r}")
@@ -121,7 +125,7 @@ class Strategy:
 
     @property
     def devices(self) -> int:
-        return self.d * self.t * self.p
+        return self.d * self.c * self.t * self.p
 
     @property
     def zero_degree(self) -> int:
@@ -138,7 +142,8 @@ class Strategy:
         return self.placement or tuple(range(self.devices))
 
     def __str__(self) -> str:
-        parts = [f"d{self.d}", f"t{self.t}", *(["sp"] if self.sp else []), f"p{self.p}", f"k{self.k}"]
+        parts = [f"d{self.d}", f"t{self.t}", *(["sp"] if self.sp else [])]
+        parts += [*([f"c{self.c}"] if self.c != 1 else []), f"p{self.p}", f"k{self.k}"]
         parts.append(self.schedule)
         if self.v != 1:
             parts.append(f"v{self.v}")
@@ -187,7 +192,7 @@ def parse_strategy(text: str) -> Strategy:
             key, value = "schedule", name
         elif part == "sp":
             key, value = "sp", True
-        elif part[0] in "dtpkv" and part[1:].isdigit():
+        elif part[0] in "dtpkvc" and part[1:].isdigit():
             key, value = part[0], _int(part, text, "a positive integer")
         elif part[0] == "z" and "h" in part:
             stage, _, h = part[1:].partition("h")
@@ -211,6 +216,7 @@ def parse_strategy(text: str) -> Strategy:
                 "d<n>",
                 "t<n>",
                 "sp",
+                "c<n>",
                 "p<n>",
                 "k<n>",
                 "v<n>",

@@ -1,0 +1,327 @@
+"""Context parallelism: ring attention over ``c`` GPUs (Liu et al., "Ring Attention", 2023; as
+Megatron-LM's ``context_parallel`` and torchtitan's ``context_parallel`` run it).
+
+**Design (op level).** Ring attention is written as ordinary ops of an explicit per-device
+program, not as a sharding rule of ``Attention``: each block is the registry's ``Attention`` (or
+``AttentionGrad``) on one query chunk against one key/value chunk, partial results are merged by
+``AttentionMerge`` (the log-sum-exp merge, ``distir.ops.attention``), and the ring is explicit
+``Send`` ops. So the reference executor runs it (and its numbers are the sequential op's:
+``tests/parallel/test_context.py``), and the simulator times each block and each transfer.
+
+**Layout (load-balanced causal chunks).** The sequence of S positions is cut into 2c equal
+chunks; rank i holds chunks i and 2c−1−i (Megatron's and torchtitan's layout), so under a causal
+mask every rank does the same work. ``balanced_positions`` gives a rank's global positions;
+``shard_sequence`` / ``unshard_sequence`` move a tensor between the global order and the ranks'
+pieces. Position-dependent ops on a rank's piece must use those global positions: ``Rope`` takes
+the global position of a chunk's first row (its ``offset``); the causal mask is the block kinds
+below. In the program a rank's two chunks stay separate values end to end (no copy to split or
+join its piece) and travel separately: per step a rank sends its four K/V chunks (K and V of
+each chunk; Megatron packs them into one buffer — the same bytes, 4α instead of α).
+
+**Blocks.** A query chunk a against a key chunk b (global chunk indices) is ``diag`` when a = b
+(the ordinary causal block), ``full`` when a > b (every key visible: ``causal=False``), and
+skipped when a < b (every key hidden); without a causal mask every block is ``full``.
+
+**Forward** (``ring_attention``): at step s = 0..c−1, rank r holds the K/V of rank (r − s) mod c;
+it first sends them on to rank r+1 (except at the last step), then runs its blocks against them,
+merging into its running (out, lse) per query chunk — the transfer overlaps the blocks.
+**Backward**: FlashAttention-2's backward needs only the merged out and lse, so each block is
+``AttentionGrad`` with them: dQ accumulates on the rank; dK/dV of the travelling K/V accumulate
+along the ring, sent on with them, and after c steps arrive back at their owner (dK/dV travel c
+times, K/V c−1 times). Memory per rank: 1/c of q, k, v, dout and of the results, plus the ring's
+buffers (the K/V chunks received, the travelling dK/dV), also ∝ 1/c.
+
+With ``comm_streams`` the ring runs on two streams per GPU (program devices c+r send, 2c+r
+receive; ``ring_device_map``): the compute device hands a tensor to its send stream and takes it
+from its receive stream right before use (both free on one GPU), so only the streams wait for
+the link.
+
+Integration into ``distribute`` (a ``cp`` mesh axis, ``Strategy.c``) is not done yet:
+``distribute`` refuses c > 1 (``StrategyError``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+import distir
+from distir.ir.builder import FunctionBuilder
+from distir.ir.function import Module
+from distir.ir.types import Device, DType, TensorType
+from distir.ir.values import Value
+from distir.parallel.strategy import StrategyError
+from distir.sim.devices import DeviceMap, Slot
+
+RING_STREAMS = ("cp_send", "cp_recv")
+Pair = tuple[Value, Value]  # a rank's two chunks of one tensor
+
+
+def balanced_chunks(c: int, rank: int) -> tuple[int, int]:
+    """The two global chunks (of 2c) that ``rank`` holds: rank and 2c−1−rank."""
+    return rank, 2 * c - 1 - rank
+
+
+def balanced_positions(seq: int, c: int, rank: int) -> np.ndarray:
+    """The global positions of ``rank``'s tokens, in its local order (its two chunks, in turn)."""
+    n = _chunk_len(seq, c)
+    return np.concatenate([np.arange(g * n, (g + 1) * n) for g in balanced_chunks(c, rank)])
+
+
+def shard_sequence(x: Any, c: int, dim: int) -> list[np.ndarray]:
+    """Rank r's piece of ``x`` (global order along ``dim``): its two chunks, concatenated."""
+    a = np.asarray(x)
+    return [np.take(a, balanced_positions(a.shape[dim], c, r), axis=dim) for r in range(c)]
+
+
+def unshard_sequence(parts: Sequence[Any], dim: int) -> np.ndarray:
+    """The inverse of ``shard_sequence``: the ranks' pieces back in global order."""
+    c = len(parts)
+    seq = sum(np.asarray(p).shape[dim] for p in parts)
+    order = np.concatenate([balanced_positions(seq, c, r) for r in range(c)])
+    return np.take(np.concatenate([np.asarray(p) for p in parts], axis=dim), np.argsort(order), axis=dim)
+
+
+def _chunk_len(seq: int, c: int) -> int:
+    if c < 1 or seq % (2 * c):
+        raise StrategyError(
+            f"context parallelism over c={c} cuts the sequence into 2c = {2 * c} equal chunks; "
+            f"{seq} positions do not divide"
+        )
+    return seq // (2 * c)
+
+
+def block_kind(q_chunk: int, k_chunk: int, causal: bool) -> str | None:
+    """``diag``, ``full`` or None (skipped) for a query chunk against a key chunk (docstring)."""
+    if not causal or q_chunk > k_chunk:
+        return "full"
+    return "diag" if q_chunk == k_chunk else None
+
+
+@dataclass(frozen=True, slots=True)
+class RingShape:
+    """Global attention shapes: q (batch, seq, heads, head_dim), k and v (…, kv_heads, …)."""
+
+    batch: int
+    seq: int
+    heads: int
+    head_dim: int
+    kv_heads: int
+    dtype: DType = DType.f64
+    causal: bool = True
+
+
+def ring_device_map(c: int, comm_streams: bool) -> DeviceMap:
+    """Program device r on GPU r; with ``comm_streams``, c+r and 2c+r on its ring streams."""
+    m = {Device(r): Slot(r) for r in range(c)}
+    if comm_streams:
+        for k, stream in enumerate(RING_STREAMS):
+            m.update({Device((k + 1) * c + r): Slot(r, stream) for r in range(c)})
+    return DeviceMap(m)
+
+
+class _Ring:
+    """Builds the ring program (module docstring); ``send`` moves a tensor to the next rank."""
+
+    def __init__(self, fb: FunctionBuilder, c: int, causal: bool, comm_streams: bool) -> None:
+        self.fb, self.c, self.causal, self.streams = fb, c, causal, comm_streams
+
+    def send(self, x: Value, r: int, name: str) -> Value:
+        """Start moving ``x`` from rank r to rank r+1 (on the streams: as far as the receive
+        stream; ``take`` finishes the move right before use)."""
+        nxt = (r + 1) % self.c
+        if not self.streams:
+            return self.fb.op("Send", x, names=[name], dst=Device(nxt))[0]
+        (on_send,) = self.fb.op("Send", x, names=[name], dst=Device(self.c + r))
+        return self.fb.op("Send", on_send, names=[name], dst=Device(2 * self.c + nxt))[0]
+
+    def take(self, x: Value, r: int) -> Value:
+        if not self.streams:
+            return x
+        return self.fb.op("Send", x, names=[x.name], dst=Device(r))[0]
+
+    def send_pair(self, x: Pair, r: int) -> Pair:
+        return self.send(x[0], r, x[0].name), self.send(x[1], r, x[1].name)
+
+    def take_pair(self, x: Pair, r: int) -> Pair:
+        return self.take(x[0], r), self.take(x[1], r)
+
+    def pass_kv(self, held: Sequence[tuple[Pair, Pair]], s: int, tag: str) -> list[tuple[Pair, Pair]]:
+        """Step ``s``: every rank sends the K/V chunks it holds on to the next rank (none at the
+        last step); ``arrive`` takes them in at step s+1."""
+        if s == self.c - 1:
+            return []
+        c = self.c
+        out = []
+        for r, kv in enumerate(held):
+            at = f"{(r - s) % c}_at{(r + 1) % c}"
+            k, v = (
+                tuple(self.send(x, r, f"{tag}{w}{at}_{i}") for i, x in enumerate(p))
+                for w, p in zip("kv", kv, strict=True)
+            )
+            out.append(((k[0], k[1]), (v[0], v[1])))
+        return out
+
+    def arrive(self, sent: Sequence[tuple[Pair, Pair]]) -> list[tuple[Pair, Pair]]:
+        """What each rank holds after ``pass_kv``: the chunks its previous rank sent."""
+        return [(self.take_pair(sent[r - 1][0], r), self.take_pair(sent[r - 1][1], r)) for r in range(self.c)]
+
+    def blocks(self, r: int, s: int) -> list[tuple[int, int, bool]]:
+        """(query chunk, key chunk, causal) of rank r at step s, local chunk indices 0/1."""
+        j = (r - s) % self.c
+        gq, gk = balanced_chunks(self.c, r), balanced_chunks(self.c, j)
+        out = []
+        for x in (0, 1):
+            for y in (0, 1):
+                kind = block_kind(gq[x], gk[y], self.causal)
+                if kind is not None:
+                    out.append((x, y, kind == "diag"))
+        return out
+
+
+def ring_attention(shape: RingShape, c: int, comm_streams: bool = False) -> Module:
+    """The forward and backward of attention over ``c`` ranks by ring (module docstring).
+
+    Entry parameters, per rank r (on device r): the two chunks of its load-balanced piece of
+    the sequence (``shard_sequence``, cut in half) of q, k, v and dout — ``8c`` in all, rank by
+    rank, chunk by chunk. Results per rank, likewise as two chunks each: out, lse (B, h, chunk),
+    dq, dk, dv — equal to ``Attention`` / ``AttentionGrad`` of the whole sequence, pieced back
+    with ``unshard_sequence``. Chunks stay separate values (no copy to split or join a rank's
+    piece), and travel separately (a Send per chunk of K and of V)."""
+    n = _chunk_len(shape.seq, c)
+    if c < 2:
+        raise StrategyError(f"ring attention needs c >= 2 ranks, got c={c}")
+    fb = FunctionBuilder(f"ring_attention_c{c}")
+    ring = _Ring(fb, c, shape.causal, comm_streams)
+    b, h, hk, d = shape.batch, shape.heads, shape.kv_heads, shape.head_dim
+    ranks = []
+    for r in range(c):
+        dev = Device(r)
+        qt = TensorType(shape.dtype, (b, n, h, d), dev)
+        kt = TensorType(shape.dtype, (b, n, hk, d), dev)
+        named = (("q", qt), ("k", kt), ("v", kt), ("dout", qt))
+        ranks.append(_Local(*((fb.param(f"{x}_{r}_0", t), fb.param(f"{x}_{r}_1", t)) for x, t in named)))
+    fwd = _forward(ring, ranks)
+    bwd = _backward(ring, ranks, fwd)
+    results: list[Value] = []
+    for r in range(c):
+        (o0, l0), (o1, l1) = fwd[r]
+        results += [o0, o1, l0, l1]
+        results += [v for g in bwd[r] for v in g]
+    return distir.check(Module((fb.ret(*results),)))
+
+
+class _Local(NamedTuple):
+    """A rank's pieces, each as its two chunks."""
+
+    q: Pair
+    k: Pair
+    v: Pair
+    dout: Pair
+
+
+def _forward(ring: _Ring, ranks: Sequence[_Local]) -> list[tuple[tuple[Value, Value], tuple[Value, Value]]]:
+    """Per rank, per query chunk: the merged (out, lse)."""
+    fb, c = ring.fb, ring.c
+    held = [(x.k, x.v) for x in ranks]  # the K/V chunks rank r holds at this step
+    acc: list[list[tuple[Value, Value] | None]] = [[None, None] for _ in range(c)]
+    for s in range(c):
+        sent = ring.pass_kv(held, s, "")
+        for r, (ks, vs) in enumerate(held):
+            for x, y, diag in ring.blocks(r, s):
+                names = [f"o{r}_{x}", f"lse{r}_{x}"]
+                o, lse = fb.op("Attention", ranks[r].q[x], ks[y], vs[y], names=names, causal=diag)
+                prev = acc[r][x]
+                if prev is not None:
+                    o, lse = fb.op("AttentionMerge", *prev, o, lse, names=names)
+                acc[r][x] = (o, lse)
+        held = ring.arrive(sent) if sent else held
+    out = []
+    for a in acc:
+        first, second = a
+        assert first is not None and second is not None  # every query sees its diagonal block
+        out.append((first, second))
+    return out
+
+
+def _backward(
+    ring: _Ring, ranks: Sequence[_Local], fwd: Sequence[tuple[tuple[Value, Value], tuple[Value, Value]]]
+) -> list[tuple[Pair, Pair, Pair]]:
+    """Per rank: (dq, dk, dv), each as its two chunks."""
+    fb, c = ring.fb, ring.c
+    held = [(x.k, x.v) for x in ranks]
+    dkv: list[tuple[Pair, Pair] | None] = [None] * c  # arriving dK/dV of the held K/V
+    dq: list[list[Value | None]] = [[None, None] for _ in range(c)]
+    for s in range(c):
+        sent = ring.pass_kv(held, s, "b")
+        out_dkv = []
+        for r, (ks, vs) in enumerate(held):
+            loc = ranks[r]
+            dks: list[Value | None] = [None, None]
+            dvs: list[Value | None] = [None, None]
+            for x, y, diag in ring.blocks(r, s):
+                o, lse = fwd[r][x]
+                g = fb.op(
+                    "AttentionGrad",
+                    loc.dout[x],
+                    loc.q[x],
+                    ks[y],
+                    vs[y],
+                    o,
+                    lse,
+                    names=[f"dq{r}_{x}", f"dk{r}_{y}", f"dv{r}_{y}"],
+                    causal=diag,
+                )
+                dq[r][x] = _add(fb, dq[r][x], g[0])
+                dks[y], dvs[y] = _add(fb, dks[y], g[1]), _add(fb, dvs[y], g[2])
+            prev = dkv[r]
+            got = (ring.take_pair(prev[0], r), ring.take_pair(prev[1], r)) if prev is not None else None
+            j = (r - s) % c
+            dk = _sum_chunks(fb, dks, got[0] if got else None, ks, f"dk{j}")
+            dv = _sum_chunks(fb, dvs, got[1] if got else None, vs, f"dv{j}")
+            out_dkv.append((ring.send_pair(dk, r), ring.send_pair(dv, r)))
+        dkv = [out_dkv[r - 1] for r in range(c)]
+        held = ring.arrive(sent) if sent else held
+    results = []
+    for r in range(c):
+        dq0, dq1 = dq[r]
+        arrived = dkv[r]
+        assert dq0 is not None and dq1 is not None and arrived is not None
+        results.append(((dq0, dq1), ring.take_pair(arrived[0], r), ring.take_pair(arrived[1], r)))
+    return results
+
+
+def _sum_chunks(
+    fb: FunctionBuilder, parts: Sequence[Value | None], arrived: Pair | None, like: Pair, name: str
+) -> Pair:
+    """This step's gradient of each K/V chunk plus what arrived with it; a chunk no block touched
+    passes on what arrived (or zeros at the first step)."""
+    out = []
+    for i, p in enumerate(parts):
+        a = arrived[i] if arrived is not None else None
+        if p is None:
+            p = a if a is not None else fb.op("FillLike", like[i], names=[f"{name}_{i}"], value=0.0)[0]
+        elif a is not None:
+            (p,) = fb.op("Add", a, p, names=[f"{name}_{i}"])
+        out.append(p)
+    return out[0], out[1]
+
+
+def _add(fb: FunctionBuilder, acc: Value | None, x: Value) -> Value:
+    return x if acc is None else fb.op("Add", acc, x, names=[x.name])[0]
+
+
+__all__ = [
+    "RING_STREAMS",
+    "RingShape",
+    "balanced_chunks",
+    "balanced_positions",
+    "block_kind",
+    "ring_attention",
+    "ring_device_map",
+    "shard_sequence",
+    "unshard_sequence",
+]
