@@ -53,7 +53,7 @@ def import_module(
     spec = (
         StageSpec(tuple(split), multi_use)
         if isinstance(multi_use, str)
-        else StageSpec(tuple(split), "replicate", dict(multi_use))
+        else StageSpec(tuple(split), "replicate", tuple(multi_use.items()))
     )
     conv = convert(trace(module, inputs, name), dtype, spec)
     return build_imported(conv, name, batch, dtype, tp_patterns=tp_patterns)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from distir.frontends.torch_import.errors import StructureError
@@ -56,15 +56,15 @@ class StageSpec:
 
     split: tuple[str, ...] = ()
     multi_use: MultiUse = "replicate"
-    per_param: Mapping[str, MultiUse] = field(default_factory=dict)
+    per_param: tuple[tuple[str, MultiUse], ...] = ()
 
     def __post_init__(self) -> None:
-        for name, policy in [("multi_use", self.multi_use), *self.per_param.items()]:
+        for name, policy in [("multi_use", self.multi_use), *self.per_param]:
             if policy not in POLICIES:
                 raise SplitError(f"multi-use policy of {name}: {policy!r} is not one of {', '.join(POLICIES)}")
 
     def policy(self, param: str) -> MultiUse:
-        return self.per_param.get(param, self.multi_use)
+        return dict(self.per_param).get(param, self.multi_use)
 
 
 @dataclass(frozen=True, slots=True)
