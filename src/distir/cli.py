@@ -996,7 +996,9 @@ def _imported(spec: str, batch: int, dt: Any, split: tuple[str, ...], multi_use:
     from distir.frontends.zoo.model import ModelError
 
     if not is_import_spec(spec):
-        raise ModelError(f"--split/--multi-use apply to PyTorch models (hf:PATH, module:factory), not {spec!r}")
+        raise ModelError(
+            f"--split/--multi-use apply to PyTorch models (hf:PATH, module:factory), not {spec!r}"
+        )
     return load(spec, batch, dt, StageSpec(split, multi_use))  # type: ignore[arg-type]
 
 
@@ -1031,7 +1033,6 @@ def import_(
     debug: DebugOpt = False,
 ) -> None:
     """Import a model (PyTorch module or Hugging Face config): print its program and a summary."""
-    from distir.frontends.zoo import build_model
     from distir.frontends.zoo.model import ModelError
     from distir.ir.types import DType
     from distir.report.import_cli import render, source_string, summary

@@ -67,7 +67,9 @@ class PiPPyExample(torch.nn.Module):
 def _import(multi_use: str = "replicate", batch: int = 8, dtype: DType = DType.f32, **kw: Any) -> Any:
     torch.manual_seed(0)
     module = PiPPyExample(**kw.pop("module_kw", {}))
-    return import_module(module, (torch.randn(batch, D),), batch=batch, dtype=dtype, multi_use=multi_use, **kw)
+    return import_module(
+        module, (torch.randn(batch, D),), batch=batch, dtype=dtype, multi_use=multi_use, **kw
+    )
 
 
 def _stages_text(model: Any) -> str:
@@ -278,7 +280,9 @@ def test_cli_split_options() -> None:
     from distir.cli import app
 
     spec = "tests.frontends.torch_models:pippy_example"
-    r = CliRunner().invoke(app, ["import", spec, "--split", "first", "--split", "last", "--multi-use", "transmit"])
+    r = CliRunner().invoke(
+        app, ["import", spec, "--split", "first", "--split", "last", "--multi-use", "transmit"]
+    )
     assert r.exit_code == 0, r.stderr
     assert "%x2 = @stage2(%x1, %last.lin.weight, %last.lin.bias, %mm_param2)" in r.stdout
     r = CliRunner().invoke(app, ["import", spec, "--split", "model.layers.12"])

@@ -372,7 +372,9 @@ class Converter:
                 self._emit(n)
                 if self.stage_of is not None:
                     b = self.builders["body"]
-                    self.op_stage.update((i, self.stage_of[n.name]) for i in b.fb.since(before) if isinstance(i, Op))
+                    self.op_stage.update(
+                        (i, self.stage_of[n.name]) for i in b.fb.since(before) if isinstance(i, Op)
+                    )
         if self.unsupported:
             raise UnsupportedOpsError(self.unsupported)
         return self._finish(nodes)

@@ -15,16 +15,16 @@ _REGISTERED: list[Any] = []
 
 
 def _op() -> Any:
-    if not _REGISTERED:
-        import torch
-
-        lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
-        lib.define(f"{OP_NAME}() -> ()")
-        lib.impl(OP_NAME, lambda: None, "CompositeExplicitAutograd")
-        lib.impl(OP_NAME, lambda: None, "Meta")
-        _REGISTERED.append(lib)
     import torch
 
+    if not _REGISTERED:
+
+        def marker() -> None:
+            return None
+
+        op = torch.library.custom_op(f"{OP_NAMESPACE}::{OP_NAME}", marker, mutates_args=())
+        op.register_fake(marker)
+        _REGISTERED.append(op)
     return getattr(getattr(torch.ops, OP_NAMESPACE), OP_NAME)
 
 

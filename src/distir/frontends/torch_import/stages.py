@@ -61,7 +61,9 @@ class StageSpec:
     def __post_init__(self) -> None:
         for name, policy in [("multi_use", self.multi_use), *self.per_param]:
             if policy not in POLICIES:
-                raise SplitError(f"multi-use policy of {name}: {policy!r} is not one of {', '.join(POLICIES)}")
+                raise SplitError(
+                    f"multi-use policy of {name}: {policy!r} is not one of {', '.join(POLICIES)}"
+                )
 
     def policy(self, param: str) -> MultiUse:
         return dict(self.per_param).get(param, self.multi_use)
@@ -99,7 +101,7 @@ def _carried(body: Body, spec: StageSpec) -> tuple[list[list[Value]], dict[Value
     order: list[Value] = [x]
     last_use: dict[Value, int] = {}
     first_use: dict[Value, int] = {}
-    for op in fn.body:
+    for op in fn.ops():
         s = body.stage_of[op]
         for v in op.inputs:
             last_use[v] = max(last_use.get(v, s), s)
@@ -139,7 +141,9 @@ def stage_numbers(nodes: Sequence[Any], tensors: Sequence[Any], split: Sequence[
             (
                 i
                 for i, n in enumerate(tensors)
-                if any(p == name or p.startswith(name + ".") for p in module_paths(n.meta.get("nn_module_stack")))
+                if any(
+                    p == name or p.startswith(name + ".") for p in module_paths(n.meta.get("nn_module_stack"))
+                )
             ),
             None,
         )
@@ -163,7 +167,7 @@ def split_stages(body: Body, spec: StageSpec) -> list[Stage]:
     params = fn.params[1:]
     weight_name = dict(zip(params, body.weights, strict=True))
     transmitted = {p for p in params if p in owner and spec.policy(weight_name[p]) == "transmit"}
-    consts = [op for op in fn.body if _no_inputs(op)]
+    consts = [op for op in fn.ops() if _no_inputs(op)]
     out: list[Stage] = []
     for k in range(body.stages):
         fb = FunctionBuilder(f"stage{k}", REGISTRY.out_arity)
@@ -174,7 +178,7 @@ def split_stages(body: Body, spec: StageSpec) -> list[Stage]:
         else:
             env.update(_unpack(fb, carrier, cross[k - 1], body.shapes, params))
         weights: list[str] = []
-        ops = [op for op in fn.body if body.stage_of[op] == k and not _no_inputs(op)]
+        ops = [op for op in fn.ops() if body.stage_of[op] == k and not _no_inputs(op)]
         used = {v for op in ops for v in op.inputs}
         for p in params:
             if p in used and p not in env and (p not in transmitted or owner[p] == k):
@@ -182,7 +186,9 @@ def split_stages(body: Body, spec: StageSpec) -> list[Stage]:
                 weights.append(weight_name[p])
         for c in consts:
             if any(v in used for v in c.outputs):
-                env.update(zip(c.outputs, fb.emit(c.name, (), c.attrs, [v.name for v in c.outputs]), strict=True))
+                env.update(
+                    zip(c.outputs, fb.emit(c.name, (), c.attrs, [v.name for v in c.outputs]), strict=True)
+                )
         for op in ops:
             ins = [env[v] for v in op.inputs]
             outs = fb.emit(op.name, ins, op.attrs, [v.name for v in op.outputs])
@@ -199,7 +205,9 @@ def _flat(shape: tuple[int | None, ...]) -> int:
     return math.prod(d for d in shape[1:] if d is not None)
 
 
-def _check_packable(vals: Sequence[Value], shapes: Mapping[Value, tuple[int | None, ...]], params: Sequence[Value]) -> None:
+def _check_packable(
+    vals: Sequence[Value], shapes: Mapping[Value, tuple[int | None, ...]], params: Sequence[Value]
+) -> None:
     for v in vals:
         shape = shapes.get(v)
         if shape is None:
