@@ -288,3 +288,58 @@ def test_cli_split_options() -> None:
     r = CliRunner().invoke(app, ["import", spec, "--split", "model.layers.12"])
     assert r.exit_code == 2
     assert r.stderr.strip().count("\n") == 0 and "model.layers.12" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("config", "split", "tied"),
+    [("llama-tiny", "model.layers.1", ()), ("gpt2-tiny", "transformer.h.1", ("lm_head.weight",))],
+)
+def test_hf_model_split_by_block_name_pipelines(config: str, split: str, tied: tuple[str, ...]) -> None:
+    """A Hugging Face model split before its second block: two stages (GPT-2's tied embedding
+    and head on both, replicated); pipelined and tensor-parallel training equals the
+    sequential step."""
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    from distir.frontends.torch_import.source import load
+    from distir.frontends.torch_import.stages import StageSpec
+
+    path = Path(__file__).parent / "configs" / f"{config}.json"
+    model = load(f"hf:{path}", 4, DType.f64, StageSpec((split,)))
+    assert [c.callee for c in model.layers] == ["stage0", "stage1", "loss"]
+    assert model.tied == tied
+    cmp = check_against_sequential(model, parse_strategy("d1.t2.p2.k2.1f1b"))
+    assert cmp.max_rel_diff < 1e-9, f"{cmp.worst} differs by {cmp.max_rel_diff:.2e}"
+
+
+class MarkerAtTheEnd(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(D, D)
+
+    def forward(self, x: Any) -> Any:
+        x = self.lin(x)
+        distir.pipe_split()
+        return x
+
+
+def test_marker_after_the_last_op_is_an_empty_stage() -> None:
+    with pytest.raises(SplitError, match="after the last op"):
+        import_module(MarkerAtTheEnd(), (torch.randn(2, D),), batch=2)
+
+
+def test_split_before_the_first_op_is_an_empty_stage() -> None:
+    with pytest.raises(SplitError, match="stage 0 would be empty"):
+        import_module(torch.nn.Sequential(torch.nn.Linear(D, D)), (torch.randn(2, D),), batch=2, split=("0",))
+
+
+def test_pipe_split_is_a_no_op_when_run_eagerly() -> None:
+    torch.manual_seed(0)
+    m = PiPPyExample()
+    x = torch.randn(3, D)
+    torch.testing.assert_close(m(x), PiPPyExample.forward(_without_markers(m), x))
+
+
+def _without_markers(m: PiPPyExample) -> PiPPyExample:
+    m.markers = False
+    return m

@@ -76,6 +76,9 @@ class Converted:
     input_shape: tuple[int | None, ...]  # the first input's shape, None for the batch
     input_dtype: DType
     output_shape: tuple[int | None, ...]  # the last layer's result (the logits)
+    # pipeline stages pass several values packed into one (batch, n) tensor (``stages``): the
+    # activations between layers have no sequence dim
+    packed: bool = False
 
 
 @dataclass
@@ -526,7 +529,8 @@ class Converter:
                 outputs[prev] = b.x_from
         outputs[self.order[-1]] = logits.name
         if self.stage_of is not None:
-            return self._converted(nodes, logits, self._stages(logits))
+            stages, packed = self._stages(logits)
+            return replace(self._converted(nodes, logits, stages), packed=packed)
         layers: list[Layer] = []
         for key in self.order:
             b = self.builders[key]
@@ -536,7 +540,7 @@ class Converter:
             layers.append(Layer(fn, tuple(b.weights), key, tuple(b.paths)))
         return self._converted(nodes, logits, _share(layers))
 
-    def _stages(self, logits: Any) -> list[Layer]:
+    def _stages(self, logits: Any) -> tuple[list[Layer], bool]:
         """The stage functions (``stages``): the program as one function, split."""
         assert self.stage_of is not None
         b = self.builders["body"]
@@ -554,10 +558,9 @@ class Converter:
             path = self.layer_of[n].path
             if path and path not in paths[k]:
                 paths[k].append(path)
-        return [
-            Layer(st.fn, st.weights, f"stage{k}", tuple(paths[k]))
-            for k, st in enumerate(split_stages(body, self.spec))
-        ]
+        split = split_stages(body, self.spec)
+        layers = [Layer(st.fn, st.weights, f"stage{k}", tuple(paths[k])) for k, st in enumerate(split.stages)]
+        return layers, split.packed
 
     def _converted(self, nodes: Sequence[Any], logits: Any, layers: Sequence[Layer]) -> Converted:
         first = next(n for n in nodes if n.name == self.t.inputs[0])

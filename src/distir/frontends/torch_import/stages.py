@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from distir.frontends.torch_import.errors import StructureError
 from distir.frontends.torch_import.layers import module_paths
@@ -160,7 +160,14 @@ def _no_inputs(op: Op) -> bool:
     return not op.inputs
 
 
-def split_stages(body: Body, spec: StageSpec) -> list[Stage]:
+class Split(NamedTuple):
+    """The stage functions, and whether any boundary packs several values into one."""
+
+    stages: list[Stage]
+    packed: bool
+
+
+def split_stages(body: Body, spec: StageSpec) -> Split:
     """The stage functions of ``body`` (module docstring)."""
     cross, owner = _carried(body, spec)
     fn = body.fn
@@ -198,7 +205,8 @@ def split_stages(body: Body, spec: StageSpec) -> list[Stage]:
         else:
             result = _pack(fb, [env[v] for v in cross[k]], cross[k], body.shapes, params)
         out.append(Stage(eliminate_dead_code(fb.ret(result)), tuple(weights)))
-    return out
+    packed = any(len(c) > 1 or c[0] in params for c in cross)
+    return Split(out, packed)
 
 
 def _flat(shape: tuple[int | None, ...]) -> int:
