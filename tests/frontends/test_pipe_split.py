@@ -242,11 +242,12 @@ def test_sequential_step_equals_torch(multi_use: str) -> None:
 
 
 @pytest.mark.parametrize("multi_use", ["replicate", "transmit"])
-def test_pipelined_step_equals_sequential(multi_use: str) -> None:
-    """1F1B over the model's own three stages (two microbatches) updates every weight as the
-    sequential step does (which equals torch's: the test above)."""
-    s = parse_strategy("d1.t1.p3.k2.1f1b")
-    model = _import(multi_use, batch=4, dtype=DType.f64)
+@pytest.mark.parametrize("strategy", ["d1.t1.p3.k2.1f1b", "d2.t1.p3.k2.1f1b", "d1.t2.p3.k4.gpipe"])
+def test_pipelined_step_equals_sequential(multi_use: str, strategy: str) -> None:
+    """Pipelining over the model's own three stages (with data or tensor parallelism) updates
+    every weight as the sequential step does (which equals torch's: the test above)."""
+    s = parse_strategy(strategy)
+    model = _import(multi_use, batch=8, dtype=DType.f64)
     cmp = check_against_sequential(model, s)
     assert cmp.max_rel_diff < 1e-12, f"{cmp.worst} differs by {cmp.max_rel_diff:.2e}"
     assert {n for n, r in cmp.results.items() if r[0] == "weight"} >= {w.name for w in model.weights}
