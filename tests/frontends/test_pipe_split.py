@@ -82,35 +82,27 @@ GOLDEN_REPLICATE = """\
 func @stage0(%x, %mm_param) {
   %matmul = MatMul(%x, %mm_param)
   %relu = Relu(%matmul)
-  %reshape = Reshape(%matmul, shape=[0, -1])
-  %reshape_1 = Reshape(%relu, shape=[0, -1])
-  %concat = Concat(%reshape, %reshape_1, axis=1)
+  %concat = Concat(%matmul, %relu, axis=1)
   return %concat
 }
 func @stage1(%x, %mm_param, %first.lin.weight, %first.lin.bias, %lin.weight, %lin.bias) {
   %slice = Slice(%x, starts=[0], ends=[4], axes=[1])
-  %reshape = Reshape(%slice, shape=[0, 4])
   %slice_1 = Slice(%x, starts=[4], ends=[8], axes=[1])
-  %reshape_1 = Reshape(%slice_1, shape=[0, 4])
-  %matmul = MatMul(%reshape_1, %mm_param)
+  %matmul = MatMul(%slice_1, %mm_param)
   %matmul_1 = MatMul(%matmul, %first.lin.weight)
   %add = Add(%matmul_1, %first.lin.bias)
   %matmul_2 = MatMul(%add, %lin.weight)
   %add_1 = Add(%matmul_2, %lin.bias)
-  %reshape_2 = Reshape(%reshape, shape=[0, -1])
-  %reshape_3 = Reshape(%add_1, shape=[0, -1])
-  %concat = Concat(%reshape_2, %reshape_3, axis=1)
+  %concat = Concat(%slice, %add_1, axis=1)
   return %concat
 }
 func @stage2(%x, %lin.weight, %lin.bias, %last.lin.weight, %last.lin.bias, %mm_param2) {
   %slice = Slice(%x, starts=[0], ends=[4], axes=[1])
-  %reshape = Reshape(%slice, shape=[0, 4])
   %slice_1 = Slice(%x, starts=[4], ends=[8], axes=[1])
-  %reshape_1 = Reshape(%slice_1, shape=[0, 4])
-  %relu = Relu(%reshape_1)
+  %relu = Relu(%slice_1)
   %matmul = MatMul(%relu, %last.lin.weight)
   %add = Add(%matmul, %last.lin.bias)
-  %add_1 = Add(%add, %reshape)
+  %add_1 = Add(%add, %slice)
   %matmul_1 = MatMul(%add_1, %mm_param2)
   %matmul_2 = MatMul(%matmul_1, %lin.weight)
   %add_2 = Add(%matmul_2, %lin.bias)
@@ -125,40 +117,32 @@ GOLDEN_TRANSMIT = """\
 func @stage0(%x, %mm_param) {
   %matmul = MatMul(%x, %mm_param)
   %relu = Relu(%matmul)
-  %reshape = Reshape(%matmul, shape=[0, -1])
-  %slice = Slice(%reshape, starts=[0], ends=[1], axes=[1])
+  %slice = Slice(%matmul, starts=[0], ends=[1], axes=[1])
   %filllike = FillLike(%slice, value=0.0)
   %stopgradient = StopGradient(%filllike)
-  %reshape_1 = Reshape(%mm_param, shape=[1, -1])
-  %add = Add(%stopgradient, %reshape_1)
-  %reshape_2 = Reshape(%matmul, shape=[0, -1])
-  %reshape_3 = Reshape(%relu, shape=[0, -1])
-  %concat = Concat(%add, %reshape_2, %reshape_3, axis=1)
+  %reshape = Reshape(%mm_param, shape=[1, -1])
+  %add = Add(%stopgradient, %reshape)
+  %concat = Concat(%add, %matmul, %relu, axis=1)
   return %concat
 }
 func @stage1(%x, %first.lin.weight, %first.lin.bias, %lin.weight, %lin.bias) {
   %slice = Slice(%x, starts=[0, 0], ends=[1, 16], axes=[0, 1])
   %reshape = Reshape(%slice, shape=[4, 4])
   %slice_1 = Slice(%x, starts=[16], ends=[20], axes=[1])
-  %reshape_1 = Reshape(%slice_1, shape=[0, 4])
   %slice_2 = Slice(%x, starts=[20], ends=[24], axes=[1])
-  %reshape_2 = Reshape(%slice_2, shape=[0, 4])
-  %matmul = MatMul(%reshape_2, %reshape)
+  %matmul = MatMul(%slice_2, %reshape)
   %matmul_1 = MatMul(%matmul, %first.lin.weight)
   %add = Add(%matmul_1, %first.lin.bias)
   %matmul_2 = MatMul(%add, %lin.weight)
   %add_1 = Add(%matmul_2, %lin.bias)
-  %reshape_3 = Reshape(%reshape_1, shape=[0, -1])
-  %slice_3 = Slice(%reshape_3, starts=[0], ends=[1], axes=[1])
+  %slice_3 = Slice(%slice_1, starts=[0], ends=[1], axes=[1])
   %filllike = FillLike(%slice_3, value=0.0)
   %stopgradient = StopGradient(%filllike)
-  %reshape_4 = Reshape(%lin.weight, shape=[1, -1])
-  %add_2 = Add(%stopgradient, %reshape_4)
-  %reshape_5 = Reshape(%lin.bias, shape=[1, -1])
-  %add_3 = Add(%stopgradient, %reshape_5)
-  %reshape_6 = Reshape(%reshape_1, shape=[0, -1])
-  %reshape_7 = Reshape(%add_1, shape=[0, -1])
-  %concat = Concat(%add_2, %add_3, %reshape_6, %reshape_7, axis=1)
+  %reshape_1 = Reshape(%lin.weight, shape=[1, -1])
+  %add_2 = Add(%stopgradient, %reshape_1)
+  %reshape_2 = Reshape(%lin.bias, shape=[1, -1])
+  %add_3 = Add(%stopgradient, %reshape_2)
+  %concat = Concat(%add_2, %add_3, %slice_1, %add_1, axis=1)
   return %concat
 }
 func @stage2(%x, %last.lin.weight, %last.lin.bias, %mm_param2) {
@@ -167,13 +151,11 @@ func @stage2(%x, %last.lin.weight, %last.lin.bias, %mm_param2) {
   %slice_1 = Slice(%x, starts=[0, 16], ends=[1, 20], axes=[0, 1])
   %reshape_1 = Reshape(%slice_1, shape=[4])
   %slice_2 = Slice(%x, starts=[20], ends=[24], axes=[1])
-  %reshape_2 = Reshape(%slice_2, shape=[0, 4])
   %slice_3 = Slice(%x, starts=[24], ends=[28], axes=[1])
-  %reshape_3 = Reshape(%slice_3, shape=[0, 4])
-  %relu = Relu(%reshape_3)
+  %relu = Relu(%slice_3)
   %matmul = MatMul(%relu, %last.lin.weight)
   %add = Add(%matmul, %last.lin.bias)
-  %add_1 = Add(%add, %reshape_2)
+  %add_1 = Add(%add, %slice_2)
   %matmul_1 = MatMul(%add_1, %mm_param2)
   %matmul_2 = MatMul(%matmul_1, %reshape)
   %add_2 = Add(%matmul_2, %reshape_1)
@@ -344,3 +326,43 @@ def test_pipe_split_is_a_no_op_when_run_eagerly() -> None:
 def _without_markers(m: PiPPyExample) -> PiPPyExample:
     m.markers = False
     return m
+
+
+class TokenSkip(torch.nn.Module):
+    """(batch, seq, hidden) activations with a skip connection from stage 0 to stage 2: the
+    packed values are flattened to (batch, seq·hidden) and reshaped back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = (torch.nn.Linear(D, D) for _ in range(3))
+
+    def forward(self, x: Any) -> Any:
+        h = self.a(x)
+        distir.pipe_split()
+        g = torch.relu(self.b(h))
+        distir.pipe_split()
+        return self.c(g + h)
+
+
+def test_packed_sequence_activations_match_torch_and_pipeline() -> None:
+    import numpy as np
+
+    from distir.autodiff.train import Optimizer, training_step
+    from distir.frontends.torch_import import weight_values
+    from distir.interp.reference import run_reference
+
+    torch.manual_seed(0)
+    module = TokenSkip().double()
+    x = torch.randn(4, 3, D, dtype=torch.float64)
+    labels = torch.randint(0, D, (4, 3))
+    model = import_module(module, (x,), batch=4, dtype=DType.f64)
+    assert model.seq_dim is None  # a packed (batch, n) activation has no sequence dim
+    assert "Reshape(%slice, shape=[0, 3, 4])" in print_function(model.module["stage2"])
+    vals = {model.inputs[0].name: x.numpy(), "labels": labels.numpy(), **weight_values(model, module)}
+    step = training_step(model, Optimizer("sgd", lr=1.0))
+    out = run_reference(step, [vals[p.name] for p in step.entry.params])
+    loss = torch.nn.functional.cross_entropy(module(x).reshape(-1, D), labels.reshape(-1))
+    assert float(out[0]) == pytest.approx(loss.item(), rel=1e-12)
+    np.testing.assert_equal(len(out), 1 + len(model.weights))
+    cmp = check_against_sequential(model, parse_strategy("d1.t1.p3.k2.1f1b"))
+    assert cmp.max_rel_diff < 1e-12, f"{cmp.worst} differs by {cmp.max_rel_diff:.2e}"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -179,11 +180,12 @@ def split_stages(body: Body, spec: StageSpec) -> Split:
     for k in range(body.stages):
         fb = FunctionBuilder(f"stage{k}", REGISTRY.out_arity)
         env: dict[Value, Value] = {}
+        flat: dict[Value, Value] = {}  # a forwarded activation's (batch, n) piece, as received
         carrier = fb.param("x")
         if k == 0:
             env[fn.params[0]] = carrier
         else:
-            env.update(_unpack(fb, carrier, cross[k - 1], body.shapes, params))
+            env.update(_unpack(fb, carrier, cross[k - 1], body.shapes, params, flat))
         weights: list[str] = []
         ops = [op for op in fn.ops() if body.stage_of[op] == k and not _no_inputs(op)]
         used = {v for op in ops for v in op.inputs}
@@ -203,7 +205,8 @@ def split_stages(body: Body, spec: StageSpec) -> Split:
         if k == body.stages - 1:
             result = env[fn.outputs[0]]
         else:
-            result = _pack(fb, [env[v] for v in cross[k]], cross[k], body.shapes, params)
+            vals = [flat.get(v, env[v]) if len(cross[k]) > 1 else env[v] for v in cross[k]]
+            result = _pack(fb, vals, cross[k], body.shapes, params, set(flat.values()))
         out.append(Stage(eliminate_dead_code(fb.ret(result)), tuple(weights)))
     packed = any(len(c) > 1 or c[0] in params for c in cross)
     return Split(out, packed)
@@ -233,8 +236,10 @@ def _pack(
     origs: Sequence[Value],
     shapes: Mapping[Value, tuple[int | None, ...]],
     params: Sequence[Value],
+    passed: AbstractSet[Value],
 ) -> Value:
-    """One activation carrying ``vals`` (module docstring); a lone activation passes as it is."""
+    """One activation carrying ``vals`` (module docstring); a lone activation passes as it is,
+    and so do the pieces of ``passed`` (already (batch, n), received packed)."""
     if len(vals) == 1 and origs[0] not in params:
         return vals[0]
     _check_packable(origs, shapes, params)
@@ -246,7 +251,12 @@ def _pack(
     for v, o in zip(vals, origs, strict=True):
         if o in params:
             if rows is None:
-                (flat0,) = fb.op("Reshape", acts[0][0], shape=(0, -1))
+                first, orig = acts[0]
+                flat0 = (
+                    first
+                    if len(shapes[orig]) == 2 or first in passed
+                    else fb.op("Reshape", first, shape=(0, -1))[0]
+                )
                 (col,) = fb.op("Slice", flat0, starts=(0,), ends=(1,), axes=(1,))
                 (zero,) = fb.op("FillLike", col, value=0.0)
                 (rows,) = fb.op("StopGradient", zero)
@@ -254,8 +264,11 @@ def _pack(
             (b,) = fb.op("Add", rows, w)  # the weight on every batch row
             pieces.append(b)
         else:
-            (f,) = fb.op("Reshape", v, shape=(0, -1))
-            pieces.append(f)
+            if len(shapes[o]) == 2 or v in passed:  # already (batch, n)
+                pieces.append(v)
+            else:
+                (f,) = fb.op("Reshape", v, shape=(0, -1))
+                pieces.append(f)
     (packed,) = fb.op("Concat", *pieces, axis=1)
     return packed
 
@@ -266,7 +279,10 @@ def _unpack(
     origs: Sequence[Value],
     shapes: Mapping[Value, tuple[int | None, ...]],
     params: Sequence[Value],
+    flat: dict[Value, Value],
 ) -> dict[Value, Value]:
+    """The values ``carrier`` packs (``_pack``); ``flat`` gets each activation's (batch, n)
+    piece, so a stage passing it on sends the piece as it came."""
     if len(origs) == 1 and origs[0] not in params:
         return {origs[0]: carrier}
     env: dict[Value, Value] = {}
@@ -280,6 +296,8 @@ def _unpack(
         else:
             n = _flat(shape)
             (piece,) = fb.op("Slice", carrier, starts=(at,), ends=(at + n,), axes=(1,))
-            (env[o],) = fb.op("Reshape", piece, shape=(0, *(int(d) for d in shape[1:] if d is not None)))
+            flat[o] = env[o] = piece
+            if len(shape) != 2:
+                (env[o],) = fb.op("Reshape", piece, shape=(0, *(int(d) for d in shape[1:] if d is not None)))
         at += n
     return env
