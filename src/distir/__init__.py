@@ -49,6 +49,15 @@ def load(path: str | Path) -> Module:
     return parse_module(p.read_text(encoding="utf-8"), str(path))
 
 
+def pipe_split() -> None:
+    """A pipeline stage boundary inside an ``nn.Module``'s ``forward`` (PiPPy's ``pipe_split``):
+    the PyTorch importer splits the model into stages there (a no-op when run eagerly; torch is
+    imported on first call). See ``distir.frontends.torch_import.stages``."""
+    from distir.frontends.torch_import.markers import pipe_split as marker
+
+    marker()
+
+
 _API = ("Cluster", "Result", "SearchResults", "distribute", "simulate")
 
 if TYPE_CHECKING:

@@ -985,6 +985,23 @@ def models(json_out: JsonOpt = False) -> None:
         out.print(render_zoo_table())
 
 
+def _imported(spec: str, batch: int, dt: Any, split: tuple[str, ...], multi_use: str) -> Any:
+    """The model of ``distir import``: with split options, the torch importer's stages."""
+    from distir.frontends.zoo import build_model
+
+    if not split and multi_use == "replicate":
+        return build_model(spec, batch=batch, dtype=dt)
+    from distir.frontends.torch_import.source import is_import_spec, load
+    from distir.frontends.torch_import.stages import StageSpec
+    from distir.frontends.zoo.model import ModelError
+
+    if not is_import_spec(spec):
+        raise ModelError(
+            f"--split/--multi-use apply to PyTorch models (hf:PATH, module:factory), not {spec!r}"
+        )
+    return load(spec, batch, dt, StageSpec(split, multi_use))  # type: ignore[arg-type]
+
+
 @app.command("import")
 def import_(
     source: Annotated[
@@ -996,11 +1013,26 @@ def import_(
     ],
     batch: Annotated[int, typer.Option("--batch", min=1, help="The global batch of the program.")] = 1,
     dtype: Annotated[str, typer.Option("--dtype", help="f32, bf16 or f16.")] = "f32",
+    split: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--split",
+            help="A pipeline stage boundary before this module (e.g. model.layers.12); repeatable. "
+            "With split points (or distir.pipe_split() markers) the layers are the stages.",
+        ),
+    ] = None,
+    multi_use: Annotated[
+        str,
+        typer.Option(
+            "--multi-use",
+            help="How a parameter used by several stages crosses them: replicate (tied, gradients "
+            "summed) or transmit (sent on from its first stage).",
+        ),
+    ] = "replicate",
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Import a model (PyTorch module or Hugging Face config): print its program and a summary."""
-    from distir.frontends.zoo import build_model
     from distir.frontends.zoo.model import ModelError
     from distir.ir.types import DType
     from distir.report.import_cli import render, source_string, summary
@@ -1011,7 +1043,7 @@ def import_(
             dt = DType.parse(dtype)
         except ValueError:
             raise ModelError(f"--dtype must be f32, bf16 or f16, got {dtype!r}") from None
-        model = build_model(spec, batch=batch, dtype=dt)
+        model = _imported(spec, batch, dt, tuple(split or ()), multi_use)
     except ModelError as e:
         if debug:
             traceback.print_exc()

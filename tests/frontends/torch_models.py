@@ -48,3 +48,12 @@ def data_dependent() -> tuple[Any, Any]:
 
 def not_a_module() -> tuple[Any, Any]:
     return "a string", ()
+
+
+def pippy_example() -> tuple[Any, Any]:
+    """PiPPy's example without markers (``test_pipe_split``): split it by module name."""
+    import torch
+    from tests.frontends.test_pipe_split import PiPPyExample
+
+    torch.manual_seed(0)
+    return PiPPyExample(markers=False), (torch.zeros(2, 4),)

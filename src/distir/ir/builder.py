@@ -55,6 +55,14 @@ class FunctionBuilder:
         self._done = False
         self._donated: dict[Value, Value | None] = {}  # donated parameter -> result written into it
 
+    def __len__(self) -> int:
+        """The number of instructions appended so far."""
+        return len(self._body)
+
+    def since(self, start: int) -> tuple[Instr, ...]:
+        """The instructions appended after the first ``start`` ones."""
+        return tuple(self._body[start:])
+
     def param(self, name: str, type: Type | None = None, donated: bool = False) -> Value:
         """A new parameter; ``donated``: the function may reuse its storage (``Function.donated``)."""
         self._check_open()

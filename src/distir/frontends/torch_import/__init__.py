@@ -14,7 +14,7 @@ pattern), ``assemble`` (the chain and the loss), ``hf`` (Hugging Face configs) a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from distir.frontends.torch_import.errors import (
@@ -25,6 +25,7 @@ from distir.frontends.torch_import.errors import (
     UnsupportedOpsError,
 )
 from distir.frontends.torch_import.placements import TP_PATTERNS, TPPattern
+from distir.frontends.torch_import.stages import MultiUse, SplitError, StageSpec
 from distir.frontends.zoo.model import Model
 from distir.ir.types import DType
 
@@ -36,14 +37,33 @@ def import_module(
     dtype: DType = DType.f32,
     name: str = "imported",
     tp_patterns: Sequence[TPPattern] = TP_PATTERNS,
+    split: Sequence[str] = (),
+    multi_use: MultiUse | Mapping[str, MultiUse] = "replicate",
 ) -> Model:
-    """Trace ``module`` on ``inputs`` and build its ``Model`` for a global ``batch``."""
+    """Trace ``module`` on ``inputs`` and build its ``Model`` for a global ``batch``.
+
+    With ``pipe_split()`` markers in its ``forward`` or ``split`` module names the layers are
+    pipeline stages (``stages``); ``multi_use`` says how a parameter used by several stages
+    crosses them: ``"replicate"`` (default) or ``"transmit"``, or a mapping from parameter name
+    to policy (the others replicate)."""
     from distir.frontends.torch_import.assemble import build_imported
     from distir.frontends.torch_import.convert import convert
     from distir.frontends.torch_import.trace import trace
 
-    conv = convert(trace(module, inputs, name), dtype)
+    spec = (
+        StageSpec(tuple(split), multi_use)
+        if isinstance(multi_use, str)
+        else StageSpec(tuple(split), "replicate", tuple(multi_use.items()))
+    )
+    conv = convert(trace(module, inputs, name), dtype, spec)
     return build_imported(conv, name, batch, dtype, tp_patterns=tp_patterns)
+
+
+def pipe_split() -> None:
+    """A pipeline stage boundary inside ``forward`` (PiPPy's ``pipe_split``; ``markers``)."""
+    from distir.frontends.torch_import.markers import pipe_split as marker
+
+    marker()
 
 
 def weight_values(model: Model, module: Any) -> dict[str, Any]:
@@ -57,10 +77,13 @@ __all__ = [
     "TP_PATTERNS",
     "ImportFailure",
     "SourceError",
+    "SplitError",
+    "StageSpec",
     "StructureError",
     "TPPattern",
     "TraceError",
     "UnsupportedOpsError",
     "import_module",
+    "pipe_split",
     "weight_values",
 ]

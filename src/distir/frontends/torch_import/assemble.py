@@ -87,7 +87,7 @@ def build_imported(
     head = specs[conv.layers[-1].weights[-1]] if conv.layers[-1].weights else None
     rank = len(conv.output_shape)
     vocab_tp = head is not None and isinstance(head.tp, Shard) and head.type.shape[head.tp.dim] == vocab
-    seq_dim = 1 if len(conv.input_shape) >= 2 and rank == 3 else None
+    seq_dim = 1 if len(conv.input_shape) >= 2 and rank == 3 and not conv.packed else None
     return assemble(
         name,
         {

@@ -28,10 +28,13 @@ import numpy as np
 from distir.frontends.torch_import import aten_map
 from distir.frontends.torch_import.errors import StructureError, UnsupportedOpsError
 from distir.frontends.torch_import.layers import LayerOf, assign, module_paths
+from distir.frontends.torch_import.markers import is_marker
 from distir.frontends.torch_import.patterns import RMSMatch, RopeMatch, match_rms_norm, match_rope
+from distir.frontends.torch_import.stages import Body, StageSpec, split_stages, stage_numbers
 from distir.frontends.torch_import.trace import Traced
 from distir.ir.builder import FunctionBuilder
 from distir.ir.function import Function
+from distir.ir.ops import Op
 from distir.ir.printer import print_function
 from distir.ir.rewrite import eliminate_dead_code
 from distir.ir.types import Device, DType
@@ -73,6 +76,9 @@ class Converted:
     input_shape: tuple[int | None, ...]  # the first input's shape, None for the batch
     input_dtype: DType
     output_shape: tuple[int | None, ...]  # the last layer's result (the logits)
+    # pipeline stages pass several values packed into one (batch, n) tensor (``stages``): the
+    # activations between layers have no sequence dim
+    packed: bool = False
 
 
 @dataclass
@@ -112,8 +118,12 @@ def _location(node: Any) -> str:
 class Converter:
     """One conversion (module docstring); ``run()`` returns the ``Converted`` model."""
 
-    def __init__(self, traced: Traced, dtype: DType) -> None:
+    def __init__(self, traced: Traced, dtype: DType, stages: StageSpec | None = None) -> None:
         self.t = traced
+        self.spec = stages or StageSpec()
+        self.stage_of: dict[str, int] | None = None  # tensor node → its pipeline stage, if split
+        self.op_stage: dict[Op, int] = {}
+        self.shapes: dict[Value, tuple[int | None, ...]] = {}
         self.dtype = dtype
         self.graph = traced.program.graph
         self.batch = traced.batch
@@ -243,6 +253,7 @@ class Converter:
             (v,) = (b.fb.param(self._relative(p.name, b.key)),)
             b.weights.append(p.name)
             b.values[n.name] = v
+            self.shapes[v] = p.shape
             return TArg(v, p.shape if p.transposed else shape, (False,) * len(shape))
         if kind == "input" and n.name != self.t.inputs[0]:
             raise StructureError(f"input {n.name} is used by the model; only its first input is supported")
@@ -261,6 +272,7 @@ class Converter:
         assert b.x is not None
         b.x_from = n.name
         b.values[n.name] = b.x
+        self.shapes[b.x] = shape
         return TArg(b.x, shape, batch)
 
     def arg(self, a: Any, b: _Builder) -> Any:
@@ -348,12 +360,24 @@ class Converter:
         self._classify(nodes)
         tensors = [n for n in nodes if n.op == "call_function" and self.kind[n.name] == "tensor"]
         stacks = [module_paths(n.meta.get("nn_module_stack")) for n in tensors]
-        for n, lay in zip(tensors, assign(stacks, [n.name for n in tensors]), strict=True):
-            self.layer_of[n.name] = lay
+        everything = list(self.graph.nodes)
+        if self.spec.split or any(is_marker(n) for n in everything):
+            self.stage_of = stage_numbers(everything, tensors, self.spec.split)
+            for n, s in zip(tensors, stacks, strict=True):
+                self.layer_of[n.name] = LayerOf("body", s[-1] if s else "")
+        else:
+            for n, lay in zip(tensors, assign(stacks, [n.name for n in tensors]), strict=True):
+                self.layer_of[n.name] = lay
         self._match_patterns(tensors)
         for n in tensors:
             if n.name not in self.skip:
+                before = len(self._builder(self.layer_of[n.name].key).fb)
                 self._emit(n)
+                if self.stage_of is not None:
+                    b = self.builders["body"]
+                    self.op_stage.update(
+                        (i, self.stage_of[n.name]) for i in b.fb.since(before) if isinstance(i, Op)
+                    )
         if self.unsupported:
             raise UnsupportedOpsError(self.unsupported)
         return self._finish(nodes)
@@ -454,6 +478,7 @@ class Converter:
         else:
             v = y.value if isinstance(y, TArg) else y
             b.values[n.name] = v
+            self.shapes[v] = self.shape_of(n)[0]
             self.value_layer[n.name] = lay.key
 
     def shape_of_val(self, val: Any) -> tuple[tuple[int | None, ...], tuple[bool, ...]]:
@@ -503,6 +528,9 @@ class Converter:
                 prev = self.order[self.order.index(key) - 1]
                 outputs[prev] = b.x_from
         outputs[self.order[-1]] = logits.name
+        if self.stage_of is not None:
+            stages, packed = self._stages(logits)
+            return replace(self._converted(nodes, logits, stages), packed=packed)
         layers: list[Layer] = []
         for key in self.order:
             b = self.builders[key]
@@ -510,11 +538,36 @@ class Converter:
                 raise StructureError(f"layer {key} does not take the activation of the chain")
             fn = eliminate_dead_code(b.fb.ret(b.values[outputs[key]]))
             layers.append(Layer(fn, tuple(b.weights), key, tuple(b.paths)))
+        return self._converted(nodes, logits, _share(layers))
+
+    def _stages(self, logits: Any) -> tuple[list[Layer], bool]:
+        """The stage functions (``stages``): the program as one function, split."""
+        assert self.stage_of is not None
+        b = self.builders["body"]
+        if b.x_from is None:
+            raise StructureError("the model does not use its first input")
+        body = Body(
+            b.fb.ret(b.values[logits.name]),
+            self.op_stage,
+            tuple(b.weights),
+            self.shapes,
+            max(self.stage_of.values()) + 1,
+        )
+        paths: dict[int, list[str]] = {k: [] for k in range(body.stages)}
+        for n, k in self.stage_of.items():
+            path = self.layer_of[n].path
+            if path and path not in paths[k]:
+                paths[k].append(path)
+        split = split_stages(body, self.spec)
+        layers = [Layer(st.fn, st.weights, f"stage{k}", tuple(paths[k])) for k, st in enumerate(split.stages)]
+        return layers, split.packed
+
+    def _converted(self, nodes: Sequence[Any], logits: Any, layers: Sequence[Layer]) -> Converted:
         first = next(n for n in nodes if n.name == self.t.inputs[0])
         in_shape, _ = self.shape_of(first)
         out_shape, _ = self.shape_of(logits)
         return Converted(
-            tuple(_share(layers)),
+            tuple(layers),
             {p.name: p for p in self.params.values()},
             first.name,
             in_shape,
@@ -630,8 +683,10 @@ def _is_tensor(v: Any) -> bool:
     return isinstance(v, torch.Tensor)
 
 
-def convert(traced: Traced, dtype: DType = DType.f32) -> Converted:
-    return Converter(traced, dtype).run()
+def convert(traced: Traced, dtype: DType = DType.f32, stages: StageSpec | None = None) -> Converted:
+    """``traced`` as layer functions (by module path), or as pipeline stages when it has
+    ``pipe_split()`` markers or ``stages`` names split points (``stages`` module)."""
+    return Converter(traced, dtype, stages).run()
 
 
 __all__ = ["Converted", "Layer", "Param", "convert", "deepen"]

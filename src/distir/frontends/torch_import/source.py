@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from distir.frontends.torch_import.errors import SourceError
+from distir.frontends.torch_import.stages import StageSpec
 from distir.frontends.zoo.model import Model
 from distir.ir.types import DType
 
@@ -102,31 +103,33 @@ def _require(text: str) -> None:
 
 
 @functools.lru_cache(maxsize=8)
-def converted(text: str, dtype: DType) -> tuple[Any, dict[str, object]]:
+def converted(text: str, dtype: DType, stages: StageSpec | None = None) -> tuple[Any, dict[str, object]]:
     """The converted model of ``text``. A Hugging Face config whose blocks are all alike is
     traced with ``SHALLOW`` blocks and its block function repeated to the config's depth
     (``convert.deepen``: the blocks must have come out as one function, else the full depth is
-    traced): tracing time grows with depth, the program does not change."""
+    traced): tracing time grows with depth, the program does not change. With split points
+    (``stages``) the full depth is traced and the layers are the pipeline stages."""
     _require(text)
     from distir.frontends.torch_import.convert import convert, deepen
     from distir.frontends.torch_import.trace import trace
 
-    if text.startswith("hf:"):
+    if text.startswith("hf:") and not (stages and stages.split):
         from distir.frontends.torch_import.hf import depth, read_config
 
         full = depth(read_config(_hf_path(text)[0]))
         if full is not None and full > SHALLOW:
             module, inputs, config = module_of(text, SHALLOW)
-            deep = deepen(convert(trace(module, inputs, text), dtype), full)
+            deep = deepen(convert(trace(module, inputs, text), dtype, stages), full)
             if deep is not None:
                 return deep, config
     module, inputs, config = module_of(text)
-    return convert(trace(module, inputs, text), dtype), config
+    return convert(trace(module, inputs, text), dtype, stages), config
 
 
-def load(text: str, batch: int, dtype: DType = DType.f32) -> Model:
-    """The ``Model`` of the import string ``text`` for a global ``batch`` (cached trace)."""
+def load(text: str, batch: int, dtype: DType = DType.f32, stages: StageSpec | None = None) -> Model:
+    """The ``Model`` of the import string ``text`` for a global ``batch`` (cached trace);
+    ``stages``: split points and multi-use policy (``stages`` module)."""
     from distir.frontends.torch_import.assemble import build_imported
 
-    conv, config = converted(text.strip(), dtype)
+    conv, config = converted(text.strip(), dtype, stages)
     return build_imported(conv, text.strip(), batch, dtype, config)
