@@ -985,10 +985,32 @@ def models(json_out: JsonOpt = False) -> None:
         out.print(render_zoo_table())
 
 
+def _onnx_model(path: str, batch: int, dt: Any, staged: bool) -> Any:
+    """An ONNX file as a model with the zoo's cross-entropy loss, imported at ``batch`` (dim 0 of
+    its inputs when dynamic); f32 only; split options do not apply."""
+    from distir.frontends.onnx_import import import_onnx
+    from distir.frontends.onnx_import.model import to_model
+    from distir.frontends.zoo.model import ModelError
+    from distir.ir.types import DType
+
+    if staged:
+        raise ModelError(
+            "--split/--multi-use apply to PyTorch models (hf:PATH, module:factory), not ONNX files"
+        )
+    if dt is not DType.f32:
+        raise ModelError(f"an ONNX model imports in the precision of its file (f32), not --dtype {dt}")
+    if not Path(path).expanduser().is_file():
+        raise ModelError(f"{path}: no such ONNX file")
+    return to_model(import_onnx(Path(path).expanduser(), batch=batch), name=Path(path).stem)
+
+
 def _imported(spec: str, batch: int, dt: Any, split: tuple[str, ...], multi_use: str) -> Any:
-    """The model of ``distir import``: with split options, the torch importer's stages."""
+    """The model of ``distir import``: an ONNX file's (``to_model``, at ``batch``), with split
+    options the torch importer's stages, else the model string's."""
     from distir.frontends.zoo import build_model
 
+    if spec.endswith(".onnx"):
+        return _onnx_model(spec, batch, dt, bool(split) or multi_use != "replicate")
     if not split and multi_use == "replicate":
         return build_model(spec, batch=batch, dtype=dt)
     from distir.frontends.torch_import.source import is_import_spec, load
@@ -1008,7 +1030,7 @@ def import_(
         str,
         typer.Argument(
             help="hf:PATH (a Hugging Face config.json or its directory), package.module:factory, "
-            "a config path, or a zoo model string."
+            "a config path, an .onnx file, or a zoo model string."
         ),
     ],
     batch: Annotated[int, typer.Option("--batch", min=1, help="The global batch of the program.")] = 1,
@@ -1032,7 +1054,8 @@ def import_(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Import a model (PyTorch module or Hugging Face config): print its program and a summary."""
+    """Import a model (PyTorch module, Hugging Face config or ONNX file): print its program and a
+    summary."""
     from distir.frontends.zoo.model import ModelError
     from distir.ir.types import DType
     from distir.report.import_cli import render, source_string, summary

@@ -7,6 +7,7 @@ results; bad files and unsupported ops are one-line errors naming every cause.""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -522,3 +523,23 @@ def test_a_shape_known_only_at_run_time_is_named() -> None:
         OnnxImportError, match=r"node ex \(Expand\): its shape \(input 2\) is computed at run time"
     ):
         import_onnx(data)
+
+
+def test_distir_import_of_an_onnx_file_prints_its_program_and_summary(gpt2_onnx: Path) -> None:
+    """``distir import model.onnx``: the model with its loss layer at the file's batch (2), the
+    summary's parameters those of the imported weights; split options and other dtypes refused."""
+    from typer.testing import CliRunner
+
+    from distir.cli import app
+
+    r = CliRunner().invoke(app, ["import", str(gpt2_onnx), "--batch", "2", "--json"])
+    assert r.exit_code == 0, r.stderr
+    info = json.loads(r.stdout)
+    imp = import_onnx(str(gpt2_onnx), batch=2)
+    assert info["params"] == imp.num_params and info["batch"] == 2
+    assert info["functions"]["block"]["calls"] == 2 and "@loss" in info["program"]
+    for bad in (["--split", "m.transformer.h.1"], ["--dtype", "bf16"]):
+        r = CliRunner().invoke(app, ["import", str(gpt2_onnx), *bad])
+        assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = CliRunner().invoke(app, ["import", str(gpt2_onnx.with_name("missing.onnx"))])
+    assert r.exit_code == 2 and "no such ONNX file" in r.stderr
