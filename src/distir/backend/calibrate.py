@@ -14,7 +14,10 @@ process with ``threads`` threads, then the communication benchmarks
 5. per collective and for point-to-point: the link (B, α) of its alpha-beta formula. A
    collective whose times do not fit (they do not grow with the message size: noise swamped
    them) is left out of the profile, with the reason in ``Calibration.skipped`` and in the file;
-   it then runs on the point-to-point link. Point-to-point itself must fit.
+   it then runs on the point-to-point link. Point-to-point itself must fit;
+6. in situ (``distir.backend.insitu``, unless ``insitu=False``): small training steps run through
+   the real worker loop on one rank and are simulated on the profile of steps 1-5; the per-op
+   overhead of the rank interpreter fitted from them is added to every op's launch time.
 
 The result is a ``distir.hardware.profile.Calibration``; ``profile_toml`` writes it as a cluster
 file. ``--quick`` uses tiny sizes and short timings (under a minute; figures for smoke tests, not
@@ -36,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from distir.backend import commbench as cb
+from distir.backend import insitu
 from distir.backend import microbench as mb
 from distir.backend import require_torch
 from distir.hardware.cluster import Cluster
@@ -52,13 +56,15 @@ class CalibrationError(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class CalibrateOptions:
     """``dtypes``: compute dtypes (f32 must be one); ``nproc``: processes for communication;
-    ``quick``: tiny sizes; ``threads``: compute threads; ``comm_sizes``: message bytes."""
+    ``quick``: tiny sizes; ``threads``: compute threads; ``comm_sizes``: message bytes;
+    ``insitu``: fit the rank interpreter's per-op overhead from real training steps."""
 
     dtypes: tuple[DType, ...] = (DType.f32, DType.bf16)
     nproc: int = 2
     quick: bool = False
     threads: int = 1
     comm_sizes: tuple[int, ...] | None = None
+    insitu: bool = True
 
     def sizes(self) -> tuple[int, ...]:
         if self.comm_sizes is not None:
@@ -172,7 +178,7 @@ def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Ca
         f"compute on {options.threads} thread{'s' if options.threads > 1 else ''}"
         f"{', quick' if options.quick else ''}"
     )
-    return Calibration(
+    cal = Calibration(
         socket.gethostname(),
         datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         setup,
@@ -186,4 +192,15 @@ def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Ca
         links,
         skipped,
         Measurements(tuple(timing.gemm), tuple(timing.ops), tuple(links_raw)),
+    )
+    return _in_situ(cal, options, progress) if options.insitu else cal
+
+
+def _in_situ(cal: Calibration, options: CalibrateOptions, progress: Progress | None) -> Calibration:
+    """``cal`` with the rank interpreter's per-op overhead (step 6 of the module docstring)."""
+    tick = progress(len(insitu.PROGRAMS)) if progress is not None else None
+    samples = insitu.measure(cal, steps=3 if options.quick else 6, tick=tick)
+    overhead = insitu.fit_overhead(samples)
+    return insitu.with_overhead(cal, overhead)._replace(
+        insitu_overhead_s=overhead, measurements=cal.measurements._replace(insitu=tuple(samples))
     )

@@ -33,6 +33,7 @@ that says how well the cost model's form describes this machine.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
@@ -254,3 +255,20 @@ def fit_link(
         )
     model = xy @ np.array([inv_b, alpha])
     return LinkFit(LinkSpec(1.0 / inv_b, alpha), _quality(model, t))
+
+
+class InSituSample(NamedTuple):
+    """One program: its real step (fastest after the first), its simulated step on the
+    profile without the overhead, and the simulated step's growth per second of launch time."""
+
+    program: str
+    real_s: float
+    sim_s: float
+    ops: float
+
+
+def fit_overhead(samples: Sequence[InSituSample]) -> float:
+    """The per-op overhead (s): median of ``(real - sim) / ops``, at least 0."""
+    if not samples:
+        raise ValueError("in-situ calibration needs at least one program")
+    return max(0.0, statistics.median((s.real_s - s.sim_s) / max(s.ops, 1.0) for s in samples))

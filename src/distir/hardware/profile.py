@@ -20,7 +20,16 @@ from __future__ import annotations
 import json
 from typing import NamedTuple
 
-from distir.hardware.fit import FamilyFit, GemmFit, GemmSample, LinkFit, LinkSample, OpSample, Quality
+from distir.hardware.fit import (
+    FamilyFit,
+    GemmFit,
+    GemmSample,
+    InSituSample,
+    LinkFit,
+    LinkSample,
+    OpSample,
+    Quality,
+)
 
 
 class Measurements(NamedTuple):
@@ -29,6 +38,7 @@ class Measurements(NamedTuple):
     gemm: tuple[GemmSample, ...] = ()
     ops: tuple[OpSample, ...] = ()
     links: tuple[LinkSample, ...] = ()
+    insitu: tuple[InSituSample, ...] = ()
 
     def as_json(self) -> dict[str, list[dict[str, object]]]:
         return {
@@ -38,6 +48,7 @@ class Measurements(NamedTuple):
             ],
             "ops": [s._asdict() for s in self.ops],
             "links": [s._asdict() for s in self.links],
+            "insitu": [s._asdict() for s in self.insitu],
         }
 
 
@@ -47,7 +58,9 @@ class Calibration(NamedTuple):
     ``setup``: how it was measured (torch version, backend, threads); ``launch_s``: the
     smallest op's time; ``bandwidth``: memory bandwidth (B/s); ``links`` by collective name,
     ``p2p`` the point-to-point link; ``skipped``: collectives measured but not fitted, and why;
-    ``measurements``: the timings fitted."""
+    ``measurements``: the timings fitted; ``insitu_overhead_s``: the rank interpreter's per-op
+    overhead (``distir.backend.insitu``), already included in ``launch_s`` and every family's
+    launch time (0: not measured)."""
 
     host: str
     date: str
@@ -62,6 +75,7 @@ class Calibration(NamedTuple):
     links: dict[str, LinkFit]
     skipped: dict[str, str]
     measurements: Measurements = Measurements()
+    insitu_overhead_s: float = 0.0
 
     @property
     def stamp(self) -> str:
@@ -116,6 +130,7 @@ def profile_toml(cal: Calibration) -> str:
         f"#   GEMM curve: {_q(cal.gemm.quality)}",
         *(f"#   family {k}: {_q(f.quality)}" for k, f in cal.families.items()),
         *(f"#   {k}: {_q(f.quality)}" for k, f in cal.links.items()),
+        *_insitu_lines(cal),
         *(f"#   {k}: not fitted, runs on the point-to-point link ({why})" for k, why in cal.skipped.items()),
         "",
         f"name = {json.dumps(name)}",
@@ -127,7 +142,7 @@ def profile_toml(cal: Calibration) -> str:
         *(f"{k} = {_num(v)}  # matrix-product asymptote" for k, v in peaks.items()),
         f"memory_bandwidth_gb_s = {_num(cal.bandwidth / 1e9)}  # the fastest Add's bytes per second",
         f"memory_gib = {_num(cal.memory_bytes / (1 << 30))}",
-        f"launch_overhead_us = {_num(cal.launch_s * 1e6)}  # a 1-element Add",
+        f"launch_overhead_us = {_num(cal.launch_s * 1e6)}  # {_launch_note(cal)}",
         f"intra_bandwidth_gb_s = {_num(p2p.bandwidth / 1e9)}  # point-to-point (ping-pong)",
         f"intra_latency_us = {_num(p2p.latency_s * 1e6)}",
         f"inter_bandwidth_gb_s = {_num(p2p.bandwidth / 1e9)}  # not measured (one machine): = intra",
@@ -148,6 +163,27 @@ def profile_toml(cal: Calibration) -> str:
             f"runtime_memory_source = {json.dumps(src['runtime_memory_source'])}",
         ]
     return "\n".join(lines + _measured_tables(cal))
+
+
+def _launch_note(cal: Calibration) -> str:
+    if not cal.insitu_overhead_s:
+        return "a 1-element Add"
+    return f"a 1-element Add + {cal.insitu_overhead_s * 1e6:.3g} µs rank-interpreter overhead (in situ)"
+
+
+def _insitu_lines(cal: Calibration) -> list[str]:
+    """Comments on the in-situ fit: what ran, and the overhead added to every launch time."""
+    if not cal.measurements.insitu:
+        return []
+    head = (
+        f"#   in situ: {cal.insitu_overhead_s * 1e6:.3g} µs per op added to every launch time "
+        "(launch_overhead_us and each family's launch_us): the rank interpreter's overhead, the "
+        "median of (real - simulated step) / simulated ops over training steps run by the worker:"
+    )
+    return [head] + [
+        f"#     {s.program}: real {s.real_s * 1e3:.2f} ms, simulated {s.sim_s * 1e3:.2f} ms, {s.ops:.0f} ops"
+        for s in cal.measurements.insitu
+    ]
 
 
 def _measured_tables(cal: Calibration) -> list[str]:
