@@ -39,11 +39,15 @@ def test_quick_calibrate_writes_a_profile_simulate_accepts(tmp_path: Path) -> No
     assert {s["op"] for s in timings["ops"]} >= {"Add", "Softmax", "Attention"}
     assert all(REGISTRY[s["op"]].family == s["family"] and s["seconds"] > 0 for s in timings["ops"])
     assert all(s["dtype"] == "f32" for s in timings["gemm"])
+    # in situ: one one-rank step (no messages) and one two-rank step (messages) ran and simulated
+    assert [s["messages"] > 0 for s in timings["insitu"]] == [False, True]
+    assert all(s["real_s"] > 0 and s["sim_s"] > 0 and s["ops"] > 0 for s in timings["insitu"])
     data = json.loads(r.stdout)
     assert data["profile"] == str(out) and "by distir calibrate" in data["source"]
     assert set(data["links"]) == {"allreduce", "allgather", "reducescatter", "broadcast", "p2p"}
     assert {"elementwise", "nn", "attention"} <= set(data["families"])
     assert set(data["peak_tflops"]) == {"f32"}
+    assert data["insitu_overhead_us"]["op"] >= 0 and data["insitu_overhead_us"]["message"] >= 0
     cl = load_cluster_file(out)
     node = cl.nodes[0]
     assert cl.num_devices == 2 and node.device.gemm is not None

@@ -1,42 +1,50 @@
-"""In-situ calibration (``distir.backend.insitu``): the per-op overhead fit, its application to
-every launch time of a profile, and the simulated-ops count against the simulator itself."""
+"""In-situ calibration (``distir.backend.insitu``): the per-op and per-message overhead fit
+(closed-form samples), their application to every launch time and link latency of a profile,
+and the simulated op count of a one-rank step against the program's ops."""
 
 from __future__ import annotations
 
 import pytest
-
-from distir.backend.insitu import InSituSample, fit_overhead, with_overhead
-from distir.hardware.clusterfile import cluster_from_toml
-from distir.hardware.profile import profile_toml
 from tests.hardware.test_profile import _calibration
 
+from distir.backend.insitu import InSituSample, Overheads, apply, fit_overhead
+from distir.hardware.clusterfile import cluster_from_toml
+from distir.hardware.profile import profile_toml
 
-def test_overhead_is_the_median_gap_per_simulated_op() -> None:
-    # gaps per op: 10 µs, 20 µs, 40 µs -> median 20 µs
+
+def test_overheads_are_the_median_gaps_per_simulated_op_and_message() -> None:
+    # one rank: gaps per op 10 µs, 20 µs, 40 µs -> median 20 µs
     samples = [
         InSituSample("a", real_s=1e-3 + 100 * 10e-6, sim_s=1e-3, ops=100),
         InSituSample("b", real_s=2e-3 + 50 * 20e-6, sim_s=2e-3, ops=50),
         InSituSample("c", real_s=5e-4 + 10 * 40e-6, sim_s=5e-4, ops=10),
+        # two ranks: after 20 µs per op, 300 µs and 500 µs per message -> median 400 µs
+        InSituSample("d", real_s=1e-3 + 80 * 20e-6 + 10 * 300e-6, sim_s=1e-3, ops=80, messages=10),
+        InSituSample("e", real_s=1e-3 + 60 * 20e-6 + 4 * 500e-6, sim_s=1e-3, ops=60, messages=4),
     ]
-    assert fit_overhead(samples) == pytest.approx(20e-6)
+    fit = fit_overhead(samples)
+    assert fit.op_s == pytest.approx(20e-6) and fit.message_s == pytest.approx(400e-6)
 
 
 def test_a_faster_real_step_adds_no_overhead() -> None:
-    assert fit_overhead([InSituSample("a", real_s=1e-3, sim_s=2e-3, ops=10)]) == 0.0
-    with pytest.raises(ValueError, match="at least one program"):
-        fit_overhead([])
+    fit = fit_overhead([InSituSample("a", real_s=1e-3, sim_s=2e-3, ops=10)])
+    assert fit == Overheads(0.0, 0.0)
+    with pytest.raises(ValueError, match="on one rank"):
+        fit_overhead([InSituSample("d", real_s=1e-3, sim_s=1e-3, ops=10, messages=3)])
 
 
-def test_the_overhead_reaches_every_launch_time_of_the_profile() -> None:
+def test_the_overheads_reach_every_launch_time_and_link_of_the_profile() -> None:
     base = _calibration()
-    cal = with_overhead(base, 25e-6)._replace(
-        insitu_overhead_s=25e-6,
-        measurements=base.measurements._replace(insitu=(InSituSample("gpt:x d1 batch 2", 3e-3, 2e-3, 40.0),)),
-    )
+    cal = apply(base, Overheads(25e-6, 300e-6), [InSituSample("gpt:x d1 batch 2", 3e-3, 2e-3, 40.0)])
     text = profile_toml(cal)
-    assert "25 µs per op added to every launch time" in text
-    assert "gpt:x d1 batch 2: real 3.00 ms, simulated 2.00 ms, 40 ops" in text
-    d = cluster_from_toml(text).nodes[0].device
+    assert "25 µs per op added to every launch time" in text and "300 µs per message" in text
+    assert "gpt:x d1 batch 2: real 3.00 ms, simulated 2.00 ms, 40 ops, 0 messages" in text
+    node = cluster_from_toml(text).nodes[0]
+    d = node.device
+    p2p, allreduce = base.links["p2p"].link, base.links["allreduce"].link
+    assert node.intra.latency_s == pytest.approx(p2p.latency_s + 300e-6, rel=1e-5)
+    assert node.intra.bandwidth == pytest.approx(p2p.bandwidth, rel=1e-5)
+    assert node.intra_for("allreduce").latency_s == pytest.approx(allreduce.latency_s + 300e-6, rel=1e-5)
     assert d.launch_overhead_s == pytest.approx(base.launch_s + 25e-6, rel=1e-5)
     for fam, f in base.families.items():
         rates = d.family_rates(fam)
@@ -52,6 +60,14 @@ def test_simulated_ops_count_the_charged_ops_of_a_one_rank_step() -> None:
     from distir.backend.program import model_program
 
     model, strategy, batch = "gpt:layers=1,hidden=32,heads=2,seq=8,vocab=64", "d1.t1.p1.k1.1f1b", 2
-    sim, ops = _simulated(_calibration(), model, strategy, batch)
+    sim, ops, messages = _simulated(_calibration(), model, strategy, batch)
     n = sum(1 for _ in model_program(model, strategy, batch).module.entry.ops())
-    assert sim > 0 and 0.5 * n <= ops <= n + 0.5
+    assert sim > 0 and 0.5 * n <= ops <= n + 0.5 and messages == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_data_parallel_step_counts_its_messages() -> None:
+    from distir.backend.insitu import _simulated
+
+    model = "gpt:layers=1,hidden=32,heads=2,seq=8,vocab=64"
+    _, ops, messages = _simulated(_calibration(), model, "d2.t1.p1.k1.1f1b", 2)
+    assert ops > 0 and messages >= 1

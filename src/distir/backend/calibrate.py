@@ -16,8 +16,9 @@ process with ``threads`` threads, then the communication benchmarks
    them) is left out of the profile, with the reason in ``Calibration.skipped`` and in the file;
    it then runs on the point-to-point link. Point-to-point itself must fit;
 6. in situ (``distir.backend.insitu``, unless ``insitu=False``): small training steps run through
-   the real worker loop on one rank and are simulated on the profile of steps 1-5; the per-op
-   overhead of the rank interpreter fitted from them is added to every op's launch time.
+   the real worker loop on one and on two ranks and are simulated on the profile of steps 1-5;
+   the rank interpreter's per-op overhead fitted from them is added to every op's launch time,
+   its per-message overhead to every link's latency.
 
 The result is a ``distir.hardware.profile.Calibration``; ``profile_toml`` writes it as a cluster
 file. ``--quick`` uses tiny sizes and short timings (under a minute; figures for smoke tests, not
@@ -39,9 +40,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from distir.backend import commbench as cb
-from distir.backend import insitu
+from distir.backend import insitu, require_torch
 from distir.backend import microbench as mb
-from distir.backend import require_torch
 from distir.hardware.cluster import Cluster
 from distir.hardware.fit import FamilyFit, FitError, LinkFit, LinkSample, fit_family, fit_gemm, fit_link
 from distir.hardware.profile import Calibration, Measurements
@@ -57,7 +57,7 @@ class CalibrationError(RuntimeError):
 class CalibrateOptions:
     """``dtypes``: compute dtypes (f32 must be one); ``nproc``: processes for communication;
     ``quick``: tiny sizes; ``threads``: compute threads; ``comm_sizes``: message bytes;
-    ``insitu``: fit the rank interpreter's per-op overhead from real training steps."""
+    ``insitu``: fit the rank interpreter's overheads from real training steps."""
 
     dtypes: tuple[DType, ...] = (DType.f32, DType.bf16)
     nproc: int = 2
@@ -198,9 +198,7 @@ def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Ca
 
 def _in_situ(cal: Calibration, options: CalibrateOptions, progress: Progress | None) -> Calibration:
     """``cal`` with the rank interpreter's per-op overhead (step 6 of the module docstring)."""
-    tick = progress(len(insitu.PROGRAMS)) if progress is not None else None
-    samples = insitu.measure(cal, steps=3 if options.quick else 6, tick=tick)
-    overhead = insitu.fit_overhead(samples)
-    return insitu.with_overhead(cal, overhead)._replace(
-        insitu_overhead_s=overhead, measurements=cal.measurements._replace(insitu=tuple(samples))
-    )
+    programs = insitu.QUICK if options.quick else insitu.PROGRAMS
+    tick = progress(len(programs)) if progress is not None else None
+    samples = insitu.measure(cal, steps=3 if options.quick else 6, tick=tick, programs=programs)
+    return insitu.apply(cal, insitu.fit_overhead(samples), samples)

@@ -28,6 +28,7 @@ from distir.hardware.fit import (
     LinkFit,
     LinkSample,
     OpSample,
+    Overheads,
     Quality,
 )
 
@@ -58,9 +59,9 @@ class Calibration(NamedTuple):
     ``setup``: how it was measured (torch version, backend, threads); ``launch_s``: the
     smallest op's time; ``bandwidth``: memory bandwidth (B/s); ``links`` by collective name,
     ``p2p`` the point-to-point link; ``skipped``: collectives measured but not fitted, and why;
-    ``measurements``: the timings fitted; ``insitu_overhead_s``: the rank interpreter's per-op
-    overhead (``distir.backend.insitu``), already included in ``launch_s`` and every family's
-    launch time (0: not measured)."""
+    ``measurements``: the timings fitted; ``insitu``: the rank interpreter's overheads
+    (``distir.backend.insitu``), already included in ``launch_s``, every family's launch time
+    and every link's latency (0: not measured)."""
 
     host: str
     date: str
@@ -75,7 +76,7 @@ class Calibration(NamedTuple):
     links: dict[str, LinkFit]
     skipped: dict[str, str]
     measurements: Measurements = Measurements()
-    insitu_overhead_s: float = 0.0
+    insitu: Overheads = Overheads(0.0, 0.0)
 
     @property
     def stamp(self) -> str:
@@ -144,7 +145,7 @@ def profile_toml(cal: Calibration) -> str:
         f"memory_gib = {_num(cal.memory_bytes / (1 << 30))}",
         f"launch_overhead_us = {_num(cal.launch_s * 1e6)}  # {_launch_note(cal)}",
         f"intra_bandwidth_gb_s = {_num(p2p.bandwidth / 1e9)}  # point-to-point (ping-pong)",
-        f"intra_latency_us = {_num(p2p.latency_s * 1e6)}",
+        f"intra_latency_us = {_num(p2p.latency_s * 1e6)}{_latency_note(cal)}",
         f"inter_bandwidth_gb_s = {_num(p2p.bandwidth / 1e9)}  # not measured (one machine): = intra",
         f"inter_latency_us = {_num(p2p.latency_s * 1e6)}",
         f"source = {json.dumps(src['source'])}",
@@ -165,23 +166,31 @@ def profile_toml(cal: Calibration) -> str:
     return "\n".join(lines + _measured_tables(cal))
 
 
+def _latency_note(cal: Calibration) -> str:
+    if not cal.measurements.insitu:
+        return ""
+    return f"  # ping-pong + {cal.insitu.message_s * 1e6:.3g} µs rank-interpreter overhead (in situ)"
+
+
 def _launch_note(cal: Calibration) -> str:
-    if not cal.insitu_overhead_s:
+    if not cal.measurements.insitu:
         return "a 1-element Add"
-    return f"a 1-element Add + {cal.insitu_overhead_s * 1e6:.3g} µs rank-interpreter overhead (in situ)"
+    return f"a 1-element Add + {cal.insitu.op_s * 1e6:.3g} µs rank-interpreter overhead (in situ)"
 
 
 def _insitu_lines(cal: Calibration) -> list[str]:
     """Comments on the in-situ fit: what ran, and the overhead added to every launch time."""
     if not cal.measurements.insitu:
         return []
-    head = (
-        f"#   in situ: {cal.insitu_overhead_s * 1e6:.3g} µs per op added to every launch time "
-        "(launch_overhead_us and each family's launch_us): the rank interpreter's overhead, the "
-        "median of (real - simulated step) / simulated ops over training steps run by the worker:"
-    )
-    return [head] + [
-        f"#     {s.program}: real {s.real_s * 1e3:.2f} ms, simulated {s.sim_s * 1e3:.2f} ms, {s.ops:.0f} ops"
+    head = [
+        f"#   in situ: {cal.insitu.op_s * 1e6:.3g} µs per op added to every launch time "
+        "(launch_overhead_us, each family's launch_us) and",
+        f"#     {cal.insitu.message_s * 1e6:.3g} µs per message to every link latency: the rank "
+        "interpreter's overheads, fitted to training steps run by the worker (distir.backend.insitu):",
+    ]
+    return head + [
+        f"#     {s.program}: real {s.real_s * 1e3:.2f} ms, simulated {s.sim_s * 1e3:.2f} ms, "
+        f"{s.ops:.0f} ops, {s.messages:.0f} messages"
         for s in cal.measurements.insitu
     ]
 
