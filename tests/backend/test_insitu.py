@@ -5,11 +5,11 @@ and the simulated op count of a one-rank step against the program's ops."""
 from __future__ import annotations
 
 import pytest
-from tests.hardware.test_profile import _calibration
 
 from distir.backend.insitu import InSituSample, Overheads, apply, fit_overhead
 from distir.hardware.clusterfile import cluster_from_toml
 from distir.hardware.profile import profile_toml
+from tests.hardware.test_profile import _calibration
 
 
 def test_overheads_are_the_median_gaps_per_simulated_op_and_message() -> None:
