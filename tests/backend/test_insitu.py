@@ -9,7 +9,7 @@ import pytest
 from distir.backend.insitu import InSituSample, Overheads, apply, fit_overhead
 from distir.hardware.clusterfile import cluster_from_toml
 from distir.hardware.profile import profile_toml
-from tests.hardware.test_profile import _calibration
+from hardware.test_profile import _calibration  # tests/ is on sys.path (rootdir of package-less tests)
 
 
 def test_overheads_are_the_median_gaps_per_simulated_op_and_message() -> None:

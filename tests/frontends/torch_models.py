@@ -8,7 +8,6 @@ from typing import Any
 
 def mlp() -> tuple[Any, Any]:
     import torch
-
     from tests.frontends.test_torch_import_numeric import MLP
 
     return MLP(), (torch.zeros(2, 5),)
@@ -54,7 +53,6 @@ def not_a_module() -> tuple[Any, Any]:
 def pippy_example() -> tuple[Any, Any]:
     """PiPPy's example without markers (``test_pipe_split``): split it by module name."""
     import torch
-
     from tests.frontends.test_pipe_split import PiPPyExample
 
     torch.manual_seed(0)
