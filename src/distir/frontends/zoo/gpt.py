@@ -38,6 +38,7 @@ Few-Shot Learners", 2020, Table 2.1: 40×5140 → 5120 as commonly trained, 40 h
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -273,12 +274,27 @@ def build(cfg: GPTConfig, batch: int, dtype: DType = DType.f32, name: str = FAMI
         calls.append(LayerCall(tied_head_fn(), (*lnf, wte), "logits"))
     else:
         calls.append(LayerCall(head_fn(), (*lnf, weight("wlm", dtype, (h, v), COL)), "logits"))
-    calls.append(LayerCall(token_loss_fn(v, batch * s, cfg.loss), ("labels",), "loss"))
+    return assemble_lm(name, FAMILY, cfg, inputs, calls, v, batch * s)
+
+
+def assemble_lm(
+    name: str,
+    family: str,
+    cfg: Any,
+    inputs: Sequence[InputSpec],
+    calls: Sequence[LayerCall],
+    vocab: int,
+    tokens: int,
+) -> Model:
+    """A language model's layer calls (embedding, blocks, head) followed by the token loss in the
+    config's ``loss`` form (normalized by the global batch's ``tokens``), assembled: activations
+    (batch, seq, hidden), the embedding with the first chunk, head and loss with the last."""
+    loss = LayerCall(token_loss_fn(vocab, tokens, cfg.loss), ("labels",), "loss")
     return assemble(
         name,
-        {"family": FAMILY, **asdict(cfg)},
+        {"family": family, **asdict(cfg)},
         inputs,
-        calls,
+        [*calls, loss],
         seq_dim=1,
         ends=(1, 2),
         loss_input_tp=loss_input(cfg.loss),

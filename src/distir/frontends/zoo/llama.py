@@ -34,11 +34,11 @@ heads, ffn 14336, vocabulary 128256, context 8192.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from distir.frontends.zoo._build import LayerCall, LayerFn, assemble, check_config, tensor, weight
+from distir.frontends.zoo._build import LayerCall, LayerFn, check_config, tensor, weight
 from distir.frontends.zoo.attention import attention, attention_field
-from distir.frontends.zoo.gpt import VOCAB, loss_dtype, loss_field, loss_input, token_loss_fn
+from distir.frontends.zoo.gpt import VOCAB, assemble_lm, loss_field
 from distir.frontends.zoo.model import InputSpec, Model, ModelError, WeightSpec
 from distir.ir.dtensor import Replicate, Shard
 from distir.ir.function import Function
@@ -148,14 +148,4 @@ def build(cfg: LlamaConfig, batch: int, dtype: DType = DType.f32, name: str = FA
     calls += [LayerCall(block, block_weights(i, cfg, dtype), f"x{i + 1}") for i in range(cfg.layers)]
     head_w = (weight("norm", dtype, (h,), value=1.0), weight("wlm", dtype, (h, v), COL))
     calls.append(LayerCall(head_fn(), head_w, "logits"))
-    calls.append(LayerCall(token_loss_fn(v, batch * s, cfg.loss), ("labels",), "loss"))
-    return assemble(
-        name,
-        {"family": FAMILY, **asdict(cfg)},
-        inputs,
-        calls,
-        seq_dim=1,
-        ends=(1, 2),
-        loss_input_tp=loss_input(cfg.loss),
-        loss_dtype=loss_dtype(cfg.loss),
-    )
+    return assemble_lm(name, FAMILY, cfg, inputs, calls, v, batch * s)
