@@ -1254,6 +1254,7 @@ def _calibration_json(cal: Any, path: Path) -> dict[str, Any]:
             }
             for k, f in cal.links.items()
         },
+        "skipped": dict(cal.skipped),  # what was measured but not fitted, and why
     }
 
 
