@@ -129,6 +129,10 @@ class Run:
     # the trainer's kernels: fused (Megatron-LM's fused kernels, torch.compile) or eager (one
     # kernel per op, as eager PyTorch runs them); ``distir simulate --kernels``
     kernels: str = "fused"
+    # the fused-attention kernel the trainer runs: fa2 (flash-attn, PyTorch SDPA's flash backend)
+    # or cudnn (Transformer Engine's FusedAttention, preferred on Hopper); ``distir simulate
+    # --attention-kernel``
+    attention_kernel: str = "fa2"
 
 
 _TYPES: dict[str, type] = {"int": int, "str": str, "bool": bool, "float": float}
@@ -176,6 +180,8 @@ def _check(r: Run, where: str) -> None:
         raise RunsError(f"{where}.source: expected an https:// URL, got {r.source!r}")
     if r.kernels not in ("fused", "eager"):
         raise RunsError(f"{where}.kernels: expected fused or eager, got {r.kernels!r}")
+    if r.attention_kernel not in ("fa2", "cudnn"):
+        raise RunsError(f"{where}.attention_kernel: expected fa2 or cudnn, got {r.attention_kernel!r}")
     if r.precision not in PRECISIONS:
         raise RunsError(f"{where}.precision: expected one of {', '.join(PRECISIONS)}, got {r.precision!r}")
     m, s, p = r.model, r.strategy, r.published
@@ -349,7 +355,9 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
         mod, st, Optimizer("adam"), train=True, comm_streams=True, precision=prec, chunk_times=times
     )
     kernels = v.kernels or r.kernels
-    cost = RooflineCostModel(cl, fuse=kernels == "fused", gemm_curve=v.gemm_curve)
+    cost = RooflineCostModel(
+        cl, fuse=kernels == "fused", gemm_curve=v.gemm_curve, attention_kernel=r.attention_kernel
+    )
     return simulate(prog, cl, device_map(st, True), cost, batch=batch, trace=trace), st
 
 

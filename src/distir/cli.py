@@ -218,6 +218,15 @@ def simulate(
             "torch.compile run them; default) or eager (one kernel per op, as eager PyTorch).",
         ),
     ] = "fused",
+    attention_kernel: Annotated[
+        str,
+        typer.Option(
+            "--attention-kernel",
+            help="The fused-attention kernel the trainer runs, costed at its published speed on the "
+            "GPU: fa2 (FlashAttention-2: flash-attn, PyTorch SDPA; default) or cudnn (Transformer "
+            "Engine's FusedAttention, preferred on Hopper).",
+        ),
+    ] = "fa2",
     bucket_mb: Annotated[
         float,
         typer.Option(
@@ -260,6 +269,8 @@ def simulate(
 
     if kernels not in ("fused", "eager"):
         _fail(f"--kernels must be fused or eager, got {kernels!r}")
+    if attention_kernel not in ("fa2", "cudnn"):
+        _fail(f"--attention-kernel must be fa2 or cudnn, got {attention_kernel!r}")
     if (file is None) == (model is None):
         _fail(
             "give a program FILE or --model (with --strategy), not both"
@@ -301,7 +312,7 @@ def simulate(
         _fail(str(e) if isinstance(e, HardwareError) else f"{source}: {e}")
     guard = _Session(file, debug).guard if file is not None else _plain_guard(debug)
     try:
-        cost = RooflineCostModel(cl, fuse=kernels == "fused")
+        cost = RooflineCostModel(cl, fuse=kernels == "fused", attention_kernel=attention_kernel)
         result = guard(lambda: run_sim(m, cl, dmap, cost, trace=trace is not None, batch=batch))
     except DeviceMapError as e:
         _fail(f"{source}: {e}")
@@ -319,6 +330,7 @@ def simulate(
                 **(_strategy_json(model, strategy, batch, dtype, precision) if model is not None else {}),
                 "cluster": cluster,
                 "kernels": kernels,
+                "attention_kernel": attention_kernel,
                 **summary,
                 "trace": str(trace) if trace is not None else None,
             }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import tomllib
 
@@ -118,12 +119,23 @@ def test_every_preset_has_a_source_and_sane_latencies() -> None:
             assert 5e-6 <= node.inter.latency_s <= 50e-6
 
 
+def _toml(v: object) -> str:
+    """A TOML value: strings quoted, lists and tables inline."""
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    return str(v)
+
+
 def test_clusters_json_rows_are_valid_toml_node_types() -> None:
     data = clusters_json()
     assert [r["preset"] for r in data["clusters"]] == list(PRESETS)
     for rec in data["clusters"]:
         fields = {k: v for k, v in rec.items() if k != "preset"}
-        body = "\n".join(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in fields.items())
+        body = "\n".join(f"{k} = {_toml(v)}" for k, v in fields.items())
         text = f'[types.x]\nnode_name = "{rec["preset"]}"\n{body}\n[[nodes]]\ntype = "x"\n'
         tomllib.loads(text)
         assert cluster_from_toml(text).nodes[0] == PRESETS[rec["preset"]]

@@ -42,6 +42,14 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
     memory_efficiency = 0.8          #   peak and of the memory bandwidth, and the per-op
     launch_us = 4                    #   fixed cost, replacing the cost model's defaults
 
+    [types.t4.attention.fa2]         # optional, per fused-attention kernel (fa2, cudnn):
+    peak_tflops = 989.5              #   its published TFLOP/s by sequence length on a GPU
+    head_dim = 128                   #   of this dense 16-bit peak, at this head dimension,
+    forward = [[512, 309], [8192, 370]]  # forward and backward, causal and not
+    forward_causal = [[512, 191], [8192, 333]]  # (backward_causal optional: derived);
+    backward = [[512, 214], [8192, 318]]        # distir.hardware.attention
+    source = "..."
+
     [types.t4.collectives.allreduce] # optional, per collective (allreduce, allgather,
     bandwidth_gb_s = 12              #   reducescatter, broadcast, reduce, scatter, gather,
     latency_us = 9                   #   alltoall): the measured link (B, α) of its alpha-beta
@@ -80,6 +88,7 @@ from typing import Any, NoReturn
 from distir.hardware.cluster import Cluster, ClusterError, Matrix
 from distir.hardware.presets import CUDA_RUNTIME, GIB, GIGA, MIB, PRESETS, TERA, us
 from distir.hardware.specs import (
+    AttentionProfile,
     DeviceSpec,
     FamilyRates,
     GemmProfile,
@@ -138,6 +147,8 @@ _RUNTIME_MIB = {
 _RUNTIME_KEYS = (*_RUNTIME_MIB, "allocator_fragmentation", "runtime_memory_source")
 _FAMILY_KEYS = ("flop_efficiency", "memory_efficiency", "launch_us")
 _COLLECTIVE_KEYS = ("bandwidth_gb_s", "latency_us")
+_ATTENTION_CURVES = ("forward", "forward_causal", "backward", "backward_causal")
+_ATTENTION_KEYS = ("peak_tflops", "head_dim", *_ATTENTION_CURVES, "source")
 COLLECTIVE_NAMES = (
     "allreduce",
     "allgather",
@@ -160,6 +171,7 @@ _TYPE_KEYS = (
     *_RUNTIME_KEYS,
     "families",
     "collectives",
+    "attention",
 )
 _TOP_KEYS = ("name", "types", "nodes", "inter_node", "bandwidth_matrix_gb_s", "latency_matrix_us")
 
@@ -326,6 +338,9 @@ class _Loader:
         if base is not None and families != base.device.families:
             dev_over["families"] = families
         collectives = self.collectives(t, path, base.collectives if base else ())
+        attention = self.attention(t, path, base.device.attention if base else ())
+        if base is not None and attention != base.device.attention:
+            dev_over["attention"] = attention
         try:
             if base is None:
                 fp32 = vals["fp32_tflops"]
@@ -343,6 +358,7 @@ class _Loader:
                     gemm=gemm,
                     runtime=runtime,
                     families=families,
+                    attention=attention,
                 )
                 intra = LinkSpec(vals["intra_bandwidth_gb_s"], vals["intra_latency_us"])
                 inter = LinkSpec(vals["inter_bandwidth_gb_s"], vals["inter_latency_us"])
@@ -435,6 +451,53 @@ class _Loader:
             launch = us(self.number(e["launch_us"], (*epath, "launch_us"), "µs per op", zero_ok=True))
             out[fam] = FamilyRates(effs[0], effs[1], launch)
         return tuple(out.items())
+
+    def attention(
+        self, t: dict[str, Any], path: Path_, base: tuple[AttentionProfile, ...]
+    ) -> tuple[AttentionProfile, ...]:
+        """``base`` with the type's ``attention`` tables over it (a kernel given replaces)."""
+        if "attention" not in t:
+            return base
+        apath: Path_ = (*path, "attention")
+        raw = self.table(
+            t["attention"], apath, list(t["attention"]) if isinstance(t["attention"], dict) else ()
+        )
+        out = {a.kernel: a for a in base}
+        for kernel, entry in raw.items():
+            epath: Path_ = (*apath, kernel)
+            e = self.table(entry, epath, _ATTENTION_KEYS)
+            for k in ("peak_tflops", "head_dim", "forward", "forward_causal", "backward"):
+                if k not in e:
+                    self.fail((*epath, k), "missing required key")
+            curves = {k: self.seq_points(e[k], (*epath, k)) for k in _ATTENTION_CURVES if k in e}
+            if "source" in e and not isinstance(e["source"], str):
+                self.fail((*epath, "source"), f"expected a string, got {_got(e['source'])}")
+            try:
+                out[kernel] = AttentionProfile(
+                    kernel=kernel,
+                    peak_tflops=self.number(e["peak_tflops"], (*epath, "peak_tflops"), "TFLOP/s"),
+                    head_dim=self.positive_int(e["head_dim"], (*epath, "head_dim"), "the head dimension"),
+                    source=e.get("source", f"{self.file}: {_fmt(epath)}"),
+                    **curves,
+                )
+            except HardwareError as err:
+                self.fail(epath, str(err))
+        return tuple(out.values())
+
+    def seq_points(self, x: object, path: Path_) -> tuple[tuple[int, float], ...]:
+        """``[[sequence length, TFLOP/s], ...]`` sorted by length."""
+        ok = isinstance(x, list) and len(x) >= 1
+        for e in x if isinstance(x, list) else ():
+            ok = ok and isinstance(e, list) and len(e) == 2 and isinstance(e[0], int)
+            ok = ok and not isinstance(e[0], bool) and e[0] >= 1
+            ok = ok and isinstance(e[1], int | float) and not isinstance(e[1], bool) and e[1] > 0
+        if not ok:
+            self.fail(path, f"expected [[sequence length, TFLOP/s], ...], positive numbers, got {_got(x)}")
+        assert isinstance(x, list)
+        pts = tuple((int(a), float(b)) for a, b in x)
+        if [p[0] for p in pts] != sorted({p[0] for p in pts}):
+            self.fail(path, "expected the points sorted by sequence length, each length once")
+        return pts
 
     def collectives(
         self, t: dict[str, Any], path: Path_, base: tuple[tuple[str, LinkSpec], ...]

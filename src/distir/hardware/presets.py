@@ -28,7 +28,15 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from distir.hardware.specs import DeviceSpec, GemmProfile, LinkSpec, NodeSpec, RuntimeMemory
+from distir.hardware.specs import (
+    AttentionProfile,
+    DeviceSpec,
+    GemmProfile,
+    LinkSpec,
+    NodeSpec,
+    RuntimeMemory,
+    SeqPoints,
+)
 from distir.ir.types import DType
 
 if TYPE_CHECKING:
@@ -88,6 +96,71 @@ _T4_GEMM = GemmProfile(
 )
 
 
+_SEQS = (512, 1024, 2048, 4096, 8192, 16384)
+_FA3_PAPER = (
+    "Shah et al. 2024, 'FlashAttention-3' (arXiv:2407.08608), Fig. 5 (forward, head dim 128, "
+    "with and without causal mask) and Fig. 6 (backward, head dim 128, no mask), H100 80GB SXM5"
+)
+
+
+def _points(tflops: tuple[float, ...]) -> SeqPoints:
+    return tuple(zip(_SEQS, tflops, strict=True))
+
+
+_H100_FA2 = AttentionProfile(
+    kernel="fa2",
+    peak_tflops=989.5,
+    head_dim=128,
+    forward=_points((309, 350, 362, 368, 370, 370)),
+    forward_causal=_points((191, 260, 298, 319, 333, 335)),
+    backward=_points((214, 260, 291, 310, 318, 322)),
+    source=f"FlashAttention-2 (flash-attn, PyTorch SDPA's flash backend): {_FA3_PAPER}",
+)
+_H100_CUDNN = AttentionProfile(
+    kernel="cudnn",
+    peak_tflops=989.5,
+    head_dim=128,
+    forward=_points((497, 574, 617, 609, 600, 595)),
+    forward_causal=_points((315, 410, 484, 518, 529, 539)),
+    backward=_points((305, 408, 465, 499, 518, 516)),
+    source="cuDNN fused attention (Transformer Engine's FusedAttention, PyTorch SDPA's cuDNN "
+    f"backend): {_FA3_PAPER}",
+)
+
+
+def _scaled(
+    profile: AttentionProfile, peak_tflops: float, forward: float, backward: float, source: str
+) -> AttentionProfile:
+    """``profile``'s curves rescaled so their long-sequence, unmasked speeds are ``forward`` and
+    ``backward`` of ``peak_tflops``: the same kernel's shape on another GPU whose benchmark
+    states only those plateaus."""
+
+    def scale(pts: SeqPoints, plateau: float, top: float) -> SeqPoints:
+        return tuple((s, t * plateau * peak_tflops / top) for s, t in pts)
+
+    fwd_top, bwd_top = profile.forward[-1][1], profile.backward[-1][1]
+    return AttentionProfile(
+        kernel=profile.kernel,
+        peak_tflops=peak_tflops,
+        head_dim=profile.head_dim,
+        forward=scale(profile.forward, forward, fwd_top),
+        forward_causal=scale(profile.forward_causal, forward, fwd_top),
+        backward=scale(profile.backward, backward, bwd_top),
+        source=source,
+    )
+
+
+_A100_FA2 = _scaled(
+    _H100_FA2,
+    312.0,
+    0.73,
+    0.63,
+    "FlashAttention-2 on A100: Dao 2023, 'FlashAttention-2' (arXiv:2307.08691), §4.1: up to 73% of "
+    "the theoretical peak in the forward pass and 63% in the backward; by sequence length and mask "
+    "the shape of the same kernel's H100 curves (estimate), " + _FA3_PAPER,
+)
+
+
 def us(x: float) -> float:
     """Microseconds to seconds (a division, so that 5 µs is exactly ``5e-06``)."""
     return x / 1e6
@@ -104,6 +177,7 @@ def _gpu(
     mem_gib: int,
     gemm: GemmProfile,
     launch_us: float = 5.0,
+    attention: tuple[AttentionProfile, ...] = (),
 ) -> DeviceSpec:
     """A DeviceSpec from sheet units: TFLOP/s, GB/s, GiB, µs."""
     return DeviceSpec(
@@ -118,6 +192,7 @@ def _gpu(
         launch_overhead_s=us(launch_us),
         gemm=gemm,
         runtime=CUDA_RUNTIME,
+        attention=attention,
     )
 
 
@@ -127,8 +202,21 @@ def _link(gb_s: float, latency_us: float) -> LinkSpec:
 
 V100_SXM3_32GB = _gpu("V100-SXM3-32GB", 15.7, 15.7, 125.0, 15.7, 7.8, 900.0, 32, _V100_GEMM)
 V100_SXM2_16GB = _gpu("V100-SXM2-16GB", 15.7, 15.7, 125.0, 15.7, 7.8, 900.0, 16, _V100_GEMM)
-A100_SXM_80GB = _gpu("A100-SXM-80GB", 19.5, 156.0, 312.0, 312.0, 9.7, 2039.0, 80, _A100_GEMM)
-H100_SXM_80GB = _gpu("H100-SXM-80GB", 67.0, 494.5, 989.5, 989.5, 34.0, 3350.0, 80, _H100_GEMM)
+A100_SXM_80GB = _gpu(
+    "A100-SXM-80GB", 19.5, 156.0, 312.0, 312.0, 9.7, 2039.0, 80, _A100_GEMM, attention=(_A100_FA2,)
+)
+H100_SXM_80GB = _gpu(
+    "H100-SXM-80GB",
+    67.0,
+    494.5,
+    989.5,
+    989.5,
+    34.0,
+    3350.0,
+    80,
+    _H100_GEMM,
+    attention=(_H100_FA2, _H100_CUDNN),
+)
 # T4 fp64 is 1/32 of fp32 (not on the sheet; estimate).
 T4_16GB = _gpu("T4-16GB", 8.1, 8.1, 65.0, 8.1, 0.25, 320.0, 16, _T4_GEMM)
 
@@ -267,14 +355,26 @@ def _runtime_record(d: DeviceSpec) -> dict[str, Any]:
     }
 
 
+def _attention_record(a: AttentionProfile) -> dict[str, Any]:
+    rec: dict[str, Any] = {"peak_tflops": a.peak_tflops, "head_dim": a.head_dim}
+    for k in ("forward", "forward_causal", "backward", "backward_causal"):
+        pts = getattr(a, k)
+        if pts is not None:
+            rec[k] = [[s, t] for s, t in pts]
+    return rec | {"source": a.source}
+
+
 def _calibrated_record(node: NodeSpec) -> dict[str, Any]:
-    """Measured rates per op family and links per collective, as TOML tables (none if absent)."""
+    """Measured rates per op family, fused-attention profiles and links per collective, as TOML
+    tables (none if absent)."""
     rec: dict[str, Any] = {}
     if node.device.families:
         rec["families"] = {
             k: {"flop_efficiency": r.flop, "memory_efficiency": r.memory, "launch_us": r.launch_s * 1e6}
             for k, r in node.device.families
         }
+    if node.device.attention:
+        rec["attention"] = {a.kernel: _attention_record(a) for a in node.device.attention}
     if node.collectives:
         rec["collectives"] = {
             k: {"bandwidth_gb_s": ln.bandwidth / GIGA, "latency_us": ln.latency_s * 1e6}

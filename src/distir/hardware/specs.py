@@ -91,6 +91,54 @@ class GemmProfile:
             raise SpecError(f"{owner}: source must be a string, got {self.source!r}")
 
 
+SeqPoints = tuple[tuple[int, float], ...]
+"""Published (sequence length, TFLOP/s) points of one attention pass, sorted by length."""
+
+
+def _seq_points(owner: str, field: str, pts: object) -> None:
+    ok = isinstance(pts, tuple) and len(pts) >= 1
+    for e in pts if isinstance(pts, tuple) else ():
+        ok = ok and isinstance(e, tuple) and len(e) == 2 and isinstance(e[0], int) and e[0] >= 1
+        ok = ok and _is_number(e[1]) and e[1] > 0
+    if not ok:
+        raise SpecError(f"{owner}: {field} must be (sequence length, TFLOP/s) pairs, got {pts!r}")
+    assert isinstance(pts, tuple)
+    if [e[0] for e in pts] != sorted({e[0] for e in pts}):
+        raise SpecError(f"{owner}: {field} must be sorted by sequence length, each length once")
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionProfile:
+    """How fast one fused-attention kernel (``kernel``: ``fa2``, ``cudnn``, ...) runs on one GPU
+    kind, for ``distir.hardware.attention``: its published TFLOP/s by sequence length for the
+    forward and backward pass, causal and not (``backward_causal`` None: derived), at head
+    dimension ``head_dim``, on a GPU of dense 16-bit peak ``peak_tflops`` (the benchmark's GPU;
+    the cost model applies the same fraction of peak to the device it costs). ``source`` names
+    the benchmark."""
+
+    kernel: str
+    peak_tflops: float
+    head_dim: int
+    forward: SeqPoints
+    forward_causal: SeqPoints
+    backward: SeqPoints
+    source: str
+    backward_causal: SeqPoints | None = None
+
+    def __post_init__(self) -> None:
+        owner = f"attention profile {self.kernel!r}"
+        _name(owner, self.kernel)
+        _positive(owner, "peak_tflops", self.peak_tflops)
+        if not isinstance(self.head_dim, int) or self.head_dim < 1:
+            raise SpecError(f"{owner}: head_dim must be a positive int, got {self.head_dim!r}")
+        for f in ("forward", "forward_causal", "backward", "backward_causal"):
+            x = getattr(self, f)
+            if x is not None or f != "backward_causal":
+                _seq_points(owner, f, x)
+        if not isinstance(self.source, str):
+            raise SpecError(f"{owner}: source must be a string, got {self.source!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class RuntimeMemory:
     """Device memory a training process holds besides its tensors (all default 0: none).
@@ -184,6 +232,7 @@ class DeviceSpec:
     fraction of peak) and ``runtime`` the memory a process holds besides its tensors.
     ``families``: measured rates per op family (``distir calibrate``), as (family, rates) pairs;
     a family listed there is costed with its rates instead of the cost model's defaults.
+    ``attention``: published speeds of fused-attention kernels on this GPU, one per kernel.
     """
 
     name: str
@@ -198,6 +247,7 @@ class DeviceSpec:
     gemm: GemmProfile | None = None
     runtime: RuntimeMemory = RuntimeMemory()
     families: tuple[tuple[str, FamilyRates], ...] = ()
+    attention: tuple[AttentionProfile, ...] = ()
 
     def __post_init__(self) -> None:
         _name("device spec", self.name)
@@ -215,6 +265,18 @@ class DeviceSpec:
         if not isinstance(self.runtime, RuntimeMemory):
             raise SpecError(f"{owner}: runtime must be a RuntimeMemory, got {self.runtime!r}")
         _named_once(owner, "families", self.families, FamilyRates)
+        kernels = [a.kernel for a in self.attention if isinstance(a, AttentionProfile)]
+        if not isinstance(self.attention, tuple) or len(kernels) != len(self.attention):
+            raise SpecError(f"{owner}: attention must be a tuple of AttentionProfile")
+        if len(set(kernels)) != len(kernels):
+            raise SpecError(f"{owner}: attention names a kernel twice: {kernels}")
+
+    def attention_profile(self, kernel: str) -> AttentionProfile | None:
+        """The published profile of attention kernel ``kernel`` on this GPU (None: none)."""
+        for a in self.attention:
+            if a.kernel == kernel:
+                return a
+        return None
 
     def family_rates(self, family: str) -> FamilyRates | None:
         """The measured rates of op family ``family`` (None: not calibrated)."""

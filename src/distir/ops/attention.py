@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from distir.hardware.attention import FlashShape
 from distir.ir.dtensor import Placement, Shard, split_sizes
 from distir.ir.ops import Op
 from distir.ir.types import DType, TensorType, Type
@@ -276,6 +277,16 @@ def _attention_grad_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attr
     return BACKWARD_FACTOR * forward_flops(b, s, h, d, bool(attrs.get("causal", False)))
 
 
+def _attention_flash(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> FlashShape:
+    b, s, h, d = _q_shape(ins[0])
+    return FlashShape(b, h, s, d, bool(attrs.get("causal", False)), backward=False)
+
+
+def _attention_grad_flash(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> FlashShape:
+    b, s, h, d = _q_shape(ins[1])
+    return FlashShape(b, h, s, d, bool(attrs.get("causal", False)), backward=True)
+
+
 # -- sharding ---------------------------------------------------------------------------------
 def heads_split_evenly(h: int, hkv: int, n: int) -> bool:
     """Whether splitting h query heads and h_kv kv heads over ``n`` keeps whole GQA groups on
@@ -332,6 +343,7 @@ ATTENTION = register(
         attrs=dict(ATTENTION_ATTRS),
         reference=_attention_ref,
         flops=_attention_flops,
+        flash=_attention_flash,
         doc="Fused scaled-dot-product attention in the BSHD layout (GQA, causal): out and the "
         "f32 log-sum-exp per query (B, h, S); never an S×S value.",
         sharding=_attention_sharding,
@@ -348,6 +360,7 @@ ATTENTION_GRAD = register(
         attrs=dict(ATTENTION_ATTRS),
         reference=_attention_grad_ref,
         flops=_attention_grad_flops,
+        flash=_attention_grad_flash,
         doc="Gradients of Attention w.r.t. q, k and v (FlashAttention-2's backward: recomputes "
         "the scores from q, k and lse; 2.5x the forward FLOPs).",
         sharding=_attention_grad_sharding,

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
+from distir.hardware.attention import FlashShape
 from distir.hardware.gemm import GemmShape
 from distir.ir.dtensor import DTensorType, Mesh, Placement, Replicate
 from distir.ir.ops import Op
@@ -238,6 +239,7 @@ PartialRule = Callable[[TypeCtx], Sequence[np.ndarray | None]]
 RefImpl = Callable[[Sequence[Any], Attrs], Sequence[Any]]
 CostFn = Callable[[Sequence[Type], Sequence[Type], Attrs], float]
 GemmFn = Callable[[Sequence[Type], Sequence[Type], Attrs], GemmShape]
+FlashFn = Callable[[Sequence[Type], Sequence[Type], Attrs], FlashShape]
 
 
 def _nbytes(ts: Sequence[Type]) -> float:
@@ -291,6 +293,8 @@ class OpDef:
     bytes_read: CostFn = default_bytes_read
     bytes_written: CostFn = default_bytes_written
     gemm: GemmFn | None = None  # a matrix product's (batch, M, N, K), for the GEMM efficiency curve
+    # a fused-attention kernel's call shape, for the kernel's published speed (hardware.attention)
+    flash: FlashFn | None = None
     fusion: Fusion = Fusion.NONE
     doc: str = ""
     project: Any = None

@@ -9,7 +9,12 @@
   costs 0. The efficiency of a matrix product (an op with a ``gemm`` descriptor) follows the
   device's GEMM efficiency curve by shape and precision (``distir.hardware.gemm``; a device
   without a ``GemmProfile``, or ``gemm_curve=False``, takes the flat ``flop_efficiency`` of its
-  family); every other op takes the achievable fraction of peak of its family;
+  family); a fused-attention op (an op with a ``flash`` descriptor) runs at the published speed
+  of the trainer's attention kernel on that GPU (``attention_kernel``: ``fa2``, FlashAttention-2
+  as flash-attn and PyTorch's SDPA run it, or ``cudnn``; ``distir.hardware.attention``), or its
+  family's fraction where the GPU has no profile of that kernel (a calibrated family's
+  measured rates come first); every other op takes the
+  achievable fraction of peak of its family;
 - an op that joins the kernel of the op before it (``distir.sim.fusion``; ``fuse=True``, the
   default) by ``fused_time``: no launch, and no memory traffic for the linked input (nor for the
   producer's write of it when nothing else uses it);
@@ -35,6 +40,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from distir.hardware.attention import attention_efficiency
 from distir.hardware.cluster import Cluster
 from distir.hardware.gemm import gemm_efficiency
 from distir.hardware.specs import DeviceSpec
@@ -100,7 +106,8 @@ def op_dtype(ins: Sequence[Type], outs: Sequence[Type]) -> DType:
 class RooflineCostModel:
     """The roofline model of the module docstring. ``gemm_curve``: matrix products follow the
     device's GEMM efficiency curve (False: the flat ``flop_efficiency["linalg"]``); ``fuse``:
-    elementwise chains fuse as the trainers fuse them (False: every op is a kernel of its own)."""
+    elementwise chains fuse as the trainers fuse them (False: every op is a kernel of its own);
+    ``attention_kernel``: the fused-attention kernel the trainer runs (``fa2`` or ``cudnn``)."""
 
     cluster: Cluster
     allow_tf32: bool = False
@@ -109,6 +116,7 @@ class RooflineCostModel:
     memory_efficiency: float = 0.8
     gemm_curve: bool = True
     fuse: bool = True
+    attention_kernel: str = "fa2"
 
     def compute_time(
         self, opdef: OpDef, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, gpu: int
@@ -160,6 +168,8 @@ class RooflineCostModel:
             eff = gemm_efficiency(spec.gemm, opdef.gemm(ins, outs, attrs), fp32=fp32)
         elif rates is not None:
             eff = rates.flop
+        elif opdef.flash is not None and (profile := spec.attention_profile(self.attention_kernel)):
+            eff = attention_efficiency(profile, opdef.flash(ins, outs, attrs))
         else:
             eff = self.flop_efficiency.get(opdef.family, self.default_flop_efficiency)
         mem_eff = self.memory_efficiency if rates is None else rates.memory

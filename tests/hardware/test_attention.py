@@ -1,0 +1,175 @@
+"""Fused-attention speed by shape (distir.hardware.attention) and its use by the cost model."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from distir.hardware.attention import FlashShape, attention_efficiency, attention_tflops, interpolate
+from distir.hardware.cluster import parse_cluster
+from distir.hardware.presets import PRESETS
+from distir.hardware.specs import AttentionProfile, FamilyRates, SpecError
+from distir.ir.types import Device, DType, TensorType
+from distir.ir.values import Attrs
+from distir.ops.attention import ATTENTION, ATTENTION_GRAD, forward_flops
+from distir.sim.cost import RooflineCostModel
+
+H100 = PRESETS["h100"].device
+FA2 = H100.attention_profile("fa2")
+
+
+def test_h100_has_fa2_and_cudnn_and_v100_none() -> None:
+    assert FA2 is not None and H100.attention_profile("cudnn") is not None
+    assert PRESETS["dgx2-v100"].device.attention == ()  # FlashAttention-2 does not run on Volta
+
+
+def test_the_curve_passes_through_every_published_point() -> None:
+    assert FA2 is not None
+    for pts, causal, bwd in (
+        (FA2.forward, False, False),
+        (FA2.forward_causal, True, False),
+        (FA2.backward, False, True),
+    ):
+        for seq, tflops in pts:
+            assert attention_tflops(FA2, FlashShape(2, 16, seq, 128, causal, bwd)) == tflops
+
+
+def test_between_points_linear_in_log_sequence_and_flat_beyond() -> None:
+    pts = ((1024, 100.0), (4096, 200.0))
+    assert interpolate(pts, 2048) == pytest.approx(150.0)
+    assert interpolate(pts, 16) == 100.0
+    assert interpolate(pts, 1 << 20) == 200.0
+
+
+def test_causal_backward_derived_from_the_forward_ratio() -> None:
+    assert FA2 is not None and FA2.backward_causal is None
+    for seq in (512, 3000, 8192):
+        want = (
+            interpolate(FA2.backward, seq)
+            * interpolate(FA2.forward_causal, seq)
+            / interpolate(FA2.forward, seq)
+        )
+        got = attention_tflops(FA2, FlashShape(1, 32, seq, 128, causal=True, backward=True))
+        assert got == pytest.approx(want)
+
+
+def test_a100_profile_plateaus_at_the_papers_fractions() -> None:
+    a100 = PRESETS["dgx-a100"].device.attention_profile("fa2")
+    assert a100 is not None
+    long = 1 << 16
+    assert attention_efficiency(a100, FlashShape(1, 32, long, 128, False, False)) == pytest.approx(0.73)
+    assert attention_efficiency(a100, FlashShape(1, 32, long, 128, False, True)) == pytest.approx(0.63)
+
+
+def _qkv(b: int, s: int, h: int, d: int) -> list[TensorType]:
+    t = TensorType(DType.bf16, (b, s, h, d), Device(0))
+    return [t, t, t]
+
+
+def test_cost_model_runs_attention_at_the_published_speed() -> None:
+    cl = parse_cluster("h100")
+    b, s, h, d = 2, 8192, 32, 128
+    ins = _qkv(b, s, h, d)
+    out = TensorType(DType.bf16, (b, s, h, d), Device(0))
+    lse = TensorType(DType.f32, (b, h, s), Device(0))
+    attrs = Attrs({"causal": True})
+    flops = forward_flops(b, s, h, d, True)
+    launch = H100.launch_overhead_s
+    for kernel, tflops in (("fa2", 333.0), ("cudnn", 529.0)):  # FA3 paper Fig. 5, causal, 8k
+        cost = RooflineCostModel(cl, attention_kernel=kernel)
+        t = cost.compute_time(ATTENTION, ins, [out, lse], attrs, 0)
+        assert t == pytest.approx(launch + flops / (989.5e12 * tflops / 989.5), rel=1e-9)
+    grad_ins = [out, *ins, out, lse]
+    cost = RooflineCostModel(cl)
+    t = cost.compute_time(ATTENTION_GRAD, grad_ins, ins, attrs, 0)
+    assert FA2 is not None
+    bwd = attention_tflops(FA2, FlashShape(b, h, s, d, True, True))
+    assert t == pytest.approx(launch + 2.5 * flops / (bwd * 1e12), rel=1e-9)
+
+
+def test_an_unknown_kernel_falls_back_to_the_family_fraction() -> None:
+    cl = parse_cluster("h100")
+    ins = _qkv(1, 4096, 16, 128)
+    outs = [ins[0], TensorType(DType.f32, (1, 16, 4096), Device(0))]
+    cost = RooflineCostModel(cl, attention_kernel="fa3")
+    t = cost.compute_time(ATTENTION, ins, outs, Attrs({}), 0)
+    flops = forward_flops(1, 4096, 16, 128, False)
+    assert t == pytest.approx(H100.launch_overhead_s + flops / (989.5e12 * 0.5), rel=1e-9)
+
+
+def test_calibrated_family_rates_come_before_the_published_profile() -> None:
+    import dataclasses
+
+    from distir.hardware.cluster import Cluster
+
+    base = parse_cluster("h100")
+    node = base.nodes[0]
+    rates = FamilyRates(flop=0.2, memory=0.5, launch_s=1e-5)
+    dev = dataclasses.replace(node.device, name="h100-cal", families=(("attention", rates),))
+    cl = Cluster("cal", (dataclasses.replace(node, device=dev),), inter_node=base.inter_node)
+    ins = _qkv(1, 4096, 16, 128)
+    outs = [ins[0], TensorType(DType.f32, (1, 16, 4096), Device(0))]
+    t = RooflineCostModel(cl).compute_time(ATTENTION, ins, outs, Attrs({}), 0)
+    flops = forward_flops(1, 4096, 16, 128, False)
+    assert t == pytest.approx(1e-5 + flops / (989.5e12 * 0.2), rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("forward", ()),
+        ("forward", ((2048, 10.0), (1024, 12.0))),
+        ("backward", ((0, 10.0),)),
+        ("forward_causal", ((512, -1.0),)),
+        ("peak_tflops", math.nan),
+        ("head_dim", 0),
+    ],
+)
+def test_a_malformed_profile_is_a_spec_error(field: str, value: object) -> None:
+    assert FA2 is not None
+    kwargs = {f: getattr(FA2, f) for f in AttentionProfile.__dataclass_fields__}
+    kwargs[field] = value
+    with pytest.raises(SpecError, match=field):
+        AttentionProfile(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_cluster_file_overrides_a_kernel_profile(tmp_path: Path) -> None:
+    from distir.hardware.clusterfile import cluster_from_toml
+
+    text = (
+        '[types.x]\npreset = "h100"\n[types.x.attention.fa2]\npeak_tflops = 989.5\nhead_dim = 128\n'
+        "forward = [[1024, 400.0]]\nforward_causal = [[1024, 300]]\nbackward = [[1024, 200]]\n"
+        '[[nodes]]\ntype = "x"\n'
+    )
+    dev = cluster_from_toml(text).nodes[0].device
+    fa2 = dev.attention_profile("fa2")
+    assert fa2 is not None and fa2.forward == ((1024, 400.0),)
+    assert dev.attention_profile("cudnn") == H100.attention_profile("cudnn")  # the preset's, kept
+
+
+@pytest.mark.parametrize(
+    "entry,key",
+    [
+        ("forward = [[2048, 1.0], [1024, 2.0]]", "forward"),
+        ("forward = [[0, 1.0]]", "forward"),
+        ("forward = 3", "forward"),
+        ("bogus = 1", "bogus"),
+    ],
+)
+def test_a_malformed_cluster_attention_table_is_a_cluster_error(entry: str, key: str) -> None:
+    from distir.hardware.cluster import ClusterError
+    from distir.hardware.clusterfile import cluster_from_toml
+
+    base = {"peak_tflops": "989.5", "head_dim": "128", "forward": "[[1024, 1.0]]"}
+    base |= {"forward_causal": "[[1024, 1.0]]", "backward": "[[1024, 1.0]]"}
+    k0 = entry.split(" =")[0]
+    lines = [f"{k} = {v}" for k, v in base.items() if k != k0] + [entry]
+    text = (
+        '[types.x]\npreset = "h100"\n[types.x.attention.fa2]\n'
+        + "\n".join(lines)
+        + '\n[[nodes]]\ntype = "x"\n'
+    )
+    with pytest.raises(ClusterError, match=f"attention.fa2.{key}"):
+        cluster_from_toml(text)
