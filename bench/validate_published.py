@@ -133,6 +133,9 @@ class Run:
     # or cudnn (Transformer Engine's FusedAttention, preferred on Hopper); ``distir simulate
     # --attention-kernel``
     attention_kernel: str = "fa2"
+    # Megatron-LM's --overlap-param-gather: the distributed optimizer's parameter all-gather in the
+    # next step's forward (``distribute(overlap_param_gather=True)``)
+    overlap_param_gather: bool = False
 
 
 _TYPES: dict[str, type] = {"int": int, "str": str, "bool": bool, "float": float}
@@ -352,7 +355,14 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
     prec = Precision.parse(PRECISIONS[r.precision] or "mixed")
     times = chunk_times(mod, parse_model_string(spec), cl, dt, True, st, prec.mixed)
     prog = distribute(
-        mod, st, Optimizer("adam"), train=True, comm_streams=True, precision=prec, chunk_times=times
+        mod,
+        st,
+        Optimizer("adam"),
+        train=True,
+        comm_streams=True,
+        precision=prec,
+        chunk_times=times,
+        overlap_param_gather=r.overlap_param_gather,
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(

@@ -235,6 +235,15 @@ def simulate(
             "(PyTorch DDP's bucket_cap_mb; default 25).",
         ),
     ] = 25.0,
+    overlap_param_gather: Annotated[
+        bool,
+        typer.Option(
+            "--overlap-param-gather",
+            help="With --model, mixed precision and ZeRO-1/2: all-gather the new weights in the next "
+            "step's first forward, layer by layer, instead of after the optimizer (Megatron-LM's "
+            "--overlap-param-gather).",
+        ),
+    ] = False,
     trace: Annotated[
         Path | None, typer.Option("--trace", help="Write a Perfetto/Chrome trace JSON here.")
     ] = None,
@@ -280,7 +289,18 @@ def simulate(
     source: str
     if model is not None:
         built = _model_program(
-            model, strategy, batch, train, optimizer, dtype, debug, precision, cluster, bucket_mb, tp_layout
+            model,
+            strategy,
+            batch,
+            train,
+            optimizer,
+            dtype,
+            debug,
+            precision,
+            cluster,
+            bucket_mb,
+            tp_layout,
+            overlap_param_gather,
         )
         m, dmap0, source, batch, model_flops = built
     else:
@@ -291,6 +311,8 @@ def simulate(
             _fail("--precision applies to --model, not to a program file")
         if bucket_mb != 25.0:
             _fail("--bucket-mb applies to --model, not to a program file")
+        if overlap_param_gather:
+            _fail("--overlap-param-gather applies to --model, not to a program file")
         s = _Session(file, debug)
         m = s.explicit(s.load(entry))  # a sharded program is simulated in its materialized form
         dmap0, source, model_flops = None, str(file), None
@@ -394,6 +416,7 @@ def _model_program(
     cluster: str | None = None,
     bucket_mb: float = 25.0,
     tp_layout: str = "declared",
+    overlap_param_gather: bool = False,
 ) -> ModelProgram:
     """Build zoo model ``spec`` in ``dtype`` and distribute it with ``precision`` (pure, or mixed:
     fp32 masters). With a ``cluster`` that has the
@@ -445,6 +468,7 @@ def _model_program(
             precision=prec,
             chunk_times=times,
             bucket_mb=bucket_mb,
+            overlap_param_gather=overlap_param_gather,
         )
     except (StrategyError, ModelError, AutodiffError, ShardingError) as e:
         if debug:

@@ -157,11 +157,18 @@ def check_against_sequential(
     precision: Precision | str = "pure",
     bucket_mb: float = DDP_BUCKET_MB,
     comm_streams: bool = False,
+    overlap_param_gather: bool = False,
 ) -> Comparison:
     opt = optimizer or Optimizer("sgd", lr=0.1)
     seq = training_step(model, opt, strategy.recompute, precision)
     dist = distribute(
-        model, strategy, opt, comm_streams=comm_streams, precision=precision, bucket_mb=bucket_mb
+        model,
+        strategy,
+        opt,
+        comm_streams=comm_streams,
+        precision=precision,
+        bucket_mb=bucket_mb,
+        overlap_param_gather=overlap_param_gather,
     )
     vals = initial_values(model, opt, seed, precision)
     want = run_reference(seq, [vals[p.name] for p in seq.entry.params])

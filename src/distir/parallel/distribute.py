@@ -138,6 +138,7 @@ def distribute(
     precision: Precision | str = "pure",
     chunk_times: tuple[Sequence[float], Sequence[float]] | None = None,
     bucket_mb: float = DDP_BUCKET_MB,
+    overlap_param_gather: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -169,10 +170,26 @@ def distribute(
     reduced in buckets of about this size during the backward (``_Buckets``); with
     ``comm_streams`` the reductions run on each GPU's ``dp_reduce`` stream, overlapping the rest of
     the backward, and ZeRO-3's gathers on its ``dp_gather`` stream, one layer ahead
-    (``_Gathers``)."""
+    (``_Gathers``).
+
+    ``overlap_param_gather`` (Megatron-LM's ``--overlap-param-gather`` with its distributed
+    optimizer; mixed precision, ZeRO-1/2, d > 1): the new low-precision weights are not
+    all-gathered after the optimizer but in the next step's first forward, layer by layer as the
+    forward reaches them (on the ``dp_gather`` stream, one layer ahead), so the gather overlaps
+    compute: the compute copy persists between steps as this rank's shard, and each chunk's first
+    forward (``c<i>_fwd_gather``) gathers its weights and returns them whole for the rest of the
+    step."""
     with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
         return _Builder(
-            model, strategy, optimizer or Optimizer(), train, comm_streams, precision, chunk_times, bucket_mb
+            model,
+            strategy,
+            optimizer or Optimizer(),
+            train,
+            comm_streams,
+            precision,
+            chunk_times,
+            bucket_mb,
+            overlap_param_gather,
         ).build()
 
 
@@ -239,6 +256,7 @@ class _Builder:
         precision: Precision | str = "pure",
         chunk_times: tuple[Sequence[float], Sequence[float]] | None = None,
         bucket_mb: float = DDP_BUCKET_MB,
+        overlap_param_gather: bool = False,
     ) -> None:
         if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
             raise StrategyError(
@@ -252,6 +270,8 @@ class _Builder:
         model = self.prec.prepare(model)  # mixed: the loss layer in fp32
         self.model, self.s, self.opt, self.train = model, s, opt, train
         self.comm_streams = comm_streams
+        # the compute copies gathered in the next step's first forward (``distribute``)
+        self.gather_early = overlap_param_gather and train and self.prec.mixed and s.zero in (1, 2) and s.d > 1
         if s.c > 1:
             raise StrategyError(
                 f"{s}: context parallelism (c={s.c}) is not wired into distribute yet; ring attention "
@@ -367,7 +387,7 @@ class _Builder:
             if self._zdim(w) is not None:
                 p = self._redistribute(fb, p, w.name, "R, " + self._wp(w))
             return fb.emit("MeshView", (p,), self._attrs("mesh", self._mesh_attr(mesh)), (w.name,))[0]
-        if self.s.zero == 3 and self._zdim(w) is not None:
+        if (self.s.zero == 3 or self.gather_early) and self._zdim(w) is not None:
             return self._redistribute(fb, p, w.name, self._wp(w))
         return p
 
@@ -382,7 +402,7 @@ class _Builder:
         """Mixed precision: the weight in the compute dtype, once per step; with ZeRO-1/2 the
         master is a shard, so the low-precision copy is all-gathered (ZeRO-3 gathers per use)."""
         v = cast(fb, master, self.compute, f"{w.name}_{self.compute}")
-        if self.s.zero in (1, 2) and self._zdim(w) is not None:
+        if self.s.zero in (1, 2) and self._zdim(w) is not None and not self.gather_early:
             v = self._redistribute(fb, v, f"{w.name}_{self.compute}", self._wp(w))
         return v
 
@@ -394,13 +414,16 @@ class _Builder:
         spec = self.model.weight(w.name)
         return _zero_dim(spec.type, spec.tp, self.s.zero_degree) if self.s.zero else None
 
-    def _chunk_fwd(self, c: int, layers: list[ShardedLayer]) -> Function:
-        fb = FunctionBuilder(f"c{c}_fwd", REGISTRY.out_arity)
+    def _chunk_fwd(self, c: int, layers: list[ShardedLayer], gather_once: bool = False) -> Function:
+        """A chunk's forward; ``gather_once``: its weights arrive as shards, are gathered as the
+        layers reach them and returned whole after the other results (``overlap_param_gather``)."""
+        fb = FunctionBuilder(f"c{c}_fwd" + ("_gather" if gather_once else ""), REGISTRY.out_arity)
         x = fb.param("x")
         wp = {w: fb.param(w.name) for w in chunk_weights(layers)}
         ep = {e: fb.param(e.name) for L in layers for e in L.extras}
         res: list[Value] = []
-        gather = _Gathers(self, fb, c, wp, [list(self.layer_calls[L.index].inputs) for L in layers])
+        reads = [list(self.layer_calls[L.index].inputs) for L in layers]
+        gather = _Gathers(self, fb, c, wp, reads, keep=gather_once)
         for i, L in enumerate(layers):
             call = self.layer_calls[L.index]
             args = []
@@ -415,6 +438,8 @@ class _Builder:
                 res.append(args[0])
             res.extend(outs[L.vjp.n_outputs :])
             x = outs[0]
+        if gather_once:
+            return fb.ret(x, *res, *(gather.take(w) for w in wp))
         return fb.ret(x, *res)
 
     def _chunk_bwd(
@@ -527,6 +552,8 @@ class _Builder:
         cf: dict[str, Function] = {}
         for c, ls in enumerate(by_chunk):
             cf[f"c{c}_fwd"] = self._chunk_fwd(c, ls)
+            if self.gather_early:
+                cf[f"c{c}_fwd_gather"] = self._chunk_fwd(c, ls, gather_once=True)
             if self.train:
                 part = "w" if s.schedule == "zb1" else ""
                 if part:
@@ -611,7 +638,7 @@ class _Builder:
         if self.prec.mixed and self.train:
             for w in used:
                 spec = model.weight(w.name)
-                z = self._zdim(w) if s.zero == 3 else None
+                z = self._zdim(w) if s.zero == 3 or self.gather_early else None
                 t = self._on_stage(self.compute, spec.type.shape, stage_of[wchunk[w]], z, spec.tp)
                 half[w] = fb.param(f"{w.name}_{self.compute}", t, donated=True)
         wuse = half or (
@@ -703,7 +730,9 @@ class _Builder:
             return to_mesh(v, self.meshes[stage_of[dst]], name)
 
         # a chunk's weights are the same values for every microbatch: listed once per chunk
-        weights_of = [[wuse[home[(w, c)]] for w in chunk_weights(ls)] for c, ls in enumerate(by_chunk)]
+        cw = [chunk_weights(ls) for ls in by_chunk]
+        weights_of = [[wuse[home[(w, c)]] for w in cw[c]] for c in range(len(by_chunk))]
+        gathered: set[int] = set()  # chunks whose weights were gathered this step (gather_early)
         chunk_extras = [[mbs[e] for L in ls for e in L.extras] for ls in by_chunk]
 
         def chunk_args(c: int, m: int) -> list[Value]:
@@ -730,10 +759,16 @@ class _Builder:
                 continue
             if a.kind == "F":
                 x = mbs[inputs[0]][m] if c == 0 else receive(act.pop((c, m)), c - 1, c, f"a{c}_{m}")
-                f = cf[f"c{c}_fwd"]
-                names = [f"a{c + 1}_{m}"] + [f"res{c}_{m}"] * (len(f.outputs) - 1)
+                gathers = self.gather_early and c not in gathered
+                f = cf[f"c{c}_fwd" + ("_gather" if gathers else "")]
+                n_w = len(weights_of[c]) if gathers else 0
+                n_res = len(f.outputs) - 1 - n_w
+                names = [f"a{c + 1}_{m}"] + [f"res{c}_{m}"] * n_res + [f"{w.name}_full" for w in cw[c]][:n_w]
                 outs = fb.call(f, x, *chunk_args(c, m), n_out=len(f.outputs), names=names)
-                res[(c, m)] = outs[1:]
+                res[(c, m)] = outs[1 : 1 + n_res]
+                if gathers:  # the whole compute copies, for the chunk's other calls this step
+                    gathered.add(c)
+                    weights_of[c] = list(outs[1 + n_res :])
                 if c < last:
                     outbox[a] = (outs[0], c, c + 1, f"a{c + 1}_{m}")
                 elif self.train:
@@ -890,10 +925,19 @@ class _Gathers:
     stream right before that layer — so it overlaps compute; without, it blocks."""
 
     def __init__(
-        self, b: _Builder, fb: FunctionBuilder, c: int, wp: dict[Value, Value], order: list[list[Value]]
+        self,
+        b: _Builder,
+        fb: FunctionBuilder,
+        c: int,
+        wp: dict[Value, Value],
+        order: list[list[Value]],
+        keep: bool = False,
     ) -> None:
         self.b, self.fb, self.wp, self.order = b, fb, wp, order
-        self.on = b.s.zero == 3 and b.s.d > 1
+        # keep: gathered once and kept for the chunk's later layers (``overlap_param_gather``)
+        self.keep = keep
+        self.kept: dict[Value, Value] = {}
+        self.on = (b.s.zero == 3 or keep) and b.s.d > 1
         self.stage = c % b.s.p
         self.stream = b.comm_meshes[("dp_gather", self.stage)] if b.comm_streams and self.on else None
         self.home = b.meshes[self.stage]
@@ -904,27 +948,42 @@ class _Gathers:
         if i >= len(self.order):
             return []
         ws = dict.fromkeys(u for u in self.order[i] if u in self.wp)
-        return [w for w in ws if self.b._zdim(w) is not None and w not in self.ready]
+        return [w for w in ws if self.b._zdim(w) is not None and w not in self.ready and w not in self.kept]
 
     def _issue(self, ws: Sequence[Value]) -> None:
+        """A layer's shards handed to the gather stream together, then gathered there: a hand-over
+        touches both streams, so one written after a gather would hold the compute stream until
+        that gather ends (FSDP gathers a unit's flat parameter in one collective)."""
         assert self.stream is not None
-        for w in ws:
-            text = self.b._mesh_attr(self.b._mesh_for(self.stage, "dp_gather"))
-            v = self.fb.emit("MeshSend", (self.wp[w],), self.b._attrs("mesh", text), (w.name,))[0]
+        text = self.b._mesh_attr(self.b._mesh_for(self.stage, "dp_gather"))
+        moved = [self.fb.emit("MeshSend", (self.wp[w],), self.b._attrs("mesh", text), (w.name,))[0] for w in ws]
+        for w, v in zip(ws, moved, strict=True):
             self.ready[w] = self.b._zero3_gather(self.fb, w, v, self.stream)
 
     def before(self, i: int) -> None:
         """Layer ``i`` (of ``order``) runs next: with a stream, its gathers (unless prefetched)
-        and the next layer's are issued."""
+        are issued and its weights handed back to the compute stream, then the next layer's
+        gathers are issued — in that order, since a hand-back written after the next layer's
+        gathers would wait for them on the gather stream."""
         self.taken = {}
         if self.stream is not None:
             self._issue(self._needs(i))
+            for w in dict.fromkeys(u for u in self.order[i] if u in self.wp):
+                self.take(w)
             self._issue(self._needs(i + 1))
 
     def take(self, w: Value) -> Value:
         """The full weight ``w`` for the layer about to run."""
         if not self.on:
             return self.wp[w]
+        if w in self.kept:
+            return self.kept[w]
+        got = self._take(w)
+        if self.keep:
+            self.kept[w] = got
+        return got
+
+    def _take(self, w: Value) -> Value:
         if self.stream is None:
             return self.b._zero3_gather(self.fb, w, self.wp[w], self.home)
         if w in self.taken:  # read twice by one layer
