@@ -35,7 +35,12 @@ def test_step_equals_the_sequential_mixed_step(spec: str, strategy: str, streams
     s = parse_strategy(strategy)
     model = build_model(spec, batch=s.k * s.d, dtype=DType.bf16)
     cmp = check_against_sequential(
-        model, s, Optimizer("adam", lr=0.01), precision="mixed", comm_streams=streams, overlap_param_gather=True
+        model,
+        s,
+        Optimizer("adam", lr=0.01),
+        precision="mixed",
+        comm_streams=streams,
+        overlap_param_gather=True,
     )
     err, where = cmp.update_error()
     assert err < TOLERANCE, f"{strategy}: {where} differs by {err:.2e}"
@@ -58,7 +63,9 @@ def test_the_compute_copy_is_a_shard_and_only_the_first_forward_gathers() -> Non
     entry = prog.entry
     copies = [p for p in entry.params if p.name.endswith("_bf16")]
     assert copies
-    sharded = [p for p in copies if isinstance(p.type, DTensorType) and isinstance(p.type.placements[0], Shard)]
+    sharded = [
+        p for p in copies if isinstance(p.type, DTensorType) and isinstance(p.type.placements[0], Shard)
+    ]
     assert sharded, "the persistent compute copies are this rank's shards"
     calls = [c.callee for c in entry.calls()]
     assert calls.count("c0_fwd_gather") == 1 and calls.count("c0_fwd") == 3
@@ -86,6 +93,8 @@ def test_the_gathers_overlap_the_first_forward() -> None:
     s = parse_strategy("d2.t1.p1.k2.1f1b.z2")
     times = {}
     for og in (False, True):
-        prog = distribute(model, s, Optimizer("adam"), precision="mixed", comm_streams=True, overlap_param_gather=og)
+        prog = distribute(
+            model, s, Optimizer("adam"), precision="mixed", comm_streams=True, overlap_param_gather=og
+        )
         times[og] = simulate(prog, cl, device_map(s, True), cost).step_time_s
     assert times[True] < times[False]

@@ -271,7 +271,9 @@ class _Builder:
         self.model, self.s, self.opt, self.train = model, s, opt, train
         self.comm_streams = comm_streams
         # the compute copies gathered in the next step's first forward (``distribute``)
-        self.gather_early = overlap_param_gather and train and self.prec.mixed and s.zero in (1, 2) and s.d > 1
+        self.gather_early = (
+            overlap_param_gather and train and self.prec.mixed and s.zero in (1, 2) and s.d > 1
+        )
         if s.c > 1:
             raise StrategyError(
                 f"{s}: context parallelism (c={s.c}) is not wired into distribute yet; ring attention "
@@ -956,7 +958,8 @@ class _Gathers:
         that gather ends (FSDP gathers a unit's flat parameter in one collective)."""
         assert self.stream is not None
         text = self.b._mesh_attr(self.b._mesh_for(self.stage, "dp_gather"))
-        moved = [self.fb.emit("MeshSend", (self.wp[w],), self.b._attrs("mesh", text), (w.name,))[0] for w in ws]
+        attrs = self.b._attrs("mesh", text)
+        moved = [self.fb.emit("MeshSend", (self.wp[w],), attrs, (w.name,))[0] for w in ws]
         for w, v in zip(ws, moved, strict=True):
             self.ready[w] = self.b._zero3_gather(self.fb, w, v, self.stream)
 
