@@ -157,6 +157,8 @@ def test_cli_auto_json(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def
     got = json.loads(capsys.readouterr().out)
     for key in ("decisions", "collectives", "seconds", "episodes", "step_time_s", "matches_hand_layout"):
         assert key in got
+    for key in ("matches_hand_blocks", "differing_layers"):
+        assert key in got
     assert got["episodes"] <= 10
     assert got["decisions"]["ids"].startswith("S(0)")
 

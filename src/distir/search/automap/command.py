@@ -2,7 +2,8 @@
 report it — the decisions, every parameter's placements, the collectives per layer (layers with
 equal ones merged), the simulated step time and the gain over data parallelism alone, and for a
 model that declares its own tensor-parallel placements whether the found layout has the same
-collectives in every layer (``matches_hand_layout``) and in every block (``matches_hand_blocks``).
+collectives in every layer (``matches_hand_layout``) and in every block (``matches_hand_blocks``),
+and the layers where they differ (``differing_layers``).
 Also ``--tp-layout auto`` of ``distir simulate --model``: the model with the found placements
 (``auto_layout``), and of ``distir search``: the placements found once, on one tensor-parallel
 group, declared by the model in every strategy searched (``search_layout``)."""
@@ -77,6 +78,7 @@ def report(r: AutomapResult, hand: HandComparison | None, label: str) -> dict[st
         "gain_over_baseline": r.gain,
         "matches_hand_layout": hand.matches if hand is not None else None,
         "matches_hand_blocks": hand.blocks_match if hand is not None else None,
+        "differing_layers": list(hand.differing) if hand is not None else None,
         "hand_step_time_s": hand.step_time_s if hand is not None else None,
     }
 
@@ -106,6 +108,7 @@ def text(r: AutomapResult, hand: HandComparison | None) -> list[str]:
             f"hand layout: {hand.step_time_s * 1e3 if hand.step_time_s else 0:.3f} ms; "
             f"same collectives per layer: {'yes' if hand.matches else 'no'}, "
             f"in every block: {'yes' if hand.blocks_match else 'no'}"
+            + (f" (differ in {', '.join(hand.differing)})" if hand.differing else "")
         )
     return lines
 
