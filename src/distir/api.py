@@ -163,13 +163,15 @@ def search(
     store: str | Path | None = None,
     explain: bool = False,
     progress: Callable[[str, int, int], None] | None = None,
+    tp_layout: str = "declared",
 ) -> SearchResults:
     """Find the fastest strategy that fits, as ``distir search`` does: screen the space
     analytically, simulate the ``top`` best exactly, rank by throughput (those that do not fit
     last). ``dp``/``tp``/``pp``/``microbatches``/``schedule``/``zero``/``recompute`` pin a part;
     ``dtype``/``precision`` ``auto``: mixed precision in the GPUs' fast half format (training).
     ``store``: a SQLite result store (a finished search comes back from it; None: none).
-    ``progress(phase, done, total)`` is called as the phases advance."""
+    ``progress(phase, done, total)`` is called as the phases advance. ``tp_layout``: the
+    model's own tensor-parallel placements (``declared``) or those Automap finds (``auto``)."""
     from distir.search.run import SearchRequest
     from distir.search.run import search as run_search
     from distir.search.space import Pins
@@ -189,6 +191,7 @@ def search(
         workers=workers,
         store=Path(store) if store is not None else None,
         explain=explain,
+        tp_layout=tp_layout,
     )
     return _results(run_search(req, progress))
 

@@ -960,6 +960,14 @@ def search(
     explain_: Annotated[
         bool, typer.Option("--explain", help="Say why the winner beats pure D, pure T and pure P.")
     ] = False,
+    tp_layout: Annotated[
+        str,
+        typer.Option(
+            "--tp-layout",
+            help="declared (the weights' tensor-parallel placements) or auto (found once by search, "
+            "as distir shard --auto, and used by every strategy).",
+        ),
+    ] = "declared",
     export_to: Annotated[
         str | None,
         typer.Option("--export", help="Also write the winner for torchtitan, megatron, deepspeed or fsdp."),

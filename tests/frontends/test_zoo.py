@@ -381,3 +381,15 @@ def test_zoo_table_and_cli() -> None:
     assert r.exit_code == 0
     lines = [ln for ln in r.stdout.splitlines() if "llama2-7b" in ln]
     assert len(lines) == 1 and "6.74B" in lines[0] and "4096" in lines[0]
+
+
+def test_model_spec_tp_replaces_declared_placements_by_name() -> None:
+    from dataclasses import replace as _replace
+
+    from distir.frontends.zoo.registry import parse_model_string
+    from distir.ir.dtensor import Replicate as _R
+    from distir.ir.dtensor import Shard as _S
+
+    spec = _replace(parse_model_string("mlp:layers=2,hidden=64"), tp=(("w_0", _R()),))
+    m = spec.build(4)
+    assert [w.tp for w in m.weights] == [_R(), _S(0)]  # w_1 keeps its declared row-parallel S(0)

@@ -157,6 +157,8 @@ def test_cli_auto_json(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def
     got = json.loads(capsys.readouterr().out)
     for key in ("decisions", "collectives", "seconds", "episodes", "step_time_s", "matches_hand_layout"):
         assert key in got
+    for key in ("matches_hand_blocks", "differing_layers"):
+        assert key in got
     assert got["episodes"] <= 10
     assert got["decisions"]["ids"].startswith("S(0)")
 
@@ -235,3 +237,69 @@ def test_program_without_placements_beats_data_parallelism() -> None:
     assert r.simulated.step_time_s <= r.baseline.step_time_s
     assert r.simulated.peak_memory <= r.baseline.peak_memory
     assert r.placements["w1"][1] == Shard(1) and r.placements["w2"][1] == Shard(0)
+
+
+def test_tiny_gpt_replication_is_the_answer() -> None:
+    # tiny weights and microsecond kernels: every collective costs more than the work it would
+    # split, so no weight is sharded, and the step beats the hand (Megatron) layout's
+    m = build_model("gpt:layers=2,hidden=16,heads=2,seq=8,vocab=32", batch=16)
+    r = automap_model(m, Mesh.parse("dp=2,tp=4"), "tp", CLUSTER, batch_axis="dp", budget=Budget(20), seed=0)
+    assert all(r.placements[w.name][1] == Replicate() for w in m.weights)
+    blocks = ("@block[1]", "@block[2]")
+    assert not any(c.axis == "tp" for layer in blocks for c in r.collectives.get(layer, ()))
+    hand = HandComparison(r, m, CLUSTER)
+    assert hand.step_time_s is not None and r.simulated.step_time_s < hand.step_time_s
+
+
+def test_budget_spent_by_episodes_or_seconds() -> None:
+    assert Budget(3, None).spent(3, 1e9) and not Budget(3, None).spent(2, 1e9)
+    assert Budget(None, 1.0).spent(0, 1.0) and not Budget(None, 1.0).spent(10**9, 0.5)
+    assert Budget(3, 1.0).spent(3, 0.0) and Budget(3, 1.0).spent(0, 2.0)
+
+
+IMPORTED = "tests.search.automap_models:wide_mlp"  # no weight name the importer knows
+
+
+def test_imported_model_without_placements_beats_data_parallelism() -> None:
+    # a layer type nobody wrote placements for: the found layout is faster than the same 8 GPUs
+    # all data parallel, in no more memory — Megatron's column/row pair in each block
+    pytest.importorskip("torch")
+    m = build_model(IMPORTED, batch=64)
+    assert all(w.tp == Replicate() for w in m.weights)
+    r = automap_model(m, Mesh.parse("dp=2,tp=4"), "tp", CLUSTER, batch_axis="dp", budget=Budget(30), seed=0)
+    assert r.baseline is not None and r.baseline_label == "data parallel over 8 devices"
+    assert r.simulated.step_time_s < r.baseline.step_time_s
+    assert r.simulated.peak_memory <= r.baseline.peak_memory
+    for i in range(2):
+        assert r.placements[f"blocks.{i}.widen.weight"][1] == Shard(1)
+        assert r.placements[f"blocks.{i}.narrow.weight"][1] == Shard(0)
+
+
+def test_search_tp_layout_auto_on_model_without_placements(capsys) -> None:  # type: ignore[no-untyped-def]
+    # distir search --tp-layout auto: the strategies with tensor parallelism run the found
+    # layout, faster than the same strategies with the (absent: replicated) declared one
+    pytest.importorskip("torch")
+    from distir.cli import app
+
+    best = {}
+    for how in ("declared", "auto"):
+        args = ["search", "--model", IMPORTED, "--cluster", "dgx2-v100", "--batch", "64", "--tp", "4"]
+        args += ["--pp", "1", "--top", "1", "--workers", "1", "--fresh", "--json", "--tp-layout", how]
+        app(args, standalone_mode=False)
+        got = json.loads(capsys.readouterr().out)
+        best[how] = got["results"][0]
+        assert best[how]["t"] == 4
+    assert best["auto"]["strategy"] == best["declared"]["strategy"]
+    assert best["auto"]["step_time_s"] < best["declared"]["step_time_s"]
+
+
+def test_search_request_auto_layout_is_its_own_search() -> None:
+    from distir.search.run import SearchRequest, resolve_layout
+
+    req = SearchRequest(model="mlp:layers=2,hidden=1024", cluster="dgx2-v100:1", batch=32, tp_layout="auto")
+    found = resolve_layout(req)
+    names = [w.name for w in build_model("mlp:layers=2,hidden=1024", 1).weights]
+    assert [n for n, _ in found.tp_found] == names
+    assert any(isinstance(p, Shard) for _, p in found.tp_found)
+    assert found.key_parts() != SearchRequest(model=req.model, cluster=req.cluster, batch=32).key_parts()
+    assert [w.tp for w in found.spec().build(8).weights] == [p for _, p in found.tp_found]

@@ -88,6 +88,8 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
         _fail(err, f"--dtype must be auto, f32, bf16 or f16, got {a['dtype']!r}")
     if a["precision"] not in ("auto", "mixed", "pure"):
         _fail(err, f"--precision must be auto, mixed or pure, got {a['precision']!r}")
+    if a.get("tp_layout", "declared") not in ("declared", "auto"):
+        _fail(err, f"--tp-layout must be declared or auto, got {a['tp_layout']!r}")
     if a.get("export_to") is not None:
         from distir.report.export_cli import check_target
 
@@ -127,6 +129,7 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
             executor=a["executor"],
             store=store,
             explain=a["explain_"],
+            tp_layout=a.get("tp_layout", "declared"),
         )
         show = not json_out and sys.stderr.isatty()
         with Progress(

@@ -13,8 +13,9 @@ from typing import Any
 
 from distir.autodiff.train import Optimizer
 from distir.frontends.zoo.model import Model
-from distir.frontends.zoo.registry import build_model, parse_model_string
+from distir.frontends.zoo.registry import ModelSpec, build_from, parse_model_string
 from distir.hardware.cluster import Cluster, parse_cluster
+from distir.ir.dtensor import Placement
 from distir.ir.types import DType
 from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import parse_strategy
@@ -44,11 +45,15 @@ class ExactJob:
     optimizer: str = "adam"
     dtype: str = "f32"
     precision: str = "pure"
+    tp: tuple[tuple[str, Placement], ...] = ()  # placements replacing the declared ones (``ModelSpec.tp``)
+
+    def spec(self) -> ModelSpec:
+        return replace(parse_model_string(self.model), tp=self.tp)
 
 
 @functools.lru_cache(maxsize=4)
-def _model(model: str, batch: int, dtype: str) -> Model:
-    return build_model(model, batch, DType.parse(dtype))
+def _model(job: ExactJob) -> Model:
+    return build_from(job.spec(), job.batch, DType.parse(job.dtype))
 
 
 @functools.lru_cache(maxsize=4)
@@ -61,12 +66,10 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
     simulate ``strategy``: step time, throughput, MFU, memory and a compute / communication /
     idle breakdown (means over the compute streams)."""
     s = parse_strategy(strategy)
-    model = _model(job.model, job.batch, job.dtype)
+    model = _model(job)
     cluster = _cluster(job.cluster)
     mixed = job.train and job.precision == "mixed"
-    times = chunk_times(
-        model, parse_model_string(job.model), cluster, DType.parse(job.dtype), job.train, s, mixed
-    )
+    times = chunk_times(model, job.spec(), cluster, DType.parse(job.dtype), job.train, s, mixed)
     prog = distribute(
         model,
         s,

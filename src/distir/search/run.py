@@ -41,8 +41,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from distir.frontends.zoo.registry import parse_model_string
+from distir.frontends.zoo.registry import ModelSpec, parse_model_string
 from distir.hardware.cluster import Cluster, parse_cluster
+from distir.ir.dtensor import Placement
 from distir.ir.types import DType
 from distir.parallel.strategy import Strategy
 from distir.search import final
@@ -84,11 +85,23 @@ class SearchRequest:
     anneal_iters: int = 400
     anneal_top: int = 4
     explain: bool = False
+    # the model's tensor-parallel placements: declared, or auto (found by Automap, ``resolve_layout``)
+    tp_layout: str = "declared"
+    tp_found: tuple[tuple[str, Placement], ...] = ()  # auto: per weight, the placement found
+
+    def spec(self) -> ModelSpec:
+        """The model spec searched: the model string's, with the found placements (auto)."""
+        return replace(parse_model_string(self.model), tp=self.tp_found)
 
     def key_parts(self) -> dict[str, Any]:
         """What the search's results depend on, as the store's key: the request, and the
         cluster's resolved figures (a TOML file edited between two searches is a new search)."""
-        return {
+        layout = (
+            {"tp_layout": self.tp_layout, "tp_found": [[n, str(p)] for n, p in self.tp_found]}
+            if self.tp_layout != "declared"
+            else {}
+        )
+        return layout | {
             "version": STORE_VERSION,
             "model": self.model,
             "cluster": self.cluster if isinstance(self.cluster, str) else self.cluster.name,
@@ -124,7 +137,7 @@ def heterogeneous(cluster: Cluster) -> bool:
 
 def build_space(req: SearchRequest, cluster: Cluster) -> Space:
     """The space ``req`` searches on ``cluster``."""
-    spec = parse_model_string(req.model)
+    spec = req.spec()
     dt = DType.parse(req.dtype)
     node = min(n.devices_per_node for n in cluster.nodes)
     return Space(
@@ -147,7 +160,7 @@ def screen_space(
     ``pool``, the profiles of each rung are computed there (``Profiler.prefetch``) while this
     process screens; the estimates are the same."""
     prof = Profiler(
-        parse_model_string(req.model),
+        req.spec(),
         cluster,
         DType.parse(req.dtype),
         req.train,
@@ -277,7 +290,7 @@ def _anneal_task(task: _AnnealTask) -> tuple[tuple[int, ...], float]:
     """``_anneal`` in a worker, on a screen seeded with the main process's profiles."""
     req = task.request
     prof = Profiler(
-        parse_model_string(req.model),
+        req.spec(),
         task.cluster,
         DType.parse(req.dtype),
         req.train,
@@ -394,6 +407,7 @@ def _exact_order(strategies: list[Strategy]) -> list[str]:
 def search(req: SearchRequest, progress: Progress | None = None) -> SearchOutput:
     """Run a search (module docstring); a finished one with the same view comes from the store
     (``distir.search.final``), nothing screened or simulated (``SearchOutput.from_store``)."""
+    req = resolve_layout(req)
     if req.store is not None:
         stored = _stored_output(req)
         if stored is not None:
@@ -403,13 +417,35 @@ def search(req: SearchRequest, progress: Progress | None = None) -> SearchOutput
         return _search(req, progress, pool)
 
 
+def resolve_layout(req: SearchRequest) -> SearchRequest:
+    """``req`` with ``tp_layout`` auto resolved: the placements Automap finds for the model on
+    one tensor-parallel group (``distir.search.automap.command.search_layout``), which every
+    strategy of the search then declares; ``req`` itself when declared or already resolved."""
+    if req.tp_layout == "declared" or req.tp_found:
+        return req
+    from distir.search.automap.command import search_layout
+
+    found = search_layout(
+        parse_model_string(req.model),
+        req.tp_layout,
+        parse_cluster(req.cluster),
+        batch=req.batch,
+        dtype=DType.parse(req.dtype),
+        tp=req.pins.tp,
+        optimizer=req.optimizer,
+    )
+    return replace(req, tp_found=found)
+
+
 def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExecutor | None) -> SearchOutput:
     t0, c0 = time.perf_counter(), time.process_time()
     cluster = parse_cluster(req.cluster)
     screened, n, screen = screen_space(req, cluster, progress, pool)
     t1, c1 = time.perf_counter(), time.process_time()
     picks = anneal_picks(req, screened) if heterogeneous(cluster) and req.anneal_iters > 0 else []
-    job = ExactJob(req.model, req.cluster, req.batch, req.train, req.optimizer, req.dtype, req.precision)
+    job = ExactJob(
+        req.model, req.cluster, req.batch, req.train, req.optimizer, req.dtype, req.precision, req.tp_found
+    )
     fn = functools.partial(evaluate, job)
     store_cm = (
         ResultStore(req.store, search_key(req.key_parts()), req.key_parts())

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from distir.frontends.zoo import gpt, llama, mlp, transgan
 from distir.frontends.zoo._build import in_range
 from distir.frontends.zoo.model import Model, ModelError
+from distir.ir.dtensor import Placement
 from distir.ir.types import DType
 
 if TYPE_CHECKING:
@@ -90,6 +91,9 @@ class ModelSpec:
     text: str
     family: str
     config: Any
+    # tensor-parallel placements replacing the declared ones, by weight name (a layout found by
+    # search: ``--tp-layout auto``); the weights not named keep theirs
+    tp: tuple[tuple[str, Placement], ...] = ()
 
     def build(self, batch: int, dtype: DType = DType.f32) -> Model:
         return build_from(self, batch, dtype)
@@ -189,8 +193,15 @@ def build_from(spec: ModelSpec, batch: int, dtype: DType = DType.f32) -> Model:
     if spec.family == IMPORTED:
         from distir.frontends.torch_import.source import load
 
-        return load(spec.text, batch, dtype)
-    return FAMILIES[spec.family].build(spec.config, batch, dtype, spec.text)
+        model = load(spec.text, batch, dtype)
+    else:
+        model = FAMILIES[spec.family].build(spec.config, batch, dtype, spec.text)
+    if not spec.tp:
+        return model
+    tp = dict(spec.tp)
+    return dataclasses.replace(
+        model, weights=tuple(dataclasses.replace(w, tp=tp.get(w.name, w.tp)) for w in model.weights)
+    )
 
 
 def build_model(spec: str, batch: int, dtype: DType = DType.f32) -> Model:

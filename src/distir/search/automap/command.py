@@ -2,9 +2,11 @@
 report it — the decisions, every parameter's placements, the collectives per layer (layers with
 equal ones merged), the simulated step time and the gain over data parallelism alone, and for a
 model that declares its own tensor-parallel placements whether the found layout has the same
-collectives in every layer (``matches_hand_layout``) and in every block (``matches_hand_blocks``).
+collectives in every layer (``matches_hand_layout``) and in every block (``matches_hand_blocks``),
+and the layers where they differ (``differing_layers``).
 Also ``--tp-layout auto`` of ``distir simulate --model``: the model with the found placements
-(``auto_layout``)."""
+(``auto_layout``), and of ``distir search``: the placements found once, on one tensor-parallel
+group, declared by the model in every strategy searched (``search_layout``)."""
 
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ from dataclasses import replace
 from typing import Any
 
 from distir.frontends.zoo.model import Model, ModelError
+from distir.frontends.zoo.registry import ModelSpec, build_from
 from distir.hardware.cluster import Cluster, parse_cluster
 from distir.hardware.specs import HardwareError
 from distir.ir.dtensor import Mesh, Placement, Replicate, format_placements
 from distir.ir.function import Module
+from distir.ir.types import DType
 from distir.parallel.strategy import Strategy
 from distir.search.automap.layout import summarize
 from distir.search.automap.mcts import Budget
@@ -74,6 +78,7 @@ def report(r: AutomapResult, hand: HandComparison | None, label: str) -> dict[st
         "gain_over_baseline": r.gain,
         "matches_hand_layout": hand.matches if hand is not None else None,
         "matches_hand_blocks": hand.blocks_match if hand is not None else None,
+        "differing_layers": list(hand.differing) if hand is not None else None,
         "hand_step_time_s": hand.step_time_s if hand is not None else None,
     }
 
@@ -103,6 +108,7 @@ def text(r: AutomapResult, hand: HandComparison | None) -> list[str]:
             f"hand layout: {hand.step_time_s * 1e3 if hand.step_time_s else 0:.3f} ms; "
             f"same collectives per layer: {'yes' if hand.matches else 'no'}, "
             f"in every block: {'yes' if hand.blocks_match else 'no'}"
+            + (f" (differ in {', '.join(hand.differing)})" if hand.differing else "")
         )
     return lines
 
@@ -123,3 +129,39 @@ def auto_layout(model: Model, strategy: Strategy, how: str, cluster: str | None)
         cl = parse_cluster("dgx2-v100")  # the caller reports its cluster's error
     found = automap_model(bare, mesh, "tp", cl, batch_axis="dp", budget=Budget(AUTO_EPISODES, AUTO_SECONDS))
     return with_layout(bare, found)
+
+
+SEARCH_TP = 4  # the tensor-parallel group ``search_layout`` searches on, at most
+
+
+def search_layout(
+    spec: ModelSpec,
+    how: str,
+    cluster: Cluster,
+    *,
+    batch: int,
+    dtype: DType,
+    tp: int | None = None,
+    optimizer: str = "adam",
+) -> tuple[tuple[str, Placement], ...]:
+    """``--tp-layout auto`` of ``distir search``: per weight of ``spec``'s model, the
+    tensor-parallel placement Automap finds (searched from none declared) on one group of ``tp``
+    GPUs (default: ``SEARCH_TP``, or a node's GPUs if fewer) for the samples one such group
+    takes of a ``batch`` spread over the cluster. A placement names a dim, not a degree: the
+    layout serves every degree the search tries (``ModelSpec.tp``)."""
+    if how != "auto":
+        raise ModelError(f"--tp-layout must be declared or auto, got {how!r}")
+    t = min(tp or min(SEARCH_TP, *(n.devices_per_node for n in cluster.nodes)), cluster.num_devices)
+    declared = build_from(spec, max(1, batch // max(1, cluster.num_devices // t)), dtype)
+    bare = replace(declared, weights=tuple(replace(w, tp=Replicate()) for w in declared.weights))
+    if t < 2:
+        return tuple((w.name, w.tp) for w in bare.weights)
+    found = automap_model(
+        bare,
+        Mesh.parse(f"tp={t}"),
+        "tp",
+        cluster,
+        optimizer=optimizer,
+        budget=Budget(AUTO_EPISODES, AUTO_SECONDS),
+    )
+    return tuple((w.name, found.placements[w.name][0]) for w in bare.weights)

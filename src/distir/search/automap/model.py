@@ -259,27 +259,36 @@ def _function_collectives(fn: Function, args: Sequence[Type]) -> list[Collective
 
 class HandComparison:
     """The hand layout of a model (what its weights declare) next to ``result``: its
-    collectives per layer and simulated step time; ``matches``: the found layout has the same
-    collectives (kind, axis, bytes, count) in every layer; ``blocks_match``: in every repeated
-    block (the transformer layers Megatron's scheme is about; embedding, head and loss aside).
-    None when the model declares no tensor-parallel placement."""
+    collectives per layer and simulated step time; ``differing``: the layer calls whose
+    collectives (kind, axis, bytes, count) differ, in call order; ``matches``: none does;
+    ``blocks_match``: no repeated block does (the transformer layers Megatron's scheme is
+    about); ``ends_differing``: those of the embedding (``pre``) and head and loss (``post``)
+    layers that differ. None when the model declares no tensor-parallel placement."""
 
     def __init__(self, result: AutomapResult, model: Model, cluster: Cluster) -> None:
         self.matches: bool | None = None
         self.blocks_match: bool | None = None
         self.step_time_s: float | None = None
         self.collectives: dict[str, Counter[Collective]] = {}
+        self.differing: tuple[str, ...] = ()
+        self.pre: tuple[str, ...] = ()
+        self.post: tuple[str, ...] = ()
         if all(isinstance(w.tp, Replicate) for w in model.weights):
             return
         judge = ModelJudge(model, result.problem, cluster, "adam")
         tp = tuple(w.tp for w in model.weights)
         self.collectives = judge.collectives(tp)
-        self.matches = self.collectives == result.collectives
+        calls = [f"@{c.callee}[{i}]" for i, c in enumerate(model.layers)]
+        none: Counter[Collective] = Counter()
+        self.differing = tuple(
+            k for k in calls if self.collectives.get(k, none) != result.collectives.get(k, none)
+        )
         e = ends(model, len(model.layers))
-        blocks = {
-            f"@{c.callee}[{i}]" for i, c in enumerate(model.layers) if e.pre <= i < len(model.layers) - e.post
-        }
-        self.blocks_match = {k: v for k, v in self.collectives.items() if k in blocks} == {
-            k: v for k, v in result.collectives.items() if k in blocks
-        }
+        self.pre, self.post = tuple(calls[: e.pre]), tuple(calls[len(calls) - e.post :])
+        self.matches = not self.differing
+        self.blocks_match = set(self.differing) <= {*self.pre, *self.post}
         self.step_time_s = judge.simulated(tp).step_time_s
+
+    def differing_in(self, layers: tuple[str, ...]) -> tuple[str, ...]:
+        """Those of ``layers`` whose collectives differ."""
+        return tuple(k for k in self.differing if k in layers)
