@@ -126,7 +126,11 @@ def test_one_microbatch_needs_no_schedule_warning() -> None:
 
 def test_context_parallelism_is_a_p2p_ring_of_the_context_parallel_size() -> None:
     a, warn = _args("d2.t2.c4.p1.k1.1f1b")
-    assert (a.tensor_model_parallel_size, a.context_parallel_size, a.pipeline_model_parallel_size) == (2, 4, 1)
+    assert (a.tensor_model_parallel_size, a.context_parallel_size, a.pipeline_model_parallel_size) == (
+        2,
+        4,
+        1,
+    )
     assert a.cp_comm_type == ["p2p"] and warn == []
     # the batch splits over d only: the context ranks share each sample
     assert (a.micro_batch_size, a.global_batch_size) == (32, 64)
