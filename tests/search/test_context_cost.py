@@ -1,6 +1,7 @@
 """The screen's context-parallel figures (``distir.search.context_cost``): attention ops found in
-the layers with their shapes, a layer's profile under a ring (closed forms), and a screened
-context-parallel strategy against the same GPUs without it."""
+the layers with their shapes, a layer's profile under a ring (closed forms), a screened
+context-parallel strategy against the same GPUs without it, and the screen's ring against the
+explicit ring program simulated."""
 
 from __future__ import annotations
 
@@ -8,14 +9,22 @@ import math
 
 import pytest
 
+import distir
 from distir.frontends.zoo import build_model
 from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import parse_cluster
-from distir.ir.types import DType
+from distir.ir.builder import FunctionBuilder
+from distir.ir.function import Module
+from distir.ir.types import Device, DType, TensorType
+from distir.ops.attention import BACKWARD_FACTOR
+from distir.parallel.context import RingShape, ring_attention, ring_device_map
 from distir.parallel.strategy import parse_strategy
 from distir.search.context_cost import AttentionShape, Ring, attention_shapes, context_layer
 from distir.search.profile import LayerProfile, Profiler
 from distir.search.screen import Problem, Screen
+from distir.sim import collectives as coll
+from distir.sim.devices import DeviceMap, Slot
+from distir.sim.simulate import simulate
 
 LLAMA = "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=128,seq=64"
 
@@ -89,3 +98,38 @@ def test_a_context_parallel_strategy_keeps_a_cth_of_the_activations() -> None:
     assert one.compute_s / 4 <= cp.compute_s < one.compute_s
     # the gradients are reduced over the 4 context ranks, as over 4 replicas
     assert math.isclose(cp.sync_s, dp.sync_s, rel_tol=1e-9)
+
+
+def _sequential_attention(shape: RingShape) -> Module:
+    """Attention and its gradient on one GPU: the c = 1 baseline."""
+    fb = FunctionBuilder("sequential")
+    q = TensorType(shape.dtype, (shape.batch, shape.seq, shape.heads, shape.head_dim), Device(0))
+    k = TensorType(shape.dtype, (shape.batch, shape.seq, shape.kv_heads, shape.head_dim), Device(0))
+    qv, kv, vv, dov = (fb.param(n, t) for n, t in (("q", q), ("k", k), ("v", k), ("dout", q)))
+    o, lse = fb.op("Attention", qv, kv, vv, names=["o", "lse"], causal=True)
+    g = fb.op("AttentionGrad", dov, qv, kv, vv, o, lse, names=["dq", "dk", "dv"], causal=True)
+    return distir.check(Module((fb.ret(o, lse, *g),)))
+
+
+@pytest.mark.parametrize(("c", "seq"), [(2, 16384), (4, 16384), (4, 32768), (8, 65536)])
+def test_the_screens_ring_is_below_the_simulated_ring_program_by_at_most_two_fifths(c: int, seq: int) -> None:
+    """The screen's attention layer under a ring (``context_layer`` on the profile of the whole
+    sequence's attention) against the explicit ring program (``distir.parallel.context``)
+    simulated on an H100 node with its communication streams: never above it, at most 40% below
+    (measured: the program 8%, 36%, 15%, 28% slower for these four cases). The program's extra
+    time is waiting in its backward — the travelling dK/dV and the next K/V, which each rank's
+    send and receive streams run in program order — so the screen is optimistic for context
+    parallelism by about that much of the attention's time (an open item)."""
+    cl = parse_cluster("h100")
+    shape = RingShape(batch=1, seq=seq, heads=32, head_dim=128, kv_heads=8, dtype=DType.bf16)
+    whole = simulate(_sequential_attention(shape), cl, DeviceMap({Device(0): Slot(0)}))
+    ring_prog = simulate(ring_attention(shape, c, True), cl, ring_device_map(c, True))
+    lat = coll.send_time(cl, 0.0, 0, 1)
+    ring = Ring(lat, (coll.send_time(cl, 1e9, 0, 1) - lat) / 1e9, cl.device_spec(0).peak_flops(DType.bf16))
+    f = 1 / (1 + BACKWARD_FACTOR)  # the forward's share of the whole attention's time
+    p = LayerProfile(whole.step_time_s * f, whole.step_time_s * (1 - f), 0.0, 0.0, 0, 0.0, 0.0, 0.0)
+    attn = AttentionShape(1, seq, 32, 8, 128, 2, True)
+    got = context_layer(p, [attn], t=1, c=c, ring=ring)
+    screened = got.fwd_s + got.bwd_s
+    assert screened <= ring_prog.step_time_s * (1 + 1e-6)
+    assert ring_prog.step_time_s <= 1.4 * screened, (ring_prog.step_time_s, screened)
