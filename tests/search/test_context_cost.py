@@ -112,14 +112,12 @@ def _sequential_attention(shape: RingShape) -> Module:
 
 
 @pytest.mark.parametrize(("c", "seq"), [(2, 16384), (4, 16384), (4, 32768), (8, 65536)])
-def test_the_screens_ring_is_below_the_simulated_ring_program_by_at_most_two_fifths(c: int, seq: int) -> None:
+def test_the_screens_ring_is_below_the_simulated_ring_program_by_at_most_a_sixth(c: int, seq: int) -> None:
     """The screen's attention layer under a ring (``context_layer`` on the profile of the whole
     sequence's attention) against the explicit ring program (``distir.parallel.context``)
-    simulated on an H100 node with its communication streams: never above it, at most 40% below
-    (measured: the program 8%, 36%, 15%, 28% slower for these four cases). The program's extra
-    time is waiting in its backward — the travelling dK/dV and the next K/V, which each rank's
-    send and receive streams run in program order — so the screen is optimistic for context
-    parallelism by about that much of the attention's time (an open item)."""
+    simulated on an H100 node with its communication streams: never above it, the program at most
+    20% slower (measured 5%, 16%, 6%, 7% for these four cases: the merges and additions the
+    screen does not count, the hand-overs between streams, the last hop of dK/dV)."""
     cl = parse_cluster("h100")
     shape = RingShape(batch=1, seq=seq, heads=32, head_dim=128, kv_heads=8, dtype=DType.bf16)
     whole = simulate(_sequential_attention(shape), cl, DeviceMap({Device(0): Slot(0)}))
@@ -132,4 +130,4 @@ def test_the_screens_ring_is_below_the_simulated_ring_program_by_at_most_two_fif
     got = context_layer(p, [attn], t=1, c=c, ring=ring)
     screened = got.fwd_s + got.bwd_s
     assert screened <= ring_prog.step_time_s * (1 + 1e-6)
-    assert ring_prog.step_time_s <= 1.4 * screened, (ring_prog.step_time_s, screened)
+    assert ring_prog.step_time_s <= 1.2 * screened, (ring_prog.step_time_s, screened)
