@@ -312,9 +312,9 @@ def _backward(
     results = []
     for r in range(c):
         dq0, dq1 = dq[r]
-        arrived = dkv[r]
-        assert dq0 is not None and dq1 is not None and arrived is not None
-        results.append(((dq0, dq1), ring.take_pair(arrived[0], r), ring.take_pair(arrived[1], r)))
+        last = dkv[r]
+        assert dq0 is not None and dq1 is not None and last is not None
+        results.append(((dq0, dq1), ring.take_pair(last[0], r), ring.take_pair(last[1], r)))
     return results
 
 
