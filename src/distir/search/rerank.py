@@ -116,7 +116,8 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
 
 def screened_result(job: ExactJob, e: Estimate) -> dict[str, Any]:
     """The screen's figures of ``e`` in ``evaluate``'s form (``source: screen``; MFU from the
-    model's FLOPs and the GPUs' peak; HFU, compute and communication unknown)."""
+    model's FLOPs and the GPUs' peak; HFU unknown; communication: the pipeline transfers and the
+    gradient sync on the screen's critical path)."""
     s = e.strategy
     model = _model(job.model, job.batch, job.dtype)
     cluster = _cluster(job.cluster)
@@ -146,9 +147,8 @@ def screened_result(job: ExactJob, e: Estimate) -> dict[str, Any]:
         "fits": e.fits,
         "bubble_fraction": e.bubble_fraction,
         "compute_s": e.compute_s,
-        "comm_s": None,
-        "source": "screen",
-        "note": "context parallelism: screened only (distribute does not build c > 1 yet)",
+        "comm_s": e.pipeline_comm_s + e.sync_s,  # on the screen's critical path
+        "source": "screen",  # context parallelism: distribute does not build c > 1 yet
     }
 
 
