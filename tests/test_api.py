@@ -51,7 +51,7 @@ def test_search_results_are_typed_with_the_json_fields(found: SearchResults) -> 
     for r in found.results:
         assert r.microbatch_size * r.d * r.k == found.batch
         assert r.layers_per_chunk is not None and sum(r.layers_per_chunk) == 2
-        assert len(r.placement) == r.d * r.t * r.p
+        assert len(r.placement) == r.d * r.t * r.c * r.p
     assert found.results == tuple(sorted(found.results, key=lambda r: (not r.fits, -r.throughput)))
     with pytest.raises(dataclasses.FrozenInstanceError):
         found.best.d = 3  # type: ignore[misc, union-attr]

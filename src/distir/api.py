@@ -55,6 +55,7 @@ class Result:
     schedule: str
     microbatch_size: int
     sp: bool
+    c: int  # context-parallel degree (1: none)
     zero: int
     shard_group: int | None  # the GPUs ZeRO shards over (HSDP: fewer than d); None without ZeRO
     recompute: str

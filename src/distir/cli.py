@@ -939,6 +939,14 @@ def search(
         int | None,
         typer.Option("--hsdp", min=2, help="Pin HSDP: ZeRO-3 sharded over groups of N replicas (z3hN)."),
     ] = None,
+    cp: Annotated[
+        int | None,
+        typer.Option(
+            "--cp",
+            min=1,
+            help="Pin context parallelism: ring attention over N GPUs (cN; searched from seq 16K).",
+        ),
+    ] = None,
     recompute: Annotated[
         str | None, typer.Option("--recompute", help="Pin none, selective, full or ops.")
     ] = None,

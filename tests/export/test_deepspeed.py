@@ -65,6 +65,7 @@ def test_pipeline_is_a_note_and_gpipe_a_warning() -> None:
         ("d2.t1.p4.k8.1f1b.z2", "ZeRO stage 2"),
         ("d2.t4.p1.k1.1f1b.z3", "ZeRO-3"),
         ("d2.t1.p1.k1.1f1b.b1-3", "uneven batch shares"),
+        ("d2.t1.c2.p1.k1.1f1b", "context parallelism"),
     ],
 )
 def test_what_deepspeed_cannot_express_is_an_error(strategy: str, feature: str) -> None:

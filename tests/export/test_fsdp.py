@@ -146,3 +146,8 @@ def test_the_file_runs_a_step_on_one_gloo_process(tmp_path: Path, gloo: ModuleTy
     assert len(losses) == n
     grads = [p.grad for c in model.values() for p in c.parameters()]
     assert all(g is not None for g in grads)
+
+
+def test_context_parallelism_is_refused() -> None:
+    with pytest.raises(ExportError, match="context parallelism"):
+        export(make_plan("llama3-8b", "d2.t1.c2.p1.k1.1f1b", 64), "fsdp")

@@ -20,7 +20,7 @@ def _parser() -> argparse.ArgumentParser:
         "--micro-batch-size", "--global-batch-size", "--decoder-first-pipeline-num-layers",
         "--decoder-last-pipeline-num-layers", "--recompute-num-layers", "--num-layers", "--hidden-size",
         "--ffn-hidden-size", "--num-attention-heads", "--seq-length", "--max-position-embeddings",
-        "--vocab-size", "--rotary-base", "--num-query-groups",
+        "--vocab-size", "--rotary-base", "--num-query-groups", "--context-parallel-size",
     ):  # fmt: skip
         p.add_argument(name, type=int)
     for name in ("--hidden-dropout", "--attention-dropout"):
@@ -41,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"])
     p.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "none"])
     p.add_argument("--optimizer", choices=["adam", "sgd"])
+    p.add_argument("--cp-comm-type", nargs="+", type=str, default=["p2p"])
     return p
 
 
@@ -121,3 +122,22 @@ def test_what_megatron_cannot_express_is_an_error(model: str, strategy: str, fea
 def test_one_microbatch_needs_no_schedule_warning() -> None:
     _, warn = _args("d2.t2.p2.k1.gpipe")
     assert warn == []
+
+
+def test_context_parallelism_is_a_p2p_ring_of_the_context_parallel_size() -> None:
+    a, warn = _args("d2.t2.c4.p1.k1.1f1b")
+    assert (a.tensor_model_parallel_size, a.context_parallel_size, a.pipeline_model_parallel_size) == (
+        2,
+        4,
+        1,
+    )
+    assert a.cp_comm_type == ["p2p"] and warn == []
+    # the batch splits over d only: the context ranks share each sample
+    assert (a.micro_batch_size, a.global_batch_size) == (32, 64)
+    head = export(make_plan("llama3-8b", "d2.t2.c4.p1.k1.1f1b", 64), "megatron").text
+    assert "world size 16 = d·c·t·p = 2·4·2·1" in head
+
+
+def test_no_context_parallelism_no_option() -> None:
+    a, _ = _args("d8.t1.p1.k1.1f1b")
+    assert a.context_parallel_size is None

@@ -24,7 +24,7 @@ KEYS = {
         "pipeline_parallel_degree", "module_fqns_per_model_part", "pipeline_parallel_first_stage_less_layers",
         "pipeline_parallel_last_stage_less_layers", "pipeline_parallel_layers_per_stage",
         "pipeline_parallel_schedule", "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size",
-        "context_parallel_degree", "expert_parallel_degree",
+        "context_parallel_degree", "context_parallel_rotate_method", "expert_parallel_degree",
     },
     "activation_checkpoint": {
         "mode", "selective_ac_option", "early_stop", "memory_budget", "preserve_rng_state",
@@ -131,3 +131,16 @@ def test_a_model_torchtitan_does_not_ship_is_named_with_a_warning() -> None:
 def test_what_torchtitan_cannot_express_is_an_error(strategy: str, kw: dict[str, str], feature: str) -> None:
     with pytest.raises(ExportError, match=feature):
         export(make_plan("llama3-8b", strategy, 64, **kw), "torchtitan")
+
+
+def test_context_parallelism_is_a_degree_rotated_shard_by_shard() -> None:
+    doc, _ = _toml("d2.t4.sp.c2.p1.k1.1f1b.z3")
+    par = doc["parallelism"]
+    assert (par["data_parallel_shard_degree"], par["context_parallel_degree"]) == (2, 2)
+    assert par["tensor_parallel_degree"] == 4 and par["context_parallel_rotate_method"] == "alltoall"
+    assert doc["training"]["local_batch_size"] == 32  # the batch splits over d, not over c
+
+
+def test_no_context_parallelism_no_degree() -> None:
+    doc, _ = _toml("d8.t1.p1.k1.1f1b")
+    assert "context_parallel_degree" not in doc["parallelism"]

@@ -82,8 +82,16 @@ def test_hsdp_is_in_the_ladder_when_replicas_span_more_than_a_node() -> None:
 
 
 # -- pins ------------------------------------------------------------------------------------
-SPACE = {"devices": 16, "batch": 64, "n_layers": 6, "allowed_tp": (1, 2, 4, 8), "node_devices": 8}
-PARTS = ("dp", "tp", "pp", "k", "mbs", "schedule", "zero", "recompute", "hsdp")
+# a long sequence: context parallelism (c = 1, 2, 4) is in the space too
+SPACE = {
+    "devices": 16,
+    "batch": 64,
+    "n_layers": 6,
+    "allowed_tp": (1, 2, 4, 8),
+    "node_devices": 8,
+    "seq": 16384,
+}
+PARTS = ("dp", "tp", "pp", "k", "mbs", "schedule", "zero", "recompute", "hsdp", "cp")
 
 
 def _value(s: Strategy, part: str) -> object:
@@ -97,6 +105,7 @@ def _value(s: Strategy, part: str) -> object:
         "zero": s.zero,
         "recompute": s.recompute,
         "hsdp": s.shard_group,
+        "cp": s.c,
     }[part]
 
 
@@ -127,8 +136,8 @@ def test_any_pinned_subset_searches_exactly_the_rest(s: Strategy, parts: set[str
         assert want <= got  # unpinned space leaves to plain ZeRO-3 (replicas within a node)
     else:
         assert got == want
-    for d, t, p in {(x.d, x.t, x.p) for x in got}:
-        assert space.why_not(d, t, p) is None
+    for d, t, p, c in {(x.d, x.t, x.p, x.c) for x in got}:
+        assert space.why_not(d, t, p, c) is None
 
 
 def _est(text: str, t: float) -> Estimate:

@@ -8,7 +8,7 @@ from distir.frontends.zoo.registry import parse_model_string
 from distir.ir.types import DType
 from distir.parallel.distribute import sharded_layers
 from distir.search.profile import allowed_tp, num_layers
-from distir.search.space import LADDER, Pins, Space, SpaceError, divisors
+from distir.search.space import CP_MIN_CHUNK, CP_MIN_SEQ, LADDER, Pins, Space, SpaceError, divisors
 
 
 def test_divisors_match_definition() -> None:
@@ -120,3 +120,32 @@ def test_why_not_is_none_exactly_for_the_shapes_the_space_has() -> None:
             for t in divisors(space.devices // d):
                 p = space.devices // (d * t)
                 assert (space.why_not(d, t, p) is None) == ((d, t, p) in have), (space, d, t, p)
+
+
+def test_context_parallelism_only_for_long_sequences() -> None:
+    """c > 1 from a 16K sequence on (``CP_MIN_SEQ``), each c a divisor of the devices that cuts
+    the sequence into 2c chunks of at least ``CP_MIN_CHUNK`` positions; never for inference."""
+    short = Space(64, 64, 32, (1, 2, 4, 8), seq=8192)
+    assert short.context_degrees() == [1] and {s.c for s in short.bases()} == {1}
+    long = Space(64, 64, 32, (1, 2, 4, 8), seq=131072)
+    want = [c for c in divisors(64) if c == 1 or 131072 // (2 * c) >= CP_MIN_CHUNK]
+    assert long.context_degrees() == want == [1, 2, 4, 8, 16, 32]
+    assert CP_MIN_SEQ == 16384 and Space(64, 64, 32, (1,), seq=CP_MIN_SEQ).context_degrees()[-1] == 4
+    assert Space(64, 64, 32, (1,), train=False, seq=131072).context_degrees() == [1]
+    for s in long.bases():
+        assert s.d * s.t * s.c * s.p == 64
+    # ZeRO over the context ranks of one replica: d = 1 climbs the ZeRO rungs too
+    base = next(s for s in long.bases() if (s.d, s.c) == (1, 64 // 32) and s.t == 8 and s.p == 4)
+    assert any(x.zero for x in long.ladder(base))
+
+
+def test_a_context_parallel_pin_must_fit_the_sequence_and_the_devices() -> None:
+    assert {s.c for s in Space(16, 16, 8, (1, 2), pins=Pins(cp=2), seq=4096).bases()} == {2}
+    with pytest.raises(SpaceError, match="--cp 3 does not divide"):
+        Space(16, 16, 8, (1, 2), pins=Pins(cp=3), seq=4096).check()
+    with pytest.raises(SpaceError, match="24 positions do not divide"):
+        Space(16, 16, 8, (1, 2), pins=Pins(cp=16), seq=24).check()
+    with pytest.raises(SpaceError, match="no sequence"):
+        Space(16, 16, 8, (1, 2), pins=Pins(cp=2)).check()
+    space = Space(16, 16, 8, (1, 2), seq=4096)
+    assert "c = 2 is not searched" in (space.why_not(8, 1, 1, 2) or "")

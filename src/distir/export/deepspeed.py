@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from distir.export.plan import Exported, ExportError, Plan, refuse_common
+from distir.export.plan import Exported, ExportError, Plan, refuse_common, refuse_context
 
 TARGET = "deepspeed"
 
@@ -58,6 +58,7 @@ def _pipeline(plan: Plan, warn: list[str], notes: list[str]) -> None:
 def ds_config(plan: Plan) -> tuple[dict[str, Any], list[str], list[str]]:
     """The config, warnings (nearest configurations) and notes (what goes in code)."""
     refuse_common(plan, TARGET)
+    refuse_context(plan, TARGET)
     s = plan.strategy
     warn: list[str] = []
     notes: list[str] = []

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from string import Template
 
-from distir.export.plan import Exported, ExportError, Plan, refuse_common
+from distir.export.plan import Exported, ExportError, Plan, refuse_common, refuse_context
 
 TARGET = "fsdp"
 SCHEDULES = {
@@ -169,6 +169,7 @@ def build_schedule(chunks: dict[int, nn.Module], mesh: DeviceMesh, loss_fn, devi
 
 def export(plan: Plan) -> Exported:
     refuse_common(plan, TARGET)
+    refuse_context(plan, TARGET)
     s = plan.strategy
     warn: list[str] = []
     if s.zero == 1:

@@ -5,8 +5,11 @@ d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22; many options there are gen
 ``TransformerConfig``/``ModelParallelConfig``/``TrainingConfig`` dataclass fields, ``x_y`` as
 ``--x-y``). What the plan maps to:
 
-- degrees: ``--tensor-model-parallel-size t``, ``--pipeline-model-parallel-size p`` (the
-  data-parallel size is the world size over t·p), ``--sequence-parallel`` with ``sp``;
+- degrees: ``--tensor-model-parallel-size t``, ``--pipeline-model-parallel-size p``,
+  ``--context-parallel-size c`` with ``--cp-comm-type p2p`` (ring attention: K/V passed between
+  neighbours, as ``distir.parallel.context``; Megatron's default order ``tp-cp-dp-pp`` is distir's
+  rank order) for c > 1 (the data-parallel size is the world size over t·c·p),
+  ``--sequence-parallel`` with ``sp``;
 - batch: ``--micro-batch-size`` (batch / (d·k)), ``--global-batch-size`` (Megatron runs k
   microbatches per replica, through the pipeline or as gradient accumulation);
 - the pipeline split: uniform chunks need nothing, or ``--num-layers-per-virtual-pipeline-stage``
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import shlex
 
-from distir.export.plan import Exported, ModelShape, Plan, need_transformer, refuse_common
+from distir.export.plan import Exported, ModelShape, Plan, degrees_text, need_transformer, refuse_common
 
 TARGET = "megatron"
 
@@ -133,6 +136,8 @@ def megatron_args(plan: Plan) -> tuple[list[str], list[str]]:
         "--micro-batch-size", str(plan.microbatch),
         "--global-batch-size", str(plan.batch),
     ]  # fmt: skip
+    if s.c > 1:
+        args += ["--context-parallel-size", str(s.c), "--cp-comm-type", "p2p"]
     if s.sp:
         args.append("--sequence-parallel")
     if s.p > 1 and s.k > 1 and s.schedule in ("gpipe", "zb1"):  # k = 1: the schedules coincide
@@ -165,8 +170,8 @@ def export(plan: Plan) -> Exported:
     s = plan.strategy
     lines = [
         f"# distir export --to megatron: {plan.model} {s}, batch {plan.batch}, {plan.dtype} {plan.precision}",
-        f"# world size {s.devices} = d·t·p = {s.d}·{s.t}·{s.p}; ranks in Megatron-LM's order "
-        "(TP fastest, then DP, then PP)",
+        f"# world size {s.devices} = {degrees_text(s)}; ranks in Megatron-LM's order "
+        "(TP fastest, then CP, then DP, then PP)",
         "MEGATRON_ARGS=(",
     ]
     i = 0

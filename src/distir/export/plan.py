@@ -12,9 +12,11 @@ target's configuration text, the ``warnings`` where it wrote the nearest configu
 can express (never silently), and ``notes`` on what the user does in code. What a target cannot
 express at all raises ``ExportError`` naming the feature and the target. Two features no trainer
 expresses are refused here for all of them (``refuse_common``): uneven batch shares and a device
-placement other than the trainers' rank order (distir's program device ``s·d·t + r·t + j`` —
-stage s, replica r, tensor rank j — is the rank order of Megatron-LM, DeepSpeed and torchtitan's
-``(pp, dp, tp)`` mesh, so the identity placement needs nothing).
+placement other than the trainers' rank order (distir's program device ``s·d·c·t + r·c·t + i·t +
+j`` — stage s, replica r, context rank i, tensor rank j — is the rank order of Megatron-LM
+(``tp-cp-dp-pp``), DeepSpeed and torchtitan's ``(pp, dp, cp, tp)`` mesh, so the identity placement
+needs nothing). Context parallelism (``c<n>``) only Megatron-LM and torchtitan express
+(``refuse_context`` for the others).
 """
 
 from __future__ import annotations
@@ -171,6 +173,24 @@ def refuse_common(plan: Plan, target: str) -> None:
         )
 
 
+def degrees_text(s: Strategy) -> str:
+    """The world size's factors for a header: ``d·t·p = 2·4·2``, ``d·c·t·p`` with context parallelism."""
+    if s.c == 1:
+        return f"d·t·p = {s.d}·{s.t}·{s.p}"
+    return f"d·c·t·p = {s.d}·{s.c}·{s.t}·{s.p}"
+
+
+def refuse_context(plan: Plan, target: str) -> None:
+    """Context parallelism (``c<n>``) for a target without it (DeepSpeed's Ulysses shards the
+    heads, not the sequence by ring; FSDP2's script has no ``cp`` mesh dim)."""
+    c = plan.strategy.c
+    if c > 1:
+        raise ExportError(
+            f"{target} cannot express context parallelism (c{c}: the sequence split by ring attention); "
+            "export it to megatron or torchtitan"
+        )
+
+
 def need_transformer(plan: Plan, target: str) -> ModelShape:
     if plan.shape is None:
         family = parse_model_string(plan.model).family
@@ -187,9 +207,11 @@ __all__ = [
     "ModelError",
     "ModelShape",
     "Plan",
+    "degrees_text",
     "make_plan",
     "model_shape",
     "need_transformer",
     "refuse_common",
+    "refuse_context",
     "resolve_numerics",
 ]

@@ -13,7 +13,11 @@ work). What the plan maps to:
   ``tensor_parallel_degree``; ``pipeline_parallel_degree``, ``pipeline_parallel_schedule``
   (GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble for zb1),
   ``pipeline_parallel_microbatch_size`` and, for p > 1, the chunks as
-  ``module_fqns_per_model_part`` (torchtitan's Llama module names);
+  ``module_fqns_per_model_part`` (torchtitan's Llama module names); ``context_parallel_degree``
+  for c > 1, with ``context_parallel_rotate_method = "alltoall"`` (each step swaps K/V shards
+  between neighbours: the ring; "allgather", torchtitan's default, gathers them all at once —
+  more memory). Its load balancer's default (head-tail: rank i holds chunks i and 2c−1−i) is
+  distir's layout. torchtitan's FSDP shards over dp_shard × cp;
 - ``[training]``: ``local_batch_size`` (per data-parallel rank; without pipelining, one
   microbatch, torchtitan accumulating ``global_batch_size / (local_batch_size · d)`` of them),
   ``global_batch_size``, ``seq_len``; mixed precision as ``mixed_precision_param`` (bfloat16)
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from distir.export.plan import Exported, ExportError, Plan, need_transformer, refuse_common
+from distir.export.plan import Exported, ExportError, Plan, degrees_text, need_transformer, refuse_common
 
 TARGET = "torchtitan"
 SCHEDULES = {
@@ -99,6 +103,9 @@ def _parallelism(plan: Plan, warn: list[str]) -> dict[str, Any]:
                 "without resharding after the forward (ZeRO-2: gradients sharded too, less memory)"
             )
     par["tensor_parallel_degree"] = s.t
+    if s.c > 1:
+        par["context_parallel_degree"] = s.c
+        par["context_parallel_rotate_method"] = "alltoall"
     if s.t > 1 and not s.sp:
         warn.append(
             "torchtitan's tensor parallelism always shards the norms' activations over the sequence "
@@ -169,6 +176,6 @@ def export(plan: Plan) -> Exported:
     s = plan.strategy
     header = [
         f"distir export --to torchtitan: {plan.model} {s}, batch {plan.batch}, {plan.dtype} {plan.precision}",
-        f"NGPU = {s.devices} (d·t·p = {s.d}·{s.t}·{s.p}); torchtitan job config (job_config.py at e347b1e5)",
+        f"NGPU = {s.devices} ({degrees_text(s)}); torchtitan job config (job_config.py at e347b1e5)",
     ]
     return Exported(TARGET, to_toml(sections, header), ".toml", tuple(warn))

@@ -33,8 +33,12 @@ buffers (the K/V chunks received, the travelling dK/dV), also ∝ 1/c.
 
 With ``comm_streams`` the ring runs on two streams per GPU (program devices c+r send, 2c+r
 receive; ``ring_device_map``): the compute device hands a tensor to its send stream and takes it
-from its receive stream right before use (both free on one GPU), so only the streams wait for
-the link.
+from its receive stream (both free on one GPU), so only the streams wait for the link. A stream
+runs its ops in program order, so the order is chosen for overlap: a step's tensors are all
+handed to the send stream before any is moved on (the compute never waits for one transfer to
+hand over the next), and the dK/dV that arrived during a step are taken at the start of the
+next, before its blocks (taken after them, they would hold this step's arrivals behind the
+blocks on the receive stream).
 
 Integration into ``distribute`` (a ``cp`` mesh axis, ``Strategy.c``) is not done yet:
 ``distribute`` refuses c > 1 (``StrategyError``).
@@ -138,13 +142,25 @@ class _Ring:
         (on_send,) = self.fb.op("Send", x, names=[name], dst=Device(self.c + r))
         return self.fb.op("Send", on_send, names=[name], dst=Device(2 * self.c + nxt))[0]
 
+    def send_many(self, xs: Sequence[Value], r: int, names: Sequence[str]) -> list[Value]:
+        """``send`` of each of ``xs``, all handed to the send stream first, then moved on: the
+        compute stream never waits for one transfer to hand over the next."""
+        nxt = (r + 1) % self.c
+        if not self.streams:
+            return [self.send(x, r, n) for x, n in zip(xs, names, strict=True)]
+        on_send = [
+            self.fb.op("Send", x, names=[n], dst=Device(self.c + r))[0]
+            for x, n in zip(xs, names, strict=True)
+        ]
+        return [
+            self.fb.op("Send", x, names=[n], dst=Device(2 * self.c + nxt))[0]
+            for x, n in zip(on_send, names, strict=True)
+        ]
+
     def take(self, x: Value, r: int) -> Value:
         if not self.streams:
             return x
         return self.fb.op("Send", x, names=[x.name], dst=Device(r))[0]
-
-    def send_pair(self, x: Pair, r: int) -> Pair:
-        return self.send(x[0], r, x[0].name), self.send(x[1], r, x[1].name)
 
     def take_pair(self, x: Pair, r: int) -> Pair:
         return self.take(x[0], r), self.take(x[1], r)
@@ -158,11 +174,10 @@ class _Ring:
         out = []
         for r, kv in enumerate(held):
             at = f"{(r - s) % c}_at{(r + 1) % c}"
-            k, v = (
-                tuple(self.send(x, r, f"{tag}{w}{at}_{i}") for i, x in enumerate(p))
-                for w, p in zip("kv", kv, strict=True)
-            )
-            out.append(((k[0], k[1]), (v[0], v[1])))
+            xs = [x for p in kv for x in p]
+            names = [f"{tag}{w}{at}_{i}" for w in "kv" for i in range(2)]
+            k0, k1, v0, v1 = self.send_many(xs, r, names)
+            out.append(((k0, k1), (v0, v1)))
         return out
 
     def arrive(self, sent: Sequence[tuple[Pair, Pair]]) -> list[tuple[Pair, Pair]]:
@@ -256,6 +271,13 @@ def _backward(
     dkv: list[tuple[Pair, Pair] | None] = [None] * c  # arriving dK/dV of the held K/V
     dq: list[list[Value | None]] = [[None, None] for _ in range(c)]
     for s in range(c):
+        # the dK/dV that arrived during the last step, taken first: a receive stream runs its
+        # transfers in program order, so taking them after this step's blocks would queue this
+        # step's arrivals behind the blocks
+        arrived = [
+            (ring.take_pair(prev[0], r), ring.take_pair(prev[1], r)) if prev is not None else None
+            for r, prev in enumerate(dkv)
+        ]
         sent = ring.pass_kv(held, s, "b")
         out_dkv = []
         for r, (ks, vs) in enumerate(held):
@@ -277,20 +299,22 @@ def _backward(
                 )
                 dq[r][x] = _add(fb, dq[r][x], g[0])
                 dks[y], dvs[y] = _add(fb, dks[y], g[1]), _add(fb, dvs[y], g[2])
-            prev = dkv[r]
-            got = (ring.take_pair(prev[0], r), ring.take_pair(prev[1], r)) if prev is not None else None
+            got = arrived[r]
             j = (r - s) % c
             dk = _sum_chunks(fb, dks, got[0] if got else None, ks, f"dk{j}")
             dv = _sum_chunks(fb, dvs, got[1] if got else None, vs, f"dv{j}")
-            out_dkv.append((ring.send_pair(dk, r), ring.send_pair(dv, r)))
+            dk0, dk1, dv0, dv1 = ring.send_many(
+                [*dk, *dv], r, [dk[0].name, dk[1].name, dv[0].name, dv[1].name]
+            )
+            out_dkv.append(((dk0, dk1), (dv0, dv1)))
         dkv = [out_dkv[r - 1] for r in range(c)]
         held = ring.arrive(sent) if sent else held
     results = []
     for r in range(c):
         dq0, dq1 = dq[r]
-        arrived = dkv[r]
-        assert dq0 is not None and dq1 is not None and arrived is not None
-        results.append(((dq0, dq1), ring.take_pair(arrived[0], r), ring.take_pair(arrived[1], r)))
+        last = dkv[r]
+        assert dq0 is not None and dq1 is not None and last is not None
+        results.append(((dq0, dq1), ring.take_pair(last[0], r), ring.take_pair(last[1], r)))
     return results
 
 

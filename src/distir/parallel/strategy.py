@@ -129,8 +129,10 @@ class Strategy:
 
     @property
     def zero_degree(self) -> int:
-        """The replicas ZeRO shards over: the HSDP shard group, else all d."""
-        return self.shard_group or self.d
+        """The ranks ZeRO shards over: the HSDP shard group, else all d replicas — times c, the
+        context ranks of a replica holding the same weights (as Megatron-LM's distributed
+        optimizer and torchtitan's FSDP over dp × cp)."""
+        return (self.shard_group or self.d) * self.c
 
     @property
     def chunks(self) -> int:

@@ -9,6 +9,7 @@
     schedule          gpipe, 1f1b, interleaved or zb1
     microbatch_size   samples per microbatch and replica: batch / (d·k)
     sp                sequence parallelism on the tensor-parallel axis
+    c                 context-parallel degree (ring attention over the sequence; 1: none)
     zero              ZeRO stage 0-3
     recompute         none, selective, full or ops
     partition         uniform, params or explicit (an ``L…`` part)
@@ -42,6 +43,7 @@ STRATEGY_FIELDS = (
     "schedule",
     "microbatch_size",
     "sp",
+    "c",
     "zero",
     "shard_group",
     "recompute",
@@ -79,6 +81,7 @@ def strategy_fields(strategy: Strategy, batch: int, blocks: tuple[int, ...] | No
         "schedule": s.schedule,
         "microbatch_size": batch // (s.d * s.k),
         "sp": s.sp,
+        "c": s.c,
         "zero": s.zero,
         "shard_group": s.zero_degree if s.zero else None,  # ZeRO's shard group (HSDP: < d)
         "recompute": s.recompute,

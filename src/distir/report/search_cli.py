@@ -111,6 +111,7 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
             max_k=a["max_k"],
             mbs=a["microbatch_size"],
             hsdp=a["hsdp"],
+            cp=a.get("cp"),
         )
         store = None if a["fresh"] else (a["store"] or default_store())
         if store is not None:

@@ -174,9 +174,10 @@ def results_table(o: SearchOutput) -> Table:
         mem = f"{row['peak_memory_bytes'] / GIB:.1f}/{row['capacity_bytes'] / GIB:.0f}G"
         if not row["fits"]:
             mem = f"[red]{mem} OOM[/red]"
+        screened = row.get("source") == "screen"  # context parallelism: not simulated
         table.add_row(
             str(i),
-            row["strategy"],
+            row["strategy"] + (" [dim](screened only)[/dim]" if screened else ""),
             f"{row['microbatch_size']}×{row['k']}",
             _t(row["step_time_s"]),
             f"{row['throughput']:.1f}",
@@ -190,7 +191,11 @@ def results_table(o: SearchOutput) -> Table:
 
 
 def _pure(rows: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
-    cands = [r for r in rows if "error" not in r and is_pure(r["d"], r["t"], r["p"], kind.lower())]
+    cands = [
+        r
+        for r in rows
+        if "error" not in r and r.get("c", 1) == 1 and is_pure(r["d"], r["t"], r["p"], kind.lower())
+    ]
     return next((r for r in cands if r["fits"]), cands[0] if cands else None)
 
 

@@ -366,6 +366,15 @@ def model_ends(spec: ModelSpec, dtype: DType, train: bool) -> Ends:
     return ends(model, len(model.layers) if train else len(model.layers) - 1)
 
 
+def sequence_length(spec: ModelSpec, dtype: DType) -> int:
+    """The model's sequence length (its first input along ``Model.seq_dim``), 0 without one."""
+    model = build_from(spec, 1, dtype)
+    t = model.inputs[0].type if model.inputs else None
+    if model.seq_dim is None or not isinstance(t, TensorType) or len(t.shape) <= model.seq_dim:
+        return 0
+    return int(t.shape[model.seq_dim])
+
+
 def num_blocks(spec: ModelSpec, dtype: DType, train: bool) -> int:
     """The repeated blocks that a pipeline partition divides (``layer_prep.partition``)."""
     e = model_ends(spec, dtype, train)
@@ -383,4 +392,5 @@ __all__ = [
     "num_blocks",
     "num_layers",
     "run_profile_task",
+    "sequence_length",
 ]

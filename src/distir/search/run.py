@@ -50,8 +50,8 @@ from distir.search import final
 from distir.search.executor import local_pool, run_all
 from distir.search.executor import start as start_task
 from distir.search.placement import anneal_placement, megatron_placement
-from distir.search.profile import LayerProfile, Profiler, allowed_tp, num_blocks
-from distir.search.rerank import ExactJob, evaluate
+from distir.search.profile import LayerProfile, Profiler, allowed_tp, num_blocks, sequence_length
+from distir.search.rerank import ExactJob, evaluate, screened_result
 from distir.search.screen import Estimate, Problem, Screen, rank_key
 from distir.search.shares import add_shares
 from distir.search.space import Pins, Space
@@ -150,6 +150,7 @@ def build_space(req: SearchRequest, cluster: Cluster) -> Space:
         req.train,
         req.pins,
         node,  # HSDP shards within a node
+        sequence_length(spec, dt),
     )
 
 
@@ -225,10 +226,10 @@ def _p1_chains(bases: list[Strategy]) -> list[list[int]]:
     Without a pipeline, more microbatches only save memory (smaller GEMMs, more ZeRO-3 gathers
     and gradient additions per step): after a k fits on some rung of the ladder, a larger k is
     screened only on the cheaper rungs (``screen_space``)."""
-    chains: dict[tuple[int, int, str], list[int]] = {}
+    chains: dict[tuple[int, int, int, str], list[int]] = {}
     for i, b in enumerate(bases):
         if b.p == 1:
-            chains.setdefault((b.d, b.t, b.schedule), []).append(i)
+            chains.setdefault((b.d, b.t, b.c, b.schedule), []).append(i)
     for chain in chains.values():
         chain.sort(key=lambda i: bases[i].k)
     return list(chains.values())
@@ -307,7 +308,7 @@ def anneal_picks(req: SearchRequest, screened: list[Estimate]) -> list[int]:
     picks: list[int] = []
     for i, e in enumerate(screened):
         s = e.strategy
-        if (s.d, s.t, s.p) not in seen and e.fits:
+        if (s.d, s.t, s.p) not in seen and e.fits and s.c == 1:  # the annealer places d·t·p GPUs
             seen.add((s.d, s.t, s.p))
             picks.append(i)
         if len(picks) >= req.anneal_top:
@@ -367,7 +368,11 @@ def pure_bests(screened: list[Estimate]) -> list[Strategy]:
     order, where the space has them."""
     out: list[Strategy] = []
     for axis in ("d", "t", "p"):
-        cands = [e for e in screened if is_pure(e.strategy.d, e.strategy.t, e.strategy.p, axis)]
+        cands = [
+            e
+            for e in screened
+            if e.strategy.c == 1 and is_pure(e.strategy.d, e.strategy.t, e.strategy.p, axis)
+        ]
         best = next((e for e in cands if e.fits), cands[0] if cands else None)
         if best is not None:
             out.append(best.strategy)
@@ -472,9 +477,12 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
         chosen = pick_exact(screened, req.top, pure=req.explain, by_shape=req.pins.pinned)
         tasks = [str(s) for s in chosen]
         cached = len(done & set(tasks))
+        # context parallelism is screened only (``screened_result``)
+        est = {e.strategy: e for e in screened}
+        screen_only = {str(s): screened_result(job, est[s]) for s in chosen if s.c > 1}
         # in the store or not, in parallel on the requested workers
         results = run_all(
-            _exact_order(chosen),
+            _exact_order([s for s in chosen if s.c == 1]),
             fn,
             store,
             workers=req.workers,
@@ -483,6 +491,7 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
             pool=pool,
             started=started,
         )
+        results.update(screen_only)
         t3 = time.perf_counter()
         out = _output(req, cluster, tasks, results, screened, n, screen.profiler.probes, cached)
         if not any(r.get("fits") for r in out.results):

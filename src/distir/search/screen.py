@@ -22,6 +22,11 @@ AMP's formulas, generalized (heterogeneous devices, uneven layers, memory, sched
   ZeRO-3 gathers every weight in each forward and backward; HSDP (``z3h<n>``) gathers within
   its shard group and reduce-scatters there, then all-reduces the shard across the groups; then
   the optimizer.
+- **Context parallelism** (c > 1): a stage's d·c TP groups are laid out replica by replica, the
+  c context ranks of a replica consecutive (Megatron-LM's ``tp-cp-dp-pp`` order); each layer's
+  profile at the whole sequence becomes a context rank's (``distir.search.context_cost``:
+  compute and activations ÷ c, the ring's K/V transfers where attention does not hide them);
+  gradients are reduced over the d·c ranks (ZeRO shards over them too).
 - **Memory per device.** Weights, gradients and their accumulator, optimizer state (divided by
   d — HSDP: by its shard group — as the ZeRO stage says), activations of the microbatches in
   flight (k for GPipe, min(k, p−j) for 1F1B, Megatron's warm-up count for interleaved), and the
@@ -42,6 +47,7 @@ from distir.hardware.cluster import Cluster
 from distir.parallel.distribute import uniform_counts
 from distir.parallel.layer_prep import Ends, block_counts
 from distir.parallel.strategy import Strategy
+from distir.search.context_cost import AttentionShape, Ring, attention_shapes, context_layer
 from distir.search.layer_assignment import Assignment, assign_layers_unchecked
 from distir.search.profile import LayerProfile, Profiler, model_ends
 from distir.search.screen_figures import Stage, StageRows, Tables, figures, frozen, new_tables
@@ -107,6 +113,7 @@ class Screen:
         self._pairs: dict[tuple[int, int], tuple[float, float]] = {}
         self._gathers: dict[tuple[int, ...], tuple[float, float]] = {}
         self._syncs: dict[tuple[object, ...], float] = {}
+        self._attn: dict[int, list[tuple[AttentionShape, ...]]] = {}  # ``_attention``
         self._group_keys: dict[tuple[int, ...], tuple[object, ...]] = {}
         self._row_ids: dict[tuple[object, ...], int] = {}  # ``_stage_rows``' keys, interned
         # per strategy without placement (``Tables``); estimates up to the gradient sync are
@@ -124,7 +131,7 @@ class Screen:
 
     # -- pieces ------------------------------------------------------------------------------
     def stage_gpus(self, s: Strategy, placement: Sequence[int]) -> list[list[int]]:
-        n = s.d * s.t
+        n = s.d * s.c * s.t
         return [[placement[j * n + i] for i in range(n)] for j in range(s.p)]
 
     def _group_key(self, group: tuple[int, ...]) -> tuple[object, ...]:
@@ -147,16 +154,41 @@ class Screen:
         if s.shares is not None:
             return self._shared_stage_rows(s, gpus, b, s.shares, cap)
         gks: dict[tuple[object, ...], tuple[int, ...]] = {}
-        for r in range(s.d):
+        for r in range(s.d * s.c):  # the TP groups: replica by replica, context rank by rank
             group = tuple(gpus[r * s.t : (r + 1) * s.t])
             gks.setdefault(self._group_key(group), group)
-        key = (s.t, s.d, b, s.recompute, tuple(gks), cap)
+        ring = self._ring(s, gpus) if s.c > 1 else None
+        key = (s.t, s.d, b, s.recompute, tuple(gks), cap) + ((s.c, ring) if ring is not None else ())
         got = self._rows.get(key)
         if got is not None:
             return key, got
         profs = [self.profiler.layers(s.t, b, group, s.recompute) for group in gks.values()]
+        if ring is not None:
+            attn = self._attention(b, len(profs[0]))
+            profs = [
+                [context_layer(p, a, s.t, s.c, ring) for p, a in zip(ps, attn, strict=True)] for ps in profs
+            ]
         got = self._rows[key] = self._worst_rows(profs, profs[0], cap)
         return key, got
+
+    def _ring(self, s: Strategy, gpus: list[int]) -> Ring:
+        """The context-parallel ring of the stage on ``gpus``: its slowest hop (TP rank 0 of the
+        first replica's c groups, consecutive blocks of t GPUs) and its GPUs' peak FLOP/s."""
+        ranks = [gpus[i * s.t] for i in range(s.c)]
+        hops = [self._pair(x, y) for x, y in zip(ranks, ranks[1:] + ranks[:1], strict=True)]
+        lat = max(h[0] for h in hops)
+        per_byte = (max(h[1] for h in hops) - lat) / 1e9
+        peak = min(self._specs[self._kinds[g]].peak_flops(self.profiler.dtype) for g in ranks)
+        return Ring(lat, per_byte, peak)
+
+    def _attention(self, b: int, n: int) -> list[tuple[AttentionShape, ...]]:
+        """The attention ops of each of the first ``n`` layer calls at microbatch ``b``, memoized."""
+        got = self._attn.get(b)
+        if got is None:
+            reduced = self.profiler.model(b)
+            kept = attention_shapes(reduced.model)
+            got = self._attn[b] = [kept[r] for r in reduced.rep]
+        return got[:n]
 
     def _shared_stage_rows(
         self, s: Strategy, gpus: list[int], unit: int, shares: tuple[int, ...], cap: float
@@ -239,7 +271,7 @@ class Screen:
             placement = s.gpus
         tb = self._tables_of(s)
         pl = tuple(placement)
-        n = s.d * s.t
+        n = s.d * s.c * s.t
         if len(pl) < s.p * n:
             self.stage_gpus(s, pl)  # raises the IndexError an index past the end does
         got = tb.stages.get
@@ -330,7 +362,7 @@ class Screen:
         rid = self._row_ids.get(key)
         if rid is None:
             rid = self._row_ids[key] = len(self._row_ids)
-        group = tuple(gpus[:: s.t][: s.d])
+        group = tuple(gpus[:: s.t][: s.d * s.c])  # the gradients are reduced over dp × cp
         got = tb.stages[gpus] = Stage(
             gpus=gpus,
             rid=rid,
@@ -338,7 +370,7 @@ class Screen:
             kind=self._kinds[gpus[0]],
             group=group,
             sorted_group=tuple(sorted(group)),
-            # ZeRO-3 gathers over its shard group: all d replicas, or HSDP's first group
+            # ZeRO-3 gathers over its shard group: all d·c ranks, or HSDP's first group
             gather=self._gather(group[: s.zero_degree]) if tb.zero3 else None,
         )
         return got
@@ -369,7 +401,7 @@ class Screen:
         pure function of the arguments that matter)."""
         # the collectives collapse duplicates and order a group by GPU index
         # (``distir.sim.collectives``): its set is what matters
-        key = (s.d, s.zero, s.shard_group, st.sorted_group, st.kind, w, n_w)
+        key = (s.d, s.c, s.zero, s.shard_group, st.sorted_group, st.kind, w, n_w)
         got = self._syncs.get(key)
         if got is None:
             got = self._syncs[key] = self._sync_time(s, st.group, st.kind, w, n_w)
@@ -379,7 +411,7 @@ class Screen:
         pr = self.problem
         t = 0.0
         h = s.zero_degree
-        if s.d > 1 and n_w and h < s.d:
+        if s.d > 1 and n_w and h < s.d * s.c:
             # HSDP: reduce-scatter within the shard group, all-reduce the shard across groups
             inner, across = group[:h], group[::h]
             lat = coll.reducescatter_time(self.cluster, 1.0, inner) + coll.allreduce_time(
@@ -389,7 +421,7 @@ class Screen:
                 self.cluster, w / h, across
             )
             t += (n_w - 1) * lat
-        elif s.d > 1 and n_w:
+        elif s.d * s.c > 1 and n_w:
             lat = coll.allreduce_time(self.cluster, 1.0, group)
             t += coll.allreduce_time(self.cluster, w, group) + (n_w - 1) * lat
             if s.zero == 1:
@@ -431,6 +463,7 @@ class Screen:
             s.sp,
             s.shares,
             s.shard_group,
+            s.c,
         )
 
 

@@ -129,7 +129,7 @@ def new_tables(s: Strategy, b: int, train: bool, n_state: int, mixed: bool = Fal
     return Tables(
         b=b,
         stage_of=[c % s.p for c in range(s.p * s.v)],
-        zero3=train and s.zero == 3 and s.d > 1,
+        zero3=train and s.zero == 3 and s.d * s.c > 1,
         static_f=static_f,
         inflight=[inflight(s, j, train) for j in range(s.p)],
         pending_w=[pending_weight_grads(s, j, train) for j in range(s.p)],

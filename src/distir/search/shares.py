@@ -190,7 +190,14 @@ def add_shares(
         s = e.strategy
         if len(cands) >= n or best is None or e.step_time_s > SHARES_REACH * best:
             break  # (sorted best first) shares cannot bring it near the best
-        if e.fits and s.d > 1 and not s.zero and s.shares is None and mixed_replicas(screen, s, s.gpus):
+        if (
+            e.fits
+            and s.d > 1
+            and s.c == 1
+            and not s.zero
+            and s.shares is None
+            and mixed_replicas(screen, s, s.gpus)
+        ):
             c = candidates(screen, s, s.gpus)
             if c is not None:
                 cands.append(c)

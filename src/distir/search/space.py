@@ -1,7 +1,13 @@
 """The search space: every strategy the model's shapes and the cluster allow, under user pins.
 
-- (d, t, p) with d·t·p = the number of devices (any factorization, not only powers of two);
+- (d, t, c, p) with d·t·c·p = the number of devices (any factorization, not only powers of two);
   t divides every tensor-parallel weight dimension; p·v ≤ the number of repeated blocks;
+- **context parallelism** (c > 1: ring attention over the sequence, ``distir.parallel.context``)
+  only for long sequences — ``seq`` ≥ ``CP_MIN_SEQ`` (16K, where attention's S² and the
+  activations start to dominate) — or when pinned (``--cp``): every divisor c of the devices
+  that cuts the sequence into 2c equal chunks of at least ``CP_MIN_CHUNK`` positions each
+  (shorter chunks cannot hide the ring's transfers behind their attention); otherwise c = 1 and
+  the space is what it was;
 - the **microbatch** (samples per replica and microbatch, what users set as the per-GPU
   microbatch size): every divisor b of the per-replica batch with k = per-replica / b ≤ ``max_k``
   gradient-accumulation steps, for every p — p = 1 included, so FSDP/ZeRO-3 with one or two
@@ -59,9 +65,10 @@ class Pins:
     max_k: int = 128
     mbs: int | None = None  # samples per replica and microbatch
     hsdp: int | None = None  # the HSDP shard group (ZeRO-3 over this many replicas)
+    cp: int | None = None  # context parallelism (ranks of the ring over the sequence)
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "k", "mbs", "hsdp"):
+        for name in ("dp", "tp", "pp", "k", "mbs", "hsdp", "cp"):
             x = getattr(self, name)
             if x is not None and (not isinstance(x, int) or isinstance(x, bool) or x < 1):
                 raise SpaceError(f"--{_FLAG.get(name, name)} must be a positive integer, got {x!r}")
@@ -82,12 +89,14 @@ class Pins:
         """Whether any part of the strategy is pinned (``max_k`` is a bound, not a pin)."""
         return any(
             getattr(self, f) is not None
-            for f in ("dp", "tp", "pp", "k", "schedule", "zero", "recompute", "mbs", "hsdp")
+            for f in ("dp", "tp", "pp", "k", "schedule", "zero", "recompute", "mbs", "hsdp", "cp")
         )
 
 
 _FLAG = {"k": "microbatches", "mbs": "microbatch-size"}
 RECOMPUTES = ("none", "selective", "full", "ops")
+CP_MIN_SEQ = 16384  # context parallelism is searched from this sequence length on (unless pinned)
+CP_MIN_CHUNK = 2048  # positions per chunk (of 2c) at least, for a searched c
 
 
 def divisors(n: int) -> list[int]:
@@ -98,7 +107,8 @@ def divisors(n: int) -> list[int]:
 class Space:
     """Strategies for ``devices`` devices, a global ``batch`` and a model of ``n_layers``
     repeated blocks (the layer calls a pipeline partition divides: ``layer_prep.partition``);
-    ``node_devices``: GPUs per node (0: HSDP is not tried unless pinned)."""
+    ``node_devices``: GPUs per node (0: HSDP is not tried unless pinned); ``seq``: the model's
+    sequence length (0: it has none, and no context parallelism)."""
 
     devices: int
     batch: int
@@ -107,6 +117,7 @@ class Space:
     train: bool = True
     pins: Pins = Pins()
     node_devices: int = 0
+    seq: int = 0
 
     def check(self) -> None:
         """Pinned values the model/cluster cannot take raise ``SpaceError``."""
@@ -119,6 +130,16 @@ class Space:
                 f"--tp {p.tp}: the model's tensor-parallel dimensions do not split {p.tp} ways "
                 f"(allowed: {', '.join(map(str, self.allowed_tp))})"
             )
+        if p.cp is not None and p.cp > 1:
+            if self.devices % p.cp:
+                raise SpaceError(f"--cp {p.cp} does not divide the cluster's {self.devices} devices")
+            if not self.seq:
+                raise SpaceError(f"--cp {p.cp}: the model has no sequence to split")
+            if self.seq % (2 * p.cp):
+                raise SpaceError(
+                    f"--cp {p.cp}: context parallelism cuts the sequence into 2c = {2 * p.cp} equal chunks; "
+                    f"{self.seq} positions do not divide"
+                )
         if p.pp is not None and p.pp > self.n_layers:
             raise SpaceError(f"--pp {p.pp}: the model has only {self.n_layers} blocks")
         if p.dp is not None and self.batch % p.dp:
@@ -142,15 +163,22 @@ class Space:
                 f"(tensor parallelism allowed: {', '.join(map(str, self.allowed_tp))})"
             )
 
-    def why_not(self, d: int, t: int, p: int) -> str | None:
-        """Why the space has no strategy of shape (d, t, p), in words (``None``: exactly when
-        ``strategies`` yields some); the conditions of ``triples``, ``bases`` and ``ladder``."""
+    def why_not(self, d: int, t: int, p: int, c: int = 1) -> str | None:
+        """Why the space has no strategy of shape (d, t, p) (and context parallelism c), in words
+        (``None``: exactly when ``strategies`` yields some); the conditions of ``triples``,
+        ``bases`` and ``ladder``."""
         pins = self.pins
-        for name, x, pin in (("dp", d, pins.dp), ("tp", t, pins.tp), ("pp", p, pins.pp)):
+        for name, x, pin in (("dp", d, pins.dp), ("tp", t, pins.tp), ("pp", p, pins.pp), ("cp", c, pins.cp)):
             if pin is not None and x != pin:
                 return f"--{name} {pin} is pinned"
-        if d * t * p != self.devices:
-            return f"d·t·p = {d * t * p}, not the cluster's {self.devices} devices"
+        if c not in self.context_degrees():
+            return (
+                f"c = {c} is not searched here (context parallelism needs a sequence of at least "
+                f"{CP_MIN_SEQ} positions, cut into 2c chunks of at least {CP_MIN_CHUNK}, or --cp)"
+            )
+        if d * t * c * p != self.devices:
+            what = "d·t·p" if c == 1 else "d·t·c·p"
+            return f"{what} = {d * t * c * p}, not the cluster's {self.devices} devices"
         if t not in self.allowed_tp:
             searched = ", ".join(map(str, self.allowed_tp))
             return (
@@ -174,7 +202,7 @@ class Space:
             return f"--schedule {sched} needs a pipeline (p > 1)"
         if p > 1 and not self.train and sched not in (None, "1f1b"):
             return f"inference runs its pipeline in 1f1b order, not --schedule {sched}"
-        bases = [b for b in self.bases() if (b.d, b.t, b.p) == (d, t, p)]
+        bases = [b for b in self.bases() if (b.d, b.t, b.p, b.c) == (d, t, p, c)]
         if not bases:
             if sched == "interleaved" and 2 * p > self.n_layers:
                 return f"--schedule interleaved needs 2·p = {2 * p} blocks, the model has {self.n_layers}"
@@ -187,13 +215,31 @@ class Space:
             return f"--hsdp {pins.hsdp} must divide d = {d} and be smaller"
         return None
 
-    def triples(self) -> Iterator[tuple[int, int, int]]:
+    def context_degrees(self) -> list[int]:
+        """The context-parallel degrees searched (module docstring): the pin, else 1 and, for a
+        sequence of at least ``CP_MIN_SEQ``, every divisor c of the devices whose 2c chunks
+        hold ``CP_MIN_CHUNK`` positions or more."""
+        if self.pins.cp is not None:
+            return [self.pins.cp]
+        if not self.train or self.seq < CP_MIN_SEQ:
+            return [1]
+        return [
+            c
+            for c in divisors(self.devices)
+            if c == 1 or (self.seq % (2 * c) == 0 and self.seq // (2 * c) >= CP_MIN_CHUNK)
+        ]
+
+    def triples(self, c: int = 1) -> Iterator[tuple[int, int, int]]:
+        """The (d, t, p) of the space's strategies with context parallelism ``c``."""
         p = self.pins
+        if self.devices % c:
+            return
+        n = self.devices // c
         for t in self.allowed_tp:
-            if self.devices % t or (p.tp is not None and t != p.tp):
+            if n % t or (p.tp is not None and t != p.tp):
                 continue
-            for pp in divisors(self.devices // t):
-                d = self.devices // (t * pp)
+            for pp in divisors(n // t):
+                d = n // (t * pp)
                 if (p.pp is not None and pp != p.pp) or (p.dp is not None and d != p.dp):
                     continue
                 if pp > self.n_layers or self.batch % d:
@@ -217,9 +263,13 @@ class Space:
         return out
 
     def bases(self) -> Iterator[Strategy]:
-        """Every (d, t, p, k, schedule, v), with ZeRO 0 and no recomputation."""
+        """Every (d, t, c, p, k, schedule, v), with ZeRO 0 and no recomputation."""
+        for c in self.context_degrees():
+            yield from self._bases(c)
+
+    def _bases(self, c: int) -> Iterator[Strategy]:
         pins = self.pins
-        for d, t, pp in self.triples():
+        for d, t, pp in self.triples(c):
             for k in self.microbatches(self.batch // d):
                 if pp == 1:
                     scheds = (
@@ -237,7 +287,7 @@ class Space:
                         else:
                             scheds.append((name, 1))
                 for name, v in scheds:
-                    yield Strategy(d=d, t=t, p=pp, k=k, schedule=name, v=v)
+                    yield Strategy(d=d, t=t, p=pp, k=k, schedule=name, v=v, c=c)
 
     def strategies(self) -> Iterator[Strategy]:
         """Every strategy of the space: each base's ladder."""
@@ -249,8 +299,9 @@ class Space:
         of one node (node_devices / t) when a stage's replicas span more than a node; None when
         there is none (it must divide d and be between 2 and d − 1)."""
         h = self.pins.hsdp
-        if h is None and self.node_devices and base.d * base.t > self.node_devices:
-            h = self.node_devices // base.t if self.node_devices % base.t == 0 else None
+        per = base.t * base.c  # the GPUs of one replica
+        if h is None and self.node_devices and base.d * per > self.node_devices:
+            h = self.node_devices // per if self.node_devices % per == 0 else None
         if h is None or h < 2 or h >= base.d or base.d % h:
             return None
         return h
@@ -271,7 +322,7 @@ class Space:
                 pins.recompute is not None and rec != pins.recompute
             ):
                 continue
-            if zero and base.d == 1:
+            if zero and base.d * base.c == 1:
                 continue
             groups: list[int | None] = [None]
             if zero == 3:

@@ -1,0 +1,126 @@
+"""The screen's figures of context parallelism (``Strategy.c``: ring attention over c GPUs).
+
+Context parallelism splits every sequence over the c GPUs of a ring (``distir.parallel.context``:
+2c chunks, rank i holding chunks i and 2c−1−i, so that causal attention costs every rank the
+same). What that does to one layer call of a TP rank, per microbatch, from its profile at the
+whole sequence (``distir.search.profile.LayerProfile``):
+
+- **Compute and memory ÷ c.** Everything but attention is per token, so its FLOPs, bytes and
+  activations divide by c; attention's FLOPs per rank are 1/c of the whole sequence's too (the
+  balanced layout gives every rank the same share of the causal triangle). So forward,
+  backward, saved, working and output bytes are the profile's ÷ c. Optimistic where fixed costs
+  dominate: a rank launches as many kernels as the whole sequence (attention c times as many)
+  and its TP collectives pay their latency in full, but ÷ c divides those too — negligible at
+  the long sequences context parallelism is searched for (``distir.search.space.CP_MIN_SEQ``),
+  not at short ones.
+- **The ring.** Per attention op, a rank's K and V (``kv_bytes``: its 2 chunks, its TP share of
+  the kv heads) travel c − 1 steps forward; backward, K/V travel c − 1 steps and their gradients
+  c. Each transfer overlaps the blocks of the step before (the program sends before it
+  computes), whose compute is 1/c of the rank's attention: exposed forward
+  (c−1)·max(0, T − A_f/c), backward (c−1)·max(0, 2T − A_b/c) + T (the last hop of dK/dV back
+  to its owner), T the ring's time for ``kv_bytes`` over its slowest link, A the attention's
+  time at the GPU's peak rate (FlashAttention-2's FLOPs: ``distir.ops.attention``). Working
+  memory adds the ring's buffers: the K/V received, the dK/dV travelling (4 × ``kv_bytes``).
+
+Attention ops are found in the layer functions (the registry's ``Attention``), with their types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from distir.autodiff.reverse import value_types
+from distir.autodiff.train import layer_types
+from distir.frontends.zoo.model import Model
+from distir.ir.ops import Op
+from distir.ir.types import TensorType
+from distir.ops.attention import ATTENTION, BACKWARD_FACTOR, forward_flops, heads_split_evenly
+from distir.search.profile import LayerProfile
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionShape:
+    """One attention op of a layer at the whole sequence: q (batch, seq, heads, head_dim), k and
+    v (…, kv_heads, …), its dtype's bytes per element, causal or not."""
+
+    batch: int
+    seq: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    itemsize: int
+    causal: bool
+
+    def per_rank(self, t: int, c: int) -> tuple[float, float]:
+        """(forward FLOPs, K/V bytes) of one rank of a TP group of t and a ring of c: the heads
+        split over t when whole GQA groups do (``Attention``'s sharding rule), the sequence over c."""
+        split = t if heads_split_evenly(self.heads, self.kv_heads, t) else 1
+        flops = forward_flops(self.batch, self.seq, self.heads // split, self.head_dim, self.causal) / c
+        kv = 2.0 * self.batch * (self.seq / c) * (self.kv_heads / split) * self.head_dim * self.itemsize
+        return flops, kv
+
+
+def attention_shapes(model: Model) -> list[tuple[AttentionShape, ...]]:
+    """Per layer call of ``model``, its attention ops (usually none or one)."""
+    types = layer_types(model)
+    out: list[tuple[AttentionShape, ...]] = []
+    for call, ts in zip(model.layers, types, strict=True):
+        fn = model.module[call.callee]
+        ops = [i for i in fn.body if isinstance(i, Op) and i.name == ATTENTION.name]
+        if not ops:
+            out.append(())
+            continue
+        env = value_types(model.module, fn, ts)
+        found = []
+        for op in ops:
+            q, k = env[op.inputs[0]], env[op.inputs[1]]
+            assert isinstance(q, TensorType) and isinstance(k, TensorType)
+            b, s, h, d = q.shape
+            found.append(
+                AttentionShape(b, s, h, k.shape[2], d, q.dtype.itemsize, bool(op.attrs.get("causal")))
+            )
+        out.append(tuple(found))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Ring:
+    """A ring's link: latency and seconds per byte of its slowest hop; the GPU's peak FLOP/s."""
+
+    latency_s: float
+    s_per_byte: float
+    peak_flops: float
+
+    def time(self, nbytes: float) -> float:
+        return self.latency_s + nbytes * self.s_per_byte
+
+
+def context_layer(
+    p: LayerProfile, attn: Sequence[AttentionShape], t: int, c: int, ring: Ring
+) -> LayerProfile:
+    """The profile ``p`` (one layer at the whole sequence, TP degree t) under context parallelism
+    over c ranks (module docstring)."""
+    fwd, bwd, work = p.fwd_s / c, p.bwd_s / c, p.work_bytes / c
+    for a in attn:
+        flops, kv = a.per_rank(t, c)
+        t_kv = ring.time(kv)
+        a_f = flops / ring.peak_flops
+        fwd += (c - 1) * max(0.0, t_kv - a_f / c)
+        if p.bwd_s > 0:
+            bwd += (c - 1) * max(0.0, 2 * t_kv - BACKWARD_FACTOR * a_f / c) + t_kv
+        work += 4 * kv
+    return LayerProfile(
+        fwd_s=fwd,
+        bwd_s=bwd,
+        flops=p.flops / c,
+        weight_bytes=p.weight_bytes,
+        n_weights=p.n_weights,
+        saved_bytes=p.saved_bytes / c,
+        out_bytes=p.out_bytes / c,
+        work_bytes=work,
+        carried_bytes=p.carried_bytes / c,
+    )
+
+
+__all__ = ["AttentionShape", "Ring", "attention_shapes", "context_layer"]
