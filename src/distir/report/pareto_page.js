@@ -18,6 +18,7 @@
   const secs = (v) => (!fin(v) ? "\u2014" : v < 1 ? (1000 * v).toFixed(2) + " ms" : v.toFixed(3) + " s");
   const int = (v) => (v === null || v === undefined ? "\u2014" : String(v));
   const src = (v) => (v === "simulated" ? "simulated" : v === "screen" ? "screen (analytic)" : v || "\u2014");
+  const gibShort = (g) => (g >= 100 ? Math.round(g).toLocaleString("en-US") : String(+g.toPrecision(3)));
   const text = (v) => (v === null || v === undefined ? "\u2014" : String(v));
 
   function el(tag, attrs, parent) {
@@ -192,7 +193,7 @@
     if (cx < M.l) return;
     el("line", { class: "cap-line", x1: cx, x2: cx, y1: M.t, y2: H - M.b }, g);
     el("text", { class: "cap-text", transform: `translate(${cx + 5} ${M.t + 6}) rotate(90)` }, g).textContent =
-      (cap.uniform ? "device memory " : "smallest device memory ") + capG.toPrecision(3) +
+      (cap.uniform ? "device memory " : "smallest device memory ") + gibShort(capG) +
       " GiB" + (cap.uniform ? "" : " (varies)");
   }
 
@@ -290,7 +291,7 @@
     labels(el("g", {}, svg), front);
     if (beyond) {
       el("text", { class: "note", x: W - M.r - 6, y: H - M.b - 6, "text-anchor": "end" }, svg).textContent =
-        `${beyond} result${beyond > 1 ? "s" : ""} need more memory than ${+view.x1.toPrecision(3)} GiB: \u25b6 at the right edge`;
+        `${beyond} result${beyond > 1 ? "s" : ""} need more memory than ${gibShort(view.x1)} GiB: \u25b6 at the right edge`;
     }
     if (!shown.length) {
       el("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "axis-label" }, svg).textContent =

@@ -177,18 +177,25 @@ def _capacity(ax: Axes, results: Sequence[Mapping[str, Any]], w: MemoryWindow) -
     if cap is None:
         return
     gib, uniform = cap[0] / GIB, cap[1]
-    label = f"device memory {gib:.3g} GiB" if uniform else f"smallest device memory {gib:.3g} GiB (varies)"
+    size = _gib(cap[0])
+    label = f"device memory {size} GiB" if uniform else f"smallest device memory {size} GiB (varies)"
     ax.axvline(gib, linestyle="--", color=OOM_COLOR, linewidth=1.2, alpha=0.9, label=label, zorder=1)
     if w.hi / GIB > gib:
         ax.axvspan(gib, w.hi / GIB, color=OOM_COLOR, alpha=0.05, zorder=0, linewidth=0)
+
+
+def _gib(b: float) -> str:
+    """Bytes as GiB in three significant figures, whole GiB with thousands separators past 100."""
+    g = b / GIB
+    return f"{g:,.0f}" if g >= 100 else f"{g:.3g}"
 
 
 def _notes(ax: Axes, results: Sequence[Mapping[str, Any]], shown: list[int], w: MemoryWindow) -> None:
     notes = []
     if w.beyond:
         notes.append(
-            f"{w.beyond} result{'s' if w.beyond > 1 else ''} need more than {w.hi / GIB:.3g} GiB "
-            f"(up to {w.most / GIB:,.4g} GiB): drawn as \u25b6 at the right edge"
+            f"{w.beyond} result{'s' if w.beyond > 1 else ''} need more than {_gib(w.hi)} GiB "
+            f"(up to {_gib(w.most)} GiB): drawn as \u25b6 at the right edge"
         )
     hidden = len(results) - len(shown)
     if hidden:
