@@ -62,8 +62,8 @@ class CallSummary:
     # the body's plan, kept for a detailed trace (``PlanDomain(keep_bodies=True)``), and the
     # renaming of its clocks onto this summary's (None: the same clocks; a summary carried to
     # another mesh runs the body planned on the first: ``distir.sim.tracedetail``)
-    body: FnPlan | None = field(default=None, repr=False)
-    body_clocks: dict[int, int] | None = field(default=None, repr=False)
+    body: FnPlan | None = field(default=None, repr=False, compare=False)
+    body_clocks: dict[int, int] | None = field(default=None, repr=False, compare=False)
     _extra_memo: dict[Any, tuple[tuple[int, float], ...]] = field(default_factory=dict, repr=False)
     # the parameters the body reads (param_last >= 0), ordered by last use (ties by position),
     # and those last uses: a call site maps each root passed to its last use inside with one

@@ -150,7 +150,7 @@ def simulate(
     # cycle) before the collector is back on, so its first collection does not walk them
     with paused_gc():
         result, plan, domain = _simulate(
-            module, fn, args, cluster, device_map, cost_model, trace, batch, trace_detail != "chunk"
+            module, fn, args, cluster, device_map, cost_model, trace, batch, trace and trace_detail != "chunk"
         )
         if trace:
             result.trace_source = _detail_source(trace_detail, plan, domain, module, fn, args)
