@@ -247,6 +247,15 @@ def simulate(
     trace: Annotated[
         Path | None, typer.Option("--trace", help="Write a Perfetto/Chrome trace JSON here.")
     ] = None,
+    trace_detail: Annotated[
+        str,
+        typer.Option(
+            "--trace-detail",
+            help="With --trace: chunk (a slice per op and call of the step: pipeline chunks; default), "
+            "layer (also the layers and ops inside each chunk) or op (every op, nested in its layer "
+            "and chunk). Slices carry op, types, FLOPs and bytes; sends are flow arrows.",
+        ),
+    ] = "chunk",
     device_map: Annotated[
         str | None, typer.Option("--device-map", help="Program devices to GPUs/streams: d0=0,d1=1,d8=0:comm.")
     ] = None,
@@ -280,6 +289,8 @@ def simulate(
         _fail(f"--kernels must be fused or eager, got {kernels!r}")
     if attention_kernel not in ("fa2", "cudnn"):
         _fail(f"--attention-kernel must be fa2 or cudnn, got {attention_kernel!r}")
+    if trace_detail not in ("chunk", "layer", "op"):
+        _fail(f"--trace-detail must be chunk, layer or op, got {trace_detail!r}")
     if (file is None) == (model is None):
         _fail(
             "give a program FILE or --model (with --strategy), not both"
@@ -335,7 +346,11 @@ def simulate(
     guard = _Session(file, debug).guard if file is not None else _plain_guard(debug)
     try:
         cost = RooflineCostModel(cl, fuse=kernels == "fused", attention_kernel=attention_kernel)
-        result = guard(lambda: run_sim(m, cl, dmap, cost, trace=trace is not None, batch=batch))
+        result = guard(
+            lambda: run_sim(
+                m, cl, dmap, cost, trace=trace is not None, batch=batch, trace_detail=trace_detail
+            )
+        )
     except DeviceMapError as e:
         _fail(f"{source}: {e}")
     result = dataclasses.replace(result, model_flops=model_flops)
@@ -355,6 +370,7 @@ def simulate(
                 "attention_kernel": attention_kernel,
                 **summary,
                 "trace": str(trace) if trace is not None else None,
+                "trace_detail": trace_detail if trace is not None else None,
             }
         )
         return

@@ -117,7 +117,11 @@ def test_bad_input_is_one_clear_message(tmp_path: Path, args: list[str], message
 
 def test_views_of_one_search_keep_their_own_report_files(tmp_path: Path) -> None:
     plain = _search(tmp_path)
+    files = {k: Path(str(plain[k])).read_bytes() for k in ("plot", "html")}
     pinned = _search(tmp_path, "--tp", "2")
-    again = _search(tmp_path)
     assert plain["plot"] != pinned["plot"] and plain["html"] != pinned["html"]
+    # the pinned search wrote its own files and left the unpinned one's as they were
+    assert all(Path(str(plain[k])).read_bytes() == files[k] for k in files)
+    assert Path(str(pinned["html"])).read_bytes() != files["html"]
+    again = _search(tmp_path)
     assert again["plot"] == plain["plot"]

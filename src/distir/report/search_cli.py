@@ -73,9 +73,10 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
     from distir.hardware.specs import HardwareError
     from distir.parallel.propagate import ShardingError
     from distir.parallel.strategy import StrategyError
+    from distir.report.pareto_html import write_html
+    from distir.report.pareto_png import write_png
     from distir.report.search_report import explain, plot_rows, results_table, search_json, write_csv
     from distir.search.executor import EXECUTORS, ExecutorError
-    from distir.search.pareto import write_html, write_png
     from distir.search.run import SearchRequest, search, view_of
     from distir.search.space import Pins, SpaceError
     from distir.search.store import StoreError, search_key

@@ -87,8 +87,11 @@ class PlanDomain(TypeDomain):
         entry_memory_columns: bool = False,
         relabel: bool = True,
         assume_units: bool = False,
+        keep_bodies: bool = False,
     ) -> None:
         super().__init__()
+        # keep each callee's plan in its summary (``CallSummary.body``: a detailed trace)
+        self.keep_bodies = keep_bodies
         # group a DTensor program's devices into units by ``Units.assume`` (check with
         # ``units.confirm()`` after planning) instead of ``Units.prepare``'s pass over the program
         self.assume_units = assume_units
@@ -261,7 +264,10 @@ class PlanDomain(TypeDomain):
                         plan = self.plan(callee, args)
                     finally:
                         nested = self._relabel.end()
-                    carried = (summarize(plan, self.slot_gpu), plan.out_values)
+                    summary = summarize(plan, self.slot_gpu)
+                    if self.keep_bodies:
+                        summary.body, plan.in_values = plan, tuple(args)
+                    carried = (summary, plan.out_values)
                     if alike is not None:
                         self._relabel.remember(*alike, plan, carried, nested)
                 found = (*carried, alike)

@@ -59,6 +59,11 @@ class CallSummary:
     profile: dict[int, list[tuple[int, float]]]
     # per parameter: its last use in the body, not counting the return (-1: none)
     param_last: tuple[int, ...]
+    # the body's plan, kept for a detailed trace (``PlanDomain(keep_bodies=True)``), and the
+    # renaming of its clocks onto this summary's (None: the same clocks; a summary carried to
+    # another mesh runs the body planned on the first: ``distir.sim.tracedetail``)
+    body: FnPlan | None = field(default=None, repr=False, compare=False)
+    body_clocks: dict[int, int] | None = field(default=None, repr=False, compare=False)
     _extra_memo: dict[Any, tuple[tuple[int, float], ...]] = field(default_factory=dict, repr=False)
     # the parameters the body reads (param_last >= 0), ordered by last use (ties by position),
     # and those last uses: a call site maps each root passed to its last use inside with one
@@ -205,6 +210,8 @@ class FnPlan:
     flat: bool = False
     # the fast path's distinct communicating ops with their input and result types
     comm_ops: tuple[tuple[Op, tuple[Type, ...], tuple[Type, ...]], ...] = ()
+    # the arguments it was planned at, kept with ``CallSummary.body`` (a detailed trace's types)
+    in_values: tuple[Mixed, ...] = ()
 
 
 @dataclass(slots=True)

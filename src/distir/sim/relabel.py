@@ -278,7 +278,18 @@ def _renamed(s: CallSummary, name: str, slots: tuple[int, ...], figure: dict[int
         s.n_ops,
         {figure[g]: prof for g, prof in s.profile.items()},
         s.param_last,
+        s.body,
+        _clocks_renamed(s, slots),
     )
+
+
+def _clocks_renamed(s: CallSummary, slots: tuple[int, ...]) -> dict[int, int] | None:
+    """The renaming of ``s``'s body clocks onto ``slots`` (``CallSummary.body_clocks``)."""
+    if s.body is None:
+        return None
+    to = dict(zip(s.slots, slots, strict=True))
+    before = s.body_clocks if s.body_clocks is not None else {x: x for x in s.slots}
+    return {p: to[q] for p, q in before.items()}
 
 
 def _carriable(fn: Function) -> bool:

@@ -41,6 +41,8 @@ from distir.sim.devices import DeviceMap, Slot
 from distir.sim.memcols import peaks
 from distir.sim.plan import CallSummary, FnPlan, PlanDomain
 from distir.sim.records import FlatColumns
+from distir.sim.tracedetail import LEVELS, DetailSource, TraceDetail
+from distir.sim.tracedetail import build as build_detail
 
 _attrs = attrgetter("attrs")
 
@@ -68,6 +70,15 @@ class SimResult:
     cluster: Cluster | None = field(default=None, repr=False)
     # gpu -> bytes held besides tensors at the peak (context, workspaces, buffers, allocator)
     runtime_memory: dict[int, float] = field(default_factory=dict)
+    # a traced run: what its detailed trace is built from (``distir.sim.tracedetail``)
+    trace_source: DetailSource | None = field(default=None, repr=False, compare=False)
+
+    def trace_detail(self) -> TraceDetail:
+        """The trace's slices with arguments, nested to the level the run was traced at, and its
+        point-to-point flows (``distir.sim.tracedetail``); needs ``trace=True``."""
+        if self.trace_source is None:
+            raise ValueError("the simulation was run without trace=True, so it has no trace")
+        return build_detail(self.trace_source)
 
     @property
     def oom_gpus(self) -> list[int]:
@@ -125,15 +136,38 @@ def simulate(
     batch: int | None = None,
     concrete: Mapping[str, Any] | None = None,
     fn: Function | None = None,
+    trace_detail: str = "chunk",
 ) -> SimResult:
-    """Simulate ``fn`` (default: the module's entry) on ``cluster``."""
+    """Simulate ``fn`` (default: the module's entry) on ``cluster``. ``trace_detail`` (with
+    ``trace``): how deep ``SimResult.trace_detail`` looks into calls — ``chunk``, ``layer`` or
+    ``op`` (``distir.sim.tracedetail``)."""
+    if trace_detail not in LEVELS:
+        raise ValueError(f"trace detail must be one of {', '.join(LEVELS)}, got {trace_detail!r}")
     fn = fn if fn is not None else module.entry
     args = entry_args(fn, concrete)
     # planning allocates many small, long-lived objects: the cyclic GC only slows it down. The
     # planning domain, its plans and memos are freed (by reference counting: they hold no
     # cycle) before the collector is back on, so its first collection does not walk them
     with paused_gc():
-        return _simulate(module, fn, args, cluster, device_map, cost_model, trace, batch)
+        result, plan, domain = _simulate(
+            module, fn, args, cluster, device_map, cost_model, trace, batch, trace and trace_detail != "chunk"
+        )
+        if trace:
+            result.trace_source = _detail_source(trace_detail, plan, domain, module, fn, args)
+        del plan, domain  # freed while the collector is paused (the trace keeps the plan)
+    return result
+
+
+def _detail_source(
+    level: str, plan: FnPlan, domain: PlanDomain, module: Module, fn: Function, args: list[Any]
+) -> DetailSource:
+    dmap = domain.dmap
+    index = {slot: i for i, slot in enumerate(dmap.slots)}
+    units = domain.units.units
+    n = len(domain.slot_gpu)
+    clocks = tuple(tuple(u) for u in units) if units is not None else tuple((j,) for j in range(n))
+    dev_slot = {dev: index[slot] for dev, slot in dmap.mapping.items()}
+    return DetailSource(level, plan, module, fn, tuple(args), clocks, dev_slot)
 
 
 def _simulate(
@@ -145,7 +179,8 @@ def _simulate(
     cost_model: CostModel | None,
     trace: bool,
     batch: int | None,
-) -> SimResult:
+    keep_bodies: bool = False,
+) -> tuple[SimResult, FnPlan, PlanDomain]:
     if device_map is None:
         device_map = DeviceMap.default(_program_devices(module, fn), cluster.num_devices)
     cost = cost_model if cost_model is not None else RooflineCostModel(cluster)
@@ -154,15 +189,28 @@ def _simulate(
     # after ``Units.prepare``'s pass, which also reports any error precisely
     plan: FnPlan | None = None
     domain = PlanDomain(
-        module, device_map, cost, entry_param_uses=False, entry_memory_columns=not trace, assume_units=True
+        module,
+        device_map,
+        cost,
+        entry_param_uses=False,
+        entry_memory_columns=not trace,
+        assume_units=True,
+        keep_bodies=keep_bodies,
     )
     with contextlib.suppress(Exception):
         plan = domain.plan(fn, args)
     if plan is None or not domain.units.confirm():
         del plan, domain  # freed before planning again
-        domain = PlanDomain(module, device_map, cost, entry_param_uses=False, entry_memory_columns=not trace)
+        domain = PlanDomain(
+            module,
+            device_map,
+            cost,
+            entry_param_uses=False,
+            entry_memory_columns=not trace,
+            keep_bodies=keep_bodies,
+        )
         plan = domain.plan(fn, args)
-    return _run(plan, domain, cluster, device_map, trace, batch)
+    return _run(plan, domain, cluster, device_map, trace, batch), plan, domain
 
 
 def _program_devices(module: Module, fn: Function) -> set[Device]:

@@ -1,0 +1,195 @@
+"""Detailed traces (``simulate(trace_detail=...)``, ``distir.sim.tracedetail``, the trace file of
+``distir.sim.trace``): a hand-timed program with calls at each level; on a pipelined model, the
+trace JSON loads, nested slices lie within their parent on the same track, every flow start has
+its end, every slice has its arguments, and the leaf ops of each slot add up to the simulator's
+own busy and communication time (which checks the bodies carried to another mesh land on the
+right GPUs)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import distir
+from distir.cli import app
+from distir.frontends.zoo import build_model
+from distir.hardware.cluster import parse_cluster
+from distir.ir import parse_module
+from distir.parallel.distribute import device_map, distribute
+from distir.parallel.strategy import parse_strategy
+from distir.sim.simulate import SimResult, simulate
+from distir.sim.trace import write_trace
+from sim.test_simulate import UnitCost, tiny_cluster  # tests/ is on sys.path
+
+T = "Tensor[f32, (4, 2), d0]"
+NESTED = f"""func @layer(%x) {{
+  %h = Relu(%x)
+  %s = Send(%h, dst=d1)
+  %o = Relu(%s)
+  return %o
+}}
+
+func @chunk(%x) {{
+  %a = @layer(%x)
+  %b = Relu(%a)
+  return %b
+}}
+
+func @main(%x: {T}) {{
+  %y = @chunk(%x)
+  return %y
+}}
+"""
+
+
+def nested(level: str) -> SimResult:
+    m = distir.check(parse_module(NESTED))
+    return simulate(m, tiny_cluster(), cost_model=UnitCost(), trace=True, trace_detail=level)
+
+
+@pytest.mark.parametrize("level", ["chunk", "layer", "op"])
+def test_levels_by_hand(level: str) -> None:
+    # d0: Relu 0-1, Send 1-1.5 (d0 and d1); d1: Relu 1.5-2.5, then the chunk's Relu 2.5-3.5
+    r = nested(level)
+    assert r.step_time_s == 3.5
+    got = sorted((s.depth, s.name, s.slot, s.start, s.end) for s in r.trace_detail().slices)
+    want = [(0, "@chunk", 0, 0.0, 1.5), (0, "@chunk", 1, 1.0, 3.5)]
+    if level != "chunk":
+        want += [(1, "@layer", 0, 0.0, 1.5), (1, "@layer", 1, 1.0, 2.5), (1, "Relu", 1, 2.5, 3.5)]
+    if level == "op":
+        want += [
+            (2, "Relu", 0, 0.0, 1.0),
+            (2, "Relu", 1, 1.5, 2.5),
+            (2, "Send", 0, 1.0, 1.5),
+            (2, "Send", 1, 1.0, 1.5),
+        ]
+    assert got == sorted(want)
+    flows = r.trace_detail().flows
+    # the Send is inside the layer: its arrow shows once the trace looks inside
+    assert [(f.src, f.dst, f.start, f.end) for f in flows] == ([(0, 1, 1.0, 1.5)] if level == "op" else [])
+
+
+def test_op_slices_carry_types_flops_and_bytes() -> None:
+    send = next(s for s in nested("op").trace_detail().slices if s.name == "Send")
+    assert send.args["op"] == "Send" and send.comm
+    assert send.args["inputs"] == ["Tensor[f32, (4, 2), d0]"] and send.args["outputs"] == [
+        "Tensor[f32, (4, 2), d1]"
+    ]
+    assert send.args["message_bytes"] == 4 * 2 * 4 and send.args["result_bytes"] == 4 * 2 * 4
+    call = next(s for s in nested("op").trace_detail().slices if s.name == "@chunk")
+    assert call.args["function"] == "chunk" and call.args["ops"] == 4
+
+
+def test_unknown_level_is_refused() -> None:
+    m = distir.check(parse_module(NESTED))
+    with pytest.raises(ValueError, match="trace detail must be one of chunk, layer, op"):
+        simulate(m, tiny_cluster(), trace=True, trace_detail="kernel")
+
+
+# --- a pipelined model -------------------------------------------------------------------------
+
+CLUSTER = parse_cluster("dgx-a100")
+STRATEGY = "d2.t2.p2.k2.1f1b"  # bodies carried to the second stage's mesh
+
+
+def pipeline(level: str) -> SimResult:
+    s = parse_strategy(STRATEGY)
+    m = distribute(build_model("gpt:layers=4,hidden=256,heads=4", batch=8), s, comm_streams=True)
+    return simulate(m, CLUSTER, device_map(s, True), trace=True, batch=8, trace_detail=level)
+
+
+def load(r: SimResult, tmp_path: Path) -> list[dict[str, Any]]:
+    out = tmp_path / "t.json"
+    write_trace(r, out)
+    events: list[dict[str, Any]] = json.loads(out.read_text())["traceEvents"]
+    return events
+
+
+def check_nesting(xs: list[dict[str, Any]]) -> int:
+    """On each track, slices that take time are disjoint or nested (a stack); returns the deepest
+    nesting. (A slice of no time is within whatever spans its instant.)"""
+    eps = 1e-6  # microseconds: times are seconds * 1e6 in floating point
+    tracks: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for e in xs:
+        if e["dur"] > eps:
+            tracks[(e["pid"], e["tid"])].append(e)
+    deepest = 0
+    for evs in tracks.values():
+        stack: list[float] = []  # ends of the open slices
+        for e in sorted(evs, key=lambda e: (e["ts"], -e["dur"])):
+            while stack and e["ts"] >= stack[-1] - eps:
+                stack.pop()
+            if stack:
+                assert e["ts"] + e["dur"] <= stack[-1] + eps, e  # within its parent
+            stack.append(e["ts"] + e["dur"])
+            deepest = max(deepest, len(stack))
+    return deepest
+
+
+@pytest.mark.parametrize("level", ["chunk", "layer", "op"])
+def test_pipeline_trace_loads_nests_and_pairs_its_flows(level: str, tmp_path: Path) -> None:
+    r = pipeline(level)
+    events = load(r, tmp_path)
+    xs = [e for e in events if e["ph"] == "X"]
+    detail = r.trace_detail()
+    # the entry's slices are the simulator's own
+    top = sorted((s.name, s.start, s.end, s.slot) for s in detail.slices if s.depth == 0)
+    assert top == sorted((n, a, b, j) for n, a, b, j, _ in r.slices or [])
+    assert max(s.end for s in detail.slices) == pytest.approx(r.step_time_s)
+    # nested slices lie within a slice one level up on the same slot
+    by_slot = defaultdict(list)
+    for s in detail.slices:
+        by_slot[(s.slot, s.depth)].append(s)
+    for s in detail.slices:
+        if s.depth:
+            assert any(p.start <= s.start and s.end <= p.end for p in by_slot[(s.slot, s.depth - 1)]), s
+    assert check_nesting(xs) == {"chunk": 1, "layer": 2, "op": 3}[level]
+    for e in xs:
+        assert "flops" in e["args"] and ("op" in e["args"] or "function" in e["args"]), e
+        if "op" in e["args"]:
+            assert "inputs" in e["args"] and "result_bytes" in e["args"]
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    ends = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert starts and starts.keys() == ends.keys()
+    assert len(starts) == sum(e["ph"] == "s" for e in events)  # ids are unique
+    for k, s in starts.items():
+        f = ends[k]
+        assert f["bp"] == "e" and f["name"] == s["name"] and (f["pid"], f["tid"]) != (s["pid"], s["tid"])
+        for end in (s, f):  # each end sits on a slice of the transfer on its own track
+            assert any(x["name"] == s["name"] and (x["pid"], x["tid"]) == (end["pid"], end["tid"])
+                       and x["ts"] <= end["ts"] <= x["ts"] + x["dur"] for x in xs)  # fmt: skip
+    counters = {e["pid"] for e in events if e["ph"] == "C"}
+    assert counters == {s.gpu for s in r.slots}
+
+
+def test_op_level_leaves_add_up_to_the_simulated_busy_and_comm_time() -> None:
+    r = pipeline("op")
+    busy = [0.0] * len(r.slots)
+    comm = [0.0] * len(r.slots)
+    for s in r.trace_detail().slices:
+        if "op" in s.args:  # a leaf: an op, at whatever depth
+            (comm if s.comm else busy)[s.slot] += s.end - s.start
+    assert busy == pytest.approx(r.busy_s, rel=1e-9, abs=1e-12)
+    assert comm == pytest.approx(r.comm_s, rel=1e-9, abs=1e-12)
+    # the second stage's GPUs ran the layers too (bodies carried from the first stage's mesh)
+    stage1 = {j for j, s in enumerate(r.slots) if s.gpu >= 2}
+    assert any(s.depth == 2 and s.slot in stage1 for s in r.trace_detail().slices)
+
+
+def test_cli_trace_detail(tmp_path: Path) -> None:
+    out = tmp_path / "t.json"
+    base = ["simulate", "--model", "gpt:layers=2,hidden=128,heads=4", "--strategy", "d1.t1.p2.k2.1f1b"]
+    res = CliRunner().invoke(
+        app, [*base, "--cluster", "dgx-a100", "--trace", str(out), "--trace-detail", "op", "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["trace_detail"] == "op"
+    assert any(e.get("args", {}).get("op") == "MatMul" for e in json.loads(out.read_text())["traceEvents"])
+    bad = CliRunner().invoke(app, [*base, "--trace", str(out), "--trace-detail", "kernel"])
+    assert bad.exit_code == 2 and "--trace-detail must be chunk, layer or op" in bad.output
+    assert "Traceback" not in bad.output
