@@ -115,7 +115,7 @@ def _sequential_attention(shape: RingShape) -> Module:
 def test_the_screens_ring_is_below_the_simulated_ring_program_by_at_most_a_sixth(c: int, seq: int) -> None:
     """The screen's attention layer under a ring (``context_layer`` on the profile of the whole
     sequence's attention) against the explicit ring program (``distir.parallel.context``)
-    simulated on an H100 node with its communication streams: never above it, the program at most
+    simulated on an H100 node with its communication streams: not above it (2%), the program at most
     20% slower (measured 5%, 16%, 6%, 7% for these four cases: the merges and additions the
     screen does not count, the hand-overs between streams, the last hop of dK/dV)."""
     cl = parse_cluster("h100")
@@ -129,5 +129,8 @@ def test_the_screens_ring_is_below_the_simulated_ring_program_by_at_most_a_sixth
     attn = AttentionShape(1, seq, 32, 8, 128, 2, True)
     got = context_layer(p, [attn], t=1, c=c, ring=ring)
     screened = got.fwd_s + got.bwd_s
-    assert screened <= ring_prog.step_time_s * (1 + 1e-6)
+    # at most 2% above: the ring's off-diagonal blocks run unmasked, faster per FLOP than the
+    # causal whole sequence whose time the screen divides (the kernel's published speeds,
+    # ``distir.hardware.attention``)
+    assert screened <= ring_prog.step_time_s * 1.02
     assert ring_prog.step_time_s <= 1.2 * screened, (ring_prog.step_time_s, screened)
