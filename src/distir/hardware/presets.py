@@ -418,6 +418,7 @@ def render_clusters_table(cluster: Cluster | None = None) -> Table:
     recs = clusters_json(cluster)["clusters"]
     notes = "\n".join(
         f"[{i}] {r['source'].replace(' ; ', ' ')}\n    GEMM: {r.get('matmul_source', _FLAT)}"
+        + "".join(f"\n    attention ({k}): {a['source']}" for k, a in r.get("attention", {}).items())
         for i, r in enumerate(recs, 1)
     )
     runtime_sources = dict.fromkeys(r["runtime_memory_source"] for r in recs if r["runtime_memory_source"])
