@@ -44,7 +44,9 @@ def test_distir_file_is_the_model_it_was_printed_from(zoo_file: Path, batch: int
 def test_distir_file_simulates_like_the_zoo_model(zoo_file: Path) -> None:
     times = []
     for model in (ZOO, str(zoo_file)):
-        code, out, err = run("simulate", "--model", model, "--strategy", "d2.t1.p2.k2.1f1b", "--batch", "8", "--json")
+        code, out, err = run(
+            "simulate", "--model", model, "--strategy", "d2.t1.p2.k2.1f1b", "--batch", "8", "--json"
+        )
         assert code == 0, err
         times.append(json.loads(out)["step_time_s"])
     assert times[0] == pytest.approx(times[1], rel=1e-12)
@@ -53,7 +55,10 @@ def test_distir_file_simulates_like_the_zoo_model(zoo_file: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "words"),
     [
-        ("func @forward(%x: Tensor[f32, (2, 3), d0]) {\n  %y = Relu(%x)\n  return %y\n}\n", "chain of layer calls"),
+        (
+            "func @forward(%x: Tensor[f32, (2, 3), d0]) {\n  %y = Relu(%x)\n  return %y\n}\n",
+            "chain of layer calls",
+        ),
         ("garbage(\n", "expected 'func'"),
     ],
 )
@@ -62,7 +67,7 @@ def test_a_file_that_is_not_a_model_is_one_line(tmp_path: Path, text: str, words
     path.write_text(text)
     with pytest.raises(ModelError, match=words):
         build_model(str(path), batch=2)
-    code, out, err = run("simulate", "--model", str(path), "--batch", "2")
+    code, _, err = run("simulate", "--model", str(path), "--batch", "2")
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1
     code, _, err = run("simulate", "--model", str(tmp_path / "missing.distir"), "--batch", "2")
     assert code == 2 and "no such model file" in err
@@ -81,13 +86,29 @@ def test_onnx_file_as_model_of_simulate_and_search(tmp_path: Path) -> None:
         helper.make_node("Relu", ["h"], ["r"]),
         helper.make_node("MatMul", ["r", "w2"], ["y"]),
     ]
-    graph = helper.make_graph(nodes, "mlp", [x], [y], [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    graph = helper.make_graph(
+        nodes, "mlp", [x], [y], [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")]
+    )
     path = tmp_path / "mlp.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     model = build_model(str(path), batch=6)
     assert model.batch == 6 and model.num_params == 4 * 6 + 6 * 5
-    code, out, err = run("simulate", "--model", str(path), "--strategy", "d2.t1.p1.k1", "--batch", "8", "--json")
+    code, out, err = run(
+        "simulate", "--model", str(path), "--strategy", "d2.t1.p1.k1", "--batch", "8", "--json"
+    )
     assert code == 0 and json.loads(out)["step_time_s"] > 0, err
     # a file computes in its own dtype: the search is asked for f32 (its default is the GPUs' half)
-    code, _, err = run("search", "--model", str(path), "--cluster", "dgx-a100:2", "--batch", "8", "--dtype", "f32", "--precision", "pure")
+    code, _, err = run(
+        "search",
+        "--model",
+        str(path),
+        "--cluster",
+        "dgx-a100:2",
+        "--batch",
+        "8",
+        "--dtype",
+        "f32",
+        "--precision",
+        "pure",
+    )
     assert code == 0, err

@@ -113,6 +113,7 @@ func @stage2(%x, %lin.weight, %lin.bias, %last.lin.weight, %last.lin.bias, %mm_p
   %x2 = @stage2(%x1, %lin.weight, %lin.bias, %last.lin.weight, %last.lin.bias, %mm_param2)
   %loss = @loss(%x2, %labels)"""
 
+
 def test_replicate_ties_the_shared_parameters_and_forwards_the_skip_connection() -> None:
     """Stage 0 sends the skip value (%matmul) with its activation; stage 1 passes it on
     untouched; stage 2 adds it. ``mm_param`` (stages 0, 1) and ``lin`` (stages 1, 2) are taken
@@ -154,7 +155,9 @@ def test_transmit_sends_each_shared_parameter_once_per_step(k: int) -> None:
         entry = dist.entry
         params[policy] = Counter(p.name for p in entry.params)
         sends[policy] = Counter(
-            op.outputs[0].name for op in entry.ops() if op.name == "MeshSend" and not op.outputs[0].name[0] in "ad"
+            op.outputs[0].name
+            for op in entry.ops()
+            if op.name == "MeshSend" and op.outputs[0].name[0] not in "ad"
         )
     for w in shared:
         assert params["transmit"][w] == 1 and params["transmit"][f"m_{w}"] == 1
@@ -242,7 +245,9 @@ def test_cli_split_options() -> None:
         app, ["import", spec, "--split", "first", "--split", "last", "--multi-use", "transmit"]
     )
     assert r.exit_code == 0, r.stderr
-    assert "%x2 = @stage2(%x1, %lin.weight, %lin.bias, %last.lin.weight, %last.lin.bias, %mm_param2)" in r.stdout
+    assert (
+        "%x2 = @stage2(%x1, %lin.weight, %lin.bias, %last.lin.weight, %last.lin.bias, %mm_param2)" in r.stdout
+    )
     assert "tied weights: mm_param (transmitted), lin.weight (transmitted)" in r.stdout
     r = CliRunner().invoke(app, ["import", spec, "--split", "model.layers.12"])
     assert r.exit_code == 2

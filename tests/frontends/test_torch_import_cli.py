@@ -90,6 +90,11 @@ def test_mixtral_imports_and_simulates(strategy: str) -> None:
     data = json.loads(out)
     assert code == 0 and data["ops"]["MoE"] == 2 and data["functions"]["block"]["calls"] == 2
     # per block: router 4·16, experts' gate_up 4·48·16 and down 4·16·24 besides attention and norms
-    assert data["params"] == 32 * 16 + 2 * (2 * 16 + 2 * 256 + 2 * 128 + 4 * 16 + 4 * 48 * 16 + 4 * 16 * 24) + 16 + 16 * 32
-    code, out, _ = run("simulate", "--model", f"hf:{config}", "--strategy", strategy, "--batch", "4", "--json")
+    assert (
+        data["params"]
+        == 32 * 16 + 2 * (2 * 16 + 2 * 256 + 2 * 128 + 4 * 16 + 4 * 48 * 16 + 4 * 16 * 24) + 16 + 16 * 32
+    )
+    code, out, _ = run(
+        "simulate", "--model", f"hf:{config}", "--strategy", strategy, "--batch", "4", "--json"
+    )
     assert code == 0 and json.loads(out)["step_time_s"] > 0

@@ -1,7 +1,7 @@
 """Imported models compute what torch computes: the loss and every weight's gradient of the
 training step on distir's reference executor equal torch eager's (float64, the same weights),
-for a torch MLP and tiny GPT-2, Llama, Qwen2, Mistral and Mixtral (mixture-of-experts) models built by transformers from
-their configs; repeated blocks share one layer function."""
+for a torch MLP and tiny GPT-2, Llama, Qwen2, Mistral and Mixtral (mixture-of-experts) models
+built by transformers from their configs; repeated blocks share one layer function."""
 
 from __future__ import annotations
 

@@ -17,7 +17,9 @@ from distir.ops import REGISTRY
 from distir.ops.sharding import SUM, R
 
 
-def _oracle(x: np.ndarray, wg: np.ndarray, w1: np.ndarray, w3: np.ndarray, w2: np.ndarray, k: int, norm: bool) -> np.ndarray:
+def _oracle(
+    x: np.ndarray, wg: np.ndarray, w1: np.ndarray, w3: np.ndarray, w2: np.ndarray, k: int, norm: bool
+) -> np.ndarray:
     y = np.zeros_like(x)
     for t in range(x.shape[0]):
         logits = wg @ x[t]

@@ -14,7 +14,7 @@ from distir.ops.sharding import SUM
 from .test_training_rules import check_rule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops"))
-from ops_examples import EXAMPLES  # noqa: E402
+from ops_examples import EXAMPLES
 
 
 @pytest.mark.parametrize("op", ["MoE", "MoEGrad"])
@@ -24,5 +24,3 @@ def test_every_strategy_of_the_moe_rules_is_sound(op: str, n: int) -> None:
         for seed in range(2):
             found = check_rule(op, case, n, seed)
             assert any(s.outs[0] == SUM for s in found) and any(Shard(0) in s.ins for s in found)
-
-

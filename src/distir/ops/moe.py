@@ -136,7 +136,7 @@ def route(x: F64, wg: F64, k: int, normalize: bool) -> Routing:
 
 
 def _silu(z: F64) -> F64:
-    return z / (1.0 + np.exp(-z))  # type: ignore[no-any-return]
+    return z / (1.0 + np.exp(-z))
 
 
 def _ffn(x: F64, w1: F64, w3: F64, w2: F64) -> tuple[F64, F64, F64]:
@@ -240,9 +240,7 @@ def _moe_sharding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: in
     return found
 
 
-def _moe_grad_sharding(
-    ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int
-) -> list[sh.Strategy]:
+def _moe_grad_sharding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[sh.Strategy]:
     found = [sh.replicated(ins, outs)]
     found += [
         sh.Strategy((Shard(d), Shard(d), R, R, R, R), (Shard(d), SUM, SUM, SUM, SUM))
@@ -301,7 +299,8 @@ MOE.fill("grad", _moe_grad)
 # -- torch implementations (contract: distir.ops._torch) ----------------------------------------
 def moe_torch(torch: Any, x: Any, wg: Any, w1: Any, w3: Any, w2: Any, k: int, normalize: bool) -> Any:
     """MoE in torch (``torch`` is the module), as HF's eager experts loop computes it: the
-    router in f32 (in the dtype when wider), each expert on the tokens routed to it, results added back per token."""
+    router in f32 (in the dtype when wider), each expert on the tokens routed to it, results
+    added back per token."""
     shape = x.shape
     xt = x.reshape(-1, shape[-1])
     logits = xt @ wg.t()
@@ -327,7 +326,8 @@ def _attrs(attrs: Attrs) -> tuple[int, bool]:
 
 
 def _moe_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
-    return (moe_torch(ctx.torch, *xs, *_attrs(attrs)),)
+    x, wg, w1, w3, w2 = xs
+    return (moe_torch(ctx.torch, x, wg, w1, w3, w2, *_attrs(attrs)),)
 
 
 def _moe_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
@@ -335,7 +335,8 @@ def _moe_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple
     torch = ctx.torch
     with torch.enable_grad():
         prim = [v.detach().requires_grad_(True) for v in xs[1:]]
-        y = moe_torch(torch, *prim, *_attrs(attrs))
+        x, wg, w1, w3, w2 = prim
+        y = moe_torch(torch, x, wg, w1, w3, w2, *_attrs(attrs))
         return tuple(torch.autograd.grad(y, prim, xs[0]))
 
 

@@ -799,6 +799,7 @@ class _Builder:
             g = self._reduce_grad(fb, w, grads[w], to_mesh, stage_of[wchunk[w]])
             other = partner.get(w)
             if w in received:  # a transmitted copy's gradient goes back to its owner once, added there
+                assert other is not None
                 here = self._mesh_for(stage_of[wchunk[other]])
                 (g_sum,) = fb.op(
                     "Add", reduced.pop(other), to_mesh(g, here, f"g_{w.name}_sent"), names=[f"g_{w.name}"]

@@ -16,10 +16,9 @@ vocabulary when the head's weight is vocabulary-sharded.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from distir.frontends.torch_import.convert import Converted, Param
 from distir.frontends.torch_import.placements import TP_PATTERNS, TPPattern, tp_placement

@@ -44,11 +44,11 @@ def moe_op() -> Any:
 
     from distir.ops.moe import moe_torch
 
-    @torch.library.custom_op(OP, mutates_args=(), schema=SCHEMA)  # type: ignore[misc]
+    @torch.library.custom_op(OP, mutates_args=(), schema=SCHEMA)
     def moe(x: Any, wg: Any, w1: Any, w3: Any, w2: Any, top_k: int, normalize: bool) -> Any:
         return moe_torch(torch, x, wg, w1, w3, w2, top_k, normalize)
 
-    @moe.register_fake  # type: ignore[misc]
+    @moe.register_fake
     def _(x: Any, wg: Any, w1: Any, w3: Any, w2: Any, top_k: int, normalize: bool) -> Any:
         return torch.empty_like(x)
 
@@ -56,7 +56,7 @@ def moe_op() -> Any:
 
 
 def _looks_like_moe(m: Any) -> bool:
-    return hasattr(m, "gate") and hasattr(m, "experts") and hasattr(getattr(m, "experts"), "down_proj")
+    return hasattr(m, "gate") and hasattr(m, "experts") and hasattr(m.experts, "down_proj")
 
 
 def _is_silu(f: Any) -> bool:
