@@ -113,59 +113,6 @@ func @stage2(%x, %lin.weight, %lin.bias, %last.lin.weight, %last.lin.bias, %mm_p
   %x2 = @stage2(%x1, %lin.weight, %lin.bias, %last.lin.weight, %last.lin.bias, %mm_param2)
   %loss = @loss(%x2, %labels)"""
 
-GOLDEN_TRANSMIT = """\
-func @stage0(%x, %mm_param) {
-  %matmul = MatMul(%x, %mm_param)
-  %relu = Relu(%matmul)
-  %slice = Slice(%matmul, starts=[0], ends=[1], axes=[1])
-  %filllike = FillLike(%slice, value=0.0)
-  %stopgradient = StopGradient(%filllike)
-  %reshape = Reshape(%mm_param, shape=[1, -1])
-  %add = Add(%stopgradient, %reshape)
-  %concat = Concat(%add, %matmul, %relu, axis=1)
-  return %concat
-}
-func @stage1(%x, %first.lin.weight, %first.lin.bias, %lin.weight, %lin.bias) {
-  %slice = Slice(%x, starts=[0, 0], ends=[1, 16], axes=[0, 1])
-  %reshape = Reshape(%slice, shape=[4, 4])
-  %slice_1 = Slice(%x, starts=[16], ends=[20], axes=[1])
-  %slice_2 = Slice(%x, starts=[20], ends=[24], axes=[1])
-  %matmul = MatMul(%slice_2, %reshape)
-  %matmul_1 = MatMul(%matmul, %first.lin.weight)
-  %add = Add(%matmul_1, %first.lin.bias)
-  %matmul_2 = MatMul(%add, %lin.weight)
-  %add_1 = Add(%matmul_2, %lin.bias)
-  %slice_3 = Slice(%slice_1, starts=[0], ends=[1], axes=[1])
-  %filllike = FillLike(%slice_3, value=0.0)
-  %stopgradient = StopGradient(%filllike)
-  %reshape_1 = Reshape(%lin.weight, shape=[1, -1])
-  %add_2 = Add(%stopgradient, %reshape_1)
-  %reshape_2 = Reshape(%lin.bias, shape=[1, -1])
-  %add_3 = Add(%stopgradient, %reshape_2)
-  %concat = Concat(%add_2, %add_3, %slice_1, %add_1, axis=1)
-  return %concat
-}
-func @stage2(%x, %last.lin.weight, %last.lin.bias, %mm_param2) {
-  %slice = Slice(%x, starts=[0, 0], ends=[1, 16], axes=[0, 1])
-  %reshape = Reshape(%slice, shape=[4, 4])
-  %slice_1 = Slice(%x, starts=[0, 16], ends=[1, 20], axes=[0, 1])
-  %reshape_1 = Reshape(%slice_1, shape=[4])
-  %slice_2 = Slice(%x, starts=[20], ends=[24], axes=[1])
-  %slice_3 = Slice(%x, starts=[24], ends=[28], axes=[1])
-  %relu = Relu(%slice_3)
-  %matmul = MatMul(%relu, %last.lin.weight)
-  %add = Add(%matmul, %last.lin.bias)
-  %add_1 = Add(%add, %slice_2)
-  %matmul_1 = MatMul(%add_1, %mm_param2)
-  %matmul_2 = MatMul(%matmul_1, %reshape)
-  %add_2 = Add(%matmul_2, %reshape_1)
-  return %add_2
-}
-  %x0 = @stage0(%x, %mm_param)
-  %x1 = @stage1(%x0, %first.lin.weight, %first.lin.bias, %lin.weight, %lin.bias)
-  %x2 = @stage2(%x1, %last.lin.weight, %last.lin.bias, %mm_param2)
-  %loss = @loss(%x2, %labels)"""
-
 
 def test_replicate_ties_the_shared_parameters_and_forwards_the_skip_connection() -> None:
     """Stage 0 sends the skip value (%matmul) with its activation; stage 1 passes it on
@@ -178,20 +125,51 @@ def test_replicate_ties_the_shared_parameters_and_forwards_the_skip_connection()
     assert model.config["layer_paths"] == ("stage0", "stage1", "stage2")
 
 
-def test_transmit_sends_shared_parameters_from_their_owner_stage() -> None:
-    """``mm_param`` is a weight of stage 0 only and reaches stage 1 inside the activation (row 0
-    of its piece); ``lin`` is owned by stage 1 and sent to stage 2; nothing is tied."""
+def test_transmit_takes_the_same_stages_and_marks_the_shared_parameters() -> None:
+    """Transmitting changes who keeps a shared parameter, not the stage functions: each stage
+    takes it as a weight (the replicate golden), and ``Model.transmitted`` names them, so the
+    pipeline sends each from its owner instead of keeping a copy (next test)."""
     model = _import("transmit")
     check_model(model)
-    assert _stages_text(model) == GOLDEN_TRANSMIT
-    assert model.tied == ()
+    assert _stages_text(model) == GOLDEN_REPLICATE
+    assert set(model.transmitted) == set(model.tied) == {"mm_param", "lin.weight", "lin.bias"}
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_transmit_sends_each_shared_parameter_once_per_step(k: int) -> None:
+    """Under ``p3``, a transmitted parameter is an entry parameter once (its owner's, with its
+    optimizer state); its value crosses to the other stage once per step and its gradient comes
+    back once, whatever the number of microbatches, while the replicated policy keeps a copy
+    (a second parameter with its own state) and exchanges the gradients (two sends that cross)."""
+    from collections import Counter
+
+    from distir.autodiff.train import Optimizer
+    from distir.parallel.distribute import distribute
+
+    s = parse_strategy(f"d1.t1.p3.k{k}.1f1b")
+    shared = ("mm_param", "lin.weight", "lin.bias")
+    sends: dict[str, Counter[str]] = {}
+    params: dict[str, Counter[str]] = {}
+    for policy in ("transmit", "replicate"):
+        dist = distribute(_import(policy, batch=8), s, Optimizer("adam"))
+        entry = dist.entry
+        params[policy] = Counter(p.name for p in entry.params)
+        sends[policy] = Counter(
+            op.outputs[0].name
+            for op in entry.ops()
+            if op.name == "MeshSend" and op.outputs[0].name[0] not in "ad"
+        )
+    for w in shared:
+        assert params["transmit"][w] == 1 and params["transmit"][f"m_{w}"] == 1
+        assert params["replicate"][w] == 2 and params["replicate"][f"m_{w}"] == 2
+        assert sends["transmit"][w] == 1 and sends["transmit"][f"g_{w}_sent"] == 1
+        assert sends["replicate"][f"g_{w}_tied"] == 2
 
 
 def test_policy_per_parameter() -> None:
     model = _import({"lin.weight": "transmit", "lin.bias": "transmit"})
-    assert model.tied == ("mm_param",)
-    stage2 = model.module["stage2"]
-    assert [p.name for p in stage2.params] == ["x", "last.lin.weight", "last.lin.bias", "mm_param2"]
+    assert set(model.tied) == {"mm_param", "lin.weight", "lin.bias"}
+    assert model.transmitted == ("lin.weight", "lin.bias")
 
 
 @pytest.mark.parametrize("multi_use", ["replicate", "transmit"])
@@ -267,7 +245,10 @@ def test_cli_split_options() -> None:
         app, ["import", spec, "--split", "first", "--split", "last", "--multi-use", "transmit"]
     )
     assert r.exit_code == 0, r.stderr
-    assert "%x2 = @stage2(%x1, %last.lin.weight, %last.lin.bias, %mm_param2)" in r.stdout
+    assert (
+        "%x2 = @stage2(%x1, %lin.weight, %lin.bias, %last.lin.weight, %last.lin.bias, %mm_param2)" in r.stdout
+    )
+    assert "tied weights: mm_param (transmitted), lin.weight (transmitted)" in r.stdout
     r = CliRunner().invoke(app, ["import", spec, "--split", "model.layers.12"])
     assert r.exit_code == 2
     assert r.stderr.strip().count("\n") == 0 and "model.layers.12" in r.stderr

@@ -79,3 +79,22 @@ def test_factory_in_a_top_level_module(tmp_path: Path, monkeypatch: pytest.Monke
     assert [c.callee for c in model.layers] == ["block_0", "block_1", "block_0", "loss"]
     assert (model.pre, model.post) == (0, 1)
     assert model.num_params == 3 * 4 + 4 + 4 * 2 + 2
+
+
+@pytest.mark.parametrize("strategy", ["d2.t1.p1.k1", "d1.t2.p1.k1"])
+def test_mixtral_imports_and_simulates(strategy: str) -> None:
+    """A Mixtral-like config (2 layers, 4 experts, top-2): one MoE op per block; it simulates
+    data- and tensor-parallel."""
+    config = str(CONFIGS / "mixtral-tiny.json")
+    code, out, _ = run("import", config, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["ops"]["MoE"] == 2 and data["functions"]["block"]["calls"] == 2
+    # per block: router 4·16, experts' gate_up 4·48·16 and down 4·16·24 besides attention and norms
+    assert (
+        data["params"]
+        == 32 * 16 + 2 * (2 * 16 + 2 * 256 + 2 * 128 + 4 * 16 + 4 * 48 * 16 + 4 * 16 * 24) + 16 + 16 * 32
+    )
+    code, out, _ = run(
+        "simulate", "--model", f"hf:{config}", "--strategy", strategy, "--batch", "4", "--json"
+    )
+    assert code == 0 and json.loads(out)["step_time_s"] > 0

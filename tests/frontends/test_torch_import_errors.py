@@ -1,6 +1,6 @@
 """What the importer refuses, and how: every unsupported op listed with its count and source
 location (never a partial import), a module torch.export cannot trace, a config that is not a
-model, a missing file, a mixture-of-experts config, a bad factory — each one typed error
+model, a missing file, a mixture-of-experts block that is not Mixtral's, a bad factory — each one typed error
 (a ``ModelError``), and one line with exit status 2 from the command line."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 from typer.testing import CliRunner
 
 from distir.cli import app
-from distir.frontends.torch_import import SourceError, TraceError, UnsupportedOpsError
+from distir.frontends.torch_import import SourceError, StructureError, TraceError, UnsupportedOpsError
 from distir.frontends.zoo import build_model
 from distir.frontends.zoo.model import ModelError
 
@@ -49,7 +49,8 @@ def test_a_module_that_cannot_be_traced() -> None:
         (f"hf:{CONFIGS / 'not-a-model.json'}", SourceError, "not a model config"),
         (f"hf:{CONFIGS / 'missing.json'}", SourceError, "no such file"),
         (f"hf:{CONFIGS}", SourceError, "no such file"),  # a directory without config.json
-        (f"hf:{CONFIGS / 'mixtral-tiny.json'}", SourceError, "mixture-of-experts"),
+        # a MoE block with a shared expert (Qwen2-MoE): Mixtral's blocks only
+        (f"hf:{CONFIGS / 'qwen2-moe-tiny.json'}", StructureError, "shared_expert"),
         (f"{FACTORIES}:not_a_module", SourceError, "not an nn.Module"),
         (f"{FACTORIES}:nothing_here", SourceError, "no function nothing_here"),
         ("tests.frontends.no_such_module:f", SourceError, "cannot import"),

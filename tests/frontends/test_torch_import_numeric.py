@@ -1,7 +1,7 @@
 """Imported models compute what torch computes: the loss and every weight's gradient of the
 training step on distir's reference executor equal torch eager's (float64, the same weights),
-for a torch MLP and tiny GPT-2, Llama, Qwen2 and Mistral models built by transformers from
-their configs; repeated blocks share one layer function."""
+for a torch MLP and tiny GPT-2, Llama, Qwen2, Mistral and Mixtral (mixture-of-experts) models
+built by transformers from their configs; repeated blocks share one layer function."""
 
 from __future__ import annotations
 
@@ -95,11 +95,13 @@ F32_INSIDE = 1e-4
         ("llama-tiny", F32_INSIDE),
         ("qwen2-tiny", F32_INSIDE),
         ("mistral-tiny", F32_INSIDE),
+        ("mixtral-tiny", F32_INSIDE),  # 2 layers, 4 experts, top-2: each block one MoE op
     ],
 )
 def test_hf_model_loss_and_gradients_equal_torch(config: str, rtol: float) -> None:
     torch.manual_seed(0)
     module, inputs = hf_model(str(CONFIGS / f"{config}.json"), meta=False)
+    module.config._experts_implementation = "eager"  # HF's loop over experts (it runs f64)
     seq = inputs["input_ids"].shape[1]
     x = torch.randint(0, 32, (BATCH, seq))
     labels = torch.randint(0, 32, (BATCH, seq))

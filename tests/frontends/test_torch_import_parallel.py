@@ -1,5 +1,5 @@
 """Imported models distribute like zoo models: the tensor-parallel (and pipelined, sequence-
-parallel) training step of an imported GPT-2 and Llama equals the sequential step, with the
+parallel) training step of an imported GPT-2, Llama and Mixtral equals the sequential step, with the
 weights' placements from the name patterns."""
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ CONFIGS = Path(__file__).parent / "configs"
         ("gpt2-tiny", "d2.t2.sp.p1.k2"),
         ("gpt2-tiny", "d1.t2.p2.k2.1f1b"),
         ("llama-tiny", "d1.t2.p1.k1"),
+        ("mixtral-tiny", "d2.t1.p1.k1"),  # MoE: tokens split
+        ("mixtral-tiny", "d1.t2.p1.k1"),  # MoE: the experts' hidden dim split
+        ("mixtral-tiny", "d1.t1.p2.k2.1f1b"),
     ],
 )
 def test_distributed_training_step_equals_sequential(config: str, strategy: str) -> None:

@@ -439,3 +439,36 @@ EXAMPLES.update(
         ],
     }
 )
+
+# -- mixture of experts (distir.ops.moe): X, Wg (E, H), W1, W3 (E, F, H), W2 (E, H, F) ------------
+EXAMPLES.update(
+    {
+        "MoE": [
+            Case(
+                [T(f32, 2, 3, 4), T(f32, 4, 4), T(f32, 4, 5, 4), T(f32, 4, 5, 4), T(f32, 4, 4, 5)],
+                {"top_k": 2},
+            ),
+            Case(
+                [T(f64, 6, 3), T(f64, 3, 3), T(f64, 3, 2, 3), T(f64, 3, 2, 3), T(f64, 3, 3, 2)],
+                {"top_k": 1, "normalize": False},
+            ),
+        ],
+        "MoEGrad": [
+            Case(
+                [
+                    T(f32, 2, 3, 4),
+                    T(f32, 2, 3, 4),
+                    T(f32, 4, 4),
+                    T(f32, 4, 5, 4),
+                    T(f32, 4, 5, 4),
+                    T(f32, 4, 4, 5),
+                ],
+                {"top_k": 2},
+            ),
+            Case(
+                [T(f64, 6, 3), T(f64, 6, 3), T(f64, 3, 3), T(f64, 3, 2, 3), T(f64, 3, 2, 3), T(f64, 3, 3, 2)],
+                {"top_k": 3, "normalize": False},
+            ),
+        ],
+    }
+)

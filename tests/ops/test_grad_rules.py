@@ -37,7 +37,7 @@ DIFFERENTIABLE = {
     *("Concat", "Slice", "Gather", "Expand", "ReduceSum", "ReduceMean", "SoftmaxCrossEntropyLoss"),
     *("MSELoss", "Conv", "MaxPool", "AveragePool", "Attention", "Rope"),
     *("Log", "StopGradient", "SoftmaxCrossEntropyParts", "Dropout", "LogSoftmax"),
-    *("NegativeLogLikelihoodLoss", "Max", "Min", "Trilu", "CumSum"),
+    *("NegativeLogLikelihoodLoss", "Max", "Min", "Trilu", "CumSum", "MoE"),
 }
 
 
@@ -201,6 +201,9 @@ CASES: list[GCase] = [
     GCase("Rope", [t(1, 3, 2, 4)], {"inverse": True}),
     # the reference runs p = 0 only (DropoutGrad's formula: test_dropout); the mask is bool
     GCase("Dropout", [t(2, 3)], {"p": 0.0}, dead=(1,)),
+    # top-2 of 4 experts, normalized (Mixtral), and top-1 unnormalized (Switch)
+    GCase("MoE", [t(2, 3, 4), t(4, 4), t(4, 5, 4), t(4, 5, 4), t(4, 4, 5)], {"top_k": 2}),
+    GCase("MoE", [t(5, 3), t(3, 3), t(3, 2, 3), t(3, 2, 3), t(3, 3, 2)], {"top_k": 1, "normalize": False}),
 ]
 
 

@@ -11,6 +11,7 @@ from distir.ops import (  # noqa: F401  (registration)
     grad_index,
     linalg,
     loss,
+    moe,
     nn,
     optim,
     rank_comm,

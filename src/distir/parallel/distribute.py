@@ -243,6 +243,7 @@ class _Params(NamedTuple):
     step_of: dict[int, Value]  # Adam's step per stage
     half: dict[Value, Value]  # mixed precision: the persistent compute copies
     wuse: dict[Value, Value]  # what the chunks read for each weight
+    sent: frozenset[Value]  # tied copies of transmitted weights: received from their owner
 
 
 class _Builder:
@@ -392,6 +393,13 @@ class _Builder:
         if (self.s.zero == 3 or self.gather_early) and self._zdim(w) is not None:
             return self._redistribute(fb, p, w.name, self._wp(w))
         return p
+
+    def _mesh_send(self, fb: FunctionBuilder, v: Value, mesh: Mesh, name: str) -> Value:
+        """``v`` sent to ``mesh`` (a ``MeshSend``)."""
+        text = self._mesh_text.get(id(mesh))
+        if text is None:
+            text = self._mesh_text[id(mesh)] = format_mesh_attr(mesh)
+        return fb.emit("MeshSend", (v,), self._attrs("mesh", text), (name,))[0]
 
     def _mesh_for(self, stage: int, stream: str | None = None) -> Mesh:
         """The mesh (of ``stage``, or of its ``stream``) that holds the weights, their state and
@@ -605,7 +613,10 @@ class _Builder:
         # the model's weights in order of use, then the tied copies (parameters and results last)
         used = [h for (w, _c), h in home.items() if h is w] + [h for (w, _c), h in home.items() if h is not w]
         used = list(dict.fromkeys(used))
-        for w in used:
+        # a transmitted weight's copy is no parameter: it is received from its owner (below)
+        sent = frozenset(h for (w, _c), h in home.items() if h is not w and w.name in model.transmitted)
+        kept = [w for w in used if w not in sent]
+        for w in kept:
             spec = model.weight(w.name)
             c = wchunk[w]
             z = self._zdim(w) if s.zero == 3 or self.prec.mixed else None  # mixed: masters as the state
@@ -616,7 +627,7 @@ class _Builder:
         step_of: dict[int, Value] = {}
         if self.train:
             for sname in self.opt.state:
-                for w in used:
+                for w in kept:
                     spec = model.weight(w.name)
                     t = self._on_stage(
                         self.prec.master_type(spec.type).dtype,
@@ -627,7 +638,7 @@ class _Builder:
                     )
                     state[w].append(fb.param(f"{sname}_{w.name}", t, donated=True))
             if self.opt.kind == "adam":
-                for st in sorted({stage_of[c] for c in wchunk.values()}):
+                for st in sorted({stage_of[wchunk[w]] for w in kept}):
                     mesh = self.meshes3[st] if self.hsdp else self.meshes[st]
                     step_of[st] = fb.param(
                         f"step_s{st}",
@@ -638,15 +649,21 @@ class _Builder:
         # from the new masters after the optimizer), as trainers keep them; inference casts
         half: dict[Value, Value] = {}
         if self.prec.mixed and self.train:
-            for w in used:
+            for w in kept:
                 spec = model.weight(w.name)
                 z = self._zdim(w) if s.zero == 3 or self.gather_early else None
                 t = self._on_stage(self.compute, spec.type.shape, stage_of[wchunk[w]], z, spec.tp)
                 half[w] = fb.param(f"{w.name}_{self.compute}", t, donated=True)
+        # transmitted weights: the owner sends the value (and compute copy) once per step
+        for h in sorted(sent, key=used.index):
+            there = self._mesh_for(stage_of[wchunk[h]])
+            wparam[h] = self._mesh_send(fb, wparam[partner[h]], there, h.name)
+            if partner[h] in half:
+                half[h] = self._mesh_send(fb, half[partner[h]], there, f"{h.name}_{self.compute}")
         wuse = half or (
             {w: self._compute_copy(fb, w, wparam[w]) for w in used} if self.prec.mixed else wparam
         )
-        params = _Params(wparam, wchunk, home, partner, used, state, step_of, half, wuse)
+        params = _Params(wparam, wchunk, home, partner, used, state, step_of, half, wuse, sent)
         return list(inputs), mbs, params
 
     def _program_order(self, by_chunk: list[list[ShardedLayer]]) -> list[Any]:
@@ -682,7 +699,7 @@ class _Builder:
         cf = self._chunk_functions(by_chunk)
         fb = FunctionBuilder("step" if self.train else "infer", REGISTRY.out_arity)
         inputs, mbs, wp = self._declare(fb, by_chunk, stage_of)
-        wparam, wchunk, home, partner, used, state, step_of, half, wuse = wp
+        wparam, wchunk, home, partner, used, state, step_of, half, wuse, received = wp
         order = self._program_order(by_chunk)
         act: dict[tuple[int, int], Value] = {}
         dys: dict[tuple[int, int], Value] = {}
@@ -707,10 +724,7 @@ class _Builder:
         last = len(self.chunks) - 1
 
         def to_mesh(v: Value, mesh: Mesh, name: str) -> Value:
-            text = self._mesh_text.get(id(mesh))
-            if text is None:
-                text = self._mesh_text[id(mesh)] = format_mesh_attr(mesh)
-            return fb.emit("MeshSend", (v,), self._attrs("mesh", text), (name,))[0]
+            return self._mesh_send(fb, v, mesh, name)
 
         def send(v: Value, src: int, dst: int, name: str) -> Value:
             """Right after the producing action. With communication streams, the value moves to
@@ -821,6 +835,14 @@ class _Builder:
         for w in used:
             g = self._reduce_grad(fb, w, grads[w], to_mesh, stage_of[wchunk[w]])
             other = partner.get(w)
+            if w in received:  # a transmitted copy's gradient goes back to its owner once, added there
+                assert other is not None
+                here = self._mesh_for(stage_of[wchunk[other]])
+                (g_sum,) = fb.op(
+                    "Add", reduced.pop(other), to_mesh(g, here, f"g_{w.name}_sent"), names=[f"g_{w.name}"]
+                )
+                updates[other] = self._update(fb, other, wparam[other], g_sum, state[other], step_of)
+                continue
             if other is not None:
                 if other not in reduced:
                     reduced[w] = g
@@ -845,16 +867,16 @@ class _Builder:
         results = [loss]
         for group in (
             [w for w in used if w in self.weight_params],
-            [w for w in used if w not in self.weight_params],
+            [w for w in used if w not in self.weight_params and w not in received],
         ):
             results += [updates[w][0] for w in group]
             results += [updates[w][1 + k] for k in range(len(self.opt.state)) for w in group]
-        for w in used:
+        for w in (w for w in used if w not in received):
             fb.donate(wparam[w], updates[w][0])
             for sv, old in zip(updates[w][1:], state[w], strict=True):
                 fb.donate(old, sv)
         for w in used:
-            if w in half:
+            if w in half and w not in received:
                 results.append(self._compute_copy(fb, w, updates[w][0]))
                 fb.donate(half[w], results[-1])
         entry = fb.ret(*results)

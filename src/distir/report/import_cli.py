@@ -47,6 +47,7 @@ def summary(model: Model) -> dict[str, Any]:
         "pre": model.pre,
         "post": model.post,
         "tied": list(model.tied),
+        "transmitted": list(model.transmitted),
         "ops": dict(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
         "functions": functions,
     }
@@ -70,5 +71,8 @@ def render(info: dict[str, Any]) -> str:
         )
     lines.append("ops: " + ", ".join(f"{k} {v}" for k, v in info["ops"].items()))
     if info["tied"]:
-        lines.append(f"tied weights: {', '.join(info['tied'])}")
+        sent = set(info.get("transmitted", ()))
+        lines.append(
+            "tied weights: " + ", ".join(f"{n} (transmitted)" if n in sent else n for n in info["tied"])
+        )
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from distir.frontends.torch_import.convert import Converted, Param
 from distir.frontends.torch_import.placements import TP_PATTERNS, TPPattern, tp_placement
@@ -88,7 +89,7 @@ def build_imported(
     rank = len(conv.output_shape)
     vocab_tp = head is not None and isinstance(head.tp, Shard) and head.type.shape[head.tp.dim] == vocab
     seq_dim = 1 if len(conv.input_shape) >= 2 and rank == 3 and not conv.packed else None
-    return assemble(
+    model = assemble(
         name,
         {
             "family": "imported",
@@ -105,6 +106,7 @@ def build_imported(
         ends=(pre, post),
         loss_input_tp=Shard(rank - 1) if vocab_tp else REPLICATE,
     )
+    return replace(model, transmitted=conv.transmitted) if conv.transmitted else model
 
 
 def weight_values(model: Model, module: object) -> dict[str, object]:

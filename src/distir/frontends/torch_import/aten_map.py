@@ -313,6 +313,13 @@ def _dropout(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Any:
     return a[0]
 
 
+def _moe(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
+    """``distir::moe`` (a mixture-of-experts block traced as a leaf: ``moe``) → ``MoE``."""
+    top_k = a[5] if len(a) > 5 else kw["top_k"]
+    normalize = a[6] if len(a) > 6 else kw["normalize"]
+    return cx.op("MoE", *(_v(x) for x in a[:5]), top_k=int(top_k), normalize=bool(normalize))
+
+
 def _getitem(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Any:
     return a[0][a[1]]
 
@@ -372,6 +379,7 @@ ATEN: dict[str, Emitter] = {
     "aten.gelu": _gelu,
     "aten.where": _where,
     "aten.dropout": _dropout,
+    "distir.moe": _moe,
     **{name: _identity for name in IDENTITY},
 }
 

@@ -30,7 +30,7 @@ from distir.frontends.torch_import.errors import StructureError, UnsupportedOpsE
 from distir.frontends.torch_import.layers import LayerOf, assign, module_paths
 from distir.frontends.torch_import.markers import is_marker
 from distir.frontends.torch_import.patterns import RMSMatch, RopeMatch, match_rms_norm, match_rope
-from distir.frontends.torch_import.stages import Body, StageSpec, split_stages, stage_numbers
+from distir.frontends.torch_import.stages import Body, Split, StageSpec, split_stages, stage_numbers
 from distir.frontends.torch_import.trace import Traced
 from distir.ir.builder import FunctionBuilder
 from distir.ir.function import Function
@@ -79,6 +79,8 @@ class Converted:
     # pipeline stages pass several values packed into one (batch, n) tensor (``stages``): the
     # activations between layers have no sequence dim
     packed: bool = False
+    # weights of several stages sent from their owner stage (``Model.transmitted``)
+    transmitted: tuple[str, ...] = ()
 
 
 @dataclass
@@ -529,8 +531,9 @@ class Converter:
                 outputs[prev] = b.x_from
         outputs[self.order[-1]] = logits.name
         if self.stage_of is not None:
-            stages, packed = self._stages(logits)
-            return replace(self._converted(nodes, logits, stages), packed=packed)
+            split, stages = self._stages(logits)
+            conv = self._converted(nodes, logits, stages)
+            return replace(conv, packed=split.packed, transmitted=split.transmitted)
         layers: list[Layer] = []
         for key in self.order:
             b = self.builders[key]
@@ -540,7 +543,7 @@ class Converter:
             layers.append(Layer(fn, tuple(b.weights), key, tuple(b.paths)))
         return self._converted(nodes, logits, _share(layers))
 
-    def _stages(self, logits: Any) -> tuple[list[Layer], bool]:
+    def _stages(self, logits: Any) -> tuple[Split, list[Layer]]:
         """The stage functions (``stages``): the program as one function, split."""
         assert self.stage_of is not None
         b = self.builders["body"]
@@ -560,7 +563,7 @@ class Converter:
                 paths[k].append(path)
         split = split_stages(body, self.spec)
         layers = [Layer(st.fn, st.weights, f"stage{k}", tuple(paths[k])) for k, st in enumerate(split.stages)]
-        return layers, split.packed
+        return split, layers
 
     def _converted(self, nodes: Sequence[Any], logits: Any, layers: Sequence[Layer]) -> Converted:
         first = next(n for n in nodes if n.name == self.t.inputs[0])

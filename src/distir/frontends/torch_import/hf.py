@@ -10,8 +10,8 @@ Attention runs through distir's own attention function (registered with transfor
 ``AttentionInterface`` as ``distir``): ``scaled_dot_product_attention`` with ``is_causal`` and
 grouped-query heads, no mask tensor — the fused ``Attention`` op of the registry. A model that
 needs a mask (padding, a sliding window shorter than the sequence) fails to import with that
-reason. Mixture-of-experts configs (``num_local_experts``: Mixtral) are refused: expert routing
-(top-k dispatch with data-dependent shapes) has no registry mapping yet.
+reason. Mixture-of-experts configs import when their blocks are Mixtral's (a top-k router and
+SwiGLU experts: traced as one ``MoE`` op each, ``moe``); others (a shared expert) are refused.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from distir.frontends.torch_import.errors import SourceError
 from distir.frontends.torch_import.trace import params_on_meta
 
 ATTENTION = "distir"
-MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
 def config_path(path: str) -> Path:
@@ -46,12 +45,6 @@ def read_config(path: str) -> dict[str, Any]:
         raise SourceError(f"hf:{path}: {p} is not a JSON config ({e})") from None
     if not isinstance(raw, dict) or "model_type" not in raw:
         raise SourceError(f"hf:{path}: {p} is not a model config (no model_type)")
-    for key in MOE_KEYS:
-        if raw.get(key):
-            raise SourceError(
-                f"hf:{path}: a mixture-of-experts model ({key}={raw[key]}) is not supported: expert "
-                "routing (top-k token dispatch) has no DistIR mapping; dense models only"
-            )
     return raw
 
 

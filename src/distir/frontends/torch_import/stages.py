@@ -13,12 +13,12 @@ What crosses a boundary (``split_stages``):
   the values are *packed* into one (batch, n) tensor — each flattened to (batch, -1) and
   concatenated on dim 1 — and the next stage slices and reshapes them back (so they must be
   floating tensors whose dim 0 is the batch);
-- a parameter used by several stages is, per parameter (``StageSpec.multi_use``):
-  ``replicate`` (the default, as PiPPy): every stage using it takes it as a weight, a tied weight
-  (``Model.tied``) whose gradients the transforms sum; or ``transmit``: only its first user (the
-  owner) takes it as a weight and sends it on inside the packed activation (broadcast over the
-  batch rows; a user reads row 0), so its gradient flows back through the stages and is summed
-  at the owner;
+- a parameter used by several stages is, per parameter (``StageSpec.multi_use``), taken as a
+  weight by every stage using it — a tied weight (``Model.tied``) — and either ``replicate``d
+  (the default, as PiPPy: each stage keeps a copy with its own optimizer state, and the copies'
+  gradients are summed: Megatron's embedding group) or ``transmit``ted (``Model.transmitted``:
+  only its first user, the owner, keeps it; the transforms send its value to the other stage
+  once per step and that stage's gradient back once, summed at the owner before its update);
 - constants (ops without inputs) are recomputed in each stage that uses them.
 """
 
@@ -92,9 +92,9 @@ class Body:
     stages: int
 
 
-def _carried(body: Body, spec: StageSpec) -> tuple[list[list[Value]], dict[Value, int]]:
+def _carried(body: Body, spec: StageSpec) -> tuple[list[list[Value]], tuple[str, ...]]:
     """Per boundary k (after stage k), the values that cross it, in definition order; and the
-    owner stage of each weight."""
+    names of the weights used by several stages that are transmitted."""
     fn, n = body.fn, body.stages
     x, params = fn.params[0], fn.params[1:]
     weight_name = dict(zip(params, body.weights, strict=True))
@@ -113,13 +113,13 @@ def _carried(body: Body, spec: StageSpec) -> tuple[list[list[Value]], dict[Value
     for v in fn.outputs:
         last_use[v] = n - 1
     owner = {p: first_use[p] for p in params if p in first_use}
-    transmitted = [p for p in params if p in owner and spec.policy(weight_name[p]) == "transmit"]
-    made.update({p: owner[p] for p in transmitted})
-    cross: list[list[Value]] = []
-    for k in range(n - 1):
-        cands = [p for p in transmitted] + order
-        cross.append([v for v in cands if v in made and made[v] <= k < last_use.get(v, -1)])
-    return cross, owner
+    sent = tuple(
+        weight_name[p]
+        for p in params
+        if p in owner and last_use[p] > owner[p] and spec.policy(weight_name[p]) == "transmit"
+    )
+    cross = [[v for v in order if made[v] <= k < last_use.get(v, -1)] for k in range(n - 1)]
+    return cross, sent
 
 
 def stage_numbers(nodes: Sequence[Any], tensors: Sequence[Any], split: Sequence[str]) -> dict[str, int]:
@@ -162,19 +162,20 @@ def _no_inputs(op: Op) -> bool:
 
 
 class Split(NamedTuple):
-    """The stage functions, and whether any boundary packs several values into one."""
+    """The stage functions, whether any boundary packs several values into one, and the
+    transmitted weights (``Model.transmitted``)."""
 
     stages: list[Stage]
     packed: bool
+    transmitted: tuple[str, ...]
 
 
 def split_stages(body: Body, spec: StageSpec) -> Split:
     """The stage functions of ``body`` (module docstring)."""
-    cross, owner = _carried(body, spec)
+    cross, sent = _carried(body, spec)
     fn = body.fn
     params = fn.params[1:]
     weight_name = dict(zip(params, body.weights, strict=True))
-    transmitted = {p for p in params if p in owner and spec.policy(weight_name[p]) == "transmit"}
     consts = [op for op in fn.ops() if _no_inputs(op)]
     out: list[Stage] = []
     for k in range(body.stages):
@@ -185,12 +186,12 @@ def split_stages(body: Body, spec: StageSpec) -> Split:
         if k == 0:
             env[fn.params[0]] = carrier
         else:
-            env.update(_unpack(fb, carrier, cross[k - 1], body.shapes, params, flat))
+            env.update(_unpack(fb, carrier, cross[k - 1], body.shapes, flat))
         weights: list[str] = []
         ops = [op for op in fn.ops() if body.stage_of[op] == k and not _no_inputs(op)]
         used = {v for op in ops for v in op.inputs}
         for p in params:
-            if p in used and p not in env and (p not in transmitted or owner[p] == k):
+            if p in used and p not in env:
                 env[p] = fb.param(weight_name[p])
                 weights.append(weight_name[p])
         for c in consts:
@@ -206,24 +207,21 @@ def split_stages(body: Body, spec: StageSpec) -> Split:
             result = env[fn.outputs[0]]
         else:
             vals = [flat.get(v, env[v]) if len(cross[k]) > 1 else env[v] for v in cross[k]]
-            result = _pack(fb, vals, cross[k], body.shapes, params, set(flat.values()))
+            result = _pack(fb, vals, cross[k], body.shapes, set(flat.values()))
         out.append(Stage(eliminate_dead_code(fb.ret(result)), tuple(weights)))
-    packed = any(len(c) > 1 or c[0] in params for c in cross)
-    return Split(out, packed)
+    return Split(out, any(len(c) > 1 for c in cross), sent)
 
 
 def _flat(shape: tuple[int | None, ...]) -> int:
     return math.prod(d for d in shape[1:] if d is not None)
 
 
-def _check_packable(
-    vals: Sequence[Value], shapes: Mapping[Value, tuple[int | None, ...]], params: Sequence[Value]
-) -> None:
+def _check_packable(vals: Sequence[Value], shapes: Mapping[Value, tuple[int | None, ...]]) -> None:
     for v in vals:
         shape = shapes.get(v)
         if shape is None:
             raise StructureError(f"value %{v.name} crosses a stage boundary but its shape is unknown")
-        if v not in params and (not shape or shape[0] is not None or None in shape[1:]):
+        if not shape or shape[0] is not None or None in shape[1:]:
             raise StructureError(
                 f"value %{v.name} {shape} crosses a stage boundary with other values: only values whose "
                 "dim 0 (and only dim 0) is the batch can be forwarded"
@@ -235,40 +233,20 @@ def _pack(
     vals: Sequence[Value],
     origs: Sequence[Value],
     shapes: Mapping[Value, tuple[int | None, ...]],
-    params: Sequence[Value],
     passed: AbstractSet[Value],
 ) -> Value:
     """One activation carrying ``vals`` (module docstring); a lone activation passes as it is,
     and so do the pieces of ``passed`` (already (batch, n), received packed)."""
-    if len(vals) == 1 and origs[0] not in params:
+    if len(vals) == 1:
         return vals[0]
-    _check_packable(origs, shapes, params)
-    acts = [(v, o) for v, o in zip(vals, origs, strict=True) if o not in params]
-    if not acts:
-        raise StructureError("only parameters cross a stage boundary: nothing carries the batch")
+    _check_packable(origs, shapes)
     pieces: list[Value] = []
-    rows: Value | None = None
     for v, o in zip(vals, origs, strict=True):
-        if o in params:
-            if rows is None:
-                first, orig = acts[0]
-                flat0 = (
-                    first
-                    if len(shapes[orig]) == 2 or first in passed
-                    else fb.op("Reshape", first, shape=(0, -1))[0]
-                )
-                (col,) = fb.op("Slice", flat0, starts=(0,), ends=(1,), axes=(1,))
-                (zero,) = fb.op("FillLike", col, value=0.0)
-                (rows,) = fb.op("StopGradient", zero)
-            (w,) = fb.op("Reshape", v, shape=(1, -1))
-            (b,) = fb.op("Add", rows, w)  # the weight on every batch row
-            pieces.append(b)
+        if len(shapes[o]) == 2 or v in passed:  # already (batch, n)
+            pieces.append(v)
         else:
-            if len(shapes[o]) == 2 or v in passed:  # already (batch, n)
-                pieces.append(v)
-            else:
-                (f,) = fb.op("Reshape", v, shape=(0, -1))
-                pieces.append(f)
+            (f,) = fb.op("Reshape", v, shape=(0, -1))
+            pieces.append(f)
     (packed,) = fb.op("Concat", *pieces, axis=1)
     return packed
 
@@ -278,26 +256,20 @@ def _unpack(
     carrier: Value,
     origs: Sequence[Value],
     shapes: Mapping[Value, tuple[int | None, ...]],
-    params: Sequence[Value],
     flat: dict[Value, Value],
 ) -> dict[Value, Value]:
     """The values ``carrier`` packs (``_pack``); ``flat`` gets each activation's (batch, n)
     piece, so a stage passing it on sends the piece as it came."""
-    if len(origs) == 1 and origs[0] not in params:
+    if len(origs) == 1:
         return {origs[0]: carrier}
     env: dict[Value, Value] = {}
     at = 0
     for o in origs:
         shape = shapes[o]
-        if o in params:
-            n = math.prod(d for d in shape if d is not None)
-            (piece,) = fb.op("Slice", carrier, starts=(0, at), ends=(1, at + n), axes=(0, 1))
-            (env[o],) = fb.op("Reshape", piece, shape=tuple(int(d) for d in shape if d is not None))
-        else:
-            n = _flat(shape)
-            (piece,) = fb.op("Slice", carrier, starts=(at,), ends=(at + n,), axes=(1,))
-            flat[o] = env[o] = piece
-            if len(shape) != 2:
-                (env[o],) = fb.op("Reshape", piece, shape=(0, *(int(d) for d in shape[1:] if d is not None)))
+        n = _flat(shape)
+        (piece,) = fb.op("Slice", carrier, starts=(at,), ends=(at + n,), axes=(1,))
+        flat[o] = env[o] = piece
+        if len(shape) != 2:
+            (env[o],) = fb.op("Reshape", piece, shape=(0, *(int(d) for d in shape[1:] if d is not None)))
         at += n
     return env

@@ -10,6 +10,8 @@ what is computed from them alone becomes a constant of the imported program.
 ``example inputs`` are a tuple of positional tensors or a dict of keyword arguments (non-tensor
 values, e.g. ``use_cache=False``, are passed as they are); the first tensor is the model's first
 input (token ids); every tensor's dim 0 is the batch.
+
+Mixture-of-experts blocks are traced as leaves: one ``distir::moe`` call each (``moe``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distir.frontends.torch_import.errors import TraceError
+from distir.frontends.torch_import.moe import moe_leaves
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ def trace(module: Any, inputs: Any, name: str = "module") -> Traced:
     """Export ``module`` on ``inputs`` with a symbolic batch (module docstring); a failure is a
     ``TraceError`` with torch's first line."""
     import torch
-    from torch.export import Dim, export
+    from torch.export import Dim
 
     args, kwargs = _split_inputs(inputs)
     batch = Dim("batch", min=2, max=1 << 24)
@@ -81,13 +84,19 @@ def trace(module: Any, inputs: Any, name: str = "module") -> Traced:
         raise TraceError(f"{name}: give the example inputs as a tuple or as a dict, not both")
     dynamic_shapes: Any = {k: dyn(v) for k, v in kwargs.items()} if kwargs else tuple(dyn(a) for a in args)
     module.eval()
+    with moe_leaves(module), torch.no_grad():  # an unsupported MoE block: a StructureError
+        program = _export(module, args, kwargs, dynamic_shapes, name)
+    return _traced(program)
+
+
+def _export(module: Any, args: Any, kwargs: dict[str, Any], dynamic_shapes: Any, name: str) -> Any:
+    from torch.export import export
+
     try:
-        with torch.no_grad():
-            program = export(module, args, kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
+        return export(module, args, kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:  # torch raises many unrelated types; report its reason as one line
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
         raise TraceError(f"cannot trace {name}: {type(e).__name__}: {first.strip()}") from None
-    return _traced(program)
 
 
 def _traced(program: Any) -> Traced:

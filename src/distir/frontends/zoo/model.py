@@ -105,6 +105,10 @@ class Model:
     # weights used by more than one layer (tied: GPT-2's embedding and output projection); their
     # gradient is the sum of the layers' (the transforms add them up)
     tied: tuple[str, ...] = ()
+    # tied weights that are *transmitted* rather than replicated across pipeline stages: only the
+    # stage of their first layer keeps them (and their optimizer state); the transforms send the
+    # value to the other stage once per step and its gradient back once, added before the update
+    transmitted: tuple[str, ...] = ()
     # the layer calls that are not repeated blocks: ``pre`` before them (the embedding) always
     # runs on the first pipeline chunk, ``post`` after them (head, loss) on the last; a
     # strategy's partition (``L…``) counts the blocks in between (``distir.parallel.layer_prep``)
@@ -215,6 +219,9 @@ def check_model(model: Model) -> None:
     unused = [v.name for v in weights if v not in used]
     if unused:
         raise ModelError(f"@{fn.name}: weights never used: {unused}")
+    loose = [n for n in model.transmitted if n not in model.tied]
+    if loose:
+        raise ModelError(f"model {model.name}: transmitted weights {loose} are not tied")
     tp = model.loss_input_tp
     if isinstance(tp, Shard) and tp.dim == 0:
         raise ModelError(

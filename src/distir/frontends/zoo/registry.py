@@ -1,7 +1,8 @@
 """The zoo: named models, model strings, and ``build_model``.
 
 A model string is ``NAME`` or ``NAME:key=value,key=value`` — or an imported model: ``hf:PATH``
-(a Hugging Face config) or ``package.module:factory`` (``distir.frontends.torch_import``).
+(a Hugging Face config) or ``package.module:factory`` (``distir.frontends.torch_import``), or a
+model file: ``model.onnx`` or ``model.distir`` (``distir.frontends.files``).
 ``NAME`` is a zoo entry (``gpt2-117m``, ``llama3-8b``, ... — ``ZOO``) or a family (``mlp``,
 ``gpt``, ``llama``, ``transgan``); a bare family starts from its base entry (``mlp-1b``, ``gpt2-117m``,
 ``llama2-7b``, ``transgan-hetero``), and the ``key=value`` pairs override fields of the
@@ -105,15 +106,19 @@ def _close(word: str, choices: list[str]) -> str:
 
 
 IMPORTED = "imported"  # the family of a model string naming an imported model
+MODEL_FILE = "file"  # the family of a model string naming a .onnx or .distir file
 
 
 def parse_model_string(text: str) -> ModelSpec:
     """``NAME[:key=value,...]`` → ``ModelSpec`` (see the module docstring); an import string
     (``hf:PATH``, ``package.module:factory``: ``distir.frontends.torch_import.source``) is a
     spec of the ``imported`` family, resolved when built."""
+    from distir.frontends.files import is_model_file
     from distir.frontends.torch_import.source import is_import_spec  # the importers build on the zoo
 
     text = text.strip()
+    if is_model_file(text):
+        return ModelSpec(text, MODEL_FILE, text)
     if is_import_spec(text, {*ZOO, *FAMILIES}):
         return ModelSpec(text, IMPORTED, text)
     head, colon, rest = text.partition(":")
@@ -190,6 +195,10 @@ def build_from(spec: ModelSpec, batch: int, dtype: DType = DType.f32) -> Model:
         raise ModelError(f"model {spec.text!r}: batch={batch!r}; expected a positive integer")
     if not isinstance(dtype, DType) or not dtype.is_float:
         raise ModelError(f"model {spec.text!r}: dtype={dtype!r}; expected a float DType (f32, bf16, ...)")
+    if spec.family == MODEL_FILE:
+        from distir.frontends.files import load_file
+
+        return load_file(spec.text, batch, dtype)
     if spec.family == IMPORTED:
         from distir.frontends.torch_import.source import load
 

@@ -1,0 +1,149 @@
+"""Model files as model strings: ``path/to/model.onnx`` and ``path/to/model.distir`` wherever
+``--model`` is taken (``simulate``, ``search``, ``run``, ``distir import``).
+
+- ``.onnx``: imported at the requested batch (dim 0 of its inputs when dynamic) with the zoo's
+  token cross-entropy loss appended (``distir.frontends.onnx_import.model.to_model``); f32 only.
+- ``.distir``: a DistIR module that already follows the model contract
+  (``distir.frontends.zoo.model``): its entry is a chain of layer calls ending in a loss layer,
+  its parameters typed. The entry's *inputs* are the first call's first argument and the loss
+  layer's other arguments (the labels), and they come first; every other parameter is a weight
+  (replicated under tensor parallelism: a file declares no placements; data and pipeline
+  parallelism apply as to a zoo model). Weights several calls take are tied. For another batch
+  than the file's the inputs' dim 0 is retyped (layer functions never bake the batch in); the
+  loss layer's normalization stays the file's. A file that does not parse, or does not keep the
+  contract, is a one-line ``ModelError`` naming the file and the broken rule.
+
+Both are cached per (path, modification time, batch, dtype): the search builds a model many times.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+from pathlib import Path
+
+from distir.frontends.zoo.model import InputSpec, Model, ModelError, WeightSpec, check_model
+from distir.ir.builder import FunctionBuilder
+from distir.ir.function import Function, Module
+from distir.ir.ops import Call
+from distir.ir.types import DType, TensorType
+from distir.ir.values import Value
+
+SUFFIXES = (".onnx", ".distir")
+
+
+def is_model_file(text: str) -> bool:
+    """Whether the model string ``text`` names a model file (by its suffix)."""
+    return text.strip().lower().endswith(SUFFIXES)
+
+
+def load_file(text: str, batch: int, dtype: DType = DType.f32) -> Model:
+    """The ``Model`` of the file ``text`` at ``batch`` (module docstring)."""
+    path = Path(text.strip()).expanduser()
+    if not path.is_file():
+        raise ModelError(f"{text}: no such model file")
+    return _load(str(path.resolve()), path.stat().st_mtime_ns, batch, dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _load(path: str, mtime: int, batch: int, dtype: DType) -> Model:
+    if path.lower().endswith(".onnx"):
+        return _onnx(Path(path), batch, dtype)
+    return _distir(Path(path), batch, dtype)
+
+
+def _onnx(path: Path, batch: int, dtype: DType) -> Model:
+    from distir.frontends.onnx_import import import_onnx
+    from distir.frontends.onnx_import.model import to_model
+
+    if dtype is not DType.f32:
+        raise ModelError(f"{path}: an ONNX model imports in the precision of its file (f32), not {dtype}")
+    return to_model(import_onnx(path, batch=batch), name=path.stem)
+
+
+def _distir(path: Path, batch: int, dtype: DType) -> Model:
+    import distir
+    from distir.frontends.zoo._build import forward_flops
+    from distir.ir.parser import parse_module
+
+    try:
+        module = parse_module(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelError(f"{path}: cannot read: {e}") from None
+    except ValueError as e:  # the parser's and verifier's errors
+        raise ModelError(f"{path}: {str(e).splitlines()[0]}") from None
+    model = _model_of(path, module)
+    if model.inputs[0].type.dtype.is_float and model.inputs[0].type.dtype is not dtype:
+        raise ModelError(f"{path}: the file's model computes in {model.inputs[0].type.dtype}, not {dtype}")
+    if batch != model.batch:
+        model = _rebatched(model, batch)
+    try:
+        check_model(model)
+        typed = distir.check(model.module)
+    except ValueError as e:
+        raise ModelError(f"{path}: not a model (the contract of distir.frontends.zoo.model): {e}") from None
+    flops = forward_flops(typed, [p.type for p in typed.entry.params if p.type is not None])
+    return replace(model, flops_per_sample=flops / model.batch)
+
+
+def _model_of(path: Path, module: Module) -> Model:
+    """The ``Model`` a parsed module declares (module docstring), not yet checked."""
+    entry = module.entry
+    calls = [i for i in entry.body if isinstance(i, Call)]
+    if not calls or len(calls) != len(entry.body):
+        raise ModelError(f"{path}: not a model: its entry @{entry.name} must be a chain of layer calls")
+    params = set(entry.params)
+    inputs = dict.fromkeys([calls[0].inputs[0], *(v for v in calls[-1].inputs[1:] if v in params)])
+    specs: list[InputSpec] = []
+    for v in inputs:
+        if not isinstance(v.type, TensorType) or v.type.rank < 1:
+            raise ModelError(f"{path}: input %{v.name} must be a typed tensor whose dim 0 is the batch")
+        specs.append(InputSpec(v.name, v.type, high=_classes(module, calls[-1])))
+    weights = []
+    for v in entry.params:
+        if v in inputs:
+            continue
+        if not isinstance(v.type, TensorType):
+            raise ModelError(f"{path}: weight %{v.name} must be a typed tensor")
+        weights.append(WeightSpec(v.name, v.type))
+    uses: dict[Value, int] = {}
+    for c in calls:
+        for v in dict.fromkeys(c.inputs[1:]):
+            uses[v] = uses.get(v, 0) + 1
+    tied = tuple(w.name for w in weights if uses.get(_param(entry, w.name), 0) > 1)
+    return Model(
+        path.stem,
+        {"family": "file", "source": str(path)},
+        module,
+        tuple(specs),
+        tuple(weights),
+        specs[0].type.shape[0],
+        tied=tied,
+        post=1,
+    )
+
+
+def _param(fn: Function, name: str) -> Value:
+    return next(p for p in fn.params if p.name == name)
+
+
+def _classes(module: Module, loss: Call) -> int:
+    """Integer inputs (token ids, labels) are drawn below the logits' last dim, when typed."""
+    t = loss.inputs[0].type
+    return t.shape[-1] if isinstance(t, TensorType) and t.rank else 2
+
+
+def _rebatched(model: Model, batch: int) -> Model:
+    """``model`` with its inputs' dim 0 ``batch``: the entry rebuilt with those types."""
+    fb = FunctionBuilder(model.forward.name)
+    inputs = tuple(replace(i, type=replace(i.type, shape=(batch, *i.type.shape[1:]))) for i in model.inputs)
+    types = {i.name: i.type for i in inputs}
+    env = {p: fb.param(p.name, types.get(p.name, p.type)) for p in model.forward.params}
+    for c in model.layers:
+        (env[c.outputs[0]],) = fb.call(c.callee, *(env[v] for v in c.inputs), names=[c.outputs[0].name])
+    entry = fb.ret(env[model.forward.outputs[0]])
+    fns = tuple(f for f in model.module.functions if f is not model.forward)
+    return replace(model, module=Module((*fns, entry)), inputs=inputs, batch=batch)
+
+
+__all__ = ["SUFFIXES", "is_model_file", "load_file"]
