@@ -17,7 +17,7 @@ from distir.ir import Module, parse_module
 from distir.ir.rewrite import inline_calls
 from distir.sim.devices import DeviceMap
 from distir.sim.flatplan import plan_flat
-from distir.sim.plan import FnPlan, PlanDomain
+from distir.sim.plan import FnPlan, PlanDomain, PlanOptions
 from distir.sim.simulate import _program_devices, simulate
 
 from .gen import Feats, programs
@@ -33,7 +33,7 @@ def _plans(m: Module) -> tuple[FnPlan | None, FnPlan]:
     fn = m.entry
     dmap = DeviceMap.default(_program_devices(m, fn), CLUSTER.num_devices)
     fast = PlanDomain(m, dmap, UnitCost())
-    general = PlanDomain(m, dmap, UnitCost(), fast_path=False)
+    general = PlanDomain(m, dmap, UnitCost(), PlanOptions(fast_path=False))
     args = entry_args(fn, None)
     fast.units.prepare(m, fn, args)
     return plan_flat(fast, fn, args), general.plan(fn, args)

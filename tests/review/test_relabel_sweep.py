@@ -44,7 +44,7 @@ from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import parse_strategy
 from distir.sim.cost import CostModel, FixedCostModel
 from distir.sim.devices import DeviceMap
-from distir.sim.plan import PlanDomain
+from distir.sim.plan import PlanDomain, PlanOptions
 from distir.sim.simulate import SimResult
 
 MODELS = {  # family -> model string of ``n`` layers (transgan: wide layers)
@@ -328,8 +328,8 @@ def _simulate(
     in the domain whose plan it ran (the last one built: after a failed assumption, the second)."""
     domains: list[PlanDomain] = []
 
-    def domain(*args: Any, **kw: Any) -> PlanDomain:
-        domains.append(PlanDomain(*args, **kw, relabel=relabel))
+    def domain(module: Any, dmap: Any, cost: Any, options: PlanOptions = PlanOptions()) -> PlanDomain:
+        domains.append(PlanDomain(module, dmap, cost, dataclasses.replace(options, relabel=relabel)))
         return domains[-1]
 
     with monkeypatch.context() as m:

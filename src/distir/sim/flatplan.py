@@ -102,7 +102,7 @@ def plan_flat(
             link = links[i] if links is not None else None
             if link is not None:
                 if link.via >= 0:  # through a Redistribute: only if it moved nothing (a view)
-                    link = link.plain() if table[kinds[link.via]][5] else None
+                    link = link.plain() if table[kinds[link.via]].view else None
                 if link is not None:
                     key = (*key, link)
             hit = seen_get(key)
@@ -117,7 +117,7 @@ def plan_flat(
                     return None
                 outs_t = cast(Sequence[Type], outs_m)
                 table.append(frame.pop())
-                if table[-1][2]:  # each distinct communication, for ``distir.sim.relabel``
+                if table[-1].comm:  # each distinct communication, for ``distir.sim.relabel``
                     comm_ops.append((instr, tuple(in_t), tuple(outs_t)))
                 hit = seen[key] = (outs_t, table[-1], outs_t[0] if len(outs_t) == 1 else None, len(table) - 1)
             kind_append(hit[3])
@@ -146,8 +146,8 @@ def plan_flat(
             if v.type is not None and v.type != types[v]:
                 return None
     one_each = len(results) == n  # every op has one result: result r is op r's
-    has_views = any(rec[5] for rec in table)
-    has_own_bump = any(rec[9] is not None for rec in table)
+    has_views = any(rec.view for rec in table)
+    has_own_bump = any(rec.bump_dying is not None for rec in table)
     # the per-op records and inputs; a compact plan of a plain body needs neither
     plain = columnar and one_each and not has_views and not has_own_bump
     records = [] if plain else list(map(table.__getitem__, kinds))
@@ -192,7 +192,7 @@ def plan_flat(
         rs = root.get(inputs_of[i][0], (inputs_of[i][0],))
         x = rs[0]
         if len(rs) == 1 and (x not in param_index or x in gift) and x not in views and last[x] == i:
-            bump_at[i] = cast(Sequence[tuple[int, float]], records[i][9])  # not None: selected above
+            bump_at[i] = cast(Sequence[tuple[int, float]], records[i].bump_dying)  # not None: selected above
     fresh_of = [v not in views for v in results] if views else None
     mem: list[MemEvents | None] = []
     columns = None
@@ -236,14 +236,14 @@ def plan_flat(
             if x not in fresh_index:
                 fresh_index[x] = len(fresh)
                 r = results.index(x)
-                mine = owned_flat[r] if owned_flat is not None else table[kinds[r]][6][0]
+                mine = owned_flat[r] if owned_flat is not None else table[kinds[r]].out_bytes[0]
                 fresh.append((tuple(mine), internal_last[x]))
             refs_of.append(-1 - fresh_index[x])
         out_roots.append(tuple(dict.fromkeys(refs_of)))
     out_types = tuple(types[v] for v in fn.outputs)
     param_last = tuple(internal_last.get(p, last.get(p, -1)) for p in params)
     if columns is not None:
-        slots = tuple(sorted({s for rec in table for s in rec[0]}))
+        slots = tuple(sorted({s for rec in table for s in rec.devs}))
         devs: list[tuple[int, ...]] = []
         costs: list[Any] = []
         comm: list[bool] = []

@@ -102,32 +102,32 @@ def build_plan(
     call_allocs: dict[int, Sequence[tuple[int, float]]] = {}
     call_first: dict[int, int] = {}  # call index -> position in ``keys`` of its first buffer
     for i, (instr, rec) in enumerate(zip(body, records, strict=True)):
-        if type(rec) is tuple:  # a primitive op
+        if type(rec) is OpRecord:  # a primitive op
             ins = instr.inputs
             if len(ins) == 1:
                 last[ins[0]] = i
             elif ins:
                 put(zip(ins, repeat(i)))
             outs = instr.outputs
-            if rec[5]:  # a view
+            if rec.view:
                 shared = tuple(dict.fromkeys(_chain(map(roots_of, ins))))
                 if shared:
                     alias.update(zip(outs, repeat(shared)))
                 continue
-            assert len(rec[6]) == len(outs)
+            assert len(rec.out_bytes) == len(outs)
             if len(outs) == 1:  # most ops: no iterators to make
                 o = outs[0]
                 pos[o] = len(keys)
                 keys.append(o)
-                pairs = rec[6][0]
+                pairs = rec.out_bytes[0]
                 vals.append(pairs)
                 flat.extend(pairs)
                 created.append(i)
                 continue
             pos.update(zip(outs, range(len(keys), len(keys) + len(outs)), strict=True))
             keys.extend(outs)
-            vals.extend(rec[6])
-            flat.extend(_chain(rec[6]))
+            vals.extend(rec.out_bytes)
+            flat.extend(_chain(rec.out_bytes))
             created.extend(repeat(i, len(outs)))
             continue
         assert isinstance(rec, CallSummary)
@@ -197,11 +197,11 @@ def build_plan(
                 names.append("@" + rec.name)
                 flops.append(rec.flops)
             else:
-                devs.append(rec[0])
-                costs.append(rec[1])
-                comm.append(rec[2])
-                names.append(rec[3])
-                flops.append(rec[4])
+                devs.append(rec.devs)
+                costs.append(rec.seconds)
+                comm.append(rec.comm)
+                names.append(rec.name)
+                flops.append(rec.flops)
     out_root_list = list(_chain(map(roots_of, fn.outputs)))
     param_index = {p: j for j, p in enumerate(fn.params)}
     own_indexed = not calls
@@ -262,13 +262,13 @@ def build_plan(
     mem: list[MemEvents | None] = [None] * n
     for i, rec in enumerate(records):
         freed = frees.get(i)
-        if type(rec) is tuple and (rec[7] or freed):
-            bump = rec[8]
-            if rec[9] is not None:  # a bump that depends on whether the first input dies here
+        if type(rec) is OpRecord and (rec.allocs or freed):
+            bump = rec.bump
+            if rec.bump_dying is not None:  # a bump that depends on whether the first input dies here
                 rs = roots_of(body[i].inputs[0])
                 if len(rs) == 1 and owned(rs[0]) is not None and last_of(rs[0]) == i:
-                    bump = rec[9]
-            mem[i] = (bump, rec[7], freed or ())
+                    bump = rec.bump_dying
+            mem[i] = (bump, rec.allocs, freed or ())
     # a call's peak bumps given the roots dying at it, memoized per call site pattern (the
     # microbatches repeat one): the bytes objects are alive here, so their ids identify them
     peak_memo: dict[tuple[Any, ...], tuple[tuple[int, float], ...]] = {}
