@@ -29,7 +29,7 @@ LONG_FUNCTIONS: dict[str, str] = {
     "reduce gradients, apply the optimizer",
     "distir.parallel.propagate:place": "split pending (the sharding layer's restructuring)",
     "distir.report.search_cli:run_search_command": "split pending (the search CLI's restructuring)",
-    "distir.search.layer_assignment_lists:ListSolver.dp": "split pending (search/ is being restructured separately)",
+    "distir.search.layer_assignment_lists:ListSolver.dp": "split pending (search/ restructured apart)",
     "distir.search.pareto:_draw": "split pending (report drawing moves to report/)",
     "distir.search.screen_figures:figures": "split pending (search/ is being restructured separately)",
     "distir.sim.flatplan:plan_flat": "split pending",
@@ -145,12 +145,12 @@ def test_no_import_cycle() -> None:
 
 
 def long_functions() -> dict[str, int]:
-    """"module:qualified name" -> lines, for every function over MAX_LINES in distir."""
+    """ "module:qualified name" -> lines, for every function over MAX_LINES in distir."""
     out: dict[str, int] = {}
     for name, path in _modules().items():
         tree = ast.parse(path.read_text(), str(path))
 
-        def walk(node: ast.AST, prefix: str) -> None:
+        def walk(node: ast.AST, prefix: str, name: str = name) -> None:
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
                     q = f"{prefix}{child.name}"
@@ -170,6 +170,8 @@ def long_functions() -> dict[str, int]:
 def test_no_function_over_the_limit_but_the_listed_ones() -> None:
     got = long_functions()
     unlisted = {k: v for k, v in got.items() if k not in LONG_FUNCTIONS}
-    assert not unlisted, f"functions over {MAX_LINES} lines (split them, or list them with a reason): {unlisted}"
+    assert not unlisted, (
+        f"functions over {MAX_LINES} lines (split them, or list them with a reason): {unlisted}"
+    )
     stale = sorted(set(LONG_FUNCTIONS) - set(got))
     assert not stale, f"listed as long but no longer over {MAX_LINES} lines: {stale}"

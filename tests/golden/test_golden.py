@@ -85,7 +85,7 @@ def test_every_command_kind_has_a_case() -> None:
 def test_a_missing_run_line_is_named(tmp_path: Path) -> None:
     bad = tmp_path / "bad.distir"
     bad.write_text("func @f() {\n}\n")
-    with pytest.raises(ValueError, match="bad.distir:1: the first line"):
+    with pytest.raises(ValueError, match=r"bad\.distir:1: the first line"):
         command_of(bad)
 
 

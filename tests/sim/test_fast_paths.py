@@ -2,7 +2,7 @@
 interpreter's walk, ``build_plan``'s liveness, every call planned on its own mesh): the same
 figures, bit for bit, traced and untraced, on the bench programs (flat, layered with calls, a
 DTensor pipeline), the example programs and distributed zoo models. The reference itself is
-checked against the independent oracle in ``tests/sim/test_oracle.py``."""
+checked against the independent oracle (``oracle.py``) in ``test_call_summaries.py``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sim.test_figures_unchanged import _bench_cases, figures
 
 from distir.autodiff.train import Optimizer
 from distir.frontends.zoo.registry import build_model
@@ -25,6 +24,7 @@ from distir.sim.cost import RooflineCostModel
 from distir.sim.devices import DeviceMap
 from distir.sim.plan import REFERENCE, PlanDomain, PlanOptions
 from distir.sim.simulate import _program_devices, _run
+from sim.test_figures_unchanged import _bench_cases, figures
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,7 +54,9 @@ def programs() -> dict[str, tuple[Module, Cluster, DeviceMap | None]]:
     return out
 
 
-def run(m: Module, cluster: Cluster, dmap: DeviceMap | None, options: PlanOptions, trace: bool) -> dict[str, Any]:
+def run(
+    m: Module, cluster: Cluster, dmap: DeviceMap | None, options: PlanOptions, trace: bool
+) -> dict[str, Any]:
     """The figures of ``m`` planned with ``options`` and run."""
     if dmap is None:
         dmap = DeviceMap.default(_program_devices(m, m.entry), cluster.num_devices)
@@ -81,8 +83,12 @@ def test_the_fast_paths_are_taken() -> None:
     assert fast.plan(m.entry, entry_args(m.entry, None)).flat is False  # an entry with calls
     flat, cl, _ = programs()["bench.flat"]
     fdmap = DeviceMap.default(_program_devices(flat, flat.entry), cl.num_devices)
-    got = PlanDomain(flat, fdmap, RooflineCostModel(cl), FAST_PATHS["columns"]).plan(flat.entry, entry_args(flat.entry, None))
-    ref = PlanDomain(flat, fdmap, RooflineCostModel(cl), REFERENCE).plan(flat.entry, entry_args(flat.entry, None))
+    got = PlanDomain(flat, fdmap, RooflineCostModel(cl), FAST_PATHS["columns"]).plan(
+        flat.entry, entry_args(flat.entry, None)
+    )
+    ref = PlanDomain(flat, fdmap, RooflineCostModel(cl), REFERENCE).plan(
+        flat.entry, entry_args(flat.entry, None)
+    )
     assert got.columns is not None and ref.columns is None and not ref.flat
     spmd, cl2, _ = programs()["bench.spmd"]
     sdmap = DeviceMap.default(_program_devices(spmd, spmd.entry), cl2.num_devices)

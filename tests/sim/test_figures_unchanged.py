@@ -44,7 +44,13 @@ ZOO = [  # (model, strategy, cluster, batch, train)
     (GPT, "d2.t2.sp.p2.k2.z3.1f1b", "g4dn.12xlarge:2", 8, True),
     (GPT, "d1.t2.p2.k4.interleaved.v2.rsel", "p3.8xlarge:2", 8, True),
     (GPT, "d2.t2.p2.k2", "p3.8xlarge:2", 8, False),
-    ("llama:layers=3,hidden=64,heads=4,kv_heads=2,seq=16,vocab=128", "d1.t2.p3.k3.1f1b", "p3.8xlarge:2", 6, True),
+    (
+        "llama:layers=3,hidden=64,heads=4,kv_heads=2,seq=16,vocab=128",
+        "d1.t2.p3.k3.1f1b",
+        "p3.8xlarge:2",
+        6,
+        True,
+    ),
     ("transgan-hetero:wide_layers=2,narrow_layers=2", "d1.t1.p4.k4.zb1.L0-2-1-2", "p3.8xlarge:1", 8, True),
     ("mlp:layers=4,hidden=64", "d2.t2.z2", "p3.8xlarge:1", 8, True),
 ]
@@ -92,7 +98,11 @@ def _bench_cases() -> dict[str, tuple[Module, str, int | None]]:
     b = _bench()
     return {
         "bench.flat": (b.flat_program(2000), "dgx-a100:1", None),
-        "bench.layered": (b.layered_program(layers=16, stages=4, micro=8, seq=128, hidden=256), "dgx-a100:1", 32),
+        "bench.layered": (
+            b.layered_program(layers=16, stages=4, micro=8, seq=128, hidden=256),
+            "dgx-a100:1",
+            32,
+        ),
         "bench.spmd": (
             b.spmd_program(stages=2, dp=2, tp=2, layers=4, micro=4, batch=8, seq=64, hidden=128),
             "dgx-a100:1",
@@ -109,11 +119,15 @@ def compute() -> dict[str, Any]:
     got: dict[str, Any] = {}
     for name, (m, cluster, batch) in _bench_cases().items():
         for trace in (False, True):
-            got[f"{name}.trace={trace}"] = figures(simulate(m, parse_cluster(cluster), trace=trace, batch=batch))
+            got[f"{name}.trace={trace}"] = figures(
+                simulate(m, parse_cluster(cluster), trace=trace, batch=batch)
+            )
     for path in EXAMPLES:
         m = parse_module(path.read_text())
         for trace in (False, True):
-            got[f"example.{path.stem}.trace={trace}"] = figures(simulate(m, parse_cluster("p3.8xlarge:2"), trace=trace))
+            got[f"example.{path.stem}.trace={trace}"] = figures(
+                simulate(m, parse_cluster("p3.8xlarge:2"), trace=trace)
+            )
     for model, strategy, cluster, batch, train in ZOO:
         s = parse_strategy(strategy)
         prog = distribute(build_model(model, batch), s, Optimizer("adam"), train=train, comm_streams=True)

@@ -65,7 +65,9 @@ GPT8 = "gpt:layers=8,hidden=64,heads=4,seq=16,vocab=128"
 def reference(m: Module, cluster: Cluster, dmap: DeviceMap, *, trace: bool = False, **kw: Any) -> SimResult:
     """The long way: units from ``Units.prepare``'s pass, every call planned on its own mesh."""
     cost = kw.get("cost_model") or RooflineCostModel(cluster)
-    dom = PlanDomain(m, dmap, cost, PlanOptions(entry_param_uses=False, entry_memory_columns=not trace, relabel=False))
+    dom = PlanDomain(
+        m, dmap, cost, PlanOptions(entry_param_uses=False, entry_memory_columns=not trace, relabel=False)
+    )
     plan = dom.plan(m.entry, entry_args(m.entry))
     assert dom.units.relabels == 0
     return _run(plan, dom, cluster, dmap, trace, kw.get("batch"))

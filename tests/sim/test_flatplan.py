@@ -19,9 +19,8 @@ from distir.sim.devices import DeviceMap
 from distir.sim.flatplan import plan_flat
 from distir.sim.plan import FnPlan, PlanDomain, PlanOptions
 from distir.sim.simulate import _program_devices, simulate
-
-from .gen import Feats, programs
-from .helpers import UnitCost, tiny_cluster
+from sim.gen_programs import Feats, programs
+from sim.helpers import UnitCost, tiny_cluster
 
 CLUSTER = tiny_cluster(gpus=4)
 FIELDS = (

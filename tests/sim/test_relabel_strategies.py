@@ -328,8 +328,9 @@ def _simulate(
     in the domain whose plan it ran (the last one built: after a failed assumption, the second)."""
     domains: list[PlanDomain] = []
 
-    def domain(module: Any, dmap: Any, cost: Any, options: PlanOptions = PlanOptions()) -> PlanDomain:
-        domains.append(PlanDomain(module, dmap, cost, dataclasses.replace(options, relabel=relabel)))
+    def domain(module: Any, dmap: Any, cost: Any, options: PlanOptions | None = None) -> PlanDomain:
+        forced = dataclasses.replace(options or PlanOptions(), relabel=relabel)
+        domains.append(PlanDomain(module, dmap, cost, forced))
         return domains[-1]
 
     with monkeypatch.context() as m:

@@ -22,9 +22,8 @@ from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap
 from distir.sim.plan import PlanDomain, PlanOptions
 from distir.sim.simulate import SimResult, _program_devices, _run, simulate
-
-from .gen import Feats, programs
-from .helpers import UnitCost, tiny_cluster
+from sim.gen_programs import Feats, programs
+from sim.helpers import UnitCost, tiny_cluster
 
 FIELDS = ("step_time_s", "busy_s", "comm_s", "peak_memory", "param_memory", "flops", "n_ops", "peak_flops")
 
