@@ -23,9 +23,9 @@ from distir.ir.dtensor import DTensorType
 from distir.ir.local_types import _ITEMSIZE, _NUMPY, Device, DType, IRTypeError, ScalarType, TensorType
 
 __all__ = [
+    "TYPE_CLASSES",
     "_ITEMSIZE",
     "_NUMPY",
-    "TYPE_CLASSES",
     "DTensorType",
     "DType",
     "Device",

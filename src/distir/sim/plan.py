@@ -115,7 +115,9 @@ REFERENCE = PlanOptions(fast_path=False, relabel=False, entry_param_uses=False)
 class PlanDomain(TypeDomain):
     """Type propagation that also records, per op, where it runs and what it costs."""
 
-    def __init__(self, module: Module, dmap: DeviceMap, cost: CostModel, options: PlanOptions = PlanOptions()) -> None:
+    def __init__(
+        self, module: Module, dmap: DeviceMap, cost: CostModel, options: PlanOptions = PlanOptions()
+    ) -> None:
         super().__init__()
         self.options = options
         self.module = module
@@ -298,7 +300,9 @@ class PlanDomain(TypeDomain):
             (self.units.assume if self.options.assume_units else self.units.prepare)(self.module, fn, args)
         columnar = top and self.options.entry_memory_columns
         donated = self._donated(fn) if top and not self.options.entry_param_uses else None
-        fast = plan_flat(self, fn, args, columnar=columnar, donated=donated) if self.options.fast_path else None
+        fast = (
+            plan_flat(self, fn, args, columnar=columnar, donated=donated) if self.options.fast_path else None
+        )
         if fast is not None:
             return fast
         links = self.fusion_of(fn)

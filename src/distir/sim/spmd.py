@@ -50,10 +50,9 @@ from distir.ir.values import Attrs
 from distir.ops.registry import REGISTRY, CommPattern, OpDef, OpKind, OpTypeError, mesh_free
 from distir.parallel.materialize import unsupported_step
 from distir.sim.fusion import FusedInput
-from distir.sim.records import OpRecord
 from distir.sim.layout import local_piece, mesh_info, piece_bytes, step_types, uniform_shape
+from distir.sim.records import OpRecord
 from distir.sim.units import Units, per_gpu
-
 
 _SLICE = REGISTRY["Slice"]
 
