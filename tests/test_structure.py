@@ -33,7 +33,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "distir.search.pareto:_draw": "split pending (report drawing moves to report/)",
     "distir.search.screen_figures:figures": "split pending (search/ is being restructured separately)",
     "distir.sim.flatplan:plan_flat": "split pending",
-    "distir.sim.liveness:build_plan": "split pending",
 }
 
 
