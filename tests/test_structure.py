@@ -32,7 +32,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "distir.search.layer_assignment_lists:ListSolver.dp": "split pending (search/ restructured apart)",
     "distir.search.pareto:_draw": "split pending (report drawing moves to report/)",
     "distir.search.screen_figures:figures": "split pending (search/ is being restructured separately)",
-    "distir.sim.flatplan:plan_flat": "split pending",
 }
 
 
