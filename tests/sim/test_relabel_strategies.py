@@ -387,6 +387,7 @@ def _id(case: Case) -> str:
     return f"{family}{n}-{strategy}-{cluster}-b{batch}" + "".join(f"-{o}" for o in options.split())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CURATED + SWEEP, ids=_id)
 def test_carrying_changes_no_result(monkeypatch: pytest.MonkeyPatch, case: Case) -> None:
     differ, n_carried = _compare(monkeypatch, case)
@@ -406,6 +407,7 @@ def test_the_sweep_is_mostly_carrying() -> None:
     assert sum(c[-1] for c in CURATED) >= 0.6 * len(CURATED)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", FOUND_MISMATCHES, ids=_id)
 def test_regression_found_mismatches(monkeypatch: pytest.MonkeyPatch, case: Case) -> None:
     """Cases this sweep found carrying wrong times (module docstring): now bit-identical."""
