@@ -233,12 +233,12 @@ def timing_loop_seconds(m: Module, cluster: Cluster) -> float:
     on the plan ``simulate`` builds (a flat entry: the compact one)."""
     from distir.sim.cost import RooflineCostModel
     from distir.sim.devices import DeviceMap
-    from distir.sim.plan import PlanDomain
+    from distir.sim.plan import PlanDomain, PlanOptions
     from distir.sim.simulate import _program_devices, _run
 
     dmap = DeviceMap.default(_program_devices(m, m.entry), cluster.num_devices)
     cost = RooflineCostModel(cluster)
-    domain = PlanDomain(m, dmap, cost, entry_param_uses=False, entry_memory_columns=True)
+    domain = PlanDomain(m, dmap, cost, PlanOptions(entry_param_uses=False, entry_memory_columns=True))
     plan = domain.plan(m.entry, [p.type for p in m.entry.params])  # type: ignore[misc]
     t0 = time.perf_counter()
     _run(plan, domain, cluster, dmap, False, None)

@@ -30,6 +30,7 @@ def _loss(model, vals) -> float:
     return float(run_reference(model.module, [vals[p.name] for p in model.forward.params])[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recompute", ["none", "full", "selective"])
 @pytest.mark.parametrize("family", sorted(TINY))
 def test_sgd_step_gradients_match_finite_differences(family: str, recompute: str) -> None:

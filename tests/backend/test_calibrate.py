@@ -27,6 +27,7 @@ def _one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     torch.set_num_threads(1)
 
 
+@pytest.mark.slow
 def test_quick_calibrate_writes_a_profile_simulate_accepts(tmp_path: Path) -> None:
     out = tmp_path / "profile.toml"
     raw = tmp_path / "raw.json"

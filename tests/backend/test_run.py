@@ -111,6 +111,7 @@ def two_ranks() -> tuple[list[GlobalProgram], list[list[RankResult]]]:
     return progs, _launch(progs, 2)
 
 
+@pytest.mark.slow
 def test_every_collective_and_send_equals_the_reference(two_ranks: Any) -> None:
     progs, results = two_ranks
     v = _verdict(progs[0], results, 0)
@@ -141,6 +142,7 @@ def test_real_runs_report_step_times_and_peak_memory(two_ranks: Any) -> None:
             assert r.peak_memory_bytes > least
 
 
+@pytest.mark.slow
 def test_hybrids_on_four_ranks_equal_the_reference() -> None:
     progs = [model_program(m, s, b, dt, prec, "adam") for _, m, s, b, dt, prec in FOUR_RANKS]
     results = _launch(progs, 4)
@@ -149,6 +151,7 @@ def test_hybrids_on_four_ranks_equal_the_reference() -> None:
         assert v.verified, f"{case[0]}: {v}"
 
 
+@pytest.mark.slow
 def test_a_killed_rank_stops_every_rank_within_the_bound() -> None:
     prog = model_program(MLP, "p2.k2.1f1b", 4, "f32", "pure", "adam")
     jobs = rank_programs(prog, steps=10**6)  # runs until killed
@@ -195,6 +198,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow
 def test_torchrun_runs_a_two_stage_pipeline_and_verifies() -> None:
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists() and shutil.which("torchrun") is None:
@@ -228,6 +232,7 @@ def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(), cwd=cwd)
 
 
+@pytest.mark.slow
 def test_run_command_reports_json_and_writes_real_traces(tmp_path: Path) -> None:
     trace = tmp_path / "real.json"
     proc = _cli(
@@ -273,6 +278,7 @@ func @bad(%x: Tensor[f32, (4, 3), d0], %t: Tensor[f32, (1, 3), d1], %i: Tensor[i
 """
 
 
+@pytest.mark.slow
 def test_a_rank_that_raises_stops_the_run_with_one_message(tmp_path: Path) -> None:
     # seeded integer inputs are 0 or 1: row 1 of a 1-row table is out of range on d1
     f = tmp_path / "bad.distir"

@@ -39,6 +39,7 @@ def _profile(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_validate_runs_and_simulates_two_strategies(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("matplotlib")

@@ -119,6 +119,7 @@ def gpt2_dynamic_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _export_gpt2(tmp_path_factory.mktemp("onnx") / "gpt2_dyn.onnx", dynamic=True)[0]
 
 
+@pytest.mark.slow
 def test_gpt2_export_imports_verifies_and_matches_onnxruntime(gpt2_onnx: Path) -> None:
     ids = RNG.integers(0, 50, (2, 8))
     imp, (logits,) = _run(str(gpt2_onnx), {"input_ids": ids})
@@ -158,6 +159,7 @@ def test_gpt2_single_function_import_computes_the_same(gpt2_onnx: Path) -> None:
     np.testing.assert_array_equal(flat, layered)
 
 
+@pytest.mark.slow
 def test_gpt2_as_a_model_trains_like_torch(gpt2_with_torch: tuple[Path, Any]) -> None:
     """``to_model``: the import plus a cross-entropy loss keeps the model contract; one SGD step
     of the training program (autodiff through every imported op) gives torch autograd's loss
@@ -194,6 +196,7 @@ def test_gpt2_as_a_model_trains_like_torch(gpt2_with_torch: tuple[Path, Any]) ->
     assert compared == 2 * 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("batch", "seq"), [(2, 8), (3, 5)])
 def test_gpt2_dynamic_export_resolves_at_the_sizes_given(
     gpt2_dynamic_onnx: Path, batch: int, seq: int
@@ -411,6 +414,7 @@ def test_binary_compare_and_logic_ops_match_onnxruntime(op: str, dtype: int) -> 
     np.testing.assert_array_equal(got, _ort(data, {"a": av, "b": bv})[0])
 
 
+@pytest.mark.slow
 def test_torch_mlp_blocks_import_as_layers_and_match_torch() -> None:
     """A PyTorch MLP of repeated blocks (``blocks.N``) exported with dynamic batch: one layer
     function for the block (its Linear as the exporter writes it: Gemm or MatMul), torch's

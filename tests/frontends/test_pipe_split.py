@@ -254,6 +254,7 @@ def test_cli_split_options() -> None:
     assert r.stderr.strip().count("\n") == 0 and "model.layers.12" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("config", "split", "tied"),
     [("llama-tiny", "model.layers.1", ()), ("gpt2-tiny", "transformer.h.1", ("lm_head.weight",))],

@@ -26,6 +26,7 @@ def run(*args: str) -> tuple[int, str, str]:
     return r.exit_code, r.stdout, r.stderr
 
 
+@pytest.mark.slow
 def test_import_json_summary_of_a_hf_config() -> None:
     code, out, _ = run("import", str(CONFIGS / "llama-tiny.json"), "--json")
     assert code == 0
@@ -41,6 +42,7 @@ def test_import_json_summary_of_a_hf_config() -> None:
     assert "func @block(" in data["program"]
 
 
+@pytest.mark.slow
 def test_import_prints_the_program_and_the_layer_functions(tmp_path: Path) -> None:
     shutil.copy(CONFIGS / "gpt2-tiny.json", tmp_path / "config.json")
     code, out, _ = run("import", str(tmp_path))  # a directory holding config.json
@@ -57,6 +59,7 @@ def test_factory_model_string_in_import_and_simulate() -> None:
     assert code == 0 and json.loads(out)["step_time_s"] > 0
 
 
+@pytest.mark.slow
 def test_simulate_an_imported_model_with_tensor_parallelism() -> None:
     spec = f"hf:{CONFIGS / 'gpt2-tiny.json'}"
     code, out, err = run("simulate", "--model", spec, "--strategy", "d1.t2.p2.k2", "--batch", "4", "--json")

@@ -88,6 +88,7 @@ def test_mlp_loss_and_gradients_equal_torch() -> None:
 F32_INSIDE = 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("config", "rtol"),
     [
@@ -108,6 +109,7 @@ def test_hf_model_loss_and_gradients_equal_torch(config: str, rtol: float) -> No
     _check_against_torch(module, inputs, x, labels, rtol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("config", "block_weights"), [("gpt2-tiny", 12), ("llama-tiny", 9), ("qwen2-tiny", 12)]
 )
@@ -120,6 +122,7 @@ def test_repeated_blocks_share_one_layer_function(config: str, block_weights: in
     assert len(model.module["block"].params) == 1 + block_weights
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ["gpt2-tiny", "llama-tiny"])
 def test_shallow_trace_deepened_equals_the_full_trace(config: str, tmp_path: Path) -> None:
     """``hf:`` traces 2 blocks of a config whose blocks are alike and repeats the block: the

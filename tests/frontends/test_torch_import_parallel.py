@@ -22,6 +22,7 @@ from distir.parallel.strategy import parse_strategy
 CONFIGS = Path(__file__).parent / "configs"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("config", "strategy"),
     [
@@ -42,6 +43,7 @@ def test_distributed_training_step_equals_sequential(config: str, strategy: str)
     check_deadlock_free(project(cmp.materialized))
 
 
+@pytest.mark.slow
 def test_megatron_placements_from_name_patterns() -> None:
     model = build_model(f"hf:{CONFIGS / 'llama-tiny'}.json", batch=2)
     tp = {w.name: w.tp for w in model.weights}
@@ -55,6 +57,7 @@ def test_megatron_placements_from_name_patterns() -> None:
     assert model.loss_input_tp == Shard(2)
 
 
+@pytest.mark.slow
 def test_tied_embedding_is_sharded_on_the_vocabulary() -> None:
     """GPT-2 ties its head to the token embedding: one weight (vocab, hidden), read by the
     embedding and (transposed) by the head, sharded on the vocabulary."""

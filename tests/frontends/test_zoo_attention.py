@@ -70,6 +70,7 @@ def test_gpt2_step_memory_grows_linearly_with_the_sequence_when_fused() -> None:
     assert fused[1024] < 0.5 * naive[1024]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["fused", "naive"])
 def test_recomputation_policies_order_none_selective_full(form: str) -> None:
     spec = f"{GPT2},seq=1024,attention={form}"

@@ -205,6 +205,7 @@ def test_mutation_is_not_a_no_op() -> None:
 DEEP = [1, 63, 64, 65, 66, 1000, 100_000]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", DEEP)
 @pytest.mark.parametrize(
     "make",

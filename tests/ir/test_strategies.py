@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 
+import pytest
 from hypothesis import Phase, given, settings
 
 from distir.ir import (
@@ -131,6 +132,7 @@ FEATURES: dict[str, Callable[[Module], bool]] = {
 }
 
 
+@pytest.mark.slow
 def test_module_strategy_covers_every_feature() -> None:
     seen: set[str] = set()
 

@@ -28,6 +28,7 @@ def _attention_ops(module: Module) -> list[Op]:
     return [i for fn in module.functions for i in fn.body if isinstance(i, Op) and i.name in HEADS]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recompute", ["", ".rsel"])
 @pytest.mark.parametrize("family", sorted(MODELS))
 def test_attention_runs_on_batch_and_head_shards(family: str, recompute: str) -> None:

@@ -106,6 +106,7 @@ def test_share_strategies_round_trip_and_errors() -> None:
         distribute(model, parse_strategy("d3.k2.b2-1-1"))  # microbatch 3, shares sum to 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("family", "strategy", "batch"),
     [(f, st, b) for f in sorted(FAMILIES) for st, b in STRATEGIES if f in SEQUENCE or ".sp." not in st],

@@ -70,6 +70,7 @@ def test_distributed_training_step_matches_sequential(case: tuple[str, Strategy]
     check_deadlock_free(ranks)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy",
     [
@@ -89,6 +90,7 @@ def test_transgan_windows_train_as_the_sequential_step(strategy: str) -> None:
     check_deadlock_free(project(cmp.materialized))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opt", ["adam"])
 def test_adam_with_zero_matches_sequential(opt: str) -> None:
     from distir.autodiff.train import Optimizer

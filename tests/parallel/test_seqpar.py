@@ -28,6 +28,7 @@ GPT = "gpt:layers=3,hidden=8,heads=2,seq=4,vocab=16"
 LLAMA = "llama:layers=3,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=4"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("spec", "strategy"),
     [

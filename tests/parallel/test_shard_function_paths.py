@@ -238,6 +238,7 @@ def test_a_free_strategy_is_chooses_pick(case: tuple[object, ...]) -> None:
         assert free is picked
 
 
+@pytest.mark.slow
 def test_free_strategies_are_found() -> None:
     """The property above is not vacuous: many random choices have a free strategy."""
     _ANSWERED[:] = [0, 0]

@@ -62,6 +62,7 @@ def _without_memos() -> dict[str, list[str]]:
         return _shard_all(MODELS)
 
 
+@pytest.mark.slow
 def test_memos_change_no_sharded_layer() -> None:
     slow = _without_memos()
     propagate_choice._CHOICES.clear()

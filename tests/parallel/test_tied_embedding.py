@@ -64,6 +64,7 @@ def test_tied_gradient_is_the_sum_of_both_uses() -> None:
     np.testing.assert_allclose(grad, want, rtol=1e-5, atol=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("strategy", "precision"),
     [

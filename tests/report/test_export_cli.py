@@ -76,6 +76,7 @@ def test_errors_are_one_line_with_status_2(args: list[str], message: str) -> Non
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_search_exports_the_winner(tmp_path: Path) -> None:
     out_path = tmp_path / "winner.toml"
     args = [

@@ -41,6 +41,7 @@ def test_a_split_the_model_cannot_take_is_an_error_or_null() -> None:
     assert strategy_fields(s, 8, None)["layers_per_chunk"] is None
 
 
+@pytest.mark.slow
 def test_search_json_and_csv_carry_the_fields(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     path = tmp_path / "r.csv"

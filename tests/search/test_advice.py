@@ -47,6 +47,7 @@ def test_what_the_advice_says_fits_fits_when_simulated_exactly(pinned: SearchOut
     assert checked >= 2
 
 
+@pytest.mark.slow
 def test_no_advice_when_something_fits() -> None:
     out = search(SearchRequest("gpt:layers=2,hidden=64,heads=2,seq=32,vocab=128", "dgx-a100", 16, top=2))
     assert out.results[0]["fits"] and out.advice == []

@@ -100,6 +100,7 @@ def test_grouping_shares_decisions_of_repeated_layers() -> None:
     assert len(alone.points) > len(grouped.points)
 
 
+@pytest.mark.slow
 def test_llama_found_layout_at_least_as_fast_as_hand() -> None:
     m = build_model("llama:layers=2,hidden=256,heads=8,kv_heads=4,ffn=704,vocab=512,seq=64", batch=8)
     r = automap_model(m, Mesh.parse("dp=2,tp=4"), "tp", CLUSTER, batch_axis="dp", budget=Budget(60), seed=0)
@@ -120,6 +121,7 @@ def test_found_layout_plugs_into_distribute() -> None:
     assert distir.check(distribute(found, parse_strategy("d2.t4.p1.k1")))
 
 
+@pytest.mark.slow
 def test_deep_gpt_recovers_megatron_blocks() -> None:
     # the bench's question at 4 blocks (searched on the two-block form, extrapolated): every
     # block has the hand layout's collectives, and the step is at least as fast as the hand one

@@ -74,6 +74,7 @@ def test_a_finished_search_re_renders_without_screening_or_simulating(
     assert again.timings["render_s"] >= 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "other",
     [{"top": 2}, {"explain": True}, {"pins": Pins(tp=2)}, {"anneal_iters": 10}],

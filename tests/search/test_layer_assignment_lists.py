@@ -93,6 +93,7 @@ def test_seq_sum_is_numpy_sum_below_eight() -> None:
     assert rounding_matters > 500  # the data really tells summation orders apart
 
 
+@pytest.mark.slow
 def test_dp_answers_equal_bit_for_bit() -> None:
     """dp at every candidate bound of the root interval, just below and above it, at 0 and at ∞:
     the same (counts, sum, max) or None, and the same evaluation and infeasibility counts."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +23,7 @@ from distir.search.space import Pins, Space
 BIG = "gpt:layers=4,hidden=20480,heads=160,seq=4096,vocab=50304"
 
 
+@pytest.mark.slow
 def test_fsdp_with_gradient_accumulation_at_p1_is_screened_and_wins() -> None:
     out = search(
         SearchRequest(

@@ -37,6 +37,7 @@ def _screened(out: SearchOutput) -> list[tuple[Any, ...]]:
     return [astuple(e) for e in out.screened]
 
 
+@pytest.mark.slow
 def test_two_workers_search_exactly_as_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Screen (prefetched profiles), placement searches (on workers) and exact re-ranking (with
     ``explain``, the pure bests started during the placement search) give the same figures, with
@@ -123,6 +124,7 @@ def test_run_all_on_a_shared_pool_with_a_task_started_ahead(tmp_path: Path) -> N
     assert evaluated["z"] <= 1
 
 
+@pytest.mark.slow
 def test_the_screen_climbs_rung_by_rung_as_base_by_base() -> None:
     """``screen_space`` climbs the memory ladders round by round (the next rung's profiles go to the
     workers as soon as a base does not fit); what it returns is what climbing each base's ladder

@@ -37,6 +37,7 @@ def test_mixed_with_f32_is_refused() -> None:
 MODEL = "gpt:layers=4,hidden=512,heads=8,seq=256,vocab=1024"
 
 
+@pytest.mark.slow
 def test_the_screen_adds_what_mixed_precision_adds() -> None:
     """Mixed precision adds fp32 masters and Adam state (8 bytes per weight more than pure bf16,
     divided as ZeRO divides them): the screen's peak grows by what the exact simulation's does,

@@ -57,6 +57,7 @@ def test_json_contract_ranked_best_first_and_consistent(tmp_path: Path) -> None:
     assert all(r["strategy"] in page for r in results)
 
 
+@pytest.mark.slow
 def test_rerun_takes_every_result_from_the_store(tmp_path: Path) -> None:
     first = _search(tmp_path)
     second = _search(tmp_path)
@@ -115,6 +116,7 @@ def test_bad_input_is_one_clear_message(tmp_path: Path, args: list[str], message
     assert "Traceback" not in res.output
 
 
+@pytest.mark.slow
 def test_views_of_one_search_keep_their_own_report_files(tmp_path: Path) -> None:
     plain = _search(tmp_path)
     files = {k: Path(str(plain[k])).read_bytes() for k in ("plot", "html")}

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from distir.search.run import SearchRequest, cluster_digest, search
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "src" / "distir" / "examples" / "clusters" / "amp_hetero.toml"
 MODEL = "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128"
 
 
+@pytest.mark.slow
 def test_an_edited_cluster_file_is_a_new_search(tmp_path: Path) -> None:
     cluster = tmp_path / "c.toml"
     cluster.write_text(EXAMPLE.read_text())

@@ -36,6 +36,7 @@ def _winner(**kw: object) -> dict[str, object]:
     return best
 
 
+@pytest.mark.slow
 def test_mlp_1b_shifts_from_tensor_to_data_parallel_with_batch() -> None:
     shares = []
     winners = []
@@ -53,6 +54,7 @@ def test_mlp_1b_shifts_from_tensor_to_data_parallel_with_batch() -> None:
     assert len(set(shares)) >= 3, winners  # and through mixed strategies in between
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [32])
 def test_amp_heterogeneous_cluster_pipelines_across_slow_links(batch: int) -> None:
     cluster = "p3.8xlarge:3+g4dn.12xlarge:1"
@@ -74,6 +76,7 @@ def test_amp_heterogeneous_cluster_pipelines_across_slow_links(batch: int) -> No
     assert pure_d["step_time_s"] / best["step_time_s"] >= 1.3
 
 
+@pytest.mark.slow
 def test_uneven_model_balanced_assignment_beats_uniform() -> None:
     job = dict(model="transgan-hetero", cluster="p3.8xlarge:4", batch=64)
     out = search(SearchRequest(top=2, anneal_iters=0, pins=Pins(schedule="1f1b"), **job))  # type: ignore[arg-type]
@@ -112,6 +115,7 @@ def test_mixed_replicas_take_uneven_batch_shares() -> None:
     assert even["step_time_s"] / best["step_time_s"] >= 1.15
 
 
+@pytest.mark.slow
 def test_llama3_8b_on_one_h100_node_gets_a_plan_that_fits_in_the_trainers_precision() -> None:
     """``distir search --model llama3-8b --cluster h100 --batch 1024`` (sequence 8192, mixed bf16
     as the CLI's ``auto`` resolves it): the winner fits once simulated exactly — activation memory

@@ -22,7 +22,7 @@ from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import parse_strategy
 from distir.sim.cost import RooflineCostModel
 from distir.sim.devices import DeviceMap
-from distir.sim.plan import FnPlan, PlanDomain
+from distir.sim.plan import FnPlan, PlanDomain, PlanOptions
 from distir.sim.records import CallSummary
 from distir.sim.simulate import _program_devices, simulate
 from distir.sim.units import Units
@@ -52,7 +52,7 @@ def _plan(m: Module, dmap: DeviceMap, traced: bool, monkeypatch: pytest.MonkeyPa
         return got
 
     monkeypatch.setattr(Units, "take_trace", take)
-    dom = PlanDomain(m, dmap, RooflineCostModel(CLUSTER), entry_param_uses=False)
+    dom = PlanDomain(m, dmap, RooflineCostModel(CLUSTER), PlanOptions(entry_param_uses=False))
     plan = dom.plan(m.entry, entry_args(m.entry))
     monkeypatch.undo()
     assert (taken[0] is not None) == traced  # the entry was planned from prepare's walk, or not

@@ -38,7 +38,7 @@ from distir.parallel.strategy import parse_strategy
 from distir.sim import relabel, units
 from distir.sim.cost import RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
-from distir.sim.plan import PlanDomain
+from distir.sim.plan import PlanDomain, PlanOptions
 from distir.sim.simulate import SimResult, _run, simulate
 from parallel.gen import annotations, meshes, mlp_programs, places_text
 
@@ -65,7 +65,9 @@ GPT8 = "gpt:layers=8,hidden=64,heads=4,seq=16,vocab=128"
 def reference(m: Module, cluster: Cluster, dmap: DeviceMap, *, trace: bool = False, **kw: Any) -> SimResult:
     """The long way: units from ``Units.prepare``'s pass, every call planned on its own mesh."""
     cost = kw.get("cost_model") or RooflineCostModel(cluster)
-    dom = PlanDomain(m, dmap, cost, entry_param_uses=False, entry_memory_columns=not trace, relabel=False)
+    dom = PlanDomain(
+        m, dmap, cost, PlanOptions(entry_param_uses=False, entry_memory_columns=not trace, relabel=False)
+    )
     plan = dom.plan(m.entry, entry_args(m.entry))
     assert dom.units.relabels == 0
     return _run(plan, dom, cluster, dmap, trace, kw.get("batch"))

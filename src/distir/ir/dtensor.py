@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from distir.ir.types import _ITEMSIZE, Device, DType, IRTypeError, TensorType
+from distir.ir.local_types import _ITEMSIZE, Device, DType, IRTypeError, TensorType
 
 
 class AxisSize(int):

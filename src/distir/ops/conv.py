@@ -563,6 +563,3 @@ def _avg_pool_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple
 CONV.fill("torch", _conv_torch)
 MAX_POOL.fill("torch", _max_pool_torch)
 AVERAGE_POOL.fill("torch", _avg_pool_torch)
-
-# the gradient rules live beside this file (it would grow past ~500 lines)
-from distir.ops import conv_grad  # noqa: E402, F401

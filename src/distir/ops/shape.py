@@ -529,7 +529,3 @@ EXPAND.fill("torch", _expand_torch)
 UNSQUEEZE.fill("torch", _unsqueeze_torch)
 SQUEEZE.fill("torch", _squeeze_torch)
 TRANSPOSE.fill("torch", _transpose_torch)
-
-# the rest of the family and the gradient rules live beside this file (it would grow past ~500
-# lines)
-from distir.ops import shape_grad, shape_index  # noqa: E402, F401

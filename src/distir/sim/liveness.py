@@ -38,6 +38,52 @@ _chain = chain.from_iterable
 _WHOLE_CALL = 1 << 62  # the "last use inside a call" of a root it never reads
 
 
+class _Walk:
+    """The roots of one body, found by ``_walk_roots``: owned roots in creation order with their
+    bytes per GPU (``vals``; ``flat``: their pairs concatenated) and creating instruction, their
+    positions (op results and shared call buffers), the last read of each value, and per call
+    site its reads, allocations and the position of its first buffer."""
+
+    __slots__ = (
+        "alias",
+        "call_allocs",
+        "call_first",
+        "call_reads",
+        "calls",
+        "created",
+        "flat",
+        "keys",
+        "last",
+        "pos",
+        "untracked",
+        "vals",
+    )
+
+    def __init__(self, untracked: frozenset[Value]) -> None:
+        # Roots: a value is its own one root unless ``alias`` says otherwise (a view: its inputs'
+        # roots; a call result passing parameter j through: the argument's; a result of a call
+        # whose results share buffers: those buffers, named ``(call index, buffer index)``); an
+        # untracked parameter has none. A call's own fresh buffer is the result value itself.
+        self.alias: dict[Value, tuple[Root, ...]] = {}
+        self.untracked = untracked
+        self.keys: list[Root] = []
+        self.vals: list[Sequence[tuple[int, float]]] = []
+        self.flat: list[tuple[int, float]] = []
+        self.created: list[int] = []
+        self.pos: dict[Root, int] = {}
+        self.last: dict[Root, int] = {}
+        self.calls: list[int] = []
+        self.call_reads: dict[int, tuple[Value, ...]] = {}
+        self.call_allocs: dict[int, Sequence[tuple[int, float]]] = {}
+        self.call_first: dict[int, int] = {}  # call index -> position in ``keys`` of its first buffer
+
+    def roots_of(self, v: Value) -> tuple[Root, ...]:
+        rs = self.alias.get(v)
+        if rs is not None:
+            return rs
+        return () if v in self.untracked else (v,)
+
+
 def build_plan(
     fn: Function,
     env: dict[Value, Mixed],
@@ -64,27 +110,88 @@ def build_plan(
     body = fn.body
     n = len(body)
     assert len(records) == n
-    # Roots: a value is its own one root unless ``alias`` says otherwise (a view: its inputs'
-    # roots; a call result passing parameter j through: the argument's; a result of a call
-    # whose results share buffers: those buffers, named ``(call index, buffer index)``); an
-    # untracked parameter has none. A call's own fresh buffer is the result value itself.
-    alias: dict[Value, tuple[Root, ...]] = {}
-    alias_get = alias.get
     donated = {} if param_uses or donated is None else donated
-    untracked = frozenset(() if param_uses else fn.params) - donated.keys()
+    w = _Walk(frozenset(() if param_uses else fn.params) - donated.keys())
+    _walk_roots(fn, records, donated, w)
+    devs, costs, comm, names, flops = _columns(records, bool(w.calls))
+    out_root_list = list(_chain(map(w.roots_of, fn.outputs)))
+    param_index = {p: j for j, p in enumerate(fn.params)}
+    own_indexed = not w.calls
+    pos, vals, created, last = w.pos, w.vals, w.created, w.last
 
-    def roots_of(v: Value) -> tuple[Root, ...]:
-        rs = alias_get(v)
-        if rs is not None:
-            return rs
-        return () if v in untracked else (v,)
+    def position(r: Root) -> int | None:
+        """The position in ``keys`` of an owned root, else None (the calls' own buffers are
+        indexed on the first miss: few lookups, and a pipeline entry has ~300k of them)."""
+        nonlocal own_indexed
+        p = pos.get(r)
+        if p is None and not own_indexed and r not in param_index:
+            own_indexed = True
+            for i in w.calls:
+                c = records[i]
+                assert isinstance(c, CallSummary)
+                if c.own_ks is not None:
+                    first = w.call_first[i]
+                    own = c.pick_own(body[i].outputs)
+                    pos.update(zip(own, range(first, first + len(own)), strict=True))
+            p = pos.get(r)
+        return p
 
-    # owned roots in creation order, their bytes per GPU and the instruction creating them
-    keys: list[Root] = []
-    vals: list[Sequence[tuple[int, float]]] = []
-    flat: list[tuple[int, float]] = []  # the pairs of ``vals``, concatenated
-    created: list[int] = []
-    pos: dict[Root, int] = {}  # position in ``keys`` of op results and shared call buffers
+    def owned(r: Root) -> Sequence[tuple[int, float]] | None:
+        """The bytes per GPU of an owned root (a call's buffer, or a fresh op result), else None."""
+        p = position(r)
+        return None if p is None else vals[p]
+
+    def last_of(r: Root) -> int:
+        """The last use of root ``r`` (an owned root never read: its creation; else -1)."""
+        x = last.get(r)
+        if x is None:
+            p = position(r)
+            return -1 if p is None else created[p]
+        return x
+
+    # last uses not counting the return, where a summary needs them (parameters, results)
+    internal_last = {r: last_of(r) for r in out_root_list} if param_uses else {}
+    param_last = tuple(last.get(p, -1) for p in fn.params) if param_uses else (-1,) * len(fn.params)
+    last.update(zip(out_root_list, repeat(n)))
+    frees, dying_at = _frees(w, n)
+    mem: list[MemEvents | None] = [None] * n
+    for i, rec in enumerate(records):
+        freed = frees.get(i)
+        if type(rec) is OpRecord and (rec.allocs or freed):
+            bump = rec.bump
+            if rec.bump_dying is not None:  # a bump that depends on whether the first input dies here
+                rs = w.roots_of(body[i].inputs[0])
+                if len(rs) == 1 and owned(rs[0]) is not None and last_of(rs[0]) == i:
+                    bump = rec.bump_dying
+            mem[i] = (bump, rec.allocs, freed or ())
+    _call_events(w, costs, frees, dying_at, mem)
+    fresh_index: dict[Root, int] = {}
+    fresh: list[tuple[tuple[tuple[int, float], ...], int]] = []
+    out_roots: list[tuple[int, ...]] = []
+    for v in fn.outputs if param_uses else ():  # a plan never summarized: no result storage
+        refs_of: list[int] = []
+        for r in w.roots_of(v):
+            if r in param_index:
+                refs_of.append(param_index[r])
+            elif (mine_bytes := owned(r)) is not None:
+                if r not in fresh_index:
+                    fresh_index[r] = len(fresh)
+                    fresh.append((tuple(mine_bytes), internal_last.get(r, -1)))
+                refs_of.append(-1 - fresh_index[r])
+        out_roots.append(tuple(dict.fromkeys(refs_of)))
+    slots = tuple(sorted({s for ds in devs for s in ds}))
+    return FnPlan(
+        fn, devs, costs, comm, names, flops, mem, slots, tuple(out_roots), tuple(fresh), out_types, param_last
+    )
+
+
+def _walk_roots(
+    fn: Function, records: list[OpRecord | CallSummary], donated: Mapping[Value, Gift], w: _Walk
+) -> None:
+    """Find the body's roots (``_Walk``) and each root's last use."""
+    alias = w.alias
+    roots_of = w.roots_of
+    keys, vals, flat, created, pos = w.keys, w.vals, w.flat, w.created, w.pos
     for p in (p for p in fn.params if p in donated):  # donated parameters first, in parameter order
         pos[p] = len(keys)
         keys.append(p)
@@ -95,39 +202,36 @@ def build_plan(
     # ``CallSummary.read_pos``), at C speed per instruction, later reads overwriting earlier ones;
     # a read of a value with other roots is folded into those roots after the walk. Only roots
     # are looked up in ``last`` (the entries of aliased or untracked values are never consulted).
-    last: dict[Root, int] = {}
+    last = w.last
     put = last.update
-    calls: list[int] = []
-    call_reads: dict[int, tuple[Value, ...]] = {}
-    call_allocs: dict[int, Sequence[tuple[int, float]]] = {}
-    call_first: dict[int, int] = {}  # call index -> position in ``keys`` of its first buffer
-    for i, (instr, rec) in enumerate(zip(body, records, strict=True)):
-        if type(rec) is tuple:  # a primitive op
+    calls, call_reads, call_allocs, call_first = w.calls, w.call_reads, w.call_allocs, w.call_first
+    for i, (instr, rec) in enumerate(zip(fn.body, records, strict=True)):
+        if type(rec) is OpRecord:  # a primitive op
             ins = instr.inputs
             if len(ins) == 1:
                 last[ins[0]] = i
             elif ins:
                 put(zip(ins, repeat(i)))
             outs = instr.outputs
-            if rec[5]:  # a view
+            if rec.view:
                 shared = tuple(dict.fromkeys(_chain(map(roots_of, ins))))
                 if shared:
                     alias.update(zip(outs, repeat(shared)))
                 continue
-            assert len(rec[6]) == len(outs)
+            assert len(rec.out_bytes) == len(outs)
             if len(outs) == 1:  # most ops: no iterators to make
                 o = outs[0]
                 pos[o] = len(keys)
                 keys.append(o)
-                pairs = rec[6][0]
+                pairs = rec.out_bytes[0]
                 vals.append(pairs)
                 flat.extend(pairs)
                 created.append(i)
                 continue
             pos.update(zip(outs, range(len(keys), len(keys) + len(outs)), strict=True))
             keys.extend(outs)
-            vals.extend(rec[6])
-            flat.extend(_chain(rec[6]))
+            vals.extend(rec.out_bytes)
+            flat.extend(_chain(rec.out_bytes))
             created.extend(repeat(i, len(outs)))
             continue
         assert isinstance(rec, CallSummary)
@@ -179,12 +283,18 @@ def build_plan(
                     last[r] = lv
     for p, gift in donated.items():
         last[p] = gift.end(last.get(p, -1))
+
+
+def _columns(
+    records: list[OpRecord | CallSummary], has_calls: bool
+) -> tuple[list[tuple[int, ...]], list[float | CallSummary], list[bool], list[str], list[float]]:
+    """The plan's per-instruction columns: slots, cost, communicates, name, FLOPs."""
     devs: list[tuple[int, ...]] = []
     costs: list[float | CallSummary] = []
     comm: list[bool] = []
     names: list[str] = []
     flops: list[float] = []
-    if not calls:
+    if not has_calls:
         if records:
             cols = list(zip(*records, strict=True))
             devs, costs, comm, names, flops = (list(c) for c in cols[:5])
@@ -197,49 +307,20 @@ def build_plan(
                 names.append("@" + rec.name)
                 flops.append(rec.flops)
             else:
-                devs.append(rec[0])
-                costs.append(rec[1])
-                comm.append(rec[2])
-                names.append(rec[3])
-                flops.append(rec[4])
-    out_root_list = list(_chain(map(roots_of, fn.outputs)))
-    param_index = {p: j for j, p in enumerate(fn.params)}
-    own_indexed = not calls
+                devs.append(rec.devs)
+                costs.append(rec.seconds)
+                comm.append(rec.comm)
+                names.append(rec.name)
+                flops.append(rec.flops)
+    return devs, costs, comm, names, flops
 
-    def position(r: Root) -> int | None:
-        """The position in ``keys`` of an owned root, else None (the calls' own buffers are
-        indexed on the first miss: few lookups, and a pipeline entry has ~300k of them)."""
-        nonlocal own_indexed
-        p = pos.get(r)
-        if p is None and not own_indexed and r not in param_index:
-            own_indexed = True
-            for i in calls:
-                c = records[i]
-                assert isinstance(c, CallSummary)
-                if c.own_ks is not None:
-                    first = call_first[i]
-                    own = c.pick_own(body[i].outputs)
-                    pos.update(zip(own, range(first, first + len(own)), strict=True))
-            p = pos.get(r)
-        return p
 
-    def owned(r: Root) -> Sequence[tuple[int, float]] | None:
-        """The bytes per GPU of an owned root (a call's buffer, or a fresh op result), else None."""
-        p = position(r)
-        return None if p is None else vals[p]
-
-    def last_of(r: Root) -> int:
-        """The last use of root ``r`` (an owned root never read: its creation; else -1)."""
-        x = last.get(r)
-        if x is None:
-            p = position(r)
-            return -1 if p is None else created[p]
-        return x
-
-    # last uses not counting the return, where a summary needs them (parameters, results)
-    internal_last = {r: last_of(r) for r in out_root_list} if param_uses else {}
-    param_last = tuple(last.get(p, -1) for p in fn.params) if param_uses else (-1,) * len(fn.params)
-    last.update(zip(out_root_list, repeat(n)))
+def _frees(
+    w: _Walk, n: int
+) -> tuple[dict[int, tuple[tuple[int, float], ...]], dict[int, list[tuple[int, int]]]]:
+    """Per instruction, the bytes freed after it, and (in a body with calls) which roots (spans
+    of positions in ``keys``) die there."""
+    keys, vals, flat, created, last, calls = w.keys, w.vals, w.flat, w.created, w.last, w.calls
     # frees: each owned root at its last use, in creation order within one instruction; and
     # which roots (spans of positions in ``keys``) die where. Consecutive roots mostly die
     # together (a call's buffers): they are grouped into runs at C speed, the runs ordered
@@ -259,20 +340,24 @@ def build_plan(
         frees[end] = tuple(_chain([flat[off[a] : off[b]] for a, b in spans]))
         if calls:
             dying_at[end] = spans
-    mem: list[MemEvents | None] = [None] * n
-    for i, rec in enumerate(records):
-        freed = frees.get(i)
-        if type(rec) is tuple and (rec[7] or freed):
-            bump = rec[8]
-            if rec[9] is not None:  # a bump that depends on whether the first input dies here
-                rs = roots_of(body[i].inputs[0])
-                if len(rs) == 1 and owned(rs[0]) is not None and last_of(rs[0]) == i:
-                    bump = rec[9]
-            mem[i] = (bump, rec[7], freed or ())
+    return frees, dying_at
+
+
+def _call_events(
+    w: _Walk,
+    costs: list[float | CallSummary],
+    frees: dict[int, tuple[tuple[int, float], ...]],
+    dying_at: dict[int, list[tuple[int, int]]],
+    mem: list[MemEvents | None],
+) -> None:
+    """Each call site's memory events into ``mem``: its peak bumps given the roots dying at it,
+    its allocations and frees."""
+    keys, vals, alias = w.keys, w.vals, w.alias
+    call_first, call_reads, call_allocs = w.call_first, w.call_reads, w.call_allocs
     # a call's peak bumps given the roots dying at it, memoized per call site pattern (the
     # microbatches repeat one): the bytes objects are alive here, so their ids identify them
     peak_memo: dict[tuple[Any, ...], tuple[tuple[int, float], ...]] = {}
-    for i in calls:
+    for i in w.calls:
         c = costs[i]
         assert isinstance(c, CallSummary)
         dies = dying_at.get(i)
@@ -307,24 +392,6 @@ def build_plan(
         al = tuple(call_allocs[i])
         fr = frees.get(i, ())
         mem[i] = (pk, al, fr) if (pk or al or fr) else None
-    fresh_index: dict[Root, int] = {}
-    fresh: list[tuple[tuple[tuple[int, float], ...], int]] = []
-    out_roots: list[tuple[int, ...]] = []
-    for v in fn.outputs if param_uses else ():  # a plan never summarized: no result storage
-        refs_of: list[int] = []
-        for r in roots_of(v):
-            if r in param_index:
-                refs_of.append(param_index[r])
-            elif (mine_bytes := owned(r)) is not None:
-                if r not in fresh_index:
-                    fresh_index[r] = len(fresh)
-                    fresh.append((tuple(mine_bytes), internal_last.get(r, -1)))
-                refs_of.append(-1 - fresh_index[r])
-        out_roots.append(tuple(dict.fromkeys(refs_of)))
-    slots = tuple(sorted({s for ds in devs for s in ds}))
-    return FnPlan(
-        fn, devs, costs, comm, names, flops, mem, slots, tuple(out_roots), tuple(fresh), out_types, param_last
-    )
 
 
 def _last_uses(

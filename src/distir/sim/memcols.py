@@ -104,7 +104,7 @@ def build_columns(
     n = len(kinds)
     kind = np.fromiter(kinds, np.int64, n)
     # frees: the table entry of each result (record, result index), grouped by the op they follow
-    per_kind = np.fromiter((len(rec[6]) for rec in table), np.int64, len(table))
+    per_kind = np.fromiter((len(rec.out_bytes) for rec in table), np.int64, len(table))
     if outs_per_op is None:
         which = _excl(per_kind)[kind]
     else:
@@ -115,7 +115,7 @@ def build_columns(
     keep = free_at < n
     if fresh is not None:
         keep &= np.fromiter(fresh, np.bool_, len(fresh))
-    per_result, fg, fb = _expand([x for rec in table for x in rec[6]], which[keep])
+    per_result, fg, fb = _expand([x for rec in table for x in rec.out_bytes], which[keep])
     free_at = np.repeat(free_at[keep], per_result)
     early = [(at, pairs) for at, pairs in before if at < n]
     if early:
@@ -128,9 +128,9 @@ def build_columns(
     free_at, fg, fb = free_at[order], fg[order], fb[order]
     cf = np.bincount(free_at, minlength=n).astype(np.int64)
     # allocations; an op's probes fold into them unless its bump is its own (or overridden)
-    ca, ag, ab = _expand([rec[7] for rec in table], kind)
-    folds = np.fromiter((_one_per_gpu(rec[7], rec[8]) for rec in table), np.bool_, len(table))[kind]
-    bumps: list[Pairs] = [rec[8] for rec in table]
+    ca, ag, ab = _expand([rec.allocs for rec in table], kind)
+    folds = np.fromiter((_one_per_gpu(rec.allocs, rec.bump) for rec in table), np.bool_, len(table))[kind]
+    bumps: list[Pairs] = [rec.bump for rec in table]
     bump_kind = kind
     if bump_at:
         bump_kind = kind.copy()

@@ -37,6 +37,7 @@ liveness pass that arranges a walked body into a plan, ``build_plan``, in ``dist
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from distir.interp.loop import interpret, walk_unchecked
@@ -59,11 +60,14 @@ from distir.sim.units import Units, has_dtensor, leaves
 
 __all__ = [
     "NEG_INF",
+    "PROGRAM_ERRORS",
+    "REFERENCE",
     "CallSummary",
     "FnPlan",
     "MemEvents",
     "OpRecord",
     "PlanDomain",
+    "PlanOptions",
     "Root",
     "build_plan",
     "summarize",
@@ -72,38 +76,52 @@ __all__ = [
 
 _Summarized = tuple[CallSummary, tuple[Mixed, ...], Any]
 
+# what planning a wrong program raises (every error of distir's about a program is a ValueError:
+# ``OpTypeError``, ``IRTypeError``, ``InterpretError``, ``ModuleError``, ...); anything else is a
+# bug in the planner and is never caught
+PROGRAM_ERRORS: tuple[type[Exception], ...] = (ValueError,)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    """How a ``PlanDomain`` plans: the fast paths it takes and what its entry's plan keeps.
+
+    Every fast path gives the plan the reference gives, bit for bit (``REFERENCE``: all of them
+    off; ``tests/sim/test_fast_paths.py`` compares each against it)."""
+
+    # plan bodies of primitive ops in one pass (``distir.sim.flatplan``) instead of the
+    # interpreter's walk followed by ``build_plan``
+    fast_path: bool = True
+    # carry a callee's summary to another mesh alike instead of planning it again there
+    # (``distir.sim.relabel``)
+    relabel: bool = True
+    # group a DTensor program's devices into units from the entry's types (``Units.assume``;
+    # ``units.confirm()`` checks it after planning) instead of ``Units.prepare``'s type pass
+    assume_units: bool = False
+    # False: the plan of the function planned first (the entry) is only run, never summarized,
+    # so its parameters' liveness is not tracked (``build_plan``'s ``param_uses``) but for the
+    # parameters it owns (``Function.donated``: freed after their last use). Not a fast path: a
+    # mode (True: a plan to summarize, as a callee's is)
+    entry_param_uses: bool = True
+    # the entry is run untraced: a flat entry keeps its memory events as columns
+    entry_memory_columns: bool = False
+    # keep each callee's plan in its summary (``CallSummary.body``: a detailed trace)
+    keep_bodies: bool = False
+
+
+# the reference for simulating an entry: the interpreter's walk, ``build_plan``'s liveness,
+# every call planned on its own mesh, the types grouped into units before planning
+REFERENCE = PlanOptions(fast_path=False, relabel=False, entry_param_uses=False)
+
 
 class PlanDomain(TypeDomain):
     """Type propagation that also records, per op, where it runs and what it costs."""
 
     def __init__(
-        self,
-        module: Module,
-        dmap: DeviceMap,
-        cost: CostModel,
-        *,
-        fast_path: bool = True,
-        entry_param_uses: bool = True,
-        entry_memory_columns: bool = False,
-        relabel: bool = True,
-        assume_units: bool = False,
-        keep_bodies: bool = False,
+        self, module: Module, dmap: DeviceMap, cost: CostModel, options: PlanOptions = PlanOptions()
     ) -> None:
         super().__init__()
-        # keep each callee's plan in its summary (``CallSummary.body``: a detailed trace)
-        self.keep_bodies = keep_bodies
-        # group a DTensor program's devices into units by ``Units.assume`` (check with
-        # ``units.confirm()`` after planning) instead of ``Units.prepare``'s pass over the program
-        self.assume_units = assume_units
-        # carry a callee's summary to another mesh alike instead of planning it again there
-        # (``distir.sim.relabel``; False: plan every call, the reference the tests compare with)
-        self.relabel = relabel
-        self.fast_path = fast_path  # plan bodies of primitive ops in one pass (``flatplan``)
-        # False: the plan of the function planned first (the entry) is only run, never summarized,
-        # so its parameters' liveness is not tracked (``build_plan``'s ``param_uses``)
-        self.entry_param_uses = entry_param_uses
-        # True: the entry is run untraced, so a flat entry keeps its memory events as columns
-        self.entry_memory_columns = entry_memory_columns
+        self.options = options
         self.module = module
         self.dmap = dmap
         self.cost = cost
@@ -156,7 +174,7 @@ class PlanDomain(TypeDomain):
             if link is not None and link.via >= 0:  # through a Redistribute: only if it moved nothing
                 done = self._frames[-1]
                 rec = done[link.via] if link.via < len(done) else None
-                link = link.plain() if isinstance(rec, tuple) and rec[5] else None
+                link = link.plain() if isinstance(rec, OpRecord) and rec.view else None
         # the hot path: an op seen before with the same attributes and input types (and link)
         base = (op.name, op.attrs, *args)
         key = base if link is None else (*base, link)
@@ -215,7 +233,7 @@ class PlanDomain(TypeDomain):
             desc = d.comm_cost(ins, outs, op.attrs)
             gpus = [self.units.dev_gpu[x] for x in desc.devices]
             seconds = float(self.cost.comm_time(desc, gpus))
-            return (devs, seconds, True, op.name, 0.0, False, *self.units.sizes(outs, False), None)
+            return OpRecord(devs, seconds, True, op.name, 0.0, False, *self.units.sizes(outs, False), None)
         gpu = self._first_gpu(ins, outs, op) if devs else 0
         if not devs:
             seconds = 0.0
@@ -225,7 +243,7 @@ class PlanDomain(TypeDomain):
             seconds = float(self.cost.fused_time(d, ins, outs, op.attrs, gpu, link))  # type: ignore[attr-defined]
         view = bool(ins) and d.bytes_written(ins, outs, op.attrs) == 0
         flops = d.flops(ins, outs, op.attrs)
-        return (devs, seconds, False, op.name, flops, view, *self.units.sizes(outs, view), None)
+        return OpRecord(devs, seconds, False, op.name, flops, view, *self.units.sizes(outs, view), None)
 
     def _first_gpu(self, ins: Sequence[Type], outs: Sequence[Type], op: Op) -> int:
         """The real GPU a local op runs on (its first value's device)."""
@@ -252,7 +270,7 @@ class PlanDomain(TypeDomain):
             found = self._summaries.get(key) if abstract else None
             if found is None:
                 check_arguments(callee, types)
-                alike = self._relabel.key(callee, types) if abstract and self.relabel else None
+                alike = self._relabel.key(callee, types) if abstract and self.options.relabel else None
                 carried = self._relabel.carried(callee, *alike) if alike is not None else None
                 if carried is not None:
                     self.units.relabels += 1
@@ -265,7 +283,7 @@ class PlanDomain(TypeDomain):
                     finally:
                         nested = self._relabel.end()
                     summary = summarize(plan, self.slot_gpu)
-                    if self.keep_bodies:
+                    if self.options.keep_bodies:
                         summary.body, plan.in_values = plan, tuple(args)
                     carried = (summary, plan.out_values)
                     if alike is not None:
@@ -284,10 +302,12 @@ class PlanDomain(TypeDomain):
     def plan(self, fn: Function, args: Sequence[Mixed]) -> FnPlan:
         top = not self._frames
         if not self.units.prepared and top:
-            (self.units.assume if self.assume_units else self.units.prepare)(self.module, fn, args)
-        columnar = top and self.entry_memory_columns
-        donated = self._donated(fn) if top and not self.entry_param_uses else None
-        fast = plan_flat(self, fn, args, columnar=columnar, donated=donated) if self.fast_path else None
+            (self.units.assume if self.options.assume_units else self.units.prepare)(self.module, fn, args)
+        columnar = top and self.options.entry_memory_columns
+        donated = self._donated(fn) if top and not self.options.entry_param_uses else None
+        fast = (
+            plan_flat(self, fn, args, columnar=columnar, donated=donated) if self.options.fast_path else None
+        )
         if fast is not None:
             return fast
         links = self.fusion_of(fn)
@@ -297,7 +317,7 @@ class PlanDomain(TypeDomain):
         try:
             try:
                 outs, env = self._walk(fn, args)
-            except Exception:
+            except PROGRAM_ERRORS:  # reported precisely by the interpreter's own walk
                 self._frames[-1] = []
                 outs, env = interpret(self.module, fn, args, self)
         finally:
@@ -309,7 +329,7 @@ class PlanDomain(TypeDomain):
             tuple(type_of(o) for o in outs),
             self.dev_slot,
             self.slot_gpu,
-            param_uses=self.entry_param_uses or not top,
+            param_uses=self.options.entry_param_uses or not top,
             donated=donated,
         )
         plan.out_values = tuple(outs)
@@ -336,8 +356,8 @@ class PlanDomain(TypeDomain):
 
     def _walk(self, fn: Function, args: Sequence[Mixed]) -> tuple[tuple[Mixed, ...], dict[Value, Mixed]]:
         """``interpret`` specialized for planning: the same semantics, with the memo lookup of
-        already-seen ops inlined (the hot path of simulating a long flat program). Any failure
-        is re-run through ``interpret`` by the caller, which reports it precisely.
+        already-seen ops inlined (the hot path of simulating a long flat program). A wrong program
+        (``PROGRAM_ERRORS``) is walked again by ``interpret``, which reports it precisely.
 
         The function ``Units.prepare`` walked (the entry of a DTensor program) takes its final
         state and each instruction's arguments from there (the same type domain: the same

@@ -59,7 +59,7 @@ class CallSummary:
     profile: dict[int, list[tuple[int, float]]]
     # per parameter: its last use in the body, not counting the return (-1: none)
     param_last: tuple[int, ...]
-    # the body's plan, kept for a detailed trace (``PlanDomain(keep_bodies=True)``), and the
+    # the body's plan, kept for a detailed trace (``PlanOptions(keep_bodies=True)``), and the
     # renaming of its clocks onto this summary's (None: the same clocks; a summary carried to
     # another mesh runs the body planned on the first: ``distir.sim.tracedetail``)
     body: FnPlan | None = field(default=None, repr=False, compare=False)
@@ -150,21 +150,23 @@ class CallSummary:
         return tuple(out.items())
 
 
-# per-op record: (devs, cost, is_comm, name, flops, view, bytes per GPU of each result, ...)
-OpRecord = tuple[
-    tuple[int, ...],  # 0 slots
-    float,  # 1 seconds
-    bool,  # 2 communicates
-    str,  # 3 name
-    float,  # 4 FLOPs
-    bool,  # 5 a view (allocates nothing)
-    tuple[list[tuple[int, float]], ...],  # 6 bytes per GPU of each result
-    tuple[tuple[int, float], ...],  # 7 all allocations (empty for a view)
-    tuple[tuple[int, float], ...],  # 8 the same summed per GPU: the op's peak bump
-    # 9 the peak bump when the op's first input dies at it (a multi-step Redistribute frees its
-    # source after the first step), or None: the same as 8
-    tuple[tuple[int, float], ...] | None,
-]
+class OpRecord(NamedTuple):
+    """What the planner knows of one primitive op: where it runs, what it costs, what it allocates.
+
+    Memoized per (op, attributes, input types): records are shared by every op alike."""
+
+    devs: tuple[int, ...]  # the plan's clocks (slots, or units) it runs on
+    seconds: float
+    comm: bool  # communicates (a collective or a send), else computes
+    name: str
+    flops: float
+    view: bool  # writes no bytes: its results alias its inputs (allocates nothing)
+    out_bytes: tuple[list[tuple[int, float]], ...]  # bytes per GPU of each result
+    allocs: tuple[tuple[int, float], ...]  # all its allocations (empty for a view)
+    bump: tuple[tuple[int, float], ...]  # the allocations summed per GPU: its peak bump
+    # the peak bump when its first input dies at it (a multi-step Redistribute frees its source
+    # after the first step), or None: the same as ``bump``
+    bump_dying: tuple[tuple[int, float], ...] | None
 
 
 # per-instruction memory: (peak bumps, allocations, frees), each a tuple of (gpu, bytes)

@@ -195,7 +195,7 @@ class Relabeler:
 
     def _seconds(self, op: Op, ins: Sequence[Type], outs: Sequence[Type]) -> float:
         """The time of a communicating op's record."""
-        return record(self.units, op, REGISTRY[op.name], ins, outs)[1]
+        return record(self.units, op, REGISTRY[op.name], ins, outs).seconds
 
     def carried(self, callee: Function, key: Key, mesh: Mesh) -> Found | None:
         """The summary and results of a call of ``callee`` on ``mesh``, from the summary of a

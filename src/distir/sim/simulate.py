@@ -15,16 +15,17 @@ A DTensor program is simulated directly (``distir.sim.spmd``): an op on distribu
 runs on every device of its mesh at once. Its plan runs over units of devices
 (``distir.sim.units``), which this module expands back into slots and GPUs. The units are
 assumed from the entry's types and confirmed after planning (``Units.assume``); when the program
-calls for others, or planning under the assumption fails, it is planned again after the full
-type pass (``Units.prepare``), which also reports any error precisely — the results are the same
-either way.
+calls for others (``Units.confirm`` says so), or is wrong (planning raises one of the typed
+``PROGRAM_ERRORS``), it is planned again after the full type pass (``Units.prepare``), which
+reports any error precisely — the results are the same either way. Any other exception is a bug
+and propagates.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import compress, repeat
 from operator import attrgetter, is_not
 from typing import Any, cast
@@ -39,7 +40,7 @@ from distir.ops.dist import parse_mesh_attr
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
 from distir.sim.memcols import peaks
-from distir.sim.plan import CallSummary, FnPlan, PlanDomain
+from distir.sim.plan import PROGRAM_ERRORS, CallSummary, FnPlan, PlanDomain, PlanOptions
 from distir.sim.records import FlatColumns
 from distir.sim.tracedetail import LEVELS, DetailSource, TraceDetail
 from distir.sim.tracedetail import build as build_detail
@@ -185,30 +186,18 @@ def _simulate(
         device_map = DeviceMap.default(_program_devices(module, fn), cluster.num_devices)
     cost = cost_model if cost_model is not None else RooflineCostModel(cluster)
     # units assumed from the entry's types (``Units.assume``), confirmed after planning; if the
-    # program calls for other units (or planning under the assumption fails), plan it again
-    # after ``Units.prepare``'s pass, which also reports any error precisely
+    # program calls for other units (or is wrong), plan it again after ``Units.prepare``'s pass,
+    # which also reports any error precisely
     plan: FnPlan | None = None
-    domain = PlanDomain(
-        module,
-        device_map,
-        cost,
-        entry_param_uses=False,
-        entry_memory_columns=not trace,
-        assume_units=True,
-        keep_bodies=keep_bodies,
-    )
-    with contextlib.suppress(Exception):
+    entry = PlanOptions(entry_param_uses=False, entry_memory_columns=not trace, keep_bodies=keep_bodies)
+    domain = PlanDomain(module, device_map, cost, replace(entry, assume_units=True))
+    try:
         plan = domain.plan(fn, args)
+    except PROGRAM_ERRORS:  # a wrong program: planned again below, where the type pass names it
+        plan = None
     if plan is None or not domain.units.confirm():
         del plan, domain  # freed before planning again
-        domain = PlanDomain(
-            module,
-            device_map,
-            cost,
-            entry_param_uses=False,
-            entry_memory_columns=not trace,
-            keep_bodies=keep_bodies,
-        )
+        domain = PlanDomain(module, device_map, cost, entry)
         plan = domain.plan(fn, args)
     return _run(plan, domain, cluster, device_map, trace, batch), plan, domain
 
@@ -310,7 +299,7 @@ def _run(
     slot_devices = tuple(tuple(sorted(on_slot[slot])) for slot in dmap.slots)
     if plan.columns is not None:  # a compact flat plan: op records by index, no calls
         n_ops = len(plan.columns.kinds)
-        flops = sum(map([rec[4] for rec in plan.columns.table].__getitem__, plan.columns.kinds))
+        flops = sum(map([rec.flops for rec in plan.columns.table].__getitem__, plan.columns.kinds))
     else:
         costs = plan.costs
         calls = compress(costs, map(is_not, map(type, costs), repeat(float)))
@@ -495,7 +484,7 @@ def _peak_flops(plan: FnPlan, cluster: Cluster, gpus: list[int]) -> float:
             dtype = p.type.dtype
             break
     # mixed precision: fp32 master parameters, cast to the compute dtype in the entry
-    names = plan.names if plan.columns is None else [rec[3] for rec in plan.columns.table]
+    names = plan.names if plan.columns is None else [rec.name for rec in plan.columns.table]
     for op in plan.fn.ops() if "Cast" in names else ():
         to = op.attrs.get("to") if op.name == "Cast" else None
         if isinstance(to, DType) and to.is_float and to.itemsize < dtype.itemsize:

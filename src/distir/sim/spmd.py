@@ -41,7 +41,7 @@ figure; the simulator expands units back into devices at the end.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from distir.ir.dtensor import DTensorType, Mesh, Partial, Replicate, Shard, split_sizes
 from distir.ir.ops import Op
@@ -51,10 +51,8 @@ from distir.ops.registry import REGISTRY, CommPattern, OpDef, OpKind, OpTypeErro
 from distir.parallel.materialize import unsupported_step
 from distir.sim.fusion import FusedInput
 from distir.sim.layout import local_piece, mesh_info, piece_bytes, step_types, uniform_shape
+from distir.sim.records import OpRecord
 from distir.sim.units import Units, per_gpu
-
-if TYPE_CHECKING:
-    from distir.sim.plan import OpRecord
 
 _SLICE = REGISTRY["Slice"]
 
@@ -71,7 +69,7 @@ def record(
         return mesh_send_record(dom, op, ins, outs)
     if op.name == "MeshView":  # the same pieces on the same devices: a view, nothing moves
         devs = devs_of(dom.mesh_units(_mesh_of(op, ins)))
-        return (devs, 0.0, False, op.name, 0.0, True, *dom.sizes(outs, True), None)
+        return OpRecord(devs, 0.0, False, op.name, 0.0, True, *dom.sizes(outs, True), None)
     if d.kind is not OpKind.LOCAL:
         raise OpTypeError(
             f"{op.name} on distributed tensors: only local ops, Redistribute, MeshSend and MeshView can be "
@@ -105,7 +103,7 @@ def local_record(
     units = dom.mesh_units(mesh)
     if not all(type(t) is DTensorType for t in outs):  # pragma: no cover - inference gives DTensors
         seconds, flops, view, _ = _local_shape(dom, op, d, ins, outs, mesh, link)
-        return (devs_of(units), seconds, False, op.name, flops, view, *dom.sizes(outs, view), None)
+        return OpRecord(devs_of(units), seconds, False, op.name, flops, view, *dom.sizes(outs, view), None)
     key = (
         op.name,
         op.attrs,
@@ -124,7 +122,7 @@ def local_record(
     gpus = [gpu_of[u] for u, *_ in units]
     per = tuple(list(zip(gpus, bs, strict=True)) for bs in per_bytes)
     allocs = () if view else tuple(x for p in per for x in p)
-    return (devs_of(units), seconds, False, op.name, flops, view, per, allocs, per_gpu(allocs), None)
+    return OpRecord(devs_of(units), seconds, False, op.name, flops, view, per, allocs, per_gpu(allocs), None)
 
 
 def devs_of(units: Sequence[tuple[int, Any, int, int]]) -> tuple[int, ...]:
@@ -232,7 +230,7 @@ def redistribute_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[
     sizes_of = mesh.shape
     steps = [s for s in steps if sizes_of[s[0]] > 1]
     if not steps:  # nothing moves: the result is the input (a view)
-        return (devs, 0.0, False, op.name, 0.0, True, *dom.sizes(outs, True), None)
+        return OpRecord(devs, 0.0, False, op.name, 0.0, True, *dom.sizes(outs, True), None)
     info = mesh_info(mesh)
     seconds = 0.0
     communicates = False
@@ -276,7 +274,7 @@ def redistribute_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[
         bump = _summed((gpu_of[u], max(sizes[0][u], held[u])) for u in sizes[0])
         # when the source dies here, it is freed after the first step (as in the lowering)
         dying = _summed((gpu_of[u], max(sizes[0][u], held[u] - src_b[u])) for u in sizes[0])
-    return (devs, seconds, communicates, op.name, 0.0, False, per, allocs, bump, dying)
+    return OpRecord(devs, seconds, communicates, op.name, 0.0, False, per, allocs, bump, dying)
 
 
 def _slice_attrs(t: DTensorType, dim: int, position: int, size: int) -> Attrs:
@@ -306,7 +304,7 @@ def mesh_send_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[Typ
         sized = nbytes if even else piece_bytes(src, i)
         seconds = max(seconds, dom.comm_seconds(CommPattern.P2P, sized, (a, b)))
     devs = tuple(sorted({u for m in (src.mesh, dst.mesh) for u, *_ in dom.mesh_units(m)}))
-    return (devs, seconds, True, op.name, 0.0, False, *dom.sizes(outs, False), None)
+    return OpRecord(devs, seconds, True, op.name, 0.0, False, *dom.sizes(outs, False), None)
 
 
 __all__ = ["local_record", "mesh_send_record", "record", "redistribute_record"]

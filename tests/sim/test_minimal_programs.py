@@ -19,8 +19,7 @@ from distir.ops.registry import OpDef
 from distir.sim.collectives import gather_time, scatter_time
 from distir.sim.devices import DeviceMap
 from distir.sim.simulate import simulate
-
-from .helpers import UnitCost, sim_both, tiny_cluster
+from sim.helpers import UnitCost, sim_both, tiny_cluster
 
 T = "Tensor[f32, (256,), d0]"
 KIB = 1024.0

@@ -254,6 +254,7 @@ def test_why_not_counts_the_blocks_for_inference_too() -> None:
     assert space.n_layers == 4 and space.why_not(1, 1, 4) == "d·t·p = 4, not the cluster's 8 devices"
 
 
+@pytest.mark.slow
 def test_explain_compares_pure_tensor_parallelism_where_it_is_searched(tmp_path: Path) -> None:
     """One 4-GPU node, 4 heads: t = 4 is searched, so --explain compares with pure T (simulated
     with --explain though outside --top 1), for inference too."""

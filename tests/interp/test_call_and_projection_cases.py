@@ -15,8 +15,7 @@ from distir.interp.shapes import infer_types
 from distir.ir import Device, parse_module
 from distir.report.demo import rank_inputs
 from distir.sim.simulate import simulate
-
-from .helpers import UnitCost, tiny_cluster
+from sim.helpers import UnitCost, tiny_cluster
 
 # -- type propagation through calls -------------------------------------------------------------------
 SHAPE_CALLEE = """func @shp(%p) {

@@ -17,11 +17,10 @@ from distir.ir import Module, parse_module
 from distir.ir.rewrite import inline_calls
 from distir.sim.devices import DeviceMap
 from distir.sim.flatplan import plan_flat
-from distir.sim.plan import FnPlan, PlanDomain
+from distir.sim.plan import FnPlan, PlanDomain, PlanOptions
 from distir.sim.simulate import _program_devices, simulate
-
-from .gen import Feats, programs
-from .helpers import UnitCost, tiny_cluster
+from sim.gen_programs import Feats, programs
+from sim.helpers import UnitCost, tiny_cluster
 
 CLUSTER = tiny_cluster(gpus=4)
 FIELDS = (
@@ -33,7 +32,7 @@ def _plans(m: Module) -> tuple[FnPlan | None, FnPlan]:
     fn = m.entry
     dmap = DeviceMap.default(_program_devices(m, fn), CLUSTER.num_devices)
     fast = PlanDomain(m, dmap, UnitCost())
-    general = PlanDomain(m, dmap, UnitCost(), fast_path=False)
+    general = PlanDomain(m, dmap, UnitCost(), PlanOptions(fast_path=False))
     args = entry_args(fn, None)
     fast.units.prepare(m, fn, args)
     return plan_flat(fast, fn, args), general.plan(fn, args)

@@ -44,7 +44,7 @@ from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import parse_strategy
 from distir.sim.cost import CostModel, FixedCostModel
 from distir.sim.devices import DeviceMap
-from distir.sim.plan import PlanDomain
+from distir.sim.plan import PlanDomain, PlanOptions
 from distir.sim.simulate import SimResult
 
 MODELS = {  # family -> model string of ``n`` layers (transgan: wide layers)
@@ -328,8 +328,9 @@ def _simulate(
     in the domain whose plan it ran (the last one built: after a failed assumption, the second)."""
     domains: list[PlanDomain] = []
 
-    def domain(*args: Any, **kw: Any) -> PlanDomain:
-        domains.append(PlanDomain(*args, **kw, relabel=relabel))
+    def domain(module: Any, dmap: Any, cost: Any, options: PlanOptions | None = None) -> PlanDomain:
+        forced = dataclasses.replace(options or PlanOptions(), relabel=relabel)
+        domains.append(PlanDomain(module, dmap, cost, forced))
         return domains[-1]
 
     with monkeypatch.context() as m:
@@ -386,6 +387,7 @@ def _id(case: Case) -> str:
     return f"{family}{n}-{strategy}-{cluster}-b{batch}" + "".join(f"-{o}" for o in options.split())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CURATED + SWEEP, ids=_id)
 def test_carrying_changes_no_result(monkeypatch: pytest.MonkeyPatch, case: Case) -> None:
     differ, n_carried = _compare(monkeypatch, case)
@@ -405,6 +407,7 @@ def test_the_sweep_is_mostly_carrying() -> None:
     assert sum(c[-1] for c in CURATED) >= 0.6 * len(CURATED)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", FOUND_MISMATCHES, ids=_id)
 def test_regression_found_mismatches(monkeypatch: pytest.MonkeyPatch, case: Case) -> None:
     """Cases this sweep found carrying wrong times (module docstring): now bit-identical."""

@@ -1,4 +1,4 @@
-"""Random small distributed DistIR programs for the review's property tests.
+"""Random small distributed DistIR programs for the simulator's property tests.
 
 ``programs(feats)`` draws a typed, valid module: an entry over ``n_devices`` devices with local
 ops (Relu, Add), Sends, every global collective (including ones whose source or root is not the
@@ -10,7 +10,7 @@ The generator tracks the storage *roots* of every value exactly as ``distir.sim.
 them (a fresh result owns its storage; a view op's results share all of its inputs' roots; a
 call result either aliases the roots of the arguments the callee returns or is fresh). That lets
 the ``Feats`` flags switch off the patterns for which the simulator's call summaries are known
-to disagree with the inlined program (see ``test_sim_bugs.py``), so that the passing property
+to disagree with the inlined program (see ``test_minimal_programs.py``), so that the passing property
 tests cover everything else.
 """
 
@@ -44,7 +44,7 @@ class Feats:
     tuples: bool = True
     calls: bool = True
     # patterns that once broke call summaries (all fixed but deep_dying: an argument dying inside a
-    # nested call is counted for that whole nested call — an over-estimate, see test_sim_bugs)
+    # nested call is counted for that whole nested call — an over-estimate, see test_minimal_programs)
     dup_outputs: bool = True  # a callee returns one fresh storage root twice
     mixed_alias: bool = True  # a callee returns a view of several roots (params and/or fresh)
     unused_params: bool = True  # a callee parameter no op of the callee reads

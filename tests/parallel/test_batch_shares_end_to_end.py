@@ -182,6 +182,7 @@ NUMERIC = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("family", "strategy", "batch"), NUMERIC)
 def test_share_strategy_trains_as_the_sequential_step(family: str, strategy: str, batch: int) -> None:
     s = parse_strategy(strategy)
@@ -358,6 +359,7 @@ def test_cli_simulate_share_strategy_json() -> None:
     assert r.exit_code == 2 and "batch shares 4-1" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_cli_search_finds_shares_and_rerenders_from_store(tmp_path: Path) -> None:
     args = ["search", "--model", GPT_CLI, "--cluster", MIXED, "--batch", "48", "--pp", "1", "--json"]
     args += ["--store", str(tmp_path / "s.sqlite"), "--workers", "1"]

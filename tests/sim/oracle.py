@@ -110,7 +110,7 @@ def oracle(module: Module, dmap: DeviceMap, cost: Any) -> OracleResult:
 
 def has_multi_result_gpu(module: Module, dmap: DeviceMap) -> bool:
     """Whether some non-view op of the (call-free) entry has two fresh results on one GPU — the
-    case the simulator's peak under-counts (``test_sim_bugs.py``)."""
+    case the simulator's peak under-counts (``test_minimal_programs.py``)."""
     _, env = infer_types(module)
     for op in module.entry.body:
         assert isinstance(op, Op)

@@ -1,10 +1,10 @@
-"""Review property tests over random distributed programs (``gen.programs``): nested and
+"""Property tests over random distributed programs (``gen_programs.programs``): nested and
 multi-device calls, callees returning their parameters, every collective (sources and roots not
 first, unsorted device lists, one-member groups), views and tuples.
 
 The patterns known to break call summaries or projection are switched off here (see
-``gen.Feats``); each is documented by an xfail test in ``test_sim_bugs.py`` /
-``test_interp_bugs.py``.
+``gen_programs.Feats``); each is documented by an xfail test in ``test_minimal_programs.py`` /
+``interp/test_call_and_projection_cases.py``.
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from distir.ops.registry import REGISTRY, OpKind
 from distir.report.demo import rank_inputs
 from distir.sim.devices import DeviceMap, Slot
 from distir.sim.simulate import simulate
-
-from .gen import Feats, programs
-from .helpers import UnitCost, tiny_cluster
-from .oracle import has_multi_result_gpu, oracle
+from sim.gen_programs import Feats, programs
+from sim.helpers import UnitCost, tiny_cluster
+from sim.oracle import has_multi_result_gpu, oracle
 
 # REVIEW_EXAMPLES=2000 runs a long random search instead of the quick, derandomized default
 _LONG = int(os.environ.get("REVIEW_EXAMPLES", "0"))
@@ -83,7 +82,7 @@ def test_call_summaries_equal_inlined_program_and_naive_oracle(m: Module, dm: De
         dm = DeviceMap({d: b.slots[i] for i, ds in enumerate(b.slot_devices) for d in ds})
         assert len(devs) == len(dm.mapping)
     # an op with two results on one GPU (Split, a collective over two streams of a GPU) is
-    # under-counted (test_sim_bugs.py::test_peak_counts_every_result_of_a_multi_output_op)
+    # under-counted (test_minimal_programs.py::test_peak_counts_every_result_of_a_multi_output_op)
     multi = has_multi_result_gpu(flat, dm)
     _same(a, oracle(flat, dm, cost), tuple(k for k in KEYS if k != "peak_memory") if multi else KEYS)
 

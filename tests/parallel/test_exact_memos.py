@@ -42,7 +42,7 @@ from distir.parallel.schedules import Action, build_schedule
 from distir.parallel.strategy import parse_strategy
 from distir.sim import units
 from distir.sim.cost import RooflineCostModel
-from distir.sim.plan import PlanDomain
+from distir.sim.plan import PlanDomain, PlanOptions
 from distir.sim.simulate import SimResult, simulate
 
 FIELDS = ("step_time_s", "busy_s", "comm_s", "peak_memory", "param_memory", "flops", "n_ops", "peak_flops")
@@ -257,7 +257,7 @@ def test_a_planning_domain_dies_with_its_last_reference() -> None:
     was = gc.isenabled()
     gc.disable()
     try:
-        dom = PlanDomain(prog, device_map(s, True), RooflineCostModel(cl), relabel=True)
+        dom = PlanDomain(prog, device_map(s, True), RooflineCostModel(cl), PlanOptions(relabel=True))
         dom.plan(prog.entry, entry_args(prog.entry))
         alive = weakref.ref(dom)
         del dom

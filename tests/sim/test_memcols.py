@@ -20,11 +20,10 @@ from distir.ir.dtensor import parse_placements
 from distir.ir.rewrite import inline_calls
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap
-from distir.sim.plan import PlanDomain
+from distir.sim.plan import PlanDomain, PlanOptions
 from distir.sim.simulate import SimResult, _program_devices, _run, simulate
-
-from .gen import Feats, programs
-from .helpers import UnitCost, tiny_cluster
+from sim.gen_programs import Feats, programs
+from sim.helpers import UnitCost, tiny_cluster
 
 FIELDS = ("step_time_s", "busy_s", "comm_s", "peak_memory", "param_memory", "flops", "n_ops", "peak_flops")
 
@@ -33,7 +32,7 @@ def _run_with(m: Module, cluster: Cluster, cost: CostModel, columnar: bool) -> t
     """Simulate untraced with the compact entry plan on or off; also say whether it was used."""
     fn = m.entry
     dmap = DeviceMap.default(_program_devices(m, fn), cluster.num_devices)
-    dom = PlanDomain(m, dmap, cost, entry_param_uses=False, entry_memory_columns=columnar)
+    dom = PlanDomain(m, dmap, cost, PlanOptions(entry_param_uses=False, entry_memory_columns=columnar))
     plan = dom.plan(fn, entry_args(fn, None))
     return _run(plan, dom, cluster, dmap, False, None), plan.columns is not None
 

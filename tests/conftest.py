@@ -1,0 +1,38 @@
+"""Test-suite settings: hypothesis profiles and the ``slow`` marker.
+
+Profiles, chosen by ``DISTIR_HYPOTHESIS_PROFILE`` (default ``ci``):
+- ``ci``: thorough — hypothesis's default number of examples, each test's own ``@settings`` as
+  written; no deadline (a loaded machine is no failure). CI and ``./dev test`` run it.
+- ``dev``: the fast loop (``./dev test-fast``) — every property test runs at most
+  ``DEV_MAX_EXAMPLES`` examples, whatever its ``@settings`` ask for.
+
+``slow`` (registered in pyproject.toml) marks the slowest tests; ``./dev test-fast`` deselects
+them (``-m "not slow"``), ``./dev test`` runs everything.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+DEV_MAX_EXAMPLES = 8
+
+settings.register_profile("ci", deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "dev", deadline=None, max_examples=DEV_MAX_EXAMPLES, suppress_health_check=[HealthCheck.too_slow]
+)
+PROFILE = os.environ.get("DISTIR_HYPOTHESIS_PROFILE", "ci")
+settings.load_profile(PROFILE)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``dev``, cap the examples of property tests whose ``@settings`` ask for more."""
+    if PROFILE != "dev":
+        return
+    for item in items:
+        fn = getattr(item, "obj", None)
+        own = getattr(fn, "_hypothesis_internal_use_settings", None)
+        if own is not None and own.max_examples > DEV_MAX_EXAMPLES:
+            fn._hypothesis_internal_use_settings = settings(own, max_examples=DEV_MAX_EXAMPLES)  # type: ignore[union-attr]
