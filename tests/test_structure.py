@@ -30,7 +30,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "distir.parallel.propagate:place": "split pending (the sharding layer's restructuring)",
     "distir.report.search_cli:run_search_command": "split pending (the search CLI's restructuring)",
     "distir.search.layer_assignment_lists:ListSolver.dp": "split pending (search/ restructured apart)",
-    "distir.search.pareto:_draw": "split pending (report drawing moves to report/)",
     "distir.search.screen_figures:figures": "split pending (search/ is being restructured separately)",
 }
 
