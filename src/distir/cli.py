@@ -32,6 +32,7 @@ from distir.ir.function import Module
 from distir.ir.parser import parse_with_positions
 from distir.ir.printer import print_module
 from distir.ir.types import Device
+from distir.limits import MAX_OPS
 from distir.report.errors import USER_ERRORS, locate
 from distir.report.fields import SCHEMA
 from distir.report.summary import module_stats, output_names, outputs_table, value_summary
@@ -243,6 +244,14 @@ def simulate(
             "search, as distir shard --auto).",
         ),
     ] = "declared",
+    max_ops: Annotated[
+        int,
+        typer.Option(
+            "--max-ops",
+            min=1,
+            help="With --model: refuse a program estimated above this many ops (calls expanded).",
+        ),
+    ] = MAX_OPS.max,
     entry: EntryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
@@ -269,7 +278,7 @@ def simulate(
     source: str
     if model is not None:
         built = _model_program(
-            model, strategy, batch, train, optimizer, dtype, debug, precision, cluster, bucket_mb, tp_layout
+            model, strategy, batch, train, optimizer, dtype, debug, precision, cluster, bucket_mb, tp_layout, max_ops
         )
         m, dmap0, source, batch, model_flops = built
     else:
@@ -340,10 +349,15 @@ def _strategy_json(
 
     assert batch is not None  # _model_program resolved it
     return {
-        **fields_for(model, parse_strategy(strategy or "d1.t1.p1.k1.1f1b"), batch),
+        **fields_for(model, parse_strategy(_strategy_text(strategy)), batch),
         "dtype": dtype,
         "precision": precision,
     }
+
+
+def _strategy_text(strategy: str | None) -> str:
+    """``--strategy``, by default ``d1.t1.p1.k1.1f1b``; an empty one is an error, not the default."""
+    return "d1.t1.p1.k1.1f1b" if strategy is None else strategy
 
 
 def _plain_guard(debug: bool) -> Callable[[Callable[[], T]], T]:
@@ -382,6 +396,7 @@ def _model_program(
     cluster: str | None = None,
     bucket_mb: float = 25.0,
     tp_layout: str = "declared",
+    max_ops: int = MAX_OPS.max,
 ) -> ModelProgram:
     """Build zoo model ``spec`` in ``dtype`` and distribute it with ``precision`` (pure, or mixed:
     fp32 masters). With a ``cluster`` that has the
@@ -393,8 +408,9 @@ def _model_program(
     from distir.autodiff.train import Optimizer
     from distir.frontends.zoo import build_model
     from distir.frontends.zoo.model import ModelError
-    from distir.frontends.zoo.registry import parse_model_string
+    from distir.frontends.zoo.registry import parse_model_string, parse_training_dtype
     from distir.hardware.cluster import parse_cluster
+    from distir.report.bounds import check_cluster_fits, check_elements, check_program_ops
     from distir.hardware.specs import HardwareError
     from distir.ir.types import DType
     from distir.parallel.distribute import device_map as strategy_map
@@ -404,14 +420,14 @@ def _model_program(
     from distir.search.chunk_times import chunk_times
 
     try:
-        st = parse_strategy(strategy or "d1.t1.p1.k1.1f1b")
-        try:
-            dt = DType.parse(dtype)
-        except ValueError:
-            raise ModelError(f"--dtype must be f32, bf16 or f16, got {dtype!r}") from None
+        st = parse_strategy(_strategy_text(strategy))
+        dt = parse_training_dtype(dtype)
         b = batch if batch is not None else 8 * st.d * st.k
         prec = Precision.parse(precision)
+        check_cluster_fits(st, cluster)  # before anything is built
+        check_elements(spec, b, dt, spec)
         mod = build_model(spec, batch=b, dtype=dt)
+        check_program_ops(mod, st.k, train, max_ops, f"{spec} {st}")
         if tp_layout != "declared":
             from distir.search.automap.command import auto_layout
 
@@ -1057,15 +1073,12 @@ def import_(
     """Import a model (PyTorch module, Hugging Face config or ONNX file): print its program and a
     summary."""
     from distir.frontends.zoo.model import ModelError
-    from distir.ir.types import DType
+    from distir.frontends.zoo.registry import parse_training_dtype
     from distir.report.import_cli import render, source_string, summary
 
     spec = source_string(source)
     try:
-        try:
-            dt = DType.parse(dtype)
-        except ValueError:
-            raise ModelError(f"--dtype must be f32, bf16 or f16, got {dtype!r}") from None
+        dt = parse_training_dtype(dtype)
         model = _imported(spec, batch, dt, tuple(split or ()), multi_use)
     except ModelError as e:
         if debug:

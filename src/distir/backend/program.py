@@ -49,16 +49,13 @@ def model_program(
     from distir.autodiff.precision import Precision
     from distir.autodiff.train import Optimizer
     from distir.frontends.zoo import build_model
-    from distir.frontends.zoo.model import ModelError
+    from distir.frontends.zoo.registry import parse_training_dtype
     from distir.parallel.check import initial_values, materialized_inputs
     from distir.parallel.distribute import distribute
     from distir.parallel.strategy import parse_strategy
 
-    st = parse_strategy(strategy or "d1.t1.p1.k1.1f1b")
-    try:
-        dt = DType.parse(dtype)
-    except ValueError:
-        raise ModelError(f"--dtype must be f32, bf16 or f16, got {dtype!r}") from None
+    st = parse_strategy("d1.t1.p1.k1.1f1b" if strategy is None else strategy)  # "" is an error
+    dt = parse_training_dtype(dtype)
     b = batch if batch is not None else 2 * st.d * st.k
     prec = Precision.parse(precision)
     model = build_model(spec, batch=b, dtype=dt)

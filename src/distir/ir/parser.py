@@ -69,9 +69,9 @@ _TOKEN_RE = re.compile(
   | (?P<STRING>"(?:[^"\\\n]|\\.)*")
   | (?P<PUNCT>[()\[\]{},:=;])
     """,
-    re.VERBOSE,
+    re.VERBOSE | re.ASCII,  # digits are ASCII only (distir.limits): never ``٢`` or ``²``
 )
-_DEVICE_RE = re.compile(r"d(\d+)")
+_DEVICE_RE = re.compile(r"d([0-9]+)")
 _ESCAPES = {'"': '"', "\\": "\\", "n": "\n", "t": "\t"}
 
 
