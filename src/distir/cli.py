@@ -122,7 +122,7 @@ def show(file: FileArg, entry: EntryOpt = None, json_out: JsonOpt = False, debug
 @app.command()
 def lower(
     file: FileArg,
-    rank: Annotated[int | None, typer.Option("--rank", help="Device id N (dN) to print.")] = None,
+    rank: Annotated[int | None, typer.Option("--rank", min=0, help="Device id N (dN) to print.")] = None,
     all_ranks: Annotated[bool, typer.Option("--all", help="Print every rank's program.")] = False,
     entry: EntryOpt = None,
     json_out: JsonOpt = False,
@@ -155,7 +155,7 @@ def lower(
 @app.command("exec")
 def exec_(
     file: FileArg,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the random inputs.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the random inputs.")] = 0,
     entry: EntryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
@@ -479,7 +479,7 @@ def run(
     precision: Annotated[
         str, typer.Option("--precision", help="With --model: pure or mixed (fp32 masters).")
     ] = "pure",
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the inputs, weights and optimizer state.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the inputs, weights and optimizer state.")] = 0,
     verify: Annotated[
         bool,
         typer.Option(
@@ -595,7 +595,7 @@ def shard(
     seconds: Annotated[
         float | None, typer.Option("--seconds", min=0.0, help="With --auto: search seconds at most.")
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="With --auto: the search's seed.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="With --auto: the search's seed.")] = 0,
     no_group: Annotated[
         bool, typer.Option("--no-group", help="With --auto: one decision per layer, not per repeated layer.")
     ] = False,
@@ -1155,7 +1155,7 @@ def validate(
     ] = "profile.toml",
     batch: Annotated[int, typer.Option("--batch", min=1, help="Global batch of every strategy.")] = 8,
     steps: Annotated[int, typer.Option("--steps", min=2, help="Steps per run; the first is a warm-up.")] = 4,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the strategy draw.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the strategy draw.")] = 0,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the scatter plot (PNG) here.")] = Path(
         "validate.png"
     ),

@@ -525,7 +525,9 @@ def parse_module(src: str, filename: str = "<text>") -> Module:
 
 
 def parse_with_positions(src: str, filename: str = "<text>") -> tuple[Module, dict[object, tuple[int, int]]]:
-    """Parse a module and say where each op, call, function and value was written (line, col)."""
+    """Parse a module and say where each op, call, function and value was written (line, col).
+    A leading UTF-8 byte order mark is no content (editors do not count it as a column)."""
+    src = src.removeprefix("\ufeff")
     try:
         p = _Parser(src, filename)
         return p.module(), p.positions

@@ -28,7 +28,23 @@ class Slot:
         return f"gpu{self.gpu}" if self.stream == "compute" else f"gpu{self.gpu}:{self.stream}"
 
 
-_ITEM = re.compile(r"\s*d(\d+)\s*=\s*(\d+)(?::([A-Za-z_][A-Za-z0-9_]*))?\s*")
+_ITEM = re.compile(r"\s*d([0-9]{1,9})\s*=\s*([0-9]{1,9})(?::([A-Za-z_][A-Za-z0-9_]*))?\s*", re.ASCII)
+# the streams a device map may name: compute, comm (the DistIR paper's communication stream),
+# commN, and the streams distir's own transforms use (``parallel.distribute.STREAMS``,
+# ``parallel.context.RING_STREAMS``; a test keeps this list in step with them)
+STREAMS = (
+    "compute",
+    "comm",
+    "fwd_send",
+    "bwd_send",
+    "fwd_recv",
+    "bwd_recv",
+    "dp_reduce",
+    "dp_gather",
+    "cp_send",
+    "cp_recv",
+)
+_COMM_N = re.compile(r"comm[0-9]+", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +82,19 @@ class DeviceMap:
             if m is None:
                 raise DeviceMapError(f"device map entry {item.strip()!r} is not like d3=1 or d8=0:comm")
             d, gpu = Device(int(m.group(1))), int(m.group(2))
+            stream = m.group(3) or "compute"
+            if stream not in STREAMS and not _COMM_N.fullmatch(stream):
+                raise DeviceMapError(
+                    f"device map entry {item.strip()!r}: unknown stream {stream!r}; streams: "
+                    f"{', '.join(STREAMS)}, comm<N>"
+                )
             if gpu >= num_gpus:
                 raise DeviceMapError(
                     f"device map entry {item.strip()!r}: the cluster has GPUs 0..{num_gpus - 1}"
                 )
             if d in mapping:
                 raise DeviceMapError(f"device map maps {d} twice")
-            mapping[d] = Slot(gpu, m.group(3) or "compute")
+            mapping[d] = Slot(gpu, stream)
         missing = sorted(set(devices) - set(mapping))
         if missing:
             raise DeviceMapError(f"device map does not place {', '.join(map(str, missing))}")
