@@ -32,7 +32,7 @@ from distir.ir.function import Module
 from distir.ir.parser import parse_with_positions
 from distir.ir.printer import print_module
 from distir.ir.types import Device
-from distir.limits import MAX_OPS
+from distir.limits import MAX_EXEC_BYTES, MAX_OPS
 from distir.report.errors import USER_ERRORS, locate
 from distir.report.fields import SCHEMA
 from distir.report.summary import module_stats, output_names, outputs_table, value_summary
@@ -156,14 +156,26 @@ def lower(
 def exec_(
     file: FileArg,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the random inputs.")] = 0,
+    max_gib: Annotated[
+        float,
+        typer.Option("--max-gib", min=0.0, help="Refuse a program whose values would take more GiB than this."),
+    ] = MAX_EXEC_BYTES.max / 2**30,
     entry: EntryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Run a program on the reference executor with seeded random inputs; summarize outputs."""
+    from distir.report.bounds import value_bytes
+
     s = _Session(file, debug)
     m = s.load(entry)
     typed = s.guard(lambda: distir.check(m))
+    need = value_bytes(typed)
+    if need > max_gib * 2**30:
+        _fail(
+            f"{file}: running @{typed.entry.name} takes up to {need:,} bytes ({need / 2**30:,.1f} GiB: its inputs and "
+            f"every op's results), above --max-gib {max_gib:g}"
+        )
     args = s.guard(lambda: random_inputs(typed.entry, seed))
     # run the program as written, so a failing op is located in the file
     outs = s.guard(lambda: run_reference(m, args))
@@ -615,6 +627,10 @@ def shard(
     stage: Annotated[
         str, typer.Option("--stage", help="propagate, legalize, optimize, materialize or ranks.")
     ] = "materialize",
+    max_ops: Annotated[
+        int,
+        typer.Option("--max-ops", min=1, help="Refuse a mesh whose per-device programs would exceed this size."),
+    ] = MAX_OPS.max,
     entry: EntryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
@@ -627,6 +643,7 @@ def shard(
     from distir.parallel.materialize import materialize, shared_programs
     from distir.parallel.optimize import sink_reductions
     from distir.parallel.propagate import ShardingError, propagate
+    from distir.report.bounds import check_shard_size
 
     if auto is not None:
         _shard_auto(
@@ -656,6 +673,7 @@ def shard(
     m = s.load(entry)
     try:
         mesh_v = Mesh.parse(mesh, devices)
+        check_shard_size(m, len(mesh_v.devices), max_ops)
         notes: dict[str, str] = {}
         for a in annotate or []:
             name, eq, places = a.partition("=")

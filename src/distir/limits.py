@@ -72,9 +72,12 @@ MAX_OPS = Bound(
 MAX_EXEC_BYTES = Bound(
     "bytes (raise it with --max-gib)", 2 * 2**30, "bytes the reference executor (distir exec) may hold at once (--max-gib 2)"
 )
-MAX_CALL_DEPTH = Bound("nested calls", 200, "functions calling functions, in a program file")
+MAX_CALL_DEPTH = Bound("nested calls", 64, "functions calling functions, in a program")
+# types and attribute lists nested in program text, and tuple types a program builds: one bound
+# for the parser, the type constructor and the printer, so every printed program parses back
+MAX_TYPE_NESTING = 64
 MAX_RAY_WORKERS = Bound("Ray workers", 4_096, "Ray tasks in flight (--executor ray)")
-TOML_MAX_NESTING = 64  # arrays/inline tables in a cluster file (the IR parser's nesting bound)
+TOML_MAX_NESTING = MAX_TYPE_NESTING  # arrays/inline tables in a cluster file
 TOML_MAX_DIGITS = 30  # digits of one number in a cluster file (beyond any figure it holds)
 
 

@@ -33,8 +33,9 @@ from distir.ir.function import Donation, Function, Module, ModuleError
 from distir.ir.ops import Call, Op
 from distir.ir.types import Device, DType, IRTypeError, ScalarType, TensorType, TupleType, Type
 from distir.ir.values import EMPTY_ATTRS, Attrs, AttrValue, Value
+from distir.limits import MAX_TYPE_NESTING
 
-MAX_NESTING = 64
+MAX_NESTING = MAX_TYPE_NESTING  # as TupleType allows: a printed program parses back
 
 
 class ParseError(ValueError):

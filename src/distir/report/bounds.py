@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable
 
 import distir
@@ -24,7 +25,7 @@ from distir.ir.function import Function, Module
 from distir.ir.ops import Call
 from distir.ir.types import DType
 from distir.parallel.strategy import Strategy, StrategyError
-from distir.limits import MAX_ELEMENTS, exceeds
+from distir.limits import MAX_BATCH, MAX_ELEMENTS, MAX_RAY_WORKERS, exceeds, max_local_workers, over
 
 
 def per_function_totals(module: Module, own: Callable[[Function], int]) -> dict[str, int]:
@@ -117,3 +118,34 @@ def check_cluster_fits(strategy: Strategy, cluster: str | None) -> None:
         return
     if strategy.devices > n:
         raise StrategyError(f"the strategy {strategy} needs {strategy.devices:,} GPUs but {cluster} has {n:,}")
+
+
+def search_error(workers: int, executor: str, batch: int) -> str | None:
+    """Why a search's ``--workers`` or ``--batch`` is refused (None: accepted): a local search
+    starts one process per worker, at most ``max_local_workers()``; Ray runs at most
+    ``MAX_RAY_WORKERS`` tasks at once; the batch is at most ``MAX_BATCH``."""
+    if exceeds(batch, MAX_BATCH):
+        return over("--batch", batch, MAX_BATCH)
+    if executor == "ray":
+        return over("--workers", workers, MAX_RAY_WORKERS) if exceeds(workers, MAX_RAY_WORKERS) else None
+    most = max_local_workers()
+    if workers > most:
+        return (
+            f"--workers {workers:,}: a local search starts one process per worker; at most {most} "
+            f"on this machine ({os.cpu_count()} CPUs; more only slows it)"
+        )
+    return None
+
+
+def check_shard_size(module: Module, devices: int, max_ops: int) -> None:
+    """Raise ShardingError when sharding ``module`` over ``devices`` would build more than
+    ``max_ops`` op-device entries: each op on each device, and a collective lists every device
+    of its group — ops x devices² (``distir shard``, before propagation)."""
+    from distir.parallel.propagate import ShardingError
+
+    n = flat_ops(module) * devices * devices
+    if n > max_ops:
+        raise ShardingError(
+            f"sharding over {devices:,} devices would build about {n:,} op-device entries "
+            f"({flat_ops(module):,} ops x {devices:,}²), above --max-ops {max_ops:,}"
+        )
