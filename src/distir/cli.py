@@ -158,7 +158,9 @@ def exec_(
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the random inputs.")] = 0,
     max_gib: Annotated[
         float,
-        typer.Option("--max-gib", min=0.0, help="Refuse a program whose values would take more GiB than this."),
+        typer.Option(
+            "--max-gib", min=0.0, help="Refuse a program whose values would take more GiB than this."
+        ),
     ] = MAX_EXEC_BYTES.max / 2**30,
     entry: EntryOpt = None,
     json_out: JsonOpt = False,
@@ -173,8 +175,8 @@ def exec_(
     need = value_bytes(typed)
     if need > max_gib * 2**30:
         _fail(
-            f"{file}: running @{typed.entry.name} takes up to {need:,} bytes ({need / 2**30:,.1f} GiB: its inputs and "
-            f"every op's results), above --max-gib {max_gib:g}"
+            f"{file}: running @{typed.entry.name} takes up to {need:,} bytes ({need / 2**30:,.1f} GiB: "
+            f"its inputs and every op's results), above --max-gib {max_gib:g}"
         )
     args = s.guard(lambda: random_inputs(typed.entry, seed))
     # run the program as written, so a failing op is located in the file
@@ -290,7 +292,18 @@ def simulate(
     source: str
     if model is not None:
         built = _model_program(
-            model, strategy, batch, train, optimizer, dtype, debug, precision, cluster, bucket_mb, tp_layout, max_ops
+            model,
+            strategy,
+            batch,
+            train,
+            optimizer,
+            dtype,
+            debug,
+            precision,
+            cluster,
+            bucket_mb,
+            tp_layout,
+            max_ops,
         )
         m, dmap0, source, batch, model_flops = built
     else:
@@ -422,13 +435,12 @@ def _model_program(
     from distir.frontends.zoo.model import ModelError
     from distir.frontends.zoo.registry import parse_model_string, parse_training_dtype
     from distir.hardware.cluster import parse_cluster
-    from distir.report.bounds import check_cluster_fits, check_elements, check_program_ops
     from distir.hardware.specs import HardwareError
-    from distir.ir.types import DType
     from distir.parallel.distribute import device_map as strategy_map
     from distir.parallel.distribute import distribute
     from distir.parallel.propagate import ShardingError
     from distir.parallel.strategy import StrategyError, parse_strategy
+    from distir.report.bounds import check_cluster_fits, check_elements, check_program_ops
     from distir.search.chunk_times import chunk_times
 
     try:
@@ -491,7 +503,9 @@ def run(
     precision: Annotated[
         str, typer.Option("--precision", help="With --model: pure or mixed (fp32 masters).")
     ] = "pure",
-    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the inputs, weights and optimizer state.")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", min=0, help="Seed of the inputs, weights and optimizer state.")
+    ] = 0,
     verify: Annotated[
         bool,
         typer.Option(
@@ -629,7 +643,9 @@ def shard(
     ] = "materialize",
     max_ops: Annotated[
         int,
-        typer.Option("--max-ops", min=1, help="Refuse a mesh whose per-device programs would exceed this size."),
+        typer.Option(
+            "--max-ops", min=1, help="Refuse a mesh whose per-device programs would exceed this size."
+        ),
     ] = MAX_OPS.max,
     entry: EntryOpt = None,
     json_out: JsonOpt = False,
@@ -1318,9 +1334,27 @@ def _calibration_table(cal: Any, path: Path) -> Any:
     return t
 
 
+def _non_ascii_number(argv: list[str]) -> str | None:
+    """An argument that Python's ``int``/``float`` would read as a number though it is not
+    written in ASCII digits (``٢``, ``１２``): distir reads ASCII digits only (``distir.limits``)."""
+    for tok in argv:
+        value = tok.partition("=")[2] if tok.startswith("--") else tok
+        if value.isascii():
+            continue
+        try:
+            float(value)
+        except ValueError:
+            continue
+        return value
+    return None
+
+
 def main() -> None:
     """The ``distir`` command. A usage error (an unknown option, a value out of range) is one
     line on stderr naming the command and the option, exit status 2, as every other user error."""
+    if (bad := _non_ascii_number(sys.argv[1:])) is not None:
+        err.print(f"distir: {bad!r} is not a number distir reads: write it in ASCII digits 0-9", markup=False)
+        sys.exit(2)
     try:
         code = app(standalone_mode=False, prog_name="distir")
     except _UsageError as e:

@@ -70,7 +70,9 @@ MAX_OPS = Bound(
     "1 GiB of simulation)",
 )
 MAX_EXEC_BYTES = Bound(
-    "bytes (raise it with --max-gib)", 2 * 2**30, "bytes the reference executor (distir exec) may hold at once (--max-gib 2)"
+    "bytes (raise it with --max-gib)",
+    2 * 2**30,
+    "bytes the reference executor (distir exec) may hold at once (--max-gib 2)",
 )
 MAX_CALL_DEPTH = Bound("nested calls", 64, "functions calling functions, in a program")
 # types and attribute lists nested in program text, and tuple types a program builds: one bound

@@ -21,7 +21,7 @@ from distir.interp.project import project
 from distir.interp.reference import random_inputs
 from distir.ir.function import Module
 from distir.ir.rewrite import inline_calls
-from distir.ir.types import Device, DType
+from distir.ir.types import Device
 from distir.ops.registry import REGISTRY, OpKind
 from distir.report.demo import rank_inputs
 

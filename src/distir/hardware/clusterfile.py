@@ -78,7 +78,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from distir.hardware.cluster import Cluster, ClusterError, Matrix
-from distir.limits import MAX_DEVICES, TOML_MAX_DIGITS, TOML_MAX_NESTING, exceeds, over
 from distir.hardware.presets import CUDA_RUNTIME, GIB, GIGA, MIB, PRESETS, TERA, us
 from distir.hardware.specs import (
     DeviceSpec,
@@ -89,6 +88,7 @@ from distir.hardware.specs import (
     NodeSpec,
     RuntimeMemory,
 )
+from distir.limits import MAX_DEVICES, TOML_MAX_DIGITS, TOML_MAX_NESTING, exceeds, over
 
 Path_ = tuple[str | int, ...]
 
@@ -231,7 +231,7 @@ def _index_positions(text: str) -> dict[Path_, tuple[int, int]]:
     return pos
 
 
-_NUMBER_RUN = re.compile(r"[0-9_]{%d,}" % (TOML_MAX_DIGITS + 1))
+_NUMBER_RUN = re.compile(rf"[0-9_]{{{TOML_MAX_DIGITS + 1},}}")
 
 
 def _precheck(text: str, file: str) -> None:
@@ -560,7 +560,9 @@ class _Loader:
             doc = tomllib.loads(self.text)
         except (RecursionError, ValueError) as e:  # beyond _precheck: never a traceback
             if not isinstance(e, tomllib.TOMLDecodeError):
-                raise ClusterError(f"invalid TOML: {type(e).__name__}: {str(e)[:200]}", source=self.file) from None
+                raise ClusterError(
+                    f"invalid TOML: {type(e).__name__}: {str(e)[:200]}", source=self.file
+                ) from None
             msg = str(e)
             m = re.search(r"\s*\(at line (\d+), column (\d+)\)$", msg)
             line, col = (int(m.group(1)), int(m.group(2))) if m else (None, None)

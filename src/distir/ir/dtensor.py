@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from distir.limits import MAX_DEGREE, MAX_DEVICES, exceeds, over, read_int
 from distir.ir.types import _ITEMSIZE, Device, DType, IRTypeError, TensorType
+from distir.limits import MAX_DEGREE, MAX_DEVICES, exceeds, over, read_int
 
 
 class AxisSize(int):

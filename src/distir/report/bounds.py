@@ -24,8 +24,8 @@ from distir.frontends.zoo.registry import IMPORTED, parse_model_string
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call
 from distir.ir.types import DType
-from distir.parallel.strategy import Strategy, StrategyError
 from distir.limits import MAX_BATCH, MAX_ELEMENTS, MAX_RAY_WORKERS, exceeds, max_local_workers, over
+from distir.parallel.strategy import Strategy, StrategyError
 
 
 def per_function_totals(module: Module, own: Callable[[Function], int]) -> dict[str, int]:
@@ -91,7 +91,9 @@ def check_elements(spec: str, batch: int, dtype: DType, what: str) -> None:
     if parsed.family == IMPORTED or not dataclasses.is_dataclass(parsed.config):
         return
     cfg = parsed.config
-    short = {f.name: 1 for f in dataclasses.fields(cfg) if f.name.endswith("layers") and getattr(cfg, f.name) > 1}
+    short = {
+        f.name: 1 for f in dataclasses.fields(cfg) if f.name.endswith("layers") and getattr(cfg, f.name) > 1
+    }
     small = dataclasses.replace(parsed, config=dataclasses.replace(cfg, **short))  # type: ignore[type-var]
     typed = distir.check(small.build(batch, dtype).module)
     for fn in typed.functions:
@@ -117,7 +119,9 @@ def check_cluster_fits(strategy: Strategy, cluster: str | None) -> None:
     except HardwareError:
         return
     if strategy.devices > n:
-        raise StrategyError(f"the strategy {strategy} needs {strategy.devices:,} GPUs but {cluster} has {n:,}")
+        raise StrategyError(
+            f"the strategy {strategy} needs {strategy.devices:,} GPUs but {cluster} has {n:,}"
+        )
 
 
 def search_error(workers: int, executor: str, batch: int) -> str | None:

@@ -207,7 +207,9 @@ def parse_training_dtype(text: str) -> DType:
     """``--dtype`` of the model commands: f32, bf16 or f16 (the dtypes trainers compute in and
     the cost model is calibrated for), else ModelError."""
     if text not in TRAINING_DTYPES:
-        raise ModelError(f"--dtype must be {', '.join(TRAINING_DTYPES[:-1])} or {TRAINING_DTYPES[-1]}, got {text!r}")
+        raise ModelError(
+            f"--dtype must be {', '.join(TRAINING_DTYPES[:-1])} or {TRAINING_DTYPES[-1]}, got {text!r}"
+        )
     return DType(text)
 
 
