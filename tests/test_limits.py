@@ -128,10 +128,13 @@ def test_cluster_specs_beyond_the_bound_are_refused_before_the_node_list_grows()
     assert parse_cluster(f"dgx-a100:{MAX_DEVICES.max // 8}").num_devices == MAX_DEVICES.max
 
 
-def test_device_map_streams_are_named() -> None:
-    DeviceMap.parse("d0=0,d1=0:comm,d2=0:comm2,d3=0:fwd_send", [Device(i) for i in range(4)], 1)
+def test_device_map_streams_are_named_on_the_command_line() -> None:
+    DeviceMap.parse("d0=0,d1=0:comm,d2=0:comm2,d3=0:fwd_send", [Device(i) for i in range(4)], 1, STREAMS)
     with pytest.raises(DeviceMapError, match="unknown stream 'bogus'"):
-        DeviceMap.parse("d0=0:bogus", [Device(0)], 1)
+        DeviceMap.parse("d0=0:bogus", [Device(0)], 1, STREAMS)
+    assert (
+        DeviceMap.parse("d0=0:s1", [Device(0)], 1).mapping[Device(0)].stream == "s1"
+    )  # the API names freely
 
 
 def test_the_stream_list_holds_every_stream_distir_builds() -> None:

@@ -275,7 +275,7 @@ def simulate(
     from distir.hardware.cluster import parse_cluster
     from distir.hardware.specs import HardwareError
     from distir.sim.cost import RooflineCostModel
-    from distir.sim.devices import DeviceMap, DeviceMapError
+    from distir.sim.devices import STREAMS, DeviceMap, DeviceMapError
     from distir.sim.simulate import _program_devices
     from distir.sim.simulate import simulate as run_sim
     from distir.sim.summary import summary_dict, summary_table
@@ -320,7 +320,7 @@ def simulate(
     try:
         cl = parse_cluster(cluster)
         dmap = (
-            DeviceMap.parse(device_map, _program_devices(m, m.entry), cl.num_devices)
+            DeviceMap.parse(device_map, _program_devices(m, m.entry), cl.num_devices, STREAMS)
             if device_map is not None
             else dmap0
         )
@@ -872,6 +872,7 @@ def calibrate(
     from distir.hardware.profile import profile_toml
     from distir.ir.types import DType
 
+    _check_nproc("calibrate", nproc)
     names = [d.strip() for d in dtypes.split(",") if d.strip()]
     known = {d.name: d for d in (DType.f32, DType.bf16, DType.f16)}
     bad = [n for n in names if n not in known]
@@ -1207,6 +1208,7 @@ def validate(
     from distir.hardware.cluster import parse_cluster
     from distir.hardware.specs import HardwareError
 
+    _check_nproc("validate", nproc)
     try:
         cl = parse_cluster(cluster)
     except HardwareError as e:
@@ -1254,6 +1256,16 @@ def validate(
     )
     if plot is not None:
         out.print(f"  scatter plot: {plot}", markup=False)
+
+
+def _check_nproc(command: str, nproc: int) -> None:
+    """``--nproc``: one local process per rank, at most ``max_local_ranks()`` (docs/limitations.md)."""
+    from distir.limits import max_local_ranks
+
+    if nproc > max_local_ranks():
+        _fail(
+            f"{command}: --nproc {nproc:,}: one process per rank, at most {max_local_ranks()} on this machine"
+        )
 
 
 def _progress_bar(disable: bool) -> Any:

@@ -89,6 +89,12 @@ def max_local_workers() -> int:
     return max(4, os.cpu_count() or 1)
 
 
+def max_local_ranks() -> int:
+    """Processes of a local ``distir run``/``calibrate``/``validate`` (one per rank, each with
+    torch loaded): this machine's CPUs, at least 8 (a GPU node's GPUs)."""
+    return max(8, os.cpu_count() or 1)
+
+
 def exceeds(value: int, bound: Bound) -> bool:
     return value > bound.max
 

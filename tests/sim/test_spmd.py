@@ -409,7 +409,7 @@ def test_streams_sharing_a_gpu_keep_one_clock_per_device() -> None:
     """A device map with two devices of a mesh on one GPU (two streams) cannot use units (memory
     is per GPU, clocks per stream): the SPMD simulation still equals the materialized one."""
     m = parse_module(DATA_PARALLEL)
-    dmap = DeviceMap.parse("d0=0,d1=0:comm1,d2=1,d3=1:comm1", [Device(i) for i in range(4)], DGX.num_devices)
+    dmap = DeviceMap.parse("d0=0,d1=0:s1,d2=1,d3=1:s1", [Device(i) for i in range(4)], DGX.num_devices)
     spmd, flat = both(m, device_map=dmap)
     assert_same(spmd, flat)
     assert set(spmd.peak_memory) == {0, 1}

@@ -52,9 +52,16 @@ def model_program(
     from distir.frontends.zoo.registry import parse_training_dtype
     from distir.parallel.check import initial_values, materialized_inputs
     from distir.parallel.distribute import distribute
-    from distir.parallel.strategy import parse_strategy
+    from distir.backend.launch import under_torchrun
+    from distir.limits import max_local_ranks
+    from distir.parallel.strategy import StrategyError, parse_strategy
 
     st = parse_strategy("d1.t1.p1.k1.1f1b" if strategy is None else strategy)  # "" is an error
+    if not under_torchrun() and st.devices > max_local_ranks():
+        raise StrategyError(
+            f"the strategy {st} has {st.devices:,} ranks; a local run starts one process per rank, at "
+            f"most {max_local_ranks()} here (more: torchrun on a cluster)"
+        )
     dt = parse_training_dtype(dtype)
     b = batch if batch is not None else 2 * st.d * st.k
     prec = Precision.parse(precision)

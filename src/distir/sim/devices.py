@@ -9,7 +9,7 @@ memory and transfer between each other for free.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from distir.ir.types import Device
@@ -29,9 +29,10 @@ class Slot:
 
 
 _ITEM = re.compile(r"\s*d([0-9]{1,9})\s*=\s*([0-9]{1,9})(?::([A-Za-z_][A-Za-z0-9_]*))?\s*", re.ASCII)
-# the streams a device map may name: compute, comm (the DistIR paper's communication stream),
-# commN, and the streams distir's own transforms use (``parallel.distribute.STREAMS``,
-# ``parallel.context.RING_STREAMS``; a test keeps this list in step with them)
+# the streams ``distir simulate --device-map`` accepts (``DeviceMap.parse(streams=STREAMS)``):
+# compute, comm (the DistIR paper's communication stream), comm<N>, and the streams distir's own
+# transforms use (``parallel.distribute.STREAMS``, ``parallel.context.RING_STREAMS``; a test keeps
+# this list in step with them), so a typo on the command line is an error
 STREAMS = (
     "compute",
     "comm",
@@ -74,8 +75,11 @@ class DeviceMap:
         return DeviceMap({d: Slot(i) for i, d in enumerate(devs)})
 
     @staticmethod
-    def parse(text: str, devices: Iterable[Device], num_gpus: int) -> DeviceMap:
-        """``d0=0,d1=1,d8=0:comm``: every program device must be mapped, GPUs must exist."""
+    def parse(
+        text: str, devices: Iterable[Device], num_gpus: int, streams: Collection[str] | None = None
+    ) -> DeviceMap:
+        """``d0=0,d1=1,d8=0:comm``: every program device must be mapped, GPUs must exist; with
+        ``streams``, only those stream names (and ``comm<N>``) are accepted."""
         mapping: dict[Device, Slot] = {}
         for item in text.split(","):
             m = _ITEM.fullmatch(item)
@@ -83,10 +87,10 @@ class DeviceMap:
                 raise DeviceMapError(f"device map entry {item.strip()!r} is not like d3=1 or d8=0:comm")
             d, gpu = Device(int(m.group(1))), int(m.group(2))
             stream = m.group(3) or "compute"
-            if stream not in STREAMS and not _COMM_N.fullmatch(stream):
+            if streams is not None and stream not in streams and not _COMM_N.fullmatch(stream):
                 raise DeviceMapError(
                     f"device map entry {item.strip()!r}: unknown stream {stream!r}; streams: "
-                    f"{', '.join(STREAMS)}, comm<N>"
+                    f"{', '.join(streams)}, comm<N>"
                 )
             if gpu >= num_gpus:
                 raise DeviceMapError(
