@@ -48,12 +48,12 @@ def model_program(
     Raises the build's user errors (StrategyError, ModelError, ...)."""
     from distir.autodiff.precision import Precision
     from distir.autodiff.train import Optimizer
+    from distir.backend.launch import under_torchrun
     from distir.frontends.zoo import build_model
     from distir.frontends.zoo.registry import parse_training_dtype
+    from distir.limits import max_local_ranks
     from distir.parallel.check import initial_values, materialized_inputs
     from distir.parallel.distribute import distribute
-    from distir.backend.launch import under_torchrun
-    from distir.limits import max_local_ranks
     from distir.parallel.strategy import StrategyError, parse_strategy
 
     st = parse_strategy("d1.t1.p1.k1.1f1b" if strategy is None else strategy)  # "" is an error
