@@ -118,6 +118,10 @@ def test_unbounded_inputs_end_in_one_line_before_any_work(tmp_path: Path) -> Non
             ["simulate", "--model", "gpt2-117m", "--batch", "99999999999999999999"],
             "the batch = 99,999,999,999,999,999,999",
         ),
+        "search --microbatches 50000": (
+            ["search", "--model", "gpt2-117m", "--microbatches", "50000", "--batch", "50000", "--fresh"],
+            "with k = 50,000 microbatches would have about 83,400,000 ops",
+        ),
         "search --batch 99999999999999999999": (
             ["search", "--model", "gpt2-117m", "--batch", "99999999999999999999", "--fresh"],
             "--batch = 99,999,999,999,999,999,999",
@@ -178,6 +182,12 @@ def run_main(
         (["simulate", "--model", "gpt2-117m", "--batch=１２"], "'１２' is not a number distir reads"),
         (["shard", "--mesh", "tp=²", str(EX / "mlp_sequential.distir")], "not like tp=4"),
         (["simulate", "--model", "gpt:layers=٢"], "expected a positive integer"),
+        (["calibrate", "--nproc", "100000"], "--nproc 100,000: one process per rank"),
+        (["validate", "--nproc", "100000"], "--nproc 100,000: one process per rank"),
+        (
+            ["run", "--model", "gpt:layers=2,hidden=64,heads=2,seq=16,vocab=64", "--strategy", "d10000"],
+            "has 10,000 ranks; a local run starts one process per rank",
+        ),
     ],
 )
 def test_user_errors_are_one_line_exit_2(

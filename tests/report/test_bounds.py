@@ -25,6 +25,7 @@ from distir.report.bounds import (
     flat_ops,
     program_ops_estimate,
     search_error,
+    search_ops_error,
     value_bytes,
 )
 
@@ -110,3 +111,13 @@ def test_shard_size_grows_with_the_square_of_the_devices() -> None:
     check_shard_size(m, 100, 10_000)
     with pytest.raises(ShardingError, match="about 10,201 op-device entries"):
         check_shard_size(m, 101, 10_000)
+
+
+def test_search_refuses_programs_too_big_to_simulate_exactly() -> None:
+    ops = flat_ops(build_model("gpt2-117m", batch=1).module)
+    assert search_ops_error("gpt2-117m", None, 128, 512, True) is None  # the defaults
+    why = search_ops_error("gpt2-117m", 50000, 128, 50000, True) or ""
+    assert f"about {ops * 50000 * 6:,} ops" in why and "--microbatches" in why
+    assert "--max-microbatches" in (search_ops_error("gpt2-117m", None, 50000, 50000, True) or "")
+    assert search_ops_error("gpt2-117m", None, 50000, 64, True) is None  # k is at most the batch
+    assert search_ops_error("no-such-model", 50000, 128, 50000, True) is None  # the search reports it

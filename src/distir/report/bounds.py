@@ -24,7 +24,7 @@ from distir.frontends.zoo.registry import IMPORTED, parse_model_string
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call
 from distir.ir.types import DType
-from distir.limits import MAX_BATCH, MAX_ELEMENTS, MAX_RAY_WORKERS, exceeds, max_local_workers, over
+from distir.limits import MAX_BATCH, MAX_ELEMENTS, MAX_OPS, MAX_RAY_WORKERS, exceeds, max_local_workers, over
 from distir.parallel.strategy import Strategy, StrategyError
 
 
@@ -153,3 +153,26 @@ def check_shard_size(module: Module, devices: int, max_ops: int) -> None:
             f"sharding over {devices:,} devices would build about {n:,} op-device entries "
             f"({flat_ops(module):,} ops x {devices:,}²), above --max-ops {max_ops:,}"
         )
+
+
+def search_ops_error(model: str, k_pin: int | None, max_k: int, batch: int, train: bool) -> str | None:
+    """Why a search is refused for the size of the programs it would simulate exactly (None:
+    accepted): the most microbatches it tries (``--microbatches``, else ``--max-microbatches``,
+    at most the batch) times the model's ops, as ``program_ops_estimate``, above ``MAX_OPS``.
+    Model strings that do not parse are left to the search to report; imported models too."""
+    try:
+        spec = parse_model_string(model)
+        if spec.family == IMPORTED:
+            return None
+        built = spec.build(1)
+    except ModelError:
+        return None
+    k = min(k_pin or max_k, batch)
+    n = program_ops_estimate(built, k, train)
+    if n <= MAX_OPS.max:
+        return None
+    flag = "--microbatches" if k_pin else "--max-microbatches"
+    return (
+        f"a program of {model} with k = {k:,} microbatches would have about {n:,} ops, above distir's "
+        f"bound of {MAX_OPS.max:,} (docs/limitations.md); give a smaller {flag}"
+    )
