@@ -499,7 +499,9 @@ def run(
         int, typer.Option("--steps", min=1, help="Steps to run; the first is a warm-up when there are more.")
     ] = 3,
     optimizer: Annotated[str, typer.Option("--optimizer", help="With --model: sgd or adam.")] = "adam",
-    dtype: Annotated[str, typer.Option("--dtype", help="With --model: f32, bf16 or f16.")] = "f32",
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="With --model: f32, bf16, f16 or f64 (exact comparisons).")
+    ] = "f32",
     precision: Annotated[
         str, typer.Option("--precision", help="With --model: pure or mixed (fp32 masters).")
     ] = "pure",

@@ -62,7 +62,7 @@ def model_program(
             f"the strategy {st} has {st.devices:,} ranks; a local run starts one process per rank, at "
             f"most {max_local_ranks()} here (more: torchrun on a cluster)"
         )
-    dt = parse_training_dtype(dtype)
+    dt = parse_training_dtype(dtype, also=("f64",))  # f64: run's exact comparisons
     b = batch if batch is not None else 2 * st.d * st.k
     prec = Precision.parse(precision)
     model = build_model(spec, batch=b, dtype=dt)

@@ -203,13 +203,13 @@ def build_from(spec: ModelSpec, batch: int, dtype: DType = DType.f32) -> Model:
 TRAINING_DTYPES = ("f32", "bf16", "f16")  # what the commands' --dtype offers (f64: numerics tests)
 
 
-def parse_training_dtype(text: str) -> DType:
+def parse_training_dtype(text: str, also: tuple[str, ...] = ()) -> DType:
     """``--dtype`` of the model commands: f32, bf16 or f16 (the dtypes trainers compute in and
-    the cost model is calibrated for), else ModelError."""
-    if text not in TRAINING_DTYPES:
-        raise ModelError(
-            f"--dtype must be {', '.join(TRAINING_DTYPES[:-1])} or {TRAINING_DTYPES[-1]}, got {text!r}"
-        )
+    the cost model is calibrated for) and ``also`` (``run``: f64, for exact comparisons), else
+    ModelError."""
+    known = (*TRAINING_DTYPES, *also)
+    if text not in known:
+        raise ModelError(f"--dtype must be {', '.join(known[:-1])} or {known[-1]}, got {text!r}")
     return DType(text)
 
 
