@@ -32,6 +32,7 @@ from distir.ir.function import Module
 from distir.ir.parser import parse_with_positions
 from distir.ir.printer import print_module
 from distir.ir.types import Device
+from distir.limits import MAX_EXEC_BYTES, MAX_OPS
 from distir.report.errors import USER_ERRORS, locate
 from distir.report.fields import SCHEMA
 from distir.report.summary import module_stats, output_names, outputs_table, value_summary
@@ -121,7 +122,7 @@ def show(file: FileArg, entry: EntryOpt = None, json_out: JsonOpt = False, debug
 @app.command()
 def lower(
     file: FileArg,
-    rank: Annotated[int | None, typer.Option("--rank", help="Device id N (dN) to print.")] = None,
+    rank: Annotated[int | None, typer.Option("--rank", min=0, help="Device id N (dN) to print.")] = None,
     all_ranks: Annotated[bool, typer.Option("--all", help="Print every rank's program.")] = False,
     entry: EntryOpt = None,
     json_out: JsonOpt = False,
@@ -154,15 +155,29 @@ def lower(
 @app.command("exec")
 def exec_(
     file: FileArg,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the random inputs.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the random inputs.")] = 0,
+    max_gib: Annotated[
+        float,
+        typer.Option(
+            "--max-gib", min=0.0, help="Refuse a program whose values would take more GiB than this."
+        ),
+    ] = MAX_EXEC_BYTES.max / 2**30,
     entry: EntryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Run a program on the reference executor with seeded random inputs; summarize outputs."""
+    from distir.report.bounds import value_bytes
+
     s = _Session(file, debug)
     m = s.load(entry)
     typed = s.guard(lambda: distir.check(m))
+    need = value_bytes(typed)
+    if need > max_gib * 2**30:
+        _fail(
+            f"{file}: running @{typed.entry.name} takes up to {need:,} bytes ({need / 2**30:,.1f} GiB: "
+            f"its inputs and every op's results), above --max-gib {max_gib:g}"
+        )
     args = s.guard(lambda: random_inputs(typed.entry, seed))
     # run the program as written, so a failing op is located in the file
     outs = s.guard(lambda: run_reference(m, args))
@@ -270,6 +285,14 @@ def simulate(
             "search, as distir shard --auto).",
         ),
     ] = "declared",
+    max_ops: Annotated[
+        int,
+        typer.Option(
+            "--max-ops",
+            min=1,
+            help="With --model: refuse a program estimated above this many ops (calls expanded).",
+        ),
+    ] = MAX_OPS.max,
     entry: EntryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
@@ -279,7 +302,7 @@ def simulate(
     from distir.hardware.cluster import parse_cluster
     from distir.hardware.specs import HardwareError
     from distir.sim.cost import RooflineCostModel
-    from distir.sim.devices import DeviceMap, DeviceMapError
+    from distir.sim.devices import STREAMS, DeviceMap, DeviceMapError
     from distir.sim.simulate import _program_devices
     from distir.sim.simulate import simulate as run_sim
     from distir.sim.summary import summary_dict, summary_table
@@ -312,6 +335,7 @@ def simulate(
             bucket_mb,
             tp_layout,
             overlap_param_gather,
+            max_ops,
         )
         m, dmap0, source, batch, model_flops = built
     else:
@@ -330,7 +354,7 @@ def simulate(
     try:
         cl = parse_cluster(cluster)
         dmap = (
-            DeviceMap.parse(device_map, _program_devices(m, m.entry), cl.num_devices)
+            DeviceMap.parse(device_map, _program_devices(m, m.entry), cl.num_devices, STREAMS)
             if device_map is not None
             else dmap0
         )
@@ -390,10 +414,15 @@ def _strategy_json(
 
     assert batch is not None  # _model_program resolved it
     return {
-        **fields_for(model, parse_strategy(strategy or "d1.t1.p1.k1.1f1b"), batch),
+        **fields_for(model, parse_strategy(_strategy_text(strategy)), batch),
         "dtype": dtype,
         "precision": precision,
     }
+
+
+def _strategy_text(strategy: str | None) -> str:
+    """``--strategy``, by default ``d1.t1.p1.k1.1f1b``; an empty one is an error, not the default."""
+    return "d1.t1.p1.k1.1f1b" if strategy is None else strategy
 
 
 def _plain_guard(debug: bool) -> Callable[[Callable[[], T]], T]:
@@ -433,6 +462,7 @@ def _model_program(
     bucket_mb: float = 25.0,
     tp_layout: str = "declared",
     overlap_param_gather: bool = False,
+    max_ops: int = MAX_OPS.max,
 ) -> ModelProgram:
     """Build zoo model ``spec`` in ``dtype`` and distribute it with ``precision`` (pure, or mixed:
     fp32 masters). With a ``cluster`` that has the
@@ -444,25 +474,25 @@ def _model_program(
     from distir.autodiff.train import Optimizer
     from distir.frontends.zoo import build_model
     from distir.frontends.zoo.model import ModelError
-    from distir.frontends.zoo.registry import parse_model_string
+    from distir.frontends.zoo.registry import parse_model_string, parse_training_dtype
     from distir.hardware.cluster import parse_cluster
     from distir.hardware.specs import HardwareError
-    from distir.ir.types import DType
     from distir.parallel.distribute import device_map as strategy_map
     from distir.parallel.distribute import distribute
     from distir.parallel.propagate import ShardingError
     from distir.parallel.strategy import StrategyError, parse_strategy
+    from distir.report.bounds import check_cluster_fits, check_elements, check_program_ops
     from distir.search.chunk_times import chunk_times
 
     try:
-        st = parse_strategy(strategy or "d1.t1.p1.k1.1f1b")
-        try:
-            dt = DType.parse(dtype)
-        except ValueError:
-            raise ModelError(f"--dtype must be f32, bf16 or f16, got {dtype!r}") from None
+        st = parse_strategy(_strategy_text(strategy))
+        dt = parse_training_dtype(dtype)
         b = batch if batch is not None else 8 * st.d * st.k
         prec = Precision.parse(precision)
+        check_cluster_fits(st, cluster)  # before anything is built
+        check_elements(spec, b, dt, spec)
         mod = build_model(spec, batch=b, dtype=dt)
+        check_program_ops(mod, st.k, train, max_ops, f"{spec} {st}")
         if tp_layout != "declared":
             from distir.search.automap.command import auto_layout
 
@@ -511,11 +541,15 @@ def run(
         int, typer.Option("--steps", min=1, help="Steps to run; the first is a warm-up when there are more.")
     ] = 3,
     optimizer: Annotated[str, typer.Option("--optimizer", help="With --model: sgd or adam.")] = "adam",
-    dtype: Annotated[str, typer.Option("--dtype", help="With --model: f32, bf16 or f16.")] = "f32",
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="With --model: f32, bf16, f16 or f64 (exact comparisons).")
+    ] = "f32",
     precision: Annotated[
         str, typer.Option("--precision", help="With --model: pure or mixed (fp32 masters).")
     ] = "pure",
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the inputs, weights and optimizer state.")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", min=0, help="Seed of the inputs, weights and optimizer state.")
+    ] = 0,
     verify: Annotated[
         bool,
         typer.Option(
@@ -631,7 +665,7 @@ def shard(
     seconds: Annotated[
         float | None, typer.Option("--seconds", min=0.0, help="With --auto: search seconds at most.")
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="With --auto: the search's seed.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="With --auto: the search's seed.")] = 0,
     no_group: Annotated[
         bool, typer.Option("--no-group", help="With --auto: one decision per layer, not per repeated layer.")
     ] = False,
@@ -651,6 +685,12 @@ def shard(
     stage: Annotated[
         str, typer.Option("--stage", help="propagate, legalize, optimize, materialize or ranks.")
     ] = "materialize",
+    max_ops: Annotated[
+        int,
+        typer.Option(
+            "--max-ops", min=1, help="Refuse a mesh whose per-device programs would exceed this size."
+        ),
+    ] = MAX_OPS.max,
     entry: EntryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
@@ -663,6 +703,7 @@ def shard(
     from distir.parallel.materialize import materialize, shared_programs
     from distir.parallel.optimize import sink_reductions
     from distir.parallel.propagate import ShardingError, propagate
+    from distir.report.bounds import check_shard_size
 
     if auto is not None:
         _shard_auto(
@@ -692,6 +733,7 @@ def shard(
     m = s.load(entry)
     try:
         mesh_v = Mesh.parse(mesh, devices)
+        check_shard_size(m, len(mesh_v.devices), max_ops)
         notes: dict[str, str] = {}
         for a in annotate or []:
             name, eq, places = a.partition("=")
@@ -874,6 +916,7 @@ def calibrate(
     from distir.hardware.profile import profile_toml
     from distir.ir.types import DType
 
+    _check_nproc("calibrate", nproc)
     names = [d.strip() for d in dtypes.split(",") if d.strip()]
     known = {d.name: d for d in (DType.f32, DType.bf16, DType.f16)}
     bad = [n for n in names if n not in known]
@@ -1125,15 +1168,12 @@ def import_(
     """Import a model (PyTorch module, Hugging Face config or ONNX file): print its program and a
     summary."""
     from distir.frontends.zoo.model import ModelError
-    from distir.ir.types import DType
+    from distir.frontends.zoo.registry import parse_training_dtype
     from distir.report.import_cli import render, source_string, summary
 
     spec = source_string(source)
     try:
-        try:
-            dt = DType.parse(dtype)
-        except ValueError:
-            raise ModelError(f"--dtype must be f32, bf16 or f16, got {dtype!r}") from None
+        dt = parse_training_dtype(dtype)
         model = _imported(spec, batch, dt, tuple(split or ()), multi_use)
     except ModelError as e:
         if debug:
@@ -1210,7 +1250,7 @@ def validate(
     ] = "profile.toml",
     batch: Annotated[int, typer.Option("--batch", min=1, help="Global batch of every strategy.")] = 8,
     steps: Annotated[int, typer.Option("--steps", min=2, help="Steps per run; the first is a warm-up.")] = 4,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the strategy draw.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the strategy draw.")] = 0,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the scatter plot (PNG) here.")] = Path(
         "validate.png"
     ),
@@ -1228,6 +1268,7 @@ def validate(
     from distir.hardware.cluster import parse_cluster
     from distir.hardware.specs import HardwareError
 
+    _check_nproc("validate", nproc)
     try:
         cl = parse_cluster(cluster)
     except HardwareError as e:
@@ -1275,6 +1316,16 @@ def validate(
     )
     if plot is not None:
         out.print(f"  scatter plot: {plot}", markup=False)
+
+
+def _check_nproc(command: str, nproc: int) -> None:
+    """``--nproc``: one local process per rank, at most ``max_local_ranks()`` (docs/limitations.md)."""
+    from distir.limits import max_local_ranks
+
+    if nproc > max_local_ranks():
+        _fail(
+            f"{command}: --nproc {nproc:,}: one process per rank, at most {max_local_ranks()} on this machine"
+        )
 
 
 def _progress_bar(disable: bool) -> Any:
@@ -1355,9 +1406,27 @@ def _calibration_table(cal: Any, path: Path) -> Any:
     return t
 
 
+def _non_ascii_number(argv: list[str]) -> str | None:
+    """An argument that Python's ``int``/``float`` would read as a number though it is not
+    written in ASCII digits (``٢``, ``１２``): distir reads ASCII digits only (``distir.limits``)."""
+    for tok in argv:
+        value = tok.partition("=")[2] if tok.startswith("--") else tok
+        if value.isascii():
+            continue
+        try:
+            float(value)
+        except ValueError:
+            continue
+        return value
+    return None
+
+
 def main() -> None:
     """The ``distir`` command. A usage error (an unknown option, a value out of range) is one
     line on stderr naming the command and the option, exit status 2, as every other user error."""
+    if (bad := _non_ascii_number(sys.argv[1:])) is not None:
+        err.print(f"distir: {bad!r} is not a number distir reads: write it in ASCII digits 0-9", markup=False)
+        sys.exit(2)
     try:
         code = app(standalone_mode=False, prog_name="distir")
     except _UsageError as e:

@@ -36,6 +36,7 @@ from distir.backend.worker import RankFailure, RankProgram, RankResult, RankSetu
 from distir.ir.ops import Op
 from distir.ir.printer import print_op
 from distir.ir.rewrite import inline_calls
+from distir.limits import max_local_ranks
 
 POLL_S = 0.05
 SETTLE_S = 0.5
@@ -111,6 +112,12 @@ def launch(
     opts = options or LaunchOptions()
     backend = opts.backend or default_backend()
     world = len(jobs)
+    if world > max_local_ranks():
+        raise RunFailed(
+            f"the program has {world:,} ranks; a local run starts one process per rank, at most "
+            f"{max_local_ranks()} here (this machine's CPUs, at least 8; more: torchrun on a cluster)",
+            None,
+        )
     ctx = mp.get_context("spawn")
     results: Any = ctx.Queue()
     port = free_port()

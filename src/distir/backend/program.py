@@ -21,7 +21,7 @@ from distir.interp.project import project
 from distir.interp.reference import random_inputs
 from distir.ir.function import Module
 from distir.ir.rewrite import inline_calls
-from distir.ir.types import Device, DType
+from distir.ir.types import Device
 from distir.ops.registry import REGISTRY, OpKind
 from distir.report.demo import rank_inputs
 
@@ -48,17 +48,21 @@ def model_program(
     Raises the build's user errors (StrategyError, ModelError, ...)."""
     from distir.autodiff.precision import Precision
     from distir.autodiff.train import Optimizer
+    from distir.backend.launch import under_torchrun
     from distir.frontends.zoo import build_model
-    from distir.frontends.zoo.model import ModelError
+    from distir.frontends.zoo.registry import parse_training_dtype
+    from distir.limits import max_local_ranks
     from distir.parallel.check import initial_values, materialized_inputs
     from distir.parallel.distribute import distribute
-    from distir.parallel.strategy import parse_strategy
+    from distir.parallel.strategy import StrategyError, parse_strategy
 
-    st = parse_strategy(strategy or "d1.t1.p1.k1.1f1b")
-    try:
-        dt = DType.parse(dtype)
-    except ValueError:
-        raise ModelError(f"--dtype must be f32, bf16 or f16, got {dtype!r}") from None
+    st = parse_strategy("d1.t1.p1.k1.1f1b" if strategy is None else strategy)  # "" is an error
+    if not under_torchrun() and st.devices > max_local_ranks():
+        raise StrategyError(
+            f"the strategy {st} has {st.devices:,} ranks; a local run starts one process per rank, at "
+            f"most {max_local_ranks()} here (more: torchrun on a cluster)"
+        )
+    dt = parse_training_dtype(dtype, also=("f64",))  # f64: run's exact comparisons
     b = batch if batch is not None else 2 * st.d * st.k
     prec = Precision.parse(precision)
     model = build_model(spec, batch=b, dtype=dt)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from distir.hardware.presets import PRESETS
 from distir.hardware.specs import DeviceSpec, HardwareError, LinkSpec, NodeSpec
+from distir.limits import MAX_DEVICES, exceeds, over, read_int
 
 _SELF = LinkSpec(math.inf, 0.0)
 
@@ -252,6 +253,7 @@ def parse_cluster(spec: str | Cluster) -> Cluster:
         return load_cluster_file(Path(spec))
     src = f"cluster {spec!r}"
     nodes: list[NodeSpec] = []
+    total = 0  # GPUs so far, bounded before the node list grows
     for part in spec.split("+"):
         name, colon, count_text = part.strip().partition(":")
         name = name.strip()
@@ -260,11 +262,14 @@ def parse_cluster(spec: str | Cluster) -> Cluster:
         node = preset_node(name, src)
         count = 1
         if colon:
-            t = count_text.strip()
-            if not (t.isascii() and t.isdigit()) or int(t) < 1:
+            got = read_int(count_text.strip())
+            if got is None or got < 1:
                 raise ClusterError(
-                    f"node count of {name!r} must be a positive integer, got {count_text!r}", source=src
+                    f"node count of {name!r} must be a positive integer, got {count_text[:40]!r}", source=src
                 )
-            count = int(t)
+            count = got
+        total += count * node.devices_per_node
+        if exceeds(total, MAX_DEVICES):
+            raise ClusterError(over("its GPU count", total, MAX_DEVICES), source=src[:80])
         nodes.extend([node] * count)
     return Cluster(spec, tuple(nodes))

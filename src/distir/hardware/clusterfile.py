@@ -97,6 +97,7 @@ from distir.hardware.specs import (
     NodeSpec,
     RuntimeMemory,
 )
+from distir.limits import MAX_DEVICES, TOML_MAX_DIGITS, TOML_MAX_NESTING, exceeds, over
 
 Path_ = tuple[str | int, ...]
 
@@ -242,6 +243,40 @@ def _index_positions(text: str) -> dict[Path_, tuple[int, int]]:
     return pos
 
 
+_NUMBER_RUN = re.compile(rf"[0-9_]{{{TOML_MAX_DIGITS + 1},}}")
+
+
+def _precheck(text: str, file: str) -> None:
+    """Refuse, before ``tomllib`` sees it, what would make it recurse past Python's limit (arrays
+    or inline tables nested deeper than ``TOML_MAX_NESTING``) or convert a number of thousands of
+    digits (``TOML_MAX_DIGITS``): a ClusterError with the line, as any other TOML error."""
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        code = _STRINGS.sub('""', raw).split("#", 1)[0]
+        m = _NUMBER_RUN.search(code)
+        if m is not None:
+            raise ClusterError(
+                f"a number of more than {TOML_MAX_DIGITS} digits (no figure of a cluster has that many)",
+                source=file,
+                line=lineno,
+                col=m.start() + 1,
+            )
+    depth = 0
+    code = _STRINGS.sub('""', text)
+    for lineno, line in enumerate(code.splitlines(), 1):
+        for col, ch in enumerate(line.split("#", 1)[0], 1):
+            if ch in "[{":
+                depth += 1
+                if depth > TOML_MAX_NESTING:
+                    raise ClusterError(
+                        f"arrays or tables nested deeper than {TOML_MAX_NESTING} levels",
+                        source=file,
+                        line=lineno,
+                        col=col,
+                    )
+            elif ch in "]}":
+                depth = max(0, depth - 1)
+
+
 class _Loader:
     def __init__(self, text: str, file: str) -> None:
         self.text = text
@@ -291,6 +326,13 @@ class _Loader:
             self.fail(path, f"expected a positive integer ({what}), got {_got(v)}")
         return v
 
+    def device_count(self, v: object, path: Path_, what: str) -> int:
+        """A positive integer that counts GPUs or nodes: at most ``MAX_DEVICES``."""
+        n = self.positive_int(v, path, what)
+        if exceeds(n, MAX_DEVICES):
+            self.fail(path, over(what, n, MAX_DEVICES))
+        return n
+
     # -- node types ---------------------------------------------------------------------------
 
     def node_type(self, key: str, raw: object) -> NodeSpec:
@@ -315,7 +357,7 @@ class _Loader:
                     self.fail((*path, k), f"missing required key ({what}; no preset to take it from)")
         gpu = self.string(t["gpu"], (*path, "gpu")) if "gpu" in t else None
         dpn = (
-            self.positive_int(t["devices_per_node"], (*path, "devices_per_node"), "GPUs per node")
+            self.device_count(t["devices_per_node"], (*path, "devices_per_node"), "GPUs per node")
             if "devices_per_node" in t
             else None
         )
@@ -575,9 +617,15 @@ class _Loader:
         return tuple(rows)
 
     def load(self) -> Cluster:
+        self.text = self.text.removeprefix("\ufeff")  # a UTF-8 byte order mark is no content
+        _precheck(self.text, self.file)
         try:
             doc = tomllib.loads(self.text)
-        except tomllib.TOMLDecodeError as e:
+        except (RecursionError, ValueError) as e:  # beyond _precheck: never a traceback
+            if not isinstance(e, tomllib.TOMLDecodeError):
+                raise ClusterError(
+                    f"invalid TOML: {type(e).__name__}: {str(e)[:200]}", source=self.file
+                ) from None
             msg = str(e)
             m = re.search(r"\s*\(at line (\d+), column (\d+)\)$", msg)
             line, col = (int(m.group(1)), int(m.group(2))) if m else (None, None)
@@ -596,6 +644,7 @@ class _Loader:
         if not isinstance(raw_nodes, list) or not raw_nodes:
             self.fail(("nodes",), f"expected a non-empty array of [[nodes]] tables, got {_got(raw_nodes)}")
         nodes: list[NodeSpec] = []
+        total = 0  # GPUs so far, bounded before the node list grows
         for i, entry in enumerate(raw_nodes):
             ent = self.table(entry, ("nodes", i), ("type", "count"))
             if "type" not in ent:
@@ -609,7 +658,10 @@ class _Loader:
                     f"unknown node type {tname!r} (types defined here: {defined}; "
                     f"presets: {', '.join(PRESETS)})",
                 )
-            count = self.positive_int(ent.get("count", 1), ("nodes", i, "count"), "number of nodes")
+            count = self.device_count(ent.get("count", 1), ("nodes", i, "count"), "number of nodes")
+            total += count * node.devices_per_node
+            if exceeds(total, MAX_DEVICES):
+                self.fail(("nodes", i, "count"), over("the cluster's GPU count", total, MAX_DEVICES))
             nodes.extend([node] * count)
         inter = None
         if "inter_node" in top:

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 
 from distir.ir.local_types import _ITEMSIZE, Device, DType, IRTypeError, TensorType
+from distir.limits import MAX_DEGREE, MAX_DEVICES, exceeds, over, read_int
 
 
 class AxisSize(int):
@@ -145,8 +146,8 @@ def parse_placements(text: str) -> tuple[Placement, ...]:
     for part in text.replace(" ", "").split(","):
         if part == "R":
             out.append(Replicate())
-        elif part.startswith("S(") and part.endswith(")") and part[2:-1].isdigit():
-            out.append(Shard(int(part[2:-1])))
+        elif part.startswith("S(") and part.endswith(")") and (dim := read_int(part[2:-1])) is not None:
+            out.append(Shard(dim))
         elif part.startswith("P(") and part.endswith(")"):
             out.append(Partial(part[2:-1]))
         else:
@@ -242,24 +243,30 @@ class Mesh:
         for part in axes.split(","):
             name, eq, size = part.strip().partition("=")
             size, bracket, rest = size.strip().partition("[")
-            if not eq or not size.strip().isdigit():
+            n_axis = read_int(size.strip())
+            if not eq or n_axis is None:
                 raise IRTypeError(f"mesh axis {part.strip()!r} is not like tp=4 or dp=2[2:1]")
+            if exceeds(n_axis, MAX_DEGREE):
+                raise IRTypeError(f"mesh axis {part.strip()[:40]!r}: {over('its size', n_axis, MAX_DEGREE)}")
             shares = None
             if bracket:
-                items = rest.rstrip().removesuffix("]").split(":")
-                if not rest.rstrip().endswith("]") or not all(x.strip().isdigit() for x in items):
+                items = [read_int(x.strip()) for x in rest.rstrip().removesuffix("]").split(":")]
+                if not rest.rstrip().endswith("]") or any(x is None for x in items):
                     raise IRTypeError(f"mesh axis {part.strip()!r}: shares are not like [2:1]")
-                shares = tuple(int(x) for x in items)
-            parsed.append((name.strip(), axis_size(int(size), shares)))
+                shares = tuple(x for x in items if x is not None)
+            parsed.append((name.strip(), axis_size(n_axis, shares)))
         n = math.prod(s for _, s in parsed)
+        if exceeds(n, MAX_DEVICES):
+            raise IRTypeError(f"mesh {axes[:60]!r}: {over('its device count', n, MAX_DEVICES)}")
         if devices is None:
             return Mesh(tuple(parsed), tuple(Device(i) for i in range(n)))
         listed: list[Device] = []
         for d in devices.split(","):
             d = d.strip()
-            if not (d.startswith("d") and d[1:].isdigit()):
+            dev = read_int(d[1:]) if d.startswith("d") else None
+            if dev is None:
                 raise IRTypeError(f"mesh device {d!r} is not like d3")
-            listed.append(Device(int(d[1:])))
+            listed.append(Device(dev))
         return Mesh(tuple(parsed), tuple(listed))
 
     def __str__(self) -> str:

@@ -33,8 +33,9 @@ from distir.ir.function import Donation, Function, Module, ModuleError
 from distir.ir.ops import Call, Op
 from distir.ir.types import Device, DType, IRTypeError, ScalarType, TensorType, TupleType, Type
 from distir.ir.values import EMPTY_ATTRS, Attrs, AttrValue, Value
+from distir.limits import MAX_TYPE_NESTING
 
-MAX_NESTING = 64
+MAX_NESTING = MAX_TYPE_NESTING  # as TupleType allows: a printed program parses back
 
 
 class ParseError(ValueError):
@@ -69,9 +70,9 @@ _TOKEN_RE = re.compile(
   | (?P<STRING>"(?:[^"\\\n]|\\.)*")
   | (?P<PUNCT>[()\[\]{},:=;])
     """,
-    re.VERBOSE,
+    re.VERBOSE | re.ASCII,  # digits are ASCII only (distir.limits): never ``٢`` or ``²``
 )
-_DEVICE_RE = re.compile(r"d(\d+)")
+_DEVICE_RE = re.compile(r"d([0-9]+)")
 _ESCAPES = {'"': '"', "\\": "\\", "n": "\n", "t": "\t"}
 
 
@@ -525,7 +526,9 @@ def parse_module(src: str, filename: str = "<text>") -> Module:
 
 
 def parse_with_positions(src: str, filename: str = "<text>") -> tuple[Module, dict[object, tuple[int, int]]]:
-    """Parse a module and say where each op, call, function and value was written (line, col)."""
+    """Parse a module and say where each op, call, function and value was written (line, col).
+    A leading UTF-8 byte order mark is no content (editors do not count it as a column)."""
+    src = src.removeprefix("\ufeff")
     try:
         p = _Parser(src, filename)
         return p.module(), p.positions

@@ -16,11 +16,12 @@ exactly their text-format spelling, so ``parse_type(str(t)) == t``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from distir.ir.dtensor import DTensorType
 from distir.ir.local_types import _ITEMSIZE, _NUMPY, Device, DType, IRTypeError, ScalarType, TensorType
+from distir.limits import MAX_TYPE_NESTING
 
 __all__ = [
     "TYPE_CLASSES",
@@ -43,12 +44,19 @@ class TupleType:
     """``Tuple[T1, T2, ...]``: a fixed-size group of values (e.g. a layer's weights)."""
 
     elements: tuple[Type, ...]
+    # types nested in this one, itself included (a tensor: 1): at most MAX_TYPE_NESTING, what
+    # the parser reads back, so every type a program can hold prints as parseable text
+    depth: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.elements, tuple) or not all(
             isinstance(e, TYPE_CLASSES) for e in self.elements
         ):
             raise IRTypeError(f"tuple elements must be types, got {self.elements!r}")
+        depth = 1 + max((e.depth if isinstance(e, TupleType) else 1 for e in self.elements), default=0)
+        if depth > MAX_TYPE_NESTING:
+            raise IRTypeError(f"tuple types nested {depth} deep; distir's bound is {MAX_TYPE_NESTING}")
+        object.__setattr__(self, "depth", depth)
 
     @property
     def nbytes(self) -> int:

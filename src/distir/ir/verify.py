@@ -15,12 +15,13 @@ actual. Type *inference* (shapes through the program) is an interpretation, in `
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Instr, Op
 from distir.ir.printer import NAME_RE, print_op
 from distir.ir.values import Value
+from distir.limits import MAX_CALL_DEPTH
 
 
 class OpSignatureError(ValueError):
@@ -177,22 +178,36 @@ def _check_call(module: Module, fn: Function, call: Call) -> None:
 
 
 def _check_acyclic(module: Module) -> None:
-    """Programs are straight-line: no function may (transitively) call itself."""
+    """Programs are straight-line: no function may (transitively) call itself, and calls nest at
+    most ``MAX_CALL_DEPTH.max`` deep (the interpreters, the simulator and the printer walk calls
+    recursively). An explicit stack, so a chain of any length gets this error, not Python's."""
     state: dict[str, int] = {}  # 1 = on the stack, 2 = done
-
-    def visit(name: str, path: list[str]) -> None:
-        state[name] = 1
-        path.append(name)
-        for c in module[name].calls():
+    depth: dict[str, int] = {}  # the longest chain of calls from a done function (1: no calls)
+    for f in module.functions:
+        if state.get(f.name, 0):
+            continue
+        path: list[str] = [f.name]
+        todo: list[Iterator[Call]] = [f.calls()]
+        state[f.name] = 1
+        while path:
+            c = next(todo[-1], None)
+            if c is None:  # every callee of path[-1] is done
+                name = path.pop()
+                todo.pop()
+                state[name] = 2
+                depth[name] = 1 + max((depth.get(k.callee, 0) for k in module[name].calls()), default=0)
+                if depth[name] > MAX_CALL_DEPTH.max:
+                    raise VerifyError(
+                        f"calls nest {depth[name]:,} deep from @{name}; distir's bound is "
+                        f"{MAX_CALL_DEPTH.max} (docs/limitations.md)",
+                        name,
+                    )
+                continue
             s = state.get(c.callee, 0)
             if s == 1:
                 cycle = " -> ".join("@" + n for n in [*path[path.index(c.callee) :], c.callee])
-                raise VerifyError(f"recursive calls are not allowed: {cycle}", name, c)
+                raise VerifyError(f"recursive calls are not allowed: {cycle}", path[-1], c)
             if s == 0 and c.callee in module:
-                visit(c.callee, path)
-        path.pop()
-        state[name] = 2
-
-    for f in module.functions:
-        if state.get(f.name, 0) == 0:
-            visit(f.name, [])
+                state[c.callee] = 1
+                path.append(c.callee)
+                todo.append(module[c.callee].calls())

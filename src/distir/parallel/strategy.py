@@ -37,6 +37,8 @@ import difflib
 import math
 from dataclasses import dataclass
 
+from distir.limits import MAX_DEGREE, MAX_DEVICES, MAX_LAYERS, exceeds, is_digits, over, read_int
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb1")
 _ALIASES = {"i1f1b": "interleaved", "zbh1": "zb1", "fill-drain": "gpipe"}
 RECOMPUTE = {"none": "none", "full": "full", "sel": "selective", "selective": "selective", "ops": "ops"}
@@ -68,6 +70,10 @@ class Strategy:
             x = getattr(self, f)
             if not isinstance(x, int) or isinstance(x, bool) or x < 1:
                 raise StrategyError(f"{f} must be a positive integer, got {x!r}")
+            if exceeds(x, MAX_DEGREE):
+                raise StrategyError(over(f, x, MAX_DEGREE))
+        if exceeds(self.devices, MAX_DEVICES):
+            raise StrategyError(over("d·c·t·p", self.devices, MAX_DEVICES))
         if not isinstance(self.sp, bool):
             raise StrategyError(f"sp must be True or False, got {self.sp!r}")
         if self.sp and self.t == 1:
@@ -166,17 +172,22 @@ class Strategy:
 
 
 def _int(part: str, text: str, what: str) -> int:
-    body = part[1:]
-    if not body.isdigit():
+    value = read_int(part[1:])
+    if value is None:
         raise StrategyError(f"strategy {text!r}: {part!r} should be {what} (like {part[0]}2)")
-    return int(body)
+    return value
 
 
 def _ints(body: str, part: str, text: str) -> tuple[int, ...]:
     items = body.split("-")
-    if not all(x.isdigit() for x in items):
+    values = [read_int(x) for x in items]
+    if len(items) > MAX_DEVICES.max or any(v is None for v in values):
         raise StrategyError(f"strategy {text!r}: {part!r} should list integers separated by '-'")
-    return tuple(int(x) for x in items)
+    bound = MAX_LAYERS if part[0] == "L" else MAX_DEGREE
+    big = max(v for v in values if v is not None)
+    if exceeds(big, bound):
+        raise StrategyError(f"strategy {text!r}: {over(f'an entry of {part[0]}…', big, bound)}")
+    return tuple(v for v in values if v is not None)
 
 
 def parse_strategy(text: str) -> Strategy:
@@ -194,14 +205,15 @@ def parse_strategy(text: str) -> Strategy:
             key, value = "schedule", name
         elif part == "sp":
             key, value = "sp", True
-        elif part[0] in "dtpkvc" and part[1:].isdigit():
+        elif part[0] in "dtpkvc" and is_digits(part[1:]):
             key, value = part[0], _int(part, text, "a positive integer")
         elif part[0] == "z" and "h" in part:
             stage, _, h = part[1:].partition("h")
-            if not (stage.isdigit() and h.isdigit()):
+            zs, hs = read_int(stage), read_int(h)
+            if zs is None or hs is None:
                 raise StrategyError(f"strategy {text!r}: {part!r} should be z3h<n> (HSDP, like z3h8)")
-            key, value = "zero", int(stage)
-            fields["shard_group"] = int(h)
+            key, value = "zero", zs
+            fields["shard_group"] = hs
         elif part[0] == "z":
             key, value = "zero", _int(part, text, "a ZeRO stage 0-3")
         elif part[0] == "r" and part[1:] in RECOMPUTE:
@@ -211,7 +223,7 @@ def parse_strategy(text: str) -> Strategy:
             key, value = "partition", body if body in ("uniform", "params") else _ints(body, part, text)
         elif part[0] == "@":
             key, value = "placement", _ints(part[1:], part, text)
-        elif part[0] == "b" and part[1:2].isdigit():
+        elif part[0] == "b" and is_digits(part[1:2]):
             key, value = "shares", _ints(part[1:], part, text)
         else:
             known = [

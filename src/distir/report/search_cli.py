@@ -73,6 +73,7 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
     from distir.hardware.specs import HardwareError
     from distir.parallel.propagate import ShardingError
     from distir.parallel.strategy import StrategyError
+    from distir.report.bounds import search_error, search_ops_error
     from distir.report.pareto_html import write_html
     from distir.report.pareto_png import write_png
     from distir.report.search_report import explain, plot_rows, results_table, search_json, write_csv
@@ -83,6 +84,12 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
 
     if a["executor"] not in EXECUTORS:
         _fail(err, f"--executor must be one of {', '.join(EXECUTORS)}, got {a['executor']!r}")
+    if (why := search_error(a["workers"], a["executor"], a["batch"])) is not None:
+        _fail(err, why)
+    if (
+        why := search_ops_error(a["model"], a["microbatches"], a["max_k"], a["batch"], a["train"])
+    ) is not None:
+        _fail(err, why)
     if a["optimizer"] not in ("sgd", "adam"):
         _fail(err, f"--optimizer must be sgd or adam, got {a['optimizer']!r}")
     if a["dtype"] not in ("auto", "f32", "bf16", "f16"):

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from distir.hardware.cluster import parse_cluster
 from distir.hardware.presets import PRESETS
+from distir.limits import is_digits
 from distir.parallel.strategy import Strategy, StrategyError
 from distir.search.profile import Profiler
 from distir.search.screen import Estimate, Screen
@@ -80,7 +81,7 @@ def _preset_scale(cluster: object) -> tuple[str, int] | None:
     if not isinstance(cluster, str):
         return None
     name, _, n = cluster.strip().partition(":")
-    if name not in PRESETS or (n and not n.isdigit()):
+    if name not in PRESETS or (n and not is_digits(n)):
         return None
     return name, int(n or 1)
 

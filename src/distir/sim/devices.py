@@ -9,7 +9,7 @@ memory and transfer between each other for free.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from distir.ir.types import Device
@@ -28,7 +28,24 @@ class Slot:
         return f"gpu{self.gpu}" if self.stream == "compute" else f"gpu{self.gpu}:{self.stream}"
 
 
-_ITEM = re.compile(r"\s*d(\d+)\s*=\s*(\d+)(?::([A-Za-z_][A-Za-z0-9_]*))?\s*")
+_ITEM = re.compile(r"\s*d([0-9]{1,9})\s*=\s*([0-9]{1,9})(?::([A-Za-z_][A-Za-z0-9_]*))?\s*", re.ASCII)
+# the streams ``distir simulate --device-map`` accepts (``DeviceMap.parse(streams=STREAMS)``):
+# compute, comm (the DistIR paper's communication stream), comm<N>, and the streams distir's own
+# transforms use (``parallel.distribute.STREAMS``, ``parallel.context.RING_STREAMS``; a test keeps
+# this list in step with them), so a typo on the command line is an error
+STREAMS = (
+    "compute",
+    "comm",
+    "fwd_send",
+    "bwd_send",
+    "fwd_recv",
+    "bwd_recv",
+    "dp_reduce",
+    "dp_gather",
+    "cp_send",
+    "cp_recv",
+)
+_COMM_N = re.compile(r"comm[0-9]+", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,21 +75,30 @@ class DeviceMap:
         return DeviceMap({d: Slot(i) for i, d in enumerate(devs)})
 
     @staticmethod
-    def parse(text: str, devices: Iterable[Device], num_gpus: int) -> DeviceMap:
-        """``d0=0,d1=1,d8=0:comm``: every program device must be mapped, GPUs must exist."""
+    def parse(
+        text: str, devices: Iterable[Device], num_gpus: int, streams: Collection[str] | None = None
+    ) -> DeviceMap:
+        """``d0=0,d1=1,d8=0:comm``: every program device must be mapped, GPUs must exist; with
+        ``streams``, only those stream names (and ``comm<N>``) are accepted."""
         mapping: dict[Device, Slot] = {}
         for item in text.split(","):
             m = _ITEM.fullmatch(item)
             if m is None:
                 raise DeviceMapError(f"device map entry {item.strip()!r} is not like d3=1 or d8=0:comm")
             d, gpu = Device(int(m.group(1))), int(m.group(2))
+            stream = m.group(3) or "compute"
+            if streams is not None and stream not in streams and not _COMM_N.fullmatch(stream):
+                raise DeviceMapError(
+                    f"device map entry {item.strip()!r}: unknown stream {stream!r}; streams: "
+                    f"{', '.join(streams)}, comm<N>"
+                )
             if gpu >= num_gpus:
                 raise DeviceMapError(
                     f"device map entry {item.strip()!r}: the cluster has GPUs 0..{num_gpus - 1}"
                 )
             if d in mapping:
                 raise DeviceMapError(f"device map maps {d} twice")
-            mapping[d] = Slot(gpu, m.group(3) or "compute")
+            mapping[d] = Slot(gpu, stream)
         missing = sorted(set(devices) - set(mapping))
         if missing:
             raise DeviceMapError(f"device map does not place {', '.join(map(str, missing))}")

@@ -39,6 +39,7 @@ from distir.ir.printer import print_function
 from distir.ir.rewrite import eliminate_dead_code
 from distir.ir.types import Device, DType
 from distir.ir.values import Value
+from distir.limits import is_digits
 from distir.ops.registry import REGISTRY
 
 D0 = Device(0)
@@ -618,7 +619,7 @@ def deepen(conv: Converted, blocks: int) -> Converted | None:
         return None
     first = body[0]
     container, _, index = first.key.rpartition(".")
-    if not index.isdigit():
+    if not is_digits(index):
         return None
     old = f"{first.key}."
     params = {

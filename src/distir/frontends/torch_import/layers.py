@@ -18,9 +18,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from distir.frontends.torch_import.errors import StructureError
+from distir.limits import is_digits
 
 PRE, POST = "pre", "post"
-_NUMBERED = re.compile(r"^(?P<prefix>.*)\.(?P<index>\d+)$|^(?P<top>\d+)$")
+_NUMBERED = re.compile(r"^(?P<prefix>.*)\.(?P<index>[0-9]+)$|^(?P<top>[0-9]+)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,7 @@ def block_of(paths: Sequence[str], container: str | None) -> str | None:
     head = f"{container}." if container else ""
     for p in paths:
         rest = p[len(head) :] if p.startswith(head) else None
-        if rest is not None and rest.isdigit():
+        if rest is not None and is_digits(rest):
             return p
     return None
 

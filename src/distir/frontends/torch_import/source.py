@@ -25,9 +25,10 @@ from distir.frontends.torch_import.errors import SourceError
 from distir.frontends.torch_import.stages import StageSpec
 from distir.frontends.zoo.model import Model
 from distir.ir.types import DType
+from distir.limits import MAX_DIM, exceeds, over, read_int
 
 _FACTORY = re.compile(r"^(?P<module>[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*):(?P<attr>[A-Za-z_]\w*)$")
-_SEQ = re.compile(r"^(?P<path>.+):seq=(?P<seq>\d+)$")
+_SEQ = re.compile(r"^(?P<path>.+):seq=(?P<seq>[0-9]+)$")  # ASCII digits (distir.limits)
 
 
 def is_import_spec(text: str, zoo_names: Container[str] = ()) -> bool:
@@ -83,7 +84,12 @@ def module_of(text: str, layers: int | None = None) -> tuple[Any, Any, dict[str,
 def _hf_path(text: str) -> tuple[str, int | None]:
     rest = text[3:]
     m = _SEQ.match(rest)
-    return (m.group("path"), int(m.group("seq"))) if m else (rest, None)
+    if m is None:
+        return rest, None
+    seq = read_int(m.group("seq")) or 0
+    if exceeds(seq, MAX_DIM):
+        raise SourceError(f"{text[:80]}: {over('seq', seq, MAX_DIM)}")
+    return m.group("path"), seq
 
 
 SHALLOW = 2  # blocks a Hugging Face model of alike blocks is traced with (``converted``)

@@ -107,6 +107,7 @@ def assemble(
     weights: list[WeightSpec] = []
     seen: set[str] = set(by_input)
     tied: list[str] = []  # weights passed to a second call (the same spec again)
+    taken: set[int] = set()  # id() of every spec in ``weights``: a tie is found in O(1)
     functions: dict[str, Function] = {}
     for c in calls:
         have = functions.setdefault(c.fn.name, c.fn)
@@ -114,13 +115,14 @@ def assemble(
             raise ModelError(f"model {name}: two different layer functions are named @{c.fn.name}")
         for a in c.args:
             if isinstance(a, WeightSpec):
-                if any(a is x for x in weights):  # the very spec again: a tied weight
+                if id(a) in taken:  # the very spec again: a tied weight
                     tied.append(a.name)
                     continue
                 if a.name in seen:
                     raise ModelError(f"model {name}: the name {a.name!r} is declared twice")
                 seen.add(a.name)
                 weights.append(a)
+                taken.add(id(a))
             elif a not in by_input:
                 raise ModelError(f"model {name}: @{c.fn.name} takes {a!r}, which is not a model input")
     fb = FunctionBuilder("forward")

@@ -35,6 +35,7 @@ from distir.frontends.zoo._build import in_range
 from distir.frontends.zoo.model import Model, ModelError
 from distir.ir.dtensor import Placement
 from distir.ir.types import DType
+from distir.limits import MAX_BATCH, MAX_DIM, MAX_LAYERS, exceeds, over, read_int
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -185,14 +186,20 @@ def _option_value(text: str, key: str, value: str, choices: tuple[str, ...] | No
                 f"{', '.join(choices)}"
             )
         return value
-    if not (value.isascii() and value.isdigit()) or int(value) < 1:
-        raise ModelError(f"model {text!r}: {key}={value!r}; expected a positive integer")
-    return int(value)
+    n = read_int(value)
+    if n is None or n < 1:
+        raise ModelError(f"model {text!r}: {key}={value[:40]!r}; expected a positive integer")
+    bound = MAX_LAYERS if key.endswith("layers") else MAX_DIM
+    if exceeds(n, bound):
+        raise ModelError(f"model {text[:80]!r}: {over(key, n, bound)}")
+    return n
 
 
 def build_from(spec: ModelSpec, batch: int, dtype: DType = DType.f32) -> Model:
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise ModelError(f"model {spec.text!r}: batch={batch!r}; expected a positive integer")
+    if exceeds(batch, MAX_BATCH):
+        raise ModelError(f"model {spec.text!r}: {over('the batch', batch, MAX_BATCH)}")
     if not isinstance(dtype, DType) or not dtype.is_float:
         raise ModelError(f"model {spec.text!r}: dtype={dtype!r}; expected a float DType (f32, bf16, ...)")
     if spec.family == MODEL_FILE:
@@ -211,6 +218,19 @@ def build_from(spec: ModelSpec, batch: int, dtype: DType = DType.f32) -> Model:
     return dataclasses.replace(
         model, weights=tuple(dataclasses.replace(w, tp=tp.get(w.name, w.tp)) for w in model.weights)
     )
+
+
+TRAINING_DTYPES = ("f32", "bf16", "f16")  # what the commands' --dtype offers (f64: numerics tests)
+
+
+def parse_training_dtype(text: str, also: tuple[str, ...] = ()) -> DType:
+    """``--dtype`` of the model commands: f32, bf16 or f16 (the dtypes trainers compute in and
+    the cost model is calibrated for) and ``also`` (``run``: f64, for exact comparisons), else
+    ModelError."""
+    known = (*TRAINING_DTYPES, *also)
+    if text not in known:
+        raise ModelError(f"--dtype must be {', '.join(known[:-1])} or {known[-1]}, got {text!r}")
+    return DType(text)
 
 
 def build_model(spec: str, batch: int, dtype: DType = DType.f32) -> Model:
