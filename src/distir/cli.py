@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover - older typer
 from rich.console import Console
 
 import distir
+from distir.files import OutputPathError, check_output, write_atomically
 from distir.interp.lockstep import check_deadlock_free
 from distir.interp.project import project
 from distir.interp.reference import random_inputs, run_reference
@@ -54,6 +55,17 @@ FileArg = Annotated[Path, typer.Argument(help="A .distir program file.")]
 def _fail(message: str) -> NoReturn:
     err.print(message, markup=False)
     raise typer.Exit(2)
+
+
+def _check_outputs(**paths: Path | None) -> None:
+    """Every output path (by option: ``trace=`` checks ``--trace``) writable, before any work
+    (``distir.files.check_output``); else one line, exit 2."""
+    for name, path in paths.items():
+        if path is not None:
+            try:
+                check_output(path, "--" + name.replace("_", "-"))
+            except OutputPathError as e:
+                _fail(str(e))
 
 
 class _Session:
@@ -260,6 +272,7 @@ def simulate(
 
     if kernels not in ("fused", "eager"):
         _fail(f"--kernels must be fused or eager, got {kernels!r}")
+    _check_outputs(trace=trace)
     if (file is None) == (model is None):
         _fail(
             "give a program FILE or --model (with --strategy), not both"
@@ -499,6 +512,7 @@ def run(
             if file
             else "give a program FILE or --model"
         )
+    _check_outputs(trace=trace)
     try:
         if model is not None:
             prog = _plain_guard(debug)(
@@ -822,6 +836,7 @@ def calibrate(
     from distir.hardware.profile import profile_toml
     from distir.ir.types import DType
 
+    _check_outputs(out=out_file, raw=raw)
     names = [d.strip() for d in dtypes.split(",") if d.strip()]
     known = {d.name: d for d in (DType.f32, DType.bf16, DType.f16)}
     bad = [n for n in names if n not in known]
@@ -843,9 +858,9 @@ def calibrate(
             cal = run_calibration(opts, progress)
         text = profile_toml(cal)
         cluster_from_toml(text, str(out_file))  # the written file must load
-        out_file.write_text(text, encoding="utf-8")
+        write_atomically(out_file, text)
         if raw is not None:
-            raw.write_text(json.dumps(cal.measurements.as_json(), indent=1), encoding="utf-8")
+            write_atomically(raw, json.dumps(cal.measurements.as_json(), indent=1))
     except (CalibrationError, TorchMissing, OSError) as e:
         if debug:
             traceback.print_exc()
@@ -1160,6 +1175,7 @@ def validate(
     from distir.hardware.cluster import parse_cluster
     from distir.hardware.specs import HardwareError
 
+    _check_outputs(plot=plot)
     try:
         cl = parse_cluster(cluster)
     except HardwareError as e:

@@ -17,18 +17,16 @@ Both writers replace ``path`` atomically and touch no other file.
 
 from __future__ import annotations
 
-import contextlib
 import html
 import json
 import math
-import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from io import BytesIO
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from distir.files import write_atomically
 from distir.search.pareto_page import BODY, CSS, JS, PAGE
 
 if TYPE_CHECKING:
@@ -126,47 +124,6 @@ def _labelled(front: Sequence[int], best: int | None) -> set[int]:
     return picked
 
 
-# --- writing -------------------------------------------------------------------------------
-
-
-def _umask() -> int:
-    # os.umask can only be read by setting it, which races with other threads creating files;
-    # Linux publishes it in /proc. Elsewhere assume the common default.
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    return 0o022
-
-
-def _write_atomically(path: Path, data: bytes) -> Path:
-    """Replace ``path`` by ``data`` so that a reader sees the old file or the whole new one.
-
-    The bytes go to a fresh, uniquely named temporary file in the same directory (so that
-    ``os.replace`` is a rename on one filesystem), which is removed if anything fails. The new
-    file keeps an existing file's permissions, else gets the usual ``0o666 & ~umask`` (mkstemp
-    would leave it private). The parent directory must exist.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            mode = path.stat().st_mode & 0o7777
-        except FileNotFoundError:
-            mode = 0o666 & ~_umask()
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
-
-
 # --- PNG -----------------------------------------------------------------------------------
 
 
@@ -203,7 +160,7 @@ def write_png(results: Sequence[Mapping[str, Any]], path: Path, title: str) -> P
         _place_labels(ax, labels)
     buf = BytesIO()
     fig.savefig(buf, format="png", dpi=PNG_DPI)
-    return _write_atomically(path, buf.getvalue())
+    return write_atomically(path, buf.getvalue())
 
 
 def _draw(ax: Axes, results: Sequence[Mapping[str, Any]], title: str) -> list[Annotation]:
@@ -471,4 +428,4 @@ def write_html(results: Sequence[Mapping[str, Any]], path: Path, title: str) -> 
     # One pass, so that text substituted in (a title, a strategy name) is never itself rescanned
     # for placeholders.
     page = re.sub(r"__([A-Z]+)__", lambda m: parts[m[1]], PAGE)
-    return _write_atomically(path, page.encode("utf-8"))
+    return write_atomically(path, page.encode("utf-8"))

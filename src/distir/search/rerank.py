@@ -44,10 +44,12 @@ class ExactJob:
     optimizer: str = "adam"
     dtype: str = "f32"
     precision: str = "pure"
+    model_files: str = ""  # ``content_digest(model)``: the cache below is keyed by file contents
 
 
 @functools.lru_cache(maxsize=4)
-def _model(model: str, batch: int, dtype: str) -> Model:
+def _model(model: str, batch: int, dtype: str, model_files: str) -> Model:
+    """The model of ``model`` (``model_files`` keys the cache only: an edited file is rebuilt)."""
     return build_model(model, batch, DType.parse(dtype))
 
 
@@ -61,7 +63,7 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
     simulate ``strategy``: step time, throughput, MFU, memory and a compute / communication /
     idle breakdown (means over the compute streams)."""
     s = parse_strategy(strategy)
-    model = _model(job.model, job.batch, job.dtype)
+    model = _model(job.model, job.batch, job.dtype, job.model_files)
     cluster = _cluster(job.cluster)
     mixed = job.train and job.precision == "mixed"
     times = chunk_times(

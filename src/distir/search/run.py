@@ -58,7 +58,7 @@ from distir.search.store import ResultStore, StoreError, dumps, loads, search_ke
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
-STORE_VERSION = 7  # bump when the cost model or the result format changes: old results go stale
+STORE_VERSION = 8  # bump when the cost model or the result format changes: old results go stale
 
 
 def cluster_digest(spec: str | Cluster) -> str:
@@ -86,12 +86,19 @@ class SearchRequest:
     explain: bool = False
 
     def key_parts(self) -> dict[str, Any]:
-        """What the search's results depend on, as the store's key: the request, and the
-        cluster's resolved figures (a TOML file edited between two searches is a new search)."""
+        """What the search's results depend on, as the store's key: distir's version and the
+        cost model's (``STORE_VERSION``), the request, the cluster's resolved figures (not the
+        name of its file: a TOML file edited between two searches is a new search, and two files
+        of equal figures are one) and the contents of the files the model string reads
+        (``content_digest``: an edited Hugging Face config is a new search)."""
+        from distir import __version__ as distir_version
+        from distir.frontends.torch_import.source import content_digest
+
         return {
             "version": STORE_VERSION,
+            "distir": distir_version,
             "model": self.model,
-            "cluster": self.cluster if isinstance(self.cluster, str) else self.cluster.name,
+            "model_files": content_digest(self.model),
             "cluster_figures": cluster_digest(self.cluster),
             "batch": self.batch,
             "train": self.train,
@@ -404,12 +411,25 @@ def search(req: SearchRequest, progress: Progress | None = None) -> SearchOutput
 
 
 def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExecutor | None) -> SearchOutput:
+    from distir.frontends.torch_import.source import content_digest
+
     t0, c0 = time.perf_counter(), time.process_time()
     cluster = parse_cluster(req.cluster)
     screened, n, screen = screen_space(req, cluster, progress, pool)
     t1, c1 = time.perf_counter(), time.process_time()
     picks = anneal_picks(req, screened) if heterogeneous(cluster) and req.anneal_iters > 0 else []
-    job = ExactJob(req.model, req.cluster, req.batch, req.train, req.optimizer, req.dtype, req.precision)
+    # the resolved cluster, not its spec: a worker or a later search in this process never reads
+    # a file edited since (``rerank`` caches by the job's fields)
+    job = ExactJob(
+        req.model,
+        cluster,
+        req.batch,
+        req.train,
+        req.optimizer,
+        req.dtype,
+        req.precision,
+        content_digest(req.model),
+    )
     fn = functools.partial(evaluate, job)
     store_cm = (
         ResultStore(req.store, search_key(req.key_parts()), req.key_parts())

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from distir.files import write_atomically
 from distir.sim.simulate import SimResult
 
 
@@ -48,4 +49,4 @@ def trace_events(result: SimResult) -> list[dict[str, Any]]:
 
 def write_trace(result: SimResult, path: str | Path) -> None:
     doc = {"traceEvents": trace_events(result), "displayTimeUnit": "ms"}
-    Path(path).write_text(json.dumps(doc), encoding="utf-8")
+    write_atomically(path, json.dumps(doc))
