@@ -33,6 +33,33 @@ RESULT_KEYS = (
     "peak_memory_bytes",
     "fits",
 )
+# what each field of ``evaluate``'s result is (a stored result is checked against it when read:
+# ``distir.search.final.check_result``); float fields take ints too, int fields never bools
+RESULT_TYPES: dict[str, tuple[type, ...]] = {
+    "strategy": (str,),
+    "d": (int,),
+    "t": (int,),
+    "p": (int,),
+    "k": (int,),
+    "microbatch_size": (int,),
+    "schedule": (str,),
+    "zero": (int,),
+    "shard_group": (int, type(None)),
+    "recompute": (str,),
+    "dtype": (str,),
+    "precision": (str,),
+    "step_time_s": (float, int),
+    "throughput": (float, int),
+    "mfu": (float, int),
+    "hfu": (float, int),
+    "peak_memory_bytes": (float, int),
+    "capacity_bytes": (float, int),
+    "fits": (bool,),
+    "bubble_fraction": (float, int),
+    "compute_s": (float, int),
+    "comm_s": (float, int),
+    "source": (str,),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,4 +138,4 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
     }
 
 
-__all__ = ["RESULT_KEYS", "ExactJob", "evaluate"]
+__all__ = ["RESULT_KEYS", "RESULT_TYPES", "ExactJob", "evaluate"]

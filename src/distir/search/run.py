@@ -54,7 +54,7 @@ from distir.search.rerank import ExactJob, evaluate
 from distir.search.screen import Estimate, Problem, Screen, rank_key
 from distir.search.shares import add_shares
 from distir.search.space import Pins, Space
-from distir.search.store import ResultStore, StoreError, dumps, loads, search_key
+from distir.search.store import ResultStore, dumps, loads, search_key
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -468,6 +468,10 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
             started=started,
         )
         t3 = time.perf_counter()
+        for task in tasks:  # a stored one may have been edited by hand
+            final.check_result(
+                results[task], f"{req.store}: search {store.key if store else ''}: result of {task!r}"
+            )
         out = _output(req, cluster, tasks, results, screened, n, screen.profiler.probes, cached)
         if not any(r.get("fits") for r in out.results):
             out.advice = _advice(req, screen, screened)
@@ -558,30 +562,20 @@ def _stored_output(req: SearchRequest) -> SearchOutput | None:
         payload = store.final()
     if payload is None or not final.view_matches(payload, view_of(req)):
         return None
-    where = f"{req.store}: search {search_key(req.key_parts())}"
-    try:
-        results, n, timings, profiles = (
-            payload["results"],
-            payload["n_screened"],
-            payload["timings"],
-            payload["profiles"],
-        )
-    except KeyError as exc:
-        raise StoreError(f"{where}: stored output has no {exc}") from exc
-    screened = final.estimates_from_plain(payload["screened"], where)
-    timings = dict(timings, render_s=time.perf_counter() - t0)
+    got = final.output_from_plain(payload, f"{req.store}: search {search_key(req.key_parts())}")
+    timings = dict(got.timings, render_s=time.perf_counter() - t0)
     cluster = parse_cluster(req.cluster)
     return SearchOutput(
         req,
         cluster,
-        results,
-        screened,
-        n,
+        got.results,
+        got.screened,
+        got.n_screened,
         timings,
-        n_cached=len(results),
-        profiles=profiles,
+        n_cached=len(got.results),
+        profiles=got.profiles,
         from_store=True,
-        advice=list(payload.get("advice", [])),
+        advice=got.advice,
     )
 
 
