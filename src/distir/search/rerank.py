@@ -80,9 +80,10 @@ def _model(model: str, batch: int, dtype: str, model_files: str) -> Model:
     return build_model(model, batch, DType.parse(dtype))
 
 
-@functools.lru_cache(maxsize=4)
 def _cluster(spec: str | Cluster) -> Cluster:
-    return parse_cluster(spec)
+    """The cluster of ``spec``, parsed on every call: a spec names a file that may have been
+    edited since (``search`` passes the resolved ``Cluster``, parsed once)."""
+    return spec if isinstance(spec, Cluster) else parse_cluster(spec)
 
 
 def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
