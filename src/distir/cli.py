@@ -1303,11 +1303,12 @@ def _calibration_table(cal: Any, path: Path) -> Any:
     return t
 
 
-def main() -> None:
-    """The ``distir`` command. A usage error (an unknown option, a value out of range) is one
-    line on stderr naming the command and the option, exit status 2, as every other user error."""
+def main(argv: list[str] | None = None) -> None:
+    """The ``distir`` command (on ``argv``, default ``sys.argv[1:]``). A usage error (an unknown
+    option, a value out of range) is one line on stderr naming the command and the option, exit
+    status 2, as every other user error. Ends by ``sys.exit`` (``SystemExit``) with the status."""
     try:
-        code = app(standalone_mode=False, prog_name="distir")
+        code = app(args=argv, standalone_mode=False, prog_name="distir")
     except _UsageError as e:
         where = e.ctx.command_path if e.ctx is not None else "distir"
         err.print(f"{where}: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
