@@ -71,7 +71,8 @@ PINS = st.lists(
 @FUZZ
 @given(
     model=st.sampled_from([TINY, "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=64"]) | MODELS,
-    cluster=st.sampled_from(["p3.8xlarge", "dgx-a100", "p3.8xlarge:1+g4dn.12xlarge:1"]) | CLUSTERS,
+    # small clusters only: a search of hundreds of GPUs is valid work, not a tiny budget
+    cluster=st.sampled_from(["p3.8xlarge", "dgx-a100", "p3.8xlarge:1+g4dn.12xlarge:1", "", "x", "dgx-a100:²"]),
     batch=st.sampled_from(["8", "16"]) | NUMBERS,
     pins=PINS,
 )

@@ -246,14 +246,15 @@ def _check_outputs(a: dict[str, Any], store: Path | None, plot: Path, html: Path
         "--export-out": a.get("export_out"),
     }
     try:
-        for option, path in paths.items():
-            if path is not None:
-                check_output(path, option)
-        if store is not None:
+        if store is not None:  # first: the default plot and page go next to it
             try:
                 check_output(store, given)
             except OutputPathError as e:
                 raise OutputPathError(f"{e}; give a writable --store FILE, or --fresh") from None
+        for option, path in paths.items():
+            if path is not None:
+                check_output(path, option)
+        if store is not None:
             store.parent.mkdir(parents=True, exist_ok=True)
     except OutputPathError as e:
         _fail(err, str(e))

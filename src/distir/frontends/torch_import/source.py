@@ -137,6 +137,10 @@ def _require(text: str) -> None:
 def converted(text: str, dtype: DType, stages: StageSpec | None = None) -> tuple[Any, dict[str, object]]:
     """The converted model of ``text`` (``_converted``), cached by the contents of the files it
     reads (``content_digest``), not only by their names."""
+    if text.strip().startswith("hf:"):  # a missing config fails at once, before torch is imported
+        from distir.frontends.torch_import.hf import read_config
+
+        read_config(_hf_path(text.strip())[0])
     return _converted(text, dtype, stages, content_digest(text))
 
 
