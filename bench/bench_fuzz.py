@@ -26,7 +26,9 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from cli_fuzz import (  # noqa: E402
+from hypothesis import strategies as st
+
+from cli_fuzz import (
     CLUSTERS,
     MODELS,
     NUMBERS,
@@ -41,7 +43,6 @@ from cli_fuzz import (  # noqa: E402
     mutated_program,
     run_cli,
 )
-from hypothesis import strategies as st  # noqa: E402
 
 
 def _families(scratch: Path) -> dict[str, st.SearchStrategy[tuple[list[str], Path | None]]]:
@@ -58,9 +59,21 @@ def _families(scratch: Path) -> dict[str, st.SearchStrategy[tuple[list[str], Pat
         path.write_text(text, encoding="utf-8")
         if command == "clusters":
             return ["clusters", "--cluster", str(path)], None
-        return ["simulate", "--model", TINY, "--strategy", "d2.t1.p1.k1", "--batch", "8", "--cluster", str(path)], None
+        return [
+            "simulate",
+            "--model",
+            TINY,
+            "--strategy",
+            "d2.t1.p1.k1",
+            "--batch",
+            "8",
+            "--cluster",
+            str(path),
+        ], None
 
-    def program(prog: Path, spot: int, value: str, command: str, number: str) -> tuple[list[str], Path | None]:
+    def program(
+        prog: Path, spot: int, value: str, command: str, number: str
+    ) -> tuple[list[str], Path | None]:
         path = fresh() / prog.name
         path.write_text(mutated_program(prog.read_text(), spot, value), encoding="utf-8")
         extra = {"lower": ["--rank", number], "exec": ["--seed", number]}.get(command, [])
@@ -70,19 +83,34 @@ def _families(scratch: Path) -> dict[str, st.SearchStrategy[tuple[list[str], Pat
         d = fresh()
         path = concrete_path(kind, d, ".out")
         if option == "--trace":
-            return ["simulate", "--model", TINY, "--strategy", "d2.t1.p1.k1", "--batch", "8", "--trace", path], d
+            return [
+                "simulate",
+                "--model",
+                TINY,
+                "--strategy",
+                "d2.t1.p1.k1",
+                "--batch",
+                "8",
+                "--trace",
+                path,
+            ], d
         argv = ["search", "--model", TINY, "--cluster", "p3.8xlarge", "--batch", "8", "--top", "1"]
         argv += ["--store", str(d / "s.sqlite")] if option != "--store" else []
         argv += ["--plot", str(d / "p.png"), "--html", str(d / "p.html")] if option == "--csv" else []
         return [*argv, option, path], d
 
     pins = st.lists(
-        st.tuples(st.sampled_from(["--dp", "--tp", "--pp", "-k", "--zero", "--microbatch-size", "--hsdp"]), NUMBERS),
+        st.tuples(
+            st.sampled_from(["--dp", "--tp", "--pp", "-k", "--zero", "--microbatch-size", "--hsdp"]), NUMBERS
+        ),
         max_size=3,
     )
     return {
         "simulate": st.builds(
-            lambda m, s, b, c: (["simulate", "--model", m, "--strategy", s, "--batch", b, "--cluster", c], None),
+            lambda m, s, b, c: (
+                ["simulate", "--model", m, "--strategy", s, "--batch", b, "--cluster", c],
+                None,
+            ),
             MODELS,
             STRATEGIES,
             NUMBERS,
@@ -90,7 +118,20 @@ def _families(scratch: Path) -> dict[str, st.SearchStrategy[tuple[list[str], Pat
         ),
         "search": st.builds(
             lambda m, c, b, p: (
-                ["search", "--model", m, "--cluster", c, "--batch", b, "--top", "1", "--fresh", "--max-microbatches", "4"]
+                [
+                    "search",
+                    "--model",
+                    m,
+                    "--cluster",
+                    c,
+                    "--batch",
+                    b,
+                    "--top",
+                    "1",
+                    "--fresh",
+                    "--max-microbatches",
+                    "4",
+                ]
                 + [x for pin in p for x in pin],
                 None,
             ),
@@ -100,7 +141,9 @@ def _families(scratch: Path) -> dict[str, st.SearchStrategy[tuple[list[str], Pat
             pins,
         ),
         "toml": st.builds(toml, TOML_TEXTS, st.sampled_from(["clusters", "simulate"])),
-        "outputs": st.builds(output, st.sampled_from(["--csv", "--html", "--plot", "--store", "--trace"]), PATH_KINDS),
+        "outputs": st.builds(
+            output, st.sampled_from(["--csv", "--html", "--plot", "--store", "--trace"]), PATH_KINDS
+        ),
         "programs": st.builds(
             program,
             st.sampled_from(PROGRAMS),
@@ -111,18 +154,28 @@ def _families(scratch: Path) -> dict[str, st.SearchStrategy[tuple[list[str], Pat
         ),
         "shard": st.builds(
             lambda mesh, ann, stage: (
-                ["shard", str(PROGRAMS[-1]), "--mesh", mesh, "--stage", stage] + [x for a in ann for x in ("--annotate", a)],
+                ["shard", str(PROGRAMS[-1]), "--mesh", mesh, "--stage", stage]
+                + [x for a in ann for x in ("--annotate", a)],
                 None,
             ),
             st.builds("{}={}".format, st.sampled_from(["tp", "dp", "x"]), NUMBERS)
             | st.builds("dp={},tp={}".format, SMALL, SMALL),
-            st.lists(st.builds("{}={}".format, st.sampled_from(["w1", "w2", "x", ""]), st.sampled_from(["S(0)", "S(1)", "R", "S(²)", "x"])), max_size=2),
+            st.lists(
+                st.builds(
+                    "{}={}".format,
+                    st.sampled_from(["w1", "w2", "x", ""]),
+                    st.sampled_from(["S(0)", "S(1)", "R", "S(²)", "x"]),
+                ),
+                max_size=2,
+            ),
             st.sampled_from(["propagate", "legalize", "optimize", "materialize", "ranks", "x"]),
         ),
     }
 
 
-def _draw(strategy: st.SearchStrategy[tuple[list[str], Path | None]], rng: random.Random) -> tuple[list[str], Path | None]:
+def _draw(
+    strategy: st.SearchStrategy[tuple[list[str], Path | None]], rng: random.Random
+) -> tuple[list[str], Path | None]:
     """One example of ``strategy``, reproducible from ``rng``."""
     from hypothesis import HealthCheck, Phase, given, settings
 

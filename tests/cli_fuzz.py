@@ -149,7 +149,9 @@ def run_cli(
 # numbers: small and valid, zero and negative, huge, non-ASCII digits, not numbers at all
 NUMBERS = st.one_of(
     st.integers(1, 8).map(str),
-    st.sampled_from(["0", "-1", "1e9", "99999999999999999999", "10000", "1000000000", "²", "٢", "½", "", "x"]),
+    st.sampled_from(
+        ["0", "-1", "1e9", "99999999999999999999", "10000", "1000000000", "²", "٢", "½", "", "x"]
+    ),
     st.text(alphabet="0123456789²٢۳𝟚", min_size=1, max_size=4),
 )
 SMALL = st.integers(1, 8).map(str)
@@ -166,7 +168,9 @@ _STRATEGY_PARTS = st.one_of(
     st.builds("L{}-{}".format, NUMBERS, NUMBERS),
     st.builds("b{}-{}".format, NUMBERS, NUMBERS),
     st.builds("@{}-{}".format, NUMBERS, NUMBERS),
-    st.sampled_from(["1f1b", "gpipe", "interleaved", "zb1", "sp", "rops", "rsel", "rfull", "rnone", "Lparams"]),
+    st.sampled_from(
+        ["1f1b", "gpipe", "interleaved", "zb1", "sp", "rops", "rsel", "rfull", "rnone", "Lparams"]
+    ),
     st.text(max_size=4),
 )
 STRATEGIES = st.one_of(
@@ -187,7 +191,9 @@ MODELS = st.one_of(
 )
 
 CLUSTERS = st.one_of(
-    st.sampled_from(["dgx-a100", "p3.8xlarge", "dgx-a100:2", "p3.8xlarge:1+g4dn.12xlarge:1", "h100", "local-cpu"]),
+    st.sampled_from(
+        ["dgx-a100", "p3.8xlarge", "dgx-a100:2", "p3.8xlarge:1+g4dn.12xlarge:1", "h100", "local-cpu"]
+    ),
     st.builds("dgx-a100:{}".format, NUMBERS),
     st.builds("p3.8xlarge:{}+g4dn.12xlarge:{}".format, NUMBERS, NUMBERS),
     st.just(str(CLUSTER_TOML)),
@@ -210,8 +216,7 @@ TOML_TEXTS = st.one_of(
         _TOML_VALUES,
     ),
     st.builds(
-        lambda n, d, mem: f'name = "x"\n[[nodes]]\npreset = "dgx-a100"\ncount = {n}\n'
-        f"[types]\n# {d} {mem}\n",
+        lambda n, d, mem: f'name = "x"\n[[nodes]]\npreset = "dgx-a100"\ncount = {n}\n[types]\n# {d} {mem}\n',
         _TOML_VALUES,
         _TOML_VALUES,
         _TOML_VALUES,

@@ -14,6 +14,9 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
 from cli_fuzz import (
     CLUSTERS,
     MODELS,
@@ -28,8 +31,6 @@ from cli_fuzz import (
     mutated_program,
     run_cli,
 )
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
 
 EXAMPLES = int(os.environ.get("DISTIR_FUZZ_EXAMPLES", "12"))
 TIMEOUT_S = float(os.environ.get("DISTIR_FUZZ_TIMEOUT_S", "60"))
@@ -50,15 +51,43 @@ def check(argv: list[str], cwd: Path | None = None) -> None:
 
 
 @FUZZ
-@given(model=MODELS, strategy=STRATEGIES, batch=NUMBERS, cluster=CLUSTERS, dtype=st.sampled_from(["f32", "bf16"]))
-def test_simulate_model_strategy_cluster(model: str, strategy: str, batch: str, cluster: str, dtype: str) -> None:
-    check(["simulate", "--model", model, "--strategy", strategy, "--batch", batch, "--cluster", cluster, "--dtype", dtype])
+@given(
+    model=MODELS, strategy=STRATEGIES, batch=NUMBERS, cluster=CLUSTERS, dtype=st.sampled_from(["f32", "bf16"])
+)
+def test_simulate_model_strategy_cluster(
+    model: str, strategy: str, batch: str, cluster: str, dtype: str
+) -> None:
+    check(
+        [
+            "simulate",
+            "--model",
+            model,
+            "--strategy",
+            strategy,
+            "--batch",
+            batch,
+            "--cluster",
+            cluster,
+            "--dtype",
+            dtype,
+        ]
+    )
 
 
 PINS = st.lists(
     st.tuples(
         st.sampled_from(
-            ["--dp", "--tp", "--pp", "-k", "--zero", "--microbatch-size", "--hsdp", "--max-microbatches", "--top"]
+            [
+                "--dp",
+                "--tp",
+                "--pp",
+                "-k",
+                "--zero",
+                "--microbatch-size",
+                "--hsdp",
+                "--max-microbatches",
+                "--top",
+            ]
         ),
         NUMBERS,
     )
@@ -72,7 +101,9 @@ PINS = st.lists(
 @given(
     model=st.sampled_from([TINY, "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=64"]) | MODELS,
     # small clusters only: a search of hundreds of GPUs is valid work, not a tiny budget
-    cluster=st.sampled_from(["p3.8xlarge", "dgx-a100", "p3.8xlarge:1+g4dn.12xlarge:1", "", "x", "dgx-a100:²"]),
+    cluster=st.sampled_from(
+        ["p3.8xlarge", "dgx-a100", "p3.8xlarge:1+g4dn.12xlarge:1", "", "x", "dgx-a100:²"]
+    ),
     batch=st.sampled_from(["8", "16"]) | NUMBERS,
     pins=PINS,
 )
@@ -88,7 +119,9 @@ def test_cluster_toml_files(tmp_path_factory: pytest.TempPathFactory, text: str,
     path = tmp_path_factory.mktemp("toml") / "c.toml"
     path.write_text(text, encoding="utf-8")
     if command == "simulate":
-        check(["simulate", "--model", TINY, "--strategy", "d2.t1.p1.k1", "--batch", "8", "--cluster", str(path)])
+        check(
+            ["simulate", "--model", TINY, "--strategy", "d2.t1.p1.k1", "--batch", "8", "--cluster", str(path)]
+        )
     elif command == "clusters":
         check(["clusters", "--cluster", str(path)])
     else:
@@ -159,7 +192,9 @@ def test_shard(mesh: str, annotate: list[str], stage: str) -> None:
     content=st.sampled_from(["", "{", "{}", '{"model_type": 3}', "\x00\x01garbage", "[1, 2]"]),
     batch=NUMBERS,
 )
-def test_import_cheap_sources(tmp_path_factory: pytest.TempPathFactory, source: str, content: str, batch: str) -> None:
+def test_import_cheap_sources(
+    tmp_path_factory: pytest.TempPathFactory, source: str, content: str, batch: str
+) -> None:
     scratch = tmp_path_factory.mktemp("import")
     for name in ("garbage.onnx", "config.json"):
         (scratch / name).write_text(content, encoding="utf-8")

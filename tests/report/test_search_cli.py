@@ -41,7 +41,11 @@ def _no_search(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("option", ["--csv", "--plot", "--html", "--store", "--export-out"])
 @pytest.mark.parametrize("kind", ["directory", "under-a-file"])
 def test_a_bad_output_path_fails_before_the_search(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], option: str, kind: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    option: str,
+    kind: str,
 ) -> None:
     _no_search(monkeypatch)
     (tmp_path / "a-file").write_text("x")
@@ -65,7 +69,9 @@ def test_an_unwritable_cache_directory_fails_before_the_search(
     assert "not writable" in err and ("--fresh" in err or "--plot" in err)
 
 
-def test_outputs_are_written_without_a_fixed_temporary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_outputs_are_written_without_a_fixed_temporary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     victim = tmp_path / "victim"
     victim.write_text("precious")
     csv = tmp_path / "r.csv"
@@ -92,8 +98,8 @@ def _stored(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, s
     "edit",
     [
         "UPDATE results SET json = '[1, 2]'",
-        "UPDATE results SET json = '{\"fits\": \"yes\"}'",
-        "UPDATE results SET json = '{\"__distir_float__\": \"huge\"}'",
+        'UPDATE results SET json = \'{"fits": "yes"}\'',
+        'UPDATE results SET json = \'{"__distir_float__": "huge"}\'',
         "UPDATE results SET json = 'not json'",
         "UPDATE searches SET final = NULL",  # then the results are read (and checked) again
     ],
@@ -142,7 +148,7 @@ def test_a_hand_edited_finished_output_is_one_line(
 def test_a_read_only_store_says_so_not_corrupt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    store, key = _stored(tmp_path, capsys)
+    store, _ = _stored(tmp_path, capsys)
     connect = sqlite3.connect  # a read-only file as SQLite sees it (root may write any file)
     monkeypatch.setattr(
         store_mod.sqlite3, "connect", lambda p, **kw: connect(f"file:{p}?mode=ro", uri=True, **kw)
