@@ -17,15 +17,16 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+import hypothesis
 from hypothesis import strategies as st
 
 from cli_fuzz import (
@@ -173,30 +174,28 @@ def _families(scratch: Path) -> dict[str, st.SearchStrategy[tuple[list[str], Pat
     }
 
 
-def _draw(
-    strategy: st.SearchStrategy[tuple[list[str], Path | None]], rng: random.Random
-) -> tuple[list[str], Path | None]:
-    """One example of ``strategy``, reproducible from ``rng``."""
-    from hypothesis import HealthCheck, Phase, given, settings
+def _run_family(
+    strategy: st.SearchStrategy[tuple[list[str], Path | None]],
+    examples: int,
+    seed: int,
+    each: Callable[[list[str], Path | None], None],
+) -> None:
+    """``each(argv, cwd)`` on ``examples`` command lines hypothesis draws from ``strategy`` (a
+    run of one property, never failing: the outcomes are counted, not asserted)."""
 
-    got: list[tuple[list[str], Path | None]] = []
-
-    @settings(
-        max_examples=1,
+    @hypothesis.seed(seed)
+    @hypothesis.settings(
+        max_examples=examples,
         database=None,
-        phases=(Phase.generate,),
-        derandomize=False,
+        phases=(hypothesis.Phase.generate,),
         deadline=None,
-        suppress_health_check=list(HealthCheck),
+        suppress_health_check=list(hypothesis.HealthCheck),
     )
-    @given(strategy)
-    def one(x: tuple[list[str], Path | None]) -> None:
-        got.append(x)
+    @hypothesis.given(strategy)
+    def one(case: tuple[list[str], Path | None]) -> None:
+        each(*case)
 
-    from hypothesis import seed as hseed
-
-    hseed(rng.getrandbits(64))(one)()
-    return got[0]
+    one()
 
 
 def main() -> int:
@@ -206,7 +205,6 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--families", default="", help="comma-separated subset (default: all)")
     args = ap.parse_args()
-    rng = random.Random(args.seed)
     counts: collections.Counter[str] = collections.Counter()
     bad: list[Outcome] = []
     t0 = time.monotonic()
@@ -214,8 +212,8 @@ def main() -> int:
         families = _families(Path(d))
         chosen = [f for f in args.families.split(",") if f] or list(families)
         for name in chosen:
-            for _ in range(args.examples):
-                argv, cwd = _draw(families[name], rng)
+
+            def each(argv: list[str], cwd: Path | None, name: str = name) -> None:
                 got = run_cli(argv, timeout_s=args.timeout, cwd=cwd)
                 counts["tried"] += 1
                 if got.timed_out:
@@ -229,6 +227,8 @@ def main() -> int:
                 if not got.clean:
                     bad.append(got)
                     print(f"[{name}] {got.describe()}\n", flush=True)
+
+            _run_family(families[name], args.examples, args.seed + len(name), each)
             print(f"{name}: done ({counts['tried']} tried so far, {time.monotonic() - t0:.0f} s)", flush=True)
     print(
         f"inputs tried {counts['tried']}, worked {counts['worked']}, clean errors {counts['clean errors']}, "
