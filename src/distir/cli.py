@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover - older typer
 from rich.console import Console
 
 import distir
+from distir.files import OutputPathError, check_output, write_atomically
 from distir.interp.lockstep import check_deadlock_free
 from distir.interp.project import project
 from distir.interp.reference import random_inputs, run_reference
@@ -55,6 +56,17 @@ FileArg = Annotated[Path, typer.Argument(help="A .distir program file.")]
 def _fail(message: str) -> NoReturn:
     err.print(message, markup=False)
     raise typer.Exit(2)
+
+
+def _check_outputs(**paths: Path | None) -> None:
+    """Every output path (by option: ``trace=`` checks ``--trace``) writable, before any work
+    (``distir.files.check_output``); else one line, exit 2."""
+    for name, path in paths.items():
+        if path is not None:
+            try:
+                check_output(path, "--" + name.replace("_", "-"))
+            except OutputPathError as e:
+                _fail(str(e))
 
 
 class _Session:
@@ -314,6 +326,7 @@ def simulate(
         _fail(f"--attention-kernel must be fa2 or cudnn, got {attention_kernel!r}")
     if trace_detail not in ("chunk", "layer", "op"):
         _fail(f"--trace-detail must be chunk, layer or op, got {trace_detail!r}")
+    _check_outputs(trace=trace)
     if (file is None) == (model is None):
         _fail(
             "give a program FILE or --model (with --strategy), not both"
@@ -585,6 +598,7 @@ def run(
             if file
             else "give a program FILE or --model"
         )
+    _check_outputs(trace=trace)
     try:
         if model is not None:
             prog = _plain_guard(debug)(
@@ -917,6 +931,7 @@ def calibrate(
     from distir.ir.types import DType
 
     _check_nproc("calibrate", nproc)
+    _check_outputs(out=out_file, raw=raw)
     names = [d.strip() for d in dtypes.split(",") if d.strip()]
     known = {d.name: d for d in (DType.f32, DType.bf16, DType.f16)}
     bad = [n for n in names if n not in known]
@@ -938,9 +953,9 @@ def calibrate(
             cal = run_calibration(opts, progress)
         text = profile_toml(cal)
         cluster_from_toml(text, str(out_file))  # the written file must load
-        out_file.write_text(text, encoding="utf-8")
+        write_atomically(out_file, text)
         if raw is not None:
-            raw.write_text(json.dumps(cal.measurements.as_json(), indent=1), encoding="utf-8")
+            write_atomically(raw, json.dumps(cal.measurements.as_json(), indent=1))
     except (CalibrationError, TorchMissing, OSError) as e:
         if debug:
             traceback.print_exc()
@@ -1269,6 +1284,7 @@ def validate(
     from distir.hardware.specs import HardwareError
 
     _check_nproc("validate", nproc)
+    _check_outputs(plot=plot)
     try:
         cl = parse_cluster(cluster)
     except HardwareError as e:
@@ -1421,14 +1437,15 @@ def _non_ascii_number(argv: list[str]) -> str | None:
     return None
 
 
-def main() -> None:
-    """The ``distir`` command. A usage error (an unknown option, a value out of range) is one
-    line on stderr naming the command and the option, exit status 2, as every other user error."""
-    if (bad := _non_ascii_number(sys.argv[1:])) is not None:
+def main(argv: list[str] | None = None) -> None:
+    """The ``distir`` command (on ``argv``, default ``sys.argv[1:]``). A usage error (an unknown
+    option, a value out of range) is one line on stderr naming the command and the option, exit
+    status 2, as every other user error. Ends by ``sys.exit`` (``SystemExit``) with the status."""
+    if (bad := _non_ascii_number(sys.argv[1:] if argv is None else argv)) is not None:
         err.print(f"distir: {bad!r} is not a number distir reads: write it in ASCII digits 0-9", markup=False)
         sys.exit(2)
     try:
-        code = app(standalone_mode=False, prog_name="distir")
+        code = app(args=argv, standalone_mode=False, prog_name="distir")
     except _UsageError as e:
         where = e.ctx.command_path if e.ctx is not None else "distir"
         err.print(f"{where}: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)

@@ -129,14 +129,14 @@ def test_shallow_trace_deepened_equals_the_full_trace(config: str, tmp_path: Pat
     program is the one the full-depth trace gives."""
     import json
 
-    from distir.frontends.torch_import.source import converted
+    from distir.frontends.torch_import.source import _converted
     from distir.ir.printer import print_module
 
     raw = json.loads((CONFIGS / f"{config}.json").read_text())
     raw["n_layer" if "n_layer" in raw else "num_hidden_layers"] = 4
     path = tmp_path / "config.json"
     path.write_text(json.dumps(raw))
-    converted.cache_clear()
+    _converted.cache_clear()
     deep = build_model(f"hf:{path}", batch=2)
     module, inputs = hf_model(str(path))
     full = import_module(module, inputs, batch=2, name=f"hf:{path}")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from distir.backend.worker import RankResult
+from distir.files import write_atomically
 
 
 def trace_events(results: Sequence[RankResult]) -> list[dict[str, Any]]:
@@ -49,4 +50,4 @@ def trace_events(results: Sequence[RankResult]) -> list[dict[str, Any]]:
 
 def write_trace(results: Sequence[RankResult], path: str | Path) -> None:
     doc = {"traceEvents": trace_events(results), "displayTimeUnit": "ms"}
-    Path(path).write_text(json.dumps(doc), encoding="utf-8")
+    write_atomically(path, json.dumps(doc))

@@ -22,6 +22,7 @@ simulated against real step time and memory.
 
 from __future__ import annotations
 
+import io
 import itertools
 import random
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from typing import Any, NamedTuple
 
 from distir.backend.launch import LaunchOptions, launch
 from distir.backend.program import model_program, rank_programs
+from distir.files import write_atomically
 from distir.hardware.cluster import Cluster
 from distir.parallel.strategy import Strategy
 from distir.report.fidelity import ErrorStats, errors, spearman
@@ -206,5 +208,7 @@ def scatter_png(f: Fidelity, path: Path) -> None:
         fontsize=9,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
+    write_atomically(path, buf.getvalue())

@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from distir.export import TARGETS, Exported, ExportError, export, make_plan
+from distir.files import OutputPathError, check_output, write_atomically
 
 
 def _fail(err: Console, message: str) -> NoReturn:
@@ -57,6 +58,14 @@ def build_export(
         _fail(err, str(e))
 
 
+def check_path(path: Path, option: str, err: Console) -> None:
+    """``path`` writable (``distir.files.check_output``), else one line and exit 2."""
+    try:
+        check_output(path, option)
+    except OutputPathError as e:
+        _fail(err, str(e))
+
+
 def emit(exported: Exported, out_path: Path | None, out: Console, err: Console) -> None:
     """The text to ``out_path`` or stdout; warnings and notes to stderr."""
     for w in exported.warnings:
@@ -68,7 +77,7 @@ def emit(exported: Exported, out_path: Path | None, out: Console, err: Console) 
         return
     if out_path.is_dir():
         _fail(err, f"{out_path}: is a directory; give a file name")
-    out_path.write_text(exported.text, encoding="utf-8")
+    write_atomically(out_path, exported.text)
     out.print(f"{exported.target} configuration written to {out_path}", markup=False)
 
 
@@ -84,6 +93,8 @@ def export_json(exported: Exported, out_path: Path | None) -> dict[str, Any]:
 
 def run_export_command(a: dict[str, Any], out: Console, err: Console, json_out: bool, debug: bool) -> None:
     check_target(a["to"], err)
+    if a["out_path"] is not None:
+        check_path(a["out_path"], "--out", err)
     exported = build_export(
         a["to"],
         a["model"],
@@ -98,7 +109,7 @@ def run_export_command(a: dict[str, Any], out: Console, err: Console, json_out: 
     )
     if json_out:
         if a["out_path"] is not None:
-            a["out_path"].write_text(exported.text, encoding="utf-8")
+            write_atomically(a["out_path"], exported.text)
         payload = {"model": a["model"], "strategy": a["strategy"], "batch": a["batch"]}
         sys.stdout.write(json.dumps(payload | export_json(exported, a["out_path"]), indent=2) + "\n")
         return

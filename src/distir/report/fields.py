@@ -54,8 +54,15 @@ STRATEGY_FIELDS = (
 )
 
 
-@functools.lru_cache(maxsize=8)
 def _model(spec: str) -> Model:
+    """The model of ``spec`` at batch 1, cached by the contents of the files it reads."""
+    from distir.frontends.torch_import.source import content_digest
+
+    return _model_at(spec, content_digest(spec))
+
+
+@functools.lru_cache(maxsize=8)
+def _model_at(spec: str, model_files: str) -> Model:
     return build_model(spec, batch=1)
 
 

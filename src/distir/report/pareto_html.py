@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from distir.report.atomic import write_atomically
+from distir.files import write_atomically
 from distir.report.pareto_axes import FIT_SHARE, labelled, memory_window, on_log_axis
 from distir.search.pareto import best_fitting, capacity_line, pareto_front
 

@@ -19,7 +19,7 @@ from io import BytesIO
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from distir.report.atomic import write_atomically
+from distir.files import write_atomically
 from distir.report.pareto_axes import MemoryWindow, labelled, memory_window, on_log_axis
 from distir.search.pareto import GIB, best_fitting, capacity_line, pareto_front
 

@@ -69,6 +69,7 @@ def _numerics(a: dict[str, Any], err: Console) -> tuple[str, str]:
 
 
 def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: bool, debug: bool) -> None:
+    from distir.files import write_atomically
     from distir.frontends.zoo.model import ModelError
     from distir.hardware.specs import HardwareError
     from distir.parallel.propagate import ShardingError
@@ -78,9 +79,9 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
     from distir.report.pareto_png import write_png
     from distir.report.search_report import explain, plot_rows, results_table, search_json, write_csv
     from distir.search.executor import EXECUTORS, ExecutorError
-    from distir.search.run import SearchRequest, search, view_of
+    from distir.search.run import SearchRequest, search
     from distir.search.space import Pins, SpaceError
-    from distir.search.store import StoreError, search_key
+    from distir.search.store import StoreError
 
     if a["executor"] not in EXECUTORS:
         _fail(err, f"--executor must be one of {', '.join(EXECUTORS)}, got {a['executor']!r}")
@@ -103,10 +104,6 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
 
         check_target(a["export_to"], err, "--export")
     dtype, precision = _numerics(a, err)
-    for opt in ("csv_path", "plot", "html"):
-        p = a[opt]
-        if p is not None and p.exists() and p.is_dir():
-            _fail(err, f"{p}: is a directory; give a file name")
     try:
         pins = Pins(
             dp=a["dp"],
@@ -122,8 +119,6 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
             cp=a.get("cp"),
         )
         store = None if a["fresh"] else (a["store"] or default_store())
-        if store is not None:
-            store.parent.mkdir(parents=True, exist_ok=True)
         req = SearchRequest(
             model=a["model"],
             cluster=a["cluster"],
@@ -140,6 +135,8 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
             explain=a["explain_"],
             tp_layout=a.get("tp_layout", "declared"),
         )
+        plot, html = _report_paths(req, a, store)
+        _check_outputs(a, store, plot, html, err)
         show = not json_out and sys.stderr.isatty()
         with Progress(
             TextColumn("{task.description}"),
@@ -172,19 +169,15 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
         if debug:
             traceback.print_exc()
         _fail(err, str(e))
-    # named by the search and its view (pins, top, ...): a pinned search keeps the unpinned one's
-    key = f"{search_key(req.key_parts())}-{search_key(view_of(req))[:8]}"
-    reports = (store or default_store()).parent / "reports"  # never the working directory
-    plot = a["plot"] or reports / f"search-{key}.png"
-    html = a["html"] or reports / f"search-{key}.html"
-    plot.parent.mkdir(parents=True, exist_ok=True)
-    html.parent.mkdir(parents=True, exist_ok=True)
     title = f"{req.model} on {o.cluster.describe()}, batch {req.batch}"
     rows = plot_rows(o)
-    write_png(rows, plot, title)
-    write_html(rows, html, title)
-    if a["csv_path"] is not None:
-        write_csv(o, a["csv_path"])
+    try:
+        write_png(rows, plot, title)
+        write_html(rows, html, title)
+        if a["csv_path"] is not None:
+            write_csv(o, a["csv_path"])
+    except OSError as e:  # checked before the search; the disk may have filled up since
+        _fail(err, f"cannot write the search's outputs: {e}")
     exported = _export_winner(o, a, err, debug)
     if json_out:
         payload = search_json(o)
@@ -195,7 +188,10 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
             from distir.report.export_cli import export_json
 
             if a.get("export_out") is not None:
-                a["export_out"].write_text(exported.text, encoding="utf-8")
+                try:
+                    write_atomically(a["export_out"], exported.text)
+                except OSError as e:
+                    _fail(err, f"--export-out {a['export_out']}: {e}")
             payload["export"] = export_json(exported, a.get("export_out"))
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         return
@@ -235,6 +231,47 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
 
         out.print(f"\nthe winner for {exported.target}:", markup=False)
         emit(exported, a.get("export_out"), out, err)
+
+
+def _report_paths(req: Any, a: dict[str, Any], store: Path | None) -> tuple[Path, Path]:
+    """The Pareto plot and page: ``--plot``/``--html``, else under ``reports/`` next to the
+    store, named by the search and its view (pins, top, ...: a pinned search keeps the unpinned
+    one's), never in the working directory."""
+    from distir.search.run import view_of
+    from distir.search.store import search_key
+
+    key = f"{search_key(req.key_parts())}-{search_key(view_of(req))[:8]}"
+    reports = (store or default_store()).parent / "reports"
+    return a["plot"] or reports / f"search-{key}.png", a["html"] or reports / f"search-{key}.html"
+
+
+def _check_outputs(a: dict[str, Any], store: Path | None, plot: Path, html: Path, err: Console) -> None:
+    """Every file the search will write, checked before it starts (``distir.files.check_output``):
+    a bad path is one line and exit 2 in a second, not an error after the whole search."""
+    from distir.files import OutputPathError, check_output
+
+    given = "--store" if a["store"] is not None else "the result store"
+    paths = {
+        "--csv": a["csv_path"],
+        "--plot" if a["plot"] else "the Pareto plot (--plot)": plot,
+        "--html" if a["html"] else "the Pareto page (--html)": html,
+        "--export-out": a.get("export_out"),
+    }
+    try:
+        if store is not None:  # first: the default plot and page go next to it
+            try:
+                check_output(store, given)
+            except OutputPathError as e:
+                raise OutputPathError(f"{e}; give a writable --store FILE, or --fresh") from None
+        for option, path in paths.items():
+            if path is not None:
+                check_output(path, option)
+        if store is not None:
+            store.parent.mkdir(parents=True, exist_ok=True)
+    except OutputPathError as e:
+        _fail(err, str(e))
+    except OSError as e:
+        _fail(err, f"{given} {store}: cannot create its directory: {e.strerror or e}")
 
 
 def _export_winner(o: Any, a: dict[str, Any], err: Console, debug: bool) -> Any:

@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.table import Table
 
+from distir.files import write_atomically
 from distir.parallel.strategy import StrategyError, parse_strategy
 from distir.report.fields import SCHEMA, STRATEGY_FIELDS, chunk_blocks, strategy_fields
 from distir.search.run import SearchOutput, build_space, is_pure
@@ -140,9 +141,7 @@ def write_csv(o: SearchOutput, path: Path) -> None:
     r = o.request
     for i, row in enumerate(o.results, 1):
         w.writerow({"rank": i, **{k: _csv_cell(v) for k, v in with_fields(r.model, r.batch, row).items()}})
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(buf.getvalue())
-    tmp.replace(path)
+    write_atomically(path, buf.getvalue())
 
 
 def _t(s: float) -> str:

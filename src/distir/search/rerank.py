@@ -39,6 +39,34 @@ RESULT_KEYS = (
     "peak_memory_bytes",
     "fits",
 )
+# what each field of ``evaluate``'s result is (a stored result is checked against it when read:
+# ``distir.search.final.check_result``); float fields take ints too, int fields never bools
+RESULT_TYPES: dict[str, tuple[type, ...]] = {
+    "strategy": (str,),
+    "d": (int,),
+    "t": (int,),
+    "c": (int,),
+    "p": (int,),
+    "k": (int,),
+    "microbatch_size": (int,),
+    "schedule": (str,),
+    "zero": (int,),
+    "shard_group": (int, type(None)),
+    "recompute": (str,),
+    "dtype": (str,),
+    "precision": (str,),
+    "step_time_s": (float, int),
+    "throughput": (float, int),
+    "mfu": (float, int, type(None)),  # None: unknown (a screened result's HFU, a model's FLOPs)
+    "hfu": (float, int, type(None)),
+    "peak_memory_bytes": (float, int),
+    "capacity_bytes": (float, int),
+    "fits": (bool,),
+    "bubble_fraction": (float, int),
+    "compute_s": (float, int),
+    "comm_s": (float, int),
+    "source": (str,),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +79,7 @@ class ExactJob:
     dtype: str = "f32"
     precision: str = "pure"
     tp: tuple[tuple[str, Placement], ...] = ()  # placements replacing the declared ones (``ModelSpec.tp``)
+    model_files: str = ""  # ``content_digest(model)``: the cache below is keyed by file contents
 
     def spec(self) -> ModelSpec:
         return replace(parse_model_string(self.model), tp=self.tp)
@@ -58,12 +87,15 @@ class ExactJob:
 
 @functools.lru_cache(maxsize=4)
 def _model(job: ExactJob) -> Model:
+    """The model of ``job`` (its ``model_files`` digest is part of the key: an edited file is
+    rebuilt)."""
     return build_from(job.spec(), job.batch, DType.parse(job.dtype))
 
 
-@functools.lru_cache(maxsize=4)
 def _cluster(spec: str | Cluster) -> Cluster:
-    return parse_cluster(spec)
+    """The cluster of ``spec``, parsed on every call: a spec names a file that may have been
+    edited since (``search`` passes the resolved ``Cluster``, parsed once)."""
+    return spec if isinstance(spec, Cluster) else parse_cluster(spec)
 
 
 def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
@@ -94,6 +126,7 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
         "strategy": str(s),
         "d": s.d,
         "t": s.t,
+        "c": s.c,
         "p": s.p,
         "k": s.k,
         "microbatch_size": job.batch // (s.d * s.k),  # samples per replica and microbatch
@@ -122,7 +155,7 @@ def screened_result(job: ExactJob, e: Estimate) -> dict[str, Any]:
     model's FLOPs and the GPUs' peak; HFU unknown; communication: the pipeline transfers and the
     gradient sync on the screen's critical path)."""
     s = e.strategy
-    model = _model(job.model, job.batch, job.dtype)
+    model = _model(job)
     cluster = _cluster(job.cluster)
     peak = sum(cluster.device_spec(g).peak_flops(DType.parse(job.dtype)) for g in s.gpus)
     step = e.step_time_s
@@ -155,4 +188,4 @@ def screened_result(job: ExactJob, e: Estimate) -> dict[str, Any]:
     }
 
 
-__all__ = ["RESULT_KEYS", "ExactJob", "evaluate", "screened_result"]
+__all__ = ["RESULT_KEYS", "RESULT_TYPES", "ExactJob", "evaluate", "screened_result"]

@@ -55,11 +55,11 @@ from distir.search.rerank import ExactJob, evaluate, screened_result
 from distir.search.screen import Estimate, Problem, Screen, rank_key
 from distir.search.shares import add_shares
 from distir.search.space import Pins, Space
-from distir.search.store import ResultStore, StoreError, dumps, loads, search_key
+from distir.search.store import ResultStore, dumps, loads, search_key
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
-STORE_VERSION = 7  # bump when the cost model or the result format changes: old results go stale
+STORE_VERSION = 8  # bump when the cost model or the result format changes: old results go stale
 
 
 def cluster_digest(spec: str | Cluster) -> str:
@@ -94,8 +94,15 @@ class SearchRequest:
         return replace(parse_model_string(self.model), tp=self.tp_found)
 
     def key_parts(self) -> dict[str, Any]:
-        """What the search's results depend on, as the store's key: the request, and the
-        cluster's resolved figures (a TOML file edited between two searches is a new search)."""
+        """What the search's results depend on, as the store's key: distir's version and the
+        cost model's (``STORE_VERSION``), the request, the cluster's resolved figures (not the
+        name of its file: a TOML file edited between two searches is a new search, and two files
+        of equal figures are one), the contents of the files the model string reads
+        (``content_digest``: an edited Hugging Face config is a new search) and, for an Automap
+        search, the layout it found."""
+        from distir import __version__ as distir_version
+        from distir.frontends.torch_import.source import content_digest
+
         layout = (
             {"tp_layout": self.tp_layout, "tp_found": [[n, str(p)] for n, p in self.tp_found]}
             if self.tp_layout != "declared"
@@ -103,8 +110,9 @@ class SearchRequest:
         )
         return layout | {
             "version": STORE_VERSION,
+            "distir": distir_version,
             "model": self.model,
-            "cluster": self.cluster if isinstance(self.cluster, str) else self.cluster.name,
+            "model_files": content_digest(self.model),
             "cluster_figures": cluster_digest(self.cluster),
             "batch": self.batch,
             "train": self.train,
@@ -443,13 +451,25 @@ def resolve_layout(req: SearchRequest) -> SearchRequest:
 
 
 def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExecutor | None) -> SearchOutput:
+    from distir.frontends.torch_import.source import content_digest
+
     t0, c0 = time.perf_counter(), time.process_time()
     cluster = parse_cluster(req.cluster)
     screened, n, screen = screen_space(req, cluster, progress, pool)
     t1, c1 = time.perf_counter(), time.process_time()
     picks = anneal_picks(req, screened) if heterogeneous(cluster) and req.anneal_iters > 0 else []
+    # the resolved cluster, not its spec: a worker or a later search in this process never reads
+    # a file edited since (``rerank`` caches by the job's fields)
     job = ExactJob(
-        req.model, req.cluster, req.batch, req.train, req.optimizer, req.dtype, req.precision, req.tp_found
+        req.model,
+        cluster,
+        req.batch,
+        req.train,
+        req.optimizer,
+        req.dtype,
+        req.precision,
+        tp=req.tp_found,
+        model_files=content_digest(req.model),
     )
     fn = functools.partial(evaluate, job)
     store_cm = (
@@ -493,6 +513,10 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
         )
         results.update(screen_only)
         t3 = time.perf_counter()
+        for task in tasks:  # a stored one may have been edited by hand
+            final.check_result(
+                results[task], f"{req.store}: search {store.key if store else ''}: result of {task!r}"
+            )
         out = _output(req, cluster, tasks, results, screened, n, screen.profiler.probes, cached)
         if not any(r.get("fits") for r in out.results):
             out.advice = _advice(req, screen, screened)
@@ -583,30 +607,20 @@ def _stored_output(req: SearchRequest) -> SearchOutput | None:
         payload = store.final()
     if payload is None or not final.view_matches(payload, view_of(req)):
         return None
-    where = f"{req.store}: search {search_key(req.key_parts())}"
-    try:
-        results, n, timings, profiles = (
-            payload["results"],
-            payload["n_screened"],
-            payload["timings"],
-            payload["profiles"],
-        )
-    except KeyError as exc:
-        raise StoreError(f"{where}: stored output has no {exc}") from exc
-    screened = final.estimates_from_plain(payload["screened"], where)
-    timings = dict(timings, render_s=time.perf_counter() - t0)
+    got = final.output_from_plain(payload, f"{req.store}: search {search_key(req.key_parts())}")
+    timings = dict(got.timings, render_s=time.perf_counter() - t0)
     cluster = parse_cluster(req.cluster)
     return SearchOutput(
         req,
         cluster,
-        results,
-        screened,
-        n,
+        got.results,
+        got.screened,
+        got.n_screened,
         timings,
-        n_cached=len(results),
-        profiles=profiles,
+        n_cached=len(got.results),
+        profiles=got.profiles,
         from_store=True,
-        advice=list(payload.get("advice", [])),
+        advice=got.advice,
     )
 
 

@@ -103,8 +103,12 @@ def _plain(value: object, where: str) -> Any:
 
 
 def _unplain(obj: dict[str, Any]) -> Any:
-    if len(obj) == 1 and _FLOAT_TAG in obj:
-        return _NONFINITE[obj[_FLOAT_TAG]]
+    if _FLOAT_TAG in obj:
+        tag = obj[_FLOAT_TAG]
+        if len(obj) != 1 or not isinstance(tag, str) or tag not in _NONFINITE:
+            # a ValueError, as json's own errors are: the readers turn it into a StoreError
+            raise ValueError(f"{_FLOAT_TAG} must be alone and one of {', '.join(_NONFINITE)}, got {obj!r}")
+        return _NONFINITE[tag]
     return obj
 
 
@@ -118,7 +122,8 @@ def dumps(value: object, *, sort_keys: bool = False) -> str:
 
 
 def loads(text: str) -> Any:
-    """The value ``dumps`` encoded as ``text``."""
+    """The value ``dumps`` encoded as ``text``; ``ValueError`` if it is not JSON or holds a
+    malformed non-finite float tag (a hand-edited file)."""
     return json.loads(text, object_hook=_unplain)
 
 
@@ -128,6 +133,25 @@ def search_key(parts: Mapping[str, Any]) -> str:
     does not matter, and a tuple hashes like the equal list."""
     canonical = dumps(parts, sort_keys=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+# SQLite's primary result codes (the low byte of an extended one) that say why a file cannot be used
+_SQLITE_PERM, _SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_CORRUPT = 3, 8, 10, 11
+_SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 13, 14, 26
+
+
+def _open_problem(exc: sqlite3.Error) -> str:
+    """What is wrong with a store that failed to open, in words: a read-only file or directory
+    is not a corrupt one."""
+    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+    if code in (_SQLITE_READONLY, _SQLITE_PERM) or "readonly" in str(exc):
+        return (
+            f"the result store cannot be written ({exc}: the file or its directory is read-only); "
+            "give a writable --store FILE, or --fresh"
+        )
+    if code in (_SQLITE_CANTOPEN, _SQLITE_IOERR, _SQLITE_FULL):
+        return f"cannot use the result store: {exc}"
+    return f"not a distir result store or corrupt: {exc}"
 
 
 class ResultStore:
@@ -171,7 +195,7 @@ class ResultStore:
             raise
         except sqlite3.Error as exc:
             self._conn.close()
-            raise StoreError(f"{self.path}: not a distir result store or corrupt: {exc}") from exc
+            raise StoreError(f"{self.path}: {_open_problem(exc)}") from exc
         self._closed = False
 
     def _check(self) -> bool:
@@ -237,7 +261,10 @@ class ResultStore:
             row = self._live().execute("SELECT meta FROM searches WHERE key = ?", (self.key,)).fetchone()
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot read search {self.key}: {exc}") from exc
-        meta: dict[str, Any] = loads(row[0])
+        try:
+            meta: dict[str, Any] = loads(row[0])
+        except (ValueError, TypeError) as exc:  # TypeError: the column edited to a non-text value
+            raise StoreError(f"{self.path}: the stored meta of search {self.key} is not JSON: {exc}") from exc
         return meta
 
     def done(self) -> dict[str, dict[str, Any]]:
@@ -252,12 +279,14 @@ class ResultStore:
             raise StoreError(f"{self.path}: cannot read results of search {self.key}: {exc}") from exc
         out: dict[str, dict[str, Any]] = {}
         for strategy, text in rows:
+            where = f"{self.path}: the stored result of {strategy!r} in search {self.key}"
             try:
-                out[strategy] = loads(text)
-            except ValueError as exc:
-                raise StoreError(
-                    f"{self.path}: the stored result of {strategy!r} in search {self.key} is not JSON: {exc}"
-                ) from exc
+                value = loads(text)
+            except (ValueError, TypeError) as exc:  # TypeError: the column edited to a non-text value
+                raise StoreError(f"{where} is not JSON: {exc}") from exc
+            if not isinstance(strategy, str) or not isinstance(value, dict):
+                raise StoreError(f"{where} is a {type(value).__name__}, not an object")
+            out[strategy] = value
         return out
 
     def put(self, strategy: str, result: Mapping[str, Any]) -> None:
@@ -298,7 +327,7 @@ class ResultStore:
             return None
         try:
             payload = loads(row[0])
-        except ValueError as exc:  # JSONDecodeError: the file was edited or damaged
+        except (ValueError, TypeError) as exc:  # the file was edited or damaged
             raise StoreError(
                 f"{self.path}: the stored output of search {self.key} is not JSON: {exc}"
             ) from exc

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from distir.files import write_atomically
 from distir.sim.simulate import SimResult
 
 US = 1e6  # microseconds per second
@@ -62,4 +63,4 @@ def trace_events(result: SimResult) -> list[dict[str, Any]]:
 
 def write_trace(result: SimResult, path: str | Path) -> None:
     doc = {"traceEvents": trace_events(result), "displayTimeUnit": "ms"}
-    Path(path).write_text(json.dumps(doc), encoding="utf-8")
+    write_atomically(path, json.dumps(doc))

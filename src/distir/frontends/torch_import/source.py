@@ -7,14 +7,19 @@
 
 ``is_import_spec(text)`` tells such strings from zoo model strings (which never contain a dot
 before their colon, nor start with ``hf:``). ``load(text, batch, dtype)`` builds the ``Model``:
-the module is traced and converted once per (text, dtype) and cached in the process, so the
-search's many builds at different microbatch sizes cost one trace.
+the module is traced and converted once per (text, dtype, file contents) and cached in the
+process, so the search's many builds at different microbatch sizes cost one trace, and a file
+edited meanwhile is traced again. ``content_digest(text)`` is the digest of the files a string
+reads (the Hugging Face config; the factory's module source), for caches and the result store's
+key: the module a factory imports from elsewhere is not followed.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
+import importlib.util
 import re
 import sys
 from collections.abc import Container
@@ -92,6 +97,33 @@ def _hf_path(text: str) -> tuple[str, int | None]:
     return m.group("path"), seq
 
 
+def content_digest(text: str) -> str:
+    """A digest of what the model string ``text`` reads from files: the Hugging Face config
+    (``hf:``), the factory module's source (``module:factory``; its package imported to find it,
+    as building it would); ``""`` for a zoo string (its config is distir's code). A file that
+    cannot be found or read gives a marker naming the problem (building the model then fails
+    with its own error); never raises."""
+    t = text.strip()
+    if not is_import_spec(t):
+        return ""
+    try:
+        if t.startswith("hf:"):
+            from distir.frontends.torch_import.hf import config_path
+
+            path = config_path(_hf_path(t)[0])
+        else:
+            m = _FACTORY.match(t)
+            if m is None:
+                return "unresolved"
+            spec = importlib.util.find_spec(m.group("module"))
+            if spec is None or spec.origin is None or not Path(spec.origin).is_file():
+                return "unresolved"
+            path = Path(spec.origin)
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except (SourceError, ImportError, OSError, ValueError) as e:
+        return f"unreadable: {type(e).__name__}"
+
+
 SHALLOW = 2  # blocks a Hugging Face model of alike blocks is traced with (``converted``)
 
 
@@ -108,13 +140,26 @@ def _require(text: str) -> None:
             ) from None
 
 
-@functools.lru_cache(maxsize=8)
 def converted(text: str, dtype: DType, stages: StageSpec | None = None) -> tuple[Any, dict[str, object]]:
-    """The converted model of ``text``. A Hugging Face config whose blocks are all alike is
-    traced with ``SHALLOW`` blocks and its block function repeated to the config's depth
-    (``convert.deepen``: the blocks must have come out as one function, else the full depth is
-    traced): tracing time grows with depth, the program does not change. With split points
-    (``stages``) the full depth is traced and the layers are the pipeline stages."""
+    """The converted model of ``text`` (``_converted``), cached by the contents of the files it
+    reads (``content_digest``), not only by their names."""
+    if text.strip().startswith("hf:"):  # a missing config fails at once, before torch is imported
+        from distir.frontends.torch_import.hf import read_config
+
+        read_config(_hf_path(text.strip())[0])
+    return _converted(text, dtype, stages, content_digest(text))
+
+
+@functools.lru_cache(maxsize=8)
+def _converted(
+    text: str, dtype: DType, stages: StageSpec | None, digest: str
+) -> tuple[Any, dict[str, object]]:
+    """The converted model of ``text`` (``digest`` keys the cache only). A Hugging Face config
+    whose blocks are all alike is traced with ``SHALLOW`` blocks and its block function repeated
+    to the config's depth (``convert.deepen``: the blocks must have come out as one function,
+    else the full depth is traced): tracing time grows with depth, the program does not change.
+    With split points (``stages``) the full depth is traced and the layers are the pipeline
+    stages."""
     _require(text)
     from distir.frontends.torch_import.convert import convert, deepen
     from distir.frontends.torch_import.trace import trace

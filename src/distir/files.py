@@ -1,0 +1,98 @@
+"""Output files: checked before any work, written atomically.
+
+Every file distir writes (CSV, HTML, PNG, traces, profile TOML, exported configurations) goes
+through ``write_atomically``: the bytes go to a fresh, uniquely named temporary file in the
+target's directory (created with ``O_EXCL``, so it never follows a symlink nor collides with
+another run), are synced, and ``os.replace`` renames it over the target. A reader sees the old
+file or the whole new one; a failed write leaves the old file untouched and no temporary behind.
+A target that is a symlink is replaced by the new file (the link's target is never written).
+
+``check_output(path, option)`` is what commands call on every output path *before* any work,
+so a bad path fails in a second with one line instead of after a long search: the path must not
+be a directory, its nearest existing ancestor must be a writable directory (the missing
+directories are created when written), and an existing file must be writable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+__all__ = ["OutputPathError", "check_output", "write_atomically"]
+
+
+class OutputPathError(Exception):
+    """An output path that cannot be written; the message names the option and the path."""
+
+
+def _umask() -> int:
+    # os.umask can only be read by setting it, which races with other threads creating files;
+    # Linux publishes it in /proc. Elsewhere assume the common default.
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o022
+
+
+def _nearest_existing(path: Path) -> Path:
+    """``path``'s nearest ancestor that exists (``path`` is absolute)."""
+    for parent in path.parents:
+        if os.path.lexists(parent):
+            return parent
+    return Path(path.anchor)
+
+
+def check_output(path: Path | str, option: str) -> Path:
+    """``path`` as given, if a file can be written there; else ``OutputPathError`` in one line
+    naming ``option`` (e.g. ``--csv``) and what is wrong. Creates nothing."""
+    p = Path(path)
+    where = f"{option} {p}" if option else str(p)
+    if str(p) == "" or p.name in ("", ".", ".."):
+        raise OutputPathError(f"{where}: not a file name")
+    full = Path(os.path.abspath(p))
+    try:
+        if full.is_dir():
+            raise OutputPathError(f"{where}: is a directory; give a file name")
+        if os.path.lexists(full):
+            if not os.access(full, os.W_OK):
+                raise OutputPathError(f"{where}: the file is not writable")
+            parent = full.parent
+        else:
+            parent = _nearest_existing(full)
+        if not parent.is_dir():
+            raise OutputPathError(f"{where}: {parent} is not a directory")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise OutputPathError(f"{where}: cannot create files in {parent} (not writable)")
+    except OSError as exc:  # a name too long, a loop of symlinks, ...
+        raise OutputPathError(f"{where}: {exc.strerror or exc}") from exc
+    return p
+
+
+def write_atomically(path: Path | str, data: bytes | str) -> Path:
+    """Replace ``path`` by ``data`` (``str`` is written as UTF-8) so that a reader sees the old
+    file or the whole new one (module docstring); creates missing parent directories. The new
+    file keeps an existing file's permissions, else gets the usual ``0o666 & ~umask`` (a
+    ``mkstemp`` file would stay private). Returns ``path``; ``OSError`` if it cannot be written."""
+    path = Path(path)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            mode = path.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o666 & ~_umask()
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path

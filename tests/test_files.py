@@ -1,0 +1,100 @@
+"""``distir.files``: atomic writes (unique temporary in the target's directory, never through a
+symlink) and output paths checked before any work."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from distir.files import OutputPathError, check_output, write_atomically
+
+
+def test_write_replaces_whole_and_leaves_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "out.csv"
+    write_atomically(path, "old\n")
+    write_atomically(path, "new\n")
+    assert path.read_text() == "new\n" and os.listdir(tmp_path) == ["out.csv"]
+    write_atomically(path, b"\x00bytes")
+    assert path.read_bytes() == b"\x00bytes"
+
+
+def test_write_keeps_the_mode_and_creates_missing_directories(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "out.html"
+    write_atomically(path, "x")
+    path.chmod(0o640)
+    write_atomically(path, "y")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640 and path.read_text() == "y"
+
+
+def test_a_symlink_is_replaced_never_written_through(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    link = tmp_path / "out.csv"
+    link.symlink_to(victim)
+    # the old writer's fixed "<path>.tmp", planted as a link to the victim, is not used either
+    (tmp_path / "out.csv.tmp").symlink_to(victim)
+    write_atomically(link, "new")
+    assert victim.read_text() == "precious"
+    assert not link.is_symlink() and link.read_text() == "new"
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "a-dir"
+    target.mkdir()
+    (target / "inside").write_text("x")
+    with pytest.raises(OSError):
+        write_atomically(target, "x")  # os.replace cannot put a file over a non-empty directory
+    assert sorted(os.listdir(tmp_path)) == ["a-dir"]
+
+
+def test_two_writers_never_share_a_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each write makes its own temporary (mkstemp, O_EXCL): a leftover of another run is not
+    reused or clobbered."""
+    seen: list[str] = []
+    real = os.replace
+
+    def spy(src: str, dst: str) -> None:
+        seen.append(os.path.basename(src))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    write_atomically(tmp_path / "t.json", "1")
+    write_atomically(tmp_path / "t.json", "2")
+    assert len(set(seen)) == 2 and all(s.startswith(".t.json.") for s in seen)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d: d, "is a directory"),
+        (lambda d: (d / "f").write_text("x") and d / "f" / "out.csv", "is not a directory"),
+        (lambda d: Path(""), "not a file name"),
+        (lambda d: d / "..", "not a file name"),
+    ],
+)
+def test_check_output_refuses_in_one_line(tmp_path: Path, make: object, message: str) -> None:
+    path = make(tmp_path)  # type: ignore[operator]
+    with pytest.raises(OutputPathError, match=message) as got:
+        check_output(path, "--csv")
+    assert "\n" not in str(got.value) and str(got.value).startswith("--csv ")
+
+
+def test_check_output_accepts_missing_directories_and_creates_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "new" / "deeper" / "out.png"
+    assert check_output(path, "--plot") == path
+    assert os.listdir(tmp_path) == []
+
+
+def test_check_output_refuses_an_unwritable_directory_or_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unwritable as the kernel says (``os.access``; root writes anywhere, so it is faked)."""
+    (tmp_path / "exists.csv").write_text("x")
+    monkeypatch.setattr(os, "access", lambda p, mode: False)
+    with pytest.raises(OutputPathError, match="not writable"):
+        check_output(tmp_path / "new" / "out.csv", "--csv")
+    with pytest.raises(OutputPathError, match="the file is not writable"):
+        check_output(tmp_path / "exists.csv", "--csv")
