@@ -140,8 +140,8 @@ class Screen:
         per-replica microbatch, or with batch shares (``s.shares``) the microbatch of one share:
         replica r then takes ``b·shares[r]`` samples. Returns them with their key, of which they
         are a pure function (the profiler's figures depend on a group only through its key);
-        memoized on it. Without shares the key is (t, d, b, recompute, the distinct group keys in
-        order of appearance, capacity); with shares, (t, d, None, recompute, the distinct (group
+        memoized on it. Without shares the key is (t, d, b, recompute, sp, the distinct group keys in
+        order of appearance, capacity); with shares, (t, d, None, recompute, sp, the distinct (group
         key, replica microbatch) pairs in order of appearance, capacity)."""
         cap = min(self._specs[self._kinds[g]].tensor_capacity for g in gpus)  # runtime memory held
         if s.shares is not None:
@@ -150,11 +150,11 @@ class Screen:
         for r in range(s.d):
             group = tuple(gpus[r * s.t : (r + 1) * s.t])
             gks.setdefault(self._group_key(group), group)
-        key = (s.t, s.d, b, s.recompute, tuple(gks), cap)
+        key = (s.t, s.d, b, s.recompute, s.sp, tuple(gks), cap)
         got = self._rows.get(key)
         if got is not None:
             return key, got
-        profs = [self.profiler.layers(s.t, b, group, s.recompute) for group in gks.values()]
+        profs = [self.profiler.layers(s.t, b, group, s.recompute, s.sp) for group in gks.values()]
         got = self._rows[key] = self._worst_rows(profs, profs[0], cap)
         return key, got
 
@@ -167,12 +167,14 @@ class Screen:
             group = tuple(gpus[r * s.t : (r + 1) * s.t])
             pairs.setdefault((self._group_key(group), unit * shares[r]), group)
         # None where the even key has its microbatch: the two kinds of keys never meet
-        key = (s.t, s.d, None, s.recompute, tuple(pairs), cap)
+        key = (s.t, s.d, None, s.recompute, s.sp, tuple(pairs), cap)
         got = self._rows.get(key)
         if got is not None:
             return key, got
         sizes = [b_r for _, b_r in pairs]
-        profs = [self.profiler.layers(s.t, b_r, group, s.recompute) for (_, b_r), group in pairs.items()]
+        profs = [
+            self.profiler.layers(s.t, b_r, group, s.recompute, s.sp) for (_, b_r), group in pairs.items()
+        ]
         # the largest replica's activation is the largest transfer between stages
         big = sizes.index(max(sizes))
         got = self._rows[key] = self._worst_rows(profs, profs[big], cap)
@@ -191,6 +193,7 @@ class Screen:
             out=frozen([lead[i].out_bytes for i in n]),
             work=frozen([max(p[i].work_bytes for p in profs) for i in n]),
             carried=frozen([max(p[i].carried_bytes for p in profs) for i in n]),
+            largest=frozen([max(p[i].largest_weight_bytes for p in profs) for i in n]),
             cap=cap,
         )
 

@@ -7,6 +7,9 @@
   gradient-accumulation steps, for every p — p = 1 included, so FSDP/ZeRO-3 with one or two
   sequences per GPU and gradient accumulation is in the space;
 - schedules: GPipe, 1F1B, interleaved (v = 2, when k is a multiple of p) and ZB-H1 for p > 1;
+- **sequence parallelism** (Megatron's, on the tensor-parallel group): with t > 1, every base
+  with and without it (its activations between layers sharded along the sequence: less memory,
+  the same collective volume), one-sample microbatches included;
 - the **memory ladder**: ZeRO stage and recomputation cost time and save memory, so each
   (d, t, p, k, schedule) is tried with the cheapest variant first and climbs only while the
   screen says it does not fit (``LADDER``). Where a stage's replicas span more than a node
@@ -59,6 +62,7 @@ class Pins:
     max_k: int = 128
     mbs: int | None = None  # samples per replica and microbatch
     hsdp: int | None = None  # the HSDP shard group (ZeRO-3 over this many replicas)
+    sp: bool | None = None  # sequence parallelism (with t > 1) on or off
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "k", "mbs", "hsdp"):
@@ -82,7 +86,7 @@ class Pins:
         """Whether any part of the strategy is pinned (``max_k`` is a bound, not a pin)."""
         return any(
             getattr(self, f) is not None
-            for f in ("dp", "tp", "pp", "k", "schedule", "zero", "recompute", "mbs", "hsdp")
+            for f in ("dp", "tp", "pp", "k", "schedule", "zero", "recompute", "mbs", "hsdp", "sp")
         )
 
 
@@ -217,27 +221,34 @@ class Space:
         return out
 
     def bases(self) -> Iterator[Strategy]:
-        """Every (d, t, p, k, schedule, v), with ZeRO 0 and no recomputation."""
+        """Every (d, t, sp, p, k, schedule, v), with ZeRO 0 and no recomputation."""
         pins = self.pins
         for d, t, pp in self.triples():
-            for k in self.microbatches(self.batch // d):
-                if pp == 1:
-                    scheds = (
-                        [(pins.schedule or "1f1b", 1)] if pins.schedule in (None, "1f1b", "gpipe") else []
-                    )
-                else:
-                    scheds = []
-                    for name in ("gpipe", "1f1b", "interleaved", "zb1") if self.train else ("1f1b",):
-                        if pins.schedule is not None and name != pins.schedule:
+            sps = [False, True] if t > 1 else [False]
+            for sp in sps if pins.sp is None else [pins.sp] if pins.sp in sps else []:
+                yield from self._bases(d, t, pp, sp)
+
+    def _bases(self, d: int, t: int, pp: int, sp: bool) -> Iterator[Strategy]:
+        """``bases`` of one shape."""
+        pins = self.pins
+        for k in self.microbatches(self.batch // d):
+            if pp == 1:
+                scheds = (
+                    [(pins.schedule or "1f1b", 1)] if pins.schedule in (None, "1f1b", "gpipe") else []
+                )
+            else:
+                scheds = []
+                for name in ("gpipe", "1f1b", "interleaved", "zb1") if self.train else ("1f1b",):
+                    if pins.schedule is not None and name != pins.schedule:
+                        continue
+                    if name == "interleaved":
+                        if k % pp or 2 * pp > self.n_layers:
                             continue
-                        if name == "interleaved":
-                            if k % pp or 2 * pp > self.n_layers:
-                                continue
-                            scheds.append((name, 2))
-                        else:
-                            scheds.append((name, 1))
-                for name, v in scheds:
-                    yield Strategy(d=d, t=t, p=pp, k=k, schedule=name, v=v)
+                        scheds.append((name, 2))
+                    else:
+                        scheds.append((name, 1))
+            for name, v in scheds:
+                yield Strategy(d=d, t=t, p=pp, k=k, schedule=name, v=v, sp=sp)
 
     def strategies(self) -> Iterator[Strategy]:
         """Every strategy of the space: each base's ladder."""
