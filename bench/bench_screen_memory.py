@@ -83,9 +83,10 @@ def run_case(case: Case, top: int, verbose: bool) -> list[float]:
             print(f"    {name:48s} screen {got / 2**30:8.2f} GiB  exact {exact / 2**30:8.2f} GiB  {x:.3f}")
     xs = [x for *_, x in rows]
     kinds = sorted({(s.schedule, s.zero, s.recompute) for s in (parse_strategy(n) for n, *_ in rows)})
+    under, over = 1 - min(xs, default=1.0), max(xs, default=1.0) - 1
     print(
         f"  {case.title:58s} {len(xs):3d} plans  median |error| {100 * _median_err(xs):5.1f}%  "
-        f"largest under {100 * max(0.0, 1 - min(xs, default=1)):5.1f}%  over {100 * (max(xs, default=1) - 1):5.1f}%  "
+        f"largest under {100 * max(0.0, under):5.1f}%  over {100 * max(0.0, over):5.1f}%  "
         f"({len(kinds)} schedule/ZeRO/recompute kinds, {wall:.0f} s)",
         flush=True,
     )

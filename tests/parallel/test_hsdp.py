@@ -171,7 +171,10 @@ def test_hsdp_reduces_across_groups_once_per_step(schedule: str) -> None:
     all-reduces the accumulated shard across the groups once, after the last microbatch
     (FSDP2's ``set_requires_all_reduce(False)`` on every microbatch but the last); the step
     still equals the sequential one."""
-    one, four = _grad_reductions(f"d4.t1.p1.k1.{schedule}.z3h2"), _grad_reductions(f"d4.t1.p1.k4.{schedule}.z3h2")
+    one, four = (
+        _grad_reductions(f"d4.t1.p1.k1.{schedule}.z3h2"),
+        _grad_reductions(f"d4.t1.p1.k4.{schedule}.z3h2"),
+    )
     assert one["R"] == four["R"] > 0  # across the groups: once per weight and step, whatever k
     assert four["P(sum)"] == 4 * one["P(sum)"] > 0  # within the group: every microbatch
     s = parse_strategy(f"d4.t1.p1.k4.{schedule}.z3h2")

@@ -233,9 +233,7 @@ class Space:
         pins = self.pins
         for k in self.microbatches(self.batch // d):
             if pp == 1:
-                scheds = (
-                    [(pins.schedule or "1f1b", 1)] if pins.schedule in (None, "1f1b", "gpipe") else []
-                )
+                scheds = [(pins.schedule or "1f1b", 1)] if pins.schedule in (None, "1f1b", "gpipe") else []
             else:
                 scheds = []
                 for name in ("gpipe", "1f1b", "interleaved", "zb1") if self.train else ("1f1b",):
