@@ -83,7 +83,7 @@ def test_hsdp_is_in_the_ladder_when_replicas_span_more_than_a_node() -> None:
 
 # -- pins ------------------------------------------------------------------------------------
 SPACE = {"devices": 16, "batch": 64, "n_layers": 6, "allowed_tp": (1, 2, 4, 8), "node_devices": 8}
-PARTS = ("dp", "tp", "pp", "k", "mbs", "schedule", "zero", "recompute", "hsdp")
+PARTS = ("dp", "tp", "pp", "k", "mbs", "schedule", "zero", "recompute", "hsdp", "sp")
 
 
 def _value(s: Strategy, part: str) -> object:
@@ -97,6 +97,7 @@ def _value(s: Strategy, part: str) -> object:
         "zero": s.zero,
         "recompute": s.recompute,
         "hsdp": s.shard_group,
+        "sp": s.sp,
     }[part]
 
 
