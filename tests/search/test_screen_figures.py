@@ -26,14 +26,17 @@ MODEL = "gpt:layers=16,hidden=64,heads=4,seq=16,vocab=128"
 CLUSTER = "p3.8xlarge:1+g4dn.12xlarge:1"
 
 
-def _replay(s: Strategy, j: int) -> list[dict[int, tuple[int, int, int]]]:
-    """Replaying stage j's actions: after each, per chunk (virtual stage) of the stage, how
-    many microbatches sit between F and B or I (their saved activations held), between I and W
-    (what I carries to W held), and whether it has run a backward (its gradient accumulator
-    held)."""
+def _replay(s: Strategy, j: int) -> list[tuple[str, dict[int, tuple[int, int, int]]]]:
+    """Replaying stage j's actions: before each backward pass (``B``: full or input-gradient;
+    ``W``: weight-gradient), after each forward (``F``) and at the end (``O``), per chunk
+    (virtual stage) of the stage, how many microbatches sit between F and B or I (their saved
+    activations held), between I and W (what I carries to W held), and whether it has run a
+    backward (its gradient accumulator held)."""
     held = {c: [0, 0, 0] for c in range(j, s.p * s.v, s.p)}
     out = []
     for a in build_schedule(s.schedule, s.p, s.k, s.v)[j]:
+        if a.kind != "F":
+            out.append(("W" if a.kind == "W" else "B", {c: (x[0], x[1], x[2]) for c, x in held.items()}))
         h = held[a.stage]
         if a.kind == "F":
             h[0] += 1
@@ -45,7 +48,9 @@ def _replay(s: Strategy, j: int) -> list[dict[int, tuple[int, int, int]]]:
         elif a.kind == "W":
             h[1] -= 1
             h[2] = 1
-        out.append({c: (x[0], x[1], x[2]) for c, x in held.items()})
+        if a.kind == "F":
+            out.append(("F", {c: (x[0], x[1], x[2]) for c, x in held.items()}))
+    out.append(("O", {c: (x[0], x[1], x[2]) for c, x in held.items()}))
     return out
 
 
@@ -91,10 +96,11 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
         grad_f = 1.0 / h if s.zero >= 2 else 1.0
         static_f += pr.n_state / (h if s.zero >= 1 else 1)
     holds = [
-        _replay(s, j) if pr.train else [dict.fromkeys(range(j, chunks, s.p), (1, 0, 0))] for j in range(s.p)
+        _replay(s, j) if pr.train else [("F", dict.fromkeys(range(j, chunks, s.p), (1, 0, 0)))]
+        for j in range(s.p)
     ]
-    infl = [max(sum(x[0] for x in h.values()) for h in hs) for hs in holds]
-    pending = [max(sum(x[1] for x in h.values()) for h in hs) for hs in holds]
+    infl = [max(sum(x[0] for x in h.values()) for _, h in hs) for hs in holds]
+    pending = [max(sum(x[1] for x in h.values()) for _, h in hs) for hs in holds]
     carried = rows[0].carried * fb
     f = static_f + grad_f  # the layer assignment's bound: each term at its worst
     mem = np.array([f * w_bytes + infl[j] * saved + pending[j] * carried for j in range(s.p)])
@@ -139,17 +145,25 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
         }
         if s.v == 1:
             b_c = {j: (sv, cv, grad_f * wj)}
-        # the sum of a weight's gradient and its accumulator, beside both
+        # the pass running: its working set; a backward adds the sum of a weight's gradient and
+        # its accumulator, beside both
         add = grad_f * float(rows[0].largest[layers].max(initial=0.0)) if s.k > 1 else 0.0
+        fwd_w = float(np.max([r.fwd_work for r in rows], axis=0)[layers].max(initial=0.0))
+        bwd_w = float(np.max([r.bwd_work for r in rows], axis=0)[layers].max(initial=0.0))
+        pass_w = {"F": fwd_w, "B": bwd_w, "W": float(w_bytes[layers].max(initial=0.0)), "O": 0.0}
         act = max(
             sum(x[0] * b_c[c][0] for c, x in h.items())
             + sum(x[1] * b_c[c][1] for c, x in h.items())
             + sum(x[2] * b_c[c][2] for c, x in h.items())
-            + (add if any(x[2] for x in h.values()) else 0.0)
-            for h in holds[j]
+            + (
+                pass_w[ph] + (add if ph in "BW" and any(x[2] for x in h.values()) else 0.0)
+                if ph != "O"
+                else 0.0
+            )
+            for ph, h in holds[j]
         )
         gathered = float(w_bytes[layers].max(initial=0.0)) if zero3 else 0.0  # ZeRO-3's running layer
-        peaks.append(static_f * wj + act + float(work[layers].max(initial=0.0)) + gathered)
+        peaks.append(static_f * wj + act + gathered)
         if pr.train:
             sync = max(sync, screen._sync_time(s, groups[j], kinds[j], wj, nwj))
     headroom = [float(c) - p for c, p in zip(caps, peaks, strict=True)]

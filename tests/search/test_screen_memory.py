@@ -68,9 +68,12 @@ def test_in_flight_counts_follow_the_schedules(p: int, k: int) -> None:
 
 
 def test_gradients_exist_only_after_the_first_backward() -> None:
-    """GPipe's peak holds all k microbatches and no gradient, or the gradient and k − 1 of them;
-    1F1B's first stage with k > p holds p microbatches beside the gradient."""
+    """Before a backward, GPipe holds all k microbatches and no gradient, or the gradient and
+    k − 1 of them; 1F1B's first stage with k > p holds p microbatches beside the gradient; after
+    the last backward only the gradient is left (the optimizer's moment)."""
     (gpipe,) = holds("gpipe", 1, 4, 1)
-    assert {(h.fwd[0], h.grads[0]) for h in gpipe} == {(4, 0), (3, 1)}
+    assert {(h.fwd[0], h.grads[0]) for h in gpipe if h.phase == "B"} == {(4, 0), (3, 1)}
+    assert {(h.fwd[0], h.grads[0]) for h in gpipe if h.phase == "O"} == {(0, 1)}
     first = holds("1f1b", 2, 8, 1)[0]
-    assert {(h.fwd[0], h.grads[0]) for h in first} == {(2, 1)}
+    assert {(h.fwd[0], h.grads[0]) for h in first if h.phase == "B"} == {(2, 1)}
+    assert {(h.fwd[0], h.grads[0]) for h in first if h.phase == "F"} == {(2, 1)}

@@ -79,6 +79,8 @@ class LayerProfile:
     # held from the input-gradient pass to the weight-gradient pass of a zero-bubble schedule
     carried_bytes: float = 0.0
     largest_weight_bytes: float = 0.0  # this device's share of the layer's largest weight
+    fwd_work_bytes: float = 0.0  # ``work_bytes`` of the forward alone
+    bwd_work_bytes: float = 0.0  # ``work_bytes`` of the backward alone
 
     @property
     def time_s(self) -> float:
@@ -185,7 +187,7 @@ class Profiler:
                 saved = sum(local_nbytes(r) for r in res) + made
             # a kept layer's result has the type its dropped repeats hand on (distinct_layers)
             nxt = layers[i + 1].fwd_args[0] if i + 1 < len(layers) else None
-            made += local_nbytes(nxt) if nxt is not None else 0.0
+            made += local_nbytes(nxt) if nxt is not None and self.train else 0.0
             shares = [
                 model.weight(w.name).type.nbytes / (t if isinstance(model.weight(w.name).tp, Shard) else 1)
                 for w in L.weights
@@ -203,6 +205,8 @@ class Profiler:
                     # the forward's peak less what it leaves (its result and residuals, counted
                     # as activations in flight)
                     work_bytes=max(fwd[2] - made, bwd[2], 0.0),
+                    fwd_work_bytes=max(fwd[2] - made, 0.0),
+                    bwd_work_bytes=bwd[2],
                     carried_bytes=_carried(L),
                     largest_weight_bytes=max(shares, default=0.0),
                 )

@@ -194,6 +194,8 @@ class Screen:
             work=frozen([max(p[i].work_bytes for p in profs) for i in n]),
             carried=frozen([max(p[i].carried_bytes for p in profs) for i in n]),
             largest=frozen([max(p[i].largest_weight_bytes for p in profs) for i in n]),
+            fwd_work=frozen([max(p[i].fwd_work_bytes for p in profs) for i in n]),
+            bwd_work=frozen([max(p[i].bwd_work_bytes for p in profs) for i in n]),
             cap=cap,
         )
 

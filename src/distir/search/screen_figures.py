@@ -56,6 +56,8 @@ class StageRows:
     work: np.ndarray
     carried: np.ndarray  # held from input- to weight-gradient pass (zero-bubble schedules)
     largest: np.ndarray  # the layer's largest weight (its gradient's sum with the accumulator)
+    fwd_work: np.ndarray  # ``work`` of the forward alone (above what it leaves)
+    bwd_work: np.ndarray  # ``work`` of the backward alone
     cap: float  # the smallest memory of the stage's GPUs
 
 
@@ -140,7 +142,7 @@ def new_tables(s: Strategy, b: int, train: bool, n_state: int, mixed: bool = Fal
         grad_f=grad_f,
         holds=holds(s.schedule, s.p, s.k, s.v)
         if train
-        else ((Hold((1,) * s.v, (0,) * s.v, (0,) * s.v),),) * s.p,
+        else ((Hold((1,) * s.v, (0,) * s.v, (0,) * s.v, "F"),),) * s.p,
         inflight=[inflight(s, j, train) for j in range(s.p)],
         pending_w=[pending_weight_grads(s, j, train) for j in range(s.p)],
         identity=tuple(range(s.devices)),
@@ -264,7 +266,8 @@ def figures(
     t_stage = [sum(t_chunk[c] for c in range(chunks) if stage_of[c] == j) for j in range(s.p)]
     pipe = pipeline_time(s, t_stage, c_cut)
     w_bytes, n_w = first.rows.weight, first.rows.n_w
-    work_list = work.tolist()
+    fwd_list = np.max([st.rows.fwd_work for st in stages], axis=0).tolist()
+    bwd_list = np.max([st.rows.bwd_work for st in stages], axis=0).tolist()
     largest_list = first.rows.largest.tolist()
     peaks: list[float] = []
     stage_w: list[float] = []
@@ -283,24 +286,30 @@ def figures(
             sv = float(saved[layers].sum())
         # the worst moment of the stage's action list (``holds``): microbatches between F and B
         # (or I) hold their chunk's saved activations, those between I and W what I carries to
-        # W, and a chunk's accumulated gradient exists from its first backward on; adding a
+        # W, and a chunk's accumulated gradient exists from its first backward on; each pass
+        # adds its working set (a weight-gradient pass: its layer's gradients); adding a
         # microbatch's weight gradient into the accumulator makes the sum beside both (the
         # program's Add is not in place): the largest weight's, once accumulators exist
-        add = tb.grad_f * max([0.0, *[largest_list[i] for i in layers]]) if s.k > 1 else 0.0
+        wk = Work(
+            max([0.0, *[fwd_list[i] for i in layers]]),
+            max([0.0, *[bwd_list[i] for i in layers]]),
+            max([0.0, *[w_list[i] for i in layers]]),
+            tb.grad_f * max([0.0, *[largest_list[i] for i in layers]]) if s.k > 1 else 0.0,
+        )
         carried = first.rows.carried if tb.pending_w[j] else None
         if s.v == 1:
             cv = [0.0 if carried is None else float(carried[layers].sum())]
-            act = _held(tb.holds[j], [sv], cv, [tb.grad_f * wj], add)
+            act = _held(tb.holds[j], [sv], cv, [tb.grad_f * wj], wk)
         else:
             svs = [seq_sum([saved_list[i] for i in r]) for r in own]
             cvs = [0.0 if carried is None else float(carried[list(r)].sum()) for r in own]
             gws = [tb.grad_f * seq_sum([w_list[i] for i in r]) for r in own]
-            act = _held(tb.holds[j], svs, cvs, gws, add)
-        # np.max(initial=0.0): the exact maximum of 0.0 and the values; ZeRO-3 holds the running
+            act = _held(tb.holds[j], svs, cvs, gws, wk)
+        # max([0.0, ...]): the exact maximum of 0.0 and the values; ZeRO-3 holds the running
         # layer's gathered weights beside its working set (whose weight gradient is whole until
         # reduce-scattered)
         gathered = max([0.0, *[w_list[i] for i in layers]]) if tb.zero3 else 0.0
-        peaks.append(tb.static_f * wj + act + max([0.0, *[work_list[i] for i in layers]]) + gathered)
+        peaks.append(tb.static_f * wj + act + gathered)
         stage_w.append(wj)
         stage_nw.append(nwj)
     cap_list = caps.tolist()
@@ -393,23 +402,40 @@ def _mem_of(
 
 
 class Hold(NamedTuple):
-    """What a stage holds after one action of its list, per chunk of the stage (in order)."""
+    """What a stage holds at a moment of its action list, per chunk of the stage (in order), and
+    the pass that runs then: ``F`` right after a forward (its working set still held), ``B``
+    right before a backward or input-gradient pass, ``W`` before a weight-gradient pass, ``O``
+    after the last pass (the optimizer)."""
 
     fwd: tuple[int, ...]  # microbatches between their forward and their (input-)gradient pass
     wgrad: tuple[int, ...]  # microbatches between the input- and the weight-gradient pass
     grads: tuple[int, ...]  # 1 where the chunk's accumulated gradient exists (a backward done)
+    phase: str
 
 
-def _held(hs: tuple[Hold, ...], sv: list[float], cv: list[float], gw: list[float], add: float) -> float:
+class Work(NamedTuple):
+    """A stage's working sets (its largest layer's) by pass: ``Hold.phase``."""
+
+    fwd: float
+    bwd: float
+    wgrad: float  # a weight-gradient pass: its layer's weight gradients
+    add: float  # the accumulation's sum beside the gradient and the accumulator (k > 1)
+
+
+def _held(hs: tuple[Hold, ...], sv: list[float], cv: list[float], gw: list[float], work: Work) -> float:
     """What a stage holds at its worst moment among ``hs`` (``holds``), from per chunk its saved
-    (``sv``) and carried (``cv``) bytes per microbatch and its gradient bytes (``gw``); ``add``:
-    the accumulation's sum, once an accumulator exists."""
+    (``sv``) and carried (``cv``) bytes per microbatch and its gradient bytes (``gw``), with the
+    working set of the pass then running (``work``)."""
     best = 0.0
     for h in hs:
         x = seq_sum([a * b for a, b in zip(h.fwd, sv, strict=True)])
         x += seq_sum([a * b for a, b in zip(h.wgrad, cv, strict=True)])
         x += seq_sum([a * b for a, b in zip(h.grads, gw, strict=True)])
-        best = max(best, x + (add if any(h.grads) else 0.0))
+        if h.phase == "F":
+            x += work.fwd
+        elif h.phase in "BW":
+            x += (work.bwd if h.phase == "B" else work.wgrad) + (work.add if any(h.grads) else 0.0)
+        best = max(best, x)
     return best
 
 
@@ -424,20 +450,27 @@ def holds(schedule: str, p: int, k: int, v: int) -> tuple[tuple[Hold, ...], ...]
     out = []
     for actions in build_schedule(schedule, p, k, v):
         fi, iw, made = [0] * v, [0] * v, [0] * v
-        seen: set[tuple[int, ...]] = set()
+        seen: dict[str, set[tuple[int, ...]]] = {"F": set(), "B": set(), "W": set(), "O": set()}
         for a in actions:
+            if a.kind != "F":  # before a backward pass
+                seen["W" if a.kind == "W" else "B"].add((*fi, *iw, *made))
             c = a.stage // p
             fi[c] += 1 if a.kind == "F" else -1 if a.kind in "BI" else 0
             iw[c] += 1 if a.kind == "I" else -1 if a.kind == "W" else 0
             if a.kind in "BW":
                 made[c] = 1
-            seen.add((*fi, *iw, *made))
-        front = [
-            x
-            for x in seen
-            if not any(y != x and all(b >= a for a, b in zip(x, y, strict=True)) for y in seen)
-        ]
-        out.append(tuple(Hold(x[:v], x[v : 2 * v], x[2 * v :]) for x in sorted(front)))
+            if a.kind == "F":  # after a forward
+                seen["F"].add((*fi, *iw, *made))
+        seen["O"].add((*fi, *iw, *made))
+        states: list[Hold] = []
+        for phase, xs in seen.items():
+            front = [
+                x
+                for x in xs
+                if not any(y != x and all(b >= a for a, b in zip(x, y, strict=True)) for y in xs)
+            ]
+            states += [Hold(x[:v], x[v : 2 * v], x[2 * v :], phase) for x in sorted(front)]
+        out.append(tuple(states))
     return tuple(out)
 
 
