@@ -117,7 +117,7 @@ class Profiler:
     _cache: dict[tuple[object, ...], list[LayerProfile]] = field(default_factory=dict)
     _fn_cache: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
     _work: dict[tuple[object, ...], float] = field(default_factory=dict)
-    _layers: dict[tuple[int, int, str], list[ShardedLayer]] = field(default_factory=dict)
+    _layers: dict[tuple[int, int, str, bool], list[ShardedLayer]] = field(default_factory=dict)
     _models: dict[int, Reduced] = field(default_factory=dict)
     _pending: dict[tuple[object, ...], Future[TaskResult]] = field(default_factory=dict)
     probes: int = 0  # layer simulations run (for benches), by workers too
@@ -403,6 +403,12 @@ def model_ends(spec: ModelSpec, dtype: DType, train: bool) -> Ends:
     return ends(model, len(model.layers) if train else len(model.layers) - 1)
 
 
+def has_sequence(spec: ModelSpec) -> bool:
+    """Whether the model declares the sequence dim of its activations (``Model.seq_dim``), which
+    sequence parallelism shards."""
+    return build_from(spec, 1, DType.f32).seq_dim is not None
+
+
 def num_blocks(spec: ModelSpec, dtype: DType, train: bool) -> int:
     """The repeated blocks that a pipeline partition divides (``layer_prep.partition``)."""
     e = model_ends(spec, dtype, train)
@@ -416,6 +422,7 @@ __all__ = [
     "Wanted",
     "allowed_tp",
     "cached_profiler",
+    "has_sequence",
     "local_nbytes",
     "model_ends",
     "num_blocks",

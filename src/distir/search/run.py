@@ -49,7 +49,7 @@ from distir.search import final
 from distir.search.executor import local_pool, run_all
 from distir.search.executor import start as start_task
 from distir.search.placement import anneal_placement, megatron_placement
-from distir.search.profile import LayerProfile, Profiler, Wanted, allowed_tp, num_blocks
+from distir.search.profile import LayerProfile, Profiler, Wanted, allowed_tp, has_sequence, num_blocks
 from distir.search.rerank import ExactJob, evaluate
 from distir.search.screen import Estimate, Problem, Screen, rank_key
 from distir.search.shares import add_shares
@@ -137,6 +137,7 @@ def build_space(req: SearchRequest, cluster: Cluster) -> Space:
         req.train,
         req.pins,
         node,  # HSDP shards within a node
+        has_sequence(spec),
     )
 
 

@@ -20,12 +20,18 @@ AMP's formulas, generalized (heterogeneous devices, uneven layers, memory, sched
   its replicas (the collective model of ``distir.sim.collectives``, so the slowest link of the
   group governs), one collective per weight; ZeRO-1 adds an all-gather of the updated shards,
   ZeRO-3 gathers every weight in each forward and backward; HSDP (``z3h<n>``) gathers within
-  its shard group and reduce-scatters there, then all-reduces the shard across the groups; then
-  the optimizer.
-- **Memory per device.** Weights, gradients and their accumulator, optimizer state (divided by
-  d — HSDP: by its shard group — as the ZeRO stage says), activations of the microbatches in
-  flight (k for GPipe, min(k, p−j) for 1F1B, Megatron's warm-up count for interleaved), and the
-  largest layer's transient working set (ZeRO-3: with the largest layer's gathered weights).
+  its shard group and reduce-scatters there, then all-reduces the accumulated shard across the
+  groups once per step, after the last microbatch (as ``distribute`` and FSDP2 do); then the
+  optimizer.
+- **Memory per device**, as ``distribute``'s program holds it: weights and optimizer state
+  (divided by d — HSDP: by its shard group — as the ZeRO stage says), then the worst moment of
+  the stage's own action list (``screen_figures.holds``): per chunk the saved activations of the
+  microbatches between forward and backward (input-gradient pass), what an input-gradient pass
+  carries to its deferred weight-gradient pass (ZB-H1), the gradient accumulator from the
+  chunk's first backward on (a shard from ZeRO-2), and the working set of the pass running then
+  (the forward's above what it leaves, the backward's, a weight-gradient pass's gradients; the
+  accumulation's sum beside the accumulator once there is one); ZeRO-3 adds the largest
+  layer's gathered weights.
 
 The screen ranks; the exact simulation (``distir.search.rerank``) decides.
 """

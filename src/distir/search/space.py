@@ -102,7 +102,8 @@ def divisors(n: int) -> list[int]:
 class Space:
     """Strategies for ``devices`` devices, a global ``batch`` and a model of ``n_layers``
     repeated blocks (the layer calls a pipeline partition divides: ``layer_prep.partition``);
-    ``node_devices``: GPUs per node (0: HSDP is not tried unless pinned)."""
+    ``node_devices``: GPUs per node (0: HSDP is not tried unless pinned); ``sequence``: the model
+    has a sequence dim to shard (sequence parallelism is searched with t > 1)."""
 
     devices: int
     batch: int
@@ -111,6 +112,7 @@ class Space:
     train: bool = True
     pins: Pins = Pins()
     node_devices: int = 0
+    sequence: bool = True
 
     def check(self) -> None:
         """Pinned values the model/cluster cannot take raise ``SpaceError``."""
@@ -123,6 +125,8 @@ class Space:
                 f"--tp {p.tp}: the model's tensor-parallel dimensions do not split {p.tp} ways "
                 f"(allowed: {', '.join(map(str, self.allowed_tp))})"
             )
+        if p.sp and not self.sequence:
+            raise SpaceError("sequence parallelism pinned, but the model declares no sequence dim to shard")
         if p.pp is not None and p.pp > self.n_layers:
             raise SpaceError(f"--pp {p.pp}: the model has only {self.n_layers} blocks")
         if p.dp is not None and self.batch % p.dp:
@@ -224,7 +228,7 @@ class Space:
         """Every (d, t, sp, p, k, schedule, v), with ZeRO 0 and no recomputation."""
         pins = self.pins
         for d, t, pp in self.triples():
-            sps = [False, True] if t > 1 else [False]
+            sps = [False, True] if t > 1 and self.sequence else [False]
             for sp in sps if pins.sp is None else [pins.sp] if pins.sp in sps else []:
                 yield from self._bases(d, t, pp, sp)
 
