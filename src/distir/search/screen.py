@@ -122,6 +122,8 @@ class Screen:
         self._last: tuple[Strategy | None, Tables | None] = (None, None)  # the last strategy met
         self._kinds = tuple(self.cluster.kind_of(g) for g in range(self.cluster.num_devices))
         self._specs = {self._kinds[g]: self.cluster.device_spec(g) for g in range(self.cluster.num_devices)}
+        caps = {kind: spec.tensor_capacity for kind, spec in self._specs.items()}
+        self._caps = [caps[kind] for kind in self._kinds]  # each GPU's memory for tensors
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -149,7 +151,7 @@ class Screen:
         memoized on it. Without shares the key is (t, d, b, recompute, sp, the distinct group keys in
         order of appearance, capacity); with shares, (t, d, None, recompute, sp, the distinct (group
         key, replica microbatch) pairs in order of appearance, capacity)."""
-        cap = min(self._specs[self._kinds[g]].tensor_capacity for g in gpus)  # runtime memory held
+        cap = min(map(self._caps.__getitem__, gpus))  # runtime memory held
         if s.shares is not None:
             return self._shared_stage_rows(s, gpus, b, s.shares, cap)
         gks: dict[tuple[object, ...], tuple[int, ...]] = {}

@@ -105,6 +105,7 @@ def assemble(
     batch = inputs[0].type.shape[0]
     by_input = {i.name: i for i in inputs}
     weights: list[WeightSpec] = []
+    declared: set[int] = set()  # ids of the specs in ``weights``
     seen: set[str] = set(by_input)
     tied: list[str] = []  # weights passed to a second call (the same spec again)
     functions: dict[str, Function] = {}
@@ -114,12 +115,13 @@ def assemble(
             raise ModelError(f"model {name}: two different layer functions are named @{c.fn.name}")
         for a in c.args:
             if isinstance(a, WeightSpec):
-                if any(a is x for x in weights):  # the very spec again: a tied weight
+                if id(a) in declared:  # the very spec again: a tied weight
                     tied.append(a.name)
                     continue
                 if a.name in seen:
                     raise ModelError(f"model {name}: the name {a.name!r} is declared twice")
                 seen.add(a.name)
+                declared.add(id(a))
                 weights.append(a)
             elif a not in by_input:
                 raise ModelError(f"model {name}: @{c.fn.name} takes {a!r}, which is not a model input")
