@@ -154,6 +154,7 @@ def bench_llama405() -> None:
     prog = distribute(model, s, Optimizer("adam"), comm_streams=True, precision="mixed")
     c2 = time.process_time()
     r = simulate(prog, parse_cluster("h100:2048"), device_map(s, True), batch=2048)
+    r = replace(r, model_flops=model.step_flops(True))
     c3, t3 = time.process_time(), time.perf_counter()
     print(
         f"  its {s.devices}-GPU program: distribute {c2 - c1:.1f} + simulate {c3 - c2:.1f} CPU s "
