@@ -31,7 +31,7 @@ SEARCHES = {  # model, cluster, global batch, pins
 def test_screened_peak_follows_the_exact_tensor_peak(name: str) -> None:
     model, cluster, batch, pins = SEARCHES[name]
     req = SearchRequest(
-        model=model, cluster=cluster, batch=batch, dtype="bf16", precision="mixed", top=6, workers=1, pins=pins
+        model=model, cluster=cluster, batch=batch, dtype="bf16", precision="mixed", top=6, pins=pins
     )
     o = search(req)
     screened = {str(e.strategy): e.peak_memory_bytes for e in o.screened}
