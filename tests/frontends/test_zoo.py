@@ -165,6 +165,7 @@ PUBLISHED = {
     "llama2-13b": 13.016e9,
     "llama2-70b": 68.977e9,
     "llama3-8b": 8.030e9,
+    "llama3-405b": 405.85e9,  # Meta's released config (embedding and head untied)
 }
 
 

@@ -7,6 +7,9 @@ it is faster than ZeRO-3 over all 16 GPUs and holds more."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterator
+
 import pytest
 
 from distir.autodiff.train import Optimizer
@@ -15,6 +18,8 @@ from distir.hardware.cluster import parse_cluster
 from distir.interp.lockstep import check_deadlock_free
 from distir.interp.project import project
 from distir.ir.dtensor import Mesh, Partial, Replicate, Shard
+from distir.ir.function import Function, Module
+from distir.ir.ops import Call, Op
 from distir.ir.types import DType
 from distir.ops.dist import regroup_placements
 from distir.parallel.check import check_against_sequential
@@ -135,3 +140,44 @@ def test_regroup_placements() -> None:
     assert isinstance(regroup_placements((8,), (P,), (3, 3)), str)
     m = Mesh((("dp", 4), ("tp", 1)), Mesh.parse("dp=4, tp=1").devices)
     assert m.shape == (4, 1)
+
+
+def _dynamic_ops(module: Module, fn: Function) -> Iterator[Op]:
+    """Every op ``fn`` runs, calls expanded (as often as they are made)."""
+    for ins in fn.body:
+        if isinstance(ins, Call):
+            yield from _dynamic_ops(module, module[ins.callee])
+        else:
+            yield ins
+
+
+def _grad_reductions(strategy: str) -> Counter[str]:
+    """The step's reductions of weight gradients by their target placement's first (``dpr``)
+    axis: ``P(sum)`` within the shard group (a reduce-scatter; still pending across the
+    groups), ``R`` across the groups."""
+    s = parse_strategy(strategy)
+    model = build_model(GPT, batch=s.k * s.d, dtype=DType.f64)
+    prog = distribute(model, s, Optimizer("adam", lr=0.01), comm_streams=True)
+    got: Counter[str] = Counter()
+    for op in _dynamic_ops(prog, prog.entry):
+        if op.name == "Redistribute" and op.outputs[0].name.startswith("g_"):
+            got[str(op.attrs["to"]).split(",")[0]] += 1
+    return got
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_hsdp_reduces_across_groups_once_per_step(schedule: str) -> None:
+    """With gradient accumulation HSDP reduce-scatters within its group in every backward and
+    all-reduces the accumulated shard across the groups once, after the last microbatch
+    (FSDP2's ``set_requires_all_reduce(False)`` on every microbatch but the last); the step
+    still equals the sequential one."""
+    one, four = (
+        _grad_reductions(f"d4.t1.p1.k1.{schedule}.z3h2"),
+        _grad_reductions(f"d4.t1.p1.k4.{schedule}.z3h2"),
+    )
+    assert one["R"] == four["R"] > 0  # across the groups: once per weight and step, whatever k
+    assert four["P(sum)"] == 4 * one["P(sum)"] > 0  # within the group: every microbatch
+    s = parse_strategy(f"d4.t1.p1.k4.{schedule}.z3h2")
+    model = build_model(GPT, batch=2 * s.k * s.d, dtype=DType.f64)
+    cmp = check_against_sequential(model, s, Optimizer("adam", lr=0.01), comm_streams=True)
+    assert cmp.max_rel_diff < 1e-7, f"{s}: {cmp.worst} differs by {cmp.max_rel_diff:.2e}"

@@ -93,7 +93,7 @@ SPACE = {
     "node_devices": 8,
     "seq": 16384,
 }
-PARTS = ("dp", "tp", "pp", "k", "mbs", "schedule", "zero", "recompute", "hsdp", "cp")
+PARTS = ("dp", "tp", "pp", "k", "mbs", "schedule", "zero", "recompute", "hsdp", "cp", "sp")
 
 
 def _value(s: Strategy, part: str) -> object:
@@ -108,6 +108,7 @@ def _value(s: Strategy, part: str) -> object:
         "recompute": s.recompute,
         "hsdp": s.shard_group,
         "cp": s.c,
+        "sp": s.sp,
     }[part]
 
 

@@ -19,7 +19,7 @@ from distir.hardware.cluster import parse_cluster
 from distir.ir.types import DType
 from distir.search import run
 from distir.search.executor import local_pool, run_all, start
-from distir.search.profile import Profiler, allowed_tp, num_layers
+from distir.search.profile import Profiler, Wanted, allowed_tp, num_layers
 from distir.search.run import SearchOutput, SearchRequest, screen_space, search
 from distir.search.screen import Estimate, Problem, Screen
 from distir.search.space import Space
@@ -72,20 +72,21 @@ def test_two_workers_search_exactly_as_one(tmp_path: Path, monkeypatch: pytest.M
 def test_prefetched_profiles_equal_local_ones() -> None:
     spec, cluster = parse_model_string(GPT), parse_cluster(HETERO)
     wanted = [
-        (t, b, rc, list(range(g, g + t)))
+        Wanted(t, b, rc, list(range(g, g + t)), sp)
         for t in (1, 2)
         for b in (1, 4)
         for rc in ("none", "full")
+        for sp in ((False, True) if t > 1 else (False,))
         for g in (0, 4)
     ]
     local = Profiler(spec, cluster)
-    expected = [local.layers(t, b, gpus, rc) for t, b, rc, gpus in wanted]
+    expected = [local.layers(t, b, gpus, rc, sp) for t, b, rc, gpus, sp in wanted]
     with local_pool(2) as pool:
         remote = Profiler(spec, cluster)
-        # one task per (t, b, recompute), both GPU kinds in it
+        # one task per (t, b, recompute, sp), both GPU kinds in it
         assert remote.prefetch(pool, wanted) == len(wanted) // 2
         assert remote.prefetch(pool, wanted) == 0  # pending already
-        got = [remote.layers(t, b, gpus, rc) for t, b, rc, gpus in wanted]
+        got = [remote.layers(t, b, gpus, rc, sp) for t, b, rc, gpus, sp in wanted]
     assert got == expected
     assert remote.probes == local.probes
     assert remote.worker_cpu_s > 0
@@ -103,7 +104,7 @@ class _FailingPool(Executor):
 def test_failed_prefetch_is_computed_locally() -> None:
     spec, cluster = parse_model_string(GPT), parse_cluster(HETERO)
     prof = Profiler(spec, cluster)
-    prof.prefetch(_FailingPool(), [(2, 4, "none", [0, 1])])
+    prof.prefetch(_FailingPool(), [Wanted(2, 4, "none", [0, 1])])
     assert prof.layers(2, 4, [0, 1]) == Profiler(spec, cluster).layers(2, 4, [0, 1])
     assert prof.worker_cpu_s == 0
 
@@ -146,9 +147,9 @@ def test_the_screen_climbs_rung_by_rung_as_base_by_base() -> None:
         req.pins,
     )
     want: list[Estimate] = []
-    limit: dict[tuple[int, int, str], int] = {}  # without a pipeline: the rung the last k fit on
+    limit: dict[tuple[int, int, bool, str], int] = {}  # without a pipeline: the rung the last k fit on
     for base in space.bases():
-        key = (base.d, base.t, base.schedule)
+        key = (base.d, base.t, base.sp, base.schedule)
         ladder = space.ladder(base)
         if base.p == 1:  # a larger k only on cheaper rungs (k ascending)
             ladder = ladder[: limit.get(key, len(ladder))]

@@ -88,10 +88,10 @@ def test_profiles_equal_those_of_the_full_model(name: str, train: bool) -> None:
 class _ShardingProfiler(Profiler):
     """The profiler that shards even at one device per group (``sharded_layers`` on a 1 x 1 mesh)."""
 
-    def sharded(self, t: int, b: int, recompute: str) -> list[ShardedLayer]:
-        key = (t, b, recompute)
+    def sharded(self, t: int, b: int, recompute: str, sp: bool = False) -> list[ShardedLayer]:
+        key = (t, b, recompute, sp)
         if key not in self._layers:
-            self._layers[key] = sharded_layers(self.model(b).model, 1, t, recompute, self.train)
+            self._layers[key] = sharded_layers(self.model(b).model, 1, t, recompute, self.train, sp=sp)
         return self._layers[key]
 
 

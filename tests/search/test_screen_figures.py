@@ -20,25 +20,37 @@ from distir.parallel.strategy import Strategy
 from distir.search.layer_assignment import assign_layers, objective
 from distir.search.profile import Profiler
 from distir.search.screen import Problem, Screen
-from distir.search.screen_figures import inflight, pipeline_time
+from distir.search.screen_figures import pipeline_time
 
 MODEL = "gpt:layers=16,hidden=64,heads=4,seq=16,vocab=128"
 CLUSTER = "p3.8xlarge:1+g4dn.12xlarge:1"
 
 
-def _zb_holds(s: Strategy, j: int) -> list[tuple[int, int]]:
-    """Replaying stage j's ZB-H1 actions: after each, how many microbatches sit between F and I
-    (their saved activations held) and between I and W (what I carries to W held)."""
-    fi = iw = 0
+def _replay(s: Strategy, j: int) -> list[tuple[str, dict[int, tuple[int, int, int]]]]:
+    """Replaying stage j's actions: before each backward pass (``B``: full or input-gradient;
+    ``W``: weight-gradient), after each forward (``F``) and at the end (``O``), per chunk
+    (virtual stage) of the stage, how many microbatches sit between F and B or I (their saved
+    activations held), between I and W (what I carries to W held), and whether it has run a
+    backward (its gradient accumulator held)."""
+    held = {c: [0, 0, 0] for c in range(j, s.p * s.v, s.p)}
     out = []
-    for a in build_schedule("zb1", s.p, s.k, s.v)[j]:
+    for a in build_schedule(s.schedule, s.p, s.k, s.v)[j]:
+        if a.kind != "F":
+            out.append(("W" if a.kind == "W" else "B", {c: (x[0], x[1], x[2]) for c, x in held.items()}))
+        h = held[a.stage]
         if a.kind == "F":
-            fi += 1
+            h[0] += 1
+        elif a.kind == "B":
+            h[0] -= 1
+            h[2] = 1
         elif a.kind == "I":
-            fi, iw = fi - 1, iw + 1
+            h[0], h[1] = h[0] - 1, h[1] + 1
         elif a.kind == "W":
-            iw -= 1
-        out.append((fi, iw))
+            h[1] -= 1
+            h[2] = 1
+        if a.kind == "F":
+            out.append(("F", {c: (x[0], x[1], x[2]) for c, x in held.items()}))
+    out.append(("O", {c: (x[0], x[1], x[2]) for c, x in held.items()}))
     return out
 
 
@@ -79,14 +91,19 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
         if link is not None:
             comm[c] = (2.0 if pr.train else 1.0) * (link[0] + out_b[:-1] * link[1])
     static_f = 1.0 / h if s.zero == 3 else 1.0
-    if pr.train:
-        # the gradient (accumulated in place; a shard from ZeRO-2) and the optimizer state
-        static_f += (1.0 / h if s.zero >= 2 else 1.0) + pr.n_state / (h if s.zero >= 1 else 1)
-    infl = [inflight(s, j, pr.train) for j in range(s.p)]
+    grad_f = 0.0
+    if pr.train:  # the gradient (accumulated in place; a shard from ZeRO-2) and optimizer state
+        grad_f = 1.0 / h if s.zero >= 2 else 1.0
+        static_f += pr.n_state / (h if s.zero >= 1 else 1)
+    holds = [
+        _replay(s, j) if pr.train else [("F", dict.fromkeys(range(j, chunks, s.p), (1, 0, 0)))]
+        for j in range(s.p)
+    ]
+    infl = [max(sum(x[0] for x in h.values()) for _, h in hs) for hs in holds]
+    pending = [max(sum(x[1] for x in h.values()) for _, h in hs) for hs in holds]
     carried = rows[0].carried * fb
-    holds = [_zb_holds(s, j) if pr.train and s.schedule == "zb1" else [] for j in range(s.p)]
-    pending = [max((iw for _, iw in h), default=0) for h in holds]
-    mem = np.array([static_f * w_bytes + infl[j] * saved + pending[j] * carried for j in range(s.p)])
+    f = static_f + grad_f  # the layer assignment's bound: each term at its worst
+    mem = np.array([f * w_bytes + infl[j] * saved + pending[j] * carried for j in range(s.p)])
     caps = np.array([r.cap for r in rows], float)
     transient = work.max() + (w_bytes.max() if zero3 else 0.0)  # ZeRO-3: with a gathered layer
     # the embedding stays with the first chunk, head and loss with the last: a cut between two
@@ -120,9 +137,33 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
         layers = [i for c in range(chunks) if stage_of[c] == j for i in range(bounds[c], bounds[c + 1])]
         wj, nwj = float(w_bytes[layers].sum()), int(n_w[layers].sum())
         sv, cv = float(saved[layers].sum()), float(carried[layers].sum())
-        act = (max(a * sv + b * cv for a, b in holds[j]) if holds[j] else infl[j] * sv) / s.v
+        # per chunk: saved and carried bytes per microbatch, gradient bytes
+        per = {c: list(range(bounds[c], bounds[c + 1])) for c in range(j, chunks, s.p)}
+        b_c = {
+            c: (float(saved[i].sum()), float(carried[i].sum()), grad_f * float(w_bytes[i].sum()))
+            for c, i in per.items()
+        }
+        if s.v == 1:
+            b_c = {j: (sv, cv, grad_f * wj)}
+        # the pass running: its working set; a backward adds the sum of a weight's gradient and
+        # its accumulator, beside both
+        add = grad_f * float(rows[0].largest[layers].max(initial=0.0)) if s.k > 1 else 0.0
+        fwd_w = float(np.max([r.fwd_work for r in rows], axis=0)[layers].max(initial=0.0))
+        bwd_w = float(np.max([r.bwd_work for r in rows], axis=0)[layers].max(initial=0.0))
+        pass_w = {"F": fwd_w, "B": bwd_w, "W": float(w_bytes[layers].max(initial=0.0)), "O": 0.0}
+        act = max(
+            sum(x[0] * b_c[c][0] for c, x in h.items())
+            + sum(x[1] * b_c[c][1] for c, x in h.items())
+            + sum(x[2] * b_c[c][2] for c, x in h.items())
+            + (
+                pass_w[ph] + (add if ph in "BW" and any(x[2] for x in h.values()) else 0.0)
+                if ph != "O"
+                else 0.0
+            )
+            for ph, h in holds[j]
+        )
         gathered = float(w_bytes[layers].max(initial=0.0)) if zero3 else 0.0  # ZeRO-3's running layer
-        peaks.append(static_f * wj + act + float(work[layers].max(initial=0.0)) + gathered)
+        peaks.append(static_f * wj + act + gathered)
         if pr.train:
             sync = max(sync, screen._sync_time(s, groups[j], kinds[j], wj, nwj))
     headroom = [float(c) - p for c, p in zip(caps, peaks, strict=True)]

@@ -1,35 +1,45 @@
-"""The screen's peak memory against the exact simulation's tensor peak, schedule by schedule:
-zero-bubble pipelines hold, besides the saved activations of the microbatches between F and I,
-what each input-gradient pass carries to its deferred weight-gradient pass."""
+"""The screen's peak memory against the exact simulation's tensor peak (issue 17's bounds: median
+|error| ≤ 5%, no estimate more than 15% under), on small searches of every schedule, ZeRO stage
+and recomputation; and the schedule states the screen reads its peaks from: zero-bubble
+pipelines hold, besides the saved activations of the microbatches between F and I, what each
+input-gradient pass carries to its deferred weight-gradient pass, and a chunk's gradient
+accumulator exists only from its first backward on."""
 
 from __future__ import annotations
+
+import statistics
 
 import pytest
 
 from distir.parallel.strategy import parse_strategy
 from distir.search.run import SearchRequest, search
-from distir.search.screen_figures import _zb_states, pending_weight_grads
+from distir.search.screen_figures import holds, inflight, pending_weight_grads
 from distir.search.space import Pins
 
-MODEL = "gpt:layers=8,hidden=512,heads=8,seq=512,vocab=4096"
+GPT = "gpt:layers=8,hidden=512,heads=8,seq=512,vocab=4096"
+LLAMA = "llama:layers=4,hidden=512,heads=8,kv_heads=2,ffn=1408,vocab=4096,seq=512"
+SEARCHES = {  # model, cluster, global batch, pins
+    "zb1": (GPT, "dgx-a100", 64, Pins(schedule="zb1")),
+    "interleaved": (GPT, "dgx-a100", 64, Pins(schedule="interleaved")),
+    "gpipe": (LLAMA, "dgx-a100", 64, Pins(schedule="gpipe")),
+    "zero3": (LLAMA, "dgx-a100", 64, Pins(zero=3, max_k=8)),
+    "rfull": (GPT, "dgx-a100", 64, Pins(recompute="full", pp=2)),
+}
 
 
-@pytest.mark.parametrize("schedule", ["zb1", "1f1b", "gpipe"])
-def test_screened_peak_follows_the_exact_tensor_peak(schedule: str) -> None:
+@pytest.mark.parametrize("name", list(SEARCHES))
+def test_screened_peak_follows_the_exact_tensor_peak(name: str) -> None:
+    model, cluster, batch, pins = SEARCHES[name]
     req = SearchRequest(
-        model=MODEL, cluster="dgx-a100", batch=64, dtype="bf16", precision="mixed", top=6, workers=1,
-        pins=Pins(schedule=schedule),
-    )  # fmt: skip
+        model=model, cluster=cluster, batch=batch, dtype="bf16", precision="mixed", top=6, pins=pins
+    )
     o = search(req)
     screened = {str(e.strategy): e.peak_memory_bytes for e in o.screened}
-    runtime = o.cluster.device_spec(0).runtime
-    ratios = [
-        screened[r["strategy"]] / runtime.tensor_capacity(r["peak_memory_bytes"])
-        for r in o.results
-        if parse_strategy(r["strategy"]).p > 1
-    ]
+    runtime = o.cluster.device_spec(0).runtime  # the exact peak less the runtime memory
+    ratios = [screened[r["strategy"]] / runtime.tensor_capacity(r["peak_memory_bytes"]) for r in o.results]
     assert len(ratios) >= 3
-    assert all(0.9 <= x <= 1.2 for x in ratios), ratios
+    assert statistics.median([abs(x - 1) for x in ratios]) <= 0.05, ratios
+    assert min(ratios) >= 0.85, ratios
 
 
 def test_zero_bubble_defers_weight_gradients_and_others_do_not() -> None:
@@ -38,7 +48,31 @@ def test_zero_bubble_defers_weight_gradients_and_others_do_not() -> None:
     zb = parse_strategy("d1.t1.p4.k8.zb1")
     pending = [pending_weight_grads(zb, j, True) for j in range(4)]
     assert pending == sorted(pending) and pending[0] >= 1
-    for states in _zb_states(4, 8, 1):
-        assert max(fi + iw for fi, iw in states) == 4
+    for states in holds("zb1", 4, 8, 1):
+        assert max(h.fwd[0] + h.wgrad[0] for h in states) == 4
     assert pending_weight_grads(parse_strategy("d1.t1.p4.k8.1f1b"), 0, True) == 0
     assert pending_weight_grads(zb, 0, False) == 0
+
+
+@pytest.mark.parametrize(("p", "k"), [(4, 2), (4, 8), (2, 16)])
+def test_in_flight_counts_follow_the_schedules(p: int, k: int) -> None:
+    """GPipe holds every microbatch, 1F1B min(k, p − j), the interleaved schedule Megatron's
+    warm-up count 2(p − j − 1) + (v − 1)p + 1 chunk-microbatches (capped by k·v)."""
+    for j in range(p):
+        assert inflight(parse_strategy(f"d1.t1.p{p}.k{k}.gpipe"), j, True) == k
+        assert inflight(parse_strategy(f"d1.t1.p{p}.k{k}.1f1b"), j, True) == min(k, p - j)
+        if k % p == 0:
+            want = min(2 * k, 2 * (p - j - 1) + p + 1)
+            assert inflight(parse_strategy(f"d1.t1.p{p}.k{k}.interleaved.v2"), j, True) == want
+
+
+def test_gradients_exist_only_after_the_first_backward() -> None:
+    """Before a backward, GPipe holds all k microbatches and no gradient, or the gradient and
+    k − 1 of them; 1F1B's first stage with k > p holds p microbatches beside the gradient; after
+    the last backward only the gradient is left (the optimizer's moment)."""
+    (gpipe,) = holds("gpipe", 1, 4, 1)
+    assert {(h.fwd[0], h.grads[0]) for h in gpipe if h.phase == "B"} == {(4, 0), (3, 1)}
+    assert {(h.fwd[0], h.grads[0]) for h in gpipe if h.phase == "O"} == {(0, 1)}
+    first = holds("1f1b", 2, 8, 1)[0]
+    assert {(h.fwd[0], h.grads[0]) for h in first if h.phase == "B"} == {(2, 1)}
+    assert {(h.fwd[0], h.grads[0]) for h in first if h.phase == "F"} == {(2, 1)}

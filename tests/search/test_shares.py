@@ -139,8 +139,8 @@ def test_wanted_profiles_are_all_the_screen_asks_for() -> None:
     s, pl = Strategy(d=4, t=2, p=1, k=1), tuple(range(8))
     c = candidates(sc, s, pl)
     assert c is not None and len(c.shares) > 1
-    for t, b, recompute, group in wanted_profiles(sc, c):
-        sc.profiler.layers(t, b, group, recompute)
+    for t, b, recompute, group, sp in wanted_profiles(sc, c):
+        sc.profiler.layers(t, b, group, recompute, sp)
     before = sc.profiler.probes
     assert best_of(sc, c) is not None
     assert sc.profiler.probes == before

@@ -51,10 +51,15 @@ def test_bases_respect_batch_layers_and_schedules() -> None:
         if s.schedule == "interleaved":
             assert s.v == 2 and s.k % s.p == 0
     assert {s.schedule for s in bases if s.p > 1} == {"gpipe", "1f1b", "interleaved", "zb1"}
-    # every microbatch size of every shape, p = 1 included (gradient accumulation without a pipeline)
+    # every microbatch size of every shape, p = 1 included (gradient accumulation without a
+    # pipeline), with and without sequence parallelism where there is tensor parallelism
     for d, t, p in sp.triples():
-        got = sorted(s.k for s in bases if (s.d, s.t, s.p, s.schedule) == (d, t, p, "1f1b"))
-        assert got == divisors(32 // d), (d, t, p)
+        for seq in (False, True) if t > 1 else (False,):
+            got = sorted(s.k for s in bases if (s.d, s.t, s.sp, s.p, s.schedule) == (d, t, seq, p, "1f1b"))
+            assert got == divisors(32 // d), (d, t, seq, p)
+    assert not any(s.sp for s in bases if s.t == 1)
+    pinned = Space(devices=8, batch=32, n_layers=6, allowed_tp=(1, 2, 4, 8), pins=Pins(sp=True))
+    assert all(s.sp and s.t > 1 for s in pinned.bases())
 
 
 def test_pins_restrict_and_bad_pins_say_why() -> None:

@@ -26,8 +26,11 @@ programs. Its shape:
   gradients live on each stage's mesh seen as ``(dpr=d/n, dp=n, tp=t)`` (the same devices), ZeRO-3
   sharded over ``dp`` (a group of n consecutive replicas) and replicated over ``dpr``; a chunk
   all-gathers a weight within its group and sees it on the ``(dp, tp)`` mesh (``MeshView``); a
-  bucket sees its pending gradients on the regrouped mesh, reduce-scatters them within the group
-  and all-reduces the shard across the groups, in every backward.
+  bucket sees its pending gradients on the regrouped mesh and reduce-scatters them within the
+  group in every backward, accumulating the shard (still a pending sum over ``dpr``); the last
+  backward of each chunk all-reduces the accumulated shard across the groups, once per step (FSDP2's
+  ``set_requires_all_reduce(False)`` on all microbatches but the last, as with gradient
+  accumulation HSDP does).
 - **In place.** Weights, optimizer state, Adam's step and the compute copies are donated
   (``Function.donated``), each to its successor among the results: the simulator lets the
   update take the old value's storage, as trainers update in place (the ZeRO paper's model
@@ -453,15 +456,24 @@ class _Builder:
         return fb.ret(x, *res)
 
     def _chunk_bwd(
-        self, c: int, layers: list[ShardedLayer], acc: bool, part: str = "", reduce: bool = False
+        self,
+        c: int,
+        layers: list[ShardedLayer],
+        acc: bool,
+        part: str = "",
+        reduce: bool = False,
+        final: bool = True,
     ) -> Function:
         """part: "" full backward, "i" input gradients (returns carried), "w" weight gradients.
         ``reduce``: the weight gradients are reduced over ``dp`` in buckets as the backward
-        completes them (``_Buckets``; ZeRO-2/3 in every backward, DDP/ZeRO-0/1 in the last)."""
-        suffix = ("_" + part if part else "") + ("_acc" if acc else "") + ("_red" if reduce else "")
+        completes them (``_Buckets``; ZeRO-2/3 in every backward, DDP/ZeRO-0/1 in the last).
+        ``final``: HSDP's last backward of the step, which all-reduces across the groups too
+        (suffix ``_red``; the others, ``_rs``, reduce-scatter within the group only)."""
+        red = ("_red" if final or not self.hsdp else "_rs") if reduce else ""
+        suffix = ("_" + part if part else "") + ("_acc" if acc else "") + red
         fb = FunctionBuilder(f"c{c}_bwd{suffix}", REGISTRY.out_arity)
         ws = chunk_weights(layers)
-        buckets = _Buckets(self, fb, c, ws, acc) if reduce else None
+        buckets = _Buckets(self, fb, c, ws, acc, final) if reduce else None
         grads: dict[Value, Value] = {}
 
         accs: dict[Value, Value] = {}
@@ -574,6 +586,9 @@ class _Builder:
                     cf[f.name] = f
                     if self.bucketed and not every:  # DDP: the last microbatch's backward reduces
                         f = self._chunk_bwd(c, ls, accumulate, part, True)
+                        cf[f.name] = f
+                    if self.hsdp and s.k > 1:  # HSDP: the others reduce-scatter within the group
+                        f = self._chunk_bwd(c, ls, accumulate, part, True, final=False)
                         cf[f.name] = f
         return cf
 
@@ -717,6 +732,8 @@ class _Builder:
         def red(c: int) -> str:
             """The suffix of chunk ``c``'s backward that produces weight gradients now."""
             grads_left[c] -= 1
+            if self.hsdp and grads_left[c]:  # HSDP: across the groups in the last backward only
+                return "_rs"
             return "_red" if self.bucketed and (not ddp or grads_left[c] == 0) else ""
 
         losses: list[Value] = []
@@ -1030,11 +1047,15 @@ class _Buckets:
     reduction overlaps the rest of the backward. ZeRO-2/3 reduce-scatter (to this rank's shard)
     in every microbatch's backward and add the shard into the accumulated shard, so no replica
     holds the whole gradient; DDP / ZeRO-0/1 add the microbatch's gradient to the accumulated one
-    and all-reduce the sum, in the last microbatch's backward. Results: the reduced gradients in
-    the chunk's weight order (on the ``dp_reduce`` stream's mesh with communication streams)."""
+    and all-reduce the sum, in the last microbatch's backward. HSDP reduce-scatters within the
+    shard group and accumulates the shard, a pending sum across the groups, which the ``final``
+    backward all-reduces across them. Results: the reduced gradients in the chunk's weight order
+    (on the ``dp_reduce`` stream's mesh with communication streams)."""
 
-    def __init__(self, b: _Builder, fb: FunctionBuilder, c: int, ws: list[Value], acc: bool) -> None:
-        self.b, self.fb, self.ws = b, fb, ws
+    def __init__(
+        self, b: _Builder, fb: FunctionBuilder, c: int, ws: list[Value], acc: bool, final: bool = True
+    ) -> None:
+        self.b, self.fb, self.ws, self.final = b, fb, ws, final
         self.scatter = b.s.zero >= 2
         stage = self.stage = c % b.s.p
         self.stream = b.comm_meshes[("dp_reduce", stage)] if b.comm_streams else None
@@ -1067,24 +1088,25 @@ class _Buckets:
         ]
         for w, g in moved:
             if self.b.hsdp:
-                r = self._hsdp_reduce(w, g)
+                r = self._hsdp_scatter(w, g)
             else:
                 r = self.b._redistribute(fb, g, f"g_{w.name}", self.b._grad_target(w))
             if self.accs and self.scatter:  # ZeRO-2/3: accumulated in the shard
                 (r,) = fb.op("Add", self.accs[w], r, names=[f"g_{w.name}"])
+            if self.b.hsdp and self.final:  # the accumulated shard, across the groups once
+                r = self.b._redistribute(fb, r, f"g_{w.name}", "R, " + self.b._grad_target(w))
             self.out[w] = r
         self.pending, self.size = [], 0.0
 
-    def _hsdp_reduce(self, w: Value, g: Value) -> Value:
-        """HSDP: ``w``'s pending gradient seen on the (dpr, dp, tp) mesh, reduce-scattered within
-        the shard group (dp), then its shard all-reduced across the groups (dpr)."""
+    def _hsdp_scatter(self, w: Value, g: Value) -> Value:
+        """HSDP: ``w``'s pending gradient seen on the (dpr, dp, tp) mesh and reduce-scattered
+        within the shard group (dp; a weight ZeRO does not shard: all-reduced within it), still
+        a pending sum across the groups (dpr)."""
         b = self.b
         mesh = b._mesh_for(self.stage, "dp_reduce" if self.stream is not None else None)
         (g,) = self.fb.emit("MeshView", (g,), b._attrs("mesh", b._mesh_attr(mesh)), (g.name,))
         shard = b._grad_target(w)  # "S(z), <tp>"; "R, <tp>" for a weight ZeRO does not shard
-        if b._zdim(w) is not None:
-            g = b._redistribute(self.fb, g, f"g_{w.name}", "P(sum), " + shard)
-        return b._redistribute(self.fb, g, f"g_{w.name}", "R, " + shard)
+        return b._redistribute(self.fb, g, f"g_{w.name}", "P(sum), " + shard)
 
     def results(self) -> list[Value]:
         self.flush()

@@ -39,7 +39,7 @@ def chunk_times(
     b = max(1, model.batch // (s.d * s.k))
     place = s.gpus
     n = s.d * s.t
-    by_stage = [prof.layers(s.t, b, list(place[j * n : j * n + s.t]), s.recompute) for j in range(s.p)]
+    by_stage = [prof.layers(s.t, b, list(place[j * n : j * n + s.t]), s.recompute, s.sp) for j in range(s.p)]
     fwd: list[float] = []
     bwd: list[float] = []
     for c, r in enumerate(chunks):

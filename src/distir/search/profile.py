@@ -12,10 +12,11 @@ model's distinct layers, ``distinct_layers``: one differentiation, one propagati
 each simulated alone on a real group of GPUs of the cluster — so the screen and the exact
 simulation share one cost model, and the screen's error is only in how it *composes* layers
 (the pipeline formula), never in what a layer costs.
-Profiles are memoized per (t, b, recompute, kind of the TP group): a search over thousands of
-strategies profiles each distinct layer a few dozen times. ``Profiler.prefetch`` hands profiles the
-search will need to worker processes (``run_profile_task``: the same code on the same model and
-cluster, so the same figures), ``layers`` then takes their results.
+Profiles are memoized per (t, b, recompute, sequence parallelism, kind of the TP group): a
+search over thousands of strategies profiles each distinct layer a few dozen times.
+``Profiler.prefetch`` hands profiles the search will need to worker processes
+(``run_profile_task``: the same code on the same model and cluster, so the same figures),
+``layers`` then takes their results.
 
 Why each microbatch size b is differentiated and sharded anew rather than the functions of one b
 retyped: they are not batch-polymorphic. Differentiation bakes the batch into the backward's
@@ -30,6 +31,7 @@ import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from distir.autodiff.precision import MIXED
 from distir.frontends.zoo.registry import ModelSpec, build_from
@@ -50,6 +52,16 @@ from distir.sim.simulate import simulate
 from distir.sim.units import piece_bytes
 
 
+class Wanted(NamedTuple):
+    """A profile ``Profiler.prefetch`` is to compute: ``layers(t, b, gpus, recompute, sp)``."""
+
+    t: int
+    b: int
+    recompute: str
+    gpus: Sequence[int]
+    sp: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class LayerProfile:
     """One layer call on one device of its TP group, per microbatch (module docstring)."""
@@ -61,9 +73,14 @@ class LayerProfile:
     n_weights: int
     saved_bytes: float  # kept from forward to backward, per microbatch
     out_bytes: float  # the activation leaving the layer, per device
-    work_bytes: float  # transient memory above its arguments while the backward (or forward) runs
+    # transient memory while the forward or backward runs, above its arguments and, for the
+    # forward, above what it leaves (its result and residuals, counted as activations)
+    work_bytes: float
     # held from the input-gradient pass to the weight-gradient pass of a zero-bubble schedule
     carried_bytes: float = 0.0
+    largest_weight_bytes: float = 0.0  # this device's share of the layer's largest weight
+    fwd_work_bytes: float = 0.0  # ``work_bytes`` of the forward alone
+    bwd_work_bytes: float = 0.0  # ``work_bytes`` of the backward alone
 
     @property
     def time_s(self) -> float:
@@ -100,7 +117,7 @@ class Profiler:
     _cache: dict[tuple[object, ...], list[LayerProfile]] = field(default_factory=dict)
     _fn_cache: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
     _work: dict[tuple[object, ...], float] = field(default_factory=dict)
-    _layers: dict[tuple[int, int, str], list[ShardedLayer]] = field(default_factory=dict)
+    _layers: dict[tuple[int, int, str, bool], list[ShardedLayer]] = field(default_factory=dict)
     _models: dict[int, Reduced] = field(default_factory=dict)
     _pending: dict[tuple[object, ...], Future[TaskResult]] = field(default_factory=dict)
     probes: int = 0  # layer simulations run (for benches), by workers too
@@ -122,32 +139,35 @@ class Profiler:
             got = self._models[b] = distinct_layers(model)
         return got
 
-    def sharded(self, t: int, b: int, recompute: str) -> list[ShardedLayer]:
-        """The distinct layers of ``model(b)``, differentiated and sharded as ``distribute`` does."""
-        key = (t, b, recompute)
+    def sharded(self, t: int, b: int, recompute: str, sp: bool = False) -> list[ShardedLayer]:
+        """The distinct layers of ``model(b)``, differentiated and sharded as ``distribute`` does
+        (``sp``: with sequence parallelism, t > 1)."""
+        key = (t, b, recompute, sp)
         got = self._layers.get(key)
         if got is None:
             model = self.model(b).model
             if t == 1:  # the same costs without sharding on a one-device mesh (``unsharded_layers``)
                 got = unsharded_layers(model, recompute, self.train)
             else:
-                got = sharded_layers(model, 1, t, recompute, self.train)
+                got = sharded_layers(model, 1, t, recompute, self.train, sp=sp)
             self._layers[key] = got
         return got
 
-    def layers(self, t: int, b: int, gpus: Sequence[int], recompute: str = "none") -> list[LayerProfile]:
+    def layers(
+        self, t: int, b: int, gpus: Sequence[int], recompute: str = "none", sp: bool = False
+    ) -> list[LayerProfile]:
         """Profiles of every layer call for microbatch ``b`` per replica on the TP group ``gpus``
         (``len(gpus) == t``). Raises the sharding/model errors of ``sharded_layers``.
 
         A repeated layer shares the profile of the call standing for it (``distinct_layers``):
         the list has one entry per layer call of the full model, repeats being the same object."""
-        key = (t, b, recompute, self.group_key(gpus))
+        key = (t, b, recompute, sp, self.group_key(gpus))
         got = self._cache.get(key)
         if got is None and key in self._pending:
             got = self._collect(key)
         if got is not None:
             return got
-        layers = self.sharded(t, b, recompute)
+        layers = self.sharded(t, b, recompute, sp)
         reduced = self.model(b)
         model = reduced.model
         dmap = DeviceMap({Device(i): Slot(g) for i, g in enumerate(gpus)})
@@ -158,19 +178,21 @@ class Profiler:
             bwd = (0.0, 0.0, 0.0)
             if L.bwd is not None and L.vjp is not None:
                 bwd = self._run(L.bwd, L.bwd_args, dmap, cost, key)
-            saved = 0.0
+            saved = made = 0.0
             if L.vjp is not None:
                 n_first = sum(1 for j in L.vjp.bwd_params if j == 0)
                 start = len(L.vjp.bwd_params)
                 res = list(L.bwd_args[:n_first]) if 0 in L.vjp.bwd_params else []
-                res += list(L.bwd_args[start : start + L.vjp.n_residuals])
-                saved = sum(local_nbytes(r) for r in res)
+                made = sum(local_nbytes(r) for r in L.bwd_args[start : start + L.vjp.n_residuals])
+                saved = sum(local_nbytes(r) for r in res) + made
             # a kept layer's result has the type its dropped repeats hand on (distinct_layers)
             nxt = layers[i + 1].fwd_args[0] if i + 1 < len(layers) else None
-            wbytes = 0.0
-            for w in L.weights:
-                spec = model.weight(w.name)
-                wbytes += spec.type.nbytes / (t if isinstance(spec.tp, Shard) else 1)
+            made += local_nbytes(nxt) if nxt is not None and self.train else 0.0
+            shares = [
+                model.weight(w.name).type.nbytes / (t if isinstance(model.weight(w.name).tp, Shard) else 1)
+                for w in L.weights
+            ]
+            wbytes = sum(shares, 0.0)
             distinct.append(
                 LayerProfile(
                     fwd_s=fwd[0],
@@ -180,8 +202,13 @@ class Profiler:
                     n_weights=len(L.weights),
                     saved_bytes=saved,
                     out_bytes=local_nbytes(nxt) if nxt is not None else 0.0,
-                    work_bytes=max(fwd[2], bwd[2]),
+                    # the forward's peak less what it leaves (its result and residuals, counted
+                    # as activations in flight)
+                    work_bytes=max(fwd[2] - made, bwd[2], 0.0),
+                    fwd_work_bytes=max(fwd[2] - made, 0.0),
+                    bwd_work_bytes=bwd[2],
                     carried_bytes=_carried(L),
+                    largest_weight_bytes=max(shares, default=0.0),
                 )
             )
         out = [distinct[r] for r in reduced.rep[: len(reduced.rep) - (0 if self.train else 1)]]
@@ -189,19 +216,19 @@ class Profiler:
         return out
 
     # -- profiles computed by worker processes --------------------------------------------------
-    def prefetch(self, pool: Executor, wanted: Iterable[tuple[int, int, str, Sequence[int]]]) -> int:
-        """Start computing ``layers(t, b, gpus, recompute)`` for each ``(t, b, recompute, gpus)`` of
+    def prefetch(self, pool: Executor, wanted: Iterable[Wanted]) -> int:
+        """Start computing ``layers(t, b, gpus, recompute, sp)`` for each ``Wanted`` of
         ``wanted`` in ``pool`` (processes: a task is a ``ProfileTask``), in that order; ``layers``
         then waits for and takes the result. What is known or pending already is skipped; the TP
-        group kinds of one (t, b, recompute) go to one task (one sharding serves them all). If a
+        group kinds of one (t, b, recompute, sp) go to one task (one sharding serves them all). If a
         task fails, ``layers`` computes its profiles here (raising what that raises). Returns the
         number of tasks submitted."""
-        jobs: dict[tuple[int, int, str], dict[tuple[object, ...], tuple[int, ...]]] = {}
-        for t, b, recompute, gpus in wanted:
-            key = (t, b, recompute, self.group_key(gpus))
+        jobs: dict[tuple[int, int, str, bool], dict[tuple[object, ...], tuple[int, ...]]] = {}
+        for t, b, recompute, gpus, sp in wanted:
+            key = (t, b, recompute, sp, self.group_key(gpus))
             if key not in self._cache and key not in self._pending:
-                jobs.setdefault((t, b, recompute), {}).setdefault(key, tuple(gpus))
-        for (t, b, recompute), groups in jobs.items():
+                jobs.setdefault((t, b, recompute, sp), {}).setdefault(key, tuple(gpus))
+        for (t, b, recompute, sp), groups in jobs.items():
             task = ProfileTask(
                 self.spec,
                 self.cluster,
@@ -213,6 +240,7 @@ class Profiler:
                 recompute,
                 tuple(groups.values()),
                 self.mixed,
+                sp,
             )
             fut = pool.submit(run_profile_task, task)
             for k in groups:
@@ -233,9 +261,11 @@ class Profiler:
         self.worker_cpu_s += cpu
         return self._cache.get(key)
 
-    def known(self, t: int, b: int, recompute: str) -> dict[tuple[object, ...], list[LayerProfile]]:
-        """The profiles computed so far for (t, b, recompute), by group kind (for ``adopt``)."""
-        return {k: v for k, v in self._cache.items() if k[:3] == (t, b, recompute)}
+    def known(
+        self, t: int, b: int, recompute: str, sp: bool = False
+    ) -> dict[tuple[object, ...], list[LayerProfile]]:
+        """The profiles computed so far for (t, b, recompute, sp), by group kind (for ``adopt``)."""
+        return {k: v for k, v in self._cache.items() if k[:4] == (t, b, recompute, sp)}
 
     def adopt(self, profiles: dict[tuple[object, ...], list[LayerProfile]]) -> None:
         """Take profiles another profiler of the same model and cluster computed (``known``)."""
@@ -243,9 +273,15 @@ class Profiler:
             self._cache.setdefault(k, v)
 
     def _run(
-        self, fn: Function, args: Sequence[Type], dmap: DeviceMap, cost: CostModel, key: tuple[object, ...]
+        self,
+        fn: Function,
+        args: Sequence[Type],
+        dmap: DeviceMap,
+        cost: CostModel,
+        key: tuple[object, ...],
     ) -> tuple[float, float, float]:
-        """(time, FLOPs per device, transient bytes) of one call of ``fn``."""
+        """(time, FLOPs per device, transient bytes) of one call of ``fn``: its peak above its
+        arguments (held throughout, as a chunk holds a layer's residuals through its backward)."""
         k2 = (*key, id(fn), tuple(args))
         got = self._fn_cache.get(k2)
         if got is not None:
@@ -304,6 +340,7 @@ class ProfileTask:
     recompute: str
     groups: tuple[tuple[int, ...], ...]  # one TP group of each kind wanted
     mixed: bool = False
+    sp: bool = False
 
 
 # a worker's profiler of the current model and cluster: the tasks of one search share its models
@@ -336,8 +373,8 @@ def run_profile_task(task: ProfileTask) -> TaskResult:
     for g in task.groups:
         out.append(
             (
-                (task.t, task.b, task.recompute, prof.group_key(g)),
-                prof.layers(task.t, task.b, g, task.recompute),
+                (task.t, task.b, task.recompute, task.sp, prof.group_key(g)),
+                prof.layers(task.t, task.b, g, task.recompute, task.sp),
             )
         )
     return out, prof.probes - n0, time.process_time() - c0
@@ -375,6 +412,12 @@ def sequence_length(spec: ModelSpec, dtype: DType) -> int:
     return int(t.shape[model.seq_dim])
 
 
+def has_sequence(spec: ModelSpec) -> bool:
+    """Whether the model declares the sequence dim of its activations (``Model.seq_dim``), which
+    sequence parallelism shards."""
+    return build_from(spec, 1, DType.f32).seq_dim is not None
+
+
 def num_blocks(spec: ModelSpec, dtype: DType, train: bool) -> int:
     """The repeated blocks that a pipeline partition divides (``layer_prep.partition``)."""
     e = model_ends(spec, dtype, train)
@@ -385,8 +428,10 @@ __all__ = [
     "LayerProfile",
     "ProfileTask",
     "Profiler",
+    "Wanted",
     "allowed_tp",
     "cached_profiler",
+    "has_sequence",
     "local_nbytes",
     "model_ends",
     "num_blocks",

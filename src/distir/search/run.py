@@ -50,7 +50,15 @@ from distir.search import final
 from distir.search.executor import local_pool, run_all
 from distir.search.executor import start as start_task
 from distir.search.placement import anneal_placement, megatron_placement
-from distir.search.profile import LayerProfile, Profiler, allowed_tp, num_blocks, sequence_length
+from distir.search.profile import (
+    LayerProfile,
+    Profiler,
+    Wanted,
+    allowed_tp,
+    has_sequence,
+    num_blocks,
+    sequence_length,
+)
 from distir.search.rerank import ExactJob, evaluate, screened_result
 from distir.search.screen import Estimate, Problem, Screen, rank_key
 from distir.search.shares import add_shares
@@ -159,6 +167,7 @@ def build_space(req: SearchRequest, cluster: Cluster) -> Space:
         req.pins,
         node,  # HSDP shards within a node
         sequence_length(spec, dt),
+        has_sequence(spec),
     )
 
 
@@ -230,26 +239,23 @@ def screen_space(
 
 
 def _p1_chains(bases: list[Strategy]) -> list[list[int]]:
-    """The bases without a pipeline, by (d, t, schedule), as indices in order of growing k.
+    """The bases without a pipeline, by (d, t, sp, schedule), as indices in order of growing k.
     Without a pipeline, more microbatches only save memory (smaller GEMMs, more ZeRO-3 gathers
     and gradient additions per step): after a k fits on some rung of the ladder, a larger k is
     screened only on the cheaper rungs (``screen_space``)."""
-    chains: dict[tuple[int, int, int, str], list[int]] = {}
+    chains: dict[tuple[int, int, int, bool, str], list[int]] = {}
     for i, b in enumerate(bases):
         if b.p == 1:
-            chains.setdefault((b.d, b.t, b.c, b.schedule), []).append(i)
+            chains.setdefault((b.d, b.t, b.c, b.sp, b.schedule), []).append(i)
     for chain in chains.values():
         chain.sort(key=lambda i: bases[i].k)
     return list(chains.values())
 
 
-def _rung_profiles(
-    screen: Screen, rungs: list[Strategy], batch: int
-) -> Iterator[tuple[int, int, str, list[int]]]:
-    """(t, b, recompute, TP group) of every profile the strategies ``rungs`` ask for on the
-    identity placement, in the order the screen asks: there a stage's TP groups are the aligned
-    blocks of t GPUs, and the stages cover the cluster, so every kind of block is asked for (one
-    block of each kind stands for it)."""
+def _rung_profiles(screen: Screen, rungs: list[Strategy], batch: int) -> Iterator[Wanted]:
+    """Every profile the strategies ``rungs`` ask for on the identity placement, in the order
+    the screen asks: there a stage's TP groups are the aligned blocks of t GPUs, and the stages
+    cover the cluster, so every kind of block is asked for (one block of each kind stands for it)."""
     kinds: dict[int, list[list[int]]] = {}
     for s in rungs:
         b, rem = divmod(batch, s.d * s.k)
@@ -262,7 +268,7 @@ def _rung_profiles(
                 reps.setdefault(screen.profiler.group_key(block), block)
             kinds[s.t] = list(reps.values())
         for block in kinds[s.t]:
-            yield s.t, b, s.recompute, block
+            yield Wanted(s.t, b, s.recompute, block, s.sp)
 
 
 @dataclass(frozen=True)
@@ -348,7 +354,7 @@ def anneal(
         for n in sorted(range(len(jobs)), key=lambda n: -jobs[n][1].p):
             _, base, start = jobs[n]
             b = req.batch // (base.d * base.k)
-            profiles = screen.profiler.known(base.t, b, base.recompute)
+            profiles = screen.profiler.known(base.t, b, base.recompute, base.sp)
             task = _AnnealTask(req, screen.cluster, screen.problem, profiles, base, start, n)
             futures[n] = pool.submit(_anneal_task, task)
     if then is not None:

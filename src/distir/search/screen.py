@@ -20,17 +20,23 @@ AMP's formulas, generalized (heterogeneous devices, uneven layers, memory, sched
   its replicas (the collective model of ``distir.sim.collectives``, so the slowest link of the
   group governs), one collective per weight; ZeRO-1 adds an all-gather of the updated shards,
   ZeRO-3 gathers every weight in each forward and backward; HSDP (``z3h<n>``) gathers within
-  its shard group and reduce-scatters there, then all-reduces the shard across the groups; then
-  the optimizer.
+  its shard group and reduce-scatters there, then all-reduces the accumulated shard across the
+  groups once per step, after the last microbatch (as ``distribute`` and FSDP2 do); then the
+  optimizer.
 - **Context parallelism** (c > 1): a stage's d·c TP groups are laid out replica by replica, the
   c context ranks of a replica consecutive (Megatron-LM's ``tp-cp-dp-pp`` order); each layer's
   profile at the whole sequence becomes a context rank's (``distir.search.context_cost``:
   compute and activations ÷ c, the ring's K/V transfers where attention does not hide them);
   gradients are reduced over the d·c ranks (ZeRO shards over them too).
-- **Memory per device.** Weights, gradients and their accumulator, optimizer state (divided by
-  d — HSDP: by its shard group — as the ZeRO stage says), activations of the microbatches in
-  flight (k for GPipe, min(k, p−j) for 1F1B, Megatron's warm-up count for interleaved), and the
-  largest layer's transient working set (ZeRO-3: with the largest layer's gathered weights).
+- **Memory per device**, as ``distribute``'s program holds it: weights and optimizer state
+  (divided by d — HSDP: by its shard group — as the ZeRO stage says), then the worst moment of
+  the stage's own action list (``screen_figures.holds``): per chunk the saved activations of the
+  microbatches between forward and backward (input-gradient pass), what an input-gradient pass
+  carries to its deferred weight-gradient pass (ZB-H1), the gradient accumulator from the
+  chunk's first backward on (a shard from ZeRO-2), and the working set of the pass running then
+  (the forward's above what it leaves, the backward's, a weight-gradient pass's gradients; the
+  accumulation's sum beside the accumulator once there is one); ZeRO-3 adds the largest
+  layer's gathered weights.
 
 The screen ranks; the exact simulation (``distir.search.rerank``) decides.
 """
@@ -123,6 +129,8 @@ class Screen:
         self._last: tuple[Strategy | None, Tables | None] = (None, None)  # the last strategy met
         self._kinds = tuple(self.cluster.kind_of(g) for g in range(self.cluster.num_devices))
         self._specs = {self._kinds[g]: self.cluster.device_spec(g) for g in range(self.cluster.num_devices)}
+        caps = {kind: spec.tensor_capacity for kind, spec in self._specs.items()}
+        self._caps = [caps[kind] for kind in self._kinds]  # each GPU's memory for tensors
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -147,10 +155,10 @@ class Screen:
         per-replica microbatch, or with batch shares (``s.shares``) the microbatch of one share:
         replica r then takes ``b·shares[r]`` samples. Returns them with their key, of which they
         are a pure function (the profiler's figures depend on a group only through its key);
-        memoized on it. Without shares the key is (t, d, b, recompute, the distinct group keys in
-        order of appearance, capacity); with shares, (t, d, None, recompute, the distinct (group
+        memoized on it. Without shares the key is (t, d, b, recompute, sp, the distinct group keys in
+        order of appearance, capacity); with shares, (t, d, None, recompute, sp, the distinct (group
         key, replica microbatch) pairs in order of appearance, capacity)."""
-        cap = min(self._specs[self._kinds[g]].tensor_capacity for g in gpus)  # runtime memory held
+        cap = min(map(self._caps.__getitem__, gpus))  # runtime memory held
         if s.shares is not None:
             return self._shared_stage_rows(s, gpus, b, s.shares, cap)
         gks: dict[tuple[object, ...], tuple[int, ...]] = {}
@@ -158,11 +166,11 @@ class Screen:
             group = tuple(gpus[r * s.t : (r + 1) * s.t])
             gks.setdefault(self._group_key(group), group)
         ring = self._ring(s, gpus) if s.c > 1 else None
-        key = (s.t, s.d, b, s.recompute, tuple(gks), cap) + ((s.c, ring) if ring is not None else ())
+        key = (s.t, s.d, b, s.recompute, s.sp, tuple(gks), cap) + ((s.c, ring) if ring is not None else ())
         got = self._rows.get(key)
         if got is not None:
             return key, got
-        profs = [self.profiler.layers(s.t, b, group, s.recompute) for group in gks.values()]
+        profs = [self.profiler.layers(s.t, b, group, s.recompute, s.sp) for group in gks.values()]
         if ring is not None:
             attn = self._attention(b, len(profs[0]))
             profs = [
@@ -199,12 +207,14 @@ class Screen:
             group = tuple(gpus[r * s.t : (r + 1) * s.t])
             pairs.setdefault((self._group_key(group), unit * shares[r]), group)
         # None where the even key has its microbatch: the two kinds of keys never meet
-        key = (s.t, s.d, None, s.recompute, tuple(pairs), cap)
+        key = (s.t, s.d, None, s.recompute, s.sp, tuple(pairs), cap)
         got = self._rows.get(key)
         if got is not None:
             return key, got
         sizes = [b_r for _, b_r in pairs]
-        profs = [self.profiler.layers(s.t, b_r, group, s.recompute) for (_, b_r), group in pairs.items()]
+        profs = [
+            self.profiler.layers(s.t, b_r, group, s.recompute, s.sp) for (_, b_r), group in pairs.items()
+        ]
         # the largest replica's activation is the largest transfer between stages
         big = sizes.index(max(sizes))
         got = self._rows[key] = self._worst_rows(profs, profs[big], cap)
@@ -223,6 +233,9 @@ class Screen:
             out=frozen([lead[i].out_bytes for i in n]),
             work=frozen([max(p[i].work_bytes for p in profs) for i in n]),
             carried=frozen([max(p[i].carried_bytes for p in profs) for i in n]),
+            largest=frozen([max(p[i].largest_weight_bytes for p in profs) for i in n]),
+            fwd_work=frozen([max(p[i].fwd_work_bytes for p in profs) for i in n]),
+            bwd_work=frozen([max(p[i].bwd_work_bytes for p in profs) for i in n]),
             cap=cap,
         )
 

@@ -19,6 +19,7 @@ import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -54,6 +55,9 @@ class StageRows:
     out: np.ndarray
     work: np.ndarray
     carried: np.ndarray  # held from input- to weight-gradient pass (zero-bubble schedules)
+    largest: np.ndarray  # the layer's largest weight (its gradient's sum with the accumulator)
+    fwd_work: np.ndarray  # ``work`` of the forward alone (above what it leaves)
+    bwd_work: np.ndarray  # ``work`` of the backward alone
     cap: float  # the smallest memory of the stage's GPUs
 
 
@@ -94,7 +98,9 @@ class Tables:
     b: int  # the per-replica microbatch; with batch shares, that of one share (``Screen._stage_rows``)
     stage_of: list[int]  # per chunk, its stage
     zero3: bool  # ZeRO-3 gathers weights in every microbatch
-    static_f: float  # static memory per weight byte (weights, gradients, optimizer state)
+    static_f: float  # static memory per weight byte (weights, optimizer state)
+    grad_f: float  # the accumulated gradient per weight byte, once a chunk's backward made it
+    holds: tuple[tuple[Hold, ...], ...]  # per stage, what it holds at its peaks (``holds``)
     inflight: list[float]  # per stage (``inflight``)
     pending_w: list[float]  # per stage, deferred weight gradients at most (``pending_weight_grads``)
     identity: tuple[int, ...]  # the identity placement
@@ -115,14 +121,16 @@ def new_tables(s: Strategy, b: int, train: bool, n_state: int, mixed: bool = Fal
     """Empty tables for ``s`` (without its placement) at microbatch ``b``; ``n_state``: optimizer
     state tensors per weight; ``mixed``: fp32 masters and state beside the compute-dtype weights
     (whose bytes the profiles count), as ``distribute(precision="mixed")`` holds them."""
-    # memory per device: static (weights, grads, state) + activations in flight + transient; the
-    # ZeRO paper's model state, as ``distribute`` holds it: the gradient accumulates in place
-    # (ZeRO-2/3: this replica's shard, reduce-scattered in buckets during every backward) and
-    # the optimizer updates weights and state in place
+    # memory per device: static (weights, state) + what the schedule holds (activations in
+    # flight, carried values, gradients) + transient; the ZeRO paper's model state, as
+    # ``distribute`` holds it: the gradient accumulates in place (ZeRO-2/3: this replica's
+    # shard, reduce-scattered in buckets during every backward) from a chunk's first backward
+    # on, and the optimizer updates weights and state in place
     h = s.zero_degree  # HSDP shards over its group, replicates across groups
     static_f = 1.0 / h if s.zero == 3 else 1.0
+    grad_f = 0.0
     if train:
-        static_f += 1.0 / h if s.zero >= 2 else 1.0  # the gradient
+        grad_f = 1.0 / h if s.zero >= 2 else 1.0
         # mixed: the fp32 master (sharded from ZeRO-1 on) and state, each twice a half weight
         state = 2.0 * (1 + n_state) if mixed else float(n_state)
         static_f += state / (h if s.zero >= 1 else 1)
@@ -131,6 +139,10 @@ def new_tables(s: Strategy, b: int, train: bool, n_state: int, mixed: bool = Fal
         stage_of=[c % s.p for c in range(s.p * s.v)],
         zero3=train and s.zero == 3 and s.d * s.c > 1,
         static_f=static_f,
+        grad_f=grad_f,
+        holds=holds(s.schedule, s.p, s.k, s.v)
+        if train
+        else ((Hold((1,) * s.v, (0,) * s.v, (0,) * s.v, "F"),),) * s.p,
         inflight=[inflight(s, j, train) for j in range(s.p)],
         pending_w=[pending_weight_grads(s, j, train) for j in range(s.p)],
         identity=tuple(range(s.devices)),
@@ -254,12 +266,16 @@ def figures(
     t_stage = [sum(t_chunk[c] for c in range(chunks) if stage_of[c] == j) for j in range(s.p)]
     pipe = pipeline_time(s, t_stage, c_cut)
     w_bytes, n_w = first.rows.weight, first.rows.n_w
-    work_list = work.tolist()
+    fwd_list = np.max([st.rows.fwd_work for st in stages], axis=0).tolist()
+    bwd_list = np.max([st.rows.bwd_work for st in stages], axis=0).tolist()
+    largest_list = first.rows.largest.tolist()
     peaks: list[float] = []
     stage_w: list[float] = []
     stage_nw: list[int] = []
     for j in range(s.p):
-        layers = [i for c in range(chunks) if stage_of[c] == j for i in range(bounds[c], bounds[c + 1])]
+        # the stage's chunks in order (chunk c is the (c // p)-th of stage c mod p), their layers
+        own = [range(bounds[c], bounds[c + 1]) for c in range(j, chunks, s.p)]
+        layers = [i for r in own for i in r]
         if len(layers) < 8:
             wj = seq_sum([w_list[i] for i in layers])
             nwj = int(seq_sum([nw_list[i] for i in layers]))  # exact: ints below 2**53
@@ -268,16 +284,32 @@ def figures(
             wj = float(w_bytes[layers].sum())
             nwj = int(n_w[layers].sum())
             sv = float(saved[layers].sum())
-        act = tb.inflight[j] * sv / s.v
-        if tb.pending_w[j]:  # zero-bubble: the microbatches between F and I hold the saved
-            # activations, those between I and W what I carries to W; the worst moment
-            cv = float(first.rows.carried[layers].sum())
-            act = max(a * sv + b * cv for a, b in _zb_states(s.p, s.k, s.v)[j]) / s.v
-        # np.max(initial=0.0): the exact maximum of 0.0 and the values; ZeRO-3 holds the running
+        # the worst moment of the stage's action list (``holds``): microbatches between F and B
+        # (or I) hold their chunk's saved activations, those between I and W what I carries to
+        # W, and a chunk's accumulated gradient exists from its first backward on; each pass
+        # adds its working set (a weight-gradient pass: its layer's gradients); adding a
+        # microbatch's weight gradient into the accumulator makes the sum beside both (the
+        # program's Add is not in place): the largest weight's, once accumulators exist
+        wk = Work(
+            max([0.0, *[fwd_list[i] for i in layers]]),
+            max([0.0, *[bwd_list[i] for i in layers]]),
+            max([0.0, *[w_list[i] for i in layers]]),
+            tb.grad_f * max([0.0, *[largest_list[i] for i in layers]]) if s.k > 1 else 0.0,
+        )
+        carried = first.rows.carried if tb.pending_w[j] else None
+        if s.v == 1:
+            cv = [0.0 if carried is None else float(carried[layers].sum())]
+            act = _held(tb.holds[j], [sv], cv, [tb.grad_f * wj], wk)
+        else:
+            svs = [seq_sum([saved_list[i] for i in r]) for r in own]
+            cvs = [0.0 if carried is None else float(carried[list(r)].sum()) for r in own]
+            gws = [tb.grad_f * seq_sum([w_list[i] for i in r]) for r in own]
+            act = _held(tb.holds[j], svs, cvs, gws, wk)
+        # max([0.0, ...]): the exact maximum of 0.0 and the values; ZeRO-3 holds the running
         # layer's gathered weights beside its working set (whose weight gradient is whole until
         # reduce-scattered)
         gathered = max([0.0, *[w_list[i] for i in layers]]) if tb.zero3 else 0.0
-        peaks.append(tb.static_f * wj + act + max([0.0, *[work_list[i] for i in layers]]) + gathered)
+        peaks.append(tb.static_f * wj + act + gathered)
         stage_w.append(wj)
         stage_nw.append(nwj)
     cap_list = caps.tolist()
@@ -355,9 +387,10 @@ def _mem_of(
         w_bytes = first.rows.weight
         saved = first.rows.saved * (1.0 if train else 0.0)
         carried = first.rows.carried * (1.0 if train else 0.0)
-        mem = np.array(
-            [tb.static_f * w_bytes + tb.inflight[j] * saved + tb.pending_w[j] * carried for j in range(s.p)]
-        )
+        # a bound of the peak: every term at its own worst moment (the layer assignment needs
+        # memory linear in the layers)
+        f = tb.static_f + tb.grad_f
+        mem = np.array([f * w_bytes + tb.inflight[j] * saved + tb.pending_w[j] * carried for j in range(s.p)])
         mem.flags.writeable = False
         saved.flags.writeable = False
         got = tb.mem[first.rid] = (
@@ -368,42 +401,95 @@ def _mem_of(
     return got
 
 
+class Hold(NamedTuple):
+    """What a stage holds at a moment of its action list, per chunk of the stage (in order), and
+    the pass that runs then: ``F`` right after a forward (its working set still held), ``B``
+    right before a backward or input-gradient pass, ``W`` before a weight-gradient pass, ``O``
+    after the last pass (the optimizer)."""
+
+    fwd: tuple[int, ...]  # microbatches between their forward and their (input-)gradient pass
+    wgrad: tuple[int, ...]  # microbatches between the input- and the weight-gradient pass
+    grads: tuple[int, ...]  # 1 where the chunk's accumulated gradient exists (a backward done)
+    phase: str
+
+
+class Work(NamedTuple):
+    """A stage's working sets (its largest layer's) by pass: ``Hold.phase``."""
+
+    fwd: float
+    bwd: float
+    wgrad: float  # a weight-gradient pass: its layer's weight gradients
+    add: float  # the accumulation's sum beside the gradient and the accumulator (k > 1)
+
+
+def _held(hs: tuple[Hold, ...], sv: list[float], cv: list[float], gw: list[float], work: Work) -> float:
+    """What a stage holds at its worst moment among ``hs`` (``holds``), from per chunk its saved
+    (``sv``) and carried (``cv``) bytes per microbatch and its gradient bytes (``gw``), with the
+    working set of the pass then running (``work``)."""
+    best = 0.0
+    for h in hs:
+        x = seq_sum([a * b for a, b in zip(h.fwd, sv, strict=True)])
+        x += seq_sum([a * b for a, b in zip(h.wgrad, cv, strict=True)])
+        x += seq_sum([a * b for a, b in zip(h.grads, gw, strict=True)])
+        if h.phase == "F":
+            x += work.fwd
+        elif h.phase in "BW":
+            x += (work.bwd if h.phase == "B" else work.wgrad) + (work.add if any(h.grads) else 0.0)
+        best = max(best, x)
+    return best
+
+
+@functools.lru_cache(maxsize=256)
+def holds(schedule: str, p: int, k: int, v: int) -> tuple[tuple[Hold, ...], ...]:
+    """Per stage of the training schedule, the states its action list passes through (after
+    each action; ``Hold``) that no other dominates (each count at least as large), in order:
+    what ``distribute``'s program holds at each moment — the saved activations of a microbatch
+    from its forward to its backward (zero-bubble: to its input-gradient pass, then what that
+    carries until the weight-gradient pass), and a chunk's gradient accumulator from its first
+    backward (weight-gradient pass) on."""
+    out = []
+    for actions in build_schedule(schedule, p, k, v):
+        fi, iw, made = [0] * v, [0] * v, [0] * v
+        seen: dict[str, set[tuple[int, ...]]] = {"F": set(), "B": set(), "W": set(), "O": set()}
+        for a in actions:
+            if a.kind != "F":  # before a backward pass
+                seen["W" if a.kind == "W" else "B"].add((*fi, *iw, *made))
+            c = a.stage // p
+            fi[c] += 1 if a.kind == "F" else -1 if a.kind in "BI" else 0
+            iw[c] += 1 if a.kind == "I" else -1 if a.kind == "W" else 0
+            if a.kind in "BW":
+                made[c] = 1
+            if a.kind == "F":  # after a forward
+                seen["F"].add((*fi, *iw, *made))
+        seen["O"].add((*fi, *iw, *made))
+        states: list[Hold] = []
+        for phase, xs in seen.items():
+            front = [
+                x
+                for x in xs
+                if not any(y != x and all(b >= a for a, b in zip(x, y, strict=True)) for y in xs)
+            ]
+            states += [Hold(x[:v], x[v : 2 * v], x[2 * v :], phase) for x in sorted(front)]
+        out.append(tuple(states))
+    return tuple(out)
+
+
 def inflight(s: Strategy, j: int, train: bool) -> float:
-    """Microbatches whose activations stage j holds at its peak (in whole-stage units)."""
+    """Chunk-microbatches whose activations stage j holds at most at once (its action list:
+    k for GPipe, min(k, p−j) for 1F1B, Megatron's warm-up 2(p−j−1) + (v−1)p + 1 capped by k·v
+    for the interleaved schedule)."""
     if not train:
         return 1.0
-    if s.schedule == "gpipe":
-        return float(s.k)
-    if s.schedule == "interleaved" and s.v > 1:
-        # Megatron's warm-up: 2(p−j−1) + (v−1)p + 1 chunk-microbatches, capped by k·v
-        return float(min(s.k * s.v, 2 * (s.p - j - 1) + (s.v - 1) * s.p + 1))
-    return float(min(s.k, s.p - j))
+    return float(max(sum(hd.fwd) for hd in holds(s.schedule, s.p, s.k, s.v)[j]))
 
 
 def pending_weight_grads(s: Strategy, j: int, train: bool) -> float:
     """Microbatches whose weight-gradient pass stage j defers at most at once (ZB-H1: the input-
     gradient pass done, the weight-gradient pass not yet; each holds what ``split_backward``
     carries), from the stage's own action list; 0 for schedules without the split."""
-    if not train or s.schedule != "zb1":
+    if not train:
         return 0.0
-    return float(max(iw for _, iw in _zb_states(s.p, s.k, s.v)[j]))
-
-
-@functools.lru_cache(maxsize=256)
-def _zb_states(p: int, k: int, v: int) -> tuple[tuple[tuple[int, int], ...], ...]:
-    """Per stage of a ZB-H1 pipeline, the (between F and I, between I and W) microbatch counts
-    it passes through that no other dominates (both at least as large), from its action list."""
-    out = []
-    for actions in build_schedule("zb1", p, k, v):
-        fi = iw = 0
-        seen: set[tuple[int, int]] = set()
-        for a in actions:
-            fi += 1 if a.kind == "F" else -1 if a.kind == "I" else 0
-            iw += 1 if a.kind == "I" else -1 if a.kind == "W" else 0
-            seen.add((fi, iw))
-        front = [x for x in seen if not any(y != x and y[0] >= x[0] and y[1] >= x[1] for y in seen)]
-        out.append(tuple(sorted(front)))
-    return tuple(out)
+    return float(max(sum(hd.wgrad) for hd in holds(s.schedule, s.p, s.k, s.v)[j]))
 
 
 def pipeline_time(s: Strategy, t_stage: list[float], c_cut: list[float]) -> float:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from distir.parallel.distribute import uniform_counts
 from distir.parallel.layer_prep import call_counts
 from distir.parallel.strategy import Strategy
+from distir.search.profile import Wanted
 from distir.search.screen import Estimate, Screen, rank_key
 
 MAX_SUM_PER_REPLICA = 4  # shares sum to at most 4·d: few distinct microbatches to profile
@@ -36,7 +37,7 @@ def replica_times(screen: Screen, even: Estimate, placement: Sequence[int]) -> l
     stages = screen.stage_gpus(s, placement)
     fb = 1.0 if screen.problem.train else 0.0
     # the layers of each stage: its chunks j, j + p, … of the partition
-    first = screen.profiler.layers(s.t, b, stages[0][: s.t], s.recompute)
+    first = screen.profiler.layers(s.t, b, stages[0][: s.t], s.recompute, s.sp)
     e = screen.ends
     blocks = (
         s.partition
@@ -52,7 +53,7 @@ def replica_times(screen: Screen, even: Estimate, placement: Sequence[int]) -> l
         total = 0.0
         for c in range(s.chunks):
             group = stages[c % s.p][r * s.t : (r + 1) * s.t]
-            prof = screen.profiler.layers(s.t, b, group, s.recompute)
+            prof = screen.profiler.layers(s.t, b, group, s.recompute, s.sp)
             total += sum(p.fwd_s + fb * p.bwd_s for p in prof[bounds[c] : bounds[c + 1]])
         times.append(total)
     return times
@@ -122,8 +123,8 @@ def candidates(screen: Screen, s: Strategy, placement: Sequence[int]) -> Candida
     return Candidates(base, pl, even, tuple(seen)) if seen else None
 
 
-def wanted_profiles(screen: Screen, c: Candidates) -> Iterator[tuple[int, int, str, list[int]]]:
-    """(t, b, recompute, TP group) of the layer profiles screening ``c`` asks for, for
+def wanted_profiles(screen: Screen, c: Candidates) -> Iterator[Wanted]:
+    """The layer profiles screening ``c`` asks for, for
     ``Profiler.prefetch``: each replica's group in each stage at its share of the microbatch."""
     s = c.base
     mb = screen.problem.batch // s.k
@@ -132,7 +133,7 @@ def wanted_profiles(screen: Screen, c: Candidates) -> Iterator[tuple[int, int, s
         unit = mb // sum(sh)
         for gpus in stages:
             for r in range(s.d):
-                yield s.t, unit * sh[r], s.recompute, gpus[r * s.t : (r + 1) * s.t]
+                yield Wanted(s.t, unit * sh[r], s.recompute, gpus[r * s.t : (r + 1) * s.t], s.sp)
 
 
 def best_of(screen: Screen, c: Candidates) -> Estimate | None:

@@ -13,6 +13,9 @@
   gradient-accumulation steps, for every p — p = 1 included, so FSDP/ZeRO-3 with one or two
   sequences per GPU and gradient accumulation is in the space;
 - schedules: GPipe, 1F1B, interleaved (v = 2, when k is a multiple of p) and ZB-H1 for p > 1;
+- **sequence parallelism** (Megatron's, on the tensor-parallel group): with t > 1, every base
+  with and without it (its activations between layers sharded along the sequence: less memory,
+  the same collective volume), one-sample microbatches included;
 - the **memory ladder**: ZeRO stage and recomputation cost time and save memory, so each
   (d, t, p, k, schedule) is tried with the cheapest variant first and climbs only while the
   screen says it does not fit (``LADDER``). Where a stage's replicas span more than a node
@@ -66,6 +69,7 @@ class Pins:
     mbs: int | None = None  # samples per replica and microbatch
     hsdp: int | None = None  # the HSDP shard group (ZeRO-3 over this many replicas)
     cp: int | None = None  # context parallelism (ranks of the ring over the sequence)
+    sp: bool | None = None  # sequence parallelism (with t > 1) on or off
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "k", "mbs", "hsdp", "cp"):
@@ -89,7 +93,7 @@ class Pins:
         """Whether any part of the strategy is pinned (``max_k`` is a bound, not a pin)."""
         return any(
             getattr(self, f) is not None
-            for f in ("dp", "tp", "pp", "k", "schedule", "zero", "recompute", "mbs", "hsdp", "cp")
+            for f in ("dp", "tp", "pp", "k", "schedule", "zero", "recompute", "mbs", "hsdp", "cp", "sp")
         )
 
 
@@ -108,7 +112,8 @@ class Space:
     """Strategies for ``devices`` devices, a global ``batch`` and a model of ``n_layers``
     repeated blocks (the layer calls a pipeline partition divides: ``layer_prep.partition``);
     ``node_devices``: GPUs per node (0: HSDP is not tried unless pinned); ``seq``: the model's
-    sequence length (0: it has none, and no context parallelism)."""
+    sequence length (0: it has none, and no context parallelism); ``sequence``: the model has a
+    sequence dim to shard (sequence parallelism is searched with t > 1)."""
 
     devices: int
     batch: int
@@ -118,6 +123,7 @@ class Space:
     pins: Pins = Pins()
     node_devices: int = 0
     seq: int = 0
+    sequence: bool = True
 
     def check(self) -> None:
         """Pinned values the model/cluster cannot take raise ``SpaceError``."""
@@ -140,6 +146,8 @@ class Space:
                     f"--cp {p.cp}: context parallelism cuts the sequence into 2c = {2 * p.cp} equal chunks; "
                     f"{self.seq} positions do not divide"
                 )
+        if p.sp and not self.sequence:
+            raise SpaceError("sequence parallelism pinned, but the model declares no sequence dim to shard")
         if p.pp is not None and p.pp > self.n_layers:
             raise SpaceError(f"--pp {p.pp}: the model has only {self.n_layers} blocks")
         if p.dp is not None and self.batch % p.dp:
@@ -263,31 +271,33 @@ class Space:
         return out
 
     def bases(self) -> Iterator[Strategy]:
-        """Every (d, t, c, p, k, schedule, v), with ZeRO 0 and no recomputation."""
-        for c in self.context_degrees():
-            yield from self._bases(c)
-
-    def _bases(self, c: int) -> Iterator[Strategy]:
+        """Every (d, t, c, sp, p, k, schedule, v), with ZeRO 0 and no recomputation."""
         pins = self.pins
-        for d, t, pp in self.triples(c):
-            for k in self.microbatches(self.batch // d):
-                if pp == 1:
-                    scheds = (
-                        [(pins.schedule or "1f1b", 1)] if pins.schedule in (None, "1f1b", "gpipe") else []
-                    )
-                else:
-                    scheds = []
-                    for name in ("gpipe", "1f1b", "interleaved", "zb1") if self.train else ("1f1b",):
-                        if pins.schedule is not None and name != pins.schedule:
+        for c in self.context_degrees():
+            for d, t, pp in self.triples(c):
+                sps = [False, True] if t > 1 and self.sequence else [False]
+                for sp in sps if pins.sp is None else [pins.sp] if pins.sp in sps else []:
+                    yield from self._bases(d, t, pp, sp, c)
+
+    def _bases(self, d: int, t: int, pp: int, sp: bool, c: int) -> Iterator[Strategy]:
+        """``bases`` of one shape."""
+        pins = self.pins
+        for k in self.microbatches(self.batch // d):
+            if pp == 1:
+                scheds = [(pins.schedule or "1f1b", 1)] if pins.schedule in (None, "1f1b", "gpipe") else []
+            else:
+                scheds = []
+                for name in ("gpipe", "1f1b", "interleaved", "zb1") if self.train else ("1f1b",):
+                    if pins.schedule is not None and name != pins.schedule:
+                        continue
+                    if name == "interleaved":
+                        if k % pp or 2 * pp > self.n_layers:
                             continue
-                        if name == "interleaved":
-                            if k % pp or 2 * pp > self.n_layers:
-                                continue
-                            scheds.append((name, 2))
-                        else:
-                            scheds.append((name, 1))
-                for name, v in scheds:
-                    yield Strategy(d=d, t=t, p=pp, k=k, schedule=name, v=v, c=c)
+                        scheds.append((name, 2))
+                    else:
+                        scheds.append((name, 1))
+            for name, v in scheds:
+                yield Strategy(d=d, t=t, p=pp, k=k, schedule=name, v=v, sp=sp, c=c)
 
     def strategies(self) -> Iterator[Strategy]:
         """Every strategy of the space: each base's ladder."""

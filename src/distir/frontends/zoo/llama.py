@@ -29,7 +29,8 @@ Sizes (Touvron et al., "Llama 2: Open Foundation and Fine-Tuned Chat Models", 20
 released configs; Meta, "The Llama 3 Herd of Models", 2024, Table 3): ``llama2-7b`` 32×4096,
 32 heads, ffn 11008, vocabulary 32000, context 4096; ``llama2-13b`` 40×5120, 40 heads, ffn 13824;
 ``llama2-70b`` 80×8192, 64 heads, 8 kv heads, ffn 28672; ``llama3-8b`` 32×4096, 32 heads, 8 kv
-heads, ffn 14336, vocabulary 128256, context 8192.
+heads, ffn 14336, vocabulary 128256, context 8192; ``llama3-405b`` 126×16384, 128 heads, 8 kv
+heads, ffn 53248, vocabulary 128256, context 8192 (the 8192 of its pre-training; Table 3).
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ ZOO: dict[str, tuple[LlamaConfig, str]] = {
     "llama3-8b": (
         LlamaConfig(32, 4096, 32, 8, 14336, 128256, 8192, rope_theta=500000),
         "Llama 3 8B (Meta 2024)",
+    ),
+    "llama3-405b": (
+        LlamaConfig(126, 16384, 128, 8, 53248, 128256, 8192, rope_theta=500000),
+        "Llama 3 405B (Meta 2024)",
     ),
 }
 
