@@ -71,3 +71,67 @@ def test_pipeline_is_a_note_and_gpipe_a_warning() -> None:
 def test_what_deepspeed_cannot_express_is_an_error(strategy: str, feature: str) -> None:
     with pytest.raises(ExportError, match=feature):
         export(make_plan("gpt2-1.6b", strategy, 64), "deepspeed")
+
+
+class _DataParallel:
+    """The model-parallel unit DeepSpeed asks for the data-parallel size (a stand-in for
+    Megatron's ``mpu``): ``d`` replicas, this process rank 0 of each group."""
+
+    def __init__(self, d: int, t: int) -> None:
+        self.d, self.t = d, t
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.d
+
+    def get_data_parallel_rank(self) -> int:
+        return 0
+
+    def get_model_parallel_world_size(self) -> int:
+        return self.t
+
+    def get_model_parallel_rank(self) -> int:
+        return 0
+
+
+@pytest.fixture(scope="module")
+def deepspeed_config() -> Any:
+    """DeepSpeed's own config loader, in a one-process gloo group (it reads the rank from its
+    communication module); skipped where DeepSpeed is not installed (``./dev`` installs it)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (./dev installs the deepspeed extra)")
+    import os
+
+    import deepspeed.comm as ds_comm
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    for k, v in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533"), ("RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(k, v)
+    os.environ.setdefault("LOCAL_RANK", "0")
+    ds_comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+    return DeepSpeedConfig
+
+
+@pytest.mark.parametrize(
+    "strategy", ["d8.t1.p1.k1.1f1b", "d4.t1.p1.k4.1f1b.z3", "d8.t1.p1.k2.1f1b.z2", "d16.t1.p1.k1.1f1b.z1"]
+)
+def test_deepspeeds_own_loader_reads_the_export(deepspeed_config: Any, strategy: str) -> None:
+    """The exported JSON through ``deepspeed.runtime.config.DeepSpeedConfig``: accepted (its batch
+    identity holds for the plan's data-parallel size) and read back as the plan says."""
+    plan = make_plan("gpt2-1.6b", strategy, 64, cluster="dgx-a100:2")
+    cfg = json.loads(export(plan, "deepspeed").text)
+    s = plan.strategy
+    got = deepspeed_config(cfg, mpu=_DataParallel(s.d, s.t))
+    assert got.train_batch_size == 64
+    assert got.train_micro_batch_size_per_gpu == 64 // (s.d * s.k)
+    assert got.gradient_accumulation_steps == s.k
+    assert got.zero_optimization_stage == s.zero
+    assert got.bfloat16_config.enabled
+
+
+def test_deepspeeds_loader_refuses_a_broken_batch_identity(deepspeed_config: Any) -> None:
+    """The loader really checks: the same JSON with one accumulation step too many is refused."""
+    plan = make_plan("gpt2-1.6b", "d4.t1.p1.k4.1f1b.z3", 64, cluster="dgx-a100:2")
+    cfg = json.loads(export(plan, "deepspeed").text)
+    cfg["gradient_accumulation_steps"] += 1
+    with pytest.raises(AssertionError, match="batch"):
+        deepspeed_config(cfg, mpu=_DataParallel(4, 1))
