@@ -102,6 +102,7 @@ def context_layer(
     """The profile ``p`` (one layer at the whole sequence, TP degree t) under context parallelism
     over c ranks (module docstring)."""
     fwd, bwd, work = p.fwd_s / c, p.bwd_s / c, p.work_bytes / c
+    fwd_work, bwd_work = p.fwd_work_bytes / c, p.bwd_work_bytes / c
     for a in attn:
         flops, kv = a.per_rank(t, c)
         t_kv = ring.time(kv)
@@ -109,7 +110,10 @@ def context_layer(
         fwd += (c - 1) * max(0.0, t_kv - a_f / c)
         if p.bwd_s > 0:
             bwd += (c - 1) * max(0.0, 2 * t_kv - BACKWARD_FACTOR * a_f / c) + t_kv
+        # the ring's buffers: K/V in flight (forward), with dK/dV beside them (backward)
         work += 4 * kv
+        fwd_work += 2 * kv
+        bwd_work += 4 * kv
     return LayerProfile(
         fwd_s=fwd,
         bwd_s=bwd,
@@ -120,6 +124,9 @@ def context_layer(
         out_bytes=p.out_bytes / c,
         work_bytes=work,
         carried_bytes=p.carried_bytes / c,
+        largest_weight_bytes=p.largest_weight_bytes,
+        fwd_work_bytes=fwd_work,
+        bwd_work_bytes=bwd_work,
     )
 
 
