@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     for name in (
         "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16", "--fp16",
         "--untie-embeddings-and-output-weights", "--swiglu", "--disable-bias-linear",
-        "--group-query-attention",
+        "--group-query-attention", "--overlap-grad-reduce",
     ):  # fmt: skip
         p.add_argument(name, action="store_true")
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
@@ -141,3 +141,13 @@ def test_context_parallelism_is_a_p2p_ring_of_the_context_parallel_size() -> Non
 def test_no_context_parallelism_no_option() -> None:
     a, _ = _args("d8.t1.p1.k1.1f1b")
     assert a.context_parallel_size is None
+
+
+@pytest.mark.parametrize(
+    ("strategy", "overlapped"), [("d8.t1.p1.k1.1f1b", True), ("d1.t8.p1.k1.1f1b", False)]
+)
+def test_data_parallel_gradients_are_reduced_overlapped_as_simulated(strategy: str, overlapped: bool) -> None:
+    """distir's program reduces gradients in buckets during the backward: with data parallelism
+    the export asks Megatron-LM for the same (``--overlap-grad-reduce``); without, nothing."""
+    a, _ = _args(strategy)
+    assert a.overlap_grad_reduce is overlapped

@@ -19,6 +19,8 @@ d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22; many options there are gen
 - recomputation: full → ``--recompute-granularity full --recompute-method uniform
   --recompute-num-layers 1`` (every block), sel → ``--recompute-granularity selective`` (the
   attention core, Megatron's default module);
+- data parallelism (d·c > 1): ``--overlap-grad-reduce`` (gradients reduced in buckets during the
+  backward, overlapping it, as distir's program does);
 - ZeRO: 1 → ``--use-distributed-optimizer``; 2 and 3 → Megatron-FSDP (``--use-megatron-fsdp
   --use-distributed-optimizer --data-parallel-sharding-strategy optim_grads`` /
   ``optim_grads_params``);
@@ -148,6 +150,8 @@ def megatron_args(plan: Plan) -> tuple[list[str], list[str]]:
         )
     args += _split_args(plan)
     args += _recompute_args(plan, warn)
+    if s.d * s.c > 1:  # distir reduces gradients in buckets during the backward, overlapped
+        args.append("--overlap-grad-reduce")
     if s.zero == 1:
         args.append("--use-distributed-optimizer")
     elif s.zero >= 2:
