@@ -27,7 +27,7 @@ from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import StrategyError, parse_strategy
 from distir.sim.simulate import simulate
 
-from .test_zero_memory import BUCKET_MB, MODELS, zero_formula
+from .test_zero_memory import tensor_peak, zero_formula
 
 GPT = "gpt:layers=2,hidden=8,heads=2,seq=4,vocab=16"
 LLAMA = "llama:layers=2,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=4"
@@ -63,38 +63,12 @@ def test_hsdp_mixed_precision_matches_sequential() -> None:
     assert err < 2.0**-8, f"{where} differs by {err:.2e}"
 
 
-def _tensor_peak(spec: str, strategy: str, mixed: bool) -> tuple[float, int, float]:
-    """As ``test_zero_memory._peak``: (the busiest GPU's tensor peak, Ψ, the transient bound)."""
-    s = parse_strategy(strategy)
-    dtype = DType.bf16 if mixed else DType.f32
-    mb = 2
-    model = build_model(spec, batch=mb * s.d * s.k, dtype=dtype)
-    prog = distribute(
-        model,
-        s,
-        Optimizer("adam"),
-        comm_streams=True,
-        precision="mixed" if mixed else "pure",
-        bucket_mb=BUCKET_MB,
-    )
-    r = simulate(prog, parse_cluster("dgx-a100"), device_map(s, True))
-    layers, hidden = MODELS[spec]
-    largest = hidden * hidden
-    bound = (
-        2 * BUCKET_MB * (1 << 20)
-        + 16 * largest
-        + 2 * 2 * largest * dtype.itemsize
-        + 4 * mb * hidden * layers * dtype.itemsize
-    )
-    return max(r.peak_memory[g] - r.runtime_memory[g] for g in r.peak_memory), model.num_params, bound
-
-
 @pytest.mark.parametrize("mixed", [True, False], ids=["mixed", "pure"])
 @pytest.mark.parametrize("h", [2, 4])
 @pytest.mark.parametrize("k", [1, 2])
 def test_hsdp_peak_memory_follows_the_zero3_formula_over_its_group(h: int, k: int, mixed: bool) -> None:
     spec = "mlp:layers=64,hidden=256"
-    peak, psi, bound = _tensor_peak(spec, f"d8.t1.p1.k{k}.1f1b.z3h{h}", mixed)
+    peak, psi, bound = tensor_peak(spec, f"d8.t1.p1.k{k}.1f1b.z3h{h}", mixed)
     want = zero_formula(3, h, mixed) * psi
     assert want <= peak <= want + bound, f"peak {peak / psi:.3f} B/param, formula {want / psi:.3f}"
     # more than ZeRO-3 over all 8 replicas would hold: the bound separates the two

@@ -40,13 +40,14 @@ def zero_formula(zero: int, n: int, mixed: bool) -> float:
     return [w + g + k, w + g + k / n, w + (g + k) / n, (w + g + k) / n][zero]
 
 
-def _peak(spec: str, zero: int, d: int, k: int, mixed: bool) -> tuple[float, int, float]:
-    """(simulated peak tensor bytes on the busiest GPU, Ψ, the transient bound in bytes); the
-    runtime memory (CUDA context, workspaces, allocator reserve) is not the formulas' business."""
-    s = parse_strategy(f"d{d}.t1.p1.k{k}.1f1b" + (f".z{zero}" if zero else ""))
+def tensor_peak(spec: str, strategy: str, mixed: bool) -> tuple[float, int, float]:
+    """(simulated peak tensor bytes on the busiest GPU, Ψ, the transient bound in bytes) of
+    ``spec`` under ``strategy``; the runtime memory (CUDA context, workspaces, allocator reserve)
+    is not the formulas' business."""
+    s = parse_strategy(strategy)
     dtype = DType.bf16 if mixed else DType.f32
     mb = 2
-    model = build_model(spec, batch=mb * d * k, dtype=dtype)
+    model = build_model(spec, batch=mb * s.d * s.k, dtype=dtype)
     prog = distribute(
         model,
         s,
@@ -66,6 +67,10 @@ def _peak(spec: str, zero: int, d: int, k: int, mixed: bool) -> tuple[float, int
     )
     tensors = max(r.peak_memory[g] - r.runtime_memory[g] for g in r.peak_memory)
     return tensors, model.num_params, bound
+
+
+def _peak(spec: str, zero: int, d: int, k: int, mixed: bool) -> tuple[float, int, float]:
+    return tensor_peak(spec, f"d{d}.t1.p1.k{k}.1f1b" + (f".z{zero}" if zero else ""), mixed)
 
 
 @pytest.mark.parametrize("mixed", [True, False], ids=["mixed", "pure"])
