@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-HISTORY = re.compile(r"\bsession \d+\b|\bsessions? \d+[–-]\d+\b|\bthe session's\b|\bin session\b", re.IGNORECASE)
+HISTORY = re.compile(
+    r"\bsession \d+\b|\bsessions? \d+[–-]\d+\b|\bthe session's\b|\bin session\b", re.IGNORECASE
+)
 
 
 def _links(page: Path) -> list[tuple[str, Path]]:
