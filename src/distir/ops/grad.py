@@ -72,7 +72,7 @@ from distir.ops.nn import (
     softmax_axis,
 )
 from distir.ops.registry import AttrSpec, Fusion, OpDef, TypeCtx, register
-from distir.ops.shape_index import ROWS, rows_localizer
+from distir.ops.shape.select import ROWS, rows_localizer
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext

@@ -19,7 +19,7 @@ from distir.ops import _torch
 from distir.ops import sharding as sh
 from distir.ops._rules import in_numel_flops, int_attr, norm_axis
 from distir.ops.registry import AttrSpec, LocalPiece, OpDef, TypeCtx, register
-from distir.ops.shape_index import (
+from distir.ops.shape.select import (
     ROWS,
     SLICE_ATTRS,
     check_rows,
