@@ -8,7 +8,6 @@ from distir.ops import (  # noqa: F401  (registration)
     comm,
     compare,
     conv,
-    conv_grad,
     dist,
     elementwise,
     grad,
