@@ -308,7 +308,7 @@ class OpDef:
     # the torch implementation: ``impl(ctx, inputs, attrs) -> outputs`` with ``ctx`` a
     # ``distir.backend.context.TorchContext`` (``ctx.torch`` is the module; see there)
     torch: Any = None
-    # the attributes of the op run on one device's pieces (``distir.parallel.materialize``), from
+    # the attributes of the op run on one device's pieces (``distir.parallel.sharding.materialize``), from
     # its global attributes and the pieces of its inputs and results (None: not distributed);
     # for ops whose attributes hold global sizes or positions of a dim a sharding rule splits
     localize: LocalizeRule | None = None
@@ -504,7 +504,7 @@ class OpDef:
                 accepted = "; ".join(str(s) for s in self.strategies(glob, outs, attrs, n))
                 raise OpTypeError(
                     f"{self.name} cannot run on placements ({', '.join(map(str, have))}) along mesh axis "
-                    f"{axis}; it accepts {accepted} (redistribute first: distir.parallel.legalize)",
+                    f"{axis}; it accepts {accepted} (redistribute first: distir.parallel.sharding.legalize)",
                     None,
                     accepted,
                     ", ".join(map(str, have)),

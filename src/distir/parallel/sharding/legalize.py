@@ -24,7 +24,7 @@ from distir.ir.rewrite import ValueMap, copy_instr
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops.registry import REGISTRY, OpKind, global_view
-from distir.parallel.propagate import (
+from distir.parallel.sharding.propagate import (
     Placed,
     ShardingError,
     op_strategies,

@@ -17,14 +17,14 @@ choice takes a strategy that makes one only when every other does too, and then 
 
 The result is a DTensor program: the same ops, every tensor value typed ``DTensor[...]`` with
 its producer's placements. Where an op's strategy needs other placements for an input,
-``distir.parallel.legalize`` inserts the redistribution.
+``distir.parallel.sharding.legalize`` inserts the redistribution.
 
 ``propagate`` is ``Plan`` (what the function alone fixes: types, options, pins) then ``place``
 (the fixed point and the final choice, one op at a time, memoized on everything an op's choice
-depends on). ``distir.parallel.layers.shard_function`` keeps plans and builds the legalized
+depends on). ``distir.parallel.sharding.shard_function.shard_function`` keeps plans and builds the legalized
 function straight from ``place``'s placements, without the DTensor program. ``Plan`` and the
-tables it shares with legalization live in ``distir.parallel.propagate_plan``, the final choice
-per op and axis and its costs in ``distir.parallel.propagate_choice`` (both re-exported here).
+tables it shares with legalization live in ``distir.parallel.sharding.plan``, the final choice
+per op and axis and its costs in ``distir.parallel.sharding.choices`` (both re-exported here).
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ from distir.ir.rewrite import ValueMap, copy_instr, inline_calls
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Value
 from distir.ops.sharding import Strategy
-from distir.parallel.propagate_choice import _CHOICES, _CHOICES_MAX, _choose_op, _pt_id
-from distir.parallel.propagate_choice import ShardingError as ShardingError
-from distir.parallel.propagate_choice import redistribution_bytes as redistribution_bytes
-from distir.parallel.propagate_choice import shards_one_dim_twice as shards_one_dim_twice
-from distir.parallel.propagate_plan import Plan as Plan
-from distir.parallel.propagate_plan import op_strategies as op_strategies
-from distir.parallel.propagate_plan import parsed_placements as parsed_placements
+from distir.parallel.sharding.choices import _CHOICES, _CHOICES_MAX, _choose_op, _pt_id
+from distir.parallel.sharding.choices import ShardingError as ShardingError
+from distir.parallel.sharding.choices import redistribution_bytes as redistribution_bytes
+from distir.parallel.sharding.choices import shards_one_dim_twice as shards_one_dim_twice
+from distir.parallel.sharding.plan import Plan as Plan
+from distir.parallel.sharding.plan import op_strategies as op_strategies
+from distir.parallel.sharding.plan import parsed_placements as parsed_placements
 
 _R = Replicate()
 
