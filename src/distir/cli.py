@@ -926,7 +926,7 @@ def calibrate(
     from distir.backend import TorchMissing
     from distir.backend.calibrate import CalibrateOptions, CalibrationError
     from distir.backend.calibrate import calibrate as run_calibration
-    from distir.hardware.clusterfile import cluster_from_toml
+    from distir.hardware.cluster import cluster_from_toml
     from distir.hardware.profile import profile_toml
     from distir.ir.types import DType
 
