@@ -4,7 +4,7 @@ Each memo below is keyed on everything its answer depends on; replaced by a memo
 remembers (``Forgetful``), the same programs must come out byte for byte (``print_module``) and
 simulate to bit-identical results (``repr`` of every field):
 
-- ``OpDef._infer_distributed``'s answers apart from the mesh's devices (``registry._DIST``; a
+- ``distir.ops.dtensor_inference.infer_distributed``'s answers apart from the mesh's devices (``_DIST``; a
   ``device`` attribute puts the mesh's first device in the key);
 - ``spmd.local_record``'s mesh-free part (``Units.local_shapes``);
 - ``layer_sharder``'s sharded functions, weight-gradient splits and forward result types, kept across
@@ -34,7 +34,7 @@ from distir.ir.dtensor import DTensorType, Mesh, Replicate, Shard
 from distir.ir.printer import print_module
 from distir.ir.types import Device, DType
 from distir.ir.values import Attrs
-from distir.ops import registry
+from distir.ops import dtensor_inference
 from distir.ops.registry import REGISTRY, OpTypeError
 from distir.parallel import layer_sharder
 from distir.parallel.distribute import device_map, distribute
@@ -67,7 +67,7 @@ class Forgetful(dict[Any, Any]):
 @contextmanager
 def forgetting() -> Iterator[None]:
     """Every memo under test forgets (module docstring)."""
-    saved = (registry._DIST, layer_sharder._SHARDS, layer_sharder._SPLITS, layer_sharder._OUT_TYPES)
+    saved = (dtensor_inference._DIST, layer_sharder._SHARDS, layer_sharder._SPLITS, layer_sharder._OUT_TYPES)
     init_units, init_sharder = units.Units.__init__, layer_sharder.LayerSharder.__init__
 
     def units_init(self: units.Units, *a: Any) -> None:
@@ -78,7 +78,7 @@ def forgetting() -> Iterator[None]:
         init_sharder(self, *a)
         self._alike = Forgetful()
 
-    registry._DIST = Forgetful()
+    dtensor_inference._DIST = Forgetful()
     layer_sharder._SHARDS, layer_sharder._SPLITS, layer_sharder._OUT_TYPES = (
         Forgetful(),
         Forgetful(),
@@ -89,7 +89,9 @@ def forgetting() -> Iterator[None]:
     try:
         yield
     finally:
-        registry._DIST, layer_sharder._SHARDS, layer_sharder._SPLITS, layer_sharder._OUT_TYPES = saved
+        dtensor_inference._DIST, layer_sharder._SHARDS, layer_sharder._SPLITS, layer_sharder._OUT_TYPES = (
+            saved
+        )
         units.Units.__init__ = init_units  # type: ignore[method-assign]
         layer_sharder.LayerSharder.__init__ = init_sharder  # type: ignore[method-assign]
 
@@ -121,7 +123,7 @@ def test_memos_change_no_program_and_no_result() -> None:
 def test_the_memos_are_used() -> None:
     """The comparison above is not vacuous: each memo answers some question."""
     hits = {"dist": 0, "shapes": 0, "shards": 0}
-    get_dist, get_shard = registry._DIST.get, layer_sharder._SHARDS.get
+    get_dist, get_shard = dtensor_inference._DIST.get, layer_sharder._SHARDS.get
 
     class Counting(dict[Any, Any]):
         def __init__(self, name: str, base: dict[Any, Any]) -> None:
@@ -139,13 +141,16 @@ def test_the_memos_are_used() -> None:
         init_units(self, *a)
         self.local_shapes = Counting("shapes", {})
 
-    registry._DIST, layer_sharder._SHARDS = Counting("dist", {}), Counting("shards", {})
+    dtensor_inference._DIST, layer_sharder._SHARDS = Counting("dist", {}), Counting("shards", {})
     units.Units.__init__ = units_init  # type: ignore[method-assign]
     try:
         for case in (*CASES, CASES[0]):
             _evaluate(*case)
     finally:
-        registry._DIST, layer_sharder._SHARDS = dict(registry._DIST), dict(layer_sharder._SHARDS)
+        dtensor_inference._DIST, layer_sharder._SHARDS = (
+            dict(dtensor_inference._DIST),
+            dict(layer_sharder._SHARDS),
+        )
         units.Units.__init__ = init_units  # type: ignore[method-assign]
     assert all(hits.values()), hits
     del get_dist, get_shard

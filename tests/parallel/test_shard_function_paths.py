@@ -35,7 +35,8 @@ from distir.ir.printer import print_function
 from distir.ir.rewrite import ValueMap, copy_instr
 from distir.ir.types import Device, DType, TensorType, Type
 from distir.ir.values import Value
-from distir.ops.registry import REGISTRY, OpKind, global_view
+from distir.ops.dtensor_inference import global_view
+from distir.ops.registry import REGISTRY, OpKind
 from distir.ops.sharding import Strategy
 from distir.parallel import layer_sharder
 from distir.parallel.sharding import choices, legalize, propagate

@@ -47,7 +47,8 @@ from distir.ir.dtensor import DTensorType, Mesh, Partial, Replicate, Shard, spli
 from distir.ir.ops import Op
 from distir.ir.types import ScalarType, TensorType, Type
 from distir.ir.values import Attrs
-from distir.ops.registry import REGISTRY, CommPattern, OpDef, OpKind, OpTypeError, mesh_free
+from distir.ops.dtensor_inference import mesh_free
+from distir.ops.registry import REGISTRY, CommPattern, OpDef, OpKind, OpTypeError
 from distir.parallel.sharding.materialize import unsupported_step
 from distir.sim.fusion import FusedInput
 from distir.sim.layout import local_piece, mesh_info, piece_bytes, step_types, uniform_shape
