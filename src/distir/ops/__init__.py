@@ -1,7 +1,7 @@
 """The op registry and the op families. Importing this package registers every op.
 
-A family large enough to be a package (``shape``) registers its modules from its
-``__init__``."""
+A family large enough to be a package (``shape``; the gradient ops, ``grad``) registers its
+modules from its ``__init__``."""
 
 from distir.ops import (  # noqa: F401  (registration)
     attention,
@@ -11,7 +11,6 @@ from distir.ops import (  # noqa: F401  (registration)
     dist,
     elementwise,
     grad,
-    grad_index,
     linalg,
     loss,
     moe,

@@ -18,7 +18,7 @@ References compute in float64 (one pass per kernel offset: a strided view of the
 batched matmul over the channel groups) and round once to the input dtype. The helpers
 ``conv_output_size``, ``input_range_for_output`` and ``halo_rows`` give the arithmetic of one
 spatial axis for sharding with halo exchange; the window machinery is shared with the gradient ops
-in ``distir.ops.grad``. Each op's gradient rule emits its gradient op (ConvGrad, MaxPoolGrad,
+in ``distir.ops.grad.conv``. Each op's gradient rule emits its gradient op (ConvGrad, MaxPoolGrad,
 AveragePoolGrad) with the forward op's attributes.
 """
 
@@ -516,7 +516,7 @@ __all__ = [
 
 
 # -- gradient rules (contract: distir.ops.gradrules): each emits the matching gradient op of
-# ``distir.ops.grad`` with the forward op's attributes
+# ``distir.ops.grad.conv`` with the forward op's attributes
 Grads = Sequence[Value | None]
 
 

@@ -2,7 +2,7 @@
 
 Gather's ``rows`` attribute (a piece of a sharded table) and its localizer are shared with the
 ops that read a vocabulary-parallel table (the losses; GatherGrad). Gradient rules: GatherGrad
-and SliceGrad (zeros with the cotangent scatter-added or put in; ``distir.ops.grad_index``) for
+and SliceGrad (zeros with the cotangent scatter-added or put in; ``distir.ops.grad.index``) for
 Gather and Slice, the cotangent's same triangle for Trilu. Integer tensors get no gradient.
 """
 
