@@ -42,21 +42,20 @@ from typing import Any
 
 from distir.interp.loop import interpret, walk_unchecked
 from distir.interp.shapes import Concrete, Mixed, TypeDomain, check_arguments, check_declared, type_of
-from distir.ir.dtensor import DTensorType
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
-from distir.ir.types import Device, TupleType, Type
+from distir.ir.types import Device, Type
 from distir.ir.values import Value
-from distir.ops.registry import REGISTRY, OpKind, OpTypeError
-from distir.sim import spmd
+from distir.ops.registry import OpTypeError
 from distir.sim.cost import CostModel, fuses
 from distir.sim.devices import DeviceMap
 from distir.sim.flatplan import plan_flat
 from distir.sim.fusion import FusedInput, fused_inputs
 from distir.sim.liveness import build_plan
+from distir.sim.oprecord import op_record
 from distir.sim.records import NEG_INF, CallSummary, FnPlan, Gift, MemEvents, OpRecord, Root
 from distir.sim.relabel import Relabeler
-from distir.sim.units import Units, has_dtensor, leaves
+from distir.sim.units import Units
 
 __all__ = [
     "NEG_INF",
@@ -197,61 +196,11 @@ class PlanDomain(TypeDomain):
         out_types = tuple(type_of(o) for o in result)
         for t in out_types:  # under ``Units.assume``: every type met (its inputs were results)
             self.units.note(t)
-        rec = self._record(op, ins, out_types, link)
+        rec = op_record(self.units, op, ins, out_types, link)
         if Concrete not in map(type, (*args, *result)):
             self._memo[key] = (out_types, rec)
         self._frames[-1].append(rec)
         return result
-
-    def _slots_of(self, types: Sequence[Type]) -> list[int]:
-        out: list[int] = []
-        for t in types:
-            for e in t.elements if isinstance(t, TupleType) else (t,):
-                if isinstance(e, TupleType):
-                    out.extend(self._slots_of([e]))
-                    continue
-                if isinstance(e, DTensorType):
-                    out.extend(u for u, *_ in self.units.mesh_units(e.mesh))
-                    continue
-                try:
-                    out.append(self.dev_slot[e.device])
-                except KeyError:
-                    raise OpTypeError(f"device {e.device} is not mapped onto the cluster") from None
-        return out
-
-    def _record(
-        self, op: Op, ins: Sequence[Type], outs: Sequence[Type], link: FusedInput | None = None
-    ) -> OpRecord:
-        d = REGISTRY[op.name]
-        if d.kind is OpKind.RANK_COMM:
-            raise OpTypeError(f"{op.name} belongs in a per-rank program; simulate the global program")
-        if any(has_dtensor(t) for t in (*ins, *outs)):
-            return spmd.record(self.units, op, d, ins, outs, link)
-        devs = tuple(sorted(set(self._slots_of([*ins, *outs]))))
-        if d.kind is OpKind.COMM:
-            assert d.comm_cost is not None
-            desc = d.comm_cost(ins, outs, op.attrs)
-            gpus = [self.units.dev_gpu[x] for x in desc.devices]
-            seconds = float(self.cost.comm_time(desc, gpus))
-            return OpRecord(devs, seconds, True, op.name, 0.0, False, *self.units.sizes(outs, False), None)
-        gpu = self._first_gpu(ins, outs, op) if devs else 0
-        if not devs:
-            seconds = 0.0
-        elif link is None:
-            seconds = float(self.cost.compute_time(d, ins, outs, op.attrs, gpu))
-        else:
-            seconds = float(self.cost.fused_time(d, ins, outs, op.attrs, gpu, link))  # type: ignore[attr-defined]
-        view = bool(ins) and d.bytes_written(ins, outs, op.attrs) == 0
-        flops = d.flops(ins, outs, op.attrs)
-        return OpRecord(devs, seconds, False, op.name, flops, view, *self.units.sizes(outs, view), None)
-
-    def _first_gpu(self, ins: Sequence[Type], outs: Sequence[Type], op: Op) -> int:
-        """The real GPU a local op runs on (its first value's device)."""
-        for t in (*ins, *outs):
-            for e in leaves(t):
-                return self.units.dev_gpu[e.device]
-        a = op.attrs.get("device")
-        return self.units.dev_gpu[a] if isinstance(a, Device) else 0
 
     # -- calls -----------------------------------------------------------------------------------
     def call(self, module: Module, call: Call, callee: Function, args: Sequence[Mixed]) -> Sequence[Mixed]:
