@@ -393,19 +393,37 @@ def summarize(plan: FnPlan, slot_gpu: list[int]) -> CallSummary:
                 busy[j] += c
     delay = [[clock[v][u] for v in range(k)] for u in range(k)]
     first_m = [[(first[v] or clock[v])[u] for v in range(k)] for u in range(k)]
-    # memory: live bytes owned by this body, per GPU, from zero
+    # memory: live bytes owned by this body, per GPU, from zero, at each op of the body inlined
+    # (a call's: its callee's profile above the live set at the call, ``FnPlan.call_profiles``)
     live: dict[int, float] = {}
     peak: dict[int, float] = {}
     profile: dict[int, list[tuple[int, float]]] = {}
+    inlined = plan.call_profiles or {}
+    at = 0  # the position of the instruction's first op in the body's inlined op order
     for i, ev in enumerate(plan.mem):
+        c = plan.costs[i]
+        width = c.n_ops if isinstance(c, CallSummary) else 1  # the instruction's ops, inlined
         if ev is None:
+            at += width
             continue
         pk, al, fr = ev
-        for g, nb in pk:
-            val = live.get(g, 0.0) + nb
-            profile.setdefault(g, []).append((i, val))
-            if val > peak.get(g, 0.0):
-                peak[g] = val
+        inner = inlined.get(i)
+        if inner is None:
+            for g, nb in pk:
+                val = live.get(g, 0.0) + nb
+                profile.setdefault(g, []).append((at, val))
+                if val > peak.get(g, 0.0):
+                    peak[g] = val
+        else:
+            for g, points in inner.items():
+                base = live.get(g, 0.0)
+                rows = profile.setdefault(g, [])
+                for j, rel in points:
+                    val = base + rel
+                    rows.append((at + j, val))
+                    if val > peak.get(g, 0.0):
+                        peak[g] = val
+        at += width
         for g, nb in al:
             live[g] = live.get(g, 0.0) + nb
         for g, nb in fr:
