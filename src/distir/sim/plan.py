@@ -17,9 +17,11 @@ clocks and memory figures, when that is exactly what planning it there would giv
 (``distir.sim.relabel``; ``relabel=False`` plans every call).
 
 **Memory.** A value is live from the op that creates it to its last use in the function (results
-of the function stay live); the entry's donated parameters (``Function.donated``) likewise, from
-the start. View ops (those that write no bytes: Reshape, Unsqueeze, tuples)
-alias their inputs instead of allocating. Parameters belong to the caller.
+of the function stay live; a summary places last uses and its memory profile by position in the
+callee's inlined op order, so an argument dying inside a nested call is freed there); the
+entry's donated parameters (``Function.donated``) likewise, from the start. View ops (those that
+write no bytes: Reshape, Unsqueeze, tuples) alias their inputs instead of allocating. Parameters
+belong to the caller.
 
 **DTensor programs** are planned directly (``distir.sim.spmd``): an op on distributed tensors
 runs on all devices of its mesh. The plan's "slots" are then *units* of devices that always move
@@ -31,7 +33,9 @@ planner met (``Units.confirm``): the planner then infers the types itself, and t
 walked once instead of twice.
 
 The plan's data (op records, ``CallSummary``, ``FnPlan``) live in ``distir.sim.records``; the
-liveness pass that arranges a walked body into a plan, ``build_plan``, in ``distir.sim.liveness``.
+liveness pass that arranges a walked body into a plan, ``build_plan``, in ``distir.sim.liveness``;
+an op's record, ``op_record``, in ``distir.sim.oprecord``. ``distir.sim.reference`` computes the
+same figures plainly (no memo, summary or unit): it is the specification this module is held to.
 """
 
 from __future__ import annotations
@@ -86,7 +90,9 @@ class PlanOptions:
     """How a ``PlanDomain`` plans: the fast paths it takes and what its entry's plan keeps.
 
     Every fast path gives the plan the reference gives, bit for bit (``REFERENCE``: all of them
-    off; ``tests/sim/test_fast_paths.py`` compares each against it)."""
+    off; ``tests/sim/test_fast_paths.py`` compares each against it), and the figures of the
+    reference planner (``distir.sim.reference``, the semantics written plainly;
+    ``tests/sim/test_reference_planner.py``)."""
 
     # plan bodies of primitive ops in one pass (``distir.sim.flatplan``) instead of the
     # interpreter's walk followed by ``build_plan``
@@ -108,8 +114,9 @@ class PlanOptions:
     keep_bodies: bool = False
 
 
-# the reference for simulating an entry: the interpreter's walk, ``build_plan``'s liveness,
-# every call planned on its own mesh, the types grouped into units before planning
+# every fast path off: the interpreter's walk, ``build_plan``'s liveness, every call planned on
+# its own mesh, the types grouped into units before planning (still this module's summarizing
+# planner; the semantics it computes are ``distir.sim.reference``'s)
 REFERENCE = PlanOptions(fast_path=False, relabel=False, entry_param_uses=False)
 
 
