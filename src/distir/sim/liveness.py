@@ -443,7 +443,7 @@ def _call_events(
             if hit is None:
                 dying = [(u, g, b) for u, v in zip(uses, older_vals, strict=True) for g, b in v]
                 dead = [(c.fresh[k][1], g, b) for k in mine_k for g, b in c.fresh[k][0]]
-                hit = peak_memo[key] = (c.extra_with_dying(dying, dead), c.profile_with_dying(dying, dead))
+                hit = peak_memo[key] = c.with_dying(dying, dead)
             pk = hit[0]
             if profiles is not None:
                 profiles[i] = hit[1]

@@ -131,6 +131,15 @@ class CallSummary:
             return self.profile
         return self._with_dying(dying, dead)[0]
 
+    def with_dying(
+        self, dying: list[tuple[int, int, float]], dead: list[tuple[int, int, float]]
+    ) -> tuple[tuple[tuple[int, float], ...], dict[int, list[tuple[int, float]]]]:
+        """``extra_with_dying`` and ``profile_with_dying`` at once."""
+        if not dying and not dead:
+            return tuple(self.peak_extra.items()), self.profile
+        profile, extra = self._with_dying(dying, dead)
+        return extra, profile
+
     def _with_dying(
         self, dying: list[tuple[int, int, float]], dead: list[tuple[int, int, float]]
     ) -> tuple[dict[int, list[tuple[int, float]]], tuple[tuple[int, float], ...]]:
