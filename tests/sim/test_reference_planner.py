@@ -25,6 +25,7 @@ from distir.ir import Module, parse_module
 from distir.ir.rewrite import inline_calls
 from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import parse_strategy
+from distir.sim.cost import RooflineCostModel
 from distir.sim.devices import DeviceMap
 from distir.sim.simulate import SimResult, simulate
 from sim.gen_programs import Feats, programs
@@ -127,6 +128,18 @@ def test_the_reference_gives_the_fast_planners_figures_on_distributed_zoo_models
     prog = distribute(build_model(MODELS[model], batch), s, Optimizer("adam"), comm_streams=True)
     cl, dmap = parse_cluster(cluster), device_map(s, True)
     assert _untraced(prog, cl, dmap, batch, "reference") == _untraced(prog, cl, dmap, batch, "fast")
+
+
+@pytest.mark.parametrize("strategy", ["d1.t4.sp", "d1.t2.sp.p2.k4.1f1b", "d2.t2.sp.p2.k2.z1.1f1b.rsel"])
+def test_the_reference_gives_the_fast_planners_figures_with_tp_comm_overlap(strategy: str) -> None:
+    """Tensor-parallel collectives pipelined with their GEMMs (``distir.sim.overlap``)."""
+    s = parse_strategy(strategy)
+    prog = distribute(build_model(MODELS["gpt"], 8), s, Optimizer("adam"), comm_streams=True)
+    cl, dmap = parse_cluster("p3.8xlarge:2"), device_map(s, True)
+    cost = RooflineCostModel(cl, tp_comm_overlap=True)
+    ref = figures(simulate(prog, cl, dmap, cost, batch=8, planner="reference"))
+    assert ref == figures(simulate(prog, cl, dmap, cost, batch=8))
+    assert ref != figures(simulate(prog, cl, dmap, RooflineCostModel(cl), batch=8))  # it overlaps
 
 
 @pytest.mark.parametrize("name", ["bench.layered", "zoo.gpt.d1.t2.p2.k2.1f1b", "zoo.llama.d1.t2.p3.k3.1f1b"])

@@ -13,7 +13,10 @@ record (``distir.sim.oprecord.op_record``): the slots (streams of GPUs) it runs 
 whether it communicates, its FLOPs, whether it is a view, the bytes per GPU of each result and
 its peak bump. An op joining the kernel of the op before it (``distir.sim.fusion``, when the
 cost model fuses) is costed as fused; a link through a Redistribute holds only if that
-Redistribute moved nothing (its record is a view).
+Redistribute moved nothing (its record is a view). When the cost model overlaps tensor-parallel
+collectives with their GEMMs (``tp_comm_overlap``), each body's collectives that pair with one
+are charged, once the body is walked, what their pair takes beyond the GEMM
+(``distir.sim.overlap``).
 
 **Time.** Every slot has a clock, from 0. An op starts when all its slots are free — at the
 largest of their clocks — and all of them advance to its end, start + seconds; the seconds add to
@@ -59,6 +62,7 @@ from distir.interp.shapes import Mixed, TypeDomain, check_arguments, check_decla
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
 from distir.ir.values import Value
+from distir.sim import overlap
 from distir.sim.cost import CostModel, fuses
 from distir.sim.devices import DeviceMap
 from distir.sim.fusion import FusedInput, fused_inputs
@@ -111,18 +115,37 @@ class _Frame:
     steps: list[Step] = field(default_factory=list)
 
 
+_CALL = OpRecord((), 0.0, True, "@call", 0.0, False, (), (), (), None)  # a call's place in ``overlap``
+
+
 class _Walker(TypeDomain):
     """The interpreter's type domain, recording each op's and call's step on the way."""
 
-    def __init__(self, units: Units, fuse: bool) -> None:
+    def __init__(self, units: Units, fuse: bool, tp_overlap: bool) -> None:
         super().__init__()
         self.units = units
         self.fuse = fuse
+        self.tp_overlap = tp_overlap
         self.frames: list[_Frame] = []
 
     def frame(self, fn: Function, storage: dict[Value, Uses]) -> _Frame:
         links = fused_inputs(fn) if self.fuse else None
         return _Frame(storage, links if links is not None and any(links) else None)
+
+    def overlap(self, fn: Function, body: _Frame) -> None:
+        """Charge each collective of the walked ``body`` that pairs with a GEMM its exposed part
+        (``distir.sim.overlap``), when the cost model overlaps them."""
+        if not self.tp_overlap:
+            return
+        paired = overlap.pairs(fn)
+        if all(c is None for c in paired):
+            return
+        # the candidates are ops: a call's place holds a record that pairs with nothing
+        records = [s.record if isinstance(s, OpStep) else _CALL for s in body.steps]
+        for i, rec in enumerate(overlap.apply(records, paired)):
+            step = body.steps[i]
+            if isinstance(step, OpStep) and rec is not step.record:
+                body.steps[i] = step._replace(record=rec)
 
     def op(self, op: Op, args: Sequence[Mixed]) -> Sequence[Mixed]:
         outs = super().op(op, args)
@@ -164,6 +187,7 @@ class _Walker(TypeDomain):
             outs, _ = interpret(module, callee, args, self)
         finally:
             self.frames.pop()
+        self.overlap(callee, body)
         check_declared(call.outputs, outs, "@" + callee.name)
         for v, r in zip(call.outputs, callee.outputs, strict=False):
             here.storage[v] = body.storage[r]
@@ -382,12 +406,12 @@ def run_reference(
     """Walk ``fn`` at ``args`` and run it (module docstring). A wrong program raises
     ``InterpretError`` naming the op."""
     units = Units(dmap, cost)  # never grouped: the real slots and GPUs
-    walker = _Walker(units, fuses(cost))
+    walker = _Walker(units, fuses(cost), bool(getattr(cost, "tp_comm_overlap", False)))
     params = {p: Storage(units.bytes_by_gpu(type_of(a))) for p, a in zip(fn.params, args, strict=True)}
     entry = walker.frame(fn, {p: (s,) for p, s in params.items()})
     walker.frames.append(entry)
-    outs, _ = interpret(module, fn, args, walker)
-    del outs
+    interpret(module, fn, args, walker)
+    walker.overlap(fn, entry)
     results = tuple(s for v in fn.outputs for s in entry.storage[v])
     clock, busy, comm, slices = time_entry(entry.steps, len(dmap.slots), trace)
     gpus = sorted({s.gpu for s in dmap.slots})
