@@ -23,7 +23,7 @@ it): ``tests/sim/test_liveness.py`` and the simulator tests pin it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import accumulate, chain, compress, groupby, repeat
 from operator import ne
 from typing import Any
@@ -151,32 +151,11 @@ def build_plan(
             return -1 if p is None else created[p]
         return x
 
-    # last uses not counting the return, where a summary needs them (parameters, results): as
-    # positions in the body's inlined op order (a nested call's ops count one each), which are the
-    # instruction indices in a body without calls
+    # last uses not counting the return, where a summary needs them (parameters, results)
     internal_last = {r: last_of(r) for r in out_root_list} if param_uses else {}
     param_last = tuple(last.get(p, -1) for p in fn.params) if param_uses else (-1,) * len(fn.params)
     if param_uses and w.calls:
-        at = list(accumulate((c.n_ops if isinstance(c, CallSummary) else 1 for c in records), initial=0))
-        lp = _last_positions(fn, records, w, at)
-        own_k = {
-            v: k
-            for i in w.calls
-            if (c := records[i]).own_ks is not None  # type: ignore[union-attr]
-            for v, k in zip(c.pick_own(body[i].outputs), c.own_ks, strict=True)  # type: ignore[union-attr]
-        }
-
-        def made_at(r: Root) -> int:
-            """Where an owned root nothing in the body reads is last used: the op making it, or
-            inside the call making it."""
-            i = last_of(r)
-            c = records[i] if i >= 0 else None
-            if not isinstance(c, CallSummary):
-                return at[i] if i >= 0 else -1
-            return at[i] + c.fresh[r[1] if isinstance(r, tuple) else own_k[r]][1]
-
-        internal_last = {r: lp[r] if r in lp else made_at(r) for r in out_root_list}
-        param_last = tuple(lp.get(p, -1) for p in fn.params)
+        internal_last, param_last = _inlined_lasts(fn, records, w, out_root_list, last_of)
     last.update(zip(out_root_list, repeat(n)))
     frees, dying_at = _frees(w, n)
     mem: list[MemEvents | None] = [None] * n
@@ -191,10 +170,29 @@ def build_plan(
             mem[i] = (bump, rec.allocs, freed or ())
     call_profiles: dict[int, dict[int, list[tuple[int, float]]]] | None = {} if param_uses else None
     _call_events(w, costs, frees, dying_at, mem, call_profiles)
+    # a plan never summarized: no result storage
+    out_roots, fresh = _result_storage(fn, w, param_index, owned, internal_last) if param_uses else ([], [])
+    slots = tuple(sorted({s for ds in devs for s in ds}))
+    plan = FnPlan(
+        fn, devs, costs, comm, names, flops, mem, slots, tuple(out_roots), tuple(fresh), out_types, param_last
+    )
+    plan.call_profiles = call_profiles or None
+    return plan
+
+
+def _result_storage(
+    fn: Function,
+    w: _Walk,
+    param_index: dict[Value, int],
+    owned: Callable[[Root], Sequence[tuple[int, float]] | None],
+    internal_last: dict[Root, int],
+) -> tuple[list[tuple[int, ...]], list[tuple[tuple[tuple[int, float], ...], int]]]:
+    """Per result of a body to summarize, its storage — parameters by index, the body's fresh
+    buffers by (negative) number — and each fresh buffer's bytes and last use inside."""
     fresh_index: dict[Root, int] = {}
     fresh: list[tuple[tuple[tuple[int, float], ...], int]] = []
     out_roots: list[tuple[int, ...]] = []
-    for v in fn.outputs if param_uses else ():  # a plan never summarized: no result storage
+    for v in fn.outputs:
         refs_of: list[int] = []
         for r in w.roots_of(v):
             if r in param_index:
@@ -205,12 +203,40 @@ def build_plan(
                     fresh.append((tuple(mine_bytes), internal_last.get(r, -1)))
                 refs_of.append(-1 - fresh_index[r])
         out_roots.append(tuple(dict.fromkeys(refs_of)))
-    slots = tuple(sorted({s for ds in devs for s in ds}))
-    plan = FnPlan(
-        fn, devs, costs, comm, names, flops, mem, slots, tuple(out_roots), tuple(fresh), out_types, param_last
-    )
-    plan.call_profiles = call_profiles or None
-    return plan
+    return out_roots, fresh
+
+
+def _inlined_lasts(
+    fn: Function,
+    records: list[OpRecord | CallSummary],
+    w: _Walk,
+    out_roots: list[Root],
+    last_of: Callable[[Root], int],
+) -> tuple[dict[Root, int], tuple[int, ...]]:
+    """A body with calls: the last uses a summary needs — of each result's root and of each
+    parameter — as positions in the body's inlined op order (``last_of``: a root's last use or
+    creation, as an instruction index)."""
+    body = fn.body
+    at = list(accumulate((c.n_ops if isinstance(c, CallSummary) else 1 for c in records), initial=0))
+    lp = _last_positions(fn, records, w, at)
+    own_k = {
+        v: k
+        for i in w.calls
+        if (c := records[i]).own_ks is not None  # type: ignore[union-attr]
+        for v, k in zip(c.pick_own(body[i].outputs), c.own_ks, strict=True)  # type: ignore[union-attr]
+    }
+
+    def made_at(r: Root) -> int:
+        """Where an owned root nothing in the body reads is last used: the op making it, or
+        inside the call making it."""
+        i = last_of(r)
+        c = records[i] if i >= 0 else None
+        if not isinstance(c, CallSummary):
+            return at[i] if i >= 0 else -1
+        return at[i] + c.fresh[r[1] if isinstance(r, tuple) else own_k[r]][1]
+
+    internal_last = {r: lp[r] if r in lp else made_at(r) for r in out_roots}
+    return internal_last, tuple(lp.get(p, -1) for p in fn.params)
 
 
 def _last_positions(
