@@ -314,6 +314,14 @@ def simulate(
             help="With --model: refuse a program estimated above this many ops (calls expanded).",
         ),
     ] = MAX_OPS.max,
+    planner: Annotated[
+        str,
+        typer.Option(
+            "--planner",
+            help="fast (default) or reference (distir.sim.reference: the simulator's semantics "
+            "written plainly, slower; the same figures, bit for bit; no --trace).",
+        ),
+    ] = "fast",
     entry: EntryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
@@ -335,6 +343,10 @@ def simulate(
         _fail(f"--attention-kernel must be fa2 or cudnn, got {attention_kernel!r}")
     if trace_detail not in ("chunk", "layer", "op"):
         _fail(f"--trace-detail must be chunk, layer or op, got {trace_detail!r}")
+    if planner not in ("fast", "reference"):
+        _fail(f"--planner must be fast or reference, got {planner!r}")
+    if planner == "reference" and trace is not None:
+        _fail("--trace needs the fast planner (the reference draws no memory timeline)")
     _check_outputs(trace=trace)
     if (file is None) == (model is None):
         _fail(
@@ -396,7 +408,14 @@ def simulate(
         )
         result = guard(
             lambda: run_sim(
-                m, cl, dmap, cost, trace=trace is not None, batch=batch, trace_detail=trace_detail
+                m,
+                cl,
+                dmap,
+                cost,
+                trace=trace is not None,
+                batch=batch,
+                trace_detail=trace_detail,
+                planner=planner,
             )
         )
     except DeviceMapError as e:

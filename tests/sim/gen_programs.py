@@ -8,10 +8,10 @@ callees that return their parameters, untyped parameters, and so on.
 
 The generator tracks the storage *roots* of every value exactly as ``distir.sim.plan`` defines
 them (a fresh result owns its storage; a view op's results share all of its inputs' roots; a
-call result either aliases the roots of the arguments the callee returns or is fresh). That lets
-the ``Feats`` flags switch off the patterns for which the simulator's call summaries are known
-to disagree with the inlined program (see ``test_minimal_programs.py``), so that the passing property
-tests cover everything else.
+call result either aliases the roots of the arguments the callee returns or is fresh). The
+``Feats`` flags switch patterns off one by one: each once made the simulator's call summaries
+disagree with the inlined program (all fixed: ``test_minimal_programs.py``), and projection still
+needs some of them off (``interp/test_call_and_projection_cases.py``).
 """
 
 from __future__ import annotations
@@ -43,12 +43,11 @@ class Feats:
     views: bool = True
     tuples: bool = True
     calls: bool = True
-    # patterns that once broke call summaries (all fixed but deep_dying: an argument dying inside a
-    # nested call is counted for that whole nested call — an over-estimate, see test_minimal_programs)
+    # patterns that once broke call summaries (all fixed; see test_minimal_programs)
     dup_outputs: bool = True  # a callee returns one fresh storage root twice
     mixed_alias: bool = True  # a callee returns a view of several roots (params and/or fresh)
     unused_params: bool = True  # a callee parameter no op of the callee reads
-    deep_dying: bool = False  # a callee passes its parameters on to a nested call
+    deep_dying: bool = True  # a callee passes its parameters on to a nested call
     unused_results: bool = True  # call results the caller never uses
     empty_callees: bool = True  # callees that touch no device (return a parameter, nothing else)
     single_collectives: bool = True  # one-member collectives (in the entry)

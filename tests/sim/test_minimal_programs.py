@@ -196,12 +196,9 @@ def test_dying_argument_one_call_level_is_exact() -> None:
     assert summ == flat == 3 * KIB
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an argument dying at a call and passed on to a nested call is counted during "
-    "the whole nested call (extra_with_dying only sees the outer body's instruction index)",
-)
 def test_dying_argument_through_two_call_levels() -> None:
+    """An argument dying at a call and passed on to a nested call is freed inside the nested
+    call, as in the inlined program (call summaries track last uses by inlined op position)."""
     summ, flat = _peaks(
         NESTED_CALLEE
         + f"""func @f(%p) {{
@@ -214,7 +211,7 @@ func @m(%x: {T}) {{
   return %y
 }}"""
     )
-    assert summ == flat == 3 * KIB  # the summary says 4 KiB
+    assert summ == flat == 3 * KIB  # the summary said 4 KiB before
 
 
 # -- timing / robustness ----------------------------------------------------------------------------

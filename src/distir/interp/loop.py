@@ -62,6 +62,11 @@ class InterpretError(ValueError):
         return self
 
 
+# what ``interpret`` reports as an error of the program (an ``InterpretError`` naming the op):
+# what a walk without its reporting (``walk_unchecked``) may raise on a wrong program
+PROGRAM_FAULTS: tuple[type[Exception], ...] = (ValueError, TypeError, IndexError, ArithmeticError, KeyError)
+
+
 class Domain(Protocol[V]):
     """An abstract domain: the meaning of primitive ops (and optionally of calls)."""
 

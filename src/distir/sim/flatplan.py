@@ -95,16 +95,14 @@ def plan_flat(
     ends_of = islice(last.values(), len(params), None)
     # 4. memory events: each fresh result's bytes are freed after its last use
     param_index = {p: j for j, p in enumerate(params)}
-    # an op whose first input dies at it bumps the peak less (a Redistribute freeing its source)
-    bump_at: dict[int, Sequence[tuple[int, float]]] = {}
     gift = donated or {}
     # donated parameters die after their last use (one nothing reads: after the first op), first
     # among the frees after an op (``build_plan`` keeps them first in creation order)
     for p, g in gift.items():
         last[p] = g.end(last[p])
     gifts = [(max(last[p], 0), gift[p].bytes) for p in params if p in gift]
-    if has_own_bump:
-        bump_at = _dying_bumps(records, inputs_of, root, last, param_index, gift)
+    # an op whose first input dies at it bumps the peak less (a Redistribute freeing its source)
+    bump_at = _dying_bumps(records, inputs_of, root, last, param_index, gift) if has_own_bump else {}
     fresh_of = [v not in views for v in results] if views else None
     mem: list[MemEvents | None] = []
     columns = None

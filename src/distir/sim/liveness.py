@@ -23,7 +23,7 @@ it): ``tests/sim/test_liveness.py`` and the simulator tests pin it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import accumulate, chain, compress, groupby, repeat
 from operator import ne
 from typing import Any
@@ -35,6 +35,8 @@ from distir.ir.values import Value
 from distir.sim.records import CallSummary, FnPlan, Gift, MemEvents, OpRecord, Root
 
 _chain = chain.from_iterable
+Pairs = tuple[tuple[int, float], ...]  # (gpu, bytes)
+Profile = dict[int, list[tuple[int, float]]]  # gpu -> (position, bytes) per op
 _WHOLE_CALL = 1 << 62  # the "last use inside a call" of a root it never reads
 
 
@@ -152,6 +154,8 @@ def build_plan(
     # last uses not counting the return, where a summary needs them (parameters, results)
     internal_last = {r: last_of(r) for r in out_root_list} if param_uses else {}
     param_last = tuple(last.get(p, -1) for p in fn.params) if param_uses else (-1,) * len(fn.params)
+    if param_uses and w.calls:
+        internal_last, param_last = _inlined_lasts(fn, records, w, out_root_list, last_of)
     last.update(zip(out_root_list, repeat(n)))
     frees, dying_at = _frees(w, n)
     mem: list[MemEvents | None] = [None] * n
@@ -164,11 +168,31 @@ def build_plan(
                 if len(rs) == 1 and owned(rs[0]) is not None and last_of(rs[0]) == i:
                     bump = rec.bump_dying
             mem[i] = (bump, rec.allocs, freed or ())
-    _call_events(w, costs, frees, dying_at, mem)
+    call_profiles: dict[int, dict[int, list[tuple[int, float]]]] | None = {} if param_uses else None
+    _call_events(w, costs, frees, dying_at, mem, call_profiles)
+    # a plan never summarized: no result storage
+    out_roots, fresh = _result_storage(fn, w, param_index, owned, internal_last) if param_uses else ([], [])
+    slots = tuple(sorted({s for ds in devs for s in ds}))
+    plan = FnPlan(
+        fn, devs, costs, comm, names, flops, mem, slots, tuple(out_roots), tuple(fresh), out_types, param_last
+    )
+    plan.call_profiles = call_profiles or None
+    return plan
+
+
+def _result_storage(
+    fn: Function,
+    w: _Walk,
+    param_index: dict[Value, int],
+    owned: Callable[[Root], Sequence[tuple[int, float]] | None],
+    internal_last: dict[Root, int],
+) -> tuple[list[tuple[int, ...]], list[tuple[tuple[tuple[int, float], ...], int]]]:
+    """Per result of a body to summarize, its storage — parameters by index, the body's fresh
+    buffers by (negative) number — and each fresh buffer's bytes and last use inside."""
     fresh_index: dict[Root, int] = {}
     fresh: list[tuple[tuple[tuple[int, float], ...], int]] = []
     out_roots: list[tuple[int, ...]] = []
-    for v in fn.outputs if param_uses else ():  # a plan never summarized: no result storage
+    for v in fn.outputs:
         refs_of: list[int] = []
         for r in w.roots_of(v):
             if r in param_index:
@@ -179,10 +203,64 @@ def build_plan(
                     fresh.append((tuple(mine_bytes), internal_last.get(r, -1)))
                 refs_of.append(-1 - fresh_index[r])
         out_roots.append(tuple(dict.fromkeys(refs_of)))
-    slots = tuple(sorted({s for ds in devs for s in ds}))
-    return FnPlan(
-        fn, devs, costs, comm, names, flops, mem, slots, tuple(out_roots), tuple(fresh), out_types, param_last
-    )
+    return out_roots, fresh
+
+
+def _inlined_lasts(
+    fn: Function,
+    records: list[OpRecord | CallSummary],
+    w: _Walk,
+    out_roots: list[Root],
+    last_of: Callable[[Root], int],
+) -> tuple[dict[Root, int], tuple[int, ...]]:
+    """A body with calls: the last uses a summary needs — of each result's root and of each
+    parameter — as positions in the body's inlined op order (``last_of``: a root's last use or
+    creation, as an instruction index)."""
+    body = fn.body
+    at = list(accumulate((c.n_ops if isinstance(c, CallSummary) else 1 for c in records), initial=0))
+    lp = _last_positions(fn, records, w, at)
+    own_k = {
+        v: k
+        for i in w.calls
+        if (c := records[i]).own_ks is not None  # type: ignore[union-attr]
+        for v, k in zip(c.pick_own(body[i].outputs), c.own_ks, strict=True)  # type: ignore[union-attr]
+    }
+
+    def made_at(r: Root) -> int:
+        """Where an owned root nothing in the body reads is last used: the op making it, or
+        inside the call making it."""
+        i = last_of(r)
+        c = records[i] if i >= 0 else None
+        if not isinstance(c, CallSummary):
+            return at[i] if i >= 0 else -1
+        return at[i] + c.fresh[r[1] if isinstance(r, tuple) else own_k[r]][1]
+
+    internal_last = {r: lp[r] if r in lp else made_at(r) for r in out_roots}
+    return internal_last, tuple(lp.get(p, -1) for p in fn.params)
+
+
+def _last_positions(
+    fn: Function, records: list[OpRecord | CallSummary], w: _Walk, at: list[int]
+) -> dict[Root, int]:
+    """The last read of each root as a position in the body's inlined op order (``at``: each
+    instruction's first position): an op reads at its position, a call where its body last
+    reads the parameter (``CallSummary.read_last``); a read of an aliased value is a read of
+    its roots."""
+    lp: dict[Any, int] = {}
+    for i, (instr, rec) in enumerate(zip(fn.body, records, strict=True)):
+        if type(rec) is OpRecord:
+            lp.update(zip(instr.inputs, repeat(at[i])))
+        else:
+            assert isinstance(rec, CallSummary)
+            # ascending last uses: a value passed twice keeps the later one
+            lp.update(zip(w.call_reads[i], [at[i] + x for x in rec.read_last], strict=True))
+    for v, rs in w.alias.items():
+        lv = lp.get(v)
+        if lv is not None:
+            for r in rs:
+                if lp.get(r, -1) < lv:
+                    lp[r] = lv
+    return lp
 
 
 def _walk_roots(
@@ -349,20 +427,24 @@ def _call_events(
     frees: dict[int, tuple[tuple[int, float], ...]],
     dying_at: dict[int, list[tuple[int, int]]],
     mem: list[MemEvents | None],
+    profiles: dict[int, dict[int, list[tuple[int, float]]]] | None,
 ) -> None:
     """Each call site's memory events into ``mem``: its peak bumps given the roots dying at it,
-    its allocations and frees."""
+    its allocations and frees; and (``profiles``, a plan to summarize) the callee's memory
+    profile relative to the live set at the call."""
     keys, vals, alias = w.keys, w.vals, w.alias
     call_first, call_reads, call_allocs = w.call_first, w.call_reads, w.call_allocs
     # a call's peak bumps given the roots dying at it, memoized per call site pattern (the
     # microbatches repeat one): the bytes objects are alive here, so their ids identify them
-    peak_memo: dict[tuple[Any, ...], tuple[tuple[int, float], ...]] = {}
+    peak_memo: dict[tuple[Any, ...], tuple[Pairs, Profile]] = {}
     for i in w.calls:
         c = costs[i]
         assert isinstance(c, CallSummary)
         dies = dying_at.get(i)
         if not dies:
             pk = tuple(c.peak_extra.items())
+            if profiles is not None:
+                profiles[i] = c.profile
         else:
             # roots older than the call that die here were read by it (so are in ``lu``): they
             # count until their last use inside; this call's buffers dying here are results
@@ -387,8 +469,10 @@ def _call_events(
             if hit is None:
                 dying = [(u, g, b) for u, v in zip(uses, older_vals, strict=True) for g, b in v]
                 dead = [(c.fresh[k][1], g, b) for k in mine_k for g, b in c.fresh[k][0]]
-                hit = peak_memo[key] = c.extra_with_dying(dying, dead)
-            pk = hit
+                hit = peak_memo[key] = c.with_dying(dying, dead)
+            pk = hit[0]
+            if profiles is not None:
+                profiles[i] = hit[1]
         al = tuple(call_allocs[i])
         fr = frees.get(i, ())
         mem[i] = (pk, al, fr) if (pk or al or fr) else None

@@ -17,9 +17,11 @@ clocks and memory figures, when that is exactly what planning it there would giv
 (``distir.sim.relabel``; ``relabel=False`` plans every call).
 
 **Memory.** A value is live from the op that creates it to its last use in the function (results
-of the function stay live); the entry's donated parameters (``Function.donated``) likewise, from
-the start. View ops (those that write no bytes: Reshape, Unsqueeze, tuples)
-alias their inputs instead of allocating. Parameters belong to the caller.
+of the function stay live; a summary places last uses and its memory profile by position in the
+callee's inlined op order, so an argument dying inside a nested call is freed there); the
+entry's donated parameters (``Function.donated``) likewise, from the start. View ops (those that
+write no bytes: Reshape, Unsqueeze, tuples) alias their inputs instead of allocating. Parameters
+belong to the caller.
 
 **DTensor programs** are planned directly (``distir.sim.spmd``): an op on distributed tensors
 runs on all devices of its mesh. The plan's "slots" are then *units* of devices that always move
@@ -31,7 +33,9 @@ planner met (``Units.confirm``): the planner then infers the types itself, and t
 walked once instead of twice.
 
 The plan's data (op records, ``CallSummary``, ``FnPlan``) live in ``distir.sim.records``; the
-liveness pass that arranges a walked body into a plan, ``build_plan``, in ``distir.sim.liveness``.
+liveness pass that arranges a walked body into a plan, ``build_plan``, in ``distir.sim.liveness``;
+an op's record, ``op_record``, in ``distir.sim.oprecord``. ``distir.sim.reference`` computes the
+same figures plainly (no memo, summary or unit): it is the specification this module is held to.
 """
 
 from __future__ import annotations
@@ -42,21 +46,21 @@ from typing import Any
 
 from distir.interp.loop import interpret, walk_unchecked
 from distir.interp.shapes import Concrete, Mixed, TypeDomain, check_arguments, check_declared, type_of
-from distir.ir.dtensor import DTensorType
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
-from distir.ir.types import Device, TupleType, Type
+from distir.ir.types import Device, Type
 from distir.ir.values import Value
-from distir.ops.registry import REGISTRY, OpKind, OpTypeError
-from distir.sim import overlap, spmd
+from distir.ops.registry import OpTypeError
+from distir.sim import overlap
 from distir.sim.cost import CostModel, fuses
 from distir.sim.devices import DeviceMap
 from distir.sim.flatplan import plan_flat
 from distir.sim.fusion import FusedInput, fused_inputs
 from distir.sim.liveness import build_plan
+from distir.sim.oprecord import op_record
 from distir.sim.records import NEG_INF, CallSummary, FnPlan, Gift, MemEvents, OpRecord, Root
 from distir.sim.relabel import Relabeler
-from distir.sim.units import Units, has_dtensor, leaves
+from distir.sim.units import Units
 
 __all__ = [
     "NEG_INF",
@@ -87,7 +91,9 @@ class PlanOptions:
     """How a ``PlanDomain`` plans: the fast paths it takes and what its entry's plan keeps.
 
     Every fast path gives the plan the reference gives, bit for bit (``REFERENCE``: all of them
-    off; ``tests/sim/test_fast_paths.py`` compares each against it)."""
+    off; ``tests/sim/test_fast_paths.py`` compares each against it), and the figures of the
+    reference planner (``distir.sim.reference``, the semantics written plainly;
+    ``tests/sim/test_reference_planner.py``)."""
 
     # plan bodies of primitive ops in one pass (``distir.sim.flatplan``) instead of the
     # interpreter's walk followed by ``build_plan``
@@ -109,8 +115,9 @@ class PlanOptions:
     keep_bodies: bool = False
 
 
-# the reference for simulating an entry: the interpreter's walk, ``build_plan``'s liveness,
-# every call planned on its own mesh, the types grouped into units before planning
+# every fast path off: the interpreter's walk, ``build_plan``'s liveness, every call planned on
+# its own mesh, the types grouped into units before planning (still this module's summarizing
+# planner; the semantics it computes are ``distir.sim.reference``'s)
 REFERENCE = PlanOptions(fast_path=False, relabel=False, entry_param_uses=False)
 
 
@@ -212,61 +219,11 @@ class PlanDomain(TypeDomain):
         out_types = tuple(type_of(o) for o in result)
         for t in out_types:  # under ``Units.assume``: every type met (its inputs were results)
             self.units.note(t)
-        rec = self._record(op, ins, out_types, link)
+        rec = op_record(self.units, op, ins, out_types, link)
         if Concrete not in map(type, (*args, *result)):
             self._memo[key] = (out_types, rec)
         self._frames[-1].append(rec)
         return result
-
-    def _slots_of(self, types: Sequence[Type]) -> list[int]:
-        out: list[int] = []
-        for t in types:
-            for e in t.elements if isinstance(t, TupleType) else (t,):
-                if isinstance(e, TupleType):
-                    out.extend(self._slots_of([e]))
-                    continue
-                if isinstance(e, DTensorType):
-                    out.extend(u for u, *_ in self.units.mesh_units(e.mesh))
-                    continue
-                try:
-                    out.append(self.dev_slot[e.device])
-                except KeyError:
-                    raise OpTypeError(f"device {e.device} is not mapped onto the cluster") from None
-        return out
-
-    def _record(
-        self, op: Op, ins: Sequence[Type], outs: Sequence[Type], link: FusedInput | None = None
-    ) -> OpRecord:
-        d = REGISTRY[op.name]
-        if d.kind is OpKind.RANK_COMM:
-            raise OpTypeError(f"{op.name} belongs in a per-rank program; simulate the global program")
-        if any(has_dtensor(t) for t in (*ins, *outs)):
-            return spmd.record(self.units, op, d, ins, outs, link)
-        devs = tuple(sorted(set(self._slots_of([*ins, *outs]))))
-        if d.kind is OpKind.COMM:
-            assert d.comm_cost is not None
-            desc = d.comm_cost(ins, outs, op.attrs)
-            gpus = [self.units.dev_gpu[x] for x in desc.devices]
-            seconds = float(self.cost.comm_time(desc, gpus))
-            return OpRecord(devs, seconds, True, op.name, 0.0, False, *self.units.sizes(outs, False), None)
-        gpu = self._first_gpu(ins, outs, op) if devs else 0
-        if not devs:
-            seconds = 0.0
-        elif link is None:
-            seconds = float(self.cost.compute_time(d, ins, outs, op.attrs, gpu))
-        else:
-            seconds = float(self.cost.fused_time(d, ins, outs, op.attrs, gpu, link))  # type: ignore[attr-defined]
-        view = bool(ins) and d.bytes_written(ins, outs, op.attrs) == 0
-        flops = d.flops(ins, outs, op.attrs)
-        return OpRecord(devs, seconds, False, op.name, flops, view, *self.units.sizes(outs, view), None)
-
-    def _first_gpu(self, ins: Sequence[Type], outs: Sequence[Type], op: Op) -> int:
-        """The real GPU a local op runs on (its first value's device)."""
-        for t in (*ins, *outs):
-            for e in leaves(t):
-                return self.units.dev_gpu[e.device]
-        a = op.attrs.get("device")
-        return self.units.dev_gpu[a] if isinstance(a, Device) else 0
 
     # -- calls -----------------------------------------------------------------------------------
     def call(self, module: Module, call: Call, callee: Function, args: Sequence[Mixed]) -> Sequence[Mixed]:
@@ -462,19 +419,37 @@ def summarize(plan: FnPlan, slot_gpu: list[int]) -> CallSummary:
                 busy[j] += c
     delay = [[clock[v][u] for v in range(k)] for u in range(k)]
     first_m = [[(first[v] or clock[v])[u] for v in range(k)] for u in range(k)]
-    # memory: live bytes owned by this body, per GPU, from zero
+    # memory: live bytes owned by this body, per GPU, from zero, at each op of the body inlined
+    # (a call's: its callee's profile above the live set at the call, ``FnPlan.call_profiles``)
     live: dict[int, float] = {}
     peak: dict[int, float] = {}
     profile: dict[int, list[tuple[int, float]]] = {}
+    inlined = plan.call_profiles or {}
+    at = 0  # the position of the instruction's first op in the body's inlined op order
     for i, ev in enumerate(plan.mem):
+        c = plan.costs[i]
+        width = c.n_ops if isinstance(c, CallSummary) else 1  # the instruction's ops, inlined
         if ev is None:
+            at += width
             continue
         pk, al, fr = ev
-        for g, nb in pk:
-            val = live.get(g, 0.0) + nb
-            profile.setdefault(g, []).append((i, val))
-            if val > peak.get(g, 0.0):
-                peak[g] = val
+        inner = inlined.get(i)
+        if inner is None:
+            for g, nb in pk:
+                val = live.get(g, 0.0) + nb
+                profile.setdefault(g, []).append((at, val))
+                if val > peak.get(g, 0.0):
+                    peak[g] = val
+        else:
+            for g, points in inner.items():
+                base = live.get(g, 0.0)
+                rows = profile.setdefault(g, [])
+                for j, rel in points:
+                    val = base + rel
+                    rows.append((at + j, val))
+                    if val > peak.get(g, 0.0):
+                        peak[g] = val
+        at += width
         for g, nb in al:
             live[g] = live.get(g, 0.0) + nb
         for g, nb in fr:

@@ -53,19 +53,24 @@ class CallSummary:
     peak_extra: dict[int, float]  # gpu -> bytes above the caller's live set at the call
     # per result, the storage it uses: j >= 0 is parameter j, -1-k is the body's fresh buffer k
     out_roots: tuple[tuple[int, ...], ...]
-    # per fresh buffer returned: its bytes per GPU and its last use inside the body (-1: none)
+    # per fresh buffer returned: its bytes per GPU and its last use inside the body (its position
+    # in the body's inlined op order: a nested call's ops count one each; -1: none)
     fresh: tuple[tuple[tuple[tuple[int, float], ...], int], ...]
     n_ops: int
-    # memory profile: per GPU, (instruction index, owned live bytes at its peak) in body order
+    # memory profile: per GPU, (position of an op in the body's inlined order, owned live bytes at
+    # its probe), in order; a nested call's ops each have their point
     profile: dict[int, list[tuple[int, float]]]
-    # per parameter: its last use in the body, not counting the return (-1: none)
+    # per parameter: its last use in the body (a position in its inlined op order), not counting
+    # the return (-1: none)
     param_last: tuple[int, ...]
     # the body's plan, kept for a detailed trace (``PlanOptions(keep_bodies=True)``), and the
     # renaming of its clocks onto this summary's (None: the same clocks; a summary carried to
     # another mesh runs the body planned on the first: ``distir.sim.tracedetail``)
     body: FnPlan | None = field(default=None, repr=False, compare=False)
     body_clocks: dict[int, int] | None = field(default=None, repr=False, compare=False)
-    _extra_memo: dict[Any, tuple[tuple[int, float], ...]] = field(default_factory=dict, repr=False)
+    _extra_memo: dict[Any, tuple[dict[int, list[tuple[int, float]]], tuple[tuple[int, float], ...]]] = field(
+        default_factory=dict, repr=False
+    )
     # the parameters the body reads (param_last >= 0), ordered by last use (ties by position),
     # and those last uses: a call site maps each root passed to its last use inside with one
     # ``dict(zip(...))`` (a later, larger last use overwrites an earlier one)
@@ -112,9 +117,33 @@ class CallSummary:
         (``(last use inside the body, gpu, bytes)``, freed after the call), for a call whose
         returned fresh buffers ``dead`` (same form) the caller never uses: while the body runs an
         argument counts until its last use inside and a dead result from its last use inside on
-        no more — exactly as if the call were inlined."""
+        no more — exactly as if the call were inlined (last uses are positions in the body's
+        inlined op order, as ``profile``'s)."""
         if not dying and not dead:
             return tuple(self.peak_extra.items())
+        return self._with_dying(dying, dead)[1]
+
+    def profile_with_dying(
+        self, dying: list[tuple[int, int, float]], dead: list[tuple[int, int, float]]
+    ) -> dict[int, list[tuple[int, float]]]:
+        """``profile`` relative to the same caller live set as ``extra_with_dying``'s: per GPU,
+        (position, bytes above that live set) at each op of the body, inlined."""
+        if not dying and not dead:
+            return self.profile
+        return self._with_dying(dying, dead)[0]
+
+    def with_dying(
+        self, dying: list[tuple[int, int, float]], dead: list[tuple[int, int, float]]
+    ) -> tuple[tuple[tuple[int, float], ...], dict[int, list[tuple[int, float]]]]:
+        """``extra_with_dying`` and ``profile_with_dying`` at once."""
+        if not dying and not dead:
+            return tuple(self.peak_extra.items()), self.profile
+        profile, extra = self._with_dying(dying, dead)
+        return extra, profile
+
+    def _with_dying(
+        self, dying: list[tuple[int, int, float]], dead: list[tuple[int, int, float]]
+    ) -> tuple[dict[int, list[tuple[int, float]]], tuple[tuple[int, float], ...]]:
         key = (tuple(dying), tuple(dead))  # call sites of one summary repeat (microbatches)
         hit = self._extra_memo.get(key)
         if hit is None:
@@ -123,8 +152,9 @@ class CallSummary:
 
     def _extra(
         self, dying: list[tuple[int, int, float]], dead: list[tuple[int, int, float]]
-    ) -> tuple[tuple[int, float], ...]:
+    ) -> tuple[dict[int, list[tuple[int, float]]], tuple[tuple[int, float], ...]]:
         out = dict(self.peak_extra)
+        profile = dict(self.profile)
         by_gpu: dict[int, tuple[list[tuple[int, float]], list[tuple[int, float]]]] = {}
         for last, g, b in dying:
             by_gpu.setdefault(g, ([], []))[0].append((last, b))
@@ -141,14 +171,12 @@ class CallSummary:
                 m_pre = list(accumulate((b for _, b in mine), initial=0.0))
                 g_pre = list(accumulate((b for _, b in gone), initial=0.0))
                 total = m_pre[-1]
-                out[g] = (
-                    max(
-                        val + (total - m_pre[bisect_left(m_last, i)]) - g_pre[bisect_left(g_last, i)]
-                        for i, val in prof
-                    )
-                    - total
-                )
-        return tuple(out.items())
+                profile[g] = [
+                    (i, val + (total - m_pre[bisect_left(m_last, i)]) - g_pre[bisect_left(g_last, i)] - total)
+                    for i, val in prof
+                ]
+                out[g] = max(v for _, v in profile[g])
+        return profile, tuple(out.items())
 
 
 class OpRecord(NamedTuple):
@@ -225,6 +253,9 @@ class FnPlan:
     comm_ops: tuple[tuple[Op, tuple[Type, ...], tuple[Type, ...]], ...] = ()
     # the arguments it was planned at, kept with ``CallSummary.body`` (a detailed trace's types)
     in_values: tuple[Mixed, ...] = ()
+    # a plan to summarize with calls: per call instruction, the callee's memory profile relative to
+    # the live set at the call (``CallSummary.profile_with_dying``), for ``summarize`` to inline
+    call_profiles: dict[int, dict[int, list[tuple[int, float]]]] | None = None
 
 
 @dataclass(slots=True)

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from itertools import compress, repeat
 from operator import attrgetter, is_not
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from distir.gcpause import paused_gc
 from distir.hardware.cluster import Cluster
@@ -42,6 +42,7 @@ from distir.sim.devices import DeviceMap, Slot
 from distir.sim.memcols import peaks
 from distir.sim.plan import PROGRAM_ERRORS, CallSummary, FnPlan, PlanDomain, PlanOptions
 from distir.sim.records import FlatColumns
+from distir.sim.reference import run_reference
 from distir.sim.tracedetail import LEVELS, DetailSource, TraceDetail
 from distir.sim.tracedetail import build as build_detail
 
@@ -49,6 +50,9 @@ _attrs = attrgetter("attrs")
 
 # one traced slice: (name, start s, end s, slot index, is communication)
 TraceSlice = tuple[str, float, float, int, bool]
+# the planners ``simulate`` can plan with: ``distir.sim.plan`` (with its fast paths) and
+# ``distir.sim.reference`` (the semantics, plainly: the same figures)
+PLANNERS = ("fast", "reference")
 
 
 @dataclass(slots=True)
@@ -138,14 +142,21 @@ def simulate(
     concrete: Mapping[str, Any] | None = None,
     fn: Function | None = None,
     trace_detail: str = "chunk",
+    planner: str = "fast",
 ) -> SimResult:
     """Simulate ``fn`` (default: the module's entry) on ``cluster``. ``trace_detail`` (with
     ``trace``): how deep ``SimResult.trace_detail`` looks into calls — ``chunk``, ``layer`` or
-    ``op`` (``distir.sim.tracedetail``)."""
+    ``op`` (``distir.sim.tracedetail``). ``planner``: ``fast`` (``distir.sim.plan`` with its fast
+    paths) or ``reference`` (``distir.sim.reference``: the same figures, slowly, with no memory
+    timeline and no trace detail)."""
     if trace_detail not in LEVELS:
         raise ValueError(f"trace detail must be one of {', '.join(LEVELS)}, got {trace_detail!r}")
+    if planner not in PLANNERS:
+        raise ValueError(f"planner must be one of {', '.join(PLANNERS)}, got {planner!r}")
     fn = fn if fn is not None else module.entry
     args = entry_args(fn, concrete)
+    if planner == "reference":
+        return _simulate_reference(module, fn, args, cluster, device_map, cost_model, trace, batch)
     # planning allocates many small, long-lived objects: the cyclic GC only slows it down. The
     # planning domain, its plans and memos are freed (by reference counting: they hold no
     # cycle) before the collector is back on, so its first collection does not walk them
@@ -200,6 +211,25 @@ def _simulate(
         domain = PlanDomain(module, device_map, cost, entry)
         plan = domain.plan(fn, args)
     return _run(plan, domain, cluster, device_map, trace, batch), plan, domain
+
+
+def _simulate_reference(
+    module: Module,
+    fn: Function,
+    args: list[Any],
+    cluster: Cluster,
+    device_map: DeviceMap | None,
+    cost_model: CostModel | None,
+    trace: bool,
+    batch: int | None,
+) -> SimResult:
+    """``simulate`` with the reference planner (``distir.sim.reference``)."""
+    if device_map is None:
+        device_map = DeviceMap.default(_program_devices(module, fn), cluster.num_devices)
+    cost = cost_model if cost_model is not None else RooflineCostModel(cluster)
+    run = run_reference(module, fn, args, device_map, cost, trace)
+    figures = _Figures(run.clock, run.busy, run.comm, run.peak, run.params, run.flops, run.n_ops)
+    return _result(fn, cluster, device_map, sorted(run.peak), figures, batch, run.slices, None)
 
 
 def _program_devices(module: Module, fn: Function) -> set[Device]:
@@ -293,10 +323,6 @@ def _run(
         if timeline is not None:
             timeline = {g: list(timeline[f]) for g, f in figure.items()}
         gpus = sorted(figure)
-    on_slot: dict[Slot, list[Device]] = {slot: [] for slot in dmap.slots}
-    for dev, slot in dmap.mapping.items():
-        on_slot[slot].append(dev)
-    slot_devices = tuple(tuple(sorted(on_slot[slot])) for slot in dmap.slots)
     if plan.columns is not None:  # a compact flat plan: op records by index, no calls
         n_ops = len(plan.columns.kinds)
         flops = sum(map([rec.flops for rec in plan.columns.table].__getitem__, plan.columns.kinds))
@@ -306,21 +332,51 @@ def _run(
         summaries = cast(list[CallSummary], list(calls))
         n_ops = len(costs) - len(summaries) + sum(c.n_ops for c in summaries)
         flops = sum(plan.flops)
-    dtype_peak = _peak_flops(plan, cluster, gpus)
-    runtime = {g: cluster.device_spec(g).runtime.overhead(peak[g]) for g in gpus}
-    peak = {g: peak[g] + runtime[g] for g in gpus}
+    figures = _Figures(clock, busy, commt, peak, params, flops, n_ops)
+    return _result(plan.fn, cluster, dmap, gpus, figures, batch, slices, timeline)
+
+
+class _Figures(NamedTuple):
+    """What a planner's run gives per real slot and GPU: clocks at the end, busy and
+    communication seconds, the tensors' peak and the entry's parameters' bytes, FLOPs, ops."""
+
+    clock: list[float]
+    busy: list[float]
+    comm: list[float]
+    peak: dict[int, float]
+    params: dict[int, float]
+    flops: float
+    n_ops: int
+
+
+def _result(
+    fn: Function,
+    cluster: Cluster,
+    dmap: DeviceMap,
+    gpus: list[int],
+    f: _Figures,
+    batch: int | None,
+    slices: list[TraceSlice] | None,
+    timeline: dict[int, list[tuple[float, float]]] | None,
+) -> SimResult:
+    """A run's figures as a ``SimResult``: with the runtime memory, capacities and peak FLOP/s."""
+    on_slot: dict[Slot, list[Device]] = {slot: [] for slot in dmap.slots}
+    for dev, slot in dmap.mapping.items():
+        on_slot[slot].append(dev)
+    slot_devices = tuple(tuple(sorted(on_slot[slot])) for slot in dmap.slots)
+    runtime = {g: cluster.device_spec(g).runtime.overhead(f.peak[g]) for g in gpus}
     return SimResult(
-        step_time_s=max(clock) if clock else 0.0,
+        step_time_s=max(f.clock) if f.clock else 0.0,
         slots=dmap.slots,
         slot_devices=slot_devices,
-        busy_s=busy,
-        comm_s=commt,
-        peak_memory=peak,
-        param_memory=params,
+        busy_s=f.busy,
+        comm_s=f.comm,
+        peak_memory={g: f.peak[g] + runtime[g] for g in gpus},
+        param_memory=f.params,
         capacity={g: float(cluster.device_spec(g).memory_bytes) for g in gpus},
-        flops=flops,
-        n_ops=n_ops,
-        peak_flops=dtype_peak,
+        flops=f.flops,
+        n_ops=f.n_ops,
+        peak_flops=_peak_flops(fn, cluster, gpus),
         batch=batch,
         slices=slices,
         memory_timeline=timeline,
@@ -474,18 +530,17 @@ def _apply_summary(c: CallSummary, clock: list[float], busy: list[float], commt:
         commt[j] += c.comm[b]
 
 
-def _peak_flops(plan: FnPlan, cluster: Cluster, gpus: list[int]) -> float:
+def _peak_flops(fn: Function, cluster: Cluster, gpus: list[int]) -> float:
     from distir.ir.dtensor import DTensorType
     from distir.ir.types import DType, TensorType
 
     dtype = DType.f32
-    for p in plan.fn.params:
+    for p in fn.params:
         if isinstance(p.type, TensorType | DTensorType) and p.type.dtype.is_float:
             dtype = p.type.dtype
             break
     # mixed precision: fp32 master parameters, cast to the compute dtype in the entry
-    names = plan.names if plan.columns is None else [rec.name for rec in plan.columns.table]
-    for op in plan.fn.ops() if "Cast" in names else ():
+    for op in fn.ops():
         to = op.attrs.get("to") if op.name == "Cast" else None
         if isinstance(to, DType) and to.is_float and to.itemsize < dtype.itemsize:
             dtype = to

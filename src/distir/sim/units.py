@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
-from distir.interp.loop import interpret, walk_unchecked
+from distir.interp.loop import PROGRAM_FAULTS, interpret, walk_unchecked
 from distir.interp.shapes import Concrete, Mixed, TypeDomain, check_declared, type_of
 from distir.ir.dtensor import DTensorType, Mesh
 from distir.ir.function import Function, Module
@@ -126,8 +126,9 @@ class _TypeCollector(TypeDomain):
             for v in fn.outputs:
                 env[v]  # an undefined result is an error (as in ``interpret``)
             return env, ins_at, outs_at
-        except Exception:
-            interpret(module, fn, list(args), _TypeCollector(self.dev_slot))  # raises precisely
+        except PROGRAM_FAULTS:  # a wrong program, which ``interpret`` reports precisely; if it
+            # finds no fault, the walk failed where ``interpret`` does not: a bug, raised as it is
+            interpret(module, fn, list(args), _TypeCollector(self.dev_slot))
             raise
 
 

@@ -1,0 +1,81 @@
+"""One op's record: the clocks it runs on, its cost, whether it communicates, its FLOPs and the
+bytes its results hold per GPU — the op-level semantics both planners share.
+
+``op_record`` is what the simulator knows of one primitive op given its input and result types:
+an op on plain tensors runs on the slots of its values' devices (a local op costs the cost
+model's ``compute_time`` on the GPU of its first value, or ``fused_time`` when it joins the
+kernel before it, ``distir.sim.fusion``; a communication op its ``comm_time``); an op on
+DTensors follows ``distir.sim.spmd``. A *view* (a local op with inputs that writes no bytes)
+allocates nothing. Slots and GPUs are ``units``' clocks and memory figures: the real slots and
+GPUs, or units of a DTensor program (``distir.sim.units``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from distir.ir.dtensor import DTensorType
+from distir.ir.ops import Op
+from distir.ir.types import Device, TupleType, Type
+from distir.ops.registry import REGISTRY, OpKind, OpTypeError
+from distir.sim import spmd
+from distir.sim.fusion import FusedInput
+from distir.sim.records import OpRecord
+from distir.sim.units import Units, has_dtensor, leaves
+
+
+def op_record(
+    units: Units, op: Op, ins: Sequence[Type], outs: Sequence[Type], link: FusedInput | None = None
+) -> OpRecord:
+    """The record of ``op`` with input types ``ins`` and result types ``outs`` (module
+    docstring); ``link``: how it joins the kernel of the op before it, or None."""
+    d = REGISTRY[op.name]
+    if d.kind is OpKind.RANK_COMM:
+        raise OpTypeError(f"{op.name} belongs in a per-rank program; simulate the global program")
+    if any(has_dtensor(t) for t in (*ins, *outs)):
+        return spmd.record(units, op, d, ins, outs, link)
+    devs = tuple(sorted(set(slots_of(units, [*ins, *outs]))))
+    cost = units.cost
+    if d.kind is OpKind.COMM:
+        assert d.comm_cost is not None
+        desc = d.comm_cost(ins, outs, op.attrs)
+        gpus = [units.dev_gpu[x] for x in desc.devices]
+        seconds = float(cost.comm_time(desc, gpus))
+        return OpRecord(devs, seconds, True, op.name, 0.0, False, *units.sizes(outs, False), None)
+    gpu = _first_gpu(units, ins, outs, op) if devs else 0
+    if not devs:
+        seconds = 0.0
+    elif link is None:
+        seconds = float(cost.compute_time(d, ins, outs, op.attrs, gpu))
+    else:
+        seconds = float(cost.fused_time(d, ins, outs, op.attrs, gpu, link))  # type: ignore[attr-defined]
+    view = bool(ins) and d.bytes_written(ins, outs, op.attrs) == 0
+    flops = d.flops(ins, outs, op.attrs)
+    return OpRecord(devs, seconds, False, op.name, flops, view, *units.sizes(outs, view), None)
+
+
+def slots_of(units: Units, types: Sequence[Type]) -> list[int]:
+    """The clocks the values of ``types`` live on (a DTensor: every unit of its mesh)."""
+    out: list[int] = []
+    for t in types:
+        for e in t.elements if isinstance(t, TupleType) else (t,):
+            if isinstance(e, TupleType):
+                out.extend(slots_of(units, [e]))
+                continue
+            if isinstance(e, DTensorType):
+                out.extend(u for u, *_ in units.mesh_units(e.mesh))
+                continue
+            try:
+                out.append(units.dev_slot[e.device])
+            except KeyError:
+                raise OpTypeError(f"device {e.device} is not mapped onto the cluster") from None
+    return out
+
+
+def _first_gpu(units: Units, ins: Sequence[Type], outs: Sequence[Type], op: Op) -> int:
+    """The real GPU a local op runs on (its first value's device)."""
+    for t in (*ins, *outs):
+        for e in leaves(t):
+            return units.dev_gpu[e.device]
+    a = op.attrs.get("device")
+    return units.dev_gpu[a] if isinstance(a, Device) else 0
