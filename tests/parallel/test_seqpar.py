@@ -130,7 +130,9 @@ def test_sequence_parallel_saves_activation_memory_at_about_the_same_step_time(t
     already keeps the last two sequence-sharded without sp (the row-parallel sum is reduce-
     scattered into the residual add); sp shards the first two, saving 2·B·S·H·4·(1 − 1/t) bytes
     per block. The head keeps the same pair (its input and the final norm's output): whether
-    its saving shows too depends on where the peak falls, so the bound allows L or L + 1 pairs."""
+    its saving shows too depends on where the peak falls; and a peak inside a block's backward
+    no longer holds that block's saved tensors once its layer call has read them (the inlined
+    program's liveness), so the bound allows L - 1 to L + 1 pairs (3.5 measured at t = 2)."""
     layers, batch, seq, hidden = 4, 8, 256, 128
     spec = f"gpt:layers={layers},hidden={hidden},heads=4,seq={seq},vocab=256"
     cluster = parse_cluster("dgx-a100")
@@ -146,7 +148,7 @@ def test_sequence_parallel_saves_activation_memory_at_about_the_same_step_time(t
             res[True].peak_memory[g] - res[True].runtime_memory[g]
         )
         assert res[True].param_memory[g] == res[False].param_memory[g]
-        assert 0.95 * layers * pair <= saved <= 1.05 * (layers + 1) * pair, (g, saved / pair)
+        assert 0.95 * (layers - 1) * pair <= saved <= 1.05 * (layers + 1) * pair, (g, saved / pair)
     # the same bytes cross the tp group in the forward; the backward gathers the saved shards
     # again (as Megatron-LM does): a few percent at most on this compute-bound toy
     assert res[True].step_time_s <= 1.1 * res[False].step_time_s
