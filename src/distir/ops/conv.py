@@ -37,12 +37,13 @@ from distir.ops import sharding as sh
 from distir.ops._rules import float_input, int_attr, numel, same_dtype
 from distir.ops._special import F64, f64
 from distir.ops._torch import pad_spatial
-from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, CostClass, OpDef, TypeCtx, register
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
 
 FAMILY = "conv"
+COST_CLASS = CostClass.CONV  # how the family's ops are costed
 
 
 # -- the arithmetic of one spatial axis (for sharding) ----------------------------------------
@@ -445,6 +446,7 @@ CONV = register(
     OpDef(
         name="Conv",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("X", "W", "B?"),
         outputs=("Y",),
         infer=_conv_rule,
@@ -460,6 +462,7 @@ MAX_POOL = register(
     OpDef(
         name="MaxPool",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("X",),
         outputs=("Y",),
         infer=_pool_rule,
@@ -474,6 +477,7 @@ AVERAGE_POOL = register(
     OpDef(
         name="AveragePool",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("X",),
         outputs=("Y",),
         infer=_pool_rule,

@@ -71,13 +71,14 @@ from distir.ops.nn import (
     softmax,
     softmax_axis,
 )
-from distir.ops.registry import AttrSpec, Fusion, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, CostClass, Fusion, OpDef, TypeCtx, register
 from distir.ops.shape_index import ROWS, rows_localizer
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
 
 FAMILY = "grad"
+COST_CLASS = CostClass.GRAD  # how the family's ops are costed
 
 
 def _like_first(ctx: TypeCtx) -> Sequence[Type]:
@@ -102,6 +103,7 @@ RELU_GRAD = register(
     OpDef(
         name="ReluGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.POINTWISE,
         inputs=("dY", "X"),
         outputs=("dX",),
@@ -133,6 +135,7 @@ GELU_GRAD = register(
     OpDef(
         name="GeluGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.POINTWISE,
         inputs=("dY", "X"),
         outputs=("dX",),
@@ -147,6 +150,7 @@ TANH_GRAD = register(
     OpDef(
         name="TanhGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.POINTWISE,
         inputs=("dY", "Y"),
         outputs=("dX",),
@@ -161,6 +165,7 @@ SIGMOID_GRAD = register(
     OpDef(
         name="SigmoidGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.POINTWISE,
         inputs=("dY", "Y"),
         outputs=("dX",),
@@ -191,6 +196,7 @@ SOFTMAX_GRAD = register(
     OpDef(
         name="SoftmaxGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.ROWWISE,
         inputs=("dY", "Y"),
         outputs=("dX",),
@@ -215,6 +221,7 @@ LOG_SOFTMAX_GRAD = register(
     OpDef(
         name="LogSoftmaxGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.ROWWISE,
         inputs=("dY", "Y"),
         outputs=("dX",),
@@ -288,6 +295,7 @@ LAYER_NORMALIZATION_GRAD = register(
     OpDef(
         name="LayerNormalizationGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.ROWWISE,
         inputs=("dY", "X", "Scale"),
         outputs=("dX", "dScale", "dB"),
@@ -304,6 +312,7 @@ RMS_NORMALIZATION_GRAD = register(
     OpDef(
         name="RMSNormalizationGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.ROWWISE,
         inputs=("dY", "X", "scale"),
         outputs=("dX", "dScale"),
@@ -377,6 +386,7 @@ NEGATIVE_LOG_LIKELIHOOD_LOSS_GRAD = register(
     OpDef(
         name="NegativeLogLikelihoodLossGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dLoss", "input", "target"),
         outputs=("dInput",),
         infer=_sce_grad_rule,
@@ -395,6 +405,7 @@ SOFTMAX_CROSS_ENTROPY_LOSS_GRAD = register(
     OpDef(
         name="SoftmaxCrossEntropyLossGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dLoss", "scores", "labels"),
         outputs=("dScores",),
         infer=_sce_grad_rule,
@@ -429,6 +440,7 @@ SOFTMAX_CROSS_ENTROPY_PARTS_GRAD = register(
     OpDef(
         name="SoftmaxCrossEntropyPartsGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dSumexp", "dPicked", "scores", "shift", "labels"),
         outputs=("dScores",),
         infer=_parts_grad_rule,
@@ -462,6 +474,7 @@ MSE_LOSS_GRAD = register(
     OpDef(
         name="MSELossGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dLoss", "prediction", "target"),
         outputs=("dPrediction",),
         infer=_mse_grad_rule,
@@ -566,6 +579,7 @@ CONV_GRAD = register(
     OpDef(
         name="ConvGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dY", "X", "W"),
         outputs=("dX", "dW", "dB"),
         infer=_conv_grad_rule,
@@ -581,6 +595,7 @@ MAX_POOL_GRAD = register(
     OpDef(
         name="MaxPoolGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dY", "X"),
         outputs=("dX",),
         infer=_pool_grad_rule,
@@ -596,6 +611,7 @@ AVERAGE_POOL_GRAD = register(
     OpDef(
         name="AveragePoolGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dY", "X"),
         outputs=("dX",),
         infer=_pool_grad_rule,

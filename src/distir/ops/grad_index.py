@@ -18,7 +18,7 @@ from distir.ir.values import Attrs
 from distir.ops import _torch
 from distir.ops import sharding as sh
 from distir.ops._rules import in_numel_flops, int_attr, norm_axis
-from distir.ops.registry import AttrSpec, LocalPiece, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, CostClass, LocalPiece, OpDef, TypeCtx, register
 from distir.ops.shape_index import (
     ROWS,
     SLICE_ATTRS,
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from distir.backend.context import TorchContext
 
 FAMILY = "grad"
+COST_CLASS = CostClass.GRAD  # how the family's ops are costed
 
 
 def _shape(t: Type) -> tuple[int, ...]:
@@ -146,6 +147,7 @@ GATHER_GRAD = register(
     OpDef(
         name="GatherGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dY", "indices", "data?"),
         outputs=("dData",),
         infer=_gather_grad_rule,
@@ -231,6 +233,7 @@ SLICE_GRAD = register(
     OpDef(
         name="SliceGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dY",),
         outputs=("dData",),
         infer=_slice_grad_rule,

@@ -20,12 +20,13 @@ from distir.ir.types import DType, TensorType, Type
 from distir.ir.values import Attrs
 from distir.ops import sharding as sh
 from distir.ops._rules import norm_axis, numel
-from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, CostClass, OpDef, TypeCtx, register
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
 
 FAMILY = "shape"
+COST_CLASS = CostClass.SHAPE  # how the family's ops are costed
 
 
 def copy_bytes(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
@@ -42,6 +43,7 @@ SHAPE = register(
     OpDef(
         name="Shape",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("data",),
         outputs=("shape",),
         infer=_shape_rule,
@@ -98,6 +100,7 @@ CONSTANT = register(
     OpDef(
         name="Constant",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=(),
         outputs=("output",),
         infer=_constant_rule,
@@ -141,6 +144,7 @@ RANGE = register(
     OpDef(
         name="Range",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("start", "limit", "delta"),
         outputs=("output",),
         infer=_range_rule,
@@ -173,6 +177,7 @@ CONSTANT_OF_SHAPE = register(
     OpDef(
         name="ConstantOfShape",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("shape",),
         outputs=("output",),
         infer=_constant_of_shape_rule,
@@ -257,6 +262,7 @@ RESHAPE = register(
     OpDef(
         name="Reshape",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("data", "shape?"),
         outputs=("reshaped",),
         attrs={"allowzero": AttrSpec("int", 0, (0, 1)), "shape": AttrSpec("ints", None)},
@@ -319,6 +325,7 @@ EXPAND = register(
     OpDef(
         name="Expand",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("input",),
         outputs=("output",),
         infer=_expand_rule,
@@ -359,6 +366,7 @@ UNSQUEEZE = register(
     OpDef(
         name="Unsqueeze",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("data",),
         outputs=("expanded",),
         infer=_unsqueeze_rule,
@@ -401,6 +409,7 @@ SQUEEZE = register(
     OpDef(
         name="Squeeze",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("data",),
         outputs=("squeezed",),
         infer=_squeeze_rule,
@@ -437,6 +446,7 @@ TRANSPOSE = register(
     OpDef(
         name="Transpose",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("data",),
         outputs=("transposed",),
         infer=_transpose_rule,

@@ -19,7 +19,7 @@ from distir.ops import _torch
 from distir.ops import sharding as sh
 from distir.ops._rules import int_attr, norm_axis
 from distir.ops.registry import AttrSpec, LocalizeRule, LocalPiece, OpDef, TypeCtx, register
-from distir.ops.shape import FAMILY, copy_bytes
+from distir.ops.shape import COST_CLASS, FAMILY, copy_bytes
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
@@ -115,6 +115,7 @@ GATHER = register(
     OpDef(
         name="Gather",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("data", "indices"),
         outputs=("output",),
         infer=_gather_rule,
@@ -155,6 +156,7 @@ CONCAT = register(
     OpDef(
         name="Concat",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("*inputs",),
         outputs=("concat_result",),
         infer=_concat_rule,
@@ -213,6 +215,7 @@ SPLIT = register(
     OpDef(
         name="Split",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("input",),
         outputs=_split_count,
         infer=_split_rule,
@@ -280,6 +283,7 @@ SLICE = register(
     OpDef(
         name="Slice",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("data",),
         outputs=("output",),
         infer=_slice_rule,
@@ -321,6 +325,7 @@ TRILU = register(
     OpDef(
         name="Trilu",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("input",),
         outputs=("output",),
         infer=_trilu_rule,
