@@ -71,6 +71,7 @@ def test_two_workers_search_exactly_as_one(tmp_path: Path, monkeypatch: pytest.M
     assert again.results == serial.results
 
 
+@pytest.mark.slow
 def test_prefetched_profiles_equal_local_ones() -> None:
     spec, cluster = parse_model_string(GPT), parse_cluster(HETERO)
     wanted = [
