@@ -251,6 +251,15 @@ _SimAttentionKernel = Annotated[
         "Engine's FusedAttention, preferred on Hopper).",
     ),
 ]
+_SimTpCommOverlap = Annotated[
+    bool,
+    typer.Option(
+        "--tp-comm-overlap",
+        help="Tensor-parallel AllGather/ReduceScatter pipelined with the GEMM beside them, as "
+        "Megatron-LM's --tp-comm-overlap (Transformer Engine) runs them; needs sequence "
+        "parallelism to matter.",
+    ),
+]
 _SimBucketMb = Annotated[
     float,
     typer.Option(
@@ -314,6 +323,7 @@ def simulate(
     precision: _SimPrecision = "pure",
     kernels: _SimKernels = "fused",
     attention_kernel: _SimAttentionKernel = "fa2",
+    tp_comm_overlap: _SimTpCommOverlap = False,
     bucket_mb: _SimBucketMb = 25.0,
     overlap_param_gather: _SimOverlapParamGather = False,
     trace: _SimTrace = None,
@@ -330,14 +340,7 @@ def simulate(
     file, or of a zoo model under a strategy (built with distribute(model, strategy))."""
     from distir.sim.summary import summary_dict
 
-    _check_simulate_choices(kernels, attention_kernel, trace_detail)
-    _check_outputs(trace=trace)
-    if (file is None) == (model is None):
-        _fail(
-            "give a program FILE or --model (with --strategy), not both"
-            if file
-            else "give a program FILE or --model"
-        )
+    _check_simulate_options(file, model, kernels, attention_kernel, trace_detail, trace)
     if model is not None:
         built = _model_program(
             model,
@@ -363,7 +366,18 @@ def simulate(
         dmap0, source, model_flops = None, str(file), None
     cl, dmap = _simulated_cluster(m, cluster, device_map, dmap0, source, debug)
     result = _run_simulation(
-        m, cl, dmap, file, source, kernels, attention_kernel, trace, batch, trace_detail, debug
+        m,
+        cl,
+        dmap,
+        file,
+        source,
+        kernels,
+        attention_kernel,
+        tp_comm_overlap,
+        trace,
+        batch,
+        trace_detail,
+        debug,
     )
     result = dataclasses.replace(result, model_flops=model_flops)
     _write_simulation_trace(result, trace, file)
@@ -372,20 +386,36 @@ def simulate(
         where = {"schema": SCHEMA, "file" if file is not None else "model": source}
         fields = _strategy_json(model, strategy, batch, dtype, precision) if model is not None else {}
         options = {"cluster": cluster, "kernels": kernels, "attention_kernel": attention_kernel}
+        options["tp_comm_overlap"] = tp_comm_overlap
         traced = {"trace": str(trace) if trace else None, "trace_detail": trace_detail if trace else None}
         _emit_json({**where, **fields, **options, **summary, **traced})
         return
     _print_simulation(result, summary, f"{source} on {cluster}", trace)
 
 
-def _check_simulate_choices(kernels: str, attention_kernel: str, trace_detail: str) -> None:
-    """``simulate``'s options with a fixed set of values, each one of its set."""
+def _check_simulate_options(
+    file: Path | None,
+    model: str | None,
+    kernels: str,
+    attention_kernel: str,
+    trace_detail: str,
+    trace: Path | None,
+) -> None:
+    """``simulate``'s options with a fixed set of values, each one of its set; ``--trace``
+    writable; a FILE or a ``--model``, not both."""
     if kernels not in ("fused", "eager"):
         _fail(f"--kernels must be fused or eager, got {kernels!r}")
     if attention_kernel not in ("fa2", "cudnn"):
         _fail(f"--attention-kernel must be fa2 or cudnn, got {attention_kernel!r}")
     if trace_detail not in ("chunk", "layer", "op"):
         _fail(f"--trace-detail must be chunk, layer or op, got {trace_detail!r}")
+    _check_outputs(trace=trace)
+    if (file is None) == (model is None):
+        _fail(
+            "give a program FILE or --model (with --strategy), not both"
+            if file
+            else "give a program FILE or --model"
+        )
 
 
 def _check_file_simulate_options(
@@ -439,6 +469,7 @@ def _run_simulation(
     source: str,
     kernels: str,
     attention_kernel: str,
+    tp_comm_overlap: bool,
     trace: Path | None,
     batch: int | None,
     trace_detail: str,
@@ -452,7 +483,9 @@ def _run_simulation(
 
     guard = _Session(file, debug).guard if file is not None else _plain_guard(debug)
     try:
-        cost = RooflineCostModel(cl, fuse=kernels == "fused", attention_kernel=attention_kernel)
+        cost = RooflineCostModel(
+            cl, fuse=kernels == "fused", attention_kernel=attention_kernel, tp_comm_overlap=tp_comm_overlap
+        )
         return guard(
             lambda: run_sim(
                 m, cl, dmap, cost, trace=trace is not None, batch=batch, trace_detail=trace_detail
