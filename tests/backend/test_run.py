@@ -130,6 +130,7 @@ def test_training_step_on_two_ranks_equals_the_reference(two_ranks: Any, case: t
     assert v.checked > 1  # the loss and updated weights at least
 
 
+@pytest.mark.slow
 def test_real_runs_report_step_times_and_peak_memory(two_ranks: Any) -> None:
     progs, results = two_ranks
     for rank in results:
