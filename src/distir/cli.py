@@ -386,9 +386,8 @@ def simulate(
         where = {"schema": SCHEMA, "file" if file is not None else "model": source}
         fields = _strategy_json(model, strategy, batch, dtype, precision) if model is not None else {}
         options = {"cluster": cluster, "kernels": kernels, "attention_kernel": attention_kernel}
-        options["tp_comm_overlap"] = tp_comm_overlap
         traced = {"trace": str(trace) if trace else None, "trace_detail": trace_detail if trace else None}
-        _emit_json({**where, **fields, **options, **summary, **traced})
+        _emit_json({**where, **fields, **options, "tp_comm_overlap": tp_comm_overlap, **summary, **traced})
         return
     _print_simulation(result, summary, f"{source} on {cluster}", trace)
 
