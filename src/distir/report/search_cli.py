@@ -171,7 +171,7 @@ def _searched(
     page paths, checked writable before the search starts; a user error is one line, exit 2."""
     from distir.frontends.zoo.model import ModelError
     from distir.hardware.specs import HardwareError
-    from distir.parallel.propagate import ShardingError
+    from distir.parallel.sharding.propagate import ShardingError
     from distir.parallel.strategy import StrategyError
     from distir.search.executor import ExecutorError
     from distir.search.space import SpaceError

@@ -47,8 +47,8 @@ from distir.ir.values import Attrs, Value
 from distir.ops.conv import CONV, halo_rows, input_range_for_output, window_of
 from distir.ops.dist import MESH_SEND, MESH_VIEW, REDISTRIBUTE
 from distir.ops.registry import REGISTRY, LocalPiece, OpKind
-from distir.ops.shape import RESHAPE
-from distir.parallel.propagate import ShardingError
+from distir.ops.shape.views import RESHAPE
+from distir.parallel.sharding.propagate import ShardingError
 
 
 def local_shape(t: DTensorType, device: Device) -> tuple[int, ...]:
