@@ -290,6 +290,7 @@ def test_why_not_is_none_only_for_shapes_with_strategies(space: Space, shape: tu
     assert (space.why_not(*shape) is None) == has
 
 
+@pytest.mark.slow
 def test_explain_names_a_schedule_pin_that_leaves_pure_data_parallelism_out(tmp_path: Path) -> None:
     code, out, err = _search_cli(
         tmp_path, NODE, "--batch", "8", "--top", "1", "--explain", "--schedule", "zb1"

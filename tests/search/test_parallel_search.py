@@ -141,6 +141,7 @@ def _anneal_with(pool: Executor | None) -> list[tuple[Any, ...]]:
     return [astuple(e) for e in screened]
 
 
+@pytest.mark.slow
 def test_placement_searches_lost_by_the_pool_run_here() -> None:
     assert _anneal_with(_FailingPool()) == _anneal_with(None)
 

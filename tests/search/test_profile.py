@@ -73,6 +73,7 @@ def test_reduced_layers_shard_to_the_same_functions(name: str, t: int, recompute
         assert _text(layer.bwd) == _text(other.bwd)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("train", [True, False])
 def test_profiles_equal_those_of_the_full_model(name: str, train: bool) -> None:
