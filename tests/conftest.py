@@ -17,7 +17,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-DEV_MAX_EXAMPLES = 8
+DEV_MAX_EXAMPLES = 4
 
 settings.register_profile("ci", deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile(

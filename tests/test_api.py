@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GPT = "gpt:layers=2,hidden=64,heads=2,seq=32,vocab=128"
 
 
+@pytest.mark.slow
 def test_the_docs_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     text = (ROOT / "docs" / "api.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
@@ -57,6 +58,7 @@ def test_search_results_are_typed_with_the_json_fields(found: SearchResults) -> 
         found.best.d = 3  # type: ignore[misc, union-attr]
 
 
+@pytest.mark.slow
 def test_the_search_json_has_exactly_the_result_fields(tmp_path: Path) -> None:
     args = ["search", "--model", GPT, "--cluster", "dgx-a100", "--batch", "16", "--top", "3"]
     res = CliRunner().invoke(app, [*args, "--workers", "1", "--fresh", "--json"])

@@ -70,6 +70,7 @@ def _toml(tmp: Path, name: str, text: str) -> str:
     return str(p)
 
 
+@pytest.mark.slow
 def test_unbounded_inputs_end_in_one_line_before_any_work(tmp_path: Path) -> None:
     program = EX / "mlp_sequential.distir"
     big = _toml(

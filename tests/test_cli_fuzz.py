@@ -97,6 +97,7 @@ PINS = st.lists(
 )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(
     model=st.sampled_from([TINY, "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=64"]) | MODELS,
@@ -128,6 +129,7 @@ def test_cluster_toml_files(tmp_path_factory: pytest.TempPathFactory, text: str,
         check(["search", "--model", TINY, "--cluster", str(path), "--batch", "8", "--top", "1", "--fresh"])
 
 
+@pytest.mark.slow
 @FUZZ
 @given(
     option=st.sampled_from(["--csv", "--html", "--plot", "--store", "--export-out", "--trace", "--out"]),

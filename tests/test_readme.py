@@ -18,6 +18,7 @@ def test_the_readme_has_a_python_example() -> None:
     assert python_blocks(), "the README shows the Python API"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(python_blocks())))
 def test_readme_python_block_runs(
     index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -202,159 +202,157 @@ def exec_(
     out.print(outputs_table(rows, f"@{typed.entry.name} on the reference executor (seed {seed})"))
 
 
+# ``distir simulate``'s options, declared apart so that the command reads as its steps
+_SimFile = Annotated[
+    Path | None, typer.Argument(help="A .distir program file (or use --model and --strategy).")
+]
+_SimCluster = Annotated[
+    str,
+    typer.Option(
+        "--cluster",
+        help="A preset (dgx2-v100, dgx-a100:4, p3.8xlarge:3+g4dn.12xlarge:1) or a .toml file.",
+    ),
+]
+_SimModel = Annotated[
+    str | None,
+    typer.Option("--model", help="A zoo model (distir models), e.g. gpt2-1.6b or gpt:layers=24,hidden=2048."),
+]
+_SimStrategy = Annotated[
+    str | None,
+    typer.Option("--strategy", help="With --model: e.g. d2.t4.p2.k8.1f1b (default d1.t1.p1.k1)."),
+]
+_SimTrain = Annotated[
+    bool, typer.Option("--train/--infer", help="With --model: a training step (default) or inference.")
+]
+_SimOptimizer = Annotated[str, typer.Option("--optimizer", help="With --model: sgd or adam.")]
+_SimDtype = Annotated[str, typer.Option("--dtype", help="With --model: f32, bf16 or f16.")]
+_SimPrecision = Annotated[
+    str,
+    typer.Option(
+        "--precision",
+        help="With --model: pure (everything in --dtype) or mixed (compute in --dtype bf16/f16, "
+        "fp32 master weights and optimizer state).",
+    ),
+]
+_SimKernels = Annotated[
+    str,
+    typer.Option(
+        "--kernels",
+        help="fused (elementwise chains fused into their producer's kernel, as Megatron-LM and "
+        "torch.compile run them; default) or eager (one kernel per op, as eager PyTorch).",
+    ),
+]
+_SimAttentionKernel = Annotated[
+    str,
+    typer.Option(
+        "--attention-kernel",
+        help="The fused-attention kernel the trainer runs, costed at its published speed on the "
+        "GPU: fa2 (FlashAttention-2: flash-attn, PyTorch SDPA; default) or cudnn (Transformer "
+        "Engine's FusedAttention, preferred on Hopper).",
+    ),
+]
+_SimTpCommOverlap = Annotated[
+    bool,
+    typer.Option(
+        "--tp-comm-overlap",
+        help="Tensor-parallel AllGather/ReduceScatter pipelined with the GEMM beside them, as "
+        "Megatron-LM's --tp-comm-overlap (Transformer Engine) runs them; needs sequence "
+        "parallelism to matter.",
+    ),
+]
+_SimBucketMb = Annotated[
+    float,
+    typer.Option(
+        "--bucket-mb",
+        help="With --model and d > 1: gradient bucket size in MiB, reduced during the backward "
+        "(PyTorch DDP's bucket_cap_mb; default 25).",
+    ),
+]
+_SimOverlapParamGather = Annotated[
+    bool,
+    typer.Option(
+        "--overlap-param-gather",
+        help="With --model, mixed precision and ZeRO-1/2: all-gather the new weights in the next "
+        "step's first forward, layer by layer, instead of after the optimizer (Megatron-LM's "
+        "--overlap-param-gather).",
+    ),
+]
+_SimTrace = Annotated[Path | None, typer.Option("--trace", help="Write a Perfetto/Chrome trace JSON here.")]
+_SimTraceDetail = Annotated[
+    str,
+    typer.Option(
+        "--trace-detail",
+        help="With --trace: chunk (a slice per op and call of the step: pipeline chunks; default), "
+        "layer (also the layers and ops inside each chunk) or op (every op, nested in its layer "
+        "and chunk). Slices carry op, types, FLOPs and bytes; sends are flow arrows.",
+    ),
+]
+_SimDeviceMap = Annotated[
+    str | None, typer.Option("--device-map", help="Program devices to GPUs/streams: d0=0,d1=1,d8=0:comm.")
+]
+_SimBatch = Annotated[
+    int | None, typer.Option("--batch", min=1, help="Samples per step (with --model: the global batch).")
+]
+_SimTpLayout = Annotated[
+    str,
+    typer.Option(
+        "--tp-layout",
+        help="With --model: declared (the weights' tensor-parallel placements) or auto (found by "
+        "search, as distir shard --auto).",
+    ),
+]
+_SimMaxOps = Annotated[
+    int,
+    typer.Option(
+        "--max-ops",
+        min=1,
+        help="With --model: refuse a program estimated above this many ops (calls expanded).",
+    ),
+]
+
+
+_SimPlanner = Annotated[
+    str,
+    typer.Option(
+        "--planner",
+        help="fast (default) or reference (distir.sim.reference: the simulator's semantics "
+        "written plainly, slower; the same figures, bit for bit; no --trace).",
+    ),
+]
+
+
 @app.command()
 def simulate(
-    file: Annotated[
-        Path | None, typer.Argument(help="A .distir program file (or use --model and --strategy).")
-    ] = None,
-    cluster: Annotated[
-        str,
-        typer.Option(
-            "--cluster",
-            help="A preset (dgx2-v100, dgx-a100:4, p3.8xlarge:3+g4dn.12xlarge:1) or a .toml file.",
-        ),
-    ] = "dgx2-v100",
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model", help="A zoo model (distir models), e.g. gpt2-1.6b or gpt:layers=24,hidden=2048."
-        ),
-    ] = None,
-    strategy: Annotated[
-        str | None,
-        typer.Option("--strategy", help="With --model: e.g. d2.t4.p2.k8.1f1b (default d1.t1.p1.k1)."),
-    ] = None,
-    train: Annotated[
-        bool, typer.Option("--train/--infer", help="With --model: a training step (default) or inference.")
-    ] = True,
-    optimizer: Annotated[str, typer.Option("--optimizer", help="With --model: sgd or adam.")] = "adam",
-    dtype: Annotated[str, typer.Option("--dtype", help="With --model: f32, bf16 or f16.")] = "f32",
-    precision: Annotated[
-        str,
-        typer.Option(
-            "--precision",
-            help="With --model: pure (everything in --dtype) or mixed (compute in --dtype bf16/f16, "
-            "fp32 master weights and optimizer state).",
-        ),
-    ] = "pure",
-    kernels: Annotated[
-        str,
-        typer.Option(
-            "--kernels",
-            help="fused (elementwise chains fused into their producer's kernel, as Megatron-LM and "
-            "torch.compile run them; default) or eager (one kernel per op, as eager PyTorch).",
-        ),
-    ] = "fused",
-    attention_kernel: Annotated[
-        str,
-        typer.Option(
-            "--attention-kernel",
-            help="The fused-attention kernel the trainer runs, costed at its published speed on the "
-            "GPU: fa2 (FlashAttention-2: flash-attn, PyTorch SDPA; default) or cudnn (Transformer "
-            "Engine's FusedAttention, preferred on Hopper).",
-        ),
-    ] = "fa2",
-    tp_comm_overlap: Annotated[
-        bool,
-        typer.Option(
-            "--tp-comm-overlap",
-            help="Tensor-parallel AllGather/ReduceScatter pipelined with the GEMM beside them, as "
-            "Megatron-LM's --tp-comm-overlap (Transformer Engine) runs them; needs sequence "
-            "parallelism to matter.",
-        ),
-    ] = False,
-    bucket_mb: Annotated[
-        float,
-        typer.Option(
-            "--bucket-mb",
-            help="With --model and d > 1: gradient bucket size in MiB, reduced during the backward "
-            "(PyTorch DDP's bucket_cap_mb; default 25).",
-        ),
-    ] = 25.0,
-    overlap_param_gather: Annotated[
-        bool,
-        typer.Option(
-            "--overlap-param-gather",
-            help="With --model, mixed precision and ZeRO-1/2: all-gather the new weights in the next "
-            "step's first forward, layer by layer, instead of after the optimizer (Megatron-LM's "
-            "--overlap-param-gather).",
-        ),
-    ] = False,
-    trace: Annotated[
-        Path | None, typer.Option("--trace", help="Write a Perfetto/Chrome trace JSON here.")
-    ] = None,
-    trace_detail: Annotated[
-        str,
-        typer.Option(
-            "--trace-detail",
-            help="With --trace: chunk (a slice per op and call of the step: pipeline chunks; default), "
-            "layer (also the layers and ops inside each chunk) or op (every op, nested in its layer "
-            "and chunk). Slices carry op, types, FLOPs and bytes; sends are flow arrows.",
-        ),
-    ] = "chunk",
-    device_map: Annotated[
-        str | None, typer.Option("--device-map", help="Program devices to GPUs/streams: d0=0,d1=1,d8=0:comm.")
-    ] = None,
-    batch: Annotated[
-        int | None, typer.Option("--batch", min=1, help="Samples per step (with --model: the global batch).")
-    ] = None,
-    tp_layout: Annotated[
-        str,
-        typer.Option(
-            "--tp-layout",
-            help="With --model: declared (the weights' tensor-parallel placements) or auto (found by "
-            "search, as distir shard --auto).",
-        ),
-    ] = "declared",
-    max_ops: Annotated[
-        int,
-        typer.Option(
-            "--max-ops",
-            min=1,
-            help="With --model: refuse a program estimated above this many ops (calls expanded).",
-        ),
-    ] = MAX_OPS.max,
-    planner: Annotated[
-        str,
-        typer.Option(
-            "--planner",
-            help="fast (default) or reference (distir.sim.reference: the simulator's semantics "
-            "written plainly, slower; the same figures, bit for bit; no --trace).",
-        ),
-    ] = "fast",
+    file: _SimFile = None,
+    cluster: _SimCluster = "dgx2-v100",
+    model: _SimModel = None,
+    strategy: _SimStrategy = None,
+    train: _SimTrain = True,
+    optimizer: _SimOptimizer = "adam",
+    dtype: _SimDtype = "f32",
+    precision: _SimPrecision = "pure",
+    kernels: _SimKernels = "fused",
+    attention_kernel: _SimAttentionKernel = "fa2",
+    tp_comm_overlap: _SimTpCommOverlap = False,
+    bucket_mb: _SimBucketMb = 25.0,
+    overlap_param_gather: _SimOverlapParamGather = False,
+    trace: _SimTrace = None,
+    trace_detail: _SimTraceDetail = "chunk",
+    device_map: _SimDeviceMap = None,
+    batch: _SimBatch = None,
+    tp_layout: _SimTpLayout = "declared",
+    max_ops: _SimMaxOps = MAX_OPS.max,
+    planner: _SimPlanner = "fast",
     entry: EntryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Predict step time, per-device busy/communication/idle time and peak memory — of a program
     file, or of a zoo model under a strategy (built with distribute(model, strategy))."""
-    from distir.hardware.cluster import parse_cluster
-    from distir.hardware.specs import HardwareError
-    from distir.sim.cost import RooflineCostModel
-    from distir.sim.devices import STREAMS, DeviceMap, DeviceMapError
-    from distir.sim.simulate import _program_devices
-    from distir.sim.simulate import simulate as run_sim
-    from distir.sim.summary import summary_dict, summary_table
-    from distir.sim.trace import write_trace
+    from distir.sim.summary import summary_dict
 
-    if kernels not in ("fused", "eager"):
-        _fail(f"--kernels must be fused or eager, got {kernels!r}")
-    if attention_kernel not in ("fa2", "cudnn"):
-        _fail(f"--attention-kernel must be fa2 or cudnn, got {attention_kernel!r}")
-    if trace_detail not in ("chunk", "layer", "op"):
-        _fail(f"--trace-detail must be chunk, layer or op, got {trace_detail!r}")
-    if planner not in ("fast", "reference"):
-        _fail(f"--planner must be fast or reference, got {planner!r}")
-    if planner == "reference" and trace is not None:
-        _fail("--trace needs the fast planner (the reference draws no memory timeline)")
-    _check_outputs(trace=trace)
-    if (file is None) == (model is None):
-        _fail(
-            "give a program FILE or --model (with --strategy), not both"
-            if file
-            else "give a program FILE or --model"
-        )
-    source: str
+    _check_simulate_options(file, model, kernels, attention_kernel, trace_detail, trace)
+    _check_planner(planner, trace)
     if model is not None:
         built = _model_program(
             model,
@@ -374,17 +372,96 @@ def simulate(
         m, dmap0, source, batch, model_flops = built
     else:
         assert file is not None
-        if strategy is not None:
-            _fail("--strategy applies to --model, not to a program file")
-        if precision != "pure":
-            _fail("--precision applies to --model, not to a program file")
-        if bucket_mb != 25.0:
-            _fail("--bucket-mb applies to --model, not to a program file")
-        if overlap_param_gather:
-            _fail("--overlap-param-gather applies to --model, not to a program file")
+        _check_file_simulate_options(strategy, precision, bucket_mb, overlap_param_gather)
         s = _Session(file, debug)
         m = s.explicit(s.load(entry))  # a sharded program is simulated in its materialized form
         dmap0, source, model_flops = None, str(file), None
+    cl, dmap = _simulated_cluster(m, cluster, device_map, dmap0, source, debug)
+    result = _run_simulation(
+        m,
+        cl,
+        dmap,
+        file,
+        source,
+        kernels,
+        attention_kernel,
+        tp_comm_overlap,
+        trace,
+        batch,
+        trace_detail,
+        debug,
+        planner,
+    )
+    result = dataclasses.replace(result, model_flops=model_flops)
+    _write_simulation_trace(result, trace, file)
+    summary = summary_dict(result)
+    if json_out:
+        where = {"schema": SCHEMA, "file" if file is not None else "model": source}
+        fields = _strategy_json(model, strategy, batch, dtype, precision) if model is not None else {}
+        options = {"cluster": cluster, "kernels": kernels, "attention_kernel": attention_kernel}
+        traced = {"trace": str(trace) if trace else None, "trace_detail": trace_detail if trace else None}
+        _emit_json({**where, **fields, **options, "tp_comm_overlap": tp_comm_overlap, **summary, **traced})
+        return
+    _print_simulation(result, summary, f"{source} on {cluster}", trace)
+
+
+def _check_simulate_options(
+    file: Path | None,
+    model: str | None,
+    kernels: str,
+    attention_kernel: str,
+    trace_detail: str,
+    trace: Path | None,
+) -> None:
+    """``simulate``'s options with a fixed set of values, each one of its set; ``--trace``
+    writable; a FILE or a ``--model``, not both."""
+    if kernels not in ("fused", "eager"):
+        _fail(f"--kernels must be fused or eager, got {kernels!r}")
+    if attention_kernel not in ("fa2", "cudnn"):
+        _fail(f"--attention-kernel must be fa2 or cudnn, got {attention_kernel!r}")
+    if trace_detail not in ("chunk", "layer", "op"):
+        _fail(f"--trace-detail must be chunk, layer or op, got {trace_detail!r}")
+    _check_outputs(trace=trace)
+    if (file is None) == (model is None):
+        _fail(
+            "give a program FILE or --model (with --strategy), not both"
+            if file
+            else "give a program FILE or --model"
+        )
+
+
+def _check_planner(planner: str, trace: Path | None) -> None:
+    """``--planner``: fast or reference; the reference draws no timeline (no ``--trace``)."""
+    if planner not in ("fast", "reference"):
+        _fail(f"--planner must be fast or reference, got {planner!r}")
+    if planner == "reference" and trace is not None:
+        _fail("--trace needs the fast planner (the reference draws no memory timeline)")
+
+
+def _check_file_simulate_options(
+    strategy: str | None, precision: str, bucket_mb: float, overlap_param_gather: bool
+) -> None:
+    """``simulate FILE``: none of the options that only apply to ``--model`` is given."""
+    if strategy is not None:
+        _fail("--strategy applies to --model, not to a program file")
+    if precision != "pure":
+        _fail("--precision applies to --model, not to a program file")
+    if bucket_mb != 25.0:
+        _fail("--bucket-mb applies to --model, not to a program file")
+    if overlap_param_gather:
+        _fail("--overlap-param-gather applies to --model, not to a program file")
+
+
+def _simulated_cluster(
+    m: Module, cluster: str, device_map: str | None, dmap0: Any, source: str, debug: bool
+) -> tuple[Any, Any]:
+    """The cluster ``--cluster`` names and the program's device map on it (``--device-map``,
+    else the strategy's ``dmap0``), checked to fit; else one line, exit 2."""
+    from distir.hardware.cluster import parse_cluster
+    from distir.hardware.specs import HardwareError
+    from distir.sim.devices import STREAMS, DeviceMap, DeviceMapError
+    from distir.sim.simulate import _program_devices
+
     try:
         cl = parse_cluster(cluster)
         dmap = (
@@ -401,12 +478,36 @@ def simulate(
         if debug:
             traceback.print_exc()
         _fail(str(e) if isinstance(e, HardwareError) else f"{source}: {e}")
+    return cl, dmap
+
+
+def _run_simulation(
+    m: Module,
+    cl: Any,
+    dmap: Any,
+    file: Path | None,
+    source: str,
+    kernels: str,
+    attention_kernel: str,
+    tp_comm_overlap: bool,
+    trace: Path | None,
+    batch: int | None,
+    trace_detail: str,
+    debug: bool,
+    planner: str = "fast",
+) -> Any:
+    """The simulator's result for ``m`` on ``cl`` under the roofline cost model (errors located
+    in ``file`` when there is one)."""
+    from distir.sim.cost import RooflineCostModel
+    from distir.sim.devices import DeviceMapError
+    from distir.sim.simulate import simulate as run_sim
+
     guard = _Session(file, debug).guard if file is not None else _plain_guard(debug)
     try:
         cost = RooflineCostModel(
             cl, fuse=kernels == "fused", attention_kernel=attention_kernel, tp_comm_overlap=tp_comm_overlap
         )
-        result = guard(
+        return guard(
             lambda: run_sim(
                 m,
                 cl,
@@ -420,29 +521,23 @@ def simulate(
         )
     except DeviceMapError as e:
         _fail(f"{source}: {e}")
-    result = dataclasses.replace(result, model_flops=model_flops)
+
+
+def _write_simulation_trace(result: Any, trace: Path | None, file: Path | None) -> None:
+    """``--trace``: the result's timeline written there (never over the program file)."""
+    from distir.sim.trace import write_trace
+
     if trace is not None:
         if file is not None and trace.resolve() == file.resolve():
             _fail(f"{trace}: refusing to overwrite the program with its trace")
         write_trace(result, trace)
-    summary = summary_dict(result)
-    if json_out:
-        _emit_json(
-            {
-                "schema": SCHEMA,
-                "file" if file is not None else "model": source,
-                **(_strategy_json(model, strategy, batch, dtype, precision) if model is not None else {}),
-                "cluster": cluster,
-                "kernels": kernels,
-                "attention_kernel": attention_kernel,
-                "tp_comm_overlap": tp_comm_overlap,
-                **summary,
-                "trace": str(trace) if trace is not None else None,
-                "trace_detail": trace_detail if trace is not None else None,
-            }
-        )
-        return
-    out.print(summary_table(result, f"{source} on {cluster}"))
+
+
+def _print_simulation(result: Any, summary: dict[str, Any], title: str, trace: Path | None) -> None:
+    """``simulate``'s text report: the summary table, out-of-memory devices, the trace's path."""
+    from distir.sim.summary import summary_table
+
+    out.print(summary_table(result, title))
     if summary["oom"]:
         out.print(f"[red]out of memory on {', '.join(summary['oom_devices'])}[/red]")
     if trace is not None:
@@ -693,63 +788,62 @@ def _print_run(d: dict[str, Any]) -> None:
         out.print(f"  trace written to {d['trace']} (open it at https://ui.perfetto.dev)", markup=False)
 
 
+# ``distir shard``'s options, declared apart so that the command reads as its steps
+_ShardFile = Annotated[Path | None, typer.Argument(help="A .distir program file (or --model with --auto).")]
+_ShardModel = Annotated[
+    str | None, typer.Option("--model", help="With --auto: a zoo model (its training step).")
+]
+_ShardAuto = Annotated[
+    str | None,
+    typer.Option("--auto", help="Search the placements along this mesh axis (Automap), e.g. tp."),
+]
+_ShardSeconds = Annotated[
+    float | None, typer.Option("--seconds", min=0.0, help="With --auto: search seconds at most.")
+]
+_ShardNoGroup = Annotated[
+    bool, typer.Option("--no-group", help="With --auto: one decision per layer, not per repeated layer.")
+]
+_ShardBatch = Annotated[int | None, typer.Option("--batch", min=1, help="With --model: the global batch.")]
+_ShardDevices = Annotated[
+    str | None, typer.Option("--devices", help="Mesh devices in row-major order (default d0, d1, ...).")
+]
+_ShardAnnotate = Annotated[
+    list[str] | None,
+    typer.Option("--annotate", help="VALUE=PLACEMENTS, e.g. w1=S(1) or x=S(0),R; repeat."),
+]
+_ShardStage = Annotated[
+    str, typer.Option("--stage", help="propagate, legalize, optimize, materialize or ranks.")
+]
+_ShardMaxOps = Annotated[
+    int,
+    typer.Option("--max-ops", min=1, help="Refuse a mesh whose per-device programs would exceed this size."),
+]
+
+
 @app.command()
 def shard(
-    file: Annotated[
-        Path | None, typer.Argument(help="A .distir program file (or --model with --auto).")
-    ] = None,
+    file: _ShardFile = None,
     mesh: Annotated[str, typer.Option("--mesh", help="Mesh axes, e.g. tp=2 or dp=2,tp=4.")] = "tp=2",
-    model: Annotated[
-        str | None, typer.Option("--model", help="With --auto: a zoo model (its training step).")
-    ] = None,
-    auto: Annotated[
-        str | None,
-        typer.Option("--auto", help="Search the placements along this mesh axis (Automap), e.g. tp."),
-    ] = None,
+    model: _ShardModel = None,
+    auto: _ShardAuto = None,
     episodes: Annotated[int, typer.Option("--episodes", min=1, help="With --auto: search episodes.")] = 200,
-    seconds: Annotated[
-        float | None, typer.Option("--seconds", min=0.0, help="With --auto: search seconds at most.")
-    ] = None,
+    seconds: _ShardSeconds = None,
     seed: Annotated[int, typer.Option("--seed", min=0, help="With --auto: the search's seed.")] = 0,
-    no_group: Annotated[
-        bool, typer.Option("--no-group", help="With --auto: one decision per layer, not per repeated layer.")
-    ] = False,
+    no_group: _ShardNoGroup = False,
     cluster: Annotated[
         str, typer.Option("--cluster", help="With --auto: the cluster that judges.")
     ] = "dgx2-v100",
-    batch: Annotated[
-        int | None, typer.Option("--batch", min=1, help="With --model: the global batch.")
-    ] = None,
-    devices: Annotated[
-        str | None, typer.Option("--devices", help="Mesh devices in row-major order (default d0, d1, ...).")
-    ] = None,
-    annotate: Annotated[
-        list[str] | None,
-        typer.Option("--annotate", help="VALUE=PLACEMENTS, e.g. w1=S(1) or x=S(0),R; repeat."),
-    ] = None,
-    stage: Annotated[
-        str, typer.Option("--stage", help="propagate, legalize, optimize, materialize or ranks.")
-    ] = "materialize",
-    max_ops: Annotated[
-        int,
-        typer.Option(
-            "--max-ops", min=1, help="Refuse a mesh whose per-device programs would exceed this size."
-        ),
-    ] = MAX_OPS.max,
+    batch: _ShardBatch = None,
+    devices: _ShardDevices = None,
+    annotate: _ShardAnnotate = None,
+    stage: _ShardStage = "materialize",
+    max_ops: _ShardMaxOps = MAX_OPS.max,
     entry: EntryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Shard a sequential program on a device mesh: propagate the annotated placements, make
     redistributions explicit, and materialize per-device (and per-rank) programs."""
-    from distir.ir.dtensor import Mesh
-    from distir.ir.types import IRTypeError
-    from distir.parallel.sharding.legalize import legalize
-    from distir.parallel.sharding.materialize import materialize, shared_programs
-    from distir.parallel.sharding.propagate import ShardingError, propagate
-    from distir.parallel.sharding.sink_reductions import sink_reductions
-    from distir.report.bounds import check_shard_size
-
     if auto is not None:
         _shard_auto(
             file,
@@ -771,20 +865,82 @@ def shard(
         return
     if file is None:
         _fail("shard: give a program FILE (--model needs --auto)")
-    stages = ("propagate", "legalize", "optimize", "materialize", "ranks")
-    if stage not in stages:
-        _fail(f"shard: --stage must be one of {', '.join(stages)}, got {stage!r}")
+    if stage not in SHARD_STAGES:
+        _fail(f"shard: --stage must be one of {', '.join(SHARD_STAGES)}, got {stage!r}")
     s = _Session(file, debug)
     m = s.load(entry)
+    sharded = _sharded(s, m, mesh, devices, annotate, stage, max_ops)
+    result: dict[str, Any] = {
+        "file": str(file),
+        "mesh": str(sharded.mesh),
+        "stage": stage,
+        "communication": _communication_counts(sharded.module),
+        "conflicts": [str(c) for c in sharded.conflicts],
+    }
+    if stage == "ranks":
+        result["ranks"] = _rank_groups(s, sharded.module)
+    else:
+        result["text"] = print_module(sharded.module)
+    if json_out:
+        _emit_json(result)
+        return
+    for c in sharded.conflicts:
+        err.print(f"note: {c}", markup=False)
+    if stage == "ranks":
+        for g in result["ranks"]:
+            out.print(f"// ranks {', '.join(g['devices'])}", markup=False)
+            out.print(g["text"], markup=False)
+    else:
+        out.print(result["text"], end="", markup=False)
+
+
+SHARD_STAGES = ("propagate", "legalize", "optimize", "materialize", "ranks")
+
+
+class _Sharded(NamedTuple):
+    """``shard``'s program after its ``--stage``, the mesh and propagation's conflicts."""
+
+    module: Module
+    mesh: Any
+    conflicts: Any
+
+
+def _shard_annotations(annotate: list[str] | None) -> dict[str, str]:
+    """``--annotate VALUE=PLACEMENTS`` options: value name (without ``%``) -> placements text."""
+    from distir.parallel.sharding.propagate import ShardingError
+
+    notes: dict[str, str] = {}
+    for a in annotate or []:
+        name, eq, places = a.partition("=")
+        if not eq:
+            raise ShardingError(f"annotation {a!r} is not like w1=S(1)")
+        notes[name.strip().lstrip("%")] = places
+    return notes
+
+
+def _sharded(
+    s: _Session,
+    m: Module,
+    mesh: str,
+    devices: str | None,
+    annotate: list[str] | None,
+    stage: str,
+    max_ops: int,
+) -> _Sharded:
+    """``m`` on the mesh, run through the passes up to ``stage`` (``SHARD_STAGES``: ``ranks``
+    is ``materialize`` then projected by the caller); a sharding error is one line, exit 2."""
+    from distir.ir.dtensor import Mesh
+    from distir.ir.types import IRTypeError
+    from distir.parallel.sharding.legalize import legalize
+    from distir.parallel.sharding.materialize import materialize
+    from distir.parallel.sharding.propagate import ShardingError, propagate
+    from distir.parallel.sharding.sink_reductions import sink_reductions
+    from distir.report.bounds import check_shard_size
+
     try:
         mesh_v = Mesh.parse(mesh, devices)
         check_shard_size(m, len(mesh_v.devices), max_ops)
-        notes: dict[str, str] = {}
-        for a in annotate or []:
-            name, eq, places = a.partition("=")
-            if not eq:
-                raise ShardingError(f"annotation {a!r} is not like w1=S(1)")
-            notes[name.strip().lstrip("%")] = places
+        notes = _shard_annotations(annotate)
         typed = s.guard(lambda: distir.check(m))
         prop = propagate(typed, mesh_v, notes)
         out_m = prop.module
@@ -795,40 +951,34 @@ def shard(
         if stage in ("materialize", "ranks"):
             out_m = s.guard(lambda: distir.check(materialize(out_m)))
     except (ShardingError, IRTypeError) as e:
-        if debug:
+        if s.debug:
             traceback.print_exc()
-        _fail(f"{file}: {e}")
+        _fail(f"{s.file}: {e}")
+    return _Sharded(out_m, mesh_v, prop.conflicts)
+
+
+def _communication_counts(m: Module) -> dict[str, int]:
+    """How many of each communication op (``OpKind.COMM``) the entry function runs, by op name
+    in program order."""
+    from distir.ops.registry import OpKind
+
     counts: dict[str, int] = {}
-    for op in out_m.entry.ops():
-        if op.name in ("AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Send", "Redistribute"):
+    for op in m.entry.ops():
+        if distir.REGISTRY[op.name].kind is OpKind.COMM:
             counts[op.name] = counts.get(op.name, 0) + 1
-    result: dict[str, Any] = {
-        "file": str(file),
-        "mesh": str(mesh_v),
-        "stage": stage,
-        "communication": counts,
-        "conflicts": [str(c) for c in prop.conflicts],
-    }
-    if stage == "ranks":
-        ranks = s.guard(lambda: project(out_m))
-        s.guard(lambda: check_deadlock_free(ranks))
-        groups = shared_programs(ranks)
-        result["ranks"] = [
-            {"devices": [str(d) for d in devs], "text": print_module(pm)} for devs, pm in groups
-        ]
-    else:
-        result["text"] = print_module(out_m)
-    if json_out:
-        _emit_json(result)
-        return
-    for c in prop.conflicts:
-        err.print(f"note: {c}", markup=False)
-    if stage == "ranks":
-        for g in result["ranks"]:
-            out.print(f"// ranks {', '.join(g['devices'])}", markup=False)
-            out.print(g["text"], markup=False)
-    else:
-        out.print(result["text"], end="", markup=False)
+    return counts
+
+
+def _rank_groups(s: _Session, m: Module) -> list[dict[str, Any]]:
+    """``--stage ranks``: the per-rank programs, checked deadlock-free, one per group of ranks
+    running the same text."""
+    from distir.parallel.sharding.materialize import shared_programs
+
+    ranks = s.guard(lambda: project(m))
+    s.guard(lambda: check_deadlock_free(ranks))
+    return [
+        {"devices": [str(d) for d in devs], "text": print_module(pm)} for devs, pm in shared_programs(ranks)
+    ]
 
 
 def _shard_auto(

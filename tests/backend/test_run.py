@@ -120,6 +120,7 @@ def test_every_collective_and_send_equals_the_reference(two_ranks: Any) -> None:
     assert v.max_abs_error < 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", TWO_RANKS, ids=[c[0] for c in TWO_RANKS])
 def test_training_step_on_two_ranks_equals_the_reference(two_ranks: Any, case: tuple[str, ...]) -> None:
     progs, results = two_ranks
@@ -129,6 +130,7 @@ def test_training_step_on_two_ranks_equals_the_reference(two_ranks: Any, case: t
     assert v.checked > 1  # the loss and updated weights at least
 
 
+@pytest.mark.slow
 def test_real_runs_report_step_times_and_peak_memory(two_ranks: Any) -> None:
     progs, results = two_ranks
     for rank in results:

@@ -111,6 +111,7 @@ def deepspeed_config() -> Any:
     return DeepSpeedConfig
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy", ["d8.t1.p1.k1.1f1b", "d4.t1.p1.k4.1f1b.z3", "d8.t1.p1.k2.1f1b.z2", "d16.t1.p1.k1.1f1b.z1"]
 )

@@ -128,6 +128,7 @@ def _chunk(torch: ModuleType, dim: int, n_blocks: int, gated: bool) -> object:
     return Chunk()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", PLANS.values(), ids=PLANS.keys())
 def test_the_file_runs_a_step_on_one_gloo_process(tmp_path: Path, gloo: ModuleType, strategy: str) -> None:
     torch = gloo

@@ -73,6 +73,7 @@ def test_a_file_that_is_not_a_model_is_one_line(tmp_path: Path, text: str, words
     assert code == 2 and "no such model file" in err
 
 
+@pytest.mark.slow
 def test_onnx_file_as_model_of_simulate_and_search(tmp_path: Path) -> None:
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper

@@ -131,6 +131,7 @@ def test_gpt2_export_imports_verifies_and_matches_onnxruntime(gpt2_onnx: Path) -
     assert [p.name for p in imp.inputs] == ["input_ids"]
 
 
+@pytest.mark.slow
 def test_gpt2_blocks_become_one_layer_function_called_per_block(gpt2_onnx: Path) -> None:
     imp = import_onnx(str(gpt2_onnx))
     assert imp.layers == ("pre", "block", "block", "post"), imp.note
@@ -151,6 +152,7 @@ def test_gpt2_blocks_become_one_layer_function_called_per_block(gpt2_onnx: Path)
     assert layered == whole
 
 
+@pytest.mark.slow
 def test_gpt2_single_function_import_computes_the_same(gpt2_onnx: Path) -> None:
     ids = RNG.integers(0, 50, (2, 8))
     imp, (flat,) = _run(str(gpt2_onnx), {"input_ids": ids}, layers=False)

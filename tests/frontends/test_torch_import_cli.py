@@ -84,6 +84,7 @@ def test_factory_in_a_top_level_module(tmp_path: Path, monkeypatch: pytest.Monke
     assert model.num_params == 3 * 4 + 4 + 4 * 2 + 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["d2.t1.p1.k1", "d1.t2.p1.k1"])
 def test_mixtral_imports_and_simulates(strategy: str) -> None:
     """A Mixtral-like config (2 layers, 4 experts, top-2): one MoE op per block; it simulates

@@ -310,6 +310,7 @@ def test_attrs_with_nan_equal_a_reparsed_copy() -> None:
     assert a == b and hash(a) == hash(b)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.sampled_from("abcdef"), attr_values, max_size=4), st.randoms())
 def test_attrs_equality_is_reflexive_and_consistent_with_hash(d: dict, rnd) -> None:

@@ -10,7 +10,7 @@ from ops_examples import T, f32
 from distir.ir.types import Type
 from distir.ir.values import Attrs
 from distir.ops import REGISTRY, OpDef, TypeCtx, register
-from distir.ops.registry import OpRegistry, RegistryError, UnknownOpError
+from distir.ops.registry import CostClass, OpRegistry, RegistryError, UnknownOpError
 
 
 def _identity_rule(ctx: TypeCtx) -> Sequence[Type]:
@@ -18,7 +18,14 @@ def _identity_rule(ctx: TypeCtx) -> Sequence[Type]:
 
 
 def make_op(name: str = "TestOnlyOp") -> OpDef:
-    return OpDef(name=name, family="test", inputs=("X",), outputs=("Y",), infer=_identity_rule)
+    return OpDef(
+        name=name,
+        family="test",
+        cost_class=CostClass.ELEMENTWISE,
+        inputs=("X",),
+        outputs=("Y",),
+        infer=_identity_rule,
+    )
 
 
 def test_registering_a_name_twice_raises() -> None:

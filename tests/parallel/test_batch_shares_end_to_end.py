@@ -61,6 +61,7 @@ def _weighted_fn(dst_mesh: str) -> str:
 
 
 # -- text format -------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("strategy", "kw"),
     [

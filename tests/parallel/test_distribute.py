@@ -56,6 +56,7 @@ def cases(draw: st.DrawFn) -> tuple[str, Strategy]:
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_distributed_training_step_matches_sequential(case: tuple[str, Strategy]) -> None:

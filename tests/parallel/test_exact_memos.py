@@ -108,6 +108,7 @@ def _evaluate(model: str, strategy: str, cluster: str, batch: int) -> tuple[str,
     return print_module(prog), simulate(prog, parse_cluster(cluster), device_map(s, True), batch=batch)
 
 
+@pytest.mark.slow
 def test_memos_change_no_program_and_no_result() -> None:
     # with the memos: each case after the others (warm), and each again (its own answers)
     warm = [_evaluate(*case) for case in CASES]

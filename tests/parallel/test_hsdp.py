@@ -33,6 +33,7 @@ GPT = "gpt:layers=2,hidden=8,heads=2,seq=4,vocab=16"
 LLAMA = "llama:layers=2,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=4"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("spec", "strategy", "streams"),
     [
@@ -139,6 +140,7 @@ def _grad_reductions(strategy: str) -> Counter[str]:
     return got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_hsdp_reduces_across_groups_once_per_step(schedule: str) -> None:
     """With gradient accumulation HSDP reduce-scatters within its group in every backward and

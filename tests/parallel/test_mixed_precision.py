@@ -36,6 +36,7 @@ from .test_distribute import FAMILIES, cases
 TOLERANCE = {DType.bf16: 2.0**-8, DType.f16: 16 * 2.0**-11}
 
 
+@pytest.mark.slow
 @settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases(), st.sampled_from([DType.bf16, DType.f16]), st.sampled_from(["sgd", "adam"]))
 def test_mixed_precision_training_step_matches_sequential(

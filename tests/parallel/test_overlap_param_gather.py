@@ -25,6 +25,7 @@ LLAMA = "llama:layers=4,hidden=8,heads=2,kv_heads=1,ffn=16,seq=4,vocab=16"
 TOLERANCE = 2.0**-8  # bf16's unit roundoff, as tests/parallel/test_mixed_precision.py
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", [GPT, LLAMA])
 @pytest.mark.parametrize(
     "strategy",

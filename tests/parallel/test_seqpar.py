@@ -182,6 +182,7 @@ def test_pinned_weights_are_used_where_they_lie(pinned: tuple[int, ...]) -> None
     assert moved == ({"x", "y"} if pinned else {"w1", "w2"})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "spec",
     [

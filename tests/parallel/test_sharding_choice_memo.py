@@ -93,6 +93,7 @@ class _Checking(dict[object, object]):
         super().__setitem__(key, value)
 
 
+@pytest.mark.slow
 def test_answers_agree_for_equal_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     choices, required = _Checking(), _Checking()
     monkeypatch.setattr(propagate, "_CHOICES", choices)

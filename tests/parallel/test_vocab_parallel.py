@@ -137,6 +137,7 @@ def test_vocab_parallel_embedding_equals_the_replicated_lookup(t: int) -> None:
     assert (vocab, hidden) not in moved, moved
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("spec", "strategy"),
     [

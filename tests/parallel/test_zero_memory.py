@@ -73,6 +73,7 @@ def _peak(spec: str, zero: int, d: int, k: int, mixed: bool) -> tuple[float, int
     return tensor_peak(spec, f"d{d}.t1.p1.k{k}.1f1b" + (f".z{zero}" if zero else ""), mixed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mixed", [True, False], ids=["mixed", "pure"])
 @pytest.mark.parametrize("d", [2, 4, 8])
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
@@ -97,6 +98,7 @@ def test_one_microbatch_keeps_the_compute_copy_and_the_gradients(zero: int) -> N
     assert want <= peak <= want + bound
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opt", ["sgd", "adam"])
 @pytest.mark.parametrize(
     "strategy",

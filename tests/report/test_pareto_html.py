@@ -192,6 +192,7 @@ def _page_results() -> list[dict[str, Any]]:
     return results
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_page_renders_in_chromium_without_console_error(tmp_path: Path) -> None:
     results = _page_results()

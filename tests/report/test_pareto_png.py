@@ -29,6 +29,7 @@ def check_png(path: Path) -> None:
     assert img.ndim == 3 and img.shape[0] > 0 and img.shape[1] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case",
     ["random", "empty", "single", "all_oom", "non_finite", "mixed_capacity", "dollars", "zero_memory"],

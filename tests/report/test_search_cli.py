@@ -94,6 +94,7 @@ def _stored(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, s
     return store, key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "edit",
     [
@@ -121,6 +122,7 @@ def test_a_hand_edited_store_is_one_line_naming_the_problem(
     assert str(store) in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "edit",
     [

@@ -136,6 +136,7 @@ def test_deep_gpt_recovers_megatron_blocks() -> None:
     assert r.gain is not None and r.gain > 1
 
 
+@pytest.mark.slow
 def test_cli_auto_json(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     from distir.cli import app
 
@@ -204,6 +205,7 @@ def test_cli_auto_unknown_axis_is_one_line(capsys) -> None:  # type: ignore[no-u
     assert "no axis pp" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_simulate_tp_layout_auto(capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # a found layout plugs in where the declared one does: at least as fast (the search's judge
     # is this very simulation, and the declared layout is one of the layouts it can reach)
@@ -211,6 +213,7 @@ def test_simulate_tp_layout_auto(capsys, monkeypatch) -> None:  # type: ignore[n
     from distir.search.automap import command
 
     monkeypatch.setattr(command, "AUTO_EPISODES", 40)
+    monkeypatch.setattr(command, "AUTO_SECONDS", 1e9)  # 40 episodes however loaded the machine is
 
     times = {}
     for how in ("declared", "auto"):
@@ -277,6 +280,7 @@ def test_imported_model_without_placements_beats_data_parallelism() -> None:
         assert r.placements[f"blocks.{i}.narrow.weight"][1] == Shard(0)
 
 
+@pytest.mark.slow
 def test_search_tp_layout_auto_on_model_without_placements(capsys) -> None:  # type: ignore[no-untyped-def]
     # distir search --tp-layout auto: the strategies with tensor parallelism run the found
     # layout, faster than the same strategies with the (absent: replicated) declared one

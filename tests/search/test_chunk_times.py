@@ -42,6 +42,7 @@ def test_chunk_times_sum_each_stage_s_own_profiles() -> None:
     assert inf_bwd == [0.0, 0.0] and all(x > 0 for x in inf_fwd)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["d2.t1.p2.k4.zb1", "d1.t2.p2.k4.interleaved.v2", "d1.t1.p4.k4.gpipe"])
 def test_the_order_changes_no_value(strategy: str) -> None:
     """Only the interleaving of the ranks changes: every rank runs its actions in the same order,
@@ -65,6 +66,7 @@ def test_wrong_chunk_times_are_a_strategy_error() -> None:
         distribute(build_model(GPT, 6), parse_strategy("p3.k3"), chunk_times=([1.0, 1.0], [1.0, 1.0, 1.0]))
 
 
+@pytest.mark.slow
 def test_profiled_order_shortens_a_deep_pipeline_of_uneven_layers() -> None:
     """TransGAN's 16-stage GPipe (the search's best 16-stage GPipe of AMP's generator on 4 ×
     p3.8xlarge): ordered by weight counts — the wide blocks hold nearly all the block weights, the

@@ -59,6 +59,7 @@ def _search_cli(tmp_path: Path, cluster: str, *extra: str) -> tuple[int, str, st
 # -- 1. chunk times: distir simulate --model is the search's exact evaluation ------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("cluster", "strategy", "batch", "train"),
     [
@@ -151,6 +152,7 @@ def test_cli_simulate_mixed_precision_with_chunk_times() -> None:
 # -- 2. a finished search re-renders from the store -------------------------------------------------
 
 
+@pytest.mark.slow
 def test_rerender_with_share_strategies_and_top_1_gives_the_same_outputs(tmp_path: Path) -> None:
     """On a V100 + T4 node, with pipelines pinned off, the share proposal wins with --top 1 (its
     exact figures are ``evaluate``'s); the rerun re-renders it: same JSON results and screen
@@ -191,18 +193,21 @@ def _finish_then_corrupt(tmp_path: Path, final_text: str) -> None:
     con.close()
 
 
+@pytest.mark.slow
 def test_corrupt_stored_output_is_a_clean_store_error(tmp_path: Path) -> None:
     _finish_then_corrupt(tmp_path, "not json {")
     code, _, err = _search_cli(tmp_path, NODE, "--batch", "8", "--top", "1")
     assert code == 2 and "s.sqlite" in err
 
 
+@pytest.mark.slow
 def test_stored_output_that_is_not_an_object_is_a_clean_store_error(tmp_path: Path) -> None:
     _finish_then_corrupt(tmp_path, "[1, 2]")
     code, _, err = _search_cli(tmp_path, NODE, "--batch", "8", "--top", "1")
     assert code == 2 and "s.sqlite" in err
 
 
+@pytest.mark.slow
 def test_stored_output_of_another_view_written_by_another_process_is_replaced(tmp_path: Path) -> None:
     """Another process finishes the same search with another view in between: this one screens
     again (its exact results reused) and then re-renders its own."""
@@ -215,6 +220,7 @@ def test_stored_output_of_another_view_written_by_another_process_is_replaced(tm
     assert search(req).from_store
 
 
+@pytest.mark.slow
 def test_a_search_racing_another_process_on_the_same_store_finishes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -284,6 +290,7 @@ def test_why_not_is_none_only_for_shapes_with_strategies(space: Space, shape: tu
     assert (space.why_not(*shape) is None) == has
 
 
+@pytest.mark.slow
 def test_explain_names_a_schedule_pin_that_leaves_pure_data_parallelism_out(tmp_path: Path) -> None:
     code, out, err = _search_cli(
         tmp_path, NODE, "--batch", "8", "--top", "1", "--explain", "--schedule", "zb1"
@@ -297,6 +304,7 @@ def test_explain_names_a_schedule_pin_that_leaves_pure_data_parallelism_out(tmp_
 # -- 4. add_shares in the search flow ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_shares_proposals_skip_zero(tmp_path: Path) -> None:
     """With ZeRO pinned nothing takes shares (distribute refuses ZeRO with shares); the exact
     results of the heterogeneous search all simulate."""

@@ -45,6 +45,7 @@ def test_fsdp_with_gradient_accumulation_at_p1_is_screened_and_wins() -> None:
     assert one and all(e.strategy.recompute != "none" for e in one)
 
 
+@pytest.mark.slow
 def test_screen_memory_of_zero3_with_accumulation_and_hsdp_follows_the_simulator() -> None:
     """Within the screen's usual tolerance (0.9-1.2 of the exact tensor peak): ZeRO-3 holds the
     running layer's gathered weights beside its working set."""

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import pickle
 from collections import Counter
-from concurrent.futures import Executor, Future
+from concurrent.futures import CancelledError, Executor, Future
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import astuple
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,7 @@ def test_two_workers_search_exactly_as_one(tmp_path: Path, monkeypatch: pytest.M
     assert again.results == serial.results
 
 
+@pytest.mark.slow
 def test_prefetched_profiles_equal_local_ones() -> None:
     spec, cluster = parse_model_string(GPT), parse_cluster(HETERO)
     wanted = [
@@ -93,20 +96,59 @@ def test_prefetched_profiles_equal_local_ones() -> None:
 
 
 class _FailingPool(Executor):
-    """A pool whose every task fails (a dead worker, say)."""
+    """A pool whose every task fails with ``error`` (by default as when its worker died)."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error if error is not None else BrokenProcessPool("worker died")
+        self.submitted = 0
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        self.submitted += 1
         fut: Future[Any] = Future()
-        fut.set_exception(RuntimeError("worker died"))
+        fut.set_exception(self.error)
         return fut
 
 
-def test_failed_prefetch_is_computed_locally() -> None:
+@pytest.mark.parametrize(
+    "error",
+    [BrokenProcessPool("worker died"), CancelledError(), pickle.PicklingError("cannot pickle the task")],
+)
+def test_failed_prefetch_is_computed_locally(error: BaseException) -> None:
     spec, cluster = parse_model_string(GPT), parse_cluster(HETERO)
     prof = Profiler(spec, cluster)
-    prof.prefetch(_FailingPool(), [Wanted(2, 4, "none", [0, 1])])
+    prof.prefetch(_FailingPool(error), [Wanted(2, 4, "none", [0, 1])])
     assert prof.layers(2, 4, [0, 1]) == Profiler(spec, cluster).layers(2, 4, [0, 1])
     assert prof.worker_cpu_s == 0
+
+
+def test_a_bug_in_a_prefetch_task_is_not_hidden() -> None:
+    """Only the pool's failures fall back to computing here: an error of the task's own code
+    (a bug) propagates."""
+    spec, cluster = parse_model_string(GPT), parse_cluster(HETERO)
+    prof = Profiler(spec, cluster)
+    prof.prefetch(_FailingPool(ZeroDivisionError("a bug")), [Wanted(2, 4, "none", [0, 1])])
+    with pytest.raises(ZeroDivisionError, match="a bug"):
+        prof.layers(2, 4, [0, 1])
+
+
+def _anneal_with(pool: Executor | None) -> list[tuple[Any, ...]]:
+    """The screened estimates after the placement searches (on ``pool``, else here)."""
+    req = SearchRequest(model=GPT, cluster="p3.8xlarge:1", batch=8, top=3, anneal_iters=5)
+    screened, _, screen = screen_space(req, parse_cluster(req.cluster))
+    picks = run.anneal_picks(req, screened)
+    assert len(picks) > 1  # so that a pool gets the searches
+    run.anneal(req, screen, screened, None, pool, picks)
+    return [astuple(e) for e in screened]
+
+
+@pytest.mark.slow
+def test_placement_searches_lost_by_the_pool_run_here() -> None:
+    assert _anneal_with(_FailingPool()) == _anneal_with(None)
+
+
+def test_a_bug_in_a_placement_search_task_is_not_hidden() -> None:
+    with pytest.raises(ZeroDivisionError, match="a bug"):
+        _anneal_with(_FailingPool(ZeroDivisionError("a bug")))
 
 
 def test_run_all_on_a_shared_pool_with_a_task_started_ahead(tmp_path: Path) -> None:

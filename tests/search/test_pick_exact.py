@@ -3,11 +3,14 @@ when ``--explain`` will compare the winner with them."""
 
 from __future__ import annotations
 
+import pytest
+
 from distir.search.run import SearchRequest, is_pure, pure_bests, search
 
 GPT = "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128"
 
 
+@pytest.mark.slow
 def test_pure_bests_are_simulated_only_to_explain() -> None:
     req = SearchRequest(model=GPT, cluster="p3.8xlarge:1", batch=8, top=1)
     plain = search(req)

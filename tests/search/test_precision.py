@@ -75,6 +75,7 @@ def test_mixed_holds_more_memory_than_pure_bf16() -> None:
     assert peak["mixed"] - peak["pure"] >= 8 * n * 0.95
 
 
+@pytest.mark.slow
 def test_the_screen_profiles_the_mixed_program_s_fp32_loss() -> None:
     """Under mixed precision the loss layer computes in fp32 (``Precision.prepare``): with a large
     vocabulary its copies dominate the last stage, and the screen's peak follows the exact one

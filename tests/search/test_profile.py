@@ -58,6 +58,7 @@ def test_reduced_model_keeps_the_contract_and_stands_for_every_layer(name: str) 
         assert red.dropped == 3  # four identical blocks: one stays
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize(("t", "recompute"), [(1, "none"), (2, "selective"), (4, "full")])
 def test_reduced_layers_shard_to_the_same_functions(name: str, t: int, recompute: str) -> None:
@@ -72,6 +73,7 @@ def test_reduced_layers_shard_to_the_same_functions(name: str, t: int, recompute
         assert _text(layer.bwd) == _text(other.bwd)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("train", [True, False])
 def test_profiles_equal_those_of_the_full_model(name: str, train: bool) -> None:
@@ -95,6 +97,7 @@ class _ShardingProfiler(Profiler):
         return self._layers[key]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("train", [True, False])
 def test_unsharded_profiles_equal_those_of_a_one_device_mesh(name: str, train: bool) -> None:

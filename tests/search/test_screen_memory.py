@@ -27,6 +27,7 @@ SEARCHES = {  # model, cluster, global batch, pins
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SEARCHES))
 def test_screened_peak_follows_the_exact_tensor_peak(name: str) -> None:
     model, cluster, batch, pins = SEARCHES[name]

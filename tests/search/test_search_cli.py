@@ -32,6 +32,7 @@ def _search(tmp_path: Path, *extra: str) -> dict[str, object]:
     return out
 
 
+@pytest.mark.slow
 def test_json_contract_ranked_best_first_and_consistent(tmp_path: Path) -> None:
     out = _search(tmp_path, "--csv", str(tmp_path / "r.csv"))
     results = out["results"]
@@ -73,6 +74,7 @@ def test_rerun_takes_every_result_from_the_store(tmp_path: Path) -> None:
     assert Path(str(fresh["plot"])).is_relative_to(tmp_path / "cache")
 
 
+@pytest.mark.slow
 def test_table_keeps_each_strategy_on_one_line_in_a_narrow_pipe(tmp_path: Path) -> None:
     """Piped output (80 columns by default) still prints every strategy string whole."""
     out = _search(tmp_path)

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from distir.search import executor
-from distir.search.executor import EXECUTORS, ExecutorError, run_all
+from distir.search.executor import EXECUTORS, ExecutorError, new_pool, run_all, stop_pool
 from distir.search.store import SCHEMA_VERSION, ResultStore, StoreError, dumps, loads, search_key
 
 from . import _store_tasks
@@ -339,6 +339,10 @@ class _Remote:
             return _Ref(exc)
 
 
+class _FakeRayError(Exception):
+    """Stands for ``ray.exceptions.RayError``, the base of the errors Ray raises."""
+
+
 class _FakeRay(types.ModuleType):
     """The part of Ray's API ``run_all`` uses, evaluating eagerly and completing the newest task
     first, so results arrive out of submission order."""
@@ -349,6 +353,7 @@ class _FakeRay(types.ModuleType):
         self.remotes: list[_Remote] = []
         self.most_in_flight = 0
         self.cancelled = 0
+        self.exceptions = types.SimpleNamespace(RayError=_FakeRayError)
 
     def init(self, address: str | None = None, **kwargs: Any) -> None:
         self.inits.append({"address": address, **kwargs})
@@ -404,7 +409,7 @@ def test_ray_failure_raises_keeps_stored_results(tmp_path: Path, monkeypatch: py
 
     def get(ref: _Ref) -> Any:
         if ref.value.get("task") == "t02":
-            raise RuntimeError("worker node lost")
+            raise _FakeRayError("worker node lost")
         return ref.value
 
     monkeypatch.setattr(fake, "get", get)
@@ -413,6 +418,45 @@ def test_ray_failure_raises_keeps_stored_results(tmp_path: Path, monkeypatch: py
             run_all(tasks(4), pure, store, workers=1, executor="ray")
         assert store.done() == {"t00": pure("t00"), "t01": pure("t01")}
     assert fake.inits == [{"address": None, "ignore_reinit_error": True}]
+
+
+def test_a_bug_around_ray_is_not_called_a_ray_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only Ray's own errors become ``ExecutorError``; anything else raised around the evaluation
+    (a bug) propagates as it is, and the tasks in flight are cancelled."""
+    fake = _FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)
+
+    def get(ref: _Ref) -> Any:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(fake, "get", get)
+    with ResultStore(tmp_path / "s.db", KEY, META) as store:
+        with pytest.raises(KeyError, match="a bug"):
+            run_all(tasks(4), pure, store, workers=2, executor="ray")
+        assert store.done() == {}
+    assert fake.cancelled == 1  # the other task in flight
+
+
+def test_unshippable_fn_on_ray_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)
+
+    def put(value: Any) -> _Ref:
+        raise TypeError("cannot pickle '_thread.lock' object")
+
+    monkeypatch.setattr(fake, "put", put)
+    with pytest.raises(ExecutorError, match="cannot ship"):
+        run_all(tasks(2), pure, None, executor="ray")
+
+
+def test_stopping_a_pool_twice_is_harmless() -> None:
+    """``stop_pool`` on a pool whose processes it already ended and the pool closed."""
+    pool = new_pool(2)
+    assert pool.submit(pure, "a").result() == pure("a")
+    stop_pool(pool)
+    stop_pool(pool)
 
 
 # ---------------------------------------------------------------- kill and resume

@@ -70,6 +70,7 @@ def test_an_exact_job_reads_an_edited_cluster_file_again(tmp_path: Path) -> None
     assert evaluate(job, "d2.t1.p1.k1")["step_time_s"] > first["step_time_s"]
 
 
+@pytest.mark.slow
 def test_an_edited_hugging_face_config_is_a_new_search(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")

@@ -88,6 +88,7 @@ def test_uneven_model_balanced_assignment_beats_uniform() -> None:
     assert uniform["step_time_s"] / best["step_time_s"] >= 1.15
 
 
+@pytest.mark.slow
 def test_mixed_replicas_take_uneven_batch_shares() -> None:
     """One node of V100s and one of T4s, pipelines pinned off: the winner's data-parallel
     replicas take uneven batch shares, the V100s the larger, and beat the even split.
@@ -138,6 +139,7 @@ def test_llama3_8b_on_one_h100_node_gets_a_plan_that_fits_in_the_trainers_precis
     assert (s.d, s.t, s.p, s.zero) == (8, 1, 1, 3) and s.k > 1, best
 
 
+@pytest.mark.slow
 def test_a_128k_token_llama_finds_context_parallelism() -> None:
     """Llama-3 8B at a 128K sequence on two H100 nodes (``--model llama3-8b:seq=131072 --cluster
     h100:2 --batch 16``): the attention's S² and the activations of one whole sequence per GPU

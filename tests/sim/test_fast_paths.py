@@ -66,6 +66,7 @@ def run(
     return figures(_run(plan, dom, cluster, dmap, trace, None))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trace", [False, True])
 @pytest.mark.parametrize("path", sorted(FAST_PATHS))
 def test_a_fast_path_gives_the_references_figures(path: str, trace: bool) -> None:

@@ -67,6 +67,7 @@ def _assert_same_plans(m: Module, dmap: DeviceMap, monkeypatch: pytest.MonkeyPat
     return traced
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "model, strategy, dtype, kw",
     [

@@ -124,6 +124,7 @@ ZOO = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "strategy", "cluster", "batch", "precision"), ZOO)
 def test_zoo_programs_simulate_as_the_long_way(
     model: str, strategy: str, cluster: str, batch: int, precision: str

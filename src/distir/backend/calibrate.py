@@ -164,7 +164,7 @@ def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Ca
     bandwidth = max(
         s.nbytes / max(s.seconds - timing.launch_s, 1e-12)
         for s in timing.ops
-        if s.op == "Add" and s.dtype == first
+        if s.op == mb.BANDWIDTH_OP and s.dtype == first
     )
     peak = gemm.peak
     families: dict[str, FamilyFit] = {}

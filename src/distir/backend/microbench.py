@@ -104,6 +104,7 @@ ROW_OPS = (
     "LayerNormalizationGrad",
 )
 POINTWISE = ("Mul", "Gelu", "Exp", "GeluGrad")
+BANDWIDTH_OP = "Add"  # the case whose times measure the memory bandwidth (``calibrate``)
 
 
 def _row_case(op: str, r: int, c: int) -> Case:
@@ -124,7 +125,7 @@ def _row_case(op: str, r: int, c: int) -> Case:
 def _cases(sizes: Sizes, low: bool) -> list[Case]:
     """Every case of ``sizes`` (``low``: the GEMM shapes for 16-bit dtypes)."""
     out = [Case("MatMul", ((m, k), (k, n))) for m, n, k in (sizes.gemm_low if low else sizes.gemm)]
-    out += [Case("Add", ((n,), (n,))) for n in (1, *sizes.elementwise)]
+    out += [Case(BANDWIDTH_OP, ((n,), (n,))) for n in (1, *sizes.elementwise)]
     for n in sizes.elementwise:
         out += [Case(op, ((n,),) * REGISTRY[op].min_inputs) for op in POINTWISE]
     out += [_row_case(op, r, c) for r, c in sizes.rows for op in ROW_OPS]
@@ -157,21 +158,21 @@ def op_impl(op: OpDef) -> Callable[[TorchContext, Sequence[Any], Attrs], Sequenc
 
 
 class CaseCost(NamedTuple):
-    family: str
+    family: str  # the op's cost class (``OpDef.cost_class``): calibration fits rates per class
     flops: float
     nbytes: float
     gemm: GemmShape | None
 
 
 def case_cost(case: Case, dtype: DType) -> CaseCost:
-    """The case's family, FLOPs, bytes and GEMM shape as the registry counts them."""
+    """The case's cost class, FLOPs, bytes and GEMM shape as the registry counts them."""
     op = REGISTRY[case.op]
     ins = [TensorType(case.dtype(i, dtype), s, Device(0)) for i, s in enumerate(case.shapes)]
     attrs = Attrs(dict(case.attrs))
     outs = op.infer_types(ins, attrs, [None] * len(ins))
     nbytes = op.bytes_read(ins, outs, attrs) + op.bytes_written(ins, outs, attrs)
     gemm = op.gemm(ins, outs, attrs) if op.gemm is not None else None
-    return CaseCost(op.family, op.flops(ins, outs, attrs), nbytes, gemm)
+    return CaseCost(op.cost_class.value, op.flops(ins, outs, attrs), nbytes, gemm)
 
 
 def time_call(fn: Callable[[], Any], sync: Callable[[], None], batch_s: float, repeats: int) -> float:

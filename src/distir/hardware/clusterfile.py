@@ -37,7 +37,7 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
     allocator_fragmentation = 0.05   #   allocator's reserve as a fraction of the peak,
     runtime_memory_source = "..."    #   with their source
 
-    [types.t4.families.elementwise]  # optional, per op family (OpDef.family; written by
+    [types.t4.families.elementwise]  # optional, per op cost class (OpDef.cost_class; by
     flop_efficiency = 0.4            #   `distir calibrate`): measured fraction of the dense
     memory_efficiency = 0.8          #   peak and of the memory bandwidth, and the per-op
     launch_us = 4                    #   fixed cost, replacing the cost model's defaults

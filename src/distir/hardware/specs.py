@@ -220,7 +220,8 @@ class RuntimeMemory:
 
 @dataclass(frozen=True, slots=True)
 class FamilyRates:
-    """How fast one op family (``OpDef.family``) ran on one device, as measured by ``distir
+    """How fast the ops of one cost class (``OpDef.cost_class``; the table calls it a family) ran
+    on one device, as measured by ``distir
     calibrate``: an op of the family takes ``launch_s + max(FLOPs / (peak × flop),
     bytes / (memory_bandwidth × memory))`` (the roofline of ``distir.sim.cost`` with the
     family's own efficiencies and fixed cost). ``flop``: the fraction of the device's dense peak
@@ -266,8 +267,9 @@ class DeviceSpec:
     different specs in one cluster must not share a name (it is the simulator's cache key).
     ``gemm`` describes its matrix-product throughput by shape (None: the cost model's flat
     fraction of peak) and ``runtime`` the memory a process holds besides its tensors.
-    ``families``: measured rates per op family (``distir calibrate``), as (family, rates) pairs;
-    a family listed there is costed with its rates instead of the cost model's defaults.
+    ``families``: measured rates per op cost class (``OpDef.cost_class``; ``distir calibrate``),
+    as (class name, rates) pairs; an op of a class listed there is costed with its rates instead
+    of the cost model's defaults.
     ``attention``: published speeds of fused-attention kernels on this GPU, one per kernel.
     """
 
@@ -315,7 +317,7 @@ class DeviceSpec:
         return None
 
     def family_rates(self, family: str) -> FamilyRates | None:
-        """The measured rates of op family ``family`` (None: not calibrated)."""
+        """The measured rates of the ops of cost class ``family`` (None: not calibrated)."""
         for name, rates in self.families:
             if name == family:
                 return rates

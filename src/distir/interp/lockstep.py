@@ -24,7 +24,7 @@ from distir.ir.printer import print_op
 from distir.ir.rewrite import inline_calls
 from distir.ir.types import Device, ScalarType, TensorType
 from distir.ir.values import Value
-from distir.ops.rank_comm import Rendezvous
+from distir.ops.rank_comm import RANK_RECV, RANK_SEND, Rendezvous
 from distir.ops.registry import REGISTRY, OpKind
 
 
@@ -154,8 +154,8 @@ def _strip_device(t: object) -> object:
 
 def _check_transfer(meeting: Mapping[Device, Op]) -> None:
     """A Send must deliver what its Recv declares (dtype, shape, tensor or scalar)."""
-    sends = [op for op in meeting.values() if op.name == "rank.Send"]
-    recvs = [op for op in meeting.values() if op.name == "rank.Recv"]
+    sends = [op for op in meeting.values() if op.name == RANK_SEND.name]
+    recvs = [op for op in meeting.values() if op.name == RANK_RECV.name]
     if sends and recvs:
         sent = sends[0].inputs[0].type
         attrs = recvs[0].attrs

@@ -71,12 +71,13 @@ from distir.ops._rules import float_attr, float_input, int_attr, out_numel_flops
 from distir.ops._special import F64, f64
 from distir.ops._torch import like, upcast
 from distir.ops.gradrules import GradCtx, NotDifferentiableError, first
-from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, CostClass, OpDef, TypeCtx, register
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
 
 FAMILY = "attention"
+COST_CLASS = CostClass.ATTENTION  # how the family's ops are costed
 
 ATTENTION_ATTRS = {
     "causal": AttrSpec("bool", False),
@@ -337,6 +338,7 @@ ATTENTION = register(
     OpDef(
         name="Attention",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("q", "k", "v"),
         outputs=("out", "lse"),
         infer=_attention_rule,
@@ -354,6 +356,7 @@ ATTENTION_GRAD = register(
     OpDef(
         name="AttentionGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dout", "q", "k", "v", "out", "lse"),
         outputs=("dq", "dk", "dv"),
         infer=_attention_grad_rule,
@@ -426,6 +429,7 @@ ATTENTION_MERGE = register(
     OpDef(
         name="AttentionMerge",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("out1", "lse1", "out2", "lse2"),
         outputs=("out", "lse"),
         infer=_merge_rule,
@@ -515,6 +519,7 @@ ROPE = register(
     OpDef(
         name="Rope",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("X",),
         outputs=("Y",),
         infer=_rope_rule,

@@ -37,6 +37,7 @@ from distir.ops.registry import (
     AttrSpec,
     CommCost,
     CommPattern,
+    CostClass,
     OpDef,
     OpKind,
     TypeCtx,
@@ -44,6 +45,7 @@ from distir.ops.registry import (
 )
 
 FAMILY = "comm"
+COST_CLASS = CostClass.COMM  # how the family's ops are costed
 REDUCE_OPS = ("sum", "max", "min", "mean", "prod")
 
 
@@ -168,6 +170,7 @@ SEND = register(
     OpDef(
         name="Send",
         family=FAMILY,
+        cost_class=COST_CLASS,
         kind=OpKind.COMM,
         inputs=("x",),
         outputs=("y",),
@@ -493,6 +496,7 @@ for _c in _COLLS:
         OpDef(
             name=_c.name,
             family=FAMILY,
+            cost_class=COST_CLASS,
             kind=OpKind.COMM,
             inputs=_c.global_inputs,
             outputs=_out_count(_c),

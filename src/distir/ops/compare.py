@@ -20,10 +20,11 @@ from distir.ir.types import DType, Type
 from distir.ir.values import Attrs
 from distir.ops._rules import broadcast_shapes, out_numel_flops, same_dtype
 from distir.ops._torch import binary, unary
-from distir.ops.registry import Fusion, OpDef, TypeCtx, register
+from distir.ops.registry import CostClass, Fusion, OpDef, TypeCtx, register
 from distir.ops.sharding import pointwise
 
 FAMILY = "compare"
+COST_CLASS = CostClass.COMPARE  # how the family's ops are costed
 
 
 def _compare_rule(ctx: TypeCtx) -> Sequence[Type]:
@@ -62,6 +63,7 @@ def _op(
         OpDef(
             name=name,
             family=FAMILY,
+            cost_class=COST_CLASS,
             fusion=Fusion.POINTWISE,
             inputs=inputs,
             outputs=("C",),

@@ -40,12 +40,13 @@ from distir.ops._rules import float_input, int_attr, numel, same_dtype
 from distir.ops._special import F64, f64
 from distir.ops._torch import pad_spatial
 from distir.ops.gradrules import GradCtx, first
-from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, CostClass, OpDef, TypeCtx, register
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
 
 FAMILY = "conv"
+COST_CLASS = CostClass.CONV  # how the family's ops are costed
 
 
 # -- the arithmetic of one spatial axis (for sharding) ----------------------------------------
@@ -448,6 +449,7 @@ CONV = register(
     OpDef(
         name="Conv",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("X", "W", "B?"),
         outputs=("Y",),
         infer=_conv_rule,
@@ -463,6 +465,7 @@ MAX_POOL = register(
     OpDef(
         name="MaxPool",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("X",),
         outputs=("Y",),
         infer=_pool_rule,
@@ -477,6 +480,7 @@ AVERAGE_POOL = register(
     OpDef(
         name="AveragePool",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("X",),
         outputs=("Y",),
         infer=_pool_rule,

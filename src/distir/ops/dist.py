@@ -42,9 +42,20 @@ from distir.ir.dtensor import (
 )
 from distir.ir.types import _ITEMSIZE, IRTypeError, Type
 from distir.ir.values import Attrs
-from distir.ops.registry import AttrSpec, CommCost, CommPattern, Fusion, OpDef, OpKind, TypeCtx, register
+from distir.ops.registry import (
+    AttrSpec,
+    CommCost,
+    CommPattern,
+    CostClass,
+    Fusion,
+    OpDef,
+    OpKind,
+    TypeCtx,
+    register,
+)
 
 FAMILY = "dist"
+COST_CLASS = CostClass.DIST  # how the family's ops are costed
 
 
 def _redistribute_rule(ctx: TypeCtx) -> Sequence[Type]:
@@ -75,6 +86,7 @@ REDISTRIBUTE = register(
     OpDef(
         name="Redistribute",
         family=FAMILY,
+        cost_class=COST_CLASS,
         kind=OpKind.COMM,
         fusion=Fusion.TRANSPARENT,
         inputs=("x",),
@@ -181,6 +193,7 @@ MESH_SEND = register(
     OpDef(
         name="MeshSend",
         family=FAMILY,
+        cost_class=COST_CLASS,
         kind=OpKind.COMM,
         inputs=("x",),
         outputs=("y",),
@@ -256,6 +269,7 @@ MESH_VIEW = register(
     OpDef(
         name="MeshView",
         family=FAMILY,
+        cost_class=COST_CLASS,
         kind=OpKind.COMM,
         fusion=Fusion.TRANSPARENT,
         inputs=("x",),

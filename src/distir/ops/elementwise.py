@@ -22,13 +22,14 @@ from distir.ops._rules import broadcast_shapes, float_attr, numel, out_numel_flo
 from distir.ops._special import normal_cdf
 from distir.ops._torch import binary, unary
 from distir.ops.gradrules import GradCtx, GradRule, first, is_float, unbroadcast, zeros_like
-from distir.ops.registry import AttrSpec, Fusion, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, CostClass, Fusion, OpDef, TypeCtx, register
 from distir.ops.sharding import R, ShardingRule, Strategy, mul_rule, pointwise
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
 
 FAMILY = "elementwise"
+COST_CLASS = CostClass.ELEMENTWISE  # how the family's ops are costed
 
 
 def _broadcast_rule(ctx: TypeCtx) -> Sequence[Type]:
@@ -67,6 +68,7 @@ def _binary(
         OpDef(
             name=name,
             family=FAMILY,
+            cost_class=COST_CLASS,
             fusion=Fusion.POINTWISE,
             inputs=("A", "B"),
             outputs=("C",),
@@ -86,6 +88,7 @@ def _unary(
         OpDef(
             name=name,
             family=FAMILY,
+            cost_class=COST_CLASS,
             fusion=Fusion.POINTWISE,
             inputs=("X",),
             outputs=("Y",),
@@ -129,6 +132,7 @@ STOP_GRADIENT = register(
     OpDef(
         name="StopGradient",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("X",),
         outputs=("Y",),
         infer=_unary_rule,
@@ -146,6 +150,7 @@ IDENTITY = register(
     OpDef(
         name="Identity",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("X",),
         outputs=("Y",),
         infer=_unary_rule,
@@ -170,6 +175,7 @@ SUM = register(
     OpDef(
         name="Sum",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.POINTWISE,
         inputs=("*data",),
         outputs=("sum",),
@@ -200,6 +206,7 @@ WHERE = register(
     OpDef(
         name="Where",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.POINTWISE,
         inputs=("condition", "X", "Y"),
         outputs=("output",),
@@ -243,6 +250,7 @@ CAST = register(
     OpDef(
         name="Cast",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.POINTWISE,
         inputs=("input",),
         outputs=("output",),
@@ -266,6 +274,7 @@ SCALE = register(
     OpDef(
         name="Scale",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.POINTWISE,
         inputs=("X",),
         outputs=("Y",),
@@ -303,6 +312,7 @@ FILL_LIKE = register(
     OpDef(
         name="FillLike",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("X",),
         outputs=("Y",),
         infer=_fill_like_rule,

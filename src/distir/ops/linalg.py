@@ -15,12 +15,13 @@ from distir.ir.values import Attrs, Value
 from distir.ops import sharding as sharding_rules
 from distir.ops._rules import broadcast_shapes, float_attr, int_attr, numel, same_dtype
 from distir.ops.gradrules import GradCtx, first, reshape, unbroadcast
-from distir.ops.registry import AttrSpec, Fusion, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, CostClass, Fusion, OpDef, TypeCtx, register
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
 
 FAMILY = "linalg"
+COST_CLASS = CostClass.LINALG  # how the family's ops are costed
 
 
 def _matmul_shape(ctx: TypeCtx, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
@@ -72,6 +73,7 @@ MATMUL = register(
     OpDef(
         name="MatMul",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.GEMM,
         inputs=("A", "B"),
         outputs=("Y",),
@@ -137,6 +139,7 @@ GEMM = register(
     OpDef(
         name="Gemm",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.GEMM,
         inputs=("A", "B", "C?"),
         outputs=("Y",),

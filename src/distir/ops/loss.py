@@ -24,13 +24,14 @@ from distir.ops import sharding as sh
 from distir.ops._rules import float_input, numel, same_dtype, same_shape, str_attr
 from distir.ops._special import F64, f64
 from distir.ops.nn import log_softmax
-from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, CostClass, OpDef, TypeCtx, register
 from distir.ops.shape.select import ROWS, check_rows, local_rows, rows_localizer
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
 
 FAMILY = "loss"
+COST_CLASS = CostClass.LOSS  # how the family's ops are costed
 
 REDUCTIONS = ("mean", "sum", "none")
 REDUCTION = AttrSpec("str", "mean", REDUCTIONS)
@@ -112,6 +113,7 @@ SOFTMAX_CROSS_ENTROPY_LOSS = register(
     OpDef(
         name="SoftmaxCrossEntropyLoss",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("scores", "labels"),
         outputs=("output",),
         infer=_sce_rule,
@@ -153,6 +155,7 @@ NEGATIVE_LOG_LIKELIHOOD_LOSS = register(
     OpDef(
         name="NegativeLogLikelihoodLoss",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("input", "target"),
         outputs=("loss",),
         infer=_sce_rule,
@@ -250,6 +253,7 @@ SOFTMAX_CROSS_ENTROPY_PARTS = register(
     OpDef(
         name="SoftmaxCrossEntropyParts",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("scores", "shift", "labels"),
         outputs=("sumexp", "picked"),
         infer=_parts_rule,
@@ -291,6 +295,7 @@ MSE_LOSS = register(
     OpDef(
         name="MSELoss",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("prediction", "target"),
         outputs=("output",),
         infer=_mse_rule,

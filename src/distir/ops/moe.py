@@ -49,12 +49,13 @@ from distir.ops._rules import float_input, int_attr, same_dtype
 from distir.ops._special import F64, f64
 from distir.ops.gradrules import GradCtx
 from distir.ops.nn import softmax
-from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, CostClass, OpDef, TypeCtx, register
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
 
 FAMILY = "moe"
+COST_CLASS = CostClass.MOE  # how the family's ops are costed
 ATTRS = {"top_k": AttrSpec("int"), "normalize": AttrSpec("bool", True)}
 
 
@@ -255,6 +256,7 @@ MOE = register(
     OpDef(
         name="MoE",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("X", "Wg", "W1", "W3", "W2"),
         outputs=("Y",),
         infer=_moe_rule,
@@ -271,6 +273,7 @@ MOE_GRAD = register(
     OpDef(
         name="MoEGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dY", "X", "Wg", "W1", "W3", "W2"),
         outputs=("dX", "dWg", "dW1", "dW3", "dW2"),
         infer=_moe_grad_rule,

@@ -41,12 +41,13 @@ from distir.ops._rules import (
 )
 from distir.ops._special import F64, f64
 from distir.ops.gradrules import GradCtx, first, unbroadcast
-from distir.ops.registry import AttrSpec, Fusion, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, CostClass, Fusion, OpDef, TypeCtx, register
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
 
 FAMILY = "nn"
+COST_CLASS = CostClass.NN  # how the family's ops are costed
 
 
 # -- Softmax ----------------------------------------------------------------------------------
@@ -84,6 +85,7 @@ SOFTMAX = register(
     OpDef(
         name="Softmax",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.ROWWISE,
         inputs=("input",),
         outputs=("output",),
@@ -107,6 +109,7 @@ LOG_SOFTMAX = register(
     OpDef(
         name="LogSoftmax",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.ROWWISE,
         inputs=("input",),
         outputs=("output",),
@@ -195,6 +198,7 @@ LAYER_NORMALIZATION = register(
     OpDef(
         name="LayerNormalization",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.ROWWISE,
         inputs=("X", "Scale", "B?"),
         outputs=("Y",),
@@ -210,6 +214,7 @@ RMS_NORMALIZATION = register(
     OpDef(
         name="RMSNormalization",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.ROWWISE,
         inputs=("X", "scale"),
         outputs=("Y",),
@@ -258,6 +263,7 @@ CAUSAL_MASK = register(
     OpDef(
         name="CausalMask",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.POINTWISE,
         inputs=("X",),
         outputs=("Y",),
@@ -326,6 +332,7 @@ DROPOUT = register(
     OpDef(
         name="Dropout",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.POINTWISE,
         inputs=("X",),
         outputs=("Y", "mask"),
@@ -342,6 +349,7 @@ DROPOUT_GRAD = register(
     OpDef(
         name="DropoutGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.POINTWISE,
         inputs=("dY", "mask"),
         outputs=("dX",),

@@ -13,12 +13,13 @@ from distir.ir.values import Attrs
 from distir.ops import sharding as sh
 from distir.ops._rules import float_attr, float_input, numel, same_dtype, same_shape
 from distir.ops._torch import like, upcast
-from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, CostClass, OpDef, TypeCtx, register
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
 
 FAMILY = "optim"
+COST_CLASS = CostClass.OPTIM  # how the family's ops are costed
 
 
 def _sgd_rule(ctx: TypeCtx) -> Sequence[Type]:
@@ -38,6 +39,7 @@ SGD = register(
     OpDef(
         name="SGD",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("weight", "grad"),
         outputs=("new_weight",),
         infer=_sgd_rule,
@@ -95,6 +97,7 @@ ADAM = register(
     OpDef(
         name="Adam",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("weight", "grad", "m", "v", "step"),
         outputs=("new_weight", "new_m", "new_v"),
         infer=_adam_rule,

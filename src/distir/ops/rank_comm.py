@@ -25,7 +25,7 @@ import numpy as np
 from distir.ir.dtensor import split_sizes
 from distir.ir.types import Device, DType, ScalarType, TensorType, Type
 from distir.ir.values import Attrs
-from distir.ops.comm import _COLLS, FAMILY, _Coll
+from distir.ops.comm import _COLLS, COST_CLASS, FAMILY, _Coll
 from distir.ops.registry import REGISTRY, AttrSpec, OpDef, OpKind, TypeCtx, register
 
 
@@ -120,6 +120,7 @@ RANK_SEND = register(
     OpDef(
         name="rank.Send",
         family=FAMILY,
+        cost_class=COST_CLASS,
         kind=OpKind.RANK_COMM,
         inputs=("x",),
         outputs=(),
@@ -135,6 +136,7 @@ RANK_RECV = register(
     OpDef(
         name="rank.Recv",
         family=FAMILY,
+        cost_class=COST_CLASS,
         kind=OpKind.RANK_COMM,
         inputs=(),
         outputs=("y",),
@@ -406,6 +408,7 @@ for _c in _COLLS:
         OpDef(
             name="rank." + _c.name,
             family=FAMILY,
+            cost_class=COST_CLASS,
             kind=OpKind.RANK_COMM,
             inputs=("x?",),
             outputs=lambda n, attrs: -1,

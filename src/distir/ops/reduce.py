@@ -25,12 +25,13 @@ from distir.ir.values import Attrs, Value
 from distir.ops import sharding as sh
 from distir.ops._rules import int_attr, norm_axes, numel
 from distir.ops.gradrules import GradCtx, GradRule, first
-from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, CostClass, OpDef, TypeCtx, register
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
 
 FAMILY = "reduce"
+COST_CLASS = CostClass.REDUCE  # how the family's ops are costed
 
 ATTRS = {"axes": AttrSpec("ints", None), "keepdims": AttrSpec("int", 1, (0, 1))}
 
@@ -88,6 +89,7 @@ REDUCE_SUM = register(
     OpDef(
         name="ReduceSum",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("data",),
         outputs=("reduced",),
         infer=_reduce_rule,
@@ -102,6 +104,7 @@ REDUCE_MEAN = register(
     OpDef(
         name="ReduceMean",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("data",),
         outputs=("reduced",),
         infer=_reduce_rule,
@@ -123,6 +126,7 @@ REDUCE_MAX = register(
     OpDef(
         name="ReduceMax",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("data",),
         outputs=("reduced",),
         infer=_reduce_rule,
@@ -170,6 +174,7 @@ CUMSUM = register(
     OpDef(
         name="CumSum",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("x",),
         outputs=("y",),
         infer=_cumsum_rule,

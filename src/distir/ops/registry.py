@@ -3,8 +3,8 @@
 An ``OpDef`` carries the op's signature (named inputs, optional and variadic ones, its result
 count), attribute schema, type/shape rule, optional partial evaluator (outputs computable from
 types and the known inputs, e.g. ``Shape``), numpy reference implementation, cost descriptors
-(FLOPs, bytes read and written, the GEMM shape of a matrix product, how it fuses with its
-neighbours: ``Fusion``), whether it belongs to attention's core (``attention_core``: what
+(its ``CostClass``, FLOPs, bytes read and written, the GEMM shape of a matrix product, how it
+fuses with its neighbours: ``Fusion``), whether it belongs to attention's core (``attention_core``: what
 selective recomputation recomputes) and named slots that later layers fill once each
 (``grad``, ``sharding``, ``torch``).
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
@@ -67,6 +67,31 @@ class CommPattern(Enum):
     SCATTER = "scatter"
     GATHER = "gather"
     ALLTOALL = "alltoall"
+
+
+class CostClass(StrEnum):
+    """How a cost model prices an op's compute, declared by every op (``OpDef.cost_class``):
+    the class picks the roofline efficiency of ops without a better descriptor (``gemm``,
+    ``flash``) and keys a calibrated device's measured rates (``DeviceSpec.families``, measured
+    per class by ``distir calibrate``). Today each family's ops share the class named like the
+    family; a family may declare another class for an op that costs unlike its siblings. The
+    value is the name calibration files use."""
+
+    LINALG = "linalg"
+    NN = "nn"
+    LOSS = "loss"
+    ELEMENTWISE = "elementwise"
+    GRAD = "grad"
+    OPTIM = "optim"
+    REDUCE = "reduce"
+    ATTENTION = "attention"
+    CONV = "conv"
+    MOE = "moe"
+    COMPARE = "compare"
+    SHAPE = "shape"
+    TUPLES = "tuples"
+    COMM = "comm"
+    DIST = "dist"
 
 
 class Fusion(Enum):
@@ -288,6 +313,8 @@ class OpDef:
     # part of attention's core, which selective recomputation recomputes
     # (``distir.autodiff.reverse.attention_core``)
     attention_core: bool = False
+    # how cost models price its compute (declared by every op, by keyword)
+    cost_class: CostClass = field(kw_only=True)
     grad: Any = None
     sharding: Any = None
     # the torch implementation: ``impl(ctx, inputs, attrs) -> outputs`` with ``ctx`` a

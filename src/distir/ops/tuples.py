@@ -8,9 +8,10 @@ from typing import Any
 
 from distir.ir.types import TupleType, Type
 from distir.ir.values import Attrs
-from distir.ops.registry import OpDef, TypeCtx, register
+from distir.ops.registry import CostClass, OpDef, TypeCtx, register
 
 FAMILY = "tuples"
+COST_CLASS = CostClass.TUPLES  # how the family's ops are costed
 
 
 def _free(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
@@ -36,6 +37,7 @@ MAKE_TUPLE = register(
     OpDef(
         name="MakeTuple",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("*elements",),
         outputs=("tuple",),
         infer=_make_rule,
@@ -48,6 +50,7 @@ UNPACK_TUPLE = register(
     OpDef(
         name="UnpackTuple",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("tuple",),
         outputs=lambda n, attrs: -1,
         infer=_unpack_rule,

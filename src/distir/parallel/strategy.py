@@ -36,6 +36,7 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from distir.limits import MAX_DEGREE, MAX_DEVICES, MAX_LAYERS, exceeds, is_digits, over, read_int
 
@@ -190,6 +191,73 @@ def _ints(body: str, part: str, text: str) -> tuple[int, ...]:
     return tuple(v for v in values if v is not None)
 
 
+class _Part(NamedTuple):
+    """One dot-separated part of a strategy string read: the field it sets and its value, and
+    any further field it sets too (``z3h8``: the HSDP shard group)."""
+
+    key: str
+    value: object
+    extra: dict[str, object]
+
+
+_KNOWN_PARTS = (
+    "d<n>",
+    "t<n>",
+    "sp",
+    "c<n>",
+    "p<n>",
+    "k<n>",
+    "v<n>",
+    "z<0-3>",
+    "z3h<n>",
+    "rnone|rfull|rsel|rops",
+    "L…",
+    "b…",
+    "@…",
+    *SCHEDULES,
+)
+
+
+def _hsdp_part(part: str, text: str) -> _Part:
+    """``z3h<n>``: ZeRO stage and HSDP shard group."""
+    stage, _, h = part[1:].partition("h")
+    zs, hs = read_int(stage), read_int(h)
+    if zs is None or hs is None:
+        raise StrategyError(f"strategy {text!r}: {part!r} should be z3h<n> (HSDP, like z3h8)")
+    return _Part("zero", zs, {"shard_group": hs})
+
+
+def _unknown_part(part: str, text: str) -> StrategyError:
+    close = difflib.get_close_matches(part, [*SCHEDULES, *_ALIASES, "sp"], n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return StrategyError(f"strategy {text!r}: unknown part {part!r}{hint}; parts: {', '.join(_KNOWN_PARTS)}")
+
+
+def _read_part(part: str, text: str) -> _Part:
+    """One non-empty part of strategy ``text`` (module docstring), or a ``StrategyError``."""
+    name = _ALIASES.get(part, part)
+    head, body = part[0], part[1:]
+    if name in SCHEDULES:
+        return _Part("schedule", name, {})
+    if part == "sp":
+        return _Part("sp", True, {})
+    if head in "dtpkvc" and is_digits(body):
+        return _Part(head, _int(part, text, "a positive integer"), {})
+    if head == "z":
+        return (
+            _hsdp_part(part, text) if "h" in part else _Part("zero", _int(part, text, "a ZeRO stage 0-3"), {})
+        )
+    if head == "r" and body in RECOMPUTE:
+        return _Part("recompute", RECOMPUTE[body], {})
+    if head == "L":
+        return _Part("partition", body if body in ("uniform", "params") else _ints(body, part, text), {})
+    if head == "@":
+        return _Part("placement", _ints(body, part, text), {})
+    if head == "b" and is_digits(part[1:2]):
+        return _Part("shares", _ints(body, part, text), {})
+    raise _unknown_part(part, text)
+
+
 def parse_strategy(text: str) -> Strategy:
     """``"d2.t4.p2.k8.1f1b"`` -> Strategy (module docstring)."""
     fields: dict[str, object] = {}
@@ -198,56 +266,11 @@ def parse_strategy(text: str) -> Strategy:
     for part in text.strip().split("."):
         if not part:
             raise StrategyError(f"strategy {text!r}: empty part (two dots in a row?)")
-        name = _ALIASES.get(part, part)
-        key: str
-        value: object
-        if name in SCHEDULES:
-            key, value = "schedule", name
-        elif part == "sp":
-            key, value = "sp", True
-        elif part[0] in "dtpkvc" and is_digits(part[1:]):
-            key, value = part[0], _int(part, text, "a positive integer")
-        elif part[0] == "z" and "h" in part:
-            stage, _, h = part[1:].partition("h")
-            zs, hs = read_int(stage), read_int(h)
-            if zs is None or hs is None:
-                raise StrategyError(f"strategy {text!r}: {part!r} should be z3h<n> (HSDP, like z3h8)")
-            key, value = "zero", zs
-            fields["shard_group"] = hs
-        elif part[0] == "z":
-            key, value = "zero", _int(part, text, "a ZeRO stage 0-3")
-        elif part[0] == "r" and part[1:] in RECOMPUTE:
-            key, value = "recompute", RECOMPUTE[part[1:]]
-        elif part[0] == "L":
-            body = part[1:]
-            key, value = "partition", body if body in ("uniform", "params") else _ints(body, part, text)
-        elif part[0] == "@":
-            key, value = "placement", _ints(part[1:], part, text)
-        elif part[0] == "b" and is_digits(part[1:2]):
-            key, value = "shares", _ints(part[1:], part, text)
-        else:
-            known = [
-                "d<n>",
-                "t<n>",
-                "sp",
-                "c<n>",
-                "p<n>",
-                "k<n>",
-                "v<n>",
-                "z<0-3>",
-                "z3h<n>",
-                "rnone|rfull|rsel|rops",
-                "L…",
-                "b…",
-                "@…",
-                *SCHEDULES,
-            ]
-            close = difflib.get_close_matches(part, [*SCHEDULES, *_ALIASES, "sp"], n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise StrategyError(f"strategy {text!r}: unknown part {part!r}{hint}; parts: {', '.join(known)}")
-        if key in fields:
-            raise StrategyError(f"strategy {text!r}: {key} is given twice")
-        fields[key] = value
+        got = _read_part(part, text)
+        fields.update(got.extra)
+        if got.key in fields:
+            raise StrategyError(f"strategy {text!r}: {got.key} is given twice")
+        fields[got.key] = got.value
     try:
         return Strategy(**fields)  # type: ignore[arg-type]
     except StrategyError as e:

@@ -69,19 +69,36 @@ def _numerics(a: dict[str, Any], err: Console) -> tuple[str, str]:
 
 
 def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: bool, debug: bool) -> None:
-    from distir.files import write_atomically
-    from distir.frontends.zoo.model import ModelError
-    from distir.hardware.specs import HardwareError
-    from distir.parallel.sharding.propagate import ShardingError
-    from distir.parallel.strategy import StrategyError
-    from distir.report.bounds import search_error, search_ops_error
+    """``distir search`` with its parsed options ``a``: checks them, runs the search with a
+    progress bar, writes the plot, page and CSV, exports the winner, prints the report."""
     from distir.report.pareto_html import write_html
     from distir.report.pareto_png import write_png
-    from distir.report.search_report import explain, plot_rows, results_table, search_json, write_csv
-    from distir.search.executor import EXECUTORS, ExecutorError
-    from distir.search.run import SearchRequest, search
-    from distir.search.space import Pins, SpaceError
-    from distir.search.store import StoreError
+    from distir.report.search_report import plot_rows, write_csv
+
+    _check_options(a, err)
+    dtype, precision = _numerics(a, err)
+    store = None if a["fresh"] else (a["store"] or default_store())
+    req, o, plot, html = _searched(a, dtype, precision, store, err, json_out, debug)
+    title = f"{req.model} on {o.cluster.describe()}, batch {req.batch}"
+    rows = plot_rows(o)
+    try:
+        write_png(rows, plot, title)
+        write_html(rows, html, title)
+        if a["csv_path"] is not None:
+            write_csv(o, a["csv_path"])
+    except OSError as e:  # checked before the search; the disk may have filled up since
+        _fail(err, f"cannot write the search's outputs: {e}")
+    exported = _export_winner(o, a, err, debug)
+    if json_out:
+        _print_json(o, a, plot, html, exported, err)
+    else:
+        _print_text(o, a, store, plot, html, exported, out, err)
+
+
+def _check_options(a: dict[str, Any], err: Console) -> None:
+    """The options no search can run with, each one line and exit 2 before any work."""
+    from distir.report.bounds import search_error, search_ops_error
+    from distir.search.executor import EXECUTORS
 
     if a["executor"] not in EXECUTORS:
         _fail(err, f"--executor must be one of {', '.join(EXECUTORS)}, got {a['executor']!r}")
@@ -103,60 +120,68 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
         from distir.report.export_cli import check_target
 
         check_target(a["export_to"], err, "--export")
-    dtype, precision = _numerics(a, err)
+
+
+def _request(a: dict[str, Any], dtype: str, precision: str, store: Path | None) -> Any:
+    """The ``SearchRequest`` the options describe (``dtype``, ``precision``: ``auto`` resolved)."""
+    from distir.search.run import SearchRequest
+    from distir.search.space import Pins
+
+    pins = Pins(
+        dp=a["dp"],
+        tp=a["tp"],
+        pp=a["pp"],
+        k=a["microbatches"],
+        schedule=a["schedule"],
+        zero=a["zero"],
+        recompute=a["recompute"],
+        max_k=a["max_k"],
+        mbs=a["microbatch_size"],
+        hsdp=a["hsdp"],
+        cp=a.get("cp"),
+    )
+    return SearchRequest(
+        model=a["model"],
+        cluster=a["cluster"],
+        batch=a["batch"],
+        train=a["train"],
+        optimizer=a["optimizer"],
+        dtype=dtype,
+        precision=precision,
+        pins=pins,
+        top=a["top"],
+        workers=a["workers"],
+        executor=a["executor"],
+        store=store,
+        explain=a["explain_"],
+        tp_layout=a.get("tp_layout", "declared"),
+    )
+
+
+def _searched(
+    a: dict[str, Any],
+    dtype: str,
+    precision: str,
+    store: Path | None,
+    err: Console,
+    json_out: bool,
+    debug: bool,
+) -> tuple[Any, Any, Path, Path]:
+    """The request, the search's outcome (with a progress bar on a terminal) and the plot and
+    page paths, checked writable before the search starts; a user error is one line, exit 2."""
+    from distir.frontends.zoo.model import ModelError
+    from distir.hardware.specs import HardwareError
+    from distir.parallel.sharding.propagate import ShardingError
+    from distir.parallel.strategy import StrategyError
+    from distir.search.executor import ExecutorError
+    from distir.search.space import SpaceError
+    from distir.search.store import StoreError
+
     try:
-        pins = Pins(
-            dp=a["dp"],
-            tp=a["tp"],
-            pp=a["pp"],
-            k=a["microbatches"],
-            schedule=a["schedule"],
-            zero=a["zero"],
-            recompute=a["recompute"],
-            max_k=a["max_k"],
-            mbs=a["microbatch_size"],
-            hsdp=a["hsdp"],
-            cp=a.get("cp"),
-        )
-        store = None if a["fresh"] else (a["store"] or default_store())
-        req = SearchRequest(
-            model=a["model"],
-            cluster=a["cluster"],
-            batch=a["batch"],
-            train=a["train"],
-            optimizer=a["optimizer"],
-            dtype=dtype,
-            precision=precision,
-            pins=pins,
-            top=a["top"],
-            workers=a["workers"],
-            executor=a["executor"],
-            store=store,
-            explain=a["explain_"],
-            tp_layout=a.get("tp_layout", "declared"),
-        )
+        req = _request(a, dtype, precision, store)
         plot, html = _report_paths(req, a, store)
         _check_outputs(a, store, plot, html, err)
-        show = not json_out and sys.stderr.isatty()
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=err,
-            transient=True,
-            disable=not show,
-        ) as bar:
-            tasks: dict[str, Any] = {}
-
-            def progress(phase: str, done: int, total: int) -> None:
-                if phase not in tasks:
-                    tasks[phase] = bar.add_task(PHASES.get(phase, phase), total=total)
-                bar.update(tasks[phase], completed=done, total=total)
-
-            o = search(req, progress)
+        return req, _search_with_progress(req, err, show=not json_out and sys.stderr.isatty()), plot, html
     except (
         ModelError,
         HardwareError,
@@ -169,32 +194,67 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
         if debug:
             traceback.print_exc()
         _fail(err, str(e))
-    title = f"{req.model} on {o.cluster.describe()}, batch {req.batch}"
-    rows = plot_rows(o)
-    try:
-        write_png(rows, plot, title)
-        write_html(rows, html, title)
-        if a["csv_path"] is not None:
-            write_csv(o, a["csv_path"])
-    except OSError as e:  # checked before the search; the disk may have filled up since
-        _fail(err, f"cannot write the search's outputs: {e}")
-    exported = _export_winner(o, a, err, debug)
-    if json_out:
-        payload = search_json(o)
-        payload["plot"], payload["html"] = str(plot), str(html)
-        if a["explain_"]:
-            payload["explain"] = explain(o)
-        if exported is not None:
-            from distir.report.export_cli import export_json
 
-            if a.get("export_out") is not None:
-                try:
-                    write_atomically(a["export_out"], exported.text)
-                except OSError as e:
-                    _fail(err, f"--export-out {a['export_out']}: {e}")
-            payload["export"] = export_json(exported, a.get("export_out"))
-        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
-        return
+
+def _search_with_progress(req: Any, err: Console, show: bool) -> Any:
+    """``search(req)`` with a progress bar per phase on ``err`` (when ``show``)."""
+    from distir.search.run import search
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+        disable=not show,
+    ) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(PHASES.get(phase, phase), total=total)
+            bar.update(tasks[phase], completed=done, total=total)
+
+        return search(req, progress)
+
+
+def _print_json(o: Any, a: dict[str, Any], plot: Path, html: Path, exported: Any, err: Console) -> None:
+    """``--json``: the search's one JSON object, with the export written to ``--export-out``."""
+    from distir.files import write_atomically
+    from distir.report.search_report import explain, search_json
+
+    payload = search_json(o)
+    payload["plot"], payload["html"] = str(plot), str(html)
+    if a["explain_"]:
+        payload["explain"] = explain(o)
+    if exported is not None:
+        from distir.report.export_cli import export_json
+
+        if a.get("export_out") is not None:
+            try:
+                write_atomically(a["export_out"], exported.text)
+            except OSError as e:
+                _fail(err, f"--export-out {a['export_out']}: {e}")
+        payload["export"] = export_json(exported, a.get("export_out"))
+    sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+
+
+def _print_text(
+    o: Any,
+    a: dict[str, Any],
+    store: Path | None,
+    plot: Path,
+    html: Path,
+    exported: Any,
+    out: Console,
+    err: Console,
+) -> None:
+    """The text report: results table, advice, timings, ``--explain``, the files written."""
+    from distir.report.search_report import explain, results_table
+
     # pipes and 80-column terminals would squeeze the strategy column to nothing (rich clamps a
     # print's width to the console's, so widen the console itself while the table prints)
     width = out.width
@@ -205,20 +265,7 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
         out.width = width
     for line in o.advice:
         out.print(line, markup=False)
-    t = o.timings
-    if o.from_store:
-        out.print(
-            f"from the store {store} in {t['render_s']:.2f} s: this search ran before "
-            f"({o.n_screened} strategies screened in {t['screen_s']:.2f} s, {t['total_s']:.2f} s in all); "
-            "--fresh searches again"
-        )
-    else:
-        out.print(
-            f"screen {t['screen_s']:.2f} s ({o.n_screened} strategies: the base strategies, each up its "
-            f"memory ladder until it fits; {o.profiles} layer simulations), "
-            f"placement {t['placement_s']:.2f} s, exact simulation {t['simulate_s']:.2f} s"
-            + (f" ({o.n_cached} from the store {store})" if o.n_cached else "")
-        )
+    out.print(_timings_line(o, store))
     if a["explain_"]:
         out.print()
         for line in explain(o):
@@ -231,6 +278,23 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
 
         out.print(f"\nthe winner for {exported.target}:", markup=False)
         emit(exported, a.get("export_out"), out, err)
+
+
+def _timings_line(o: Any, store: Path | None) -> str:
+    """Where the search's time went (or that it came from the store)."""
+    t = o.timings
+    if o.from_store:
+        return (
+            f"from the store {store} in {t['render_s']:.2f} s: this search ran before "
+            f"({o.n_screened} strategies screened in {t['screen_s']:.2f} s, {t['total_s']:.2f} s in all); "
+            "--fresh searches again"
+        )
+    return (
+        f"screen {t['screen_s']:.2f} s ({o.n_screened} strategies: the base strategies, each up its "
+        f"memory ladder until it fits; {o.profiles} layer simulations), "
+        f"placement {t['placement_s']:.2f} s, exact simulation {t['simulate_s']:.2f} s"
+        + (f" ({o.n_cached} from the store {store})" if o.n_cached else "")
+    )
 
 
 def _report_paths(req: Any, a: dict[str, Any], store: Path | None) -> tuple[Path, Path]:

@@ -9,7 +9,9 @@ Only exceptions raised by the evaluation function become results (``{"error": "<
 <message>"}``, stored like any other so a failing strategy is not retried forever). Failures of the
 machinery around it (a worker process that died, an ``fn`` that cannot be pickled, a Ray error)
 raise ``ExecutorError`` and store nothing for the tasks affected, so a rerun retries them; results
-stored before the failure are kept.
+stored before the failure are kept. Those failures are named (``PICKLING_ERRORS``,
+``BrokenProcessPool``, Ray's ``RayError``): anything else raised around the evaluation function is a
+bug of distir's and propagates as it is.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import ctypes
 import importlib
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import CancelledError, Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.context import BaseContext
 from multiprocessing.reduction import ForkingPickler
@@ -30,7 +33,17 @@ from typing import Any, Final
 
 from distir.search.store import DuplicateResult, ResultStore, dumps, loads
 
-__all__ = ["EXECUTORS", "ExecutorError", "local_pool", "new_pool", "run_all", "start", "stop_pool"]
+__all__ = [
+    "EXECUTORS",
+    "PICKLING_ERRORS",
+    "TASK_LOST",
+    "ExecutorError",
+    "local_pool",
+    "new_pool",
+    "run_all",
+    "start",
+    "stop_pool",
+]
 
 EXECUTORS: Final = ("local", "ray")
 
@@ -45,6 +58,15 @@ _THREAD_ENV: Final = (
 _PR_SET_PDEATHSIG: Final = 1  # from <linux/prctl.h>
 
 Result = dict[str, Any]
+
+# What pickling an object that cannot be pickled raises: ``PicklingError``, or ``TypeError`` (a
+# lock, a generator: "cannot pickle ..."), or ``AttributeError`` (a lambda or a local function:
+# "Can't pickle local object ..."). A pool's feeder thread sets them on the task's future.
+PICKLING_ERRORS: Final = (pickle.PicklingError, TypeError, AttributeError)
+# What the future of a task on a pool raises when the pool failed it rather than the task: a
+# worker died (``BrokenProcessPool``), the pool was stopped before it ran (``CancelledError``), or
+# the task or its result could not be pickled. A caller that can compute the task itself does so.
+TASK_LOST: Final = (BrokenProcessPool, CancelledError, *PICKLING_ERRORS)
 _OnResult = Callable[[str, Result], None]
 
 
@@ -63,7 +85,7 @@ def _evaluate(fn: Callable[[str], Result], task: str) -> Result:
     """
     try:
         result = fn(task)
-    except Exception as exc:
+    except Exception as exc:  # the evaluation's own failure is its task's result (module docstring)
         return {"error": f"{type(exc).__name__}: {exc}"}
     if not isinstance(result, Mapping):
         return {"error": f"TypeError: evaluation returned {type(result).__name__}, not a dict"}
@@ -127,11 +149,13 @@ def stop_pool(pool: ProcessPoolExecutor) -> None:
     # The pool has no public way to do that before Python 3.14, hence the private process table.
     processes = list((getattr(pool, "_processes", None) or {}).values())
     pool.shutdown(wait=False, cancel_futures=True)
+    # a process already ended and closed by the pool raises ValueError; one that cannot be
+    # signalled, OSError
     for process in processes:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(ValueError, OSError):
             process.terminate()
     for process in processes:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(ValueError, OSError):
             process.join(timeout=5.0)
 
 
@@ -166,7 +190,7 @@ def _run_pool(
     # it from a background thread, task by task.
     try:
         ForkingPickler.dumps(fn)
-    except Exception as exc:
+    except PICKLING_ERRORS as exc:
         raise ExecutorError(
             f"--workers > 1 needs a picklable evaluation function (a module-level function or a "
             f"functools.partial of one), got {fn!r}: {type(exc).__name__}: {exc}"
@@ -188,7 +212,7 @@ def _run_pool(
                     f"a worker process died (killed, out of memory, or unable to import the evaluation "
                     f"function), last waiting on {task!r}; finished results are stored, rerun to resume"
                 ) from exc
-            except Exception as exc:
+            except PICKLING_ERRORS as exc:  # ``_evaluate`` turns the function's own exceptions into results
                 raise ExecutorError(
                     f"evaluating {task!r} failed outside the evaluation function ({type(exc).__name__}: "
                     f"{exc}); the function and its arguments must be picklable"
@@ -220,9 +244,10 @@ def _run_ray(todo: Sequence[str], fn: Callable[[str], Result], workers: int, on_
     ray.init(address=os.environ.get("RAY_ADDRESS") or None, ignore_reinit_error=True)
     # Ray sets OMP_NUM_THREADS to a task's num_cpus, so one CPU per task also means one thread.
     remote = ray.remote(num_cpus=1)(_evaluate)
+    ray_error: type[Exception] = ray.exceptions.RayError  # the base of every error Ray raises
     try:
         fn_ref = ray.put(fn)  # shipped once, not once per task
-    except Exception as exc:
+    except (*PICKLING_ERRORS, ray_error) as exc:
         raise ExecutorError(
             f"Ray cannot ship the evaluation function {fn!r}: {type(exc).__name__}: {exc}"
         ) from exc
@@ -245,7 +270,7 @@ def _run_ray(todo: Sequence[str], fn: Callable[[str], Result], workers: int, on_
                 task = pending.pop(ref)
                 try:
                     result: Result = ray.get(ref)
-                except Exception as exc:
+                except ray_error as exc:  # a lost worker or node, an object Ray cannot fetch
                     raise ExecutorError(
                         f"Ray failed evaluating {task!r} outside the evaluation function "
                         f"({type(exc).__name__}: {exc}); finished results are stored, rerun to resume"
@@ -254,7 +279,7 @@ def _run_ray(todo: Sequence[str], fn: Callable[[str], Result], workers: int, on_
                 submit_next()
     finally:
         for ref in pending:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(ray_error):
                 ray.cancel(ref, force=True)
 
 

@@ -47,6 +47,7 @@ from distir.parallel.distribute import ShardedLayer, sharded_layers
 from distir.parallel.layer_sharder import split_backward, unsharded_layers
 from distir.parallel.pipeline.partition import Ends, ends
 from distir.search.distinct import Reduced, distinct_layers
+from distir.search.executor import TASK_LOST
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
 from distir.sim.simulate import simulate
@@ -253,7 +254,7 @@ class Profiler:
         fut = self._pending.pop(key)
         try:
             results, probes, cpu = fut.result()
-        except Exception:  # a failure of the task or of its process: ``layers`` computes it here
+        except TASK_LOST:  # a dead worker or a stopped pool: ``layers`` computes it here
             return None
         for k, profiles in results:
             self._pending.pop(k, None)

@@ -47,7 +47,7 @@ from distir.ir.dtensor import Placement
 from distir.ir.types import DType
 from distir.parallel.strategy import Strategy
 from distir.search import final
-from distir.search.executor import local_pool, run_all
+from distir.search.executor import TASK_LOST, local_pool, run_all
 from distir.search.executor import start as start_task
 from distir.search.placement import anneal_placement, megatron_placement
 from distir.search.profile import (
@@ -362,8 +362,10 @@ def anneal(
     for n, (i, base, start) in enumerate(jobs):
         got = None
         if n in futures:
-            with contextlib.suppress(Exception):  # a failed worker: search here instead
+            try:
                 got = futures[n].result()
+            except TASK_LOST:  # a dead worker or a stopped pool: search here instead
+                got = None
         pl, c = got if got is not None else _anneal(screen, base, start, req.anneal_iters, n)
         if c < screened[i].step_time_s:
             screened[i] = screen.estimate(base, pl)

@@ -9,12 +9,12 @@
   costs 0. The efficiency of a matrix product (an op with a ``gemm`` descriptor) follows the
   device's GEMM efficiency curve by shape and precision (``distir.hardware.gemm``; a device
   without a ``GemmProfile``, or ``gemm_curve=False``, takes the flat ``flop_efficiency`` of its
-  family); a fused-attention op (an op with a ``flash`` descriptor) runs at the published speed
-  of the trainer's attention kernel on that GPU (``attention_kernel``: ``fa2``, FlashAttention-2
-  as flash-attn and PyTorch's SDPA run it, or ``cudnn``; ``distir.hardware.attention``), or its
-  family's fraction where the GPU has no profile of that kernel (a calibrated family's
-  measured rates come first); every other op takes the
-  achievable fraction of peak of its family;
+  cost class); a fused-attention op (an op with a ``flash`` descriptor) runs at the published
+  speed of the trainer's attention kernel on that GPU (``attention_kernel``: ``fa2``,
+  FlashAttention-2 as flash-attn and PyTorch's SDPA run it, or ``cudnn``;
+  ``distir.hardware.attention``), or its cost class's fraction where the GPU has no profile of
+  that kernel (a calibrated class's measured rates come first); every other op takes the
+  achievable fraction of peak of its cost class (``OpDef.cost_class``, which every op declares);
 - an op that joins the kernel of the op before it (``distir.sim.fusion``; ``fuse=True``, the
   default) by ``fused_time``: no launch, and no memory traffic for the linked input (nor for the
   producer's write of it when nothing else uses it);
@@ -22,12 +22,13 @@
   cluster's links, from the op's ``comm_cost`` descriptor.
 
 Every constant comes from the hardware description. A device calibrated by ``distir calibrate``
-carries measured rates per op family (``DeviceSpec.families``): an op of a listed family takes
-that family's launch time and FLOP and memory efficiencies instead of the model's
-``flop_efficiency``, ``memory_efficiency`` and the device's ``launch_overhead_s`` (a matrix
-product still follows the device's GEMM curve for its FLOPs; its family's memory efficiency and
-launch time apply). An op of a calibrated family that does no work (a Reshape) still costs its
-family's launch time: the measured cost of dispatching it, which eager execution pays.
+carries measured rates per cost class (``DeviceSpec.families``, keyed by the class's name): an
+op of a listed class takes that class's launch time and FLOP and memory efficiencies instead of
+the model's ``flop_efficiency``, ``memory_efficiency`` and the device's ``launch_overhead_s`` (a
+matrix product still follows the device's GEMM curve for its FLOPs; its class's memory
+efficiency and launch time apply). An op of a calibrated class that does no work (a Reshape)
+still costs its class's launch time: the measured cost of dispatching it, which eager execution
+pays.
 
 A model may also say which GPUs cost compute alike (``gpu_class``: equal classes give equal
 ``compute_time``); the simulator of DTensor programs uses it to cost an op once per class of
@@ -46,18 +47,19 @@ from distir.hardware.gemm import gemm_efficiency
 from distir.hardware.specs import DeviceSpec
 from distir.ir.types import DType, TensorType, TupleType, Type
 from distir.ir.values import Attrs
-from distir.ops.registry import CommCost, CommPattern, OpDef
+from distir.ops.registry import CommCost, CommPattern, CostClass, OpDef
 from distir.sim import collectives as coll
 from distir.sim.fusion import FusedInput
 
+# by cost class (``OpDef.cost_class``); a class not listed takes ``default_flop_efficiency``
 DEFAULT_FLOP_EFFICIENCY: Mapping[str, float] = {
-    "linalg": 0.75,
-    "nn": 0.5,
-    "loss": 0.5,
-    "elementwise": 0.5,
-    "grad": 0.5,
-    "optim": 0.5,
-    "reduce": 0.5,
+    CostClass.LINALG: 0.75,
+    CostClass.NN: 0.5,
+    CostClass.LOSS: 0.5,
+    CostClass.ELEMENTWISE: 0.5,
+    CostClass.GRAD: 0.5,
+    CostClass.OPTIM: 0.5,
+    CostClass.REDUCE: 0.5,
 }
 
 _COLLECTIVE: Mapping[CommPattern, Callable[[Cluster, float, Sequence[int]], float]] = {
@@ -128,7 +130,7 @@ class RooflineCostModel:
         flops = opdef.flops(ins, outs, attrs)
         nbytes = opdef.bytes_read(ins, outs, attrs) + opdef.bytes_written(ins, outs, attrs)
         spec = self.cluster.device_spec(gpu)
-        rates = spec.family_rates(opdef.family)
+        rates = spec.family_rates(opdef.cost_class)
         if flops <= 0 and nbytes <= 0:
             return 0.0 if rates is None else rates.launch_s
         launch = spec.launch_overhead_s if rates is None else rates.launch_s
@@ -166,7 +168,7 @@ class RooflineCostModel:
         nbytes: float,
     ) -> float:
         dtype = op_dtype(ins, outs)
-        rates = spec.family_rates(opdef.family)
+        rates = spec.family_rates(opdef.cost_class)
         if opdef.gemm is not None and self.gemm_curve and spec.gemm is not None:
             fp32 = not (dtype in (DType.f16, DType.bf16) or (dtype is DType.f32 and self.allow_tf32))
             eff = gemm_efficiency(spec.gemm, opdef.gemm(ins, outs, attrs), fp32=fp32)
@@ -175,7 +177,7 @@ class RooflineCostModel:
         elif opdef.flash is not None and (profile := spec.attention_profile(self.attention_kernel)):
             eff = attention_efficiency(profile, opdef.flash(ins, outs, attrs))
         else:
-            eff = self.flop_efficiency.get(opdef.family, self.default_flop_efficiency)
+            eff = self.flop_efficiency.get(opdef.cost_class, self.default_flop_efficiency)
         mem_eff = self.memory_efficiency if rates is None else rates.memory
         t_flops = flops / (spec.peak_flops(dtype, self.allow_tf32) * eff) if flops > 0 else 0.0
         t_mem = nbytes / (spec.memory_bandwidth * mem_eff)

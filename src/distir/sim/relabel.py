@@ -45,6 +45,7 @@ from distir.ir.dtensor import DTensorType, Mesh
 from distir.ir.function import Function
 from distir.ir.ops import Call, Op
 from distir.ir.types import Type
+from distir.ops.dist import REDISTRIBUTE
 from distir.ops.dtensor_inference import mesh_free
 from distir.ops.registry import REGISTRY
 from distir.sim.records import CallSummary, FnPlan
@@ -170,7 +171,7 @@ class Relabeler:
         ok = (
             all(n is not None and (n[1] is mesh or n[1] == mesh) for n, _ in nested)
             and (
-                all(op.name == "Redistribute" for op, _, _ in plan.comm_ops)
+                all(op.name == REDISTRIBUTE.name for op, _, _ in plan.comm_ops)
                 if plan.flat
                 else not any(plan.comm)
             )

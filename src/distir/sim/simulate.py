@@ -37,6 +37,7 @@ from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
 from distir.ir.types import Device, IRTypeError, devices_of
 from distir.ops.dist import parse_mesh_attr
+from distir.ops.elementwise import CAST
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
 from distir.sim.memcols import peaks
@@ -541,7 +542,7 @@ def _peak_flops(fn: Function, cluster: Cluster, gpus: list[int]) -> float:
             break
     # mixed precision: fp32 master parameters, cast to the compute dtype in the entry
     for op in fn.ops():
-        to = op.attrs.get("to") if op.name == "Cast" else None
+        to = op.attrs.get("to") if op.name == CAST.name else None
         if isinstance(to, DType) and to.is_float and to.itemsize < dtype.itemsize:
             dtype = to
     return sum(cluster.device_spec(g).peak_flops(dtype) for g in gpus)

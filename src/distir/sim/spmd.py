@@ -47,6 +47,7 @@ from distir.ir.dtensor import DTensorType, Mesh, Partial, Replicate, Shard, spli
 from distir.ir.ops import Op
 from distir.ir.types import ScalarType, TensorType, Type
 from distir.ir.values import Attrs
+from distir.ops.dist import MESH_SEND, MESH_VIEW, REDISTRIBUTE
 from distir.ops.dtensor_inference import mesh_free
 from distir.ops.registry import REGISTRY, CommPattern, OpDef, OpKind, OpTypeError
 from distir.parallel.sharding.materialize import unsupported_step
@@ -64,11 +65,11 @@ def record(
 ) -> OpRecord:
     """The plan record of an op on DTensors (see the module docstring); ``link``: how it joins
     the previous op's kernel (``distir.sim.fusion``)."""
-    if op.name == "Redistribute":
+    if op.name == REDISTRIBUTE.name:
         return redistribute_record(dom, op, ins, outs)
-    if op.name == "MeshSend":
+    if op.name == MESH_SEND.name:
         return mesh_send_record(dom, op, ins, outs)
-    if op.name == "MeshView":  # the same pieces on the same devices: a view, nothing moves
+    if op.name == MESH_VIEW.name:  # the same pieces on the same devices: a view, nothing moves
         devs = devs_of(dom.mesh_units(_mesh_of(op, ins)))
         return OpRecord(devs, 0.0, False, op.name, 0.0, True, *dom.sizes(outs, True), None)
     if d.kind is not OpKind.LOCAL:

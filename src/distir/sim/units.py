@@ -32,6 +32,7 @@ from distir.ir.function import Function, Module
 from distir.ir.ops import Op
 from distir.ir.types import Device, ScalarType, TensorType, TupleType, Type
 from distir.ir.values import Value
+from distir.ops.dist import REDISTRIBUTE
 from distir.ops.registry import CommCost, CommPattern, OpTypeError
 from distir.sim.cost import CostModel, gpu_class
 from distir.sim.devices import DeviceMap
@@ -101,7 +102,7 @@ class _TypeCollector(TypeDomain):
         outs = super().op(op, args)
         for x in (*args, *outs):
             self.note(type_of(x))
-        if op.name == "Redistribute":
+        if op.name == REDISTRIBUTE.name:
             src, dst = type_of(args[0]), type_of(outs[0])
             if isinstance(src, DTensorType) and isinstance(dst, DTensorType):
                 for *_, after in step_types(src, dst):

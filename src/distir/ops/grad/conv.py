@@ -39,7 +39,7 @@ from distir.ops.conv import (
     torch_pad_for,
     window_of,
 )
-from distir.ops.grad.family import FAMILY
+from distir.ops.grad.family import COST_CLASS, FAMILY
 from distir.ops.registry import OpDef, TypeCtx, register
 
 if TYPE_CHECKING:
@@ -136,6 +136,7 @@ CONV_GRAD = register(
     OpDef(
         name="ConvGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dY", "X", "W"),
         outputs=("dX", "dW", "dB"),
         infer=_conv_grad_rule,
@@ -152,6 +153,7 @@ MAX_POOL_GRAD = register(
     OpDef(
         name="MaxPoolGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dY", "X"),
         outputs=("dX",),
         infer=_pool_grad_rule,
@@ -168,6 +170,7 @@ AVERAGE_POOL_GRAD = register(
     OpDef(
         name="AveragePoolGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dY", "X"),
         outputs=("dX",),
         infer=_pool_grad_rule,

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 
 from distir.ir.types import Type
 from distir.ops._rules import float_input, same_dtype
-from distir.ops.registry import TypeCtx
+from distir.ops.registry import CostClass, TypeCtx
 
 FAMILY = "grad"
+COST_CLASS = CostClass.GRAD  # how the family's ops are costed
 
 
 def _like_first(ctx: TypeCtx) -> Sequence[Type]:

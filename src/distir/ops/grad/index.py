@@ -18,7 +18,7 @@ from distir.ir.values import Attrs
 from distir.ops import _torch
 from distir.ops import sharding as sh
 from distir.ops._rules import in_numel_flops, int_attr, norm_axis
-from distir.ops.grad.family import FAMILY
+from distir.ops.grad.family import COST_CLASS, FAMILY
 from distir.ops.registry import AttrSpec, LocalPiece, OpDef, TypeCtx, register
 from distir.ops.shape.select import (
     ROWS,
@@ -145,6 +145,7 @@ GATHER_GRAD = register(
     OpDef(
         name="GatherGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dY", "indices", "data?"),
         outputs=("dData",),
         infer=_gather_grad_rule,
@@ -230,6 +231,7 @@ SLICE_GRAD = register(
     OpDef(
         name="SliceGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dY",),
         outputs=("dData",),
         infer=_slice_grad_rule,

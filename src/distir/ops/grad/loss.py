@@ -21,7 +21,7 @@ from distir.ops._rules import (
 )
 from distir.ops._special import f64
 from distir.ops._torch import like, upcast
-from distir.ops.grad.family import FAMILY
+from distir.ops.grad.family import COST_CLASS, FAMILY
 from distir.ops.loss import (
     REDUCTION,
     check_parts,
@@ -101,6 +101,7 @@ NEGATIVE_LOG_LIKELIHOOD_LOSS_GRAD = register(
     OpDef(
         name="NegativeLogLikelihoodLossGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dLoss", "input", "target"),
         outputs=("dInput",),
         infer=_sce_grad_rule,
@@ -118,6 +119,7 @@ SOFTMAX_CROSS_ENTROPY_LOSS_GRAD = register(
     OpDef(
         name="SoftmaxCrossEntropyLossGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dLoss", "scores", "labels"),
         outputs=("dScores",),
         infer=_sce_grad_rule,
@@ -152,6 +154,7 @@ SOFTMAX_CROSS_ENTROPY_PARTS_GRAD = register(
     OpDef(
         name="SoftmaxCrossEntropyPartsGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dSumexp", "dPicked", "scores", "shift", "labels"),
         outputs=("dScores",),
         infer=_parts_grad_rule,
@@ -185,6 +188,7 @@ MSE_LOSS_GRAD = register(
     OpDef(
         name="MSELossGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("dLoss", "prediction", "target"),
         outputs=("dPrediction",),
         infer=_mse_grad_rule,

@@ -24,7 +24,7 @@ from distir.ops._rules import (
 )
 from distir.ops._special import F64, f64, normal_cdf, normal_pdf
 from distir.ops._torch import like, sum_to, upcast
-from distir.ops.grad.family import FAMILY, _float_like_first, _like_first
+from distir.ops.grad.family import COST_CLASS, FAMILY, _float_like_first, _like_first
 from distir.ops.nn import (
     NORM_ATTRS,
     check_param,
@@ -50,6 +50,7 @@ RELU_GRAD = register(
     OpDef(
         name="ReluGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.POINTWISE,
         inputs=("dY", "X"),
         outputs=("dX",),
@@ -80,6 +81,7 @@ GELU_GRAD = register(
     OpDef(
         name="GeluGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.POINTWISE,
         inputs=("dY", "X"),
         outputs=("dX",),
@@ -95,6 +97,7 @@ TANH_GRAD = register(
     OpDef(
         name="TanhGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.POINTWISE,
         inputs=("dY", "Y"),
         outputs=("dX",),
@@ -110,6 +113,7 @@ SIGMOID_GRAD = register(
     OpDef(
         name="SigmoidGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.POINTWISE,
         inputs=("dY", "Y"),
         outputs=("dX",),
@@ -139,6 +143,7 @@ SOFTMAX_GRAD = register(
     OpDef(
         name="SoftmaxGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.ROWWISE,
         inputs=("dY", "Y"),
         outputs=("dX",),
@@ -163,6 +168,7 @@ LOG_SOFTMAX_GRAD = register(
     OpDef(
         name="LogSoftmaxGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.ROWWISE,
         inputs=("dY", "Y"),
         outputs=("dX",),
@@ -235,6 +241,7 @@ LAYER_NORMALIZATION_GRAD = register(
     OpDef(
         name="LayerNormalizationGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.ROWWISE,
         inputs=("dY", "X", "Scale"),
         outputs=("dX", "dScale", "dB"),
@@ -252,6 +259,7 @@ RMS_NORMALIZATION_GRAD = register(
     OpDef(
         name="RMSNormalizationGrad",
         family=FAMILY,
+        cost_class=COST_CLASS,
         fusion=Fusion.ROWWISE,
         inputs=("dY", "X", "scale"),
         outputs=("dX", "dScale"),

@@ -18,7 +18,7 @@ import numpy as np
 from distir.ir.types import DType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
-from distir.ops.shape.family import FAMILY
+from distir.ops.shape.family import COST_CLASS, FAMILY
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
@@ -35,6 +35,7 @@ SHAPE = register(
     OpDef(
         name="Shape",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("data",),
         outputs=("shape",),
         infer=_shape_rule,
@@ -91,6 +92,7 @@ CONSTANT = register(
     OpDef(
         name="Constant",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=(),
         outputs=("output",),
         infer=_constant_rule,
@@ -134,6 +136,7 @@ RANGE = register(
     OpDef(
         name="Range",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("start", "limit", "delta"),
         outputs=("output",),
         infer=_range_rule,
@@ -166,6 +169,7 @@ CONSTANT_OF_SHAPE = register(
     OpDef(
         name="ConstantOfShape",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("shape",),
         outputs=("output",),
         infer=_constant_of_shape_rule,

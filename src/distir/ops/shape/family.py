@@ -7,8 +7,10 @@ from collections.abc import Sequence
 
 from distir.ir.types import Type
 from distir.ir.values import Attrs
+from distir.ops.registry import CostClass
 
 FAMILY = "shape"
+COST_CLASS = CostClass.SHAPE  # how the family's ops are costed
 
 
 def copy_bytes(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:

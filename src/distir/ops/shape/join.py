@@ -19,7 +19,7 @@ from distir.ops import sharding as sh
 from distir.ops._rules import int_attr, norm_axis
 from distir.ops.gradrules import GradCtx, first, is_float, zeros_like
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
-from distir.ops.shape.family import FAMILY, copy_bytes
+from distir.ops.shape.family import COST_CLASS, FAMILY, copy_bytes
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
@@ -53,6 +53,7 @@ CONCAT = register(
     OpDef(
         name="Concat",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("*inputs",),
         outputs=("concat_result",),
         infer=_concat_rule,
@@ -111,6 +112,7 @@ SPLIT = register(
     OpDef(
         name="Split",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("input",),
         outputs=_split_count,
         infer=_split_rule,

@@ -22,7 +22,7 @@ from distir.ops import sharding as sh
 from distir.ops._rules import int_attr, norm_axis
 from distir.ops.gradrules import GradCtx, first, is_float
 from distir.ops.registry import AttrSpec, LocalizeRule, LocalPiece, OpDef, TypeCtx, register
-from distir.ops.shape.family import FAMILY, copy_bytes
+from distir.ops.shape.family import COST_CLASS, FAMILY, copy_bytes
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
@@ -121,6 +121,7 @@ GATHER = register(
     OpDef(
         name="Gather",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("data", "indices"),
         outputs=("output",),
         infer=_gather_rule,
@@ -190,6 +191,7 @@ SLICE = register(
     OpDef(
         name="Slice",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("data",),
         outputs=("output",),
         infer=_slice_rule,
@@ -231,6 +233,7 @@ TRILU = register(
     OpDef(
         name="Trilu",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("input",),
         outputs=("output",),
         infer=_trilu_rule,

@@ -22,7 +22,7 @@ from distir.ops import sharding as sh
 from distir.ops._rules import norm_axis, numel
 from distir.ops.gradrules import GradCtx, first, is_float, reshape, unbroadcast
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
-from distir.ops.shape.family import FAMILY, copy_bytes
+from distir.ops.shape.family import COST_CLASS, FAMILY, copy_bytes
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
@@ -103,6 +103,7 @@ RESHAPE = register(
     OpDef(
         name="Reshape",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("data", "shape?"),
         outputs=("reshaped",),
         attrs={"allowzero": AttrSpec("int", 0, (0, 1)), "shape": AttrSpec("ints", None)},
@@ -165,6 +166,7 @@ EXPAND = register(
     OpDef(
         name="Expand",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("input",),
         outputs=("output",),
         infer=_expand_rule,
@@ -205,6 +207,7 @@ UNSQUEEZE = register(
     OpDef(
         name="Unsqueeze",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("data",),
         outputs=("expanded",),
         infer=_unsqueeze_rule,
@@ -247,6 +250,7 @@ SQUEEZE = register(
     OpDef(
         name="Squeeze",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("data",),
         outputs=("squeezed",),
         infer=_squeeze_rule,
@@ -283,6 +287,7 @@ TRANSPOSE = register(
     OpDef(
         name="Transpose",
         family=FAMILY,
+        cost_class=COST_CLASS,
         inputs=("data",),
         outputs=("transposed",),
         infer=_transpose_rule,

@@ -44,8 +44,10 @@ from distir.ir.printer import print_module, print_op
 from distir.ir.rewrite import inline_calls
 from distir.ir.types import Device, TensorType
 from distir.ir.values import Attrs, Value
-from distir.ops.conv import halo_rows, input_range_for_output, window_of
+from distir.ops.conv import CONV, halo_rows, input_range_for_output, window_of
+from distir.ops.dist import MESH_SEND, MESH_VIEW, REDISTRIBUTE
 from distir.ops.registry import REGISTRY, LocalPiece, OpKind
+from distir.ops.shape.views import RESHAPE
 from distir.parallel.sharding.propagate import ShardingError
 
 
@@ -108,13 +110,13 @@ def materialize(module: Module) -> Module:
     for instr in fn.body:
         if not isinstance(instr, Op):  # pragma: no cover - _flat_typed inlined every call
             raise ShardingError("calls must be inlined before materialization")
-        if instr.name == "Redistribute":
+        if instr.name == REDISTRIBUTE.name:
             _redistribute(fb, instr, _op_mesh(instr), local)
             continue
-        if instr.name == "MeshSend":
+        if instr.name == MESH_SEND.name:
             _mesh_send(fb, instr, local)
             continue
-        if instr.name == "MeshView":  # every device keeps its piece
+        if instr.name == MESH_VIEW.name:  # every device keeps its piece
             x, y = instr.inputs[0], instr.outputs[0]
             assert isinstance(y.type, DTensorType)
             for d in y.type.mesh.devices:
@@ -146,7 +148,7 @@ def materialize(module: Module) -> Module:
             attrs = instr.attrs
             if localize is not None:  # attributes holding global sizes or positions
                 attrs = localize(attrs, _pieces(instr.inputs, d), _pieces(instr.outputs, d))
-            if instr.name == "Reshape":  # the local target shape; allowzero: an empty piece's 0 is literal
+            if instr.name == RESHAPE.name:  # the local target shape; allowzero: an empty piece's 0 is literal
                 target = local_shape(instr.outputs[0].type, d)  # type: ignore[arg-type]
                 if len(ins) == 2:
                     (ins[1],) = fb.op(
@@ -267,7 +269,7 @@ def _halo(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Value, Devi
     if len(spatial) > 1:
         raise ShardingError(f"`{print_op(op)}`: only one spatial dim may be sharded")
     ax, dim = spatial[0]
-    if op.name == "Conv":
+    if op.name == CONV.name:
         w = op.inputs[1].type
         assert isinstance(w, DTensorType | TensorType)
         kernel = w.shape[2:]

@@ -20,6 +20,7 @@ from distir.ir.function import Module
 from distir.ir.ops import Op
 from distir.ir.rewrite import ValueMap, copy_instr
 from distir.ir.values import Attrs, Value
+from distir.ops.dist import REDISTRIBUTE
 from distir.ops.registry import REGISTRY, OpKind, OpTypeError
 
 
@@ -35,7 +36,7 @@ def sink_reductions(module: Module) -> Module:
     for instr in fn.body:
         if (
             isinstance(instr, Op)
-            and instr.name == "Redistribute"
+            and instr.name == REDISTRIBUTE.name
             and uses.get(instr.outputs[0]) == 1
             and _only_reduces(instr)
         ):

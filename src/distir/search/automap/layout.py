@@ -19,6 +19,7 @@ from typing import NamedTuple
 from distir.hardware.cluster import Cluster
 from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, Replicate, Shard, format_placements
 from distir.ir.function import Function, Module
+from distir.ops.dist import REDISTRIBUTE
 from distir.parallel.sharding.legalize import legalize
 from distir.parallel.sharding.materialize import redistribute_steps
 from distir.parallel.sharding.propagate import Placed, propagate
@@ -101,7 +102,7 @@ def collectives(problem: Problem, legal: Module) -> dict[str, Counter[Collective
     pending: list[Collective] = []
     k = 0
     for op in legal.entry.ops():
-        if op.name != "Redistribute":
+        if op.name != REDISTRIBUTE.name:
             if pending:
                 out.setdefault(layers[k], Counter()).update(pending)
                 pending = []
@@ -121,10 +122,11 @@ def redistribution_collectives(src: DTensorType, dst: Sequence[Placement]) -> li
     cur = list(src.placements)
     for ax, p in redistribute_steps(src.placements, dst):
         kind = _kind(cur[ax], p)
+        gathers = isinstance(cur[ax], Shard) and isinstance(p, Replicate)  # its result is the larger
         before = _local_bytes(src, cur)
         cur[ax] = p
         if kind is not None:
-            nb = _local_bytes(src, cur) if kind == "AllGather" else before
+            nb = _local_bytes(src, cur) if gathers else before
             out.append(Collective(src.mesh.axes[ax][0], kind, nb))
     return out
 

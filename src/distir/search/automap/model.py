@@ -26,6 +26,7 @@ from distir.hardware.cluster import Cluster
 from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, Replicate, Shard
 from distir.ir.function import Function, Module
 from distir.ir.types import Type
+from distir.ops.dist import REDISTRIBUTE
 from distir.parallel.distribute import device_map, distribute
 from distir.parallel.layer_sharder import sharded_layers
 from distir.parallel.pipeline.partition import ends
@@ -251,7 +252,7 @@ def _function_collectives(fn: Function, args: Sequence[Type]) -> list[Collective
     types = value_types(Module((fn,)), fn, args)
     out: list[Collective] = []
     for op in fn.ops():
-        if op.name == "Redistribute":
+        if op.name == REDISTRIBUTE.name:
             src, dst = types[op.inputs[0]], types[op.outputs[0]]
             if isinstance(src, DTensorType) and isinstance(dst, DTensorType):
                 out.extend(redistribution_collectives(src, dst.placements))
