@@ -13,7 +13,7 @@ import pytest
 
 from distir.parallel.strategy import parse_strategy
 from distir.search.run import SearchRequest, search
-from distir.search.screen_figures import holds, inflight, pending_weight_grads
+from distir.search.stage_costs import holds, inflight, pending_weight_grads
 from distir.search.space import Pins
 
 GPT = "gpt:layers=8,hidden=512,heads=8,seq=512,vocab=4096"

@@ -30,7 +30,7 @@ AMP's formulas, generalized (heterogeneous devices, uneven layers, memory, sched
   gradients are reduced over the d·c ranks (ZeRO shards over them too).
 - **Memory per device**, as ``distribute``'s program holds it: weights and optimizer state
   (divided by d — HSDP: by its shard group — as the ZeRO stage says), then the worst moment of
-  the stage's own action list (``screen_figures.holds``): per chunk the saved activations of the
+  the stage's own action list (``stage_costs.holds``): per chunk the saved activations of the
   microbatches between forward and backward (input-gradient pass), what an input-gradient pass
   carries to its deferred weight-gradient pass (ZB-H1), the gradient accumulator from the
   chunk's first backward on (a shard from ZeRO-2), and the working set of the pass running then
@@ -56,7 +56,7 @@ from distir.parallel.strategy import Strategy
 from distir.search.context_cost import AttentionShape, Ring, attention_shapes, context_layer
 from distir.search.layer_assignment import Assignment, assign_layers_unchecked
 from distir.search.profile import LayerProfile, Profiler, model_ends
-from distir.search.screen_figures import Stage, StageRows, Tables, figures, frozen, new_tables
+from distir.search.stage_costs import Stage, StageRows, Tables, figures, frozen, new_tables
 from distir.sim import collectives as coll
 
 ADAM_BYTES = 12.0  # Adam reads w, g, m, v and writes w, m, v: ~12 tensor passes with its temporaries
@@ -277,7 +277,7 @@ class Screen:
         All but the gradient sync is memoized on everything it depends on: the strategy without
         its placement, ``balance``, and what the placement decides — each stage's figures
         (``_stage_rows``' key) and its first GPU's kind, the links between consecutive stages, the
-        ZeRO-3 gathers (``distir.search.screen_figures``). The sync (``_sync_of``, memoized on its
+        ZeRO-3 gathers (``distir.search.stage_costs``). The sync (``_sync_of``, memoized on its
         own) depends on the replica groups."""
         pr = self.problem
         if placement is None:

@@ -1,4 +1,5 @@
-"""The screen's figures up to the gradient sync, for one strategy on one placement.
+"""The screen's costs per stage up to the gradient sync (the pipeline's time, the layer
+assignment, the peak memory of each stage's GPUs), for one strategy on one placement.
 
 ``distir.search.screen.Screen.estimate`` splits a placement into what it decides for each stage
 (``Stage``: the stage's per-layer figures ``StageRows``, its first GPU's kind, its replica group
@@ -29,7 +30,7 @@ from distir.parallel.layer_prep import Ends, call_counts
 from distir.parallel.schedules import build_schedule
 from distir.parallel.strategy import Strategy
 from distir.search.layer_assignment import Assignment, objective_unchecked
-from distir.search.layer_assignment_lists import seq_sum
+from distir.search.assignment_list_solver import seq_sum
 
 # ``Screen._assign``: (time, k, comm, mem, cap) -> an optimal assignment, None if none fits
 Assign = Callable[

@@ -24,7 +24,7 @@ from distir.search.layer_assignment import (
     objective,
     objective_unchecked,
 )
-from distir.search.layer_assignment_lists import ListSolver, seq_sum
+from distir.search.assignment_list_solver import ListSolver, seq_sum
 
 Problem = tuple[np.ndarray, int, np.ndarray | None, np.ndarray | None, np.ndarray | None]
 

@@ -1,4 +1,4 @@
-"""The layer assignment's solver for small problems, on Python lists.
+"""The layer assignment's DP solver on Python lists (``ListSolver``), for small problems.
 
 ``distir.search.layer_assignment`` searches the bound μ of the pipeline's slowest stage by branch
 and bound; each step asks its solver for the min-sum DP under one bound (``dp``), for the
