@@ -29,8 +29,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "reduce gradients, apply the optimizer",
     "distir.parallel.propagate:place": "split pending (the sharding layer's restructuring)",
     "distir.report.search_cli:run_search_command": "split pending (the search CLI's restructuring)",
-    "distir.search.assignment_list_solver:ListSolver.dp": "split pending (search/ restructured apart)",
-    "distir.search.stage_costs:figures": "split pending (search/ is being restructured separately)",
 }
 
 

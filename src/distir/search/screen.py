@@ -122,6 +122,7 @@ class Screen:
         self._attn: dict[int, list[tuple[AttentionShape, ...]]] = {}  # ``_attention``
         self._group_keys: dict[tuple[int, ...], tuple[object, ...]] = {}
         self._row_ids: dict[tuple[object, ...], int] = {}  # ``_stage_rows``' keys, interned
+        self._stages: dict[tuple[object, ...], Stage] = {}  # ``_stage``
         # per strategy without placement (``Tables``); estimates up to the gradient sync are
         # memoized there, keyed by everything they depend on (``estimate``): placements that put
         # the same kinds of stages behind the same links share one
@@ -370,13 +371,23 @@ class Screen:
         return tb
 
     def _stage(self, s: Strategy, tb: Tables, gpus: tuple[int, ...]) -> Stage:
-        """What the stage on ``gpus`` decides (``Stage``), memoized in ``tb``."""
+        """What the stage on ``gpus`` decides (``Stage``), memoized in ``tb`` and, across
+        strategies, on everything of the strategy it depends on (the strategies of one shape share
+        their stages on the identity placement)."""
+        memo = (gpus, s.t, s.d, s.c, tb.b, s.recompute, s.sp, s.shares, tb.zero3, s.zero_degree)
+        got = self._stages.get(memo)
+        if got is None:
+            got = self._stages[memo] = self._new_stage(s, tb, gpus)
+        tb.stages[gpus] = got
+        return got
+
+    def _new_stage(self, s: Strategy, tb: Tables, gpus: tuple[int, ...]) -> Stage:
         key, rows = self._stage_rows(s, list(gpus), tb.b)
         rid = self._row_ids.get(key)
         if rid is None:
             rid = self._row_ids[key] = len(self._row_ids)
         group = tuple(gpus[:: s.t][: s.d * s.c])  # the gradients are reduced over dp × cp
-        got = tb.stages[gpus] = Stage(
+        return Stage(
             gpus=gpus,
             rid=rid,
             rows=rows,
@@ -386,7 +397,6 @@ class Screen:
             # ZeRO-3 gathers over its shard group: all d·c ranks, or HSDP's first group
             gather=self._gather(group[: s.zero_degree]) if tb.zero3 else None,
         )
-        return got
 
     def _assign(
         self,
