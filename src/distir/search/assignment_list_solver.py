@@ -232,14 +232,15 @@ class ListSolver:
         # min over the last window, for the next when it only grows by one on the right
         # (``<`` keeps the first of equal values, as ``min`` does)
         cur, cur_lo, cur_b = inf, -1, -1
-        for b in range(b0, top):
+        f_append, lo_append = f.append, lo_j.append
+        for b, lm in zip(range(b0, top), lo_min[b0 - e0 : top - e0], strict=True):
             bound = pj[b] - thr
             while ptr < b and pj[ptr] < bound:
                 ptr += 1
-            lo = ptr if ptr > lo_min[b - e0] else lo_min[b - e0]
+            lo = ptr if ptr > lm else lm
             if lo >= gb:
                 break
-            lo_j.append(lo)
+            lo_append(lo)
             if b > lo:
                 if lo == cur_lo and b == cur_b + 1:
                     if b <= gb:
@@ -249,9 +250,9 @@ class ListSolver:
                 else:
                     cur = min(h[lo - ga : b - ga])
                 cur_lo, cur_b = lo, b
-                f.append(pj[b] + cur)
+                f_append(pj[b] + cur)
             else:
-                f.append(inf)
+                f_append(inf)
         return f, lo_j
 
     def _backtrack(self, bands: list[_Band]) -> tuple[int, ...]:
