@@ -29,6 +29,7 @@ from distir.ir.function import Function
 from distir.ir.ops import Op
 from distir.ir.types import Type
 from distir.ir.values import Value
+from distir.sim import overlap
 from distir.sim.memcols import build_columns
 from distir.sim.records import FlatColumns, FnPlan, MemEvents, OpRecord
 
@@ -217,6 +218,9 @@ def _walk_types(
         return None  # differs from the op's, a wrong op: the general path reports it
     finally:
         dom._frames.pop()
+    paired = dom.overlap_pairs(fn)
+    if paired is not None:  # tensor-parallel collectives pipelined with their GEMMs
+        overlap.apply_kinds(kinds, table, paired)
     return types, last, kinds, table, comm_ops
 
 
