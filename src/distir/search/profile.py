@@ -98,12 +98,25 @@ def local_nbytes(t: Type) -> float:
     return 0.0
 
 
-def _probe(fn: Function, args: Sequence[Type]) -> Module:
-    """A module whose entry calls ``fn`` once on typed arguments."""
+def _probe(
+    fn: Function, args: Sequence[Type], dying: frozenset[int] = frozenset(), keep: Sequence[int] | None = None
+) -> Module:
+    """A module whose entry calls ``fn`` once on typed arguments, the arguments at positions
+    ``dying`` donated (freed at their last use inside, as a chunk's backward frees a layer's
+    residuals), returning the results at positions ``keep`` (default: all)."""
     fb = FunctionBuilder("probe", REGISTRY.out_arity)
-    params = [fb.param(f"a{i}", t) for i, t in enumerate(args)]
+    params = [fb.param(f"a{i}", t, donated=i in dying) for i, t in enumerate(args)]
     outs = fb.call(fn, *params, n_out=len(fn.outputs))
-    return Module((fn, fb.ret(*outs)))
+    return Module((fn, fb.ret(*(outs if keep is None else [outs[j] for j in keep]))))
+
+
+def _dying(L: ShardedLayer) -> frozenset[int]:
+    """The positions of ``L.bwd``'s arguments that die in it in ``distribute``'s program: the
+    layer's input and residuals (saved for this backward alone) and the incoming gradient; its
+    weights and the model inputs it reads (labels) stay."""
+    assert L.vjp is not None
+    n = len(L.vjp.bwd_params)
+    return frozenset([j for j, p in enumerate(L.vjp.bwd_params) if p == 0] + list(range(n, len(L.bwd_args))))
 
 
 @dataclass
@@ -179,13 +192,14 @@ class Profiler:
             fwd = self._run(L.fwd, L.fwd_args, dmap, cost, key)
             bwd = (0.0, 0.0, 0.0)
             if L.bwd is not None and L.vjp is not None:
-                bwd = self._run(L.bwd, L.bwd_args, dmap, cost, key)
+                bwd = self._run(L.bwd, L.bwd_args, dmap, cost, key, _dying(L))
             saved = made = 0.0
             if L.vjp is not None:
                 n_first = sum(1 for j in L.vjp.bwd_params if j == 0)
-                start = len(L.vjp.bwd_params)
                 res = list(L.bwd_args[:n_first]) if 0 in L.vjp.bwd_params else []
-                made = sum(local_nbytes(r) for r in L.bwd_args[start : start + L.vjp.n_residuals])
+                # the residuals' storage: one that views another (or an argument) counts once
+                n_out = L.vjp.n_outputs
+                made = self._kept(L.fwd, L.fwd_args, range(n_out, n_out + L.vjp.n_residuals), dmap, cost, key)
                 saved = sum(local_nbytes(r) for r in res) + made
             # a kept layer's result has the type its dropped repeats hand on (distinct_layers)
             nxt = layers[i + 1].fwd_args[0] if i + 1 < len(layers) else None
@@ -205,7 +219,8 @@ class Profiler:
                     saved_bytes=saved,
                     out_bytes=local_nbytes(nxt) if nxt is not None else 0.0,
                     # the forward's peak less what it leaves (its result and residuals, counted
-                    # as activations in flight)
+                    # as activations in flight); the backward's above what is live when it
+                    # starts, its input, residuals and incoming gradient freed as they die
                     work_bytes=max(fwd[2] - made, bwd[2], 0.0),
                     fwd_work_bytes=max(fwd[2] - made, 0.0),
                     bwd_work_bytes=bwd[2],
@@ -281,14 +296,16 @@ class Profiler:
         dmap: DeviceMap,
         cost: CostModel,
         key: tuple[object, ...],
+        dying: frozenset[int] = frozenset(),
     ) -> tuple[float, float, float]:
         """(time, FLOPs per device, transient bytes) of one call of ``fn``: its peak above its
-        arguments (held throughout, as a chunk holds a layer's residuals through its backward)."""
-        k2 = (*key, id(fn), tuple(args))
+        arguments, those at positions ``dying`` freed after their last use inside (the others
+        held throughout, as a chunk holds a layer's weights)."""
+        k2 = (*key, id(fn), tuple(args), dying)
         got = self._fn_cache.get(k2)
         if got is not None:
             return (*got, self._work.get(k2, 0.0))
-        r = simulate(_probe(fn, args), self.cluster, dmap, cost)
+        r = simulate(_probe(fn, args, dying), self.cluster, dmap, cost)
         self.probes += 1
         n = len(dmap.mapping)
         # the tensors' transient peak (the runtime memory is the device's, not the layer's)
@@ -299,6 +316,33 @@ class Profiler:
         self._fn_cache[k2] = (r.step_time_s, r.flops / max(n, 1))
         self._work[k2] = work
         return r.step_time_s, r.flops / max(n, 1), work
+
+    def _kept(
+        self,
+        fn: Function,
+        args: Sequence[Type],
+        keep: range,
+        dmap: DeviceMap,
+        cost: CostModel,
+        key: tuple[object, ...],
+    ) -> float:
+        """Bytes one device holds for ``fn``'s results at positions ``keep`` beyond its
+        arguments: each piece of storage once (a result that views another, or an argument, adds
+        nothing), as the simulator counts them — the memory timeline's last point after a call
+        returning only them."""
+        k2 = (*key, id(fn), tuple(args), "kept", keep.start, keep.stop)
+        got = self._work.get(k2)
+        if got is not None:
+            return got
+        if not keep:
+            return 0.0
+        r = simulate(_probe(fn, args, keep=keep), self.cluster, dmap, cost, trace=True)
+        self.probes += 1
+        assert r.memory_timeline is not None
+        got = self._work[k2] = max(
+            (r.memory_timeline[g][-1][1] - r.param_memory[g] for g in r.memory_timeline), default=0.0
+        )
+        return got
 
 
 # id(layer) -> (the layer, kept alive so its id stays valid; its carried bytes): the GPU groups

@@ -360,6 +360,8 @@ def _stage_peaks(
     fwd_list = np.max([st.rows.fwd_work for st in stages], axis=0).tolist()
     bwd_list = np.max([st.rows.bwd_work for st in stages], axis=0).tolist()
     largest_list = first.rows.largest.tolist()
+    out_list = first.rows.out.tolist()
+    carried_list = first.rows.carried.tolist()
     peaks: list[float] = []
     stage_w: list[float] = []
     stage_nw: list[int] = []
@@ -378,24 +380,27 @@ def _stage_peaks(
         # the worst moment of the stage's action list (``holds``): microbatches between F and B
         # (or I) hold their chunk's saved activations, those between I and W what I carries to
         # W, and a chunk's accumulated gradient exists from its first backward on; each pass
-        # adds its working set (a weight-gradient pass: its layer's gradients); adding a
-        # microbatch's weight gradient into the accumulator makes the sum beside both (the
-        # program's Add is not in place): the largest weight's, once accumulators exist
+        # adds its working set (a backward: ``_backward``; a weight-gradient pass: its layer's
+        # gradients); adding a microbatch's weight gradient into the accumulator makes the sum
+        # beside both (the program's Add is not in place): the largest weight's, once
+        # accumulators exist
         wk = Work(
             max([0.0, *[fwd_list[i] for i in layers]]),
-            max([0.0, *[bwd_list[i] for i in layers]]),
             max([0.0, *[w_list[i] for i in layers]]),
             tb.grad_f * max([0.0, *[largest_list[i] for i in layers]]) if s.k > 1 else 0.0,
         )
-        carried = first.rows.carried if tb.pending_w[j] else None
+        split = bool(tb.pending_w[j])
+        carried = first.rows.carried if split else None
+        per = _Lists(saved_list, w_list, out_list, bwd_list, carried_list if split else None)
+        bt = [_backward(r, per, tb.grad_f) for r in own]
         if s.v == 1:
             cv = [0.0 if carried is None else float(carried[layers].sum())]
-            act = _held(tb.holds[j], [sv], cv, [tb.grad_f * wj], wk)
+            act = _held(tb.holds[j], [sv], cv, [tb.grad_f * wj], bt, wk)
         else:
             svs = [seq_sum([saved_list[i] for i in r]) for r in own]
             cvs = [0.0 if carried is None else float(carried[list(r)].sum()) for r in own]
             gws = [tb.grad_f * seq_sum([w_list[i] for i in r]) for r in own]
-            act = _held(tb.holds[j], svs, cvs, gws, wk)
+            act = _held(tb.holds[j], svs, cvs, gws, bt, wk)
         # max([0.0, ...]): the exact maximum of 0.0 and the values; ZeRO-3 holds the running
         # layer's gathered weights beside its working set (whose weight gradient is whole until
         # reduce-scattered)
@@ -404,6 +409,38 @@ def _stage_peaks(
         stage_w.append(wj)
         stage_nw.append(nwj)
     return peaks, stage_w, stage_nw
+
+
+class _Lists(NamedTuple):
+    """Per layer (lists of the stage rows): what ``_backward`` reads."""
+
+    saved: list[float]
+    weight: list[float]
+    out: list[float]
+    bwd_work: list[float]
+    carried: list[float] | None  # zero-bubble: what each input-gradient pass carries to W
+
+
+def _backward(r: range, x: _Lists, grad_f: float) -> tuple[float, float]:
+    """What a microbatch's backward of the chunk of layers ``r`` adds at its worst moment to
+    what the stage holds before it (its saved activations counted there): (the chunk's first
+    backward, a later one). The layers run last to first, as the program inlines them: layer
+    i's backward runs beside the gradient reaching it (``out``) with its working set
+    (``bwd_work``: above what is live when it starts, its own input, residuals and incoming
+    gradient freed as they die), the layers after it having freed their saved activations —
+    in a zero-bubble schedule's input-gradient pass, kept what each carries to its
+    weight-gradient pass — and, in the first backward, left their weight gradients (later ones
+    add them into the accumulators). Sums run from the chunk's last layer (as ``np.cumsum`` of
+    the reversed rows)."""
+    gone = made = 0.0  # saved bytes freed, weight gradients left by the layers after i
+    first = later = 0.0
+    for i in reversed(r):
+        base = x.out[i] + x.bwd_work[i] - gone
+        later = max(later, base)
+        first = max(first, base + made)
+        gone += x.saved[i] if x.carried is None else x.saved[i] - x.carried[i]
+        made += 0.0 if x.carried is not None else grad_f * x.weight[i]
+    return first, later
 
 
 def _time_row(
@@ -488,39 +525,38 @@ class Hold(NamedTuple):
     wgrad: tuple[int, ...]  # microbatches between the input- and the weight-gradient pass
     grads: tuple[int, ...]  # 1 where the chunk's accumulated gradient exists (a backward done)
     phase: str
+    run: int = -1  # the chunk (of the stage's, in order) whose pass runs; -1 after the last
 
 
 class Work(NamedTuple):
-    """A stage's working sets (its largest layer's) by pass: ``Hold.phase``."""
+    """A stage's working sets (its largest layer's) by pass: ``Hold.phase``; a backward's is
+    the running chunk's (``_backward``)."""
 
     fwd: float
-    bwd: float
     wgrad: float  # a weight-gradient pass: its layer's weight gradients
     add: float  # the accumulation's sum beside the gradient and the accumulator (k > 1)
 
 
-def _held(hs: tuple[Hold, ...], sv: list[float], cv: list[float], gw: list[float], work: Work) -> float:
+def _held(
+    hs: tuple[Hold, ...],
+    sv: list[float],
+    cv: list[float],
+    gw: list[float],
+    bt: list[tuple[float, float]],
+    work: Work,
+) -> float:
     """What a stage holds at its worst moment among ``hs`` (``holds``), from per chunk its saved
-    (``sv``) and carried (``cv``) bytes per microbatch and its gradient bytes (``gw``), with the
-    working set of the pass then running (``work``)."""
+    (``sv``) and carried (``cv``) bytes per microbatch, its gradient bytes (``gw``) and what its
+    backward adds (``bt``: ``_backward``), with the working set of the pass then running
+    (``work``)."""
     best = 0.0
-    # what each pass adds: its working set, and the accumulation's sum once a gradient exists
-    adds = {
-        ("B", True): work.bwd + work.add,
-        ("B", False): work.bwd + 0.0,
-        ("W", True): work.wgrad + work.add,
-        ("W", False): work.wgrad + 0.0,
-    }
     if len(sv) == 1:  # one chunk: each sum of one product is 0.0 + the product, as ``seq_sum``
         (s0,), (c0,), (g0,) = sv, cv, gw
         for h in hs:
             x = 0.0 + h.fwd[0] * s0
             x += 0.0 + h.wgrad[0] * c0
             x += 0.0 + h.grads[0] * g0
-            if h.phase == "F":
-                x += work.fwd
-            elif h.phase != "O":
-                x += adds[h.phase, h.grads[0] != 0]
+            x += _pass(h, bt, work)
             if x > best:
                 best = x
         return best
@@ -528,12 +564,24 @@ def _held(hs: tuple[Hold, ...], sv: list[float], cv: list[float], gw: list[float
         x = seq_sum([a * b for a, b in zip(h.fwd, sv, strict=True)])
         x += seq_sum([a * b for a, b in zip(h.wgrad, cv, strict=True)])
         x += seq_sum([a * b for a, b in zip(h.grads, gw, strict=True)])
-        if h.phase == "F":
-            x += work.fwd
-        elif h.phase != "O":
-            x += adds[h.phase, any(h.grads)]
+        x += _pass(h, bt, work)
         best = max(best, x)
     return best
+
+
+def _pass(h: Hold, bt: list[tuple[float, float]], work: Work) -> float:
+    """What the pass running at ``h`` adds: the forward's working set; a backward's (``bt`` of
+    the running chunk: its first backward, or a later one with the accumulation's sum); a
+    weight-gradient pass's gradients, with the sum once an accumulator exists."""
+    if h.phase == "F":
+        return work.fwd
+    if h.phase == "O":
+        return 0.0
+    acc = h.grads[h.run] != 0
+    if h.phase == "B":
+        first, later = bt[h.run]
+        return later + work.add if acc else first + 0.0
+    return work.wgrad + work.add if acc else work.wgrad + 0.0
 
 
 @functools.lru_cache(maxsize=4096)
@@ -547,21 +595,22 @@ def holds(schedule: str, p: int, k: int, v: int) -> tuple[tuple[Hold, ...], ...]
     out = []
     for actions in build_schedule(schedule, p, k, v):
         fi, iw, made = [0] * v, [0] * v, [0] * v
-        seen: dict[str, set[tuple[int, ...]]] = {"F": set(), "B": set(), "W": set(), "O": set()}
+        # per (pass, chunk running it) the states met
+        seen: dict[tuple[str, int], set[tuple[int, ...]]] = {}
         for a in actions:
-            if a.kind != "F":  # before a backward pass
-                seen["W" if a.kind == "W" else "B"].add((*fi, *iw, *made))
             c = a.stage // p
+            if a.kind != "F":  # before a backward pass
+                seen.setdefault(("W" if a.kind == "W" else "B", c), set()).add((*fi, *iw, *made))
             fi[c] += 1 if a.kind == "F" else -1 if a.kind in "BI" else 0
             iw[c] += 1 if a.kind == "I" else -1 if a.kind == "W" else 0
             if a.kind in "BW":
                 made[c] = 1
             if a.kind == "F":  # after a forward
-                seen["F"].add((*fi, *iw, *made))
-        seen["O"].add((*fi, *iw, *made))
+                seen.setdefault(("F", c), set()).add((*fi, *iw, *made))
+        seen[("O", -1)] = {(*fi, *iw, *made)}
         states: list[Hold] = []
-        for phase, xs in seen.items():
-            states += [Hold(x[:v], x[v : 2 * v], x[2 * v :], phase) for x in _undominated(xs)]
+        for (phase, c), xs in sorted(seen.items(), key=lambda kv: ("FBWO".index(kv[0][0]), kv[0][1])):
+            states += [Hold(x[:v], x[v : 2 * v], x[2 * v :], phase, c) for x in _undominated(xs)]
         out.append(tuple(states))
     return tuple(out)
 
