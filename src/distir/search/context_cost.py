@@ -102,7 +102,7 @@ def context_layer(
     """The profile ``p`` (one layer at the whole sequence, TP degree t) under context parallelism
     over c ranks (module docstring)."""
     fwd, bwd, work = p.fwd_s / c, p.bwd_s / c, p.work_bytes / c
-    fwd_work, bwd_work = p.fwd_work_bytes / c, p.bwd_work_bytes / c
+    fwd_work, bwd_work, ibwd_work = p.fwd_work_bytes / c, p.bwd_work_bytes / c, p.ibwd_work_bytes / c
     for a in attn:
         flops, kv = a.per_rank(t, c)
         t_kv = ring.time(kv)
@@ -114,6 +114,7 @@ def context_layer(
         work += 4 * kv
         fwd_work += 2 * kv
         bwd_work += 4 * kv
+        ibwd_work += 4 * kv
     return LayerProfile(
         fwd_s=fwd,
         bwd_s=bwd,
@@ -124,9 +125,9 @@ def context_layer(
         out_bytes=p.out_bytes / c,
         work_bytes=work,
         carried_bytes=p.carried_bytes / c,
-        largest_weight_bytes=p.largest_weight_bytes,
         fwd_work_bytes=fwd_work,
         bwd_work_bytes=bwd_work,
+        ibwd_work_bytes=ibwd_work,
     )
 
 

@@ -36,8 +36,6 @@ from typing import NamedTuple
 from distir.autodiff.precision import MIXED
 from distir.frontends.zoo.registry import ModelSpec, build_from
 from distir.hardware.cluster import Cluster
-from distir.interp.loop import interpret
-from distir.interp.shapes import TypeDomain, type_of
 from distir.ir.builder import FunctionBuilder
 from distir.ir.dtensor import DTensorType, Shard
 from distir.ir.function import Function, Module
@@ -80,9 +78,9 @@ class LayerProfile:
     work_bytes: float
     # held from the input-gradient pass to the weight-gradient pass of a zero-bubble schedule
     carried_bytes: float = 0.0
-    largest_weight_bytes: float = 0.0  # this device's share of the layer's largest weight
     fwd_work_bytes: float = 0.0  # ``work_bytes`` of the forward alone
     bwd_work_bytes: float = 0.0  # ``work_bytes`` of the backward alone
+    ibwd_work_bytes: float = 0.0  # ``bwd_work_bytes`` of a zero-bubble input-gradient pass
 
     @property
     def time_s(self) -> float:
@@ -133,6 +131,8 @@ class Profiler:
     _fn_cache: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
     _work: dict[tuple[object, ...], float] = field(default_factory=dict)
     _layers: dict[tuple[int, int, str, bool], list[ShardedLayer]] = field(default_factory=dict)
+    # id(layer) -> (the layer, kept alive so its id stays valid; its input-gradient part)
+    _split: dict[int, tuple[ShardedLayer, Function]] = field(default_factory=dict)
     _models: dict[int, Reduced] = field(default_factory=dict)
     _pending: dict[tuple[object, ...], Future[TaskResult]] = field(default_factory=dict)
     probes: int = 0  # layer simulations run (for benches), by workers too
@@ -191,8 +191,10 @@ class Profiler:
         for i, L in enumerate(layers):
             fwd = self._run(L.fwd, L.fwd_args, dmap, cost, key)
             bwd = (0.0, 0.0, 0.0)
+            i_work = carried = 0.0
             if L.bwd is not None and L.vjp is not None:
                 bwd = self._run(L.bwd, L.bwd_args, dmap, cost, key, _dying(L))
+                i_work, carried = self._input_pass(L, dmap, cost, key)
             saved = made = 0.0
             if L.vjp is not None:
                 n_first = sum(1 for j in L.vjp.bwd_params if j == 0)
@@ -224,8 +226,8 @@ class Profiler:
                     work_bytes=max(fwd[2] - made, bwd[2], 0.0),
                     fwd_work_bytes=max(fwd[2] - made, 0.0),
                     bwd_work_bytes=bwd[2],
-                    carried_bytes=_carried(L),
-                    largest_weight_bytes=max(shares, default=0.0),
+                    carried_bytes=carried,
+                    ibwd_work_bytes=i_work,
                 )
             )
         out = [distinct[r] for r in reduced.rep[: len(reduced.rep) - (0 if self.train else 1)]]
@@ -325,48 +327,44 @@ class Profiler:
         dmap: DeviceMap,
         cost: CostModel,
         key: tuple[object, ...],
+        dying: frozenset[int] = frozenset(),
     ) -> float:
         """Bytes one device holds for ``fn``'s results at positions ``keep`` beyond its
-        arguments: each piece of storage once (a result that views another, or an argument, adds
-        nothing), as the simulator counts them — the memory timeline's last point after a call
-        returning only them."""
-        k2 = (*key, id(fn), tuple(args), "kept", keep.start, keep.stop)
+        arguments, those at positions ``dying`` freed unless a result uses them: each piece of
+        storage once (a result that views another, or a held argument, adds nothing), as the
+        simulator counts them — the memory timeline's last point after a call returning only
+        them."""
+        k2 = (*key, id(fn), tuple(args), "kept", keep.start, keep.stop, dying)
         got = self._work.get(k2)
         if got is not None:
             return got
         if not keep:
             return 0.0
-        r = simulate(_probe(fn, args, keep=keep), self.cluster, dmap, cost, trace=True)
+        r = simulate(_probe(fn, args, dying, keep), self.cluster, dmap, cost, trace=True)
         self.probes += 1
         assert r.memory_timeline is not None
+        gone = sum(local_nbytes(args[j]) for j in dying)  # one device's share, as ``local_nbytes``
         got = self._work[k2] = max(
-            (r.memory_timeline[g][-1][1] - r.param_memory[g] for g in r.memory_timeline), default=0.0
+            (r.memory_timeline[g][-1][1] - r.param_memory[g] + gone for g in r.memory_timeline), default=0.0
         )
         return got
 
-
-# id(layer) -> (the layer, kept alive so its id stays valid; its carried bytes): the GPU groups
-# of one (t, microbatch, recompute) share their sharded layers
-_CARRIED: dict[int, tuple[ShardedLayer, float]] = {}
-
-
-def _carried(L: ShardedLayer) -> float:
-    """Bytes one device holds between ``L``'s input-gradient and weight-gradient passes (the
-    outputs of its input-gradient part after the input gradient: ``split_backward``); 0 for a
-    layer without a backward. Memoized per layer."""
-    if L.vjp is None or L.bwd is None:
-        return 0.0
-    hit = _CARRIED.get(id(L))
-    if hit is not None and hit[0] is L:
-        return hit[1]
-    n_dx = 1 if 0 in L.vjp.wrt else 0
-    bwd_i, _ = split_backward(L.bwd, n_dx)
-    outs, _ = interpret(Module((bwd_i,)), bwd_i, list(L.bwd_args), TypeDomain())
-    got = sum(local_nbytes(type_of(o)) for o in outs[n_dx:])
-    if len(_CARRIED) >= 4096:
-        _CARRIED.clear()
-    _CARRIED[id(L)] = (L, got)
-    return got
+    def _input_pass(
+        self, L: ShardedLayer, dmap: DeviceMap, cost: CostModel, key: tuple[object, ...]
+    ) -> tuple[float, float]:
+        """``L``'s input-gradient part in a zero-bubble schedule (``split_backward``): its working
+        set above what is live when it starts (its input, residuals and incoming gradient dying
+        in it), and the bytes it carries to the weight-gradient part (its results after the
+        input gradient, each piece of storage once)."""
+        assert L.vjp is not None and L.bwd is not None
+        n_dx = 1 if 0 in L.vjp.wrt else 0
+        hit = self._split.get(id(L))
+        if hit is None or hit[0] is not L:
+            hit = self._split[id(L)] = (L, split_backward(L.bwd, n_dx)[0])
+        bwd_i = hit[1]
+        dying = _dying(L)
+        work = self._run(bwd_i, L.bwd_args, dmap, cost, key, dying)[2]
+        return work, self._kept(bwd_i, L.bwd_args, range(n_dx, len(bwd_i.outputs)), dmap, cost, key, dying)
 
 
 TaskResult = tuple[list[tuple[tuple[object, ...], list[LayerProfile]]], int, float]

@@ -56,9 +56,9 @@ class StageRows:
     out: np.ndarray
     work: np.ndarray
     carried: np.ndarray  # held from input- to weight-gradient pass (zero-bubble schedules)
-    largest: np.ndarray  # the layer's largest weight (its gradient's sum with the accumulator)
     fwd_work: np.ndarray  # ``work`` of the forward alone (above what it leaves)
     bwd_work: np.ndarray  # ``work`` of the backward alone
+    ibwd_work: np.ndarray  # ``bwd_work`` of a zero-bubble input-gradient pass
     cap: float  # the smallest memory of the stage's GPUs
 
 
@@ -358,10 +358,13 @@ def _stage_peaks(
     w_list, nw_list, saved_list = lists
     w_bytes, n_w = first.rows.weight, first.rows.n_w
     fwd_list = np.max([st.rows.fwd_work for st in stages], axis=0).tolist()
-    bwd_list = np.max([st.rows.bwd_work for st in stages], axis=0).tolist()
-    largest_list = first.rows.largest.tolist()
     out_list = first.rows.out.tolist()
     carried_list = first.rows.carried.tolist()
+    # the backward's working set per layer; zero-bubble (split): the input-gradient pass's
+    bwd_lists = {
+        False: np.max([st.rows.bwd_work for st in stages], axis=0).tolist(),
+        True: np.max([st.rows.ibwd_work for st in stages], axis=0).tolist(),
+    }
     peaks: list[float] = []
     stage_w: list[float] = []
     stage_nw: list[int] = []
@@ -381,17 +384,12 @@ def _stage_peaks(
         # (or I) hold their chunk's saved activations, those between I and W what I carries to
         # W, and a chunk's accumulated gradient exists from its first backward on; each pass
         # adds its working set (a backward: ``_backward``; a weight-gradient pass: its layer's
-        # gradients); adding a microbatch's weight gradient into the accumulator makes the sum
-        # beside both (the program's Add is not in place): the largest weight's, once
-        # accumulators exist
-        wk = Work(
-            max([0.0, *[fwd_list[i] for i in layers]]),
-            max([0.0, *[w_list[i] for i in layers]]),
-            tb.grad_f * max([0.0, *[largest_list[i] for i in layers]]) if s.k > 1 else 0.0,
-        )
+        # gradients; the accumulator dies at the Add of a microbatch's gradient into it, which
+        # takes its place)
+        wk = Work(max([0.0, *[fwd_list[i] for i in layers]]), max([0.0, *[w_list[i] for i in layers]]))
         split = bool(tb.pending_w[j])
         carried = first.rows.carried if split else None
-        per = _Lists(saved_list, w_list, out_list, bwd_list, carried_list if split else None)
+        per = _Lists(saved_list, w_list, out_list, bwd_lists[split], carried_list if split else None)
         bt = [_backward(r, per, tb.grad_f) for r in own]
         if s.v == 1:
             cv = [0.0 if carried is None else float(carried[layers].sum())]
@@ -417,7 +415,7 @@ class _Lists(NamedTuple):
     saved: list[float]
     weight: list[float]
     out: list[float]
-    bwd_work: list[float]
+    bwd_work: list[float]  # zero-bubble: the input-gradient pass's
     carried: list[float] | None  # zero-bubble: what each input-gradient pass carries to W
 
 
@@ -534,7 +532,6 @@ class Work(NamedTuple):
 
     fwd: float
     wgrad: float  # a weight-gradient pass: its layer's weight gradients
-    add: float  # the accumulation's sum beside the gradient and the accumulator (k > 1)
 
 
 def _held(
@@ -571,17 +568,16 @@ def _held(
 
 def _pass(h: Hold, bt: list[tuple[float, float]], work: Work) -> float:
     """What the pass running at ``h`` adds: the forward's working set; a backward's (``bt`` of
-    the running chunk: its first backward, or a later one with the accumulation's sum); a
-    weight-gradient pass's gradients, with the sum once an accumulator exists."""
+    the running chunk: its first backward, or a later one, beside its accumulators); a
+    weight-gradient pass's gradients."""
     if h.phase == "F":
         return work.fwd
     if h.phase == "O":
         return 0.0
-    acc = h.grads[h.run] != 0
     if h.phase == "B":
         first, later = bt[h.run]
-        return later + work.add if acc else first + 0.0
-    return work.wgrad + work.add if acc else work.wgrad + 0.0
+        return later if h.grads[h.run] else first
+    return work.wgrad
 
 
 @functools.lru_cache(maxsize=4096)
