@@ -20,23 +20,25 @@ from distir.parallel.strategy import Strategy
 from distir.search.layer_assignment import assign_layers, objective
 from distir.search.profile import Profiler
 from distir.search.screen import Problem, Screen
-from distir.search.stage_costs import pipeline_time
+from distir.search.stage_costs import StageRows, pipeline_time
 
 MODEL = "gpt:layers=16,hidden=64,heads=4,seq=16,vocab=128"
 CLUSTER = "p3.8xlarge:1+g4dn.12xlarge:1"
 
 
-def _replay(s: Strategy, j: int) -> list[tuple[str, dict[int, tuple[int, int, int]]]]:
+def _replay(s: Strategy, j: int) -> list[tuple[str, int, dict[int, tuple[int, int, int]]]]:
     """Replaying stage j's actions: before each backward pass (``B``: full or input-gradient;
-    ``W``: weight-gradient), after each forward (``F``) and at the end (``O``), per chunk
-    (virtual stage) of the stage, how many microbatches sit between F and B or I (their saved
-    activations held), between I and W (what I carries to W held), and whether it has run a
-    backward (its gradient accumulator held)."""
+    ``W``: weight-gradient), after each forward (``F``) and at the end (``O``), the chunk whose
+    pass runs (-1 at the end) and per chunk (virtual stage) of the stage, how many microbatches
+    sit between F and B or I (their saved activations held), between I and W (what I carries to
+    W held), and whether it has run a backward (its gradient accumulator held)."""
     held = {c: [0, 0, 0] for c in range(j, s.p * s.v, s.p)}
     out = []
     for a in build_schedule(s.schedule, s.p, s.k, s.v)[j]:
         if a.kind != "F":
-            out.append(("W" if a.kind == "W" else "B", {c: (x[0], x[1], x[2]) for c, x in held.items()}))
+            out.append(
+                ("W" if a.kind == "W" else "B", a.stage, {c: (x[0], x[1], x[2]) for c, x in held.items()})
+            )
         h = held[a.stage]
         if a.kind == "F":
             h[0] += 1
@@ -49,9 +51,27 @@ def _replay(s: Strategy, j: int) -> list[tuple[str, dict[int, tuple[int, int, in
             h[1] -= 1
             h[2] = 1
         if a.kind == "F":
-            out.append(("F", {c: (x[0], x[1], x[2]) for c, x in held.items()}))
-    out.append(("O", {c: (x[0], x[1], x[2]) for c, x in held.items()}))
+            out.append(("F", a.stage, {c: (x[0], x[1], x[2]) for c, x in held.items()}))
+    out.append(("O", -1, {c: (x[0], x[1], x[2]) for c, x in held.items()}))
     return out
+
+
+def backward_terms(
+    rows: list[StageRows], r: list[int], grad_f: float, split: bool, saved: np.ndarray, carried: np.ndarray
+) -> tuple[float, float]:
+    """What a microbatch's backward of the chunk of layers ``r`` adds at its worst layer to what
+    the stage holds before it, (first backward, later ones): running the layers last to first,
+    layer i's incoming gradient and working set (the worst of the stages'; the input-gradient
+    pass's when ``split``), less the saved activations the layers after it freed (less what
+    they carry to W), plus in the first backward their weight gradients."""
+    r = r[::-1]
+    bw = np.max([x.ibwd_work if split else x.bwd_work for x in rows], axis=0)[r]
+    dec = saved[r] - carried[r] if split else saved[r]
+    gone = np.concatenate([[0.0], np.cumsum(dec)[:-1]])
+    grads = np.zeros(len(r)) if split else grad_f * rows[0].weight[r]
+    made = np.concatenate([[0.0], np.cumsum(grads)[:-1]])
+    base = rows[0].out[r] + bw - gone
+    return float(max(0.0, (base + made).max(initial=0.0))), float(max(0.0, base.max(initial=0.0)))
 
 
 def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: bool) -> tuple[object, ...]:
@@ -96,11 +116,11 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
         grad_f = 1.0 / h if s.zero >= 2 else 1.0
         static_f += pr.n_state / (h if s.zero >= 1 else 1)
     holds = [
-        _replay(s, j) if pr.train else [("F", dict.fromkeys(range(j, chunks, s.p), (1, 0, 0)))]
+        _replay(s, j) if pr.train else [("F", -1, dict.fromkeys(range(j, chunks, s.p), (1, 0, 0)))]
         for j in range(s.p)
     ]
-    infl = [max(sum(x[0] for x in h.values()) for _, h in hs) for hs in holds]
-    pending = [max(sum(x[1] for x in h.values()) for _, h in hs) for hs in holds]
+    infl = [max(sum(x[0] for x in h.values()) for _, _, h in hs) for hs in holds]
+    pending = [max(sum(x[1] for x in h.values()) for _, _, h in hs) for hs in holds]
     carried = rows[0].carried * fb
     f = static_f + grad_f  # the layer assignment's bound: each term at its worst
     mem = np.array([f * w_bytes + infl[j] * saved + pending[j] * carried for j in range(s.p)])
@@ -145,22 +165,18 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
         }
         if s.v == 1:
             b_c = {j: (sv, cv, grad_f * wj)}
-        # the pass running: its working set; a backward adds the sum of a weight's gradient and
-        # its accumulator, beside both
-        add = grad_f * float(rows[0].largest[layers].max(initial=0.0)) if s.k > 1 else 0.0
+        # the pass running: its working set; a backward's, of the running chunk (its first or a
+        # later one)
         fwd_w = float(np.max([r.fwd_work for r in rows], axis=0)[layers].max(initial=0.0))
-        bwd_w = float(np.max([r.bwd_work for r in rows], axis=0)[layers].max(initial=0.0))
-        pass_w = {"F": fwd_w, "B": bwd_w, "W": float(w_bytes[layers].max(initial=0.0)), "O": 0.0}
+        split = pending[j] > 0
+        bt = {c: backward_terms(rows, i, grad_f, split, saved, carried) for c, i in per.items()}
+        pass_w = {"F": fwd_w, "W": float(w_bytes[layers].max(initial=0.0)), "O": 0.0}
         act = max(
             sum(x[0] * b_c[c][0] for c, x in h.items())
             + sum(x[1] * b_c[c][1] for c, x in h.items())
             + sum(x[2] * b_c[c][2] for c, x in h.items())
-            + (
-                pass_w[ph] + (add if ph in "BW" and any(x[2] for x in h.values()) else 0.0)
-                if ph != "O"
-                else 0.0
-            )
-            for ph, h in holds[j]
+            + (bt[run][0 if h[run][2] == 0 else 1] if ph == "B" else pass_w[ph])
+            for ph, run, h in holds[j]
         )
         gathered = float(w_bytes[layers].max(initial=0.0)) if zero3 else 0.0  # ZeRO-3's running layer
         peaks.append(static_f * wj + act + gathered)
