@@ -125,6 +125,7 @@ def context_layer(
         out_bytes=p.out_bytes / c,
         work_bytes=work,
         carried_bytes=p.carried_bytes / c,
+        largest_weight_bytes=p.largest_weight_bytes,
         fwd_work_bytes=fwd_work,
         bwd_work_bytes=bwd_work,
         ibwd_work_bytes=ibwd_work,

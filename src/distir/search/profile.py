@@ -78,6 +78,7 @@ class LayerProfile:
     work_bytes: float
     # held from the input-gradient pass to the weight-gradient pass of a zero-bubble schedule
     carried_bytes: float = 0.0
+    largest_weight_bytes: float = 0.0  # this device's share of the layer's largest weight
     fwd_work_bytes: float = 0.0  # ``work_bytes`` of the forward alone
     bwd_work_bytes: float = 0.0  # ``work_bytes`` of the backward alone
     ibwd_work_bytes: float = 0.0  # ``bwd_work_bytes`` of a zero-bubble input-gradient pass
@@ -227,6 +228,7 @@ class Profiler:
                     fwd_work_bytes=max(fwd[2] - made, 0.0),
                     bwd_work_bytes=bwd[2],
                     carried_bytes=carried,
+                    largest_weight_bytes=max(shares, default=0.0),
                     ibwd_work_bytes=i_work,
                 )
             )

@@ -235,6 +235,7 @@ class Screen:
             work=frozen([max(p[i].work_bytes for p in profs) for i in n]),
             carried=frozen([max(p[i].carried_bytes for p in profs) for i in n]),
             fwd_work=frozen([max(p[i].fwd_work_bytes for p in profs) for i in n]),
+            largest=frozen([max(p[i].largest_weight_bytes for p in profs) for i in n]),
             bwd_work=frozen([max(p[i].bwd_work_bytes for p in profs) for i in n]),
             ibwd_work=frozen([max(p[i].ibwd_work_bytes for p in profs) for i in n]),
             cap=cap,

@@ -56,6 +56,7 @@ class StageRows:
     out: np.ndarray
     work: np.ndarray
     carried: np.ndarray  # held from input- to weight-gradient pass (zero-bubble schedules)
+    largest: np.ndarray  # the layer's largest weight (its gradient's sum with the accumulator)
     fwd_work: np.ndarray  # ``work`` of the forward alone (above what it leaves)
     bwd_work: np.ndarray  # ``work`` of the backward alone
     ibwd_work: np.ndarray  # ``bwd_work`` of a zero-bubble input-gradient pass
@@ -360,6 +361,7 @@ def _stage_peaks(
     fwd_list = np.max([st.rows.fwd_work for st in stages], axis=0).tolist()
     out_list = first.rows.out.tolist()
     carried_list = first.rows.carried.tolist()
+    largest_list = first.rows.largest.tolist()
     # the backward's working set per layer; zero-bubble (split): the input-gradient pass's
     bwd_lists = {
         False: np.max([st.rows.bwd_work for st in stages], axis=0).tolist(),
@@ -384,12 +386,16 @@ def _stage_peaks(
         # (or I) hold their chunk's saved activations, those between I and W what I carries to
         # W, and a chunk's accumulated gradient exists from its first backward on; each pass
         # adds its working set (a backward: ``_backward``; a weight-gradient pass: its layer's
-        # gradients; the accumulator dies at the Add of a microbatch's gradient into it, which
-        # takes its place)
-        wk = Work(max([0.0, *[fwd_list[i] for i in layers]]), max([0.0, *[w_list[i] for i in layers]]))
+        # gradients, and once accumulators exist the sum of a gradient and its accumulator,
+        # beside both: the program's Add is not in place)
+        wk = Work(
+            max([0.0, *[fwd_list[i] for i in layers]]),
+            max([0.0, *[w_list[i] for i in layers]]),
+            tb.grad_f * max([0.0, *[largest_list[i] for i in layers]]),
+        )
         split = bool(tb.pending_w[j])
         carried = first.rows.carried if split else None
-        per = _Lists(saved_list, w_list, out_list, bwd_lists[split], carried_list if split else None)
+        per = _Lists(saved_list, w_list, out_list, bwd_lists[split], carried_list if split else None, largest_list)
         bt = [_backward(r, per, tb.grad_f) for r in own]
         if s.v == 1:
             cv = [0.0 if carried is None else float(carried[layers].sum())]
@@ -417,6 +423,7 @@ class _Lists(NamedTuple):
     out: list[float]
     bwd_work: list[float]  # zero-bubble: the input-gradient pass's
     carried: list[float] | None  # zero-bubble: what each input-gradient pass carries to W
+    largest: list[float]
 
 
 def _backward(r: range, x: _Lists, grad_f: float) -> tuple[float, float]:
@@ -428,8 +435,9 @@ def _backward(r: range, x: _Lists, grad_f: float) -> tuple[float, float]:
     gradient freed as they die), the layers after it having freed their saved activations —
     in a zero-bubble schedule's input-gradient pass, kept what each carries to its
     weight-gradient pass — and, in the first backward, left their weight gradients (later ones
-    add them into the accumulators). Sums run from the chunk's last layer (as ``np.cumsum`` of
-    the reversed rows)."""
+    add them into the accumulators: once its backward returned, the Add of its largest weight's
+    gradient makes their sum beside both, the gradient passed on beside them). Sums run from the
+    chunk's last layer (as ``np.cumsum`` of the reversed rows)."""
     gone = made = 0.0  # saved bytes freed, weight gradients left by the layers after i
     first = later = 0.0
     for i in reversed(r):
@@ -437,7 +445,10 @@ def _backward(r: range, x: _Lists, grad_f: float) -> tuple[float, float]:
         later = max(later, base)
         first = max(first, base + made)
         gone += x.saved[i] if x.carried is None else x.saved[i] - x.carried[i]
-        made += 0.0 if x.carried is not None else grad_f * x.weight[i]
+        if x.carried is None:
+            made += grad_f * x.weight[i]
+            dx = x.out[i - 1] if i > 0 else 0.0
+            later = max(later, dx + grad_f * x.weight[i] + grad_f * x.largest[i] - gone)
     return first, later
 
 
@@ -532,6 +543,7 @@ class Work(NamedTuple):
 
     fwd: float
     wgrad: float  # a weight-gradient pass: its layer's weight gradients
+    add: float  # the accumulation's sum beside the gradient and the accumulator
 
 
 def _held(
@@ -577,7 +589,7 @@ def _pass(h: Hold, bt: list[tuple[float, float]], work: Work) -> float:
     if h.phase == "B":
         first, later = bt[h.run]
         return later if h.grads[h.run] else first
-    return work.wgrad
+    return work.wgrad + work.add if h.grads[h.run] else work.wgrad
 
 
 @functools.lru_cache(maxsize=4096)
