@@ -103,6 +103,7 @@ def context_layer(
     over c ranks (module docstring)."""
     fwd, bwd, work = p.fwd_s / c, p.bwd_s / c, p.work_bytes / c
     fwd_work, bwd_work, ibwd_work = p.fwd_work_bytes / c, p.bwd_work_bytes / c, p.ibwd_work_bytes / c
+    zbwd_work = p.zbwd_work_bytes / c
     for a in attn:
         flops, kv = a.per_rank(t, c)
         t_kv = ring.time(kv)
@@ -115,6 +116,7 @@ def context_layer(
         fwd_work += 2 * kv
         bwd_work += 4 * kv
         ibwd_work += 4 * kv
+        zbwd_work += 4 * kv
     return LayerProfile(
         fwd_s=fwd,
         bwd_s=bwd,
@@ -129,6 +131,7 @@ def context_layer(
         fwd_work_bytes=fwd_work,
         bwd_work_bytes=bwd_work,
         ibwd_work_bytes=ibwd_work,
+        zbwd_work_bytes=zbwd_work,
     )
 
 

@@ -82,6 +82,7 @@ class LayerProfile:
     fwd_work_bytes: float = 0.0  # ``work_bytes`` of the forward alone
     bwd_work_bytes: float = 0.0  # ``work_bytes`` of the backward alone
     ibwd_work_bytes: float = 0.0  # ``bwd_work_bytes`` of a zero-bubble input-gradient pass
+    zbwd_work_bytes: float = 0.0  # ``bwd_work_bytes`` with its (ZeRO-3 gathered) weights dying too
 
     @property
     def time_s(self) -> float:
@@ -109,13 +110,16 @@ def _probe(
     return Module((fn, fb.ret(*(outs if keep is None else [outs[j] for j in keep]))))
 
 
-def _dying(L: ShardedLayer) -> frozenset[int]:
+def _dying(L: ShardedLayer, weights: bool = False) -> frozenset[int]:
     """The positions of ``L.bwd``'s arguments that die in it in ``distribute``'s program: the
     layer's input and residuals (saved for this backward alone) and the incoming gradient; its
-    weights and the model inputs it reads (labels) stay."""
+    weights too with ``weights`` (ZeRO-3 gathers them for this backward); the model inputs it
+    reads (labels) stay."""
     assert L.vjp is not None
     n = len(L.vjp.bwd_params)
-    return frozenset([j for j, p in enumerate(L.vjp.bwd_params) if p == 0] + list(range(n, len(L.bwd_args))))
+    ws = set(range(1, 1 + len(L.weights))) if weights else set()
+    own = [j for j, p in enumerate(L.vjp.bwd_params) if p == 0 or p in ws]
+    return frozenset(own + list(range(n, len(L.bwd_args))))
 
 
 @dataclass
@@ -192,9 +196,11 @@ class Profiler:
         for i, L in enumerate(layers):
             fwd = self._run(L.fwd, L.fwd_args, dmap, cost, key)
             bwd = (0.0, 0.0, 0.0)
-            i_work = carried = 0.0
+            i_work = carried = z_work = 0.0
             if L.bwd is not None and L.vjp is not None:
                 bwd = self._run(L.bwd, L.bwd_args, dmap, cost, key, _dying(L))
+                # ZeRO-3: the gathered weights die in the backward too
+                z_work = self._run(L.bwd, L.bwd_args, dmap, cost, key, _dying(L, weights=True))[2]
                 i_work, carried = self._input_pass(L, dmap, cost, key)
             saved = made = 0.0
             if L.vjp is not None:
@@ -230,6 +236,7 @@ class Profiler:
                     carried_bytes=carried,
                     largest_weight_bytes=max(shares, default=0.0),
                     ibwd_work_bytes=i_work,
+                    zbwd_work_bytes=z_work,
                 )
             )
         out = [distinct[r] for r in reduced.rep[: len(reduced.rep) - (0 if self.train else 1)]]

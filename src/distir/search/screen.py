@@ -238,6 +238,7 @@ class Screen:
             largest=frozen([max(p[i].largest_weight_bytes for p in profs) for i in n]),
             bwd_work=frozen([max(p[i].bwd_work_bytes for p in profs) for i in n]),
             ibwd_work=frozen([max(p[i].ibwd_work_bytes for p in profs) for i in n]),
+            zbwd_work=frozen([max(p[i].zbwd_work_bytes for p in profs) for i in n]),
             cap=cap,
         )
 

@@ -60,6 +60,7 @@ class StageRows:
     fwd_work: np.ndarray  # ``work`` of the forward alone (above what it leaves)
     bwd_work: np.ndarray  # ``work`` of the backward alone
     ibwd_work: np.ndarray  # ``bwd_work`` of a zero-bubble input-gradient pass
+    zbwd_work: np.ndarray  # ``bwd_work`` with the (ZeRO-3 gathered) weights dying too
     cap: float  # the smallest memory of the stage's GPUs
 
 
@@ -364,7 +365,7 @@ def _stage_peaks(
     largest_list = first.rows.largest.tolist()
     # the backward's working set per layer; zero-bubble (split): the input-gradient pass's
     bwd_lists = {
-        False: np.max([st.rows.bwd_work for st in stages], axis=0).tolist(),
+        False: np.max([st.rows.zbwd_work if tb.zero3 else st.rows.bwd_work for st in stages], axis=0).tolist(),
         True: np.max([st.rows.ibwd_work for st in stages], axis=0).tolist(),
     }
     peaks: list[float] = []
@@ -407,8 +408,10 @@ def _stage_peaks(
             act = _held(tb.holds[j], svs, cvs, gws, bt, wk)
         # max([0.0, ...]): the exact maximum of 0.0 and the values; ZeRO-3 holds the running
         # layer's gathered weights beside its working set (whose weight gradient is whole until
-        # reduce-scattered)
-        gathered = max([0.0, *[w_list[i] for i in layers]]) if tb.zero3 else 0.0
+        # reduce-scattered), and those of the chunk's next layer, gathered one layer ahead
+        gathered = 0.0
+        if tb.zero3:
+            gathered = max([0.0, *[w_list[i] + (w_list[i + 1] if i + 1 < r.stop else 0.0) for r in own for i in r]])
         peaks.append(tb.static_f * wj + act + gathered)
         stage_w.append(wj)
         stage_nw.append(nwj)
