@@ -57,21 +57,35 @@ def _replay(s: Strategy, j: int) -> list[tuple[str, int, dict[int, tuple[int, in
 
 
 def backward_terms(
-    rows: list[StageRows], r: list[int], grad_f: float, split: bool, saved: np.ndarray, carried: np.ndarray
+    rows: list[StageRows],
+    r: list[int],
+    grad_f: float,
+    split: bool,
+    zero3: bool,
+    saved: np.ndarray,
+    carried: np.ndarray,
 ) -> tuple[float, float]:
     """What a microbatch's backward of the chunk of layers ``r`` adds at its worst layer to what
     the stage holds before it, (first backward, later ones): running the layers last to first,
     layer i's incoming gradient and working set (the worst of the stages'; the input-gradient
-    pass's when ``split``), less the saved activations the layers after it freed (less what
-    they carry to W), plus in the first backward their weight gradients."""
+    pass's when ``split``; with ZeRO-3 its weights dying in it), less the saved activations the
+    layers after it freed (less what they carry to W), plus in the first backward their weight
+    gradients; in a later one, after layer i, its gradient passed on, its weight gradients and
+    the sum of the largest with its accumulator."""
     r = r[::-1]
-    bw = np.max([x.ibwd_work if split else x.bwd_work for x in rows], axis=0)[r]
+    rows_bw = [x.ibwd_work if split else x.zbwd_work if zero3 else x.bwd_work for x in rows]
+    bw = np.max(rows_bw, axis=0)[r]
     dec = saved[r] - carried[r] if split else saved[r]
     gone = np.concatenate([[0.0], np.cumsum(dec)[:-1]])
     grads = np.zeros(len(r)) if split else grad_f * rows[0].weight[r]
     made = np.concatenate([[0.0], np.cumsum(grads)[:-1]])
     base = rows[0].out[r] + bw - gone
-    return float(max(0.0, (base + made).max(initial=0.0))), float(max(0.0, base.max(initial=0.0)))
+    first, later = float(max(0.0, (base + made).max(initial=0.0))), float(max(0.0, base.max(initial=0.0)))
+    if not split and len(r):
+        dx = np.array([rows[0].out[i - 1] if i > 0 else 0.0 for i in r])
+        after = dx + grad_f * rows[0].weight[r] + grad_f * rows[0].largest[r] - np.cumsum(dec)
+        later = max(later, float(after.max()))
+    return first, later
 
 
 def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: bool) -> tuple[object, ...]:
@@ -169,16 +183,28 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
         # later one)
         fwd_w = float(np.max([r.fwd_work for r in rows], axis=0)[layers].max(initial=0.0))
         split = pending[j] > 0
-        bt = {c: backward_terms(rows, i, grad_f, split, saved, carried) for c, i in per.items()}
+        bt = {c: backward_terms(rows, i, grad_f, split, bool(zero3), saved, carried) for c, i in per.items()}
         pass_w = {"F": fwd_w, "W": float(w_bytes[layers].max(initial=0.0)), "O": 0.0}
+        add = grad_f * float(rows[0].largest[layers].max(initial=0.0))  # a W pass's accumulation
         act = max(
             sum(x[0] * b_c[c][0] for c, x in h.items())
             + sum(x[1] * b_c[c][1] for c, x in h.items())
             + sum(x[2] * b_c[c][2] for c, x in h.items())
-            + (bt[run][0 if h[run][2] == 0 else 1] if ph == "B" else pass_w[ph])
+            + (
+                bt[run][0 if h[run][2] == 0 else 1]
+                if ph == "B"
+                else pass_w[ph] + add
+                if ph == "W" and h[run][2]
+                else pass_w[ph]
+            )
             for ph, run, h in holds[j]
         )
-        gathered = float(w_bytes[layers].max(initial=0.0)) if zero3 else 0.0  # ZeRO-3's running layer
+        # ZeRO-3: the running layer's gathered weights and the next one's (of its chunk)
+        gathered = 0.0
+        if zero3:
+            gathered = max(
+                [0.0, *[float((w_bytes[i] + np.append(w_bytes[i][1:], 0.0)).max()) for i in per.values() if len(i)]]
+            )
         peaks.append(static_f * wj + act + gathered)
         if pr.train:
             sync = max(sync, screen._sync_time(s, groups[j], kinds[j], wj, nwj))
