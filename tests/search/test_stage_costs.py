@@ -203,7 +203,14 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
         gathered = 0.0
         if zero3:
             gathered = max(
-                [0.0, *[float((w_bytes[i] + np.append(w_bytes[i][1:], 0.0)).max()) for i in per.values() if len(i)]]
+                [
+                    0.0,
+                    *[
+                        float((w_bytes[i] + np.append(w_bytes[i][1:], 0.0)).max())
+                        for i in per.values()
+                        if len(i)
+                    ],
+                ]
             )
         peaks.append(static_f * wj + act + gathered)
         if pr.train:

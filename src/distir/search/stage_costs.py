@@ -365,7 +365,9 @@ def _stage_peaks(
     largest_list = first.rows.largest.tolist()
     # the backward's working set per layer; zero-bubble (split): the input-gradient pass's
     bwd_lists = {
-        False: np.max([st.rows.zbwd_work if tb.zero3 else st.rows.bwd_work for st in stages], axis=0).tolist(),
+        False: np.max(
+            [st.rows.zbwd_work if tb.zero3 else st.rows.bwd_work for st in stages], axis=0
+        ).tolist(),
         True: np.max([st.rows.ibwd_work for st in stages], axis=0).tolist(),
     }
     peaks: list[float] = []
@@ -396,7 +398,9 @@ def _stage_peaks(
         )
         split = bool(tb.pending_w[j])
         carried = first.rows.carried if split else None
-        per = _Lists(saved_list, w_list, out_list, bwd_lists[split], carried_list if split else None, largest_list)
+        per = _Lists(
+            saved_list, w_list, out_list, bwd_lists[split], carried_list if split else None, largest_list
+        )
         bt = [_backward(r, per, tb.grad_f) for r in own]
         if s.v == 1:
             cv = [0.0 if carried is None else float(carried[layers].sum())]
@@ -411,7 +415,9 @@ def _stage_peaks(
         # reduce-scattered), and those of the chunk's next layer, gathered one layer ahead
         gathered = 0.0
         if tb.zero3:
-            gathered = max([0.0, *[w_list[i] + (w_list[i + 1] if i + 1 < r.stop else 0.0) for r in own for i in r]])
+            gathered = max(
+                [0.0, *[w_list[i] + (w_list[i + 1] if i + 1 < r.stop else 0.0) for r in own for i in r]]
+            )
         peaks.append(tb.static_f * wj + act + gathered)
         stage_w.append(wj)
         stage_nw.append(nwj)
