@@ -3,9 +3,12 @@
 A ``LayerProfile`` is what one layer call of the model costs on one device of a tensor-parallel
 group of ``t`` GPUs, for one microbatch of ``b`` samples per data-parallel replica: forward and
 backward time (compute and the layer's own TP collectives), the bytes it keeps between its
-forward and backward (activation memory per microbatch in flight), its weights' bytes and the
-activation it hands to the next layer (the pipeline transfer when a stage boundary falls after
-it).
+forward and backward (activation memory per microbatch in flight: each piece of storage once, as
+the simulator counts it), its weights' bytes and the activation it hands to the next layer (the
+pipeline transfer when a stage boundary falls after it), and its working sets: the forward's
+above what it leaves, the backward's above what is live when it starts with the arguments that
+die in it in ``distribute``'s program freed at their last use (input, residuals, incoming
+gradient; for ZeRO-3 the gathered weights too; the zero-bubble input-gradient part's likewise).
 
 The numbers come from the same layer functions ``distribute`` uses (``sharded_layers`` on the
 model's distinct layers, ``distinct_layers``: one differentiation, one propagation per (t, b)),

@@ -34,9 +34,15 @@ AMP's formulas, generalized (heterogeneous devices, uneven layers, memory, sched
   microbatches between forward and backward (input-gradient pass), what an input-gradient pass
   carries to its deferred weight-gradient pass (ZB-H1), the gradient accumulator from the
   chunk's first backward on (a shard from ZeRO-2), and the working set of the pass running then
-  (the forward's above what it leaves, the backward's, a weight-gradient pass's gradients; the
-  accumulation's sum beside the accumulator once there is one); ZeRO-3 adds the largest
-  layer's gathered weights.
+  (the forward's above what it leaves; a weight-gradient pass's gradients, with the
+  accumulation's sum beside the accumulator once there is one). A backward follows the inlined
+  program's liveness (``stage_costs._backward``): the running chunk's layers run last to first,
+  each with its incoming gradient and its working set above what is live when it starts (its
+  input, residuals and incoming gradient dying in it; ZeRO-3: its gathered weights too), the
+  layers after it having freed their saved activations and left their weight gradients (later
+  microbatches: added into the accumulators, the Add's sum beside both). Saved activations count
+  each piece of storage once (a residual viewing another adds nothing). ZeRO-3 adds the running
+  layer's gathered weights and the next one's (gathered one layer ahead).
 
 The screen ranks; the exact simulation (``distir.search.rerank``) decides.
 """
