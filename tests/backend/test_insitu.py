@@ -18,7 +18,9 @@ def test_the_overheads_reach_every_launch_time_and_link_of_the_profile() -> None
 
     base = _calibration()
     cal = apply(base, Overheads(25e-6, 400e-6, 300e-6))
-    cal = cal._replace(measurements=cal.measurements._replace(insitu=(InSituSample("gpt:x d1 batch 2", 3e-3, 2e-3, 40.0),)))
+    cal = cal._replace(
+        measurements=cal.measurements._replace(insitu=(InSituSample("gpt:x d1 batch 2", 3e-3, 2e-3, 40.0),))
+    )
     text = profile_toml(cal)
     assert "25 µs per op added to every launch time" in text
     assert "300 µs per send" in text and "400 µs per collective call" in text

@@ -57,7 +57,7 @@ def _tensor(dev: str, shape: tuple[int, ...] = SHAPE) -> str:
 
 def chain_text(n: int, shape: tuple[int, ...] = SHAPE) -> str:
     """One rank (d0): ``n`` ops cycling through ``CHAIN``, each on the previous result."""
-    r, c = shape
+    c = shape[1]
     lines = [f"func @chain(%x0: {_tensor('d0')}, %w: {_tensor('d0', (c, c))}, %y: {_tensor('d0')}) {{"]
     for i in range(n):
         op, x, y = CHAIN[i % len(CHAIN)], f"%x{i}", f"%x{i + 1}"
@@ -117,10 +117,13 @@ def _run(text: str, steps: int) -> float:
     import distir
     from distir.backend.launch import LaunchOptions, launch
     from distir.backend.program import file_program, rank_programs
+    from distir.ir import parse_module
 
-    prog = file_program(distir.check(distir.parse_module(text)), "dispatch")
-    results = [g[0] for g in launch([[j] for j in rank_programs(prog, steps)], LaunchOptions(timeout_s=120.0))]
-    per_step = [max(ts) for ts in zip(*(r.step_times for r in results), strict=True)]
+    prog = file_program(distir.check(parse_module(text)), "dispatch")
+    results = [
+        g[0] for g in launch([[j] for j in rank_programs(prog, steps)], LaunchOptions(timeout_s=120.0))
+    ]
+    per_step = [float(max(ts)) for ts in zip(*(r.step_times for r in results), strict=True)]
     return min(per_step[1:] or per_step)
 
 
@@ -177,7 +180,11 @@ def derive(r: Runs) -> Dispatch:
 
 
 def measure(
-    cal: Calibration, n: int = 200, steps: int = 8, repeats: int = 15, tick: Callable[[str], None] | None = None
+    cal: Calibration,
+    n: int = 200,
+    steps: int = 8,
+    repeats: int = 15,
+    tick: Callable[[str], None] | None = None,
 ) -> Dispatch:
     """Run the three programs (see the module docstring) and derive the overheads on ``cal``'s
     links (its fitted all-reduce link, else point-to-point's)."""

@@ -259,7 +259,9 @@ class _Runner:
                     received.add(v)
             if trace and not self.p2p[k]:
                 cat = "comm" if self.comm[k] else "compute"
-                slices.append(OpSlice(op.name, cat, start - t0, end - t0, self.text(k), live.bytes, cpu1 - cpu0))
+                slices.append(
+                    OpSlice(op.name, cat, start - t0, end - t0, self.text(k), live.bytes, cpu1 - cpu0)
+                )
             for v in self.drop[k]:
                 live.drop(env.pop(v))
         self._flush(len(self.ops), traced, t0, live.bytes)

@@ -191,11 +191,14 @@ def _insitu_lines(cal: Calibration) -> list[str]:
         out += [
             f"#   rank loop (distir.backend.dispatch): {o.op_s * 1e6:.3g} µs per op added to every launch "
             "time (launch_overhead_us, each family's launch_us),",
-            f"#     {o.p2p_s * 1e6:.3g} µs per send to the point-to-point latency, {o.collective_s * 1e6:.3g} µs "
-            "per collective call (2 ranks) to each collective's latency over its latency coefficient",
+            f"#     {o.p2p_s * 1e6:.3g} µs per send to the point-to-point latency, "
+            f"{o.collective_s * 1e6:.3g} µs per collective call (2 ranks) to each collective's "
+            "latency over its latency coefficient",
         ]
     if cal.measurements.insitu:
-        out.append("#   in situ check (distir.backend.insitu; not fitted): real and simulated training steps:")
+        out.append(
+            "#   in situ check (distir.backend.insitu; not fitted): real and simulated training steps:"
+        )
         out += [
             f"#     {s.program}: real {s.real_s * 1e3:.2f} ms, simulated {s.sim_s * 1e3:.2f} ms "
             f"({100 * (s.sim_s / s.real_s - 1):+.0f}%)"
