@@ -26,7 +26,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from distir.backend.calibrate import CalibrateOptions, calibrate
 from distir.backend.validate import fidelity_dict, scatter_png, validate
-from distir.hardware.clusterfile import load_cluster_file
+from distir.hardware.cluster import load_cluster_file
 from distir.hardware.profile import profile_toml
 
 

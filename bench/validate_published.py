@@ -433,7 +433,7 @@ def _distir_errors() -> tuple[type[Exception], ...]:
     from distir.frontends.zoo.model import ModelError
     from distir.hardware.specs import HardwareError
     from distir.interp.loop import InterpretError
-    from distir.parallel.propagate import ShardingError
+    from distir.parallel.sharding.propagate import ShardingError
     from distir.parallel.strategy import StrategyError
 
     return (StrategyError, ModelError, AutodiffError, ShardingError, HardwareError, InterpretError)

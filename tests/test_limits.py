@@ -9,7 +9,8 @@ import pytest
 
 from distir.frontends.zoo.model import ModelError
 from distir.frontends.zoo.registry import parse_model_string
-from distir.hardware.cluster import ClusterError, parse_cluster
+from distir.hardware.cluster import parse_cluster
+from distir.hardware.specs import ClusterError
 from distir.ir.dtensor import Mesh, parse_placements
 from distir.ir.parser import ParseError, parse_module
 from distir.ir.types import Device, IRTypeError

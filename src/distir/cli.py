@@ -100,8 +100,8 @@ class _Session:
     def explicit(self, m: Module) -> Module:
         """``m`` itself, or, for a sharded (DTensor) program, its materialized per-device form."""
         from distir.ir.dtensor import DTensorType
-        from distir.parallel.materialize import materialize
-        from distir.parallel.propagate import ShardingError
+        from distir.parallel.sharding.materialize import materialize
+        from distir.parallel.sharding.propagate import ShardingError
 
         if not any(isinstance(p.type, DTensorType) for p in m.entry.params):
             return m
@@ -504,7 +504,7 @@ def _model_program(
     from distir.hardware.specs import HardwareError
     from distir.parallel.distribute import device_map as strategy_map
     from distir.parallel.distribute import distribute
-    from distir.parallel.propagate import ShardingError
+    from distir.parallel.sharding.propagate import ShardingError
     from distir.parallel.strategy import StrategyError, parse_strategy
     from distir.report.bounds import check_cluster_fits, check_elements, check_program_ops
     from distir.search.chunk_times import chunk_times
@@ -725,10 +725,10 @@ def shard(
     redistributions explicit, and materialize per-device (and per-rank) programs."""
     from distir.ir.dtensor import Mesh
     from distir.ir.types import IRTypeError
-    from distir.parallel.legalize import legalize
-    from distir.parallel.materialize import materialize, shared_programs
-    from distir.parallel.optimize import sink_reductions
-    from distir.parallel.propagate import ShardingError, propagate
+    from distir.parallel.sharding.legalize import legalize
+    from distir.parallel.sharding.materialize import materialize, shared_programs
+    from distir.parallel.sharding.propagate import ShardingError, propagate
+    from distir.parallel.sharding.sink_reductions import sink_reductions
     from distir.report.bounds import check_shard_size
 
     if auto is not None:
@@ -837,7 +837,7 @@ def _shard_auto(
     from distir.hardware.specs import HardwareError
     from distir.ir.dtensor import Mesh
     from distir.ir.types import IRTypeError
-    from distir.parallel.propagate import ShardingError, parsed_placements
+    from distir.parallel.sharding.propagate import ShardingError, parsed_placements
     from distir.search.automap.command import report, run_auto, text
     from distir.search.automap.mcts import Budget
 
@@ -938,7 +938,7 @@ def calibrate(
     from distir.backend import TorchMissing
     from distir.backend.calibrate import CalibrateOptions, CalibrationError
     from distir.backend.calibrate import calibrate as run_calibration
-    from distir.hardware.clusterfile import cluster_from_toml
+    from distir.hardware.cluster import cluster_from_toml
     from distir.hardware.profile import profile_toml
     from distir.ir.types import DType
 

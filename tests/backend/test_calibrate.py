@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from distir.backend.calibrate import CalibrateOptions
 from distir.backend.commbench import comm_plan
 from distir.cli import app
-from distir.hardware.clusterfile import load_cluster_file
+from distir.hardware.cluster import load_cluster_file
 from distir.ops.registry import REGISTRY
 
 torch = pytest.importorskip("torch")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from distir.backend.insitu import InSituSample, Overheads, apply
-from distir.hardware.clusterfile import cluster_from_toml
+from distir.hardware.cluster import cluster_from_toml
 from distir.hardware.profile import profile_toml
 from hardware.test_profile import _calibration  # tests/ is on sys.path (rootdir of package-less tests)
 

@@ -136,7 +136,7 @@ def test_a_malformed_profile_is_a_spec_error(field: str, value: object) -> None:
 
 
 def test_a_cluster_file_overrides_a_kernel_profile(tmp_path: Path) -> None:
-    from distir.hardware.clusterfile import cluster_from_toml
+    from distir.hardware.cluster import cluster_from_toml
 
     text = (
         '[types.x]\npreset = "h100"\n[types.x.attention.fa2]\npeak_tflops = 989.5\nhead_dim = 128\n'
@@ -159,8 +159,8 @@ def test_a_cluster_file_overrides_a_kernel_profile(tmp_path: Path) -> None:
     ],
 )
 def test_a_malformed_cluster_attention_table_is_a_cluster_error(entry: str, key: str) -> None:
-    from distir.hardware.cluster import ClusterError
-    from distir.hardware.clusterfile import cluster_from_toml
+    from distir.hardware.cluster import cluster_from_toml
+    from distir.hardware.specs import ClusterError
 
     base = {"peak_tflops": "989.5", "head_dim": "128", "forward": "[[1024, 1.0]]"}
     base |= {"forward_causal": "[[1024, 1.0]]", "backward": "[[1024, 1.0]]"}

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from distir.hardware.cluster import Cluster, ClusterError, parse_cluster
+from distir.hardware.cluster import Cluster, parse_cluster
 from distir.hardware.presets import GIB, PRESETS
-from distir.hardware.specs import DeviceSpec, LinkSpec, NodeSpec
+from distir.hardware.specs import ClusterError, DeviceSpec, LinkSpec, NodeSpec
 
 
 def node(

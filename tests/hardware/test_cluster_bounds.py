@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from distir.hardware.cluster import ClusterError
-from distir.hardware.clusterfile import cluster_from_toml, load_cluster_file
+from distir.hardware.cluster import cluster_from_toml, load_cluster_file
+from distir.hardware.specs import ClusterError
 from distir.limits import MAX_DEVICES, TOML_MAX_DIGITS, TOML_MAX_NESTING
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "amp_hetero.toml"

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from distir.hardware.cluster import ClusterError, parse_cluster
-from distir.hardware.clusterfile import cluster_from_toml, load_cluster_file
+from distir.hardware.cluster import cluster_from_toml, load_cluster_file, parse_cluster
 from distir.hardware.presets import GIB, PRESETS
-from distir.hardware.specs import LinkSpec
+from distir.hardware.specs import ClusterError, LinkSpec
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "amp_hetero.toml"
 

@@ -10,12 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from distir.cli import app
-from distir.hardware.cluster import ClusterError, parse_cluster
-from distir.hardware.clusterfile import cluster_from_toml, load_cluster_file
+from distir.hardware.cluster import cluster_from_toml, load_cluster_file, parse_cluster
 from distir.hardware.fit import FamilyFit, GemmFit, LinkFit, Quality
 from distir.hardware.gemm import GemmShape, gemm_efficiency, shape_factor
 from distir.hardware.profile import Calibration, profile_toml
-from distir.hardware.specs import LinkSpec
+from distir.hardware.specs import ClusterError, LinkSpec
 from distir.ir.types import Device, DType, TensorType
 from distir.ir.values import Attrs
 from distir.ops.registry import REGISTRY

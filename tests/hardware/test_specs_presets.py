@@ -9,7 +9,7 @@ import tomllib
 import pytest
 from rich.console import Console
 
-from distir.hardware.clusterfile import cluster_from_toml
+from distir.hardware.cluster import cluster_from_toml
 from distir.hardware.presets import GIB, PRESETS, clusters_json, node_record, render_clusters_table
 from distir.hardware.specs import DeviceSpec, HardwareError, LinkSpec, NodeSpec, SpecError
 from distir.ir.types import DType

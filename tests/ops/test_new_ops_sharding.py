@@ -22,7 +22,7 @@ from distir.ir.function import Module
 from distir.ir.types import Device, DType, TensorType
 from distir.ir.values import Attrs
 from distir.ops import REGISTRY
-from distir.parallel.materialize import materialize, shard_value, unshard_value
+from distir.parallel.sharding.materialize import materialize, shard_value, unshard_value
 
 D0 = Device(0)
 

@@ -17,10 +17,16 @@ from distir.interp.project import project
 from distir.interp.reference import random_inputs, run_reference
 from distir.ir import Device, Mesh, Module
 from distir.ir.dtensor import DTensorType, Partial, Placement, Replicate, Shard, split_sizes
-from distir.parallel.legalize import legalize
-from distir.parallel.materialize import local_offsets, local_shape, materialize, shard_value, unshard_value
-from distir.parallel.optimize import sink_reductions
-from distir.parallel.propagate import propagate
+from distir.parallel.sharding.legalize import legalize
+from distir.parallel.sharding.materialize import (
+    local_offsets,
+    local_shape,
+    materialize,
+    shard_value,
+    unshard_value,
+)
+from distir.parallel.sharding.propagate import propagate
+from distir.parallel.sharding.sink_reductions import sink_reductions
 
 R = Replicate()
 

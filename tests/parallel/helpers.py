@@ -11,9 +11,9 @@ from distir.interp.lockstep import check_deadlock_free, run_ranks
 from distir.interp.project import project
 from distir.interp.reference import random_inputs, run_reference
 from distir.ir import DTensorType, Mesh, Module
-from distir.parallel.legalize import legalize
-from distir.parallel.materialize import materialize, shard_value, unshard_value
-from distir.parallel.propagate import propagate
+from distir.parallel.sharding.legalize import legalize
+from distir.parallel.sharding.materialize import materialize, shard_value, unshard_value
+from distir.parallel.sharding.propagate import propagate
 
 
 def sharded(m: Module, mesh: Mesh, annotations: Mapping[str, str]) -> tuple[Module, Module]:

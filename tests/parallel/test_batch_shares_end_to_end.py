@@ -32,10 +32,10 @@ from distir.ir.verify import verify
 from distir.ops.dist import parse_mesh_attr
 from distir.parallel.check import check_against_sequential
 from distir.parallel.distribute import device_map, distribute
-from distir.parallel.legalize import legalize
-from distir.parallel.materialize import local_shape, materialize, shard_value
-from distir.parallel.optimize import sink_reductions
-from distir.parallel.propagate import ShardingError, propagate
+from distir.parallel.sharding.legalize import legalize
+from distir.parallel.sharding.materialize import local_shape, materialize, shard_value
+from distir.parallel.sharding.propagate import ShardingError, propagate
+from distir.parallel.sharding.sink_reductions import sink_reductions
 from distir.parallel.strategy import Strategy, StrategyError, parse_strategy
 from distir.sim.cost import RooflineCostModel
 from distir.sim.simulate import SimResult, simulate

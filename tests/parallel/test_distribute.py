@@ -20,7 +20,7 @@ from distir.ir.types import DType
 from distir.ir.verify import verify
 from distir.parallel.check import check_against_sequential
 from distir.parallel.distribute import distribute, sharded_layers
-from distir.parallel.schedules import build_schedule, parse_schedule
+from distir.parallel.pipeline.schedules import build_schedule, parse_schedule
 from distir.parallel.strategy import Strategy, StrategyError, parse_strategy
 
 FAMILIES = {

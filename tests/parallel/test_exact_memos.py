@@ -4,12 +4,12 @@ Each memo below is keyed on everything its answer depends on; replaced by a memo
 remembers (``Forgetful``), the same programs must come out byte for byte (``print_module``) and
 simulate to bit-identical results (``repr`` of every field):
 
-- ``OpDef._infer_distributed``'s answers apart from the mesh's devices (``registry._DIST``; a
+- ``distir.ops.dtensor_inference.infer_distributed``'s answers apart from the mesh's devices (``_DIST``; a
   ``device`` attribute puts the mesh's first device in the key);
 - ``spmd.local_record``'s mesh-free part (``Units.local_shapes``);
-- ``layer_prep``'s sharded functions, weight-gradient splits and forward result types, kept across
+- ``layer_sharder``'s sharded functions, weight-gradient splits and forward result types, kept across
   sharders (``_SHARDS``, ``_SPLITS``, ``_OUT_TYPES``), and its layers alike (``_alike``);
-- ``schedule_sim.merge`` / ``time_order`` (by action numbers) against a plain implementation.
+- ``analysis.merge`` / ``time_order`` (by action numbers) against a plain implementation.
 
 Also: a planning domain holds no reference cycle (the cyclic collector never has to find it).
 """
@@ -34,11 +34,12 @@ from distir.ir.dtensor import DTensorType, Mesh, Replicate, Shard
 from distir.ir.printer import print_module
 from distir.ir.types import Device, DType
 from distir.ir.values import Attrs
-from distir.ops import registry
+from distir.ops import dtensor_inference
 from distir.ops.registry import REGISTRY, OpTypeError
-from distir.parallel import layer_prep, schedule_sim
+from distir.parallel import layer_sharder
 from distir.parallel.distribute import device_map, distribute
-from distir.parallel.schedules import Action, build_schedule
+from distir.parallel.pipeline import analysis
+from distir.parallel.pipeline.schedules import Action, build_schedule
 from distir.parallel.strategy import parse_strategy
 from distir.sim import units
 from distir.sim.cost import RooflineCostModel
@@ -66,27 +67,33 @@ class Forgetful(dict[Any, Any]):
 @contextmanager
 def forgetting() -> Iterator[None]:
     """Every memo under test forgets (module docstring)."""
-    saved = (registry._DIST, layer_prep._SHARDS, layer_prep._SPLITS, layer_prep._OUT_TYPES)
-    init_units, init_sharder = units.Units.__init__, layer_prep.LayerSharder.__init__
+    saved = (dtensor_inference._DIST, layer_sharder._SHARDS, layer_sharder._SPLITS, layer_sharder._OUT_TYPES)
+    init_units, init_sharder = units.Units.__init__, layer_sharder.LayerSharder.__init__
 
     def units_init(self: units.Units, *a: Any) -> None:
         init_units(self, *a)
         self.local_shapes = Forgetful()
 
-    def sharder_init(self: layer_prep.LayerSharder, *a: Any) -> None:
+    def sharder_init(self: layer_sharder.LayerSharder, *a: Any) -> None:
         init_sharder(self, *a)
         self._alike = Forgetful()
 
-    registry._DIST = Forgetful()
-    layer_prep._SHARDS, layer_prep._SPLITS, layer_prep._OUT_TYPES = Forgetful(), Forgetful(), Forgetful()
+    dtensor_inference._DIST = Forgetful()
+    layer_sharder._SHARDS, layer_sharder._SPLITS, layer_sharder._OUT_TYPES = (
+        Forgetful(),
+        Forgetful(),
+        Forgetful(),
+    )
     units.Units.__init__ = units_init  # type: ignore[method-assign]
-    layer_prep.LayerSharder.__init__ = sharder_init  # type: ignore[method-assign]
+    layer_sharder.LayerSharder.__init__ = sharder_init  # type: ignore[method-assign]
     try:
         yield
     finally:
-        registry._DIST, layer_prep._SHARDS, layer_prep._SPLITS, layer_prep._OUT_TYPES = saved
+        dtensor_inference._DIST, layer_sharder._SHARDS, layer_sharder._SPLITS, layer_sharder._OUT_TYPES = (
+            saved
+        )
         units.Units.__init__ = init_units  # type: ignore[method-assign]
-        layer_prep.LayerSharder.__init__ = init_sharder  # type: ignore[method-assign]
+        layer_sharder.LayerSharder.__init__ = init_sharder  # type: ignore[method-assign]
 
 
 @functools.cache
@@ -116,7 +123,7 @@ def test_memos_change_no_program_and_no_result() -> None:
 def test_the_memos_are_used() -> None:
     """The comparison above is not vacuous: each memo answers some question."""
     hits = {"dist": 0, "shapes": 0, "shards": 0}
-    get_dist, get_shard = registry._DIST.get, layer_prep._SHARDS.get
+    get_dist, get_shard = dtensor_inference._DIST.get, layer_sharder._SHARDS.get
 
     class Counting(dict[Any, Any]):
         def __init__(self, name: str, base: dict[Any, Any]) -> None:
@@ -134,13 +141,16 @@ def test_the_memos_are_used() -> None:
         init_units(self, *a)
         self.local_shapes = Counting("shapes", {})
 
-    registry._DIST, layer_prep._SHARDS = Counting("dist", {}), Counting("shards", {})
+    dtensor_inference._DIST, layer_sharder._SHARDS = Counting("dist", {}), Counting("shards", {})
     units.Units.__init__ = units_init  # type: ignore[method-assign]
     try:
         for case in (*CASES, CASES[0]):
             _evaluate(*case)
     finally:
-        registry._DIST, layer_prep._SHARDS = dict(registry._DIST), dict(layer_prep._SHARDS)
+        dtensor_inference._DIST, layer_sharder._SHARDS = (
+            dict(dtensor_inference._DIST),
+            dict(layer_sharder._SHARDS),
+        )
         units.Units.__init__ = init_units  # type: ignore[method-assign]
     assert all(hits.values()), hits
     del get_dist, get_shard
@@ -180,7 +190,7 @@ def _merge_plain(per_rank: list[list[Action]], p: int, v: int) -> list[tuple[int
         for r in range(p):
             if pcs[r] < len(per_rank[r]):
                 a = per_rank[r][pcs[r]]
-                if all(d in done for d in schedule_sim.dependencies(a, p, v)):
+                if all(d in done for d in analysis.dependencies(a, p, v)):
                     ran.append((r, a))
                     pcs[r] += 1
         assert ran
@@ -204,7 +214,7 @@ SCHEDULES = [
 def test_merge_and_time_order_as_first_written(name: str, p: int, k: int, v: int) -> None:
     per_rank = build_schedule(name, p, k, v)
     order = _merge_plain(per_rank, p, v)
-    assert schedule_sim.merge(per_rank, p, v) == order
+    assert analysis.merge(per_rank, p, v) == order
 
     def duration(r: int, a: Action) -> float:
         return (1.0 + a.stage % 3) * {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}[a.kind]
@@ -213,11 +223,11 @@ def test_merge_and_time_order_as_first_written(name: str, p: int, k: int, v: int
     free = [0.0] * p
     timed = []
     for i, (r, a) in enumerate(order):
-        start = max([free[r], *(end[d] for d in schedule_sim.dependencies(a, p, v))])
+        start = max([free[r], *(end[d] for d in analysis.dependencies(a, p, v))])
         end[a] = free[r] = start + duration(r, a)
-        timed.append((start, i, schedule_sim.TimedAction(r, a, start, end[a])))
+        timed.append((start, i, analysis.TimedAction(r, a, start, end[a])))
     timed.sort(key=lambda x: (x[0], x[1]))
-    assert schedule_sim.time_order(per_rank, p, v, duration) == [t for *_, t in timed]
+    assert analysis.time_order(per_rank, p, v, duration) == [t for *_, t in timed]
 
 
 @pytest.mark.parametrize(
@@ -242,8 +252,8 @@ def test_merge_and_time_order_as_first_written(name: str, p: int, k: int, v: int
     ],
 )
 def test_schedule_errors_are_unchanged(per_rank: list[list[Action]], p: int, message: str) -> None:
-    with pytest.raises(schedule_sim.ScheduleError) as got:
-        schedule_sim.merge(per_rank, p, 1)
+    with pytest.raises(analysis.ScheduleError) as got:
+        analysis.merge(per_rank, p, 1)
     assert str(got.value) == message
 
 

@@ -7,7 +7,7 @@ import pytest
 
 import distir
 from distir.ir import Device, DTensorType, Mesh, parse_module, print_module
-from distir.parallel.propagate import propagate
+from distir.parallel.sharding.propagate import propagate
 
 from .helpers import compare, sharded
 
@@ -109,7 +109,7 @@ def test_megatron_blocks_compute_the_same_numbers(n: int) -> None:
 
 def test_identical_ranks_share_one_program() -> None:
     from distir.interp.project import project
-    from distir.parallel.materialize import shared_programs
+    from distir.parallel.sharding.materialize import shared_programs
 
     _, mat = sharded(parse_module(MLP), _mesh(4), {"w1": "S(1)", "w2": "S(0)"})
     groups = shared_programs(project(mat))

@@ -23,7 +23,7 @@ from distir.ir.types import DType
 from distir.ir.verify import verify
 from distir.parallel.check import check_against_sequential
 from distir.parallel.distribute import device_map, distribute
-from distir.parallel.materialize import local_shape
+from distir.parallel.sharding.materialize import local_shape
 from distir.parallel.strategy import Strategy, parse_strategy
 from distir.sim.simulate import simulate
 

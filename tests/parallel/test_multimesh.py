@@ -21,8 +21,8 @@ from distir.ir.dtensor import Partial
 from distir.ir.types import IRTypeError
 from distir.ops import REGISTRY, OpTypeError
 from distir.ops.dist import format_mesh_attr, largest_piece_bytes, parse_mesh_attr
-from distir.parallel.materialize import local_shape, materialize, shard_value, unshard_value
-from distir.parallel.propagate import ShardingError
+from distir.parallel.sharding.materialize import local_shape, materialize, shard_value, unshard_value
+from distir.parallel.sharding.propagate import ShardingError
 from ir.structural import structurally_equal
 
 from .gen import RedistCase, gather_pieces, mesh_of, partial_pieces, places_text, redist_cases

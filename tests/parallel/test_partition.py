@@ -1,5 +1,5 @@
 """Pipeline partitions as Megatron-LM makes them: the strategy's ``L…`` counts repeated blocks;
-the embedding always joins the first chunk, head and loss the last (``layer_prep.partition``)."""
+the embedding always joins the first chunk, head and loss the last (``distir.parallel.pipeline.partition``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from distir.frontends.zoo import build_model
 from distir.ir.types import DType
 from distir.parallel.check import check_against_sequential
-from distir.parallel.layer_prep import Ends, block_counts, call_counts, ends, partition
+from distir.parallel.pipeline.partition import Ends, block_counts, call_counts, ends, partition
 from distir.parallel.strategy import StrategyError, parse_strategy
 
 GPT = "gpt:layers=4,hidden=8,heads=2,seq=4,vocab=16"

@@ -9,7 +9,7 @@ from distir.frontends.zoo.registry import build_model
 from distir.ir.function import Module
 from distir.ir.ops import Op
 from distir.ops.registry import REGISTRY
-from distir.parallel.propagate import op_strategies
+from distir.parallel.sharding.propagate import op_strategies
 
 
 def test_memoized_strategies_equal_the_rules() -> None:

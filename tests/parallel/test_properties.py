@@ -35,8 +35,8 @@ from distir.ir import DTensorType, Mesh, Module, parse_module
 from distir.ir.dtensor import Partial, Placement, Replicate, Shard, format_placements, parse_placements
 from distir.ir.types import DType
 from distir.ops.registry import REGISTRY, CommPattern, OpKind
-from distir.parallel.materialize import local_shape, materialize, shard_value, unshard_value
-from distir.parallel.propagate import ShardingError, propagate
+from distir.parallel.sharding.materialize import local_shape, materialize, shard_value, unshard_value
+from distir.parallel.sharding.propagate import ShardingError, propagate
 from distir.sim.collectives import allreduce_time
 from distir.sim.simulate import simulate
 
@@ -201,7 +201,7 @@ def test_shard_value_round_trips(case: RedistCase, seed: int) -> None:
 def test_regression_shard_value_of_non_sum_partials(op: str) -> None:
     """A P(max|min|mean) tensor is the max / min / mean of its pieces, but ``shard_value`` puts
     the value on coordinate 0 and zeros elsewhere (their max is max(x, 0), their mean x/n) and
-    ``unshard_value`` sums the pieces. Fix (distir/parallel/materialize.py): for a non-sum
+    ``unshard_value`` sums the pieces. Fix (distir/parallel/sharding/materialize.py): for a non-sum
     partial axis every coordinate holds the value (its max, min and mean are the value); unshard
     reduces each partial axis with its own op."""
     t = _types(distir.check(parse_module(_case((5, 7), (3,), f"P({op})", "R").text)))[0]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import distir
 from distir.interp.project import project
 from distir.ir import Device, Mesh, parse_module, print_module
-from distir.parallel.legalize import legalize
-from distir.parallel.materialize import materialize, shared_programs
-from distir.parallel.optimize import sink_reductions
-from distir.parallel.propagate import propagate
+from distir.parallel.sharding.legalize import legalize
+from distir.parallel.sharding.materialize import materialize, shared_programs
+from distir.parallel.sharding.propagate import propagate
+from distir.parallel.sharding.sink_reductions import sink_reductions
 
 from .helpers import compare
 

@@ -1,5 +1,5 @@
-"""Pipeline schedules as per-rank action lists (``distir.parallel.schedules`` and
-``distir.parallel.schedule_sim``).
+"""Pipeline schedules as per-rank action lists (``distir.parallel.pipeline.schedules`` and
+``distir.parallel.pipeline.analysis``).
 
 1. Exact per-rank lists, written by hand from the papers' figures (GPipe, 1F1B as in Figure 2 of
    the zero-bubble paper, Megatron's interleaved schedule, ZB-H1 as in Figure 3 top).
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from distir.ir import parse_module
 from distir.ir.ops import Call
-from distir.parallel.schedule_sim import (
+from distir.parallel.pipeline.analysis import (
     ScheduleDeadlock,
     bubble_fraction,
     dependencies,
@@ -32,7 +32,7 @@ from distir.parallel.schedule_sim import (
     simulate_schedule,
     validate,
 )
-from distir.parallel.schedules import (
+from distir.parallel.pipeline.schedules import (
     SCHEDULE_NAMES,
     Action,
     ScheduleError,

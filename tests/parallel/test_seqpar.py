@@ -20,7 +20,7 @@ from distir.ir.types import DType
 from distir.ops.registry import REGISTRY, OpKind
 from distir.parallel.check import check_against_sequential
 from distir.parallel.distribute import device_map, distribute, sharded_layers
-from distir.parallel.materialize import materialize
+from distir.parallel.sharding.materialize import materialize
 from distir.parallel.strategy import StrategyError, parse_strategy
 from distir.sim.simulate import simulate
 
@@ -168,8 +168,8 @@ def test_pinned_weights_are_used_where_they_lie(pinned: tuple[int, ...]) -> None
     weight (16·8) moves fewer bytes than gathering the rows (64·16), so unpinned propagation
     gathers the weights; pinned, it gathers the rows and keeps Megatron's column/row layout."""
     from distir.ir.parser import parse_module
-    from distir.parallel.legalize import legalize
-    from distir.parallel.propagate import propagate
+    from distir.parallel.sharding.legalize import legalize
+    from distir.parallel.sharding.propagate import propagate
 
     from .gen import mesh_of
 

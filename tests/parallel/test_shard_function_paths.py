@@ -2,7 +2,7 @@
 
 ``shard_function`` builds the sharded layer straight from ``place``'s placements
 (``legalize_placed``) with a ``Plan`` kept per (function, argument types), and the final choice
-takes a free strategy without counting bytes (``propagate_choice._free``); the search shards thousands
+takes a free strategy without counting bytes (``choices._free``); the search shards thousands
 of layers that way. Here each of those is checked against the plain composition it replaces:
 ``strip_types`` of ``legalize(propagate(...))`` plus the boundary ``Redistribute`` ops (the
 former implementation, kept below as the reference), ``_choose`` itself, and legalization's
@@ -35,10 +35,12 @@ from distir.ir.printer import print_function
 from distir.ir.rewrite import ValueMap, copy_instr
 from distir.ir.types import Device, DType, TensorType, Type
 from distir.ir.values import Value
-from distir.ops.registry import REGISTRY, OpKind, global_view
+from distir.ops.dtensor_inference import global_view
+from distir.ops.registry import REGISTRY, OpKind
 from distir.ops.sharding import Strategy
-from distir.parallel import layer_prep, legalize, propagate, propagate_choice
-from distir.parallel.layers import shard_function, strip_types
+from distir.parallel import layer_sharder
+from distir.parallel.sharding import choices, legalize, propagate
+from distir.parallel.sharding.shard_function import shard_function, strip_types
 
 MODELS = (
     "gpt:layers=3,hidden=64,heads=4,seq=16,vocab=128",
@@ -112,7 +114,7 @@ def _layers(model_string: str) -> Iterator[None]:
         model = build_from(spec, b, DType.f32)
         if sp and model.seq_dim is None:
             continue
-        layer_prep.sharded_layers(model, d, t, recompute, train, sp=sp)
+        layer_sharder.sharded_layers(model, d, t, recompute, train, sp=sp)
         yield
 
 
@@ -145,7 +147,7 @@ def test_shard_function_is_the_composition_of_the_passes(model: str, monkeypatch
                 required += 1
         return got
 
-    monkeypatch.setattr(layer_prep, "shard_function", both)
+    monkeypatch.setattr(layer_sharder, "shard_function", both)
     for _ in _layers(model):
         pass
     assert checked >= 2 * len(CONFIGS) and required > 50
@@ -228,13 +230,11 @@ def test_a_free_strategy_is_chooses_pick(case: tuple[object, ...]) -> None:
     """Whenever ``_free`` finds a strategy, ``_choose`` picks that very one."""
     opts, n, have, hint, in_other, out_other, movable, tgt, t = case
     targets = [(i, t, [p]) for i, p in tgt]  # type: ignore[attr-defined]
-    free = propagate_choice._free(
-        opts, have, hint, in_other, out_other, [(i, tv) for i, tv, _ in movable], tgt
-    )  # type: ignore[arg-type, attr-defined]
+    free = choices._free(opts, have, hint, in_other, out_other, [(i, tv) for i, tv, _ in movable], tgt)  # type: ignore[arg-type, attr-defined]
     _ANSWERED[0] += 1
     if free is not None:
         _ANSWERED[1] += 1
-        picked = propagate_choice._choose(opts, n, have, hint, in_other, out_other, movable, targets, tgt)  # type: ignore[arg-type]
+        picked = choices._choose(opts, n, have, hint, in_other, out_other, movable, targets, tgt)  # type: ignore[arg-type]
         assert free is picked
 
 

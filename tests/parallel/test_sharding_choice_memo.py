@@ -1,4 +1,4 @@
-"""The memos of propagation's final choice (``propagate_choice._CHOICES``) and of legalization's
+"""The memos of propagation's final choice (``choices._CHOICES``) and of legalization's
 requirements (``legalize._REQUIRED``) change nothing: layers sharded with them — cold, and warm
 from other models, meshes and microbatch sizes — print exactly as layers sharded without them."""
 
@@ -14,8 +14,8 @@ from distir.ir.function import Module
 from distir.ir.printer import print_module
 from distir.ir.types import Device, DType, TensorType
 from distir.ops.sharding import Strategy
-from distir.parallel import legalize, propagate, propagate_choice
-from distir.parallel.layer_prep import _DIFFERENTIATED, sharded_layers
+from distir.parallel.layer_sharder import _DIFFERENTIATED, sharded_layers
+from distir.parallel.sharding import choices, legalize, propagate
 
 MODELS = (
     "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128",
@@ -65,11 +65,11 @@ def _without_memos() -> dict[str, list[str]]:
 @pytest.mark.slow
 def test_memos_change_no_sharded_layer() -> None:
     slow = _without_memos()
-    propagate_choice._CHOICES.clear()
+    choices._CHOICES.clear()
     legalize._REQUIRED.clear()
     cold = _shard_all(MODELS)
     assert cold == slow
-    assert propagate_choice._CHOICES and legalize._REQUIRED  # the memos were used
+    assert choices._CHOICES and legalize._REQUIRED  # the memos were used
     # warm, filled by the models in another order: every answer now comes from the memos
     assert _shard_all(MODELS[::-1]) == slow
     assert _shard_all(MODELS) == slow
@@ -124,7 +124,7 @@ def test_each_part_of_the_choice_key_can_decide() -> None:
         tgt: tuple[tuple[int, Placement], ...] = (),
     ) -> Strategy:
         targets = [(i, t, [p]) for i, p in tgt]
-        return propagate_choice._choose(options, 2, have, hint, in_other, out_other, movable, targets, tgt)
+        return choices._choose(options, 2, have, hint, in_other, out_other, movable, targets, tgt)
 
     assert choose([gather, keep]) is keep
     assert choose([gather, keep], have=(r,)) is gather  # have
@@ -137,7 +137,7 @@ def test_each_part_of_the_choice_key_can_decide() -> None:
     move_x = Strategy((s0, r), (s0,))
     move_w = Strategy((r, s0), (s0,))
     for pinned, want in ((False, move_w), (True, move_x)):
-        got = propagate_choice._choose(
+        got = choices._choose(
             [move_x, move_w],
             2,
             (s0, s0),

@@ -32,7 +32,7 @@ from distir.ir.types import Device, DType, ScalarType, TensorType, Type
 from distir.ir.values import Attrs
 from distir.ops.registry import REGISTRY
 from distir.ops.sharding import Strategy
-from distir.parallel.materialize import materialize
+from distir.parallel.sharding.materialize import materialize
 
 from .gen import mesh_of, partial_pieces, reduce_pieces
 

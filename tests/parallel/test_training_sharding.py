@@ -25,7 +25,7 @@ from distir.ir.builder import FunctionBuilder
 from distir.ir.dtensor import Shard, split_sizes
 from distir.ir.types import Device, DType, TensorType
 from distir.ops.registry import REGISTRY, OpKind
-from distir.parallel.materialize import shard_value, unshard_value
+from distir.parallel.sharding.materialize import shard_value, unshard_value
 
 from .helpers import sharded
 

@@ -25,9 +25,9 @@ from distir.ir.function import Function, Module
 from distir.ir.types import Device, DType, TensorType
 from distir.parallel.check import check_against_sequential
 from distir.parallel.distribute import sharded_layers
-from distir.parallel.legalize import legalize
-from distir.parallel.materialize import materialize, shard_value, unshard_value
-from distir.parallel.propagate import propagate
+from distir.parallel.sharding.legalize import legalize
+from distir.parallel.sharding.materialize import materialize, shard_value, unshard_value
+from distir.parallel.sharding.propagate import propagate
 from distir.parallel.strategy import parse_strategy
 
 D0 = Device(0)

@@ -15,7 +15,7 @@ from distir.ir.ops import Call
 from distir.ir.parser import parse_module
 from distir.ir.types import DType
 from distir.parallel.distribute import distribute
-from distir.parallel.propagate import ShardingError
+from distir.parallel.sharding.propagate import ShardingError
 from distir.parallel.strategy import StrategyError, parse_strategy
 from distir.report.bounds import (
     check_cluster_fits,

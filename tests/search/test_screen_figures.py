@@ -14,8 +14,8 @@ import pytest
 from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import parse_cluster
 from distir.parallel.distribute import uniform_counts
-from distir.parallel.layer_prep import block_counts, call_counts
-from distir.parallel.schedules import build_schedule
+from distir.parallel.pipeline.partition import block_counts, call_counts
+from distir.parallel.pipeline.schedules import build_schedule
 from distir.parallel.strategy import Strategy
 from distir.search.layer_assignment import assign_layers, objective
 from distir.search.profile import Profiler

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from distir.hardware.cluster import Cluster, ClusterError, parse_cluster
+from distir.hardware.cluster import Cluster, parse_cluster
 from distir.hardware.presets import GIB
-from distir.hardware.specs import DeviceSpec, LinkSpec, NodeSpec
+from distir.hardware.specs import ClusterError, DeviceSpec, LinkSpec, NodeSpec
 from distir.sim import collectives as coll
 from distir.sim.collectives import (
     COLLECTIVES,

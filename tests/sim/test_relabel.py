@@ -31,9 +31,9 @@ from distir.ir.dtensor import Mesh, Shard
 from distir.ops.dist import format_mesh_attr
 from distir.ops.registry import REGISTRY
 from distir.parallel.distribute import device_map, distribute
-from distir.parallel.layers import strip_types
-from distir.parallel.legalize import legalize
-from distir.parallel.propagate import propagate
+from distir.parallel.sharding.legalize import legalize
+from distir.parallel.sharding.propagate import propagate
+from distir.parallel.sharding.shard_function import strip_types
 from distir.parallel.strategy import parse_strategy
 from distir.sim import relabel, units
 from distir.sim.cost import RooflineCostModel

@@ -24,9 +24,9 @@ from distir.ir import Device, DTensorType, DType, Module, parse_module
 from distir.ir.dtensor import Mesh, Placement
 from distir.ir.rewrite import inline_calls
 from distir.ops import OpTypeError
-from distir.parallel.legalize import legalize
-from distir.parallel.materialize import local_shape, materialize
-from distir.parallel.propagate import ShardingError, propagate
+from distir.parallel.sharding.legalize import legalize
+from distir.parallel.sharding.materialize import local_shape, materialize
+from distir.parallel.sharding.propagate import ShardingError, propagate
 from distir.sim.cost import RooflineCostModel
 from distir.sim.devices import DeviceMap, DeviceMapError, Slot
 from distir.sim.plan import PlanDomain

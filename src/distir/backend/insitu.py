@@ -90,7 +90,7 @@ def _simulated(cal: Calibration, model: str, strategy: str, batch: int) -> tuple
     """The simulated step on ``cal`` and its growth per second of launch time and per second of
     link latency."""
     from distir.backend.program import model_program
-    from distir.hardware.clusterfile import load_cluster_file
+    from distir.hardware.cluster import load_cluster_file
     from distir.sim.cost import RooflineCostModel
     from distir.sim.simulate import simulate
 

@@ -26,46 +26,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from distir.hardware.clusterfile import ClusterDescription, read_cluster_file, read_cluster_toml
 from distir.hardware.presets import PRESETS
-from distir.hardware.specs import DeviceSpec, HardwareError, LinkSpec, NodeSpec
+from distir.hardware.specs import ClusterError, DeviceSpec, HardwareError, LinkSpec, Matrix, NodeSpec
 from distir.limits import MAX_DEVICES, exceeds, over, read_int
 
 _SELF = LinkSpec(math.inf, 0.0)
-
-Matrix = tuple[tuple[float, ...], ...]
-
-
-class ClusterError(HardwareError):
-    """A cluster description is wrong. Names where (``source``: a file or the spec string, with
-    ``line``/``col`` when known), which key (``key``, e.g. ``nodes[1].count``) and the problem."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        source: str | None = None,
-        key: str | None = None,
-        line: int | None = None,
-        col: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.source = source
-        self.key = key
-        self.line = line
-        self.col = col
-
-    def __str__(self) -> str:
-        parts = []
-        if self.source is not None:
-            loc = self.source
-            if self.line is not None:
-                loc += f":{self.line}:{self.col if self.col is not None else 1}"
-            parts.append(loc)
-        if self.key:
-            parts.append(self.key)
-        parts.append(self.message)
-        return ": ".join(parts)
 
 
 def _check_matrix(m: object, n: int, what: str, cluster: str) -> None:
@@ -248,8 +214,6 @@ def parse_cluster(spec: str | Cluster) -> Cluster:
         raise ClusterError(f"empty cluster spec {spec!r}; give a preset name ({known}) or a .toml file")
     spec = spec.strip()
     if _is_file_spec(spec):
-        from distir.hardware.clusterfile import load_cluster_file
-
         return load_cluster_file(Path(spec))
     src = f"cluster {spec!r}"
     nodes: list[NodeSpec] = []
@@ -273,3 +237,22 @@ def parse_cluster(spec: str | Cluster) -> Cluster:
             raise ClusterError(over("its GPU count", total, MAX_DEVICES), source=src[:80])
         nodes.extend([node] * count)
     return Cluster(spec, tuple(nodes))
+
+
+def cluster_of(d: ClusterDescription) -> Cluster:
+    """The cluster a file describes; a cluster-level problem (matrices, device names) names the
+    file."""
+    try:
+        return Cluster(d.name, d.nodes, d.inter_node, d.bandwidth_matrix, d.latency_matrix)
+    except HardwareError as e:
+        raise ClusterError(str(e), source=d.file) from None
+
+
+def cluster_from_toml(text: str, file: str = "<cluster>") -> Cluster:
+    """Parse and validate a cluster file's text; ``file`` names it in errors."""
+    return cluster_of(read_cluster_toml(text, file))
+
+
+def load_cluster_file(path: Path) -> Cluster:
+    """Read and parse a cluster file (errors name the file, line:column and key)."""
+    return cluster_of(read_cluster_file(path))

@@ -72,6 +72,10 @@ unless ``gpu`` is given, so that different figures never share a name.
 
 Every problem is a ``ClusterError`` naming the file, the line:column where it can be found, the
 key path (``types.t4.fp32_tflops``, ``nodes[1].count``) and expected vs actual.
+
+This module reads the format into a ``ClusterDescription`` and knows nothing of ``Cluster``:
+``distir.hardware.cluster`` makes clusters from descriptions (``cluster_from_toml``,
+``load_cluster_file``) and from spec strings naming a file.
 """
 
 from __future__ import annotations
@@ -83,17 +87,18 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
-from distir.hardware.cluster import Cluster, ClusterError, Matrix
 from distir.hardware.presets import CUDA_RUNTIME, GIB, GIGA, MIB, PRESETS, TERA, us
 from distir.hardware.specs import (
     AttentionProfile,
+    ClusterError,
     DeviceSpec,
     FamilyRates,
     GemmProfile,
     HardwareError,
     LinkSpec,
+    Matrix,
     NodeSpec,
     RuntimeMemory,
 )
@@ -275,6 +280,18 @@ def _precheck(text: str, file: str) -> None:
                     )
             elif ch in "]}":
                 depth = max(0, depth - 1)
+
+
+class ClusterDescription(NamedTuple):
+    """What a cluster file says, each key validated: ``distir.hardware.cluster.cluster_of`` makes
+    the cluster (and checks what concerns the whole of it); ``file`` names the file in errors."""
+
+    name: str
+    nodes: tuple[NodeSpec, ...]
+    inter_node: LinkSpec | None
+    bandwidth_matrix: Matrix | None
+    latency_matrix: Matrix | None
+    file: str
 
 
 class _Loader:
@@ -616,7 +633,7 @@ class _Loader:
             )
         return tuple(rows)
 
-    def load(self) -> Cluster:
+    def load(self) -> ClusterDescription:
         self.text = self.text.removeprefix("\ufeff")  # a UTF-8 byte order mark is no content
         _precheck(self.text, self.file)
         try:
@@ -678,10 +695,7 @@ class _Loader:
             bwm = self.matrix(top["bandwidth_matrix_gb_s"], "bandwidth_matrix_gb_s", n, "GB/s", _giga, False)
         if "latency_matrix_us" in top:
             latm = self.matrix(top["latency_matrix_us"], "latency_matrix_us", n, "µs", us, True)
-        try:
-            return Cluster(name, tuple(nodes), inter, bwm, latm)
-        except HardwareError as e:
-            raise ClusterError(str(e), source=self.file) from None
+        return ClusterDescription(name, tuple(nodes), inter, bwm, latm, self.file)
 
     def _check_device_names(self, types: Mapping[str, NodeSpec]) -> None:
         seen: dict[str, tuple[str, DeviceSpec]] = {}
@@ -696,17 +710,17 @@ class _Loader:
                 )
 
 
-def cluster_from_toml(text: str, file: str = "<cluster>") -> Cluster:
-    """Parse and validate a cluster file's text; ``file`` names it in errors."""
+def read_cluster_toml(text: str, file: str = "<cluster>") -> ClusterDescription:
+    """Parse and validate a cluster file's text, key by key; ``file`` names it in errors."""
     return _Loader(text, file).load()
 
 
-def load_cluster_file(path: Path) -> Cluster:
-    """Read and parse a cluster file (errors name the file, line:column and key)."""
+def read_cluster_file(path: Path) -> ClusterDescription:
+    """Read a cluster file and parse it (errors name the file, line:column and key)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ClusterError("no such file", source=str(path)) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ClusterError(f"cannot read: {e}", source=str(path)) from None
-    return cluster_from_toml(text, str(path))
+    return read_cluster_toml(text, str(path))

@@ -31,6 +31,42 @@ class SpecError(HardwareError):
     """A hardware spec was constructed with an invalid field (names the spec and the field)."""
 
 
+Matrix = tuple[tuple[float, ...], ...]
+
+
+class ClusterError(HardwareError):
+    """A cluster description is wrong. Names where (``source``: a file or the spec string, with
+    ``line``/``col`` when known), which key (``key``, e.g. ``nodes[1].count``) and the problem."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        source: str | None = None,
+        key: str | None = None,
+        line: int | None = None,
+        col: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.source = source
+        self.key = key
+        self.line = line
+        self.col = col
+
+    def __str__(self) -> str:
+        parts = []
+        if self.source is not None:
+            loc = self.source
+            if self.line is not None:
+                loc += f":{self.line}:{self.col if self.col is not None else 1}"
+            parts.append(loc)
+        if self.key:
+            parts.append(self.key)
+        parts.append(self.message)
+        return ": ".join(parts)
+
+
 def _is_number(x: object) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 

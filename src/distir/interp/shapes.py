@@ -28,7 +28,8 @@ from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
 from distir.ir.types import Type
 from distir.ir.values import Value
-from distir.ops.registry import REGISTRY, OpDef, OpKind, OpTypeError, RegistryError, TypeCtx, global_view
+from distir.ops.dtensor_inference import global_view
+from distir.ops.registry import REGISTRY, OpDef, OpKind, OpTypeError, RegistryError, TypeCtx
 
 
 class Concrete:

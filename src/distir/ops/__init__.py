@@ -1,19 +1,16 @@
 """The op registry and the op families. Importing this package registers every op.
 
-A family spread over several modules (``shape``: ``shape_index``, ``shape_grad``; ``conv``:
-``conv_grad``) is imported here as a whole; its modules import the family's base module, never
-the other way round."""
+A family large enough to be a package (``shape``; the gradient ops, ``grad``) registers its
+modules from its ``__init__``."""
 
 from distir.ops import (  # noqa: F401  (registration)
     attention,
     comm,
     compare,
     conv,
-    conv_grad,
     dist,
     elementwise,
     grad,
-    grad_index,
     linalg,
     loss,
     moe,
@@ -22,8 +19,6 @@ from distir.ops import (  # noqa: F401  (registration)
     rank_comm,
     reduce,
     shape,
-    shape_grad,
-    shape_index,
     tuples,
 )
 from distir.ops.registry import REGISTRY, AttrSpec, OpDef, OpKind, OpTypeError, TypeCtx, register

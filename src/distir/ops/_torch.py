@@ -79,7 +79,7 @@ def sum_to(x: Any, shape: Sequence[int]) -> Any:
 
 
 def local_rows(ctx: TorchContext, idx: Any, rows: Any, n: int) -> tuple[Any, Any]:
-    """Torch's ``distir.ops.shape_index.local_rows``: indices (i64, negatives counted from the
+    """Torch's ``distir.ops.shape.select.local_rows``: indices (i64, negatives counted from the
     table's size) into a piece of ``n`` rows at ``rows=[start, total]`` (None: the whole table
     of ``n`` rows), and the mask of those the piece holds (None: all)."""
     i = idx.to(ctx.torch.int64)

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from distir.ir.dtensor import split_sizes
 from distir.ir.ops import Op
 from distir.ir.types import Device, ScalarType, TensorType, Type, devices_of
 from distir.ir.values import Attrs, Value
@@ -41,7 +42,6 @@ from distir.ops.registry import (
     TypeCtx,
     register,
 )
-from distir.ops.shape import split_sizes
 
 FAMILY = "comm"
 REDUCE_OPS = ("sum", "max", "min", "mean", "prod")

@@ -17,8 +17,9 @@ with no element averages to 0. Conv pads with zeros.
 References compute in float64 (one pass per kernel offset: a strided view of the padded input, a
 batched matmul over the channel groups) and round once to the input dtype. The helpers
 ``conv_output_size``, ``input_range_for_output`` and ``halo_rows`` give the arithmetic of one
-spatial axis for sharding with halo exchange; the window machinery is shared with the gradients in
-``distir.ops.grad``.
+spatial axis for sharding with halo exchange; the window machinery is shared with the gradient ops
+in ``distir.ops.grad.conv``. Each op's gradient rule emits its gradient op (ConvGrad, MaxPoolGrad,
+AveragePoolGrad) with the forward op's attributes.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from distir.ir.ops import Op
 from distir.ir.types import TensorType, Type
-from distir.ir.values import Attrs
+from distir.ir.values import Attrs, Value
 from distir.ops import sharding as sh
 from distir.ops._rules import float_input, int_attr, numel, same_dtype
 from distir.ops._special import F64, f64
 from distir.ops._torch import pad_spatial
+from distir.ops.gradrules import GradCtx, first
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
 
 if TYPE_CHECKING:
@@ -512,6 +515,27 @@ __all__ = [
 ]
 
 
+# -- gradient rules (contract: distir.ops.gradrules): each emits the matching gradient op of
+# ``distir.ops.grad.conv`` with the forward op's attributes
+Grads = Sequence[Value | None]
+
+
+def _conv_grad(ctx: GradCtx, op: Op, douts: Grads) -> Grads:
+    """ConvGrad gives (dX, dW, dB); dB only when the forward had a bias."""
+    x, w = ctx.primal(op.inputs[0]), ctx.primal(op.inputs[1])
+    attrs: dict[str, Any] = dict(op.attrs.items())
+    dx, dw, db = ctx.op("ConvGrad", first(douts), x, w, **attrs)
+    return [dx, dw, db][: len(op.inputs)]
+
+
+def _pool_grad(grad_op: str) -> object:
+    def rule(ctx: GradCtx, op: Op, douts: Grads) -> Grads:
+        attrs: dict[str, Any] = dict(op.attrs.items())
+        return ctx.op(grad_op, first(douts), ctx.primal(op.inputs[0]), **attrs)
+
+    return rule
+
+
 # -- torch implementations (contract: distir.ops._torch) --------------------------------------------
 def torch_pad_for(ctx: TorchContext, x: Any, win: Window, value: float) -> Any:
     """``pad_for`` on torch: ``x`` padded (or cropped at the end) so that the window's outputs
@@ -563,3 +587,6 @@ def _avg_pool_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple
 CONV.fill("torch", _conv_torch)
 MAX_POOL.fill("torch", _max_pool_torch)
 AVERAGE_POOL.fill("torch", _avg_pool_torch)
+CONV.fill("grad", _conv_grad)
+MAX_POOL.fill("grad", _pool_grad("MaxPoolGrad"))
+AVERAGE_POOL.fill("grad", _pool_grad("AveragePoolGrad"))

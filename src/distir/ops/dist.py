@@ -5,7 +5,7 @@ devices with the mesh axes regrouped (no data moves).
 ``%z: DTensor[..., [R]] = Redistribute(%z1, to="R")`` is the explicit point where a value moves
 from one layout to another (Partial→Replicate is an all-reduce, Shard→Replicate an all-gather,
 Partial→Shard a reduce-scatter, Shard(i)→Shard(j) an all-to-all, Replicate→Shard a local slice);
-materialization (``distir.parallel.materialize``) lowers it to those communication ops. Its
+materialization (``distir.parallel.sharding.materialize``) lowers it to those communication ops. Its
 sequential meaning is the identity: a redistribution never changes the logical value.
 
 ``%y = MeshSend(%x, mesh="dp=2, tp=2; d4, d5, d6, d7")`` moves a DTensor from its mesh A to mesh B

@@ -25,7 +25,7 @@ from distir.ops._rules import float_input, numel, same_dtype, same_shape, str_at
 from distir.ops._special import F64, f64
 from distir.ops.nn import log_softmax
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
-from distir.ops.shape_index import ROWS, check_rows, local_rows, rows_localizer
+from distir.ops.shape.select import ROWS, check_rows, local_rows, rows_localizer
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext

@@ -3,7 +3,7 @@ CausalMask (attention's causal mask, not an ONNX op); Dropout and its gradient D
 
 The normalizations work over the trailing axes ``[axis, rank)`` of ``X`` (ONNX semantics);
 ``Scale`` (and ``B``) broadcast against those axes. References compute in float64 and round
-once to the input dtype. Helpers here are shared with their gradients in ``distir.ops.grad``.
+once to the input dtype. Helpers here are shared with their gradients in ``distir.ops.grad.nn``.
 
 ``Y, mask = Dropout(X; p)`` is inverted dropout as PyTorch and Megatron-LM train with it: each
 element is kept with probability 1 − p (``mask`` true, a bool tensor of X's shape: 1 byte per

@@ -17,6 +17,9 @@ its results are placed there (ops without inputs take a ``device`` attribute). T
 enforces this around the op's rule, so rules only deal with dtypes and shapes. A ``COMM`` op's
 rule places its results itself. Every op runs on the union of the devices of its inputs and
 results.
+
+A local op on DTensors is typed by ``distir.ops.dtensor_inference`` (its rule on the global view,
+its sharding strategy for the placements); the errors raised here are in ``distir.ops.errors``.
 """
 
 from __future__ import annotations
@@ -31,33 +34,15 @@ import numpy as np
 
 from distir.hardware.attention import FlashShape
 from distir.hardware.gemm import GemmShape
-from distir.ir.dtensor import DTensorType, Mesh, Placement, Replicate
+from distir.ir.dtensor import DTensorType
 from distir.ir.ops import Op
 from distir.ir.types import Device, DType, ScalarType, TensorType, TupleType, Type, devices_of
 from distir.ir.values import Attrs, AttrValue, Value
 from distir.ir.verify import OpSignatureError
-
-
-class RegistryError(ValueError):
-    pass
-
-
-class UnknownOpError(RegistryError, KeyError):
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-class OpTypeError(ValueError):
-    """An op's rule rejected its input types/attributes. ``index`` names the input, if any."""
-
-    def __init__(
-        self, message: str, index: int | None = None, expected: object = None, actual: object = None
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.index = index
-        self.expected = expected
-        self.actual = actual
+from distir.ops.dtensor_inference import infer_distributed
+from distir.ops.errors import OpTypeError as OpTypeError
+from distir.ops.errors import RegistryError as RegistryError
+from distir.ops.errors import UnknownOpError as UnknownOpError
 
 
 class OpKind(Enum):
@@ -308,7 +293,7 @@ class OpDef:
     # the torch implementation: ``impl(ctx, inputs, attrs) -> outputs`` with ``ctx`` a
     # ``distir.backend.context.TorchContext`` (``ctx.torch`` is the module; see there)
     torch: Any = None
-    # the attributes of the op run on one device's pieces (``distir.parallel.materialize``), from
+    # the attributes of the op run on one device's pieces (``distir.parallel.sharding.materialize``), from
     # its global attributes and the pieces of its inputs and results (None: not distributed);
     # for ops whose attributes hold global sizes or positions of a dim a sharding rule splits
     localize: LocalizeRule | None = None
@@ -411,7 +396,7 @@ class OpDef:
         self, types: Sequence[Type], attrs: Attrs, known: Sequence[np.ndarray | None]
     ) -> tuple[Type, ...]:
         if self.kind is OpKind.LOCAL and any(type(t) is DTensorType for t in types):
-            return self._infer_distributed(types, attrs, known)
+            return infer_distributed(self, types, attrs, known)
         dev = self.local_device(types, attrs) if self.kind is not OpKind.COMM else None
         outs = tuple(self.infer(TypeCtx(self, types, attrs, known, dev)))
         n = self.num_outputs(len(types), attrs)
@@ -442,107 +427,6 @@ class OpDef:
                 self._options.clear()
             got = self._options[key] = tuple(self.strategies(ins, outs, attrs, n))
         return got
-
-    def _infer_distributed(
-        self, types: Sequence[Type], attrs: Attrs, known: Sequence[np.ndarray | None]
-    ) -> tuple[Type, ...]:
-        """A local op on distributed tensors: shapes from the rule on the global view, result
-        placements from the sharding strategy that takes exactly the inputs' placements. Plain
-        tensors among the inputs count as replicated (constants of the logical program).
-
-        Memoized apart from the mesh's devices (``_DIST``): the answer depends on the mesh only
-        through its axes (the global view puts every input on the mesh's first device, which
-        only a ``device`` attribute can tell, and then it is in the key) — the same layer on
-        each pipeline stage's mesh is inferred once. Only answers are stored, never failures."""
-        mesh: Mesh | None = None
-        for t in types:
-            if type(t) is DTensorType:
-                if mesh is None:
-                    mesh = t.mesh
-                elif t.mesh is not mesh and t.mesh != mesh:
-                    n = len({x.mesh for x in types if isinstance(x, DTensorType)})
-                    raise OpTypeError(f"{self.name} mixes tensors of different meshes", None, 1, n)
-        assert mesh is not None  # the caller saw a DTensor
-        key: tuple[object, ...] | None = None
-        if all(k is None for k in known):  # known values (arrays) are not keys
-            key = (self, attrs, mesh.axes, *map(mesh_free, types))
-            if "device" in attrs:
-                key = (*key, mesh.devices[0])
-            got = _DIST.get(key)
-            if got is not None:
-                inst = got[1].get(id(mesh))
-                if inst is None or inst[0] is not mesh:
-                    if len(got[1]) >= 64:
-                        got[1].clear()
-                    made = tuple(DTensorType(dt, sh, mesh, pl) for dt, sh, pl in got[0])
-                    inst = got[1][id(mesh)] = (mesh, made)
-                return inst[1]
-        result = self._infer_on_mesh(types, attrs, known, mesh)
-        if key is not None:
-            if len(_DIST) >= _OPTIONS_MAX:
-                _DIST.clear()
-            _DIST[key] = (
-                tuple((t.dtype, t.shape, t.placements) for t in result),
-                {id(mesh): (mesh, result)},
-            )
-        return result
-
-    def _infer_on_mesh(
-        self, types: Sequence[Type], attrs: Attrs, known: Sequence[np.ndarray | None], mesh: Mesh
-    ) -> tuple[DTensorType, ...]:
-        """``_infer_distributed`` itself, on the one ``mesh`` of the DTensor inputs."""
-        glob = [global_view(t, mesh) for t in types]
-        outs = self.infer_types(glob, attrs, known)
-        per_axis: list[tuple[Placement, ...]] = []
-        for a, (axis, n) in enumerate(mesh.axes):
-            have = tuple(t.placements[a] if isinstance(t, DTensorType) else Replicate() for t in types)
-            for s in self.strategy_options(glob, outs, attrs, n):
-                if s.ins == have:
-                    per_axis.append(s.outs)
-                    break
-            else:
-                accepted = "; ".join(str(s) for s in self.strategies(glob, outs, attrs, n))
-                raise OpTypeError(
-                    f"{self.name} cannot run on placements ({', '.join(map(str, have))}) along mesh axis "
-                    f"{axis}; it accepts {accepted} (redistribute first: distir.parallel.legalize)",
-                    None,
-                    accepted,
-                    ", ".join(map(str, have)),
-                )
-        result: list[DTensorType] = []
-        for i, t in enumerate(outs):
-            if not isinstance(t, TensorType):
-                raise OpTypeError(f"{self.name} on distributed tensors must give tensors, not {t}")
-            result.append(DTensorType(t.dtype, t.shape, mesh, tuple(pa[i] for pa in per_axis)))
-        return tuple(result)
-
-
-# ``OpDef._infer_distributed``'s answers: (op, attributes, mesh axes, the inputs without devices
-# [, the mesh's first device]) -> (per result (dtype, shape, placements), per mesh (by id, the mesh
-# kept alive) the result types). Bounded: cleared when full.
-_DIST: dict[tuple[object, ...], tuple[tuple[Any, ...], dict[int, tuple[Mesh, tuple[DTensorType, ...]]]]] = {}
-
-
-def mesh_free(t: Type) -> object:
-    """What the global view of an input of a DTensor op keeps of it: every input goes to the
-    mesh's first device, so a DTensor is its dtype, shape and placements, a plain tensor or
-    scalar its dtype (and shape); anything else is kept whole."""
-    if type(t) is DTensorType:
-        return (t.dtype, t.shape, t.placements)
-    if type(t) is TensorType:
-        return (t.dtype, t.shape)
-    if type(t) is ScalarType:
-        return (t.dtype,)
-    return t
-
-
-def global_view(t: Type, mesh: Mesh) -> Type:
-    """The logical (unsharded) tensor type on the mesh's first device, for shape rules."""
-    if isinstance(t, DTensorType):
-        return t.global_type()
-    if isinstance(t, TensorType | ScalarType):
-        return t.with_device(mesh.devices[0])
-    return t
 
 
 class OpRegistry:

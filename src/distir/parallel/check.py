@@ -30,7 +30,7 @@ from distir.ir.types import DType
 from distir.ir.values import Attrs
 from distir.ops.registry import REGISTRY
 from distir.parallel.distribute import DDP_BUCKET_MB, distribute
-from distir.parallel.materialize import materialize, shard_value, unshard_value
+from distir.parallel.sharding.materialize import materialize, shard_value, unshard_value
 from distir.parallel.strategy import Strategy
 
 

@@ -7,13 +7,14 @@ programs. Its shape:
 - **Meshes.** Pipeline stage s owns the mesh ``(dp=d, tp=t)`` over devices ``s·d·t … (s+1)·d·t−1``
   (or the strategy's placement permutation). Chunk c (of p·v) lives on stage ``c mod p``.
 - **Layers.** Each distinct layer function is differentiated once at microbatch shapes
-  (``distir.autodiff``) and sharded once on a representative (d, t) mesh (``distir.parallel.layers``):
-  the layer functions are shared by every stage and microbatch.
+  (``distir.autodiff``) and sharded once on a representative (d, t) mesh
+  (``distir.parallel.sharding.shard_function``): the layer functions are shared by every stage and
+  microbatch.
 - **Chunks.** ``@c<i>_fwd`` calls its layers' forward functions and returns the activation and the
   residuals; ``@c<i>_bwd`` (``_bwd_acc`` adds into gradient accumulators) runs them backward; the
   zero-bubble schedule uses ``@c<i>_bwd_i`` (input gradients) and ``@c<i>_bwd_w`` (weight gradients).
   ZeRO-3 weights are gathered inside the chunk functions, right before each layer uses them.
-- **Entry.** Inputs come as k microbatches; the schedule's actions (``distir.parallel.schedules``)
+- **Entry.** Inputs come as k microbatches; the schedule's actions (``distir.parallel.pipeline.schedules``)
   merged into one program order become chunk calls, with ``MeshSend`` between stages right after
   the producing action. With d > 1 the weight gradients (pending sums over ``dp``) are reduced in
   buckets inside the backward chunks as their layers complete them (``_Buckets``; ``bucket_mb``,
@@ -63,17 +64,16 @@ from distir.ir.types import Device, DType, TensorType
 from distir.ir.values import Attrs, Value
 from distir.ops.dist import format_mesh_attr
 from distir.ops.registry import REGISTRY
-from distir.parallel.layer_prep import (
+from distir.parallel.layer_sharder import (
     LayerSharder,
     ShardedLayer,
-    partition,
     placement_text,
     sharded_layers,
-    uniform_counts,
 )
-from distir.parallel.layers import strip_types
-from distir.parallel.schedule_sim import time_order
-from distir.parallel.schedules import Action, build_schedule
+from distir.parallel.pipeline.analysis import time_order
+from distir.parallel.pipeline.partition import partition, uniform_counts
+from distir.parallel.pipeline.schedules import Action, build_schedule
+from distir.parallel.sharding.shard_function import strip_types
 from distir.parallel.strategy import Strategy, StrategyError
 from distir.sim.devices import DeviceMap, Slot
 

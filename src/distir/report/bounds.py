@@ -145,7 +145,7 @@ def check_shard_size(module: Module, devices: int, max_ops: int) -> None:
     """Raise ShardingError when sharding ``module`` over ``devices`` would build more than
     ``max_ops`` op-device entries: each op on each device, and a collective lists every device
     of its group — ops x devices² (``distir shard``, before propagation)."""
-    from distir.parallel.propagate import ShardingError
+    from distir.parallel.sharding.propagate import ShardingError
 
     n = flat_ops(module) * devices * devices
     if n > max_ops:

@@ -29,7 +29,7 @@ from typing import Any
 
 from distir.frontends.zoo import build_model
 from distir.frontends.zoo.model import Model
-from distir.parallel.layer_prep import chunk_blocks as _blocks
+from distir.parallel.pipeline.partition import chunk_blocks as _blocks
 from distir.parallel.strategy import Strategy
 
 SCHEMA = 1

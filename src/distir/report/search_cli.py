@@ -72,7 +72,7 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
     from distir.files import write_atomically
     from distir.frontends.zoo.model import ModelError
     from distir.hardware.specs import HardwareError
-    from distir.parallel.propagate import ShardingError
+    from distir.parallel.sharding.propagate import ShardingError
     from distir.parallel.strategy import StrategyError
     from distir.report.bounds import search_error, search_ops_error
     from distir.report.pareto_html import write_html

@@ -16,7 +16,7 @@ from distir.frontends.zoo.model import Model
 from distir.frontends.zoo.registry import ModelSpec
 from distir.hardware.cluster import Cluster
 from distir.ir.types import DType
-from distir.parallel.layer_prep import partition
+from distir.parallel.pipeline.partition import partition
 from distir.parallel.strategy import Strategy
 from distir.search.profile import cached_profiler
 

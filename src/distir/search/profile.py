@@ -44,7 +44,8 @@ from distir.ir.function import Function, Module
 from distir.ir.types import Device, DType, TensorType, Type
 from distir.ops.registry import REGISTRY
 from distir.parallel.distribute import ShardedLayer, sharded_layers
-from distir.parallel.layer_prep import Ends, ends, split_backward, unsharded_layers
+from distir.parallel.layer_sharder import split_backward, unsharded_layers
+from distir.parallel.pipeline.partition import Ends, ends
 from distir.search.distinct import Reduced, distinct_layers
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot

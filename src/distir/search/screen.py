@@ -51,7 +51,7 @@ import numpy as np
 
 from distir.hardware.cluster import Cluster
 from distir.parallel.distribute import uniform_counts
-from distir.parallel.layer_prep import Ends, block_counts
+from distir.parallel.pipeline.partition import Ends, block_counts
 from distir.parallel.strategy import Strategy
 from distir.search.context_cost import AttentionShape, Ring, attention_shapes, context_layer
 from distir.search.layer_assignment import Assignment, assign_layers_unchecked

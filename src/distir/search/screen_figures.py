@@ -25,8 +25,8 @@ import numpy as np
 
 from distir.hardware.specs import DeviceSpec
 from distir.parallel.distribute import uniform_counts
-from distir.parallel.layer_prep import Ends, call_counts
-from distir.parallel.schedules import build_schedule
+from distir.parallel.pipeline.partition import Ends, call_counts
+from distir.parallel.pipeline.schedules import build_schedule
 from distir.parallel.strategy import Strategy
 from distir.search.layer_assignment import Assignment, objective_unchecked
 from distir.search.layer_assignment_lists import seq_sum

@@ -16,7 +16,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 
 from distir.parallel.distribute import uniform_counts
-from distir.parallel.layer_prep import call_counts
+from distir.parallel.pipeline.partition import call_counts
 from distir.parallel.strategy import Strategy
 from distir.search.profile import Wanted
 from distir.search.screen import Estimate, Screen, rank_key

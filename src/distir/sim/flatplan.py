@@ -65,9 +65,6 @@ def plan_flat(
     if walked is None:
         return None
     types, last, kinds, table, comm_ops = walked
-    paired = dom.overlap_pairs(fn)
-    if paired is not None:  # tensor-parallel collectives pipelined with their GEMMs
-        overlap.apply_kinds(kinds, table, paired)
     outputs_of = list(map(attrgetter("outputs"), ops))
     results = list(chain.from_iterable(outputs_of))
     if not _results_check(results, len(params), types, last):  # 2. what the loop did not check
@@ -221,6 +218,9 @@ def _walk_types(
         return None  # differs from the op's, a wrong op: the general path reports it
     finally:
         dom._frames.pop()
+    paired = dom.overlap_pairs(fn)
+    if paired is not None:  # tensor-parallel collectives pipelined with their GEMMs
+        overlap.apply_kinds(kinds, table, paired)
     return types, last, kinds, table, comm_ops
 
 

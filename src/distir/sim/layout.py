@@ -14,7 +14,7 @@ import math
 
 from distir.ir.dtensor import DTensorType, Mesh, Placement, Shard, shares_of
 from distir.ir.types import _ITEMSIZE, Device, ScalarType, TensorType, Type
-from distir.parallel.materialize import local_shape_at, redistribute_steps
+from distir.parallel.sharding.materialize import local_shape_at, redistribute_steps
 
 
 class MeshInfo:

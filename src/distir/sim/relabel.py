@@ -45,7 +45,8 @@ from distir.ir.dtensor import DTensorType, Mesh
 from distir.ir.function import Function
 from distir.ir.ops import Call, Op
 from distir.ir.types import Type
-from distir.ops.registry import REGISTRY, mesh_free
+from distir.ops.dtensor_inference import mesh_free
+from distir.ops.registry import REGISTRY
 from distir.sim.records import CallSummary, FnPlan
 from distir.sim.spmd import record
 from distir.sim.units import Units

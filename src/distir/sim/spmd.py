@@ -1,7 +1,7 @@
 """Simulating DTensor programs directly (SPMD), without materializing them.
 
 DistIR semantics for a distributed tensor: an op on DTensors runs synchronously on every device
-of its mesh, each device working on its own piece (``distir.parallel.materialize``'s
+of its mesh, each device working on its own piece (``distir.parallel.sharding.materialize``'s
 ``local_type``). So:
 
 - a local op occupies all devices of its mesh for the *slowest* device's compute time on its
@@ -47,8 +47,9 @@ from distir.ir.dtensor import DTensorType, Mesh, Partial, Replicate, Shard, spli
 from distir.ir.ops import Op
 from distir.ir.types import ScalarType, TensorType, Type
 from distir.ir.values import Attrs
-from distir.ops.registry import REGISTRY, CommPattern, OpDef, OpKind, OpTypeError, mesh_free
-from distir.parallel.materialize import unsupported_step
+from distir.ops.dtensor_inference import mesh_free
+from distir.ops.registry import REGISTRY, CommPattern, OpDef, OpKind, OpTypeError
+from distir.parallel.sharding.materialize import unsupported_step
 from distir.sim.fusion import FusedInput
 from distir.sim.layout import local_piece, mesh_info, piece_bytes, step_types, uniform_shape
 from distir.sim.records import Collective, OpRecord

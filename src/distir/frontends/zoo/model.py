@@ -111,7 +111,7 @@ class Model:
     transmitted: tuple[str, ...] = ()
     # the layer calls that are not repeated blocks: ``pre`` before them (the embedding) always
     # runs on the first pipeline chunk, ``post`` after them (head, loss) on the last; a
-    # strategy's partition (``L…``) counts the blocks in between (``distir.parallel.layer_prep``)
+    # strategy's partition (``L…``) counts the blocks in between (``distir.parallel.layer_sharder``)
     pre: int = 0
     post: int = 0
     # the dtype the loss layer computes in by itself (a fused cross entropy: fp32 inside, the

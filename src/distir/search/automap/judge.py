@@ -22,7 +22,7 @@ from distir.ir.types import TensorType
 from distir.ir.values import Value
 from distir.ops.registry import REGISTRY
 from distir.ops.sharding import Strategy
-from distir.parallel.propagate import Placed, place, redistribution_bytes
+from distir.parallel.sharding.propagate import Placed, place, redistribution_bytes
 from distir.search.automap.points import Problem
 from distir.sim import collectives as coll
 from distir.sim.cost import RooflineCostModel

@@ -19,9 +19,9 @@ from typing import NamedTuple
 from distir.hardware.cluster import Cluster
 from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, Replicate, Shard, format_placements
 from distir.ir.function import Function, Module
-from distir.parallel.legalize import legalize
-from distir.parallel.materialize import redistribute_steps
-from distir.parallel.propagate import Placed, propagate
+from distir.parallel.sharding.legalize import legalize
+from distir.parallel.sharding.materialize import redistribute_steps
+from distir.parallel.sharding.propagate import Placed, propagate
 from distir.search.automap.points import Problem
 from distir.sim.simulate import simulate
 

@@ -27,8 +27,9 @@ from distir.ir.dtensor import DTensorType, Mesh, Partial, Placement, Replicate, 
 from distir.ir.function import Function, Module
 from distir.ir.types import Type
 from distir.parallel.distribute import device_map, distribute
-from distir.parallel.layer_prep import ends, sharded_layers
-from distir.parallel.propagate import ShardingError
+from distir.parallel.layer_sharder import sharded_layers
+from distir.parallel.pipeline.partition import ends
+from distir.parallel.sharding.propagate import ShardingError
 from distir.parallel.strategy import Strategy
 from distir.search.automap.judge import OVER_CAPACITY, Cost
 from distir.search.automap.layout import Collective, Simulated, redistribution_collectives

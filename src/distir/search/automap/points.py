@@ -34,7 +34,7 @@ from distir.ir.ops import Call, Instr
 from distir.ir.rewrite import ValueMap, copy_instr
 from distir.ir.types import TensorType
 from distir.ir.values import Value
-from distir.parallel.propagate import Plan, ShardingError
+from distir.parallel.sharding.propagate import Plan, ShardingError
 
 ENTRY = "@entry"
 MIN_SHARE = 0.01  # decision points hold at least this share of the largest one's bytes

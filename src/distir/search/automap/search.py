@@ -24,7 +24,7 @@ from distir.frontends.zoo.model import Model
 from distir.hardware.cluster import Cluster
 from distir.ir.dtensor import Mesh, Placement, Replicate, Shard
 from distir.ir.function import Module
-from distir.parallel.propagate import ShardingError
+from distir.parallel.sharding.propagate import ShardingError
 from distir.search.automap.judge import AnalyticJudge, Cost
 from distir.search.automap.layout import (
     Collective,

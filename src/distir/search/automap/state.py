@@ -1,7 +1,7 @@
 """Actions, states and memoized propagation along the searched axis.
 
 A **state** is a set of decisions: (decision point, placement along the searched axis). Its
-**outcome** is what sharding propagation (``distir.parallel.propagate.place``) makes of it on the
+**outcome** is what sharding propagation (``distir.parallel.sharding.propagate.place``) makes of it on the
 searched axis alone (axes propagate independently): every decided parameter annotated and
 pinned (used where it lies, as tensor parallelism uses its weights), each updated parameter's
 result tied to it, the rest inferred — what the fixed point cannot place is replicated. The
@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 from distir.ir.dtensor import Mesh, Partial, Placement, Replicate, Shard
 from distir.ir.values import Value
-from distir.parallel.propagate import Placed, Plan, place
+from distir.parallel.sharding.propagate import Placed, Plan, place
 from distir.search.automap.points import Problem
 
 

@@ -1,5 +1,5 @@
 """Sharding propagation's final choice: the strategy each op takes on each mesh axis, given the
-placements its inputs arrive in (``distir.parallel.propagate.place``), and what it costs.
+placements its inputs arrive in (``distir.parallel.sharding.propagate.place``), and what it costs.
 
 ``_choose`` ranks an op's strategies on one axis (layouts materialization cannot handle last,
 then pinned parameters moved, bytes redistributed, input moves, the fixed point's hint, the
@@ -19,7 +19,7 @@ from distir.ir.ops import Op
 from distir.ir.types import TensorType
 from distir.ir.values import Value
 from distir.ops.sharding import Strategy
-from distir.parallel.propagate_plan import Plan
+from distir.parallel.sharding.plan import Plan
 
 
 class ShardingError(ValueError):

@@ -1,10 +1,9 @@
-"""Shape and data-movement ops (ONNX names): Shape, Constant, Range, ConstantOfShape, Reshape,
-Expand, Unsqueeze, Squeeze, Transpose (Gather, Concat, Split, Slice and Trilu, of the same family,
-are in ``distir.ops.shape_index``).
+"""Ops that rearrange a tensor's elements without selecting or joining any (family ``shape``, ONNX
+names; torch's views): Reshape, Expand, Unsqueeze, Squeeze, Transpose.
 
-``Shape`` and ``Constant`` have partial evaluators: their results are concrete from types and
-attributes alone, which is what lets mixed abstract/concrete interpretation compute shapes of
-dynamic reshapes (the paper's Figure 4).
+Each gradient rule moves the cotangent back the way the op moved the data: the inverse
+permutation, a reshape to the input's shape, a sum over the broadcast dims for Expand. Integer
+tensors (indices, shapes) get no gradient.
 """
 
 from __future__ import annotations
@@ -16,172 +15,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from distir.ir.dtensor import Shard, split_sizes
-from distir.ir.types import DType, TensorType, Type
-from distir.ir.values import Attrs
+from distir.ir.ops import Op
+from distir.ir.types import TensorType, Type
+from distir.ir.values import Attrs, Value
 from distir.ops import sharding as sh
 from distir.ops._rules import norm_axis, numel
+from distir.ops.gradrules import GradCtx, first, is_float, reshape, unbroadcast
 from distir.ops.registry import AttrSpec, OpDef, TypeCtx, register
+from distir.ops.shape.family import FAMILY, copy_bytes
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
 
-FAMILY = "shape"
-
-
-def copy_bytes(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
-    """Data movement ops read what they write."""
-    return float(sum(t.nbytes for t in outs))
-
-
-# -- Shape ------------------------------------------------------------------------------------
-def _shape_rule(ctx: TypeCtx) -> Sequence[Type]:
-    return (ctx.out(DType.i64, (ctx.tensor(0).rank,)),)
-
-
-SHAPE = register(
-    OpDef(
-        name="Shape",
-        family=FAMILY,
-        inputs=("data",),
-        outputs=("shape",),
-        infer=_shape_rule,
-        partial=lambda ctx: (np.array(ctx.tensor(0).shape, dtype=np.int64),),
-        reference=lambda args, attrs: (np.array(np.shape(args[0]), dtype=np.int64),),
-        bytes_read=lambda ins, outs, attrs: 0.0,
-    )
-)
-
-
-# -- Constant ---------------------------------------------------------------------------------
-def _default_dtype(value: object) -> DType:
-    kind = np.array(value).dtype.kind
-    return DType.f32 if kind == "f" else DType.bool if kind == "b" else DType.i64
-
-
-def _const_array(ctx: TypeCtx) -> np.ndarray:
-    value = ctx.attr("value")
-    dt = ctx.attr("dtype")
-    if dt is None:
-        dt = _default_dtype(value)
-    try:
-        arr = np.array(value, dtype=dt.to_numpy())
-    except (ValueError, OverflowError):
-        ctx.fail(
-            "Constant value is not a rectangular array of numbers",
-            None,
-            "nested lists of equal length",
-            value,
-        )
-    if arr.dtype == object:  # pragma: no cover - numpy raises above for ragged input
-        ctx.fail("Constant value is not a rectangular array")
-    return arr
-
-
-def _constant_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
-    """The same array the rule types: the dtype attribute, else i64 / f32 / bool by value."""
-    value = attrs["value"]
-    dt = attrs.get("dtype")
-    if not isinstance(dt, DType):
-        dt = _default_dtype(value)
-    return (np.array(value, dtype=dt.to_numpy()),)
-
-
-def _constant_rule(ctx: TypeCtx) -> Sequence[Type]:
-    arr = _const_array(ctx)
-    dt = ctx.attr("dtype")
-    if dt is None:
-        dt = DType.from_numpy(arr.dtype)
-    return (ctx.out(dt, arr.shape),)
-
-
-CONSTANT = register(
-    OpDef(
-        name="Constant",
-        family=FAMILY,
-        inputs=(),
-        outputs=("output",),
-        infer=_constant_rule,
-        attrs={"value": AttrSpec("tensor"), "dtype": AttrSpec("dtype", None), "device": AttrSpec("device")},
-        partial=lambda ctx: (_const_array(ctx),),
-        reference=_constant_ref,
-        bytes_read=lambda ins, outs, attrs: 0.0,
-        doc="A literal tensor on a device; dtype defaults to i64 for ints and f32 for floats.",
-    )
-)
-
-
-# -- Range / ConstantOfShape ------------------------------------------------------------------
-def _range_count(ctx: TypeCtx) -> int:
-    start, limit, delta = (ctx.const(i, w).item() for i, w in enumerate(("start", "limit", "delta")))
-    if delta == 0:
-        ctx.fail("Range delta must not be 0", 2, "non-zero", 0)
-    return max(math.ceil(float(limit - start) / float(delta)), 0)
-
-
-def _range_rule(ctx: TypeCtx) -> Sequence[Type]:
-    ts = [ctx.tensor(i) for i in range(3)]
-    for i, t in enumerate(ts):
-        if t.rank != 0 or t.dtype is not ts[0].dtype:
-            ctx.fail(
-                f"Range's inputs must be scalars of one dtype (input {i + 1})",
-                i,
-                f"Tensor[{ts[0].dtype}, ()]",
-                t,
-            )
-    return (ctx.out(ts[0].dtype, (_range_count(ctx),)),)
-
-
-def _range_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
-    start, limit, delta = (np.asarray(a) for a in args)
-    n = max(math.ceil((limit.item() - start.item()) / delta.item()), 0)
-    return ((start + delta * np.arange(n)).astype(start.dtype),)
-
-
-RANGE = register(
-    OpDef(
-        name="Range",
-        family=FAMILY,
-        inputs=("start", "limit", "delta"),
-        outputs=("output",),
-        infer=_range_rule,
-        reference=_range_ref,
-        bytes_read=lambda ins, outs, attrs: 0.0,
-        doc="ONNX Range: start, start + delta, ... up to (excluding) limit; the three scalar inputs "
-        "must be known (constants or shape subgraphs) so the length is.",
-    )
-)
-
-
-def _constant_of_shape_rule(ctx: TypeCtx) -> Sequence[Type]:
-    shp = ctx.tensor(0)
-    if not shp.dtype.is_int or shp.rank != 1:
-        ctx.fail("ConstantOfShape's shape must be a 1-d integer tensor", 0, "Tensor[i64, (n,)]", shp)
-    dims = [int(d) for d in ctx.const(0, "the shape")]
-    if any(d < 0 for d in dims):
-        ctx.fail(f"ConstantOfShape shape {dims} has a negative dim", 0, "sizes >= 0", dims)
-    return (ctx.out(ctx.attr("dtype"), dims),)
-
-
-def _constant_of_shape_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
-    dt = attrs.get("dtype", DType.f32)
-    assert isinstance(dt, DType)
-    shape = tuple(int(d) for d in np.asarray(args[0]))
-    return (np.full(shape, attrs.get("value", 0.0), dtype=dt.to_numpy()),)
-
-
-CONSTANT_OF_SHAPE = register(
-    OpDef(
-        name="ConstantOfShape",
-        family=FAMILY,
-        inputs=("shape",),
-        outputs=("output",),
-        infer=_constant_of_shape_rule,
-        attrs={"value": AttrSpec("float", 0.0), "dtype": AttrSpec("dtype", DType.f32)},
-        reference=_constant_of_shape_ref,
-        bytes_read=lambda ins, outs, attrs: 0.0,
-        doc="ONNX ConstantOfShape: a tensor of the (known) shape input filled with value, cast to dtype.",
-    )
-)
+Grads = Sequence[Value | None]
 
 
 # -- Reshape ----------------------------------------------------------------------------------
@@ -451,19 +297,56 @@ TRANSPOSE = register(
 __all__ = ["copy_bytes", "numel", "split_sizes"]
 
 
+# -- gradient rules (contract: distir.ops.gradrules) ------------------------------------------
+def _transpose_grad(ctx: GradCtx, op: Op, douts: Grads) -> Grads:
+    if not is_float(ctx, op.inputs[0]):
+        return [None]
+    rank = ctx.type(op.inputs[0]).rank
+    perm: Any = op.attrs.get("perm") or tuple(reversed(range(rank)))
+    inverse = [0] * rank
+    for out_dim, in_dim in enumerate(perm):
+        inverse[in_dim] = out_dim
+    (dx,) = ctx.op("Transpose", first(douts), perm=tuple(inverse))
+    return [dx]
+
+
+def _reshape_grad(ctx: GradCtx, op: Op, douts: Grads) -> Grads:
+    """Back to the input's concrete shape (the target shape input, if any, gets no gradient)."""
+    dx = reshape(ctx, first(douts), ctx.type(op.inputs[0]).shape) if is_float(ctx, op.inputs[0]) else None
+    return [dx, *(None for _ in op.inputs[1:])]
+
+
+def _unsqueeze_grad(ctx: GradCtx, op: Op, douts: Grads) -> Grads:
+    if not is_float(ctx, op.inputs[0]):
+        return [None]
+    rank = ctx.type(op.outputs[0]).rank
+    axes: Any = op.attrs["axes"]
+    (dx,) = ctx.op("Squeeze", first(douts), axes=tuple(sorted(a % rank for a in axes)))
+    return [dx]
+
+
+def _squeeze_grad(ctx: GradCtx, op: Op, douts: Grads) -> Grads:
+    x = ctx.type(op.inputs[0])
+    if not x.dtype.is_float:
+        return [None]
+    axes: Any = op.attrs.get("axes")
+    removed = (
+        sorted(a % x.rank for a in axes) if axes is not None else [i for i, d in enumerate(x.shape) if d == 1]
+    )
+    if not removed:
+        return [first(douts)]
+    (dx,) = ctx.op("Unsqueeze", first(douts), axes=tuple(removed))
+    return [dx]
+
+
+def _expand_grad(ctx: GradCtx, op: Op, douts: Grads) -> Grads:
+    x = ctx.type(op.inputs[0])
+    if not x.dtype.is_float:
+        return [None]
+    return [unbroadcast(ctx, first(douts), x.shape, ctx.type(op.outputs[0]).shape)]
+
+
 # -- torch implementations (contract: distir.ops._torch) ----------------------------------------
-def _shape_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
-    return (ctx.torch.tensor(tuple(xs[0].shape), dtype=ctx.torch.int64, device=ctx.device),)
-
-
-def _constant_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
-    """The reference's array on the device, in the constant's dtype (bf16 as bf16)."""
-    (arr,) = _constant_ref(xs, attrs)
-    dt = attrs.get("dtype")
-    t = ctx.torch.from_numpy(np.array(arr, copy=True)).to(ctx.device)
-    return (t.to(ctx.dtype(dt)) if isinstance(dt, DType) else t,)
-
-
 def _reshape_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
     """The target shape is an attribute or a concrete (host-read) shape input."""
     x = xs[0]
@@ -501,29 +384,11 @@ def _transpose_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tupl
     return (x.permute(tuple(perm) if perm is not None else tuple(reversed(range(x.dim())))),)
 
 
-def _range_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
-    start, limit, delta = (x.item() for x in xs)
-    n = max(math.ceil((limit - start) / delta), 0)
-    steps = ctx.torch.arange(n, device=xs[0].device).to(xs[0].dtype)
-    return (xs[0] + xs[2] * steps,)
-
-
-def _constant_of_shape_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
-    dt = attrs.get("dtype", DType.f32)
-    assert isinstance(dt, DType)
-    shape = tuple(int(d) for d in xs[0].tolist())
-    value: Any = attrs.get("value", 0.0)
-    if dt.is_int:
-        value = int(value)
-    elif dt is DType.bool:
-        value = value != 0.0
-    return (ctx.torch.full(shape, value, dtype=ctx.dtype(dt), device=xs[0].device),)
-
-
-SHAPE.fill("torch", _shape_torch)
-RANGE.fill("torch", _range_torch)
-CONSTANT_OF_SHAPE.fill("torch", _constant_of_shape_torch)
-CONSTANT.fill("torch", _constant_torch)
+TRANSPOSE.fill("grad", _transpose_grad)
+RESHAPE.fill("grad", _reshape_grad)
+UNSQUEEZE.fill("grad", _unsqueeze_grad)
+SQUEEZE.fill("grad", _squeeze_grad)
+EXPAND.fill("grad", _expand_grad)
 RESHAPE.fill("torch", _reshape_torch)
 EXPAND.fill("torch", _expand_torch)
 UNSQUEEZE.fill("torch", _unsqueeze_torch)

@@ -27,8 +27,8 @@ from distir.ir.rewrite import ValueMap, copy_instr
 from distir.ir.types import Device, TensorType, Type
 from distir.ir.values import Value
 from distir.ops.registry import REGISTRY
-from distir.parallel.legalize import legalize_placed
-from distir.parallel.propagate import Plan, ShardingError, parsed_placements, place
+from distir.parallel.sharding.legalize import legalize_placed
+from distir.parallel.sharding.propagate import Plan, ShardingError, parsed_placements, place
 
 
 def rep_mesh(d: int, t: int) -> Mesh:

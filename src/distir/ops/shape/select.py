@@ -1,8 +1,9 @@
-"""Ops that select or join parts of tensors (ONNX names; family ``shape``, split from
-``distir.ops.shape`` to keep files short): Gather, Concat, Split, Slice, Trilu.
+"""Ops that keep a part of a tensor (family ``shape``, ONNX names): Gather, Slice, Trilu.
 
-Their gradient rules are in ``distir.ops.shape_grad``; the gradient ops GatherGrad and SliceGrad
-in ``distir.ops.grad_index``.
+Gather's ``rows`` attribute (a piece of a sharded table) and its localizer are shared with the
+ops that read a vocabulary-parallel table (the losses; GatherGrad). Gradient rules: GatherGrad
+and SliceGrad (zeros with the cotangent scatter-added or put in; ``distir.ops.grad.index``) for
+Gather and Slice, the cotangent's same triangle for Trilu. Integer tensors get no gradient.
 """
 
 from __future__ import annotations
@@ -12,17 +13,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from distir.ir.dtensor import Shard, split_sizes
+from distir.ir.dtensor import Shard
+from distir.ir.ops import Op
 from distir.ir.types import TensorType, Type
-from distir.ir.values import Attrs
+from distir.ir.values import Attrs, Value
 from distir.ops import _torch
 from distir.ops import sharding as sh
 from distir.ops._rules import int_attr, norm_axis
+from distir.ops.gradrules import GradCtx, first, is_float
 from distir.ops.registry import AttrSpec, LocalizeRule, LocalPiece, OpDef, TypeCtx, register
-from distir.ops.shape import FAMILY, copy_bytes
+from distir.ops.shape.family import FAMILY, copy_bytes
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
+
+Grads = Sequence[Value | None]
+
 
 # -- Gather -----------------------------------------------------------------------------------
 # ``rows=[start, total]``: ``data`` is the piece starting at row ``start`` (along ``axis``) of a
@@ -125,102 +131,6 @@ GATHER = register(
         "rows=[start, total]: data is that piece of a sharded table, indices outside it read zeros.",
         sharding=sh.embedding,
         localize=rows_localizer(gather_axis, 0),
-    )
-)
-
-
-# -- Concat -----------------------------------------------------------------------------------
-def _concat_rule(ctx: TypeCtx) -> Sequence[Type]:
-    ts = [ctx.tensor(i) for i in range(len(ctx.types))]
-    first = ts[0]
-    ax = norm_axis(ctx, ctx.attr("axis"), first.rank)
-    total = 0
-    for i, t in enumerate(ts):
-        if t.dtype != first.dtype:
-            ctx.fail(f"Concat input {i + 1} has dtype {t.dtype}", i, first.dtype, t.dtype)
-        if t.rank != first.rank or any(
-            a != b for k, (a, b) in enumerate(zip(t.shape, first.shape, strict=True)) if k != ax
-        ):
-            ctx.fail(
-                f"Concat input {i + 1} of shape {t.shape} does not match {first.shape} outside axis {ax}",
-                i,
-                first.shape,
-                t.shape,
-            )
-        total += t.shape[ax]
-    return (ctx.out(first.dtype, (*first.shape[:ax], total, *first.shape[ax + 1 :])),)
-
-
-CONCAT = register(
-    OpDef(
-        name="Concat",
-        family=FAMILY,
-        inputs=("*inputs",),
-        outputs=("concat_result",),
-        infer=_concat_rule,
-        attrs={"axis": AttrSpec("int")},
-        reference=lambda args, attrs: (
-            np.concatenate([np.asarray(a) for a in args], axis=int_attr(attrs, "axis", 0)),
-        ),
-        bytes_read=copy_bytes,
-        sharding=sh.other_dims("axis"),
-    )
-)
-
-
-# -- Split ------------------------------------------------------------------------------------
-def _split_count(n_inputs: int, attrs: Attrs) -> int:
-    sizes: Any = attrs.get("sizes")
-    if sizes is not None:
-        return len(sizes)
-    k = attrs.get("num_splits", 2)
-    return k if isinstance(k, int) and not isinstance(k, bool) and k > 0 else 1
-
-
-def _split_rule(ctx: TypeCtx) -> Sequence[Type]:
-    t = ctx.tensor(0)
-    ax = norm_axis(ctx, ctx.attr("dim"), t.rank, "Split dim")
-    sizes = ctx.attr("sizes")
-    if sizes is not None:
-        if "num_splits" in ctx.attrs:
-            ctx.fail("Split takes either num_splits or sizes, not both")
-        if sum(sizes) != t.shape[ax] or any(s < 0 for s in sizes):
-            ctx.fail(
-                f"Split sizes {list(sizes)} do not add up to dim {ax} of size {t.shape[ax]}",
-                0,
-                t.shape[ax],
-                sum(sizes),
-            )
-    else:
-        k = ctx.attr("num_splits")
-        if k < 1:
-            ctx.fail("Split num_splits must be positive", None, ">= 1", k)
-        sizes = split_sizes(t.shape[ax], k)
-    return tuple(ctx.out(t.dtype, (*t.shape[:ax], s, *t.shape[ax + 1 :])) for s in sizes)
-
-
-def _split_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
-    x = np.asarray(args[0])
-    ax: Any = attrs.get("dim", 0)
-    sizes: Any = attrs.get("sizes")
-    if sizes is None:
-        sizes = split_sizes(x.shape[ax], attrs.get("num_splits", 2))  # type: ignore[arg-type]
-    cuts = np.cumsum(sizes)[:-1]
-    return tuple(np.ascontiguousarray(p) for p in np.split(x, cuts, axis=ax))
-
-
-SPLIT = register(
-    OpDef(
-        name="Split",
-        family=FAMILY,
-        inputs=("input",),
-        outputs=_split_count,
-        infer=_split_rule,
-        attrs={"dim": AttrSpec("int", 0), "num_splits": AttrSpec("int", 2), "sizes": AttrSpec("ints", None)},
-        reference=_split_ref,
-        bytes_read=copy_bytes,
-        doc="Split along dim into num_splits near-equal parts (first parts larger) or given sizes.",
-        sharding=sh.other_dims("dim"),
     )
 )
 
@@ -336,6 +246,45 @@ TRILU = register(
 __all__ = ["SLICE_ATTRS", "forward_slices", "slice_sharding", "slices"]
 
 
+# -- gradient rules (contract: distir.ops.gradrules) ------------------------------------------
+def _slice_grad(ctx: GradCtx, op: Op, douts: Grads) -> Grads:
+    if not is_float(ctx, op.inputs[0]):
+        return [None]
+    x = ctx.type(op.inputs[0])
+    attrs: dict[str, Any] = {
+        k: op.attrs[k] for k in ("starts", "ends", "axes", "steps") if op.attrs.get(k) is not None
+    }
+    starts: Any = op.attrs["starts"]
+    axes: Any = op.attrs.get("axes") or tuple(range(len(starts)))
+    sliced = {a % x.rank for a in axes}
+    # -1 for the dims that are not sliced: SliceGrad may keep them sharded
+    shape = tuple(s if k in sliced else -1 for k, s in enumerate(x.shape))
+    (dx,) = ctx.op("SliceGrad", first(douts), shape=shape, **attrs)
+    return [dx]
+
+
+def _gather_grad(ctx: GradCtx, op: Op, douts: Grads) -> Grads:
+    """GatherGrad scatter-adds the cotangent into zeros of the data's shape; indices: none."""
+    data = ctx.type(op.inputs[0])
+    if not data.dtype.is_float:
+        return [None, None]
+    axis: Any = op.attrs.get("axis", 0)
+    axis %= data.rank
+    # the data, for its type only: a sharded table's gradient is sharded alike (each device
+    # scatters into its own rows); a weight is a backward input anyway, nothing is saved for it
+    dy, idx, table = first(douts), ctx.primal(op.inputs[1]), ctx.primal(op.inputs[0])
+    (dx,) = ctx.op("GatherGrad", dy, idx, table, axis=axis, size=data.shape[axis])
+    return [dx, None]
+
+
+def _trilu_grad(ctx: GradCtx, op: Op, douts: Grads) -> Grads:
+    """Trilu is linear: the cotangent's same triangle."""
+    if not is_float(ctx, op.inputs[0]):
+        return [None]
+    (dx,) = ctx.op("Trilu", first(douts), upper=op.attrs.get("upper", 1), k=op.attrs.get("k", 0))
+    return [dx]
+
+
 # -- torch implementations (contract: distir.ops._torch) ----------------------------------------
 def forward_slices(shape: Sequence[int], attrs: Attrs) -> tuple[tuple[slice, ...], tuple[int, ...]]:
     """Slice's index as torch takes it (torch has no negative steps): slices with positive
@@ -366,15 +315,6 @@ def _gather_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[A
     return (out,)
 
 
-def _split_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
-    x = xs[0]
-    ax = int_attr(attrs, "dim", 0) % x.dim()
-    sizes: Any = attrs.get("sizes")
-    if sizes is None:
-        sizes = split_sizes(x.shape[ax], int_attr(attrs, "num_splits", 2))
-    return tuple(ctx.torch.split(x, list(sizes), dim=ax))
-
-
 def _slice_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
     index, flip = forward_slices(tuple(xs[0].shape), attrs)
     y = xs[0][index]
@@ -386,8 +326,9 @@ def _trilu_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[An
     return (ctx.torch.triu(xs[0], k) if int_attr(attrs, "upper", 1) else ctx.torch.tril(xs[0], k),)
 
 
+SLICE.fill("grad", _slice_grad)
+GATHER.fill("grad", _gather_grad)
+TRILU.fill("grad", _trilu_grad)
 GATHER.fill("torch", _gather_torch)
 TRILU.fill("torch", _trilu_torch)
-CONCAT.fill("torch", lambda ctx, xs, attrs: (ctx.torch.cat(list(xs), dim=int_attr(attrs, "axis", 0)),))
-SPLIT.fill("torch", _split_torch)
 SLICE.fill("torch", _slice_torch)

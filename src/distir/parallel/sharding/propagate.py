@@ -17,14 +17,14 @@ choice takes a strategy that makes one only when every other does too, and then 
 
 The result is a DTensor program: the same ops, every tensor value typed ``DTensor[...]`` with
 its producer's placements. Where an op's strategy needs other placements for an input,
-``distir.parallel.legalize`` inserts the redistribution.
+``distir.parallel.sharding.legalize`` inserts the redistribution.
 
 ``propagate`` is ``Plan`` (what the function alone fixes: types, options, pins) then ``place``
 (the fixed point and the final choice, one op at a time, memoized on everything an op's choice
-depends on). ``distir.parallel.layers.shard_function`` keeps plans and builds the legalized
+depends on). ``distir.parallel.sharding.shard_function.shard_function`` keeps plans and builds the legalized
 function straight from ``place``'s placements, without the DTensor program. ``Plan`` and the
-tables it shares with legalization live in ``distir.parallel.propagate_plan``, the final choice
-per op and axis and its costs in ``distir.parallel.propagate_choice`` (both re-exported here).
+tables it shares with legalization live in ``distir.parallel.sharding.plan``, the final choice
+per op and axis and its costs in ``distir.parallel.sharding.choices`` (both re-exported here).
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ from distir.ir.rewrite import ValueMap, copy_instr, inline_calls
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Value
 from distir.ops.sharding import Strategy
-from distir.parallel.propagate_choice import _CHOICES, _CHOICES_MAX, _choose_op, _pt_id
-from distir.parallel.propagate_choice import ShardingError as ShardingError
-from distir.parallel.propagate_choice import redistribution_bytes as redistribution_bytes
-from distir.parallel.propagate_choice import shards_one_dim_twice as shards_one_dim_twice
-from distir.parallel.propagate_plan import Plan as Plan
-from distir.parallel.propagate_plan import op_strategies as op_strategies
-from distir.parallel.propagate_plan import parsed_placements as parsed_placements
+from distir.parallel.sharding.choices import _CHOICES, _CHOICES_MAX, _choose_op, _pt_id
+from distir.parallel.sharding.choices import ShardingError as ShardingError
+from distir.parallel.sharding.choices import redistribution_bytes as redistribution_bytes
+from distir.parallel.sharding.choices import shards_one_dim_twice as shards_one_dim_twice
+from distir.parallel.sharding.plan import Plan as Plan
+from distir.parallel.sharding.plan import op_strategies as op_strategies
+from distir.parallel.sharding.plan import parsed_placements as parsed_placements
 
 _R = Replicate()
 
@@ -148,35 +148,65 @@ class Placed:
     ids: dict[Value, int]  # per placed value, the id of its placements (``_pt_id``)
 
 
+Annotation = str | Sequence[Placement]
+# a value's placement per mesh axis while propagating (None: not known yet)
+Lists = dict[Value, list[Placement | None]]
+
+
 def place(
     plan: Plan,
     mesh: Mesh,
-    annotations: Mapping[str, str | Sequence[Placement]],
-    params: Mapping[int, str | Sequence[Placement]] | None = None,
-    results: Mapping[int, str | Sequence[Placement]] | None = None,
+    annotations: Mapping[str, Annotation],
+    params: Mapping[int, Annotation] | None = None,
+    results: Mapping[int, Annotation] | None = None,
     replicate_results: bool = True,
     pinned: Collection[int] = (),
 ) -> Placed:
-    """``propagate`` on a plan of the flat entry, without building the DTensor program."""
-    fn = plan.fn
-    types = plan.types
+    """``propagate`` on a plan of the flat entry, without building the DTensor program: the
+    annotations placed, the fixed point, what stays unknown replicated, the final choice."""
+    placed, fixed = _annotated(plan, mesh, annotations, params, results, pinned)
+    fn, n_axes = plan.fn, len(mesh.axes)
+    # annotated values are constraints; results of the program are replicated unless annotated
+    for v in fn.outputs if replicate_results else ():
+        if v not in fixed and v in placed and v not in plan.params:
+            placed[v] = [Replicate()] * n_axes
+            fixed.add(v)
+    fixed_at = {v: [p or Replicate() for p in placed[v]] for v in fixed if v in placed}
+    sizes = tuple(n for _, n in mesh.axes)
+    _fixed_point(plan, placed, [plan.fill(n) for n in sizes])
+    for ps in placed.values():
+        for ax in range(len(ps)):
+            if ps[ax] is None:
+                ps[ax] = Replicate()
+    return _final_choice(plan, mesh, placed, fixed_at, tuple(pinned))
+
+
+def _annotated(
+    plan: Plan,
+    mesh: Mesh,
+    annotations: Mapping[str, Annotation],
+    params: Mapping[int, Annotation] | None,
+    results: Mapping[int, Annotation] | None,
+    pinned: Collection[int],
+) -> tuple[Lists, set[Value]]:
+    """Every tensor value's placements with only the annotated ones known (by name, or the
+    entry's parameters and results by position), and the annotated values; each annotation
+    and pin checked against the program."""
+    fn, types = plan.fn, plan.types
     if annotations:
         by_name = plan.by_name()
         for name in annotations:
             if name not in by_name:
                 raise ShardingError(f"annotation names %{name}, which the program does not define")
-    positional: dict[Value, str | Sequence[Placement]] = {}
+    positional: dict[Value, Annotation] = {}
     for where, seq, by_pos in (("parameter", fn.params, params), ("result", fn.outputs, results)):
         for i, a in (by_pos or {}).items():
             if not 0 <= i < len(seq):
                 raise ShardingError(f"@{fn.name} has no {where} {i}")
             positional[seq[i]] = a
-    ops = plan.ops
     n_axes = len(mesh.axes)
-    placed: dict[Value, list[Placement | None]] = {v: [None] * n_axes for v in plan.tensors}
-    given: list[tuple[Value, str | Sequence[Placement]]] = [
-        (plan.by_name()[n], a) for n, a in annotations.items()
-    ]
+    placed: Lists = {v: [None] * n_axes for v in plan.tensors}
+    given: list[tuple[Value, Annotation]] = [(plan.by_name()[n], a) for n, a in annotations.items()]
     given.extend(positional.items())
     for v, a in given:
         name = v.name
@@ -186,39 +216,33 @@ def place(
             if isinstance(p, Shard) and p.dim >= len(types[v].shape):  # type: ignore[union-attr]
                 raise ShardingError(f"%{name}: {p} is out of range for shape {types[v].shape}")  # type: ignore[union-attr]
             placed[v][ax] = p
-    entry_params = plan.params
     for i in pinned:
         if not 0 <= i < len(fn.params) or fn.params[i] not in positional:
             raise ShardingError(f"@{fn.name}: pinned parameter {i} is not an annotated parameter")
-    # annotated values are constraints; results of the program are replicated unless annotated
-    fixed = {v for v, _ in given}
-    for v in fn.outputs if replicate_results else ():
-        if v not in fixed and v in placed and v not in entry_params:
-            placed[v] = [Replicate()] * n_axes
-            fixed.add(v)
-    fixed_at = {v: [p or Replicate() for p in placed[v]] for v in fixed if v in placed}
-    sizes = tuple(n for _, n in mesh.axes)
-    options = [plan.options(n) for n in sizes]  # per axis, per op
-    fills = [plan.fill(n) for n in sizes]
+    return placed, {v for v, _ in given}
 
+
+def _fixed_point(
+    plan: Plan, placed: Lists, fills: Sequence[Sequence[Sequence[tuple[Placement, ...]]]]
+) -> None:
+    """Fill unknown placements (in ``placed``, in place) from strategies consistent with the
+    known ones, sweeping the ops forward and backward until nothing changes. An op whose values
+    are all placed on every axis stays so: later sweeps skip it."""
+    n_axes = len(fills)
     # per op: the placement lists of its values (None: not a tensor, i.e. always replicated)
     lists_of = [[placed.get(v) for v in vals] for vals in plan.vals]
-    # fixed point: fill unknown placements from strategies consistent with the known ones. An op
-    # whose values are all placed on every axis stays so: later sweeps skip it.
-    open_ops = list(range(len(ops)))
-    done = [[False] * n_axes for _ in ops]  # per op and axis: every value placed (it stays so)
+    open_ops = list(range(len(plan.ops)))
+    done = [[False] * n_axes for _ in plan.ops]  # per op and axis: every value placed (it stays so)
     # per op and axis: the known placements when no strategy was consistent with them. While
     # they stay so, none is: the other axes only gain placements, which only rejects more.
-    stuck: list[list[list[Placement | None] | None]] = [[None] * n_axes for _ in ops]
+    stuck: list[list[list[Placement | None] | None]] = [[None] * n_axes for _ in plan.ops]
     changed = True
     while changed:
         changed = False
         for order in (open_ops, open_ops[::-1]):
             for j in order:
                 lists = lists_of[j]
-                is_param = plan.is_param[j]
                 done_j = done[j]
-                stuck_j = stuck[j]
                 for ax in range(n_axes):
                     if done_j[ax]:
                         continue
@@ -235,46 +259,65 @@ def place(
                     if n_none == 0:
                         done_j[ax] = True
                         continue
-                    if n_none == len(known) or known == stuck_j[ax]:
+                    if n_none == len(known) or known == stuck[j][ax]:
                         continue
-                    for places in fills[ax][j]:
-                        # consistent with every known placement (plain loops: this is the hot spot)
-                        for kp, p in zip(known, places, strict=True):
-                            if kp is not None and kp is not p and kp != p:
-                                break
-                        else:
-                            for param, lst, kp, p in zip(is_param, lists, known, places, strict=True):
-                                if kp is None and (
-                                    # a parameter is never guessed to be a pending sum; annotate it
-                                    # if meant
-                                    (param and isinstance(p, Partial))
-                                    # nor is a dim sharded along two mesh axes: no op's choice can
-                                    # undo that for a parameter (``lst[ax]`` is None, so ``in``
-                                    # sees the other axes)
-                                    or (isinstance(p, Shard) and p in lst)  # type: ignore[operator]
-                                ):
-                                    break
-                            else:
-                                for lst, kp, p in zip(lists, known, places, strict=True):
-                                    if kp is None and lst is not None:
-                                        lst[ax] = p
-                                        changed = True
-                                break
-                    else:
-                        stuck_j[ax] = known
+                    places = _consistent(fills[ax][j], known, lists, plan.is_param[j])
+                    if places is None:
+                        stuck[j][ax] = known
+                        continue
+                    for lst, kp, p in zip(lists, known, places, strict=True):
+                        if kp is None and lst is not None:
+                            lst[ax] = p
+                            changed = True
         open_ops = [j for j in open_ops if not all(done[j])]
-    for ps in placed.values():
-        for ax in range(len(ps)):
-            if ps[ax] is None:
-                ps[ax] = Replicate()
-    # final choice per op, in program order: the producer's placements are what consumers get.
-    # Placement lists are named by interned ids (``_pt_id``): here those the fixed point gave, and
-    # once an op has chosen, its results' final ones (consumers come later)
+
+
+def _consistent(
+    options: Sequence[tuple[Placement, ...]],
+    known: Sequence[Placement | None],
+    lists: Sequence[list[Placement | None] | None],
+    is_param: Sequence[bool],
+) -> tuple[Placement, ...] | None:
+    """The first of an op's placement options (on one axis) that agrees with every ``known``
+    placement and fills no unknown one with what the fixed point never guesses (plain loops:
+    this is the hot spot)."""
+    for places in options:
+        for kp, p in zip(known, places, strict=True):
+            if kp is not None and kp is not p and kp != p:
+                break
+        else:
+            for param, lst, kp, p in zip(is_param, lists, known, places, strict=True):
+                if kp is None and (
+                    # a parameter is never guessed to be a pending sum; annotate it if meant
+                    (param and isinstance(p, Partial))
+                    # nor is a dim sharded along two mesh axes: no op's choice can undo that for
+                    # a parameter (``lst[ax]`` is None, so ``in`` sees the other axes)
+                    or (isinstance(p, Shard) and p in lst)  # type: ignore[operator]
+                ):
+                    break
+            else:
+                return places
+    return None
+
+
+def _final_choice(
+    plan: Plan,
+    mesh: Mesh,
+    placed: Lists,
+    fixed_at: Mapping[Value, list[Placement]],
+    pinned: tuple[int, ...],
+) -> Placed:
+    """Each op's strategy per axis, in program order: the producer's placements are what
+    consumers get (``placed`` updated in place to the results' final ones), and the conflicts.
+    Placement lists are named by interned ids (``_pt_id``): here those the fixed point gave, and
+    once an op has chosen, its results' final ones (consumers come later)."""
+    sizes = tuple(n for _, n in mesh.axes)
+    options = [plan.options(n) for n in sizes]  # per axis, per op
     ids = {v: _pt_id(tuple(ps)) for v, ps in placed.items()}  # type: ignore[arg-type]
-    pin_flags = plan.pin_flags(tuple(pinned))
+    pin_flags = plan.pin_flags(pinned)
     strategies: dict[Op, tuple[Strategy, ...]] = {}
     conflicts: list[Conflict] = []
-    for k, op in enumerate(ops):
+    for k, op in enumerate(plan.ops):
         # everything the op's choice depends on (``_choose_op``): its signature (options, types),
         # the axis sizes, its inputs' final placements and its results' from the fixed point,
         # which results are annotated, which inputs pinned

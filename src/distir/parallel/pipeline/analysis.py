@@ -1,5 +1,5 @@
 """Checking, ordering and timing pipeline schedules (per-rank action lists of
-``distir.parallel.schedules``).
+``distir.parallel.pipeline.schedules``).
 
 Dependencies (``dependencies``), over ``S = p*v`` virtual stages:
 ``F(s,m)`` needs ``F(s-1,m)``; ``B(s,m)`` / ``I(s,m)`` need ``F(s,m)`` and, below the last
@@ -18,7 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 
-from distir.parallel.schedules import Action, Kind, ScheduleError, _check_counts, num_stages, stage_of
+from distir.parallel.pipeline.schedules import (
+    Action,
+    Kind,
+    ScheduleError,
+    _check_counts,
+    num_stages,
+    stage_of,
+)
 
 
 class ScheduleDeadlock(ScheduleError):

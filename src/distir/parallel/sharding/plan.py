@@ -3,7 +3,7 @@ annotations (``Plan``), and the module-level tables propagation and legalization
 signatures interned to small ints (``_sig_id``), each signature's options per axis size
 (``_OPTIONS``, ``op_strategies``) and parsed annotation texts (``parsed_placements``).
 
-``distir.parallel.propagate`` re-exports ``Plan``, ``op_strategies`` and ``parsed_placements``
+``distir.parallel.sharding.propagate`` re-exports ``Plan``, ``op_strategies`` and ``parsed_placements``
 and runs the propagation itself (``place``) on a plan.
 """
 

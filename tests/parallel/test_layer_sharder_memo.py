@@ -12,8 +12,8 @@ from distir.frontends.zoo.registry import build_from, parse_model_string
 from distir.ir.function import Function, Module
 from distir.ir.printer import print_module
 from distir.ir.types import DType, Type
-from distir.parallel import layer_prep
-from distir.parallel.layer_prep import LayerSharder, sharded_layers
+from distir.parallel import layer_sharder
+from distir.parallel.layer_sharder import LayerSharder, sharded_layers
 
 MODELS = (
     "gpt:layers=3,hidden=64,heads=4,seq=16,vocab=128",
@@ -51,7 +51,7 @@ def test_memos_change_no_sharded_layer(model: str, monkeypatch: pytest.MonkeyPat
     assert any(hits)  # the repeated blocks did hit the memo
 
     def fresh_on_mesh(self: LayerSharder, types: Sequence[Type], ann: dict[int, str]) -> tuple[Type, ...]:
-        return layer_prep._on_mesh(types, ann, self.mesh_rep)
+        return layer_sharder._on_mesh(types, ann, self.mesh_rep)
 
     def fresh_fwd_types(self: LayerSharder, fwd: Function, arg_types: Sequence[Type]) -> list[Type]:
         env = value_types(Module((fwd,)), fwd, arg_types)

@@ -23,8 +23,9 @@ from distir.ir.printer import print_op
 from distir.ir.rewrite import ValueMap, copy_instr
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs, Value
-from distir.ops.registry import REGISTRY, OpKind, global_view
-from distir.parallel.propagate import (
+from distir.ops.dtensor_inference import global_view
+from distir.ops.registry import REGISTRY, OpKind
+from distir.parallel.sharding.propagate import (
     Placed,
     ShardingError,
     op_strategies,

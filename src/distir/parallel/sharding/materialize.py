@@ -46,7 +46,7 @@ from distir.ir.types import Device, TensorType
 from distir.ir.values import Attrs, Value
 from distir.ops.conv import halo_rows, input_range_for_output, window_of
 from distir.ops.registry import REGISTRY, LocalPiece, OpKind
-from distir.parallel.propagate import ShardingError
+from distir.parallel.sharding.propagate import ShardingError
 
 
 def local_shape(t: DTensorType, device: Device) -> tuple[int, ...]:

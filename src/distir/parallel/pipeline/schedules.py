@@ -13,7 +13,7 @@ its exact inverse and reports malformed text as ``ScheduleError`` with (rank, in
 
 Builders (``build_schedule(name, p, k, v)``): ``gpipe``, ``1f1b``, ``interleaved`` (``i1f1b``),
 ``zb1`` (``zbh1``). Checking, merging into one global order, simulation and in-flight counts are
-in ``distir.parallel.schedule_sim``.
+in ``distir.parallel.pipeline.analysis``.
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ from distir.ir.values import Attrs
 from distir.ops import _torch
 from distir.ops import sharding as sh
 from distir.ops._rules import in_numel_flops, int_attr, norm_axis
+from distir.ops.grad.family import FAMILY
 from distir.ops.registry import AttrSpec, LocalPiece, OpDef, TypeCtx, register
-from distir.ops.shape_index import (
+from distir.ops.shape.select import (
     ROWS,
     SLICE_ATTRS,
     check_rows,
@@ -31,8 +32,6 @@ from distir.ops.shape_index import (
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
-
-FAMILY = "grad"
 
 
 def _shape(t: Type) -> tuple[int, ...]:

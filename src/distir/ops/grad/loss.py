@@ -1,0 +1,243 @@
+"""Gradient ops of the losses (family ``grad``): NegativeLogLikelihoodLossGrad,
+SoftmaxCrossEntropyLossGrad, SoftmaxCrossEntropyPartsGrad, MSELossGrad. Each takes the loss's
+gradient first (a scalar, or one per item without reduction); references compute in float64 and
+round once (the forward's helpers in ``distir.ops.loss``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from distir.ir.types import Type
+from distir.ir.values import Attrs
+from distir.ops import sharding as sh
+from distir.ops._rules import (
+    numel,
+    out_numel_flops,
+    same_dtype,
+    str_attr,
+)
+from distir.ops._special import f64
+from distir.ops._torch import like, upcast
+from distir.ops.grad.family import FAMILY
+from distir.ops.loss import (
+    REDUCTION,
+    check_parts,
+    check_pred_target,
+    check_scores_labels,
+    exp_and_onehot,
+    parts_sharding,
+    reduction,
+    torch_exp_and_onehot,
+)
+from distir.ops.nn import (
+    softmax,
+)
+from distir.ops.registry import OpDef, TypeCtx, register
+from distir.ops.shape.select import ROWS, rows_localizer
+
+if TYPE_CHECKING:
+    from distir.backend.context import TorchContext
+
+
+def _check_dloss(ctx: TypeCtx, like: int, per_item: tuple[int, ...]) -> None:
+    """dLoss is 0-d (a Scalar or 0-d tensor) for mean/sum, else shaped like the per-item loss."""
+    same_dtype(ctx, [like, 0])
+    d = ctx.tensor(0)
+    want = per_item if reduction(ctx) == "none" else ()
+    if d.shape != want:
+        ctx.fail(
+            f"{ctx.op.name}: dLoss has shape {d.shape} but the loss with reduction="
+            f"{ctx.attr('reduction')!r} has shape {want}",
+            0,
+            want,
+            d.shape,
+        )
+
+
+def _sce_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
+    scores, labels = check_scores_labels(ctx, 1, 2)
+    _check_dloss(ctx, 1, labels.shape)
+    return (ctx.out(scores.dtype, scores.shape),)
+
+
+def _sce_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    scores0 = np.asarray(args[1])
+    labels = np.asarray(args[2]).astype(np.int64)
+    dloss = f64(args[0])
+    p = softmax(scores0, 1)
+    np.put_along_axis(
+        p, np.expand_dims(labels, 1), np.take_along_axis(p, np.expand_dims(labels, 1), axis=1) - 1.0, axis=1
+    )
+    how = str_attr(attrs, "reduction", "mean")
+    if how == "none":
+        p = p * np.expand_dims(dloss, 1)
+    else:
+        p = p * (dloss / labels.size if how == "mean" else dloss)
+    return (p.astype(scores0.dtype),)
+
+
+def _nll_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    logp0 = np.asarray(args[1])
+    labels = np.expand_dims(np.asarray(args[2]).astype(np.int64), 1)
+    dloss = f64(args[0])
+    how = str_attr(attrs, "reduction", "mean")
+    per = -np.expand_dims(dloss, 1) if how == "none" else np.full(labels.shape, -float(dloss))
+    if how == "mean":
+        per = per / labels.size
+    d = np.zeros(logp0.shape)
+    np.put_along_axis(d, labels, per, axis=1)
+    return (d.astype(logp0.dtype),)
+
+
+def _nll_grad_bytes_read(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+    """dLoss and the labels: the input is read for its shape only."""
+    return float(ins[0].nbytes + ins[2].nbytes)
+
+
+NEGATIVE_LOG_LIKELIHOOD_LOSS_GRAD = register(
+    OpDef(
+        name="NegativeLogLikelihoodLossGrad",
+        family=FAMILY,
+        inputs=("dLoss", "input", "target"),
+        outputs=("dInput",),
+        infer=_sce_grad_rule,
+        attrs={"reduction": REDUCTION},
+        reference=_nll_grad,
+        flops=lambda ins, outs, attrs: float(numel(ins[2])),  # a scaled negation per item
+        bytes_read=_nll_grad_bytes_read,
+        doc="dInput = −dLoss at each target, 0 elsewhere (divided by the item count for "
+        "reduction='mean'): dense, as torch's nll_loss_backward writes it.",
+        sharding=sh.loss_grad("ce"),
+    )
+)
+
+SOFTMAX_CROSS_ENTROPY_LOSS_GRAD = register(
+    OpDef(
+        name="SoftmaxCrossEntropyLossGrad",
+        family=FAMILY,
+        inputs=("dLoss", "scores", "labels"),
+        outputs=("dScores",),
+        infer=_sce_grad_rule,
+        attrs={"reduction": REDUCTION},
+        reference=_sce_grad,
+        flops=out_numel_flops(7.0),
+        doc="dScores = (softmax(scores, 1) - onehot(labels)) * dLoss (divided by the label count "
+        "for reduction='mean'; broadcast over classes for 'none').",
+        sharding=sh.loss_grad("ce"),
+    )
+)
+
+
+def _parts_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
+    scores, _ = check_parts(ctx, 2)
+    for i in (0, 1):
+        d = ctx.tensor(i)
+        if d.shape != scores.shape[:1]:
+            ctx.fail(
+                f"{ctx.op.name} input {i} must have shape {scores.shape[:1]}", i, scores.shape[:1], d.shape
+            )
+    return (ctx.out(scores.dtype, scores.shape),)
+
+
+def _parts_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    e, onehot = exp_and_onehot(args[2], args[3], args[4], attrs.get("rows"))
+    d = f64(args[0])[:, None] * e + f64(args[1])[:, None] * onehot
+    return (d.astype(np.asarray(args[2]).dtype),)
+
+
+SOFTMAX_CROSS_ENTROPY_PARTS_GRAD = register(
+    OpDef(
+        name="SoftmaxCrossEntropyPartsGrad",
+        family=FAMILY,
+        inputs=("dSumexp", "dPicked", "scores", "shift", "labels"),
+        outputs=("dScores",),
+        infer=_parts_grad_rule,
+        attrs={"rows": ROWS},
+        reference=_parts_grad,
+        flops=out_numel_flops(5.0),
+        doc="The gradient of SoftmaxCrossEntropyParts w.r.t. scores: dSumexp·exp(scores − shift) + "
+        "dPicked·onehot(labels), per row (softmax − one-hot when dSumexp = 1/sumexp, dPicked = −1); "
+        "rows as the forward's.",
+        sharding=parts_sharding(2, 2),
+        localize=rows_localizer(lambda attrs, rank: 1, 2),
+    )
+)
+
+
+def _mse_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
+    p = check_pred_target(ctx, 1, 2)
+    _check_dloss(ctx, 1, p.shape)
+    return (ctx.out(p.dtype, p.shape),)
+
+
+def _mse_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    p0 = np.asarray(args[1])
+    g = 2.0 * (f64(p0) - f64(args[2])) * f64(args[0])
+    if str_attr(attrs, "reduction", "mean") == "mean":
+        g = g / max(p0.size, 1)
+    return (g.astype(p0.dtype),)
+
+
+MSE_LOSS_GRAD = register(
+    OpDef(
+        name="MSELossGrad",
+        family=FAMILY,
+        inputs=("dLoss", "prediction", "target"),
+        outputs=("dPrediction",),
+        infer=_mse_grad_rule,
+        attrs={"reduction": REDUCTION},
+        reference=_mse_grad,
+        flops=out_numel_flops(3.0),
+        doc="dPrediction = 2 * (prediction - target) * dLoss (divided by the element count for "
+        "reduction='mean').",
+        sharding=sh.loss_grad("mse"),
+    )
+)
+
+
+# -- torch implementations (contract: distir.ops._torch) ----------------------------------------
+def _sce_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """(softmax − one-hot) · dLoss, in f32 for 16-bit scores."""
+    dloss, scores0, labels = xs
+    p = ctx.torch.softmax(upcast(ctx, scores0), 1)
+    idx = labels.long().unsqueeze(1)
+    p = p.scatter_add(1, idx, ctx.torch.full(idx.shape, -1.0, dtype=p.dtype, device=p.device))
+    how, d = str_attr(attrs, "reduction", "mean"), upcast(ctx, dloss)
+    scale = d.unsqueeze(1) if how == "none" else d / labels.numel() if how == "mean" else d
+    return (like(p * scale, scores0),)
+
+
+def _nll_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """−dLoss at each target, zeros elsewhere (a dense tensor, as nll_loss_backward writes)."""
+    dloss, logp, labels = xs
+    how, d = str_attr(attrs, "reduction", "mean"), upcast(ctx, dloss)
+    idx = labels.long().unsqueeze(1)
+    per = -d.unsqueeze(1) if how == "none" else (-d).expand(idx.shape)
+    if how == "mean":
+        per = per / labels.numel()
+    out = ctx.torch.zeros(logp.shape, dtype=per.dtype, device=logp.device)
+    return (like(out.scatter(1, idx, per), logp),)
+
+
+def _parts_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    dsum, dpicked, scores, shift, labels = xs
+    e, onehot = torch_exp_and_onehot(ctx, scores, shift, labels, attrs.get("rows"))
+    d = upcast(ctx, dsum)[:, None] * e + upcast(ctx, dpicked)[:, None] * onehot
+    return (like(d, scores),)
+
+
+def _mse_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    dloss, p, t = xs
+    g = 2.0 * (upcast(ctx, p) - upcast(ctx, t)) * upcast(ctx, dloss)
+    if str_attr(attrs, "reduction", "mean") == "mean":
+        g = g / max(p.numel(), 1)
+    return (like(g, p),)
+
+
+NEGATIVE_LOG_LIKELIHOOD_LOSS_GRAD.fill("torch", _nll_grad_torch)
+SOFTMAX_CROSS_ENTROPY_LOSS_GRAD.fill("torch", _sce_grad_torch)
+SOFTMAX_CROSS_ENTROPY_PARTS_GRAD.fill("torch", _parts_grad_torch)
+MSE_LOSS_GRAD.fill("torch", _mse_grad_torch)
