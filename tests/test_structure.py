@@ -25,8 +25,6 @@ MAX_LINES = 100
 LONG_FUNCTIONS: dict[str, str] = {
     "distir.cli:simulate": "split pending (cli.py is being restructured separately)",
     "distir.cli:shard": "split pending (cli.py is being restructured separately)",
-    "distir.parallel.distribute:_Builder.build": "split pending: declare parameters, write the schedule, "
-    "reduce gradients, apply the optimizer",
     "distir.parallel.propagate:place": "split pending (the sharding layer's restructuring)",
     "distir.report.search_cli:run_search_command": "split pending (the search CLI's restructuring)",
     "distir.search.layer_assignment_lists:ListSolver.dp": "split pending (search/ restructured apart)",

@@ -707,6 +707,8 @@ class _Builder:
         return order
 
     def build(self) -> Module:
+        """The module: layer and chunk functions, then the entry — its parameters, the schedule's
+        chunk calls, and (training) gradient reduction, the optimizer and the results."""
         s = self.s
         layers = self._layers()
         by_chunk = [[layers[i] for i in r] for r in self.chunks]
@@ -714,145 +716,52 @@ class _Builder:
         cf = self._chunk_functions(by_chunk)
         fb = FunctionBuilder("step" if self.train else "infer", REGISTRY.out_arity)
         inputs, mbs, wp = self._declare(fb, by_chunk, stage_of)
-        wparam, wchunk, home, partner, used, state, step_of, half, wuse, received = wp
         order = self._program_order(by_chunk)
-        act: dict[tuple[int, int], Value] = {}
-        dys: dict[tuple[int, int], Value] = {}
-        res: dict[tuple[int, int], tuple[Value, ...]] = {}
-        carried: dict[tuple[int, int], tuple[Value, ...]] = {}
-        acc: dict[int, list[Value] | None] = {c: None for c in range(len(self.chunks))}
-        # per chunk, the backward actions left that produce weight gradients (the last reduces)
-        grad_kind = "W" if s.schedule == "zb1" else "B"
-        grads_left = {c: 0 for c in range(len(self.chunks))}
-        for ta in order:
-            if ta.action.kind == grad_kind:
-                grads_left[ta.action.stage] += 1
-        ddp = self.bucketed and s.zero < 2
-
-        def red(c: int) -> str:
-            """The suffix of chunk ``c``'s backward that produces weight gradients now."""
-            grads_left[c] -= 1
-            if self.hsdp and grads_left[c]:  # HSDP: across the groups in the last backward only
-                return "_rs"
-            return "_red" if self.bucketed and (not ddp or grads_left[c] == 0) else ""
-
-        losses: list[Value] = []
-        outputs_inf: list[Value] = []
-        last = len(self.chunks) - 1
-
-        def to_mesh(v: Value, mesh: Mesh, name: str) -> Value:
-            return self._mesh_send(fb, v, mesh, name)
-
-        def send(v: Value, src: int, dst: int, name: str) -> Value:
-            """Right after the producing action. With communication streams, the value moves to
-            the sender's send stream (free) and across to the receiver's receive stream;
-            ``receive`` hands it to the receiver's compute stream right before the consuming
-            action."""
-            a, b = stage_of[src], stage_of[dst]
-            if a == b:
-                return v
-            if not self.comm_streams:
-                return to_mesh(v, self.meshes[b], name)
-            way = "fwd" if dst > src else "bwd"
-            out, into = self.comm_meshes[(f"{way}_send", a)], self.comm_meshes[(f"{way}_recv", b)]
-            return to_mesh(to_mesh(v, out, name), into, name)
-
-        def receive(v: Value, src: int, dst: int, name: str) -> Value:
-            if not self.comm_streams or stage_of[src] == stage_of[dst]:
-                return v
-            return to_mesh(v, self.meshes[stage_of[dst]], name)
-
-        # a chunk's weights are the same values for every microbatch: listed once per chunk
-        cw = [chunk_weights(ls) for ls in by_chunk]
-        weights_of = [[wuse[home[(w, c)]] for w in cw[c]] for c in range(len(by_chunk))]
-        gathered: set[int] = set()  # chunks whose weights were gathered this step (gather_early)
-        chunk_extras = [[mbs[e] for L in ls for e in L.extras] for ls in by_chunk]
-
-        def chunk_args(c: int, m: int) -> list[Value]:
-            return [*weights_of[c], *(per_mb[m] for per_mb in chunk_extras[c])]
-
-        # calls at their (estimated) start, transfers at the end of the producing action
-        events = sorted(
-            [(ta.start, 1, i, ta.action) for i, ta in enumerate(order)]
-            + [(ta.end, 0, i, ta.action) for i, ta in enumerate(order)],
-            key=itemgetter(0, 1, 2),  # the action itself never breaks a tie
-        )
-        outbox: dict[Action, tuple[Value, int, int, str]] = {}
-        for _t, phase, _i, a in events:
-            c, m = a.stage, a.microbatch
-            if phase == 0:
-                got_out = outbox.pop(a, None)
-                if got_out is not None:
-                    val, src, dst, name = got_out
-                    sent = send(val, src, dst, name)
-                    if dst > src:
-                        act[(dst, m)] = sent
-                    else:
-                        dys[(dst, m)] = sent
-                continue
-            if a.kind == "F":
-                x = mbs[inputs[0]][m] if c == 0 else receive(act.pop((c, m)), c - 1, c, f"a{c}_{m}")
-                gathers = self.gather_early and c not in gathered
-                f = cf[f"c{c}_fwd" + ("_gather" if gathers else "")]
-                n_w = len(weights_of[c]) if gathers else 0
-                n_res = len(f.outputs) - 1 - n_w
-                names = [f"a{c + 1}_{m}"] + [f"res{c}_{m}"] * n_res + [f"{w.name}_full" for w in cw[c]][:n_w]
-                outs = fb.call(f, x, *chunk_args(c, m), n_out=len(f.outputs), names=names)
-                res[(c, m)] = outs[1 : 1 + n_res]
-                if gathers:  # the whole compute copies, for the chunk's other calls this step
-                    gathered.add(c)
-                    weights_of[c] = list(outs[1 + n_res :])
-                if c < last:
-                    outbox[a] = (outs[0], c, c + 1, f"a{c + 1}_{m}")
-                elif self.train:
-                    losses.append(outs[0])
-                    dys[(c, m)] = fb.op("FillLike", outs[0], names=[f"dloss_{m}"], value=1.0)[0]
-                else:
-                    outputs_inf.append(outs[0])
-                continue
-            v0 = by_chunk[c][0].vjp
-            has_dx = v0 is not None and 0 in v0.wrt
-            if a.kind in ("B", "I"):
-                part = "i" if a.kind == "I" else ""
-                base = f"c{c}_bwd" + ("_i" if part else "")
-                prev = acc[c]
-                f = cf[base + ("_acc" if prev is not None and not part else "") + ("" if part else red(c))]
-                dy = dys.pop((c, m))
-                if c < last:
-                    dy = receive(dy, c + 1, c, f"dy{c}_{m}")
-                args = [*chunk_args(c, m), *res.pop((c, m)), dy]
-                if prev is not None and not part:
-                    args.extend(prev)
-                outs = fb.call(f, *args, n_out=len(f.outputs), names=[f"d{c}_{m}"] * len(f.outputs))
-                rest = outs[1:] if has_dx else outs
-                if part:
-                    carried[(c, m)] = tuple(rest)
-                else:
-                    acc[c] = list(rest)
-                if has_dx and c > 0:
-                    outbox[a] = (outs[0], c, c - 1, f"dy{c - 1}_{m}")
-            elif a.kind == "W":
-                prev = acc[c]
-                f = cf[f"c{c}_bwd_w" + ("_acc" if prev is not None else "") + red(c)]
-                args = [*carried.pop((c, m)), *(prev or [])]
-                acc[c] = list(fb.call(f, *args, n_out=len(f.outputs), names=[f"g{c}_{m}"] * len(f.outputs)))
+        sched = _ScheduleWriter(self, fb, cf, by_chunk, stage_of, inputs, mbs, wp)
+        sched.write(order)
         if not self.train:
-            entry = fb.ret(*outputs_inf)
-            return self._module(cf, entry)
-        # gradient reduction and the optimizer
+            return self._module(cf, fb.ret(*sched.outputs_inf))
+        grads = self._gradient_sums(fb, by_chunk, wp, sched.acc)
+        updates = self._apply_optimizer(fb, grads, wp, stage_of, sched.to_mesh)
+        entry = fb.ret(*self._results(fb, sched.losses, updates, wp))
+        return self._module(cf, entry)
+
+    def _gradient_sums(
+        self,
+        fb: FunctionBuilder,
+        by_chunk: list[list[ShardedLayer]],
+        wp: _Params,
+        acc: dict[int, list[Value] | None],
+    ) -> dict[Value, Value]:
+        """Each weight's gradient from the chunks' last backward results (a weight two chunks of
+        one stage use gets the sum)."""
         grads: dict[Value, Value] = {}
         for c, ls in enumerate(by_chunk):
             ws = chunk_weights(ls)
             got = acc[c]
             if ws:
                 assert got is not None, f"chunk {c} never ran its backward"
-                _add_grads(fb, grads, [home[(w, c)] for w in ws], got)
+                _add_grads(fb, grads, [wp.home[(w, c)] for w in ws], got)
+        return grads
+
+    def _apply_optimizer(
+        self,
+        fb: FunctionBuilder,
+        grads: dict[Value, Value],
+        wp: _Params,
+        stage_of: list[int],
+        to_mesh: Callable[[Value, Mesh, str], Value],
+    ) -> dict[Value, tuple[Value, ...]]:
+        """Reduce each weight's gradient and update it (and its state); a tied weight and its
+        copy on another stage exchange their gradients first so both take the same step (a
+        transmitted copy's gradient goes back to its owner, added there)."""
+        wparam, wchunk, partner, state, step_of = wp.wparam, wp.wchunk, wp.partner, wp.state, wp.step_of
         updates: dict[Value, tuple[Value, ...]] = {}
         reduced: dict[Value, Value] = {}  # a tied copy's reduced gradient, until its partner's is
-        for w in used:
+        for w in wp.used:
             g = self._reduce_grad(fb, w, grads[w], to_mesh, stage_of[wchunk[w]])
             other = partner.get(w)
-            if w in received:  # a transmitted copy's gradient goes back to its owner once, added there
+            if w in wp.sent:  # a transmitted copy's gradient goes back to its owner once, added there
                 assert other is not None
                 here = self._mesh_for(stage_of[wchunk[other]])
                 (g_sum,) = fb.op(
@@ -877,10 +786,17 @@ class _Builder:
                 (g,) = fb.op("Add", g, to_mesh(g_other, here, f"g_{w.name}_tied"), names=[f"g_{w.name}"])
                 updates[other] = self._update(fb, other, wparam[other], g_other_sum, state[other], step_of)
             updates[w] = self._update(fb, w, wparam[w], g, state[w], step_of)
+        return updates
+
+    def _results(
+        self, fb: FunctionBuilder, losses: list[Value], updates: dict[Value, tuple[Value, ...]], wp: _Params
+    ) -> list[Value]:
+        """The step's results: the loss (summed over microbatches, replicated), the new weights
+        and state as the sequential step returns them, then the tied copies', then (mixed
+        precision) the new compute copies — each donated its predecessor's storage."""
+        used, received = wp.used, wp.sent
         loss = losses[0] if len(losses) == 1 else fb.op("Sum", *losses, names=["loss"])[0]
         loss = self._redistribute(fb, loss, "loss", "R, R")
-        # the new weights and state as the sequential step returns them, then the tied copies',
-        # then (mixed precision) the new compute copies, each donated its predecessor's storage
         results = [loss]
         for group in (
             [w for w in used if w in self.weight_params],
@@ -889,15 +805,14 @@ class _Builder:
             results += [updates[w][0] for w in group]
             results += [updates[w][1 + k] for k in range(len(self.opt.state)) for w in group]
         for w in (w for w in used if w not in received):
-            fb.donate(wparam[w], updates[w][0])
-            for sv, old in zip(updates[w][1:], state[w], strict=True):
+            fb.donate(wp.wparam[w], updates[w][0])
+            for sv, old in zip(updates[w][1:], wp.state[w], strict=True):
                 fb.donate(old, sv)
         for w in used:
-            if w in half and w not in received:
+            if w in wp.half and w not in received:
                 results.append(self._compute_copy(fb, w, updates[w][0]))
-                fb.donate(half[w], results[-1])
-        entry = fb.ret(*results)
-        return self._module(cf, entry)
+                fb.donate(wp.half[w], results[-1])
+        return results
 
     def _reduce_grad(
         self,
@@ -955,6 +870,170 @@ class _Builder:
     def _module(self, cf: dict[str, Function], entry: Function) -> Module:
         fns = [*self.functions.values(), *cf.values()]
         return Module((*fns, entry))
+
+
+class _ScheduleWriter:
+    """Writes the schedule's actions, in program order, as chunk calls into the entry: forward
+    and backward calls with their microbatch's activations, residuals and gradient accumulators,
+    and the transfers between stages right after the producing action (``distribute``).
+    Afterwards ``losses`` (training) or ``outputs_inf`` hold the last chunk's results per
+    microbatch and ``acc`` each chunk's accumulated weight gradients."""
+
+    def __init__(
+        self,
+        b: _Builder,
+        fb: FunctionBuilder,
+        cf: dict[str, Function],
+        by_chunk: list[list[ShardedLayer]],
+        stage_of: list[int],
+        inputs: list[Value],
+        mbs: dict[Value, list[Value]],
+        wp: _Params,
+    ) -> None:
+        self.b, self.fb, self.cf, self.by_chunk, self.stage_of = b, fb, cf, by_chunk, stage_of
+        self.inputs, self.mbs = inputs, mbs
+        n = len(b.chunks)
+        self.act: dict[tuple[int, int], Value] = {}
+        self.dys: dict[tuple[int, int], Value] = {}
+        self.res: dict[tuple[int, int], tuple[Value, ...]] = {}
+        self.carried: dict[tuple[int, int], tuple[Value, ...]] = {}
+        self.acc: dict[int, list[Value] | None] = {c: None for c in range(n)}
+        self.grads_left = {c: 0 for c in range(n)}
+        self.ddp = b.bucketed and b.s.zero < 2
+        self.losses: list[Value] = []
+        self.outputs_inf: list[Value] = []
+        self.last = n - 1
+        # a chunk's weights are the same values for every microbatch: listed once per chunk
+        self.cw = [chunk_weights(ls) for ls in by_chunk]
+        self.weights_of = [[wp.wuse[wp.home[(w, c)]] for w in self.cw[c]] for c in range(len(by_chunk))]
+        self.gathered: set[int] = set()  # chunks whose weights were gathered this step (gather_early)
+        self.chunk_extras = [[mbs[e] for L in ls for e in L.extras] for ls in by_chunk]
+        self.outbox: dict[Action, tuple[Value, int, int, str]] = {}
+
+    def write(self, order: list[Any]) -> None:
+        """Every action at its (estimated) start, its transfer at the end of the action."""
+        # per chunk, the backward actions left that produce weight gradients (the last reduces)
+        grad_kind = "W" if self.b.s.schedule == "zb1" else "B"
+        for ta in order:
+            if ta.action.kind == grad_kind:
+                self.grads_left[ta.action.stage] += 1
+        events = sorted(
+            [(ta.start, 1, i, ta.action) for i, ta in enumerate(order)]
+            + [(ta.end, 0, i, ta.action) for i, ta in enumerate(order)],
+            key=itemgetter(0, 1, 2),  # the action itself never breaks a tie
+        )
+        for _t, phase, _i, a in events:
+            if phase == 0:
+                self._transfer(a)
+            elif a.kind == "F":
+                self._forward(a)
+            elif a.kind in ("B", "I"):
+                self._backward(a)
+            elif a.kind == "W":
+                self._weight_grads(a)
+
+    def red(self, c: int) -> str:
+        """The suffix of chunk ``c``'s backward that produces weight gradients now."""
+        b = self.b
+        self.grads_left[c] -= 1
+        if b.hsdp and self.grads_left[c]:  # HSDP: across the groups in the last backward only
+            return "_rs"
+        return "_red" if b.bucketed and (not self.ddp or self.grads_left[c] == 0) else ""
+
+    def to_mesh(self, v: Value, mesh: Mesh, name: str) -> Value:
+        return self.b._mesh_send(self.fb, v, mesh, name)
+
+    def send(self, v: Value, src: int, dst: int, name: str) -> Value:
+        """Right after the producing action. With communication streams, the value moves to
+        the sender's send stream (free) and across to the receiver's receive stream;
+        ``receive`` hands it to the receiver's compute stream right before the consuming
+        action."""
+        a, b = self.stage_of[src], self.stage_of[dst]
+        if a == b:
+            return v
+        if not self.b.comm_streams:
+            return self.to_mesh(v, self.b.meshes[b], name)
+        way = "fwd" if dst > src else "bwd"
+        out, into = self.b.comm_meshes[(f"{way}_send", a)], self.b.comm_meshes[(f"{way}_recv", b)]
+        return self.to_mesh(self.to_mesh(v, out, name), into, name)
+
+    def receive(self, v: Value, src: int, dst: int, name: str) -> Value:
+        if not self.b.comm_streams or self.stage_of[src] == self.stage_of[dst]:
+            return v
+        return self.to_mesh(v, self.b.meshes[self.stage_of[dst]], name)
+
+    def chunk_args(self, c: int, m: int) -> list[Value]:
+        return [*self.weights_of[c], *(per_mb[m] for per_mb in self.chunk_extras[c])]
+
+    def _transfer(self, a: Action) -> None:
+        """The end of action ``a``: what it produced for another chunk is sent."""
+        got_out = self.outbox.pop(a, None)
+        if got_out is None:
+            return
+        val, src, dst, name = got_out
+        sent = self.send(val, src, dst, name)
+        if dst > src:
+            self.act[(dst, a.microbatch)] = sent
+        else:
+            self.dys[(dst, a.microbatch)] = sent
+
+    def _forward(self, a: Action) -> None:
+        b, fb, c, m = self.b, self.fb, a.stage, a.microbatch
+        x = self.mbs[self.inputs[0]][m] if c == 0 else self.receive(self.act.pop((c, m)), c - 1, c, f"a{c}_{m}")
+        gathers = b.gather_early and c not in self.gathered
+        f = self.cf[f"c{c}_fwd" + ("_gather" if gathers else "")]
+        n_w = len(self.weights_of[c]) if gathers else 0
+        n_res = len(f.outputs) - 1 - n_w
+        names = [f"a{c + 1}_{m}"] + [f"res{c}_{m}"] * n_res + [f"{w.name}_full" for w in self.cw[c]][:n_w]
+        outs = fb.call(f, x, *self.chunk_args(c, m), n_out=len(f.outputs), names=names)
+        self.res[(c, m)] = outs[1 : 1 + n_res]
+        if gathers:  # the whole compute copies, for the chunk's other calls this step
+            self.gathered.add(c)
+            self.weights_of[c] = list(outs[1 + n_res :])
+        if c < self.last:
+            self.outbox[a] = (outs[0], c, c + 1, f"a{c + 1}_{m}")
+        elif b.train:
+            self.losses.append(outs[0])
+            self.dys[(c, m)] = fb.op("FillLike", outs[0], names=[f"dloss_{m}"], value=1.0)[0]
+        else:
+            self.outputs_inf.append(outs[0])
+
+    def _has_dx(self, c: int) -> bool:
+        v0 = self.by_chunk[c][0].vjp
+        return v0 is not None and 0 in v0.wrt
+
+    def _backward(self, a: Action) -> None:
+        """A full backward (B) or its input-gradient half (I, zero-bubble)."""
+        fb, c, m = self.fb, a.stage, a.microbatch
+        part = "i" if a.kind == "I" else ""
+        base = f"c{c}_bwd" + ("_i" if part else "")
+        prev = self.acc[c]
+        f = self.cf[base + ("_acc" if prev is not None and not part else "") + ("" if part else self.red(c))]
+        dy = self.dys.pop((c, m))
+        if c < self.last:
+            dy = self.receive(dy, c + 1, c, f"dy{c}_{m}")
+        args = [*self.chunk_args(c, m), *self.res.pop((c, m)), dy]
+        if prev is not None and not part:
+            args.extend(prev)
+        outs = fb.call(f, *args, n_out=len(f.outputs), names=[f"d{c}_{m}"] * len(f.outputs))
+        has_dx = self._has_dx(c)
+        rest = outs[1:] if has_dx else outs
+        if part:
+            self.carried[(c, m)] = tuple(rest)
+        else:
+            self.acc[c] = list(rest)
+        if has_dx and c > 0:
+            self.outbox[a] = (outs[0], c, c - 1, f"dy{c - 1}_{m}")
+
+    def _weight_grads(self, a: Action) -> None:
+        """The weight-gradient half of a zero-bubble backward (W)."""
+        c, m = a.stage, a.microbatch
+        prev = self.acc[c]
+        f = self.cf[f"c{c}_bwd_w" + ("_acc" if prev is not None else "") + self.red(c)]
+        args = [*self.carried.pop((c, m)), *(prev or [])]
+        self.acc[c] = list(
+            self.fb.call(f, *args, n_out=len(f.outputs), names=[f"g{c}_{m}"] * len(f.outputs))
+        )
 
 
 class _Gathers:
