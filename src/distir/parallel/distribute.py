@@ -979,7 +979,10 @@ class _ScheduleWriter:
 
     def _forward(self, a: Action) -> None:
         b, fb, c, m = self.b, self.fb, a.stage, a.microbatch
-        x = self.mbs[self.inputs[0]][m] if c == 0 else self.receive(self.act.pop((c, m)), c - 1, c, f"a{c}_{m}")
+        if c == 0:
+            x = self.mbs[self.inputs[0]][m]
+        else:
+            x = self.receive(self.act.pop((c, m)), c - 1, c, f"a{c}_{m}")
         gathers = b.gather_early and c not in self.gathered
         f = self.cf[f"c{c}_fwd" + ("_gather" if gathers else "")]
         n_w = len(self.weights_of[c]) if gathers else 0
@@ -1031,9 +1034,7 @@ class _ScheduleWriter:
         prev = self.acc[c]
         f = self.cf[f"c{c}_bwd_w" + ("_acc" if prev is not None else "") + self.red(c)]
         args = [*self.carried.pop((c, m)), *(prev or [])]
-        self.acc[c] = list(
-            self.fb.call(f, *args, n_out=len(f.outputs), names=[f"g{c}_{m}"] * len(f.outputs))
-        )
+        self.acc[c] = list(self.fb.call(f, *args, n_out=len(f.outputs), names=[f"g{c}_{m}"] * len(f.outputs)))
 
 
 class _Gathers:
