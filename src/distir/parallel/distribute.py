@@ -63,6 +63,7 @@ from distir.ir.types import Device, DType, TensorType
 from distir.ir.values import Attrs, Value
 from distir.ops.dist import format_mesh_attr
 from distir.ops.registry import REGISTRY
+from distir.parallel.context_model import context_model
 from distir.parallel.layer_prep import (
     LayerSharder,
     ShardedLayer,
@@ -70,6 +71,7 @@ from distir.parallel.layer_prep import (
     placement_text,
     sharded_layers,
     uniform_counts,
+    with_cp,
 )
 from distir.parallel.layers import strip_types
 from distir.parallel.schedule_sim import time_order
@@ -196,6 +198,19 @@ def distribute(
         ).build()
 
 
+def _check_context(s: Strategy, train: bool) -> None:
+    """Refuse what context parallelism inside ``distribute`` does not combine with yet."""
+    missing = [
+        (s.zero > 0, f"ZeRO (z{s.zero}): sharding weights over dp × cp"),
+        (s.sp, "sequence parallelism (sp): the sequence split over both cp and tp"),
+        (s.shares is not None, "uneven batch shares"),
+        (not train, "an inference program"),
+    ]
+    for bad, what in missing:
+        if bad:
+            raise StrategyError(f"{s}: context parallelism (c={s.c}) does not combine with {what} yet")
+
+
 def check_batch(batch: int, s: Strategy) -> None:
     """Raise StrategyError unless the global ``batch`` splits into ``s.k`` microbatches of whole
     samples for every data-parallel replica (in proportion to the batch shares, if any): no replica
@@ -271,6 +286,9 @@ class _Builder:
         self.bucketed = train and s.d > 1
         self.prec = Precision.parse(precision)
         self.compute = self.prec.compute_dtype(model)
+        if s.c > 1:  # global positions as an input (``distir.parallel.context_model``)
+            _check_context(s, train)
+            model = context_model(model, s.c)
         model = self.prec.prepare(model)  # mixed: the loss layer in fp32
         self.model, self.s, self.opt, self.train = model, s, opt, train
         self.comm_streams = comm_streams
@@ -278,21 +296,16 @@ class _Builder:
         self.gather_early = (
             overlap_param_gather and train and self.prec.mixed and s.zero in (1, 2) and s.d > 1
         )
-        if s.c > 1:
-            raise StrategyError(
-                f"{s}: context parallelism (c={s.c}) is not wired into distribute yet; ring attention "
-                "itself is distir.parallel.context.ring_attention"
-            )
         check_batch(model.batch, s)
         self.mb = model.batch // s.k
         # program devices are numbered stage by stage; the placement maps them onto GPUs; uneven
         # batch shares are the dp axis' (``distir.ir.dtensor.AxisSize``): each replica's piece of
         # every microbatch in proportion
         dp = axis_size(s.d, s.shares)
-        self.meshes = [
-            Mesh((("dp", dp), ("tp", s.t)), tuple(Device(st * s.d * s.t + j) for j in range(s.d * s.t)))
-            for st in range(s.p)
-        ]
+        # context parallelism: a cp axis between dp and tp (``with_cp``)
+        axes = (("dp", dp), ("cp", s.c), ("tp", s.t)) if s.c > 1 else (("dp", dp), ("tp", s.t))
+        per = s.d * s.c * s.t
+        self.meshes = [Mesh(axes, tuple(Device(st * per + j) for j in range(per))) for st in range(s.p)]
         # HSDP (``Strategy.shard_group``): each stage's devices seen as (dpr, dp, tp), ZeRO-3's
         # shards over the h replicas of a group (dp), replicated across the d/h groups (dpr);
         # weights, their state and sharded gradients live there, ``MeshView`` crosses over
@@ -375,7 +388,8 @@ class _Builder:
                 self._param_types[key] = t
                 return t
             dp: Placement = Shard(zero_dim) if zero_dim is not None else Replicate()
-            t = self._param_types[key] = DTensorType(dtype, shape, self.meshes[stage], (dp, tp))
+            cp = (Replicate(),) if self.s.c > 1 else ()  # weights whole on every context rank
+            t = self._param_types[key] = DTensorType(dtype, shape, self.meshes[stage], (dp, *cp, tp))
         return t
 
     # -- layers ----------------------------------------------------------------------------------
@@ -558,7 +572,9 @@ class _Builder:
         (ZeRO-2/3: a reduce-scatter), else replicated over dp (an all-reduce)."""
         tp = self.model.weight(w.name).tp
         z = self._zdim(w)
-        return placement_text(Shard(z) if z is not None and self.s.zero >= 2 else Replicate(), tp)
+        return with_cp(
+            placement_text(Shard(z) if z is not None and self.s.zero >= 2 else Replicate(), tp), self.s.c
+        )
 
     def _grad_bytes(self, w: Value) -> float:
         """A device's bytes of ``w``'s (unreduced) gradient, in the compute dtype."""
@@ -594,30 +610,15 @@ class _Builder:
 
     def _declare(
         self, fb: FunctionBuilder, by_chunk: list[list[ShardedLayer]], stage_of: list[int]
-    ) -> tuple[list[Value], dict[Value, list[Value]], _Params]:
-        """The entry's parameters: the inputs (one per microbatch, on the mesh of the first chunk
-        that reads them), the weights (on the stage of their first use; a tied weight's copy on
-        its other stage), the optimizer state and, under mixed precision, the persistent compute
-        copies — all donated to their successors; returns the inputs, the microbatched inputs and
-        the weights' parameters (``_Params``)."""
+    ) -> tuple[list[Value], dict[tuple[Value, int], list[Value]], _Params]:
+        """The entry's parameters: the inputs (one per microbatch, on the mesh of each stage
+        that reads them: ``_declare_inputs``), the weights (on the stage of their first use; a
+        tied weight's copy on its other stage), the optimizer state and, under mixed precision,
+        the persistent compute copies — all donated to their successors; returns the inputs, the
+        microbatched inputs and the weights' parameters (``_Params``)."""
         s, model = self.s, self.model
-        fwd = model.forward
-        inputs = fwd.params[: self.n_in]
-        first_chunk_of: dict[Value, int] = {}
-        for c, ls in enumerate(by_chunk):
-            for L in ls:
-                for e in L.extras:
-                    first_chunk_of.setdefault(e, c)
-        mbs: dict[Value, list[Value]] = {}
-        for k_in, x in enumerate(inputs):
-            if k_in > 0 and x not in first_chunk_of:
-                continue
-            c = 0 if k_in == 0 else first_chunk_of[x]
-            mesh = self.meshes[stage_of[c]]
-            t = x.type
-            assert isinstance(t, TensorType)
-            dt = DTensorType(t.dtype, (self.mb, *t.shape[1:]), mesh, (Shard(0), Replicate()))
-            mbs[x] = [fb.param(f"{x.name}_{m}" if s.k > 1 else x.name, dt) for m in range(s.k)]
+        inputs = model.forward.params[: self.n_in]
+        mbs = self._declare_inputs(fb, by_chunk, stage_of)
         wparam: dict[Value, Value] = {}
         wchunk: dict[Value, int] = {}
         # each weight's value on each stage that uses it: the weight on the stage of its first
@@ -680,6 +681,42 @@ class _Builder:
         )
         params = _Params(wparam, wchunk, home, partner, used, state, step_of, half, wuse, sent)
         return list(inputs), mbs, params
+
+    def _declare_inputs(
+        self, fb: FunctionBuilder, by_chunk: list[list[ShardedLayer]], stage_of: list[int]
+    ) -> dict[tuple[Value, int], list[Value]]:
+        """Per (model input, stage that reads it), its microbatches: the first input on stage 0,
+        the others (labels; positions) on the stage of each chunk that reads them — an input
+        read on several stages (context parallelism's positions) is an input of each, named
+        alike, as each stage's data loader makes it."""
+        stages_of: dict[Value, list[int]] = {}
+        for c, ls in enumerate(by_chunk):
+            for L in ls:
+                for e in L.extras:
+                    at = stages_of.setdefault(e, [])
+                    if stage_of[c] not in at:
+                        at.append(stage_of[c])
+        mbs: dict[tuple[Value, int], list[Value]] = {}
+        inputs = self.model.forward.params[: self.n_in]
+        later: list[tuple[Value, int]] = []  # the other stages' copies, declared after the inputs
+        for k_in, x in enumerate(inputs):
+            if k_in > 0 and x not in stages_of:
+                continue
+            at = [0] if k_in == 0 else stages_of[x]
+            self._declare_input(fb, mbs, x, at[0])
+            later += [(x, st) for st in at[1:]]
+        for x, st in later:
+            self._declare_input(fb, mbs, x, st)
+        return mbs
+
+    def _declare_input(
+        self, fb: FunctionBuilder, mbs: dict[tuple[Value, int], list[Value]], x: Value, stage: int
+    ) -> None:
+        s, t = self.s, x.type
+        assert isinstance(t, TensorType)
+        seq = (Shard(1),) if s.c > 1 else ()  # context parallelism: split along the sequence
+        dt = DTensorType(t.dtype, (self.mb, *t.shape[1:]), self.meshes[stage], (Shard(0), *seq, Replicate()))
+        mbs[(x, stage)] = [fb.param(f"{x.name}_{m}" if s.k > 1 else x.name, dt) for m in range(s.k)]
 
     def _program_order(self, by_chunk: list[list[ShardedLayer]]) -> list[Any]:
         """The schedule's actions of every rank merged into one program order: by the given
@@ -796,7 +833,7 @@ class _Builder:
         precision) the new compute copies — each donated its predecessor's storage."""
         used, received = wp.used, wp.sent
         loss = losses[0] if len(losses) == 1 else fb.op("Sum", *losses, names=["loss"])[0]
-        loss = self._redistribute(fb, loss, "loss", "R, R")
+        loss = self._redistribute(fb, loss, "loss", with_cp("R, R", self.s.c))
         results = [loss]
         for group in (
             [w for w in used if w in self.weight_params],
@@ -827,7 +864,7 @@ class _Builder:
         (ZeRO-1: all-reduced, then sliced); a bucket's result comes back from the dp_reduce
         stream first."""
         tp = self.model.weight(w.name).tp
-        rep = placement_text(Replicate(), tp)
+        rep = with_cp(placement_text(Replicate(), tp), self.s.c)
         z = self._zdim(w)
         if self.bucketed and self.comm_streams:  # reduced on the dp_reduce stream
             g = to_mesh(g, self._mesh_for(stage), f"g_{w.name}")
@@ -887,7 +924,7 @@ class _ScheduleWriter:
         by_chunk: list[list[ShardedLayer]],
         stage_of: list[int],
         inputs: list[Value],
-        mbs: dict[Value, list[Value]],
+        mbs: dict[tuple[Value, int], list[Value]],
         wp: _Params,
     ) -> None:
         self.b, self.fb, self.cf, self.by_chunk, self.stage_of = b, fb, cf, by_chunk, stage_of
@@ -907,7 +944,9 @@ class _ScheduleWriter:
         self.cw = [chunk_weights(ls) for ls in by_chunk]
         self.weights_of = [[wp.wuse[wp.home[(w, c)]] for w in self.cw[c]] for c in range(len(by_chunk))]
         self.gathered: set[int] = set()  # chunks whose weights were gathered this step (gather_early)
-        self.chunk_extras = [[mbs[e] for L in ls for e in L.extras] for ls in by_chunk]
+        self.chunk_extras = [
+            [mbs[(e, stage_of[c])] for L in ls for e in L.extras] for c, ls in enumerate(by_chunk)
+        ]
         self.outbox: dict[Action, tuple[Value, int, int, str]] = {}
 
     def write(self, order: list[Any]) -> None:
@@ -980,7 +1019,7 @@ class _ScheduleWriter:
     def _forward(self, a: Action) -> None:
         b, fb, c, m = self.b, self.fb, a.stage, a.microbatch
         if c == 0:
-            x = self.mbs[self.inputs[0]][m]
+            x = self.mbs[(self.inputs[0], 0)][m]
         else:
             x = self.receive(self.act.pop((c, m)), c - 1, c, f"a{c}_{m}")
         gathers = b.gather_early and c not in self.gathered

@@ -1,0 +1,174 @@
+"""A model with explicit global positions: what ``distribute`` runs under context parallelism.
+
+Context parallelism (``Strategy.c`` = c > 1) splits each sequence over the c GPUs of a ``cp``
+mesh axis in the load-balanced layout of ``distir.parallel.context``: the sequence is cut into
+2c chunks and rank i holds chunks i and 2c−1−i, so under a causal mask every rank does the same
+work (Megatron-LM's and torchtitan's layout). ``distribute`` expresses that split as an ordinary
+contiguous ``Shard(1)`` over ``cp`` of a *reordered* sequence: the inputs arrive in
+``balanced_order`` (rank 0's two chunks, then rank 1's, …), as a context-parallel data loader
+hands each rank its chunks (torchtitan's ``context_parallel`` reorders its buffers so). What
+depends on a token's position must then use its global position, not its index:
+
+``context_model(model, c)`` adds an input ``pos`` (int64, the inputs' (batch, seq)): each token's
+global position, in the same order as the tokens (``balanced_positions``; ``arange`` in the
+original order gives the original model exactly). Every layer function that uses positions gets
+``pos`` as a last parameter, and:
+
+- ``Rope(x)`` becomes ``Rope(x, pos)`` (each row rotated by its global position);
+- ``Attention(q, k, v)`` becomes ``Attention(q, k, v, pos, pos)`` (the causal mask by position);
+  sharded along the sequence it is the queries' rows against all-gathered K/V
+  (``distir.ops.attention``: positions);
+- a learned position table read as ``Slice(w, 0:S)`` (GPT-2's ``wpe``) becomes
+  ``Gather(w, pos)`` (each token's row).
+
+Models whose activations carry no sequence dim 1, whose inputs are not (batch, seq), or whose
+attention is the explicit ``CausalMask`` form (``attention=naive``) are refused
+(``StrategyError``): their positions are not ops this pass knows. The loss is a mean over
+tokens, so it does not depend on their order; gradients neither.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from distir.frontends.zoo.model import InputSpec, Model
+from distir.ir.function import Function, Module
+from distir.ir.ops import Call, Instr, Op
+from distir.ir.rewrite import ValueMap, copy_instr
+from distir.ir.types import DType, TensorType
+from distir.ir.values import Attrs, Value
+from distir.parallel.context import balanced_positions
+from distir.parallel.strategy import StrategyError
+
+POS = "pos"
+_POSITIONED = ("Rope", "Attention")  # ops that take the global positions (module docstring)
+_REFUSED = ("CausalMask",)  # a mask by index, which a reordered sequence breaks
+
+
+def balanced_order(seq: int, c: int) -> np.ndarray:
+    """The global positions in the order ``distribute`` takes the sequence under context
+    parallelism over c ranks: rank 0's two chunks, then rank 1's, … (``balanced_positions``)."""
+    return np.concatenate([balanced_positions(seq, c, r) for r in range(c)])
+
+
+def context_inputs(model: Model, c: int, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The inputs of ``model`` (by name, in the original order) as ``distribute`` under context
+    parallelism over c ranks takes them: each reordered along the sequence (``balanced_order``),
+    and the positions ``pos`` added."""
+    out = dict(values)
+    seq = model.inputs[0].type.shape[1]
+    order = balanced_order(seq, c)
+    for spec in model.inputs:
+        out[spec.name] = np.take(values[spec.name], order, axis=1)
+    batch = values[model.inputs[0].name].shape[0]
+    out[POS] = np.broadcast_to(order, (batch, seq)).astype(np.int64)
+    return out
+
+
+def context_model(model: Model, c: int) -> Model:
+    """``model`` with global positions as an input (module docstring)."""
+    _check(model, c)
+    n_in = len(model.inputs)
+    weights = set(model.forward.params[n_in:])
+    first = model.inputs[0].type
+    pos_type = TensorType(DType.i64, first.shape[:2], first.device)
+    fb_params = list(model.forward.params)
+    pos = Value(POS, pos_type)
+    fb_params.insert(n_in, pos)
+    rewritten: dict[str, Function] = {}
+    for fn in model.module.functions:
+        if fn is model.forward:
+            continue
+        calls = [i for i in model.forward.body if isinstance(i, Call) and i.callee == fn.name]
+        tables = {
+            j
+            for call in calls
+            for j, v in enumerate(call.inputs)
+            if v in weights  # parameters a call binds to a weight: position tables may be among them
+        }
+        new = _with_positions(fn, tables)
+        if new is not None:
+            rewritten[fn.name] = new
+    body: list[Instr] = []
+    for instr in model.forward.body:
+        if isinstance(instr, Call) and instr.callee in rewritten:
+            instr = Call(instr.callee, (*instr.inputs, pos), instr.outputs)
+        body.append(instr)
+    entry = replace(model.forward, params=tuple(fb_params), body=tuple(body))
+    fns = [rewritten.get(f.name, f) for f in model.module.functions if f is not model.forward]
+    spec = InputSpec(POS, pos_type, high=first.shape[1])
+    return replace(model, module=Module((*fns, entry)), inputs=(*model.inputs, spec))
+
+
+def _check(model: Model, c: int) -> None:
+    """Refuse what this pass cannot give positions to (module docstring)."""
+    if model.seq_dim != 1:
+        raise StrategyError(
+            f"context parallelism (c={c}) splits the sequence (dim 1) of the activations; "
+            f"{model.name} declares seq_dim={model.seq_dim}"
+        )
+    seqs = {i.type.shape[1] if i.type.rank == 2 else None for i in model.inputs}
+    if len(seqs) != 1 or None in seqs:
+        shapes = ", ".join(f"{i.name} {i.type.shape}" for i in model.inputs)
+        raise StrategyError(
+            f"context parallelism (c={c}) needs every input of {model.name} shaped (batch, seq); got {shapes}"
+        )
+    seq = next(iter(seqs))
+    assert seq is not None
+    if seq % (2 * c):
+        raise StrategyError(
+            f"context parallelism over c={c} cuts the sequence into 2c = {2 * c} equal chunks; "
+            f"{seq} positions of {model.name} do not divide"
+        )
+    for fn in model.module.functions:
+        for op in fn.ops():
+            if op.name in _REFUSED:
+                raise StrategyError(
+                    f"context parallelism (c={c}): @{fn.name} masks by index ({op.name}, the explicit "
+                    "attention form); build the model with the fused Attention op"
+                )
+
+
+def _with_positions(fn: Function, tables: set[int]) -> Function | None:
+    """``fn`` with a last parameter ``pos`` and its positioned ops rewritten; None when it has
+    none. ``tables``: the parameters bound to weights (a ``Slice(w, 0:S)`` of one is a learned
+    position table)."""
+    table_params = {fn.params[j] for j in tables if j < len(fn.params)}
+    if not any(_positioned(op, table_params) for op in fn.ops()):
+        return None
+    vmap = ValueMap()
+    params = [vmap(p) for p in fn.params]
+    pos = Value(POS, None)
+    body: list[Instr] = []
+    for instr in fn.body:
+        new = copy_instr(instr, vmap)
+        if isinstance(instr, Op) and _positioned(instr, table_params):
+            assert isinstance(new, Op)
+            new = _rewrite(new, pos)
+        body.append(new)
+    return Function(fn.name, (*params, pos), tuple(body), tuple(vmap(v) for v in fn.outputs), fn.donated)
+
+
+def _positioned(op: Op, tables: set[Value]) -> bool:
+    if op.name in _POSITIONED:
+        return True
+    return op.name == "Slice" and op.inputs[0] in tables and _table_slice(op.attrs)
+
+
+def _table_slice(attrs: Attrs) -> bool:
+    """A slice of the first rows of a table (``starts=(0,)`` on axis 0)."""
+    return tuple(attrs.get("axes") or (0,)) == (0,) and tuple(attrs.get("starts") or (0,)) == (0,)  # type: ignore[arg-type]
+
+
+def _rewrite(op: Op, pos: Value) -> Op:
+    if op.name == "Rope":
+        return Op("Rope", (op.inputs[0], pos), op.outputs, op.attrs)
+    if op.name == "Attention":
+        return Op("Attention", (*op.inputs[:3], pos, pos), op.outputs, op.attrs)
+    # Slice(table, 0:S): each token's row of the table, by its global position
+    return Op("Gather", (op.inputs[0], pos), op.outputs, Attrs({"axis": 0}))
+
+
+__all__ = ["POS", "balanced_order", "context_inputs", "context_model"]
