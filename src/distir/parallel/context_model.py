@@ -21,6 +21,13 @@ original order gives the original model exactly). Every layer function that uses
 - a learned position table read as ``Slice(w, 0:S)`` (GPT-2's ``wpe``) becomes
   ``Gather(w, pos)`` (each token's row).
 
+And one rewrite for the sharding layer's sake: a weight applied to activations,
+``MatMul(x (B, S, H), w (H, F))``, becomes ``MatMul(x, Reshape(w))`` (w as (1, H, F),
+broadcast over the batch). The same product; but its weight gradient is then the batched
+``xᵀ·dy`` summed over the batch — a pending sum over dp (batch) *and* cp (sequence) — where the
+2-D form's gradient flattens (B, S) into one dim, which two mesh axes cannot both shard (the
+sharding layer would gather the sequence and compute every weight gradient c times over).
+
 Models whose activations carry no sequence dim 1, whose inputs are not (batch, seq), or whose
 attention is the explicit ``CausalMask`` form (``attention=naive``) are refused
 (``StrategyError``): their positions are not ops this pass knows. The loss is a mean over
@@ -33,11 +40,13 @@ from dataclasses import replace
 
 import numpy as np
 
+from distir.autodiff.reverse import value_types
+from distir.autodiff.train import layer_types
 from distir.frontends.zoo.model import InputSpec, Model
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Instr, Op
 from distir.ir.rewrite import ValueMap, copy_instr
-from distir.ir.types import DType, TensorType
+from distir.ir.types import DType, TensorType, Type
 from distir.ir.values import Attrs, Value
 from distir.parallel.context import balanced_positions
 from distir.parallel.strategy import StrategyError
@@ -99,7 +108,41 @@ def context_model(model: Model, c: int) -> Model:
     entry = replace(model.forward, params=tuple(fb_params), body=tuple(body))
     fns = [rewritten.get(f.name, f) for f in model.module.functions if f is not model.forward]
     spec = InputSpec(POS, pos_type, high=first.shape[1])
-    return replace(model, module=Module((*fns, entry)), inputs=(*model.inputs, spec))
+    positioned = replace(model, module=Module((*fns, entry)), inputs=(*model.inputs, spec))
+    return _batched_weight_products(positioned)
+
+
+def _batched_weight_products(model: Model) -> Model:
+    """Every ``MatMul`` of a 3-D activation by a 2-D operand as a broadcast batched product
+    (module docstring)."""
+    types = layer_types(model)
+    seen: dict[str, Function] = {}
+    for call, ts in zip(model.layers, types, strict=True):
+        if call.callee in seen:
+            continue
+        fn = model.module[call.callee]
+        env = value_types(model.module, fn, ts)
+        body: list[Instr] = []
+        changed = False
+        for instr in fn.body:
+            if isinstance(instr, Op) and instr.name == "MatMul" and _ranks(env, instr) == (3, 2):
+                a, b = instr.inputs
+                wide = Value(f"{b.name}_b", None)
+                bt = env[b]
+                assert isinstance(bt, TensorType)
+                body.append(Op("Reshape", (b,), (wide,), Attrs({"shape": (1, *bt.shape)})))
+                body.append(Op("MatMul", (a, wide), instr.outputs, instr.attrs))
+                changed = True
+                continue
+            body.append(instr)
+        seen[call.callee] = replace(fn, body=tuple(body)) if changed else fn
+    fns = [seen.get(f.name, f) for f in model.module.functions]
+    return replace(model, module=Module(tuple(fns)))
+
+
+def _ranks(env: dict[Value, Type], op: Op) -> tuple[int, ...]:
+    ts = [env.get(v) for v in op.inputs]
+    return tuple(t.rank if isinstance(t, TensorType) else -1 for t in ts)
 
 
 def _check(model: Model, c: int) -> None:
