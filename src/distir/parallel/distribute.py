@@ -283,7 +283,7 @@ class _Builder:
             )
         self.bucket_bytes = bucket_mb * (1 << 20)
         # data parallel: gradients reduced in buckets inside the backward (``_Buckets``)
-        self.bucketed = train and s.d > 1
+        self.bucketed = train and s.d * s.c > 1  # cp acts like dp for the weights
         self.prec = Precision.parse(precision)
         self.compute = self.prec.compute_dtype(model)
         if s.c > 1:  # global positions as an input (``distir.parallel.context_model``)
