@@ -201,7 +201,7 @@ def distribute(
 def _check_context(s: Strategy, train: bool) -> None:
     """Refuse what context parallelism inside ``distribute`` does not combine with yet."""
     missing = [
-        (s.zero > 0, f"ZeRO (z{s.zero}): sharding weights over dp × cp"),
+        (s.shard_group is not None, f"HSDP (z3h{s.shard_group})"),
         (s.sp, "sequence parallelism (sp): the sequence split over both cp and tp"),
         (s.shares is not None, "uneven batch shares"),
         (not train, "an inference program"),
@@ -311,11 +311,18 @@ class _Builder:
         # weights, their state and sharded gradients live there, ``MeshView`` crosses over
         self.hsdp = train and s.zero == 3 and s.shard_group is not None
         h = s.zero_degree
-        self.meshes3 = (
-            [Mesh((("dpr", s.d // h), ("dp", h), ("tp", s.t)), m.devices) for m in self.meshes]
-            if self.hsdp
-            else []
-        )
+        # context parallelism: weights, their state and reduced gradients live on each stage's
+        # devices seen as (dp = d·c, tp) — cp merged into dp, as data parallelism over d·c ranks
+        # (ZeRO shards over them: ``Strategy.zero_degree``) — and ``MeshView`` crosses over to
+        # the (dp, cp, tp) mesh the layers run on (weights R, R; gradients pending P, P)
+        self.cp_view = train and s.c > 1
+        self.viewed = self.hsdp or self.cp_view  # weights on ``meshes3``, a view of ``meshes``
+        if self.hsdp:
+            self.meshes3 = [Mesh((("dpr", s.d // h), ("dp", h), ("tp", s.t)), m.devices) for m in self.meshes]
+        elif self.cp_view:
+            self.meshes3 = [Mesh((("dp", s.d * s.c), ("tp", s.t)), m.devices) for m in self.meshes]
+        else:
+            self.meshes3 = []
         n = s.devices
         # per direction a stream that sends and one that receives, so activations going forward
         # never queue behind gradients, and a receive never behind a send (``distribute``)
@@ -388,13 +395,13 @@ class _Builder:
                 self._param_types[key] = t
                 return t
             dp: Placement = Shard(zero_dim) if zero_dim is not None else Replicate()
-            cp = (Replicate(),) if self.s.c > 1 else ()  # weights whole on every context rank
-            t = self._param_types[key] = DTensorType(dtype, shape, self.meshes[stage], (dp, *cp, tp))
+            t = self._param_types[key] = DTensorType(dtype, shape, self._mesh_for(stage), (dp, tp))
         return t
 
     # -- layers ----------------------------------------------------------------------------------
     def _wp(self, w: Value) -> str:
-        return self.sharder.wp(w)
+        """A whole weight's placement on the mesh that holds the weights (``_mesh_for``)."""
+        return placement_text(Replicate(), self.model.weight(w.name).tp)
 
     def _layers(self) -> list[ShardedLayer]:
         return self.sharder.layers(self.chunks[-1][-1] + 1)
@@ -403,13 +410,23 @@ class _Builder:
     def _zero3_gather(self, fb: FunctionBuilder, w: Value, p: Value, mesh: Mesh) -> Value:
         """ZeRO-3: the whole weight ``w`` from its shard ``p`` (an all-gather over dp; HSDP: over
         its group, then seen on ``mesh``, the (dp, tp) mesh of the same devices)."""
-        if self.hsdp:  # every weight lives on the (dpr, dp, tp) view
-            if self._zdim(w) is not None:
-                p = self._redistribute(fb, p, w.name, "R, " + self._wp(w))
+        if self.viewed:  # every weight lives on the (dpr, dp, tp) or (dp·cp, tp) view
+            if self._zdim(w) is not None and (self.s.zero == 3 or self.gather_early):
+                p = self._redistribute(fb, p, w.name, ("R, " if self.hsdp else "") + self._wp(w))
             return fb.emit("MeshView", (p,), self._attrs("mesh", self._mesh_attr(mesh)), (w.name,))[0]
         if (self.s.zero == 3 or self.gather_early) and self._zdim(w) is not None:
             return self._redistribute(fb, p, w.name, self._wp(w))
         return p
+
+    def _layer_view(self, fb: FunctionBuilder, v: Value, stage: int) -> Value:
+        """A whole weight ``v`` as the chunks take it: under context parallelism seen on the
+        (dp, cp, tp) mesh (``MeshView``, once per step; ZeRO-3's and early-gathered shards are
+        gathered and seen there inside the chunks); else ``v`` itself."""
+        if not self.cp_view or self.s.zero == 3 or self.gather_early:
+            return v
+        return fb.emit("MeshView", (v,), self._attrs("mesh", self._mesh_attr(self.meshes[stage])), (v.name,))[
+            0
+        ]
 
     def _mesh_send(self, fb: FunctionBuilder, v: Value, mesh: Mesh, name: str) -> Value:
         """``v`` sent to ``mesh`` (a ``MeshSend``)."""
@@ -422,8 +439,8 @@ class _Builder:
         """The mesh (of ``stage``, or of its ``stream``) that holds the weights, their state and
         reduced gradients: HSDP's (dpr, dp, tp) view of it, else the (dp, tp) mesh itself."""
         if stream is None:
-            return self.meshes3[stage] if self.hsdp else self.meshes[stage]
-        return self.comm_meshes3[(stream, stage)] if self.hsdp else self.comm_meshes[(stream, stage)]
+            return self.meshes3[stage] if self.viewed else self.meshes[stage]
+        return self.comm_meshes3[(stream, stage)] if self.viewed else self.comm_meshes[(stream, stage)]
 
     def _compute_copy(self, fb: FunctionBuilder, w: Value, master: Value) -> Value:
         """Mixed precision: the weight in the compute dtype, once per step; with ZeRO-1/2 the
@@ -572,9 +589,7 @@ class _Builder:
         (ZeRO-2/3: a reduce-scatter), else replicated over dp (an all-reduce)."""
         tp = self.model.weight(w.name).tp
         z = self._zdim(w)
-        return with_cp(
-            placement_text(Shard(z) if z is not None and self.s.zero >= 2 else Replicate(), tp), self.s.c
-        )
+        return placement_text(Shard(z) if z is not None and self.s.zero >= 2 else Replicate(), tp)
 
     def _grad_bytes(self, w: Value) -> float:
         """A device's bytes of ``w``'s (unreduced) gradient, in the compute dtype."""
@@ -655,7 +670,7 @@ class _Builder:
                     state[w].append(fb.param(f"{sname}_{w.name}", t, donated=True))
             if self.opt.kind == "adam":
                 for st in sorted({stage_of[wchunk[w]] for w in kept}):
-                    mesh = self.meshes3[st] if self.hsdp else self.meshes[st]
+                    mesh = self._mesh_for(st)
                     step_of[st] = fb.param(
                         f"step_s{st}",
                         DTensorType(DType.i64, (), mesh, tuple(Replicate() for _ in mesh.axes)),
@@ -864,7 +879,7 @@ class _Builder:
         (ZeRO-1: all-reduced, then sliced); a bucket's result comes back from the dp_reduce
         stream first."""
         tp = self.model.weight(w.name).tp
-        rep = with_cp(placement_text(Replicate(), tp), self.s.c)
+        rep = placement_text(Replicate(), tp)
         z = self._zdim(w)
         if self.bucketed and self.comm_streams:  # reduced on the dp_reduce stream
             g = to_mesh(g, self._mesh_for(stage), f"g_{w.name}")
@@ -942,7 +957,10 @@ class _ScheduleWriter:
         self.last = n - 1
         # a chunk's weights are the same values for every microbatch: listed once per chunk
         self.cw = [chunk_weights(ls) for ls in by_chunk]
-        self.weights_of = [[wp.wuse[wp.home[(w, c)]] for w in self.cw[c]] for c in range(len(by_chunk))]
+        self.weights_of = [
+            [b._layer_view(fb, wp.wuse[wp.home[(w, c)]], stage_of[c]) for w in self.cw[c]]
+            for c in range(len(by_chunk))
+        ]
         self.gathered: set[int] = set()  # chunks whose weights were gathered this step (gather_early)
         self.chunk_extras = [
             [mbs[(e, stage_of[c])] for L in ls for e in L.extras] for c, ls in enumerate(by_chunk)
@@ -1097,7 +1115,7 @@ class _Gathers:
         # keep: gathered once and kept for the chunk's later layers (``overlap_param_gather``)
         self.keep = keep
         self.kept: dict[Value, Value] = {}
-        self.on = (b.s.zero == 3 or keep) and b.s.d > 1
+        self.on = (b.s.zero == 3 or keep) and b.s.d * b.s.c > 1
         self.stage = c % b.s.p
         self.stream = b.comm_meshes[("dp_gather", self.stage)] if b.comm_streams and self.on else None
         self.home = b.meshes[self.stage]
@@ -1151,7 +1169,7 @@ class _Gathers:
             return self.taken[w]
         got = self.ready.pop(w, None)
         if got is None:  # not sharded by ZeRO (no dimension divides): used as it is (HSDP: viewed)
-            return self.b._zero3_gather(self.fb, w, self.wp[w], self.home) if self.b.hsdp else self.wp[w]
+            return self.b._zero3_gather(self.fb, w, self.wp[w], self.home) if self.b.viewed else self.wp[w]
         text = self.b._mesh_attr(self.home)
         self.taken[w] = self.fb.emit("MeshSend", (got,), self.b._attrs("mesh", text), (w.name,))[0]
         return self.taken[w]
@@ -1208,6 +1226,8 @@ class _Buckets:
         for w, g in moved:
             if self.b.hsdp:
                 r = self._hsdp_scatter(w, g)
+            elif self.b.cp_view:  # the pending sum over (dp, cp) seen over dp·cp, reduced there
+                r = self.b._redistribute(fb, self._viewed(g), f"g_{w.name}", self.b._grad_target(w))
             else:
                 r = self.b._redistribute(fb, g, f"g_{w.name}", self.b._grad_target(w))
             if self.accs and self.scatter:  # ZeRO-2/3: accumulated in the shard
@@ -1216,6 +1236,12 @@ class _Buckets:
                 r = self.b._redistribute(fb, r, f"g_{w.name}", "R, " + self.b._grad_target(w))
             self.out[w] = r
         self.pending, self.size = [], 0.0
+
+    def _viewed(self, g: Value) -> Value:
+        """``g`` on the weights' view of its mesh (of the ``dp_reduce`` stream, with one)."""
+        b = self.b
+        mesh = b._mesh_for(self.stage, "dp_reduce" if self.stream is not None else None)
+        return self.fb.emit("MeshView", (g,), b._attrs("mesh", b._mesh_attr(mesh)), (g.name,))[0]
 
     def _hsdp_scatter(self, w: Value, g: Value) -> Value:
         """HSDP: ``w``'s pending gradient seen on the (dpr, dp, tp) mesh and reduce-scattered

@@ -407,7 +407,8 @@ class LayerSharder:
             bann[at + vj.n_residuals + k] = with_cp("R, R", self.s.c) if act_out is None else act_out
         # gradients: the input's as the activation, each weight's as its weight, pending the
         # data-parallel sum (left free, propagation may gather a TP-sharded weight's gradient)
-        dp_grad: Placement = Partial() if self.s.d > 1 else Replicate()
+        # (with cp, also over a dp of one: ``distribute`` sees the pending sum over dp·cp)
+        dp_grad: Placement = Partial() if self.s.d * self.s.c > 1 else Replicate()
         cp_grad = (Partial(),) if self.s.c > 1 else ()  # the sequence's shards' sum, as over dp
         rann = {
             k: act_in if j == 0 else placement_text(dp_grad, *cp_grad, _role(roles, j))
