@@ -28,6 +28,13 @@ broadcast over the batch). The same product; but its weight gradient is then the
 2-D form's gradient flattens (B, S) into one dim, which two mesh axes cannot both shard (the
 sharding layer would gather the sequence and compute every weight gradient c times over).
 
+**Limit: one sequence per microbatch and stage.** The loss layer flattens (batch, sequence) into
+one dim (``Reshape`` to (B·S, V)); two mesh axes cannot both shard one dim, so with more than
+one sequence per microbatch on a stage (d > 1, or several samples per microbatch) the logits'
+sequence is gathered over cp before the loss — correct, but it costs the loss layer c times its
+memory and compute. The search keeps to one sequence per microbatch unless pinned
+(``distir.search.space``).
+
 Models whose activations carry no sequence dim 1, whose inputs are not (batch, seq), or whose
 attention is the explicit ``CausalMask`` form (``attention=naive``) are refused
 (``StrategyError``): their positions are not ops this pass knows. The loss is a mean over
