@@ -40,8 +40,9 @@ hand over the next), and the dK/dV that arrived during a step are taken at the s
 next, before its blocks (taken after them, they would hold this step's arrivals behind the
 blocks on the receive stream).
 
-Integration into ``distribute`` (a ``cp`` mesh axis, ``Strategy.c``) is not done yet:
-``distribute`` refuses c > 1 (``StrategyError``).
+``distribute`` builds context parallelism into whole models on a ``cp`` mesh axis
+(``distir.parallel.context_model``) with this layout and global positions as data, but with
+K/V all-gathered for each rank's queries rather than by this ring.
 """
 
 from __future__ import annotations
