@@ -136,6 +136,9 @@ class Run:
     # Megatron-LM's --overlap-param-gather: the distributed optimizer's parameter all-gather in the
     # next step's forward (``distribute(overlap_param_gather=True)``)
     overlap_param_gather: bool = False
+    # Megatron-LM's --tp-comm-overlap: tensor-parallel collectives pipelined with their GEMMs
+    # (``RooflineCostModel(tp_comm_overlap=True)``, ``distir.sim.overlap``)
+    tp_comm_overlap: bool = False
 
 
 _TYPES: dict[str, type] = {"int": int, "str": str, "bool": bool, "float": float}
@@ -366,7 +369,11 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(
-        cl, fuse=kernels == "fused", gemm_curve=v.gemm_curve, attention_kernel=r.attention_kernel
+        cl,
+        fuse=kernels == "fused",
+        gemm_curve=v.gemm_curve,
+        attention_kernel=r.attention_kernel,
+        tp_comm_overlap=r.tp_comm_overlap,
     )
     return simulate(prog, cl, device_map(st, True), cost, batch=batch, trace=trace), st
 

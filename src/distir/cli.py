@@ -254,6 +254,15 @@ def simulate(
             "Engine's FusedAttention, preferred on Hopper).",
         ),
     ] = "fa2",
+    tp_comm_overlap: Annotated[
+        bool,
+        typer.Option(
+            "--tp-comm-overlap",
+            help="Tensor-parallel AllGather/ReduceScatter pipelined with the GEMM beside them, as "
+            "Megatron-LM's --tp-comm-overlap (Transformer Engine) runs them; needs sequence "
+            "parallelism to matter.",
+        ),
+    ] = False,
     bucket_mb: Annotated[
         float,
         typer.Option(
@@ -382,7 +391,9 @@ def simulate(
         _fail(str(e) if isinstance(e, HardwareError) else f"{source}: {e}")
     guard = _Session(file, debug).guard if file is not None else _plain_guard(debug)
     try:
-        cost = RooflineCostModel(cl, fuse=kernels == "fused", attention_kernel=attention_kernel)
+        cost = RooflineCostModel(
+            cl, fuse=kernels == "fused", attention_kernel=attention_kernel, tp_comm_overlap=tp_comm_overlap
+        )
         result = guard(
             lambda: run_sim(
                 m, cl, dmap, cost, trace=trace is not None, batch=batch, trace_detail=trace_detail
@@ -405,6 +416,7 @@ def simulate(
                 "cluster": cluster,
                 "kernels": kernels,
                 "attention_kernel": attention_kernel,
+                "tp_comm_overlap": tp_comm_overlap,
                 **summary,
                 "trace": str(trace) if trace is not None else None,
                 "trace_detail": trace_detail if trace is not None else None,

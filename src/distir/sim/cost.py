@@ -107,7 +107,10 @@ class RooflineCostModel:
     """The roofline model of the module docstring. ``gemm_curve``: matrix products follow the
     device's GEMM efficiency curve (False: the flat ``flop_efficiency["linalg"]``); ``fuse``:
     elementwise chains fuse as the trainers fuse them (False: every op is a kernel of its own);
-    ``attention_kernel``: the fused-attention kernel the trainer runs (``fa2`` or ``cudnn``)."""
+    ``attention_kernel``: the fused-attention kernel the trainer runs (``fa2`` or ``cudnn``);
+    ``tp_comm_overlap``: the trainer pipelines each tensor-parallel AllGather/ReduceScatter with
+    the GEMM beside it (Megatron-LM's ``--tp-comm-overlap``; the planner applies it:
+    ``distir.sim.overlap``)."""
 
     cluster: Cluster
     allow_tf32: bool = False
@@ -117,6 +120,7 @@ class RooflineCostModel:
     gemm_curve: bool = True
     fuse: bool = True
     attention_kernel: str = "fa2"
+    tp_comm_overlap: bool = False
 
     def compute_time(
         self, opdef: OpDef, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, gpu: int

@@ -29,6 +29,7 @@ from distir.ir.function import Function
 from distir.ir.ops import Op
 from distir.ir.types import Type
 from distir.ir.values import Value
+from distir.sim import overlap
 from distir.sim.memcols import build_columns
 from distir.sim.records import FlatColumns, FnPlan, MemEvents, OpRecord
 
@@ -64,6 +65,9 @@ def plan_flat(
     if walked is None:
         return None
     types, last, kinds, table, comm_ops = walked
+    paired = dom.overlap_pairs(fn)
+    if paired is not None:  # tensor-parallel collectives pipelined with their GEMMs
+        overlap.apply_kinds(kinds, table, paired)
     outputs_of = list(map(attrgetter("outputs"), ops))
     results = list(chain.from_iterable(outputs_of))
     if not _results_check(results, len(params), types, last):  # 2. what the loop did not check

@@ -48,7 +48,7 @@ from distir.ir.ops import Call, Op
 from distir.ir.types import Device, TupleType, Type
 from distir.ir.values import Value
 from distir.ops.registry import REGISTRY, OpKind, OpTypeError
-from distir.sim import spmd
+from distir.sim import overlap, spmd
 from distir.sim.cost import CostModel, fuses
 from distir.sim.devices import DeviceMap
 from distir.sim.flatplan import plan_flat
@@ -142,6 +142,10 @@ class PlanDomain(TypeDomain):
         self._fusion: dict[int, tuple[Function, list[FusedInput | None] | None]] = {}
         self.pending_link: FusedInput | None = None
         self._link_by_id: dict[int, FusedInput] = {}
+        # tensor-parallel collectives pipelined with their GEMMs (``distir.sim.overlap``), when
+        # the cost model says the trainer overlaps them: per function (by id, kept alive) its pairs
+        self.tp_overlap = bool(getattr(cost, "tp_comm_overlap", False))
+        self._pairs: dict[int, tuple[Function, list[overlap.Candidates | None] | None]] = {}
 
     @property
     def dev_slot(self) -> dict[Device, int]:
@@ -162,6 +166,17 @@ class PlanDomain(TypeDomain):
         if got is None or got[0] is not fn:
             links = fused_inputs(fn)
             got = self._fusion[id(fn)] = (fn, links if any(links) else None)
+        return got[1]
+
+    def overlap_pairs(self, fn: Function) -> list[overlap.Candidates | None] | None:
+        """``fn``'s candidate (collective, GEMM) pairs per instruction (``distir.sim.overlap``),
+        or None when the cost model does not overlap them or ``fn`` has none."""
+        if not self.tp_overlap:
+            return None
+        got = self._pairs.get(id(fn))
+        if got is None or got[0] is not fn:
+            found = overlap.pairs(fn)
+            got = self._pairs[id(fn)] = (fn, found if any(c is not None for c in found) else None)
         return got[1]
 
     # -- ops -------------------------------------------------------------------------------------
@@ -322,6 +337,9 @@ class PlanDomain(TypeDomain):
                 outs, env = interpret(self.module, fn, args, self)
         finally:
             records = self._frames.pop()
+        paired = self.overlap_pairs(fn)
+        if paired is not None and len(paired) == len(records):
+            records = overlap.apply(records, paired)
         plan = build_plan(
             fn,
             env,

@@ -20,6 +20,7 @@ from distir.ir.function import Function
 from distir.ir.ops import Op
 from distir.ir.types import Type
 from distir.ir.values import Value
+from distir.ops.registry import CommPattern
 from distir.sim.memcols import MemColumns
 
 NEG_INF = float("-inf")
@@ -167,6 +168,16 @@ class OpRecord(NamedTuple):
     # the peak bump when its first input dies at it (a multi-step Redistribute frees its source
     # after the first step), or None: the same as ``bump``
     bump_dying: tuple[tuple[int, float], ...] | None
+    # a one-step collective along one mesh axis (what ``distir.sim.overlap`` may pair with a
+    # matrix product), or None
+    collective: Collective | None = None
+
+
+class Collective(NamedTuple):
+    """A collective of one step: its pattern and the size of the mesh axis it runs along."""
+
+    pattern: CommPattern
+    size: int
 
 
 # per-instruction memory: (peak bumps, allocations, frees), each a tuple of (gpu, bytes)

@@ -51,7 +51,7 @@ from distir.ops.registry import REGISTRY, CommPattern, OpDef, OpKind, OpTypeErro
 from distir.parallel.materialize import unsupported_step
 from distir.sim.fusion import FusedInput
 from distir.sim.layout import local_piece, mesh_info, piece_bytes, step_types, uniform_shape
-from distir.sim.records import OpRecord
+from distir.sim.records import Collective, OpRecord
 from distir.sim.units import Units, per_gpu
 
 _SLICE = REGISTRY["Slice"]
@@ -234,6 +234,7 @@ def redistribute_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[
     info = mesh_info(mesh)
     seconds = 0.0
     communicates = False
+    collective: Collective | None = None
     sizes: list[dict[int, float]] = []  # bytes per unit of each step's result
     for ax, a, before, after in steps:
         b = after.placements[ax]
@@ -259,6 +260,8 @@ def redistribute_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[
             # message sizes as the comm ops define them: the gathered result for AllGather, the
             # first participant's input otherwise
             sized = after if pattern is CommPattern.ALLGATHER else before
+            if len(steps) == 1:
+                collective = Collective(pattern, sizes_of[ax])
             step = 0.0
             for g in info.groups(ax):
                 group = tuple(mesh.devices[i] for i in g)
@@ -274,7 +277,7 @@ def redistribute_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[
         bump = _summed((gpu_of[u], max(sizes[0][u], held[u])) for u in sizes[0])
         # when the source dies here, it is freed after the first step (as in the lowering)
         dying = _summed((gpu_of[u], max(sizes[0][u], held[u] - src_b[u])) for u in sizes[0])
-    return OpRecord(devs, seconds, communicates, op.name, 0.0, False, per, allocs, bump, dying)
+    return OpRecord(devs, seconds, communicates, op.name, 0.0, False, per, allocs, bump, dying, collective)
 
 
 def _slice_attrs(t: DTensorType, dim: int, position: int, size: int) -> Attrs:

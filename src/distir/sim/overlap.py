@@ -1,0 +1,188 @@
+"""Tensor-parallel communication overlapped with matrix products (Megatron-LM's
+``--tp-comm-overlap``: Transformer Engine's userbuffers).
+
+With sequence parallelism every tensor-parallel collective sits next to a GEMM, and Transformer
+Engine runs the two at once, in one of three ways (``c``: the collective alone, ``g``: the GEMM
+alone, ``n``: the tensor-parallel size, the number of chunks):
+
+- **ring exchange, AllGather then its GEMM** (QKV and FC1 forward; the row-parallel input
+  gradient): each rank multiplies the chunk it holds while chunks pass around the ring,
+  ``n - 1`` transfers of ``c / (n - 1)`` beside ``n`` products of ``g / n``; the pair takes
+  ``max(g, c + g / n)``.
+- **pipelined, a GEMM then its ReduceScatter** (proj and FC2 forward; the column-parallel input
+  gradient): chunk ``i``'s partial sums are reduce-scattered while chunk ``i + 1`` is multiplied;
+  the pair takes ``max(g + c / n, g / n + c)``.
+- **bulk, a collective beside an independent GEMM** (the backward's re-gathered layer input
+  beside the input-gradient GEMM, the input gradient's ReduceScatter beside the weight-gradient
+  GEMM): the two run side by side and take ``max(g, c)``.
+
+The simulator keeps every op in the program and on its stream, in order; the collective is
+charged what its pair takes beyond the GEMM (``exposed``), so the trace shows its exposed part.
+Which ops pair is read from the program's structure (``pairs``: a layout-changing op — a
+``Fusion.TRANSPARENT`` op — whose result a GEMM consumes first, or whose input a GEMM produced,
+and the GEMMs before it that it does not depend on, nearest first) and from the planner's
+records (the op is a one-step AllGather or ReduceScatter along one mesh axis,
+``OpRecord.collective``, on the very clocks of the GEMM: not on a communication stream). In
+program order each collective takes its direct GEMM if free, else the nearest free independent
+one; a GEMM overlaps one collective. Not modelled: the SMs the pipelined reduction's kernels take
+from the product, and the lower efficiency of the split products.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, TypeVar
+
+from distir.ir.function import Function
+from distir.ir.ops import Instr, Op
+from distir.ir.values import Value
+from distir.ops.registry import REGISTRY, CommPattern, Fusion, UnknownOpError
+from distir.sim.records import CallSummary, OpRecord
+
+NO_PAIR = -1
+BULK_CANDIDATES = 8  # independent GEMMs looked at before a collective, nearest first
+
+_R = TypeVar("_R", OpRecord, OpRecord | CallSummary)
+
+
+class Candidates(NamedTuple):
+    """The GEMMs a layout-changing op may overlap: ``direct`` (its result's first consumer, or
+    its input's producer, or ``NO_PAIR``), ``after`` (the direct GEMM comes after it), and
+    ``bulk``: GEMMs before it that it does not depend on, nearest first."""
+
+    direct: int
+    after: bool
+    bulk: tuple[int, ...]
+
+
+def _opdef_is(instr: Instr, what: str) -> bool:
+    if not isinstance(instr, Op):
+        return False
+    try:
+        d = REGISTRY[instr.name]
+    except UnknownOpError:
+        return False
+    return d.gemm is not None if what == "gemm" else d.fusion is Fusion.TRANSPARENT
+
+
+def _ancestors(body: Sequence[Instr], producer: dict[Value, int], v: Value) -> set[int]:
+    """The instructions ``v`` is computed from (in this body)."""
+    seen: set[int] = set()
+    stack = [producer[v]] if v in producer else []
+    while stack:
+        i = stack.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        stack.extend(producer[x] for x in body[i].inputs if x in producer)
+    return seen
+
+
+def pairs(fn: Function) -> list[Candidates | None]:
+    """Per instruction of ``fn``'s body, the GEMMs a collective there may overlap, or None (not
+    a one-input, one-result layout change, or nothing to overlap)."""
+    body = fn.body
+    gemms = [i for i, x in enumerate(body) if _opdef_is(x, "gemm")]
+    out: list[Candidates | None] = [None] * len(body)
+    if not gemms:
+        return out
+    producer: dict[Value, int] = {}
+    first_use: dict[Value, int] = {}
+    for i, instr in enumerate(body):
+        for v in instr.inputs:
+            first_use.setdefault(v, i)
+        for v in instr.outputs:
+            producer[v] = i
+    is_gemm = set(gemms)
+    for i, instr in enumerate(body):
+        if len(instr.inputs) != 1 or len(instr.outputs) != 1 or not _opdef_is(instr, "layout"):
+            continue
+        src = instr.inputs[0]
+        direct, after = first_use.get(instr.outputs[0], NO_PAIR), True
+        if direct not in is_gemm:
+            direct, after = producer.get(src, NO_PAIR), False
+            if direct not in is_gemm or first_use.get(src) != i:
+                direct = NO_PAIR
+        needs = _ancestors(body, producer, src)
+        bulk = tuple(j for j in reversed(gemms) if j < i and j not in needs and j != direct)
+        out[i] = Candidates(direct, after, bulk[:BULK_CANDIDATES])
+    return out
+
+
+def exposed(mode: str, comm_s: float, gemm_s: float, n: int) -> float:
+    """What a collective costs beyond the GEMM it runs with (the module docstring's formulas):
+    ``mode`` is ``ring`` (AllGather, then the GEMM), ``pipelined`` (the GEMM, then
+    ReduceScatter) or ``bulk``; ``n`` chunks. Never more than ``comm_s``."""
+    if mode == "bulk":
+        return max(0.0, comm_s - gemm_s)
+    if n < 2:
+        return comm_s
+    if mode == "ring":
+        return min(comm_s, max(0.0, comm_s + gemm_s / n - gemm_s))
+    return min(comm_s, max(comm_s / n, comm_s + gemm_s / n - gemm_s))
+
+
+def _charged(rec: OpRecord | CallSummary, gemm: OpRecord | CallSummary, mode: str) -> OpRecord | None:
+    """``rec`` charged its exposed part beside ``gemm`` in ``mode``, or None when the two do
+    not pair (not a one-step AllGather/ReduceScatter on the GEMM's clocks; the wrong pattern
+    for a ring or a pipeline)."""
+    if not isinstance(rec, OpRecord) or not isinstance(gemm, OpRecord) or gemm.comm:
+        return None
+    col = rec.collective
+    if col is None or col.pattern not in (CommPattern.ALLGATHER, CommPattern.REDUCESCATTER):
+        return None
+    if rec.devs != gemm.devs:
+        return None
+    if mode == "ring" and col.pattern is not CommPattern.ALLGATHER:
+        return None
+    if mode == "pipelined" and col.pattern is not CommPattern.REDUCESCATTER:
+        return None
+    return rec._replace(seconds=exposed(mode, rec.seconds, gemm.seconds, col.size))
+
+
+def _choices(c: Candidates) -> list[tuple[int, str]]:
+    direct = [(c.direct, "ring" if c.after else "pipelined")] if c.direct != NO_PAIR else []
+    return direct + [(j, "bulk") for j in c.bulk]
+
+
+def apply(records: Sequence[_R], paired: Sequence[Candidates | None]) -> list[_R]:
+    """``records`` (one per instruction) with each collective that pairs charged its exposed
+    part; in program order, a collective takes the first free GEMM of its candidates."""
+    out = list(records)
+    taken: set[int] = set()
+    for i, c in enumerate(paired):
+        if c is None:
+            continue
+        for j, mode in _choices(c):
+            if j in taken:
+                continue
+            new = _charged(out[i], out[j], mode)
+            if new is not None:
+                out[i] = new
+                taken.add(j)
+                break
+    return out
+
+
+def apply_kinds(kinds: list[int], table: list[OpRecord], paired: Sequence[Candidates | None]) -> None:
+    """``apply`` for a plan kept as distinct records (``table``) and an index per instruction
+    (``kinds``), in place: a collective charged differently gets a record of its own."""
+    made: dict[tuple[int, int, str], int | None] = {}
+    taken: set[int] = set()
+    for i, c in enumerate(paired):
+        if c is None:
+            continue
+        for j, mode in _choices(c):
+            if j in taken:
+                continue
+            key = (kinds[i], kinds[j], mode)
+            if key not in made:
+                new = _charged(table[kinds[i]], table[kinds[j]], mode)
+                if new is not None:
+                    table.append(new)
+                made[key] = None if new is None else len(table) - 1
+            k = made[key]
+            if k is not None:
+                kinds[i] = k
+                taken.add(j)
+                break
