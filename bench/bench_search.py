@@ -103,9 +103,8 @@ def bench_gpt2() -> None:
     print(f"  => {total_n} configurations in {total_wall:.1f} s wall (target < 60 s)\n")
 
 
-def bench_gpt3() -> None:
-    print("2. GPT-3 175B, 1024 × A100 (dgx-a100:128), batch 1536, bf16 mixed precision")
-    req = SearchRequest(
+def gpt3_request() -> SearchRequest:
+    return SearchRequest(
         model="gpt2-175b",
         cluster="dgx-a100:128",
         batch=1536,
@@ -115,6 +114,11 @@ def bench_gpt3() -> None:
         workers=2,
         pins=Pins(max_k=128),
     )
+
+
+def bench_gpt3() -> None:
+    print("2. GPT-3 175B, 1024 × A100 (dgx-a100:128), batch 1536, bf16 mixed precision")
+    req = gpt3_request()
     c0 = _cpu_s()
     _, _, wall = _run("gpt3-175b", req)
     print(f"  => {_cpu_s() - c0:.1f} CPU s, {wall:.1f} s wall (target < 60 CPU s)\n")
@@ -124,9 +128,8 @@ def bench_gpt3() -> None:
 LLAMA405_PINS = Pins(max_k=128)
 
 
-def bench_llama405() -> None:
-    print("5. Llama 3 405B, 16,384 × H100 (h100:2048), seq 8192, batch 2048, bf16 mixed precision")
-    req = SearchRequest(
+def llama405_request() -> SearchRequest:
+    return SearchRequest(
         model="llama3-405b",
         cluster="h100:2048",
         batch=2048,
@@ -136,6 +139,11 @@ def bench_llama405() -> None:
         workers=2,
         pins=LLAMA405_PINS,
     )
+
+
+def bench_llama405() -> None:
+    print("5. Llama 3 405B, 16,384 × H100 (h100:2048), seq 8192, batch 2048, bf16 mixed precision")
+    req = llama405_request()
     c0 = _cpu_s()
     out = search(req)
     cpu = _cpu_s() - c0
@@ -220,9 +228,13 @@ AMP_CASES = [
 ]
 
 
+def amp_request(i: int) -> SearchRequest:
+    _, model, cluster, batch = AMP_CASES[i]
+    return SearchRequest(model=model, cluster=cluster, batch=batch, top=4, workers=2)
+
+
 def bench_amp_case(i: int) -> None:
-    label, model, cluster, batch = AMP_CASES[i]
-    _run(label, SearchRequest(model=model, cluster=cluster, batch=batch, top=4, workers=2))
+    _run(AMP_CASES[i][0], amp_request(i))
 
 
 def bench_amp() -> None:

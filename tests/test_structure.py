@@ -35,8 +35,6 @@ NO_DEFERRED_CYCLES = (
 
 # "module:qualified name" -> why it is longer than MAX_LINES
 LONG_FUNCTIONS: dict[str, str] = {
-    "distir.search.layer_assignment_lists:ListSolver.dp": "split pending (search/ restructured apart)",
-    "distir.search.screen_figures:figures": "split pending (search/ is being restructured separately)",
 }
 
 

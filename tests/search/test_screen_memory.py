@@ -13,8 +13,8 @@ import pytest
 
 from distir.parallel.strategy import parse_strategy
 from distir.search.run import SearchRequest, search
-from distir.search.screen_figures import holds, inflight, pending_weight_grads
 from distir.search.space import Pins
+from distir.search.stage_costs import holds, inflight, pending_weight_grads
 
 GPT = "gpt:layers=8,hidden=512,heads=8,seq=512,vocab=4096"
 LLAMA = "llama:layers=4,hidden=512,heads=8,kv_heads=2,ffn=1408,vocab=4096,seq=512"

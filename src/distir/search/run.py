@@ -200,8 +200,9 @@ def screen_space(
     waiting = set(after.values())
     climbing = [(i, len(ladder)) for i, ladder in enumerate(ladders) if ladder and i not in waiting]
     done = len(bases) - len(climbing) - len(waiting)
+    blocks: dict[int, list[list[int]]] = {}  # ``_rung_profiles``' memo
     if pool is not None:
-        prof.prefetch(pool, _rung_profiles(screen, [ladders[i][0] for i, _ in climbing], req.batch))
+        prof.prefetch(pool, _rung_profiles(screen, [ladders[i][0] for i, _ in climbing], req.batch, blocks))
     rung = {i: 0 for i, _ in climbing}
     while climbing:
         still: list[tuple[int, int]] = []
@@ -213,7 +214,7 @@ def screen_space(
                 still.append((i, limit))
                 rung[i] = r + 1
                 if pool is not None:
-                    prof.prefetch(pool, _rung_profiles(screen, [ladders[i][r + 1]], req.batch))
+                    prof.prefetch(pool, _rung_profiles(screen, [ladders[i][r + 1]], req.batch, blocks))
                 continue
             done += 1
             j = after.get(i)
@@ -224,7 +225,7 @@ def screen_space(
                     still.append((j, limit))
                     rung[j] = 0
                     if pool is not None:
-                        prof.prefetch(pool, _rung_profiles(screen, [ladders[j][0]], req.batch))
+                        prof.prefetch(pool, _rung_profiles(screen, [ladders[j][0]], req.batch, blocks))
                     break
                 done += 1  # nothing cheaper to try: neither for any larger k
                 j = after.get(j)
@@ -252,11 +253,13 @@ def _p1_chains(bases: list[Strategy]) -> list[list[int]]:
     return list(chains.values())
 
 
-def _rung_profiles(screen: Screen, rungs: list[Strategy], batch: int) -> Iterator[Wanted]:
+def _rung_profiles(
+    screen: Screen, rungs: list[Strategy], batch: int, kinds: dict[int, list[list[int]]]
+) -> Iterator[Wanted]:
     """Every profile the strategies ``rungs`` ask for on the identity placement, in the order
     the screen asks: there a stage's TP groups are the aligned blocks of t GPUs, and the stages
-    cover the cluster, so every kind of block is asked for (one block of each kind stands for it)."""
-    kinds: dict[int, list[list[int]]] = {}
+    cover the cluster, so every kind of block is asked for (one block of each kind stands for it).
+    ``kinds``: per t, those blocks (a memo the caller keeps across calls)."""
     for s in rungs:
         b, rem = divmod(batch, s.d * s.k)
         if rem or b < 1:

@@ -30,7 +30,7 @@ AMP's formulas, generalized (heterogeneous devices, uneven layers, memory, sched
   gradients are reduced over the d·c ranks (ZeRO shards over them too).
 - **Memory per device**, as ``distribute``'s program holds it: weights and optimizer state
   (divided by d — HSDP: by its shard group — as the ZeRO stage says), then the worst moment of
-  the stage's own action list (``screen_figures.holds``): per chunk the saved activations of the
+  the stage's own action list (``stage_costs.holds``): per chunk the saved activations of the
   microbatches between forward and backward (input-gradient pass), what an input-gradient pass
   carries to its deferred weight-gradient pass (ZB-H1), the gradient accumulator from the
   chunk's first backward on (a shard from ZeRO-2), and the working set of the pass running then
@@ -56,7 +56,7 @@ from distir.parallel.strategy import Strategy
 from distir.search.context_cost import AttentionShape, Ring, attention_shapes, context_layer
 from distir.search.layer_assignment import Assignment, assign_layers_unchecked
 from distir.search.profile import LayerProfile, Profiler, model_ends
-from distir.search.screen_figures import Stage, StageRows, Tables, figures, frozen, new_tables
+from distir.search.stage_costs import Stage, StageRows, Tables, figures, frozen, new_tables
 from distir.sim import collectives as coll
 
 ADAM_BYTES = 12.0  # Adam reads w, g, m, v and writes w, m, v: ~12 tensor passes with its temporaries
@@ -122,6 +122,7 @@ class Screen:
         self._attn: dict[int, list[tuple[AttentionShape, ...]]] = {}  # ``_attention``
         self._group_keys: dict[tuple[int, ...], tuple[object, ...]] = {}
         self._row_ids: dict[tuple[object, ...], int] = {}  # ``_stage_rows``' keys, interned
+        self._stages: dict[tuple[object, ...], Stage] = {}  # ``_stage``
         # per strategy without placement (``Tables``); estimates up to the gradient sync are
         # memoized there, keyed by everything they depend on (``estimate``): placements that put
         # the same kinds of stages behind the same links share one
@@ -277,7 +278,7 @@ class Screen:
         All but the gradient sync is memoized on everything it depends on: the strategy without
         its placement, ``balance``, and what the placement decides — each stage's figures
         (``_stage_rows``' key) and its first GPU's kind, the links between consecutive stages, the
-        ZeRO-3 gathers (``distir.search.screen_figures``). The sync (``_sync_of``, memoized on its
+        ZeRO-3 gathers (``distir.search.stage_costs``). The sync (``_sync_of``, memoized on its
         own) depends on the replica groups."""
         pr = self.problem
         if placement is None:
@@ -370,13 +371,23 @@ class Screen:
         return tb
 
     def _stage(self, s: Strategy, tb: Tables, gpus: tuple[int, ...]) -> Stage:
-        """What the stage on ``gpus`` decides (``Stage``), memoized in ``tb``."""
+        """What the stage on ``gpus`` decides (``Stage``), memoized in ``tb`` and, across
+        strategies, on everything of the strategy it depends on (the strategies of one shape share
+        their stages on the identity placement)."""
+        memo = (gpus, s.t, s.d, s.c, tb.b, s.recompute, s.sp, s.shares, tb.zero3, s.zero_degree)
+        got = self._stages.get(memo)
+        if got is None:
+            got = self._stages[memo] = self._new_stage(s, tb, gpus)
+        tb.stages[gpus] = got
+        return got
+
+    def _new_stage(self, s: Strategy, tb: Tables, gpus: tuple[int, ...]) -> Stage:
         key, rows = self._stage_rows(s, list(gpus), tb.b)
         rid = self._row_ids.get(key)
         if rid is None:
             rid = self._row_ids[key] = len(self._row_ids)
         group = tuple(gpus[:: s.t][: s.d * s.c])  # the gradients are reduced over dp × cp
-        got = tb.stages[gpus] = Stage(
+        return Stage(
             gpus=gpus,
             rid=rid,
             rows=rows,
@@ -386,7 +397,6 @@ class Screen:
             # ZeRO-3 gathers over its shard group: all d·c ranks, or HSDP's first group
             gather=self._gather(group[: s.zero_degree]) if tb.zero3 else None,
         )
-        return got
 
     def _assign(
         self,

@@ -1,4 +1,5 @@
-"""The screen's figures up to the gradient sync, for one strategy on one placement.
+"""The screen's costs per stage up to the gradient sync (the pipeline's time, the layer
+assignment, the peak memory of each stage's GPUs), for one strategy on one placement.
 
 ``distir.search.screen.Screen.estimate`` splits a placement into what it decides for each stage
 (``Stage``: the stage's per-layer figures ``StageRows``, its first GPU's kind, its replica group
@@ -28,8 +29,8 @@ from distir.parallel.distribute import uniform_counts
 from distir.parallel.pipeline.partition import Ends, call_counts
 from distir.parallel.pipeline.schedules import build_schedule
 from distir.parallel.strategy import Strategy
+from distir.search.assignment_list_solver import seq_sum
 from distir.search.layer_assignment import Assignment, objective_unchecked
-from distir.search.layer_assignment_lists import seq_sum
 
 # ``Screen._assign``: (time, k, comm, mem, cap) -> an optimal assignment, None if none fits
 Assign = Callable[
@@ -134,18 +135,39 @@ def new_tables(s: Strategy, b: int, train: bool, n_state: int, mixed: bool = Fal
         # mixed: the fp32 master (sharded from ZeRO-1 on) and state, each twice a half weight
         state = 2.0 * (1 + n_state) if mixed else float(n_state)
         static_f += state / (h if s.zero >= 1 else 1)
+    tl = timeline(s.schedule, s.p, s.k, s.v, train)
     return Tables(
         b=b,
         stage_of=[c % s.p for c in range(s.p * s.v)],
         zero3=train and s.zero == 3 and s.d * s.c > 1,
         static_f=static_f,
         grad_f=grad_f,
-        holds=holds(s.schedule, s.p, s.k, s.v)
-        if train
-        else ((Hold((1,) * s.v, (0,) * s.v, (0,) * s.v, "F"),),) * s.p,
-        inflight=[inflight(s, j, train) for j in range(s.p)],
-        pending_w=[pending_weight_grads(s, j, train) for j in range(s.p)],
+        holds=tl.holds,
+        inflight=list(tl.inflight),
+        pending_w=list(tl.pending_w),
         identity=tuple(range(s.devices)),
+    )
+
+
+class Timeline(NamedTuple):
+    """Per stage of a schedule, what its action list holds (``holds``; ``inflight``,
+    ``pending_weight_grads``): shared by every strategy with the same schedule, p, k and v."""
+
+    holds: tuple[tuple[Hold, ...], ...]
+    inflight: tuple[float, ...]
+    pending_w: tuple[float, ...]
+
+
+@functools.lru_cache(maxsize=4096)
+def timeline(schedule: str, p: int, k: int, v: int, train: bool) -> Timeline:
+    """The ``Timeline`` of the schedule; inference holds one microbatch's forward per chunk."""
+    if not train:
+        return Timeline(((Hold((1,) * v, (0,) * v, (0,) * v, "F"),),) * p, (1.0,) * p, (0.0,) * p)
+    hs = holds(schedule, p, k, v)
+    return Timeline(
+        hs,
+        tuple(float(max(sum(hd.fwd) for hd in h)) for h in hs),
+        tuple(float(max(sum(hd.wgrad) for hd in h)) for h in hs),
     )
 
 
@@ -211,13 +233,44 @@ def figures(
     (and no pinned partition) the layers are assigned by ``assign``, the model's ``ends``
     (embedding; head and loss) kept with the first and the last chunk. Per-stage arrays come
     from ``tb`` (module docstring); ``Figures.counts`` are layer calls per chunk."""
-    stage_of = tb.stage_of
-    chunks = len(stage_of)
     first = stages[0]
-    n_layers = first.rows.time.size
     lt = [_time_row(s, tb, st, first, z, train, specs) for st, z in itertools.zip_longest(stages, zero3)]
-    time_c = np.array([lt[c][0] for c in stage_of])
-    comm = np.zeros((max(chunks - 1, 0), max(n_layers - 1, 0)))
+    comm, comm_rows = _comm_rows(tb, first, links, train)
+    mem, saved, lists = _mem_of(s, tb, first, train)
+    caps = np.array([st.rows.cap for st in stages], float)
+    work = np.max([st.rows.work for st in stages], axis=0)
+    # the largest working set (ZeRO-3: with the largest gathered layer) bounds what layers may hold
+    transient = work.max() + (float(first.rows.weight.max()) if tb.zero3 else 0.0)
+    time_c = np.array([lt[c][0] for c in tb.stage_of])
+    counts = _layer_counts(s, time_c, comm, mem, caps - transient, balance, assign, ends)
+    bounds = [0, *itertools.accumulate(counts)]
+    t_stage, c_cut = _stage_times(s, tb, lt, comm_rows, bounds)
+    pipe = pipeline_time(s, t_stage, c_cut)
+    peaks, stage_w, stage_nw = _stage_peaks(s, tb, stages, saved, lists, bounds)
+    cap_list = caps.tolist()
+    headroom = [c - p for c, p in zip(cap_list, peaks, strict=True)]
+    worst = headroom.index(min(headroom))  # np.argmin: the first least
+    return Figures(
+        counts=tuple(counts),
+        pipe_s=pipe,
+        compute_s=s.k * max(t_stage),
+        mean_busy_s=s.k * sum(t_stage) / s.p,
+        stage_w=tuple(stage_w),
+        stage_nw=tuple(stage_nw),
+        peak_memory_bytes=max(peaks),
+        capacity_bytes=cap_list[worst] if peaks[worst] > cap_list[worst] else min(cap_list),
+        fits=min(headroom) >= 0,
+        memory_headroom=min(headroom),
+    )
+
+
+def _comm_rows(
+    tb: Tables, first: Stage, links: tuple[tuple[float, float] | None, ...], train: bool
+) -> tuple[np.ndarray, list[list[float] | None]]:
+    """Per cut between chunks, its transfer after each layer (``_comm_row``): the (chunks − 1,
+    L − 1) matrix (zeros within one stage) and the rows as lists (None within one stage)."""
+    n_layers = first.rows.time.size
+    comm = np.zeros((max(len(tb.stage_of) - 1, 0), max(n_layers - 1, 0)))
     comm_rows: list[list[float] | None] = []
     for c, link in enumerate(links):
         if link is None:
@@ -226,34 +279,57 @@ def figures(
             row, row_list = _comm_row(tb, first, link, train)
             comm[c] = row
             comm_rows.append(row_list)
-    work = np.max([st.rows.work for st in stages], axis=0)
-    mem, saved, (w_list, nw_list, saved_list) = _mem_of(s, tb, first, train)
-    caps = np.array([st.rows.cap for st in stages], float)
-    # the largest working set (ZeRO-3: with the largest gathered layer) bounds what layers may hold
-    transient = work.max() + (float(first.rows.weight.max()) if tb.zero3 else 0.0)
-    counts: tuple[int, ...]
-    n_blocks = n_layers - ends.pre - ends.post
+    return comm, comm_rows
+
+
+def _layer_counts(
+    s: Strategy,
+    time_c: np.ndarray,
+    comm: np.ndarray,
+    mem: np.ndarray,
+    room: np.ndarray,
+    balance: bool,
+    assign: Assign,
+    ends: Ends,
+) -> tuple[int, ...]:
+    """Layer calls per chunk: the pinned partition; with ``balance`` (one chunk per stage, p > 1)
+    the optimal assignment of ``time_c`` (per chunk and layer) over the cuts ``comm``, each
+    stage's ``mem`` within its ``room`` (if none fits, time alone), the uniform split where it is
+    as fast and fits; else the uniform split."""
+    chunks = time_c.shape[0]
+    n_blocks = time_c.shape[1] - ends.pre - ends.post
     if isinstance(s.partition, tuple):
-        counts = call_counts(s.partition, ends)
-    elif balance and s.v == 1 and s.p > 1:
-        whole = _WholeEnds(ends, n_layers)
-        cm = comm if chunks > 1 else None
-        got = whole.assign(assign, time_c, s.k, cm, mem, caps - transient)
-        if got is None:  # nothing fits: balance time alone, report the memory honestly
-            got = whole.assign(assign, time_c, s.k, cm, None, None)
-        assert got is not None
-        counts = got
-        # equal time: keep the uniform split (the simpler strategy string)
-        uni = call_counts(uniform_counts(n_blocks, chunks), ends)
-        if counts != uni and objective_unchecked(uni, time_c, s.k, comm) <= objective_unchecked(
-            counts, time_c, s.k, comm
-        ) * (1 + 1e-6):
-            cut = np.concatenate([[0], np.cumsum(uni)])
-            if all(mem[j, cut[j] : cut[j + 1]].sum() <= caps[j] - transient for j in range(s.p)):
-                counts = uni
-    else:
-        counts = call_counts(uniform_counts(n_blocks, chunks), ends)
-    bounds = [0, *itertools.accumulate(counts)]
+        return call_counts(s.partition, ends)
+    uni = call_counts(uniform_counts(n_blocks, chunks), ends)
+    if not (balance and s.v == 1 and s.p > 1):
+        return uni
+    whole = _WholeEnds(ends, time_c.shape[1])
+    cm = comm if chunks > 1 else None
+    got = whole.assign(assign, time_c, s.k, cm, mem, room)
+    if got is None:  # nothing fits: balance time alone, report the memory honestly
+        got = whole.assign(assign, time_c, s.k, cm, None, None)
+    assert got is not None
+    # equal time: keep the uniform split (the simpler strategy string)
+    if got != uni and objective_unchecked(uni, time_c, s.k, comm) <= objective_unchecked(
+        got, time_c, s.k, comm
+    ) * (1 + 1e-6):
+        cut = np.concatenate([[0], np.cumsum(uni)])
+        if all(mem[j, cut[j] : cut[j + 1]].sum() <= room[j] for j in range(s.p)):
+            return uni
+    return got
+
+
+def _stage_times(
+    s: Strategy,
+    tb: Tables,
+    lt: list[tuple[np.ndarray, list[float]]],
+    comm_rows: list[list[float] | None],
+    bounds: list[int],
+) -> tuple[list[float], list[float]]:
+    """Per stage its per-microbatch time (its chunks' layers on its row of ``lt``), per cut
+    between chunks its transfer, for the chunks' layer ``bounds``."""
+    stage_of = tb.stage_of
+    chunks = len(stage_of)
     t_chunk: list[float] = []
     for c in range(chunks):
         a, b = bounds[c], bounds[c + 1]
@@ -264,7 +340,22 @@ def figures(
         cr = comm_rows[c]
         c_cut.append(0.0 if cr is None else cr[bounds[c + 1] - 1])
     t_stage = [sum(t_chunk[c] for c in range(chunks) if stage_of[c] == j) for j in range(s.p)]
-    pipe = pipeline_time(s, t_stage, c_cut)
+    return t_stage, c_cut
+
+
+def _stage_peaks(
+    s: Strategy,
+    tb: Tables,
+    stages: list[Stage],
+    saved: np.ndarray,
+    lists: tuple[list[float], list[float], list[float]],
+    bounds: list[int],
+) -> tuple[list[float], list[float], list[int]]:
+    """Per stage its peak memory, its weight bytes and its weight count, for the chunks' layer
+    ``bounds`` (``saved`` and ``lists``: ``_mem_of``'s)."""
+    first = stages[0]
+    chunks = len(tb.stage_of)
+    w_list, nw_list, saved_list = lists
     w_bytes, n_w = first.rows.weight, first.rows.n_w
     fwd_list = np.max([st.rows.fwd_work for st in stages], axis=0).tolist()
     bwd_list = np.max([st.rows.bwd_work for st in stages], axis=0).tolist()
@@ -312,21 +403,7 @@ def figures(
         peaks.append(tb.static_f * wj + act + gathered)
         stage_w.append(wj)
         stage_nw.append(nwj)
-    cap_list = caps.tolist()
-    headroom = [c - p for c, p in zip(cap_list, peaks, strict=True)]
-    worst = headroom.index(min(headroom))  # np.argmin: the first least
-    return Figures(
-        counts=tuple(counts),
-        pipe_s=pipe,
-        compute_s=s.k * max(t_stage),
-        mean_busy_s=s.k * sum(t_stage) / s.p,
-        stage_w=tuple(stage_w),
-        stage_nw=tuple(stage_nw),
-        peak_memory_bytes=max(peaks),
-        capacity_bytes=cap_list[worst] if peaks[worst] > cap_list[worst] else min(cap_list),
-        fits=min(headroom) >= 0,
-        memory_headroom=min(headroom),
-    )
+    return peaks, stage_w, stage_nw
 
 
 def _time_row(
@@ -427,19 +504,39 @@ def _held(hs: tuple[Hold, ...], sv: list[float], cv: list[float], gw: list[float
     (``sv``) and carried (``cv``) bytes per microbatch and its gradient bytes (``gw``), with the
     working set of the pass then running (``work``)."""
     best = 0.0
+    # what each pass adds: its working set, and the accumulation's sum once a gradient exists
+    adds = {
+        ("B", True): work.bwd + work.add,
+        ("B", False): work.bwd + 0.0,
+        ("W", True): work.wgrad + work.add,
+        ("W", False): work.wgrad + 0.0,
+    }
+    if len(sv) == 1:  # one chunk: each sum of one product is 0.0 + the product, as ``seq_sum``
+        (s0,), (c0,), (g0,) = sv, cv, gw
+        for h in hs:
+            x = 0.0 + h.fwd[0] * s0
+            x += 0.0 + h.wgrad[0] * c0
+            x += 0.0 + h.grads[0] * g0
+            if h.phase == "F":
+                x += work.fwd
+            elif h.phase != "O":
+                x += adds[h.phase, h.grads[0] != 0]
+            if x > best:
+                best = x
+        return best
     for h in hs:
         x = seq_sum([a * b for a, b in zip(h.fwd, sv, strict=True)])
         x += seq_sum([a * b for a, b in zip(h.wgrad, cv, strict=True)])
         x += seq_sum([a * b for a, b in zip(h.grads, gw, strict=True)])
         if h.phase == "F":
             x += work.fwd
-        elif h.phase in "BW":
-            x += (work.bwd if h.phase == "B" else work.wgrad) + (work.add if any(h.grads) else 0.0)
+        elif h.phase != "O":
+            x += adds[h.phase, any(h.grads)]
         best = max(best, x)
     return best
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=4096)
 def holds(schedule: str, p: int, k: int, v: int) -> tuple[tuple[Hold, ...], ...]:
     """Per stage of the training schedule, the states its action list passes through (after
     each action; ``Hold``) that no other dominates (each count at least as large), in order:
@@ -464,14 +561,23 @@ def holds(schedule: str, p: int, k: int, v: int) -> tuple[tuple[Hold, ...], ...]
         seen["O"].add((*fi, *iw, *made))
         states: list[Hold] = []
         for phase, xs in seen.items():
-            front = [
-                x
-                for x in xs
-                if not any(y != x and all(b >= a for a, b in zip(x, y, strict=True)) for y in xs)
-            ]
-            states += [Hold(x[:v], x[v : 2 * v], x[2 * v :], phase) for x in sorted(front)]
+            states += [Hold(x[:v], x[v : 2 * v], x[2 * v :], phase) for x in _undominated(xs)]
         out.append(tuple(states))
     return tuple(out)
+
+
+def _undominated(xs: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The states of ``xs`` no other one dominates (each count at least as large), sorted.
+
+    A state's dominators are larger in lexicographic order, so in decreasing order each state
+    meets its dominators before itself; the undominated ones kept so far suffice to test it (a
+    dominated dominator is itself dominated by one of them, which then dominates the state)."""
+    front: list[tuple[int, ...]] = []
+    for x in sorted(xs, reverse=True):
+        if not any(all(b >= a for a, b in zip(x, y, strict=True)) for y in front):
+            front.append(x)
+    front.reverse()
+    return front
 
 
 def inflight(s: Strategy, j: int, train: bool) -> float:

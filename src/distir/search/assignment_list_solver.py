@@ -1,10 +1,10 @@
-"""The layer assignment's solver for small problems, on Python lists.
+"""The layer assignment's DP solver on Python lists (``ListSolver``), for small problems.
 
 ``distir.search.layer_assignment`` searches the bound μ of the pipeline's slowest stage by branch
 and bound; each step asks its solver for the min-sum DP under one bound (``dp``), for the
 candidate values of an interval (``count``, ``listing``, ``pivot``) and for an assignment's
-objective (``evaluate``). Up to ``SMALL_LAYERS`` layers (tens of layers, a few dozen candidate
-values per row) numpy's per-call overhead dominates those answers; ``ListSolver`` gives them on
+objective (``evaluate``). Up to ``SMALL_LAYERS`` layers (a hundred layers or so, a few dozen
+candidate values per row) numpy's per-call overhead dominates those answers; ``ListSolver`` gives them on
 Python lists and is a drop-in replacement for the numpy ``_Solver``: the same float operations in
 the same order on the same IEEE doubles, so the same answers bit for bit (tests compare the two on
 random instances, answer by answer and search by search). In particular:
@@ -32,6 +32,7 @@ import math
 import operator
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -39,6 +40,16 @@ from numpy.typing import NDArray
 FloatArray = NDArray[np.float64]
 # (counts, S(μ) on prefix sums, the assignment's actual maximum), as ``_Solver.dp``
 DpResult = tuple[tuple[int, ...], float, float]
+
+
+class _Band(NamedTuple):
+    """One stage of ``ListSolver.dp``'s forward pass: the band's first start, h = g − P_j on it,
+    the first end computed and, per end from there, its window's lowest start."""
+
+    ga: int
+    h: list[float]
+    b0: int
+    lo_j: list[int]
 
 
 def seq_sum(xs: Sequence[float]) -> float:
@@ -102,18 +113,18 @@ class ListSolver:
         # allowed by memory (``searchsorted`` on the non-decreasing memory prefix sums) and by
         # the stages before (j layers), independent of μ
         self.lo_min: list[list[int]] = []
-        q_rows = None
+        Q = None
         if mem is not None and cap is not None:
             Q = np.zeros((p, n + 1))
             np.cumsum(mem, axis=1, out=Q[:, 1:])  # row by row as ``_Solver``'s 1-D cumsums
-            q_rows = Q.tolist()
         for j in range(p):
-            ends = range(j + 1, j + m + 1) if j < p - 1 else range(n, n + 1)
-            if q_rows is None or cap is None:
+            ends = np.arange(j + 1, j + m + 1) if j < p - 1 else np.array([n])
+            if Q is None or cap is None:
                 self.lo_min.append([j] * len(ends))
             else:
-                q, room = q_rows[j], float(cap[j]) + mem_tol
-                self.lo_min.append([max(bisect_left(q, q[b] - room), j) for b in ends])
+                # ``bisect_left`` on the row, for every end at once
+                q, room = Q[j], float(cap[j]) + mem_tol
+                self.lo_min.append(np.maximum(np.searchsorted(q, q[ends] - room, side="left"), j).tolist())
         # the cut costs after stage j's ends (index b − j − 1)
         self.cut_rows = [self.comm_rows[j][j : j + m] for j in range(p - 1)]
         # the distinct cut costs at admissible cuts, sorted (``_Solver.comm_vals``)
@@ -129,112 +140,146 @@ class ListSolver:
         Only *useful* ends are computed. From the back: a window's start only grows with its
         end, so the stages after stage j can reach L only from an end b ≥ low[j] (the window
         start of stage j+1's lowest useful end); every feasible assignment's ends are useful,
-        and a useful end's window holds only useful ends of the stage before. From the front:
-        stage by stage on the *band* of starts a where g(a) may be finite (∞ elsewhere, as in
-        the numpy DP), and ends whose window meets it. A window's minimum is exact and does not
-        depend on entries that are ∞ or left out (min over the band's part of the window), so
-        every f(b) of a useful end, the total and every first argmin of the backtracking are
-        the numpy DP's, which is infeasible exactly when no useful end is finite."""
+        and a useful end's window holds only useful ends of the stage before (``_low_ends``).
+        From the front: stage by stage on the *band* of starts a where g(a) may be finite (∞
+        elsewhere, as in the numpy DP), and ends whose window meets it (``_stage_ends``). A
+        window's minimum is exact and does not depend on entries that are ∞ or left out (min
+        over the band's part of the window), so every f(b) of a useful end, the total and every
+        first argmin of the backtracking (``_backtrack``) are the numpy DP's, which is
+        infeasible exactly when no useful end is finite."""
         self.evaluations += 1
-        p, n, m = self.p, self.n, self.m
         thr = mu + self.atol
-        inf = math.inf
-        # low[j]: stage j's lowest useful end, from the back (the last stage ends at L)
+        low = self._low_ends(thr)
+        got = None if low is None else self._forward(thr, low)
+        if got is None:
+            self.infeasible += 1
+            return None
+        bands, f_last = got
+        counts = self._backtrack(bands)
+        return counts, f_last, self._actual_max(counts)
+
+    def _low_ends(self, thr: float) -> list[int] | None:
+        """Per stage its lowest useful end under the bound ``thr`` (``dp``), from the back (the
+        last stage ends at L); None when nothing reaches L."""
+        p, m = self.p, self.m
         low = [0] * p
-        b = n
+        b = self.n
         for j in range(p - 1, 0, -1):
             pj = self.P_rows[j]
             lm = self.lo_min[j][b - j - 1 if j < p - 1 else 0]
             lo = bisect_left(pj, pj[b] - thr, j, b)  # ``searchsorted`` from j, capped at b
             b = lo if lo > lm else lm
             if b > j - 1 + m:  # past stage j − 1's last end: nothing reaches L
-                self.infeasible += 1
                 return None
             low[j - 1] = b
+        return low
+
+    def _forward(self, thr: float, low: list[int]) -> tuple[list[_Band], float] | None:
+        """The DP from the front on the band of starts (``dp``): per stage its ``_Band``, and the
+        least sum; None if infeasible."""
+        p, n = self.p, self.n
         ga, g = 0, [0.0]  # the band: g(a) for a in [ga, ga + len(g)); ∞ elsewhere
-        # per stage: ga, h on the band, the first end computed and the window start per end
-        bands: list[tuple[int, list[float], int, list[int]]] = []
+        bands: list[_Band] = []
         for j in range(p):
             pj = self.P_rows[j]
             gb = ga + len(g)
             h = list(map(operator.sub, g, pj[ga:gb]))
-            lo_min = self.lo_min[j]
             if j == p - 1:
                 # the first a >= ga with pj[a] >= pj[n] − thr (``searchsorted``, capped at n):
                 # the numpy DP's start raised to ga, which only drops infinite h
                 lo = bisect_left(pj, pj[n] - thr, ga, n)
-                if lo_min[0] > lo:
-                    lo = lo_min[0]
+                if self.lo_min[j][0] > lo:
+                    lo = self.lo_min[j][0]
                 if lo >= gb:
-                    self.infeasible += 1
                     return None
-                f_last = pj[n] + min(h[lo - ga :])
-                bands.append((ga, h, n, [lo]))
-                break
-            e0, top = j + 1, j + m + 1  # stage j's ends are [e0, top)
+                bands.append(_Band(ga, h, n, [lo]))
+                return bands, pj[n] + min(h[lo - ga :])
             b0 = ga + 1 if ga + 1 > low[j] else low[j]
-            f: list[float] = []
-            lo_j: list[int] = []
-            # per useful end b from ga + 1 on (a window below it misses the band), its lowest
-            # start: the first a >= ga with pj[a] >= pj[b] − thr, capped at b (a pointer: pj
-            # and the bound are non-decreasing in b), or memory's limit; the windows' starts only
-            # grow, so once one is past the band every later one is
-            ptr = ga
-            # min over the last window, for the next when it only grows by one on the right
-            # (``<`` keeps the first of equal values, as ``min`` does)
-            cur, cur_lo, cur_b = inf, -1, -1
-            for b in range(b0, top):
-                bound = pj[b] - thr
-                while ptr < b and pj[ptr] < bound:
-                    ptr += 1
-                lo = ptr if ptr > lo_min[b - e0] else lo_min[b - e0]
-                if lo >= gb:
-                    break
-                lo_j.append(lo)
-                if b > lo:
-                    if lo == cur_lo and b == cur_b + 1:
-                        if b <= gb:
-                            x = h[b - 1 - ga]
-                            if x < cur:
-                                cur = x
-                    else:
-                        cur = min(h[lo - ga : b - ga])
-                    cur_lo, cur_b = lo, b
-                    f.append(pj[b] + cur)
-                else:
-                    f.append(inf)
+            f, lo_j = self._stage_ends(j, thr, ga, h, b0)
             # the next stage's band: its starts are these ends; trimmed to its finite values
             cut = self.cut_rows[j]
             c0 = b0 - j - 1  # cut index of the end b0
-            g = [inf if c > thr else x + c for x, c in zip(f, cut[c0 : c0 + len(f)], strict=True)]
+            g = [math.inf if c > thr else x + c for x, c in zip(f, cut[c0 : c0 + len(f)], strict=True)]
             first, last = 0, len(g)
-            while first < last and g[first] == inf:
+            while first < last and g[first] == math.inf:
                 first += 1
             if first == last:
-                self.infeasible += 1
                 return None
-            while g[last - 1] == inf:
+            while g[last - 1] == math.inf:
                 last -= 1
-            bands.append((ga, h, b0, lo_j))
+            bands.append(_Band(ga, h, b0, lo_j))
             ga, g = b0 + first, g[first:last]
-        counts = [0] * p
-        bb = n
-        for j in range(p - 1, -1, -1):
+        raise AssertionError("unreachable: the last stage returns")
+
+    def _stage_ends(
+        self, j: int, thr: float, ga: int, h: list[float], b0: int
+    ) -> tuple[list[float], list[int]]:
+        """Stage j (not the last) on the band of starts from ``ga`` (``h`` = g − P_j there): f(b)
+        and the window's lowest start for its ends b from ``b0`` on, until a window starts past
+        the band."""
+        pj = self.P_rows[j]
+        lo_min = self.lo_min[j]
+        e0, top = j + 1, j + self.m + 1  # stage j's ends are [e0, top)
+        gb = ga + len(h)
+        inf = math.inf
+        f: list[float] = []
+        lo_j: list[int] = []
+        # per useful end b from ga + 1 on (a window below it misses the band), its lowest
+        # start: the first a >= ga with pj[a] >= pj[b] − thr, capped at b (a pointer: pj
+        # and the bound are non-decreasing in b), or memory's limit; the windows' starts only
+        # grow, so once one is past the band every later one is
+        ptr = ga
+        # min over the last window, for the next when it only grows by one on the right
+        # (``<`` keeps the first of equal values, as ``min`` does)
+        cur, cur_lo, cur_b = inf, -1, -1
+        f_append, lo_append = f.append, lo_j.append
+        for b, lm in zip(range(b0, top), lo_min[b0 - e0 : top - e0], strict=True):
+            bound = pj[b] - thr
+            while ptr < b and pj[ptr] < bound:
+                ptr += 1
+            lo = ptr if ptr > lm else lm
+            if lo >= gb:
+                break
+            lo_append(lo)
+            if b > lo:
+                if lo == cur_lo and b == cur_b + 1:
+                    if b <= gb:
+                        x = h[b - 1 - ga]
+                        if x < cur:
+                            cur = x
+                else:
+                    cur = min(h[lo - ga : b - ga])
+                cur_lo, cur_b = lo, b
+                f_append(pj[b] + cur)
+            else:
+                f_append(inf)
+        return f, lo_j
+
+    def _backtrack(self, bands: list[_Band]) -> tuple[int, ...]:
+        """Layers per stage of the least-sum assignment: from the last stage back, each stage's
+        first best start in its end's window."""
+        counts = [0] * self.p
+        bb = self.n
+        for j in range(self.p - 1, -1, -1):
             ga, h, b0, lo_j = bands[j]
             lo_b = lo_j[bb - b0]
             seg = h[lo_b - ga : bb - ga]
             a = lo_b + seg.index(min(seg))
             counts[j] = bb - a
             bb = a
-        mx = -inf
+        return tuple(counts)
+
+    def _actual_max(self, counts: tuple[int, ...]) -> float:
+        """The costliest stage or cut of ``counts``, on prefix sums."""
+        mx = -math.inf
         a = 0
-        for j in range(p):
+        for j in range(self.p):
             b = a + counts[j]
             mx = max(mx, self.P_rows[j][b] - self.P_rows[j][a])
-            if j < p - 1:
+            if j < self.p - 1:
                 mx = max(mx, self.comm_rows[j][b - 1])
             a = b
-        return tuple(counts), f_last, mx
+        return mx
 
     # -- candidates ------------------------------------------------------------------------------
     def _rows(self, j: int, lo: float, hi: float) -> list[tuple[int, int, int]]:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import distir.search.layer_assignment as la
+from distir.search.assignment_list_solver import ListSolver, seq_sum
 from distir.search.layer_assignment import (
     SearchStats,
     assign_layers,
@@ -24,7 +25,6 @@ from distir.search.layer_assignment import (
     objective,
     objective_unchecked,
 )
-from distir.search.layer_assignment_lists import ListSolver, seq_sum
 
 Problem = tuple[np.ndarray, int, np.ndarray | None, np.ndarray | None, np.ndarray | None]
 

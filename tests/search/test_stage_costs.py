@@ -1,4 +1,4 @@
-"""The screen's figures (``distir.search.screen_figures``: per-stage rows memoized per strategy,
+"""The screen's figures (``distir.search.stage_costs``: per-stage rows memoized per strategy,
 short sums in Python) against the plain numpy formulation written out here, bit for bit, on
 strategies of every kind (balanced and pinned partitions, interleaved, ZeRO-1/3, one stage, stages
 of more than 8 layers, inference) at random placements of a heterogeneous cluster."""
@@ -20,7 +20,7 @@ from distir.parallel.strategy import Strategy
 from distir.search.layer_assignment import assign_layers, objective
 from distir.search.profile import Profiler
 from distir.search.screen import Problem, Screen
-from distir.search.screen_figures import pipeline_time
+from distir.search.stage_costs import pipeline_time
 
 MODEL = "gpt:layers=16,hidden=64,heads=4,seq=16,vocab=128"
 CLUSTER = "p3.8xlarge:1+g4dn.12xlarge:1"
