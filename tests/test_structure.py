@@ -34,8 +34,7 @@ NO_DEFERRED_CYCLES = (
 )
 
 # "module:qualified name" -> why it is longer than MAX_LINES
-LONG_FUNCTIONS: dict[str, str] = {
-}
+LONG_FUNCTIONS: dict[str, str] = {}
 
 
 def _modules() -> dict[str, Path]:
