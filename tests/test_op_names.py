@@ -26,6 +26,7 @@ ALLOWED: dict[str, str] = {
     "frontends/onnx_import/": "translates ONNX graphs: the ONNX op names are its input",
     "frontends/torch_import/": "translates aten calls to the distir ops they become",
     "backend/microbench.py": "the calibration's case table: the ops it times and their inputs",
+    "backend/dispatch.py": "the calibration's synthetic chain: the ops it runs through the rank worker",
 }
 
 _COLLECTIONS = (ast.Tuple, ast.List, ast.Set)

@@ -1545,7 +1545,11 @@ def _calibration_json(cal: Any, path: Path) -> dict[str, Any]:
         "profile": str(path),
         "source": cal.stamp,
         "launch_us": cal.launch_s * 1e6,
-        "insitu_overhead_us": {"op": cal.insitu.op_s * 1e6, "message": cal.insitu.message_s * 1e6},
+        "insitu_overhead_us": {
+            "op": cal.insitu.op_s * 1e6,
+            "collective": cal.insitu.collective_s * 1e6,
+            "p2p": cal.insitu.p2p_s * 1e6,
+        },
         "memory_bandwidth_gb_s": cal.bandwidth / 1e9,
         "peak_tflops": {k: v / 1e12 for k, v in cal.gemm.peak.items()},
         "gemm": {

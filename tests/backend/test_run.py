@@ -262,6 +262,8 @@ def test_run_command_reports_json_and_writes_real_traces(tmp_path: Path) -> None
     assert {e["pid"] for e in slices} == {0, 1}
     # the simulator's trace keys, so real and simulated traces load side by side
     assert all({"name", "cat", "ph", "pid", "tid", "ts", "dur"} <= e.keys() for e in slices)
+    # each op's thread CPU time: never negative, and no more than its wall time (one thread)
+    assert all(0 <= e["args"]["cpu_us"] <= e["dur"] + 50 for e in slices)
     # a batch of point-to-point transfers is one slice, named by its ops ("rank.Send+rank.Recv")
     comm = {(e["pid"], op) for e in slices if e["cat"] == "comm" for op in e["name"].split("+")}
     assert {(0, "rank.Send"), (1, "rank.Recv"), (1, "rank.Send"), (0, "rank.Recv")} <= comm

@@ -62,3 +62,17 @@ def test_a_missing_output_fails() -> None:
     want = _want(m)
     v = compare(m, want, {Device(0): (), Device(1): want[Device(1)]})
     assert not v.verified and v.max_abs_error == float("inf")
+
+
+def test_the_reference_computes_in_float64_whatever_the_programs_dtype() -> None:
+    """2^24 + 1 is not a float32: the reference keeps it (exact arithmetic is the oracle), so a
+    float32 run is checked against the exact result, not against another float32 rounding."""
+    fb = FunctionBuilder("f", REGISTRY.out_arity)
+    x = fb.param("x", TensorType(DType.f32, (2,), Device(0)))
+    y = fb.param("y", TensorType(DType.f32, (2,), Device(0)))
+    (s,) = fb.op("Add", x, y)
+    m = distir.check(Module((fb.ret(s),)))
+    xs, ys = np.array([2.0**24, 3.0], np.float32), np.array([1.0, 0.5], np.float32)
+    (ref,) = reference_outputs(m, [xs, ys])[Device(0)]
+    assert ref.dtype == np.float64 and ref.tolist() == [2.0**24 + 1, 3.5]
+    assert (xs + ys).tolist() == [2.0**24, 3.5]  # what a float32 reference would have said

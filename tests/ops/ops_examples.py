@@ -392,12 +392,18 @@ EXAMPLES.update(
 EXAMPLES["SliceGrad"].append(Case([T(f32, 3, 3)], {"shape": (5, -1), "starts": (1,), "ends": (4,)}))
 
 # -- attention (distir.ops.attention) -------------------------------------------------------------
+# global positions of 2 queries and of 4 keys (every query sees a key under a causal mask)
+QPOS = K(T(i64, 2, 2), [[3, 0], [1, 2]])
+KPOS = K(T(i64, 2, 4), [[0, 1, 2, 3], [2, 0, 3, 1]])
 EXAMPLES.update(
     {
         "Attention": [
             Case([T(f32, 2, 3, 4, 2), T(f32, 2, 3, 2, 2), T(f32, 2, 3, 2, 2)], {"causal": True}),
             Case([T(f64, 1, 4, 3, 5), T(f64, 1, 4, 1, 5), T(f64, 1, 4, 1, 5)], {"scale": 0.3}),
             Case([T(f16, 2, 2, 2, 4), T(f16, 2, 2, 2, 4), T(f16, 2, 2, 2, 4)]),
+            # positions: 2 queries (a context-parallel rank's, at global positions) over 4 keys
+            Case([T(f32, 2, 2, 4, 2), T(f32, 2, 4, 2, 2), T(f32, 2, 4, 2, 2), QPOS, KPOS], {"causal": True}),
+            Case([T(f64, 2, 2, 2, 3), T(f64, 2, 4, 1, 3), T(f64, 2, 4, 1, 3), QPOS, KPOS]),
         ],
         "AttentionGrad": [
             # dout, q, k, v, out, lse
@@ -406,6 +412,17 @@ EXAMPLES.update(
                 {"causal": True},
             ),
             Case([*[T(f64, 1, 4, 3, 2)] * 5, T(f64, 1, 3, 4)]),
+            Case(
+                [
+                    *[T(f64, 2, 2, 4, 2)] * 2,
+                    *[T(f64, 2, 4, 2, 2)] * 2,
+                    T(f64, 2, 2, 4, 2),
+                    T(f64, 2, 4, 2),
+                    QPOS,
+                    KPOS,
+                ],
+                {"causal": True},
+            ),
         ],
         "AttentionMerge": [
             # out1, lse1, out2, lse2
@@ -420,6 +437,8 @@ EXAMPLES.update(
             Case([T(f32, 1, 5, 2, 4)], {"halves": True, "freqs": (1.0, 0.05), "inverse": True}),
             Case([T(f32, 2, 3, 2, 4)], {"offset": 5}),
             Case([T(f32, 1, 3, 2, 4)], {"halves": True, "offset": 2}),
+            Case([T(f64, 2, 2, 3, 4), QPOS]),
+            Case([T(f32, 2, 2, 3, 4), QPOS], {"halves": True, "inverse": True}),
         ],
     }
 )

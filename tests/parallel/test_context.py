@@ -127,7 +127,9 @@ def test_ring_sends_overlap_the_attention_blocks() -> None:
     assert sends and any(s < ae and as_ < e for s, e in sends for as_, ae in attn)
 
 
-def test_distribute_refuses_context_parallelism_with_a_named_error() -> None:
+def test_distribute_refuses_what_context_parallelism_does_not_combine_with_by_name() -> None:
+    """``distribute`` builds c > 1 (``tests/parallel/test_context_distribute.py``); what it does
+    not combine with yet is refused naming it."""
     model = build_model("gpt:layers=1,hidden=8,heads=2,seq=8,vocab=16", batch=2)
-    with pytest.raises(StrategyError, match=r"context parallelism \(c=2\) is not wired"):
-        distribute(model, parse_strategy("d1.t1.c2.p1.k1"))
+    with pytest.raises(StrategyError, match=r"context parallelism \(c=2\) does not combine with sequence"):
+        distribute(model, parse_strategy("d1.t2.sp.c2.p1.k1"))

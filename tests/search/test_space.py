@@ -154,3 +154,23 @@ def test_a_context_parallel_pin_must_fit_the_sequence_and_the_devices() -> None:
         Space(16, 16, 8, (1, 2), pins=Pins(cp=2)).check()
     space = Space(16, 16, 8, (1, 2), seq=4096)
     assert "c = 2 is not searched" in (space.why_not(8, 1, 1, 2) or "")
+
+
+def test_context_parallel_plans_are_what_distribute_builds() -> None:
+    """c > 1 only without sequence parallelism or HSDP, and with one sequence per microbatch and
+    stage (d = 1, microbatch size 1): the loss flattens (batch, sequence), which dp and cp cannot
+    both shard (``distir.parallel.context_model``); pins that ask for more say so."""
+    space = Space(16, 16, 8, (1, 2, 4), node_devices=8, seq=65536)
+    cps = [s for s in space.strategies() if s.c > 1]
+    assert cps and {s.c for s in cps} >= {2, 4}
+    for s in cps:
+        assert not s.sp and s.shard_group is None and s.d == 1 and s.k == 16, s
+    assert any(s.sp for s in space.strategies() if s.c == 1)  # the rest of the space is unchanged
+    for pins, named in (
+        (Pins(cp=2, sp=True), "--sp"),
+        (Pins(cp=2, dp=2), "--dp 2"),
+        (Pins(cp=2, mbs=2), "--microbatch-size 2"),
+        (Pins(cp=2, hsdp=2), "--hsdp 2"),
+    ):
+        with pytest.raises(SpaceError, match=named):
+            Space(16, 16, 8, (1, 2, 4), node_devices=8, pins=pins, seq=65536).check()

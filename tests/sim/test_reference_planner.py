@@ -9,15 +9,19 @@ planners differ."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
 import distir
 from distir.autodiff.train import Optimizer
+from distir.cli import app
 from distir.frontends.zoo.registry import build_model
 from distir.hardware.cluster import Cluster, parse_cluster
 from distir.interp.loop import InterpretError
@@ -216,3 +220,20 @@ def test_simulate_names_the_planners() -> None:
     m = parse_module("func @m(%x: Tensor[f32, (4,), d0]) {\n  return %x\n}")
     with pytest.raises(ValueError, match="planner must be one of fast, reference"):
         simulate(m, tiny_cluster(), planner="slow")
+
+
+def test_the_cli_planner_option() -> None:
+    """``distir simulate --planner reference`` prints the default planner's figures; an unknown
+    planner, or a trace with the reference, is one line and exit 2."""
+    ex = str(Path(distir.__file__).parent / "examples" / "fig2_mlp_pipeline.distir")
+    got = {}
+    for planner in ("fast", "reference"):
+        r = CliRunner().invoke(app, ["simulate", ex, "--planner", planner, "--json"])
+        assert r.exit_code == 0, r.stderr
+        d = json.loads(r.stdout)
+        got[planner] = {k: d[k] for k in ("step_time_s", "peak_memory_bytes", "flops", "ops", "devices")}
+    assert got["fast"] == got["reference"]
+    bad = CliRunner().invoke(app, ["simulate", ex, "--planner", "slow"])
+    assert bad.exit_code == 2 and "--planner must be fast or reference" in bad.stderr
+    traced = CliRunner().invoke(app, ["simulate", ex, "--planner", "reference", "--trace", "/tmp/never.json"])
+    assert traced.exit_code == 2 and "--trace needs the fast planner" in traced.stderr

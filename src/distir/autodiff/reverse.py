@@ -34,6 +34,11 @@ saved. The policies, as the trainers define them (``POLICIES``, the strategy's `
   product with a weight — the 1st, 3rd, 5th... in program order, as torchtitan's policy counts
   ``aten.mm`` calls per block and recomputes the even ones —, recompute everything else.
 
+Whatever the policy, a ``Reshape`` of a parameter that only adds a leading dim of 1 (a weight
+seen as a batch of one: context parallelism's products, ``distir.parallel.context_model``) is a
+free view, taken again from the parameter in the backward rather than saved — a saved view would
+keep a ZeRO-3 gather alive.
+
 Recomputation is emitted lazily, right before its first use, so recomputed values die as early as
 possible.
 
@@ -61,6 +66,7 @@ from distir.ir.types import TensorType, Type
 from distir.ir.values import Value
 from distir.ops.gradrules import NotDifferentiableError
 from distir.ops.registry import REGISTRY
+from distir.ops.shape.views import RESHAPE
 
 RecomputePolicy = Callable[[Op, Function], bool]
 """``policy(op, fn)``: True to save ``op``'s results for the backward, False to recompute them."""
@@ -226,7 +232,8 @@ class _Ctx:
         if got is not None:
             return got
         op = self.producer.get(v)
-        if v in self.params or (op is not None and op.inputs and self.policy(op, self.fn)):
+        view = op is not None and _leading_view(op, self.params)
+        if v in self.params or (op is not None and op.inputs and not view and self.policy(op, self.fn)):
             got = Value(v.name, None)
             self.saved.append(v)
             self.bwd_of[v] = got
@@ -247,6 +254,19 @@ def value_types(module: Module, fn: Function, arg_types: Sequence[Type]) -> dict
 
 def _float(t: Type | None) -> bool:
     return isinstance(t, TensorType) and t.dtype.is_float
+
+
+def _leading_view(op: Op, params: set[Value]) -> bool:
+    """``Reshape(p, shape=(1, …))`` of a parameter ``p`` with an explicit shape (module docstring)."""
+    if op.name != RESHAPE.name or len(op.inputs) != 1 or op.inputs[0] not in params:
+        return False
+    shape = op.attrs.get("shape")
+    return (
+        isinstance(shape, tuple)
+        and len(shape) > 1
+        and shape[0] == 1
+        and all(isinstance(x, int) and x > 0 for x in shape)
+    )
 
 
 def vjp(

@@ -15,10 +15,12 @@ process with ``threads`` threads, then the communication benchmarks
    collective whose times do not fit (they do not grow with the message size: noise swamped
    them) is left out of the profile, with the reason in ``Calibration.skipped`` and in the file;
    it then runs on the point-to-point link. Point-to-point itself must fit;
-6. in situ (``distir.backend.insitu``, unless ``insitu=False``): small training steps run through
-   the real worker loop on one and on two ranks and are simulated on the profile of steps 1-5;
-   the rank interpreter's per-op overhead fitted from them is added to every op's launch time,
-   its per-message overhead to every link's latency.
+6. the rank loop (``distir.backend.dispatch``, unless ``insitu=False``): synthetic chains run
+   through the real worker loop measure what an op, a collective call and a send cost there
+   beyond their tight-loop times; ``distir.backend.insitu.apply`` adds them to the launch
+   times and link latencies;
+7. the in-situ check (with step 6): small training steps, on one and on two ranks, run for real
+   and simulated on the profile; listed in the profile's comments, nothing fitted to them.
 
 The result is a ``distir.hardware.profile.Calibration``; ``profile_toml`` writes it as a cluster
 file. ``--quick`` uses tiny sizes and short timings (under a minute; figures for smoke tests, not
@@ -40,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from distir.backend import commbench as cb
-from distir.backend import insitu, require_torch
+from distir.backend import dispatch, insitu, require_torch
 from distir.backend import microbench as mb
 from distir.hardware.cluster import Cluster
 from distir.hardware.fit import FamilyFit, FitError, LinkFit, LinkSample, fit_family, fit_gemm, fit_link
@@ -57,7 +59,7 @@ class CalibrationError(RuntimeError):
 class CalibrateOptions:
     """``dtypes``: compute dtypes (f32 must be one); ``nproc``: processes for communication;
     ``quick``: tiny sizes; ``threads``: compute threads; ``comm_sizes``: message bytes;
-    ``insitu``: fit the rank interpreter's overheads from real training steps."""
+    ``insitu``: measure the rank interpreter's overheads and check on real training steps."""
 
     dtypes: tuple[DType, ...] = (DType.f32, DType.bf16)
     nproc: int = 2
@@ -197,8 +199,11 @@ def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Ca
 
 
 def _in_situ(cal: Calibration, options: CalibrateOptions, progress: Progress | None) -> Calibration:
-    """``cal`` with the rank interpreter's per-op overhead (step 6 of the module docstring)."""
+    """``cal`` with the rank loop's overheads, and the in-situ check (steps 6 and 7 of the
+    module docstring)."""
     programs = insitu.QUICK if options.quick else insitu.PROGRAMS
-    tick = progress(len(programs)) if progress is not None else None
-    samples = insitu.measure(cal, steps=3 if options.quick else 6, tick=tick, programs=programs)
-    return insitu.apply(cal, insitu.fit_overhead(samples), samples)
+    tick = progress(len(programs) + 3) if progress is not None else None
+    d = dispatch.measure(cal, n=40 if options.quick else 200, steps=3 if options.quick else 8, tick=tick)
+    out = insitu.apply(cal, insitu.Overheads(d.op_s, d.collective_s, d.p2p_s))
+    samples = insitu.measure(out, steps=3 if options.quick else 6, tick=tick, programs=programs)
+    return out._replace(measurements=out.measurements._replace(insitu=tuple(samples)))

@@ -1,24 +1,20 @@
-"""In-situ calibration: the per-op overhead of the rank interpreter, measured by running
-training steps through the real worker loop.
+"""In situ: the rank interpreter's overheads applied to a profile, and checked against real
+training steps.
 
-The tight-loop microbenchmarks (``distir.backend.microbench``) time one op repeated on warm
-inputs; a training step run by ``distir run`` (``distir.backend.worker``) also pays, per op, the
-interpreter's bookkeeping (live-bytes tracking, progress, shape checks) and colder caches. This
-pass measures that gap on this machine: it runs a few small training-step programs
-(``PROGRAMS``: GPT sizes and batches other than the one ``bench/bench_validate.py`` validates
-on; one rank, and two ranks with data, tensor, pipeline parallelism and ZeRO-3) for real and
-simulates each on the profile fitted so far, and fits
+The tight-loop microbenchmarks (``distir.backend.microbench``, ``distir.backend.commbench``)
+time one op or one collective repeated on warm inputs; a training step run by ``distir run``
+(``distir.backend.worker``) pays more per op and per message. ``distir.backend.dispatch``
+measures those overheads directly (synthetic chains through the real worker loop); ``apply``
+adds them to a profile: the per-op overhead to every launch time (``launch_overhead_us``, each
+family's ``launch_us``), the per-send overhead to the point-to-point latency, and the
+per-collective overhead to each collective's latency divided by the collective's latency
+coefficient at 2 ranks (an all-reduce's alpha-beta formula counts 2α there, an all-gather's 1α),
+so that a 2-rank collective pays it once per call.
 
-    real step = simulated step + op overhead × ops + message overhead × messages
-
-where ``ops`` (``messages``) is how much the simulated step grows per second added to every op's
-launch time (to every link's latency): the ops and messages on the simulated critical path, as
-the simulator counts them, not counted by name. Two-rank steps pay, per collective or send, the
-rank interpreter's dispatch and the wait for the other rank (gloo runs them synchronously), which
-the ping-pong benchmarks do not. ``distir.hardware.fit.fit_overhead`` takes the per-op overhead
-from the one-rank programs and the per-message overhead from the rest (medians); the profile
-adds them to every launch time (``launch_overhead_us``, each family's ``launch_us``) and every
-link latency, and lists the programs and figures in its comments.
+``measure`` then runs a few small training-step programs (``PROGRAMS``: GPT sizes and batches
+other than the one ``bench/bench_validate.py`` validates on; one rank, and two ranks with data,
+tensor, pipeline parallelism and ZeRO-3) for real and simulates each on the profile: a check
+of the profile, listed in its comments (nothing is fitted to them).
 """
 
 from __future__ import annotations
@@ -26,11 +22,12 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
-from distir.hardware.fit import InSituSample, Overheads, fit_overhead
+from distir.hardware.fit import InSituSample, Overheads, link_coefficients
 from distir.hardware.profile import Calibration, profile_toml
 
-__all__ = ["PROGRAMS", "InSituSample", "Overheads", "apply", "fit_overhead", "measure", "with_overhead"]
+__all__ = ["PROGRAMS", "InSituSample", "Overheads", "apply", "measure", "with_overhead"]
 
 # (model, strategy, batch): small steps unlike the validation GPT (layers=4, hidden=128, batch 8)
 PROGRAMS: tuple[tuple[str, str, int], ...] = (
@@ -53,10 +50,29 @@ def with_overhead(cal: Calibration, overhead_s: float) -> Calibration:
     return cal._replace(launch_s=cal.launch_s + overhead_s, families=fams)
 
 
-def apply(cal: Calibration, fit: Overheads, samples: Sequence[InSituSample]) -> Calibration:
-    """``cal`` with both overheads of ``fit`` added, recorded with the samples they came from."""
-    out = with_link_overhead(with_overhead(cal, fit.op_s), fit.message_s)
-    return out._replace(insitu=fit, measurements=cal.measurements._replace(insitu=tuple(samples)))
+def apply(cal: Calibration, fit: Overheads) -> Calibration:
+    """``cal`` with the overheads of ``fit`` added (see the module docstring) and recorded."""
+    out = with_message_overhead(with_overhead(cal, fit.op_s), fit.collective_s, fit.p2p_s)
+    return out._replace(insitu=fit)
+
+
+def latency_coefficient(collective: str, group: int = 2) -> float:
+    """How many link latencies one call of ``collective`` pays on ``group`` ranks of one node."""
+    from distir.sim import collectives as coll
+
+    return link_coefficients(coll.COLLECTIVES[collective], group, 0.0)[1]
+
+
+def with_message_overhead(cal: Calibration, collective_s: float, p2p_s: float) -> Calibration:
+    """``cal`` with ``p2p_s`` added to the point-to-point latency and ``collective_s`` per call
+    to every collective's (over its latency coefficient at 2 ranks)."""
+    from distir.hardware.specs import LinkSpec
+
+    def plus(name: str, lf: Any) -> Any:
+        extra = p2p_s if name == "p2p" else collective_s / max(latency_coefficient(name), 1.0)
+        return lf._replace(link=LinkSpec(lf.link.bandwidth, lf.link.latency_s + extra))
+
+    return cal._replace(links={k: plus(k, lf) for k, lf in cal.links.items()})
 
 
 def with_link_overhead(cal: Calibration, overhead_s: float) -> Calibration:

@@ -5,7 +5,9 @@ One process per rank (``pid`` = global rank, named ``rank r (dN)``), one track (
 ops in order on one thread), a slice per op of the last step named by the op (category
 ``compute`` or ``comm``; the op as printed in the IR in ``args.op``), and a ``memory`` counter
 track with the tracked live tensor bytes after each op. Times are microseconds from the start of
-the step (every rank starts the step together, after a barrier).
+the step (every rank starts the step together, after a barrier). ``args.cpu_us`` is the rank
+thread's CPU time during the op (``time.thread_time``): on a loaded machine, about the op's time
+less the time the rank was preempted (a point-to-point batch's slice has none).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def trace_events(results: Sequence[RankResult]) -> list[dict[str, Any]]:
                     "tid": 0,
                     "ts": s.start * 1e6,
                     "dur": max(s.end - s.start, 0.0) * 1e6,
-                    "args": {"op": s.text},
+                    "args": {"op": s.text, "cpu_us": s.cpu * 1e6},
                 }
             )
             events.append(

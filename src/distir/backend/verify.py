@@ -1,14 +1,19 @@
 """Checking a real run against the reference executor.
 
-``reference_outputs(prog)`` runs the global explicit program on the reference executor (numpy)
-with the same inputs and splits its results by the device each lives on, as the per-rank programs
-return them. ``compare`` checks every rank's every output (loss, updated weights, optimizer
-state, outputs) against it: a float output passes when ``max |real - reference| <= tol * max(1,
-max |reference|)``, with ``tol`` that of the lowest precision the program computes in
-(``TOLERANCE``: f64 1e-9, f32 1e-4, f16 1e-2, bf16 3e-2 — torch and numpy sum in different orders,
-and low-precision kernels and collectives round differently from the reference's round-after-
-each-op; an fp32 master weight updated from bf16 gradients carries bf16's error); integers and
-booleans must be equal.
+``reference_outputs(prog)`` runs the global explicit program on the reference executor (numpy) with
+the same inputs, upcast to float64 (so a real run is checked against exact arithmetic to float64's
+precision, not against a second rounding of its own precision), and splits its results by the device
+each lives on, as the per-rank programs return them. ``compare`` checks every rank's every output
+(loss, updated weights, optimizer state, outputs) against it: a float output passes when ``max |real
+- reference| <= tol * max(1, max |reference|)``, with ``tol`` that of the lowest precision the
+program computes in (``TOLERANCE``: f64 1e-9, f32 1e-4, f16 1e-2, bf16 3e-2 — torch and numpy sum in
+different orders, and low-precision kernels and collectives round differently from the reference's
+round-after-each-op; an fp32 master weight updated from bf16 gradients carries bf16's error);
+integers and booleans must be equal. A discontinuous op (Relu and its gradient, comparisons) whose
+input lies within the run's rounding error of its threshold can decide differently from exact
+arithmetic: the outputs then differ beyond any rounding allowance (a ReLU unit flipped by float32
+rounding changes a whole column of a weight update) and the run does not verify — a real difference,
+which the comparison reports rather than hides.
 """
 
 from __future__ import annotations
@@ -38,9 +43,21 @@ class Verdict(NamedTuple):
 
 
 def reference_outputs(module: Module, args: Sequence[Any]) -> dict[Device, tuple[Any, ...]]:
-    """The reference executor's outputs of ``module``, by the device whose rank returns them."""
-    outs = run_reference(module, list(args))
+    """The reference executor's outputs of ``module`` computed in float64 (every float input
+    upcast; see the module docstring), by the device whose rank returns them."""
+    outs = run_reference(module, [_f64(a) for a in args])
     return {d: tuple(outs[i] for i in idx) for d, idx in outputs_by_rank(module).items()}
+
+
+def _f64(value: Any) -> Any:
+    """``value`` with its float arrays (and scalars) in float64; others unchanged."""
+    if isinstance(value, tuple):
+        return tuple(_f64(v) for v in value)
+    if isinstance(value, np.ndarray | np.generic) and np.issubdtype(value.dtype, np.floating):
+        return np.asarray(value, dtype=np.float64)
+    if isinstance(value, np.ndarray | np.generic) and value.dtype.kind == "V":  # bfloat16 and kin
+        return np.asarray(value, dtype=np.float64)
+    return value
 
 
 def compute_dtype(module: Module) -> DType:

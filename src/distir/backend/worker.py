@@ -91,6 +91,7 @@ class OpSlice:
     end: float
     text: str
     live_bytes: int  # tracked live tensor bytes after the op
+    cpu: float = 0.0  # this thread's CPU seconds during the op (wall time less preemption)
 
 
 @dataclass(slots=True)
@@ -235,6 +236,7 @@ class _Runner:
         slices: list[OpSlice] = []
         traced = slices if trace else None
         clock = time.perf_counter
+        cpu_clock = time.thread_time if trace else _no_clock
         for k, op in enumerate(self.ops):
             self.at = k
             if self.progress is not None:
@@ -242,13 +244,13 @@ class _Runner:
             if ctx.pending and (not self.p2p[k] or any(v in received for v in op.inputs)):
                 self._flush(k, traced, t0, live.bytes)
                 received.clear()
-            start = clock()
+            start, cpu0 = clock(), cpu_clock()
             if self.p2p[k]:
                 self.batch.append((k, start))
             outs = self.impls[k](ctx, [env[v] for v in op.inputs], op.attrs)
             if not self.p2p[k] and ctx.device.type == "cuda":
                 ctx.torch.cuda.synchronize()
-            end = clock()
+            end, cpu1 = clock(), cpu_clock()
             self._check(k, outs)
             for v, y in zip(op.outputs, outs, strict=True):
                 env[v] = y
@@ -257,12 +259,18 @@ class _Runner:
                     received.add(v)
             if trace and not self.p2p[k]:
                 cat = "comm" if self.comm[k] else "compute"
-                slices.append(OpSlice(op.name, cat, start - t0, end - t0, self.text(k), live.bytes))
+                slices.append(
+                    OpSlice(op.name, cat, start - t0, end - t0, self.text(k), live.bytes, cpu1 - cpu0)
+                )
             for v in self.drop[k]:
                 live.drop(env.pop(v))
         self._flush(len(self.ops), traced, t0, live.bytes)
         self.at = len(self.ops)
         return tuple(env[v] for v in self.fn.outputs), live.peak, slices
+
+
+def _no_clock() -> float:
+    return 0.0
 
 
 def _gpu(torch: Any, setup: RankSetup) -> int:

@@ -33,7 +33,6 @@ that says how well the cost model's form describes this machine.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
@@ -258,9 +257,9 @@ def fit_link(
 
 
 class InSituSample(NamedTuple):
-    """One program: its real step (fastest after the first), its simulated step on the
-    profile without the overhead, and the simulated step's growth per second of launch time
-    (``ops``) and per second of link latency (``messages``: 0 on one rank)."""
+    """One check program: its real step (fastest after the first), its simulated step on the
+    calibrated profile, and the simulated step's growth per second of launch time (``ops``) and
+    per second of link latency (``messages``: 0 on one rank)."""
 
     program: str
     real_s: float
@@ -270,22 +269,9 @@ class InSituSample(NamedTuple):
 
 
 class Overheads(NamedTuple):
-    """The rank interpreter's overheads (s): per op, and per message (collective or send)."""
+    """The rank interpreter's overheads (s), measured by ``distir.backend.dispatch``: per op,
+    per collective call (at the group size measured: 2 ranks) and per point-to-point send."""
 
     op_s: float
-    message_s: float
-
-
-def fit_overhead(samples: Sequence[InSituSample]) -> Overheads:
-    """Per op: the median of ``(real - sim) / ops`` over the programs without messages (one
-    rank); per message: the median over the others of what remains after the per-op overhead,
-    ``(real - sim - op × ops) / messages``. Both at least 0."""
-    solo = [s for s in samples if s.messages <= 0.5]
-    multi = [s for s in samples if s.messages > 0.5]
-    if not solo:
-        raise ValueError("in-situ calibration needs at least one program on one rank")
-    op = max(0.0, statistics.median((s.real_s - s.sim_s) / max(s.ops, 1.0) for s in solo))
-    if not multi:
-        return Overheads(op, 0.0)
-    msg = statistics.median((s.real_s - s.sim_s - op * s.ops) / s.messages for s in multi)
-    return Overheads(op, max(0.0, msg))
+    collective_s: float = 0.0
+    p2p_s: float = 0.0

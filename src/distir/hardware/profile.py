@@ -59,9 +59,10 @@ class Calibration(NamedTuple):
     ``setup``: how it was measured (torch version, backend, threads); ``launch_s``: the
     smallest op's time; ``bandwidth``: memory bandwidth (B/s); ``links`` by collective name,
     ``p2p`` the point-to-point link; ``skipped``: collectives measured but not fitted, and why;
-    ``measurements``: the timings fitted; ``insitu``: the rank interpreter's overheads
-    (``distir.backend.insitu``), already included in ``launch_s``, every family's launch time
-    and every link's latency (0: not measured)."""
+    ``measurements``: the timings fitted (and the in-situ check programs); ``insitu``: the rank
+    interpreter's overheads (``distir.backend.dispatch``), already included in ``launch_s``,
+    every family's launch time and the links' latencies (``distir.backend.insitu.apply``; 0: not
+    measured)."""
 
     host: str
     date: str
@@ -76,7 +77,7 @@ class Calibration(NamedTuple):
     links: dict[str, LinkFit]
     skipped: dict[str, str]
     measurements: Measurements = Measurements()
-    insitu: Overheads = Overheads(0.0, 0.0)
+    insitu: Overheads = Overheads(0.0)
 
     @property
     def stamp(self) -> str:
@@ -166,33 +167,44 @@ def profile_toml(cal: Calibration) -> str:
     return "\n".join(lines + _measured_tables(cal))
 
 
+def _measured(cal: Calibration) -> bool:
+    return cal.insitu != Overheads(0.0)
+
+
 def _latency_note(cal: Calibration) -> str:
-    if not cal.measurements.insitu:
+    if not _measured(cal):
         return ""
-    return f"  # ping-pong + {cal.insitu.message_s * 1e6:.3g} µs rank-interpreter overhead (in situ)"
+    return f"  # ping-pong + {cal.insitu.p2p_s * 1e6:.3g} µs per send in the rank loop (dispatch)"
 
 
 def _launch_note(cal: Calibration) -> str:
-    if not cal.measurements.insitu:
+    if not _measured(cal):
         return "a 1-element Add"
-    return f"a 1-element Add + {cal.insitu.op_s * 1e6:.3g} µs rank-interpreter overhead (in situ)"
+    return f"a 1-element Add + {cal.insitu.op_s * 1e6:.3g} µs per op in the rank loop (dispatch)"
 
 
 def _insitu_lines(cal: Calibration) -> list[str]:
-    """Comments on the in-situ fit: what ran, and the overhead added to every launch time."""
-    if not cal.measurements.insitu:
-        return []
-    head = [
-        f"#   in situ: {cal.insitu.op_s * 1e6:.3g} µs per op added to every launch time "
-        "(launch_overhead_us, each family's launch_us) and",
-        f"#     {cal.insitu.message_s * 1e6:.3g} µs per message to every link latency: the rank "
-        "interpreter's overheads, fitted to training steps run by the worker (distir.backend.insitu):",
-    ]
-    return head + [
-        f"#     {s.program}: real {s.real_s * 1e3:.2f} ms, simulated {s.sim_s * 1e3:.2f} ms, "
-        f"{s.ops:.0f} ops, {s.messages:.0f} messages"
-        for s in cal.measurements.insitu
-    ]
+    """Comments on the rank loop's overheads and the in-situ check programs."""
+    out = []
+    if _measured(cal):
+        o = cal.insitu
+        out += [
+            f"#   rank loop (distir.backend.dispatch): {o.op_s * 1e6:.3g} µs per op added to every launch "
+            "time (launch_overhead_us, each family's launch_us),",
+            f"#     {o.p2p_s * 1e6:.3g} µs per send to the point-to-point latency, "
+            f"{o.collective_s * 1e6:.3g} µs per collective call (2 ranks) to each collective's "
+            "latency over its latency coefficient",
+        ]
+    if cal.measurements.insitu:
+        out.append(
+            "#   in situ check (distir.backend.insitu; not fitted): real and simulated training steps:"
+        )
+        out += [
+            f"#     {s.program}: real {s.real_s * 1e3:.2f} ms, simulated {s.sim_s * 1e3:.2f} ms "
+            f"({100 * (s.sim_s / s.real_s - 1):+.0f}%)"
+            for s in cal.measurements.insitu
+        ]
+    return out
 
 
 def _measured_tables(cal: Calibration) -> list[str]:

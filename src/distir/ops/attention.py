@@ -42,6 +42,19 @@ frequencies explicitly in place of ``theta^(-2i/d)`` (scaled schedules: Llama 3'
 ``offset`` (default 0) is the global position of x's first row: a chunk of a longer sequence
 (context parallelism's, ``distir.parallel.context``) is rotated as it is in the whole.
 
+**Positions** (context parallelism inside ``distribute``, ``distir.parallel.context_model``):
+``Rope(x, pos)`` takes each row's global position from the int tensor ``pos`` (B, S) instead of
+``offset + s``; ``Attention(q, k, v, qpos, kpos)`` and ``AttentionGrad(…, lse, qpos, kpos)`` take
+the global positions of the queries (B, S_q) and keys (B, S_k), the keys may then be a longer
+sequence than the queries, and ``causal`` hides key j from query i when kpos[j] > qpos[i]. So a
+rank holding any set of query positions (the load-balanced chunks i and 2c−1−i) computes its
+queries' attention over all keys as the whole sequence does. With positions, the sequence can be
+split: q, qpos, out (dim 1) and lse (dim 2) sharded with k, v, kpos whole gives each shard its
+queries' rows (the ring's all-gathered K/V); in the backward, dK and dV are then pending sums
+(each shard's queries' contributions), which a reduce-scatter returns to the keys' owners.
+FLOPs with positions: 4·B·h·S_q·S_k·d, halved when causal (exact on average for the balanced
+layout: each rank does 1/c of the causal triangle).
+
 Sharding (``distir.ops.sharding``-style rules, defined here): both attention ops split the batch
 (every tensor on its dim 0), or the heads (q, k, v, out on dim 2, lse on dim 1) when every
 shard keeps whole GQA groups (the pieces of h are the pieces of h_kv times h / h_kv: the local
@@ -98,9 +111,10 @@ def lse_dtype(dtype: DType) -> DType:
 
 
 # -- type rules -------------------------------------------------------------------------------
-def _check_qkv(ctx: TypeCtx, first_index: int) -> tuple[TensorType, TensorType]:
+def _check_qkv(ctx: TypeCtx, first_index: int, pos_at: int) -> tuple[TensorType, TensorType]:
     """q (B, S, h, d), k and v (B, S, h_kv, d) at inputs ``first_index``.. +2: one float dtype,
-    h_kv dividing h; returns (q, k)."""
+    h_kv dividing h; with positions (inputs ``pos_at``, ``pos_at`` + 1: ``_positions``) k's
+    sequence may differ from q's. Returns (q, k)."""
     qi, ki, vi = first_index, first_index + 1, first_index + 2
     q = float_input(ctx, qi, "q")
     same_dtype(ctx, [qi, ki, vi])
@@ -110,7 +124,8 @@ def _check_qkv(ctx: TypeCtx, first_index: int) -> tuple[TensorType, TensorType]:
             ctx.fail(f"{ctx.op.name}: {name} must be (batch, seq, heads, head_dim)", i, "rank 4", t.rank)
     if v.shape != k.shape:
         ctx.fail(f"{ctx.op.name}: v of shape {v.shape} differs from k {k.shape}", vi, k.shape, v.shape)
-    want = (q.shape[0], q.shape[1], k.shape[2], q.shape[3])
+    positioned = _positions(ctx, pos_at, q, k)
+    want = (q.shape[0], k.shape[1] if positioned else q.shape[1], k.shape[2], q.shape[3])
     if k.shape != want:
         ctx.fail(
             f"{ctx.op.name}: k of shape {k.shape} does not fit q {q.shape} (want (B, S, h_kv, d) = "
@@ -128,18 +143,38 @@ def _check_qkv(ctx: TypeCtx, first_index: int) -> tuple[TensorType, TensorType]:
     return q, k
 
 
+def _positions(ctx: TypeCtx, at: int, q: TensorType, k: TensorType) -> bool:
+    """Whether the op has positions (both qpos and kpos at inputs ``at``, ``at`` + 1): int
+    tensors (B, S_q) and (B, S_k)."""
+    n = len(ctx.types)
+    if n == at:
+        return False
+    if n != at + 2:
+        ctx.fail(f"{ctx.op.name}: give both qpos and kpos, or neither", at, "2 position inputs", n - at)
+    for i, seq in ((at, q.shape[1]), (at + 1, k.shape[1])):
+        t = ctx.tensor(i)
+        if not t.dtype.is_int or t.shape != (q.shape[0], seq):
+            ctx.fail(
+                f"{ctx.op.name}: positions must be an int tensor (batch, seq) = {(q.shape[0], seq)}",
+                i,
+                (q.shape[0], seq),
+                (t.dtype, t.shape),
+            )
+    return True
+
+
 def _lse_type(ctx: TypeCtx, q: TensorType) -> TensorType:
     b, s, h, _ = q.shape
     return ctx.out(lse_dtype(q.dtype), (b, h, s))
 
 
 def _attention_rule(ctx: TypeCtx) -> Sequence[Type]:
-    q, _ = _check_qkv(ctx, 0)
+    q, _ = _check_qkv(ctx, 0, 3)
     return (ctx.out(q.dtype, q.shape), _lse_type(ctx, q))
 
 
 def _attention_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
-    q, k = _check_qkv(ctx, 1)
+    q, k = _check_qkv(ctx, 1, 6)
     float_input(ctx, 0, "gradient")
     same_dtype(ctx, [0, 1, 4])
     for i, name in ((0, "dout"), (4, "out")):
@@ -187,23 +222,27 @@ def _group_sum(x: F64, hkv: int) -> F64:
     return x.reshape(b, s, hkv, h // max(hkv, 1), d).sum(axis=3)  # type: ignore[no-any-return]
 
 
-def scores(q: F64, k: F64, scale: float, causal: bool) -> F64:
-    """(B, h, S, S) scaled scores of q (B, S, h, d) against the repeated k; -inf where masked."""
+def scores(q: F64, k: F64, scale: float, causal: bool, pos: tuple[Any, Any] | None = None) -> F64:
+    """(B, h, S_q, S_k) scaled scores of q (B, S_q, h, d) against the repeated k; -inf where
+    masked (by the global positions ``pos`` = (qpos, kpos), if given)."""
     group = q.shape[2] // max(k.shape[2], 1)
     s = np.einsum("bihd,bjhd->bhij", q, repeat_kv(k, group)) * scale
-    if causal:
+    if causal and pos is not None:
+        qp, kp = np.asarray(pos[0]), np.asarray(pos[1])
+        s = np.where(kp[:, None, None, :] > qp[:, None, :, None], -np.inf, s)
+    elif causal:
         n = s.shape[-1]
         s = np.where(np.triu(np.ones((n, n), dtype=bool), k=1), -np.inf, s)
     return s  # type: ignore[no-any-return]
 
 
 def attention_reference(
-    q: Any, k: Any, v: Any, *, causal: bool, scale: float | None = None
+    q: Any, k: Any, v: Any, *, causal: bool, scale: float | None = None, pos: tuple[Any, Any] | None = None
 ) -> tuple[F64, F64]:
     """Exact softmax attention in float64: (out (B, S, h, d), lse (B, h, S))."""
     qd, kd, vd = f64(q), f64(k), f64(v)
     sc = 1.0 / math.sqrt(qd.shape[3]) if scale is None else scale
-    s = scores(qd, kd, sc, causal)
+    s = scores(qd, kd, sc, causal, pos)
     m = np.max(s, axis=-1, keepdims=True, initial=-np.inf) if s.size else np.zeros((*s.shape[:-1], 1))
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m)
@@ -218,20 +257,34 @@ def _attention_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     _no_dropout(attrs)
     q = np.asarray(args[0])
     out, lse = attention_reference(
-        q, args[1], args[2], causal=bool(attrs.get("causal", False)), scale=_scale(attrs, q.shape[3])
+        q,
+        args[1],
+        args[2],
+        causal=bool(attrs.get("causal", False)),
+        scale=_scale(attrs, q.shape[3]),
+        pos=(args[3], args[4]) if len(args) > 3 else None,
     )
     return (out.astype(q.dtype), lse.astype(lse_dtype(DType.from_numpy(q.dtype)).to_numpy()))
 
 
 def attention_grad_reference(
-    dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *, causal: bool, scale: float
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    *,
+    causal: bool,
+    scale: float,
+    pos: tuple[Any, Any] | None = None,
 ) -> tuple[F64, F64, F64]:
     """(dq, dk, dv) in float64, the probabilities rebuilt from ``lse`` (FlashAttention-2's
     backward, untiled)."""
     do, qd, kd, vd, od = f64(dout), f64(q), f64(k), f64(v), f64(out)
     hkv = kd.shape[2]
     group = qd.shape[2] // max(hkv, 1)
-    p = np.exp(scores(qd, kd, scale, causal) - f64(lse)[..., None])  # (B, h, S, S)
+    p = np.exp(scores(qd, kd, scale, causal, pos) - f64(lse)[..., None])  # (B, h, S_q, S_k)
     dv = _group_sum(np.einsum("bhij,bihd->bjhd", p, do), hkv)
     dp = np.einsum("bihd,bjhd->bhij", do, repeat_kv(vd, group))
     delta = np.einsum("bihd,bihd->bhi", do, od)[..., None]  # rowsum(dout ⊙ out)
@@ -253,6 +306,7 @@ def _attention_grad_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
         args[5],
         causal=bool(attrs.get("causal", False)),
         scale=_scale(attrs, q.shape[3]),
+        pos=(args[6], args[7]) if len(args) > 6 else None,
     )
     return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(k.dtype))
 
@@ -268,24 +322,29 @@ def _q_shape(t: Type) -> tuple[int, ...]:
     return t.shape
 
 
+def _qk_flops(q: Type, k: Type, attrs: Attrs) -> float:
+    """The forward's FLOPs for queries ``q`` over keys ``k``: ``forward_flops`` at S_q·S_k."""
+    b, sq, h, d = _q_shape(q)
+    sk = _q_shape(k)[1]
+    return forward_flops(b, sq, h, d, bool(attrs.get("causal", False))) * (sk / sq if sq else 0.0)
+
+
 def _attention_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
-    b, s, h, d = _q_shape(ins[0])
-    return forward_flops(b, s, h, d, bool(attrs.get("causal", False)))
+    return _qk_flops(ins[0], ins[1], attrs)
 
 
 def _attention_grad_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
-    b, s, h, d = _q_shape(ins[1])
-    return BACKWARD_FACTOR * forward_flops(b, s, h, d, bool(attrs.get("causal", False)))
+    return BACKWARD_FACTOR * _qk_flops(ins[1], ins[2], attrs)
 
 
 def _attention_flash(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> FlashShape:
-    b, s, h, d = _q_shape(ins[0])
-    return FlashShape(b, h, s, d, bool(attrs.get("causal", False)), backward=False)
+    b, _, h, d = _q_shape(ins[0])
+    return FlashShape(b, h, _q_shape(ins[1])[1], d, bool(attrs.get("causal", False)), backward=False)
 
 
 def _attention_grad_flash(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> FlashShape:
-    b, s, h, d = _q_shape(ins[1])
-    return FlashShape(b, h, s, d, bool(attrs.get("causal", False)), backward=True)
+    b, _, h, d = _q_shape(ins[1])
+    return FlashShape(b, h, _q_shape(ins[2])[1], d, bool(attrs.get("causal", False)), backward=True)
 
 
 # -- sharding ---------------------------------------------------------------------------------
@@ -320,18 +379,42 @@ def _attention_strategies(
     return found
 
 
+def _with_positions(found: list[sh.Strategy], n_pos: int, heads: bool) -> list[sh.Strategy]:
+    """The batch and heads strategies of an op with positions: the positions (B, S) split
+    with the batch, whole with the heads."""
+    out = []
+    for st in found:
+        batch = isinstance(st.ins[0], Shard) and st.ins[0].dim == 0
+        pl: Placement = Shard(0) if batch else sh.R
+        if batch or heads:
+            out.append(sh.Strategy((*st.ins, *(pl,) * n_pos), st.outs))
+    return out
+
+
 def _attention_sharding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[sh.Strategy]:
     q, k = _q_shape(ins[0]), _q_shape(ins[1])
-    return [sh.replicated(ins, outs), *_attention_strategies(q, k[2], n, 3, None, 2, 1)]
+    found = _attention_strategies(q, k[2], n, 3, None, 2, 1)
+    if len(ins) == 3:
+        return [sh.replicated(ins, outs), *found]
+    found = _with_positions(found, 2, True)
+    if q[1] > 1:  # the queries' rows (module docstring: positions)
+        s1 = Shard(1)
+        found.append(sh.Strategy((s1, sh.R, sh.R, s1, sh.R), (s1, Shard(2))))
+    return [sh.replicated(ins, outs), *found]
 
 
 def _attention_grad_sharding(
     ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int
 ) -> list[sh.Strategy]:
     q, k = _q_shape(ins[1]), _q_shape(ins[2])
-    found = [sh.replicated(ins, outs), *_attention_strategies(q, k[2], n, 6, 5, 3, None)]
+    found = _attention_strategies(q, k[2], n, 6, 5, 3, None)
+    if len(ins) > 6:
+        found = _with_positions(found, 2, True)
+        if q[1] > 1:  # the queries' rows; dK, dV pending sums of the shards' contributions
+            s1, r = Shard(1), sh.R
+            found.append(sh.Strategy((s1, s1, r, r, s1, Shard(2), s1, r), (s1, sh.SUM, sh.SUM)))
     found.append(sh.linear_first(ins, outs))
-    return found
+    return [sh.replicated(ins, outs), *found]
 
 
 ATTENTION = register(
@@ -339,7 +422,7 @@ ATTENTION = register(
         name="Attention",
         family=FAMILY,
         cost_class=COST_CLASS,
-        inputs=("q", "k", "v"),
+        inputs=("q", "k", "v", "qpos?", "kpos?"),
         outputs=("out", "lse"),
         infer=_attention_rule,
         attrs=dict(ATTENTION_ATTRS),
@@ -357,7 +440,7 @@ ATTENTION_GRAD = register(
         name="AttentionGrad",
         family=FAMILY,
         cost_class=COST_CLASS,
-        inputs=("dout", "q", "k", "v", "out", "lse"),
+        inputs=("dout", "q", "k", "v", "out", "lse", "qpos?", "kpos?"),
         outputs=("dq", "dk", "dv"),
         infer=_attention_grad_rule,
         attrs=dict(ATTENTION_ATTRS),
@@ -458,6 +541,15 @@ def _rope_rule(ctx: TypeCtx) -> Sequence[Type]:
         ctx.fail(
             f"Rope offset={ctx.attr('offset')} must be a position (>= 0)", None, ">= 0", ctx.attr("offset")
         )
+    if len(ctx.types) > 1:
+        pos = ctx.tensor(1)
+        if not pos.dtype.is_int or pos.shape != x.shape[:2]:
+            ctx.fail(
+                f"Rope: pos must be an int tensor (batch, seq) = {x.shape[:2]}",
+                1,
+                x.shape[:2],
+                (pos.dtype, pos.shape),
+            )
     freqs = ctx.attr("freqs")
     if freqs is not None and len(freqs) != x.shape[3] // 2:
         ctx.fail(
@@ -486,11 +578,16 @@ def _offset(attrs: Attrs) -> int:
 
 def _rope_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     x = np.asarray(args[0])
-    freqs = attrs.get("freqs")
-    ang = rope_angles(x.shape[1], x.shape[3], float_attr(attrs, "theta", 10000.0), freqs, _offset(attrs))  # type: ignore[arg-type]
+    freqs: Any = attrs.get("freqs")
+    theta = float_attr(attrs, "theta", 10000.0)
+    if len(args) > 1:  # (B, S, d/2): each row's angles from its global position
+        per = rope_angles(1, x.shape[3], theta, freqs, 1)[0]
+        ang = np.asarray(args[1], dtype=np.float64)[..., None] * per
+    else:
+        ang = rope_angles(x.shape[1], x.shape[3], theta, freqs, _offset(attrs))[None]
     if attrs.get("inverse", False):
         ang = -ang
-    cos, sin = np.cos(ang)[None, :, None, :], np.sin(ang)[None, :, None, :]
+    cos, sin = np.cos(ang)[:, :, None, :], np.sin(ang)[:, :, None, :]
     xd = f64(x)
     h = x.shape[3] // 2
     first, second = (
@@ -508,10 +605,17 @@ def _rope_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
 
 
 def _rope_sharding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[sh.Strategy]:
+    """Pointwise over batch and heads; with positions also over the sequence (pos split alike)."""
     x = _q_shape(ins[0])
     found = [sh.replicated(ins, outs)]
-    found += [sh.Strategy((Shard(d),), (Shard(d),)) for d in (0, 2) if x[d] > 1]
-    found.append(sh.Strategy((sh.SUM,), (sh.SUM,)))
+    if len(ins) == 1:
+        found += [sh.Strategy((Shard(d),), (Shard(d),)) for d in (0, 2) if x[d] > 1]
+        found.append(sh.Strategy((sh.SUM,), (sh.SUM,)))
+        return found
+    for d in (0, 1, 2):
+        if x[d] > 1:
+            found.append(sh.Strategy((Shard(d), Shard(d) if d < 2 else sh.R), (Shard(d),)))
+    found.append(sh.Strategy((sh.SUM, sh.R), (sh.SUM,)))
     return found
 
 
@@ -520,7 +624,7 @@ ROPE = register(
         name="Rope",
         family=FAMILY,
         cost_class=COST_CLASS,
-        inputs=("X",),
+        inputs=("X", "pos?"),
         outputs=("Y",),
         infer=_rope_rule,
         attrs={
@@ -547,16 +651,18 @@ def _attention_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequ
             f"the log-sum-exp %{op.outputs[1].name} of Attention is a residual for its gradient; "
             "a gradient flowing into it is not supported"
         )
-    q, k, v = (ctx.primal(x) for x in op.inputs)
+    q, k, v, *pos = (ctx.primal(x) for x in op.inputs)
     out, lse = (ctx.primal(x) for x in op.outputs)
     attrs: dict[str, Any] = dict(op.attrs.items())
-    return ctx.op("AttentionGrad", first(douts), q, k, v, out, lse, **attrs)
+    dq, dk, dv = ctx.op("AttentionGrad", first(douts), q, k, v, out, lse, *pos, **attrs)
+    return (dq, dk, dv, *(None for _ in pos))
 
 
 def _rope_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
     attrs: dict[str, Any] = dict(op.attrs.items())
     attrs["inverse"] = not bool(op.attrs.get("inverse", False))
-    return ctx.op("Rope", first(douts), **attrs)
+    pos = [ctx.primal(x) for x in op.inputs[1:]]
+    return (*ctx.op("Rope", first(douts), *pos, **attrs), *(None for _ in pos))
 
 
 ATTENTION.fill("grad", _attention_grad)
@@ -576,26 +682,37 @@ class _Heads(NamedTuple):
     group: int
     causal: bool
     scale: float
+    pos: tuple[Any, Any] | None = None  # (qpos, kpos): global positions (module docstring)
 
 
-def _heads(q: Any, k: Any, v: Any, attrs: Attrs) -> _Heads:
+def _heads(q: Any, k: Any, v: Any, attrs: Attrs, pos: Sequence[Any] = ()) -> _Heads:
     _no_dropout(attrs)
     group = q.shape[2] // max(k.shape[2], 1)
     kh, vh = (t.repeat_interleave(group, dim=2) if group > 1 else t for t in (k, v))
     causal = bool(attrs.get("causal", False))
     return _Heads(
-        q.transpose(1, 2), kh.transpose(1, 2), vh.transpose(1, 2), group, causal, _scale(attrs, q.shape[3])
+        q.transpose(1, 2),
+        kh.transpose(1, 2),
+        vh.transpose(1, 2),
+        group,
+        causal,
+        _scale(attrs, q.shape[3]),
+        (pos[0], pos[1]) if pos else None,
     )
 
 
 def _fused(ctx: TorchContext) -> bool:
+    """torch's fused CPU kernels (for the mask by index only: not with positions)."""
     return bool(ctx.device.type == "cpu")
 
 
 def _scores_torch(ctx: TorchContext, a: _Heads) -> Any:
-    """(B, h, S, S) scaled scores (in f32 for 16-bit inputs), -inf where masked."""
+    """(B, h, S_q, S_k) scaled scores (in f32 for 16-bit inputs), -inf where masked."""
     s = upcast(ctx, a.q) @ upcast(ctx, a.k).transpose(-1, -2) * a.scale
-    if a.causal:
+    if a.causal and a.pos is not None:
+        qp, kp = a.pos
+        s = s.masked_fill(kp[:, None, None, :] > qp[:, None, :, None], -math.inf)
+    elif a.causal:
         n = s.shape[-1]
         s = s.masked_fill(ctx.torch.ones((n, n), dtype=ctx.torch.bool, device=s.device).triu(1), -math.inf)
     return s
@@ -603,9 +720,9 @@ def _scores_torch(ctx: TorchContext, a: _Heads) -> Any:
 
 def _attention_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
     q = xs[0]
-    a = _heads(q, xs[1], xs[2], attrs)
+    a = _heads(q, xs[1], xs[2], attrs, xs[3:])
     lse_t = ctx.dtype(lse_dtype(DType.f64 if q.dtype == ctx.torch.float64 else DType.f32))
-    if _fused(ctx):
+    if _fused(ctx) and a.pos is None:
         kernel = ctx.torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         out, lse = kernel(a.q, a.k, a.v, 0.0, a.causal, scale=a.scale)
     else:
@@ -636,10 +753,10 @@ def _attention_grad_unfused(ctx: TorchContext, a: _Heads, dout: Any, out: Any, l
 
 
 def _attention_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
-    dout, q, k, v, out, lse = xs
-    a = _heads(q, k, v, attrs)
+    dout, q, k, v, out, lse = xs[:6]
+    a = _heads(q, k, v, attrs, xs[6:])
     dout_h, out_h = dout.transpose(1, 2), out.transpose(1, 2)
-    if _fused(ctx):
+    if _fused(ctx) and a.pos is None:
         kernel = ctx.torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
         dq, dk, dv = kernel(dout_h, a.q, a.k, a.v, out_h, lse, 0.0, a.causal, scale=a.scale)
     else:
@@ -661,15 +778,17 @@ def _rope_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any
     x = xs[0]
     xf = upcast(ctx, x)
     freqs: Any = attrs.get("freqs")
-    table = _rope_table(
-        x.shape[1],
-        x.shape[3],
-        float_attr(attrs, "theta", 10000.0),
-        bool(attrs.get("inverse", False)),
-        tuple(freqs) if freqs is not None else None,
-        _offset(attrs),
-    )
-    cos, sin = (ctx.torch.from_numpy(t).to(device=x.device, dtype=xf.dtype)[None, :, None, :] for t in table)
+    theta, inverse = float_attr(attrs, "theta", 10000.0), bool(attrs.get("inverse", False))
+    fs = tuple(freqs) if freqs is not None else None
+    if len(xs) > 1:  # each row's angles from its global position
+        per = ctx.torch.from_numpy(rope_angles(1, x.shape[3], theta, fs, 1)[0]).to(x.device)
+        ang = xs[1].to(per.dtype)[..., None] * per * (-1.0 if inverse else 1.0)
+        cos, sin = (f(ang).to(xf.dtype)[:, :, None, :] for f in (ctx.torch.cos, ctx.torch.sin))
+    else:
+        table = _rope_table(x.shape[1], x.shape[3], theta, inverse, fs, _offset(attrs))
+        cos, sin = (
+            ctx.torch.from_numpy(t).to(device=x.device, dtype=xf.dtype)[None, :, None, :] for t in table
+        )
     if attrs.get("halves", False):
         h = x.shape[3] // 2
         first, second = xf[..., :h], xf[..., h:]

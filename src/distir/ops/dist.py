@@ -235,7 +235,8 @@ def regroup_placements(
         if len(a) == 1 and len(b) == 1:
             out.append(places[a[0]])
             continue
-        kinds = {places[x] for x in a}
+        # an axis of size 1 holds the whole tensor whatever it is called (R or a sum of one)
+        kinds = {places[x] for x in a if src[x] > 1} or {places[a[0]]}
         p = next(iter(kinds))
         if len(kinds) != 1 or isinstance(p, Shard):
             shown = ", ".join(str(places[x]) for x in a)

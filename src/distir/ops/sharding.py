@@ -252,10 +252,12 @@ def reshape_dim_map(src: Sequence[int], dst: Sequence[int], n: int) -> dict[int,
                     return out
                 gj.append(j)
                 pj *= dst[j]
-        lead_in, lead_out = gi[0], gj[0]
+        # a group's leading size-1 dims (a dim added or dropped) carry nothing: its first real dim leads
+        lead_in = next((k for k in gi if src[k] > 1), gi[0])
+        lead_out = next((k for k in gj if dst[k] > 1), gj[0])
         if src[lead_in] > 1:
-            inner_in = math.prod(src[k] for k in gi[1:])
-            inner_out = math.prod(dst[k] for k in gj[1:])
+            inner_in = math.prod(src[k] for k in gi if k > lead_in)
+            inner_out = math.prod(dst[k] for k in gj if k > lead_out)
             a = [s * inner_in for s in split_sizes(src[lead_in], n)]
             b = [s * inner_out for s in split_sizes(dst[lead_out], n)]
             if a == b:

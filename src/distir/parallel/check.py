@@ -29,6 +29,7 @@ from distir.ir.rewrite import inline_calls
 from distir.ir.types import DType
 from distir.ir.values import Attrs
 from distir.ops.registry import REGISTRY
+from distir.parallel.context_model import POS, context_inputs
 from distir.parallel.distribute import DDP_BUCKET_MB, distribute
 from distir.parallel.sharding.materialize import materialize, shard_value, unshard_value
 from distir.parallel.strategy import Strategy
@@ -99,13 +100,19 @@ def materialized_inputs(
     dist: Module, model: Model, strategy: Strategy, vals: Mapping[str, np.ndarray]
 ) -> tuple[Module, list[Any]]:
     """``dist`` materialized into explicit per-device code, and its arguments: full-batch
-    ``vals`` split into microbatches and sharded per device (in the materialized entry's order)."""
+    ``vals`` split into microbatches and sharded per device (in the materialized entry's order).
+    Under context parallelism the inputs are reordered along the sequence and the positions
+    added first (``distir.parallel.context_model.context_inputs``)."""
     entry = dist.entry
     args: dict[str, np.ndarray] = {}
-    for i in model.inputs:
-        pieces = np.split(vals[i.name], strategy.k, axis=0)
+    names = [i.name for i in model.inputs]
+    if strategy.c > 1:
+        vals = context_inputs(model, strategy.c, dict(vals))
+        names.append(POS)
+    for name in names:
+        pieces = np.split(vals[name], strategy.k, axis=0)
         for m, x in enumerate(pieces):
-            args[f"{i.name}_{m}" if strategy.k > 1 else i.name] = x
+            args[f"{name}_{m}" if strategy.k > 1 else name] = x
     copies = {f"{w.name}_{w.type.dtype}": w for w in model.weights}  # mixed: persistent compute copies
     for p in entry.params:
         if p.name in vals:

@@ -40,8 +40,9 @@ hand over the next), and the dK/dV that arrived during a step are taken at the s
 next, before its blocks (taken after them, they would hold this step's arrivals behind the
 blocks on the receive stream).
 
-Integration into ``distribute`` (a ``cp`` mesh axis, ``Strategy.c``) is not done yet:
-``distribute`` refuses c > 1 (``StrategyError``).
+``distribute`` builds context parallelism into whole models on a ``cp`` mesh axis
+(``distir.parallel.context_model``) with this layout and global positions as data, but with
+K/V all-gathered for each rank's queries rather than by this ring.
 """
 
 from __future__ import annotations
@@ -52,11 +53,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-import distir
+from distir.interp.annotate import annotate_types
 from distir.ir.builder import FunctionBuilder
 from distir.ir.function import Module
 from distir.ir.types import Device, DType, TensorType
 from distir.ir.values import Value
+from distir.ir.verify import verify
 from distir.parallel.strategy import StrategyError
 from distir.sim.devices import DeviceMap, Slot
 
@@ -226,7 +228,9 @@ def ring_attention(shape: RingShape, c: int, comm_streams: bool = False) -> Modu
         (o0, l0), (o1, l1) = fwd[r]
         results += [o0, o1, l0, l1]
         results += [v for g in bwd[r] for v in g]
-    return distir.check(Module((fb.ret(*results),)))
+    module = Module((fb.ret(*results),))
+    verify(module)
+    return verify(annotate_types(module))
 
 
 class _Local(NamedTuple):

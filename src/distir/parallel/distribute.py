@@ -64,11 +64,13 @@ from distir.ir.types import Device, DType, TensorType
 from distir.ir.values import Attrs, Value
 from distir.ops.dist import format_mesh_attr
 from distir.ops.registry import REGISTRY
+from distir.parallel.context_model import context_model
 from distir.parallel.layer_sharder import (
     LayerSharder,
     ShardedLayer,
     placement_text,
     sharded_layers,
+    with_cp,
 )
 from distir.parallel.pipeline.analysis import time_order
 from distir.parallel.pipeline.partition import partition, uniform_counts
@@ -196,6 +198,19 @@ def distribute(
         ).build()
 
 
+def _check_context(s: Strategy, train: bool) -> None:
+    """Refuse what context parallelism inside ``distribute`` does not combine with yet."""
+    missing = [
+        (s.shard_group is not None, f"HSDP (z3h{s.shard_group})"),
+        (s.sp, "sequence parallelism (sp): the sequence split over both cp and tp"),
+        (s.shares is not None, "uneven batch shares"),
+        (not train, "an inference program"),
+    ]
+    for bad, what in missing:
+        if bad:
+            raise StrategyError(f"{s}: context parallelism (c={s.c}) does not combine with {what} yet")
+
+
 def check_batch(batch: int, s: Strategy) -> None:
     """Raise StrategyError unless the global ``batch`` splits into ``s.k`` microbatches of whole
     samples for every data-parallel replica (in proportion to the batch shares, if any): no replica
@@ -268,9 +283,12 @@ class _Builder:
             )
         self.bucket_bytes = bucket_mb * (1 << 20)
         # data parallel: gradients reduced in buckets inside the backward (``_Buckets``)
-        self.bucketed = train and s.d > 1
+        self.bucketed = train and s.d * s.c > 1  # cp acts like dp for the weights
         self.prec = Precision.parse(precision)
         self.compute = self.prec.compute_dtype(model)
+        if s.c > 1:  # global positions as an input (``distir.parallel.context_model``)
+            _check_context(s, train)
+            model = context_model(model, s.c)
         model = self.prec.prepare(model)  # mixed: the loss layer in fp32
         self.model, self.s, self.opt, self.train = model, s, opt, train
         self.comm_streams = comm_streams
@@ -278,31 +296,33 @@ class _Builder:
         self.gather_early = (
             overlap_param_gather and train and self.prec.mixed and s.zero in (1, 2) and s.d > 1
         )
-        if s.c > 1:
-            raise StrategyError(
-                f"{s}: context parallelism (c={s.c}) is not wired into distribute yet; ring attention "
-                "itself is distir.parallel.context.ring_attention"
-            )
         check_batch(model.batch, s)
         self.mb = model.batch // s.k
         # program devices are numbered stage by stage; the placement maps them onto GPUs; uneven
         # batch shares are the dp axis' (``distir.ir.dtensor.AxisSize``): each replica's piece of
         # every microbatch in proportion
         dp = axis_size(s.d, s.shares)
-        self.meshes = [
-            Mesh((("dp", dp), ("tp", s.t)), tuple(Device(st * s.d * s.t + j) for j in range(s.d * s.t)))
-            for st in range(s.p)
-        ]
+        # context parallelism: a cp axis between dp and tp (``with_cp``)
+        axes = (("dp", dp), ("cp", s.c), ("tp", s.t)) if s.c > 1 else (("dp", dp), ("tp", s.t))
+        per = s.d * s.c * s.t
+        self.meshes = [Mesh(axes, tuple(Device(st * per + j) for j in range(per))) for st in range(s.p)]
         # HSDP (``Strategy.shard_group``): each stage's devices seen as (dpr, dp, tp), ZeRO-3's
         # shards over the h replicas of a group (dp), replicated across the d/h groups (dpr);
         # weights, their state and sharded gradients live there, ``MeshView`` crosses over
         self.hsdp = train and s.zero == 3 and s.shard_group is not None
         h = s.zero_degree
-        self.meshes3 = (
-            [Mesh((("dpr", s.d // h), ("dp", h), ("tp", s.t)), m.devices) for m in self.meshes]
-            if self.hsdp
-            else []
-        )
+        # context parallelism: weights, their state and reduced gradients live on each stage's
+        # devices seen as (dp = d·c, tp) — cp merged into dp, as data parallelism over d·c ranks
+        # (ZeRO shards over them: ``Strategy.zero_degree``) — and ``MeshView`` crosses over to
+        # the (dp, cp, tp) mesh the layers run on (weights R, R; gradients pending P, P)
+        self.cp_view = train and s.c > 1
+        self.viewed = self.hsdp or self.cp_view  # weights on ``meshes3``, a view of ``meshes``
+        if self.hsdp:
+            self.meshes3 = [Mesh((("dpr", s.d // h), ("dp", h), ("tp", s.t)), m.devices) for m in self.meshes]
+        elif self.cp_view:
+            self.meshes3 = [Mesh((("dp", s.d * s.c), ("tp", s.t)), m.devices) for m in self.meshes]
+        else:
+            self.meshes3 = []
         n = s.devices
         # per direction a stream that sends and one that receives, so activations going forward
         # never queue behind gradients, and a receive never behind a send (``distribute``)
@@ -375,12 +395,13 @@ class _Builder:
                 self._param_types[key] = t
                 return t
             dp: Placement = Shard(zero_dim) if zero_dim is not None else Replicate()
-            t = self._param_types[key] = DTensorType(dtype, shape, self.meshes[stage], (dp, tp))
+            t = self._param_types[key] = DTensorType(dtype, shape, self._mesh_for(stage), (dp, tp))
         return t
 
     # -- layers ----------------------------------------------------------------------------------
     def _wp(self, w: Value) -> str:
-        return self.sharder.wp(w)
+        """A whole weight's placement on the mesh that holds the weights (``_mesh_for``)."""
+        return placement_text(Replicate(), self.model.weight(w.name).tp)
 
     def _layers(self) -> list[ShardedLayer]:
         return self.sharder.layers(self.chunks[-1][-1] + 1)
@@ -389,13 +410,23 @@ class _Builder:
     def _zero3_gather(self, fb: FunctionBuilder, w: Value, p: Value, mesh: Mesh) -> Value:
         """ZeRO-3: the whole weight ``w`` from its shard ``p`` (an all-gather over dp; HSDP: over
         its group, then seen on ``mesh``, the (dp, tp) mesh of the same devices)."""
-        if self.hsdp:  # every weight lives on the (dpr, dp, tp) view
-            if self._zdim(w) is not None:
-                p = self._redistribute(fb, p, w.name, "R, " + self._wp(w))
+        if self.viewed:  # every weight lives on the (dpr, dp, tp) or (dp·cp, tp) view
+            if self._zdim(w) is not None and (self.s.zero == 3 or self.gather_early):
+                p = self._redistribute(fb, p, w.name, ("R, " if self.hsdp else "") + self._wp(w))
             return fb.emit("MeshView", (p,), self._attrs("mesh", self._mesh_attr(mesh)), (w.name,))[0]
         if (self.s.zero == 3 or self.gather_early) and self._zdim(w) is not None:
             return self._redistribute(fb, p, w.name, self._wp(w))
         return p
+
+    def _layer_view(self, fb: FunctionBuilder, v: Value, stage: int) -> Value:
+        """A whole weight ``v`` as the chunks take it: under context parallelism seen on the
+        (dp, cp, tp) mesh (``MeshView``, once per step; ZeRO-3's and early-gathered shards are
+        gathered and seen there inside the chunks); else ``v`` itself."""
+        if not self.cp_view or self.s.zero == 3 or self.gather_early:
+            return v
+        return fb.emit("MeshView", (v,), self._attrs("mesh", self._mesh_attr(self.meshes[stage])), (v.name,))[
+            0
+        ]
 
     def _mesh_send(self, fb: FunctionBuilder, v: Value, mesh: Mesh, name: str) -> Value:
         """``v`` sent to ``mesh`` (a ``MeshSend``)."""
@@ -408,8 +439,8 @@ class _Builder:
         """The mesh (of ``stage``, or of its ``stream``) that holds the weights, their state and
         reduced gradients: HSDP's (dpr, dp, tp) view of it, else the (dp, tp) mesh itself."""
         if stream is None:
-            return self.meshes3[stage] if self.hsdp else self.meshes[stage]
-        return self.comm_meshes3[(stream, stage)] if self.hsdp else self.comm_meshes[(stream, stage)]
+            return self.meshes3[stage] if self.viewed else self.meshes[stage]
+        return self.comm_meshes3[(stream, stage)] if self.viewed else self.comm_meshes[(stream, stage)]
 
     def _compute_copy(self, fb: FunctionBuilder, w: Value, master: Value) -> Value:
         """Mixed precision: the weight in the compute dtype, once per step; with ZeRO-1/2 the
@@ -594,30 +625,15 @@ class _Builder:
 
     def _declare(
         self, fb: FunctionBuilder, by_chunk: list[list[ShardedLayer]], stage_of: list[int]
-    ) -> tuple[list[Value], dict[Value, list[Value]], _Params]:
-        """The entry's parameters: the inputs (one per microbatch, on the mesh of the first chunk
-        that reads them), the weights (on the stage of their first use; a tied weight's copy on
-        its other stage), the optimizer state and, under mixed precision, the persistent compute
-        copies — all donated to their successors; returns the inputs, the microbatched inputs and
-        the weights' parameters (``_Params``)."""
+    ) -> tuple[list[Value], dict[tuple[Value, int], list[Value]], _Params]:
+        """The entry's parameters: the inputs (one per microbatch, on the mesh of each stage
+        that reads them: ``_declare_inputs``), the weights (on the stage of their first use; a
+        tied weight's copy on its other stage), the optimizer state and, under mixed precision,
+        the persistent compute copies — all donated to their successors; returns the inputs, the
+        microbatched inputs and the weights' parameters (``_Params``)."""
         s, model = self.s, self.model
-        fwd = model.forward
-        inputs = fwd.params[: self.n_in]
-        first_chunk_of: dict[Value, int] = {}
-        for c, ls in enumerate(by_chunk):
-            for L in ls:
-                for e in L.extras:
-                    first_chunk_of.setdefault(e, c)
-        mbs: dict[Value, list[Value]] = {}
-        for k_in, x in enumerate(inputs):
-            if k_in > 0 and x not in first_chunk_of:
-                continue
-            c = 0 if k_in == 0 else first_chunk_of[x]
-            mesh = self.meshes[stage_of[c]]
-            t = x.type
-            assert isinstance(t, TensorType)
-            dt = DTensorType(t.dtype, (self.mb, *t.shape[1:]), mesh, (Shard(0), Replicate()))
-            mbs[x] = [fb.param(f"{x.name}_{m}" if s.k > 1 else x.name, dt) for m in range(s.k)]
+        inputs = model.forward.params[: self.n_in]
+        mbs = self._declare_inputs(fb, by_chunk, stage_of)
         wparam: dict[Value, Value] = {}
         wchunk: dict[Value, int] = {}
         # each weight's value on each stage that uses it: the weight on the stage of its first
@@ -654,7 +670,7 @@ class _Builder:
                     state[w].append(fb.param(f"{sname}_{w.name}", t, donated=True))
             if self.opt.kind == "adam":
                 for st in sorted({stage_of[wchunk[w]] for w in kept}):
-                    mesh = self.meshes3[st] if self.hsdp else self.meshes[st]
+                    mesh = self._mesh_for(st)
                     step_of[st] = fb.param(
                         f"step_s{st}",
                         DTensorType(DType.i64, (), mesh, tuple(Replicate() for _ in mesh.axes)),
@@ -680,6 +696,42 @@ class _Builder:
         )
         params = _Params(wparam, wchunk, home, partner, used, state, step_of, half, wuse, sent)
         return list(inputs), mbs, params
+
+    def _declare_inputs(
+        self, fb: FunctionBuilder, by_chunk: list[list[ShardedLayer]], stage_of: list[int]
+    ) -> dict[tuple[Value, int], list[Value]]:
+        """Per (model input, stage that reads it), its microbatches: the first input on stage 0,
+        the others (labels; positions) on the stage of each chunk that reads them — an input
+        read on several stages (context parallelism's positions) is an input of each, named
+        alike, as each stage's data loader makes it."""
+        stages_of: dict[Value, list[int]] = {}
+        for c, ls in enumerate(by_chunk):
+            for L in ls:
+                for e in L.extras:
+                    at = stages_of.setdefault(e, [])
+                    if stage_of[c] not in at:
+                        at.append(stage_of[c])
+        mbs: dict[tuple[Value, int], list[Value]] = {}
+        inputs = self.model.forward.params[: self.n_in]
+        later: list[tuple[Value, int]] = []  # the other stages' copies, declared after the inputs
+        for k_in, x in enumerate(inputs):
+            if k_in > 0 and x not in stages_of:
+                continue
+            at = [0] if k_in == 0 else stages_of[x]
+            self._declare_input(fb, mbs, x, at[0])
+            later += [(x, st) for st in at[1:]]
+        for x, st in later:
+            self._declare_input(fb, mbs, x, st)
+        return mbs
+
+    def _declare_input(
+        self, fb: FunctionBuilder, mbs: dict[tuple[Value, int], list[Value]], x: Value, stage: int
+    ) -> None:
+        s, t = self.s, x.type
+        assert isinstance(t, TensorType)
+        seq = (Shard(1),) if s.c > 1 else ()  # context parallelism: split along the sequence
+        dt = DTensorType(t.dtype, (self.mb, *t.shape[1:]), self.meshes[stage], (Shard(0), *seq, Replicate()))
+        mbs[(x, stage)] = [fb.param(f"{x.name}_{m}" if s.k > 1 else x.name, dt) for m in range(s.k)]
 
     def _program_order(self, by_chunk: list[list[ShardedLayer]]) -> list[Any]:
         """The schedule's actions of every rank merged into one program order: by the given
@@ -707,6 +759,8 @@ class _Builder:
         return order
 
     def build(self) -> Module:
+        """The module: layer and chunk functions, then the entry — its parameters, the schedule's
+        chunk calls, and (training) gradient reduction, the optimizer and the results."""
         s = self.s
         layers = self._layers()
         by_chunk = [[layers[i] for i in r] for r in self.chunks]
@@ -714,145 +768,52 @@ class _Builder:
         cf = self._chunk_functions(by_chunk)
         fb = FunctionBuilder("step" if self.train else "infer", REGISTRY.out_arity)
         inputs, mbs, wp = self._declare(fb, by_chunk, stage_of)
-        wparam, wchunk, home, partner, used, state, step_of, half, wuse, received = wp
         order = self._program_order(by_chunk)
-        act: dict[tuple[int, int], Value] = {}
-        dys: dict[tuple[int, int], Value] = {}
-        res: dict[tuple[int, int], tuple[Value, ...]] = {}
-        carried: dict[tuple[int, int], tuple[Value, ...]] = {}
-        acc: dict[int, list[Value] | None] = {c: None for c in range(len(self.chunks))}
-        # per chunk, the backward actions left that produce weight gradients (the last reduces)
-        grad_kind = "W" if s.schedule == "zb1" else "B"
-        grads_left = {c: 0 for c in range(len(self.chunks))}
-        for ta in order:
-            if ta.action.kind == grad_kind:
-                grads_left[ta.action.stage] += 1
-        ddp = self.bucketed and s.zero < 2
-
-        def red(c: int) -> str:
-            """The suffix of chunk ``c``'s backward that produces weight gradients now."""
-            grads_left[c] -= 1
-            if self.hsdp and grads_left[c]:  # HSDP: across the groups in the last backward only
-                return "_rs"
-            return "_red" if self.bucketed and (not ddp or grads_left[c] == 0) else ""
-
-        losses: list[Value] = []
-        outputs_inf: list[Value] = []
-        last = len(self.chunks) - 1
-
-        def to_mesh(v: Value, mesh: Mesh, name: str) -> Value:
-            return self._mesh_send(fb, v, mesh, name)
-
-        def send(v: Value, src: int, dst: int, name: str) -> Value:
-            """Right after the producing action. With communication streams, the value moves to
-            the sender's send stream (free) and across to the receiver's receive stream;
-            ``receive`` hands it to the receiver's compute stream right before the consuming
-            action."""
-            a, b = stage_of[src], stage_of[dst]
-            if a == b:
-                return v
-            if not self.comm_streams:
-                return to_mesh(v, self.meshes[b], name)
-            way = "fwd" if dst > src else "bwd"
-            out, into = self.comm_meshes[(f"{way}_send", a)], self.comm_meshes[(f"{way}_recv", b)]
-            return to_mesh(to_mesh(v, out, name), into, name)
-
-        def receive(v: Value, src: int, dst: int, name: str) -> Value:
-            if not self.comm_streams or stage_of[src] == stage_of[dst]:
-                return v
-            return to_mesh(v, self.meshes[stage_of[dst]], name)
-
-        # a chunk's weights are the same values for every microbatch: listed once per chunk
-        cw = [chunk_weights(ls) for ls in by_chunk]
-        weights_of = [[wuse[home[(w, c)]] for w in cw[c]] for c in range(len(by_chunk))]
-        gathered: set[int] = set()  # chunks whose weights were gathered this step (gather_early)
-        chunk_extras = [[mbs[e] for L in ls for e in L.extras] for ls in by_chunk]
-
-        def chunk_args(c: int, m: int) -> list[Value]:
-            return [*weights_of[c], *(per_mb[m] for per_mb in chunk_extras[c])]
-
-        # calls at their (estimated) start, transfers at the end of the producing action
-        events = sorted(
-            [(ta.start, 1, i, ta.action) for i, ta in enumerate(order)]
-            + [(ta.end, 0, i, ta.action) for i, ta in enumerate(order)],
-            key=itemgetter(0, 1, 2),  # the action itself never breaks a tie
-        )
-        outbox: dict[Action, tuple[Value, int, int, str]] = {}
-        for _t, phase, _i, a in events:
-            c, m = a.stage, a.microbatch
-            if phase == 0:
-                got_out = outbox.pop(a, None)
-                if got_out is not None:
-                    val, src, dst, name = got_out
-                    sent = send(val, src, dst, name)
-                    if dst > src:
-                        act[(dst, m)] = sent
-                    else:
-                        dys[(dst, m)] = sent
-                continue
-            if a.kind == "F":
-                x = mbs[inputs[0]][m] if c == 0 else receive(act.pop((c, m)), c - 1, c, f"a{c}_{m}")
-                gathers = self.gather_early and c not in gathered
-                f = cf[f"c{c}_fwd" + ("_gather" if gathers else "")]
-                n_w = len(weights_of[c]) if gathers else 0
-                n_res = len(f.outputs) - 1 - n_w
-                names = [f"a{c + 1}_{m}"] + [f"res{c}_{m}"] * n_res + [f"{w.name}_full" for w in cw[c]][:n_w]
-                outs = fb.call(f, x, *chunk_args(c, m), n_out=len(f.outputs), names=names)
-                res[(c, m)] = outs[1 : 1 + n_res]
-                if gathers:  # the whole compute copies, for the chunk's other calls this step
-                    gathered.add(c)
-                    weights_of[c] = list(outs[1 + n_res :])
-                if c < last:
-                    outbox[a] = (outs[0], c, c + 1, f"a{c + 1}_{m}")
-                elif self.train:
-                    losses.append(outs[0])
-                    dys[(c, m)] = fb.op("FillLike", outs[0], names=[f"dloss_{m}"], value=1.0)[0]
-                else:
-                    outputs_inf.append(outs[0])
-                continue
-            v0 = by_chunk[c][0].vjp
-            has_dx = v0 is not None and 0 in v0.wrt
-            if a.kind in ("B", "I"):
-                part = "i" if a.kind == "I" else ""
-                base = f"c{c}_bwd" + ("_i" if part else "")
-                prev = acc[c]
-                f = cf[base + ("_acc" if prev is not None and not part else "") + ("" if part else red(c))]
-                dy = dys.pop((c, m))
-                if c < last:
-                    dy = receive(dy, c + 1, c, f"dy{c}_{m}")
-                args = [*chunk_args(c, m), *res.pop((c, m)), dy]
-                if prev is not None and not part:
-                    args.extend(prev)
-                outs = fb.call(f, *args, n_out=len(f.outputs), names=[f"d{c}_{m}"] * len(f.outputs))
-                rest = outs[1:] if has_dx else outs
-                if part:
-                    carried[(c, m)] = tuple(rest)
-                else:
-                    acc[c] = list(rest)
-                if has_dx and c > 0:
-                    outbox[a] = (outs[0], c, c - 1, f"dy{c - 1}_{m}")
-            elif a.kind == "W":
-                prev = acc[c]
-                f = cf[f"c{c}_bwd_w" + ("_acc" if prev is not None else "") + red(c)]
-                args = [*carried.pop((c, m)), *(prev or [])]
-                acc[c] = list(fb.call(f, *args, n_out=len(f.outputs), names=[f"g{c}_{m}"] * len(f.outputs)))
+        sched = _ScheduleWriter(self, fb, cf, by_chunk, stage_of, inputs, mbs, wp)
+        sched.write(order)
         if not self.train:
-            entry = fb.ret(*outputs_inf)
-            return self._module(cf, entry)
-        # gradient reduction and the optimizer
+            return self._module(cf, fb.ret(*sched.outputs_inf))
+        grads = self._gradient_sums(fb, by_chunk, wp, sched.acc)
+        updates = self._apply_optimizer(fb, grads, wp, stage_of, sched.to_mesh)
+        entry = fb.ret(*self._results(fb, sched.losses, updates, wp))
+        return self._module(cf, entry)
+
+    def _gradient_sums(
+        self,
+        fb: FunctionBuilder,
+        by_chunk: list[list[ShardedLayer]],
+        wp: _Params,
+        acc: dict[int, list[Value] | None],
+    ) -> dict[Value, Value]:
+        """Each weight's gradient from the chunks' last backward results (a weight two chunks of
+        one stage use gets the sum)."""
         grads: dict[Value, Value] = {}
         for c, ls in enumerate(by_chunk):
             ws = chunk_weights(ls)
             got = acc[c]
             if ws:
                 assert got is not None, f"chunk {c} never ran its backward"
-                _add_grads(fb, grads, [home[(w, c)] for w in ws], got)
+                _add_grads(fb, grads, [wp.home[(w, c)] for w in ws], got)
+        return grads
+
+    def _apply_optimizer(
+        self,
+        fb: FunctionBuilder,
+        grads: dict[Value, Value],
+        wp: _Params,
+        stage_of: list[int],
+        to_mesh: Callable[[Value, Mesh, str], Value],
+    ) -> dict[Value, tuple[Value, ...]]:
+        """Reduce each weight's gradient and update it (and its state); a tied weight and its
+        copy on another stage exchange their gradients first so both take the same step (a
+        transmitted copy's gradient goes back to its owner, added there)."""
+        wparam, wchunk, partner, state, step_of = wp.wparam, wp.wchunk, wp.partner, wp.state, wp.step_of
         updates: dict[Value, tuple[Value, ...]] = {}
         reduced: dict[Value, Value] = {}  # a tied copy's reduced gradient, until its partner's is
-        for w in used:
+        for w in wp.used:
             g = self._reduce_grad(fb, w, grads[w], to_mesh, stage_of[wchunk[w]])
             other = partner.get(w)
-            if w in received:  # a transmitted copy's gradient goes back to its owner once, added there
+            if w in wp.sent:  # a transmitted copy's gradient goes back to its owner once, added there
                 assert other is not None
                 here = self._mesh_for(stage_of[wchunk[other]])
                 (g_sum,) = fb.op(
@@ -877,10 +838,17 @@ class _Builder:
                 (g,) = fb.op("Add", g, to_mesh(g_other, here, f"g_{w.name}_tied"), names=[f"g_{w.name}"])
                 updates[other] = self._update(fb, other, wparam[other], g_other_sum, state[other], step_of)
             updates[w] = self._update(fb, w, wparam[w], g, state[w], step_of)
+        return updates
+
+    def _results(
+        self, fb: FunctionBuilder, losses: list[Value], updates: dict[Value, tuple[Value, ...]], wp: _Params
+    ) -> list[Value]:
+        """The step's results: the loss (summed over microbatches, replicated), the new weights
+        and state as the sequential step returns them, then the tied copies', then (mixed
+        precision) the new compute copies — each donated its predecessor's storage."""
+        used, received = wp.used, wp.sent
         loss = losses[0] if len(losses) == 1 else fb.op("Sum", *losses, names=["loss"])[0]
-        loss = self._redistribute(fb, loss, "loss", "R, R")
-        # the new weights and state as the sequential step returns them, then the tied copies',
-        # then (mixed precision) the new compute copies, each donated its predecessor's storage
+        loss = self._redistribute(fb, loss, "loss", with_cp("R, R", self.s.c))
         results = [loss]
         for group in (
             [w for w in used if w in self.weight_params],
@@ -889,15 +857,14 @@ class _Builder:
             results += [updates[w][0] for w in group]
             results += [updates[w][1 + k] for k in range(len(self.opt.state)) for w in group]
         for w in (w for w in used if w not in received):
-            fb.donate(wparam[w], updates[w][0])
-            for sv, old in zip(updates[w][1:], state[w], strict=True):
+            fb.donate(wp.wparam[w], updates[w][0])
+            for sv, old in zip(updates[w][1:], wp.state[w], strict=True):
                 fb.donate(old, sv)
         for w in used:
-            if w in half and w not in received:
+            if w in wp.half and w not in received:
                 results.append(self._compute_copy(fb, w, updates[w][0]))
-                fb.donate(half[w], results[-1])
-        entry = fb.ret(*results)
-        return self._module(cf, entry)
+                fb.donate(wp.half[w], results[-1])
+        return results
 
     def _reduce_grad(
         self,
@@ -957,6 +924,176 @@ class _Builder:
         return Module((*fns, entry))
 
 
+class _ScheduleWriter:
+    """Writes the schedule's actions, in program order, as chunk calls into the entry: forward
+    and backward calls with their microbatch's activations, residuals and gradient accumulators,
+    and the transfers between stages right after the producing action (``distribute``).
+    Afterwards ``losses`` (training) or ``outputs_inf`` hold the last chunk's results per
+    microbatch and ``acc`` each chunk's accumulated weight gradients."""
+
+    def __init__(
+        self,
+        b: _Builder,
+        fb: FunctionBuilder,
+        cf: dict[str, Function],
+        by_chunk: list[list[ShardedLayer]],
+        stage_of: list[int],
+        inputs: list[Value],
+        mbs: dict[tuple[Value, int], list[Value]],
+        wp: _Params,
+    ) -> None:
+        self.b, self.fb, self.cf, self.by_chunk, self.stage_of = b, fb, cf, by_chunk, stage_of
+        self.inputs, self.mbs = inputs, mbs
+        n = len(b.chunks)
+        self.act: dict[tuple[int, int], Value] = {}
+        self.dys: dict[tuple[int, int], Value] = {}
+        self.res: dict[tuple[int, int], tuple[Value, ...]] = {}
+        self.carried: dict[tuple[int, int], tuple[Value, ...]] = {}
+        self.acc: dict[int, list[Value] | None] = {c: None for c in range(n)}
+        self.grads_left = {c: 0 for c in range(n)}
+        self.ddp = b.bucketed and b.s.zero < 2
+        self.losses: list[Value] = []
+        self.outputs_inf: list[Value] = []
+        self.last = n - 1
+        # a chunk's weights are the same values for every microbatch: listed once per chunk
+        self.cw = [chunk_weights(ls) for ls in by_chunk]
+        self.weights_of = [
+            [b._layer_view(fb, wp.wuse[wp.home[(w, c)]], stage_of[c]) for w in self.cw[c]]
+            for c in range(len(by_chunk))
+        ]
+        self.gathered: set[int] = set()  # chunks whose weights were gathered this step (gather_early)
+        self.chunk_extras = [
+            [mbs[(e, stage_of[c])] for L in ls for e in L.extras] for c, ls in enumerate(by_chunk)
+        ]
+        self.outbox: dict[Action, tuple[Value, int, int, str]] = {}
+
+    def write(self, order: list[Any]) -> None:
+        """Every action at its (estimated) start, its transfer at the end of the action."""
+        # per chunk, the backward actions left that produce weight gradients (the last reduces)
+        grad_kind = "W" if self.b.s.schedule == "zb1" else "B"
+        for ta in order:
+            if ta.action.kind == grad_kind:
+                self.grads_left[ta.action.stage] += 1
+        events = sorted(
+            [(ta.start, 1, i, ta.action) for i, ta in enumerate(order)]
+            + [(ta.end, 0, i, ta.action) for i, ta in enumerate(order)],
+            key=itemgetter(0, 1, 2),  # the action itself never breaks a tie
+        )
+        for _t, phase, _i, a in events:
+            if phase == 0:
+                self._transfer(a)
+            elif a.kind == "F":
+                self._forward(a)
+            elif a.kind in ("B", "I"):
+                self._backward(a)
+            elif a.kind == "W":
+                self._weight_grads(a)
+
+    def red(self, c: int) -> str:
+        """The suffix of chunk ``c``'s backward that produces weight gradients now."""
+        b = self.b
+        self.grads_left[c] -= 1
+        if b.hsdp and self.grads_left[c]:  # HSDP: across the groups in the last backward only
+            return "_rs"
+        return "_red" if b.bucketed and (not self.ddp or self.grads_left[c] == 0) else ""
+
+    def to_mesh(self, v: Value, mesh: Mesh, name: str) -> Value:
+        return self.b._mesh_send(self.fb, v, mesh, name)
+
+    def send(self, v: Value, src: int, dst: int, name: str) -> Value:
+        """Right after the producing action. With communication streams, the value moves to
+        the sender's send stream (free) and across to the receiver's receive stream;
+        ``receive`` hands it to the receiver's compute stream right before the consuming
+        action."""
+        a, b = self.stage_of[src], self.stage_of[dst]
+        if a == b:
+            return v
+        if not self.b.comm_streams:
+            return self.to_mesh(v, self.b.meshes[b], name)
+        way = "fwd" if dst > src else "bwd"
+        out, into = self.b.comm_meshes[(f"{way}_send", a)], self.b.comm_meshes[(f"{way}_recv", b)]
+        return self.to_mesh(self.to_mesh(v, out, name), into, name)
+
+    def receive(self, v: Value, src: int, dst: int, name: str) -> Value:
+        if not self.b.comm_streams or self.stage_of[src] == self.stage_of[dst]:
+            return v
+        return self.to_mesh(v, self.b.meshes[self.stage_of[dst]], name)
+
+    def chunk_args(self, c: int, m: int) -> list[Value]:
+        return [*self.weights_of[c], *(per_mb[m] for per_mb in self.chunk_extras[c])]
+
+    def _transfer(self, a: Action) -> None:
+        """The end of action ``a``: what it produced for another chunk is sent."""
+        got_out = self.outbox.pop(a, None)
+        if got_out is None:
+            return
+        val, src, dst, name = got_out
+        sent = self.send(val, src, dst, name)
+        if dst > src:
+            self.act[(dst, a.microbatch)] = sent
+        else:
+            self.dys[(dst, a.microbatch)] = sent
+
+    def _forward(self, a: Action) -> None:
+        b, fb, c, m = self.b, self.fb, a.stage, a.microbatch
+        if c == 0:
+            x = self.mbs[(self.inputs[0], 0)][m]
+        else:
+            x = self.receive(self.act.pop((c, m)), c - 1, c, f"a{c}_{m}")
+        gathers = b.gather_early and c not in self.gathered
+        f = self.cf[f"c{c}_fwd" + ("_gather" if gathers else "")]
+        n_w = len(self.weights_of[c]) if gathers else 0
+        n_res = len(f.outputs) - 1 - n_w
+        names = [f"a{c + 1}_{m}"] + [f"res{c}_{m}"] * n_res + [f"{w.name}_full" for w in self.cw[c]][:n_w]
+        outs = fb.call(f, x, *self.chunk_args(c, m), n_out=len(f.outputs), names=names)
+        self.res[(c, m)] = outs[1 : 1 + n_res]
+        if gathers:  # the whole compute copies, for the chunk's other calls this step
+            self.gathered.add(c)
+            self.weights_of[c] = list(outs[1 + n_res :])
+        if c < self.last:
+            self.outbox[a] = (outs[0], c, c + 1, f"a{c + 1}_{m}")
+        elif b.train:
+            self.losses.append(outs[0])
+            self.dys[(c, m)] = fb.op("FillLike", outs[0], names=[f"dloss_{m}"], value=1.0)[0]
+        else:
+            self.outputs_inf.append(outs[0])
+
+    def _has_dx(self, c: int) -> bool:
+        v0 = self.by_chunk[c][0].vjp
+        return v0 is not None and 0 in v0.wrt
+
+    def _backward(self, a: Action) -> None:
+        """A full backward (B) or its input-gradient half (I, zero-bubble)."""
+        fb, c, m = self.fb, a.stage, a.microbatch
+        part = "i" if a.kind == "I" else ""
+        base = f"c{c}_bwd" + ("_i" if part else "")
+        prev = self.acc[c]
+        f = self.cf[base + ("_acc" if prev is not None and not part else "") + ("" if part else self.red(c))]
+        dy = self.dys.pop((c, m))
+        if c < self.last:
+            dy = self.receive(dy, c + 1, c, f"dy{c}_{m}")
+        args = [*self.chunk_args(c, m), *self.res.pop((c, m)), dy]
+        if prev is not None and not part:
+            args.extend(prev)
+        outs = fb.call(f, *args, n_out=len(f.outputs), names=[f"d{c}_{m}"] * len(f.outputs))
+        has_dx = self._has_dx(c)
+        rest = outs[1:] if has_dx else outs
+        if part:
+            self.carried[(c, m)] = tuple(rest)
+        else:
+            self.acc[c] = list(rest)
+        if has_dx and c > 0:
+            self.outbox[a] = (outs[0], c, c - 1, f"dy{c - 1}_{m}")
+
+    def _weight_grads(self, a: Action) -> None:
+        """The weight-gradient half of a zero-bubble backward (W)."""
+        c, m = a.stage, a.microbatch
+        prev = self.acc[c]
+        f = self.cf[f"c{c}_bwd_w" + ("_acc" if prev is not None else "") + self.red(c)]
+        args = [*self.carried.pop((c, m)), *(prev or [])]
+        self.acc[c] = list(self.fb.call(f, *args, n_out=len(f.outputs), names=[f"g{c}_{m}"] * len(f.outputs)))
+
+
 class _Gathers:
     """ZeRO-3's parameter gathers in a chunk function (FSDP's ``forward_prefetch`` /
     ``BACKWARD_PRE`` prefetch): each layer's weight shards are all-gathered right before it runs
@@ -978,7 +1115,7 @@ class _Gathers:
         # keep: gathered once and kept for the chunk's later layers (``overlap_param_gather``)
         self.keep = keep
         self.kept: dict[Value, Value] = {}
-        self.on = (b.s.zero == 3 or keep) and b.s.d > 1
+        self.on = (b.s.zero == 3 or keep) and b.s.d * b.s.c > 1
         self.stage = c % b.s.p
         self.stream = b.comm_meshes[("dp_gather", self.stage)] if b.comm_streams and self.on else None
         self.home = b.meshes[self.stage]
@@ -1032,7 +1169,7 @@ class _Gathers:
             return self.taken[w]
         got = self.ready.pop(w, None)
         if got is None:  # not sharded by ZeRO (no dimension divides): used as it is (HSDP: viewed)
-            return self.b._zero3_gather(self.fb, w, self.wp[w], self.home) if self.b.hsdp else self.wp[w]
+            return self.b._zero3_gather(self.fb, w, self.wp[w], self.home) if self.b.viewed else self.wp[w]
         text = self.b._mesh_attr(self.home)
         self.taken[w] = self.fb.emit("MeshSend", (got,), self.b._attrs("mesh", text), (w.name,))[0]
         return self.taken[w]
@@ -1089,6 +1226,8 @@ class _Buckets:
         for w, g in moved:
             if self.b.hsdp:
                 r = self._hsdp_scatter(w, g)
+            elif self.b.cp_view:  # the pending sum over (dp, cp) seen over dp·cp, reduced there
+                r = self.b._redistribute(fb, self._viewed(g), f"g_{w.name}", self.b._grad_target(w))
             else:
                 r = self.b._redistribute(fb, g, f"g_{w.name}", self.b._grad_target(w))
             if self.accs and self.scatter:  # ZeRO-2/3: accumulated in the shard
@@ -1097,6 +1236,12 @@ class _Buckets:
                 r = self.b._redistribute(fb, r, f"g_{w.name}", "R, " + self.b._grad_target(w))
             self.out[w] = r
         self.pending, self.size = [], 0.0
+
+    def _viewed(self, g: Value) -> Value:
+        """``g`` on the weights' view of its mesh (of the ``dp_reduce`` stream, with one)."""
+        b = self.b
+        mesh = b._mesh_for(self.stage, "dp_reduce" if self.stream is not None else None)
+        return self.fb.emit("MeshView", (g,), b._attrs("mesh", b._mesh_attr(mesh)), (g.name,))[0]
 
     def _hsdp_scatter(self, w: Value, g: Value) -> Value:
         """HSDP: ``w``'s pending gradient seen on the (dpr, dp, tp) mesh and reduce-scattered

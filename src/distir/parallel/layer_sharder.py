@@ -30,6 +30,7 @@ from distir.ir.dtensor import (
     Partial,
     Placement,
     Replicate,
+    Shard,
     axis_size,
     format_placements,
     parse_placements,
@@ -93,6 +94,18 @@ def _on_mesh(types: Sequence[Type], ann: dict[int, str], mesh: Mesh) -> tuple[Ty
         else:
             out.append(t)
     return tuple(out)
+
+
+def with_cp(text: str, c: int) -> str:
+    """A placement on the (dp, tp) mesh as it reads on the (dp, cp, tp) mesh of context
+    parallelism over c > 1: what is split by batch over dp (activations, inputs) is split along
+    the sequence (dim 1) over cp; anything else (weights, their gradients, the loss) is placed
+    over cp as over dp — cp acts like dp for weights. Unchanged for c = 1."""
+    if c == 1:
+        return text
+    ps = parse_placements(text)
+    cp = Shard(1) if ps[0] == Shard(0) else ps[0]
+    return format_placements((ps[0], cp, *ps[1:]))
 
 
 def placement_text(*ps: Placement) -> str:
@@ -176,7 +189,7 @@ class LayerSharder:
         self, model: Model, s: Strategy, train: bool, mb: int, functions: dict[str, Function]
     ) -> None:
         self.model, self.s, self.train, self.mb = model, s, train, mb
-        self.mesh_rep = rep_mesh(axis_size(s.d, s.shares), s.t)
+        self.mesh_rep = rep_mesh(axis_size(s.d, s.shares), s.t, s.c)
         self.weight_params = set(model.forward.params[len(model.inputs) :])
         self.functions = functions
         self._sharded: dict[tuple[object, ...], tuple[Function, list[tuple[Placement, ...] | None]]] = {}
@@ -189,7 +202,7 @@ class LayerSharder:
 
     def wp(self, w: Value) -> str:
         """A weight's placement on the (dp, tp) mesh: replicated over dp, its TP placement."""
-        return placement_text(Replicate(), self.model.weight(w.name).tp)
+        return with_cp(placement_text(Replicate(), self.model.weight(w.name).tp), self.s.c)
 
     def _on_mesh(self, types: Sequence[Type], ann: dict[int, str]) -> tuple[Type, ...]:
         """``_on_mesh`` on this sharder's mesh, once per (types, annotations): repeated blocks
@@ -221,7 +234,7 @@ class LayerSharder:
         types, grads = _differentiated(self.model, self.mb, self.s.recompute, self.train)
         orig_calls = self.model.layers
         out: list[ShardedLayer] = []
-        acts = activation_placements(self.model, self.s, types[:n])
+        acts = [with_cp(a, self.s.c) for a in activation_placements(self.model, self.s, types[:n])]
         alike = self._alike
         for i in range(n):
             call = orig_calls[i]
@@ -252,11 +265,11 @@ class LayerSharder:
         texts = self._weight_texts
         for j, r in enumerate(roles[1:], start=1):
             if r is None:
-                pann[j] = ACT
+                pann[j] = with_cp(ACT, self.s.c)
                 continue
             text = texts.get(r)
             if text is None:
-                text = texts[r] = placement_text(Replicate(), r)
+                text = texts[r] = with_cp(placement_text(Replicate(), r), self.s.c)
             pann[j] = text
         return pann
 
@@ -291,12 +304,15 @@ class LayerSharder:
                 bann[at + r] = placement_text(*pl)
         for k in range(len(vj.active_outputs)):
             # the loss's cotangent is the replicated seed; activations' are (S(0), R)
-            bann[at + vj.n_residuals + k] = "R, R" if act_out is None else act_out
+            bann[at + vj.n_residuals + k] = with_cp("R, R", self.s.c) if act_out is None else act_out
         # gradients: the input's as the activation, each weight's as its weight, pending the
         # data-parallel sum (left free, propagation may gather a TP-sharded weight's gradient)
-        dp_grad: Placement = Partial() if self.s.d > 1 else Replicate()
+        # (with cp, also over a dp of one: ``distribute`` sees the pending sum over dp·cp)
+        dp_grad: Placement = Partial() if self.s.d * self.s.c > 1 else Replicate()
+        cp_grad = (Partial(),) if self.s.c > 1 else ()  # the sequence's shards' sum, as over dp
         rann = {
-            k: act_in if j == 0 else placement_text(dp_grad, _role(roles, j)) for k, j in enumerate(vj.wrt)
+            k: act_in if j == 0 else placement_text(dp_grad, *cp_grad, _role(roles, j))
+            for k, j in enumerate(vj.wrt)
         }
         bpins = tuple(k for k, j in enumerate(vj.bwd_params) if j in pins)
         bwd, _ = self.shard(vj.bwd, btypes, bann, rann, bpins)

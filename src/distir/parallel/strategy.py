@@ -7,8 +7,9 @@ follow when they differ from the default, in this order (``sp`` and ``c<n>`` rig
     sp          sequence parallelism (Megatron-LM, Korthikanti et al. 2022) on the tensor-parallel
                 axis: activations between layers sharded along the model's sequence dim; needs t > 1
     c<n>        context parallelism over n GPUs (after t/sp, as in ``d2.t1.c2.p1.k1``; default 1,
-                not printed): the sequence split over a ``cp`` mesh axis, attention by ring
-                (``distir.parallel.context``); a stage's mesh is (dp=d, cp=c, tp=t)
+                not printed): the sequence split over a ``cp`` mesh axis in load-balanced
+                chunks (``distir.parallel.context_model``; K/V all-gathered over cp);
+                a stage's mesh is (dp=d, cp=c, tp=t)
     v<n>        virtual pipeline stages per rank (interleaved schedules), default 1
     z<0-3>      ZeRO stage, default 0
     z3h<n>      HSDP (hybrid sharding: FSDP's HYBRID_SHARD, torchtitan's data_parallel_shard_degree

@@ -176,10 +176,9 @@ def results_table(o: SearchOutput) -> Table:
         mem = f"{row['peak_memory_bytes'] / GIB:.1f}/{row['capacity_bytes'] / GIB:.0f}G"
         if not row["fits"]:
             mem = f"[red]{mem} OOM[/red]"
-        screened = row.get("source") == "screen"  # context parallelism: not simulated
         table.add_row(
             str(i),
-            row["strategy"] + (" [dim](screened only)[/dim]" if screened else ""),
+            row["strategy"],
             f"{row['microbatch_size']}×{row['k']}",
             _t(row["step_time_s"]),
             f"{row['throughput']:.1f}",

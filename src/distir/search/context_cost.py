@@ -22,6 +22,11 @@ whole sequence (``distir.search.profile.LayerProfile``):
   time at the GPU's peak rate (FlashAttention-2's FLOPs: ``distir.ops.attention``). Working
   memory adds the ring's buffers: the K/V received, the dK/dV travelling (4 × ``kv_bytes``).
 
+The screen models the ring (Megatron-LM's and torchtitan's). ``distribute`` builds context
+parallelism with K/V all-gathered over cp instead (``distir.parallel.context_model``): the same
+bytes, but not overlapped with the blocks, so the exact simulation of a c > 1 plan is somewhat
+slower than this estimate (Llama-3 8B at 32K on 8 H100s: 3–11%).
+
 Attention ops are found in the layer functions (the registry's ``Attention``), with their types.
 """
 

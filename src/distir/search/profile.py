@@ -475,7 +475,7 @@ def has_sequence(spec: ModelSpec) -> bool:
 
 
 def num_blocks(spec: ModelSpec, dtype: DType, train: bool) -> int:
-    """The repeated blocks that a pipeline partition divides (``layer_prep.partition``)."""
+    """The repeated blocks that a pipeline partition divides (``distir.parallel.pipeline.partition``)."""
     e = model_ends(spec, dtype, train)
     return num_layers(spec, dtype, train) - e.pre - e.post
 

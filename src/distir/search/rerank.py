@@ -1,8 +1,7 @@
 """Exact re-ranking: a strategy transformed (``distribute``) and simulated, as a plain dict.
 
-A context-parallel strategy (c > 1) is not simulated: ``distribute`` does not build ring
-attention into the step yet (``distir.parallel.context`` has the ring alone), so
-``screened_result`` gives its screen figures in the same form, marked ``source: screen``.
+Every strategy, context-parallel ones (c > 1) included, is built by ``distribute`` and
+simulated (``source: simulated``).
 
 ``ExactJob`` holds what every evaluation of one search shares (model string, cluster string,
 batch, mode, optimizer, dtype) — a frozen, picklable value, so ``functools.partial(evaluate,
@@ -24,7 +23,6 @@ from distir.ir.types import DType
 from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import parse_strategy
 from distir.search.chunk_times import chunk_times
-from distir.search.screen import Estimate
 from distir.sim.simulate import simulate
 
 RESULT_KEYS = (
@@ -150,42 +148,4 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
     }
 
 
-def screened_result(job: ExactJob, e: Estimate) -> dict[str, Any]:
-    """The screen's figures of ``e`` in ``evaluate``'s form (``source: screen``; MFU from the
-    model's FLOPs and the GPUs' peak; HFU unknown; communication: the pipeline transfers and the
-    gradient sync on the screen's critical path)."""
-    s = e.strategy
-    model = _model(job)
-    cluster = _cluster(job.cluster)
-    peak = sum(cluster.device_spec(g).peak_flops(DType.parse(job.dtype)) for g in s.gpus)
-    step = e.step_time_s
-    flops = model.step_flops(job.train)
-    return {
-        "strategy": str(s),
-        "d": s.d,
-        "t": s.t,
-        "c": s.c,
-        "p": s.p,
-        "k": s.k,
-        "microbatch_size": job.batch // (s.d * s.k),
-        "schedule": s.schedule,
-        "zero": s.zero,
-        "shard_group": s.zero_degree if s.zero else None,
-        "recompute": s.recompute,
-        "dtype": job.dtype,
-        "precision": job.precision if job.train else "pure",
-        "step_time_s": step,
-        "throughput": job.batch / step if step > 0 else None,
-        "mfu": flops / (step * peak) if flops is not None and step > 0 and peak > 0 else None,
-        "hfu": None,
-        "peak_memory_bytes": e.peak_memory_bytes,
-        "capacity_bytes": e.capacity_bytes,
-        "fits": e.fits,
-        "bubble_fraction": e.bubble_fraction,
-        "compute_s": e.compute_s,
-        "comm_s": e.pipeline_comm_s + e.sync_s,  # on the screen's critical path
-        "source": "screen",  # context parallelism: distribute does not build c > 1 yet
-    }
-
-
-__all__ = ["RESULT_KEYS", "RESULT_TYPES", "ExactJob", "evaluate", "screened_result"]
+__all__ = ["RESULT_KEYS", "RESULT_TYPES", "ExactJob", "evaluate"]

@@ -59,7 +59,7 @@ from distir.search.profile import (
     num_blocks,
     sequence_length,
 )
-from distir.search.rerank import ExactJob, evaluate, screened_result
+from distir.search.rerank import ExactJob, evaluate
 from distir.search.screen import Estimate, Problem, Screen, rank_key
 from distir.search.shares import add_shares
 from distir.search.space import Pins, Space
@@ -508,12 +508,9 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
         chosen = pick_exact(screened, req.top, pure=req.explain, by_shape=req.pins.pinned)
         tasks = [str(s) for s in chosen]
         cached = len(done & set(tasks))
-        # context parallelism is screened only (``screened_result``)
-        est = {e.strategy: e for e in screened}
-        screen_only = {str(s): screened_result(job, est[s]) for s in chosen if s.c > 1}
         # in the store or not, in parallel on the requested workers
         results = run_all(
-            _exact_order([s for s in chosen if s.c == 1]),
+            _exact_order(chosen),
             fn,
             store,
             workers=req.workers,
@@ -522,7 +519,6 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
             pool=pool,
             started=started,
         )
-        results.update(screen_only)
         t3 = time.perf_counter()
         for task in tasks:  # a stored one may have been edited by hand
             final.check_result(

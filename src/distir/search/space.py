@@ -7,7 +7,13 @@
   activations start to dominate) — or when pinned (``--cp``): every divisor c of the devices
   that cuts the sequence into 2c equal chunks of at least ``CP_MIN_CHUNK`` positions each
   (shorter chunks cannot hide the ring's transfers behind their attention); otherwise c = 1 and
-  the space is what it was;
+  the space is what it was. A context-parallel plan is built and simulated like any other
+  (``distribute``), so the space holds only what ``distribute`` combines with c > 1: no
+  sequence parallelism (the sequence would be split over cp and tp at once) and no HSDP
+  (ZeRO 1–3 shard over the d·c ranks); and one sequence per microbatch and stage (d = 1,
+  microbatch size 1): the loss flattens (batch, sequence) into one dim, which dp
+  and cp cannot both shard, so with more sequences ``distribute`` gathers the logits over cp
+  (``distir.parallel.context_model``);
 - the **microbatch** (samples per replica and microbatch, what users set as the per-GPU
   microbatch size): every divisor b of the per-replica batch with k = per-replica / b ≤ ``max_k``
   gradient-accumulation steps, for every p — p = 1 included, so FSDP/ZeRO-3 with one or two
@@ -110,7 +116,7 @@ def divisors(n: int) -> list[int]:
 @dataclass(frozen=True, slots=True)
 class Space:
     """Strategies for ``devices`` devices, a global ``batch`` and a model of ``n_layers``
-    repeated blocks (the layer calls a pipeline partition divides: ``layer_prep.partition``);
+    repeated blocks (the layer calls a pipeline partition divides: ``distir.parallel.pipeline.partition``);
     ``node_devices``: GPUs per node (0: HSDP is not tried unless pinned); ``seq``: the model's
     sequence length (0: it has none, and no context parallelism); ``sequence``: the model has a
     sequence dim to shard (sequence parallelism is searched with t > 1)."""
@@ -146,6 +152,8 @@ class Space:
                     f"--cp {p.cp}: context parallelism cuts the sequence into 2c = {2 * p.cp} equal chunks; "
                     f"{self.seq} positions do not divide"
                 )
+        if p.cp is not None and p.cp > 1:
+            self._check_cp(p.cp)
         if p.sp and not self.sequence:
             raise SpaceError("sequence parallelism pinned, but the model declares no sequence dim to shard")
         if p.pp is not None and p.pp > self.n_layers:
@@ -170,6 +178,19 @@ class Space:
                 f"no strategy for {self.devices} devices, batch {self.batch} and these pins "
                 f"(tensor parallelism allowed: {', '.join(map(str, self.allowed_tp))})"
             )
+
+    def _check_cp(self, c: int) -> None:
+        """What a pinned context parallelism does not combine with (module docstring)."""
+        p = self.pins
+        clash = [
+            (p.sp, "--sp (sequence parallelism)"),
+            (p.hsdp is not None, f"--hsdp {p.hsdp}"),
+            (p.dp is not None and p.dp > 1, f"--dp {p.dp} (one sequence per microbatch and stage)"),
+            (p.mbs is not None and p.mbs > 1, f"--microbatch-size {p.mbs} (one sequence per microbatch)"),
+        ]
+        for bad, what in clash:
+            if bad:
+                raise SpaceError(f"--cp {c} with {what}: context parallelism does not combine with it yet")
 
     def why_not(self, d: int, t: int, p: int, c: int = 1) -> str | None:
         """Why the space has no strategy of shape (d, t, p) (and context parallelism c), in words
@@ -275,7 +296,9 @@ class Space:
         pins = self.pins
         for c in self.context_degrees():
             for d, t, pp in self.triples(c):
-                sps = [False, True] if t > 1 and self.sequence else [False]
+                if c > 1 and d > 1:  # one sequence per microbatch (module docstring)
+                    continue
+                sps = [False, True] if t > 1 and self.sequence and c == 1 else [False]
                 for sp in sps if pins.sp is None else [pins.sp] if pins.sp in sps else []:
                     yield from self._bases(d, t, pp, sp, c)
 
@@ -283,6 +306,8 @@ class Space:
         """``bases`` of one shape."""
         pins = self.pins
         for k in self.microbatches(self.batch // d):
+            if c > 1 and k * d != self.batch:
+                continue  # one sequence per microbatch (module docstring)
             if pp == 1:
                 scheds = [(pins.schedule or "1f1b", 1)] if pins.schedule in (None, "1f1b", "gpipe") else []
             else:
@@ -309,6 +334,8 @@ class Space:
         of one node (node_devices / t) when a stage's replicas span more than a node; None when
         there is none (it must divide d and be between 2 and d − 1)."""
         h = self.pins.hsdp
+        if base.c > 1:  # not with context parallelism (module docstring)
+            return None
         per = base.t * base.c  # the GPUs of one replica
         if h is None and self.node_devices and base.d * per > self.node_devices:
             h = self.node_devices // per if self.node_devices % per == 0 else None

@@ -10,7 +10,7 @@ planning it there would give, when:
 - the program has no plain (per-device) value (``Units.all_dtensor``) and the callee has no op
   with a ``device`` attribute and no declared type: every op is a local op on DTensors, a
   ``Redistribute``, a ``MeshSend`` or a call, and the types follow the mesh (a local op's result
-  types depend on the mesh only through its axes — ``OpDef._infer_distributed`` — and a
+  types depend on the mesh only through its axes — ``distir.ops.dtensor_inference.infer_distributed`` — and a
   ``Redistribute`` keeps its input's mesh);
 - every argument and result is a DTensor on one mesh, the body runs on that mesh's units only
   and sends nothing to another mesh (no ``MeshSend``): a local op's record depends only on the

@@ -190,7 +190,7 @@ def legalize_placed(
         if plan.sharded[k]:
             if plan.sharded[k] < 0:
                 raise ShardingError(f"`{print_op(op)}`: every value of a sharded op needs a DTensor type")
-            # placements by id (``propagate_choice._pt_id``): equal ids, equal placements
+            # placements by id (``distir.parallel.sharding.choices._pt_id``): equal ids, equal placements
             key = (
                 _PLACED,
                 plan.sig[k],

@@ -31,8 +31,11 @@ from distir.parallel.sharding.legalize import legalize_placed
 from distir.parallel.sharding.propagate import Plan, ShardingError, parsed_placements, place
 
 
-def rep_mesh(d: int, t: int) -> Mesh:
-    """The representative (dp, tp) mesh layer functions are sharded on."""
+def rep_mesh(d: int, t: int, c: int = 1) -> Mesh:
+    """The representative (dp, tp) mesh layer functions are sharded on; (dp, cp, tp) with
+    context parallelism over c > 1 (``distir.parallel.context_model``)."""
+    if c > 1:
+        return Mesh((("dp", d), ("cp", c), ("tp", t)), tuple(Device(i) for i in range(d * c * t)))
     return Mesh((("dp", d), ("tp", t)), tuple(Device(i) for i in range(d * t)))
 
 

@@ -1,0 +1,228 @@
+"""A model with explicit global positions: what ``distribute`` runs under context parallelism.
+
+Context parallelism (``Strategy.c`` = c > 1) splits each sequence over the c GPUs of a ``cp``
+mesh axis in the load-balanced layout of ``distir.parallel.context``: the sequence is cut into
+2c chunks and rank i holds chunks i and 2c−1−i, so under a causal mask every rank does the same
+work (Megatron-LM's and torchtitan's layout). ``distribute`` expresses that split as an ordinary
+contiguous ``Shard(1)`` over ``cp`` of a *reordered* sequence: the inputs arrive in
+``balanced_order`` (rank 0's two chunks, then rank 1's, …), as a context-parallel data loader
+hands each rank its chunks (torchtitan's ``context_parallel`` reorders its buffers so). What
+depends on a token's position must then use its global position, not its index:
+
+``context_model(model, c)`` adds an input ``pos`` (int64, the inputs' (batch, seq)): each token's
+global position, in the same order as the tokens (``balanced_positions``; ``arange`` in the
+original order gives the original model exactly). Every layer function that uses positions gets
+``pos`` as a last parameter, and:
+
+- ``Rope(x)`` becomes ``Rope(x, pos)`` (each row rotated by its global position);
+- ``Attention(q, k, v)`` becomes ``Attention(q, k, v, pos, pos)`` (the causal mask by position);
+  sharded along the sequence it is the queries' rows against all-gathered K/V
+  (``distir.ops.attention``: positions);
+- a learned position table read as ``Slice(w, 0:S)`` (GPT-2's ``wpe``) becomes
+  ``Gather(w, pos)`` (each token's row).
+
+And one rewrite for the sharding layer's sake: a weight applied to activations,
+``MatMul(x (B, S, H), w (H, F))``, becomes ``MatMul(x, Reshape(w))`` (w as (1, H, F),
+broadcast over the batch). The same product; but its weight gradient is then the batched
+``xᵀ·dy`` summed over the batch — a pending sum over dp (batch) *and* cp (sequence) — where the
+2-D form's gradient flattens (B, S) into one dim, which two mesh axes cannot both shard (the
+sharding layer would gather the sequence and compute every weight gradient c times over).
+
+**Limit: one sequence per microbatch and stage.** The loss layer flattens (batch, sequence) into
+one dim (``Reshape`` to (B·S, V)); two mesh axes cannot both shard one dim, so with more than
+one sequence per microbatch on a stage (d > 1, or several samples per microbatch) the logits'
+sequence is gathered over cp before the loss — correct, but it costs the loss layer c times its
+memory and compute. The search keeps to one sequence per microbatch unless pinned
+(``distir.search.space``).
+
+Models whose activations carry no sequence dim 1, whose inputs are not (batch, seq), or whose
+attention is the explicit ``CausalMask`` form (``attention=naive``) are refused
+(``StrategyError``): their positions are not ops this pass knows. The loss is a mean over
+tokens, so it does not depend on their order; gradients neither.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from distir.autodiff.reverse import value_types
+from distir.autodiff.train import layer_types
+from distir.frontends.zoo.model import InputSpec, Model
+from distir.ir.function import Function, Module
+from distir.ir.ops import Call, Instr, Op
+from distir.ir.rewrite import ValueMap, copy_instr
+from distir.ir.types import DType, TensorType, Type
+from distir.ir.values import Attrs, Value
+from distir.ops.attention import ATTENTION, ROPE
+from distir.ops.linalg import MATMUL
+from distir.ops.nn import CAUSAL_MASK
+from distir.ops.shape.select import SLICE
+from distir.parallel.context import balanced_positions
+from distir.parallel.strategy import StrategyError
+
+POS = "pos"
+_POSITIONED = (ROPE.name, ATTENTION.name)  # ops that take the global positions (module docstring)
+_REFUSED = (CAUSAL_MASK.name,)  # a mask by index, which a reordered sequence breaks
+
+
+def balanced_order(seq: int, c: int) -> np.ndarray:
+    """The global positions in the order ``distribute`` takes the sequence under context
+    parallelism over c ranks: rank 0's two chunks, then rank 1's, … (``balanced_positions``)."""
+    return np.concatenate([balanced_positions(seq, c, r) for r in range(c)])
+
+
+def context_inputs(model: Model, c: int, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The inputs of ``model`` (by name, in the original order) as ``distribute`` under context
+    parallelism over c ranks takes them: each reordered along the sequence (``balanced_order``),
+    and the positions ``pos`` added."""
+    out = dict(values)
+    seq = model.inputs[0].type.shape[1]
+    order = balanced_order(seq, c)
+    for spec in model.inputs:
+        out[spec.name] = np.take(values[spec.name], order, axis=1)
+    batch = values[model.inputs[0].name].shape[0]
+    out[POS] = np.broadcast_to(order, (batch, seq)).astype(np.int64)
+    return out
+
+
+def context_model(model: Model, c: int) -> Model:
+    """``model`` with global positions as an input (module docstring)."""
+    _check(model, c)
+    n_in = len(model.inputs)
+    weights = set(model.forward.params[n_in:])
+    first = model.inputs[0].type
+    pos_type = TensorType(DType.i64, first.shape[:2], first.device)
+    fb_params = list(model.forward.params)
+    pos = Value(POS, pos_type)
+    fb_params.insert(n_in, pos)
+    rewritten: dict[str, Function] = {}
+    for fn in model.module.functions:
+        if fn is model.forward:
+            continue
+        calls = [i for i in model.forward.body if isinstance(i, Call) and i.callee == fn.name]
+        tables = {
+            j
+            for call in calls
+            for j, v in enumerate(call.inputs)
+            if v in weights  # parameters a call binds to a weight: position tables may be among them
+        }
+        new = _with_positions(fn, tables)
+        if new is not None:
+            rewritten[fn.name] = new
+    body: list[Instr] = []
+    for instr in model.forward.body:
+        if isinstance(instr, Call) and instr.callee in rewritten:
+            instr = Call(instr.callee, (*instr.inputs, pos), instr.outputs)
+        body.append(instr)
+    entry = replace(model.forward, params=tuple(fb_params), body=tuple(body))
+    fns = [rewritten.get(f.name, f) for f in model.module.functions if f is not model.forward]
+    spec = InputSpec(POS, pos_type, high=first.shape[1])
+    positioned = replace(model, module=Module((*fns, entry)), inputs=(*model.inputs, spec))
+    return _batched_weight_products(positioned)
+
+
+def _batched_weight_products(model: Model) -> Model:
+    """Every ``MatMul`` of a 3-D activation by a 2-D operand as a broadcast batched product
+    (module docstring)."""
+    types = layer_types(model)
+    seen: dict[str, Function] = {}
+    for call, ts in zip(model.layers, types, strict=True):
+        if call.callee in seen:
+            continue
+        fn = model.module[call.callee]
+        env = value_types(model.module, fn, ts)
+        body: list[Instr] = []
+        changed = False
+        for instr in fn.body:
+            if isinstance(instr, Op) and instr.name == MATMUL.name and _ranks(env, instr) == (3, 2):
+                a, b = instr.inputs
+                wide = Value(f"{b.name}_b", None)
+                bt = env[b]
+                assert isinstance(bt, TensorType)
+                body.append(Op("Reshape", (b,), (wide,), Attrs({"shape": (1, *bt.shape)})))
+                body.append(Op("MatMul", (a, wide), instr.outputs, instr.attrs))
+                changed = True
+                continue
+            body.append(instr)
+        seen[call.callee] = replace(fn, body=tuple(body)) if changed else fn
+    fns = [seen.get(f.name, f) for f in model.module.functions]
+    return replace(model, module=Module(tuple(fns)))
+
+
+def _ranks(env: dict[Value, Type], op: Op) -> tuple[int, ...]:
+    ts = [env.get(v) for v in op.inputs]
+    return tuple(t.rank if isinstance(t, TensorType) else -1 for t in ts)
+
+
+def _check(model: Model, c: int) -> None:
+    """Refuse what this pass cannot give positions to (module docstring)."""
+    if model.seq_dim != 1:
+        raise StrategyError(
+            f"context parallelism (c={c}) splits the sequence (dim 1) of the activations; "
+            f"{model.name} declares seq_dim={model.seq_dim}"
+        )
+    seqs = {i.type.shape[1] if i.type.rank == 2 else None for i in model.inputs}
+    if len(seqs) != 1 or None in seqs:
+        shapes = ", ".join(f"{i.name} {i.type.shape}" for i in model.inputs)
+        raise StrategyError(
+            f"context parallelism (c={c}) needs every input of {model.name} shaped (batch, seq); got {shapes}"
+        )
+    seq = next(iter(seqs))
+    assert seq is not None
+    if seq % (2 * c):
+        raise StrategyError(
+            f"context parallelism over c={c} cuts the sequence into 2c = {2 * c} equal chunks; "
+            f"{seq} positions of {model.name} do not divide"
+        )
+    for fn in model.module.functions:
+        for op in fn.ops():
+            if op.name in _REFUSED:
+                raise StrategyError(
+                    f"context parallelism (c={c}): @{fn.name} masks by index ({op.name}, the explicit "
+                    "attention form); build the model with the fused Attention op"
+                )
+
+
+def _with_positions(fn: Function, tables: set[int]) -> Function | None:
+    """``fn`` with a last parameter ``pos`` and its positioned ops rewritten; None when it has
+    none. ``tables``: the parameters bound to weights (a ``Slice(w, 0:S)`` of one is a learned
+    position table)."""
+    table_params = {fn.params[j] for j in tables if j < len(fn.params)}
+    if not any(_positioned(op, table_params) for op in fn.ops()):
+        return None
+    vmap = ValueMap()
+    params = [vmap(p) for p in fn.params]
+    pos = Value(POS, None)
+    body: list[Instr] = []
+    for instr in fn.body:
+        new = copy_instr(instr, vmap)
+        if isinstance(instr, Op) and _positioned(instr, table_params):
+            assert isinstance(new, Op)
+            new = _rewrite(new, pos)
+        body.append(new)
+    return Function(fn.name, (*params, pos), tuple(body), tuple(vmap(v) for v in fn.outputs), fn.donated)
+
+
+def _positioned(op: Op, tables: set[Value]) -> bool:
+    if op.name in _POSITIONED:
+        return True
+    return op.name == SLICE.name and op.inputs[0] in tables and _table_slice(op.attrs)
+
+
+def _table_slice(attrs: Attrs) -> bool:
+    """A slice of the first rows of a table (``starts=(0,)`` on axis 0)."""
+    return tuple(attrs.get("axes") or (0,)) == (0,) and tuple(attrs.get("starts") or (0,)) == (0,)  # type: ignore[arg-type]
+
+
+def _rewrite(op: Op, pos: Value) -> Op:
+    if op.name == ROPE.name:
+        return Op(ROPE.name, (op.inputs[0], pos), op.outputs, op.attrs)
+    if op.name == ATTENTION.name:
+        return Op(ATTENTION.name, (*op.inputs[:3], pos, pos), op.outputs, op.attrs)
+    # Slice(table, 0:S): each token's row of the table, by its global position
+    return Op("Gather", (op.inputs[0], pos), op.outputs, Attrs({"axis": 0}))
+
+
+__all__ = ["POS", "balanced_order", "context_inputs", "context_model"]
