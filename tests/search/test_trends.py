@@ -144,8 +144,11 @@ def test_a_128k_token_llama_finds_context_parallelism() -> None:
     """Llama-3 8B at a 128K sequence on two H100 nodes (``--model llama3-8b:seq=131072 --cluster
     h100:2 --batch 16``): the attention's S² and the activations of one whole sequence per GPU
     make context parallelism win. The winner has c > 1, built by ``distribute`` and simulated
-    exactly like any plan, and beats the best plan without it by at least 1.2× (the winner
-    simulated against the best screened plan without context parallelism)."""
+    exactly like any plan, and beats the best plan without it by at least 1.15× (the winner
+    simulated against the best screened plan without context parallelism: d4.t4.p1.k4.z2.rfull,
+    which fits — exact tensor peak 74.61 GiB of 75.18, screened 74.60 since the screen follows
+    the inlined liveness; it was screened out of memory at 82.5 GiB before — simulated at 79.7 s
+    against the winner's 67.5 s, 1.18×)."""
     out = search(
         SearchRequest(
             model="llama3-8b:seq=131072", cluster="h100:2", batch=16, dtype="bf16", precision="mixed", top=4
@@ -156,4 +159,4 @@ def test_a_128k_token_llama_finds_context_parallelism() -> None:
     s = parse_strategy(str(best["strategy"]))
     assert s.c > 1 and best["source"] == "simulated", best
     plain = next(e for e in out.screened if e.fits and e.strategy.c == 1)
-    assert plain.step_time_s / best["step_time_s"] >= 1.2, (plain.strategy, best)
+    assert plain.step_time_s / best["step_time_s"] >= 1.15, (plain.strategy, best)
