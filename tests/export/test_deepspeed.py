@@ -5,6 +5,7 @@ train_batch_size = micro × accumulation × data-parallel size."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -94,21 +95,32 @@ class _DataParallel:
 
 
 @pytest.fixture(scope="module")
-def deepspeed_config() -> Any:
+def deepspeed_config() -> Iterator[Any]:
     """DeepSpeed's own config loader, in a one-process gloo group (it reads the rank from its
-    communication module); skipped where DeepSpeed is not installed (``./dev`` installs it)."""
+    communication module) on a free port; skipped where DeepSpeed is not installed (``./dev``
+    installs it). The launcher variables it sets are removed afterwards, and the group destroyed:
+    other tests in this process must not believe they run under torchrun."""
     pytest.importorskip("torch")
     pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (./dev installs the deepspeed extra)")
-    import os
+    import socket
 
     import deepspeed.comm as ds_comm
+    import torch.distributed as dist
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    for k, v in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533"), ("RANK", "0"), ("WORLD_SIZE", "1")):
-        os.environ.setdefault(k, v)
-    os.environ.setdefault("LOCAL_RANK", "0")
-    ds_comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
-    return DeepSpeedConfig
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1"}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in (*env.items(), ("LOCAL_RANK", "0")):
+            mp.setenv(k, v)
+        ds_comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+        try:
+            yield DeepSpeedConfig
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
 @pytest.mark.slow
