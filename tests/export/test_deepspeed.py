@@ -141,6 +141,7 @@ def test_deepspeeds_own_loader_reads_the_export(deepspeed_config: Any, strategy:
     assert got.bfloat16_config.enabled
 
 
+@pytest.mark.slow  # DeepSpeed's import and process group take ~35 s
 def test_deepspeeds_loader_refuses_a_broken_batch_identity(deepspeed_config: Any) -> None:
     """The loader really checks: the same JSON with one accumulation step too many is refused."""
     plan = make_plan("gpt2-1.6b", "d4.t1.p1.k4.1f1b.z3", 64, cluster="dgx-a100:2")
