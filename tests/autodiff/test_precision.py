@@ -218,8 +218,8 @@ def test_torch_loss_equals_the_fp32_loss_and_keeps_more() -> None:
         peaks[form] = simulate(prog, parse_cluster("dgx-a100"), device_map(s, True)).peak_memory[0]
     logits = 8 * 64 * 8192  # elements
     # at the backward's peak the default form holds 8 bytes per logit (measured; 10 before the
-    # loss's bf16 input died inside the loss call as the inlined program frees it); torch's the fp32 log-probabilities, the NLL's
-    # dense gradient and the log-softmax's (12); the fused kernel the bf16 logits and their bf16
-    # gradient (4)
+    # loss's bf16 input died inside the loss call as the inlined program frees it); torch's the
+    # fp32 log-probabilities, the NLL's dense gradient and the log-softmax's (12); the fused
+    # kernel the bf16 logits and their bf16 gradient (4)
     assert peaks["torch"] - peaks["fp32"] >= 3.5 * logits
     assert peaks["fp32"] - peaks["fused"] >= 3.5 * logits
