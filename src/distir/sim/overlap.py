@@ -36,7 +36,7 @@ from typing import NamedTuple, TypeVar
 from distir.ir.function import Function
 from distir.ir.ops import Instr, Op
 from distir.ir.values import Value
-from distir.ops.registry import REGISTRY, CommPattern, Fusion, UnknownOpError
+from distir.ops.registry import REGISTRY, CommPattern, Fusion, OpDef, UnknownOpError
 from distir.sim.records import CallSummary, OpRecord
 
 NO_PAIR = -1
@@ -55,14 +55,24 @@ class Candidates(NamedTuple):
     bulk: tuple[int, ...]
 
 
-def _opdef_is(instr: Instr, what: str) -> bool:
+def _opdef(instr: Instr) -> OpDef | None:
+    """The registry's definition of an op instruction (None: a call, or an op it does not know)."""
     if not isinstance(instr, Op):
-        return False
+        return None
     try:
-        d = REGISTRY[instr.name]
+        return REGISTRY[instr.name]
     except UnknownOpError:
-        return False
-    return d.gemm is not None if what == "gemm" else d.fusion is Fusion.TRANSPARENT
+        return None
+
+
+def _is_gemm(instr: Instr) -> bool:
+    d = _opdef(instr)
+    return d is not None and d.gemm is not None
+
+
+def _is_layout_change(instr: Instr) -> bool:
+    d = _opdef(instr)
+    return d is not None and d.fusion is Fusion.TRANSPARENT
 
 
 def _ancestors(body: Sequence[Instr], producer: dict[Value, int], v: Value) -> set[int]:
@@ -82,7 +92,7 @@ def pairs(fn: Function) -> list[Candidates | None]:
     """Per instruction of ``fn``'s body, the GEMMs a collective there may overlap, or None (not
     a one-input, one-result layout change, or nothing to overlap)."""
     body = fn.body
-    gemms = [i for i, x in enumerate(body) if _opdef_is(x, "gemm")]
+    gemms = [i for i, x in enumerate(body) if _is_gemm(x)]
     out: list[Candidates | None] = [None] * len(body)
     if not gemms:
         return out
@@ -95,7 +105,7 @@ def pairs(fn: Function) -> list[Candidates | None]:
             producer[v] = i
     is_gemm = set(gemms)
     for i, instr in enumerate(body):
-        if len(instr.inputs) != 1 or len(instr.outputs) != 1 or not _opdef_is(instr, "layout"):
+        if len(instr.inputs) != 1 or len(instr.outputs) != 1 or not _is_layout_change(instr):
             continue
         src = instr.inputs[0]
         direct, after = first_use.get(instr.outputs[0], NO_PAIR), True
