@@ -12,6 +12,7 @@ from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import parse_cluster
 from distir.ir.function import Function
 from distir.ir.printer import print_function
+from distir.ir.types import DType
 from distir.parallel.distribute import ShardedLayer, sharded_layers
 from distir.search.distinct import Reduced, distinct_layers
 from distir.search.profile import LayerProfile, Profiler
@@ -112,3 +113,21 @@ def test_unsharded_profiles_equal_those_of_a_one_device_mesh(name: str, train: b
         for layer in fast.sharded(1, b, rec):
             for fn in (layer.fwd, layer.bwd):
                 assert fn is None or all(op.name != "Redistribute" for op in fn.body)
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("train", [True, False])
+def test_shared_plans_give_the_profiles_of_probes_planned_anew(name: str, train: bool) -> None:
+    """The probes of one layer function plan on one domain (``SharedPlans``): every figure is
+    that of probes each planned on its own, on homogeneous and mixed TP groups, mixed precision."""
+    spec = parse_model_string(name)
+    cluster = parse_cluster("p3.8xlarge:1+g4dn.12xlarge:1")
+    shared = Profiler(spec, cluster, train=train)
+    alone = Profiler(spec, cluster, train=train, share_plans=False)
+    cases = ((1, 2, [0], "none", False), (2, 4, [4, 5], "full", True), (4, 3, [2, 3, 4, 5], "selective", False))
+    for t, b, gpus, rec, sp in cases:
+        sp = sp and spec.build(1, DType.f32).seq_dim is not None  # sp needs a sequence dim
+        got: list[LayerProfile] = shared.layers(t, b, gpus, rec, sp)
+        assert got == alone.layers(t, b, gpus, rec, sp)
+    assert shared.probes == alone.probes
+    assert shared._shared.hits > 0 or not train  # shared (inference probes each function once)

@@ -132,3 +132,31 @@ def test_a_donated_parameter_read_after_its_successor_is_made_is_not_updated_in_
     """``w`` is read after ``w2`` is made: it lives until that read (x, w, c, w2, e)."""
     fast, traced = _peaks(_update("  %e = Add(%w, %c)\n  return %w2, %e", " donated(0)"))
     assert fast == traced == 5 * MB
+
+
+def test_shared_plans_give_each_entry_its_own_donations() -> None:
+    """Entries that differ only in what they donate call one callee object: planned on one domain
+    (``SharedPlans``), each gets the figures of its own simulation, traced or not."""
+    from distir.hardware.cluster import parse_cluster as _cluster
+    from distir.sim.cost import RooflineCostModel
+    from distir.sim.devices import DeviceMap
+    from distir.sim.simulate import SharedPlans
+
+    cl = _cluster("dgx2-v100")
+    first = _with_call("")["first"]
+    mods = [Module((first, _with_call(d).entry)) for d in ("", " donated", " donated(0)", " donated(1)")]
+    args = mods[0].entry.params[0].type, mods[0].entry.params[1].type
+    dmap = DeviceMap.default({d for t in args if t is not None for d in [t.device]}, cl.num_devices)
+    cost = RooflineCostModel(cl)
+    shared = SharedPlans()
+    for trace in (False, True):
+        for m in mods:
+            got = simulate(m, cl, dmap, cost, trace=trace, shared=shared)
+            want = simulate(m, cl, dmap, cost, trace=trace)
+            assert (got.step_time_s, got.peak_memory, got.flops, got.memory_timeline) == (
+                want.step_time_s,
+                want.peak_memory,
+                want.flops,
+                want.memory_timeline,
+            )
+    assert shared.hits == len(mods)  # each entry (its own parameter types) shared by its traced run

@@ -51,7 +51,7 @@ from distir.search.distinct import Reduced, distinct_layers
 from distir.search.executor import TASK_LOST
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
-from distir.sim.simulate import simulate
+from distir.sim.simulate import SharedPlans, simulate
 from distir.sim.units import piece_bytes
 
 
@@ -135,6 +135,9 @@ class Profiler:
     train: bool = True
     cost_model: CostModel | None = None
     mixed: bool = False  # mixed precision: the loss layer casts to fp32 (``Precision.prepare``)
+    # the probes of one layer function share its plan (``SharedPlans``: the same figures; False
+    # plans every probe anew, the reference the tests compare with)
+    share_plans: bool = True
     _cache: dict[tuple[object, ...], list[LayerProfile]] = field(default_factory=dict)
     _fn_cache: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
     _work: dict[tuple[object, ...], float] = field(default_factory=dict)
@@ -143,6 +146,7 @@ class Profiler:
     _split: dict[int, tuple[ShardedLayer, Function]] = field(default_factory=dict)
     _models: dict[int, Reduced] = field(default_factory=dict)
     _pending: dict[tuple[object, ...], Future[TaskResult]] = field(default_factory=dict)
+    _shared: SharedPlans = field(default_factory=SharedPlans)
     probes: int = 0  # layer simulations run (for benches), by workers too
     worker_cpu_s: float = 0.0  # CPU seconds workers spent on the profiles taken from them
 
@@ -303,6 +307,9 @@ class Profiler:
         for k, v in profiles.items():
             self._cache.setdefault(k, v)
 
+    def _plans(self) -> SharedPlans | None:
+        return self._shared if self.share_plans else None
+
     def _run(
         self,
         fn: Function,
@@ -319,7 +326,7 @@ class Profiler:
         got = self._fn_cache.get(k2)
         if got is not None:
             return (*got, self._work.get(k2, 0.0))
-        r = simulate(_probe(fn, args, dying), self.cluster, dmap, cost)
+        r = simulate(_probe(fn, args, dying), self.cluster, dmap, cost, shared=self._plans())
         self.probes += 1
         n = len(dmap.mapping)
         # the tensors' transient peak (the runtime memory is the device's, not the layer's)
@@ -352,7 +359,7 @@ class Profiler:
             return got
         if not keep:
             return 0.0
-        r = simulate(_probe(fn, args, dying, keep), self.cluster, dmap, cost, trace=True)
+        r = simulate(_probe(fn, args, dying, keep), self.cluster, dmap, cost, trace=True, shared=self._plans())
         self.probes += 1
         assert r.memory_timeline is not None
         gone = sum(local_nbytes(args[j]) for j in dying)  # one device's share, as ``local_nbytes``

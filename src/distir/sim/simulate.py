@@ -144,6 +144,7 @@ def simulate(
     fn: Function | None = None,
     trace_detail: str = "chunk",
     planner: str = "fast",
+    shared: SharedPlans | None = None,
 ) -> SimResult:
     """Simulate ``fn`` (default: the module's entry) on ``cluster``. ``trace_detail`` (with
     ``trace``): how deep ``SimResult.trace_detail`` looks into calls — ``chunk``, ``layer`` or
@@ -161,10 +162,16 @@ def simulate(
     # planning allocates many small, long-lived objects: the cyclic GC only slows it down. The
     # planning domain, its plans and memos are freed (by reference counting: they hold no
     # cycle) before the collector is back on, so its first collection does not walk them
+    keep_bodies = trace and trace_detail != "chunk"
     with paused_gc():
-        result, plan, domain = _simulate(
-            module, fn, args, cluster, device_map, cost_model, trace, batch, trace and trace_detail != "chunk"
+        got = (
+            shared.simulate(module, fn, args, cluster, device_map, cost_model, trace, batch)
+            if shared is not None and device_map is not None and cost_model is not None and not keep_bodies
+            else None
         )
+        if got is None:
+            got = _simulate(module, fn, args, cluster, device_map, cost_model, trace, batch, keep_bodies)
+        result, plan, domain = got
         if trace:
             result.trace_source = _detail_source(trace_detail, plan, domain, module, fn, args)
         del plan, domain  # freed while the collector is paused (the trace keeps the plan)
@@ -212,6 +219,63 @@ def _simulate(
         domain = PlanDomain(module, device_map, cost, entry)
         plan = domain.plan(fn, args)
     return _run(plan, domain, cluster, device_map, trace, batch), plan, domain
+
+
+class SharedPlans:
+    """Callee plans shared by the simulations of programs that call the same functions (the same
+    objects) on the same device map and cost model (the same objects) with arguments of the same
+    types (the same objects): e.g. the search's layer probes (``distir.search.profile``), which
+    simulate one layer's function several times under entries that differ only in what they
+    donate and return.
+
+    Such simulations plan on one ``PlanDomain``: each entry is planned anew (its options, its
+    donations, its results), its calls take the callees' summaries the first simulation made —
+    exactly what planning them again would give, since a summary is a function of the callee,
+    its argument types, the units and the cost model only (``distir.sim.plan``; an argument
+    donated by the entry is freed at its last use inside the summary's inlined order, whoever
+    donates it). The units are the first simulation's: assumed from the same entry types and
+    confirmed once (a domain whose units are not confirmed is not kept). Sharing is off for
+    programs whose first simulation needed ``Units.prepare``; those are simulated as usual."""
+
+    def __init__(self) -> None:
+        # (ids of the callees, of the device map, of the cost model and of the argument types) ->
+        # (the domain, and those objects: kept alive so their ids stay valid)
+        self._domains: dict[tuple[int, ...], tuple[PlanDomain, tuple[object, ...]]] = {}
+        self.hits = 0  # simulations planned on a kept domain (for tests)
+
+    def simulate(
+        self,
+        module: Module,
+        fn: Function,
+        args: list[Any],
+        cluster: Cluster,
+        dmap: DeviceMap,
+        cost: CostModel,
+        trace: bool,
+        batch: int | None,
+    ) -> tuple[SimResult, FnPlan, PlanDomain] | None:
+        """``_simulate``'s result on the kept domain of this program's callees, else on a new one
+        that is then kept if its units are confirmed; None when the program cannot share one."""
+        callees = tuple(f for f in module.functions if f is not fn)
+        alive = (*callees, dmap, cost, *args)
+        key = tuple(map(id, alive))
+        options = PlanOptions(entry_param_uses=False, entry_memory_columns=not trace, assume_units=True)
+        got = self._domains.get(key)
+        if got is not None:
+            domain = got[0]
+            domain.module, domain.options = module, options
+            self.hits += 1
+            plan = domain.plan(fn, args)
+            return _run(plan, domain, cluster, dmap, trace, batch), plan, domain
+        domain = PlanDomain(module, dmap, cost, options)
+        try:
+            plan = domain.plan(fn, args)
+        except PROGRAM_ERRORS:
+            return None
+        if not domain.units.confirm():
+            return None
+        self._domains[key] = (domain, alive)
+        return _run(plan, domain, cluster, dmap, trace, batch), plan, domain
 
 
 def _simulate_reference(
