@@ -124,7 +124,11 @@ def test_shared_plans_give_the_profiles_of_probes_planned_anew(name: str, train:
     cluster = parse_cluster("p3.8xlarge:1+g4dn.12xlarge:1")
     shared = Profiler(spec, cluster, train=train)
     alone = Profiler(spec, cluster, train=train, share_plans=False)
-    cases = ((1, 2, [0], "none", False), (2, 4, [4, 5], "full", True), (4, 3, [2, 3, 4, 5], "selective", False))
+    cases = (
+        (1, 2, [0], "none", False),
+        (2, 4, [4, 5], "full", True),
+        (4, 3, [2, 3, 4, 5], "selective", False),
+    )
     for t, b, gpus, rec, sp in cases:
         sp = sp and spec.build(1, DType.f32).seq_dim is not None  # sp needs a sequence dim
         got: list[LayerProfile] = shared.layers(t, b, gpus, rec, sp)

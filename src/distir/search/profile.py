@@ -359,7 +359,8 @@ class Profiler:
             return got
         if not keep:
             return 0.0
-        r = simulate(_probe(fn, args, dying, keep), self.cluster, dmap, cost, trace=True, shared=self._plans())
+        probe = _probe(fn, args, dying, keep)
+        r = simulate(probe, self.cluster, dmap, cost, trace=True, shared=self._plans())
         self.probes += 1
         assert r.memory_timeline is not None
         gone = sum(local_nbytes(args[j]) for j in dying)  # one device's share, as ``local_nbytes``

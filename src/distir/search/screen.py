@@ -425,7 +425,7 @@ class Screen:
                 h.update(b"-")
             else:
                 h.update(repr(a.shape).encode())
-                h.update(np.ascontiguousarray(a))
+                h.update(np.ascontiguousarray(a).data)
         key = h.digest()
         if key in self._assignments:
             return self._assignments[key]
