@@ -103,7 +103,6 @@ class ListSolver:
         self.P: FloatArray = np.zeros((p, n + 1))
         np.cumsum(time, axis=1, out=self.P[:, 1:])
         self.P_rows: list[list[float]] = self.P.tolist()
-        self.time_rows: list[list[float]] = time.tolist()
         self.comm_rows: list[list[float]] = comm.tolist()
         scale = max(row[n] for row in self.P_rows)
         if p > 1 and n > 1:
@@ -127,12 +126,22 @@ class ListSolver:
                 self.lo_min.append(np.maximum(np.searchsorted(q, q[ends] - room, side="left"), j).tolist())
         # the cut costs after stage j's ends (index b − j − 1)
         self.cut_rows = [self.comm_rows[j][j : j + m] for j in range(p - 1)]
-        # the distinct cut costs at admissible cuts, sorted (``_Solver.comm_vals``)
-        self.comm_vals = sorted({c for j in range(p - 1) for c in self.cut_rows[j]})
         self.few = few
         self.evaluations = 0
         self.infeasible = 0
         self.listed = 0
+
+    # the two below are built on first use: most searches never list candidates nor evaluate
+    @functools.cached_property
+    def time_rows(self) -> list[list[float]]:
+        """``time`` as lists (``evaluate``)."""
+        rows: list[list[float]] = self.time.tolist()
+        return rows
+
+    @functools.cached_property
+    def comm_vals(self) -> list[float]:
+        """The distinct cut costs at admissible cuts, sorted (``_Solver.comm_vals``)."""
+        return sorted({c for j in range(self.p - 1) for c in self.cut_rows[j]})
 
     def dp(self, mu: float) -> DpResult | None:
         """``_Solver.dp(mu)``: the least-sum assignment with every stage and cut ≤ μ (+ atol).

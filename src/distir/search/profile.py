@@ -146,7 +146,7 @@ class Profiler:
     _split: dict[int, tuple[ShardedLayer, Function]] = field(default_factory=dict)
     _models: dict[int, Reduced] = field(default_factory=dict)
     _pending: dict[tuple[object, ...], Future[TaskResult]] = field(default_factory=dict)
-    _shared: SharedPlans = field(default_factory=SharedPlans)
+    _shared: SharedPlans = field(default_factory=SharedPlans)  # ``layers``' current key's
     probes: int = 0  # layer simulations run (for benches), by workers too
     worker_cpu_s: float = 0.0  # CPU seconds workers spent on the profiles taken from them
 
@@ -199,6 +199,9 @@ class Profiler:
         model = reduced.model
         dmap = DeviceMap({Device(i): Slot(g) for i, g in enumerate(gpus)})
         cost = self.cost_model or RooflineCostModel(self.cluster)
+        # the probes of one layer function share its plan; only this key's are kept (its device
+        # map and cost model are its own), so the plans of a long search do not pile up
+        self._shared = SharedPlans()
         distinct: list[LayerProfile] = []
         for i, L in enumerate(layers):
             fwd = self._run(L.fwd, L.fwd_args, dmap, cost, key)
