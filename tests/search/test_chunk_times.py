@@ -15,7 +15,7 @@ from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import StrategyError, parse_strategy
 from distir.search.chunk_times import chunk_times
 from distir.search.profile import Profiler
-from distir.search.rerank import ExactJob, evaluate
+from distir.search.rerank import ExactJob, evaluate, evaluate_seeded
 from distir.sim.simulate import simulate
 
 GPT = "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128"
@@ -84,3 +84,25 @@ def test_profiled_order_shortens_a_deep_pipeline_of_uneven_layers() -> None:
     # and the search's exact evaluation is that simulation
     got = evaluate(ExactJob("transgan-hetero", "p3.8xlarge:4", 64), str(s))
     assert got["step_time_s"] == steps[1]
+
+
+def test_seeded_exact_evaluation_takes_the_screen_s_profiles() -> None:
+    """``evaluate_seeded`` (the search's exact phase) times its chunks with the profiles the screen
+    shipped, profiling nothing again, and gives ``evaluate``'s result to the last figure, on a
+    mixed-precision run across a V100 and a T4 node."""
+    import distir.search.profile as profile_module
+
+    cl = parse_cluster("p3.8xlarge:1+g4dn.12xlarge:1")
+    job = ExactJob(GPT, cl, 16, dtype="bf16", precision="mixed")
+    s = parse_strategy("d1.t4.p2.k2.1f1b.L2-2")
+    profile_module._PROFILERS.clear()
+    want = evaluate(job, str(s))
+    screen = Profiler(parse_model_string(GPT), cl, DType.bf16, True, mixed=True)
+    for gpus in ([0, 1, 2, 3], [4, 5, 6, 7]):
+        screen.layers(4, 8, gpus, "none")
+    profile_module._PROFILERS.clear()
+    got = evaluate_seeded(job, screen.known(4, 8, "none"), str(s))
+    assert got == want
+    worker = profile_module.cached_profiler(parse_model_string(GPT), cl, DType.bf16, True, True)
+    assert worker.probes == 0  # every chunk time from the shipped profiles
+    profile_module._PROFILERS.clear()

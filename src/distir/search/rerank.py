@@ -23,6 +23,7 @@ from distir.ir.types import DType
 from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import parse_strategy
 from distir.search.chunk_times import chunk_times
+from distir.search.profile import LayerProfile, cached_profiler
 from distir.sim.simulate import simulate
 
 RESULT_KEYS = (
@@ -96,6 +97,23 @@ def _cluster(spec: str | Cluster) -> Cluster:
     return spec if isinstance(spec, Cluster) else parse_cluster(spec)
 
 
+Profiles = dict[tuple[object, ...], list[LayerProfile]]
+
+
+def evaluate_seeded(job: ExactJob, profiles: Profiles, strategy: str) -> dict[str, Any]:
+    """``evaluate``, its chunk times (``chunk_times``) taken from ``profiles`` where they hold
+    them (``Profiler.known`` of the search's screen: the same figures this process would compute,
+    by the same code on the same inputs) instead of profiling those layers again here."""
+    cached_profiler(job.spec(), _cluster(job.cluster), DType.parse(job.dtype), job.train, _mixed(job)).adopt(
+        profiles
+    )
+    return evaluate(job, strategy)
+
+
+def _mixed(job: ExactJob) -> bool:
+    return job.train and job.precision == "mixed"
+
+
 def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
     """Distribute (in the program order of the cost model's chunk times: ``chunk_times``) and
     simulate ``strategy``: step time, throughput, MFU, memory and a compute / communication /
@@ -103,8 +121,7 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
     s = parse_strategy(strategy)
     model = _model(job)
     cluster = _cluster(job.cluster)
-    mixed = job.train and job.precision == "mixed"
-    times = chunk_times(model, job.spec(), cluster, DType.parse(job.dtype), job.train, s, mixed)
+    times = chunk_times(model, job.spec(), cluster, DType.parse(job.dtype), job.train, s, _mixed(job))
     prog = distribute(
         model,
         s,
@@ -148,4 +165,4 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
     }
 
 
-__all__ = ["RESULT_KEYS", "RESULT_TYPES", "ExactJob", "evaluate"]
+__all__ = ["RESULT_KEYS", "RESULT_TYPES", "ExactJob", "evaluate", "evaluate_seeded"]

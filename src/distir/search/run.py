@@ -59,7 +59,7 @@ from distir.search.profile import (
     num_blocks,
     sequence_length,
 )
-from distir.search.rerank import ExactJob, evaluate
+from distir.search.rerank import ExactJob, Profiles, evaluate, evaluate_seeded
 from distir.search.screen import Estimate, Problem, Screen, rank_key
 from distir.search.shares import add_shares
 from distir.search.space import Pins, Space
@@ -422,6 +422,16 @@ def pick_exact(
     return chosen
 
 
+def _exact_profiles(screen: Screen, strategies: list[Strategy], batch: int) -> Profiles:
+    """The layer profiles the screen holds that the exact simulations of ``strategies`` time
+    their chunks with (``chunk_times``: at the even per-replica microbatch), for the processes
+    that run them (``evaluate_seeded``): none is profiled twice."""
+    out: Profiles = {}
+    for s in strategies:
+        out.update(screen.profiler.known(s.t, max(1, batch // (s.d * s.k)), s.recompute, s.sp))
+    return out
+
+
 def _exact_order(strategies: list[Strategy]) -> list[str]:
     """The exact simulations, longest first (more microbatch chunks: a longer program), so that the
     workers finish together."""
@@ -511,7 +521,7 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
         # in the store or not, in parallel on the requested workers
         results = run_all(
             _exact_order(chosen),
-            fn,
+            functools.partial(evaluate_seeded, job, _exact_profiles(screen, chosen, req.batch)),
             store,
             workers=req.workers,
             executor=req.executor,
