@@ -234,8 +234,9 @@ class SharedPlans:
     its argument types, the units and the cost model only (``distir.sim.plan``; an argument
     donated by the entry is freed at its last use inside the summary's inlined order, whoever
     donates it). The units are the first simulation's: assumed from the same entry types and
-    confirmed once (a domain whose units are not confirmed is not kept). Sharing is off for
-    programs whose first simulation needed ``Units.prepare``; those are simulated as usual."""
+    confirmed after each simulation. A program whose units are not confirmed, or that planning
+    finds wrong, is simulated the usual way (``Units.prepare``, the precise error), and its domain
+    is dropped."""
 
     def __init__(self) -> None:
         # (ids of the callees, of the device map, of the cost model and of the argument types) ->
@@ -264,8 +265,15 @@ class SharedPlans:
         if got is not None:
             domain = got[0]
             domain.module, domain.options = module, options
+            try:
+                plan = domain.plan(fn, args)
+            except PROGRAM_ERRORS:  # planned (and reported) the usual way
+                del self._domains[key]
+                return None
+            if not domain.units.confirm():  # as for a domain of its own
+                del self._domains[key]
+                return None
             self.hits += 1
-            plan = domain.plan(fn, args)
             return _run(plan, domain, cluster, dmap, trace, batch), plan, domain
         domain = PlanDomain(module, dmap, cost, options)
         try:
