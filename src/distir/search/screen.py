@@ -417,7 +417,7 @@ class Screen:
         """``assign_layers``, memoized on the exact bytes of its inputs: the placement search
         meets the same stage kinds, links and limits again and again under other GPU numbers.
         The key is a 160-bit digest of them (the inputs themselves would hold megabytes): SHA-1,
-        twice as fast as BLAKE2b here (hashing was a tenth of GPT-3's screen), fed the arrays'
+        twice as fast as BLAKE2b here (a few percent of GPT-3's screen), fed the arrays'
         buffers without copying them; not a security use."""
         h = hashlib.sha1(str(k).encode(), usedforsecurity=False)
         for a in (time_c, comm, mem, cap):
