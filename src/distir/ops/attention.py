@@ -55,12 +55,23 @@ queries' rows (the ring's all-gathered K/V); in the backward, dK and dV are then
 FLOPs with positions: 4·B·h·S_q·S_k·d, halved when causal (exact on average for the balanced
 layout: each rank does 1/c of the causal triangle).
 
+**Ring** (``ring`` = c > 1, with positions): a promise that the sequence is in the
+load-balanced order over c ranks (``ring_order``: 2c chunks, rank r holding chunks r and
+2c−1−r; the references check it) and a request: split along the sequence over a mesh axis of
+c devices, with q, k, v, the positions, out (and dout, dq, dk, dv) all ``Shard(1)`` and lse
+``Shard(2)``, the op runs as ring attention — not as itself on the pieces: materialization
+lowers it to the explicit ring of ``distir.parallel.context`` (blocks of one query chunk
+against one key chunk, fully masked blocks skipped, K/V and dK/dV sent to the next rank, the
+partial results merged by ``AttentionMerge``; ``distir.parallel.sharding.ring``) and the
+simulator times that ring (``distir.sim.ring``). Its global meaning is the op's.
+
 Sharding (``distir.ops.sharding``-style rules, defined here): both attention ops split the batch
 (every tensor on its dim 0), or the heads (q, k, v, out on dim 2, lse on dim 1) when every
 shard keeps whole GQA groups (the pieces of h are the pieces of h_kv times h / h_kv: the local
 query head i still reads local kv head i // group); the sequence and head dims stay whole.
 AttentionGrad is linear in dout, so a pending sum on it (the rest replicated) passes to all
-three gradients. Rope is pointwise over the batch and the heads (and linear: a pending sum
+three gradients. With positions, the queries' rows (above); with ``ring`` = n also the ring
+(everything along the sequence, dK and dV returned split). Rope is pointwise over the batch and the heads (and linear: a pending sum
 passes through); the positions (dim 1) and the pairs (dim 3) stay whole, since a piece does not
 know its global position.
 """

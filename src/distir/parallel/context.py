@@ -41,8 +41,12 @@ next, before its blocks (taken after them, they would hold this step's arrivals 
 blocks on the receive stream).
 
 ``distribute`` builds context parallelism into whole models on a ``cp`` mesh axis
-(``distir.parallel.context_model``) with this layout and global positions as data, but with
-K/V all-gathered for each rank's queries rather than by this ring.
+(``distir.parallel.context_model``) with this layout and global positions as data; its attention
+ops carry ``ring=c`` and keep K/V split over cp, and materialization lowers each to this ring
+(``Ring``, ``ring_forward``, ``ring_backward``: the devices of a cp group as the ranks, no
+streams) — ``distir.parallel.sharding.ring``. ``ring_step_work`` and ``ring_time`` are the
+ring's work per step and its overlapped time, which the simulator (``distir.sim.ring``) and the
+search's screen (``distir.search.context_cost``) both use.
 """
 
 from __future__ import annotations
@@ -219,6 +223,46 @@ def ring_blocks(c: int, r: int, s: int, causal: bool) -> list[tuple[int, int, bo
     return out
 
 
+class StepWork(NamedTuple):
+    """What one rank computes at one ring step, as the ring's program does it: its blocks
+    (``ring_blocks``) and the elementwise ops combining their results — forward, ``merges``
+    (``AttentionMerge``: every block but each query chunk's first, at step 0); backward, Adds of
+    query-chunk size (dQ: every block but each query chunk's first) and of key-chunk size (dK and
+    dV: every block but each key chunk's first in the step, and from step 1 on the dK/dV that
+    arrived, once per key chunk the step touched)."""
+
+    blocks: list[tuple[int, int, bool]]
+    merges: int
+    q_adds: int
+    kv_adds: int
+
+
+def ring_step_work(c: int, r: int, s: int, causal: bool, backward: bool) -> StepWork:
+    """Rank r's work at step s of a ring of c (``StepWork``)."""
+    blocks = ring_blocks(c, r, s, causal)
+    xs, ys = {x for x, _y, _d in blocks}, {y for _x, y, _d in blocks}
+    firsts = len(xs) if s == 0 else 0
+    if not backward:
+        return StepWork(blocks, len(blocks) - firsts, 0, 0)
+    kv = 2 * (len(blocks) - len(ys)) + (2 * len(ys) if s > 0 else 0)
+    return StepWork(blocks, 0, len(blocks) - firsts, kv)
+
+
+def ring_time(steps: Sequence[float], hop: float, backward: bool) -> float:
+    """A ring's time from its steps' compute (``steps``, the slowest rank's per step) and one
+    hop of a rank's K and V (``hop``), transfers overlapping the blocks as Megatron-LM /
+    Transformer Engine run them: forward, the next K/V travel during each step but the last,
+    Σ_{s<c−1} max(C_s, T) + C_{c−1}; backward, a step's partial dK/dV travel during the next
+    step beside the next K/V (one after the other on the link), max(C_0, T) +
+    Σ_{0<s<c−1} max(C_s, 2T) + max(C_{c−1}, T) + T, the last T the final hop of dK/dV back to
+    their owner."""
+    c = len(steps)
+    if not backward:
+        return sum(max(x, hop) for x in steps[:-1]) + steps[-1]
+    comm = [hop if s in (0, c - 1) else 2 * hop for s in range(c)]
+    return sum(max(x, t) for x, t in zip(steps, comm, strict=True)) + hop
+
+
 def ring_attention(shape: RingShape, c: int, comm_streams: bool = False) -> Module:
     """The forward and backward of attention over ``c`` ranks by ring (module docstring).
 
@@ -372,6 +416,7 @@ __all__ = [
     "Local",
     "Ring",
     "RingShape",
+    "StepWork",
     "balanced_chunks",
     "balanced_positions",
     "block_kind",
@@ -380,6 +425,8 @@ __all__ = [
     "ring_blocks",
     "ring_device_map",
     "ring_forward",
+    "ring_step_work",
+    "ring_time",
     "shard_sequence",
     "unshard_sequence",
 ]

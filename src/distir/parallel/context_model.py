@@ -15,9 +15,11 @@ original order gives the original model exactly). Every layer function that uses
 ``pos`` as a last parameter, and:
 
 - ``Rope(x)`` becomes ``Rope(x, pos)`` (each row rotated by its global position);
-- ``Attention(q, k, v)`` becomes ``Attention(q, k, v, pos, pos)`` (the causal mask by position);
-  sharded along the sequence it is the queries' rows against all-gathered K/V
-  (``distir.ops.attention``: positions);
+- ``Attention(q, k, v)`` becomes ``Attention(q, k, v, pos, pos; ring=c)`` (the causal mask by
+  position): sharded along the sequence over cp it runs as ring attention, K/V and dK/dV passed
+  rank to rank (``distir.ops.attention``: ring; lowered by ``distir.parallel.sharding.ring``);
+  with ``ring=False`` (``distribute(..., cp_ring=False)``) without the attribute: the queries'
+  rows against all-gathered K/V (``distir.ops.attention``: positions);
 - a learned position table read as ``Slice(w, 0:S)`` (GPT-2's ``wpe``) becomes
   ``Gather(w, pos)`` (each token's row).
 

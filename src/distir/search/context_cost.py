@@ -33,15 +33,28 @@ Attention ops are found in the layer functions (the registry's ``Attention``), w
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from distir.autodiff.reverse import value_types
 from distir.autodiff.train import layer_types
 from distir.frontends.zoo.model import Model
 from distir.ir.ops import Op
-from distir.ir.types import TensorType
-from distir.ops.attention import ATTENTION, BACKWARD_FACTOR, forward_flops, heads_split_evenly
+from distir.ir.types import Device, DType, TensorType
+from distir.ir.values import Attrs
+from distir.ops.attention import (
+    ATTENTION,
+    ATTENTION_GRAD,
+    ATTENTION_MERGE,
+    BACKWARD_FACTOR,
+    forward_flops,
+    heads_split_evenly,
+    lse_dtype,
+)
+from distir.ops.elementwise import ADD
+from distir.ops.registry import OpDef
+from distir.parallel.context import ring_step_work, ring_time
 from distir.search.profile import LayerProfile
+from distir.sim.cost import CostModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +69,7 @@ class AttentionShape:
     head_dim: int
     itemsize: int
     causal: bool
+    dtype: DType = DType.bf16
 
     def per_rank(self, t: int, c: int) -> tuple[float, float]:
         """(forward FLOPs, K/V bytes) of one rank of a TP group of t and a ring of c: the heads
@@ -83,7 +97,7 @@ def attention_shapes(model: Model) -> list[tuple[AttentionShape, ...]]:
             assert isinstance(q, TensorType) and isinstance(k, TensorType)
             b, s, h, d = q.shape
             found.append(
-                AttentionShape(b, s, h, k.shape[2], d, q.dtype.itemsize, bool(op.attrs.get("causal")))
+                AttentionShape(b, s, h, k.shape[2], d, q.dtype.itemsize, bool(op.attrs.get("causal")), q.dtype)
             )
         out.append(tuple(found))
     return out
@@ -91,31 +105,92 @@ def attention_shapes(model: Model) -> list[tuple[AttentionShape, ...]]:
 
 @dataclass(frozen=True, slots=True)
 class Ring:
-    """A ring's link: latency and seconds per byte of its slowest hop; the GPU's peak FLOP/s."""
+    """A ring's link: latency and seconds per byte of its slowest hop; the GPU's peak FLOP/s.
+    With ``cost`` (and ``gpu``, one of the ring's GPUs), attention is priced per block by that
+    cost model (module docstring); compared and hashed by the GPU's kind (``kind``), not by the
+    cost model or the GPU."""
 
     latency_s: float
     s_per_byte: float
     peak_flops: float
+    kind: object = None
+    gpu: int = field(default=0, compare=False, hash=False)
+    cost: CostModel | None = field(default=None, compare=False, hash=False)
 
     def time(self, nbytes: float) -> float:
         return self.latency_s + nbytes * self.s_per_byte
 
+    def attention_s(self, a: AttentionShape, t: int, sq: int, sk: int, causal: bool, backward: bool) -> float:
+        """The cost model's time of one rank's attention call of ``sq`` queries over ``sk`` keys
+        (heads split over t as in ``AttentionShape.per_rank``), forward or backward."""
+        assert self.cost is not None
+        qt, kt = _rank_types(a, t, sq), _rank_types(a, t, sk, kv=True)
+        lt = TensorType(lse_dtype(a.dtype), (a.batch, qt.shape[2], sq), qt.device)
+        attrs = Attrs({"causal": causal})
+        if backward:
+            ins, outs = [qt, qt, kt, kt, qt, lt], [qt, kt, kt]
+            return float(self.cost.compute_time(ATTENTION_GRAD, ins, outs, attrs, self.gpu))
+        return float(self.cost.compute_time(ATTENTION, [qt, kt, kt], [qt, lt], attrs, self.gpu))
+
+    def elementwise_s(self, od: OpDef, t: TensorType) -> float:
+        """The cost model's time of ``od`` (an Add or an AttentionMerge) on tensors like ``t``."""
+        assert self.cost is not None
+        if od is ATTENTION_MERGE:
+            lt = TensorType(lse_dtype(t.dtype), (t.shape[0], t.shape[2], t.shape[1]), t.device)
+            return float(self.cost.compute_time(od, [t, lt, t, lt], [t, lt], Attrs({}), self.gpu))
+        return float(self.cost.compute_time(od, [t, t], [t], Attrs({}), self.gpu))
+
+
+def _rank_types(a: AttentionShape, t: int, seq: int, kv: bool = False) -> TensorType:
+    """A rank's q (or k, v) of ``seq`` positions: heads split over t when whole GQA groups do."""
+    split = t if heads_split_evenly(a.heads, a.kv_heads, t) else 1
+    heads = (a.kv_heads if kv else a.heads) // split
+    return TensorType(a.dtype, (a.batch, seq, heads, a.head_dim), Device(0))
+
+
+def ring_pass(a: AttentionShape, t: int, c: int, ring: Ring, backward: bool) -> float:
+    """One rank's attention pass as the ring runs it (``distir.parallel.context.ring_time``),
+    each step's blocks and combining ops priced by the ring's cost model, as the exact
+    simulation does (``distir.sim.ring``)."""
+    n = a.seq // (2 * c)
+    chunk_q, chunk_k = _rank_types(a, t, n), _rank_types(a, t, n, kv=True)
+    merge = ring.elementwise_s(ATTENTION_MERGE, chunk_q)
+    add_q, add_k = ring.elementwise_s(ADD, chunk_q), ring.elementwise_s(ADD, chunk_k)
+    steps = []
+    for s in range(c):
+        work = ring_step_work(c, 0, s, a.causal, backward)  # every rank alike (balanced layout)
+        x = work.merges * merge + work.q_adds * add_q + work.kv_adds * add_k
+        x += sum(ring.attention_s(a, t, n, n, diag, backward) for _x, _y, diag in work.blocks)
+        steps.append(x)
+    _, kv = a.per_rank(t, c)
+    return ring_time(steps, ring.time(kv), backward)
+
 
 def context_layer(
-    p: LayerProfile, attn: Sequence[AttentionShape], t: int, c: int, ring: Ring
+    p: LayerProfile, attn: Sequence[AttentionShape], t: int, c: int, ring: Ring, recomputed: bool = False
 ) -> LayerProfile:
     """The profile ``p`` (one layer at the whole sequence, TP degree t) under context parallelism
-    over c ranks (module docstring)."""
+    over c ranks (module docstring); ``recomputed``: the backward recomputes the attention (any
+    recomputation: attention is never among the saved products)."""
     fwd, bwd, work = p.fwd_s / c, p.bwd_s / c, p.work_bytes / c
     fwd_work, bwd_work, ibwd_work = p.fwd_work_bytes / c, p.bwd_work_bytes / c, p.ibwd_work_bytes / c
     zbwd_work = p.zbwd_work_bytes / c
     for a in attn:
         flops, kv = a.per_rank(t, c)
         t_kv = ring.time(kv)
-        a_f = flops / ring.peak_flops
-        fwd += (c - 1) * max(0.0, t_kv - a_f / c)
-        if p.bwd_s > 0:
-            bwd += (c - 1) * max(0.0, 2 * t_kv - BACKWARD_FACTOR * a_f / c) + t_kv
+        if ring.cost is not None:  # the ring step by step, in place of the whole attention ÷ c
+            whole_f = ring.attention_s(a, t, a.seq, a.seq, a.causal, False) / c
+            fwd += ring_pass(a, t, c, ring, False) - whole_f
+            if p.bwd_s > 0:
+                whole_b = ring.attention_s(a, t, a.seq, a.seq, a.causal, True) / c
+                bwd += ring_pass(a, t, c, ring, True) - whole_b
+                if recomputed:  # the backward runs the forward's attention again
+                    bwd += ring_pass(a, t, c, ring, False) - whole_f
+        else:
+            a_f = flops / ring.peak_flops
+            fwd += (c - 1) * max(0.0, t_kv - a_f / c)
+            if p.bwd_s > 0:
+                bwd += (c - 1) * max(0.0, 2 * t_kv - BACKWARD_FACTOR * a_f / c) + t_kv
         # the ring's buffers: K/V in flight (forward), with dK/dV beside them (backward)
         work += 4 * kv
         fwd_work += 2 * kv
@@ -140,4 +215,4 @@ def context_layer(
     )
 
 
-__all__ = ["AttentionShape", "Ring", "attention_shapes", "context_layer"]
+__all__ = ["AttentionShape", "Ring", "attention_shapes", "context_layer", "ring_pass"]

@@ -8,12 +8,13 @@ same blocks per step; a diagonal block costs the kernel's causal time, about hal
 fully masked blocks are skipped) while the next K/V travel to it, so a step lasts the longer of
 the two:
 
-- forward: Σ_{s<c−1} max(C_s, T) + C_{c−1}, C_s the step's blocks and log-sum-exp merges on the
-  GPU (the cost model's fused-attention time per block), T the transfer of a rank's K and V
-  (one message, as Transformer Engine packs them) over the slowest hop of the ring;
-- backward: the partial dK/dV of a step travel with the next K/V (during the next step's
-  blocks): max(C_0, T) + Σ_{0<s<c−1} max(C_s, 2T) + max(C_{c−1}, T) + T, the last T the final
-  hop of dK/dV back to their owner.
+``distir.parallel.context.ring_time``: forward Σ_{s<c−1} max(C_s, T) + C_{c−1}, backward
+max(C_0, T) + Σ_{0<s<c−1} max(C_s, 2T) + max(C_{c−1}, T) + T; C_s the step's blocks and the ops
+combining them (``ring_step_work``: log-sum-exp merges, Adds) on the GPU, each block at the cost
+model's fused-attention time for its shape; T the transfer of a rank's K and V (one message, as
+Transformer Engine packs them) over the slowest hop of the ring (each hop costed as a lone
+point-to-point send, as ``MeshSend``'s are: concurrent rings crossing one network link are not
+made to share it).
 
 Memory: the op's results, plus the ring's buffers while it runs (the screen's figures,
 ``distir.search.context_cost``): the K/V received beside the ones held, 2 × K/V bytes forward;
@@ -31,7 +32,7 @@ from distir.ir.values import Attrs
 from distir.ops.attention import ATTENTION, ATTENTION_GRAD, ATTENTION_MERGE, lse_dtype
 from distir.ops.elementwise import ADD
 from distir.ops.registry import CommPattern, OpDef
-from distir.parallel.context import ring_blocks
+from distir.parallel.context import ring_step_work, ring_time
 from distir.parallel.sharding.ring import RING_OPERANDS
 from distir.sim.layout import local_piece, mesh_info, piece_bytes
 from distir.sim.records import OpRecord
@@ -61,37 +62,13 @@ def ring_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[Type], a
         per_step, f = _compute(dom, op, ins, outs, rep, pos, c, backward)
         steps = [max(a, b) for a, b in zip(steps, per_step, strict=True)]
         flops += f * count
-    seconds = _ring_time(steps, hop, backward)
+    seconds = ring_time(steps, hop, backward)
     per, allocs, bump = dom.sizes(outs, False)
     extra = (4.0 if backward else 2.0) * kv
     gpu_of = dom.slot_gpu
     bump = per_gpu([*bump, *((gpu_of[u], extra) for u, *_ in units)])
     devs = tuple(sorted(u for u, *_ in units))
     return OpRecord(devs, seconds, False, op.name, flops, False, per, allocs, bump, None)
-
-
-def _accumulations(
-    blocks: Sequence[tuple[int, int, bool]], s: int, backward: bool, merge: float, add_q: float, add_k: float
-) -> float:
-    """The time a rank spends at step s combining its blocks' results, as the ring's program
-    does (``distir.parallel.context``): forward, a merge per block but each query chunk's first
-    (at step 0); backward, an Add per dQ block but the first of each query chunk, per dK and dV
-    block but the first of each key chunk in the step, and from step 1 on, the dK/dV that
-    arrived added to each key chunk's."""
-    xs, ys = {x for x, _y, _d in blocks}, {y for _x, y, _d in blocks}
-    if not backward:
-        return (len(blocks) - (len(xs) if s == 0 else 0)) * merge
-    dq = len(blocks) - (len(xs) if s == 0 else 0)
-    dkv = 2 * (len(blocks) - len(ys)) + (2 * len(ys) if s > 0 else 0)
-    return dq * add_q + dkv * add_k
-
-
-def _ring_time(steps: Sequence[float], hop: float, backward: bool) -> float:
-    c = len(steps)
-    if not backward:
-        return sum(max(x, hop) for x in steps[:-1]) + steps[-1]
-    comm = [hop if s in (0, c - 1) else 2 * hop for s in range(c)]
-    return sum(max(x, t) for x, t in zip(steps, comm, strict=True)) + hop
 
 
 def _chunk(t: Type, dim: int) -> TensorType:
@@ -145,14 +122,13 @@ def _compute(
     for s in range(c):
         worst = 0.0
         for r in range(c):
-            bl = ring_blocks(c, r, s, causal)
-            t = 0.0
-            for _x, _y, diag in bl:
+            work = ring_step_work(c, r, s, causal, backward)
+            t = work.merges * merge + work.q_adds * add_q + work.kv_adds * add_k
+            for _x, _y, diag in work.blocks:
                 sec, f = cost(kernel, *block, diag)
                 t += sec
                 if r == 0:
                     flops += f
-            t += _accumulations(bl, s, backward, merge, add_q, add_k)
             worst = max(worst, t)
         steps.append(worst)
     return steps, flops
