@@ -13,19 +13,24 @@ whole sequence (``distir.search.profile.LayerProfile``):
   and its TP collectives pay their latency in full, but ÷ c divides those too — negligible at
   the long sequences context parallelism is searched for (``distir.search.space.CP_MIN_SEQ``),
   not at short ones.
-- **The ring.** Per attention op, a rank's K and V (``kv_bytes``: its 2 chunks, its TP share of
-  the kv heads) travel c − 1 steps forward; backward, K/V travel c − 1 steps and their gradients
-  c. Each transfer overlaps the blocks of the step before (the program sends before it
-  computes), whose compute is 1/c of the rank's attention: exposed forward
-  (c−1)·max(0, T − A_f/c), backward (c−1)·max(0, 2T − A_b/c) + T (the last hop of dK/dV back
-  to its owner), T the ring's time for ``kv_bytes`` over its slowest link, A the attention's
-  time at the GPU's peak rate (FlashAttention-2's FLOPs: ``distir.ops.attention``). Working
-  memory adds the ring's buffers: the K/V received, the dK/dV travelling (4 × ``kv_bytes``).
+- **The ring.** Per attention op, the whole sequence's attention ÷ c (forward, backward, and
+  the forward again in a backward that recomputes) is replaced by the ring's pass as the exact
+  simulation times it (``ring_pass``; ``distir.sim.ring``): per step, the blocks a rank computes
+  (``distir.parallel.context.ring_step_work``: 2 diagonal and 2c−1 full blocks of chunk length
+  S/2c over the c steps) and the merges and Adds combining them, each priced by the screen's
+  cost model (the ring's ``cost``, the model the layer profiles come from) on the ring's slowest
+  GPU, and the transfers overlapping them (``ring_time``): a rank's K and V (``kv_bytes``: its 2
+  chunks, its TP share of the kv heads) travel c − 1 steps forward; backward, K/V c − 1 steps
+  and their gradients c, T the ring's time for ``kv_bytes`` over its slowest hop. (Without a
+  cost model — a ``Ring`` built without one — the older estimate: the exposed part of the
+  transfers against the attention at the GPU's peak rate, (c−1)·max(0, T − A_f/c) forward,
+  (c−1)·max(0, 2T − A_b/c) + T backward.) Working memory adds the ring's buffers: the K/V
+  received, the dK/dV travelling (4 × ``kv_bytes``).
 
-The screen models the ring (Megatron-LM's and torchtitan's). ``distribute`` builds context
-parallelism with K/V all-gathered over cp instead (``distir.parallel.context_model``): the same
-bytes, but not overlapped with the blocks, so the exact simulation of a c > 1 plan is somewhat
-slower than this estimate (Llama-3 8B at 32K on 8 H100s: 3–11%).
+``distribute`` builds the same ring (``distir.parallel.context_model``, ``cp_ring``), so the
+screen and the exact simulation of a c > 1 plan agree closely (Llama-3 8B at 128K on 16 and 64
+H100s, ``bench/bench_context_ring.py``: median |error| 0.5%, −3.1% … +3.0%; they differ in
+the layers' other ops ÷ c and in how stages compose, as for any plan).
 
 Attention ops are found in the layer functions (the registry's ``Attention``), with their types.
 """
