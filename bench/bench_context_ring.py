@@ -112,8 +112,10 @@ def main() -> None:
             f"\nscreen vs exact (ring) over {len(errors)} CP plans: median |error| "
             f"{statistics.median(abs(e) for e in errors):.1%}, range {min(errors):+.1%} … {max(errors):+.1%}"
         )
-        print(f"ring speed-up over the gather: median {statistics.median(speedups):.3f}x, "
-              f"range {min(speedups):.3f} … {max(speedups):.3f}x")
+        print(
+            f"ring speed-up over the gather: median {statistics.median(speedups):.3f}x, "
+            f"range {min(speedups):.3f} … {max(speedups):.3f}x"
+        )
 
 
 if __name__ == "__main__":

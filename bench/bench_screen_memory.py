@@ -1,11 +1,12 @@
 """The screen's memory estimate against the exact simulation, over the top plans of several
 searches (issue 17): GPT, Llama (also at a 128K sequence, with context parallelism), the DistIR
-MLP and TransGAN; homogeneous and heterogeneous clusters; every schedule (GPipe, 1F1B, interleaved, ZB-H1), ZeRO 0-3 and HSDP, recomputation,
-mixed and pure precision. For each exactly simulated plan: the screen's tensor peak over the
-exact tensor peak (the exact peak less the runtime memory, which the screen subtracts from the
-capacity instead). Prints per search the median |error| and the largest under-estimate, then
-over every plan; targets: median |error| ≤ 5%, no estimate more than 15% under. Asserts nothing
-(``tests/search/test_screen_memory.py`` holds the bounds on small searches).
+MLP and TransGAN; homogeneous and heterogeneous clusters; every schedule (GPipe, 1F1B,
+interleaved, ZB-H1), ZeRO 0-3 and HSDP, recomputation, mixed and pure precision. For each
+exactly simulated plan: the screen's tensor peak over the exact tensor peak (the exact peak less
+the runtime memory, which the screen subtracts from the capacity instead). Prints per search the
+median |error| and the largest under-estimate, then over every plan; targets: median |error| ≤
+5%, no estimate more than 15% under. Asserts nothing (``tests/search/test_screen_memory.py``
+holds the bounds on small searches).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_screen_memory.py [-v] [--top N] [search index ...]
 """

@@ -407,7 +407,10 @@ EXAMPLES.update(
             Case([T(f32, 2, 2, 4, 2), T(f32, 2, 4, 2, 2), T(f32, 2, 4, 2, 2), QPOS, KPOS], {"causal": True}),
             Case([T(f64, 2, 2, 2, 3), T(f64, 2, 4, 1, 3), T(f64, 2, 4, 1, 3), QPOS, KPOS]),
             # the ring's promise (``ring=2``): the same attention, its positions in the balanced order
-            Case([T(f32, 1, 8, 2, 2), T(f32, 1, 8, 1, 2), T(f32, 1, 8, 1, 2), RING2, RING2], {"causal": True, "ring": 2}),
+            Case(
+                [T(f32, 1, 8, 2, 2), T(f32, 1, 8, 1, 2), T(f32, 1, 8, 1, 2), RING2, RING2],
+                {"causal": True, "ring": 2},
+            ),
         ],
         "AttentionGrad": [
             # dout, q, k, v, out, lse

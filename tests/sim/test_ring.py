@@ -45,7 +45,9 @@ def ring_program(c: int, backward: bool) -> Module:
 
 
 def fixed(comm: float) -> FixedCostModel:
-    return FixedCostModel(compute=0.0, comm=comm, by_op={"Attention": A, "AttentionGrad": G, "AttentionMerge": M, "Add": X})
+    return FixedCostModel(
+        compute=0.0, comm=comm, by_op={"Attention": A, "AttentionGrad": G, "AttentionMerge": M, "Add": X}
+    )
 
 
 def forward_steps(c: int) -> list[float]:

@@ -71,9 +71,9 @@ shard keeps whole GQA groups (the pieces of h are the pieces of h_kv times h / h
 query head i still reads local kv head i // group); the sequence and head dims stay whole.
 AttentionGrad is linear in dout, so a pending sum on it (the rest replicated) passes to all
 three gradients. With positions, the queries' rows (above); with ``ring`` = n also the ring
-(everything along the sequence, dK and dV returned split). Rope is pointwise over the batch and the heads (and linear: a pending sum
-passes through); the positions (dim 1) and the pairs (dim 3) stay whole, since a piece does not
-know its global position.
+(everything along the sequence, dK and dV returned split). Rope is pointwise over the batch and
+the heads (and linear: a pending sum passes through); the positions (dim 1) and the pairs
+(dim 3) stay whole, since a piece does not know its global position.
 """
 
 from __future__ import annotations

@@ -169,7 +169,8 @@ class Ring:
         if self.streams is None:
             return [self.send(x, r, n) for x, n in zip(xs, names, strict=True)]
         on_send = [
-            self.fb.op("Send", x, names=[n], dst=self.streams[0][r])[0] for x, n in zip(xs, names, strict=True)
+            self.fb.op("Send", x, names=[n], dst=self.streams[0][r])[0]
+            for x, n in zip(xs, names, strict=True)
         ]
         return [
             self.fb.op("Send", x, names=[n], dst=self.streams[1][nxt])[0]
@@ -277,7 +278,9 @@ def ring_attention(shape: RingShape, c: int, comm_streams: bool = False) -> Modu
         raise StrategyError(f"ring attention needs c >= 2 ranks, got c={c}")
     fb = FunctionBuilder(f"ring_attention_c{c}")
     devices = [Device(r) for r in range(c)]
-    streams = ([Device(c + r) for r in range(c)], [Device(2 * c + r) for r in range(c)]) if comm_streams else None
+    streams = (
+        ([Device(c + r) for r in range(c)], [Device(2 * c + r) for r in range(c)]) if comm_streams else None
+    )
     ring = Ring(fb, devices, shape.causal, streams)
     b, h, hk, d = shape.batch, shape.heads, shape.kv_heads, shape.head_dim
     ranks = []
@@ -318,7 +321,9 @@ def ring_forward(ring: Ring, ranks: Sequence[Local]) -> list[tuple[tuple[Value, 
         for r, (ks, vs) in enumerate(held):
             for x, y, diag in ring.blocks(r, s):
                 names = [f"{ring.tag}o{r}_{x}", f"{ring.tag}lse{r}_{x}"]
-                o, lse = fb.op("Attention", ranks[r].q[x], ks[y], vs[y], names=names, causal=diag, **ring.attrs)
+                o, lse = fb.op(
+                    "Attention", ranks[r].q[x], ks[y], vs[y], names=names, causal=diag, **ring.attrs
+                )
                 prev = acc[r][x]
                 if prev is not None:
                     o, lse = fb.op("AttentionMerge", *prev, o, lse, names=names)

@@ -102,7 +102,9 @@ def attention_shapes(model: Model) -> list[tuple[AttentionShape, ...]]:
             assert isinstance(q, TensorType) and isinstance(k, TensorType)
             b, s, h, d = q.shape
             found.append(
-                AttentionShape(b, s, h, k.shape[2], d, q.dtype.itemsize, bool(op.attrs.get("causal")), q.dtype)
+                AttentionShape(
+                    b, s, h, k.shape[2], d, q.dtype.itemsize, bool(op.attrs.get("causal")), q.dtype
+                )
             )
         out.append(tuple(found))
     return out

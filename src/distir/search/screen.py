@@ -182,7 +182,10 @@ class Screen:
         if ring is not None:
             attn = self._attention(b, len(profs[0]))
             profs = [
-                [context_layer(p, a, s.t, s.c, ring, s.recompute != "none") for p, a in zip(ps, attn, strict=True)]
+                [
+                    context_layer(p, a, s.t, s.c, ring, s.recompute != "none")
+                    for p, a in zip(ps, attn, strict=True)
+                ]
                 for ps in profs
             ]
         got = self._rows[key] = self._worst_rows(profs, profs[0], cap)

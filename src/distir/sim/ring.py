@@ -99,9 +99,12 @@ def _compute(
     causal = bool(op.attrs.get("causal", False))
     base = {k: v for k, v in op.attrs.items() if k != "ring"}
 
-    def cost(od: OpDef, a: Sequence[Type], b: Sequence[Type], diag: bool | None = None) -> tuple[float, float]:
+    def cost(
+        od: OpDef, a: Sequence[TensorType], b: Sequence[TensorType], diag: bool | None = None
+    ) -> tuple[float, float]:
         at = Attrs({**base, "causal": bool(diag)}) if od in (ATTENTION, ATTENTION_GRAD) else EMPTY
-        key = ("ring", od.name, at, *((x.dtype, x.shape) for x in (*a, *b)), dom.gpu_class_of(rep))  # type: ignore[arg-type]
+        shapes = tuple((x.dtype, x.shape) for x in (*a, *b))
+        key = ("ring", od.name, at, *shapes, dom.gpu_class_of(rep))  # type: ignore[arg-type]
         got = dom.local_costs.get(key)
         if got is None:
             got = dom.local_costs[key] = (
@@ -110,10 +113,8 @@ def _compute(
             )
         return got
 
-    if backward:
-        block = [lo, lq, lk, lk, lo, lse], [lq, lk, lk]
-    else:
-        block = [lq, lk, lk], [lo, lse]
+    # a block's operands: (dout, q, k, v, out, lse) -> (dq, dk, dv), or (q, k, v) -> (out, lse)
+    block = ([lo, lq, lk, lk, lo, lse], [lq, lk, lk]) if backward else ([lq, lk, lk], [lo, lse])
     kernel = ATTENTION_GRAD if backward else ATTENTION
     merge = cost(ATTENTION_MERGE, [lo, lse, lo, lse], [lo, lse])[0]
     add_q, add_k = cost(ADD, [lq, lq], [lq])[0], cost(ADD, [lk, lk], [lk])[0]

@@ -71,13 +71,15 @@ def lower_ring(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Value,
     attrs = {k: v for k, v in op.attrs.items() if k not in ("causal", "ring")}
     causal = bool(op.attrs.get("causal", False))
     tag = f"{op.outputs[0].name}_"
+    c = mesh.shape[ax]
+
+    def halves(i: int, d: Device, dim: int = 1) -> Pair:
+        v = op.inputs[i]
+        assert isinstance(v.type, DTensorType)
+        return _halves(fb, local[(v, d)], v.type.shape[dim] // (2 * c), dim)
+
     for group in mesh.groups(ax):
         ring = Ring(fb, group, causal, attrs=attrs, tag=tag)
-
-        def halves(i: int, d: Device, dim: int = 1) -> Pair:
-            v = op.inputs[i]
-            assert isinstance(v.type, DTensorType)
-            return _halves(fb, local[(v, d)], v.type.shape[dim] // (2 * ring.c), dim)
 
         ranks = [
             Local(
@@ -115,7 +117,12 @@ def _halves(fb: FunctionBuilder, x: Value, n: int, dim: int) -> Pair:
 
 
 def _join(
-    fb: FunctionBuilder, local: dict[tuple[Value, Device], Value], v: Value, d: Device, pair: Sequence[Value], dim: int
+    fb: FunctionBuilder,
+    local: dict[tuple[Value, Device], Value],
+    v: Value,
+    d: Device,
+    pair: Sequence[Value],
+    dim: int,
 ) -> None:
     (local[(v, d)],) = fb.op("Concat", *pair, names=[f"{v.name}.{d}"], axis=dim)
 
