@@ -311,7 +311,9 @@ def _counts(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split("-"))
     except ValueError:
-        raise RunsError(f"strategy.partition: expected uniform, params or counts like 5-6-6, got {text!r}") from None
+        raise RunsError(
+            f"strategy.partition: expected uniform, params or counts like 5-6-6, got {text!r}"
+        ) from None
 
 
 def cluster_of(c: ClusterCfg) -> Any:

@@ -59,7 +59,11 @@ def _simulated(strategy: str, ds: bool, fp32: bool, cost: object, planner: str =
     s = parse_strategy(strategy)
     cl = parse_cluster("dgx-a100:2")
     return simulate(
-        _program(strategy, ds, fp32), cl, device_map(s, True), cost, planner=planner  # type: ignore[arg-type]
+        _program(strategy, ds, fp32),
+        cl,
+        device_map(s, True),
+        cost,
+        planner=planner,  # type: ignore[arg-type]
     )
 
 
@@ -69,7 +73,10 @@ def test_nothing_runs_on_a_communication_stream() -> None:
     cost = RooflineCostModel(parse_cluster("dgx-a100:2"))
     ds = _simulated("d2.t1.p2.k4.1f1b.z1", True, True, cost)
     plain = _simulated("d2.t1.p2.k4.1f1b.z1", False, False, cost)
-    for r, busy_streams in ((ds, set()), (plain, {"fwd_send", "fwd_recv", "bwd_send", "bwd_recv", "dp_reduce"})):
+    for r, busy_streams in (
+        (ds, set()),
+        (plain, {"fwd_send", "fwd_recv", "bwd_send", "bwd_recv", "dp_reduce"}),
+    ):
         used = {sl.stream for sl, b, c in zip(r.slots, r.busy_s, r.comm_s, strict=True) if b + c > 0}
         assert used - {"compute"} <= busy_streams
         if not busy_streams:
@@ -102,7 +109,10 @@ def test_each_gradient_is_cast_to_fp32_and_added_into_its_sum() -> None:
         for op in adds:
             src = made[op.inputs[1]]
             assert src.name == "Cast" and src.attrs["to"] is DType.f32, name
-    casts = {ds: sum(op.name == "Cast" for op in _program("d2.t1.p2.k4.1f1b.z1", True, ds).entry.ops()) for ds in (False, True)}
+    casts = {
+        ds: sum(op.name == "Cast" for op in _program("d2.t1.p2.k4.1f1b.z1", True, ds).entry.ops())
+        for ds in (False, True)
+    }
     assert casts[True] < casts[False]
 
 
