@@ -12,9 +12,10 @@ from distir.autodiff.train import Optimizer
 from distir.frontends.zoo import build_model
 from distir.hardware.cluster import parse_cluster
 from distir.ir.function import Module
+from distir.ir.ops import Call
 from distir.ir.types import DType
 from distir.parallel.check import check_against_sequential
-from distir.parallel.distribute import device_map, distribute
+from distir.parallel.distribute import HP_GRAD, device_map, distribute
 from distir.parallel.strategy import StrategyError, parse_strategy
 from distir.sim.cost import FixedCostModel, RooflineCostModel
 from distir.sim.simulate import SimResult, simulate
@@ -97,18 +98,21 @@ def test_one_stage_step_is_the_sum_of_its_ops() -> None:
 
 
 def test_each_gradient_is_cast_to_fp32_and_added_into_its_sum() -> None:
-    """In every accumulating backward each accumulator takes the sum with a Cast to f32 of the
-    microbatch's gradient; the entry no longer casts the reduced gradients before Adam."""
+    """In every accumulating backward each accumulator takes the sum with the microbatch's
+    gradient cast to f32 by a call of ``@hp_grad`` (one Cast: a kernel of its own, as
+    ``lp.grad.to(fp32)``); the entry no longer casts the reduced gradients before Adam."""
     prog = _program("d2.t1.p2.k4.1f1b.z1", True, True)
+    (cast,) = prog[HP_GRAD].ops()
+    assert cast.name == "Cast" and cast.attrs["to"] is DType.f32
     for name in ("c0_bwd_acc", "c1_bwd_acc"):
         fn = prog[name]
         accs = {p for p in fn.params if p.name.startswith("acc_")}
-        made = {o: op for op in fn.ops() for o in op.outputs}
+        made = {o: x for x in fn.body for o in x.outputs}
         adds = [op for op in fn.ops() if op.name == "Add" and op.inputs[0] in accs]
         assert len(adds) == len(accs) > 0, name
         for op in adds:
             src = made[op.inputs[1]]
-            assert src.name == "Cast" and src.attrs["to"] is DType.f32, name
+            assert isinstance(src, Call) and src.callee == HP_GRAD, name
     casts = {
         ds: sum(op.name == "Cast" for op in _program("d2.t1.p2.k4.1f1b.z1", True, ds).entry.ops())
         for ds in (False, True)

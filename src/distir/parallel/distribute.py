@@ -80,6 +80,7 @@ from distir.parallel.strategy import Strategy, StrategyError
 from distir.sim.devices import DeviceMap, Slot
 
 DDP_BUCKET_MB = 25.0  # PyTorch DDP's ``bucket_cap_mb`` default (MiB)
+HP_GRAD = "hp_grad"  # fp32 gradient accumulation: the function casting a gradient to fp32
 
 
 def _zero_dim(w: TensorType, tp: Placement, d: int) -> int | None:
@@ -638,9 +639,18 @@ class _Builder:
         return fb.ret(*head, *(grads[w] for w in ws))
 
     def _accum_cast(self, fb: FunctionBuilder, w: Value, g: Value) -> Value:
-        """``w``'s gradient ``g`` in the dtype it is accumulated in: cast to fp32 with
-        ``fp32_grad_accum``, else ``g`` itself."""
-        return cast(fb, g, self.prec.master, f"g_{w.name}_{self.prec.master}") if self.fp32_acc else g
+        """``w``'s gradient ``g`` in the dtype it is accumulated in: with ``fp32_grad_accum`` cast
+        to fp32 by a call of ``@hp_grad`` (a function of one Cast), else ``g`` itself. The call
+        keeps the cast a kernel of its own that writes the fp32 copy, as ``update_hp_grads``'s
+        ``lp.grad.to(fp32)`` does before ``add_`` reads it (chains do not cross calls:
+        ``distir.sim.fusion``)."""
+        if not self.fp32_acc:
+            return g
+        fn = self.functions.get(HP_GRAD)
+        if fn is None:
+            hb = FunctionBuilder(HP_GRAD, REGISTRY.out_arity)
+            fn = self.functions[HP_GRAD] = hb.ret(cast(hb, hb.param("g"), self.prec.master, "g32"))
+        return fb.call(fn, g, n_out=1, names=[f"g_{w.name}_{self.prec.master}"])[0]
 
     def _grad_target(self, w: Value) -> str:
         """The placement a bucket reduces ``w``'s gradient to: this rank's ZeRO shard
