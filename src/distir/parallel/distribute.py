@@ -147,6 +147,7 @@ def distribute(
     overlap_param_gather: bool = False,
     deepspeed_pipe: bool = False,
     fp32_grad_accum: bool = False,
+    cp_ring: bool = True,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -201,7 +202,12 @@ def distribute(
     adding its low-precision weight gradients, cast to fp32, into an fp32 gradient per weight
     (``update_hp_grads``, after ``autograd.backward``, ``deepspeed/runtime/bf16_optimizer.py``),
     and that fp32 sum is what the data-parallel reduction sums (``get_grads_for_reduction``) and
-    the optimizer takes."""
+    the optimizer takes.
+
+    ``cp_ring`` (context parallelism, c > 1): attention runs as a ring over the cp axis (K/V
+    passed rank to rank, overlapped with the blocks: ``distir.parallel.sharding.ring``), as
+    Megatron-LM and torchtitan run it; False gathers K/V over cp instead (the older form, kept
+    for comparison)."""
     with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
         return _Builder(
             model,
@@ -215,6 +221,7 @@ def distribute(
             overlap_param_gather,
             deepspeed_pipe,
             fp32_grad_accum,
+            cp_ring,
         ).build()
 
 
@@ -309,6 +316,7 @@ class _Builder:
         overlap_param_gather: bool = False,
         deepspeed_pipe: bool = False,
         fp32_grad_accum: bool = False,
+        cp_ring: bool = True,
     ) -> None:
         if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
             raise StrategyError(
@@ -324,7 +332,7 @@ class _Builder:
         self.compute = self.prec.compute_dtype(model)
         if s.c > 1:  # global positions as an input (``distir.parallel.context_model``)
             _check_context(s, train)
-            model = context_model(model, s.c)
+            model = context_model(model, s.c, cp_ring)
         model = self.prec.prepare(model)  # mixed: the loss layer in fp32
         self.model, self.s, self.opt, self.train = model, s, opt, train
         self.comm_streams = comm_streams
