@@ -77,7 +77,8 @@ def test_pipelined_zero2_is_the_distributed_optimizer() -> None:
     step, as Megatron's distributed optimizer does; without one it is Megatron-FSDP's optim_grads,
     which reduce-scatters in every backward as distir's program does."""
     a, _ = _args("d2.t1.p4.k8.1f1b.z2")
-    assert a.use_distributed_optimizer and not a.use_megatron_fsdp and a.data_parallel_sharding_strategy is None
+    assert a.use_distributed_optimizer and not a.use_megatron_fsdp
+    assert a.data_parallel_sharding_strategy is None
     a, _ = _args("d8.t1.p1.k4.1f1b.z2")
     assert a.use_megatron_fsdp and a.data_parallel_sharding_strategy == "optim_grads"
 
