@@ -147,6 +147,7 @@ def distribute(
     chunk_times: tuple[Sequence[float], Sequence[float]] | None = None,
     bucket_mb: float = DDP_BUCKET_MB,
     overlap_param_gather: bool = False,
+    cp_ring: bool = True,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -186,7 +187,12 @@ def distribute(
     forward reaches them (on the ``dp_gather`` stream, one layer ahead), so the gather overlaps
     compute: the compute copy persists between steps as this rank's shard, and each chunk's first
     forward (``c<i>_fwd_gather``) gathers its weights and returns them whole for the rest of the
-    step."""
+    step.
+
+    ``cp_ring`` (context parallelism, c > 1): attention runs as a ring over the cp axis (K/V
+    passed rank to rank, overlapped with the blocks: ``distir.parallel.sharding.ring``), as
+    Megatron-LM and torchtitan run it; False gathers K/V over cp instead (the older form, kept
+    for comparison)."""
     with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
         return _Builder(
             model,
@@ -198,6 +204,7 @@ def distribute(
             chunk_times,
             bucket_mb,
             overlap_param_gather,
+            cp_ring,
         ).build()
 
 
@@ -279,6 +286,7 @@ class _Builder:
         chunk_times: tuple[Sequence[float], Sequence[float]] | None = None,
         bucket_mb: float = DDP_BUCKET_MB,
         overlap_param_gather: bool = False,
+        cp_ring: bool = True,
     ) -> None:
         if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
             raise StrategyError(
@@ -291,7 +299,7 @@ class _Builder:
         self.compute = self.prec.compute_dtype(model)
         if s.c > 1:  # global positions as an input (``distir.parallel.context_model``)
             _check_context(s, train)
-            model = context_model(model, s.c)
+            model = context_model(model, s.c, cp_ring)
         model = self.prec.prepare(model)  # mixed: the loss layer in fp32
         self.model, self.s, self.opt, self.train = model, s, opt, train
         self.comm_streams = comm_streams
