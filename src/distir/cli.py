@@ -1258,6 +1258,7 @@ def search(
             "as distir shard --auto, and used by every strategy).",
         ),
     ] = "declared",
+    tp_comm_overlap: _SimTpCommOverlap = False,
     export_to: Annotated[
         str | None,
         typer.Option("--export", help="Also write the winner for torchtitan, megatron, deepspeed or fsdp."),

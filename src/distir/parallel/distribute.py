@@ -19,7 +19,9 @@ programs. Its shape:
   the producing action. With d > 1 the weight gradients (pending sums over ``dp``) are reduced in
   buckets inside the backward chunks as their layers complete them (``_Buckets``; ``bucket_mb``,
   DDP's 25 MiB): DDP / ZeRO-0/1 all-reduce the accumulated gradients in each chunk's last
-  backward, ZeRO-2/3 reduce-scatter in every backward and accumulate this rank's shard. Then the
+  backward, ZeRO-2/3 reduce-scatter in every backward and accumulate this rank's shard — but
+  ZeRO-2 under a pipeline accumulates whole gradients and reduce-scatters them in the last
+  backward, as the trainers do (``distir.parallel.grad_reduction``). Then the
   optimizer updates the weight (ZeRO-1+: only this rank's shard of weight and state, then an
   AllGather for ZeRO-1/2). Results: the loss (summed over microbatches, replicated), the new
   weights, the new optimizer state (and, under mixed precision, the new compute copies).
@@ -65,6 +67,7 @@ from distir.ir.values import Attrs, Value
 from distir.ops.dist import format_mesh_attr
 from distir.ops.registry import REGISTRY
 from distir.parallel.context_model import context_model
+from distir.parallel.grad_reduction import reduce_scatter_every_backward
 from distir.parallel.layer_sharder import (
     LayerSharder,
     ShardedLayer,
@@ -688,7 +691,7 @@ class _Builder:
                 part = "w" if s.schedule == "zb1" else ""
                 if part:
                     cf[f"c{c}_bwd_i"] = self._chunk_bwd(c, ls, False, "i")
-                every = self.bucketed and s.zero >= 2  # ZeRO-2/3 reduce in every backward
+                every = self.bucketed and reduce_scatter_every_backward(s)  # ZeRO-2/3 (not pipelined ZeRO-2)
                 for accumulate in (False, True):
                     f = self._chunk_bwd(c, ls, accumulate, part, every)
                     cf[f.name] = f
@@ -1028,7 +1031,7 @@ class _ScheduleWriter:
         self.carried: dict[tuple[int, int], tuple[Value, ...]] = {}
         self.acc: dict[int, list[Value] | None] = {c: None for c in range(n)}
         self.grads_left = {c: 0 for c in range(n)}
-        self.ddp = b.bucketed and b.s.zero < 2
+        self.ddp = b.bucketed and not reduce_scatter_every_backward(b.s)  # reduced in the last backward
         self.losses: list[Value] = []
         self.outputs_inf: list[Value] = []
         self.last = n - 1
@@ -1261,7 +1264,8 @@ class _Buckets:
     reduction overlaps the rest of the backward. ZeRO-2/3 reduce-scatter (to this rank's shard)
     in every microbatch's backward and add the shard into the accumulated shard, so no replica
     holds the whole gradient; DDP / ZeRO-0/1 add the microbatch's gradient to the accumulated one
-    and all-reduce the sum, in the last microbatch's backward. HSDP reduce-scatters within the
+    and all-reduce the sum, in the last microbatch's backward, and ZeRO-2 under a pipeline
+    reduce-scatters the sum there (``reduce_scatter_every_backward``). HSDP reduce-scatters within the
     shard group and accumulates the shard, a pending sum across the groups, which the ``final``
     backward all-reduces across them. Results: the reduced gradients in the chunk's weight order
     (on the ``dp_reduce`` stream's mesh with communication streams)."""
@@ -1270,7 +1274,7 @@ class _Buckets:
         self, b: _Builder, fb: FunctionBuilder, c: int, ws: list[Value], acc: bool, final: bool = True
     ) -> None:
         self.b, self.fb, self.ws, self.final = b, fb, ws, final
-        self.scatter = b.s.zero >= 2
+        self.scatter = reduce_scatter_every_backward(b.s)
         stage = self.stage = c % b.s.p
         self.stream = b.comm_meshes[("dp_reduce", stage)] if b.comm_streams else None
         self.stream_text = b._mesh_attr(self.stream) if self.stream is not None else ""

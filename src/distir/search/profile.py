@@ -135,6 +135,10 @@ class Profiler:
     train: bool = True
     cost_model: CostModel | None = None
     mixed: bool = False  # mixed precision: the loss layer casts to fp32 (``Precision.prepare``)
+    # without ``cost_model``: the simulator's, pairing tensor-parallel collectives with their GEMMs
+    # as Megatron-LM's ``--tp-comm-overlap`` runs them (``RooflineCostModel.tp_comm_overlap``) —
+    # with sequence parallelism, which Megatron-LM requires for it (``arguments.py`` asserts it)
+    tp_comm_overlap: bool = False
     _cache: dict[tuple[object, ...], list[LayerProfile]] = field(default_factory=dict)
     _fn_cache: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
     _work: dict[tuple[object, ...], float] = field(default_factory=dict)
@@ -194,7 +198,7 @@ class Profiler:
         reduced = self.model(b)
         model = reduced.model
         dmap = DeviceMap({Device(i): Slot(g) for i, g in enumerate(gpus)})
-        cost = self.cost_model or RooflineCostModel(self.cluster)
+        cost = self.cost_model or RooflineCostModel(self.cluster, tp_comm_overlap=self.tp_comm_overlap and sp)
         distinct: list[LayerProfile] = []
         for i, L in enumerate(layers):
             fwd = self._run(L.fwd, L.fwd_args, dmap, cost, key)
@@ -272,6 +276,7 @@ class Profiler:
                 tuple(groups.values()),
                 self.mixed,
                 sp,
+                self.tp_comm_overlap,
             )
             fut = pool.submit(run_profile_task, task)
             for k in groups:
@@ -397,22 +402,29 @@ class ProfileTask:
     groups: tuple[tuple[int, ...], ...]  # one TP group of each kind wanted
     mixed: bool = False
     sp: bool = False
+    tp_comm_overlap: bool = False
 
 
 # a worker's profiler of the current model and cluster: the tasks of one search share its models
 # and shardings (only the latest is kept, so a long-lived worker does not accumulate searches)
-_PROFILERS: dict[tuple[ModelSpec, Cluster, DType, bool, bool], Profiler] = {}
+_PROFILERS: dict[tuple[ModelSpec, Cluster, DType, bool, bool, bool], Profiler] = {}
 
 
 def cached_profiler(
-    spec: ModelSpec, cluster: Cluster, dtype: DType, train: bool, mixed: bool = False
+    spec: ModelSpec,
+    cluster: Cluster,
+    dtype: DType,
+    train: bool,
+    mixed: bool = False,
+    tp_comm_overlap: bool = False,
 ) -> Profiler:
     """This process's profiler of ``spec`` on ``cluster`` (the latest one kept: ``_PROFILERS``)."""
-    key = (spec, cluster, dtype, train, mixed)
+    key = (spec, cluster, dtype, train, mixed, tp_comm_overlap)
     prof = _PROFILERS.get(key)
     if prof is None:
         _PROFILERS.clear()
-        prof = _PROFILERS[key] = Profiler(spec, cluster, dtype, train, mixed=mixed)
+        prof = Profiler(spec, cluster, dtype, train, mixed=mixed, tp_comm_overlap=tp_comm_overlap)
+        _PROFILERS[key] = prof
     return prof
 
 
@@ -421,7 +433,8 @@ def run_profile_task(task: ProfileTask) -> TaskResult:
     simulations run, CPU seconds spent)."""
     c0 = time.process_time()
     if task.cost_model is None:
-        prof = cached_profiler(task.spec, task.cluster, task.dtype, task.train, task.mixed)
+        overlap = task.tp_comm_overlap
+        prof = cached_profiler(task.spec, task.cluster, task.dtype, task.train, task.mixed, overlap)
     else:
         prof = Profiler(task.spec, task.cluster, task.dtype, task.train, task.cost_model, task.mixed)
     n0 = prof.probes

@@ -23,6 +23,7 @@ from distir.ir.types import DType
 from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import parse_strategy
 from distir.search.chunk_times import chunk_times
+from distir.sim.cost import RooflineCostModel
 from distir.sim.simulate import simulate
 
 RESULT_KEYS = (
@@ -78,6 +79,10 @@ class ExactJob:
     precision: str = "pure"
     tp: tuple[tuple[str, Placement], ...] = ()  # placements replacing the declared ones (``ModelSpec.tp``)
     model_files: str = ""  # ``content_digest(model)``: the cache below is keyed by file contents
+    # the simulator pairs tensor-parallel collectives with their GEMMs in plans with sequence
+    # parallelism (Megatron-LM's ``--tp-comm-overlap``, which requires it:
+    # ``RooflineCostModel.tp_comm_overlap``)
+    tp_comm_overlap: bool = False
 
     def spec(self) -> ModelSpec:
         return replace(parse_model_string(self.model), tp=self.tp)
@@ -104,7 +109,8 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
     model = _model(job)
     cluster = _cluster(job.cluster)
     mixed = job.train and job.precision == "mixed"
-    times = chunk_times(model, job.spec(), cluster, DType.parse(job.dtype), job.train, s, mixed)
+    overlap = job.tp_comm_overlap and s.sp
+    times = chunk_times(model, job.spec(), cluster, DType.parse(job.dtype), job.train, s, mixed, overlap)
     prog = distribute(
         model,
         s,
@@ -114,7 +120,8 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
         precision=job.precision if job.train else "pure",
         chunk_times=times,
     )
-    r = simulate(prog, cluster, device_map(s, True), batch=job.batch)
+    cost = RooflineCostModel(cluster, tp_comm_overlap=overlap)
+    r = simulate(prog, cluster, device_map(s, True), cost, batch=job.batch)
     r = replace(r, model_flops=model.step_flops(job.train))
     compute = [i for i, slot in enumerate(r.slots) if slot.stream == "compute"]
     busy = sum(r.busy_s[i] for i in compute) / max(len(compute), 1)
