@@ -305,6 +305,24 @@ class _Params(NamedTuple):
     sent: frozenset[Value]  # tied copies of transmitted weights: received from their owner
 
 
+def _check_chunk_times(
+    s: Strategy, n_chunks: int, chunk_times: tuple[Sequence[float], Sequence[float]] | None, train: bool
+) -> None:
+    """The forward and backward times the schedule orders chunks by: one per chunk, each positive
+    and finite (a zero-length action would end before it starts in the event order of ``build``)."""
+    if chunk_times is None:
+        return
+    if any(len(x) != n_chunks for x in chunk_times):
+        raise StrategyError(
+            f"{s}: chunk_times give {[len(x) for x in chunk_times]} forward and backward times for "
+            f"{n_chunks} chunks"
+        )
+    for xs in chunk_times[: 2 if train else 1]:
+        for c, x in enumerate(xs):
+            if not (isinstance(x, int | float) and 0 < x < math.inf):
+                raise StrategyError(f"{s}: chunk_times must be positive and finite, got {x!r} for chunk {c}")
+
+
 class _Builder:
     def __init__(
         self,
@@ -388,18 +406,7 @@ class _Builder:
         self.layer_calls = model.layers  # a property that collects them anew at each access
         calls = self.layer_calls if train else self.layer_calls[:-1]
         self.chunks = partition(model, s, len(calls))
-        if chunk_times is not None and any(len(x) != len(self.chunks) for x in chunk_times):
-            raise StrategyError(
-                f"{s}: chunk_times give {[len(x) for x in chunk_times]} forward and backward times for "
-                f"{len(self.chunks)} chunks"
-            )
-        # a zero-length action would end before it starts in the event order of ``build``
-        for xs in chunk_times[: 2 if train else 1] if chunk_times is not None else ():
-            for c, x in enumerate(xs):
-                if not (isinstance(x, int | float) and 0 < x < math.inf):
-                    raise StrategyError(
-                        f"{s}: chunk_times must be positive and finite, got {x!r} for chunk {c}"
-                    )
+        _check_chunk_times(s, len(self.chunks), chunk_times, train)
         self.chunk_times = chunk_times
         self.n_in = len(model.inputs)
         self.weight_params = set(model.forward.params[self.n_in :])
@@ -556,55 +563,14 @@ class _Builder:
         suffix = ("_" + part if part else "") + ("_acc" if acc else "") + red
         fb = FunctionBuilder(f"c{c}_bwd{suffix}", REGISTRY.out_arity)
         ws = chunk_weights(layers)
-        buckets = _Buckets(self, fb, c, ws, acc, final) if reduce else None
-        grads: dict[Value, Value] = {}
-
-        accs: dict[Value, Value] = {}
-        left = Counter(w for L in layers for w in L.weights)  # uses still to differentiate
-        partial: dict[Value, Value] = {}  # a tied weight's gradient from its later uses
-        late: list[tuple[Value, Value]] = []  # fp32 accumulation: added after the whole backward
-
-        def done(L: ShardedLayer, outs: Sequence[Value]) -> None:
-            """A layer's weight gradients are complete — a tied weight's once every use in the
-            chunk has added its part: reduced in buckets, or added into the accumulated ones
-            right away (as a trainer accumulates into ``.grad``)."""
-            ready: list[tuple[Value, Value]] = []
-            for w, g in zip(L.weights, outs, strict=True):
-                prev = partial.pop(w, None)
-                g = g if prev is None else fb.op("Add", prev, g, names=[f"g_{w.name}"])[0]
-                left[w] -= 1
-                if left[w]:
-                    partial[w] = g
-                else:
-                    ready.append((w, g))
-            if buckets is not None:
-                buckets.add([w for w, _ in ready], [self._accum_cast(fb, w, g) for w, g in ready])
-                return
-            if acc and not accs:  # after the other parameters (the call sites pass them last)
-                accs.update((w, fb.param(f"acc_{w.name}")) for w in ws)
-            if self.fp32_acc:  # BF16_Optimizer's update_hp_grads runs after autograd.backward
-                late.extend(ready)
-                return
-            for w, g in ready:
-                grads[w] = fb.op("Add", accs[w], g, names=[f"g_{w.name}"])[0] if acc else g
-
-        def finish() -> None:
-            """fp32 accumulation: each gradient cast and added into its fp32 sum, after the
-            whole backward (``BF16_Optimizer.update_hp_grads``)."""
-            for w, g in late:
-                g32 = self._accum_cast(fb, w, g)
-                grads[w] = fb.op("Add", accs[w], g32, names=[f"g_{w.name}"])[0] if acc else g32
-
+        sink = _GradSink(self, fb, ws, layers, acc, _Buckets(self, fb, c, ws, acc, final) if reduce else None)
         if part == "w":
             # the input part returns the carried values of its layers in backward (reversed) order
             carried = [[fb.param(f"k{L.index}_{j}") for j in range(L.n_carried)] for L in reversed(layers)]
             for L, ks in zip(reversed(layers), carried, strict=True):
                 assert L.bwd_w is not None
-                done(L, fb.call(L.bwd_w, *ks, n_out=len(L.bwd_w.outputs)))
-            if buckets is not None:
-                return fb.ret(*buckets.results())
-            finish()
-            return fb.ret(*(grads[w] for w in ws))
+                sink.done(L, fb.call(L.bwd_w, *ks, n_out=len(L.bwd_w.outputs)))
+            return fb.ret(*sink.results())
         wp = {w: fb.param(w.name) for w in chunk_weights(layers)}
         ep = {e: fb.param(e.name) for L in layers for e in L.extras}
         res: list[list[Value]] = []
@@ -637,17 +603,14 @@ class _Builder:
             if part == "i":
                 kept.extend(outs[n_dx:])
             else:
-                done(L, outs[n_dx:])
+                sink.done(L, outs[n_dx:])
             if n_dx:
                 dy = outs[0]
         first = layers[0].vjp
         head = [dy] if first is not None and 0 in first.wrt else []
         if part == "i":
             return fb.ret(*head, *kept)
-        if buckets is not None:
-            return fb.ret(*head, *buckets.results())
-        finish()
-        return fb.ret(*head, *(grads[w] for w in ws))
+        return fb.ret(*head, *sink.results())
 
     def _accum_cast(self, fb: FunctionBuilder, w: Value, g: Value) -> Value:
         """``w``'s gradient ``g`` in the dtype it is accumulated in: with ``fp32_grad_accum`` cast
@@ -1253,6 +1216,64 @@ class _Gathers:
         text = self.b._mesh_attr(self.home)
         self.taken[w] = self.fb.emit("MeshSend", (got,), self.b._attrs("mesh", text), (w.name,))[0]
         return self.taken[w]
+
+
+class _GradSink:
+    """Where a chunk's backward puts each weight gradient once it is complete — a tied weight's
+    once every use in the chunk has added its part: reduced in buckets (``_Buckets``), or added
+    into the accumulated ones right away (as a trainer accumulates into ``.grad``), or, with
+    ``fp32_grad_accum``, cast and added into its fp32 sum after the whole backward
+    (``BF16_Optimizer.update_hp_grads`` runs after ``autograd.backward``)."""
+
+    def __init__(
+        self,
+        b: _Builder,
+        fb: FunctionBuilder,
+        ws: list[Value],
+        layers: list[ShardedLayer],
+        acc: bool,
+        buckets: _Buckets | None,
+    ) -> None:
+        self.b, self.fb, self.ws, self.acc, self.buckets = b, fb, ws, acc, buckets
+        self.grads: dict[Value, Value] = {}
+        self.accs: dict[Value, Value] = {}
+        self.left = Counter(w for L in layers for w in L.weights)  # uses still to differentiate
+        self.partial: dict[Value, Value] = {}  # a tied weight's gradient from its later uses
+        self.late: list[tuple[Value, Value]] = []  # fp32 accumulation: added after the backward
+
+    def done(self, L: ShardedLayer, outs: Sequence[Value]) -> None:
+        """Layer ``L``'s weight gradients ``outs`` are computed."""
+        fb = self.fb
+        ready: list[tuple[Value, Value]] = []
+        for w, g in zip(L.weights, outs, strict=True):
+            prev = self.partial.pop(w, None)
+            g = g if prev is None else fb.op("Add", prev, g, names=[f"g_{w.name}"])[0]
+            self.left[w] -= 1
+            if self.left[w]:
+                self.partial[w] = g
+            else:
+                ready.append((w, g))
+        if self.buckets is not None:
+            self.buckets.add([w for w, _ in ready], [self.b._accum_cast(fb, w, g) for w, g in ready])
+            return
+        if self.acc and not self.accs:  # after the other parameters (the call sites pass them last)
+            self.accs.update((w, fb.param(f"acc_{w.name}")) for w in self.ws)
+        if self.b.fp32_acc:
+            self.late.extend(ready)
+            return
+        for w, g in ready:
+            self.grads[w] = self._add(w, g)
+
+    def _add(self, w: Value, g: Value) -> Value:
+        return self.fb.op("Add", self.accs[w], g, names=[f"g_{w.name}"])[0] if self.acc else g
+
+    def results(self) -> list[Value]:
+        """The chunk's weight gradients in its weight order (reduced, with buckets)."""
+        if self.buckets is not None:
+            return list(self.buckets.results())
+        for w, g in self.late:
+            self.grads[w] = self._add(w, self.b._accum_cast(self.fb, w, g))
+        return [self.grads[w] for w in self.ws]
 
 
 class _Buckets:
