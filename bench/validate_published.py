@@ -76,6 +76,11 @@ class ModelCfg:
     # first, vocabulary-parallel: Megatron), fused (fp32 inside, no fp32 copy: flash-attn's,
     # llm-foundry) or torch (F.cross_entropy on fp32 logits: torchtitan without TP)
     loss: str = "fp32"
+    # llama only, how eager PyTorch runs the layer (the zoo's ``norm`` and ``rope`` options):
+    # RMSNorm as one kernel (fused) or as torchtitan's module runs it, separate ops in fp32
+    # (composite); RoPE in the model's dtype (fused) or cast to fp32 and back (fp32)
+    norm: str = "fused"
+    rope: str = "fused"
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +144,9 @@ class Run:
     # Megatron-LM's --tp-comm-overlap: tensor-parallel collectives pipelined with their GEMMs
     # (``RooflineCostModel(tp_comm_overlap=True)``, ``distir.sim.overlap``)
     tp_comm_overlap: bool = False
+    # PyTorch FSDP2 (``fully_shard``, torchtitan): each parameter all-gather copied out of the flat
+    # buffer into the parameters on the compute stream (``distribute(gather_copy_out=True)``)
+    gather_copy_out: bool = False
 
 
 _TYPES: dict[str, type] = {"int": int, "str": str, "bool": bool, "float": float}
@@ -197,6 +205,10 @@ def _check(r: Run, where: str) -> None:
         raise RunsError(f"{where}.model.attention: expected fused or naive, got {m.attention!r}")
     if m.loss not in ("fp32", "fused", "torch"):
         raise RunsError(f"{where}.model.loss: expected fp32, fused or torch, got {m.loss!r}")
+    if m.norm not in ("fused", "composite") or m.rope not in ("fused", "fp32"):
+        raise RunsError(f"{where}.model: norm must be fused or composite, rope fused or fp32")
+    if (m.norm, m.rope) != ("fused", "fused") and m.family != "llama":
+        raise RunsError(f"{where}.model: norm and rope are options of the llama family")
     if m.tied and m.family != "gpt":
         raise RunsError(f"{where}.model.tied: only the gpt family ties its embedding and head")
     if p.metric not in METRICS:
@@ -263,6 +275,10 @@ def zoo_model(m: ModelCfg) -> str:
         spec += f",attention={m.attention}"
     if m.tied:
         spec += ",tied=1"
+    if m.norm != "fused":
+        spec += f",norm={m.norm}"
+    if m.rope != "fused":
+        spec += f",rope={m.rope}"
     return spec if m.loss == "fp32" else f"{spec},loss={m.loss}"
 
 
@@ -366,6 +382,7 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
         precision=prec,
         chunk_times=times,
         overlap_param_gather=r.overlap_param_gather,
+        gather_copy_out=r.gather_copy_out,
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(

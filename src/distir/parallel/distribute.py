@@ -144,6 +144,7 @@ def distribute(
     chunk_times: tuple[Sequence[float], Sequence[float]] | None = None,
     bucket_mb: float = DDP_BUCKET_MB,
     overlap_param_gather: bool = False,
+    gather_copy_out: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -183,7 +184,15 @@ def distribute(
     forward reaches them (on the ``dp_gather`` stream, one layer ahead), so the gather overlaps
     compute: the compute copy persists between steps as this rank's shard, and each chunk's first
     forward (``c<i>_fwd_gather``) gathers its weights and returns them whole for the rest of the
-    step."""
+    step.
+
+    ``gather_copy_out`` (PyTorch FSDP2, ``fully_shard``): each ZeRO-3 gather's result is copied
+    into the parameters' own storage on the compute stream before the layer runs (an
+    ``Identity`` on the layer's mesh): FSDP2 all-gathers into one flat buffer and
+    ``FSDPParamGroup.wait_for_unshard`` copies it out per parameter (``foreach_all_gather_copy_out``,
+    ``torch.split_with_sizes_copy``, torch/distributed/_composable/fsdp/_fsdp_collectives.py) on
+    the current stream, in the forward and again in the backward. FSDP1 and DeepSpeed gather
+    into the flat parameter their parameters are views of (no copy): the default."""
     with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
         return _Builder(
             model,
@@ -195,6 +204,7 @@ def distribute(
             chunk_times,
             bucket_mb,
             overlap_param_gather,
+            gather_copy_out,
         ).build()
 
 
@@ -276,6 +286,7 @@ class _Builder:
         chunk_times: tuple[Sequence[float], Sequence[float]] | None = None,
         bucket_mb: float = DDP_BUCKET_MB,
         overlap_param_gather: bool = False,
+        gather_copy_out: bool = False,
     ) -> None:
         if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
             raise StrategyError(
@@ -292,6 +303,7 @@ class _Builder:
         model = self.prec.prepare(model)  # mixed: the loss layer in fp32
         self.model, self.s, self.opt, self.train = model, s, opt, train
         self.comm_streams = comm_streams
+        self.gather_copy_out = gather_copy_out  # FSDP2's copy-out of each gather (``distribute``)
         # the compute copies gathered in the next step's first forward (``distribute``)
         self.gather_early = (
             overlap_param_gather and train and self.prec.mixed and s.zero in (1, 2) and s.d > 1
@@ -1164,15 +1176,23 @@ class _Gathers:
 
     def _take(self, w: Value) -> Value:
         if self.stream is None:
-            return self.b._zero3_gather(self.fb, w, self.wp[w], self.home)
+            return self._copied_out(w, self.b._zero3_gather(self.fb, w, self.wp[w], self.home))
         if w in self.taken:  # read twice by one layer
             return self.taken[w]
         got = self.ready.pop(w, None)
         if got is None:  # not sharded by ZeRO (no dimension divides): used as it is (HSDP: viewed)
             return self.b._zero3_gather(self.fb, w, self.wp[w], self.home) if self.b.viewed else self.wp[w]
         text = self.b._mesh_attr(self.home)
-        self.taken[w] = self.fb.emit("MeshSend", (got,), self.b._attrs("mesh", text), (w.name,))[0]
+        got = self.fb.emit("MeshSend", (got,), self.b._attrs("mesh", text), (w.name,))[0]
+        self.taken[w] = self._copied_out(w, got)
         return self.taken[w]
+
+    def _copied_out(self, w: Value, gathered: Value) -> Value:
+        """``gathered`` copied into the parameter's storage on the compute stream (FSDP2's
+        copy-out, ``distribute(gather_copy_out=True)``), or itself."""
+        if not self.b.gather_copy_out or self.b._zdim(w) is None:
+            return gathered
+        return self.fb.emit("Identity", (gathered,), Attrs(), (f"{w.name}_out",))[0]
 
 
 class _Buckets:
