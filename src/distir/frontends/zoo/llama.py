@@ -28,8 +28,10 @@ the weight: ``Cast`` to f32, ``Mul(x, x)``, ``ReduceMean``, ``Sqrt``, ``Div``, `
 constant tensor; it matters for an all-zero token only). ``rope=fp32``: q and k cast to f32
 before the rotation and back after (``xq.float()``, the complex product, ``type_as``). The
 defaults (``norm=fused``, ``rope=fused``) are one ``RMSNormalization`` and one ``Rope`` in the
-model's dtype, as fused kernels and ``torch.compile`` run them. With the model in f32 the casts
-are absent (``x.float()`` of an f32 tensor is the tensor itself).
+model's dtype, as fused kernels and ``torch.compile`` run them. The casts are there for a model
+in bf16 or f16 only (``x.float()`` upcasts the low-precision activations; an f32 or f64 model
+runs the same ops without them). ``Mul(x, x)`` reads ``x`` twice where ``pow(2)`` reads it once:
+4 bytes per element more than the module moves.
 
 Tensor-parallel declarations (Megatron-LM / Llama's model-parallel layers): wq, wk, wv, w1, w3
 column-parallel ``S(1)``; wo, w2 row-parallel ``S(0)``; norms replicated; the embedding sharded
@@ -65,6 +67,7 @@ R, COL, ROW = Replicate(), Shard(1), Shard(0)
 BLOCK_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w3", "w2")
 NORM_FORMS = ("fused", "composite")  # one RMSNormalization; eager PyTorch's separate ops
 ROPE_FORMS = ("fused", "fp32")  # Rope in the model's dtype; cast to f32 and back around it
+LOW_PRECISION = (DType.bf16, DType.f16)  # the dtypes the eager forms upcast to f32
 
 
 def _choice(default: str, choices: tuple[str, ...]) -> Any:
@@ -115,10 +118,11 @@ def rms_norm(f: LayerFn, x: Value, scale: Value, form: str, dtype: DType, name: 
     ``(x.float() / sqrt(mean(x.float()²))).type_as(x) · scale``; module docstring)."""
     if form == "fused":
         return f("RMSNormalization", x, scale, name=name)
-    xf = x if dtype is DType.f32 else f("Cast", x, to=DType.f32, name=f"{name}_f32")
+    low = dtype in LOW_PRECISION
+    xf = f("Cast", x, to=DType.f32, name=f"{name}_f32") if low else x
     ms = f("ReduceMean", f("Mul", xf, xf, name=f"{name}_sq"), axes=(-1,), keepdims=1, name=f"{name}_ms")
     y = f("Div", xf, f("Sqrt", ms, name=f"{name}_rms"), name=f"{name}_n")
-    y = y if dtype is DType.f32 else f("Cast", y, to=dtype, name=f"{name}_cast")
+    y = f("Cast", y, to=dtype, name=f"{name}_cast") if low else y
     return f("Mul", y, scale, name=name)
 
 
@@ -142,7 +146,7 @@ def block_fn(cfg: LlamaConfig, dtype: DType = DType.f32) -> Function:
         kv_heads=kv_heads,
         form=cfg.attention,
         rope_theta=cfg.rope_theta,
-        rope_f32_from=dtype if cfg.rope == "fp32" and dtype is not DType.f32 else None,
+        rope_f32_from=dtype if cfg.rope == "fp32" and dtype in LOW_PRECISION else None,
     )
     x = f("Add", x, f("MatMul", a, p["wo"], name="o"), name="x_attn")
     h = rms_norm(f, x, p["ffn_norm"], cfg.norm, dtype, "ffn_in")

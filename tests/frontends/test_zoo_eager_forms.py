@@ -1,0 +1,89 @@
+"""The llama zoo's eager forms (``norm=composite``, ``rope=fp32``): torchtitan's RMSNorm module
+and its ``apply_rotary_emb`` as eager PyTorch runs them, op by op. They compute what the fused
+forms compute (numpy, without RMSNorm's epsilon, which the composite leaves out), cast to f32 and
+back only in a low-precision model, and cost what their kernels move: the bytes of each op
+counted by hand from its shapes and dtypes, over the GPU's bandwidth at the cost model's
+efficiency, plus one launch per kernel."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from frontends.test_zoo_numeric import LLAMA, numpy_llama, run, values
+
+import distir
+from distir.frontends.zoo import build_model
+from distir.hardware.cluster import parse_cluster
+from distir.interp.loop import interpret
+from distir.interp.shapes import TypeDomain
+from distir.ir.types import Device, DType, TensorType
+from distir.ops.registry import REGISTRY
+from distir.sim.cost import RooflineCostModel
+
+EAGER = f"{LLAMA},norm=composite,rope=fp32"
+
+
+def test_eager_forms_compute_rms_norm_without_epsilon_and_rope(monkeypatch: pytest.MonkeyPatch) -> None:
+    import frontends.test_zoo_numeric as oracle
+
+    def rms_norm_no_eps(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+        return x / np.sqrt((x * x).mean(-1, keepdims=True)) * g
+
+    monkeypatch.setattr(oracle, "rms_norm", rms_norm_no_eps)
+    m = build_model(EAGER, 3, DType.f64)
+    distir.check(m.module)
+    vals = values(m, 0)
+    got = run(m, vals)
+    want_out, want_loss = numpy_llama(dict(m.config), vals)
+    np.testing.assert_allclose(got[-2], want_out, rtol=1e-9, atol=1e-9)
+    assert float(got[-1]) == pytest.approx(want_loss, rel=1e-9)
+
+
+def _ops(spec: str, dtype: DType) -> Counter[str]:
+    m = build_model(spec, 2, dtype)
+    block = next(f for f in m.module.functions if f.name == "block")
+    return Counter(op.name for op in block.ops())
+
+
+def test_casts_only_in_a_low_precision_model() -> None:
+    fused, eager = _ops(LLAMA, DType.bf16), _ops(EAGER, DType.bf16)
+    # two norms (a cast in and out each) and q, k (a cast in and out each)
+    assert eager["Cast"] - fused["Cast"] == 2 * 2 + 2 * 2
+    assert eager["RMSNormalization"] == 0 and fused["RMSNormalization"] == 2
+    assert eager["Rope"] == fused["Rope"] == 2
+    assert eager["ReduceMean"] == 2 and eager["Sqrt"] == 2 and eager["Div"] == 2
+    assert _ops(EAGER, DType.f32)["Cast"] == _ops(LLAMA, DType.f32)["Cast"]
+
+
+def test_composite_norm_costs_its_kernels_bytes() -> None:
+    """The head's RMSNorm of (B, S, h) bf16 activations on an A100: per op, bytes read and
+    written by hand (n = B·S·h elements, r = B·S rows), each op one kernel."""
+    b, s, h, v = 2, 64, 256, 32
+    m = build_model(f"llama:layers=1,hidden={h},heads=4,kv_heads=2,ffn=64,vocab={v},seq={s},norm=composite", b, DType.bf16)
+    head = next(f for f in m.module.functions if f.name == "head")
+    d0 = Device(0)
+    args = [TensorType(DType.bf16, shape, d0) for shape in ((b, s, h), (h,), (h, v))]
+    _, env = interpret(m.module, head, args, TypeDomain())
+    cluster = parse_cluster("dgx-a100")
+    cost = RooflineCostModel(cluster, fuse=False)
+    norm_ops = [op for op in head.ops() if op.name != "MatMul"]
+    got = sum(
+        cost.compute_time(REGISTRY[op.name], [env[x] for x in op.inputs], [env[y] for y in op.outputs], op.attrs, 0)
+        for op in norm_ops
+    )
+    n, r = b * s * h, b * s
+    by_hand = {  # bytes read + written
+        "Cast": 2 * n + 4 * n,  # x.float()
+        "Mul": 4 * n + 4 * n + 4 * n,  # x·x
+        "ReduceMean": 4 * n + 4 * r,
+        "Sqrt": 4 * r + 4 * r,
+        "Div": 4 * n + 4 * r + 4 * n,  # x / rms
+        "Cast2": 4 * n + 2 * n,  # type_as(x)
+        "Mul2": 2 * n + 2 * h + 2 * n,  # · weight
+    }
+    spec = cluster.device_spec(0)
+    want = sum(spec.launch_overhead_s + x / (spec.memory_bandwidth * 0.8) for x in by_hand.values())
+    assert [op.name for op in norm_ops] == ["Cast", "Mul", "ReduceMean", "Sqrt", "Div", "Cast", "Mul"]
+    assert got == pytest.approx(want, rel=1e-9)
