@@ -81,6 +81,9 @@ class ModelCfg:
     # (composite); RoPE in the model's dtype (fused) or cast to fp32 and back (fp32)
     norm: str = "fused"
     rope: str = "fused"
+    # llama only: SwiGLU's silu as a·Sigmoid(a) (composite: two kernels when nothing fuses them)
+    # or one op (fused: F.silu, one kernel)
+    silu: str = "composite"
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,8 +210,10 @@ def _check(r: Run, where: str) -> None:
         raise RunsError(f"{where}.model.loss: expected fp32, fused or torch, got {m.loss!r}")
     if m.norm not in ("fused", "composite") or m.rope not in ("fused", "fp32"):
         raise RunsError(f"{where}.model: norm must be fused or composite, rope fused or fp32")
-    if (m.norm, m.rope) != ("fused", "fused") and m.family != "llama":
-        raise RunsError(f"{where}.model: norm and rope are options of the llama family")
+    if m.silu not in ("composite", "fused"):
+        raise RunsError(f"{where}.model.silu: expected composite or fused, got {m.silu!r}")
+    if (m.norm, m.rope, m.silu) != ("fused", "fused", "composite") and m.family != "llama":
+        raise RunsError(f"{where}.model: norm, rope and silu are options of the llama family")
     if m.tied and m.family != "gpt":
         raise RunsError(f"{where}.model.tied: only the gpt family ties its embedding and head")
     if p.metric not in METRICS:
@@ -279,6 +284,8 @@ def zoo_model(m: ModelCfg) -> str:
         spec += f",norm={m.norm}"
     if m.rope != "fused":
         spec += f",rope={m.rope}"
+    if m.silu != "composite":
+        spec += f",silu={m.silu}"
     return spec if m.loss == "fp32" else f"{spec},loss={m.loss}"
 
 

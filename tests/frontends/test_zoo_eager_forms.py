@@ -1,5 +1,5 @@
-"""The llama zoo's eager forms (``norm=composite``, ``rope=fp32``): torchtitan's RMSNorm module
-and its ``apply_rotary_emb`` as eager PyTorch runs them, op by op. They compute what the fused
+"""The llama zoo's eager forms (``norm=composite``, ``rope=fp32``, ``silu=fused``): torchtitan's
+RMSNorm module, its ``apply_rotary_emb`` and ``F.silu`` as eager PyTorch runs them, op by op. They compute what the fused
 forms compute (numpy, without RMSNorm's epsilon, which the composite leaves out), cast to f32 and
 back only in a low-precision model, and cost what their kernels move: the bytes of each op
 counted by hand from its shapes and dtypes, over the GPU's bandwidth at the cost model's
@@ -22,7 +22,7 @@ from distir.ir.types import Device, DType, TensorType
 from distir.ops.registry import REGISTRY
 from distir.sim.cost import RooflineCostModel
 
-EAGER = f"{LLAMA},norm=composite,rope=fp32"
+EAGER = f"{LLAMA},norm=composite,rope=fp32,silu=fused"
 
 
 def test_eager_forms_compute_rms_norm_without_epsilon_and_rope(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,6 +54,7 @@ def test_casts_only_in_a_low_precision_model() -> None:
     assert eager["RMSNormalization"] == 0 and fused["RMSNormalization"] == 2
     assert eager["Rope"] == fused["Rope"] == 2
     assert eager["ReduceMean"] == 2 and eager["Sqrt"] == 2 and eager["Div"] == 2
+    assert eager["Silu"] == 1 and eager["Sigmoid"] == 0 and fused["Sigmoid"] == 1
     assert _ops(EAGER, DType.f32)["Cast"] == _ops(LLAMA, DType.f32)["Cast"]
 
 
@@ -87,3 +88,22 @@ def test_composite_norm_costs_its_kernels_bytes() -> None:
     want = sum(spec.launch_overhead_s + x / (spec.memory_bandwidth * 0.8) for x in by_hand.values())
     assert [op.name for op in norm_ops] == ["Cast", "Mul", "ReduceMean", "Sqrt", "Div", "Cast", "Mul"]
     assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_backward_of_the_fused_silu_is_one_kernel() -> None:
+    """SwiGLU's silu as one op: its gradient is one SiluGrad (torch's silu_backward), where the
+    default a·Sigmoid(a) differentiates into a Sigmoid's gradient, two products and a sum."""
+    from distir.autodiff.reverse import vjp
+
+    def grads(spec: str) -> Counter[str]:
+        m = build_model(spec, 2, DType.f32)
+        block = next(f for f in m.module.functions if f.name == "block")
+        layer = {w.name: w.type for w in m.weights}
+        x = TensorType(DType.f32, (2, 8, 16), Device(0))
+        types = [x, *(layer[f"{p.name}_0"] for p in block.params[1:])]
+        wrt = list(range(len(block.params)))
+        return Counter(op.name for op in vjp(m.module, block, types, wrt).bwd.ops())
+
+    one, two = grads(f"{LLAMA},silu=fused"), grads(LLAMA)
+    assert one["SiluGrad"] == 1 and one["SigmoidGrad"] == 0
+    assert two["SigmoidGrad"] == 1 and two["Mul"] - one["Mul"] == 2

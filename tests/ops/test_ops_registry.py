@@ -94,6 +94,7 @@ def test_new_ops_are_registered_in_their_families() -> None:
             "GeluGrad",
             "TanhGrad",
             "SigmoidGrad",
+            "SiluGrad",
             "SoftmaxGrad",
             "LogSoftmaxGrad",
             "LayerNormalizationGrad",

@@ -31,7 +31,9 @@ defaults (``norm=fused``, ``rope=fused``) are one ``RMSNormalization`` and one `
 model's dtype, as fused kernels and ``torch.compile`` run them. The casts are there for a model
 in bf16 or f16 only (``x.float()`` upcasts the low-precision activations; an f32 or f64 model
 runs the same ops without them). ``Mul(x, x)`` reads ``x`` twice where ``pow(2)`` reads it once:
-4 bytes per element more than the module moves.
+4 bytes per element more than the module moves. ``silu=fused``: SwiGLU's ``F.silu(w1(x))`` as
+one ``Silu`` op (one kernel forward, one backward, as PyTorch runs it, eager or not) instead of
+the default ``a·Sigmoid(a)`` (two ops, each a kernel of its own when nothing fuses them).
 
 Tensor-parallel declarations (Megatron-LM / Llama's model-parallel layers): wq, wk, wv, w1, w3
 column-parallel ``S(1)``; wo, w2 row-parallel ``S(0)``; norms replicated; the embedding sharded
@@ -66,6 +68,7 @@ FAMILY = "llama"
 R, COL, ROW = Replicate(), Shard(1), Shard(0)
 BLOCK_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w3", "w2")
 NORM_FORMS = ("fused", "composite")  # one RMSNormalization; eager PyTorch's separate ops
+SILU_FORMS = ("composite", "fused")  # a·Sigmoid(a) as two ops; one Silu (F.silu)
 ROPE_FORMS = ("fused", "fp32")  # Rope in the model's dtype; cast to f32 and back around it
 LOW_PRECISION = (DType.bf16, DType.f16)  # the dtypes the eager forms upcast to f32
 
@@ -88,6 +91,7 @@ class LlamaConfig:
     loss: str = loss_field()  # the cross entropy's kernel: fp32 (default), fused or torch
     norm: str = _choice("fused", NORM_FORMS)  # RMSNorm: one op or eager PyTorch's (module doc)
     rope: str = _choice("fused", ROPE_FORMS)  # RoPE in the model's dtype or in f32 (module doc)
+    silu: str = _choice("composite", SILU_FORMS)  # SwiGLU's silu: Mul·Sigmoid or one Silu op
 
     def __post_init__(self) -> None:
         check_config(FAMILY, self, divides=[("heads", "hidden"), ("kv_heads", "heads")])
@@ -151,7 +155,10 @@ def block_fn(cfg: LlamaConfig, dtype: DType = DType.f32) -> Function:
     x = f("Add", x, f("MatMul", a, p["wo"], name="o"), name="x_attn")
     h = rms_norm(f, x, p["ffn_norm"], cfg.norm, dtype, "ffn_in")
     gate = f("MatMul", h, p["w1"], name="gate")
-    silu = f("Mul", gate, f("Sigmoid", gate, name="sig"), name="silu")
+    if cfg.silu == "fused":
+        silu = f("Silu", gate, name="silu")
+    else:
+        silu = f("Mul", gate, f("Sigmoid", gate, name="sig"), name="silu")
     up = f("MatMul", h, p["w3"], name="up")
     down = f("MatMul", f("Mul", silu, up, name="swiglu"), p["w2"], name="down")
     return f.ret(f("Add", x, down, name="x_mlp"))
