@@ -150,6 +150,9 @@ class Run:
     # PyTorch FSDP2 (``fully_shard``, torchtitan): each parameter all-gather copied out of the flat
     # buffer into the parameters on the compute stream (``distribute(gather_copy_out=True)``)
     gather_copy_out: bool = False
+    # FSDP's MixedPrecision(reduce_dtype=torch.float32): gradients cast to fp32 and reduced in it
+    # (``distribute(reduce_fp32=True)``)
+    reduce_fp32: bool = False
 
 
 _TYPES: dict[str, type] = {"int": int, "str": str, "bool": bool, "float": float}
@@ -390,6 +393,7 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
         chunk_times=times,
         overlap_param_gather=r.overlap_param_gather,
         gather_copy_out=r.gather_copy_out,
+        reduce_fp32=r.reduce_fp32,
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(

@@ -145,6 +145,7 @@ def distribute(
     bucket_mb: float = DDP_BUCKET_MB,
     overlap_param_gather: bool = False,
     gather_copy_out: bool = False,
+    reduce_fp32: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -192,7 +193,15 @@ def distribute(
     ``FSDPParamGroup.wait_for_unshard`` copies it out per parameter (``foreach_all_gather_copy_out``,
     ``torch.split_with_sizes_copy``, torch/distributed/_composable/fsdp/_fsdp_collectives.py) on
     the current stream, in the forward and again in the backward. FSDP1 and DeepSpeed gather
-    into the flat parameter their parameters are views of (no copy): the default."""
+    into the flat parameter their parameters are views of (no copy): the default.
+
+    ``reduce_fp32`` (mixed precision, d > 1; FSDP's ``MixedPrecision(reduce_dtype=torch.float32)``:
+    Composer's ``DEFAULT`` mode, ``get_mixed_precision`` in composer/distributed/mosaic_parallelism.py;
+    torchtitan's ``mixed_precision_reduce = "float32"``): each gradient is cast to the masters'
+    dtype on the reduction stream and reduced in it (twice the bytes of a bf16 reduction), as
+    FSDP2's ``foreach_reduce`` copies the gradients into an fp32 reduce-scatter input on its
+    reduce-scatter stream and FSDP1 casts them on its post-backward stream; the reduced shard is
+    then the optimizer's gradient as it is. Default: reduced in the compute dtype, then cast."""
     with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
         return _Builder(
             model,
@@ -205,6 +214,7 @@ def distribute(
             bucket_mb,
             overlap_param_gather,
             gather_copy_out,
+            reduce_fp32,
         ).build()
 
 
@@ -287,6 +297,7 @@ class _Builder:
         bucket_mb: float = DDP_BUCKET_MB,
         overlap_param_gather: bool = False,
         gather_copy_out: bool = False,
+        reduce_fp32: bool = False,
     ) -> None:
         if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
             raise StrategyError(
@@ -304,6 +315,8 @@ class _Builder:
         self.model, self.s, self.opt, self.train = model, s, opt, train
         self.comm_streams = comm_streams
         self.gather_copy_out = gather_copy_out  # FSDP2's copy-out of each gather (``distribute``)
+        # gradients reduced in the masters' dtype (``distribute``)
+        self.reduce_fp32 = reduce_fp32 and self.prec.mixed and train and s.d * s.c > 1
         # the compute copies gathered in the next step's first forward (``distribute``)
         self.gather_early = (
             overlap_param_gather and train and self.prec.mixed and s.zero in (1, 2) and s.d > 1
@@ -463,8 +476,11 @@ class _Builder:
         return v
 
     def _to_master(self, fb: FunctionBuilder, w: Value, g: Value) -> Value:
-        """Mixed precision: the reduced gradient cast to the masters' dtype for the optimizer."""
-        return cast(fb, g, self.prec.master, f"g_{w.name}_{self.prec.master}") if self.prec.mixed else g
+        """Mixed precision: the reduced gradient cast to the masters' dtype for the optimizer
+        (``reduce_fp32``: reduced in it already)."""
+        if not self.prec.mixed or self.reduce_fp32:
+            return g
+        return cast(fb, g, self.prec.master, f"g_{w.name}_{self.prec.master}")
 
     def _zdim(self, w: Value) -> int | None:
         spec = self.model.weight(w.name)
@@ -1244,6 +1260,9 @@ class _Buckets:
             for w, g in self.pending
         ]
         for w, g in moved:
+            if self.b.reduce_fp32:  # FSDP's reduce_dtype: cast on the reduction stream
+                master = self.b.prec.master
+                g = cast(fb, g, master, f"g_{w.name}_{master}")
             if self.b.hsdp:
                 r = self._hsdp_scatter(w, g)
             elif self.b.cp_view:  # the pending sum over (dp, cp) seen over dp·cp, reduced there
