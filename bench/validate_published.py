@@ -153,6 +153,9 @@ class Run:
     # FSDP's MixedPrecision(reduce_dtype=torch.float32): gradients cast to fp32 and reduced in it
     # (``distribute(reduce_fp32=True)``)
     reduce_fp32: bool = False
+    # how the trainer's Adam runs (``Optimizer(kernels=...)``): fused (one kernel: Megatron's,
+    # DeepSpeed's), foreach (torch.optim.AdamW(foreach=True)) or loop (Composer's DecoupledAdamW)
+    optimizer_kernels: str = "fused"
 
 
 _TYPES: dict[str, type] = {"int": int, "str": str, "bool": bool, "float": float}
@@ -200,6 +203,8 @@ def _check(r: Run, where: str) -> None:
         raise RunsError(f"{where}.source: expected an https:// URL, got {r.source!r}")
     if r.kernels not in ("fused", "eager"):
         raise RunsError(f"{where}.kernels: expected fused or eager, got {r.kernels!r}")
+    if r.optimizer_kernels not in ("fused", "foreach", "loop"):
+        raise RunsError(f"{where}.optimizer_kernels: expected fused, foreach or loop, got {r.optimizer_kernels!r}")
     if r.attention_kernel not in ("fa2", "cudnn"):
         raise RunsError(f"{where}.attention_kernel: expected fa2 or cudnn, got {r.attention_kernel!r}")
     if r.precision not in PRECISIONS:
@@ -386,7 +391,7 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
     prog = distribute(
         mod,
         st,
-        Optimizer("adam"),
+        Optimizer("adam", kernels=r.optimizer_kernels),
         train=True,
         comm_streams=True,
         precision=prec,

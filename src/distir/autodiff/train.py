@@ -49,10 +49,16 @@ class Optimizer:
     beta1: float = 0.9
     beta2: float = 0.999
     epsilon: float = 1e-8
+    # how Adam's update runs, for its cost: one fused kernel, or the passes over the state of
+    # torch.optim.AdamW(foreach=True) (foreach) or Composer's DecoupledAdamW (loop)
+    # (``distir.ops.optim.ADAM_PASSES``)
+    kernels: str = "fused"
 
     def __post_init__(self) -> None:
         if self.kind not in ("sgd", "adam"):
             raise AutodiffError(f"optimizer must be sgd or adam, got {self.kind!r}")
+        if self.kernels not in ("fused", "foreach", "loop"):
+            raise AutodiffError(f"optimizer kernels must be fused, foreach or loop, got {self.kernels!r}")
 
     @property
     def state(self) -> tuple[str, ...]:
@@ -78,6 +84,7 @@ class Optimizer:
             beta1=self.beta1,
             beta2=self.beta2,
             epsilon=self.epsilon,
+            **({"kernels": self.kernels} if self.kernels != "fused" else {}),
         )
 
 
