@@ -84,6 +84,9 @@ class ModelCfg:
     # llama only: SwiGLU's silu as a·Sigmoid(a) (composite: two kernels when nothing fuses them)
     # or one op (fused: F.silu, one kernel)
     silu: str = "composite"
+    # gpt only: llm-foundry's flash_attn_fn copies q, k, v in (index_first_axis) and the output
+    # out (pad_input) around flash-attn's variable-length kernel (the zoo's ``unpad`` option)
+    unpad: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +223,8 @@ def _check(r: Run, where: str) -> None:
         raise RunsError(f"{where}.model: norm must be fused or composite, rope fused or fp32")
     if m.silu not in ("composite", "fused"):
         raise RunsError(f"{where}.model.silu: expected composite or fused, got {m.silu!r}")
+    if m.unpad and m.family != "gpt":
+        raise RunsError(f"{where}.model.unpad: an option of the gpt family")
     if (m.norm, m.rope, m.silu) != ("fused", "fused", "composite") and m.family != "llama":
         raise RunsError(f"{where}.model: norm, rope and silu are options of the llama family")
     if m.tied and m.family != "gpt":
@@ -288,6 +293,8 @@ def zoo_model(m: ModelCfg) -> str:
         spec += f",attention={m.attention}"
     if m.tied:
         spec += ",tied=1"
+    if m.unpad:
+        spec += ",unpad=1"
     if m.norm != "fused":
         spec += f",norm={m.norm}"
     if m.rope != "fused":

@@ -11,7 +11,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from frontends.test_zoo_numeric import LLAMA, numpy_llama, run, values
+from frontends.test_zoo_numeric import GPT, LLAMA, numpy_gpt, numpy_llama, run, values
 
 import distir
 from distir.frontends.zoo import build_model
@@ -107,3 +107,18 @@ def test_backward_of_the_fused_silu_is_one_kernel() -> None:
     one, two = grads(f"{LLAMA},silu=fused"), grads(LLAMA)
     assert one["SiluGrad"] == 1 and one["SigmoidGrad"] == 0
     assert two["SigmoidGrad"] == 1 and two["Mul"] - one["Mul"] == 2
+
+
+def test_gpt_unpad_copies_around_attention_change_no_number() -> None:
+    """llm-foundry's flash attention (``unpad=1``): q, k, v through UnpadTokens and the output
+    through PadTokens in every layer; the model computes what numpy's GPT does."""
+    m = build_model(f"{GPT},unpad=1", 3, DType.f64)
+    distir.check(m.module)
+    block = next(f for f in m.module.functions if f.name == "block")
+    ops = Counter(op.name for op in block.ops())
+    assert ops["UnpadTokens"] == 3 and ops["PadTokens"] == 1
+    vals = values(m, 0)
+    got = run(m, vals)
+    want_out, want_loss = numpy_gpt(dict(m.config), vals)
+    np.testing.assert_allclose(got[-2], want_out, rtol=1e-9, atol=1e-9)
+    assert float(got[-1]) == pytest.approx(want_loss, rel=1e-9)

@@ -177,6 +177,8 @@ EXAMPLES: dict[str, list[Case]] = {
     "Tanh": _float_unary,
     "Sigmoid": _float_unary,
     "Silu": _float_unary,
+    "UnpadTokens": _float_unary,
+    "PadTokens": _float_unary,
     "Neg": _any_unary,
     "Relu": _any_unary,
     "Identity": [*_any_unary, Case([T(b, 3)])],

@@ -38,6 +38,7 @@ DIFFERENTIABLE = {
     *("MSELoss", "Conv", "MaxPool", "AveragePool", "Attention", "Rope"),
     *("Log", "StopGradient", "SoftmaxCrossEntropyParts", "Dropout", "LogSoftmax"),
     *("NegativeLogLikelihoodLoss", "Max", "Min", "Trilu", "CumSum", "MoE"),
+    *("UnpadTokens", "PadTokens"),
 }
 
 
@@ -95,7 +96,7 @@ CASES: list[GCase] = [
     GCase("Pow", [pos(2, 3), t(3)], no_grad=(1,)),
     GCase("Pow", [pos(1, 3), t(2, 3)], no_grad=(1,)),
     GCase("Sqrt", [pos(2, 3)]),
-    *(GCase(op, [t(2, 3)]) for op in ("Neg", "Exp", "Gelu", "Tanh", "Sigmoid", "Silu", "Identity")),
+    *(GCase(op, [t(2, 3)]) for op in ("Neg", "Exp", "Gelu", "Tanh", "Sigmoid", "Silu", "Identity", "UnpadTokens", "PadTokens")),
     GCase("Relu", [signs(2, 3)]),
     GCase("Sum", [t(2, 3)]),
     GCase("Sum", [t(2, 3), t(3), t(1, 1)]),

@@ -84,13 +84,17 @@ def attention(
     rope_theta: float | None = None,
     dropout: float = 0.0,
     rope_f32_from: DType | None = None,
+    unpad: bool = False,
 ) -> Value:
     """Attention over already-projected ``q``, ``k``, ``v``; returns (B, S, heads·head_dim)
     (before the output projection). ``form`` is ``fused`` or ``naive``; ``rope_theta`` (if
     given) rotates q and k by position first; ``dropout`` > 0 drops attention probabilities
     (the fused op's ``dropout`` attribute; in the naive form a ``Dropout`` after the softmax);
     ``rope_f32_from`` (if given: the activations' dtype) rotates in f32, q and k cast to f32
-    and back (torchtitan's ``xq.float()`` ... ``type_as(xq)``: ``rope``)."""
+    and back (torchtitan's ``xq.float()`` ... ``type_as(xq)``: ``rope``); ``unpad`` (fused form)
+    copies q, k, v in and the output out as llm-foundry's ``flash_attn_fn`` does around
+    flash-attn's variable-length kernel (``UnpadTokens``, ``PadTokens``: ``bert_padding``'s
+    ``index_first_axis`` and ``pad_input``, every token kept)."""
     kv = heads if kv_heads is None else kv_heads
     group = heads // kv
     qh = split_heads(f, q, heads, head_dim, "qh")
@@ -101,7 +105,11 @@ def attention(
     vh = split_heads(f, v, kv, head_dim, "vh")
     if form == "fused":
         drop = {"dropout": dropout} if dropout > 0.0 else {}
+        if unpad:
+            qh, kh, vh = (f("UnpadTokens", x, name=f"{x.name}_unpad") for x in (qh, kh, vh))
         out, _ = f.results("Attention", qh, kh, vh, names=["ctx", "lse"], causal=causal, **drop)
+        if unpad:
+            out = f("PadTokens", out, name="ctx_pad")
         return f("Reshape", out, shape=(0, 0, heads * head_dim), name="attn")
     kh = repeat_kv(f, kh, kv, group, head_dim, "k")
     vh = repeat_kv(f, vh, kv, group, head_dim, "v")
