@@ -207,7 +207,9 @@ def _check(r: Run, where: str) -> None:
     if r.kernels not in ("fused", "eager"):
         raise RunsError(f"{where}.kernels: expected fused or eager, got {r.kernels!r}")
     if r.optimizer_kernels not in ("fused", "foreach", "loop"):
-        raise RunsError(f"{where}.optimizer_kernels: expected fused, foreach or loop, got {r.optimizer_kernels!r}")
+        raise RunsError(
+            f"{where}.optimizer_kernels: expected fused, foreach or loop, got {r.optimizer_kernels!r}"
+        )
     if r.attention_kernel not in ("fa2", "cudnn"):
         raise RunsError(f"{where}.attention_kernel: expected fa2 or cudnn, got {r.attention_kernel!r}")
     if r.precision not in PRECISIONS:

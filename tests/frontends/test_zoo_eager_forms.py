@@ -1,9 +1,10 @@
-"""The llama zoo's eager forms (``norm=composite``, ``rope=fp32``, ``silu=fused``): torchtitan's
-RMSNorm module, its ``apply_rotary_emb`` and ``F.silu`` as eager PyTorch runs them, op by op. They compute what the fused
-forms compute (numpy, without RMSNorm's epsilon, which the composite leaves out), cast to f32 and
-back only in a low-precision model, and cost what their kernels move: the bytes of each op
-counted by hand from its shapes and dtypes, over the GPU's bandwidth at the cost model's
-efficiency, plus one launch per kernel."""
+"""The zoo's eager forms: llama's ``norm=composite``, ``rope=fp32``, ``silu=fused``
+(torchtitan's RMSNorm module, its ``apply_rotary_emb`` and ``F.silu`` as eager PyTorch runs
+them, op by op) and gpt's ``unpad=1`` (llm-foundry's copies around flash attention). They
+compute what the fused forms compute (numpy, without RMSNorm's epsilon, which the composite
+leaves out), cast to f32 and back only in a low-precision model, and cost what their kernels
+move: the bytes of each op counted by hand from its shapes and dtypes, over the GPU's bandwidth
+at the cost model's efficiency, plus one launch per kernel."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from frontends.test_zoo_numeric import GPT, LLAMA, numpy_gpt, numpy_llama, run, values
 
 import distir
 from distir.frontends.zoo import build_model
@@ -21,6 +21,7 @@ from distir.interp.shapes import TypeDomain
 from distir.ir.types import Device, DType, TensorType
 from distir.ops.registry import REGISTRY
 from distir.sim.cost import RooflineCostModel
+from frontends.test_zoo_numeric import GPT, LLAMA, numpy_gpt, numpy_llama, run, values
 
 EAGER = f"{LLAMA},norm=composite,rope=fp32,silu=fused"
 
@@ -62,7 +63,8 @@ def test_composite_norm_costs_its_kernels_bytes() -> None:
     """The head's RMSNorm of (B, S, h) bf16 activations on an A100: per op, bytes read and
     written by hand (n = B·S·h elements, r = B·S rows), each op one kernel."""
     b, s, h, v = 2, 64, 256, 32
-    m = build_model(f"llama:layers=1,hidden={h},heads=4,kv_heads=2,ffn=64,vocab={v},seq={s},norm=composite", b, DType.bf16)
+    spec = f"llama:layers=1,hidden={h},heads=4,kv_heads=2,ffn=64,vocab={v},seq={s},norm=composite"
+    m = build_model(spec, b, DType.bf16)
     head = next(f for f in m.module.functions if f.name == "head")
     d0 = Device(0)
     args = [TensorType(DType.bf16, shape, d0) for shape in ((b, s, h), (h,), (h, v))]
@@ -71,7 +73,9 @@ def test_composite_norm_costs_its_kernels_bytes() -> None:
     cost = RooflineCostModel(cluster, fuse=False)
     norm_ops = [op for op in head.ops() if op.name != "MatMul"]
     got = sum(
-        cost.compute_time(REGISTRY[op.name], [env[x] for x in op.inputs], [env[y] for y in op.outputs], op.attrs, 0)
+        cost.compute_time(
+            REGISTRY[op.name], [env[x] for x in op.inputs], [env[y] for y in op.outputs], op.attrs, 0
+        )
         for op in norm_ops
     )
     n, r = b * s * h, b * s

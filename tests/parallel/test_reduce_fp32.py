@@ -54,7 +54,7 @@ def _reduced(reduce_fp32: bool) -> list[tuple[DType, int]]:
     interpret(prog, prog.entry, [p.type for p in prog.entry.params], dom)
     bwd = next(f for f in prog.functions if f.name == "c0_bwd_red")
     seen: list[tuple[DType, int]] = []
-    for types, env in dom.envs.get("c0_bwd_red", []):
+    for _types, env in dom.envs.get("c0_bwd_red", []):
         for op in bwd.ops():
             t = env.get(op.inputs[0]) if op.name == "Redistribute" else None
             if isinstance(t, DTensorType) and any(isinstance(p, Partial) for p in t.placements):

@@ -35,7 +35,7 @@ from distir.interp.shapes import TypeDomain, infer_types, type_of
 from distir.ir.builder import FunctionBuilder
 from distir.ir.function import Function, Module
 from distir.ir.types import DType, TensorType, Type
-from distir.ir.values import Value
+from distir.ir.values import Attrs, AttrValue, Value
 from distir.ops.registry import REGISTRY
 
 
@@ -72,20 +72,12 @@ class Optimizer:
             return fb.op("SGD", w, g, names=[f"{w.name}_new"], lr=self.lr)
         assert step is not None
         m, v = state
-        return fb.op(
-            "Adam",
-            w,
-            g,
-            m,
-            v,
-            step,
-            names=[f"{w.name}_new", f"{m.name}_new", f"{v.name}_new"],
-            lr=self.lr,
-            beta1=self.beta1,
-            beta2=self.beta2,
-            epsilon=self.epsilon,
-            **({"kernels": self.kernels} if self.kernels != "fused" else {}),
-        )
+        attrs: dict[str, AttrValue] = {"lr": self.lr, "beta1": self.beta1, "beta2": self.beta2}
+        attrs["epsilon"] = self.epsilon
+        if self.kernels != "fused":
+            attrs["kernels"] = self.kernels
+        names = [f"{w.name}_new", f"{m.name}_new", f"{v.name}_new"]
+        return fb.emit("Adam", (w, g, m, v, step), Attrs(attrs), names)
 
 
 @dataclass(frozen=True)

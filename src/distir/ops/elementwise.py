@@ -247,9 +247,9 @@ def _cast_sharding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: i
     each addend, so it takes the sum first."""
     found = pointwise()(ins, outs, attrs, n)
     a, b = ins[0], outs[0]
-    if isinstance(a, TensorType) and isinstance(b, TensorType) and a.dtype.is_float and b.dtype.is_float:
-        if b.dtype.itemsize > a.dtype.itemsize:
-            found.append(Strategy((Partial("sum"),), (Partial("sum"),)))
+    floats = isinstance(a, TensorType) and isinstance(b, TensorType) and a.dtype.is_float and b.dtype.is_float
+    if floats and b.dtype.itemsize > a.dtype.itemsize:  # type: ignore[union-attr]
+        found.append(Strategy((Partial("sum"),), (Partial("sum"),)))
     return found
 
 

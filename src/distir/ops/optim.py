@@ -4,7 +4,7 @@ steps use them as the weight-update op, the paper's ``Optimizer``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -105,31 +105,39 @@ def _adam_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
 # one kernel reading weight, gradient and both moments and writing weight and moments
 # (apex/Transformer Engine FusedAdam, DeepSpeed's, torch's fused=True); or a sequence of passes
 # over the state, each a kernel reading and writing whole tensors of the weight's size (name,
-# tensors read, written):
+# tensors read, written: ``Pass``):
 # ``foreach``: torch.optim.AdamW(foreach=True), the default on CUDA (``_multi_tensor_adamw`` in
 # torch/optim/adamw.py), with weight decay (torchtitan's 0.1);
-FOREACH_ADAMW_PASSES: tuple[tuple[str, int, int], ...] = (
-    ("_foreach_mul_(params, 1 - lr·weight_decay)", 1, 1),
-    ("_foreach_lerp_(exp_avgs, grads, 1 - beta1)", 2, 1),
-    ("_foreach_mul_(exp_avg_sqs, beta2)", 1, 1),
-    ("_foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)", 2, 1),
-    ("exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs)", 1, 1),
-    ("_foreach_div_(exp_avg_sq_sqrt, bias_correction2_sqrt)", 1, 1),
-    ("_foreach_add_(exp_avg_sq_sqrt, eps)", 1, 1),
-    ("_foreach_addcdiv_(params, exp_avgs, exp_avg_sq_sqrt, step_size)", 3, 1),
+class Pass(NamedTuple):
+    """One pass of an unfused optimizer update: its op, the whole tensors it reads and writes."""
+
+    op: str
+    reads: int
+    writes: int
+
+
+FOREACH_ADAMW_PASSES: tuple[Pass, ...] = (
+    Pass("_foreach_mul_(params, 1 - lr·weight_decay)", 1, 1),
+    Pass("_foreach_lerp_(exp_avgs, grads, 1 - beta1)", 2, 1),
+    Pass("_foreach_mul_(exp_avg_sqs, beta2)", 1, 1),
+    Pass("_foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)", 2, 1),
+    Pass("exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs)", 1, 1),
+    Pass("_foreach_div_(exp_avg_sq_sqrt, bias_correction2_sqrt)", 1, 1),
+    Pass("_foreach_add_(exp_avg_sq_sqrt, eps)", 1, 1),
+    Pass("_foreach_addcdiv_(params, exp_avgs, exp_avg_sq_sqrt, step_size)", 3, 1),
 )
 # ``loop``: Composer's DecoupledAdamW (``DecoupledAdamW.adamw`` in composer/optim/
 # decoupled_weight_decay.py: a Python loop of in-place ops per parameter), weight decay 0 (the
 # llm-foundry pretraining yamls' ``weight_decay: 0.0``: no ``param.mul_``).
-LOOP_ADAMW_PASSES: tuple[tuple[str, int, int], ...] = (
-    ("exp_avg.mul_(beta1)", 1, 1),
-    (".add_(grad, alpha=1 - beta1)", 2, 1),
-    ("exp_avg_sq.mul_(beta2)", 1, 1),
-    (".addcmul_(grad, grad, value=1 - beta2)", 2, 1),
-    ("exp_avg_sq.sqrt()", 1, 1),
-    ("/ math.sqrt(bias_correction2)", 1, 1),
-    (".add_(eps)", 1, 1),
-    ("param.addcdiv_(exp_avg, denom, value=-step_size)", 3, 1),
+LOOP_ADAMW_PASSES: tuple[Pass, ...] = (
+    Pass("exp_avg.mul_(beta1)", 1, 1),
+    Pass(".add_(grad, alpha=1 - beta1)", 2, 1),
+    Pass("exp_avg_sq.mul_(beta2)", 1, 1),
+    Pass(".addcmul_(grad, grad, value=1 - beta2)", 2, 1),
+    Pass("exp_avg_sq.sqrt()", 1, 1),
+    Pass("/ math.sqrt(bias_correction2)", 1, 1),
+    Pass(".add_(eps)", 1, 1),
+    Pass("param.addcdiv_(exp_avg, denom, value=-step_size)", 3, 1),
 )
 ADAM_PASSES = {"foreach": FOREACH_ADAMW_PASSES, "loop": LOOP_ADAMW_PASSES}
 ADAM_KERNELS = ("fused", *ADAM_PASSES)
@@ -145,7 +153,8 @@ def _adam_bytes(part: int) -> Any:
         passes = ADAM_PASSES.get(str(attrs.get("kernels", "fused")))
         if passes is None:
             return fused(ins, outs, attrs)
-        return float(sum(p[part] for p in passes) * ins[0].nbytes)
+        tensors = sum(p.reads if part == 1 else p.writes for p in passes)
+        return float(tensors * ins[0].nbytes)
 
     return count
 
@@ -172,8 +181,8 @@ ADAM = register(
         doc="Adam (Kingma & Ba) with bias correction; step is the 1-based step count: "
         "m' = b1 m + (1-b1) g, v' = b2 v + (1-b2) g^2, "
         "w' = w - lr (m'/(1-b1^step)) / (sqrt(v'/(1-b2^step)) + epsilon). ``kernels``: how the update "
-        "runs, for its cost only (fused: one kernel; foreach, loop: the passes of torch.optim.AdamW(foreach=True), "
-        "Composer's DecoupledAdamW).",
+        "runs, for its cost only (fused: one kernel; foreach, loop: the passes of "
+        "torch.optim.AdamW(foreach=True), Composer's DecoupledAdamW).",
         sharding=sh.pointwise(),
     )
 )
