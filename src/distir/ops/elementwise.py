@@ -23,7 +23,7 @@ from distir.ops._special import normal_cdf
 from distir.ops._torch import binary, unary
 from distir.ops.gradrules import GradCtx, GradRule, first, is_float, unbroadcast, zeros_like
 from distir.ops.registry import AttrSpec, CostClass, Fusion, OpDef, TypeCtx, register
-from distir.ops.sharding import R, ShardingRule, Strategy, mul_rule, pointwise
+from distir.ops.sharding import R, ShardingRule, Strategy, cast_rule, mul_rule, pointwise
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
@@ -240,19 +240,6 @@ def round_to_bf16(x: Any) -> np.ndarray:
     return np.where(np.isnan(x32), x32, r)
 
 
-def _cast_sharding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
-    """Pointwise; a pending sum passes through a widening float cast (bf16 → f32): each rank's
-    addend cast exactly, then summed in the wider dtype — FSDP's ``reduce_dtype`` (gradients
-    upcast before the reduction, ``distribute(reduce_fp32=True)``). A narrowing cast rounds
-    each addend, so it takes the sum first."""
-    found = pointwise()(ins, outs, attrs, n)
-    a, b = ins[0], outs[0]
-    floats = isinstance(a, TensorType) and isinstance(b, TensorType) and a.dtype.is_float and b.dtype.is_float
-    if floats and b.dtype.itemsize > a.dtype.itemsize:  # type: ignore[union-attr]
-        found.append(Strategy((Partial("sum"),), (Partial("sum"),)))
-    return found
-
-
 def _cast_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     x, to = np.asarray(args[0]), attrs["to"]
     assert isinstance(to, DType)
@@ -274,7 +261,7 @@ CAST = register(
         reference=_cast_ref,
         doc="Convert to dtype ``to``. The reference holds bf16 in float32 and rounds a cast to bf16 "
         "to the nearest bf16 (ties to even); casts to f16 round as numpy's float16 does.",
-        sharding=_cast_sharding,
+        sharding=cast_rule(),
     )
 )
 

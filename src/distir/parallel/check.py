@@ -165,6 +165,9 @@ def check_against_sequential(
     bucket_mb: float = DDP_BUCKET_MB,
     comm_streams: bool = False,
     overlap_param_gather: bool = False,
+    deepspeed_pipe: bool = False,
+    fp32_grad_accum: bool = False,
+    cp_ring: bool = True,
     gather_copy_out: bool = False,
     reduce_fp32: bool = False,
 ) -> Comparison:
@@ -178,6 +181,9 @@ def check_against_sequential(
         precision=precision,
         bucket_mb=bucket_mb,
         overlap_param_gather=overlap_param_gather,
+        deepspeed_pipe=deepspeed_pipe,
+        fp32_grad_accum=fp32_grad_accum,
+        cp_ring=cp_ring,
         gather_copy_out=gather_copy_out,
         reduce_fp32=reduce_fp32,
     )
