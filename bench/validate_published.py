@@ -79,6 +79,17 @@ class ModelCfg:
     # the hidden and attention dropout probability the trainer runs with (the zoo's ``dropout``;
     # Megatron-LM's defaults are 0.1 for both, 0 where a record does not say)
     dropout: float = 0.0
+    # llama only, how eager PyTorch runs the layer (the zoo's ``norm`` and ``rope`` options):
+    # RMSNorm as one kernel (fused) or as torchtitan's module runs it, separate ops in fp32
+    # (composite); RoPE in the model's dtype (fused) or cast to fp32 and back (fp32)
+    norm: str = "fused"
+    rope: str = "fused"
+    # llama only: SwiGLU's silu as a·Sigmoid(a) (composite: two kernels when nothing fuses them)
+    # or one op (fused: F.silu, one kernel)
+    silu: str = "composite"
+    # gpt only: llm-foundry's flash_attn_fn copies q, k, v in (index_first_axis) and the output
+    # out (pad_input) around flash-attn's variable-length kernel (the zoo's ``unpad`` option)
+    unpad: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +161,15 @@ class Run:
     # DeepSpeed's BF16_Optimizer: each microbatch's gradients added into fp32 ones, reduced in fp32
     # (``distribute(fp32_grad_accum=True)``)
     fp32_grad_accum: bool = False
+    # PyTorch FSDP2 (``fully_shard``, torchtitan): each parameter all-gather copied out of the flat
+    # buffer into the parameters on the compute stream (``distribute(gather_copy_out=True)``)
+    gather_copy_out: bool = False
+    # FSDP's MixedPrecision(reduce_dtype=torch.float32): gradients cast to fp32 and reduced in it
+    # (``distribute(reduce_fp32=True)``)
+    reduce_fp32: bool = False
+    # how the trainer's Adam runs (``Optimizer(kernels=...)``): fused (one kernel: Megatron's,
+    # DeepSpeed's), foreach (torch.optim.AdamW(foreach=True)) or loop (Composer's DecoupledAdamW)
+    optimizer_kernels: str = "fused"
 
 
 _TYPES: dict[str, type] = {"int": int, "str": str, "bool": bool, "float": float}
@@ -197,6 +217,10 @@ def _check(r: Run, where: str) -> None:
         raise RunsError(f"{where}.source: expected an https:// URL, got {r.source!r}")
     if r.kernels not in ("fused", "eager"):
         raise RunsError(f"{where}.kernels: expected fused or eager, got {r.kernels!r}")
+    if r.optimizer_kernels not in ("fused", "foreach", "loop"):
+        raise RunsError(
+            f"{where}.optimizer_kernels: expected fused, foreach or loop, got {r.optimizer_kernels!r}"
+        )
     if r.attention_kernel not in ("fa2", "cudnn"):
         raise RunsError(f"{where}.attention_kernel: expected fa2 or cudnn, got {r.attention_kernel!r}")
     if r.precision not in PRECISIONS:
@@ -210,6 +234,14 @@ def _check(r: Run, where: str) -> None:
         raise RunsError(f"{where}.model.loss: expected fp32, fused or torch, got {m.loss!r}")
     if not 0.0 <= m.dropout < 1.0:
         raise RunsError(f"{where}.model.dropout: expected a probability in [0, 1), got {m.dropout!r}")
+    if m.norm not in ("fused", "composite") or m.rope not in ("fused", "fp32"):
+        raise RunsError(f"{where}.model: norm must be fused or composite, rope fused or fp32")
+    if m.silu not in ("composite", "fused"):
+        raise RunsError(f"{where}.model.silu: expected composite or fused, got {m.silu!r}")
+    if m.unpad and m.family != "gpt":
+        raise RunsError(f"{where}.model.unpad: an option of the gpt family")
+    if (m.norm, m.rope, m.silu) != ("fused", "fused", "composite") and m.family != "llama":
+        raise RunsError(f"{where}.model: norm, rope and silu are options of the llama family")
     if m.tied and m.family != "gpt":
         raise RunsError(f"{where}.model.tied: only the gpt family ties its embedding and head")
     if p.metric not in METRICS:
@@ -285,6 +317,14 @@ def zoo_model(m: ModelCfg) -> str:
         spec += f",dropout={m.dropout:g}"
     if m.tied:
         spec += ",tied=1"
+    if m.unpad:
+        spec += ",unpad=1"
+    if m.norm != "fused":
+        spec += f",norm={m.norm}"
+    if m.rope != "fused":
+        spec += f",rope={m.rope}"
+    if m.silu != "composite":
+        spec += f",silu={m.silu}"
     return spec if m.loss == "fp32" else f"{spec},loss={m.loss}"
 
 
@@ -393,7 +433,7 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
     prog = distribute(
         mod,
         st,
-        Optimizer("adam"),
+        Optimizer("adam", kernels=r.optimizer_kernels),
         train=True,
         comm_streams=True,
         precision=prec,
@@ -401,6 +441,8 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
         overlap_param_gather=r.overlap_param_gather,
         deepspeed_pipe=r.deepspeed_pipe,
         fp32_grad_accum=r.fp32_grad_accum,
+        gather_copy_out=r.gather_copy_out,
+        reduce_fp32=r.reduce_fp32,
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(

@@ -151,6 +151,8 @@ def distribute(
     deepspeed_pipe: bool = False,
     fp32_grad_accum: bool = False,
     cp_ring: bool = True,
+    gather_copy_out: bool = False,
+    reduce_fp32: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -210,7 +212,23 @@ def distribute(
     ``cp_ring`` (context parallelism, c > 1): attention runs as a ring over the cp axis (K/V
     passed rank to rank, overlapped with the blocks: ``distir.parallel.sharding.ring``), as
     Megatron-LM and torchtitan run it; False gathers K/V over cp instead (the older form, kept
-    for comparison)."""
+    for comparison).
+
+    ``gather_copy_out`` (PyTorch FSDP2, ``fully_shard``): each ZeRO-3 gather's result is copied
+    into the parameters' own storage on the compute stream before the layer runs (an
+    ``Identity`` on the layer's mesh): FSDP2 all-gathers into one flat buffer and
+    ``FSDPParamGroup.wait_for_unshard`` copies it out per parameter (``foreach_all_gather_copy_out``,
+    ``torch.split_with_sizes_copy``, torch/distributed/_composable/fsdp/_fsdp_collectives.py) on
+    the current stream, in the forward and again in the backward. FSDP1 and DeepSpeed gather
+    into the flat parameter their parameters are views of (no copy): the default.
+
+    ``reduce_fp32`` (mixed precision, d > 1; FSDP's ``MixedPrecision(reduce_dtype=torch.float32)``:
+    Composer's ``DEFAULT`` mode, ``get_mixed_precision`` in composer/distributed/mosaic_parallelism.py;
+    torchtitan's ``mixed_precision_reduce = "float32"``): each gradient is cast to the masters'
+    dtype on the reduction stream and reduced in it (twice the bytes of a bf16 reduction), as
+    FSDP2's ``foreach_reduce`` copies the gradients into an fp32 reduce-scatter input on its
+    reduce-scatter stream and FSDP1 casts them on its post-backward stream; the reduced shard is
+    then the optimizer's gradient as it is. Default: reduced in the compute dtype, then cast."""
     with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
         return _Builder(
             model,
@@ -225,6 +243,8 @@ def distribute(
             deepspeed_pipe,
             fp32_grad_accum,
             cp_ring,
+            gather_copy_out,
+            reduce_fp32,
         ).build()
 
 
@@ -338,6 +358,8 @@ class _Builder:
         deepspeed_pipe: bool = False,
         fp32_grad_accum: bool = False,
         cp_ring: bool = True,
+        gather_copy_out: bool = False,
+        reduce_fp32: bool = False,
     ) -> None:
         if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
             raise StrategyError(
@@ -359,6 +381,9 @@ class _Builder:
         self.comm_streams = comm_streams
         # DeepSpeed's pipeline engine: transfers block the compute streams (``distribute``)
         self.p2p_streams = comm_streams and not deepspeed_pipe
+        self.gather_copy_out = gather_copy_out  # FSDP2's copy-out of each gather (``distribute``)
+        # gradients reduced in the masters' dtype (``distribute``)
+        self.reduce_fp32 = reduce_fp32 and self.prec.mixed and train and s.d * s.c > 1 and not self.fp32_acc
         # the compute copies gathered in the next step's first forward (``distribute``)
         self.gather_early = (
             overlap_param_gather and train and self.prec.mixed and s.zero in (1, 2) and s.d > 1
@@ -508,8 +533,9 @@ class _Builder:
 
     def _to_master(self, fb: FunctionBuilder, w: Value, g: Value) -> Value:
         """Mixed precision: the reduced gradient cast to the masters' dtype for the optimizer
-        (already in it when accumulated in fp32: ``fp32_grad_accum``)."""
-        if not self.prec.mixed or self.fp32_acc:
+        (already in it when accumulated in fp32: ``fp32_grad_accum``, or reduced in it:
+        ``reduce_fp32``)."""
+        if not self.prec.mixed or self.fp32_acc or self.reduce_fp32:
             return g
         return cast(fb, g, self.prec.master, f"g_{w.name}_{self.prec.master}")
 
@@ -1207,15 +1233,23 @@ class _Gathers:
 
     def _take(self, w: Value) -> Value:
         if self.stream is None:
-            return self.b._zero3_gather(self.fb, w, self.wp[w], self.home)
+            return self._copied_out(w, self.b._zero3_gather(self.fb, w, self.wp[w], self.home))
         if w in self.taken:  # read twice by one layer
             return self.taken[w]
         got = self.ready.pop(w, None)
         if got is None:  # not sharded by ZeRO (no dimension divides): used as it is (HSDP: viewed)
             return self.b._zero3_gather(self.fb, w, self.wp[w], self.home) if self.b.viewed else self.wp[w]
         text = self.b._mesh_attr(self.home)
-        self.taken[w] = self.fb.emit("MeshSend", (got,), self.b._attrs("mesh", text), (w.name,))[0]
+        got = self.fb.emit("MeshSend", (got,), self.b._attrs("mesh", text), (w.name,))[0]
+        self.taken[w] = self._copied_out(w, got)
         return self.taken[w]
+
+    def _copied_out(self, w: Value, gathered: Value) -> Value:
+        """``gathered`` copied into the parameter's storage on the compute stream (FSDP2's
+        copy-out, ``distribute(gather_copy_out=True)``), or itself."""
+        if not self.b.gather_copy_out or self.b._zdim(w) is None:
+            return gathered
+        return self.fb.emit("Identity", (gathered,), Attrs(), (f"{w.name}_out",))[0]
 
 
 class _GradSink:
@@ -1326,6 +1360,9 @@ class _Buckets:
             for w, g in self.pending
         ]
         for w, g in moved:
+            if self.b.reduce_fp32:  # FSDP's reduce_dtype: cast on the reduction stream
+                master = self.b.prec.master
+                g = cast(fb, g, master, f"g_{w.name}_{master}")
             if self.b.hsdp:
                 r = self._hsdp_scatter(w, g)
             elif self.b.cp_view:  # the pending sum over (dp, cp) seen over dp·cp, reduced there
