@@ -8,6 +8,7 @@ program, one 4-rank launch the hybrids."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import multiprocessing
@@ -186,6 +187,62 @@ def test_a_killed_rank_stops_every_rank_within_the_bound() -> None:
     assert not other.is_alive() and not victim.is_alive()
     for p in (victim, other):
         assert (p.pid is not None and not Path(f"/proc/{p.pid}").exists()) or _zombie(p.pid)
+
+
+class _DieOnUnpickle:
+    """An input whose unpickling in the spawned rank runs ``how(*args)``: the rank dies while
+    starting (unpickling its programs), before it joins the process group — no hook in the
+    code under test."""
+
+    def __init__(self, how: Any, *args: Any) -> None:
+        self.how, self.args = how, args
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return self.how, self.args
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("death", "why"),
+    [
+        (_DieOnUnpickle(os._exit, 0), "exited with status 0"),  # a silent, "successful" exit
+        (_DieOnUnpickle(os._exit, 3), "exited with status 3"),
+        (_DieOnUnpickle(signal.raise_signal, signal.SIGKILL), "was killed by SIGKILL"),
+    ],
+    ids=["status-0", "status-3", "sigkill"],
+)
+def test_a_rank_dying_at_startup_stops_every_rank_within_the_bound(death: Any, why: str) -> None:
+    prog = model_program(MLP, "p2.k2.1f1b", 4, "f32", "pure", "adam")
+    jobs = rank_programs(prog, steps=2)
+    jobs[1] = dataclasses.replace(jobs[1], inputs=(*jobs[1].inputs, death))
+    died: dict[str, float] = {}
+    stop = threading.Event()
+
+    def watch() -> None:  # when rank 1's process is seen gone
+        while not stop.is_set() and "at" not in died:
+            for p in multiprocessing.active_children():
+                if p.name == "distir-rank-1" and p.exitcode is not None:
+                    died["at"] = time.monotonic()
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with pytest.raises(RunFailed) as info:
+            # rank 0 waits for rank 1 in the rendezvous: gloo's timeout alone would take 120 s
+            launch([[j] for j in jobs], LaunchOptions(timeout_s=120))
+        end = time.monotonic()
+    finally:
+        stop.set()
+        watcher.join()
+    e = info.value
+    assert e.rank == 1
+    assert str(e) == (
+        f"rank 1 (d1) {why} while starting (importing, unpickling its programs), "
+        "before it joined the process group"
+    )
+    assert end - died.get("at", end) <= FAIL_STOP_BOUND_S + 0.5
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("distir-rank-")]
 
 
 def _zombie(pid: int) -> bool:

@@ -16,8 +16,9 @@ live values (the step's inputs included), sampled after every op. Point-to-point
 posted by consecutive ``rank.Send``/``rank.Recv`` start together (``TorchContext.flush``) before
 any other op, or a send of a value received in the same batch.
 
-``progress`` (optional, a shared pair of integers) holds the index of the program and of the op
-the rank is at, so the launcher can name the op of a rank that was killed. A failure of an op is
+``progress`` (optional, three shared integers) holds the index of the program and of the op the
+rank is at, and its ``Stage`` (starting, joining the process group, running), so the launcher
+can say where a rank that died was. A failure of an op is
 a ``RankFailure`` naming the rank, its device, the op as printed in the IR, and why.
 """
 
@@ -28,6 +29,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from enum import IntEnum
 from typing import Any
 
 from distir.backend import require_torch
@@ -52,6 +54,15 @@ class RankFailure(RuntimeError):
         self.rank = rank
         self.op_text = op_text
         self.secondary = secondary
+
+
+class Stage(IntEnum):
+    """Where a rank is (``progress[2]``): its process started (importing, unpickling its
+    programs); joining the process group and making the groups; running its programs."""
+
+    STARTING = 0
+    JOINING = 1
+    RUNNING = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,7 +299,7 @@ def _make_context(
 def run_programs(setup: RankSetup, jobs: Sequence[RankProgram], progress: Any = None) -> list[RankResult]:
     """Join the process group and run each of this rank's programs (see the module docstring).
     The process group stays up (the caller may gather results over it, then destroys it).
-    ``progress``: a shared pair (program index, op index) the launcher reads."""
+    ``progress``: shared (program index, op index, ``Stage``) the launcher reads."""
     torch = require_torch()
     torch.set_num_threads(1)
     dist = torch.distributed
@@ -305,6 +316,8 @@ def run_programs(setup: RankSetup, jobs: Sequence[RankProgram], progress: Any = 
     keys = sorted({tuple(sorted(job.ranks[d] for d in g)) for job in jobs for g in job.groups})
     for key in keys:  # every rank makes every group, in the same order
         groups[key] = dist.new_group(list(key)) if len(key) < setup.world_size else dist.group.WORLD
+    if progress is not None:
+        progress[2] = Stage.RUNNING
     results = []
     for i, job in enumerate(jobs):
         if progress is not None:
