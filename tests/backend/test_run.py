@@ -1,7 +1,8 @@
 """``distir run``: per-rank programs on torch.distributed (gloo, 2 CPU ranks) equal the reference
 executor — every collective and point-to-point op, and zoo training steps under DP, TP (with
 sp), GPipe, 1F1B, interleaved, ZB-H1, ZeRO 1-3, recomputation, mixed precision and hybrids; a
-killed rank stops the run within the bound; the command under torchrun verifies a pipeline.
+killed rank, or one that dies while starting, stops the run within the bound; the command under
+torchrun verifies a pipeline; the fig2 example verifies, a unit at a ReLU's kink counted.
 
 The cases share launches (spawning ranks is the slow part): one 2-rank launch runs every 2-rank
 program, one 4-rank launch the hybrids."""
@@ -327,6 +328,19 @@ def test_run_command_reports_json_and_writes_real_traces(tmp_path: Path) -> None
     for pid in (0, 1):  # one op at a time per rank: slices do not overlap
         mine = sorted((e["ts"], e["ts"] + e["dur"]) for e in slices if e["pid"] == pid)
         assert all(a[1] <= b[0] + 1e-3 for a, b in itertools.pairwise(mine))
+
+
+@pytest.mark.slow
+def test_the_fig2_example_verifies_counting_its_units_at_a_kink() -> None:
+    # seed 0 in float32: a first-layer ReLU input is +3.8e-6 exactly and may be -3.8e-6 in torch's
+    # float32 product; the run verifies against exact arithmetic with that unit reversed
+    fig2 = Path(__file__).resolve().parents[2] / "examples" / "fig2_mlp_pipeline.distir"
+    proc = _cli(str(fig2), "--json", "--steps", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["verified"] is True
+    n = report["kink_units_reversed"]
+    assert n == 0 or report["kink_max_distance"] <= report["kink_bound"]
 
 
 BAD = """
