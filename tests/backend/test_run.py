@@ -14,6 +14,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -213,9 +214,12 @@ class _DieOnUnpickle:
     ids=["status-0", "status-3", "sigkill"],
 )
 def test_a_rank_dying_at_startup_stops_every_rank_within_the_bound(death: Any, why: str) -> None:
-    prog = model_program(MLP, "p2.k2.1f1b", 4, "f32", "pure", "adam")
+    # a step whose rank programs pickle to megabytes: the rank dies before reading the rest
+    # (a spawn's parent that kept writing it to the rank would wait forever)
+    prog = model_program("mlp:layers=2,hidden=512", "p2.k2.1f1b", 4, "f32", "pure", "adam")
     jobs = rank_programs(prog, steps=2)
-    jobs[1] = dataclasses.replace(jobs[1], inputs=(*jobs[1].inputs, death))
+    assert len(pickle.dumps(jobs[1])) > 1 << 20
+    jobs[1] = dataclasses.replace(jobs[1], inputs=(death, *jobs[1].inputs))
     died: dict[str, float] = {}
     stop = threading.Event()
 

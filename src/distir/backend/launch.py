@@ -4,6 +4,11 @@
 (one torch thread each) that meet at ``tcp://127.0.0.1:<a free port>`` with gloo (NCCL when CUDA
 is present: one GPU per rank) and returns each rank's ``RankResult``s.
 
+Each rank's programs go to it in a file of the run's temporary directory, not through the spawn:
+multiprocessing writes a spawned process's arguments into a pipe whose reading end the parent
+holds until the write ends, so a rank that died while starting, before reading arguments larger
+than the pipe's buffer, would block the parent in ``Process.start`` for ever.
+
 Fail-stop: the parent watches every worker (results and failures arrive on a queue; exit codes
 are polled every ``POLL_S``). When a rank fails — an op raised, or the process died (a signal,
 the OOM killer) — the parent waits ``SETTLE_S`` for the other ranks' reports (to tell the rank
@@ -22,13 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import queue
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from distir.backend import require_torch
@@ -80,11 +88,12 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _worker_main(setup: RankSetup, jobs: list[RankProgram], results: Any, progress: Any) -> None:
-    """A spawned rank: run, report on ``results`` (a queue), exit."""
+def _worker_main(setup: RankSetup, jobs_file: str, results: Any, progress: Any) -> None:
+    """A spawned rank: read its programs, run, report on ``results`` (a queue), exit."""
     _die_with_parent()
-    progress[2] = Stage.JOINING
     os.environ["OMP_NUM_THREADS"] = "1"
+    jobs: list[RankProgram] = pickle.loads(Path(jobs_file).read_bytes())
+    progress[2] = Stage.JOINING
     try:
         out = run_programs(setup, jobs, progress)
     except RankFailure as e:
@@ -124,21 +133,24 @@ def launch(
     port = free_port()
     progress = [ctx.Array("i", [0, -1, Stage.STARTING], lock=False) for _ in range(world)]
     procs = []
-    for r in range(world):
-        setup = RankSetup(r, world, backend, f"tcp://127.0.0.1:{port}", opts.timeout_s)
-        p = ctx.Process(
-            target=_worker_main,
-            args=(setup, list(jobs[r]), results, progress[r]),
-            name=f"distir-rank-{r}",
-            daemon=True,
-        )
-        procs.append(p)
-    try:
-        for p in procs:
-            p.start()
-        return _monitor(procs, results, jobs, progress, opts.running)
-    finally:
-        _stop(procs)
+    with tempfile.TemporaryDirectory(prefix="distir-run-") as tmp:
+        for r in range(world):
+            setup = RankSetup(r, world, backend, f"tcp://127.0.0.1:{port}", opts.timeout_s)
+            jobs_file = Path(tmp) / f"rank{r}.pickle"
+            jobs_file.write_bytes(pickle.dumps(list(jobs[r]), protocol=pickle.HIGHEST_PROTOCOL))
+            p = ctx.Process(
+                target=_worker_main,
+                args=(setup, str(jobs_file), results, progress[r]),
+                name=f"distir-rank-{r}",
+                daemon=True,
+            )
+            procs.append(p)
+        try:
+            for p in procs:
+                p.start()
+            return _monitor(procs, results, jobs, progress, opts.running)
+        finally:
+            _stop(procs)
 
 
 def _monitor(
