@@ -116,3 +116,17 @@ def test_ops_of_one_family_that_cost_unalike_are_each_fitted_on_their_own() -> N
     assert 0.1 * 1.2 < fits["grad"].memory < 0.6 / 1.2
     few = [s for s in samples if s.op == "FastGrad"][: OP_FIT_SAMPLES - 1]
     assert set(_fit_families(few, lambda dt: 1e15, bw)) == {"grad"}  # too few points: the family only
+
+
+def test_on_a_cpu_ops_are_timed_on_the_thread_s_cpu_time_which_waiting_does_not_add_to() -> None:
+    """A call that sleeps 2 ms (as a thread does when other processes hold the cores) costs
+    ~0 on the CPU clock, 2 ms on the wall clock."""
+    import time
+
+    from distir.backend.microbench import op_clock, time_call
+
+    def nap() -> None:
+        time.sleep(0.002)
+
+    assert time_call(nap, lambda: None, 0.004, 2, op_clock("cpu")) < 0.0005
+    assert time_call(nap, lambda: None, 0.004, 2, op_clock("cuda")) >= 0.002

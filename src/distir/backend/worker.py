@@ -5,8 +5,9 @@ inputs (numpy, as the reference executor takes them). ``run_programs`` joins the
 (``RankSetup``), makes every process group any program uses — all ranks make all groups in the
 same order, as torch.distributed requires — and runs each program ``steps`` times. Per run it
 returns a ``RankResult``: the outputs of the last step (numpy), the wall time of each step (the
-ranks start each step together, after a barrier), the peak of live tensor bytes and, with
-``trace``, a ``(name, category, start, end, op text)`` slice per op of the last step.
+ranks start each step together, after a barrier) and the rank thread's CPU time in it, the peak
+of live tensor bytes and, with ``trace``, a ``(name, category, start, end, op text)`` slice per
+op of the last step.
 
 Execution: the program's calls are inlined; each op runs its registry ``torch`` implementation
 (an op without one runs its numpy reference on the host, and is listed in ``fallback_ops``). A
@@ -114,6 +115,7 @@ class RankResult:
     memory_source: str  # cuda allocator or tracked live tensors
     slices: list[OpSlice] = field(default_factory=list)
     fallback_ops: list[str] = field(default_factory=list)
+    step_cpu_times: list[float] = field(default_factory=list)  # this rank's thread CPU s per step
 
     @property
     def step_time_s(self) -> float:
@@ -336,6 +338,7 @@ def _run_one(
     args = args_to_torch(ctx, fn, job.inputs)
     cuda = ctx.device.type == "cuda"
     times: list[float] = []
+    cpu_times: list[float] = []
     outs: tuple[Any, ...] = ()
     peak = 0
     slices: list[OpSlice] = []
@@ -343,7 +346,7 @@ def _run_one(
         torch.distributed.barrier()
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             outs, peak, slices = runner.step(args, job.trace and s == job.steps - 1, t0)
         except RankFailure:
@@ -354,8 +357,10 @@ def _run_one(
             torch.cuda.synchronize()
             peak = int(torch.cuda.max_memory_allocated())
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.thread_time() - c0)
     source = "cuda allocator" if cuda else "tracked live tensors"
-    return RankResult(job.device, to_numpy(outs), times, peak, source, slices, sorted(set(runner.fallback)))
+    fallback = sorted(set(runner.fallback))
+    return RankResult(job.device, to_numpy(outs), times, peak, source, slices, fallback, cpu_times)
 
 
 def _failure(rank: int, device: Device, runner: _Runner, e: BaseException) -> RankFailure:
