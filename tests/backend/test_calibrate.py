@@ -130,3 +130,15 @@ def test_on_a_cpu_ops_are_timed_on_the_thread_s_cpu_time_which_waiting_does_not_
 
     assert time_call(nap, lambda: None, 0.004, 2, op_clock("cpu")) < 0.0005
     assert time_call(nap, lambda: None, 0.004, 2, op_clock("cuda")) >= 0.002
+
+
+def test_adam_is_timed_on_a_non_negative_second_moment_as_training_has() -> None:
+    """A mean of squares is never negative; a negative one makes Adam's square root NaN, a slow
+    path on CPUs (which inflated its calibrated rate several times)."""
+    from distir.backend import microbench as mb
+    from distir.ir.types import DType
+    from distir.ops import REGISTRY
+
+    v = REGISTRY["Adam"].inputs.index("v")
+    adams = [c for c, _ in mb.plan(mb.FULL, (DType.f32,)) if c.op == "Adam"]
+    assert adams and all(c.nonneg == (v,) for c in adams)
