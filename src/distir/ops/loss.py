@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from distir.ir.dtensor import Placement, Shard
+from distir.ir.ops import Op
 from distir.ir.types import DType, TensorType, Type
-from distir.ir.values import Attrs
+from distir.ir.values import Attrs, Value
 from distir.ops import _torch
 from distir.ops import sharding as sh
 from distir.ops._rules import float_input, numel, same_dtype, same_shape, str_attr
 from distir.ops._special import F64, f64
+from distir.ops.gradrules import GradCtx, first, zeros_like
 from distir.ops.nn import log_softmax
 from distir.ops.registry import AttrSpec, CostClass, OpDef, TypeCtx, register
 from distir.ops.shape.select import ROWS, check_rows, local_rows, rows_localizer
@@ -321,10 +323,6 @@ __all__ = [
 
 
 # -- gradient rules (contract: distir.ops.gradrules) --------------------------------------------
-# (imported here so the rules stay one appended block; the other helpers own the top of the file)
-from distir.ir.ops import Op  # noqa: E402
-from distir.ir.values import Value  # noqa: E402
-from distir.ops.gradrules import GradCtx, first, zeros_like  # noqa: E402
 
 
 def _sce_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
