@@ -168,6 +168,8 @@ def verify(module: Module, args: Sequence[Any], got: Mapping[Device, Sequence[An
     if plain.verified or not exact.units:
         return plain
     best = _outside(module, want, got)
+    if best == float("inf"):  # outputs missing or misshapen: no reversal explains that
+        return plain
     kept: list[Unit] = []
     for u in sorted(exact.units, key=lambda u: u.distance / u.bound)[:KINK_TRIALS]:
         trial = [*kept, u]
