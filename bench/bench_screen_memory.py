@@ -1,11 +1,12 @@
 """The screen's memory estimate against the exact simulation, over the top plans of several
-searches (issue 17): GPT, Llama, the DistIR MLP and TransGAN; homogeneous and heterogeneous
-clusters; every schedule (GPipe, 1F1B, interleaved, ZB-H1), ZeRO 0-3 and HSDP, recomputation,
-mixed and pure precision. For each exactly simulated plan: the screen's tensor peak over the
-exact tensor peak (the exact peak less the runtime memory, which the screen subtracts from the
-capacity instead). Prints per search the median |error| and the largest under-estimate, then
-over every plan; targets: median |error| ≤ 5%, no estimate more than 15% under. Asserts nothing
-(``tests/search/test_screen_memory.py`` holds the bounds on small searches).
+searches (issue 17): GPT, Llama (also at a 128K sequence, with context parallelism), the DistIR
+MLP and TransGAN; homogeneous and heterogeneous clusters; every schedule (GPipe, 1F1B,
+interleaved, ZB-H1), ZeRO 0-3 and HSDP, recomputation, mixed and pure precision. For each
+exactly simulated plan: the screen's tensor peak over the exact tensor peak (the exact peak less
+the runtime memory, which the screen subtracts from the capacity instead). Prints per search the
+median |error| and the largest under-estimate, then over every plan; targets: median |error| ≤
+5%, no estimate more than 15% under. Asserts nothing (``tests/search/test_screen_memory.py``
+holds the bounds on small searches).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_screen_memory.py [-v] [--top N] [search index ...]
 """
@@ -53,6 +54,7 @@ CASES = [
     Case("TransGAN, 4 × p3.8xlarge", "transgan-hetero", "p3.8xlarge:4", 64, "f16"),
     Case("GPT 24 × 1024, 3 × p3.8xlarge + 1 × g4dn (heterogeneous)", GPT_AMP,
          "p3.8xlarge:3+g4dn.12xlarge:1", 32, "f16"),
+    Case("Llama 3 8B at 128K, 16 × H100 (context parallelism)", "llama3-8b:seq=131072", "h100:2", 16),
 ]  # fmt: skip
 
 

@@ -76,6 +76,9 @@ class ModelCfg:
     # first, vocabulary-parallel: Megatron), fused (fp32 inside, no fp32 copy: flash-attn's,
     # llm-foundry) or torch (F.cross_entropy on fp32 logits: torchtitan without TP)
     loss: str = "fp32"
+    # the hidden and attention dropout probability the trainer runs with (the zoo's ``dropout``;
+    # Megatron-LM's defaults are 0.1 for both, 0 where a record does not say)
+    dropout: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,8 @@ class StrategyCfg:
     zero: int
     recompute: str
     sequence_parallel: bool
+    # blocks per pipeline stage: "uniform" or explicit counts "5-6-…" (Strategy.partition)
+    partition: str = "uniform"
     assumed: tuple[str, ...] = ()
     notes: str = ""
 
@@ -139,6 +144,12 @@ class Run:
     # Megatron-LM's --tp-comm-overlap: tensor-parallel collectives pipelined with their GEMMs
     # (``RooflineCostModel(tp_comm_overlap=True)``, ``distir.sim.overlap``)
     tp_comm_overlap: bool = False
+    # DeepSpeed's PipelineEngine (Megatron-DeepSpeed): blocking p2p transfers, the data-parallel
+    # gradient all-reduce after the pipeline flush (``distribute(deepspeed_pipe=True)``)
+    deepspeed_pipe: bool = False
+    # DeepSpeed's BF16_Optimizer: each microbatch's gradients added into fp32 ones, reduced in fp32
+    # (``distribute(fp32_grad_accum=True)``)
+    fp32_grad_accum: bool = False
 
 
 _TYPES: dict[str, type] = {"int": int, "str": str, "bool": bool, "float": float}
@@ -197,6 +208,8 @@ def _check(r: Run, where: str) -> None:
         raise RunsError(f"{where}.model.attention: expected fused or naive, got {m.attention!r}")
     if m.loss not in ("fp32", "fused", "torch"):
         raise RunsError(f"{where}.model.loss: expected fp32, fused or torch, got {m.loss!r}")
+    if not 0.0 <= m.dropout < 1.0:
+        raise RunsError(f"{where}.model.dropout: expected a probability in [0, 1), got {m.dropout!r}")
     if m.tied and m.family != "gpt":
         raise RunsError(f"{where}.model.tied: only the gpt family ties its embedding and head")
     if p.metric not in METRICS:
@@ -212,6 +225,13 @@ def _check(r: Run, where: str) -> None:
             f"{where}.strategy: global_batch {s.global_batch} is not a whole number of microbatches "
             f"of {s.microbatch} per replica (dp {s.dp})"
         )
+    if s.partition not in ("uniform", "params"):
+        counts = _counts(s.partition)
+        if len(counts) != s.pp * s.virtual_stages or sum(counts) != m.layers:
+            raise RunsError(
+                f"{where}.strategy.partition: {s.partition!r} must give pp·virtual_stages = "
+                f"{s.pp * s.virtual_stages} counts summing to {m.layers} layers"
+            )
     if s.recompute not in ("none", "selective", "full", "ops"):
         raise RunsError(
             f"{where}.strategy.recompute: expected none, selective, full or ops, got {s.recompute!r}"
@@ -261,6 +281,8 @@ def zoo_model(m: ModelCfg) -> str:
         )
     if m.attention != "fused":
         spec += f",attention={m.attention}"
+    if m.dropout:
+        spec += f",dropout={m.dropout:g}"
     if m.tied:
         spec += ",tied=1"
     return spec if m.loss == "fp32" else f"{spec},loss={m.loss}"
@@ -280,7 +302,18 @@ def strategy_of(s: StrategyCfg) -> Any:
         zero=s.zero,
         recompute=s.recompute,
         sp=s.sequence_parallel,
+        partition=s.partition if s.partition in ("uniform", "params") else _counts(s.partition),
     )
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    """Explicit blocks per stage, ``"5-6-6"`` → (5, 6, 6) (RunsError otherwise)."""
+    try:
+        return tuple(int(x) for x in text.split("-"))
+    except ValueError:
+        raise RunsError(
+            f"strategy.partition: expected uniform, params or counts like 5-6-6, got {text!r}"
+        ) from None
 
 
 def cluster_of(c: ClusterCfg) -> Any:
@@ -366,6 +399,8 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
         precision=prec,
         chunk_times=times,
         overlap_param_gather=r.overlap_param_gather,
+        deepspeed_pipe=r.deepspeed_pipe,
+        fp32_grad_accum=r.fp32_grad_accum,
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(

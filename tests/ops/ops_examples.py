@@ -395,6 +395,8 @@ EXAMPLES["SliceGrad"].append(Case([T(f32, 3, 3)], {"shape": (5, -1), "starts": (
 # global positions of 2 queries and of 4 keys (every query sees a key under a causal mask)
 QPOS = K(T(i64, 2, 2), [[3, 0], [1, 2]])
 KPOS = K(T(i64, 2, 4), [[0, 1, 2, 3], [2, 0, 3, 1]])
+# 8 positions in the load-balanced order over a ring of 2 (chunks 0, 3 | 1, 2): ``ring_order``
+RING2 = K(T(i64, 1, 8), [[0, 1, 6, 7, 2, 3, 4, 5]])
 EXAMPLES.update(
     {
         "Attention": [
@@ -404,6 +406,11 @@ EXAMPLES.update(
             # positions: 2 queries (a context-parallel rank's, at global positions) over 4 keys
             Case([T(f32, 2, 2, 4, 2), T(f32, 2, 4, 2, 2), T(f32, 2, 4, 2, 2), QPOS, KPOS], {"causal": True}),
             Case([T(f64, 2, 2, 2, 3), T(f64, 2, 4, 1, 3), T(f64, 2, 4, 1, 3), QPOS, KPOS]),
+            # the ring's promise (``ring=2``): the same attention, its positions in the balanced order
+            Case(
+                [T(f32, 1, 8, 2, 2), T(f32, 1, 8, 1, 2), T(f32, 1, 8, 1, 2), RING2, RING2],
+                {"causal": True, "ring": 2},
+            ),
         ],
         "AttentionGrad": [
             # dout, q, k, v, out, lse

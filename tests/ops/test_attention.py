@@ -15,7 +15,7 @@ from test_new_ops_sharding import Case, check
 from distir.ir.types import DType
 from distir.ir.values import Attrs
 from distir.ops import REGISTRY, OpTypeError
-from distir.ops.attention import AttentionDropoutError
+from distir.ops.attention import AttentionDropoutError, ring_order
 
 ATT, GRAD, ROPE = REGISTRY["Attention"], REGISTRY["AttentionGrad"], REGISTRY["Rope"]
 
@@ -322,3 +322,50 @@ def test_rope_of_a_chunk_with_its_offset_is_that_chunk_of_the_whole() -> None:
         )
         back = run("Rope", [whole[:, lo:hi]], theta=100.0, offset=lo, inverse=True)[0]
         np.testing.assert_allclose(back, x[:, lo:hi], rtol=1e-12, atol=1e-13)
+
+
+def _ring_offered(op: str, n: int, ring: int) -> set[str]:
+    """The strategies of ``op`` with positions on (B, S=8, h=4, d=2) over an axis of ``n``."""
+    d = REGISTRY[op]
+    q = T(f64, 2, 8, 4, 2)
+    lse = T(DType.f64, 2, 4, 8)
+    pos = T(DType.i64, 2, 8)
+    ins = [q, q, q, pos, pos] if op == "Attention" else [q, q, q, q, q, lse, pos, pos]
+    attrs = Attrs({"causal": True, "ring": ring})
+    outs = d.infer_types(ins, attrs, [None] * len(ins))
+    return {str(s) for s in d.strategies(ins, outs, attrs, n)}
+
+
+def test_the_ring_strategy_splits_everything_along_the_sequence_only_over_its_ranks() -> None:
+    """``ring`` = c: K/V (and positions) split along the sequence like the queries, offered on an
+    axis of exactly c devices (the ring the lowering builds); dK/dV come back split, not pending."""
+    fwd = "(S(1), S(1), S(1), S(1), S(1)) -> (S(1), S(2))"
+    bwd = "(S(1), S(1), S(1), S(1), S(1), S(2), S(1), S(1)) -> (S(1), S(1), S(1))"
+    assert fwd in _ring_offered("Attention", 4, 4)
+    assert bwd in _ring_offered("AttentionGrad", 4, 4)
+    assert fwd not in _ring_offered("Attention", 2, 4)
+    assert bwd not in _ring_offered("AttentionGrad", 2, 4)
+    assert fwd not in _ring_offered("Attention", 4, 1)  # no ring: the gathered K/V only
+    assert "(S(1), R, R, S(1), R) -> (S(1), S(2))" in _ring_offered("Attention", 4, 4)
+
+
+def test_the_ring_needs_positions_in_its_load_balanced_order() -> None:
+    """The reference keeps the ``ring`` attribute's promise (the lowering decides which blocks
+    are masked from it): positions in ``ring_order`` run, others are refused; the result is the
+    same as without the attribute."""
+    rng = np.random.default_rng(3)
+    q, k, v = qkv(rng, 1, 8, 2, 2, 4)
+    good = np.broadcast_to(ring_order(8, 2), (1, 8)).copy()
+    assert good[0].tolist() == [0, 1, 6, 7, 2, 3, 4, 5]
+    with_ring = run("Attention", [q, k, v, good, good], causal=True, ring=2)
+    plain = run("Attention", [q, k, v, good, good], causal=True)
+    np.testing.assert_array_equal(with_ring[0], plain[0])
+    ordered = np.arange(8)[None]
+    with pytest.raises(ValueError, match="load-balanced order"):
+        run("Attention", [q, k, v, ordered, ordered], causal=True, ring=2)
+
+
+def test_a_ring_without_positions_is_refused() -> None:
+    q = T(f64, 1, 8, 2, 4)
+    with pytest.raises(OpTypeError, match="ring=2 needs"):
+        ATT.infer_types([q, q, q], Attrs({"ring": 2}), [None] * 3)

@@ -1,11 +1,14 @@
 """Context parallelism inside ``distribute`` (``Strategy.c``; ``distir.parallel.context_model``):
 the step equals the sequential one (loss, updated weights and optimizer state) on the reference
 executor, for GPT (learned positions) and Llama (RoPE, grouped-query), causal attention, alone
-and with data, tensor and pipeline parallelism; the program gathers K/V over ``cp`` and
-reduce-scatters their gradients back; weight gradients are pending sums over dp and cp; what is
-not supported yet is refused by name."""
+and with data, tensor and pipeline parallelism; attention runs as a ring over ``cp`` (K/V and
+dK/dV passed rank to rank with Sends, never gathered), or, with ``cp_ring=False``, gathers K/V
+over ``cp`` and reduce-scatters their gradients back; weight gradients are pending sums over dp
+and cp; what is not supported yet is refused by name."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -30,10 +33,10 @@ GPT = "gpt:layers=2,hidden=8,heads=2,seq=16,vocab=16"
 LLAMA = "llama:layers=2,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=16"
 
 
-def _check(spec: str, strategy: str) -> None:
+def _check(spec: str, strategy: str, cp_ring: bool = True) -> None:
     s = parse_strategy(strategy)
     model = build_model(spec, batch=s.d * s.k, dtype=DType.f64)
-    cmp = check_against_sequential(model, s)
+    cmp = check_against_sequential(model, s, cp_ring=cp_ring)
     # GPT's key bias has a zero gradient in exact arithmetic (softmax ignores it): its update is
     # rounding noise, which ``update_error`` measures against the largest update of its kind
     err, where = cmp.update_error()
@@ -43,8 +46,9 @@ def _check(spec: str, strategy: str) -> None:
 
 @pytest.mark.parametrize("spec", [GPT, LLAMA])
 @pytest.mark.parametrize("c", [2, 4])
-def test_context_parallel_step_equals_the_sequential_step(spec: str, c: int) -> None:
-    _check(spec, f"d1.t1.c{c}.p1.k1")
+@pytest.mark.parametrize("cp_ring", [True, False], ids=["ring", "gather"])
+def test_context_parallel_step_equals_the_sequential_step(spec: str, c: int, cp_ring: bool) -> None:
+    _check(spec, f"d1.t1.c{c}.p1.k1", cp_ring)
 
 
 @pytest.mark.slow
@@ -110,10 +114,15 @@ def test_balanced_order_gives_rank_i_chunks_i_and_2c_minus_1_minus_i() -> None:
         assert order[4 * r : 4 * (r + 1)].tolist() == balanced_positions(16, 4, r).tolist()
 
 
-def test_keys_and_values_are_gathered_over_cp_and_their_gradients_scattered_back() -> None:
+def _materialized_ops(mod: Module) -> list[str]:
+    entry = annotate_types(Module((inline_calls(mod),))).entry
+    return [op.name for op in materialize(Module((entry,))).entry.ops()]
+
+
+def test_without_the_ring_keys_and_values_are_gathered_over_cp_and_their_gradients_scattered_back() -> None:
     s = parse_strategy("d1.t1.c2.p1.k1")
     model = build_model(LLAMA, batch=1, dtype=DType.f64)
-    mod = distribute(model, s)
+    mod = distribute(model, s, cp_ring=False)
     fwd = mod["block_fwd"]
     over_cp = {
         op.inputs[0].name: parse_placements(str(op.attrs["to"]))[1]
@@ -125,9 +134,33 @@ def test_keys_and_values_are_gathered_over_cp_and_their_gradients_scattered_back
     assert att.inputs[1].name.startswith("k_rope_") and att.inputs[2].name.startswith("vh_")
     # backward: dK, dV come out as pending sums over cp (each rank's queries' part) and go back
     # to the keys' owners, sequence-sharded: P(sum) -> S(1) over cp is a reduce-scatter
-    entry = annotate_types(Module((inline_calls(mod),))).entry
-    kinds = [op.name for op in materialize(Module((entry,))).entry.ops()]
+    kinds = _materialized_ops(mod)
     assert "AllGather" in kinds and "ReduceScatter" in kinds
+    assert "Send" not in kinds
+
+
+@pytest.mark.parametrize("c", [2, 4])
+def test_the_ring_passes_keys_and_values_rank_to_rank_and_gathers_nothing(c: int) -> None:
+    """Attention and its gradient keep K/V split along the sequence over cp (``ring=c``); once
+    materialized, each ring step's transfers are Sends: per layer and ring, forward c−1 steps of
+    K and V of both chunks (4 Sends per rank), backward K/V c−1 times and dK/dV c times; every
+    unmasked block of the causal triangle computed once per pass, the masked ones never."""
+    s = parse_strategy(f"d1.t1.c{c}.p1.k1")
+    model = build_model(LLAMA, batch=1, dtype=DType.f64)
+    mod = distribute(model, s)
+    att = next(op for op in mod["block_fwd"].ops() if op.name == "Attention")
+    assert att.attrs["ring"] == c
+    assert all(not n.startswith("k_rope_") for n in (att.inputs[1].name, att.inputs[2].name))
+    kinds = Counter(_materialized_ops(mod))
+    assert kinds["AllGather"] == kinds["ReduceScatter"] == 0
+    layers = 2
+    sends_per_layer = 4 * c * ((c - 1) + (c - 1) + c)  # forward K/V, backward K/V and dK/dV
+    assert kinds["Send"] == layers * sends_per_layer
+    # the causal triangle in 2c × 2c chunk blocks: (2c)(2c+1)/2 unmasked, each computed once
+    # per pass; skipped blocks are not computed at all
+    blocks = (2 * c) * (2 * c + 1) // 2
+    assert kinds["Attention"] == layers * blocks
+    assert kinds["AttentionGrad"] == layers * blocks
 
 
 def test_weight_gradients_are_pending_over_dp_and_cp() -> None:

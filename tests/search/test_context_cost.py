@@ -14,6 +14,7 @@ from distir.frontends.zoo import build_model
 from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import parse_cluster
 from distir.ir.builder import FunctionBuilder
+from distir.ir.dtensor import DTensorType, Mesh, Shard
 from distir.ir.function import Module
 from distir.ir.types import Device, DType, TensorType
 from distir.ops.attention import BACKWARD_FACTOR
@@ -23,6 +24,7 @@ from distir.search.context_cost import AttentionShape, Ring, attention_shapes, c
 from distir.search.profile import LayerProfile, Profiler
 from distir.search.screen import Problem, Screen
 from distir.sim import collectives as coll
+from distir.sim.cost import RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
 from distir.sim.simulate import simulate
 
@@ -36,7 +38,9 @@ def test_attention_shapes_are_the_blocks_attention_ops() -> None:
     found = [s for s in shapes if s]
     assert len(found) == 2  # one per block; embedding, head and loss have none
     (a,) = found[0]
-    assert a == AttentionShape(batch=3, seq=64, heads=4, kv_heads=2, head_dim=16, itemsize=4, causal=True)
+    assert a == AttentionShape(
+        batch=3, seq=64, heads=4, kv_heads=2, head_dim=16, itemsize=4, causal=True, dtype=DType.f32
+    )
 
 
 def _profile() -> LayerProfile:
@@ -134,3 +138,45 @@ def test_the_screens_ring_is_below_the_simulated_ring_program_by_at_most_a_sixth
     # ``distir.hardware.attention``)
     assert screened <= ring_prog.step_time_s * 1.02
     assert ring_prog.step_time_s <= 1.2 * screened, (ring_prog.step_time_s, screened)
+
+
+def _dtensor_ring(shape: RingShape, c: int, backward: bool) -> Module:
+    """One attention op (or its gradient) split along the sequence over cp = c as a ring, as
+    ``distribute`` writes it (``ring=c``, positions in the balanced order)."""
+    mesh = Mesh.parse(f"cp={c}")
+    s1 = (Shard(1),)
+    qt = DTensorType(shape.dtype, (shape.batch, shape.seq, shape.heads, shape.head_dim), mesh, s1)
+    kt = DTensorType(shape.dtype, (shape.batch, shape.seq, shape.kv_heads, shape.head_dim), mesh, s1)
+    pt = DTensorType(DType.i64, (shape.batch, shape.seq), mesh, s1)
+    lt = DTensorType(DType.f32, (shape.batch, shape.heads, shape.seq), mesh, (Shard(2),))
+    fb = FunctionBuilder("f")
+    q, k, v, pos = fb.param("q", qt), fb.param("k", kt), fb.param("v", kt), fb.param("pos", pt)
+    if backward:
+        dout, out, lse = fb.param("dout", qt), fb.param("out", qt), fb.param("lse", lt)
+        outs = fb.op("AttentionGrad", dout, q, k, v, out, lse, pos, pos, n_out=3, causal=True, ring=c)
+    else:
+        outs = fb.op("Attention", q, k, v, pos, pos, n_out=2, causal=True, ring=c)
+    return distir.check(Module((fb.ret(*outs),)))
+
+
+@pytest.mark.parametrize(("c", "seq"), [(2, 16384), (4, 32768), (8, 65536)])
+def test_the_screens_ring_priced_by_the_cost_model_is_the_simulated_ring(c: int, seq: int) -> None:
+    """With the cost model (as the screen builds its ``Ring``), a layer made of one attention
+    under context parallelism costs what the exact simulation gives the ring that ``distribute``
+    writes (the DTensor op with ``ring=c``, timed by ``distir.sim.ring``), forward and backward."""
+    cl = parse_cluster("h100")
+    shape = RingShape(batch=1, seq=seq, heads=32, head_dim=128, kv_heads=8, dtype=DType.bf16)
+    fwd = simulate(_dtensor_ring(shape, c, False), cl).step_time_s
+    bwd = simulate(_dtensor_ring(shape, c, True), cl).step_time_s
+    lat = coll.send_time(cl, 0.0, 0, 1)
+    cost = RooflineCostModel(cl)
+    ring = Ring(lat, (coll.send_time(cl, 1e9, 0, 1) - lat) / 1e9, 1.0, cl.kind_of(0), 0, cost)
+    attn = AttentionShape(1, seq, 32, 8, 128, 2, True, DType.bf16)
+    whole_f = ring.attention_s(attn, 1, seq, seq, True, False)
+    whole_b = ring.attention_s(attn, 1, seq, seq, True, True)
+    p = LayerProfile(whole_f, whole_b, 0.0, 0.0, 0, 0.0, 0.0, 0.0)
+    got = context_layer(p, [attn], t=1, c=c, ring=ring)
+    assert got.fwd_s == pytest.approx(fwd, rel=1e-9)
+    assert got.bwd_s == pytest.approx(bwd, rel=1e-9)
+    # the ring at this length hides its transfers: at most its blocks' time plus one hop
+    assert fwd < whole_f / c * 1.2

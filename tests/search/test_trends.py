@@ -148,7 +148,8 @@ def test_a_128k_token_llama_finds_context_parallelism() -> None:
     simulated against the best screened plan without context parallelism: d4.t4.p1.k4.z2.rfull,
     which fits — exact tensor peak 74.61 GiB of 75.18, screened 74.60 since the screen follows
     the inlined liveness; it was screened out of memory at 82.5 GiB before — simulated at 79.7 s
-    against the winner's 67.5 s, 1.18×)."""
+    against the winner's 60.1 s with attention as a ring, 1.33×; 67.5 s, 1.18×, when
+    ``distribute`` gathered K/V over cp instead)."""
     out = search(
         SearchRequest(
             model="llama3-8b:seq=131072", cluster="h100:2", batch=16, dtype="bf16", precision="mixed", top=4

@@ -55,14 +55,25 @@ queries' rows (the ring's all-gathered K/V); in the backward, dK and dV are then
 FLOPs with positions: 4·B·h·S_q·S_k·d, halved when causal (exact on average for the balanced
 layout: each rank does 1/c of the causal triangle).
 
+**Ring** (``ring`` = c > 1, with positions): a promise that the sequence is in the
+load-balanced order over c ranks (``ring_order``: 2c chunks, rank r holding chunks r and
+2c−1−r; the references check it) and a request: split along the sequence over a mesh axis of
+c devices, with q, k, v, the positions, out (and dout, dq, dk, dv) all ``Shard(1)`` and lse
+``Shard(2)``, the op runs as ring attention — not as itself on the pieces: materialization
+lowers it to the explicit ring of ``distir.parallel.context`` (blocks of one query chunk
+against one key chunk, fully masked blocks skipped, K/V and dK/dV sent to the next rank, the
+partial results merged by ``AttentionMerge``; ``distir.parallel.sharding.ring``) and the
+simulator times that ring (``distir.sim.ring``). Its global meaning is the op's.
+
 Sharding (``distir.ops.sharding``-style rules, defined here): both attention ops split the batch
 (every tensor on its dim 0), or the heads (q, k, v, out on dim 2, lse on dim 1) when every
 shard keeps whole GQA groups (the pieces of h are the pieces of h_kv times h / h_kv: the local
 query head i still reads local kv head i // group); the sequence and head dims stay whole.
 AttentionGrad is linear in dout, so a pending sum on it (the rest replicated) passes to all
-three gradients. Rope is pointwise over the batch and the heads (and linear: a pending sum
-passes through); the positions (dim 1) and the pairs (dim 3) stay whole, since a piece does not
-know its global position.
+three gradients. With positions, the queries' rows (above); with ``ring`` = n also the ring
+(everything along the sequence, dK and dV returned split). Rope is pointwise over the batch and
+the heads (and linear: a pending sum passes through); the positions (dim 1) and the pairs
+(dim 3) stay whole, since a piece does not know its global position.
 """
 
 from __future__ import annotations
@@ -96,6 +107,9 @@ ATTENTION_ATTRS = {
     "causal": AttrSpec("bool", False),
     "scale": AttrSpec("float", None),  # None: 1/sqrt(d)
     "dropout": AttrSpec("float", 0.0),
+    # > 1: the sequence is in the load-balanced order over that many ranks and, split along
+    # the sequence over a mesh axis of that size, runs as ring attention (module docstring: ring)
+    "ring": AttrSpec("int", 1),
 }
 
 BACKWARD_FACTOR = 2.5  # FlashAttention-2: backward FLOPs = 2.5 x forward
@@ -140,6 +154,9 @@ def _check_qkv(ctx: TypeCtx, first_index: int, pos_at: int) -> tuple[TensorType,
     p = ctx.attr("dropout")
     if not 0.0 <= p < 1.0:
         ctx.fail(f"{ctx.op.name}: dropout={p} must be in [0, 1)", None, "[0, 1)", p)
+    ring = ctx.attr("ring")
+    if ring < 1 or (ring > 1 and not positioned):
+        ctx.fail(f"{ctx.op.name}: ring={ring} needs ring >= 1, and positions when > 1", None, ">= 1", ring)
     return q, k
 
 
@@ -255,6 +272,7 @@ def attention_reference(
 
 def _attention_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     _no_dropout(attrs)
+    _check_ring_positions(attrs, args[3:])
     q = np.asarray(args[0])
     out, lse = attention_reference(
         q,
@@ -296,6 +314,7 @@ def attention_grad_reference(
 
 def _attention_grad_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     _no_dropout(attrs)
+    _check_ring_positions(attrs, args[6:])
     dout, q, k = np.asarray(args[0]), np.asarray(args[1]), np.asarray(args[2])
     dq, dk, dv = attention_grad_reference(
         dout,
@@ -348,6 +367,36 @@ def _attention_grad_flash(ins: Sequence[Type], outs: Sequence[Type], attrs: Attr
 
 
 # -- sharding ---------------------------------------------------------------------------------
+def is_ring(attrs: Attrs, n: int) -> bool:
+    """Whether an attention op with these attributes runs as a ring when its sequence is split
+    over a mesh axis of ``n`` devices (the ``ring`` attribute names that many ranks)."""
+    return n > 1 and int_attr(attrs, "ring", 1) == n
+
+
+def ring_order(seq: int, c: int) -> np.ndarray:
+    """The global positions of a sequence in the load-balanced order over c ranks: cut into 2c
+    chunks, rank r's chunks r and 2c−1−r, rank after rank (``distir.parallel.context``)."""
+    n = seq // (2 * c)
+    return np.concatenate(
+        [np.arange(g * n, (g + 1) * n) for r in range(c) for g in (r, 2 * c - 1 - r)]
+    ).astype(np.int64)
+
+
+def _check_ring_positions(attrs: Attrs, pos: Sequence[Any]) -> None:
+    """The ``ring`` attribute's promise: queries and keys in the load-balanced order (the ring's
+    lowering relies on it to know which blocks are masked)."""
+    c = int_attr(attrs, "ring", 1)
+    if c <= 1:
+        return
+    for p in pos:
+        a = np.asarray(p)
+        seq = a.shape[1]
+        if seq % (2 * c) or not np.array_equal(a, np.broadcast_to(ring_order(seq, c), a.shape)):
+            raise ValueError(
+                f"attention with ring={c} needs its positions in the load-balanced order over {c} ranks"
+            )
+
+
 def heads_split_evenly(h: int, hkv: int, n: int) -> bool:
     """Whether splitting h query heads and h_kv kv heads over ``n`` keeps whole GQA groups on
     every shard (each shard's query heads are exactly its kv heads' groups)."""
@@ -400,6 +449,8 @@ def _attention_sharding(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs,
     if q[1] > 1:  # the queries' rows (module docstring: positions)
         s1 = Shard(1)
         found.append(sh.Strategy((s1, sh.R, sh.R, s1, sh.R), (s1, Shard(2))))
+        if is_ring(attrs, n):  # everything along the sequence: the ring (module docstring: ring)
+            found.append(sh.Strategy((s1,) * 5, (s1, Shard(2))))
     return [sh.replicated(ins, outs), *found]
 
 
@@ -413,6 +464,8 @@ def _attention_grad_sharding(
         if q[1] > 1:  # the queries' rows; dK, dV pending sums of the shards' contributions
             s1, r = Shard(1), sh.R
             found.append(sh.Strategy((s1, s1, r, r, s1, Shard(2), s1, r), (s1, sh.SUM, sh.SUM)))
+            if is_ring(attrs, n):  # the ring: dK, dV travel back to their owners
+                found.append(sh.Strategy((s1, s1, s1, s1, s1, Shard(2), s1, s1), (s1, s1, s1)))
     found.append(sh.linear_first(ins, outs))
     return [sh.replicated(ins, outs), *found]
 
@@ -823,8 +876,10 @@ __all__ = [
     "attention_reference",
     "forward_flops",
     "heads_split_evenly",
+    "is_ring",
     "lse_dtype",
     "repeat_kv",
+    "ring_order",
     "rope_angles",
     "scores",
 ]

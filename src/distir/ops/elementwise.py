@@ -23,7 +23,7 @@ from distir.ops._special import normal_cdf
 from distir.ops._torch import binary, unary
 from distir.ops.gradrules import GradCtx, GradRule, first, is_float, unbroadcast, zeros_like
 from distir.ops.registry import AttrSpec, CostClass, Fusion, Kink, OpDef, TypeCtx, register
-from distir.ops.sharding import R, ShardingRule, Strategy, mul_rule, pointwise
+from distir.ops.sharding import R, ShardingRule, Strategy, cast_rule, mul_rule, pointwise
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
@@ -262,7 +262,7 @@ CAST = register(
         reference=_cast_ref,
         doc="Convert to dtype ``to``. The reference holds bf16 in float32 and rounds a cast to bf16 "
         "to the nearest bf16 (ties to even); casts to f16 round as numpy's float16 does.",
-        sharding=pointwise(),
+        sharding=cast_rule(),
     )
 )
 

@@ -41,8 +41,12 @@ next, before its blocks (taken after them, they would hold this step's arrivals 
 blocks on the receive stream).
 
 ``distribute`` builds context parallelism into whole models on a ``cp`` mesh axis
-(``distir.parallel.context_model``) with this layout and global positions as data, but with
-K/V all-gathered for each rank's queries rather than by this ring.
+(``distir.parallel.context_model``) with this layout and global positions as data; its attention
+ops carry ``ring=c`` and keep K/V split over cp, and materialization lowers each to this ring
+(``Ring``, ``ring_forward``, ``ring_backward``: the devices of a cp group as the ranks, no
+streams) — ``distir.parallel.sharding.ring``. ``ring_step_work`` and ``ring_time`` are the
+ring's work per step and its overlapped time, which the simulator (``distir.sim.ring``) and the
+search's screen (``distir.search.context_cost``) both use.
 """
 
 from __future__ import annotations
@@ -129,40 +133,54 @@ def ring_device_map(c: int, comm_streams: bool) -> DeviceMap:
     return DeviceMap(m)
 
 
-class _Ring:
-    """Builds the ring program (module docstring); ``send`` moves a tensor to the next rank."""
+class Ring:
+    """Builds a ring (module docstring) into ``fb``: rank r is program device ``devices[r]``;
+    with ``streams`` = (send-stream devices, receive-stream devices), one of each per rank, a
+    transfer goes through them. ``attrs``: the attention ops' attributes besides ``causal``
+    (``scale``, ``dropout``); ``tag`` prefixes the names of its values."""
 
-    def __init__(self, fb: FunctionBuilder, c: int, causal: bool, comm_streams: bool) -> None:
-        self.fb, self.c, self.causal, self.streams = fb, c, causal, comm_streams
+    def __init__(
+        self,
+        fb: FunctionBuilder,
+        devices: Sequence[Device],
+        causal: bool,
+        streams: tuple[Sequence[Device], Sequence[Device]] | None = None,
+        attrs: dict[str, Any] | None = None,
+        tag: str = "",
+    ) -> None:
+        self.fb, self.devices, self.c, self.causal = fb, tuple(devices), len(devices), causal
+        self.streams = streams
+        self.attrs = dict(attrs or {})
+        self.tag = tag
 
     def send(self, x: Value, r: int, name: str) -> Value:
         """Start moving ``x`` from rank r to rank r+1 (on the streams: as far as the receive
         stream; ``take`` finishes the move right before use)."""
         nxt = (r + 1) % self.c
-        if not self.streams:
-            return self.fb.op("Send", x, names=[name], dst=Device(nxt))[0]
-        (on_send,) = self.fb.op("Send", x, names=[name], dst=Device(self.c + r))
-        return self.fb.op("Send", on_send, names=[name], dst=Device(2 * self.c + nxt))[0]
+        if self.streams is None:
+            return self.fb.op("Send", x, names=[name], dst=self.devices[nxt])[0]
+        (on_send,) = self.fb.op("Send", x, names=[name], dst=self.streams[0][r])
+        return self.fb.op("Send", on_send, names=[name], dst=self.streams[1][nxt])[0]
 
     def send_many(self, xs: Sequence[Value], r: int, names: Sequence[str]) -> list[Value]:
         """``send`` of each of ``xs``, all handed to the send stream first, then moved on: the
         compute stream never waits for one transfer to hand over the next."""
         nxt = (r + 1) % self.c
-        if not self.streams:
+        if self.streams is None:
             return [self.send(x, r, n) for x, n in zip(xs, names, strict=True)]
         on_send = [
-            self.fb.op("Send", x, names=[n], dst=Device(self.c + r))[0]
+            self.fb.op("Send", x, names=[n], dst=self.streams[0][r])[0]
             for x, n in zip(xs, names, strict=True)
         ]
         return [
-            self.fb.op("Send", x, names=[n], dst=Device(2 * self.c + nxt))[0]
+            self.fb.op("Send", x, names=[n], dst=self.streams[1][nxt])[0]
             for x, n in zip(on_send, names, strict=True)
         ]
 
     def take(self, x: Value, r: int) -> Value:
-        if not self.streams:
+        if self.streams is None:
             return x
-        return self.fb.op("Send", x, names=[x.name], dst=Device(r))[0]
+        return self.fb.op("Send", x, names=[x.name], dst=self.devices[r])[0]
 
     def take_pair(self, x: Pair, r: int) -> Pair:
         return self.take(x[0], r), self.take(x[1], r)
@@ -177,7 +195,7 @@ class _Ring:
         for r, kv in enumerate(held):
             at = f"{(r - s) % c}_at{(r + 1) % c}"
             xs = [x for p in kv for x in p]
-            names = [f"{tag}{w}{at}_{i}" for w in "kv" for i in range(2)]
+            names = [f"{self.tag}{tag}{w}{at}_{i}" for w in "kv" for i in range(2)]
             k0, k1, v0, v1 = self.send_many(xs, r, names)
             out.append(((k0, k1), (v0, v1)))
         return out
@@ -188,15 +206,62 @@ class _Ring:
 
     def blocks(self, r: int, s: int) -> list[tuple[int, int, bool]]:
         """(query chunk, key chunk, causal) of rank r at step s, local chunk indices 0/1."""
-        j = (r - s) % self.c
-        gq, gk = balanced_chunks(self.c, r), balanced_chunks(self.c, j)
-        out = []
-        for x in (0, 1):
-            for y in (0, 1):
-                kind = block_kind(gq[x], gk[y], self.causal)
-                if kind is not None:
-                    out.append((x, y, kind == "diag"))
-        return out
+        return ring_blocks(self.c, r, s, self.causal)
+
+
+def ring_blocks(c: int, r: int, s: int, causal: bool) -> list[tuple[int, int, bool]]:
+    """The blocks rank r of a ring of c computes at step s (it then holds the K/V of rank
+    (r − s) mod c): (query chunk, key chunk, diagonal), local chunk indices 0/1; the fully masked
+    ones left out."""
+    j = (r - s) % c
+    gq, gk = balanced_chunks(c, r), balanced_chunks(c, j)
+    out = []
+    for x in (0, 1):
+        for y in (0, 1):
+            kind = block_kind(gq[x], gk[y], causal)
+            if kind is not None:
+                out.append((x, y, kind == "diag"))
+    return out
+
+
+class StepWork(NamedTuple):
+    """What one rank computes at one ring step, as the ring's program does it: its blocks
+    (``ring_blocks``) and the elementwise ops combining their results — forward, ``merges``
+    (``AttentionMerge``: every block but each query chunk's first, at step 0); backward, Adds of
+    query-chunk size (dQ: every block but each query chunk's first) and of key-chunk size (dK and
+    dV: every block but each key chunk's first in the step, and from step 1 on the dK/dV that
+    arrived, once per key chunk the step touched)."""
+
+    blocks: list[tuple[int, int, bool]]
+    merges: int
+    q_adds: int
+    kv_adds: int
+
+
+def ring_step_work(c: int, r: int, s: int, causal: bool, backward: bool) -> StepWork:
+    """Rank r's work at step s of a ring of c (``StepWork``)."""
+    blocks = ring_blocks(c, r, s, causal)
+    xs, ys = {x for x, _y, _d in blocks}, {y for _x, y, _d in blocks}
+    firsts = len(xs) if s == 0 else 0
+    if not backward:
+        return StepWork(blocks, len(blocks) - firsts, 0, 0)
+    kv = 2 * (len(blocks) - len(ys)) + (2 * len(ys) if s > 0 else 0)
+    return StepWork(blocks, 0, len(blocks) - firsts, kv)
+
+
+def ring_time(steps: Sequence[float], hop: float, backward: bool) -> float:
+    """A ring's time from its steps' compute (``steps``, the slowest rank's per step) and one
+    hop of a rank's K and V (``hop``), transfers overlapping the blocks as Megatron-LM /
+    Transformer Engine run them: forward, the next K/V travel during each step but the last,
+    Σ_{s<c−1} max(C_s, T) + C_{c−1}; backward, a step's partial dK/dV travel during the next
+    step beside the next K/V (one after the other on the link), max(C_0, T) +
+    Σ_{0<s<c−1} max(C_s, 2T) + max(C_{c−1}, T) + T, the last T the final hop of dK/dV back to
+    their owner."""
+    c = len(steps)
+    if not backward:
+        return sum(max(x, hop) for x in steps[:-1]) + steps[-1]
+    comm = [hop if s in (0, c - 1) else 2 * hop for s in range(c)]
+    return sum(max(x, t) for x, t in zip(steps, comm, strict=True)) + hop
 
 
 def ring_attention(shape: RingShape, c: int, comm_streams: bool = False) -> Module:
@@ -212,7 +277,11 @@ def ring_attention(shape: RingShape, c: int, comm_streams: bool = False) -> Modu
     if c < 2:
         raise StrategyError(f"ring attention needs c >= 2 ranks, got c={c}")
     fb = FunctionBuilder(f"ring_attention_c{c}")
-    ring = _Ring(fb, c, shape.causal, comm_streams)
+    devices = [Device(r) for r in range(c)]
+    streams = (
+        ([Device(c + r) for r in range(c)], [Device(2 * c + r) for r in range(c)]) if comm_streams else None
+    )
+    ring = Ring(fb, devices, shape.causal, streams)
     b, h, hk, d = shape.batch, shape.heads, shape.kv_heads, shape.head_dim
     ranks = []
     for r in range(c):
@@ -220,9 +289,9 @@ def ring_attention(shape: RingShape, c: int, comm_streams: bool = False) -> Modu
         qt = TensorType(shape.dtype, (b, n, h, d), dev)
         kt = TensorType(shape.dtype, (b, n, hk, d), dev)
         named = (("q", qt), ("k", kt), ("v", kt), ("dout", qt))
-        ranks.append(_Local(*((fb.param(f"{x}_{r}_0", t), fb.param(f"{x}_{r}_1", t)) for x, t in named)))
-    fwd = _forward(ring, ranks)
-    bwd = _backward(ring, ranks, fwd)
+        ranks.append(Local(*((fb.param(f"{x}_{r}_0", t), fb.param(f"{x}_{r}_1", t)) for x, t in named)))
+    fwd = ring_forward(ring, ranks)
+    bwd = ring_backward(ring, ranks, fwd)
     results: list[Value] = []
     for r in range(c):
         (o0, l0), (o1, l1) = fwd[r]
@@ -233,17 +302,17 @@ def ring_attention(shape: RingShape, c: int, comm_streams: bool = False) -> Modu
     return verify(annotate_types(module))
 
 
-class _Local(NamedTuple):
-    """A rank's pieces, each as its two chunks."""
+class Local(NamedTuple):
+    """A rank's pieces, each as its two chunks (``dout``: for the backward only)."""
 
     q: Pair
     k: Pair
     v: Pair
-    dout: Pair
+    dout: Pair | None = None
 
 
-def _forward(ring: _Ring, ranks: Sequence[_Local]) -> list[tuple[tuple[Value, Value], tuple[Value, Value]]]:
-    """Per rank, per query chunk: the merged (out, lse)."""
+def ring_forward(ring: Ring, ranks: Sequence[Local]) -> list[tuple[tuple[Value, Value], tuple[Value, Value]]]:
+    """The forward ring: per rank, per query chunk, the merged (out, lse)."""
     fb, c = ring.fb, ring.c
     held = [(x.k, x.v) for x in ranks]  # the K/V chunks rank r holds at this step
     acc: list[list[tuple[Value, Value] | None]] = [[None, None] for _ in range(c)]
@@ -251,8 +320,10 @@ def _forward(ring: _Ring, ranks: Sequence[_Local]) -> list[tuple[tuple[Value, Va
         sent = ring.pass_kv(held, s, "")
         for r, (ks, vs) in enumerate(held):
             for x, y, diag in ring.blocks(r, s):
-                names = [f"o{r}_{x}", f"lse{r}_{x}"]
-                o, lse = fb.op("Attention", ranks[r].q[x], ks[y], vs[y], names=names, causal=diag)
+                names = [f"{ring.tag}o{r}_{x}", f"{ring.tag}lse{r}_{x}"]
+                o, lse = fb.op(
+                    "Attention", ranks[r].q[x], ks[y], vs[y], names=names, causal=diag, **ring.attrs
+                )
                 prev = acc[r][x]
                 if prev is not None:
                     o, lse = fb.op("AttentionMerge", *prev, o, lse, names=names)
@@ -266,10 +337,11 @@ def _forward(ring: _Ring, ranks: Sequence[_Local]) -> list[tuple[tuple[Value, Va
     return out
 
 
-def _backward(
-    ring: _Ring, ranks: Sequence[_Local], fwd: Sequence[tuple[tuple[Value, Value], tuple[Value, Value]]]
+def ring_backward(
+    ring: Ring, ranks: Sequence[Local], fwd: Sequence[tuple[tuple[Value, Value], tuple[Value, Value]]]
 ) -> list[tuple[Pair, Pair, Pair]]:
-    """Per rank: (dq, dk, dv), each as its two chunks."""
+    """The backward ring, from the merged forward (out, lse) of each rank's query chunks: per
+    rank (dq, dk, dv), each as its two chunks."""
     fb, c = ring.fb, ring.c
     held = [(x.k, x.v) for x in ranks]
     dkv: list[tuple[Pair, Pair] | None] = [None] * c  # arriving dK/dV of the held K/V
@@ -286,6 +358,7 @@ def _backward(
         out_dkv = []
         for r, (ks, vs) in enumerate(held):
             loc = ranks[r]
+            assert loc.dout is not None
             dks: list[Value | None] = [None, None]
             dvs: list[Value | None] = [None, None]
             for x, y, diag in ring.blocks(r, s):
@@ -298,15 +371,16 @@ def _backward(
                     vs[y],
                     o,
                     lse,
-                    names=[f"dq{r}_{x}", f"dk{r}_{y}", f"dv{r}_{y}"],
+                    names=[f"{ring.tag}dq{r}_{x}", f"{ring.tag}dk{r}_{y}", f"{ring.tag}dv{r}_{y}"],
                     causal=diag,
+                    **ring.attrs,
                 )
                 dq[r][x] = _add(fb, dq[r][x], g[0])
                 dks[y], dvs[y] = _add(fb, dks[y], g[1]), _add(fb, dvs[y], g[2])
             got = arrived[r]
             j = (r - s) % c
-            dk = _sum_chunks(fb, dks, got[0] if got else None, ks, f"dk{j}")
-            dv = _sum_chunks(fb, dvs, got[1] if got else None, vs, f"dv{j}")
+            dk = _sum_chunks(fb, dks, got[0] if got else None, ks, f"{ring.tag}dk{j}")
+            dv = _sum_chunks(fb, dvs, got[1] if got else None, vs, f"{ring.tag}dv{j}")
             dk0, dk1, dv0, dv1 = ring.send_many(
                 [*dk, *dv], r, [dk[0].name, dk[1].name, dv[0].name, dv[1].name]
             )
@@ -344,12 +418,20 @@ def _add(fb: FunctionBuilder, acc: Value | None, x: Value) -> Value:
 
 __all__ = [
     "RING_STREAMS",
+    "Local",
+    "Ring",
     "RingShape",
+    "StepWork",
     "balanced_chunks",
     "balanced_positions",
     "block_kind",
     "ring_attention",
+    "ring_backward",
+    "ring_blocks",
     "ring_device_map",
+    "ring_forward",
+    "ring_step_work",
+    "ring_time",
     "shard_sequence",
     "unshard_sequence",
 ]

@@ -15,9 +15,11 @@ original order gives the original model exactly). Every layer function that uses
 ``pos`` as a last parameter, and:
 
 - ``Rope(x)`` becomes ``Rope(x, pos)`` (each row rotated by its global position);
-- ``Attention(q, k, v)`` becomes ``Attention(q, k, v, pos, pos)`` (the causal mask by position);
-  sharded along the sequence it is the queries' rows against all-gathered K/V
-  (``distir.ops.attention``: positions);
+- ``Attention(q, k, v)`` becomes ``Attention(q, k, v, pos, pos; ring=c)`` (the causal mask by
+  position): sharded along the sequence over cp it runs as ring attention, K/V and dK/dV passed
+  rank to rank (``distir.ops.attention``: ring; lowered by ``distir.parallel.sharding.ring``);
+  with ``ring=False`` (``distribute(..., cp_ring=False)``) without the attribute: the queries'
+  rows against all-gathered K/V (``distir.ops.attention``: positions);
 - a learned position table read as ``Slice(w, 0:S)`` (GPT-2's ``wpe``) becomes
   ``Gather(w, pos)`` (each token's row).
 
@@ -87,8 +89,9 @@ def context_inputs(model: Model, c: int, values: dict[str, np.ndarray]) -> dict[
     return out
 
 
-def context_model(model: Model, c: int) -> Model:
-    """``model`` with global positions as an input (module docstring)."""
+def context_model(model: Model, c: int, ring: bool = True) -> Model:
+    """``model`` with global positions as an input (module docstring); with ``ring``, its
+    attention ops run as a ring over the c ranks (``ring=c``), else on all-gathered K/V."""
     _check(model, c)
     n_in = len(model.inputs)
     weights = set(model.forward.params[n_in:])
@@ -108,7 +111,7 @@ def context_model(model: Model, c: int) -> Model:
             for j, v in enumerate(call.inputs)
             if v in weights  # parameters a call binds to a weight: position tables may be among them
         }
-        new = _with_positions(fn, tables)
+        new = _with_positions(fn, tables, c if ring else 1)
         if new is not None:
             rewritten[fn.name] = new
     body: list[Instr] = []
@@ -185,7 +188,7 @@ def _check(model: Model, c: int) -> None:
                 )
 
 
-def _with_positions(fn: Function, tables: set[int]) -> Function | None:
+def _with_positions(fn: Function, tables: set[int], ring: int) -> Function | None:
     """``fn`` with a last parameter ``pos`` and its positioned ops rewritten; None when it has
     none. ``tables``: the parameters bound to weights (a ``Slice(w, 0:S)`` of one is a learned
     position table)."""
@@ -200,7 +203,7 @@ def _with_positions(fn: Function, tables: set[int]) -> Function | None:
         new = copy_instr(instr, vmap)
         if isinstance(instr, Op) and _positioned(instr, table_params):
             assert isinstance(new, Op)
-            new = _rewrite(new, pos)
+            new = _rewrite(new, pos, ring)
         body.append(new)
     return Function(fn.name, (*params, pos), tuple(body), tuple(vmap(v) for v in fn.outputs), fn.donated)
 
@@ -216,11 +219,12 @@ def _table_slice(attrs: Attrs) -> bool:
     return tuple(attrs.get("axes") or (0,)) == (0,) and tuple(attrs.get("starts") or (0,)) == (0,)  # type: ignore[arg-type]
 
 
-def _rewrite(op: Op, pos: Value) -> Op:
+def _rewrite(op: Op, pos: Value, ring: int) -> Op:
     if op.name == ROPE.name:
         return Op(ROPE.name, (op.inputs[0], pos), op.outputs, op.attrs)
     if op.name == ATTENTION.name:
-        return Op(ATTENTION.name, (*op.inputs[:3], pos, pos), op.outputs, op.attrs)
+        attrs = Attrs({**dict(op.attrs.items()), "ring": ring}) if ring > 1 else op.attrs
+        return Op(ATTENTION.name, (*op.inputs[:3], pos, pos), op.outputs, attrs)
     # Slice(table, 0:S): each token's row of the table, by its global position
     return Op("Gather", (op.inputs[0], pos), op.outputs, Attrs({"axis": 0}))
 

@@ -80,6 +80,7 @@ from distir.parallel.strategy import Strategy, StrategyError
 from distir.sim.devices import DeviceMap, Slot
 
 DDP_BUCKET_MB = 25.0  # PyTorch DDP's ``bucket_cap_mb`` default (MiB)
+HP_GRAD = "hp_grad"  # fp32 gradient accumulation: the function casting a gradient to fp32
 
 
 def _zero_dim(w: TensorType, tp: Placement, d: int) -> int | None:
@@ -144,6 +145,9 @@ def distribute(
     chunk_times: tuple[Sequence[float], Sequence[float]] | None = None,
     bucket_mb: float = DDP_BUCKET_MB,
     overlap_param_gather: bool = False,
+    deepspeed_pipe: bool = False,
+    fp32_grad_accum: bool = False,
+    cp_ring: bool = True,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -183,7 +187,27 @@ def distribute(
     forward reaches them (on the ``dp_gather`` stream, one layer ahead), so the gather overlaps
     compute: the compute copy persists between steps as this rank's shard, and each chunk's first
     forward (``c<i>_fwd_gather``) gathers its weights and returns them whole for the rest of the
-    step."""
+    step.
+
+    ``deepspeed_pipe`` (DeepSpeed's ``PipelineEngine``, as Megatron-DeepSpeed trains with it;
+    ZeRO 0/1 only, as the engine asserts): the pipeline transfers block the compute streams of
+    sender and receiver (``deepspeed/runtime/pipe/p2p.py``: ``send``/``recv`` are synchronous
+    ``dist.send``/``dist.recv``), and the data-parallel gradient reduction is not bucketed into
+    the backward: ``TrainSchedule`` (``deepspeed/runtime/pipe/schedule.py``) issues
+    ``ReduceTiedGrads`` and ``ReduceGrads`` after a stage's last backward, and the engine runs
+    them on the compute stream (``_exec_reduce_tied_grads``, ``_exec_reduce_grads``: one
+    all-reduce of the accumulated gradients), so nothing overlaps them.
+
+    ``fp32_grad_accum`` (DeepSpeed's ``BF16_Optimizer``; mixed precision): every backward ends by
+    adding its low-precision weight gradients, cast to fp32, into an fp32 gradient per weight
+    (``update_hp_grads``, after ``autograd.backward``, ``deepspeed/runtime/bf16_optimizer.py``),
+    and that fp32 sum is what the data-parallel reduction sums (``get_grads_for_reduction``) and
+    the optimizer takes.
+
+    ``cp_ring`` (context parallelism, c > 1): attention runs as a ring over the cp axis (K/V
+    passed rank to rank, overlapped with the blocks: ``distir.parallel.sharding.ring``), as
+    Megatron-LM and torchtitan run it; False gathers K/V over cp instead (the older form, kept
+    for comparison)."""
     with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
         return _Builder(
             model,
@@ -195,7 +219,21 @@ def distribute(
             chunk_times,
             bucket_mb,
             overlap_param_gather,
+            deepspeed_pipe,
+            fp32_grad_accum,
+            cp_ring,
         ).build()
+
+
+def _check_deepspeed(s: Strategy, prec: Precision, deepspeed_pipe: bool, fp32_grad_accum: bool) -> None:
+    """Refuse what DeepSpeed's pipeline engine and BF16_Optimizer do not run (``distribute``)."""
+    if deepspeed_pipe and s.zero >= 2:
+        raise StrategyError(
+            f"{s}: DeepSpeed's pipeline engine runs ZeRO 0 or 1 only (ZeRO-{s.zero} given; "
+            "deepspeed/runtime/pipe/engine.py asserts it)"
+        )
+    if fp32_grad_accum and not prec.mixed:
+        raise StrategyError(f"{s}: fp32 gradient accumulation needs mixed precision (an fp32 master)")
 
 
 def _check_context(s: Strategy, train: bool) -> None:
@@ -276,22 +314,30 @@ class _Builder:
         chunk_times: tuple[Sequence[float], Sequence[float]] | None = None,
         bucket_mb: float = DDP_BUCKET_MB,
         overlap_param_gather: bool = False,
+        deepspeed_pipe: bool = False,
+        fp32_grad_accum: bool = False,
+        cp_ring: bool = True,
     ) -> None:
         if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
             raise StrategyError(
                 f"{s}: the gradient bucket size must be positive and finite, got {bucket_mb!r} MiB"
             )
         self.bucket_bytes = bucket_mb * (1 << 20)
-        # data parallel: gradients reduced in buckets inside the backward (``_Buckets``)
-        self.bucketed = train and s.d * s.c > 1  # cp acts like dp for the weights
         self.prec = Precision.parse(precision)
+        _check_deepspeed(s, self.prec, deepspeed_pipe, fp32_grad_accum)
+        # data parallel: gradients reduced in buckets inside the backward (``_Buckets``); DeepSpeed's
+        # pipeline engine reduces them after the stage's last backward instead (``distribute``)
+        self.bucketed = train and s.d * s.c > 1 and not deepspeed_pipe  # cp acts like dp for the weights
+        self.fp32_acc = train and fp32_grad_accum
         self.compute = self.prec.compute_dtype(model)
         if s.c > 1:  # global positions as an input (``distir.parallel.context_model``)
             _check_context(s, train)
-            model = context_model(model, s.c)
+            model = context_model(model, s.c, cp_ring)
         model = self.prec.prepare(model)  # mixed: the loss layer in fp32
         self.model, self.s, self.opt, self.train = model, s, opt, train
         self.comm_streams = comm_streams
+        # DeepSpeed's pipeline engine: transfers block the compute streams (``distribute``)
+        self.p2p_streams = comm_streams and not deepspeed_pipe
         # the compute copies gathered in the next step's first forward (``distribute``)
         self.gather_early = (
             overlap_param_gather and train and self.prec.mixed and s.zero in (1, 2) and s.d > 1
@@ -451,8 +497,11 @@ class _Builder:
         return v
 
     def _to_master(self, fb: FunctionBuilder, w: Value, g: Value) -> Value:
-        """Mixed precision: the reduced gradient cast to the masters' dtype for the optimizer."""
-        return cast(fb, g, self.prec.master, f"g_{w.name}_{self.prec.master}") if self.prec.mixed else g
+        """Mixed precision: the reduced gradient cast to the masters' dtype for the optimizer
+        (already in it when accumulated in fp32: ``fp32_grad_accum``)."""
+        if not self.prec.mixed or self.fp32_acc:
+            return g
+        return cast(fb, g, self.prec.master, f"g_{w.name}_{self.prec.master}")
 
     def _zdim(self, w: Value) -> int | None:
         spec = self.model.weight(w.name)
@@ -510,6 +559,7 @@ class _Builder:
         accs: dict[Value, Value] = {}
         left = Counter(w for L in layers for w in L.weights)  # uses still to differentiate
         partial: dict[Value, Value] = {}  # a tied weight's gradient from its later uses
+        late: list[tuple[Value, Value]] = []  # fp32 accumulation: added after the whole backward
 
         def done(L: ShardedLayer, outs: Sequence[Value]) -> None:
             """A layer's weight gradients are complete — a tied weight's once every use in the
@@ -525,12 +575,22 @@ class _Builder:
                 else:
                     ready.append((w, g))
             if buckets is not None:
-                buckets.add([w for w, _ in ready], [g for _, g in ready])
+                buckets.add([w for w, _ in ready], [self._accum_cast(fb, w, g) for w, g in ready])
                 return
             if acc and not accs:  # after the other parameters (the call sites pass them last)
                 accs.update((w, fb.param(f"acc_{w.name}")) for w in ws)
+            if self.fp32_acc:  # BF16_Optimizer's update_hp_grads runs after autograd.backward
+                late.extend(ready)
+                return
             for w, g in ready:
                 grads[w] = fb.op("Add", accs[w], g, names=[f"g_{w.name}"])[0] if acc else g
+
+        def finish() -> None:
+            """fp32 accumulation: each gradient cast and added into its fp32 sum, after the
+            whole backward (``BF16_Optimizer.update_hp_grads``)."""
+            for w, g in late:
+                g32 = self._accum_cast(fb, w, g)
+                grads[w] = fb.op("Add", accs[w], g32, names=[f"g_{w.name}"])[0] if acc else g32
 
         if part == "w":
             # the input part returns the carried values of its layers in backward (reversed) order
@@ -540,6 +600,7 @@ class _Builder:
                 done(L, fb.call(L.bwd_w, *ks, n_out=len(L.bwd_w.outputs)))
             if buckets is not None:
                 return fb.ret(*buckets.results())
+            finish()
             return fb.ret(*(grads[w] for w in ws))
         wp = {w: fb.param(w.name) for w in chunk_weights(layers)}
         ep = {e: fb.param(e.name) for L in layers for e in L.extras}
@@ -582,7 +643,22 @@ class _Builder:
             return fb.ret(*head, *kept)
         if buckets is not None:
             return fb.ret(*head, *buckets.results())
+        finish()
         return fb.ret(*head, *(grads[w] for w in ws))
+
+    def _accum_cast(self, fb: FunctionBuilder, w: Value, g: Value) -> Value:
+        """``w``'s gradient ``g`` in the dtype it is accumulated in: with ``fp32_grad_accum`` cast
+        to fp32 by a call of ``@hp_grad`` (a function of one Cast), else ``g`` itself. The call
+        keeps the cast a kernel of its own that writes the fp32 copy, as ``update_hp_grads``'s
+        ``lp.grad.to(fp32)`` does before ``add_`` reads it (chains do not cross calls:
+        ``distir.sim.fusion``)."""
+        if not self.fp32_acc:
+            return g
+        fn = self.functions.get(HP_GRAD)
+        if fn is None:
+            hb = FunctionBuilder(HP_GRAD, REGISTRY.out_arity)
+            fn = self.functions[HP_GRAD] = hb.ret(cast(hb, hb.param("g"), self.prec.master, "g32"))
+        return fb.call(fn, g, n_out=1, names=[f"g_{w.name}_{self.prec.master}"])[0]
 
     def _grad_target(self, w: Value) -> str:
         """The placement a bucket reduces ``w``'s gradient to: this rank's ZeRO shard
@@ -592,9 +668,10 @@ class _Builder:
         return placement_text(Shard(z) if z is not None and self.s.zero >= 2 else Replicate(), tp)
 
     def _grad_bytes(self, w: Value) -> float:
-        """A device's bytes of ``w``'s (unreduced) gradient, in the compute dtype."""
+        """A device's bytes of ``w``'s (unreduced) gradient, in the dtype it is reduced in."""
         spec = self.model.weight(w.name)
-        return spec.type.numel * self.compute.itemsize / (self.s.t if isinstance(spec.tp, Shard) else 1)
+        size = (self.prec.master if self.fp32_acc else self.compute).itemsize
+        return spec.type.numel * size / (self.s.t if isinstance(spec.tp, Shard) else 1)
 
     # -- entry -----------------------------------------------------------------------------------
     def _chunk_functions(self, by_chunk: list[list[ShardedLayer]]) -> dict[str, Function]:
@@ -1008,14 +1085,14 @@ class _ScheduleWriter:
         a, b = self.stage_of[src], self.stage_of[dst]
         if a == b:
             return v
-        if not self.b.comm_streams:
+        if not self.b.p2p_streams:
             return self.to_mesh(v, self.b.meshes[b], name)
         way = "fwd" if dst > src else "bwd"
         out, into = self.b.comm_meshes[(f"{way}_send", a)], self.b.comm_meshes[(f"{way}_recv", b)]
         return self.to_mesh(self.to_mesh(v, out, name), into, name)
 
     def receive(self, v: Value, src: int, dst: int, name: str) -> Value:
-        if not self.b.comm_streams or self.stage_of[src] == self.stage_of[dst]:
+        if not self.b.p2p_streams or self.stage_of[src] == self.stage_of[dst]:
             return v
         return self.to_mesh(v, self.b.meshes[self.stage_of[dst]], name)
 

@@ -64,6 +64,7 @@ from distir.search.layer_assignment import Assignment, assign_layers_unchecked
 from distir.search.profile import LayerProfile, Profiler, model_ends
 from distir.search.stage_costs import Stage, StageRows, Tables, figures, frozen, new_tables
 from distir.sim import collectives as coll
+from distir.sim.cost import RooflineCostModel
 
 ADAM_BYTES = 12.0  # Adam reads w, g, m, v and writes w, m, v: ~12 tensor passes with its temporaries
 SGD_BYTES = 3.0
@@ -181,7 +182,11 @@ class Screen:
         if ring is not None:
             attn = self._attention(b, len(profs[0]))
             profs = [
-                [context_layer(p, a, s.t, s.c, ring) for p, a in zip(ps, attn, strict=True)] for ps in profs
+                [
+                    context_layer(p, a, s.t, s.c, ring, s.recompute != "none")
+                    for p, a in zip(ps, attn, strict=True)
+                ]
+                for ps in profs
             ]
         got = self._rows[key] = self._worst_rows(profs, profs[0], cap)
         return key, got
@@ -194,7 +199,9 @@ class Screen:
         lat = max(h[0] for h in hops)
         per_byte = (max(h[1] for h in hops) - lat) / 1e9
         peak = min(self._specs[self._kinds[g]].peak_flops(self.profiler.dtype) for g in ranks)
-        return Ring(lat, per_byte, peak)
+        slow = min(ranks, key=lambda g: self._specs[self._kinds[g]].peak_flops(self.profiler.dtype))
+        cost = self.profiler.cost_model or RooflineCostModel(self.cluster)  # the profiles' model
+        return Ring(lat, per_byte, peak, self._kinds[slow], slow, cost)
 
     def _attention(self, b: int, n: int) -> list[tuple[AttentionShape, ...]]:
         """The attention ops of each of the first ``n`` layer calls at microbatch ``b``, memoized."""

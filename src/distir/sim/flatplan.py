@@ -29,6 +29,7 @@ from distir.ir.function import Function
 from distir.ir.ops import Op
 from distir.ir.types import Type
 from distir.ir.values import Value
+from distir.parallel.sharding.ring import ring_axis
 from distir.sim import overlap
 from distir.sim.memcols import build_columns
 from distir.sim.records import FlatColumns, FnPlan, MemEvents, OpRecord
@@ -200,7 +201,9 @@ def _walk_types(
                     return None
                 outs_t = cast(Sequence[Type], outs_m)
                 table.append(frame.pop())
-                if table[-1].comm:  # each distinct communication, for ``distir.sim.relabel``
+                # each distinct communication, for ``distir.sim.relabel`` (a ring attention's
+                # record is compute with its transfers inside: ``distir.sim.ring``)
+                if table[-1].comm or ring_axis(instr.name, instr.attrs, in_t) is not None:
                     comm_ops.append((instr, tuple(in_t), tuple(outs_t)))
                 hit = seen[key] = (outs_t, table[-1], outs_t[0] if len(outs_t) == 1 else None, len(table) - 1)
             kind_append(hit[3])

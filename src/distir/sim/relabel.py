@@ -48,6 +48,7 @@ from distir.ir.types import Type
 from distir.ops.dist import REDISTRIBUTE
 from distir.ops.dtensor_inference import mesh_free
 from distir.ops.registry import REGISTRY
+from distir.parallel.sharding.ring import RING_OPERANDS
 from distir.sim.records import CallSummary, FnPlan
 from distir.sim.spmd import record
 from distir.sim.units import Units
@@ -171,7 +172,7 @@ class Relabeler:
         ok = (
             all(n is not None and (n[1] is mesh or n[1] == mesh) for n, _ in nested)
             and (
-                all(op.name == REDISTRIBUTE.name for op, _, _ in plan.comm_ops)
+                all(op.name == REDISTRIBUTE.name or op.name in RING_OPERANDS for op, _, _ in plan.comm_ops)
                 if plan.flat
                 else not any(plan.comm)
             )

@@ -11,6 +11,9 @@ of its mesh, each device working on its own piece (``distir.parallel.sharding.ma
   one after another; a step costs its slowest device group's collective (AllReduce, AllGather,
   ReduceScatter or AllToAll, message sizes of the local pieces as the comm ops of
   ``distir.ops.comm`` define them); Replicate→Shard is a local Slice, costed as compute;
+- an attention op split along the sequence as a ring (``distir.parallel.sharding.ring``) is one
+  record over its mesh: the ring's steps, each the longer of its blocks and its K/V transfer
+  (``distir.sim.ring``);
 - ``MeshSend`` occupies both meshes for the slowest pair's point-to-point send; ``MeshView``
   (the same pieces seen on a regrouped mesh) is a view that costs nothing;
 - memory: every device holds its own piece of every DTensor value.
@@ -51,9 +54,11 @@ from distir.ops.dist import MESH_SEND, MESH_VIEW, REDISTRIBUTE
 from distir.ops.dtensor_inference import mesh_free
 from distir.ops.registry import REGISTRY, CommPattern, OpDef, OpKind, OpTypeError
 from distir.parallel.sharding.materialize import unsupported_step
+from distir.parallel.sharding.ring import ring_axis
 from distir.sim.fusion import FusedInput
 from distir.sim.layout import local_piece, mesh_info, piece_bytes, step_types, uniform_shape
 from distir.sim.records import Collective, OpRecord
+from distir.sim.ring import ring_record
 from distir.sim.units import Units, per_gpu
 
 _SLICE = REGISTRY["Slice"]
@@ -72,6 +77,9 @@ def record(
     if op.name == MESH_VIEW.name:  # the same pieces on the same devices: a view, nothing moves
         devs = devs_of(dom.mesh_units(_mesh_of(op, ins)))
         return OpRecord(devs, 0.0, False, op.name, 0.0, True, *dom.sizes(outs, True), None)
+    ax = ring_axis(op.name, op.attrs, ins)
+    if ax is not None:  # attention as a ring along the sequence
+        return ring_record(dom, op, ins, outs, ax)
     if d.kind is not OpKind.LOCAL:
         raise OpTypeError(
             f"{op.name} on distributed tensors: only local ops, Redistribute, MeshSend and MeshView can be "

@@ -16,6 +16,9 @@ devices, with local shapes — one value per device for every distributed tensor
   Partial→Replicate = AllReduce, Shard→Replicate = AllGather, Partial→Shard = ReduceScatter,
   Shard(i)→Shard(j) = AllToAll, Replicate→Shard = a local Slice (``redistribute_steps`` orders
   the per-axis moves; the simulator costs DTensor programs with the same steps).
+- An attention op whose sequence is split over a mesh axis as a ring (the ``ring`` attribute)
+  becomes the explicit ring of ``distir.parallel.context`` per group along that axis
+  (``distir.parallel.sharding.ring``).
 - ``MeshSend`` becomes one ``Send`` per device of the source mesh, to the device at the same
   coordinates of the destination mesh; ``MeshView`` becomes nothing (each device's piece is its
   input's).
@@ -49,6 +52,7 @@ from distir.ops.dist import MESH_SEND, MESH_VIEW, REDISTRIBUTE
 from distir.ops.registry import REGISTRY, LocalPiece, OpKind
 from distir.ops.shape.views import RESHAPE
 from distir.parallel.sharding.propagate import ShardingError
+from distir.parallel.sharding.ring import lower_ring
 
 
 def local_shape(t: DTensorType, device: Device) -> tuple[int, ...]:
@@ -141,6 +145,8 @@ def materialize(module: Module) -> Module:
             _check_layout(o.type, f"%{o.name}")
         mesh = _op_mesh(instr)
         if REGISTRY[instr.name].family == "conv" and _halo(fb, instr, mesh, local):
+            continue
+        if lower_ring(fb, instr, mesh, local):  # attention as a ring along the sequence
             continue
         localize = REGISTRY[instr.name].localize
         for d in mesh.devices:

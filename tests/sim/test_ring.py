@@ -1,0 +1,94 @@
+"""Ring attention on DTensors (``distir.sim.ring``): one attention op split along the sequence
+over a ``cp`` axis as a ring is timed step by step, each step the longer of its blocks and its
+transfer. Oracles: hand counts under fixed costs (every block, merge and add a known time,
+every send a known time), in both regimes — compute-bound (the transfers hidden) and
+transfer-bound (the blocks hidden) — and the flops of the whole sequence's attention."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import distir
+from distir.hardware.cluster import parse_cluster
+from distir.ir import DType, FunctionBuilder, Module
+from distir.ir.dtensor import DTensorType, Mesh, Shard
+from distir.ops.attention import forward_flops
+from distir.sim.cost import FixedCostModel
+from distir.sim.simulate import simulate
+
+H100 = parse_cluster("h100")
+B, S, H, D = 1, 64, 2, 8
+A, G, M, X = 10.0, 25.0, 1.0, 0.5  # seconds: an Attention block, its gradient, a merge, an add
+
+
+def ring_program(c: int, backward: bool) -> Module:
+    """Attention (or its gradient) over S positions in the balanced order, split over cp = c."""
+    mesh = Mesh.parse(f"cp={c}")
+    s1 = (Shard(1),)
+    qt = DTensorType(DType.bf16, (B, S, H, D), mesh, s1)
+    pt = DTensorType(DType.i64, (B, S), mesh, s1)
+    lt = DTensorType(DType.f32, (B, H, S), mesh, (Shard(2),))
+    fb = FunctionBuilder("f")
+    q, k, v = (fb.param(n, qt) for n in "qkv")
+    pos = fb.param("pos", pt)
+    if not backward:
+        outs = fb.op("Attention", q, k, v, pos, pos, names=["o", "lse"], causal=True, ring=c)
+    else:
+        dout, out = fb.param("dout", qt), fb.param("out", qt)
+        lse = fb.param("lse", lt)
+        outs = fb.op(
+            "AttentionGrad", dout, q, k, v, out, lse, pos, pos, names=["dq", "dk", "dv"], causal=True, ring=c
+        )
+    return distir.check(Module((fb.ret(*outs),)))
+
+
+def fixed(comm: float) -> FixedCostModel:
+    return FixedCostModel(
+        compute=0.0, comm=comm, by_op={"Attention": A, "AttentionGrad": G, "AttentionMerge": M, "Add": X}
+    )
+
+
+def forward_steps(c: int) -> list[float]:
+    """Rank 0's blocks at each step, counted by hand from the layout (chunks 0 and 2c−1): step
+    0, its own K/V: 2 diagonal blocks and chunk 2c−1 against chunk 0, and one merge (chunk
+    2c−1's second block); each later step, the K/V of a rank j > 0 (chunks j, 2c−1−j): only
+    chunk 2c−1 sees them, 2 full blocks, each merged."""
+    return [3 * A + M] + [2 * (A + M)] * (c - 1)
+
+
+def backward_steps(c: int) -> list[float]:
+    """Likewise backward: step 0, 3 blocks, one dQ add (chunk 2c−1's second block) and one dK,
+    dV add each (key chunk 0 gets 2 blocks); later, 2 blocks on one query chunk (2 dQ adds, as
+    its accumulator exists), 2 key chunks hit once each (no in-step add) plus the arrived dK/dV
+    added to each (4 adds)."""
+    return [3 * G + X + 2 * X] + [2 * G + 2 * X + 4 * X] * (c - 1)
+
+
+@pytest.mark.parametrize("c", [2, 4])
+def test_a_compute_bound_ring_hides_its_transfers(c: int) -> None:
+    t = 0.1  # a transfer, far below a step's blocks
+    fwd = simulate(ring_program(c, False), H100, cost_model=fixed(t)).step_time_s
+    assert math.isclose(fwd, sum(forward_steps(c)), rel_tol=1e-12)
+    bwd = simulate(ring_program(c, True), H100, cost_model=fixed(t)).step_time_s
+    assert math.isclose(bwd, sum(backward_steps(c)) + t, rel_tol=1e-12)  # + the last dK/dV hop
+
+
+@pytest.mark.parametrize("c", [2, 4])
+def test_a_transfer_bound_ring_hides_its_blocks(c: int) -> None:
+    t = 1000.0  # a transfer, far above a step's blocks
+    fwd = simulate(ring_program(c, False), H100, cost_model=fixed(t)).step_time_s
+    assert math.isclose(fwd, (c - 1) * t + forward_steps(c)[-1], rel_tol=1e-12)
+    bwd = simulate(ring_program(c, True), H100, cost_model=fixed(t)).step_time_s
+    # K/V travel c−1 times and dK/dV c times; a middle step carries both, one after the other
+    want = t + 2 * t * (c - 2) + max(backward_steps(c)[-1], t) + t
+    assert math.isclose(bwd, want, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("c", [2, 4])
+def test_the_ring_counts_the_flops_of_the_causal_triangle(c: int) -> None:
+    """Blocks above the diagonal are skipped and diagonal ones are causal: the ring's FLOPs are
+    exactly FlashAttention's causal count of the whole sequence."""
+    r = simulate(ring_program(c, False), H100)
+    assert math.isclose(r.flops, forward_flops(B, S, H, D, True), rel_tol=1e-12)
