@@ -802,6 +802,14 @@ def _print_run(d: dict[str, Any]) -> None:
             f"(worst {where}; allowed {d['tolerance']:g} x max(1, |reference|))",
             markup=False,
         )
+        if d.get("kink_units_reversed"):
+            n = d["kink_units_reversed"]
+            out.print(
+                f"  ({n} unit{'s' if n != 1 else ''} at a kink within rounding, decided the other way "
+                f"as the run did: |input - threshold| <= {d['kink_max_distance']:.2g}, within "
+                f"{d['kink_bound']:.2g}; every output compared, none excluded)",
+                markup=False,
+            )
     out.print(
         f"  step time {d['step_time_s'] * 1e3:.2f} ms (median after warm-up, slowest rank)", markup=False
     )

@@ -22,7 +22,7 @@ from distir.ops._rules import broadcast_shapes, float_attr, numel, out_numel_flo
 from distir.ops._special import normal_cdf
 from distir.ops._torch import binary, unary
 from distir.ops.gradrules import GradCtx, GradRule, first, is_float, unbroadcast, zeros_like
-from distir.ops.registry import AttrSpec, CostClass, Fusion, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, CostClass, Fusion, Kink, OpDef, TypeCtx, register
 from distir.ops.sharding import R, ShardingRule, Strategy, cast_rule, mul_rule, pointwise
 
 if TYPE_CHECKING:
@@ -113,6 +113,8 @@ DIV = _binary("Div", _int_div, sharding=pointwise("scale"))
 POW = _binary("Pow", np.power, flops=4.0)
 MAX = _binary("Max", np.maximum, doc="C = max(A, B), numpy broadcasting (ONNX Max of two inputs)")
 MIN = _binary("Min", np.minimum, doc="C = min(A, B), numpy broadcasting (ONNX Min of two inputs)")
+MAX.fill("kink", Kink(0, 1))  # picks A or B by the sign of A - B
+MIN.fill("kink", Kink(0, 1))
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
@@ -124,6 +126,7 @@ SQRT = _unary("Sqrt", np.sqrt, 1.0)
 NEG = _unary("Neg", np.negative, 1.0, float_only=False, linear=True)
 EXP = _unary("Exp", np.exp, 1.0)
 RELU = _unary("Relu", lambda x: np.maximum(x, 0), 1.0, float_only=False)
+RELU.fill("kink", Kink(0))
 GELU = _unary("Gelu", _gelu, 8.0)
 TANH = _unary("Tanh", np.tanh, 4.0)
 SIGMOID = _unary("Sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), 4.0)

@@ -35,7 +35,7 @@ from distir.ops.nn import (
     rms_norm_stats,
     softmax_axis,
 )
-from distir.ops.registry import AttrSpec, Fusion, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, Fusion, Kink, OpDef, TypeCtx, register
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
@@ -347,6 +347,7 @@ def _aten_grad(name: str) -> Any:
 
 
 RELU_GRAD.fill("torch", _relu_grad_torch)
+RELU_GRAD.fill("kink", Kink(1))  # dY or 0 by the sign of X
 GELU_GRAD.fill("torch", _aten_grad("gelu_backward"))
 TANH_GRAD.fill("torch", _aten_grad("tanh_backward"))
 SIGMOID_GRAD.fill("torch", _aten_grad("sigmoid_backward"))
