@@ -38,6 +38,47 @@ programs. Its shape:
   (``Function.donated``), each to its successor among the results: the simulator lets the
   update take the old value's storage, as trainers update in place (the ZeRO paper's model
   state: 2Ψ + 2Ψ + KΨ and its stage divisions, ``tests/parallel/test_zero_memory.py``).
+
+**Trainer options** of ``distribute`` (each what one trainer does; off by default):
+
+- ``overlap_param_gather`` (Megatron-LM's ``--overlap-param-gather`` with its distributed
+  optimizer; mixed precision, ZeRO-1/2, d > 1): the new low-precision weights are not
+  all-gathered after the optimizer but in the next step's first forward, layer by layer as the
+  forward reaches them (on the ``dp_gather`` stream, one layer ahead), so the gather overlaps
+  compute: the compute copy persists between steps as this rank's shard, and each chunk's first
+  forward (``c<i>_fwd_gather``) gathers its weights and returns them whole for the rest of the
+  step.
+- ``deepspeed_pipe`` (DeepSpeed's ``PipelineEngine``, as Megatron-DeepSpeed trains with it;
+  ZeRO 0/1 only, as the engine asserts): the pipeline transfers block the compute streams of
+  sender and receiver (``deepspeed/runtime/pipe/p2p.py``: ``send``/``recv`` are synchronous
+  ``dist.send``/``dist.recv``), and the data-parallel gradient reduction is not bucketed into
+  the backward: ``TrainSchedule`` (``deepspeed/runtime/pipe/schedule.py``) issues
+  ``ReduceTiedGrads`` and ``ReduceGrads`` after a stage's last backward, and the engine runs
+  them on the compute stream (``_exec_reduce_tied_grads``, ``_exec_reduce_grads``: one
+  all-reduce of the accumulated gradients), so nothing overlaps them.
+- ``fp32_grad_accum`` (DeepSpeed's ``BF16_Optimizer``; mixed precision): every backward ends by
+  adding its low-precision weight gradients, cast to fp32, into an fp32 gradient per weight
+  (``update_hp_grads``, after ``autograd.backward``, ``deepspeed/runtime/bf16_optimizer.py``),
+  and that fp32 sum is what the data-parallel reduction sums (``get_grads_for_reduction``) and
+  the optimizer takes.
+- ``cp_ring`` (context parallelism, c > 1): attention runs as a ring over the cp axis (K/V
+  passed rank to rank, overlapped with the blocks: ``distir.parallel.sharding.ring``), as
+  Megatron-LM and torchtitan run it; False gathers K/V over cp instead (the older form, kept
+  for comparison).
+- ``gather_copy_out`` (PyTorch FSDP2, ``fully_shard``): each ZeRO-3 gather's result is copied
+  into the parameters' own storage on the compute stream before the layer runs (an
+  ``Identity`` on the layer's mesh): FSDP2 all-gathers into one flat buffer and
+  ``FSDPParamGroup.wait_for_unshard`` copies it out per parameter (``foreach_all_gather_copy_out``,
+  ``torch.split_with_sizes_copy``, torch/distributed/_composable/fsdp/_fsdp_collectives.py) on
+  the current stream, in the forward and again in the backward. FSDP1 and DeepSpeed gather
+  into the flat parameter their parameters are views of (no copy): the default.
+- ``reduce_fp32`` (mixed precision, d > 1; FSDP's ``MixedPrecision(reduce_dtype=torch.float32)``:
+  Composer's ``DEFAULT`` mode, ``get_mixed_precision`` in composer/distributed/mosaic_parallelism.py;
+  torchtitan's ``mixed_precision_reduce = "float32"``): each gradient is cast to the masters'
+  dtype on the reduction stream and reduced in it (twice the bytes of a bf16 reduction), as
+  FSDP2's ``foreach_reduce`` copies the gradients into an fp32 reduce-scatter input on its
+  reduce-scatter stream and FSDP1 casts them on its post-backward stream; the reduced shard is
+  then the optimizer's gradient as it is. Default: reduced in the compute dtype, then cast.
 """
 
 from __future__ import annotations
@@ -186,49 +227,8 @@ def distribute(
     the backward, and ZeRO-3's gathers on its ``dp_gather`` stream, one layer ahead
     (``_Gathers``).
 
-    ``overlap_param_gather`` (Megatron-LM's ``--overlap-param-gather`` with its distributed
-    optimizer; mixed precision, ZeRO-1/2, d > 1): the new low-precision weights are not
-    all-gathered after the optimizer but in the next step's first forward, layer by layer as the
-    forward reaches them (on the ``dp_gather`` stream, one layer ahead), so the gather overlaps
-    compute: the compute copy persists between steps as this rank's shard, and each chunk's first
-    forward (``c<i>_fwd_gather``) gathers its weights and returns them whole for the rest of the
-    step.
-
-    ``deepspeed_pipe`` (DeepSpeed's ``PipelineEngine``, as Megatron-DeepSpeed trains with it;
-    ZeRO 0/1 only, as the engine asserts): the pipeline transfers block the compute streams of
-    sender and receiver (``deepspeed/runtime/pipe/p2p.py``: ``send``/``recv`` are synchronous
-    ``dist.send``/``dist.recv``), and the data-parallel gradient reduction is not bucketed into
-    the backward: ``TrainSchedule`` (``deepspeed/runtime/pipe/schedule.py``) issues
-    ``ReduceTiedGrads`` and ``ReduceGrads`` after a stage's last backward, and the engine runs
-    them on the compute stream (``_exec_reduce_tied_grads``, ``_exec_reduce_grads``: one
-    all-reduce of the accumulated gradients), so nothing overlaps them.
-
-    ``fp32_grad_accum`` (DeepSpeed's ``BF16_Optimizer``; mixed precision): every backward ends by
-    adding its low-precision weight gradients, cast to fp32, into an fp32 gradient per weight
-    (``update_hp_grads``, after ``autograd.backward``, ``deepspeed/runtime/bf16_optimizer.py``),
-    and that fp32 sum is what the data-parallel reduction sums (``get_grads_for_reduction``) and
-    the optimizer takes.
-
-    ``cp_ring`` (context parallelism, c > 1): attention runs as a ring over the cp axis (K/V
-    passed rank to rank, overlapped with the blocks: ``distir.parallel.sharding.ring``), as
-    Megatron-LM and torchtitan run it; False gathers K/V over cp instead (the older form, kept
-    for comparison).
-
-    ``gather_copy_out`` (PyTorch FSDP2, ``fully_shard``): each ZeRO-3 gather's result is copied
-    into the parameters' own storage on the compute stream before the layer runs (an
-    ``Identity`` on the layer's mesh): FSDP2 all-gathers into one flat buffer and
-    ``FSDPParamGroup.wait_for_unshard`` copies it out per parameter (``foreach_all_gather_copy_out``,
-    ``torch.split_with_sizes_copy``, torch/distributed/_composable/fsdp/_fsdp_collectives.py) on
-    the current stream, in the forward and again in the backward. FSDP1 and DeepSpeed gather
-    into the flat parameter their parameters are views of (no copy): the default.
-
-    ``reduce_fp32`` (mixed precision, d > 1; FSDP's ``MixedPrecision(reduce_dtype=torch.float32)``:
-    Composer's ``DEFAULT`` mode, ``get_mixed_precision`` in composer/distributed/mosaic_parallelism.py;
-    torchtitan's ``mixed_precision_reduce = "float32"``): each gradient is cast to the masters'
-    dtype on the reduction stream and reduced in it (twice the bytes of a bf16 reduction), as
-    FSDP2's ``foreach_reduce`` copies the gradients into an fp32 reduce-scatter input on its
-    reduce-scatter stream and FSDP1 casts them on its post-backward stream; the reduced shard is
-    then the optimizer's gradient as it is. Default: reduced in the compute dtype, then cast."""
+    The trainers' options (``overlap_param_gather`` … ``reduce_fp32``, default off): module
+    docstring, *Trainer options*."""
     with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
         return _Builder(
             model,
