@@ -13,6 +13,9 @@ asserts the thresholds).
 6. Llama-3 8B on 8 × H100 (seq 8192, batch 1024, bf16 mixed): the winner, and the best FSDP /
    ZeRO-3 data-parallel plan (``--pp 1 --tp 1 --zero 3``: every microbatch size searched) and by
    how much it loses (or wins).
+7. GPT-3 175B on 128 × DGX A100 (batch 1536, bf16 mixed), with and without Megatron-LM's
+   tensor-parallel communication overlap (``--tp-comm-overlap``): the winner, the best plan of
+   the other tensor-parallel degree among t = 4 and 8 (``--tp 4`` / ``--tp 8``) and the gap.
 """
 
 from __future__ import annotations
@@ -130,6 +133,28 @@ def llama_fsdp() -> None:
     )
 
 
+def gpt3_tp() -> None:
+    job = {
+        "model": "gpt2-175b",
+        "cluster": "dgx-a100:128",
+        "batch": 1536,
+        "dtype": "bf16",
+        "precision": "mixed",
+    }
+    for overlap in (False, True):
+        req = SearchRequest(top=2, workers=2, pins=Pins(max_k=128), tp_comm_overlap=overlap, **job)  # type: ignore[arg-type]
+        best = search(req).best()
+        assert best is not None
+        other_t = 4 if best["t"] == 8 else 8
+        other = search(replace(req, pins=Pins(tp=other_t, max_k=128))).best()
+        assert other is not None
+        print(
+            f"7. GPT-3 175B, 1024 × A100, {'with' if overlap else 'without'} --tp-comm-overlap: winner "
+            f"{best['strategy']} {best['step_time_s']:.3f} s; best t = {other_t} {other['strategy']} "
+            f"{other['step_time_s']:.3f} s ({other['step_time_s'] / best['step_time_s'] - 1:+.1%})"
+        )
+
+
 def main() -> None:
     amp_heterogeneous()
     transgan_balance()
@@ -137,6 +162,7 @@ def main() -> None:
     program_order()
     calibration()
     llama_fsdp()
+    gpt3_tp()
 
 
 if __name__ == "__main__":

@@ -76,6 +76,20 @@ class ModelCfg:
     # first, vocabulary-parallel: Megatron), fused (fp32 inside, no fp32 copy: flash-attn's,
     # llm-foundry) or torch (F.cross_entropy on fp32 logits: torchtitan without TP)
     loss: str = "fp32"
+    # the hidden and attention dropout probability the trainer runs with (the zoo's ``dropout``;
+    # Megatron-LM's defaults are 0.1 for both, 0 where a record does not say)
+    dropout: float = 0.0
+    # llama only, how eager PyTorch runs the layer (the zoo's ``norm`` and ``rope`` options):
+    # RMSNorm as one kernel (fused) or as torchtitan's module runs it, separate ops in fp32
+    # (composite); RoPE in the model's dtype (fused) or cast to fp32 and back (fp32)
+    norm: str = "fused"
+    rope: str = "fused"
+    # llama only: SwiGLU's silu as a·Sigmoid(a) (composite: two kernels when nothing fuses them)
+    # or one op (fused: F.silu, one kernel)
+    silu: str = "composite"
+    # gpt only: llm-foundry's flash_attn_fn copies q, k, v in (index_first_axis) and the output
+    # out (pad_input) around flash-attn's variable-length kernel (the zoo's ``unpad`` option)
+    unpad: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +113,8 @@ class StrategyCfg:
     zero: int
     recompute: str
     sequence_parallel: bool
+    # blocks per pipeline stage: "uniform" or explicit counts "5-6-…" (Strategy.partition)
+    partition: str = "uniform"
     assumed: tuple[str, ...] = ()
     notes: str = ""
 
@@ -139,6 +155,21 @@ class Run:
     # Megatron-LM's --tp-comm-overlap: tensor-parallel collectives pipelined with their GEMMs
     # (``RooflineCostModel(tp_comm_overlap=True)``, ``distir.sim.overlap``)
     tp_comm_overlap: bool = False
+    # DeepSpeed's PipelineEngine (Megatron-DeepSpeed): blocking p2p transfers, the data-parallel
+    # gradient all-reduce after the pipeline flush (``distribute(deepspeed_pipe=True)``)
+    deepspeed_pipe: bool = False
+    # DeepSpeed's BF16_Optimizer: each microbatch's gradients added into fp32 ones, reduced in fp32
+    # (``distribute(fp32_grad_accum=True)``)
+    fp32_grad_accum: bool = False
+    # PyTorch FSDP2 (``fully_shard``, torchtitan): each parameter all-gather copied out of the flat
+    # buffer into the parameters on the compute stream (``distribute(gather_copy_out=True)``)
+    gather_copy_out: bool = False
+    # FSDP's MixedPrecision(reduce_dtype=torch.float32): gradients cast to fp32 and reduced in it
+    # (``distribute(reduce_fp32=True)``)
+    reduce_fp32: bool = False
+    # how the trainer's Adam runs (``Optimizer(kernels=...)``): fused (one kernel: Megatron's,
+    # DeepSpeed's), foreach (torch.optim.AdamW(foreach=True)) or loop (Composer's DecoupledAdamW)
+    optimizer_kernels: str = "fused"
 
 
 _TYPES: dict[str, type] = {"int": int, "str": str, "bool": bool, "float": float}
@@ -186,6 +217,10 @@ def _check(r: Run, where: str) -> None:
         raise RunsError(f"{where}.source: expected an https:// URL, got {r.source!r}")
     if r.kernels not in ("fused", "eager"):
         raise RunsError(f"{where}.kernels: expected fused or eager, got {r.kernels!r}")
+    if r.optimizer_kernels not in ("fused", "foreach", "loop"):
+        raise RunsError(
+            f"{where}.optimizer_kernels: expected fused, foreach or loop, got {r.optimizer_kernels!r}"
+        )
     if r.attention_kernel not in ("fa2", "cudnn"):
         raise RunsError(f"{where}.attention_kernel: expected fa2 or cudnn, got {r.attention_kernel!r}")
     if r.precision not in PRECISIONS:
@@ -197,6 +232,16 @@ def _check(r: Run, where: str) -> None:
         raise RunsError(f"{where}.model.attention: expected fused or naive, got {m.attention!r}")
     if m.loss not in ("fp32", "fused", "torch"):
         raise RunsError(f"{where}.model.loss: expected fp32, fused or torch, got {m.loss!r}")
+    if not 0.0 <= m.dropout < 1.0:
+        raise RunsError(f"{where}.model.dropout: expected a probability in [0, 1), got {m.dropout!r}")
+    if m.norm not in ("fused", "composite") or m.rope not in ("fused", "fp32"):
+        raise RunsError(f"{where}.model: norm must be fused or composite, rope fused or fp32")
+    if m.silu not in ("composite", "fused"):
+        raise RunsError(f"{where}.model.silu: expected composite or fused, got {m.silu!r}")
+    if m.unpad and m.family != "gpt":
+        raise RunsError(f"{where}.model.unpad: an option of the gpt family")
+    if (m.norm, m.rope, m.silu) != ("fused", "fused", "composite") and m.family != "llama":
+        raise RunsError(f"{where}.model: norm, rope and silu are options of the llama family")
     if m.tied and m.family != "gpt":
         raise RunsError(f"{where}.model.tied: only the gpt family ties its embedding and head")
     if p.metric not in METRICS:
@@ -212,6 +257,13 @@ def _check(r: Run, where: str) -> None:
             f"{where}.strategy: global_batch {s.global_batch} is not a whole number of microbatches "
             f"of {s.microbatch} per replica (dp {s.dp})"
         )
+    if s.partition not in ("uniform", "params"):
+        counts = _counts(s.partition)
+        if len(counts) != s.pp * s.virtual_stages or sum(counts) != m.layers:
+            raise RunsError(
+                f"{where}.strategy.partition: {s.partition!r} must give pp·virtual_stages = "
+                f"{s.pp * s.virtual_stages} counts summing to {m.layers} layers"
+            )
     if s.recompute not in ("none", "selective", "full", "ops"):
         raise RunsError(
             f"{where}.strategy.recompute: expected none, selective, full or ops, got {s.recompute!r}"
@@ -261,8 +313,18 @@ def zoo_model(m: ModelCfg) -> str:
         )
     if m.attention != "fused":
         spec += f",attention={m.attention}"
+    if m.dropout:
+        spec += f",dropout={m.dropout:g}"
     if m.tied:
         spec += ",tied=1"
+    if m.unpad:
+        spec += ",unpad=1"
+    if m.norm != "fused":
+        spec += f",norm={m.norm}"
+    if m.rope != "fused":
+        spec += f",rope={m.rope}"
+    if m.silu != "composite":
+        spec += f",silu={m.silu}"
     return spec if m.loss == "fp32" else f"{spec},loss={m.loss}"
 
 
@@ -280,7 +342,18 @@ def strategy_of(s: StrategyCfg) -> Any:
         zero=s.zero,
         recompute=s.recompute,
         sp=s.sequence_parallel,
+        partition=s.partition if s.partition in ("uniform", "params") else _counts(s.partition),
     )
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    """Explicit blocks per stage, ``"5-6-6"`` → (5, 6, 6) (RunsError otherwise)."""
+    try:
+        return tuple(int(x) for x in text.split("-"))
+    except ValueError:
+        raise RunsError(
+            f"strategy.partition: expected uniform, params or counts like 5-6-6, got {text!r}"
+        ) from None
 
 
 def cluster_of(c: ClusterCfg) -> Any:
@@ -360,12 +433,16 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
     prog = distribute(
         mod,
         st,
-        Optimizer("adam"),
+        Optimizer("adam", kernels=r.optimizer_kernels),
         train=True,
         comm_streams=True,
         precision=prec,
         chunk_times=times,
         overlap_param_gather=r.overlap_param_gather,
+        deepspeed_pipe=r.deepspeed_pipe,
+        fp32_grad_accum=r.fp32_grad_accum,
+        gather_copy_out=r.gather_copy_out,
+        reduce_fp32=r.reduce_fp32,
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(

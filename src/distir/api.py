@@ -165,6 +165,7 @@ def search(
     explain: bool = False,
     progress: Callable[[str, int, int], None] | None = None,
     tp_layout: str = "declared",
+    tp_comm_overlap: bool = False,
 ) -> SearchResults:
     """Find the fastest strategy that fits, as ``distir search`` does: screen the space
     analytically, simulate the ``top`` best exactly, rank by throughput (those that do not fit
@@ -172,7 +173,10 @@ def search(
     ``dtype``/``precision`` ``auto``: mixed precision in the GPUs' fast half format (training).
     ``store``: a SQLite result store (a finished search comes back from it; None: none).
     ``progress(phase, done, total)`` is called as the phases advance. ``tp_layout``: the
-    model's own tensor-parallel placements (``declared``) or those Automap finds (``auto``)."""
+    model's own tensor-parallel placements (``declared``) or those Automap finds (``auto``).
+    ``tp_comm_overlap``: cost the plans with sequence parallelism with their tensor-parallel
+    collectives overlapping their GEMMs, as Megatron-LM's ``--tp-comm-overlap`` runs them (it
+    requires sequence parallelism)."""
     from distir.search.run import SearchRequest
     from distir.search.run import search as run_search
     from distir.search.space import Pins
@@ -193,6 +197,7 @@ def search(
         store=Path(store) if store is not None else None,
         explain=explain,
         tp_layout=tp_layout,
+        tp_comm_overlap=tp_comm_overlap,
     )
     return _results(run_search(req, progress))
 

@@ -277,6 +277,23 @@ _SimOverlapParamGather = Annotated[
         "--overlap-param-gather).",
     ),
 ]
+_SimDeepspeedPipe = Annotated[
+    bool,
+    typer.Option(
+        "--deepspeed-pipe",
+        help="With --model: DeepSpeed's pipeline engine (Megatron-DeepSpeed): pipeline transfers "
+        "block the compute streams and the data-parallel gradient all-reduce runs after the "
+        "pipeline flush, not during the backward. ZeRO 0/1.",
+    ),
+]
+_SimFp32GradAccum = Annotated[
+    bool,
+    typer.Option(
+        "--fp32-grad-accum",
+        help="With --model and mixed precision: every backward adds its gradients, cast to fp32, "
+        "into fp32 ones, which are reduced and stepped on (DeepSpeed's BF16_Optimizer).",
+    ),
+]
 _SimTrace = Annotated[Path | None, typer.Option("--trace", help="Write a Perfetto/Chrome trace JSON here.")]
 _SimTraceDetail = Annotated[
     str,
@@ -336,6 +353,8 @@ def simulate(
     tp_comm_overlap: _SimTpCommOverlap = False,
     bucket_mb: _SimBucketMb = 25.0,
     overlap_param_gather: _SimOverlapParamGather = False,
+    deepspeed_pipe: _SimDeepspeedPipe = False,
+    fp32_grad_accum: _SimFp32GradAccum = False,
     trace: _SimTrace = None,
     trace_detail: _SimTraceDetail = "chunk",
     device_map: _SimDeviceMap = None,
@@ -368,11 +387,15 @@ def simulate(
             tp_layout,
             overlap_param_gather,
             max_ops,
+            deepspeed_pipe,
+            fp32_grad_accum,
         )
         m, dmap0, source, batch, model_flops = built
     else:
         assert file is not None
         _check_file_simulate_options(strategy, precision, bucket_mb, overlap_param_gather)
+        if deepspeed_pipe or fp32_grad_accum:
+            _fail("--deepspeed-pipe and --fp32-grad-accum apply to --model, not to a program file")
         s = _Session(file, debug)
         m = s.explicit(s.load(entry))  # a sharded program is simulated in its materialized form
         dmap0, source, model_flops = None, str(file), None
@@ -602,6 +625,8 @@ def _model_program(
     tp_layout: str = "declared",
     overlap_param_gather: bool = False,
     max_ops: int = MAX_OPS.max,
+    deepspeed_pipe: bool = False,
+    fp32_grad_accum: bool = False,
 ) -> ModelProgram:
     """Build zoo model ``spec`` in ``dtype`` and distribute it with ``precision`` (pure, or mixed:
     fp32 masters). With a ``cluster`` that has the
@@ -654,6 +679,8 @@ def _model_program(
             chunk_times=times,
             bucket_mb=bucket_mb,
             overlap_param_gather=overlap_param_gather,
+            deepspeed_pipe=deepspeed_pipe,
+            fp32_grad_accum=fp32_grad_accum,
         )
     except (StrategyError, ModelError, AutodiffError, ShardingError) as e:
         if debug:
@@ -775,6 +802,14 @@ def _print_run(d: dict[str, Any]) -> None:
             f"(worst {where}; allowed {d['tolerance']:g} x max(1, |reference|))",
             markup=False,
         )
+        if d.get("kink_units_reversed"):
+            n = d["kink_units_reversed"]
+            out.print(
+                f"  ({n} unit{'s' if n != 1 else ''} at a kink within rounding, decided the other way "
+                f"as the run did: |input - threshold| <= {d['kink_max_distance']:.2g}, within "
+                f"{d['kink_bound']:.2g}; every output compared, none excluded)",
+                markup=False,
+            )
     out.print(
         f"  step time {d['step_time_s'] * 1e3:.2f} ms (median after warm-up, slowest rank)", markup=False
     )
@@ -1231,6 +1266,7 @@ def search(
             "as distir shard --auto, and used by every strategy).",
         ),
     ] = "declared",
+    tp_comm_overlap: _SimTpCommOverlap = False,
     export_to: Annotated[
         str | None,
         typer.Option("--export", help="Also write the winner for torchtitan, megatron, deepspeed or fsdp."),

@@ -92,3 +92,53 @@ def test_cuda_calibration_needs_a_gpu() -> None:
 
     cal = calibrate(CalibrateOptions(quick=True, dtypes=(__import__("distir").ir.types.DType.f32,)))
     assert cal.device.startswith("GPU")
+
+
+def test_ops_of_one_family_that_cost_unalike_are_each_fitted_on_their_own() -> None:
+    """Two memory-bound ops of the family "grad": one at 60% of the bandwidth, one at 10% (a
+    torch implementation of several kernels); the oracle is the roofline that made their times."""
+    from distir.backend.calibrate import OP_FIT_SAMPLES, _fit_families
+    from distir.hardware.fit import OpSample
+
+    bw, launch = 100e9, 5e-6
+    sizes = [1 << k for k in range(12, 12 + OP_FIT_SAMPLES + 1)]
+    samples = [
+        OpSample(op, "grad", "f32", 0.0, float(n), launch + n / (bw * eff))
+        for op, eff in (("FastGrad", 0.6), ("SlowGrad", 0.1))
+        for n in sizes
+    ]
+    fits = _fit_families(samples, lambda dt: 1e15, bw)
+    assert set(fits) == {"grad", "FastGrad", "SlowGrad"}
+    assert fits["FastGrad"].memory == pytest.approx(0.6, rel=0.1)
+    assert fits["SlowGrad"].memory == pytest.approx(0.1, rel=0.1)
+    assert fits["FastGrad"].launch_s == pytest.approx(launch, rel=0.2, abs=1e-6)
+    # the family's one fit lies between: it prices neither op right
+    assert 0.1 * 1.2 < fits["grad"].memory < 0.6 / 1.2
+    few = [s for s in samples if s.op == "FastGrad"][: OP_FIT_SAMPLES - 1]
+    assert set(_fit_families(few, lambda dt: 1e15, bw)) == {"grad"}  # too few points: the family only
+
+
+def test_on_a_cpu_ops_are_timed_on_the_thread_s_cpu_time_which_waiting_does_not_add_to() -> None:
+    """A call that sleeps 2 ms (as a thread does when other processes hold the cores) costs
+    ~0 on the CPU clock, 2 ms on the wall clock."""
+    import time
+
+    from distir.backend.microbench import op_clock, time_call
+
+    def nap() -> None:
+        time.sleep(0.002)
+
+    assert time_call(nap, lambda: None, 0.004, 2, op_clock("cpu")) < 0.0005
+    assert time_call(nap, lambda: None, 0.004, 2, op_clock("cuda")) >= 0.002
+
+
+def test_adam_is_timed_on_a_non_negative_second_moment_as_training_has() -> None:
+    """A mean of squares is never negative; a negative one makes Adam's square root NaN, a slow
+    path on CPUs (which inflated its calibrated rate several times)."""
+    from distir.backend import microbench as mb
+    from distir.ir.types import DType
+    from distir.ops import REGISTRY
+
+    v = REGISTRY["Adam"].inputs.index("v")
+    adams = [c for c, _ in mb.plan(mb.FULL, (DType.f32,)) if c.op == "Adam"]
+    assert adams and all(c.nonneg == (v,) for c in adams)

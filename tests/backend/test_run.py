@@ -1,17 +1,20 @@
 """``distir run``: per-rank programs on torch.distributed (gloo, 2 CPU ranks) equal the reference
 executor — every collective and point-to-point op, and zoo training steps under DP, TP (with
 sp), GPipe, 1F1B, interleaved, ZB-H1, ZeRO 1-3, recomputation, mixed precision and hybrids; a
-killed rank stops the run within the bound; the command under torchrun verifies a pipeline.
+killed rank, or one that dies while starting, stops the run within the bound; the command under
+torchrun verifies a pipeline; the fig2 example verifies, a unit at a ReLU's kink counted.
 
 The cases share launches (spawning ranks is the slow part): one 2-rank launch runs every 2-rank
 program, one 4-rank launch the hybrids."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import multiprocessing
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -188,6 +191,65 @@ def test_a_killed_rank_stops_every_rank_within_the_bound() -> None:
         assert (p.pid is not None and not Path(f"/proc/{p.pid}").exists()) or _zombie(p.pid)
 
 
+class _DieOnUnpickle:
+    """An input whose unpickling in the spawned rank runs ``how(*args)``: the rank dies while
+    starting (unpickling its programs), before it joins the process group — no hook in the
+    code under test."""
+
+    def __init__(self, how: Any, *args: Any) -> None:
+        self.how, self.args = how, args
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return self.how, self.args
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("death", "why"),
+    [
+        (_DieOnUnpickle(os._exit, 0), "exited with status 0"),  # a silent, "successful" exit
+        (_DieOnUnpickle(os._exit, 3), "exited with status 3"),
+        (_DieOnUnpickle(signal.raise_signal, signal.SIGKILL), "was killed by SIGKILL"),
+    ],
+    ids=["status-0", "status-3", "sigkill"],
+)
+def test_a_rank_dying_at_startup_stops_every_rank_within_the_bound(death: Any, why: str) -> None:
+    # a step whose rank programs pickle to megabytes: the rank dies before reading the rest
+    # (a spawn's parent that kept writing it to the rank would wait forever)
+    prog = model_program("mlp:layers=2,hidden=512", "p2.k2.1f1b", 4, "f32", "pure", "adam")
+    jobs = rank_programs(prog, steps=2)
+    assert len(pickle.dumps(jobs[1])) > 1 << 20
+    jobs[1] = dataclasses.replace(jobs[1], inputs=(death, *jobs[1].inputs))
+    died: dict[str, float] = {}
+    stop = threading.Event()
+
+    def watch() -> None:  # when rank 1's process is seen gone
+        while not stop.is_set() and "at" not in died:
+            for p in multiprocessing.active_children():
+                if p.name == "distir-rank-1" and p.exitcode is not None:
+                    died["at"] = time.monotonic()
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with pytest.raises(RunFailed) as info:
+            # rank 0 waits for rank 1 in the rendezvous: gloo's timeout alone would take 120 s
+            launch([[j] for j in jobs], LaunchOptions(timeout_s=120))
+        end = time.monotonic()
+    finally:
+        stop.set()
+        watcher.join()
+    e = info.value
+    assert e.rank == 1
+    assert str(e) == (
+        f"rank 1 (d1) {why} while starting (importing, unpickling its programs), "
+        "before it joined the process group"
+    )
+    assert end - died.get("at", end) <= FAIL_STOP_BOUND_S + 0.5
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("distir-rank-")]
+
+
 def _zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
@@ -270,6 +332,19 @@ def test_run_command_reports_json_and_writes_real_traces(tmp_path: Path) -> None
     for pid in (0, 1):  # one op at a time per rank: slices do not overlap
         mine = sorted((e["ts"], e["ts"] + e["dur"]) for e in slices if e["pid"] == pid)
         assert all(a[1] <= b[0] + 1e-3 for a, b in itertools.pairwise(mine))
+
+
+@pytest.mark.slow
+def test_the_fig2_example_verifies_counting_its_units_at_a_kink() -> None:
+    # seed 0 in float32: a first-layer ReLU input is +3.8e-6 exactly and may be -3.8e-6 in torch's
+    # float32 product; the run verifies against exact arithmetic with that unit reversed
+    fig2 = Path(__file__).resolve().parents[2] / "examples" / "fig2_mlp_pipeline.distir"
+    proc = _cli(str(fig2), "--json", "--steps", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["verified"] is True
+    n = report["kink_units_reversed"]
+    assert n == 0 or report["kink_max_distance"] <= report["kink_bound"]
 
 
 BAD = """

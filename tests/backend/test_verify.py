@@ -1,12 +1,14 @@
 """Checking a real run against the reference: the allowance per precision, exact integers, the
-count of elements outside the allowance, and the precision a program computes in (numpy only)."""
+count of elements outside the allowance, the precision a program computes in, and the kink-aware
+check: a unit at a ReLU's kink decided the other way verifies, counted; a real error still fails
+(numpy only; the "run" outputs are computed by numpy directly)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import distir
-from distir.backend.verify import TOLERANCE, compare, compute_dtype, reference_outputs
+from distir.backend.verify import TOLERANCE, compare, compute_dtype, reference_outputs, verify
 from distir.ir import Device, DType, FunctionBuilder, Module, TensorType
 from distir.ops import REGISTRY
 
@@ -76,3 +78,70 @@ def test_the_reference_computes_in_float64_whatever_the_programs_dtype() -> None
     (ref,) = reference_outputs(m, [xs, ys])[Device(0)]
     assert ref.dtype == np.float64 and ref.tolist() == [2.0**24 + 1, 3.5]
     assert (xs + ys).tolist() == [2.0**24, 3.5]  # what a float32 reference would have said
+
+
+def _relu_layer() -> Module:
+    """One ReLU layer's step: a = Relu(x @ w), dW = xᵀ · ReluGrad(dA, x @ w)."""
+    d0 = Device(0)
+    fb = FunctionBuilder("f", REGISTRY.out_arity)
+    x = fb.param("x", TensorType(DType.f32, (4, 3), d0))
+    w = fb.param("w", TensorType(DType.f32, (3, 5), d0))
+    da = fb.param("da", TensorType(DType.f32, (4, 5), d0))
+    (h,) = fb.op("MatMul", x, w)
+    (a,) = fb.op("Relu", h)
+    (dh,) = fb.op("ReluGrad", da, h)
+    (xt,) = fb.op("Transpose", x, perm=[1, 0])
+    (dw,) = fb.op("MatMul", xt, dh)
+    return distir.check(Module((fb.ret(a, dw),)))
+
+
+def _at_kink_inputs() -> tuple[list[np.ndarray], np.ndarray]:
+    """Inputs whose pre-activation h[2, 3] is 1e-6 in exact arithmetic, on a scale of ~3 (what
+    float32's rounding of a sum can put on either side of 0), and h itself."""
+    rng = np.random.default_rng(0)
+    x, w, da = rng.standard_normal((4, 3)), rng.standard_normal((3, 5)), rng.standard_normal((4, 5))
+    w[0, 3] -= (x[2] @ w[:, 3] - 1e-6) / x[2, 0]
+    return [x, w, da], x @ w
+
+
+def _run_as(h: np.ndarray, x: np.ndarray, da: np.ndarray) -> dict[Device, tuple[np.ndarray, ...]]:
+    """What a run that computed the pre-activation as ``h`` returns (numpy, independently of
+    the reference executor)."""
+    return {Device(0): (np.maximum(h, 0), x.T @ (da * (h > 0)))}
+
+
+def test_a_unit_at_its_kink_decided_the_other_way_verifies_with_the_count() -> None:
+    m = _relu_layer()
+    (x, w, da), h = _at_kink_inputs()
+    assert abs(h[2, 3] - 1e-6) < 1e-12
+    flipped = h.copy()
+    flipped[2, 3] = -1e-6  # the unit off: dW's column 3 loses x[2] * da[2, 3]
+    got = _run_as(flipped, x, da)
+    assert not compare(m, reference_outputs(m, [x, w, da]), got).verified  # a real difference
+    v = verify(m, [x, w, da], got)
+    assert v.verified and v.kinks == 1
+    assert np.isclose(v.kink_distance, 1e-6)
+    assert v.kink_bound == TOLERANCE[DType.f32] * max(1.0, float(np.abs(h).max()))
+
+
+def test_a_run_that_agrees_with_exact_arithmetic_reverses_no_unit() -> None:
+    m = _relu_layer()
+    (x, w, da), h = _at_kink_inputs()
+    v = verify(m, [x, w, da], _run_as(h, x, da))
+    assert v.verified and v.kinks == 0
+
+
+def test_a_real_error_still_fails_with_or_beside_a_unit_at_a_kink() -> None:
+    m = _relu_layer()
+    (x, w, da), h = _at_kink_inputs()
+    flipped = h.copy()
+    flipped[2, 3] = -1e-6
+    got = _run_as(flipped, x, da)
+    got[Device(0)][1][0, 0] += 0.01  # beside the flip: an error no reversal explains
+    assert not verify(m, [x, w, da], got).verified
+    # a unit far from its kink switched off is an error, not rounding: h[1, 1] is not near 0
+    far = h.copy()
+    assert abs(far[1, 1]) > 0.1
+    far[1, 1] = -far[1, 1]
+    v = verify(m, [x, w, da], _run_as(far, x, da))
+    assert not v.verified and v.kinks == 0

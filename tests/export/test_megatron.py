@@ -72,6 +72,17 @@ def test_fsdp_is_megatron_fsdp() -> None:
     assert a.global_batch_size // (a.micro_batch_size * 4) == 4  # k microbatches per replica
 
 
+def test_pipelined_zero2_is_the_distributed_optimizer() -> None:
+    """Under a pipeline ZeRO-2 accumulates whole gradients and reduce-scatters them once per
+    step, as Megatron's distributed optimizer does; without one it is Megatron-FSDP's optim_grads,
+    which reduce-scatters in every backward as distir's program does."""
+    a, _ = _args("d2.t1.p4.k8.1f1b.z2")
+    assert a.use_distributed_optimizer and not a.use_megatron_fsdp
+    assert a.data_parallel_sharding_strategy is None
+    a, _ = _args("d8.t1.p1.k4.1f1b.z2")
+    assert a.use_megatron_fsdp and a.data_parallel_sharding_strategy == "optim_grads"
+
+
 def test_tp_with_sp_and_selective_recomputation() -> None:
     a, warn = _args("d2.t4.sp.p1.k1.1f1b.z1.rsel")
     assert a.tensor_model_parallel_size == 4 and a.sequence_parallel and a.use_distributed_optimizer

@@ -254,6 +254,7 @@ def test_parse_family_string() -> None:
         "tied": False,  # GPT-2's tied embedding is a flag, off by default
         "dropout": 0.0,  # hidden and attention dropout, off by default
         "loss": "fp32",  # the cross entropy on the logits cast to fp32 (mixed precision)
+        "unpad": False,  # llm-foundry's unpad/pad copies around flash attention, off by default
     }
     s = parse_model_string(" gpt2-117m:layers=2 ")
     assert dataclasses.asdict(s.config) == {
@@ -266,8 +267,10 @@ def test_parse_family_string() -> None:
         "tied": False,
         "dropout": 0.0,
         "loss": "fp32",
+        "unpad": False,
     }
     assert parse_model_string("gpt2-117m:attention=naive").config.attention == "naive"
+    assert parse_model_string("gpt2-117m:unpad=1").config.unpad is True
     assert parse_model_string("gpt2-117m:tied=1").config.tied is True
     assert parse_model_string("llama").config.rope_theta == 10000  # Llama 2's RoPE base
     assert parse_model_string("llama3-8b").config.rope_theta == 500000  # Llama 3's
@@ -301,6 +304,7 @@ def test_llama_strings_round_trip(
     text = "llama:" + ",".join(f"{k}={v}" for k, v in cfg.items())
     spec = parse_model_string(text)
     defaults = {"rope_theta": 10000, "attention": "fused", "loss": "fp32"}
+    defaults |= {"norm": "fused", "rope": "fused", "silu": "composite"}  # the eager forms' defaults
     assert dataclasses.asdict(spec.config) == {**cfg, **defaults}
     m = build_model(text, 2)
     assert m.num_params == closed_form_params("llama", cfg)

@@ -176,6 +176,9 @@ EXAMPLES: dict[str, list[Case]] = {
     "Gelu": _float_unary,
     "Tanh": _float_unary,
     "Sigmoid": _float_unary,
+    "Silu": _float_unary,
+    "UnpadTokens": _float_unary,
+    "PadTokens": _float_unary,
     "Neg": _any_unary,
     "Relu": _any_unary,
     "Identity": [*_any_unary, Case([T(b, 3)])],
@@ -287,6 +290,7 @@ EXAMPLES: dict[str, list[Case]] = {
     # grad
     "ReluGrad": [*_like, Case([T(i64, 3), T(i64, 3)])],
     "GeluGrad": _like,
+    "SiluGrad": _like,
     "TanhGrad": _like,
     "SigmoidGrad": _like,
     "SoftmaxGrad": [*_like, Case([T(f32, 3, 4), T(f32, 3, 4)], {"axis": 0})],

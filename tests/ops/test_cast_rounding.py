@@ -36,3 +36,30 @@ def test_cast_reference_rounds_to_bf16_only() -> None:
     assert h.dtype == np.float16
     (back,) = cast([b], {"to": DType.bf16})
     np.testing.assert_array_equal(back, b)  # idempotent
+
+
+def test_a_pending_sum_passes_only_a_widening_float_cast() -> None:
+    """bf16 → f32 keeps every value, so the f32 casts of a sum's pieces sum to the cast sum (exactly,
+    for pieces on the bf16 grid): the rule offers P(sum) → P(sum); a narrowing cast and a cast to
+    an integer round each piece, so they do not."""
+    from distir.ir.dtensor import Partial
+    from distir.ir.types import Device, TensorType
+
+    D0 = Device(0)
+
+    rule = REGISTRY["Cast"].sharding
+    assert rule is not None
+    total = Partial("sum")
+
+    def passes(a: DType, b: DType) -> bool:
+        got = rule([TensorType(a, (4, 8), D0)], [TensorType(b, (4, 8), D0)], {"to": b}, 2)  # type: ignore[arg-type]
+        return any(s.ins == (total,) and s.outs == (total,) for s in got)
+
+    assert passes(DType.bf16, DType.f32) and passes(DType.f16, DType.f32)
+    assert not passes(DType.f32, DType.bf16) and not passes(DType.f32, DType.f32)
+    assert not passes(DType.f32, DType.i64)
+    pieces = round_to_bf16(np.random.default_rng(1).standard_normal((2, 16)))
+    cast = REGISTRY["Cast"].reference
+    assert cast is not None
+    summed = sum(np.asarray(cast([p], {"to": DType.f32})[0], np.float64) for p in pieces)
+    np.testing.assert_array_equal(summed, pieces.astype(np.float64).sum(axis=0))

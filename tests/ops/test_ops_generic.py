@@ -149,6 +149,8 @@ def test_compute_ops_count_flops() -> None:
         "Split",
         "Slice",
         "Identity",
+        "UnpadTokens",  # row copies
+        "PadTokens",
         "StopGradient",  # a view (PyTorch's detach): no arithmetic
         "Cast",
         "MakeTuple",

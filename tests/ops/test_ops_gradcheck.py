@@ -202,6 +202,7 @@ GRAD_CASES = [
     unary("GeluGrad", "Gelu", False, lambda rng: rng.standard_normal((3, 4)) * 3),
     unary("TanhGrad", "Tanh", True),
     unary("SigmoidGrad", "Sigmoid", True),
+    unary("SiluGrad", "Silu", False, lambda rng: rng.standard_normal((3, 4)) * 3),
     softmax((3, 4), -1),
     softmax((3, 4, 2), 1),
     log_softmax((3, 4), -1),

@@ -86,7 +86,7 @@ def test_new_ops_are_registered_in_their_families() -> None:
     families = {
         "reduce": {"ReduceSum", "ReduceMean", "ReduceMax", "CumSum"},
         "nn": {"Softmax", "LogSoftmax", "LayerNormalization", "RMSNormalization", "CausalMask", "Dropout"}
-        | {"DropoutGrad"},
+        | {"DropoutGrad", "UnpadTokens", "PadTokens"},
         "loss": {"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "MSELoss"}
         | {"SoftmaxCrossEntropyParts"},
         "grad": {
@@ -94,6 +94,7 @@ def test_new_ops_are_registered_in_their_families() -> None:
             "GeluGrad",
             "TanhGrad",
             "SigmoidGrad",
+            "SiluGrad",
             "SoftmaxGrad",
             "LogSoftmaxGrad",
             "LayerNormalizationGrad",

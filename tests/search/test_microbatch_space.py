@@ -122,8 +122,9 @@ def test_any_pinned_subset_searches_exactly_the_rest(s: Strategy, parts: set[str
     """Pinning any subset of the parts to a strategy's values keeps exactly the strategies of the
     unpinned space that agree with the pins (that one among them) — where a pinned schedule takes
     the place of 1F1B at p = 1 (the unpinned space leaves GPipe out there: the same step, more
-    memory), and a pinned HSDP group adds the ZeRO-3 rungs the unpinned space tries only as plain
-    ZeRO-3 (where a stage's replicas fit in a node)."""
+    memory), a pinned HSDP group adds the ZeRO-3 rungs the unpinned space tries only as plain
+    ZeRO-3 (where a stage's replicas fit in a node), and a pinned ZeRO-1 the pipelined ZeRO-1
+    rungs the unpinned space leaves to ZeRO-2."""
     if s.shard_group is None:
         parts.discard("hsdp")  # a pin says what is wanted: no pin means "any"
     pins = Pins(**{p: _value(s, p) for p in parts})  # type: ignore[arg-type]
@@ -138,6 +139,9 @@ def test_any_pinned_subset_searches_exactly_the_rest(s: Strategy, parts: set[str
     assert s in got and all(all(_value(x, p) == _value(s, p) for p in parts) for x in got)
     if "hsdp" in parts:  # a pinned shard group also applies to the ZeRO-3 rungs of (d, t, p) the
         assert want <= got  # unpinned space leaves to plain ZeRO-3 (replicas within a node)
+    elif "zero" in parts and s.zero == 1:  # a pinned ZeRO-1 adds the pipelined ZeRO-1 rungs the
+        assert want <= got  # unpinned space leaves to ZeRO-2 (as much memory, less communication)
+        assert all(x.p > 1 and x.k > 1 for x in got - want)
     else:
         assert got == want
     for d, t, p, c in {(x.d, x.t, x.p, x.c) for x in got}:

@@ -11,6 +11,7 @@ import statistics
 
 import pytest
 
+from distir.frontends.zoo.registry import parse_model_string
 from distir.parallel.strategy import parse_strategy
 from distir.search.run import SearchRequest, search
 from distir.search.space import Pins
@@ -77,3 +78,28 @@ def test_gradients_exist_only_after_the_first_backward() -> None:
     first = holds("1f1b", 2, 8, 1)[0]
     assert {(h.fwd[0], h.grads[0]) for h in first if h.phase == "B"} == {(2, 1)}
     assert {(h.fwd[0], h.grads[0]) for h in first if h.phase == "F"} == {(2, 1)}
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb1"])
+def test_pipelined_zero2_is_screened_with_the_whole_accumulated_gradient(schedule: str) -> None:
+    """Under a pipeline ZeRO-2 accumulates whole gradients (``distir.parallel.grad_reduction``):
+    the screen gives it ZeRO-1's memory (the same model state: only the reduction differs) and
+    agrees with the exact simulation's tensor peak, as ZeRO-2 without a pipeline (a shard) does."""
+    from distir.hardware.cluster import parse_cluster
+    from distir.ir.types import DType
+    from distir.search.profile import Profiler
+    from distir.search.rerank import ExactJob, evaluate
+    from distir.search.screen import Problem, Screen
+
+    batch, cluster = 32, parse_cluster("dgx-a100")
+    spec = parse_model_string(GPT)
+    screen = Screen(Profiler(spec, cluster, DType.bf16, True, mixed=True), Problem(batch, True, "adam", True))
+    job = ExactJob(GPT, cluster, batch, dtype="bf16", precision="mixed")
+    mem = {}
+    for name in (f"d4.t1.p2.k4.{schedule}.z2", f"d4.t1.p2.k4.{schedule}.z1", f"d8.t1.p1.k4.{schedule}.z2"):
+        e = screen.estimate(parse_strategy(name), balance=False)
+        mem[name] = e.peak_memory_bytes
+        exact = evaluate(job, str(e.strategy))["peak_memory_bytes"]
+        tensors = cluster.device_spec(0).runtime.tensor_capacity(exact)
+        assert e.peak_memory_bytes == pytest.approx(tensors, rel=0.05), name
+    assert mem[f"d4.t1.p2.k4.{schedule}.z2"] == mem[f"d4.t1.p2.k4.{schedule}.z1"]

@@ -129,3 +129,21 @@ def test_views_of_one_search_keep_their_own_report_files(tmp_path: Path) -> None
     assert Path(str(pinned["html"])).read_bytes() != files["html"]
     again = _search(tmp_path)
     assert again["plot"] == plain["plot"]
+
+
+def test_tp_comm_overlap_reaches_the_exact_simulations(tmp_path: Path) -> None:
+    """``--tp-comm-overlap``: the JSON says so and its winner's step time is the exact simulation
+    with the overlap (a plan with sequence parallelism here: its collectives pair with GEMMs)."""
+    gpt = "gpt:layers=2,hidden=512,heads=8,seq=256,vocab=1024"
+    args = ["search", "--model", gpt, "--cluster", "dgx-a100", "--batch", "16", "--top", "1", "--tp", "4"]
+    args += ["--pp", "1", "--dp", "2", "--max-microbatches", "1", "--workers", "1", "--fresh", "--json"]
+    res = runner.invoke(app, [*args, "--tp-comm-overlap"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["tp_comm_overlap"] is True
+    best = out["results"][0]
+    assert parse_strategy(best["strategy"]).sp
+    job = ExactJob(gpt, "dgx-a100", 16, dtype="bf16", precision="mixed", tp_comm_overlap=True)
+    assert evaluate(job, best["strategy"])["step_time_s"] == pytest.approx(best["step_time_s"])
+    plain = evaluate(ExactJob(gpt, "dgx-a100", 16, dtype="bf16", precision="mixed"), best["strategy"])
+    assert plain["step_time_s"] > best["step_time_s"]

@@ -84,6 +84,19 @@ def test_ladder_cheapest_first_and_pins() -> None:
     assert {s.zero for s in pinned.ladder(base)} == {1}
 
 
+def test_pipelined_ladder_leaves_zero1_to_zero2_unless_pinned() -> None:
+    """Under a pipeline with gradient accumulation ZeRO-2 holds ZeRO-1's memory (whole
+    accumulated gradients) and reduce-scatters where ZeRO-1 all-reduces: no ZeRO-1 rung."""
+    sp = Space(8, 32, 6, (1, 2, 4, 8))
+    base = next(s for s in sp.bases() if s.d == 2 and s.p == 2 and s.k > 1)
+    rungs = [(s.zero, s.recompute) for s in sp.ladder(base)]
+    assert rungs == [(z, r) for z, r in LADDER if z != 1]
+    one = next(s for s in sp.bases() if s.d == 2 and s.p == 2 and s.k == 1)
+    assert [(s.zero, s.recompute) for s in sp.ladder(one)] == list(LADDER)
+    pinned = Space(8, 32, 6, (1, 2, 4, 8), pins=Pins(zero=1))
+    assert {s.zero for s in pinned.ladder(base)} == {1}
+
+
 def test_num_layers_counts_the_loss_only_in_training() -> None:
     spec = parse_model_string("mlp:layers=4,hidden=8")
     assert num_layers(spec, DType.f32, True) == num_layers(spec, DType.f32, False) + 1

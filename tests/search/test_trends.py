@@ -12,7 +12,9 @@
   one of narrow ones, balanced by construction since both halves are 12 blocks deep;
 - uneven work on heterogeneous clusters by the batch too: data-parallel replicas on V100s and T4s
   take uneven batch shares, the V100s the larger, ≥ 1.15× faster than even shares;
-- a 128K-token Llama-3 8B finds context parallelism (c > 1), ≥ 1.2× faster than without.
+- a 128K-token Llama-3 8B finds context parallelism (c > 1), ≥ 1.2× faster than without;
+- GPT-3 175B on 128 DGX A100s (batch 1536, bf16 mixed) with Megatron-LM's tensor-parallel
+  communication overlap finds t = 8 with pipelining and sequence parallelism.
 """
 
 from __future__ import annotations
@@ -161,3 +163,22 @@ def test_a_128k_token_llama_finds_context_parallelism() -> None:
     assert s.c > 1 and best["source"] == "simulated", best
     plain = next(e for e in out.screened if e.fits and e.strategy.c == 1)
     assert plain.step_time_s / best["step_time_s"] >= 1.15, (plain.strategy, best)
+
+
+@pytest.mark.slow
+def test_gpt3_175b_on_128_dgx_a100_finds_t8_with_pipelining_and_sequence_parallelism() -> None:
+    """``distir search --model gpt2-175b --cluster dgx-a100:128 --batch 1536 --tp-comm-overlap``
+    (bf16 mixed): with tensor-parallel collectives pipelined with their GEMMs, as Megatron-LM runs
+    them with ``--tp-comm-overlap`` (which requires sequence parallelism), the winner has t = 8,
+    p > 1 and sequence parallelism: d16.t8.sp.p8.k32.zb1.z2, 15.61 s (2026-11-26), the best t = 4
+    (``--tp 4``: d16.t4.sp.p16.k48.zb1.z2) 16.30 s, +4.4%. Without the overlap t = 4 wins
+    (d16.t4.sp.p16.k48.zb1.z2, 17.02 s; the best t = 8 the same plan as above, 17.32 s, +1.7%):
+    a t = 8 layer then waits for collectives 2.3 times as long per FLOP (``docs/search.md``)."""
+    req = SearchRequest(
+        model="gpt2-175b", cluster="dgx-a100:128", batch=1536, dtype="bf16", precision="mixed",
+        top=2, workers=2, pins=Pins(max_k=128), tp_comm_overlap=True,
+    )  # fmt: skip
+    best = search(req).best()
+    assert best is not None and best["fits"], best
+    s = parse_strategy(str(best["strategy"]))
+    assert s.t == 8 and s.p > 1 and s.sp, best

@@ -66,3 +66,21 @@ def test_every_op_declares_a_cost_class() -> None:
 
     with pytest.raises(TypeError, match="cost_class"):
         OpDef(name="NoClass", family="test", inputs=("x",), outputs=("y",), infer=rule)  # type: ignore[call-arg]
+
+
+def test_an_op_calibrated_on_its_own_takes_its_own_rates_before_its_class_s() -> None:
+    base = parse_cluster("dgx-a100:1")
+    node = base.nodes[0]
+    mine, cls = (
+        FamilyRates(flop=0.1, memory=0.5, launch_s=2e-5),
+        FamilyRates(flop=0.2, memory=0.5, launch_s=1e-5),
+    )
+    dev = dataclasses.replace(node.device, name="a100-cal", families=(("linalg", cls), ("CostProbe", mine)))
+    cl = Cluster("cal", (dataclasses.replace(node, device=dev),), inter_node=base.inter_node)
+    ins, outs = _types()
+    cost = RooflineCostModel(cl)
+    probe = _matmul_like("linalg", CostClass.LINALG)  # named CostProbe
+    flops = 2 * M * N * K / dev.peak_flops(DType.f32)
+    assert cost.compute_time(probe, ins, outs, Attrs({}), 0) == pytest.approx(2e-5 + flops / 0.1)
+    sibling = dataclasses.replace(probe, name="OtherProbe")  # same class, not calibrated on its own
+    assert cost.compute_time(sibling, ins, outs, Attrs({}), 0) == pytest.approx(1e-5 + flops / 0.2)

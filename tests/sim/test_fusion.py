@@ -166,3 +166,40 @@ def test_bias_dropout_residual_add_is_one_kernel_and_the_mask_is_written() -> No
     attrs = distir.ir.values.Attrs({"p": 0.1})
     got = cm.fused_time(drop, [t], [t, mask], attrs, 0, FusedInput(0, True))
     assert got == pytest.approx(mask.nbytes / (spec.memory_bandwidth * cm.memory_efficiency))
+
+
+def test_the_softmax_after_the_scores_product_is_a_kernel_of_its_own() -> None:
+    """The naive attention's QKᵀ, scale, mask, softmax: the scale and the mask are the product's
+    epilogue, but the softmax (a row reduction) cannot be: it reads the masked scores from memory
+    and writes the probabilities, as Megatron-LM's fused scale-mask-softmax after ``baddbmm``. Its
+    time is the unfused roofline by hand: launch + (scores in + probabilities out) / bandwidth."""
+    q, kt = "Tensor[f16, (8, 512, 64), d0]", "Tensor[f16, (8, 64, 512), d0]"
+    text = f"""func @f(%q: {q}, %k: {kt}) {{
+  %s = MatMul(%q, %k)
+  %a = Scale(%s, alpha=0.125)
+  %b = CausalMask(%a)
+  %p = Softmax(%b, axis=2)
+  return %p
+}}
+"""
+    m = distir.check(parse_module(text))
+    assert _names(m) == [
+        ("MatMul", None),
+        ("Scale", FusedInput(0, True)),
+        ("CausalMask", FusedInput(0, True)),
+        ("Softmax", None),
+    ]
+    cm = RooflineCostModel(A100)
+    spec = A100.device_spec(0)
+    scores = TensorType(DType.f16, (8, 512, 512), distir.ir.Device(0))
+    softmax = REGISTRY["Softmax"]
+    flops = softmax.flops([scores], [scores], {"axis": 2})
+    bw = spec.memory_bandwidth * cm.memory_efficiency
+    by_hand = spec.launch_overhead_s + max(
+        flops / (spec.fp16 * cm.flop_efficiency[softmax.cost_class]), 2 * scores.nbytes / bw
+    )
+    assert cm.compute_time(softmax, [scores], [scores], {"axis": 2}, 0) == pytest.approx(by_hand)
+    # after a pointwise op that no GEMM heads, a row-wise op still joins (a norm after an add)
+    t = "Tensor[f32, (8, 16), d0]"
+    plain = f"func @g(%x: {t}) {{\n  %a = Relu(%x)\n  %p = Softmax(%a, axis=1)\n  return %p\n}}\n"
+    assert _names(parse_module(plain)) == [("Relu", None), ("Softmax", FusedInput(0, True))]

@@ -35,7 +35,7 @@ from distir.interp.shapes import TypeDomain, infer_types, type_of
 from distir.ir.builder import FunctionBuilder
 from distir.ir.function import Function, Module
 from distir.ir.types import DType, TensorType, Type
-from distir.ir.values import Value
+from distir.ir.values import Attrs, AttrValue, Value
 from distir.ops.registry import REGISTRY
 
 
@@ -49,10 +49,16 @@ class Optimizer:
     beta1: float = 0.9
     beta2: float = 0.999
     epsilon: float = 1e-8
+    # how Adam's update runs, for its cost: one fused kernel, or the passes over the state of
+    # torch.optim.AdamW(foreach=True) (foreach) or Composer's DecoupledAdamW (loop)
+    # (``distir.ops.optim.ADAM_PASSES``)
+    kernels: str = "fused"
 
     def __post_init__(self) -> None:
         if self.kind not in ("sgd", "adam"):
             raise AutodiffError(f"optimizer must be sgd or adam, got {self.kind!r}")
+        if self.kernels not in ("fused", "foreach", "loop"):
+            raise AutodiffError(f"optimizer kernels must be fused, foreach or loop, got {self.kernels!r}")
 
     @property
     def state(self) -> tuple[str, ...]:
@@ -66,19 +72,12 @@ class Optimizer:
             return fb.op("SGD", w, g, names=[f"{w.name}_new"], lr=self.lr)
         assert step is not None
         m, v = state
-        return fb.op(
-            "Adam",
-            w,
-            g,
-            m,
-            v,
-            step,
-            names=[f"{w.name}_new", f"{m.name}_new", f"{v.name}_new"],
-            lr=self.lr,
-            beta1=self.beta1,
-            beta2=self.beta2,
-            epsilon=self.epsilon,
-        )
+        attrs: dict[str, AttrValue] = {"lr": self.lr, "beta1": self.beta1, "beta2": self.beta2}
+        attrs["epsilon"] = self.epsilon
+        if self.kernels != "fused":
+            attrs["kernels"] = self.kernels
+        names = [f"{w.name}_new", f"{m.name}_new", f"{v.name}_new"]
+        return fb.emit("Adam", (w, g, m, v, step), Attrs(attrs), names)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,10 @@ process with ``threads`` threads, then the communication benchmarks
 3. the memory bandwidth: the highest bytes per second of the Adds of the first dtype (bytes over
    time less the launch overhead; the highest, since other processes only ever slow a sample);
 4. per op family (elementwise, nn, grad, reduce, loss, attention): FLOP and memory efficiencies
-   and a launch time, against those peaks and that bandwidth;
+   and a launch time, against those peaks and that bandwidth; and the same per op measured at
+   ``OP_FIT_SAMPLES`` points or more, written under the op's name: one family's ops do not cost
+   alike (a LayerNormalizationGrad's torch implementation runs several kernels where a GeluGrad
+   runs one, so per byte it takes several times as long), which one family fit averages away;
 5. per collective and for point-to-point: the link (B, α) of its alpha-beta formula. A
    collective whose times do not fit (they do not grow with the message size: noise swamped
    them) is left out of the profile, with the reason in ``Calibration.skipped`` and in the file;
@@ -45,7 +48,16 @@ from distir.backend import commbench as cb
 from distir.backend import dispatch, insitu, require_torch
 from distir.backend import microbench as mb
 from distir.hardware.cluster import Cluster
-from distir.hardware.fit import FamilyFit, FitError, LinkFit, LinkSample, fit_family, fit_gemm, fit_link
+from distir.hardware.fit import (
+    FamilyFit,
+    FitError,
+    LinkFit,
+    LinkSample,
+    OpSample,
+    fit_family,
+    fit_gemm,
+    fit_link,
+)
 from distir.hardware.profile import Calibration, Measurements
 from distir.ir.types import DType
 from distir.sim import collectives as coll
@@ -135,6 +147,24 @@ def _measure(
     return timing, links
 
 
+OP_FIT_SAMPLES = 4  # an op measured at this many (size, dtype) points is fitted on its own too
+
+
+def _fit_families(
+    samples: Sequence[OpSample], peak: Callable[[str], float], bandwidth: float
+) -> dict[str, FamilyFit]:
+    """Rates per cost class, then per op measured at ``OP_FIT_SAMPLES`` points or more (keyed
+    by the op's name; the cost model takes an op's own rates before its class's)."""
+    out: dict[str, FamilyFit] = {}
+    for fam in sorted({s.family for s in samples}):
+        out[fam] = fit_family([s for s in samples if s.family == fam], peak, bandwidth)
+    for op in sorted({s.op for s in samples}):
+        mine = [s for s in samples if s.op == op]
+        if len(mine) >= OP_FIT_SAMPLES and op not in out:
+            out[op] = fit_family(mine, peak, bandwidth)
+    return out
+
+
 def _fit_links(samples: list[LinkSample]) -> tuple[dict[str, LinkFit], dict[str, str]]:
     """The fitted link of every collective and of p2p; those that do not fit, and why."""
     links: dict[str, LinkFit] = {}
@@ -169,10 +199,7 @@ def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Ca
         if s.op == mb.BANDWIDTH_OP and s.dtype == first
     )
     peak = gemm.peak
-    families: dict[str, FamilyFit] = {}
-    for fam in sorted({s.family for s in timing.ops}):
-        fs = [s for s in timing.ops if s.family == fam]
-        families[fam] = fit_family(fs, lambda dt: peak.get(dt, peak["f32"]), bandwidth)
+    families = _fit_families(timing.ops, lambda dt: peak.get(dt, peak["f32"]), bandwidth)
     links, skipped = _fit_links(links_raw)
     name = torch.cuda.get_device_name(0) if cuda else (platform.processor() or platform.machine() or "cpu")
     setup = (

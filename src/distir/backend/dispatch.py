@@ -12,7 +12,8 @@ through the real worker loop, each a chain of ``n`` steps on small tensors (``sh
 
 - ``ops``: one rank runs a chain cycling through ``CHAIN`` ops (elementwise, row-wise, a small
   matrix product), each reading the previous result. Its per-op overhead is the chain's time
-  less the same ops' tight-loop times (``microbench.time_call``, timed here), over ``n``;
+  less the same ops' tight-loop times (``microbench.time_call``, timed here), over ``n``; on a
+  CPU both on the rank thread's CPU time (the clock the microbenchmarks time ops on);
 - ``allreduce``: two ranks each run ``n`` times [Gelu, AllReduce of its result]; the
   per-collective overhead is the time per iteration less one Gelu in the loop (its tight-loop
   time plus the per-op overhead) less the all-reduce's time on its fitted link;
@@ -111,9 +112,9 @@ def p2p_text(n: int, shape: tuple[int, ...] = SHAPE) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _run(text: str, steps: int) -> float:
+def _run(text: str, steps: int, cpu: bool = False) -> float:
     """The fastest step after the first of the program ``text`` run by the worker loop (the
-    slowest rank's time per step)."""
+    slowest rank's time per step; ``cpu``: its thread CPU time, not its wall time)."""
     import distir
     from distir.backend.launch import LaunchOptions, launch
     from distir.backend.program import file_program, rank_programs
@@ -123,7 +124,8 @@ def _run(text: str, steps: int) -> float:
     results = [
         g[0] for g in launch([[j] for j in rank_programs(prog, steps)], LaunchOptions(timeout_s=120.0))
     ]
-    per_step = [float(max(ts)) for ts in zip(*(r.step_times for r in results), strict=True)]
+    per_rank = [r.step_cpu_times if cpu else r.step_times for r in results]
+    per_step = [float(max(ts)) for ts in zip(*per_rank, strict=True)]
     return min(per_step[1:] or per_step)
 
 
@@ -193,6 +195,9 @@ def measure(
     from distir.sim import collectives as coll
 
     torch = require_torch()
+    # the chain is timed on the clock its ops' tight loops are (``microbench.op_clock``): on a
+    # CPU both are the thread's CPU time, so other processes' load cancels out of the difference
+    cpu_clock = not torch.cuda.is_available()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -201,12 +206,12 @@ def measure(
         torch.set_num_threads(threads)
     ops = chain_ops(n)
     times = []
-    for what, text, per in (
-        ("op chain", chain_text(n), 1),
-        ("all-reduce", allreduce_text(n), n),
-        ("point-to-point", p2p_text(n), 2 * n),
+    for what, text, per, cpu in (
+        ("op chain", chain_text(n), 1, cpu_clock),
+        ("all-reduce", allreduce_text(n), n, False),
+        ("point-to-point", p2p_text(n), 2 * n, False),
     ):
-        times.append(_run(text, steps) / per)
+        times.append(_run(text, steps, cpu) / per)
         if tick is not None:
             tick(f"dispatch: {what}")
     nbytes = 4.0 * SHAPE[0] * SHAPE[1]

@@ -4,6 +4,11 @@
 (one torch thread each) that meet at ``tcp://127.0.0.1:<a free port>`` with gloo (NCCL when CUDA
 is present: one GPU per rank) and returns each rank's ``RankResult``s.
 
+Each rank's programs go to it in a file of the run's temporary directory, not through the spawn:
+multiprocessing writes a spawned process's arguments into a pipe whose reading end the parent
+holds until the write ends, so a rank that died while starting, before reading arguments larger
+than the pipe's buffer, would block the parent in ``Process.start`` for ever.
+
 Fail-stop: the parent watches every worker (results and failures arrive on a queue; exit codes
 are polled every ``POLL_S``). When a rank fails — an op raised, or the process died (a signal,
 the OOM killer) — the parent waits ``SETTLE_S`` for the other ranks' reports (to tell the rank
@@ -22,17 +27,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import queue
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from distir.backend import require_torch
-from distir.backend.worker import RankFailure, RankProgram, RankResult, RankSetup, run_programs
+from distir.backend.worker import RankFailure, RankProgram, RankResult, RankSetup, Stage, run_programs
 from distir.ir.ops import Op
 from distir.ir.printer import print_op
 from distir.ir.rewrite import inline_calls
@@ -80,10 +88,12 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _worker_main(setup: RankSetup, jobs: list[RankProgram], results: Any, progress: Any) -> None:
-    """A spawned rank: run, report on ``results`` (a queue), exit."""
+def _worker_main(setup: RankSetup, jobs_file: str, results: Any, progress: Any) -> None:
+    """A spawned rank: read its programs, run, report on ``results`` (a queue), exit."""
     _die_with_parent()
     os.environ["OMP_NUM_THREADS"] = "1"
+    jobs: list[RankProgram] = pickle.loads(Path(jobs_file).read_bytes())
+    progress[2] = Stage.JOINING
     try:
         out = run_programs(setup, jobs, progress)
     except RankFailure as e:
@@ -121,23 +131,26 @@ def launch(
     ctx = mp.get_context("spawn")
     results: Any = ctx.Queue()
     port = free_port()
-    progress = [ctx.Array("i", [0, -1], lock=False) for _ in range(world)]
+    progress = [ctx.Array("i", [0, -1, Stage.STARTING], lock=False) for _ in range(world)]
     procs = []
-    for r in range(world):
-        setup = RankSetup(r, world, backend, f"tcp://127.0.0.1:{port}", opts.timeout_s)
-        p = ctx.Process(
-            target=_worker_main,
-            args=(setup, list(jobs[r]), results, progress[r]),
-            name=f"distir-rank-{r}",
-            daemon=True,
-        )
-        procs.append(p)
-    try:
-        for p in procs:
-            p.start()
-        return _monitor(procs, results, jobs, progress, opts.running)
-    finally:
-        _stop(procs)
+    with tempfile.TemporaryDirectory(prefix="distir-run-") as tmp:
+        for r in range(world):
+            setup = RankSetup(r, world, backend, f"tcp://127.0.0.1:{port}", opts.timeout_s)
+            jobs_file = Path(tmp) / f"rank{r}.pickle"
+            jobs_file.write_bytes(pickle.dumps(list(jobs[r]), protocol=pickle.HIGHEST_PROTOCOL))
+            p = ctx.Process(
+                target=_worker_main,
+                args=(setup, str(jobs_file), results, progress[r]),
+                name=f"distir-rank-{r}",
+                daemon=True,
+            )
+            procs.append(p)
+        try:
+            for p in procs:
+                p.start()
+            return _monitor(procs, results, jobs, progress, opts.running)
+        finally:
+            _stop(procs)
 
 
 def _monitor(
@@ -146,7 +159,7 @@ def _monitor(
     done: dict[int, list[RankResult]] = {}
     failures: dict[int, tuple[str, bool]] = {}  # rank -> (message, secondary)
     first_failure: float | None = None
-    exited: dict[int, float] = {}  # rank -> when it was seen to exit with an error status
+    exited: dict[int, float] = {}  # rank -> when it was first seen to have exited, without a result
     while len(done) < len(procs):
         with contextlib.suppress(queue.Empty):
             msg = results.get(timeout=POLL_S)
@@ -160,14 +173,17 @@ def _monitor(
             running = None
         for r, p in enumerate(procs):
             code = p.exitcode
-            if code is None or code == 0 or r in failures or r in done:
+            if code is None or r in failures or r in done:
                 continue
             if code < 0:
                 failures[r] = (_death(r, -code, jobs[r], progress[r]), False)
-            elif now - exited.setdefault(r, now) >= SETTLE_S:  # exited without a report
-                failures[r] = (f"rank {r} ({jobs[r][0].device}) exited with status {code}", False)
-        if failures and first_failure is None:
-            first_failure = time.monotonic()
+                exited.setdefault(r, now)
+            # exited (any status, 0 included) without a result or a report: its queued message,
+            # if any, arrives within SETTLE_S; a rank that died starting up never sends one
+            elif now - exited.setdefault(r, now) >= SETTLE_S:
+                failures[r] = (_exit_message(r, code, jobs[r], progress[r]), False)
+        if failures and first_failure is None:  # counted from the exit, when a rank exited
+            first_failure = min([now, *(exited[r] for r in failures if r in exited)])
         if first_failure is not None and time.monotonic() - first_failure >= SETTLE_S:
             break
     if failures:
@@ -178,21 +194,39 @@ def _monitor(
     return [done[r] for r in range(len(procs))]
 
 
+def _exit_message(rank: int, code: int, jobs: Sequence[RankProgram], progress: Any) -> str:
+    """The message for a rank that exited with status ``code`` without reporting."""
+    where = _where(jobs, progress)
+    return f"rank {rank} ({jobs[0].device}) exited with status {code}{where}"
+
+
 def _death(rank: int, signum: int, jobs: Sequence[RankProgram], progress: Any) -> str:
     """The message for a rank killed by signal ``signum``: which op it was running."""
     try:
         name = signal.Signals(signum).name
     except ValueError:
         name = f"signal {signum}"
+    i = int(progress[0])
+    job = jobs[i] if 0 <= i < len(jobs) else jobs[0]
+    return f"rank {rank} ({job.device}) was killed by {name}{_where(jobs, progress)}"
+
+
+def _where(jobs: Sequence[RankProgram], progress: Any) -> str:
+    """Where a rank was when it died: starting (before it joined the process group), joining,
+    at an op (printed as in the IR), or between steps."""
+    stage = int(progress[2])
+    if stage == Stage.STARTING:
+        return " while starting (importing, unpickling its programs), before it joined the process group"
+    if stage == Stage.JOINING:
+        return " while joining the process group, before its first op"
     i, k = int(progress[0]), int(progress[1])
     job = jobs[i] if 0 <= i < len(jobs) else jobs[0]
-    where = " before its first op"
     ops = [x for x in inline_calls(job.program).body if isinstance(x, Op)]
     if 0 <= k < len(ops):
-        where = f" at `{print_op(ops[k])}`"
-    elif ops and k >= len(ops):  # the step's last transfers, or the barrier before the next step
-        where = f" after its last op `{print_op(ops[-1])}`, between steps"
-    return f"rank {rank} ({job.device}) was killed by {name}{where}"
+        return f" at `{print_op(ops[k])}`"
+    if ops and k >= len(ops):  # the step's last transfers, or the barrier before the next step
+        return f" after its last op `{print_op(ops[-1])}`, between steps"
+    return " before its first op"
 
 
 def _stop(procs: list[Any]) -> None:

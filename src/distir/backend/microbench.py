@@ -4,14 +4,17 @@ Each case names a registry op (its family, FLOPs, bytes and GEMM shape come from
 descriptors, so the fit is in the cost model's own terms) and runs what ``distir run`` runs for
 it (``op_impl``: the op's registry torch implementation, or its numpy reference through the
 host for an op without one). Cases cover matrix products over (M, N, K) shapes, elementwise
-ops, row-wise ops (Softmax, LayerNormalization, SoftmaxGrad, the loss, ReduceSum) and attention,
+ops, row-wise ops (Softmax, LayerNormalization, SoftmaxGrad, the loss, ReduceSum along rows and along
+columns) over wide and narrow rows, and attention,
 over sizes and dtypes. Inputs are random normal tensors made once per case; the caller sets the
 thread count (``torch.set_num_threads``).
 
 Timing (``time_call``): one warm-up call, then batches of calls sized to last about
 ``batch_s`` each; the time is the fastest of ``repeats`` batches' time per call (on a shared
 machine other processes only ever add time; on CUDA, each batch ends with
-``torch.cuda.synchronize``).
+``torch.cuda.synchronize``). On a CPU the clock is the calling thread's CPU time (``op_clock``:
+the op runs on that one thread), so a machine whose cores other processes keep busy still
+measures what the op costs.
 
 Sizes stop at 2^20 elements per tensor (4 MiB in f32): the sizes of the steps ``distir
 validate`` runs on a CPU. Beyond them a CPU slows down (every eager op's output is fresh memory
@@ -41,7 +44,9 @@ from distir.ops.registry import REGISTRY, OpDef
 class Case(NamedTuple):
     """One op at one size: the registry op, its input shapes, attributes, which inputs are
     integer class labels (drawn in [0, shape[-1] of input 0)), which are an integer 1 (a step
-    count), and which stay f32 whatever the dtype (statistics such as attention's lse)."""
+    count), which stay f32 whatever the dtype (statistics such as attention's lse), and which
+    are non-negative (|N(0, 1)|: Adam's second moment, a mean of squares — a negative one
+    would make its square root NaN, which this machine's CPU computes ~10x slower)."""
 
     op: str
     shapes: tuple[tuple[int, ...], ...]
@@ -49,6 +54,7 @@ class Case(NamedTuple):
     labels: tuple[int, ...] = ()
     ones: tuple[int, ...] = ()
     f32: tuple[int, ...] = ()
+    nonneg: tuple[int, ...] = ()
 
     def dtype(self, i: int, dtype: DType) -> DType:
         """The dtype of input ``i`` when the case runs in ``dtype``."""
@@ -83,7 +89,9 @@ FULL = Sizes(
     ),
     gemm_low=((128, 128, 128), (256, 256, 256), (512, 512, 512), (512, 128, 1024), (768, 768, 256)),
     elementwise=(1 << 10, 1 << 13, 1 << 16, 1 << 18, 1 << 20),
-    rows=((64, 1024), (256, 1024), (1024, 1024)),
+    # rows of 1024, and of a small model's hidden sizes: a row-wise op's cost grows with its
+    # rows as well as its bytes, so 512 rows of 128 are not priced like 64 rows of 1024
+    rows=((64, 1024), (256, 1024), (1024, 1024), (512, 128), (2048, 128), (1024, 256)),
     attention=((1, 64, 4, 32), (2, 128, 4, 32), (1, 256, 4, 64)),
 )
 
@@ -129,7 +137,9 @@ def _cases(sizes: Sizes, low: bool) -> list[Case]:
     for n in sizes.elementwise:
         out += [Case(op, ((n,),) * REGISTRY[op].min_inputs) for op in POINTWISE]
     out += [_row_case(op, r, c) for r, c in sizes.rows for op in ROW_OPS]
-    out += [Case("Adam", ((n,),) * 4 + ((),), ones=(4,)) for n in sizes.elementwise]
+    # a sum over the leading axis: what a bias's or a norm's gradient reduces
+    out += [Case("ReduceSum", ((r, c),), (("axes", (0,)),)) for r, c in sizes.rows]
+    out += [Case("Adam", ((n,),) * 4 + ((),), ones=(4,), nonneg=(3,)) for n in sizes.elementwise]
     for r, c in sizes.rows:
         out += [
             Case("Reshape", ((r, c),), (("shape", (r * c,)),)),
@@ -175,21 +185,35 @@ def case_cost(case: Case, dtype: DType) -> CaseCost:
     return CaseCost(op.cost_class.value, op.flops(ins, outs, attrs), nbytes, gemm)
 
 
-def time_call(fn: Callable[[], Any], sync: Callable[[], None], batch_s: float, repeats: int) -> float:
-    """Seconds per call of ``fn`` (see the module docstring)."""
-    t0 = time.perf_counter()
+def time_call(
+    fn: Callable[[], Any],
+    sync: Callable[[], None],
+    batch_s: float,
+    repeats: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    """Seconds per call of ``fn`` on ``clock`` (see the module docstring)."""
+    t0 = clock()
     fn()
     sync()
-    first = max(time.perf_counter() - t0, 1e-7)
+    first = max(clock() - t0, 1e-7)
     calls = max(1, min(10_000, math.ceil(batch_s / first)))
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(calls):
             fn()
         sync()
-        times.append((time.perf_counter() - t0) / calls)
+        times.append((clock() - t0) / calls)
     return min(times)
+
+
+def op_clock(device: str) -> Callable[[], float]:
+    """What times one op on ``device``: on a CPU this thread's CPU time (the op runs on it, one
+    thread: what it costs, without the time other processes of a shared machine take from it,
+    which a fastest-of-repeats cannot remove once every core is busy all the time); on a GPU
+    the wall clock (the kernel runs on the device)."""
+    return time.thread_time if device == "cpu" else time.perf_counter
 
 
 class Timing(NamedTuple):
@@ -216,6 +240,7 @@ def run_cases(
     torch = require_torch()
     ctx = TorchContext.local(device)
     sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
+    clock = op_clock(ctx.device.type)
     gen = torch.Generator(device="cpu").manual_seed(0)
     gemm: list[GemmSample] = []
     ops: list[OpSample] = []
@@ -229,9 +254,11 @@ def run_cases(
             elif i in case.ones:
                 xs.append(torch.ones(s, dtype=torch.int64, device=ctx.device))
             else:
-                xs.append(torch.randn(s, generator=gen).to(ctx.device, ctx.dtype(case.dtype(i, dt))))
+                x = torch.randn(s, generator=gen)
+                x = x.abs() if i in case.nonneg else x
+                xs.append(x.to(ctx.device, ctx.dtype(case.dtype(i, dt))))
         impl, attrs = op_impl(REGISTRY[case.op]), Attrs(dict(case.attrs))
-        secs = time_call(functools.partial(impl, ctx, xs, attrs), sync, batch_s, repeats)
+        secs = time_call(functools.partial(impl, ctx, xs, attrs), sync, batch_s, repeats, clock)
         if cost.gemm is not None:
             gemm.append(GemmSample(cost.gemm, dt.name, cost.flops, secs))
         elif math.prod(case.shapes[0]) == 1:

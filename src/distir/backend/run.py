@@ -19,7 +19,8 @@ from typing import Any
 from distir.backend.launch import LaunchOptions, default_backend, launch, torchrun_rank, under_torchrun
 from distir.backend.program import GlobalProgram, rank_programs
 from distir.backend.trace import write_trace
-from distir.backend.verify import Verdict, compare, reference_outputs
+from distir.backend.verify import Verdict
+from distir.backend.verify import verify as verify_outputs
 from distir.backend.worker import RankResult
 from distir.ir.types import Device
 
@@ -58,8 +59,7 @@ def execute(
     results = [g[0] for g in gathered]
     verdict = None
     if verify:
-        want = reference_outputs(prog.module, prog.args)
-        verdict = compare(prog.module, want, {r.device: r.outputs for r in results})
+        verdict = verify_outputs(prog.module, prog.args, {r.device: r.outputs for r in results})
     if trace is not None:
         write_trace(results, trace)
     return RunReport(
@@ -97,6 +97,10 @@ def report_dict(rep: RunReport) -> dict[str, Any]:
         "elements_outside_tolerance": v.outside if v is not None else None,
         "worst_output_size": v.size if v is not None else None,
         "tolerance": v.tolerance if v is not None else None,
+        # units at a kink the run decided otherwise than exact arithmetic (distir.backend.verify)
+        "kink_units_reversed": v.kinks if v is not None else None,
+        "kink_max_distance": v.kink_distance if v is not None and v.kinks else None,
+        "kink_bound": v.kink_bound if v is not None and v.kinks else None,
         "step_time_s": rep.step_time_s,
         "step_time_s_per_rank": {str(d): t for d, t in rep.step_time_s_per_rank.items()},
         "peak_memory_bytes": {str(d): b for d, b in rep.peak_memory_bytes.items()},

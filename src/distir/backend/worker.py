@@ -5,8 +5,9 @@ inputs (numpy, as the reference executor takes them). ``run_programs`` joins the
 (``RankSetup``), makes every process group any program uses — all ranks make all groups in the
 same order, as torch.distributed requires — and runs each program ``steps`` times. Per run it
 returns a ``RankResult``: the outputs of the last step (numpy), the wall time of each step (the
-ranks start each step together, after a barrier), the peak of live tensor bytes and, with
-``trace``, a ``(name, category, start, end, op text)`` slice per op of the last step.
+ranks start each step together, after a barrier) and the rank thread's CPU time in it, the peak
+of live tensor bytes and, with ``trace``, a ``(name, category, start, end, op text)`` slice per
+op of the last step.
 
 Execution: the program's calls are inlined; each op runs its registry ``torch`` implementation
 (an op without one runs its numpy reference on the host, and is listed in ``fallback_ops``). A
@@ -16,8 +17,9 @@ live values (the step's inputs included), sampled after every op. Point-to-point
 posted by consecutive ``rank.Send``/``rank.Recv`` start together (``TorchContext.flush``) before
 any other op, or a send of a value received in the same batch.
 
-``progress`` (optional, a shared pair of integers) holds the index of the program and of the op
-the rank is at, so the launcher can name the op of a rank that was killed. A failure of an op is
+``progress`` (optional, three shared integers) holds the index of the program and of the op the
+rank is at, and its ``Stage`` (starting, joining the process group, running), so the launcher
+can say where a rank that died was. A failure of an op is
 a ``RankFailure`` naming the rank, its device, the op as printed in the IR, and why.
 """
 
@@ -28,6 +30,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from enum import IntEnum
 from typing import Any
 
 from distir.backend import require_torch
@@ -52,6 +55,15 @@ class RankFailure(RuntimeError):
         self.rank = rank
         self.op_text = op_text
         self.secondary = secondary
+
+
+class Stage(IntEnum):
+    """Where a rank is (``progress[2]``): its process started (importing, unpickling its
+    programs); joining the process group and making the groups; running its programs."""
+
+    STARTING = 0
+    JOINING = 1
+    RUNNING = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +115,7 @@ class RankResult:
     memory_source: str  # cuda allocator or tracked live tensors
     slices: list[OpSlice] = field(default_factory=list)
     fallback_ops: list[str] = field(default_factory=list)
+    step_cpu_times: list[float] = field(default_factory=list)  # this rank's thread CPU s per step
 
     @property
     def step_time_s(self) -> float:
@@ -288,7 +301,7 @@ def _make_context(
 def run_programs(setup: RankSetup, jobs: Sequence[RankProgram], progress: Any = None) -> list[RankResult]:
     """Join the process group and run each of this rank's programs (see the module docstring).
     The process group stays up (the caller may gather results over it, then destroys it).
-    ``progress``: a shared pair (program index, op index) the launcher reads."""
+    ``progress``: shared (program index, op index, ``Stage``) the launcher reads."""
     torch = require_torch()
     torch.set_num_threads(1)
     dist = torch.distributed
@@ -305,6 +318,8 @@ def run_programs(setup: RankSetup, jobs: Sequence[RankProgram], progress: Any = 
     keys = sorted({tuple(sorted(job.ranks[d] for d in g)) for job in jobs for g in job.groups})
     for key in keys:  # every rank makes every group, in the same order
         groups[key] = dist.new_group(list(key)) if len(key) < setup.world_size else dist.group.WORLD
+    if progress is not None:
+        progress[2] = Stage.RUNNING
     results = []
     for i, job in enumerate(jobs):
         if progress is not None:
@@ -323,6 +338,7 @@ def _run_one(
     args = args_to_torch(ctx, fn, job.inputs)
     cuda = ctx.device.type == "cuda"
     times: list[float] = []
+    cpu_times: list[float] = []
     outs: tuple[Any, ...] = ()
     peak = 0
     slices: list[OpSlice] = []
@@ -330,7 +346,7 @@ def _run_one(
         torch.distributed.barrier()
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             outs, peak, slices = runner.step(args, job.trace and s == job.steps - 1, t0)
         except RankFailure:
@@ -341,8 +357,10 @@ def _run_one(
             torch.cuda.synchronize()
             peak = int(torch.cuda.max_memory_allocated())
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.thread_time() - c0)
     source = "cuda allocator" if cuda else "tracked live tensors"
-    return RankResult(job.device, to_numpy(outs), times, peak, source, slices, sorted(set(runner.fallback)))
+    fallback = sorted(set(runner.fallback))
+    return RankResult(job.device, to_numpy(outs), times, peak, source, slices, fallback, cpu_times)
 
 
 def _failure(rank: int, device: Device, runner: _Runner, e: BaseException) -> RankFailure:

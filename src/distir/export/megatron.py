@@ -23,7 +23,10 @@ d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22; many options there are gen
   backward, overlapping it, as distir's program does);
 - ZeRO: 1 → ``--use-distributed-optimizer``; 2 and 3 → Megatron-FSDP (``--use-megatron-fsdp
   --use-distributed-optimizer --data-parallel-sharding-strategy optim_grads`` /
-  ``optim_grads_params``);
+  ``optim_grads_params``), except ZeRO-2 under a pipeline (p > 1): its gradients accumulate whole
+  and are reduce-scattered once per step (``distir.parallel.grad_reduction``), which is what
+  ``--use-distributed-optimizer`` does (a whole gradient buffer, reduce-scattered in the last
+  microbatch's backward);
 - numerics: mixed bf16/f16 → ``--bf16`` / ``--fp16`` (fp32 main weights and optimizer state);
 - the model's shape (``--num-layers``, ``--hidden-size``, ... and Llama's ``--swiglu
   --normalization RMSNorm --position-embedding-type rope ...``).
@@ -39,6 +42,7 @@ from __future__ import annotations
 import shlex
 
 from distir.export.plan import Exported, ModelShape, Plan, degrees_text, need_transformer, refuse_common
+from distir.parallel.grad_reduction import reduce_scatter_every_backward
 
 TARGET = "megatron"
 
@@ -152,7 +156,7 @@ def megatron_args(plan: Plan) -> tuple[list[str], list[str]]:
     args += _recompute_args(plan, warn)
     if s.d * s.c > 1:  # distir reduces gradients in buckets during the backward, overlapped
         args.append("--overlap-grad-reduce")
-    if s.zero == 1:
+    if s.zero == 1 or (s.zero == 2 and not reduce_scatter_every_backward(s)):
         args.append("--use-distributed-optimizer")
     elif s.zero >= 2:
         strategy = "optim_grads" if s.zero == 2 else "optim_grads_params"

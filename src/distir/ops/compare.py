@@ -20,7 +20,7 @@ from distir.ir.types import DType, Type
 from distir.ir.values import Attrs
 from distir.ops._rules import broadcast_shapes, out_numel_flops, same_dtype
 from distir.ops._torch import binary, unary
-from distir.ops.registry import CostClass, Fusion, OpDef, TypeCtx, register
+from distir.ops.registry import CostClass, Fusion, Kink, OpDef, TypeCtx, register
 from distir.ops.sharding import pointwise
 
 FAMILY = "compare"
@@ -85,6 +85,8 @@ GREATER = _op("Greater", ("A", "B"), _compare_rule, np.greater, "C = (A > B), nu
 GREATER_OR_EQUAL = _op(
     "GreaterOrEqual", ("A", "B"), _compare_rule, np.greater_equal, "C = (A >= B), numpy broadcasting, bool"
 )
+for _ordered in (LESS, LESS_OR_EQUAL, GREATER, GREATER_OR_EQUAL):  # true or false by the sign of A - B
+    _ordered.fill("kink", Kink(0, 1))
 IS_NAN = _op("IsNaN", ("X",), _isnan_rule, np.isnan, "C = isnan(X) of a float X")
 NOT = _op("Not", ("X",), _logic_rule, np.logical_not, "C = not X (bool)")
 AND = _op("And", ("A", "B"), _logic_rule, np.logical_and, "C = A and B (bool, numpy broadcasting)")

@@ -22,8 +22,8 @@ from distir.ops._rules import broadcast_shapes, float_attr, numel, out_numel_flo
 from distir.ops._special import normal_cdf
 from distir.ops._torch import binary, unary
 from distir.ops.gradrules import GradCtx, GradRule, first, is_float, unbroadcast, zeros_like
-from distir.ops.registry import AttrSpec, CostClass, Fusion, OpDef, TypeCtx, register
-from distir.ops.sharding import R, ShardingRule, Strategy, mul_rule, pointwise
+from distir.ops.registry import AttrSpec, CostClass, Fusion, Kink, OpDef, TypeCtx, register
+from distir.ops.sharding import R, ShardingRule, Strategy, cast_rule, mul_rule, pointwise
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
@@ -113,6 +113,8 @@ DIV = _binary("Div", _int_div, sharding=pointwise("scale"))
 POW = _binary("Pow", np.power, flops=4.0)
 MAX = _binary("Max", np.maximum, doc="C = max(A, B), numpy broadcasting (ONNX Max of two inputs)")
 MIN = _binary("Min", np.minimum, doc="C = min(A, B), numpy broadcasting (ONNX Min of two inputs)")
+MAX.fill("kink", Kink(0, 1))  # picks A or B by the sign of A - B
+MIN.fill("kink", Kink(0, 1))
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
@@ -124,9 +126,12 @@ SQRT = _unary("Sqrt", np.sqrt, 1.0)
 NEG = _unary("Neg", np.negative, 1.0, float_only=False, linear=True)
 EXP = _unary("Exp", np.exp, 1.0)
 RELU = _unary("Relu", lambda x: np.maximum(x, 0), 1.0, float_only=False)
+RELU.fill("kink", Kink(0))
 GELU = _unary("Gelu", _gelu, 8.0)
 TANH = _unary("Tanh", np.tanh, 4.0)
 SIGMOID = _unary("Sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), 4.0)
+# x·sigmoid(x) as one op: torch.nn.functional.silu, one kernel forward and one backward
+SILU = _unary("Silu", lambda x: x / (1.0 + np.exp(-x)), 5.0)
 LOG = _unary("Log", np.log, 1.0)
 STOP_GRADIENT = register(
     OpDef(
@@ -259,7 +264,7 @@ CAST = register(
         reference=_cast_ref,
         doc="Convert to dtype ``to``. The reference holds bf16 in float32 and rounds a cast to bf16 "
         "to the nearest bf16 (ties to even); casts to f16 round as numpy's float16 does.",
-        sharding=pointwise(),
+        sharding=cast_rule(),
     )
 )
 
@@ -467,6 +472,7 @@ RELU.fill("grad", _via("ReluGrad", "X"))
 GELU.fill("grad", _via("GeluGrad", "X"))
 TANH.fill("grad", _via("TanhGrad", "Y"))
 SIGMOID.fill("grad", _via("SigmoidGrad", "Y"))
+SILU.fill("grad", _via("SiluGrad", "X"))
 IDENTITY.fill("grad", _identity_grad)
 SUM.fill("grad", _add_grad)
 WHERE.fill("grad", _where_grad)
@@ -518,6 +524,7 @@ RELU.fill("torch", unary(lambda ctx, x: ctx.torch.clamp_min(x, 0)))
 GELU.fill("torch", unary(lambda ctx, x: ctx.torch.nn.functional.gelu(x)))  # exact (erf)
 TANH.fill("torch", unary(lambda ctx, x: ctx.torch.tanh(x)))
 SIGMOID.fill("torch", unary(lambda ctx, x: ctx.torch.sigmoid(x)))
+SILU.fill("torch", unary(lambda ctx, x: ctx.torch.nn.functional.silu(x)))
 LOG.fill("torch", unary(lambda ctx, x: ctx.torch.log(x)))
 STOP_GRADIENT.fill("torch", unary(lambda ctx, x: x.detach()))
 IDENTITY.fill("torch", unary(lambda ctx, x: x))

@@ -1,5 +1,6 @@
 """Neural-network layers (ONNX names): Softmax, LayerNormalization, RMSNormalization; and
-CausalMask (attention's causal mask, not an ONNX op); Dropout and its gradient DropoutGrad.
+CausalMask (attention's causal mask, not an ONNX op); Dropout and its gradient DropoutGrad;
+UnpadTokens and PadTokens.
 
 The normalizations work over the trailing axes ``[axis, rank)`` of ``X`` (ONNX semantics);
 ``Scale`` (and ``B``) broadcast against those axes. References compute in float64 and round
@@ -16,6 +17,16 @@ distributed program draws its masks per rank (data-parallel replicas, pipeline m
 sequence-parallel shards each draw their own), so no sequential program computes the same
 numbers; such a program is typed, costed and simulated, not run. DropoutGrad's reference runs
 any p: its mask is an input.
+
+``UnpadTokens`` and ``PadTokens`` are flash-attn's ``bert_padding`` helpers around its
+variable-length kernel (``index_first_axis`` and ``pad_input``, which llm-foundry's
+``flash_attn_fn`` applies to q, k, v and the output of every attention), for a batch without
+padding: every token is kept, so both are the identity on the values, and what they cost is
+their copies. UnpadTokens gathers the rows (``torch.gather``: reads and writes each element
+once); PadTokens writes a zero tensor and puts the rows into it (``torch.zeros`` then
+``index_put``: two writes and a read). Each is the other's gradient (the backward of a gather is
+a scatter into zeros, and of a put a gather). Pointwise for sharding: a row copy keeps any
+placement, a pending sum too.
 """
 
 from __future__ import annotations
@@ -363,6 +374,45 @@ DROPOUT_GRAD = register(
 )
 
 
+def _tokens_rule(ctx: TypeCtx) -> Sequence[Type]:
+    x = ctx.tensor(0)
+    return (ctx.out(x.dtype, x.shape),)
+
+
+def _copy_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    return (np.array(args[0], copy=True),)
+
+
+def _tokens_op(name: str, writes: int, doc: str) -> OpDef:
+    """A row copy of X (module docstring) that writes ``writes`` times X's bytes."""
+    return register(
+        OpDef(
+            name=name,
+            family=FAMILY,
+            cost_class=COST_CLASS,
+            inputs=("X",),
+            outputs=("Y",),
+            infer=_tokens_rule,
+            reference=_copy_ref,
+            bytes_written=lambda ins, outs, attrs: float(writes * outs[0].nbytes),
+            doc=doc,
+            sharding=sh.pointwise("linear"),
+        )
+    )
+
+
+UNPAD_TOKENS = _tokens_op(
+    "UnpadTokens",
+    1,
+    "Y = X: flash-attn's index_first_axis keeping every token (a gather of the rows: X read, Y written).",
+)
+PAD_TOKENS = _tokens_op(
+    "PadTokens",
+    2,
+    "Y = X: flash-attn's pad_input of a batch without padding (Y zeroed, then the rows of X put in).",
+)
+
+
 # -- gradient rules (contract: distir.ops.gradrules) --------------------------------------------
 def _softmax_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
     axis = int_attr(op.attrs, "axis", -1)
@@ -416,6 +466,8 @@ LAYER_NORMALIZATION.fill("grad", _layer_norm_grad)
 RMS_NORMALIZATION.fill("grad", _rms_norm_grad)
 CAUSAL_MASK.fill("grad", _causal_mask_grad)
 DROPOUT.fill("grad", _dropout_grad)
+UNPAD_TOKENS.fill("grad", lambda ctx, op, douts: ctx.op("PadTokens", first(douts)))
+PAD_TOKENS.fill("grad", lambda ctx, op, douts: ctx.op("UnpadTokens", first(douts)))
 
 __all__ = [
     "DropoutError",
@@ -483,3 +535,5 @@ RMS_NORMALIZATION.fill("torch", _rms_norm_torch)
 CAUSAL_MASK.fill("torch", _causal_mask_torch)
 DROPOUT.fill("torch", _dropout_torch)
 DROPOUT_GRAD.fill("torch", _dropout_grad_torch)
+UNPAD_TOKENS.fill("torch", lambda ctx, xs, attrs: (xs[0].clone(),))
+PAD_TOKENS.fill("torch", lambda ctx, xs, attrs: (xs[0].clone(),))

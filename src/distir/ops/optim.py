@@ -4,7 +4,7 @@ steps use them as the weight-update op, the paper's ``Optimizer``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -13,7 +13,15 @@ from distir.ir.values import Attrs
 from distir.ops import sharding as sh
 from distir.ops._rules import float_attr, float_input, numel, same_dtype, same_shape
 from distir.ops._torch import like, upcast
-from distir.ops.registry import AttrSpec, CostClass, OpDef, TypeCtx, register
+from distir.ops.registry import (
+    AttrSpec,
+    CostClass,
+    OpDef,
+    TypeCtx,
+    default_bytes_read,
+    default_bytes_written,
+    register,
+)
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
@@ -93,6 +101,64 @@ def _adam_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return tuple(a.astype(w0.dtype) for a in (w, m, v))
 
 
+# How Adam's update runs (the op's ``kernels`` attribute; its numbers do not change): ``fused``,
+# one kernel reading weight, gradient and both moments and writing weight and moments
+# (apex/Transformer Engine FusedAdam, DeepSpeed's, torch's fused=True); or a sequence of passes
+# over the state, each a kernel reading and writing whole tensors of the weight's size (name,
+# tensors read, written: ``Pass``):
+# ``foreach``: torch.optim.AdamW(foreach=True), the default on CUDA (``_multi_tensor_adamw`` in
+# torch/optim/adamw.py), with weight decay (torchtitan's 0.1);
+class Pass(NamedTuple):
+    """One pass of an unfused optimizer update: its op, the whole tensors it reads and writes."""
+
+    op: str
+    reads: int
+    writes: int
+
+
+FOREACH_ADAMW_PASSES: tuple[Pass, ...] = (
+    Pass("_foreach_mul_(params, 1 - lr·weight_decay)", 1, 1),
+    Pass("_foreach_lerp_(exp_avgs, grads, 1 - beta1)", 2, 1),
+    Pass("_foreach_mul_(exp_avg_sqs, beta2)", 1, 1),
+    Pass("_foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)", 2, 1),
+    Pass("exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs)", 1, 1),
+    Pass("_foreach_div_(exp_avg_sq_sqrt, bias_correction2_sqrt)", 1, 1),
+    Pass("_foreach_add_(exp_avg_sq_sqrt, eps)", 1, 1),
+    Pass("_foreach_addcdiv_(params, exp_avgs, exp_avg_sq_sqrt, step_size)", 3, 1),
+)
+# ``loop``: Composer's DecoupledAdamW (``DecoupledAdamW.adamw`` in composer/optim/
+# decoupled_weight_decay.py: a Python loop of in-place ops per parameter), weight decay 0 (the
+# llm-foundry pretraining yamls' ``weight_decay: 0.0``: no ``param.mul_``).
+LOOP_ADAMW_PASSES: tuple[Pass, ...] = (
+    Pass("exp_avg.mul_(beta1)", 1, 1),
+    Pass(".add_(grad, alpha=1 - beta1)", 2, 1),
+    Pass("exp_avg_sq.mul_(beta2)", 1, 1),
+    Pass(".addcmul_(grad, grad, value=1 - beta2)", 2, 1),
+    Pass("exp_avg_sq.sqrt()", 1, 1),
+    Pass("/ math.sqrt(bias_correction2)", 1, 1),
+    Pass(".add_(eps)", 1, 1),
+    Pass("param.addcdiv_(exp_avg, denom, value=-step_size)", 3, 1),
+)
+ADAM_PASSES = {"foreach": FOREACH_ADAMW_PASSES, "loop": LOOP_ADAMW_PASSES}
+ADAM_KERNELS = ("fused", *ADAM_PASSES)
+
+
+def _adam_bytes(part: int) -> Any:
+    """Bytes read (``part`` 1) or written (2) by an Adam update: the fused kernel's inputs and
+    outputs; the foreach passes' tensors, each of the weight's size and dtype."""
+
+    fused = default_bytes_read if part == 1 else default_bytes_written
+
+    def count(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+        passes = ADAM_PASSES.get(str(attrs.get("kernels", "fused")))
+        if passes is None:
+            return fused(ins, outs, attrs)
+        tensors = sum(p.reads if part == 1 else p.writes for p in passes)
+        return float(tensors * ins[0].nbytes)
+
+    return count
+
+
 ADAM = register(
     OpDef(
         name="Adam",
@@ -106,12 +172,17 @@ ADAM = register(
             "beta1": AttrSpec("float", 0.9),
             "beta2": AttrSpec("float", 0.999),
             "epsilon": AttrSpec("float", 1e-8),
+            "kernels": AttrSpec("str", "fused", ADAM_KERNELS),
         },
         reference=_adam_ref,
+        bytes_read=_adam_bytes(1),
+        bytes_written=_adam_bytes(2),
         flops=lambda ins, outs, attrs: 10.0 * numel(ins[0]),
         doc="Adam (Kingma & Ba) with bias correction; step is the 1-based step count: "
         "m' = b1 m + (1-b1) g, v' = b2 v + (1-b2) g^2, "
-        "w' = w - lr (m'/(1-b1^step)) / (sqrt(v'/(1-b2^step)) + epsilon).",
+        "w' = w - lr (m'/(1-b1^step)) / (sqrt(v'/(1-b2^step)) + epsilon). ``kernels``: how the update "
+        "runs, for its cost only (fused: one kernel; foreach, loop: the passes of "
+        "torch.optim.AdamW(foreach=True), Composer's DecoupledAdamW).",
         sharding=sh.pointwise(),
     )
 )

@@ -6,7 +6,7 @@ types and the known inputs, e.g. ``Shape``), numpy reference implementation, cos
 (its ``CostClass``, FLOPs, bytes read and written, the GEMM shape of a matrix product, how it
 fuses with its neighbours: ``Fusion``), whether it belongs to attention's core (``attention_core``: what
 selective recomputation recomputes) and named slots that later layers fill once each
-(``grad``, ``sharding``, ``torch``).
+(``grad``, ``sharding``, ``torch``, ``kink``).
 
 Ops are registered by their family's module (``distir.ops.tensor``, ``distir.ops.comm``, ...) when
 ``distir.ops`` is imported. Registering a name twice raises ``RegistryError``; looking up an unknown
@@ -268,7 +268,18 @@ def zero_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float
     return 0.0
 
 
-SLOTS = ("grad", "sharding", "torch")
+SLOTS = ("grad", "sharding", "torch", "kink")
+
+
+class Kink(NamedTuple):
+    """A piecewise op's decision (``OpDef.kink``): each element of its result takes one branch or
+    the other by the sign of ``inputs[x] - inputs[at]`` (``at`` None: of ``inputs[x]``, a kink at
+    0), the inputs broadcast to the result's shape. Where that difference is within rounding of
+    0, a run in finite precision may decide otherwise than exact arithmetic
+    (``distir.interp.kinks``)."""
+
+    x: int
+    at: int | None = None
 
 
 class LocalPiece(NamedTuple):
@@ -317,6 +328,8 @@ class OpDef:
     cost_class: CostClass = field(kw_only=True)
     grad: Any = None
     sharding: Any = None
+    # a piecewise op's decision (``Kink``): the input whose sign against a threshold picks the branch
+    kink: Kink | None = None
     # the torch implementation: ``impl(ctx, inputs, attrs) -> outputs`` with ``ctx`` a
     # ``distir.backend.context.TorchContext`` (``ctx.torch`` is the module; see there)
     torch: Any = None
@@ -343,7 +356,7 @@ class OpDef:
         self.max_inputs = None if variadic else len(names)
 
     def fill(self, slot: str, rule: Any) -> None:
-        """Fill a named slot (``grad``, ``sharding``, ``torch``) once."""
+        """Fill a named slot (``grad``, ``sharding``, ``torch``, ``kink``) once."""
         if slot not in SLOTS:
             raise RegistryError(f"unknown slot {slot!r}; slots: {', '.join(SLOTS)}")
         if getattr(self, slot) is not None:

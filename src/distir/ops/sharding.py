@@ -76,6 +76,24 @@ def pointwise(partial: str = "none") -> ShardingRule:
     return rule
 
 
+def cast_rule() -> ShardingRule:
+    """Cast: pointwise; a pending sum passes through a widening float cast (bf16/f16 to f32:
+    every value is kept exactly, so the cast of a sum is the sum of the casts), as mixed-precision
+    trainers cast each rank's gradient before they reduce it (DeepSpeed's BF16_Optimizer)."""
+    base = pointwise()
+
+    def rule(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
+        found = base(ins, outs, attrs, n)
+        a, b = ins[0], outs[0]
+        if isinstance(a, TensorType) and isinstance(b, TensorType):
+            widening = a.dtype.is_float and b.dtype.is_float and b.dtype.itemsize > a.dtype.itemsize
+            if widening:
+                found.append(Strategy((SUM,), (SUM,)))
+        return found
+
+    return rule
+
+
 def mul_rule() -> ShardingRule:
     """Mul: pointwise, and a pending sum may be on either side (the other replicated)."""
     base = pointwise("scale")

@@ -165,7 +165,11 @@ def check_against_sequential(
     bucket_mb: float = DDP_BUCKET_MB,
     comm_streams: bool = False,
     overlap_param_gather: bool = False,
+    deepspeed_pipe: bool = False,
+    fp32_grad_accum: bool = False,
     cp_ring: bool = True,
+    gather_copy_out: bool = False,
+    reduce_fp32: bool = False,
 ) -> Comparison:
     opt = optimizer or Optimizer("sgd", lr=0.1)
     seq = training_step(model, opt, strategy.recompute, precision)
@@ -177,7 +181,11 @@ def check_against_sequential(
         precision=precision,
         bucket_mb=bucket_mb,
         overlap_param_gather=overlap_param_gather,
+        deepspeed_pipe=deepspeed_pipe,
+        fp32_grad_accum=fp32_grad_accum,
         cp_ring=cp_ring,
+        gather_copy_out=gather_copy_out,
+        reduce_fp32=reduce_fp32,
     )
     vals = initial_values(model, opt, seed, precision)
     want = run_reference(seq, [vals[p.name] for p in seq.entry.params])

@@ -19,7 +19,9 @@ programs. Its shape:
   the producing action. With d > 1 the weight gradients (pending sums over ``dp``) are reduced in
   buckets inside the backward chunks as their layers complete them (``_Buckets``; ``bucket_mb``,
   DDP's 25 MiB): DDP / ZeRO-0/1 all-reduce the accumulated gradients in each chunk's last
-  backward, ZeRO-2/3 reduce-scatter in every backward and accumulate this rank's shard. Then the
+  backward, ZeRO-2/3 reduce-scatter in every backward and accumulate this rank's shard — but
+  ZeRO-2 under a pipeline accumulates whole gradients and reduce-scatters them in the last
+  backward, as the trainers do (``distir.parallel.grad_reduction``). Then the
   optimizer updates the weight (ZeRO-1+: only this rank's shard of weight and state, then an
   AllGather for ZeRO-1/2). Results: the loss (summed over microbatches, replicated), the new
   weights, the new optimizer state (and, under mixed precision, the new compute copies).
@@ -36,6 +38,47 @@ programs. Its shape:
   (``Function.donated``), each to its successor among the results: the simulator lets the
   update take the old value's storage, as trainers update in place (the ZeRO paper's model
   state: 2Ψ + 2Ψ + KΨ and its stage divisions, ``tests/parallel/test_zero_memory.py``).
+
+**Trainer options** of ``distribute`` (each what one trainer does; off by default):
+
+- ``overlap_param_gather`` (Megatron-LM's ``--overlap-param-gather`` with its distributed
+  optimizer; mixed precision, ZeRO-1/2, d > 1): the new low-precision weights are not
+  all-gathered after the optimizer but in the next step's first forward, layer by layer as the
+  forward reaches them (on the ``dp_gather`` stream, one layer ahead), so the gather overlaps
+  compute: the compute copy persists between steps as this rank's shard, and each chunk's first
+  forward (``c<i>_fwd_gather``) gathers its weights and returns them whole for the rest of the
+  step.
+- ``deepspeed_pipe`` (DeepSpeed's ``PipelineEngine``, as Megatron-DeepSpeed trains with it;
+  ZeRO 0/1 only, as the engine asserts): the pipeline transfers block the compute streams of
+  sender and receiver (``deepspeed/runtime/pipe/p2p.py``: ``send``/``recv`` are synchronous
+  ``dist.send``/``dist.recv``), and the data-parallel gradient reduction is not bucketed into
+  the backward: ``TrainSchedule`` (``deepspeed/runtime/pipe/schedule.py``) issues
+  ``ReduceTiedGrads`` and ``ReduceGrads`` after a stage's last backward, and the engine runs
+  them on the compute stream (``_exec_reduce_tied_grads``, ``_exec_reduce_grads``: one
+  all-reduce of the accumulated gradients), so nothing overlaps them.
+- ``fp32_grad_accum`` (DeepSpeed's ``BF16_Optimizer``; mixed precision): every backward ends by
+  adding its low-precision weight gradients, cast to fp32, into an fp32 gradient per weight
+  (``update_hp_grads``, after ``autograd.backward``, ``deepspeed/runtime/bf16_optimizer.py``),
+  and that fp32 sum is what the data-parallel reduction sums (``get_grads_for_reduction``) and
+  the optimizer takes.
+- ``cp_ring`` (context parallelism, c > 1): attention runs as a ring over the cp axis (K/V
+  passed rank to rank, overlapped with the blocks: ``distir.parallel.sharding.ring``), as
+  Megatron-LM and torchtitan run it; False gathers K/V over cp instead (the older form, kept
+  for comparison).
+- ``gather_copy_out`` (PyTorch FSDP2, ``fully_shard``): each ZeRO-3 gather's result is copied
+  into the parameters' own storage on the compute stream before the layer runs (an
+  ``Identity`` on the layer's mesh): FSDP2 all-gathers into one flat buffer and
+  ``FSDPParamGroup.wait_for_unshard`` copies it out per parameter (``foreach_all_gather_copy_out``,
+  ``torch.split_with_sizes_copy``, torch/distributed/_composable/fsdp/_fsdp_collectives.py) on
+  the current stream, in the forward and again in the backward. FSDP1 and DeepSpeed gather
+  into the flat parameter their parameters are views of (no copy): the default.
+- ``reduce_fp32`` (mixed precision, d > 1; FSDP's ``MixedPrecision(reduce_dtype=torch.float32)``:
+  Composer's ``DEFAULT`` mode, ``get_mixed_precision`` in composer/distributed/mosaic_parallelism.py;
+  torchtitan's ``mixed_precision_reduce = "float32"``): each gradient is cast to the masters'
+  dtype on the reduction stream and reduced in it (twice the bytes of a bf16 reduction), as
+  FSDP2's ``foreach_reduce`` copies the gradients into an fp32 reduce-scatter input on its
+  reduce-scatter stream and FSDP1 casts them on its post-backward stream; the reduced shard is
+  then the optimizer's gradient as it is. Default: reduced in the compute dtype, then cast.
 """
 
 from __future__ import annotations
@@ -65,6 +108,7 @@ from distir.ir.values import Attrs, Value
 from distir.ops.dist import format_mesh_attr
 from distir.ops.registry import REGISTRY
 from distir.parallel.context_model import context_model
+from distir.parallel.grad_reduction import reduce_scatter_every_backward
 from distir.parallel.layer_sharder import (
     LayerSharder,
     ShardedLayer,
@@ -80,6 +124,7 @@ from distir.parallel.strategy import Strategy, StrategyError
 from distir.sim.devices import DeviceMap, Slot
 
 DDP_BUCKET_MB = 25.0  # PyTorch DDP's ``bucket_cap_mb`` default (MiB)
+HP_GRAD = "hp_grad"  # fp32 gradient accumulation: the function casting a gradient to fp32
 
 
 def _zero_dim(w: TensorType, tp: Placement, d: int) -> int | None:
@@ -144,7 +189,11 @@ def distribute(
     chunk_times: tuple[Sequence[float], Sequence[float]] | None = None,
     bucket_mb: float = DDP_BUCKET_MB,
     overlap_param_gather: bool = False,
+    deepspeed_pipe: bool = False,
+    fp32_grad_accum: bool = False,
     cp_ring: bool = True,
+    gather_copy_out: bool = False,
+    reduce_fp32: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -178,18 +227,8 @@ def distribute(
     the backward, and ZeRO-3's gathers on its ``dp_gather`` stream, one layer ahead
     (``_Gathers``).
 
-    ``overlap_param_gather`` (Megatron-LM's ``--overlap-param-gather`` with its distributed
-    optimizer; mixed precision, ZeRO-1/2, d > 1): the new low-precision weights are not
-    all-gathered after the optimizer but in the next step's first forward, layer by layer as the
-    forward reaches them (on the ``dp_gather`` stream, one layer ahead), so the gather overlaps
-    compute: the compute copy persists between steps as this rank's shard, and each chunk's first
-    forward (``c<i>_fwd_gather``) gathers its weights and returns them whole for the rest of the
-    step.
-
-    ``cp_ring`` (context parallelism, c > 1): attention runs as a ring over the cp axis (K/V
-    passed rank to rank, overlapped with the blocks: ``distir.parallel.sharding.ring``), as
-    Megatron-LM and torchtitan run it; False gathers K/V over cp instead (the older form, kept
-    for comparison)."""
+    The trainers' options (``overlap_param_gather`` … ``reduce_fp32``, default off): module
+    docstring, *Trainer options*."""
     with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
         return _Builder(
             model,
@@ -201,8 +240,23 @@ def distribute(
             chunk_times,
             bucket_mb,
             overlap_param_gather,
+            deepspeed_pipe,
+            fp32_grad_accum,
             cp_ring,
+            gather_copy_out,
+            reduce_fp32,
         ).build()
+
+
+def _check_deepspeed(s: Strategy, prec: Precision, deepspeed_pipe: bool, fp32_grad_accum: bool) -> None:
+    """Refuse what DeepSpeed's pipeline engine and BF16_Optimizer do not run (``distribute``)."""
+    if deepspeed_pipe and s.zero >= 2:
+        raise StrategyError(
+            f"{s}: DeepSpeed's pipeline engine runs ZeRO 0 or 1 only (ZeRO-{s.zero} given; "
+            "deepspeed/runtime/pipe/engine.py asserts it)"
+        )
+    if fp32_grad_accum and not prec.mixed:
+        raise StrategyError(f"{s}: fp32 gradient accumulation needs mixed precision (an fp32 master)")
 
 
 def _check_context(s: Strategy, train: bool) -> None:
@@ -271,6 +325,24 @@ class _Params(NamedTuple):
     sent: frozenset[Value]  # tied copies of transmitted weights: received from their owner
 
 
+def _check_chunk_times(
+    s: Strategy, n_chunks: int, chunk_times: tuple[Sequence[float], Sequence[float]] | None, train: bool
+) -> None:
+    """The forward and backward times the schedule orders chunks by: one per chunk, each positive
+    and finite (a zero-length action would end before it starts in the event order of ``build``)."""
+    if chunk_times is None:
+        return
+    if any(len(x) != n_chunks for x in chunk_times):
+        raise StrategyError(
+            f"{s}: chunk_times give {[len(x) for x in chunk_times]} forward and backward times for "
+            f"{n_chunks} chunks"
+        )
+    for xs in chunk_times[: 2 if train else 1]:
+        for c, x in enumerate(xs):
+            if not (isinstance(x, int | float) and 0 < x < math.inf):
+                raise StrategyError(f"{s}: chunk_times must be positive and finite, got {x!r} for chunk {c}")
+
+
 class _Builder:
     def __init__(
         self,
@@ -283,16 +355,23 @@ class _Builder:
         chunk_times: tuple[Sequence[float], Sequence[float]] | None = None,
         bucket_mb: float = DDP_BUCKET_MB,
         overlap_param_gather: bool = False,
+        deepspeed_pipe: bool = False,
+        fp32_grad_accum: bool = False,
         cp_ring: bool = True,
+        gather_copy_out: bool = False,
+        reduce_fp32: bool = False,
     ) -> None:
         if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
             raise StrategyError(
                 f"{s}: the gradient bucket size must be positive and finite, got {bucket_mb!r} MiB"
             )
         self.bucket_bytes = bucket_mb * (1 << 20)
-        # data parallel: gradients reduced in buckets inside the backward (``_Buckets``)
-        self.bucketed = train and s.d * s.c > 1  # cp acts like dp for the weights
         self.prec = Precision.parse(precision)
+        _check_deepspeed(s, self.prec, deepspeed_pipe, fp32_grad_accum)
+        # data parallel: gradients reduced in buckets inside the backward (``_Buckets``); DeepSpeed's
+        # pipeline engine reduces them after the stage's last backward instead (``distribute``)
+        self.bucketed = train and s.d * s.c > 1 and not deepspeed_pipe  # cp acts like dp for the weights
+        self.fp32_acc = train and fp32_grad_accum
         self.compute = self.prec.compute_dtype(model)
         if s.c > 1:  # global positions as an input (``distir.parallel.context_model``)
             _check_context(s, train)
@@ -300,6 +379,11 @@ class _Builder:
         model = self.prec.prepare(model)  # mixed: the loss layer in fp32
         self.model, self.s, self.opt, self.train = model, s, opt, train
         self.comm_streams = comm_streams
+        # DeepSpeed's pipeline engine: transfers block the compute streams (``distribute``)
+        self.p2p_streams = comm_streams and not deepspeed_pipe
+        self.gather_copy_out = gather_copy_out  # FSDP2's copy-out of each gather (``distribute``)
+        # gradients reduced in the masters' dtype (``distribute``)
+        self.reduce_fp32 = reduce_fp32 and self.prec.mixed and train and s.d * s.c > 1 and not self.fp32_acc
         # the compute copies gathered in the next step's first forward (``distribute``)
         self.gather_early = (
             overlap_param_gather and train and self.prec.mixed and s.zero in (1, 2) and s.d > 1
@@ -347,18 +431,7 @@ class _Builder:
         self.layer_calls = model.layers  # a property that collects them anew at each access
         calls = self.layer_calls if train else self.layer_calls[:-1]
         self.chunks = partition(model, s, len(calls))
-        if chunk_times is not None and any(len(x) != len(self.chunks) for x in chunk_times):
-            raise StrategyError(
-                f"{s}: chunk_times give {[len(x) for x in chunk_times]} forward and backward times for "
-                f"{len(self.chunks)} chunks"
-            )
-        # a zero-length action would end before it starts in the event order of ``build``
-        for xs in chunk_times[: 2 if train else 1] if chunk_times is not None else ():
-            for c, x in enumerate(xs):
-                if not (isinstance(x, int | float) and 0 < x < math.inf):
-                    raise StrategyError(
-                        f"{s}: chunk_times must be positive and finite, got {x!r} for chunk {c}"
-                    )
+        _check_chunk_times(s, len(self.chunks), chunk_times, train)
         self.chunk_times = chunk_times
         self.n_in = len(model.inputs)
         self.weight_params = set(model.forward.params[self.n_in :])
@@ -459,8 +532,12 @@ class _Builder:
         return v
 
     def _to_master(self, fb: FunctionBuilder, w: Value, g: Value) -> Value:
-        """Mixed precision: the reduced gradient cast to the masters' dtype for the optimizer."""
-        return cast(fb, g, self.prec.master, f"g_{w.name}_{self.prec.master}") if self.prec.mixed else g
+        """Mixed precision: the reduced gradient cast to the masters' dtype for the optimizer
+        (already in it when accumulated in fp32: ``fp32_grad_accum``, or reduced in it:
+        ``reduce_fp32``)."""
+        if not self.prec.mixed or self.fp32_acc or self.reduce_fp32:
+            return g
+        return cast(fb, g, self.prec.master, f"g_{w.name}_{self.prec.master}")
 
     def _zdim(self, w: Value) -> int | None:
         spec = self.model.weight(w.name)
@@ -512,43 +589,14 @@ class _Builder:
         suffix = ("_" + part if part else "") + ("_acc" if acc else "") + red
         fb = FunctionBuilder(f"c{c}_bwd{suffix}", REGISTRY.out_arity)
         ws = chunk_weights(layers)
-        buckets = _Buckets(self, fb, c, ws, acc, final) if reduce else None
-        grads: dict[Value, Value] = {}
-
-        accs: dict[Value, Value] = {}
-        left = Counter(w for L in layers for w in L.weights)  # uses still to differentiate
-        partial: dict[Value, Value] = {}  # a tied weight's gradient from its later uses
-
-        def done(L: ShardedLayer, outs: Sequence[Value]) -> None:
-            """A layer's weight gradients are complete — a tied weight's once every use in the
-            chunk has added its part: reduced in buckets, or added into the accumulated ones
-            right away (as a trainer accumulates into ``.grad``)."""
-            ready: list[tuple[Value, Value]] = []
-            for w, g in zip(L.weights, outs, strict=True):
-                prev = partial.pop(w, None)
-                g = g if prev is None else fb.op("Add", prev, g, names=[f"g_{w.name}"])[0]
-                left[w] -= 1
-                if left[w]:
-                    partial[w] = g
-                else:
-                    ready.append((w, g))
-            if buckets is not None:
-                buckets.add([w for w, _ in ready], [g for _, g in ready])
-                return
-            if acc and not accs:  # after the other parameters (the call sites pass them last)
-                accs.update((w, fb.param(f"acc_{w.name}")) for w in ws)
-            for w, g in ready:
-                grads[w] = fb.op("Add", accs[w], g, names=[f"g_{w.name}"])[0] if acc else g
-
+        sink = _GradSink(self, fb, ws, layers, acc, _Buckets(self, fb, c, ws, acc, final) if reduce else None)
         if part == "w":
             # the input part returns the carried values of its layers in backward (reversed) order
             carried = [[fb.param(f"k{L.index}_{j}") for j in range(L.n_carried)] for L in reversed(layers)]
             for L, ks in zip(reversed(layers), carried, strict=True):
                 assert L.bwd_w is not None
-                done(L, fb.call(L.bwd_w, *ks, n_out=len(L.bwd_w.outputs)))
-            if buckets is not None:
-                return fb.ret(*buckets.results())
-            return fb.ret(*(grads[w] for w in ws))
+                sink.done(L, fb.call(L.bwd_w, *ks, n_out=len(L.bwd_w.outputs)))
+            return fb.ret(*sink.results())
         wp = {w: fb.param(w.name) for w in chunk_weights(layers)}
         ep = {e: fb.param(e.name) for L in layers for e in L.extras}
         res: list[list[Value]] = []
@@ -581,16 +629,28 @@ class _Builder:
             if part == "i":
                 kept.extend(outs[n_dx:])
             else:
-                done(L, outs[n_dx:])
+                sink.done(L, outs[n_dx:])
             if n_dx:
                 dy = outs[0]
         first = layers[0].vjp
         head = [dy] if first is not None and 0 in first.wrt else []
         if part == "i":
             return fb.ret(*head, *kept)
-        if buckets is not None:
-            return fb.ret(*head, *buckets.results())
-        return fb.ret(*head, *(grads[w] for w in ws))
+        return fb.ret(*head, *sink.results())
+
+    def _accum_cast(self, fb: FunctionBuilder, w: Value, g: Value) -> Value:
+        """``w``'s gradient ``g`` in the dtype it is accumulated in: with ``fp32_grad_accum`` cast
+        to fp32 by a call of ``@hp_grad`` (a function of one Cast), else ``g`` itself. The call
+        keeps the cast a kernel of its own that writes the fp32 copy, as ``update_hp_grads``'s
+        ``lp.grad.to(fp32)`` does before ``add_`` reads it (chains do not cross calls:
+        ``distir.sim.fusion``)."""
+        if not self.fp32_acc:
+            return g
+        fn = self.functions.get(HP_GRAD)
+        if fn is None:
+            hb = FunctionBuilder(HP_GRAD, REGISTRY.out_arity)
+            fn = self.functions[HP_GRAD] = hb.ret(cast(hb, hb.param("g"), self.prec.master, "g32"))
+        return fb.call(fn, g, n_out=1, names=[f"g_{w.name}_{self.prec.master}"])[0]
 
     def _grad_target(self, w: Value) -> str:
         """The placement a bucket reduces ``w``'s gradient to: this rank's ZeRO shard
@@ -600,9 +660,10 @@ class _Builder:
         return placement_text(Shard(z) if z is not None and self.s.zero >= 2 else Replicate(), tp)
 
     def _grad_bytes(self, w: Value) -> float:
-        """A device's bytes of ``w``'s (unreduced) gradient, in the compute dtype."""
+        """A device's bytes of ``w``'s (unreduced) gradient, in the dtype it is reduced in."""
         spec = self.model.weight(w.name)
-        return spec.type.numel * self.compute.itemsize / (self.s.t if isinstance(spec.tp, Shard) else 1)
+        size = (self.prec.master if self.fp32_acc else self.compute).itemsize
+        return spec.type.numel * size / (self.s.t if isinstance(spec.tp, Shard) else 1)
 
     # -- entry -----------------------------------------------------------------------------------
     def _chunk_functions(self, by_chunk: list[list[ShardedLayer]]) -> dict[str, Function]:
@@ -619,7 +680,7 @@ class _Builder:
                 part = "w" if s.schedule == "zb1" else ""
                 if part:
                     cf[f"c{c}_bwd_i"] = self._chunk_bwd(c, ls, False, "i")
-                every = self.bucketed and s.zero >= 2  # ZeRO-2/3 reduce in every backward
+                every = self.bucketed and reduce_scatter_every_backward(s)  # ZeRO-2/3 (not pipelined ZeRO-2)
                 for accumulate in (False, True):
                     f = self._chunk_bwd(c, ls, accumulate, part, every)
                     cf[f.name] = f
@@ -959,7 +1020,7 @@ class _ScheduleWriter:
         self.carried: dict[tuple[int, int], tuple[Value, ...]] = {}
         self.acc: dict[int, list[Value] | None] = {c: None for c in range(n)}
         self.grads_left = {c: 0 for c in range(n)}
-        self.ddp = b.bucketed and b.s.zero < 2
+        self.ddp = b.bucketed and not reduce_scatter_every_backward(b.s)  # reduced in the last backward
         self.losses: list[Value] = []
         self.outputs_inf: list[Value] = []
         self.last = n - 1
@@ -1016,14 +1077,14 @@ class _ScheduleWriter:
         a, b = self.stage_of[src], self.stage_of[dst]
         if a == b:
             return v
-        if not self.b.comm_streams:
+        if not self.b.p2p_streams:
             return self.to_mesh(v, self.b.meshes[b], name)
         way = "fwd" if dst > src else "bwd"
         out, into = self.b.comm_meshes[(f"{way}_send", a)], self.b.comm_meshes[(f"{way}_recv", b)]
         return self.to_mesh(self.to_mesh(v, out, name), into, name)
 
     def receive(self, v: Value, src: int, dst: int, name: str) -> Value:
-        if not self.b.comm_streams or self.stage_of[src] == self.stage_of[dst]:
+        if not self.b.p2p_streams or self.stage_of[src] == self.stage_of[dst]:
             return v
         return self.to_mesh(v, self.b.meshes[self.stage_of[dst]], name)
 
@@ -1172,15 +1233,81 @@ class _Gathers:
 
     def _take(self, w: Value) -> Value:
         if self.stream is None:
-            return self.b._zero3_gather(self.fb, w, self.wp[w], self.home)
+            return self._copied_out(w, self.b._zero3_gather(self.fb, w, self.wp[w], self.home))
         if w in self.taken:  # read twice by one layer
             return self.taken[w]
         got = self.ready.pop(w, None)
         if got is None:  # not sharded by ZeRO (no dimension divides): used as it is (HSDP: viewed)
             return self.b._zero3_gather(self.fb, w, self.wp[w], self.home) if self.b.viewed else self.wp[w]
         text = self.b._mesh_attr(self.home)
-        self.taken[w] = self.fb.emit("MeshSend", (got,), self.b._attrs("mesh", text), (w.name,))[0]
+        got = self.fb.emit("MeshSend", (got,), self.b._attrs("mesh", text), (w.name,))[0]
+        self.taken[w] = self._copied_out(w, got)
         return self.taken[w]
+
+    def _copied_out(self, w: Value, gathered: Value) -> Value:
+        """``gathered`` copied into the parameter's storage on the compute stream (FSDP2's
+        copy-out, ``distribute(gather_copy_out=True)``), or itself."""
+        if not self.b.gather_copy_out or self.b._zdim(w) is None:
+            return gathered
+        return self.fb.emit("Identity", (gathered,), Attrs(), (f"{w.name}_out",))[0]
+
+
+class _GradSink:
+    """Where a chunk's backward puts each weight gradient once it is complete — a tied weight's
+    once every use in the chunk has added its part: reduced in buckets (``_Buckets``), or added
+    into the accumulated ones right away (as a trainer accumulates into ``.grad``), or, with
+    ``fp32_grad_accum``, cast and added into its fp32 sum after the whole backward
+    (``BF16_Optimizer.update_hp_grads`` runs after ``autograd.backward``)."""
+
+    def __init__(
+        self,
+        b: _Builder,
+        fb: FunctionBuilder,
+        ws: list[Value],
+        layers: list[ShardedLayer],
+        acc: bool,
+        buckets: _Buckets | None,
+    ) -> None:
+        self.b, self.fb, self.ws, self.acc, self.buckets = b, fb, ws, acc, buckets
+        self.grads: dict[Value, Value] = {}
+        self.accs: dict[Value, Value] = {}
+        self.left = Counter(w for L in layers for w in L.weights)  # uses still to differentiate
+        self.partial: dict[Value, Value] = {}  # a tied weight's gradient from its later uses
+        self.late: list[tuple[Value, Value]] = []  # fp32 accumulation: added after the backward
+
+    def done(self, L: ShardedLayer, outs: Sequence[Value]) -> None:
+        """Layer ``L``'s weight gradients ``outs`` are computed."""
+        fb = self.fb
+        ready: list[tuple[Value, Value]] = []
+        for w, g in zip(L.weights, outs, strict=True):
+            prev = self.partial.pop(w, None)
+            g = g if prev is None else fb.op("Add", prev, g, names=[f"g_{w.name}"])[0]
+            self.left[w] -= 1
+            if self.left[w]:
+                self.partial[w] = g
+            else:
+                ready.append((w, g))
+        if self.buckets is not None:
+            self.buckets.add([w for w, _ in ready], [self.b._accum_cast(fb, w, g) for w, g in ready])
+            return
+        if self.acc and not self.accs:  # after the other parameters (the call sites pass them last)
+            self.accs.update((w, fb.param(f"acc_{w.name}")) for w in self.ws)
+        if self.b.fp32_acc:
+            self.late.extend(ready)
+            return
+        for w, g in ready:
+            self.grads[w] = self._add(w, g)
+
+    def _add(self, w: Value, g: Value) -> Value:
+        return self.fb.op("Add", self.accs[w], g, names=[f"g_{w.name}"])[0] if self.acc else g
+
+    def results(self) -> list[Value]:
+        """The chunk's weight gradients in its weight order (reduced, with buckets)."""
+        if self.buckets is not None:
+            return list(self.buckets.results())
+        for w, g in self.late:
+            self.grads[w] = self._add(w, self.b._accum_cast(self.fb, w, g))
+        return [self.grads[w] for w in self.ws]
 
 
 class _Buckets:
@@ -1192,7 +1319,8 @@ class _Buckets:
     reduction overlaps the rest of the backward. ZeRO-2/3 reduce-scatter (to this rank's shard)
     in every microbatch's backward and add the shard into the accumulated shard, so no replica
     holds the whole gradient; DDP / ZeRO-0/1 add the microbatch's gradient to the accumulated one
-    and all-reduce the sum, in the last microbatch's backward. HSDP reduce-scatters within the
+    and all-reduce the sum, in the last microbatch's backward, and ZeRO-2 under a pipeline
+    reduce-scatters the sum there (``reduce_scatter_every_backward``). HSDP reduce-scatters within the
     shard group and accumulates the shard, a pending sum across the groups, which the ``final``
     backward all-reduces across them. Results: the reduced gradients in the chunk's weight order
     (on the ``dp_reduce`` stream's mesh with communication streams)."""
@@ -1201,7 +1329,7 @@ class _Buckets:
         self, b: _Builder, fb: FunctionBuilder, c: int, ws: list[Value], acc: bool, final: bool = True
     ) -> None:
         self.b, self.fb, self.ws, self.final = b, fb, ws, final
-        self.scatter = b.s.zero >= 2
+        self.scatter = reduce_scatter_every_backward(b.s)
         stage = self.stage = c % b.s.p
         self.stream = b.comm_meshes[("dp_reduce", stage)] if b.comm_streams else None
         self.stream_text = b._mesh_attr(self.stream) if self.stream is not None else ""
@@ -1232,6 +1360,9 @@ class _Buckets:
             for w, g in self.pending
         ]
         for w, g in moved:
+            if self.b.reduce_fp32:  # FSDP's reduce_dtype: cast on the reduction stream
+                master = self.b.prec.master
+                g = cast(fb, g, master, f"g_{w.name}_{master}")
             if self.b.hsdp:
                 r = self._hsdp_scatter(w, g)
             elif self.b.cp_view:  # the pending sum over (dp, cp) seen over dp·cp, reduced there

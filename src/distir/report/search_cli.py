@@ -155,6 +155,7 @@ def _request(a: dict[str, Any], dtype: str, precision: str, store: Path | None) 
         store=store,
         explain=a["explain_"],
         tp_layout=a.get("tp_layout", "declared"),
+        tp_comm_overlap=a.get("tp_comm_overlap", False),
     )
 
 

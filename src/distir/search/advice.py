@@ -97,7 +97,14 @@ def _more_gpus(screen: Screen, s: Strategy, cluster: str) -> Change | None:
     for f in SCALES:
         spec = f"{name}:{nodes * f}"
         old = screen.profiler
-        prof = Profiler(old.spec, parse_cluster(spec), old.dtype, old.train, mixed=old.mixed)
+        prof = Profiler(
+            old.spec,
+            parse_cluster(spec),
+            old.dtype,
+            old.train,
+            mixed=old.mixed,
+            tp_comm_overlap=old.tp_comm_overlap,
+        )
         big = Screen(prof, screen.problem)
         base = dataclasses.replace(s, partition="uniform", placement=None, shares=None)
         tries = [dataclasses.replace(base, p=s.p * f)]

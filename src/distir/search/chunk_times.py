@@ -29,13 +29,15 @@ def chunk_times(
     train: bool,
     s: Strategy,
     mixed: bool = False,
+    tp_comm_overlap: bool = False,
 ) -> tuple[list[float], list[float]]:
     """(forward, backward) seconds per chunk of ``model`` (built from ``spec``) under ``s`` on
-    ``cluster``, in chunk order; backward is 0 for inference. Raises what ``partition`` and the
-    profiler raise for a strategy the model or cluster cannot take."""
+    ``cluster``, in chunk order; backward is 0 for inference (``tp_comm_overlap``: with the
+    simulator's tensor-parallel overlap, ``RooflineCostModel.tp_comm_overlap``). Raises what
+    ``partition`` and the profiler raise for a strategy the model or cluster cannot take."""
     n_layers = len(model.layers) if train else len(model.layers) - 1
     chunks = partition(model, s, n_layers)
-    prof = cached_profiler(spec, cluster, dtype, train, mixed)
+    prof = cached_profiler(spec, cluster, dtype, train, mixed, tp_comm_overlap)
     b = max(1, model.batch // (s.d * s.k))
     place = s.gpus
     n = s.d * s.t

@@ -138,6 +138,10 @@ class Profiler:
     # the probes of one layer function share its plan (``SharedPlans``: the same figures; False
     # plans every probe anew, the reference the tests compare with)
     share_plans: bool = True
+    # without ``cost_model``: the simulator's, pairing tensor-parallel collectives with their GEMMs
+    # as Megatron-LM's ``--tp-comm-overlap`` runs them (``RooflineCostModel.tp_comm_overlap``) —
+    # with sequence parallelism, which Megatron-LM requires for it (``arguments.py`` asserts it)
+    tp_comm_overlap: bool = False
     _cache: dict[tuple[object, ...], list[LayerProfile]] = field(default_factory=dict)
     _fn_cache: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
     _work: dict[tuple[object, ...], float] = field(default_factory=dict)
@@ -198,7 +202,7 @@ class Profiler:
         reduced = self.model(b)
         model = reduced.model
         dmap = DeviceMap({Device(i): Slot(g) for i, g in enumerate(gpus)})
-        cost = self.cost_model or RooflineCostModel(self.cluster)
+        cost = self.cost_model or RooflineCostModel(self.cluster, tp_comm_overlap=self.tp_comm_overlap and sp)
         # the probes of one layer function share its plan; only this key's are kept (its device
         # map and cost model are its own), so the plans of a long search do not pile up
         self._shared = SharedPlans()
@@ -279,6 +283,7 @@ class Profiler:
                 tuple(groups.values()),
                 self.mixed,
                 sp,
+                self.tp_comm_overlap,
             )
             fut = pool.submit(run_profile_task, task)
             for k in groups:
@@ -408,22 +413,29 @@ class ProfileTask:
     groups: tuple[tuple[int, ...], ...]  # one TP group of each kind wanted
     mixed: bool = False
     sp: bool = False
+    tp_comm_overlap: bool = False
 
 
 # a worker's profiler of the current model and cluster: the tasks of one search share its models
 # and shardings (only the latest is kept, so a long-lived worker does not accumulate searches)
-_PROFILERS: dict[tuple[ModelSpec, Cluster, DType, bool, bool], Profiler] = {}
+_PROFILERS: dict[tuple[ModelSpec, Cluster, DType, bool, bool, bool], Profiler] = {}
 
 
 def cached_profiler(
-    spec: ModelSpec, cluster: Cluster, dtype: DType, train: bool, mixed: bool = False
+    spec: ModelSpec,
+    cluster: Cluster,
+    dtype: DType,
+    train: bool,
+    mixed: bool = False,
+    tp_comm_overlap: bool = False,
 ) -> Profiler:
     """This process's profiler of ``spec`` on ``cluster`` (the latest one kept: ``_PROFILERS``)."""
-    key = (spec, cluster, dtype, train, mixed)
+    key = (spec, cluster, dtype, train, mixed, tp_comm_overlap)
     prof = _PROFILERS.get(key)
     if prof is None:
         _PROFILERS.clear()
-        prof = _PROFILERS[key] = Profiler(spec, cluster, dtype, train, mixed=mixed)
+        prof = Profiler(spec, cluster, dtype, train, mixed=mixed, tp_comm_overlap=tp_comm_overlap)
+        _PROFILERS[key] = prof
     return prof
 
 
@@ -432,7 +444,8 @@ def run_profile_task(task: ProfileTask) -> TaskResult:
     simulations run, CPU seconds spent)."""
     c0 = time.process_time()
     if task.cost_model is None:
-        prof = cached_profiler(task.spec, task.cluster, task.dtype, task.train, task.mixed)
+        overlap = task.tp_comm_overlap
+        prof = cached_profiler(task.spec, task.cluster, task.dtype, task.train, task.mixed, overlap)
     else:
         prof = Profiler(task.spec, task.cluster, task.dtype, task.train, task.cost_model, task.mixed)
     n0 = prof.probes

@@ -24,6 +24,7 @@ from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import parse_strategy
 from distir.search.chunk_times import chunk_times
 from distir.search.profile import LayerProfile, cached_profiler
+from distir.sim.cost import RooflineCostModel
 from distir.sim.simulate import simulate
 
 RESULT_KEYS = (
@@ -79,6 +80,10 @@ class ExactJob:
     precision: str = "pure"
     tp: tuple[tuple[str, Placement], ...] = ()  # placements replacing the declared ones (``ModelSpec.tp``)
     model_files: str = ""  # ``content_digest(model)``: the cache below is keyed by file contents
+    # the simulator pairs tensor-parallel collectives with their GEMMs in plans with sequence
+    # parallelism (Megatron-LM's ``--tp-comm-overlap``, which requires it:
+    # ``RooflineCostModel.tp_comm_overlap``)
+    tp_comm_overlap: bool = False
 
     def spec(self) -> ModelSpec:
         return replace(parse_model_string(self.model), tp=self.tp)
@@ -104,9 +109,10 @@ def evaluate_seeded(job: ExactJob, profiles: Profiles, strategy: str) -> dict[st
     """``evaluate``, its chunk times (``chunk_times``) taken from ``profiles`` where they hold
     them (``Profiler.known`` of the search's screen: the same figures this process would compute,
     by the same code on the same inputs) instead of profiling those layers again here."""
-    cached_profiler(job.spec(), _cluster(job.cluster), DType.parse(job.dtype), job.train, _mixed(job)).adopt(
-        profiles
-    )
+    overlap = job.tp_comm_overlap and parse_strategy(strategy).sp  # ``chunk_times``' profiler
+    cached_profiler(
+        job.spec(), _cluster(job.cluster), DType.parse(job.dtype), job.train, _mixed(job), overlap
+    ).adopt(profiles)
     return evaluate(job, strategy)
 
 
@@ -121,7 +127,10 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
     s = parse_strategy(strategy)
     model = _model(job)
     cluster = _cluster(job.cluster)
-    times = chunk_times(model, job.spec(), cluster, DType.parse(job.dtype), job.train, s, _mixed(job))
+    overlap = job.tp_comm_overlap and s.sp
+    times = chunk_times(
+        model, job.spec(), cluster, DType.parse(job.dtype), job.train, s, _mixed(job), overlap
+    )
     prog = distribute(
         model,
         s,
@@ -131,7 +140,8 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
         precision=job.precision if job.train else "pure",
         chunk_times=times,
     )
-    r = simulate(prog, cluster, device_map(s, True), batch=job.batch)
+    cost = RooflineCostModel(cluster, tp_comm_overlap=overlap)
+    r = simulate(prog, cluster, device_map(s, True), cost, batch=job.batch)
     r = replace(r, model_flops=model.step_flops(job.train))
     compute = [i for i, slot in enumerate(r.slots) if slot.stream == "compute"]
     busy = sum(r.busy_s[i] for i in compute) / max(len(compute), 1)

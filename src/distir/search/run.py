@@ -67,7 +67,7 @@ from distir.search.store import ResultStore, dumps, loads, search_key
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
-STORE_VERSION = 10  # bump when the cost model or the result format changes: old results go stale
+STORE_VERSION = 11  # bump when the cost model or the result format changes: old results go stale
 
 
 def cluster_digest(spec: str | Cluster) -> str:
@@ -96,6 +96,10 @@ class SearchRequest:
     # the model's tensor-parallel placements: declared, or auto (found by Automap, ``resolve_layout``)
     tp_layout: str = "declared"
     tp_found: tuple[tuple[str, Placement], ...] = ()  # auto: per weight, the placement found
+    # plans with sequence parallelism costed with tensor-parallel collectives overlapping their
+    # GEMMs, in the screen's layer profiles and the exact phase (Megatron-LM's
+    # ``--tp-comm-overlap``, which requires sequence parallelism: ``RooflineCostModel.tp_comm_overlap``)
+    tp_comm_overlap: bool = False
 
     def spec(self) -> ModelSpec:
         """The model spec searched: the model string's, with the found placements (auto)."""
@@ -127,6 +131,7 @@ class SearchRequest:
             "optimizer": self.optimizer,
             "dtype": self.dtype,
             "precision": self.precision,
+            "tp_comm_overlap": self.tp_comm_overlap,
         }
 
 
@@ -183,6 +188,7 @@ def screen_space(
         DType.parse(req.dtype),
         req.train,
         mixed=req.precision == "mixed",
+        tp_comm_overlap=req.tp_comm_overlap,
     )
     screen = Screen(prof, Problem(req.batch, req.train, req.optimizer, req.precision == "mixed"))
     space = build_space(req, cluster)
@@ -313,6 +319,7 @@ def _anneal_task(task: _AnnealTask) -> tuple[tuple[int, ...], float]:
         DType.parse(req.dtype),
         req.train,
         mixed=req.precision == "mixed",
+        tp_comm_overlap=req.tp_comm_overlap,
     )
     prof.adopt(task.profiles)
     return _anneal(Screen(prof, task.problem), task.base, task.start, req.anneal_iters, task.seed)
@@ -491,6 +498,7 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
         req.precision,
         tp=req.tp_found,
         model_files=content_digest(req.model),
+        tp_comm_overlap=req.tp_comm_overlap,
     )
     fn = functools.partial(evaluate, job)
     store_cm = (

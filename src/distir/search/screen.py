@@ -33,7 +33,8 @@ AMP's formulas, generalized (heterogeneous devices, uneven layers, memory, sched
   the stage's own action list (``stage_costs.holds``): per chunk the saved activations of the
   microbatches between forward and backward (input-gradient pass), what an input-gradient pass
   carries to its deferred weight-gradient pass (ZB-H1), the gradient accumulator from the
-  chunk's first backward on (a shard from ZeRO-2), and the working set of the pass running then
+  chunk's first backward on (a shard from ZeRO-2; whole for ZeRO-2 under a pipeline:
+  ``distir.parallel.grad_reduction``), and the working set of the pass running then
   (the forward's above what it leaves; a weight-gradient pass's gradients, with the
   accumulation's sum beside the accumulator once there is one). A backward follows the inlined
   program's liveness (``stage_costs._backward``): the running chunk's layers run last to first,

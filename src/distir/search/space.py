@@ -27,6 +27,10 @@
   screen says it does not fit (``LADDER``). Where a stage's replicas span more than a node
   (d·t > ``node_devices``), each ZeRO-3 rung is tried first as HSDP (``z3h<n>``: sharded within
   the node's n = node_devices / t replicas, replicated across nodes), then as plain ZeRO-3.
+  Under a pipeline (p > 1, k > 1) the ZeRO-1 rungs are left out unless ``--zero 1`` is pinned:
+  there ZeRO-2 holds ZeRO-1's memory (the accumulated gradient whole, as Megatron-LM's
+  distributed optimizer: ``distir.parallel.grad_reduction``) and reduce-scatters it where ZeRO-1
+  all-reduces, so it is never slower.
 
 ``Pins`` holds the user's constraints (``--dp 2 --tp 8 --schedule 1f1b -k 8 --hsdp 8`` ...): any
 subset of the parts may be pinned and the rest is searched; each pinned part is checked against
@@ -361,6 +365,8 @@ class Space:
                 continue
             if zero and base.d * base.c == 1:
                 continue
+            if zero == 1 and pins.zero is None and base.p > 1 and base.k > 1:
+                continue  # ZeRO-2 holds as much and reduces less (module docstring)
             groups: list[int | None] = [None]
             if zero == 3:
                 groups = [h] if pins.hsdp is not None else [h, None] if h is not None else [None]

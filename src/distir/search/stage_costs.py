@@ -26,6 +26,7 @@ import numpy as np
 
 from distir.hardware.specs import DeviceSpec
 from distir.parallel.distribute import uniform_counts
+from distir.parallel.grad_reduction import reduce_scatter_every_backward
 from distir.parallel.pipeline.partition import Ends, call_counts
 from distir.parallel.pipeline.schedules import build_schedule
 from distir.parallel.strategy import Strategy
@@ -133,7 +134,9 @@ def new_tables(s: Strategy, b: int, train: bool, n_state: int, mixed: bool = Fal
     static_f = 1.0 / h if s.zero == 3 else 1.0
     grad_f = 0.0
     if train:
-        grad_f = 1.0 / h if s.zero >= 2 else 1.0
+        # ZeRO-2 under a pipeline accumulates whole gradients, reduce-scattered in the last
+        # backward (``reduce_scatter_every_backward``): only one microbatch leaves no sum whole
+        grad_f = 1.0 / h if s.zero >= 2 and (s.k == 1 or reduce_scatter_every_backward(s)) else 1.0
         # mixed: the fp32 master (sharded from ZeRO-1 on) and state, each twice a half weight
         state = 2.0 * (1 + n_state) if mixed else float(n_state)
         static_f += state / (h if s.zero >= 1 else 1)

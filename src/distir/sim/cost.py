@@ -24,7 +24,8 @@
 Every constant comes from the hardware description. A device calibrated by ``distir calibrate``
 carries measured rates per cost class (``DeviceSpec.families``, keyed by the class's name): an
 op of a listed class takes that class's launch time and FLOP and memory efficiencies instead of
-the model's ``flop_efficiency``, ``memory_efficiency`` and the device's ``launch_overhead_s`` (a
+the model's ``flop_efficiency``, ``memory_efficiency`` and the device's ``launch_overhead_s``; an
+op calibrated on its own (listed by its name, ``distir calibrate`` step 4) takes its own rates (a
 matrix product still follows the device's GEMM curve for its FLOPs; its class's memory
 efficiency and launch time apply). An op of a calibrated class that does no work (a Reshape)
 still costs its class's launch time: the measured cost of dispatching it, which eager execution
@@ -44,7 +45,7 @@ from typing import Protocol
 from distir.hardware.attention import attention_efficiency
 from distir.hardware.cluster import Cluster
 from distir.hardware.gemm import gemm_efficiency
-from distir.hardware.specs import DeviceSpec
+from distir.hardware.specs import DeviceSpec, FamilyRates
 from distir.ir.types import DType, TensorType, TupleType, Type
 from distir.ir.values import Attrs
 from distir.ops.registry import CommCost, CommPattern, CostClass, OpDef
@@ -104,6 +105,14 @@ def op_dtype(ins: Sequence[Type], outs: Sequence[Type]) -> DType:
     return DType.f32
 
 
+def _rates(spec: DeviceSpec, opdef: OpDef) -> FamilyRates | None:
+    """The measured rates of ``opdef``: its own (a calibrated device lists an op it measured
+    on its own by the op's name), else its cost class's, else None."""
+    if not spec.families:
+        return None
+    return spec.family_rates(opdef.name) or spec.family_rates(opdef.cost_class)
+
+
 @dataclass(frozen=True)
 class RooflineCostModel:
     """The roofline model of the module docstring. ``gemm_curve``: matrix products follow the
@@ -130,7 +139,7 @@ class RooflineCostModel:
         flops = opdef.flops(ins, outs, attrs)
         nbytes = opdef.bytes_read(ins, outs, attrs) + opdef.bytes_written(ins, outs, attrs)
         spec = self.cluster.device_spec(gpu)
-        rates = spec.family_rates(opdef.cost_class)
+        rates = _rates(spec, opdef)
         if flops <= 0 and nbytes <= 0:
             return 0.0 if rates is None else rates.launch_s
         launch = spec.launch_overhead_s if rates is None else rates.launch_s
@@ -168,7 +177,7 @@ class RooflineCostModel:
         nbytes: float,
     ) -> float:
         dtype = op_dtype(ins, outs)
-        rates = spec.family_rates(opdef.cost_class)
+        rates = _rates(spec, opdef)
         if opdef.gemm is not None and self.gemm_curve and spec.gemm is not None:
             fp32 = not (dtype in (DType.f16, DType.bf16) or (dtype is DType.f32 and self.allow_tf32))
             eff = gemm_efficiency(spec.gemm, opdef.gemm(ins, outs, attrs), fp32=fp32)

@@ -10,7 +10,9 @@ Rule: an op joins the kernel of the op producing one of its inputs when it is PO
 ROWWISE, the producer is a GEMM op with a single result or a POINTWISE op (Dropout's two
 results: the joined op reads Y from registers, the mask is still written), and the op is that
 result's first consumer in program order. A chain is a run of such links (a ROWWISE op ends it:
-nothing joins after it; a GEMM takes only pointwise epilogues). The rule reads the program's
+nothing joins after it; a GEMM takes only pointwise epilogues, so a ROWWISE op does not join a
+chain a GEMM heads: it is a kernel of its own reading the chain's result, as Megatron-LM's fused
+scale-mask-softmax reads the attention scores its ``baddbmm`` wrote). The rule reads the program's
 structure only — no devices — so a program and its materialized per-device form (where the
 devices' ops interleave) fuse alike. Chains do not cross calls: a callee's parameters are
 produced outside its body (inlining a call can therefore fuse more). A chain may pass through
@@ -76,6 +78,37 @@ def _code(name: str) -> int:
     return got
 
 
+def _rowwise_after_gemm_dropped(
+    ops: np.ndarray,
+    hits: np.ndarray,
+    producer: np.ndarray,
+    codes: np.ndarray,
+    start: np.ndarray,
+    ok_t: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The links (consumer ``ops``, input occurrence ``hits``) without those of a ROWWISE op to a
+    chain a GEMM heads: a GEMM's epilogue is pointwise (cuBLASLt's bias/GeLU epilogues; a row
+    reduction needs whole rows, which a GEMM's output tile does not hold), so a softmax or a norm
+    after a product and its pointwise epilogue is a kernel of its own that reads the chain's
+    result from memory, as Megatron-LM's fused scale-mask-softmax reads the scores ``baddbmm``
+    wrote (``megatron/model/fused_softmax.py``). The chain's head is found by pointer jumping
+    over the links (a passing TRANSPARENT op links to its input's producer)."""
+    rowwise = codes[ops] == _JOIN
+    if not rowwise.any():
+        return ops, hits
+    parent = np.arange(len(codes))
+    parent[ops] = producer[hits]
+    tt = np.flatnonzero(ok_t)
+    parent[tt] = producer[start[tt]]
+    while True:
+        up = parent[parent]
+        if np.array_equal(up, parent):
+            break
+        parent = up
+    drop = rowwise & (codes[parent[producer[hits]]] == _HEAD)
+    return ops[~drop], hits[~drop]
+
+
 def fused_inputs(fn: Function) -> list[FusedInput | None]:
     """Per instruction of ``fn``'s body, how it joins the kernel of the op producing one of its
     inputs (None: it does not). Calls never fuse. In bulk (numpy over the values' identities,
@@ -121,9 +154,9 @@ def fused_inputs(fn: Function) -> list[FusedInput | None]:
     # through a transparent op (one input, one result) that is its input's first consumer
     via = np.full(len(read), -1)
     through = (codes == _THROUGH) & (n_in == 1) & (n_out == 1)
+    ok_t = np.zeros(n, bool)
     if through.any():
         t_occ = start[through]  # each transparent op's input occurrence
-        ok_t = np.zeros(n, bool)
         ok_t[np.flatnonzero(through)] = from_head[t_occ] & (first[t_occ] == op_of[t_occ])
         src_uses = np.zeros(n, np.int64)
         src_uses[np.flatnonzero(through)] = uses[t_occ]
@@ -139,6 +172,9 @@ def fused_inputs(fn: Function) -> list[FusedInput | None]:
         return [None] * n
     ops, keep = np.unique(op_of[hits], return_index=True)
     hits = hits[keep]
+    ops, hits = _rowwise_after_gemm_dropped(ops, hits, producer, codes, start, ok_t)
+    if not len(hits):
+        return [None] * n
     j = hits - start[ops]
     sole = uses[hits] == 1
     vias = via[hits]

@@ -33,6 +33,7 @@ from dataclasses import field
 from typing import Any
 
 from distir.frontends.zoo._build import LayerFn, inv_sqrt
+from distir.ir.types import DType
 from distir.ir.values import Value
 
 ATTENTION_FORMS = ("fused", "naive")
@@ -60,6 +61,15 @@ def repeat_kv(f: LayerFn, x: Value, kv_heads: int, group: int, head_dim: int, na
     return f("Reshape", copies, shape=(0, 0, kv_heads * group, head_dim), name=f"{name}_heads")
 
 
+def rope(f: LayerFn, x: Value, theta: float, f32_from: DType | None, name: str) -> Value:
+    """``Rope`` of ``x``; with ``f32_from`` (``x``'s dtype) in f32: ``x`` cast to f32 first and
+    the result cast back to ``f32_from`` (layer functions are untyped: the caller names it)."""
+    if f32_from is None:
+        return f("Rope", x, theta=theta, name=name)
+    y = f("Rope", f("Cast", x, to=DType.f32, name=f"{name}_f32"), theta=theta, name=f"{name}_rot")
+    return f("Cast", y, to=f32_from, name=name)
+
+
 def attention(
     f: LayerFn,
     q: Value,
@@ -73,22 +83,33 @@ def attention(
     form: str = "fused",
     rope_theta: float | None = None,
     dropout: float = 0.0,
+    rope_f32_from: DType | None = None,
+    unpad: bool = False,
 ) -> Value:
     """Attention over already-projected ``q``, ``k``, ``v``; returns (B, S, heads·head_dim)
     (before the output projection). ``form`` is ``fused`` or ``naive``; ``rope_theta`` (if
     given) rotates q and k by position first; ``dropout`` > 0 drops attention probabilities
-    (the fused op's ``dropout`` attribute; in the naive form a ``Dropout`` after the softmax)."""
+    (the fused op's ``dropout`` attribute; in the naive form a ``Dropout`` after the softmax);
+    ``rope_f32_from`` (if given: the activations' dtype) rotates in f32, q and k cast to f32
+    and back (torchtitan's ``xq.float()`` ... ``type_as(xq)``: ``rope``); ``unpad`` (fused form)
+    copies q, k, v in and the output out as llm-foundry's ``flash_attn_fn`` does around
+    flash-attn's variable-length kernel (``UnpadTokens``, ``PadTokens``: ``bert_padding``'s
+    ``index_first_axis`` and ``pad_input``, every token kept)."""
     kv = heads if kv_heads is None else kv_heads
     group = heads // kv
     qh = split_heads(f, q, heads, head_dim, "qh")
     kh = split_heads(f, k, kv, head_dim, "kh")
     if rope_theta is not None:
-        qh = f("Rope", qh, theta=float(rope_theta), name="q_rope")
-        kh = f("Rope", kh, theta=float(rope_theta), name="k_rope")
+        qh = rope(f, qh, float(rope_theta), rope_f32_from, "q_rope")
+        kh = rope(f, kh, float(rope_theta), rope_f32_from, "k_rope")
     vh = split_heads(f, v, kv, head_dim, "vh")
     if form == "fused":
         drop = {"dropout": dropout} if dropout > 0.0 else {}
+        if unpad:
+            qh, kh, vh = (f("UnpadTokens", x, name=f"{x.name}_unpad") for x in (qh, kh, vh))
         out, _ = f.results("Attention", qh, kh, vh, names=["ctx", "lse"], causal=causal, **drop)
+        if unpad:
+            out = f("PadTokens", out, name="ctx_pad")
         return f("Reshape", out, shape=(0, 0, heads * head_dim), name="attn")
     kh = repeat_kv(f, kh, kv, group, head_dim, "k")
     vh = repeat_kv(f, vh, kv, group, head_dim, "v")

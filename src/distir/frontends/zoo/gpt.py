@@ -93,6 +93,9 @@ class GPTConfig:
     tied: bool = False  # GPT-2's tied embedding: the head multiplies by wteᵀ (``tied=1``)
     dropout: float = probability_field()  # hidden and attention dropout (``dropout=0.1``)
     loss: str = loss_field()  # the cross entropy's kernel: fp32 (default), fused or torch
+    # llm-foundry's flash attention: q, k, v unpadded and the output padded around the kernel
+    # (``unpad=1``; ``attention.py``)
+    unpad: bool = False
 
     def __post_init__(self) -> None:
         check_config(FAMILY, self, divides=[("heads", "hidden")])
@@ -146,11 +149,12 @@ def block_fn(
     causal: bool = True,
     attention_form: str = "fused",
     p_drop: float = 0.0,
+    unpad: bool = False,
 ) -> Function:
     """The pre-LN transformer block; ``attention_form`` is the model's ``attention`` option,
     ``p_drop`` its ``dropout``: as Megatron-LM, the output projection's and the MLP's results
     go through Dropout before each residual add (bias+dropout+add, one fused kernel), and the
-    attention drops probabilities with the same p."""
+    attention drops probabilities with the same p; ``unpad`` the model's ``unpad`` option."""
     f = LayerFn(name)
     x = f.param("x")
     p = {n: f.param(n) for n in BLOCK_WEIGHTS}
@@ -159,7 +163,16 @@ def block_fn(
     k = linear(f, h, p["wk"], p["bk"], "k")
     v = linear(f, h, p["wv"], p["bv"], "v")
     a = attention(
-        f, q, k, v, heads=heads, head_dim=hidden // heads, causal=causal, form=attention_form, dropout=p_drop
+        f,
+        q,
+        k,
+        v,
+        heads=heads,
+        head_dim=hidden // heads,
+        causal=causal,
+        form=attention_form,
+        dropout=p_drop,
+        unpad=unpad,
     )
     x = f("Add", x, dropout(f, linear(f, a, p["wo"], p["bo"], "o"), p_drop, "o_drop"), name="x_attn")
     h = f("LayerNormalization", x, p["ln2_scale"], p["ln2_bias"], name="ln2")
@@ -265,7 +278,7 @@ def build(cfg: GPTConfig, batch: int, dtype: DType = DType.f32, name: str = FAMI
         InputSpec("ids", tensor(DType.i64, batch, s), high=v),
         InputSpec("labels", tensor(DType.i64, batch, s), high=v),
     )
-    block = block_fn("block", h, cfg.heads, attention_form=cfg.attention, p_drop=cfg.dropout)
+    block = block_fn("block", h, cfg.heads, attention_form=cfg.attention, p_drop=cfg.dropout, unpad=cfg.unpad)
     wte = weight("wte", dtype, (v, h), VOCAB)
     calls = [LayerCall(embed_fn(s), (wte, weight("wpe", dtype, (s, h))), "x0")]
     calls += [LayerCall(block, block_weights(i, h, dtype), f"x{i + 1}") for i in range(cfg.layers)]

@@ -18,6 +18,23 @@ rotary embedding (``Rope`` on q and k after the head split, Meta's interleaved p
 Simplified with respect to Llama: RMSNorm epsilon 1e-5. ``wlm`` is untied from the token
 embedding, as in Llama.
 
+Two options say how eager PyTorch runs a layer (which kernels, hence which costs), as
+torchtitan's Llama does without ``torch.compile`` (torchtitan/models/norms.py ``RMSNorm`` and
+torchtitan/models/llama/model.py ``apply_rotary_emb`` at 9dec370, the version of its published
+H100 benchmarks). ``norm=composite``: RMSNorm as that module's separate ops, ``x.float()``,
+``pow(2).mean(-1, keepdim=True)``, the root, the product, ``type_as(x)`` and the product with
+the weight: ``Cast`` to f32, ``Mul(x, x)``, ``ReduceMean``, ``Sqrt``, ``Div``, ``Cast`` back,
+``Mul`` by the weight (the epsilon is left out: no differentiable op adds a constant without a
+constant tensor; it matters for an all-zero token only). ``rope=fp32``: q and k cast to f32
+before the rotation and back after (``xq.float()``, the complex product, ``type_as``). The
+defaults (``norm=fused``, ``rope=fused``) are one ``RMSNormalization`` and one ``Rope`` in the
+model's dtype, as fused kernels and ``torch.compile`` run them. The casts are there for a model
+in bf16 or f16 only (``x.float()`` upcasts the low-precision activations; an f32 or f64 model
+runs the same ops without them). ``Mul(x, x)`` reads ``x`` twice where ``pow(2)`` reads it once:
+4 bytes per element more than the module moves. ``silu=fused``: SwiGLU's ``F.silu(w1(x))`` as
+one ``Silu`` op (one kernel forward, one backward, as PyTorch runs it, eager or not) instead of
+the default ``a·Sigmoid(a)`` (two ops, each a kernel of its own when nothing fuses them).
+
 Tensor-parallel declarations (Megatron-LM / Llama's model-parallel layers): wq, wk, wv, w1, w3
 column-parallel ``S(1)``; wo, w2 row-parallel ``S(0)``; norms replicated; the embedding sharded
 on the vocabulary and ``wlm`` column-parallel, the logits reaching the loss sharded on the
@@ -35,7 +52,8 @@ heads, ffn 53248, vocabulary 128256, context 8192 (the 8192 of its pre-training;
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from distir.frontends.zoo._build import LayerCall, LayerFn, check_config, tensor, weight
 from distir.frontends.zoo.attention import attention, attention_field
@@ -44,10 +62,19 @@ from distir.frontends.zoo.model import InputSpec, Model, ModelError, WeightSpec
 from distir.ir.dtensor import Replicate, Shard
 from distir.ir.function import Function
 from distir.ir.types import DType
+from distir.ir.values import Value
 
 FAMILY = "llama"
 R, COL, ROW = Replicate(), Shard(1), Shard(0)
 BLOCK_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w3", "w2")
+NORM_FORMS = ("fused", "composite")  # one RMSNormalization; eager PyTorch's separate ops
+SILU_FORMS = ("composite", "fused")  # a·Sigmoid(a) as two ops; one Silu (F.silu)
+ROPE_FORMS = ("fused", "fp32")  # Rope in the model's dtype; cast to f32 and back around it
+LOW_PRECISION = (DType.bf16, DType.f16)  # the dtypes the eager forms upcast to f32
+
+
+def _choice(default: str, choices: tuple[str, ...]) -> Any:
+    return field(default=default, metadata={"choices": choices})
 
 
 @dataclass(frozen=True)
@@ -62,6 +89,9 @@ class LlamaConfig:
     rope_theta: int = 10000  # RoPE's base: 10000 (Llama 2), 500000 (Llama 3)
     attention: str = attention_field()
     loss: str = loss_field()  # the cross entropy's kernel: fp32 (default), fused or torch
+    norm: str = _choice("fused", NORM_FORMS)  # RMSNorm: one op or eager PyTorch's (module doc)
+    rope: str = _choice("fused", ROPE_FORMS)  # RoPE in the model's dtype or in f32 (module doc)
+    silu: str = _choice("composite", SILU_FORMS)  # SwiGLU's silu: Mul·Sigmoid or one Silu op
 
     def __post_init__(self) -> None:
         check_config(FAMILY, self, divides=[("heads", "hidden"), ("kv_heads", "heads")])
@@ -86,12 +116,27 @@ ZOO: dict[str, tuple[LlamaConfig, str]] = {
 }
 
 
-def block_fn(cfg: LlamaConfig) -> Function:
+def rms_norm(f: LayerFn, x: Value, scale: Value, form: str, dtype: DType, name: str) -> Value:
+    """RMSNorm of ``x`` (activations of ``dtype``) by ``scale``: one ``RMSNormalization``
+    (``form="fused"``) or the separate ops of torchtitan's eager ``RMSNorm`` (``composite``:
+    ``(x.float() / sqrt(mean(x.float()²))).type_as(x) · scale``; module docstring)."""
+    if form == "fused":
+        return f("RMSNormalization", x, scale, name=name)
+    low = dtype in LOW_PRECISION
+    xf = f("Cast", x, to=DType.f32, name=f"{name}_f32") if low else x
+    ms = f("ReduceMean", f("Mul", xf, xf, name=f"{name}_sq"), axes=(-1,), keepdims=1, name=f"{name}_ms")
+    y = f("Div", xf, f("Sqrt", ms, name=f"{name}_rms"), name=f"{name}_n")
+    y = f("Cast", y, to=dtype, name=f"{name}_cast") if low else y
+    return f("Mul", y, scale, name=name)
+
+
+def block_fn(cfg: LlamaConfig, dtype: DType = DType.f32) -> Function:
+    """One decoder layer on activations of ``dtype`` (the dtype the eager forms cast back to)."""
     hidden, heads, kv_heads = cfg.hidden, cfg.heads, cfg.kv_heads
     f = LayerFn("block")
     x = f.param("x")
     p = {n: f.param(n) for n in BLOCK_WEIGHTS}
-    h = f("RMSNormalization", x, p["attn_norm"], name="attn_in")
+    h = rms_norm(f, x, p["attn_norm"], cfg.norm, dtype, "attn_in")
     q = f("MatMul", h, p["wq"], name="q")
     k = f("MatMul", h, p["wk"], name="k")
     v = f("MatMul", h, p["wv"], name="v")
@@ -105,11 +150,15 @@ def block_fn(cfg: LlamaConfig) -> Function:
         kv_heads=kv_heads,
         form=cfg.attention,
         rope_theta=cfg.rope_theta,
+        rope_f32_from=dtype if cfg.rope == "fp32" and dtype in LOW_PRECISION else None,
     )
     x = f("Add", x, f("MatMul", a, p["wo"], name="o"), name="x_attn")
-    h = f("RMSNormalization", x, p["ffn_norm"], name="ffn_in")
+    h = rms_norm(f, x, p["ffn_norm"], cfg.norm, dtype, "ffn_in")
     gate = f("MatMul", h, p["w1"], name="gate")
-    silu = f("Mul", gate, f("Sigmoid", gate, name="sig"), name="silu")
+    if cfg.silu == "fused":
+        silu = f("Silu", gate, name="silu")
+    else:
+        silu = f("Mul", gate, f("Sigmoid", gate, name="sig"), name="silu")
     up = f("MatMul", h, p["w3"], name="up")
     down = f("MatMul", f("Mul", silu, up, name="swiglu"), p["w2"], name="down")
     return f.ret(f("Add", x, down, name="x_mlp"))
@@ -136,10 +185,10 @@ def embed_fn() -> Function:
     return f.ret(f("Gather", table, ids, axis=0, name="x"))
 
 
-def head_fn() -> Function:
+def head_fn(norm: str = "fused", dtype: DType = DType.f32) -> Function:
     f = LayerFn("head")
     x, scale, wlm = f.param("x"), f.param("norm"), f.param("wlm")
-    return f.ret(f("MatMul", f("RMSNormalization", x, scale, name="normed"), wlm, name="logits"))
+    return f.ret(f("MatMul", rms_norm(f, x, scale, norm, dtype, "normed"), wlm, name="logits"))
 
 
 def build(cfg: LlamaConfig, batch: int, dtype: DType = DType.f32, name: str = FAMILY) -> Model:
@@ -148,9 +197,9 @@ def build(cfg: LlamaConfig, batch: int, dtype: DType = DType.f32, name: str = FA
         InputSpec("ids", tensor(DType.i64, batch, s), high=v),
         InputSpec("labels", tensor(DType.i64, batch, s), high=v),
     )
-    block = block_fn(cfg)
+    block = block_fn(cfg, dtype)
     calls = [LayerCall(embed_fn(), (weight("tok_emb", dtype, (v, h), VOCAB),), "x0")]
     calls += [LayerCall(block, block_weights(i, cfg, dtype), f"x{i + 1}") for i in range(cfg.layers)]
     head_w = (weight("norm", dtype, (h,), value=1.0), weight("wlm", dtype, (h, v), COL))
-    calls.append(LayerCall(head_fn(), head_w, "logits"))
+    calls.append(LayerCall(head_fn(cfg.norm, dtype), head_w, "logits"))
     return assemble_lm(name, FAMILY, cfg, inputs, calls, v, batch * s)

@@ -1,5 +1,5 @@
 """Gradient ops of the activations, softmaxes and normalizations (family ``grad``): ReluGrad,
-GeluGrad, TanhGrad, SigmoidGrad, SoftmaxGrad, LogSoftmaxGrad, LayerNormalizationGrad,
+GeluGrad, TanhGrad, SigmoidGrad, SiluGrad, SoftmaxGrad, LogSoftmaxGrad, LayerNormalizationGrad,
 RMSNormalizationGrad. Each takes the incoming gradient first; references compute in float64 and
 round once (the forward's helpers in ``distir.ops.nn``)."""
 
@@ -35,7 +35,7 @@ from distir.ops.nn import (
     rms_norm_stats,
     softmax_axis,
 )
-from distir.ops.registry import AttrSpec, Fusion, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, Fusion, Kink, OpDef, TypeCtx, register
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
@@ -121,6 +121,29 @@ SIGMOID_GRAD = register(
         reference=_pointwise(lambda dy, y: dy * y * (1.0 - y)),
         flops=out_numel_flops(3.0),
         doc="dX = dY * Y * (1 - Y) where Y = Sigmoid(X).",
+        sharding=sh.pointwise("scale"),
+    )
+)
+
+
+def _silu_grad(dy: F64, x: F64) -> F64:
+    sig = 1.0 / (1.0 + np.exp(-x))
+    return dy * sig * (1.0 + x * (1.0 - sig))
+
+
+SILU_GRAD = register(
+    OpDef(
+        name="SiluGrad",
+        family=FAMILY,
+        cost_class=COST_CLASS,
+        fusion=Fusion.POINTWISE,
+        inputs=("dY", "X"),
+        outputs=("dX",),
+        infer=_float_like_first,
+        reference=_pointwise(_silu_grad),
+        flops=out_numel_flops(8.0),
+        doc="dX = dY * s * (1 + X * (1 - s)) with s = Sigmoid(X), the gradient of Silu at X "
+        "(torch's silu_backward: one kernel).",
         sharding=sh.pointwise("scale"),
     )
 )
@@ -324,9 +347,11 @@ def _aten_grad(name: str) -> Any:
 
 
 RELU_GRAD.fill("torch", _relu_grad_torch)
+RELU_GRAD.fill("kink", Kink(1))  # dY or 0 by the sign of X
 GELU_GRAD.fill("torch", _aten_grad("gelu_backward"))
 TANH_GRAD.fill("torch", _aten_grad("tanh_backward"))
 SIGMOID_GRAD.fill("torch", _aten_grad("sigmoid_backward"))
+SILU_GRAD.fill("torch", _aten_grad("silu_backward"))
 SOFTMAX_GRAD.fill("torch", _softmax_grad_torch)
 LOG_SOFTMAX_GRAD.fill("torch", _log_softmax_grad_torch)
 LAYER_NORMALIZATION_GRAD.fill("torch", _norm_grad_torch(rms=False))

@@ -1,0 +1,42 @@
+"""When a strategy's data-parallel gradients are reduced, and so how much of them a replica holds.
+
+Two ways of reducing gradients over the data-parallel replicas with gradient accumulation
+(k microbatches per step), as the trainers run them:
+
+- **in every backward** (``reduce_scatter_every_backward``): each microbatch's backward
+  reduce-scatters its gradients in buckets and every replica adds the result into its shard of
+  the accumulated gradient, so no replica ever holds the whole accumulated gradient — k
+  reduce-scatters per step. ZeRO-2/3 without a pipeline run so: PyTorch FSDP without
+  ``no_sync`` / FSDP2 with ``set_requires_gradient_sync(True)`` (the default), DeepSpeed's
+  ZeRO-2 (``stage_1_and_2.py`` reduces into the partitions in every micro-step), Megatron-FSDP's
+  ``optim_grads`` / ``optim_grads_params`` (``megatron_fsdp.py``: ``grad_reduce_every_bprop``).
+- **in the last backward**: the microbatches' gradients accumulate whole on every replica and
+  are reduced once per step, in the last microbatch's backward — all-reduced (DDP, ZeRO-0/1)
+  or reduce-scattered to the replica's shard (ZeRO-2 under a pipeline).
+
+ZeRO-2 under a pipeline (p > 1) accumulates whole, because no trainer shards the gradients of a
+pipelined model between microbatches: DeepSpeed's ``PipelineEngine`` refuses ZeRO-2/3
+(``deepspeed/runtime/pipe/engine.py``: "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+parallelism"); Megatron-LM's pipeline schedules run every microbatch but the last under the
+model's ``no_sync`` (``megatron/core/pipeline_parallel/schedules.py``) and its distributed
+optimizer keeps a whole gradient buffer and reduce-scatters it once
+(``docs/source/api-guide/dist_optimizer.md``: "[no] distribute model gradients"); and
+``torch.distributed.pipelining`` turns FSDP's gradient sync off for every backward
+(``set_requires_gradient_sync(False)``) and reduce-scatters once after the last
+(``_PipelineStageBase._post_backward``), as torchtitan runs FSDP with pipelining. ZeRO-3 keeps
+its per-backward reduce-scatter here (its weights are gathered per use as well).
+"""
+
+from __future__ import annotations
+
+from distir.parallel.strategy import Strategy
+
+
+def reduce_scatter_every_backward(s: Strategy) -> bool:
+    """Whether ``s``'s gradients are reduce-scattered in every microbatch's backward, each
+    replica accumulating only its shard (module docstring); False: they accumulate whole and
+    are reduced in the last microbatch's backward."""
+    return s.zero == 3 or (s.zero == 2 and s.p == 1)
+
+
+__all__ = ["reduce_scatter_every_backward"]
