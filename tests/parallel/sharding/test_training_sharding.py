@@ -26,8 +26,7 @@ from distir.ir.dtensor import Shard, split_sizes
 from distir.ir.types import Device, DType, TensorType
 from distir.ops.registry import REGISTRY, OpKind
 from distir.parallel.sharding.materialize import shard_value, unshard_value
-
-from .helpers import sharded
+from parallel.helpers import sharded
 
 D0 = Device(0)
 f64, i64 = DType.f64, DType.i64

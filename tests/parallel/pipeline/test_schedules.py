@@ -48,7 +48,7 @@ from distir.parallel.pipeline.schedules import (
     zero_bubble_h1,
 )
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 def sched(text: str) -> list[list[Action]]:
