@@ -261,28 +261,24 @@ class SharedPlans:
         alive = (*callees, dmap, cost, *args)
         key = tuple(map(id, alive))
         options = PlanOptions(entry_param_uses=False, entry_memory_columns=not trace, assume_units=True)
-        got = self._domains.get(key)
-        if got is not None:
-            domain = got[0]
+        kept = self._domains.get(key)
+        if kept is not None:
+            domain = kept[0]
             domain.module, domain.options = module, options
-            try:
-                plan = domain.plan(fn, args)
-            except PROGRAM_ERRORS:  # planned (and reported) the usual way
-                del self._domains[key]
-                return None
-            if not domain.units.confirm():  # as for a domain of its own
-                del self._domains[key]
-                return None
-            self.hits += 1
-            return _run(plan, domain, cluster, dmap, trace, batch), plan, domain
-        domain = PlanDomain(module, dmap, cost, options)
+        else:
+            domain = PlanDomain(module, dmap, cost, options)
         try:
             plan = domain.plan(fn, args)
-        except PROGRAM_ERRORS:
+        except PROGRAM_ERRORS:  # planned (and reported) the usual way
+            self._domains.pop(key, None)
             return None
-        if not domain.units.confirm():
+        if not domain.units.confirm():  # as for a domain of its own
+            self._domains.pop(key, None)
             return None
-        self._domains[key] = (domain, alive)
+        if kept is not None:
+            self.hits += 1
+        else:
+            self._domains[key] = (domain, alive)
         return _run(plan, domain, cluster, dmap, trace, batch), plan, domain
 
 
