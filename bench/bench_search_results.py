@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -84,8 +83,19 @@ def differences(a: object, b: object, where: str = "") -> list[str]:
 
 
 def main() -> None:
-    mode, path, *names = sys.argv[1:]
-    names = names or list(DEFAULT)
+    import argparse
+
+    ap = argparse.ArgumentParser(description="save or check the search's results (module docstring)")
+    ap.add_argument("mode", choices=("save", "check"))
+    ap.add_argument("path", help="the JSON file of saved results")
+    ap.add_argument("names", nargs="*", metavar="case", help=", ".join(CASES))
+    args = ap.parse_args()
+    mode, path, names = args.mode, args.path, args.names or list(DEFAULT)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        ap.error(f"unknown case {', '.join(unknown)} (cases: {', '.join(CASES)})")
+    if mode == "check" and not os.path.exists(path):
+        ap.error(f"{path}: no saved results (run `save {path}` first)")
     if mode == "save":
         saved = {}
         if os.path.exists(path):
