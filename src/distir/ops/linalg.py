@@ -55,9 +55,9 @@ def _matmul_rule(ctx: TypeCtx) -> Sequence[Type]:
     same_dtype(ctx, [0, 1])
     a, b = ctx.tensor(0), ctx.tensor(1)
     ta, tb = ctx.attr("transA"), ctx.attr("transB")
-    for i, (t, flag) in enumerate(((a, ta), (b, tb))):
+    for i, (t, flag, name) in enumerate(((a, ta, "transA"), (b, tb, "transB"))):
         if flag and t.rank < 2:
-            ctx.fail(f"MatMul {('transA', 'transB')[i]} needs an operand of rank >= 2", i, "rank >= 2", t.rank)
+            ctx.fail(f"MatMul {name} needs an operand of rank >= 2", i, "rank >= 2", t.rank)
     return (ctx.out(a.dtype, _matmul_shape(ctx, swap_last(a.shape, ta), swap_last(b.shape, tb))),)
 
 
@@ -69,7 +69,7 @@ def _matmul_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
 
 def _matmul_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
     a = ins[0]
-    k = swap_last(a.shape, attrs.get("transA", 0))[-1] if isinstance(a, TensorType) and a.shape else 1
+    k = swap_last(a.shape, _trans(attrs)[0])[-1] if isinstance(a, TensorType) and a.shape else 1
     return 2.0 * numel(outs[0]) * k
 
 

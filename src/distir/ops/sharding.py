@@ -108,7 +108,7 @@ def matmul(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> l
     """A[..., m, k] @ B[..., k, n]: shard m (rows of A), n (columns of B), a batch dim (both), or
     k (both: a pending sum); a pending sum on one side passes through with the other replicated.
     ``transA``/``transB`` (an operand stored with its last two dims swapped) swap which of its
-    dims is which — the strategies of Transpose followed by the plain product, in that order."""
+    dims is m/k (k/n): the placements a Transpose before the plain product would have led to."""
     a, b, y = _shape(ins[0]), _shape(ins[1]), _shape(outs[0])
     if len(a) < 2 or len(b) < 2:
         return [replicated(ins, outs)]
