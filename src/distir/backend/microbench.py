@@ -144,6 +144,26 @@ def _row_case(op: str, r: int, c: int) -> Case:
     return Case(op, ((r, c),), (("axis", -1),))
 
 
+def _step_cases(r: int, c: int) -> list[Case]:
+    """The other ops a GPT training step runs, at (r rows, c columns): the embedding's Gather
+    from a (c, c) table and its gradient, the position table's Slice, and the vocabulary-parallel
+    loss's parts and their gradient (one piece of 2c classes: half the labels on it). Without
+    cases of their own they take their class's rates, which other ops set (a Gather moves its
+    rows through an index, not a stream)."""
+    return [
+        Case("Gather", ((c, c), (r,)), (("axis", 0), ("rows", (0, c))), labels=(1,)),
+        Case("GatherGrad", ((r, c), (r,), (c, c)), (("axis", 0), ("size", c), ("rows", (0, c))), labels=(1,)),
+        Case("Slice", ((r, c),), (("starts", (0,)), ("ends", (r // 2,)), ("axes", (0,)))),
+        Case("SoftmaxCrossEntropyParts", ((r, c), (r,), (r,)), (("rows", (0, 2 * c)),), labels=(2,)),
+        Case(
+            "SoftmaxCrossEntropyPartsGrad",
+            ((r,), (r,), (r, c), (r,), (r,)),
+            (("rows", (0, max(2 * c, r))),),  # labels drawn below r: within the classes
+            labels=(4,),
+        ),
+    ]
+
+
 def _cases(sizes: Sizes, low: bool) -> list[Case]:
     """Every case of ``sizes`` (``low``: the GEMM shapes for 16-bit dtypes)."""
     out = [Case("MatMul", ((m, k), (k, n))) for m, n, k in (sizes.gemm_low if low else sizes.gemm)]
@@ -159,6 +179,7 @@ def _cases(sizes: Sizes, low: bool) -> list[Case]:
             Case("Reshape", ((r, c),), (("shape", (r * c,)),)),
             Case("Transpose", ((r, c),), (("perm", (1, 0)),)),
         ]
+    out += [c for r, cols in sizes.rows for c in _step_cases(r, cols)]
     for b, s, h, d in sizes.attention:
         out.append(Case("Attention", ((b, s, h, d),) * 3, (("causal", True),)))
         out.append(Case("AttentionGrad", ((b, s, h, d),) * 5 + ((b, h, s),), (("causal", True),), f32=(5,)))
