@@ -1,7 +1,8 @@
 """Where a strategy's real step and its simulation differ: one strategy of the validation GPT run
 for real on local ranks with per-op traces (as ``distir run --trace``) and simulated with a trace
 on a calibrated profile (as ``distir simulate --trace``), each rank's time summed by op (compute
-ops by name, communication by pattern): the real op's wall and CPU time against the simulated.
+ops by name, communication by pattern; a rank's batched point-to-point operations are one real
+slice, counted under the first): the real op's wall and CPU time against the simulated.
 "between ops" is the real step's time outside any op slice (the rank loop's bookkeeping, and
 time preempted); the simulation counts the rank loop in each op's launch time. Run:
 
@@ -68,7 +69,8 @@ def main() -> None:
         busy, comm = sim.busy_s[rank] * 1e3, sim.comm_s[rank] * 1e3
         print(f"{(step - inside) * 1e3:.1f}; simulated busy {busy:.1f}, comm {comm:.1f}")
         head = ("op", "real n", "wall ms", "cpu ms", "sim n", "sim ms", "real-sim")
-        print(f"  {head[0]:30} " + " ".join(f"{h:>{9 if h == 'real-sim' else 8}}" for h in head[1:]))
+        widths = (6, 8, 8, 6, 8, 9)
+        print(f"  {head[0]:30} " + " ".join(f"{h:>{w}}" for h, w in zip(head[1:], widths, strict=True)))
         for k in sorted(set(real) | set(simd), key=lambda k: -abs(real[k][1] - simd[k][1])):
             rr, ss = real[k], simd[k]
             print(
