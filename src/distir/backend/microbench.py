@@ -5,9 +5,10 @@ descriptors, so the fit is in the cost model's own terms) and runs what ``distir
 it (``op_impl``: the op's registry torch implementation, or its numpy reference through the
 host for an op without one). Cases cover matrix products over (M, N, K) shapes, elementwise
 ops, row-wise ops (Softmax, LayerNormalization, SoftmaxGrad, the loss, ReduceSum along rows and along
-columns) over wide and narrow rows, and attention,
-over sizes and dtypes. Inputs are random normal tensors made once per case; the caller sets the
-thread count (``torch.set_num_threads``).
+columns) over wide and narrow rows, the rest of a GPT step's ops at the same rows (the
+embedding's Gather and its gradient, Slice, the vocabulary-parallel loss's parts and their
+gradient), and attention, over sizes and dtypes. Inputs are random normal tensors made once per
+case (and copied, see below); the caller sets the thread count (``torch.set_num_threads``).
 
 Timing (``time_call``): one warm-up call, then batches of calls sized to last about
 ``batch_s`` each; the time is the fastest of ``repeats`` batches' time per call (on a shared
