@@ -81,11 +81,18 @@ def test_each_call_takes_the_next_input_set_and_results_stay_alive_over_the_pool
         rot()
     assert [s[0] for s in seen] == ["b", "c", "a", "b", "c", "a", "b"]
     # the fewest latest results that span the pool: 3 of 1 KiB (without the oldest, 2 KiB < 3 KiB)
-    assert len(rot.kept) == 3 and rot.kept_bytes == 3 * 1024
+    assert rot.kept is not None and len(rot.kept) == 3
 
 
-def test_a_warm_rotation_keeps_no_result() -> None:
-    rot = mb.Rotation(lambda ctx, xs, attrs: (_Result(8),), None, [["a"]], Attrs({}), pool=0)
+def test_a_warm_rotation_calls_on_its_one_set_and_keeps_no_result() -> None:
+    seen: list[Any] = []
+
+    def impl(ctx: Any, xs: Any, attrs: Attrs) -> tuple[_Result]:
+        seen.append(xs[0])
+        return (_Result(8),)
+
+    rot = mb.Rotation(impl, None, [["a"]], Attrs({}), pool=0)
     rot()
     rot()
-    assert not rot.kept and rot.at == 0
+    assert seen == ["a", "a"]
+    assert rot.kept is not None and not rot.kept

@@ -40,6 +40,7 @@ measured range.
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -245,32 +246,27 @@ def _nbytes(value: Any) -> int:
 
 
 class Rotation:
-    """A call of ``impl`` on the next of ``sets`` (input copies, in turn), keeping the latest
-    results alive while, without the oldest, they would still span ``pool`` bytes: each call
-    reads inputs it did not just read and writes memory the allocator hands out afresh, from a
-    heap holding a pool of live results, as in a step (see the module docstring). ``pool`` 0:
-    no result is kept."""
+    """A call of ``impl`` on the next of ``sets`` (input copies, in turn), keeping the fewest
+    latest results that span ``pool`` bytes alive (every call's result is the size of the
+    first's: a case's shapes are fixed): each call reads inputs it did not just read and writes
+    memory the allocator hands out afresh, from a heap holding a pool of live results, as in a
+    step (see the module docstring). ``pool`` 0: no result is kept. The bookkeeping per call is
+    a cycle step and a bounded append (C-level), so it adds little to the time of a small op."""
 
     def __init__(
         self, impl: Callable[..., Any], ctx: Any, sets: Sequence[Sequence[Any]], attrs: Attrs, pool: float
     ) -> None:
-        self.impl, self.ctx, self.sets, self.attrs, self.pool = impl, ctx, sets, attrs, pool
-        self.at = 0
-        self.kept: collections.deque[tuple[Any, int]] = collections.deque()
-        self.kept_bytes = 0
+        self.impl, self.ctx, self.attrs, self.pool = impl, ctx, attrs, pool
+        self.next_set = itertools.cycle(sets[1:] + sets[:1] if len(sets) > 1 else sets).__next__
+        self.kept: collections.deque[Any] | None = None
 
     def __call__(self) -> None:
-        self.at = (self.at + 1) % len(self.sets)
-        out = self.impl(self.ctx, self.sets[self.at], self.attrs)
-        if self.pool <= 0:
-            return
-        n = _nbytes(out)
-        self.kept.append((out, n))
-        self.kept_bytes += n
-        while len(self.kept) > 1 and (
-            self.kept_bytes - self.kept[0][1] >= self.pool or len(self.kept) > MAX_COPIES
-        ):
-            self.kept_bytes -= self.kept.popleft()[1]
+        out = self.impl(self.ctx, self.next_set(), self.attrs)
+        if self.kept is None:
+            size = max(_nbytes(out), 1)
+            keep = 0 if self.pool <= 0 else min(MAX_COPIES, math.ceil(self.pool / size))
+            self.kept = collections.deque(maxlen=keep)
+        self.kept.append(out)
 
 
 class CaseCost(NamedTuple):
