@@ -257,7 +257,8 @@ class Rotation:
         self, impl: Callable[..., Any], ctx: Any, sets: Sequence[Sequence[Any]], attrs: Attrs, pool: float
     ) -> None:
         self.impl, self.ctx, self.attrs, self.pool = impl, ctx, attrs, pool
-        self.next_set = itertools.cycle(sets[1:] + sets[:1] if len(sets) > 1 else sets).__next__
+        order = list(sets)
+        self.next_set = itertools.cycle(order[1:] + order[:1]).__next__
         self.kept: collections.deque[Any] | None = None
 
     def __call__(self) -> None:
