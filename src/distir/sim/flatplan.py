@@ -32,6 +32,7 @@ from distir.ir.values import Value
 from distir.parallel.sharding.ring import ring_axis
 from distir.sim import overlap
 from distir.sim.memcols import build_columns
+from distir.sim.interference import stall_column
 from distir.sim.records import FlatColumns, FnPlan, MemEvents, OpRecord
 
 if TYPE_CHECKING:
@@ -121,7 +122,11 @@ def plan_flat(
     out_types = tuple(types[v] for v in fn.outputs)
     param_last = tuple(internal_last.get(p, last.get(p, -1)) for p in params)
     devs, costs, comm, names, flops, slots = _per_op_columns(records, table, columns is not None)
-    return FnPlan(
+    stall = stall_column(table)  # any record stalls a clock: per op (``distir.sim.interference``)
+    if stall is not None:
+        slots = tuple(sorted({*slots, *(s for st in stall for s, _ in st)}))
+        stall = None if columns is not None else [rec.stall for rec in records]
+    plan = FnPlan(
         fn,
         devs,
         costs,
@@ -139,6 +144,8 @@ def plan_flat(
         flat=True,
         comm_ops=tuple(comm_ops),
     )
+    plan.stall = stall
+    return plan
 
 
 def _walk_types(

@@ -196,9 +196,14 @@ class _Walker(TypeDomain):
 
 
 def _slots(steps: Sequence[Step]) -> tuple[int, ...]:
-    """The slots a body's steps run on, sorted."""
-    found = {s for step in steps for s in (step.record.devs if isinstance(step, OpStep) else step.slots)}
+    """The slots a body's steps run on or stall, sorted."""
+    found = {s for step in steps for s in (_clocks(step.record) if isinstance(step, OpStep) else step.slots)}
     return tuple(sorted(found))
+
+
+def _clocks(rec: OpRecord) -> tuple[int, ...]:
+    """The slots an op runs on, and those it stalls (``distir.sim.interference``)."""
+    return (*rec.devs, *(s for s, _ in rec.stall)) if rec.stall else rec.devs
 
 
 # -- time ---------------------------------------------------------------------------------------------
@@ -250,6 +255,10 @@ def time_body(call: CallStep) -> BodyTiming:
                 comm[j] += rec.seconds
             else:
                 busy[j] += rec.seconds
+        for s, x in rec.stall:  # the compute beside a collective, slowed (``distir.sim.interference``)
+            j = pos[s]
+            clock[j] = [c + x for c in clock[j]]
+            busy[j] += x
     delay = [[clock[v][u] for v in range(k)] for u in range(k)]
     first_m = [[(first[v] or clock[v])[u] for v in range(k)] for u in range(k)]
     return BodyTiming(call.slots, delay, first_m, busy, comm)
@@ -272,6 +281,9 @@ def time_entry(
             for d in rec.devs:
                 clock[d] = end
                 (comm if rec.comm else busy)[d] += rec.seconds
+            for d, x in rec.stall:
+                clock[d] += x
+                busy[d] += x
             if slices is not None:
                 slices.extend((rec.name, start, end, d, rec.comm) for d in rec.devs)
             continue
