@@ -46,7 +46,7 @@ def op_record(
         gpus = [units.dev_gpu[x] for x in desc.devices]
         seconds = float(cost.comm_time(desc, gpus))
         held = interference.stall(units, devs, seconds) if desc.pattern is not CommPattern.P2P else ()
-        return OpRecord(devs, seconds, True, op.name, 0.0, False, *units.sizes(outs, False), None, held)
+        return OpRecord(devs, seconds, True, op.name, 0.0, False, *units.sizes(outs, False), None, stall=held)
     gpu = _first_gpu(units, ins, outs, op) if devs else 0
     if not devs:
         seconds = 0.0
