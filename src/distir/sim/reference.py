@@ -20,7 +20,9 @@ are charged, once the body is walked, what their pair takes beyond the GEMM
 
 **Time.** Every slot has a clock, from 0. An op starts when all its slots are free — at the
 largest of their clocks — and all of them advance to its end, start + seconds; the seconds add to
-each of its slots' communication time if it communicates, else to their busy time. An op on no
+each of its slots' communication time if it communicates, else to their busy time. A collective
+then advances each slot it stalls (``OpRecord.stall``: the compute stream of a GPU it runs on from
+another stream, ``distir.sim.interference``) by that slot's stall, added to its busy time. An op on no
 slot takes no time. A call is a max-plus linear map of the clocks of its callee's slots: the
 body is timed from zero on its own slots, each slot ``v``'s exit clock as a function of each
 entry clock ``u`` (``delay[u][v]``, -inf where ``v`` never waits for ``u``), and the call sets
