@@ -79,10 +79,11 @@ _V100_GEMM = GemmProfile(
     source="Markidis et al. 2018, 'NVIDIA Tensor Core Programmability, Performance & Precision' "
     "(IPDPSW, arXiv:1803.04014): cuBLAS GEMM on V100 up to 83 TFLOP/s mixed precision (of 125), "
     "7x its fp32 SGEMM; anchor: large square (8192^3, estimate of the paper's largest sizes)",
-    comm_sms=12,
-    comm_source=f"{_NCCL_SM}; 12 channels: NCCL's ring search found 6 on a 4-GPU NVLink V100 server "
-    "(https://github.com/NVIDIA/nccl/issues/713) and doubles them below sm_80 (ncclTopoDupChannels, "
-    "src/graph/search.cc); estimate for an NVSwitch DGX-2 (no published channel count found)",
+    comm_sms=6,
+    comm_source=f"{_NCCL_SM}; 6 channels: NCCL's ring graph of a 4-GPU NVLink V100 server "
+    "(https://github.com/NVIDIA/nccl/issues/713); estimate for an NVSwitch DGX-2, no published channel "
+    "count found (NCCL's search, src/graph/search.cc, gives 3 rings at 40 GB/s over its 6 NVLinks, "
+    "doubled by ncclTopoDupChannels)",
 )
 _A100_GEMM = GemmProfile(
     sms=108,
