@@ -645,7 +645,9 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     ap.add_argument("--breakdown", action="store_true", help="where each selected run's step goes")
     args = ap.parse_args(argv)
-    v = Variant(args.gemm == "curve", None if args.kernels == "run" else args.kernels, args.interference == "on")
+    v = Variant(
+        args.gemm == "curve", None if args.kernels == "run" else args.kernels, args.interference == "on"
+    )
     try:
         runs = select(load_runs(args.data), args.only, args.quick)
     except RunsError as e:

@@ -64,7 +64,9 @@ def compute_end(g: float, c: float, s: float) -> float:
 @pytest.mark.parametrize("s", [0.0, 0.25, 0.5])
 @pytest.mark.parametrize(("n", "c"), [(2, 2.0), (1, 4.0), (3, 1.0), (0, 2.0)])
 @pytest.mark.parametrize("wait", [False, True])
-def test_compute_beside_a_collective_runs_at_the_rate_left_to_it(s: float, n: int, c: float, wait: bool) -> None:
+def test_compute_beside_a_collective_runs_at_the_rate_left_to_it(
+    s: float, n: int, c: float, wait: bool
+) -> None:
     """A Relu (1 s), then ``n`` Relus (1 s each) beside an all-reduce of ``c`` seconds on the
     communication streams: the step is the rate model's, whether the compute outlasts the
     collective, finishes first (and then, with ``wait``, waits for it to add its result: 1 s)
@@ -180,4 +182,6 @@ def test_the_reference_planner_gives_the_stalled_figures() -> None:
     fast = simulate(prog, cl, dm)
     ref = simulate(prog, cl, dm, planner="reference")
     assert (fast.step_time_s, fast.busy_s, fast.comm_s) == (ref.step_time_s, ref.busy_s, ref.comm_s)
-    assert fast.step_time_s > simulate(prog, cl, dm, RooflineCostModel(cl, comm_interference=False)).step_time_s
+    assert (
+        fast.step_time_s > simulate(prog, cl, dm, RooflineCostModel(cl, comm_interference=False)).step_time_s
+    )

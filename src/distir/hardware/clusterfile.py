@@ -498,7 +498,8 @@ class _Loader:
             if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < sms:
                 self.fail(
                     (*path, "comm_sm_count"),
-                    f"expected an integer in [0, sm_count={sms}) (the SMs a communication kernel holds), got {_got(c)}",
+                    f"expected an integer in [0, sm_count={sms}) (the SMs a communication kernel "
+                    f"holds), got {_got(c)}",
                 )
             over["comm_sms"] = c
         if base is None:

@@ -439,7 +439,11 @@ def render_clusters_table(cluster: Cluster | None = None) -> Table:
     recs = clusters_json(cluster)["clusters"]
     notes = "\n".join(
         f"[{i}] {r['source'].replace(' ; ', ' ')}\n    GEMM: {r.get('matmul_source', _FLAT)}"
-        + (f"\n    comm SMs: {r['comm_sm_count']} of {r['sm_count']}: {r['comm_sm_source']}" if "comm_sm_count" in r else "")
+        + (
+            f"\n    comm SMs: {r['comm_sm_count']} of {r['sm_count']}: {r['comm_sm_source']}"
+            if "comm_sm_count" in r
+            else ""
+        )
         + "".join(f"\n    attention ({k}): {a['source']}" for k, a in r.get("attention", {}).items())
         for i, r in enumerate(recs, 1)
     )

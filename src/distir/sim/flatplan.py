@@ -31,8 +31,8 @@ from distir.ir.types import Type
 from distir.ir.values import Value
 from distir.parallel.sharding.ring import ring_axis
 from distir.sim import overlap
-from distir.sim.memcols import build_columns
 from distir.sim.interference import stall_column
+from distir.sim.memcols import build_columns
 from distir.sim.records import FlatColumns, FnPlan, MemEvents, OpRecord
 
 if TYPE_CHECKING:

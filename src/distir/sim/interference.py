@@ -102,9 +102,7 @@ def stall_column(records: Iterable[OpRecord | CallSummary]) -> list[tuple[tuple[
     return col if any(col) else None
 
 
-def apply_stall(
-    stall_: Sequence[tuple[int, float]], clock: list[float], busy: list[float]
-) -> None:
+def apply_stall(stall_: Sequence[tuple[int, float]], clock: list[float], busy: list[float]) -> None:
     """Advance each stalled compute clock (and its busy time) by its seconds."""
     for j, x in stall_:
         clock[j] += x
