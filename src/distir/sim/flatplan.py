@@ -122,10 +122,7 @@ def plan_flat(
     out_types = tuple(types[v] for v in fn.outputs)
     param_last = tuple(internal_last.get(p, last.get(p, -1)) for p in params)
     devs, costs, comm, names, flops, slots = _per_op_columns(records, table, columns is not None)
-    stall = stall_column(table)  # any record stalls a clock: per op (``distir.sim.interference``)
-    if stall is not None:
-        slots = tuple(sorted({*slots, *(s for st in stall for s, _ in st)}))
-        stall = None if columns is not None else [rec.stall for rec in records]
+    stall, slots = _stalls(records, table, columns is not None, slots)
     plan = FnPlan(
         fn,
         devs,
@@ -312,6 +309,18 @@ def _per_op_columns(
             list(map(attrgetter(f), records)) for f in ("seconds", "comm", "name", "flops")
         )
     return devs, costs, comm, names, flops, slots
+
+
+def _stalls(
+    records: list[OpRecord], table: list[OpRecord], compact: bool, slots: tuple[int, ...]
+) -> tuple[list[tuple[tuple[int, float], ...]] | None, tuple[int, ...]]:
+    """The plan's stall column (``distir.sim.interference``; None: no op stalls a clock, or a
+    compact plan, whose table holds them) and its slots with the stalled ones."""
+    stall = stall_column(table)
+    if stall is None:
+        return None, slots
+    slots = tuple(sorted({*slots, *(s for st in stall for s, _ in st)}))
+    return (None if compact else [rec.stall for rec in records]), slots
 
 
 def _view_roots(
