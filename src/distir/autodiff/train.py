@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from distir.autodiff.precision import Precision, cast
 from distir.autodiff.reverse import POLICIES, VJP, AutodiffError, vjp
@@ -34,7 +35,7 @@ from distir.frontends.zoo.model import Model
 from distir.interp.shapes import TypeDomain, infer_types, type_of
 from distir.ir.builder import FunctionBuilder
 from distir.ir.function import Function, Module
-from distir.ir.types import DType, TensorType, Type
+from distir.ir.types import Device, DType, TensorType, Type
 from distir.ir.values import Attrs, AttrValue, Value
 from distir.ops.registry import REGISTRY
 
@@ -78,6 +79,39 @@ class Optimizer:
             attrs["kernels"] = self.kernels
         names = [f"{w.name}_new", f"{m.name}_new", f"{v.name}_new"]
         return fb.emit("Adam", (w, g, m, v, step), Attrs(attrs), names)
+
+
+class UpdateTraffic(NamedTuple):
+    """What the step's update costs per weight after the gradient sync, as ``training_step`` and
+    ``distribute`` write it: ``bytes_per_param`` moved through memory per parameter updated, and
+    ``kernels`` launched per weight."""
+
+    bytes_per_param: float
+    kernels: int
+
+
+def update_traffic(opt: Optimizer, dtype: DType, mixed: bool) -> UpdateTraffic:
+    """The update of a weight in compute dtype ``dtype``: the optimizer's op on the weight (fp32
+    under ``mixed``), and under ``mixed`` the gradient's Cast to fp32 before it and the master's
+    Cast to the compute copy after it; bytes from each op's registry cost rules."""
+    n = 1 << 20
+    master = DType.f32 if mixed else dtype
+    w = TensorType(master, (n,), Device(0))
+    step = TensorType(DType.i64, (), Device(0))
+    ins = [w, w] + ([w, w, step] if opt.kind == "adam" else [])
+    outs = [w] * (3 if opt.kind == "adam" else 1)
+    attrs = Attrs({"kernels": opt.kernels} if opt.kind == "adam" else {})
+    upd = REGISTRY["Adam" if opt.kind == "adam" else "SGD"]
+    total = upd.bytes_read(ins, outs, attrs) + upd.bytes_written(ins, outs, attrs)
+    total -= step.nbytes if opt.kind == "adam" else 0
+    kernels = 1
+    if mixed:
+        low = TensorType(dtype, (n,), Device(0))
+        cast = REGISTRY["Cast"]
+        for a, b in ((low, w), (w, low)):  # the gradient up, the master down
+            total += cast.bytes_read([a], [b], Attrs({})) + cast.bytes_written([a], [b], Attrs({}))
+        kernels += 2
+    return UpdateTraffic(total / n, kernels)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from distir.autodiff.train import Optimizer, update_traffic
 from distir.hardware.cluster import Cluster
 from distir.parallel.distribute import uniform_counts
 from distir.parallel.pipeline.partition import Ends, block_counts
@@ -66,9 +67,6 @@ from distir.search.profile import LayerProfile, Profiler, model_ends
 from distir.search.stage_costs import Stage, StageRows, Tables, figures, frozen, new_tables
 from distir.sim import collectives as coll
 from distir.sim.cost import RooflineCostModel
-
-ADAM_BYTES = 12.0  # Adam reads w, g, m, v and writes w, m, v: ~12 tensor passes with its temporaries
-SGD_BYTES = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +125,10 @@ class Screen:
         self._pairs: dict[tuple[int, int], tuple[float, float]] = {}
         self._gathers: dict[tuple[int, ...], tuple[float, float]] = {}
         self._syncs: dict[tuple[object, ...], float] = {}
+        # the update after the sync, per weight, as the program writes it (``_sync_time``)
+        self._update = update_traffic(
+            Optimizer(problem.optimizer), profiler.dtype, problem.train and problem.mixed
+        )
         self._attn: dict[int, list[tuple[AttentionShape, ...]]] = {}  # ``_attention``
         self._group_keys: dict[tuple[int, ...], tuple[object, ...]] = {}
         self._row_ids: dict[tuple[object, ...], int] = {}  # ``_stage_rows``' keys, interned
@@ -453,7 +455,6 @@ class Screen:
         return got
 
     def _sync_time(self, s: Strategy, group: tuple[int, ...], kind: str, w: float, n_w: int) -> float:
-        pr = self.problem
         t = 0.0
         h = s.zero_degree
         if s.d > 1 and n_w and h < s.d * s.c:
@@ -472,12 +473,10 @@ class Screen:
             if s.zero == 1:
                 t += coll.allgather_time(self.cluster, w, group)
         spec = self._specs[kind]
-        share = w / (h if s.zero >= 1 else 1)
-        passes = ADAM_BYTES if pr.optimizer == "adam" else SGD_BYTES
-        if pr.train and pr.mixed:  # fp32 masters and state (twice the compute bytes), and the cast
-            passes = 2 * passes + 1.5
-        t += passes * share / (0.8 * spec.memory_bandwidth) + n_w * spec.launch_overhead_s
-        return t
+        params = w / (h if s.zero >= 1 else 1) / self.profiler.dtype.itemsize
+        upd = self._update
+        t += upd.bytes_per_param * params / (0.8 * spec.memory_bandwidth)
+        return t + n_w * upd.kernels * spec.launch_overhead_s
 
     @staticmethod
     def _with(
