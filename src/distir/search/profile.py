@@ -51,8 +51,12 @@ from distir.search.distinct import Reduced, distinct_layers
 from distir.search.executor import TASK_LOST
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
-from distir.sim.simulate import SharedPlans, simulate
+from distir.sim.simulate import SharedPlans, SharedRecords, simulate
 from distir.sim.units import piece_bytes
+
+# op records the probes of one profiler share (``SharedRecords``) before it starts a new store:
+# AMP's searches make 4,000-11,000, a record a few hundred bytes
+RECORDS_KEPT = 100_000
 
 
 class Wanted(NamedTuple):
@@ -151,6 +155,8 @@ class Profiler:
     _models: dict[int, Reduced] = field(default_factory=dict)
     _pending: dict[tuple[object, ...], Future[TaskResult]] = field(default_factory=dict)
     _shared: SharedPlans = field(default_factory=SharedPlans)  # ``layers``' current key's
+    _records: SharedRecords = field(default_factory=SharedRecords)  # every key's (``_domain``)
+    _domains: dict[tuple[tuple[int, ...], bool], tuple[DeviceMap, CostModel]] = field(default_factory=dict)
     probes: int = 0  # layer simulations run (for benches), by workers too
     worker_cpu_s: float = 0.0  # CPU seconds workers spent on the profiles taken from them
 
@@ -201,11 +207,13 @@ class Profiler:
         layers = self.sharded(t, b, recompute, sp)
         reduced = self.model(b)
         model = reduced.model
-        dmap = DeviceMap({Device(i): Slot(g) for i, g in enumerate(gpus)})
-        cost = self.cost_model or RooflineCostModel(self.cluster, tp_comm_overlap=self.tp_comm_overlap and sp)
-        # the probes of one layer function share its plan; only this key's are kept (its device
-        # map and cost model are its own), so the plans of a long search do not pile up
-        self._shared = SharedPlans()
+        dmap, cost = self._domain(gpus, sp)
+        # the probes of one layer function share its plan; only this key's are kept, so the plans
+        # of a long search do not pile up. Op records are shared by every probe on this TP group
+        # (``SharedRecords``, up to ``RECORDS_KEPT`` of them)
+        if self._records.size > RECORDS_KEPT:
+            self._records = SharedRecords()
+        self._shared = SharedPlans(self._records)
         distinct: list[LayerProfile] = []
         for i, L in enumerate(layers):
             fwd = self._run(L.fwd, L.fwd_args, dmap, cost, key)
@@ -317,6 +325,18 @@ class Profiler:
 
     def _plans(self) -> SharedPlans | None:
         return self._shared if self.share_plans else None
+
+    def _domain(self, gpus: Sequence[int], sp: bool) -> tuple[DeviceMap, CostModel]:
+        """The device map of the TP group ``gpus`` and the cost model of its probes, the same
+        objects for every key on that group (so ``SharedRecords`` shares their op records)."""
+        overlap = self.tp_comm_overlap and sp
+        key = (tuple(gpus), overlap)
+        got = self._domains.get(key)
+        if got is None:
+            dmap = DeviceMap({Device(i): Slot(g) for i, g in enumerate(gpus)})
+            cost = self.cost_model or RooflineCostModel(self.cluster, tp_comm_overlap=overlap)
+            got = self._domains[key] = (dmap, cost)
+        return got
 
     def _run(
         self,
