@@ -278,6 +278,9 @@ class Profiler:
             key = (t, b, recompute, sp, self.group_key(gpus))
             if key not in self._cache and key not in self._pending:
                 jobs.setdefault((t, b, recompute, sp), {}).setdefault(key, tuple(gpus))
+        # the tasks of one microbatch size go to one worker together: they share the model and
+        # its differentiation, and their probes on one TP group share op records (``SharedRecords``)
+        by_b: dict[int, list[tuple[ProfileTask, Iterable[tuple[object, ...]]]]] = {}
         for (t, b, recompute, sp), groups in jobs.items():
             task = ProfileTask(
                 self.spec,
@@ -293,10 +296,13 @@ class Profiler:
                 sp,
                 self.tp_comm_overlap,
             )
-            fut = pool.submit(run_profile_task, task)
-            for k in groups:
-                self._pending[k] = fut
-        return len(jobs)
+            by_b.setdefault(b, []).append((task, groups))
+        for tasks in by_b.values():
+            fut = pool.submit(run_profile_tasks, tuple(task for task, _ in tasks))
+            for _, groups in tasks:
+                for k in groups:
+                    self._pending[k] = fut
+        return len(by_b)
 
     def _collect(self, key: tuple[object, ...]) -> list[LayerProfile] | None:
         """The profiles of ``key`` from its pending task (None if the task failed)."""
@@ -480,6 +486,18 @@ def run_profile_task(task: ProfileTask) -> TaskResult:
     return out, prof.probes - n0, time.process_time() - c0
 
 
+def run_profile_tasks(tasks: tuple[ProfileTask, ...]) -> TaskResult:
+    """``run_profile_task`` of each of ``tasks`` in turn, their results together."""
+    out: list[tuple[tuple[object, ...], list[LayerProfile]]] = []
+    probes, cpu = 0, 0.0
+    for task in tasks:
+        got, n, c = run_profile_task(task)
+        out += got
+        probes += n
+        cpu += c
+    return out, probes, cpu
+
+
 def allowed_tp(spec: ModelSpec, dtype: DType, limit: int) -> list[int]:
     """TP degrees up to ``limit`` that divide every tensor-parallel weight dimension of the model
     (shapes allow them; uneven TP shards are legal DistIR but no one trains that way) but the
@@ -537,5 +555,6 @@ __all__ = [
     "num_blocks",
     "num_layers",
     "run_profile_task",
+    "run_profile_tasks",
     "sequence_length",
 ]
