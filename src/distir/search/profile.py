@@ -16,7 +16,11 @@ each simulated alone on a real group of GPUs of the cluster — so the screen an
 simulation share one cost model, and the screen's error is only in how it *composes* layers
 (the pipeline formula), never in what a layer costs.
 Profiles are memoized per (t, b, recompute, sequence parallelism, kind of the TP group): a
-search over thousands of strategies profiles each distinct layer a few dozen times.
+search over thousands of strategies profiles each distinct layer a few dozen times. The probes
+of one layer function share its plan (``SharedPlans``), and all probes on one TP group share op
+records (``SharedRecords``: the forward, backward and input-gradient parts of a layer, with and
+without sequence parallelism, under each recomputation, have most ops in common) — the same
+figures as probes planned anew (``share_plans=False``, tested).
 ``Profiler.prefetch`` hands profiles the search will need to worker processes
 (``run_profile_task``: the same code on the same model and cluster, so the same figures),
 ``layers`` then takes their results.
@@ -55,7 +59,7 @@ from distir.sim.simulate import SharedPlans, SharedRecords, simulate
 from distir.sim.units import piece_bytes
 
 # op records the probes of one profiler share (``SharedRecords``) before it starts a new store:
-# AMP's searches make 4,000-11,000, a record a few hundred bytes
+# AMP's searches keep 1,500-3,700, a record a few hundred bytes
 RECORDS_KEPT = 100_000
 
 
