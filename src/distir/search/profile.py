@@ -303,8 +303,8 @@ class Profiler:
             by_b.setdefault(b, []).append((task, groups))
         for tasks in by_b.values():
             fut = pool.submit(run_profile_tasks, tuple(task for task, _ in tasks))
-            for _, groups in tasks:
-                for k in groups:
+            for _, keys in tasks:
+                for k in keys:
                     self._pending[k] = fut
         return len(by_b)
 
