@@ -86,8 +86,8 @@ def test_prefetched_profiles_equal_local_ones() -> None:
     expected = [local.layers(t, b, gpus, rc, sp) for t, b, rc, gpus, sp in wanted]
     with local_pool(2) as pool:
         remote = Profiler(spec, cluster)
-        # one task per (t, b, recompute, sp), both GPU kinds in it
-        assert remote.prefetch(pool, wanted) == len(wanted) // 2
+        # one task per microbatch size: every (t, recompute, sp) and both GPU kinds in it
+        assert remote.prefetch(pool, wanted) == 2
         assert remote.prefetch(pool, wanted) == 0  # pending already
         got = [remote.layers(t, b, gpus, rc, sp) for t, b, rc, gpus, sp in wanted]
     assert got == expected

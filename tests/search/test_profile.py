@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -135,3 +136,23 @@ def test_shared_plans_give_the_profiles_of_probes_planned_anew(name: str, train:
         assert got == alone.layers(t, b, gpus, rec, sp)
     assert shared.probes == alone.probes
     assert shared._shared.hits > 0 or not train  # shared (inference probes each function once)
+
+
+@pytest.mark.parametrize("name", [GPT, MODELS[3]])
+def test_probes_of_many_keys_sharing_records_give_the_profiles_planned_anew(name: str) -> None:
+    """Every probe on one TP group takes the op records of the probes before it (``SharedRecords``:
+    forward, backward and input-gradient parts, with and without sequence parallelism, other
+    recomputations): the profiles are those of probes each planned on its own."""
+    spec = parse_model_string(name)
+    cluster = parse_cluster("p3.8xlarge:1+g4dn.12xlarge:1")
+    shared = Profiler(spec, cluster)
+    alone = Profiler(spec, cluster, share_plans=False)
+    has_seq = spec.build(1, DType.f32).seq_dim is not None
+    keys = [(t, b, rec) for t in (1, 2) for b in (1, 2) for rec in ("none", "full")]
+    for (t, b, rec), sp in itertools.product(keys, (False, True)):
+        if sp and (t == 1 or not has_seq):
+            continue
+        for gpus in ([0, 1][:t], [4, 5][:t]):
+            got: list[LayerProfile] = shared.layers(t, b, gpus, rec, sp)
+            assert got == alone.layers(t, b, gpus, rec, sp)
+    assert shared._records.taken > 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import importlib
 import multiprocessing
 import os
@@ -113,13 +114,18 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _init_worker(parent_pid: int) -> None:
-    """Pool worker initializer: one thread per numeric library, and die with the parent.
+    """Pool worker initializer: one thread per numeric library, no cyclic garbage collector, and
+    die with the parent.
 
     The thread variables only reach libraries that read them after this point: with the fork start
-    method a library the parent has already loaded and initialised keeps its thread count.
+    method a library the parent has already loaded and initialised keeps its thread count. A
+    worker lives as long as its pool (one search, one ``run_all``) and keeps what it computes
+    (layer shardings, plans, op records) to the end, making almost no cyclic garbage: the
+    collector would only walk those again and again (``distir.gcpause``).
     """
     for name in _THREAD_ENV:
         os.environ[name] = "1"
+    gc.disable()
     _die_with_parent(parent_pid)
 
 

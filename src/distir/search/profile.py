@@ -16,7 +16,11 @@ each simulated alone on a real group of GPUs of the cluster — so the screen an
 simulation share one cost model, and the screen's error is only in how it *composes* layers
 (the pipeline formula), never in what a layer costs.
 Profiles are memoized per (t, b, recompute, sequence parallelism, kind of the TP group): a
-search over thousands of strategies profiles each distinct layer a few dozen times.
+search over thousands of strategies profiles each distinct layer a few dozen times. The probes
+of one layer function share its plan (``SharedPlans``), and all probes on one TP group share op
+records (``SharedRecords``: the forward, backward and input-gradient parts of a layer, with and
+without sequence parallelism, under each recomputation, have most ops in common) — the same
+figures as probes planned anew (``share_plans=False``, tested).
 ``Profiler.prefetch`` hands profiles the search will need to worker processes
 (``run_profile_task``: the same code on the same model and cluster, so the same figures),
 ``layers`` then takes their results.
@@ -51,8 +55,12 @@ from distir.search.distinct import Reduced, distinct_layers
 from distir.search.executor import TASK_LOST
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
-from distir.sim.simulate import SharedPlans, simulate
+from distir.sim.simulate import SharedPlans, SharedRecords, simulate
 from distir.sim.units import piece_bytes
+
+# op records the probes of one profiler share (``SharedRecords``) before it starts a new store:
+# AMP's searches keep 1,500-3,700, a record a few hundred bytes
+RECORDS_KEPT = 100_000
 
 
 class Wanted(NamedTuple):
@@ -151,6 +159,8 @@ class Profiler:
     _models: dict[int, Reduced] = field(default_factory=dict)
     _pending: dict[tuple[object, ...], Future[TaskResult]] = field(default_factory=dict)
     _shared: SharedPlans = field(default_factory=SharedPlans)  # ``layers``' current key's
+    _records: SharedRecords = field(default_factory=SharedRecords)  # every key's (``_domain``)
+    _domains: dict[tuple[tuple[int, ...], bool], tuple[DeviceMap, CostModel]] = field(default_factory=dict)
     probes: int = 0  # layer simulations run (for benches), by workers too
     worker_cpu_s: float = 0.0  # CPU seconds workers spent on the profiles taken from them
 
@@ -201,11 +211,13 @@ class Profiler:
         layers = self.sharded(t, b, recompute, sp)
         reduced = self.model(b)
         model = reduced.model
-        dmap = DeviceMap({Device(i): Slot(g) for i, g in enumerate(gpus)})
-        cost = self.cost_model or RooflineCostModel(self.cluster, tp_comm_overlap=self.tp_comm_overlap and sp)
-        # the probes of one layer function share its plan; only this key's are kept (its device
-        # map and cost model are its own), so the plans of a long search do not pile up
-        self._shared = SharedPlans()
+        dmap, cost = self._domain(gpus, sp)
+        # the probes of one layer function share its plan; only this key's are kept, so the plans
+        # of a long search do not pile up. Op records are shared by every probe on this TP group
+        # (``SharedRecords``, up to ``RECORDS_KEPT`` of them)
+        if self._records.size > RECORDS_KEPT:
+            self._records = SharedRecords()
+        self._shared = SharedPlans(self._records)
         distinct: list[LayerProfile] = []
         for i, L in enumerate(layers):
             fwd = self._run(L.fwd, L.fwd_args, dmap, cost, key)
@@ -270,6 +282,9 @@ class Profiler:
             key = (t, b, recompute, sp, self.group_key(gpus))
             if key not in self._cache and key not in self._pending:
                 jobs.setdefault((t, b, recompute, sp), {}).setdefault(key, tuple(gpus))
+        # the tasks of one microbatch size go to one worker together: they share the model and
+        # its differentiation, and their probes on one TP group share op records (``SharedRecords``)
+        by_b: dict[int, list[tuple[ProfileTask, Iterable[tuple[object, ...]]]]] = {}
         for (t, b, recompute, sp), groups in jobs.items():
             task = ProfileTask(
                 self.spec,
@@ -285,10 +300,13 @@ class Profiler:
                 sp,
                 self.tp_comm_overlap,
             )
-            fut = pool.submit(run_profile_task, task)
-            for k in groups:
-                self._pending[k] = fut
-        return len(jobs)
+            by_b.setdefault(b, []).append((task, groups))
+        for tasks in by_b.values():
+            fut = pool.submit(run_profile_tasks, tuple(task for task, _ in tasks))
+            for _, keys in tasks:
+                for k in keys:
+                    self._pending[k] = fut
+        return len(by_b)
 
     def _collect(self, key: tuple[object, ...]) -> list[LayerProfile] | None:
         """The profiles of ``key`` from its pending task (None if the task failed)."""
@@ -317,6 +335,18 @@ class Profiler:
 
     def _plans(self) -> SharedPlans | None:
         return self._shared if self.share_plans else None
+
+    def _domain(self, gpus: Sequence[int], sp: bool) -> tuple[DeviceMap, CostModel]:
+        """The device map of the TP group ``gpus`` and the cost model of its probes, the same
+        objects for every key on that group (so ``SharedRecords`` shares their op records)."""
+        overlap = self.tp_comm_overlap and sp
+        key = (tuple(gpus), overlap)
+        got = self._domains.get(key)
+        if got is None:
+            dmap = DeviceMap({Device(i): Slot(g) for i, g in enumerate(gpus)})
+            cost = self.cost_model or RooflineCostModel(self.cluster, tp_comm_overlap=overlap)
+            got = self._domains[key] = (dmap, cost)
+        return got
 
     def _run(
         self,
@@ -460,6 +490,18 @@ def run_profile_task(task: ProfileTask) -> TaskResult:
     return out, prof.probes - n0, time.process_time() - c0
 
 
+def run_profile_tasks(tasks: tuple[ProfileTask, ...]) -> TaskResult:
+    """``run_profile_task`` of each of ``tasks`` in turn, their results together."""
+    out: list[tuple[tuple[object, ...], list[LayerProfile]]] = []
+    probes, cpu = 0, 0.0
+    for task in tasks:
+        got, n, c = run_profile_task(task)
+        out += got
+        probes += n
+        cpu += c
+    return out, probes, cpu
+
+
 def allowed_tp(spec: ModelSpec, dtype: DType, limit: int) -> list[int]:
     """TP degrees up to ``limit`` that divide every tensor-parallel weight dimension of the model
     (shapes allow them; uneven TP shards are legal DistIR but no one trains that way) but the
@@ -517,5 +559,6 @@ __all__ = [
     "num_blocks",
     "num_layers",
     "run_profile_task",
+    "run_profile_tasks",
     "sequence_length",
 ]

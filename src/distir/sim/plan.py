@@ -40,7 +40,7 @@ same figures plainly (no memo, summary or unit): it is the specification this mo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -74,12 +74,15 @@ __all__ = [
     "PlanDomain",
     "PlanOptions",
     "Root",
+    "SharedRecord",
     "build_plan",
     "summarize",
 ]
 
 
 _Summarized = tuple[CallSummary, tuple[Mixed, ...], Any]
+# an op's result types, record and the types its making noted (``PlanDomain.shared_records``)
+SharedRecord = tuple[tuple[Type, ...], OpRecord, tuple[Type, ...]]
 
 # what planning a wrong program raises (every error of distir's about a program is a ValueError:
 # ``OpTypeError``, ``IRTypeError``, ``InterpretError``, ``ModuleError``, ...); anything else is a
@@ -137,6 +140,12 @@ class PlanDomain(TypeDomain):
         self.units = Units(dmap, cost)
         self._relabel = Relabeler(self.units)
         self._memo: dict[tuple[Any, ...], tuple[tuple[Type, ...], OpRecord]] = {}
+        # records another domain of the same device map, cost model and units made, with the
+        # types their making noted (``SharedRecords``); this domain's new ones, likewise, while
+        # ``noted`` is not None
+        self.shared_records: Mapping[tuple[Any, ...], SharedRecord] | None = None
+        self.noted: dict[tuple[Any, ...], tuple[Type, ...]] | None = None
+        self.adopted = 0  # records taken from ``shared_records`` (for tests)
         self._frames: list[list[OpRecord | CallSummary]] = []
         # (callee, argument types) -> (summary, results, mesh-free key and mesh or None: the call
         # in ``distir.sim.relabel``'s terms)
@@ -210,6 +219,10 @@ class PlanDomain(TypeDomain):
                     break
             self._frames[-1].append(rec)
             return outs
+        if self.shared_records is not None and Concrete not in map(type, args):
+            shared = self.shared_records.get(key)
+            if shared is not None:  # made by another domain alike: as if made here
+                return self._adopt(op, key, shared)
         known = self.units.op_types.get(base) if Concrete not in map(type, args) else None
         if known is not None:  # types inferred by ``Units.prepare``: the same domain, so the same
             check_declared(op.outputs, known, op.name)
@@ -218,13 +231,44 @@ class PlanDomain(TypeDomain):
             result = super().op(op, args)
         ins = [type_of(a) for a in args]
         out_types = tuple(type_of(o) for o in result)
+        if self.noted is not None:
+            self.units.captured = []
         for t in out_types:  # under ``Units.assume``: every type met (its inputs were results)
             self.units.note(t)
         rec = op_record(self.units, op, ins, out_types, link)
+        captured, self.units.captured = self.units.captured, None
         if Concrete not in map(type, (*args, *result)):
             self._memo[key] = (out_types, rec)
+            if self.noted is not None and captured is not None:
+                self.noted[key] = tuple(captured)
         self._frames[-1].append(rec)
         return result
+
+    def _adopt(self, op: Op, key: tuple[Any, ...], shared: SharedRecord) -> Sequence[Mixed]:
+        """``op``'s record and result types from ``shared_records``: what planning it here gives
+        (the same op, attributes, input types and link on the same device map, cost model and
+        units), the types its making noted noted here too."""
+        outs, rec, noted = shared
+        for v in op.outputs:
+            if v.type is not None:
+                check_declared(op.outputs, outs, op.name)
+                break
+        for t in noted:
+            self.units.note(t)
+        self._memo[key] = (outs, rec)
+        self.adopted += 1
+        self._frames[-1].append(rec)
+        return outs
+
+    def take_new_records(self) -> list[tuple[tuple[Any, ...], SharedRecord]]:
+        """The records this domain made itself since the last call (with ``noted`` set), each
+        with the types its making noted, for ``SharedRecords``."""
+        if not self.noted:
+            return []
+        memo = self._memo
+        out = [(key, (*memo[key], noted)) for key, noted in self.noted.items()]
+        self.noted.clear()
+        return out
 
     # -- calls -----------------------------------------------------------------------------------
     def call(self, module: Module, call: Call, callee: Function, args: Sequence[Mixed]) -> Sequence[Mixed]:

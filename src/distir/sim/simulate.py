@@ -42,7 +42,7 @@ from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
 from distir.sim.interference import apply_stall
 from distir.sim.memcols import peaks
-from distir.sim.plan import PROGRAM_ERRORS, CallSummary, FnPlan, PlanDomain, PlanOptions
+from distir.sim.plan import PROGRAM_ERRORS, CallSummary, FnPlan, PlanDomain, PlanOptions, SharedRecord
 from distir.sim.records import FlatColumns
 from distir.sim.reference import run_reference
 from distir.sim.tracedetail import LEVELS, DetailSource, TraceDetail
@@ -239,11 +239,14 @@ class SharedPlans:
     finds wrong, is simulated the usual way (``Units.prepare``, the precise error), and its domain
     is dropped."""
 
-    def __init__(self) -> None:
+    def __init__(self, records: SharedRecords | None = None) -> None:
         # (ids of the callees, of the device map, of the cost model and of the argument types) ->
         # (the domain, and those objects: kept alive so their ids stay valid)
         self._domains: dict[tuple[int, ...], tuple[PlanDomain, tuple[object, ...]]] = {}
         self.hits = 0  # simulations planned on a kept domain (for tests)
+        # op records shared by every domain of one device map, cost model and units (also
+        # across ``SharedPlans``: a caller may hand one store to several)
+        self.records = records if records is not None else SharedRecords()
 
     def simulate(
         self,
@@ -266,21 +269,75 @@ class SharedPlans:
         if kept is not None:
             domain = kept[0]
             domain.module, domain.options = module, options
-        else:
-            domain = PlanDomain(module, dmap, cost, options)
         try:
+            if kept is None:
+                domain = PlanDomain(module, dmap, cost, options)
+                domain.units.assume(module, fn, args)  # what ``plan`` does first: here, to
+                self.records.attach(domain)  # take the records of domains of the same units
             plan = domain.plan(fn, args)
         except PROGRAM_ERRORS:  # planned (and reported) the usual way
             self._domains.pop(key, None)
             return None
-        if not domain.units.confirm():  # as for a domain of its own
+        if not domain.units.confirm():  # as for a domain of its own (its records not kept)
             self._domains.pop(key, None)
             return None
+        self.records.keep(domain)
         if kept is not None:
             self.hits += 1
         else:
             self._domains[key] = (domain, alive)
         return _run(plan, domain, cluster, dmap, trace, batch), plan, domain
+
+
+_Records = dict[tuple[Any, ...], SharedRecord]
+
+
+class SharedRecords:
+    """Op records (result types, record) shared by planning domains on the same device map and
+    cost model (the same objects) whose units are the same: an op's record is a function of the
+    op, its attributes, its input types, its fused link, the units and the cost model only
+    (``distir.sim.oprecord``), so a domain takes the ones another made instead of inferring and
+    costing them again (``PlanDomain.shared_records``) — e.g. the search's probes of the forward,
+    backward and input-gradient part of one layer, or of the same layer with and without
+    sequence parallelism, which share most of their ops. A record taken also notes the types its
+    making noted (``Units.note``), so ``Units.confirm`` sees what it would have seen. Only the
+    records of domains whose units were confirmed are kept."""
+
+    def __init__(self) -> None:
+        # (ids of the device map and cost model, the units) -> (records by op key, those objects)
+        self._stores: dict[tuple[Any, ...], tuple[_Records, tuple[object, ...]]] = {}
+        self.size = 0  # records kept, all stores
+        self.taken = 0  # records domains took from here (for tests)
+
+    @staticmethod
+    def _key(domain: PlanDomain) -> tuple[Any, ...]:
+        u = domain.units
+        units = tuple(u.units) if u.units is not None else None
+        return (id(domain.dmap), id(domain.cost), tuple(u.dev_slot.items()), tuple(u.slot_gpu), units)
+
+    def attach(self, domain: PlanDomain) -> None:
+        """Let ``domain`` (its units assumed or prepared) take the records of its store and note
+        the ones it makes for ``keep``."""
+        got = self._stores.get(self._key(domain))
+        domain.shared_records = got[0] if got is not None else None
+        domain.noted = {}
+
+    def keep(self, domain: PlanDomain) -> None:
+        """Keep the records ``domain`` made (its units confirmed) for the domains alike."""
+        self.taken += domain.adopted
+        domain.adopted = 0
+        new = domain.take_new_records()
+        if not new:
+            return
+        key = self._key(domain)
+        got = self._stores.get(key)
+        if got is None:
+            got = self._stores[key] = ({}, (domain.dmap, domain.cost))
+        store = got[0]
+        n = len(store)
+        store.update((k, r) for k, r in new if k not in store)
+        self.size += len(store) - n
+        domain.shared_records = store
 
 
 def _simulate_reference(

@@ -199,6 +199,9 @@ class Units:
         self._seen_devices: dict[Device, None] = {}
         self.uneven = False
         self.relabels = 0
+        # while not None, every type noted (``PlanDomain.op``: what an op record's making noted,
+        # replayed where the record is taken from ``SharedRecords`` instead)
+        self.captured: list[Type] | None = None
         self._unit_types: set[DTensorType] | None = None  # the DTensor types units were made for
         # by id (see mesh_info), with the mesh kept alive
         self._mesh_units: dict[int, tuple[Mesh, tuple[tuple[int, Device, int, int], ...]]] = {}
@@ -264,6 +267,8 @@ class Units:
         """A type the planner met (under ``assume``; a no-op after ``prepare``)."""
         if not self._assumed:
             return
+        if self.captured is not None:  # kept with an op record shared with other domains
+            self.captured.append(t)
         if isinstance(t, DTensorType):
             if t not in self._seen_dtensors:
                 self._seen_dtensors[t] = None
