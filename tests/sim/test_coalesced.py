@@ -31,7 +31,8 @@ BIG, SMALL = 4 * 1024 * 1024, 4 * 256  # f32 (1024, 1024) and (256,)
 
 
 def _two_reductions(second: str) -> str:
-    return f"""func @f(%a: DTensor[f32, (1024, 1024), {MESH}, [P(sum)]], %b: DTensor[f32, (256,), {MESH}, [P(sum)]]) {{
+    a, b = f"DTensor[f32, (1024, 1024), {MESH}, [P(sum)]]", f"DTensor[f32, (256,), {MESH}, [P(sum)]]"
+    return f"""func @f(%a: {a}, %b: {b}) {{
   %ar = Redistribute(%a, to="R")
   %br = Redistribute(%b, to="R"{second})
   return %ar, %br
