@@ -211,6 +211,10 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([T(f64, 3), T(f64, 3)]),
         Case([T(f32, 2, 1, 3, 4), T(f32, 5, 4, 2)]),
         Case([T(f32, 3), T(f32, 2, 3, 4)]),
+        Case([T(f32, 3, 2), T(f32, 3, 4)], {"transA": 1}),
+        Case([T(f32, 5, 2, 3), T(f32, 4, 3)], {"transB": 1}),
+        Case([T(f32, 2, 1, 4, 3), T(f32, 5, 2, 4)], {"transA": 1, "transB": 1}),
+        Case([T(f64, 3), T(f64, 2, 4, 3)], {"transB": 1}),
     ],
     "Gemm": [
         Case([T(f32, 2, 3), T(f32, 3, 4)]),

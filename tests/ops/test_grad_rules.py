@@ -125,6 +125,11 @@ CASES: list[GCase] = [
     GCase("MatMul", [t(2, 1, 3, 4), t(5, 4, 2)]),
     GCase("MatMul", [t(3), t(2, 3, 4)]),
     GCase("MatMul", [t(2, 3), t(4, 3, 5)]),
+    GCase("MatMul", [t(3, 2), t(3, 4)], {"transA": 1}),
+    GCase("MatMul", [t(2, 3, 4), t(5, 4)], {"transB": 1}),  # the flattened weight gradient, transposed
+    GCase("MatMul", [t(2, 4, 3), t(4, 5)], {"transA": 1}),  # batched A transposed: no flattening
+    GCase("MatMul", [t(2, 1, 4, 3), t(5, 2, 4)], {"transA": 1, "transB": 1}),
+    GCase("MatMul", [t(3), t(2, 4, 3)], {"transB": 1}),
     *(
         GCase("Gemm", [*ab, *c], {"transA": ta, "transB": tb, "alpha": al, "beta": be})
         for ((ta, tb), ab), c, al, be in zip(
@@ -317,6 +322,13 @@ def test_grad_rule_matches_finite_differences(case: GCase) -> None:
         np.testing.assert_allclose(
             g, want, rtol=case.rtol, atol=case.rtol * scale, err_msg=f"{case.id}: d/dx{i}"
         )
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.op in ("MatMul", "Gemm")], ids=lambda c: c.id)
+def test_matrix_product_gradients_transpose_by_flags_not_copies(case: GCase) -> None:
+    """dA = dY·Bᵀ and dB = Aᵀ·dY are GEMMs with transposed operands, as cuBLAS runs them (a
+    transpose flag): the rules emit no Transpose, whose copy the cost model would charge."""
+    assert "Transpose" not in build(case).backward_ops
 
 
 def _numeric(f: Any, x: np.ndarray, h: float) -> np.ndarray:

@@ -36,6 +36,8 @@ BAD = [
     Bad("MatMul", [T(f32, 2, 3), T(f32, 4, 5)], "contraction mismatch", 3, 4, 1),
     Bad("MatMul", [T(f32, 2, 3), T(f64, 3, 5)], "dtype", f32, f64, 1),
     Bad("MatMul", [T(f32, 2, 2, 3), T(f32, 3, 3, 4)], "does not broadcast", (2,), (3,)),
+    Bad("MatMul", [T(f32, 3), T(f32, 3, 5)], "transA needs an operand", "rank >= 2", 1, 0, {"transA": 1}),
+    Bad("MatMul", [T(f32, 2, 3), T(f32, 3, 5)], "contraction mismatch", 2, 3, 1, {"transA": 1}),
     Bad("Gemm", [T(f32, 2, 3), T(f32, 4, 3)], "contraction mismatch", 3, 4, 1),
     Bad("Gemm", [T(f32, 2, 3), T(f32, 3, 4), T(f32, 3)], "bias", (2, 4), (3,), 2),
     Bad("Concat", [T(f32, 2, 3), T(f32, 2, 4)], "does not match", (2, 3), (2, 4), 1, {"axis": 0}),

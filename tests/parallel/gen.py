@@ -380,7 +380,9 @@ def op_cases(draw: st.DrawFn, only: str | None = None) -> OpCase:
         m, k, n = draw(dim), draw(dim), draw(dim)
         batch = tuple(draw(st.lists(dim, max_size=1)))
         lead = st.sampled_from([(), batch, tuple(1 for _ in batch)])
-        return OpCase("MatMul", ((*draw(lead), m, k), (*draw(lead), k, n)))
+        ta, tb = draw(st.integers(0, 1)), draw(st.integers(0, 1))
+        a, b = (*draw(lead), *((k, m) if ta else (m, k))), (*draw(lead), *((n, k) if tb else (k, n)))
+        return OpCase("MatMul", (a, b), ", ".join(f"trans{x}=1" for x, t in (("A", ta), ("B", tb)) if t))
     if kind == "gemm":
         m, k, n = draw(dim), draw(dim), draw(dim)
         ta, tb = draw(st.integers(0, 1)), draw(st.integers(0, 1))

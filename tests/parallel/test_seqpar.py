@@ -95,6 +95,20 @@ def test_block_backward_golden() -> None:
         assert not {n for n, _ in _redistributions(fn, BLOCK, sp=False)} & weights
 
 
+@pytest.mark.parametrize("spec", [BLOCK, LLAMA, BLOCK + ",tied=1"])
+def test_sequence_parallel_backward_transposes_by_gemm_flags(spec: str) -> None:
+    """dX = dY·Wᵀ and dW = Xᵀ·dY under T+SP are MatMuls with transposed operands (cuBLAS flags,
+    as Megatron-LM's linear layers run them), never a Transpose copy; the products keep the
+    column/row-parallel layout (the redistributions are pinned by the golden tests above)."""
+    layers = sharded_layers(build_model(spec, batch=4), 2, 2, sp=True)
+    bwd = [op for L in layers if L.bwd is not None for op in L.bwd.ops()]
+    assert not [op for op in bwd if op.name == "Transpose"]
+    flagged = [op for op in bwd if op.name == "MatMul" and (op.attrs.get("transA") or op.attrs.get("transB"))]
+    # every product's two gradients but the tied head's dX = dY·(wteᵀ)ᵀ = dY·wte
+    plain = 1 if "tied=1" in spec else 0
+    assert len(flagged) == len([op for op in bwd if op.name == "MatMul"]) - plain
+
+
 def test_materialized_forward_uses_allgather_and_reducescatter_on_the_sequence_dim() -> None:
     model = build_model(BLOCK, batch=2)
     s = parse_strategy("d1.t2.sp.p1.k1.1f1b")

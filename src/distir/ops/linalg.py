@@ -40,32 +40,56 @@ def _matmul_shape(ctx: TypeCtx, a: tuple[int, ...], b: tuple[int, ...]) -> tuple
     return out
 
 
+def swap_last(shape: Sequence[int], trans: bool | int) -> tuple[int, ...]:
+    """``shape`` with its last two dims swapped when ``trans``: how MatMul's ``transA``/``transB``
+    read an operand."""
+    s = tuple(shape)
+    return (*s[:-2], s[-1], s[-2]) if trans else s
+
+
+def _trans(attrs: Attrs) -> tuple[int, int]:
+    return int_attr(attrs, "transA", 0), int_attr(attrs, "transB", 0)
+
+
 def _matmul_rule(ctx: TypeCtx) -> Sequence[Type]:
     same_dtype(ctx, [0, 1])
     a, b = ctx.tensor(0), ctx.tensor(1)
-    return (ctx.out(a.dtype, _matmul_shape(ctx, a.shape, b.shape)),)
+    ta, tb = ctx.attr("transA"), ctx.attr("transB")
+    for i, (t, flag, name) in enumerate(((a, ta, "transA"), (b, tb, "transB"))):
+        if flag and t.rank < 2:
+            ctx.fail(f"MatMul {name} needs an operand of rank >= 2", i, "rank >= 2", t.rank)
+    return (ctx.out(a.dtype, _matmul_shape(ctx, swap_last(a.shape, ta), swap_last(b.shape, tb))),)
+
+
+def _matmul_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    ta, tb = _trans(attrs)
+    a, b = np.asarray(args[0]), np.asarray(args[1])
+    return (np.matmul(np.swapaxes(a, -1, -2) if ta else a, np.swapaxes(b, -1, -2) if tb else b),)
 
 
 def _matmul_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
     a = ins[0]
-    k = a.shape[-1] if isinstance(a, TensorType) and a.shape else 1
+    k = swap_last(a.shape, _trans(attrs)[0])[-1] if isinstance(a, TensorType) and a.shape else 1
     return 2.0 * numel(outs[0]) * k
 
 
 def _matmul_gemm(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> GemmShape:
-    """As torch runs it: a product by a matrix (rank <= 2 second operand) flattens the first
-    operand's leading dims into M (one GEMM); otherwise a batched GEMM over the result's
-    leading dims."""
+    """As torch runs it: a product by a matrix (rank <= 2 second operand, not transposed first
+    operand) flattens the first operand's leading dims into M (one GEMM); otherwise a batched
+    GEMM over the result's leading dims. A transposed operand is a flag of the same GEMM
+    (cuBLAS ``transa``/``transb``), never a copy."""
     a, b = ins[0], ins[1]
     assert isinstance(a, TensorType) and isinstance(b, TensorType)
-    k = a.shape[-1] if a.shape else 1
-    n = b.shape[-1] if len(b.shape) >= 2 else 1
-    if len(b.shape) <= 2:
+    ta, tb = _trans(attrs)
+    sa, sb = swap_last(a.shape, ta), swap_last(b.shape, tb)
+    k = sa[-1] if sa else 1
+    n = sb[-1] if len(sb) >= 2 else 1
+    if len(sb) <= 2 and not (ta and len(sa) > 2):
         return GemmShape(1, numel(a) // k if k else 0, n, k)
     out = outs[0]
     assert isinstance(out, TensorType)
-    m = a.shape[-2] if len(a.shape) >= 2 else 1
-    batch = math.prod(out.shape[:-2]) if len(a.shape) >= 2 else math.prod(out.shape[:-1])
+    m = sa[-2] if len(sa) >= 2 else 1
+    batch = math.prod(out.shape[:-2]) if len(sa) >= 2 else math.prod(out.shape[:-1])
     return GemmShape(batch, m, n, k)
 
 
@@ -78,10 +102,12 @@ MATMUL = register(
         inputs=("A", "B"),
         outputs=("Y",),
         infer=_matmul_rule,
-        reference=lambda args, attrs: (np.matmul(args[0], args[1]),),
+        attrs={"transA": AttrSpec("int", 0, (0, 1)), "transB": AttrSpec("int", 0, (0, 1))},
+        reference=_matmul_ref,
         flops=_matmul_flops,
         gemm=_matmul_gemm,
-        doc="Matrix product with numpy broadcasting of batch dims.",
+        doc="Matrix product with numpy broadcasting of batch dims; transA/transB read an operand "
+        "with its last two dims swapped (a GEMM's transpose flag, no copy).",
         sharding=sharding_rules.matmul,
     )
 )
@@ -160,24 +186,23 @@ GEMM = register(
 
 
 # -- gradient rules (contract: distir.ops.gradrules) --------------------------------------------
-def _swap_last(ctx: GradCtx, v: Value, rank: int) -> Value:
-    """``v`` with its last two dims swapped."""
-    (out,) = ctx.op("Transpose", v, perm=(*range(rank - 2), rank - 1, rank - 2))
-    return out
-
-
 def _matmul_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
-    """Y = A @ B with numpy semantics. 1-D operands are promoted to matrices (A: (1, k), B:
-    (k, 1)) by reshapes; then dA = dY @ Bᵀ and dB = Aᵀ @ dY, each summed back over the batch dims
-    it was broadcast along. When B is a matrix and A is batched (a weight applied to a batch of
-    activations), dB is one matmul of the flattened batch instead: (Σ rows, k)ᵀ @ (Σ rows, n)."""
+    """Y = A' @ B' with numpy semantics (A' = A with its last two dims swapped when transA, B'
+    likewise). 1-D operands (never transposed) are promoted to matrices (A: (1, k), B: (k, 1))
+    by reshapes; then dA' = dY @ B'ᵀ and dB' = A'ᵀ @ dY, each one MatMul whose transpose flags
+    make it come out in its input's own layout — a GEMM's operand flags, as cuBLAS, torch
+    autograd and Megatron-LM run a linear layer's backward, never a Transpose copy — and summed
+    back over the batch dims it was broadcast along. When B is a matrix and A is batched and not
+    transposed (a weight applied to a batch of activations), dB is one matmul of the flattened
+    batch instead: (Σ rows, k)ᵀ @ (Σ rows, n)."""
     dy = first(douts)
+    ta, tb = _trans(op.attrs)
     at, bt = ctx.type(op.inputs[0]), ctx.type(op.inputs[1])
     a_shape, b_shape = at.shape, bt.shape
     a2 = (1, *a_shape) if len(a_shape) == 1 else a_shape
     b2 = (*b_shape, 1) if len(b_shape) == 1 else b_shape
     batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
-    y2 = (*batch, a2[-2], b2[-1])
+    y2 = (*batch, swap_last(a2, ta)[-2], swap_last(b2, tb)[-1])
     a, b = ctx.primal(op.inputs[0]), ctx.primal(op.inputs[1])
     if a2 != a_shape:
         a = reshape(ctx, a, a2)
@@ -185,20 +210,31 @@ def _matmul_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequenc
         b = reshape(ctx, b, b2)
     if y2 != ctx.type(op.outputs[0]).shape:
         dy = reshape(ctx, dy, y2)
-    (da,) = ctx.op("MatMul", dy, _swap_last(ctx, b, len(b2)))
+    if not ta:  # dA = dY @ B'ᵀ
+        (da,) = ctx.op("MatMul", dy, b, **_flags(0, 1 - tb))
+    else:  # dA = (dY @ B'ᵀ)ᵀ = B' @ dYᵀ
+        (da,) = ctx.op("MatMul", b, dy, **_flags(tb, 1))
     da = unbroadcast(ctx, da, a2, (*batch, a2[-2], a2[-1]))
-    if len(b2) == 2 and len(a2) > 2:
+    if len(b2) == 2 and len(a2) > 2 and not ta:
         rows = math.prod(a2[:-1])
-        a_flat = reshape(ctx, a, (rows, a2[-1]))
-        (db,) = ctx.op("MatMul", _swap_last(ctx, a_flat, 2), reshape(ctx, dy, (rows, b2[-1])))
+        a_flat, dy_flat = reshape(ctx, a, (rows, a2[-1])), reshape(ctx, dy, (rows, y2[-1]))
+        (db,) = ctx.op("MatMul", *((dy_flat, a_flat) if tb else (a_flat, dy_flat)), transA=1)
     else:
-        (db,) = ctx.op("MatMul", _swap_last(ctx, a, len(a2)), dy)
+        if not tb:  # dB = A'ᵀ @ dY
+            (db,) = ctx.op("MatMul", a, dy, **_flags(1 - ta, 0))
+        else:  # dB = (A'ᵀ @ dY)ᵀ = dYᵀ @ A'
+            (db,) = ctx.op("MatMul", dy, a, **_flags(1, ta))
         db = unbroadcast(ctx, db, b2, (*batch, b2[-2], b2[-1]))
     if a2 != a_shape:
         da = reshape(ctx, da, a_shape)
     if b2 != b_shape:
         db = reshape(ctx, db, b_shape)
     return [da, db]
+
+
+def _flags(ta: int, tb: int) -> dict[str, int]:
+    """MatMul's transpose attributes, the ones set only (a plain product prints as before)."""
+    return {k: 1 for k, v in (("transA", ta), ("transB", tb)) if v}
 
 
 def _gemm_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
@@ -240,5 +276,12 @@ def _gemm_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any
     return (y if alpha == 1.0 else y * alpha,)
 
 
-MATMUL.fill("torch", lambda ctx, xs, attrs: (ctx.torch.matmul(xs[0], xs[1]),))
+def _matmul_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """``torch.matmul`` of the operands, a transposed one as a view (``.mT``): torch hands cuBLAS
+    the view's strides as its transpose flag, as autograd's backward of ``mm``/``linear`` does."""
+    ta, tb = _trans(attrs)
+    return (ctx.torch.matmul(xs[0].mT if ta else xs[0], xs[1].mT if tb else xs[1]),)
+
+
+MATMUL.fill("torch", _matmul_torch)
 GEMM.fill("torch", _gemm_torch)

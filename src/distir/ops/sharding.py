@@ -106,20 +106,25 @@ def mul_rule() -> ShardingRule:
 
 def matmul(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[Strategy]:
     """A[..., m, k] @ B[..., k, n]: shard m (rows of A), n (columns of B), a batch dim (both), or
-    k (both: a pending sum); a pending sum on one side passes through with the other replicated."""
+    k (both: a pending sum); a pending sum on one side passes through with the other replicated.
+    ``transA``/``transB`` (an operand stored with its last two dims swapped) swap which of its
+    dims is m/k (k/n): the placements a Transpose before the plain product would have led to."""
     a, b, y = _shape(ins[0]), _shape(ins[1]), _shape(outs[0])
     if len(a) < 2 or len(b) < 2:
         return [replicated(ins, outs)]
+    ta, tb = bool(attrs.get("transA", 0)), bool(attrs.get("transB", 0))
+    a_m, a_k = (len(a) - 1, len(a) - 2) if ta else (len(a) - 2, len(a) - 1)
+    b_k, b_n = (len(b) - 1, len(b) - 2) if tb else (len(b) - 2, len(b) - 1)
     found = [replicated(ins, outs)]
-    found.append(Strategy((Shard(len(a) - 2), R), (Shard(len(y) - 2),)))
-    found.append(Strategy((R, Shard(len(b) - 1)), (Shard(len(y) - 1),)))
+    found.append(Strategy((Shard(a_m), R), (Shard(len(y) - 2),)))
+    found.append(Strategy((R, Shard(b_n)), (Shard(len(y) - 1),)))
     for d in range(len(y) - 2):  # batch dims, aligned from the right
         ka, kb = d - (len(y) - len(a)), d - (len(y) - len(b))
         pa = Shard(ka) if ka >= 0 and a[ka] == y[d] and y[d] > 1 else R
         pb = Shard(kb) if kb >= 0 and b[kb] == y[d] and y[d] > 1 else R
         if isinstance(pa, Shard) or isinstance(pb, Shard):
             found.append(Strategy((pa, pb), (Shard(d),)))
-    found.append(Strategy((Shard(len(a) - 1), Shard(len(b) - 2)), (SUM,)))
+    found.append(Strategy((Shard(a_k), Shard(b_k)), (SUM,)))
     found.append(Strategy((SUM, R), (SUM,)))
     found.append(Strategy((R, SUM), (SUM,)))
     return found

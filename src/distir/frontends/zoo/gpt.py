@@ -225,11 +225,12 @@ def head_fn() -> Function:
 
 def tied_head_fn() -> Function:
     """The head of a tied model: LayerNorm, then the logits from the token embedding ``wte``
-    (vocab, hidden) transposed — sharded on the vocabulary, it gives logits sharded alike."""
+    (vocab, hidden) read transposed (``transB``: a GEMM flag, as Megatron-LM's
+    ``F.linear(h, wte)``, not a copy) — sharded on the vocabulary, it gives logits sharded alike."""
     f = LayerFn("head")
     x, scale, bias, wte = f.param("x"), f.param("lnf_scale"), f.param("lnf_bias"), f.param("wte")
     h = f("LayerNormalization", x, scale, bias, name="lnf")
-    return f.ret(f("MatMul", h, f("Transpose", wte, perm=(1, 0), name="wteT"), name="logits"))
+    return f.ret(f("MatMul", h, wte, transB=1, name="logits"))
 
 
 def token_loss_fn(vocab: int, normalizer: int, form: str = "fp32") -> Function:
