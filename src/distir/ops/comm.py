@@ -478,7 +478,8 @@ def _make_comm_cost(c: _Coll) -> Callable[[Sequence[Type], Sequence[Type], Attrs
         root: Any = attrs.get("root")
         if c.pattern is CommPattern.SCATTER:
             root = ts[0].device
-        return CommCost(c.pattern, c.message(ts, outs), c.group(ts, attrs), root)
+        coalesced = bool(attrs.get("coalesced"))
+        return CommCost(c.pattern, c.message(ts, outs), c.group(ts, attrs), root, coalesced)
 
     return cost
 
@@ -501,7 +502,8 @@ for _c in _COLLS:
             inputs=_c.global_inputs,
             outputs=_out_count(_c),
             infer=_c.global_rule,
-            attrs=_c.attrs,
+            # coalesced: a later part of one collective call (``Redistribute``'s, lowered)
+            attrs={**_c.attrs, "coalesced": AttrSpec("bool", default=False)},
             reference=_c.reference,
             project=_make_project(_c),
             comm_cost=_make_comm_cost(_c),

@@ -15,6 +15,15 @@ piece to the device at c of B (materialization lowers it to one ``Send`` per dev
 at the same coordinates in both meshes would send to itself: that is an error, like ``Send`` to
 itself. Its sequential meaning is the identity too.
 
+``Redistribute(%g, to="S(0), R", coalesced=true)`` is one part of a *coalesced* collective: the
+trainer reduces (or gathers) several tensors as one flat buffer in one collective call — a
+gradient bucket (PyTorch DDP's and Megatron-LM's contiguous grad buffer, DeepSpeed's IPG bucket),
+a layer's flat parameter (FSDP, Megatron's parameter buckets) — and writes each tensor's part of
+it as its own Redistribute, the first without the flag and the others with it. The call's fixed
+latency is paid once, by the first part: a flagged part costs only its bytes (the simulator
+charges its collective's time less that of an empty message, ``distir.sim.spmd``). It changes
+nothing else: the value, the lowering and the memory are those of an ordinary Redistribute.
+
 ``%y = MeshView(%x, mesh="dpr=2, dp=4, tp=1; d0, …, d7")`` is ``%x`` on a mesh of the same
 devices in the same order whose axes split or merge ``%x``'s (``regroup_placements``): each
 device keeps its piece, so it costs nothing and materializes to nothing. HSDP uses it to reduce
@@ -92,9 +101,10 @@ REDISTRIBUTE = register(
         inputs=("x",),
         outputs=("y",),
         infer=_redistribute_rule,
-        attrs={"to": AttrSpec("str")},
+        attrs={"to": AttrSpec("str"), "coalesced": AttrSpec("bool", default=False)},
         reference=_identity,
-        doc='Change a DTensor\'s placements, e.g. to="R" or to="S(0), R" (one per mesh axis).',
+        doc='Change a DTensor\'s placements, e.g. to="R" or to="S(0), R" (one per mesh axis); '
+        "coalesced=true: a later part of one collective call over a flat buffer (no latency of its own).",
     )
 )
 

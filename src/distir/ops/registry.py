@@ -122,6 +122,9 @@ class CommCost:
     nbytes: float
     devices: tuple[Device, ...]
     root: Device | None = None  # the source of a Scatter / the destination of a Gather
+    # a later part of one collective call over a flat buffer (``coalesced=true``): the call's
+    # latency is paid by its first part, this one costs its bytes (``distir.sim.cost.charged``)
+    coalesced: bool = False
 
 
 class _Required:

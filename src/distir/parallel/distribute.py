@@ -456,9 +456,18 @@ class _Builder:
             text = self._mesh_text[id(mesh)] = format_mesh_attr(mesh)
         return text
 
-    def _redistribute(self, fb: FunctionBuilder, v: Value, name: str, to: str) -> Value:
-        """``Redistribute(v, to=to)``, its result named ``name``."""
-        return fb.emit("Redistribute", (v,), self._attrs("to", to), (name,))[0]
+    def _redistribute(
+        self, fb: FunctionBuilder, v: Value, name: str, to: str, coalesced: bool = False
+    ) -> Value:
+        """``Redistribute(v, to=to)``, its result named ``name``; ``coalesced``: a later part of
+        one collective call over a flat buffer (``distir.ops.dist``: no latency of its own)."""
+        attrs = self._attrs("to", to)
+        if coalesced:
+            got = self._made_attrs.get(("to+coalesced", to))
+            if got is None:
+                got = self._made_attrs[("to+coalesced", to)] = Attrs({"to": to, "coalesced": True})
+            attrs = got
+        return fb.emit("Redistribute", (v,), attrs, (name,))[0]
 
     def _on_stage(
         self, dtype: DType, shape: tuple[int, ...], stage: int, zero_dim: int | None, tp: Placement
@@ -488,15 +497,19 @@ class _Builder:
         return self.sharder.layers(self.chunks[-1][-1] + 1)
 
     # -- chunks ----------------------------------------------------------------------------------
-    def _zero3_gather(self, fb: FunctionBuilder, w: Value, p: Value, mesh: Mesh) -> Value:
+    def _zero3_gather(
+        self, fb: FunctionBuilder, w: Value, p: Value, mesh: Mesh, coalesced: bool = False
+    ) -> Value:
         """ZeRO-3: the whole weight ``w`` from its shard ``p`` (an all-gather over dp; HSDP: over
-        its group, then seen on ``mesh``, the (dp, tp) mesh of the same devices)."""
+        its group, then seen on ``mesh``, the (dp, tp) mesh of the same devices); ``coalesced``:
+        a later part of its layer's one gather call (``_Gathers._issue``)."""
         if self.viewed:  # every weight lives on the (dpr, dp, tp) or (dp·cp, tp) view
             if self._zdim(w) is not None and (self.s.zero == 3 or self.gather_early):
-                p = self._redistribute(fb, p, w.name, ("R, " if self.hsdp else "") + self._wp(w))
+                to = ("R, " if self.hsdp else "") + self._wp(w)
+                p = self._redistribute(fb, p, w.name, to, coalesced)
             return fb.emit("MeshView", (p,), self._attrs("mesh", self._mesh_attr(mesh)), (w.name,))[0]
         if (self.s.zero == 3 or self.gather_early) and self._zdim(w) is not None:
-            return self._redistribute(fb, p, w.name, self._wp(w))
+            return self._redistribute(fb, p, w.name, self._wp(w), coalesced)
         return p
 
     def _layer_view(self, fb: FunctionBuilder, v: Value, stage: int) -> Value:
@@ -1200,13 +1213,15 @@ class _Gathers:
     def _issue(self, ws: Sequence[Value]) -> None:
         """A layer's shards handed to the gather stream together, then gathered there: a hand-over
         touches both streams, so one written after a gather would hold the compute stream until
-        that gather ends (FSDP gathers a unit's flat parameter in one collective)."""
+        that gather ends. The layer's gathers are one coalesced call (FSDP all-gathers a unit's
+        flat parameter in one collective, Megatron-LM a bucket of its contiguous parameter
+        buffer): the first pays the call's latency, the others their bytes."""
         assert self.stream is not None
         text = self.b._mesh_attr(self.b._mesh_for(self.stage, "dp_gather"))
         attrs = self.b._attrs("mesh", text)
         moved = [self.fb.emit("MeshSend", (self.wp[w],), attrs, (w.name,))[0] for w in ws]
-        for w, v in zip(ws, moved, strict=True):
-            self.ready[w] = self.b._zero3_gather(self.fb, w, v, self.stream)
+        for i, (w, v) in enumerate(zip(ws, moved, strict=True)):
+            self.ready[w] = self.b._zero3_gather(self.fb, w, v, self.stream, coalesced=i > 0)
 
     def before(self, i: int) -> None:
         """Layer ``i`` (of ``order``) runs next: with a stream, its gathers (unless prefetched)
@@ -1322,8 +1337,11 @@ class _Buckets:
     and all-reduce the sum, in the last microbatch's backward, and ZeRO-2 under a pipeline
     reduce-scatters the sum there (``reduce_scatter_every_backward``). HSDP reduce-scatters within the
     shard group and accumulates the shard, a pending sum across the groups, which the ``final``
-    backward all-reduces across them. Results: the reduced gradients in the chunk's weight order
-    (on the ``dp_reduce`` stream's mesh with communication streams)."""
+    backward all-reduces across them. A bucket is one collective call over a flat buffer, as the
+    trainers issue it (DDP's and Megatron-LM's contiguous gradient buckets, DeepSpeed's IPG
+    bucket, FSDP's flat parameter): its first gradient's Redistribute pays the call's latency,
+    the others are ``coalesced`` parts (their bytes only). Results: the reduced gradients in the
+    chunk's weight order (on the ``dp_reduce`` stream's mesh with communication streams)."""
 
     def __init__(
         self, b: _Builder, fb: FunctionBuilder, c: int, ws: list[Value], acc: bool, final: bool = True
@@ -1359,20 +1377,21 @@ class _Buckets:
             else (w, g)
             for w, g in self.pending
         ]
-        for w, g in moved:
+        for i, (w, g) in enumerate(moved):
+            later = i > 0  # the bucket is one collective call: the first part pays its latency
             if self.b.reduce_fp32:  # FSDP's reduce_dtype: cast on the reduction stream
                 master = self.b.prec.master
                 g = cast(fb, g, master, f"g_{w.name}_{master}")
             if self.b.hsdp:
-                r = self._hsdp_scatter(w, g)
+                r = self._hsdp_scatter(w, g, later)
             elif self.b.cp_view:  # the pending sum over (dp, cp) seen over dp·cp, reduced there
-                r = self.b._redistribute(fb, self._viewed(g), f"g_{w.name}", self.b._grad_target(w))
+                r = self.b._redistribute(fb, self._viewed(g), f"g_{w.name}", self.b._grad_target(w), later)
             else:
-                r = self.b._redistribute(fb, g, f"g_{w.name}", self.b._grad_target(w))
+                r = self.b._redistribute(fb, g, f"g_{w.name}", self.b._grad_target(w), later)
             if self.accs and self.scatter:  # ZeRO-2/3: accumulated in the shard
                 (r,) = fb.op("Add", self.accs[w], r, names=[f"g_{w.name}"])
             if self.b.hsdp and self.final:  # the accumulated shard, across the groups once
-                r = self.b._redistribute(fb, r, f"g_{w.name}", "R, " + self.b._grad_target(w))
+                r = self.b._redistribute(fb, r, f"g_{w.name}", "R, " + self.b._grad_target(w), later)
             self.out[w] = r
         self.pending, self.size = [], 0.0
 
@@ -1382,7 +1401,7 @@ class _Buckets:
         mesh = b._mesh_for(self.stage, "dp_reduce" if self.stream is not None else None)
         return self.fb.emit("MeshView", (g,), b._attrs("mesh", b._mesh_attr(mesh)), (g.name,))[0]
 
-    def _hsdp_scatter(self, w: Value, g: Value) -> Value:
+    def _hsdp_scatter(self, w: Value, g: Value, coalesced: bool = False) -> Value:
         """HSDP: ``w``'s pending gradient seen on the (dpr, dp, tp) mesh and reduce-scattered
         within the shard group (dp; a weight ZeRO does not shard: all-reduced within it), still
         a pending sum across the groups (dpr)."""
@@ -1390,7 +1409,7 @@ class _Buckets:
         mesh = b._mesh_for(self.stage, "dp_reduce" if self.stream is not None else None)
         (g,) = self.fb.emit("MeshView", (g,), b._attrs("mesh", b._mesh_attr(mesh)), (g.name,))
         shard = b._grad_target(w)  # "S(z), <tp>"; "R, <tp>" for a weight ZeRO does not shard
-        return b._redistribute(self.fb, g, f"g_{w.name}", "P(sum), " + shard)
+        return b._redistribute(self.fb, g, f"g_{w.name}", "P(sum), " + shard, coalesced)
 
     def results(self) -> list[Value]:
         self.flush()

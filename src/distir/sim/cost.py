@@ -39,7 +39,7 @@ GPUs instead of once per GPU. A model without it is asked about every GPU.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from distir.hardware.attention import attention_efficiency
@@ -213,6 +213,16 @@ class RooflineCostModel:
             fn = coll.scatter_time if cost.pattern is CommPattern.SCATTER else coll.gather_time
             return fn(self.cluster, cost.nbytes, gpus, root)
         return _COLLECTIVE[cost.pattern](self.cluster, cost.nbytes, gpus)
+
+
+def charged(model: CostModel, cost: CommCost, gpus: Sequence[int]) -> float:
+    """``model``'s time for communication ``cost``; a ``coalesced`` part of one collective call
+    costs its collective less the same collective of an empty message: its bytes, not the call's
+    latency, which the call's first part pays (``distir.ops.dist``)."""
+    t = float(model.comm_time(cost, gpus))
+    if cost.coalesced:
+        t -= float(model.comm_time(replace(cost, nbytes=0.0, coalesced=False), gpus))
+    return t
 
 
 @dataclass(frozen=True)

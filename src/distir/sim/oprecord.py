@@ -20,6 +20,7 @@ from distir.ir.types import Device, TupleType, Type
 from distir.ops.dist import MESH_SEND
 from distir.ops.registry import REGISTRY, CommPattern, OpKind, OpTypeError
 from distir.sim import interference, spmd
+from distir.sim.cost import charged
 from distir.sim.fusion import FusedInput
 from distir.sim.records import OpRecord
 from distir.sim.units import Units, has_dtensor, leaves
@@ -44,7 +45,7 @@ def op_record(
         assert d.comm_cost is not None
         desc = d.comm_cost(ins, outs, op.attrs)
         gpus = [units.dev_gpu[x] for x in desc.devices]
-        seconds = float(cost.comm_time(desc, gpus))
+        seconds = charged(cost, desc, gpus)
         held = interference.stall(units, devs, seconds) if desc.pattern is not CommPattern.P2P else ()
         return OpRecord(devs, seconds, True, op.name, 0.0, False, *units.sizes(outs, False), None, stall=held)
     gpu = _first_gpu(units, ins, outs, op) if devs else 0

@@ -10,7 +10,9 @@ of its mesh, each device working on its own piece (``distir.parallel.sharding.ma
 - ``Redistribute`` runs ``redistribute_steps`` (the per-axis moves materialization lowers to),
   one after another; a step costs its slowest device group's collective (AllReduce, AllGather,
   ReduceScatter or AllToAll, message sizes of the local pieces as the comm ops of
-  ``distir.ops.comm`` define them); Replicate→Shard is a local Slice, costed as compute;
+  ``distir.ops.comm`` define them); Replicate→Shard is a local Slice, costed as compute; a
+  ``coalesced`` one (a later part of one collective call over a flat buffer) costs its
+  collectives' times less their times for an empty message — its bytes, not the call's latency;
 - an attention op split along the sequence as a ring (``distir.parallel.sharding.ring``) is one
   record over its mesh: the ring's steps, each the longer of its blocks and its K/V transfer
   (``distir.sim.ring``);
@@ -242,6 +244,7 @@ def redistribute_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[
     if not steps:  # nothing moves: the result is the input (a view)
         return OpRecord(devs, 0.0, False, op.name, 0.0, True, *dom.sizes(outs, True), None)
     info = mesh_info(mesh)
+    coalesced = bool(op.attrs.get("coalesced"))  # ``distir.ops.dist``: a later part of one call
     seconds = 0.0
     communicates = False
     collective: Collective | None = None
@@ -275,7 +278,10 @@ def redistribute_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[
             step = 0.0
             for g in info.groups(ax):
                 group = tuple(mesh.devices[i] for i in g)
-                step = max(step, dom.comm_seconds(pattern, piece_bytes(sized, g[0]), group))
+                seconds_of = dom.comm_seconds(pattern, piece_bytes(sized, g[0]), group)
+                if coalesced:  # a later part of one call: its bytes only, the latency paid once
+                    seconds_of -= dom.comm_seconds(pattern, 0.0, group)
+                step = max(step, seconds_of)
         seconds += step
         sizes.append({u: piece_bytes(after, pos) for u, _rep, pos, _c in units})
     per, allocs, bump = dom.sizes(outs, False)

@@ -330,6 +330,7 @@ def _redistribute(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Val
     assert isinstance(src, DTensorType) and isinstance(dst, DTensorType)
     cur = list(src.placements)
     pieces = {d: local[(src_v, d)] for d in mesh.devices}
+    coalesced = bool(op.attrs.get("coalesced"))
     for ax, b in redistribute_steps(src.placements, dst.placements):
         nxt = [*cur]
         nxt[ax] = b
@@ -343,7 +344,7 @@ def _redistribute(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Val
             raise ShardingError(f"`{print_op(op)}`: {why}")
         for group in mesh.groups(ax):
             ins = [pieces[d] for d in group]
-            outs = _lower(fb, cur[ax], b, ins, group, t_next, dst_v.name, print_op(op))
+            outs = _lower(fb, cur[ax], b, ins, group, t_next, dst_v.name, print_op(op), coalesced)
             for d, o in zip(group, outs, strict=True):
                 pieces[d] = o
         cur = nxt
@@ -393,17 +394,19 @@ def _lower(
     t_next: DTensorType,
     name: str,
     where: str,
+    coalesced: bool = False,
 ) -> Sequence[Value]:
     names = [f"{name}.{d}" for d in group]
     types = [local_type(t_next, d) for d in group]
+    part = {"coalesced": True} if coalesced else {}  # a later part of one call, as the Redistribute
     if isinstance(a, Partial) and isinstance(b, Replicate):
-        return fb.op("AllReduce", *ins, names=names, types=types, op=a.op)
+        return fb.op("AllReduce", *ins, names=names, types=types, op=a.op, **part)
     if isinstance(a, Shard) and isinstance(b, Replicate):
-        return fb.op("AllGather", *ins, names=names, types=types, dim=a.dim)
+        return fb.op("AllGather", *ins, names=names, types=types, dim=a.dim, **part)
     if isinstance(a, Partial) and isinstance(b, Shard):
-        return fb.op("ReduceScatter", *ins, names=names, types=types, dim=b.dim, op=a.op)
+        return fb.op("ReduceScatter", *ins, names=names, types=types, dim=b.dim, op=a.op, **part)
     if isinstance(a, Shard) and isinstance(b, Shard):
-        return fb.op("AllToAll", *ins, names=names, types=types, split_dim=b.dim, concat_dim=a.dim)
+        return fb.op("AllToAll", *ins, names=names, types=types, split_dim=b.dim, concat_dim=a.dim, **part)
     if isinstance(a, Replicate) and isinstance(b, Shard):
         outs = []
         for v, d, t in zip(ins, group, types, strict=True):
