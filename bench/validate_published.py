@@ -443,6 +443,7 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
         fp32_grad_accum=r.fp32_grad_accum,
         gather_copy_out=r.gather_copy_out,
         reduce_fp32=r.reduce_fp32,
+        sac_eager=r.kernels == "eager",  # eager selective checkpointing caches what it saves
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(

@@ -79,6 +79,12 @@ programs. Its shape:
   FSDP2's ``foreach_reduce`` copies the gradients into an fp32 reduce-scatter input on its
   reduce-scatter stream and FSDP1 casts them on its post-backward stream; the reduced shard is
   then the optimizer's gradient as it is. Default: reduced in the compute dtype, then cast.
+- ``sac_eager`` (``rops`` run eagerly, as torchtitan without ``torch.compile``): PyTorch's
+  selective checkpointing caches every result its policy saves until the block's backward,
+  whether the backward reads it or not (``torch/utils/checkpoint.py``,
+  ``_CachingTorchDispatchMode``): the layers are differentiated under ``ops-eager``
+  (``distir.autodiff.reverse``), which keeps the block's last product too. Compiled blocks
+  keep only what their backward reads: the default.
 """
 
 from __future__ import annotations
@@ -194,6 +200,7 @@ def distribute(
     cp_ring: bool = True,
     gather_copy_out: bool = False,
     reduce_fp32: bool = False,
+    sac_eager: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -245,6 +252,7 @@ def distribute(
             cp_ring,
             gather_copy_out,
             reduce_fp32,
+            sac_eager,
         ).build()
 
 
@@ -360,6 +368,7 @@ class _Builder:
         cp_ring: bool = True,
         gather_copy_out: bool = False,
         reduce_fp32: bool = False,
+        sac_eager: bool = False,
     ) -> None:
         if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
             raise StrategyError(
@@ -436,7 +445,9 @@ class _Builder:
         self.n_in = len(model.inputs)
         self.weight_params = set(model.forward.params[self.n_in :])
         self.functions: dict[str, Function] = {}
-        self.sharder = LayerSharder(model, s, train, self.mb, self.functions)
+        # eager selective checkpointing caches what it saves (``distribute``)
+        policy = "ops-eager" if sac_eager and s.recompute == "ops" else None
+        self.sharder = LayerSharder(model, s, train, self.mb, self.functions, policy)
         self._param_types: dict[tuple[object, ...], DTensorType] = {}  # ``_on_stage``
         self._made_attrs: dict[tuple[str, str], Attrs] = {}  # ``_attrs``
         self._mesh_text: dict[int, str] = {}  # ``format_mesh_attr`` of each mesh, by id (in ``meshes``)
