@@ -76,9 +76,9 @@ from distir.ir.printer import print_op
 from distir.ir.rewrite import ValueMap, copy_instr, eliminate_dead_code
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Value
+from distir.ops.elementwise import STOP_GRADIENT
 from distir.ops.gradrules import NotDifferentiableError
 from distir.ops.registry import REGISTRY
-from distir.ops.elementwise import STOP_GRADIENT
 from distir.ops.shape.views import RESHAPE
 
 RecomputePolicy = Callable[[Op, Function], bool]
