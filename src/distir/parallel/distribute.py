@@ -266,6 +266,13 @@ def distribute(
         ).build()
 
 
+def _layer_policy(s: Strategy, sac_eager: bool) -> str | None:
+    """The recompute policy the layers are differentiated under when it is not the strategy's
+    own: ``ops-eager`` for ``rops`` run eagerly (``distribute(sac_eager=True)``: eager selective
+    checkpointing caches every result it saves), else None."""
+    return "ops-eager" if sac_eager and s.recompute == "ops" else None
+
+
 def _check_deepspeed(s: Strategy, prec: Precision, deepspeed_pipe: bool, fp32_grad_accum: bool) -> None:
     """Refuse what DeepSpeed's pipeline engine and BF16_Optimizer do not run (``distribute``)."""
     if deepspeed_pipe and s.zero >= 2:
@@ -402,8 +409,7 @@ class _Builder:
         # DeepSpeed's pipeline engine: transfers block the compute streams (``distribute``)
         self.p2p_streams = comm_streams and not deepspeed_pipe
         self.gather_copy_out = gather_copy_out  # FSDP2's copy-out of each gather (``distribute``)
-        # the root's and the last block's gathered weights kept for the backward (``distribute``)
-        self.fsdp2_root = fsdp2_root and train and s.zero == 3 and s.p == 1 and s.d * s.c > 1
+        self.fsdp2_root = fsdp2_root and train and s.zero == 3 and s.p == 1 and s.d * s.c > 1  # distribute
         # gradients reduced in the masters' dtype (``distribute``)
         self.reduce_fp32 = reduce_fp32 and self.prec.mixed and train and s.d * s.c > 1 and not self.fp32_acc
         # the compute copies gathered in the next step's first forward (``distribute``)
@@ -458,9 +464,7 @@ class _Builder:
         self.n_in = len(model.inputs)
         self.weight_params = set(model.forward.params[self.n_in :])
         self.functions: dict[str, Function] = {}
-        # eager selective checkpointing caches what it saves (``distribute``)
-        policy = "ops-eager" if sac_eager and s.recompute == "ops" else None
-        self.sharder = LayerSharder(model, s, train, self.mb, self.functions, policy)
+        self.sharder = LayerSharder(model, s, train, self.mb, self.functions, _layer_policy(s, sac_eager))
         self._param_types: dict[tuple[object, ...], DTensorType] = {}  # ``_on_stage``
         self._made_attrs: dict[tuple[str, str], Attrs] = {}  # ``_attrs``
         self._mesh_text: dict[int, str] = {}  # ``format_mesh_attr`` of each mesh, by id (in ``meshes``)
