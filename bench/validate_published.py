@@ -1,6 +1,7 @@
 """Published-runs validation (issue 16): predict published training runs with distir and compare.
 
     PYTHONPATH=src .venv/bin/python bench/validate_published.py [--only NAME]... [--quick] [--markdown]
+        [--interference off]
 
 Each run of ``bench/published_runs.toml`` (its source, model, cluster, the run's own strategy and
 precision, the published throughput and whether it fit) is built as ``distir simulate --model
@@ -405,12 +406,14 @@ def figure_of(r: Run, step_time_s: float) -> float:
 
 
 class Variant(NamedTuple):
-    """What the cost model assumes, for ``--gemm flat`` / ``--kernels`` comparisons: matmuls by
-    the GEMM curve (``gemm_curve``) or at the flat 75% of peak; every run's own kernels (None) or
-    all ``fused`` / ``eager``."""
+    """What the cost model assumes, for ``--gemm flat`` / ``--kernels`` / ``--interference off``
+    comparisons: matmuls by the GEMM curve (``gemm_curve``) or at the flat 75% of peak; every
+    run's own kernels (None) or all ``fused`` / ``eager``; collectives beside the compute slowing
+    it by the SMs NCCL holds (``interference``, ``distir.sim.interference``) or not."""
 
     gemm_curve: bool = True
     kernels: str | None = None
+    interference: bool = True
 
 
 AS_PUBLISHED = Variant()  # each run's own kernels, matmuls by the GEMM curve
@@ -456,6 +459,7 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
         gemm_curve=v.gemm_curve,
         attention_kernel=r.attention_kernel,
         tp_comm_overlap=r.tp_comm_overlap,
+        comm_interference=v.interference,
     )
     return simulate(prog, cl, device_map(st, True), cost, batch=batch, trace=trace), st
 
@@ -640,9 +644,15 @@ def main(argv: list[str] | None = None) -> int:
         "--kernels", choices=("run", "fused", "eager"), default="run",
         help="each run's own kernels (default), or all fused / all eager",
     )  # fmt: skip
+    ap.add_argument(
+        "--interference", choices=("on", "off"), default="on",
+        help="collectives slow the compute beside them by the SMs NCCL holds (default) or not",
+    )  # fmt: skip
     ap.add_argument("--breakdown", action="store_true", help="where each selected run's step goes")
     args = ap.parse_args(argv)
-    v = Variant(args.gemm == "curve", None if args.kernels == "run" else args.kernels)
+    v = Variant(
+        args.gemm == "curve", None if args.kernels == "run" else args.kernels, args.interference == "on"
+    )
     try:
         runs = select(load_runs(args.data), args.only, args.quick)
     except RunsError as e:

@@ -299,6 +299,9 @@ type = "t"
         ("allocator_fragmentation = 1.0", "types.a.allocator_fragmentation", "[0, 1)"),
         ('workspace_mib = "big"', "types.a.workspace_mib", "non-negative number"),
         ("matmul_efficency = 0.5", "types.a.matmul_efficency", "did you mean matmul_efficiency"),
+        ("comm_sm_count = 108", "types.a.comm_sm_count", "[0, sm_count=108)"),
+        ("comm_sm_count = -1", "types.a.comm_sm_count", "integer"),
+        ("comm_sm_source = 3", "types.a.comm_sm_source", "string"),
     ],
 )
 def test_bad_gemm_and_runtime_values_are_clear_errors(line: str, key: str, needle: str) -> None:
@@ -309,3 +312,12 @@ def test_bad_gemm_and_runtime_values_are_clear_errors(line: str, key: str, needl
 def test_gemm_curve_needs_its_two_keys_without_a_preset() -> None:
     e = err(INLINE + 'matmul_efficiency = 0.6\n[[nodes]]\ntype = "t"\n')
     assert e.key == "types.t.sm_count" and "sm_count and matmul_efficiency" in e.message
+
+
+def test_comm_sm_count_overrides_the_preset_and_zero_turns_it_off() -> None:
+    base = PRESETS["dgx-a100"].device.gemm
+    assert base is not None and base.comm_sms == 24
+    for n in (0, 16):
+        c = cluster_from_toml(f'[types.a]\npreset = "dgx-a100"\ncomm_sm_count = {n}\n[[nodes]]\ntype = "a"\n')
+        g = c.nodes[0].device.gemm
+        assert g is not None and g.comm_sms == n and g.comm_share == n / base.sms

@@ -31,6 +31,9 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
     matmul_fp32_efficiency = 0.8     #   the same for fp32 (default matmul_efficiency),
     matmul_source = "..."            #   and its source; without sm_count and
                                      #   matmul_efficiency: a flat fraction of peak
+    comm_sm_count = 2                # optional: SMs a communication kernel holds while it runs
+    comm_sm_source = "..."           #   (NCCL channels), taken from the compute beside it
+                                     #   (default 0: none; distir.sim.interference)
     cuda_context_mib = 512           # optional: memory held besides tensors (defaults:
     workspace_mib = 64               #   distir.hardware.presets.CUDA_RUNTIME): CUDA context,
     comm_buffers_mib = 512           #   library workspaces, NCCL buffers (MiB) and the
@@ -144,7 +147,15 @@ _DEVICE_FIELDS = {
     "memory_bandwidth_gb_s": "memory_bandwidth",
     "launch_overhead_us": "launch_overhead_s",
 }
-_GEMM_KEYS = ("sm_count", "matmul_efficiency", "matmul_fp32_efficiency", "matmul_anchor", "matmul_source")
+_GEMM_KEYS = (
+    "sm_count",
+    "matmul_efficiency",
+    "matmul_fp32_efficiency",
+    "matmul_anchor",
+    "matmul_source",
+    "comm_sm_count",
+    "comm_sm_source",
+)
 _RUNTIME_MIB = {
     "cuda_context_mib": "context_bytes",
     "workspace_mib": "workspace_bytes",
@@ -476,10 +487,21 @@ class _Loader:
                     (*path, "matmul_anchor"), f"expected [M, N, K], three positive integers, got {_got(a)}"
                 )
             over["anchor"] = tuple(a)
-        if "matmul_source" in t:
-            if not isinstance(t["matmul_source"], str):
-                self.fail((*path, "matmul_source"), f"expected a string, got {_got(t['matmul_source'])}")
-            over["source"] = t["matmul_source"]
+        for key, field_ in (("matmul_source", "source"), ("comm_sm_source", "comm_source")):
+            if key in t:
+                if not isinstance(t[key], str):
+                    self.fail((*path, key), f"expected a string, got {_got(t[key])}")
+                over[field_] = t[key]
+        if "comm_sm_count" in t:
+            c = t["comm_sm_count"]
+            sms = over.get("sms", base.sms if base is not None else 0)
+            if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < sms:
+                self.fail(
+                    (*path, "comm_sm_count"),
+                    f"expected an integer in [0, sm_count={sms}) (the SMs a communication kernel "
+                    f"holds), got {_got(c)}",
+                )
+            over["comm_sms"] = c
         if base is None:
             over.setdefault("anchor", (8192, 8192, 8192))
             over.setdefault("source", f"{self.file}: {_fmt(path)}")

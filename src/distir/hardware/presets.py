@@ -67,6 +67,10 @@ CUDA_RUNTIME = RuntimeMemory(
 """What a PyTorch training process holds on a GPU besides its tensors (the presets' default)."""
 
 _MAMF = "https://github.com/stas00/ml-engineering/tree/master/compute/accelerator#maximum-achievable-matmul-flops-comparison-table"
+# SMs NCCL's kernels hold while a collective runs: one CTA per channel, each alone on its SM
+# (NCCL's maintainer: "NCCL CTAs won't share an SM with compute kernels", and NCCL launches the
+# fewest channels that reach the links' speed), https://github.com/NVIDIA/nccl/issues/689
+_NCCL_SM = "one CTA per NCCL channel, alone on its SM (https://github.com/NVIDIA/nccl/issues/689)"
 _V100_GEMM = GemmProfile(
     sms=80,
     fraction=83 / 125,
@@ -75,24 +79,38 @@ _V100_GEMM = GemmProfile(
     source="Markidis et al. 2018, 'NVIDIA Tensor Core Programmability, Performance & Precision' "
     "(IPDPSW, arXiv:1803.04014): cuBLAS GEMM on V100 up to 83 TFLOP/s mixed precision (of 125), "
     "7x its fp32 SGEMM; anchor: large square (8192^3, estimate of the paper's largest sizes)",
+    comm_sms=6,
+    comm_source=f"{_NCCL_SM}; 6 channels: NCCL's ring graph of a 4-GPU NVLink V100 server "
+    "(https://github.com/NVIDIA/nccl/issues/713); estimate for an NVSwitch DGX-2, no published channel "
+    "count found (NCCL's search, src/graph/search.cc, gives 3 rings at 40 GB/s over its 6 NVLinks, "
+    "doubled by ncclTopoDupChannels)",
 )
 _A100_GEMM = GemmProfile(
     sms=108,
     fraction=267.9 / 312,
     anchor=(6912, 16384, 2048),
     source=f"MAMF table (bf16 matmul, CUDA 12.1): A100 SXM 267.9 of 312 TFLOP/s at 6912x16384x2048, {_MAMF}",
+    comm_sms=24,
+    comm_source=f"{_NCCL_SM}; 24 channels on an 8-GPU NVSwitch A100 node (NCCL_DEBUG log 'Channel 23/24', "
+    "https://github.com/NVIDIA/nccl-tests/issues/100)",
 )
 _H100_GEMM = GemmProfile(
     sms=132,
     fraction=792.1 / 989,
     anchor=(6144, 17920, 2816),
     source=f"MAMF table (bf16 matmul, CUDA 12.1): H100 SXM 792.1 of 989 TFLOP/s at 6144x17920x2816, {_MAMF}",
+    comm_sms=24,
+    comm_source=f"{_NCCL_SM}; 24 CTAs: an FSDP-style ncclAllGather on an H100 SXM measured with Nsight "
+    "Systems (https://forums.developer.nvidia.com/t/compute-communication-overlap-causes-severe-gemm-"
+    "performance-degradation-because-of-tail-effect/337991)",
 )
 _T4_GEMM = GemmProfile(
     sms=40,
     fraction=0.75,
     anchor=(8192, 8192, 8192),
     source="estimate: no published T4 GEMM benchmark found; the former flat 75% at a large square GEMM",
+    comm_sms=2,
+    comm_source=f"{_NCCL_SM}; 2 on a PCIe system with one NIC (NCCL's maintainer, ibid.)",
 )
 
 
@@ -341,7 +359,10 @@ def _gemm_record(d: DeviceSpec) -> dict[str, Any]:
     rec: dict[str, Any] = {"sm_count": g.sms, "matmul_efficiency": g.fraction}
     if g.fp32_fraction is not None:
         rec["matmul_fp32_efficiency"] = g.fp32_fraction
-    return rec | {"matmul_anchor": list(g.anchor), "matmul_source": g.source}
+    rec |= {"matmul_anchor": list(g.anchor), "matmul_source": g.source}
+    if g.comm_sms:
+        rec |= {"comm_sm_count": g.comm_sms, "comm_sm_source": g.comm_source}
+    return rec
 
 
 def _runtime_record(d: DeviceSpec) -> dict[str, Any]:
@@ -418,6 +439,11 @@ def render_clusters_table(cluster: Cluster | None = None) -> Table:
     recs = clusters_json(cluster)["clusters"]
     notes = "\n".join(
         f"[{i}] {r['source'].replace(' ; ', ' ')}\n    GEMM: {r.get('matmul_source', _FLAT)}"
+        + (
+            f"\n    comm SMs: {r['comm_sm_count']} of {r['sm_count']}: {r['comm_sm_source']}"
+            if "comm_sm_count" in r
+            else ""
+        )
         + "".join(f"\n    attention ({k}): {a['source']}" for k, a in r.get("attention", {}).items())
         for i, r in enumerate(recs, 1)
     )
@@ -438,7 +464,8 @@ def render_clusters_table(cluster: Cluster | None = None) -> Table:
         caption="GPUs per node; fp32..bf16: dense peak TFLOP/s; HBM: memory bandwidth, GB/s; mem: GiB; "
         "intra: GPU↔GPU in a node, per GPU, GB/s; inter: network, per node, GB/s (per direction); "
         "GEMM: fraction of the dense peak a published GEMM benchmark reached (the efficiency curve of "
-        "distir.hardware.gemm passes through it; smaller or skinny products run below it); runtime: "
+        "distir.hardware.gemm passes through it; smaller or skinny products run below it); comm SMs: the "
+        "SMs a communication kernel holds while it runs, taken from the compute beside it; runtime: "
         "memory held besides tensors, MiB (CUDA context + workspaces + NCCL buffers) + the allocator's "
         f"share of the peak. Sources:\n{notes}\nRuntime memory: {' / '.join(runtime_sources)}",
         caption_justify="left",

@@ -101,13 +101,20 @@ class GemmProfile:
     of the dense tensor-core peak (fp16/bf16/tf32) a published GEMM benchmark reached at the
     shape ``anchor`` (M, N, K); ``fp32_fraction`` the same for fp32 on the CUDA cores (None:
     ``fraction``). ``source`` names the benchmark. The efficiency curve passes through the
-    anchor point (see ``distir.hardware.gemm``)."""
+    anchor point (see ``distir.hardware.gemm``).
+
+    ``comm_sms``: the SMs a communication kernel (NCCL's: one CTA per channel, each holding an SM
+    to itself) occupies while it runs beside the compute, taken from the compute for that time
+    (``comm_share``; 0: communication takes nothing from the compute, as a calibrated or CPU
+    profile has it); ``comm_source`` names where the channel count comes from."""
 
     sms: int
     fraction: float
     anchor: tuple[int, int, int]
     source: str
     fp32_fraction: float | None = None
+    comm_sms: int = 0
+    comm_source: str = ""
 
     def __post_init__(self) -> None:
         owner = "gemm profile"
@@ -125,6 +132,17 @@ class GemmProfile:
             raise SpecError(f"{owner}: anchor must be three positive ints (M, N, K), got {a!r}")
         if not isinstance(self.source, str):
             raise SpecError(f"{owner}: source must be a string, got {self.source!r}")
+        c = self.comm_sms
+        if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < self.sms:
+            raise SpecError(f"{owner}: comm_sms must be an int in [0, sms={self.sms}), got {c!r}")
+        if not isinstance(self.comm_source, str):
+            raise SpecError(f"{owner}: comm_source must be a string, got {self.comm_source!r}")
+
+    @property
+    def comm_share(self) -> float:
+        """The fraction of the SMs a resident communication kernel holds: a compute kernel beside
+        it runs at ``1 - comm_share`` of its speed (``distir.sim.interference``)."""
+        return self.comm_sms / self.sms
 
 
 SeqPoints = tuple[tuple[int, float], ...]

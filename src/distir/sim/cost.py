@@ -121,7 +121,9 @@ class RooflineCostModel:
     ``attention_kernel``: the fused-attention kernel the trainer runs (``fa2`` or ``cudnn``);
     ``tp_comm_overlap``: the trainer pipelines each tensor-parallel AllGather/ReduceScatter with
     the GEMM beside it (Megatron-LM's ``--tp-comm-overlap``; the planner applies it:
-    ``distir.sim.overlap``)."""
+    ``distir.sim.overlap``); ``comm_interference``: a collective on a communication stream slows
+    the compute beside it by the SMs its kernel holds (``interference``; the planner applies it:
+    ``distir.sim.interference``)."""
 
     cluster: Cluster
     allow_tf32: bool = False
@@ -132,6 +134,7 @@ class RooflineCostModel:
     fuse: bool = True
     attention_kernel: str = "fa2"
     tp_comm_overlap: bool = False
+    comm_interference: bool = True
 
     def compute_time(
         self, opdef: OpDef, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, gpu: int
@@ -196,6 +199,12 @@ class RooflineCostModel:
         """GPUs of one device kind (``Cluster.kind_of``) compute alike."""
         return self.cluster.kind_of(gpu)
 
+    def interference(self, gpu: int) -> float:
+        """The fraction of ``gpu``'s compute a communication kernel running beside it takes: its
+        GEMM profile's ``comm_share`` (0 without a profile, or with ``comm_interference`` off)."""
+        g = self.cluster.device_spec(gpu).gemm
+        return g.comm_share if g is not None and self.comm_interference else 0.0
+
     def comm_time(self, cost: CommCost, gpus: Sequence[int]) -> float:
         if cost.pattern is CommPattern.P2P:
             return coll.send_time(self.cluster, cost.nbytes, gpus[0], gpus[-1])
@@ -210,12 +219,18 @@ class RooflineCostModel:
 class FixedCostModel:
     """Fixed costs, for reasoning about schedules by hand and for tests: an op that does any work
     (FLOPs or bytes written) costs ``compute`` seconds (``by_op`` overrides per op name); every
-    communication costs ``comm`` seconds, except between streams of one GPU when ``free_local``."""
+    communication costs ``comm`` seconds, except between streams of one GPU when ``free_local``;
+    a collective on a communication stream slows the compute beside it by ``slowdown``
+    (``distir.sim.interference``; 0: not at all)."""
 
     compute: float = 1.0
     comm: float = 0.5
     by_op: Mapping[str, float] = field(default_factory=dict)
     free_local: bool = False
+    slowdown: float = 0.0
+
+    def interference(self, gpu: int) -> float:
+        return self.slowdown
 
     def compute_time(
         self, opdef: OpDef, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, gpu: int

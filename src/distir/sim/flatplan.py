@@ -31,6 +31,7 @@ from distir.ir.types import Type
 from distir.ir.values import Value
 from distir.parallel.sharding.ring import ring_axis
 from distir.sim import overlap
+from distir.sim.interference import stall_column
 from distir.sim.memcols import build_columns
 from distir.sim.records import FlatColumns, FnPlan, MemEvents, OpRecord
 
@@ -121,7 +122,8 @@ def plan_flat(
     out_types = tuple(types[v] for v in fn.outputs)
     param_last = tuple(internal_last.get(p, last.get(p, -1)) for p in params)
     devs, costs, comm, names, flops, slots = _per_op_columns(records, table, columns is not None)
-    return FnPlan(
+    stall, slots = _stalls(records, table, columns is not None, slots)
+    plan = FnPlan(
         fn,
         devs,
         costs,
@@ -139,6 +141,8 @@ def plan_flat(
         flat=True,
         comm_ops=tuple(comm_ops),
     )
+    plan.stall = stall
+    return plan
 
 
 def _walk_types(
@@ -305,6 +309,18 @@ def _per_op_columns(
             list(map(attrgetter(f), records)) for f in ("seconds", "comm", "name", "flops")
         )
     return devs, costs, comm, names, flops, slots
+
+
+def _stalls(
+    records: list[OpRecord], table: list[OpRecord], compact: bool, slots: tuple[int, ...]
+) -> tuple[list[tuple[tuple[int, float], ...]] | None, tuple[int, ...]]:
+    """The plan's stall column (``distir.sim.interference``; None: no op stalls a clock, or a
+    compact plan, whose table holds them) and its slots with the stalled ones."""
+    stall = stall_column(table)
+    if stall is None:
+        return None, slots
+    slots = tuple(sorted({*slots, *(s for st in stall for s, _ in st)}))
+    return (None if compact else [rec.stall for rec in records]), slots
 
 
 def _view_roots(

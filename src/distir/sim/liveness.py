@@ -32,6 +32,7 @@ from distir.interp.shapes import Mixed
 from distir.ir.function import Function
 from distir.ir.types import Type
 from distir.ir.values import Value
+from distir.sim.interference import stall_column
 from distir.sim.records import CallSummary, FnPlan, Gift, MemEvents, OpRecord, Root
 
 _chain = chain.from_iterable
@@ -173,10 +174,14 @@ def build_plan(
     # a plan never summarized: no result storage
     out_roots, fresh = _result_storage(fn, w, param_index, owned, internal_last) if param_uses else ([], [])
     slots = tuple(sorted({s for ds in devs for s in ds}))
+    stall = stall_column(records)
+    if stall is not None:
+        slots = tuple(sorted({*slots, *(s for st in stall for s, _ in st)}))
     plan = FnPlan(
         fn, devs, costs, comm, names, flops, mem, slots, tuple(out_roots), tuple(fresh), out_types, param_last
     )
     plan.call_profiles = call_profiles or None
+    plan.stall = stall
     return plan
 
 

@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from distir.ir.dtensor import DTensorType
 from distir.ir.ops import Op
 from distir.ir.types import Device, TupleType, Type
-from distir.ops.registry import REGISTRY, OpKind, OpTypeError
-from distir.sim import spmd
+from distir.ops.dist import MESH_SEND
+from distir.ops.registry import REGISTRY, CommPattern, OpKind, OpTypeError
+from distir.sim import interference, spmd
 from distir.sim.fusion import FusedInput
 from distir.sim.records import OpRecord
 from distir.sim.units import Units, has_dtensor, leaves
@@ -33,7 +34,10 @@ def op_record(
     if d.kind is OpKind.RANK_COMM:
         raise OpTypeError(f"{op.name} belongs in a per-rank program; simulate the global program")
     if any(has_dtensor(t) for t in (*ins, *outs)):
-        return spmd.record(units, op, d, ins, outs, link)
+        rec = spmd.record(units, op, d, ins, outs, link)
+        if rec.comm and op.name != MESH_SEND.name:  # a transfer between meshes: point to point
+            return rec._replace(stall=interference.stall(units, rec.devs, rec.seconds))
+        return rec
     devs = tuple(sorted(set(slots_of(units, [*ins, *outs]))))
     cost = units.cost
     if d.kind is OpKind.COMM:
@@ -41,7 +45,8 @@ def op_record(
         desc = d.comm_cost(ins, outs, op.attrs)
         gpus = [units.dev_gpu[x] for x in desc.devices]
         seconds = float(cost.comm_time(desc, gpus))
-        return OpRecord(devs, seconds, True, op.name, 0.0, False, *units.sizes(outs, False), None)
+        held = interference.stall(units, devs, seconds) if desc.pattern is not CommPattern.P2P else ()
+        return OpRecord(devs, seconds, True, op.name, 0.0, False, *units.sizes(outs, False), None, stall=held)
     gpu = _first_gpu(units, ins, outs, op) if devs else 0
     if not devs:
         seconds = 0.0

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from distir.interp.loop import interpret, walk_unchecked
@@ -388,7 +389,8 @@ def summarize(plan: FnPlan, slot_gpu: list[int]) -> CallSummary:
     first: list[list[float] | None] = [None] * k
     busy = [0.0] * k
     comm_t = [0.0] * k
-    for ds, c, is_comm in zip(plan.devs, plan.costs, plan.comm, strict=True):
+    stalls = plan.stall if plan.stall is not None else repeat((), len(plan.devs))
+    for ds, c, is_comm, held in zip(plan.devs, plan.costs, plan.comm, stalls, strict=True):
         idx = [pos[s] for s in ds]
         if isinstance(c, CallSummary):
             sub = [pos[s] for s in c.slots]
@@ -417,6 +419,10 @@ def summarize(plan: FnPlan, slot_gpu: list[int]) -> CallSummary:
                 comm_t[j] += c
             else:
                 busy[j] += c
+        for s, x in held:  # the compute beside a collective, slowed (``distir.sim.interference``)
+            j = pos[s]
+            clock[j] = [t + x for t in clock[j]]
+            busy[j] += x
     delay = [[clock[v][u] for v in range(k)] for u in range(k)]
     first_m = [[(first[v] or clock[v])[u] for v in range(k)] for u in range(k)]
     # memory: live bytes owned by this body, per GPU, from zero, at each op of the body inlined

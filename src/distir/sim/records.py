@@ -199,6 +199,9 @@ class OpRecord(NamedTuple):
     # a one-step collective along one mesh axis (what ``distir.sim.overlap`` may pair with a
     # matrix product), or None
     collective: Collective | None = None
+    # the compute clocks a communication kernel slows while it runs beside them, each with the
+    # seconds it adds to that clock (``distir.sim.interference``); empty for most ops
+    stall: tuple[tuple[int, float], ...] = ()
 
 
 class Collective(NamedTuple):
@@ -256,6 +259,9 @@ class FnPlan:
     # a plan to summarize with calls: per call instruction, the callee's memory profile relative to
     # the live set at the call (``CallSummary.profile_with_dying``), for ``summarize`` to inline
     call_profiles: dict[int, dict[int, list[tuple[int, float]]]] | None = None
+    # per instruction, the compute clocks it stalls (``OpRecord.stall``, ``distir.sim.interference``;
+    # a call: none), or None when no instruction stalls any (a compact plan: its table's records)
+    stall: list[tuple[tuple[int, float], ...]] | None = None
 
 
 @dataclass(slots=True)

@@ -20,7 +20,9 @@ are charged, once the body is walked, what their pair takes beyond the GEMM
 
 **Time.** Every slot has a clock, from 0. An op starts when all its slots are free — at the
 largest of their clocks — and all of them advance to its end, start + seconds; the seconds add to
-each of its slots' communication time if it communicates, else to their busy time. An op on no
+each of its slots' communication time if it communicates, else to their busy time. A collective
+then advances each slot it stalls (``OpRecord.stall``: the compute stream of a GPU it runs on from
+another stream, ``distir.sim.interference``) by that slot's stall, added to its busy time. An op on no
 slot takes no time. A call is a max-plus linear map of the clocks of its callee's slots: the
 body is timed from zero on its own slots, each slot ``v``'s exit clock as a function of each
 entry clock ``u`` (``delay[u][v]``, -inf where ``v`` never waits for ``u``), and the call sets
@@ -196,9 +198,14 @@ class _Walker(TypeDomain):
 
 
 def _slots(steps: Sequence[Step]) -> tuple[int, ...]:
-    """The slots a body's steps run on, sorted."""
-    found = {s for step in steps for s in (step.record.devs if isinstance(step, OpStep) else step.slots)}
+    """The slots a body's steps run on or stall, sorted."""
+    found = {s for step in steps for s in (_clocks(step.record) if isinstance(step, OpStep) else step.slots)}
     return tuple(sorted(found))
+
+
+def _clocks(rec: OpRecord) -> tuple[int, ...]:
+    """The slots an op runs on, and those it stalls (``distir.sim.interference``)."""
+    return (*rec.devs, *(s for s, _ in rec.stall)) if rec.stall else rec.devs
 
 
 # -- time ---------------------------------------------------------------------------------------------
@@ -250,6 +257,10 @@ def time_body(call: CallStep) -> BodyTiming:
                 comm[j] += rec.seconds
             else:
                 busy[j] += rec.seconds
+        for s, x in rec.stall:  # the compute beside a collective, slowed (``distir.sim.interference``)
+            j = pos[s]
+            clock[j] = [c + x for c in clock[j]]
+            busy[j] += x
     delay = [[clock[v][u] for v in range(k)] for u in range(k)]
     first_m = [[(first[v] or clock[v])[u] for v in range(k)] for u in range(k)]
     return BodyTiming(call.slots, delay, first_m, busy, comm)
@@ -272,6 +283,9 @@ def time_entry(
             for d in rec.devs:
                 clock[d] = end
                 (comm if rec.comm else busy)[d] += rec.seconds
+            for d, x in rec.stall:
+                clock[d] += x
+                busy[d] += x
             if slices is not None:
                 slices.extend((rec.name, start, end, d, rec.comm) for d in rec.devs)
             continue

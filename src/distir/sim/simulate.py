@@ -40,6 +40,7 @@ from distir.ops.dist import parse_mesh_attr
 from distir.ops.elementwise import CAST
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
+from distir.sim.interference import apply_stall
 from distir.sim.memcols import peaks
 from distir.sim.plan import PROGRAM_ERRORS, CallSummary, FnPlan, PlanDomain, PlanOptions
 from distir.sim.records import FlatColumns
@@ -466,6 +467,7 @@ def _run_traced(
 ) -> None:
     """The timing loop, recording trace slices and the memory timeline."""
     names = plan.names
+    stalls = plan.stall
     for i, (ds, c, is_comm, ev) in enumerate(zip(plan.devs, plan.costs, plan.comm, plan.mem, strict=True)):
         if type(c) is float:
             if len(ds) == 1:
@@ -487,6 +489,8 @@ def _run_traced(
                         busy[d] += c
             if slices is not None:
                 slices.extend((names[i], s, e, d, is_comm) for d in ds)
+            if stalls is not None and stalls[i]:
+                apply_stall(stalls[i], clock, busy)
         else:
             assert isinstance(c, CallSummary)
             sub = c.slots
@@ -533,6 +537,9 @@ def _run_fast(
 ) -> None:
     """The timing loop without a trace: the same semantics as ``_run_traced``, fewer branches
     (a search runs it once per candidate program)."""
+    if plan.stall is not None:
+        _run_fast_stalled(plan, clock, busy, commt, live, peak)
+        return
     for ds, c, is_comm, ev in zip(plan.devs, plan.costs, plan.comm, plan.mem, strict=True):
         if type(c) is float:
             if len(ds) == 1:
@@ -562,15 +569,52 @@ def _run_fast(
                 live[g] -= b
 
 
+def _run_fast_stalled(
+    plan: FnPlan,
+    clock: list[float],
+    busy: list[float],
+    commt: list[float],
+    live: list[float],
+    peak: list[float],
+) -> None:
+    """``_run_fast`` of a plan whose collectives stall the compute beside them
+    (``distir.sim.interference``): each op's stall applied after it."""
+    assert plan.stall is not None
+    for ds, c, is_comm, ev, held in zip(plan.devs, plan.costs, plan.comm, plan.mem, plan.stall, strict=True):
+        if type(c) is float:
+            if ds:
+                e = max([clock[d] for d in ds]) + c
+                acc = commt if is_comm else busy
+                for d in ds:
+                    clock[d] = e
+                    acc[d] += c
+            if held:
+                apply_stall(held, clock, busy)
+        else:
+            _apply_summary(c, clock, busy, commt)  # type: ignore[arg-type]
+        if ev is not None:
+            pk, al, fr = ev
+            for g, b in pk:
+                v = live[g] + b
+                if v > peak[g]:
+                    peak[g] = v
+            for g, b in al:
+                live[g] += b
+            for g, b in fr:
+                live[g] -= b
+
+
 def _run_kinds(cols: FlatColumns, clock: list[float], busy: list[float], commt: list[float]) -> None:
     """``_run_fast``'s timing for a compact flat plan (memory runs apart, in bulk): the same
     additions in the same order, with each distinct record's slots and cost unpacked once."""
     steps = [
-        (ds[0] if len(ds) == 1 else -1, c, commt if is_comm else busy, ds)
-        for ds, c, is_comm, *_ in cols.table
+        (ds[0] if len(ds) == 1 else -1, c, commt if is_comm else busy, ds, rec.stall)
+        for rec in cols.table
+        for ds, c, is_comm in [rec[:3]]
     ]
+    stalled = any(st[4] for st in steps)  # a collective slows the compute beside it
     for k in cols.kinds:
-        d, c, acc, ds = steps[k]
+        d, c, acc, ds, held = steps[k]
         if d >= 0:
             clock[d] += c
             acc[d] += c
@@ -579,6 +623,8 @@ def _run_kinds(cols: FlatColumns, clock: list[float], busy: list[float], commt: 
             for x in ds:
                 clock[x] = e
                 acc[x] += c
+        if stalled and held:
+            apply_stall(held, clock, busy)
 
 
 def _apply_summary(c: CallSummary, clock: list[float], busy: list[float], commt: list[float]) -> None:

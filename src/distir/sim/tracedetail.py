@@ -138,6 +138,9 @@ class _Walker:
             e = s + c
             for d in ds:
                 clock[d] = e
+            held = plan.stall[i] if plan.stall is not None else ()
+            for d, x in held:  # the compute beside a collective, slowed (``distir.sim.interference``)
+                clock[d if rename is None else rename[d]] += x
             if depth > 0 and e <= s:
                 continue
             instr = plan.fn.body[i]

@@ -34,6 +34,7 @@ from distir.ir.types import Device, ScalarType, TensorType, TupleType, Type
 from distir.ir.values import Value
 from distir.ops.dist import REDISTRIBUTE
 from distir.ops.registry import CommCost, CommPattern, OpTypeError
+from distir.sim import interference
 from distir.sim.cost import CostModel, gpu_class
 from distir.sim.devices import DeviceMap
 from distir.sim.grouping import attribute_meshes, device_groups, split_units
@@ -214,6 +215,8 @@ class Units:
         self.op_types: dict[tuple[Any, ...], Sequence[Mixed]] = {}
         # (the function prepared, its arguments) and its ``Trace``
         self._trace: tuple[Function, Sequence[Mixed], Trace] | None = None
+        # GPU -> the clock of its compute stream (``compute_clocks``)
+        self._compute_clocks: dict[int, int] | None = None
 
     def take_trace(self, fn: Function, args: Sequence[Mixed]) -> Trace | None:
         """``prepare``'s walk of ``fn`` (``_TypeCollector.walk``) when it prepared this very
@@ -318,8 +321,15 @@ class Units:
         self.dev_slot = {d: unit_of[j] for d, j in self.dev_slot.items()}
         self.slot_gpu = [self.gpu_figure[gpu_of[m[0]]] for m in members]
         self._mesh_units.clear()  # anything asked before was in terms of slots, not units
+        self._compute_clocks = None
         self._dtensor_bytes.clear()
         self._dtensor_bytes_ids.clear()
+
+    def compute_clocks(self) -> dict[int, int]:
+        """GPU -> the clock of its compute stream (``distir.sim.interference``)."""
+        if self._compute_clocks is None:
+            self._compute_clocks = interference.compute_clocks(self.streams, self.units)
+        return self._compute_clocks
 
     def mesh_units(self, mesh: Mesh) -> tuple[tuple[int, Device, int, int], ...]:
         """(unit, a device of it, that device's position in the mesh, devices of the mesh in it)
