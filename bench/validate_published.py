@@ -168,6 +168,9 @@ class Run:
     # FSDP's MixedPrecision(reduce_dtype=torch.float32): gradients cast to fp32 and reduced in it
     # (``distribute(reduce_fp32=True)``)
     reduce_fp32: bool = False
+    # PyTorch FSDP2 as torchtitan wraps the model: the root's and the last block's gathered
+    # weights kept from the forward for the backward (``distribute(fsdp2_root=True)``)
+    fsdp2_root: bool = False
     # how the trainer's Adam runs (``Optimizer(kernels=...)``): fused (one kernel: Megatron's,
     # DeepSpeed's), foreach (torch.optim.AdamW(foreach=True)) or loop (Composer's DecoupledAdamW)
     optimizer_kernels: str = "fused"
@@ -446,6 +449,8 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
         fp32_grad_accum=r.fp32_grad_accum,
         gather_copy_out=r.gather_copy_out,
         reduce_fp32=r.reduce_fp32,
+        sac_eager=r.kernels == "eager",  # eager selective checkpointing caches what it saves
+        fsdp2_root=r.fsdp2_root,
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(

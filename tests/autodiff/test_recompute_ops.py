@@ -54,3 +54,63 @@ def test_ops_trains_as_the_sequential_step() -> None:
     cmp = check_against_sequential(model, parse_strategy("d2.t2.p1.k2.rops"))
     err, where = cmp.update_error()
     assert err < 1e-9, (where, err)
+
+
+LLAMA = "llama:layers=3,hidden=64,heads=4,kv_heads=2,ffn=96,vocab=64,seq=16"
+
+
+def test_ops_eager_keeps_the_unread_last_product_until_the_backward() -> None:
+    """Eager PyTorch caches every result its policy saves (``_CachingTorchDispatchMode``): of a
+    Llama block's saved products the down projection's is read by no gradient rule (only the
+    residual add reads it), so ``ops`` drops it and ``ops-eager`` returns it as one more residual,
+    which the backward takes first (a ``StopGradient``, the cache's detached entry) and reads
+    nowhere else."""
+    from distir.autodiff.train import layer_types, layer_vjps
+
+    model = build_model(LLAMA, 2)
+    types = layer_types(model)
+    block = next(i for i, c in enumerate(model.layers) if c.callee == "block")
+    plain = layer_vjps(model, types, "ops")[0][block].vjp
+    eager = layer_vjps(model, types, "ops-eager")[0][block].vjp
+    assert eager.n_residuals == plain.n_residuals + 1
+    fn = model.module["block"]
+    weights = set(fn.params[1:])
+    down = [op for op in fn.ops() if op.name == "MatMul" and any(v in weights for v in op.inputs)][-1]
+    extra = eager.fwd.outputs[-1]
+    assert extra.name == down.outputs[0].name
+    first = eager.bwd.body[0]
+    assert isinstance(first, Op) and first.name == "StopGradient"
+    held = eager.bwd.params[len(eager.bwd_params) + eager.n_residuals - 1]
+    assert first.inputs == (held,)
+    readers = [op for op in eager.bwd.ops() if held in op.inputs]
+    assert readers == [first]
+    assert POLICIES["ops-eager"](down, fn) and SAVE_PRODUCTS(down, fn)
+
+
+def _llama_peak(recompute: str, sac_eager: bool, layers: int) -> float:
+    # a vocabulary large enough that the peak is the loss's backward (fp32 logits, their
+    # log-softmax and its gradient: 3 × 4,096 × 8,192 × 4 bytes), where every block's residuals live
+    spec = f"llama:layers={layers},hidden=256,heads=4,kv_heads=2,ffn=512,vocab=8192,seq=512"
+    model = build_model(spec, 8, DType.bf16)
+    s = parse_strategy(f"d1.t1.p1.k1.r{recompute}")
+    prog = distribute(model, s, comm_streams=True, precision="mixed", sac_eager=sac_eager)
+    return simulate(prog, parse_cluster("dgx-a100"), device_map(s, True)).peak_memory[0]
+
+
+def test_sac_eager_adds_each_blocks_down_projection_at_the_peak() -> None:
+    """Hand oracle: the peak (the loss's backward, every block's residuals live) grows by one
+    down-projection output per block — batch × seq × hidden bf16 values — plus the allocator's
+    reserve on it (5% on dgx-a100); nothing changes under other policies."""
+    layers, tokens, hidden = 3, 8 * 512, 256
+    extra = layers * tokens * hidden * 2
+    frag = parse_cluster("dgx-a100").device_spec(0).runtime.fragmentation
+    got = _llama_peak("ops", True, layers) - _llama_peak("ops", False, layers)
+    assert abs(got - extra * (1 + frag)) < 1e-6 * extra
+    assert _llama_peak("sel", True, layers) == _llama_peak("sel", False, layers)
+
+
+def test_sac_eager_trains_as_the_sequential_step() -> None:
+    model = build_model(LLAMA, 4, DType.f64)
+    cmp = check_against_sequential(model, parse_strategy("d2.t2.p1.k2.rops"), sac_eager=True)
+    err, where = cmp.update_error()
+    assert err < 1e-9, (where, err)

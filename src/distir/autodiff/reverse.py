@@ -33,6 +33,18 @@ saved. The policies, as the trainers define them (``POLICIES``, the strategy's `
   activation checkpointing): save the results of the fused attention and of every other matrix
   product with a weight — the 1st, 3rd, 5th... in program order, as torchtitan's policy counts
   ``aten.mm`` calls per block and recomputes the even ones —, recompute everything else.
+  PyTorch caches *every* result its policy saves, whether the backward reads it or not
+  (``torch/utils/checkpoint.py``, ``_CachingTorchDispatchMode.__torch_dispatch__`` appends each
+  MUST_SAVE op's detached outputs to the checkpoint's storage, which the block's recompute pops
+  in the backward) when it runs eagerly; compiled, AOTAutograd's partitioner drops the saved
+  values its backward graph does not use (``torch/_functorch/partitioners.py``,
+  ``_extract_fwd_bwd_modules``). So ``ops-eager`` (``SAVE_PRODUCTS_EAGER``: torchtitan without
+  ``torch.compile``) saves what ``ops`` saves, and under it — a caching policy
+  (``CACHING_POLICIES``) — a saved result no gradient
+  rule reads — the block's last product, FFN's down projection, whose only reader is the
+  residual add — is a residual too, and the backward starts with a ``StopGradient`` of it (the
+  cache's detached entry, taken by the recompute) that nothing reads: it lives from the forward
+  to the start of the block's backward, as the cache entry does.
 
 Whatever the policy, a ``Reshape`` of a parameter that only adds a leading dim of 1 (a weight
 seen as a batch of one: context parallelism's products, ``distir.parallel.context_model``) is a
@@ -64,6 +76,7 @@ from distir.ir.printer import print_op
 from distir.ir.rewrite import ValueMap, copy_instr, eliminate_dead_code
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Value
+from distir.ops.elementwise import STOP_GRADIENT
 from distir.ops.gradrules import NotDifferentiableError
 from distir.ops.registry import REGISTRY
 from distir.ops.shape.views import RESHAPE
@@ -170,11 +183,23 @@ def saved_products(fn: Function) -> frozenset[Op]:
 _PRODUCTS: dict[int, tuple[Function, frozenset[Op]]] = {}
 
 
+def SAVE_PRODUCTS_EAGER(op: Op, fn: Function) -> bool:
+    """``SAVE_PRODUCTS`` run eagerly: the same results saved, each cached until the block's
+    backward whether the backward reads it or not (module docstring)."""
+    return SAVE_PRODUCTS(op, fn)
+
+
+# policies that cache every result they save, as eager PyTorch's selective checkpointing does
+# (module docstring); the others save only what the backward reads, as autograd does
+CACHING_POLICIES: frozenset[RecomputePolicy] = frozenset({SAVE_PRODUCTS_EAGER})
+
+
 POLICIES: dict[str, RecomputePolicy] = {
     "none": SAVE_ALL,
     "full": RECOMPUTE_ALL,
     "selective": SELECTIVE,
     "ops": SAVE_PRODUCTS,
+    "ops-eager": SAVE_PRODUCTS_EAGER,
 }
 
 
@@ -324,6 +349,7 @@ def vjp(
                 continue
             prev = cot.get(v)
             cot[v] = d if prev is None else fb.op("Add", prev, d, names=[f"d{v.name}"])[0]
+    held = _hold_cached(ctx, fn, active) if policy in CACHING_POLICIES else frozenset()
     grads: list[Value] = []
     for i in wrt:
         p = fn.params[i]
@@ -335,13 +361,15 @@ def vjp(
     index = {p: j for j, p in enumerate(fn.params)}
     used_params = sorted((v for v in ctx.saved if v in index), key=index.__getitem__)
     residuals = [v for v in ctx.saved if v not in index]
+    kept = {i for i in body_fn.body if any(o in held for o in i.outputs)}
     bwd = eliminate_dead_code(
         Function(
             body_fn.name,
             (*(ctx.bwd_of[v] for v in (*used_params, *residuals)), *cot_params),
-            body_fn.body,
+            (*(i for i in body_fn.body if i in kept), *(i for i in body_fn.body if i not in kept)),
             body_fn.outputs,
-        )
+        ),
+        keep=kept.__contains__,
     )
     # a fresh copy of the forward code: the module keeps the original function too
     vmap = ValueMap()
@@ -363,6 +391,24 @@ def vjp(
         tuple(active_outputs),
         tuple(wrt),
     )
+
+
+def _hold_cached(ctx: _Ctx, fn: Function, active: set[Value]) -> frozenset[Value]:
+    """Under a caching policy, the saved results on the gradient's path that no gradient rule
+    read, made residuals, each with the backward's ``StopGradient`` of it that ends its life
+    (module docstring): the ``StopGradient`` results, which the caller keeps at the backward's
+    start."""
+    out: list[Value] = []
+    results = set(fn.outputs)
+    for instr in fn.body:
+        assert isinstance(instr, Op)
+        if not instr.inputs or _leading_view(instr, ctx.params) or not ctx.policy(instr, ctx.fn):
+            continue
+        for o in instr.outputs:
+            if o in ctx.bwd_of or o in results or o not in active:
+                continue
+            out.extend(ctx.fb.op(STOP_GRADIENT.name, ctx.primal(o), names=[f"{o.name}_cached"]))
+    return frozenset(out)
 
 
 def split_weight_grad(bwd: Function, n_input_grads: int) -> tuple[Function, Function]:

@@ -170,6 +170,8 @@ def check_against_sequential(
     cp_ring: bool = True,
     gather_copy_out: bool = False,
     reduce_fp32: bool = False,
+    sac_eager: bool = False,
+    fsdp2_root: bool = False,
 ) -> Comparison:
     opt = optimizer or Optimizer("sgd", lr=0.1)
     seq = training_step(model, opt, strategy.recompute, precision)
@@ -186,6 +188,8 @@ def check_against_sequential(
         cp_ring=cp_ring,
         gather_copy_out=gather_copy_out,
         reduce_fp32=reduce_fp32,
+        sac_eager=sac_eager,
+        fsdp2_root=fsdp2_root,
     )
     vals = initial_values(model, opt, seed, precision)
     want = run_reference(seq, [vals[p.name] for p in seq.entry.params])

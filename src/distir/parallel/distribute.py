@@ -79,6 +79,20 @@ programs. Its shape:
   FSDP2's ``foreach_reduce`` copies the gradients into an fp32 reduce-scatter input on its
   reduce-scatter stream and FSDP1 casts them on its post-backward stream; the reduced shard is
   then the optimizer's gradient as it is. Default: reduced in the compute dtype, then cast.
+- ``fsdp2_root`` (ZeRO-3, one stage; PyTorch FSDP2 as torchtitan wraps a model: each block
+  ``fully_shard``-ed, the rest — embedding, final norm, head — the root's group): the root's
+  gathered weights stay from the forward to their last use in the backward, never gathered
+  again, since FSDP2 never reshards the root after forward (``FSDPState._lazy_init`` sets
+  ``post_forward_mesh_info = None``, torch/distributed/_composable/fsdp/_fsdp_state.py), and so
+  do the last block's (torchtitan's ``apply_fsdp`` passes ``reshard_after_forward=False`` for
+  it, torchtitan/parallelisms/parallelize_llama.py). The blocks are the calls of the model's
+  most repeated layer function. Default: every weight gathered again for the backward.
+- ``sac_eager`` (``rops`` run eagerly, as torchtitan without ``torch.compile``): PyTorch's
+  selective checkpointing caches every result its policy saves until the block's backward,
+  whether the backward reads it or not (``torch/utils/checkpoint.py``,
+  ``_CachingTorchDispatchMode``): the layers are differentiated under ``ops-eager``
+  (``distir.autodiff.reverse``), which keeps the block's last product too. Compiled blocks
+  keep only what their backward reads: the default.
 """
 
 from __future__ import annotations
@@ -194,6 +208,8 @@ def distribute(
     cp_ring: bool = True,
     gather_copy_out: bool = False,
     reduce_fp32: bool = False,
+    sac_eager: bool = False,
+    fsdp2_root: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -245,7 +261,16 @@ def distribute(
             cp_ring,
             gather_copy_out,
             reduce_fp32,
+            sac_eager,
+            fsdp2_root,
         ).build()
+
+
+def _layer_policy(s: Strategy, sac_eager: bool) -> str | None:
+    """The recompute policy the layers are differentiated under when it is not the strategy's
+    own: ``ops-eager`` for ``rops`` run eagerly (``distribute(sac_eager=True)``: eager selective
+    checkpointing caches every result it saves), else None."""
+    return "ops-eager" if sac_eager and s.recompute == "ops" else None
 
 
 def _check_deepspeed(s: Strategy, prec: Precision, deepspeed_pipe: bool, fp32_grad_accum: bool) -> None:
@@ -360,6 +385,8 @@ class _Builder:
         cp_ring: bool = True,
         gather_copy_out: bool = False,
         reduce_fp32: bool = False,
+        sac_eager: bool = False,
+        fsdp2_root: bool = False,
     ) -> None:
         if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
             raise StrategyError(
@@ -382,6 +409,7 @@ class _Builder:
         # DeepSpeed's pipeline engine: transfers block the compute streams (``distribute``)
         self.p2p_streams = comm_streams and not deepspeed_pipe
         self.gather_copy_out = gather_copy_out  # FSDP2's copy-out of each gather (``distribute``)
+        self.fsdp2_root = fsdp2_root and train and s.zero == 3 and s.p == 1 and s.d * s.c > 1  # distribute
         # gradients reduced in the masters' dtype (``distribute``)
         self.reduce_fp32 = reduce_fp32 and self.prec.mixed and train and s.d * s.c > 1 and not self.fp32_acc
         # the compute copies gathered in the next step's first forward (``distribute``)
@@ -436,7 +464,7 @@ class _Builder:
         self.n_in = len(model.inputs)
         self.weight_params = set(model.forward.params[self.n_in :])
         self.functions: dict[str, Function] = {}
-        self.sharder = LayerSharder(model, s, train, self.mb, self.functions)
+        self.sharder = LayerSharder(model, s, train, self.mb, self.functions, _layer_policy(s, sac_eager))
         self._param_types: dict[tuple[object, ...], DTensorType] = {}  # ``_on_stage``
         self._made_attrs: dict[tuple[str, str], Attrs] = {}  # ``_attrs``
         self._mesh_text: dict[int, str] = {}  # ``format_mesh_attr`` of each mesh, by id (in ``meshes``)
@@ -582,7 +610,20 @@ class _Builder:
             x = outs[0]
         if gather_once:
             return fb.ret(x, *res, *(gather.take(w) for w in wp))
-        return fb.ret(x, *res)
+        return fb.ret(x, *res, *(gather.last_taken[w] for w in self._kept_gathered(layers)))
+
+    def _kept_gathered(self, layers: list[ShardedLayer]) -> list[Value]:
+        """``fsdp2_root``: the weights of ``layers`` (a chunk) whose gathered copies the forward
+        keeps for the backward — the root's (the weights of layers other than the blocks, the
+        calls of the most repeated layer function) and the last block's — in a fixed order; else
+        none."""
+        if not self.fsdp2_root:
+            return []
+        calls = self.layer_calls
+        block = Counter(c.callee for c in calls).most_common(1)[0][0]
+        last = max(i for i, c in enumerate(calls) if c.callee == block)
+        out = [w for L in layers if calls[L.index].callee != block or L.index == last for w in L.weights]
+        return [w for w in dict.fromkeys(out) if self._zdim(w) is not None]
 
     def _chunk_bwd(
         self,
@@ -617,6 +658,7 @@ class _Builder:
             assert L.vjp is not None
             n = (1 if 0 in L.vjp.bwd_params else 0) + L.vjp.n_residuals
             res.append([fb.param(f"r{L.index}_{j}") for j in range(n)])
+        held = {w: fb.param(f"{w.name}_full") for w in self._kept_gathered(layers)}
         dy = fb.param("dy")
         kept: list[Value] = []
         reads = []  # what each layer's backward reads, in backward order
@@ -624,6 +666,7 @@ class _Builder:
             assert L.vjp is not None
             reads.append([self.layer_calls[L.index].inputs[j] for j in L.vjp.bwd_params])
         gather = _Gathers(self, fb, c, wp, reads)
+        gather.kept.update(held)  # gathered in the forward (``fsdp2_root``)
         for i, (L, rs) in enumerate(zip(reversed(layers), reversed(res), strict=True)):
             v = L.vjp
             assert v is not None
@@ -1203,6 +1246,7 @@ class _Gathers:
         self.home = b.meshes[self.stage]
         self.ready: dict[Value, Value] = {}  # weight -> its full copy on the gather stream
         self.taken: dict[Value, Value] = {}  # weight -> its full copy for the layer running next
+        self.last_taken: dict[Value, Value] = {}  # weight -> the last full copy taken
 
     def _needs(self, i: int) -> list[Value]:
         if i >= len(self.order):
@@ -1241,7 +1285,7 @@ class _Gathers:
             return self.wp[w]
         if w in self.kept:
             return self.kept[w]
-        got = self._take(w)
+        got = self.last_taken[w] = self._take(w)
         if self.keep:
             self.kept[w] = got
         return got

@@ -186,9 +186,18 @@ class LayerSharder:
     caller, which emits them into the module)."""
 
     def __init__(
-        self, model: Model, s: Strategy, train: bool, mb: int, functions: dict[str, Function]
+        self,
+        model: Model,
+        s: Strategy,
+        train: bool,
+        mb: int,
+        functions: dict[str, Function],
+        recompute: str | None = None,
     ) -> None:
         self.model, self.s, self.train, self.mb = model, s, train, mb
+        # the recompute policy's name (``distir.autodiff.reverse.POLICIES``): the strategy's, or
+        # a variant of it the caller names (``distribute(sac_eager=True)``: ``ops-eager``)
+        self.recompute = recompute or s.recompute
         self.mesh_rep = rep_mesh(axis_size(s.d, s.shares), s.t, s.c)
         self.weight_params = set(model.forward.params[len(model.inputs) :])
         self.functions = functions
@@ -231,7 +240,7 @@ class LayerSharder:
         alike — the same layer function and VJP at the same types, with the same placements of
         the activations around them and of their weights (a model's repeated blocks) — are
         sharded alike: each is worked out once (``_layer``) and the others share its functions."""
-        types, grads = _differentiated(self.model, self.mb, self.s.recompute, self.train)
+        types, grads = _differentiated(self.model, self.mb, self.recompute, self.train)
         orig_calls = self.model.layers
         out: list[ShardedLayer] = []
         acts = [with_cp(a, self.s.c) for a in activation_placements(self.model, self.s, types[:n])]
