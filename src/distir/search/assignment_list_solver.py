@@ -219,7 +219,8 @@ class ListSolver:
     ) -> None:
         self.rows = rows
         self.k = k
-        p, n, m = self.p, self.n, self.m = rows.p, rows.n, rows.m
+        p, m = self.p, self.m = rows.p, rows.m
+        self.n = rows.n
         self.time, self.P, self.P_rows, self.comm_rows = rows.time, rows.P, rows.P_rows, rows.comm_rows
         self.cut_rows, self.atol, self.few = rows.cut_rows, rows.atol, rows.few
         # per stage and end b (index b − j − 1; the last stage: b = L only), the lowest start
