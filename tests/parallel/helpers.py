@@ -7,13 +7,20 @@ from collections.abc import Mapping
 import numpy as np
 
 import distir
+from distir.autodiff.train import Optimizer
+from distir.frontends.zoo import build_model
 from distir.interp.lockstep import check_deadlock_free, run_ranks
 from distir.interp.project import project
 from distir.interp.reference import random_inputs, run_reference
 from distir.ir import DTensorType, Mesh, Module
+from distir.ir.types import DType
+from distir.parallel.check import check_against_sequential
 from distir.parallel.sharding.legalize import legalize
 from distir.parallel.sharding.materialize import materialize, shard_value, unshard_value
 from distir.parallel.sharding.propagate import propagate
+from distir.parallel.strategy import parse_strategy
+
+BF16_ROUNDOFF = 2.0**-8  # bf16's unit roundoff: the bound of tests/parallel/test_mixed_precision.py
 
 
 def sharded(m: Module, mesh: Mesh, annotations: Mapping[str, str]) -> tuple[Module, Module]:
@@ -52,3 +59,14 @@ def compare(m: Module, mesh: Mesh, annotations: Mapping[str, str], seed: int = 0
             scale = max(float(np.max(np.abs(w))), 1e-6)
             worst = max(worst, float(np.max(np.abs(back - w))) / scale)
     return worst
+
+
+def assert_mixed_step_matches(spec: str, strategy: str, batch: int | None = None, **options: bool) -> None:
+    """A bf16 mixed-precision Adam step of zoo model ``spec`` distributed by ``strategy`` (with
+    ``distribute``'s trainer ``options``) updates weights and optimizer state as the sequential
+    mixed step does, within bf16's unit roundoff (``Comparison.update_error``)."""
+    s = parse_strategy(strategy)
+    model = build_model(spec, batch=batch or s.k * s.d, dtype=DType.bf16)
+    cmp = check_against_sequential(model, s, Optimizer("adam", lr=0.01), precision="mixed", **options)
+    err, where = cmp.update_error()
+    assert err < BF16_ROUNDOFF, f"{spec} {strategy}: {where} differs by {err:.2e}"

@@ -14,32 +14,20 @@ from distir.hardware.cluster import parse_cluster
 from distir.ir.function import Module
 from distir.ir.ops import Call
 from distir.ir.types import DType
-from distir.parallel.check import check_against_sequential
 from distir.parallel.distribute import HP_GRAD, device_map, distribute
 from distir.parallel.strategy import StrategyError, parse_strategy
 from distir.sim.cost import FixedCostModel, RooflineCostModel
 from distir.sim.simulate import SimResult, simulate
 
+from .helpers import assert_mixed_step_matches
+
 GPT = "gpt:layers=4,hidden=8,heads=2,seq=4,vocab=16,tied=1"
-TOLERANCE = 2.0**-8  # bf16's unit roundoff, as tests/parallel/test_mixed_precision.py
 
 
 @pytest.mark.parametrize("strategy", ["d2.t1.p2.k4.1f1b.z1", "d2.t2.p2.k2.1f1b", "d2.t1.p1.k2.z1"])
 @pytest.mark.parametrize("fp32", [False, True])
 def test_step_equals_the_sequential_mixed_step(strategy: str, fp32: bool) -> None:
-    s = parse_strategy(strategy)
-    model = build_model(GPT, batch=s.k * s.d, dtype=DType.bf16)
-    cmp = check_against_sequential(
-        model,
-        s,
-        Optimizer("adam", lr=0.01),
-        precision="mixed",
-        comm_streams=True,
-        deepspeed_pipe=True,
-        fp32_grad_accum=fp32,
-    )
-    err, where = cmp.update_error()
-    assert err < TOLERANCE, f"{strategy}: {where} differs by {err:.2e}"
+    assert_mixed_step_matches(GPT, strategy, comm_streams=True, deepspeed_pipe=True, fp32_grad_accum=fp32)
 
 
 def _program(strategy: str, ds: bool, fp32: bool, spec: str = GPT) -> Module:

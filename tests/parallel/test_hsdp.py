@@ -27,6 +27,7 @@ from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import StrategyError, parse_strategy
 from distir.sim.simulate import simulate
 
+from .helpers import assert_mixed_step_matches
 from .test_zero_memory import tensor_peak, zero_formula
 
 GPT = "gpt:layers=2,hidden=8,heads=2,seq=4,vocab=16"
@@ -58,10 +59,7 @@ def test_hsdp_training_step_matches_sequential(spec: str, strategy: str, streams
 
 def test_hsdp_mixed_precision_matches_sequential() -> None:
     s = parse_strategy("d4.t1.p1.k2.1f1b.z3h2")
-    model = build_model(GPT, batch=2 * s.k * s.d, dtype=DType.bf16)
-    cmp = check_against_sequential(model, s, Optimizer("adam", lr=0.01), precision="mixed", comm_streams=True)
-    err, where = cmp.update_error()
-    assert err < 2.0**-8, f"{where} differs by {err:.2e}"
+    assert_mixed_step_matches(GPT, "d4.t1.p1.k2.1f1b.z3h2", batch=2 * s.k * s.d, comm_streams=True)
 
 
 @pytest.mark.parametrize("mixed", [True, False], ids=["mixed", "pure"])

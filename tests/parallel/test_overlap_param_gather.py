@@ -14,15 +14,15 @@ from distir.hardware.cluster import parse_cluster
 from distir.ir.dtensor import DTensorType, Shard
 from distir.ir.function import Module
 from distir.ir.types import DType
-from distir.parallel.check import check_against_sequential
 from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import parse_strategy
 from distir.sim.cost import RooflineCostModel
 from distir.sim.simulate import simulate
 
+from .helpers import assert_mixed_step_matches
+
 GPT = "gpt:layers=4,hidden=8,heads=2,seq=4,vocab=16"
 LLAMA = "llama:layers=4,hidden=8,heads=2,kv_heads=1,ffn=16,seq=4,vocab=16"
-TOLERANCE = 2.0**-8  # bf16's unit roundoff, as tests/parallel/test_mixed_precision.py
 
 
 @pytest.mark.slow
@@ -33,18 +33,7 @@ TOLERANCE = 2.0**-8  # bf16's unit roundoff, as tests/parallel/test_mixed_precis
 )
 @pytest.mark.parametrize("streams", [False, True])
 def test_step_equals_the_sequential_mixed_step(spec: str, strategy: str, streams: bool) -> None:
-    s = parse_strategy(strategy)
-    model = build_model(spec, batch=s.k * s.d, dtype=DType.bf16)
-    cmp = check_against_sequential(
-        model,
-        s,
-        Optimizer("adam", lr=0.01),
-        precision="mixed",
-        comm_streams=streams,
-        overlap_param_gather=True,
-    )
-    err, where = cmp.update_error()
-    assert err < TOLERANCE, f"{strategy}: {where} differs by {err:.2e}"
+    assert_mixed_step_matches(spec, strategy, comm_streams=streams, overlap_param_gather=True)
 
 
 def _program(strategy: str, og: bool, streams: bool = False) -> Module:

@@ -17,30 +17,18 @@ from distir.interp.loop import interpret
 from distir.interp.shapes import TypeDomain
 from distir.ir.dtensor import DTensorType, Partial
 from distir.ir.types import DType
-from distir.parallel.check import check_against_sequential
 from distir.parallel.distribute import distribute
 from distir.parallel.strategy import parse_strategy
 
+from .helpers import assert_mixed_step_matches
+
 LLAMA = "llama:layers=2,hidden=16,heads=2,kv_heads=1,ffn=32,seq=4,vocab=16"
-TOLERANCE = 2.0**-8  # bf16's unit roundoff, as tests/parallel/test_mixed_precision.py
 
 
 @pytest.mark.parametrize("strategy", ["d2.t1.p1.k2.1f1b.z3", "d2.t1.p1.k1.1f1b.z0", "d2.t2.p1.k2.1f1b.z2"])
 @pytest.mark.parametrize("copy_out", [False, True])
 def test_step_equals_the_sequential_mixed_step(strategy: str, copy_out: bool) -> None:
-    s = parse_strategy(strategy)
-    model = build_model(LLAMA, batch=s.k * s.d, dtype=DType.bf16)
-    cmp = check_against_sequential(
-        model,
-        s,
-        Optimizer("adam", lr=0.01),
-        precision="mixed",
-        comm_streams=True,
-        reduce_fp32=True,
-        gather_copy_out=copy_out,
-    )
-    err, where = cmp.update_error()
-    assert err < TOLERANCE, f"{strategy}: {where} differs by {err:.2e}"
+    assert_mixed_step_matches(LLAMA, strategy, comm_streams=True, reduce_fp32=True, gather_copy_out=copy_out)
 
 
 def _reduced(reduce_fp32: bool) -> list[tuple[DType, int]]:

@@ -5,7 +5,9 @@ process with ``threads`` threads, then the communication benchmarks
 (``distir.backend.commbench``) across ``nproc`` spawned processes of one thread each, and fits
 (``distir.hardware.fit``):
 
-1. the launch overhead: the time of a 1-element Add;
+1. the launch overhead: the time of a 1-element Add (every op is timed as a step runs it: on
+   operands cycled through a pool larger than the core's private cache, with fresh results;
+   ``distir.backend.microbench``);
 2. the GEMM curve and the peak FLOP/s per dtype (matrix products);
 3. the memory bandwidth: the highest bytes per second of the Adds of the first dtype (bytes over
    time less the launch overhead; the highest, since other processes only ever slow a sample);
@@ -179,6 +181,14 @@ def _fit_links(samples: list[LinkSample]) -> tuple[dict[str, LinkFit], dict[str,
     return links, skipped
 
 
+def _pool_note(device: str) -> str:
+    """How the ops were timed (``microbench``: operands cycled through a pool, fresh results)."""
+    pool = mb.default_pool(device)
+    if pool <= 0:
+        return ""
+    return f", ops on operands cycled through {pool / 2**20:.3g} MiB with fresh results (as a step runs them)"
+
+
 def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Calibration:
     """Measure and fit (see the module docstring)."""
     if DType.f32 not in options.dtypes:
@@ -205,7 +215,7 @@ def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Ca
     setup = (
         f"torch {torch.__version__}, {'nccl' if cuda else 'gloo'}, {options.nproc} ranks x 1 thread, "
         f"compute on {options.threads} thread{'s' if options.threads > 1 else ''}"
-        f"{', quick' if options.quick else ''}"
+        f"{', quick' if options.quick else ''}{_pool_note('cuda' if cuda else 'cpu')}"
     )
     cal = Calibration(
         socket.gethostname(),

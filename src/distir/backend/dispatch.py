@@ -146,7 +146,8 @@ def _tight(ops: Sequence[str], repeats: int) -> dict[str, float]:
         "Transpose": Case("Transpose", (SHAPE,), (("perm", (1, 0)),)),
     }
     work = [(cases[o], DType.f32) for o in sorted(set(ops))]
-    timing = mb.run_cases(work, "cpu", batch_s=0.002, repeats=repeats)
+    # warm (one buffer set): the chain's ops read the result just written, still in cache
+    timing = mb.run_cases(work, "cpu", batch_s=0.002, repeats=repeats, pool=0)
     out = {s.op: s.seconds for s in timing.ops}
     out.update({o: g.seconds for o, g in zip(("MatMul",), timing.gemm, strict=False)})
     return out

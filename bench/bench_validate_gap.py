@@ -1,0 +1,83 @@
+"""Where a strategy's real step and its simulation differ: one strategy of the validation GPT run
+for real on local ranks with per-op traces (as ``distir run --trace``) and simulated with a trace
+on a calibrated profile (as ``distir simulate --trace``), each rank's time summed by op (compute
+ops by name, communication by pattern; a rank's batched point-to-point operations are one real
+slice, counted under the first): the real op's wall and CPU time against the simulated.
+"between ops" is the real step's time outside any op slice (the rank loop's bookkeeping, and
+time preempted); the simulation counts the rank loop in each op's launch time. Run:
+
+    .venv/bin/python bench/bench_validate_gap.py --profile profile.toml [--strategy d1.t2.p1.k4.1f1b.rfull]
+        [--model gpt:layers=4,hidden=128,heads=4,seq=64,vocab=256] [--batch 8] [--steps 4]
+
+The real figures are the last step's (steps before it warm up); on a shared machine other
+processes inflate the wall times (the CPU times less so): state the load average with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections import defaultdict
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from distir.backend.launch import LaunchOptions, launch
+from distir.backend.program import model_program, rank_programs
+from distir.hardware.cluster import load_cluster_file
+from distir.sim.cost import RooflineCostModel
+from distir.sim.simulate import simulate
+
+
+def _key(name: str, comm: bool) -> str:
+    return f"comm {name.removeprefix('rank.')}" if comm else name
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", type=Path, required=True)
+    ap.add_argument("--strategy", default="d1.t2.p1.k4.1f1b.rfull")
+    ap.add_argument("--model", default="gpt:layers=4,hidden=128,heads=4,seq=64,vocab=256")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=4)
+    a = ap.parse_args()
+    cluster = load_cluster_file(a.profile)
+    prog = model_program(a.model, a.strategy, a.batch)
+    results = [g[0] for g in launch([[j] for j in rank_programs(prog, a.steps, True)], LaunchOptions())]
+    cost = RooflineCostModel(cluster, fuse=False)
+    sim = simulate(prog.module, cluster, None, cost, batch=a.batch, trace=True)
+    per_step = [max(ts) for ts in zip(*(r.step_times for r in results), strict=True)]
+    print(f"load average {os.getloadavg()[0]:.2f}; {a.strategy}: real steps (ms, slowest rank)", end=" ")
+    print([round(t * 1e3, 1) for t in per_step], f"simulated {sim.step_time_s * 1e3:.1f} ms")
+    assert sim.slices is not None
+    for rank, r in enumerate(results):
+        real: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+        for s in r.slices:
+            row = real[_key(s.name.split("+")[0], s.category == "comm")]
+            row[0] += 1
+            row[1] += s.end - s.start
+            row[2] += s.cpu
+        simd: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for name, t0, t1, slot, comm in sim.slices:
+            if slot == rank:
+                row = simd[_key(name, comm)]
+                row[0] += 1
+                row[1] += t1 - t0
+        inside = sum(v[1] for v in real.values())
+        step = r.step_times[-1]
+        print(f"rank {rank}: real step {step * 1e3:.1f} ms, in ops {inside * 1e3:.1f}, between ops ", end="")
+        busy, comm = sim.busy_s[rank] * 1e3, sim.comm_s[rank] * 1e3
+        print(f"{(step - inside) * 1e3:.1f}; simulated busy {busy:.1f}, comm {comm:.1f}")
+        head = ("op", "real n", "wall ms", "cpu ms", "sim n", "sim ms", "real-sim")
+        widths = (6, 8, 8, 6, 8, 9)
+        print(f"  {head[0]:30} " + " ".join(f"{h:>{w}}" for h, w in zip(head[1:], widths, strict=True)))
+        for k in sorted(set(real) | set(simd), key=lambda k: -abs(real[k][1] - simd[k][1])):
+            rr, ss = real[k], simd[k]
+            print(
+                f"  {k[:30]:30} {rr[0]:6.0f} {rr[1] * 1e3:8.2f} {rr[2] * 1e3:8.2f} {ss[0]:6.0f} "
+                f"{ss[1] * 1e3:8.2f} {(rr[1] - ss[1]) * 1e3:9.2f}"
+            )
+
+
+if __name__ == "__main__":
+    main()
