@@ -112,7 +112,7 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
     w_bytes, n_w, saved, out_b = rows[0].weight, rows[0].n_w, rows[0].saved * fb, rows[0].out
     work = np.max([r.work for r in rows], axis=0)
     for j, (lat, per_byte) in enumerate(zero3):
-        lt[j] += 2 * (w_bytes * per_byte + n_w * lat)
+        lt[j] += 2 * (w_bytes * per_byte + (n_w > 0) * lat)  # a layer's gathers: one call
     if pr.train and s.k > 1:
         for j in range(s.p):
             spec = screen._specs[kinds[j]]
