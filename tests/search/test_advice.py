@@ -51,3 +51,20 @@ def test_what_the_advice_says_fits_fits_when_simulated_exactly(pinned: SearchOut
 def test_no_advice_when_something_fits() -> None:
     out = search(SearchRequest("gpt:layers=2,hidden=64,heads=2,seq=32,vocab=128", "dgx-a100", 16, top=2))
     assert out.results[0]["fits"] and out.advice == []
+
+
+def test_node_scaling_stops_at_the_largest_cluster_distir_builds() -> None:
+    """On 8,192 H100 nodes (65,536 GPUs, ``MAX_DEVICES``) there is no larger cluster to suggest:
+    no advice to add nodes, and no error."""
+    from distir.frontends.zoo.registry import parse_model_string
+    from distir.hardware.cluster import parse_cluster
+    from distir.ir.types import DType
+    from distir.parallel.strategy import parse_strategy
+    from distir.search.advice import _more_gpus
+    from distir.search.profile import Profiler
+    from distir.search.screen import Problem, Screen
+
+    spec = parse_model_string("gpt:layers=2,hidden=64,heads=2,seq=32,vocab=128")
+    prof = Profiler(spec, parse_cluster("h100:8192"), DType.bf16, True, mixed=True)
+    screen = Screen(prof, Problem(65_536, True, "adam", True))
+    assert _more_gpus(screen, parse_strategy("d65536.t1.p1.k1.1f1b"), "h100:8192") is None

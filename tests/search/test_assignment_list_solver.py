@@ -12,9 +12,12 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from bisect import bisect_left
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import distir.search.layer_assignment as la
 from distir.search.assignment_list_solver import ListSolver, seq_sum
@@ -172,3 +175,108 @@ def test_unchecked_entries_equal_checked_ones() -> None:
         p, n = time.shape
         counts = [n // p + (1 if j < n % p else 0) for j in range(p)]
         assert objective_unchecked(counts, time, k, comm) == objective(counts, time, k, comm)
+
+
+# -- identical stage rows (the screen on one kind of GPU): the list solver's shortcuts ---------
+
+
+def uniform_problem(rng: np.random.Generator) -> Problem:
+    """Like the screen's on one kind of GPU: every stage the same row (an embedding, equal blocks
+    with a little rounding noise or none, a head), one cut cost, memory per stage as a 1F1B
+    pipeline holds it (more in flight on early stages) or the same on every stage, a capacity
+    that binds or not, or no memory at all."""
+    p = int(rng.choice([2, 3, 4, 8, 16]))
+    n = int(rng.integers(p, 3 * p + 12))
+    block = rng.uniform(1.0, 10.0)
+    row = np.full(n, block)
+    if rng.random() < 0.3:
+        row *= 1.0 + rng.integers(-2, 3, n) * 1e-15  # sums that differ in the last bits
+    row[0] = block * rng.uniform(0.001, 0.01)  # embedding
+    row[-1] = block * rng.uniform(0.1, 0.6)  # head and loss
+    time = np.repeat(row[None, :], p, axis=0)
+    comm = np.full((p - 1, n - 1), block * rng.uniform(0.001, 0.02))
+    mem = cap = None
+    if rng.random() < 0.7:
+        inflight = (p - np.arange(p)) if rng.random() < 0.6 else np.ones(p)
+        mem = np.outer(inflight, rng.uniform(1.0, 2.0) * np.ones(n)) + 3.0
+        cap = mem[:, 1] * (n / p) * rng.uniform(0.6, 2.5)
+    return time, int(rng.choice([1, 2, 3, 8, 48])), comm, mem, cap
+
+
+def _check_uniform(args: Problem, rng: random.Random) -> int:
+    """List and numpy solvers of ``args`` answer alike (dp at candidate bounds, the candidates of
+    random intervals); returns the candidate values met."""
+    small, large = solvers(args)
+    assert small.rows.uniform
+    first = large.dp(math.inf)
+    assert small.dp(math.inf) == first
+    lo0 = float(args[0].min(axis=0).max()) - 2 * large.atol
+    hi0 = first[2] if first is not None else float(args[0].sum(axis=1).max())
+    values = large.listing(lo0, hi0).tolist()
+    assert small.listing(lo0, hi0) == values
+    assert small.count(lo0, hi0) == large.count(lo0, hi0)
+    for mu in [0.0, *values, *(v - large.atol for v in values), *(v + 1.5 * large.atol for v in values)]:
+        assert small.dp(mu) == large.dp(mu), (args, mu)
+    top = float(args[0].sum(axis=1).max())
+    for _ in range(6):
+        lo, hi = sorted(rng.uniform(-0.1 * top, 1.1 * top) for _ in range(2))
+        assert np.array(small.listing(lo, hi)).tobytes() == large.listing(lo, hi).tobytes()
+        assert small.count(lo, hi) == large.count(lo, hi)
+        assert small.pivot(lo, hi) == large.pivot(lo, hi)
+    assert small.listed == large.listed
+    return len(values)
+
+
+def test_identical_rows_answers_equal_bit_for_bit() -> None:
+    """With identical stage rows the list solver lists and counts each distinct segment once and
+    finds window starts once for all stages: the same answers as numpy's ``_Solver``."""
+    rng, prng = np.random.default_rng(17), random.Random(17)
+    met = sum(_check_uniform(uniform_problem(rng), prng) for _ in range(60))
+    assert met > 500
+
+
+def test_identical_rows_whole_searches_equal(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(19)
+    cases = [uniform_problem(rng) for _ in range(80)]
+    lists = [assign_layers(*a) for a in cases]
+    monkeypatch.setattr(la, "SMALL_LAYERS", -1)
+    assert [assign_layers(*a) for a in cases] == lists
+    assert sum(1 for got in lists if got is None) > 3 and sum(1 for got in lists if got is not None) > 50
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_hypothesis_identical_rows_solvers_agree(data: st.DataObject) -> None:
+    """Property: on identical stage rows (integer layer times, so segments tie exactly), the list
+    solver's whole search and its answers equal numpy's."""
+    n = data.draw(st.integers(2, 14))
+    p = data.draw(st.integers(2, min(n, 6)))
+    row = [float(data.draw(st.integers(0, 5))) for _ in range(n)]
+    time = np.repeat(np.array([row]), p, axis=0)
+    comm = np.full((p - 1, n - 1), float(data.draw(st.integers(0, 3))))
+    mem = cap = None
+    if data.draw(st.booleans()):
+        mem = np.array([[float(data.draw(st.integers(0, 4)))] * n for _ in range(p)])
+        cap = np.array([float(data.draw(st.integers(0, 3 * n))) for _ in range(p)])
+    k = data.draw(st.integers(1, 40))
+    inp = la._validate(time, k, comm, mem, cap)
+    assert la._search(la._list_solver(inp), inp) == la._search(la._Solver(inp), inp)
+    _check_uniform((time, k, comm, mem, cap), random.Random(n * p))
+
+
+def test_window_starts_and_memory_limits_are_searchsorted() -> None:
+    """``Rows.firsts`` (one ``searchsorted`` for all stages, on complex keys when rows differ)
+    and the per-stage memory limits (likewise) equal ``bisect`` on each stage's row."""
+    rng = np.random.default_rng(23)
+    for args in [*instances(29, 60), *(uniform_problem(rng) for _ in range(30))]:
+        time = args[0]
+        small, large = solvers(args)
+        p, n = time.shape
+        for thr in (math.inf, 0.0, *rng.uniform(0.0, float(time.sum(axis=1).max()), 5)):
+            got = small.rows.firsts(float(thr))
+            for j in range(p):
+                pj = small.P_rows[j]
+                assert got[j] == [bisect_left(pj, pj[b] - thr, 0, b) for b in range(n + 1)]
+        for j in range(p):
+            want = np.maximum(large.lo_mem[j], j).tolist()
+            assert small.lo_min[j] == want

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from distir.hardware.cluster import parse_cluster
 from distir.hardware.presets import PRESETS
-from distir.limits import is_digits
+from distir.limits import MAX_DEVICES, exceeds, is_digits
 from distir.parallel.strategy import Strategy, StrategyError
 from distir.search.profile import Profiler
 from distir.search.screen import Estimate, Screen
@@ -95,6 +95,8 @@ def _more_gpus(screen: Screen, s: Strategy, cluster: str) -> Change | None:
     name, nodes = scale
     last = None
     for f in SCALES:
+        if exceeds(screen.cluster.num_devices * f, MAX_DEVICES):  # no larger cluster is built
+            break
         spec = f"{name}:{nodes * f}"
         old = screen.profiler
         prof = Profiler(

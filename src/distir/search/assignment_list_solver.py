@@ -74,62 +74,85 @@ def _grid(p: int, n: int) -> tuple[NDArray[np.intp], NDArray[np.bool_]]:
     return starts, valid
 
 
-class ListSolver:
-    """The solver of one problem on Python lists (module docstring).
+@functools.lru_cache(maxsize=256)
+def _segments(p: int, n: int) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
+    """The distinct segments [a, b) of ``_grid(p, n)`` over all stages, as starts and ends: start
+    a belongs to stages max(0, a − m + 1) … min(a, p − 1), the last of which reaches furthest,
+    to b < L − p + min(a, p − 1) + 2."""
+    a = np.arange(n)[:, None]
+    b = np.arange(n + 1)[None, :]
+    valid = (b > a) & (b < n - p + np.minimum(a, p - 1) + 2)
+    starts, ends = np.nonzero(valid)
+    starts.flags.writeable = False  # shared by every solver of the shape
+    ends.flags.writeable = False
+    return starts, ends
 
-    ``time`` (p, L), ``comm`` (p−1, L−1) and, both or neither, ``mem`` (p, L) and ``cap`` (p,) are
-    float64 arrays as ``layer_assignment._validate`` returns them (times and memory finite and
-    non-negative, so prefix sums are non-decreasing), with p ≤ L; ``k`` ≥ 1. ``rel_tol`` and
-    ``mem_tol`` are the search's tolerances (``REL_TOL`` and ``_mem_tol(mem)``); ``few``: every
-    interval is listed without counting (``_Solver.few``). Counts ``evaluations``, ``infeasible``
-    and ``listed`` as ``_Solver`` does."""
 
-    def __init__(
-        self,
-        time: FloatArray,
-        k: int,
-        comm: FloatArray,
-        mem: FloatArray | None,
-        cap: FloatArray | None,
-        *,
-        rel_tol: float,
-        mem_tol: float,
-        few: bool,
-    ) -> None:
+class Rows:
+    """What a ``ListSolver`` reads of a problem's ``time`` and ``comm``, shared by the problems
+    that differ only in ``k``, ``mem`` and ``cap`` (``distir.search.layer_assignment.LayerAssigner``
+    builds it once for them): prefix sums and cut costs as lists, the tolerance, and whether every
+    stage has the same time row (``uniform``: the screen's on one kind of GPU), in which case the
+    rows are one list and the candidates are listed and counted over distinct segments once.
+
+    ``time`` (p, L) and ``comm`` (p−1, L−1) are float64 arrays as ``layer_assignment._validate``
+    returns them, with p ≤ L; ``rel_tol`` is ``REL_TOL``; ``few``: every interval is listed
+    without counting (``_Solver.few``)."""
+
+    def __init__(self, time: FloatArray, comm: FloatArray, *, rel_tol: float, few: bool) -> None:
         p, n = int(time.shape[0]), int(time.shape[1])
-        self.p, self.n, self.k = p, n, k
+        self.p, self.n = p, n
         m = self.m = n - p + 1  # starts (and ends) per stage
         self.time = time
         self.P: FloatArray = np.zeros((p, n + 1))
         np.cumsum(time, axis=1, out=self.P[:, 1:])
-        self.P_rows: list[list[float]] = self.P.tolist()
-        self.comm_rows: list[list[float]] = comm.tolist()
+        # bit for bit the same rows (a sign of zero apart is not the same)
+        self.uniform = bool((self.P.view(np.int64) == self.P[:1].view(np.int64)).all())
+        self.P_rows: list[list[float]] = [self.P[0].tolist()] * p if self.uniform else self.P.tolist()
+        self.comm_rows: list[list[float]] = _rows_of(comm)
         scale = max(row[n] for row in self.P_rows)
         if p > 1 and n > 1:
-            scale = max(scale, max(max(row) for row in self.comm_rows))
+            scale = max(scale, float(comm.max()))
         self.atol = rel_tol * (scale if scale > 0 else 1.0)
-        # per stage and end b (index b − j − 1; the last stage: b = L only), the lowest start
-        # allowed by memory (``searchsorted`` on the non-decreasing memory prefix sums) and by
-        # the stages before (j layers), independent of μ
-        self.lo_min: list[list[int]] = []
-        Q = None
-        if mem is not None and cap is not None:
-            Q = np.zeros((p, n + 1))
-            np.cumsum(mem, axis=1, out=Q[:, 1:])  # row by row as ``_Solver``'s 1-D cumsums
-        for j in range(p):
-            ends = np.arange(j + 1, j + m + 1) if j < p - 1 else np.array([n])
-            if Q is None or cap is None:
-                self.lo_min.append([j] * len(ends))
-            else:
-                # ``bisect_left`` on the row, for every end at once
-                q, room = Q[j], float(cap[j]) + mem_tol
-                self.lo_min.append(np.maximum(np.searchsorted(q, q[ends] - room, side="left"), j).tolist())
         # the cut costs after stage j's ends (index b − j − 1)
         self.cut_rows = [self.comm_rows[j][j : j + m] for j in range(p - 1)]
         self.few = few
-        self.evaluations = 0
-        self.infeasible = 0
-        self.listed = 0
+
+    def firsts(self, thr: float) -> list[list[int]]:
+        """Per stage j and end b ∈ [0, L], the first start a with P_j(a) ≥ P_j(b) − ``thr``,
+        capped at b (``bisect_left``; ``searchsorted`` on all ends at once — on complex keys
+        (stage, prefix sum) for all stages together when their rows differ: ``_lowest_starts``).
+        One list shared by all stages when they are ``uniform``."""
+        p, n = self.p, self.n
+        if self.uniform:
+            pj = self.P[0]
+            first = np.minimum(np.searchsorted(pj, pj - thr, side="left"), self._ends)
+            return [first.tolist()] * p
+        keys = self._keys
+        want = np.empty((p, n + 1), dtype=np.complex128)
+        want.real = keys.real
+        want.imag = self.P - thr
+        found = np.searchsorted(keys.ravel(), want.ravel(), side="left").reshape(p, n + 1)
+        found -= self._row_base
+        np.minimum(found, self._ends, out=found)
+        out: list[list[int]] = found.tolist()
+        return out
+
+    @functools.cached_property
+    def _ends(self) -> NDArray[np.intp]:
+        return np.arange(self.n + 1)
+
+    @functools.cached_property
+    def _row_base(self) -> NDArray[np.intp]:
+        return ((self.n + 1) * np.arange(self.p))[:, None]
+
+    @functools.cached_property
+    def _keys(self) -> NDArray[np.complex128]:
+        """(stage, prefix sum) as complex numbers, sorted lexicographically (``firsts``)."""
+        keys = np.empty((self.p, self.n + 1), dtype=np.complex128)
+        keys.real = np.arange(self.p)[:, None]
+        keys.imag = self.P
+        return keys
 
     # the two below are built on first use: most searches never list candidates nor evaluate
     @functools.cached_property
@@ -142,6 +165,83 @@ class ListSolver:
     def comm_vals(self) -> list[float]:
         """The distinct cut costs at admissible cuts, sorted (``_Solver.comm_vals``)."""
         return sorted({c for j in range(self.p - 1) for c in self.cut_rows[j]})
+
+
+def _rows_of(a: FloatArray) -> list[list[float]]:
+    """``a.tolist()``, one list shared by rows that are the same bit for bit."""
+    if a.shape[0] > 1 and bool((a.view(np.int64) == a[:1].view(np.int64)).all()):
+        return [a[0].tolist()] * a.shape[0]
+    rows: list[list[float]] = a.tolist()
+    return rows
+
+
+def _lowest_starts(mem: FloatArray, cap: FloatArray, mem_tol: float, m: int) -> list[list[int]]:
+    """Per stage j and end b (index b − j − 1; the last stage: b = L only), the lowest start a
+    with Σ mem[j, a:b] ≤ cap[j] + ``mem_tol``, at least j: ``searchsorted`` on each stage's
+    non-decreasing memory prefix sums, for all stages in one call — on complex keys (stage,
+    prefix sum), which numpy orders lexicographically, so a stage's keys compare by their prefix
+    sums alone and sit after every earlier stage's."""
+    p, n = int(mem.shape[0]), int(mem.shape[1])
+    Q = np.zeros((p, n + 1))
+    np.cumsum(mem, axis=1, out=Q[:, 1:])  # row by row as ``_Solver``'s 1-D cumsums
+    ends = np.arange(m)[None, :] + np.arange(1, p + 1)[:, None]  # stage j: [j + 1, j + m]
+    ends[-1] = n  # only b = L for the last stage
+    room = cap + mem_tol
+    keys = np.empty((p, n + 1), dtype=np.complex128)
+    keys.real = np.arange(p)[:, None]
+    keys.imag = Q
+    want = np.empty((p, m), dtype=np.complex128)
+    want.real = keys.real[:, :m]
+    want.imag = np.take_along_axis(Q, ends, axis=1) - room[:, None]
+    found = np.searchsorted(keys.ravel(), want.ravel(), side="left").reshape(p, m)
+    lo = np.maximum(found - (n + 1) * np.arange(p)[:, None], np.arange(p)[:, None])
+    out: list[list[int]] = lo.tolist()
+    out[-1] = out[-1][:1]
+    return out
+
+
+class ListSolver:
+    """The solver of one problem on Python lists (module docstring).
+
+    ``rows``: the problem's ``Rows``; ``k`` ≥ 1; ``mem`` (p, L) and ``cap`` (p,) float64 arrays,
+    both or neither (memory finite and non-negative, ``cap`` not NaN); ``mem_tol`` is the search's
+    memory tolerance (``_mem_tol(mem)``). Counts ``evaluations``, ``infeasible`` and ``listed``
+    as ``_Solver`` does."""
+
+    def __init__(
+        self,
+        rows: Rows,
+        k: int,
+        mem: FloatArray | None,
+        cap: FloatArray | None,
+        *,
+        mem_tol: float,
+    ) -> None:
+        self.rows = rows
+        self.k = k
+        p, m = self.p, self.m = rows.p, rows.m
+        self.n = rows.n
+        self.time, self.P, self.P_rows, self.comm_rows = rows.time, rows.P, rows.P_rows, rows.comm_rows
+        self.cut_rows, self.atol, self.few = rows.cut_rows, rows.atol, rows.few
+        # per stage and end b (index b − j − 1; the last stage: b = L only), the lowest start
+        # allowed by memory and by the stages before (j layers), independent of μ
+        if mem is None or cap is None:
+            self.lo_min: list[list[int]] = [[j] * m for j in range(p - 1)] + [[p - 1]]
+        else:
+            self.lo_min = _lowest_starts(mem, cap, mem_tol, m)
+        self.evaluations = 0
+        self.infeasible = 0
+        self.listed = 0
+
+    @property
+    def time_rows(self) -> list[list[float]]:
+        """``Rows.time_rows``."""
+        return self.rows.time_rows
+
+    @property
+    def comm_vals(self) -> list[float]:
+        """``Rows.comm_vals``."""
+        return self.rows.comm_vals
 
     def dp(self, mu: float) -> DpResult | None:
         """``_Solver.dp(mu)``: the least-sum assignment with every stage and cut ≤ μ (+ atol).
@@ -158,8 +258,9 @@ class ListSolver:
         infeasible exactly when no useful end is finite."""
         self.evaluations += 1
         thr = mu + self.atol
-        low = self._low_ends(thr)
-        got = None if low is None else self._forward(thr, low)
+        firsts = self.rows.firsts(thr)
+        low = self._low_ends(firsts)
+        got = None if low is None else self._forward(thr, firsts, low)
         if got is None:
             self.infeasible += 1
             return None
@@ -167,25 +268,28 @@ class ListSolver:
         counts = self._backtrack(bands)
         return counts, f_last, self._actual_max(counts)
 
-    def _low_ends(self, thr: float) -> list[int] | None:
-        """Per stage its lowest useful end under the bound ``thr`` (``dp``), from the back (the
-        last stage ends at L); None when nothing reaches L."""
+    def _low_ends(self, firsts: list[list[int]]) -> list[int] | None:
+        """Per stage its lowest useful end under the bound of ``firsts`` (``Rows.firsts``; ``dp``),
+        from the back (the last stage ends at L); None when nothing reaches L."""
         p, m = self.p, self.m
         low = [0] * p
         b = self.n
         for j in range(p - 1, 0, -1):
-            pj = self.P_rows[j]
             lm = self.lo_min[j][b - j - 1 if j < p - 1 else 0]
-            lo = bisect_left(pj, pj[b] - thr, j, b)  # ``searchsorted`` from j, capped at b
+            lo = firsts[j][b]  # ``searchsorted`` from j (j < b), capped at b
+            if j > lo:
+                lo = j
             b = lo if lo > lm else lm
             if b > j - 1 + m:  # past stage j − 1's last end: nothing reaches L
                 return None
             low[j - 1] = b
         return low
 
-    def _forward(self, thr: float, low: list[int]) -> tuple[list[_Band], float] | None:
-        """The DP from the front on the band of starts (``dp``): per stage its ``_Band``, and the
-        least sum; None if infeasible."""
+    def _forward(
+        self, thr: float, firsts: list[list[int]], low: list[int]
+    ) -> tuple[list[_Band], float] | None:
+        """The DP from the front on the band of starts (``dp``; ``firsts``: ``Rows.firsts`` of
+        its bound ``thr``): per stage its ``_Band``, and the least sum; None if infeasible."""
         p, n = self.p, self.n
         ga, g = 0, [0.0]  # the band: g(a) for a in [ga, ga + len(g)); ∞ elsewhere
         bands: list[_Band] = []
@@ -196,7 +300,9 @@ class ListSolver:
             if j == p - 1:
                 # the first a >= ga with pj[a] >= pj[n] − thr (``searchsorted``, capped at n):
                 # the numpy DP's start raised to ga, which only drops infinite h
-                lo = bisect_left(pj, pj[n] - thr, ga, n)
+                lo = firsts[j][n]
+                if ga > lo:
+                    lo = ga
                 if self.lo_min[j][0] > lo:
                     lo = self.lo_min[j][0]
                 if lo >= gb:
@@ -204,7 +310,7 @@ class ListSolver:
                 bands.append(_Band(ga, h, n, [lo]))
                 return bands, pj[n] + min(h[lo - ga :])
             b0 = ga + 1 if ga + 1 > low[j] else low[j]
-            f, lo_j = self._stage_ends(j, thr, ga, h, b0)
+            f, lo_j = self._stage_ends(j, firsts[j], ga, h, b0)
             # the next stage's band: its starts are these ends; trimmed to its finite values
             cut = self.cut_rows[j]
             c0 = b0 - j - 1  # cut index of the end b0
@@ -221,11 +327,11 @@ class ListSolver:
         raise AssertionError("unreachable: the last stage returns")
 
     def _stage_ends(
-        self, j: int, thr: float, ga: int, h: list[float], b0: int
+        self, j: int, first: list[int], ga: int, h: list[float], b0: int
     ) -> tuple[list[float], list[int]]:
-        """Stage j (not the last) on the band of starts from ``ga`` (``h`` = g − P_j there): f(b)
-        and the window's lowest start for its ends b from ``b0`` on, until a window starts past
-        the band."""
+        """Stage j (not the last) on the band of starts from ``ga`` (``h`` = g − P_j there;
+        ``first``: its row of ``Rows.firsts``): f(b) and the window's lowest start for its ends b
+        from ``b0`` on, until a window starts past the band."""
         pj = self.P_rows[j]
         lo_min = self.lo_min[j]
         e0, top = j + 1, j + self.m + 1  # stage j's ends are [e0, top)
@@ -234,19 +340,17 @@ class ListSolver:
         f: list[float] = []
         lo_j: list[int] = []
         # per useful end b from ga + 1 on (a window below it misses the band), its lowest
-        # start: the first a >= ga with pj[a] >= pj[b] − thr, capped at b (a pointer: pj
-        # and the bound are non-decreasing in b), or memory's limit; the windows' starts only
-        # grow, so once one is past the band every later one is
-        ptr = ga
+        # start: max(ga, first[b], memory's limit); the windows' starts only grow, so once one
+        # is past the band every later one is
         # min over the last window, for the next when it only grows by one on the right
         # (``<`` keeps the first of equal values, as ``min`` does)
         cur, cur_lo, cur_b = inf, -1, -1
         f_append, lo_append = f.append, lo_j.append
-        for b, lm in zip(range(b0, top), lo_min[b0 - e0 : top - e0], strict=True):
-            bound = pj[b] - thr
-            while ptr < b and pj[ptr] < bound:
-                ptr += 1
-            lo = ptr if ptr > lm else lm
+        for b, lm, lo in zip(range(b0, top), lo_min[b0 - e0 : top - e0], first[b0:top], strict=True):
+            if ga > lo:
+                lo = ga
+            if lm > lo:
+                lo = lm
             if lo >= gb:
                 break
             lo_append(lo)
@@ -311,9 +415,20 @@ class ListSolver:
         return c[bisect_right(c, lo) : bisect_left(c, hi)]
 
     def count(self, lo: float, hi: float) -> int:
-        """``_Solver.count``: candidate values (with repetitions) inside (lo + atol, hi − atol)."""
+        """``_Solver.count``: candidate values (with repetitions) inside (lo + atol, hi − atol).
+
+        With ``uniform`` rows, the (s, e) of ``_rows`` for all stages at once: s does not depend
+        on the stage, e is the same ``searchsorted`` clamped to the stage's [a + 1, top)."""
         lo_, hi_ = lo + self.atol, hi - self.atol
         total = len(self._comm_in(lo_, hi_))
+        if self.rows.uniform:
+            pj = self.P[0]
+            a = np.arange(self.n)
+            s = np.maximum(np.searchsorted(pj, pj[:-1] + lo_, side="right"), a + 1)
+            e = np.maximum(np.searchsorted(pj, pj[:-1] + hi_, side="left"), a + 1)
+            starts, _ = _grid(self.p, self.n)
+            tops = (self.n - self.p + 2 + np.arange(self.p))[:, None]
+            return total + int(np.maximum(np.minimum(e[starts], tops) - s[starts], 0).sum())
         for j in range(self.p):
             for _, s, e in self._rows(j, lo_, hi_):
                 total += e - s
@@ -327,11 +442,19 @@ class ListSolver:
         in Python than in numpy here: a listing holds a thousand values or so). The mask is
         ``_Solver._rows``' range: on non-decreasing prefix sums, b ≥ searchsorted(pj, pa + lo,
         "right") is pj[b] > pa + lo and b < searchsorted(pj, pa + hi) is pj[b] < pa + hi; the
-        values, the dedup and the merge are ``_Solver.listing``'s operations."""
-        starts, valid = _grid(self.p, self.n)
-        pb = self.P[:, None, :]
-        pa = np.take_along_axis(self.P, starts, axis=1)[:, :, None]
-        inside = (pb > pa + lo) & (pb < pa + hi) & valid
+        values, the dedup and the merge are ``_Solver.listing``'s operations. With ``uniform``
+        rows every stage has the same values on a segment [a, b): each distinct segment
+        (``_segments``) once, which leaves the distinct values as they were."""
+        if self.rows.uniform:
+            starts, ends = _segments(self.p, self.n)
+            pa, pb = self.P[0][starts], self.P[0][ends]
+        else:
+            starts, valid = _grid(self.p, self.n)
+            pb = self.P[:, None, :]
+            pa = np.take_along_axis(self.P, starts, axis=1)[:, :, None]
+        inside = (pb > pa + lo) & (pb < pa + hi)
+        if not self.rows.uniform:
+            inside &= valid
         comm = np.array(self._comm_in(lo, hi), dtype=np.float64)
         v = np.unique(np.concatenate((comm, (pb - pa)[inside])))
         v = v[(v > lo + self.atol) & (v < hi - self.atol)]

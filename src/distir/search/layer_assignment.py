@@ -90,7 +90,7 @@ import numpy as np
 import numpy.typing as npt
 from numpy.typing import NDArray
 
-from distir.search.assignment_list_solver import ListSolver
+from distir.search.assignment_list_solver import ListSolver, Rows
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.intp]
@@ -504,19 +504,13 @@ def _solve(inp: _Inputs, stats: SearchStats | None) -> Assignment | None:
             stats.listed = solver.listed
 
 
-def _list_solver(inp: _Inputs) -> ListSolver:
-    """The solver on Python lists of a validated problem with p ≤ L."""
+def _list_solver(inp: _Inputs, rows: Rows | None = None) -> ListSolver:
+    """The solver on Python lists of a validated problem with p ≤ L (on ``rows``, the problem's
+    ``Rows``, when given)."""
+    if rows is None:
+        rows = Rows(inp.time, inp.comm, rel_tol=REL_TOL, few=_few(inp.p, inp.n_layers))
     mem_tol = _mem_tol(inp.mem) if inp.mem is not None else 0.0
-    return ListSolver(
-        inp.time,
-        inp.k,
-        inp.comm,
-        inp.mem,
-        inp.cap,
-        rel_tol=REL_TOL,
-        mem_tol=mem_tol,
-        few=_few(inp.p, inp.n_layers),
-    )
+    return ListSolver(rows, inp.k, inp.mem, inp.cap, mem_tol=mem_tol)
 
 
 def _assignment(solver: _Solver | ListSolver, counts: tuple[int, ...]) -> Assignment:

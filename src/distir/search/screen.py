@@ -58,7 +58,7 @@ import numpy as np
 
 from distir.autodiff.train import Optimizer, update_traffic
 from distir.hardware.cluster import Cluster
-from distir.parallel.distribute import uniform_counts
+from distir.parallel.distribute import DDP_BUCKET_MB, uniform_counts
 from distir.parallel.pipeline.partition import Ends, block_counts
 from distir.parallel.strategy import Strategy
 from distir.search.context_cost import AttentionShape, Ring, attention_shapes, context_layer
@@ -487,6 +487,13 @@ class Screen:
             got = self._syncs[key] = self._sync_time(s, st.group, st.kind, w, n_w)
         return got
 
+    @staticmethod
+    def _calls(w: float, n_w: int) -> int:
+        """Collective calls of a stage's gradient reduction of ``w`` bytes in ``n_w`` weights: one
+        per bucket, buckets of whole layers' gradients closed once they hold DDP's cap
+        (``distribute``'s ``_Buckets``): at most one more than the cap fits, one per weight."""
+        return min(n_w, int(w // (DDP_BUCKET_MB * (1 << 20))) + 1)
+
     def _sync_time(self, s: Strategy, group: tuple[int, ...], kind: str, w: float, n_w: int) -> float:
         t = 0.0
         h = s.zero_degree
@@ -499,10 +506,10 @@ class Screen:
             t += coll.reducescatter_time(self.cluster, w, inner) + coll.allreduce_time(
                 self.cluster, w / h, across
             )
-            t += (n_w - 1) * lat
+            t += (self._calls(w, n_w) - 1) * lat
         elif s.d * s.c > 1 and n_w:
             lat = coll.allreduce_time(self.cluster, 1.0, group)
-            t += coll.allreduce_time(self.cluster, w, group) + (n_w - 1) * lat
+            t += coll.allreduce_time(self.cluster, w, group) + (self._calls(w, n_w) - 1) * lat
             if s.zero == 1:
                 t += coll.allgather_time(self.cluster, w, group)
         spec = self._specs[kind]

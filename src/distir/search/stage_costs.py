@@ -481,10 +481,11 @@ def _time_row(
     if got is None:
         row = np.array(st.rows.time)  # a fresh array: the terms below add into it
         w_bytes, n_w = first.rows.weight, first.rows.n_w
-        # ZeRO-3 gathers every weight before its forward and its backward, in every microbatch
+        # ZeRO-3 gathers every weight before its forward and its backward, in every microbatch,
+        # a layer's weights in one collective call (``distribute``: coalesced parts)
         if gather is not None:
             lat, per_byte = gather
-            row += 2 * (w_bytes * per_byte + n_w * lat)
+            row += 2 * (w_bytes * per_byte + (n_w > 0) * lat)  # a layer's gathers: one call
         # gradient accumulation: microbatches after the first add into the accumulators
         if train and s.k > 1:
             spec = specs[st.kind]
