@@ -118,12 +118,15 @@ def test_zero_bubble_carry_follows_the_program_at_one_sample_per_replica() -> No
     the two layer plans differ in what a ZB-H1 input-gradient pass carries to its deferred
     weight-gradient pass (sequence-parallel GEMM inputs gathered, or sharded). The screen's peak
     follows the exact simulation's, stage by stage, for ZB-H1 with ZeRO-2 under the pipeline,
-    full recomputation and an uneven partition (the Llama 3 405B search's winner's shape)."""
+    full recomputation and an uneven partition (the Llama 3 405B search's winner's shape), also
+    after the screen met the same shape under another schedule."""
     spec = parse_model_string("llama:layers=8,hidden=1024,heads=8,kv_heads=4,ffn=2816,vocab=4096,seq=4096")
     cluster = parse_cluster("h100:2")
     s = parse_strategy("d2.t2.sp.p4.k4.zb1.z2.rfull.L1-2-3-2")
     batch = s.d * s.k  # one sample per replica and microbatch
     screen = Screen(Profiler(spec, cluster, DType.bf16, True, mixed=True), Problem(batch, True, "adam", True))
+    # the same shape under 1F1B first: the screen's memo of its stages must not serve ZB-H1
+    screen.estimate(parse_strategy("d2.t2.sp.p4.k4.1f1b.z2.rfull.L1-2-3-2"))
     got = screen.estimate(s).peak_memory_bytes
     model = build_from(spec, batch, DType.bf16)
     prog = distribute(model, s, Optimizer("adam"), comm_streams=True, precision="mixed")

@@ -426,6 +426,7 @@ class Screen:
         strategies, on everything of the strategy it depends on (the strategies of one shape share
         their stages on the identity placement)."""
         memo = (gpus, s.t, s.d, s.c, tb.b, s.recompute, s.sp, s.shares, tb.zero3, s.zero_degree)
+        memo += (self._carry_batch(s, tb.b),)  # ZB-H1's carried bytes may come from another plan
         got = self._stages.get(memo)
         if got is None:
             got = self._stages[memo] = self._new_stage(s, tb, gpus)
