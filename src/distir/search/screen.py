@@ -425,8 +425,9 @@ class Screen:
         """What the stage on ``gpus`` decides (``Stage``), memoized in ``tb`` and, across
         strategies, on everything of the strategy it depends on (the strategies of one shape share
         their stages on the identity placement)."""
-        memo = (gpus, s.t, s.d, s.c, tb.b, s.recompute, s.sp, s.shares, tb.zero3, s.zero_degree)
-        memo += (self._carry_batch(s, tb.b),)  # ZB-H1's carried bytes may come from another plan
+        # with ZB-H1's carry batch: its carried bytes may come from another plan (``_carry_batch``)
+        carry = self._carry_batch(s, tb.b)
+        memo = (gpus, s.t, s.d, s.c, tb.b, s.recompute, s.sp, s.shares, tb.zero3, s.zero_degree, carry)
         got = self._stages.get(memo)
         if got is None:
             got = self._stages[memo] = self._new_stage(s, tb, gpus)
