@@ -11,11 +11,18 @@ import statistics
 
 import pytest
 
-from distir.frontends.zoo.registry import parse_model_string
+from distir.autodiff.train import Optimizer
+from distir.frontends.zoo.registry import build_from, parse_model_string
+from distir.hardware.cluster import parse_cluster
+from distir.ir.types import DType
+from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import parse_strategy
+from distir.search.profile import Profiler
 from distir.search.run import SearchRequest, search
+from distir.search.screen import Problem, Screen
 from distir.search.space import Pins
 from distir.search.stage_costs import holds, inflight, pending_weight_grads
+from distir.sim.simulate import simulate
 
 GPT = "gpt:layers=8,hidden=512,heads=8,seq=512,vocab=4096"
 LLAMA = "llama:layers=4,hidden=512,heads=8,kv_heads=2,ffn=1408,vocab=4096,seq=512"
@@ -103,3 +110,26 @@ def test_pipelined_zero2_is_screened_with_the_whole_accumulated_gradient(schedul
         tensors = cluster.device_spec(0).runtime.tensor_capacity(exact)
         assert e.peak_memory_bytes == pytest.approx(tensors, rel=0.05), name
     assert mem[f"d4.t1.p2.k4.{schedule}.z2"] == mem[f"d4.t1.p2.k4.{schedule}.z1"]
+
+
+def test_zero_bubble_carry_follows_the_program_at_one_sample_per_replica() -> None:
+    """At one sample per replica and microbatch with d > 1, ``distribute`` shards each layer at
+    the global microbatch d (its batch dimension sharded over the replicas), the profiler at 1:
+    the two layer plans differ in what a ZB-H1 input-gradient pass carries to its deferred
+    weight-gradient pass (sequence-parallel GEMM inputs gathered, or sharded). The screen's peak
+    follows the exact simulation's, stage by stage, for ZB-H1 with ZeRO-2 under the pipeline,
+    full recomputation and an uneven partition (the Llama 3 405B search's winner's shape), also
+    after the screen met the same shape under another schedule."""
+    spec = parse_model_string("llama:layers=8,hidden=1024,heads=8,kv_heads=4,ffn=2816,vocab=4096,seq=4096")
+    cluster = parse_cluster("h100:2")
+    s = parse_strategy("d2.t2.sp.p4.k4.zb1.z2.rfull.L1-2-3-2")
+    batch = s.d * s.k  # one sample per replica and microbatch
+    screen = Screen(Profiler(spec, cluster, DType.bf16, True, mixed=True), Problem(batch, True, "adam", True))
+    # the same shape under 1F1B first: the screen's memo of its stages must not serve ZB-H1
+    screen.estimate(parse_strategy("d2.t2.sp.p4.k4.1f1b.z2.rfull.L1-2-3-2"))
+    got = screen.estimate(s).peak_memory_bytes
+    model = build_from(spec, batch, DType.bf16)
+    prog = distribute(model, s, Optimizer("adam"), comm_streams=True, precision="mixed")
+    r = simulate(prog, cluster, device_map(s, True), batch=batch)
+    exact = cluster.device_spec(0).runtime.tensor_capacity(max(r.peak_memory.values()))
+    assert abs(got / exact - 1) <= 0.03, (got / 2**30, exact / 2**30)
