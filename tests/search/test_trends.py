@@ -170,9 +170,9 @@ def test_gpt3_175b_on_128_dgx_a100_finds_t8_with_pipelining_and_sequence_paralle
     """``distir search --model gpt2-175b --cluster dgx-a100:128 --batch 1536 --tp-comm-overlap``
     (bf16 mixed): with tensor-parallel collectives pipelined with their GEMMs, as Megatron-LM runs
     them with ``--tp-comm-overlap`` (which requires sequence parallelism), the winner has t = 8,
-    p > 1 and sequence parallelism: d16.t8.sp.p8.k32.zb1.z2, 15.61 s (2026-11-26), the best t = 4
-    (``--tp 4``: d16.t4.sp.p16.k48.zb1.z2) 16.30 s, +4.4%. Without the overlap t = 4 wins
-    (d16.t4.sp.p16.k48.zb1.z2, 17.02 s; the best t = 8 the same plan as above, 17.32 s, +1.7%):
+    p > 1 and sequence parallelism: d16.t8.sp.p8.k32.zb1.z2, 15.05 s (2026-11-26), the best t = 4
+    (d32.t4.sp.p8.k48.zb1.z2) 15.76 s, +4.7%. Without the overlap t = 4 wins
+    (d64.t4.p4.k24.zb1.z2, 16.26 s; the best t = 8 the same plan as above, 16.77 s, +3.1%):
     a t = 8 layer then waits for collectives 2.3 times as long per FLOP (``docs/search.md``)."""
     req = SearchRequest(
         model="gpt2-175b", cluster="dgx-a100:128", batch=1536, dtype="bf16", precision="mixed",
