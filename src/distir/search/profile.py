@@ -418,7 +418,7 @@ class Profiler:
         n_dx = 1 if 0 in L.vjp.wrt else 0
         hit = self._split.get(id(L))
         if hit is None or hit[0] is not L:
-            hit = self._split[id(L)] = (L, split_backward(L.bwd, n_dx)[0])
+            hit = self._split[id(L)] = (L, split_backward(L.bwd, n_dx, L.bwd_args)[0])
         bwd_i = hit[1]
         dying = _dying(L)
         work = self._run(bwd_i, L.bwd_args, dmap, cost, key, dying)[2]
