@@ -244,6 +244,7 @@ class Screen:
         n = range(len(profs[0]))
         return StageRows(
             time=frozen([max(p[i].fwd_s + fb * p[i].bwd_s for p in profs) for i in n]),
+            fwd=frozen([max(p[i].fwd_s for p in profs) for i in n]),
             weight=frozen([max(p[i].weight_bytes for p in profs) for i in n]),
             n_w=frozen([lead[i].n_weights for i in n]),
             saved=frozen([max(p[i].saved_bytes for p in profs) for i in n]),
@@ -474,6 +475,10 @@ class Screen:
                 self.cluster, w / h, across
             )
             t += (self._calls(w, n_w) - 1) * lat
+        elif s.d * s.c > 1 and n_w and s.zero == 3:
+            # ZeRO-3 reduce-scatters the gradients (its gathers are the layers': ``_time_row``)
+            lat = coll.reducescatter_time(self.cluster, 1.0, group)
+            t += coll.reducescatter_time(self.cluster, w, group) + (self._calls(w, n_w) - 1) * lat
         elif s.d * s.c > 1 and n_w:
             lat = coll.allreduce_time(self.cluster, 1.0, group)
             t += coll.allreduce_time(self.cluster, w, group) + (self._calls(w, n_w) - 1) * lat
