@@ -170,9 +170,10 @@ def test_a_context_parallel_pin_must_fit_the_sequence_and_the_devices() -> None:
 
 
 def test_context_parallel_plans_are_what_distribute_builds() -> None:
-    """c > 1 only without sequence parallelism or HSDP, and with one sequence per microbatch and
-    stage (d = 1, microbatch size 1): the loss flattens (batch, sequence), which dp and cp cannot
-    both shard (``distir.parallel.context_model``); pins that ask for more say so."""
+    """c > 1 only without sequence parallelism, and with one sequence per microbatch and stage
+    (d = 1, microbatch size 1, so no HSDP group): the loss flattens (batch, sequence), which dp
+    and cp cannot both shard (``distir.parallel.context_model``); pins that ask for more say
+    so."""
     space = Space(16, 16, 8, (1, 2, 4), node_devices=8, seq=65536)
     cps = [s for s in space.strategies() if s.c > 1]
     assert cps and {s.c for s in cps} >= {2, 4}

@@ -33,7 +33,8 @@ programs. Its shape:
   group in every backward, accumulating the shard (still a pending sum over ``dpr``); the last
   backward of each chunk all-reduces the accumulated shard across the groups, once per step (FSDP2's
   ``set_requires_all_reduce(False)`` on all microbatches but the last, as with gradient
-  accumulation HSDP does).
+  accumulation HSDP does). With context parallelism a group is n replicas' n·c ranks
+  (``(dpr=d/n, dp=n·c, tp=t)``: torchtitan's ``dp_shard`` × ``cp`` mesh under ``dp_replicate``).
 - **In place.** Weights, optimizer state, Adam's step and the compute copies are donated
   (``Function.donated``), each to its successor among the results: the simulator lets the
   update take the old value's storage, as trainers update in place (the ZeRO paper's model
@@ -287,7 +288,6 @@ def _check_deepspeed(s: Strategy, prec: Precision, deepspeed_pipe: bool, fp32_gr
 def _check_context(s: Strategy, train: bool) -> None:
     """Refuse what context parallelism inside ``distribute`` does not combine with yet."""
     missing = [
-        (s.shard_group is not None, f"HSDP (z3h{s.shard_group})"),
         (s.sp, "sequence parallelism (sp): the sequence split over both cp and tp"),
         (s.shares is not None, "uneven batch shares"),
         (not train, "an inference program"),
@@ -437,8 +437,10 @@ class _Builder:
         # the (dp, cp, tp) mesh the layers run on (weights R, R; gradients pending P, P)
         self.cp_view = train and s.c > 1
         self.viewed = self.hsdp or self.cp_view  # weights on ``meshes3``, a view of ``meshes``
-        if self.hsdp:
-            self.meshes3 = [Mesh((("dpr", s.d // h), ("dp", h), ("tp", s.t)), m.devices) for m in self.meshes]
+        if self.hsdp:  # with cp: a group of h replicas' d·c ranks (torchtitan's dp_shard × cp)
+            self.meshes3 = [
+                Mesh((("dpr", s.d * s.c // h), ("dp", h), ("tp", s.t)), m.devices) for m in self.meshes
+            ]
         elif self.cp_view:
             self.meshes3 = [Mesh((("dp", s.d * s.c), ("tp", s.t)), m.devices) for m in self.meshes]
         else:

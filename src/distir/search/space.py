@@ -9,8 +9,9 @@
   (shorter chunks cannot hide the ring's transfers behind their attention); otherwise c = 1 and
   the space is what it was. A context-parallel plan is built and simulated like any other
   (``distribute``), so the space holds only what ``distribute`` combines with c > 1: no
-  sequence parallelism (the sequence would be split over cp and tp at once) and no HSDP
-  (ZeRO 1–3 shard over the d·c ranks); and one sequence per microbatch and stage (d = 1,
+  sequence parallelism (the sequence would be split over cp and tp at once); ZeRO 1–3 shard
+  over the d·c ranks, HSDP over a group of replicas' context ranks (where d allows a group);
+  and one sequence per microbatch and stage (d = 1,
   microbatch size 1): the loss flattens (batch, sequence) into one dim, which dp
   and cp cannot both shard, so with more sequences ``distribute`` gathers the logits over cp
   (``distir.parallel.context_model``);
@@ -188,7 +189,7 @@ class Space:
         p = self.pins
         clash = [
             (p.sp, "--sp (sequence parallelism)"),
-            (p.hsdp is not None, f"--hsdp {p.hsdp}"),
+            (p.hsdp is not None, f"--hsdp {p.hsdp} (HSDP needs d > 1; here d = 1, one sequence per microbatch)"),
             (p.dp is not None and p.dp > 1, f"--dp {p.dp} (one sequence per microbatch and stage)"),
             (p.mbs is not None and p.mbs > 1, f"--microbatch-size {p.mbs} (one sequence per microbatch)"),
         ]
@@ -338,8 +339,6 @@ class Space:
         of one node (node_devices / t) when a stage's replicas span more than a node; None when
         there is none (it must divide d and be between 2 and d − 1)."""
         h = self.pins.hsdp
-        if base.c > 1:  # not with context parallelism (module docstring)
-            return None
         per = base.t * base.c  # the GPUs of one replica
         if h is None and self.node_devices and base.d * per > self.node_devices:
             h = self.node_devices // per if self.node_devices % per == 0 else None
