@@ -242,7 +242,9 @@ def parts_sharding(first: int, linear: int) -> sh.ShardingRule:
                 found.append(sh.Strategy(tuple(Shard(dim) for _ in ins), tuple(Shard(dim) for _ in outs)))
         last = len(scores) - 1
         if scores[last] > 1:
-            places: tuple[Placement, ...] = tuple(Shard(last) if i == first else sh.R for i in range(len(ins)))
+            places: tuple[Placement, ...] = tuple(
+                Shard(last) if i == first else sh.R for i in range(len(ins))
+            )
             outs_p: tuple[Placement, ...] = tuple(Shard(last) if linear else sh.SUM for _ in outs)
             found.append(sh.Strategy(places, outs_p))
         if linear:
@@ -265,10 +267,10 @@ SOFTMAX_CROSS_ENTROPY_PARTS = register(
         attrs={"rows": ROWS, "acc": AttrSpec("dtype", None)},
         reference=_parts_ref,
         flops=lambda ins, outs, attrs: 3.0 * numel(ins[0]) + numel(ins[1]),
-        doc="Per row n (every dim but the last; classes last): sumexp = Σ_c exp(scores[n, c] − shift[n]) "
-        "and picked = scores[n, labels[n]] − shift[n]; the cross entropy is log(sumexp) − picked. Sharded on the classes, both are pending "
-        "sums (Megatron's vocabulary-parallel cross entropy); rows=[start, total]: scores is that piece "
-        "of the classes, a label outside it picks 0. acc: the dtype of both results (default: the "
+        doc="Per row n (every dim but the last; classes last): sumexp = Σ_c exp(scores[n, c] − "
+        "shift[n]) and picked = scores[n, labels[n]] − shift[n]; the cross entropy is log(sumexp) − "
+        "picked. Sharded on the classes, both are pending sums (Megatron's vocabulary-parallel "
+        "cross entropy); rows=[start, total]: scores is that piece of the classes, a label outside it picks 0. acc: the dtype of both results (default: the "
         "scores'); acc=f32 on bf16 scores is a fused cross entropy (flash-attn's xentropy kernel): fp32 "
         "inside, no fp32 copy of the scores, and the gradient written in the scores' dtype.",
         sharding=parts_sharding(0, 0),
