@@ -268,11 +268,13 @@ SOFTMAX_CROSS_ENTROPY_PARTS = register(
         reference=_parts_ref,
         flops=lambda ins, outs, attrs: 3.0 * numel(ins[0]) + numel(ins[1]),
         doc="Per row n (every dim but the last; classes last): sumexp = Σ_c exp(scores[n, c] − "
-        "shift[n]) and picked = scores[n, labels[n]] − shift[n]; the cross entropy is log(sumexp) − "
-        "picked. Sharded on the classes, both are pending sums (Megatron's vocabulary-parallel "
-        "cross entropy); rows=[start, total]: scores is that piece of the classes, a label outside it picks 0. acc: the dtype of both results (default: the "
-        "scores'); acc=f32 on bf16 scores is a fused cross entropy (flash-attn's xentropy kernel): fp32 "
-        "inside, no fp32 copy of the scores, and the gradient written in the scores' dtype.",
+        "shift[n]) and picked = scores[n, labels[n]] − shift[n]; the cross entropy is "
+        "log(sumexp) − picked. Sharded on the classes, both are pending sums (Megatron's "
+        "vocabulary-parallel cross entropy); rows=[start, total]: scores is that piece of the "
+        "classes, a label outside it picks 0. acc: the dtype of both results (default: the "
+        "scores'); acc=f32 on bf16 scores is a fused cross entropy (flash-attn's xentropy "
+        "kernel): fp32 inside, no fp32 copy of the scores, and the gradient written in the "
+        "scores' dtype.",
         sharding=parts_sharding(0, 0),
         localize=rows_localizer(lambda attrs, rank: rank - 1, 0),
     )
