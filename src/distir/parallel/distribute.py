@@ -430,17 +430,15 @@ class _Builder:
         # shards over the h replicas of a group (dp), replicated across the d/h groups (dpr);
         # weights, their state and sharded gradients live there, ``MeshView`` crosses over
         self.hsdp = train and s.zero == 3 and s.shard_group is not None
-        h = s.zero_degree
+        h, groups = s.zero_degree, s.d * s.c // s.zero_degree  # with cp: n replicas' n·c ranks a group
         # context parallelism: weights, their state and reduced gradients live on each stage's
         # devices seen as (dp = d·c, tp) — cp merged into dp, as data parallelism over d·c ranks
         # (ZeRO shards over them: ``Strategy.zero_degree``) — and ``MeshView`` crosses over to
         # the (dp, cp, tp) mesh the layers run on (weights R, R; gradients pending P, P)
         self.cp_view = train and s.c > 1
         self.viewed = self.hsdp or self.cp_view  # weights on ``meshes3``, a view of ``meshes``
-        if self.hsdp:  # with cp: a group of h replicas' d·c ranks (torchtitan's dp_shard × cp)
-            self.meshes3 = [
-                Mesh((("dpr", s.d * s.c // h), ("dp", h), ("tp", s.t)), m.devices) for m in self.meshes
-            ]
+        if self.hsdp:
+            self.meshes3 = [Mesh((("dpr", groups), ("dp", h), ("tp", s.t)), m.devices) for m in self.meshes]
         elif self.cp_view:
             self.meshes3 = [Mesh((("dp", s.d * s.c), ("tp", s.t)), m.devices) for m in self.meshes]
         else:
