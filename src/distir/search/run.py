@@ -59,6 +59,7 @@ from distir.search.profile import (
     has_sequence,
     num_blocks,
     sequence_length,
+    unit_models,
 )
 from distir.search.rerank import ExactJob, Profiles, evaluate, evaluate_seeded
 from distir.search.screen import Estimate, Problem, Screen, rank_key
@@ -458,8 +459,10 @@ def search(req: SearchRequest, progress: Progress | None = None) -> SearchOutput
     # a search allocates caches (layer shardings, plans, op records, screen memos) that live until
     # it ends and makes almost no cyclic garbage: the collector only walks them, again and again
     # (10-15% of AMP's searches); its pool's workers likewise (``executor.new_pool``)
-    with paused_gc(promote=True), local_pool(req.workers) if parallel else contextlib.nullcontext() as pool:
-        return _search(req, progress, pool)
+    # the model at one sample is built once (``unit_models``), before the pool's workers fork
+    with paused_gc(promote=True), unit_models():
+        with local_pool(req.workers) if parallel else contextlib.nullcontext() as pool:
+            return _search(req, progress, pool)
 
 
 def resolve_layout(req: SearchRequest) -> SearchRequest:
