@@ -68,7 +68,11 @@ def test_met_groups_are_the_groups_of_every_type_met_so_far() -> None:
     for t in later:
         units.note(t)
         groups = device_groups(
-            units._seen_dtensors, units._seen_devices, units._slot_of, units._slot_classes(), units._attr_meshes
+            units._seen_dtensors,
+            units._seen_devices,
+            units._slot_of,
+            units._slot_classes(),
+            units._attr_meshes,
         )
         assert set(units.met_groups()) == set(groups)
     assert units.uneven

@@ -461,9 +461,9 @@ def search(req: SearchRequest, progress: Progress | None = None) -> SearchOutput
     # it ends and makes almost no cyclic garbage: the collector only walks them, again and again
     # (10-15% of AMP's searches); its pool's workers likewise (``executor.new_pool``)
     # the model at one sample is built once (``unit_models``), before the pool's workers fork
-    with paused_gc(promote=True), unit_models():
-        with local_pool(req.workers) if parallel else contextlib.nullcontext() as pool:
-            return _search(req, progress, pool)
+    pooled = local_pool(req.workers) if parallel else contextlib.nullcontext()
+    with paused_gc(promote=True), unit_models(), pooled as pool:
+        return _search(req, progress, pool)
 
 
 def resolve_layout(req: SearchRequest) -> SearchRequest:

@@ -127,11 +127,11 @@ def step_types(src: DTensorType, dst: DTensorType) -> list[tuple[int, Placement,
 
 __all__ = [
     "MeshInfo",
+    "even_shape",
     "local_piece",
     "mesh_info",
     "piece_bytes",
     "shape_groups",
     "step_types",
-    "even_shape",
     "uniform_shape",
 ]
