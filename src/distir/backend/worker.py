@@ -15,7 +15,13 @@ value is dropped after its last reader, so the memory figure is real: on CUDA th
 peak (``torch.cuda.max_memory_allocated``); on CPU the tracked bytes of the distinct storages of
 live values (the step's inputs included), sampled after every op. Point-to-point operations
 posted by consecutive ``rank.Send``/``rank.Recv`` start together (``TorchContext.flush``) before
-any other op, or a send of a value received in the same batch.
+any other op, or a send of a value received in the same batch. A coalesced collective (a
+gradient bucket, a layer's parameter gather: a first part, then parts flagged ``coalesced``,
+``distir.ops.dist``) runs as the trainer issues it, ONE call over a flat buffer
+(``OpDef.torch_coalesced``), at its first part: with it go the later parts of the same collective
+and group that follow it before any other communication op, as long as their inputs are computed
+before the first part (``coalesced_calls``; a part that is not runs on its own, as do parts a
+collective cannot share a call for). The call is traced as one slice, at its first part.
 
 ``progress`` (optional, three shared integers) holds the index of the program and of the op the
 rank is at, and its ``Stage`` (starting, joining the process group, running), so the launcher
@@ -167,6 +173,37 @@ class _LiveBytes:
                 self.count[key] = c
 
 
+def coalesced_calls(ops: Sequence[Op], params: Sequence[Value]) -> dict[int, list[int]]:
+    """The collective calls a rank issues over several parts (see the module docstring): the
+    index of each call's first part -> the indices of all its parts (2 or more), in order.
+
+    A coalesced collective is an unflagged rank collective and the flagged ones after it, up to
+    the next unflagged communication op. Its parts of one collective and group (a bucket may mix
+    a reduce-scatter of its shardable weights with an all-reduce of the others) share one call,
+    issued at the first of them, with each later part whose inputs are computed by then; a part
+    whose inputs are not starts the next such call."""
+    made: dict[Value, int] = {v: -1 for v in params}
+    calls: dict[int, list[int]] = {}
+    leader: dict[tuple[str, Any], int] = {}  # (op, group) -> the first part of its call so far
+    for k, op in enumerate(ops):
+        d = REGISTRY[op.name]
+        if d.kind is OpKind.RANK_COMM:
+            if not op.attrs.get("coalesced"):
+                leader = {}  # a new collective call: parts never join an earlier one
+            key = (op.name, op.attrs.get("group"))
+            first = leader.get(key)
+            if d.torch_coalesced is not None and (
+                first is None or any(made.get(v, k) >= first for v in op.inputs)
+            ):
+                leader[key] = k
+                calls[k] = [k]
+            elif first is not None:
+                calls[first].append(k)
+        for v in op.outputs:
+            made[v] = k
+    return {k: parts for k, parts in calls.items() if len(parts) > 1}
+
+
 class _Runner:
     """One program compiled to a list of steps for this rank (see the module docstring)."""
 
@@ -206,6 +243,9 @@ class _Runner:
             ]
             for op in self.ops
         ]
+        # coalesced collectives: first part -> its parts; parts run early (not at their index)
+        self.calls = coalesced_calls(self.ops, fn.params)
+        self.early = {j for parts in self.calls.values() for j in parts[1:]}
         self.at = 0  # the op being run
         self.batch: list[tuple[int, float]] = []  # posted point-to-point ops: (index, when)
 
@@ -218,6 +258,15 @@ class _Runner:
             if w is not None and (o.dtype, tuple(o.shape)) != w:
                 got = f"{str(o.dtype).removeprefix('torch.')} {tuple(o.shape)}"
                 raise OpTypeError(f"%{v.name} came out {got}, not {v.type}")
+
+    def _coalesced(self, parts: Sequence[int], env: dict[Value, Any]) -> list[tuple[int, Any]]:
+        """Run ``parts`` (one coalesced collective) as one call; one by one if it cannot be."""
+        args = [([env[v] for v in self.ops[j].inputs], self.ops[j].attrs) for j in parts]
+        fused = REGISTRY[self.ops[parts[0]].name].torch_coalesced
+        outs = fused(self.ctx, args)
+        if outs is None:
+            outs = [self.impls[j](self.ctx, ins, attrs) for j, (ins, attrs) in zip(parts, args, strict=True)]
+        return list(zip(parts, outs, strict=True))
 
     def text(self, k: int) -> str:
         if self.texts is None:
@@ -257,19 +306,28 @@ class _Runner:
             if ctx.pending and (not self.p2p[k] or any(v in received for v in op.inputs)):
                 self._flush(k, traced, t0, live.bytes)
                 received.clear()
+            if k in self.early:  # run with its first part (``coalesced_calls``)
+                for v in self.drop[k]:
+                    live.drop(env.pop(v))
+                continue
             start, cpu0 = clock(), cpu_clock()
             if self.p2p[k]:
                 self.batch.append((k, start))
-            outs = self.impls[k](ctx, [env[v] for v in op.inputs], op.attrs)
+            parts = self.calls.get(k)
+            if parts is None:
+                done = [(k, self.impls[k](ctx, [env[v] for v in op.inputs], op.attrs))]
+            else:
+                done = self._coalesced(parts, env)
             if not self.p2p[k] and ctx.device.type == "cuda":
                 ctx.torch.cuda.synchronize()
             end, cpu1 = clock(), cpu_clock()
-            self._check(k, outs)
-            for v, y in zip(op.outputs, outs, strict=True):
-                env[v] = y
-                live.add(y)
-                if self.p2p[k]:
-                    received.add(v)
+            for j, outs in done:
+                self._check(j, outs)
+                for v, y in zip(self.ops[j].outputs, outs, strict=True):
+                    env[v] = y
+                    live.add(y)
+                    if self.p2p[j]:
+                        received.add(v)
             if trace and not self.p2p[k]:
                 cat = "comm" if self.comm[k] else "compute"
                 slices.append(
