@@ -97,6 +97,9 @@ class RankProgram:
     groups: tuple[tuple[Device, ...], ...]  # every device group any rank's program uses
     steps: int = 1
     trace: bool = False
+    # the coalesced collective calls it issues over several parts: each call's op indices (in
+    # the inlined program), agreed among the ranks of each group (``agreed_calls``)
+    calls: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,10 +207,56 @@ def coalesced_calls(ops: Sequence[Op], params: Sequence[Value]) -> dict[int, lis
     return {k: parts for k, parts in calls.items() if len(parts) > 1}
 
 
+def agreed_calls(programs: Sequence[Function]) -> list[tuple[tuple[int, ...], ...]]:
+    """Per rank (``programs``: each rank's inlined program), the calls of ``coalesced_calls``
+    that every rank of the call's group makes alike: a rank's readiness is its own, so where the
+    ranks differ a call keeps the parts all of them put first in it (the longest common prefix,
+    at least two), and the others run on their own. A group's collectives run in one order on
+    all its ranks, so a part is known across ranks by (group, its place in that order)."""
+    seqs: list[list[tuple[Any, int] | None]] = []  # per rank, per op: (group, place) or None
+    proposed: list[dict[tuple[Any, int], tuple[tuple[Any, int], ...]]] = []  # leader -> parts
+    for fn in programs:
+        ops = list(fn.body)
+        seen: dict[Any, int] = {}
+        seq: list[tuple[Any, int] | None] = []
+        for op in ops:
+            g = op.attrs.get("group") if REGISTRY[op.name].kind is OpKind.RANK_COMM else None
+            seq.append(None if g is None else (g, seen.setdefault(g, 0)))
+            if g is not None:
+                seen[g] += 1
+        seqs.append(seq)
+        calls = coalesced_calls(ops, fn.params)
+        proposed.append({seq[k]: tuple(seq[j] for j in parts) for k, parts in calls.items()})  # type: ignore[misc]
+    member = [{key[0] for key in seq if key is not None} for seq in seqs]
+    out = []
+    for r, seq in enumerate(seqs):
+        at = {key: k for k, key in enumerate(seq) if key is not None}
+        mine = []
+        for leader, parts in proposed[r].items():
+            common = list(parts)
+            for other, groups in zip(proposed, member, strict=True):
+                if leader[0] in groups:
+                    common = _prefix(common, other.get(leader, ()))
+            if len(common) > 1:
+                mine.append(tuple(at[key] for key in common))
+        out.append(tuple(mine))
+    return out
+
+
+def _prefix(a: Sequence[Any], b: Sequence[Any]) -> list[Any]:
+    """The longest common prefix of ``a`` and ``b``."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return list(a[:n])
+
+
 class _Runner:
     """One program compiled to a list of steps for this rank (see the module docstring)."""
 
-    def __init__(self, ctx: TorchContext, fn: Function, progress: Any) -> None:
+    def __init__(
+        self, ctx: TorchContext, fn: Function, progress: Any, calls: Sequence[Sequence[int]] = ()
+    ) -> None:
         self.ctx = ctx
         self.fn = fn
         self.ops = [i for i in fn.body if isinstance(i, Op)]
@@ -244,7 +293,7 @@ class _Runner:
             for op in self.ops
         ]
         # coalesced collectives: first part -> its parts; parts run early (not at their index)
-        self.calls = coalesced_calls(self.ops, fn.params)
+        self.calls = {parts[0]: list(parts) for parts in calls}
         self.early = {j for parts in self.calls.values() for j in parts[1:]}
         self.at = 0  # the op being run
         self.batch: list[tuple[int, float]] = []  # posted point-to-point ops: (index, when)
@@ -392,7 +441,7 @@ def _run_one(
 ) -> RankResult:
     ctx = _make_context(torch, setup, job, groups)
     fn = inline_calls(job.program)
-    runner = _Runner(ctx, fn, progress)
+    runner = _Runner(ctx, fn, progress, job.calls)
     args = args_to_torch(ctx, fn, job.inputs)
     cuda = ctx.device.type == "cuda"
     times: list[float] = []

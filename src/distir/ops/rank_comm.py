@@ -403,12 +403,17 @@ Parts = Sequence[tuple[Sequence[Any], Attrs]]
 
 
 def _same(parts: Parts, *names: str) -> bool:
+    """The parts agree on ``names`` (and on the torch reduction, ``mean`` being a sum)."""
     first = parts[0][1]
-    return all(all(a.get(n) == first.get(n) for n in names) for _, a in parts)
+    how = _REDUCE[str(first.get("op", "sum"))]
+    return all(
+        all(a.get(n) == first.get(n) for n in names) and _REDUCE[str(a.get("op", "sum"))] == how
+        for _, a in parts
+    )
 
 
 def _coalesced_allreduce(ctx: Any, parts: Parts) -> list[tuple[Any, ...]] | None:
-    if not _same(parts, "group", "op", "dtype"):
+    if not _same(parts, "group", "dtype"):
         return None
     m = _Members(ctx, parts[0][1])
     xs = [ins[0] for ins, _ in parts]
@@ -459,7 +464,7 @@ def _coalesced_allgather(ctx: Any, parts: Parts) -> list[tuple[Any, ...]] | None
 def _coalesced_reducescatter(ctx: Any, parts: Parts) -> list[tuple[Any, ...]] | None:
     """Every part's chunk for torch's i-th rank (padded to the part's largest chunk) in block i
     of one flat buffer; one reduce-scatter; this rank's chunk of every part cut out of its block."""
-    if not _same(parts, "group", "op", "dtype"):
+    if not _same(parts, "group", "dtype"):
         return None
     m = _Members(ctx, parts[0][1])
     torch = ctx.torch
