@@ -295,6 +295,14 @@ class _Runner:
         # coalesced collectives: first part -> its parts; parts run early (not at their index)
         self.calls = {parts[0]: list(parts) for parts in calls}
         self.early = {j for parts in self.calls.values() for j in parts[1:]}
+        # a later part's inputs it reads last, dropped when its call has run (as if it ran
+        # there), unless an op between the call and the part reads them
+        self.with_call: dict[int, list[Value]] = {}
+        for k, parts in self.calls.items():
+            for j in parts[1:]:
+                between = {v for i in range(k + 1, j) if i not in parts for v in self.ops[i].inputs}
+                self.with_call[j] = [v for v in self.drop[j] if v not in between]
+                self.drop[j] = [v for v in self.drop[j] if v in between]
         self.at = 0  # the op being run
         self.batch: list[tuple[int, float]] = []  # posted point-to-point ops: (index, when)
 
@@ -377,12 +385,15 @@ class _Runner:
                     live.add(y)
                     if self.p2p[j]:
                         received.add(v)
+                if parts is not None:  # each part's inputs go as they would after it alone
+                    for v in self.drop[k] if j == k else self.with_call[j]:
+                        live.drop(env.pop(v))
             if trace and not self.p2p[k]:
                 cat = "comm" if self.comm[k] else "compute"
                 slices.append(
                     OpSlice(op.name, cat, start - t0, end - t0, self.text(k), live.bytes, cpu1 - cpu0)
                 )
-            for v in self.drop[k]:
+            for v in self.drop[k] if parts is None else ():
                 live.drop(env.pop(v))
         self._flush(len(self.ops), traced, t0, live.bytes)
         self.at = len(self.ops)

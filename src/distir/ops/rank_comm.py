@@ -395,8 +395,10 @@ def _t_alltoall(ctx: Any, inputs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...
 # A trainer reduces a gradient bucket (DDP's and Megatron-LM's contiguous buffer) or gathers a
 # layer's flat parameter (FSDP) in ONE collective call; DistIR writes each tensor's part as its own
 # op, the later ones ``coalesced`` (``distir.ops.dist``). These run the parts as that one call:
-# each part's local data copied into one flat buffer, one torch collective, each part's result cut
-# out of the flat result (views of it, as DDP's gradients are views of its bucket). Every rank of
+# each part's local data copied into one flat buffer, one torch collective, each part's result
+# copied out of the flat result (DDP's copy into its bucket and back out, by default: its
+# ``gradient_as_bucket_view=False``), so each result is a tensor of its own as the part's op
+# promises, and the flat buffer is freed. Every rank of
 # the group builds the same layout from the parts' global ``shapes``. Parts that cannot share a
 # call (different dtypes or reduce ops) return None: the runner then runs them one by one.
 Parts = Sequence[tuple[Sequence[Any], Attrs]]
@@ -422,7 +424,7 @@ def _coalesced_allreduce(ctx: Any, parts: Parts) -> list[tuple[Any, ...]] | None
     out: list[tuple[Any, ...]] = []
     at = 0
     for x, (_, attrs) in zip(xs, parts, strict=True):
-        out.append((_finish_reduce(flat.narrow(0, at, x.numel()).view(x.shape), attrs, m.n),))
+        out.append((_finish_reduce(flat.narrow(0, at, x.numel()).view(x.shape).clone(), attrs, m.n),))
         at += x.numel()
     return out
 
@@ -488,7 +490,7 @@ def _coalesced_reducescatter(ctx: Any, parts: Parts) -> list[tuple[Any, ...]] | 
     out: list[tuple[Any, ...]] = []
     at = 0
     for dim, shape, numel, size, attrs in layout:
-        piece = out_flat.narrow(0, at, numel).view(shape).narrow(dim, 0, size)
+        piece = out_flat.narrow(0, at, numel).view(shape).narrow(dim, 0, size).clone()
         out.append((_finish_reduce(piece, attrs, m.n),))
         at += numel
     return out
