@@ -11,14 +11,23 @@ time preempted); the simulation counts the rank loop in each op's launch time. R
 
 The real figures are the last step's (steps before it warm up); on a shared machine other
 processes inflate the wall times (the CPU times less so): state the load average with them.
+
+"arrivals" (when every rank issued the same collectives): per collective call, how far apart
+the ranks entered it (their step clocks aligned on the calls' ends, which a collective makes
+simultaneous) and how long it took past the last arrival, for calls the ranks entered together
+(within 20 µs) and apart (over 100 µs, one rank waiting asleep): what a call costs as a step
+meets it, against the simulated time per call.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -31,6 +40,33 @@ from distir.sim.simulate import simulate
 
 def _key(name: str, comm: bool) -> str:
     return f"comm {name.removeprefix('rank.')}" if comm else name
+
+
+def _arrivals(results: list[Any], sim_per_call: float) -> None:
+    """The "arrivals" lines of the module docstring (nothing when the ranks' calls differ)."""
+    calls = [
+        [x for x in r.slices if x.category == "comm" and "Send" not in x.name and "Recv" not in x.name]
+        for r in results
+    ]
+    if len(calls) < 2 or not calls[0] or any(len(c) != len(calls[0]) for c in calls):
+        return
+    offsets = [statistics.median(a.end - b.end for a, b in zip(calls[0], c, strict=True)) for c in calls]
+    skew, past = [], []
+    for parts in zip(*calls, strict=True):
+        starts = [x.start + off for x, off in zip(parts, offsets, strict=True)]
+        ends = [x.end + off for x, off in zip(parts, offsets, strict=True)]
+        skew.append(max(starts) - min(starts))
+        past.append(statistics.median(ends) - max(starts))
+    print(f"arrivals: {len(skew)} calls, skew median {statistics.median(skew) * 1e6:.0f} µs, ", end="")
+    print(f"{sum(k < 20e-6 for k in skew)} within 20 µs; simulated {sim_per_call * 1e6:.0f} µs per call")
+    for lo, hi in ((0.0, 20e-6), (100e-6, math.inf)):
+        sel = [p for k, p in zip(skew, past, strict=True) if lo <= k < hi]
+        if sel:
+            print(
+                f"  skew {'< 20' if lo == 0 else '> 100'} µs: {len(sel)} calls, past the last arrival ",
+                end="",
+            )
+            print(f"median {statistics.median(sel) * 1e6:.0f} µs, mean {statistics.mean(sel) * 1e6:.0f} µs")
 
 
 def main() -> None:
@@ -50,6 +86,8 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.2f}; {a.strategy}: real steps (ms, slowest rank)", end=" ")
     print([round(t * 1e3, 1) for t in per_step], f"simulated {sim.step_time_s * 1e3:.1f} ms")
     assert sim.slices is not None
+    sim_calls = [t1 - t0 for name, t0, t1, slot, comm in sim.slices if comm and slot == 0]
+    _arrivals(results, statistics.median(sim_calls) if sim_calls else 0.0)
     for rank, r in enumerate(results):
         real: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
         for s in r.slices:

@@ -199,7 +199,11 @@ def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Ca
     if torch.cuda.is_available() or not options.poll_idle:
         return _calibrate(options, progress, "")
     with idle.poll_idle() as why:
-        note = ", CPU idle: polling (cpu_dma_latency 0)" if why is None else f", CPU idle states not held ({why})"
+        note = (
+            ", CPU idle: polling (cpu_dma_latency 0)"
+            if why is None
+            else f", CPU idle states not held ({why})"
+        )
         return _calibrate(options, progress, note)
 
 
@@ -252,8 +256,8 @@ def _in_situ(cal: Calibration, options: CalibrateOptions, progress: Progress | N
     """``cal`` with the rank loop's overheads, and the in-situ check (steps 6 and 7 of the
     module docstring)."""
     programs = insitu.QUICK if options.quick else insitu.PROGRAMS
-    tick = progress(len(programs) + 3) if progress is not None else None
+    tick = progress(len(programs) + 5) if progress is not None else None
     d = dispatch.measure(cal, n=40 if options.quick else 200, steps=3 if options.quick else 8, tick=tick)
-    out = insitu.apply(cal, insitu.Overheads(d.op_s, d.collective_s, d.p2p_s))
+    out = insitu.apply(cal, insitu.Overheads(d.op_s, d.collective_s, d.p2p_s, d.arrival_s))
     samples = insitu.measure(out, steps=3 if options.quick else 6, tick=tick, programs=programs)
     return out._replace(measurements=out.measurements._replace(insitu=tuple(samples)))

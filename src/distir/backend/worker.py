@@ -216,7 +216,7 @@ def agreed_calls(programs: Sequence[Function]) -> list[tuple[tuple[int, ...], ..
     seqs: list[list[tuple[Any, int] | None]] = []  # per rank, per op: (group, place) or None
     proposed: list[dict[tuple[Any, int], tuple[tuple[Any, int], ...]]] = []  # leader -> parts
     for fn in programs:
-        ops = list(fn.body)
+        ops = [i for i in fn.body if isinstance(i, Op)]  # inlined: no calls
         seen: dict[Any, int] = {}
         seq: list[tuple[Any, int] | None] = []
         for op in ops:

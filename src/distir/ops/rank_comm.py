@@ -404,6 +404,11 @@ def _t_alltoall(ctx: Any, inputs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...
 Parts = Sequence[tuple[Sequence[Any], Attrs]]
 
 
+def _any(value: Any) -> Any:
+    """An attribute as the implementation reads it (the IR types attributes as a union)."""
+    return value
+
+
 def _same(parts: Parts, *names: str) -> bool:
     """The parts agree on ``names`` (and on the torch reduction, ``mean`` being a sum)."""
     first = parts[0][1]
@@ -444,9 +449,9 @@ def _coalesced_allgather(ctx: Any, parts: Parts) -> list[tuple[Any, ...]] | None
     layout = []  # per part: (dim, padded piece shape, its elements, the members' sizes on dim)
     mine = []
     for ins, attrs in parts:
-        x, shapes = ins[0], attrs["shapes"]
-        dim = int(attrs.get("dim", 0)) % max(x.dim(), 1)  # type: ignore[call-overload]
-        sizes = [int(s[dim]) for s in shapes]  # type: ignore[index]
+        x, shapes, dim = ins[0], _any(attrs["shapes"]), _any(attrs.get("dim", 0))
+        dim = int(dim) % max(x.dim(), 1)
+        sizes = [int(s[dim]) for s in shapes]
         p = _pad(ctx, x, dim, max(sizes))
         layout.append((dim, tuple(p.shape), p.numel(), sizes))
         mine.append(p.reshape(-1))
@@ -474,7 +479,7 @@ def _coalesced_reducescatter(ctx: Any, parts: Parts) -> list[tuple[Any, ...]] | 
     blocks: list[list[Any]] = [[] for _ in range(m.n)]
     for ins, attrs in parts:
         x = ins[0]
-        dim = int(attrs.get("dim", 0)) % max(x.dim(), 1)  # type: ignore[call-overload]
+        dim = int(_any(attrs.get("dim", 0))) % max(x.dim(), 1)
         sizes = split_sizes(x.shape[dim], m.n)
         big = max(sizes)
         for i in range(m.n):  # torch's i-th rank is group position order[i]
