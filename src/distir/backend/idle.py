@@ -7,9 +7,10 @@ must first be brought back — on a virtual machine whose guest halts at once wh
 ``cpuidle-haltpoll`` driver with ``haltpoll.guest_halt_poll_ns=0``), that is an exit to the host,
 which must schedule the virtual CPU's thread again. On a busy machine the CPUs never go idle
 (another process runs while a rank waits) and the wake-up is an interrupt to a running CPU; on a
-quiet one every wait halts. So collective and send times measured on the same machine differ
-with how busy it was (2–4× on this project's 2-vCPU VM), and a calibration made at one load does
-not hold at another. NCCL has no such term: its kernels spin on the GPU while they wait.
+quiet one every wait halts. So collective and send times measured on the same machine can differ
+with how busy it was (on this project's 2-vCPU VM the fitted collectives differed 2–4× between
+calibrations, a quiet machine's the slowest), and a calibration made at one load need not hold
+at another. NCCL has no such term: its kernels spin on the GPU while they wait.
 
 Linux's PM QoS interface lets a process ask for a maximum wake-up latency for as long as it
 holds ``/dev/cpu_dma_latency`` open (``Documentation/power/pm_qos_interface.rst``): writing a
