@@ -31,6 +31,7 @@ from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from distir.backend.idle import poll_idle
 from distir.backend.launch import LaunchOptions, launch
 from distir.backend.program import model_program, rank_programs
 from distir.hardware.cluster import load_cluster_file
@@ -76,10 +77,17 @@ def main() -> None:
     ap.add_argument("--model", default="gpt:layers=4,hidden=128,heads=4,seq=64,vocab=256")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--allow-idle", action="store_true", help="do not hold the CPUs' polling idle state")
     a = ap.parse_args()
     cluster = load_cluster_file(a.profile)
     prog = model_program(a.model, a.strategy, a.batch)
-    results = [g[0] for g in launch([[j] for j in rank_programs(prog, a.steps, True)], LaunchOptions())]
+    jobs = [[j] for j in rank_programs(prog, a.steps, True)]
+    if a.allow_idle:  # as calibrate and validate measure: the CPUs polling when idle, unless told
+        results = [g[0] for g in launch(jobs, LaunchOptions())]
+    else:
+        with poll_idle() as why:
+            print(f"CPU idle: {'polling (cpu_dma_latency 0 held)' if why is None else f'NOT held: {why}'}")
+            results = [g[0] for g in launch(jobs, LaunchOptions())]
     cost = RooflineCostModel(cluster, fuse=False)
     sim = simulate(prog.module, cluster, None, cost, batch=a.batch, trace=True)
     per_step = [max(ts) for ts in zip(*(r.step_times for r in results), strict=True)]

@@ -295,6 +295,7 @@ class _Runner:
         # coalesced collectives: first part -> its parts; parts run early (not at their index)
         self.calls = {parts[0]: list(parts) for parts in calls}
         self.early = {j for parts in self.calls.values() for j in parts[1:]}
+        self.buffers: dict[tuple[int, int], Any] = {}  # the calls' flat buffers (``_buffer``)
         # a later part's inputs it reads last, dropped when its call has run (as if it ran
         # there), unless an op between the call and the part reads them
         self.with_call: dict[int, list[Value]] = {}
@@ -320,10 +321,18 @@ class _Runner:
         """Run ``parts`` (one coalesced collective) as one call; one by one if it cannot be."""
         args = [([env[v] for v in self.ops[j].inputs], self.ops[j].attrs) for j in parts]
         fused = REGISTRY[self.ops[parts[0]].name].torch_coalesced
-        outs = fused(self.ctx, args)
+        outs = fused(self.ctx, args, lambda slot, n, dtype: self._buffer((parts[0], slot), n, dtype))
         if outs is None:
             outs = [self.impls[j](self.ctx, ins, attrs) for j, (ins, attrs) in zip(parts, args, strict=True)]
         return list(zip(parts, outs, strict=True))
+
+    def _buffer(self, key: tuple[int, int], numel: int, dtype: Any) -> Any:
+        """A coalesced call's flat buffer ``key`` (call, slot), kept from step to step as a
+        trainer keeps its buckets."""
+        b = self.buffers.get(key)
+        if b is None or b.numel() != numel or b.dtype != dtype:
+            b = self.buffers[key] = self.ctx.torch.empty(numel, dtype=dtype, device=self.ctx.device)
+        return b
 
     def text(self, k: int) -> str:
         if self.texts is None:

@@ -398,10 +398,13 @@ def _t_alltoall(ctx: Any, inputs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...
 # each part's local data copied into one flat buffer, one torch collective, each part's result
 # copied out of the flat result (DDP's copy into its bucket and back out, by default: its
 # ``gradient_as_bucket_view=False``), so each result is a tensor of its own as the part's op
-# promises, and the flat buffer is freed. Every rank of
-# the group builds the same layout from the parts' global ``shapes``. Parts that cannot share a
-# call (different dtypes or reduce ops) return None: the runner then runs them one by one.
+# promises. The flat buffers are the call's own, kept from one step to the next as a trainer
+# keeps its buckets (``buffer(slot, numel, dtype)``, given by the runner; a fresh multi-MiB
+# buffer per call would add its page faults, ~2 ms per 3 MiB here, that no trainer pays). Every
+# rank of the group builds the same layout from the parts' global ``shapes``. Parts that cannot
+# share a call (different dtypes or reduce ops) return None: the runner runs them one by one.
 Parts = Sequence[tuple[Sequence[Any], Attrs]]
+Buffer = Callable[[int, int, Any], Any]  # (slot, elements, torch dtype) -> a flat tensor
 
 
 def _any(value: Any) -> Any:
@@ -419,12 +422,19 @@ def _same(parts: Parts, *names: str) -> bool:
     )
 
 
-def _coalesced_allreduce(ctx: Any, parts: Parts) -> list[tuple[Any, ...]] | None:
+def _flat(ctx: Any, buffer: Buffer, slot: int, xs: Sequence[Any]) -> Any:
+    """``xs`` flattened, one after another, into the call's buffer ``slot``."""
+    flat = buffer(slot, sum(int(x.numel()) for x in xs), xs[0].dtype)
+    ctx.torch.cat([x.reshape(-1) for x in xs], out=flat)
+    return flat
+
+
+def _coalesced_allreduce(ctx: Any, parts: Parts, buffer: Buffer) -> list[tuple[Any, ...]] | None:
     if not _same(parts, "group", "dtype"):
         return None
     m = _Members(ctx, parts[0][1])
     xs = [ins[0] for ins, _ in parts]
-    flat = ctx.torch.cat([x.reshape(-1) for x in xs])
+    flat = _flat(ctx, buffer, 0, xs)
     ctx.dist.all_reduce(flat, op=_reduce_op(ctx, parts[0][1]), group=m.pg)
     out: list[tuple[Any, ...]] = []
     at = 0
@@ -440,7 +450,7 @@ def _padded(x: Any, dim: int, size: int) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _coalesced_allgather(ctx: Any, parts: Parts) -> list[tuple[Any, ...]] | None:
+def _coalesced_allgather(ctx: Any, parts: Parts, buffer: Buffer) -> list[tuple[Any, ...]] | None:
     """Each member's pieces of every part, padded to the part's largest piece, in one flat
     buffer; one all-gather of it; every part's pieces cut out and concatenated."""
     if not _same(parts, "group", "dtype"):
@@ -455,8 +465,9 @@ def _coalesced_allgather(ctx: Any, parts: Parts) -> list[tuple[Any, ...]] | None
         p = _pad(ctx, x, dim, max(sizes))
         layout.append((dim, tuple(p.shape), p.numel(), sizes))
         mine.append(p.reshape(-1))
-    flat = ctx.torch.cat(mine)
-    bufs = [ctx.torch.empty_like(flat) for _ in range(m.n)]
+    flat = _flat(ctx, buffer, 0, mine)
+    gathered = buffer(1, m.n * flat.numel(), flat.dtype)
+    bufs = list(gathered.view(m.n, flat.numel()).unbind(0))
     ctx.dist.all_gather(bufs, flat, group=m.pg)
     by_pos = {m.order[i]: b for i, b in enumerate(bufs)}
     out: list[tuple[Any, ...]] = []
@@ -468,7 +479,7 @@ def _coalesced_allgather(ctx: Any, parts: Parts) -> list[tuple[Any, ...]] | None
     return out
 
 
-def _coalesced_reducescatter(ctx: Any, parts: Parts) -> list[tuple[Any, ...]] | None:
+def _coalesced_reducescatter(ctx: Any, parts: Parts, buffer: Buffer) -> list[tuple[Any, ...]] | None:
     """Every part's chunk for torch's i-th rank (padded to the part's largest chunk) in block i
     of one flat buffer; one reduce-scatter; this rank's chunk of every part cut out of its block."""
     if not _same(parts, "group", "dtype"):
@@ -488,8 +499,8 @@ def _coalesced_reducescatter(ctx: Any, parts: Parts) -> list[tuple[Any, ...]] | 
             blocks[i].append(_pad(ctx, chunk, dim, big).reshape(-1))
         shape = _padded(x, dim, big)
         layout.append((dim, shape, int(np.prod(shape)), sizes[m.me], attrs))
-    flat = torch.cat([torch.cat(b) for b in blocks])
-    out_flat = torch.empty(flat.numel() // m.n, dtype=flat.dtype, device=flat.device)
+    flat = _flat(ctx, buffer, 0, [x for b in blocks for x in b])
+    out_flat = buffer(1, flat.numel() // m.n, flat.dtype)
     rs = getattr(ctx.dist, "reduce_scatter_single", None) or ctx.dist.reduce_scatter_tensor
     rs(out_flat, flat, op=_reduce_op(ctx, parts[0][1]), group=m.pg)
     out: list[tuple[Any, ...]] = []
@@ -501,7 +512,7 @@ def _coalesced_reducescatter(ctx: Any, parts: Parts) -> list[tuple[Any, ...]] | 
     return out
 
 
-_TORCH_COALESCED: dict[str, Callable[[Any, Parts], list[tuple[Any, ...]] | None]] = {
+_TORCH_COALESCED: dict[str, Callable[[Any, Parts, Buffer], list[tuple[Any, ...]] | None]] = {
     "AllReduce": _coalesced_allreduce,
     "AllGather": _coalesced_allgather,
     "ReduceScatter": _coalesced_reducescatter,
