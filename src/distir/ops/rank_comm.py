@@ -485,7 +485,6 @@ def _coalesced_reducescatter(ctx: Any, parts: Parts, buffer: Buffer) -> list[tup
     if not _same(parts, "group", "dtype"):
         return None
     m = _Members(ctx, parts[0][1])
-    torch = ctx.torch
     layout = []  # per part: (dim, padded chunk shape, its elements, my chunk's size on dim)
     blocks: list[list[Any]] = [[] for _ in range(m.n)]
     for ins, attrs in parts:
