@@ -87,6 +87,27 @@ programs. Its shape:
   do the last block's (torchtitan's ``apply_fsdp`` passes ``reshard_after_forward=False`` for
   it, torchtitan/parallelisms/parallelize_llama.py). The blocks are the calls of the model's
   most repeated layer function. Default: every weight gathered again for the backward.
+- ``one_dp_stream`` (ZeRO-3 with communication streams, not HSDP; PyTorch FSDP 1 and 2): the
+  gradient reductions run on the ``dp_gather`` stream with the parameter gathers, one after another
+  in issue order, as FSDP's all-gathers and reduce-scatters go over one process group (FSDP1's
+  ``state.process_group``; FSDP2's shard group, "shared with all-gather" unless
+  ``set_separate_reduce_scatter_group``, torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py)
+  and ``ProcessGroupNCCL`` runs a group's collectives on one NCCL stream per device
+  (``ncclStreams_``). Issue order as FSDP's hooks: a layer's reduction after the next layer's
+  gather (the pre-backward prefetch precedes the post-backward reduce-scatter), the hand-overs to
+  and from the compute stream written before the reduction so the compute waits for its gathers
+  only. Default: reductions on their own ``dp_reduce`` stream, beside the gathers.
+- ``grad_copy_in`` (``""`` | ``"copy"`` | ``"cast"``; data parallel with buckets): each gradient
+  is copied into the bucket's flat buffer on the compute stream before it is handed to the
+  reduction: ``"copy"`` as FSDP1 (the parameters are views of the flat parameter,
+  ``FlatParamHandle._get_unflat_views``' ``torch.split``, so autograd's backward of the split
+  writes the flat gradient, a cat, on the compute stream; ``reduce_fp32``'s cast stays on the
+  reduction stream, as ``_post_backward_hook`` casts on its post-backward stream), ``"cast"`` as
+  FSDP2 (``foreach_reduce``'s ``foreach_reduce_scatter_copy_in``, ``torch._chunk_cat`` into the
+  ``reduce_dtype`` buffer, runs on the current stream before the reduce-scatter stream waits for
+  it, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py: under ``reduce_fp32`` it is the
+  cast). FSDP2 divides by NCCL's ``AVG`` (no kernel); FSDP1's pre- and post-division kernels on
+  the post-backward stream are not modelled. Default: no copy.
 - ``sac_eager`` (``rops`` run eagerly, as torchtitan without ``torch.compile``): PyTorch's
   selective checkpointing caches every result its policy saves until the block's backward,
   whether the backward reads it or not (``torch/utils/checkpoint.py``,
@@ -138,6 +159,8 @@ from distir.parallel.strategy import Strategy, StrategyError
 from distir.sim.devices import DeviceMap, Slot
 
 DDP_BUCKET_MB = 25.0  # PyTorch DDP's ``bucket_cap_mb`` default (MiB)
+# ``distribute(grad_copy_in=...)``: none, FSDP1's copy in the compute dtype, FSDP2's (casting)
+GRAD_COPY_IN = ("", "copy", "cast")
 HP_GRAD = "hp_grad"  # fp32 gradient accumulation: the function casting a gradient to fp32
 
 
@@ -210,6 +233,8 @@ def distribute(
     reduce_fp32: bool = False,
     sac_eager: bool = False,
     fsdp2_root: bool = False,
+    one_dp_stream: bool = False,
+    grad_copy_in: str = "",
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -263,6 +288,8 @@ def distribute(
             reduce_fp32,
             sac_eager,
             fsdp2_root,
+            one_dp_stream,
+            grad_copy_in,
         ).build()
 
 
@@ -387,6 +414,8 @@ class _Builder:
         reduce_fp32: bool = False,
         sac_eager: bool = False,
         fsdp2_root: bool = False,
+        one_dp_stream: bool = False,
+        grad_copy_in: str = "",
     ) -> None:
         if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
             raise StrategyError(
@@ -437,6 +466,12 @@ class _Builder:
         # the (dp, cp, tp) mesh the layers run on (weights R, R; gradients pending P, P)
         self.cp_view = train and s.c > 1
         self.viewed = self.hsdp or self.cp_view  # weights on ``meshes3``, a view of ``meshes``
+        # ZeRO-3's gathers and gradient reductions on one stream, in issue order (``distribute``)
+        self.one_dp_stream = one_dp_stream and comm_streams and train and s.zero == 3 and s.d * s.c > 1
+        self.one_dp_stream = self.one_dp_stream and not self.hsdp
+        if grad_copy_in not in GRAD_COPY_IN:
+            raise StrategyError(f"{s}: grad_copy_in must be one of {GRAD_COPY_IN}, got {grad_copy_in!r}")
+        self.grad_copy_in = grad_copy_in  # the gradients' copy into the reduction buffer (``distribute``)
         if self.hsdp:
             self.meshes3 = [Mesh((("dpr", s.d // h), ("dp", h), ("tp", s.t)), m.devices) for m in self.meshes]
         elif self.cp_view:
@@ -643,7 +678,11 @@ class _Builder:
         suffix = ("_" + part if part else "") + ("_acc" if acc else "") + red
         fb = FunctionBuilder(f"c{c}_bwd{suffix}", REGISTRY.out_arity)
         ws = chunk_weights(layers)
-        sink = _GradSink(self, fb, ws, layers, acc, _Buckets(self, fb, c, ws, acc, final) if reduce else None)
+        # one stream for gathers and reductions: a layer's reduction is issued after the next
+        # layer's weights are handed back (``_Gathers.before``), as FSDP's hooks issue them
+        defer = self.one_dp_stream and part != "w"
+        buckets = _Buckets(self, fb, c, ws, acc, final, defer) if reduce else None
+        sink = _GradSink(self, fb, ws, layers, acc, buckets)
         if part == "w":
             # the input part returns the carried values of its layers in backward (reversed) order
             carried = [[fb.param(f"k{L.index}_{j}") for j in range(L.n_carried)] for L in reversed(layers)]
@@ -673,7 +712,7 @@ class _Builder:
             call = self.layer_calls[L.index]
             args: list[Value] = []
             it = iter(rs)
-            gather.before(i)
+            gather.before(i, sink.release)
             for j in v.bwd_params:
                 u = call.inputs[j]
                 args.append(next(it) if j == 0 else gather.take(u) if u in wp else ep[u])
@@ -1260,24 +1299,40 @@ class _Gathers:
         that gather ends. The layer's gathers are one coalesced call (FSDP all-gathers a unit's
         flat parameter in one collective, Megatron-LM a bucket of its contiguous parameter
         buffer): the first pays the call's latency, the others their bytes."""
-        assert self.stream is not None
+        self._gather(ws, self._hand_over(ws))
+
+    def _hand_over(self, ws: Sequence[Value]) -> list[Value]:
+        """The shards of ``ws`` sent to the gather stream (``_issue``)."""
         text = self.b._mesh_attr(self.b._mesh_for(self.stage, "dp_gather"))
         attrs = self.b._attrs("mesh", text)
-        moved = [self.fb.emit("MeshSend", (self.wp[w],), attrs, (w.name,))[0] for w in ws]
+        return [self.fb.emit("MeshSend", (self.wp[w],), attrs, (w.name,))[0] for w in ws]
+
+    def _gather(self, ws: Sequence[Value], moved: Sequence[Value]) -> None:
+        """The shards ``moved`` to the gather stream gathered there, one call (``_issue``)."""
+        assert self.stream is not None
         for i, (w, v) in enumerate(zip(ws, moved, strict=True)):
             self.ready[w] = self.b._zero3_gather(self.fb, w, v, self.stream, coalesced=i > 0)
 
-    def before(self, i: int) -> None:
+    def before(self, i: int, between: Callable[[], None] | None = None) -> None:
         """Layer ``i`` (of ``order``) runs next: with a stream, its gathers (unless prefetched)
-        are issued and its weights handed back to the compute stream, then the next layer's
-        gathers are issued — in that order, since a hand-back written after the next layer's
-        gathers would wait for them on the gather stream."""
+        are issued and its weights handed back to the compute stream, then ``between`` runs (the
+        backward's deferred reductions, ``one_dp_stream``), then the next layer's gathers are
+        issued — in that order, since a hand-over (either way) written after a collective on the
+        gather stream would hold the compute stream until it ends: the next layer's shards are
+        handed over before ``between``, their gather issued after it."""
         self.taken = {}
+        nxt: list[Value] = []
+        moved: list[Value] = []
         if self.stream is not None:
             self._issue(self._needs(i))
             for w in dict.fromkeys(u for u in self.order[i] if u in self.wp):
                 self.take(w)
-            self._issue(self._needs(i + 1))
+            nxt = self._needs(i + 1)
+            moved = self._hand_over(nxt)
+        if between is not None:
+            between()
+        if self.stream is not None:
+            self._gather(nxt, moved)
 
     def take(self, w: Value) -> Value:
         """The full weight ``w`` for the layer about to run."""
@@ -1360,6 +1415,11 @@ class _GradSink:
     def _add(self, w: Value, g: Value) -> Value:
         return self.fb.op("Add", self.accs[w], g, names=[f"g_{w.name}"])[0] if self.acc else g
 
+    def release(self) -> None:
+        """The reductions a deferring bucket holds back, issued now (``_Buckets.release``)."""
+        if self.buckets is not None:
+            self.buckets.release()
+
     def results(self) -> list[Value]:
         """The chunk's weight gradients in its weight order (reduced, with buckets)."""
         if self.buckets is not None:
@@ -1388,12 +1448,22 @@ class _Buckets:
     chunk's weight order (on the ``dp_reduce`` stream's mesh with communication streams)."""
 
     def __init__(
-        self, b: _Builder, fb: FunctionBuilder, c: int, ws: list[Value], acc: bool, final: bool = True
+        self,
+        b: _Builder,
+        fb: FunctionBuilder,
+        c: int,
+        ws: list[Value],
+        acc: bool,
+        final: bool = True,
+        defer: bool = False,
     ) -> None:
         self.b, self.fb, self.ws, self.final = b, fb, ws, final
         self.scatter = reduce_scatter_every_backward(b.s)
         stage = self.stage = c % b.s.p
-        self.stream = b.comm_meshes[("dp_reduce", stage)] if b.comm_streams else None
+        # ``one_dp_stream``: on the gathers' stream; a full bucket waits for ``release``
+        self.stream_name = "dp_gather" if b.one_dp_stream else "dp_reduce"
+        self.defer = defer
+        self.stream = b.comm_meshes[(self.stream_name, stage)] if b.comm_streams else None
         self.stream_text = b._mesh_attr(self.stream) if self.stream is not None else ""
         self.acc = acc
         self.accs: dict[Value, Value] = {}
@@ -1410,20 +1480,38 @@ class _Buckets:
                 (g,) = self.fb.op("Add", self.accs[w], g, names=[f"g_{w.name}"])
             self.pending.append((w, g))
             self.size += self.b._grad_bytes(w)
+        if not self.defer:
+            self.release()
+
+    def release(self) -> None:
+        """The open bucket reduced if it is full."""
         if self.size >= self.b.bucket_bytes:
             self.flush()
 
+    def _copied_in(self, w: Value, g: Value) -> Value:
+        """``g`` copied into the bucket's flat buffer on the compute stream (``grad_copy_in``):
+        ``cast`` (FSDP2's ``chunk_cat``) writes it in the reduce dtype under ``reduce_fp32``;
+        ``copy`` (FSDP1's flat gradient) in the compute dtype; else ``g`` itself."""
+        mode = self.b.grad_copy_in
+        if mode == "cast" and self.b.reduce_fp32:
+            master = self.b.prec.master
+            return cast(self.fb, g, master, f"g_{w.name}_{master}")
+        if mode:
+            return self.fb.emit("Identity", (g,), Attrs(), (f"g_{w.name}_in",))[0]
+        return g
+
     def flush(self) -> None:
         fb = self.fb
-        moved = [
-            (w, fb.emit("MeshSend", (g,), self.b._attrs("mesh", self.stream_text), (g.name,))[0])
-            if self.stream is not None
-            else (w, g)
-            for w, g in self.pending
-        ]
+        cast_in = self.b.grad_copy_in == "cast"  # the copy-in already cast it (``_copied_in``)
+        moved = []
+        for w, g in self.pending:
+            g = self._copied_in(w, g)
+            if self.stream is not None:
+                g = fb.emit("MeshSend", (g,), self.b._attrs("mesh", self.stream_text), (g.name,))[0]
+            moved.append((w, g))
         for i, (w, g) in enumerate(moved):
             later = i > 0  # the bucket is one collective call: the first part pays its latency
-            if self.b.reduce_fp32:  # FSDP's reduce_dtype: cast on the reduction stream
+            if self.b.reduce_fp32 and not cast_in:  # FSDP's reduce_dtype: cast on the reduction stream
                 master = self.b.prec.master
                 g = cast(fb, g, master, f"g_{w.name}_{master}")
             if self.b.hsdp:
@@ -1442,7 +1530,7 @@ class _Buckets:
     def _viewed(self, g: Value) -> Value:
         """``g`` on the weights' view of its mesh (of the ``dp_reduce`` stream, with one)."""
         b = self.b
-        mesh = b._mesh_for(self.stage, "dp_reduce" if self.stream is not None else None)
+        mesh = b._mesh_for(self.stage, self.stream_name if self.stream is not None else None)
         return self.fb.emit("MeshView", (g,), b._attrs("mesh", b._mesh_attr(mesh)), (g.name,))[0]
 
     def _hsdp_scatter(self, w: Value, g: Value, coalesced: bool = False) -> Value:
@@ -1450,7 +1538,7 @@ class _Buckets:
         within the shard group (dp; a weight ZeRO does not shard: all-reduced within it), still
         a pending sum across the groups (dpr)."""
         b = self.b
-        mesh = b._mesh_for(self.stage, "dp_reduce" if self.stream is not None else None)
+        mesh = b._mesh_for(self.stage, self.stream_name if self.stream is not None else None)
         (g,) = self.fb.emit("MeshView", (g,), b._attrs("mesh", b._mesh_attr(mesh)), (g.name,))
         shard = b._grad_target(w)  # "S(z), <tp>"; "R, <tp>" for a weight ZeRO does not shard
         return b._redistribute(self.fb, g, f"g_{w.name}", "P(sum), " + shard, coalesced)

@@ -1,0 +1,172 @@
+"""distribute(..., one_dp_stream=True, grad_copy_in=...): ZeRO-3 as PyTorch FSDP issues it.
+
+``one_dp_stream``: FSDP's all-gathers and reduce-scatters go over one process group, so one
+NCCL stream per GPU runs them one after another in issue order (``ProcessGroupNCCL``'s
+``ncclStreams_``, one per device); a layer's reduce-scatter is issued after the next layer's
+gather (FSDP's pre-backward prefetch comes before the post-backward reduction), and the compute
+stream waits for a gather only, never for the reduction queued behind it.
+
+``grad_copy_in``: each gradient is copied into the flat reduce-scatter buffer on the compute
+stream before it is reduced: ``copy`` (FSDP1: autograd's backward of the flat parameter's split
+views writes the flat gradient), ``cast`` (FSDP2: ``chunk_cat`` into the reduce dtype, which
+with ``reduce_fp32`` is the cast itself, moved off the reduction stream).
+
+Oracles: the sequential mixed step (the reference executor), closed-form copy costs, and the
+collective calls counted in the program."""
+
+from __future__ import annotations
+
+import pytest
+
+from distir.autodiff.train import Optimizer
+from distir.frontends.zoo import build_model
+from distir.hardware.cluster import parse_cluster
+from distir.ir.function import Module
+from distir.ir.types import DType
+from distir.parallel.distribute import device_map, distribute
+from distir.parallel.strategy import StrategyError, parse_strategy
+from distir.sim.cost import FixedCostModel, RooflineCostModel
+from distir.sim.simulate import simulate
+
+from .helpers import assert_mixed_step_matches
+
+LLAMA = "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,seq=16,vocab=64"
+SMALL = "llama:layers=2,hidden=16,heads=2,kv_heads=1,ffn=32,seq=4,vocab=16"
+STRATEGY = "d2.t1.p1.k1.1f1b.z3"
+TINY_BUCKET = 1e-6  # MiB: every layer's gradients are a bucket of their own
+
+
+@pytest.mark.parametrize("strategy", ["d2.t1.p1.k2.1f1b.z3", "d2.t2.p1.k2.1f1b.z3", "d2.t1.p1.k2.1f1b.z2"])
+@pytest.mark.parametrize("copy_in", ["copy", "cast"])
+def test_step_equals_the_sequential_mixed_step(strategy: str, copy_in: str) -> None:
+    assert_mixed_step_matches(
+        SMALL, strategy, comm_streams=True, reduce_fp32=True, one_dp_stream=True, grad_copy_in=copy_in
+    )
+
+
+def _program(streams: bool = True, **options: bool | str) -> Module:
+    s = parse_strategy(STRATEGY)
+    model = build_model(LLAMA, batch=2 * s.d, dtype=DType.bf16)
+    return distribute(
+        model,
+        s,
+        Optimizer("adam"),
+        precision="mixed",
+        comm_streams=streams,
+        bucket_mb=TINY_BUCKET,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def _ops(prog: Module, name: str, fn_name: str) -> list[object]:
+    fn = next(f for f in prog.functions if f.name == fn_name)
+    return [op for op in fn.ops() if op.name == name]
+
+
+def _calls(prog: Module) -> int:
+    """Collective calls a step issues (a ``coalesced`` Redistribute is a later part of a call)."""
+    called = [c.callee for c in prog.entry.calls()]
+    fns = {f.name: f for f in prog.functions}
+    entry = [op for op in prog.entry.ops() if op.name == "Redistribute"]
+    inner = [op for name in called for op in fns[name].ops() if op.name == "Redistribute"]
+    return sum(not op.attrs.get("coalesced", False) for op in entry + inner)
+
+
+def test_the_reductions_run_on_the_gather_stream() -> None:
+    """The backward hands values to the compute, gather and reduction streams' meshes on two
+    streams; on one, the reduction stream is never used."""
+    n = parse_strategy(STRATEGY).devices
+    compute = "dp=2, tp=1; d0, d1"
+    dp_reduce = f"dp=2, tp=1; d{5 * n}, d{5 * n + 1}"  # STREAMS: dp_reduce fifth, dp_gather sixth
+    dp_gather = f"dp=2, tp=1; d{6 * n}, d{6 * n + 1}"
+
+    def meshes(prog: Module) -> set[str]:
+        return {str(op.attrs["mesh"]) for op in _ops(prog, "MeshSend", "c0_bwd_red")}  # type: ignore[attr-defined]
+
+    assert meshes(_program()) == {compute, dp_reduce, dp_gather}
+    assert meshes(_program(one_dp_stream=True)) == {compute, dp_gather}
+
+
+def test_one_stream_serializes_every_collective_and_leaves_it_no_gap() -> None:
+    """With compute free and every collective call costing 1 s, one stream runs the step's
+    collective calls back to back: the step takes as many seconds as it issues calls; on two
+    streams a reduction overlaps the next gather, so the step is shorter."""
+    cluster = parse_cluster("dgx-a100")
+    cost = FixedCostModel(compute=0.0, comm=1.0, free_local=True)
+    dm = device_map(parse_strategy(STRATEGY), True)
+    one = _program(one_dp_stream=True)
+    two = _program()
+    t_one = simulate(one, cluster, dm, cost, batch=4).step_time_s
+    t_two = simulate(two, cluster, dm, cost, batch=4).step_time_s
+    assert _calls(one) == _calls(two)
+    assert t_one == pytest.approx(_calls(one))
+    assert t_two < t_one
+
+
+def test_the_compute_never_waits_for_a_reduction() -> None:
+    """Collectives far shorter than a layer's compute hide behind it on one stream as on two:
+    the compute waits for a gather only, not for the reduction queued after it."""
+    cluster = parse_cluster("dgx-a100")
+    cost = FixedCostModel(compute=1.0, comm=1e-3, free_local=True)
+    dm = device_map(parse_strategy(STRATEGY), True)
+    t_one = simulate(_program(one_dp_stream=True), cluster, dm, cost, batch=4).step_time_s
+    t_two = simulate(_program(), cluster, dm, cost, batch=4).step_time_s
+    assert t_one == pytest.approx(t_two, abs=1e-9)
+
+
+def _block_weight_elements() -> int:
+    h, kv, ffn = 64, 2 * (64 // 4), 128
+    return 2 * h + h * h + 2 * h * kv + h * h + 3 * h * ffn
+
+
+WEIGHTS = 2 * 9 + 3  # two blocks of nine, the token embedding, the final norm, the head
+ELEMENTS = 2 * _block_weight_elements() + 64 * 64 + 64 + 64 * 64
+
+
+@pytest.mark.parametrize("reduce_fp32", [False, True])
+def test_the_copy_in_costs_a_read_and_a_write_of_every_gradient(reduce_fp32: bool) -> None:
+    """Without streams (one chain), ``copy`` adds one copy of every bf16 gradient: 2 + 2 bytes
+    per element over the bandwidth, a launch each; ``cast`` under ``reduce_fp32`` is the cast the
+    reduction did anyway (moved to the compute stream: the same step), and without it a copy."""
+    cluster = parse_cluster("dgx-a100")
+    cost = RooflineCostModel(cluster, fuse=False)
+    dm = device_map(parse_strategy(STRATEGY), False)
+
+    def step(copy_in: str) -> float:
+        prog = _program(False, reduce_fp32=reduce_fp32, grad_copy_in=copy_in)
+        return simulate(prog, cluster, dm, cost, batch=4).step_time_s
+
+    spec = cluster.device_spec(0)
+    mem = spec.memory_bandwidth * 0.8
+    want = 4 * ELEMENTS / mem + WEIGHTS * spec.launch_overhead_s
+    base = step("")
+    assert step("copy") - base == pytest.approx(want, rel=1e-6)
+    if reduce_fp32:
+        assert step("cast") == pytest.approx(base, rel=1e-9)
+    else:
+        assert step("cast") - base == pytest.approx(want, rel=1e-6)
+
+
+def test_cast_copy_in_moves_the_cast_to_the_compute_stream() -> None:
+    """``reduce_fp32`` alone casts what was handed to the reduction stream (the Cast reads a
+    MeshSend); with ``grad_copy_in="cast"`` the compute stream casts and hands the fp32 copy over
+    (a MeshSend reads the Cast)."""
+    plain = _program(reduce_fp32=True)
+    moved = _program(reduce_fp32=True, grad_copy_in="cast")
+
+    def cast_after_send(prog: Module) -> tuple[int, int]:
+        fn = next(f for f in prog.functions if f.name == "c0_bwd_red")
+        made_by = {id(v): op.name for op in fn.ops() for v in op.outputs}
+        casts = [op for op in fn.ops() if op.name == "Cast"]
+        sends = [op for op in fn.ops() if op.name == "MeshSend"]
+        after = sum(made_by.get(id(op.inputs[0])) == "MeshSend" for op in casts)
+        before = sum(made_by.get(id(op.inputs[0])) == "Cast" for op in sends)
+        return after, before
+
+    assert cast_after_send(plain) == (WEIGHTS, 0)
+    assert cast_after_send(moved) == (0, WEIGHTS)
+
+
+def test_an_unknown_copy_in_is_refused() -> None:
+    with pytest.raises(StrategyError, match="grad_copy_in"):
+        _program(grad_copy_in="chunk_cat")
