@@ -178,6 +178,9 @@ class Run:
     # (FSDP1's flat gradient) or cast (FSDP2's chunk_cat into the reduce dtype)
     # (``distribute(grad_copy_in=...)``)
     grad_copy_in: str = ""
+    # FSDP's mixed precision: the fp32 shard cast to bf16 at each all-gather, no persistent bf16
+    # copy (``distribute(gather_cast=True)``)
+    gather_cast: bool = False
     # how the trainer's Adam runs (``Optimizer(kernels=...)``): fused (one kernel: Megatron's,
     # DeepSpeed's), foreach (torch.optim.AdamW(foreach=True)) or loop (Composer's DecoupledAdamW)
     optimizer_kernels: str = "fused"
@@ -460,6 +463,7 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
         fsdp2_root=r.fsdp2_root,
         one_dp_stream=r.one_dp_stream,
         grad_copy_in=r.grad_copy_in,
+        gather_cast=r.gather_cast,
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(

@@ -170,3 +170,32 @@ def test_cast_copy_in_moves_the_cast_to_the_compute_stream() -> None:
 def test_an_unknown_copy_in_is_refused() -> None:
     with pytest.raises(StrategyError, match="grad_copy_in"):
         _program(grad_copy_in="chunk_cat")
+
+
+@pytest.mark.parametrize("strategy", ["d2.t1.p1.k2.1f1b.z3", "d2.t2.p1.k1.1f1b.z3.rops"])
+def test_gather_cast_step_equals_the_sequential_mixed_step(strategy: str) -> None:
+    assert_mixed_step_matches(
+        SMALL,
+        strategy,
+        comm_streams=True,
+        reduce_fp32=True,
+        one_dp_stream=True,
+        grad_copy_in="cast",
+        gather_cast=True,
+        gather_copy_out=True,
+    )
+
+
+def test_gather_cast_holds_no_bf16_shard_through_the_step() -> None:
+    """FSDP casts each fp32 shard as it gathers it and keeps no bf16 copy: the tensors' peak
+    falls by exactly this rank's bf16 shard of every weight (2 bytes per element over d)."""
+    cluster = parse_cluster("dgx-a100")
+    cost = RooflineCostModel(cluster, fuse=False)
+    dm = device_map(parse_strategy(STRATEGY), True)
+
+    def peak(gather_cast: bool) -> float:
+        res = simulate(_program(gather_cast=gather_cast), cluster, dm, cost, batch=4)
+        return max(res.peak_memory[g] - res.runtime_memory.get(g, 0.0) for g in res.peak_memory)
+
+    d = parse_strategy(STRATEGY).d
+    assert peak(False) - peak(True) == pytest.approx(2 * ELEMENTS / d, abs=0.5)

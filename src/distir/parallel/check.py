@@ -174,6 +174,7 @@ def check_against_sequential(
     fsdp2_root: bool = False,
     one_dp_stream: bool = False,
     grad_copy_in: str = "",
+    gather_cast: bool = False,
 ) -> Comparison:
     opt = optimizer or Optimizer("sgd", lr=0.1)
     seq = training_step(model, opt, strategy.recompute, precision)
@@ -194,6 +195,7 @@ def check_against_sequential(
         fsdp2_root=fsdp2_root,
         one_dp_stream=one_dp_stream,
         grad_copy_in=grad_copy_in,
+        gather_cast=gather_cast,
     )
     vals = initial_values(model, opt, seed, precision)
     want = run_reference(seq, [vals[p.name] for p in seq.entry.params])

@@ -108,6 +108,17 @@ programs. Its shape:
   it, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py: under ``reduce_fp32`` it is the
   cast). FSDP2 divides by NCCL's ``AVG`` (no kernel); FSDP1's pre- and post-division kernels on
   the post-backward stream are not modelled. Default: no copy.
+- ``gather_cast`` (ZeRO-3, mixed precision, d > 1; PyTorch FSDP 1 and 2): no low-precision copy
+  of a ZeRO-sharded weight is held through the step; each gather casts the fp32 master shard to
+  the compute dtype on the stream that gathers it, then gathers that — FSDP1's ``pre_unshard``
+  casts the local shard into ``_mp_shard`` and frees it after the all-gather
+  (``_use_low_precision_shard``, ``_free_low_precision_sharded_param``,
+  torch/distributed/fsdp/_flat_param.py); FSDP2's ``_get_param_all_gather_inputs`` copies the
+  fp32 shard into the ``param_dtype`` all-gather input (``torch._foreach_copy_`` on the copy-in
+  stream, _fsdp_collectives.py). The compute copies stay step inputs and results (the
+  program's interface, as the sequential mixed step's) but nothing in the step reads them: each
+  is freed at the start and made anew from the new master at the end. Default: the persistent
+  copy (this rank's shard) gathered per use, as DeepSpeed ZeRO-3 keeps its bf16 partitions.
 - ``sac_eager`` (``rops`` run eagerly, as torchtitan without ``torch.compile``): PyTorch's
   selective checkpointing caches every result its policy saves until the block's backward,
   whether the backward reads it or not (``torch/utils/checkpoint.py``,
@@ -235,6 +246,7 @@ def distribute(
     fsdp2_root: bool = False,
     one_dp_stream: bool = False,
     grad_copy_in: str = "",
+    gather_cast: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -290,6 +302,7 @@ def distribute(
             fsdp2_root,
             one_dp_stream,
             grad_copy_in,
+            gather_cast,
         ).build()
 
 
@@ -416,6 +429,7 @@ class _Builder:
         fsdp2_root: bool = False,
         one_dp_stream: bool = False,
         grad_copy_in: str = "",
+        gather_cast: bool = False,
     ) -> None:
         if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
             raise StrategyError(
@@ -472,6 +486,8 @@ class _Builder:
         if grad_copy_in not in GRAD_COPY_IN:
             raise StrategyError(f"{s}: grad_copy_in must be one of {GRAD_COPY_IN}, got {grad_copy_in!r}")
         self.grad_copy_in = grad_copy_in  # the gradients' copy into the reduction buffer (``distribute``)
+        # ZeRO-3's compute copies cast from the masters' shards at each gather (``distribute``)
+        self.gather_cast = gather_cast and self.prec.mixed and train and s.zero == 3 and s.d * s.c > 1
         if self.hsdp:
             self.meshes3 = [Mesh((("dpr", s.d // h), ("dp", h), ("tp", s.t)), m.devices) for m in self.meshes]
         elif self.cp_view:
@@ -858,6 +874,8 @@ class _Builder:
         wuse = half or (
             {w: self._compute_copy(fb, w, wparam[w]) for w in used} if self.prec.mixed else wparam
         )
+        if self.gather_cast:  # the chunks cast the masters' shards as they gather them
+            wuse = {w: wparam[w] if self._zdim(w) is not None else v for w, v in wuse.items()}
         params = _Params(wparam, wchunk, home, partner, used, state, step_of, half, wuse, sent)
         return list(inputs), mbs, params
 
@@ -1027,7 +1045,8 @@ class _Builder:
         for w in used:
             if w in wp.half and w not in received:
                 results.append(self._compute_copy(fb, w, updates[w][0]))
-                fb.donate(wp.half[w], results[-1])
+                if wp.wuse[w] is wp.half[w]:  # else (``gather_cast``) unread: freed at the start
+                    fb.donate(wp.half[w], results[-1])
         return results
 
     def _reduce_grad(
@@ -1311,7 +1330,15 @@ class _Gathers:
         """The shards ``moved`` to the gather stream gathered there, one call (``_issue``)."""
         assert self.stream is not None
         for i, (w, v) in enumerate(zip(ws, moved, strict=True)):
+            v = self._cast_in(w, v)
             self.ready[w] = self.b._zero3_gather(self.fb, w, v, self.stream, coalesced=i > 0)
+
+    def _cast_in(self, w: Value, shard: Value) -> Value:
+        """``gather_cast``: ``w``'s fp32 ``shard`` cast to the compute dtype on the stream about
+        to gather it (FSDP's copy-in); else ``shard`` itself."""
+        if not (self.b.gather_cast and self.b._zdim(w) is not None):
+            return shard
+        return cast(self.fb, shard, self.b.compute, f"{w.name}_{self.b.compute}")
 
     def before(self, i: int, between: Callable[[], None] | None = None) -> None:
         """Layer ``i`` (of ``order``) runs next: with a stream, its gathers (unless prefetched)
@@ -1347,7 +1374,8 @@ class _Gathers:
 
     def _take(self, w: Value) -> Value:
         if self.stream is None:
-            return self._copied_out(w, self.b._zero3_gather(self.fb, w, self.wp[w], self.home))
+            shard = self._cast_in(w, self.wp[w])
+            return self._copied_out(w, self.b._zero3_gather(self.fb, w, shard, self.home))
         if w in self.taken:  # read twice by one layer
             return self.taken[w]
         got = self.ready.pop(w, None)
