@@ -181,6 +181,9 @@ class Run:
     # FSDP's mixed precision: the fp32 shard cast to bf16 at each all-gather, no persistent bf16
     # copy (``distribute(gather_cast=True)``)
     gather_cast: bool = False
+    # PyTorch FSDP1 FULL_SHARD: the root's gathered weights kept from the forward for the backward
+    # (``distribute(fsdp1_root=True)``)
+    fsdp1_root: bool = False
     # how the trainer's Adam runs (``Optimizer(kernels=...)``): fused (one kernel: Megatron's,
     # DeepSpeed's), foreach (torch.optim.AdamW(foreach=True)) or loop (Composer's DecoupledAdamW)
     optimizer_kernels: str = "fused"
@@ -464,6 +467,7 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
         one_dp_stream=r.one_dp_stream,
         grad_copy_in=r.grad_copy_in,
         gather_cast=r.gather_cast,
+        fsdp1_root=r.fsdp1_root,
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(

@@ -175,6 +175,7 @@ def check_against_sequential(
     one_dp_stream: bool = False,
     grad_copy_in: str = "",
     gather_cast: bool = False,
+    fsdp1_root: bool = False,
 ) -> Comparison:
     opt = optimizer or Optimizer("sgd", lr=0.1)
     seq = training_step(model, opt, strategy.recompute, precision)
@@ -196,6 +197,7 @@ def check_against_sequential(
         one_dp_stream=one_dp_stream,
         grad_copy_in=grad_copy_in,
         gather_cast=gather_cast,
+        fsdp1_root=fsdp1_root,
     )
     vals = initial_values(model, opt, seed, precision)
     want = run_reference(seq, [vals[p.name] for p in seq.entry.params])

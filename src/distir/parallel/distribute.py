@@ -119,6 +119,12 @@ programs. Its shape:
   program's interface, as the sequential mixed step's) but nothing in the step reads them: each
   is freed at the start and made anew from the new master at the end. Default: the persistent
   copy (this rank's shard) gathered per use, as DeepSpeed ZeRO-3 keeps its bf16 partitions.
+- ``fsdp1_root`` (ZeRO-3, one stage; PyTorch FSDP1 with FULL_SHARD, each block wrapped, the rest
+  the root's flat parameter, as Composer wraps a model): the root's gathered weights stay from the
+  forward to their last use in the backward, as ``fsdp2_root`` keeps them but without the last
+  block's: ``_post_forward_reshard`` frees a unit's unsharded flat parameter after its forward
+  unless the unit is the root ("Do not free the root's parameters in the post-forward for
+  FULL_SHARD", torch/distributed/fsdp/_runtime_utils.py).
 - ``sac_eager`` (``rops`` run eagerly, as torchtitan without ``torch.compile``): PyTorch's
   selective checkpointing caches every result its policy saves until the block's backward,
   whether the backward reads it or not (``torch/utils/checkpoint.py``,
@@ -247,6 +253,7 @@ def distribute(
     one_dp_stream: bool = False,
     grad_copy_in: str = "",
     gather_cast: bool = False,
+    fsdp1_root: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -303,6 +310,7 @@ def distribute(
             one_dp_stream,
             grad_copy_in,
             gather_cast,
+            fsdp1_root,
         ).build()
 
 
@@ -430,6 +438,7 @@ class _Builder:
         one_dp_stream: bool = False,
         grad_copy_in: str = "",
         gather_cast: bool = False,
+        fsdp1_root: bool = False,
     ) -> None:
         if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
             raise StrategyError(
@@ -453,6 +462,7 @@ class _Builder:
         self.p2p_streams = comm_streams and not deepspeed_pipe
         self.gather_copy_out = gather_copy_out  # FSDP2's copy-out of each gather (``distribute``)
         self.fsdp2_root = fsdp2_root and train and s.zero == 3 and s.p == 1 and s.d * s.c > 1  # distribute
+        self.fsdp1_root = fsdp1_root and train and s.zero == 3 and s.p == 1 and s.d * s.c > 1  # distribute
         # gradients reduced in the masters' dtype (``distribute``)
         self.reduce_fp32 = reduce_fp32 and self.prec.mixed and train and s.d * s.c > 1 and not self.fp32_acc
         # the compute copies gathered in the next step's first forward (``distribute``)
@@ -664,15 +674,15 @@ class _Builder:
         return fb.ret(x, *res, *(gather.last_taken[w] for w in self._kept_gathered(layers)))
 
     def _kept_gathered(self, layers: list[ShardedLayer]) -> list[Value]:
-        """``fsdp2_root``: the weights of ``layers`` (a chunk) whose gathered copies the forward
-        keeps for the backward — the root's (the weights of layers other than the blocks, the
-        calls of the most repeated layer function) and the last block's — in a fixed order; else
-        none."""
-        if not self.fsdp2_root:
+        """``fsdp2_root`` / ``fsdp1_root``: the weights of ``layers`` (a chunk) whose gathered
+        copies the forward keeps for the backward — the root's (the weights of layers other than
+        the blocks, the calls of the most repeated layer function) and, with ``fsdp2_root``, the
+        last block's — in a fixed order; else none."""
+        if not (self.fsdp2_root or self.fsdp1_root):
             return []
         calls = self.layer_calls
         block = Counter(c.callee for c in calls).most_common(1)[0][0]
-        last = max(i for i, c in enumerate(calls) if c.callee == block)
+        last = max(i for i, c in enumerate(calls) if c.callee == block) if self.fsdp2_root else -1
         out = [w for L in layers if calls[L.index].callee != block or L.index == last for w in L.weights]
         return [w for w in dict.fromkeys(out) if self._zdim(w) is not None]
 

@@ -1,4 +1,5 @@
-"""distribute(..., one_dp_stream=True, grad_copy_in=...): ZeRO-3 as PyTorch FSDP issues it.
+"""ZeRO-3 as PyTorch FSDP runs it: distribute(..., one_dp_stream, grad_copy_in, gather_cast,
+fsdp1_root).
 
 ``one_dp_stream``: FSDP's all-gathers and reduce-scatters go over one process group, so one
 NCCL stream per GPU runs them one after another in issue order (``ProcessGroupNCCL``'s
@@ -10,6 +11,10 @@ stream waits for a gather only, never for the reduction queued behind it.
 stream before it is reduced: ``copy`` (FSDP1: autograd's backward of the flat parameter's split
 views writes the flat gradient), ``cast`` (FSDP2: ``chunk_cat`` into the reduce dtype, which
 with ``reduce_fp32`` is the cast itself, moved off the reduction stream).
+
+``gather_cast``: no bf16 shard held through the step; each gather casts the fp32 shard first.
+``fsdp1_root``: FSDP1 keeps the root unit (embedding, final norm, head) gathered from its forward
+to the backward, but not the last block (``fsdp2_root`` keeps that too).
 
 Oracles: the sequential mixed step (the reference executor), closed-form copy costs, and the
 collective calls counted in the program."""
@@ -199,3 +204,65 @@ def test_gather_cast_holds_no_bf16_shard_through_the_step() -> None:
 
     d = parse_strategy(STRATEGY).d
     assert peak(False) - peak(True) == pytest.approx(2 * ELEMENTS / d, abs=0.5)
+
+
+ROOT_LLAMA = "llama:layers=3,hidden=256,heads=4,kv_heads=2,ffn=512,seq=512,vocab=8192"
+
+
+def _root_program(**options: bool) -> Module:
+    s = parse_strategy(STRATEGY)
+    model = build_model(ROOT_LLAMA, batch=4 * s.d, dtype=DType.bf16)
+    return distribute(model, s, Optimizer("adam"), precision="mixed", comm_streams=True, **options)
+
+
+def _gathers(prog: Module, fn_name: str) -> int:
+    return len(_ops(prog, "Redistribute", fn_name))
+
+
+def test_fsdp1_root_keeps_the_root_gathered_but_not_the_last_block() -> None:
+    """The backward gathers the root's three weights (embedding, final norm, head) no more, the
+    last block's nine still (``fsdp2_root``: neither); at the loss's backward the GPU holds the
+    whole bf16 embedding besides (vocab × hidden × 2 bytes, with the allocator's reserve on it)."""
+    plain, one, two = _root_program(), _root_program(fsdp1_root=True), _root_program(fsdp2_root=True)
+    assert _gathers(plain, "c0_fwd") == _gathers(one, "c0_fwd") == _gathers(two, "c0_fwd")
+    assert _gathers(plain, "c0_bwd_red") - _gathers(one, "c0_bwd_red") == 3
+    assert _gathers(plain, "c0_bwd_red") - _gathers(two, "c0_bwd_red") == 3 + 9
+    cluster = parse_cluster("dgx-a100")
+    dm = device_map(parse_strategy(STRATEGY), True)
+    frag = cluster.device_spec(0).runtime.fragmentation
+    extra = 8192 * 256 * 2 * (1 + frag)
+    got = simulate(one, cluster, dm).peak_memory[0] - simulate(plain, cluster, dm).peak_memory[0]
+    assert got == pytest.approx(extra, rel=1e-6)
+
+
+def test_fsdp1_root_trains_as_the_sequential_step() -> None:
+    assert_mixed_step_matches(
+        SMALL, "d2.t1.p1.k2.1f1b.z3", comm_streams=True, fsdp1_root=True, gather_cast=True
+    )
+
+
+@pytest.mark.parametrize("strategy", ["d2.t1.p1.k2.1f1b.z3.rops", "d2.t2.sp.p1.k1.1f1b.z3"])
+def test_the_reference_planner_agrees_with_the_fsdp_options(strategy: str) -> None:
+    """The fast planner's figures equal the reference planner's with every FSDP option on
+    (microbatches; tensor and sequence parallelism)."""
+    cl = parse_cluster("dgx-a100")
+    s = parse_strategy(strategy)
+    model = build_model("llama:layers=3,hidden=64,heads=4,kv_heads=2,ffn=96,vocab=256,seq=32", 8, DType.bf16)
+    for root in ("fsdp1_root", "fsdp2_root"):
+        prog = distribute(
+            model,
+            s,
+            Optimizer("adam"),
+            precision="mixed",
+            comm_streams=True,
+            reduce_fp32=True,
+            one_dp_stream=True,
+            grad_copy_in="copy" if root == "fsdp1_root" else "cast",
+            gather_cast=True,
+            gather_copy_out=root == "fsdp2_root",
+            **{root: True},  # type: ignore[arg-type]
+        )
+        fast = simulate(prog, cl, device_map(s, True))
+        ref = simulate(prog, cl, device_map(s, True), planner="reference")
+        assert fast.step_time_s == ref.step_time_s
+        assert fast.peak_memory == ref.peak_memory
