@@ -1516,6 +1516,8 @@ class _Buckets:
         for w, g in zip(weights, grads, strict=True):
             if self.accs and not self.scatter:  # DDP: the microbatches' sum, reduced once
                 (g,) = self.fb.op("Add", self.accs[w], g, names=[f"g_{w.name}"])
+            if self.b.grad_copy_in == "copy":  # FSDP1: autograd writes the flat gradient at once
+                g = self._copied_in(w, g)
             self.pending.append((w, g))
             self.size += self.b._grad_bytes(w)
         if not self.defer:
@@ -1529,7 +1531,13 @@ class _Buckets:
     def _copied_in(self, w: Value, g: Value) -> Value:
         """``g`` copied into the bucket's flat buffer on the compute stream (``grad_copy_in``):
         ``cast`` (FSDP2's ``chunk_cat``) writes it in the reduce dtype under ``reduce_fp32``;
-        ``copy`` (FSDP1's flat gradient) in the compute dtype; else ``g`` itself."""
+        ``copy`` (FSDP1's flat gradient) in the compute dtype; else ``g`` itself. ``copy`` is
+        written as the layer's gradients complete (``add``: autograd's own kernel, before the
+        next layer's pre-backward hook waits for its gather), ``cast`` when the bucket is
+        reduced (``flush``: FSDP2's post-backward hook; under ``one_dp_stream`` after the next
+        layer's gather, whose wait also covers the wait FSDP2 makes for the previous
+        reduce-scatter before the copy-in, ``reduce_scatter_state``, since that reduction is
+        queued before the gather on the one stream)."""
         mode = self.b.grad_copy_in
         if mode == "cast" and self.b.reduce_fp32:
             master = self.b.prec.master
@@ -1543,7 +1551,8 @@ class _Buckets:
         cast_in = self.b.grad_copy_in == "cast"  # the copy-in already cast it (``_copied_in``)
         moved = []
         for w, g in self.pending:
-            g = self._copied_in(w, g)
+            if cast_in:  # FSDP2: the post-backward hook's copy-in, right before the reduction
+                g = self._copied_in(w, g)
             if self.stream is not None:
                 g = fb.emit("MeshSend", (g,), self.b._attrs("mesh", self.stream_text), (g.name,))[0]
             moved.append((w, g))
