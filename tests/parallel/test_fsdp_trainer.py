@@ -266,3 +266,22 @@ def test_the_reference_planner_agrees_with_the_fsdp_options(strategy: str) -> No
         ref = simulate(prog, cl, device_map(s, True), planner="reference")
         assert fast.step_time_s == ref.step_time_s
         assert fast.peak_memory == ref.peak_memory
+
+
+@pytest.mark.parametrize("root", ["fsdp1_root", "fsdp2_root"])
+def test_the_root_units_gradients_are_reduced_together_last(root: str) -> None:
+    """FSDP reduces a unit's gradients in its post-backward hook, once all are complete: the
+    root's (final norm, head, token embedding) in one call after every block's, though the head's
+    is complete first; without the option, the head's gradient is reduced as soon as it is."""
+
+    def reduced(prog: Module) -> list[tuple[str, bool]]:
+        return [
+            (str(op.outputs[0].name), bool(op.attrs.get("coalesced", False)))
+            for op in _ops(prog, "Redistribute", "c0_bwd_red")
+        ]  # type: ignore[attr-defined]
+
+    got = reduced(_root_program(**{root: True}))
+    assert {n for n, _ in got[-3:]} == {"g_norm", "g_wlm", "g_tok_emb"}
+    assert [c for _, c in got[-3:]] == [False, True, True]
+    plain = [n for n, _ in reduced(_root_program())]
+    assert plain.index("g_wlm") < plain.index("g_wq_0")

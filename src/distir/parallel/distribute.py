@@ -124,7 +124,9 @@ programs. Its shape:
   forward to their last use in the backward, as ``fsdp2_root`` keeps them but without the last
   block's: ``_post_forward_reshard`` frees a unit's unsharded flat parameter after its forward
   unless the unit is the root ("Do not free the root's parameters in the post-forward for
-  FULL_SHARD", torch/distributed/fsdp/_runtime_utils.py).
+  FULL_SHARD", torch/distributed/fsdp/_runtime_utils.py). With either, the root's gradients are
+  reduced together in one call after every block's (the root unit's post-backward hook runs
+  once all its gradients are complete, the embedding's last), not each as it completes.
 - ``sac_eager`` (``rops`` run eagerly, as torchtitan without ``torch.compile``): PyTorch's
   selective checkpointing caches every result its policy saves until the block's backward,
   whether the backward reads it or not (``torch/utils/checkpoint.py``,
@@ -686,6 +688,17 @@ class _Builder:
         out = [w for L in layers if calls[L.index].callee != block or L.index == last for w in L.weights]
         return [w for w in dict.fromkeys(out) if self._zdim(w) is not None]
 
+    def _root_weights(self, layers: list[ShardedLayer]) -> frozenset[Value]:
+        """``fsdp1_root`` / ``fsdp2_root``: the root unit's weights among those of ``layers`` (a
+        chunk): the weights of its layers other than the blocks (``_kept_gathered``), whose
+        gradients FSDP reduces together in the root's post-backward hook, once the last of them
+        (the embedding's, at the backward's end) is complete; else none."""
+        if not (self.fsdp2_root or self.fsdp1_root):
+            return frozenset()
+        calls = self.layer_calls
+        block = Counter(c.callee for c in calls).most_common(1)[0][0]
+        return frozenset(w for L in layers if calls[L.index].callee != block for w in L.weights)
+
     def _chunk_bwd(
         self,
         c: int,
@@ -707,7 +720,7 @@ class _Builder:
         # one stream for gathers and reductions: a layer's reduction is issued after the next
         # layer's weights are handed back (``_Gathers.before``), as FSDP's hooks issue them
         defer = self.one_dp_stream and part != "w"
-        buckets = _Buckets(self, fb, c, ws, acc, final, defer) if reduce else None
+        buckets = _Buckets(self, fb, c, ws, acc, final, defer, self._root_weights(layers)) if reduce else None
         sink = _GradSink(self, fb, ws, layers, acc, buckets)
         if part == "w":
             # the input part returns the carried values of its layers in backward (reversed) order
@@ -1494,8 +1507,12 @@ class _Buckets:
         acc: bool,
         final: bool = True,
         defer: bool = False,
+        root: frozenset[Value] = frozenset(),
     ) -> None:
         self.b, self.fb, self.ws, self.final = b, fb, ws, final
+        # the root unit's gradients (``_Builder._root_weights``): held back, reduced together last
+        self.root = root
+        self.held: list[tuple[Value, Value]] = []
         self.scatter = reduce_scatter_every_backward(b.s)
         stage = self.stage = c % b.s.p
         # ``one_dp_stream``: on the gathers' stream; a full bucket waits for ``release``
@@ -1518,6 +1535,9 @@ class _Buckets:
                 (g,) = self.fb.op("Add", self.accs[w], g, names=[f"g_{w.name}"])
             if self.b.grad_copy_in == "copy":  # FSDP1: autograd writes the flat gradient at once
                 g = self._copied_in(w, g)
+            if w in self.root:
+                self.held.append((w, g))
+                continue
             self.pending.append((w, g))
             self.size += self.b._grad_bytes(w)
         if not self.defer:
@@ -1592,6 +1612,9 @@ class _Buckets:
 
     def results(self) -> list[Value]:
         self.flush()
+        if self.held:  # the root unit's post-backward: its gradients in one call, last
+            self.pending = self.held
+            self.flush()
         return [self.out[w] for w in self.ws]
 
 
