@@ -151,7 +151,8 @@ class Run:
     # --attention-kernel``
     attention_kernel: str = "fa2"
     # Megatron-LM's --overlap-param-gather: the distributed optimizer's parameter all-gather in the
-    # next step's forward (``distribute(overlap_param_gather=True)``)
+    # next step's forward (``distribute(overlap_param_gather=True)``); FSDP1's SHARD_GRAD_OP
+    # gathers so with one microbatch (each forward gathers unit by unit, the backward frees)
     overlap_param_gather: bool = False
     # Megatron-LM's --tp-comm-overlap: tensor-parallel collectives pipelined with their GEMMs
     # (``RooflineCostModel(tp_comm_overlap=True)``, ``distir.sim.overlap``)
