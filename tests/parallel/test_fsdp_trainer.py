@@ -177,7 +177,10 @@ def test_an_unknown_copy_in_is_refused() -> None:
         _program(grad_copy_in="chunk_cat")
 
 
-@pytest.mark.parametrize("strategy", ["d2.t1.p1.k2.1f1b.z3", "d2.t2.p1.k1.1f1b.z3.rops"])
+@pytest.mark.parametrize(
+    "strategy",
+    ["d2.t1.p1.k2.1f1b.z3", "d2.t2.p1.k1.1f1b.z3.rops", "d2.t1.p2.k4.zb1.z3", "d4.t1.p1.k2.1f1b.z3h2"],
+)
 def test_gather_cast_step_equals_the_sequential_mixed_step(strategy: str) -> None:
     assert_mixed_step_matches(
         SMALL,
