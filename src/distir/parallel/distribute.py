@@ -140,6 +140,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -180,6 +181,21 @@ from distir.sim.devices import DeviceMap, Slot
 DDP_BUCKET_MB = 25.0  # PyTorch DDP's ``bucket_cap_mb`` default (MiB)
 # ``distribute(grad_copy_in=...)``: none, FSDP1's copy in the compute dtype, FSDP2's (casting)
 GRAD_COPY_IN = ("", "copy", "cast")
+
+
+@dataclass(frozen=True, slots=True)
+class FsdpOptions:
+    """``distribute``'s options that make ZeRO-3 run as PyTorch's FSDP does (module docstring,
+    *Trainer options*), as ``_Builder`` takes them."""
+
+    gather_copy_out: bool = False
+    fsdp2_root: bool = False
+    fsdp1_root: bool = False
+    one_dp_stream: bool = False
+    grad_copy_in: str = ""
+    gather_cast: bool = False
+
+
 HP_GRAD = "hp_grad"  # fp32 gradient accumulation: the function casting a gradient to fp32
 
 
@@ -305,14 +321,9 @@ def distribute(
             deepspeed_pipe,
             fp32_grad_accum,
             cp_ring,
-            gather_copy_out,
             reduce_fp32,
             sac_eager,
-            fsdp2_root,
-            one_dp_stream,
-            grad_copy_in,
-            gather_cast,
-            fsdp1_root,
+            FsdpOptions(gather_copy_out, fsdp2_root, fsdp1_root, one_dp_stream, grad_copy_in, gather_cast),
         ).build()
 
 
@@ -433,14 +444,9 @@ class _Builder:
         deepspeed_pipe: bool = False,
         fp32_grad_accum: bool = False,
         cp_ring: bool = True,
-        gather_copy_out: bool = False,
         reduce_fp32: bool = False,
         sac_eager: bool = False,
-        fsdp2_root: bool = False,
-        one_dp_stream: bool = False,
-        grad_copy_in: str = "",
-        gather_cast: bool = False,
-        fsdp1_root: bool = False,
+        fsdp: FsdpOptions | None = None,
     ) -> None:
         if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
             raise StrategyError(
@@ -462,9 +468,6 @@ class _Builder:
         self.comm_streams = comm_streams
         # DeepSpeed's pipeline engine: transfers block the compute streams (``distribute``)
         self.p2p_streams = comm_streams and not deepspeed_pipe
-        self.gather_copy_out = gather_copy_out  # FSDP2's copy-out of each gather (``distribute``)
-        self.fsdp2_root = fsdp2_root and train and s.zero == 3 and s.p == 1 and s.d * s.c > 1  # distribute
-        self.fsdp1_root = fsdp1_root and train and s.zero == 3 and s.p == 1 and s.d * s.c > 1  # distribute
         # gradients reduced in the masters' dtype (``distribute``)
         self.reduce_fp32 = reduce_fp32 and self.prec.mixed and train and s.d * s.c > 1 and not self.fp32_acc
         # the compute copies gathered in the next step's first forward (``distribute``)
@@ -492,14 +495,7 @@ class _Builder:
         # the (dp, cp, tp) mesh the layers run on (weights R, R; gradients pending P, P)
         self.cp_view = train and s.c > 1
         self.viewed = self.hsdp or self.cp_view  # weights on ``meshes3``, a view of ``meshes``
-        # ZeRO-3's gathers and gradient reductions on one stream, in issue order (``distribute``)
-        self.one_dp_stream = one_dp_stream and comm_streams and train and s.zero == 3 and s.d * s.c > 1
-        self.one_dp_stream = self.one_dp_stream and not self.hsdp
-        if grad_copy_in not in GRAD_COPY_IN:
-            raise StrategyError(f"{s}: grad_copy_in must be one of {GRAD_COPY_IN}, got {grad_copy_in!r}")
-        self.grad_copy_in = grad_copy_in  # the gradients' copy into the reduction buffer (``distribute``)
-        # ZeRO-3's compute copies cast from the masters' shards at each gather (``distribute``)
-        self.gather_cast = gather_cast and self.prec.mixed and train and s.zero == 3 and s.d * s.c > 1
+        self._fsdp_options(fsdp or FsdpOptions())
         if self.hsdp:
             self.meshes3 = [Mesh((("dpr", s.d // h), ("dp", h), ("tp", s.t)), m.devices) for m in self.meshes]
         elif self.cp_view:
@@ -531,6 +527,22 @@ class _Builder:
         self._param_types: dict[tuple[object, ...], DTensorType] = {}  # ``_on_stage``
         self._made_attrs: dict[tuple[str, str], Attrs] = {}  # ``_attrs``
         self._mesh_text: dict[int, str] = {}  # ``format_mesh_attr`` of each mesh, by id (in ``meshes``)
+
+    def _fsdp_options(self, f: FsdpOptions) -> None:
+        """The options that make ZeRO-3 run as PyTorch's FSDP does (``distribute``), each on where
+        it applies."""
+        s, train = self.s, self.train
+        z3 = train and s.zero == 3 and s.d * s.c > 1
+        self.gather_copy_out = f.gather_copy_out  # FSDP2's copy-out of each gather
+        self.fsdp2_root = f.fsdp2_root and z3 and s.p == 1  # the root (and last block) kept gathered
+        self.fsdp1_root = f.fsdp1_root and z3 and s.p == 1  # the root kept gathered
+        # ZeRO-3's gathers and gradient reductions on one stream, in issue order
+        self.one_dp_stream = f.one_dp_stream and self.comm_streams and z3 and not self.hsdp
+        if f.grad_copy_in not in GRAD_COPY_IN:
+            raise StrategyError(f"{s}: grad_copy_in must be one of {GRAD_COPY_IN}, got {f.grad_copy_in!r}")
+        self.grad_copy_in = f.grad_copy_in  # the gradients' copy into the reduction buffer
+        # ZeRO-3's compute copies cast from the masters' shards at each gather
+        self.gather_cast = f.gather_cast and self.prec.mixed and z3
 
     def _attrs(self, name: str, value: str) -> Attrs:
         """The attributes ``{name: value}`` of an op the entry emits again and again (a
