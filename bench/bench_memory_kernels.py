@@ -38,7 +38,11 @@ DATA = Path(__file__).resolve().parent / "data" / "norm_kernels_liger.csv"
 HBM = {"A100": A100_SXM_80GB.memory_bandwidth, "H100": H100_SXM_80GB.memory_bandwidth}
 ELEMENT = {"float32": 4, "bfloat16": 2}
 PASSES = {"forward": 2, "backward": 3}
-OPS = {"layer_norm": "LayerNormalization", "megatron_rms_norm": "RMSNormalization", "rms_norm": "RMSNormalization"}
+OPS = {
+    "layer_norm": "LayerNormalization",
+    "megatron_rms_norm": "RMSNormalization",
+    "rms_norm": "RMSNormalization",
+}
 
 
 class Key(NamedTuple):
@@ -70,7 +74,9 @@ def fractions(data: dict[Key, dict[str, float]]) -> dict[tuple[str, str, str, st
         x_bytes = k.rows * k.hidden * ELEMENT[k.dtype]
         for p, passes in PASSES.items():
             if p in times and times[p] > 0:
-                out[(k.kernel, k.provider, k.gpu, p)].append((k.hidden, passes * x_bytes / times[p] / HBM[k.gpu]))
+                out[(k.kernel, k.provider, k.gpu, p)].append(
+                    (k.hidden, passes * x_bytes / times[p] / HBM[k.gpu])
+                )
     return out
 
 
@@ -87,7 +93,10 @@ def main() -> None:
     for (kernel, provider, gpu, p), pts in sorted(fr.items()):
         plateau = statistics.median(f for h, f in pts if h >= 4096)
         row = "  ".join(f"{h}:{100 * f:.0f}%" for h, f in pts)
-        print(f"{kernel:18s} {provider:12s} {gpu} {p:8s} plateau {100 * plateau:3.0f}%  ({row})  distir: {_model(kernel, p)}")
+        print(
+            f"{kernel:18s} {provider:12s} {gpu} {p:8s} plateau {100 * plateau:3.0f}%  ({row})  "
+            f"distir: {_model(kernel, p)}"
+        )
 
 
 if __name__ == "__main__":

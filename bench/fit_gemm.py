@@ -85,7 +85,9 @@ def h100(profile: GemmProfile | None = None) -> Device:
     d = H100_SXM_80GB
     assert d.gemm is not None
     mem_eff = RooflineCostModel.__dataclass_fields__["memory_efficiency"].default
-    return Device(d.peak_flops(DType.bf16), d.memory_bandwidth * mem_eff, d.launch_overhead_s, profile or d.gemm)
+    return Device(
+        d.peak_flops(DType.bf16), d.memory_bandwidth * mem_eff, d.launch_overhead_s, profile or d.gemm
+    )
 
 
 BEFORE = GemmProfile(132, 792.1 / 989, (6144, 17920, 2816), "MAMF table v1 (the preset before the fit)")
@@ -97,7 +99,9 @@ def _nbytes(p: Point) -> float:
     return 2.0 * s.batch * (s.m * s.k + s.k * s.n + s.m * s.n)
 
 
-def charged(pts: list[Point], dev: Device, reuse_half: float, k_overhead: float, top: float | None = None) -> np.ndarray:
+def charged(
+    pts: list[Point], dev: Device, reuse_half: float, k_overhead: float, top: float | None = None
+) -> np.ndarray:
     """distir's time for each point's kernel (``distir.sim.cost``: launch + roofline) with the
     curve's constants ``reuse_half``, ``k_overhead``; ``top``: a free ceiling, uncapped, instead
     of the profile's (through its published point, capped there when it is the sweep's best)."""
@@ -132,20 +136,26 @@ def fit(pts: list[Point], dev: Device, free: bool = False) -> Fit:
     return best
 
 
-def residuals(pts: list[Point], dev: Device, reuse_half: float, k_overhead: float, top: float | None = None) -> np.ndarray:
+def residuals(
+    pts: list[Point], dev: Device, reuse_half: float, k_overhead: float, top: float | None = None
+) -> np.ndarray:
     """log(charged / measured) per point: positive is a pessimistic (slower) charge."""
     return np.log(charged(pts, dev, reuse_half, k_overhead, top)) - np.log([p.seconds for p in pts])
 
 
 def _summary(label: str, res: np.ndarray, pts: list[Point]) -> None:
     flops = np.array([p.flops for p in pts])
-    print(f"{label}:\n    all {len(pts)}: rms {np.sqrt(np.mean(res**2)):.3f}, median {np.median(res):+.3f}, max |{np.max(np.abs(res)):.3f}|")
+    print(
+        f"{label}:\n    all {len(pts)}: rms {np.sqrt(np.mean(res**2)):.3f}, median {np.median(res):+.3f}, "
+        f"max |{np.max(np.abs(res)):.3f}|"
+    )
     for lo, hi in ((0, 2**30), (2**30, 2**33), (2**33, 2**36), (2**36, 2**40)):
         sel = (flops >= lo) & (flops < hi)
         if sel.any():
             r = res[sel]
             print(
-                f"    {lo / 1e9:>6.1f}–{hi / 1e9:<7.1f} GFLOP ({sel.sum():3d} points): median {np.median(r):+.3f}, "
+                f"    {lo / 1e9:>6.1f}–{hi / 1e9:<7.1f} GFLOP ({sel.sum():3d} points): "
+                f"median {np.median(r):+.3f}, "
                 f"rms {np.sqrt(np.mean(r**2)):.3f}, min {r.min():+.3f}, max {r.max():+.3f}"
             )
 
@@ -157,7 +167,10 @@ def _table(pts: list[Point], dev: Device) -> None:
             continue
         t = charged([p], dev, gemm.REUSE_HALF, gemm.K_OVERHEAD)[0]
         s = p.shape
-        print(f"  {s.batch} {s.m:5d} {s.n:5d} {s.k:5d}   {p.tflops:7.1f}  {p.flops / t / 1e12:7.1f}             {t / p.seconds - 1:+6.1%}")
+        print(
+            f"  {s.batch} {s.m:5d} {s.n:5d} {s.k:5d}   {p.tflops:7.1f}  {p.flops / t / 1e12:7.1f}"
+            f"             {t / p.seconds - 1:+6.1%}"
+        )
 
 
 def main() -> None:
@@ -167,10 +180,15 @@ def main() -> None:
     pts, dev = load(), h100()
     print(f"{len(pts)} H100 bf16 GEMM timings ({DATA.name}); charge = {dev.launch * 1e6:g} µs + roofline")
     old = h100(BEFORE)
-    _summary("before (REUSE_HALF 16, K_OVERHEAD 64, through MAMF v1 792.1 TFLOP/s, uncapped)", residuals(pts, old, 16.0, 64.0), pts)
+    _summary(
+        "before (REUSE_HALF 16, K_OVERHEAD 64, through MAMF v1 792.1 TFLOP/s, uncapped)",
+        residuals(pts, old, 16.0, 64.0),
+        pts,
+    )
     free = fit(pts, dev, free=True)
     print(
-        f"free fit (ceiling fitted, uncapped): REUSE_HALF {free.reuse_half:g}, K_OVERHEAD {free.k_overhead:g}, "
+        f"free fit (ceiling fitted, uncapped): REUSE_HALF {free.reuse_half:g}, "
+        f"K_OVERHEAD {free.k_overhead:g}, "
         f"ceiling {free.ceiling:.4f} ({free.ceiling * dev.peak / 1e12:.0f} TFLOP/s), rms {free.rms:.3f}"
     )
     best = fit(pts, dev)

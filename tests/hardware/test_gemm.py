@@ -150,7 +150,9 @@ def test_no_shape_runs_faster_than_the_best_point_of_a_sweep(key: str) -> None:
 def _xla_h100() -> list[tuple[GemmShape, float]]:
     with XLA_H100.open() as f:
         rows = csv.DictReader(line for line in f if not line.startswith("#"))
-        return [(GemmShape(int(r["b"]), int(r["m"]), int(r["n"]), int(r["k"])), float(r["tflops"])) for r in rows]
+        return [
+            (GemmShape(int(r["b"]), int(r["m"]), int(r["n"]), int(r["k"])), float(r["tflops"])) for r in rows
+        ]
 
 
 def test_the_h100_charge_follows_xla_measured_gemm_table() -> None:

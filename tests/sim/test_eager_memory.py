@@ -39,7 +39,9 @@ def test_eager_norms_move_their_bytes_at_their_measured_fraction(name: str) -> N
     plain = RooflineCostModel(cl, fuse=False).compute_time(op, ins, outs, Attrs({}), 0)
     spec = cl.device_spec(0)
     nbytes = op.bytes_read(ins, outs, Attrs({})) + op.bytes_written(ins, outs, Attrs({}))
-    assert eager == pytest.approx(spec.launch_overhead_s + nbytes / (spec.memory_bandwidth * op.eager_memory.memory))
+    assert eager == pytest.approx(
+        spec.launch_overhead_s + nbytes / (spec.memory_bandwidth * op.eager_memory.memory)
+    )
     assert plain == pytest.approx(spec.launch_overhead_s + nbytes / (spec.memory_bandwidth * 0.8))
     assert eager > plain
 
@@ -50,7 +52,9 @@ def test_ops_without_a_measured_eager_kernel_keep_the_default() -> None:
     cl = parse_cluster("h100:1")
     x = TensorType(DType.bf16, (ROWS, HIDDEN), Device(0))
     eager = RooflineCostModel(cl, fuse=False, eager=True).compute_time(op, [x, x], [x], Attrs({}), 0)
-    assert eager == pytest.approx(RooflineCostModel(cl, fuse=False).compute_time(op, [x, x], [x], Attrs({}), 0))
+    assert eager == pytest.approx(
+        RooflineCostModel(cl, fuse=False).compute_time(op, [x, x], [x], Attrs({}), 0)
+    )
 
 
 def test_a_calibrated_class_rate_comes_first() -> None:

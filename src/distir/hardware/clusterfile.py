@@ -492,7 +492,10 @@ class _Loader:
             over["anchor"] = tuple(a)
         if "matmul_anchor_is_max" in t:
             if not isinstance(t["matmul_anchor_is_max"], bool):
-                self.fail((*path, "matmul_anchor_is_max"), f"expected true or false, got {_got(t['matmul_anchor_is_max'])}")
+                self.fail(
+                    (*path, "matmul_anchor_is_max"),
+                    f"expected true or false, got {_got(t['matmul_anchor_is_max'])}",
+                )
             over["anchor_is_max"] = t["matmul_anchor_is_max"]
         for key, field_ in (("matmul_source", "source"), ("comm_sm_source", "comm_source")):
             if key in t:

@@ -78,9 +78,7 @@ def _best_reuse(reuse_half: float) -> float:
     return max(_reuse(tm, tn, reuse_half) for tm, tn in TILES)
 
 
-def tile_factor(
-    shape: GemmShape, sms: int, tile: tuple[int, int], reuse_half: float = REUSE_HALF
-) -> float:
+def tile_factor(shape: GemmShape, sms: int, tile: tuple[int, int], reuse_half: float = REUSE_HALF) -> float:
     """Useful fraction of the work on tile ``tile``: tile and wave quantization, data reuse."""
     tm, tn = tile
     rows, cols = math.ceil(shape.m / tm), math.ceil(shape.n / tn)
