@@ -474,6 +474,7 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
     cost = RooflineCostModel(
         cl,
         fuse=kernels == "fused",
+        eager=kernels == "eager",
         gemm_curve=v.gemm_curve,
         attention_kernel=r.attention_kernel,
         tp_comm_overlap=r.tp_comm_overlap,

@@ -528,7 +528,11 @@ def _run_simulation(
     guard = _Session(file, debug).guard if file is not None else _plain_guard(debug)
     try:
         cost = RooflineCostModel(
-            cl, fuse=kernels == "fused", attention_kernel=attention_kernel, tp_comm_overlap=tp_comm_overlap
+            cl,
+            fuse=kernels == "fused",
+            eager=kernels == "eager",
+            attention_kernel=attention_kernel,
+            tp_comm_overlap=tp_comm_overlap,
         )
         return guard(
             lambda: run_sim(

@@ -266,6 +266,7 @@ inter_latency_us = 40
 sm_count = 20
 matmul_efficiency = 0.6
 matmul_anchor = [4096, 4096, 4096]
+matmul_anchor_is_max = true
 comm_buffers_mib = 0
 [[nodes]]
 type = "a"
@@ -286,6 +287,7 @@ type = "t"
         (4096, 4096, 4096),
     )
     assert t.runtime.comm_bytes == 0 and t.runtime.context_bytes > 0
+    assert t.gemm.anchor_is_max and a.gemm.anchor_is_max == base.gemm.anchor_is_max
 
 
 @pytest.mark.parametrize(
@@ -302,6 +304,7 @@ type = "t"
         ("comm_sm_count = 108", "types.a.comm_sm_count", "[0, sm_count=108)"),
         ("comm_sm_count = -1", "types.a.comm_sm_count", "integer"),
         ("comm_sm_source = 3", "types.a.comm_sm_source", "string"),
+        ("matmul_anchor_is_max = 1", "types.a.matmul_anchor_is_max", "true or false"),
     ],
 )
 def test_bad_gemm_and_runtime_values_are_clear_errors(line: str, key: str, needle: str) -> None:

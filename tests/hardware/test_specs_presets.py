@@ -123,6 +123,8 @@ def _toml(v: object) -> str:
     """A TOML value: strings quoted, lists and tables inline."""
     if isinstance(v, str):
         return json.dumps(v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
     if isinstance(v, dict):
         return "{ " + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + " }"
     if isinstance(v, list):

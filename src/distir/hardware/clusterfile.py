@@ -31,6 +31,8 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
     matmul_fp32_efficiency = 0.8     #   the same for fp32 (default matmul_efficiency),
     matmul_source = "..."            #   and its source; without sm_count and
                                      #   matmul_efficiency: a flat fraction of peak
+    matmul_anchor_is_max = true      #   optional: the anchor is the best point of a sweep
+                                     #   over shapes; no shape runs faster (default false)
     comm_sm_count = 2                # optional: SMs a communication kernel holds while it runs
     comm_sm_source = "..."           #   (NCCL channels), taken from the compute beside it
                                      #   (default 0: none; distir.sim.interference)
@@ -153,6 +155,7 @@ _GEMM_KEYS = (
     "matmul_fp32_efficiency",
     "matmul_anchor",
     "matmul_source",
+    "matmul_anchor_is_max",
     "comm_sm_count",
     "comm_sm_source",
 )
@@ -487,6 +490,13 @@ class _Loader:
                     (*path, "matmul_anchor"), f"expected [M, N, K], three positive integers, got {_got(a)}"
                 )
             over["anchor"] = tuple(a)
+        if "matmul_anchor_is_max" in t:
+            if not isinstance(t["matmul_anchor_is_max"], bool):
+                self.fail(
+                    (*path, "matmul_anchor_is_max"),
+                    f"expected true or false, got {_got(t['matmul_anchor_is_max'])}",
+                )
+            over["anchor_is_max"] = t["matmul_anchor_is_max"]
         for key, field_ in (("matmul_source", "source"), ("comm_sm_source", "comm_source")):
             if key in t:
                 if not isinstance(t[key], str):

@@ -19,13 +19,21 @@ picks a tile among ``TILES`` (the guide's §2.3 list). Per candidate tile (Tm, T
   ``K_OVERHEAD`` more steps of K ran: ``K / (K + K_OVERHEAD)``.
 
 The tile kept is the one with the best product of these factors (cuBLAS's heuristic picks one
-for the shape; the best is what a well-tuned library approaches). ``REUSE_HALF`` and
-``K_OVERHEAD`` are estimates (not from a table); everything else is from the guide.
+for the shape; the best is what a well-tuned library approaches). The form is the guide's;
+``REUSE_HALF`` and ``K_OVERHEAD`` are fitted to measured kernel times: XLA's default matmul
+performance table for H100 (``sm_90``, bf16; 375 batched products with M, N, K from 256 to 4096,
+median CUPTI kernel times; ``bench/data/gemm_h100_bf16_xla.csv``), by least squares on the log of
+the time the cost model charges (launch + roofline, the curve through the H100's published
+point, capped there), ``bench/fit_gemm.py``, which prints the fit and its residuals. No such
+table was found for other GPUs; they take the same constants (they describe cuBLAS's tiling).
 
 Calibration: the efficiency is ``ceiling × factor(shape)``, with ``ceiling`` chosen so that the
 curve passes through the profile's anchor, a published benchmark point (``GemmProfile.anchor``,
 ``fraction``, ``source``). So a large, well-shaped GEMM gets the published efficiency, and small
-or skinny ones fall below it. The ceiling never exceeds 1.
+or skinny ones fall below it. The ceiling never exceeds 1. When the anchor is the best point of
+a sweep over shapes (``GemmProfile.anchor_is_max``: the MAMF table's A100 and H100 rows), no
+shape runs faster than it: the curve is capped at the published fraction (the factor form alone
+would rise a few percent above it for K far beyond the anchor's, which the sweep did not see).
 
 Memory-bound products (a GEMV, a skinny product) are not this function's business: the cost
 model takes the larger of the compute time (FLOPs over peak × this efficiency) and the memory
@@ -34,6 +42,7 @@ time (bytes over bandwidth), the roofline.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -43,10 +52,11 @@ TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (128, 
 """cuBLAS's typical tile shapes (Tm, Tn), from the guide's §2.3."""
 
 REUSE_HALF = 16.0
-"""Tile arithmetic intensity at which a tile reaches half its asymptotic rate (estimate)."""
+"""Tile arithmetic intensity at which a tile reaches half its asymptotic rate (fitted, with
+``K_OVERHEAD``, to XLA's measured H100 bf16 table of 375 GEMMs: ``bench/fit_gemm.py``)."""
 
-K_OVERHEAD = 64.0
-"""A tile's fixed prologue/epilogue, in equivalent K steps (estimate)."""
+K_OVERHEAD = 128.0
+"""A tile's fixed prologue/epilogue, in equivalent K steps (fitted with ``REUSE_HALF``)."""
 
 
 class GemmShape(NamedTuple):
@@ -58,41 +68,63 @@ class GemmShape(NamedTuple):
     k: int
 
 
-def _reuse(tm: int, tn: int) -> float:
+def _reuse(tm: int, tn: int, reuse_half: float = REUSE_HALF) -> float:
     intensity = tm * tn / (tm + tn)
-    return intensity / (intensity + REUSE_HALF)
+    return intensity / (intensity + reuse_half)
 
 
-_BEST_REUSE = max(_reuse(tm, tn) for tm, tn in TILES)
+@functools.cache
+def _best_reuse(reuse_half: float) -> float:
+    return max(_reuse(tm, tn, reuse_half) for tm, tn in TILES)
 
 
-def tile_factor(shape: GemmShape, sms: int, tile: tuple[int, int]) -> float:
+def tile_factor(shape: GemmShape, sms: int, tile: tuple[int, int], reuse_half: float = REUSE_HALF) -> float:
     """Useful fraction of the work on tile ``tile``: tile and wave quantization, data reuse."""
     tm, tn = tile
     rows, cols = math.ceil(shape.m / tm), math.ceil(shape.n / tn)
     useful = (shape.m * shape.n) / (rows * tm * cols * tn)
     tiles = rows * cols * shape.batch
     waves = math.ceil(tiles / sms)
-    return useful * (tiles / (waves * sms)) * (_reuse(tm, tn) / _BEST_REUSE)
+    reuse = _reuse(tm, tn, reuse_half) / _best_reuse(reuse_half)
+    return useful * (tiles / (waves * sms)) * reuse
 
 
-def shape_factor(shape: GemmShape, sms: int) -> float:
-    """The best tile's factor times the K loop's: in (0, 1], 1 only in the limit."""
-    best = max(tile_factor(shape, sms, t) for t in TILES)
-    return best * shape.k / (shape.k + K_OVERHEAD)
+def shape_factor(
+    shape: GemmShape, sms: int, reuse_half: float = REUSE_HALF, k_overhead: float = K_OVERHEAD
+) -> float:
+    """The best tile's factor times the K loop's: in (0, 1], 1 only in the limit. ``reuse_half``
+    and ``k_overhead`` default to the module's fitted constants (a fit passes its own)."""
+    best = max(tile_factor(shape, sms, t, reuse_half) for t in TILES)
+    return best * shape.k / (shape.k + k_overhead)
 
 
-def ceiling(profile: GemmProfile, fp32: bool = False) -> float:
-    """The largest efficiency any shape reaches (the curve's asymptote): the anchor's published
-    fraction over the anchor's shape factor, at most 1."""
-    frac = profile.fp32_fraction if fp32 and profile.fp32_fraction is not None else profile.fraction
+def _fraction(profile: GemmProfile, fp32: bool) -> float:
+    return profile.fp32_fraction if fp32 and profile.fp32_fraction is not None else profile.fraction
+
+
+def ceiling(
+    profile: GemmProfile, fp32: bool = False, reuse_half: float = REUSE_HALF, k_overhead: float = K_OVERHEAD
+) -> float:
+    """The curve's asymptote: the anchor's published fraction over the anchor's shape factor, at
+    most 1 (a profile whose anchor is the best of a sweep caps the curve at that fraction)."""
     m, n, k = profile.anchor
-    return min(1.0, frac / shape_factor(GemmShape(1, m, n, k), profile.sms))
+    factor = shape_factor(GemmShape(1, m, n, k), profile.sms, reuse_half, k_overhead)
+    return min(1.0, _fraction(profile, fp32) / factor)
 
 
-def gemm_efficiency(profile: GemmProfile, shape: GemmShape, fp32: bool = False) -> float:
+def gemm_efficiency(
+    profile: GemmProfile,
+    shape: GemmShape,
+    fp32: bool = False,
+    reuse_half: float = REUSE_HALF,
+    k_overhead: float = K_OVERHEAD,
+) -> float:
     """Fraction of the dense peak a GEMM of ``shape`` reaches (``fp32``: on the CUDA cores,
-    else on the tensor cores). An empty product (a zero dimension) returns the ceiling."""
+    else on the tensor cores): the ceiling times the shape factor, at most the published
+    fraction when the anchor is the best point of a sweep (``GemmProfile.anchor_is_max``). An
+    empty product (a zero dimension) returns the curve's maximum."""
+    top = ceiling(profile, fp32, reuse_half, k_overhead)
+    cap = _fraction(profile, fp32) if profile.anchor_is_max else 1.0
     if min(shape) <= 0:
-        return ceiling(profile, fp32)
-    return ceiling(profile, fp32) * shape_factor(shape, profile.sms)
+        return min(top, cap)
+    return min(top * shape_factor(shape, profile.sms, reuse_half, k_overhead), cap)

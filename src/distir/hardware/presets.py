@@ -66,7 +66,16 @@ CUDA_RUNTIME = RuntimeMemory(
 )
 """What a PyTorch training process holds on a GPU besides its tensors (the presets' default)."""
 
-_MAMF = "https://github.com/stas00/ml-engineering/tree/master/compute/accelerator#maximum-achievable-matmul-flops-comparison-table"
+# the MAMF table at a fixed commit (mamf-finder v2: 30 s of warm-up before measuring, random
+# inputs, so the clocks are those a GPU holds under sustained matmul load)
+_MAMF = (
+    "https://github.com/stas00/ml-engineering/blob/744d01e18b79512572f64a6bbd8b5f4a725203a7/compute/"
+    "accelerator/README.md#maximum-achievable-matmul-flops-comparison-table"
+)
+_XLA_TABLE = (
+    "https://github.com/openxla/xla/blob/e97611c4c41c1f2dd331aca646792089f7f86b66/xla/service/gpu/"
+    "model/matmul_interpolator_data.h"
+)
 # SMs NCCL's kernels hold while a collective runs: one CTA per channel, each alone on its SM
 # (NCCL's maintainer: "NCCL CTAs won't share an SM with compute kernels", and NCCL launches the
 # fewest channels that reach the links' speed), https://github.com/NVIDIA/nccl/issues/689
@@ -87,18 +96,23 @@ _V100_GEMM = GemmProfile(
 )
 _A100_GEMM = GemmProfile(
     sms=108,
-    fraction=267.9 / 312,
-    anchor=(6912, 16384, 2048),
-    source=f"MAMF table (bf16 matmul, CUDA 12.1): A100 SXM 267.9 of 312 TFLOP/s at 6912x16384x2048, {_MAMF}",
+    fraction=271.2 / 312,
+    anchor=(1024, 10240, 5120),
+    source=f"MAMF table (bf16 torch.matmul, mamf-finder v2, torch 2.6.0+cu126): A100 SXM 271.2 of 312 "
+    f"TFLOP/s at 1024x10240x5120, the best of its sweep over shapes, {_MAMF}",
+    anchor_is_max=True,
     comm_sms=24,
     comm_source=f"{_NCCL_SM}; 24 channels on an 8-GPU NVSwitch A100 node (NCCL_DEBUG log 'Channel 23/24', "
     "https://github.com/NVIDIA/nccl-tests/issues/100)",
 )
 _H100_GEMM = GemmProfile(
     sms=132,
-    fraction=792.1 / 989,
-    anchor=(6144, 17920, 2816),
-    source=f"MAMF table (bf16 matmul, CUDA 12.1): H100 SXM 792.1 of 989 TFLOP/s at 6144x17920x2816, {_MAMF}",
+    fraction=794.5 / 989,
+    anchor=(2048, 2048, 13312),
+    source=f"MAMF table (bf16 torch.matmul, mamf-finder v2, torch 2.7.0+cu126): H100 SXM 794.5 of 989 "
+    f"TFLOP/s at 2048x2048x13312, the best of its sweep over shapes, {_MAMF}; shape constants fitted "
+    f"to XLA's measured H100 table of 375 bf16 GEMMs ({_XLA_TABLE}; bench/fit_gemm.py)",
+    anchor_is_max=True,
     comm_sms=24,
     comm_source=f"{_NCCL_SM}; 24 CTAs: an FSDP-style ncclAllGather on an H100 SXM measured with Nsight "
     "Systems (https://forums.developer.nvidia.com/t/compute-communication-overlap-causes-severe-gemm-"
@@ -360,6 +374,8 @@ def _gemm_record(d: DeviceSpec) -> dict[str, Any]:
     if g.fp32_fraction is not None:
         rec["matmul_fp32_efficiency"] = g.fp32_fraction
     rec |= {"matmul_anchor": list(g.anchor), "matmul_source": g.source}
+    if g.anchor_is_max:
+        rec["matmul_anchor_is_max"] = True
     if g.comm_sms:
         rec |= {"comm_sm_count": g.comm_sms, "comm_sm_source": g.comm_source}
     return rec
@@ -414,6 +430,19 @@ def clusters_json(cluster: Cluster | None = None) -> dict[str, Any]:
 
 
 _FLAT = "flat fraction of peak (no GEMM profile)"
+_MODEL_NOTES = (
+    "GEMM curve: its shape constants (REUSE_HALF, K_OVERHEAD) are fitted to XLA's measured H100 "
+    f"bf16 table of 375 GEMMs ({_XLA_TABLE}; bench/fit_gemm.py), and serve every GPU.\n"
+    "Memory-bound kernels: 80% of the HBM bandwidth (the cost model's memory_efficiency, an estimate "
+    "within published figures: Liger-Kernel's Triton norm kernels reach 66-85% forward on A100 and "
+    "H100, bench/bench_memory_kernels.py; torchao's roofline takes 92% for Triton pointwise kernels "
+    "on H100, torchao/testing/training/roofline_utils.py); "
+    "under --kernels eager, PyTorch's own LayerNorm/RMSNorm kernels at the fractions Liger-Kernel's "
+    "benchmarks measured (forward 52%/54%, backward 35%/18%; OpDef.eager_memory).\n"
+    "Estimates (no published figure): link latencies (NVLink/NVSwitch 3 us, PCIe 8 us, InfiniBand "
+    "5 us, cloud Ethernet 30-50 us) and the per-kernel launch time (5 us; the smallest GEMM of XLA's "
+    "H100 table, 256^3, takes 5.0 us of kernel time)."
+)
 
 
 def render_clusters_table(cluster: Cluster | None = None) -> Table:
@@ -467,7 +496,8 @@ def render_clusters_table(cluster: Cluster | None = None) -> Table:
         "distir.hardware.gemm passes through it; smaller or skinny products run below it); comm SMs: the "
         "SMs a communication kernel holds while it runs, taken from the compute beside it; runtime: "
         "memory held besides tensors, MiB (CUDA context + workspaces + NCCL buffers) + the allocator's "
-        f"share of the peak. Sources:\n{notes}\nRuntime memory: {' / '.join(runtime_sources)}",
+        f"share of the peak. Sources:\n{notes}\nRuntime memory: {' / '.join(runtime_sources)}\n"
+        + _MODEL_NOTES,
         caption_justify="left",
     )
     for header, key in cols:

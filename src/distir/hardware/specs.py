@@ -106,7 +106,11 @@ class GemmProfile:
     ``comm_sms``: the SMs a communication kernel (NCCL's: one CTA per channel, each holding an SM
     to itself) occupies while it runs beside the compute, taken from the compute for that time
     (``comm_share``; 0: communication takes nothing from the compute, as a calibrated or CPU
-    profile has it); ``comm_source`` names where the channel count comes from."""
+    profile has it); ``comm_source`` names where the channel count comes from.
+
+    ``anchor_is_max``: the anchor is the best point of a sweep over shapes (a "maximum achievable
+    matmul FLOPS" benchmark), so no shape runs faster than ``fraction``: the curve is capped
+    there (False: the curve may rise above the anchor towards its ceiling)."""
 
     sms: int
     fraction: float
@@ -115,6 +119,7 @@ class GemmProfile:
     fp32_fraction: float | None = None
     comm_sms: int = 0
     comm_source: str = ""
+    anchor_is_max: bool = False
 
     def __post_init__(self) -> None:
         owner = "gemm profile"
@@ -137,6 +142,8 @@ class GemmProfile:
             raise SpecError(f"{owner}: comm_sms must be an int in [0, sms={self.sms}), got {c!r}")
         if not isinstance(self.comm_source, str):
             raise SpecError(f"{owner}: comm_source must be a string, got {self.comm_source!r}")
+        if not isinstance(self.anchor_is_max, bool):
+            raise SpecError(f"{owner}: anchor_is_max must be a bool, got {self.anchor_is_max!r}")
 
     @property
     def comm_share(self) -> float:

@@ -52,7 +52,7 @@ from distir.ops._rules import (
 )
 from distir.ops._special import F64, f64
 from distir.ops.gradrules import GradCtx, first, unbroadcast
-from distir.ops.registry import AttrSpec, CostClass, Fusion, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, CostClass, EagerRate, Fusion, OpDef, TypeCtx, register
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
@@ -205,6 +205,14 @@ def _rms_norm_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
 
 NORM_ATTRS = {"axis": AttrSpec("int", -1), "epsilon": AttrSpec("float", 1e-5)}
 
+NORM_BENCH = (
+    "Liger-Kernel's published benchmark timings of torch.nn.LayerNorm (fp32; A100 and H100) and "
+    "torch.nn.RMSNorm (bf16; H100), https://github.com/linkedin/Liger-Kernel/blob/"
+    "ead96b618e5c67bddc6a6e9bcb99bfe6b5ab661c/benchmark/data/all_benchmark_data.csv: the median "
+    "over hidden sizes 4096-16384 (bench/data/norm_kernels_liger.csv, bench/bench_memory_kernels.py)"
+)
+"""Where the eager normalization kernels' HBM fractions (``OpDef.eager_memory``) come from."""
+
 LAYER_NORMALIZATION = register(
     OpDef(
         name="LayerNormalization",
@@ -217,6 +225,7 @@ LAYER_NORMALIZATION = register(
         attrs=dict(NORM_ATTRS),
         reference=_layer_norm_ref,
         flops=out_numel_flops(8.0),
+        eager_memory=EagerRate(0.52, NORM_BENCH),  # 52% on both GPUs
         doc="Y = (X - mean) / sqrt(var + epsilon) * Scale + B over axes [axis, rank).",
         sharding=sh.whole_axes("axis", to_end=True),
     )
@@ -233,6 +242,7 @@ RMS_NORMALIZATION = register(
         attrs=dict(NORM_ATTRS),
         reference=_rms_norm_ref,
         flops=out_numel_flops(5.0),
+        eager_memory=EagerRate(0.54, NORM_BENCH),
         doc="Y = X / sqrt(mean(X^2) + epsilon) * scale over axes [axis, rank).",
         sharding=sh.whole_axes("axis", to_end=True),
     )

@@ -300,6 +300,15 @@ LocalizeRule = Callable[[Attrs, Sequence["LocalPiece | None"], Sequence["LocalPi
 _OPTIONS_MAX = 1 << 14  # memoized sharding answers per op
 
 
+class EagerRate(NamedTuple):
+    """The fraction of HBM bandwidth (``memory``, in (0, 1]) an op's eager PyTorch kernel reaches
+    on large inputs, counted over the bytes the op's cost descriptors count, and where it was
+    measured (``source``)."""
+
+    memory: float
+    source: str
+
+
 @dataclass(slots=True, eq=False)
 class OpDef:
     """Everything about one op. See the module docstring."""
@@ -320,6 +329,10 @@ class OpDef:
     # a fused-attention kernel's call shape, for the kernel's published speed (hardware.attention)
     flash: FlashFn | None = None
     fusion: Fusion = Fusion.NONE
+    # the fraction of HBM bandwidth PyTorch's own eager kernel for the op reaches, where a
+    # published benchmark measured one far from the cost model's default (``EagerRate``; None:
+    # the default): the cost model uses it for programs run as eager PyTorch
+    eager_memory: EagerRate | None = None
     doc: str = ""
     project: Any = None
     rendezvous: Any = None
@@ -362,6 +375,8 @@ class OpDef:
             raise RegistryError(f"{self.name}: optional inputs must come last")
         self.min_inputs = len(required) + (1 if variadic else 0)
         self.max_inputs = None if variadic else len(names)
+        if self.eager_memory is not None and not 0 < self.eager_memory.memory <= 1:
+            raise RegistryError(f"{self.name}: eager_memory must be a fraction in (0, 1]")
 
     def fill(self, slot: str, rule: Any) -> None:
         """Fill a named slot (``grad``, ``sharding``, ``torch``, ``kink``) once."""

@@ -123,7 +123,9 @@ class RooflineCostModel:
     the GEMM beside it (Megatron-LM's ``--tp-comm-overlap``; the planner applies it:
     ``distir.sim.overlap``); ``comm_interference``: a collective on a communication stream slows
     the compute beside it by the SMs its kernel holds (``interference``; the planner applies it:
-    ``distir.sim.interference``)."""
+    ``distir.sim.interference``); ``eager``: the ops run as eager PyTorch's own kernels, so an op
+    whose definition states its eager kernel's measured HBM fraction (``OpDef.eager_memory``:
+    the normalization kernels) moves its bytes at that fraction instead of ``memory_efficiency``."""
 
     cluster: Cluster
     allow_tf32: bool = False
@@ -135,6 +137,7 @@ class RooflineCostModel:
     attention_kernel: str = "fa2"
     tp_comm_overlap: bool = False
     comm_interference: bool = True
+    eager: bool = False
 
     def compute_time(
         self, opdef: OpDef, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, gpu: int
@@ -191,6 +194,8 @@ class RooflineCostModel:
         else:
             eff = self.flop_efficiency.get(opdef.cost_class, self.default_flop_efficiency)
         mem_eff = self.memory_efficiency if rates is None else rates.memory
+        if rates is None and self.eager and opdef.eager_memory is not None:
+            mem_eff = opdef.eager_memory.memory
         t_flops = flops / (spec.peak_flops(dtype, self.allow_tf32) * eff) if flops > 0 else 0.0
         t_mem = nbytes / (spec.memory_bandwidth * mem_eff)
         return max(t_flops, t_mem)

@@ -27,6 +27,7 @@ from distir.ops._torch import like, sum_to, upcast
 from distir.ops.grad.family import COST_CLASS, FAMILY, _float_like_first, _like_first
 from distir.ops.nn import (
     NORM_ATTRS,
+    NORM_BENCH,
     check_param,
     layer_norm_stats,
     norm_axes_of,
@@ -35,7 +36,7 @@ from distir.ops.nn import (
     rms_norm_stats,
     softmax_axis,
 )
-from distir.ops.registry import AttrSpec, Fusion, Kink, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, EagerRate, Fusion, Kink, OpDef, TypeCtx, register
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
@@ -272,6 +273,7 @@ LAYER_NORMALIZATION_GRAD = register(
         attrs=dict(NORM_ATTRS),
         reference=_layer_norm_grad,
         flops=in_numel_flops(12.0),
+        eager_memory=EagerRate(0.35, NORM_BENCH),  # H100 36%, A100 35%
         doc="Gradients of LayerNormalization(X, Scale, B) w.r.t. X, Scale and B (B shaped like "
         "Scale); recomputes the statistics from X.",
         sharding=sh.norm_grad,
@@ -290,6 +292,7 @@ RMS_NORMALIZATION_GRAD = register(
         attrs=dict(NORM_ATTRS),
         reference=_rms_norm_grad,
         flops=in_numel_flops(9.0),
+        eager_memory=EagerRate(0.18, NORM_BENCH),
         doc="Gradients of RMSNormalization(X, scale) w.r.t. X and scale.",
         sharding=sh.norm_grad,
     )
