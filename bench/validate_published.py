@@ -171,6 +171,10 @@ class Run:
     # PyTorch FSDP2 as torchtitan wraps the model: the root's and the last block's gathered
     # weights kept from the forward for the backward (``distribute(fsdp2_root=True)``)
     fsdp2_root: bool = False
+    # Megatron-LM's DDP with --overlap-grad-reduce and its distributed optimizer: buckets of
+    # max(40M, 1M·dp) parameters on the first stage only, reduce-scattered
+    # (``distribute(megatron_ddp=True)``)
+    megatron_ddp: bool = False
     # how the trainer's Adam runs (``Optimizer(kernels=...)``): fused (one kernel: Megatron's,
     # DeepSpeed's), foreach (torch.optim.AdamW(foreach=True)) or loop (Composer's DecoupledAdamW)
     optimizer_kernels: str = "fused"
@@ -451,6 +455,7 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
         reduce_fp32=r.reduce_fp32,
         sac_eager=r.kernels == "eager",  # eager selective checkpointing caches what it saves
         fsdp2_root=r.fsdp2_root,
+        megatron_ddp=r.megatron_ddp,
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(

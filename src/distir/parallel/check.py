@@ -172,6 +172,7 @@ def check_against_sequential(
     reduce_fp32: bool = False,
     sac_eager: bool = False,
     fsdp2_root: bool = False,
+    megatron_ddp: bool = False,
 ) -> Comparison:
     opt = optimizer or Optimizer("sgd", lr=0.1)
     seq = training_step(model, opt, strategy.recompute, precision)
@@ -190,6 +191,7 @@ def check_against_sequential(
         reduce_fp32=reduce_fp32,
         sac_eager=sac_eager,
         fsdp2_root=fsdp2_root,
+        megatron_ddp=megatron_ddp,
     )
     vals = initial_values(model, opt, seed, precision)
     want = run_reference(seq, [vals[p.name] for p in seq.entry.params])

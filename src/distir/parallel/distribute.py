@@ -48,6 +48,18 @@ programs. Its shape:
   compute: the compute copy persists between steps as this rank's shard, and each chunk's first
   forward (``c<i>_fwd_gather``) gathers its weights and returns them whole for the rest of the
   step.
+- ``megatron_ddp`` (Megatron-LM's ``DistributedDataParallel`` with ``--overlap-grad-reduce``, and
+  its distributed optimizer with ZeRO-1; d > 1, gradients reduced in the last backward):
+  gradients accumulate whole in every microbatch but the last (the schedules run them under
+  ``no_sync``, as distir's DDP form does), and then (1) a bucket holds max(40M, 1M·d)
+  parameters (``DistributedDataParallel.__init__``, at f2e5db4) instead of ``bucket_mb``;
+  (2) only the first model chunk of the first pipeline stage is bucketed: Megatron sets
+  ``bucket_size = None`` on pipeline ranks > 0 and for model chunks after the first, so every
+  other chunk's gradients are one bucket, reduced once its last backward has completed them
+  (``delay_grad_reduce``'s ``grad_sync_func`` launches it after the stage's last backward,
+  ``megatron/core/pipeline_parallel/schedules.py``); (3) with ZeRO-1 each bucket is
+  reduce-scattered to this rank's shard (``_reduce_scatter_base``,
+  ``megatron/core/distributed/param_and_grad_buffer.py``), not all-reduced and sliced.
 - ``deepspeed_pipe`` (DeepSpeed's ``PipelineEngine``, as Megatron-DeepSpeed trains with it;
   ZeRO 0/1 only, as the engine asserts): the pipeline transfers block the compute streams of
   sender and receiver (``deepspeed/runtime/pipe/p2p.py``: ``send``/``recv`` are synchronous
@@ -138,6 +150,9 @@ from distir.parallel.strategy import Strategy, StrategyError
 from distir.sim.devices import DeviceMap, Slot
 
 DDP_BUCKET_MB = 25.0  # PyTorch DDP's ``bucket_cap_mb`` default (MiB)
+# Megatron-LM's default bucket: max(40M, 1M · dp) parameters (``DistributedDataParallel.__init__``,
+# megatron/core/distributed/distributed_data_parallel.py at f2e5db4)
+MEGATRON_BUCKET, MEGATRON_BUCKET_PER_RANK = 40_000_000, 1_000_000
 HP_GRAD = "hp_grad"  # fp32 gradient accumulation: the function casting a gradient to fp32
 
 
@@ -210,6 +225,7 @@ def distribute(
     reduce_fp32: bool = False,
     sac_eager: bool = False,
     fsdp2_root: bool = False,
+    megatron_ddp: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -263,6 +279,7 @@ def distribute(
             reduce_fp32,
             sac_eager,
             fsdp2_root,
+            megatron_ddp,
         ).build()
 
 
@@ -387,6 +404,7 @@ class _Builder:
         reduce_fp32: bool = False,
         sac_eager: bool = False,
         fsdp2_root: bool = False,
+        megatron_ddp: bool = False,
     ) -> None:
         if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
             raise StrategyError(
@@ -400,6 +418,13 @@ class _Builder:
         self.bucketed = train and s.d * s.c > 1 and not deepspeed_pipe  # cp acts like dp for the weights
         self.fp32_acc = train and fp32_grad_accum
         self.compute = self.prec.compute_dtype(model)
+        # Megatron-LM's DDP reducing in the last backward (``distribute``): buckets of a number of
+        # parameters (``_grad_bytes`` counts a gradient in this dtype), its distributed
+        # optimizer's reduce-scatter, one bucket per chunk after the first
+        self.megatron = megatron_ddp and self.bucketed and not reduce_scatter_every_backward(s)
+        if self.megatron:
+            size = (self.prec.master if self.fp32_acc else self.compute).itemsize
+            self.bucket_bytes = max(MEGATRON_BUCKET, MEGATRON_BUCKET_PER_RANK * s.d) * size
         if s.c > 1:  # global positions as an input (``distir.parallel.context_model``)
             _check_context(s, train)
             model = context_model(model, s.c, cp_ring)
@@ -710,10 +735,17 @@ class _Builder:
 
     def _grad_target(self, w: Value) -> str:
         """The placement a bucket reduces ``w``'s gradient to: this rank's ZeRO shard
-        (ZeRO-2/3: a reduce-scatter), else replicated over dp (an all-reduce)."""
+        (ZeRO-2/3, and ZeRO-1 with ``megatron_ddp``: a reduce-scatter), else replicated over dp
+        (an all-reduce)."""
         tp = self.model.weight(w.name).tp
         z = self._zdim(w)
-        return placement_text(Shard(z) if z is not None and self.s.zero >= 2 else Replicate(), tp)
+        return placement_text(Shard(z) if z is not None and self._scattered() else Replicate(), tp)
+
+    def _scattered(self) -> bool:
+        """Whether buckets reduce-scatter the gradients to the ZeRO shards: ZeRO-2/3, and
+        Megatron-LM's distributed optimizer (ZeRO-1: ``_reduce_scatter_base`` per bucket,
+        megatron/core/distributed/param_and_grad_buffer.py)."""
+        return self.s.zero >= 2 or (self.megatron and self.s.zero == 1)
 
     def _grad_bytes(self, w: Value) -> float:
         """A device's bytes of ``w``'s (unreduced) gradient, in the dtype it is reduced in."""
@@ -1012,7 +1044,7 @@ class _Builder:
             return g if self.bucketed else self._redistribute(fb, g, f"g_{w.name}", rep)
         if self.s.zero == 1 and not self.bucketed:
             g = self._redistribute(fb, g, f"g_{w.name}", rep)
-        if self.s.zero < 2 or not self.bucketed:
+        if not self._scattered() or not self.bucketed:
             g = self._redistribute(fb, g, f"g_{w.name}", placement_text(Shard(z), tp))
         return g
 
@@ -1392,6 +1424,9 @@ class _Buckets:
     ) -> None:
         self.b, self.fb, self.ws, self.final = b, fb, ws, final
         self.scatter = reduce_scatter_every_backward(b.s)
+        # Megatron-LM buckets the first model chunk of the first stage only: every other chunk's
+        # gradients are one bucket, reduced after its last backward (``megatron_ddp``)
+        self.one_bucket = b.megatron and c > 0
         stage = self.stage = c % b.s.p
         self.stream = b.comm_meshes[("dp_reduce", stage)] if b.comm_streams else None
         self.stream_text = b._mesh_attr(self.stream) if self.stream is not None else ""
@@ -1410,7 +1445,7 @@ class _Buckets:
                 (g,) = self.fb.op("Add", self.accs[w], g, names=[f"g_{w.name}"])
             self.pending.append((w, g))
             self.size += self.b._grad_bytes(w)
-        if self.size >= self.b.bucket_bytes:
+        if self.size >= self.b.bucket_bytes and not self.one_bucket:
             self.flush()
 
     def flush(self) -> None:
