@@ -123,6 +123,7 @@ from distir.ir.builder import FunctionBuilder
 from distir.ir.dtensor import (
     DTensorType,
     Mesh,
+    Partial,
     Placement,
     Replicate,
     Shard,
@@ -490,6 +491,8 @@ class _Builder:
         self.weight_params = set(model.forward.params[self.n_in :])
         self.functions: dict[str, Function] = {}
         self.sharder = LayerSharder(model, s, train, self.mb, self.functions, _layer_policy(s, sac_eager))
+        self.tp_pending: frozenset[Value] = frozenset()  # ``_layers``
+        self._tp_summed: set[int] = set()  # stages whose tp sum has its first part (``_tp_sum``)
         self._param_types: dict[tuple[object, ...], DTensorType] = {}  # ``_on_stage``
         self._made_attrs: dict[tuple[str, str], Attrs] = {}  # ``_attrs``
         self._mesh_text: dict[int, str] = {}  # ``format_mesh_attr`` of each mesh, by id (in ``meshes``)
@@ -547,7 +550,30 @@ class _Builder:
         return placement_text(Replicate(), self.model.weight(w.name).tp)
 
     def _layers(self) -> list[ShardedLayer]:
-        return self.sharder.layers(self.chunks[-1][-1] + 1)
+        """The layers, sharded; notes the weights whose gradients every layer using them leaves
+        pending over tp (``tp_pending``, ``_tp_sum``)."""
+        layers = self.sharder.layers(self.chunks[-1][-1] + 1)
+        uses = [
+            (w, p)
+            for L in layers
+            for w, p in zip(L.weights, L.tp_pending or [False] * len(L.weights), strict=True)
+        ]
+        self.tp_pending = frozenset(w for w, p in uses if p) - {w for w, p in uses if not p}
+        return layers
+
+    def _tp_sum(self, fb: FunctionBuilder, w: Value, g: Value, stage: int) -> Value:
+        """``w``'s gradient, reduced over dp and still pending over tp (``tp_pending``), summed
+        over tp: one call per stage for all of them, as Megatron-LM's ``finalize_model_grads``
+        all-reduces the sequence-parallel parameters' gradients over the tensor-parallel group
+        after the data-parallel reduction (``_allreduce_layernorm_grads``: flattened into one
+        buffer, one all-reduce, on the compute stream)."""
+        z = self._zdim(w)
+        dp: list[Placement] = [Replicate()] if self.hsdp else []
+        dp.append(Shard(z) if z is not None and self.s.zero >= 1 else Replicate())
+        later = stage in self._tp_summed
+        self._tp_summed.add(stage)
+        to = placement_text(*dp, self.model.weight(w.name).tp)
+        return self._redistribute(fb, g, f"g_{w.name}", to, later)
 
     # -- chunks ----------------------------------------------------------------------------------
     def _zero3_gather(
@@ -737,9 +763,20 @@ class _Builder:
         """The placement a bucket reduces ``w``'s gradient to: this rank's ZeRO shard
         (ZeRO-2/3, and ZeRO-1 with ``megatron_ddp``: a reduce-scatter), else replicated over dp
         (an all-reduce)."""
-        tp = self.model.weight(w.name).tp
         z = self._zdim(w)
-        return placement_text(Shard(z) if z is not None and self._scattered() else Replicate(), tp)
+        dp = Shard(z) if z is not None and self._scattered() else Replicate()
+        return placement_text(dp, self._tp_of(w))
+
+    def grad_layout(self, w: Value) -> str:
+        """The placement a layer's backward gives ``w``'s gradient: pending over dp (with d > 1),
+        over cp too, and ``_tp_of`` over tp (``LayerSharder``)."""
+        dp = [Partial()] if self.s.d * self.s.c > 1 else [Replicate()]
+        return placement_text(*dp, *([Partial()] if self.s.c > 1 else []), self._tp_of(w))
+
+    def _tp_of(self, w: Value) -> Placement:
+        """``w``'s gradient's placement over tp until the step's end: pending (``tp_pending``),
+        else its weight's."""
+        return Partial() if w in self.tp_pending else self.model.weight(w.name).tp
 
     def _scattered(self) -> bool:
         """Whether buckets reduce-scatter the gradients to the ZeRO shards: ZeRO-2/3, and
@@ -1035,18 +1072,19 @@ class _Builder:
         backward) as its optimizer takes it: all-reduced, or reduce-scattered to its ZeRO shard
         (ZeRO-1: all-reduced, then sliced); a bucket's result comes back from the dp_reduce
         stream first."""
-        tp = self.model.weight(w.name).tp
+        tp = self._tp_of(w)
         rep = placement_text(Replicate(), tp)
         z = self._zdim(w)
         if self.bucketed and self.comm_streams:  # reduced on the dp_reduce stream
             g = to_mesh(g, self._mesh_for(stage), f"g_{w.name}")
         if z is None:
-            return g if self.bucketed else self._redistribute(fb, g, f"g_{w.name}", rep)
-        if self.s.zero == 1 and not self.bucketed:
-            g = self._redistribute(fb, g, f"g_{w.name}", rep)
-        if not self._scattered() or not self.bucketed:
-            g = self._redistribute(fb, g, f"g_{w.name}", placement_text(Shard(z), tp))
-        return g
+            g = g if self.bucketed else self._redistribute(fb, g, f"g_{w.name}", rep)
+        else:
+            if self.s.zero == 1 and not self.bucketed:
+                g = self._redistribute(fb, g, f"g_{w.name}", rep)
+            if not self._scattered() or not self.bucketed:
+                g = self._redistribute(fb, g, f"g_{w.name}", placement_text(Shard(z), tp))
+        return self._tp_sum(fb, w, g, stage) if w in self.tp_pending else g
 
     def _update(
         self,
@@ -1370,7 +1408,10 @@ class _GradSink:
         """Layer ``L``'s weight gradients ``outs`` are computed."""
         fb = self.fb
         ready: list[tuple[Value, Value]] = []
-        for w, g in zip(L.weights, outs, strict=True):
+        pending = L.tp_pending or (False,) * len(L.weights)
+        for w, g, tp_sum in zip(L.weights, outs, pending, strict=True):
+            if tp_sum and w not in self.b.tp_pending:  # another use left it whole: sum it here
+                g = self.b._redistribute(fb, g, g.name, self.b.grad_layout(w))
             prev = self.partial.pop(w, None)
             g = g if prev is None else fb.op("Add", prev, g, names=[f"g_{w.name}"])[0]
             self.left[w] -= 1
