@@ -407,11 +407,6 @@ class _Builder:
         fsdp2_root: bool = False,
         megatron_ddp: bool = False,
     ) -> None:
-        if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
-            raise StrategyError(
-                f"{s}: the gradient bucket size must be positive and finite, got {bucket_mb!r} MiB"
-            )
-        self.bucket_bytes = bucket_mb * (1 << 20)
         self.prec = Precision.parse(precision)
         _check_deepspeed(s, self.prec, deepspeed_pipe, fp32_grad_accum)
         # data parallel: gradients reduced in buckets inside the backward (``_Buckets``); DeepSpeed's
@@ -419,13 +414,9 @@ class _Builder:
         self.bucketed = train and s.d * s.c > 1 and not deepspeed_pipe  # cp acts like dp for the weights
         self.fp32_acc = train and fp32_grad_accum
         self.compute = self.prec.compute_dtype(model)
-        # Megatron-LM's DDP reducing in the last backward (``distribute``): buckets of a number of
-        # parameters (``_grad_bytes`` counts a gradient in this dtype), its distributed
-        # optimizer's reduce-scatter, one bucket per chunk after the first
+        # Megatron-LM's DDP reducing in the last backward (``distribute``)
         self.megatron = megatron_ddp and self.bucketed and not reduce_scatter_every_backward(s)
-        if self.megatron:
-            size = (self.prec.master if self.fp32_acc else self.compute).itemsize
-            self.bucket_bytes = max(MEGATRON_BUCKET, MEGATRON_BUCKET_PER_RANK * s.d) * size
+        self.bucket_bytes = self._bucket_bytes(s, bucket_mb)
         if s.c > 1:  # global positions as an input (``distir.parallel.context_model``)
             _check_context(s, train)
             model = context_model(model, s.c, cp_ring)
@@ -491,11 +482,21 @@ class _Builder:
         self.weight_params = set(model.forward.params[self.n_in :])
         self.functions: dict[str, Function] = {}
         self.sharder = LayerSharder(model, s, train, self.mb, self.functions, _layer_policy(s, sac_eager))
-        self.tp_pending: frozenset[Value] = frozenset()  # ``_layers``
-        self._tp_summed: set[int] = set()  # stages whose tp sum has its first part (``_tp_sum``)
         self._param_types: dict[tuple[object, ...], DTensorType] = {}  # ``_on_stage``
         self._made_attrs: dict[tuple[str, str], Attrs] = {}  # ``_attrs``
         self._mesh_text: dict[int, str] = {}  # ``format_mesh_attr`` of each mesh, by id (in ``meshes``)
+
+    def _bucket_bytes(self, s: Strategy, bucket_mb: float) -> float:
+        """A gradient bucket's size in the bytes ``_grad_bytes`` counts a gradient in:
+        ``bucket_mb`` MiB, or with ``megatron_ddp`` Megatron-LM's max(40M, 1M·dp) parameters."""
+        if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
+            raise StrategyError(
+                f"{s}: the gradient bucket size must be positive and finite, got {bucket_mb!r} MiB"
+            )
+        if not self.megatron:
+            return float(bucket_mb * (1 << 20))
+        size = (self.prec.master if self.fp32_acc else self.compute).itemsize
+        return float(max(MEGATRON_BUCKET, MEGATRON_BUCKET_PER_RANK * s.d) * size)
 
     def _attrs(self, name: str, value: str) -> Attrs:
         """The attributes ``{name: value}`` of an op the entry emits again and again (a
@@ -553,12 +554,13 @@ class _Builder:
         """The layers, sharded; notes the weights whose gradients every layer using them leaves
         pending over tp (``tp_pending``, ``_tp_sum``)."""
         layers = self.sharder.layers(self.chunks[-1][-1] + 1)
+        self._tp_summed: set[int] = set()  # stages whose tp sum has its first part (``_tp_sum``)
         uses = [
             (w, p)
             for L in layers
             for w, p in zip(L.weights, L.tp_pending or [False] * len(L.weights), strict=True)
         ]
-        self.tp_pending = frozenset(w for w, p in uses if p) - {w for w, p in uses if not p}
+        self.tp_pending: frozenset[Value] = frozenset(w for w, p in uses if p) - {w for w, p in uses if not p}
         return layers
 
     def _tp_sum(self, fb: FunctionBuilder, w: Value, g: Value, stage: int) -> Value:
