@@ -40,6 +40,7 @@ from distir.ir.ops import Call
 from distir.ir.rewrite import copy_instr
 from distir.ir.types import Device, TensorType, Type
 from distir.ir.values import Value
+from distir.ops.dist import REDISTRIBUTE
 from distir.ops.registry import REGISTRY
 from distir.parallel.seqpar import activation_placements
 from distir.parallel.sharding.shard_function import rep_mesh, shard_function, strip_types
@@ -466,7 +467,7 @@ def tp_sums_deferred(
     drop: dict[int, Value] = {}
     for k in outs:
         op = producer.get(bwd.outputs[k])
-        if op is None or op.name != "Redistribute":
+        if op is None or op.name != REDISTRIBUTE.name:
             continue
         a, b = env.get(op.inputs[0]), env.get(op.outputs[0])
         if (
