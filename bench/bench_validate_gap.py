@@ -11,17 +11,27 @@ time preempted); the simulation counts the rank loop in each op's launch time. R
 
 The real figures are the last step's (steps before it warm up); on a shared machine other
 processes inflate the wall times (the CPU times less so): state the load average with them.
+
+"arrivals" (when every rank issued the same collectives): per collective call, how far apart
+the ranks entered it (their step clocks aligned on the calls' ends, which a collective makes
+simultaneous) and how long it took past the last arrival, for calls the ranks entered together
+(within 20 µs) and apart (over 100 µs, one rank waiting asleep): what a call costs as a step
+meets it, against the simulated time per call.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from distir.backend.idle import poll_idle
 from distir.backend.launch import LaunchOptions, launch
 from distir.backend.program import model_program, rank_programs
 from distir.hardware.cluster import load_cluster_file
@@ -33,6 +43,33 @@ def _key(name: str, comm: bool) -> str:
     return f"comm {name.removeprefix('rank.')}" if comm else name
 
 
+def _arrivals(results: list[Any], sim_per_call: float) -> None:
+    """The "arrivals" lines of the module docstring (nothing when the ranks' calls differ)."""
+    calls = [
+        [x for x in r.slices if x.category == "comm" and "Send" not in x.name and "Recv" not in x.name]
+        for r in results
+    ]
+    if len(calls) < 2 or not calls[0] or any(len(c) != len(calls[0]) for c in calls):
+        return
+    offsets = [statistics.median(a.end - b.end for a, b in zip(calls[0], c, strict=True)) for c in calls]
+    skew, past = [], []
+    for parts in zip(*calls, strict=True):
+        starts = [x.start + off for x, off in zip(parts, offsets, strict=True)]
+        ends = [x.end + off for x, off in zip(parts, offsets, strict=True)]
+        skew.append(max(starts) - min(starts))
+        past.append(statistics.median(ends) - max(starts))
+    print(f"arrivals: {len(skew)} calls, skew median {statistics.median(skew) * 1e6:.0f} µs, ", end="")
+    print(f"{sum(k < 20e-6 for k in skew)} within 20 µs; simulated {sim_per_call * 1e6:.0f} µs per call")
+    for lo, hi in ((0.0, 20e-6), (100e-6, math.inf)):
+        sel = [p for k, p in zip(skew, past, strict=True) if lo <= k < hi]
+        if sel:
+            print(
+                f"  skew {'< 20' if lo == 0 else '> 100'} µs: {len(sel)} calls, past the last arrival ",
+                end="",
+            )
+            print(f"median {statistics.median(sel) * 1e6:.0f} µs, mean {statistics.mean(sel) * 1e6:.0f} µs")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", type=Path, required=True)
@@ -40,16 +77,25 @@ def main() -> None:
     ap.add_argument("--model", default="gpt:layers=4,hidden=128,heads=4,seq=64,vocab=256")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--allow-idle", action="store_true", help="do not hold the CPUs' polling idle state")
     a = ap.parse_args()
     cluster = load_cluster_file(a.profile)
     prog = model_program(a.model, a.strategy, a.batch)
-    results = [g[0] for g in launch([[j] for j in rank_programs(prog, a.steps, True)], LaunchOptions())]
+    jobs = [[j] for j in rank_programs(prog, a.steps, True)]
+    if a.allow_idle:  # as calibrate and validate measure: the CPUs polling when idle, unless told
+        results = [g[0] for g in launch(jobs, LaunchOptions())]
+    else:
+        with poll_idle() as why:
+            print(f"CPU idle: {'polling (cpu_dma_latency 0 held)' if why is None else f'NOT held: {why}'}")
+            results = [g[0] for g in launch(jobs, LaunchOptions())]
     cost = RooflineCostModel(cluster, fuse=False)
     sim = simulate(prog.module, cluster, None, cost, batch=a.batch, trace=True)
     per_step = [max(ts) for ts in zip(*(r.step_times for r in results), strict=True)]
     print(f"load average {os.getloadavg()[0]:.2f}; {a.strategy}: real steps (ms, slowest rank)", end=" ")
     print([round(t * 1e3, 1) for t in per_step], f"simulated {sim.step_time_s * 1e3:.1f} ms")
     assert sim.slices is not None
+    sim_calls = [t1 - t0 for name, t0, t1, slot, comm in sim.slices if comm and slot == 0]
+    _arrivals(results, statistics.median(sim_calls) if sim_calls else 0.0)
     for rank, r in enumerate(results):
         real: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
         for s in r.slices:

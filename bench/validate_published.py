@@ -151,7 +151,8 @@ class Run:
     # --attention-kernel``
     attention_kernel: str = "fa2"
     # Megatron-LM's --overlap-param-gather: the distributed optimizer's parameter all-gather in the
-    # next step's forward (``distribute(overlap_param_gather=True)``)
+    # next step's forward (``distribute(overlap_param_gather=True)``); FSDP1's SHARD_GRAD_OP
+    # gathers so with one microbatch (each forward gathers unit by unit, the backward frees)
     overlap_param_gather: bool = False
     # Megatron-LM's --tp-comm-overlap: tensor-parallel collectives pipelined with their GEMMs
     # (``RooflineCostModel(tp_comm_overlap=True)``, ``distir.sim.overlap``)
@@ -171,6 +172,19 @@ class Run:
     # PyTorch FSDP2 as torchtitan wraps the model: the root's and the last block's gathered
     # weights kept from the forward for the backward (``distribute(fsdp2_root=True)``)
     fsdp2_root: bool = False
+    # PyTorch FSDP (1 and 2): ZeRO-3's all-gathers and reduce-scatters over one process group, so
+    # on one NCCL stream in issue order (``distribute(one_dp_stream=True)``)
+    one_dp_stream: bool = False
+    # FSDP's copy of each gradient into the flat reduce-scatter buffer on the compute stream: copy
+    # (FSDP1's flat gradient) or cast (FSDP2's chunk_cat into the reduce dtype)
+    # (``distribute(grad_copy_in=...)``)
+    grad_copy_in: str = ""
+    # FSDP's mixed precision: the fp32 shard cast to bf16 at each all-gather, no persistent bf16
+    # copy (``distribute(gather_cast=True)``)
+    gather_cast: bool = False
+    # PyTorch FSDP1 FULL_SHARD: the root's gathered weights kept from the forward for the backward
+    # (``distribute(fsdp1_root=True)``)
+    fsdp1_root: bool = False
     # Megatron-LM's DDP with --overlap-grad-reduce and its distributed optimizer: buckets of
     # max(40M, 1M·dp) parameters on the first stage only, reduce-scattered
     # (``distribute(megatron_ddp=True)``)
@@ -455,6 +469,10 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
         reduce_fp32=r.reduce_fp32,
         sac_eager=r.kernels == "eager",  # eager selective checkpointing caches what it saves
         fsdp2_root=r.fsdp2_root,
+        one_dp_stream=r.one_dp_stream,
+        grad_copy_in=r.grad_copy_in,
+        gather_cast=r.gather_cast,
+        fsdp1_root=r.fsdp1_root,
         megatron_ddp=r.megatron_ddp,
     )
     kernels = v.kernels or r.kernels

@@ -7,7 +7,16 @@ from __future__ import annotations
 import pytest
 
 import distir
-from distir.backend.dispatch import CHAIN, Runs, allreduce_text, chain_ops, chain_text, derive, p2p_text
+from distir.backend.dispatch import (
+    CHAIN,
+    Runs,
+    allreduce_text,
+    arrival_text,
+    chain_ops,
+    chain_text,
+    derive,
+    p2p_text,
+)
 from distir.interp.project import project
 
 
@@ -32,6 +41,27 @@ def test_the_message_programs_have_one_collective_per_iteration_and_two_sends() 
         assert len(project(distir.check(distir.parse_module(text)))) == 2
 
 
+def test_the_arrival_check_computes_on_one_rank_at_a_time_or_both() -> None:
+    n, m = 6, 4
+    for apart in (False, True):
+        module = distir.check(distir.parse_module(arrival_text(n, m, apart)))
+        ops = list(module.entry.ops())
+        assert sum(op.name == "AllReduce" for op in ops) == n
+        gelus = [op.outputs[0].type.device.id for op in ops if op.name == "Gelu"]  # type: ignore[union-attr]
+        if apart:  # the late rank alternates: d0 at even iterations, d1 at odd ones
+            assert gelus == [i % 2 for i in range(n) for _ in range(m)]
+        else:
+            assert sorted(gelus) == [0] * (n * m) + [1] * (n * m)
+        assert len(project(module)) == 2
+
+
+def test_the_arrival_cost_is_the_apart_iteration_less_the_together_one() -> None:
+    base = (3e-3, 1e-3, 0.5e-3, 1e-3, 100, 5e-6, 300e-6, 100e-6)
+    assert derive(Runs(*base, 400e-6, 520e-6)).arrival_s == pytest.approx(120e-6)
+    assert derive(Runs(*base, 400e-6, 390e-6)).arrival_s == 0.0  # noise below: nothing
+    assert derive(Runs(*base)).arrival_s == 0.0  # not measured
+
+
 def test_overheads_are_what_the_loop_adds_beyond_the_tight_loop_and_the_link() -> None:
     # 100 ops of 10 µs tight that take 3 ms in the loop: 20 µs per op; a Gelu (5 µs tight) then
     # costs 25 µs there, so a 1 ms all-reduce iteration on a 300 µs link leaves 675 µs per call
@@ -53,4 +83,5 @@ def test_a_measurement_through_the_worker_loop() -> None:
 
     d = measure(_calibration(), n=16, steps=2, repeats=2)
     assert d.chain_s > 0 and d.allreduce_iter_s > 0 and d.p2p_iter_s > 0
-    assert min(d.op_s, d.collective_s, d.p2p_s) >= 0
+    assert d.together_iter_s > 0 and d.apart_iter_s > 0
+    assert min(d.op_s, d.collective_s, d.p2p_s, d.arrival_s) >= 0

@@ -202,3 +202,17 @@ def test_bad_calibrated_tables_are_located_errors(body: str, key: str, what: str
         cluster_from_toml(text, "p.toml")
     msg = str(e.value)
     assert msg.startswith("p.toml:") and key in msg and what in msg
+
+
+def test_the_arrival_check_is_stated_and_changes_no_figure() -> None:
+    """The rank loop's overheads enter the launch times and link latencies; the arrival check
+    (a call one rank waits for) is only stated: the loaded cluster is the same without it."""
+    from distir.hardware.fit import Overheads
+
+    base = _calibration()._replace(insitu=Overheads(2e-6, 80e-6, 60e-6))
+    checked = base._replace(insitu=Overheads(2e-6, 80e-6, 60e-6, 125e-6))
+    text = profile_toml(checked)
+    assert "a collective call one rank waits for, asleep: +125 µs" in text
+    assert "+125" not in profile_toml(base)
+    a, b = cluster_from_toml(profile_toml(base), "a.toml"), cluster_from_toml(text, "b.toml")
+    assert a.nodes == b.nodes

@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from distir.backend import commbench as cb
-from distir.backend import dispatch, insitu, require_torch
+from distir.backend import dispatch, idle, insitu, require_torch
 from distir.backend import microbench as mb
 from distir.hardware.cluster import Cluster
 from distir.hardware.fit import (
@@ -73,7 +73,9 @@ class CalibrationError(RuntimeError):
 class CalibrateOptions:
     """``dtypes``: compute dtypes (f32 must be one); ``nproc``: processes for communication;
     ``quick``: tiny sizes; ``threads``: compute threads; ``comm_sizes``: message bytes;
-    ``insitu``: measure the rank interpreter's overheads and check on real training steps."""
+    ``insitu``: measure the rank interpreter's overheads and check on real training steps;
+    ``poll_idle``: on a CPU, hold the CPUs in their polling idle state while measuring
+    (``distir.backend.idle``: a waiting rank's wake-up then costs the same at any load)."""
 
     dtypes: tuple[DType, ...] = (DType.f32, DType.bf16)
     nproc: int = 2
@@ -81,6 +83,7 @@ class CalibrateOptions:
     threads: int = 1
     comm_sizes: tuple[int, ...] | None = None
     insitu: bool = True
+    poll_idle: bool = True
 
     def sizes(self) -> tuple[int, ...]:
         if self.comm_sizes is not None:
@@ -190,7 +193,21 @@ def _pool_note(device: str) -> str:
 
 
 def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Calibration:
-    """Measure and fit (see the module docstring)."""
+    """Measure and fit (see the module docstring); on a CPU with ``options.poll_idle``, inside
+    ``distir.backend.idle.poll_idle`` (the profile's setup says whether it held)."""
+    torch = require_torch()
+    if torch.cuda.is_available() or not options.poll_idle:
+        return _calibrate(options, progress, "")
+    with idle.poll_idle() as why:
+        note = (
+            ", CPU idle: polling (cpu_dma_latency 0)"
+            if why is None
+            else f", CPU idle states not held ({why})"
+        )
+        return _calibrate(options, progress, note)
+
+
+def _calibrate(options: CalibrateOptions, progress: Progress | None, idle_note: str) -> Calibration:
     if DType.f32 not in options.dtypes:
         raise CalibrationError("calibrate: --dtypes must include f32 (the device's base peak)")
     torch = require_torch()
@@ -215,7 +232,7 @@ def calibrate(options: CalibrateOptions, progress: Progress | None = None) -> Ca
     setup = (
         f"torch {torch.__version__}, {'nccl' if cuda else 'gloo'}, {options.nproc} ranks x 1 thread, "
         f"compute on {options.threads} thread{'s' if options.threads > 1 else ''}"
-        f"{', quick' if options.quick else ''}{_pool_note('cuda' if cuda else 'cpu')}"
+        f"{', quick' if options.quick else ''}{_pool_note('cuda' if cuda else 'cpu')}{idle_note}"
     )
     cal = Calibration(
         socket.gethostname(),
@@ -239,8 +256,8 @@ def _in_situ(cal: Calibration, options: CalibrateOptions, progress: Progress | N
     """``cal`` with the rank loop's overheads, and the in-situ check (steps 6 and 7 of the
     module docstring)."""
     programs = insitu.QUICK if options.quick else insitu.PROGRAMS
-    tick = progress(len(programs) + 3) if progress is not None else None
+    tick = progress(len(programs) + 5) if progress is not None else None
     d = dispatch.measure(cal, n=40 if options.quick else 200, steps=3 if options.quick else 8, tick=tick)
-    out = insitu.apply(cal, insitu.Overheads(d.op_s, d.collective_s, d.p2p_s))
+    out = insitu.apply(cal, insitu.Overheads(d.op_s, d.collective_s, d.p2p_s, d.arrival_s))
     samples = insitu.measure(out, steps=3 if options.quick else 6, tick=tick, programs=programs)
     return out._replace(measurements=out.measurements._replace(insitu=tuple(samples)))

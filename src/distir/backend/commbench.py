@@ -6,8 +6,10 @@ timed on ``torch.distributed`` across local processes.
 directory. For every collective of ``COLLECTIVES``, group size 2..nproc (the group of ranks
 0..size-1) and message size, every rank runs one warm-up call, the ranks agree on a repetition
 count (the slowest rank's warm-up decides), run it back to back in ``rounds`` rounds and take the
-fastest round's time per call of the slowest rank. ``p2p`` is a ping-pong between ranks 0 and 1:
-half the round trip.
+fastest round's time per call of the slowest rank. The rounds are spread over the whole run —
+round 1 of every measurement, then round 2 of every one, ... — so that a burst of load from other
+processes slows one round of several measurements, not every round of one (whose fastest round
+would then be slow too). ``p2p`` is a ping-pong between ranks 0 and 1: half the round trip.
 
 Message sizes are stated as the cost functions of ``distir.sim.collectives`` read them: the
 buffer for all-reduce and broadcast, the full gathered (scattered) size for all-gather
@@ -114,32 +116,35 @@ def _worker(
         )
         sync = torch.cuda.synchronize if cuda else (lambda: None)
         groups = {g: (dist.new_group(list(range(g))) if g < nproc else None) for g in range(2, nproc + 1)}
-        out = []
-        for name, g, nbytes in work:
-            member = rank < g
-            fn = _op(dist, torch, name, groups[g], g, nbytes, dev, rank) if member else None
+        fns, reps = [], []
+        for name, g, nbytes in work:  # a warm-up call each; the ranks agree on the repetitions
+            fn = _op(dist, torch, name, groups[g], g, nbytes, dev, rank) if rank < g else None
             t0 = time.perf_counter()
             if fn is not None:
                 fn()
                 sync()
-            first = torch.tensor([time.perf_counter() - t0 if member else 0.0])
+            first = torch.tensor([time.perf_counter() - t0 if fn is not None else 0.0])
             dist.all_reduce(first, op=dist.ReduceOp.MAX)
-            reps = max(1, min(200, math.ceil(target_s / max(float(first), 1e-6))))
-            best = math.inf
-            for _ in range(rounds):
+            fns.append(fn)
+            reps.append(max(1, min(200, math.ceil(target_s / max(float(first), 1e-6)))))
+        best = [math.inf] * len(work)
+        for r in range(rounds):  # round r of every measurement, then round r + 1: spread in time
+            for i, ((name, g, nbytes), fn) in enumerate(zip(work, fns, strict=True)):
                 dist.barrier()
                 t0 = time.perf_counter()
                 if fn is not None:
-                    for _ in range(reps):
+                    for _ in range(reps[i]):
                         fn()
                     sync()
-                per = torch.tensor([(time.perf_counter() - t0) / reps if member else 0.0])
+                per = torch.tensor([(time.perf_counter() - t0) / reps[i] if fn is not None else 0.0])
                 dist.all_reduce(per, op=dist.ReduceOp.MAX)
-                best = min(best, float(per))
-            secs = best / (2 if name == "p2p" else 1)
-            if rank == 0:
-                out.append((name, g, 4 * elements(nbytes, g), secs))
-                q.put(("tick", f"{name} {g} ranks {nbytes} B"))
+                best[i] = min(best[i], float(per))
+                if rank == 0 and r == rounds - 1:
+                    q.put(("tick", f"{name} {g} ranks {nbytes} B"))
+        out = [
+            (name, g, 4 * elements(nbytes, g), b / (2 if name == "p2p" else 1))
+            for (name, g, nbytes), b in zip(work, best, strict=True)
+        ]
         dist.barrier()
         dist.destroy_process_group()
         if rank == 0:

@@ -18,7 +18,12 @@ through the real worker loop, each a chain of ``n`` steps on small tensors (``sh
   per-collective overhead is the time per iteration less one Gelu in the loop (its tight-loop
   time plus the per-op overhead) less the all-reduce's time on its fitted link;
 - ``p2p``: a ping-pong, ``n`` times [Gelu on d0, send to d1, Gelu on d1, send back]; the
-  per-send overhead likewise, over ``2n`` sends and Gelus.
+  per-send overhead likewise, over ``2n`` sends and Gelus;
+- ``arrival`` (a check, not in the model): two ranks each run ``n`` times [``m`` Gelus in a
+  chain, AllReduce], once both ranks computing (they enter each call together) and once only one
+  of them, alternating (the other enters early and waits for it, asleep: its threads block, its
+  CPU may go idle, and the late rank's data must wake it). The second's time per iteration less
+  the first's is what a call costs more when a rank waits for its peer (``arrival_s``).
 
 Each program runs ``steps`` times; its time is the fastest step after the first (a shared
 machine only ever adds time). ``apply`` adds the per-op overhead to every launch time and the
@@ -37,6 +42,7 @@ from distir.hardware.profile import Calibration
 from distir.ir.types import DType
 
 SHAPE = (64, 128)
+ARRIVAL_GELUS = 12  # the late rank's Gelus per iteration in the arrival check: ~0.2 ms of work
 CHAIN = ("Gelu", "Add", "Mul", "Softmax", "ReduceSum", "MatMul", "Transpose", "Exp")
 
 
@@ -50,6 +56,9 @@ class Dispatch(NamedTuple):
     chain_s: float  # the one-rank chain's step
     allreduce_iter_s: float  # one [Gelu, AllReduce] iteration
     p2p_iter_s: float  # one [Gelu, send] half of a ping-pong
+    arrival_s: float = 0.0  # a call one rank waits for, beyond one both enter together
+    together_iter_s: float = 0.0  # one [m Gelus on both ranks, AllReduce] iteration
+    apart_iter_s: float = 0.0  # one [m Gelus on one rank, alternating, AllReduce] iteration
 
 
 def _tensor(dev: str, shape: tuple[int, ...] = SHAPE) -> str:
@@ -96,6 +105,27 @@ def allreduce_text(n: int, shape: tuple[int, ...] = SHAPE) -> str:
         lines.append(f"  %ga{i} = Gelu(%a{i})")
         lines.append(f"  %gb{i} = Gelu(%b{i})")
         lines.append(f"  %a{i + 1}, %b{i + 1} = AllReduce(%ga{i}, %gb{i})")
+    lines += [f"  return %a{n}, %b{n}", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def arrival_text(n: int, m: int, apart: bool, shape: tuple[int, ...] = SHAPE) -> str:
+    """Two ranks: ``n`` times, ``m`` Gelus in a chain, then an all-reduce of the two results; the
+    Gelus run on both ranks, or (``apart``) on d0 at even and d1 at odd iterations only (the other
+    rank runs an Identity)."""
+    lines = [f"func @arr(%a0: {_tensor('d0', shape)}, %b0: {_tensor('d1', shape)}) {{"]
+    for i in range(n):
+        ins = []
+        for x, late in (("a", i % 2 == 0), ("b", i % 2 == 1)):
+            cur = f"%{x}{i}"
+            if apart and not late:
+                lines.append(f"  %{x}i{i} = Identity({cur})")
+                cur = f"%{x}i{i}"
+            for j in range(m if late or not apart else 0):
+                lines.append(f"  %{x}g{i}_{j} = Gelu({cur})")
+                cur = f"%{x}g{i}_{j}"
+            ins.append(cur)
+        lines.append(f"  %a{i + 1}, %b{i + 1} = AllReduce({ins[0]}, {ins[1]})")
     lines += [f"  return %a{n}, %b{n}", "}"]
     return "\n".join(lines) + "\n"
 
@@ -166,6 +196,8 @@ class Runs(NamedTuple):
     gelu_s: float
     allreduce_link_s: float
     p2p_link_s: float
+    together_iter_s: float = 0.0  # the arrival check: one iteration, both ranks computing
+    apart_iter_s: float = 0.0  # one iteration, one rank computing (alternating)
 
 
 def derive(r: Runs) -> Dispatch:
@@ -179,6 +211,9 @@ def derive(r: Runs) -> Dispatch:
         r.chain_s,
         r.allreduce_iter_s,
         r.p2p_iter_s,
+        max(0.0, r.apart_iter_s - r.together_iter_s),
+        r.together_iter_s,
+        r.apart_iter_s,
     )
 
 
@@ -207,10 +242,13 @@ def measure(
         torch.set_num_threads(threads)
     ops = chain_ops(n)
     times = []
+    arrivals = max(2, n // 2)
     for what, text, per, cpu in (
         ("op chain", chain_text(n), 1, cpu_clock),
         ("all-reduce", allreduce_text(n), n, False),
         ("point-to-point", p2p_text(n), 2 * n, False),
+        ("arrivals together", arrival_text(arrivals, ARRIVAL_GELUS, False), arrivals, False),
+        ("arrivals apart", arrival_text(arrivals, ARRIVAL_GELUS, True), arrivals, False),
     ):
         times.append(_run(text, steps, cpu) / per)
         if tick is not None:
@@ -227,6 +265,8 @@ def measure(
         tight["Gelu"],
         x / link.bandwidth + y * link.latency_s,
         cal.links["p2p"].link.time(nbytes),
+        times[3],
+        times[4],
     )
     return derive(runs)
 
@@ -234,5 +274,5 @@ def measure(
 def summary(d: Dispatch) -> str:
     return (
         f"{d.op_s * 1e6:.3g} µs per op, {d.collective_s * 1e6:.3g} µs per collective, "
-        f"{d.p2p_s * 1e6:.3g} µs per send"
+        f"{d.p2p_s * 1e6:.3g} µs per send; a call one rank waits for +{d.arrival_s * 1e6:.3g} µs"
     )

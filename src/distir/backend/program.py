@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import distir
-from distir.backend.worker import RankProgram
+from distir.backend.worker import RankProgram, agreed_calls
 from distir.interp.lockstep import check_deadlock_free
 from distir.interp.project import project
 from distir.interp.reference import random_inputs
@@ -100,4 +100,8 @@ def rank_programs(prog: GlobalProgram, steps: int = 1, trace: bool = False) -> l
     groups = _groups(ranks)
     order = sorted(ranks, key=lambda d: d.id)
     rank_of = {d: i for i, d in enumerate(order)}
-    return [RankProgram(d, ranks[d], tuple(inputs.get(d, ())), rank_of, groups, steps, trace) for d in order]
+    calls = agreed_calls([inline_calls(ranks[d]) for d in order])
+    return [
+        RankProgram(d, ranks[d], tuple(inputs.get(d, ())), rank_of, groups, steps, trace, calls[i])
+        for i, d in enumerate(order)
+    ]

@@ -15,6 +15,9 @@ model are skipped and the next drawn), and for each:
 - *simulated*: the same explicit program on the cluster (the calibrated profile), one kernel
   per op as eager PyTorch runs it (``RooflineCostModel(fuse=False)``), same two figures.
 
+On a CPU both sides run inside ``distir.backend.idle.poll_idle`` (unless ``poll_idle=False``),
+as ``distir calibrate`` measures: a rank waiting for its peer then wakes as fast at any load.
+
 The report: Spearman's ρ of throughput (samples/s), and the median and max absolute relative
 error of step time and of peak memory (``distir.report.fidelity``); ``scatter_png`` draws
 simulated against real step time and memory.
@@ -117,8 +120,29 @@ def validate(
     seed: int = 0,
     timeout_s: float = 120.0,
     tick: Callable[[str], None] | None = None,
+    poll_idle: bool = True,
 ) -> Fidelity:
-    """Run and simulate ``samples`` strategies (see the module docstring)."""
+    """Run and simulate ``samples`` strategies (see the module docstring); with ``poll_idle``
+    (on a CPU), inside ``distir.backend.idle.poll_idle``, as ``distir calibrate`` measures."""
+    from distir.backend import idle, require_torch
+
+    if not poll_idle or require_torch().cuda.is_available():
+        return _validate(model, samples, nproc, cluster, batch, steps, seed, timeout_s, tick)
+    with idle.poll_idle():
+        return _validate(model, samples, nproc, cluster, batch, steps, seed, timeout_s, tick)
+
+
+def _validate(
+    model: str,
+    samples: int,
+    nproc: int,
+    cluster: Cluster,
+    batch: int,
+    steps: int,
+    seed: int,
+    timeout_s: float,
+    tick: Callable[[str], None] | None,
+) -> Fidelity:
     from distir.frontends.zoo.model import ModelError
     from distir.parallel.strategy import StrategyError
 

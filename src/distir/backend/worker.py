@@ -15,7 +15,13 @@ value is dropped after its last reader, so the memory figure is real: on CUDA th
 peak (``torch.cuda.max_memory_allocated``); on CPU the tracked bytes of the distinct storages of
 live values (the step's inputs included), sampled after every op. Point-to-point operations
 posted by consecutive ``rank.Send``/``rank.Recv`` start together (``TorchContext.flush``) before
-any other op, or a send of a value received in the same batch.
+any other op, or a send of a value received in the same batch. A coalesced collective (a
+gradient bucket, a layer's parameter gather: a first part, then parts flagged ``coalesced``,
+``distir.ops.dist``) runs as the trainer issues it, ONE call over a flat buffer
+(``OpDef.torch_coalesced``), at its first part: with it go the later parts of the same collective
+and group that follow it before any other communication op, as long as their inputs are computed
+before the first part (``coalesced_calls``; a part that is not runs on its own, as do parts a
+collective cannot share a call for). The call is traced as one slice, at its first part.
 
 ``progress`` (optional, three shared integers) holds the index of the program and of the op the
 rank is at, and its ``Stage`` (starting, joining the process group, running), so the launcher
@@ -91,6 +97,9 @@ class RankProgram:
     groups: tuple[tuple[Device, ...], ...]  # every device group any rank's program uses
     steps: int = 1
     trace: bool = False
+    # the coalesced collective calls it issues over several parts: each call's op indices (in
+    # the inlined program), agreed among the ranks of each group (``agreed_calls``)
+    calls: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,10 +176,87 @@ class _LiveBytes:
                 self.count[key] = c
 
 
+def coalesced_calls(ops: Sequence[Op], params: Sequence[Value]) -> dict[int, list[int]]:
+    """The collective calls a rank issues over several parts (see the module docstring): the
+    index of each call's first part -> the indices of all its parts (2 or more), in order.
+
+    A coalesced collective is an unflagged rank collective and the flagged ones after it, up to
+    the next unflagged communication op. Its parts of one collective and group (a bucket may mix
+    a reduce-scatter of its shardable weights with an all-reduce of the others) share one call,
+    issued at the first of them, with each later part whose inputs are computed by then; a part
+    whose inputs are not starts the next such call."""
+    made: dict[Value, int] = {v: -1 for v in params}
+    calls: dict[int, list[int]] = {}
+    leader: dict[tuple[str, Any], int] = {}  # (op, group) -> the first part of its call so far
+    for k, op in enumerate(ops):
+        d = REGISTRY[op.name]
+        if d.kind is OpKind.RANK_COMM:
+            if not op.attrs.get("coalesced"):
+                leader = {}  # a new collective call: parts never join an earlier one
+            key = (op.name, op.attrs.get("group"))
+            first = leader.get(key)
+            if d.torch_coalesced is not None and (
+                first is None or any(made.get(v, k) >= first for v in op.inputs)
+            ):
+                leader[key] = k
+                calls[k] = [k]
+            elif first is not None:
+                calls[first].append(k)
+        for v in op.outputs:
+            made[v] = k
+    return {k: parts for k, parts in calls.items() if len(parts) > 1}
+
+
+def agreed_calls(programs: Sequence[Function]) -> list[tuple[tuple[int, ...], ...]]:
+    """Per rank (``programs``: each rank's inlined program), the calls of ``coalesced_calls``
+    that every rank of the call's group makes alike: a rank's readiness is its own, so where the
+    ranks differ a call keeps the parts all of them put first in it (the longest common prefix,
+    at least two), and the others run on their own. A group's collectives run in one order on
+    all its ranks, so a part is known across ranks by (group, its place in that order)."""
+    seqs: list[list[tuple[Any, int] | None]] = []  # per rank, per op: (group, place) or None
+    proposed: list[dict[tuple[Any, int], tuple[tuple[Any, int], ...]]] = []  # leader -> parts
+    for fn in programs:
+        ops = [i for i in fn.body if isinstance(i, Op)]  # inlined: no calls
+        seen: dict[Any, int] = {}
+        seq: list[tuple[Any, int] | None] = []
+        for op in ops:
+            g = op.attrs.get("group") if REGISTRY[op.name].kind is OpKind.RANK_COMM else None
+            seq.append(None if g is None else (g, seen.setdefault(g, 0)))
+            if g is not None:
+                seen[g] += 1
+        seqs.append(seq)
+        calls = coalesced_calls(ops, fn.params)
+        proposed.append({seq[k]: tuple(seq[j] for j in parts) for k, parts in calls.items()})  # type: ignore[misc]
+    member = [{key[0] for key in seq if key is not None} for seq in seqs]
+    out = []
+    for r, seq in enumerate(seqs):
+        at = {key: k for k, key in enumerate(seq) if key is not None}
+        mine = []
+        for leader, parts in proposed[r].items():
+            common = list(parts)
+            for other, groups in zip(proposed, member, strict=True):
+                if leader[0] in groups:
+                    common = _prefix(common, other.get(leader, ()))
+            if len(common) > 1:
+                mine.append(tuple(at[key] for key in common))
+        out.append(tuple(mine))
+    return out
+
+
+def _prefix(a: Sequence[Any], b: Sequence[Any]) -> list[Any]:
+    """The longest common prefix of ``a`` and ``b``."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return list(a[:n])
+
+
 class _Runner:
     """One program compiled to a list of steps for this rank (see the module docstring)."""
 
-    def __init__(self, ctx: TorchContext, fn: Function, progress: Any) -> None:
+    def __init__(
+        self, ctx: TorchContext, fn: Function, progress: Any, calls: Sequence[Sequence[int]] = ()
+    ) -> None:
         self.ctx = ctx
         self.fn = fn
         self.ops = [i for i in fn.body if isinstance(i, Op)]
@@ -206,6 +292,18 @@ class _Runner:
             ]
             for op in self.ops
         ]
+        # coalesced collectives: first part -> its parts; parts run early (not at their index)
+        self.calls = {parts[0]: list(parts) for parts in calls}
+        self.early = {j for parts in self.calls.values() for j in parts[1:]}
+        self.buffers: dict[tuple[int, int], Any] = {}  # the calls' flat buffers (``_buffer``)
+        # a later part's inputs it reads last, dropped when its call has run (as if it ran
+        # there), unless an op between the call and the part reads them
+        self.with_call: dict[int, list[Value]] = {}
+        for k, parts in self.calls.items():
+            for j in parts[1:]:
+                between = {v for i in range(k + 1, j) if i not in parts for v in self.ops[i].inputs}
+                self.with_call[j] = [v for v in self.drop[j] if v not in between]
+                self.drop[j] = [v for v in self.drop[j] if v in between]
         self.at = 0  # the op being run
         self.batch: list[tuple[int, float]] = []  # posted point-to-point ops: (index, when)
 
@@ -218,6 +316,23 @@ class _Runner:
             if w is not None and (o.dtype, tuple(o.shape)) != w:
                 got = f"{str(o.dtype).removeprefix('torch.')} {tuple(o.shape)}"
                 raise OpTypeError(f"%{v.name} came out {got}, not {v.type}")
+
+    def _coalesced(self, parts: Sequence[int], env: dict[Value, Any]) -> list[tuple[int, Any]]:
+        """Run ``parts`` (one coalesced collective) as one call; one by one if it cannot be."""
+        args = [([env[v] for v in self.ops[j].inputs], self.ops[j].attrs) for j in parts]
+        fused = REGISTRY[self.ops[parts[0]].name].torch_coalesced
+        outs = fused(self.ctx, args, lambda slot, n, dtype: self._buffer((parts[0], slot), n, dtype))
+        if outs is None:
+            outs = [self.impls[j](self.ctx, ins, attrs) for j, (ins, attrs) in zip(parts, args, strict=True)]
+        return list(zip(parts, outs, strict=True))
+
+    def _buffer(self, key: tuple[int, int], numel: int, dtype: Any) -> Any:
+        """A coalesced call's flat buffer ``key`` (call, slot), kept from step to step as a
+        trainer keeps its buckets."""
+        b = self.buffers.get(key)
+        if b is None or b.numel() != numel or b.dtype != dtype:
+            b = self.buffers[key] = self.ctx.torch.empty(numel, dtype=dtype, device=self.ctx.device)
+        return b
 
     def text(self, k: int) -> str:
         if self.texts is None:
@@ -257,25 +372,37 @@ class _Runner:
             if ctx.pending and (not self.p2p[k] or any(v in received for v in op.inputs)):
                 self._flush(k, traced, t0, live.bytes)
                 received.clear()
+            if k in self.early:  # run with its first part (``coalesced_calls``)
+                for v in self.drop[k]:
+                    live.drop(env.pop(v))
+                continue
             start, cpu0 = clock(), cpu_clock()
             if self.p2p[k]:
                 self.batch.append((k, start))
-            outs = self.impls[k](ctx, [env[v] for v in op.inputs], op.attrs)
+            parts = self.calls.get(k)
+            if parts is None:
+                done = [(k, self.impls[k](ctx, [env[v] for v in op.inputs], op.attrs))]
+            else:
+                done = self._coalesced(parts, env)
             if not self.p2p[k] and ctx.device.type == "cuda":
                 ctx.torch.cuda.synchronize()
             end, cpu1 = clock(), cpu_clock()
-            self._check(k, outs)
-            for v, y in zip(op.outputs, outs, strict=True):
-                env[v] = y
-                live.add(y)
-                if self.p2p[k]:
-                    received.add(v)
+            for j, outs in done:
+                self._check(j, outs)
+                for v, y in zip(self.ops[j].outputs, outs, strict=True):
+                    env[v] = y
+                    live.add(y)
+                    if self.p2p[j]:
+                        received.add(v)
+                if parts is not None:  # each part's inputs go as they would after it alone
+                    for v in self.drop[k] if j == k else self.with_call[j]:
+                        live.drop(env.pop(v))
             if trace and not self.p2p[k]:
                 cat = "comm" if self.comm[k] else "compute"
                 slices.append(
                     OpSlice(op.name, cat, start - t0, end - t0, self.text(k), live.bytes, cpu1 - cpu0)
                 )
-            for v in self.drop[k]:
+            for v in self.drop[k] if parts is None else ():
                 live.drop(env.pop(v))
         self._flush(len(self.ops), traced, t0, live.bytes)
         self.at = len(self.ops)
@@ -334,7 +461,7 @@ def _run_one(
 ) -> RankResult:
     ctx = _make_context(torch, setup, job, groups)
     fn = inline_calls(job.program)
-    runner = _Runner(ctx, fn, progress)
+    runner = _Runner(ctx, fn, progress, job.calls)
     args = args_to_torch(ctx, fn, job.inputs)
     cuda = ctx.device.type == "cuda"
     times: list[float] = []

@@ -270,8 +270,11 @@ class InSituSample(NamedTuple):
 
 class Overheads(NamedTuple):
     """The rank interpreter's overheads (s), measured by ``distir.backend.dispatch``: per op,
-    per collective call (at the group size measured: 2 ranks) and per point-to-point send."""
+    per collective call (at the group size measured: 2 ranks) and per point-to-point send; and
+    ``arrival_s``, what a collective call costs more when one rank waits for the other, asleep
+    (measured, not in the model: a step's ranks mostly enter a collective together)."""
 
     op_s: float
     collective_s: float = 0.0
     p2p_s: float = 0.0
+    arrival_s: float = 0.0

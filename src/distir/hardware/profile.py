@@ -195,6 +195,11 @@ def _insitu_lines(cal: Calibration) -> list[str]:
             f"{o.collective_s * 1e6:.3g} µs per collective call (2 ranks) to each collective's "
             "latency over its latency coefficient",
         ]
+        if o.arrival_s > 0.0:
+            out.append(
+                f"#     a collective call one rank waits for, asleep: +{o.arrival_s * 1e6:.3g} µs "
+                "(measured, not in the model: a step's ranks mostly enter a collective together)"
+            )
     if cal.measurements.insitu:
         out.append(
             "#   in situ check (distir.backend.insitu; not fitted): real and simulated training steps:"

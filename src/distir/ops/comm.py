@@ -464,6 +464,8 @@ def _make_project(c: _Coll) -> Callable[..., dict[Device, list[Op]]]:
             rin = tuple(vmap(op.inputs[in_devs.index(d)]) for _ in (0,) if d in in_devs)
             rout = tuple(vmap(op.outputs[out_devs.index(d)]) for _ in (0,) if d in out_devs)
             attrs = dict(base, group=group, shapes=sizes, dtype=ts[0].dtype, device=d)
+            if op.attrs.get("coalesced"):  # a later part of one call: the rank runs it in that call
+                attrs["coalesced"] = True
             if "root" not in c.attrs and not c.global_inputs[0].startswith("*"):
                 attrs["root"] = ts[0].device
             result[d] = [Op("rank." + c.name, rin, rout, Attrs(attrs))]

@@ -391,6 +391,133 @@ def _t_alltoall(ctx: Any, inputs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...
     return (torch.cat(pieces, dim=cd),)
 
 
+# -- coalesced parts: one collective call over a flat buffer ------------------------------------
+# A trainer reduces a gradient bucket (DDP's and Megatron-LM's contiguous buffer) or gathers a
+# layer's flat parameter (FSDP) in ONE collective call; DistIR writes each tensor's part as its own
+# op, the later ones ``coalesced`` (``distir.ops.dist``). These run the parts as that one call:
+# each part's local data copied into one flat buffer, one torch collective, each part's result
+# copied out of the flat result (DDP's copy into its bucket and back out, by default: its
+# ``gradient_as_bucket_view=False``), so each result is a tensor of its own as the part's op
+# promises. The flat buffers are the call's own, kept from one step to the next as a trainer
+# keeps its buckets (``buffer(slot, numel, dtype)``, given by the runner; a fresh multi-MiB
+# buffer per call would add its page faults, ~2 ms per 3 MiB here, that no trainer pays). Every
+# rank of the group builds the same layout from the parts' global ``shapes``. Parts that cannot
+# share a call (different dtypes or reduce ops) return None: the runner runs them one by one.
+Parts = Sequence[tuple[Sequence[Any], Attrs]]
+Buffer = Callable[[int, int, Any], Any]  # (slot, elements, torch dtype) -> a flat tensor
+
+
+def _any(value: Any) -> Any:
+    """An attribute as the implementation reads it (the IR types attributes as a union)."""
+    return value
+
+
+def _same(parts: Parts, *names: str) -> bool:
+    """The parts agree on ``names`` (and on the torch reduction, ``mean`` being a sum)."""
+    first = parts[0][1]
+    how = _REDUCE[str(first.get("op", "sum"))]
+    return all(
+        all(a.get(n) == first.get(n) for n in names) and _REDUCE[str(a.get("op", "sum"))] == how
+        for _, a in parts
+    )
+
+
+def _flat(ctx: Any, buffer: Buffer, slot: int, xs: Sequence[Any]) -> Any:
+    """``xs`` flattened, one after another, into the call's buffer ``slot``."""
+    flat = buffer(slot, sum(int(x.numel()) for x in xs), xs[0].dtype)
+    ctx.torch.cat([x.reshape(-1) for x in xs], out=flat)
+    return flat
+
+
+def _coalesced_allreduce(ctx: Any, parts: Parts, buffer: Buffer) -> list[tuple[Any, ...]] | None:
+    if not _same(parts, "group", "dtype"):
+        return None
+    m = _Members(ctx, parts[0][1])
+    xs = [ins[0] for ins, _ in parts]
+    flat = _flat(ctx, buffer, 0, xs)
+    ctx.dist.all_reduce(flat, op=_reduce_op(ctx, parts[0][1]), group=m.pg)
+    out: list[tuple[Any, ...]] = []
+    at = 0
+    for x, (_, attrs) in zip(xs, parts, strict=True):
+        out.append((_finish_reduce(flat.narrow(0, at, x.numel()).view(x.shape).clone(), attrs, m.n),))
+        at += x.numel()
+    return out
+
+
+def _padded(x: Any, dim: int, size: int) -> tuple[int, ...]:
+    shape = list(x.shape)
+    shape[dim] = size
+    return tuple(shape)
+
+
+def _coalesced_allgather(ctx: Any, parts: Parts, buffer: Buffer) -> list[tuple[Any, ...]] | None:
+    """Each member's pieces of every part, padded to the part's largest piece, in one flat
+    buffer; one all-gather of it; every part's pieces cut out and concatenated."""
+    if not _same(parts, "group", "dtype"):
+        return None
+    m = _Members(ctx, parts[0][1])
+    layout = []  # per part: (dim, padded piece shape, its elements, the members' sizes on dim)
+    mine = []
+    for ins, attrs in parts:
+        x, shapes, dim = ins[0], _any(attrs["shapes"]), _any(attrs.get("dim", 0))
+        dim = int(dim) % max(x.dim(), 1)
+        sizes = [int(s[dim]) for s in shapes]
+        p = _pad(ctx, x, dim, max(sizes))
+        layout.append((dim, tuple(p.shape), p.numel(), sizes))
+        mine.append(p.reshape(-1))
+    flat = _flat(ctx, buffer, 0, mine)
+    gathered = buffer(1, m.n * flat.numel(), flat.dtype)
+    bufs = list(gathered.view(m.n, flat.numel()).unbind(0))
+    ctx.dist.all_gather(bufs, flat, group=m.pg)
+    by_pos = {m.order[i]: b for i, b in enumerate(bufs)}
+    out: list[tuple[Any, ...]] = []
+    at = 0
+    for dim, shape, numel, sizes in layout:
+        pieces = [by_pos[i].narrow(0, at, numel).view(shape).narrow(dim, 0, sizes[i]) for i in range(m.n)]
+        out.append((ctx.torch.cat(pieces, dim=dim),))
+        at += numel
+    return out
+
+
+def _coalesced_reducescatter(ctx: Any, parts: Parts, buffer: Buffer) -> list[tuple[Any, ...]] | None:
+    """Every part's chunk for torch's i-th rank (padded to the part's largest chunk) in block i
+    of one flat buffer; one reduce-scatter; this rank's chunk of every part cut out of its block."""
+    if not _same(parts, "group", "dtype"):
+        return None
+    m = _Members(ctx, parts[0][1])
+    layout = []  # per part: (dim, padded chunk shape, its elements, my chunk's size on dim)
+    blocks: list[list[Any]] = [[] for _ in range(m.n)]
+    for ins, attrs in parts:
+        x = ins[0]
+        dim = int(_any(attrs.get("dim", 0))) % max(x.dim(), 1)
+        sizes = split_sizes(x.shape[dim], m.n)
+        big = max(sizes)
+        for i in range(m.n):  # torch's i-th rank is group position order[i]
+            pos = m.order[i]
+            chunk = x.narrow(dim, sum(sizes[:pos]), sizes[pos])
+            blocks[i].append(_pad(ctx, chunk, dim, big).reshape(-1))
+        shape = _padded(x, dim, big)
+        layout.append((dim, shape, int(np.prod(shape)), sizes[m.me], attrs))
+    flat = _flat(ctx, buffer, 0, [x for b in blocks for x in b])
+    out_flat = buffer(1, flat.numel() // m.n, flat.dtype)
+    rs = getattr(ctx.dist, "reduce_scatter_single", None) or ctx.dist.reduce_scatter_tensor
+    rs(out_flat, flat, op=_reduce_op(ctx, parts[0][1]), group=m.pg)
+    out: list[tuple[Any, ...]] = []
+    at = 0
+    for dim, shape, numel, size, attrs in layout:
+        piece = out_flat.narrow(0, at, numel).view(shape).narrow(dim, 0, size).clone()
+        out.append((_finish_reduce(piece, attrs, m.n),))
+        at += numel
+    return out
+
+
+_TORCH_COALESCED: dict[str, Callable[[Any, Parts, Buffer], list[tuple[Any, ...]] | None]] = {
+    "AllReduce": _coalesced_allreduce,
+    "AllGather": _coalesced_allgather,
+    "ReduceScatter": _coalesced_reducescatter,
+}
+
+
 _TORCH_COLLS: dict[str, Callable[[Any, Sequence[Any], Attrs], tuple[Any, ...]]] = {
     "AllReduce": _t_allreduce,
     "AllGather": _t_allgather,
@@ -420,9 +547,12 @@ for _c in _COLLS:
                 "dtype": AttrSpec("dtype"),
                 "device": AttrSpec("device"),
                 "root": AttrSpec("device", None),
+                # a later part of one collective call (the global op's flag, projected)
+                "coalesced": AttrSpec("bool", default=False),
             },
             rendezvous=_make_rendezvous(_c),
             torch=_TORCH_COLLS[_c.name],
+            torch_coalesced=_TORCH_COALESCED.get(_c.name),
             doc=f"One rank's part of {_c.name}; `shapes` are the global inputs' shapes, in group order.",
         )
     )

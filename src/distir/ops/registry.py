@@ -336,6 +336,11 @@ class OpDef:
     # the torch implementation: ``impl(ctx, inputs, attrs) -> outputs`` with ``ctx`` a
     # ``distir.backend.context.TorchContext`` (``ctx.torch`` is the module; see there)
     torch: Any = None
+    # a rank collective's torch implementation over several parts issued as ONE call (the parts
+    # of a ``coalesced`` collective, ``distir.ops.dist``): ``impl(ctx, parts, buffer) -> outputs
+    # per part`` with ``parts`` a sequence of (inputs, attrs) and ``buffer(slot, numel, dtype)``
+    # the call's flat buffers, kept across steps; None when the parts cannot share a call
+    torch_coalesced: Any = None
     # the attributes of the op run on one device's pieces (``distir.parallel.sharding.materialize``), from
     # its global attributes and the pieces of its inputs and results (None: not distributed);
     # for ops whose attributes hold global sizes or positions of a dim a sharding rule splits

@@ -172,6 +172,10 @@ def check_against_sequential(
     reduce_fp32: bool = False,
     sac_eager: bool = False,
     fsdp2_root: bool = False,
+    one_dp_stream: bool = False,
+    grad_copy_in: str = "",
+    gather_cast: bool = False,
+    fsdp1_root: bool = False,
     megatron_ddp: bool = False,
 ) -> Comparison:
     opt = optimizer or Optimizer("sgd", lr=0.1)
@@ -191,6 +195,10 @@ def check_against_sequential(
         reduce_fp32=reduce_fp32,
         sac_eager=sac_eager,
         fsdp2_root=fsdp2_root,
+        one_dp_stream=one_dp_stream,
+        grad_copy_in=grad_copy_in,
+        gather_cast=gather_cast,
+        fsdp1_root=fsdp1_root,
         megatron_ddp=megatron_ddp,
     )
     vals = initial_values(model, opt, seed, precision)

@@ -99,6 +99,46 @@ programs. Its shape:
   do the last block's (torchtitan's ``apply_fsdp`` passes ``reshard_after_forward=False`` for
   it, torchtitan/parallelisms/parallelize_llama.py). The blocks are the calls of the model's
   most repeated layer function. Default: every weight gathered again for the backward.
+- ``one_dp_stream`` (ZeRO-3 with communication streams, not HSDP; PyTorch FSDP 1 and 2): the
+  gradient reductions run on the ``dp_gather`` stream with the parameter gathers, one after another
+  in issue order, as FSDP's all-gathers and reduce-scatters go over one process group (FSDP1's
+  ``state.process_group``; FSDP2's shard group, "shared with all-gather" unless
+  ``set_separate_reduce_scatter_group``, torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py)
+  and ``ProcessGroupNCCL`` runs a group's collectives on one NCCL stream per device
+  (``ncclStreams_``). Issue order as FSDP's hooks: a layer's reduction after the next layer's
+  gather (the pre-backward prefetch precedes the post-backward reduce-scatter), the hand-overs to
+  and from the compute stream written before the reduction so the compute waits for its gathers
+  only. Default: reductions on their own ``dp_reduce`` stream, beside the gathers.
+- ``grad_copy_in`` (``""`` | ``"copy"`` | ``"cast"``; data parallel with buckets): each gradient
+  is copied into the bucket's flat buffer on the compute stream before it is handed to the
+  reduction: ``"copy"`` as FSDP1 (the parameters are views of the flat parameter,
+  ``FlatParamHandle._get_unflat_views``' ``torch.split``, so autograd's backward of the split
+  writes the flat gradient, a cat, on the compute stream; ``reduce_fp32``'s cast stays on the
+  reduction stream, as ``_post_backward_hook`` casts on its post-backward stream), ``"cast"`` as
+  FSDP2 (``foreach_reduce``'s ``foreach_reduce_scatter_copy_in``, ``torch._chunk_cat`` into the
+  ``reduce_dtype`` buffer, runs on the current stream before the reduce-scatter stream waits for
+  it, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py: under ``reduce_fp32`` it is the
+  cast). FSDP2 divides by NCCL's ``AVG`` (no kernel); FSDP1's pre- and post-division kernels on
+  the post-backward stream are not modelled. Default: no copy.
+- ``gather_cast`` (ZeRO-3, mixed precision, d > 1; PyTorch FSDP 1 and 2): no low-precision copy
+  of a ZeRO-sharded weight is held through the step; each gather casts the fp32 master shard to
+  the compute dtype on the stream that gathers it, then gathers that — FSDP1's ``pre_unshard``
+  casts the local shard into ``_mp_shard`` and frees it after the all-gather
+  (``_use_low_precision_shard``, ``_free_low_precision_sharded_param``,
+  torch/distributed/fsdp/_flat_param.py); FSDP2's ``_get_param_all_gather_inputs`` copies the
+  fp32 shard into the ``param_dtype`` all-gather input (``torch._foreach_copy_`` on the copy-in
+  stream, _fsdp_collectives.py). The compute copies stay step inputs and results (the
+  program's interface, as the sequential mixed step's) but nothing in the step reads them: each
+  is freed at the start and made anew from the new master at the end. Default: the persistent
+  copy (this rank's shard) gathered per use, as DeepSpeed ZeRO-3 keeps its bf16 partitions.
+- ``fsdp1_root`` (ZeRO-3, one stage; PyTorch FSDP1 with FULL_SHARD, each block wrapped, the rest
+  the root's flat parameter, as Composer wraps a model): the root's gathered weights stay from the
+  forward to their last use in the backward, as ``fsdp2_root`` keeps them but without the last
+  block's: ``_post_forward_reshard`` frees a unit's unsharded flat parameter after its forward
+  unless the unit is the root ("Do not free the root's parameters in the post-forward for
+  FULL_SHARD", torch/distributed/fsdp/_runtime_utils.py). With either, the root's gradients are
+  reduced together in one call after every block's (the root unit's post-backward hook runs
+  once all its gradients are complete, the embedding's last), not each as it completes.
 - ``sac_eager`` (``rops`` run eagerly, as torchtitan without ``torch.compile``): PyTorch's
   selective checkpointing caches every result its policy saves until the block's backward,
   whether the backward reads it or not (``torch/utils/checkpoint.py``,
@@ -112,6 +152,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -154,6 +195,23 @@ DDP_BUCKET_MB = 25.0  # PyTorch DDP's ``bucket_cap_mb`` default (MiB)
 # Megatron-LM's default bucket: max(40M, 1M · dp) parameters (``DistributedDataParallel.__init__``,
 # megatron/core/distributed/distributed_data_parallel.py at f2e5db4)
 MEGATRON_BUCKET, MEGATRON_BUCKET_PER_RANK = 40_000_000, 1_000_000
+# ``distribute(grad_copy_in=...)``: none, FSDP1's copy in the compute dtype, FSDP2's (casting)
+GRAD_COPY_IN = ("", "copy", "cast")
+
+
+@dataclass(frozen=True, slots=True)
+class FsdpOptions:
+    """``distribute``'s options that make ZeRO-3 run as PyTorch's FSDP does (module docstring,
+    *Trainer options*), as ``_Builder`` takes them."""
+
+    gather_copy_out: bool = False
+    fsdp2_root: bool = False
+    fsdp1_root: bool = False
+    one_dp_stream: bool = False
+    grad_copy_in: str = ""
+    gather_cast: bool = False
+
+
 HP_GRAD = "hp_grad"  # fp32 gradient accumulation: the function casting a gradient to fp32
 
 
@@ -226,6 +284,10 @@ def distribute(
     reduce_fp32: bool = False,
     sac_eager: bool = False,
     fsdp2_root: bool = False,
+    one_dp_stream: bool = False,
+    grad_copy_in: str = "",
+    gather_cast: bool = False,
+    fsdp1_root: bool = False,
     megatron_ddp: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
@@ -276,10 +338,9 @@ def distribute(
             deepspeed_pipe,
             fp32_grad_accum,
             cp_ring,
-            gather_copy_out,
             reduce_fp32,
             sac_eager,
-            fsdp2_root,
+            FsdpOptions(gather_copy_out, fsdp2_root, fsdp1_root, one_dp_stream, grad_copy_in, gather_cast),
             megatron_ddp,
         ).build()
 
@@ -401,10 +462,9 @@ class _Builder:
         deepspeed_pipe: bool = False,
         fp32_grad_accum: bool = False,
         cp_ring: bool = True,
-        gather_copy_out: bool = False,
         reduce_fp32: bool = False,
         sac_eager: bool = False,
-        fsdp2_root: bool = False,
+        fsdp: FsdpOptions | None = None,
         megatron_ddp: bool = False,
     ) -> None:
         self.prec = Precision.parse(precision)
@@ -425,8 +485,6 @@ class _Builder:
         self.comm_streams = comm_streams
         # DeepSpeed's pipeline engine: transfers block the compute streams (``distribute``)
         self.p2p_streams = comm_streams and not deepspeed_pipe
-        self.gather_copy_out = gather_copy_out  # FSDP2's copy-out of each gather (``distribute``)
-        self.fsdp2_root = fsdp2_root and train and s.zero == 3 and s.p == 1 and s.d * s.c > 1  # distribute
         # gradients reduced in the masters' dtype (``distribute``)
         self.reduce_fp32 = reduce_fp32 and self.prec.mixed and train and s.d * s.c > 1 and not self.fp32_acc
         # the compute copies gathered in the next step's first forward (``distribute``)
@@ -454,6 +512,7 @@ class _Builder:
         # the (dp, cp, tp) mesh the layers run on (weights R, R; gradients pending P, P)
         self.cp_view = train and s.c > 1
         self.viewed = self.hsdp or self.cp_view  # weights on ``meshes3``, a view of ``meshes``
+        self._fsdp_options(fsdp or FsdpOptions())
         if self.hsdp:
             self.meshes3 = [Mesh((("dpr", s.d // h), ("dp", h), ("tp", s.t)), m.devices) for m in self.meshes]
         elif self.cp_view:
@@ -497,6 +556,22 @@ class _Builder:
             return float(bucket_mb * (1 << 20))
         size = (self.prec.master if self.fp32_acc else self.compute).itemsize
         return float(max(MEGATRON_BUCKET, MEGATRON_BUCKET_PER_RANK * s.d) * size)
+
+    def _fsdp_options(self, f: FsdpOptions) -> None:
+        """The options that make ZeRO-3 run as PyTorch's FSDP does (``distribute``), each on where
+        it applies."""
+        s, train = self.s, self.train
+        z3 = train and s.zero == 3 and s.d * s.c > 1
+        self.gather_copy_out = f.gather_copy_out  # FSDP2's copy-out of each gather
+        self.fsdp2_root = f.fsdp2_root and z3 and s.p == 1  # the root (and last block) kept gathered
+        self.fsdp1_root = f.fsdp1_root and z3 and s.p == 1  # the root kept gathered
+        # ZeRO-3's gathers and gradient reductions on one stream, in issue order
+        self.one_dp_stream = f.one_dp_stream and self.comm_streams and z3 and not self.hsdp
+        if f.grad_copy_in not in GRAD_COPY_IN:
+            raise StrategyError(f"{s}: grad_copy_in must be one of {GRAD_COPY_IN}, got {f.grad_copy_in!r}")
+        self.grad_copy_in = f.grad_copy_in  # the gradients' copy into the reduction buffer
+        # ZeRO-3's compute copies cast from the masters' shards at each gather
+        self.gather_cast = f.gather_cast and self.prec.mixed and z3
 
     def _attrs(self, name: str, value: str) -> Attrs:
         """The attributes ``{name: value}`` of an op the entry emits again and again (a
@@ -666,17 +741,28 @@ class _Builder:
         return fb.ret(x, *res, *(gather.last_taken[w] for w in self._kept_gathered(layers)))
 
     def _kept_gathered(self, layers: list[ShardedLayer]) -> list[Value]:
-        """``fsdp2_root``: the weights of ``layers`` (a chunk) whose gathered copies the forward
-        keeps for the backward — the root's (the weights of layers other than the blocks, the
-        calls of the most repeated layer function) and the last block's — in a fixed order; else
-        none."""
-        if not self.fsdp2_root:
+        """``fsdp2_root`` / ``fsdp1_root``: the weights of ``layers`` (a chunk) whose gathered
+        copies the forward keeps for the backward — the root's (the weights of layers other than
+        the blocks, the calls of the most repeated layer function) and, with ``fsdp2_root``, the
+        last block's — in a fixed order; else none."""
+        if not (self.fsdp2_root or self.fsdp1_root):
             return []
         calls = self.layer_calls
         block = Counter(c.callee for c in calls).most_common(1)[0][0]
-        last = max(i for i, c in enumerate(calls) if c.callee == block)
+        last = max(i for i, c in enumerate(calls) if c.callee == block) if self.fsdp2_root else -1
         out = [w for L in layers if calls[L.index].callee != block or L.index == last for w in L.weights]
         return [w for w in dict.fromkeys(out) if self._zdim(w) is not None]
+
+    def _root_weights(self, layers: list[ShardedLayer]) -> frozenset[Value]:
+        """``fsdp1_root`` / ``fsdp2_root``: the root unit's weights among those of ``layers`` (a
+        chunk): the weights of its layers other than the blocks (``_kept_gathered``), whose
+        gradients FSDP reduces together in the root's post-backward hook, once the last of them
+        (the embedding's, at the backward's end) is complete; else none."""
+        if not (self.fsdp2_root or self.fsdp1_root):
+            return frozenset()
+        calls = self.layer_calls
+        block = Counter(c.callee for c in calls).most_common(1)[0][0]
+        return frozenset(w for L in layers if calls[L.index].callee != block for w in L.weights)
 
     def _chunk_bwd(
         self,
@@ -696,7 +782,11 @@ class _Builder:
         suffix = ("_" + part if part else "") + ("_acc" if acc else "") + red
         fb = FunctionBuilder(f"c{c}_bwd{suffix}", REGISTRY.out_arity)
         ws = chunk_weights(layers)
-        sink = _GradSink(self, fb, ws, layers, acc, _Buckets(self, fb, c, ws, acc, final) if reduce else None)
+        # one stream for gathers and reductions: a layer's reduction is issued after the next
+        # layer's weights are handed back (``_Gathers.before``), as FSDP's hooks issue them
+        defer = self.one_dp_stream and part != "w"
+        buckets = _Buckets(self, fb, c, ws, acc, final, defer, self._root_weights(layers)) if reduce else None
+        sink = _GradSink(self, fb, ws, layers, acc, buckets)
         if part == "w":
             # the input part returns the carried values of its layers in backward (reversed) order
             carried = [[fb.param(f"k{L.index}_{j}") for j in range(L.n_carried)] for L in reversed(layers)]
@@ -726,7 +816,7 @@ class _Builder:
             call = self.layer_calls[L.index]
             args: list[Value] = []
             it = iter(rs)
-            gather.before(i)
+            gather.before(i, sink.release)
             for j in v.bwd_params:
                 u = call.inputs[j]
                 args.append(next(it) if j == 0 else gather.take(u) if u in wp else ep[u])
@@ -890,6 +980,8 @@ class _Builder:
         wuse = half or (
             {w: self._compute_copy(fb, w, wparam[w]) for w in used} if self.prec.mixed else wparam
         )
+        if self.gather_cast:  # the chunks cast the masters' shards as they gather them
+            wuse = {w: wparam[w] if self._zdim(w) is not None else v for w, v in wuse.items()}
         params = _Params(wparam, wchunk, home, partner, used, state, step_of, half, wuse, sent)
         return list(inputs), mbs, params
 
@@ -1059,7 +1151,8 @@ class _Builder:
         for w in used:
             if w in wp.half and w not in received:
                 results.append(self._compute_copy(fb, w, updates[w][0]))
-                fb.donate(wp.half[w], results[-1])
+                if wp.wuse[w] is wp.half[w]:  # else (``gather_cast``) unread: freed at the start
+                    fb.donate(wp.half[w], results[-1])
         return results
 
     def _reduce_grad(
@@ -1332,24 +1425,48 @@ class _Gathers:
         that gather ends. The layer's gathers are one coalesced call (FSDP all-gathers a unit's
         flat parameter in one collective, Megatron-LM a bucket of its contiguous parameter
         buffer): the first pays the call's latency, the others their bytes."""
-        assert self.stream is not None
+        self._gather(ws, self._hand_over(ws))
+
+    def _hand_over(self, ws: Sequence[Value]) -> list[Value]:
+        """The shards of ``ws`` sent to the gather stream (``_issue``)."""
         text = self.b._mesh_attr(self.b._mesh_for(self.stage, "dp_gather"))
         attrs = self.b._attrs("mesh", text)
-        moved = [self.fb.emit("MeshSend", (self.wp[w],), attrs, (w.name,))[0] for w in ws]
+        return [self.fb.emit("MeshSend", (self.wp[w],), attrs, (w.name,))[0] for w in ws]
+
+    def _gather(self, ws: Sequence[Value], moved: Sequence[Value]) -> None:
+        """The shards ``moved`` to the gather stream gathered there, one call (``_issue``)."""
+        assert self.stream is not None
         for i, (w, v) in enumerate(zip(ws, moved, strict=True)):
+            v = self._cast_in(w, v)
             self.ready[w] = self.b._zero3_gather(self.fb, w, v, self.stream, coalesced=i > 0)
 
-    def before(self, i: int) -> None:
+    def _cast_in(self, w: Value, shard: Value) -> Value:
+        """``gather_cast``: ``w``'s fp32 ``shard`` cast to the compute dtype on the stream about
+        to gather it (FSDP's copy-in); else ``shard`` itself."""
+        if not (self.b.gather_cast and self.b._zdim(w) is not None):
+            return shard
+        return cast(self.fb, shard, self.b.compute, f"{w.name}_{self.b.compute}")
+
+    def before(self, i: int, between: Callable[[], None] | None = None) -> None:
         """Layer ``i`` (of ``order``) runs next: with a stream, its gathers (unless prefetched)
-        are issued and its weights handed back to the compute stream, then the next layer's
-        gathers are issued — in that order, since a hand-back written after the next layer's
-        gathers would wait for them on the gather stream."""
+        are issued and its weights handed back to the compute stream, then ``between`` runs (the
+        backward's deferred reductions, ``one_dp_stream``), then the next layer's gathers are
+        issued — in that order, since a hand-over (either way) written after a collective on the
+        gather stream would hold the compute stream until it ends: the next layer's shards are
+        handed over before ``between``, their gather issued after it."""
         self.taken = {}
+        nxt: list[Value] = []
+        moved: list[Value] = []
         if self.stream is not None:
             self._issue(self._needs(i))
             for w in dict.fromkeys(u for u in self.order[i] if u in self.wp):
                 self.take(w)
-            self._issue(self._needs(i + 1))
+            nxt = self._needs(i + 1)
+            moved = self._hand_over(nxt)
+        if between is not None:
+            between()
+        if self.stream is not None:
+            self._gather(nxt, moved)
 
     def take(self, w: Value) -> Value:
         """The full weight ``w`` for the layer about to run."""
@@ -1364,7 +1481,8 @@ class _Gathers:
 
     def _take(self, w: Value) -> Value:
         if self.stream is None:
-            return self._copied_out(w, self.b._zero3_gather(self.fb, w, self.wp[w], self.home))
+            shard = self._cast_in(w, self.wp[w])
+            return self._copied_out(w, self.b._zero3_gather(self.fb, w, shard, self.home))
         if w in self.taken:  # read twice by one layer
             return self.taken[w]
         got = self.ready.pop(w, None)
@@ -1435,6 +1553,11 @@ class _GradSink:
     def _add(self, w: Value, g: Value) -> Value:
         return self.fb.op("Add", self.accs[w], g, names=[f"g_{w.name}"])[0] if self.acc else g
 
+    def release(self) -> None:
+        """The reductions a deferring bucket holds back, issued now (``_Buckets.release``)."""
+        if self.buckets is not None:
+            self.buckets.release()
+
     def results(self) -> list[Value]:
         """The chunk's weight gradients in its weight order (reduced, with buckets)."""
         if self.buckets is not None:
@@ -1463,15 +1586,29 @@ class _Buckets:
     chunk's weight order (on the ``dp_reduce`` stream's mesh with communication streams)."""
 
     def __init__(
-        self, b: _Builder, fb: FunctionBuilder, c: int, ws: list[Value], acc: bool, final: bool = True
+        self,
+        b: _Builder,
+        fb: FunctionBuilder,
+        c: int,
+        ws: list[Value],
+        acc: bool,
+        final: bool = True,
+        defer: bool = False,
+        root: frozenset[Value] = frozenset(),
     ) -> None:
         self.b, self.fb, self.ws, self.final = b, fb, ws, final
+        # the root unit's gradients (``_Builder._root_weights``): held back, reduced together last
+        self.root = root
+        self.held: list[tuple[Value, Value]] = []
         self.scatter = reduce_scatter_every_backward(b.s)
         # Megatron-LM buckets the first model chunk of the first stage only: every other chunk's
         # gradients are one bucket, reduced after its last backward (``megatron_ddp``)
         self.one_bucket = b.megatron and c > 0
         stage = self.stage = c % b.s.p
-        self.stream = b.comm_meshes[("dp_reduce", stage)] if b.comm_streams else None
+        # ``one_dp_stream``: on the gathers' stream; a full bucket waits for ``release``
+        self.stream_name = "dp_gather" if b.one_dp_stream else "dp_reduce"
+        self.defer = defer
+        self.stream = b.comm_meshes[(self.stream_name, stage)] if b.comm_streams else None
         self.stream_text = b._mesh_attr(self.stream) if self.stream is not None else ""
         self.acc = acc
         self.accs: dict[Value, Value] = {}
@@ -1486,22 +1623,52 @@ class _Buckets:
         for w, g in zip(weights, grads, strict=True):
             if self.accs and not self.scatter:  # DDP: the microbatches' sum, reduced once
                 (g,) = self.fb.op("Add", self.accs[w], g, names=[f"g_{w.name}"])
+            if self.b.grad_copy_in == "copy":  # FSDP1: autograd writes the flat gradient at once
+                g = self._copied_in(w, g)
+            if w in self.root:
+                self.held.append((w, g))
+                continue
             self.pending.append((w, g))
             self.size += self.b._grad_bytes(w)
+        if not self.defer:
+            self.release()
+
+    def release(self) -> None:
+        """The open bucket reduced if it is full."""
         if self.size >= self.b.bucket_bytes and not self.one_bucket:
             self.flush()
 
+    def _copied_in(self, w: Value, g: Value) -> Value:
+        """``g`` copied into the bucket's flat buffer on the compute stream (``grad_copy_in``):
+        ``cast`` (FSDP2's ``chunk_cat``) writes it in the reduce dtype under ``reduce_fp32``;
+        ``copy`` (FSDP1's flat gradient) in the compute dtype; else ``g`` itself. ``copy`` is
+        written as the layer's gradients complete (``add``: autograd's own kernel, before the
+        next layer's pre-backward hook waits for its gather), ``cast`` when the bucket is
+        reduced (``flush``: FSDP2's post-backward hook; under ``one_dp_stream`` after the next
+        layer's gather, whose wait also covers the wait FSDP2 makes for the previous
+        reduce-scatter before the copy-in, ``reduce_scatter_state``, since that reduction is
+        queued before the gather on the one stream)."""
+        mode = self.b.grad_copy_in
+        if mode == "cast" and self.b.reduce_fp32:
+            master = self.b.prec.master
+            return cast(self.fb, g, master, f"g_{w.name}_{master}")
+        if mode:
+            return self.fb.emit("Identity", (g,), Attrs(), (f"g_{w.name}_in",))[0]
+        return g
+
     def flush(self) -> None:
         fb = self.fb
-        moved = [
-            (w, fb.emit("MeshSend", (g,), self.b._attrs("mesh", self.stream_text), (g.name,))[0])
-            if self.stream is not None
-            else (w, g)
-            for w, g in self.pending
-        ]
+        cast_in = self.b.grad_copy_in == "cast"  # the copy-in already cast it (``_copied_in``)
+        moved = []
+        for w, g in self.pending:
+            if cast_in:  # FSDP2: the post-backward hook's copy-in, right before the reduction
+                g = self._copied_in(w, g)
+            if self.stream is not None:
+                g = fb.emit("MeshSend", (g,), self.b._attrs("mesh", self.stream_text), (g.name,))[0]
+            moved.append((w, g))
         for i, (w, g) in enumerate(moved):
             later = i > 0  # the bucket is one collective call: the first part pays its latency
-            if self.b.reduce_fp32:  # FSDP's reduce_dtype: cast on the reduction stream
+            if self.b.reduce_fp32 and not cast_in:  # FSDP's reduce_dtype: cast on the reduction stream
                 master = self.b.prec.master
                 g = cast(fb, g, master, f"g_{w.name}_{master}")
             if self.b.hsdp:
@@ -1520,7 +1687,7 @@ class _Buckets:
     def _viewed(self, g: Value) -> Value:
         """``g`` on the weights' view of its mesh (of the ``dp_reduce`` stream, with one)."""
         b = self.b
-        mesh = b._mesh_for(self.stage, "dp_reduce" if self.stream is not None else None)
+        mesh = b._mesh_for(self.stage, self.stream_name if self.stream is not None else None)
         return self.fb.emit("MeshView", (g,), b._attrs("mesh", b._mesh_attr(mesh)), (g.name,))[0]
 
     def _hsdp_scatter(self, w: Value, g: Value, coalesced: bool = False) -> Value:
@@ -1528,13 +1695,16 @@ class _Buckets:
         within the shard group (dp; a weight ZeRO does not shard: all-reduced within it), still
         a pending sum across the groups (dpr)."""
         b = self.b
-        mesh = b._mesh_for(self.stage, "dp_reduce" if self.stream is not None else None)
+        mesh = b._mesh_for(self.stage, self.stream_name if self.stream is not None else None)
         (g,) = self.fb.emit("MeshView", (g,), b._attrs("mesh", b._mesh_attr(mesh)), (g.name,))
         shard = b._grad_target(w)  # "S(z), <tp>"; "R, <tp>" for a weight ZeRO does not shard
         return b._redistribute(self.fb, g, f"g_{w.name}", "P(sum), " + shard, coalesced)
 
     def results(self) -> list[Value]:
         self.flush()
+        if self.held:  # the root unit's post-backward: its gradients in one call, last
+            self.pending = self.held
+            self.flush()
         return [self.out[w] for w in self.ws]
 
 
