@@ -268,6 +268,7 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([T(f32, 4, 5), T(f32, 4), R(T(i64, 4), 0, 5)]),
         Case([T(f64, 3, 4), T(f64, 3), K(T(i32, 3), [0, 5, 11])], {"rows": (4, 12)}),  # a piece
         Case([T(f16, 4, 5), T(f16, 4), R(T(i64, 4), 0, 5)], {"acc": f32}),  # fused: f16 in, f32 out
+        Case([T(f64, 2, 3, 5), T(f64, 2, 3), R(T(i64, 2, 3), 0, 5)]),  # rows (batch, sequence)
     ],
     # conv
     "Conv": [
@@ -320,6 +321,7 @@ EXAMPLES: dict[str, list[Case]] = {
     "SoftmaxCrossEntropyPartsGrad": [
         Case([T(f32, 4), T(f32, 4), T(f32, 4, 5), T(f32, 4), R(T(i64, 4), 0, 5)]),
         Case([T(f64, 3), T(f64, 3), T(f64, 3, 4), T(f64, 3), K(T(i64, 3), [3, 4, 9])], {"rows": (4, 10)}),
+        Case([T(f64, 2, 3), T(f64, 2, 3), T(f64, 2, 3, 4), T(f64, 2, 3), R(T(i64, 2, 3), 0, 4)]),
     ],
     "MSELossGrad": [
         Case([T(f32), T(f32, 4, 3), T(f32, 4, 3)]),

@@ -94,6 +94,35 @@ def test_context_parallelism_with_zero_over_dp_and_cp_communication_streams_and_
     assert err < (1e-4 if precision == "mixed" else 1e-9), (where, err)
 
 
+@pytest.mark.parametrize("strategy", ["d4.t1.c2.p1.k2.z3h2", "d4.t1.c2.p2.k2.1f1b.z3h2.rfull"])
+def test_context_parallelism_with_hsdp_equals_the_sequential_step(strategy: str) -> None:
+    """HSDP over dp × cp (torchtitan's ``dp_shard`` × ``cp`` mesh, replicated over
+    ``dp_replicate``): ZeRO-3 shards within a group of h replicas' h·c ranks and all-reduces the
+    shard across the d/h groups; the step equals the sequential one (causal attention, Adam,
+    communication streams)."""
+    s = parse_strategy(strategy)
+    model = build_model(LLAMA, batch=s.d * s.k, dtype=DType.f64)
+    cmp = check_against_sequential(model, s, Optimizer("adam"), comm_streams=True)
+    err, where = cmp.update_error()
+    assert err < 1e-9, (where, err)
+    assert cmp.results["loss"][2] == pytest.approx(cmp.results["loss"][3], rel=1e-12)
+
+
+def test_hsdp_with_context_parallelism_shards_over_a_group_of_replicas_and_their_context_ranks() -> None:
+    """d4.c2.z3h2: each weight lives on the (dpr = 2, dp = h·c = 4, tp) view of the stage's 8
+    devices, replicated over dpr and sharded over the 4 ranks of one group (2 replicas × 2
+    context ranks, consecutive devices)."""
+    s = parse_strategy("d4.t1.c2.p1.k1.z3h2")
+    model = build_model(LLAMA, batch=4, dtype=DType.f64)
+    entry = distribute(model, s, Optimizer("adam")).entry
+    w = next(p for p in entry.params if p.name == model.weights[0].name)
+    t = w.type
+    assert isinstance(t, DTensorType)
+    assert t.mesh.shape == (2, 4, 1)
+    assert t.placements[0] == Replicate() and isinstance(t.placements[1], Shard)
+    assert [d.id for d in t.mesh.devices] == list(range(8))
+
+
 def test_the_reordered_sequence_with_its_positions_is_the_same_model() -> None:
     """Independent of distribute: the positioned model on the balanced order computes the
     original model's loss (the loss is a mean over tokens)."""
@@ -203,7 +232,6 @@ def test_inputs_are_split_along_the_sequence_over_cp() -> None:
 @pytest.mark.parametrize(
     ("strategy", "named"),
     [
-        ("d4.t1.c2.p1.k1.z3h2", "HSDP"),
         ("d1.t2.sp.c2.p1.k1", "sequence parallelism"),
         ("d2.t1.c2.p1.k1.b1-3", "batch shares"),
     ],

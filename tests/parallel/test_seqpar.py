@@ -35,6 +35,7 @@ LLAMA = "llama:layers=3,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=4"
         (GPT, "d1.t2.sp.p1.k1.1f1b"),
         (GPT, "d2.t2.sp.p2.k2.1f1b.z1"),  # 8 devices
         (GPT, "d1.t2.sp.p2.k2.zb1.rsel"),
+        (LLAMA, "d2.t2.sp.p2.k2.zb1.rfull"),  # the weight passes gather their carried slices again
         (LLAMA, "d2.t2.sp.p2.k4.gpipe.z3"),  # 8 devices
         (LLAMA, "d1.t2.sp.p1.k2.1f1b.rfull"),
         ("gpt:layers=2,hidden=8,heads=2,seq=5,vocab=16", "d1.t2.sp.p1.k2.1f1b"),  # uneven: 3 + 2

@@ -156,3 +156,25 @@ def test_probes_of_many_keys_sharing_records_give_the_profiles_planned_anew(name
             got: list[LayerProfile] = shared.layers(t, b, gpus, rec, sp)
             assert got == alone.layers(t, b, gpus, rec, sp)
     assert shared._records.taken > 0
+
+
+def test_unit_models_build_the_model_at_one_sample_once_within_the_block() -> None:
+    """Inside ``unit_models`` (a search) the model at one sample is built once per (spec, dtype)
+    and is ``build_from``'s; outside, every call builds it anew (a model file edited between two
+    searches is read again)."""
+    from distir.frontends.zoo.registry import build_from
+    from distir.search.profile import unit_model, unit_models
+
+    spec = parse_model_string(GPT)
+    outside = unit_model(spec, DType.f32)
+    assert unit_model(spec, DType.f32) is not outside
+    with unit_models():
+        first = unit_model(spec, DType.f32)
+        assert unit_model(spec, DType.f32) is first
+        assert unit_model(spec, DType.bf16) is not first
+        with unit_models():  # nested: the same scope
+            assert unit_model(spec, DType.f32) is first
+    assert unit_model(spec, DType.f32) is not first
+    expected = build_from(spec, 1, DType.f32)
+    assert print_function(first.forward) == print_function(expected.forward)
+    assert first.weights == expected.weights

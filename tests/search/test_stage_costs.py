@@ -5,6 +5,7 @@ of more than 8 layers, inference) at random placements of a heterogeneous cluste
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import astuple
 
@@ -111,24 +112,35 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
     lt = np.array([r.time for r in rows])
     w_bytes, n_w, saved, out_b = rows[0].weight, rows[0].n_w, rows[0].saved * fb, rows[0].out
     work = np.max([r.work for r in rows], axis=0)
+    static_f = 1.0 / h if s.zero == 3 else 1.0
+    grad_f = 0.0
+    if pr.train:  # the gradient (accumulated in place; a shard from ZeRO-2) and optimizer state
+        grad_f = 1.0 / h if s.zero >= 2 else 1.0
+        static_f += pr.n_state / (h if s.zero >= 1 else 1)
+    # ZeRO-3, gathered one layer ahead: a pass over layers with compute c_i and gathers g_i takes
+    # g_first + Σ max(c_i, g_next) + c_last; per layer max(f_i, g_{i+1}) + max(b_i, g_{i-1}), and
+    # per chunk its ends (``edges``)
+    edges = []
     for j, (lat, per_byte) in enumerate(zero3):
-        lt[j] += 2 * (w_bytes * per_byte + (n_w > 0) * lat)  # a layer's gathers: one call
+        g = w_bytes * per_byte + (n_w > 0) * lat  # a layer's gathers: one call
+        f, bw = rows[j].fwd, rows[j].time - rows[j].fwd
+        f_over = np.maximum(f, np.append(g[1:], 0.0)) - f
+        b_over = np.maximum(bw, np.insert(g[:-1], 0, 0.0)) - bw
+        lt[j] += f_over + b_over
+        edges.append((g, f_over, b_over))
     if pr.train and s.k > 1:
         for j in range(s.p):
             spec = screen._specs[kinds[j]]
             lt[j] += (
-                (s.k - 1) / s.k * (3 * w_bytes / (0.8 * spec.memory_bandwidth) + n_w * spec.launch_overhead_s)
+                (s.k - 1)
+                / s.k
+                * (3 * grad_f * w_bytes / (0.8 * spec.memory_bandwidth) + n_w * spec.launch_overhead_s)
             )
     time_c = lt[stage_of]
     comm = np.zeros((max(chunks - 1, 0), max(n_layers - 1, 0)))
     for c, link in enumerate(links):
         if link is not None:
             comm[c] = (2.0 if pr.train else 1.0) * (link[0] + out_b[:-1] * link[1])
-    static_f = 1.0 / h if s.zero == 3 else 1.0
-    grad_f = 0.0
-    if pr.train:  # the gradient (accumulated in place; a shard from ZeRO-2) and optimizer state
-        grad_f = 1.0 / h if s.zero >= 2 else 1.0
-        static_f += pr.n_state / (h if s.zero >= 1 else 1)
     holds = [
         _replay(s, j) if pr.train else [("F", -1, dict.fromkeys(range(j, chunks, s.p), (1, 0, 0)))]
         for j in range(s.p)
@@ -163,6 +175,10 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
         counts = uni
     bounds = np.concatenate([[0], np.cumsum(counts)])
     t_chunk = [float(time_c[c, bounds[c] : bounds[c + 1]].sum()) for c in range(chunks)]
+    for c, (a, z) in enumerate(itertools.pairwise(bounds)):
+        if edges and z > a:  # each pass's first gather; no overlap with gathers past the chunk
+            g, f_over, b_over = edges[stage_of[c]]
+            t_chunk[c] += float(g[a] + g[z - 1] - f_over[z - 1] - b_over[a])
     c_cut = [float(comm[c, bounds[c + 1] - 1]) for c in range(chunks - 1)]
     t_stage = [sum(t_chunk[c] for c in range(chunks) if stage_of[c] == j) for j in range(s.p)]
     pipe = pipeline_time(s, t_stage, c_cut)

@@ -47,7 +47,7 @@ def _probes(t: int, b: int) -> list[Module]:
                 if L.bwd is not None and L.vjp is not None:
                     out.append(_probe(L.bwd, L.bwd_args))
                     n_dx = 1 if 0 in L.vjp.wrt else 0
-                    out.append(_probe(split_backward(L.bwd, n_dx)[0], L.bwd_args))
+                    out.append(_probe(split_backward(L.bwd, n_dx, L.bwd_args)[0], L.bwd_args))
     return out
 
 

@@ -411,12 +411,17 @@ def _hold_cached(ctx: _Ctx, fn: Function, active: set[Value]) -> frozenset[Value
     return frozenset(out)
 
 
-def split_weight_grad(bwd: Function, n_input_grads: int) -> tuple[Function, Function]:
+def split_weight_grad(
+    bwd: Function, n_input_grads: int, rerun: Callable[[Op], bool] | None = None
+) -> tuple[Function, Function]:
     """Split ``bwd`` (results: ``n_input_grads`` input gradients, then weight gradients) into
     ``@<bwd>_i(params...) -> (input grads..., carried...)`` and ``@<bwd>_w(carried...) -> (weight
     grads...)``. The input part holds every op the input gradients need; the weight part holds
     the rest; *carried* are the values the weight part needs from the input part (or from the
-    parameters — passed through)."""
+    parameters — passed through). An op of the input part for which ``rerun`` holds, whose
+    result the weight part reads, runs again in the weight part on its (carried) inputs instead
+    of its result being carried: e.g. a gather of sequence-parallel slices, which Megatron-style
+    weight-gradient stores hold as slices and gather again in the weight pass."""
     producer: dict[Value, Op] = {}
     for instr in bwd.body:
         assert isinstance(instr, Op)
@@ -436,6 +441,9 @@ def split_weight_grad(bwd: Function, n_input_grads: int) -> tuple[Function, Func
 
     i_ops = slice_of(bwd.outputs[:n_input_grads])
     w_ops = slice_of(bwd.outputs[n_input_grads:]) - i_ops
+    if rerun is not None:
+        read = {v for op in w_ops for v in op.inputs} | set(bwd.outputs[n_input_grads:])
+        w_ops |= {op for v in read if (op := producer.get(v)) is not None and op in i_ops and rerun(op)}
     w_defined = {o for op in w_ops for o in op.outputs}
     carried: list[Value] = []
     seen: set[Value] = set()

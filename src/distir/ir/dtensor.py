@@ -168,6 +168,7 @@ class Mesh:
     axes: tuple[tuple[str, int], ...]
     devices: tuple[Device, ...]
     _hash: int = field(init=False, repr=False, compare=False)
+    _shape: tuple[int, ...] = field(init=False, repr=False, compare=False)  # ``shape``, computed once
 
     def __post_init__(self) -> None:
         if not isinstance(self.axes, tuple) or not self.axes:
@@ -187,6 +188,8 @@ class Mesh:
                     f"mesh axis {a}: shares {n.shares} must give {int(n)} positive ints in lowest terms, "
                     "not all equal (build the size with axis_size)"
                 )
+        # the sharding and the simulator ask for it per placement of every type on the mesh
+        object.__setattr__(self, "_shape", tuple(n for _, n in self.axes))
         if not isinstance(self.devices, tuple) or not all(isinstance(d, Device) for d in self.devices):
             raise IRTypeError(f"mesh devices must be a tuple of devices, got {self.devices!r}")
         if len(set(self.devices)) != len(self.devices):
@@ -206,7 +209,7 @@ class Mesh:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(n for _, n in self.axes)
+        return self._shape
 
     @property
     def names(self) -> tuple[str, ...]:

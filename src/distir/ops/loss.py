@@ -174,17 +174,17 @@ NEGATIVE_LOG_LIKELIHOOD_LOSS = register(
 
 # -- SoftmaxCrossEntropyParts (the local half of a vocabulary-parallel cross entropy) ----------
 def check_parts(ctx: TypeCtx, si: int) -> tuple[TensorType, int | None]:
-    """scores (N, C) float, shift (N,) of its dtype, labels (N,) int (in range when known), at
-    ``si``, ``si + 1``, ``si + 2``; returns the scores and the total class count when ``rows``
-    is set (a piece of the classes)."""
+    """scores (N..., C) float (rows N..., classes last), shift (N...) of its dtype, labels (N...)
+    int (in range when known), at ``si``, ``si + 1``, ``si + 2``; returns the scores and the
+    total class count when ``rows`` is set (a piece of the classes)."""
     scores, shift, labels = float_input(ctx, si, "scores"), ctx.tensor(si + 1), ctx.tensor(si + 2)
-    if scores.rank != 2:
-        ctx.fail(f"{ctx.op.name} scores must be (N, C)", si, "rank 2", scores.rank)
-    n, c = scores.shape
-    if shift.shape != (n,) or shift.dtype != scores.dtype:
-        ctx.fail(f"{ctx.op.name} shift must be ({n},) {scores.dtype}", si + 1, (n,), shift.shape)
-    if not labels.dtype.is_int or labels.shape != (n,):
-        ctx.fail(f"{ctx.op.name} labels must be ({n},) integers", si + 2, (n,), labels.shape)
+    if scores.rank < 2:
+        ctx.fail(f"{ctx.op.name} scores must be (N..., C)", si, "rank >= 2", scores.rank)
+    n, c = scores.shape[:-1], scores.shape[-1]
+    if shift.shape != n or shift.dtype != scores.dtype:
+        ctx.fail(f"{ctx.op.name} shift must be {n} {scores.dtype}", si + 1, n, shift.shape)
+    if not labels.dtype.is_int or labels.shape != n:
+        ctx.fail(f"{ctx.op.name} labels must be {n} integers", si + 2, n, labels.shape)
     rows = check_rows(ctx, c)
     total = c if rows is None else rows[1]
     known = ctx.known[si + 2] if si + 2 < len(ctx.known) else None
@@ -200,19 +200,19 @@ def _parts_rule(ctx: TypeCtx) -> Sequence[Type]:
     acc = ctx.attr("acc") or scores.dtype
     if not acc.is_float:
         ctx.fail(f"{ctx.op.name} accumulates in a float dtype", None, "a float dtype", acc)
-    return (ctx.out(acc, scores.shape[:1]), ctx.out(acc, scores.shape[:1]))
+    return (ctx.out(acc, scores.shape[:-1]), ctx.out(acc, scores.shape[:-1]))
 
 
 def exp_and_onehot(scores: Any, shift: Any, labels: Any, rows: Any) -> tuple[F64, F64]:
     """exp(scores − shift) per score, and the one-hot of the labels within this piece of the
     classes (``rows``: Gather's convention; zeros for a label another piece holds)."""
     x = f64(scores)
-    e = np.exp(x - f64(shift)[:, None])
-    idx, mask = local_rows(labels, rows, x.shape[1])
+    e = np.exp(x - f64(shift)[..., None])
+    idx, mask = local_rows(labels, rows, x.shape[-1])
     onehot = np.zeros_like(x)
-    if x.shape[1]:  # an empty piece of the classes holds no label
+    if x.shape[-1]:  # an empty piece of the classes holds no label
         np.put_along_axis(
-            onehot, idx[:, None], 1.0 if mask is None else mask[:, None].astype(np.float64), axis=1
+            onehot, idx[..., None], 1.0 if mask is None else mask[..., None].astype(np.float64), axis=-1
         )
     return e, onehot
 
@@ -221,26 +221,31 @@ def _parts_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     acc = attrs.get("acc")
     dtype = acc.to_numpy() if isinstance(acc, DType) else np.asarray(args[0]).dtype
     e, onehot = exp_and_onehot(args[0], args[1], args[2], attrs.get("rows"))
-    z = f64(args[0]) - f64(args[1])[:, None]
-    return (e.sum(1).astype(dtype), (z * onehot).sum(1).astype(dtype))
+    z = f64(args[0]) - f64(args[1])[..., None]
+    return (e.sum(-1).astype(dtype), (z * onehot).sum(-1).astype(dtype))
 
 
 def parts_sharding(first: int, linear: int) -> sh.ShardingRule:
-    """The rows (dim 0 of everything) sharded alike; the classes of the scores (input ``first``)
-    sharded with the rest whole: each result a pending sum (a sum over classes); the ``linear``
-    first inputs (incoming gradients) may be pending sums, the rest replicated."""
+    """Each row dim (every dim of the scores but the last, the same dim of everything) sharded
+    alike; the classes of the scores (input ``first``, last dim) sharded with the rest whole:
+    each result a pending sum (a sum over classes); the ``linear`` first inputs (incoming
+    gradients) may be pending sums, the rest replicated."""
 
     def rule(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[sh.Strategy]:
         t = ins[first]
         scores = t.shape if isinstance(t, TensorType) else ()
         found = [sh.replicated(ins, outs)]
-        if len(scores) != 2:
+        if len(scores) < 2:
             return found
-        if scores[0] > 1:
-            found.append(sh.Strategy(tuple(Shard(0) for _ in ins), tuple(Shard(0) for _ in outs)))
-        if scores[1] > 1:
-            places: tuple[Placement, ...] = tuple(Shard(1) if i == first else sh.R for i in range(len(ins)))
-            outs_p: tuple[Placement, ...] = tuple(Shard(1) if linear else sh.SUM for _ in outs)
+        for dim in range(len(scores) - 1):
+            if scores[dim] > 1:
+                found.append(sh.Strategy(tuple(Shard(dim) for _ in ins), tuple(Shard(dim) for _ in outs)))
+        last = len(scores) - 1
+        if scores[last] > 1:
+            places: tuple[Placement, ...] = tuple(
+                Shard(last) if i == first else sh.R for i in range(len(ins))
+            )
+            outs_p: tuple[Placement, ...] = tuple(Shard(last) if linear else sh.SUM for _ in outs)
             found.append(sh.Strategy(places, outs_p))
         if linear:
             found.append(
@@ -262,14 +267,16 @@ SOFTMAX_CROSS_ENTROPY_PARTS = register(
         attrs={"rows": ROWS, "acc": AttrSpec("dtype", None)},
         reference=_parts_ref,
         flops=lambda ins, outs, attrs: 3.0 * numel(ins[0]) + numel(ins[1]),
-        doc="Per row n: sumexp = Σ_c exp(scores[n, c] − shift[n]) and picked = scores[n, labels[n]] − "
-        "shift[n]; the cross entropy is log(sumexp) − picked. Sharded on the classes, both are pending "
-        "sums (Megatron's vocabulary-parallel cross entropy); rows=[start, total]: scores is that piece "
-        "of the classes, a label outside it picks 0. acc: the dtype of both results (default: the "
-        "scores'); acc=f32 on bf16 scores is a fused cross entropy (flash-attn's xentropy kernel): fp32 "
-        "inside, no fp32 copy of the scores, and the gradient written in the scores' dtype.",
+        doc="Per row n (every dim but the last; classes last): sumexp = Σ_c exp(scores[n, c] − "
+        "shift[n]) and picked = scores[n, labels[n]] − shift[n]; the cross entropy is "
+        "log(sumexp) − picked. Sharded on the classes, both are pending sums (Megatron's "
+        "vocabulary-parallel cross entropy); rows=[start, total]: scores is that piece of the "
+        "classes, a label outside it picks 0. acc: the dtype of both results (default: the "
+        "scores'); acc=f32 on bf16 scores is a fused cross entropy (flash-attn's xentropy "
+        "kernel): fp32 inside, no fp32 copy of the scores, and the gradient written in the "
+        "scores' dtype.",
         sharding=parts_sharding(0, 0),
-        localize=rows_localizer(lambda attrs, rank: 1, 0),
+        localize=rows_localizer(lambda attrs, rank: rank - 1, 0),
     )
 )
 
@@ -382,22 +389,22 @@ def torch_exp_and_onehot(
     """``exp_and_onehot`` on torch (in f32 for 16-bit scores): exp(scores − shift) and the
     one-hot of the labels this piece of the classes holds."""
     x = _torch.upcast(ctx, scores)
-    e = ctx.torch.exp(x - _torch.upcast(ctx, shift)[:, None])
+    e = ctx.torch.exp(x - _torch.upcast(ctx, shift)[..., None])
     onehot = ctx.torch.zeros_like(x)
-    if x.shape[1]:
-        idx, mask = _torch.local_rows(ctx, labels, rows, x.shape[1])
+    if x.shape[-1]:
+        idx, mask = _torch.local_rows(ctx, labels, rows, x.shape[-1])
         hit = ctx.torch.ones_like(idx, dtype=x.dtype) if mask is None else mask.to(x.dtype)
-        onehot.scatter_(1, idx[:, None], hit[:, None])
+        onehot.scatter_(-1, idx[..., None], hit[..., None])
     return e, onehot
 
 
 def _parts_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
     scores, shift, labels = xs
     e, onehot = torch_exp_and_onehot(ctx, scores, shift, labels, attrs.get("rows"))
-    z = _torch.upcast(ctx, scores) - _torch.upcast(ctx, shift)[:, None]
+    z = _torch.upcast(ctx, scores) - _torch.upcast(ctx, shift)[..., None]
     acc = attrs.get("acc")
     out = ctx.dtype(acc) if isinstance(acc, DType) else scores.dtype
-    return (e.sum(1).to(out), (z * onehot).sum(1).to(out))
+    return (e.sum(-1).to(out), (z * onehot).sum(-1).to(out))
 
 
 def _nll_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:

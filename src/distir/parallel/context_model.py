@@ -30,12 +30,15 @@ broadcast over the batch). The same product; but its weight gradient is then the
 2-D form's gradient flattens (B, S) into one dim, which two mesh axes cannot both shard (the
 sharding layer would gather the sequence and compute every weight gradient c times over).
 
-**Limit: one sequence per microbatch and stage.** The loss layer flattens (batch, sequence) into
-one dim (``Reshape`` to (B·S, V)); two mesh axes cannot both shard one dim, so with more than
-one sequence per microbatch on a stage (d > 1, or several samples per microbatch) the logits'
-sequence is gathered over cp before the loss — correct, but it costs the loss layer c times its
-memory and compute. The search keeps to one sequence per microbatch unless pinned
-(``distir.search.space``).
+And one for the loss: the zoo's cross entropy flattens (batch, sequence) into one dim
+(``Reshape`` to (B·S, V)), which dp and cp cannot both shard (with more than one sequence per
+microbatch and stage the logits would be gathered over cp: c times the loss layer's memory and
+compute). ``SoftmaxCrossEntropyParts`` takes rows of any rank, classes last, so the flattening
+``Reshape``s of its scores and labels are dropped and the max over the classes taken on the last
+axis: the loss runs on (batch, sequence) rows sharded over dp and cp (and the vocabulary over
+tp), as Megatron-LM's vocabulary-parallel cross entropy runs on its [s, b, v] logits. The
+``torch`` loss form (``LogSoftmax`` and ``NegativeLogLikelihoodLoss``, classes on dim 1) keeps
+its flattening: with several sequences per microbatch and stage its logits are gathered over cp.
 
 Models whose activations carry no sequence dim 1, whose inputs are not (batch, seq), or whose
 attention is the explicit ``CausalMask`` form (``attention=naive``) are refused
@@ -59,8 +62,11 @@ from distir.ir.types import DType, TensorType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops.attention import ATTENTION, ROPE
 from distir.ops.linalg import MATMUL
+from distir.ops.loss import SOFTMAX_CROSS_ENTROPY_PARTS
 from distir.ops.nn import CAUSAL_MASK
+from distir.ops.reduce import REDUCE_MAX
 from distir.ops.shape.select import SLICE
+from distir.ops.shape.views import RESHAPE
 from distir.parallel.context import balanced_positions
 from distir.parallel.strategy import StrategyError
 
@@ -123,7 +129,55 @@ def context_model(model: Model, c: int, ring: bool = True) -> Model:
     fns = [rewritten.get(f.name, f) for f in model.module.functions if f is not model.forward]
     spec = InputSpec(POS, pos_type, high=first.shape[1])
     positioned = replace(model, module=Module((*fns, entry)), inputs=(*model.inputs, spec))
-    return _batched_weight_products(positioned)
+    return _batched_weight_products(_unflattened_loss(positioned))
+
+
+def _unflattened_loss(model: Model) -> Model:
+    """The cross entropy on (batch, sequence) rows (module docstring): in every function, a
+    ``SoftmaxCrossEntropyParts`` whose scores and labels are ``Reshape``s flattening (B, S, V)
+    and (B, S) to (B·S, V) and (B·S,) takes them unflattened (classes last), the max over the
+    classes (``ReduceMax`` of the flattened scores on axis 1) taken on the last axis."""
+    fns = tuple(_unflattened(fn) for fn in model.module.functions)
+    return replace(model, module=Module(fns))
+
+
+def _unflattened(fn: Function) -> Function:
+    made = {o: op for op in fn.ops() for o in op.outputs}
+    flat: dict[Value, Value] = {}  # a flattened value -> the value it flattens
+    for op in fn.ops():
+        if op.name != SOFTMAX_CROSS_ENTROPY_PARTS.name:
+            continue
+        scores, labels = made.get(op.inputs[0]), made.get(op.inputs[2])
+        if _flattens(scores, 2) and _flattens(labels, 1):
+            assert scores is not None and labels is not None
+            flat[scores.outputs[0]] = scores.inputs[0]
+            flat[labels.outputs[0]] = labels.inputs[0]
+    if not flat:
+        return fn
+    users_ok = {RESHAPE.name, REDUCE_MAX.name, SOFTMAX_CROSS_ENTROPY_PARTS.name}
+    if any(v in flat for op in fn.ops() if op.name not in users_ok for v in op.inputs) or any(
+        v in flat for v in fn.outputs
+    ):
+        return fn  # the flattened values have other users: left as they are
+    body: list[Instr] = []
+    for instr in fn.body:
+        if isinstance(instr, Op) and instr.outputs[0] in flat:
+            continue
+        if isinstance(instr, Op) and any(v in flat for v in instr.inputs):
+            attrs = instr.attrs
+            if instr.name == REDUCE_MAX.name:  # over the classes: now the last axis
+                attrs = Attrs({**dict(attrs.items()), "axes": (-1,)})
+            instr = Op(instr.name, tuple(flat.get(v, v) for v in instr.inputs), instr.outputs, attrs)
+        body.append(instr)
+    return replace(fn, body=tuple(body))
+
+
+def _flattens(op: Op | None, rank: int) -> bool:
+    """Whether ``op`` is a ``Reshape`` to ``rank`` dims whose first is -1 (rows merged)."""
+    if op is None or op.name != RESHAPE.name or len(op.inputs) != 1:
+        return False
+    shape = op.attrs.get("shape")
+    return isinstance(shape, tuple) and len(shape) == rank and shape[0] == -1
 
 
 def _batched_weight_products(model: Model) -> Model:

@@ -33,7 +33,8 @@ programs. Its shape:
   group in every backward, accumulating the shard (still a pending sum over ``dpr``); the last
   backward of each chunk all-reduces the accumulated shard across the groups, once per step (FSDP2's
   ``set_requires_all_reduce(False)`` on all microbatches but the last, as with gradient
-  accumulation HSDP does).
+  accumulation HSDP does). With context parallelism a group is n replicas' n·c ranks
+  (``(dpr=d/n, dp=n·c, tp=t)``: torchtitan's ``dp_shard`` × ``cp`` mesh under ``dp_replicate``).
 - **In place.** Weights, optimizer state, Adam's step and the compute copies are donated
   (``Function.donated``), each to its successor among the results: the simulator lets the
   update take the old value's storage, as trainers update in place (the ZeRO paper's model
@@ -366,7 +367,6 @@ def _check_deepspeed(s: Strategy, prec: Precision, deepspeed_pipe: bool, fp32_gr
 def _check_context(s: Strategy, train: bool) -> None:
     """Refuse what context parallelism inside ``distribute`` does not combine with yet."""
     missing = [
-        (s.shard_group is not None, f"HSDP (z3h{s.shard_group})"),
         (s.sp, "sequence parallelism (sp): the sequence split over both cp and tp"),
         (s.shares is not None, "uneven batch shares"),
         (not train, "an inference program"),
@@ -505,7 +505,7 @@ class _Builder:
         # shards over the h replicas of a group (dp), replicated across the d/h groups (dpr);
         # weights, their state and sharded gradients live there, ``MeshView`` crosses over
         self.hsdp = train and s.zero == 3 and s.shard_group is not None
-        h = s.zero_degree
+        h, groups = s.zero_degree, s.d * s.c // s.zero_degree  # with cp: n replicas' n·c ranks a group
         # context parallelism: weights, their state and reduced gradients live on each stage's
         # devices seen as (dp = d·c, tp) — cp merged into dp, as data parallelism over d·c ranks
         # (ZeRO shards over them: ``Strategy.zero_degree``) — and ``MeshView`` crosses over to
@@ -514,7 +514,7 @@ class _Builder:
         self.viewed = self.hsdp or self.cp_view  # weights on ``meshes3``, a view of ``meshes``
         self._fsdp_options(fsdp or FsdpOptions())
         if self.hsdp:
-            self.meshes3 = [Mesh((("dpr", s.d // h), ("dp", h), ("tp", s.t)), m.devices) for m in self.meshes]
+            self.meshes3 = [Mesh((("dpr", groups), ("dp", h), ("tp", s.t)), m.devices) for m in self.meshes]
         elif self.cp_view:
             self.meshes3 = [Mesh((("dp", s.d * s.c), ("tp", s.t)), m.devices) for m in self.meshes]
         else:

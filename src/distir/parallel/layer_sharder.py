@@ -15,6 +15,7 @@ partition is ``distir.parallel.pipeline.partition``). The search's profiler uses
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -36,7 +37,7 @@ from distir.ir.dtensor import (
     parse_placements,
 )
 from distir.ir.function import Function, Module
-from distir.ir.ops import Call
+from distir.ir.ops import Call, Op
 from distir.ir.rewrite import copy_instr
 from distir.ir.types import Device, TensorType, Type
 from distir.ir.values import Value
@@ -341,7 +342,7 @@ class LayerSharder:
         layer = ShardedLayer(-1, [], [], fwd, bwd, vjp=vj, fwd_args=fargs, bwd_args=bargs, tp_pending=pending)
         if self.s.schedule == "zb1":
             n_dx = 1 if 0 in vj.wrt else 0
-            bi, bw = split_backward(bwd, n_dx)
+            bi, bw = split_backward(bwd, n_dx, bargs)
             layer.bwd_i, layer.bwd_w = bi, bw
             layer.n_carried = len(bi.outputs) - n_dx
             self.functions.setdefault(bi.name, bi)
@@ -416,8 +417,9 @@ def _role(roles: tuple[Placement | None, ...], j: int) -> Placement:
 _MEMO_MAX = 256
 # (id of the module, the sharder's key, mesh) -> (module, function, its sharding, result placements)
 _SHARDS: dict[tuple[object, ...], tuple[Module, Function, Function, list[tuple[Placement, ...] | None]]] = {}
-# (id of a backward, inputs with a gradient) -> (that backward, its input and weight parts)
-_SPLITS: dict[tuple[int, int], tuple[Function, tuple[Function, Function]]] = {}
+# (id of a backward, inputs with a gradient, argument types) -> (that backward, its input and
+# weight parts)
+_SPLITS: dict[tuple[object, ...], tuple[Function, tuple[Function, Function]]] = {}
 # (id of a forward, argument types) -> (that forward, its result types): ``LayerSharder._fwd_types``
 _OUT_TYPES: dict[tuple[object, ...], tuple[Function, list[Type]]] = {}
 
@@ -492,15 +494,38 @@ def tp_sums_deferred(
     return got, frozenset(drop)
 
 
-def split_backward(bwd: Function, n_dx: int) -> tuple[Function, Function]:
-    """A layer's backward as its input-gradient part (returning the ``n_dx`` input gradients,
-    then the values it carries to the weight-gradient part) and its weight-gradient part, as
-    the zero-bubble schedules run them: ``split_weight_grad`` memoized (``_SPLITS``)."""
-    hit = _SPLITS.get((id(bwd), n_dx))
+def split_backward(bwd: Function, n_dx: int, arg_types: Sequence[Type]) -> tuple[Function, Function]:
+    """A layer's backward (called on ``arg_types``) as its input-gradient part (returning the
+    ``n_dx`` input gradients, then the values it carries to the weight-gradient part) and its
+    weight-gradient part, as the zero-bubble schedules run them: ``split_weight_grad`` memoized
+    (``_SPLITS``). A gather the weight part needs (a Redistribute that shards over fewer devices
+    than its input: sequence parallelism's all-gather of a GEMM input or output gradient) is not
+    carried gathered: the input part carries its slice and the weight part gathers it again, as
+    Megatron-style weight-gradient stores do (MindSpeed's ``WeightGradStore`` keeps the
+    sequence-parallel ``input_slice``/``grad_output_slice`` and all-gathers them in the
+    weight-gradient pass) — so what a layer carries does not depend on whether its plan happened
+    to share one gather between the two parts (it does at some microbatch sizes, not others)."""
+    key = (id(bwd), n_dx, tuple(arg_types))
+    hit = _SPLITS.get(key)
     if hit is None or hit[0] is not bwd:
         _bounded(_SPLITS)
-        hit = _SPLITS[(id(bwd), n_dx)] = (bwd, split_weight_grad(bwd, n_dx))
+        types = value_types(Module((bwd,)), bwd, arg_types)
+        hit = _SPLITS[key] = (bwd, split_weight_grad(bwd, n_dx, lambda op: _gathers(op, types)))
     return hit[1]
+
+
+def _gathers(op: Op, types: dict[Value, Type]) -> bool:
+    """Whether ``op`` is a Redistribute whose result is sharded over fewer devices than its input
+    (an all-gather: the result is larger on each device)."""
+    if op.name != REDISTRIBUTE.name:
+        return False
+    src, dst = types.get(op.inputs[0]), types.get(op.outputs[0])
+    return isinstance(src, DTensorType) and isinstance(dst, DTensorType) and _ways(dst) < _ways(src)
+
+
+def _ways(t: DTensorType) -> int:
+    """Over how many devices ``t`` is sharded (the product of its sharded mesh axes' sizes)."""
+    return math.prod(n for (_, n), p in zip(t.mesh.axes, t.placements, strict=True) if isinstance(p, Shard))
 
 
 # (model id, microbatch, recompute, train) -> (the model, kept alive so its id stays valid; layer

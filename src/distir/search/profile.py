@@ -35,12 +35,14 @@ differently at b = 64 than at b = 8), so a retyped function can cost other than 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from distir.autodiff.precision import MIXED
+from distir.frontends.zoo.model import Model
 from distir.frontends.zoo.registry import ModelSpec, build_from
 from distir.hardware.cluster import Cluster
 from distir.ir.builder import FunctionBuilder
@@ -177,7 +179,7 @@ class Profiler:
         """The model at microbatch ``b`` with its repeated layers dropped (``distinct_layers``)."""
         got = self._models.get(b)
         if got is None:
-            model = build_from(self.spec, b, self.dtype)
+            model = unit_model(self.spec, self.dtype) if b == 1 else build_from(self.spec, b, self.dtype)
             if self.mixed and self.train:  # the program distribute builds: the loss in fp32
                 model = MIXED.prepare(model)
             got = self._models[b] = distinct_layers(model)
@@ -220,7 +222,8 @@ class Profiler:
         # (``SharedRecords``, up to ``RECORDS_KEPT`` of them)
         if self._records.size > RECORDS_KEPT:
             self._records = SharedRecords()
-        self._shared = SharedPlans(self._records)
+        # (a probe calls one layer function on one mesh: nothing to carry to another mesh)
+        self._shared = SharedPlans(self._records, relabel=False)
         distinct: list[LayerProfile] = []
         for i, L in enumerate(layers):
             fwd = self._run(L.fwd, L.fwd_args, dmap, cost, key)
@@ -424,7 +427,7 @@ class Profiler:
         n_dx = 1 if 0 in L.vjp.wrt else 0
         hit = self._split.get(id(L))
         if hit is None or hit[0] is not L:
-            hit = self._split[id(L)] = (L, split_backward(L.bwd, n_dx)[0])
+            hit = self._split[id(L)] = (L, split_backward(L.bwd, n_dx, L.bwd_args)[0])
         bwd_i = hit[1]
         dying = _dying(L)
         work = self._run(bwd_i, L.bwd_args, dmap, cost, key, dying)[2]
@@ -508,32 +511,59 @@ def run_profile_tasks(tasks: tuple[ProfileTask, ...]) -> TaskResult:
     return out, probes, cpu
 
 
+# the model at one sample per (spec, dtype), while a search runs (``unit_models``): the space's
+# and the screen's questions about the model's shape (below) build it once rather than six times
+_UNIT: dict[tuple[ModelSpec, DType], Model] | None = None
+
+
+@contextmanager
+def unit_models() -> Iterator[None]:
+    """Within the block, the functions below build the model at one sample once per (spec,
+    dtype) (a search: the model files it reads are read once); outside, on every call."""
+    global _UNIT
+    outer, _UNIT = _UNIT, {} if _UNIT is None else _UNIT
+    try:
+        yield
+    finally:
+        _UNIT = outer
+
+
+def unit_model(spec: ModelSpec, dtype: DType) -> Model:
+    """``build_from(spec, 1, dtype)``, once per (spec, dtype) inside ``unit_models``."""
+    if _UNIT is None:
+        return build_from(spec, 1, dtype)
+    got = _UNIT.get((spec, dtype))
+    if got is None:
+        got = _UNIT[(spec, dtype)] = build_from(spec, 1, dtype)
+    return got
+
+
 def allowed_tp(spec: ModelSpec, dtype: DType, limit: int) -> list[int]:
     """TP degrees up to ``limit`` that divide every tensor-parallel weight dimension of the model
     (shapes allow them; uneven TP shards are legal DistIR but no one trains that way) but the
     vocabulary (``config["vocab"]``): Megatron-LM pads it to a multiple of 128·t, and distir
     shards it unevenly instead (GPT-2's 50257 over t = 8: 6283 or 6282 rows, not 6288 — the same
     cost within 0.1%)."""
-    model = build_from(spec, 1, dtype)
+    model = unit_model(spec, dtype)
     vocab = model.config.get("vocab")
     dims = [n for w in model.weights if isinstance(w.tp, Shard) and (n := w.type.shape[w.tp.dim]) != vocab]
     return [t for t in range(1, limit + 1) if all(n % t == 0 for n in dims)]
 
 
 def num_layers(spec: ModelSpec, dtype: DType, train: bool) -> int:
-    model = build_from(spec, 1, dtype)
+    model = unit_model(spec, dtype)
     return len(model.layers) if train else len(model.layers) - 1
 
 
 def model_ends(spec: ModelSpec, dtype: DType, train: bool) -> Ends:
     """The layer calls around the model's repeated blocks, as ``distribute`` places them."""
-    model = build_from(spec, 1, dtype)
+    model = unit_model(spec, dtype)
     return ends(model, len(model.layers) if train else len(model.layers) - 1)
 
 
 def sequence_length(spec: ModelSpec, dtype: DType) -> int:
     """The model's sequence length (its first input along ``Model.seq_dim``), 0 without one."""
-    model = build_from(spec, 1, dtype)
+    model = unit_model(spec, dtype)
     t = model.inputs[0].type if model.inputs else None
     if model.seq_dim is None or not isinstance(t, TensorType) or len(t.shape) <= model.seq_dim:
         return 0
@@ -543,7 +573,7 @@ def sequence_length(spec: ModelSpec, dtype: DType) -> int:
 def has_sequence(spec: ModelSpec) -> bool:
     """Whether the model declares the sequence dim of its activations (``Model.seq_dim``), which
     sequence parallelism shards."""
-    return build_from(spec, 1, DType.f32).seq_dim is not None
+    return unit_model(spec, DType.f32).seq_dim is not None
 
 
 def num_blocks(spec: ModelSpec, dtype: DType, train: bool) -> int:
@@ -567,4 +597,6 @@ __all__ = [
     "run_profile_task",
     "run_profile_tasks",
     "sequence_length",
+    "unit_model",
+    "unit_models",
 ]

@@ -182,18 +182,11 @@ class Screen:
             group = tuple(gpus[r * s.t : (r + 1) * s.t])
             gks.setdefault(self._group_key(group), group)
         ring = self._ring(s, gpus) if s.c > 1 else None
-        carry = self._carry_batch(s, b)
         key = (s.t, s.d, b, s.recompute, s.sp, tuple(gks), cap) + ((s.c, ring) if ring is not None else ())
-        key += (("carry", carry),) if carry != b else ()
         got = self._rows.get(key)
         if got is not None:
             return key, got
         profs = [self.profiler.layers(s.t, b, group, s.recompute, s.sp) for group in gks.values()]
-        if carry != b:
-            profs = [
-                self._carried_from(ps, self.profiler.layers(s.t, carry, group, s.recompute, s.sp), b / carry)
-                for ps, group in zip(profs, gks.values(), strict=True)
-            ]
         if ring is not None:
             attn = self._attention(b, len(profs[0]))
             profs = [
@@ -205,32 +198,6 @@ class Screen:
             ]
         got = self._rows[key] = self._worst_rows(profs, profs[0], cap)
         return key, got
-
-    def _carry_batch(self, s: Strategy, b: int) -> int:
-        """The microbatch whose layer plan sets what a zero-bubble input-gradient pass carries to
-        its weight-gradient pass: ``distribute`` shards a layer at the global microbatch b·d over
-        the data-parallel axis, while the profiler shards it at b on one replica. The sharding
-        rules never shard a dimension of size 1 (``ops/sharding.py``), so at b = 1 with d > 1 the
-        two plans differ: the profiler's carries the sequence-parallel (sequence-sharded) GEMM
-        inputs and gathers them again in the weight-gradient pass, the program's carries them
-        gathered (t times the bytes). There the carried bytes are read from the plan at
-        microbatch 2 (linear in the microbatch: its half); else ``b``."""
-        if self.problem.train and s.schedule == "zb1" and b == 1 and s.d > 1 and s.c == 1:
-            return 2
-        return b
-
-    @staticmethod
-    def _carried_from(ps: list[LayerProfile], at: list[LayerProfile], f: float) -> list[LayerProfile]:
-        """``ps`` with each layer's carried bytes those of ``at`` (the same layers at another
-        microbatch) times ``f``; a repeated layer stays one shared object (``Profiler.layers``)."""
-        memo: dict[int, LayerProfile] = {}
-        out = []
-        for p, q in zip(ps, at, strict=True):
-            got = memo.get(id(p))
-            if got is None:
-                got = memo[id(p)] = replace(p, carried_bytes=q.carried_bytes * f)
-            out.append(got)
-        return out
 
     def _ring(self, s: Strategy, gpus: list[int]) -> Ring:
         """The context-parallel ring of the stage on ``gpus``: its slowest hop (TP rank 0 of the
@@ -282,6 +249,7 @@ class Screen:
         n = range(len(profs[0]))
         return StageRows(
             time=frozen([max(p[i].fwd_s + fb * p[i].bwd_s for p in profs) for i in n]),
+            fwd=frozen([max(p[i].fwd_s for p in profs) for i in n]),
             weight=frozen([max(p[i].weight_bytes for p in profs) for i in n]),
             n_w=frozen([lead[i].n_weights for i in n]),
             saved=frozen([max(p[i].saved_bytes for p in profs) for i in n]),
@@ -435,9 +403,7 @@ class Screen:
         """What the stage on ``gpus`` decides (``Stage``), memoized in ``tb`` and, across
         strategies, on everything of the strategy it depends on (the strategies of one shape share
         their stages on the identity placement)."""
-        # with ZB-H1's carry batch: its carried bytes may come from another plan (``_carry_batch``)
-        carry = self._carry_batch(s, tb.b)
-        memo = (gpus, s.t, s.d, s.c, tb.b, s.recompute, s.sp, s.shares, tb.zero3, s.zero_degree, carry)
+        memo = (gpus, s.t, s.d, s.c, tb.b, s.recompute, s.sp, s.shares, tb.zero3, s.zero_degree)
         got = self._stages.get(memo)
         if got is None:
             got = self._stages[memo] = self._new_stage(s, tb, gpus)
@@ -539,6 +505,10 @@ class Screen:
                 self.cluster, w / h, across
             )
             t += (self._calls(w, n_w) - 1) * lat
+        elif s.d * s.c > 1 and n_w and s.zero == 3:
+            # ZeRO-3 reduce-scatters the gradients (its gathers are the layers': ``_time_row``)
+            lat = coll.reducescatter_time(self.cluster, 1.0, group)
+            t += coll.reducescatter_time(self.cluster, w, group) + (self._calls(w, n_w) - 1) * lat
         elif s.d * s.c > 1 and n_w:
             lat = coll.allreduce_time(self.cluster, 1.0, group)
             t += coll.allreduce_time(self.cluster, w, group) + (self._calls(w, n_w) - 1) * lat

@@ -9,11 +9,11 @@
   (shorter chunks cannot hide the ring's transfers behind their attention); otherwise c = 1 and
   the space is what it was. A context-parallel plan is built and simulated like any other
   (``distribute``), so the space holds only what ``distribute`` combines with c > 1: no
-  sequence parallelism (the sequence would be split over cp and tp at once) and no HSDP
-  (ZeRO 1–3 shard over the d·c ranks); and one sequence per microbatch and stage (d = 1,
-  microbatch size 1): the loss flattens (batch, sequence) into one dim, which dp
-  and cp cannot both shard, so with more sequences ``distribute`` gathers the logits over cp
-  (``distir.parallel.context_model``);
+  sequence parallelism (the sequence would be split over cp and tp at once: one dim along two
+  mesh axes, which the sharding layer does not support); data parallelism, microbatches of
+  several sequences, ZeRO 1–3 over the d·c ranks and HSDP over a group of replicas' context
+  ranks (the cross entropy runs on (batch, sequence) rows, sharded over dp and cp:
+  ``distir.parallel.context_model``);
 - the **microbatch** (samples per replica and microbatch, what users set as the per-GPU
   microbatch size): every divisor b of the per-replica batch with k = per-replica / b ≤ ``max_k``
   gradient-accumulation steps, for every p — p = 1 included, so FSDP/ZeRO-3 with one or two
@@ -186,15 +186,10 @@ class Space:
     def _check_cp(self, c: int) -> None:
         """What a pinned context parallelism does not combine with (module docstring)."""
         p = self.pins
-        clash = [
-            (p.sp, "--sp (sequence parallelism)"),
-            (p.hsdp is not None, f"--hsdp {p.hsdp}"),
-            (p.dp is not None and p.dp > 1, f"--dp {p.dp} (one sequence per microbatch and stage)"),
-            (p.mbs is not None and p.mbs > 1, f"--microbatch-size {p.mbs} (one sequence per microbatch)"),
-        ]
-        for bad, what in clash:
-            if bad:
-                raise SpaceError(f"--cp {c} with {what}: context parallelism does not combine with it yet")
+        if p.sp:
+            raise SpaceError(
+                f"--cp {c} with --sp (sequence parallelism): context parallelism does not combine with it yet"
+            )
 
     def why_not(self, d: int, t: int, p: int, c: int = 1) -> str | None:
         """Why the space has no strategy of shape (d, t, p) (and context parallelism c), in words
@@ -300,8 +295,6 @@ class Space:
         pins = self.pins
         for c in self.context_degrees():
             for d, t, pp in self.triples(c):
-                if c > 1 and d > 1:  # one sequence per microbatch (module docstring)
-                    continue
                 sps = [False, True] if t > 1 and self.sequence and c == 1 else [False]
                 for sp in sps if pins.sp is None else [pins.sp] if pins.sp in sps else []:
                     yield from self._bases(d, t, pp, sp, c)
@@ -310,8 +303,6 @@ class Space:
         """``bases`` of one shape."""
         pins = self.pins
         for k in self.microbatches(self.batch // d):
-            if c > 1 and k * d != self.batch:
-                continue  # one sequence per microbatch (module docstring)
             if pp == 1:
                 scheds = [(pins.schedule or "1f1b", 1)] if pins.schedule in (None, "1f1b", "gpipe") else []
             else:
@@ -338,8 +329,6 @@ class Space:
         of one node (node_devices / t) when a stage's replicas span more than a node; None when
         there is none (it must divide d and be between 2 and d − 1)."""
         h = self.pins.hsdp
-        if base.c > 1:  # not with context parallelism (module docstring)
-            return None
         per = base.t * base.c  # the GPUs of one replica
         if h is None and self.node_devices and base.d * per > self.node_devices:
             h = self.node_devices // per if self.node_devices % per == 0 else None

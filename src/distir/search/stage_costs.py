@@ -51,6 +51,7 @@ class StageRows:
     """One stage's per-layer figures (``Screen._stage_rows``), read-only arrays of length L."""
 
     time: np.ndarray  # forward + backward of one microbatch
+    fwd: np.ndarray  # the forward alone (ZeRO-3's gathers overlap each pass's compute)
     weight: np.ndarray
     n_w: np.ndarray
     saved: np.ndarray
@@ -112,8 +113,8 @@ class Tables:
     identity: tuple[int, ...]  # the identity placement
     stages: dict[tuple[int, ...], Stage] = field(default_factory=dict)  # by GPUs
     figures: dict[tuple[object, ...], Figures] = field(default_factory=dict)  # ``estimate``'s memo
-    # per (stage rows, first stage rows, kind, gather): the stage's per-layer time, array and list
-    time: dict[tuple[object, ...], tuple[np.ndarray, list[float]]] = field(default_factory=dict)
+    # per (stage rows, first stage rows, kind, gather): the stage's per-layer time (``TimeRow``)
+    time: dict[tuple[object, ...], TimeRow] = field(default_factory=dict)
     # per (first stage rows, link): a cut's transfer per layer, array and list
     comm: dict[tuple[object, ...], tuple[np.ndarray, list[float]]] = field(default_factory=dict)
     # per first stage rows: the memory rows, the saved bytes, and (weights, counts, saved) as lists
@@ -121,6 +122,29 @@ class Tables:
         default_factory=dict
     )
     parts: dict[tuple[int, ...], tuple[int, ...] | str] = field(default_factory=dict)  # ``Screen._with``
+
+
+class TimeRow(NamedTuple):
+    """A stage's per-microbatch time per layer (``_time_row``), as array and list; with ZeRO-3
+    also what a chunk's ends add to it (``chunk_edges``): per layer its gather, and its forward
+    and backward beside the neighbour's gather its row counts them overlapped with."""
+
+    row: np.ndarray
+    values: list[float]
+    gather: list[float] | None = None  # a layer's all-gather (one call), None without ZeRO-3
+    fwd_over: list[float] | None = None  # max(forward, next layer's gather) − forward
+    bwd_over: list[float] | None = None  # max(backward, previous layer's gather) − backward
+
+
+def chunk_edges(tr: TimeRow, a: int, b: int) -> float:
+    """What a chunk of layers [a, b) adds to the sum of their ``TimeRow`` values: with ZeRO-3,
+    each pass's first gather, which nothing before it in the chunk hides (the forward's of layer
+    a, the backward's of layer b − 1), less the overlap its row gave the chunk's last layer's
+    forward with a gather past the chunk (layer b's) and the first layer's backward with layer
+    a − 1's (``_Gathers`` in ``distribute``: a chunk gathers only its own layers); 0 without."""
+    if tr.gather is None or tr.fwd_over is None or tr.bwd_over is None or b <= a:
+        return 0.0
+    return tr.gather[a] + tr.gather[b - 1] - tr.fwd_over[b - 1] - tr.bwd_over[a]
 
 
 def new_tables(s: Strategy, b: int, train: bool, n_state: int, mixed: bool = False) -> Tables:
@@ -248,7 +272,7 @@ def figures(
     work = np.max([st.rows.work for st in stages], axis=0)
     # the largest working set (ZeRO-3: with the largest gathered layer) bounds what layers may hold
     transient = work.max() + (float(first.rows.weight.max()) if tb.zero3 else 0.0)
-    time_c = np.array([lt[c][0] for c in tb.stage_of])
+    time_c = np.array([lt[c].row for c in tb.stage_of])
     counts = _layer_counts(s, time_c, comm, mem, caps - transient, balance, assign, ends)
     bounds = [0, *itertools.accumulate(counts)]
     t_stage, c_cut = _stage_times(s, tb, lt, comm_rows, bounds)
@@ -329,7 +353,7 @@ def _layer_counts(
 def _stage_times(
     s: Strategy,
     tb: Tables,
-    lt: list[tuple[np.ndarray, list[float]]],
+    lt: list[TimeRow],
     comm_rows: list[list[float] | None],
     bounds: list[int],
 ) -> tuple[list[float], list[float]]:
@@ -340,8 +364,9 @@ def _stage_times(
     t_chunk: list[float] = []
     for c in range(chunks):
         a, b = bounds[c], bounds[c + 1]
-        row, row_list = lt[stage_of[c]]
-        t_chunk.append(seq_sum(row_list[a:b]) if b - a < 8 else float(row[a:b].sum()))
+        tr = lt[stage_of[c]]
+        t = seq_sum(tr.values[a:b]) if b - a < 8 else float(tr.row[a:b].sum())
+        t_chunk.append(t if tr.gather is None else t + chunk_edges(tr, a, b))
     c_cut: list[float] = []
     for c in range(chunks - 1):
         cr = comm_rows[c]
@@ -474,27 +499,43 @@ def _time_row(
     gather: tuple[float, float] | None,
     train: bool,
     specs: Mapping[str, DeviceSpec],
-) -> tuple[np.ndarray, list[float]]:
-    """Stage ``st``'s per-microbatch time per layer: its rows' time, plus the ZeRO-3 gathers
-    (``gather``) and the gradient accumulation of the weights of the first stage's rows, as an
-    array and a list; memoized in ``tb``."""
+) -> TimeRow:
+    """Stage ``st``'s per-microbatch time per layer: its rows' time, with the ZeRO-3 gathers
+    (``gather``) overlapped as ``distribute`` prefetches them, plus the gradient accumulation of
+    the weights of the first stage's rows; memoized in ``tb``.
+
+    ZeRO-3 gathers every weight before its forward and its backward, in every microbatch, a
+    layer's weights in one collective call (coalesced parts), on the stage's gather stream one
+    layer ahead (``distribute._Gathers``, FSDP's forward and backward prefetch): the next
+    layer's gather is issued as a layer starts, so a pass over layers with compute c_i and
+    gathers g_i takes g_first + Σ max(c_i, g_next(i)) + c_last. Per layer the row holds
+    max(f_i, g_{i+1}) + max(b_i, g_{i−1}) (the backward runs the layers last to first); a
+    chunk's ends add ``chunk_edges``."""
     key = (st.rid, first.rid, st.kind, gather)
     got = tb.time.get(key)
     if got is None:
         row = np.array(st.rows.time)  # a fresh array: the terms below add into it
         w_bytes, n_w = first.rows.weight, first.rows.n_w
-        # ZeRO-3 gathers every weight before its forward and its backward, in every microbatch,
-        # a layer's weights in one collective call (``distribute``: coalesced parts)
+        edges: tuple[list[float], list[float], list[float]] | None = None
         if gather is not None:
             lat, per_byte = gather
-            row += 2 * (w_bytes * per_byte + (n_w > 0) * lat)  # a layer's gathers: one call
-        # gradient accumulation: microbatches after the first add into the accumulators
+            g = w_bytes * per_byte + (n_w > 0) * lat  # a layer's gathers: one call
+            f = st.rows.fwd
+            bwd = st.rows.time - f
+            g_next = np.append(g[1:], 0.0)
+            g_prev = np.insert(g[:-1], 0, 0.0)
+            fwd_over = np.maximum(f, g_next) - f
+            bwd_over = np.maximum(bwd, g_prev) - bwd
+            row += fwd_over + bwd_over
+            edges = (g.tolist(), fwd_over.tolist(), bwd_over.tolist())
+        # gradient accumulation: microbatches after the first add into the accumulators (ZeRO-2/3
+        # reducing in every backward: into this replica's shard, ``grad_f`` of the weights)
         if train and s.k > 1:
             spec = specs[st.kind]
-            per = 3 * w_bytes / (0.8 * spec.memory_bandwidth) + n_w * spec.launch_overhead_s
+            per = 3 * tb.grad_f * w_bytes / (0.8 * spec.memory_bandwidth) + n_w * spec.launch_overhead_s
             row += (s.k - 1) / s.k * per
         row.flags.writeable = False
-        got = tb.time[key] = (row, row.tolist())
+        got = tb.time[key] = TimeRow(row, row.tolist(), *(edges or ()))
     return got
 
 

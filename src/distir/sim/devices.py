@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from distir.ir.types import Device
 
@@ -53,13 +53,17 @@ class DeviceMap:
     """Program device -> slot. ``slots`` lists the distinct slots; ``index`` numbers them."""
 
     mapping: Mapping[Device, Slot]
+    _slots: tuple[Slot, ...] = field(init=False, repr=False, compare=False)  # ``slots``, once
+
+    def __post_init__(self) -> None:
+        # asked for by every simulation of the map (a search's probes share one map)
+        order = sorted(set(self.mapping.values()), key=lambda s: (s.gpu, s.stream != "compute", s.stream))
+        object.__setattr__(self, "_slots", tuple(order))
 
     @property
     def slots(self) -> tuple[Slot, ...]:
         """Distinct slots, by GPU, the compute stream first."""
-        return tuple(
-            sorted(set(self.mapping.values()), key=lambda s: (s.gpu, s.stream != "compute", s.stream))
-        )
+        return self._slots
 
     def gpu(self, d: Device) -> int:
         return self.mapping[d].gpu

@@ -46,28 +46,41 @@ def device_groups(
     """The groups of slots that must stay within one unit (module docstring); ``meshes`` adds
     each mesh whole (as an evenly sharded type on it would)."""
     groups: Groups = {}
-    for d in devices:
-        groups[(slot(d),)] = None
-    whole: dict[int, tuple[int, ...]] = {}  # mesh id -> the slots of all its devices
+    whole: dict[int, tuple[Mesh, tuple[int, ...]]] = {}  # mesh id -> (mesh, the slots of its devices)
     for m in meshes:
-        whole[id(m)] = tuple(map(slot, m.devices))
-        groups[whole[id(m)]] = None
-    for t in dtensors:
-        devs = t.mesh.devices
-        if uniform_shape(t) is not None:  # one group: the whole mesh (most types of a program)
-            got = whole.get(id(t.mesh))
-            if got is None:
-                got = whole[id(t.mesh)] = tuple(map(slot, devs))
-            groups[got] = None
-            continue
-        for positions in shape_groups(t):
-            groups[tuple(slot(devs[i]) for i in positions)] = None
+        whole[id(m)] = (m, tuple(map(slot, m.devices)))
+        groups[whole[id(m)][1]] = None
+    add_groups(groups, whole, dtensors, devices, slot)
     by_class: dict[Hashable, list[int]] = {}
     for s, c in enumerate(slot_class):
         by_class.setdefault(c, []).append(s)
     for members in by_class.values():
         groups[tuple(members)] = None
     return groups
+
+
+def add_groups(
+    groups: Groups,
+    whole: dict[int, tuple[Mesh, tuple[int, ...]]],
+    dtensors: Iterable[DTensorType],
+    devices: Iterable[Device],
+    slot: Callable[[Device], int],
+) -> None:
+    """Add to ``groups`` the groups of ``dtensors`` and ``devices`` (``device_groups``'); ``whole``
+    (mesh id -> the mesh, kept alive, and its slots) is a memo the caller may keep across calls.
+    The groups are a set: adding more later gives what ``device_groups`` of all gives."""
+    for d in devices:
+        groups[(slot(d),)] = None
+    for t in dtensors:
+        devs = t.mesh.devices
+        if uniform_shape(t) is not None:  # one group: the whole mesh (most types of a program)
+            got = whole.get(id(t.mesh))
+            if got is None or got[0] is not t.mesh:
+                got = whole[id(t.mesh)] = (t.mesh, tuple(map(slot, devs)))
+            groups[got[1]] = None
+            continue
+        for positions in shape_groups(t):
+            groups[tuple(slot(devs[i]) for i in positions)] = None
 
 
 def split_units(groups: Iterable[tuple[int, ...]], n_slots: int) -> list[int]:

@@ -52,9 +52,25 @@ def mesh_info(mesh: Mesh) -> MeshInfo:
     return info
 
 
+# by id of the type (kept alive): ``uniform_shape``'s answer, asked many times per type
+_UNIFORM: dict[int, tuple[DTensorType, tuple[int, ...] | None]] = {}
+
+
 def uniform_shape(t: DTensorType) -> tuple[int, ...] | None:
     """The one local shape of ``t`` when every device's piece has it (even shards), else None
-    (also along an axis with uneven shares)."""
+    (also along an axis with uneven shares). Memoized per type object (``even_shape``)."""
+    hit = _UNIFORM.get(id(t))
+    if hit is not None and hit[0] is t:
+        return hit[1]
+    if len(_UNIFORM) > 4096:
+        _UNIFORM.clear()
+    got = even_shape(t)
+    _UNIFORM[id(t)] = (t, got)
+    return got
+
+
+def even_shape(t: DTensorType) -> tuple[int, ...] | None:
+    """``uniform_shape`` computed (the reference its memo is tested against)."""
     shape = list(t.shape)
     for ax, p in enumerate(t.placements):
         if isinstance(p, Shard):
@@ -111,6 +127,7 @@ def step_types(src: DTensorType, dst: DTensorType) -> list[tuple[int, Placement,
 
 __all__ = [
     "MeshInfo",
+    "even_shape",
     "local_piece",
     "mesh_info",
     "piece_bytes",

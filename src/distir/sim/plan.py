@@ -56,7 +56,7 @@ from distir.sim import overlap
 from distir.sim.cost import CostModel, fuses
 from distir.sim.devices import DeviceMap
 from distir.sim.flatplan import plan_flat
-from distir.sim.fusion import FusedInput, fused_inputs
+from distir.sim.fusion import FusedInput, fused_links
 from distir.sim.liveness import build_plan
 from distir.sim.oprecord import op_record
 from distir.sim.records import NEG_INF, CallSummary, FnPlan, Gift, MemEvents, OpRecord, Root
@@ -181,7 +181,7 @@ class PlanDomain(TypeDomain):
             return None
         got = self._fusion.get(id(fn))
         if got is None or got[0] is not fn:
-            links = fused_inputs(fn)
+            links = fused_links(fn)
             got = self._fusion[id(fn)] = (fn, links if any(links) else None)
         return got[1]
 

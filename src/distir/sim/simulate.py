@@ -239,7 +239,11 @@ class SharedPlans:
     finds wrong, is simulated the usual way (``Units.prepare``, the precise error), and its domain
     is dropped."""
 
-    def __init__(self, records: SharedRecords | None = None) -> None:
+    def __init__(self, records: SharedRecords | None = None, relabel: bool = True) -> None:
+        # carry a callee's summary to another mesh alike (``PlanOptions.relabel``: the same plans
+        # either way); False for programs that call each function on one mesh only, e.g. the
+        # search's layer probes, where it would only key and remember every callee for nothing
+        self.relabel = relabel
         # (ids of the callees, of the device map, of the cost model and of the argument types) ->
         # (the domain, and those objects: kept alive so their ids stay valid)
         self._domains: dict[tuple[int, ...], tuple[PlanDomain, tuple[object, ...]]] = {}
@@ -264,7 +268,9 @@ class SharedPlans:
         callees = tuple(f for f in module.functions if f is not fn)
         alive = (*callees, dmap, cost, *args)
         key = tuple(map(id, alive))
-        options = PlanOptions(entry_param_uses=False, entry_memory_columns=not trace, assume_units=True)
+        options = PlanOptions(
+            relabel=self.relabel, entry_param_uses=False, entry_memory_columns=not trace, assume_units=True
+        )
         kept = self._domains.get(key)
         if kept is not None:
             domain = kept[0]

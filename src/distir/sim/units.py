@@ -23,6 +23,7 @@ simulator plans again after ``prepare``). Which slots group into units is
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from itertools import islice
 from typing import Any
 
 from distir.interp.loop import PROGRAM_FAULTS, interpret, walk_unchecked
@@ -37,7 +38,7 @@ from distir.ops.registry import CommCost, CommPattern, OpTypeError
 from distir.sim import interference
 from distir.sim.cost import CostModel, gpu_class
 from distir.sim.devices import DeviceMap
-from distir.sim.grouping import attribute_meshes, device_groups, split_units
+from distir.sim.grouping import Groups, add_groups, attribute_meshes, device_groups, split_units
 from distir.sim.layout import (  # re-exported: the layout helpers' former home
     MeshInfo,
     local_piece,
@@ -197,6 +198,9 @@ class Units:
         self._slot_of: Callable[[Device], int] = slot_of(self.dev_slot)
         self._seen_dtensors: dict[DTensorType, None] = {}
         self._seen_devices: dict[Device, None] = {}
+        # ``met_groups``: the groups of the types and devices seen, a memo of their meshes' slots,
+        # and how many of ``_seen_dtensors`` and ``_seen_devices`` they hold
+        self._groups: tuple[Groups, dict[int, tuple[Mesh, tuple[int, ...]]], int, int] | None = None
         self.uneven = False
         self.relabels = 0
         # while not None, every type noted (``PlanDomain.op``: what an op record's making noted,
@@ -260,6 +264,8 @@ class Units:
         groups = device_groups(
             self._seen_dtensors, self._seen_devices, self._slot_of, self._slot_classes(), self._attr_meshes
         )
+        # ``confirm`` adds the groups of the types met since (a set: the same as all of them anew)
+        self._groups = (groups, {}, len(self._seen_dtensors), len(self._seen_devices))
         self._assumed_units = split_units(groups, len(self.slot_gpu))
         self._finish(self._assumed_units)
 
@@ -288,10 +294,19 @@ class Units:
         unevenly sharded, they are evenly sharded on that mesh, whose group is there already.)"""
         if not self._assumed:
             return True
-        groups = device_groups(
-            self._seen_dtensors, self._seen_devices, self._slot_of, self._slot_classes(), self._attr_meshes
-        )
-        return split_units(groups, len(self._assumed_units)) == self._assumed_units
+        return split_units(self.met_groups(), len(self._assumed_units)) == self._assumed_units
+
+    def met_groups(self) -> Groups:
+        """``device_groups`` of every type met so far (and the meshes attributes name), kept up
+        to date from ``assume`` on: each call adds only the types met since the last (a domain
+        planning several programs, ``SharedPlans``, confirms after each)."""
+        assert self._groups is not None
+        groups, whole, n_dt, n_dev = self._groups
+        dts, devs = self._seen_dtensors, self._seen_devices
+        if len(dts) > n_dt or len(devs) > n_dev:
+            add_groups(groups, whole, islice(dts, n_dt, None), islice(devs, n_dev, None), self._slot_of)
+            self._groups = (groups, whole, len(dts), len(devs))
+        return groups
 
     def _slot_classes(self) -> list[Hashable]:
         # a unit holds slots of one stream name (so never two slots of one GPU) and GPU class

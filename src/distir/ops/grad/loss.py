@@ -137,16 +137,16 @@ def _parts_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
     scores, _ = check_parts(ctx, 2)
     for i in (0, 1):
         d = ctx.tensor(i)
-        if d.shape != scores.shape[:1]:
+        if d.shape != scores.shape[:-1]:
             ctx.fail(
-                f"{ctx.op.name} input {i} must have shape {scores.shape[:1]}", i, scores.shape[:1], d.shape
+                f"{ctx.op.name} input {i} must have shape {scores.shape[:-1]}", i, scores.shape[:-1], d.shape
             )
     return (ctx.out(scores.dtype, scores.shape),)
 
 
 def _parts_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     e, onehot = exp_and_onehot(args[2], args[3], args[4], attrs.get("rows"))
-    d = f64(args[0])[:, None] * e + f64(args[1])[:, None] * onehot
+    d = f64(args[0])[..., None] * e + f64(args[1])[..., None] * onehot
     return (d.astype(np.asarray(args[2]).dtype),)
 
 
@@ -165,7 +165,7 @@ SOFTMAX_CROSS_ENTROPY_PARTS_GRAD = register(
         "dPicked·onehot(labels), per row (softmax − one-hot when dSumexp = 1/sumexp, dPicked = −1); "
         "rows as the forward's.",
         sharding=parts_sharding(2, 2),
-        localize=rows_localizer(lambda attrs, rank: 1, 2),
+        localize=rows_localizer(lambda attrs, rank: rank - 1, 2),
     )
 )
 
@@ -229,7 +229,7 @@ def _nll_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple
 def _parts_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
     dsum, dpicked, scores, shift, labels = xs
     e, onehot = torch_exp_and_onehot(ctx, scores, shift, labels, attrs.get("rows"))
-    d = upcast(ctx, dsum)[:, None] * e + upcast(ctx, dpicked)[:, None] * onehot
+    d = upcast(ctx, dsum)[..., None] * e + upcast(ctx, dpicked)[..., None] * onehot
     return (like(d, scores),)
 
 

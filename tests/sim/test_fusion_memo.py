@@ -1,0 +1,76 @@
+"""``fused_links``: ``fused_inputs`` looked up by a body's structure gives what ``fused_inputs``
+computes for that very body — on random programs, on every layer function the search probes
+(bodies alike at other microbatch sizes and tensor-parallel degrees share one entry), and on
+bodies whose structure differs only where the links depend on it."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from distir.frontends.zoo.registry import parse_model_string
+from distir.ir import Module, parse_module
+from distir.parallel.distribute import sharded_layers
+from distir.parallel.layer_sharder import split_backward
+from distir.sim.fusion import body_structure, fused_inputs, fused_links
+from sim.gen_programs import Feats, programs
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(programs(Feats(max_ops=12)))
+def test_links_by_structure_are_the_links_of_random_bodies(m: Module) -> None:
+    for fn in m.functions:
+        assert fused_links(fn) == fused_inputs(fn)
+        assert fused_links(fn) == fused_inputs(fn)  # from the memo
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=129",
+        "transgan:wide_layers=2,narrow_layers=3,dim=256,bottom=2,window=8,latent=16,heads=4",
+    ],
+)
+def test_links_by_structure_are_the_links_of_every_probed_layer(name: str) -> None:
+    """The layer functions at several microbatch sizes and TP degrees (which share entries: at
+    least one lookup hits a body met before) each get their own body's links."""
+    spec = parse_model_string(name)
+    structures = []
+    for b in (1, 2, 4):
+        for t in (1, 2):
+            for L in sharded_layers(spec.build(b), 1, t):
+                fns = [L.fwd]
+                if L.bwd is not None and L.vjp is not None:
+                    fns += [L.bwd, *split_backward(L.bwd, 1 if 0 in L.vjp.wrt else 0)]
+                for fn in fns:
+                    structures.append(body_structure(fn))
+                    assert fused_links(fn) == fused_inputs(fn)
+    assert len(set(structures)) < len(structures)
+
+
+def test_bodies_that_differ_in_their_wiring_have_other_structures() -> None:
+    """Whether a result has another use, or which input a pointwise op reads, tells bodies apart."""
+    m = parse_module(
+        """
+        func @a(%x: Tensor[f32, (8, 16), d0], %w: Tensor[f32, (16, 16), d0]) {
+          %y = MatMul(%x, %w)
+          %z = Relu(%y)
+          return %z
+        }
+        func @b(%x: Tensor[f32, (8, 16), d0], %w: Tensor[f32, (16, 16), d0]) {
+          %y = MatMul(%x, %w)
+          %z = Relu(%y)
+          return %z, %y
+        }
+        func @c(%x: Tensor[f32, (8, 16), d0], %w: Tensor[f32, (16, 16), d0]) {
+          %y = MatMul(%x, %w)
+          %z = Relu(%x)
+          return %z, %y
+        }
+        """
+    )
+    fns = list(m.functions)
+    assert len({body_structure(f) for f in fns}) == 3
+    for fn in fns:
+        assert fused_links(fn) == fused_inputs(fn)
+    assert fused_links(fns[0]) != fused_links(fns[1])  # the shared result is not sole
