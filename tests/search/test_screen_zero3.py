@@ -51,7 +51,7 @@ def test_chunk_time_equals_a_replay_of_the_prefetching_streams() -> None:
         zeros = frozen([0.0] * n)
         rows = StageRows(
             time=frozen([x + y for x, y in zip(f, b, strict=True)]), fwd=frozen(f), weight=frozen(w),
-            n_w=np.array(n_w), saved=zeros, out=zeros, work=zeros, carried=zeros, fwd_work=zeros,
+            ibwd=zeros, n_w=np.array(n_w), saved=zeros, out=zeros, work=zeros, carried=zeros, fwd_work=zeros,
             largest=zeros, bwd_work=zeros, ibwd_work=zeros, zbwd_work=zeros, cap=1.0,
         )  # fmt: skip
         st = Stage((0, 1), 0, rows, "x", (0, 1), (0, 1), (lat, 1.0))
@@ -65,7 +65,8 @@ def test_chunk_time_equals_a_replay_of_the_prefetching_streams() -> None:
 
 
 @pytest.mark.parametrize(
-    "strategy", ["d4.t1.p1.k2.z3", "d8.t1.p1.k1.z3", "d8.t1.p1.k4.z3.rfull", "d2.t1.p2.k4.1f1b.z3"]
+    "strategy",
+    ["d4.t1.p1.k2.z3", "d8.t1.p1.k1.z3", "d8.t1.p1.k4.z3.rfull", "d2.t1.p2.k4.1f1b.z3", "d2.t1.p2.k4.zb1.z3"],
 )
 def test_screen_and_exact_agree_on_zero3_step_times(strategy: str) -> None:
     """Within 2.5% (the serial pricing of the gathers was 5-21% over on these plans)."""

@@ -119,11 +119,13 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
         static_f += pr.n_state / (h if s.zero >= 1 else 1)
     # ZeRO-3, gathered one layer ahead: a pass over layers with compute c_i and gathers g_i takes
     # g_first + Σ max(c_i, g_next) + c_last; per layer max(f_i, g_{i+1}) + max(b_i, g_{i-1}), and
-    # per chunk its ends (``edges``)
+    # per chunk its ends (``edges``); b_i is a zero-bubble schedule's input-gradient pass (the
+    # weight pass reads no weights)
     edges = []
     for j, (lat, per_byte) in enumerate(zero3):
         g = w_bytes * per_byte + (n_w > 0) * lat  # a layer's gathers: one call
-        f, bw = rows[j].fwd, rows[j].time - rows[j].fwd
+        f = rows[j].fwd
+        bw = rows[j].ibwd if s.schedule == "zb1" else rows[j].time - rows[j].fwd
         f_over = np.maximum(f, np.append(g[1:], 0.0)) - f
         b_over = np.maximum(bw, np.insert(g[:-1], 0, 0.0)) - bw
         lt[j] += f_over + b_over

@@ -180,6 +180,7 @@ def context_layer(
     over c ranks (module docstring); ``recomputed``: the backward recomputes the attention (any
     recomputation: attention is never among the saved products)."""
     fwd, bwd, work = p.fwd_s / c, p.bwd_s / c, p.work_bytes / c
+    ibwd = p.ibwd_s / c  # a zero-bubble input-gradient pass: the attention's backward is all in it
     fwd_work, bwd_work, ibwd_work = p.fwd_work_bytes / c, p.bwd_work_bytes / c, p.ibwd_work_bytes / c
     zbwd_work = p.zbwd_work_bytes / c
     for a in attn:
@@ -190,14 +191,18 @@ def context_layer(
             fwd += ring_pass(a, t, c, ring, False) - whole_f
             if p.bwd_s > 0:
                 whole_b = ring.attention_s(a, t, a.seq, a.seq, a.causal, True) / c
-                bwd += ring_pass(a, t, c, ring, True) - whole_b
+                extra = ring_pass(a, t, c, ring, True) - whole_b
                 if recomputed:  # the backward runs the forward's attention again
-                    bwd += ring_pass(a, t, c, ring, False) - whole_f
+                    extra += ring_pass(a, t, c, ring, False) - whole_f
+                bwd += extra
+                ibwd += extra if p.ibwd_s > 0 else 0.0
         else:
             a_f = flops / ring.peak_flops
             fwd += (c - 1) * max(0.0, t_kv - a_f / c)
             if p.bwd_s > 0:
-                bwd += (c - 1) * max(0.0, 2 * t_kv - BACKWARD_FACTOR * a_f / c) + t_kv
+                extra = (c - 1) * max(0.0, 2 * t_kv - BACKWARD_FACTOR * a_f / c) + t_kv
+                bwd += extra
+                ibwd += extra if p.ibwd_s > 0 else 0.0
         # the ring's buffers: K/V in flight (forward), with dK/dV beside them (backward)
         work += 4 * kv
         fwd_work += 2 * kv
@@ -219,6 +224,7 @@ def context_layer(
         bwd_work_bytes=bwd_work,
         ibwd_work_bytes=ibwd_work,
         zbwd_work_bytes=zbwd_work,
+        ibwd_s=ibwd,
         tp_pending_bytes=p.tp_pending_bytes,
     )
 

@@ -96,6 +96,7 @@ class LayerProfile:
     bwd_work_bytes: float = 0.0  # ``work_bytes`` of the backward alone
     ibwd_work_bytes: float = 0.0  # ``bwd_work_bytes`` of a zero-bubble input-gradient pass
     zbwd_work_bytes: float = 0.0  # ``bwd_work_bytes`` with its (ZeRO-3 gathered) weights dying too
+    ibwd_s: float = 0.0  # the zero-bubble input-gradient pass's time (the part ZeRO-3's gathers overlap)
     # this device's bytes of the weight gradients the backward leaves pending over tp (sequence
     # parallelism: summed over tp once per step, ``LayerSharder``)
     tp_pending_bytes: float = 0.0
@@ -228,12 +229,12 @@ class Profiler:
         for i, L in enumerate(layers):
             fwd = self._run(L.fwd, L.fwd_args, dmap, cost, key)
             bwd = (0.0, 0.0, 0.0)
-            i_work = carried = z_work = 0.0
+            i_time = i_work = carried = z_work = 0.0
             if L.bwd is not None and L.vjp is not None:
                 bwd = self._run(L.bwd, L.bwd_args, dmap, cost, key, _dying(L))
                 # ZeRO-3: the gathered weights die in the backward too
                 z_work = self._run(L.bwd, L.bwd_args, dmap, cost, key, _dying(L, weights=True))[2]
-                i_work, carried = self._input_pass(L, dmap, cost, key)
+                i_time, i_work, carried = self._input_pass(L, dmap, cost, key)
             saved = made = 0.0
             if L.vjp is not None:
                 n_first = sum(1 for j in L.vjp.bwd_params if j == 0)
@@ -269,6 +270,7 @@ class Profiler:
                     largest_weight_bytes=max(shares, default=0.0),
                     ibwd_work_bytes=i_work,
                     zbwd_work_bytes=z_work,
+                    ibwd_s=i_time,
                     tp_pending_bytes=sum((b for b, p in zip(shares, L.tp_pending, strict=True) if p), 0.0)
                     if L.tp_pending
                     else 0.0,
@@ -418,8 +420,8 @@ class Profiler:
 
     def _input_pass(
         self, L: ShardedLayer, dmap: DeviceMap, cost: CostModel, key: tuple[object, ...]
-    ) -> tuple[float, float]:
-        """``L``'s input-gradient part in a zero-bubble schedule (``split_backward``): its working
+    ) -> tuple[float, float, float]:
+        """``L``'s input-gradient part in a zero-bubble schedule (``split_backward``): its time, its working
         set above what is live when it starts (its input, residuals and incoming gradient dying
         in it), and the bytes it carries to the weight-gradient part (its results after the
         input gradient, each piece of storage once)."""
@@ -430,8 +432,9 @@ class Profiler:
             hit = self._split[id(L)] = (L, split_backward(L.bwd, n_dx, L.bwd_args)[0])
         bwd_i = hit[1]
         dying = _dying(L)
-        work = self._run(bwd_i, L.bwd_args, dmap, cost, key, dying)[2]
-        return work, self._kept(bwd_i, L.bwd_args, range(n_dx, len(bwd_i.outputs)), dmap, cost, key, dying)
+        time, _, work = self._run(bwd_i, L.bwd_args, dmap, cost, key, dying)
+        carried = self._kept(bwd_i, L.bwd_args, range(n_dx, len(bwd_i.outputs)), dmap, cost, key, dying)
+        return time, work, carried
 
 
 TaskResult = tuple[list[tuple[tuple[object, ...], list[LayerProfile]]], int, float]

@@ -250,6 +250,7 @@ class Screen:
         return StageRows(
             time=frozen([max(p[i].fwd_s + fb * p[i].bwd_s for p in profs) for i in n]),
             fwd=frozen([max(p[i].fwd_s for p in profs) for i in n]),
+            ibwd=frozen([max(p[i].ibwd_s for p in profs) for i in n]),
             weight=frozen([max(p[i].weight_bytes for p in profs) for i in n]),
             n_w=frozen([lead[i].n_weights for i in n]),
             saved=frozen([max(p[i].saved_bytes for p in profs) for i in n]),

@@ -52,6 +52,7 @@ class StageRows:
 
     time: np.ndarray  # forward + backward of one microbatch
     fwd: np.ndarray  # the forward alone (ZeRO-3's gathers overlap each pass's compute)
+    ibwd: np.ndarray  # a zero-bubble input-gradient pass alone (ZeRO-3's gathers overlap it, not W)
     weight: np.ndarray
     n_w: np.ndarray
     saved: np.ndarray
@@ -521,7 +522,9 @@ def _time_row(
             lat, per_byte = gather
             g = w_bytes * per_byte + (n_w > 0) * lat  # a layer's gathers: one call
             f = st.rows.fwd
-            bwd = st.rows.time - f
+            # the backward's gathers overlap the pass that reads the weights: a zero-bubble
+            # schedule's input-gradient pass (``distribute``: its weight pass gathers nothing)
+            bwd = st.rows.ibwd if s.schedule == "zb1" else st.rows.time - f
             g_next = np.append(g[1:], 0.0)
             g_prev = np.insert(g[:-1], 0, 0.0)
             fwd_over = np.maximum(f, g_next) - f
