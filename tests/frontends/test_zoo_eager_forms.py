@@ -161,7 +161,9 @@ def test_kv_copy_costs_a_copy_forward_and_a_sum_backward() -> None:
     cost, gpu = RooflineCostModel(cluster, fuse=False), cluster.device_spec(0)
     copies = [op for op in block.ops() if op.name == "Expand"]
     got = [
-        cost.compute_time(REGISTRY[op.name], [env[x] for x in op.inputs], [env[y] for y in op.outputs], op.attrs, 0)
+        cost.compute_time(
+            REGISTRY[op.name], [env[x] for x in op.inputs], [env[y] for y in op.outputs], op.attrs, 0
+        )
         for op in copies
     ]
     kv_bytes, all_bytes = 2 * b * s * kv * d, 2 * b * s * heads * d
