@@ -188,6 +188,10 @@ class Run:
     # PyTorch FSDP1 FULL_SHARD: the root's gathered weights kept from the forward for the backward
     # (``distribute(fsdp1_root=True)``)
     fsdp1_root: bool = False
+    # Megatron-LM's DDP with --overlap-grad-reduce and its distributed optimizer: buckets of
+    # max(40M, 1M·dp) parameters on the first stage only, reduce-scattered
+    # (``distribute(megatron_ddp=True)``)
+    megatron_ddp: bool = False
     # how the trainer's Adam runs (``Optimizer(kernels=...)``): fused (one kernel: Megatron's,
     # DeepSpeed's), foreach (torch.optim.AdamW(foreach=True)) or loop (Composer's DecoupledAdamW)
     optimizer_kernels: str = "fused"
@@ -476,6 +480,7 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
         grad_copy_in=r.grad_copy_in,
         gather_cast=r.gather_cast,
         fsdp1_root=r.fsdp1_root,
+        megatron_ddp=r.megatron_ddp,
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(

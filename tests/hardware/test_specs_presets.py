@@ -76,6 +76,19 @@ def test_link_and_node_validation() -> None:
         NodeSpec("n", dev(), 0, link, link)
     with pytest.raises(SpecError, match="intra must be a LinkSpec"):
         NodeSpec("n", dev(), 1, 3.0, link)  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="node spec 'n': nics must be a positive int, got 0"):
+        NodeSpec("n", dev(), 1, link, link, nics=0)
+
+
+def test_network_share_of_a_group() -> None:
+    link = LinkSpec(1e9, 1e-6)
+    rails = NodeSpec("n", dev(), 8, link, link, nics=8)  # a NIC per GPU
+    assert [rails.network_share(g) for g in (1, 2, 8)] == [1 / 8, 2 / 8, 1.0]
+    pairs = NodeSpec("n", dev(), 16, link, link, nics=8)  # a NIC per GPU pair
+    assert [pairs.network_share(g) for g in (1, 4, 8, 16)] == [1 / 8, 4 / 8, 1.0, 1.0]
+    many = NodeSpec("n", dev(), 8, link, link, nics=32)  # 4 NICs per GPU
+    assert [many.network_share(g) for g in (1, 8)] == [1 / 8, 1.0]
+    assert NodeSpec("n", dev(), 4, link, link).network_share(1) == 1.0  # one shared NIC
 
 
 def test_preset_figures_match_the_spec_sheets() -> None:
@@ -91,6 +104,7 @@ def test_preset_figures_match_the_spec_sheets() -> None:
     assert h100.device.bf16 == 1979e12 / 2 and h100.device.tf32 == 989e12 / 2  # sparse figures halved
     assert h100.device.memory_bandwidth == 3350e9
     assert h100.intra.bandwidth == 450e9 and h100.inter.bandwidth == 400e9
+    assert h100.nics == a100.nics == 8  # a ConnectX NIC beside each GPU (DGX H100, DGX A100)
 
     dgx2 = PRESETS["dgx2-v100"]
     assert dgx2.devices_per_node == 16 and dgx2.device.memory_bytes == 32 * GIB

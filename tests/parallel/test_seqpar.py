@@ -215,3 +215,59 @@ def test_one_sample_microbatches_per_replica_with_sp_train_as_the_sequential_ste
     model = build_model(spec, batch=s.d * s.k, dtype=DType.f64)
     err, where = check_against_sequential(model, s).update_error()
     assert err < 1e-9, (where, err)
+
+
+# -- the norms' and biases' gradients: summed over tp once per step (Megatron-LM) ---------------
+
+SP_WEIGHTS = {"ln1_scale", "ln1_bias", "bo", "ln2_scale", "ln2_bias", "b2"}  # replicated over tp
+
+
+def test_sequence_parallel_weight_gradients_stay_pending_over_tp() -> None:
+    """Under sp the gradients of the weights replicated over tp in the sequence-parallel region
+    (the norms, the biases after row-parallel products: Megatron's ``sequence_parallel``
+    parameters) leave the layer's backward pending over tp — no weight gradient is reduced
+    inside it; the embedding's (its input is not split along the sequence) is whole as before."""
+    model = build_model(BLOCK, batch=4)
+    layers = sharded_layers(model, 2, 2, sp=True)
+    block = next(L for L in layers if L.bwd is not None and L.bwd.name == "block_bwd")
+    pending = {w.name.rsplit("_", 1)[0] for w, p in zip(block.weights, block.tp_pending, strict=True) if p}
+    assert pending == SP_WEIGHTS
+    assert not [r for r in _redistributions("block_bwd", BLOCK, sp=True) if r[1].startswith("P(sum)")]
+    embed, head = layers[0], layers[-2]
+    assert not any(embed.tp_pending)
+    assert {w.name for w, p in zip(head.weights, head.tp_pending, strict=True) if p} == {
+        "lnf_scale",
+        "lnf_bias",
+    }
+    assert not any(L.tp_pending and any(L.tp_pending) for L in sharded_layers(model, 2, 2, sp=False))
+
+
+@pytest.mark.parametrize(
+    "strategy", ["d2.t2.sp.p1.k2.1f1b.z1", "d1.t2.sp.p2.k2.1f1b", "d2.t2.sp.p2.k2.1f1b.z3"]
+)
+def test_the_step_sums_them_over_tp_in_one_call_per_stage(strategy: str) -> None:
+    """After the data-parallel reduction, each stage sums its pending gradients over tp in one
+    coalesced call (``finalize_model_grads``' ``_allreduce_layernorm_grads``): a Redistribute
+    per pending weight in the entry, the first of each stage paying the call's latency."""
+    s = parse_strategy(strategy)
+    model = build_model("gpt:layers=4,hidden=8,heads=2,seq=4,vocab=16", batch=2 * s.d * s.k)
+    prog = distribute(model, s, comm_streams=True)
+    n_pending = 4 * len(SP_WEIGHTS) + 2  # the blocks' and the final norm's
+    names = {f"g_{w}_{i}" for w in SP_WEIGHTS for i in range(4)} | {"g_lnf_scale", "g_lnf_bias"}
+    # the sums over tp (to R over tp); ZeRO-1's slices of the reduced gradient stay P over tp
+    sums = [
+        op
+        for op in prog.entry.ops()
+        if op.name == "Redistribute" and op.outputs[0].name in names and str(op.attrs["to"]).endswith(" R")
+    ]
+    assert len(sums) == n_pending
+    assert sum(not op.attrs.get("coalesced") for op in sums) == s.p
+
+
+@pytest.mark.parametrize("strategy", ["d2.t2.sp.p1.k2.1f1b.z2", "d4.t2.sp.p1.k2.1f1b.z3h2"])
+def test_mixed_sequence_parallel_steps_with_the_sum_deferred_match_sequential(strategy: str) -> None:
+    """Mixed precision with fp32 reductions (ZeRO-2; HSDP on (dpr, dp, tp)): the deferred tp sum
+    still gives the sequential step."""
+    from parallel.helpers import assert_mixed_step_matches
+
+    assert_mixed_step_matches(GPT, strategy, comm_streams=True, reduce_fp32=True)

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import parse_cluster
 from distir.parallel.strategy import Strategy, parse_strategy
 from distir.search.profile import Profiler
 from distir.search.rerank import ExactJob, evaluate
 from distir.search.screen import Estimate, Problem, Screen
+from distir.sim.collectives import allreduce_time
 
 
 def _placements(s: Strategy, rng: random.Random, n: int) -> list[tuple[int, ...]]:
@@ -108,3 +111,21 @@ def test_memo_tells_apart_placements_of_equal_stage_kinds() -> None:
     )  # fmt: skip
     assert first == fresh
     assert len({e.step_time_s for e in fresh}) > 3 * len(strategies)
+
+
+def test_sequence_parallel_sync_adds_one_tp_sum_of_the_norms_and_biases() -> None:
+    """Under sp the layers leave the gradients of the norms and of the biases after row-parallel
+    products pending over tp and ``distribute`` sums them once per step, in one all-reduce over
+    the TP group: the screen's sync is the same strategy's without sp plus that all-reduce of
+    (6 per block + the final norm's 2) × hidden elements, counted by hand."""
+    layers, hidden = 3, 64
+    model = f"gpt:layers={layers},hidden={hidden},heads=4,seq=16,vocab=128"
+    cluster = parse_cluster("dgx-a100:2")
+    profiler = Profiler(parse_model_string(model), cluster)
+    screen = Screen(profiler, Problem(16))
+    plain = screen.estimate(parse_strategy("d2.t4.p1.k2.1f1b"), balance=False)
+    sp = screen.estimate(parse_strategy("d2.t4.sp.p1.k2.1f1b"), balance=False)
+    nbytes = (6 * layers + 2) * hidden * profiler.dtype.itemsize
+    want = allreduce_time(cluster, nbytes, range(4))
+    assert sp.sync_s - plain.sync_s == pytest.approx(want, rel=1e-9)
+    assert want > 0

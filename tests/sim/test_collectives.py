@@ -211,7 +211,50 @@ def test_dgx_a100_scale_is_fast_to_cost() -> None:
     inter = 2 * 127 / 128 * M / 200e9 + 2 * 127 * 5e-6
     assert t == close(rs + inter + rs)
     assert alltoall_time(c, M, range(1024)) > 0
-    assert coll.allgather_time(c, M, range(0, 1024, 8)) == close(127 / 128 * M / 200e9 + 127 * 5e-6)
+    # one GPU per node: its own 200 Gb/s NIC (25 GB/s), not the node's 8 of them
+    assert coll.allgather_time(c, M, range(0, 1024, 8)) == close(127 / 128 * M / 25e9 + 127 * 5e-6)
+
+
+# -- the network a group reaches: one NIC per GPU (rail-optimized DGX nodes) ----------------------
+
+NIC = 400e9 / 8  # DGX H100: 8 × 400 Gb/s ConnectX-7, one beside each GPU (50 GB/s)
+
+
+def test_one_gpu_per_node_group_crosses_on_its_own_nic() -> None:
+    # d48 with t8: each tensor-parallel rank's data-parallel group has one GPU on each of 48
+    # nodes; its ring crosses on that GPU's NIC while the node's 7 others carry their own groups
+    c = parse_cluster("h100:48")
+    group = range(3, 384, 8)
+    assert allreduce_time(c, M, group) == close(2 * 47 / 48 * M / NIC + 2 * 47 * 5e-6)
+    assert reducescatter_time(c, M, group) == close(47 / 48 * M / NIC + 47 * 5e-6)
+    assert allgather_time(c, M, group) == close(47 / 48 * M / NIC + 47 * 5e-6)
+    assert broadcast_time(c, M, group) == close(M / NIC + 47 * 5e-6)
+    assert send_time(c, M, 0, 8) == close(5e-6 + M / NIC)  # a pair: one NIC each side
+
+
+def test_a_group_with_g_gpus_per_node_reaches_g_nics() -> None:
+    c = parse_cluster("h100:4")
+    two_per_node = [0, 1, 8, 9, 16, 17, 24, 25]
+    rs = 1 / 2 * M / 450e9 + 3e-6  # inside the node: 2 GPUs on NVLink
+    assert allreduce_time(c, M, two_per_node) == close(rs + 2 * 3 / 4 * M / (2 * NIC) + 2 * 3 * 5e-6 + rs)
+    whole = range(32)  # 8 per node: all 8 NICs, the node's 400 GB/s
+    rs8 = 7 / 8 * M / 450e9 + 7 * 3e-6
+    assert allreduce_time(c, M, whole) == close(rs8 + 2 * 3 / 4 * M / 400e9 + 2 * 3 * 5e-6 + rs8)
+    # all-to-all: node i pushes g(n−g)/n·M through its group's g NICs
+    assert alltoall_time(c, M, two_per_node) == close(2 * 6 / 8 * M / (2 * NIC) + 3e-6 + 6 * 5e-6)
+
+
+def test_fewer_nics_than_gpus_share_them() -> None:
+    # DGX-2: 16 V100, 8 × 100 Gb/s NICs (one per GPU pair): 12.5 GB/s a GPU, 100 GB/s a node
+    c = parse_cluster("dgx2-v100:2")
+    assert send_time(c, M, 0, 16) == close(5e-6 + M / 12.5e9)
+    assert allreduce_time(c, M, [0, 16]) == close(M / 12.5e9 + 2 * 5e-6)
+    four = [0, 1, 2, 3, 16, 17, 18, 19]
+    rs = 3 / 4 * M / 150e9 + 3 * 3e-6
+    assert allreduce_time(c, M, four) == close(rs + M / 50e9 + 2 * 5e-6 + rs)
+    # a single-NIC node gives every group the whole interface (unchanged)
+    one_nic = parse_cluster("p3.8xlarge:2")
+    assert allreduce_time(one_nic, M, [0, 4]) == close(M / 1.25e9 + 2 * 50e-6)
 
 
 def test_matrices_equal_to_the_default_links_change_nothing() -> None:

@@ -41,7 +41,7 @@ def test_links_by_structure_are_the_links_of_every_probed_layer(name: str) -> No
             for L in sharded_layers(spec.build(b), 1, t):
                 fns = [L.fwd]
                 if L.bwd is not None and L.vjp is not None:
-                    fns += [L.bwd, *split_backward(L.bwd, 1 if 0 in L.vjp.wrt else 0)]
+                    fns += [L.bwd, *split_backward(L.bwd, 1 if 0 in L.vjp.wrt else 0, L.bwd_args)]
                 for fn in fns:
                     structures.append(body_structure(fn))
                     assert fused_links(fn) == fused_inputs(fn)

@@ -5,11 +5,12 @@ GPUs are numbered ``0..N-1`` node by node: node 0's GPUs first, then node 1's, a
 Links (``Cluster.link(a, b)``), per direction, alpha-beta:
 - ``a == b``: infinite bandwidth, zero latency (two streams of one GPU);
 - same node: the node's ``intra`` link;
-- different nodes: ``Cluster.node_link`` of their nodes, i.e. ``inter_node`` if given, else the
-  slower of the two nodes' ``inter`` specs (lower bandwidth, higher latency). A single GPU pair
-  gets the node's whole *aggregate* network bandwidth. That is exact for single-NIC nodes and
-  optimistic for multi-NIC nodes (a DGX GPU sits next to one of 8 NICs); collectives, where every
-  GPU of a node sends at once, share the aggregate (see ``distir.sim.collectives``);
+- different nodes: ``Cluster.network_link`` of one GPU on each node: the network interface
+  each GPU reaches (``NodeSpec.network_share``: ``inter`` / ``nics`` on a node with a NIC per
+  GPU, as a DGX's 8 NICs next to its 8 GPUs; the whole ``inter`` on a single-NIC node) of
+  ``inter_node`` if given, else of each node's ``inter`` spec, the slower side governing
+  (lower bandwidth, higher latency). A collective's group with g GPUs on a node reaches g of
+  them (see ``distir.sim.collectives``); ``Cluster.node_link`` is the nodes' aggregate link;
 - ``bandwidth_matrix`` / ``latency_matrix``, when given, override every pairwise figure above
   (each independently; the diagonal is ignored).
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,7 +150,8 @@ class Cluster:
 
     def node_link(self, a: int, b: int) -> LinkSpec:
         """The network link between distinct nodes ``a`` and ``b`` (node indices): ``inter_node``
-        if set, else the slower of the two nodes' ``inter`` links. Bandwidth is per node."""
+        if set, else the slower of the two nodes' ``inter`` links. Bandwidth is per node: all
+        its interfaces together (``network_link`` gives what a group's GPUs reach)."""
         if a == b:
             raise ClusterError(
                 f"node_link needs two distinct nodes, got {a} twice", source=f"cluster {self.name!r}"
@@ -157,12 +160,26 @@ class Cluster:
             return self.inter_node
         return self.nodes[a].inter.slower(self.nodes[b].inter)
 
+    def network_link(self, parts: Iterable[tuple[int, int]]) -> LinkSpec:
+        """The network link of a group of GPUs with ``(node, g)`` in ``parts``: g of its GPUs on
+        that node. Each node gives the group the share of its network bandwidth that g GPUs
+        reach (``NodeSpec.network_share``) — ``inter_node``'s if set, else its own ``inter`` —
+        and the slowest node governs, with the highest latency. Per node, so a collective whose
+        g concurrent rings each cross on their own GPU's interface runs at this bandwidth."""
+        bw, lat = math.inf, 0.0
+        for node, g in parts:
+            spec = self.nodes[node]
+            net = spec.inter if self.inter_node is None else self.inter_node
+            bw = min(bw, net.bandwidth * spec.network_share(g))
+            lat = max(lat, net.latency_s)
+        return LinkSpec(bw, lat)
+
     def link(self, a: int, b: int) -> LinkSpec:
         """The link from GPU ``a`` to GPU ``b`` (see the module docstring)."""
         na, nb = self.node_of(a), self.node_of(b)
         if a == b:
             return _SELF
-        base = self.nodes[na].intra if na == nb else self.node_link(na, nb)
+        base = self.nodes[na].intra if na == nb else self.network_link(((na, 1), (nb, 1)))
         if self.bandwidth_matrix is None and self.latency_matrix is None:
             return base
         bw = base.bandwidth if self.bandwidth_matrix is None else self.bandwidth_matrix[a][b]

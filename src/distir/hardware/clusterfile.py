@@ -23,6 +23,9 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
     intra_latency_us = 8             # µs
     inter_bandwidth_gb_s = 6.25      # node ↔ network, aggregate per node per direction, GB/s
     inter_latency_us = 30            # µs
+    nics = 1                         # optional, default 1 (a preset's own): network interfaces
+                                     #   sharing inter_bandwidth_gb_s, GPUs spread over them
+                                     #   (8 on a DGX: a GPU's group crosses on its own NIC)
     node_name = "g4dn.12xlarge"      # optional, default: the type's key
     source = "https://..."           # optional: where the figures come from
     sm_count = 40                    # optional: GEMM efficiency curve (distir.hardware.gemm):
@@ -185,6 +188,7 @@ _TYPE_KEYS = (
     "gpu",
     "devices_per_node",
     *_NUMERIC,
+    "nics",
     "node_name",
     "source",
     *_GEMM_KEYS,
@@ -392,6 +396,9 @@ class _Loader:
             if "devices_per_node" in t
             else None
         )
+        nics = base.nics if base is not None else 1
+        if "nics" in t:
+            nics = self.device_count(t["nics"], (*path, "nics"), "network interfaces per node")
         node_name = key if base is None else base.name
         if "node_name" in t:
             node_name = self.string(t["node_name"], (*path, "node_name"))
@@ -435,7 +442,7 @@ class _Loader:
                 )
                 intra = LinkSpec(vals["intra_bandwidth_gb_s"], vals["intra_latency_us"])
                 inter = LinkSpec(vals["inter_bandwidth_gb_s"], vals["inter_latency_us"])
-                return NodeSpec(node_name, device, dpn, intra, inter, source, collectives)
+                return NodeSpec(node_name, device, dpn, intra, inter, source, collectives, nics)
             device = base.device
             if dev_over or gpu is not None:
                 name = gpu if gpu is not None else f"{device.name} [{key}]"
@@ -449,7 +456,7 @@ class _Loader:
                 vals.get("inter_latency_us", base.inter.latency_s),
             )
             return NodeSpec(
-                node_name, device, dpn or base.devices_per_node, intra, inter, source, collectives
+                node_name, device, dpn or base.devices_per_node, intra, inter, source, collectives, nics
             )
         except HardwareError as e:
             self.fail(path, str(e))

@@ -7,7 +7,8 @@ Conventions:
 - Memory sizes are the marketed "GB" taken as GiB (a "32 GB" V100 has 32 GiB of HBM2).
 - ``intra`` bandwidth is one GPU's NVLink/NVSwitch (or PCIe) bandwidth per direction, i.e. half
   the marketed bidirectional figure; ``inter`` is the node's aggregate network bandwidth per
-  direction (all NICs), Gb/s divided by 8.
+  direction (all NICs), Gb/s divided by 8, and ``nics`` the number of those NICs, one per GPU
+  or GPU pair on the DGX systems (rail-optimized: each GPU sends through the NIC beside it).
 - **Estimates** (not on any sheet): every latency (NVLink/NVSwitch 3 µs, PCIe 8 µs, InfiniBand
   5 µs, AWS Ethernet 30-50 µs), every kernel launch overhead (5 µs on GPUs), the p3.8xlarge
   intra-node bandwidth (see there), T4 fp64, and all of ``local``. A calibration profile
@@ -265,6 +266,7 @@ _PRESETS: dict[str, NodeSpec] = {
         devices_per_node=16,
         intra=_link(150.0, 3.0),
         inter=_link(8 * 100 / 8, 5.0),
+        nics=8,
         source=f"https://www.nvidia.com/en-us/data-center/dgx-2/ ; {_V100_SHEET}",
     ),
     # DGX A100: NVLink3 600 GB/s bidirectional per GPU via NVSwitch; 8 × 200 Gb/s HDR IB.
@@ -274,6 +276,7 @@ _PRESETS: dict[str, NodeSpec] = {
         devices_per_node=8,
         intra=_link(300.0, 3.0),
         inter=_link(8 * 200 / 8, 5.0),
+        nics=8,
         source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf ; "
         "https://www.nvidia.com/en-us/data-center/dgx-a100/",
@@ -286,6 +289,7 @@ _PRESETS: dict[str, NodeSpec] = {
         devices_per_node=8,
         intra=_link(450.0, 3.0),
         inter=_link(8 * 400 / 8, 5.0),
+        nics=8,
         source="https://www.nvidia.com/en-us/data-center/h100/ ; "
         "https://www.nvidia.com/en-us/data-center/dgx-h100/",
     ),
@@ -354,6 +358,7 @@ def node_record(key: str, node: NodeSpec) -> dict[str, Any]:
         "intra_latency_us": node.intra.latency_s * 1e6,
         "inter_bandwidth_gb_s": node.inter.bandwidth / GIGA,
         "inter_latency_us": node.inter.latency_s * 1e6,
+        "nics": node.nics,
         "source": node.source,
     }
     # the GEMM and runtime figures unrounded: a row read back as a TOML node type is the preset

@@ -406,6 +406,13 @@ class NodeSpec:
     ``distir.sim.collectives.COLLECTIVES``: the (B, α) that make that collective's alpha-beta
     formula match its measured times; inside the node a listed collective uses its link instead
     of ``intra`` (``intra`` stays the point-to-point link).
+
+    ``nics``: how many network interfaces ``inter``'s bandwidth is split over, each with
+    ``inter.bandwidth / nics``, the node's GPUs spread over them evenly. A GPU reaches the
+    network through its own interfaces only (a DGX's "rail-optimized" network: one 400 Gb/s
+    ConnectX-7 next to each H100, NCCL sending a GPU's traffic through the NIC nearest it), so
+    a group with g GPUs on the node reaches ``network_share(g)`` of ``inter``
+    (``distir.sim.collectives``). Default 1: one interface every GPU of the node shares.
     """
 
     name: str
@@ -415,6 +422,7 @@ class NodeSpec:
     inter: LinkSpec
     source: str = ""
     collectives: tuple[tuple[str, LinkSpec], ...] = ()
+    nics: int = 1
 
     def __post_init__(self) -> None:
         _name("node spec", self.name)
@@ -430,6 +438,16 @@ class NodeSpec:
         if not isinstance(self.source, str):
             raise SpecError(f"{owner}: source must be a string, got {self.source!r}")
         _named_once(owner, "collectives", self.collectives, LinkSpec)
+        if not isinstance(self.nics, int) or isinstance(self.nics, bool) or self.nics < 1:
+            raise SpecError(f"{owner}: nics must be a positive int, got {self.nics!r}")
+
+    def network_share(self, gpus: int) -> float:
+        """The fraction of ``inter``'s bandwidth that ``gpus`` of this node's GPUs reach
+        together: each GPU reaches max(1, nics / devices_per_node) interfaces of the ``nics``
+        (several GPUs share one when there are fewer interfaces than GPUs), so g GPUs reach
+        min(1, g / min(nics, devices_per_node)). 1 for a single interface."""
+        rails = min(self.nics, self.devices_per_node)
+        return min(1.0, gpus / rails)
 
     def intra_for(self, collective: str) -> LinkSpec:
         """The link ``collective`` runs on inside this node: its measured link, else ``intra``."""

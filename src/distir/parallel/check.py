@@ -176,6 +176,7 @@ def check_against_sequential(
     grad_copy_in: str = "",
     gather_cast: bool = False,
     fsdp1_root: bool = False,
+    megatron_ddp: bool = False,
 ) -> Comparison:
     opt = optimizer or Optimizer("sgd", lr=0.1)
     seq = training_step(model, opt, strategy.recompute, precision)
@@ -198,6 +199,7 @@ def check_against_sequential(
         grad_copy_in=grad_copy_in,
         gather_cast=gather_cast,
         fsdp1_root=fsdp1_root,
+        megatron_ddp=megatron_ddp,
     )
     vals = initial_values(model, opt, seed, precision)
     want = run_reference(seq, [vals[p.name] for p in seq.entry.params])

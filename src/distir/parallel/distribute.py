@@ -49,6 +49,18 @@ programs. Its shape:
   compute: the compute copy persists between steps as this rank's shard, and each chunk's first
   forward (``c<i>_fwd_gather``) gathers its weights and returns them whole for the rest of the
   step.
+- ``megatron_ddp`` (Megatron-LM's ``DistributedDataParallel`` with ``--overlap-grad-reduce``, and
+  its distributed optimizer with ZeRO-1; d > 1, gradients reduced in the last backward):
+  gradients accumulate whole in every microbatch but the last (the schedules run them under
+  ``no_sync``, as distir's DDP form does), and then (1) a bucket holds max(40M, 1M·d)
+  parameters (``DistributedDataParallel.__init__``, at f2e5db4) instead of ``bucket_mb``;
+  (2) only the first model chunk of the first pipeline stage is bucketed: Megatron sets
+  ``bucket_size = None`` on pipeline ranks > 0 and for model chunks after the first, so every
+  other chunk's gradients are one bucket, reduced once its last backward has completed them
+  (``delay_grad_reduce``'s ``grad_sync_func`` launches it after the stage's last backward,
+  ``megatron/core/pipeline_parallel/schedules.py``); (3) with ZeRO-1 each bucket is
+  reduce-scattered to this rank's shard (``_reduce_scatter_base``,
+  ``megatron/core/distributed/param_and_grad_buffer.py``), not all-reduced and sliced.
 - ``deepspeed_pipe`` (DeepSpeed's ``PipelineEngine``, as Megatron-DeepSpeed trains with it;
   ZeRO 0/1 only, as the engine asserts): the pipeline transfers block the compute streams of
   sender and receiver (``deepspeed/runtime/pipe/p2p.py``: ``send``/``recv`` are synchronous
@@ -153,6 +165,7 @@ from distir.ir.builder import FunctionBuilder
 from distir.ir.dtensor import (
     DTensorType,
     Mesh,
+    Partial,
     Placement,
     Replicate,
     Shard,
@@ -180,6 +193,9 @@ from distir.parallel.strategy import Strategy, StrategyError
 from distir.sim.devices import DeviceMap, Slot
 
 DDP_BUCKET_MB = 25.0  # PyTorch DDP's ``bucket_cap_mb`` default (MiB)
+# Megatron-LM's default bucket: max(40M, 1M · dp) parameters (``DistributedDataParallel.__init__``,
+# megatron/core/distributed/distributed_data_parallel.py at f2e5db4)
+MEGATRON_BUCKET, MEGATRON_BUCKET_PER_RANK = 40_000_000, 1_000_000
 # ``distribute(grad_copy_in=...)``: none, FSDP1's copy in the compute dtype, FSDP2's (casting)
 GRAD_COPY_IN = ("", "copy", "cast")
 
@@ -273,6 +289,7 @@ def distribute(
     grad_copy_in: str = "",
     gather_cast: bool = False,
     fsdp1_root: bool = False,
+    megatron_ddp: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -325,6 +342,7 @@ def distribute(
             reduce_fp32,
             sac_eager,
             FsdpOptions(gather_copy_out, fsdp2_root, fsdp1_root, one_dp_stream, grad_copy_in, gather_cast),
+            megatron_ddp,
         ).build()
 
 
@@ -447,12 +465,8 @@ class _Builder:
         reduce_fp32: bool = False,
         sac_eager: bool = False,
         fsdp: FsdpOptions | None = None,
+        megatron_ddp: bool = False,
     ) -> None:
-        if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
-            raise StrategyError(
-                f"{s}: the gradient bucket size must be positive and finite, got {bucket_mb!r} MiB"
-            )
-        self.bucket_bytes = bucket_mb * (1 << 20)
         self.prec = Precision.parse(precision)
         _check_deepspeed(s, self.prec, deepspeed_pipe, fp32_grad_accum)
         # data parallel: gradients reduced in buckets inside the backward (``_Buckets``); DeepSpeed's
@@ -460,6 +474,9 @@ class _Builder:
         self.bucketed = train and s.d * s.c > 1 and not deepspeed_pipe  # cp acts like dp for the weights
         self.fp32_acc = train and fp32_grad_accum
         self.compute = self.prec.compute_dtype(model)
+        # Megatron-LM's DDP reducing in the last backward (``distribute``)
+        self.megatron = megatron_ddp and self.bucketed and not reduce_scatter_every_backward(s)
+        self.bucket_bytes = self._bucket_bytes(s, bucket_mb)
         if s.c > 1:  # global positions as an input (``distir.parallel.context_model``)
             _check_context(s, train)
             model = context_model(model, s.c, cp_ring)
@@ -527,6 +544,18 @@ class _Builder:
         self._param_types: dict[tuple[object, ...], DTensorType] = {}  # ``_on_stage``
         self._made_attrs: dict[tuple[str, str], Attrs] = {}  # ``_attrs``
         self._mesh_text: dict[int, str] = {}  # ``format_mesh_attr`` of each mesh, by id (in ``meshes``)
+
+    def _bucket_bytes(self, s: Strategy, bucket_mb: float) -> float:
+        """A gradient bucket's size in the bytes ``_grad_bytes`` counts a gradient in:
+        ``bucket_mb`` MiB, or with ``megatron_ddp`` Megatron-LM's max(40M, 1M·dp) parameters."""
+        if not (isinstance(bucket_mb, int | float) and 0 < bucket_mb < math.inf):
+            raise StrategyError(
+                f"{s}: the gradient bucket size must be positive and finite, got {bucket_mb!r} MiB"
+            )
+        if not self.megatron:
+            return float(bucket_mb * (1 << 20))
+        size = (self.prec.master if self.fp32_acc else self.compute).itemsize
+        return float(max(MEGATRON_BUCKET, MEGATRON_BUCKET_PER_RANK * s.d) * size)
 
     def _fsdp_options(self, f: FsdpOptions) -> None:
         """The options that make ZeRO-3 run as PyTorch's FSDP does (``distribute``), each on where
@@ -597,7 +626,31 @@ class _Builder:
         return placement_text(Replicate(), self.model.weight(w.name).tp)
 
     def _layers(self) -> list[ShardedLayer]:
-        return self.sharder.layers(self.chunks[-1][-1] + 1)
+        """The layers, sharded; notes the weights whose gradients every layer using them leaves
+        pending over tp (``tp_pending``, ``_tp_sum``)."""
+        layers = self.sharder.layers(self.chunks[-1][-1] + 1)
+        self._tp_summed: set[int] = set()  # stages whose tp sum has its first part (``_tp_sum``)
+        uses = [
+            (w, p)
+            for L in layers
+            for w, p in zip(L.weights, L.tp_pending or [False] * len(L.weights), strict=True)
+        ]
+        self.tp_pending: frozenset[Value] = frozenset(w for w, p in uses if p) - {w for w, p in uses if not p}
+        return layers
+
+    def _tp_sum(self, fb: FunctionBuilder, w: Value, g: Value, stage: int) -> Value:
+        """``w``'s gradient, reduced over dp and still pending over tp (``tp_pending``), summed
+        over tp: one call per stage for all of them, as Megatron-LM's ``finalize_model_grads``
+        all-reduces the sequence-parallel parameters' gradients over the tensor-parallel group
+        after the data-parallel reduction (``_allreduce_layernorm_grads``: flattened into one
+        buffer, one all-reduce, on the compute stream)."""
+        z = self._zdim(w)
+        dp: list[Placement] = [Replicate()] if self.hsdp else []
+        dp.append(Shard(z) if z is not None and self.s.zero >= 1 else Replicate())
+        later = stage in self._tp_summed
+        self._tp_summed.add(stage)
+        to = placement_text(*dp, self.model.weight(w.name).tp)
+        return self._redistribute(fb, g, f"g_{w.name}", to, later)
 
     # -- chunks ----------------------------------------------------------------------------------
     def _zero3_gather(
@@ -800,10 +853,28 @@ class _Builder:
 
     def _grad_target(self, w: Value) -> str:
         """The placement a bucket reduces ``w``'s gradient to: this rank's ZeRO shard
-        (ZeRO-2/3: a reduce-scatter), else replicated over dp (an all-reduce)."""
-        tp = self.model.weight(w.name).tp
+        (ZeRO-2/3, and ZeRO-1 with ``megatron_ddp``: a reduce-scatter), else replicated over dp
+        (an all-reduce)."""
         z = self._zdim(w)
-        return placement_text(Shard(z) if z is not None and self.s.zero >= 2 else Replicate(), tp)
+        dp = Shard(z) if z is not None and self._scattered() else Replicate()
+        return placement_text(dp, self._tp_of(w))
+
+    def grad_layout(self, w: Value) -> str:
+        """The placement a layer's backward gives ``w``'s gradient: pending over dp (with d > 1),
+        over cp too, and ``_tp_of`` over tp (``LayerSharder``)."""
+        dp = [Partial()] if self.s.d * self.s.c > 1 else [Replicate()]
+        return placement_text(*dp, *([Partial()] if self.s.c > 1 else []), self._tp_of(w))
+
+    def _tp_of(self, w: Value) -> Placement:
+        """``w``'s gradient's placement over tp until the step's end: pending (``tp_pending``),
+        else its weight's."""
+        return Partial() if w in self.tp_pending else self.model.weight(w.name).tp
+
+    def _scattered(self) -> bool:
+        """Whether buckets reduce-scatter the gradients to the ZeRO shards: ZeRO-2/3, and
+        Megatron-LM's distributed optimizer (ZeRO-1: ``_reduce_scatter_base`` per bucket,
+        megatron/core/distributed/param_and_grad_buffer.py)."""
+        return self.s.zero >= 2 or (self.megatron and self.s.zero == 1)
 
     def _grad_bytes(self, w: Value) -> float:
         """A device's bytes of ``w``'s (unreduced) gradient, in the dtype it is reduced in."""
@@ -1096,18 +1167,19 @@ class _Builder:
         backward) as its optimizer takes it: all-reduced, or reduce-scattered to its ZeRO shard
         (ZeRO-1: all-reduced, then sliced); a bucket's result comes back from the dp_reduce
         stream first."""
-        tp = self.model.weight(w.name).tp
+        tp = self._tp_of(w)
         rep = placement_text(Replicate(), tp)
         z = self._zdim(w)
         if self.bucketed and self.comm_streams:  # reduced on the dp_reduce stream
             g = to_mesh(g, self._mesh_for(stage), f"g_{w.name}")
         if z is None:
-            return g if self.bucketed else self._redistribute(fb, g, f"g_{w.name}", rep)
-        if self.s.zero == 1 and not self.bucketed:
-            g = self._redistribute(fb, g, f"g_{w.name}", rep)
-        if self.s.zero < 2 or not self.bucketed:
-            g = self._redistribute(fb, g, f"g_{w.name}", placement_text(Shard(z), tp))
-        return g
+            g = g if self.bucketed else self._redistribute(fb, g, f"g_{w.name}", rep)
+        else:
+            if self.s.zero == 1 and not self.bucketed:
+                g = self._redistribute(fb, g, f"g_{w.name}", rep)
+            if not self._scattered() or not self.bucketed:
+                g = self._redistribute(fb, g, f"g_{w.name}", placement_text(Shard(z), tp))
+        return self._tp_sum(fb, w, g, stage) if w in self.tp_pending else g
 
     def _update(
         self,
@@ -1456,7 +1528,10 @@ class _GradSink:
         """Layer ``L``'s weight gradients ``outs`` are computed."""
         fb = self.fb
         ready: list[tuple[Value, Value]] = []
-        for w, g in zip(L.weights, outs, strict=True):
+        pending = L.tp_pending or (False,) * len(L.weights)
+        for w, g, tp_sum in zip(L.weights, outs, pending, strict=True):
+            if tp_sum and w not in self.b.tp_pending:  # another use left it whole: sum it here
+                g = self.b._redistribute(fb, g, g.name, self.b.grad_layout(w))
             prev = self.partial.pop(w, None)
             g = g if prev is None else fb.op("Add", prev, g, names=[f"g_{w.name}"])[0]
             self.left[w] -= 1
@@ -1526,6 +1601,9 @@ class _Buckets:
         self.root = root
         self.held: list[tuple[Value, Value]] = []
         self.scatter = reduce_scatter_every_backward(b.s)
+        # Megatron-LM buckets the first model chunk of the first stage only: every other chunk's
+        # gradients are one bucket, reduced after its last backward (``megatron_ddp``)
+        self.one_bucket = b.megatron and c > 0
         stage = self.stage = c % b.s.p
         # ``one_dp_stream``: on the gathers' stream; a full bucket waits for ``release``
         self.stream_name = "dp_gather" if b.one_dp_stream else "dp_reduce"
@@ -1557,7 +1635,7 @@ class _Buckets:
 
     def release(self) -> None:
         """The open bucket reduced if it is full."""
-        if self.size >= self.b.bucket_bytes:
+        if self.size >= self.b.bucket_bytes and not self.one_bucket:
             self.flush()
 
     def _copied_in(self, w: Value, g: Value) -> Value:

@@ -67,6 +67,9 @@ class ShardedLayer:
     n_carried: int = 0
     fwd_args: tuple[Type, ...] = ()
     bwd_args: tuple[Type, ...] = ()
+    # per weight (``weights``' order): its gradient leaves the backward still pending over tp
+    # (``LayerSharder`` with sequence parallelism: reduced once per step, not per layer)
+    tp_pending: tuple[bool, ...] = ()
 
 
 def at_batch(model: Model, batch: int) -> Module:
@@ -136,6 +139,12 @@ def sharded_layers(
     return LayerSharder(model, s, train, model.batch, {}).layers(n)
 
 
+def defers_tp_sums(s: Strategy, train: bool) -> bool:
+    """Whether the layers of ``s`` leave the gradients of their tensor-parallel-replicated
+    weights pending over tp (``LayerSharder``): training with sequence parallelism."""
+    return train and s.sp and s.t > 1
+
+
 def bwd_arg_types(vj: VJP, arg_types: Sequence[Type], fwd_types: Sequence[Type]) -> list[Type]:
     """The argument types of ``vj.bwd`` when the forward ran on ``arg_types`` and gave
     ``fwd_types``: the forward arguments it takes again, the residuals, then the cotangents of the
@@ -201,6 +210,7 @@ class LayerSharder:
         # a variant of it the caller names (``distribute(sac_eager=True)``: ``ops-eager``)
         self.recompute = recompute or s.recompute
         self.mesh_rep = rep_mesh(axis_size(s.d, s.shares), s.t, s.c)
+        self.defer_tp = defers_tp_sums(s, train)
         self.weight_params = set(model.forward.params[len(model.inputs) :])
         self.functions = functions
         self._sharded: dict[tuple[object, ...], tuple[Function, list[tuple[Placement, ...] | None]]] = {}
@@ -326,9 +336,10 @@ class LayerSharder:
             for k, j in enumerate(vj.wrt)
         }
         bpins = tuple(k for k, j in enumerate(vj.bwd_params) if j in pins)
-        bwd, _ = self.shard(vj.bwd, btypes, bann, rann, bpins)
+        in_sp = isinstance(parse_placements(act_in)[-1], Shard)  # a layer of the sequence-parallel region
+        bwd, pending = self._sharded_bwd(vj, btypes, bann, rann, bpins, roles, self.defer_tp and in_sp)
         bargs = self._on_mesh(btypes, bann)
-        layer = ShardedLayer(-1, [], [], fwd, bwd, vjp=vj, fwd_args=fargs, bwd_args=bargs)
+        layer = ShardedLayer(-1, [], [], fwd, bwd, vjp=vj, fwd_args=fargs, bwd_args=bargs, tp_pending=pending)
         if self.s.schedule == "zb1":
             n_dx = 1 if 0 in vj.wrt else 0
             bi, bw = split_backward(bwd, n_dx, bargs)
@@ -337,6 +348,37 @@ class LayerSharder:
             self.functions.setdefault(bi.name, bi)
             self.functions.setdefault(bw.name, bw)
         return layer
+
+    def _sharded_bwd(
+        self,
+        vj: VJP,
+        btypes: Sequence[Type],
+        bann: dict[int, str],
+        rann: dict[int, str],
+        bpins: tuple[int, ...],
+        roles: tuple[Placement | None, ...],
+        defer: bool,
+    ) -> tuple[Function, tuple[bool, ...]]:
+        """A layer's backward sharded with its weight gradients at ``rann``, and per weight
+        whether its gradient stays pending over tp. With ``defer`` (sequence parallelism,
+        ``defers_tp_sums``, in a layer whose input is split along the sequence: Megatron-LM's
+        ``sequence_parallel`` parameters) the gradient of a weight replicated over tp (norms,
+        the biases after row-parallel products) is a sum over the sequence's shards: the
+        backward's last step, reducing it over tp, is left out (``tp_sums_deferred``), so it is
+        accumulated pending over the microbatches and reduced once per step, in one call for all
+        of them, as Megatron-LM does (``finalize_model_grads``' ``_allreduce_layernorm_grads``:
+        one coalesced all-reduce over the tensor-parallel group of every ``sequence_parallel``
+        parameter's gradient, after the data-parallel reduction). The rest of the backward is
+        the one sharded without deferring, op for op."""
+        bwd, _ = self.shard(vj.bwd, btypes, bann, rann, bpins)
+        wrt = [(k, j) for k, j in enumerate(vj.wrt) if j != 0]
+        if not defer:
+            return bwd, (False,) * len(wrt)
+        outs = tuple(k for k, j in wrt if isinstance(roles[j], Replicate))
+        stripped, done = tp_sums_deferred(bwd, self._on_mesh(btypes, bann), outs)
+        if stripped is not bwd:
+            self.functions[stripped.name] = stripped
+        return stripped, tuple(k in done for k, _ in wrt)
 
     def shard(
         self,
@@ -407,6 +449,51 @@ def _shard(
     return hit[2], hit[3]
 
 
+# (id of a sharded backward, outputs asked for) -> (that backward, its deferred form, the outputs deferred)
+_DEFERRED: dict[tuple[int, tuple[int, ...]], tuple[Function, Function, frozenset[int]]] = {}
+
+
+def tp_sums_deferred(
+    bwd: Function, arg_types: Sequence[Type], outs: tuple[int, ...]
+) -> tuple[Function, frozenset[int]]:
+    """``bwd`` without the final reductions over tp (the mesh's last axis) of its results at
+    positions ``outs``: a result made by a ``Redistribute`` whose input differs from it only in
+    being a pending sum over tp returns that input instead, and the Redistribute goes. Returns
+    the function (``bwd`` itself when nothing changes) and the positions whose results are now
+    pending over tp. Memoized (``_DEFERRED``)."""
+    hit = _DEFERRED.get((id(bwd), outs))
+    if hit is not None and hit[0] is bwd:
+        return hit[1], hit[2]
+    env = value_types(Module((bwd,)), bwd, arg_types)
+    producer = {op.outputs[0]: op for op in bwd.ops() if op.outputs}
+    drop: dict[int, Value] = {}
+    for k in outs:
+        op = producer.get(bwd.outputs[k])
+        if op is None or op.name != REDISTRIBUTE.name:
+            continue
+        a, b = env.get(op.inputs[0]), env.get(op.outputs[0])
+        if (
+            isinstance(a, DTensorType)
+            and isinstance(b, DTensorType)
+            and isinstance(a.placements[-1], Partial)
+            and isinstance(b.placements[-1], Replicate)
+            and a.placements[:-1] == b.placements[:-1]
+        ):
+            drop[k] = op.inputs[0]
+    got = bwd
+    if drop:
+        gone = {id(producer[bwd.outputs[k]]) for k in drop}
+        used = {v for i in bwd.body if id(i) not in gone for v in i.inputs}
+        if not any(producer[bwd.outputs[k]].outputs[0] in used for k in drop):
+            got = replace(bwd, body=tuple(i for i in bwd.body if id(i) not in gone),
+                          outputs=tuple(drop.get(k, v) for k, v in enumerate(bwd.outputs)))  # fmt: skip
+        else:
+            drop = {}
+    _bounded(_DEFERRED)
+    _DEFERRED[(id(bwd), outs)] = (bwd, got, frozenset(drop))
+    return got, frozenset(drop)
+
+
 def split_backward(bwd: Function, n_dx: int, arg_types: Sequence[Type]) -> tuple[Function, Function]:
     """A layer's backward (called on ``arg_types``) as its input-gradient part (returning the
     ``n_dx`` input gradients, then the values it carries to the weight-gradient part) and its
@@ -472,7 +559,9 @@ __all__ = [
     "ShardedLayer",
     "at_batch",
     "bwd_arg_types",
+    "defers_tp_sums",
     "placement_text",
     "sharded_layers",
+    "tp_sums_deferred",
     "unsharded_layers",
 ]

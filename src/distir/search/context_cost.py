@@ -219,6 +219,7 @@ def context_layer(
         bwd_work_bytes=bwd_work,
         ibwd_work_bytes=ibwd_work,
         zbwd_work_bytes=zbwd_work,
+        tp_pending_bytes=p.tp_pending_bytes,
     )
 
 

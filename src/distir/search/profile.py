@@ -96,6 +96,9 @@ class LayerProfile:
     bwd_work_bytes: float = 0.0  # ``work_bytes`` of the backward alone
     ibwd_work_bytes: float = 0.0  # ``bwd_work_bytes`` of a zero-bubble input-gradient pass
     zbwd_work_bytes: float = 0.0  # ``bwd_work_bytes`` with its (ZeRO-3 gathered) weights dying too
+    # this device's bytes of the weight gradients the backward leaves pending over tp (sequence
+    # parallelism: summed over tp once per step, ``LayerSharder``)
+    tp_pending_bytes: float = 0.0
 
     @property
     def time_s(self) -> float:
@@ -266,6 +269,9 @@ class Profiler:
                     largest_weight_bytes=max(shares, default=0.0),
                     ibwd_work_bytes=i_work,
                     zbwd_work_bytes=z_work,
+                    tp_pending_bytes=sum((b for b, p in zip(shares, L.tp_pending, strict=True) if p), 0.0)
+                    if L.tp_pending
+                    else 0.0,
                 )
             )
         out = [distinct[r] for r in reduced.rep[: len(reduced.rep) - (0 if self.train else 1)]]

@@ -16,6 +16,9 @@ AMP's formulas, generalized (heterogeneous devices, uneven layers, memory, sched
   shares[r]/Σshares of every microbatch: its TP group is profiled at that size, and a stage's
   figures are the worst of its replicas' (the slowest replica sets the pace, the largest holds
   the most activations).
+- **Sequence parallelism**: the layers leave the norms' and biases' gradients pending over tp
+  (``LayerProfile.tp_pending_bytes``); each stage all-reduces them over a TP group once per
+  step, with its gradient sync (``distribute``: Megatron-LM's ``_allreduce_layernorm_grads``).
 - **Data-parallel sync.** After the last microbatch, each stage all-reduces its gradients over
   its replicas (the collective model of ``distir.sim.collectives``, so the slowest link of the
   group governs), one collective per weight; ZeRO-1 adds an all-gather of the updated shards,
@@ -51,6 +54,7 @@ The screen ranks; the exact simulation (``distir.search.rerank``) decides.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -125,6 +129,7 @@ class Screen:
         self._pairs: dict[tuple[int, int], tuple[float, float]] = {}
         self._gathers: dict[tuple[int, ...], tuple[float, float]] = {}
         self._syncs: dict[tuple[object, ...], float] = {}
+        self._tp_sums: dict[tuple[object, ...], float] = {}  # ``_tp_sum``
         # the update after the sync, per weight, as the program writes it (``_sync_time``)
         self._update = update_traffic(
             Optimizer(problem.optimizer), profiler.dtype, problem.train and problem.mixed
@@ -257,6 +262,7 @@ class Screen:
             ibwd_work=frozen([max(p[i].ibwd_work_bytes for p in profs) for i in n]),
             zbwd_work=frozen([max(p[i].zbwd_work_bytes for p in profs) for i in n]),
             cap=cap,
+            tp_pending=frozen([max(p[i].tp_pending_bytes for p in profs) for i in n]),
         )
 
     def _pair(self, x: int, y: int) -> tuple[float, float]:
@@ -343,8 +349,12 @@ class Screen:
         # the gradient sync and optimizer, per stage (stages in parallel)
         sync = 0.0
         if pr.train:
+            pending = self._tp_pending(s, stages, fig.counts) if s.sp else [0.0] * s.p
             for j in range(s.p):
-                sync = max(sync, self._sync_of(s, stages[j], fig.stage_w[j], fig.stage_nw[j]))
+                t_j = self._sync_of(s, stages[j], fig.stage_w[j], fig.stage_nw[j])
+                if pending[j]:  # the step's sum over tp of what the layers left pending
+                    t_j += self._tp_sum(stages[j].gpus[: s.t], pending[j])
+                sync = max(sync, t_j)
         pipe = fig.pipe_s
         step = pipe + sync
         busy = fig.compute_s
@@ -441,6 +451,26 @@ class Screen:
         if key in self._assignments:
             return self._assignments[key]
         got = self._assignments[key] = assign_layers_unchecked(time_c, k, comm, mem, cap)
+        return got
+
+    def _tp_pending(self, s: Strategy, stages: list[Stage], counts: tuple[int, ...]) -> list[float]:
+        """Per stage, the bytes of weight gradients its layers leave pending over tp (sequence
+        parallelism), by the partition's layer ``counts`` per chunk."""
+        bounds = [0, *itertools.accumulate(counts)]
+        out = [0.0] * s.p
+        for c in range(len(counts)):
+            rows = stages[c % s.p].rows.tp_pending
+            if rows is not None:
+                out[c % s.p] += float(rows[bounds[c] : bounds[c + 1]].sum())
+        return out
+
+    def _tp_sum(self, group: tuple[int, ...], nbytes: float) -> float:
+        """The step's one all-reduce over a TP group of the gradients the layers left pending
+        over tp (``distribute``'s ``_tp_sum``: Megatron-LM's ``_allreduce_layernorm_grads``)."""
+        key = (tuple(sorted(group)), nbytes)
+        got = self._tp_sums.get(key)
+        if got is None:
+            got = self._tp_sums[key] = coll.allreduce_time(self.cluster, nbytes, group)
         return got
 
     def _sync_of(self, s: Strategy, st: Stage, w: float, n_w: int) -> float:

@@ -64,6 +64,8 @@ class StageRows:
     ibwd_work: np.ndarray  # ``bwd_work`` of a zero-bubble input-gradient pass
     zbwd_work: np.ndarray  # ``bwd_work`` with the (ZeRO-3 gathered) weights dying too
     cap: float  # the smallest memory of the stage's GPUs
+    # weight gradients left pending over tp (``LayerProfile.tp_pending_bytes``), summed once per step
+    tp_pending: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)

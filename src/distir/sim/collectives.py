@@ -10,10 +10,17 @@ B and α are a link's bandwidth (B/s, per direction) and latency (s).
 Links:
 - *inside one node*, a ring visits the group's GPUs in index order; its B and α are those of its
   slowest link (lowest bandwidth, highest latency) over ``Cluster.link``;
-- *across nodes*, the network level's (B, α) is the slowest ``Cluster.link`` between the first
-  group GPU of consecutive nodes (a ring over the k nodes; for all-to-all, over all node pairs).
-  Without matrices that is the slowest ``Cluster.node_link``: a node's *aggregate* bandwidth,
-  which all g_i GPUs of the node share when they send at once;
+- *across nodes*, the network level's (B, α) is, without matrices, ``Cluster.network_link`` of
+  the group's GPUs per node: the network bandwidth its g_i GPUs on node i reach together
+  (``NodeSpec.network_share``), the slowest node governing. On a node with a NIC per GPU (a
+  DGX: 8 × 400 Gb/s ConnectX-7 next to 8 H100s, a rail-optimized fabric) that is g_i NICs: a
+  data-parallel group with one GPU per node (t = 8 filling the node) crosses on one 50 GB/s
+  NIC while the node's seven other GPUs run their own groups on theirs, not on the node's
+  400 GB/s; g concurrent rings, one per local rank, each cross on their own GPU's NIC
+  (NCCL's rings pair each GPU with its nearest NIC). On a single-NIC node every group gets the
+  whole interface (concurrent groups sharing it are not modelled). With matrices: the slowest
+  ``Cluster.link`` between the first group GPU of consecutive nodes (a ring over the k nodes;
+  for all-to-all, over all node pairs);
 - heterogeneous clusters (AMP): the slowest link governs each level, and a level whose nodes
   differ takes as long as its slowest node (``max`` over nodes).
 
@@ -102,18 +109,18 @@ def _star(cluster: Cluster, root: int, gpus: Sequence[int], outward: bool, kind:
         rn = nodes[root]
         targets = {nodes[j] for j in gpus if j != root}
         intra = cluster.nodes[rn].intra_for(kind)
-        return _slowest(intra if t == rn else cluster.node_link(rn, t) for t in targets)
+        return _slowest(intra if t == rn else cluster.network_link(((rn, 1), (t, 1))) for t in targets)
     return _slowest(cluster.link(root, j) if outward else cluster.link(j, root) for j in gpus if j != root)
 
 
 def _net(cluster: Cluster, parts: Sequence[tuple[int, ...]], all_pairs: bool = False) -> LinkSpec:
-    """The network level's link: the slowest link between the first GPUs of the nodes, over the
-    ring of nodes (or all node pairs; without matrices both are the slowest node's network)."""
+    """The network level's link: without matrices, the network bandwidth the group's GPUs reach
+    on each node (``Cluster.network_link``, the slowest node governing); with matrices, the
+    slowest link between the first GPUs of the nodes, over the ring of nodes (or all node
+    pairs)."""
     if not cluster.has_matrices:
-        if cluster.inter_node is not None:
-            return cluster.inter_node
         nodes = cluster.gpu_nodes
-        return _slowest(cluster.nodes[nodes[p[0]]].inter for p in parts)
+        return cluster.network_link((nodes[p[0]], len(p)) for p in parts)
     leaders = [p[0] for p in parts]
     k = len(leaders)
     if all_pairs:
@@ -147,7 +154,8 @@ def allreduce_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> flo
     One node: ring, 2(n−1)/n·M/B + 2(n−1)α over the ring's slowest link.
     Across k nodes (hierarchical): (1) reduce-scatter inside each node, (g_i−1)/g_i·M/B_i +
     (g_i−1)α_i, the slowest node governing; (2) g concurrent ring all-reduces of M/g across the k
-    nodes, one per local rank, sharing each node's network bandwidth B_net, so
+    nodes, one per local rank, each on its GPU's share of the node's network, together B_net
+    (the bandwidth the group's g GPUs reach, ``Cluster.network_link``), so
     2(k−1)/k·(M/g)/(B_net/g) + 2(k−1)α_net = 2(k−1)/k·M/B_net + 2(k−1)α_net; (3) all-gather inside
     each node, as (1). Assumes the group has the same GPUs on every node it spans (with unequal
     counts, each node's phases use its own g_i).
