@@ -88,6 +88,9 @@ class ModelCfg:
     # llama only: SwiGLU's silu as a·Sigmoid(a) (composite: two kernels when nothing fuses them)
     # or one op (fused: F.silu, one kernel)
     silu: str = "composite"
+    # llama only: grouped-query k and v handed to the attention kernel as they are (native) or
+    # repeated to every query head first, a copy each (copy: torchtitan's repeat_kv before SDPA)
+    kv: str = "native"
     # gpt only: llm-foundry's flash_attn_fn copies q, k, v in (index_first_axis) and the output
     # out (pad_input) around flash-attn's variable-length kernel (the zoo's ``unpad`` option)
     unpad: bool = False
@@ -260,10 +263,12 @@ def _check(r: Run, where: str) -> None:
         raise RunsError(f"{where}.model: norm must be fused or composite, rope fused or fp32")
     if m.silu not in ("composite", "fused"):
         raise RunsError(f"{where}.model.silu: expected composite or fused, got {m.silu!r}")
+    if m.kv not in ("native", "copy"):
+        raise RunsError(f"{where}.model.kv: expected native or copy, got {m.kv!r}")
     if m.unpad and m.family != "gpt":
         raise RunsError(f"{where}.model.unpad: an option of the gpt family")
-    if (m.norm, m.rope, m.silu) != ("fused", "fused", "composite") and m.family != "llama":
-        raise RunsError(f"{where}.model: norm, rope and silu are options of the llama family")
+    if (m.norm, m.rope, m.silu, m.kv) != ("fused", "fused", "composite", "native") and m.family != "llama":
+        raise RunsError(f"{where}.model: norm, rope, silu and kv are options of the llama family")
     if m.tied and m.family != "gpt":
         raise RunsError(f"{where}.model.tied: only the gpt family ties its embedding and head")
     if p.metric not in METRICS:
@@ -347,6 +352,8 @@ def zoo_model(m: ModelCfg) -> str:
         spec += f",rope={m.rope}"
     if m.silu != "composite":
         spec += f",silu={m.silu}"
+    if m.kv != "native":
+        spec += f",kv={m.kv}"
     return spec if m.loss == "fp32" else f"{spec},loss={m.loss}"
 
 

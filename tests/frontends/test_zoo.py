@@ -304,7 +304,8 @@ def test_llama_strings_round_trip(
     text = "llama:" + ",".join(f"{k}={v}" for k, v in cfg.items())
     spec = parse_model_string(text)
     defaults = {"rope_theta": 10000, "attention": "fused", "loss": "fp32"}
-    defaults |= {"norm": "fused", "rope": "fused", "silu": "composite"}  # the eager forms' defaults
+    # the eager forms' defaults
+    defaults |= {"norm": "fused", "rope": "fused", "silu": "composite", "kv": "native"}
     assert dataclasses.asdict(spec.config) == {**cfg, **defaults}
     m = build_model(text, 2)
     assert m.num_params == closed_form_params("llama", cfg)

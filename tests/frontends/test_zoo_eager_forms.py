@@ -126,3 +126,54 @@ def test_gpt_unpad_copies_around_attention_change_no_number() -> None:
     want_out, want_loss = numpy_gpt(dict(m.config), vals)
     np.testing.assert_allclose(got[-2], want_out, rtol=1e-9, atol=1e-9)
     assert float(got[-1]) == pytest.approx(want_loss, rel=1e-9)
+
+
+def test_kv_copy_computes_the_same_and_copies_k_and_v() -> None:
+    """llama ``kv=copy`` (torchtitan's ``repeat_kv`` before SDPA): the model computes what numpy's
+    Llama does (grouped heads), with one Expand of k and of v per layer, each handing the kernel
+    all ``heads`` heads; the default hands it the kv heads."""
+    m = build_model(f"{LLAMA},kv=copy", 3, DType.f64)
+    distir.check(m.module)
+    vals = values(m, 0)
+    got = run(m, vals)
+    want_out, want_loss = numpy_llama(dict(m.config), vals)
+    np.testing.assert_allclose(got[-2], want_out, rtol=1e-9, atol=1e-9)
+    assert float(got[-1]) == pytest.approx(want_loss, rel=1e-9)
+    assert _ops(f"{LLAMA},kv=copy", DType.bf16)["Expand"] == 2
+    assert _ops(LLAMA, DType.bf16)["Expand"] == 0
+
+
+def test_kv_copy_costs_a_copy_forward_and_a_sum_backward() -> None:
+    """The copies' kernels move, by hand: forward each reads the kv heads (B·S·kv·d) and writes
+    ``heads`` heads (B·S·heads·d); its gradient (PyTorch's expand backward, a sum over the group
+    axis) reads the ``heads`` heads and writes the kv heads. bf16 on an A100, one kernel each."""
+    from distir.autodiff.reverse import vjp
+
+    b, s, heads, kv, d = 2, 64, 8, 2, 32
+    spec = f"llama:layers=1,hidden={heads * d},heads={heads},kv_heads={kv},ffn=64,vocab=32,seq={s},kv=copy"
+    m = build_model(spec, b, DType.bf16)
+    block = next(f for f in m.module.functions if f.name == "block")
+    layer = {w.name: w.type for w in m.weights}
+    d0 = Device(0)
+    types = [TensorType(DType.bf16, (b, s, heads * d), d0), *(layer[f"{p.name}_0"] for p in block.params[1:])]
+    _, env = interpret(m.module, block, types, TypeDomain())
+    cluster = parse_cluster("dgx-a100")
+    cost, gpu = RooflineCostModel(cluster, fuse=False), cluster.device_spec(0)
+    copies = [op for op in block.ops() if op.name == "Expand"]
+    got = [
+        cost.compute_time(
+            REGISTRY[op.name], [env[x] for x in op.inputs], [env[y] for y in op.outputs], op.attrs, 0
+        )
+        for op in copies
+    ]
+    kv_bytes, all_bytes = 2 * b * s * kv * d, 2 * b * s * heads * d
+    want = gpu.launch_overhead_s + (kv_bytes + all_bytes) / (gpu.memory_bandwidth * 0.8)
+    assert got == pytest.approx([want, want], rel=1e-9)
+    assert [env[op.outputs[0]].shape for op in copies] == [(b, s, kv, heads // kv, d)] * 2
+    bwd = vjp(m.module, block, types, list(range(len(block.params)))).bwd
+    sums = [op for op in bwd.ops() if op.name == "ReduceSum" and tuple(op.attrs["axes"]) == (3,)]
+    assert len(sums) == 2
+    big, small = (TensorType(DType.bf16, sh, d0) for sh in ((b, s, kv, heads // kv, d), (b, s, kv, 1, d)))
+    for op in sums:
+        t = cost.compute_time(REGISTRY["ReduceSum"], [big], [small], op.attrs, 0)
+        assert t == pytest.approx(want, rel=1e-9)

@@ -20,7 +20,13 @@ and each gradient is cast to fp32 (``%dw_f32 = Cast(%dw, to=f32)``) before the u
 Layers are differentiated once per distinct (layer function, argument types) (``layer_vjps``), so
 repeated blocks share one ``_fwd``/``_bwd`` pair and the program stays as small as the model.
 Layer 0 is not differentiated with respect to the model input (data, token ids); the loss layer
-only with respect to its activation.
+only with respect to its activation. The recompute policy applies to the repeated blocks only:
+the layers before them (``Model.pre``: the embedding) and after them (``Model.post``: head and
+loss) save what their backward reads, as every trainer checkpoints its transformer layers and
+nothing else (torchtitan's ``apply_ac`` wraps each block of ``model.layers``,
+torchtitan/parallelisms/parallelize_llama.py; Megatron-LM recomputes inside its transformer
+block, ``--recompute-granularity`` full or selective), so a loss's log-softmax is kept, not
+recomputed before its gradient.
 """
 
 from __future__ import annotations
@@ -139,26 +145,28 @@ def layer_vjps(
     except KeyError:
         raise AutodiffError(f"recompute must be one of {', '.join(POLICIES)}, got {recompute!r}") from None
     weights = {v for v in model.forward.params[len(model.inputs) :]}
-    cache: dict[tuple[str, tuple[Type, ...], tuple[int, ...]], VJP] = {}
+    cache: dict[tuple[str, tuple[Type, ...], tuple[int, ...], object], VJP] = {}
     names: dict[str, int] = {}
     out: list[LayerGrad] = []
     fns: list[Function] = []
     last = len(model.layers) - 1
+    blocks = range(model.pre, len(model.layers) - model.post)
     for i, call in enumerate(model.layers):
         types = tuple(arg_types[i])
+        layer_policy = policy if i in blocks else POLICIES["none"]
         wrt = tuple(
             j
             for j, v in enumerate(call.inputs)
             if (j == 0 and i > 0) or (v in weights and i != last)
             if isinstance(types[j], TensorType) and types[j].dtype.is_float  # type: ignore[union-attr]
         )
-        key = (call.callee, types, wrt)
+        key = (call.callee, types, wrt, layer_policy)
         got = cache.get(key)
         if got is None:
             n = names.get(call.callee, 0)
             names[call.callee] = n + 1
             base = call.callee if n == 0 else f"{call.callee}_{n}"
-            got = vjp(model.module, model.module[call.callee], types, wrt, policy, name=base)
+            got = vjp(model.module, model.module[call.callee], types, wrt, layer_policy, name=base)
             cache[key] = got
             fns.extend((got.fwd, got.bwd))
         out.append(LayerGrad(i, got))

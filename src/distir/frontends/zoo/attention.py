@@ -61,6 +61,18 @@ def repeat_kv(f: LayerFn, x: Value, kv_heads: int, group: int, head_dim: int, na
     return f("Reshape", copies, shape=(0, 0, kv_heads * group, head_dim), name=f"{name}_heads")
 
 
+def expand_kv(f: LayerFn, x: Value, kv_heads: int, group: int, head_dim: int, name: str) -> Value:
+    """(B, S, kv_heads, head_dim) → (B, S, kv_heads·group, head_dim) as torchtitan's ``repeat_kv``
+    runs it: ``unsqueeze(3).expand(...).reshape(...)``, whose reshape of the expanded view
+    copies it (one kernel reading the kv heads and writing ``group`` times their bytes; its
+    gradient sums the group axis, one reduction, as PyTorch's expand backward ``sum_to_size``)."""
+    if group == 1:
+        return x
+    u = f("Unsqueeze", x, axes=(3,), name=f"{name}_g")  # (B, S, kv, 1, d)
+    copies = f("Expand", u, shape=(1, 1, 1, group, 1), name=f"{name}_rep")  # (B, S, kv, group, d)
+    return f("Reshape", copies, shape=(0, 0, kv_heads * group, head_dim), name=f"{name}_heads")
+
+
 def rope(f: LayerFn, x: Value, theta: float, f32_from: DType | None, name: str) -> Value:
     """``Rope`` of ``x``; with ``f32_from`` (``x``'s dtype) in f32: ``x`` cast to f32 first and
     the result cast back to ``f32_from`` (layer functions are untyped: the caller names it)."""
@@ -85,6 +97,7 @@ def attention(
     dropout: float = 0.0,
     rope_f32_from: DType | None = None,
     unpad: bool = False,
+    kv_copy: bool = False,
 ) -> Value:
     """Attention over already-projected ``q``, ``k``, ``v``; returns (B, S, heads·head_dim)
     (before the output projection). ``form`` is ``fused`` or ``naive``; ``rope_theta`` (if
@@ -94,7 +107,9 @@ def attention(
     and back (torchtitan's ``xq.float()`` ... ``type_as(xq)``: ``rope``); ``unpad`` (fused form)
     copies q, k, v in and the output out as llm-foundry's ``flash_attn_fn`` does around
     flash-attn's variable-length kernel (``UnpadTokens``, ``PadTokens``: ``bert_padding``'s
-    ``index_first_axis`` and ``pad_input``, every token kept)."""
+    ``index_first_axis`` and ``pad_input``, every token kept); ``kv_copy`` (fused form) repeats
+    the kv heads into copies before the kernel, as torchtitan's ``repeat_kv`` does before SDPA
+    (``expand_kv``), where the default hands the kernel the kv heads themselves."""
     kv = heads if kv_heads is None else kv_heads
     group = heads // kv
     qh = split_heads(f, q, heads, head_dim, "qh")
@@ -105,6 +120,9 @@ def attention(
     vh = split_heads(f, v, kv, head_dim, "vh")
     if form == "fused":
         drop = {"dropout": dropout} if dropout > 0.0 else {}
+        if kv_copy:
+            kh = expand_kv(f, kh, kv, group, head_dim, "k")
+            vh = expand_kv(f, vh, kv, group, head_dim, "v")
         if unpad:
             qh, kh, vh = (f("UnpadTokens", x, name=f"{x.name}_unpad") for x in (qh, kh, vh))
         out, _ = f.results("Attention", qh, kh, vh, names=["ctx", "lse"], causal=causal, **drop)

@@ -34,6 +34,12 @@ runs the same ops without them). ``Mul(x, x)`` reads ``x`` twice where ``pow(2)`
 4 bytes per element more than the module moves. ``silu=fused``: SwiGLU's ``F.silu(w1(x))`` as
 one ``Silu`` op (one kernel forward, one backward, as PyTorch runs it, eager or not) instead of
 the default ``a·Sigmoid(a)`` (two ops, each a kernel of its own when nothing fuses them).
+``kv=copy``: grouped-query attention's k and v repeated to ``heads`` heads before the fused
+kernel, as torchtitan's ``repeat_kv`` (``unsqueeze(3).expand(...).reshape(...)``: the reshape of
+the expanded view copies it) does before ``F.scaled_dot_product_attention``: an ``Expand`` each
+forward (reads the kv heads, writes ``heads/kv_heads`` times their bytes), a ``ReduceSum`` of the
+group axis each backward. The default (``native``) hands the kernel the kv heads themselves, as
+flash-attn and SDPA's ``enable_gqa`` read them.
 
 Tensor-parallel declarations (Megatron-LM / Llama's model-parallel layers): wq, wk, wv, w1, w3
 column-parallel ``S(1)``; wo, w2 row-parallel ``S(0)``; norms replicated; the embedding sharded
@@ -70,6 +76,7 @@ BLOCK_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w3", "w
 NORM_FORMS = ("fused", "composite")  # one RMSNormalization; eager PyTorch's separate ops
 SILU_FORMS = ("composite", "fused")  # a·Sigmoid(a) as two ops; one Silu (F.silu)
 ROPE_FORMS = ("fused", "fp32")  # Rope in the model's dtype; cast to f32 and back around it
+KV_FORMS = ("native", "copy")  # the kernel reads the kv heads; repeat_kv copies them first
 LOW_PRECISION = (DType.bf16, DType.f16)  # the dtypes the eager forms upcast to f32
 
 
@@ -92,6 +99,7 @@ class LlamaConfig:
     norm: str = _choice("fused", NORM_FORMS)  # RMSNorm: one op or eager PyTorch's (module doc)
     rope: str = _choice("fused", ROPE_FORMS)  # RoPE in the model's dtype or in f32 (module doc)
     silu: str = _choice("composite", SILU_FORMS)  # SwiGLU's silu: Mul·Sigmoid or one Silu op
+    kv: str = _choice("native", KV_FORMS)  # grouped kv heads: read by the kernel or copied (doc)
 
     def __post_init__(self) -> None:
         check_config(FAMILY, self, divides=[("heads", "hidden"), ("kv_heads", "heads")])
@@ -151,6 +159,7 @@ def block_fn(cfg: LlamaConfig, dtype: DType = DType.f32) -> Function:
         form=cfg.attention,
         rope_theta=cfg.rope_theta,
         rope_f32_from=dtype if cfg.rope == "fp32" and dtype in LOW_PRECISION else None,
+        kv_copy=cfg.kv == "copy",
     )
     x = f("Add", x, f("MatMul", a, p["wo"], name="o"), name="x_attn")
     h = rms_norm(f, x, p["ffn_norm"], cfg.norm, dtype, "ffn_in")
