@@ -170,7 +170,8 @@ def test_gpt3_175b_on_128_dgx_a100_finds_t8_with_sequence_parallelism() -> None:
     """``distir search --model gpt2-175b --cluster dgx-a100:128 --batch 1536 --tp-comm-overlap``
     (bf16 mixed): with tensor-parallel collectives pipelined with their GEMMs, as Megatron-LM runs
     them with ``--tp-comm-overlap`` (which requires sequence parallelism), the winner has t = 8
-    and sequence parallelism (d32.t8.sp.p4.k16.zb1.z2, simulated 15.26 s). Each data-parallel
+    and sequence parallelism, with pipelining (d16.t8.sp.p8.k32.zb1, simulated 15.33 s:
+    ``bench/bench_trends.py`` item 7). Each data-parallel
     group of a t = 8 plan has one GPU per node and crosses on that GPU's own NIC, so ZeRO-3's
     per-microbatch gathers over 1024 GPUs cost more than pipelining's transfers. Without the
     overlap a t = 8 layer waits for collectives 2.3 times as long per FLOP as a t = 4 one
