@@ -9,6 +9,8 @@ at the cost model's efficiency, plus one launch per kernel."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,6 +28,16 @@ from frontends.test_zoo_numeric import GPT, LLAMA, numpy_gpt, numpy_llama, run, 
 EAGER = f"{LLAMA},norm=composite,rope=fp32,silu=fused"
 
 
+def _assert_matches_numpy(m: Any, oracle: Callable[..., tuple[np.ndarray, float]]) -> None:
+    """``m`` checks, and its output and loss on the first example equal ``oracle``'s (numpy)."""
+    distir.check(m.module)
+    vals = values(m, 0)
+    got = run(m, vals)
+    want_out, want_loss = oracle(dict(m.config), vals)
+    np.testing.assert_allclose(got[-2], want_out, rtol=1e-9, atol=1e-9)
+    assert float(got[-1]) == pytest.approx(want_loss, rel=1e-9)
+
+
 def test_eager_forms_compute_rms_norm_without_epsilon_and_rope(monkeypatch: pytest.MonkeyPatch) -> None:
     import frontends.test_zoo_numeric as oracle
 
@@ -34,12 +46,7 @@ def test_eager_forms_compute_rms_norm_without_epsilon_and_rope(monkeypatch: pyte
 
     monkeypatch.setattr(oracle, "rms_norm", rms_norm_no_eps)
     m = build_model(EAGER, 3, DType.f64)
-    distir.check(m.module)
-    vals = values(m, 0)
-    got = run(m, vals)
-    want_out, want_loss = numpy_llama(dict(m.config), vals)
-    np.testing.assert_allclose(got[-2], want_out, rtol=1e-9, atol=1e-9)
-    assert float(got[-1]) == pytest.approx(want_loss, rel=1e-9)
+    _assert_matches_numpy(m, numpy_llama)
 
 
 def _ops(spec: str, dtype: DType) -> Counter[str]:
@@ -133,12 +140,7 @@ def test_kv_copy_computes_the_same_and_copies_k_and_v() -> None:
     Llama does (grouped heads), with one Expand of k and of v per layer, each handing the kernel
     all ``heads`` heads; the default hands it the kv heads."""
     m = build_model(f"{LLAMA},kv=copy", 3, DType.f64)
-    distir.check(m.module)
-    vals = values(m, 0)
-    got = run(m, vals)
-    want_out, want_loss = numpy_llama(dict(m.config), vals)
-    np.testing.assert_allclose(got[-2], want_out, rtol=1e-9, atol=1e-9)
-    assert float(got[-1]) == pytest.approx(want_loss, rel=1e-9)
+    _assert_matches_numpy(m, numpy_llama)
     assert _ops(f"{LLAMA},kv=copy", DType.bf16)["Expand"] == 2
     assert _ops(LLAMA, DType.bf16)["Expand"] == 0
 
