@@ -185,6 +185,7 @@ from distir.parallel.layer_sharder import (
     sharded_layers,
     with_cp,
 )
+from distir.parallel.pipeline.deepspeed import Event, step_order
 from distir.parallel.pipeline.analysis import time_order
 from distir.parallel.pipeline.partition import partition, uniform_counts
 from distir.parallel.pipeline.schedules import Action, build_schedule
@@ -360,6 +361,11 @@ def _check_deepspeed(s: Strategy, prec: Precision, deepspeed_pipe: bool, fp32_gr
             f"{s}: DeepSpeed's pipeline engine runs ZeRO 0 or 1 only (ZeRO-{s.zero} given; "
             "deepspeed/runtime/pipe/engine.py asserts it)"
         )
+    if deepspeed_pipe and s.p > 1 and (s.schedule != "1f1b" or s.v != 1):
+        raise StrategyError(
+            f"{s}: DeepSpeed's pipeline engine runs its own 1F1B (TrainSchedule, "
+            "deepspeed/runtime/pipe/schedule.py): use the 1f1b schedule with one chunk per rank"
+        )
     if fp32_grad_accum and not prec.mixed:
         raise StrategyError(f"{s}: fp32 gradient accumulation needs mixed precision (an fp32 master)")
 
@@ -485,6 +491,7 @@ class _Builder:
         self.comm_streams = comm_streams
         # DeepSpeed's pipeline engine: transfers block the compute streams (``distribute``)
         self.p2p_streams = comm_streams and not deepspeed_pipe
+        self.deepspeed_pipe = deepspeed_pipe
         # gradients reduced in the masters' dtype (``distribute``)
         self.reduce_fp32 = reduce_fp32 and self.prec.mixed and train and s.d * s.c > 1 and not self.fp32_acc
         # the compute copies gathered in the next step's first forward (``distribute``)
@@ -1056,9 +1063,11 @@ class _Builder:
         cf = self._chunk_functions(by_chunk)
         fb = FunctionBuilder("step" if self.train else "infer", REGISTRY.out_arity)
         inputs, mbs, wp = self._declare(fb, by_chunk, stage_of)
-        order = self._program_order(by_chunk)
         sched = _ScheduleWriter(self, fb, cf, by_chunk, stage_of, inputs, mbs, wp)
-        sched.write(order)
+        if self.deepspeed_pipe and self.train:  # DeepSpeed's TrainSchedule, step by step
+            sched._run(step_order(s.p, s.k))
+        else:
+            sched.write(self._program_order(by_chunk))
         if not self.train:
             return self._module(cf, fb.ret(*sched.outputs_inf))
         grads = self._gradient_sums(fb, by_chunk, wp, sched.acc)
@@ -1259,18 +1268,22 @@ class _ScheduleWriter:
 
     def write(self, order: list[Any]) -> None:
         """Every action at its (estimated) start, its transfer at the end of the action."""
-        # per chunk, the backward actions left that produce weight gradients (the last reduces)
-        grad_kind = "W" if self.b.s.schedule == "zb1" else "B"
-        for ta in order:
-            if ta.action.kind == grad_kind:
-                self.grads_left[ta.action.stage] += 1
         events = sorted(
             [(ta.start, 1, i, ta.action) for i, ta in enumerate(order)]
             + [(ta.end, 0, i, ta.action) for i, ta in enumerate(order)],
             key=itemgetter(0, 1, 2),  # the action itself never breaks a tie
         )
-        for _t, phase, _i, a in events:
-            if phase == 0:
+        self._run([Event(phase == 0, a) for _t, phase, _i, a in events])
+
+    def _run(self, events: list[Event]) -> None:
+        """The events in program order: a pass, or the transfer of what a pass made."""
+        # per chunk, the backward actions left that produce weight gradients (the last reduces)
+        grad_kind = "W" if self.b.s.schedule == "zb1" else "B"
+        for e in events:
+            if not e.send and e.action.kind == grad_kind:
+                self.grads_left[e.action.stage] += 1
+        for send, a in events:
+            if send:
                 self._transfer(a)
             elif a.kind == "F":
                 self._forward(a)
