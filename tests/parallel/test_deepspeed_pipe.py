@@ -15,6 +15,7 @@ from distir.ir.function import Module
 from distir.ir.ops import Call
 from distir.ir.types import DType
 from distir.parallel.distribute import HP_GRAD, device_map, distribute
+from distir.parallel.pipeline.deepspeed import train_schedule
 from distir.parallel.strategy import StrategyError, parse_strategy
 from distir.sim.cost import FixedCostModel, RooflineCostModel
 from distir.sim.simulate import SimResult, simulate
@@ -144,3 +145,98 @@ def test_fp32_accumulation_needs_mixed_precision() -> None:
     model = build_model(GPT, batch=2, dtype=DType.bf16)
     with pytest.raises(StrategyError, match="mixed precision"):
         distribute(model, s, Optimizer("adam"), precision="pure", fp32_grad_accum=True)
+
+
+UNTIED = "gpt:layers=4,hidden=64,heads=4,seq=32,vocab=256"
+
+
+def _one_replica(strategy: str, ds: bool) -> SimResult:
+    """One replica (d = 1) of an untied model: no data-parallel or tied-embedding reduction, so
+    with and without ``deepspeed_pipe`` the passes and the transfers are the only difference."""
+    s = parse_strategy(strategy)
+    cl = parse_cluster("dgx-a100")
+    model = build_model(UNTIED, batch=2 * s.k, dtype=DType.bf16)
+    prog = distribute(model, s, Optimizer("adam"), comm_streams=True, precision="mixed", deepspeed_pipe=ds)
+    return simulate(prog, cl, device_map(s, True), RooflineCostModel(cl), trace=True)
+
+
+@pytest.mark.parametrize("strategy", ["d1.t1.p2.k4.1f1b", "d1.t1.p4.k8.1f1b", "d1.t1.p4.k3.1f1b"])
+def test_blocking_is_never_faster_than_overlapped(strategy: str) -> None:
+    """Every stage runs the same passes in the same order either way (DeepSpeed's TrainSchedule
+    is 1F1B: tests/parallel/pipeline/test_deepspeed.py), at the same cost; DeepSpeed's transfers
+    add waits (each is a rendezvous of both compute streams) and time on the compute streams, and
+    take nothing away, so its step cannot be shorter."""
+    assert _one_replica(strategy, True).step_time_s >= _one_replica(strategy, False).step_time_s
+
+
+def _passes(r: SimResult, gpu: int) -> tuple[list[float], list[float]]:
+    """(start, duration) of each chunk call on ``gpu``'s compute stream in time order, a call's
+    duration taking in the ops after it up to the next call or transfer (the last stage's loss
+    gradient seed); the transfers' slices are left out."""
+    slot = next(i for i, sl in enumerate(r.slots) if sl.gpu == gpu and sl.stream == "compute")
+    mine = sorted((a, b, name) for name, a, b, sl, _c in r.slices or [] if sl == slot)
+    starts: list[float] = []
+    ends: list[float] = []
+    open_call = False  # the ops since the last call belong to it (no transfer between)
+    for a, b, name in mine:
+        if name.startswith("@c"):
+            starts.append(a)
+            ends.append(b)
+            open_call = True
+        elif "Send" in name:
+            open_call = False
+        elif open_call:
+            ends[-1] = b
+    return starts, [e - s for s, e in zip(starts, ends, strict=True)]
+
+
+def _transfer_time(r: SimResult) -> float:
+    (t,) = {round(b - a, 15) for name, a, b, _sl, _c in r.slices or [] if "Send" in name}
+    return t
+
+
+@pytest.mark.parametrize("strategy", ["d1.t1.p2.k3.1f1b", "d1.t1.p4.k8.1f1b", "d1.t1.p3.k5.1f1b"])
+def test_step_replays_train_schedule_with_rendezvous(strategy: str) -> None:
+    """An independent replay of DeepSpeed's engine: each stage runs its TrainSchedule
+    instructions in order; a pass takes its simulated time; a send and its receive start together
+    when both stages reach them (blocking ``dist.send``/``dist.recv``) and hold both for the
+    transfer's time. Every pass starts when the replay says."""
+    s = parse_strategy(strategy)
+    r = _one_replica(strategy, True)
+    c = _transfer_time(r)
+    got = [_passes(r, st) for st in range(s.p)]
+    instrs = train_schedule(s.p, s.k)
+    clock, pos, n_pass = [0.0] * s.p, [0] * s.p, [0] * s.p
+    want: list[list[float]] = [[] for _ in range(s.p)]
+    peer = {"SendActivation": 1, "RecvGrad": 1, "SendGrad": -1, "RecvActivation": -1}
+    match = {"SendActivation": "RecvActivation", "RecvActivation": "SendActivation"}
+    match |= {"SendGrad": "RecvGrad", "RecvGrad": "SendGrad"}
+    while any(pos[st] < len(instrs[st]) for st in range(s.p)):
+        moved = False
+        for st in range(s.p):
+            while pos[st] < len(instrs[st]):
+                ins = instrs[st][pos[st]]
+                if ins.kind in ("F", "B"):
+                    want[st].append(clock[st])
+                    clock[st] += got[st][1][n_pass[st]]
+                    n_pass[st] += 1
+                    pos[st] += 1
+                    moved = True
+                    continue
+                o = st + peer[ins.kind]
+                other = instrs[o][pos[o]] if pos[o] < len(instrs[o]) else None
+                if other is None or (other.kind, other.microbatch) != (match[ins.kind], ins.microbatch):
+                    break  # the peer has not reached the matching call yet
+                clock[st] = clock[o] = max(clock[st], clock[o]) + c
+                pos[st] += 1
+                pos[o] += 1
+                moved = True
+        assert moved, "the replay deadlocked"
+    for st in range(s.p):
+        assert got[st][0] == pytest.approx(want[st], rel=1e-9, abs=1e-15), st
+
+
+@pytest.mark.parametrize("strategy", ["d1.t1.p2.k4.gpipe", "d1.t1.p2.k4.zb1", "d1.t1.p2.k4.v2.interleaved"])
+def test_other_schedules_are_refused(strategy: str) -> None:
+    with pytest.raises(StrategyError, match="TrainSchedule"):
+        _program(strategy, True, False)
