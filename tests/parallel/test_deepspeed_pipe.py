@@ -240,3 +240,27 @@ def test_step_replays_train_schedule_with_rendezvous(strategy: str) -> None:
 def test_other_schedules_are_refused(strategy: str) -> None:
     with pytest.raises(StrategyError, match="TrainSchedule"):
         _program(strategy, True, False)
+
+
+def test_transfers_are_partitioned_over_tensor_parallel_ranks() -> None:
+    """With t = 2 each tensor-parallel rank sends its half of the activation (and of its
+    gradient): every transfer between stages carries mb·seq·hidden·2 bytes / t; the receiver
+    all-gathers it whole (one gather per forward on stage 1, one per backward on stage 0), and
+    stage 0 gathers its sent output whole again before each backward (``PartitionedTensor.full``
+    in DeepSpeed's ``_exec_forward_pass`` / ``_exec_backward_pass``)."""
+    s = parse_strategy("d1.t2.p2.k2.1f1b")
+    cl = parse_cluster("dgx-a100")
+    mb, seq, hidden = 2, 32, 64
+    model = build_model(UNTIED, batch=mb * s.k, dtype=DType.bf16)
+    prog = distribute(model, s, Optimizer("adam"), comm_streams=True, precision="mixed", deepspeed_pipe=True)
+    r = simulate(prog, cl, device_map(s, True), RooflineCostModel(cl), trace=True, trace_detail="op")
+    top = [sl for sl in r.trace_detail().slices if sl.depth == 0]
+    sends = [sl for sl in top if sl.name == "MeshSend" and r.slots[sl.slot].gpu in (0, 2)]
+    assert len(sends) == 2 * 2 * s.k  # both stages (tp rank 0 of each) see each of 2k transfers
+    assert {sl.args["message_bytes"] for sl in sends} == {mb * seq * hidden * 2 / s.t}
+    gathers = {0: 0, 2: 0}  # GPU 0 runs stage 0, GPU 2 stage 1 (tp ranks 0)
+    for sl in top:
+        gpu = r.slots[sl.slot].gpu
+        if gpu in gathers and "S(2)]]" in sl.args.get("inputs", [""])[0] and "R]]" in sl.args.get("outputs", [""])[0]:
+            gathers[gpu] += 1
+    assert gathers == {0: 2 * s.k, 2: s.k}

@@ -1265,6 +1265,9 @@ class _ScheduleWriter:
             [mbs[(e, stage_of[c])] for L in ls for e in L.extras] for c, ls in enumerate(by_chunk)
         ]
         self.outbox: dict[Action, tuple[Value, int, int, str]] = {}
+        # DeepSpeed's partitioned transfers: per chunk boundary, (part, whole) placements or None
+        self.parts = [_pipe_partition(b, ls[0].fwd_args) for ls in by_chunk[1:]] if b.deepspeed_pipe else []
+        self.kept: dict[tuple[int, int], Value] = {}  # (chunk, microbatch) -> its output's part
 
     def write(self, order: list[Any]) -> None:
         """Every action at its (estimated) start, its transfer at the end of the action."""
@@ -1331,7 +1334,14 @@ class _ScheduleWriter:
         if got_out is None:
             return
         val, src, dst, name = got_out
+        part = self.parts[min(src, dst)] if self.parts and self.stage_of[src] != self.stage_of[dst] else None
+        if part is not None:  # DeepSpeed's pipe_partitioned / grad_partitioned (``_pipe_partition``)
+            val = self.b._redistribute(self.fb, val, f"{name}_part", part[0])
+            if dst > src:
+                self.kept[(src, a.microbatch)] = val
         sent = self.send(val, src, dst, name)
+        if part is not None:
+            sent = self.b._redistribute(self.fb, sent, name, part[1])
         if dst > src:
             self.act[(dst, a.microbatch)] = sent
         else:
@@ -1375,6 +1385,9 @@ class _ScheduleWriter:
         dy = self.dys.pop((c, m))
         if c < self.last:
             dy = self.receive(dy, c + 1, c, f"dy{c}_{m}")
+        kept = self.kept.pop((c, m), None)
+        if kept is not None:  # the engine restores the sent output whole before the backward
+            self.b._redistribute(fb, kept, f"out{c}_{m}", self.parts[c][1])
         args = [*self.chunk_args(c, m), *self.res.pop((c, m)), dy]
         if prev is not None and not part:
             args.extend(prev)
@@ -1395,6 +1408,29 @@ class _ScheduleWriter:
         f = self.cf[f"c{c}_bwd_w" + ("_acc" if prev is not None else "") + self.red(c)]
         args = [*self.carried.pop((c, m)), *(prev or [])]
         self.acc[c] = list(self.fb.call(f, *args, n_out=len(f.outputs), names=[f"g{c}_{m}"] * len(f.outputs)))
+
+
+def _pipe_partition(b: _Builder, args: Sequence[Any]) -> tuple[str, str] | None:
+    """DeepSpeed's partitioned pipeline transfers (``pipe_partitioned``/``grad_partitioned``,
+    on by default, with t > 1: ``PipelineEngine._exec_forward_pass``/``_exec_backward_pass``,
+    ``deepspeed/runtime/pipe/engine.py``; ``PartitionedTensor``, ``runtime/utils.py``): each
+    tensor-parallel rank sends its 1/t part of the activation (or its gradient), the receiver
+    all-gathers it whole over the tensor-parallel group (``PartitionedTensor.full``), and the
+    sender all-gathers its own output again before that microbatch's backward. The (part,
+    whole) placements of the activation at a chunk boundary (``args``: the next chunk's first
+    layer's argument types), or None: one rank per tensor-parallel group, or an activation
+    already sharded over tp or with no dimension t divides."""
+    t = args[0] if args else None
+    if b.s.t == 1 or not isinstance(t, DTensorType) or [ax for ax, _n in t.mesh.axes][-1] != "tp":
+        return None
+    *rest, tp = t.placements
+    if not isinstance(tp, Replicate):
+        return None
+    sharded = {p.dim for p in rest if isinstance(p, Shard)}
+    dims = [d for d in range(len(t.shape) - 1, -1, -1) if d not in sharded and t.shape[d] % b.s.t == 0]
+    if not dims:
+        return None
+    return placement_text(*rest, Shard(dims[0])), placement_text(*rest, Replicate())
 
 
 class _Gathers:
