@@ -261,6 +261,10 @@ def test_transfers_are_partitioned_over_tensor_parallel_ranks() -> None:
     gathers = {0: 0, 2: 0}  # GPU 0 runs stage 0, GPU 2 stage 1 (tp ranks 0)
     for sl in top:
         gpu = r.slots[sl.slot].gpu
-        if gpu in gathers and "S(2)]]" in sl.args.get("inputs", [""])[0] and "R]]" in sl.args.get("outputs", [""])[0]:
+        if (
+            gpu in gathers
+            and "S(2)]]" in sl.args.get("inputs", [""])[0]
+            and "R]]" in sl.args.get("outputs", [""])[0]
+        ):
             gathers[gpu] += 1
     assert gathers == {0: 2 * s.k, 2: s.k}

@@ -185,8 +185,8 @@ from distir.parallel.layer_sharder import (
     sharded_layers,
     with_cp,
 )
-from distir.parallel.pipeline.deepspeed import Event, step_order
 from distir.parallel.pipeline.analysis import time_order
+from distir.parallel.pipeline.deepspeed import Event, step_order
 from distir.parallel.pipeline.partition import partition, uniform_counts
 from distir.parallel.pipeline.schedules import Action, build_schedule
 from distir.parallel.sharding.shard_function import strip_types
@@ -1267,7 +1267,8 @@ class _ScheduleWriter:
         self.outbox: dict[Action, tuple[Value, int, int, str]] = {}
         # DeepSpeed's partitioned transfers: per chunk boundary, (part, whole) placements or None
         self.parts = [_pipe_partition(b, ls[0].fwd_args) for ls in by_chunk[1:]] if b.deepspeed_pipe else []
-        self.kept: dict[tuple[int, int], Value] = {}  # (chunk, microbatch) -> its output's part
+        # (chunk, microbatch) -> its sent output's part and the placement that makes it whole
+        self.kept: dict[tuple[int, int], tuple[Value, str]] = {}
 
     def write(self, order: list[Any]) -> None:
         """Every action at its (estimated) start, its transfer at the end of the action."""
@@ -1338,7 +1339,7 @@ class _ScheduleWriter:
         if part is not None:  # DeepSpeed's pipe_partitioned / grad_partitioned (``_pipe_partition``)
             val = self.b._redistribute(self.fb, val, f"{name}_part", part[0])
             if dst > src:
-                self.kept[(src, a.microbatch)] = val
+                self.kept[(src, a.microbatch)] = (val, part[1])
         sent = self.send(val, src, dst, name)
         if part is not None:
             sent = self.b._redistribute(self.fb, sent, name, part[1])
@@ -1387,7 +1388,7 @@ class _ScheduleWriter:
             dy = self.receive(dy, c + 1, c, f"dy{c}_{m}")
         kept = self.kept.pop((c, m), None)
         if kept is not None:  # the engine restores the sent output whole before the backward
-            self.b._redistribute(fb, kept, f"out{c}_{m}", self.parts[c][1])
+            self.b._redistribute(fb, kept[0], f"out{c}_{m}", kept[1])
         args = [*self.chunk_args(c, m), *self.res.pop((c, m)), dy]
         if prev is not None and not part:
             args.extend(prev)

@@ -16,7 +16,14 @@ import pytest
 from distir.parallel.pipeline.deepspeed import Instruction, step_order, train_schedule
 from distir.parallel.pipeline.schedules import ScheduleError, one_f_one_b
 
-_SHORT = {"SendActivation": "sA", "RecvActivation": "rA", "SendGrad": "sG", "RecvGrad": "rG", "F": "F", "B": "B"}
+_SHORT = {
+    "SendActivation": "sA",
+    "RecvActivation": "rA",
+    "SendGrad": "sG",
+    "RecvGrad": "rG",
+    "F": "F",
+    "B": "B",
+}
 
 # printed from DeepSpeed's TrainSchedule(micro_batches=k, stages=p, stage_id=s).steps()
 DEEPSPEED = {
