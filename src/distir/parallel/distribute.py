@@ -62,13 +62,17 @@ programs. Its shape:
   reduce-scattered to this rank's shard (``_reduce_scatter_base``,
   ``megatron/core/distributed/param_and_grad_buffer.py``), not all-reduced and sliced.
 - ``deepspeed_pipe`` (DeepSpeed's ``PipelineEngine``, as Megatron-DeepSpeed trains with it;
-  ZeRO 0/1 only, as the engine asserts): the pipeline transfers block the compute streams of
-  sender and receiver (``deepspeed/runtime/pipe/p2p.py``: ``send``/``recv`` are synchronous
-  ``dist.send``/``dist.recv``), and the data-parallel gradient reduction is not bucketed into
-  the backward: ``TrainSchedule`` (``deepspeed/runtime/pipe/schedule.py``) issues
-  ``ReduceTiedGrads`` and ``ReduceGrads`` after a stage's last backward, and the engine runs
-  them on the compute stream (``_exec_reduce_tied_grads``, ``_exec_reduce_grads``: one
-  all-reduce of the accumulated gradients), so nothing overlaps them.
+  ZeRO 0/1 only, as the engine asserts; the 1f1b schedule with one chunk per rank): the schedule
+  is DeepSpeed's ``TrainSchedule`` (``distir.parallel.pipeline.deepspeed``: its lock steps, each
+  step's transfers before its pass), written step by step; the pipeline transfers block the
+  compute streams of sender and receiver (``deepspeed/runtime/pipe/p2p.py``: ``send``/``recv``
+  are synchronous ``dist.send``/``dist.recv``); with t > 1 each tensor-parallel rank sends its
+  1/t part and the receiver all-gathers it whole, and the sender gathers its sent output again
+  before that microbatch's backward (``pipe_partitioned``/``grad_partitioned``, on by default:
+  ``_pipe_partition``); and the data-parallel gradient reduction is not bucketed into the
+  backward: ``TrainSchedule`` issues ``ReduceTiedGrads`` and ``ReduceGrads`` after a stage's last
+  backward, and the engine runs them on the compute stream (``_exec_reduce_tied_grads``,
+  ``_exec_reduce_grads``: one all-reduce of the accumulated gradients), so nothing overlaps them.
 - ``fp32_grad_accum`` (DeepSpeed's ``BF16_Optimizer``; mixed precision): every backward ends by
   adding its low-precision weight gradients, cast to fp32, into an fp32 gradient per weight
   (``update_hp_grads``, after ``autograd.backward``, ``deepspeed/runtime/bf16_optimizer.py``),
