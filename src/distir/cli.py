@@ -281,9 +281,10 @@ _SimDeepspeedPipe = Annotated[
     bool,
     typer.Option(
         "--deepspeed-pipe",
-        help="With --model: DeepSpeed's pipeline engine (Megatron-DeepSpeed): pipeline transfers "
-        "block the compute streams and the data-parallel gradient all-reduce runs after the "
-        "pipeline flush, not during the backward. ZeRO 0/1.",
+        help="With --model: DeepSpeed's pipeline engine (Megatron-DeepSpeed): its TrainSchedule "
+        "(1f1b only), pipeline transfers that block the compute streams, split over the "
+        "tensor-parallel ranks, and the data-parallel gradient all-reduce after the pipeline "
+        "flush, not during the backward. ZeRO 0/1.",
     ),
 ]
 _SimFp32GradAccum = Annotated[
