@@ -146,7 +146,8 @@ def test_torchtitan_runs_name_pytorch_sdpa_flash_backend() -> None:
 
 
 def test_grand_teton_cluster_has_the_torchtitan_pages_hardware() -> None:
-    # the pages' "Hardware" section: 8 H100 per host, 96GB HBM2e at 2.4 TB/s, 400 Gb/s per GPU
+    # the pages' "Hardware" section: 8 H100 per host, 96GB HBM2e at 2.4 TB/s, 400 Gb/s per GPU,
+    # 500 W
     for run in TITAN:
         cluster = vp.cluster_of(run.cluster)
         node = cluster.nodes[0]
@@ -154,4 +155,5 @@ def test_grand_teton_cluster_has_the_torchtitan_pages_hardware() -> None:
         assert node.device.memory_bandwidth == pytest.approx(2.4e12)
         assert node.device.memory_bytes == 96 * 2**30
         assert node.inter.bandwidth / node.nics == pytest.approx(400e9 / 8)
-        assert node.device.gemm is not None and "500 W" in node.device.gemm.source
+        power = node.device.power  # "the default 500W power limit, although ... up to 700W TDP"
+        assert power is not None and (power.limit_w, power.reference_w) == (500, 700)
