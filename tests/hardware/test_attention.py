@@ -173,3 +173,59 @@ def test_a_malformed_cluster_attention_table_is_a_cluster_error(entry: str, key:
     )
     with pytest.raises(ClusterError, match=f"attention.fa2.{key}"):
         cluster_from_toml(text)
+
+
+# FlashAttention v1's forward + backward TFLOP/s at head dimension 128, as the FlashAttention-2
+# paper's Fig. 4 (A100 80GB SXM4) and Fig. 7 (H100 80GB SXM5) print them on the bars
+# 'FlashAttention' (flash-attention's assets/flash2_{a100,h100}_fwd_bwd_benchmark.png), at
+# sequence lengths 512 ... 16k: the speed distir gives FlashAttention in Triton (fa-triton).
+_FA1_FWD_BWD = {
+    "dgx-a100": ((76, 72, 76, 80, 82, 83), (55, 62, 69, 76, 80, 83)),
+    "h100": ((127, 127, 128, 131, 137, 139), (98, 109, 108, 126, 135, 137)),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(_FA1_FWD_BWD))
+def test_fa_triton_takes_the_published_forward_backward_time(preset: str) -> None:
+    profile = PRESETS[preset].device.attention_profile("fa-triton")
+    assert profile is not None
+    seqs = (512, 1024, 2048, 4096, 8192, 16384)
+    for causal, published in zip((False, True), _FA1_FWD_BWD[preset], strict=True):
+        for seq, tflops in zip(seqs, published, strict=True):
+            shape = FlashShape(16384 // seq, 16, seq, 128, causal, False)
+            fwd = attention_tflops(profile, shape)
+            bwd = attention_tflops(profile, shape._replace(backward=True))
+            # the benchmark's FLOPs: forward F, backward 2.5 F, together 3.5 F in the published time
+            assert 3.5 / (1 / fwd + 2.5 / bwd) == pytest.approx(tflops)
+
+
+def test_fa_triton_is_slower_than_fa2_at_every_published_length() -> None:
+    # FlashAttention-2 is 1.7-3.0x faster than FlashAttention (v1) on A100 (the paper's §4.1)
+    for preset in _FA1_FWD_BWD:
+        dev = PRESETS[preset].device
+        tri, fa2 = dev.attention_profile("fa-triton"), dev.attention_profile("fa2")
+        assert tri is not None and fa2 is not None
+        for seq in (512, 2048, 16384):
+            for causal, bwd in ((False, False), (True, False), (False, True), (True, True)):
+                shape = FlashShape(1, 16, seq, 128, causal, bwd)
+                assert attention_tflops(tri, shape) < attention_tflops(fa2, shape)
+
+
+def test_simulate_takes_each_published_kernel_and_names_a_bad_one() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from distir.cli import app
+
+    base = ["simulate", "--model", "gpt:layers=2,hidden=512,heads=4,seq=2048,vocab=512", "--batch", "4"]
+    base += ["--cluster", "h100", "--dtype", "bf16", "--precision", "mixed", "--json"]
+    step = {}
+    for kernel in ("fa2", "fa-triton"):
+        r = CliRunner().invoke(app, [*base, "--attention-kernel", kernel])
+        assert r.exit_code == 0, r.stderr
+        step[kernel] = json.loads(r.stdout)["step_time_s"]
+    assert step["fa-triton"] > step["fa2"]
+    bad = CliRunner().invoke(app, [*base, "--attention-kernel", "triton"])
+    assert bad.exit_code == 2
+    assert "--attention-kernel must be one of fa2, cudnn, fa-triton, got 'triton'" in bad.stderr
