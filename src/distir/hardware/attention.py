@@ -25,7 +25,6 @@ from typing import NamedTuple
 
 from distir.hardware.specs import AttentionProfile, SeqPoints
 
-
 # The fused-attention kernels the presets publish speeds of (``AttentionProfile.kernel``):
 # FlashAttention-2 (flash-attn, PyTorch SDPA's flash backend), cuDNN's fused attention
 # (Transformer Engine's FusedAttention, SDPA's cuDNN backend), and FlashAttention in Triton
