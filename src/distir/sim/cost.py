@@ -190,8 +190,12 @@ class RooflineCostModel:
             eff = gemm_efficiency(spec.gemm, opdef.gemm(ins, outs, attrs), fp32=fp32)
         elif rates is not None:
             eff = rates.flop
-        elif opdef.flash is not None and (profile := spec.attention_profile(self.attention_kernel)):
-            eff = attention_efficiency(profile, opdef.flash(ins, outs, attrs))
+        elif opdef.flash is not None and (
+            profile := spec.attention_profile(
+                self.attention_kernel, (shape := opdef.flash(ins, outs, attrs)).head_dim
+            )
+        ):
+            eff = attention_efficiency(profile, shape)
         else:
             eff = self.flop_efficiency.get(opdef.cost_class, self.default_flop_efficiency)
         mem_eff = self.memory_efficiency if rates is None else rates.memory
