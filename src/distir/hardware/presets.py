@@ -35,6 +35,7 @@ from distir.hardware.specs import (
     GemmProfile,
     LinkSpec,
     NodeSpec,
+    PowerProfile,
     RuntimeMemory,
     SeqPoints,
 )
@@ -479,6 +480,14 @@ def _calibrated_record(node: NodeSpec) -> dict[str, Any]:
             by_kernel.setdefault(a.kernel, []).append(_attention_record(a))
         # one table per kernel, an array of tables where it is published at several head dims
         rec["attention"] = {k: v[0] if len(v) == 1 else v for k, v in by_kernel.items()}
+    if (p := node.device.power) is not None:
+        curve = [[w, r] for w, r in p.curve]
+        rec["power"] = {
+            "limit_w": p.limit_w,
+            "reference_w": p.reference_w,
+            "curve": curve,
+            "source": p.source,
+        }
     if node.collectives:
         rec["collectives"] = {
             k: {"bandwidth_gb_s": ln.bandwidth / GIGA, "latency_us": ln.latency_s * 1e6}
@@ -510,6 +519,18 @@ _MODEL_NOTES = (
     "5 us, cloud Ethernet 30-50 us) and the per-kernel launch time (5 us; the smallest GEMM of XLA's "
     "H100 table, 256^3, takes 5.0 us of kernel time)."
 )
+
+
+def _power_note(rec: dict[str, Any]) -> str:
+    """The caption line of a node type's power limit (none without one)."""
+    p = rec.get("power")
+    if p is None:
+        return ""
+    prof = PowerProfile(p["limit_w"], p["reference_w"], tuple((w, r) for w, r in p["curve"]), p["source"])
+    return (
+        f"\n    power: {p['limit_w']:g} W of the {p['reference_w']:g} W its GEMM and attention figures "
+        f"were measured at: {100 * prof.compute_fraction:.1f}% of their compute rate: {p['source']}"
+    )
 
 
 def render_clusters_table(cluster: Cluster | None = None) -> Table:
@@ -544,6 +565,7 @@ def render_clusters_table(cluster: Cluster | None = None) -> Table:
             f"\n    attention ({k}): {(a[0] if isinstance(a, list) else a)['source']}"
             for k, a in r.get("attention", {}).items()
         )
+        + _power_note(r)
         for i, r in enumerate(recs, 1)
     )
     runtime_sources = dict.fromkeys(r["runtime_memory_source"] for r in recs if r["runtime_memory_source"])
