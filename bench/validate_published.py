@@ -149,8 +149,9 @@ class Run:
     # the trainer's kernels: fused (Megatron-LM's fused kernels, torch.compile) or eager (one
     # kernel per op, as eager PyTorch runs them); ``distir simulate --kernels``
     kernels: str = "fused"
-    # the fused-attention kernel the trainer runs: fa2 (flash-attn, PyTorch SDPA's flash backend)
-    # or cudnn (Transformer Engine's FusedAttention, preferred on Hopper); ``distir simulate
+    # the fused-attention kernel the trainer runs: fa2 (flash-attn, PyTorch SDPA's flash backend),
+    # cudnn (Transformer Engine's FusedAttention, preferred on Hopper) or fa-triton (flash-attn's
+    # FlashAttention in Triton, llm-foundry's attn_impl: triton); ``distir simulate
     # --attention-kernel``
     attention_kernel: str = "fa2"
     # Megatron-LM's --overlap-param-gather: the distributed optimizer's parameter all-gather in the
@@ -235,6 +236,8 @@ _SUB = {"model": ModelCfg, "cluster": ClusterCfg, "strategy": StrategyCfg, "publ
 
 def _check(r: Run, where: str) -> None:
     """Semantic checks a run needs before it can be predicted."""
+    from distir.hardware.attention import KERNELS as ATTENTION_KERNELS
+
     for label, x in (("source", r.source), ("where", r.where), ("commit", r.commit)):
         if not x.strip():
             raise RunsError(f"{where}: empty {label}")
@@ -246,8 +249,11 @@ def _check(r: Run, where: str) -> None:
         raise RunsError(
             f"{where}.optimizer_kernels: expected fused, foreach or loop, got {r.optimizer_kernels!r}"
         )
-    if r.attention_kernel not in ("fa2", "cudnn"):
-        raise RunsError(f"{where}.attention_kernel: expected fa2 or cudnn, got {r.attention_kernel!r}")
+    if r.attention_kernel not in ATTENTION_KERNELS:
+        raise RunsError(
+            f"{where}.attention_kernel: expected one of {', '.join(ATTENTION_KERNELS)}, "
+            f"got {r.attention_kernel!r}"
+        )
     if r.precision not in PRECISIONS:
         raise RunsError(f"{where}.precision: expected one of {', '.join(PRECISIONS)}, got {r.precision!r}")
     m, s, p = r.model, r.strategy, r.published

@@ -26,6 +26,7 @@ from rich.console import Console
 
 import distir
 from distir.files import OutputPathError, check_output, write_atomically
+from distir.hardware.attention import KERNELS as ATTENTION_KERNELS
 from distir.interp.lockstep import check_deadlock_free
 from distir.interp.project import project
 from distir.interp.reference import random_inputs, run_reference
@@ -247,8 +248,9 @@ _SimAttentionKernel = Annotated[
     typer.Option(
         "--attention-kernel",
         help="The fused-attention kernel the trainer runs, costed at its published speed on the "
-        "GPU: fa2 (FlashAttention-2: flash-attn, PyTorch SDPA; default) or cudnn (Transformer "
-        "Engine's FusedAttention, preferred on Hopper).",
+        "GPU: fa2 (FlashAttention-2: flash-attn, PyTorch SDPA; default), cudnn (Transformer "
+        "Engine's FusedAttention, preferred on Hopper) or fa-triton (FlashAttention in Triton, "
+        "llm-foundry's attn_impl: triton).",
     ),
 ]
 _SimTpCommOverlap = Annotated[
@@ -441,8 +443,8 @@ def _check_simulate_options(
     writable; a FILE or a ``--model``, not both."""
     if kernels not in ("fused", "eager"):
         _fail(f"--kernels must be fused or eager, got {kernels!r}")
-    if attention_kernel not in ("fa2", "cudnn"):
-        _fail(f"--attention-kernel must be fa2 or cudnn, got {attention_kernel!r}")
+    if attention_kernel not in ATTENTION_KERNELS:
+        _fail(f"--attention-kernel must be one of {', '.join(ATTENTION_KERNELS)}, got {attention_kernel!r}")
     if trace_detail not in ("chunk", "layer", "op"):
         _fail(f"--trace-detail must be chunk, layer or op, got {trace_detail!r}")
     _check_outputs(trace=trace)

@@ -104,6 +104,11 @@ def _one_run_text() -> str:
     return text[start : text.index("\n[[run]]\n", start)]
 
 
+def _with_attention_kernel(text: str, kernel: str) -> str:
+    text = re.sub(r"^attention_kernel = .*\n", "", text, flags=re.M)
+    return re.sub(r"^(trainer = .*)$", rf'\1\nattention_kernel = "{kernel}"', text, count=1, flags=re.M)
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
@@ -115,6 +120,10 @@ def _one_run_text() -> str:
         ),
         (lambda t: re.sub(r'^metric = ".*"', 'metric = "mfu_percent"', t, flags=re.M), "published.metric"),
         (lambda t: re.sub(r"^dp = \d+", "dp = 3", t, flags=re.M), "GPUs"),
+        (
+            lambda t: _with_attention_kernel(t, "triton"),
+            "attention_kernel: expected one of fa2, cudnn, fa-triton, got 'triton'",
+        ),
     ],
 )
 def test_loader_names_a_bad_record(tmp_path: Path, edit: object, message: str) -> None:
@@ -132,6 +141,28 @@ def test_only_selects_by_name_and_prefix_and_rejects_unknown() -> None:
     assert all(r.name.startswith(prefix[:-1]) for r in vp.select(RUNS, [prefix], False))
     with pytest.raises(vp.RunsError, match="no run named"):
         vp.select(RUNS, ["no-such-run"], False)
+
+
+def test_loader_accepts_every_published_attention_kernel(tmp_path: Path) -> None:
+    from distir.hardware.attention import KERNELS
+
+    for kernel in KERNELS:
+        text = _with_attention_kernel(_one_run_text(), kernel)
+        path = tmp_path / f"{kernel}.toml"
+        path.write_text(text)
+        assert [r.attention_kernel for r in vp.load_runs(path)] == [kernel]
+
+
+def test_llm_foundry_triton_rows_run_flash_attention_in_triton_without_unpadding() -> None:
+    # the rows whose table came from submit_benchmarks.py's --attn_impl default 'triton'
+    # (llm-foundry b2a43a147, mosaicml/examples 9fa3ceb9a); the large-scale H100 rows
+    # (5e85bd62d) pass --attn_impl flash
+    mosaic = [r for r in RUNS if r.name.startswith("mosaic-")]
+    flash = {"mosaic-h100-1b-s2048-g128", "mosaic-h100-3b-s2048-g128"}
+    assert flash <= {r.name for r in mosaic}
+    for r in mosaic:
+        want = ("fa2", True) if r.name in flash else ("fa-triton", False)
+        assert (r.attention_kernel, r.model.unpad) == want, r.name
 
 
 TITAN = [r for r in SUPPORTED if r.trainer.startswith("torchtitan")]

@@ -25,6 +25,12 @@ from typing import NamedTuple
 
 from distir.hardware.specs import AttentionProfile, SeqPoints
 
+# The fused-attention kernels the presets publish speeds of (``AttentionProfile.kernel``):
+# FlashAttention-2 (flash-attn, PyTorch SDPA's flash backend), cuDNN's fused attention
+# (Transformer Engine's FusedAttention, SDPA's cuDNN backend), and FlashAttention in Triton
+# (flash-attn's flash_attn_triton.py, llm-foundry's ``attn_impl: triton``).
+KERNELS: tuple[str, ...] = ("fa2", "cudnn", "fa-triton")
+
 
 class FlashShape(NamedTuple):
     """One fused-attention call: ``batch`` sequences of ``seq`` queries over ``heads`` heads of

@@ -50,7 +50,8 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
     memory_efficiency = 0.8          #   peak and of the memory bandwidth, and the per-op
     launch_us = 4                    #   fixed cost, replacing the cost model's defaults
 
-    [types.t4.attention.fa2]         # optional, per fused-attention kernel (fa2, cudnn):
+    [types.t4.attention.fa2]         # optional, per fused-attention kernel (fa2, cudnn,
+                                     #   fa-triton; an array of tables: one per head_dim):
     peak_tflops = 989.5              #   its published TFLOP/s by sequence length on a GPU
     head_dim = 128                   #   of this dense 16-bit peak, at this head dimension,
     forward = [[512, 309], [8192, 370]]  # forward and backward, causal and not
@@ -566,34 +567,45 @@ class _Loader:
     def attention(
         self, t: dict[str, Any], path: Path_, base: tuple[AttentionProfile, ...]
     ) -> tuple[AttentionProfile, ...]:
-        """``base`` with the type's ``attention`` tables over it (a kernel given replaces)."""
+        """``base`` with the type's ``attention`` tables over it: a kernel's table (or array of
+        tables, one per head dimension) replaces every profile ``base`` has of that kernel."""
         if "attention" not in t:
             return base
         apath: Path_ = (*path, "attention")
         raw = self.table(
             t["attention"], apath, list(t["attention"]) if isinstance(t["attention"], dict) else ()
         )
-        out = {a.kernel: a for a in base}
+        given: list[AttentionProfile] = []
         for kernel, entry in raw.items():
-            epath: Path_ = (*apath, kernel)
-            e = self.table(entry, epath, _ATTENTION_KEYS)
-            for k in ("peak_tflops", "head_dim", "forward", "forward_causal", "backward"):
-                if k not in e:
-                    self.fail((*epath, k), "missing required key")
-            curves = {k: self.seq_points(e[k], (*epath, k)) for k in _ATTENTION_CURVES if k in e}
-            if "source" in e and not isinstance(e["source"], str):
-                self.fail((*epath, "source"), f"expected a string, got {_got(e['source'])}")
-            try:
-                out[kernel] = AttentionProfile(
-                    kernel=kernel,
-                    peak_tflops=self.number(e["peak_tflops"], (*epath, "peak_tflops"), "TFLOP/s"),
-                    head_dim=self.positive_int(e["head_dim"], (*epath, "head_dim"), "the head dimension"),
-                    source=e.get("source", f"{self.file}: {_fmt(epath)}"),
-                    **curves,
-                )
-            except HardwareError as err:
-                self.fail(epath, str(err))
-        return tuple(out.values())
+            entries = entry if isinstance(entry, list) and entry else [entry]
+            for i, e in enumerate(entries):
+                epath: Path_ = (*apath, kernel) if len(entries) == 1 else (*apath, kernel, i)
+                given.append(self.attention_profile(kernel, e, epath))
+        keys = [(a.kernel, a.head_dim) for a in given]
+        for kernel, head_dim in keys:
+            if keys.count((kernel, head_dim)) > 1:
+                self.fail((*apath, kernel), f"head_dim {head_dim} given twice")
+        return tuple(a for a in base if a.kernel not in raw) + tuple(given)
+
+    def attention_profile(self, kernel: str, entry: object, epath: Path_) -> AttentionProfile:
+        """One ``[types.X.attention.KERNEL]`` table."""
+        e = self.table(entry, epath, _ATTENTION_KEYS)
+        for k in ("peak_tflops", "head_dim", "forward", "forward_causal", "backward"):
+            if k not in e:
+                self.fail((*epath, k), "missing required key")
+        curves = {k: self.seq_points(e[k], (*epath, k)) for k in _ATTENTION_CURVES if k in e}
+        if "source" in e and not isinstance(e["source"], str):
+            self.fail((*epath, "source"), f"expected a string, got {_got(e['source'])}")
+        try:
+            return AttentionProfile(
+                kernel=kernel,
+                peak_tflops=self.number(e["peak_tflops"], (*epath, "peak_tflops"), "TFLOP/s"),
+                head_dim=self.positive_int(e["head_dim"], (*epath, "head_dim"), "the head dimension"),
+                source=e.get("source", f"{self.file}: {_fmt(epath)}"),
+                **curves,
+            )
+        except HardwareError as err:
+            self.fail(epath, str(err))
 
     def power(self, t: dict[str, Any], path: Path_, base: PowerProfile | None) -> PowerProfile | None:
         """``base`` with the type's ``power`` table over it (without a base: limit_w,

@@ -195,6 +195,55 @@ _A100_FA2 = _scaled(
 )
 
 
+_FA2_FIG4 = (
+    "Dao 2023, 'FlashAttention-2' (arXiv:2307.08691), Fig. 4 (A100 80GB SXM4) and Fig. 7 (H100 80GB "
+    "SXM5, no Hopper instructions), as flash-attention's README 'Performance' prints them "
+    "(assets/flash2_a100_fwd_bwd_benchmark.png, assets/flash2_h100_fwd_bwd_benchmark.png, "
+    "Dao-AILab/flash-attention 4f285b35), bars 'FlashAttention': forward + backward, with and "
+    "without causal mask"
+)
+_TRITON_FA_SOURCE = (
+    "FlashAttention in Triton (flash-attn's flash_attn/flash_attn_triton.py; llm-foundry's copy "
+    "llmfoundry/models/layers/flash_attn_triton.py, its attn_impl: triton), which publishes no TFLOP/s "
+    "of its own: its author states its forward + backward 'slightly slower than CUDA forward + "
+    "backward' (the FlashAttention CUDA kernel, v1; flash_attn_triton.py's docstring) and llm-foundry "
+    "'slightly faster than flash' (v1; TUTORIAL.md at v0.3.0), so it runs at FlashAttention v1's "
+    "published speed: " + _FA2_FIG4 + "; forward and backward both at the forward + backward "
+    "figure (the split is not published)"
+)
+
+
+def _fwd_bwd(
+    peak_tflops: float, head_dim: int, full: tuple[float, ...], causal: tuple[float, ...]
+) -> AttentionProfile:
+    """FlashAttention in Triton from a forward + backward benchmark only: both passes at its
+    speed, so a forward with its backward takes the published time."""
+    return AttentionProfile(
+        kernel="fa-triton",
+        peak_tflops=peak_tflops,
+        head_dim=head_dim,
+        forward=_points(full),
+        forward_causal=_points(causal),
+        backward=_points(full),
+        backward_causal=_points(causal),
+        source=_TRITON_FA_SOURCE + f" (head dimension {head_dim})",
+    )
+
+
+# FlashAttention v1's bars, without and with causal mask, 512 ... 16k tokens.
+_A100_FA_TRITON = (
+    _fwd_bwd(312.0, 64, (91, 92, 104, 108, 110, 110), (58, 70, 77, 87, 92, 97)),
+    _fwd_bwd(312.0, 128, (76, 72, 76, 80, 82, 83), (55, 62, 69, 76, 80, 83)),
+)
+# On H100 the kernel runs as compiled for Ampere: llm-foundry's triton-pre-mlir (Triton's pre-MLIR
+# backend through LLVM 11, which does not know sm_90: TUTORIAL.md at v0.3.0) emits mma.sync, not
+# Hopper's wgmma/TMA, as FlashAttention v1's CUDA kernel does; the same figure's H100 bars.
+_H100_FA_TRITON = (
+    _fwd_bwd(989.5, 64, (157, 159, 161, 161, 166, 168), (104, 123, 136, 138, 149, 156)),
+    _fwd_bwd(989.5, 128, (127, 127, 128, 131, 137, 139), (98, 109, 108, 126, 135, 137)),
+)
+
+
 def us(x: float) -> float:
     """Microseconds to seconds (a division, so that 5 µs is exactly ``5e-06``)."""
     return x / 1e6
@@ -237,7 +286,16 @@ def _link(gb_s: float, latency_us: float) -> LinkSpec:
 V100_SXM3_32GB = _gpu("V100-SXM3-32GB", 15.7, 15.7, 125.0, 15.7, 7.8, 900.0, 32, _V100_GEMM)
 V100_SXM2_16GB = _gpu("V100-SXM2-16GB", 15.7, 15.7, 125.0, 15.7, 7.8, 900.0, 16, _V100_GEMM)
 A100_SXM_80GB = _gpu(
-    "A100-SXM-80GB", 19.5, 156.0, 312.0, 312.0, 9.7, 2039.0, 80, _A100_GEMM, attention=(_A100_FA2,)
+    "A100-SXM-80GB",
+    19.5,
+    156.0,
+    312.0,
+    312.0,
+    9.7,
+    2039.0,
+    80,
+    _A100_GEMM,
+    attention=(_A100_FA2, *_A100_FA_TRITON),
 )
 H100_SXM_80GB = _gpu(
     "H100-SXM-80GB",
@@ -249,7 +307,7 @@ H100_SXM_80GB = _gpu(
     3350.0,
     80,
     _H100_GEMM,
-    attention=(_H100_FA2, _H100_CUDNN),
+    attention=(_H100_FA2, _H100_CUDNN, *_H100_FA_TRITON),
 )
 # T4 fp64 is 1/32 of fp32 (not on the sheet; estimate).
 T4_16GB = _gpu("T4-16GB", 8.1, 8.1, 65.0, 8.1, 0.25, 320.0, 16, _T4_GEMM)
@@ -417,7 +475,11 @@ def _calibrated_record(node: NodeSpec) -> dict[str, Any]:
             for k, r in node.device.families
         }
     if node.device.attention:
-        rec["attention"] = {a.kernel: _attention_record(a) for a in node.device.attention}
+        by_kernel: dict[str, list[dict[str, Any]]] = {}
+        for a in node.device.attention:
+            by_kernel.setdefault(a.kernel, []).append(_attention_record(a))
+        # one table per kernel, an array of tables where it is published at several head dims
+        rec["attention"] = {k: v[0] if len(v) == 1 else v for k, v in by_kernel.items()}
     if (p := node.device.power) is not None:
         curve = [[w, r] for w, r in p.curve]
         rec["power"] = {
@@ -499,7 +561,10 @@ def render_clusters_table(cluster: Cluster | None = None) -> Table:
             if "comm_sm_count" in r
             else ""
         )
-        + "".join(f"\n    attention ({k}): {a['source']}" for k, a in r.get("attention", {}).items())
+        + "".join(
+            f"\n    attention ({k}): {(a[0] if isinstance(a, list) else a)['source']}"
+            for k, a in r.get("attention", {}).items()
+        )
         + _power_note(r)
         for i, r in enumerate(recs, 1)
     )

@@ -176,9 +176,9 @@ class AttentionProfile:
     """How fast one fused-attention kernel (``kernel``: ``fa2``, ``cudnn``, ...) runs on one GPU
     kind, for ``distir.hardware.attention``: its published TFLOP/s by sequence length for the
     forward and backward pass, causal and not (``backward_causal`` None: derived), at head
-    dimension ``head_dim``, on a GPU of dense 16-bit peak ``peak_tflops`` (the benchmark's GPU;
-    the cost model applies the same fraction of peak to the device it costs). ``source`` names
-    the benchmark."""
+    dimension ``head_dim`` (a GPU may hold one profile per published head dimension), on a GPU
+    of dense 16-bit peak ``peak_tflops`` (the benchmark's GPU; the cost model applies the same
+    fraction of peak to the device it costs). ``source`` names the benchmark."""
 
     kernel: str
     peak_tflops: float
@@ -395,8 +395,9 @@ class DeviceSpec:
         kernels = [a.kernel for a in self.attention if isinstance(a, AttentionProfile)]
         if not isinstance(self.attention, tuple) or len(kernels) != len(self.attention):
             raise SpecError(f"{owner}: attention must be a tuple of AttentionProfile")
-        if len(set(kernels)) != len(kernels):
-            raise SpecError(f"{owner}: attention names a kernel twice: {kernels}")
+        keys = [(a.kernel, a.head_dim) for a in self.attention]
+        if len(set(keys)) != len(keys):
+            raise SpecError(f"{owner}: attention names a kernel at one head dimension twice: {keys}")
         if self.power is not None and not isinstance(self.power, PowerProfile):
             raise SpecError(f"{owner}: power must be a PowerProfile or None, got {self.power!r}")
 
@@ -406,12 +407,14 @@ class DeviceSpec:
         power limit (``power``; 1 without one)."""
         return 1.0 if self.power is None else self.power.compute_fraction
 
-    def attention_profile(self, kernel: str) -> AttentionProfile | None:
-        """The published profile of attention kernel ``kernel`` on this GPU (None: none)."""
-        for a in self.attention:
-            if a.kernel == kernel:
-                return a
-        return None
+    def attention_profile(self, kernel: str, head_dim: int | None = None) -> AttentionProfile | None:
+        """The published profile of attention kernel ``kernel`` on this GPU (None: none): of its
+        profiles (one per published head dimension), the one nearest ``head_dim``, the larger
+        head dimension on a tie (None: the first listed)."""
+        found = [a for a in self.attention if a.kernel == kernel]
+        if not found or head_dim is None:
+            return found[0] if found else None
+        return min(found, key=lambda a: (abs(a.head_dim - head_dim), -a.head_dim))
 
     def family_rates(self, family: str) -> FamilyRates | None:
         """The measured rates of the ops of cost class ``family`` (None: not calibrated)."""

@@ -11,8 +11,8 @@
   without a ``GemmProfile``, or ``gemm_curve=False``, takes the flat ``flop_efficiency`` of its
   cost class); a fused-attention op (an op with a ``flash`` descriptor) runs at the published
   speed of the trainer's attention kernel on that GPU (``attention_kernel``: ``fa2``,
-  FlashAttention-2 as flash-attn and PyTorch's SDPA run it, or ``cudnn``;
-  ``distir.hardware.attention``), or its cost class's fraction where the GPU has no profile of
+  FlashAttention-2 as flash-attn and PyTorch's SDPA run it, ``cudnn`` or ``fa-triton``;
+  ``distir.hardware.attention.KERNELS``), or its cost class's fraction where the GPU has no profile of
   that kernel (a calibrated class's measured rates come first); every other op takes the
   achievable fraction of peak of its cost class (``OpDef.cost_class``, which every op declares);
   each of these efficiencies is scaled by the device's ``compute_fraction``: the compute rate it
@@ -121,7 +121,8 @@ class RooflineCostModel:
     """The roofline model of the module docstring. ``gemm_curve``: matrix products follow the
     device's GEMM efficiency curve (False: the flat ``flop_efficiency["linalg"]``); ``fuse``:
     elementwise chains fuse as the trainers fuse them (False: every op is a kernel of its own);
-    ``attention_kernel``: the fused-attention kernel the trainer runs (``fa2`` or ``cudnn``);
+    ``attention_kernel``: the fused-attention kernel the trainer runs (one of
+    ``distir.hardware.attention.KERNELS``);
     ``tp_comm_overlap``: the trainer pipelines each tensor-parallel AllGather/ReduceScatter with
     the GEMM beside it (Megatron-LM's ``--tp-comm-overlap``; the planner applies it:
     ``distir.sim.overlap``); ``comm_interference``: a collective on a communication stream slows
@@ -195,8 +196,12 @@ class RooflineCostModel:
             eff = clock * gemm_efficiency(spec.gemm, opdef.gemm(ins, outs, attrs), fp32=fp32)
         elif rates is not None:
             eff = rates.flop
-        elif opdef.flash is not None and (profile := spec.attention_profile(self.attention_kernel)):
-            eff = clock * attention_efficiency(profile, opdef.flash(ins, outs, attrs))
+        elif opdef.flash is not None and (
+            profile := spec.attention_profile(
+                self.attention_kernel, (shape := opdef.flash(ins, outs, attrs)).head_dim
+            )
+        ):
+            eff = clock * attention_efficiency(profile, shape)
         else:
             eff = clock * self.flop_efficiency.get(opdef.cost_class, self.default_flop_efficiency)
         mem_eff = self.memory_efficiency if rates is None else rates.memory
