@@ -12,7 +12,7 @@ tuples of these. Lists given by a caller are frozen into tuples.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from distir.ir.types import Device, DType, Type
 
@@ -59,6 +59,14 @@ class Attrs(Mapping[str, AttrValue]):
 
     def __getitem__(self, key: str) -> AttrValue:
         return self._map[key]
+
+    # ``Mapping``'s ``get`` and ``in`` go through ``__getitem__`` and a raised KeyError: the
+    # planner and the sharding rules ask for absent attributes constantly
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._map.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._map
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self._map)
