@@ -235,9 +235,11 @@ class SharedPlans:
     its argument types, the units and the cost model only (``distir.sim.plan``; an argument
     donated by the entry is freed at its last use inside the summary's inlined order, whoever
     donates it). The units are the first simulation's: assumed from the same entry types and
-    confirmed after each simulation. A program whose units are not confirmed, or that planning
-    finds wrong, is simulated the usual way (``Units.prepare``, the precise error), and its domain
-    is dropped."""
+    confirmed after each simulation; where they are not confirmed, the first simulation plans
+    again on a domain of the units ``Units.prepare``'s pass makes (what ``simulate`` does next on
+    its own), which is kept instead (its records shared only with domains of prepared units). A
+    program that planning finds wrong is simulated the usual way (the precise error), and its
+    domain is dropped."""
 
     def __init__(self, records: SharedRecords | None = None, relabel: bool = True) -> None:
         # carry a callee's summary to another mesh alike (``PlanOptions.relabel``: the same plans
@@ -281,10 +283,12 @@ class SharedPlans:
                 domain.units.assume(module, fn, args)  # what ``plan`` does first: here, to
                 self.records.attach(domain)  # take the records of domains of the same units
             plan = domain.plan(fn, args)
+            if not domain.units.confirm():  # the program calls for other units: ``prepare``'s
+                domain = PlanDomain(module, dmap, cost, replace(options, assume_units=False))
+                domain.units.prepare(module, fn, args)  # (as ``_simulate`` plans it next)
+                self.records.attach(domain)
+                plan = domain.plan(fn, args)
         except PROGRAM_ERRORS:  # planned (and reported) the usual way
-            self._domains.pop(key, None)
-            return None
-        if not domain.units.confirm():  # as for a domain of its own (its records not kept)
             self._domains.pop(key, None)
             return None
         self.records.keep(domain)
@@ -317,9 +321,13 @@ class SharedRecords:
 
     @staticmethod
     def _key(domain: PlanDomain) -> tuple[Any, ...]:
+        # domains of prepared units (``Units.prepare``) share records only among themselves: their
+        # records note no types (``Units.note`` is for assumed units), which an assuming domain
+        # taking them would then miss in ``Units.confirm``
         u = domain.units
         units = tuple(u.units) if u.units is not None else None
-        return (id(domain.dmap), id(domain.cost), tuple(u.dev_slot.items()), tuple(u.slot_gpu), units)
+        slots = (tuple(u.dev_slot.items()), tuple(u.slot_gpu), units)
+        return (id(domain.dmap), id(domain.cost), *slots, u.assumed)
 
     def attach(self, domain: PlanDomain) -> None:
         """Let ``domain`` (its units assumed or prepared) take the records of its store and note
