@@ -32,6 +32,7 @@ from typing import Any, NamedTuple, cast
 
 from distir.gcpause import paused_gc
 from distir.hardware.cluster import Cluster
+from distir.hardware.specs import DeviceSpec
 from distir.interp.shapes import entry_args
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
@@ -505,7 +506,8 @@ def _result(
     for dev, slot in dmap.mapping.items():
         on_slot[slot].append(dev)
     slot_devices = tuple(tuple(sorted(on_slot[slot])) for slot in dmap.slots)
-    runtime = {g: cluster.device_spec(g).runtime.overhead(f.peak[g]) for g in gpus}
+    specs = {g: cluster.device_spec(g) for g in gpus}  # each looked up once
+    runtime = {g: specs[g].runtime.overhead(f.peak[g]) for g in gpus}
     return SimResult(
         step_time_s=max(f.clock) if f.clock else 0.0,
         slots=dmap.slots,
@@ -514,10 +516,10 @@ def _result(
         comm_s=f.comm,
         peak_memory={g: f.peak[g] + runtime[g] for g in gpus},
         param_memory=f.params,
-        capacity={g: float(cluster.device_spec(g).memory_bytes) for g in gpus},
+        capacity={g: float(specs[g].memory_bytes) for g in gpus},
         flops=f.flops,
         n_ops=f.n_ops,
-        peak_flops=_peak_flops(fn, cluster, gpus),
+        peak_flops=_peak_flops(fn, [specs[g] for g in gpus]),
         batch=batch,
         slices=slices,
         memory_timeline=timeline,
@@ -716,7 +718,8 @@ def _apply_summary(c: CallSummary, clock: list[float], busy: list[float], commt:
         commt[j] += c.comm[b]
 
 
-def _peak_flops(fn: Function, cluster: Cluster, gpus: list[int]) -> float:
+def _peak_flops(fn: Function, specs: list[DeviceSpec]) -> float:
+    """The peak FLOP/s of the GPUs of ``specs`` (in order) in the program's compute dtype."""
     from distir.ir.dtensor import DTensorType
     from distir.ir.types import DType, TensorType
 
@@ -730,4 +733,4 @@ def _peak_flops(fn: Function, cluster: Cluster, gpus: list[int]) -> float:
         to = op.attrs.get("to") if op.name == CAST.name else None
         if isinstance(to, DType) and to.is_float and to.itemsize < dtype.itemsize:
             dtype = to
-    return sum(cluster.device_spec(g).peak_flops(dtype) for g in gpus)
+    return sum(spec.peak_flops(dtype) for spec in specs)
