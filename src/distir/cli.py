@@ -1186,6 +1186,10 @@ def calibrate(
     out.print(_calibration_table(cal, out_file))
 
 
+CP_HELP = "Pin context parallelism: ring attention over N GPUs (cN; searched from seq 16K)."
+CP_FROM_HELP = "Search context parallelism from this sequence length on (default 16384)."
+
+
 @app.command()
 def search(
     model: Annotated[
@@ -1233,14 +1237,8 @@ def search(
         int | None,
         typer.Option("--hsdp", min=2, help="Pin HSDP: ZeRO-3 sharded over groups of N replicas (z3hN)."),
     ] = None,
-    cp: Annotated[
-        int | None,
-        typer.Option(
-            "--cp",
-            min=1,
-            help="Pin context parallelism: ring attention over N GPUs (cN; searched from seq 16K).",
-        ),
-    ] = None,
+    cp: Annotated[int | None, typer.Option("--cp", min=1, help=CP_HELP)] = None,
+    cp_from_seq: Annotated[int | None, typer.Option("--cp-from-seq", min=1, help=CP_FROM_HELP)] = None,
     recompute: Annotated[
         str | None, typer.Option("--recompute", help="Pin none, selective, full or ops.")
     ] = None,

@@ -169,8 +169,8 @@ def test_a_pinned_search_simulates_the_best_of_each_shape() -> None:
         "d4.t2.p2.k8.zb1",
         "d4.t2.p2.k16.zb1",
     ]
-    assert Pins(dp=4).pinned and not Pins(max_k=8).pinned
-    assert {f.name for f in fields(Pins)} == {*PARTS, "max_k"}
+    assert Pins(dp=4).pinned and not Pins(max_k=8).pinned and not Pins(cp_from_seq=8192).pinned
+    assert {f.name for f in fields(Pins)} == {*PARTS, "max_k", "cp_from_seq"}  # two bounds, not pins
 
 
 def test_pins_inference_cannot_take_and_microbatch_pins_say_why() -> None:

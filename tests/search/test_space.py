@@ -157,6 +157,17 @@ def test_context_parallelism_only_for_long_sequences() -> None:
     assert any(x.zero for x in long.ladder(base))
 
 
+def test_the_sequence_context_parallelism_starts_from_is_a_bound_the_user_moves() -> None:
+    """``--cp-from-seq`` (``Pins.cp_from_seq``): at 8,192 positions c = 2 joins (2c = 4 chunks
+    of 2,048), not c = 4 (chunks of 1,024); a bound below 1 is refused."""
+    moved = Space(16, 64, 32, (1, 2, 4, 8), pins=Pins(cp_from_seq=8192), seq=8192)
+    assert moved.context_degrees() == [1, 2]
+    assert {s.c for s in moved.bases()} == {1, 2}
+    assert Space(16, 64, 32, (1, 2, 4, 8), pins=Pins(cp_from_seq=8193), seq=8192).context_degrees() == [1]
+    with pytest.raises(SpaceError, match="--cp-from-seq"):
+        Pins(cp_from_seq=0)
+
+
 def test_a_context_parallel_pin_must_fit_the_sequence_and_the_devices() -> None:
     assert {s.c for s in Space(16, 16, 8, (1, 2), pins=Pins(cp=2), seq=4096).bases()} == {2}
     with pytest.raises(SpaceError, match="--cp 3 does not divide"):

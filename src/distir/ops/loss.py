@@ -225,6 +225,31 @@ def _parts_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return (e.sum(-1).astype(dtype), (z * onehot).sum(-1).astype(dtype))
 
 
+# Megatron-LM's vocabulary-parallel cross entropy (``megatron/core/tensor_parallel/
+# cross_entropy.py``) runs its forward as separate kernels over the fp32 scores after their max:
+# the in-place subtraction of the max (read, write), ``torch.exp(..., out=)`` (read, write), the
+# sum (read) and the in-place division into the softmax it saves (read, write) — 4 reads and 3
+# writes of the scores; the picked logits are a gather of one score per row. The fused form
+# (``acc`` set: flash-attn's xentropy kernel) reads the scores once.
+_MEGATRON_READS, _MEGATRON_WRITES = 4, 3
+
+
+def _parts_passes(ins: Sequence[Type], attrs: Attrs) -> tuple[int, int, float]:
+    """(reads, writes, bytes) of the scores' passes: Megatron's kernels unless fused (``acc``)."""
+    nbytes = float(ins[0].nbytes)
+    return (1, 0, nbytes) if attrs.get("acc") is not None else (_MEGATRON_READS, _MEGATRON_WRITES, nbytes)
+
+
+def _parts_bytes_read(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+    reads, _, scores = _parts_passes(ins, attrs)
+    return reads * scores + float(sum(t.nbytes for t in ins[1:]))
+
+
+def _parts_bytes_written(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+    _, writes, scores = _parts_passes(ins, attrs)
+    return writes * scores + float(sum(t.nbytes for t in outs))
+
+
 def parts_sharding(first: int, linear: int) -> sh.ShardingRule:
     """Each row dim (every dim of the scores but the last, the same dim of everything) sharded
     alike; the classes of the scores (input ``first``, last dim) sharded with the rest whole:
@@ -267,10 +292,13 @@ SOFTMAX_CROSS_ENTROPY_PARTS = register(
         attrs={"rows": ROWS, "acc": AttrSpec("dtype", None)},
         reference=_parts_ref,
         flops=lambda ins, outs, attrs: 3.0 * numel(ins[0]) + numel(ins[1]),
+        bytes_read=_parts_bytes_read,
+        bytes_written=_parts_bytes_written,
         doc="Per row n (every dim but the last; classes last): sumexp = Σ_c exp(scores[n, c] − "
         "shift[n]) and picked = scores[n, labels[n]] − shift[n]; the cross entropy is "
         "log(sumexp) − picked. Sharded on the classes, both are pending sums (Megatron's "
-        "vocabulary-parallel cross entropy); rows=[start, total]: scores is that piece of the "
+        "vocabulary-parallel cross entropy, costed as its kernels: 4 reads and 3 writes of the "
+        "scores); rows=[start, total]: scores is that piece of the "
         "classes, a label outside it picks 0. acc: the dtype of both results (default: the "
         "scores'); acc=f32 on bf16 scores is a fused cross entropy (flash-attn's xentropy "
         "kernel): fp32 inside, no fp32 copy of the scores, and the gradient written in the "

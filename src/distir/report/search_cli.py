@@ -125,7 +125,7 @@ def _check_options(a: dict[str, Any], err: Console) -> None:
 def _request(a: dict[str, Any], dtype: str, precision: str, store: Path | None) -> Any:
     """The ``SearchRequest`` the options describe (``dtype``, ``precision``: ``auto`` resolved)."""
     from distir.search.run import SearchRequest
-    from distir.search.space import Pins
+    from distir.search.space import CP_MIN_SEQ, Pins
 
     pins = Pins(
         dp=a["dp"],
@@ -139,6 +139,7 @@ def _request(a: dict[str, Any], dtype: str, precision: str, store: Path | None) 
         mbs=a["microbatch_size"],
         hsdp=a["hsdp"],
         cp=a.get("cp"),
+        cp_from_seq=a.get("cp_from_seq") or CP_MIN_SEQ,
     )
     return SearchRequest(
         model=a["model"],

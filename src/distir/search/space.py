@@ -4,8 +4,9 @@
   t divides every tensor-parallel weight dimension; p·v ≤ the number of repeated blocks;
 - **context parallelism** (c > 1: ring attention over the sequence, ``distir.parallel.context``)
   only for long sequences — ``seq`` ≥ ``CP_MIN_SEQ`` (16K, where attention's S² and the
-  activations start to dominate) — or when pinned (``--cp``): every divisor c of the devices
-  that cuts the sequence into 2c equal chunks of at least ``CP_MIN_CHUNK`` positions each
+  activations start to dominate; ``--cp-from-seq`` moves the bound) — or when pinned
+  (``--cp``): every divisor c of the devices that cuts the sequence into 2c equal chunks of at
+  least ``CP_MIN_CHUNK`` positions each
   (shorter chunks cannot hide the ring's transfers behind their attention); otherwise c = 1 and
   the space is what it was. A context-parallel plan is built and simulated like any other
   (``distribute``), so the space holds only what ``distribute`` combines with c > 1: no
@@ -66,6 +67,10 @@ class SpaceError(ValueError):
     """A pinned dimension the model or cluster cannot take; the message says which and why."""
 
 
+CP_MIN_SEQ = 16384  # context parallelism is searched from this sequence length on (unless pinned)
+CP_MIN_CHUNK = 2048  # positions per chunk (of 2c) at least, for a searched c
+
+
 @dataclass(frozen=True, slots=True)
 class Pins:
     dp: int | None = None
@@ -80,9 +85,11 @@ class Pins:
     hsdp: int | None = None  # the HSDP shard group (ZeRO-3 over this many replicas)
     cp: int | None = None  # context parallelism (ranks of the ring over the sequence)
     sp: bool | None = None  # sequence parallelism (with t > 1) on or off
+    # context parallelism is searched from this sequence length on (a bound, like max_k)
+    cp_from_seq: int = CP_MIN_SEQ
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "k", "mbs", "hsdp", "cp"):
+        for name in ("dp", "tp", "pp", "k", "mbs", "hsdp", "cp", "cp_from_seq"):
             x = getattr(self, name)
             if x is not None and (not isinstance(x, int) or isinstance(x, bool) or x < 1):
                 raise SpaceError(f"--{_FLAG.get(name, name)} must be a positive integer, got {x!r}")
@@ -107,10 +114,8 @@ class Pins:
         )
 
 
-_FLAG = {"k": "microbatches", "mbs": "microbatch-size"}
+_FLAG = {"k": "microbatches", "mbs": "microbatch-size", "cp_from_seq": "cp-from-seq"}
 RECOMPUTES = ("none", "selective", "full", "ops")
-CP_MIN_SEQ = 16384  # context parallelism is searched from this sequence length on (unless pinned)
-CP_MIN_CHUNK = 2048  # positions per chunk (of 2c) at least, for a searched c
 
 
 def divisors(n: int) -> list[int]:
@@ -245,11 +250,11 @@ class Space:
 
     def context_degrees(self) -> list[int]:
         """The context-parallel degrees searched (module docstring): the pin, else 1 and, for a
-        sequence of at least ``CP_MIN_SEQ``, every divisor c of the devices whose 2c chunks
-        hold ``CP_MIN_CHUNK`` positions or more."""
+        sequence of at least ``pins.cp_from_seq`` (``CP_MIN_SEQ``), every divisor c of the
+        devices whose 2c chunks hold ``CP_MIN_CHUNK`` positions or more."""
         if self.pins.cp is not None:
             return [self.pins.cp]
-        if not self.train or self.seq < CP_MIN_SEQ:
+        if not self.train or self.seq < self.pins.cp_from_seq:
             return [1]
         return [
             c
