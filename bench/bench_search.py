@@ -24,10 +24,12 @@
 Every case prints the size of its space (the strategies ``Space.strategies`` lists: every
 base, each with its whole memory ladder) beside the number the search screened.
 
-One thread per process; searches run on 2 local worker processes (layer profiles, placement
-searches, exact simulations). "cpu" is this process's CPU time in the screen, "+ w" what the
-workers spent on its layer profiles; the total's "cpu" is the whole search's, this process and its
-workers together (on 2 cores, wall ≥ cpu / 2): on a busy machine compare these, not wall times.
+One thread per process; searches ask for 2 local worker processes (layer profiles, exact
+simulations), which start once the search has spent ``POOL_AFTER_CPU_S`` CPU-seconds in its own
+process (AMP's searches end sooner and run in one process). "cpu" is this process's CPU time in
+the screen, "+ w" what the workers spent on its layer profiles; the total's "cpu" is the whole
+search's, this process and its workers together (on 2 cores, wall ≥ cpu / 2): on a busy machine
+compare these, not wall times.
 The total is the search as the user runs it, end to end: screen, layer assignment, placement
 annealing and exact re-ranking, pool start and shutdown included; nothing is cached on disk.
 """

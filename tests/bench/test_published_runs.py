@@ -132,3 +132,28 @@ def test_only_selects_by_name_and_prefix_and_rejects_unknown() -> None:
     assert all(r.name.startswith(prefix[:-1]) for r in vp.select(RUNS, [prefix], False))
     with pytest.raises(vp.RunsError, match="no run named"):
         vp.select(RUNS, ["no-such-run"], False)
+
+
+TITAN = [r for r in SUPPORTED if r.trainer.startswith("torchtitan")]
+
+
+def test_torchtitan_runs_name_pytorch_sdpa_flash_backend() -> None:
+    # torchtitan calls F.scaled_dot_product_attention; at the pages' torch versions its flash
+    # backend (FlashAttention-2) runs on H100 (cuDNN opt-in, pytorch/pytorch#138522; torchtitan
+    # 820504e puts cuDNN first on compute capability 10.0 only)
+    assert len(TITAN) >= 6
+    assert {r.attention_kernel for r in TITAN} == {"fa2"}
+
+
+def test_grand_teton_cluster_has_the_torchtitan_pages_hardware() -> None:
+    # the pages' "Hardware" section: 8 H100 per host, 96GB HBM2e at 2.4 TB/s, 400 Gb/s per GPU,
+    # 500 W
+    for run in TITAN:
+        cluster = vp.cluster_of(run.cluster)
+        node = cluster.nodes[0]
+        assert node.devices_per_node == 8
+        assert node.device.memory_bandwidth == pytest.approx(2.4e12)
+        assert node.device.memory_bytes == 96 * 2**30
+        assert node.inter.bandwidth / node.nics == pytest.approx(400e9 / 8)
+        power = node.device.power  # "the default 500W power limit, although ... up to 700W TDP"
+        assert power is not None and (power.limit_w, power.reference_w) == (500, 700)

@@ -19,8 +19,8 @@ import pytest
 from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import parse_cluster
 from distir.ir.types import DType
-from distir.search import run
-from distir.search.executor import local_pool, run_all, start
+from distir.search import executor, run
+from distir.search.executor import lazy_pool, local_pool, run_all, start
 from distir.search.profile import Profiler, Wanted, allowed_tp, num_layers
 from distir.search.run import SearchOutput, SearchRequest, screen_space, search
 from distir.search.screen import Estimate, Problem, Screen
@@ -52,9 +52,11 @@ def test_two_workers_search_exactly_as_one(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(
         run, "start_task", lambda pool, fn, task: (early.append(task), real_start(pool, fn, task))[1]
     )
-    parallel = search(SearchRequest(**{**req.__dict__, "workers": 2}))
+    # the pool from the start (a search this small would not start one: ``POOL_AFTER_CPU_S``)
+    pooled = {**req.__dict__, "workers": 2, "pool_after_cpu_s": 0.0}
+    parallel = search(SearchRequest(**pooled))
     assert early and set(early) <= {r["strategy"] for r in parallel.results}  # started early, and wanted
-    stored = search(SearchRequest(**{**req.__dict__, "workers": 2, "store": tmp_path / "s.sqlite"}))
+    stored = search(SearchRequest(**{**pooled, "store": tmp_path / "s.sqlite"}))
     assert _screened(parallel) == _screened(serial)
     assert parallel.results == serial.results
     assert _screened(stored) == _screened(serial)
@@ -67,7 +69,7 @@ def test_two_workers_search_exactly_as_one(tmp_path: Path, monkeypatch: pytest.M
     # the placement search did move something: the parallel path is exercised, not skipped
     assert any(e.strategy.placement is not None for e in serial.screened)
     # rerun on the store: nothing left to simulate
-    again = search(SearchRequest(**{**req.__dict__, "workers": 2, "store": tmp_path / "s.sqlite"}))
+    again = search(SearchRequest(**{**pooled, "store": tmp_path / "s.sqlite"}))
     assert again.n_cached == len(again.results)
     assert again.results == serial.results
 
@@ -210,3 +212,43 @@ def test_the_screen_climbs_rung_by_rung_as_base_by_base() -> None:
             got, n, _ = screen_space(req, cluster, pool=pool)
         assert n == len(want)
         assert [astuple(e) for e in got] == [astuple(e) for e in want]
+
+
+def _counting_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LazyPool``'s clock: one "CPU-second" more at every reading."""
+    ticks = iter(range(1_000_000))
+    monkeypatch.setattr(executor, "_clock", lambda: float(next(ticks)))
+
+
+def test_a_lazy_pool_starts_once_the_cpu_time_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
+    _counting_clock(monkeypatch)
+    with lazy_pool(2, after_cpu_s=3) as lazy:  # made at 0; asked at 1, 2, then 3: started
+        assert lazy.get() is None and lazy.get() is None
+        pool = lazy.get()
+        assert pool is not None and lazy.get() is pool
+        assert run_all(["a"], pure, None, workers=2, pool=pool) == {"a": pure("a")}
+    with lazy_pool(2, after_cpu_s=1e9) as never:
+        assert never.get() is None
+    assert never.pool is None
+
+
+@pytest.mark.slow
+# the clock ticks once per ``LazyPool.get``: this search asks 127 times in the screen, once to start
+# the pure bests early, once for the batch shares, then once per exact simulation left
+@pytest.mark.parametrize("after", [0, 6, 128, 131, 1e9])
+def test_a_pool_started_at_any_point_gives_the_same_search(
+    monkeypatch: pytest.MonkeyPatch, after: float
+) -> None:
+    """With the pool started at once, after some rungs of the screen (their queued profiles
+    handed over), for the pure bests started early, after one exact simulation, or never (a
+    search this small: the default), the screen and the exact results are those of one process."""
+    req = SearchRequest(model=GPT_PLACED, cluster=HETERO, batch=16, top=3, anneal_iters=60, explain=True)
+    serial = search(req)
+    started: list[int] = []
+    real_new_pool = executor.new_pool
+    monkeypatch.setattr(executor, "new_pool", lambda n: (started.append(n), real_new_pool(n))[1])
+    _counting_clock(monkeypatch)
+    got = search(SearchRequest(**{**req.__dict__, "workers": 2, "pool_after_cpu_s": after}))
+    assert _screened(got) == _screened(serial)
+    assert got.results == serial.results
+    assert started == ([] if after == 1e9 else [2])

@@ -83,3 +83,50 @@ def _entry_of(args: Sequence[Type]) -> Module:
     fb = FunctionBuilder("entry", REGISTRY.out_arity)
     params = [fb.param(f"a{i}", t) for i, t in enumerate(args)]
     return Module((fb.ret(params[0]),))
+
+
+def test_an_uneven_gradient_sent_to_its_reduction_stream_is_assumed() -> None:
+    """A pipeline with data and tensor parallelism over an uneven vocabulary sends the embedding's
+    and head's gradients to their GPUs' reduction stream: ``assume`` guesses their groups there
+    (``sent_groups``), so planning is confirmed the first time, and the figures are those of the
+    units ``prepare`` makes and of the reference planner, traced and untraced."""
+    from distir.autodiff.train import Optimizer
+    from distir.frontends.zoo.registry import build_model
+    from distir.interp.shapes import entry_args
+    from distir.parallel.distribute import device_map, distribute
+    from distir.parallel.strategy import parse_strategy
+    from distir.sim.plan import REFERENCE, PlanDomain, PlanOptions
+    from distir.sim.simulate import _run
+    from sim.test_figures_unchanged import figures
+
+    s = parse_strategy("d2.t2.p2.k2.1f1b")
+    prog = distribute(build_model(GPT, 8), s, Optimizer("adam"), comm_streams=True)
+    cluster, dmap = parse_cluster("p3.8xlarge:2"), device_map(s, True)
+    got: dict[tuple[str, bool], object] = {}
+    assumed = PlanOptions(entry_param_uses=False, assume_units=True)
+    for name, options in (("assume", assumed), ("ref", REFERENCE)):
+        for trace in (False, True):
+            dom = PlanDomain(prog, dmap, RooflineCostModel(cluster), options)
+            plan = dom.plan(prog.entry, entry_args(prog.entry, None))
+            assert dom.units.confirm(), name
+            assert dom.units.uneven or name == "ref"
+            got[name, trace] = figures(_run(plan, dom, cluster, dmap, trace, None))
+    for trace in (False, True):
+        assert got["assume", trace] == got["ref", trace]
+
+
+def test_sent_groups_are_an_uneven_types_groups_on_other_streams_of_its_gpus() -> None:
+    """Only meshes of the same axes over the same GPUs in the same order take the groups; an even
+    type adds none."""
+    from distir.sim.grouping import sent_groups
+
+    mesh = Mesh((("tp", 2),), (Device(0), Device(1)))
+    other_stream = Mesh((("tp", 2),), (Device(10), Device(11)))  # the same GPUs, another stream
+    other_gpus = Mesh((("tp", 2),), (Device(2), Device(3)))
+    swapped = Mesh((("tp", 2),), (Device(11), Device(10)))
+    gpu = {0: 0, 1: 1, 10: 0, 11: 1, 2: 2, 3: 3}
+    even, uneven = _types(mesh)[0], _types(mesh)[1]
+    meshes = [mesh, other_stream, other_gpus, swapped]
+    got = sent_groups([uneven], meshes, lambda d: d.id, lambda d: gpu[d.id])
+    assert set(got) == {(10,), (11,)}
+    assert sent_groups([even], meshes, lambda d: d.id, lambda d: gpu[d.id]) == {}

@@ -58,6 +58,12 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
     backward = [[512, 214], [8192, 318]]        # distir.hardware.attention
     source = "..."
 
+    [types.t4.power]                 # optional: the GPU runs at another power limit than its
+    limit_w = 500                    #   GEMM and attention figures were measured at
+    reference_w = 700                #   (reference_w): its compute runs at
+    curve = [[400, 1501], [500, 1731], [700, 1969]]  # rate(limit_w) / rate(reference_w) of
+    source = "..."                   #   them; curve: a published (W, sustained rate) series
+
     [types.t4.collectives.allreduce] # optional, per collective (allreduce, allgather,
     bandwidth_gb_s = 12              #   reducescatter, broadcast, reduce, scatter, gather,
     latency_us = 9                   #   alltoall): the measured link (B, α) of its alpha-beta
@@ -108,6 +114,7 @@ from distir.hardware.specs import (
     LinkSpec,
     Matrix,
     NodeSpec,
+    PowerProfile,
     RuntimeMemory,
 )
 from distir.limits import MAX_DEVICES, TOML_MAX_DIGITS, TOML_MAX_NESTING, exceeds, over
@@ -172,6 +179,7 @@ _FAMILY_KEYS = ("flop_efficiency", "memory_efficiency", "launch_us")
 _COLLECTIVE_KEYS = ("bandwidth_gb_s", "latency_us")
 _ATTENTION_CURVES = ("forward", "forward_causal", "backward", "backward_causal")
 _ATTENTION_KEYS = ("peak_tflops", "head_dim", *_ATTENTION_CURVES, "source")
+_POWER_KEYS = ("limit_w", "reference_w", "curve", "source")
 COLLECTIVE_NAMES = (
     "allreduce",
     "allgather",
@@ -196,6 +204,7 @@ _TYPE_KEYS = (
     "families",
     "collectives",
     "attention",
+    "power",
 )
 _TOP_KEYS = ("name", "types", "nodes", "inter_node", "bandwidth_matrix_gb_s", "latency_matrix_us")
 
@@ -421,6 +430,9 @@ class _Loader:
         attention = self.attention(t, path, base.device.attention if base else ())
         if base is not None and attention != base.device.attention:
             dev_over["attention"] = attention
+        power = self.power(t, path, base.device.power if base else None)
+        if base is not None and power != base.device.power:
+            dev_over["power"] = power
         try:
             if base is None:
                 fp32 = vals["fp32_tflops"]
@@ -439,6 +451,7 @@ class _Loader:
                     runtime=runtime,
                     families=families,
                     attention=attention,
+                    power=power,
                 )
                 intra = LinkSpec(vals["intra_bandwidth_gb_s"], vals["intra_latency_us"])
                 inter = LinkSpec(vals["inter_bandwidth_gb_s"], vals["inter_latency_us"])
@@ -581,6 +594,46 @@ class _Loader:
             except HardwareError as err:
                 self.fail(epath, str(err))
         return tuple(out.values())
+
+    def power(self, t: dict[str, Any], path: Path_, base: PowerProfile | None) -> PowerProfile | None:
+        """``base`` with the type's ``power`` table over it (without a base: limit_w,
+        reference_w and curve required)."""
+        if "power" not in t:
+            return base
+        ppath: Path_ = (*path, "power")
+        e = self.table(t["power"], ppath, _POWER_KEYS)
+        if base is None:
+            for k in ("limit_w", "reference_w", "curve"):
+                if k not in e:
+                    self.fail((*ppath, k), "missing required key")
+        over: dict[str, Any] = {
+            k: self.number(e[k], (*ppath, k), "a power limit, W")
+            for k in ("limit_w", "reference_w")
+            if k in e
+        }
+        if "curve" in e:
+            over["curve"] = self.power_points(e["curve"], (*ppath, "curve"))
+        if "source" in e:
+            over["source"] = self.string(e["source"], (*ppath, "source"))
+        try:
+            if base is None:
+                return PowerProfile(**({"source": f"{self.file}: {_fmt(ppath)}"} | over))
+            return replace(base, **over)
+        except HardwareError as err:
+            self.fail(ppath, str(err))
+
+    def power_points(self, x: object, path: Path_) -> tuple[tuple[float, float], ...]:
+        """``[[W, rate], ...]``: two or more points of positive numbers."""
+        ok = isinstance(x, list) and len(x) >= 2
+        for e in x if isinstance(x, list) else ():
+            ok = ok and isinstance(e, list) and len(e) == 2
+            ok = ok and all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in e)
+        if not ok:
+            self.fail(
+                path, f"expected [[power limit W, sustained rate], ...], two or more, positive, got {_got(x)}"
+            )
+        assert isinstance(x, list)
+        return tuple((float(a), float(b)) for a, b in x)
 
     def seq_points(self, x: object, path: Path_) -> tuple[tuple[int, float], ...]:
         """``[[sequence length, TFLOP/s], ...]`` sorted by length."""

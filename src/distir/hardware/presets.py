@@ -35,6 +35,7 @@ from distir.hardware.specs import (
     GemmProfile,
     LinkSpec,
     NodeSpec,
+    PowerProfile,
     RuntimeMemory,
     SeqPoints,
 )
@@ -417,6 +418,14 @@ def _calibrated_record(node: NodeSpec) -> dict[str, Any]:
         }
     if node.device.attention:
         rec["attention"] = {a.kernel: _attention_record(a) for a in node.device.attention}
+    if (p := node.device.power) is not None:
+        curve = [[w, r] for w, r in p.curve]
+        rec["power"] = {
+            "limit_w": p.limit_w,
+            "reference_w": p.reference_w,
+            "curve": curve,
+            "source": p.source,
+        }
     if node.collectives:
         rec["collectives"] = {
             k: {"bandwidth_gb_s": ln.bandwidth / GIGA, "latency_us": ln.latency_s * 1e6}
@@ -450,6 +459,18 @@ _MODEL_NOTES = (
 )
 
 
+def _power_note(rec: dict[str, Any]) -> str:
+    """The caption line of a node type's power limit (none without one)."""
+    p = rec.get("power")
+    if p is None:
+        return ""
+    prof = PowerProfile(p["limit_w"], p["reference_w"], tuple((w, r) for w, r in p["curve"]), p["source"])
+    return (
+        f"\n    power: {p['limit_w']:g} W of the {p['reference_w']:g} W its GEMM and attention figures "
+        f"were measured at: {100 * prof.compute_fraction:.1f}% of their compute rate: {p['source']}"
+    )
+
+
 def render_clusters_table(cluster: Cluster | None = None) -> Table:
     """The presets (or ``cluster``'s node types) as a rich table, for ``distir clusters``."""
     from rich.table import Table
@@ -479,6 +500,7 @@ def render_clusters_table(cluster: Cluster | None = None) -> Table:
             else ""
         )
         + "".join(f"\n    attention ({k}): {a['source']}" for k, a in r.get("attention", {}).items())
+        + _power_note(r)
         for i, r in enumerate(recs, 1)
     )
     runtime_sources = dict.fromkeys(r["runtime_memory_source"] for r in recs if r["runtime_memory_source"])

@@ -12,11 +12,14 @@ Invariants (checked on construction, so an ill-formed spec cannot exist):
 - a ``GemmProfile`` has a positive SM count, fractions in (0, 1] and a positive anchor shape;
 - a ``RuntimeMemory`` has non-negative byte counts and a fragmentation fraction in [0, 1);
 - a ``FamilyRates`` has efficiencies in (0, 1] and a finite non-negative launch time; a
-  device's ``families`` and a node's ``collectives`` name each family / collective once.
+  device's ``families`` and a node's ``collectives`` name each family / collective once;
+- a ``PowerProfile`` has at least two (power, rate) points, powers increasing, all positive, and
+  its two limits within the measured powers.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -267,6 +270,64 @@ class FamilyRates:
         _non_negative(owner, "launch_s", self.launch_s)
 
 
+PowerPoints = tuple[tuple[float, float], ...]
+"""Published (power limit in W, sustained compute rate) points of one GPU kind, sorted by power."""
+
+
+@dataclass(frozen=True, slots=True)
+class PowerProfile:
+    """How a GPU's compute rate follows its power limit (``DeviceSpec.compute_fraction``).
+
+    ``curve``: a published measurement's (power limit in W, sustained rate) points on this kind
+    of GPU, sorted by power, the rate in any one unit (an SM clock in MHz, a throughput).
+    ``limit_w``: the limit this GPU runs at; ``reference_w``: the limit at which the device's
+    GEMM and attention figures were measured. The GPU computes at ``rate(limit_w) /
+    rate(reference_w)`` of those figures, ``rate`` linear between the points; both limits lie
+    within the measured powers (no extrapolation). ``source`` names the measurement."""
+
+    limit_w: float
+    reference_w: float
+    curve: PowerPoints
+    source: str
+
+    def __post_init__(self) -> None:
+        owner = "power profile"
+        pts = self.curve
+        ok = isinstance(pts, tuple) and len(pts) >= 2
+        for e in pts if isinstance(pts, tuple) else ():
+            ok = ok and isinstance(e, tuple) and len(e) == 2 and all(_is_number(x) for x in e)
+            ok = ok and all(math.isfinite(x) and x > 0 for x in e)
+        if not ok:
+            raise SpecError(
+                f"{owner}: curve must be two or more (W, rate) pairs of positive numbers, got {pts!r}"
+            )
+        watts = [w for w, _ in pts]
+        if any(b <= a for a, b in itertools.pairwise(watts)):
+            raise SpecError(f"{owner}: curve must be sorted by power, each power once, got {watts}")
+        for f in ("limit_w", "reference_w"):
+            x = getattr(self, f)
+            _positive(owner, f, x)
+            if not watts[0] <= x <= watts[-1]:
+                raise SpecError(
+                    f"{owner}: {f} must lie within the measured powers "
+                    f"[{watts[0]:g}, {watts[-1]:g}] W, got {x!r}"
+                )
+        if not isinstance(self.source, str):
+            raise SpecError(f"{owner}: source must be a string, got {self.source!r}")
+
+    def rate(self, watts: float) -> float:
+        """The sustained rate at power limit ``watts``: linear between the measured points."""
+        for (w0, r0), (w1, r1) in itertools.pairwise(self.curve):
+            if w0 <= watts <= w1:
+                return r0 + (watts - w0) / (w1 - w0) * (r1 - r0)
+        raise ValueError(f"{watts} W lies outside the measured powers")
+
+    @property
+    def compute_fraction(self) -> float:
+        """The rate at ``limit_w`` over the rate at ``reference_w``."""
+        return self.rate(self.limit_w) / self.rate(self.reference_w)
+
+
 def _named_once(owner: str, field: str, entries: object, kind: type) -> None:
     """``entries`` is a tuple of (name, ``kind``) pairs, each name once."""
     if not isinstance(entries, tuple):
@@ -296,6 +357,8 @@ class DeviceSpec:
     as (class name, rates) pairs; an op of a class listed there is costed with its rates instead
     of the cost model's defaults.
     ``attention``: published speeds of fused-attention kernels on this GPU, one per kernel.
+    ``power``: how its compute rate follows its power limit, when it runs at another limit than
+    its GEMM and attention figures were measured at (None: at the same one).
     """
 
     name: str
@@ -311,6 +374,7 @@ class DeviceSpec:
     runtime: RuntimeMemory = RuntimeMemory()
     families: tuple[tuple[str, FamilyRates], ...] = ()
     attention: tuple[AttentionProfile, ...] = ()
+    power: PowerProfile | None = None
 
     def __post_init__(self) -> None:
         _name("device spec", self.name)
@@ -333,6 +397,14 @@ class DeviceSpec:
             raise SpecError(f"{owner}: attention must be a tuple of AttentionProfile")
         if len(set(kernels)) != len(kernels):
             raise SpecError(f"{owner}: attention names a kernel twice: {kernels}")
+        if self.power is not None and not isinstance(self.power, PowerProfile):
+            raise SpecError(f"{owner}: power must be a PowerProfile or None, got {self.power!r}")
+
+    @property
+    def compute_fraction(self) -> float:
+        """The fraction of its GEMM and attention figures' compute rate this GPU sustains at its
+        power limit (``power``; 1 without one)."""
+        return 1.0 if self.power is None else self.power.compute_fraction
 
     def attention_profile(self, kernel: str) -> AttentionProfile | None:
         """The published profile of attention kernel ``kernel`` on this GPU (None: none)."""

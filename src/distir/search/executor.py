@@ -25,6 +25,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import CancelledError, Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -37,8 +38,11 @@ from distir.search.store import DuplicateResult, ResultStore, dumps, loads
 __all__ = [
     "EXECUTORS",
     "PICKLING_ERRORS",
+    "POOL_AFTER_CPU_S",
     "TASK_LOST",
     "ExecutorError",
+    "LazyPool",
+    "lazy_pool",
     "local_pool",
     "new_pool",
     "run_all",
@@ -176,6 +180,51 @@ def local_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
         stop_pool(pool)
         raise
     pool.shutdown(wait=True)
+
+
+# A search starts its pool once its own process has spent this many CPU-seconds (``LazyPool``).
+# The pool costs CPU and saves none — forking, each worker's first touch of the pages it shares,
+# results pickled both ways, and what a worker builds again (models, differentiations, layer
+# shardings): 0.13-0.29 CPU-s on AMP's searches (1.3-2.4 CPU-s in one process) — it only halves
+# the wall time of what is left on two cores. A search over by then runs in one process, at most
+# this much / 2 seconds later; a longer one pays at most ~10% of its CPU for the pool.
+POOL_AFTER_CPU_S: Final = 3.0
+_clock = time.process_time  # this process's CPU-seconds (a test replaces it)
+
+
+class LazyPool:
+    """A local pool (``new_pool``) started the first time ``get`` is called once this process has
+    spent ``after_cpu_s`` CPU-seconds since the ``LazyPool`` was made (``POOL_AFTER_CPU_S``): the
+    caller asks each time it has work a pool could take, does that work itself while ``get`` says
+    None, and hands it over from then on. Forked late, the workers start with this process's
+    caches (models, differentiations, layer shardings) instead of building their own."""
+
+    def __init__(self, workers: int, after_cpu_s: float = POOL_AFTER_CPU_S) -> None:
+        self.workers = workers
+        self.after_cpu_s = after_cpu_s
+        self._since = _clock()
+        self.pool: ProcessPoolExecutor | None = None
+
+    def get(self) -> ProcessPoolExecutor | None:
+        """The pool, started now if it is time; None before."""
+        if self.pool is None and _clock() - self._since >= self.after_cpu_s:
+            self.pool = new_pool(self.workers)
+        return self.pool
+
+
+@contextlib.contextmanager
+def lazy_pool(workers: int, after_cpu_s: float = POOL_AFTER_CPU_S) -> Iterator[LazyPool]:
+    """A ``LazyPool`` for the block: its pool, if it started, shut down (waiting) when the block
+    ends normally, stopped (``stop_pool``) when it raises."""
+    lazy = LazyPool(workers, after_cpu_s)
+    try:
+        yield lazy
+    except BaseException:
+        if lazy.pool is not None:
+            stop_pool(lazy.pool)
+        raise
+    if lazy.pool is not None:
+        lazy.pool.shutdown(wait=True)
 
 
 def start(pool: ProcessPoolExecutor, fn: Callable[[str], Result], task: str) -> Future[Result]:

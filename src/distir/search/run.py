@@ -20,12 +20,13 @@
    (``distir.search.store``) so an interrupted search resumes.
 5. **Rank** by simulated throughput; out-of-memory strategies (by simulated peak) go last.
 
-With ``workers > 1`` on the local executor, one process pool serves every phase and starts with
-the search (its start-up overlaps the screen's set-up): the layer profiles the screen will ask
-for go to it first (``Profiler.prefetch``), then the exact simulations; the placement searches
-of the leading shapes run in this process, on the screen's warm memos (``anneal`` can take a
-pool). Each worker runs the same code on the same inputs, so the results are those of a single
-process.
+With ``workers > 1`` on the local executor, one process pool serves every phase; it starts once
+this process has spent ``SearchRequest.pool_after_cpu_s`` CPU-seconds (``executor.LazyPool``: a
+search over sooner is cheaper in one process, and workers forked later start with its caches).
+From then on the layer profiles the screen will ask for go to it first (``Profiler.prefetch``),
+then the exact simulations; the placement searches of the leading shapes run in this process, on
+the screen's warm memos (``anneal`` can take a pool). Each worker runs the same code on the same
+inputs, so the results are those of a single process, whenever the pool starts.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ import functools
 import hashlib
 import itertools
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ from distir.ir.dtensor import Placement
 from distir.ir.types import DType
 from distir.parallel.strategy import Strategy
 from distir.search import final
-from distir.search.executor import TASK_LOST, local_pool, run_all
+from distir.search.executor import POOL_AFTER_CPU_S, TASK_LOST, LazyPool, lazy_pool, run_all
 from distir.search.executor import start as start_task
 from distir.search.placement import anneal_placement, megatron_placement
 from distir.search.profile import (
@@ -103,6 +104,9 @@ class SearchRequest:
     # GEMMs, in the screen's layer profiles and the exact phase (Megatron-LM's
     # ``--tp-comm-overlap``, which requires sequence parallelism: ``RooflineCostModel.tp_comm_overlap``)
     tp_comm_overlap: bool = False
+    # with ``workers`` > 1 on the local executor: the CPU-seconds this process spends before the
+    # pool starts (``executor.POOL_AFTER_CPU_S``); the results are the same whenever it starts
+    pool_after_cpu_s: float = POOL_AFTER_CPU_S
 
     def spec(self) -> ModelSpec:
         """The model spec searched: the model string's, with the found placements (auto)."""
@@ -180,11 +184,15 @@ def build_space(req: SearchRequest, cluster: Cluster) -> Space:
 
 
 def screen_space(
-    req: SearchRequest, cluster: Cluster, progress: Progress | None = None, pool: Executor | None = None
+    req: SearchRequest,
+    cluster: Cluster,
+    progress: Progress | None = None,
+    pool: Executor | LazyPool | None = None,
 ) -> tuple[list[Estimate], int, Screen]:
     """Every base strategy, each up its memory ladder until it fits (module docstring). With a
     ``pool``, the profiles of each rung are computed there (``Profiler.prefetch``) while this
-    process screens; the estimates are the same."""
+    process screens; a ``LazyPool`` takes them from when it starts, first those of every rung
+    queued and not screened yet. The estimates are the same."""
     prof = Profiler(
         req.spec(),
         cluster,
@@ -210,20 +218,35 @@ def screen_space(
     climbing = [(i, len(ladder)) for i, ladder in enumerate(ladders) if ladder and i not in waiting]
     done = len(bases) - len(climbing) - len(waiting)
     blocks: dict[int, list[list[int]]] = {}  # ``_rung_profiles``' memo
-    if pool is not None:
-        prof.prefetch(pool, _rung_profiles(screen, [ladders[i][0] for i, _ in climbing], req.batch, blocks))
     rung = {i: 0 for i, _ in climbing}
+    queued: dict[int, None] = dict.fromkeys(i for i, _ in climbing)  # rungs to screen, in order
+    handed = False  # whether the pool has taken the queued rungs' profiles
+
+    def prefetch(bases_at: Iterable[int]) -> None:
+        """Hand the profiles of the current rungs of ``bases_at`` to the pool, if it is up; the
+        first time it is, those of every queued rung with them."""
+        nonlocal handed
+        now = pool.get() if isinstance(pool, LazyPool) else pool
+        if now is None:
+            return
+        at = list(bases_at) if handed else [*queued, *bases_at]
+        handed = True
+        prof.prefetch(now, _rung_profiles(screen, [ladders[i][rung[i]] for i in at], req.batch, blocks))
+
+    prefetch(())
     while climbing:
         still: list[tuple[int, int]] = []
         for i, limit in climbing:
             r = rung[i]
+            queued.pop(i, None)
+            prefetch(())  # a lazy pool may start here: then it takes every queued rung
             e = screen.estimate(ladders[i][r], ident)
             got.append((i, r, e))
             if not e.fits and r + 1 < limit:
                 still.append((i, limit))
                 rung[i] = r + 1
-                if pool is not None:
-                    prof.prefetch(pool, _rung_profiles(screen, [ladders[i][r + 1]], req.batch, blocks))
+                queued[i] = None
+                prefetch([i])
                 continue
             done += 1
             j = after.get(i)
@@ -233,8 +256,8 @@ def screen_space(
                 if limit > 0:
                     still.append((j, limit))
                     rung[j] = 0
-                    if pool is not None:
-                        prof.prefetch(pool, _rung_profiles(screen, [ladders[j][0]], req.batch, blocks))
+                    queued[j] = None
+                    prefetch([j])
                     break
                 done += 1  # nothing cheaper to try: neither for any larger k
                 j = after.get(j)
@@ -461,7 +484,9 @@ def search(req: SearchRequest, progress: Progress | None = None) -> SearchOutput
     # it ends and makes almost no cyclic garbage: the collector only walks them, again and again
     # (10-15% of AMP's searches); its pool's workers likewise (``executor.new_pool``)
     # the model at one sample is built once (``unit_models``), before the pool's workers fork
-    pooled = local_pool(req.workers) if parallel else contextlib.nullcontext()
+    # the pool starts once this process has spent ``req.pool_after_cpu_s`` CPU-seconds: a small
+    # search is cheaper in one process (``executor.POOL_AFTER_CPU_S``)
+    pooled = lazy_pool(req.workers, req.pool_after_cpu_s) if parallel else contextlib.nullcontext()
     with paused_gc(promote=True), unit_models(), pooled as pool:
         return _search(req, progress, pool)
 
@@ -486,7 +511,7 @@ def resolve_layout(req: SearchRequest) -> SearchRequest:
     return replace(req, tp_found=found)
 
 
-def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExecutor | None) -> SearchOutput:
+def _search(req: SearchRequest, progress: Progress | None, pool: LazyPool | None) -> SearchOutput:
     from distir.frontends.torch_import.source import content_digest
 
     t0, c0 = time.perf_counter(), time.process_time()
@@ -522,9 +547,10 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
             """The best pure strategies of shapes the placement search leaves alone are simulated
             whatever it finds (``pick_exact`` with ``explain``): start them now, beside (behind) it."""
             moved = {(screened[i].strategy.d, screened[i].strategy.t, screened[i].strategy.p) for i in picks}
+            now = pool.get() if pool is not None else None
             for s in pure_bests(screened) if req.explain else ():
-                if pool is not None and (s.d, s.t, s.p) not in moved and str(s) not in done:
-                    started[str(s)] = start_task(pool, fn, str(s))
+                if now is not None and (s.d, s.t, s.p) not in moved and str(s) not in done:
+                    started[str(s)] = start_task(now, fn, str(s))
 
         if picks:
             # here, not on the workers: a worker's screen starts cold and rebuilds the stage
@@ -532,21 +558,21 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
             # against 0.18 here for its four placement searches)
             anneal(req, screen, screened, progress, None, picks, then=start_early)
         if heterogeneous(cluster):
-            n += add_shares(screen, screened, pool=pool)  # the proposals count as screened
+            # the proposals count as screened
+            n += add_shares(screen, screened, pool=pool.get() if pool is not None else None)
         t2 = time.perf_counter()
         chosen = pick_exact(screened, req.top, pure=req.explain, by_shape=req.pins.pinned)
         tasks = [str(s) for s in chosen]
         cached = len(done & set(tasks))
-        # in the store or not, in parallel on the requested workers
-        results = run_all(
+        # in the store or not, in parallel on the requested workers (a lazy pool: from when it starts)
+        results = _run_exact(
+            req,
             _exact_order(chosen),
             functools.partial(evaluate_seeded, job, _exact_profiles(screen, chosen, req.batch)),
             store,
-            workers=req.workers,
-            executor=req.executor,
-            progress=(lambda d, t: progress("simulate", d, t)) if progress else None,
-            pool=pool,
-            started=started,
+            pool,
+            progress,
+            started,
         )
         t3 = time.perf_counter()
         for task in tasks:  # a stored one may have been edited by hand
@@ -567,6 +593,41 @@ def _search(req: SearchRequest, progress: Progress | None, pool: ProcessPoolExec
         if store is not None:
             store.put_final(_final_payload(req, out))
     return out
+
+
+def _run_exact(
+    req: SearchRequest,
+    tasks: list[str],
+    fn: Callable[[str], dict[str, Any]],
+    store: ResultStore | None,
+    pool: LazyPool | None,
+    progress: Progress | None,
+    started: dict[str, Future[dict[str, Any]]],
+) -> dict[str, dict[str, Any]]:
+    """``run_all`` of the exact simulations ``tasks``: on ``req``'s executor and workers, or with
+    a lazy pool, here one by one until the pool starts (``LazyPool.get``), then on it. The
+    results are the same."""
+    total = len(dict.fromkeys(tasks))
+
+    def report(base: int) -> Callable[[int, int], None] | None:
+        return (lambda d, _t: progress("simulate", base + d, total)) if progress is not None else None
+
+    if pool is None:
+        return run_all(
+            tasks, fn, store, workers=req.workers, executor=req.executor, progress=report(0), started=started
+        )
+    results: dict[str, dict[str, Any]] = {}
+    rest = list(dict.fromkeys(tasks))
+    while rest:
+        now = pool.get()
+        if now is not None:
+            results |= run_all(
+                rest, fn, store, workers=req.workers, progress=report(len(results)), pool=now, started=started
+            )
+            break
+        results |= run_all(rest[:1], fn, store, progress=report(len(results)))
+        rest = rest[1:]
+    return {task: results[task] for task in tasks}
 
 
 def _advice(req: SearchRequest, screen: Screen, screened: list[Estimate]) -> list[str]:

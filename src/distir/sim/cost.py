@@ -15,6 +15,9 @@
   ``distir.hardware.attention``), or its cost class's fraction where the GPU has no profile of
   that kernel (a calibrated class's measured rates come first); every other op takes the
   achievable fraction of peak of its cost class (``OpDef.cost_class``, which every op declares);
+  each of these efficiencies is scaled by the device's ``compute_fraction``: the compute rate it
+  sustains at its power limit, of the rate its figures were measured at (``PowerProfile``; 1
+  without one; not a calibrated class's measured rates, measured at the limit already);
 - an op that joins the kernel of the op before it (``distir.sim.fusion``; ``fuse=True``, the
   default) by ``fused_time``: no launch, and no memory traffic for the linked input (nor for the
   producer's write of it when nothing else uses it);
@@ -184,15 +187,18 @@ class RooflineCostModel:
     ) -> float:
         dtype = op_dtype(ins, outs)
         rates = _rates(spec, opdef)
+        # the GPU's compute rate at its power limit, of its published figures' (measured rates
+        # were measured at it already)
+        clock = spec.compute_fraction
         if opdef.gemm is not None and self.gemm_curve and spec.gemm is not None:
             fp32 = not (dtype in (DType.f16, DType.bf16) or (dtype is DType.f32 and self.allow_tf32))
-            eff = gemm_efficiency(spec.gemm, opdef.gemm(ins, outs, attrs), fp32=fp32)
+            eff = clock * gemm_efficiency(spec.gemm, opdef.gemm(ins, outs, attrs), fp32=fp32)
         elif rates is not None:
             eff = rates.flop
         elif opdef.flash is not None and (profile := spec.attention_profile(self.attention_kernel)):
-            eff = attention_efficiency(profile, opdef.flash(ins, outs, attrs))
+            eff = clock * attention_efficiency(profile, opdef.flash(ins, outs, attrs))
         else:
-            eff = self.flop_efficiency.get(opdef.cost_class, self.default_flop_efficiency)
+            eff = clock * self.flop_efficiency.get(opdef.cost_class, self.default_flop_efficiency)
         mem_eff = self.memory_efficiency if rates is None else rates.memory
         if rates is None and self.eager and opdef.eager_memory is not None:
             mem_eff = opdef.eager_memory.memory

@@ -10,8 +10,9 @@ order of their first slot).
 
 ``Units.prepare`` finds the types by a full type propagation before planning; ``Units.assume``
 instead takes the groups of the entry's parameter types and of the meshes named by attributes
-(``attribute_meshes``: where a ``MeshSend`` sends), plans, and checks afterwards that the types
-the planner met give the very same units (``Units.confirm``).
+(``attribute_meshes``: where a ``MeshSend`` sends) — and, on each such mesh over another stream of
+an unevenly sharded parameter's GPUs, that parameter's groups (``sent_groups``) — plans, and checks
+afterwards that the types the planner met give the very same units (``Units.confirm``).
 """
 
 from __future__ import annotations
@@ -81,6 +82,33 @@ def add_groups(
             continue
         for positions in shape_groups(t):
             groups[tuple(slot(devs[i]) for i in positions)] = None
+
+
+def sent_groups(
+    dtensors: Iterable[DTensorType],
+    meshes: Iterable[Mesh],
+    slot: Callable[[Device], int],
+    gpu: Callable[[Device], int],
+) -> Groups:
+    """The groups each unevenly sharded type of ``dtensors`` would make on every other mesh of
+    ``meshes`` with its axes (sizes and shares) over the same GPUs in the same order (another
+    stream of them): those of a ``MeshSend`` of it there, whose result is the same tensor on the
+    destination mesh — e.g. an uneven vocabulary's gradient sent to its GPUs' reduction stream. A
+    guess for ``Units.assume`` (``Units.confirm`` checks it)."""
+    # per (mesh axes, GPUs), the distinct ways the uneven types split positions, and their meshes
+    splits: dict[tuple[object, ...], dict[tuple[tuple[int, ...], ...], set[Mesh]]] = {}
+    for t in dtensors:
+        if uniform_shape(t) is None:
+            split = tuple(map(tuple, shape_groups(t)))
+            where = (t.mesh.axes, tuple(map(gpu, t.mesh.devices)))
+            splits.setdefault(where, {}).setdefault(split, set()).add(t.mesh)
+    out: Groups = {}
+    for m in meshes if splits else ():
+        for split, own in splits.get((m.axes, tuple(map(gpu, m.devices))), {}).items():
+            if m not in own:
+                for group in split:
+                    out[tuple(slot(m.devices[i]) for i in group)] = None
+    return out
 
 
 def split_units(groups: Iterable[tuple[int, ...]], n_slots: int) -> list[int]:

@@ -38,7 +38,14 @@ from distir.ops.registry import CommCost, CommPattern, OpTypeError
 from distir.sim import interference
 from distir.sim.cost import CostModel, gpu_class
 from distir.sim.devices import DeviceMap
-from distir.sim.grouping import Groups, add_groups, attribute_meshes, device_groups, split_units
+from distir.sim.grouping import (
+    Groups,
+    add_groups,
+    attribute_meshes,
+    device_groups,
+    sent_groups,
+    split_units,
+)
 from distir.sim.layout import (  # re-exported: the layout helpers' former home
     MeshInfo,
     local_piece,
@@ -269,6 +276,11 @@ class Units:
         groups = device_groups(
             self._seen_dtensors, self._seen_devices, self._slot_of, self._slot_classes(), self._attr_meshes
         )
+        # the uneven parameters' groups on the other streams of their GPUs (``sent_groups``): where
+        # the program sends them, assuming them spares planning it twice; where it does not, the
+        # units are only finer than needed, which changes no figure (``confirm``)
+        gpu_of = self.dev_gpu.__getitem__
+        groups.update(sent_groups(self._seen_dtensors, self._attr_meshes, self._slot_of, gpu_of))
         # ``confirm`` adds the groups of the types met since (a set: the same as all of them anew)
         self._groups = (groups, {}, len(self._seen_dtensors), len(self._seen_devices))
         self._assumed_units = split_units(groups, len(self.slot_gpu))
@@ -293,10 +305,13 @@ class Units:
             self.all_dtensor = False  # as ``prepare`` would have found (no more carried calls)
 
     def confirm(self) -> bool:
-        """Whether the units ``assume`` made are the ones ``prepare`` would have made: the types
-        the planner met call for the same groups. (It meets every value's type but those in the
-        bodies of calls carried to another mesh, ``relabel``: carried only while no type met is
-        unevenly sharded, they are evenly sharded on that mesh, whose group is there already.)"""
+        """Whether the units ``assume`` made are the ones ``prepare`` would have made, or finer: the
+        types the planner met call for no group the assumed ones do not hold. (Finer units give
+        the same figures: every op still touches whole units, whose devices still hold equal
+        pieces and run alike; ``sent_groups``' guess may split a few more than needed.) (It meets
+        every value's type but those in the bodies of calls carried to another mesh, ``relabel``:
+        carried only while no type met is unevenly sharded, they are evenly sharded on that mesh,
+        whose group is there already.)"""
         if not self._assumed:
             return True
         return split_units(self.met_groups(), len(self._assumed_units)) == self._assumed_units
