@@ -268,7 +268,8 @@ def test_attrs_mapping_behaviour() -> None:
     a = Attrs({"b": 1, "a": [1, 2]})
     assert list(a) == ["b", "a"] and len(a) == 2 and a["a"] == (1, 2)
     assert a.items_in_order() == (("b", 1), ("a", (1, 2)))
-    assert a.get("zz") is None
+    assert a.get("zz") is None and a.get("zz", 7) == 7 and a.get("b", 7) == 1
+    assert "a" in a and "zz" not in a and 1 not in a
     with pytest.raises(ValueError, match="duplicate attribute names"):
         Attrs([("a", 1), ("a", 2)])
     with pytest.raises(TypeError, match="unsupported attribute value"):

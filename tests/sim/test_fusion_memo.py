@@ -1,7 +1,8 @@
 """``fused_links``: ``fused_inputs`` looked up by a body's structure gives what ``fused_inputs``
 computes for that very body — on random programs, on every layer function the search probes
 (bodies alike at other microbatch sizes and tensor-parallel degrees share one entry), and on
-bodies whose structure differs only where the links depend on it."""
+bodies whose structure differs only where the links depend on it; asked again for the same
+body (the memo by identity), the same links."""
 
 from __future__ import annotations
 

@@ -79,3 +79,47 @@ def test_records_are_shared_only_by_domains_of_the_same_device_map() -> None:
         got = simulate(m, cluster, dmap, cost, shared=SharedPlans(records))
         assert _figures(got) == _figures(simulate(m, cluster, dmap, cost))
     assert records.taken == 0
+
+
+# stage 1's 3 × 3 tokens shard unevenly over two devices inside the block, where its entry's
+# types shard evenly: the units the entry's types call for are not the program's
+TRANSGAN = "transgan:wide_layers=1,narrow_layers=1,dim=128,bottom=3,window=8,latent=16,heads=2"
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_a_program_of_other_units_than_its_entry_assumes_is_kept_on_prepared_units(t: int) -> None:
+    """A layer whose units are not confirmed is planned on prepared units (``Units.prepare``);
+    that domain is kept — the next program calling the same function on the same types plans on
+    it — and its records go to a store of prepared domains only (another function's prepared
+    domain takes them; the assuming domains of the other layers do not): every figure as
+    planned alone."""
+    cluster = parse_cluster("p3.8xlarge:1")
+    dmap = DeviceMap({Device(i): Slot(i) for i in range(t)})
+    cost = RooflineCostModel(cluster)
+    records = SharedRecords()
+    layers = sharded_layers(parse_model_string(TRANSGAN).build(1), 1, t)
+    uneven = [L for L in layers if L.fwd.name.startswith("block_1")]
+    assert uneven
+    prepared = 0
+    for L in layers:
+        shared = SharedPlans(records, relabel=False)
+        for m in (_probe(L.fwd, L.fwd_args), _probe(L.fwd, L.fwd_args, keep_first=True)):
+            for trace in (False, True):
+                got = simulate(m, cluster, dmap, cost, trace=trace, shared=shared)
+                assert _figures(got) == _figures(simulate(m, cluster, dmap, cost, trace=trace))
+        assert shared.hits == 3  # every program after the first planned on the kept domain
+        ((domain, _),) = shared._domains.values()
+        prepared += not domain.units.assumed
+        assert domain.units.assumed == (L not in uneven)
+    assert prepared == len(uneven)
+    # the block under full recomputation (another forward, mostly the same ops) on prepared
+    # units takes records the first one's domain made
+    full = sharded_layers(parse_model_string(TRANSGAN).build(1), 1, t, "full")
+    (L,) = [x for x in full if x.fwd.name.startswith("block_1")]
+    before = records.taken
+    m = _probe(L.fwd, L.fwd_args)
+    shared = SharedPlans(records, relabel=False)
+    got = simulate(m, cluster, dmap, cost, shared=shared)
+    assert _figures(got) == _figures(simulate(m, cluster, dmap, cost))
+    ((domain, _),) = shared._domains.values()
+    assert not domain.units.assumed and records.taken > before

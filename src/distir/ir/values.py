@@ -12,7 +12,7 @@ tuples of these. Lists given by a caller are frozen into tuples.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TypeAlias
+from typing import Any, TypeAlias, TypeVar, overload
 
 from distir.ir.types import Device, DType, Type
 
@@ -42,6 +42,9 @@ def freeze_attr(v: object, where: str = "attribute") -> AttrValue:
     raise TypeError(f"{where}: unsupported attribute value {v!r} of type {type(v).__name__}")
 
 
+_T = TypeVar("_T")
+
+
 class Attrs(Mapping[str, AttrValue]):
     """An immutable, ordered mapping of attribute names to values, with value equality."""
 
@@ -59,6 +62,20 @@ class Attrs(Mapping[str, AttrValue]):
 
     def __getitem__(self, key: str) -> AttrValue:
         return self._map[key]
+
+    # ``Mapping``'s ``get`` and ``in`` go through ``__getitem__`` and a raised KeyError: the
+    # planner and the sharding rules ask for absent attributes constantly
+    @overload
+    def get(self, key: str, /) -> AttrValue | None: ...
+    @overload
+    def get(self, key: str, default: AttrValue, /) -> AttrValue: ...
+    @overload
+    def get(self, key: str, default: _T, /) -> AttrValue | _T: ...
+    def get(self, key: str, default: Any = None, /) -> Any:
+        return self._map.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._map
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self._map)

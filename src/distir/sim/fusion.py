@@ -194,6 +194,9 @@ def fused_inputs(fn: Function) -> list[FusedInput | None]:
 # ``fused_links``' memo: a body's structure -> its links (bounded: cleared when full)
 _BY_STRUCTURE: dict[tuple[object, ...], list[FusedInput | None]] = {}
 _STRUCTURES_KEPT = 1024
+# the same by the identity of the function (kept alive, so its id stays its own): each planning
+# domain of the search's probes asks again for the layer functions it plans (bounded likewise)
+_BY_ID: dict[int, tuple[Function, list[FusedInput | None]]] = {}
 # bodies up to this many instructions are looked up by structure; a longer one (a flat program's
 # entry, met once) is worked out directly, where numpy's bulk pass is what pays
 SMALL_BODY = 512
@@ -207,6 +210,9 @@ def fused_links(fn: Function) -> list[FusedInput | None]:
     modify it."""
     if len(fn.body) > SMALL_BODY:
         return fused_inputs(fn)
+    seen = _BY_ID.get(id(fn))
+    if seen is not None and seen[0] is fn:  # this very body: no structure to work out again
+        return seen[1]
     key = body_structure(fn)
     if key is None:
         return fused_inputs(fn)
@@ -215,6 +221,9 @@ def fused_links(fn: Function) -> list[FusedInput | None]:
         if len(_BY_STRUCTURE) >= _STRUCTURES_KEPT:
             _BY_STRUCTURE.clear()
         got = _BY_STRUCTURE[key] = fused_inputs(fn)
+    if len(_BY_ID) >= _STRUCTURES_KEPT:
+        _BY_ID.clear()
+    _BY_ID[id(fn)] = (fn, got)
     return got
 
 

@@ -101,14 +101,28 @@ def piece_bytes(t: DTensorType, position: int) -> float:
     return float(math.prod(shape) * _ITEMSIZE[t.dtype])
 
 
+# by (id of the type, kept alive; device id; position): ``local_piece``'s answer for a DTensor —
+# the planner asks for the same pieces op after op, and a type is cheaper found than made
+_PIECES: dict[tuple[int, int, int], tuple[DTensorType, TensorType]] = {}
+
+
 def local_piece(t: Type, device: Device, position: int) -> Type:
     """The type a device works on: its piece of a DTensor; a plain tensor or scalar (a constant of
-    the logical program, made on every device) moved to it."""
+    the logical program, made on every device) moved to it. A DTensor's piece is memoized
+    (``_PIECES``)."""
     if isinstance(t, DTensorType):
+        key = (id(t), device.id, position)
+        hit = _PIECES.get(key)
+        if hit is not None and hit[0] is t:
+            return hit[1]
         shape = uniform_shape(t)
         if shape is None:
             shape = local_shape_at(t, mesh_info(t.mesh).coords[position])
-        return TensorType(t.dtype, shape, device)
+        piece = TensorType(t.dtype, shape, device)
+        if len(_PIECES) > 8192:
+            _PIECES.clear()
+        _PIECES[key] = (t, piece)
+        return piece
     if isinstance(t, TensorType | ScalarType):
         return t.with_device(device)
     return t

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple, cast
 
 from distir.gcpause import paused_gc
 from distir.hardware.cluster import Cluster
+from distir.hardware.specs import DeviceSpec
 from distir.interp.shapes import entry_args
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
@@ -235,9 +236,11 @@ class SharedPlans:
     its argument types, the units and the cost model only (``distir.sim.plan``; an argument
     donated by the entry is freed at its last use inside the summary's inlined order, whoever
     donates it). The units are the first simulation's: assumed from the same entry types and
-    confirmed after each simulation. A program whose units are not confirmed, or that planning
-    finds wrong, is simulated the usual way (``Units.prepare``, the precise error), and its domain
-    is dropped."""
+    confirmed after each simulation; where they are not confirmed, the first simulation plans
+    again on a domain of the units ``Units.prepare``'s pass makes (what ``simulate`` does next on
+    its own), which is kept instead (its records shared only with domains of prepared units). A
+    program that planning finds wrong is simulated the usual way (the precise error), and its
+    domain is dropped."""
 
     def __init__(self, records: SharedRecords | None = None, relabel: bool = True) -> None:
         # carry a callee's summary to another mesh alike (``PlanOptions.relabel``: the same plans
@@ -281,10 +284,12 @@ class SharedPlans:
                 domain.units.assume(module, fn, args)  # what ``plan`` does first: here, to
                 self.records.attach(domain)  # take the records of domains of the same units
             plan = domain.plan(fn, args)
+            if not domain.units.confirm():  # the program calls for other units: ``prepare``'s
+                domain = PlanDomain(module, dmap, cost, replace(options, assume_units=False))
+                domain.units.prepare(module, fn, args)  # (as ``_simulate`` plans it next)
+                self.records.attach(domain)
+                plan = domain.plan(fn, args)
         except PROGRAM_ERRORS:  # planned (and reported) the usual way
-            self._domains.pop(key, None)
-            return None
-        if not domain.units.confirm():  # as for a domain of its own (its records not kept)
             self._domains.pop(key, None)
             return None
         self.records.keep(domain)
@@ -317,9 +322,13 @@ class SharedRecords:
 
     @staticmethod
     def _key(domain: PlanDomain) -> tuple[Any, ...]:
+        # domains of prepared units (``Units.prepare``) share records only among themselves: their
+        # records note no types (``Units.note`` is for assumed units), which an assuming domain
+        # taking them would then miss in ``Units.confirm``
         u = domain.units
         units = tuple(u.units) if u.units is not None else None
-        return (id(domain.dmap), id(domain.cost), tuple(u.dev_slot.items()), tuple(u.slot_gpu), units)
+        slots = (tuple(u.dev_slot.items()), tuple(u.slot_gpu), units)
+        return (id(domain.dmap), id(domain.cost), *slots, u.assumed)
 
     def attach(self, domain: PlanDomain) -> None:
         """Let ``domain`` (its units assumed or prepared) take the records of its store and note
@@ -497,7 +506,8 @@ def _result(
     for dev, slot in dmap.mapping.items():
         on_slot[slot].append(dev)
     slot_devices = tuple(tuple(sorted(on_slot[slot])) for slot in dmap.slots)
-    runtime = {g: cluster.device_spec(g).runtime.overhead(f.peak[g]) for g in gpus}
+    specs = {g: cluster.device_spec(g) for g in gpus}  # each looked up once
+    runtime = {g: specs[g].runtime.overhead(f.peak[g]) for g in gpus}
     return SimResult(
         step_time_s=max(f.clock) if f.clock else 0.0,
         slots=dmap.slots,
@@ -506,10 +516,10 @@ def _result(
         comm_s=f.comm,
         peak_memory={g: f.peak[g] + runtime[g] for g in gpus},
         param_memory=f.params,
-        capacity={g: float(cluster.device_spec(g).memory_bytes) for g in gpus},
+        capacity={g: float(specs[g].memory_bytes) for g in gpus},
         flops=f.flops,
         n_ops=f.n_ops,
-        peak_flops=_peak_flops(fn, cluster, gpus),
+        peak_flops=_peak_flops(fn, [specs[g] for g in gpus]),
         batch=batch,
         slices=slices,
         memory_timeline=timeline,
@@ -708,7 +718,8 @@ def _apply_summary(c: CallSummary, clock: list[float], busy: list[float], commt:
         commt[j] += c.comm[b]
 
 
-def _peak_flops(fn: Function, cluster: Cluster, gpus: list[int]) -> float:
+def _peak_flops(fn: Function, specs: list[DeviceSpec]) -> float:
+    """The peak FLOP/s of the GPUs of ``specs`` (in order) in the program's compute dtype."""
     from distir.ir.dtensor import DTensorType
     from distir.ir.types import DType, TensorType
 
@@ -722,4 +733,4 @@ def _peak_flops(fn: Function, cluster: Cluster, gpus: list[int]) -> float:
         to = op.attrs.get("to") if op.name == CAST.name else None
         if isinstance(to, DType) and to.is_float and to.itemsize < dtype.itemsize:
             dtype = to
-    return sum(cluster.device_spec(g).peak_flops(dtype) for g in gpus)
+    return sum(spec.peak_flops(dtype) for spec in specs)

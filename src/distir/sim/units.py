@@ -232,6 +232,11 @@ class Units:
         # GPU -> the clock of its compute stream (``compute_clocks``)
         self._compute_clocks: dict[int, int] | None = None
 
+    @property
+    def assumed(self) -> bool:
+        """Whether the units were assumed from the entry's types (``assume``), not prepared."""
+        return self._assumed
+
     def take_trace(self, fn: Function, args: Sequence[Mixed]) -> Trace | None:
         """``prepare``'s walk of ``fn`` (``_TypeCollector.walk``) when it prepared this very
         function on these very arguments (handed out once; the type domain is the planner's, so
