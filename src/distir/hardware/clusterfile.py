@@ -349,8 +349,10 @@ class _Loader:
                 self.fail((*path, k), f"unknown key; {hint}(known keys: {', '.join(keys)})")
         return v
 
-    def string(self, v: object, path: Path_) -> str:
-        if not isinstance(v, str) or not v.strip():
+    def string(self, v: object, path: Path_, *, empty_ok: bool = False) -> str:
+        if not isinstance(v, str):
+            self.fail(path, f"expected a string, got {_got(v)}")
+        if not empty_ok and not v.strip():
             self.fail(path, f"expected a non-empty string, got {_got(v)}")
         return v
 
@@ -412,9 +414,9 @@ class _Loader:
         node_name = key if base is None else base.name
         if "node_name" in t:
             node_name = self.string(t["node_name"], (*path, "node_name"))
-        if "source" in t and not isinstance(t["source"], str):
-            self.fail((*path, "source"), f"expected a string, got {_got(t['source'])}")
-        source = t.get("source", base.source if base else "")
+        source = base.source if base else ""
+        if "source" in t:
+            source = self.string(t["source"], (*path, "source"), empty_ok=True)
         dev_over: dict[str, Any] = {_DEVICE_FIELDS[k]: v for k, v in vals.items() if k in _DEVICE_FIELDS}
         if "memory_gib" in vals:
             dev_over["memory_bytes"] = round(vals["memory_gib"])
@@ -520,9 +522,7 @@ class _Loader:
             over["anchor_is_max"] = t["matmul_anchor_is_max"]
         for key, field_ in (("matmul_source", "source"), ("comm_sm_source", "comm_source")):
             if key in t:
-                if not isinstance(t[key], str):
-                    self.fail((*path, key), f"expected a string, got {_got(t[key])}")
-                over[field_] = t[key]
+                over[field_] = self.string(t[key], (*path, key), empty_ok=True)
         if "comm_sm_count" in t:
             c = t["comm_sm_count"]
             sms = over.get("sms", base.sms if base is not None else 0)
@@ -594,14 +594,15 @@ class _Loader:
             if k not in e:
                 self.fail((*epath, k), "missing required key")
         curves = {k: self.seq_points(e[k], (*epath, k)) for k in _ATTENTION_CURVES if k in e}
-        if "source" in e and not isinstance(e["source"], str):
-            self.fail((*epath, "source"), f"expected a string, got {_got(e['source'])}")
+        source = f"{self.file}: {_fmt(epath)}"
+        if "source" in e:
+            source = self.string(e["source"], (*epath, "source"), empty_ok=True)
         try:
             return AttentionProfile(
                 kernel=kernel,
                 peak_tflops=self.number(e["peak_tflops"], (*epath, "peak_tflops"), "TFLOP/s"),
                 head_dim=self.positive_int(e["head_dim"], (*epath, "head_dim"), "the head dimension"),
-                source=e.get("source", f"{self.file}: {_fmt(epath)}"),
+                source=source,
                 **curves,
             )
         except HardwareError as err:
@@ -702,12 +703,9 @@ class _Loader:
                 )
             over["fragmentation"] = x
         if "runtime_memory_source" in t:
-            if not isinstance(t["runtime_memory_source"], str):
-                self.fail(
-                    (*path, "runtime_memory_source"),
-                    f"expected a string, got {_got(t['runtime_memory_source'])}",
-                )
-            over["source"] = t["runtime_memory_source"]
+            over["source"] = self.string(
+                t["runtime_memory_source"], (*path, "runtime_memory_source"), empty_ok=True
+            )
         return replace(base, **over) if over else base
 
     def _unknown_preset(self, name: str) -> str:
