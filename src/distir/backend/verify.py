@@ -40,7 +40,7 @@ from distir.ir.function import Module
 from distir.ir.types import Device, DType, ScalarType, TensorType
 from distir.report.summary import output_names
 
-TOLERANCE: dict[DType, float] = {DType.f64: 1e-9, DType.f32: 1e-4, DType.f16: 1e-2, DType.bf16: 3e-2}
+TOLERANCE: dict[DType, float] = {DType.f64: 1e-9, DType.f32: 1e-4, DType.f16: 1e-2, DType.bf16: 3e-2, DType.f8e4m3: 1.5e-1, DType.f8e5m2: 3e-1}
 KINK_TRIALS = 64  # units at a kink tried, nearest first, when the plain comparison fails
 
 

@@ -120,6 +120,17 @@ _H100_GEMM = GemmProfile(
     "Systems (https://forums.developer.nvidia.com/t/compute-communication-overlap-causes-severe-gemm-"
     "performance-degradation-because-of-tail-effect/337991)",
 )
+_H100_GEMM_FP8 = GemmProfile(
+    sms=132,
+    fraction=1402.6 / 1979,
+    anchor=(1024, 9216, 14336),
+    source=f"MAMF table, FP8 (float8_e4m3fn inputs, mamf-finder v2, torch 2.7.0+cu126): H100 SXM 1402.6 "
+    f"of 1979 TFLOP/s at 1024x9216x14336, the best of its sweep over shapes, {_MAMF}; the bf16 "
+    "curve's shape constants (no measured table of float8 GEMMs by shape found)",
+    anchor_is_max=True,
+    comm_sms=24,
+    comm_source="as the bf16 profile: the same NCCL kernels beside the GEMMs",
+)
 _T4_GEMM = GemmProfile(
     sms=40,
     fraction=0.75,
@@ -261,6 +272,8 @@ def _gpu(
     gemm: GemmProfile,
     launch_us: float = 5.0,
     attention: tuple[AttentionProfile, ...] = (),
+    fp8: float | None = None,
+    gemm_fp8: GemmProfile | None = None,
 ) -> DeviceSpec:
     """A DeviceSpec from sheet units: TFLOP/s, GB/s, GiB, µs."""
     return DeviceSpec(
@@ -276,6 +289,8 @@ def _gpu(
         gemm=gemm,
         runtime=CUDA_RUNTIME,
         attention=attention,
+        fp8=None if fp8 is None else fp8 * TERA,
+        gemm_fp8=gemm_fp8,
     )
 
 
@@ -308,6 +323,8 @@ H100_SXM_80GB = _gpu(
     80,
     _H100_GEMM,
     attention=(_H100_FA2, _H100_CUDNN, *_H100_FA_TRITON),
+    fp8=1979.0,  # the sheet's 3,958 TFLOP/s FP8 with sparsity, halved
+    gemm_fp8=_H100_GEMM_FP8,
 )
 # T4 fp64 is 1/32 of fp32 (not on the sheet; estimate).
 T4_16GB = _gpu("T4-16GB", 8.1, 8.1, 65.0, 8.1, 0.25, 320.0, 16, _T4_GEMM)
@@ -341,7 +358,8 @@ _PRESETS: dict[str, NodeSpec] = {
         "https://www.nvidia.com/en-us/data-center/dgx-a100/",
     ),
     # DGX H100: NVLink4 900 GB/s bidirectional per GPU via NVSwitch; 8 × 400 Gb/s NDR IB.
-    # Tensor peaks are the sheet's sparse figures halved (TF32 989 → 494.5, BF16 1979 → 989.5).
+    # Tensor peaks are the sheet's sparse figures halved (TF32 989 → 494.5, BF16 1979 → 989.5,
+    # FP8 3958 → 1979).
     "h100": NodeSpec(
         name="h100",
         device=H100_SXM_80GB,
