@@ -148,7 +148,7 @@ def test_state_bytes_per_parameter() -> None:
 
 
 def test_precision_errors_name_the_problem() -> None:
-    with pytest.raises(PrecisionError, match="precision must be pure or mixed, got 'half'"):
+    with pytest.raises(PrecisionError, match="precision must be pure, mixed or fp8, got 'half'"):
         Precision.parse("half")
     f32 = build_model(TINY, batch=2, dtype=DType.f32)
     with pytest.raises(PrecisionError, match=r"mixed precision computes in bf16 or f16 .* is f32"):

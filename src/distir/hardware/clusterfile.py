@@ -36,6 +36,12 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
                                      #   matmul_efficiency: a flat fraction of peak
     matmul_anchor_is_max = true      #   optional: the anchor is the best point of a sweep
                                      #   over shapes; no shape runs faster (default false)
+    fp8_tflops = 1979                # optional: dense FP8 tensor-core peak (default: none, so
+                                     #   --precision fp8 is refused; a preset's own)
+    fp8_matmul_efficiency = 0.709    # optional: float8 products' GEMM curve (sm_count and the
+    fp8_matmul_anchor = [1024, 9216, 14336]  # comm SMs of the curve above), as matmul_*
+    fp8_matmul_anchor_is_max = true  #   (default: the curve above)
+    fp8_matmul_source = "..."
     comm_sm_count = 2                # optional: SMs a communication kernel holds while it runs
     comm_sm_source = "..."           #   (NCCL channels), taken from the compute beside it
                                      #   (default 0: none; distir.sim.interference)
@@ -170,6 +176,7 @@ _GEMM_KEYS = (
     "comm_sm_count",
     "comm_sm_source",
 )
+_FP8_GEMM_KEYS = ("fp8_matmul_efficiency", "fp8_matmul_anchor", "fp8_matmul_anchor_is_max", "fp8_matmul_source")
 _RUNTIME_MIB = {
     "cuda_context_mib": "context_bytes",
     "workspace_mib": "workspace_bytes",
@@ -201,6 +208,8 @@ _TYPE_KEYS = (
     "node_name",
     "source",
     *_GEMM_KEYS,
+    "fp8_tflops",
+    *_FP8_GEMM_KEYS,
     *_RUNTIME_KEYS,
     "families",
     "collectives",
@@ -424,6 +433,9 @@ class _Loader:
         runtime = self.runtime_memory(t, path, base.device.runtime if base else CUDA_RUNTIME)
         if base is not None and gemm != base.device.gemm:
             dev_over["gemm"] = gemm
+        fp8, gemm_fp8 = self.fp8(t, path, base.device if base else None, gemm)
+        if base is not None and (fp8, gemm_fp8) != (base.device.fp8, base.device.gemm_fp8):
+            dev_over |= {"fp8": fp8, "gemm_fp8": gemm_fp8}
         if base is not None and runtime != base.device.runtime:
             dev_over["runtime"] = runtime
         families = self.families(t, path, base.device.families if base else ())
@@ -455,6 +467,8 @@ class _Loader:
                     families=families,
                     attention=attention,
                     power=power,
+                    fp8=fp8,
+                    gemm_fp8=gemm_fp8,
                 )
                 intra = LinkSpec(vals["intra_bandwidth_gb_s"], vals["intra_latency_us"])
                 inter = LinkSpec(vals["inter_bandwidth_gb_s"], vals["inter_latency_us"])
@@ -476,6 +490,33 @@ class _Loader:
             )
         except HardwareError as e:
             self.fail(path, str(e))
+
+    def fp8(
+        self, t: dict[str, Any], path: Path_, base: DeviceSpec | None, gemm: GemmProfile | None
+    ) -> tuple[float | None, GemmProfile | None]:
+        """The type's FP8 peak and float8 GEMM profile: ``base``'s with the type's ``fp8_*`` keys
+        over them; a new profile takes its SMs and communication SMs from ``gemm``."""
+        peak = base.fp8 if base is not None else None
+        if "fp8_tflops" in t:
+            peak = _tera(self.number(t["fp8_tflops"], (*path, "fp8_tflops"), "dense fp8 peak, TFLOP/s"))
+        profile = base.gemm_fp8 if base is not None else None
+        given = [k for k in _FP8_GEMM_KEYS if k in t]
+        if not given:
+            return peak, profile
+        if peak is None or (profile is None and (gemm is None or "fp8_matmul_efficiency" not in t)):
+            self.fail(
+                (*path, given[0]),
+                "the float8 GEMM curve needs fp8_tflops, fp8_matmul_efficiency and the curve's "
+                "sm_count and matmul_efficiency",
+            )
+        plain = {k.removeprefix("fp8_"): t[k] for k in given}  # read as the curve's own keys
+        start = profile if profile is not None else gemm
+        assert start is not None
+        if profile is None:
+            plain.setdefault("matmul_anchor", [8192, 8192, 8192])
+            plain.setdefault("matmul_anchor_is_max", False)
+            plain.setdefault("matmul_source", f"{self.file}: {_fmt(path)}")
+        return peak, self.gemm_profile(plain, path, replace(start, fp32_fraction=None))
 
     def gemm_profile(self, t: dict[str, Any], path: Path_, base: GemmProfile | None) -> GemmProfile | None:
         """The type's GEMM profile: ``base`` with the type's ``matmul_*``/``sm_count`` keys over

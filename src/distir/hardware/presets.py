@@ -25,6 +25,7 @@ of the TOML cluster format (TFLOP/s, GB/s, GiB, µs), so a JSON row reads like a
 
 from __future__ import annotations
 
+from dataclasses import replace
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -120,16 +121,13 @@ _H100_GEMM = GemmProfile(
     "Systems (https://forums.developer.nvidia.com/t/compute-communication-overlap-causes-severe-gemm-"
     "performance-degradation-because-of-tail-effect/337991)",
 )
-_H100_GEMM_FP8 = GemmProfile(
-    sms=132,
+_H100_GEMM_FP8 = replace(
+    _H100_GEMM,
     fraction=1402.6 / 1979,
     anchor=(1024, 9216, 14336),
     source=f"MAMF table, FP8 (float8_e4m3fn inputs, mamf-finder v2, torch 2.7.0+cu126): H100 SXM 1402.6 "
     f"of 1979 TFLOP/s at 1024x9216x14336, the best of its sweep over shapes, {_MAMF}; the bf16 "
     "curve's shape constants (no measured table of float8 GEMMs by shape found)",
-    anchor_is_max=True,
-    comm_sms=24,
-    comm_source="as the bf16 profile: the same NCCL kernels beside the GEMMs",
 )
 _T4_GEMM = GemmProfile(
     sms=40,
@@ -442,9 +440,22 @@ def node_record(key: str, node: NodeSpec) -> dict[str, Any]:
     return (
         {k: round(v, 6) if isinstance(v, float) else v for k, v in rec.items()}
         | _gemm_record(d)
+        | _fp8_record(d)
         | _runtime_record(d)
         | _calibrated_record(node)
     )
+
+
+def _fp8_record(d: DeviceSpec) -> dict[str, Any]:
+    """The FP8 peak and float8 GEMM curve in TOML keys (none without an FP8 peak)."""
+    if d.fp8 is None:
+        return {}
+    rec: dict[str, Any] = {"fp8_tflops": round(d.fp8 / TERA, 6)}
+    g = d.gemm_fp8
+    if g is not None:
+        rec |= {"fp8_matmul_efficiency": g.fraction, "fp8_matmul_anchor": list(g.anchor)}
+        rec |= {"fp8_matmul_anchor_is_max": g.anchor_is_max, "fp8_matmul_source": g.source}
+    return rec
 
 
 def _gemm_record(d: DeviceSpec) -> dict[str, Any]:

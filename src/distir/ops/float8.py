@@ -36,6 +36,7 @@ from distir.ir.types import DType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops._rules import numel
 from distir.ops.gradrules import GradCtx, first
+from distir.ops.linalg import FLOAT8_PRODUCT
 from distir.ops.registry import AttrSpec, CostClass, OpDef, TypeCtx, register
 from distir.ops.sharding import pointwise
 
@@ -121,9 +122,14 @@ FLOAT8_CAST = register(
 
 
 def _float8_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
-    """Straight-through: the gradient arrives in the input's dtype (a float8 product's result
-    is bf16) and passes on unchanged, as torchao's cast passes it."""
-    return [first(douts)]
+    """Straight-through, as torchao's cast passes the gradient on unchanged. The cotangent of a
+    float8 value is in bf16 (the dtype a float8 product comes out in, whose backward makes it:
+    ``FLOAT8_PRODUCT``); it is cast to the input's dtype when that is another."""
+    dy = first(douts)
+    x = ctx.type(op.inputs[0])
+    if x.dtype is FLOAT8_PRODUCT:
+        return [dy]
+    return [ctx.op("Cast", dy, to=x.dtype)[0]]
 
 
 def _float8_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
