@@ -69,6 +69,7 @@ from distir.ir.types import DType, TensorType
 from distir.ir.values import Value
 from distir.ops.float8 import FLOAT8_CAST
 from distir.ops.linalg import MATMUL
+from distir.ops.shape.family import FAMILY as SHAPE_FAMILY
 from distir.ops.registry import REGISTRY
 
 if TYPE_CHECKING:
@@ -163,7 +164,8 @@ FP8 = Precision(mixed=True, float8=True)
 def with_float8_linears(model: Model) -> Model:
     """``model`` whose linear layers multiply in float8 (module docstring): in the functions of
     every layer but the last two, each ``MatMul(x, w)`` of an activation by a weight (a layer
-    parameter other than the first, the activation; not transposed on the left) becomes
+    parameter other than the first, the activation, or a view of one by a shape op; not
+    transposed on the left) becomes
     ``MatMul(Float8Cast(x), Float8Cast(w))``, E4M3 both, each distinct operand cast once. A
     function also called by the last two layers is left as it is."""
     kept = {c.callee for c in model.layers[-2:]}
@@ -177,7 +179,7 @@ def _float8_linears(fn: Function) -> Function:
     vmap = ValueMap()
     for p in fn.params:
         vmap.bind(p, fb.param(p.name))
-    weights = set(fn.params[1:])
+    weights = set(fn.params[1:])  # and their views (context parallelism's broadcast weights)
     casts: dict[Value, Value] = {}
 
     def f8(v: Value) -> Value:
@@ -186,6 +188,9 @@ def _float8_linears(fn: Function) -> Function:
         return casts[v]
 
     for instr in fn.body:
+        if isinstance(instr, Op) and len(instr.inputs) == 1 and instr.inputs[0] in weights:
+            if REGISTRY[instr.name].family == SHAPE_FAMILY:  # a view of a weight is a weight
+                weights.update(instr.outputs)
         linear = isinstance(instr, Op) and instr.name == MATMUL.name and instr.inputs[1] in weights
         if linear and isinstance(instr, Op) and not instr.attrs.get("transA", 0):
             a, b = (vmap(v) for v in instr.inputs)
