@@ -509,18 +509,26 @@ class _Loader:
                 "the float8 GEMM curve needs fp8_tflops, fp8_matmul_efficiency and the curve's "
                 "sm_count and matmul_efficiency",
             )
-        plain = {k.removeprefix("fp8_"): t[k] for k in given}  # read as the curve's own keys
         start = profile if profile is not None else gemm
         assert start is not None
-        if profile is None:
-            plain.setdefault("matmul_anchor", [8192, 8192, 8192])
-            plain.setdefault("matmul_anchor_is_max", False)
-            plain.setdefault("matmul_source", f"{self.file}: {_fmt(path)}")
-        return peak, self.gemm_profile(plain, path, replace(start, fp32_fraction=None))
+        if profile is None:  # the bf16 curve's SMs and communication SMs, its own point
+            start = replace(start, fp32_fraction=None, anchor=(8192, 8192, 8192), anchor_is_max=False)
+            start = replace(start, source=f"{self.file}: {_fmt(path)}")
+        return peak, self.gemm_profile(t, path, start, prefix="fp8_")
 
-    def gemm_profile(self, t: dict[str, Any], path: Path_, base: GemmProfile | None) -> GemmProfile | None:
+    def gemm_profile(
+        self, t: dict[str, Any], path: Path_, base: GemmProfile | None, prefix: str = ""
+    ) -> GemmProfile | None:
         """The type's GEMM profile: ``base`` with the type's ``matmul_*``/``sm_count`` keys over
-        it; without a base, both ``sm_count`` and ``matmul_efficiency`` or neither (None)."""
+        it; without a base, both ``sm_count`` and ``matmul_efficiency`` or neither (None).
+        ``prefix``: the keys read are ``prefix`` + those (``fp8_matmul_efficiency``)."""
+        if prefix:
+            t = {k.removeprefix(prefix): v for k, v in t.items() if k.startswith(prefix)}
+        path_ = path
+
+        def at(key: str) -> Path_:
+            return (*path_, prefix + key)
+
         given = [k for k in _GEMM_KEYS if k in t]
         if not given:
             return base
@@ -528,19 +536,19 @@ class _Loader:
             for k in ("sm_count", "matmul_efficiency"):
                 if k not in t:
                     self.fail(
-                        (*path, k),
+                        at(k),
                         "missing key: the GEMM curve needs sm_count and matmul_efficiency "
                         f"(got {', '.join(given)})",
                     )
         over: dict[str, Any] = {}
         if "sm_count" in t:
-            over["sms"] = self.positive_int(t["sm_count"], (*path, "sm_count"), "streaming multiprocessors")
+            over["sms"] = self.positive_int(t["sm_count"], at("sm_count"), "streaming multiprocessors")
         for key, field_ in (("matmul_efficiency", "fraction"), ("matmul_fp32_efficiency", "fp32_fraction")):
             if key in t:
-                x = self.number(t[key], (*path, key), "a fraction of the dense peak")
+                x = self.number(t[key], at(key), "a fraction of the dense peak")
                 if x > 1:
                     self.fail(
-                        (*path, key), f"expected a fraction of the dense peak in (0, 1], got {_got(t[key])}"
+                        at(key), f"expected a fraction of the dense peak in (0, 1], got {_got(t[key])}"
                     )
                 over[field_] = x
         if "matmul_anchor" in t:
@@ -551,25 +559,25 @@ class _Loader:
                 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in a)
             ):
                 self.fail(
-                    (*path, "matmul_anchor"), f"expected [M, N, K], three positive integers, got {_got(a)}"
+                    at("matmul_anchor"), f"expected [M, N, K], three positive integers, got {_got(a)}"
                 )
             over["anchor"] = tuple(a)
         if "matmul_anchor_is_max" in t:
             if not isinstance(t["matmul_anchor_is_max"], bool):
                 self.fail(
-                    (*path, "matmul_anchor_is_max"),
+                    at("matmul_anchor_is_max"),
                     f"expected true or false, got {_got(t['matmul_anchor_is_max'])}",
                 )
             over["anchor_is_max"] = t["matmul_anchor_is_max"]
         for key, field_ in (("matmul_source", "source"), ("comm_sm_source", "comm_source")):
             if key in t:
-                over[field_] = self.string(t[key], (*path, key), empty_ok=True)
+                over[field_] = self.string(t[key], at(key), empty_ok=True)
         if "comm_sm_count" in t:
             c = t["comm_sm_count"]
             sms = over.get("sms", base.sms if base is not None else 0)
             if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < sms:
                 self.fail(
-                    (*path, "comm_sm_count"),
+                    at("comm_sm_count"),
                     f"expected an integer in [0, sm_count={sms}) (the SMs a communication kernel "
                     f"holds), got {_got(c)}",
                 )
