@@ -15,7 +15,7 @@ predicted, the throughput error (negative: distir predicts a slower step), wheth
 error and how many published-fit runs are predicted to fit, against the issue's targets
 (median ≤ 10 %, none over 25 %, all fit).
 
-Runs needing a feature distir lacks (Transformer Engine's FP8, ...) are listed as
+Runs needing a feature distir lacks are listed as
 ``unsupported: <feature>`` and left out of the summary; a run distir refuses is listed with its
 error and counted as a failure. Prints figures; asserts nothing (``tests/bench`` checks the data).
 
@@ -47,8 +47,9 @@ METRICS = {
     "tflops_per_gpu": "TFLOP/s/GPU",
     "seconds_per_step": "s/step",
 }
-# fp8: torchao's Float8Linear (dynamic tensorwise scaling), ``distir simulate --precision fp8``
-PRECISIONS = {"bf16-mixed": "mixed", "bf16-pure": "pure", "fp8": "fp8"}
+# fp8: torchao's Float8Linear (dynamic tensorwise scaling), ``distir simulate --precision fp8``;
+# fp8-delayed: Transformer Engine's te.Linear under DelayedScaling (``--precision fp8-delayed``)
+PRECISIONS = {"bf16-mixed": "mixed", "bf16-pure": "pure", "fp8": "fp8", "fp8-delayed": "fp8-delayed"}
 FLOPS_FORMULAS = ("megatron",)
 QUICK_MAX_GPUS = 256
 TARGET_MEDIAN, TARGET_MAX = 10.0, 25.0

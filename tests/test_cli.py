@@ -300,7 +300,7 @@ def test_simulate_mixed_precision() -> None:
     code, _, err = run(*base, "--precision", "mixed")  # --dtype f32
     assert code == 2 and "mixed precision computes in bf16 or f16" in err and "is f32" in err
     code, _, err = run(*base, "--dtype", "bf16", "--precision", "half")
-    assert code == 2 and "precision must be pure, mixed or fp8, got 'half'" in err
+    assert code == 2 and "precision must be pure, mixed, fp8 or fp8-delayed, got 'half'" in err
     code, _, err = run("simulate", str(EX / "fig2_mlp_pipeline.distir"), "--precision", "mixed")
     assert code == 2 and "--precision applies to --model" in err
 

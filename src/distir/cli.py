@@ -233,7 +233,8 @@ _SimPrecision = Annotated[
         "--precision",
         help="With --model: pure (everything in --dtype) or mixed (compute in --dtype bf16/f16, "
         "fp32 master weights and optimizer state); fp8: mixed with the linear layers in float8 "
-        "(torchao's Float8Linear, tensorwise scaling; --dtype bf16, GPUs with FP8 tensor cores).",
+        "(torchao's Float8Linear, dynamic tensorwise scaling; --dtype bf16, GPUs with FP8 tensor "
+        "cores); fp8-delayed: the same with Transformer Engine's delayed scaling.",
     ),
 ]
 _SimKernels = Annotated[

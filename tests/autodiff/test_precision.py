@@ -9,6 +9,7 @@ import pytest
 import distir
 from distir.autodiff.precision import (
     FP8,
+    FP8_DELAYED,
     MIXED,
     PURE,
     Precision,
@@ -157,7 +158,7 @@ def test_state_bytes_per_parameter() -> None:
 
 
 def test_precision_errors_name_the_problem() -> None:
-    with pytest.raises(PrecisionError, match="precision must be pure, mixed or fp8, got 'half'"):
+    with pytest.raises(PrecisionError, match="precision must be pure, mixed, fp8 or fp8-delayed, got 'half'"):
         Precision.parse("half")
     f32 = build_model(TINY, batch=2, dtype=DType.f32)
     with pytest.raises(PrecisionError, match=r"mixed precision computes in bf16 or f16 .* is f32"):
@@ -240,7 +241,17 @@ LLAMA = "llama:layers=2,hidden=32,heads=4,kv_heads=2,ffn=64,vocab=64,seq=8"
 def test_fp8_precision_parses_and_is_mixed_with_float8_linears() -> None:
     fp8 = Precision.parse("fp8")
     assert fp8 is FP8 and str(fp8) == "fp8" and fp8.mixed and fp8.float8
+    assert fp8.float8_scaling == "dynamic"
+    te = Precision.parse("fp8-delayed")
+    assert te is FP8_DELAYED and str(te) == "fp8-delayed" and te.float8_scaling == "delayed"
     assert not MIXED.float8 and str(MIXED) == "mixed"
+
+
+def test_delayed_float8_linears_scale_every_cast_and_gradient_so() -> None:
+    model = build_model(LLAMA, batch=2, dtype=DType.bf16)
+    block = FP8_DELAYED.prepare(model).module[model.layers[1].callee]
+    ops = [i for i in block.body if isinstance(i, Op) and i.name in ("Float8Cast", "MatMul")]
+    assert {i.attrs.get("scaling", i.attrs.get("grad_scaling")) for i in ops} == {"delayed"}
 
 
 def test_float8_linears_cast_every_blocks_linear_operands_and_leave_the_head() -> None:

@@ -77,22 +77,32 @@ def test_float8_cast_types_and_refusals() -> None:
         CAST.infer_types([T(E4M3, 4)], Attrs({"to": E5M2}), [None])
 
 
-def test_float8_cast_costs_two_reads_and_a_one_byte_write() -> None:
-    ins, outs, attrs = [T(BF16, 64, 128)], [T(E4M3, 64, 128)], Attrs({"to": E4M3})
+def test_float8_cast_costs_its_passes_and_both_layouts() -> None:
+    """Dynamic scaling reads X twice (amax, cast), delayed scaling once; both write the float8
+    tensor in both layouts (one byte per element each)."""
+    ins, outs = [T(BF16, 64, 128)], [T(E4M3, 64, 128)]
     n = 64 * 128
-    assert CAST.bytes_read(ins, outs, attrs) == 2 * 2 * n  # the amax pass, the cast pass
-    assert CAST.bytes_written(ins, outs, attrs) == n
-    assert CAST.flops(ins, outs, attrs) == 2 * n
+    dynamic, delayed = Attrs({"to": E4M3}), Attrs({"to": E4M3, "scaling": "delayed"})
+    assert CAST.bytes_read(ins, outs, dynamic) == 2 * 2 * n
+    assert CAST.bytes_read(ins, outs, delayed) == 2 * n
+    assert CAST.bytes_written(ins, outs, dynamic) == CAST.bytes_written(ins, outs, delayed) == 2 * n
+    assert CAST.flops(ins, outs, dynamic) == 2 * n
+    np.testing.assert_array_equal(
+        CAST.reference([np.arange(6, dtype=np.float32)], delayed)[0],
+        CAST.reference([np.arange(6, dtype=np.float32)], dynamic)[0],
+    )
 
 
-def test_float8_cast_is_a_memory_bound_kernel_on_h100() -> None:
-    """launch + (2·2 + 1) bytes per element over 80% of the HBM bandwidth."""
+@pytest.mark.parametrize(("scaling", "per_element"), [("dynamic", 2 * 2 + 2), ("delayed", 2 + 2)])
+def test_float8_cast_is_a_memory_bound_kernel_on_h100(scaling: str, per_element: int) -> None:
+    """launch + its bytes per element over 80% of the HBM bandwidth."""
     cl = parse_cluster("h100")
     spec = cl.device_spec(0)
     n = 8192 * 4096
-    ins, outs, attrs = [T(BF16, 8192, 4096)], [T(E4M3, 8192, 4096)], Attrs({"to": E4M3})
+    attrs = Attrs({"to": E4M3, "scaling": scaling})
+    ins, outs = [T(BF16, 8192, 4096)], [T(E4M3, 8192, 4096)]
     got = RooflineCostModel(cl).compute_time(CAST, ins, outs, attrs, 0)
-    want = spec.launch_overhead_s + 5 * n / (spec.memory_bandwidth * 0.8)
+    want = spec.launch_overhead_s + per_element * n / (spec.memory_bandwidth * 0.8)
     assert got == pytest.approx(want, rel=1e-12)
 
 
@@ -155,19 +165,21 @@ class _Ctx:
         return self.types[v]
 
 
-def test_float8_matmul_backward_casts_the_gradient_to_e5m2_and_multiplies_in_float8() -> None:
+@pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
+def test_float8_matmul_backward_casts_the_gradient_to_e5m2_and_multiplies_in_float8(scaling: str) -> None:
     """torchao's tensorwise recipe: grad_output to E5M2 once; dgrad = dY8·W8ᵀ and wgrad =
     X8ᵀ·dY8 read the saved float8 input and weight."""
     from distir.ir.ops import Op
     from distir.ir.values import Value
 
     x, w, y = Value("x8"), Value("w8"), Value("y")
-    op = Op("MatMul", (x, w), (y,), Attrs())
+    op = Op("MatMul", (x, w), (y,), Attrs({"grad_scaling": scaling}))
     ctx = _Ctx({x: T(E4M3, 4, 6), w: T(E4M3, 6, 8), y: T(BF16, 4, 8)})  # type: ignore[dict-item]
     dx, dw = MATMUL.grad(ctx, op, ["dy"])
     names = [e[0] for e in ctx.emitted]
     assert names == ["Float8Cast", "MatMul", "MatMul"]
-    assert ctx.emitted[0][1] == ("dy",) and ctx.emitted[0][2] == {"to": E5M2}
+    how = {} if scaling == "dynamic" else {"scaling": scaling}
+    assert ctx.emitted[0][1] == ("dy",) and ctx.emitted[0][2] == {"to": E5M2, **how}
     dy8 = "%1"
     assert ctx.emitted[1][1] == (dy8, w) and ctx.emitted[1][2] == {"transB": 1}
     assert ctx.emitted[2][1] == (x, dy8) and ctx.emitted[2][2] == {"transA": 1}

@@ -45,7 +45,11 @@ torch.compile's common-subexpression elimination (and torchtitan's ``PrepareFloa
 under tensor parallelism) leaves it. The float8 operands are what the backward reads, so they
 are what is saved for it (torchao ``manual_float8_matmul_with_args_in_float8`` saves
 ``input_fp8`` and ``weight_fp8_t``). A GPU without FP8 tensor cores cannot run it
-(``check_devices``).
+(``check_devices``). ``fp8-delayed`` is the same with Transformer Engine's delayed scaling
+(llm-foundry's ``amp_fp8`` through ``te.Linear``: the scales from earlier steps' amax history,
+so each cast is one pass over its input; ``distir.ops.float8``). What TE does besides is not
+modelled: its cast of the LayerNorm output fused into ``LayerNormLinear`` (llm-foundry's MPT
+uses plain ``te.Linear``), its amax history update and reduction once per step.
 
 The reference executor computes bf16 in float32 (``DType.to_numpy``); ``Cast`` to bf16 rounds to
 the bf16 grid (round to nearest even), so masters, compute copies and the gradients entering
@@ -94,9 +98,12 @@ class Precision:
     master: DType = DType.f32
     loss: DType = DType.f32
     float8: bool = False
+    float8_scaling: str = "dynamic"  # Float8Cast's scaling: dynamic (torchao) or delayed (TE)
 
     def __str__(self) -> str:
-        return "fp8" if self.float8 else "mixed" if self.mixed else "pure"
+        if self.float8:
+            return "fp8" if self.float8_scaling == "dynamic" else f"fp8-{self.float8_scaling}"
+        return "mixed" if self.mixed else "pure"
 
     @staticmethod
     def parse(text: str | Precision) -> Precision:
@@ -108,7 +115,9 @@ class Precision:
             return MIXED
         if text == "fp8":
             return FP8
-        raise PrecisionError(f"precision must be pure, mixed or fp8, got {text!r}")
+        if text == "fp8-delayed":
+            return FP8_DELAYED
+        raise PrecisionError(f"precision must be pure, mixed, fp8 or fp8-delayed, got {text!r}")
 
     def compute_dtype(self, model: Model) -> DType:
         """The dtype the model computes in (its weights'); under mixed precision it must be bf16
@@ -140,7 +149,7 @@ class Precision:
         """The model the step differentiates: under mixed precision, with its loss in fp32; under
         fp8, with its linear layers in float8 too."""
         if self.float8:
-            model = with_float8_linears(model)
+            model = with_float8_linears(model, self.float8_scaling)
         if not self.mixed or model.loss_dtype == self.loss:  # a fused loss computes in fp32 itself
             return model
         return with_fp32_loss(model, self.loss)
@@ -159,23 +168,28 @@ class Precision:
 PURE = Precision()
 MIXED = Precision(mixed=True)
 FP8 = Precision(mixed=True, float8=True)
+FP8_DELAYED = Precision(mixed=True, float8=True, float8_scaling="delayed")
 
 
-def with_float8_linears(model: Model) -> Model:
+def with_float8_linears(model: Model, scaling: str = "dynamic") -> Model:
     """``model`` whose linear layers multiply in float8 (module docstring): in the functions of
     every layer but the last two, each ``MatMul(x, w)`` of an activation by a weight (a layer
     parameter other than the first, the activation, or a view of one by a shape op; not
     transposed on the left) becomes
-    ``MatMul(Float8Cast(x), Float8Cast(w))``, E4M3 both, each distinct operand cast once. A
-    function also called by the last two layers is left as it is."""
+    ``MatMul(Float8Cast(x), Float8Cast(w))``, E4M3 both, each distinct operand cast once, with
+    ``scaling`` (``Float8Cast``'s: dynamic or delayed; the product's ``grad_scaling`` the same).
+    A function also called by the last two layers is left as it is."""
     kept = {c.callee for c in model.layers[-2:]}
     names = {c.callee for c in model.layers[:-2]} - kept
-    functions = tuple(_float8_linears(f) if f.name in names else f for f in model.module.functions)
+    functions = tuple(
+        _float8_linears(f, scaling) if f.name in names else f for f in model.module.functions
+    )
     return replace(model, module=Module(functions))
 
 
-def _float8_linears(fn: Function) -> Function:
+def _float8_linears(fn: Function, scaling: str) -> Function:
     fb = FunctionBuilder(fn.name, REGISTRY.out_arity)
+    how = {} if scaling == "dynamic" else {"scaling": scaling}  # the default prints as before
     vmap = ValueMap()
     for p in fn.params:
         vmap.bind(p, fb.param(p.name))
@@ -184,7 +198,7 @@ def _float8_linears(fn: Function) -> Function:
 
     def f8(v: Value) -> Value:
         if v not in casts:
-            casts[v] = fb.op(FLOAT8_CAST.name, v, names=[f"{v.name}_f8"], to=DType.f8e4m3)[0]
+            casts[v] = fb.op(FLOAT8_CAST.name, v, names=[f"{v.name}_f8"], to=DType.f8e4m3, **how)[0]
         return casts[v]
 
     for instr in fn.body:
@@ -195,7 +209,8 @@ def _float8_linears(fn: Function) -> Function:
         if linear and isinstance(instr, Op) and not instr.attrs.get("transA", 0):
             a, b = (vmap(v) for v in instr.inputs)
             names = [instr.outputs[0].name]
-            (y,) = fb.op(MATMUL.name, f8(a), f8(b), names=names, **dict(instr.attrs))
+            attrs = dict(instr.attrs) | ({"grad_scaling": scaling} if how else {})
+            (y,) = fb.op(MATMUL.name, f8(a), f8(b), names=names, **attrs)
             vmap.bind(instr.outputs[0], y)
         else:
             fb.append(copy_instr(instr, vmap))
@@ -246,6 +261,7 @@ def state_bytes(optimizer_state: int, precision: Precision, dtype: DType) -> dic
 
 __all__ = [
     "FP8",
+    "FP8_DELAYED",
     "MIXED",
     "PURE",
     "Precision",

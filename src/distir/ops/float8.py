@@ -8,18 +8,29 @@ scale, ``scale = FP8_MAX / max|x|`` over the whole tensor (``tensor_to_scale``),
 multiplies the float8 operands on the FP8 tensor cores (``torch._scaled_mm``; MatMul of two
 float8 operands, ``distir.ops.linalg``), the product coming out in bf16.
 
-``Float8Cast(x; to=f8e4m3|f8e5m2)`` is that cast: the amax reduction over ``x`` and the scaled,
-saturated conversion. Its cost is two memory-bound passes over ``x`` (the amax reduction reads
-it, the cast reads it again and writes one byte per element) and two FLOPs per element (the
-abs-max, the scaling); the scale itself is a scalar beside the tensor (torchao's
-``Float8Tensor._scale``), whose 4 bytes the types do not count. Under tensor parallelism the
-amax of a sharded tensor is an all-reduce of one scalar (DTensor's ``max``), which is not
-modelled.
+``Float8Cast(x; to=f8e4m3|f8e5m2, scaling=dynamic|delayed)`` is that cast. With ``dynamic``
+scaling (torchao's) it is two memory-bound passes over ``x``: the amax reduction reads it, the
+scaled cast reads it again. With ``delayed`` scaling (Transformer Engine's ``DelayedScaling``,
+llm-foundry's ``amp_fp8``) the scale comes from the amax history of earlier steps, so one pass
+reads ``x``, records its amax and casts (TE's ``fp8_cast_transpose_fused``). Either way the
+cast writes two bytes per element: the float8 tensor in both layouts, because Hopper's FP8
+GEMMs take only row-major first and column-major second operands (torchao eab345c,
+``float8_ops.py`` ``preprocess_addmm``: ``b_data.t().contiguous().t()``), and every float8
+operand is read in the other layout by one of the three products of its linear layer (the
+input by the weight gradient, the weight by the input gradient, the gradient by the weight
+gradient): TE writes both in its cast, torch.compile fuses torchao's copy into it. Two FLOPs
+per element (the abs-max, the scaling); the scale itself is a scalar beside the tensor
+(torchao's ``Float8Tensor._scale``), whose 4 bytes the types do not count, as they do not
+count the second layout (memory holds one). Under tensor parallelism the amax of a sharded
+tensor is an all-reduce of one scalar (DTensor's ``max``); TE reduces its amaxes once per
+forward; neither is modelled.
 
 The reference holds a float8 tensor as the float32 values it stands for: ``x`` scaled, rounded
 to the float8 grid (round to nearest even, subnormals included), saturated at ``FP8_MAX`` and
 scaled back. So the rounding error of float8 is genuinely there and MatMul of two float8
-operands is an ordinary product of those values. The torch backend holds them so too, in bf16
+operands is an ordinary product of those values. Delayed scaling computes as dynamic scaling
+does (the steady state of an amax history whose largest entry is this tensor's amax): the
+reference holds no state across steps. The torch backend holds them so too, in bf16
 (a CPU has no float8 GEMM). The gradient is straight-through (torchao's casts pass the
 gradient on unchanged: ``ToFloat8ConstrFunc.backward``).
 """
@@ -91,9 +102,19 @@ def _float8_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return ((round_to_float8(x * np.float32(scale), to) / np.float32(scale)).astype(np.float32),)
 
 
+SCALINGS = ("dynamic", "delayed")
+"""How a cast finds its scale: from this tensor's amax (torchao) or earlier steps' (TE)."""
+
+
 def _float8_bytes_read(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
-    """Two passes over the input: the amax reduction, then the scaled cast."""
-    return 2.0 * ins[0].nbytes
+    """Dynamic: two passes over the input (the amax reduction, then the scaled cast); delayed:
+    one."""
+    return (2.0 if attrs.get("scaling", "dynamic") == "dynamic" else 1.0) * ins[0].nbytes
+
+
+def _float8_bytes_written(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+    """The float8 tensor in both layouts (module docstring)."""
+    return 2.0 * outs[0].nbytes
 
 
 def _float8_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
@@ -109,13 +130,15 @@ FLOAT8_CAST = register(
         inputs=("X",),
         outputs=("Y",),
         infer=_float8_rule,
-        attrs={"to": AttrSpec("dtype")},
+        attrs={"to": AttrSpec("dtype"), "scaling": AttrSpec("str", "dynamic", SCALINGS)},
         reference=_float8_ref,
         flops=_float8_flops,
         bytes_read=_float8_bytes_read,
-        doc="Dynamic tensorwise scaling to float8 (torchao's hp_tensor_to_float8_dynamic): "
-        "amax over X, scale = FP8_MAX/amax, X·scale rounded and saturated to ``to``; held as "
-        "the values it stands for. Two memory-bound passes over X.",
+        bytes_written=_float8_bytes_written,
+        doc="Tensorwise scaling to float8: scale = FP8_MAX/amax, X·scale rounded and saturated "
+        "to ``to``; held as the values it stands for. Dynamic (torchao): amax over X, two "
+        "passes over X; delayed (Transformer Engine): amax from earlier steps, one pass. "
+        "Writes both layouts (Hopper's FP8 GEMM operand order).",
         sharding=pointwise(),
     )
 )

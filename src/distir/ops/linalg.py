@@ -113,13 +113,19 @@ MATMUL = register(
         inputs=("A", "B"),
         outputs=("Y",),
         infer=_matmul_rule,
-        attrs={"transA": AttrSpec("int", 0, (0, 1)), "transB": AttrSpec("int", 0, (0, 1))},
+        attrs={
+            "transA": AttrSpec("int", 0, (0, 1)),
+            "transB": AttrSpec("int", 0, (0, 1)),
+            # float8 operands: how the backward scales the gradient to E5M2 (Float8Cast's)
+            "grad_scaling": AttrSpec("str", "dynamic", ("dynamic", "delayed")),
+        },
         reference=_matmul_ref,
         flops=_matmul_flops,
         gemm=_matmul_gemm,
         doc="Matrix product with numpy broadcasting of batch dims; transA/transB read an operand "
         "with its last two dims swapped (a GEMM's transpose flag, no copy). Two float8 operands "
-        "(Float8Cast's) multiply on the FP8 tensor cores into bf16 (torch._scaled_mm).",
+        "(Float8Cast's) multiply on the FP8 tensor cores into bf16 (torch._scaled_mm); the "
+        "backward casts the gradient to E5M2 with ``grad_scaling``.",
         sharding=sharding_rules.matmul,
     )
 )
@@ -210,8 +216,10 @@ def _matmul_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequenc
     dy = first(douts)
     ta, tb = _trans(op.attrs)
     at, bt = ctx.type(op.inputs[0]), ctx.type(op.inputs[1])
-    if at.dtype.is_float8:  # torchao: the gradient cast to E5M2, both products in float8
-        (dy,) = ctx.op("Float8Cast", dy, to=DType.f8e5m2)
+    if at.dtype.is_float8:  # the gradient cast to E5M2, both products in float8
+        scaling = op.attrs.get("grad_scaling", "dynamic")
+        extra = {"scaling": scaling} if scaling != "dynamic" else {}
+        (dy,) = ctx.op("Float8Cast", dy, to=DType.f8e5m2, **extra)
     a_shape, b_shape = at.shape, bt.shape
     a2 = (1, *a_shape) if len(a_shape) == 1 else a_shape
     b2 = (*b_shape, 1) if len(b_shape) == 1 else b_shape
