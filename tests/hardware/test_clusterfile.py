@@ -348,11 +348,12 @@ def test_fp8_keys_set_the_fp8_peak_and_its_gemm_curve() -> None:
     same = cluster_from_toml('[types.h]\npreset = "h100"\nmemory_gib = 96\n[[nodes]]\ntype = "h"\n')
     dev = same.nodes[0].device
     assert (dev.fp8, dev.gemm_fp8) == (h100.fp8, h100.gemm_fp8)
-    text = '[types.h]\npreset = "h100"\nfp8_tflops = 1500\nfp8_matmul_efficiency = 0.6\n[[nodes]]\ntype = "h"\n'
-    dev = cluster_from_toml(text).nodes[0].device
+    text = '[types.h]\npreset = "h100"\nfp8_tflops = 1500\nfp8_matmul_efficiency = 0.6\n'
+    dev = cluster_from_toml(text + '[[nodes]]\ntype = "h"\n').nodes[0].device
     assert dev.fp8 == 1500e12 and dev.gemm_fp8 is not None and dev.gemm_fp8.fraction == 0.6
     assert dev.gemm_fp8.anchor == h100.gemm_fp8.anchor and dev.name != h100.name
-    inline = INLINE + "sm_count = 40\nmatmul_efficiency = 0.7\nfp8_tflops = 200\nfp8_matmul_efficiency = 0.5\n"
+    inline = INLINE + "sm_count = 40\nmatmul_efficiency = 0.7\n"
+    inline += "fp8_tflops = 200\nfp8_matmul_efficiency = 0.5\n"
     dev = cluster_from_toml(inline + '[[nodes]]\ntype = "t"\n').nodes[0].device
     assert dev.fp8 == 200e12 and dev.gemm_fp8 is not None
     assert (dev.gemm_fp8.sms, dev.gemm_fp8.fraction, dev.gemm_fp8.anchor) == (40, 0.5, (8192, 8192, 8192))

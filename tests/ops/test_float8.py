@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from ops_examples import T, f32
 
+from distir.hardware.cluster import parse_cluster
 from distir.hardware.gemm import GemmShape, gemm_efficiency
 from distir.hardware.presets import PRESETS
 from distir.hardware.specs import SpecError
@@ -18,7 +19,6 @@ from distir.ir.values import Attrs
 from distir.ops import REGISTRY, OpTypeError
 from distir.ops.float8 import FP8_MAX
 from distir.sim.cost import RooflineCostModel
-from distir.hardware.cluster import parse_cluster
 
 E4M3, E5M2, BF16 = DType.f8e4m3, DType.f8e5m2, DType.bf16
 CAST, MATMUL = REGISTRY["Float8Cast"], REGISTRY["MatMul"]
@@ -29,9 +29,7 @@ def _grid(mantissa: int, min_exp: int, top: float) -> np.ndarray:
     mantissa), then (1 + m/2^mantissa)·2^e for every exponent up to the largest finite value."""
     step = 2.0 ** (min_exp - mantissa)
     subnormal = [k * step for k in range(2**mantissa)]
-    normal = [
-        (1 + m / 2**mantissa) * 2.0**e for e in range(min_exp, 16) for m in range(2**mantissa)
-    ]
+    normal = [(1 + m / 2**mantissa) * 2.0**e for e in range(min_exp, 16) for m in range(2**mantissa)]
     pos = np.array(sorted({*subnormal, *(v for v in normal if v <= top)}))
     return np.concatenate([-pos[::-1], pos])
 
@@ -183,6 +181,7 @@ def test_float8_matmul_backward_casts_the_gradient_to_e5m2_and_multiplies_in_flo
     dy8 = "%1"
     assert ctx.emitted[1][1] == (dy8, w) and ctx.emitted[1][2] == {"transB": 1}
     assert ctx.emitted[2][1] == (x, dy8) and ctx.emitted[2][2] == {"transA": 1}
+    assert (dx, dw) == ("%2", "%3")  # the products' results are the gradients
 
 
 @pytest.mark.parametrize(("a", "b"), list(itertools.product([E4M3, E5M2], repeat=2)))

@@ -59,22 +59,21 @@ the backward are genuinely rounded; f16 computes in numpy's float16.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from distir.autodiff.reverse import AutodiffError
 from distir.frontends.zoo.model import Model
 from distir.interp.shapes import TypeDomain, infer_types, type_of
-from typing import TYPE_CHECKING
-
 from distir.ir.builder import FunctionBuilder
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
 from distir.ir.rewrite import ValueMap, copy_instr
 from distir.ir.types import DType, TensorType
-from distir.ir.values import Value
+from distir.ir.values import Attrs, Value
 from distir.ops.float8 import FLOAT8_CAST
 from distir.ops.linalg import MATMUL
-from distir.ops.shape.family import FAMILY as SHAPE_FAMILY
 from distir.ops.registry import REGISTRY
+from distir.ops.shape.family import FAMILY as SHAPE_FAMILY
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -181,15 +180,13 @@ def with_float8_linears(model: Model, scaling: str = "dynamic") -> Model:
     A function also called by the last two layers is left as it is."""
     kept = {c.callee for c in model.layers[-2:]}
     names = {c.callee for c in model.layers[:-2]} - kept
-    functions = tuple(
-        _float8_linears(f, scaling) if f.name in names else f for f in model.module.functions
-    )
+    functions = tuple(_float8_linears(f, scaling) if f.name in names else f for f in model.module.functions)
     return replace(model, module=Module(functions))
 
 
 def _float8_linears(fn: Function, scaling: str) -> Function:
     fb = FunctionBuilder(fn.name, REGISTRY.out_arity)
-    how = {} if scaling == "dynamic" else {"scaling": scaling}  # the default prints as before
+    how: dict[str, object] = {} if scaling == "dynamic" else {"scaling": scaling}  # default: unprinted
     vmap = ValueMap()
     for p in fn.params:
         vmap.bind(p, fb.param(p.name))
@@ -198,19 +195,22 @@ def _float8_linears(fn: Function, scaling: str) -> Function:
 
     def f8(v: Value) -> Value:
         if v not in casts:
-            casts[v] = fb.op(FLOAT8_CAST.name, v, names=[f"{v.name}_f8"], to=DType.f8e4m3, **how)[0]
+            attrs = Attrs({"to": DType.f8e4m3, **how})
+            casts[v] = fb.emit(FLOAT8_CAST.name, (v,), attrs, [f"{v.name}_f8"])[0]
         return casts[v]
 
     for instr in fn.body:
-        if isinstance(instr, Op) and len(instr.inputs) == 1 and instr.inputs[0] in weights:
-            if REGISTRY[instr.name].family == SHAPE_FAMILY:  # a view of a weight is a weight
-                weights.update(instr.outputs)
-        linear = isinstance(instr, Op) and instr.name == MATMUL.name and instr.inputs[1] in weights
-        if linear and isinstance(instr, Op) and not instr.attrs.get("transA", 0):
+        if not isinstance(instr, Op):
+            fb.append(copy_instr(instr, vmap))
+            continue
+        view = len(instr.inputs) == 1 and instr.inputs[0] in weights
+        if view and REGISTRY[instr.name].family == SHAPE_FAMILY:  # a view of a weight is a weight
+            weights.update(instr.outputs)
+        linear = instr.name == MATMUL.name and instr.inputs[1] in weights
+        if linear and not instr.attrs.get("transA", 0):
             a, b = (vmap(v) for v in instr.inputs)
-            names = [instr.outputs[0].name]
-            attrs = dict(instr.attrs) | ({"grad_scaling": scaling} if how else {})
-            (y,) = fb.op(MATMUL.name, f8(a), f8(b), names=names, **attrs)
+            attrs = Attrs({**instr.attrs, **({"grad_scaling": scaling} if how else {})})
+            (y,) = fb.emit(MATMUL.name, (f8(a), f8(b)), attrs, [instr.outputs[0].name])
             vmap.bind(instr.outputs[0], y)
         else:
             fb.append(copy_instr(instr, vmap))

@@ -176,7 +176,12 @@ _GEMM_KEYS = (
     "comm_sm_count",
     "comm_sm_source",
 )
-_FP8_GEMM_KEYS = ("fp8_matmul_efficiency", "fp8_matmul_anchor", "fp8_matmul_anchor_is_max", "fp8_matmul_source")
+_FP8_GEMM_KEYS = (
+    "fp8_matmul_efficiency",
+    "fp8_matmul_anchor",
+    "fp8_matmul_anchor_is_max",
+    "fp8_matmul_source",
+)
 _RUNTIME_MIB = {
     "cuda_context_mib": "context_bytes",
     "workspace_mib": "workspace_bytes",
@@ -547,9 +552,7 @@ class _Loader:
             if key in t:
                 x = self.number(t[key], at(key), "a fraction of the dense peak")
                 if x > 1:
-                    self.fail(
-                        at(key), f"expected a fraction of the dense peak in (0, 1], got {_got(t[key])}"
-                    )
+                    self.fail(at(key), f"expected a fraction of the dense peak in (0, 1], got {_got(t[key])}")
                 over[field_] = x
         if "matmul_anchor" in t:
             a = t["matmul_anchor"]
@@ -558,9 +561,7 @@ class _Loader:
                 and len(a) == 3
                 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in a)
             ):
-                self.fail(
-                    at("matmul_anchor"), f"expected [M, N, K], three positive integers, got {_got(a)}"
-                )
+                self.fail(at("matmul_anchor"), f"expected [M, N, K], three positive integers, got {_got(a)}")
             over["anchor"] = tuple(a)
         if "matmul_anchor_is_max" in t:
             if not isinstance(t["matmul_anchor_is_max"], bool):

@@ -25,8 +25,8 @@ of the TOML cluster format (TFLOP/s, GB/s, GiB, µs), so a JSON row reads like a
 
 from __future__ import annotations
 
-from dataclasses import replace
 from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 

@@ -391,7 +391,9 @@ class DeviceSpec:
         if self.fp8 is not None:
             _positive(owner, "fp8", self.fp8)
         if self.gemm_fp8 is not None and (self.fp8 is None or not isinstance(self.gemm_fp8, GemmProfile)):
-            raise SpecError(f"{owner}: gemm_fp8 must be a GemmProfile beside an fp8 peak, got {self.gemm_fp8!r}")
+            raise SpecError(
+                f"{owner}: gemm_fp8 must be a GemmProfile beside an fp8 peak, got {self.gemm_fp8!r}"
+            )
         if not isinstance(self.memory_bytes, int) or isinstance(self.memory_bytes, bool):
             raise SpecError(f"{owner}: memory_bytes must be an int, got {self.memory_bytes!r}")
         _positive(owner, "memory_bytes", self.memory_bytes)

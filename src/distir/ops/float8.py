@@ -75,7 +75,8 @@ def round_to_float8(x: Any, to: DType) -> np.ndarray:
     with np.errstate(divide="ignore"):
         e = np.floor(np.log2(np.where(mag > 0, mag, 1.0)))
     step = np.exp2(np.maximum(e, _MIN_EXP[to]) - _MANTISSA[to])
-    return np.clip(np.round(v / step) * step, -FP8_MAX[to], FP8_MAX[to]).astype(np.float32)
+    out: np.ndarray = np.clip(np.round(v / step) * step, -FP8_MAX[to], FP8_MAX[to]).astype(np.float32)
+    return out
 
 
 def float8_scale(x: Any, to: DType) -> float:

@@ -61,7 +61,8 @@ def _matmul_rule(ctx: TypeCtx) -> Sequence[Type]:
     if a.dtype.is_float8 or b.dtype.is_float8:
         if not (a.dtype.is_float8 and b.dtype.is_float8):
             i = 1 if a.dtype.is_float8 else 0
-            ctx.fail("MatMul of a float8 operand needs both operands float8", i, "float8", ctx.tensor(i).dtype)
+            got = ctx.tensor(i).dtype
+            ctx.fail("MatMul of a float8 operand needs both operands float8", i, "float8", got)
     else:
         same_dtype(ctx, [0, 1])
     ta, tb = ctx.attr("transA"), ctx.attr("transB")
@@ -218,8 +219,10 @@ def _matmul_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequenc
     at, bt = ctx.type(op.inputs[0]), ctx.type(op.inputs[1])
     if at.dtype.is_float8:  # the gradient cast to E5M2, both products in float8
         scaling = op.attrs.get("grad_scaling", "dynamic")
-        extra = {"scaling": scaling} if scaling != "dynamic" else {}
-        (dy,) = ctx.op("Float8Cast", dy, to=DType.f8e5m2, **extra)
+        if scaling == "dynamic":  # the default, unprinted
+            (dy,) = ctx.op("Float8Cast", dy, to=DType.f8e5m2)
+        else:
+            (dy,) = ctx.op("Float8Cast", dy, to=DType.f8e5m2, scaling=scaling)
     a_shape, b_shape = at.shape, bt.shape
     a2 = (1, *a_shape) if len(a_shape) == 1 else a_shape
     b2 = (*b_shape, 1) if len(b_shape) == 1 else b_shape
