@@ -722,7 +722,8 @@ def run(
         str, typer.Option("--dtype", help="With --model: f32, bf16, f16 or f64 (exact comparisons).")
     ] = "f32",
     precision: Annotated[
-        str, typer.Option("--precision", help="With --model: pure or mixed (fp32 masters).")
+        str,
+        typer.Option("--precision", help="With --model: pure, mixed (fp32 masters), fp8 or fp8-delayed."),
     ] = "pure",
     seed: Annotated[
         int, typer.Option("--seed", min=0, help="Seed of the inputs, weights and optimizer state.")
