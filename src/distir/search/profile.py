@@ -20,7 +20,12 @@ search over thousands of strategies profiles each distinct layer a few dozen tim
 of one layer function share its plan (``SharedPlans``), and all probes on one TP group share op
 records (``SharedRecords``: the forward, backward and input-gradient parts of a layer, with and
 without sequence parallelism, under each recomputation, have most ops in common) — the same
-figures as probes planned anew (``share_plans=False``, tested).
+figures as probes planned anew (``share_plans=False``, tested). The memory-only probes (what a
+forward leaves, what an input-gradient pass carries, the ZeRO-3 backward's working set) are not
+repeated on a TP group of another device kind alike in arrangement and runtime memory: the
+simulator's memory follows types and liveness in program order, never costs, so they give the
+first kind's figures bit for bit (``Profiler._memory_key``; ``share_kinds=False`` probes every
+kind anew, tested).
 ``Profiler.prefetch`` hands profiles the search will need to worker processes
 (``run_profile_task``: the same code on the same model and cluster, so the same figures),
 ``layers`` then takes their results.
