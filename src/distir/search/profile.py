@@ -40,7 +40,7 @@ differently at b = 64 than at b = 8), so a retyped function can cost other than 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -132,6 +132,12 @@ def _probe(
     return Module((fn, fb.ret(*(outs if keep is None else [outs[j] for j in keep]))))
 
 
+def _pattern(xs: Sequence[Hashable]) -> tuple[int, ...]:
+    """Which positions of ``xs`` hold equal items: each item as the index of its first kind."""
+    first = {x: i for i, x in enumerate(dict.fromkeys(xs))}
+    return tuple(first[x] for x in xs)
+
+
 def _dying(L: ShardedLayer, weights: bool = False) -> frozenset[int]:
     """The positions of ``L.bwd``'s arguments that die in it in ``distribute``'s program: the
     layer's input and residuals (saved for this backward alone) and the incoming gradient; its
@@ -198,11 +204,10 @@ class Profiler:
         group = self.group_key(gpus)
         if not self.share_kinds:
             return ("mem", t, b, recompute, sp, group)
+        nodes = [self.cluster.node_of(g) for g in gpus]
         kinds = [self.cluster.kind_of(g) for g in gpus]
-        first = {k: i for i, k in enumerate(dict.fromkeys(kinds))}
         runtime = tuple(self.cluster.device_spec(g).runtime for g in gpus)
-        shape = tuple(i for _, i in group)
-        return ("mem", t, b, recompute, sp, shape, tuple(first[k] for k in kinds), runtime)
+        return ("mem", t, b, recompute, sp, _pattern(nodes), _pattern(kinds), runtime)
 
     def model(self, b: int) -> Reduced:
         """The model at microbatch ``b`` with its repeated layers dropped (``distinct_layers``)."""
@@ -270,7 +275,8 @@ class Profiler:
                 res = list(L.bwd_args[:n_first]) if 0 in L.vjp.bwd_params else []
                 # the residuals' storage: one that views another (or an argument) counts once
                 n_out = L.vjp.n_outputs
-                made = self._kept(L.fwd, L.fwd_args, range(n_out, n_out + L.vjp.n_residuals), dmap, cost, mkey)
+                res_at = range(n_out, n_out + L.vjp.n_residuals)
+                made = self._kept(L.fwd, L.fwd_args, res_at, dmap, cost, mkey)
                 saved = sum(local_nbytes(r) for r in res) + made
             # a kept layer's result has the type its dropped repeats hand on (distinct_layers)
             nxt = layers[i + 1].fwd_args[0] if i + 1 < len(layers) else None
