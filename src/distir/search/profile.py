@@ -60,7 +60,7 @@ from distir.parallel.layer_sharder import split_backward, unsharded_layers
 from distir.parallel.pipeline.partition import Ends, ends
 from distir.search.distinct import Reduced, distinct_layers
 from distir.search.executor import TASK_LOST
-from distir.sim.cost import CostModel, RooflineCostModel
+from distir.sim.cost import CostModel, RooflineCostModel, gpu_class
 from distir.sim.devices import DeviceMap, Slot
 from distir.sim.simulate import SharedPlans, SharedRecords, simulate
 from distir.sim.units import piece_bytes
@@ -192,22 +192,23 @@ class Profiler:
         return tuple((self.cluster.nodes[n].name, first[n]) for n in nodes)
 
     def _memory_key(
-        self, t: int, b: int, recompute: str, sp: bool, gpus: Sequence[int]
+        self, t: int, b: int, recompute: str, sp: bool, gpus: Sequence[int], cost: CostModel
     ) -> tuple[object, ...]:
-        """What the memory figures of a probe on the TP group ``gpus`` depend on besides the probe:
-        the profile's key with the group's kinds replaced by their pattern (which positions share
-        a node, which a kind) and each GPU's runtime memory. The simulator's memory events follow
-        the program's types and liveness in program order, never its costs (``distir.sim.plan``),
-        and a figure subtracts the runtime memory it added (``Profiler._run``): groups alike in
-        all of this have the same figures, bit for bit, whatever their GPUs' speed. Without
-        ``share_kinds``, the profile's own key (nothing shared across kinds)."""
-        group = self.group_key(gpus)
+        """What the memory figures of a probe on the TP group ``gpus`` (costed by ``cost``) depend
+        on besides the probe: the profile's key with the group's kinds replaced by their pattern
+        (which positions share a node, a kind, a class of ``cost``: the simulator's units) and each
+        GPU's runtime memory. The simulator's memory events follow the program's types and
+        liveness in program order, never its costs (``distir.sim.plan``), and a figure subtracts
+        the runtime memory it added (``Profiler._run``): groups alike in all of this have the same
+        figures, bit for bit, whatever their GPUs' speed. Without ``share_kinds``, the profile's
+        own key (nothing shared across kinds)."""
         if not self.share_kinds:
-            return ("mem", t, b, recompute, sp, group)
-        nodes = [self.cluster.node_of(g) for g in gpus]
-        kinds = [self.cluster.kind_of(g) for g in gpus]
+            return ("mem", t, b, recompute, sp, self.group_key(gpus))
+        nodes = _pattern([self.cluster.node_of(g) for g in gpus])
+        kinds = _pattern([self.cluster.kind_of(g) for g in gpus])
+        classes = _pattern([gpu_class(cost, g) for g in gpus])
         runtime = tuple(self.cluster.device_spec(g).runtime for g in gpus)
-        return ("mem", t, b, recompute, sp, _pattern(nodes), _pattern(kinds), runtime)
+        return ("mem", t, b, recompute, sp, nodes, kinds, classes, runtime)
 
     def model(self, b: int) -> Reduced:
         """The model at microbatch ``b`` with its repeated layers dropped (``distinct_layers``)."""
@@ -251,7 +252,7 @@ class Profiler:
         reduced = self.model(b)
         model = reduced.model
         dmap, cost = self._domain(gpus, sp)
-        mkey = self._memory_key(t, b, recompute, sp, gpus)
+        mkey = self._memory_key(t, b, recompute, sp, gpus, cost)
         # the probes of one layer function share its plan; only this key's are kept, so the plans
         # of a long search do not pile up. Op records are shared by every probe on this TP group
         # (``SharedRecords``, up to ``RECORDS_KEPT`` of them)
