@@ -270,6 +270,8 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([T(f32, 4, 5), R(T(i64, 4), 0, 5)]),
         Case([T(f64, 2, 3, 4), R(T(i32, 2, 4), 0, 3)], {"reduction": "none"}),
         Case([T(f32, 3, 2), R(T(i64, 3), 0, 2)], {"reduction": "sum"}),
+        Case([T(f64, 2, 3, 4), R(T(i64, 2, 3), 0, 4)], {"axis": -1}),  # classes last
+        Case([T(f32, 2, 3, 4), R(T(i32, 2, 3), 0, 4)], {"axis": 2, "reduction": "none"}),
     ],
     "MSELoss": _pred,
     "SoftmaxCrossEntropyParts": [
@@ -325,6 +327,8 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([T(f32), T(f32, 4, 5), R(T(i64, 4), 0, 5)]),
         Case([S(f64), T(f64, 3, 2), R(T(i64, 3), 0, 2)], {"reduction": "sum"}),
         Case([T(f64, 2, 4), T(f64, 2, 3, 4), R(T(i32, 2, 4), 0, 3)], {"reduction": "none"}),
+        Case([T(f64), T(f64, 2, 3, 4), R(T(i64, 2, 3), 0, 4)], {"axis": -1}),  # classes last
+        Case([T(f32, 2, 3), T(f32, 2, 3, 4), R(T(i64, 2, 3), 0, 4)], {"axis": -1, "reduction": "none"}),
     ],
     "SoftmaxCrossEntropyPartsGrad": [
         Case([T(f32, 4), T(f32, 4), T(f32, 4, 5), T(f32, 4), R(T(i64, 4), 0, 5)]),

@@ -186,6 +186,7 @@ CASES: list[GCase] = [
     GCase("NegativeLogLikelihoodLoss", [t(4, 5), R(T(i64, 4), 0, 5)]),
     GCase("NegativeLogLikelihoodLoss", [t(2, 3, 4), R(T(i32, 2, 4), 0, 3)], {"reduction": "none"}),
     GCase("NegativeLogLikelihoodLoss", [t(3, 2), R(T(i64, 3), 0, 2)], {"reduction": "sum"}),
+    GCase("NegativeLogLikelihoodLoss", [t(2, 3, 4), R(T(i64, 2, 3), 0, 4)], {"axis": -1}),  # classes last
     GCase("Log", [pos(2, 3)]),
     GCase("StopGradient", [t(2, 3)], no_grad=(0,)),  # by definition: a constant for autodiff
     # by definition straight-through (torchao's casts pass the gradient on unchanged)

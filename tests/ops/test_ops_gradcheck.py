@@ -136,15 +136,15 @@ def rms_norm(x: tuple[int, ...], scale: tuple[int, ...], **attrs: Any) -> GradCa
     )
 
 
-def nll(reduction: str, scores: tuple[int, ...], lab: tuple[int, ...]) -> GradCase:
+def nll(reduction: str, scores: tuple[int, ...], lab: tuple[int, ...], axis: int = 1) -> GradCase:
     return GradCase(
         "NegativeLogLikelihoodLossGrad",
         "NegativeLogLikelihoodLoss",
-        primals(s=normal(*scores), l=labels(lab, scores[1])),
+        primals(s=normal(*scores), l=labels(lab, scores[axis])),
         lambda p: [p["s"], p["l"]],
         lambda p, dy, y: [dy, p["s"], p["l"]],
         [("s", 0)],
-        {"reduction": reduction},
+        {"reduction": reduction} if axis == 1 else {"reduction": reduction, "axis": axis},
     )
 
 
@@ -221,6 +221,8 @@ GRAD_CASES = [
     nll("mean", (4, 3), (4,)),
     nll("sum", (4, 3), (4,)),
     nll("none", (2, 3, 4), (2, 4)),
+    nll("mean", (2, 3, 4), (2, 3), axis=-1),  # classes last: (batch, sequence) rows
+    nll("none", (2, 3, 4), (2, 3), axis=-1),
     mse("mean", (3, 4)),
     mse("sum", (5,)),
     mse("none", (2, 3)),

@@ -22,7 +22,7 @@ from distir.ir.types import DType, TensorType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops import _torch
 from distir.ops import sharding as sh
-from distir.ops._rules import float_input, numel, same_dtype, same_shape, str_attr
+from distir.ops._rules import float_input, int_attr, norm_axis, numel, same_dtype, same_shape, str_attr
 from distir.ops._special import F64, f64
 from distir.ops.gradrules import GradCtx, first, zeros_like
 from distir.ops.nn import log_softmax
@@ -56,25 +56,27 @@ def reduce_loss(per_item: F64, how: str) -> F64:
 
 
 # -- SoftmaxCrossEntropyLoss ------------------------------------------------------------------
-def check_scores_labels(ctx: TypeCtx, si: int, li: int) -> tuple[TensorType, TensorType]:
-    """scores [N, C, d1..] (float) and labels [N, d1..] (int, in 0..C-1 when known)."""
+def check_scores_labels(ctx: TypeCtx, si: int, li: int, axis: int = 1) -> tuple[TensorType, TensorType]:
+    """scores [N, C, d1..] (float) and labels [N, d1..] (int, in 0..C-1 when known); with
+    ``axis``, the classes on that dim of the scores and the labels the scores' shape without it."""
     scores, labels = float_input(ctx, si, "scores"), ctx.tensor(li)
     if scores.rank < 2:
         ctx.fail(f"{ctx.op.name} scores must be [N, C, d1, ...] (rank >= 2)", si, "rank >= 2", scores.rank)
+    classes = norm_axis(ctx, axis, scores.rank, f"{ctx.op.name} axis")
     if not labels.dtype.is_int:
         ctx.fail(f"{ctx.op.name} labels must be integers", li, "an int dtype", labels.dtype)
-    want = scores.shape[:1] + scores.shape[2:]
+    want = scores.shape[:classes] + scores.shape[classes + 1 :]
     if labels.shape != want:
         ctx.fail(
             f"{ctx.op.name} labels of shape {labels.shape} do not match scores "
-            f"{scores.shape} (want [N, d1, ...] = {want})",
+            f"{scores.shape} (want the scores' shape without the classes, dim {classes}: {want})",
             li,
             want,
             labels.shape,
         )
     known = ctx.known[li] if li < len(ctx.known) else None
     if known is not None:
-        c = scores.shape[1]
+        c = scores.shape[classes]
         bad = np.asarray(known)[(np.asarray(known) < 0) | (np.asarray(known) >= c)]
         if bad.size:
             ctx.fail(
@@ -129,15 +131,34 @@ SOFTMAX_CROSS_ENTROPY_LOSS = register(
 
 
 # -- NegativeLogLikelihoodLoss ----------------------------------------------------------------
-def picked(values: Any, labels: Any) -> F64:
-    """values[n, labels[n, ...], ...] in float64: the shape of labels."""
-    idx = np.expand_dims(np.asarray(labels).astype(np.int64), 1)
-    return np.take_along_axis(f64(values), idx, axis=1).squeeze(1)
+# ``axis``: the classes' dim of the input (ONNX's layout, dim 1, by default). A classes-last form
+# (axis=-1) takes (batch, sequence, vocab) scores as a language model's head gives them, so the
+# loss needs no flattening of (batch, sequence): under context parallelism each rank's cross
+# entropy runs on its own (B, S/c, V) logits, as torchtitan's F.cross_entropy does.
+CLASSES_AXIS = AttrSpec("int", 1)
+
+
+def classes_axis(attrs: Attrs, rank: int) -> int:
+    """The classes' dim of a rank-``rank`` input (``axis``, normalized; the rule checked it)."""
+    return int_attr(attrs, "axis", 1) % rank
+
+
+def picked(values: Any, labels: Any, axis: int = 1) -> F64:
+    """values[n, labels[n, ...], ...] (the classes on ``axis``) in float64: the shape of labels."""
+    idx = np.expand_dims(np.asarray(labels).astype(np.int64), axis)
+    return np.take_along_axis(f64(values), idx, axis=axis).squeeze(axis)
+
+
+def _nll_rule(ctx: TypeCtx) -> Sequence[Type]:
+    scores, labels = check_scores_labels(ctx, 0, 1, ctx.attr("axis"))
+    shape = labels.shape if reduction(ctx) == "none" else ()
+    return (ctx.out(scores.dtype, shape),)
 
 
 def _nll_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     logp = np.asarray(args[0])
-    loss = reduce_loss(-picked(logp, args[1]), str_attr(attrs, "reduction", "mean"))
+    per_item = -picked(logp, args[1], classes_axis(attrs, logp.ndim))
+    loss = reduce_loss(per_item, str_attr(attrs, "reduction", "mean"))
     return (loss.astype(logp.dtype),)
 
 
@@ -160,13 +181,15 @@ NEGATIVE_LOG_LIKELIHOOD_LOSS = register(
         cost_class=COST_CLASS,
         inputs=("input", "target"),
         outputs=("loss",),
-        infer=_sce_rule,
-        attrs={"reduction": REDUCTION},
+        infer=_nll_rule,
+        attrs={"reduction": REDUCTION, "axis": CLASSES_AXIS},
         reference=_nll_ref,
         flops=_nll_flops,
         bytes_read=_nll_bytes_read,
         doc="-input[n, target[n], ...], reduced (ONNX, without weights/ignore_index): with LogSoftmax "
-        "before it, torch's F.cross_entropy; its gradient is dense (every class, zeros but the targets).",
+        "before it, torch's F.cross_entropy; its gradient is dense (every class, zeros but the targets). "
+        "axis: the classes' dim of the input (default 1, ONNX's; -1: classes last, target the "
+        "input's shape without it).",
         sharding=sh.loss("ce"),
     )
 )
@@ -345,9 +368,11 @@ MSE_LOSS = register(
 )
 
 __all__ = [
+    "CLASSES_AXIS",
     "check_parts",
     "check_pred_target",
     "check_scores_labels",
+    "classes_axis",
     "exp_and_onehot",
     "parts_sharding",
     "picked_log_probs",
@@ -392,7 +417,8 @@ def _parts_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence
 def _nll_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
     logp, labels = (ctx.primal(v) for v in op.inputs)
     how = str_attr(op.attrs, "reduction", "mean")
-    (d,) = ctx.op("NegativeLogLikelihoodLossGrad", first(douts), logp, labels, reduction=how)
+    axis = {"axis": op.attrs["axis"]} if "axis" in op.attrs else {}  # the classes' dim, as the forward's
+    (d,) = ctx.op("NegativeLogLikelihoodLossGrad", first(douts), logp, labels, reduction=how, **axis)
     return [d, None]
 
 
@@ -436,11 +462,13 @@ def _parts_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[An
 
 
 def _nll_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
-    """torch's nll_loss (in f32 for 16-bit inputs)."""
+    """torch's nll_loss (in f32 for 16-bit inputs), which wants the classes on dim 1: a view
+    moving them there (``movedim``) for another ``axis``."""
     logp, labels = xs
     how = str_attr(attrs, "reduction", "mean")
     f = ctx.torch.nn.functional.nll_loss
-    return (_torch.like(f(_torch.upcast(ctx, logp), labels.long(), reduction=how), logp),)
+    x = _torch.upcast(ctx, logp).movedim(classes_axis(attrs, logp.dim()), 1)
+    return (_torch.like(f(x, labels.long(), reduction=how), logp),)
 
 
 def _mse_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:

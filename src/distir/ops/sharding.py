@@ -407,21 +407,25 @@ def windowed_grad(kind: str) -> ShardingRule:
     return rule
 
 
-def _item_dims(kind: str, first: tuple[int, ...]) -> list[tuple[int, int]]:
+def _item_dims(kind: str, first: tuple[int, ...], attrs: Attrs) -> list[tuple[int, int]]:
     """(dim of scores / prediction, dim of labels / target and of the per-item loss) pairs a loss
-    may shard: for cross entropy every dim of the scores but the classes (dim 1), for squared
-    error every dim."""
+    may shard: for cross entropy every dim of the scores but the classes (attribute ``axis``,
+    default dim 1), for squared error every dim."""
     if kind == "ce":
-        pairs = [(0, 0), *((d, d - 1) for d in range(2, len(first)))]
+        axis = attrs.get("axis", 1)
+        assert isinstance(axis, int)
+        classes = axis % len(first) if first else 0
+        pairs = [(d, d if d < classes else d - 1) for d in range(len(first)) if d != classes]
     else:
         pairs = [(d, d) for d in range(len(first))]
     return [(a, b) for a, b in pairs if first[a] > 1]
 
 
 def loss(kind: str) -> ShardingRule:
-    """SoftmaxCrossEntropyLoss (``kind="ce"``: scores, labels) and MSELoss (``"mse"``:
-    prediction, target): the loss of each item depends on that item only (for cross entropy: on
-    all its classes), so the inputs may be sharded along an item dim (``_item_dims``). Then the
+    """SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss (``kind="ce"``: scores, labels) and
+    MSELoss (``"mse"``: prediction, target): the loss of each item depends on that item only
+    (for cross entropy: on all its classes), so the inputs may be sharded along an item dim
+    (``_item_dims``). Then the
     per-item losses (reduction ``"none"``) are sharded alike, their ``"sum"`` is a pending sum,
     and their ``"mean"`` a pending mean — only when the shards are even (a local mean is an equal
     share of the global mean only then)."""
@@ -432,7 +436,7 @@ def loss(kind: str) -> ShardingRule:
         first = _shape(ins[0])
         how = attrs.get("reduction", "mean")
         found = [replicated(ins, outs)]
-        for a, b in _item_dims(kind, first):
+        for a, b in _item_dims(kind, first, attrs):
             if how == "none":
                 found.append(Strategy((Shard(a), Shard(b)), (Shard(b),)))
             elif how == "sum":
@@ -445,9 +449,9 @@ def loss(kind: str) -> ShardingRule:
 
 
 def loss_grad(kind: str) -> ShardingRule:
-    """SoftmaxCrossEntropyLossGrad / MSELossGrad ``(dLoss, scores | prediction, labels | target)
-    -> dScores | dPrediction``: with the inputs sharded along an item dim (``_item_dims``), the
-    gradient is sharded alike, for reduction ``"sum"`` (dLoss, 0-d, replicated) and ``"none"``
+    """SoftmaxCrossEntropyLossGrad / NegativeLogLikelihoodLossGrad / MSELossGrad ``(dLoss,
+    scores | prediction, labels | target) -> dScores | dPrediction``: with the inputs sharded
+    along an item dim (``_item_dims``), the gradient is sharded alike, for reduction ``"sum"`` (dLoss, 0-d, replicated) and ``"none"``
     (dLoss, per item, sharded like the items); not for ``"mean"``, whose gradient divides by the
     global item count, which a shard does not see. The gradient is linear in dLoss: a pending sum
     on dLoss (the rest replicated) passes through."""
@@ -458,7 +462,7 @@ def loss_grad(kind: str) -> ShardingRule:
         first = _shape(ins[1])
         how = attrs.get("reduction", "mean")
         found = [replicated(ins, outs)]
-        for a, b in _item_dims(kind, first):
+        for a, b in _item_dims(kind, first, attrs):
             if how == "none":
                 found.append(Strategy((Shard(b), Shard(a), Shard(b)), (Shard(a),)))
             elif how == "sum":

@@ -37,8 +37,11 @@ compute). ``SoftmaxCrossEntropyParts`` takes rows of any rank, classes last, so 
 ``Reshape``s of its scores and labels are dropped and the max over the classes taken on the last
 axis: the loss runs on (batch, sequence) rows sharded over dp and cp (and the vocabulary over
 tp), as Megatron-LM's vocabulary-parallel cross entropy runs on its [s, b, v] logits. The
-``torch`` loss form (``LogSoftmax`` and ``NegativeLogLikelihoodLoss``, classes on dim 1) keeps
-its flattening: with several sequences per microbatch and stage its logits are gathered over cp.
+``torch`` loss form (``LogSoftmax`` over the classes, then ``NegativeLogLikelihoodLoss``) drops
+its flattening alike: the log-softmax over the last axis of the (batch, sequence, vocab) logits
+and the negative log-likelihood with its classes on that axis (``axis=-1``), so each cp rank's
+cross entropy runs on its own (B, S/c, V) logits and nothing is gathered, as torchtitan's
+``F.cross_entropy`` runs on each rank's local logits under ``context_parallel``.
 
 Models whose activations carry no sequence dim 1, whose inputs are not (batch, seq), or whose
 attention is the explicit ``CausalMask`` form (``attention=naive``) are refused
@@ -49,6 +52,7 @@ tokens, so it does not depend on their order; gradients neither.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -62,8 +66,8 @@ from distir.ir.types import DType, TensorType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops.attention import ATTENTION, ROPE
 from distir.ops.linalg import MATMUL
-from distir.ops.loss import SOFTMAX_CROSS_ENTROPY_PARTS
-from distir.ops.nn import CAUSAL_MASK
+from distir.ops.loss import NEGATIVE_LOG_LIKELIHOOD_LOSS, SOFTMAX_CROSS_ENTROPY_PARTS
+from distir.ops.nn import CAUSAL_MASK, LOG_SOFTMAX
 from distir.ops.reduce import REDUCE_MAX
 from distir.ops.shape.select import SLICE
 from distir.ops.shape.views import RESHAPE
@@ -133,43 +137,86 @@ def context_model(model: Model, c: int, ring: bool = True) -> Model:
 
 
 def _unflattened_loss(model: Model) -> Model:
-    """The cross entropy on (batch, sequence) rows (module docstring): in every function, a
-    ``SoftmaxCrossEntropyParts`` whose scores and labels are ``Reshape``s flattening (B, S, V)
-    and (B, S) to (B·S, V) and (B·S,) takes them unflattened (classes last), the max over the
-    classes (``ReduceMax`` of the flattened scores on axis 1) taken on the last axis."""
+    """The cross entropy on (batch, sequence) rows (module docstring): in every function, a loss
+    whose scores and labels are ``Reshape``s flattening (B, S, V) and (B, S) to (B·S, V) and
+    (B·S,) takes them unflattened, classes last: ``SoftmaxCrossEntropyParts`` directly, the max
+    over the classes (``ReduceMax`` of the flattened scores on axis 1) taken on the last axis;
+    the ``torch`` form's ``LogSoftmax`` (axis 1 of the flattened scores) on the last axis and its
+    ``NegativeLogLikelihoodLoss`` with ``axis=-1``."""
     fns = tuple(_unflattened(fn) for fn in model.module.functions)
     return replace(model, module=Module(fns))
+
+
+class _Rows(NamedTuple):
+    """What a loss on flattened rows reads: the flattening ``Reshape``s of its scores and labels,
+    and the ``LogSoftmax`` between the scores and the loss (the ``torch`` form; else None)."""
+
+    scores: Op
+    labels: Op
+    logp: Op | None
+
+
+def _rows(op: Op, made: dict[Value, Op]) -> _Rows | None:
+    """The flattened rows ``op`` reads, when it is a loss on them (``_Rows``)."""
+    logp: Op | None = None
+    if op.name == SOFTMAX_CROSS_ENTROPY_PARTS.name:
+        scores, labels = made.get(op.inputs[0]), made.get(op.inputs[2])
+    elif op.name == NEGATIVE_LOG_LIKELIHOOD_LOSS.name and op.attrs.get("axis", 1) in (1, -1):
+        logp, labels = made.get(op.inputs[0]), made.get(op.inputs[1])
+        if logp is None or logp.name != LOG_SOFTMAX.name or logp.attrs.get("axis", -1) not in (1, -1):
+            return None
+        scores = made.get(logp.inputs[0])
+    else:
+        return None
+    if not (_flattens(scores, 2) and _flattens(labels, 1)):
+        return None
+    assert scores is not None and labels is not None
+    return _Rows(scores, labels, logp)
 
 
 def _unflattened(fn: Function) -> Function:
     made = {o: op for op in fn.ops() for o in op.outputs}
     flat: dict[Value, Value] = {}  # a flattened value -> the value it flattens
+    logps: set[Value] = set()  # the torch form's log-probabilities: (B, S, V) once rewritten
     for op in fn.ops():
-        if op.name != SOFTMAX_CROSS_ENTROPY_PARTS.name:
-            continue
-        scores, labels = made.get(op.inputs[0]), made.get(op.inputs[2])
-        if _flattens(scores, 2) and _flattens(labels, 1):
-            assert scores is not None and labels is not None
-            flat[scores.outputs[0]] = scores.inputs[0]
-            flat[labels.outputs[0]] = labels.inputs[0]
+        found = _rows(op, made)
+        if found is not None:
+            flat[found.scores.outputs[0]] = found.scores.inputs[0]
+            flat[found.labels.outputs[0]] = found.labels.inputs[0]
+            if found.logp is not None:
+                logps.add(found.logp.outputs[0])
     if not flat:
         return fn
-    users_ok = {RESHAPE.name, REDUCE_MAX.name, SOFTMAX_CROSS_ENTROPY_PARTS.name}
-    if any(v in flat for op in fn.ops() if op.name not in users_ok for v in op.inputs) or any(
-        v in flat for v in fn.outputs
-    ):
-        return fn  # the flattened values have other users: left as they are
+    flat_users = {RESHAPE.name, REDUCE_MAX.name, SOFTMAX_CROSS_ENTROPY_PARTS.name, LOG_SOFTMAX.name}
+    for op in fn.ops():
+        if any(v in flat for v in op.inputs) and (
+            op.name not in flat_users or (op.name == LOG_SOFTMAX.name and op.outputs[0] not in logps)
+        ):
+            return fn  # the flattened values have other users: left as they are
+        if any(v in logps for v in op.inputs) and op.name != NEGATIVE_LOG_LIKELIHOOD_LOSS.name:
+            return fn  # so have the log-probabilities
+    if any(v in flat or v in logps for v in fn.outputs):
+        return fn
     body: list[Instr] = []
     for instr in fn.body:
         if isinstance(instr, Op) and instr.outputs[0] in flat:
             continue
-        if isinstance(instr, Op) and any(v in flat for v in instr.inputs):
-            attrs = instr.attrs
-            if instr.name == REDUCE_MAX.name:  # over the classes: now the last axis
-                attrs = Attrs({**dict(attrs.items()), "axes": (-1,)})
-            instr = Op(instr.name, tuple(flat.get(v, v) for v in instr.inputs), instr.outputs, attrs)
+        if isinstance(instr, Op) and any(v in flat or v in logps for v in instr.inputs):
+            instr = Op(
+                instr.name, tuple(flat.get(v, v) for v in instr.inputs), instr.outputs, _classes_last(instr)
+            )
         body.append(instr)
     return replace(fn, body=tuple(body))
+
+
+def _classes_last(op: Op) -> Attrs:
+    """``op``'s attributes with the classes on the last axis of the unflattened rows: the max over
+    them (``axes``), the log-softmax's ``axis``, the negative log-likelihood's ``axis``."""
+    over = {REDUCE_MAX.name: "axes", LOG_SOFTMAX.name: "axis", NEGATIVE_LOG_LIKELIHOOD_LOSS.name: "axis"}
+    key = over.get(op.name)
+    if key is None:
+        return op.attrs
+    return Attrs({**dict(op.attrs.items()), key: (-1,) if key == "axes" else -1})
 
 
 def _flattens(op: Op | None, rank: int) -> bool:

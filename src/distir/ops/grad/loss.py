@@ -23,10 +23,12 @@ from distir.ops._special import f64
 from distir.ops._torch import like, upcast
 from distir.ops.grad.family import COST_CLASS, FAMILY
 from distir.ops.loss import (
+    CLASSES_AXIS,
     REDUCTION,
     check_parts,
     check_pred_target,
     check_scores_labels,
+    classes_axis,
     exp_and_onehot,
     parts_sharding,
     reduction,
@@ -79,16 +81,23 @@ def _sce_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return (p.astype(scores0.dtype),)
 
 
+def _nll_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
+    scores, labels = check_scores_labels(ctx, 1, 2, ctx.attr("axis"))
+    _check_dloss(ctx, 1, labels.shape)
+    return (ctx.out(scores.dtype, scores.shape),)
+
+
 def _nll_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     logp0 = np.asarray(args[1])
-    labels = np.expand_dims(np.asarray(args[2]).astype(np.int64), 1)
+    axis = classes_axis(attrs, logp0.ndim)
+    labels = np.expand_dims(np.asarray(args[2]).astype(np.int64), axis)
     dloss = f64(args[0])
     how = str_attr(attrs, "reduction", "mean")
-    per = -np.expand_dims(dloss, 1) if how == "none" else np.full(labels.shape, -float(dloss))
+    per = -np.expand_dims(dloss, axis) if how == "none" else np.full(labels.shape, -float(dloss))
     if how == "mean":
         per = per / labels.size
     d = np.zeros(logp0.shape)
-    np.put_along_axis(d, labels, per, axis=1)
+    np.put_along_axis(d, labels, per, axis=axis)
     return (d.astype(logp0.dtype),)
 
 
@@ -104,13 +113,14 @@ NEGATIVE_LOG_LIKELIHOOD_LOSS_GRAD = register(
         cost_class=COST_CLASS,
         inputs=("dLoss", "input", "target"),
         outputs=("dInput",),
-        infer=_sce_grad_rule,
-        attrs={"reduction": REDUCTION},
+        infer=_nll_grad_rule,
+        attrs={"reduction": REDUCTION, "axis": CLASSES_AXIS},
         reference=_nll_grad,
         flops=lambda ins, outs, attrs: float(numel(ins[2])),  # a scaled negation per item
         bytes_read=_nll_grad_bytes_read,
         doc="dInput = −dLoss at each target, 0 elsewhere (divided by the item count for "
-        "reduction='mean'): dense, as torch's nll_loss_backward writes it.",
+        "reduction='mean'): dense, as torch's nll_loss_backward writes it; axis: the classes' dim, "
+        "as the forward's.",
         sharding=sh.loss_grad("ce"),
     )
 )
@@ -218,12 +228,13 @@ def _nll_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple
     """−dLoss at each target, zeros elsewhere (a dense tensor, as nll_loss_backward writes)."""
     dloss, logp, labels = xs
     how, d = str_attr(attrs, "reduction", "mean"), upcast(ctx, dloss)
-    idx = labels.long().unsqueeze(1)
-    per = -d.unsqueeze(1) if how == "none" else (-d).expand(idx.shape)
+    axis = classes_axis(attrs, logp.dim())
+    idx = labels.long().unsqueeze(axis)
+    per = -d.unsqueeze(axis) if how == "none" else (-d).expand(idx.shape)
     if how == "mean":
         per = per / labels.numel()
     out = ctx.torch.zeros(logp.shape, dtype=per.dtype, device=logp.device)
-    return (like(out.scatter(1, idx, per), logp),)
+    return (like(out.scatter(axis, idx, per), logp),)
 
 
 def _parts_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
