@@ -451,10 +451,10 @@ def loss(kind: str) -> ShardingRule:
 def loss_grad(kind: str) -> ShardingRule:
     """SoftmaxCrossEntropyLossGrad / NegativeLogLikelihoodLossGrad / MSELossGrad ``(dLoss,
     scores | prediction, labels | target) -> dScores | dPrediction``: with the inputs sharded
-    along an item dim (``_item_dims``), the gradient is sharded alike, for reduction ``"sum"`` (dLoss, 0-d, replicated) and ``"none"``
-    (dLoss, per item, sharded like the items); not for ``"mean"``, whose gradient divides by the
-    global item count, which a shard does not see. The gradient is linear in dLoss: a pending sum
-    on dLoss (the rest replicated) passes through."""
+    along an item dim (``_item_dims``), the gradient is sharded alike, for reduction ``"sum"``
+    (dLoss, 0-d, replicated) and ``"none"`` (dLoss, per item, sharded like the items); not for
+    ``"mean"``, whose gradient divides by the global item count, which a shard does not see. The
+    gradient is linear in dLoss: a pending sum on dLoss (the rest replicated) passes through."""
     if kind not in ("ce", "mse"):
         raise ValueError(f"loss_grad: kind must be 'ce' or 'mse', got {kind!r}")
 
