@@ -187,10 +187,14 @@ def _unflattened(fn: Function) -> Function:
                 logps.add(found.logp.outputs[0])
     if not flat:
         return fn
-    flat_users = {RESHAPE.name, REDUCE_MAX.name, SOFTMAX_CROSS_ENTROPY_PARTS.name, LOG_SOFTMAX.name}
+    flat_users = {
+        *(RESHAPE.name, REDUCE_MAX.name, SOFTMAX_CROSS_ENTROPY_PARTS.name),
+        *(LOG_SOFTMAX.name, NEGATIVE_LOG_LIKELIHOOD_LOSS.name),
+    }
     for op in fn.ops():
+        torch_form = op.name == LOG_SOFTMAX.name or op.name == NEGATIVE_LOG_LIKELIHOOD_LOSS.name
         if any(v in flat for v in op.inputs) and (
-            op.name not in flat_users or (op.name == LOG_SOFTMAX.name and op.outputs[0] not in logps)
+            op.name not in flat_users or (torch_form and not _of_torch_form(op, logps))
         ):
             return fn  # the flattened values have other users: left as they are
         if any(v in logps for v in op.inputs) and op.name != NEGATIVE_LOG_LIKELIHOOD_LOSS.name:
@@ -207,6 +211,12 @@ def _unflattened(fn: Function) -> Function:
             )
         body.append(instr)
     return replace(fn, body=tuple(body))
+
+
+def _of_torch_form(op: Op, logps: set[Value]) -> bool:
+    """Whether ``op`` (a LogSoftmax or NegativeLogLikelihoodLoss) is a matched torch-form loss's:
+    the log-softmax making, or the loss reading, one of ``logps``."""
+    return op.outputs[0] in logps or op.inputs[0] in logps
 
 
 def _classes_last(op: Op) -> Attrs:
