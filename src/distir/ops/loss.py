@@ -417,8 +417,11 @@ def _parts_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence
 def _nll_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
     logp, labels = (ctx.primal(v) for v in op.inputs)
     how = str_attr(op.attrs, "reduction", "mean")
-    axis = {"axis": op.attrs["axis"]} if "axis" in op.attrs else {}  # the classes' dim, as the forward's
-    (d,) = ctx.op("NegativeLogLikelihoodLossGrad", first(douts), logp, labels, reduction=how, **axis)
+    args = (first(douts), logp, labels)
+    if "axis" in op.attrs:  # the classes' dim, as the forward's (else ONNX's dim 1, left out)
+        (d,) = ctx.op("NegativeLogLikelihoodLossGrad", *args, reduction=how, axis=op.attrs["axis"])
+    else:
+        (d,) = ctx.op("NegativeLogLikelihoodLossGrad", *args, reduction=how)
     return [d, None]
 
 
