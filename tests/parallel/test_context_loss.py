@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 
+from distir.autodiff.train import Optimizer
 from distir.frontends.zoo import build_model
 from distir.interp.annotate import annotate_types
 from distir.ir.dtensor import DTensorType
@@ -66,3 +67,23 @@ def test_torch_form_step_with_data_and_context_parallelism_equals_the_sequential
     err, where = cmp.update_error()
     assert err < 1e-9, f"{spec} {s}: {where} differs by {err:.2e}"
     assert cmp.results["loss"][2] == pytest.approx(cmp.results["loss"][3], rel=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("spec", "strategy", "precision"),
+    [
+        (LLAMA, "d1.t2.c2.p1.k2", "pure"),  # logits whole over tp (no vocabulary-parallel form)
+        (GPT, "d1.t1.c2.p2.k2.1f1b", "pure"),
+        (LLAMA, "d2.t1.c2.p1.k2.z3", "mixed"),  # torchtitan's: FSDP over dp·cp, fp32 logits
+    ],
+)
+def test_torch_form_under_cp_combines_with_tensor_pipeline_zero_and_mixed_precision(
+    spec: str, strategy: str, precision: str
+) -> None:
+    s = parse_strategy(strategy)
+    dtype = DType.bf16 if precision == "mixed" else DType.f64
+    model = build_model(spec.format(form="torch"), batch=2 * s.d * s.k, dtype=dtype)
+    cmp = check_against_sequential(model, s, Optimizer("adam"), comm_streams=True, precision=precision)
+    err, where = cmp.update_error()
+    assert err < (1e-4 if precision == "mixed" else 1e-9), (where, err)
