@@ -26,11 +26,14 @@ Links:
 
 Groups spanning nodes use hierarchical algorithms (phases run one after the other, no overlap).
 
-Calibrated nodes (``NodeSpec.collectives``, written by ``distir calibrate``): inside a node, a
-collective listed there runs on its own measured (B, α) instead of the node's ``intra`` link
-(``NodeSpec.intra_for``); reduce-scatter uses the all-gather formula with reduce-scatter's link,
-reduce the broadcast formula with reduce's. Bandwidth/latency matrices, when given, override
-these as they override ``intra``.
+Per-collective links (``NodeSpec.collectives``: written by ``distir calibrate``, or NCCL's
+published bus bandwidth on the DGX presets): inside a node, a collective listed there runs on its
+own (B, α) instead of the node's ``intra`` link (``NodeSpec.intra_for``); reduce-scatter uses the
+all-gather formula with reduce-scatter's link, reduce the broadcast formula with reduce's. A bus
+bandwidth is that link's B: nccl-tests' busbw is defined so that the ring formula below, at
+B = busbw, gives the measured time. Bandwidth/latency matrices, when given, override these as
+they override ``intra``. Across nodes the network runs at the nodes' ``network_efficiency``
+(``Cluster.network_link``).
 """
 
 from __future__ import annotations
@@ -157,8 +160,10 @@ def allreduce_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> flo
     nodes, one per local rank, each on its GPU's share of the node's network, together B_net
     (the bandwidth the group's g GPUs reach, ``Cluster.network_link``), so
     2(k−1)/k·(M/g)/(B_net/g) + 2(k−1)α_net = 2(k−1)/k·M/B_net + 2(k−1)α_net; (3) all-gather inside
-    each node, as (1). Assumes the group has the same GPUs on every node it spans (with unequal
-    counts, each node's phases use its own g_i).
+    each node, as (1). Phases (1) and (3) run on the node's reduce-scatter and all-gather links
+    (a calibrated or published all-reduce link, e.g. NVLink SHARP's, is a whole node's). Assumes
+    the group has the same GPUs on every node it spans (with unequal counts, each node's phases
+    use its own g_i).
     """
     m = _nbytes(nbytes)
     g = _group(cluster, group)
@@ -170,10 +175,11 @@ def allreduce_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> flo
     if k == 1:
         link = _ring(cluster, g, "allreduce")
         return 2 * (n - 1) / n * m / link.bandwidth + 2 * (n - 1) * link.latency_s
-    intra = max(_ring_phase(cluster, p, m, "allreduce") for p in parts)
+    rs = max(_ring_phase(cluster, p, m, "reducescatter") for p in parts)
+    ag = max(_ring_phase(cluster, p, m, "allgather") for p in parts)
     net = _net(cluster, parts)
     inter = 2 * (k - 1) / k * m / net.bandwidth + 2 * (k - 1) * net.latency_s
-    return intra + inter + intra
+    return rs + inter + ag
 
 
 def allgather_time(cluster: Cluster, nbytes: float, group: Iterable[int], kind: str = "allgather") -> float:
