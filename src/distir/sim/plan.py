@@ -42,7 +42,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any
 
 from distir.interp.loop import interpret, walk_unchecked
@@ -61,6 +60,7 @@ from distir.sim.liveness import build_plan
 from distir.sim.oprecord import op_record
 from distir.sim.records import NEG_INF, CallSummary, FnPlan, Gift, MemEvents, OpRecord, Root
 from distir.sim.relabel import Relabeler
+from distir.sim.summaries import summarize
 from distir.sim.units import Units
 
 __all__ = [
@@ -421,102 +421,3 @@ class PlanDomain(TypeDomain):
         repeated op from its memo)."""
         env = walk_unchecked(self.module, fn, args, self)
         return tuple(env[v] for v in fn.outputs), env
-
-
-def summarize(plan: FnPlan, slot_gpu: list[int]) -> CallSummary:
-    """Run a plan symbolically (max-plus over its slots) into a call summary."""
-    slots = plan.slots
-    k = len(slots)
-    pos = {s: j for j, s in enumerate(slots)}
-    # clock[v] is a vector over entry clocks u: the max-plus form of v's current clock
-    clock = [[0.0 if u == v else NEG_INF for u in range(k)] for v in range(k)]
-    first: list[list[float] | None] = [None] * k
-    busy = [0.0] * k
-    comm_t = [0.0] * k
-    stalls = plan.stall if plan.stall is not None else repeat((), len(plan.devs))
-    for ds, c, is_comm, held in zip(plan.devs, plan.costs, plan.comm, stalls, strict=True):
-        idx = [pos[s] for s in ds]
-        if isinstance(c, CallSummary):
-            sub = [pos[s] for s in c.slots]
-            ins = [clock[j] for j in sub]
-            for b, j in enumerate(sub):
-                if first[j] is None:
-                    first[j] = [max(ins[a][u] + c.first[a][b] for a in range(len(sub))) for u in range(k)]
-                busy[j] += c.busy[b]
-                comm_t[j] += c.comm[b]
-            new = [
-                [max(ins[a][u] + c.delay[a][b] for a in range(len(sub))) for u in range(k)]
-                for b in range(len(sub))
-            ]
-            for b, j in enumerate(sub):
-                clock[j] = new[b]
-            continue
-        if not idx:
-            continue
-        start = [max(clock[j][u] for j in idx) for u in range(k)]
-        end = [x + c for x in start]
-        for j in idx:
-            if first[j] is None:
-                first[j] = start
-            clock[j] = end
-            if is_comm:
-                comm_t[j] += c
-            else:
-                busy[j] += c
-        for s, x in held:  # the compute beside a collective, slowed (``distir.sim.interference``)
-            j = pos[s]
-            clock[j] = [t + x for t in clock[j]]
-            busy[j] += x
-    delay = [[clock[v][u] for v in range(k)] for u in range(k)]
-    first_m = [[(first[v] or clock[v])[u] for v in range(k)] for u in range(k)]
-    # memory: live bytes owned by this body, per GPU, from zero, at each op of the body inlined
-    # (a call's: its callee's profile above the live set at the call, ``FnPlan.call_profiles``)
-    live: dict[int, float] = {}
-    peak: dict[int, float] = {}
-    profile: dict[int, list[tuple[int, float]]] = {}
-    inlined = plan.call_profiles or {}
-    at = 0  # the position of the instruction's first op in the body's inlined op order
-    for i, ev in enumerate(plan.mem):
-        c = plan.costs[i]
-        width = c.n_ops if isinstance(c, CallSummary) else 1  # the instruction's ops, inlined
-        if ev is None:
-            at += width
-            continue
-        pk, al, fr = ev
-        inner = inlined.get(i)
-        if inner is None:
-            for g, nb in pk:
-                val = live.get(g, 0.0) + nb
-                profile.setdefault(g, []).append((at, val))
-                if val > peak.get(g, 0.0):
-                    peak[g] = val
-        else:
-            for g, points in inner.items():
-                base = live.get(g, 0.0)
-                rows = profile.setdefault(g, [])
-                for j, rel in points:
-                    val = base + rel
-                    rows.append((at + j, val))
-                    if val > peak.get(g, 0.0):
-                        peak[g] = val
-        at += width
-        for g, nb in al:
-            live[g] = live.get(g, 0.0) + nb
-        for g, nb in fr:
-            live[g] = live.get(g, 0.0) - nb
-    n_ops = sum(c.n_ops if isinstance(c, CallSummary) else 1 for c in plan.costs)
-    return CallSummary(
-        plan.fn.name,
-        slots,
-        delay,
-        first_m,
-        busy,
-        comm_t,
-        sum(plan.flops),
-        peak,
-        plan.out_roots,
-        plan.fresh,
-        n_ops,
-        profile,
-        plan.param_last,
-    )
