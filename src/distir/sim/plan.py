@@ -100,7 +100,8 @@ class PlanOptions:
     ``tests/sim/test_reference_planner.py``)."""
 
     # plan bodies of primitive ops in one pass (``distir.sim.flatplan``) instead of the
-    # interpreter's walk followed by ``build_plan``
+    # interpreter's walk followed by ``build_plan``; walk bodies with calls with an op memo keyed
+    # by identity (``PlanDomain._walk_by_ids``)
     fast_path: bool = True
     # carry a callee's summary to another mesh alike instead of planning it again there
     # (``distir.sim.relabel``)
@@ -418,6 +419,56 @@ class PlanDomain(TypeDomain):
         self, fn: Function, args: Sequence[Mixed]
     ) -> tuple[tuple[Mixed, ...], dict[Value, Mixed]]:
         """``_walk`` of a body no ``Units.prepare`` walked: the state built here (``op`` answers a
-        repeated op from its memo)."""
+        repeated op from its memo; with the fast paths on, ``_walk_by_ids`` first)."""
+        if self.options.fast_path:
+            return self._walk_by_ids(fn, args)
         env = walk_unchecked(self.module, fn, args, self)
+        return tuple(env[v] for v in fn.outputs), env
+
+    def _walk_by_ids(
+        self, fn: Function, args: Sequence[Mixed]
+    ) -> tuple[tuple[Mixed, ...], dict[Value, Mixed]]:
+        """``walk_unchecked`` of a body with calls, an op met again in it answered from a memo
+        keyed by the identity of its attributes and argument objects (no type hashed): ``op``'s
+        own memo gives an op seen before with equal attributes, types and link the same result
+        types and record, and identical objects are equal. Every object whose id is in a key is
+        alive (the body's attributes, the arguments in ``env``) while the walk lasts; an op with a
+        concrete argument or result is not kept. An op's fused link is found as ``op`` finds it
+        (``_link_by_id``): by its position in the body (``fusion_of``)."""
+        env: dict[Value, Mixed] = dict(zip(fn.params, args, strict=True))
+        env_of = env.__getitem__
+        update = env.update
+        frame = self._frames[-1]
+        append = frame.append
+        links = self.fusion_of(fn)
+        module = self.module
+        seen: dict[tuple[Any, ...], tuple[Sequence[Mixed], OpRecord | CallSummary]] = {}
+        outs: Sequence[Mixed]
+        for i, instr in enumerate(fn.body):
+            ins = list(map(env_of, instr.inputs))
+            if type(instr) is not Op:
+                assert isinstance(instr, Call)
+                outs = self.call(module, instr, module[instr.callee], ins)
+            else:
+                link = links[i] if links is not None else None
+                if link is not None and link.via >= 0:  # through a Redistribute: if it moved nothing
+                    rec = frame[link.via] if link.via < len(frame) else None
+                    link = link.plain() if isinstance(rec, OpRecord) and rec.view else None
+                key = (instr.name, id(instr.attrs), link, *map(id, ins))
+                hit = seen.get(key)
+                if hit is not None:
+                    outs = hit[0]
+                    for v in instr.outputs:
+                        if v.type is not None:
+                            check_declared(instr.outputs, outs, instr.name)
+                            break
+                    append(hit[1])
+                else:
+                    self.pending_link = link
+                    outs = self.op(instr, ins)
+                    if Concrete not in map(type, ins) and Concrete not in map(type, outs):
+                        seen[key] = (outs, frame[-1])
+            if len(outs) != len(instr.outputs):
+                raise OpTypeError("result count mismatch")
+            update(zip(instr.outputs, outs, strict=True))
         return tuple(env[v] for v in fn.outputs), env
