@@ -34,7 +34,9 @@ def test_equal_cost_models_share_memos_and_others_do_not() -> None:
     assert cost_memos(RooflineCostModel(cl, tp_comm_overlap=True)) is not cost_memos(a)
     assert cost_memos(RooflineCostModel(cl, flop_efficiency={"linalg": 0.5})) is not cost_memos(a)
     assert cost_memos(RooflineCostModel(copy.copy(cl))) is not cost_memos(a)  # another cluster object
-    assert cost_memos(FixedCostModel(by_op={"MatMul": 2.0})) is cost_memos(FixedCostModel(by_op={"MatMul": 2.0}))
+    assert cost_memos(FixedCostModel(by_op={"MatMul": 2.0})) is cost_memos(
+        FixedCostModel(by_op={"MatMul": 2.0})
+    )
     assert cost_token(_ListCost()) is None and cost_memos(_ListCost()) is not cost_memos(_ListCost())
     assert cost_token(object()) is None
 
@@ -53,7 +55,9 @@ def test_a_simulation_on_shared_memos_gives_its_own_figures() -> None:
     progs = {s: distribute(model, parse_strategy(s), Optimizer("adam"), comm_streams=True) for s in runs}
     shared = []
     for s in runs:
-        shared.append(_figures(simulate(progs[s], cl, device_map(parse_strategy(s), True), RooflineCostModel(cl))))
+        shared.append(
+            _figures(simulate(progs[s], cl, device_map(parse_strategy(s), True), RooflineCostModel(cl)))
+        )
     assert cost_memos(RooflineCostModel(cl)).local_costs
     for s, got in zip(runs, shared, strict=True):
         own = copy.copy(cl)

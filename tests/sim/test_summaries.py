@@ -60,10 +60,14 @@ def _plans_summarized() -> Iterator[list[tuple[FnPlan, list[int]]]]:
 
 def _check(plans: list[tuple[FnPlan, list[int]]]) -> None:
     for plan, slot_gpu in plans:
-        assert _fields(summarize(plan, slot_gpu)) == _fields(summarize_reference(plan, slot_gpu)), plan.fn.name
+        assert _fields(summarize(plan, slot_gpu)) == _fields(summarize_reference(plan, slot_gpu)), (
+            plan.fn.name
+        )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None
+)
 @given(programs(Feats()))
 def test_summarize_is_the_reference_on_random_programs(m: Module) -> None:
     m = distir.check(m)

@@ -115,10 +115,14 @@ Profiles = dict[tuple[object, ...], list[LayerProfile]]
 _SHARED_KEPT = 8
 # (id of the cluster, tp_comm_overlap) -> (the cluster, its cost model, the records, the device
 # maps by mapping)
-_SHARED: dict[tuple[int, bool], tuple[Cluster, RooflineCostModel, SharedRecords, dict[object, DeviceMap]]] = {}
+_SHARED: dict[
+    tuple[int, bool], tuple[Cluster, RooflineCostModel, SharedRecords, dict[object, DeviceMap]]
+] = {}
 
 
-def _shared(cluster: Cluster, overlap: bool, dmap: DeviceMap) -> tuple[RooflineCostModel, DeviceMap, SharedRecords]:
+def _shared(
+    cluster: Cluster, overlap: bool, dmap: DeviceMap
+) -> tuple[RooflineCostModel, DeviceMap, SharedRecords]:
     """The cost model of ``cluster`` (with ``overlap``), the device map equal to ``dmap`` and the
     op records the exact simulations on them share (``_SHARED``)."""
     key = (id(cluster), overlap)
@@ -126,7 +130,12 @@ def _shared(cluster: Cluster, overlap: bool, dmap: DeviceMap) -> tuple[RooflineC
     if got is None or got[0] is not cluster or len(got[3]) >= _SHARED_KEPT:
         if len(_SHARED) >= _SHARED_KEPT:
             _SHARED.clear()
-        got = _SHARED[key] = (cluster, RooflineCostModel(cluster, tp_comm_overlap=overlap), SharedRecords(), {})
+        got = _SHARED[key] = (
+            cluster,
+            RooflineCostModel(cluster, tp_comm_overlap=overlap),
+            SharedRecords(),
+            {},
+        )
     canonical = got[3].setdefault(tuple(dmap.mapping.items()), dmap)
     return got[1], canonical, got[2]
 
