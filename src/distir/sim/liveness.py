@@ -334,8 +334,7 @@ def _walk_roots(
             created.extend(repeat(i, len(own)))
             for at, j in rec.aliases:  # a result that is parameter j: the argument's storage
                 alias[outs[at]] = roots_of(ins[j])
-            for at, f in rec.repeats:  # a result that is the buffer result f is
-                alias[outs[at]] = (outs[f],)
+            alias.update((outs[at], (outs[f],)) for at, f in rec.repeats)  # result f's buffer again
             call_allocs[i] = rec.own_allocs
             continue
         mine: dict[int, Root] = {}  # fresh buffer k -> its root here
