@@ -35,13 +35,14 @@ def summarize(plan: FnPlan, slot_gpu: list[int]) -> CallSummary:
     busy = [0.0] * k
     comm_t = [0.0] * k
     stalls = plan.stall if plan.stall is not None else repeat((), len(plan.devs))
-    for ds, c, is_comm, held in zip(plan.devs, plan.costs, plan.comm, stalls, strict=True):
+    waits = plan.waits if plan.waits is not None else repeat((), len(plan.devs))
+    for ds, c, is_comm, held, after in zip(plan.devs, plan.costs, plan.comm, stalls, waits, strict=True):
         if isinstance(c, CallSummary):
             _call(c, pos, clock, first, busy, comm_t)
             continue
         if not ds:
             continue
-        if len(ds) == 1:  # one clock: its vector moves alone (lists are never changed in place)
+        if len(ds) == 1 and not after:  # one clock: its vector moves alone (never changed in place)
             j = pos[ds[0]]
             start = clock[j]
             if first[j] is None:
@@ -53,7 +54,8 @@ def summarize(plan: FnPlan, slot_gpu: list[int]) -> CallSummary:
                 busy[j] += c
         else:
             idx = [pos[s] for s in ds]
-            start = list(map(max, *[clock[j] for j in idx]))  # per entry clock, in idx order
+            waited = [*idx, *(pos[s] for s in after)] if after else idx  # ``OpRecord.waits``
+            start = list(map(max, *[clock[j] for j in waited]))  # per entry clock, in that order
             end = [x + c for x in start]
             for j in idx:
                 if first[j] is None:
@@ -172,7 +174,8 @@ def summarize_reference(plan: FnPlan, slot_gpu: list[int]) -> CallSummary:
     busy = [0.0] * k
     comm_t = [0.0] * k
     stalls = plan.stall if plan.stall is not None else repeat((), len(plan.devs))
-    for ds, c, is_comm, held in zip(plan.devs, plan.costs, plan.comm, stalls, strict=True):
+    waits = plan.waits if plan.waits is not None else repeat((), len(plan.devs))
+    for ds, c, is_comm, held, after in zip(plan.devs, plan.costs, plan.comm, stalls, waits, strict=True):
         idx = [pos[s] for s in ds]
         if isinstance(c, CallSummary):
             sub = [pos[s] for s in c.slots]
@@ -191,7 +194,8 @@ def summarize_reference(plan: FnPlan, slot_gpu: list[int]) -> CallSummary:
             continue
         if not idx:
             continue
-        start = [max(clock[j][u] for j in idx) for u in range(k)]
+        waited = [*idx, *(pos[s] for s in after)] if after else idx  # ``OpRecord.waits``
+        start = [max(clock[j][u] for j in waited) for u in range(k)]
         end = [x + c for x in start]
         for j in idx:
             if first[j] is None:
