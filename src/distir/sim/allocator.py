@@ -177,8 +177,8 @@ def stream_pools(
     units = Units(dmap, cost)
     walker = _StreamWalker(units, dmap, fuses(cost), bool(getattr(cost, "tp_comm_overlap", False)))
     params = {p: Storage(units.bytes_by_gpu(type_of(a))) for p, a in zip(fn.params, args, strict=True)}
-    for p, s in params.items():
-        walker.home[s] = walker.streams_of(p.type)
+    for a, s in zip(args, params.values(), strict=True):
+        walker.home[s] = walker.streams_of(type_of(a))
     entry = walker.frame(fn, {p: (s,) for p, s in params.items()})
     walker.frames.append(entry)
     interpret(module, fn, args, walker)
