@@ -108,21 +108,23 @@ def over_capacity(reserved: Mapping[int, float], capacity: Mapping[int, float]) 
 
 
 class _StreamWalker(_Walker):
-    """The reference planner's walk, also noting the stream each storage is allocated on."""
+    """The reference planner's walk, also noting the stream each storage is allocated on. Its
+    clocks and memory figures are ``units``' (``distir.sim.units``: prepared, devices that hold
+    alike grouped; ``streams`` gives each clock's memory figure and stream name)."""
 
-    def __init__(self, units: Units, dmap: DeviceMap, fuse: bool, tp_overlap: bool) -> None:
+    def __init__(self, units: Units, streams: Sequence[Pool], fuse: bool, tp_overlap: bool) -> None:
         super().__init__(units, fuse, tp_overlap)
-        self.dmap = dmap
-        self.home: dict[Storage, dict[int, str]] = {}  # storage -> gpu -> stream name
-        # storage handed over from another stream of the same GPU -> gpu -> the allocation it is
+        self.streams = streams
+        self.home: dict[Storage, dict[int, str]] = {}  # storage -> figure -> stream name
+        # storage handed over from another stream of the same GPU -> figure -> the allocation it is
         self.same: dict[Storage, dict[int, Storage]] = {}
 
     def streams_of(self, t: Type, suffix: str = "") -> dict[int, str]:
-        """Per GPU, the stream a value of type ``t`` lives on (its first slot on that GPU)."""
+        """Per memory figure, the stream a value of type ``t`` lives on (its first clock there)."""
         out: dict[int, str] = {}
         for s in slots_of(self.units, [t]):
-            slot = self.dmap.slots[s]
-            out.setdefault(slot.gpu, slot.stream + suffix)
+            g, name = self.streams[s]
+            out.setdefault(g, name + suffix)
         return out
 
     def op(self, op: Op, args: Sequence[Mixed]) -> Sequence[Mixed]:
@@ -173,9 +175,12 @@ def stream_pools(
     module: Module, fn: Function, args: Sequence[Mixed], dmap: DeviceMap, cost: CostModel
 ) -> Pools:
     """Walk ``fn`` at ``args`` as the reference planner does and size each stream's pool
-    (module docstring)."""
+    (module docstring), per real GPU."""
     units = Units(dmap, cost)
-    walker = _StreamWalker(units, dmap, fuses(cost), bool(getattr(cost, "tp_comm_overlap", False)))
+    units.prepare(module, fn, args)  # a DTensor program: alike devices grouped (the same bytes)
+    members = units.units if units.units is not None else [(j,) for j in range(len(dmap.slots))]
+    streams = [(units.slot_gpu[u], dmap.slots[m[0]].stream) for u, m in enumerate(members)]
+    walker = _StreamWalker(units, streams, fuses(cost), bool(getattr(cost, "tp_comm_overlap", False)))
     params = {p: Storage(units.bytes_by_gpu(type_of(a))) for p, a in zip(fn.params, args, strict=True)}
     for a, s in zip(args, params.values(), strict=True):
         walker.home[s] = walker.streams_of(type_of(a))
@@ -183,8 +188,7 @@ def stream_pools(
     walker.frames.append(entry)
     interpret(module, fn, args, walker)
     results = tuple(s for v in fn.outputs for s in entry.storage[v])
-    streams = {i: (slot.gpu, slot.stream) for i, slot in enumerate(dmap.slots)}
-    ledger = _Ledger(walker.home, walker.same, streams)
+    ledger = _Ledger(walker.home, walker.same, dict(enumerate(streams)))
     for s in params.values():
         ledger.allocate(s)
     ledger.top.update(ledger.total)
@@ -197,7 +201,12 @@ def stream_pools(
             ledger.step(op, _dying(op, free_at, at))
         for s in frees.get(at, ()):
             ledger.free(s)
-    return ledger.pools()
+    by_figure = ledger.pools()
+    figure = {g: units.gpu_figure.get(g, g) for g in sorted({s.gpu for s in dmap.slots})}
+    return Pools(
+        {g: by_figure.allocated[f] for g, f in figure.items()},
+        {g: dict(by_figure.pools[f]) for g, f in figure.items()},
+    )
 
 
 def _dying(op: OpStep, free_at: Mapping[Storage, int], at: int) -> bool:
