@@ -4,12 +4,15 @@ blocks), the fit decision, the reduction stream and hand-overs, and the JSON key
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 import distir
 from distir.autodiff.train import Optimizer
 from distir.frontends.zoo.registry import build_model
-from distir.hardware.cluster import Cluster
+from distir.hardware.cluster import Cluster, parse_cluster
 from distir.hardware.specs import DeviceSpec, LinkSpec, NodeSpec, RuntimeMemory
 from distir.interp.shapes import entry_args
 from distir.ir import parse_module
@@ -123,8 +126,6 @@ def test_no_pools_unless_asked_and_the_json_key() -> None:
 
 
 def _fsdp() -> tuple[distir.Module, Cluster, DeviceMap]:
-    from distir.hardware.cluster import parse_cluster
-
     s = parse_strategy("d4.t1.p1.k1.z3")
     mod = build_model("gpt:layers=2,hidden=256,heads=4,seq=64,vocab=512", batch=8)
     prog = distribute(mod, s, Optimizer("adam"), comm_streams=True, gather_copy_out=True)
@@ -151,3 +152,20 @@ def test_fsdp_gradient_shards_fill_a_reduction_pool_and_gathers_a_gather_pool() 
     for g, top in pools.allocated.items():
         tensors = r.peak_memory[g] - r.runtime_memory[g]
         assert tensors <= top <= tensors * 1.01
+
+
+def test_cli_simulate_reserved_fills_the_json_key_and_the_table_column(tmp_path: Path) -> None:
+    from test_cli import EX, run  # tests/ is on sys.path
+
+    prog = tmp_path / "two.distir"
+    prog.write_text(TWO_STREAMS)
+    code, out, _ = run("simulate", str(prog), "--device-map", "d0=0,d1=0:comm", "--reserved", "--json")
+    assert code == 0
+    d = json.loads(out)
+    rt = parse_cluster("dgx2-v100").device_spec(0).runtime
+    want = 5 * N * (1 + rt.fragmentation) + rt.fixed_bytes
+    assert d["reserved_memory_bytes"] == {"d0": pytest.approx(want), "d1": pytest.approx(want)}
+    code, out, _ = run("simulate", str(EX / "fig9_zero.distir"), "--cluster", "p3.8xlarge", "--reserved")
+    assert code == 0 and "reser" in out  # the column (its header cut to the width)
+    code, out, _ = run("simulate", str(EX / "fig9_zero.distir"), "--cluster", "p3.8xlarge", "--json")
+    assert code == 0 and set(json.loads(out)["reserved_memory_bytes"].values()) == {None}

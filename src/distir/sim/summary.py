@@ -97,7 +97,7 @@ def summary_table(r: SimResult, title: str) -> Group:
             format_seconds(dev["idle_s"]),
             f"{peak / GIB:.3f} GiB",
             f"{r.runtime_memory.get(g, 0.0) / GIB:.3f} GiB",
-            *(f"{r.reserved_memory[g] / GIB:.3f} GiB",) * bool(reserved),
+            *((f"{r.reserved_memory[g] / GIB:.3f} GiB",) if reserved else ()),
             f"{cap / GIB:.1f} GiB",
             flag,
         )
