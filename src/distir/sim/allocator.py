@@ -55,6 +55,7 @@ from typing import NamedTuple
 
 from distir.interp.loop import interpret
 from distir.interp.shapes import Mixed, type_of
+from distir.ir.dtensor import DTensorType
 from distir.ir.function import Function, Module
 from distir.ir.ops import Op
 from distir.ir.types import Type
@@ -137,10 +138,20 @@ class _StreamWalker(_Walker):
         suffix = REDUCE_SUFFIX if _reduces(step.record) else ""
         for s, o in zip(step.made, outs, strict=True):
             self.home[s] = self.streams_of(type_of(o), suffix)
-        if op.name == MESH_SEND.name and step.reads:  # a hand-over between streams of one GPU
-            for s in step.made:
+        if op.name == MESH_SEND.name and step.reads and self._one_gpu(args[0], outs[0]):
+            for s in step.made:  # a hand-over between streams of the same GPUs
                 self._hand_over(step.reads[0], s)
         return outs
+
+    def _one_gpu(self, source: Mixed, dest: Mixed) -> bool:
+        """Whether a ``MeshSend`` from ``source`` to ``dest`` moves each piece to another
+        stream of the GPU it is on: the meshes' devices lie on the same GPUs, position by
+        position (else it is a transfer between GPUs, received into a new buffer)."""
+        a, b = type_of(source), type_of(dest)
+        if not isinstance(a, DTensorType) or not isinstance(b, DTensorType):
+            return False
+        gpu = self.units.dev_gpu
+        return [gpu[d] for d in a.mesh.devices] == [gpu[d] for d in b.mesh.devices]
 
     def _hand_over(self, source: tuple[Storage, ...], made: Storage) -> None:
         """Note ``made`` as the allocation of ``source`` on each GPU where that holds the same
