@@ -15,19 +15,20 @@ torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py).
 **Model.** Each piece of storage the simulator tracks (``distir.sim.reference``: entry
 parameters and every non-view op result, freed after its last use) is allocated on the *stream*
 of its value: per GPU, the slot its type's device (or mesh) is mapped to. A result of a reducing
-collective (reduce-scatter, all-reduce, reduce) is allocated on a stream of its own beside that
-slot's (``<slot>/reduce``): trainers make their reductions' outputs on a different CUDA stream
-from their gathers' even when one NCCL stream runs both (FSDP2's reduce-scatter stream against
-its all-gather copy-in stream; FSDP1's post-backward stream against its unshard stream). Each
-allocation is a block of its bytes rounded up to 512 B (``kMinBlockSize``; the allocator's
-``allocated_bytes`` counts these sizes). A stream's *pool* is the peak, over the step, of the
-bytes live on it (an op's transient bump — a multi-step redistribution's intermediate layouts —
-counts on the stream of the op). A value handed to another stream of the same GPU (a
-``MeshSend`` between meshes whose devices share GPUs: the hand-over of a gradient to the
-reduction stream, of a gathered weight to the compute stream) is the same allocation, so it
-stays in the pool it was allocated in. Pools never shrink, so the allocator's reserved bytes at their
-peak are the pools' sum. The allocated peak is the peak of the bytes live on all streams at once
-(the simulator's tensor peak, in blocks); with one stream the two are equal.
+collective (reduce-scatter, all-reduce, reduce) on a communication stream is allocated on a
+stream of its own beside that stream's (``<stream>/reduce``; on the compute stream, on it):
+trainers make their reductions' outputs on a different CUDA stream from their gathers' even when
+one NCCL stream runs both (FSDP2's reduce-scatter stream against its all-gather copy-in stream;
+FSDP1's post-backward stream against its unshard stream). Each allocation is a block of its
+bytes rounded up to 512 B (``kMinBlockSize``; the allocator's ``allocated_bytes`` counts these
+sizes). A stream's *pool* is the peak, over the step, of the bytes live on it (an op's transient
+bump — a multi-step redistribution's intermediate layouts — counts on the stream of the op). A
+value handed to another stream of the same GPU (a ``MeshSend`` between meshes whose devices
+share GPUs: the hand-over of a gradient to the reduction stream, of a gathered weight to the
+compute stream) is the same allocation, so it stays in the pool it was allocated in. Pools never
+shrink, so the allocator's reserved bytes at their peak are the pools' sum. The allocated peak
+is the peak of the bytes live on all streams at once (the simulator's tensor peak, in blocks);
+with one stream the two are equal.
 
 Not modelled (left to ``RuntimeMemory.fragmentation``, a flat fraction): the holes within a
 stream's segments. Blocks of 1–10 MB are carved from 20 MB segments (``kLargeBuffer``), larger
@@ -63,6 +64,7 @@ from distir.ops.dist import MESH_SEND
 from distir.ops.registry import CommPattern
 from distir.sim.cost import CostModel, fuses
 from distir.sim.devices import DeviceMap
+from distir.sim.interference import COMPUTE
 from distir.sim.oprecord import slots_of
 from distir.sim.records import OpRecord
 from distir.sim.reference import OpStep, Step, Storage, _Walker, freed_after
@@ -121,11 +123,13 @@ class _StreamWalker(_Walker):
         self.same: dict[Storage, dict[int, Storage]] = {}
 
     def streams_of(self, t: Type, suffix: str = "") -> dict[int, str]:
-        """Per memory figure, the stream a value of type ``t`` lives on (its first clock there)."""
+        """Per memory figure, the stream a value of type ``t`` lives on (its first clock there);
+        ``suffix`` names a communication stream's pool for reductions (the compute stream makes
+        its own collectives' results on itself: no suffix)."""
         out: dict[int, str] = {}
         for s in slots_of(self.units, [t]):
             g, name = self.streams[s]
-            out.setdefault(g, name + suffix)
+            out.setdefault(g, name if name == COMPUTE else name + suffix)
         return out
 
     def op(self, op: Op, args: Sequence[Mixed]) -> Sequence[Mixed]:
