@@ -169,3 +169,32 @@ def test_cli_simulate_reserved_fills_the_json_key_and_the_table_column(tmp_path:
     assert code == 0 and "reser" in out  # the column (its header cut to the width)
     code, out, _ = run("simulate", str(EX / "fig9_zero.distir"), "--cluster", "p3.8xlarge", "--json")
     assert code == 0 and set(json.loads(out)["reserved_memory_bytes"].values()) == {None}
+
+
+# two GPUs, each with its compute stream (d0, d1: mesh A) and a communication stream (d2, d3:
+# mesh B); x (N per GPU) and a (returned) stay on the compute streams. a is handed to the comm
+# streams (b: the same GPUs, so the same allocation, in the compute pool), where c is made;
+# across GPUs (d2, d3 to d1, d0) the MeshSend is a transfer, received into a new buffer e on the
+# compute stream. Per GPU (compute | comm): a: 2N | 0; b: 2N | 0; c: 2N | N (b freed: a stays);
+# e: 3N | N (then c freed). Pools 3N and N: 4N reserved. Were b a new allocation, the comm pool
+# would hold b and c (2N); were e a hand-over, the compute pool would stay at 2N.
+HANDED = """func @f(%x: DTensor[f32, (512, 1024), mesh(dp=2; d0, d1), [S(0)]]) {
+  %a = Relu(%x)
+  %b = MeshSend(%a, mesh="dp=2; d2, d3")
+  %c = Neg(%b)
+  %e = MeshSend(%c, mesh="dp=2; d1, d0")
+  return %e, %a
+}
+"""
+
+
+def test_a_hand_over_to_another_stream_of_the_gpu_stays_in_its_pool() -> None:
+    m = distir.check(parse_module(HANDED))
+    node = cluster().nodes[0]
+    cl = Cluster("c", (NodeSpec("n", node.device, 2, node.intra, node.inter),))
+    devs = {Device(i) for i in range(4)}
+    dm = DeviceMap.parse("d0=0,d1=1,d2=0:comm,d3=1:comm", devs, cl.num_devices)
+    r = simulate(m, cl, dm, allocator=True)
+    for g in (0, 1):
+        assert r.stream_pools[g] == {"compute": 3 * N, "comm": N}
+        assert r.reserved_memory[g] == 4 * N
