@@ -70,7 +70,15 @@ def two_streams(runtime: RuntimeMemory = NONE, memory_bytes: int = 1 << 30) -> d
 
 
 def test_block_bytes_rounds_up_to_512() -> None:
-    assert [block_bytes(x) for x in (0, 1, 511, 512, 513, 400.0)] == [0, 512, 512, 512, 1024, 512]
+    assert [block_bytes(x) for x in (0, 1, 511, 512, 512.5, 513, 400.0)] == [
+        0,
+        512,
+        512,
+        512,
+        1024,
+        1024,
+        512,
+    ]
     assert BLOCK == 512
 
 

@@ -50,6 +50,7 @@ each time: slower, which the step time does not include). ``over_capacity`` name
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import chain
 from typing import NamedTuple
@@ -94,7 +95,7 @@ def block_bytes(nbytes: float) -> float:
     """``nbytes`` rounded up to the allocator's block size (512 B); 0 stays 0."""
     if nbytes <= 0:
         return 0.0
-    return float(-(-int(nbytes) // BLOCK) * BLOCK)
+    return float(math.ceil(nbytes / BLOCK) * BLOCK)
 
 
 def reserved_bytes(pools: Pools, gpu: int, fragmentation: float, fixed: float) -> float:
