@@ -15,7 +15,7 @@ predicted, the throughput error (negative: distir predicts a slower step), wheth
 error and how many published-fit runs are predicted to fit, against the issue's targets
 (median ≤ 10 %, none over 25 %, all fit).
 
-Runs needing a feature distir lacks (context parallelism, FP8, ...) are listed as
+Runs needing a feature distir lacks are listed as
 ``unsupported: <feature>`` and left out of the summary; a run distir refuses is listed with its
 error and counted as a failure. Prints figures; asserts nothing (``tests/bench`` checks the data).
 
@@ -47,7 +47,9 @@ METRICS = {
     "tflops_per_gpu": "TFLOP/s/GPU",
     "seconds_per_step": "s/step",
 }
-PRECISIONS = {"bf16-mixed": "mixed", "bf16-pure": "pure", "fp8": None}
+# fp8: torchao's Float8Linear (dynamic tensorwise scaling), ``distir simulate --precision fp8``;
+# fp8-delayed: Transformer Engine's te.Linear under DelayedScaling (``--precision fp8-delayed``)
+PRECISIONS = {"bf16-mixed": "mixed", "bf16-pure": "pure", "fp8": "fp8", "fp8-delayed": "fp8-delayed"}
 FLOPS_FORMULAS = ("megatron",)
 QUICK_MAX_GPUS = 256
 TARGET_MEDIAN, TARGET_MAX = 10.0, 25.0
@@ -326,8 +328,6 @@ def load_runs(path: Path = DATA) -> tuple[Run, ...]:
 def unsupported(r: Run) -> str:
     """The features of ``r`` distir does not model, or ''."""
     feats = [x.strip() for x in r.unsupported.split(",") if x.strip()]
-    if r.strategy.cp > 1 and "context parallelism" not in feats:
-        feats.append("context parallelism")
     if PRECISIONS[r.precision] is None and r.precision not in feats:
         feats.append(r.precision)
     if r.model.family == "gpt" and (r.model.ffn != 4 * r.model.hidden or r.model.kv_heads != r.model.heads):
@@ -364,12 +364,14 @@ def zoo_model(m: ModelCfg) -> str:
 
 
 def strategy_of(s: StrategyCfg) -> Any:
-    """The distir Strategy of a run: k = global batch / (dp · microbatch)."""
+    """The distir Strategy of a run: k = global batch / (dp · microbatch); context parallelism
+    ``c`` splits each sequence (``distribute``'s ring attention)."""
     from distir.parallel.strategy import Strategy
 
     return Strategy(
         d=s.dp,
         t=s.tp,
+        c=s.cp,
         p=s.pp,
         k=s.global_batch // (s.dp * s.microbatch),
         schedule=s.schedule,

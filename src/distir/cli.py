@@ -232,7 +232,9 @@ _SimPrecision = Annotated[
     typer.Option(
         "--precision",
         help="With --model: pure (everything in --dtype) or mixed (compute in --dtype bf16/f16, "
-        "fp32 master weights and optimizer state).",
+        "fp32 master weights and optimizer state); fp8: mixed with the linear layers in float8 "
+        "(torchao's Float8Linear, dynamic tensorwise scaling; --dtype bf16, GPUs with FP8 tensor "
+        "cores); fp8-delayed: the same with Transformer Engine's delayed scaling.",
     ),
 ]
 _SimKernels = Annotated[
@@ -688,6 +690,8 @@ def _model_program(
                 cl = parse_cluster(cluster)
             except HardwareError:
                 cl = None  # reported by the caller, with the other cluster errors
+            if cl is not None:
+                prec.check_devices(n.device for n in cl.nodes)
             if cl is not None and st.devices <= cl.num_devices:
                 times = chunk_times(mod, parse_model_string(spec), cl, dt, train, st, train and prec.mixed)
         prog = distribute(
@@ -707,7 +711,7 @@ def _model_program(
         if debug:
             traceback.print_exc()
         _fail(str(e))
-    mode = f"{'train' if train else 'infer'}, {dt}{' mixed' if prec.mixed else ''}"
+    mode = f"{'train' if train else 'infer'}, {dt}{f' {prec}' if prec.mixed else ''}"
     return ModelProgram(prog, strategy_map(st, True), f"{mod.name} {st} ({mode})", b, mod.step_flops(train))
 
 
@@ -732,7 +736,8 @@ def run(
         str, typer.Option("--dtype", help="With --model: f32, bf16, f16 or f64 (exact comparisons).")
     ] = "f32",
     precision: Annotated[
-        str, typer.Option("--precision", help="With --model: pure or mixed (fp32 masters).")
+        str,
+        typer.Option("--precision", help="With --model: pure, mixed (fp32 masters), fp8 or fp8-delayed."),
     ] = "pure",
     seed: Annotated[
         int, typer.Option("--seed", min=0, help="Seed of the inputs, weights and optimizer state.")

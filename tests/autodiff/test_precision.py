@@ -7,12 +7,22 @@ import numpy as np
 import pytest
 
 import distir
-from distir.autodiff.precision import MIXED, PURE, Precision, PrecisionError, state_bytes, with_fp32_loss
+from distir.autodiff.precision import (
+    FP8,
+    FP8_DELAYED,
+    MIXED,
+    PURE,
+    Precision,
+    PrecisionError,
+    state_bytes,
+    with_float8_linears,
+    with_fp32_loss,
+)
 from distir.autodiff.train import Optimizer, training_step
 from distir.frontends.zoo import build_model
 from distir.hardware.cluster import parse_cluster
 from distir.interp.reference import run_reference
-from distir.ir.ops import Call
+from distir.ir.ops import Call, Op
 from distir.ir.printer import print_function
 from distir.ir.types import DType, TensorType
 from distir.ir.verify import verify
@@ -148,7 +158,7 @@ def test_state_bytes_per_parameter() -> None:
 
 
 def test_precision_errors_name_the_problem() -> None:
-    with pytest.raises(PrecisionError, match="precision must be pure or mixed, got 'half'"):
+    with pytest.raises(PrecisionError, match="precision must be pure, mixed, fp8 or fp8-delayed, got 'half'"):
         Precision.parse("half")
     f32 = build_model(TINY, batch=2, dtype=DType.f32)
     with pytest.raises(PrecisionError, match=r"mixed precision computes in bf16 or f16 .* is f32"):
@@ -223,3 +233,81 @@ def test_torch_loss_equals_the_fp32_loss_and_keeps_more() -> None:
     # kernel the bf16 logits and their bf16 gradient (4)
     assert peaks["torch"] - peaks["fp32"] >= 3.5 * logits
     assert peaks["fp32"] - peaks["fused"] >= 3.5 * logits
+
+
+LLAMA = "llama:layers=2,hidden=32,heads=4,kv_heads=2,ffn=64,vocab=64,seq=8"
+
+
+def test_fp8_precision_parses_and_is_mixed_with_float8_linears() -> None:
+    fp8 = Precision.parse("fp8")
+    assert fp8 is FP8 and str(fp8) == "fp8" and fp8.mixed and fp8.float8
+    assert fp8.float8_scaling == "dynamic"
+    te = Precision.parse("fp8-delayed")
+    assert te is FP8_DELAYED and str(te) == "fp8-delayed" and te.float8_scaling == "delayed"
+    assert not MIXED.float8 and str(MIXED) == "mixed"
+
+
+def test_delayed_float8_linears_scale_every_cast_and_gradient_so() -> None:
+    model = build_model(LLAMA, batch=2, dtype=DType.bf16)
+    block = FP8_DELAYED.prepare(model).module[model.layers[1].callee]
+    ops = [i for i in block.body if isinstance(i, Op) and i.name in ("Float8Cast", "MatMul")]
+    assert {i.attrs.get("scaling", i.attrs.get("grad_scaling")) for i in ops} == {"delayed"}
+
+
+def test_float8_linears_cast_every_blocks_linear_operands_and_leave_the_head() -> None:
+    """In the blocks, each MatMul by a weight multiplies Float8Cast (E4M3) operands, each distinct
+    operand cast once (llama: 7 weights, 4 distinct inputs: q/k/v's, wo's, w1/w3's, w2's); the
+    head's output projection stays bf16 (torchtitan's filter of ``output``)."""
+    model = build_model(LLAMA, batch=2, dtype=DType.bf16)
+    f8 = with_float8_linears(model)
+    block = f8.module[f8.layers[1].callee]
+    casts = [i for i in block.body if isinstance(i, Op) and i.name == "Float8Cast"]
+    products = [i for i in block.body if isinstance(i, Op) and i.name == "MatMul"]
+    assert len(casts) == 7 + 4 and len(products) == 7
+    made = {c.outputs[0] for c in casts}
+    assert all(set(p.inputs) <= made for p in products)
+    assert {c.attrs["to"] for c in casts} == {DType.f8e4m3}
+    head = f8.module[f8.layers[-2].callee]
+    assert head == model.module[model.layers[-2].callee]
+    assert not any(isinstance(i, Op) and i.name == "Float8Cast" for i in head.body)
+
+
+def test_fp8_refuses_a_model_not_in_bf16_and_a_gpu_without_fp8() -> None:
+    model = build_model(LLAMA, batch=2, dtype=DType.f16)
+    with pytest.raises(PrecisionError, match="fp8 precision computes what is not float8 in bf16"):
+        FP8.compute_dtype(model)
+    with pytest.raises(PrecisionError, match="needs FP8 tensor cores; A100-SXM-80GB has none"):
+        FP8.check_devices(n.device for n in parse_cluster("dgx-a100").nodes)
+    FP8.check_devices(n.device for n in parse_cluster("h100").nodes)
+    MIXED.check_devices(n.device for n in parse_cluster("dgx-a100").nodes)
+
+
+def test_fp8_step_saves_float8_operands_for_the_backward() -> None:
+    """torchao's tensorwise recipe saves ``input_fp8`` and ``weight_fp8_t``: the block's forward
+    returns (for its backward) float8 activations and weights, one byte per element, and no bf16
+    input of a linear layer beside them."""
+    model = build_model(LLAMA, batch=2, dtype=DType.bf16)
+    step = distir.check(training_step(model, Optimizer("adam"), precision="fp8"))
+    fwd = step[f"{model.layers[1].callee}_fwd"]
+    bwd = step[f"{model.layers[1].callee}_bwd"]
+    saved = [v.type for v in fwd.outputs[1:]]
+    f8 = [t for t in saved if isinstance(t, TensorType) and t.dtype.is_float8]
+    assert len(f8) == 7 + 4  # every cast operand, read by dgrad or wgrad
+    assert all(t.nbytes == int(np.prod(t.shape)) for t in f8)
+    e5m2 = [i for i in bwd.body if isinstance(i, Op) and i.name == "Float8Cast"]
+    assert len(e5m2) == 7 and {i.attrs["to"] for i in e5m2} == {DType.f8e5m2}
+
+
+def test_fp8_step_is_close_to_the_mixed_step() -> None:
+    """Float8 rounds the linear layers' operands to 3 (E4M3) and 2 (E5M2) mantissa bits: the loss
+    moves by about that rounding, the updated weights by about Adam's step, not more."""
+    model = build_model(LLAMA, batch=2, dtype=DType.bf16)
+    opt = Optimizer("adam", lr=0.01)
+    vals = initial_values(model, opt, seed=3)
+    args = [vals[p.name] for p in model.forward.params] + _rest(model, opt, vals)
+    want = run_reference(training_step(model, opt, precision="mixed"), args)
+    got = run_reference(training_step(model, opt, precision="fp8"), args)
+    assert float(got[0]) != float(want[0])
+    assert abs(float(got[0]) - float(want[0])) <= 2.0**-4 * abs(float(want[0]))
+    for a, b in zip(want[1:], got[1:], strict=True):
+        np.testing.assert_allclose(b, a, rtol=0, atol=2 * opt.lr)

@@ -37,6 +37,18 @@ def test_ops_saves_every_other_weight_product_in_program_order() -> None:
     assert kept == [True, False, True, False, True, False, True]
 
 
+def test_ops_saves_no_float8_product() -> None:
+    """Under Float8 torchtitan's policy saves no linear layer's product (``_scaled_mm`` is not in
+    its ``_save_list``), only the fused attention."""
+    from distir.autodiff.precision import FP8
+
+    model = build_model("llama:layers=1,hidden=64,heads=4,kv_heads=2,ffn=96,vocab=64,seq=16", 2, DType.bf16)
+    block = FP8.prepare(model).module["block"]
+    saved = {op.name for op in block.body if isinstance(op, Op) and SAVE_PRODUCTS(op, block)}
+    assert saved == {"Attention"}
+    assert sum(isinstance(op, Op) and op.name == "MatMul" for op in block.body) == 7
+
+
 def test_ops_memory_lies_between_selective_and_full() -> None:
     """Saving only products keeps less than Megatron's selective (which keeps norms and the MLP's
     activations) and more than full recomputation (the layer's input only)."""

@@ -90,12 +90,22 @@ def test_error_is_a_throughput_error_for_every_metric() -> None:
         assert vp.throughput_error_pct(run, vp.figure_of(run, t / 2)) == pytest.approx(100.0)
 
 
-def test_context_parallel_and_fp8_runs_are_marked_unsupported() -> None:
-    for r in RUNS:
-        if r.strategy.cp > 1:
-            assert "context parallelism" in vp.unsupported(r)
-        if r.precision == "fp8":
-            assert "fp8" in vp.unsupported(r)
+def test_fp8_runs_run_their_trainers_float8_recipe() -> None:
+    """torchtitan's float8 (torchao's Float8Linear, dynamic scaling) is ``--precision fp8``,
+    Transformer Engine's delayed scaling (llm-foundry's amp_fp8) ``fp8-delayed``."""
+    fp8 = [r for r in RUNS if r.precision.startswith("fp8")]
+    assert fp8
+    for r in fp8:
+        assert not vp.unsupported(r), r.name
+        want = "fp8" if "torchtitan" in r.trainer else "fp8-delayed"
+        assert vp.PRECISIONS[r.precision] == want, r.name
+
+
+def test_context_parallel_runs_map_onto_c() -> None:
+    cp = [r for r in RUNS if r.strategy.cp > 1]
+    assert cp
+    for r in cp:
+        assert vp.strategy_of(r.strategy).c == r.strategy.cp
 
 
 def _one_run_text() -> str:

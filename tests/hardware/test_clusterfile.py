@@ -337,3 +337,42 @@ def test_comm_sm_count_overrides_the_preset_and_zero_turns_it_off() -> None:
         c = cluster_from_toml(f'[types.a]\npreset = "dgx-a100"\ncomm_sm_count = {n}\n[[nodes]]\ntype = "a"\n')
         g = c.nodes[0].device.gemm
         assert g is not None and g.comm_sms == n and g.comm_share == n / base.sms
+
+
+def test_fp8_keys_set_the_fp8_peak_and_its_gemm_curve() -> None:
+    """A preset's FP8 figures carry over; ``fp8_tflops`` and ``fp8_matmul_*`` override them; an
+    inline type takes its float8 curve's SMs from its bf16 curve; without ``fp8_tflops`` a GPU
+    has no FP8 tensor cores."""
+    h100 = PRESETS["h100"].device
+    assert h100.fp8 == 1979e12 and h100.gemm_fp8 is not None
+    same = cluster_from_toml('[types.h]\npreset = "h100"\nmemory_gib = 96\n[[nodes]]\ntype = "h"\n')
+    dev = same.nodes[0].device
+    assert (dev.fp8, dev.gemm_fp8) == (h100.fp8, h100.gemm_fp8)
+    text = '[types.h]\npreset = "h100"\nfp8_tflops = 1500\nfp8_matmul_efficiency = 0.6\n'
+    dev = cluster_from_toml(text + '[[nodes]]\ntype = "h"\n').nodes[0].device
+    assert dev.fp8 == 1500e12 and dev.gemm_fp8 is not None and dev.gemm_fp8.fraction == 0.6
+    assert dev.gemm_fp8.anchor == h100.gemm_fp8.anchor and dev.name != h100.name
+    inline = INLINE + "sm_count = 40\nmatmul_efficiency = 0.7\n"
+    inline += "fp8_tflops = 200\nfp8_matmul_efficiency = 0.5\n"
+    dev = cluster_from_toml(inline + '[[nodes]]\ntype = "t"\n').nodes[0].device
+    assert dev.fp8 == 200e12 and dev.gemm_fp8 is not None
+    assert (dev.gemm_fp8.sms, dev.gemm_fp8.fraction, dev.gemm_fp8.anchor) == (40, 0.5, (8192, 8192, 8192))
+    assert cluster_from_toml(INLINE + '[[nodes]]\ntype = "t"\n').nodes[0].device.fp8 is None
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "needle"),
+    [
+        (INLINE + "fp8_matmul_efficiency = 0.5\n", "types.t.fp8_matmul_efficiency", "needs fp8_tflops"),
+        (INLINE + "fp8_tflops = -1\n", "types.t.fp8_tflops", "positive number"),
+        (
+            '[types.t]\npreset = "h100"\nfp8_matmul_efficiency = 1.5\n',
+            "types.t.fp8_matmul_efficiency",
+            "(0, 1]",
+        ),
+        ('[types.t]\npreset = "h100"\nfp8_matmul_anchor = [1]\n', "types.t.fp8_matmul_anchor", "[M, N, K]"),
+    ],
+)
+def test_bad_fp8_keys_are_clear_errors(text: str, key: str, needle: str) -> None:
+    e = err(text + '[[nodes]]\ntype = "t"\n')
+    assert e.key == key and needle in e.message, str(e)

@@ -198,6 +198,11 @@ EXAMPLES: dict[str, list[Case]] = {
     "And": [Case([T(b, 2, 3), T(b, 3)])],
     "Or": [Case([T(b, 1, 3), T(b, 2, 1)])],
     "Where": [Case([T(b, 2, 3), T(f32, 2, 3), T(f32, 3)]), Case([T(b), T(i64, 2), T(i64)])],
+    "Float8Cast": [
+        Case([T(f32, 2, 3)], {"to": DType.f8e4m3}),
+        Case([T(DType.bf16, 4)], {"to": DType.f8e5m2}),
+        Case([T(f32, 5, 2, 3)], {"to": DType.f8e4m3}),
+    ],
     "Cast": [
         Case([T(f32, 2, 3)], {"to": f16}),
         Case([T(f32, 4)], {"to": i32}),
@@ -214,6 +219,9 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([T(f32, 3, 2), T(f32, 3, 4)], {"transA": 1}),
         Case([T(f32, 5, 2, 3), T(f32, 4, 3)], {"transB": 1}),
         Case([T(f32, 2, 1, 4, 3), T(f32, 5, 2, 4)], {"transA": 1, "transB": 1}),
+        # float8 operands (Float8Cast's): the product comes out in bf16
+        Case([T(DType.f8e4m3, 2, 3), T(DType.f8e4m3, 3, 4)]),
+        Case([T(DType.f8e5m2, 4, 2), T(DType.f8e4m3, 4, 3)], {"transA": 1}),
         Case([T(f64, 3), T(f64, 2, 4, 3)], {"transB": 1}),
     ],
     "Gemm": [

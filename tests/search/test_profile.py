@@ -178,3 +178,21 @@ def test_unit_models_build_the_model_at_one_sample_once_within_the_block() -> No
     expected = build_from(spec, 1, DType.f32)
     assert print_function(first.forward) == print_function(expected.forward)
     assert first.weights == expected.weights
+
+
+@pytest.mark.parametrize("name", [GPT, MODELS[3]])
+def test_memory_figures_shared_across_device_kinds_equal_those_probed_anew(name: str) -> None:
+    """A TP group of another device kind (T4s after V100s), same runtime memory and arrangement,
+    takes the memory-only probes' figures of the first kind's (``Profiler.share_kinds``): every
+    figure is that of probing each kind anew, and fewer layers are simulated."""
+    spec = parse_model_string(name)
+    cluster = parse_cluster("p3.8xlarge:1+g4dn.12xlarge:1")
+    assert cluster.device_spec(0).runtime == cluster.device_spec(4).runtime  # else nothing to share
+    shared = Profiler(spec, cluster)
+    anew = Profiler(spec, cluster, share_kinds=False)
+    has_seq = spec.build(1, DType.f32).seq_dim is not None
+    for t, b, rec, sp in ((1, 2, "none", False), (2, 1, "full", False), (2, 2, "none", has_seq)):
+        for gpus in ([0, 1][:t], [4, 5][:t], [6, 7][:t], [3, 4][:t]):  # V100s, T4s, T4s, mixed
+            got: list[LayerProfile] = shared.layers(t, b, gpus, rec, sp)
+            assert got == anew.layers(t, b, gpus, rec, sp)
+    assert shared.probes < anew.probes

@@ -156,7 +156,10 @@ def SAVE_PRODUCTS(op: Op, fn: Function) -> bool:
     matrix products with a weight (ops whose registry entry describes a GEMM shape,
     ``OpDef.gemm``: the 1st, 3rd, ... of the layer, in program order — torchtitan's policy
     recomputes every second ``mm``); recompute the rest (norms, activations, elementwise
-    chains, the even products)."""
+    chains, the even products). A product of float8 operands is no product with a weight (its
+    operands are ``Float8Cast`` results): torchtitan's ``_save_list`` (9dec370,
+    ``parallelize_llama.py``) names ``aten.mm``, not ``aten._scaled_mm``, so under Float8 every
+    linear layer is recomputed."""
     d = REGISTRY[op.name]
     if d.gemm is not None:
         return op in saved_products(fn)

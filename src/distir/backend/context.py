@@ -91,6 +91,9 @@ class TorchContext:
 _TORCH_DTYPES = {
     "f16": "float16",
     "bf16": "bfloat16",
+    # float8 values are held as the values they stand for (``distir.ops.float8``): in bf16
+    "f8e4m3": "bfloat16",
+    "f8e5m2": "bfloat16",
     "f32": "float32",
     "f64": "float64",
     "i8": "int8",

@@ -71,7 +71,7 @@ def model_program(
     vals = initial_values(model, opt, seed, prec)
     mat, flat = materialized_inputs(dist, model, st, vals)
     mat = distir.check(mat)
-    mode = f"train, {dt}{' mixed' if prec.mixed else ''}"
+    mode = f"train, {dt}{f' {prec}' if prec.mixed else ''}"
     return GlobalProgram(mat, tuple(flat), f"{model.name} {st} ({mode})")
 
 

@@ -36,6 +36,12 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
                                      #   matmul_efficiency: a flat fraction of peak
     matmul_anchor_is_max = true      #   optional: the anchor is the best point of a sweep
                                      #   over shapes; no shape runs faster (default false)
+    fp8_tflops = 1979                # optional: dense FP8 tensor-core peak (default: none, so
+                                     #   --precision fp8 is refused; a preset's own)
+    fp8_matmul_efficiency = 0.709    # optional: float8 products' GEMM curve (sm_count and the
+    fp8_matmul_anchor = [1024, 9216, 14336]  # comm SMs of the curve above), as matmul_*
+    fp8_matmul_anchor_is_max = true  #   (default: the curve above)
+    fp8_matmul_source = "..."
     comm_sm_count = 2                # optional: SMs a communication kernel holds while it runs
     comm_sm_source = "..."           #   (NCCL channels), taken from the compute beside it
                                      #   (default 0: none; distir.sim.interference)
@@ -170,6 +176,12 @@ _GEMM_KEYS = (
     "comm_sm_count",
     "comm_sm_source",
 )
+_FP8_GEMM_KEYS = (
+    "fp8_matmul_efficiency",
+    "fp8_matmul_anchor",
+    "fp8_matmul_anchor_is_max",
+    "fp8_matmul_source",
+)
 _RUNTIME_MIB = {
     "cuda_context_mib": "context_bytes",
     "workspace_mib": "workspace_bytes",
@@ -201,6 +213,8 @@ _TYPE_KEYS = (
     "node_name",
     "source",
     *_GEMM_KEYS,
+    "fp8_tflops",
+    *_FP8_GEMM_KEYS,
     *_RUNTIME_KEYS,
     "families",
     "collectives",
@@ -424,6 +438,9 @@ class _Loader:
         runtime = self.runtime_memory(t, path, base.device.runtime if base else CUDA_RUNTIME)
         if base is not None and gemm != base.device.gemm:
             dev_over["gemm"] = gemm
+        fp8, gemm_fp8 = self.fp8(t, path, base.device if base else None, gemm)
+        if base is not None and (fp8, gemm_fp8) != (base.device.fp8, base.device.gemm_fp8):
+            dev_over |= {"fp8": fp8, "gemm_fp8": gemm_fp8}
         if base is not None and runtime != base.device.runtime:
             dev_over["runtime"] = runtime
         families = self.families(t, path, base.device.families if base else ())
@@ -455,6 +472,8 @@ class _Loader:
                     families=families,
                     attention=attention,
                     power=power,
+                    fp8=fp8,
+                    gemm_fp8=gemm_fp8,
                 )
                 intra = LinkSpec(vals["intra_bandwidth_gb_s"], vals["intra_latency_us"])
                 inter = LinkSpec(vals["inter_bandwidth_gb_s"], vals["inter_latency_us"])
@@ -477,9 +496,44 @@ class _Loader:
         except HardwareError as e:
             self.fail(path, str(e))
 
-    def gemm_profile(self, t: dict[str, Any], path: Path_, base: GemmProfile | None) -> GemmProfile | None:
+    def fp8(
+        self, t: dict[str, Any], path: Path_, base: DeviceSpec | None, gemm: GemmProfile | None
+    ) -> tuple[float | None, GemmProfile | None]:
+        """The type's FP8 peak and float8 GEMM profile: ``base``'s with the type's ``fp8_*`` keys
+        over them; a new profile takes its SMs and communication SMs from ``gemm``."""
+        peak = base.fp8 if base is not None else None
+        if "fp8_tflops" in t:
+            peak = _tera(self.number(t["fp8_tflops"], (*path, "fp8_tflops"), "dense fp8 peak, TFLOP/s"))
+        profile = base.gemm_fp8 if base is not None else None
+        given = [k for k in _FP8_GEMM_KEYS if k in t]
+        if not given:
+            return peak, profile
+        if peak is None or (profile is None and (gemm is None or "fp8_matmul_efficiency" not in t)):
+            self.fail(
+                (*path, given[0]),
+                "the float8 GEMM curve needs fp8_tflops, fp8_matmul_efficiency and the curve's "
+                "sm_count and matmul_efficiency",
+            )
+        start = profile if profile is not None else gemm
+        assert start is not None
+        if profile is None:  # the bf16 curve's SMs and communication SMs, its own point
+            start = replace(start, fp32_fraction=None, anchor=(8192, 8192, 8192), anchor_is_max=False)
+            start = replace(start, source=f"{self.file}: {_fmt(path)}")
+        return peak, self.gemm_profile(t, path, start, prefix="fp8_")
+
+    def gemm_profile(
+        self, t: dict[str, Any], path: Path_, base: GemmProfile | None, prefix: str = ""
+    ) -> GemmProfile | None:
         """The type's GEMM profile: ``base`` with the type's ``matmul_*``/``sm_count`` keys over
-        it; without a base, both ``sm_count`` and ``matmul_efficiency`` or neither (None)."""
+        it; without a base, both ``sm_count`` and ``matmul_efficiency`` or neither (None).
+        ``prefix``: the keys read are ``prefix`` + those (``fp8_matmul_efficiency``)."""
+        if prefix:
+            t = {k.removeprefix(prefix): v for k, v in t.items() if k.startswith(prefix)}
+        path_ = path
+
+        def at(key: str) -> Path_:
+            return (*path_, prefix + key)
+
         given = [k for k in _GEMM_KEYS if k in t]
         if not given:
             return base
@@ -487,20 +541,18 @@ class _Loader:
             for k in ("sm_count", "matmul_efficiency"):
                 if k not in t:
                     self.fail(
-                        (*path, k),
+                        at(k),
                         "missing key: the GEMM curve needs sm_count and matmul_efficiency "
                         f"(got {', '.join(given)})",
                     )
         over: dict[str, Any] = {}
         if "sm_count" in t:
-            over["sms"] = self.positive_int(t["sm_count"], (*path, "sm_count"), "streaming multiprocessors")
+            over["sms"] = self.positive_int(t["sm_count"], at("sm_count"), "streaming multiprocessors")
         for key, field_ in (("matmul_efficiency", "fraction"), ("matmul_fp32_efficiency", "fp32_fraction")):
             if key in t:
-                x = self.number(t[key], (*path, key), "a fraction of the dense peak")
+                x = self.number(t[key], at(key), "a fraction of the dense peak")
                 if x > 1:
-                    self.fail(
-                        (*path, key), f"expected a fraction of the dense peak in (0, 1], got {_got(t[key])}"
-                    )
+                    self.fail(at(key), f"expected a fraction of the dense peak in (0, 1], got {_got(t[key])}")
                 over[field_] = x
         if "matmul_anchor" in t:
             a = t["matmul_anchor"]
@@ -509,26 +561,24 @@ class _Loader:
                 and len(a) == 3
                 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in a)
             ):
-                self.fail(
-                    (*path, "matmul_anchor"), f"expected [M, N, K], three positive integers, got {_got(a)}"
-                )
+                self.fail(at("matmul_anchor"), f"expected [M, N, K], three positive integers, got {_got(a)}")
             over["anchor"] = tuple(a)
         if "matmul_anchor_is_max" in t:
             if not isinstance(t["matmul_anchor_is_max"], bool):
                 self.fail(
-                    (*path, "matmul_anchor_is_max"),
+                    at("matmul_anchor_is_max"),
                     f"expected true or false, got {_got(t['matmul_anchor_is_max'])}",
                 )
             over["anchor_is_max"] = t["matmul_anchor_is_max"]
         for key, field_ in (("matmul_source", "source"), ("comm_sm_source", "comm_source")):
             if key in t:
-                over[field_] = self.string(t[key], (*path, key), empty_ok=True)
+                over[field_] = self.string(t[key], at(key), empty_ok=True)
         if "comm_sm_count" in t:
             c = t["comm_sm_count"]
             sms = over.get("sms", base.sms if base is not None else 0)
             if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < sms:
                 self.fail(
-                    (*path, "comm_sm_count"),
+                    at("comm_sm_count"),
                     f"expected an integer in [0, sm_count={sms}) (the SMs a communication kernel "
                     f"holds), got {_got(c)}",
                 )

@@ -26,6 +26,7 @@ of the TOML cluster format (TFLOP/s, GB/s, GiB, µs), so a JSON row reads like a
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -119,6 +120,14 @@ _H100_GEMM = GemmProfile(
     comm_source=f"{_NCCL_SM}; 24 CTAs: an FSDP-style ncclAllGather on an H100 SXM measured with Nsight "
     "Systems (https://forums.developer.nvidia.com/t/compute-communication-overlap-causes-severe-gemm-"
     "performance-degradation-because-of-tail-effect/337991)",
+)
+_H100_GEMM_FP8 = replace(
+    _H100_GEMM,
+    fraction=1402.6 / 1979,
+    anchor=(1024, 9216, 14336),
+    source=f"MAMF table, FP8 (float8_e4m3fn inputs, mamf-finder v2, torch 2.7.0+cu126): H100 SXM 1402.6 "
+    f"of 1979 TFLOP/s at 1024x9216x14336, the best of its sweep over shapes, {_MAMF}; the bf16 "
+    "curve's shape constants (no measured table of float8 GEMMs by shape found)",
 )
 _T4_GEMM = GemmProfile(
     sms=40,
@@ -261,6 +270,8 @@ def _gpu(
     gemm: GemmProfile,
     launch_us: float = 5.0,
     attention: tuple[AttentionProfile, ...] = (),
+    fp8: float | None = None,
+    gemm_fp8: GemmProfile | None = None,
 ) -> DeviceSpec:
     """A DeviceSpec from sheet units: TFLOP/s, GB/s, GiB, µs."""
     return DeviceSpec(
@@ -276,6 +287,8 @@ def _gpu(
         gemm=gemm,
         runtime=CUDA_RUNTIME,
         attention=attention,
+        fp8=None if fp8 is None else fp8 * TERA,
+        gemm_fp8=gemm_fp8,
     )
 
 
@@ -308,6 +321,8 @@ H100_SXM_80GB = _gpu(
     80,
     _H100_GEMM,
     attention=(_H100_FA2, _H100_CUDNN, *_H100_FA_TRITON),
+    fp8=1979.0,  # the sheet's 3,958 TFLOP/s FP8 with sparsity, halved
+    gemm_fp8=_H100_GEMM_FP8,
 )
 # T4 fp64 is 1/32 of fp32 (not on the sheet; estimate).
 T4_16GB = _gpu("T4-16GB", 8.1, 8.1, 65.0, 8.1, 0.25, 320.0, 16, _T4_GEMM)
@@ -341,7 +356,8 @@ _PRESETS: dict[str, NodeSpec] = {
         "https://www.nvidia.com/en-us/data-center/dgx-a100/",
     ),
     # DGX H100: NVLink4 900 GB/s bidirectional per GPU via NVSwitch; 8 × 400 Gb/s NDR IB.
-    # Tensor peaks are the sheet's sparse figures halved (TF32 989 → 494.5, BF16 1979 → 989.5).
+    # Tensor peaks are the sheet's sparse figures halved (TF32 989 → 494.5, BF16 1979 → 989.5,
+    # FP8 3958 → 1979).
     "h100": NodeSpec(
         name="h100",
         device=H100_SXM_80GB,
@@ -424,9 +440,22 @@ def node_record(key: str, node: NodeSpec) -> dict[str, Any]:
     return (
         {k: round(v, 6) if isinstance(v, float) else v for k, v in rec.items()}
         | _gemm_record(d)
+        | _fp8_record(d)
         | _runtime_record(d)
         | _calibrated_record(node)
     )
+
+
+def _fp8_record(d: DeviceSpec) -> dict[str, Any]:
+    """The FP8 peak and float8 GEMM curve in TOML keys (none without an FP8 peak)."""
+    if d.fp8 is None:
+        return {}
+    rec: dict[str, Any] = {"fp8_tflops": round(d.fp8 / TERA, 6)}
+    g = d.gemm_fp8
+    if g is not None:
+        rec |= {"fp8_matmul_efficiency": g.fraction, "fp8_matmul_anchor": list(g.anchor)}
+        rec |= {"fp8_matmul_anchor_is_max": g.anchor_is_max, "fp8_matmul_source": g.source}
+    return rec
 
 
 def _gemm_record(d: DeviceSpec) -> dict[str, Any]:

@@ -359,6 +359,9 @@ class DeviceSpec:
     ``attention``: published speeds of fused-attention kernels on this GPU, one per kernel.
     ``power``: how its compute rate follows its power limit, when it runs at another limit than
     its GEMM and attention figures were measured at (None: at the same one).
+    ``fp8``: dense peak FLOP/s of its FP8 tensor cores (float8 operands, E4M3 or E5M2; None: the
+    GPU has none, and a program multiplying float8 tensors cannot run on it); ``gemm_fp8``: how
+    fast float8 products run by shape (None: ``gemm``'s curve, at ``gemm``'s fraction).
     """
 
     name: str
@@ -375,6 +378,8 @@ class DeviceSpec:
     families: tuple[tuple[str, FamilyRates], ...] = ()
     attention: tuple[AttentionProfile, ...] = ()
     power: PowerProfile | None = None
+    fp8: float | None = None
+    gemm_fp8: GemmProfile | None = None
 
     def __post_init__(self) -> None:
         _name("device spec", self.name)
@@ -383,6 +388,12 @@ class DeviceSpec:
             _positive(owner, f, getattr(self, f))
         if self.fp64 is not None:
             _positive(owner, "fp64", self.fp64)
+        if self.fp8 is not None:
+            _positive(owner, "fp8", self.fp8)
+        if self.gemm_fp8 is not None and (self.fp8 is None or not isinstance(self.gemm_fp8, GemmProfile)):
+            raise SpecError(
+                f"{owner}: gemm_fp8 must be a GemmProfile beside an fp8 peak, got {self.gemm_fp8!r}"
+            )
         if not isinstance(self.memory_bytes, int) or isinstance(self.memory_bytes, bool):
             raise SpecError(f"{owner}: memory_bytes must be an int, got {self.memory_bytes!r}")
         _positive(owner, "memory_bytes", self.memory_bytes)
@@ -423,6 +434,13 @@ class DeviceSpec:
                 return rates
         return None
 
+    def gemm_profile(self, dtype: DType) -> GemmProfile | None:
+        """The GEMM profile of products in ``dtype``: ``gemm_fp8`` for float8 (``gemm`` without
+        one), else ``gemm``."""
+        if dtype.is_float8 and self.gemm_fp8 is not None:
+            return self.gemm_fp8
+        return self.gemm
+
     @property
     def tensor_capacity(self) -> float:
         """Bytes of device memory left for tensors once ``runtime`` memory is held."""
@@ -433,8 +451,13 @@ class DeviceSpec:
 
         f32 uses ``tf32`` when ``allow_tf32`` (tensor-core matmuls with TF32 inputs), else
         ``fp32``; f16 → ``fp16``; bf16 → ``bf16``; f64 → ``fp64`` (``fp32 / 2`` if unknown);
-        integer and bool arithmetic → ``fp32`` (the regular ALUs).
+        integer and bool arithmetic → ``fp32`` (the regular ALUs); float8 → ``fp8`` (a
+        ``SpecError`` when the device has no FP8 tensor cores).
         """
+        if dtype.is_float8:
+            if self.fp8 is None:
+                raise SpecError(f"device {self.name}: no FP8 tensor cores (its spec has no fp8 peak)")
+            return self.fp8
         if dtype is DType.f32:
             return self.tf32 if allow_tf32 else self.fp32
         if dtype is DType.f16:

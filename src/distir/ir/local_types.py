@@ -29,6 +29,8 @@ class DType(Enum):
 
     f16 = "f16"
     bf16 = "bf16"
+    f8e4m3 = "f8e4m3"  # float8 E4M3 (OCP "e4m3fn": max 448, no infinities)
+    f8e5m2 = "f8e5m2"  # float8 E5M2 (max 57344)
     f32 = "f32"
     f64 = "f64"
     i8 = "i8"
@@ -45,7 +47,13 @@ class DType(Enum):
 
     @property
     def is_float(self) -> builtins.bool:
-        return self in (DType.f16, DType.bf16, DType.f32, DType.f64)
+        return self in (DType.f16, DType.bf16, DType.f32, DType.f64, DType.f8e4m3, DType.f8e5m2)
+
+    @property
+    def is_float8(self) -> builtins.bool:
+        """A float8 type: a tensor scaled into its range (``FP8_MAX``) and multiplied on the
+        GPU's FP8 tensor cores; the reference holds it as the float32 values it stands for."""
+        return self in (DType.f8e4m3, DType.f8e5m2)
 
     @property
     def is_int(self) -> builtins.bool:
@@ -66,7 +74,7 @@ class DType(Enum):
     @staticmethod
     def from_numpy(dt: np.dtype[np.generic]) -> DType:
         for d, name in _NUMPY.items():
-            if np.dtype(name) == dt and d is not DType.bf16:
+            if np.dtype(name) == dt and d not in (DType.bf16, DType.f8e4m3, DType.f8e5m2):
                 return d
         raise IRTypeError(f"numpy dtype {dt} has no DistIR dtype")
 
@@ -74,6 +82,8 @@ class DType(Enum):
 _ITEMSIZE = {
     DType.f16: 2,
     DType.bf16: 2,
+    DType.f8e4m3: 1,
+    DType.f8e5m2: 1,
     DType.f32: 4,
     DType.f64: 8,
     DType.i8: 1,
@@ -84,6 +94,8 @@ _ITEMSIZE = {
 _NUMPY = {
     DType.f16: "float16",
     DType.bf16: "float32",
+    DType.f8e4m3: "float32",
+    DType.f8e5m2: "float32",
     DType.f32: "float32",
     DType.f64: "float64",
     DType.i8: "int8",

@@ -10,6 +10,7 @@ from distir.ops import (  # noqa: F401  (registration)
     conv,
     dist,
     elementwise,
+    float8,
     grad,
     linalg,
     loss,

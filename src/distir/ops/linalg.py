@@ -10,7 +10,7 @@ import numpy as np
 
 from distir.hardware.gemm import GemmShape
 from distir.ir.ops import Op
-from distir.ir.types import TensorType, Type
+from distir.ir.types import DType, TensorType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops import sharding as sharding_rules
 from distir.ops._rules import broadcast_shapes, float_attr, int_attr, numel, same_dtype
@@ -51,14 +51,26 @@ def _trans(attrs: Attrs) -> tuple[int, int]:
     return int_attr(attrs, "transA", 0), int_attr(attrs, "transB", 0)
 
 
+FLOAT8_PRODUCT = DType.bf16
+"""The dtype of a product of two float8 operands (``torch._scaled_mm``'s ``out_dtype`` as
+torchao's Float8Linear calls it in bf16 training)."""
+
+
 def _matmul_rule(ctx: TypeCtx) -> Sequence[Type]:
-    same_dtype(ctx, [0, 1])
     a, b = ctx.tensor(0), ctx.tensor(1)
+    if a.dtype.is_float8 or b.dtype.is_float8:
+        if not (a.dtype.is_float8 and b.dtype.is_float8):
+            i = 1 if a.dtype.is_float8 else 0
+            got = ctx.tensor(i).dtype
+            ctx.fail("MatMul of a float8 operand needs both operands float8", i, "float8", got)
+    else:
+        same_dtype(ctx, [0, 1])
     ta, tb = ctx.attr("transA"), ctx.attr("transB")
     for i, (t, flag, name) in enumerate(((a, ta, "transA"), (b, tb, "transB"))):
         if flag and t.rank < 2:
             ctx.fail(f"MatMul {name} needs an operand of rank >= 2", i, "rank >= 2", t.rank)
-    return (ctx.out(a.dtype, _matmul_shape(ctx, swap_last(a.shape, ta), swap_last(b.shape, tb))),)
+    dtype = FLOAT8_PRODUCT if a.dtype.is_float8 else a.dtype
+    return (ctx.out(dtype, _matmul_shape(ctx, swap_last(a.shape, ta), swap_last(b.shape, tb))),)
 
 
 def _matmul_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
@@ -102,12 +114,19 @@ MATMUL = register(
         inputs=("A", "B"),
         outputs=("Y",),
         infer=_matmul_rule,
-        attrs={"transA": AttrSpec("int", 0, (0, 1)), "transB": AttrSpec("int", 0, (0, 1))},
+        attrs={
+            "transA": AttrSpec("int", 0, (0, 1)),
+            "transB": AttrSpec("int", 0, (0, 1)),
+            # float8 operands: how the backward scales the gradient to E5M2 (Float8Cast's)
+            "grad_scaling": AttrSpec("str", "dynamic", ("dynamic", "delayed")),
+        },
         reference=_matmul_ref,
         flops=_matmul_flops,
         gemm=_matmul_gemm,
         doc="Matrix product with numpy broadcasting of batch dims; transA/transB read an operand "
-        "with its last two dims swapped (a GEMM's transpose flag, no copy).",
+        "with its last two dims swapped (a GEMM's transpose flag, no copy). Two float8 operands "
+        "(Float8Cast's) multiply on the FP8 tensor cores into bf16 (torch._scaled_mm); the "
+        "backward casts the gradient to E5M2 with ``grad_scaling``.",
         sharding=sharding_rules.matmul,
     )
 )
@@ -198,6 +217,12 @@ def _matmul_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequenc
     dy = first(douts)
     ta, tb = _trans(op.attrs)
     at, bt = ctx.type(op.inputs[0]), ctx.type(op.inputs[1])
+    if at.dtype.is_float8:  # the gradient cast to E5M2, both products in float8
+        scaling = op.attrs.get("grad_scaling", "dynamic")
+        if scaling == "dynamic":  # the default, unprinted
+            (dy,) = ctx.op("Float8Cast", dy, to=DType.f8e5m2)
+        else:
+            (dy,) = ctx.op("Float8Cast", dy, to=DType.f8e5m2, scaling=scaling)
     a_shape, b_shape = at.shape, bt.shape
     a2 = (1, *a_shape) if len(a_shape) == 1 else a_shape
     b2 = (*b_shape, 1) if len(b_shape) == 1 else b_shape

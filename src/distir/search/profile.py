@@ -20,7 +20,12 @@ search over thousands of strategies profiles each distinct layer a few dozen tim
 of one layer function share its plan (``SharedPlans``), and all probes on one TP group share op
 records (``SharedRecords``: the forward, backward and input-gradient parts of a layer, with and
 without sequence parallelism, under each recomputation, have most ops in common) — the same
-figures as probes planned anew (``share_plans=False``, tested).
+figures as probes planned anew (``share_plans=False``, tested). The memory-only probes (what a
+forward leaves, what an input-gradient pass carries, the ZeRO-3 backward's working set) are not
+repeated on a TP group of another device kind alike in arrangement and runtime memory: the
+simulator's memory follows types and liveness in program order, never costs, so they give the
+first kind's figures bit for bit (``Profiler._memory_key``; ``share_kinds=False`` probes every
+kind anew, tested).
 ``Profiler.prefetch`` hands profiles the search will need to worker processes
 (``run_profile_task``: the same code on the same model and cluster, so the same figures),
 ``layers`` then takes their results.
@@ -35,7 +40,7 @@ differently at b = 64 than at b = 8), so a retyped function can cost other than 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -55,7 +60,7 @@ from distir.parallel.layer_sharder import split_backward, unsharded_layers
 from distir.parallel.pipeline.partition import Ends, ends
 from distir.search.distinct import Reduced, distinct_layers
 from distir.search.executor import TASK_LOST
-from distir.sim.cost import CostModel, RooflineCostModel
+from distir.sim.cost import CostModel, RooflineCostModel, gpu_class
 from distir.sim.devices import DeviceMap, Slot
 from distir.sim.simulate import SharedPlans, SharedRecords, simulate
 from distir.sim.units import piece_bytes
@@ -127,6 +132,12 @@ def _probe(
     return Module((fn, fb.ret(*(outs if keep is None else [outs[j] for j in keep]))))
 
 
+def _pattern(xs: Sequence[Hashable]) -> tuple[int, ...]:
+    """Which positions of ``xs`` hold equal items: each item as the index of its first kind."""
+    first = {x: i for i, x in enumerate(dict.fromkeys(xs))}
+    return tuple(first[x] for x in xs)
+
+
 def _dying(L: ShardedLayer, weights: bool = False) -> frozenset[int]:
     """The positions of ``L.bwd``'s arguments that die in it in ``distribute``'s program: the
     layer's input and residuals (saved for this backward alone) and the incoming gradient; its
@@ -156,6 +167,10 @@ class Profiler:
     # as Megatron-LM's ``--tp-comm-overlap`` runs them (``RooflineCostModel.tp_comm_overlap``) —
     # with sequence parallelism, which Megatron-LM requires for it (``arguments.py`` asserts it)
     tp_comm_overlap: bool = False
+    # the memory-only probes (``_kept``, the ZeRO-3 backward's working set) of a TP group of
+    # another device kind take the figures the first kind's gave (``_memory_key``: memory does not
+    # depend on costs); False probes every kind anew, the reference the tests compare with
+    share_kinds: bool = True
     _cache: dict[tuple[object, ...], list[LayerProfile]] = field(default_factory=dict)
     _fn_cache: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
     _work: dict[tuple[object, ...], float] = field(default_factory=dict)
@@ -175,6 +190,25 @@ class Profiler:
         nodes = [self.cluster.node_of(g) for g in gpus]
         first = {n: i for i, n in enumerate(dict.fromkeys(nodes))}
         return tuple((self.cluster.nodes[n].name, first[n]) for n in nodes)
+
+    def _memory_key(
+        self, t: int, b: int, recompute: str, sp: bool, gpus: Sequence[int], cost: CostModel
+    ) -> tuple[object, ...]:
+        """What the memory figures of a probe on the TP group ``gpus`` (costed by ``cost``) depend
+        on besides the probe: the profile's key with the group's kinds replaced by their pattern
+        (which positions share a node, a kind, a class of ``cost``: the simulator's units) and each
+        GPU's runtime memory. The simulator's memory events follow the program's types and
+        liveness in program order, never its costs (``distir.sim.plan``), and a figure subtracts
+        the runtime memory it added (``Profiler._run``): groups alike in all of this have the same
+        figures, bit for bit, whatever their GPUs' speed. Without ``share_kinds``, the profile's
+        own key (nothing shared across kinds)."""
+        if not self.share_kinds:
+            return ("mem", t, b, recompute, sp, self.group_key(gpus))
+        nodes = _pattern([self.cluster.node_of(g) for g in gpus])
+        kinds = _pattern([self.cluster.kind_of(g) for g in gpus])
+        classes = _pattern([gpu_class(cost, g) for g in gpus])
+        runtime = tuple(self.cluster.device_spec(g).runtime for g in gpus)
+        return ("mem", t, b, recompute, sp, nodes, kinds, classes, runtime)
 
     def model(self, b: int) -> Reduced:
         """The model at microbatch ``b`` with its repeated layers dropped (``distinct_layers``)."""
@@ -218,6 +252,7 @@ class Profiler:
         reduced = self.model(b)
         model = reduced.model
         dmap, cost = self._domain(gpus, sp)
+        mkey = self._memory_key(t, b, recompute, sp, gpus, cost)
         # the probes of one layer function share its plan; only this key's are kept, so the plans
         # of a long search do not pile up. Op records are shared by every probe on this TP group
         # (``SharedRecords``, up to ``RECORDS_KEPT`` of them)
@@ -233,15 +268,16 @@ class Profiler:
             if L.bwd is not None and L.vjp is not None:
                 bwd = self._run(L.bwd, L.bwd_args, dmap, cost, key, _dying(L))
                 # ZeRO-3: the gathered weights die in the backward too
-                z_work = self._run(L.bwd, L.bwd_args, dmap, cost, key, _dying(L, weights=True))[2]
-                i_time, i_work, carried = self._input_pass(L, dmap, cost, key)
+                z_work = self._work_of(L.bwd, L.bwd_args, dmap, cost, key, mkey, _dying(L, weights=True))
+                i_time, i_work, carried = self._input_pass(L, dmap, cost, key, mkey)
             saved = made = 0.0
             if L.vjp is not None:
                 n_first = sum(1 for j in L.vjp.bwd_params if j == 0)
                 res = list(L.bwd_args[:n_first]) if 0 in L.vjp.bwd_params else []
                 # the residuals' storage: one that views another (or an argument) counts once
                 n_out = L.vjp.n_outputs
-                made = self._kept(L.fwd, L.fwd_args, range(n_out, n_out + L.vjp.n_residuals), dmap, cost, key)
+                res_at = range(n_out, n_out + L.vjp.n_residuals)
+                made = self._kept(L.fwd, L.fwd_args, res_at, dmap, cost, mkey)
                 saved = sum(local_nbytes(r) for r in res) + made
             # a kept layer's result has the type its dropped repeats hand on (distinct_layers)
             nxt = layers[i + 1].fwd_args[0] if i + 1 < len(layers) else None
@@ -387,6 +423,24 @@ class Profiler:
         self._work[k2] = work
         return r.step_time_s, r.flops / max(n, 1), work
 
+    def _work_of(
+        self,
+        fn: Function,
+        args: Sequence[Type],
+        dmap: DeviceMap,
+        cost: CostModel,
+        key: tuple[object, ...],
+        mkey: tuple[object, ...],
+        dying: frozenset[int] = frozenset(),
+    ) -> float:
+        """The transient bytes of ``_run`` alone (its time unused), shared by the TP groups of
+        one ``_memory_key`` ``mkey``."""
+        k2 = (*mkey, id(fn), tuple(args), "work", dying)
+        got = self._work.get(k2)
+        if got is None:
+            got = self._work[k2] = self._run(fn, args, dmap, cost, key, dying)[2]
+        return got
+
     def _kept(
         self,
         fn: Function,
@@ -394,15 +448,15 @@ class Profiler:
         keep: range,
         dmap: DeviceMap,
         cost: CostModel,
-        key: tuple[object, ...],
+        mkey: tuple[object, ...],
         dying: frozenset[int] = frozenset(),
     ) -> float:
         """Bytes one device holds for ``fn``'s results at positions ``keep`` beyond its
         arguments, those at positions ``dying`` freed unless a result uses them: each piece of
         storage once (a result that views another, or a held argument, adds nothing), as the
         simulator counts them — the memory timeline's last point after a call returning only
-        them."""
-        k2 = (*key, id(fn), tuple(args), "kept", keep.start, keep.stop, dying)
+        them. Shared by the TP groups of one ``_memory_key`` ``mkey``."""
+        k2 = (*mkey, id(fn), tuple(args), "kept", keep.start, keep.stop, dying)
         got = self._work.get(k2)
         if got is not None:
             return got
@@ -419,7 +473,12 @@ class Profiler:
         return got
 
     def _input_pass(
-        self, L: ShardedLayer, dmap: DeviceMap, cost: CostModel, key: tuple[object, ...]
+        self,
+        L: ShardedLayer,
+        dmap: DeviceMap,
+        cost: CostModel,
+        key: tuple[object, ...],
+        mkey: tuple[object, ...],
     ) -> tuple[float, float, float]:
         """``L``'s input-gradient part in a zero-bubble schedule (``split_backward``): its time, its working
         set above what is live when it starts (its input, residuals and incoming gradient dying
@@ -433,7 +492,7 @@ class Profiler:
         bwd_i = hit[1]
         dying = _dying(L)
         time, _, work = self._run(bwd_i, L.bwd_args, dmap, cost, key, dying)
-        carried = self._kept(bwd_i, L.bwd_args, range(n_dx, len(bwd_i.outputs)), dmap, cost, key, dying)
+        carried = self._kept(bwd_i, L.bwd_args, range(n_dx, len(bwd_i.outputs)), dmap, cost, mkey, dying)
         return time, work, carried
 
 

@@ -191,9 +191,11 @@ class RooflineCostModel:
         # the GPU's compute rate at its power limit, of its published figures' (measured rates
         # were measured at it already)
         clock = spec.compute_fraction
-        if opdef.gemm is not None and self.gemm_curve and spec.gemm is not None:
-            fp32 = not (dtype in (DType.f16, DType.bf16) or (dtype is DType.f32 and self.allow_tf32))
-            eff = clock * gemm_efficiency(spec.gemm, opdef.gemm(ins, outs, attrs), fp32=fp32)
+        gemm = spec.gemm_profile(dtype)  # float8 products: the GPU's FP8 profile
+        if opdef.gemm is not None and self.gemm_curve and gemm is not None:
+            tensor_core = dtype in (DType.f16, DType.bf16) or dtype.is_float8
+            fp32 = not (tensor_core or (dtype is DType.f32 and self.allow_tf32))
+            eff = clock * gemm_efficiency(gemm, opdef.gemm(ins, outs, attrs), fp32=fp32)
         elif rates is not None:
             eff = rates.flop
         elif opdef.flash is not None and (
