@@ -424,7 +424,8 @@ class Prediction(NamedTuple):
     strategy: str
     seconds: float  # wall time of build + simulation
     # the caching allocator's reserved peak (``distir.sim.allocator``) without the CUDA context
-    # and NCCL buffers, for a trainer whose memory figure is that (``RESERVED_TRAINERS``); else None
+    # and NCCL buffers, for a record publishing a memory figure that is that (a trainer of
+    # ``RESERVED_TRAINERS``, ``also = "peak memory ..."``); else None
     reserved_gib: float | None = None
 
 
@@ -528,7 +529,9 @@ def _simulated(r: Run, v: Variant, trace: bool = False, allocator: bool = False)
 def predict(r: Run, v: Variant = AS_PUBLISHED) -> Prediction:
     """``r``'s predicted step, figure, fit and peak memory."""
     t0 = time.perf_counter()
-    reserved = r.trainer.startswith(RESERVED_TRAINERS)
+    # only where the record publishes a memory figure: the pools cost one more walk of the
+    # program (minutes for a 512-GPU pipeline), and elsewhere there is nothing to compare
+    reserved = r.trainer.startswith(RESERVED_TRAINERS) and r.published.also.startswith("peak memory")
     res, st = _simulated(r, v, allocator=reserved)
     peak = max(res.peak_memory.values())
     cap = min(res.capacity.values())
