@@ -28,7 +28,12 @@ from .helpers import assert_mixed_step_matches
 
 GPT = "gpt:layers=4,hidden=8,heads=2,seq=4,vocab=16"
 LLAMA = "llama:layers=4,hidden=8,heads=2,kv_heads=1,ffn=16,seq=4,vocab=16"
-FSDP2_PP = {"overlap_param_gather": True, "fp32_grad_accum": True, "reduce_fp32": True, "fsdp2_grad_accum": True}
+FSDP2_PP = {
+    "overlap_param_gather": True,
+    "fp32_grad_accum": True,
+    "reduce_fp32": True,
+    "fsdp2_grad_accum": True,
+}
 
 
 @pytest.mark.slow
@@ -56,7 +61,9 @@ def test_each_chunk_gathers_once_and_reduce_scatters_once_per_step() -> None:
     # between steps the bf16 copies are this rank's shards (FSDP2's sharded parameters; a
     # weight with no dimension to shard over dp stays whole)
     copies = [p for p in prog.entry.params if p.name.endswith("_bf16")]
-    sharded = [p for p in copies if isinstance(p.type, DTensorType) and isinstance(p.type.placements[0], Shard)]
+    sharded = [
+        p for p in copies if isinstance(p.type, DTensorType) and isinstance(p.type.placements[0], Shard)
+    ]
     assert len(sharded) > len(copies) // 2
     for c in range(4):  # 2 stages × 2 chunks
         # one gathering forward, the other three forwards gather nothing

@@ -361,7 +361,13 @@ def distribute(
             reduce_fp32,
             sac_eager,
             FsdpOptions(
-                gather_copy_out, fsdp2_root, fsdp1_root, one_dp_stream, grad_copy_in, gather_cast, fsdp2_grad_accum
+                gather_copy_out,
+                fsdp2_root,
+                fsdp1_root,
+                one_dp_stream,
+                grad_copy_in,
+                gather_cast,
+                fsdp2_grad_accum,
             ),
             megatron_ddp,
         ).build()
