@@ -175,7 +175,7 @@ SEND = register(
         inputs=("x",),
         outputs=("y",),
         infer=_send_rule,
-        attrs={"dst": AttrSpec("device")},
+        attrs={"dst": AttrSpec("device"), "event": AttrSpec("bool", default=False)},
         reference=lambda args, attrs: (np.array(args[0], copy=True),),
         project=_project_send,
         comm_cost=lambda ins, outs, attrs: CommCost(
@@ -183,7 +183,8 @@ SEND = register(
             float(ins[0].nbytes),
             (*devices_of(ins[0]), *devices_of(outs[0])),
         ),
-        doc="Point-to-point copy: one op models both ends (blocks sender and receiver).",
+        doc="Point-to-point copy: one op models both ends (blocks sender and receiver); event=true: "
+        "a hand-over between streams, the receiver waits for the sender, the sender goes on.",
     )
 )
 

@@ -15,6 +15,14 @@ piece to the device at c of B (materialization lowers it to one ``Send`` per dev
 at the same coordinates in both meshes would send to itself: that is an error, like ``Send`` to
 itself. Its sequential meaning is the identity too.
 
+``MeshSend(%g, mesh="…", event=true)`` is a *hand-over* between streams: as an op it occupies only
+the destination mesh, which waits for the work the source mesh was given before it, while the
+source goes on without waiting for the destination — a CUDA event recorded on the source stream
+that the destination stream waits for (``cudaStreamWaitEvent``), as a trainer passes a gradient
+bucket from the compute stream to its reduction stream (``distir.sim.simulate``: the record's
+``waits``). Without it a MeshSend occupies both meshes, so each waits for the other. It changes
+nothing else: the value, the lowering (a ``Send`` with the same flag per device) and the memory.
+
 ``Redistribute(%g, to="S(0), R", coalesced=true)`` is one part of a *coalesced* collective: the
 trainer reduces (or gathers) several tensors as one flat buffer in one collective call — a
 gradient bucket (PyTorch DDP's and Megatron-LM's contiguous grad buffer, DeepSpeed's IPG bucket),
@@ -208,11 +216,12 @@ MESH_SEND = register(
         inputs=("x",),
         outputs=("y",),
         infer=_meshsend_rule,
-        attrs={"mesh": AttrSpec("str")},
+        attrs={"mesh": AttrSpec("str"), "event": AttrSpec("bool", default=False)},
         reference=_identity,
         comm_cost=_meshsend_cost,
         doc='Move a DTensor to another mesh of the same shape, e.g. mesh="dp=2, tp=2; d4, d5, d6, d7": '
-        "each device sends its piece to the device at the same coordinates.",
+        "each device sends its piece to the device at the same coordinates; event=true: a hand-over "
+        "between streams, the destination waits for the source, the source goes on.",
     )
 )
 

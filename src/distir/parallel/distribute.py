@@ -193,7 +193,7 @@ from distir.ir.values import Attrs, Value
 from distir.ops.dist import format_mesh_attr
 from distir.ops.registry import REGISTRY
 from distir.parallel.context_model import context_model
-from distir.parallel.grad_reduction import reduce_scatter_every_backward
+from distir.parallel.grad_reduction import handover_waits_one_way, reduce_scatter_every_backward
 from distir.parallel.layer_sharder import (
     LayerSharder,
     ShardedLayer,
@@ -1651,7 +1651,10 @@ class _Buckets:
     reduce-scatter): a layer's weight gradients join the open bucket as its backward completes
     them, and once the bucket holds ``bucket_bytes`` each of its gradients is reduced — sent to
     the stage's ``dp_reduce`` stream first when the program has communication streams, so the
-    reduction overlaps the rest of the backward. ZeRO-2/3 reduce-scatter (to this rank's shard)
+    reduction overlaps the rest of the backward; the hand-over is one way (``MeshSend`` with
+    ``event=true``: the stream waits for the gradient, the backward does not wait for reductions
+    queued on the stream) but for FSDP2, whose compute waits for the previous reduction
+    (``grad_reduction.handover_waits_one_way``). ZeRO-2/3 reduce-scatter (to this rank's shard)
     in every microbatch's backward and add the shard into the accumulated shard, so no replica
     holds the whole gradient; DDP / ZeRO-0/1 add the microbatch's gradient to the accumulated one
     and all-reduce the sum, in the last microbatch's backward, and ZeRO-2 under a pipeline
@@ -1688,6 +1691,9 @@ class _Buckets:
         self.defer = defer
         self.stream = b.comm_meshes[(self.stream_name, stage)] if b.comm_streams else None
         self.stream_text = b._mesh_attr(self.stream) if self.stream is not None else ""
+        # the hand-over to the stream: one way (the stream waits for the gradient) but for FSDP2
+        # (``handover_waits_one_way``)
+        self.handover = self._handover_attrs() if self.stream is not None else Attrs({})
         self.acc = acc
         self.accs: dict[Value, Value] = {}
         self.pending: list[tuple[Value, Value]] = []
@@ -1742,7 +1748,7 @@ class _Buckets:
             if cast_in:  # FSDP2: the post-backward hook's copy-in, right before the reduction
                 g = self._copied_in(w, g)
             if self.stream is not None:
-                g = fb.emit("MeshSend", (g,), self.b._attrs("mesh", self.stream_text), (g.name,))[0]
+                g = fb.emit("MeshSend", (g,), self.handover, (g.name,))[0]
             moved.append((w, g))
         for i, (w, g) in enumerate(moved):
             later = i > 0  # the bucket is one collective call: the first part pays its latency
@@ -1761,6 +1767,17 @@ class _Buckets:
                 r = self.b._redistribute(fb, r, f"g_{w.name}", "R, " + self.b._grad_target(w), later)
             self.out[w] = r
         self.pending, self.size = [], 0.0
+
+    def _handover_attrs(self) -> Attrs:
+        """The attributes of the ``MeshSend`` handing a gradient to the reduction stream, made
+        once per stream: with ``event=true`` where the trainer's hand-over is one way."""
+        if not handover_waits_one_way(self.b.grad_copy_in):
+            return self.b._attrs("mesh", self.stream_text)
+        key = ("mesh+event", self.stream_text)
+        a = self.b._made_attrs.get(key)
+        if a is None:
+            a = self.b._made_attrs[key] = Attrs({"mesh": self.stream_text, "event": True})
+        return a
 
     def _viewed(self, g: Value) -> Value:
         """``g`` on the weights' view of its mesh (of the ``dp_reduce`` stream, with one)."""

@@ -33,7 +33,7 @@ from distir.parallel.sharding.ring import ring_axis
 from distir.sim import overlap
 from distir.sim.interference import stall_column
 from distir.sim.memcols import build_columns
-from distir.sim.records import FlatColumns, FnPlan, MemEvents, OpRecord
+from distir.sim.records import FlatColumns, FnPlan, MemEvents, OpRecord, waits_column
 
 if TYPE_CHECKING:
     from distir.sim.plan import PlanDomain
@@ -122,7 +122,7 @@ def plan_flat(
     out_types = tuple(types[v] for v in fn.outputs)
     param_last = tuple(internal_last.get(p, last.get(p, -1)) for p in params)
     devs, costs, comm, names, flops, slots = _per_op_columns(records, table, columns is not None)
-    stall, slots = _stalls(records, table, columns is not None, slots)
+    stall, waits, slots = _stalls(records, table, columns is not None, slots)
     plan = FnPlan(
         fn,
         devs,
@@ -141,7 +141,7 @@ def plan_flat(
         flat=True,
         comm_ops=tuple(comm_ops),
     )
-    plan.stall = stall
+    plan.stall, plan.waits = stall, waits
     return plan
 
 
@@ -313,14 +313,20 @@ def _per_op_columns(
 
 def _stalls(
     records: list[OpRecord], table: list[OpRecord], compact: bool, slots: tuple[int, ...]
-) -> tuple[list[tuple[tuple[int, float], ...]] | None, tuple[int, ...]]:
-    """The plan's stall column (``distir.sim.interference``; None: no op stalls a clock, or a
-    compact plan, whose table holds them) and its slots with the stalled ones."""
-    stall = stall_column(table)
-    if stall is None:
-        return None, slots
-    slots = tuple(sorted({*slots, *(s for st in stall for s, _ in st)}))
-    return (None if compact else [rec.stall for rec in records]), slots
+) -> tuple[list[tuple[tuple[int, float], ...]] | None, list[tuple[int, ...]] | None, tuple[int, ...]]:
+    """The plan's stall column (``distir.sim.interference``) and waits column (``OpRecord.waits``;
+    each None: no op stalls / waits so, or a compact plan, whose table holds them) and its slots
+    with the stalled and waited ones."""
+    stall, waits = stall_column(table), waits_column(table)
+    if stall is not None:
+        slots = tuple(sorted({*slots, *(s for st in stall for s, _ in st)}))
+    if waits is not None:
+        slots = tuple(sorted({*slots, *(s for ws in waits for s in ws)}))
+    return (
+        None if compact or stall is None else [rec.stall for rec in records],
+        None if compact or waits is None else [rec.waits for rec in records],
+        slots,
+    )
 
 
 def _view_roots(

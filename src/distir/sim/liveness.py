@@ -33,7 +33,7 @@ from distir.ir.function import Function
 from distir.ir.types import Type
 from distir.ir.values import Value
 from distir.sim.interference import stall_column
-from distir.sim.records import CallSummary, FnPlan, Gift, MemEvents, OpRecord, Root
+from distir.sim.records import CallSummary, FnPlan, Gift, MemEvents, OpRecord, Root, waits_column
 
 _chain = chain.from_iterable
 Pairs = tuple[tuple[int, float], ...]  # (gpu, bytes)
@@ -177,11 +177,15 @@ def build_plan(
     stall = stall_column(records)
     if stall is not None:
         slots = tuple(sorted({*slots, *(s for st in stall for s, _ in st)}))
+    waits = waits_column(records)
+    if waits is not None:
+        slots = tuple(sorted({*slots, *(s for ws in waits for s in ws)}))
     plan = FnPlan(
         fn, devs, costs, comm, names, flops, mem, slots, tuple(out_roots), tuple(fresh), out_types, param_last
     )
     plan.call_profiles = call_profiles or None
     plan.stall = stall
+    plan.waits = waits
     return plan
 
 

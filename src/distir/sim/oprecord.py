@@ -18,7 +18,7 @@ from distir.ir.dtensor import DTensorType
 from distir.ir.ops import Op
 from distir.ir.types import Device, TupleType, Type
 from distir.ops.dist import MESH_SEND
-from distir.ops.registry import REGISTRY, CommPattern, OpKind, OpTypeError
+from distir.ops.registry import REGISTRY, CommPattern, OpDef, OpKind, OpTypeError
 from distir.sim import interference, spmd
 from distir.sim.cost import charged
 from distir.sim.fusion import FusedInput
@@ -34,6 +34,23 @@ def op_record(
     d = REGISTRY[op.name]
     if d.kind is OpKind.RANK_COMM:
         raise OpTypeError(f"{op.name} belongs in a per-rank program; simulate the global program")
+    if op.attrs.get("event"):  # a hand-over between streams: the destination waits for the source
+        return handed_over(units, _record(units, op, d, ins, outs, link), outs)
+    return _record(units, op, d, ins, outs, link)
+
+
+def handed_over(units: Units, rec: OpRecord, outs: Sequence[Type]) -> OpRecord:
+    """``rec`` as an ``event`` hand-over (``MeshSend``/``Send`` with ``event=true``): it runs on
+    the clocks of its results only and waits for the others it touched (the source's) without
+    occupying them — a CUDA event recorded on the source stream that the destination stream waits
+    for, so the source goes on whatever the destination is still doing."""
+    dst = set(slots_of(units, outs))
+    return rec._replace(devs=tuple(sorted(dst)), waits=tuple(s for s in rec.devs if s not in dst))
+
+
+def _record(
+    units: Units, op: Op, d: OpDef, ins: Sequence[Type], outs: Sequence[Type], link: FusedInput | None
+) -> OpRecord:
     if any(has_dtensor(t) for t in (*ins, *outs)):
         rec = spmd.record(units, op, d, ins, outs, link)
         if rec.comm and op.name != MESH_SEND.name:  # a transfer between meshes: point to point

@@ -434,7 +434,8 @@ def summarize(plan: FnPlan, slot_gpu: list[int]) -> CallSummary:
     busy = [0.0] * k
     comm_t = [0.0] * k
     stalls = plan.stall if plan.stall is not None else repeat((), len(plan.devs))
-    for ds, c, is_comm, held in zip(plan.devs, plan.costs, plan.comm, stalls, strict=True):
+    waits = plan.waits if plan.waits is not None else repeat((), len(plan.devs))
+    for ds, c, is_comm, held, after in zip(plan.devs, plan.costs, plan.comm, stalls, waits, strict=True):
         idx = [pos[s] for s in ds]
         if isinstance(c, CallSummary):
             sub = [pos[s] for s in c.slots]
@@ -453,7 +454,8 @@ def summarize(plan: FnPlan, slot_gpu: list[int]) -> CallSummary:
             continue
         if not idx:
             continue
-        start = [max(clock[j][u] for j in idx) for u in range(k)]
+        waited = [*idx, *(pos[s] for s in after)] if after else idx  # ``OpRecord.waits``
+        start = [max(clock[j][u] for j in waited) for u in range(k)]
         end = [x + c for x in start]
         for j in idx:
             if first[j] is None:

@@ -202,6 +202,17 @@ class OpRecord(NamedTuple):
     # the compute clocks a communication kernel slows while it runs beside them, each with the
     # seconds it adds to that clock (``distir.sim.interference``); empty for most ops
     stall: tuple[tuple[int, float], ...] = ()
+    # the clocks it waits for without occupying them (an ``event`` hand-over: the destination
+    # stream waits for the source's work issued before it, the source goes on): it starts at the
+    # largest clock of ``devs`` and ``waits``, and only ``devs`` advance to its end; empty for most
+    waits: tuple[int, ...] = ()
+
+
+def waits_column(records: Sequence[OpRecord | CallSummary]) -> list[tuple[int, ...]] | None:
+    """Per record, the clocks it waits for without occupying them (``OpRecord.waits``; a call
+    summary: none), or None when no record waits so (``FnPlan.waits``)."""
+    col = [r.waits if type(r) is OpRecord else () for r in records]
+    return col if any(col) else None
 
 
 class Collective(NamedTuple):
@@ -262,6 +273,9 @@ class FnPlan:
     # per instruction, the compute clocks it stalls (``OpRecord.stall``, ``distir.sim.interference``;
     # a call: none), or None when no instruction stalls any (a compact plan: its table's records)
     stall: list[tuple[tuple[int, float], ...]] | None = None
+    # per instruction, the clocks it waits for without occupying them (``OpRecord.waits``; a call:
+    # none), or None when no instruction does (a compact plan: its table's records)
+    waits: list[tuple[int, ...]] | None = None
 
 
 @dataclass(slots=True)

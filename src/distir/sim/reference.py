@@ -20,7 +20,9 @@ are charged, once the body is walked, what their pair takes beyond the GEMM
 
 **Time.** Every slot has a clock, from 0. An op starts when all its slots are free — at the
 largest of their clocks — and all of them advance to its end, start + seconds; the seconds add to
-each of its slots' communication time if it communicates, else to their busy time. A collective
+each of its slots' communication time if it communicates, else to their busy time. An ``event``
+hand-over also waits for the slots it sends from (``OpRecord.waits``: their largest clock counts
+for its start) without occupying them: they do not advance. A collective
 then advances each slot it stalls (``OpRecord.stall``: the compute stream of a GPU it runs on from
 another stream, ``distir.sim.interference``) by that slot's stall, added to its busy time. An op on no
 slot takes no time. A call is a max-plus linear map of the clocks of its callee's slots: the
@@ -204,8 +206,9 @@ def _slots(steps: Sequence[Step]) -> tuple[int, ...]:
 
 
 def _clocks(rec: OpRecord) -> tuple[int, ...]:
-    """The slots an op runs on, and those it stalls (``distir.sim.interference``)."""
-    return (*rec.devs, *(s for s, _ in rec.stall)) if rec.stall else rec.devs
+    """The slots an op runs on, those it waits for (``OpRecord.waits``) and those it stalls
+    (``distir.sim.interference``)."""
+    return (*rec.devs, *rec.waits, *(s for s, _ in rec.stall)) if rec.stall or rec.waits else rec.devs
 
 
 # -- time ---------------------------------------------------------------------------------------------
@@ -247,7 +250,8 @@ def time_body(call: CallStep) -> BodyTiming:
         idx = [pos[s] for s in rec.devs]
         if not idx:
             continue
-        start = [max(clock[j][u] for j in idx) for u in range(k)]
+        waited = [*idx, *(pos[s] for s in rec.waits)]
+        start = [max(clock[j][u] for j in waited) for u in range(k)]
         end = [x + rec.seconds for x in start]
         for j in idx:
             if first[j] is None:
@@ -278,7 +282,7 @@ def time_entry(
             rec = step.record
             if not rec.devs:
                 continue
-            start = max(clock[d] for d in rec.devs)
+            start = max(clock[d] for d in (*rec.devs, *rec.waits))
             end = start + rec.seconds
             for d in rec.devs:
                 clock[d] = end

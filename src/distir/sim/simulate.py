@@ -1,8 +1,10 @@
 """The simulator: step time, busy/communication/idle time and peak memory per device.
 
 DistIR semantics: ops run in program order; an op waits until all its devices are free, then all
-of them advance to its end; ops on disjoint device sets overlap. The entry function is compiled
-into a plan (``distir.sim.plan``: types, devices, costs and memory events precomputed, repeated
+of them advance to its end; ops on disjoint device sets overlap. An ``event`` hand-over
+(``MeshSend``/``Send`` with ``event=true``) also waits for the devices it sends from, which do not
+advance (``OpRecord.waits``): a stream waiting for a CUDA event of another. The entry function is
+compiled into a plan (``distir.sim.plan``: types, devices, costs and memory events precomputed, repeated
 calls summarized once) and this module's loop runs it with one clock per slot.
 
 Memory per GPU starts with the entry's parameters (weights, optimizer state, inputs) and follows
@@ -541,9 +543,16 @@ def _run_traced(
     """The timing loop, recording trace slices and the memory timeline."""
     names = plan.names
     stalls = plan.stall
+    waits = plan.waits
     for i, (ds, c, is_comm, ev) in enumerate(zip(plan.devs, plan.costs, plan.comm, plan.mem, strict=True)):
         if type(c) is float:
-            if len(ds) == 1:
+            if waits is not None and waits[i] and ds:  # an ``event`` hand-over (``OpRecord.waits``)
+                s = max([clock[d] for d in (*ds, *waits[i])])
+                e = s + c
+                for d in ds:
+                    clock[d] = e
+                    (commt if is_comm else busy)[d] += c
+            elif len(ds) == 1:
                 d = ds[0]
                 s = clock[d]
                 e = clock[d] = s + c
@@ -610,7 +619,7 @@ def _run_fast(
 ) -> None:
     """The timing loop without a trace: the same semantics as ``_run_traced``, fewer branches
     (a search runs it once per candidate program)."""
-    if plan.stall is not None:
+    if plan.stall is not None or plan.waits is not None:
         _run_fast_stalled(plan, clock, busy, commt, live, peak)
         return
     for ds, c, is_comm, ev in zip(plan.devs, plan.costs, plan.comm, plan.mem, strict=True):
@@ -651,12 +660,17 @@ def _run_fast_stalled(
     peak: list[float],
 ) -> None:
     """``_run_fast`` of a plan whose collectives stall the compute beside them
-    (``distir.sim.interference``): each op's stall applied after it."""
-    assert plan.stall is not None
-    for ds, c, is_comm, ev, held in zip(plan.devs, plan.costs, plan.comm, plan.mem, plan.stall, strict=True):
+    (``distir.sim.interference``): each op's stall applied after it; or whose ops wait for clocks
+    they do not occupy (``OpRecord.waits``)."""
+    none = repeat((), len(plan.devs))
+    stalls = plan.stall if plan.stall is not None else none
+    waits = plan.waits if plan.waits is not None else none
+    for ds, c, is_comm, ev, held, after in zip(
+        plan.devs, plan.costs, plan.comm, plan.mem, stalls, waits, strict=True
+    ):
         if type(c) is float:
             if ds:
-                e = max([clock[d] for d in ds]) + c
+                e = max([clock[d] for d in (*ds, *after)] if after else [clock[d] for d in ds]) + c
                 acc = commt if is_comm else busy
                 for d in ds:
                     clock[d] = e
@@ -664,7 +678,7 @@ def _run_fast_stalled(
             if held:
                 apply_stall(held, clock, busy)
         else:
-            _apply_summary(c, clock, busy, commt)  # type: ignore[arg-type]
+            _apply_summary(c, clock, busy, commt)
         if ev is not None:
             pk, al, fr = ev
             for g, b in pk:
@@ -681,18 +695,19 @@ def _run_kinds(cols: FlatColumns, clock: list[float], busy: list[float], commt: 
     """``_run_fast``'s timing for a compact flat plan (memory runs apart, in bulk): the same
     additions in the same order, with each distinct record's slots and cost unpacked once."""
     steps = [
-        (ds[0] if len(ds) == 1 else -1, c, commt if is_comm else busy, ds, rec.stall)
+        (d0, c, commt if is_comm else busy, ds, rec.stall, rec.waits)
         for rec in cols.table
+        for d0 in [rec.devs[0] if len(rec.devs) == 1 and not rec.waits else -1]
         for ds, c, is_comm in [rec[:3]]
     ]
     stalled = any(st[4] for st in steps)  # a collective slows the compute beside it
     for k in cols.kinds:
-        d, c, acc, ds, held = steps[k]
+        d, c, acc, ds, held, after = steps[k]
         if d >= 0:
             clock[d] += c
             acc[d] += c
         elif ds:
-            e = max([clock[x] for x in ds]) + c
+            e = max([clock[x] for x in (*ds, *after)] if after else [clock[x] for x in ds]) + c
             for x in ds:
                 clock[x] = e
                 acc[x] += c

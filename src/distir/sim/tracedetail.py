@@ -2,7 +2,8 @@
 
 The simulator runs a call as its summary (``distir.sim.plan``): one slice per call and slot.
 A detailed trace replays the entry's plan with the same timing rules (an op waits for all its
-slots, then they all advance to its end; a call maps its slots' clocks by its summary) and,
+slots, and an ``event`` hand-over also for those it sends from, then its slots advance to its
+end; a call maps its slots' clocks by its summary) and,
 down to the level asked for, the plans of the called bodies from the clocks their call met:
 
 - ``chunk``: the entry's ops and calls (a pipeline program's chunks) — what the simulator times;
@@ -134,7 +135,10 @@ class _Walker:
             if isinstance(c, CallSummary):
                 self._call(c, ds0, rename, clock, depth, span)
                 continue
-            s = max([clock[d] for d in ds]) if ds else 0.0
+            after = plan.waits[i] if plan.waits is not None else ()  # ``OpRecord.waits``
+            if after and rename is not None:
+                after = tuple(rename[d] for d in after)
+            s = max([clock[d] for d in (*ds, *after)]) if ds else 0.0
             e = s + c
             for d in ds:
                 clock[d] = e

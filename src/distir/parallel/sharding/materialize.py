@@ -255,9 +255,10 @@ def _mesh_send(fb: FunctionBuilder, op: Op, local: dict[tuple[Value, Device], Va
     src, dst = x.type, y.type
     assert isinstance(src, DTensorType) and isinstance(dst, DTensorType)
     _check_layout(dst, f"%{y.name}")
+    event = {"event": True} if op.attrs.get("event") else {}  # a hand-over between streams
     for a, b in zip(src.mesh.devices, dst.mesh.devices, strict=True):
         (local[(y, b)],) = fb.op(
-            "Send", local[(x, a)], names=[f"{y.name}.{b}"], types=[local_type(dst, b)], dst=b
+            "Send", local[(x, a)], names=[f"{y.name}.{b}"], types=[local_type(dst, b)], dst=b, **event
         )
 
 
