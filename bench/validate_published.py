@@ -195,6 +195,10 @@ class Run:
     # max(40M, 1M·dp) parameters on the first stage only, reduce-scattered
     # (``distribute(megatron_ddp=True)``)
     megatron_ddp: bool = False
+    # PyTorch FSDP2's fp32 gradient accumulation in the no-sync backwards: each layer's gradients
+    # cast and added as its post-backward hook runs, not after the whole backward
+    # (``distribute(fsdp2_grad_accum=True)``)
+    fsdp2_grad_accum: bool = False
     # how the trainer's Adam runs (``Optimizer(kernels=...)``): fused (one kernel: Megatron's,
     # DeepSpeed's), foreach (torch.optim.AdamW(foreach=True)) or loop (Composer's DecoupledAdamW)
     optimizer_kernels: str = "fused"
@@ -511,6 +515,7 @@ def _simulated(r: Run, v: Variant, trace: bool = False, allocator: bool = False)
         gather_cast=r.gather_cast,
         fsdp1_root=r.fsdp1_root,
         megatron_ddp=r.megatron_ddp,
+        fsdp2_grad_accum=r.fsdp2_grad_accum,
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(
