@@ -195,6 +195,10 @@ class Run:
     # max(40M, 1M·dp) parameters on the first stage only, reduce-scattered
     # (``distribute(megatron_ddp=True)``)
     megatron_ddp: bool = False
+    # PyTorch FSDP2's fp32 gradient accumulation in the no-sync backwards: each layer's gradients
+    # cast and added as its post-backward hook runs, not after the whole backward
+    # (``distribute(fsdp2_grad_accum=True)``)
+    fsdp2_grad_accum: bool = False
     # how the trainer's Adam runs (``Optimizer(kernels=...)``): fused (one kernel: Megatron's,
     # DeepSpeed's), foreach (torch.optim.AdamW(foreach=True)) or loop (Composer's DecoupledAdamW)
     optimizer_kernels: str = "fused"
@@ -423,6 +427,28 @@ class Prediction(NamedTuple):
     capacity_gib: float
     strategy: str
     seconds: float  # wall time of build + simulation
+    # the caching allocator's reserved peak (``distir.sim.allocator``) without the CUDA context
+    # and NCCL buffers, for a record publishing a memory figure that is that (a trainer of
+    # ``RESERVED_TRAINERS``, ``also = "peak memory ..."``); else None
+    reserved_gib: float | None = None
+
+
+# trainers whose published memory is the caching allocator's peak reserved bytes: torchtitan logs
+# ``torch.cuda.memory_stats()["reserved_bytes.all.peak"]`` as max_reserved (torchtitan/metrics.py,
+# ``DeviceMemoryMonitor``). That counts the allocator's segments (cuBLAS workspaces included:
+# PyTorch allocates them through it) but not the CUDA context or NCCL's buffers. The other
+# trainers' records publish no memory figure (only whether the run fit).
+RESERVED_TRAINERS = ("torchtitan",)
+
+
+def allocator_reserved(res: Any) -> float:
+    """The largest reserved peak of ``res``'s GPUs without the CUDA context and communication
+    buffers: what the caching allocator's ``reserved_bytes.all.peak`` counts."""
+    assert res.cluster is not None
+    return max(
+        x - res.cluster.device_spec(g).runtime.context_bytes - res.cluster.device_spec(g).runtime.comm_bytes
+        for g, x in res.reserved_memory.items()
+    )
 
 
 def figure_of(r: Run, step_time_s: float) -> float:
@@ -452,9 +478,9 @@ class Variant(NamedTuple):
 AS_PUBLISHED = Variant()  # each run's own kernels, matmuls by the GEMM curve
 
 
-def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
+def _simulated(r: Run, v: Variant, trace: bool = False, allocator: bool = False) -> tuple[Any, Any]:
     """(the SimResult, the strategy) of ``r`` built, distributed and simulated as ``distir
-    simulate --model`` does."""
+    simulate --model`` does (``allocator``: with the caching allocator's pools)."""
     from distir.autodiff.precision import Precision
     from distir.autodiff.train import Optimizer
     from distir.frontends.zoo.registry import build_model, parse_model_string
@@ -489,6 +515,7 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
         gather_cast=r.gather_cast,
         fsdp1_root=r.fsdp1_root,
         megatron_ddp=r.megatron_ddp,
+        fsdp2_grad_accum=r.fsdp2_grad_accum,
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(
@@ -500,13 +527,17 @@ def _simulated(r: Run, v: Variant, trace: bool = False) -> tuple[Any, Any]:
         tp_comm_overlap=r.tp_comm_overlap,
         comm_interference=v.interference,
     )
-    return simulate(prog, cl, device_map(st, True), cost, batch=batch, trace=trace), st
+    res = simulate(prog, cl, device_map(st, True), cost, batch=batch, trace=trace, allocator=allocator)
+    return res, st
 
 
 def predict(r: Run, v: Variant = AS_PUBLISHED) -> Prediction:
     """``r``'s predicted step, figure, fit and peak memory."""
     t0 = time.perf_counter()
-    res, st = _simulated(r, v)
+    # only where the record publishes a memory figure: the pools cost one more walk of the
+    # program (minutes for a 512-GPU pipeline), and elsewhere there is nothing to compare
+    reserved = r.trainer.startswith(RESERVED_TRAINERS) and r.published.also.startswith("peak memory")
+    res, st = _simulated(r, v, allocator=reserved)
     peak = max(res.peak_memory.values())
     cap = min(res.capacity.values())
     return Prediction(
@@ -517,6 +548,7 @@ def predict(r: Run, v: Variant = AS_PUBLISHED) -> Prediction:
         cap / 2**30,
         str(st),
         time.perf_counter() - t0,
+        allocator_reserved(res) / 2**30 if reserved else None,
     )
 
 
@@ -583,6 +615,14 @@ def _yn(b: bool) -> str:
     return "yes" if b else "NO"
 
 
+def _peak_cell(p: Prediction) -> str:
+    """The peak memory column: the allocator's reserved peak where the trainer publishes that
+    (``RESERVED_TRAINERS``), else the peak with the runtime memory; over the capacity."""
+    if p.reserved_gib is not None:
+        return f"reserved {p.reserved_gib:.1f}/{p.capacity_gib:.0f}"
+    return f"{p.peak_gib:.1f}/{p.capacity_gib:.0f}"
+
+
 def table_lines(rows: list[Row], markdown: bool) -> list[str]:
     head = (
         "run",
@@ -616,7 +656,7 @@ def table_lines(rows: list[Row], markdown: bool) -> list[str]:
                 _fmt(p.figure),
                 f"{row.error_pct:+.1f}%",
                 f"{_yn(r.published.fit)}/{_yn(p.fits)}",
-                f"{p.peak_gib:.1f}/{p.capacity_gib:.0f}",
+                _peak_cell(p),
                 f"assumed: {', '.join(r.strategy.assumed)}" if r.strategy.assumed else "",
             )
         )

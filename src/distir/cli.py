@@ -343,6 +343,16 @@ _SimPlanner = Annotated[
 ]
 
 
+_SimReserved = Annotated[
+    bool,
+    typer.Option(
+        "--reserved",
+        help="also predict the CUDA caching allocator's reserved peak per GPU from its per-stream "
+        "pools (distir.sim.allocator: one more walk of the program).",
+    ),
+]
+
+
 @app.command()
 def simulate(
     file: _SimFile = None,
@@ -367,6 +377,7 @@ def simulate(
     tp_layout: _SimTpLayout = "declared",
     max_ops: _SimMaxOps = MAX_OPS.max,
     planner: _SimPlanner = "fast",
+    reserved: _SimReserved = False,
     entry: EntryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
@@ -419,6 +430,7 @@ def simulate(
         trace_detail,
         debug,
         planner,
+        reserved,
     )
     result = dataclasses.replace(result, model_flops=model_flops)
     _write_simulation_trace(result, trace, file)
@@ -523,9 +535,10 @@ def _run_simulation(
     trace_detail: str,
     debug: bool,
     planner: str = "fast",
+    allocator: bool = False,
 ) -> Any:
     """The simulator's result for ``m`` on ``cl`` under the roofline cost model (errors located
-    in ``file`` when there is one)."""
+    in ``file`` when there is one); ``allocator``: with the caching allocator's reserved peak."""
     from distir.sim.cost import RooflineCostModel
     from distir.sim.devices import DeviceMapError
     from distir.sim.simulate import simulate as run_sim
@@ -549,6 +562,7 @@ def _run_simulation(
                 batch=batch,
                 trace_detail=trace_detail,
                 planner=planner,
+                allocator=allocator,
             )
         )
     except DeviceMapError as e:

@@ -87,8 +87,9 @@ def test_inter_node_section() -> None:
         '[[nodes]]\ntype = "h100"\ncount = 2\n[inter_node]\nbandwidth_gb_s = 50\nlatency_us = 0\n'
     )
     assert c.node_link(0, 1) == LinkSpec(50e9, 0.0)
-    # a GPU pair crosses on one of the h100 node's 8 NICs: an eighth of the nodes' link
-    assert c.link(0, 8) == LinkSpec(50e9 / 8, 0.0)
+    # a GPU pair crosses on one of the h100 node's 8 NICs: an eighth of the nodes' link, at the
+    # 47 of 50 GB/s NCCL reaches on an NDR NIC (the preset's network_efficiency)
+    assert c.link(0, 8) == LinkSpec(50e9 / 8 * (47 / 50), 0.0)
 
 
 def test_nics_key() -> None:
@@ -97,7 +98,7 @@ def test_nics_key() -> None:
     assert cluster_from_toml(base + nodes).nodes[0].nics == 8  # the preset's
     c = cluster_from_toml(base + "nics = 2\n" + nodes)
     assert c.nodes[0].nics == 2
-    assert c.link(0, 8).bandwidth == 400e9 / 2
+    assert c.link(0, 8).bandwidth == 400e9 / 2 * (47 / 50)  # at NCCL's share of the line rate
     with pytest.raises(ClusterError, match=r"types\.n\.nics"):
         cluster_from_toml(base + "nics = 0\n" + nodes)
 

@@ -168,7 +168,8 @@ def test_existing_cluster_files_stay_valid() -> None:
     root = Path(__file__).resolve().parents[2] / "bench" / "clusters"
     for f in sorted(root.glob("*.toml")):
         cl = load_cluster_file(f)
-        assert all(not n.collectives and not n.device.families for n in cl.nodes)
+        # nothing measured on this machine: per-collective links only as published (with sources)
+        assert all((not n.collectives or n.collectives_source) and not n.device.families for n in cl.nodes)
 
 
 @pytest.mark.parametrize(

@@ -118,7 +118,8 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
         grad_f = 1.0 / h if s.zero >= 2 else 1.0
         static_f += pr.n_state / (h if s.zero >= 1 else 1)
     # ZeRO-3, gathered one layer ahead: a pass over layers with compute c_i and gathers g_i takes
-    # g_first + Σ max(c_i, g_next) + c_last; per layer max(f_i, g_{i+1}) + max(b_i, g_{i-1}), and
+    # g_first + Σ max(c_i + s·g_next, g_next) + c_last (s: the SMs a gather holds); per layer
+    # max(f_i + s·g_{i+1}, g_{i+1}) + max(b_i + s·g_{i-1}, g_{i-1}), and
     # per chunk its ends (``edges``); b_i is a zero-bubble schedule's input-gradient pass (the
     # weight pass reads no weights)
     edges = []
@@ -126,8 +127,11 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
         g = w_bytes * per_byte + (n_w > 0) * lat  # a layer's gathers: one call
         f = rows[j].fwd
         bw = rows[j].ibwd if s.schedule == "zb1" else rows[j].time - rows[j].fwd
-        f_over = np.maximum(f, np.append(g[1:], 0.0)) - f
-        b_over = np.maximum(bw, np.insert(g[:-1], 0, 0.0)) - bw
+        gemm = screen._specs[kinds[j]].gemm
+        sm = gemm.comm_sms / gemm.sms if gemm is not None else 0.0  # a layer beside a gather slows
+        g_next, g_prev = np.append(g[1:], 0.0), np.insert(g[:-1], 0, 0.0)
+        f_over = np.maximum(f + sm * g_next, g_next) - f
+        b_over = np.maximum(bw + sm * g_prev, g_prev) - bw
         lt[j] += f_over + b_over
         edges.append((g, f_over, b_over))
     if pr.train and s.k > 1:

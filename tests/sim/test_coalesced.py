@@ -3,9 +3,9 @@ call over a flat buffer — a gradient bucket, a layer's parameter gather — pa
 the call's latency, which the first part pays once.
 
 Oracles: the alpha-beta formula of a ring all-reduce written out by hand (2(n−1)/n·M/B +
-2(n−1)α over the preset's NVLink figures), and, for ``distribute``, the bucket sizes themselves:
-one bucket per reducing backward has every gradient after its first flagged, a bucket per
-layer has one unflagged gradient per layer.
+2(n−1)α at the preset's published NCCL all-reduce bandwidth), and, for ``distribute``, the
+bucket sizes themselves: one bucket per reducing backward has every gradient after its first
+flagged, a bucket per layer has one unflagged gradient per layer.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from distir.parallel.sharding.materialize import materialize
 from distir.parallel.strategy import parse_strategy
 from distir.sim.simulate import simulate
 
-A100 = parse_cluster("dgx-a100")  # one node: NVLink3, 300 GB/s per direction, 3 µs
-NVLINK_BW, NVLINK_LAT = 300e9, 3e-6
+A100 = parse_cluster("dgx-a100")  # one node: NVLink3 at NCCL's published 230 GB/s bus bandwidth, 3 µs
+NVLINK_BW, NVLINK_LAT = 230e9, 3e-6
 MESH = "mesh(dp=2; d0, d1)"
 BIG, SMALL = 4 * 1024 * 1024, 4 * 256  # f32 (1024, 1024) and (256,)
 

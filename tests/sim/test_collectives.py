@@ -123,11 +123,26 @@ def test_allreduce_unequal_gpus_per_node() -> None:
     assert allreduce_time(two, M, [0, 1, 2, 4]) == close(rs + (M / BN + 2 * AN) + rs)
 
 
-def test_allgather_reducescatter_hierarchical() -> None:
-    # inter: node receives (8−4)/8 of M over 10 GB/s + 1·20 µs; intra: 3/4·M/B + 3·5 µs
-    expected = (0.05 + 2e-5) + (0.0075 + 1.5e-5)
+def test_allgather_reducescatter_across_nodes_run_one_ring() -> None:
+    # NCCL's ring through both nodes, pipelined: every link carries (n−1)/n·M, the slowest (the
+    # node's one 10 GB/s NIC) governs; 7 steps, 1 of them across the network: 6·5 µs + 1·20 µs
+    expected = 7 / 8 * M / BN + 6 * A + AN
+    assert expected == close(0.0875 + 5e-5)
     assert allgather_time(two, M, ALL) == close(expected)
     assert reducescatter_time(two, M, ALL) == close(expected)
+
+
+def test_allreduce_across_nodes_takes_the_faster_of_ring_and_hierarchy() -> None:
+    # ring: a reduce-scatter ring then an all-gather ring, 14 steps of which 2 cross
+    ring = 2 * (7 / 8 * M / BN + 6 * A + AN)
+    hierarchical = 2 * (3 / 4 * M / B + 3 * A) + (M / BN + 2 * AN)
+    assert hierarchical < ring  # one NIC a node: reducing inside the node first moves fewer bytes
+    assert allreduce_time(two, M, ALL) == close(hierarchical)
+    fast_net = Cluster("f", (node(), node()), inter_node=LinkSpec(200e9, AN))
+    ring = 2 * (7 / 8 * M / B + 6 * A + AN)  # the network no longer the slowest link
+    hierarchical = 2 * (3 / 4 * M / B + 3 * A) + (M / 200e9 + 2 * AN)
+    assert ring < hierarchical
+    assert allreduce_time(fast_net, M, ALL) == close(ring)
 
 
 def test_broadcast_reduce_hierarchical() -> None:
@@ -204,20 +219,31 @@ def test_bandwidth_matrix_across_nodes_uses_first_gpus_of_the_nodes() -> None:
     assert allreduce_time(c, M, ALL) == close(rs + (M / 2e9 + 2 * AN) + rs)
 
 
+# NCCL's published figures on the DGX presets (their sources: the presets' collectives_source):
+# inside a DGX A100 every ring collective at 230 GB/s; across nodes 24 of each HDR NIC's 25 GB/s;
+# on a DGX H100 all-reduce 480 (NVLS), all-gather 350, reduce-scatter 360, broadcast/reduce 370;
+# 47 of each NDR NIC's 50 GB/s. 3 µs a step inside a node, 5 µs on the network.
+A100_RING, A100_NIC = 230e9, 24e9
+H100_AR, H100_AG, H100_RS, H100_RING, H100_NIC = 480e9, 350e9, 360e9, 370e9, 47e9
+
+
 def test_dgx_a100_scale_is_fast_to_cost() -> None:
     c = parse_cluster("dgx-a100:128")
     t = allreduce_time(c, M, range(1024))
-    rs = 7 / 8 * M / 300e9 + 7 * 3e-6
-    inter = 2 * 127 / 128 * M / 200e9 + 2 * 127 * 5e-6
-    assert t == close(rs + inter + rs)
+    # NCCL's ring at min(230, 8 × 24 GB/s): 2·1023 steps, 2·127 across the network
+    ring = 2 * 1023 / 1024 * M / (8 * A100_NIC) + 2 * (1023 - 127) * 3e-6 + 2 * 127 * 5e-6
+    rs = 7 / 8 * M / A100_RING + 7 * 3e-6
+    inter = 2 * 127 / 128 * M / (8 * A100_NIC) + 2 * 127 * 5e-6
+    assert ring < rs + inter + rs
+    assert t == close(ring)
     assert alltoall_time(c, M, range(1024)) > 0
-    # one GPU per node: its own 200 Gb/s NIC (25 GB/s), not the node's 8 of them
-    assert coll.allgather_time(c, M, range(0, 1024, 8)) == close(127 / 128 * M / 25e9 + 127 * 5e-6)
+    # one GPU per node: its own 200 Gb/s NIC (25 GB/s, 24 with NCCL), not the node's 8 of them
+    assert coll.allgather_time(c, M, range(0, 1024, 8)) == close(127 / 128 * M / A100_NIC + 127 * 5e-6)
 
 
 # -- the network a group reaches: one NIC per GPU (rail-optimized DGX nodes) ----------------------
 
-NIC = 400e9 / 8  # DGX H100: 8 × 400 Gb/s ConnectX-7, one beside each GPU (50 GB/s)
+NIC = H100_NIC  # DGX H100: 8 × 400 Gb/s ConnectX-7, one beside each GPU (50 GB/s, 47 with NCCL)
 
 
 def test_one_gpu_per_node_group_crosses_on_its_own_nic() -> None:
@@ -235,11 +261,20 @@ def test_one_gpu_per_node_group_crosses_on_its_own_nic() -> None:
 def test_a_group_with_g_gpus_per_node_reaches_g_nics() -> None:
     c = parse_cluster("h100:4")
     two_per_node = [0, 1, 8, 9, 16, 17, 24, 25]
-    rs = 1 / 2 * M / 450e9 + 3e-6  # inside the node: 2 GPUs on NVLink
-    assert allreduce_time(c, M, two_per_node) == close(rs + 2 * 3 / 4 * M / (2 * NIC) + 2 * 3 * 5e-6 + rs)
-    whole = range(32)  # 8 per node: all 8 NICs, the node's 400 GB/s
-    rs8 = 7 / 8 * M / 450e9 + 7 * 3e-6
-    assert allreduce_time(c, M, whole) == close(rs8 + 2 * 3 / 4 * M / 400e9 + 2 * 3 * 5e-6 + rs8)
+    # NCCL's ring through the 4 nodes on the group's 2 NICs a node (2 × 47 GB/s, slower than
+    # NVLink): 14 steps, 6 of them across the network
+    ring = 2 * 7 / 8 * M / (2 * NIC) + 8 * 3e-6 + 6 * 5e-6
+    # hierarchical: reduce-scatter and all-gather inside the node at NCCL's rates, around the
+    # all-reduce across the nodes
+    rs, ag = 1 / 2 * M / H100_RS + 3e-6, 1 / 2 * M / H100_AG + 3e-6
+    hier = rs + 2 * 3 / 4 * M / (2 * NIC) + 2 * 3 * 5e-6 + ag
+    assert allreduce_time(c, M, two_per_node) == close(min(ring, hier))
+    whole = range(32)  # 8 per node: all 8 NICs, the node's 400 GB/s (376 with NCCL)
+    ring8 = M / H100_RS * 31 / 32 + M / H100_AG * 31 / 32 + 2 * 28 * 3e-6 + 6 * 5e-6  # NVLink the slower
+    rs8, ag8 = 7 / 8 * M / H100_RS + 7 * 3e-6, 7 / 8 * M / H100_AG + 7 * 3e-6
+    hier8 = rs8 + 2 * 3 / 4 * M / (8 * NIC) + 2 * 3 * 5e-6 + ag8
+    assert ring8 < hier8
+    assert allreduce_time(c, M, whole) == close(ring8)
     # all-to-all: node i pushes g(n−g)/n·M through its group's g NICs
     assert alltoall_time(c, M, two_per_node) == close(2 * 6 / 8 * M / (2 * NIC) + 3e-6 + 6 * 5e-6)
 

@@ -1,8 +1,9 @@
 """The planner's bulk call-site path (``distir.sim.liveness``) and its shared type memo.
 
-A call summary whose results are each one parameter or a fresh buffer of its own is applied at a
-call site in bulk (``CallSummary.own_ks``); the result must be the plan the general per-result
-path builds. ``PlanDomain`` reuses the op types ``Units.prepare`` inferred.
+A call summary whose results are each one parameter or one fresh buffer (several results may be
+one buffer: ``CallSummary.repeats``) is applied at a call site in bulk (``CallSummary.own_ks``);
+the result must be the plan the general per-result path builds. ``PlanDomain`` reuses the op
+types ``Units.prepare`` inferred.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ T = TensorType(DType.f32, (64, 64), Device(0))
 
 def _module() -> Module:
     """Callees returning fresh buffers, an aliased parameter, a buffer shared by two results and
-    a view; an entry passing one value twice, dropping results, and letting arguments die."""
+    a view, a tuple of a buffer and a parameter; an entry passing one value twice, dropping
+    results, and letting arguments die."""
     fb = FunctionBuilder("own", REGISTRY.out_arity)
     w, x, y = fb.param("w"), fb.param("x"), fb.param("y")
     (a,) = fb.op("MatMul", x, w)
@@ -42,7 +44,12 @@ def _module() -> Module:
     w, x = fb.param("w"), fb.param("x")
     (a,) = fb.op("MatMul", x, w)
     (v,) = fb.op("Identity", a)
-    shared = fb.ret(a, a, v, w)  # one buffer for three results: the general path
+    shared = fb.ret(a, a, v, w)  # one buffer for three results (in bulk: ``CallSummary.repeats``)
+    fb = FunctionBuilder("tupled", REGISTRY.out_arity)
+    w, x = fb.param("w"), fb.param("x")
+    (a,) = fb.op("MatMul", x, w)
+    (tp,) = fb.op("MakeTuple", a, x)
+    tupled = fb.ret(tp, a)  # a result of two roots: the general path
     fb = FunctionBuilder("main", REGISTRY.out_arity)
     w = fb.param("w", T)
     x = fb.param("x", T)
@@ -53,9 +60,11 @@ def _module() -> Module:
         h = r[2]
         s = fb.call(shared, w, r[0])
         (h,) = fb.op("Add", h, s[1])
+        t = fb.call(tupled, w, h)
+        (h,) = fb.op("Add", h, t[1])
         outs.append(r[3])
     (z,) = fb.op("Send", h, dst=Device(1))
-    return Module((own, shared, fb.ret(z, *outs)))
+    return Module((own, shared, tupled, fb.ret(z, *outs)))
 
 
 def _plan(m: Module, general: bool, monkeypatch: pytest.MonkeyPatch) -> FnPlan:
@@ -82,6 +91,7 @@ def test_bulk_call_sites_build_the_general_plan(monkeypatch: pytest.MonkeyPatch)
     bulk, general = _plan(m, False, monkeypatch), _plan(m, True, monkeypatch)
     costs = [c for c in bulk.costs if isinstance(c, records.CallSummary)]
     assert any(c.own_ks is not None and c.aliases for c in costs)  # the bulk path ran, with an alias
+    assert any(c.own_ks is not None and c.repeats for c in costs)  # and a buffer two results are
     assert any(c.own_ks is None for c in costs)  # and the general path
     for f in FIELDS:
         assert getattr(bulk, f) == getattr(general, f), f

@@ -8,9 +8,10 @@ Links (``Cluster.link(a, b)``), per direction, alpha-beta:
 - different nodes: ``Cluster.network_link`` of one GPU on each node: the network interface
   each GPU reaches (``NodeSpec.network_share``: ``inter`` / ``nics`` on a node with a NIC per
   GPU, as a DGX's 8 NICs next to its 8 GPUs; the whole ``inter`` on a single-NIC node) of
-  ``inter_node`` if given, else of each node's ``inter`` spec, the slower side governing
-  (lower bandwidth, higher latency). A collective's group with g GPUs on a node reaches g of
-  them (see ``distir.sim.collectives``); ``Cluster.node_link`` is the nodes' aggregate link;
+  ``inter_node`` if given, else of each node's ``inter`` spec, at the node's
+  ``network_efficiency``, the slower side governing (lower bandwidth, higher latency). A
+  collective's group with g GPUs on a node reaches g of them (see ``distir.sim.collectives``);
+  ``Cluster.node_link`` is the nodes' aggregate link at the line rate;
 - ``bandwidth_matrix`` / ``latency_matrix``, when given, override every pairwise figure above
   (each independently; the diagonal is ignored).
 
@@ -164,13 +165,14 @@ class Cluster:
         """The network link of a group of GPUs with ``(node, g)`` in ``parts``: g of its GPUs on
         that node. Each node gives the group the share of its network bandwidth that g GPUs
         reach (``NodeSpec.network_share``) — ``inter_node``'s if set, else its own ``inter`` —
+        at the fraction of the line rate NCCL reaches there (``NodeSpec.network_efficiency``),
         and the slowest node governs, with the highest latency. Per node, so a collective whose
         g concurrent rings each cross on their own GPU's interface runs at this bandwidth."""
         bw, lat = math.inf, 0.0
         for node, g in parts:
             spec = self.nodes[node]
             net = spec.inter if self.inter_node is None else self.inter_node
-            bw = min(bw, net.bandwidth * spec.network_share(g))
+            bw = min(bw, net.bandwidth * spec.network_share(g) * spec.network_efficiency)
             lat = max(lat, net.latency_s)
         return LinkSpec(bw, lat)
 

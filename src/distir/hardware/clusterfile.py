@@ -74,7 +74,11 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
     [types.t4.collectives.allreduce] # optional, per collective (allreduce, allgather,
     bandwidth_gb_s = 12              #   reducescatter, broadcast, reduce, scatter, gather,
     latency_us = 9                   #   alltoall): the measured link (B, α) of its alpha-beta
-                                     #   formula inside the node, instead of intra_*
+                                     #   formula inside the node, instead of intra_* (NCCL's
+                                     #   bus bandwidth, nccl-tests' busbw)
+    # in [types.t4] itself (optional):
+    #   network_efficiency = 0.96    # fraction of the NICs' line rate NCCL reaches (default 1)
+    #   collectives_source = "..."   # where the collectives and network_efficiency come from
 
     [[nodes]]                        # nodes in order; GPUs are numbered node by node
     type = "p3"                      # a key of [types], or a preset name
@@ -218,6 +222,8 @@ _TYPE_KEYS = (
     *_RUNTIME_KEYS,
     "families",
     "collectives",
+    "network_efficiency",
+    "collectives_source",
     "attention",
     "power",
 )
@@ -447,6 +453,7 @@ class _Loader:
         if base is not None and families != base.device.families:
             dev_over["families"] = families
         collectives = self.collectives(t, path, base.collectives if base else ())
+        net = self.network(t, path, base)
         attention = self.attention(t, path, base.device.attention if base else ())
         if base is not None and attention != base.device.attention:
             dev_over["attention"] = attention
@@ -477,7 +484,7 @@ class _Loader:
                 )
                 intra = LinkSpec(vals["intra_bandwidth_gb_s"], vals["intra_latency_us"])
                 inter = LinkSpec(vals["inter_bandwidth_gb_s"], vals["inter_latency_us"])
-                return NodeSpec(node_name, device, dpn, intra, inter, source, collectives, nics)
+                return NodeSpec(node_name, device, dpn, intra, inter, source, collectives, nics, *net)
             device = base.device
             if dev_over or gpu is not None:
                 name = gpu if gpu is not None else f"{device.name} [{key}]"
@@ -490,9 +497,8 @@ class _Loader:
                 vals.get("inter_bandwidth_gb_s", base.inter.bandwidth),
                 vals.get("inter_latency_us", base.inter.latency_s),
             )
-            return NodeSpec(
-                node_name, device, dpn or base.devices_per_node, intra, inter, source, collectives, nics
-            )
+            dpn = dpn or base.devices_per_node
+            return NodeSpec(node_name, device, dpn, intra, inter, source, collectives, nics, *net)
         except HardwareError as e:
             self.fail(path, str(e))
 
@@ -732,6 +738,23 @@ class _Loader:
             lat = self.number(e["latency_us"], (*epath, "latency_us"), "µs", zero_ok=True)
             out[name] = LinkSpec(bw * GIGA, us(lat))
         return tuple(out.items())
+
+    def network(self, t: dict[str, Any], path: Path_, base: NodeSpec | None) -> tuple[float, str]:
+        """``network_efficiency`` (a fraction in (0, 1]) and ``collectives_source``: the type's,
+        else the preset's, else 1 and none."""
+        eff = base.network_efficiency if base else 1.0
+        src = base.collectives_source if base else ""
+        if "network_efficiency" in t:
+            epath: Path_ = (*path, "network_efficiency")
+            eff = self.number(t["network_efficiency"], epath, "fraction of the NICs' line rate")
+            if eff > 1:
+                self.fail(
+                    epath,
+                    f"expected a fraction of the line rate in (0, 1], got {_got(t['network_efficiency'])}",
+                )
+        if "collectives_source" in t:
+            src = self.string(t["collectives_source"], (*path, "collectives_source"), empty_ok=True)
+        return eff, src
 
     def runtime_memory(self, t: dict[str, Any], path: Path_, base: RuntimeMemory) -> RuntimeMemory:
         """``base`` with the type's runtime-memory keys over it."""

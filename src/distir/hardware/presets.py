@@ -9,8 +9,14 @@ Conventions:
   the marketed bidirectional figure; ``inter`` is the node's aggregate network bandwidth per
   direction (all NICs), Gb/s divided by 8, and ``nics`` the number of those NICs, one per GPU
   or GPU pair on the DGX systems (rail-optimized: each GPU sends through the NIC beside it).
+- **Collectives** (``NodeSpec.collectives``, ``network_efficiency``): on the DGX A100 and H100
+  presets each ring collective runs inside the node at NCCL's published bus bandwidth (nccl-tests'
+  busbw: below the NVLink line rate, as NCCL's SM copies reach about 80% of it; above it for
+  all-reduce with NVLink SHARP on H100), and across nodes at the published fraction of the NICs'
+  line rate; the sources are in ``collectives_source``. ``intra`` and ``inter`` stay the sheets'.
 - **Estimates** (not on any sheet): every latency (NVLink/NVSwitch 3 µs, PCIe 8 µs, InfiniBand
-  5 µs, AWS Ethernet 30-50 µs), every kernel launch overhead (5 µs on GPUs), the p3.8xlarge
+  5 µs, AWS Ethernet 30-50 µs; the 3 µs matches NCCL's measured small-message times on a DGX
+  A100, see ``collectives_source``), every kernel launch overhead (5 µs on GPUs), the p3.8xlarge
   intra-node bandwidth (see there), T4 fp64, and all of ``local``. A calibration profile
   (``distir calibrate``) replaces them with fitted values.
 - **Matrix-product efficiency** (``GemmProfile``, the curve of ``distir.hardware.gemm``): SM
@@ -327,6 +333,53 @@ H100_SXM_80GB = _gpu(
 # T4 fp64 is 1/32 of fp32 (not on the sheet; estimate).
 T4_16GB = _gpu("T4-16GB", 8.1, 8.1, 65.0, 8.1, 0.25, 320.0, 16, _T4_GEMM)
 
+# NCCL's achieved bus bandwidth (nccl-tests' busbw: the per-GPU link rate at which the
+# collective's ring formula gives the measured time), the collectives' (B, α) inside a node
+# (NodeSpec.collectives), and the fraction of a NIC's line rate NCCL reaches across nodes.
+_ML_ENG_NET = (
+    "https://github.com/stas00/ml-engineering/blob/744d01e18b79512572f64a6bbd8b5f4a725203a7/network/README.md"
+)
+_NCCL_TUNING = (
+    "https://github.com/NVIDIA/nccl/blob/5067397c2676d5aed50042fc39e5c8ee96eb0027/src/graph/tuning.cc"
+)
+_LATENCY_NOTE = (
+    "latency 3 us a ring step: an 8-GPU DGX A100 all_reduce_perf takes 43.8 us at 32 KiB, 14 steps "
+    f"of 3.1 us ({_ML_ENG_NET}, 'Real network throughput'); NCCL's own model charges 3.4 us a ring "
+    f"step on NVLink with its Simple protocol ({_NCCL_TUNING}, hwLatencies)"
+)
+_A100_NCCL = (
+    "NCCL on DGX A100: inside the node every ring collective at 230 GB/s of NVLink3's 300: NCCL's "
+    "maintainer, 'each NVLink has a line rate of 25GB/s ... ~20GB/s effective bandwidth with a 128B "
+    "payload size [SM copies] ... some other bottlenecks on the GPUs limits it to ~230GB/s' "
+    "(https://github.com/NVIDIA/nccl-tests/issues/149); measured: all_reduce_perf on 8 A100, busbw "
+    f"234.89 GB/s at 16 GiB ({_ML_ENG_NET}, 'Real network throughput'); {_LATENCY_NOTE}. Across "
+    "nodes 96% of each 200 Gb/s HDR NIC: 'On an Nvidia DGX-A100 system we have 8x200Gbit/s IB cards "
+    "and we measure 192GB/s AllReduce BusBW' (NCCL team, https://github.com/NVIDIA/nccl/issues/812), "
+    "i.e. 24 of 25 GB/s a NIC, 'what we see ourselves in general on perfect setups' "
+    "(https://github.com/NVIDIA/nccl-tests/issues/160)"
+)
+_H100_NCCL = (
+    "NCCL on DGX H100 (NVLink4 via NVSwitch3, 450 GB/s line rate): NCCL's maintainer, 'With the "
+    "protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s, which you can "
+    "observe as BusBw when running non-allreduce operations' and all-reduce, on NVLink SHARP by "
+    "default, 'On 8 GPUs, you should reach a peak busBw of ~480GB/s' "
+    "(https://github.com/NVIDIA/nccl-tests/issues/212; the same 370 and 480 on NVIDIA's GTC 2025 "
+    "session S72583, https://www.nvidia.com/en-us/on-demand/session/gtc25-s72583/, as reproduced in "
+    f"{_ML_ENG_NET}, 'SHARP'): all_reduce 480, broadcast and reduce 370; measured reduce_scatter 360 and "
+    "all_gather 350 GB/s (nccl-tests on H100, https://github.com/NVIDIA/nccl/issues/1281; 362.9 and "
+    f"361.4 on 8 H200 of the same NVLink4 fabric at 16 GiB, {_ML_ENG_NET}); NVLS serves groups of more "
+    f"than 4 GPUs only (a smaller all-reduce rings at 370, not modelled); {_LATENCY_NOTE}. Across "
+    "nodes 94% of each 400 Gb/s NDR NIC: 'For NDR @ 400Gbps you should see "
+    "46-48GB/s per NIC' (NCCL team, https://github.com/NVIDIA/nccl-tests/issues/290; 'up to "
+    "48-49GB/s per NIC', https://github.com/NVIDIA/nccl-tests/issues/267): 47 of 50 GB/s"
+)
+
+
+def _nccl(**gb_s: float) -> tuple[tuple[str, LinkSpec], ...]:
+    """Per-collective links inside a node: NCCL's published bus bandwidth (GB/s), 3 µs a step."""
+    return tuple((k, _link(v, 3.0)) for k, v in gb_s.items())
+
+
 _V100_SHEET = (
     "https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf"
 )
@@ -354,6 +407,9 @@ _PRESETS: dict[str, NodeSpec] = {
         source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf ; "
         "https://www.nvidia.com/en-us/data-center/dgx-a100/",
+        collectives=_nccl(allreduce=230, allgather=230, reducescatter=230, broadcast=230, reduce=230),
+        network_efficiency=24 / 25,
+        collectives_source=_A100_NCCL,
     ),
     # DGX H100: NVLink4 900 GB/s bidirectional per GPU via NVSwitch; 8 × 400 Gb/s NDR IB.
     # Tensor peaks are the sheet's sparse figures halved (TF32 989 → 494.5, BF16 1979 → 989.5,
@@ -367,6 +423,9 @@ _PRESETS: dict[str, NodeSpec] = {
         nics=8,
         source="https://www.nvidia.com/en-us/data-center/h100/ ; "
         "https://www.nvidia.com/en-us/data-center/dgx-h100/",
+        collectives=_nccl(allreduce=480, allgather=350, reducescatter=360, broadcast=370, reduce=370),
+        network_efficiency=47 / 50,
+        collectives_source=_H100_NCCL,
     ),
     # p3.8xlarge: 4 V100-SXM2-16GB on half of a DGX-1-style hybrid cube-mesh: a GPU pair shares
     # 1 or 2 NVLink2 links of 25 GB/s/dir; 50 GB/s is an estimate for a ring. 10 Gb/s network.
@@ -522,7 +581,24 @@ def _calibrated_record(node: NodeSpec) -> dict[str, Any]:
             k: {"bandwidth_gb_s": ln.bandwidth / GIGA, "latency_us": ln.latency_s * 1e6}
             for k, ln in node.collectives
         }
+    if node.network_efficiency != 1.0:
+        rec["network_efficiency"] = node.network_efficiency
+    if node.collectives_source:
+        rec["collectives_source"] = node.collectives_source
     return rec
+
+
+def _collectives_note(rec: dict[str, Any]) -> str:
+    """The caption line of a node type's published collective figures (none without a source)."""
+    src = rec.get("collectives_source")
+    if not src:
+        return ""
+    links = ", ".join(f"{k} {v['bandwidth_gb_s']:g}" for k, v in rec.get("collectives", {}).items())
+    eff = rec.get("network_efficiency", 1.0)
+    return (
+        f"\n    collectives (GB/s inside the node): {links or 'intra'}; network at {100 * eff:.0f}% of the "
+        f"NICs' rate: {src}"
+    )
 
 
 def clusters_json(cluster: Cluster | None = None) -> dict[str, Any]:
@@ -595,6 +671,7 @@ def render_clusters_table(cluster: Cluster | None = None) -> Table:
             for k, a in r.get("attention", {}).items()
         )
         + _power_note(r)
+        + _collectives_note(r)
         for i, r in enumerate(recs, 1)
     )
     runtime_sources = dict.fromkeys(r["runtime_memory_source"] for r in recs if r["runtime_memory_source"])
@@ -605,7 +682,7 @@ def render_clusters_table(cluster: Cluster | None = None) -> Table:
         f"[{i}] measured: families {', '.join(r.get('families', {})) or 'none'}; "
         f"collectives {', '.join(r.get('collectives', {})) or 'none'}"
         for i, r in enumerate(recs, 1)
-        if "families" in r or "collectives" in r
+        if "families" in r or ("collectives" in r and not r.get("collectives_source"))
     ]
     if calibrated:
         notes += "\n" + "\n".join(calibrated)

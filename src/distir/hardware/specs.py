@@ -13,6 +13,7 @@ Invariants (checked on construction, so an ill-formed spec cannot exist):
 - a ``RuntimeMemory`` has non-negative byte counts and a fragmentation fraction in [0, 1);
 - a ``FamilyRates`` has efficiencies in (0, 1] and a finite non-negative launch time; a
   device's ``families`` and a node's ``collectives`` name each family / collective once;
+- a ``NodeSpec``'s ``network_efficiency`` is in (0, 1];
 - a ``PowerProfile`` has at least two (power, rate) points, powers increasing, all positive, and
   its two limits within the measured powers.
 """
@@ -511,6 +512,13 @@ class NodeSpec:
     ConnectX-7 next to each H100, NCCL sending a GPU's traffic through the NIC nearest it), so
     a group with g GPUs on the node reaches ``network_share(g)`` of ``inter``
     (``distir.sim.collectives``). Default 1: one interface every GPU of the node shares.
+
+    ``network_efficiency``: the fraction of ``inter``'s line rate that NCCL's traffic reaches
+    through the node's interfaces (a published per-NIC bus bandwidth over the NIC's rate; 1:
+    the line rate, as a calibrated profile or a node without a published figure has it);
+    ``Cluster.network_link`` applies it to every transfer that crosses the network.
+    ``collectives_source`` says where ``collectives`` and ``network_efficiency`` come from
+    (empty: measured by ``distir calibrate``, or none given).
     """
 
     name: str
@@ -521,6 +529,8 @@ class NodeSpec:
     source: str = ""
     collectives: tuple[tuple[str, LinkSpec], ...] = ()
     nics: int = 1
+    network_efficiency: float = 1.0
+    collectives_source: str = ""
 
     def __post_init__(self) -> None:
         _name("node spec", self.name)
@@ -538,6 +548,14 @@ class NodeSpec:
         _named_once(owner, "collectives", self.collectives, LinkSpec)
         if not isinstance(self.nics, int) or isinstance(self.nics, bool) or self.nics < 1:
             raise SpecError(f"{owner}: nics must be a positive int, got {self.nics!r}")
+        _positive(owner, "network_efficiency", self.network_efficiency)
+        if self.network_efficiency > 1:
+            raise SpecError(
+                f"{owner}: network_efficiency must be at most 1 (a fraction of the line rate), "
+                f"got {self.network_efficiency!r}"
+            )
+        if not isinstance(self.collectives_source, str):
+            raise SpecError(f"{owner}: collectives_source must be a string, got {self.collectives_source!r}")
 
     def network_share(self, gpus: int) -> float:
         """The fraction of ``inter``'s bandwidth that ``gpus`` of this node's GPUs reach

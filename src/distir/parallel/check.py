@@ -177,6 +177,7 @@ def check_against_sequential(
     gather_cast: bool = False,
     fsdp1_root: bool = False,
     megatron_ddp: bool = False,
+    fsdp2_grad_accum: bool = False,
 ) -> Comparison:
     opt = optimizer or Optimizer("sgd", lr=0.1)
     seq = training_step(model, opt, strategy.recompute, precision)
@@ -200,6 +201,7 @@ def check_against_sequential(
         gather_cast=gather_cast,
         fsdp1_root=fsdp1_root,
         megatron_ddp=megatron_ddp,
+        fsdp2_grad_accum=fsdp2_grad_accum,
     )
     vals = initial_values(model, opt, seed, precision)
     want = run_reference(seq, [vals[p.name] for p in seq.entry.params])

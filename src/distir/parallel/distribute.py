@@ -144,6 +144,18 @@ programs. Its shape:
   FULL_SHARD", torch/distributed/fsdp/_runtime_utils.py). With either, the root's gradients are
   reduced together in one call after every block's (the root unit's post-backward hook runs
   once all its gradients are complete, the embedding's last), not each as it completes.
+- ``fsdp2_grad_accum`` (with ``fp32_grad_accum``; PyTorch FSDP2 with ``reduce_dtype=float32``
+  in the backwards that do not reduce, as ``torch.distributed.pipelining`` runs all but a stage's
+  last, ``set_requires_gradient_sync(False)``): each layer's gradients are cast to fp32 and added
+  into the fp32 sums as soon as its backward completes them, not after the whole backward: FSDP2's
+  post-backward hook, run per ``fully_shard`` group as autograd finishes it, casts the unsharded
+  gradient into ``unsharded_accumulated_grad`` and then adds into it
+  (``FSDPParam.to_accumulated_grad_if_needed`` / ``accumulate_unsharded_grad_if_needed``,
+  torch/distributed/fsdp/_fully_shard/_fsdp_param.py), so one layer's low-precision gradient is
+  live at a time. FSDP2 under a pipeline as torchtitan runs it is ZeRO-2 (whole gradients,
+  reduce-scattered once, in the stage's last backward) with ``overlap_param_gather`` (torchtitan's
+  ``apply_fsdp`` passes ``reshard_after_forward=False`` under PP: each chunk gathered in its first
+  forward, kept unsharded for the step), ``fp32_grad_accum`` and this.
 - ``sac_eager`` (``rops`` run eagerly, as torchtitan without ``torch.compile``): PyTorch's
   selective checkpointing caches every result its policy saves until the block's backward,
   whether the backward reads it or not (``torch/utils/checkpoint.py``,
@@ -216,6 +228,7 @@ class FsdpOptions:
     one_dp_stream: bool = False
     grad_copy_in: str = ""
     gather_cast: bool = False
+    fsdp2_grad_accum: bool = False
 
 
 HP_GRAD = "hp_grad"  # fp32 gradient accumulation: the function casting a gradient to fp32
@@ -295,6 +308,7 @@ def distribute(
     gather_cast: bool = False,
     fsdp1_root: bool = False,
     megatron_ddp: bool = False,
+    fsdp2_grad_accum: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -346,7 +360,15 @@ def distribute(
             cp_ring,
             reduce_fp32,
             sac_eager,
-            FsdpOptions(gather_copy_out, fsdp2_root, fsdp1_root, one_dp_stream, grad_copy_in, gather_cast),
+            FsdpOptions(
+                gather_copy_out,
+                fsdp2_root,
+                fsdp1_root,
+                one_dp_stream,
+                grad_copy_in,
+                gather_cast,
+                fsdp2_grad_accum,
+            ),
             megatron_ddp,
         ).build()
 
@@ -583,6 +605,8 @@ class _Builder:
         self.grad_copy_in = f.grad_copy_in  # the gradients' copy into the reduction buffer
         # ZeRO-3's compute copies cast from the masters' shards at each gather
         self.gather_cast = f.gather_cast and self.prec.mixed and z3
+        # fp32 accumulation as each layer's gradients complete (FSDP2's post-backward hook)
+        self.fsdp2_grad_accum = f.fsdp2_grad_accum and self.fp32_acc
 
     def _attrs(self, name: str, value: str) -> Attrs:
         """The attributes ``{name: value}`` of an op the entry emits again and again (a
@@ -1598,11 +1622,11 @@ class _GradSink:
             return
         if self.acc and not self.accs:  # after the other parameters (the call sites pass them last)
             self.accs.update((w, fb.param(f"acc_{w.name}")) for w in self.ws)
-        if self.b.fp32_acc:
+        if self.b.fp32_acc and not self.b.fsdp2_grad_accum:
             self.late.extend(ready)
             return
-        for w, g in ready:
-            self.grads[w] = self._add(w, g)
+        for w, g in ready:  # ``fsdp2_grad_accum``: cast and added now, as FSDP2's hook does
+            self.grads[w] = self._add(w, self.b._accum_cast(fb, w, g))
 
     def _add(self, w: Value, g: Value) -> Value:
         return self.fb.op("Add", self.accs[w], g, names=[f"g_{w.name}"])[0] if self.acc else g

@@ -25,7 +25,8 @@ from distir.parallel.strategy import parse_strategy
 from distir.search.chunk_times import chunk_times
 from distir.search.profile import LayerProfile, cached_profiler
 from distir.sim.cost import RooflineCostModel
-from distir.sim.simulate import simulate
+from distir.sim.devices import DeviceMap
+from distir.sim.simulate import SharedPlans, SharedRecords, simulate
 
 RESULT_KEYS = (
     "strategy",
@@ -104,6 +105,40 @@ def _cluster(spec: str | Cluster) -> Cluster:
 
 Profiles = dict[tuple[object, ...], list[LayerProfile]]
 
+# The exact simulations of one process share their op records (``SharedRecords``: an op's record
+# is a function of the op, its types, the device map, the cost model and the units only, so a
+# record one simulation made is the one another would make): the candidates of a search mostly
+# run the same optimizer, gradient reductions and layers on the same meshes. Records are shared
+# between simulations on the very same device map and cost model objects, so each cluster (by
+# identity, kept alive here) has one cost model per ``tp_comm_overlap`` and each device map one
+# object per mapping. Bounded: cleared when full.
+_SHARED_KEPT = 8
+# (id of the cluster, tp_comm_overlap) -> (the cluster, its cost model, the records, the device
+# maps by mapping)
+_SHARED: dict[
+    tuple[int, bool], tuple[Cluster, RooflineCostModel, SharedRecords, dict[object, DeviceMap]]
+] = {}
+
+
+def _shared(
+    cluster: Cluster, overlap: bool, dmap: DeviceMap
+) -> tuple[RooflineCostModel, DeviceMap, SharedRecords]:
+    """The cost model of ``cluster`` (with ``overlap``), the device map equal to ``dmap`` and the
+    op records the exact simulations on them share (``_SHARED``)."""
+    key = (id(cluster), overlap)
+    got = _SHARED.get(key)
+    if got is None or got[0] is not cluster or len(got[3]) >= _SHARED_KEPT:
+        if len(_SHARED) >= _SHARED_KEPT:
+            _SHARED.clear()
+        got = _SHARED[key] = (
+            cluster,
+            RooflineCostModel(cluster, tp_comm_overlap=overlap),
+            SharedRecords(),
+            {},
+        )
+    canonical = got[3].setdefault(tuple(dmap.mapping.items()), dmap)
+    return got[1], canonical, got[2]
+
 
 def evaluate_seeded(job: ExactJob, profiles: Profiles, strategy: str) -> dict[str, Any]:
     """``evaluate``, its chunk times (``chunk_times``) taken from ``profiles`` where they hold
@@ -140,8 +175,8 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
         precision=job.precision if job.train else "pure",
         chunk_times=times,
     )
-    cost = RooflineCostModel(cluster, tp_comm_overlap=overlap)
-    r = simulate(prog, cluster, device_map(s, True), cost, batch=job.batch)
+    cost, dmap, records = _shared(cluster, overlap, device_map(s, True))
+    r = simulate(prog, cluster, dmap, cost, batch=job.batch, shared=SharedPlans(records))
     r = replace(r, model_flops=model.step_flops(job.train))
     compute = [i for i, slot in enumerate(r.slots) if slot.stream == "compute"]
     busy = sum(r.busy_s[i] for i in compute) / max(len(compute), 1)

@@ -509,9 +509,11 @@ def _time_row(
     layer's weights in one collective call (coalesced parts), on the stage's gather stream one
     layer ahead (``distribute._Gathers``, FSDP's forward and backward prefetch): the next
     layer's gather is issued as a layer starts, so a pass over layers with compute c_i and
-    gathers g_i takes g_first + Σ max(c_i, g_next(i)) + c_last. Per layer the row holds
-    max(f_i, g_{i+1}) + max(b_i, g_{i−1}) (the backward runs the layers last to first); a
-    chunk's ends add ``chunk_edges``."""
+    gathers g_i takes g_first + Σ max(c_i + s·g_next(i), g_next(i)) + c_last, where a layer
+    beside a gather runs s of the gather's time longer (s: the SMs the gather holds,
+    ``_comm_share``, as the simulator charges it, ``distir.sim.interference``). Per layer the row
+    holds max(f_i + s·g_{i+1}, g_{i+1}) + max(b_i + s·g_{i−1}, g_{i−1}) (the backward runs the
+    layers last to first); a chunk's ends add ``chunk_edges``."""
     key = (st.rid, first.rid, st.kind, gather)
     got = tb.time.get(key)
     if got is None:
@@ -527,8 +529,9 @@ def _time_row(
             bwd = st.rows.ibwd if s.schedule == "zb1" else st.rows.time - f
             g_next = np.append(g[1:], 0.0)
             g_prev = np.insert(g[:-1], 0, 0.0)
-            fwd_over = np.maximum(f, g_next) - f
-            bwd_over = np.maximum(bwd, g_prev) - bwd
+            stall = _comm_share(specs[st.kind])  # the SMs a gather holds beside the compute
+            fwd_over = np.maximum(f + stall * g_next, g_next) - f
+            bwd_over = np.maximum(bwd + stall * g_prev, g_prev) - bwd
             row += fwd_over + bwd_over
             edges = (g.tolist(), fwd_over.tolist(), bwd_over.tolist())
         # gradient accumulation: microbatches after the first add into the accumulators (ZeRO-2/3
@@ -540,6 +543,12 @@ def _time_row(
         row.flags.writeable = False
         got = tb.time[key] = TimeRow(row, row.tolist(), *(edges or ()))
     return got
+
+
+def _comm_share(spec: DeviceSpec) -> float:
+    """The fraction of a GPU's compute a collective beside it takes (``distir.sim.interference``:
+    the compute stream runs ``share`` of the collective's time longer)."""
+    return spec.gemm.comm_share if spec.gemm is not None else 0.0
 
 
 def _comm_row(

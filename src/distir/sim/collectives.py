@@ -24,13 +24,28 @@ Links:
 - heterogeneous clusters (AMP): the slowest link governs each level, and a level whose nodes
   differ takes as long as its slowest node (``max`` over nodes).
 
-Groups spanning nodes use hierarchical algorithms (phases run one after the other, no overlap).
+Groups spanning nodes: all-gather and reduce-scatter run NCCL's ring, one flat ring over the
+group's n GPUs, node after node, which NCCL pipelines chunk by chunk so that every link carries
+the ring's traffic at once and the slowest governs (``_flat_ring``): the GPUs' own links inside
+the nodes and the network the group reaches (``Cluster.network_link``: g GPUs on a node, g
+NICs); of its n − 1 steps, k − 1 cross the network. This is NCCL's own cost model of a ring
+(``src/graph/tuning.cc``: bus bandwidth = channels × the ring's inter-node bandwidth on more
+than two nodes; latency = (steps − inter-node steps) × intra latency + inter-node steps × network
+latency), and it reproduces NCCL's published multi-node bus bandwidth (192 GB/s over a DGX
+A100's 8 HDR NICs, NVIDIA/nccl#812). All-reduce takes the faster of that ring (a reduce-scatter
+ring then an all-gather ring, 2(n − 1) steps of which 2(k − 1) cross) and a hierarchical
+reduction standing for NCCL's tree (reduce-scatter inside the nodes, all-reduce across, all-gather
+inside; phases one after the other), as NCCL runs whichever its model predicts faster. The
+other collectives use hierarchical algorithms (phases one after the other, no overlap).
 
-Calibrated nodes (``NodeSpec.collectives``, written by ``distir calibrate``): inside a node, a
-collective listed there runs on its own measured (B, α) instead of the node's ``intra`` link
-(``NodeSpec.intra_for``); reduce-scatter uses the all-gather formula with reduce-scatter's link,
-reduce the broadcast formula with reduce's. Bandwidth/latency matrices, when given, override
-these as they override ``intra``.
+Per-collective links (``NodeSpec.collectives``: written by ``distir calibrate``, or NCCL's
+published bus bandwidth on the DGX presets): inside a node, a collective listed there runs on its
+own (B, α) instead of the node's ``intra`` link (``NodeSpec.intra_for``); reduce-scatter uses the
+all-gather formula with reduce-scatter's link, reduce the broadcast formula with reduce's. A bus
+bandwidth is that link's B: nccl-tests' busbw is defined so that the ring formula below, at
+B = busbw, gives the measured time. Bandwidth/latency matrices, when given, override these as
+they override ``intra``. Across nodes the network runs at the nodes' ``network_efficiency``
+(``Cluster.network_link``).
 """
 
 from __future__ import annotations
@@ -137,6 +152,21 @@ def _ring_phase(cluster: Cluster, gpus: Sequence[int], m: float, kind: str) -> f
     return (g - 1) / g * m / link.bandwidth + (g - 1) * link.latency_s
 
 
+def _flat_ring(cluster: Cluster, parts: Sequence[tuple[int, ...]], m: float, kind: str) -> float:
+    """All-gather or reduce-scatter of M bytes in total over one ring through the nodes of
+    ``parts`` (NCCL's ring, pipelined): (n−1)/n·M / min(B_intra, B_net) + (n−k)α_intra +
+    (k−1)α_net, B_intra and α_intra the slowest of the nodes' ``kind`` links (nodes holding one
+    of the GPUs have none), B_net and α_net the network the group reaches (``_net``)."""
+    n, k = sum(len(p) for p in parts), len(parts)
+    net = _net(cluster, parts)
+    bw, lat = net.bandwidth, 0.0
+    for p in parts:
+        if len(p) >= 2:
+            link = _ring(cluster, p, kind)
+            bw, lat = min(bw, link.bandwidth), max(lat, link.latency_s)
+    return (n - 1) / n * m / bw + (n - k) * lat + (k - 1) * net.latency_s
+
+
 def send_time(cluster: Cluster, nbytes: float, src: int, dst: int) -> float:
     """Send ``nbytes`` (the message size) from GPU ``src`` to GPU ``dst``: α + M/B over
     ``cluster.link(src, dst)``; 0 when ``src == dst`` (two streams of one GPU)."""
@@ -152,13 +182,18 @@ def allreduce_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> flo
     """All-reduce of ``nbytes`` (the size of each participant's buffer, = the result's size).
 
     One node: ring, 2(n−1)/n·M/B + 2(n−1)α over the ring's slowest link.
-    Across k nodes (hierarchical): (1) reduce-scatter inside each node, (g_i−1)/g_i·M/B_i +
+    Across k nodes: the faster of NCCL's ring (``_flat_ring`` of a reduce-scatter then of an
+    all-gather: 2(n−1)/n·M/min(B_rs, B_net) and (n−1)/n·M/min(B_ag, B_net), 2(n−k) steps at
+    α_intra and 2(k−1) at α_net) and the hierarchical reduction standing for NCCL's tree:
+    (1) reduce-scatter inside each node, (g_i−1)/g_i·M/B_i +
     (g_i−1)α_i, the slowest node governing; (2) g concurrent ring all-reduces of M/g across the k
     nodes, one per local rank, each on its GPU's share of the node's network, together B_net
     (the bandwidth the group's g GPUs reach, ``Cluster.network_link``), so
     2(k−1)/k·(M/g)/(B_net/g) + 2(k−1)α_net = 2(k−1)/k·M/B_net + 2(k−1)α_net; (3) all-gather inside
-    each node, as (1). Assumes the group has the same GPUs on every node it spans (with unequal
-    counts, each node's phases use its own g_i).
+    each node, as (1). Phases (1) and (3) run on the node's reduce-scatter and all-gather links
+    (a calibrated or published all-reduce link, e.g. NVLink SHARP's, is a whole node's). Assumes
+    the group has the same GPUs on every node it spans (with unequal counts, each node's phases
+    use its own g_i).
     """
     m = _nbytes(nbytes)
     g = _group(cluster, group)
@@ -170,20 +205,20 @@ def allreduce_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> flo
     if k == 1:
         link = _ring(cluster, g, "allreduce")
         return 2 * (n - 1) / n * m / link.bandwidth + 2 * (n - 1) * link.latency_s
-    intra = max(_ring_phase(cluster, p, m, "allreduce") for p in parts)
+    rs = max(_ring_phase(cluster, p, m, "reducescatter") for p in parts)
+    ag = max(_ring_phase(cluster, p, m, "allgather") for p in parts)
     net = _net(cluster, parts)
     inter = 2 * (k - 1) / k * m / net.bandwidth + 2 * (k - 1) * net.latency_s
-    return intra + inter + intra
+    ring = _flat_ring(cluster, parts, m, "reducescatter") + _flat_ring(cluster, parts, m, "allgather")
+    return min(rs + inter + ag, ring)
 
 
 def allgather_time(cluster: Cluster, nbytes: float, group: Iterable[int], kind: str = "allgather") -> float:
     """All-gather where ``nbytes`` is the *full gathered* size (each GPU contributes M/n).
 
-    One node: ring, (n−1)/n·M/B + (n−1)α. Across k nodes (hierarchical): (1) g concurrent ring
-    all-gathers across the nodes, one per local rank: node i must receive the (n−g_i)/n·M bytes it
-    does not hold over B_net, the slowest node governing, + (k−1)α_net (with equal g this is
-    (k−1)/k·M/B_net); (2) all-gather of the full M inside each node, (g_i−1)/g_i·M/B_i +
-    (g_i−1)α_i, the slowest node governing. ``kind``: whose calibrated intra-node link to use.
+    One node: ring, (n−1)/n·M/B + (n−1)α. Across k nodes: NCCL's ring through the nodes
+    (``_flat_ring``), (n−1)/n·M / min(B_intra, B_net) + (n−k)α_intra + (k−1)α_net, B_net the
+    network the group's g GPUs per node reach. ``kind``: whose intra-node link to use.
     """
     m = _nbytes(nbytes)
     g = _group(cluster, group)
@@ -191,20 +226,16 @@ def allgather_time(cluster: Cluster, nbytes: float, group: Iterable[int], kind: 
     if n < 2:
         return 0.0
     parts = _by_node(cluster, g)
-    k = len(parts)
-    if k == 1:
+    if len(parts) == 1:
         return _ring_phase(cluster, g, m, kind)
-    net = _net(cluster, parts)
-    g_min = min(len(p) for p in parts)
-    inter = (n - g_min) / n * m / net.bandwidth + (k - 1) * net.latency_s
-    return inter + max(_ring_phase(cluster, p, m, kind) for p in parts)
+    return _flat_ring(cluster, parts, m, kind)
 
 
 def reducescatter_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> float:
     """Reduce-scatter where ``nbytes`` is the *full* input size on each GPU (each keeps M/n).
 
-    The mirror image of ``allgather_time`` (intra-node reduce-scatter first, then across nodes),
-    so it costs the same.
+    The mirror image of ``allgather_time`` (the same ring, reducing), so it costs the same on
+    reduce-scatter's link.
     """
     return allgather_time(cluster, nbytes, group, "reducescatter")
 

@@ -329,14 +329,16 @@ def _walk_roots(
         if rd:
             put(zip(rd, repeat(i)))
         call_first[i] = len(keys)
-        if rec.own_ks is not None:  # the common case: each result a parameter or a buffer of its own
-            own = rec.pick_own(instr.outputs)
+        if rec.own_ks is not None:  # the common case: each result a parameter or one buffer
+            outs = instr.outputs
+            own = rec.pick_own(outs)  # the first result that is each buffer names it
             keys.extend(own)
             vals.extend(rec.own_bytes)
             flat.extend(rec.own_allocs)  # own_bytes, concatenated
             created.extend(repeat(i, len(own)))
             for at, j in rec.aliases:  # a result that is parameter j: the argument's storage
-                alias[instr.outputs[at]] = roots_of(ins[j])
+                alias[outs[at]] = roots_of(ins[j])
+            alias.update((outs[at], (outs[f],)) for at, f in rec.repeats)  # result f's buffer again
             call_allocs[i] = rec.own_allocs
             continue
         mine: dict[int, Root] = {}  # fresh buffer k -> its root here

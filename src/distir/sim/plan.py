@@ -42,7 +42,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any
 
 from distir.interp.loop import interpret, walk_unchecked
@@ -61,6 +60,7 @@ from distir.sim.liveness import build_plan
 from distir.sim.oprecord import op_record
 from distir.sim.records import NEG_INF, CallSummary, FnPlan, Gift, MemEvents, OpRecord, Root
 from distir.sim.relabel import Relabeler
+from distir.sim.summaries import summarize
 from distir.sim.units import Units
 
 __all__ = [
@@ -100,7 +100,8 @@ class PlanOptions:
     ``tests/sim/test_reference_planner.py``)."""
 
     # plan bodies of primitive ops in one pass (``distir.sim.flatplan``) instead of the
-    # interpreter's walk followed by ``build_plan``
+    # interpreter's walk followed by ``build_plan``; walk bodies with calls with an op memo keyed
+    # by identity (``PlanDomain._walk_by_ids``)
     fast_path: bool = True
     # carry a callee's summary to another mesh alike instead of planning it again there
     # (``distir.sim.relabel``)
@@ -418,107 +419,56 @@ class PlanDomain(TypeDomain):
         self, fn: Function, args: Sequence[Mixed]
     ) -> tuple[tuple[Mixed, ...], dict[Value, Mixed]]:
         """``_walk`` of a body no ``Units.prepare`` walked: the state built here (``op`` answers a
-        repeated op from its memo)."""
+        repeated op from its memo; with the fast paths on, ``_walk_by_ids`` first)."""
+        if self.options.fast_path:
+            return self._walk_by_ids(fn, args)
         env = walk_unchecked(self.module, fn, args, self)
         return tuple(env[v] for v in fn.outputs), env
 
-
-def summarize(plan: FnPlan, slot_gpu: list[int]) -> CallSummary:
-    """Run a plan symbolically (max-plus over its slots) into a call summary."""
-    slots = plan.slots
-    k = len(slots)
-    pos = {s: j for j, s in enumerate(slots)}
-    # clock[v] is a vector over entry clocks u: the max-plus form of v's current clock
-    clock = [[0.0 if u == v else NEG_INF for u in range(k)] for v in range(k)]
-    first: list[list[float] | None] = [None] * k
-    busy = [0.0] * k
-    comm_t = [0.0] * k
-    stalls = plan.stall if plan.stall is not None else repeat((), len(plan.devs))
-    waits = plan.waits if plan.waits is not None else repeat((), len(plan.devs))
-    for ds, c, is_comm, held, after in zip(plan.devs, plan.costs, plan.comm, stalls, waits, strict=True):
-        idx = [pos[s] for s in ds]
-        if isinstance(c, CallSummary):
-            sub = [pos[s] for s in c.slots]
-            ins = [clock[j] for j in sub]
-            for b, j in enumerate(sub):
-                if first[j] is None:
-                    first[j] = [max(ins[a][u] + c.first[a][b] for a in range(len(sub))) for u in range(k)]
-                busy[j] += c.busy[b]
-                comm_t[j] += c.comm[b]
-            new = [
-                [max(ins[a][u] + c.delay[a][b] for a in range(len(sub))) for u in range(k)]
-                for b in range(len(sub))
-            ]
-            for b, j in enumerate(sub):
-                clock[j] = new[b]
-            continue
-        if not idx:
-            continue
-        waited = [*idx, *(pos[s] for s in after)] if after else idx  # ``OpRecord.waits``
-        start = [max(clock[j][u] for j in waited) for u in range(k)]
-        end = [x + c for x in start]
-        for j in idx:
-            if first[j] is None:
-                first[j] = start
-            clock[j] = end
-            if is_comm:
-                comm_t[j] += c
+    def _walk_by_ids(
+        self, fn: Function, args: Sequence[Mixed]
+    ) -> tuple[tuple[Mixed, ...], dict[Value, Mixed]]:
+        """``walk_unchecked`` of a body with calls, an op met again in it answered from a memo
+        keyed by the identity of its attributes and argument objects (no type hashed): ``op``'s
+        own memo gives an op seen before with equal attributes, types and link the same result
+        types and record, and identical objects are equal. Every object whose id is in a key is
+        alive (the body's attributes, the arguments in ``env``) while the walk lasts; an op with a
+        concrete argument or result is not kept. An op's fused link is found as ``op`` finds it
+        (``_link_by_id``): by its position in the body (``fusion_of``)."""
+        env: dict[Value, Mixed] = dict(zip(fn.params, args, strict=True))
+        env_of = env.__getitem__
+        update = env.update
+        frame = self._frames[-1]
+        append = frame.append
+        links = self.fusion_of(fn)
+        module = self.module
+        seen: dict[tuple[Any, ...], tuple[Sequence[Mixed], OpRecord | CallSummary]] = {}
+        outs: Sequence[Mixed]
+        for i, instr in enumerate(fn.body):
+            ins = list(map(env_of, instr.inputs))
+            if type(instr) is not Op:
+                assert isinstance(instr, Call)
+                outs = self.call(module, instr, module[instr.callee], ins)
             else:
-                busy[j] += c
-        for s, x in held:  # the compute beside a collective, slowed (``distir.sim.interference``)
-            j = pos[s]
-            clock[j] = [t + x for t in clock[j]]
-            busy[j] += x
-    delay = [[clock[v][u] for v in range(k)] for u in range(k)]
-    first_m = [[(first[v] or clock[v])[u] for v in range(k)] for u in range(k)]
-    # memory: live bytes owned by this body, per GPU, from zero, at each op of the body inlined
-    # (a call's: its callee's profile above the live set at the call, ``FnPlan.call_profiles``)
-    live: dict[int, float] = {}
-    peak: dict[int, float] = {}
-    profile: dict[int, list[tuple[int, float]]] = {}
-    inlined = plan.call_profiles or {}
-    at = 0  # the position of the instruction's first op in the body's inlined op order
-    for i, ev in enumerate(plan.mem):
-        c = plan.costs[i]
-        width = c.n_ops if isinstance(c, CallSummary) else 1  # the instruction's ops, inlined
-        if ev is None:
-            at += width
-            continue
-        pk, al, fr = ev
-        inner = inlined.get(i)
-        if inner is None:
-            for g, nb in pk:
-                val = live.get(g, 0.0) + nb
-                profile.setdefault(g, []).append((at, val))
-                if val > peak.get(g, 0.0):
-                    peak[g] = val
-        else:
-            for g, points in inner.items():
-                base = live.get(g, 0.0)
-                rows = profile.setdefault(g, [])
-                for j, rel in points:
-                    val = base + rel
-                    rows.append((at + j, val))
-                    if val > peak.get(g, 0.0):
-                        peak[g] = val
-        at += width
-        for g, nb in al:
-            live[g] = live.get(g, 0.0) + nb
-        for g, nb in fr:
-            live[g] = live.get(g, 0.0) - nb
-    n_ops = sum(c.n_ops if isinstance(c, CallSummary) else 1 for c in plan.costs)
-    return CallSummary(
-        plan.fn.name,
-        slots,
-        delay,
-        first_m,
-        busy,
-        comm_t,
-        sum(plan.flops),
-        peak,
-        plan.out_roots,
-        plan.fresh,
-        n_ops,
-        profile,
-        plan.param_last,
-    )
+                link = links[i] if links is not None else None
+                if link is not None and link.via >= 0:  # through a Redistribute: if it moved nothing
+                    rec = frame[link.via] if link.via < len(frame) else None
+                    link = link.plain() if isinstance(rec, OpRecord) and rec.view else None
+                key = (instr.name, id(instr.attrs), link, *map(id, ins))
+                hit = seen.get(key)
+                if hit is not None:
+                    outs = hit[0]
+                    for v in instr.outputs:
+                        if v.type is not None:
+                            check_declared(instr.outputs, outs, instr.name)
+                            break
+                    append(hit[1])
+                else:
+                    self.pending_link = link
+                    outs = self.op(instr, ins)
+                    if Concrete not in map(type, ins) and Concrete not in map(type, outs):
+                        seen[key] = (outs, frame[-1])
+            if len(outs) != len(instr.outputs):
+                raise OpTypeError("result count mismatch")
+            update(zip(instr.outputs, outs, strict=True))
+        return tuple(env[v] for v in fn.outputs), env

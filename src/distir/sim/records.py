@@ -77,14 +77,16 @@ class CallSummary:
     read_pos: tuple[int, ...] = field(init=False, repr=False)
     read_last: tuple[int, ...] = field(init=False, repr=False)
     pick_read: Callable[[Sequence[Any]], tuple[Any, ...]] = field(init=False, repr=False)
-    # when every result is one parameter or a fresh buffer of its own (no buffer shared): the
-    # results that are buffers (positions, a picker, buffer indices, bytes per GPU of each, all
-    # their allocations in result order) and the aliases (result position, parameter); else None
+    # when every result is one parameter or one fresh buffer: the first result that is each
+    # buffer (positions, a picker, buffer indices, bytes per GPU of each, all their allocations
+    # in result order), the aliases (result position, parameter) and the results that are a
+    # buffer an earlier result is (result position, that result's position); else None
     own_ks: tuple[int, ...] | None = field(init=False, repr=False)
     pick_own: Callable[[Sequence[Any]], tuple[Any, ...]] = field(init=False, repr=False)
     own_bytes: tuple[tuple[tuple[int, float], ...], ...] = field(init=False, repr=False)
     own_allocs: tuple[tuple[int, float], ...] = field(init=False, repr=False)
     aliases: tuple[tuple[int, int], ...] = field(init=False, repr=False)
+    repeats: tuple[tuple[int, int], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         read = sorted((pl, j) for j, pl in enumerate(self.param_last) if pl >= 0)
@@ -92,21 +94,29 @@ class CallSummary:
         self.read_last = tuple(pl for pl, _ in read)
         self.pick_read = picker(self.read_pos)
         pos = [o for o, refs in enumerate(self.out_roots) if len(refs) == 1 and refs[0] < 0]
-        ks = tuple(-1 - self.out_roots[o][0] for o in pos)
         aliases = tuple(
             (o, refs[0]) for o, refs in enumerate(self.out_roots) if len(refs) == 1 and refs[0] >= 0
         )
-        if len(pos) + len(aliases) == len(self.out_roots) and len(set(ks)) == len(ks):
+        first_of: dict[int, int] = {}  # buffer -> the first result that is it
+        for o in pos:
+            first_of.setdefault(-1 - self.out_roots[o][0], o)
+        own = sorted(first_of.values())
+        self.repeats = ()
+        if len(pos) + len(aliases) == len(self.out_roots):
+            ks = tuple(-1 - self.out_roots[o][0] for o in own)
             self.own_ks = ks
             self.own_bytes = tuple(self.fresh[k][0] for k in ks)
             self.own_allocs = tuple(x for b in self.own_bytes for x in b)
             self.aliases = aliases
+            if len(own) < len(pos):
+                firsts = ((o, first_of[-1 - self.out_roots[o][0]]) for o in pos)
+                self.repeats = tuple((o, f) for o, f in firsts if f != o)
         else:
             self.own_ks = None
             self.own_bytes = ()
             self.own_allocs = ()
             self.aliases = ()
-        self.pick_own = picker(pos)
+        self.pick_own = picker(own)
 
     def extra_with_dying(
         self,

@@ -41,6 +41,7 @@ from distir.ir.ops import Call, Op
 from distir.ir.types import Device, IRTypeError, devices_of
 from distir.ops.dist import parse_mesh_attr
 from distir.ops.elementwise import CAST
+from distir.sim.allocator import reserved_bytes, stream_pools
 from distir.sim.cost import CostModel, RooflineCostModel
 from distir.sim.devices import DeviceMap, Slot
 from distir.sim.interference import apply_stall
@@ -80,6 +81,11 @@ class SimResult:
     cluster: Cluster | None = field(default=None, repr=False)
     # gpu -> bytes held besides tensors at the peak (context, workspaces, buffers, allocator)
     runtime_memory: dict[int, float] = field(default_factory=dict)
+    # ``simulate(..., allocator=True)`` (``distir.sim.allocator``): gpu -> the caching allocator's
+    # reserved peak (its streams' pools with the fragmentation fraction) plus the runtime memory's
+    # fixed part, and gpu -> stream -> that stream's pool (bytes); empty when not asked for
+    reserved_memory: dict[int, float] = field(default_factory=dict)
+    stream_pools: dict[int, dict[str, float]] = field(default_factory=dict)
     # a traced run: what its detailed trace is built from (``distir.sim.tracedetail``)
     trace_source: DetailSource | None = field(default=None, repr=False, compare=False)
 
@@ -149,12 +155,62 @@ def simulate(
     trace_detail: str = "chunk",
     planner: str = "fast",
     shared: SharedPlans | None = None,
+    allocator: bool = False,
 ) -> SimResult:
     """Simulate ``fn`` (default: the module's entry) on ``cluster``. ``trace_detail`` (with
     ``trace``): how deep ``SimResult.trace_detail`` looks into calls — ``chunk``, ``layer`` or
     ``op`` (``distir.sim.tracedetail``). ``planner``: ``fast`` (``distir.sim.plan`` with its fast
     paths) or ``reference`` (``distir.sim.reference``: the same figures, slowly, with no memory
-    timeline and no trace detail)."""
+    timeline and no trace detail). ``allocator``: also size the caching allocator's per-stream
+    pools (``distir.sim.allocator``: one more walk of the program) into
+    ``SimResult.reserved_memory`` and ``stream_pools``."""
+    result = _simulate_planned(
+        module, cluster, device_map, cost_model, trace, batch, concrete, fn, trace_detail, planner, shared
+    )
+    if allocator:
+        _add_reserved(
+            result, module, fn if fn is not None else module.entry, concrete, cluster, device_map, cost_model
+        )
+    return result
+
+
+def _add_reserved(
+    r: SimResult,
+    module: Module,
+    fn: Function,
+    concrete: Mapping[str, Any] | None,
+    cluster: Cluster,
+    device_map: DeviceMap | None,
+    cost_model: CostModel | None,
+) -> None:
+    """Fill ``r.reserved_memory`` and ``r.stream_pools`` (``distir.sim.allocator``)."""
+    dmap = (
+        device_map
+        if device_map is not None
+        else DeviceMap.default(_program_devices(module, fn), cluster.num_devices)
+    )
+    cost = cost_model if cost_model is not None else RooflineCostModel(cluster)
+    pools = stream_pools(module, fn, entry_args(fn, concrete), dmap, cost)
+    for g in r.peak_memory:
+        rt = cluster.device_spec(g).runtime
+        r.reserved_memory[g] = reserved_bytes(pools, g, rt.fragmentation, rt.fixed_bytes)
+        r.stream_pools[g] = pools.pools.get(g, {})
+
+
+def _simulate_planned(
+    module: Module,
+    cluster: Cluster,
+    device_map: DeviceMap | None,
+    cost_model: CostModel | None,
+    trace: bool,
+    batch: int | None,
+    concrete: Mapping[str, Any] | None,
+    fn: Function | None,
+    trace_detail: str,
+    planner: str,
+    shared: SharedPlans | None,
+) -> SimResult:
+    """``simulate`` by the chosen planner."""
     if trace_detail not in LEVELS:
         raise ValueError(f"trace detail must be one of {', '.join(LEVELS)}, got {trace_detail!r}")
     if planner not in PLANNERS:

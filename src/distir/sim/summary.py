@@ -18,8 +18,11 @@ def summary_dict(r: SimResult) -> dict[str, Any]:
     file), hfu (all FLOPs executed), flops, model_flops, bubble_fraction, ops,
     peak_memory_bytes, runtime_memory_bytes, parameter_bytes and capacity_bytes (per program
     device: its GPU's figure; the peak includes the runtime memory: CUDA context, workspaces,
-    communication buffers and the allocator's reserve), oom (bool), oom_devices, devices (per
-    slot: devices, gpu, stream, kind, busy_s, comm_s, idle_s)."""
+    communication buffers and the allocator's reserve), reserved_memory_bytes (per program
+    device: its GPU's caching-allocator reserved peak with the runtime memory's fixed part,
+    ``distir.sim.allocator``; null when not simulated: ``simulate(..., allocator=True)``,
+    ``distir simulate --reserved``), oom (bool), oom_devices, devices (per slot: devices, gpu,
+    stream, kind, busy_s, comm_s, idle_s)."""
     t = r.step_time_s
     gpu_of = {d: s.gpu for s, devs in zip(r.slots, r.slot_devices, strict=True) for d in devs}
     devices = []
@@ -48,6 +51,7 @@ def summary_dict(r: SimResult) -> dict[str, Any]:
         "ops": r.n_ops,
         "peak_memory_bytes": {str(d): r.peak_memory[g] for d, g in sorted(gpu_of.items())},
         "runtime_memory_bytes": {str(d): r.runtime_memory.get(g, 0.0) for d, g in sorted(gpu_of.items())},
+        "reserved_memory_bytes": {str(d): r.reserved_memory.get(g) for d, g in sorted(gpu_of.items())},
         "parameter_bytes": {str(d): r.param_memory[g] for d, g in sorted(gpu_of.items())},
         "capacity_bytes": {str(d): r.capacity[g] for d, g in sorted(gpu_of.items())},
         "oom": bool(oom),
@@ -78,7 +82,8 @@ def summary_table(r: SimResult, title: str) -> Group:
         f"MFU {_pct(r.mfu)}   HFU {_pct(r.hfu)}   bubble {100 * r.bubble_fraction:.1f}%   ops {r.n_ops:,}\n"
     )
     table = Table()
-    for col in ("device", "GPU", "busy", "comm", "idle", "peak memory", "runtime", "capacity", ""):
+    reserved = ("reserved",) if r.reserved_memory else ()
+    for col in ("device", "GPU", "busy", "comm", "idle", "peak memory", "runtime", *reserved, "capacity", ""):
         table.add_column(col, justify="left" if col in ("device", "GPU", "") else "right")
     for dev in d["devices"]:
         g = dev["gpu"]
@@ -92,6 +97,7 @@ def summary_table(r: SimResult, title: str) -> Group:
             format_seconds(dev["idle_s"]),
             f"{peak / GIB:.3f} GiB",
             f"{r.runtime_memory.get(g, 0.0) / GIB:.3f} GiB",
+            *((f"{r.reserved_memory[g] / GIB:.3f} GiB",) if reserved else ()),
             f"{cap / GIB:.1f} GiB",
             flag,
         )

@@ -37,6 +37,7 @@ from distir.ops.dist import REDISTRIBUTE
 from distir.ops.registry import CommCost, CommPattern, OpTypeError
 from distir.sim import interference
 from distir.sim.cost import CostModel, gpu_class
+from distir.sim.costmemo import cost_memos
 from distir.sim.devices import DeviceMap
 from distir.sim.grouping import (
     Groups,
@@ -217,13 +218,15 @@ class Units:
         # by id (see mesh_info), with the mesh kept alive
         self._mesh_units: dict[int, tuple[Mesh, tuple[tuple[int, Device, int, int], ...]]] = {}
         self._gpu_class: dict[int, Hashable] = {}
-        self._comm_memo: dict[tuple[Any, ...], float] = {}
-        self.local_costs: dict[tuple[Any, ...], tuple[float, float]] = {}  # (seconds, FLOPs)
+        # the cost memos below are shared by every domain on an equal cost model (``costmemo``)
+        memos = cost_memos(cost)
+        self._comm_memo: dict[tuple[Any, ...], float] = memos.comm
+        self.local_costs: dict[tuple[Any, ...], tuple[float, float]] = memos.local_costs  # (seconds, FLOPs)
         self._dtensor_bytes: dict[DTensorType, list[tuple[int, float]]] = {}  # ``bytes_by_gpu``
         # the same by identity (the type kept alive): comparing two equal types compares meshes
         self._dtensor_bytes_ids: dict[int, tuple[DTensorType, list[tuple[int, float]]]] = {}
         # ``spmd.local_record``'s mesh-free part: (seconds, FLOPs, view, bytes per mesh unit)
-        self.local_shapes: dict[tuple[Any, ...], LocalShape] = {}
+        self.local_shapes: dict[tuple[Any, ...], LocalShape] = memos.local_shapes
         # result types per (op, attributes, input types) from ``prepare``'s pass over the program
         # (the same type domain): planning does not infer an op's types twice
         self.op_types: dict[tuple[Any, ...], Sequence[Mixed]] = {}
