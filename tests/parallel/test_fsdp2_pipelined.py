@@ -21,7 +21,7 @@ from distir.ir.dtensor import DTensorType, Shard
 from distir.ir.function import Module
 from distir.ir.types import DType
 from distir.parallel.distribute import device_map, distribute
-from distir.parallel.strategy import parse_strategy
+from distir.parallel.strategy import StrategyError, parse_strategy
 from distir.sim.simulate import simulate
 
 from .helpers import assert_mixed_step_matches
@@ -131,8 +131,7 @@ def test_fsdp2_grad_accum_holds_one_layers_bf16_gradient_not_the_stages() -> Non
     assert whole - per_layer >= 2 * psi - 4 * 2 * layer
 
 
-def test_without_fp32_grad_accum_fsdp2_grad_accum_changes_nothing() -> None:
+def test_fsdp2_grad_accum_without_fp32_grad_accum_is_refused() -> None:
     base = {k: v for k, v in FSDP2_PP.items() if k not in ("fp32_grad_accum", "fsdp2_grad_accum")}
-    a = _program("d2.t1.p2.k4.1f1b.z2", **base)
-    b = _program("d2.t1.p2.k4.1f1b.z2", **base, fsdp2_grad_accum=True)
-    assert str(a) == str(b)
+    with pytest.raises(StrategyError, match="needs fp32_grad_accum"):
+        _program("d2.t1.p2.k4.1f1b.z2", **base, fsdp2_grad_accum=True)

@@ -23,7 +23,9 @@ per element (the abs-max, the scaling); the scale itself is a scalar beside the 
 (torchao's ``Float8Tensor._scale``), whose 4 bytes the types do not count, as they do not
 count the second layout (memory holds one). Under tensor parallelism the amax of a sharded
 tensor is an all-reduce of one scalar (DTensor's ``max``); TE reduces its amaxes once per
-forward; neither is modelled.
+forward; neither is modelled: the sharding rule is pointwise, so a sharded cast scales each
+shard by its own amax — the same values up to a float8 rounding step (the tolerance
+``distir.backend.verify`` allows for float8 programs), the same bytes and time.
 
 The reference holds a float8 tensor as the float32 values it stands for: ``x`` scaled, rounded
 to the float8 grid (round to nearest even, subnormals included), saturated at ``FP8_MAX`` and

@@ -606,6 +606,8 @@ class _Builder:
         # ZeRO-3's compute copies cast from the masters' shards at each gather
         self.gather_cast = f.gather_cast and self.prec.mixed and z3
         # fp32 accumulation as each layer's gradients complete (FSDP2's post-backward hook)
+        if f.fsdp2_grad_accum and self.train and not self.fp32_acc:
+            raise StrategyError(f"{s}: fsdp2_grad_accum adds into fp32 sums: it needs fp32_grad_accum")
         self.fsdp2_grad_accum = f.fsdp2_grad_accum and self.fp32_acc
 
     def _attrs(self, name: str, value: str) -> Attrs:

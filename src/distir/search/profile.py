@@ -407,7 +407,7 @@ class Profiler:
         """(time, FLOPs per device, transient bytes) of one call of ``fn``: its peak above its
         arguments, those at positions ``dying`` freed after their last use inside (the others
         held throughout, as a chunk holds a layer's weights)."""
-        k2 = (*key, id(fn), tuple(args), dying)
+        k2 = (*key, fn, tuple(args), dying)  # fn by identity, kept alive
         got = self._fn_cache.get(k2)
         if got is not None:
             return (*got, self._work.get(k2, 0.0))
@@ -435,7 +435,7 @@ class Profiler:
     ) -> float:
         """The transient bytes of ``_run`` alone (its time unused), shared by the TP groups of
         one ``_memory_key`` ``mkey``."""
-        k2 = (*mkey, id(fn), tuple(args), "work", dying)
+        k2 = (*mkey, fn, tuple(args), "work", dying)  # fn by identity, kept alive
         got = self._work.get(k2)
         if got is None:
             got = self._work[k2] = self._run(fn, args, dmap, cost, key, dying)[2]
@@ -456,7 +456,7 @@ class Profiler:
         storage once (a result that views another, or a held argument, adds nothing), as the
         simulator counts them — the memory timeline's last point after a call returning only
         them. Shared by the TP groups of one ``_memory_key`` ``mkey``."""
-        k2 = (*mkey, id(fn), tuple(args), "kept", keep.start, keep.stop, dying)
+        k2 = (*mkey, fn, tuple(args), "kept", keep.start, keep.stop, dying)
         got = self._work.get(k2)
         if got is not None:
             return got

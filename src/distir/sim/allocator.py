@@ -72,7 +72,9 @@ from distir.sim.reference import OpStep, Step, Storage, _Walker, freed_after
 from distir.sim.units import Units
 
 BLOCK = 512  # kMinBlockSize: every allocation is rounded up to a multiple of it
-# collectives whose results trainers allocate on their reduction stream
+# collectives whose results trainers allocate on their reduction stream (FSDP's reduce-scatter
+# output; an in-place all-reduce of a persistent bucket, as DDP's and Megatron-LM's, allocates
+# nothing there, so their reserved figure counts one bucket too many per stream)
 REDUCING = frozenset({CommPattern.REDUCESCATTER, CommPattern.ALLREDUCE, CommPattern.REDUCE})
 REDUCE_SUFFIX = "/reduce"
 

@@ -183,7 +183,7 @@ def allreduce_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> flo
 
     One node: ring, 2(n−1)/n·M/B + 2(n−1)α over the ring's slowest link.
     Across k nodes: the faster of NCCL's ring (``_flat_ring`` of a reduce-scatter then of an
-    all-gather: 2(n−1)/n·M/min(B_rs, B_net) and (n−1)/n·M/min(B_ag, B_net), 2(n−k) steps at
+    all-gather: (n−1)/n·M/min(B_rs, B_net) and (n−1)/n·M/min(B_ag, B_net), 2(n−k) steps at
     α_intra and 2(k−1) at α_net) and the hierarchical reduction standing for NCCL's tree:
     (1) reduce-scatter inside each node, (g_i−1)/g_i·M/B_i +
     (g_i−1)α_i, the slowest node governing; (2) g concurrent ring all-reduces of M/g across the k

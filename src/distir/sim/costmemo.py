@@ -9,10 +9,11 @@ device map, the units or the program (``spmd.local_record``'s docstring says wha
 holds). So domains on equal cost models share one set of memos: the search's probes of one
 layer on every GPU group of a kind, and its exact simulations, cost each distinct local op once.
 
-Two cost models are equal here when they are the same object, or ``dataclasses`` of the same
-type whose fields are equal — the cluster compared by identity (a cluster is immutable; one
+Two cost models are equal here when they are the same object, or frozen ``dataclasses`` of the
+same type whose fields are equal — the cluster compared by identity (a cluster is immutable; one
 object per parsed cluster), mappings by their items. A model of any other kind, or with a field
-that is not hashable, gets memos of its own (as before: per domain). The memos are bounded
+that is not hashable, gets memos of its own, per domain (a model that can change after its
+first use never shares: its token would no longer say what it is). The memos are bounded
 (cleared when full: they are memos, recomputed alike).
 """
 
@@ -36,16 +37,31 @@ class CostMemos(NamedTuple):
     comm: dict[tuple[Any, ...], float]
 
 
-# token -> (the cost model and its cluster, kept alive so the ids in tokens stay theirs; memos)
-_MEMOS: dict[tuple[Any, ...], tuple[object, CostMemos]] = {}
-# id of a cost model -> (that model, its token): a model's token is worked out once
-_TOKENS: dict[int, tuple[object, tuple[Any, ...] | None]] = {}
+class _Kept(NamedTuple):
+    """A token's memos, with the cost model and cluster it was made of kept alive (so the ids in
+    tokens stay theirs)."""
+
+    alive: object
+    memos: CostMemos
+
+
+class _Token(NamedTuple):
+    """A cost model's token, worked out once (the model kept alive so its id stays its own)."""
+
+    model: object
+    token: tuple[Any, ...] | None
+
+
+_MEMOS: dict[tuple[Any, ...], _Kept] = {}
+_TOKENS: dict[int, _Token] = {}
 
 
 def cost_token(cost: object) -> tuple[Any, ...] | None:
     """What makes ``cost`` the cost model it is, as a hashable value (module docstring), or None
-    when it is not a dataclass of hashable fields (no memo is shared with it)."""
+    when it is not a frozen dataclass of hashable fields (no memo is shared with it)."""
     if not dataclasses.is_dataclass(cost) or isinstance(cost, type):
+        return None
+    if not type(cost).__dataclass_params__.frozen:  # type: ignore[attr-defined]
         return None
     parts: list[Any] = [type(cost)]
     for f in dataclasses.fields(cost):
@@ -53,9 +69,9 @@ def cost_token(cost: object) -> tuple[Any, ...] | None:
         if f.name == "cluster":
             parts.append(("cluster", id(v)))
             continue
-        if isinstance(v, Mapping):
-            v = ("mapping", tuple(sorted(v.items())))
         try:
+            if isinstance(v, Mapping):
+                v = ("mapping", frozenset(v.items()))
             hash(v)
         except TypeError:
             return None
@@ -67,19 +83,19 @@ def cost_memos(cost: object) -> CostMemos:
     """The memos every domain on a cost model equal to ``cost`` shares (new ones of its own when
     ``cost_token`` gives none)."""
     seen = _TOKENS.get(id(cost))
-    if seen is None or seen[0] is not cost:
+    if seen is None or seen.model is not cost:
         if len(_TOKENS) >= 4 * _KEPT_MODELS:
             _TOKENS.clear()
-        seen = _TOKENS[id(cost)] = (cost, cost_token(cost))
-    token = seen[1]
+        seen = _TOKENS[id(cost)] = _Token(cost, cost_token(cost))
+    token = seen.token
     if token is None:
         return CostMemos({}, {}, {})
     got = _MEMOS.get(token)
     if got is None:
         if len(_MEMOS) >= _KEPT_MODELS:
             _MEMOS.clear()
-        got = _MEMOS[token] = ((cost, getattr(cost, "cluster", None)), CostMemos({}, {}, {}))
-    memos = got[1]
+        got = _MEMOS[token] = _Kept((cost, getattr(cost, "cluster", None)), CostMemos({}, {}, {}))
+    memos = got.memos
     for m in memos:
         if len(m) >= _KEPT_ENTRIES:
             m.clear()
