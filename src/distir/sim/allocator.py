@@ -51,7 +51,7 @@ each time: slower, which the step time does not include). ``over_capacity`` name
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import chain
 from typing import NamedTuple
 
@@ -68,7 +68,7 @@ from distir.sim.devices import DeviceMap
 from distir.sim.interference import COMPUTE
 from distir.sim.oprecord import slots_of
 from distir.sim.records import OpRecord
-from distir.sim.reference import OpStep, Step, Storage, _Walker, freed_after
+from distir.sim.reference import OpStep, Storage, _Walker, freed_after, inlined_ops
 from distir.sim.units import Units
 
 BLOCK = 512  # kMinBlockSize: every allocation is rounded up to a multiple of it
@@ -181,14 +181,6 @@ def _reduces(rec: OpRecord) -> bool:
     return rec.comm and rec.collective is not None and rec.collective.pattern in REDUCING
 
 
-def _ops(steps: Sequence[Step]) -> Iterator[OpStep]:
-    for step in steps:
-        if isinstance(step, OpStep):
-            yield step
-        else:
-            yield from _ops(step.steps)
-
-
 def stream_pools(
     module: Module, fn: Function, args: Sequence[Mixed], dmap: DeviceMap, cost: CostModel
 ) -> Pools:
@@ -214,7 +206,7 @@ def stream_pools(
     frees: dict[int, list[Storage]] = {}
     for s, at in free_at.items():
         frees.setdefault(at, []).append(s)
-    for at, op in enumerate(chain([None], _ops(entry.steps)), start=-1):
+    for at, op in enumerate(chain([None], inlined_ops(entry.steps)), start=-1):
         if op is not None:
             ledger.step(op, _dying(op, free_at, at))
         for s in frees.get(at, ()):

@@ -308,13 +308,13 @@ def time_entry(
 
 
 # -- memory -------------------------------------------------------------------------------------------
-def _ops(steps: Sequence[Step]) -> Iterator[OpStep]:
+def inlined_ops(steps: Sequence[Step]) -> Iterator[OpStep]:
     """The primitive ops of ``steps`` in program order, calls inlined."""
     for step in steps:
         if isinstance(step, OpStep):
             yield step
         else:
-            yield from _ops(step.steps)
+            yield from inlined_ops(step.steps)
 
 
 def _donations(fn: Function, params: dict[Value, Storage]) -> dict[Storage, Gift]:
@@ -342,7 +342,7 @@ def freed_after(
     for step in steps:
         mine: dict[Storage, int] = {}
         first = p
-        for op in _ops([step]):
+        for op in inlined_ops([step]):
             for s in chain.from_iterable(op.reads):
                 last[s] = mine[s] = p
             for s in op.made:
@@ -376,7 +376,7 @@ def peak_memory(
     frees: dict[int, list[Storage]] = {}
     for s, p in free_at.items():
         frees.setdefault(p, []).append(s)
-    for p, op in enumerate(chain([None], _ops(steps)), start=-1):
+    for p, op in enumerate(chain([None], inlined_ops(steps)), start=-1):
         if op is not None:
             rec = op.record
             bump = rec.bump
@@ -434,7 +434,7 @@ def run_reference(
     clock, busy, comm, slices = time_entry(entry.steps, len(dmap.slots), trace)
     gpus = sorted({s.gpu for s in dmap.slots})
     held, peak = peak_memory(fn, entry.steps, params, results, gpus)
-    n_ops = sum(1 for _ in _ops(entry.steps))
+    n_ops = sum(1 for _ in inlined_ops(entry.steps))
     return ReferenceRun(clock, busy, comm, peak, held, _flops(entry.steps), n_ops, slices)
 
 
