@@ -132,6 +132,11 @@ class Published:
     fit: bool
     flops_formula: str = ""
     also: str = ""
+    # a published peak memory per GPU (GiB) and what it measures: "allocator_reserved", the caching
+    # allocator's peak reserved bytes (``reserved_bytes.all.peak``: its segments, cuBLAS workspaces
+    # included, not the CUDA context or NCCL's buffers), the figure torchtitan logs as max_reserved
+    memory: str = ""
+    memory_gib: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +227,7 @@ def _typed(cls: type, table: Any, where: str) -> Any:
             if f.default is f.default_factory:  # dataclasses.MISSING for both: required
                 raise RunsError(f"{where}: missing field {name!r}")
             continue
-        v, want = table[name], str(f.type)
+        v, want = table[name], str(f.type).removesuffix(" | None")  # TOML has no null: a value is given
         if want.startswith("tuple"):
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
                 raise RunsError(f"{where}.{name}: expected a list of strings, got {v!r}")
@@ -283,6 +288,11 @@ def _check(r: Run, where: str) -> None:
         raise RunsError(f"{where}.model: norm, rope, silu and kv are options of the llama family")
     if m.tied and m.family != "gpt":
         raise RunsError(f"{where}.model.tied: only the gpt family ties its embedding and head")
+    if (p.memory == "") != (p.memory_gib is None) or p.memory not in MEMORY_MEASURES:
+        raise RunsError(
+            f"{where}.published: memory_gib needs memory = one of {', '.join(MEMORY_MEASURES[1:])} and "
+            f"the other way round, got memory = {p.memory!r}, memory_gib = {p.memory_gib!r}"
+        )
     if p.metric not in METRICS:
         raise RunsError(f"{where}.published.metric: expected one of {', '.join(METRICS)}, got {p.metric!r}")
     if (p.metric == "tflops_per_gpu") != (p.flops_formula in FLOPS_FORMULAS):
@@ -428,17 +438,14 @@ class Prediction(NamedTuple):
     strategy: str
     seconds: float  # wall time of build + simulation
     # the caching allocator's reserved peak (``distir.sim.allocator``) without the CUDA context
-    # and NCCL buffers, for a record publishing a memory figure that is that (a trainer of
-    # ``RESERVED_TRAINERS``, ``also = "peak memory ..."``); else None
+    # and NCCL buffers, for a record publishing that figure (``Published.memory``); else None
     reserved_gib: float | None = None
 
 
-# trainers whose published memory is the caching allocator's peak reserved bytes: torchtitan logs
-# ``torch.cuda.memory_stats()["reserved_bytes.all.peak"]`` as max_reserved (torchtitan/metrics.py,
-# ``DeviceMemoryMonitor``). That counts the allocator's segments (cuBLAS workspaces included:
-# PyTorch allocates them through it) but not the CUDA context or NCCL's buffers. The other
-# trainers' records publish no memory figure (only whether the run fit).
-RESERVED_TRAINERS = ("torchtitan",)
+# what a record's published memory figure measures (``Published.memory``): none, or the caching
+# allocator's peak reserved bytes (its segments, cuBLAS workspaces included: PyTorch allocates them
+# through it; not the CUDA context or NCCL's buffers)
+MEMORY_MEASURES = ("", "allocator_reserved")
 
 
 def allocator_reserved(res: Any) -> float:
@@ -536,7 +543,7 @@ def predict(r: Run, v: Variant = AS_PUBLISHED) -> Prediction:
     t0 = time.perf_counter()
     # only where the record publishes a memory figure: the pools cost one more walk of the
     # program (minutes for a 512-GPU pipeline), and elsewhere there is nothing to compare
-    reserved = r.trainer.startswith(RESERVED_TRAINERS) and r.published.also.startswith("peak memory")
+    reserved = r.published.memory == "allocator_reserved"
     res, st = _simulated(r, v, allocator=reserved)
     peak = max(res.peak_memory.values())
     cap = min(res.capacity.values())
@@ -615,12 +622,21 @@ def _yn(b: bool) -> str:
     return "yes" if b else "NO"
 
 
-def _peak_cell(p: Prediction) -> str:
-    """The peak memory column: the allocator's reserved peak where the trainer publishes that
-    (``RESERVED_TRAINERS``), else the peak with the runtime memory; over the capacity."""
+def _peak_cell(r: Run, p: Prediction) -> str:
+    """The peak memory column: the allocator's reserved peak where the record publishes that
+    (``Published.memory``, with the published figure), else the peak with the runtime memory;
+    over the capacity."""
     if p.reserved_gib is not None:
-        return f"reserved {p.reserved_gib:.1f}/{p.capacity_gib:.0f}"
+        return f"reserved {p.reserved_gib:.1f}/{p.capacity_gib:.0f} (published {r.published.memory_gib})"
     return f"{p.peak_gib:.1f}/{p.capacity_gib:.0f}"
+
+
+def memory_error_pct(row: Row) -> float | None:
+    """The predicted reserved peak / the published one - 1, in %, where the record publishes it."""
+    p, pub = row.prediction, row.run.published.memory_gib
+    if p is None or p.reserved_gib is None or pub is None:
+        return None
+    return 100.0 * (p.reserved_gib / pub - 1.0)
 
 
 def table_lines(rows: list[Row], markdown: bool) -> list[str]:
@@ -656,7 +672,7 @@ def table_lines(rows: list[Row], markdown: bool) -> list[str]:
                 _fmt(p.figure),
                 f"{row.error_pct:+.1f}%",
                 f"{_yn(r.published.fit)}/{_yn(p.fits)}",
-                _peak_cell(p),
+                _peak_cell(r, p),
                 f"assumed: {', '.join(r.strategy.assumed)}" if r.strategy.assumed else "",
             )
         )
@@ -687,6 +703,12 @@ def summary_lines(rows: list[Row]) -> list[str]:
             f"published-fit runs predicted to fit: {len(fit_ok)}/{len(pub_fit)} "
             f"(target all: {'met' if len(fit_ok) == len(pub_fit) else 'NOT met'})",
         ]
+    mem = [e for e in map(memory_error_pct, rows) if e is not None]
+    if mem:
+        out.append(
+            f"published peak memory (allocator reserved), {len(mem)} runs: predicted "
+            f"{min(mem):+.1f}…{max(mem):+.1f}% (median {statistics.median(mem):+.1f}%)"
+        )
     if failed:
         out.append(f"refused by distir (count as misses): {', '.join(r.run.name for r in failed)}")
     return out

@@ -134,6 +134,20 @@ def _with_attention_kernel(text: str, kernel: str) -> str:
             lambda t: _with_attention_kernel(t, "triton"),
             "attention_kernel: expected one of fa2, cudnn, fa-triton, got 'triton'",
         ),
+        (
+            lambda t: t.replace("[run.published]\n", "[run.published]\nmemory_gib = 70.0\n"),
+            "memory_gib needs",
+        ),
+        (
+            lambda t: t.replace("[run.published]\n", '[run.published]\nmemory = "peak"\nmemory_gib = 7.0\n'),
+            "memory_gib needs memory = one of allocator_reserved",
+        ),
+        (
+            lambda t: t.replace(
+                "[run.published]\n", '[run.published]\nmemory = "allocator_reserved"\nmemory_gib = "7"\n'
+            ),
+            "memory_gib: expected float",
+        ),
     ],
 )
 def test_loader_names_a_bad_record(tmp_path: Path, edit: object, message: str) -> None:
@@ -198,3 +212,9 @@ def test_grand_teton_cluster_has_the_torchtitan_pages_hardware() -> None:
         assert node.inter.bandwidth / node.nics == pytest.approx(400e9 / 8)
         power = node.device.power  # "the default 500W power limit, although ... up to 700W TDP"
         assert power is not None and (power.limit_w, power.reference_w) == (500, 700)
+
+
+def test_published_memory_selects_the_allocator_walk() -> None:
+    with_memory = [r for r in RUNS if r.published.memory_gib is not None]
+    assert with_memory and all(r.published.memory == "allocator_reserved" for r in with_memory)
+    assert all(r.trainer.startswith("torchtitan") for r in with_memory)

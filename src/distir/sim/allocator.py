@@ -78,7 +78,12 @@ BLOCK = 512  # kMinBlockSize: every allocation is rounded up to a multiple of it
 REDUCING = frozenset({CommPattern.REDUCESCATTER, CommPattern.ALLREDUCE, CommPattern.REDUCE})
 REDUCE_SUFFIX = "/reduce"
 
-Pool = tuple[int, str]  # (gpu, stream name)
+
+class Pool(NamedTuple):
+    """One caching-allocator pool: a GPU's stream."""
+
+    gpu: int
+    stream: str
 
 
 class Pools(NamedTuple):
@@ -172,8 +177,8 @@ class _StreamWalker(_Walker):
         held = dict(src.nbytes)
         for g, b in made.nbytes:
             if b > 0 and held.get(g) == b:
-                self.same.setdefault(made, {})[g] = root.get(g, src)
-                self.home[made][g] = self.home.get(root.get(g, src), {}).get(g, self.home[made].get(g, ""))
+                first = self.same.setdefault(made, {})[g] = root.get(g, src)
+                self.home[made][g] = self.home[first][g]
 
 
 def _reduces(rec: OpRecord) -> bool:
@@ -189,7 +194,7 @@ def stream_pools(
     units = Units(dmap, cost)
     units.prepare(module, fn, args)  # a DTensor program: alike devices grouped (the same bytes)
     members = units.units if units.units is not None else [(j,) for j in range(len(dmap.slots))]
-    streams = [(units.slot_gpu[u], dmap.slots[m[0]].stream) for u, m in enumerate(members)]
+    streams = [Pool(units.slot_gpu[u], dmap.slots[m[0]].stream) for u, m in enumerate(members)]
     walker = _StreamWalker(units, streams, fuses(cost), bool(getattr(cost, "tp_comm_overlap", False)))
     params = {p: Storage(units.bytes_by_gpu(type_of(a))) for p, a in zip(fn.params, args, strict=True)}
     for a, s in zip(args, params.values(), strict=True):
@@ -251,9 +256,7 @@ class _Ledger:
         streams: dict[int, Pool],
     ) -> None:
         self.home, self.same, self.streams = home, same, streams
-        gpus = sorted({g for g, _ in streams.values()})
-        # a storage the walk did not place (none expected) counts on the GPU's first stream
-        self.first = {g: next(n for h, n in streams.values() if h == g) for g in gpus}
+        gpus = sorted({p.gpu for p in streams.values()})
         self.live: dict[Pool, float] = {}
         self.peak: dict[Pool, float] = {}
         self.total = dict.fromkeys(gpus, 0.0)
@@ -268,8 +271,7 @@ class _Ledger:
         if got is None:
             home, same = self.home.get(s, {}), self.same.get(s, {})
             got = self.cache[s] = [
-                _Entry(g, (g, home.get(g, self.first[g])), block_bytes(b), same.get(g, s))
-                for g, b in s.nbytes
+                _Entry(g, Pool(g, home[g]), block_bytes(b), same.get(g, s)) for g, b in s.nbytes
             ]
         return got
 
@@ -315,10 +317,10 @@ class _Ledger:
     def _transient(self, op: OpStep, extras: list[tuple[int, float]]) -> None:
         """The peaks while ``op`` runs with ``extras`` (bytes per GPU beyond its results) on the
         op's own stream of each GPU and its results (not handed over) on theirs."""
-        on = {self.streams[d][0]: self.streams[d] for d in reversed(op.record.devs)}  # first slot per GPU
+        on = {self.streams[d].gpu: self.streams[d] for d in reversed(op.record.devs)}  # first slot per GPU
         fresh = [e for s in op.made for e in self.entries(s) if e.root is s]
         for g, extra in extras:
-            key = on.get(g, (g, self.first[g]))
+            key = on[g]
             mine = sum(e.blocks for e in fresh if e.gpu == g and e.key == key)
             theirs = sum(e.blocks for e in fresh if e.gpu == g)
             self.peak[key] = max(self.peak.get(key, 0.0), self.live.get(key, 0.0) + extra + mine)
