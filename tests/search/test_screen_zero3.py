@@ -19,6 +19,7 @@ from distir.search.profile import Profiler
 from distir.search.rerank import ExactJob, evaluate
 from distir.search.screen import Problem, Screen
 from distir.search.stage_costs import Stage, StageRows, _time_row, chunk_edges, frozen, new_tables
+from distir.sim.cost import RooflineCostModel
 
 LLAMA = "llama:layers=4,hidden=1024,heads=16,kv_heads=4,ffn=2816,vocab=8192,seq=1024"
 BATCH = 32
@@ -58,10 +59,12 @@ def test_chunk_time_equals_a_replay_of_the_prefetching_streams() -> None:
         )  # fmt: skip
         st = Stage((0, 1), 0, rows, "x", (0, 1), (0, 1), (lat, 1.0))
         s = Strategy(d=2, t=1, p=1, k=1, zero=3)
-        tr = _time_row(s, new_tables(s, 1, True, 2), st, st, st.gather, True, {"x": A100_SXM_80GB})
+        share = A100_SXM_80GB.gemm.comm_share if A100_SXM_80GB.gemm is not None else 0.0
+        tr = _time_row(
+            s, new_tables(s, 1, True, 2), st, st, st.gather, True, {"x": A100_SXM_80GB}, {"x": share}
+        )
         g = [x + (m > 0) * lat for x, m in zip(w, n_w, strict=True)]
         a, z = sorted(rng.sample(range(n + 1), 2))
-        share = A100_SXM_80GB.gemm.comm_share if A100_SXM_80GB.gemm is not None else 0.0
         assert share > 0
         want = _pass(f[a:z], g[a:z], share) + _pass(b[a:z][::-1], g[a:z][::-1], share)
         got = sum(tr.values[a:z]) + chunk_edges(tr, a, z)
@@ -80,3 +83,18 @@ def test_screen_and_exact_agree_on_zero3_step_times(strategy: str) -> None:
     job = ExactJob(LLAMA, cluster, BATCH, dtype="bf16", precision="mixed")
     exact = float(evaluate(job, str(e.strategy))["step_time_s"])
     assert e.step_time_s == pytest.approx(exact, rel=0.025)
+
+
+def test_screen_charges_no_gather_stall_when_the_cost_model_has_no_interference() -> None:
+    """The stall a gather adds beside the compute is the profiles' cost model's interference:
+    none with ``comm_interference=False``, as the simulator charges none."""
+    cluster = parse_cluster("dgx-a100")
+    s = parse_strategy("d8.t1.p1.k1.z3")
+    times = {}
+    for on in (True, False):
+        cost = RooflineCostModel(cluster, comm_interference=on)
+        prof = Profiler(parse_model_string(LLAMA), cluster, DType.bf16, True, cost_model=cost, mixed=True)
+        screen = Screen(prof, Problem(BATCH, True, "adam", True))
+        assert set(screen._stalls.values()) == ({A100_SXM_80GB.gemm.comm_share} if on else {0.0})  # type: ignore[union-attr]
+        times[on] = screen.estimate(s, balance=False).step_time_s
+    assert times[False] < times[True]

@@ -71,6 +71,7 @@ from distir.search.profile import LayerProfile, Profiler, model_ends
 from distir.search.stage_costs import Stage, StageRows, Tables, figures, frozen, new_tables
 from distir.sim import collectives as coll
 from distir.sim.cost import RooflineCostModel
+from distir.sim.interference import share
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +147,10 @@ class Screen:
         self._kinds = tuple(self.cluster.kind_of(g) for g in range(self.cluster.num_devices))
         self._specs = {self._kinds[g]: self.cluster.device_spec(g) for g in range(self.cluster.num_devices)}
         caps = {kind: spec.tensor_capacity for kind, spec in self._specs.items()}
+        # per GPU kind, the share of its compute a collective beside it takes, as the profiles'
+        # cost model charges it (``distir.sim.interference``; none with comm_interference off)
+        cost = self.profiler.cost_model or RooflineCostModel(self.cluster)
+        self._stalls = {self._kinds[g]: share(cost, g) for g in range(self.cluster.num_devices)}
         self._caps = [caps[kind] for kind in self._kinds]  # each GPU's memory for tensors
 
     @property
@@ -344,6 +349,7 @@ class Screen:
                 balance,
                 train=pr.train,
                 specs=self._specs,
+                stalls=self._stalls,
                 assign=self._assign,
                 ends=self.ends,
             )

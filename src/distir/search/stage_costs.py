@@ -256,6 +256,7 @@ def figures(
     *,
     train: bool,
     specs: Mapping[str, DeviceSpec],
+    stalls: Mapping[str, float],
     assign: Assign,
     ends: Ends,
 ) -> Figures:
@@ -266,7 +267,9 @@ def figures(
     (embedding; head and loss) kept with the first and the last chunk. Per-stage arrays come
     from ``tb`` (module docstring); ``Figures.counts`` are layer calls per chunk."""
     first = stages[0]
-    lt = [_time_row(s, tb, st, first, z, train, specs) for st, z in itertools.zip_longest(stages, zero3)]
+    lt = [
+        _time_row(s, tb, st, first, z, train, specs, stalls) for st, z in itertools.zip_longest(stages, zero3)
+    ]
     comm, comm_rows = _comm_rows(tb, first, links, train)
     mem, saved, lists = _mem_of(s, tb, first, train)
     caps = np.array([st.rows.cap for st in stages], float)
@@ -500,6 +503,7 @@ def _time_row(
     gather: tuple[float, float] | None,
     train: bool,
     specs: Mapping[str, DeviceSpec],
+    stalls: Mapping[str, float],
 ) -> TimeRow:
     """Stage ``st``'s per-microbatch time per layer: its rows' time, with the ZeRO-3 gathers
     (``gather``) overlapped as ``distribute`` prefetches them, plus the gradient accumulation of
@@ -510,8 +514,8 @@ def _time_row(
     layer ahead (``distribute._Gathers``, FSDP's forward and backward prefetch): the next
     layer's gather is issued as a layer starts, so a pass over layers with compute c_i and
     gathers g_i takes g_first + Σ max(c_i + s·g_next(i), g_next(i)) + c_last, where a layer
-    beside a gather runs s of the gather's time longer (s: the SMs the gather holds,
-    ``_comm_share``, as the simulator charges it, ``distir.sim.interference``). Per layer the row
+    beside a gather runs s of the gather's time longer (s: the SMs the gather holds, ``stalls``
+    by GPU kind, as the simulator charges it, ``distir.sim.interference.share``). Per layer the row
     holds max(f_i + s·g_{i+1}, g_{i+1}) + max(b_i + s·g_{i−1}, g_{i−1}) (the backward runs the
     layers last to first); a chunk's ends add ``chunk_edges``."""
     key = (st.rid, first.rid, st.kind, gather)
@@ -529,7 +533,7 @@ def _time_row(
             bwd = st.rows.ibwd if s.schedule == "zb1" else st.rows.time - f
             g_next = np.append(g[1:], 0.0)
             g_prev = np.insert(g[:-1], 0, 0.0)
-            stall = _comm_share(specs[st.kind])  # the SMs a gather holds beside the compute
+            stall = stalls[st.kind]  # the SMs a gather holds beside the compute
             fwd_over = np.maximum(f + stall * g_next, g_next) - f
             bwd_over = np.maximum(bwd + stall * g_prev, g_prev) - bwd
             row += fwd_over + bwd_over
@@ -543,12 +547,6 @@ def _time_row(
         row.flags.writeable = False
         got = tb.time[key] = TimeRow(row, row.tolist(), *(edges or ()))
     return got
-
-
-def _comm_share(spec: DeviceSpec) -> float:
-    """The fraction of a GPU's compute a collective beside it takes (``distir.sim.interference``:
-    the compute stream runs ``share`` of the collective's time longer)."""
-    return spec.gemm.comm_share if spec.gemm is not None else 0.0
 
 
 def _comm_row(
