@@ -71,7 +71,7 @@ from distir.ir.rewrite import ValueMap, copy_instr
 from distir.ir.types import DType, TensorType
 from distir.ir.values import Attrs, Value
 from distir.ops.float8 import FLOAT8_CAST
-from distir.ops.linalg import MATMUL
+from distir.ops.linalg import DYNAMIC_SCALING, MATMUL
 from distir.ops.registry import REGISTRY
 from distir.ops.shape.family import FAMILY as SHAPE_FAMILY
 
@@ -97,11 +97,11 @@ class Precision:
     master: DType = DType.f32
     loss: DType = DType.f32
     float8: bool = False
-    float8_scaling: str = "dynamic"  # Float8Cast's scaling: dynamic (torchao) or delayed (TE)
+    float8_scaling: str = DYNAMIC_SCALING  # Float8Cast's scaling: dynamic (torchao) or delayed (TE)
 
     def __str__(self) -> str:
         if self.float8:
-            return "fp8" if self.float8_scaling == "dynamic" else f"fp8-{self.float8_scaling}"
+            return "fp8" if self.float8_scaling == DYNAMIC_SCALING else f"fp8-{self.float8_scaling}"
         return "mixed" if self.mixed else "pure"
 
     @staticmethod
@@ -170,7 +170,7 @@ FP8 = Precision(mixed=True, float8=True)
 FP8_DELAYED = Precision(mixed=True, float8=True, float8_scaling="delayed")
 
 
-def with_float8_linears(model: Model, scaling: str = "dynamic") -> Model:
+def with_float8_linears(model: Model, scaling: str = DYNAMIC_SCALING) -> Model:
     """``model`` whose linear layers multiply in float8 (module docstring): in the functions of
     every layer but the last two, each ``MatMul(x, w)`` of an activation by a weight (a layer
     parameter other than the first, the activation, or a view of one by a shape op; not
@@ -186,7 +186,7 @@ def with_float8_linears(model: Model, scaling: str = "dynamic") -> Model:
 
 def _float8_linears(fn: Function, scaling: str) -> Function:
     fb = FunctionBuilder(fn.name, REGISTRY.out_arity)
-    how: dict[str, object] = {} if scaling == "dynamic" else {"scaling": scaling}  # default: unprinted
+    how: dict[str, object] = {} if scaling == DYNAMIC_SCALING else {"scaling": scaling}  # default: unprinted
     vmap = ValueMap()
     for p in fn.params:
         vmap.bind(p, fb.param(p.name))

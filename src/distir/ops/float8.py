@@ -49,7 +49,7 @@ from distir.ir.types import DType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops._rules import numel
 from distir.ops.gradrules import GradCtx, first
-from distir.ops.linalg import FLOAT8_PRODUCT
+from distir.ops.linalg import DYNAMIC_SCALING, FLOAT8_PRODUCT, FLOAT8_SCALINGS
 from distir.ops.registry import AttrSpec, CostClass, OpDef, TypeCtx, register
 from distir.ops.sharding import pointwise
 
@@ -105,14 +105,14 @@ def _float8_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return ((round_to_float8(x * np.float32(scale), to) / np.float32(scale)).astype(np.float32),)
 
 
-SCALINGS = ("dynamic", "delayed")
+SCALINGS = FLOAT8_SCALINGS
 """How a cast finds its scale: from this tensor's amax (torchao) or earlier steps' (TE)."""
 
 
 def _float8_bytes_read(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
     """Dynamic: two passes over the input (the amax reduction, then the scaled cast); delayed:
     one."""
-    return (2.0 if attrs.get("scaling", "dynamic") == "dynamic" else 1.0) * ins[0].nbytes
+    return (2.0 if attrs.get("scaling", DYNAMIC_SCALING) == DYNAMIC_SCALING else 1.0) * ins[0].nbytes
 
 
 def _float8_bytes_written(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
@@ -133,7 +133,7 @@ FLOAT8_CAST = register(
         inputs=("X",),
         outputs=("Y",),
         infer=_float8_rule,
-        attrs={"to": AttrSpec("dtype"), "scaling": AttrSpec("str", "dynamic", SCALINGS)},
+        attrs={"to": AttrSpec("dtype"), "scaling": AttrSpec("str", DYNAMIC_SCALING, SCALINGS)},
         reference=_float8_ref,
         flops=_float8_flops,
         bytes_read=_float8_bytes_read,

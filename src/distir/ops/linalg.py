@@ -55,6 +55,11 @@ FLOAT8_PRODUCT = DType.bf16
 """The dtype of a product of two float8 operands (``torch._scaled_mm``'s ``out_dtype`` as
 torchao's Float8Linear calls it in bf16 training)."""
 
+# how a float8 cast finds its scale: from this tensor's amax (torchao's dynamic scaling, the
+# default) or from earlier steps' amax history (Transformer Engine's delayed scaling)
+DYNAMIC_SCALING = "dynamic"
+FLOAT8_SCALINGS = (DYNAMIC_SCALING, "delayed")
+
 
 def _matmul_rule(ctx: TypeCtx) -> Sequence[Type]:
     a, b = ctx.tensor(0), ctx.tensor(1)
@@ -118,7 +123,7 @@ MATMUL = register(
             "transA": AttrSpec("int", 0, (0, 1)),
             "transB": AttrSpec("int", 0, (0, 1)),
             # float8 operands: how the backward scales the gradient to E5M2 (Float8Cast's)
-            "grad_scaling": AttrSpec("str", "dynamic", ("dynamic", "delayed")),
+            "grad_scaling": AttrSpec("str", DYNAMIC_SCALING, FLOAT8_SCALINGS),
         },
         reference=_matmul_ref,
         flops=_matmul_flops,
@@ -218,8 +223,8 @@ def _matmul_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequenc
     ta, tb = _trans(op.attrs)
     at, bt = ctx.type(op.inputs[0]), ctx.type(op.inputs[1])
     if at.dtype.is_float8:  # the gradient cast to E5M2, both products in float8
-        scaling = op.attrs.get("grad_scaling", "dynamic")
-        if scaling == "dynamic":  # the default, unprinted
+        scaling = op.attrs.get("grad_scaling", DYNAMIC_SCALING)
+        if scaling == DYNAMIC_SCALING:  # the default, unprinted
             (dy,) = ctx.op("Float8Cast", dy, to=DType.f8e5m2)
         else:
             (dy,) = ctx.op("Float8Cast", dy, to=DType.f8e5m2, scaling=scaling)
