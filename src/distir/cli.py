@@ -1325,7 +1325,12 @@ def export_(
     ] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="auto, f32, bf16 or f16.")] = "auto",
     precision: Annotated[
-        str, typer.Option("--precision", help="auto (mixed in a half dtype), mixed or pure.")
+        str,
+        typer.Option(
+            "--precision",
+            help="auto (mixed in a half dtype), mixed, pure, fp8 (torchao's dynamic scaling: torchtitan, "
+            "megatron, fsdp) or fp8-delayed (Transformer Engine's delayed scaling: megatron).",
+        ),
     ] = "auto",
     optimizer: Annotated[str, typer.Option("--optimizer", help="adam or sgd.")] = "adam",
     out_path: Annotated[

@@ -74,6 +74,13 @@ def test_what_deepspeed_cannot_express_is_an_error(strategy: str, feature: str) 
         export(make_plan("gpt2-1.6b", strategy, 64), "deepspeed")
 
 
+@pytest.mark.parametrize("precision", ["fp8", "fp8-delayed"])
+def test_fp8_is_refused_since_the_config_has_no_float8(precision: str) -> None:
+    plan = make_plan("llama3-8b", "d8.t1.p1.k1.1f1b", 64, precision=precision, cluster="h100")
+    with pytest.raises(ExportError, match=f"cannot express {precision} training: its config has no float8"):
+        export(plan, "deepspeed")
+
+
 class _DataParallel:
     """The model-parallel unit DeepSpeed asks for the data-parallel size (a stand-in for
     Megatron's ``mpu``): ``d`` replicas, this process rank 0 of each group."""

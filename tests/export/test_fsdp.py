@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import py_compile
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -152,3 +153,54 @@ def test_the_file_runs_a_step_on_one_gloo_process(tmp_path: Path, gloo: ModuleTy
 def test_context_parallelism_is_refused() -> None:
     with pytest.raises(ExportError, match="context parallelism"):
         export(make_plan("llama3-8b", "d2.t1.c2.p1.k1.1f1b", 64), "fsdp")
+
+
+FP8_PLAN = "d2.t4.sp.p2.k4.1f1b.z1"
+
+
+def test_fp8_converts_the_chunks_with_torchao_and_compiles_the_blocks(
+    tmp_path: Path, golden: Callable[[str, str], None]
+) -> None:
+    e = export(make_plan("llama3-8b", FP8_PLAN, 64, precision="fp8", cluster="h100:2"), "fsdp")
+    golden("fsdp-fp8.py.golden", e.text)
+    path = tmp_path / "fp8.py"
+    path.write_text(e.text)
+    py_compile.compile(str(path), doraise=True)
+    assert "from torchao.float8 import Float8LinearConfig, convert_to_float8_training" in e.text
+    assert e.text.count("Float8ColwiseParallel()") == 5 and "PrepareFloat8ModuleInput(" in e.text
+    assert 'module_filter_fn=lambda mod, fqn: fqn != "output"' in e.text  # the head stays bf16
+
+
+def test_fp8_delayed_is_refused_since_torchao_scales_dynamically_only() -> None:
+    with pytest.raises(ExportError, match="cannot express fp8-delayed"):
+        export(make_plan("llama3-8b", "d8.t1.p1.k1.1f1b", 64, precision="fp8-delayed"), "fsdp")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", [FP8_PLAN, "d1.t2.p2.k4.interleaved.v2.rfull"])
+def test_the_fp8_file_runs_a_step_with_torchao(
+    tmp_path: Path, gloo: ModuleType, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    """torchao's float8 emulated (a CPU has no float8 GEMM), torch.compile a no-op (no compiler)."""
+    float8 = pytest.importorskip("torchao.float8")
+    torch = gloo
+    e = export(make_plan("llama3-8b", strategy, 64, precision="fp8", cluster="h100:2"), "fsdp")
+    path = tmp_path / ("fp8_" + strategy.replace(".", "_").replace("-", "_") + ".py")
+    path.write_text(e.text)
+    mod = _load(path)
+    monkeypatch.setattr(mod, "FLOAT8", float8.Float8LinearConfig(emulate=True))
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: m)
+    mesh = mod.build_mesh("cpu", pp=1, dp=1, tp=1)
+    torch.manual_seed(0)
+    model = {c: _chunk(torch, 32, 2, mod.GATED_MLP) for c in mod.local_chunks(mesh)}
+    mod.parallelize(model, mesh)
+    assert type(model[0].layers["0"].attention.wq).__name__ == "Float8Linear"
+    n = mod.MICROBATCHES
+    schedule = mod.build_schedule(
+        model, mesh, lambda y, t: ((y.float() - t) ** 2).mean(), torch.device("cpu")
+    )
+    losses: list[object] = []
+    x, target = torch.randn(n, 16, 32), torch.randn(n, 16, 32)
+    schedule.step(x, target=target, losses=losses)
+    assert len(losses) == n
+    assert all(p.grad is not None for c in model.values() for p in c.parameters())

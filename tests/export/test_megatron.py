@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Callable
 
 import pytest
 
@@ -42,11 +43,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "none"])
     p.add_argument("--optimizer", choices=["adam", "sgd"])
     p.add_argument("--cp-comm-type", nargs="+", type=str, default=["p2p"])
+    # TransformerConfig's fp8 fields (megatron/core/transformer/transformer_config.py at d98e8a64)
+    p.add_argument("--fp8-format", choices=["e4m3", "hybrid"])
+    p.add_argument("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"])
+    p.add_argument("--fp8-amax-history-len", type=int)
+    p.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"])
     return p
 
 
 def _args(strategy: str, model: str = "llama3-8b", **kw: str) -> tuple[argparse.Namespace, list[str]]:
-    args, warn = megatron_args(make_plan(model, strategy, 64, cluster="dgx-a100:2", **kw))
+    cluster = "h100:2" if kw.get("precision", "").startswith("fp8") else "dgx-a100:2"
+    args, warn = megatron_args(make_plan(model, strategy, 64, cluster=cluster, **kw))
     return _parser().parse_args(args), warn
 
 
@@ -162,3 +169,23 @@ def test_data_parallel_gradients_are_reduced_overlapped_as_simulated(strategy: s
     the export asks Megatron-LM for the same (``--overlap-grad-reduce``); without, nothing."""
     a, _ = _args(strategy)
     assert a.overlap_grad_reduce is overlapped
+
+
+@pytest.mark.parametrize("precision", ["fp8", "fp8-delayed"])
+def test_fp8_is_transformer_engines_hybrid_format_in_the_simulated_recipe(
+    golden: Callable[[str, str], None], precision: str
+) -> None:
+    plan = make_plan("llama3-8b", "d2.t4.sp.p2.k4.1f1b.z1", 64, precision=precision, cluster="h100:2")
+    golden(f"megatron-{precision}.sh", export(plan, "megatron").text)
+    a, warn = _args("d2.t4.sp.p2.k4.1f1b.z1", precision=precision)
+    assert a.bf16 and a.fp8_format == "hybrid" and warn == []
+    if precision == "fp8":  # torchao's dynamic tensorwise scaling: TE's current scaling
+        assert a.fp8_recipe == "tensorwise" and a.fp8_amax_history_len is None
+    else:  # TE's DelayedScaling defaults: the largest amax of 1024 steps
+        assert a.fp8_recipe == "delayed"
+        assert (a.fp8_amax_history_len, a.fp8_amax_compute_algo) == (1024, "max")
+
+
+def test_no_fp8_no_fp8_options() -> None:
+    a, _ = _args("d8.t1.p1.k1.1f1b")
+    assert a.fp8_format is None and a.fp8_recipe is None

@@ -19,6 +19,30 @@ def test_uneven_uniform_split_gives_the_first_chunks_one_more() -> None:
     assert plan.blocks == (10, 10, 10, 9, 9) and plan.uniform_blocks is None
 
 
+def test_fp8_computes_in_bf16_on_gpus_with_fp8_tensor_cores() -> None:
+    assert resolve_numerics("auto", "fp8", "h100:2") == ("bf16", "fp8")
+    assert resolve_numerics("bf16", "fp8-delayed", None) == ("bf16", "fp8-delayed")
+    assert make_plan("llama3-8b", "d8.t1.p1.k1.1f1b", 64, precision="fp8").float8
+
+
+@pytest.mark.parametrize(
+    ("dtype", "precision", "cluster", "what"),
+    [
+        ("auto", "fp8", "dgx-a100", "needs FP8 tensor cores; A100"),
+        ("auto", "fp8-delayed", "dgx2-v100", "needs FP8 tensor cores; V100"),
+        ("f16", "fp8", None, "computes what is not float8 in bf16"),
+        ("f32", "fp8-delayed", "h100", "computes what is not float8 in bf16"),
+        ("auto", "fp4", None, "--precision must be auto, mixed, pure, fp8 or fp8-delayed"),
+    ],
+)
+def test_fp8_numerics_the_simulator_refuses_are_one_line_errors(
+    dtype: str, precision: str, cluster: str | None, what: str
+) -> None:
+    with pytest.raises(ExportError, match=what) as e:
+        resolve_numerics(dtype, precision, cluster)
+    assert "\n" not in str(e.value)
+
+
 def test_numerics_auto_follow_the_cluster() -> None:
     assert resolve_numerics("auto", "auto", "dgx-a100") == ("bf16", "mixed")
     assert resolve_numerics("auto", "auto", "dgx2-v100") == ("f16", "mixed")

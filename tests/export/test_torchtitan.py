@@ -4,6 +4,7 @@ the keys of torchtitan's job_config.py (commit e347b1e5) and the plan's closed-f
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -30,6 +31,11 @@ KEYS = {
         "mode", "selective_ac_option", "early_stop", "memory_budget", "preserve_rng_state",
     },
     "optimizer": {"name", "lr", "eps", "weight_decay", "implementation"},
+    "compile": {"enable", "components", "backend"},
+    "quantize.linear.float8": {
+        "enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp", "recipe_name",
+        "filter_fqns", "emulate",
+    },
 }  # fmt: skip
 SCHEDULES = {"GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "LoopedBFS"}
 
@@ -37,11 +43,23 @@ SCHEDULES = {"GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZe
 def _toml(
     strategy: str, model: str = "llama3-8b", batch: int = 64, **kw: Any
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
-    e = export(make_plan(model, strategy, batch, cluster="dgx-a100:2", **kw), "torchtitan")
+    cluster = "h100:2" if kw.get("precision", "").startswith("fp8") else "dgx-a100:2"
+    e = export(make_plan(model, strategy, batch, cluster=cluster, **kw), "torchtitan")
     doc = tomllib.loads(e.text)
-    for section, table in doc.items():
+    for section, table in _tables(doc):
         assert set(table) <= KEYS[section], (section, set(table) - KEYS[section])
     return doc, e.warnings
+
+
+def _tables(doc: dict[str, Any], prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """The TOML's tables by dotted name (``[quantize.linear.float8]``), each with its keys."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for name, table in doc.items():
+        keys = {k: v for k, v in table.items() if not isinstance(v, dict)}
+        if keys:
+            out.append((prefix + name, keys))
+        out += _tables({k: v for k, v in table.items() if isinstance(v, dict)}, f"{prefix}{name}.")
+    return out
 
 
 def test_pure_data_parallel_is_ddp() -> None:
@@ -144,3 +162,27 @@ def test_context_parallelism_is_a_degree_rotated_shard_by_shard() -> None:
 def test_no_context_parallelism_no_degree() -> None:
     doc, _ = _toml("d8.t1.p1.k1.1f1b")
     assert "context_parallel_degree" not in doc["parallelism"]
+
+
+def test_fp8_is_the_float8_converter_with_the_head_left_bf16_and_compile(
+    golden: Callable[[str, str], None],
+) -> None:
+    plan = make_plan("llama3-8b", "d2.t4.sp.p2.k4.1f1b.z1", 64, precision="fp8", cluster="h100:2")
+    e = export(plan, "torchtitan")
+    golden("torchtitan-fp8.toml", e.text)
+    doc, warn = _toml("d2.t4.sp.p2.k4.1f1b.z1", precision="fp8")
+    assert doc["model"]["converters"] == ["quantize.linear.float8"]
+    assert doc["quantize"]["linear"]["float8"] == {"filter_fqns": ["output"]}  # FSDP float8 all-gather off
+    assert doc["compile"] == {"enable": True}
+    assert doc["training"]["mixed_precision_param"] == "bfloat16"
+    assert any('named "float8"' in w for w in warn)  # its float8 TP is off at e347b1e5
+
+
+def test_fp8_without_tensor_parallelism_needs_no_float8_tp_warning() -> None:
+    doc, warn = _toml("d8.t1.p1.k1.1f1b.z3", precision="fp8")
+    assert doc["model"]["converters"] == ["quantize.linear.float8"] and warn == ()
+
+
+def test_what_has_no_torchtitan_float8_is_an_error() -> None:
+    with pytest.raises(ExportError, match="cannot express fp8-delayed"):
+        export(make_plan("llama3-8b", "d8.t1.p1.k1.1f1b", 64, precision="fp8-delayed"), "torchtitan")

@@ -67,6 +67,10 @@ def test_export_to_a_file_and_as_json(tmp_path: Path) -> None:
         (["--to", "megatron", "--strategy", "d2.t1.p1.k1.1f1b.b1-3"], "uneven batch shares"),
         (["--to", "megatron", "--strategy", "d2.t1.p1.k3.1f1b"], "equal microbatches"),
         (["--to", "megatron", "--strategy", "d2.x4"], "unknown part"),
+        (["--to", "deepspeed", "--precision", "fp8"], "deepspeed cannot express fp8 training"),
+        (["--to", "megatron", "--precision", "fp8", "--cluster", "dgx-a100"], "needs FP8 tensor cores"),
+        (["--to", "megatron", "--precision", "fp8", "--dtype", "f16"], "computes what is not float8 in bf16"),
+        (["--to", "torchtitan", "--precision", "fp8-delayed"], "torchtitan cannot express fp8-delayed"),
     ],
 )
 def test_errors_are_one_line_with_status_2(args: list[str], message: str) -> None:

@@ -13,7 +13,9 @@ export notes the ``num_stages`` and the partition. Refused: interleaved virtual 
 ``TrainSchedule`` is 1F1B only), ZeRO-2/3 with pipelining (its pipeline engine takes ZeRO 0-1),
 ZeRO-3 with AutoTP, uneven batch shares and a non-default placement. Nearest, with a warning:
 GPipe and ZB-H1 (run as 1F1B), sequence parallelism (AutoTP has none: activations between
-layers replicated), pure half precision (DeepSpeed keeps fp32 masters).
+layers replicated), pure half precision (DeepSpeed keeps fp32 masters). Refused too: fp8 and
+fp8-delayed (its config has ``fp16`` and ``bf16`` sections and no float8 one, DeepSpeed
+edaa7221267243c7be7fb49c5d5f5c4fb97b4641: float8 linear layers would be the model code's).
 """
 
 from __future__ import annotations
@@ -59,6 +61,11 @@ def ds_config(plan: Plan) -> tuple[dict[str, Any], list[str], list[str]]:
     """The config, warnings (nearest configurations) and notes (what goes in code)."""
     refuse_common(plan, TARGET)
     refuse_context(plan, TARGET)
+    if plan.float8:
+        raise ExportError(
+            f"{TARGET} cannot express {plan.precision} training: its config has no float8 option (only "
+            "fp16 and bf16); export it to torchtitan, megatron or fsdp"
+        )
     s = plan.strategy
     warn: list[str] = []
     notes: list[str] = []

@@ -13,6 +13,18 @@ a ``torch.distributed.pipelining`` schedule (GPipe, 1F1B, Interleaved1F1B, Inter
 for zb1). The degrees come from the mesh, so the file also runs on a smaller mesh (the tests run
 it on one CPU process with gloo).
 
+FP8 (``fp8``: torchao's ``Float8Linear``, dynamic tensorwise scaling, what distir simulates;
+``torchao/float8`` of pytorch/ao at 36027d82d1ad9949597ea16002ff4940374b1b94, 2026-08-21): each
+chunk goes through ``convert_to_float8_training`` before TP, with the default
+``Float8LinearConfig`` (tensorwise; ``enable_fsdp_float8_all_gather`` off: distir does not model
+the float8 weight all-gather, FSDP2 gathers the bf16 copy) and a filter keeping the head
+(``output``) in bf16, as distir leaves it; the TP plan's classes are torchao's
+``Float8ColwiseParallel``/``Float8RowwiseParallel``/``PrepareFloat8ModuleInput`` (the
+sequence-parallel all-gather in float8, as distir shards it; torchtitan's float8 TP); each block
+is compiled (``torch.compile`` after TP and checkpointing, before ``fully_shard``: torchtitan's
+order), since distir's float8 casts are the ones torch.compile fuses. ``fp8-delayed`` is
+refused: torchao deleted delayed scaling (#1753).
+
 Nearest, with a warning: ZeRO-1 (FSDP2 shards gradients with the optimizer state: ZeRO-2), pure
 half precision (``param_dtype`` half, fp32 kept in the sharded parameters). Refused: uneven batch
 shares, a non-default placement.
@@ -32,6 +44,21 @@ SCHEDULES = {
     "zb1": "ScheduleInterleavedZeroBubble",
 }
 MULTI = ("interleaved", "zb1")  # schedules over a list of local stages
+TP_CLASSES = ("ColwiseParallel", "RowwiseParallel", "PrepareModuleInput")  # torch's; fp8: torchao's Float8*
+FLOAT8_IMPORTS = """\
+from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+from torchao.float8.float8_tensor_parallel import (
+    Float8ColwiseParallel,
+    Float8RowwiseParallel,
+    PrepareFloat8ModuleInput,
+)
+"""
+FLOAT8_CONFIG = """
+FLOAT8 = Float8LinearConfig()  # dynamic tensorwise scaling; FSDP all-gathers the bf16 weights"""
+FLOAT8_CONVERT = """
+        convert_to_float8_training(chunk, config=FLOAT8, module_filter_fn=lambda mod, fqn: fqn != "output")"""
+FLOAT8_COMPILE = """
+            block = torch.compile(block)  # float8 casts fused, as distir costs them"""
 DTYPES = {"f32": "None", "bf16": "torch.bfloat16", "f16": "torch.float16"}
 
 TEMPLATE = Template('''\
@@ -67,7 +94,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-
+$float8_imports
 DP, TP, PP, V = $d, $t, $p, $v
 ZERO = $zero  # 0: replicated (DDP); 1-2: sharded, gathered from forward to backward; 3: resharded
 SEQUENCE_PARALLEL = $sp
@@ -77,7 +104,7 @@ MICROBATCH_SIZE = $micro
 GLOBAL_BATCH = $batch
 CHUNK_BLOCKS = $blocks  # blocks of each pipeline chunk
 PARAM_DTYPE = $param_dtype  # compute dtype (None: fp32)
-GATED_MLP = $gated  # feed_forward.w3 (SwiGLU)
+GATED_MLP = $gated  # feed_forward.w3 (SwiGLU)$float8_config
 
 
 def build_mesh(device_type: str = "cuda", pp: int = PP, dp: int = DP, tp: int = TP) -> DeviceMesh:
@@ -93,19 +120,19 @@ def local_chunks(mesh: DeviceMesh) -> list[int]:
 
 def tp_plan() -> dict[str, object]:
     """Megatron's column/row split of attention and MLP, norms sequence-parallel with sp."""
-    out = RowwiseParallel(output_layouts=Shard(1)) if SEQUENCE_PARALLEL else RowwiseParallel()
+    out = ${rowwise}(output_layouts=Shard(1)) if SEQUENCE_PARALLEL else ${rowwise}()
     plan: dict[str, object] = {
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
+        "attention.wq": ${colwise}(),
+        "attention.wk": ${colwise}(),
+        "attention.wv": ${colwise}(),
         "attention.wo": out,
-        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w1": ${colwise}(),
         "feed_forward.w2": out,
     }
     if GATED_MLP:
-        plan["feed_forward.w3"] = ColwiseParallel()
+        plan["feed_forward.w3"] = ${colwise}()
     if SEQUENCE_PARALLEL:
-        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        gather = ${prepare}(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
         plan |= {"attention_norm": SequenceParallel(), "attention": gather}
         plan |= {"ffn_norm": SequenceParallel(), "feed_forward": gather}
     return plan
@@ -147,11 +174,11 @@ def parallelize(chunks: dict[int, nn.Module], mesh: DeviceMesh) -> dict[int, nn.
     dp_mesh = mesh["dp_replicate", "dp_shard"]
     mp = MixedPrecisionPolicy(param_dtype=PARAM_DTYPE, reduce_dtype=torch.float32)
     reshard = ZERO == 3
-    for chunk in chunks.values():
+    for chunk in chunks.values():$float8_convert
         for name, block in list(chunk.layers.named_children()):
             if mesh["tp"].size() > 1 or TP > 1:
                 parallelize_module(block, mesh["tp"], tp_plan())
-            block = _recompute(block)
+            block = _recompute(block)$float8_compile
             chunk.layers.register_module(name, block)
             fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
         fully_shard(chunk, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
@@ -165,6 +192,28 @@ def build_schedule(chunks: dict[int, nn.Module], mesh: DeviceMesh, loss_fn, devi
     stages = [PipelineStage(chunks[c], c, n_stages, device, group=group) for c in sorted(chunks)]
     return $schedule($stage_arg, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
 ''')
+
+
+def _float8_parts(plan: Plan) -> dict[str, str]:
+    """The template's FP8 parts (module docstring): empty without fp8, so the file is the same."""
+    if not plan.float8:
+        return dict(zip(("colwise", "rowwise", "prepare"), TP_CLASSES, strict=True)) | dict.fromkeys(
+            ("float8_imports", "float8_config", "float8_convert", "float8_compile"), ""
+        )
+    if plan.precision == "fp8-delayed":
+        raise ExportError(
+            f"{TARGET} cannot express fp8-delayed (Transformer Engine's delayed scaling): torchao's "
+            "Float8Linear scales dynamically only; give --precision fp8 or export to megatron"
+        )
+    return {
+        "colwise": "Float8ColwiseParallel",
+        "rowwise": "Float8RowwiseParallel",
+        "prepare": "PrepareFloat8ModuleInput",
+        "float8_imports": FLOAT8_IMPORTS,
+        "float8_config": FLOAT8_CONFIG,
+        "float8_convert": FLOAT8_CONVERT,
+        "float8_compile": FLOAT8_COMPILE,
+    }
 
 
 def export(plan: Plan) -> Exported:
@@ -186,8 +235,10 @@ def export(plan: Plan) -> Exported:
         raise ExportError(
             f"{TARGET}: the tensor-parallel plan names transformer modules; {plan.model} has none"
         )
+    parts = _float8_parts(plan)
     title = f"distir export --to fsdp: {plan.model} {s}, batch {plan.batch}, {plan.dtype} {plan.precision}."
     text = TEMPLATE.substitute(
+        parts,
         title=title,
         world=s.devices,
         d=s.d,

@@ -28,6 +28,18 @@ d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22; many options there are gen
   ``--use-distributed-optimizer`` does (a whole gradient buffer, reduce-scattered in the last
   microbatch's backward);
 - numerics: mixed bf16/f16 → ``--bf16`` / ``--fp16`` (fp32 main weights and optimizer state);
+  FP8 through Transformer Engine (``TransformerConfig.fp8*`` fields; ``get_fp8_recipe`` in
+  ``megatron/core/fp8_utils.py``), with ``--bf16``: ``--fp8-format hybrid`` (E4M3 activations
+  and weights, E5M2 gradients, as distir casts them) and, for ``fp8`` (dynamic tensorwise
+  scaling, torchao's recipe), ``--fp8-recipe tensorwise`` (TE's ``Float8CurrentScaling``: each
+  tensor scaled by its own amax, TE >= 2.2); for ``fp8-delayed``, ``--fp8-recipe delayed``
+  (TE's ``DelayedScaling``) with ``--fp8-amax-history-len 1024 --fp8-amax-compute-algo max``:
+  Transformer Engine's own defaults (``transformer_engine/common/recipe``, NVIDIA/TransformerEngine
+  d0067d0da6cb01811b8072a7d304f0e00344ce2b), which llm-foundry's ``amp_fp8`` runs and distir
+  models (the scale from the largest amax of the history), where Megatron-LM's defaults are 1
+  and ``most_recent``. The embedding and the head stay bf16 (Megatron-LM runs only the
+  transformer layers under TE's fp8 autocast), as distir leaves them. ``--fp8-param-gather``
+  stays off: distir does not model float8 parameter all-gathers;
 - the model's shape (``--num-layers``, ``--hidden-size``, ... and Llama's ``--swiglu
   --normalization RMSNorm --position-embedding-type rope ...``).
 
@@ -119,6 +131,15 @@ def _recompute_args(plan: Plan, warn: list[str]) -> list[str]:
     return ["--recompute-granularity", "selective"] if r in ("selective", "ops") else []
 
 
+# distir's precision → Megatron-LM's (Transformer Engine's) FP8 recipe (module docstring)
+FP8_RECIPES = {
+    "fp8": ["--fp8-recipe", "tensorwise"],
+    "fp8-delayed": [
+        "--fp8-recipe", "delayed", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max",
+    ],
+}  # fmt: skip
+
+
 def _numerics_args(plan: Plan, warn: list[str]) -> list[str]:
     if not plan.half:
         return []
@@ -127,7 +148,10 @@ def _numerics_args(plan: Plan, warn: list[str]) -> list[str]:
             f"pure {plan.dtype} (no fp32 master weights) has no Megatron-LM option; exported as mixed "
             f"precision, which keeps fp32 main weights and optimizer state"
         )
-    return ["--bf16" if plan.dtype == "bf16" else "--fp16"]
+    args = ["--bf16" if plan.dtype == "bf16" else "--fp16"]
+    if plan.float8:
+        args += ["--fp8-format", "hybrid", *FP8_RECIPES[plan.precision]]
+    return args
 
 
 def megatron_args(plan: Plan) -> tuple[list[str], list[str]]:

@@ -5,7 +5,10 @@ trainer needs (the batch divides into ``d·k`` microbatches, the strategy fits t
 and the cluster's GPUs) and resolves what the strategy string leaves implicit: the microbatch
 size, the blocks of every pipeline chunk (a ``uniform`` or ``params`` partition as counts), the
 model's shape, and ``auto`` numerics (mixed precision in the GPUs' fast half format, as
-``distir search`` resolves them).
+``distir search`` resolves them). FP8 training (``fp8``: torchao's dynamic tensorwise scaling;
+``fp8-delayed``: Transformer Engine's delayed scaling; ``distir.autodiff.precision``) computes in
+bf16 what is not float8 and needs FP8 tensor cores: another ``--dtype``, or a cluster whose GPUs
+have none (A100, V100, T4), is refused as the simulator refuses it.
 
 An exporter (one module per target in this package) turns a ``Plan`` into an ``Exported``: the
 target's configuration text, the ``warnings`` where it wrote the nearest configuration the target
@@ -28,6 +31,8 @@ from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import Cluster
 from distir.parallel.strategy import Strategy, StrategyError, parse_strategy
 from distir.report.fields import chunk_blocks
+
+FLOAT8 = ("fp8", "fp8-delayed")  # torchao's dynamic tensorwise scaling, Transformer Engine's delayed
 
 
 class ExportError(ValueError):
@@ -61,7 +66,7 @@ class Plan:
     microbatch: int  # samples per microbatch per data-parallel replica: batch / (d·k)
     blocks: tuple[int, ...]  # repeated blocks of each pipeline chunk (p·v of them), chunk c on stage c mod p
     dtype: str  # f32, bf16 or f16
-    precision: str  # mixed (fp32 master weights and optimizer state) or pure
+    precision: str  # mixed (fp32 master weights and optimizer state), pure, fp8 or fp8-delayed
     optimizer: str  # adam or sgd
     cluster: str | None = None
 
@@ -73,6 +78,11 @@ class Plan:
     @property
     def half(self) -> bool:
         return self.dtype in ("bf16", "f16")
+
+    @property
+    def float8(self) -> bool:
+        """The linear layers multiply in float8 (mixed precision otherwise)."""
+        return self.precision in FLOAT8
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,14 +110,16 @@ def model_shape(spec: str) -> ModelShape | None:
 
 def resolve_numerics(dtype: str, precision: str, cluster: str | Cluster | None) -> tuple[str, str]:
     """``auto`` as ``distir search`` resolves it for training: mixed precision in bf16 where every
-    GPU of the cluster has a bf16 fast path, else f16 (f16 without a cluster)."""
+    GPU of the cluster has a bf16 fast path, else f16 (f16 without a cluster); fp8 in bf16."""
     from distir.hardware.cluster import parse_cluster
     from distir.ir.types import DType
 
     if dtype not in ("auto", "f32", "bf16", "f16"):
         raise ExportError(f"--dtype must be auto, f32, bf16 or f16, got {dtype!r}")
-    if precision not in ("auto", "mixed", "pure"):
-        raise ExportError(f"--precision must be auto, mixed or pure, got {precision!r}")
+    if precision not in ("auto", "mixed", "pure", *FLOAT8):
+        raise ExportError(f"--precision must be auto, mixed, pure, fp8 or fp8-delayed, got {precision!r}")
+    if precision in FLOAT8:
+        return _float8_numerics(dtype, precision, cluster), precision
     if precision == "auto":
         precision = "pure" if dtype == "f32" else "mixed"
     if dtype == "auto":
@@ -119,6 +131,24 @@ def resolve_numerics(dtype: str, precision: str, cluster: str | Cluster | None) 
     if precision == "mixed" and dtype == "f32":
         raise ExportError("--precision mixed computes in a half format: give --dtype bf16 or f16 (or auto)")
     return dtype, precision
+
+
+def _float8_numerics(dtype: str, precision: str, cluster: str | Cluster | None) -> str:
+    """FP8's dtype (bf16) after the simulator's checks: the dtype, the GPUs' FP8 tensor cores."""
+    from distir.autodiff.precision import Precision, PrecisionError
+    from distir.hardware.cluster import parse_cluster
+
+    if dtype not in ("auto", "bf16"):
+        raise ExportError(
+            f"--precision {precision} computes what is not float8 in bf16: give --dtype bf16 (or auto), "
+            f"not {dtype}"
+        )
+    if cluster is not None:
+        try:
+            Precision.parse(precision).check_devices(n.device for n in parse_cluster(cluster).nodes)
+        except PrecisionError as e:
+            raise ExportError(str(e)) from None
+    return "bf16"
 
 
 def make_plan(
@@ -202,6 +232,7 @@ def need_transformer(plan: Plan, target: str) -> ModelShape:
 
 
 __all__ = [
+    "FLOAT8",
     "ExportError",
     "Exported",
     "ModelError",

@@ -25,12 +25,31 @@ work). What the plan maps to:
 - ``[activation_checkpoint]``: ``mode`` none/full, op-level recomputation as ``selective`` with
   ``selective_ac_option = "op"``;
 - ``[model]``: ``name``/``flavor`` for the models torchtitan ships (Llama 3 8B), else a flavor
-  named after the model, with a warning (register it in torchtitan's model args).
+  named after the model, with a warning (register it in torchtitan's model args);
+- FP8 (``fp8``: torchao's ``Float8Linear``, dynamic tensorwise scaling, what distir simulates):
+  ``[model] converters = ["quantize.linear.float8"]`` (the name its float8 converter is
+  registered under, ``components/quantization/float8.py``) and ``[quantize.linear.float8]
+  filter_fqns = ["output"]`` (the head stays bf16, as distir leaves it; torchtitan's Llama 3 8B
+  preset filters it so too); no ``recipe_name``: torchtitan's default, tensorwise. Its FSDP float8
+  options (``enable_fsdp_float8_all_gather``, ``precompute_float8_dynamic_scale_for_fsdp``) stay
+  off, their default: distir does not model the float8 weight all-gather (FSDP gathers the bf16
+  copy). ``[compile] enable = true``: distir's float8 cast is the one torch.compile fuses (its
+  transposed copy in the same kernel, an input read by several linear layers cast once), and
+  torchtitan's docs/float8.md calls compile required for float8's speed.
 
 Nearest, with a warning: TP without sp (torchtitan's TP always shards the norms' activations
 over the sequence), ZeRO-1 (exported as ZeRO-2), Megatron's selective recomputation (exported as
-op-level). Refused: fp16 (torchtitan's mixed precision is bfloat16), uneven batch shares, a
-non-default placement.
+op-level), fp8 with TP: at e347b1e5 the Llama ``parallelize`` turns on its float8 tensor
+parallelism (``Float8ColwiseParallel``, ``PrepareFloat8ModuleInput``: the sequence-parallel
+all-gathers in float8, as distir shards them) only when ``model.converters`` holds the string
+``"float8"``, a name no converter is registered under since #1701, so its TP gathers bf16.
+Refused: fp16 (torchtitan's mixed precision is bfloat16), fp8-delayed (torchtitan deleted delayed
+scaling in #812, torchao in #1753: their float8 is dynamic), uneven batch shares, a non-default
+placement.
+
+Later torchtitan (b5bcd76c66d0acb1a08b176d9639425bc55e0b2a, 2026-08-21) configures float8 in
+Python (``Float8LinearConverter.Config``) and has dropped tensorwise scaling (#3127: rowwise
+recipes only), so fp8 as distir simulates it is a job for the TOML release above.
 """
 
 from __future__ import annotations
@@ -47,6 +66,7 @@ SCHEDULES = {
     "zb1": "InterleavedZeroBubble",
 }
 FLAVORS = {"llama3-8b": ("llama3", "8B")}
+FLOAT8_CONVERTER = "quantize.linear.float8"  # torchtitan's registered float8 converter (and its table)
 
 
 def _value(v: Any) -> str:
@@ -148,6 +168,24 @@ def _activation_checkpoint(plan: Plan, warn: list[str]) -> dict[str, Any]:
     return {"mode": "selective", "selective_ac_option": "op"}
 
 
+def _float8(plan: Plan, sections: dict[str, dict[str, Any]], warn: list[str]) -> None:
+    """FP8's converter, its table and compile (module docstring); fp8-delayed refused."""
+    if plan.precision == "fp8-delayed":
+        raise ExportError(
+            f"{TARGET} cannot express fp8-delayed (Transformer Engine's delayed scaling): its float8 "
+            "converter runs torchao's dynamic scaling only; give --precision fp8 or export to megatron"
+        )
+    sections["model"]["converters"] = [FLOAT8_CONVERTER]
+    sections["compile"] = {"enable": True}
+    sections[FLOAT8_CONVERTER] = {"filter_fqns": ["output"]}
+    if plan.strategy.t > 1:
+        warn.append(
+            "torchtitan (e347b1e5) turns on its float8 tensor parallelism only for a converter named "
+            f'"float8", which is registered as {FLOAT8_CONVERTER!r}: its sequence-parallel all-gathers '
+            "move bf16, twice the bytes of the float8 ones distir simulated"
+        )
+
+
 def job_sections(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
     refuse_common(plan, TARGET)
     warn: list[str] = []
@@ -168,6 +206,8 @@ def job_sections(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
     }
     if plan.optimizer == "sgd":
         sections["optimizer"] = {"name": "SGD"}
+    if plan.float8:
+        _float8(plan, sections, warn)
     return sections, warn
 
 
