@@ -34,10 +34,10 @@ d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22; many options there are gen
   scaling, torchao's recipe), ``--fp8-recipe tensorwise`` (TE's ``Float8CurrentScaling``: each
   tensor scaled by its own amax, TE >= 2.2); for ``fp8-delayed``, ``--fp8-recipe delayed``
   (TE's ``DelayedScaling``) with ``--fp8-amax-history-len 1024 --fp8-amax-compute-algo max``:
-  Transformer Engine's own defaults (``transformer_engine/common/recipe``, NVIDIA/TransformerEngine
-  d0067d0da6cb01811b8072a7d304f0e00344ce2b), which llm-foundry's ``amp_fp8`` runs and distir
-  models (the scale from the largest amax of the history), where Megatron-LM's defaults are 1
-  and ``most_recent``. The embedding and the head stay bf16 (Megatron-LM runs only the
+  Transformer Engine's own ``DelayedScaling`` defaults (``transformer_engine/common/recipe``,
+  NVIDIA/TransformerEngine d0067d0da6cb01811b8072a7d304f0e00344ce2b), the scale from the largest
+  amax of the history as distir models it (``distir.ops.float8``), where Megatron-LM's defaults
+  are 1 and ``most_recent``. The embedding and the head stay bf16 (Megatron-LM runs only the
   transformer layers under TE's fp8 autocast), as distir leaves them. ``--fp8-param-gather``
   stays off: distir does not model float8 parameter all-gathers;
 - the model's shape (``--num-layers``, ``--hidden-size``, ... and Llama's ``--swiglu
