@@ -163,6 +163,43 @@ def test_infeasible_start_reaches_feasible() -> None:
     assert math.isfinite(c) and c == cost(pl)
 
 
+def _rugged(calls: list[Placement]) -> Callable[[Placement], float]:
+    def cost(pl: Placement) -> float:
+        calls.append(pl)
+        return float(sum((i % 7) * g for i, g in enumerate(pl)) % 29) + 1.0
+
+    return cost
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_patience_ends_the_walk_once_nothing_better_turns_up(seed: int) -> None:
+    """With ``patience``, the walk is the full walk's first steps: it stops ``patience`` steps
+    after the last improvement of the best, with the best the full walk had found by then."""
+    d, t, p = 2, 1, 4
+    full_calls: list[Placement] = []
+    full = anneal_placement(d, t, p, _rugged(full_calls), iters=400, seed=seed)
+    calls: list[Placement] = []
+    got = anneal_placement(d, t, p, _rugged(calls), iters=400, seed=seed, patience=20)
+    assert calls == full_calls[: len(calls)]  # the same walk, cut short
+    assert len(calls) < len(full_calls)
+    costs = [_rugged([])(pl) for pl in calls]
+    last = min(range(len(costs)), key=lambda j: (costs[j], j))  # where the best was found
+    assert got == (calls[last], costs[last])
+    assert got[1] >= full[1]
+    assert anneal_placement(d, t, p, _rugged([]), iters=400, seed=seed, patience=None) == full
+
+
+def test_patience_waits_for_a_feasible_placement() -> None:
+    d = t = p = 2
+    base = pipeline_cost([1.0, 0.5], 4, [2.0, 1.0], d, t)
+
+    def cost(pl: Placement) -> float:  # stage 0 must sit on node 0
+        return base(pl) if set(pl[:4]) == {0, 1, 2, 3} else math.inf
+
+    pl, c = anneal_placement(d, t, p, cost, start=(4, 5, 6, 7, 0, 1, 2, 3), iters=200, seed=0, patience=1)
+    assert math.isfinite(c) and c == cost(pl)
+
+
 def test_single_block_returns_start() -> None:
     calls: list[Placement] = []
 
@@ -183,6 +220,8 @@ def test_single_block_returns_start() -> None:
         ({"block": 3}, "block: expected a divisor of d·t·p = 8, got 3"),
         ({"block": 0}, "block: expected an int >= 1"),
         ({"iters": -1}, "iters: expected an int >= 0"),
+        ({"patience": 0}, r"patience: expected None or an int >= 1, got 0"),
+        ({"patience": True}, "patience: expected None or an int >= 1"),
     ],
 )
 def test_invalid_inputs_raise(kwargs: dict[str, object], match: str) -> None:

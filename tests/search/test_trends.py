@@ -79,6 +79,28 @@ def test_amp_heterogeneous_cluster_pipelines_across_slow_links(batch: int) -> No
 
 
 @pytest.mark.slow
+def test_placement_patience_leaves_amps_heterogeneous_search_as_it_was() -> None:
+    """The placement searches' early end after 100 steps without a better placement
+    (``SearchRequest.anneal_patience``) changes nothing in AMP's heterogeneous search
+    (``bench/bench_search.py amp``, with ``explain``'s pure strategies): the same exact results
+    and the same screened list, placements included, as with every one of the 400 steps walked
+    (the default)."""
+    job = dict(
+        model="gpt:layers=24,hidden=1024,heads=16,seq=1024",
+        cluster="p3.8xlarge:3+g4dn.12xlarge:1",
+        batch=32,
+        top=4,
+        explain=True,
+    )
+    cut = search(SearchRequest(anneal_patience=100, **job))  # type: ignore[arg-type]
+    full = search(SearchRequest(**job))  # type: ignore[arg-type]
+    assert cut.results == full.results
+    assert [(str(e.strategy), e.step_time_s) for e in cut.screened] == [
+        (str(e.strategy), e.step_time_s) for e in full.screened
+    ]
+
+
+@pytest.mark.slow
 def test_uneven_model_balanced_assignment_beats_uniform() -> None:
     job = dict(model="transgan-hetero", cluster="p3.8xlarge:4", batch=64)
     out = search(SearchRequest(top=2, anneal_iters=0, pins=Pins(schedule="1f1b"), **job))  # type: ignore[arg-type]

@@ -65,6 +65,21 @@ def _check_start(start: Sequence[int], n: int) -> list[int]:
     return out
 
 
+def _check_sizes(
+    d: int, t: int, p: int, block: int | None, iters: int, patience: int | None
+) -> tuple[int, int]:
+    """``anneal_placement``'s d·t·p and block size, its arguments checked."""
+    n = _degree("d", d) * _degree("t", t) * _degree("p", p)
+    blk = t if block is None else _degree("block", block)
+    if n % blk:
+        raise PlacementError(f"block: expected a divisor of d·t·p = {n}, got {blk}")
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 0:
+        raise PlacementError(f"iters: expected an int >= 0, got {iters!r}")
+    if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
+        raise PlacementError(f"patience: expected None or an int >= 1, got {patience!r}")
+    return n, blk
+
+
 def anneal_placement(
     d: int,
     t: int,
@@ -75,6 +90,7 @@ def anneal_placement(
     iters: int = 2000,
     seed: int = 0,
     block: int | None = None,
+    patience: int | None = None,
 ) -> tuple[tuple[int, ...], float]:
     """Simulated annealing over placements that keep blocks of program devices together.
 
@@ -83,8 +99,10 @@ def anneal_placement(
     ``iters`` steps swaps the GPUs of two random blocks (a ``STAGE_MOVES`` share of the steps swaps
     two whole stages instead, when a stage is several blocks); the first ``PROBES`` steps are greedy
     and sample the uphill cost changes to set the initial temperature, the others accept by
-    Metropolis at a temperature decaying geometrically (module constants). ``cost`` is called at
-    most ``iters + 1`` times.
+    Metropolis at a temperature decaying geometrically (module constants). With ``patience``,
+    the walk ends early once that many steps in a row (probes included) found no placement
+    cheaper than the best, a finite one (the schedule is not shortened: what is left of it is
+    skipped); None walks all ``iters`` steps. ``cost`` is called at most ``iters + 1`` times.
 
     Contract:
     - returns the best placement seen and its cost, so the cost is never worse than ``start``'s
@@ -96,12 +114,7 @@ def anneal_placement(
       (results are cached per placement) and never NaN. Deterministic for a given ``seed``.
     - with a single block there is nothing to move: ``start`` and its cost are returned.
     """
-    n = _degree("d", d) * _degree("t", t) * _degree("p", p)
-    blk = t if block is None else _degree("block", block)
-    if n % blk:
-        raise PlacementError(f"block: expected a divisor of d·t·p = {n}, got {blk}")
-    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 0:
-        raise PlacementError(f"iters: expected an int >= 0, got {iters!r}")
+    n, blk = _check_sizes(d, t, p, block, iters, patience)
     place = _check_start(megatron_placement(n, d, t, p) if start is None else start, n)
     n_blocks = n // blk
     # stage moves: all of a stage's blocks at once, when a stage is several whole blocks
@@ -122,20 +135,21 @@ def anneal_placement(
 
     cur = evaluate(place)
     best, best_cost = tuple(place), cur
+    found = 0  # the step that found ``best`` (``patience``)
     if n_blocks == 1 or iters == 0:
         return best, best_cost
     rng = random.Random(seed)
     # probes: greedy swaps (uphill ones undone) whose uphill steps set the temperature scale
     n_probe = min(PROBES, iters, n_blocks * (n_blocks - 1) // 2)
     uphill: list[float] = []
-    for _ in range(n_probe):
+    for step in range(1, n_probe + 1):
         x, y, size = _move(rng, n_blocks, blk, n_stages, stage)
         _swap(place, x, y, size)
         new = evaluate(place)
         if new < cur:
             cur = new
             if new < best_cost:
-                best, best_cost = tuple(place), new
+                best, best_cost, found = tuple(place), new, step
             continue
         if math.isfinite(cur) and math.isfinite(new) and new > cur:
             uphill.append(new - cur)
@@ -145,6 +159,8 @@ def anneal_placement(
         temp0 = INITIAL_FRACTION * abs(cur)
     walk = iters - n_probe
     for i in range(walk):
+        if patience is not None and n_probe + i - found >= patience and math.isfinite(best_cost):
+            break  # no better placement for ``patience`` steps
         x, y, size = _move(rng, n_blocks, blk, n_stages, stage)
         _swap(place, x, y, size)
         new = evaluate(place)
@@ -160,7 +176,7 @@ def anneal_placement(
         if accept:
             cur = new
             if new < best_cost:
-                best, best_cost = tuple(place), new
+                best, best_cost, found = tuple(place), new, n_probe + i + 1
         else:
             _swap(place, x, y, size)
     return best, best_cost

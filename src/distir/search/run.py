@@ -95,6 +95,10 @@ class SearchRequest:
     executor: str = "local"
     store: Path | None = None
     anneal_iters: int = 400
+    # a placement search ends early once this many steps in a row found no better placement
+    # (``anneal_placement``'s ``patience``); None walks all ``anneal_iters``. Off by default: on
+    # heterogeneous clusters a walk can improve 100-230 steps after its last improvement
+    anneal_patience: int | None = None
     anneal_top: int = 4
     explain: bool = False
     # the model's tensor-parallel placements: declared, or auto (found by Automap, ``resolve_layout``)
@@ -330,10 +334,19 @@ def _placement_cost(screen: Screen, base: Strategy) -> Callable[[tuple[int, ...]
 
 
 def _anneal(
-    screen: Screen, base: Strategy, start: tuple[int, ...], iters: int, seed: int
+    screen: Screen, base: Strategy, start: tuple[int, ...], req: SearchRequest, seed: int
 ) -> tuple[tuple[int, ...], float]:
     cost = _placement_cost(screen, base)
-    return anneal_placement(base.d, base.t, base.p, cost, start=start, iters=iters, seed=seed)
+    return anneal_placement(
+        base.d,
+        base.t,
+        base.p,
+        cost,
+        start=start,
+        iters=req.anneal_iters,
+        seed=seed,
+        patience=req.anneal_patience,
+    )
 
 
 def _anneal_task(task: _AnnealTask) -> tuple[tuple[int, ...], float]:
@@ -348,7 +361,7 @@ def _anneal_task(task: _AnnealTask) -> tuple[tuple[int, ...], float]:
         tp_comm_overlap=req.tp_comm_overlap,
     )
     prof.adopt(task.profiles)
-    return _anneal(Screen(prof, task.problem), task.base, task.start, req.anneal_iters, task.seed)
+    return _anneal(Screen(prof, task.problem), task.base, task.start, req, task.seed)
 
 
 def anneal_picks(req: SearchRequest, screened: list[Estimate]) -> list[int]:
@@ -402,7 +415,7 @@ def anneal(
                 got = futures[n].result()
             except TASK_LOST:  # a dead worker or a stopped pool: search here instead
                 got = None
-        pl, c = got if got is not None else _anneal(screen, base, start, req.anneal_iters, n)
+        pl, c = got if got is not None else _anneal(screen, base, start, req, n)
         if c < screened[i].step_time_s:
             screened[i] = screen.estimate(base, pl)
         if progress is not None:
@@ -677,6 +690,7 @@ def view_of(req: SearchRequest) -> dict[str, Any]:
         "top": req.top,
         "explain": req.explain,
         "anneal_iters": req.anneal_iters,
+        "anneal_patience": req.anneal_patience,
         "anneal_top": req.anneal_top,
     }
     plain: dict[str, Any] = loads(dumps(view))
