@@ -8,12 +8,14 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from distir.frontends.zoo.registry import parse_model_string
+from distir.frontends.zoo.registry import build_model, parse_model_string
+from distir.ir.types import DType
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "validate_published.py"
 
@@ -69,6 +71,22 @@ def test_megatron_flops_equals_the_closed_form() -> None:
     b, s, h, L, V = 192, 4096, 2048, 24, 131072
     want = 72 * b * s * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h))
     assert vp.megatron_flops(m, b) == pytest.approx(want, rel=1e-12)
+
+
+def test_megatron_h100_rows_are_untied_as_the_table_sizes_say() -> None:
+    """The Megatron-LM README's table names each model by its size (1.7B ... 462B): the untied
+    parameter count (embedding and output layer apart) is nearer that size than the tied one
+    on every row, so the records set ``tied = false``."""
+    rows = [r for r in RUNS if r.name.startswith("megatron-h100-")]
+    assert len(rows) == 9
+    for r in rows:
+        size = float(r.name.removeprefix("megatron-h100-").removesuffix("b")) * 1e9
+        counts: dict[bool, int] = {}
+        for tied in (False, True):
+            model = build_model(vp.zoo_model(replace(r.model, tied=tied)), batch=1, dtype=DType.bf16)
+            counts[tied] = sum(w.type.numel for w in model.weights)
+        assert not r.model.tied
+        assert abs(counts[False] - size) < abs(counts[True] - size), (r.name, counts)
 
 
 def test_figure_of_tokens_per_gpu() -> None:

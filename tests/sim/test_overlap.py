@@ -44,15 +44,27 @@ MLP = f"""func @mlp(%x: {X}, %w1: {W1}, %w2: {W2}) {{
 """
 # a second gather beside a GEMM it does not feed (bulk), and a gather of a GEMM's own result
 # (it depends on the GEMM: it cannot run beside it)
-BULK = f"""func @bulk(%x: {X}, %w1: {W1}, %z: {X}) {{
+XR = f"DTensor[bf16, (4096, 1024), {TP}, [R]]"  # replicated activations
+BULK = f"""func @bulk(%x: {X}, %w1: {W1}, %z: {X}, %xr: {XR}) {{
   %xg = Redistribute(%x, to="R")
   %h = MatMul(%xg, %w1)
-  %k = MatMul(%xg, %w1)
+  %k = MatMul(%xr, %w1)
   %zg = Redistribute(%z, to="R")
   %r = Relu(%zg)
   %kg = Redistribute(%k, to="R")
   %s = Relu(%kg)
   return %h, %r, %s
+}}
+"""
+
+
+# Q, K and V as three GEMMs reading one gathered input (Megatron-Core's linear_qkv is one GEMM)
+QKV = f"""func @qkv(%x: {X}, %w1: {W1}) {{
+  %xg = Redistribute(%x, to="R")
+  %q = MatMul(%xg, %w1)
+  %k = MatMul(%xg, %w1)
+  %v = MatMul(%xg, %w1)
+  return %q, %k, %v
 }}
 """
 
@@ -106,6 +118,15 @@ def test_pairs_skip_the_gemms_a_collective_depends_on() -> None:
     # %kg gathers %k: its producer is a GEMM (a direct candidate, for a ReduceScatter only);
     # %h is independent of it
     assert got[5] == overlap.Candidates(2, False, (1,))
+
+
+def test_a_ring_takes_every_gemm_reading_the_gathered_tensor() -> None:
+    """The gather feeding Q, K and V rings with the three as one product: charged
+    max(0, c + G/n - G), G = 3g, n = 4 (with the first GEMM alone it would leave 0.35)."""
+    got = overlap.pairs(parse_module(QKV).entry)
+    assert got[0] == overlap.Candidates(1, True, (), (2, 3))
+    g, c, n = 0.2, 0.5, 4
+    assert _step(QKV, g, c, on=True) == pytest.approx(3 * g + max(0.0, c + 3 * g / n - 3 * g))
 
 
 @pytest.mark.parametrize(("compute", "comm"), [(1.0, 0.5), (0.2, 1.0)])

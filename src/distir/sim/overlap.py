@@ -8,7 +8,11 @@ alone, ``n``: the tensor-parallel size, the number of chunks):
 - **ring exchange, AllGather then its GEMM** (QKV and FC1 forward; the row-parallel input
   gradient): each rank multiplies the chunk it holds while chunks pass around the ring,
   ``n - 1`` transfers of ``c / (n - 1)`` beside ``n`` products of ``g / n``; the pair takes
-  ``max(g, c + g / n)``.
+  ``max(g, c + g / n)``. Every GEMM that reads the gathered tensor is that product (``g`` their
+  sum): Megatron-Core computes Q, K and V as one GEMM of one fused weight (``linear_qkv``,
+  megatron/core/transformer/attention.py at f2e5db4) where a model may write three, and
+  PyTorch's async tensor parallelism gathers once for all the matmuls of one gathered input
+  (``fused_all_gather_matmul`` takes a list of weights).
 - **pipelined, a GEMM then its ReduceScatter** (proj and FC2 forward; the column-parallel input
   gradient): chunk ``i``'s partial sums are reduce-scattered while chunk ``i + 1`` is multiplied;
   the pair takes ``max(g + c / n, g / n + c)``.
@@ -19,18 +23,20 @@ alone, ``n``: the tensor-parallel size, the number of chunks):
 The simulator keeps every op in the program and on its stream, in order; the collective is
 charged what its pair takes beyond the GEMM (``exposed``), so the trace shows its exposed part.
 Which ops pair is read from the program's structure (``pairs``: a layout-changing op — a
-``Fusion.TRANSPARENT`` op — whose result a GEMM consumes first, or whose input a GEMM produced,
+``Fusion.TRANSPARENT`` op — whose result a GEMM consumes first (with the other GEMMs reading
+it), or whose input a GEMM produced,
 and the GEMMs before it that it does not depend on, nearest first) and from the planner's
 records (the op is a one-step AllGather or ReduceScatter along one mesh axis,
 ``OpRecord.collective``, on the very clocks of the GEMM: not on a communication stream). In
 program order each collective takes its direct GEMM if free, else the nearest free independent
-one; a GEMM overlaps one collective. Not modelled: the SMs the pipelined reduction's kernels take
+one (a ring takes its direct GEMM and the free GEMMs of its group); a GEMM overlaps one
+collective. Not modelled: the SMs the pipelined reduction's kernels take
 from the product, and the lower efficiency of the split products.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple, TypeVar
 
 from distir.ir.function import Function
@@ -48,11 +54,14 @@ _R = TypeVar("_R", OpRecord, OpRecord | CallSummary)
 class Candidates(NamedTuple):
     """The GEMMs a layout-changing op may overlap: ``direct`` (its result's first consumer, or
     its input's producer, or ``NO_PAIR``), ``after`` (the direct GEMM comes after it), and
-    ``bulk``: GEMMs before it that it does not depend on, nearest first."""
+    ``bulk``: GEMMs before it that it does not depend on, nearest first; ``group``: with a
+    direct GEMM after it, the other GEMMs that read its result (one product with the direct
+    one, in a ring)."""
 
     direct: int
     after: bool
     bulk: tuple[int, ...]
+    group: tuple[int, ...] = ()
 
 
 def _opdef(instr: Instr) -> OpDef | None:
@@ -98,12 +107,15 @@ def pairs(fn: Function) -> list[Candidates | None]:
         return out
     producer: dict[Value, int] = {}
     first_use: dict[Value, int] = {}
+    gemm_uses: dict[Value, list[int]] = {}
+    is_gemm = set(gemms)
     for i, instr in enumerate(body):
         for v in instr.inputs:
             first_use.setdefault(v, i)
+            if i in is_gemm and i not in gemm_uses.setdefault(v, []):
+                gemm_uses[v].append(i)
         for v in instr.outputs:
             producer[v] = i
-    is_gemm = set(gemms)
     for i, instr in enumerate(body):
         if len(instr.inputs) != 1 or len(instr.outputs) != 1 or not _is_layout_change(instr):
             continue
@@ -115,7 +127,8 @@ def pairs(fn: Function) -> list[Candidates | None]:
                 direct = NO_PAIR
         needs = _ancestors(body, producer, src)
         bulk = tuple(j for j in reversed(gemms) if j < i and j not in needs and j != direct)
-        out[i] = Candidates(direct, after, bulk[:BULK_CANDIDATES])
+        group = tuple(j for j in gemm_uses.get(instr.outputs[0], ()) if j != direct) if after else ()
+        out[i] = Candidates(direct, after, bulk[:BULK_CANDIDATES], group)
     return out
 
 
@@ -132,10 +145,12 @@ def exposed(mode: str, comm_s: float, gemm_s: float, n: int) -> float:
     return min(comm_s, max(comm_s / n, comm_s + gemm_s / n - gemm_s))
 
 
-def _charged(rec: OpRecord | CallSummary, gemm: OpRecord | CallSummary, mode: str) -> OpRecord | None:
-    """``rec`` charged its exposed part beside ``gemm`` in ``mode``, or None when the two do
-    not pair (not a one-step AllGather/ReduceScatter on the GEMM's clocks; the wrong pattern
-    for a ring or a pipeline)."""
+def _charged(
+    rec: OpRecord | CallSummary, gemm: OpRecord | CallSummary, mode: str, extra_s: float = 0.0
+) -> OpRecord | None:
+    """``rec`` charged its exposed part beside ``gemm`` in ``mode`` (``extra_s``: the time of
+    the GEMMs of its group, one product with ``gemm``), or None when the two do not pair (not a one-step
+    AllGather/ReduceScatter on the GEMM's clocks; the wrong pattern for a ring or a pipeline)."""
     if not isinstance(rec, OpRecord) or not isinstance(gemm, OpRecord) or gemm.comm:
         return None
     col = rec.collective
@@ -147,12 +162,30 @@ def _charged(rec: OpRecord | CallSummary, gemm: OpRecord | CallSummary, mode: st
         return None
     if mode == "pipelined" and col.pattern is not CommPattern.REDUCESCATTER:
         return None
-    return rec._replace(seconds=exposed(mode, rec.seconds, gemm.seconds, col.size))
+    return rec._replace(seconds=exposed(mode, rec.seconds, gemm.seconds + extra_s, col.size))
 
 
 def _choices(c: Candidates) -> list[tuple[int, str]]:
     direct = [(c.direct, "ring" if c.after else "pipelined")] if c.direct != NO_PAIR else []
     return direct + [(j, "bulk") for j in c.bulk]
+
+
+class _Group(NamedTuple):
+    members: tuple[int, ...]  # instruction indices
+    seconds: float  # their time together
+
+
+def _members(
+    record: Callable[[int], OpRecord | CallSummary], c: Candidates, j: int, mode: str, taken: set[int]
+) -> _Group:
+    """The GEMMs a ring's product takes with its direct GEMM ``j``: the free ones of its group
+    on ``j``'s clocks (none in the other modes)."""
+    head = record(j)
+    if mode != "ring" or not c.group or not isinstance(head, OpRecord):
+        return _Group((), 0.0)
+    found = [(g, r) for g in c.group if g not in taken and isinstance(r := record(g), OpRecord)]
+    kept = [(g, r) for g, r in found if not r.comm and r.devs == head.devs]
+    return _Group(tuple(g for g, _ in kept), sum(r.seconds for _, r in kept))
 
 
 def apply(records: Sequence[_R], paired: Sequence[Candidates | None]) -> list[_R]:
@@ -166,10 +199,11 @@ def apply(records: Sequence[_R], paired: Sequence[Candidates | None]) -> list[_R
         for j, mode in _choices(c):
             if j in taken:
                 continue
-            new = _charged(out[i], out[j], mode)
+            prod: _Group = _members(lambda g: out[g], c, j, mode, taken)
+            new = _charged(out[i], out[j], mode, prod.seconds)
             if new is not None:
                 out[i] = new
-                taken.add(j)
+                taken.update((j, *prod.members))
                 break
     return out
 
@@ -177,7 +211,7 @@ def apply(records: Sequence[_R], paired: Sequence[Candidates | None]) -> list[_R
 def apply_kinds(kinds: list[int], table: list[OpRecord], paired: Sequence[Candidates | None]) -> None:
     """``apply`` for a plan kept as distinct records (``table``) and an index per instruction
     (``kinds``), in place: a collective charged differently gets a record of its own."""
-    made: dict[tuple[int, int, str], int | None] = {}
+    made: dict[tuple[int, int, str, tuple[int, ...]], int | None] = {}
     taken: set[int] = set()
     for i, c in enumerate(paired):
         if c is None:
@@ -185,14 +219,15 @@ def apply_kinds(kinds: list[int], table: list[OpRecord], paired: Sequence[Candid
         for j, mode in _choices(c):
             if j in taken:
                 continue
-            key = (kinds[i], kinds[j], mode)
+            prod: _Group = _members(lambda g: table[kinds[g]], c, j, mode, taken)
+            key = (kinds[i], kinds[j], mode, tuple(kinds[g] for g in prod.members))
             if key not in made:
-                new = _charged(table[kinds[i]], table[kinds[j]], mode)
+                new = _charged(table[kinds[i]], table[kinds[j]], mode, prod.seconds)
                 if new is not None:
                     table.append(new)
                 made[key] = None if new is None else len(table) - 1
             k = made[key]
             if k is not None:
                 kinds[i] = k
-                taken.add(j)
+                taken.update((j, *prod.members))
                 break
