@@ -29,6 +29,7 @@ from distir.ir.ops import Call, Op
 from distir.ir.types import Type
 from distir.ir.values import Value
 from distir.ops.dtensor_inference import global_view
+from distir.ops.infer_memo import abstract_types
 from distir.ops.registry import REGISTRY, OpDef, OpKind, OpTypeError, RegistryError, TypeCtx
 
 
@@ -145,7 +146,9 @@ class TypeDomain:
         ]
 
     def _run_abstract(self, d: OpDef, op: Op, args: Sequence[Mixed]) -> Sequence[Mixed]:
-        return d.infer_types([type_of(a) for a in args], op.attrs, _known(args))
+        if Concrete in map(type, args):
+            return d.infer_types([type_of(a) for a in args], op.attrs, _known(args))
+        return abstract_types(d, op.attrs, cast(Sequence[Type], args))
 
     # -- domain interface ------------------------------------------------------------------------
     def op(self, op: Op, args: Sequence[Mixed]) -> Sequence[Mixed]:

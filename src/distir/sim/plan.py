@@ -182,7 +182,8 @@ class PlanDomain(TypeDomain):
             return None
         got = self._fusion.get(id(fn))
         if got is None or got[0] is not fn:
-            links = fused_links(fn)
+            # calls never fuse: a body of calls only (a probe's entry) has no link
+            links = fused_links(fn) if Op in set(map(type, fn.body)) else []
             got = self._fusion[id(fn)] = (fn, links if any(links) else None)
         return got[1]
 
