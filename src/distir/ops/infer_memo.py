@@ -17,7 +17,7 @@ from distir.ir.values import Attrs
 if TYPE_CHECKING:
     from distir.ops.registry import OpDef
 
-# (op name, its type rule and sharding rule, attributes, argument types) -> result types.
+# (op name, its kind, its type rule and sharding rule, attributes, argument types) -> result types.
 # Bounded: cleared when full.
 _INFERRED: dict[tuple[object, ...], tuple[Type, ...]] = {}
 _INFERRED_MAX = 1 << 15
@@ -28,7 +28,7 @@ def abstract_types(d: OpDef, attrs: Attrs, types: Sequence[Type]) -> tuple[Type,
     """``d.infer_types(types, attrs, no known values)``, memoized (module docstring)."""
     if not MEMO_TYPES:
         return d.infer_types(list(types), attrs, [None] * len(types))
-    key = (d.name, d.infer, d.sharding, attrs, *types)
+    key = (d.name, d.kind, d.infer, d.sharding, attrs, *types)
     got = _INFERRED.get(key)
     if got is None:
         got = d.infer_types(list(types), attrs, [None] * len(types))

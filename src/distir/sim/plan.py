@@ -318,6 +318,20 @@ class PlanDomain(TypeDomain):
         self._frames[-1].append(hit[0])
         return hit[1]
 
+    def summary_of(self, fn: Function, args: Sequence[Mixed]) -> CallSummary:
+        """The summary a call of ``fn`` on ``args`` takes (``call``: planned once, then from
+        the memo), the units prepared or assumed from ``args`` first if they are not yet."""
+        if not self.units.prepared:
+            (self.units.assume if self.options.assume_units else self.units.prepare)(self.module, fn, args)
+        self._frames.append([])
+        try:
+            self.call(self.module, Call(fn.name, (), tuple(Value(v.name) for v in fn.outputs)), fn, args)
+            got = self._frames[-1][-1]
+        finally:
+            self._frames.pop()
+        assert isinstance(got, CallSummary)
+        return got
+
     def plan(self, fn: Function, args: Sequence[Mixed]) -> FnPlan:
         top = not self._frames
         if not self.units.prepared and top:
