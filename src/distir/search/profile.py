@@ -20,7 +20,9 @@ search over thousands of strategies profiles each distinct layer a few dozen tim
 of one layer function share its plan (``SharedPlans``), and all probes on one TP group share op
 records (``SharedRecords``: the forward, backward and input-gradient parts of a layer, with and
 without sequence parallelism, under each recomputation, have most ops in common) — the same
-figures as probes planned anew (``share_plans=False``, tested). The memory-only probes (what a
+figures as probes planned anew (``share_plans=False``, tested); a probe's figures are worked out
+from the layer call's summary (``distir.sim.probe``) instead of planning and running the
+one-call program (``fast_probes=False`` simulates it, tested equal). The memory-only probes (what a
 forward leaves, what an input-gradient pass carries, the ZeRO-3 backward's working set) are not
 repeated on a TP group of another device kind alike in arrangement and runtime memory: the
 simulator's memory follows types and liveness in program order, never costs, so they give the
