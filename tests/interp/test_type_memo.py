@@ -60,3 +60,30 @@ def test_profiles_with_memoized_types_equal_those_inferred_anew(
     memo = profiles()
     monkeypatch.setattr(shapes, "MEMO_TYPES", False)
     assert memo == profiles()
+
+
+@pytest.mark.parametrize(
+    "name", [GPT, TRANSGAN, "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=128,seq=16"]
+)
+@pytest.mark.parametrize("t", [1, 2])
+def test_flat_types_are_the_interpreters(name: str, t: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``value_types`` of a flat body without known-value rules (``flat_types``) is what the
+    interpreter gives: every value's type, in the same order."""
+    from distir.autodiff import reverse
+    from distir.interp.shapes import flat_types
+
+    walked = 0
+    model = parse_model_string(name).build(2)
+    fns = [(f, a) for L in sharded_layers(model, 1, t) for f, a in ((L.fwd, L.fwd_args), (L.bwd, L.bwd_args))]
+    for fn, args in fns:
+        if fn is None:
+            continue
+        fast = flat_types(fn, args)
+        walked += fast is not None
+        monkeypatch.setattr(reverse, "flat_types", lambda fn, args: None)
+        ref = value_types(Module((fn,)), fn, args)
+        monkeypatch.undo()
+        assert fast is None or list(fast.items()) == list(ref.items())
+        assert value_types(Module((fn,)), fn, args) == ref
+    assert walked > 0
+    assert flat_types(fns[0][0], fns[0][1][:-1]) is None  # a wrong call: the interpreter reports it

@@ -199,6 +199,34 @@ class TypeDomain:
         return outs
 
 
+def flat_types(fn: Function, arg_types: Sequence[Type]) -> dict[Value, Type] | None:
+    """The type of every value of ``fn`` on ``arg_types`` as ``interpret`` in a ``TypeDomain``
+    that keeps no known value (``concrete_limit=0``) gives it, for a body of primitive ops whose
+    rules read no known value (no ``partial`` rule): each op's types from ``abstract_types``,
+    its arity and declared results checked, without the interpreter's dispatch. None where the
+    interpreter must walk: a call, a rule reading known values, or anything wrong (which it then
+    reports precisely)."""
+    if len(arg_types) != len(fn.params):
+        return None
+    env: dict[Value, Type] = dict(zip(fn.params, arg_types, strict=True))
+    try:
+        for instr in fn.body:
+            if type(instr) is not Op:
+                return None
+            d = REGISTRY[instr.name]
+            if d.partial is not None:
+                return None
+            d.check_arity(len(instr.inputs))
+            outs = abstract_types(d, instr.attrs, [env[v] for v in instr.inputs])
+            if len(outs) != len(instr.outputs):
+                return None
+            check_declared(instr.outputs, outs, instr.name)
+            env.update(zip(instr.outputs, outs, strict=True))
+    except (RegistryError, ValueError, TypeError, IndexError, ArithmeticError, KeyError):
+        return None
+    return env
+
+
 def entry_args(fn: Function, concrete: Mapping[str, Any] | None = None) -> list[Mixed]:
     """Arguments for ``fn`` from its declared parameter types (and optional concrete values)."""
     args: list[Mixed] = []
