@@ -41,6 +41,8 @@ LLAMA4 = "llama:layers=4,hidden=16,heads=2,kv_heads=1,ffn=32,seq=4,vocab=16"
         (LLAMA, "d2.t1.p2.k4.1f1b.z1", {"megatron_ddp": True, "comm_streams": True}),
         (TIED, "d1.t1.p2.k2.zb1", {}),
         (LLAMA4, "d2.t2.p2.k2.interleaved.v2", {"comm_streams": True}),
+        (LLAMA, "d2.t1.c2.p1.k2", {"comm_streams": True}),
+        (GPT, "d2.t2.p2.k2.1f1b", {"deepspeed_pipe": True}),
     ],
 )
 def test_step_equals_the_sequential_mixed_step(spec: str, strategy: str, options: dict[str, bool]) -> None:
