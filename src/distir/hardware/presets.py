@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from distir.hardware.specs import (
     AttentionProfile,
+    BusBandwidthCurve,
     DeviceSpec,
     GemmProfile,
     LinkSpec,
@@ -375,6 +376,38 @@ _H100_NCCL = (
 )
 
 
+# Measured all-reduce bus bandwidth by message size on one 8-GPU node, 32 KiB to 16 GiB in
+# powers of two (ml-engineering's network chapter at a fixed commit, 'Real network throughput').
+_SWEEP_SIZES = tuple(1 << k for k in range(15, 35))
+_A100_ALLREDUCE_BUSBW = (
+    1.31, 2.45, 4.43, 7.47, 11.41, 18.00, 36.18, 72.33, 109.93, 106.16,
+    138.49, 171.54, 176.92, 194.07, 222.72, 229.04, 231.41, 233.88, 234.61, 234.89,
+)  # fmt: skip
+_H200_ALLREDUCE_BUSBW = (
+    1.44, 2.93, 5.73, 11.74, 23.94, 39.93, 64.53, 107.16, 155.53, 219.89,
+    275.84, 346.51, 401.93, 436.15, 450.29, 463.58, 469.17, 473.10, 477.45, 482.26,
+)  # fmt: skip
+_A100_CURVE_SOURCE = (
+    f"all-reduce by size: nccl-tests all_reduce_perf -b 32k -e 16G -f 2 -g 8 on one 8-GPU A100 node, "
+    f"busbw column ({_ML_ENG_NET}, 'Real network throughput', the first table)"
+)
+_H100_CURVE_SOURCE = (
+    "all-reduce by size: all_reduce_bench.py (torch.distributed, blocking calls timed with CUDA "
+    "events; NVLink SHARP from 2 MiB, ring LL below, as NCCL's log reports there) on one 8x H200 node, "
+    f"the same NVLink4 / NVSwitch3 fabric as a DGX H100, busbw column ({_ML_ENG_NET}, 'Real network "
+    "throughput', the second table); no published H100 sweep found"
+)
+
+
+def _curve(sweep: tuple[float, ...], source: str) -> BusBandwidthCurve:
+    """A bus bandwidth curve from GB/s figures at ``_SWEEP_SIZES``."""
+    return BusBandwidthCurve(tuple((m, b * GIGA) for m, b in zip(_SWEEP_SIZES, sweep, strict=True)), source)
+
+
+_A100_CURVES = (("allreduce", _curve(_A100_ALLREDUCE_BUSBW, _A100_CURVE_SOURCE)),)
+_H100_CURVES = (("allreduce", _curve(_H200_ALLREDUCE_BUSBW, _H100_CURVE_SOURCE)),)
+
+
 def _nccl(**gb_s: float) -> tuple[tuple[str, LinkSpec], ...]:
     """Per-collective links inside a node: NCCL's published bus bandwidth (GB/s), 3 µs a step."""
     return tuple((k, _link(v, 3.0)) for k, v in gb_s.items())
@@ -410,6 +443,7 @@ _PRESETS: dict[str, NodeSpec] = {
         collectives=_nccl(allreduce=230, allgather=230, reducescatter=230, broadcast=230, reduce=230),
         network_efficiency=24 / 25,
         collectives_source=_A100_NCCL,
+        busbw_curves=_A100_CURVES,
     ),
     # DGX H100: NVLink4 900 GB/s bidirectional per GPU via NVSwitch; 8 × 400 Gb/s NDR IB.
     # Tensor peaks are the sheet's sparse figures halved (TF32 989 → 494.5, BF16 1979 → 989.5,
@@ -426,6 +460,7 @@ _PRESETS: dict[str, NodeSpec] = {
         collectives=_nccl(allreduce=480, allgather=350, reducescatter=360, broadcast=370, reduce=370),
         network_efficiency=47 / 50,
         collectives_source=_H100_NCCL,
+        busbw_curves=_H100_CURVES,
     ),
     # p3.8xlarge: 4 V100-SXM2-16GB on half of a DGX-1-style hybrid cube-mesh: a GPU pair shares
     # 1 or 2 NVLink2 links of 25 GB/s/dir; 50 GB/s is an estimate for a ring. 10 Gb/s network.
@@ -581,6 +616,11 @@ def _calibrated_record(node: NodeSpec) -> dict[str, Any]:
             k: {"bandwidth_gb_s": ln.bandwidth / GIGA, "latency_us": ln.latency_s * 1e6}
             for k, ln in node.collectives
         }
+    if node.busbw_curves:
+        rec["busbw_curves"] = {
+            k: {"points": [[m, b / GIGA] for m, b in c.points], "source": c.source}
+            for k, c in node.busbw_curves
+        }
     if node.network_efficiency != 1.0:
         rec["network_efficiency"] = node.network_efficiency
     if node.collectives_source:
@@ -588,17 +628,29 @@ def _calibrated_record(node: NodeSpec) -> dict[str, Any]:
     return rec
 
 
+def _curves_note(rec: dict[str, Any]) -> str:
+    """The caption lines of a node type's measured bus bandwidth curves (none without one)."""
+    out = ""
+    for k, c in rec.get("busbw_curves", {}).items():
+        (m0, b0), (m1, b1) = c["points"][0], c["points"][-1]
+        out += (
+            f"\n    {k} bus bandwidth by size ({len(c['points'])} points, {b0:g} GB/s at {m0} B to "
+            f"{b1:g} at {m1} B, capped at the figure above): {c['source']}"
+        )
+    return out
+
+
 def _collectives_note(rec: dict[str, Any]) -> str:
     """The caption line of a node type's published collective figures (none without a source)."""
     src = rec.get("collectives_source")
     if not src:
-        return ""
+        return _curves_note(rec)
     links = ", ".join(f"{k} {v['bandwidth_gb_s']:g}" for k, v in rec.get("collectives", {}).items())
     eff = rec.get("network_efficiency", 1.0)
     return (
         f"\n    collectives (GB/s inside the node): {links or 'intra'}; network at {100 * eff:.0f}% of the "
         f"NICs' rate: {src}"
-    )
+    ) + _curves_note(rec)
 
 
 def clusters_json(cluster: Cluster | None = None) -> dict[str, Any]:

@@ -46,6 +46,17 @@ bandwidth is that link's B: nccl-tests' busbw is defined so that the ring formul
 B = busbw, gives the measured time. Bandwidth/latency matrices, when given, override these as
 they override ``intra``. Across nodes the network runs at the nodes' ``network_efficiency``
 (``Cluster.network_link``).
+
+Measured curves by message size (``NodeSpec.busbw_curves``: nccl-tests' busbw against its size
+on one node; the DGX presets' all-reduce): NCCL reaches its peak bus bandwidth only for large
+messages, so a collective inside one node whose node has a curve for it takes
+max(alpha-beta time, factor·M / min(B_curve(M), B)), factor being the one that turns busbw into
+time (2(n−1)/n all-reduce, (n−1)/n all-gather and reduce-scatter, 1 broadcast and reduce). A
+measured time already holds NCCL's latency, so the alpha-beta term is not added to it: it is the
+floor (large messages, where the curve reaches B, keep the alpha-beta time unchanged; messages
+smaller than the curve's smallest take at least its time). The curve is taken as it was
+measured whatever the group's size n (busbw is defined to be independent of n); groups across
+nodes, and clusters with matrices, do not use it.
 """
 
 from __future__ import annotations
@@ -143,13 +154,31 @@ def _net(cluster: Cluster, parts: Sequence[tuple[int, ...]], all_pairs: bool = F
     return _slowest(cluster.link(leaders[i], leaders[(i + 1) % k]) for i in range(k))
 
 
+def _measured(
+    cluster: Cluster, gpus: Sequence[int], kind: str, m: float, factor: float, link: LinkSpec
+) -> float:
+    """The time the node's measured bus bandwidth curve of ``kind`` gives a message of M bytes
+    on ``gpus`` (one node, no matrices): factor·M / min(B_curve(M), B), the link's B capping the
+    curve; 0 without a curve. The curve's points are measured times, latency included, so the
+    caller takes the larger of this and its alpha-beta time, never their sum."""
+    nodes = cluster.gpu_nodes
+    if cluster.has_matrices or m <= 0 or nodes[gpus[0]] != nodes[gpus[-1]]:
+        return 0.0
+    curve = cluster.nodes[nodes[gpus[0]]].curve_for(kind)
+    if curve is None:
+        return 0.0
+    return factor * m / min(link.bandwidth, curve.bandwidth(m))
+
+
 def _ring_phase(cluster: Cluster, gpus: Sequence[int], m: float, kind: str) -> float:
-    """All-gather or reduce-scatter of M bytes in total inside one node: (g−1)/g·M/B + (g−1)α."""
+    """All-gather or reduce-scatter of M bytes in total inside one node: (g−1)/g·M/B + (g−1)α,
+    or the time its measured curve gives if longer (``_measured``)."""
     g = len(gpus)
     if g < 2:
         return 0.0
     link = _ring(cluster, gpus, kind)
-    return (g - 1) / g * m / link.bandwidth + (g - 1) * link.latency_s
+    t = (g - 1) / g * m / link.bandwidth + (g - 1) * link.latency_s
+    return max(t, _measured(cluster, gpus, kind, m, (g - 1) / g, link))
 
 
 def _flat_ring(cluster: Cluster, parts: Sequence[tuple[int, ...]], m: float, kind: str) -> float:
@@ -181,7 +210,8 @@ def send_time(cluster: Cluster, nbytes: float, src: int, dst: int) -> float:
 def allreduce_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> float:
     """All-reduce of ``nbytes`` (the size of each participant's buffer, = the result's size).
 
-    One node: ring, 2(n−1)/n·M/B + 2(n−1)α over the ring's slowest link.
+    One node: ring, 2(n−1)/n·M/B + 2(n−1)α over the ring's slowest link, or the time the node's
+    measured all-reduce curve gives if longer (``_measured``).
     Across k nodes: the faster of NCCL's ring (``_flat_ring`` of a reduce-scatter then of an
     all-gather: (n−1)/n·M/min(B_rs, B_net) and (n−1)/n·M/min(B_ag, B_net), 2(n−k) steps at
     α_intra and 2(k−1) at α_net) and the hierarchical reduction standing for NCCL's tree:
@@ -204,7 +234,8 @@ def allreduce_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> flo
     k = len(parts)
     if k == 1:
         link = _ring(cluster, g, "allreduce")
-        return 2 * (n - 1) / n * m / link.bandwidth + 2 * (n - 1) * link.latency_s
+        t = 2 * (n - 1) / n * m / link.bandwidth + 2 * (n - 1) * link.latency_s
+        return max(t, _measured(cluster, g, "allreduce", m, 2 * (n - 1) / n, link))
     rs = max(_ring_phase(cluster, p, m, "reducescatter") for p in parts)
     ag = max(_ring_phase(cluster, p, m, "allgather") for p in parts)
     net = _net(cluster, parts)
@@ -243,7 +274,8 @@ def reducescatter_time(cluster: Cluster, nbytes: float, group: Iterable[int]) ->
 def broadcast_time(cluster: Cluster, nbytes: float, group: Iterable[int], kind: str = "broadcast") -> float:
     """Broadcast of ``nbytes`` (the message size) from one GPU of the group to the others.
 
-    One node: pipelined ring (chunks flow down a chain), M/B + (n−1)α over the slowest link.
+    One node: pipelined ring (chunks flow down a chain), M/B + (n−1)α over the slowest link (or
+    its measured curve's time if longer, ``_measured``).
     Across k nodes: a pipelined ring over the nodes, M/B_net + (k−1)α_net, then a pipelined ring
     inside each node with g_i ≥ 2, M/B_i + (g_i−1)α_i, the slowest node governing. The root's
     position does not change the cost. ``kind``: whose calibrated intra-node link to use.
@@ -257,7 +289,7 @@ def broadcast_time(cluster: Cluster, nbytes: float, group: Iterable[int], kind: 
     k = len(parts)
     if k == 1:
         link = _ring(cluster, g, kind)
-        return m / link.bandwidth + (n - 1) * link.latency_s
+        return max(m / link.bandwidth + (n - 1) * link.latency_s, _measured(cluster, g, kind, m, 1.0, link))
     net = _net(cluster, parts)
     inter = m / net.bandwidth + (k - 1) * net.latency_s
     intra = 0.0

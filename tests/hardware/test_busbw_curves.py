@@ -1,0 +1,159 @@
+"""Measured bus bandwidth by message size (``NodeSpec.busbw_curves``) on the DGX presets.
+
+Oracle: the published all-reduce sweep of one 8-GPU A100 node, typed in here from its source
+(stas00/ml-engineering network/README.md at 744d01e, 'Real network throughput': nccl-tests
+all_reduce_perf, busbw by size, 32 KiB ... 16 GiB), not read from the presets; a collective's
+time is nccl-tests' busbw turned back into time, 2(n−1)/n·M/busbw, never below the alpha-beta
+formula at the preset's peak (230 GB/s, 3 µs a step) and never faster than that peak.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from rich.console import Console
+
+from distir.hardware.cluster import cluster_from_toml, parse_cluster
+from distir.hardware.presets import PRESETS, render_clusters_table
+from distir.hardware.specs import BusBandwidthCurve, ClusterError, SpecError
+from distir.sim.collectives import allgather_time, allreduce_time
+
+STEP = 3e-6
+NODE = list(range(8))
+A100_SWEEP = {  # bytes: busbw GB/s
+    32 * 2**10: 1.31,
+    64 * 2**10: 2.45,
+    128 * 2**10: 4.43,
+    256 * 2**10: 7.47,
+    512 * 2**10: 11.41,
+    2**20: 18.00,
+    2 * 2**20: 36.18,
+    4 * 2**20: 72.33,
+    8 * 2**20: 109.93,
+    16 * 2**20: 106.16,
+    32 * 2**20: 138.49,
+    64 * 2**20: 171.54,
+    128 * 2**20: 176.92,
+    256 * 2**20: 194.07,
+    512 * 2**20: 222.72,
+    2**30: 229.04,
+    2 * 2**30: 231.41,
+    4 * 2**30: 233.88,
+    8 * 2**30: 234.61,
+    16 * 2**30: 234.89,
+}
+
+
+def alpha_beta(m: float, n: int = 8, peak: float = 230e9) -> float:
+    return 2 * (n - 1) / n * m / peak + 2 * (n - 1) * STEP
+
+
+def test_a100_all_reduce_takes_the_measured_time_at_every_measured_size() -> None:
+    c = parse_cluster("dgx-a100")
+    for m, busbw in A100_SWEEP.items():
+        measured = 2 * 7 / 8 * m / (min(busbw, 230) * 1e9)
+        assert allreduce_time(c, m, NODE) == pytest.approx(max(measured, alpha_beta(m)), rel=1e-12), m
+    # 25 MiB, a DDP bucket: well below the alpha-beta prediction's bandwidth
+    t = allreduce_time(c, 25 * 2**20, NODE)
+    assert 1.4 * alpha_beta(25 * 2**20) < t
+
+
+def test_between_measured_sizes_the_bandwidth_is_linear_in_log_size() -> None:
+    c = parse_cluster("dgx-a100")
+    m0, m1 = 32 * 2**20, 64 * 2**20
+    mid = math.sqrt(m0 * m1)
+    busbw = (A100_SWEEP[m0] + A100_SWEEP[m1]) / 2 * 1e9
+    assert allreduce_time(c, mid, NODE) == pytest.approx(2 * 7 / 8 * mid / busbw, rel=1e-12)
+
+
+@pytest.mark.parametrize(("preset", "peak"), [("dgx-a100", 230e9), ("h100", 480e9)])
+def test_never_faster_than_the_peak_and_large_messages_unchanged(preset: str, peak: float) -> None:
+    c = parse_cluster(preset)
+    for k in range(6, 38):
+        m = 2.0**k
+        t = allreduce_time(c, m, NODE)
+        assert 2 * 7 / 8 * m / t <= peak * (1 + 1e-12)
+        assert t >= alpha_beta(m, peak=peak) * (1 - 1e-12)
+    for m in (16 * 2**30, 64 * 2**30):  # beyond where the curves reach the peak: alpha-beta
+        assert allreduce_time(c, m, NODE) == pytest.approx(alpha_beta(m, peak=peak), rel=1e-12)
+
+
+def test_smaller_than_measured_costs_the_smallest_measured_message() -> None:
+    c = parse_cluster("dgx-a100")
+    floor = 2 * 7 / 8 * 32 * 2**10 / 1.31e9
+    assert allreduce_time(c, 1024, NODE) == pytest.approx(floor, rel=1e-12)
+
+
+def test_curves_only_where_measured() -> None:
+    # groups of other sizes in the node use the curve with their own factor; groups across
+    # nodes and collectives without a curve keep the alpha-beta formula
+    c = parse_cluster("dgx-a100:2")
+    m = 64 * 2**20
+    assert allreduce_time(c, m, range(4)) == pytest.approx(2 * 3 / 4 * m / 171.54e9, rel=1e-12)
+    assert allgather_time(c, m, NODE) == pytest.approx(7 / 8 * m / 230e9 + 7 * STEP, rel=1e-12)
+    ab = parse_cluster("dgx-a100:2")
+    net = allreduce_time(ab, m, range(16))
+    plain = cluster_from_toml(
+        '[types.n]\npreset = "dgx-a100"\n[types.n.busbw_curves.allreduce]\npoints = []\n'
+        '[[nodes]]\ntype = "n"\ncount = 2\n'
+    )
+    assert net == allreduce_time(plain, m, range(16))
+    assert allreduce_time(plain, m, NODE) == pytest.approx(alpha_beta(m), rel=1e-12)
+
+
+NODES = '[[nodes]]\ntype = "n"\n'
+
+
+def curve_file(points: str, collective: str = "allreduce") -> str:
+    return f'[types.n]\npreset = "dgx-a100"\n[types.n.busbw_curves.{collective}]\npoints = {points}\n' + NODES
+
+
+def test_cluster_file_overrides_a_curve() -> None:
+    c = cluster_from_toml(curve_file("[[1048576, 10], [1073741824, 20]]"))
+    m = 2**20
+    assert allreduce_time(c, m, NODE) == pytest.approx(2 * 7 / 8 * m / 10e9, rel=1e-12)
+    assert c.nodes[0].curve_for("allreduce") == BusBandwidthCurve(((2**20, 10e9), (2**30, 20e9)), "")
+    inherited = cluster_from_toml('[types.n]\npreset = "h100"\n' + NODES)
+    assert inherited.nodes[0].busbw_curves == PRESETS["h100"].busbw_curves
+    gathered = cluster_from_toml(curve_file("[[1048576, 10], [1073741824, 20]]", "allgather"))
+    assert allgather_time(gathered, m, NODE) == pytest.approx(7 / 8 * m / 10e9, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("points", "match"),
+    [
+        ("[[1048576, 100]]", "two or more"),
+        ("[[1048576, 100], [1024, 200]]", "sorted by size"),
+        ("[[1048576, -1], [1073741824, 200]]", "positive"),
+        ("[[1.5, 100], [1073741824, 200]]", "bytes"),
+        ('"fast"', "expected"),
+    ],
+)
+def test_cluster_file_curve_is_validated_in_one_line(points: str, match: str) -> None:
+    with pytest.raises(ClusterError, match=match) as e:
+        cluster_from_toml(curve_file(points))
+    assert "types.n.busbw_curves.allreduce.points" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_cluster_file_curve_names_a_collective() -> None:
+    with pytest.raises(ClusterError, match="unknown key") as e:
+        cluster_from_toml(curve_file("[[1, 1], [2, 2]]", "allredcue"))
+    assert "\n" not in str(e.value)
+
+
+def test_spec_validates_the_points() -> None:
+    with pytest.raises(SpecError, match="sorted by size"):
+        BusBandwidthCurve(((2, 1.0), (1, 1.0)), "")
+    with pytest.raises(SpecError, match="two or more"):
+        BusBandwidthCurve(((2, 1.0),), "")
+
+
+def test_clusters_table_prints_the_curves_sources() -> None:
+    console = Console(width=400, record=True)
+    console.print(render_clusters_table())
+    text = " ".join(console.export_text().split())
+    assert text.count("allreduce bus bandwidth by size (20 points") == 2
+    assert "nccl-tests all_reduce_perf -b 32k -e 16G" in text
+    assert "8x H200 node" in text
