@@ -4,7 +4,9 @@ Oracle: the published all-reduce sweep of one 8-GPU A100 node, typed in here fro
 (stas00/ml-engineering network/README.md at 744d01e, 'Real network throughput': nccl-tests
 all_reduce_perf, busbw by size, 32 KiB ... 16 GiB), not read from the presets; a collective's
 time is nccl-tests' busbw turned back into time, 2(n−1)/n·M/busbw, never below the alpha-beta
-formula at the preset's peak (230 GB/s, 3 µs a step) and never faster than that peak.
+formula at the preset's peak (230 GB/s, 3 µs a step) and never faster than that peak. A group
+of n ≠ 8 GPUs pays its own ring's latencies, 2(n−1)·3 µs, plus the measured time's data part
+(the measured time less 14 steps, at least the peak's) scaled by 2(n−1)/n over 2·7/8.
 """
 
 from __future__ import annotations
@@ -85,12 +87,34 @@ def test_smaller_than_measured_costs_the_smallest_measured_message() -> None:
     assert allreduce_time(c, 1024, NODE) == pytest.approx(floor, rel=1e-12)
 
 
+def test_without_the_curve_when_asked() -> None:
+    # a coalesced part of one call (distir.sim.cost) adds its bytes at the peak
+    c = parse_cluster("dgx-a100")
+    m = 2**20
+    assert allreduce_time(c, m, NODE, measured=False) == pytest.approx(alpha_beta(m), rel=1e-12)
+
+
+def data_part(m: float, busbw_gb_s: float) -> float:
+    """The measured 8-GPU time of an all-reduce less its 14 ring steps, at least the peak's."""
+    return max(2 * 7 / 8 * m / (busbw_gb_s * 1e9) - 14 * STEP, 2 * 7 / 8 * m / 230e9)
+
+
+def test_smaller_groups_pay_their_own_latency_and_the_scaled_data_part() -> None:
+    c = parse_cluster("dgx-a100")
+    for m in (32 * 2**10, 2**20, 64 * 2**20):
+        for n in (2, 4):
+            want = 2 * (n - 1) * STEP + (2 * (n - 1) / n) / (2 * 7 / 8) * data_part(m, A100_SWEEP[m])
+            assert allreduce_time(c, m, range(n)) == pytest.approx(want, rel=1e-12), (m, n)
+    # a 1 KiB all-reduce of 2 GPUs: its 2 steps and the smallest measured size's data part
+    want = 2 * STEP + (1 / 1.75) * data_part(32 * 2**10, 1.31)
+    assert allreduce_time(c, 1024, range(2)) == pytest.approx(want, rel=1e-12)
+    assert allreduce_time(c, 1024, range(2)) < 8e-6
+
+
 def test_curves_only_where_measured() -> None:
-    # groups of other sizes in the node use the curve with their own factor; groups across
-    # nodes and collectives without a curve keep the alpha-beta formula
+    # groups across nodes and collectives without a curve keep the alpha-beta formula
     c = parse_cluster("dgx-a100:2")
     m = 64 * 2**20
-    assert allreduce_time(c, m, range(4)) == pytest.approx(2 * 3 / 4 * m / 171.54e9, rel=1e-12)
     assert allgather_time(c, m, NODE) == pytest.approx(7 / 8 * m / 230e9 + 7 * STEP, rel=1e-12)
     ab = parse_cluster("dgx-a100:2")
     net = allreduce_time(ab, m, range(16))
@@ -105,15 +129,16 @@ def test_curves_only_where_measured() -> None:
 NODES = '[[nodes]]\ntype = "n"\n'
 
 
-def curve_file(points: str, collective: str = "allreduce") -> str:
-    return f'[types.n]\npreset = "dgx-a100"\n[types.n.busbw_curves.{collective}]\npoints = {points}\n' + NODES
+def curve_file(points: str, collective: str = "allreduce", ranks: object = 8) -> str:
+    head = f'[types.n]\npreset = "dgx-a100"\n[types.n.busbw_curves.{collective}]\n'
+    return head + f"points = {points}\nranks = {ranks}\n" + NODES
 
 
 def test_cluster_file_overrides_a_curve() -> None:
     c = cluster_from_toml(curve_file("[[1048576, 10], [1073741824, 20]]"))
     m = 2**20
     assert allreduce_time(c, m, NODE) == pytest.approx(2 * 7 / 8 * m / 10e9, rel=1e-12)
-    assert c.nodes[0].curve_for("allreduce") == BusBandwidthCurve(((2**20, 10e9), (2**30, 20e9)), "")
+    assert c.nodes[0].curve_for("allreduce") == BusBandwidthCurve(((2**20, 10e9), (2**30, 20e9)), 8, "")
     inherited = cluster_from_toml('[types.n]\npreset = "h100"\n' + NODES)
     assert inherited.nodes[0].busbw_curves == PRESETS["h100"].busbw_curves
     gathered = cluster_from_toml(curve_file("[[1048576, 10], [1073741824, 20]]", "allgather"))
@@ -137,6 +162,13 @@ def test_cluster_file_curve_is_validated_in_one_line(points: str, match: str) ->
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("ranks", ["1", '"8"', "0"])
+def test_cluster_file_curve_ranks_are_validated_in_one_line(ranks: str) -> None:
+    with pytest.raises(ClusterError, match=r"types\.n\.busbw_curves\.allreduce\.ranks") as e:
+        cluster_from_toml(curve_file("[[1, 1], [2, 2]]", ranks=ranks))
+    assert "\n" not in str(e.value)
+
+
 def test_cluster_file_curve_names_a_collective() -> None:
     with pytest.raises(ClusterError, match="unknown key") as e:
         cluster_from_toml(curve_file("[[1, 1], [2, 2]]", "allredcue"))
@@ -145,15 +177,17 @@ def test_cluster_file_curve_names_a_collective() -> None:
 
 def test_spec_validates_the_points() -> None:
     with pytest.raises(SpecError, match="sorted by size"):
-        BusBandwidthCurve(((2, 1.0), (1, 1.0)), "")
+        BusBandwidthCurve(((2, 1.0), (1, 1.0)), 8, "")
     with pytest.raises(SpecError, match="two or more"):
-        BusBandwidthCurve(((2, 1.0),), "")
+        BusBandwidthCurve(((2, 1.0),), 8, "")
+    with pytest.raises(SpecError, match="ranks must be an int of at least 2"):
+        BusBandwidthCurve(((1, 1.0), (2, 1.0)), 1, "")
 
 
 def test_clusters_table_prints_the_curves_sources() -> None:
     console = Console(width=400, record=True)
     console.print(render_clusters_table())
     text = " ".join(console.export_text().split())
-    assert text.count("allreduce bus bandwidth by size (20 points") == 2
+    assert text.count("allreduce bus bandwidth by size on 8 GPUs (20 points") == 2
     assert "nccl-tests all_reduce_perf -b 32k -e 16G" in text
     assert "8x H200 node" in text

@@ -78,9 +78,10 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
                                      #   bus bandwidth, nccl-tests' busbw)
     [types.t4.busbw_curves.allreduce]  # optional, per collective: its measured bus bandwidth
     points = [[32768, 1.3], [1073741824, 229]]  # by message size inside the node ([bytes, GB/s],
-    source = "..."                   #   nccl-tests' size and busbw columns; two or more, sizes
-                                     #   increasing); the collective takes at least the time it
-                                     #   gives, capped at its link; points = [] removes a preset's
+    ranks = 8                        #   nccl-tests' size and busbw columns; two or more, sizes
+    source = "..."                   #   increasing) on `ranks` GPUs; capped at the collective's
+                                     #   link (distir.sim.collectives); points = [] removes a
+                                     #   preset's curve
     # in [types.t4] itself (optional):
     #   network_efficiency = 0.96    # fraction of the NICs' line rate NCCL reaches (default 1)
     #   collectives_source = "..."   # where the collectives and network_efficiency come from
@@ -200,7 +201,7 @@ _RUNTIME_MIB = {
 _RUNTIME_KEYS = (*_RUNTIME_MIB, "allocator_fragmentation", "runtime_memory_source")
 _FAMILY_KEYS = ("flop_efficiency", "memory_efficiency", "launch_us")
 _COLLECTIVE_KEYS = ("bandwidth_gb_s", "latency_us")
-_CURVE_KEYS = ("points", "source")
+_CURVE_KEYS = ("points", "ranks", "source")
 _ATTENTION_CURVES = ("forward", "forward_causal", "backward", "backward_causal")
 _ATTENTION_KEYS = ("peak_tflops", "head_dim", *_ATTENTION_CURVES, "source")
 _POWER_KEYS = ("limit_w", "reference_w", "curve", "source")
@@ -461,8 +462,8 @@ class _Loader:
         if base is not None and families != base.device.families:
             dev_over["families"] = families
         collectives = self.collectives(t, path, base.collectives if base else ())
-        net = self.network(t, path, base)
         curves = self.busbw_curves(t, path, base.busbw_curves if base else ())
+        net = (collectives, nics, *self.network(t, path, base), curves)
         attention = self.attention(t, path, base.device.attention if base else ())
         if base is not None and attention != base.device.attention:
             dev_over["attention"] = attention
@@ -493,9 +494,7 @@ class _Loader:
                 )
                 intra = LinkSpec(vals["intra_bandwidth_gb_s"], vals["intra_latency_us"])
                 inter = LinkSpec(vals["inter_bandwidth_gb_s"], vals["inter_latency_us"])
-                return NodeSpec(
-                    node_name, device, dpn, intra, inter, source, collectives, nics, *net, busbw_curves=curves
-                )
+                return NodeSpec(node_name, device, dpn, intra, inter, source, *net)
             device = base.device
             if dev_over or gpu is not None:
                 name = gpu if gpu is not None else f"{device.name} [{key}]"
@@ -509,9 +508,7 @@ class _Loader:
                 vals.get("inter_latency_us", base.inter.latency_s),
             )
             dpn = dpn or base.devices_per_node
-            return NodeSpec(
-                node_name, device, dpn, intra, inter, source, collectives, nics, *net, busbw_curves=curves
-            )
+            return NodeSpec(node_name, device, dpn, intra, inter, source, *net)
         except HardwareError as e:
             self.fail(path, str(e))
 
@@ -770,8 +767,15 @@ class _Loader:
             if e["points"] == []:
                 out.pop(name, None)
                 continue
+            if "ranks" not in e:
+                self.fail((*epath, "ranks"), "missing required key (the GPUs the curve was measured on)")
+            ranks = self.positive_int(e["ranks"], (*epath, "ranks"), "GPUs measured, at least 2")
+            if ranks < 2:
+                self.fail((*epath, "ranks"), f"expected at least 2 GPUs, got {ranks}")
             try:
-                out[name] = BusBandwidthCurve(self.size_points(e["points"], (*epath, "points")), source)
+                out[name] = BusBandwidthCurve(
+                    self.size_points(e["points"], (*epath, "points")), ranks, source
+                )
             except HardwareError as err:
                 self.fail((*epath, "points"), str(err))
         return tuple(out.items())

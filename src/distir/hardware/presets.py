@@ -400,8 +400,10 @@ _H100_CURVE_SOURCE = (
 
 
 def _curve(sweep: tuple[float, ...], source: str) -> BusBandwidthCurve:
-    """A bus bandwidth curve from GB/s figures at ``_SWEEP_SIZES``."""
-    return BusBandwidthCurve(tuple((m, b * GIGA) for m, b in zip(_SWEEP_SIZES, sweep, strict=True)), source)
+    """A bus bandwidth curve of one 8-GPU node from GB/s figures at ``_SWEEP_SIZES``."""
+    return BusBandwidthCurve(
+        tuple((m, b * GIGA) for m, b in zip(_SWEEP_SIZES, sweep, strict=True)), 8, source
+    )
 
 
 _A100_CURVES = (("allreduce", _curve(_A100_ALLREDUCE_BUSBW, _A100_CURVE_SOURCE)),)
@@ -618,7 +620,7 @@ def _calibrated_record(node: NodeSpec) -> dict[str, Any]:
         }
     if node.busbw_curves:
         rec["busbw_curves"] = {
-            k: {"points": [[m, b / GIGA] for m, b in c.points], "source": c.source}
+            k: {"points": [[m, b / GIGA] for m, b in c.points], "ranks": c.ranks, "source": c.source}
             for k, c in node.busbw_curves
         }
     if node.network_efficiency != 1.0:
@@ -634,8 +636,8 @@ def _curves_note(rec: dict[str, Any]) -> str:
     for k, c in rec.get("busbw_curves", {}).items():
         (m0, b0), (m1, b1) = c["points"][0], c["points"][-1]
         out += (
-            f"\n    {k} bus bandwidth by size ({len(c['points'])} points, {b0:g} GB/s at {m0} B to "
-            f"{b1:g} at {m1} B, capped at the figure above): {c['source']}"
+            f"\n    {k} bus bandwidth by size on {c['ranks']} GPUs ({len(c['points'])} points, "
+            f"{b0:g} GB/s at {m0} B to {b1:g} at {m1} B, capped at the figure above): {c['source']}"
         )
     return out
 

@@ -479,10 +479,11 @@ SizePoints = tuple[tuple[int, float], ...]
 
 @dataclass(frozen=True, slots=True)
 class BusBandwidthCurve:
-    """A collective's measured bus bandwidth by message size inside one node (nccl-tests' busbw
-    column against its size column: the size is the collective's ``nbytes`` as
-    ``distir.sim.collectives`` defines it), for the sizes below which NCCL does not reach its
-    peak (protocol, channel and latency effects together: each point is a measured time).
+    """A collective's measured bus bandwidth by message size on ``ranks`` GPUs of one node
+    (nccl-tests' busbw column against its size column: the size is the collective's ``nbytes``
+    as ``distir.sim.collectives`` defines it), for the sizes below which NCCL does not reach its
+    peak (protocol, channel and latency effects together: each point is a measured time; how
+    other group sizes use it: ``distir.sim.collectives``).
 
     ``points``: (bytes, B/s) pairs, sizes increasing. ``bandwidth(M)`` interpolates linearly in
     log size between them; above the largest it is the last point's; below the smallest the time
@@ -490,10 +491,14 @@ class BusBandwidthCurve:
     message costs at least what the smallest measured one does). ``source`` names the run."""
 
     points: SizePoints
+    ranks: int
     source: str
 
     def __post_init__(self) -> None:
         owner = "bus bandwidth curve"
+        r = self.ranks
+        if not isinstance(r, int) or isinstance(r, bool) or r < 2:
+            raise SpecError(f"{owner}: ranks must be an int of at least 2 (the GPUs measured), got {r!r}")
         pts = self.points
         ok = isinstance(pts, tuple) and len(pts) >= 2
         for e in pts if isinstance(pts, tuple) else ():
