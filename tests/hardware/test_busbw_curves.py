@@ -19,7 +19,7 @@ from rich.console import Console
 from distir.hardware.cluster import cluster_from_toml, parse_cluster
 from distir.hardware.presets import PRESETS, render_clusters_table
 from distir.hardware.specs import BusBandwidthCurve, ClusterError, SpecError
-from distir.sim.collectives import allgather_time, allreduce_time
+from distir.sim.collectives import allgather_time, allreduce_time, reducescatter_time
 
 STEP = 3e-6
 NODE = list(range(8))
@@ -189,5 +189,35 @@ def test_clusters_table_prints_the_curves_sources() -> None:
     console.print(render_clusters_table())
     text = " ".join(console.export_text().split())
     assert text.count("allreduce bus bandwidth by size on 8 GPUs (20 points") == 2
+    assert "allgather bus bandwidth by size on 4 GPUs (19 points" in text
+    assert "reducescatter bus bandwidth by size on 4 GPUs (19 points" in text
+    assert "nccl-collectives-bench" in text
     assert "nccl-tests all_reduce_perf -b 32k -e 16G" in text
     assert "8x H200 node" in text
+
+
+# nccl-tests all_gather_perf / reduce_scatter_perf on 4 H100s of an NVSwitch node, out-of-place
+# busbw (waynehacking8/nccl-collectives-bench at f9883f8, results/all_gather.txt and
+# results/reduce_scatter.txt), a few of the sizes, typed in from the source
+H100_4GPU = {  # bytes: (all-gather, reduce-scatter) busbw GB/s
+    2**20: (35.00, 30.28),
+    16 * 2**20: (186.64, 201.26),
+    256 * 2**20: (305.51, 303.62),
+    8 * 2**30: (343.92, 350.34),
+}
+
+
+def test_h100_all_gather_and_reduce_scatter_follow_their_4_gpu_sweeps() -> None:
+    c = parse_cluster("h100")
+    for m, (ag, rs) in H100_4GPU.items():
+        for fn, busbw, peak in ((allgather_time, ag, 350e9), (reducescatter_time, rs, 360e9)):
+            measured = 3 / 4 * m / (busbw * 1e9)
+            ab = 3 / 4 * m / peak + 3 * STEP
+            assert fn(c, m, range(4)) == pytest.approx(max(measured, ab), rel=1e-12), (fn, m)
+            # 8 GPUs: their own 7 steps and the 4-GPU data part scaled by (7/8) / (3/4)
+            data = max(measured - 3 * STEP, 3 / 4 * m / peak)
+            want = 7 * STEP + (7 / 8) / (3 / 4) * data
+            assert fn(c, m, NODE) == pytest.approx(want, rel=1e-12), (fn, m)
+    # beyond the sweep's 8 GiB: the published peak, as without a curve
+    m = 16 * 2**30
+    assert allgather_time(c, m, NODE) == pytest.approx(7 / 8 * m / 350e9 + 7 * STEP, rel=1e-12)

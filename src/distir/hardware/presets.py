@@ -376,9 +376,12 @@ _H100_NCCL = (
 )
 
 
-# Measured all-reduce bus bandwidth by message size on one 8-GPU node, 32 KiB to 16 GiB in
-# powers of two (ml-engineering's network chapter at a fixed commit, 'Real network throughput').
-_SWEEP_SIZES = tuple(1 << k for k in range(15, 35))
+# Measured bus bandwidth by message size from 32 KiB in powers of two: all-reduce on one 8-GPU
+# node to 16 GiB (ml-engineering's network chapter at a fixed commit, 'Real network
+# throughput'); all-gather and reduce-scatter on 4 H100s of an 8-GPU NVSwitch node to 8 GiB
+# (nccl-tests, out-of-place busbw).
+_ALLREDUCE_SIZES = tuple(1 << k for k in range(15, 35))
+_H100_4GPU_SIZES = tuple(1 << k for k in range(15, 34))
 _A100_ALLREDUCE_BUSBW = (
     1.31, 2.45, 4.43, 7.47, 11.41, 18.00, 36.18, 72.33, 109.93, 106.16,
     138.49, 171.54, 176.92, 194.07, 222.72, 229.04, 231.41, 233.88, 234.61, 234.89,
@@ -386,6 +389,14 @@ _A100_ALLREDUCE_BUSBW = (
 _H200_ALLREDUCE_BUSBW = (
     1.44, 2.93, 5.73, 11.74, 23.94, 39.93, 64.53, 107.16, 155.53, 219.89,
     275.84, 346.51, 401.93, 436.15, 450.29, 463.58, 469.17, 473.10, 477.45, 482.26,
+)  # fmt: skip
+_H100_ALLGATHER_BUSBW = (
+    1.30, 2.47, 4.64, 8.73, 18.44, 35.00, 69.65, 81.09, 110.23, 186.64,
+    229.34, 258.16, 287.39, 305.51, 317.53, 325.27, 334.16, 339.82, 343.92,
+)  # fmt: skip
+_H100_REDUCESCATTER_BUSBW = (
+    1.11, 2.13, 4.08, 7.85, 15.06, 30.28, 60.80, 87.50, 146.69, 201.26,
+    237.97, 266.04, 289.74, 303.62, 316.60, 330.17, 339.70, 341.21, 350.34,
 )  # fmt: skip
 _A100_CURVE_SOURCE = (
     f"all-reduce by size: nccl-tests all_reduce_perf -b 32k -e 16G -f 2 -g 8 on one 8-GPU A100 node, "
@@ -395,19 +406,43 @@ _H100_CURVE_SOURCE = (
     "all-reduce by size: all_reduce_bench.py (torch.distributed, blocking calls timed with CUDA "
     "events; NVLink SHARP from 2 MiB, ring LL below, as NCCL's log reports there) on one 8x H200 node, "
     f"the same NVLink4 / NVSwitch3 fabric as a DGX H100, busbw column ({_ML_ENG_NET}, 'Real network "
-    "throughput', the second table); no published H100 sweep found"
+    "throughput', the second table); no published 8-GPU H100 all-reduce sweep found"
+)
+_H100_4GPU_RUN = (
+    "nccl-tests 2.18.3 (NCCL 2.29.2) -b 8 -e 8G -f 2 -g 4 on 4 H100 80GB SXM5 of an NVSwitch node, "
+    "out-of-place busbw column, 32 KiB to 8 GiB (https://github.com/waynehacking8/nccl-collectives-bench/"
+    "blob/f9883f88eb4337d3a2c515089b04a587cf104c83/results/{}.txt, the run its README's results table "
+    "reports)"
 )
 
 
-def _curve(sweep: tuple[float, ...], source: str) -> BusBandwidthCurve:
-    """A bus bandwidth curve of one 8-GPU node from GB/s figures at ``_SWEEP_SIZES``."""
-    return BusBandwidthCurve(
-        tuple((m, b * GIGA) for m, b in zip(_SWEEP_SIZES, sweep, strict=True)), 8, source
-    )
+def _curve(sizes: tuple[int, ...], sweep: tuple[float, ...], ranks: int, source: str) -> BusBandwidthCurve:
+    """A bus bandwidth curve on ``ranks`` GPUs from GB/s figures at ``sizes``."""
+    return BusBandwidthCurve(tuple((m, b * GIGA) for m, b in zip(sizes, sweep, strict=True)), ranks, source)
 
 
-_A100_CURVES = (("allreduce", _curve(_A100_ALLREDUCE_BUSBW, _A100_CURVE_SOURCE)),)
-_H100_CURVES = (("allreduce", _curve(_H200_ALLREDUCE_BUSBW, _H100_CURVE_SOURCE)),)
+_A100_CURVES = (("allreduce", _curve(_ALLREDUCE_SIZES, _A100_ALLREDUCE_BUSBW, 8, _A100_CURVE_SOURCE)),)
+_H100_CURVES = (
+    ("allreduce", _curve(_ALLREDUCE_SIZES, _H200_ALLREDUCE_BUSBW, 8, _H100_CURVE_SOURCE)),
+    (
+        "allgather",
+        _curve(
+            _H100_4GPU_SIZES,
+            _H100_ALLGATHER_BUSBW,
+            4,
+            "all-gather by size: " + _H100_4GPU_RUN.format("all_gather"),
+        ),
+    ),
+    (
+        "reducescatter",
+        _curve(
+            _H100_4GPU_SIZES,
+            _H100_REDUCESCATTER_BUSBW,
+            4,
+            "reduce-scatter by size: " + _H100_4GPU_RUN.format("reduce_scatter"),
+        ),
+    ),
+)
 
 
 def _nccl(**gb_s: float) -> tuple[tuple[str, LinkSpec], ...]:

@@ -486,9 +486,9 @@ class BusBandwidthCurve:
     other group sizes use it: ``distir.sim.collectives``).
 
     ``points``: (bytes, B/s) pairs, sizes increasing. ``bandwidth(M)`` interpolates linearly in
-    log size between them; above the largest it is the last point's; below the smallest the time
-    stays the smallest message's (the bandwidth falls in proportion to the size: a latency-bound
-    message costs at least what the smallest measured one does). ``source`` names the run."""
+    log size between them; above the largest the curve says nothing (infinite: the collective's
+    link governs, as without a curve); below the smallest the time stays the smallest message's
+    (the bandwidth falls in proportion to the size). ``source`` names the run."""
 
     points: SizePoints
     ranks: int
@@ -524,7 +524,7 @@ class BusBandwidthCurve:
             if nbytes <= s1:
                 w = math.log(nbytes / s0) / math.log(s1 / s0)
                 return b0 + w * (b1 - b0)
-        return pts[-1][1]
+        return math.inf
 
 
 @dataclass(frozen=True, slots=True)
