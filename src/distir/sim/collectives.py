@@ -48,8 +48,9 @@ they override ``intra``. Across nodes the network runs at the nodes' ``network_e
 (``Cluster.network_link``).
 
 Measured curves by message size (``NodeSpec.busbw_curves``: nccl-tests' busbw against its size
-on N GPUs of one node; the DGX presets' all-reduce): NCCL reaches its peak bus bandwidth only for
-large messages. A collective inside one node whose node has a curve for it takes, with
+on N GPUs of one node; the DGX presets' all-reduce, the H100's all-gather and reduce-scatter):
+NCCL reaches its peak bus bandwidth only for large messages. A collective inside one node whose
+node has a curve for it takes, with
 factor·M/busbw the time nccl-tests' busbw stands for (factor 2(n−1)/n all-reduce, (n−1)/n
 all-gather and reduce-scatter, 1 broadcast and reduce) and steps the ring's latencies:
 t_N = factor_N·M / B_curve(M) is the measured time on N GPUs, latency included, so its data part
@@ -262,8 +263,10 @@ def allreduce_time(cluster: Cluster, nbytes: float, group: Iterable[int], *, mea
         link = _ring(cluster, g, "allreduce")
         t = 2 * (n - 1) / n * m / link.bandwidth + 2 * (n - 1) * link.latency_s
         return max(t, _measured(cluster, g, "allreduce", m, link, measured))
-    rs = max(_ring_phase(cluster, p, m, "reducescatter", measured) for p in parts)
-    ag = max(_ring_phase(cluster, p, m, "allgather", measured) for p in parts)
+    # the hierarchical form's phases inside the nodes are one collective's parts, not calls of
+    # their own: no measured curve (groups across nodes use none)
+    rs = max(_ring_phase(cluster, p, m, "reducescatter", False) for p in parts)
+    ag = max(_ring_phase(cluster, p, m, "allgather", False) for p in parts)
     net = _net(cluster, parts)
     inter = 2 * (k - 1) / k * m / net.bandwidth + 2 * (k - 1) * net.latency_s
     ring = _flat_ring(cluster, parts, m, "reducescatter") + _flat_ring(cluster, parts, m, "allgather")
