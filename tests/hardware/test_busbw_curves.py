@@ -221,3 +221,17 @@ def test_h100_all_gather_and_reduce_scatter_follow_their_4_gpu_sweeps() -> None:
     # beyond the sweep's 8 GiB: the published peak, as without a curve
     m = 16 * 2**30
     assert allgather_time(c, m, NODE) == pytest.approx(7 / 8 * m / 350e9 + 7 * STEP, rel=1e-12)
+
+
+def test_groups_across_nodes_use_no_curve() -> None:
+    # neither the flat ring nor the hierarchical form's phases inside the nodes (h100's
+    # all-gather and reduce-scatter curves)
+    curves = "".join(
+        f"[types.n.busbw_curves.{k}]\npoints = []\n" for k in ("allreduce", "allgather", "reducescatter")
+    )
+    plain = cluster_from_toml('[types.n]\npreset = "h100"\n' + curves + '[[nodes]]\ntype = "n"\ncount = 2\n')
+    c = parse_cluster("h100:2")
+    for m in (2**20, 64 * 2**20, 2**30):
+        for group in (range(16), range(0, 16, 2)):
+            assert allreduce_time(c, m, group) == allreduce_time(plain, m, group)
+            assert allgather_time(c, m, group) == allgather_time(plain, m, group)
