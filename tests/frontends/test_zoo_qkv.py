@@ -40,7 +40,8 @@ def fuse(parts: tuple[np.ndarray, np.ndarray, np.ndarray], heads: int, kv: int, 
     g = heads // kv
     cols = []
     for j in range(kv):
-        cols += [q[..., j * g * d : (j + 1) * g * d], k[..., j * d : (j + 1) * d], v[..., j * d : (j + 1) * d]]
+        cols += [q[..., j * g * d : (j + 1) * g * d], k[..., j * d : (j + 1) * d]]
+        cols.append(v[..., j * d : (j + 1) * d])
     return np.concatenate(cols, axis=-1)
 
 
@@ -52,7 +53,10 @@ def _step(model: Model, vals: dict[str, np.ndarray]) -> tuple[float, dict[str, n
     return float(out[0]), grads
 
 
-def _fused_values(split: dict[str, np.ndarray], layers: int, hkd: tuple[int, int, int]) -> dict[str, np.ndarray]:
+def _fused_values(
+    split: dict[str, np.ndarray], layers: int, hkd: tuple[int, int, int]
+) -> dict[str, np.ndarray]:
+    """``split``'s values (or gradients) by the fused model's weight names."""
     out = {n: a for n, a in split.items() if not n.startswith(("wq_", "wk_", "wv_", "bq_", "bk_", "bv_"))}
     for i in range(layers):
         out[f"wqkv_{i}"] = fuse((split[f"wq_{i}"], split[f"wk_{i}"], split[f"wv_{i}"]), *hkd)
@@ -92,7 +96,13 @@ def test_tensor_parallel_fused_step_matches_sequential(spec: str, strategy: str)
     assert cmp.max_rel_diff < 1e-7, f"{spec} {s}: {cmp.worst} differs by {cmp.max_rel_diff:.2e}"
 
 
-@pytest.mark.parametrize("spec", ["gpt:layers=1,hidden=8,heads=2,seq=16,vocab=16", "llama:layers=1,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=16"])
+BLOCKS = [
+    "gpt:layers=1,hidden=8,heads=2,seq=16,vocab=16",
+    "llama:layers=1,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=16",
+]
+
+
+@pytest.mark.parametrize("spec", BLOCKS)
 @pytest.mark.parametrize("sp", [False, True])
 def test_tensor_parallel_fused_block_moves_what_the_split_one_moves(spec: str, sp: bool) -> None:
     """Column-parallel over whole query groups: the fused weight never moves, and the block's

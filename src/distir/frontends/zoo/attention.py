@@ -8,6 +8,9 @@ numbers. Fused:
     Reshape(q, shape=(0, 0, heads, head_dim)), k and v alike (kv_heads)      (B, S, h, d)
     out, lse = Attention(q, k, v; causal) → Reshape(shape=(0, 0, heads·head_dim))
 
+The projections feeding it are three GEMMs or, with a model's ``qkv=fused``, one
+(``split_qkv``: its output split per query group into views, each a reshape away from its heads).
+
 With ``rope_theta`` (Llama), q and k are rotated by ``Rope`` right after the head split, in
 either form.
 

@@ -21,8 +21,9 @@ so the parameter count is the published one plus hidden·vocab; ``tied=1`` ties 
 does: the head multiplies by ``wte``ᵀ (``Model.tied``; its gradient is the sum of the
 embedding's and the head's). GELU is the exact (erf) one of the registry.
 
-Tensor-parallel declarations (Megatron-LM): wq/wk/wv and w1 column-parallel ``S(1)`` with their
-biases ``S(0)``; wo and w2 row-parallel ``S(0)`` with replicated biases; norms and ``wpe``
+Tensor-parallel declarations (Megatron-LM): wq/wk/wv (``qkv=fused``: wqkv, one weight of 3·hidden
+columns, per head [q, k, v], and bqkv: ``attention.split_qkv``) and w1 column-parallel ``S(1)``
+with their biases ``S(0)``; wo and w2 row-parallel ``S(0)`` with replicated biases; norms and ``wpe``
 replicated; Megatron-LM's vocabulary-parallel embedding, head and cross entropy: ``wte`` sharded
 on the vocabulary ``S(0)``, ``wlm`` column-parallel ``S(1)``, and the logits reach the loss
 sharded on the vocabulary (``Model.loss_input_tp``). The activations between layers are
@@ -300,7 +301,8 @@ def build(cfg: GPTConfig, batch: int, dtype: DType = DType.f32, name: str = FAMI
     )
     wte = weight("wte", dtype, (v, h), VOCAB)
     calls = [LayerCall(embed_fn(s), (wte, weight("wpe", dtype, (s, h))), "x0")]
-    calls += [LayerCall(block, block_weights(i, h, dtype, qkv=cfg.qkv), f"x{i + 1}") for i in range(cfg.layers)]
+    for i in range(cfg.layers):
+        calls.append(LayerCall(block, block_weights(i, h, dtype, qkv=cfg.qkv), f"x{i + 1}"))
     lnf = (weight("lnf_scale", dtype, (h,), value=1.0), weight("lnf_bias", dtype, (h,), value=0.0))
     if cfg.tied:  # the same spec again: the weight is tied (``Model.tied``)
         calls.append(LayerCall(tied_head_fn(), (*lnf, wte), "logits"))

@@ -45,8 +45,10 @@ Tensor-parallel declarations (Megatron-LM / Llama's model-parallel layers): wq, 
 column-parallel ``S(1)``; wo, w2 row-parallel ``S(0)``; norms replicated; the embedding sharded
 on the vocabulary and ``wlm`` column-parallel, the logits reaching the loss sharded on the
 vocabulary (Megatron-LM's vocabulary-parallel layers, as GPT's). A column shard of wk/wv splits
-whole kv heads when the TP degree divides kv_heads. The activations between layers are (batch,
-seq, hidden): ``seq_dim=1``.
+whole kv heads when the TP degree divides kv_heads. ``qkv=fused`` computes q, k and v as one
+GEMM of one column-parallel weight ``wqkv`` laid out per query group (``attention.split_qkv``,
+Megatron-Core's ``linear_qkv``), where the default has torchtitan's three. The activations
+between layers are (batch, seq, hidden): ``seq_dim=1``.
 
 Sizes (Touvron et al., "Llama 2: Open Foundation and Fine-Tuned Chat Models", 2023, and the
 released configs; Meta, "The Llama 3 Herd of Models", 2024, Table 3): ``llama2-7b`` 32×4096,
