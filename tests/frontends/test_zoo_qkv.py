@@ -9,10 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distir.autodiff.train import Optimizer, training_step
+from distir.autodiff.reverse import value_types
+from distir.autodiff.train import Optimizer, layer_types, training_step
 from distir.frontends.zoo import Model, build_model
 from distir.interp.reference import run_reference
 from distir.ir.types import DType
+from distir.ir.values import Attrs
+from distir.ops.registry import REGISTRY
 from distir.parallel.check import check_against_sequential
 from distir.parallel.distribute import sharded_layers
 from distir.parallel.strategy import parse_strategy
@@ -116,3 +119,19 @@ def test_tensor_parallel_fused_block_moves_what_the_split_one_moves(spec: str, s
         return [[str(op.attrs["to"]) for op in ops] for ops in redis]
 
     assert moves("fused") == moves("split")
+
+
+@pytest.mark.parametrize("spec", [MHA, GQA])
+def test_the_fused_output_is_split_into_views(spec: str) -> None:
+    """The simulator charges the split nothing (``torch.split``'s views): no bytes, aliasing the
+    product's storage; the same Split without ``view`` copies its parts."""
+    model = build_model(f"{spec},qkv=fused", batch=3)
+    fn = model.module[model.layers[1].callee]
+    types = value_types(model.module, fn, layer_types(model)[1])
+    (split,) = [op for op in fn.ops() if op.name == "Split"]
+    ins, outs = [types[v] for v in split.inputs], [types[v] for v in split.outputs]
+    d = REGISTRY["Split"]
+    assert split.attrs["view"] == 1
+    assert d.bytes_written(ins, outs, split.attrs) == d.bytes_read(ins, outs, split.attrs) == 0
+    copy = Attrs({k: v for k, v in split.attrs.items() if k != "view"})
+    assert d.bytes_written(ins, outs, copy) == sum(t.nbytes for t in outs) > 0
