@@ -207,6 +207,9 @@ class Run:
     # cast and added as its post-backward hook runs, not after the whole backward
     # (``distribute(fsdp2_grad_accum=True)``)
     fsdp2_grad_accum: bool = False
+    # Megatron-LM's gradient-accumulation fusion: each linear layer's weight-gradient GEMM adds
+    # into the fp32 main_grad (``distribute(grad_accum_fusion=True)``)
+    grad_accum_fusion: bool = False
     # how the trainer's Adam runs (``Optimizer(kernels=...)``): fused (one kernel: Megatron's,
     # DeepSpeed's), foreach (torch.optim.AdamW(foreach=True)) or loop (Composer's DecoupledAdamW)
     optimizer_kernels: str = "fused"
@@ -528,6 +531,7 @@ def _simulated(r: Run, v: Variant, trace: bool = False, allocator: bool = False)
         fsdp1_root=r.fsdp1_root,
         megatron_ddp=r.megatron_ddp,
         fsdp2_grad_accum=r.fsdp2_grad_accum,
+        grad_accum_fusion=r.grad_accum_fusion,
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(

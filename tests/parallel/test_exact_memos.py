@@ -6,6 +6,8 @@ simulate to bit-identical results (``repr`` of every field):
 
 - ``distir.ops.dtensor_inference.infer_distributed``'s answers apart from the mesh's devices (``_DIST``; a
   ``device`` attribute puts the mesh's first device in the key);
+- ``distir.ops.infer_memo.abstract_types``' result types per (op, attributes, argument types)
+  (``_INFERRED``);
 - ``spmd.local_record``'s mesh-free part (``Units.local_shapes``);
 - ``layer_sharder``'s sharded functions, weight-gradient splits and forward result types, kept across
   sharders (``_SHARDS``, ``_SPLITS``, ``_OUT_TYPES``), and its layers alike (``_alike``);
@@ -34,7 +36,7 @@ from distir.ir.dtensor import DTensorType, Mesh, Replicate, Shard
 from distir.ir.printer import print_module
 from distir.ir.types import Device, DType
 from distir.ir.values import Attrs
-from distir.ops import dtensor_inference
+from distir.ops import dtensor_inference, infer_memo
 from distir.ops.registry import REGISTRY, OpTypeError
 from distir.parallel import layer_sharder
 from distir.parallel.distribute import device_map, distribute
@@ -68,6 +70,7 @@ class Forgetful(dict[Any, Any]):
 def forgetting() -> Iterator[None]:
     """Every memo under test forgets (module docstring)."""
     saved = (dtensor_inference._DIST, layer_sharder._SHARDS, layer_sharder._SPLITS, layer_sharder._OUT_TYPES)
+    saved_types = infer_memo._INFERRED
     init_units, init_sharder = units.Units.__init__, layer_sharder.LayerSharder.__init__
 
     def units_init(self: units.Units, *a: Any) -> None:
@@ -79,6 +82,7 @@ def forgetting() -> Iterator[None]:
         self._alike = Forgetful()
 
     dtensor_inference._DIST = Forgetful()
+    infer_memo._INFERRED = Forgetful()
     layer_sharder._SHARDS, layer_sharder._SPLITS, layer_sharder._OUT_TYPES = (
         Forgetful(),
         Forgetful(),
@@ -92,6 +96,7 @@ def forgetting() -> Iterator[None]:
         dtensor_inference._DIST, layer_sharder._SHARDS, layer_sharder._SPLITS, layer_sharder._OUT_TYPES = (
             saved
         )
+        infer_memo._INFERRED = saved_types
         units.Units.__init__ = init_units  # type: ignore[method-assign]
         layer_sharder.LayerSharder.__init__ = init_sharder  # type: ignore[method-assign]
 
@@ -123,7 +128,7 @@ def test_memos_change_no_program_and_no_result() -> None:
 
 def test_the_memos_are_used() -> None:
     """The comparison above is not vacuous: each memo answers some question."""
-    hits = {"dist": 0, "shapes": 0, "shards": 0}
+    hits = {"dist": 0, "shapes": 0, "shards": 0, "types": 0}
     get_dist, get_shard = dtensor_inference._DIST.get, layer_sharder._SHARDS.get
 
     class Counting(dict[Any, Any]):
@@ -143,6 +148,7 @@ def test_the_memos_are_used() -> None:
         self.local_shapes = Counting("shapes", {})
 
     dtensor_inference._DIST, layer_sharder._SHARDS = Counting("dist", {}), Counting("shards", {})
+    saved_types, infer_memo._INFERRED = infer_memo._INFERRED, Counting("types", {})
     units.Units.__init__ = units_init  # type: ignore[method-assign]
     try:
         for case in (*CASES, CASES[0]):
@@ -152,6 +158,7 @@ def test_the_memos_are_used() -> None:
             dict(dtensor_inference._DIST),
             dict(layer_sharder._SHARDS),
         )
+        infer_memo._INFERRED = saved_types
         units.Units.__init__ = init_units  # type: ignore[method-assign]
     assert all(hits.values()), hits
     del get_dist, get_shard

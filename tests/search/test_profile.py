@@ -196,3 +196,21 @@ def test_memory_figures_shared_across_device_kinds_equal_those_probed_anew(name:
             got: list[LayerProfile] = shared.layers(t, b, gpus, rec, sp)
             assert got == anew.layers(t, b, gpus, rec, sp)
     assert shared.probes < anew.probes
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("train", [True, False])
+def test_probes_from_call_summaries_equal_simulated_probes(name: str, train: bool) -> None:
+    """The probes' figures worked out from the call's summary (``distir.sim.probe``) are those of
+    simulating each probe program, float for float, on homogeneous, other-kind and mixed TP
+    groups, with sequence parallelism and recomputation (``Profiler(fast_probes=False)``)."""
+    spec = parse_model_string(name)
+    cluster = parse_cluster("p3.8xlarge:1+g4dn.12xlarge:1")
+    fast = Profiler(spec, cluster, train=train)
+    simulated = Profiler(spec, cluster, train=train, fast_probes=False)
+    has_seq = spec.build(1, DType.f32).seq_dim is not None
+    for t, b, rec, sp in ((1, 2, "none", False), (2, 3, "full", has_seq), (4, 1, "selective", False)):
+        for gpus in ([0, 1, 2, 3][:t], [4, 5, 6, 7][:t], [2, 3, 4, 5][:t]):
+            got: list[LayerProfile] = fast.layers(t, b, gpus, rec, sp)
+            assert got == simulated.layers(t, b, gpus, rec, sp)
+    assert fast.probes == simulated.probes

@@ -17,15 +17,20 @@ import pytest
 import distir
 from distir.autodiff.train import Optimizer
 from distir.frontends.zoo import build_model
-from distir.hardware.cluster import parse_cluster
+from distir.hardware.cluster import cluster_from_toml, parse_cluster
 from distir.ir import parse_module
 from distir.ir.types import DType
 from distir.parallel.distribute import distribute
 from distir.parallel.sharding.materialize import materialize
 from distir.parallel.strategy import parse_strategy
+from distir.sim.collectives import allreduce_time
 from distir.sim.simulate import simulate
 
-A100 = parse_cluster("dgx-a100")  # one node: NVLink3 at NCCL's published 230 GB/s bus bandwidth, 3 µs
+# one node: NVLink3 at NCCL's published 230 GB/s bus bandwidth, 3 µs, without the preset's
+# measured all-reduce curve by size (the alpha-beta oracle below; the curve: the last test)
+A100 = cluster_from_toml(
+    '[types.n]\npreset = "dgx-a100"\n[types.n.busbw_curves.allreduce]\npoints = []\n[[nodes]]\ntype = "n"\n'
+)
 NVLINK_BW, NVLINK_LAT = 230e9, 3e-6
 MESH = "mesh(dp=2; d0, d1)"
 BIG, SMALL = 4 * 1024 * 1024, 4 * 256  # f32 (1024, 1024) and (256,)
@@ -54,6 +59,19 @@ def test_a_coalesced_part_pays_its_bytes_not_the_latency(planner: str) -> None:
     expected = _allreduce(BIG) + 2 * (2 - 1) / 2 * SMALL / NVLINK_BW
     assert math.isclose(joined.step_time_s, expected, rel_tol=1e-9)
     assert plain.step_time_s - joined.step_time_s == pytest.approx(2 * NVLINK_LAT, rel=1e-9)
+
+
+@pytest.mark.parametrize("planner", ["fast", "reference"])
+def test_a_coalesced_part_adds_its_bytes_at_the_peak_beside_a_measured_curve(planner: str) -> None:
+    # the preset's all-reduce curve serves the call's first part at its size; the coalesced part
+    # adds its bytes at the published peak (distir.sim.cost.charged)
+    preset = parse_cluster("dgx-a100")
+    joined = simulate(
+        distir.check(parse_module(_two_reductions(", coalesced=true"))), preset, planner=planner
+    )
+    head = allreduce_time(preset, BIG, [0, 1])
+    assert head > _allreduce(BIG)  # 4 MiB: below the curve's peak
+    assert joined.step_time_s == pytest.approx(head + SMALL / NVLINK_BW, rel=1e-9)
 
 
 def test_the_flag_changes_neither_the_value_nor_the_memory() -> None:

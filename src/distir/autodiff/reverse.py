@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distir.interp.loop import interpret
-from distir.interp.shapes import TypeDomain, type_of
+from distir.interp.shapes import TypeDomain, flat_types, type_of
 from distir.ir.builder import FunctionBuilder
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
@@ -275,7 +275,12 @@ class _Ctx:
 
 
 def value_types(module: Module, fn: Function, arg_types: Sequence[Type]) -> dict[Value, Type]:
-    """The type of every value of ``fn`` called with ``arg_types`` (abstract interpretation)."""
+    """The type of every value of ``fn`` called with ``arg_types`` (abstract interpretation;
+    a flat body without known-value rules by ``flat_types``, the same types without the
+    interpreter's dispatch)."""
+    flat = flat_types(fn, arg_types)
+    if flat is not None:
+        return flat
     _, env = interpret(module, fn, list(arg_types), TypeDomain(concrete_limit=0))
     return {v: type_of(x) for v, x in env.items()}
 

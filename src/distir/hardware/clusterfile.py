@@ -76,6 +76,12 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
     latency_us = 9                   #   alltoall): the measured link (B, α) of its alpha-beta
                                      #   formula inside the node, instead of intra_* (NCCL's
                                      #   bus bandwidth, nccl-tests' busbw)
+    [types.t4.busbw_curves.allreduce]  # optional, per collective: its measured bus bandwidth
+    points = [[32768, 1.3], [1073741824, 229]]  # by message size inside the node ([bytes, GB/s],
+    ranks = 8                        #   nccl-tests' size and busbw columns; two or more, sizes
+    source = "..."                   #   increasing) on `ranks` GPUs; capped at the collective's
+                                     #   link (distir.sim.collectives); points = [] removes a
+                                     #   preset's curve
     # in [types.t4] itself (optional):
     #   network_efficiency = 0.96    # fraction of the NICs' line rate NCCL reaches (default 1)
     #   collectives_source = "..."   # where the collectives and network_efficiency come from
@@ -117,6 +123,7 @@ from typing import Any, NamedTuple, NoReturn
 from distir.hardware.presets import CUDA_RUNTIME, GIB, GIGA, MIB, PRESETS, TERA, us
 from distir.hardware.specs import (
     AttentionProfile,
+    BusBandwidthCurve,
     ClusterError,
     DeviceSpec,
     FamilyRates,
@@ -194,6 +201,7 @@ _RUNTIME_MIB = {
 _RUNTIME_KEYS = (*_RUNTIME_MIB, "allocator_fragmentation", "runtime_memory_source")
 _FAMILY_KEYS = ("flop_efficiency", "memory_efficiency", "launch_us")
 _COLLECTIVE_KEYS = ("bandwidth_gb_s", "latency_us")
+_CURVE_KEYS = ("points", "ranks", "source")
 _ATTENTION_CURVES = ("forward", "forward_causal", "backward", "backward_causal")
 _ATTENTION_KEYS = ("peak_tflops", "head_dim", *_ATTENTION_CURVES, "source")
 _POWER_KEYS = ("limit_w", "reference_w", "curve", "source")
@@ -224,6 +232,7 @@ _TYPE_KEYS = (
     "collectives",
     "network_efficiency",
     "collectives_source",
+    "busbw_curves",
     "attention",
     "power",
 )
@@ -453,7 +462,8 @@ class _Loader:
         if base is not None and families != base.device.families:
             dev_over["families"] = families
         collectives = self.collectives(t, path, base.collectives if base else ())
-        net = self.network(t, path, base)
+        curves = self.busbw_curves(t, path, base.busbw_curves if base else ())
+        net = (collectives, nics, *self.network(t, path, base), curves)
         attention = self.attention(t, path, base.device.attention if base else ())
         if base is not None and attention != base.device.attention:
             dev_over["attention"] = attention
@@ -484,7 +494,7 @@ class _Loader:
                 )
                 intra = LinkSpec(vals["intra_bandwidth_gb_s"], vals["intra_latency_us"])
                 inter = LinkSpec(vals["inter_bandwidth_gb_s"], vals["inter_latency_us"])
-                return NodeSpec(node_name, device, dpn, intra, inter, source, collectives, nics, *net)
+                return NodeSpec(node_name, device, dpn, intra, inter, source, *net)
             device = base.device
             if dev_over or gpu is not None:
                 name = gpu if gpu is not None else f"{device.name} [{key}]"
@@ -498,7 +508,7 @@ class _Loader:
                 vals.get("inter_latency_us", base.inter.latency_s),
             )
             dpn = dpn or base.devices_per_node
-            return NodeSpec(node_name, device, dpn, intra, inter, source, collectives, nics, *net)
+            return NodeSpec(node_name, device, dpn, intra, inter, source, *net)
         except HardwareError as e:
             self.fail(path, str(e))
 
@@ -738,6 +748,51 @@ class _Loader:
             lat = self.number(e["latency_us"], (*epath, "latency_us"), "µs", zero_ok=True)
             out[name] = LinkSpec(bw * GIGA, us(lat))
         return tuple(out.items())
+
+    def busbw_curves(
+        self, t: dict[str, Any], path: Path_, base: tuple[tuple[str, BusBandwidthCurve], ...]
+    ) -> tuple[tuple[str, BusBandwidthCurve], ...]:
+        """``base`` with the type's ``busbw_curves`` tables over it (a collective given replaces
+        its curve; ``points = []`` removes it)."""
+        if "busbw_curves" not in t:
+            return base
+        cpath: Path_ = (*path, "busbw_curves")
+        out = dict(base)
+        for name, entry in self.table(t["busbw_curves"], cpath, COLLECTIVE_NAMES).items():
+            epath: Path_ = (*cpath, name)
+            e = self.table(entry, epath, _CURVE_KEYS)
+            if "points" not in e:
+                self.fail((*epath, "points"), "missing required key ([[bytes, GB/s], ...])")
+            source = self.string(e.get("source", ""), (*epath, "source"), empty_ok=True)
+            if e["points"] == []:
+                out.pop(name, None)
+                continue
+            if "ranks" not in e:
+                self.fail((*epath, "ranks"), "missing required key (the GPUs the curve was measured on)")
+            ranks = self.positive_int(e["ranks"], (*epath, "ranks"), "GPUs measured, at least 2")
+            if ranks < 2:
+                self.fail((*epath, "ranks"), f"expected at least 2 GPUs, got {ranks}")
+            try:
+                out[name] = BusBandwidthCurve(
+                    self.size_points(e["points"], (*epath, "points")), ranks, source
+                )
+            except HardwareError as err:
+                self.fail((*epath, "points"), str(err))
+        return tuple(out.items())
+
+    def size_points(self, x: object, path: Path_) -> tuple[tuple[int, float], ...]:
+        """``[[bytes, GB/s], ...]``: two or more, positive (sorted by size: ``BusBandwidthCurve``
+        checks); returned in bytes and B/s."""
+        ok = isinstance(x, list) and len(x) >= 2
+        for e in x if isinstance(x, list) else ():
+            ok = ok and isinstance(e, list) and len(e) == 2 and isinstance(e[0], int)
+            ok = ok and not isinstance(e[0], bool) and e[0] >= 1
+            ok = ok and isinstance(e[1], int | float) and not isinstance(e[1], bool)
+            ok = ok and math.isfinite(e[1]) and e[1] > 0
+        if not ok:
+            self.fail(path, f"expected [[bytes, GB/s], ...], two or more, positive, got {_got(x)}")
+        assert isinstance(x, list)
+        return tuple((int(a), float(b) * GIGA) for a, b in x)
 
     def network(self, t: dict[str, Any], path: Path_, base: NodeSpec | None) -> tuple[float, str]:
         """``network_efficiency`` (a fraction in (0, 1]) and ``collectives_source``: the type's,

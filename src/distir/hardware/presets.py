@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from distir.hardware.specs import (
     AttentionProfile,
+    BusBandwidthCurve,
     DeviceSpec,
     GemmProfile,
     LinkSpec,
@@ -375,6 +376,75 @@ _H100_NCCL = (
 )
 
 
+# Measured bus bandwidth by message size from 32 KiB in powers of two: all-reduce on one 8-GPU
+# node to 16 GiB (ml-engineering's network chapter at a fixed commit, 'Real network
+# throughput'); all-gather and reduce-scatter on 4 H100s of an 8-GPU NVSwitch node to 8 GiB
+# (nccl-tests, out-of-place busbw).
+_ALLREDUCE_SIZES = tuple(1 << k for k in range(15, 35))
+_H100_4GPU_SIZES = tuple(1 << k for k in range(15, 34))
+_A100_ALLREDUCE_BUSBW = (
+    1.31, 2.45, 4.43, 7.47, 11.41, 18.00, 36.18, 72.33, 109.93, 106.16,
+    138.49, 171.54, 176.92, 194.07, 222.72, 229.04, 231.41, 233.88, 234.61, 234.89,
+)  # fmt: skip
+_H200_ALLREDUCE_BUSBW = (
+    1.44, 2.93, 5.73, 11.74, 23.94, 39.93, 64.53, 107.16, 155.53, 219.89,
+    275.84, 346.51, 401.93, 436.15, 450.29, 463.58, 469.17, 473.10, 477.45, 482.26,
+)  # fmt: skip
+_H100_ALLGATHER_BUSBW = (
+    1.30, 2.47, 4.64, 8.73, 18.44, 35.00, 69.65, 81.09, 110.23, 186.64,
+    229.34, 258.16, 287.39, 305.51, 317.53, 325.27, 334.16, 339.82, 343.92,
+)  # fmt: skip
+_H100_REDUCESCATTER_BUSBW = (
+    1.11, 2.13, 4.08, 7.85, 15.06, 30.28, 60.80, 87.50, 146.69, 201.26,
+    237.97, 266.04, 289.74, 303.62, 316.60, 330.17, 339.70, 341.21, 350.34,
+)  # fmt: skip
+_A100_CURVE_SOURCE = (
+    f"all-reduce by size: nccl-tests all_reduce_perf -b 32k -e 16G -f 2 -g 8 on one 8-GPU A100 node, "
+    f"busbw column ({_ML_ENG_NET}, 'Real network throughput', the first table)"
+)
+_H100_CURVE_SOURCE = (
+    "all-reduce by size: all_reduce_bench.py (torch.distributed, blocking calls timed with CUDA "
+    "events; NVLink SHARP from 2 MiB, ring LL below, as NCCL's log reports there) on one 8x H200 node, "
+    f"the same NVLink4 / NVSwitch3 fabric as a DGX H100, busbw column ({_ML_ENG_NET}, 'Real network "
+    "throughput', the second table); no published 8-GPU H100 all-reduce sweep found"
+)
+_H100_4GPU_RUN = (
+    "nccl-tests 2.18.3 (NCCL 2.29.2) -b 8 -e 8G -f 2 -g 4 on 4 H100 80GB SXM5 of an NVSwitch node, "
+    "out-of-place busbw column, 32 KiB to 8 GiB (https://github.com/waynehacking8/nccl-collectives-bench/"
+    "blob/f9883f88eb4337d3a2c515089b04a587cf104c83/results/{}.txt, the run its README's results table "
+    "reports)"
+)
+
+
+def _curve(sizes: tuple[int, ...], sweep: tuple[float, ...], ranks: int, source: str) -> BusBandwidthCurve:
+    """A bus bandwidth curve on ``ranks`` GPUs from GB/s figures at ``sizes``."""
+    return BusBandwidthCurve(tuple((m, b * GIGA) for m, b in zip(sizes, sweep, strict=True)), ranks, source)
+
+
+_A100_CURVES = (("allreduce", _curve(_ALLREDUCE_SIZES, _A100_ALLREDUCE_BUSBW, 8, _A100_CURVE_SOURCE)),)
+_H100_CURVES = (
+    ("allreduce", _curve(_ALLREDUCE_SIZES, _H200_ALLREDUCE_BUSBW, 8, _H100_CURVE_SOURCE)),
+    (
+        "allgather",
+        _curve(
+            _H100_4GPU_SIZES,
+            _H100_ALLGATHER_BUSBW,
+            4,
+            "all-gather by size: " + _H100_4GPU_RUN.format("all_gather"),
+        ),
+    ),
+    (
+        "reducescatter",
+        _curve(
+            _H100_4GPU_SIZES,
+            _H100_REDUCESCATTER_BUSBW,
+            4,
+            "reduce-scatter by size: " + _H100_4GPU_RUN.format("reduce_scatter"),
+        ),
+    ),
+)
+
+
 def _nccl(**gb_s: float) -> tuple[tuple[str, LinkSpec], ...]:
     """Per-collective links inside a node: NCCL's published bus bandwidth (GB/s), 3 µs a step."""
     return tuple((k, _link(v, 3.0)) for k, v in gb_s.items())
@@ -410,6 +480,7 @@ _PRESETS: dict[str, NodeSpec] = {
         collectives=_nccl(allreduce=230, allgather=230, reducescatter=230, broadcast=230, reduce=230),
         network_efficiency=24 / 25,
         collectives_source=_A100_NCCL,
+        busbw_curves=_A100_CURVES,
     ),
     # DGX H100: NVLink4 900 GB/s bidirectional per GPU via NVSwitch; 8 × 400 Gb/s NDR IB.
     # Tensor peaks are the sheet's sparse figures halved (TF32 989 → 494.5, BF16 1979 → 989.5,
@@ -426,6 +497,7 @@ _PRESETS: dict[str, NodeSpec] = {
         collectives=_nccl(allreduce=480, allgather=350, reducescatter=360, broadcast=370, reduce=370),
         network_efficiency=47 / 50,
         collectives_source=_H100_NCCL,
+        busbw_curves=_H100_CURVES,
     ),
     # p3.8xlarge: 4 V100-SXM2-16GB on half of a DGX-1-style hybrid cube-mesh: a GPU pair shares
     # 1 or 2 NVLink2 links of 25 GB/s/dir; 50 GB/s is an estimate for a ring. 10 Gb/s network.
@@ -581,6 +653,11 @@ def _calibrated_record(node: NodeSpec) -> dict[str, Any]:
             k: {"bandwidth_gb_s": ln.bandwidth / GIGA, "latency_us": ln.latency_s * 1e6}
             for k, ln in node.collectives
         }
+    if node.busbw_curves:
+        rec["busbw_curves"] = {
+            k: {"points": [[m, b / GIGA] for m, b in c.points], "ranks": c.ranks, "source": c.source}
+            for k, c in node.busbw_curves
+        }
     if node.network_efficiency != 1.0:
         rec["network_efficiency"] = node.network_efficiency
     if node.collectives_source:
@@ -588,17 +665,29 @@ def _calibrated_record(node: NodeSpec) -> dict[str, Any]:
     return rec
 
 
+def _curves_note(rec: dict[str, Any]) -> str:
+    """The caption lines of a node type's measured bus bandwidth curves (none without one)."""
+    out = ""
+    for k, c in rec.get("busbw_curves", {}).items():
+        (m0, b0), (m1, b1) = c["points"][0], c["points"][-1]
+        out += (
+            f"\n    {k} bus bandwidth by size on {c['ranks']} GPUs ({len(c['points'])} points, "
+            f"{b0:g} GB/s at {m0} B to {b1:g} at {m1} B, capped at the figure above): {c['source']}"
+        )
+    return out
+
+
 def _collectives_note(rec: dict[str, Any]) -> str:
     """The caption line of a node type's published collective figures (none without a source)."""
     src = rec.get("collectives_source")
     if not src:
-        return ""
+        return _curves_note(rec)
     links = ", ".join(f"{k} {v['bandwidth_gb_s']:g}" for k, v in rec.get("collectives", {}).items())
     eff = rec.get("network_efficiency", 1.0)
     return (
         f"\n    collectives (GB/s inside the node): {links or 'intra'}; network at {100 * eff:.0f}% of the "
         f"NICs' rate: {src}"
-    )
+    ) + _curves_note(rec)
 
 
 def clusters_json(cluster: Cluster | None = None) -> dict[str, Any]:

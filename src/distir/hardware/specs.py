@@ -13,7 +13,10 @@ Invariants (checked on construction, so an ill-formed spec cannot exist):
 - a ``RuntimeMemory`` has non-negative byte counts and a fragmentation fraction in [0, 1);
 - a ``FamilyRates`` has efficiencies in (0, 1] and a finite non-negative launch time; a
   device's ``families`` and a node's ``collectives`` name each family / collective once;
-- a ``NodeSpec``'s ``network_efficiency`` is in (0, 1];
+- a ``NodeSpec``'s ``network_efficiency`` is in (0, 1]; its ``busbw_curves`` name each
+  collective once;
+- a ``BusBandwidthCurve`` has two or more (size, bandwidth) points, sizes increasing, all
+  positive;
 - a ``PowerProfile`` has at least two (power, rate) points, powers increasing, all positive, and
   its two limits within the measured powers.
 """
@@ -470,6 +473,60 @@ class DeviceSpec:
         return self.fp32
 
 
+SizePoints = tuple[tuple[int, float], ...]
+"""Measured (message size in bytes, bus bandwidth in B/s) points of one collective, sorted by size."""
+
+
+@dataclass(frozen=True, slots=True)
+class BusBandwidthCurve:
+    """A collective's measured bus bandwidth by message size on ``ranks`` GPUs of one node
+    (nccl-tests' busbw column against its size column: the size is the collective's ``nbytes``
+    as ``distir.sim.collectives`` defines it), for the sizes below which NCCL does not reach its
+    peak (protocol, channel and latency effects together: each point is a measured time; how
+    other group sizes use it: ``distir.sim.collectives``).
+
+    ``points``: (bytes, B/s) pairs, sizes increasing. ``bandwidth(M)`` interpolates linearly in
+    log size between them; above the largest the curve says nothing (infinite: the collective's
+    link governs, as without a curve); below the smallest the time stays the smallest message's
+    (the bandwidth falls in proportion to the size). ``source`` names the run."""
+
+    points: SizePoints
+    ranks: int
+    source: str
+
+    def __post_init__(self) -> None:
+        owner = "bus bandwidth curve"
+        r = self.ranks
+        if not isinstance(r, int) or isinstance(r, bool) or r < 2:
+            raise SpecError(f"{owner}: ranks must be an int of at least 2 (the GPUs measured), got {r!r}")
+        pts = self.points
+        ok = isinstance(pts, tuple) and len(pts) >= 2
+        for e in pts if isinstance(pts, tuple) else ():
+            ok = ok and isinstance(e, tuple) and len(e) == 2 and isinstance(e[0], int)
+            ok = ok and not isinstance(e[0], bool) and e[0] >= 1 and _is_number(e[1])
+            ok = ok and math.isfinite(e[1]) and e[1] > 0
+        if not ok:
+            raise SpecError(
+                f"{owner}: points must be two or more (bytes, B/s) pairs of positive numbers, got {pts!r}"
+            )
+        sizes = [e[0] for e in pts]
+        if any(b <= a for a, b in itertools.pairwise(sizes)):
+            raise SpecError(f"{owner}: points must be sorted by size, each size once, got {sizes}")
+        if not isinstance(self.source, str):
+            raise SpecError(f"{owner}: source must be a string, got {self.source!r}")
+
+    def bandwidth(self, nbytes: float) -> float:
+        """The bus bandwidth (B/s) of a message of ``nbytes`` (> 0) bytes."""
+        pts = self.points
+        if nbytes <= pts[0][0]:
+            return pts[0][1] * nbytes / pts[0][0]
+        for (s0, b0), (s1, b1) in itertools.pairwise(pts):
+            if nbytes <= s1:
+                w = math.log(nbytes / s0) / math.log(s1 / s0)
+                return b0 + w * (b1 - b0)
+        return math.inf
+
+
 @dataclass(frozen=True, slots=True)
 class LinkSpec:
     """A point-to-point link: ``bandwidth`` in B/s per direction, ``latency_s`` per message.
@@ -519,6 +576,11 @@ class NodeSpec:
     ``Cluster.network_link`` applies it to every transfer that crosses the network.
     ``collectives_source`` says where ``collectives`` and ``network_efficiency`` come from
     (empty: measured by ``distir calibrate``, or none given).
+
+    ``busbw_curves``: measured bus bandwidth by message size per collective inside the node
+    (name, ``BusBandwidthCurve``): a collective listed there, on a group inside one node, takes
+    at least the time its curve gives, at most ``intra_for``'s bandwidth
+    (``distir.sim.collectives``); the others keep the alpha-beta formula alone.
     """
 
     name: str
@@ -531,6 +593,7 @@ class NodeSpec:
     nics: int = 1
     network_efficiency: float = 1.0
     collectives_source: str = ""
+    busbw_curves: tuple[tuple[str, BusBandwidthCurve], ...] = ()
 
     def __post_init__(self) -> None:
         _name("node spec", self.name)
@@ -556,6 +619,7 @@ class NodeSpec:
             )
         if not isinstance(self.collectives_source, str):
             raise SpecError(f"{owner}: collectives_source must be a string, got {self.collectives_source!r}")
+        _named_once(owner, "busbw_curves", self.busbw_curves, BusBandwidthCurve)
 
     def network_share(self, gpus: int) -> float:
         """The fraction of ``inter``'s bandwidth that ``gpus`` of this node's GPUs reach
@@ -564,6 +628,13 @@ class NodeSpec:
         min(1, g / min(nics, devices_per_node)). 1 for a single interface."""
         rails = min(self.nics, self.devices_per_node)
         return min(1.0, gpus / rails)
+
+    def curve_for(self, collective: str) -> BusBandwidthCurve | None:
+        """The measured bus bandwidth by size of ``collective`` inside this node (None: none)."""
+        for name, curve in self.busbw_curves:
+            if name == collective:
+                return curve
+        return None
 
     def intra_for(self, collective: str) -> LinkSpec:
         """The link ``collective`` runs on inside this node: its measured link, else ``intra``."""

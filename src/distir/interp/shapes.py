@@ -29,6 +29,7 @@ from distir.ir.ops import Call, Op
 from distir.ir.types import Type
 from distir.ir.values import Value
 from distir.ops.dtensor_inference import global_view
+from distir.ops.infer_memo import abstract_types
 from distir.ops.registry import REGISTRY, OpDef, OpKind, OpTypeError, RegistryError, TypeCtx
 
 
@@ -145,7 +146,9 @@ class TypeDomain:
         ]
 
     def _run_abstract(self, d: OpDef, op: Op, args: Sequence[Mixed]) -> Sequence[Mixed]:
-        return d.infer_types([type_of(a) for a in args], op.attrs, _known(args))
+        if Concrete in map(type, args):
+            return d.infer_types([type_of(a) for a in args], op.attrs, _known(args))
+        return abstract_types(d, op.attrs, cast(Sequence[Type], args))
 
     # -- domain interface ------------------------------------------------------------------------
     def op(self, op: Op, args: Sequence[Mixed]) -> Sequence[Mixed]:
@@ -194,6 +197,34 @@ class TypeDomain:
                     self._call_ids[id_key] = (tuple(outs), types)
         check_declared(call.outputs, outs, "@" + callee.name)
         return outs
+
+
+def flat_types(fn: Function, arg_types: Sequence[Type]) -> dict[Value, Type] | None:
+    """The type of every value of ``fn`` on ``arg_types`` as ``interpret`` in a ``TypeDomain``
+    that keeps no known value (``concrete_limit=0``) gives it, for a body of primitive ops whose
+    rules read no known value (no ``partial`` rule): each op's types from ``abstract_types``,
+    its arity and declared results checked, without the interpreter's dispatch. None where the
+    interpreter must walk: a call, a rule reading known values, or anything wrong (which it then
+    reports precisely)."""
+    if len(arg_types) != len(fn.params):
+        return None
+    env: dict[Value, Type] = dict(zip(fn.params, arg_types, strict=True))
+    try:
+        for instr in fn.body:
+            if type(instr) is not Op:
+                return None
+            d = REGISTRY[instr.name]
+            if d.partial is not None:
+                return None
+            d.check_arity(len(instr.inputs))
+            outs = abstract_types(d, instr.attrs, [env[v] for v in instr.inputs])
+            if len(outs) != len(instr.outputs):
+                return None
+            check_declared(instr.outputs, outs, instr.name)
+            env.update(zip(instr.outputs, outs, strict=True))
+    except (RegistryError, ValueError, TypeError, IndexError, ArithmeticError, KeyError):
+        return None
+    return env
 
 
 def entry_args(fn: Function, concrete: Mapping[str, Any] | None = None) -> list[Mixed]:

@@ -19,6 +19,7 @@ from distir.ir.dtensor import DTensorType, Mesh, Placement, Replicate
 from distir.ir.types import ScalarType, TensorType, Type
 from distir.ir.values import Attrs
 from distir.ops.errors import OpTypeError
+from distir.ops.infer_memo import abstract_types
 
 if TYPE_CHECKING:
     from distir.ops.registry import OpDef
@@ -104,7 +105,12 @@ def _infer_on_mesh(
 ) -> tuple[DTensorType, ...]:
     """``infer_distributed`` itself, on the one ``mesh`` of the DTensor inputs."""
     glob = [global_view(t, mesh) for t in types]
-    outs = op.infer_types(glob, attrs, known)
+    # the global view is the same for every TP degree and layout of one op: memoized
+    outs = (
+        abstract_types(op, attrs, glob)
+        if all(k is None for k in known)
+        else op.infer_types(glob, attrs, known)
+    )
     per_axis: list[tuple[Placement, ...]] = []
     for a, (axis, n) in enumerate(mesh.axes):
         have = tuple(t.placements[a] if isinstance(t, DTensorType) else Replicate() for t in types)

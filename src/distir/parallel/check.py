@@ -178,6 +178,7 @@ def check_against_sequential(
     fsdp1_root: bool = False,
     megatron_ddp: bool = False,
     fsdp2_grad_accum: bool = False,
+    grad_accum_fusion: bool = False,
 ) -> Comparison:
     opt = optimizer or Optimizer("sgd", lr=0.1)
     seq = training_step(model, opt, strategy.recompute, precision)
@@ -202,6 +203,7 @@ def check_against_sequential(
         fsdp1_root=fsdp1_root,
         megatron_ddp=megatron_ddp,
         fsdp2_grad_accum=fsdp2_grad_accum,
+        grad_accum_fusion=grad_accum_fusion,
     )
     vals = initial_values(model, opt, seed, precision)
     want = run_reference(seq, [vals[p.name] for p in seq.entry.params])

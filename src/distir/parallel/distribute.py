@@ -156,6 +156,19 @@ programs. Its shape:
   reduce-scattered once, in the stage's last backward) with ``overlap_param_gather`` (torchtitan's
   ``apply_fsdp`` passes ``reshard_after_forward=False`` under PP: each chunk gathered in its first
   forward, kept unsharded for the step), ``fp32_grad_accum`` and this.
+- ``grad_accum_fusion`` (mixed precision; Megatron-LM's ``--gradient-accumulation-fusion``, on by
+  default, and Transformer Engine's ``fuse_wgrad_accumulation``; not with ZeRO-2/3 reducing every
+  backward): the gradients accumulate in fp32 sums, Megatron's ``main_grad``, reduced as they are
+  (no cast before or after the reduction). A linear layer's weight-gradient GEMM adds its product
+  into the sum (``wgrad_gemm_accum_fp32``, beta = 1, fp32 C and D,
+  ``LinearWithGradAccumulationAndAsyncCommunication.backward``,
+  megatron/core/tensor_parallel/layers.py at f2e5db4): the layer's backward takes the sums and
+  returns them updated, the product cast and added right after its MatMul, which the fusion rule
+  runs as the GEMM's epilogue — no Add kernel, no low-precision product written; the first
+  microbatch's GEMM writes the fp32 gradient. Every other weight's gradient (norms, biases, the
+  embedding, a weight a chunk uses twice) is added into its sum as the layer completes it by one
+  fused cast-add, as Megatron's DDP hook runs ``param.main_grad.add_(param.grad)``
+  (``distir.parallel.grad_accum_fusion``).
 - ``sac_eager`` (``rops`` run eagerly, as torchtitan without ``torch.compile``): PyTorch's
   selective checkpointing caches every result its policy saves until the block's backward,
   whether the backward reads it or not (``torch/utils/checkpoint.py``,
@@ -193,6 +206,7 @@ from distir.ir.values import Attrs, Value
 from distir.ops.dist import format_mesh_attr
 from distir.ops.registry import REGISTRY
 from distir.parallel.context_model import context_model
+from distir.parallel.grad_accum_fusion import fused_backward, wgrad_products
 from distir.parallel.grad_reduction import handover_waits_one_way, reduce_scatter_every_backward
 from distir.parallel.layer_sharder import (
     LayerSharder,
@@ -309,6 +323,7 @@ def distribute(
     fsdp1_root: bool = False,
     megatron_ddp: bool = False,
     fsdp2_grad_accum: bool = False,
+    grad_accum_fusion: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -370,6 +385,7 @@ def distribute(
                 fsdp2_grad_accum,
             ),
             megatron_ddp,
+            grad_accum_fusion,
         ).build()
 
 
@@ -394,6 +410,21 @@ def _check_deepspeed(s: Strategy, prec: Precision, deepspeed_pipe: bool, fp32_gr
         )
     if fp32_grad_accum and not prec.mixed:
         raise StrategyError(f"{s}: fp32 gradient accumulation needs mixed precision (an fp32 master)")
+
+
+def _fusion(s: Strategy, prec: Precision, fusion: bool) -> bool:
+    """``fusion`` (``grad_accum_fusion`` in a training program), refused where it does not run:
+    it accumulates into fp32 sums of mixed precision, and into whole gradients (Megatron-LM's
+    distributed optimizer is ZeRO-1: ZeRO-2/3 reduce every microbatch's gradient before
+    accumulating its shard)."""
+    if fusion and not prec.mixed:
+        raise StrategyError(f"{s}: gradient-accumulation fusion needs mixed precision (an fp32 main_grad)")
+    if fusion and s.d * s.c > 1 and reduce_scatter_every_backward(s):
+        raise StrategyError(
+            f"{s}: gradient-accumulation fusion accumulates whole gradients: ZeRO-{s.zero} reduces "
+            "each microbatch's gradient before accumulating"
+        )
+    return fusion
 
 
 def _check_context(s: Strategy, train: bool) -> None:
@@ -498,13 +529,15 @@ class _Builder:
         sac_eager: bool = False,
         fsdp: FsdpOptions | None = None,
         megatron_ddp: bool = False,
+        grad_accum_fusion: bool = False,
     ) -> None:
         self.prec = Precision.parse(precision)
         _check_deepspeed(s, self.prec, deepspeed_pipe, fp32_grad_accum)
+        self.gaf = _fusion(s, self.prec, grad_accum_fusion and train)  # (``distribute``)
         # data parallel: gradients reduced in buckets inside the backward (``_Buckets``); DeepSpeed's
         # pipeline engine reduces them after the stage's last backward instead (``distribute``)
         self.bucketed = train and s.d * s.c > 1 and not deepspeed_pipe  # cp acts like dp for the weights
-        self.fp32_acc = train and fp32_grad_accum
+        self.fp32_acc = train and (fp32_grad_accum or grad_accum_fusion)
         self.compute = self.prec.compute_dtype(model)
         # Megatron-LM's DDP reducing in the last backward (``distribute``)
         self.megatron = megatron_ddp and self.bucketed and not reduce_scatter_every_backward(s)
@@ -829,7 +862,8 @@ class _Builder:
             carried = [[fb.param(f"k{L.index}_{j}") for j in range(L.n_carried)] for L in reversed(layers)]
             for L, ks in zip(reversed(layers), carried, strict=True):
                 assert L.bwd_w is not None
-                sink.done(L, fb.call(L.bwd_w, *ks, n_out=len(L.bwd_w.outputs)))
+                fn_w, sums = sink.fused(L, L.bwd_w, 0)
+                sink.done(L, fb.call(fn_w, *ks, *sums, n_out=len(fn_w.outputs)))
             return fb.ret(*sink.results())
         wp = {w: fb.param(w.name) for w in chunk_weights(layers)}
         ep = {e: fb.param(e.name) for L in layers for e in L.extras}
@@ -860,8 +894,11 @@ class _Builder:
             args.extend(it)
             fn = L.bwd_i if part == "i" else L.bwd
             assert fn is not None
-            outs = fb.call(fn, *args, dy, n_out=len(fn.outputs))
             n_dx = 1 if 0 in v.wrt else 0
+            extra: list[Value] = []
+            if part != "i":
+                fn, extra = sink.fused(L, fn, n_dx)
+            outs = fb.call(fn, *args, dy, *extra, n_out=len(fn.outputs))
             if part == "i":
                 kept.extend(outs[n_dx:])
             else:
@@ -879,9 +916,13 @@ class _Builder:
         to fp32 by a call of ``@hp_grad`` (a function of one Cast), else ``g`` itself. The call
         keeps the cast a kernel of its own that writes the fp32 copy, as ``update_hp_grads``'s
         ``lp.grad.to(fp32)`` does before ``add_`` reads it (chains do not cross calls:
-        ``distir.sim.fusion``)."""
+        ``distir.sim.fusion``); with ``grad_accum_fusion`` a Cast in the chunk, which the Add
+        into the sum joins (Megatron-LM's hook adds the low-precision gradient into the fp32
+        ``main_grad`` in one ``add_``)."""
         if not self.fp32_acc:
             return g
+        if self.gaf:  # Megatron's hook: ``main_grad.add_(grad)``, one kernel with the Add after it
+            return cast(fb, g, self.prec.master, f"g_{w.name}_{self.prec.master}")
         fn = self.functions.get(HP_GRAD)
         if fn is None:
             hb = FunctionBuilder(HP_GRAD, REGISTRY.out_arity)
@@ -1601,8 +1642,47 @@ class _GradSink:
         self.grads: dict[Value, Value] = {}
         self.accs: dict[Value, Value] = {}
         self.left = Counter(w for L in layers for w in L.weights)  # uses still to differentiate
+        self.uses = Counter(self.left)
         self.partial: dict[Value, Value] = {}  # a tied weight's gradient from its later uses
         self.late: list[tuple[Value, Value]] = []  # fp32 accumulation: added after the backward
+        self.summed: set[Value] = set()  # ``grad_accum_fusion``: accumulated by the layer's GEMM
+
+    def fused(self, L: ShardedLayer, fn: Function, first: int) -> tuple[Function, list[Value]]:
+        """The backward ``fn`` of layer ``L`` (its weight gradients from output ``first`` on)
+        to call, and the arguments to append: with ``grad_accum_fusion`` the layer's variant
+        whose weight-gradient GEMMs write fp32 and, from the second microbatch on, add into the
+        accumulated sums it takes (``distir.parallel.grad_accum_fusion``) — for each weight
+        the chunk uses once and the layer leaves as it is (not summed over tp here); else
+        ``fn`` itself."""
+        b = self.b
+        if not b.gaf:
+            return fn, []
+        pending = L.tp_pending or (False,) * len(L.weights)
+        which = [
+            j
+            for j in wgrad_products(fn, first)
+            if self.uses[L.weights[j]] == 1 and not (pending[j] and L.weights[j] not in b.tp_pending)
+        ]
+        if not which:
+            return fn, []
+        accs = self._accumulators()
+        tag = "" if which == list(wgrad_products(fn, first)) else "_" + "-".join(map(str, which))
+        name = f"{fn.name}_gaf{'_acc' if accs else ''}{tag}"
+        got = b.functions.get(name)
+        if got is None:
+            got = fused_backward(fn, first, which, b.prec.master, bool(accs))
+            got = b.functions[name] = Function(name, got.params, got.body, got.outputs)
+        self.summed.update(L.weights[j] for j in which)
+        return got, [accs[L.weights[j]] for j in which] if accs else []
+
+    def _accumulators(self) -> dict[Value, Value]:
+        """The accumulated gradients the chunk's backward takes (parameters after the others;
+        none in a microbatch's first backward)."""
+        if self.buckets is not None:
+            return self.buckets.accumulators()
+        if self.acc and not self.accs:  # after the other parameters (the call sites pass them last)
+            self.accs.update((w, self.fb.param(f"acc_{w.name}")) for w in self.ws)
+        return self.accs
 
     def done(self, L: ShardedLayer, outs: Sequence[Value]) -> None:
         """Layer ``L``'s weight gradients ``outs`` are computed."""
@@ -1620,15 +1700,15 @@ class _GradSink:
             else:
                 ready.append((w, g))
         if self.buckets is not None:
-            self.buckets.add([w for w, _ in ready], [self.b._accum_cast(fb, w, g) for w, g in ready])
+            gs = [g if w in self.summed else self.b._accum_cast(fb, w, g) for w, g in ready]
+            self.buckets.add([w for w, _ in ready], gs, self.summed)
             return
-        if self.acc and not self.accs:  # after the other parameters (the call sites pass them last)
-            self.accs.update((w, fb.param(f"acc_{w.name}")) for w in self.ws)
-        if self.b.fp32_acc and not self.b.fsdp2_grad_accum:
+        self._accumulators()
+        if self.b.fp32_acc and not (self.b.fsdp2_grad_accum or self.b.gaf):
             self.late.extend(ready)
             return
-        for w, g in ready:  # ``fsdp2_grad_accum``: cast and added now, as FSDP2's hook does
-            self.grads[w] = self._add(w, self.b._accum_cast(fb, w, g))
+        for w, g in ready:  # ``fsdp2_grad_accum``, ``grad_accum_fusion``: cast and added now
+            self.grads[w] = g if w in self.summed else self._add(w, self.b._accum_cast(fb, w, g))
 
     def _add(self, w: Value, g: Value) -> Value:
         return self.fb.op("Add", self.accs[w], g, names=[f"g_{w.name}"])[0] if self.acc else g
@@ -1702,12 +1782,23 @@ class _Buckets:
         self.size = 0.0
         self.out: dict[Value, Value] = {}
 
-    def add(self, weights: Sequence[Value], grads: Sequence[Value]) -> None:
-        """A layer's weight gradients are complete."""
-        if self.acc and not self.accs:  # the accumulated gradients: parameters after the others
+    def accumulators(self) -> dict[Value, Value]:
+        """The accumulated gradients (parameters after the others; none in the first backward)."""
+        if self.acc and not self.accs:
             self.accs = {w: self.fb.param(f"acc_{w.name}") for w in self.ws}
+        return self.accs
+
+    def add(
+        self,
+        weights: Sequence[Value],
+        grads: Sequence[Value],
+        summed: set[Value] | frozenset[Value] = frozenset(),
+    ) -> None:
+        """A layer's weight gradients are complete (those of ``summed`` already added into the
+        accumulated ones: ``grad_accum_fusion``)."""
+        self.accumulators()
         for w, g in zip(weights, grads, strict=True):
-            if self.accs and not self.scatter:  # DDP: the microbatches' sum, reduced once
+            if self.accs and not self.scatter and w not in summed:  # DDP: the microbatches' sum, reduced once
                 (g,) = self.fb.op("Add", self.accs[w], g, names=[f"g_{w.name}"])
             if self.b.grad_copy_in == "copy":  # FSDP1: autograd writes the flat gradient at once
                 g = self._copied_in(w, g)

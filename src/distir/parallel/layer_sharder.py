@@ -209,7 +209,7 @@ class LayerSharder:
         # the recompute policy's name (``distir.autodiff.reverse.POLICIES``): the strategy's, or
         # a variant of it the caller names (``distribute(sac_eager=True)``: ``ops-eager``)
         self.recompute = recompute or s.recompute
-        self.mesh_rep = rep_mesh(axis_size(s.d, s.shares), s.t, s.c)
+        self.mesh_rep = _mesh(axis_size(s.d, s.shares), s.t, s.c)
         self.defer_tp = defers_tp_sums(s, train)
         self.weight_params = set(model.forward.params[len(model.inputs) :])
         self.functions = functions
@@ -401,6 +401,19 @@ class LayerSharder:
             got = self._sharded[key] = (f, places)
             self.functions[f.name] = f
         return got
+
+
+# (dp, tp, cp) -> ``rep_mesh``: one object per shape, so the types of every sharder on it (each
+# microbatch size, with and without sequence parallelism) share it and compare by identity
+_MESHES: dict[tuple[int, int, int], Mesh] = {}
+
+
+def _mesh(d: int, t: int, c: int) -> Mesh:
+    """``rep_mesh(d, t, c)``, one object per (d, t, c) (``_MESHES``; a mesh is frozen)."""
+    got = _MESHES.get((d, t, c))
+    if got is None:
+        got = _MESHES[(d, t, c)] = rep_mesh(d, t, c)
+    return got
 
 
 def _role(roles: tuple[Placement | None, ...], j: int) -> Placement:

@@ -20,7 +20,9 @@ search over thousands of strategies profiles each distinct layer a few dozen tim
 of one layer function share its plan (``SharedPlans``), and all probes on one TP group share op
 records (``SharedRecords``: the forward, backward and input-gradient parts of a layer, with and
 without sequence parallelism, under each recomputation, have most ops in common) — the same
-figures as probes planned anew (``share_plans=False``, tested). The memory-only probes (what a
+figures as probes planned anew (``share_plans=False``, tested); a probe's figures are worked out
+from the layer call's summary (``distir.sim.probe``) instead of planning and running the
+one-call program (``fast_probes=False`` simulates it, tested equal). The memory-only probes (what a
 forward leaves, what an input-gradient pass carries, the ZeRO-3 backward's working set) are not
 repeated on a TP group of another device kind alike in arrangement and runtime memory: the
 simulator's memory follows types and liveness in program order, never costs, so they give the
@@ -62,7 +64,8 @@ from distir.search.distinct import Reduced, distinct_layers
 from distir.search.executor import TASK_LOST
 from distir.sim.cost import CostModel, RooflineCostModel, gpu_class
 from distir.sim.devices import DeviceMap, Slot
-from distir.sim.simulate import SharedPlans, SharedRecords, simulate
+from distir.sim.probe import ProbeResult, probe
+from distir.sim.simulate import SharedPlans, SharedRecords, SimResult, simulate
 from distir.sim.units import piece_bytes
 
 # op records the probes of one profiler share (``SharedRecords``) before it starts a new store:
@@ -132,6 +135,12 @@ def _probe(
     return Module((fn, fb.ret(*(outs if keep is None else [outs[j] for j in keep]))))
 
 
+def _final_memory(r: SimResult) -> dict[int, float]:
+    """Each GPU's live bytes at the end of a traced simulation (its memory timeline's last point)."""
+    assert r.memory_timeline is not None
+    return {g: tl[-1][1] for g, tl in r.memory_timeline.items()}
+
+
 def _pattern(xs: Sequence[Hashable]) -> tuple[int, ...]:
     """Which positions of ``xs`` hold equal items: each item as the index of its first kind."""
     first = {x: i for i, x in enumerate(dict.fromkeys(xs))}
@@ -171,6 +180,9 @@ class Profiler:
     # another device kind take the figures the first kind's gave (``_memory_key``: memory does not
     # depend on costs); False probes every kind anew, the reference the tests compare with
     share_kinds: bool = True
+    # the probes' figures from the call's summary (``distir.sim.probe``: the same figures; False
+    # simulates each probe program, the reference the tests compare with); with ``share_plans``
+    fast_probes: bool = True
     _cache: dict[tuple[object, ...], list[LayerProfile]] = field(default_factory=dict)
     _fn_cache: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
     _work: dict[tuple[object, ...], float] = field(default_factory=dict)
@@ -411,7 +423,7 @@ class Profiler:
         got = self._fn_cache.get(k2)
         if got is not None:
             return (*got, self._work.get(k2, 0.0))
-        r = simulate(_probe(fn, args, dying), self.cluster, dmap, cost, shared=self._plans())
+        r = self._simulate(fn, args, dmap, cost, dying)
         self.probes += 1
         n = len(dmap.mapping)
         # the tensors' transient peak (the runtime memory is the device's, not the layer's)
@@ -462,15 +474,32 @@ class Profiler:
             return got
         if not keep:
             return 0.0
-        probe = _probe(fn, args, dying, keep)
-        r = simulate(probe, self.cluster, dmap, cost, trace=True, shared=self._plans())
+        r = self._simulate(fn, args, dmap, cost, dying, keep)
         self.probes += 1
-        assert r.memory_timeline is not None
+        final = r.final_memory if isinstance(r, ProbeResult) else _final_memory(r)
         gone = sum(local_nbytes(args[j]) for j in dying)  # one device's share, as ``local_nbytes``
-        got = self._work[k2] = max(
-            (r.memory_timeline[g][-1][1] - r.param_memory[g] + gone for g in r.memory_timeline), default=0.0
-        )
+        got = self._work[k2] = max((final[g] - r.param_memory[g] + gone for g in final), default=0.0)
         return got
+
+    def _simulate(
+        self,
+        fn: Function,
+        args: Sequence[Type],
+        dmap: DeviceMap,
+        cost: CostModel,
+        dying: frozenset[int],
+        keep: Sequence[int] | None = None,
+    ) -> SimResult | ProbeResult:
+        """The simulation of ``_probe(fn, args, dying, keep)``: the probe's figures from the
+        call's summary (``distir.sim.probe``) with ``fast_probes``, else (or where that does not
+        apply) ``simulate``'s, traced when ``keep`` asks for what a call leaves."""
+        shared = self._plans()
+        if self.fast_probes and shared is not None:
+            got = probe(shared, fn, args, self.cluster, dmap, cost, dying, keep)
+            if got is not None:
+                return got
+        module = _probe(fn, args, dying, keep)
+        return simulate(module, self.cluster, dmap, cost, trace=keep is not None, shared=shared)
 
     def _input_pass(
         self,

@@ -46,12 +46,29 @@ bandwidth is that link's B: nccl-tests' busbw is defined so that the ring formul
 B = busbw, gives the measured time. Bandwidth/latency matrices, when given, override these as
 they override ``intra``. Across nodes the network runs at the nodes' ``network_efficiency``
 (``Cluster.network_link``).
+
+Measured curves by message size (``NodeSpec.busbw_curves``: nccl-tests' busbw against its size
+on N GPUs of one node; the DGX presets' all-reduce, the H100's all-gather and reduce-scatter):
+NCCL reaches its peak bus bandwidth only for large messages. A collective inside one node whose
+node has a curve for it takes, with
+factor·M/busbw the time nccl-tests' busbw stands for (factor 2(n−1)/n all-reduce, (n−1)/n
+all-gather and reduce-scatter, 1 broadcast and reduce) and steps the ring's latencies:
+t_N = factor_N·M / B_curve(M) is the measured time on N GPUs, latency included, so its data part
+is t_N − steps_N·α, at least factor_N·M/B (the link's B caps the curve); n GPUs take
+steps_n·α + factor_n/factor_N × that data part (``_measured``). On N GPUs that is
+max(t_N, alpha-beta time): the measured latency is not added again. Large messages, where the
+curve reaches B, keep the alpha-beta time; a message smaller than the curve's smallest has that
+one's data part. Groups across nodes, and clusters with matrices, do not use curves.
+``measured=False`` (the five ring collectives' keyword) leaves the curves out: a coalesced part
+of a collective call (``distir.sim.cost.charged``) adds its bytes at B, the curve applying to the
+call's first part at that part's size (the call's total size is not known per part).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
 
 from distir.hardware.cluster import Cluster
 from distir.hardware.specs import LinkSpec
@@ -143,13 +160,52 @@ def _net(cluster: Cluster, parts: Sequence[tuple[int, ...]], all_pairs: bool = F
     return _slowest(cluster.link(leaders[i], leaders[(i + 1) % k]) for i in range(k))
 
 
-def _ring_phase(cluster: Cluster, gpus: Sequence[int], m: float, kind: str) -> float:
-    """All-gather or reduce-scatter of M bytes in total inside one node: (g−1)/g·M/B + (g−1)α."""
+class _Shape(NamedTuple):
+    """How a ring collective of M bytes on n GPUs turns busbw into time: ``factor``·M/busbw,
+    plus ``steps`` link latencies in the alpha-beta formula."""
+
+    factor: float
+    steps: int
+
+
+def _shape(kind: str, n: int) -> _Shape:
+    if kind in ("broadcast", "reduce"):
+        return _Shape(1.0, n - 1)
+    c = 2 if kind == "allreduce" else 1
+    return _Shape(c * (n - 1) / n, c * (n - 1))
+
+
+def _measured(
+    cluster: Cluster, gpus: Sequence[int], kind: str, m: float, link: LinkSpec, measured: bool = True
+) -> float:
+    """The time of ``kind`` on ``gpus`` (one node, no matrices) from the node's measured bus
+    bandwidth curve, 0 without one. On the curve's own N ranks the measured time is t_N =
+    factor_N·M / B_curve(M), latency included; its data part, t_N − steps_N·α, is at least
+    factor_N·M/B (the link's B caps the curve). n GPUs take steps_n·α + factor_n/factor_N × that
+    data part: on N ranks max(t_N, alpha-beta time), never their sum; on others the latency
+    scales with the ring's steps and the data part with the factor, as in the alpha-beta
+    formula. Never below the alpha-beta time. ``measured`` False: 0 (a coalesced part)."""
+    nodes = cluster.gpu_nodes
+    if not measured or cluster.has_matrices or m <= 0 or nodes[gpus[0]] != nodes[gpus[-1]]:
+        return 0.0
+    curve = cluster.nodes[nodes[gpus[0]]].curve_for(kind)
+    if curve is None:
+        return 0.0
+    own, at = _shape(kind, curve.ranks), _shape(kind, len(gpus))
+    t_own = own.factor * m / curve.bandwidth(m)
+    data = max(t_own - own.steps * link.latency_s, own.factor * m / link.bandwidth)
+    return at.steps * link.latency_s + at.factor / own.factor * data
+
+
+def _ring_phase(cluster: Cluster, gpus: Sequence[int], m: float, kind: str, measured: bool = True) -> float:
+    """All-gather or reduce-scatter of M bytes in total inside one node: (g−1)/g·M/B + (g−1)α,
+    or the time its measured curve gives if longer (``_measured``)."""
     g = len(gpus)
     if g < 2:
         return 0.0
     link = _ring(cluster, gpus, kind)
-    return (g - 1) / g * m / link.bandwidth + (g - 1) * link.latency_s
+    t = (g - 1) / g * m / link.bandwidth + (g - 1) * link.latency_s
+    return max(t, _measured(cluster, gpus, kind, m, link, measured))
 
 
 def _flat_ring(cluster: Cluster, parts: Sequence[tuple[int, ...]], m: float, kind: str) -> float:
@@ -178,10 +234,11 @@ def send_time(cluster: Cluster, nbytes: float, src: int, dst: int) -> float:
     return cluster.link(src, dst).time(m)
 
 
-def allreduce_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> float:
+def allreduce_time(cluster: Cluster, nbytes: float, group: Iterable[int], *, measured: bool = True) -> float:
     """All-reduce of ``nbytes`` (the size of each participant's buffer, = the result's size).
 
-    One node: ring, 2(n−1)/n·M/B + 2(n−1)α over the ring's slowest link.
+    One node: ring, 2(n−1)/n·M/B + 2(n−1)α over the ring's slowest link, or the time the node's
+    measured all-reduce curve gives if longer (``_measured``).
     Across k nodes: the faster of NCCL's ring (``_flat_ring`` of a reduce-scatter then of an
     all-gather: (n−1)/n·M/min(B_rs, B_net) and (n−1)/n·M/min(B_ag, B_net), 2(n−k) steps at
     α_intra and 2(k−1) at α_net) and the hierarchical reduction standing for NCCL's tree:
@@ -204,16 +261,21 @@ def allreduce_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> flo
     k = len(parts)
     if k == 1:
         link = _ring(cluster, g, "allreduce")
-        return 2 * (n - 1) / n * m / link.bandwidth + 2 * (n - 1) * link.latency_s
-    rs = max(_ring_phase(cluster, p, m, "reducescatter") for p in parts)
-    ag = max(_ring_phase(cluster, p, m, "allgather") for p in parts)
+        t = 2 * (n - 1) / n * m / link.bandwidth + 2 * (n - 1) * link.latency_s
+        return max(t, _measured(cluster, g, "allreduce", m, link, measured))
+    # the hierarchical form's phases inside the nodes are one collective's parts, not calls of
+    # their own: no measured curve (groups across nodes use none)
+    rs = max(_ring_phase(cluster, p, m, "reducescatter", False) for p in parts)
+    ag = max(_ring_phase(cluster, p, m, "allgather", False) for p in parts)
     net = _net(cluster, parts)
     inter = 2 * (k - 1) / k * m / net.bandwidth + 2 * (k - 1) * net.latency_s
     ring = _flat_ring(cluster, parts, m, "reducescatter") + _flat_ring(cluster, parts, m, "allgather")
     return min(rs + inter + ag, ring)
 
 
-def allgather_time(cluster: Cluster, nbytes: float, group: Iterable[int], kind: str = "allgather") -> float:
+def allgather_time(
+    cluster: Cluster, nbytes: float, group: Iterable[int], kind: str = "allgather", *, measured: bool = True
+) -> float:
     """All-gather where ``nbytes`` is the *full gathered* size (each GPU contributes M/n).
 
     One node: ring, (n−1)/n·M/B + (n−1)α. Across k nodes: NCCL's ring through the nodes
@@ -227,23 +289,28 @@ def allgather_time(cluster: Cluster, nbytes: float, group: Iterable[int], kind: 
         return 0.0
     parts = _by_node(cluster, g)
     if len(parts) == 1:
-        return _ring_phase(cluster, g, m, kind)
+        return _ring_phase(cluster, g, m, kind, measured)
     return _flat_ring(cluster, parts, m, kind)
 
 
-def reducescatter_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> float:
+def reducescatter_time(
+    cluster: Cluster, nbytes: float, group: Iterable[int], *, measured: bool = True
+) -> float:
     """Reduce-scatter where ``nbytes`` is the *full* input size on each GPU (each keeps M/n).
 
     The mirror image of ``allgather_time`` (the same ring, reducing), so it costs the same on
     reduce-scatter's link.
     """
-    return allgather_time(cluster, nbytes, group, "reducescatter")
+    return allgather_time(cluster, nbytes, group, "reducescatter", measured=measured)
 
 
-def broadcast_time(cluster: Cluster, nbytes: float, group: Iterable[int], kind: str = "broadcast") -> float:
+def broadcast_time(
+    cluster: Cluster, nbytes: float, group: Iterable[int], kind: str = "broadcast", *, measured: bool = True
+) -> float:
     """Broadcast of ``nbytes`` (the message size) from one GPU of the group to the others.
 
-    One node: pipelined ring (chunks flow down a chain), M/B + (n−1)α over the slowest link.
+    One node: pipelined ring (chunks flow down a chain), M/B + (n−1)α over the slowest link (or
+    its measured curve's time if longer, ``_measured``).
     Across k nodes: a pipelined ring over the nodes, M/B_net + (k−1)α_net, then a pipelined ring
     inside each node with g_i ≥ 2, M/B_i + (g_i−1)α_i, the slowest node governing. The root's
     position does not change the cost. ``kind``: whose calibrated intra-node link to use.
@@ -257,7 +324,9 @@ def broadcast_time(cluster: Cluster, nbytes: float, group: Iterable[int], kind: 
     k = len(parts)
     if k == 1:
         link = _ring(cluster, g, kind)
-        return m / link.bandwidth + (n - 1) * link.latency_s
+        return max(
+            m / link.bandwidth + (n - 1) * link.latency_s, _measured(cluster, g, kind, m, link, measured)
+        )
     net = _net(cluster, parts)
     inter = m / net.bandwidth + (k - 1) * net.latency_s
     intra = 0.0
@@ -268,10 +337,10 @@ def broadcast_time(cluster: Cluster, nbytes: float, group: Iterable[int], kind: 
     return inter + intra
 
 
-def reduce_time(cluster: Cluster, nbytes: float, group: Iterable[int]) -> float:
+def reduce_time(cluster: Cluster, nbytes: float, group: Iterable[int], *, measured: bool = True) -> float:
     """Reduce of ``nbytes`` (each participant's buffer size) to one GPU: the mirror image of
     ``broadcast_time`` (pipelined ring inside nodes, then across them), so it costs the same."""
-    return broadcast_time(cluster, nbytes, group, "reduce")
+    return broadcast_time(cluster, nbytes, group, "reduce", measured=measured)
 
 
 def _scatter_like(

@@ -76,6 +76,15 @@ _COLLECTIVE: Mapping[CommPattern, Callable[[Cluster, float, Sequence[int]], floa
     CommPattern.GATHER: coll.gather_time,
     CommPattern.ALLTOALL: coll.alltoall_time,
 }
+# the collectives a measured bus bandwidth curve may serve (``distir.sim.collectives``): a
+# coalesced part of one call runs without it, its bytes added at the link's bandwidth
+_MEASURED: Mapping[CommPattern, Callable[..., float]] = {
+    CommPattern.ALLREDUCE: coll.allreduce_time,
+    CommPattern.ALLGATHER: coll.allgather_time,
+    CommPattern.REDUCESCATTER: coll.reducescatter_time,
+    CommPattern.BROADCAST: coll.broadcast_time,
+    CommPattern.REDUCE: coll.reduce_time,
+}
 
 
 class CostModel(Protocol):
@@ -230,13 +239,16 @@ class RooflineCostModel:
             root = gpus[list(cost.devices).index(cost.root)]
             fn = coll.scatter_time if cost.pattern is CommPattern.SCATTER else coll.gather_time
             return fn(self.cluster, cost.nbytes, gpus, root)
+        if cost.coalesced and cost.pattern in _MEASURED:
+            return _MEASURED[cost.pattern](self.cluster, cost.nbytes, gpus, measured=False)
         return _COLLECTIVE[cost.pattern](self.cluster, cost.nbytes, gpus)
 
 
 def charged(model: CostModel, cost: CommCost, gpus: Sequence[int]) -> float:
     """``model``'s time for communication ``cost``; a ``coalesced`` part of one collective call
     costs its collective less the same collective of an empty message: its bytes, not the call's
-    latency, which the call's first part pays (``distir.ops.dist``)."""
+    latency, which the call's first part pays (``distir.ops.dist``), and at the link's bus
+    bandwidth, not a measured curve's at the part's own size (``CostModel.comm_time``)."""
     t = float(model.comm_time(cost, gpus))
     if cost.coalesced:
         t -= float(model.comm_time(replace(cost, nbytes=0.0, coalesced=False), gpus))

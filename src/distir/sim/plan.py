@@ -182,7 +182,8 @@ class PlanDomain(TypeDomain):
             return None
         got = self._fusion.get(id(fn))
         if got is None or got[0] is not fn:
-            links = fused_links(fn)
+            # calls never fuse: a body of calls only (a probe's entry) has no link
+            links = fused_links(fn) if Op in set(map(type, fn.body)) else []
             got = self._fusion[id(fn)] = (fn, links if any(links) else None)
         return got[1]
 
@@ -316,6 +317,20 @@ class PlanDomain(TypeDomain):
         self._relabel.called(hit[2], hit[0])
         self._frames[-1].append(hit[0])
         return hit[1]
+
+    def summary_of(self, fn: Function, args: Sequence[Mixed]) -> CallSummary:
+        """The summary a call of ``fn`` on ``args`` takes (``call``: planned once, then from
+        the memo), the units prepared or assumed from ``args`` first if they are not yet."""
+        if not self.units.prepared:
+            (self.units.assume if self.options.assume_units else self.units.prepare)(self.module, fn, args)
+        self._frames.append([])
+        try:
+            self.call(self.module, Call(fn.name, (), tuple(Value(v.name) for v in fn.outputs)), fn, args)
+            got = self._frames[-1][-1]
+        finally:
+            self._frames.pop()
+        assert isinstance(got, CallSummary)
+        return got
 
     def plan(self, fn: Function, args: Sequence[Mixed]) -> FnPlan:
         top = not self._frames

@@ -357,6 +357,42 @@ class SharedPlans:
             self._domains[key] = (domain, alive)
         return _run(plan, domain, cluster, dmap, trace, batch), plan, domain
 
+    def summary(
+        self, fn: Function, args: list[Any], dmap: DeviceMap, cost: CostModel
+    ) -> tuple[CallSummary, PlanDomain] | None:
+        """The summary of one call of ``fn`` on ``args``, as ``simulate`` plans it for a program
+        whose entry calls ``fn`` once (the same domain: kept by the same key, the units assumed
+        from the same types and confirmed after), and the domain (``distir.sim.probe``); None
+        when the program cannot share one (a wrong program: simulate it, which reports it)."""
+        module = Module((fn,))
+        alive = (fn, dmap, cost, *args)
+        key = tuple(map(id, alive))
+        options = PlanOptions(relabel=self.relabel, entry_param_uses=False, assume_units=True)
+        kept = self._domains.get(key)
+        if kept is not None:
+            domain = kept[0]
+            domain.module, domain.options = module, options
+        try:
+            if kept is None:
+                domain = PlanDomain(module, dmap, cost, options)
+                domain.units.assume(module, fn, args)
+                self.records.attach(domain)
+            summary = domain.summary_of(fn, args)
+            if not domain.units.confirm():
+                domain = PlanDomain(module, dmap, cost, replace(options, assume_units=False))
+                domain.units.prepare(module, fn, args)
+                self.records.attach(domain)
+                summary = domain.summary_of(fn, args)
+        except PROGRAM_ERRORS:
+            self._domains.pop(key, None)
+            return None
+        self.records.keep(domain)
+        if kept is not None:
+            self.hits += 1
+        else:
+            self._domains[key] = (domain, alive)
+        return summary, domain
+
 
 _Records = dict[tuple[Any, ...], SharedRecord]
 

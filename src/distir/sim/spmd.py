@@ -278,7 +278,7 @@ def redistribute_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[
             step = 0.0
             for g in info.groups(ax):
                 group = tuple(mesh.devices[i] for i in g)
-                seconds_of = dom.comm_seconds(pattern, piece_bytes(sized, g[0]), group)
+                seconds_of = dom.comm_seconds(pattern, piece_bytes(sized, g[0]), group, coalesced)
                 if coalesced:  # a later part of one call: its bytes only, the latency paid once
                     seconds_of -= dom.comm_seconds(pattern, 0.0, group)
                 step = max(step, seconds_of)

@@ -401,13 +401,17 @@ class Units:
             c = self._gpu_class[g] = gpu_class(self.cost, g)
         return c
 
-    def comm_seconds(self, pattern: CommPattern, nbytes: float, group: tuple[Device, ...]) -> float:
-        """The cost model's time for one collective (or P2P send: group = (source, dest))."""
+    def comm_seconds(
+        self, pattern: CommPattern, nbytes: float, group: tuple[Device, ...], coalesced: bool = False
+    ) -> float:
+        """The cost model's time for one collective (or P2P send: group = (source, dest));
+        ``coalesced``: a later part of one call (``CommCost.coalesced``)."""
         gpus = tuple(map(self.dev_gpu.__getitem__, group))
-        key = (pattern, nbytes, gpus)
+        key = (pattern, nbytes, gpus, coalesced)
         t = self._comm_memo.get(key)
         if t is None:
-            t = self._comm_memo[key] = float(self.cost.comm_time(CommCost(pattern, nbytes, group), gpus))
+            cost = CommCost(pattern, nbytes, group, coalesced=coalesced)
+            t = self._comm_memo[key] = float(self.cost.comm_time(cost, gpus))
         return t
 
     def bytes_by_gpu(self, t: Type) -> list[tuple[int, float]]:

@@ -1,0 +1,237 @@
+"""Measured bus bandwidth by message size (``NodeSpec.busbw_curves``) on the DGX presets.
+
+Oracle: the published all-reduce sweep of one 8-GPU A100 node, typed in here from its source
+(stas00/ml-engineering network/README.md at 744d01e, 'Real network throughput': nccl-tests
+all_reduce_perf, busbw by size, 32 KiB ... 16 GiB), not read from the presets; a collective's
+time is nccl-tests' busbw turned back into time, 2(n−1)/n·M/busbw, never below the alpha-beta
+formula at the preset's peak (230 GB/s, 3 µs a step) and never faster than that peak. A group
+of n ≠ 8 GPUs pays its own ring's latencies, 2(n−1)·3 µs, plus the measured time's data part
+(the measured time less 14 steps, at least the peak's) scaled by 2(n−1)/n over 2·7/8.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from rich.console import Console
+
+from distir.hardware.cluster import cluster_from_toml, parse_cluster
+from distir.hardware.presets import PRESETS, render_clusters_table
+from distir.hardware.specs import BusBandwidthCurve, ClusterError, SpecError
+from distir.sim.collectives import allgather_time, allreduce_time, reducescatter_time
+
+STEP = 3e-6
+NODE = list(range(8))
+A100_SWEEP = {  # bytes: busbw GB/s
+    32 * 2**10: 1.31,
+    64 * 2**10: 2.45,
+    128 * 2**10: 4.43,
+    256 * 2**10: 7.47,
+    512 * 2**10: 11.41,
+    2**20: 18.00,
+    2 * 2**20: 36.18,
+    4 * 2**20: 72.33,
+    8 * 2**20: 109.93,
+    16 * 2**20: 106.16,
+    32 * 2**20: 138.49,
+    64 * 2**20: 171.54,
+    128 * 2**20: 176.92,
+    256 * 2**20: 194.07,
+    512 * 2**20: 222.72,
+    2**30: 229.04,
+    2 * 2**30: 231.41,
+    4 * 2**30: 233.88,
+    8 * 2**30: 234.61,
+    16 * 2**30: 234.89,
+}
+
+
+def alpha_beta(m: float, n: int = 8, peak: float = 230e9) -> float:
+    return 2 * (n - 1) / n * m / peak + 2 * (n - 1) * STEP
+
+
+def test_a100_all_reduce_takes_the_measured_time_at_every_measured_size() -> None:
+    c = parse_cluster("dgx-a100")
+    for m, busbw in A100_SWEEP.items():
+        measured = 2 * 7 / 8 * m / (min(busbw, 230) * 1e9)
+        assert allreduce_time(c, m, NODE) == pytest.approx(max(measured, alpha_beta(m)), rel=1e-12), m
+    # 25 MiB, a DDP bucket: well below the alpha-beta prediction's bandwidth
+    t = allreduce_time(c, 25 * 2**20, NODE)
+    assert 1.4 * alpha_beta(25 * 2**20) < t
+
+
+def test_between_measured_sizes_the_bandwidth_is_linear_in_log_size() -> None:
+    c = parse_cluster("dgx-a100")
+    m0, m1 = 32 * 2**20, 64 * 2**20
+    mid = math.sqrt(m0 * m1)
+    busbw = (A100_SWEEP[m0] + A100_SWEEP[m1]) / 2 * 1e9
+    assert allreduce_time(c, mid, NODE) == pytest.approx(2 * 7 / 8 * mid / busbw, rel=1e-12)
+
+
+@pytest.mark.parametrize(("preset", "peak"), [("dgx-a100", 230e9), ("h100", 480e9)])
+def test_never_faster_than_the_peak_and_large_messages_unchanged(preset: str, peak: float) -> None:
+    c = parse_cluster(preset)
+    for k in range(6, 38):
+        m = 2.0**k
+        t = allreduce_time(c, m, NODE)
+        assert 2 * 7 / 8 * m / t <= peak * (1 + 1e-12)
+        assert t >= alpha_beta(m, peak=peak) * (1 - 1e-12)
+    for m in (16 * 2**30, 64 * 2**30):  # beyond where the curves reach the peak: alpha-beta
+        assert allreduce_time(c, m, NODE) == pytest.approx(alpha_beta(m, peak=peak), rel=1e-12)
+
+
+def test_smaller_than_measured_costs_the_smallest_measured_message() -> None:
+    c = parse_cluster("dgx-a100")
+    floor = 2 * 7 / 8 * 32 * 2**10 / 1.31e9
+    assert allreduce_time(c, 1024, NODE) == pytest.approx(floor, rel=1e-12)
+
+
+def test_without_the_curve_when_asked() -> None:
+    # a coalesced part of one call (distir.sim.cost) adds its bytes at the peak
+    c = parse_cluster("dgx-a100")
+    m = 2**20
+    assert allreduce_time(c, m, NODE, measured=False) == pytest.approx(alpha_beta(m), rel=1e-12)
+
+
+def data_part(m: float, busbw_gb_s: float) -> float:
+    """The measured 8-GPU time of an all-reduce less its 14 ring steps, at least the peak's."""
+    return max(2 * 7 / 8 * m / (busbw_gb_s * 1e9) - 14 * STEP, 2 * 7 / 8 * m / 230e9)
+
+
+def test_smaller_groups_pay_their_own_latency_and_the_scaled_data_part() -> None:
+    c = parse_cluster("dgx-a100")
+    for m in (32 * 2**10, 2**20, 64 * 2**20):
+        for n in (2, 4):
+            want = 2 * (n - 1) * STEP + (2 * (n - 1) / n) / (2 * 7 / 8) * data_part(m, A100_SWEEP[m])
+            assert allreduce_time(c, m, range(n)) == pytest.approx(want, rel=1e-12), (m, n)
+    # a 1 KiB all-reduce of 2 GPUs: its 2 steps and the smallest measured size's data part
+    want = 2 * STEP + (1 / 1.75) * data_part(32 * 2**10, 1.31)
+    assert allreduce_time(c, 1024, range(2)) == pytest.approx(want, rel=1e-12)
+    assert allreduce_time(c, 1024, range(2)) < 8e-6
+
+
+def test_curves_only_where_measured() -> None:
+    # groups across nodes and collectives without a curve keep the alpha-beta formula
+    c = parse_cluster("dgx-a100:2")
+    m = 64 * 2**20
+    assert allgather_time(c, m, NODE) == pytest.approx(7 / 8 * m / 230e9 + 7 * STEP, rel=1e-12)
+    ab = parse_cluster("dgx-a100:2")
+    net = allreduce_time(ab, m, range(16))
+    plain = cluster_from_toml(
+        '[types.n]\npreset = "dgx-a100"\n[types.n.busbw_curves.allreduce]\npoints = []\n'
+        '[[nodes]]\ntype = "n"\ncount = 2\n'
+    )
+    assert net == allreduce_time(plain, m, range(16))
+    assert allreduce_time(plain, m, NODE) == pytest.approx(alpha_beta(m), rel=1e-12)
+
+
+NODES = '[[nodes]]\ntype = "n"\n'
+
+
+def curve_file(points: str, collective: str = "allreduce", ranks: object = 8) -> str:
+    head = f'[types.n]\npreset = "dgx-a100"\n[types.n.busbw_curves.{collective}]\n'
+    return head + f"points = {points}\nranks = {ranks}\n" + NODES
+
+
+def test_cluster_file_overrides_a_curve() -> None:
+    c = cluster_from_toml(curve_file("[[1048576, 10], [1073741824, 20]]"))
+    m = 2**20
+    assert allreduce_time(c, m, NODE) == pytest.approx(2 * 7 / 8 * m / 10e9, rel=1e-12)
+    assert c.nodes[0].curve_for("allreduce") == BusBandwidthCurve(((2**20, 10e9), (2**30, 20e9)), 8, "")
+    inherited = cluster_from_toml('[types.n]\npreset = "h100"\n' + NODES)
+    assert inherited.nodes[0].busbw_curves == PRESETS["h100"].busbw_curves
+    gathered = cluster_from_toml(curve_file("[[1048576, 10], [1073741824, 20]]", "allgather"))
+    assert allgather_time(gathered, m, NODE) == pytest.approx(7 / 8 * m / 10e9, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("points", "match"),
+    [
+        ("[[1048576, 100]]", "two or more"),
+        ("[[1048576, 100], [1024, 200]]", "sorted by size"),
+        ("[[1048576, -1], [1073741824, 200]]", "positive"),
+        ("[[1.5, 100], [1073741824, 200]]", "bytes"),
+        ('"fast"', "expected"),
+    ],
+)
+def test_cluster_file_curve_is_validated_in_one_line(points: str, match: str) -> None:
+    with pytest.raises(ClusterError, match=match) as e:
+        cluster_from_toml(curve_file(points))
+    assert "types.n.busbw_curves.allreduce.points" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("ranks", ["1", '"8"', "0"])
+def test_cluster_file_curve_ranks_are_validated_in_one_line(ranks: str) -> None:
+    with pytest.raises(ClusterError, match=r"types\.n\.busbw_curves\.allreduce\.ranks") as e:
+        cluster_from_toml(curve_file("[[1, 1], [2, 2]]", ranks=ranks))
+    assert "\n" not in str(e.value)
+
+
+def test_cluster_file_curve_names_a_collective() -> None:
+    with pytest.raises(ClusterError, match="unknown key") as e:
+        cluster_from_toml(curve_file("[[1, 1], [2, 2]]", "allredcue"))
+    assert "\n" not in str(e.value)
+
+
+def test_spec_validates_the_points() -> None:
+    with pytest.raises(SpecError, match="sorted by size"):
+        BusBandwidthCurve(((2, 1.0), (1, 1.0)), 8, "")
+    with pytest.raises(SpecError, match="two or more"):
+        BusBandwidthCurve(((2, 1.0),), 8, "")
+    with pytest.raises(SpecError, match="ranks must be an int of at least 2"):
+        BusBandwidthCurve(((1, 1.0), (2, 1.0)), 1, "")
+
+
+def test_clusters_table_prints_the_curves_sources() -> None:
+    console = Console(width=400, record=True)
+    console.print(render_clusters_table())
+    text = " ".join(console.export_text().split())
+    assert text.count("allreduce bus bandwidth by size on 8 GPUs (20 points") == 2
+    assert "allgather bus bandwidth by size on 4 GPUs (19 points" in text
+    assert "reducescatter bus bandwidth by size on 4 GPUs (19 points" in text
+    assert "nccl-collectives-bench" in text
+    assert "nccl-tests all_reduce_perf -b 32k -e 16G" in text
+    assert "8x H200 node" in text
+
+
+# nccl-tests all_gather_perf / reduce_scatter_perf on 4 H100s of an NVSwitch node, out-of-place
+# busbw (waynehacking8/nccl-collectives-bench at f9883f8, results/all_gather.txt and
+# results/reduce_scatter.txt), a few of the sizes, typed in from the source
+H100_4GPU = {  # bytes: (all-gather, reduce-scatter) busbw GB/s
+    2**20: (35.00, 30.28),
+    16 * 2**20: (186.64, 201.26),
+    256 * 2**20: (305.51, 303.62),
+    8 * 2**30: (343.92, 350.34),
+}
+
+
+def test_h100_all_gather_and_reduce_scatter_follow_their_4_gpu_sweeps() -> None:
+    c = parse_cluster("h100")
+    for m, (ag, rs) in H100_4GPU.items():
+        for fn, busbw, peak in ((allgather_time, ag, 350e9), (reducescatter_time, rs, 360e9)):
+            measured = 3 / 4 * m / (busbw * 1e9)
+            ab = 3 / 4 * m / peak + 3 * STEP
+            assert fn(c, m, range(4)) == pytest.approx(max(measured, ab), rel=1e-12), (fn, m)
+            # 8 GPUs: their own 7 steps and the 4-GPU data part scaled by (7/8) / (3/4)
+            data = max(measured - 3 * STEP, 3 / 4 * m / peak)
+            want = 7 * STEP + (7 / 8) / (3 / 4) * data
+            assert fn(c, m, NODE) == pytest.approx(want, rel=1e-12), (fn, m)
+    # beyond the sweep's 8 GiB: the published peak, as without a curve
+    m = 16 * 2**30
+    assert allgather_time(c, m, NODE) == pytest.approx(7 / 8 * m / 350e9 + 7 * STEP, rel=1e-12)
+
+
+def test_groups_across_nodes_use_no_curve() -> None:
+    # neither the flat ring nor the hierarchical form's phases inside the nodes (h100's
+    # all-gather and reduce-scatter curves)
+    curves = "".join(
+        f"[types.n.busbw_curves.{k}]\npoints = []\n" for k in ("allreduce", "allgather", "reducescatter")
+    )
+    plain = cluster_from_toml('[types.n]\npreset = "h100"\n' + curves + '[[nodes]]\ntype = "n"\ncount = 2\n')
+    c = parse_cluster("h100:2")
+    for m in (2**20, 64 * 2**20, 2**30):
+        for group in (range(16), range(0, 16, 2)):
+            assert allreduce_time(c, m, group) == allreduce_time(plain, m, group)
+            assert allgather_time(c, m, group) == allgather_time(plain, m, group)
