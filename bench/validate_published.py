@@ -96,6 +96,9 @@ class ModelCfg:
     # gpt only: llm-foundry's flash_attn_fn copies q, k, v in (index_first_axis) and the output
     # out (pad_input) around flash-attn's variable-length kernel (the zoo's ``unpad`` option)
     unpad: bool = False
+    # Q, K and V as three GEMMs (split: torchtitan's wq, wk, wv) or one of one weight (fused:
+    # Megatron's query_key_value / linear_qkv, llm-foundry's Wqkv; the zoo's ``qkv`` option)
+    qkv: str = "split"
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,6 +380,8 @@ def zoo_model(m: ModelCfg) -> str:
         spec += f",silu={m.silu}"
     if m.kv != "native":
         spec += f",kv={m.kv}"
+    if m.qkv != "split":
+        spec += f",qkv={m.qkv}"
     return spec if m.loss == "fp32" else f"{spec},loss={m.loss}"
 
 

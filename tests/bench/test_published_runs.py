@@ -207,6 +207,16 @@ def test_llm_foundry_triton_rows_run_flash_attention_in_triton_without_unpadding
         assert (r.attention_kernel, r.model.unpad) == want, r.name
 
 
+def test_the_trainers_that_fuse_the_qkv_projection_run_it_fused() -> None:
+    # Megatron-LM's linear_qkv / query_key_value (Megatron-DeepSpeed's too) and llm-foundry's
+    # Wqkv are one GEMM; torchtitan's Llama has three (wq, wk, wv)
+    fusing = ("Megatron-LM", "Megatron-DeepSpeed", "llm-foundry")
+    for r in RUNS:
+        want = "fused" if r.trainer.startswith(fusing) else "split"
+        assert r.model.qkv == want, r.name
+        assert (",qkv=fused" in vp.zoo_model(r.model)) == (want == "fused"), r.name
+
+
 TITAN = [r for r in SUPPORTED if r.trainer.startswith("torchtitan")]
 
 

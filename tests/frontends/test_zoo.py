@@ -255,6 +255,7 @@ def test_parse_family_string() -> None:
         "dropout": 0.0,  # hidden and attention dropout, off by default
         "loss": "fp32",  # the cross entropy on the logits cast to fp32 (mixed precision)
         "unpad": False,  # llm-foundry's unpad/pad copies around flash attention, off by default
+        "qkv": "split",  # Q, K and V as three GEMMs (``qkv=fused``: one), by default
     }
     s = parse_model_string(" gpt2-117m:layers=2 ")
     assert dataclasses.asdict(s.config) == {
@@ -268,8 +269,10 @@ def test_parse_family_string() -> None:
         "dropout": 0.0,
         "loss": "fp32",
         "unpad": False,
+        "qkv": "split",
     }
     assert parse_model_string("gpt2-117m:attention=naive").config.attention == "naive"
+    assert parse_model_string("llama3-8b:qkv=fused").config.qkv == "fused"
     assert parse_model_string("gpt2-117m:unpad=1").config.unpad is True
     assert parse_model_string("gpt2-117m:tied=1").config.tied is True
     assert parse_model_string("llama").config.rope_theta == 10000  # Llama 2's RoPE base
@@ -305,7 +308,7 @@ def test_llama_strings_round_trip(
     spec = parse_model_string(text)
     defaults = {"rope_theta": 10000, "attention": "fused", "loss": "fp32"}
     # the eager forms' defaults
-    defaults |= {"norm": "fused", "rope": "fused", "silu": "composite", "kv": "native"}
+    defaults |= {"norm": "fused", "rope": "fused", "silu": "composite", "kv": "native", "qkv": "split"}
     assert dataclasses.asdict(spec.config) == {**cfg, **defaults}
     m = build_model(text, 2)
     assert m.num_params == closed_form_params("llama", cfg)

@@ -8,6 +8,9 @@ numbers. Fused:
     Reshape(q, shape=(0, 0, heads, head_dim)), k and v alike (kv_heads)      (B, S, h, d)
     out, lse = Attention(q, k, v; causal) → Reshape(shape=(0, 0, heads·head_dim))
 
+The projections feeding it are three GEMMs or, with a model's ``qkv=fused``, one
+(``split_qkv``: its output split per query group into views, each a reshape away from its heads).
+
 With ``rope_theta`` (Llama), q and k are rotated by ``Rope`` right after the head split, in
 either form.
 
@@ -37,6 +40,7 @@ from distir.ir.types import DType
 from distir.ir.values import Value
 
 ATTENTION_FORMS = ("fused", "naive")
+QKV_FORMS = ("split", "fused")  # three projections; one GEMM of one weight, per query group
 
 
 def attention_field() -> Any:
@@ -46,8 +50,38 @@ def attention_field() -> Any:
     return field(default="fused", metadata={"choices": ATTENTION_FORMS})
 
 
+def qkv_field() -> Any:
+    """The ``qkv`` option of a transformer config: ``split`` (default: Q, K and V three GEMMs of
+    three weights, as torchtitan's ``wq``, ``wk``, ``wv``) or ``fused`` (one GEMM of one weight,
+    ``qkv_columns``, as Megatron-Core's ``linear_qkv``, llm-foundry's ``Wqkv``, GPT-2's
+    ``c_attn``); an enumerated field."""
+    return field(default="split", metadata={"choices": QKV_FORMS})
+
+
+def qkv_columns(heads: int, kv_heads: int, head_dim: int) -> int:
+    """The fused projection's width, ``(heads + 2·kv_heads)·head_dim``."""
+    return (heads + 2 * kv_heads) * head_dim
+
+
+def split_qkv(f: LayerFn, qkv: Value, heads: int, kv_heads: int, head_dim: int) -> tuple[Value, Value, Value]:
+    """Q, K, V out of the fused projection (B, S, ``qkv_columns``), whose columns are laid out
+    per query group as Megatron-Core's ``linear_qkv`` weight: kv head ``j`` is preceded by its
+    ``heads/kv_heads`` query heads and followed by its value head, ``[q_{jg} … q_{jg+g-1}, k_j,
+    v_j]``. ``Reshape`` to (B, S, kv_heads, (g+2)·head_dim), then ``Split`` the last dim into
+    views (``view=1``: torch.split's, no copy): q (B, S, kv_heads, g·head_dim), k and v (B, S,
+    kv_heads, head_dim), each a reshape away from its heads. A column shard of the weight over
+    whole groups (the TP degree dividing kv_heads) gives each rank its query heads with their
+    own kv head: the kv-head axis carries the shard through the split."""
+    group = heads // kv_heads
+    grouped = f("Reshape", qkv, shape=(0, 0, kv_heads, (group + 2) * head_dim), name="qkv_groups")
+    sizes = (group * head_dim, head_dim, head_dim)
+    q, k, v = f.results("Split", grouped, names=("q", "k", "v"), dim=3, sizes=sizes, view=1)
+    return q, k, v
+
+
 def split_heads(f: LayerFn, x: Value, heads: int, head_dim: int, name: str) -> Value:
-    """(B, S, heads·head_dim) → (B, S, heads, head_dim)."""
+    """(B, S, heads·head_dim) → (B, S, heads, head_dim); from ``split_qkv``'s (B, S, kv_heads,
+    g·head_dim) alike."""
     return f("Reshape", x, shape=(0, 0, heads, head_dim), name=name)
 
 

@@ -21,8 +21,9 @@ so the parameter count is the published one plus hidden·vocab; ``tied=1`` ties 
 does: the head multiplies by ``wte``ᵀ (``Model.tied``; its gradient is the sum of the
 embedding's and the head's). GELU is the exact (erf) one of the registry.
 
-Tensor-parallel declarations (Megatron-LM): wq/wk/wv and w1 column-parallel ``S(1)`` with their
-biases ``S(0)``; wo and w2 row-parallel ``S(0)`` with replicated biases; norms and ``wpe``
+Tensor-parallel declarations (Megatron-LM): wq/wk/wv (``qkv=fused``: wqkv, one weight of 3·hidden
+columns, per head [q, k, v], and bqkv: ``attention.split_qkv``) and w1 column-parallel ``S(1)``
+with their biases ``S(0)``; wo and w2 row-parallel ``S(0)`` with replicated biases; norms and ``wpe``
 replicated; Megatron-LM's vocabulary-parallel embedding, head and cross entropy: ``wte`` sharded
 on the vocabulary ``S(0)``, ``wlm`` column-parallel ``S(1)``, and the logits reach the loss
 sharded on the vocabulary (``Model.loss_input_tp``). The activations between layers are
@@ -51,7 +52,7 @@ from distir.frontends.zoo._build import (
     tensor,
     weight,
 )
-from distir.frontends.zoo.attention import attention, attention_field
+from distir.frontends.zoo.attention import attention, attention_field, qkv_field, split_qkv
 from distir.frontends.zoo.model import InputSpec, Model, WeightSpec
 from distir.ir.dtensor import Placement, Replicate, Shard
 from distir.ir.function import Function
@@ -96,6 +97,8 @@ class GPTConfig:
     # llm-foundry's flash attention: q, k, v unpadded and the output padded around the kernel
     # (``unpad=1``; ``attention.py``)
     unpad: bool = False
+    # Q, K, V: three GEMMs (split, default) or one of one weight laid out per head (``qkv=fused``)
+    qkv: str = qkv_field()
 
     def __post_init__(self) -> None:
         check_config(FAMILY, self, divides=[("heads", "hidden")])
@@ -108,16 +111,14 @@ ZOO: dict[str, tuple[GPTConfig, str]] = {
     "gpt2-175b": (GPTConfig(96, 12288, 96, 2048), "GPT-3 175B (Brown et al. 2020)"),
 }
 
-# @block's parameters after the activation, in order
+# @block's parameters after the activation, in order (``qkv=fused``: ``QKV_FUSED`` for the six
+# of ``QKV_SPLIT``)
+QKV_SPLIT = ("wq", "bq", "wk", "bk", "wv", "bv")
+QKV_FUSED = ("wqkv", "bqkv")
 BLOCK_WEIGHTS = (
     "ln1_scale",
     "ln1_bias",
-    "wq",
-    "bq",
-    "wk",
-    "bk",
-    "wv",
-    "bv",
+    *QKV_SPLIT,
     "wo",
     "bo",
     "ln2_scale",
@@ -127,6 +128,13 @@ BLOCK_WEIGHTS = (
     "w2",
     "b2",
 )
+
+
+def weight_names(qkv: str) -> tuple[str, ...]:
+    """@block's weights, in order, for the model's ``qkv`` option."""
+    if qkv == "split":
+        return BLOCK_WEIGHTS
+    return (*BLOCK_WEIGHTS[:2], *QKV_FUSED, *BLOCK_WEIGHTS[2 + len(QKV_SPLIT) :])
 
 
 def linear(f: LayerFn, x: Value, w: Value, b: Value, name: str) -> Value:
@@ -150,18 +158,23 @@ def block_fn(
     attention_form: str = "fused",
     p_drop: float = 0.0,
     unpad: bool = False,
+    qkv: str = "split",
 ) -> Function:
     """The pre-LN transformer block; ``attention_form`` is the model's ``attention`` option,
     ``p_drop`` its ``dropout``: as Megatron-LM, the output projection's and the MLP's results
     go through Dropout before each residual add (bias+dropout+add, one fused kernel), and the
-    attention drops probabilities with the same p; ``unpad`` the model's ``unpad`` option."""
+    attention drops probabilities with the same p; ``unpad`` the model's ``unpad`` option,
+    ``qkv`` its ``qkv`` (``fused``: one projection ``wqkv``, ``bqkv``, split by ``split_qkv``)."""
     f = LayerFn(name)
     x = f.param("x")
-    p = {n: f.param(n) for n in BLOCK_WEIGHTS}
+    p = {n: f.param(n) for n in weight_names(qkv)}
     h = f("LayerNormalization", x, p["ln1_scale"], p["ln1_bias"], name="ln1")
-    q = linear(f, h, p["wq"], p["bq"], "q")
-    k = linear(f, h, p["wk"], p["bk"], "k")
-    v = linear(f, h, p["wv"], p["bv"], "v")
+    if qkv == "fused":
+        q, k, v = split_qkv(f, linear(f, h, p["wqkv"], p["bqkv"], "qkv"), heads, heads, hidden // heads)
+    else:
+        q = linear(f, h, p["wq"], p["bq"], "q")
+        k = linear(f, h, p["wk"], p["bk"], "k")
+        v = linear(f, h, p["wv"], p["bv"], "v")
     a = attention(
         f,
         q,
@@ -182,8 +195,11 @@ def block_fn(
     )
 
 
-def block_weights(i: int, hidden: int, dtype: DType, std: float = 0.02) -> tuple[WeightSpec, ...]:
-    """Layer ``i``'s weights in ``@block``'s parameter order, with their TP placements."""
+def block_weights(
+    i: int, hidden: int, dtype: DType, std: float = 0.02, qkv: str = "split"
+) -> tuple[WeightSpec, ...]:
+    """Layer ``i``'s weights in ``@block``'s parameter order, with their TP placements (``qkv``:
+    the model's option; the fused weight is column-parallel too, over whole heads)."""
     h, ff = hidden, 4 * hidden
     shapes: dict[str, tuple[tuple[int, ...], Placement, float | None]] = {
         "ln1_scale": ((h,), R, 1.0),
@@ -194,6 +210,8 @@ def block_weights(i: int, hidden: int, dtype: DType, std: float = 0.02) -> tuple
         "bk": ((h,), ROW, 0.0),
         "wv": ((h, h), COL, None),
         "bv": ((h,), ROW, 0.0),
+        "wqkv": ((h, 3 * h), COL, None),
+        "bqkv": ((3 * h,), ROW, 0.0),
         "wo": ((h, h), ROW, None),
         "bo": ((h,), R, 0.0),
         "ln2_scale": ((h,), R, 1.0),
@@ -203,9 +221,8 @@ def block_weights(i: int, hidden: int, dtype: DType, std: float = 0.02) -> tuple
         "w2": ((ff, h), ROW, None),
         "b2": ((h,), R, 0.0),
     }
-    return tuple(
-        weight(f"{n}_{i}", dtype, shape, tp, std=std, value=value) for n, (shape, tp, value) in shapes.items()
-    )
+    specs = ((n, *shapes[n]) for n in weight_names(qkv))
+    return tuple(weight(f"{n}_{i}", dtype, shape, tp, std=std, value=value) for n, shape, tp, value in specs)
 
 
 def embed_fn(seq: int) -> Function:
@@ -279,10 +296,13 @@ def build(cfg: GPTConfig, batch: int, dtype: DType = DType.f32, name: str = FAMI
         InputSpec("ids", tensor(DType.i64, batch, s), high=v),
         InputSpec("labels", tensor(DType.i64, batch, s), high=v),
     )
-    block = block_fn("block", h, cfg.heads, attention_form=cfg.attention, p_drop=cfg.dropout, unpad=cfg.unpad)
+    block = block_fn(
+        "block", h, cfg.heads, attention_form=cfg.attention, p_drop=cfg.dropout, unpad=cfg.unpad, qkv=cfg.qkv
+    )
     wte = weight("wte", dtype, (v, h), VOCAB)
     calls = [LayerCall(embed_fn(s), (wte, weight("wpe", dtype, (s, h))), "x0")]
-    calls += [LayerCall(block, block_weights(i, h, dtype), f"x{i + 1}") for i in range(cfg.layers)]
+    for i in range(cfg.layers):
+        calls.append(LayerCall(block, block_weights(i, h, dtype, qkv=cfg.qkv), f"x{i + 1}"))
     lnf = (weight("lnf_scale", dtype, (h,), value=1.0), weight("lnf_bias", dtype, (h,), value=0.0))
     if cfg.tied:  # the same spec again: the weight is tied (``Model.tied``)
         calls.append(LayerCall(tied_head_fn(), (*lnf, wte), "logits"))

@@ -45,8 +45,10 @@ Tensor-parallel declarations (Megatron-LM / Llama's model-parallel layers): wq, 
 column-parallel ``S(1)``; wo, w2 row-parallel ``S(0)``; norms replicated; the embedding sharded
 on the vocabulary and ``wlm`` column-parallel, the logits reaching the loss sharded on the
 vocabulary (Megatron-LM's vocabulary-parallel layers, as GPT's). A column shard of wk/wv splits
-whole kv heads when the TP degree divides kv_heads. The activations between layers are (batch,
-seq, hidden): ``seq_dim=1``.
+whole kv heads when the TP degree divides kv_heads. ``qkv=fused`` computes q, k and v as one
+GEMM of one column-parallel weight ``wqkv`` laid out per query group (``attention.split_qkv``,
+Megatron-Core's ``linear_qkv``), where the default has torchtitan's three. The activations
+between layers are (batch, seq, hidden): ``seq_dim=1``.
 
 Sizes (Touvron et al., "Llama 2: Open Foundation and Fine-Tuned Chat Models", 2023, and the
 released configs; Meta, "The Llama 3 Herd of Models", 2024, Table 3): ``llama2-7b`` 32×4096,
@@ -62,7 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distir.frontends.zoo._build import LayerCall, LayerFn, check_config, tensor, weight
-from distir.frontends.zoo.attention import attention, attention_field
+from distir.frontends.zoo.attention import attention, attention_field, qkv_columns, qkv_field, split_qkv
 from distir.frontends.zoo.gpt import VOCAB, assemble_lm, loss_field
 from distir.frontends.zoo.model import InputSpec, Model, ModelError, WeightSpec
 from distir.ir.dtensor import Replicate, Shard
@@ -73,6 +75,7 @@ from distir.ir.values import Value
 FAMILY = "llama"
 R, COL, ROW = Replicate(), Shard(1), Shard(0)
 BLOCK_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w3", "w2")
+FUSED_WEIGHTS = ("attn_norm", "wqkv", "wo", "ffn_norm", "w1", "w3", "w2")  # ``qkv=fused``
 NORM_FORMS = ("fused", "composite")  # one RMSNormalization; eager PyTorch's separate ops
 SILU_FORMS = ("composite", "fused")  # a·Sigmoid(a) as two ops; one Silu (F.silu)
 ROPE_FORMS = ("fused", "fp32")  # Rope in the model's dtype; cast to f32 and back around it
@@ -100,6 +103,7 @@ class LlamaConfig:
     rope: str = _choice("fused", ROPE_FORMS)  # RoPE in the model's dtype or in f32 (module doc)
     silu: str = _choice("composite", SILU_FORMS)  # SwiGLU's silu: Mul·Sigmoid or one Silu op
     kv: str = _choice("native", KV_FORMS)  # grouped kv heads: read by the kernel or copied (doc)
+    qkv: str = qkv_field()  # Q, K, V: three GEMMs (split) or one of one weight (fused; doc)
 
     def __post_init__(self) -> None:
         check_config(FAMILY, self, divides=[("heads", "hidden"), ("kv_heads", "heads")])
@@ -143,11 +147,14 @@ def block_fn(cfg: LlamaConfig, dtype: DType = DType.f32) -> Function:
     hidden, heads, kv_heads = cfg.hidden, cfg.heads, cfg.kv_heads
     f = LayerFn("block")
     x = f.param("x")
-    p = {n: f.param(n) for n in BLOCK_WEIGHTS}
+    p = {n: f.param(n) for n in (FUSED_WEIGHTS if cfg.qkv == "fused" else BLOCK_WEIGHTS)}
     h = rms_norm(f, x, p["attn_norm"], cfg.norm, dtype, "attn_in")
-    q = f("MatMul", h, p["wq"], name="q")
-    k = f("MatMul", h, p["wk"], name="k")
-    v = f("MatMul", h, p["wv"], name="v")
+    if cfg.qkv == "fused":
+        q, k, v = split_qkv(f, f("MatMul", h, p["wqkv"], name="qkv"), heads, kv_heads, hidden // heads)
+    else:
+        q = f("MatMul", h, p["wq"], name="q")
+        k = f("MatMul", h, p["wk"], name="k")
+        v = f("MatMul", h, p["wv"], name="v")
     a = attention(
         f,
         q,
@@ -175,11 +182,19 @@ def block_fn(cfg: LlamaConfig, dtype: DType = DType.f32) -> Function:
 
 def block_weights(i: int, cfg: LlamaConfig, dtype: DType) -> tuple[WeightSpec, ...]:
     h, kv = cfg.hidden, cfg.kv_heads * (cfg.hidden // cfg.heads)
+    if cfg.qkv == "fused":  # column-parallel over whole query groups (``split_qkv``)
+        qkv: tuple[WeightSpec, ...] = (
+            weight(f"wqkv_{i}", dtype, (h, qkv_columns(cfg.heads, cfg.kv_heads, h // cfg.heads)), COL),
+        )
+    else:
+        qkv = (
+            weight(f"wq_{i}", dtype, (h, h), COL),
+            weight(f"wk_{i}", dtype, (h, kv), COL),
+            weight(f"wv_{i}", dtype, (h, kv), COL),
+        )
     return (
         weight(f"attn_norm_{i}", dtype, (h,), value=1.0),
-        weight(f"wq_{i}", dtype, (h, h), COL),
-        weight(f"wk_{i}", dtype, (h, kv), COL),
-        weight(f"wv_{i}", dtype, (h, kv), COL),
+        *qkv,
         weight(f"wo_{i}", dtype, (h, h), ROW),
         weight(f"ffn_norm_{i}", dtype, (h,), value=1.0),
         weight(f"w1_{i}", dtype, (h, cfg.ffn), COL),

@@ -7,12 +7,13 @@ model file: ``model.onnx`` or ``model.distir`` (``distir.frontends.files``).
 ``gpt``, ``llama``, ``transgan``); a bare family starts from its base entry (``mlp-1b``, ``gpt2-117m``,
 ``llama2-7b``, ``transgan-hetero``), and the ``key=value`` pairs override fields of the
 configuration: positive integers, one of the listed words for an enumerated field (the
-transformers' ``attention=fused|naive``), 0 or 1 for a flag (GPT's ``tied``), or a number in
-[0, 1) for a probability (GPT's ``dropout``), e.g.
+transformers' ``attention=fused|naive``, ``qkv=split|fused``), 0 or 1 for a flag (GPT's
+``tied``), or a number in [0, 1) for a probability (GPT's ``dropout``), e.g.
 
     gpt:layers=24,hidden=2304,heads=24,seq=2048,vocab=51200
     gpt2-117m:layers=2
     llama3-8b:attention=naive
+    llama3-8b:qkv=fused
     gpt2-1.6b:dropout=0.1
 
 An unknown name or key, a malformed pair or a bad value raises ``ModelError`` naming it, what

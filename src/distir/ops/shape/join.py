@@ -108,6 +108,11 @@ def _split_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return tuple(np.ascontiguousarray(p) for p in np.split(x, cuts, axis=ax))
 
 
+def _split_bytes(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+    """What a Split reads and writes: the parts' bytes, none for views (``view=1``)."""
+    return 0.0 if attrs.get("view", 0) else copy_bytes(ins, outs, attrs)
+
+
 SPLIT = register(
     OpDef(
         name="Split",
@@ -116,10 +121,18 @@ SPLIT = register(
         inputs=("input",),
         outputs=_split_count,
         infer=_split_rule,
-        attrs={"dim": AttrSpec("int", 0), "num_splits": AttrSpec("int", 2), "sizes": AttrSpec("ints", None)},
+        attrs={
+            "dim": AttrSpec("int", 0),
+            "num_splits": AttrSpec("int", 2),
+            "sizes": AttrSpec("ints", None),
+            "view": AttrSpec("int", 0, (0, 1)),
+        },
         reference=_split_ref,
-        bytes_read=copy_bytes,
-        doc="Split along dim into num_splits near-equal parts (first parts larger) or given sizes.",
+        bytes_read=_split_bytes,
+        bytes_written=_split_bytes,
+        doc="Split along dim into num_splits near-equal parts (first parts larger) or given sizes; "
+        "view=1: the parts are views of the input, as torch.split returns them (no kernel, no "
+        "bytes: the consumers read them strided), where the default copies them out.",
         sharding=sh.other_dims("dim"),
     )
 )
