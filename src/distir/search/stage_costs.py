@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -665,7 +666,30 @@ def holds(schedule: str, p: int, k: int, v: int) -> tuple[tuple[Hold, ...], ...]
     what ``distribute``'s program holds at each moment — the saved activations of a microbatch
     from its forward to its backward (zero-bubble: to its input-gradient pass, then what that
     carries until the weight-gradient pass), and a chunk's gradient accumulator from its first
-    backward (weight-gradient pass) on."""
+    backward (weight-gradient pass) on.
+
+    One chunk per stage (GPipe, 1F1B, ZB-H1): from the counts' closed forms (``_states_v1``),
+    without building the action lists; else (and on arguments a schedule refuses, which it
+    reports) from the action lists (``holds_of_actions``): the same states (a test checks)."""
+    canon = _ALIASES_V1.get(schedule, schedule)
+    if v == 1 and canon in _ONE_CHUNK and type(p) is int and type(k) is int and p >= 1 and k >= 1:
+        out = []
+        for r in range(p):
+            seen = _states_v1(canon, p, k, r)
+            out.append(
+                tuple(
+                    Hold(x[:1], x[1:2], x[2:], ph, -1 if ph == "O" else 0)
+                    for ph, xs in seen
+                    for x in _undominated(xs)
+                )
+            )
+        return tuple(out)
+    return holds_of_actions(schedule, p, k, v)
+
+
+def holds_of_actions(schedule: str, p: int, k: int, v: int) -> tuple[tuple[Hold, ...], ...]:
+    """``holds`` from the schedule's action lists (``build_schedule``): each action's state
+    followed, the states met kept per (pass, chunk running it)."""
     out = []
     for actions in build_schedule(schedule, p, k, v):
         fi, iw, made = [0] * v, [0] * v, [0] * v
@@ -689,7 +713,43 @@ def holds(schedule: str, p: int, k: int, v: int) -> tuple[tuple[Hold, ...], ...]
     return tuple(out)
 
 
-def _undominated(xs: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
+_ONE_CHUNK = frozenset({"gpipe", "1f1b", "zb1"})
+_ALIASES_V1 = {"zbh1": "zb1", "interleaved": "1f1b", "i1f1b": "1f1b"}  # v = 1: plain 1F1B
+
+
+def _states_v1(schedule: str, p: int, k: int, r: int) -> list[tuple[str, set[tuple[int, int, int]]]]:
+    """Stage ``r``'s states (forward count − backward count, input- minus weight-gradient
+    passes, whether a gradient was made) per pass, in ``holds``' order, from the counts of the
+    action list (``schedules``): ``w`` warm-up forwards (GPipe: all k), then forward w + n and
+    the n-th backward alternate. ZB-H1's backward is its input-gradient pass I, after the n-th of
+    which the oldest pending weight-gradient pass W runs once n > r (min(n, r) then pending,
+    n − r W's done), the min(k, r) left running at the end; 1F1B and GPipe are that with r = 0
+    (a backward makes its gradient at once). Before the n-th backward (1-based) min(w + n, k)
+    forwards and n − 1 backwards are done; after forward f, q = max(0, f − w − 1) backwards.
+    Only counts where a state may change or is not dominated are visited: past its last
+    change a state repeats; a warm-up forward's is dominated by the next's, and so is a
+    cool-down backward's past n = rr + 2, and a final W's past the second."""
+    w = k if schedule == "gpipe" else min(p - 1 - r, k)
+    rr = r if schedule == "zb1" else 0
+    # forwards: (f, 0, 0) through the warm-up, then from f = w + rr + 2 on (w + 1, rr, 1)
+    fs = range(min(w + 1, k), min(k, w + rr + 2) + 1)
+    fwd = {(f - q, min(q, rr), int(q >= rr + 1)) for f in fs for q in (max(0, f - w - 1),)}
+    # backwards: the state changes up to n = rr + 2; in the cool-down (n > k − w) only its
+    # forward count falls, from n = rr + 2 on
+    c0 = max(1, k - w + 1)
+    ns = {*range(1, min(k, rr + 2) + 1), *range(c0, min(k, max(c0, rr + 2)) + 1)}
+    bwd = {(min(w + n, k) - n + 1, min(n - 1, rr), int(n >= rr + 2)) for n in ns}
+    if schedule != "zb1":
+        return [("F", fwd), ("B", bwd), ("O", {(0, 0, 1)})]
+    c1 = max(r + 1, k - w + 1)
+    ws = {*range(r + 1, min(k, r + 2) + 1), *range(c1, min(k, max(c1, r + 2)) + 1)}
+    wgt = {(min(w + n, k) - n, r + 1, int(n >= r + 2)) for n in ws}
+    left = min(k, r)
+    wgt |= {(0, left - t, int(k >= r + 1 or t >= 1)) for t in range(min(left, 2))}
+    return [("F", fwd), ("B", bwd), ("W", wgt), ("O", {(0, 0, 1)})]
+
+
+def _undominated(xs: AbstractSet[tuple[int, ...]]) -> list[tuple[int, ...]]:
     """The states of ``xs`` no other one dominates (each count at least as large), sorted.
 
     A state's dominators are larger in lexicographic order, so in decreasing order each state
