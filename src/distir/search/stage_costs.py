@@ -124,6 +124,44 @@ class Tables:
         default_factory=dict
     )
     parts: dict[tuple[int, ...], tuple[int, ...] | str] = field(default_factory=dict)  # ``Screen._with``
+    # per stages' rows (their ids, in stage order): their maxima and the first's rows as lists
+    stacked: dict[tuple[int, ...], Stacked] = field(default_factory=dict)
+
+
+class Stacked(NamedTuple):
+    """What ``figures`` takes from the stages' rows alone (``_stacked``): per layer the largest
+    working set over the stages (whole, the forward's, the backward's — plain or, ZeRO-3, with
+    the weights dying — and the zero-bubble input-gradient pass's), and the first stage's
+    ``out``, ``carried`` and ``largest`` rows, as lists."""
+
+    work: np.ndarray
+    fwd: list[float]
+    bwd: dict[bool, list[float]]  # by whether the backward is split (zero-bubble)
+    out: list[float]
+    carried: list[float]
+    largest: list[float]
+
+
+def _stacked(tb: Tables, stages: list[Stage]) -> Stacked:
+    """``Stacked`` of ``stages`` (``tb``'s memo: a pure function of their rows and ZeRO-3)."""
+    key = tuple(st.rid for st in stages)
+    got = tb.stacked.get(key)
+    if got is None:
+        first = stages[0].rows
+        got = tb.stacked[key] = Stacked(
+            np.max([st.rows.work for st in stages], axis=0),
+            np.max([st.rows.fwd_work for st in stages], axis=0).tolist(),
+            {
+                False: np.max(
+                    [st.rows.zbwd_work if tb.zero3 else st.rows.bwd_work for st in stages], axis=0
+                ).tolist(),
+                True: np.max([st.rows.ibwd_work for st in stages], axis=0).tolist(),
+            },
+            first.out.tolist(),
+            first.carried.tolist(),
+            first.largest.tolist(),
+        )
+    return got
 
 
 class TimeRow(NamedTuple):
@@ -274,7 +312,7 @@ def figures(
     comm, comm_rows = _comm_rows(tb, first, links, train)
     mem, saved, lists = _mem_of(s, tb, first, train)
     caps = np.array([st.rows.cap for st in stages], float)
-    work = np.max([st.rows.work for st in stages], axis=0)
+    work = _stacked(tb, stages).work
     # the largest working set (ZeRO-3: with the largest gathered layer) bounds what layers may hold
     transient = work.max() + (float(first.rows.weight.max()) if tb.zero3 else 0.0)
     time_c = np.array([lt[c].row for c in tb.stage_of])
@@ -394,17 +432,8 @@ def _stage_peaks(
     chunks = len(tb.stage_of)
     w_list, nw_list, saved_list = lists
     w_bytes, n_w = first.rows.weight, first.rows.n_w
-    fwd_list = np.max([st.rows.fwd_work for st in stages], axis=0).tolist()
-    out_list = first.rows.out.tolist()
-    carried_list = first.rows.carried.tolist()
-    largest_list = first.rows.largest.tolist()
     # the backward's working set per layer; zero-bubble (split): the input-gradient pass's
-    bwd_lists = {
-        False: np.max(
-            [st.rows.zbwd_work if tb.zero3 else st.rows.bwd_work for st in stages], axis=0
-        ).tolist(),
-        True: np.max([st.rows.ibwd_work for st in stages], axis=0).tolist(),
-    }
+    fwd_list, bwd_lists, out_list, carried_list, largest_list = _stacked(tb, stages)[1:]
     peaks: list[float] = []
     stage_w: list[float] = []
     stage_nw: list[int] = []
