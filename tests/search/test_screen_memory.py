@@ -143,3 +143,13 @@ def test_holds_closed_forms_equal_the_action_lists(schedule: str) -> None:
     cases += [(p, k) for p in (16, 31, 64) for k in (1, 15, 16, 17, 63, 64, 65, 128)]
     for p, k in cases:
         assert holds.__wrapped__(schedule, p, k, 1) == holds_of_actions(schedule, p, k, 1), (p, k)
+
+
+@pytest.mark.parametrize("v", [2, 3, 4])
+def test_holds_of_the_interleaved_schedule_equal_the_action_lists(v: int) -> None:
+    """``holds``' count form of the interleaved schedule (one steady period visited) gives the
+    states its action lists pass through, on every stage."""
+    cases = [(p, k) for p in range(1, 9) for k in range(p, 6 * p + 1, p)]
+    cases += [(p, k) for p in (16, 32) for k in (p, 2 * p, 4 * p)]
+    for p, k in cases:
+        assert holds.__wrapped__("interleaved", p, k, v) == holds_of_actions("interleaved", p, k, v), (p, k)

@@ -697,23 +697,27 @@ def holds(schedule: str, p: int, k: int, v: int) -> tuple[tuple[Hold, ...], ...]
     carries until the weight-gradient pass), and a chunk's gradient accumulator from its first
     backward (weight-gradient pass) on.
 
-    One chunk per stage (GPipe, 1F1B, ZB-H1): from the counts' closed forms (``_states_v1``),
-    without building the action lists; else (and on arguments a schedule refuses, which it
-    reports) from the action lists (``holds_of_actions``): the same states (a test checks)."""
-    canon = _ALIASES_V1.get(schedule, schedule)
-    if v == 1 and canon in _ONE_CHUNK and type(p) is int and type(k) is int and p >= 1 and k >= 1:
-        out = []
-        for r in range(p):
-            seen = _states_v1(canon, p, k, r)
-            out.append(
-                tuple(
-                    Hold(x[:1], x[1:2], x[2:], ph, -1 if ph == "O" else 0)
-                    for ph, xs in seen
-                    for x in _undominated(xs)
-                )
-            )
-        return tuple(out)
+    From the action counts, without building the action lists: closed forms for one chunk per
+    stage (GPipe, 1F1B, ZB-H1: ``_states_v1``), one period of the steady phase for the
+    interleaved schedule (``_states_interleaved``); on arguments a schedule refuses (which it
+    reports), from the action lists (``holds_of_actions``): the same states (a test checks)."""
+    canon = _ALIASES_V1.get(schedule, schedule) if v == 1 else schedule
+    if type(p) is not int or type(k) is not int or type(v) is not int or min(p, k, v) < 1:
+        return holds_of_actions(schedule, p, k, v)
+    if v == 1 and canon in _ONE_CHUNK:
+        return tuple(_assembled(_states_v1(canon, p, k, r), 1) for r in range(p))
+    if canon in ("interleaved", "i1f1b") and v > 1 and k % p == 0:
+        return tuple(_assembled(_states_interleaved(p, k, v, r), v) for r in range(p))
     return holds_of_actions(schedule, p, k, v)
+
+
+def _assembled(seen: dict[tuple[str, int], set[tuple[int, ...]]], v: int) -> tuple[Hold, ...]:
+    """A stage's ``Hold``s from the states met per (pass, chunk running it): the undominated
+    ones of each, passes in the order F, B, W, O, then by chunk."""
+    states: list[Hold] = []
+    for (phase, c), xs in sorted(seen.items(), key=lambda kv: ("FBWO".index(kv[0][0]), kv[0][1])):
+        states += [Hold(x[:v], x[v : 2 * v], x[2 * v :], phase, c) for x in _undominated(xs)]
+    return tuple(states)
 
 
 def holds_of_actions(schedule: str, p: int, k: int, v: int) -> tuple[tuple[Hold, ...], ...]:
@@ -735,10 +739,7 @@ def holds_of_actions(schedule: str, p: int, k: int, v: int) -> tuple[tuple[Hold,
             if a.kind == "F":  # after a forward
                 seen.setdefault(("F", c), set()).add((*fi, *iw, *made))
         seen[("O", -1)] = {(*fi, *iw, *made)}
-        states: list[Hold] = []
-        for (phase, c), xs in sorted(seen.items(), key=lambda kv: ("FBWO".index(kv[0][0]), kv[0][1])):
-            states += [Hold(x[:v], x[v : 2 * v], x[2 * v :], phase, c) for x in _undominated(xs)]
-        out.append(tuple(states))
+        out.append(_assembled(seen, v))
     return tuple(out)
 
 
@@ -746,7 +747,7 @@ _ONE_CHUNK = frozenset({"gpipe", "1f1b", "zb1"})
 _ALIASES_V1 = {"zbh1": "zb1", "interleaved": "1f1b", "i1f1b": "1f1b"}  # v = 1: plain 1F1B
 
 
-def _states_v1(schedule: str, p: int, k: int, r: int) -> list[tuple[str, set[tuple[int, int, int]]]]:
+def _states_v1(schedule: str, p: int, k: int, r: int) -> dict[tuple[str, int], set[tuple[int, ...]]]:
     """Stage ``r``'s states (forward count − backward count, input- minus weight-gradient
     passes, whether a gradient was made) per pass, in ``holds``' order, from the counts of the
     action list (``schedules``): ``w`` warm-up forwards (GPipe: all k), then forward w + n and
@@ -762,20 +763,59 @@ def _states_v1(schedule: str, p: int, k: int, r: int) -> list[tuple[str, set[tup
     rr = r if schedule == "zb1" else 0
     # forwards: (f, 0, 0) through the warm-up, then from f = w + rr + 2 on (w + 1, rr, 1)
     fs = range(min(w + 1, k), min(k, w + rr + 2) + 1)
-    fwd = {(f - q, min(q, rr), int(q >= rr + 1)) for f in fs for q in (max(0, f - w - 1),)}
+    fwd: set[tuple[int, ...]] = {
+        (f - q, min(q, rr), int(q >= rr + 1)) for f in fs for q in (max(0, f - w - 1),)
+    }
     # backwards: the state changes up to n = rr + 2; in the cool-down (n > k − w) only its
     # forward count falls, from n = rr + 2 on
     c0 = max(1, k - w + 1)
     ns = {*range(1, min(k, rr + 2) + 1), *range(c0, min(k, max(c0, rr + 2)) + 1)}
-    bwd = {(min(w + n, k) - n + 1, min(n - 1, rr), int(n >= rr + 2)) for n in ns}
+    bwd: set[tuple[int, ...]] = {(min(w + n, k) - n + 1, min(n - 1, rr), int(n >= rr + 2)) for n in ns}
     if schedule != "zb1":
-        return [("F", fwd), ("B", bwd), ("O", {(0, 0, 1)})]
+        return {("F", 0): fwd, ("B", 0): bwd, ("O", -1): {(0, 0, 1)}}
     c1 = max(r + 1, k - w + 1)
     ws = {*range(r + 1, min(k, r + 2) + 1), *range(c1, min(k, max(c1, r + 2)) + 1)}
-    wgt = {(min(w + n, k) - n, r + 1, int(n >= r + 2)) for n in ws}
+    wgt: set[tuple[int, ...]] = {(min(w + n, k) - n, r + 1, int(n >= r + 2)) for n in ws}
     left = min(k, r)
     wgt |= {(0, left - t, int(k >= r + 1 or t >= 1)) for t in range(min(left, 2))}
-    return [("F", fwd), ("B", bwd), ("W", wgt), ("O", {(0, 0, 1)})]
+    return {("F", 0): fwd, ("B", 0): bwd, ("W", 0): wgt, ("O", -1): {(0, 0, 1)}}
+
+
+def _states_interleaved(p: int, k: int, v: int, r: int) -> dict[tuple[str, int], set[tuple[int, ...]]]:
+    """Stage ``r``'s states of the interleaved schedule (v > 1, p dividing k) per (pass, chunk
+    running it), from the counts (``interleaved_1f1b``): of its k·v virtual microbatches, ``w``
+    warm-up forwards, then forward w + m and backward m alternate, then the rest backwards; the
+    n first forwards hold chunk c's (``_done``) n // g·p + its share of n mod g (g = p·v), the
+    backwards the chunks reversed. After n forwards and m backwards chunk c holds F_c(n) − B_c(m)
+    and has a gradient once B_c(m) > 0; the states are met after each forward and before each
+    backward. From m = g on they repeat with period g (the counts grow by p per period, every
+    chunk has a gradient): the steady phase is visited up to m < 2g only; and a warm-up
+    forward's state only grows until its chunk's next forward."""
+    total, g = k * v, p * v
+    w = min(total, 2 * (p - r - 1) + (v - 1) * p)
+    steady = total - w
+
+    def state(n: int, m: int) -> tuple[int, ...]:
+        b = [_done(m, v - 1 - c, p, g) for c in range(v)]
+        return (*[_done(n, c, p, g) - b[c] for c in range(v)], *[0] * v, *[int(x > 0) for x in b])
+
+    seen: dict[tuple[str, int], set[tuple[int, ...]]] = {}
+    for i in range(w):  # warm-up: after forward i, dominated by the next of its chunk's
+        if (i + 1 if (i + 1) % p else i + 1 + (v - 1) * p) >= w:
+            seen.setdefault(("F", (i % g) // p), set()).add(state(i + 1, 0))
+    for m in range(min(steady, 2 * g)):  # after forward w + m, which is before backward m
+        x = state(w + m + 1, m)
+        seen.setdefault(("F", ((w + m) % g) // p), set()).add(x)
+        seen.setdefault(("B", v - 1 - (m % g) // p), set()).add(x)
+    for m in range(steady, total):  # cool-down: before backward m
+        seen.setdefault(("B", v - 1 - (m % g) // p), set()).add(state(total, m))
+    seen[("O", -1)] = {(*[0] * 2 * v, *[1] * v)}
+    return seen
+
+
+def _done(n: int, c: int, p: int, g: int) -> int:
+    """Of virtual microbatches 0 … n − 1 (chunk (i mod g) // p each, g = p·v), chunk c's."""
+    return n // g * p + min(max(n % g - c * p, 0), p)
 
 
 def _undominated(xs: AbstractSet[tuple[int, ...]]) -> list[tuple[int, ...]]:
