@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -826,7 +827,7 @@ def _undominated(xs: AbstractSet[tuple[int, ...]]) -> list[tuple[int, ...]]:
     dominated dominator is itself dominated by one of them, which then dominates the state)."""
     front: list[tuple[int, ...]] = []
     for x in sorted(xs, reverse=True):
-        if not any(all(b >= a for a, b in zip(x, y, strict=True)) for y in front):
+        if not any(all(map(operator.ge, y, x)) for y in front):  # states of one length
             front.append(x)
     front.reverse()
     return front
