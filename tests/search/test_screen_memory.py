@@ -21,7 +21,7 @@ from distir.search.profile import Profiler
 from distir.search.run import SearchRequest, search
 from distir.search.screen import Problem, Screen
 from distir.search.space import Pins
-from distir.search.stage_costs import holds, inflight, pending_weight_grads
+from distir.search.stage_costs import holds, holds_of_actions, inflight, pending_weight_grads
 from distir.sim.simulate import simulate
 
 GPT = "gpt:layers=8,hidden=512,heads=8,seq=512,vocab=4096"
@@ -133,3 +133,23 @@ def test_zero_bubble_carry_follows_the_program_at_one_sample_per_replica() -> No
     r = simulate(prog, cluster, device_map(s, True), batch=batch)
     exact = cluster.device_spec(0).runtime.tensor_capacity(max(r.peak_memory.values()))
     assert abs(got / exact - 1) <= 0.03, (got / 2**30, exact / 2**30)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb1", "zbh1", "interleaved"])
+def test_holds_closed_forms_equal_the_action_lists(schedule: str) -> None:
+    """``holds``' closed forms for one chunk per stage give the states the action lists pass
+    through (``holds_of_actions``), on every stage of small and large pipelines."""
+    cases = [(p, k) for p in range(1, 10) for k in range(1, 26)]
+    cases += [(p, k) for p in (16, 31, 64) for k in (1, 15, 16, 17, 63, 64, 65, 128)]
+    for p, k in cases:
+        assert holds.__wrapped__(schedule, p, k, 1) == holds_of_actions(schedule, p, k, 1), (p, k)
+
+
+@pytest.mark.parametrize("v", [2, 3, 4])
+def test_holds_of_the_interleaved_schedule_equal_the_action_lists(v: int) -> None:
+    """``holds``' count form of the interleaved schedule (one steady period visited) gives the
+    states its action lists pass through, on every stage."""
+    cases = [(p, k) for p in range(1, 9) for k in range(p, 6 * p + 1, p)]
+    cases += [(p, k) for p in (16, 32) for k in (p, 2 * p, 4 * p)]
+    for p, k in cases:
+        assert holds.__wrapped__("interleaved", p, k, v) == holds_of_actions("interleaved", p, k, v), (p, k)

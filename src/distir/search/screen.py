@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -130,6 +130,8 @@ class Screen:
         self._pairs: dict[tuple[int, int], tuple[float, float]] = {}
         self._gathers: dict[tuple[int, ...], tuple[float, float]] = {}
         self._syncs: dict[tuple[object, ...], float] = {}
+        # (collective, group) -> its time for one byte: a bucket's latency (``_sync_time``)
+        self._latencies: dict[tuple[object, tuple[int, ...]], float] = {}
         self._tp_sums: dict[tuple[object, ...], float] = {}  # ``_tp_sum``
         # the update after the sync, per weight, as the program writes it (``_sync_time``)
         self._update = update_traffic(
@@ -505,19 +507,17 @@ class Screen:
         if s.d > 1 and n_w and h < s.d * s.c:
             # HSDP: reduce-scatter within the shard group, all-reduce the shard across groups
             inner, across = group[:h], group[::h]
-            lat = coll.reducescatter_time(self.cluster, 1.0, inner) + coll.allreduce_time(
-                self.cluster, 1.0, across
-            )
+            lat = self._latency(coll.reducescatter_time, inner) + self._latency(coll.allreduce_time, across)
             t += coll.reducescatter_time(self.cluster, w, inner) + coll.allreduce_time(
                 self.cluster, w / h, across
             )
             t += (self._calls(w, n_w) - 1) * lat
         elif s.d * s.c > 1 and n_w and s.zero == 3:
             # ZeRO-3 reduce-scatters the gradients (its gathers are the layers': ``_time_row``)
-            lat = coll.reducescatter_time(self.cluster, 1.0, group)
+            lat = self._latency(coll.reducescatter_time, group)
             t += coll.reducescatter_time(self.cluster, w, group) + (self._calls(w, n_w) - 1) * lat
         elif s.d * s.c > 1 and n_w:
-            lat = coll.allreduce_time(self.cluster, 1.0, group)
+            lat = self._latency(coll.allreduce_time, group)
             t += coll.allreduce_time(self.cluster, w, group) + (self._calls(w, n_w) - 1) * lat
             if s.zero == 1:
                 t += coll.allgather_time(self.cluster, w, group)
@@ -526,6 +526,17 @@ class Screen:
         upd = self._update
         t += upd.bytes_per_param * params / (0.8 * spec.memory_bandwidth)
         return t + n_w * upd.kernels * spec.launch_overhead_s
+
+    def _latency(
+        self, collective: Callable[[Cluster, float, tuple[int, ...]], float], group: tuple[int, ...]
+    ) -> float:
+        """``collective``'s time for one byte over ``group`` on the cluster (a bucket's latency in
+        ``_sync_time``), memoized: a pure function of the two, met again for every weight size."""
+        key = (collective, group)
+        got = self._latencies.get(key)
+        if got is None:
+            got = self._latencies[key] = collective(self.cluster, 1.0, group)
+        return got
 
     @staticmethod
     def _with(

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -123,6 +125,44 @@ class Tables:
         default_factory=dict
     )
     parts: dict[tuple[int, ...], tuple[int, ...] | str] = field(default_factory=dict)  # ``Screen._with``
+    # per stages' rows (their ids, in stage order): their maxima and the first's rows as lists
+    stacked: dict[tuple[int, ...], Stacked] = field(default_factory=dict)
+
+
+class Stacked(NamedTuple):
+    """What ``figures`` takes from the stages' rows alone (``_stacked``): per layer the largest
+    working set over the stages (whole, the forward's, the backward's — plain or, ZeRO-3, with
+    the weights dying — and the zero-bubble input-gradient pass's), and the first stage's
+    ``out``, ``carried`` and ``largest`` rows, as lists."""
+
+    work: np.ndarray
+    fwd: list[float]
+    bwd: dict[bool, list[float]]  # by whether the backward is split (zero-bubble)
+    out: list[float]
+    carried: list[float]
+    largest: list[float]
+
+
+def _stacked(tb: Tables, stages: list[Stage]) -> Stacked:
+    """``Stacked`` of ``stages`` (``tb``'s memo: a pure function of their rows and ZeRO-3)."""
+    key = tuple(st.rid for st in stages)
+    got = tb.stacked.get(key)
+    if got is None:
+        first = stages[0].rows
+        got = tb.stacked[key] = Stacked(
+            np.max([st.rows.work for st in stages], axis=0),
+            np.max([st.rows.fwd_work for st in stages], axis=0).tolist(),
+            {
+                False: np.max(
+                    [st.rows.zbwd_work if tb.zero3 else st.rows.bwd_work for st in stages], axis=0
+                ).tolist(),
+                True: np.max([st.rows.ibwd_work for st in stages], axis=0).tolist(),
+            },
+            first.out.tolist(),
+            first.carried.tolist(),
+            first.largest.tolist(),
+        )
+    return got
 
 
 class TimeRow(NamedTuple):
@@ -273,7 +313,7 @@ def figures(
     comm, comm_rows = _comm_rows(tb, first, links, train)
     mem, saved, lists = _mem_of(s, tb, first, train)
     caps = np.array([st.rows.cap for st in stages], float)
-    work = np.max([st.rows.work for st in stages], axis=0)
+    work = _stacked(tb, stages).work
     # the largest working set (ZeRO-3: with the largest gathered layer) bounds what layers may hold
     transient = work.max() + (float(first.rows.weight.max()) if tb.zero3 else 0.0)
     time_c = np.array([lt[c].row for c in tb.stage_of])
@@ -393,17 +433,8 @@ def _stage_peaks(
     chunks = len(tb.stage_of)
     w_list, nw_list, saved_list = lists
     w_bytes, n_w = first.rows.weight, first.rows.n_w
-    fwd_list = np.max([st.rows.fwd_work for st in stages], axis=0).tolist()
-    out_list = first.rows.out.tolist()
-    carried_list = first.rows.carried.tolist()
-    largest_list = first.rows.largest.tolist()
     # the backward's working set per layer; zero-bubble (split): the input-gradient pass's
-    bwd_lists = {
-        False: np.max(
-            [st.rows.zbwd_work if tb.zero3 else st.rows.bwd_work for st in stages], axis=0
-        ).tolist(),
-        True: np.max([st.rows.ibwd_work for st in stages], axis=0).tolist(),
-    }
+    fwd_list, bwd_lists, out_list, carried_list, largest_list = _stacked(tb, stages)[1:]
     peaks: list[float] = []
     stage_w: list[float] = []
     stage_nw: list[int] = []
@@ -665,7 +696,34 @@ def holds(schedule: str, p: int, k: int, v: int) -> tuple[tuple[Hold, ...], ...]
     what ``distribute``'s program holds at each moment — the saved activations of a microbatch
     from its forward to its backward (zero-bubble: to its input-gradient pass, then what that
     carries until the weight-gradient pass), and a chunk's gradient accumulator from its first
-    backward (weight-gradient pass) on."""
+    backward (weight-gradient pass) on.
+
+    From the action counts, without building the action lists: closed forms for one chunk per
+    stage (GPipe, 1F1B, ZB-H1: ``_states_v1``), one period of the steady phase for the
+    interleaved schedule (``_states_interleaved``); on arguments a schedule refuses (which it
+    reports), from the action lists (``holds_of_actions``): the same states (a test checks)."""
+    canon = _ALIASES_V1.get(schedule, schedule) if v == 1 else schedule
+    if type(p) is not int or type(k) is not int or type(v) is not int or min(p, k, v) < 1:
+        return holds_of_actions(schedule, p, k, v)
+    if v == 1 and canon in _ONE_CHUNK:
+        return tuple(_assembled(_states_v1(canon, p, k, r), 1) for r in range(p))
+    if canon in ("interleaved", "i1f1b") and v > 1 and k % p == 0:
+        return tuple(_assembled(_states_interleaved(p, k, v, r), v) for r in range(p))
+    return holds_of_actions(schedule, p, k, v)
+
+
+def _assembled(seen: dict[tuple[str, int], set[tuple[int, ...]]], v: int) -> tuple[Hold, ...]:
+    """A stage's ``Hold``s from the states met per (pass, chunk running it): the undominated
+    ones of each, passes in the order F, B, W, O, then by chunk."""
+    states: list[Hold] = []
+    for (phase, c), xs in sorted(seen.items(), key=lambda kv: ("FBWO".index(kv[0][0]), kv[0][1])):
+        states += [Hold(x[:v], x[v : 2 * v], x[2 * v :], phase, c) for x in _undominated(xs)]
+    return tuple(states)
+
+
+def holds_of_actions(schedule: str, p: int, k: int, v: int) -> tuple[tuple[Hold, ...], ...]:
+    """``holds`` from the schedule's action lists (``build_schedule``): each action's state
+    followed, the states met kept per (pass, chunk running it)."""
     out = []
     for actions in build_schedule(schedule, p, k, v):
         fi, iw, made = [0] * v, [0] * v, [0] * v
@@ -682,14 +740,86 @@ def holds(schedule: str, p: int, k: int, v: int) -> tuple[tuple[Hold, ...], ...]
             if a.kind == "F":  # after a forward
                 seen.setdefault(("F", c), set()).add((*fi, *iw, *made))
         seen[("O", -1)] = {(*fi, *iw, *made)}
-        states: list[Hold] = []
-        for (phase, c), xs in sorted(seen.items(), key=lambda kv: ("FBWO".index(kv[0][0]), kv[0][1])):
-            states += [Hold(x[:v], x[v : 2 * v], x[2 * v :], phase, c) for x in _undominated(xs)]
-        out.append(tuple(states))
+        out.append(_assembled(seen, v))
     return tuple(out)
 
 
-def _undominated(xs: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
+_ONE_CHUNK = frozenset({"gpipe", "1f1b", "zb1"})
+_ALIASES_V1 = {"zbh1": "zb1", "interleaved": "1f1b", "i1f1b": "1f1b"}  # v = 1: plain 1F1B
+
+
+def _states_v1(schedule: str, p: int, k: int, r: int) -> dict[tuple[str, int], set[tuple[int, ...]]]:
+    """Stage ``r``'s states (forward count − backward count, input- minus weight-gradient
+    passes, whether a gradient was made) per pass, in ``holds``' order, from the counts of the
+    action list (``schedules``): ``w`` warm-up forwards (GPipe: all k), then forward w + n and
+    the n-th backward alternate. ZB-H1's backward is its input-gradient pass I, after the n-th of
+    which the oldest pending weight-gradient pass W runs once n > r (min(n, r) then pending,
+    n − r W's done), the min(k, r) left running at the end; 1F1B and GPipe are that with r = 0
+    (a backward makes its gradient at once). Before the n-th backward (1-based) min(w + n, k)
+    forwards and n − 1 backwards are done; after forward f, q = max(0, f − w − 1) backwards.
+    Only counts where a state may change or is not dominated are visited: past its last
+    change a state repeats; a warm-up forward's is dominated by the next's, and so is a
+    cool-down backward's past n = rr + 2, and a final W's past the second."""
+    w = k if schedule == "gpipe" else min(p - 1 - r, k)
+    rr = r if schedule == "zb1" else 0
+    # forwards: (f, 0, 0) through the warm-up, then from f = w + rr + 2 on (w + 1, rr, 1)
+    fs = range(min(w + 1, k), min(k, w + rr + 2) + 1)
+    fwd: set[tuple[int, ...]] = {
+        (f - q, min(q, rr), int(q >= rr + 1)) for f in fs for q in (max(0, f - w - 1),)
+    }
+    # backwards: the state changes up to n = rr + 2; in the cool-down (n > k − w) only its
+    # forward count falls, from n = rr + 2 on
+    c0 = max(1, k - w + 1)
+    ns = {*range(1, min(k, rr + 2) + 1), *range(c0, min(k, max(c0, rr + 2)) + 1)}
+    bwd: set[tuple[int, ...]] = {(min(w + n, k) - n + 1, min(n - 1, rr), int(n >= rr + 2)) for n in ns}
+    if schedule != "zb1":
+        return {("F", 0): fwd, ("B", 0): bwd, ("O", -1): {(0, 0, 1)}}
+    c1 = max(r + 1, k - w + 1)
+    ws = {*range(r + 1, min(k, r + 2) + 1), *range(c1, min(k, max(c1, r + 2)) + 1)}
+    wgt: set[tuple[int, ...]] = {(min(w + n, k) - n, r + 1, int(n >= r + 2)) for n in ws}
+    left = min(k, r)
+    wgt |= {(0, left - t, int(k >= r + 1 or t >= 1)) for t in range(min(left, 2))}
+    return {("F", 0): fwd, ("B", 0): bwd, ("W", 0): wgt, ("O", -1): {(0, 0, 1)}}
+
+
+def _states_interleaved(p: int, k: int, v: int, r: int) -> dict[tuple[str, int], set[tuple[int, ...]]]:
+    """Stage ``r``'s states of the interleaved schedule (v > 1, p dividing k) per (pass, chunk
+    running it), from the counts (``interleaved_1f1b``): of its k·v virtual microbatches, ``w``
+    warm-up forwards, then forward w + m and backward m alternate, then the rest backwards; the
+    n first forwards hold chunk c's (``_done``) n // g·p + its share of n mod g (g = p·v), the
+    backwards the chunks reversed. After n forwards and m backwards chunk c holds F_c(n) − B_c(m)
+    and has a gradient once B_c(m) > 0; the states are met after each forward and before each
+    backward. From m = g on they repeat with period g (the counts grow by p per period, every
+    chunk has a gradient): the steady phase is visited up to m < 2g only; and a warm-up
+    forward's state only grows until its chunk's next forward."""
+    total, g = k * v, p * v
+    w = min(total, 2 * (p - r - 1) + (v - 1) * p)
+    steady = total - w
+
+    def state(n: int, m: int) -> tuple[int, ...]:
+        b = [_done(m, v - 1 - c, p, g) for c in range(v)]
+        return (*[_done(n, c, p, g) - b[c] for c in range(v)], *[0] * v, *[int(x > 0) for x in b])
+
+    seen: dict[tuple[str, int], set[tuple[int, ...]]] = {}
+    for i in range(w):  # warm-up: after forward i, dominated by the next of its chunk's
+        if (i + 1 if (i + 1) % p else i + 1 + (v - 1) * p) >= w:
+            seen.setdefault(("F", (i % g) // p), set()).add(state(i + 1, 0))
+    for m in range(min(steady, 2 * g)):  # after forward w + m, which is before backward m
+        x = state(w + m + 1, m)
+        seen.setdefault(("F", ((w + m) % g) // p), set()).add(x)
+        seen.setdefault(("B", v - 1 - (m % g) // p), set()).add(x)
+    for m in range(steady, total):  # cool-down: before backward m
+        seen.setdefault(("B", v - 1 - (m % g) // p), set()).add(state(total, m))
+    seen[("O", -1)] = {(*[0] * 2 * v, *[1] * v)}
+    return seen
+
+
+def _done(n: int, c: int, p: int, g: int) -> int:
+    """Of virtual microbatches 0 … n − 1 (chunk (i mod g) // p each, g = p·v), chunk c's."""
+    return n // g * p + min(max(n % g - c * p, 0), p)
+
+
+def _undominated(xs: AbstractSet[tuple[int, ...]]) -> list[tuple[int, ...]]:
     """The states of ``xs`` no other one dominates (each count at least as large), sorted.
 
     A state's dominators are larger in lexicographic order, so in decreasing order each state
@@ -697,7 +827,7 @@ def _undominated(xs: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
     dominated dominator is itself dominated by one of them, which then dominates the state)."""
     front: list[tuple[int, ...]] = []
     for x in sorted(xs, reverse=True):
-        if not any(all(b >= a for a, b in zip(x, y, strict=True)) for y in front):
+        if not any(all(map(operator.ge, y, x)) for y in front):  # states of one length
             front.append(x)
     front.reverse()
     return front
