@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+import distir.search.profile as profile_module
 from distir.autodiff.train import layer_types
 from distir.frontends.zoo.model import check_model
 from distir.frontends.zoo.registry import parse_model_string
@@ -17,6 +18,7 @@ from distir.ir.types import DType
 from distir.parallel.distribute import ShardedLayer, sharded_layers
 from distir.search.distinct import Reduced, distinct_layers
 from distir.search.profile import LayerProfile, Profiler
+from distir.sim.probe import probe as fast_probe
 
 GPT = "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128"
 MODELS = [
@@ -200,10 +202,21 @@ def test_memory_figures_shared_across_device_kinds_equal_those_probed_anew(name:
 
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("train", [True, False])
-def test_probes_from_call_summaries_equal_simulated_probes(name: str, train: bool) -> None:
+def test_probes_from_call_summaries_equal_simulated_probes(
+    name: str, train: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The probes' figures worked out from the call's summary (``distir.sim.probe``) are those of
     simulating each probe program, float for float, on homogeneous, other-kind and mixed TP
-    groups, with sequence parallelism and recomputation (``Profiler(fast_probes=False)``)."""
+    groups, with sequence parallelism and recomputation (``Profiler(fast_probes=False)``); the
+    fast path answers most probes (it is not falling back to ``simulate``)."""
+    answered: list[bool] = []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        got = fast_probe(*args, **kwargs)
+        answered.append(got is not None)
+        return got
+
+    monkeypatch.setattr(profile_module, "probe", counted)
     spec = parse_model_string(name)
     cluster = parse_cluster("p3.8xlarge:1+g4dn.12xlarge:1")
     fast = Profiler(spec, cluster, train=train)
@@ -214,3 +227,4 @@ def test_probes_from_call_summaries_equal_simulated_probes(name: str, train: boo
             got: list[LayerProfile] = fast.layers(t, b, gpus, rec, sp)
             assert got == simulated.layers(t, b, gpus, rec, sp)
     assert fast.probes == simulated.probes
+    assert sum(answered) > len(answered) / 2

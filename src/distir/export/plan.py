@@ -26,13 +26,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distir.autodiff.precision import FP8, FP8_DELAYED
 from distir.frontends.zoo.model import ModelError
 from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import Cluster
 from distir.parallel.strategy import Strategy, StrategyError, parse_strategy
 from distir.report.fields import chunk_blocks
 
-FLOAT8 = ("fp8", "fp8-delayed")  # torchao's dynamic tensorwise scaling, Transformer Engine's delayed
+FLOAT8 = (str(FP8), str(FP8_DELAYED))  # torchao's dynamic tensorwise scaling, Transformer Engine's delayed
 
 
 class ExportError(ValueError):

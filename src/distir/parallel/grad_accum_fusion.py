@@ -37,6 +37,7 @@ from distir.ir.function import Function
 from distir.ir.ops import Instr, Op
 from distir.ir.types import DType
 from distir.ir.values import Attrs, Value
+from distir.ops.elementwise import ADD, CAST
 from distir.ops.linalg import MATMUL
 
 
@@ -68,10 +69,10 @@ def fused_backward(fn: Function, first: int, which: Sequence[int], master: DType
             if k is None:
                 continue
             wide = Value(f"{o.name}_{master}", None)
-            body.append(Op("Cast", (o,), (wide,), to))
+            body.append(Op(CAST.name, (o,), (wide,), to))
             if acc:
                 summed = Value(f"{o.name}_sum", None)
-                body.append(Op("Add", (accs[k], wide), (summed,)))
+                body.append(Op(ADD.name, (accs[k], wide), (summed,)))
                 wide = summed
             done[o] = wide
     name = f"{fn.name}_gaf" + ("_acc" if acc else "")

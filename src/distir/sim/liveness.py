@@ -38,7 +38,7 @@ from distir.sim.records import CallSummary, FnPlan, Gift, MemEvents, OpRecord, R
 _chain = chain.from_iterable
 Pairs = tuple[tuple[int, float], ...]  # (gpu, bytes)
 Profile = dict[int, list[tuple[int, float]]]  # gpu -> (position, bytes) per op
-_WHOLE_CALL = 1 << 62  # the "last use inside a call" of a root it never reads
+WHOLE_CALL = 1 << 62  # the "last use inside a call" of a root it never reads
 
 
 class _Walk:
@@ -468,7 +468,7 @@ def _call_events(
                 lu = _last_uses(call_reads[i], c, alias)
                 # a root the call never reads (a donated parameter held for its successor)
                 # stays live through the whole call
-                uses = tuple(lu.get(r, _WHOLE_CALL) for r in _chain([keys[a:b] for a, b in older]))
+                uses = tuple(lu.get(r, WHOLE_CALL) for r in _chain([keys[a:b] for a, b in older]))
             else:
                 uses = ()
             if c.own_ks is not None:

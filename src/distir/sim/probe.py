@@ -24,7 +24,7 @@ from distir.ir.function import Function
 from distir.ir.types import Type
 from distir.sim.cost import CostModel
 from distir.sim.devices import DeviceMap
-from distir.sim.liveness import _WHOLE_CALL  # the last use inside a call of an argument it never reads
+from distir.sim.liveness import WHOLE_CALL  # the last use inside a call of an argument it never reads
 from distir.sim.plan import CallSummary, PlanDomain
 from distir.sim.simulate import SharedPlans
 
@@ -88,7 +88,7 @@ def _call_event(
         read_last = dict(zip(c.read_pos, c.read_last, strict=True))
         first = len(gifts)
         dying_args = [
-            (read_last.get(j, _WHOLE_CALL), g, b)
+            (read_last.get(j, WHOLE_CALL), g, b)
             for j, v, d in zip(gifts, vals[:first], dies[:first], strict=True)
             if d
             for g, b in v
