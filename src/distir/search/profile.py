@@ -22,7 +22,9 @@ records (``SharedRecords``: the forward, backward and input-gradient parts of a 
 without sequence parallelism, under each recomputation, have most ops in common) — the same
 figures as probes planned anew (``share_plans=False``, tested); a probe's figures are worked out
 from the layer call's summary (``distir.sim.probe``) instead of planning and running the
-one-call program (``fast_probes=False`` simulates it, tested equal). The memory-only probes (what a
+one-call program (``fast_probes=False`` simulates it, tested equal), all those of one key on one
+TP group on one planning domain, its units assumed once (``distir.sim.probe.GroupPlans``;
+``one_domain=False`` gives each function its own, tested equal). The memory-only probes (what a
 forward leaves, what an input-gradient pass carries, the ZeRO-3 backward's working set) are not
 repeated on a TP group of another device kind alike in arrangement and runtime memory: the
 simulator's memory follows types and liveness in program order, never costs, so they give the

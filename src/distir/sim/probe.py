@@ -17,11 +17,13 @@ domain of its own, its units assumed from those arguments. The probes of one lay
 functions ``distribute`` would emit into one module: one function per name) on one TP group can
 instead all plan on one domain, its units assumed once, from the first probe's arguments: a
 summary is a function of the callee, its argument types, the units and the cost model only, and
-the domain notes each later probe's arguments as ``assume`` would and confirms its units after
-planning (``Units.confirm``: no type met calls for a group they do not hold; finer units give the
-same figures, as for ``assume``'s own guess). Where it cannot — a function of a name met before as
-another object, a mesh named by an attribute the first did not name, units not confirmed, a wrong
-program — the probe takes ``SharedPlans.summary`` (the domain is dropped when its units fail).
+the domain notes each later probe's arguments as ``assume`` does and confirms its units after
+planning (``Units.confirm``: no type met calls for a group they do not hold; units finer than
+needed give the same figures, as for ``assume``'s own guess of ``sent_groups``). A program whose
+types the units do not hold (uneven shards met inside) is planned again on a domain assumed anew
+from its arguments and every type met so far (so as fine as all of them call for), which the
+group keeps. A function of a name met before as another object, or a mesh named by an attribute
+the first function did not name, takes ``SharedPlans.summary``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
+from typing import NamedTuple
 
 from distir.hardware.cluster import Cluster
 from distir.interp.shapes import type_of
@@ -36,8 +39,8 @@ from distir.ir.function import Function, Module
 from distir.ir.types import Type
 from distir.sim.cost import CostModel
 from distir.sim.devices import DeviceMap
-from distir.sim.liveness import _WHOLE_CALL  # the last use inside a call of an argument it never reads
 from distir.sim.grouping import attribute_meshes
+from distir.sim.liveness import _WHOLE_CALL  # the last use inside a call of an argument it never reads
 from distir.sim.plan import PROGRAM_ERRORS, CallSummary, PlanDomain, PlanOptions
 from distir.sim.simulate import SharedPlans
 from distir.sim.units import has_dtensor
@@ -55,15 +58,23 @@ class ProbeResult:
     final_memory: dict[int, float]  # the memory timeline's last point
 
 
+class _Kept(NamedTuple):
+    """A group's domain, the meshes attributes named in the functions its units were assumed
+    for, and the device map and cost model its key names by id (kept alive)."""
+
+    domain: PlanDomain
+    meshes: frozenset[object]
+    alive: tuple[object, ...]
+
+
 class GroupPlans:
     """One planning domain per (device map, cost model) for the probes of one layer sharding
     (module docstring); ``summary`` is ``SharedPlans.summary``'s, from that domain where it can."""
 
     def __init__(self, shared: SharedPlans) -> None:
         self.shared = shared
-        # (ids of the device map and cost model, DTensor arguments) -> (the domain, the meshes attributes name in
-        # what it planned, those objects: kept alive so their ids stay valid)
-        self._domains: dict[tuple[int, int, bool], tuple[PlanDomain, frozenset[object], tuple[object, ...]]] = {}
+        # (ids of the device map and cost model, whether the arguments hold DTensors) -> its domain
+        self._domains: dict[tuple[int, int, bool], _Kept] = {}
         # function name -> the function (kept alive), and the meshes its attributes name
         self._fns: dict[str, tuple[Function, frozenset[object]]] = {}
         self.hits = 0  # probes planned on a group's domain after its first (for tests)
@@ -84,10 +95,10 @@ class GroupPlans:
         kept = self._domains.pop(key, None)
         met: list[Type] = []
         if kept is not None:
-            if not named[1] <= kept[1]:  # a mesh its assumption did not see
+            if not named[1] <= kept.meshes:  # a mesh its assumption did not see
                 self._domains[key] = kept
                 return self.shared.summary(fn, args, dmap, cost)
-            domain = kept[0]
+            domain = kept.domain
             domain.module = Module((fn,))
             for a in args:  # as ``Units.assume`` notes its arguments
                 domain.units.note(type_of(a))
@@ -102,13 +113,15 @@ class GroupPlans:
             self.failed += 1
         options = PlanOptions(relabel=self.shared.relabel, entry_param_uses=False, assume_units=True)
         module = Module((fn,))
-        for _ in range(2):  # a fresh domain (as ``SharedPlans.summary``), then one of finer units
+        # a domain assumed from the arguments (and the types met so far), as ``SharedPlans.summary``
+        # makes one; where its units do not hold either, one assumed from every type it met
+        for _ in range(2):
             domain = PlanDomain(module, dmap, cost, options)
             domain.units.assume(module, fn, args, also=met)
             self.shared.records.attach(domain)
             got = self._plan(domain, fn, args)
             if got is not None:
-                self._domains[key] = (domain, named[1], (dmap, cost))
+                self._domains[key] = _Kept(domain, named[1], (dmap, cost))
                 return got, domain
             met = domain.units.met_types()
         return self.shared.summary(fn, args, dmap, cost)  # units prepared, or the usual way

@@ -262,9 +262,7 @@ class Units:
         self._trace = (fn, args, trace)
         self._finish(unit_of)
 
-    def assume(
-        self, module: Module, fn: Function, args: Sequence[Mixed], also: Sequence[Type] = ()
-    ) -> None:
+    def assume(self, module: Module, fn: Function, args: Sequence[Mixed], also: Sequence[Type] = ()) -> None:
         """``prepare`` without its pass over the program: the units the entry's parameter types
         and the meshes named by attributes call for (``grouping.attribute_meshes``), assuming the
         rest of the program adds no group — the planner notes every type it meets (``note``) and
@@ -314,8 +312,7 @@ class Units:
             self.all_dtensor = False  # as ``prepare`` would have found (no more carried calls)
 
     def met_types(self) -> list[Type]:
-        """The types noted so far under ``assume`` (DTensors, then plain ones' devices' types are
-        not kept: only the DTensors), in the order met."""
+        """The DTensor types noted so far under ``assume``, in the order met."""
         return list(self._seen_dtensors)
 
     def confirm(self) -> bool:
