@@ -137,7 +137,34 @@ def test_shared_plans_give_the_profiles_of_probes_planned_anew(name: str, train:
         got: list[LayerProfile] = shared.layers(t, b, gpus, rec, sp)
         assert got == alone.layers(t, b, gpus, rec, sp)
     assert shared.probes == alone.probes
-    assert shared._shared.hits > 0 or not train  # shared (inference probes each function once)
+    # shared (inference probes each function once): a later probe on a kept domain, its key's
+    # (``SharedPlans``) or its group's (``GroupPlans``)
+    group = shared._group
+    assert shared._shared.hits > 0 or (group is not None and group.hits > 0) or not train
+
+
+@pytest.mark.parametrize("name", [*MODELS, "transgan-hetero"])
+def test_probes_on_one_domain_per_group_give_the_profiles_of_a_domain_per_function(name: str) -> None:
+    """The probes of one layers key on one TP group plan on one domain, its units assumed once
+    (``Profiler.one_domain``, ``distir.sim.probe.GroupPlans``): every figure is that of a domain
+    per function and arguments, on homogeneous, other-kind and mixed groups, uneven shards
+    (TransGAN's: units assumed anew where the group's do not hold) among them."""
+    spec = parse_model_string(name)
+    cluster = parse_cluster("p3.8xlarge:1+g4dn.12xlarge:1")
+    one = Profiler(spec, cluster)
+    per_fn = Profiler(spec, cluster, one_domain=False)
+    has_seq = spec.build(1, DType.f32).seq_dim is not None
+    hits = failed = 0
+    for t, b, rec, sp in ((1, 2, "none", False), (2, 3, "full", has_seq), (4, 1, "selective", False)):
+        for gpus in ([0, 1, 2, 3][:t], [4, 5, 6, 7][:t], [2, 3, 4, 5][:t]):
+            got: list[LayerProfile] = one.layers(t, b, gpus, rec, sp)
+            assert got == per_fn.layers(t, b, gpus, rec, sp)
+            assert one._group is not None
+            hits += one._group.hits
+            failed += one._group.failed
+    assert one.probes == per_fn.probes
+    assert hits > 0
+    assert failed > 0 or name != "transgan-hetero"  # the path of units assumed anew, taken
 
 
 @pytest.mark.parametrize("name", [GPT, MODELS[3]])

@@ -22,7 +22,9 @@ records (``SharedRecords``: the forward, backward and input-gradient parts of a 
 without sequence parallelism, under each recomputation, have most ops in common) — the same
 figures as probes planned anew (``share_plans=False``, tested); a probe's figures are worked out
 from the layer call's summary (``distir.sim.probe``) instead of planning and running the
-one-call program (``fast_probes=False`` simulates it, tested equal). The memory-only probes (what a
+one-call program (``fast_probes=False`` simulates it, tested equal), all those of one key on one
+TP group on one planning domain, its units assumed once (``distir.sim.probe.GroupPlans``;
+``one_domain=False`` gives each function its own, tested equal). The memory-only probes (what a
 forward leaves, what an input-gradient pass carries, the ZeRO-3 backward's working set) are not
 repeated on a TP group of another device kind alike in arrangement and runtime memory: the
 simulator's memory follows types and liveness in program order, never costs, so they give the
@@ -64,7 +66,7 @@ from distir.search.distinct import Reduced, distinct_layers
 from distir.search.executor import TASK_LOST
 from distir.sim.cost import CostModel, RooflineCostModel, gpu_class
 from distir.sim.devices import DeviceMap, Slot
-from distir.sim.probe import ProbeResult, probe
+from distir.sim.probe import GroupPlans, ProbeResult, probe
 from distir.sim.simulate import SharedPlans, SharedRecords, SimResult, simulate
 from distir.sim.units import piece_bytes
 
@@ -183,6 +185,10 @@ class Profiler:
     # the probes' figures from the call's summary (``distir.sim.probe``: the same figures; False
     # simulates each probe program, the reference the tests compare with); with ``share_plans``
     fast_probes: bool = True
+    # the fast probes of one layers key on one TP group plan on one domain, its units assumed once
+    # (``distir.sim.probe.GroupPlans``: the same figures; False: a domain per function and
+    # arguments, the reference the tests compare with)
+    one_domain: bool = True
     _cache: dict[tuple[object, ...], list[LayerProfile]] = field(default_factory=dict)
     _fn_cache: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
     _work: dict[tuple[object, ...], float] = field(default_factory=dict)
@@ -192,6 +198,7 @@ class Profiler:
     _models: dict[int, Reduced] = field(default_factory=dict)
     _pending: dict[tuple[object, ...], Future[TaskResult]] = field(default_factory=dict)
     _shared: SharedPlans = field(default_factory=SharedPlans)  # ``layers``' current key's
+    _group: GroupPlans | None = None  # ``layers``' current key's (``one_domain``)
     _records: SharedRecords = field(default_factory=SharedRecords)  # every key's (``_domain``)
     _domains: dict[tuple[tuple[int, ...], bool], tuple[DeviceMap, CostModel]] = field(default_factory=dict)
     probes: int = 0  # layer simulations run (for benches), by workers too
@@ -272,6 +279,7 @@ class Profiler:
             self._records = SharedRecords()
         # (a probe calls one layer function on one mesh: nothing to carry to another mesh)
         self._shared = SharedPlans(self._records, relabel=False)
+        self._group = GroupPlans(self._shared) if self.one_domain else None
         distinct: list[LayerProfile] = []
         for i, L in enumerate(layers):
             fwd = self._run(L.fwd, L.fwd_args, dmap, cost, key)
@@ -495,7 +503,7 @@ class Profiler:
         apply) ``simulate``'s, traced when ``keep`` asks for what a call leaves."""
         shared = self._plans()
         if self.fast_probes and shared is not None:
-            got = probe(shared, fn, args, self.cluster, dmap, cost, dying, keep)
+            got = probe(shared, fn, args, self.cluster, dmap, cost, dying, keep, self._group)
             if got is not None:
                 return got
         module = _probe(fn, args, dying, keep)

@@ -262,11 +262,13 @@ class Units:
         self._trace = (fn, args, trace)
         self._finish(unit_of)
 
-    def assume(self, module: Module, fn: Function, args: Sequence[Mixed]) -> None:
+    def assume(self, module: Module, fn: Function, args: Sequence[Mixed], also: Sequence[Type] = ()) -> None:
         """``prepare`` without its pass over the program: the units the entry's parameter types
         and the meshes named by attributes call for (``grouping.attribute_meshes``), assuming the
         rest of the program adds no group — the planner notes every type it meets (``note``) and
-        ``confirm`` checks the assumption afterwards. The planner then infers the types itself."""
+        ``confirm`` checks the assumption afterwards. The planner then infers the types itself.
+        ``also``: types known to be met too (noted after the arguments: units as fine as they
+        call for, ``distir.sim.probe.GroupPlans``)."""
         self.prepared = True
         if not any(has_dtensor(type_of(a)) for a in args):
             return
@@ -274,6 +276,8 @@ class Units:
         self._slot_of = slot_of(self.dev_slot)  # by slot, before units replace slots
         for a in args:
             self.note(type_of(a))
+        for t in also:
+            self.note(t)
         self.all_dtensor = not self._seen_devices
         self._attr_meshes = attribute_meshes(module, fn)
         groups = device_groups(
@@ -306,6 +310,10 @@ class Units:
         else:
             self._seen_devices[t.device] = None
             self.all_dtensor = False  # as ``prepare`` would have found (no more carried calls)
+
+    def met_types(self) -> list[Type]:
+        """The DTensor types noted so far under ``assume``, in the order met."""
+        return list(self._seen_dtensors)
 
     def confirm(self) -> bool:
         """Whether the units ``assume`` made are the ones ``prepare`` would have made, or finer: the
