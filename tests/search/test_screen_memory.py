@@ -135,7 +135,7 @@ def test_zero_bubble_carry_follows_the_program_at_one_sample_per_replica() -> No
     assert abs(got / exact - 1) <= 0.03, (got / 2**30, exact / 2**30)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb1", "zbh1", "interleaved"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb1", "zbh1", "interleaved", "i1f1b"])
 def test_holds_closed_forms_equal_the_action_lists(schedule: str) -> None:
     """``holds``' closed forms for one chunk per stage give the states the action lists pass
     through (``holds_of_actions``), on every stage of small and large pipelines."""

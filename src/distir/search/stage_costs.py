@@ -30,7 +30,7 @@ from distir.hardware.specs import DeviceSpec
 from distir.parallel.distribute import uniform_counts
 from distir.parallel.grad_reduction import reduce_scatter_every_backward
 from distir.parallel.pipeline.partition import Ends, call_counts
-from distir.parallel.pipeline.schedules import build_schedule
+from distir.parallel.pipeline.schedules import SCHEDULE_NAMES, build_schedule, canonical_name
 from distir.parallel.strategy import Strategy
 from distir.search.assignment_list_solver import seq_sum
 from distir.search.layer_assignment import Assignment, objective_unchecked
@@ -150,7 +150,7 @@ def _stacked(tb: Tables, stages: list[Stage]) -> Stacked:
     if got is None:
         first = stages[0].rows
         got = tb.stacked[key] = Stacked(
-            np.max([st.rows.work for st in stages], axis=0),
+            frozen(np.max([st.rows.work for st in stages], axis=0)),
             np.max([st.rows.fwd_work for st in stages], axis=0).tolist(),
             {
                 False: np.max(
@@ -702,12 +702,14 @@ def holds(schedule: str, p: int, k: int, v: int) -> tuple[tuple[Hold, ...], ...]
     stage (GPipe, 1F1B, ZB-H1: ``_states_v1``), one period of the steady phase for the
     interleaved schedule (``_states_interleaved``); on arguments a schedule refuses (which it
     reports), from the action lists (``holds_of_actions``): the same states (a test checks)."""
-    canon = _ALIASES_V1.get(schedule, schedule) if v == 1 else schedule
+    canon = canonical_name(schedule) if schedule in SCHEDULE_NAMES else schedule
+    if v == 1 and canon == "interleaved":  # one chunk per stage: plain 1F1B
+        canon = "1f1b"
     if type(p) is not int or type(k) is not int or type(v) is not int or min(p, k, v) < 1:
         return holds_of_actions(schedule, p, k, v)
     if v == 1 and canon in _ONE_CHUNK:
         return tuple(_assembled(_states_v1(canon, p, k, r), 1) for r in range(p))
-    if canon in ("interleaved", "i1f1b") and v > 1 and k % p == 0:
+    if canon == "interleaved" and v > 1 and k % p == 0:
         return tuple(_assembled(_states_interleaved(p, k, v, r), v) for r in range(p))
     return holds_of_actions(schedule, p, k, v)
 
@@ -745,7 +747,6 @@ def holds_of_actions(schedule: str, p: int, k: int, v: int) -> tuple[tuple[Hold,
 
 
 _ONE_CHUNK = frozenset({"gpipe", "1f1b", "zb1"})
-_ALIASES_V1 = {"zbh1": "zb1", "interleaved": "1f1b", "i1f1b": "1f1b"}  # v = 1: plain 1F1B
 
 
 def _states_v1(schedule: str, p: int, k: int, r: int) -> dict[tuple[str, int], set[tuple[int, ...]]]:
