@@ -12,14 +12,18 @@ of n ≠ 8 GPUs pays its own ring's latencies, 2(n−1)·3 µs, plus the measure
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from rich.console import Console
 
-from distir.hardware.cluster import cluster_from_toml, parse_cluster
+from distir.hardware.cluster import Cluster, cluster_from_toml, parse_cluster
+from distir.hardware.clusterfile import _kept_curves
 from distir.hardware.presets import PRESETS, render_clusters_table
-from distir.hardware.specs import BusBandwidthCurve, ClusterError, SpecError
-from distir.sim.collectives import allgather_time, allreduce_time, reducescatter_time
+from distir.hardware.specs import CURVE_COLLECTIVES, BusBandwidthCurve, ClusterError, SpecError
+from distir.sim.collectives import COLLECTIVES, allgather_time, allreduce_time, reducescatter_time
 
 STEP = 3e-6
 NODE = list(range(8))
@@ -218,9 +222,10 @@ def test_h100_all_gather_and_reduce_scatter_follow_their_4_gpu_sweeps() -> None:
             data = max(measured - 3 * STEP, 3 / 4 * m / peak)
             want = 7 * STEP + (7 / 8) / (3 / 4) * data
             assert fn(c, m, NODE) == pytest.approx(want, rel=1e-12), (fn, m)
-    # beyond the sweep's 8 GiB: the published peak, as without a curve
+    # beyond the sweep's 8 GiB: the 8 GiB bus bandwidth, below the published peak
     m = 16 * 2**30
-    assert allgather_time(c, m, NODE) == pytest.approx(7 / 8 * m / 350e9 + 7 * STEP, rel=1e-12)
+    data = max(3 / 4 * m / 343.92e9 - 3 * STEP, 3 / 4 * m / 350e9)
+    assert allgather_time(c, m, NODE) == pytest.approx(7 * STEP + (7 / 8) / (3 / 4) * data, rel=1e-12)
 
 
 def test_groups_across_nodes_use_no_curve() -> None:
@@ -235,3 +240,81 @@ def test_groups_across_nodes_use_no_curve() -> None:
         for group in (range(16), range(0, 16, 2)):
             assert allreduce_time(c, m, group) == allreduce_time(plain, m, group)
             assert allgather_time(c, m, group) == allgather_time(plain, m, group)
+
+
+def test_past_the_sweep_the_time_keeps_growing() -> None:
+    # the H100 all-gather sweep ends at 8 GiB below its peak: a byte more takes longer, not the
+    # alpha-beta time at the peak
+    c = parse_cluster("h100")
+    m = 8 * 2**30
+    for fn in (allgather_time, reducescatter_time):
+        for n in (2, 4, 8):
+            assert fn(c, m + 1, range(n)) > fn(c, m, range(n)), (fn, n)
+    curve = BusBandwidthCurve(((2**20, 10e9), (2**30, 20e9)), 8, "")
+    assert curve.bandwidth(2**40) == 20e9
+
+
+CURVED = [(p, name) for p, node in PRESETS.items() for name, _ in node.busbw_curves]
+_PRESET_CLUSTERS = {p: parse_cluster(p) for p, _ in CURVED}
+
+
+@pytest.mark.parametrize(("preset", "name"), CURVED)
+@given(n=st.integers(2, 8), lo=st.floats(0.0, 1.0), step=st.floats(0.0, 1.0))
+def test_time_never_falls_as_the_message_grows_past_the_sweep(
+    preset: str, name: str, n: int, lo: float, step: float
+) -> None:
+    # from the curve's last measured segment to 8x its largest size, crossing the sweep's end
+    # (below a few MiB the time follows the measured points, which fall in places: the A100
+    # all-reduce's 2 MiB runs in less time than its 1 MiB)
+    c = _PRESET_CLUSTERS[preset]
+    curve = c.nodes[0].curve_for(name)
+    assert curve is not None
+    a, b = math.log(curve.points[-2][0]), math.log(8 * curve.points[-1][0])
+    m = math.exp(a + lo * (b - a))
+    bigger = m * math.exp(step * (b - a)) + 1
+    fn = COLLECTIVES[name]
+    assert fn(c, bigger, range(n)) >= fn(c, m, range(n))
+
+
+def test_curves_only_for_collectives_that_read_them() -> None:
+    # each of CURVE_COLLECTIVES reads its curve (a slow one slows it); the others have none
+    slow = BusBandwidthCurve(((2**20, 1e9), (2**30, 2e9)), 8, "")
+    base = PRESETS["dgx-a100"]
+    for name in CURVE_COLLECTIVES:
+        node = replace(base, busbw_curves=((name, slow),))
+        c, plain = Cluster("c", (node,)), Cluster("p", (replace(base, busbw_curves=()),))
+        assert COLLECTIVES[name](c, 2**20, NODE) > COLLECTIVES[name](plain, 2**20, NODE), name
+    for name in sorted(set(COLLECTIVES) - set(CURVE_COLLECTIVES)):
+        with pytest.raises(SpecError, match=f"busbw_curves names '{name}', which reads no curve"):
+            replace(base, busbw_curves=((name, slow),))
+        with pytest.raises(ClusterError, match=f"types.n.busbw_curves.{name}: {name} reads no curve") as e:
+            cluster_from_toml(curve_file("[[1, 1], [2, 2]]", name))
+        assert "\n" not in str(e.value)
+
+
+def test_a_preset_type_drops_the_curves_its_figures_override() -> None:
+    # the reviewer's case: an H100 type with its own all-gather link runs at it at every size
+    own = (
+        '[types.n]\npreset = "h100"\n[types.n.collectives.allgather]\nbandwidth_gb_s = 700\nlatency_us = 3\n'
+    )
+    c = cluster_from_toml(own + NODES)
+    assert c.nodes[0].curve_for("allgather") is None
+    assert c.nodes[0].curve_for("reducescatter") == PRESETS["h100"].curve_for("reducescatter")
+    for m in (64 * 2**20, 2**30):
+        assert allgather_time(c, m, NODE) == pytest.approx(7 / 8 * m / 700e9 + 7 * STEP, rel=1e-12)
+    # a curve of its own for that collective stays
+    mine = own + "[types.n.busbw_curves.allgather]\npoints = [[1048576, 10], [1073741824, 20]]\nranks = 8\n"
+    assert cluster_from_toml(mine + NODES).nodes[0].curve_for("allgather") is not None
+    # the preset's link restated: the curve stays
+    same = (
+        '[types.n]\npreset = "h100"\n[types.n.collectives.allgather]\nbandwidth_gb_s = 350\nlatency_us = 3\n'
+    )
+    assert cluster_from_toml(same + NODES).nodes[0].busbw_curves == PRESETS["h100"].busbw_curves
+    # the intra-node link: the curves of collectives running on it (none has a link of its own)
+    bare = replace(PRESETS["h100"], collectives=())
+    for key, n in (("intra_bandwidth_gb_s", 100.0), ("intra_latency_us", 9.0)):
+        assert _kept_curves(bare, (), {key: n * 1e9 if "bandwidth" in key else n * 1e-6}) == (), key
+        assert _kept_curves(PRESETS["h100"], PRESETS["h100"].collectives, {key: 1.0}) == bare.busbw_curves
+    # another GPU name keeps them: the collectives' links are the preset's
+    gpu = cluster_from_toml('[types.n]\npreset = "h100"\ngpu = "X"\n' + NODES).nodes[0]
+    assert gpu.busbw_curves == PRESETS["h100"].busbw_curves

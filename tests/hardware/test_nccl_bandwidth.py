@@ -31,7 +31,7 @@ from distir.sim.collectives import (
 )
 
 M = 1e9
-BIG = 16 * 2**30  # where the presets' curves have reached their peak or end (8-16 GiB)
+BIG = 16 * 2**30  # where the presets' all-reduce curves have reached their peak
 STEP, NET_STEP = 3e-6, 5e-6
 NODE = list(range(8))
 
@@ -56,8 +56,10 @@ def test_dgx_a100_inside_a_node_runs_at_230_gb_s() -> None:
 def test_dgx_h100_inside_a_node_per_collective() -> None:
     c = parse_cluster("h100")
     assert allreduce_time(c, BIG, NODE) == close(2 * 7 / 8 * BIG / 480e9 + 14 * STEP)
-    assert allgather_time(c, BIG, NODE) == close(7 / 8 * BIG / 350e9 + 7 * STEP)
-    assert reducescatter_time(c, BIG, NODE) == close(7 / 8 * BIG / 360e9 + 7 * STEP)
+    # the all-gather and reduce-scatter links alone: their curves end at 8 GiB below the peak
+    # and keep that bandwidth beyond (test_busbw_curves)
+    assert allgather_time(c, BIG, NODE, measured=False) == close(7 / 8 * BIG / 350e9 + 7 * STEP)
+    assert reducescatter_time(c, BIG, NODE, measured=False) == close(7 / 8 * BIG / 360e9 + 7 * STEP)
     assert broadcast_time(c, M, NODE) == close(M / 370e9 + 7 * STEP)
 
 

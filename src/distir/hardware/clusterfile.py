@@ -76,12 +76,13 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
     latency_us = 9                   #   alltoall): the measured link (B, α) of its alpha-beta
                                      #   formula inside the node, instead of intra_* (NCCL's
                                      #   bus bandwidth, nccl-tests' busbw)
-    [types.t4.busbw_curves.allreduce]  # optional, per collective: its measured bus bandwidth
-    points = [[32768, 1.3], [1073741824, 229]]  # by message size inside the node ([bytes, GB/s],
-    ranks = 8                        #   nccl-tests' size and busbw columns; two or more, sizes
-    source = "..."                   #   increasing) on `ranks` GPUs; capped at the collective's
-                                     #   link (distir.sim.collectives); points = [] removes a
-                                     #   preset's curve
+    [types.t4.busbw_curves.allreduce]  # optional, per collective (allreduce, allgather,
+                                     #   reducescatter, broadcast, reduce): its measured bus
+    points = [[32768, 1.3], [1073741824, 229]]  # bandwidth by message size inside the node
+    ranks = 8                        #   ([bytes, GB/s], nccl-tests' size and busbw columns;
+    source = "..."                   #   two or more, sizes increasing) on `ranks` GPUs; capped
+                                     #   at the collective's link (distir.sim.collectives);
+                                     #   points = [] removes a preset's curve
     # in [types.t4] itself (optional):
     #   network_efficiency = 0.96    # fraction of the NICs' line rate NCCL reaches (default 1)
     #   collectives_source = "..."   # where the collectives and network_efficiency come from
@@ -99,7 +100,11 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
 
 A preset type overrides any of these keys one by one (the rest are the preset's). A preset
 type whose device figures are overridden gets the device name ``"<preset gpu> [<key>]"``
-unless ``gpu`` is given, so that different figures never share a name.
+unless ``gpu`` is given, so that different figures never share a name. A preset's measured
+curve (``busbw_curves``) is dropped when the type gives its collective another link inside the
+node (``collectives.<name>``, or ``intra_bandwidth_gb_s`` / ``intra_latency_us`` for a
+collective without a ``collectives`` entry), so the figures the type gives hold at every size;
+the type's own ``busbw_curves`` tables apply over that.
 
 Every problem is a ``ClusterError`` naming the file, the line:column where it can be found, the
 key path (``types.t4.fp32_tflops``, ``nodes[1].count``) and expected vs actual.
@@ -122,6 +127,7 @@ from typing import Any, NamedTuple, NoReturn
 
 from distir.hardware.presets import CUDA_RUNTIME, GIB, GIGA, MIB, PRESETS, TERA, us
 from distir.hardware.specs import (
+    CURVE_COLLECTIVES,
     AttentionProfile,
     BusBandwidthCurve,
     ClusterError,
@@ -339,6 +345,22 @@ def _precheck(text: str, file: str) -> None:
                 depth = max(0, depth - 1)
 
 
+def _kept_curves(
+    base: NodeSpec, collectives: tuple[tuple[str, LinkSpec], ...], vals: Mapping[str, float]
+) -> tuple[tuple[str, BusBandwidthCurve], ...]:
+    """The preset's curves a preset type keeps: those of the collectives whose link inside the
+    node (``NodeSpec.intra_for``: its ``collectives`` entry, else the intra-node link) the type
+    leaves as the preset has it. A curve measured on the preset's fabric would otherwise
+    override the type's own figures below the curve's largest size. The type's own
+    ``busbw_curves`` are laid over these."""
+    intra = LinkSpec(
+        vals.get("intra_bandwidth_gb_s", base.intra.bandwidth),
+        vals.get("intra_latency_us", base.intra.latency_s),
+    )
+    links = dict(collectives)
+    return tuple((n, c) for n, c in base.busbw_curves if links.get(n, intra) == base.intra_for(n))
+
+
 class ClusterDescription(NamedTuple):
     """What a cluster file says, each key validated: ``distir.hardware.cluster.cluster_of`` makes
     the cluster (and checks what concerns the whole of it); ``file`` names the file in errors."""
@@ -462,7 +484,7 @@ class _Loader:
         if base is not None and families != base.device.families:
             dev_over["families"] = families
         collectives = self.collectives(t, path, base.collectives if base else ())
-        curves = self.busbw_curves(t, path, base.busbw_curves if base else ())
+        curves = self.busbw_curves(t, path, _kept_curves(base, collectives, vals) if base else ())
         net = (collectives, nics, *self.network(t, path, base), curves)
         attention = self.attention(t, path, base.device.attention if base else ())
         if base is not None and attention != base.device.attention:
@@ -760,6 +782,8 @@ class _Loader:
         out = dict(base)
         for name, entry in self.table(t["busbw_curves"], cpath, COLLECTIVE_NAMES).items():
             epath: Path_ = (*cpath, name)
+            if name not in CURVE_COLLECTIVES:
+                self.fail(epath, f"{name} reads no curve (curves: {', '.join(CURVE_COLLECTIVES)})")
             e = self.table(entry, epath, _CURVE_KEYS)
             if "points" not in e:
                 self.fail((*epath, "points"), "missing required key ([[bytes, GB/s], ...])")

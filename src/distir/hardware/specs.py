@@ -14,7 +14,7 @@ Invariants (checked on construction, so an ill-formed spec cannot exist):
 - a ``FamilyRates`` has efficiencies in (0, 1] and a finite non-negative launch time; a
   device's ``families`` and a node's ``collectives`` name each family / collective once;
 - a ``NodeSpec``'s ``network_efficiency`` is in (0, 1]; its ``busbw_curves`` name each
-  collective once;
+  collective once, each one of ``CURVE_COLLECTIVES``;
 - a ``BusBandwidthCurve`` has two or more (size, bandwidth) points, sizes increasing, all
   positive;
 - a ``PowerProfile`` has at least two (power, rate) points, powers increasing, all positive, and
@@ -473,6 +473,10 @@ class DeviceSpec:
         return self.fp32
 
 
+CURVE_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce")
+"""The collectives whose time inside a node reads a measured bus bandwidth curve
+(``NodeSpec.busbw_curves``; ``distir.sim.collectives``): scatter, gather and all-to-all read none."""
+
 SizePoints = tuple[tuple[int, float], ...]
 """Measured (message size in bytes, bus bandwidth in B/s) points of one collective, sorted by size."""
 
@@ -486,9 +490,10 @@ class BusBandwidthCurve:
     other group sizes use it: ``distir.sim.collectives``).
 
     ``points``: (bytes, B/s) pairs, sizes increasing. ``bandwidth(M)`` interpolates linearly in
-    log size between them; above the largest the curve says nothing (infinite: the collective's
-    link governs, as without a curve); below the smallest the time stays the smallest message's
-    (the bandwidth falls in proportion to the size). ``source`` names the run."""
+    log size between them; above the largest it stays the largest's (the collective's link caps
+    it, so the time keeps growing with the size past the sweep's end); below the smallest the
+    time stays the smallest message's (the bandwidth falls in proportion to the size).
+    ``source`` names the run."""
 
     points: SizePoints
     ranks: int
@@ -524,7 +529,7 @@ class BusBandwidthCurve:
             if nbytes <= s1:
                 w = math.log(nbytes / s0) / math.log(s1 / s0)
                 return b0 + w * (b1 - b0)
-        return math.inf
+        return pts[-1][1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -578,8 +583,9 @@ class NodeSpec:
     (empty: measured by ``distir calibrate``, or none given).
 
     ``busbw_curves``: measured bus bandwidth by message size per collective inside the node
-    (name, ``BusBandwidthCurve``): a collective listed there, on a group inside one node, takes
-    at least the time its curve gives, at most ``intra_for``'s bandwidth
+    (name, ``BusBandwidthCurve``, names from ``CURVE_COLLECTIVES``): a collective listed there,
+    on a group inside one node, takes at least the time its curve gives, at most ``intra_for``'s
+    bandwidth
     (``distir.sim.collectives``); the others keep the alpha-beta formula alone.
     """
 
@@ -620,6 +626,12 @@ class NodeSpec:
         if not isinstance(self.collectives_source, str):
             raise SpecError(f"{owner}: collectives_source must be a string, got {self.collectives_source!r}")
         _named_once(owner, "busbw_curves", self.busbw_curves, BusBandwidthCurve)
+        for name, _ in self.busbw_curves:
+            if name not in CURVE_COLLECTIVES:
+                raise SpecError(
+                    f"{owner}: busbw_curves names {name!r}, which reads no curve "
+                    f"(curves: {', '.join(CURVE_COLLECTIVES)})"
+                )
 
     def network_share(self, gpus: int) -> float:
         """The fraction of ``inter``'s bandwidth that ``gpus`` of this node's GPUs reach

@@ -57,8 +57,10 @@ t_N = factor_N·M / B_curve(M) is the measured time on N GPUs, latency included,
 is t_N − steps_N·α, at least factor_N·M/B (the link's B caps the curve); n GPUs take
 steps_n·α + factor_n/factor_N × that data part (``_measured``). On N GPUs that is
 max(t_N, alpha-beta time): the measured latency is not added again. Large messages, where the
-curve reaches B, keep the alpha-beta time; a message smaller than the curve's smallest has that
-one's data part. Groups across nodes, and clusters with matrices, do not use curves.
+curve reaches B, keep the alpha-beta time; a message larger than the curve's largest keeps that
+one's bus bandwidth (at most B), so the time grows with the size past the sweep's end; a message
+smaller than the curve's smallest has that one's data part. Groups across nodes, and clusters with
+matrices, do not use curves.
 ``measured=False`` (the five ring collectives' keyword) leaves the curves out: a coalesced part
 of a collective call (``distir.sim.cost.charged``) adds its bytes at B, the curve applying to the
 call's first part at that part's size (the call's total size is not known per part).
