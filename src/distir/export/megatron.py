@@ -54,6 +54,8 @@ from __future__ import annotations
 import shlex
 
 from distir.export.plan import Exported, ModelShape, Plan, degrees_text, need_transformer, refuse_common
+from distir.frontends.zoo.registry import parse_model_string
+from distir.ir.types import DType
 from distir.parallel.grad_reduction import reduce_scatter_every_backward
 
 TARGET = "megatron"
@@ -149,9 +151,30 @@ def _numerics_args(plan: Plan, warn: list[str]) -> list[str]:
             f"precision, which keeps fp32 main weights and optimizer state"
         )
     args = ["--bf16" if plan.dtype == "bf16" else "--fp16"]
+    if plan.dtype == "bf16":
+        warn.append(_fp32_gradients_note(plan))
     if plan.float8:
         args += ["--fp8-format", "hybrid", *FP8_RECIPES[plan.precision]]
     return args
+
+
+def _fp32_gradients_note(plan: Plan) -> str:
+    """What Megatron-LM's bf16 gradients cost beyond the plan: ``--bf16`` forces
+    ``accumulate_allreduce_grads_in_fp32`` (megatron/training/arguments.py at d98e8a64, "bfloat16
+    requires gradient accumulation and all-reduce to be done in fp32"), so its gradient buffer
+    holds 4 bytes per parameter where distir's mixed precision accumulates and reduces bf16 (2;
+    ``docs/training.md``), over the parameters a GPU holds gradients of (sharded over d as well
+    under Megatron-FSDP, ZeRO-2/3)."""
+    s = plan.strategy
+    params = parse_model_string(plan.model).build(1, DType.bf16).num_params
+    share = s.t * s.p * (s.d if s.zero >= 2 and reduce_scatter_every_backward(s) else 1)
+    extra_gib = 2 * params / share / 2**30
+    return (
+        "Megatron-LM accumulates and reduces bf16 gradients in fp32 (--bf16 forces "
+        f"accumulate_allreduce_grads_in_fp32): its gradients take about {extra_gib:.1f} GiB more per GPU "
+        f"than the plan's ({params / 1e9:.2f}B parameters, 2 more bytes each, over {share} GPU"
+        f"{'s' if share > 1 else ''})"
+    )
 
 
 def megatron_args(plan: Plan) -> tuple[list[str], list[str]]:
