@@ -327,34 +327,14 @@ class SharedPlans:
         """``_simulate``'s result on the kept domain of this program's callees, else on a new one
         that is then kept if its units are confirmed; None when the program cannot share one."""
         callees = tuple(f for f in module.functions if f is not fn)
-        alive = (*callees, dmap, cost, *args)
-        key = tuple(map(id, alive))
         options = PlanOptions(
             relabel=self.relabel, entry_param_uses=False, entry_memory_columns=not trace, assume_units=True
         )
-        kept = self._domains.get(key)
-        if kept is not None:
-            domain = kept[0]
-            domain.module, domain.options = module, options
-        try:
-            if kept is None:
-                domain = PlanDomain(module, dmap, cost, options)
-                domain.units.assume(module, fn, args)  # what ``plan`` does first: here, to
-                self.records.attach(domain)  # take the records of domains of the same units
-            plan = domain.plan(fn, args)
-            if not domain.units.confirm():  # the program calls for other units: ``prepare``'s
-                domain = PlanDomain(module, dmap, cost, replace(options, assume_units=False))
-                domain.units.prepare(module, fn, args)  # (as ``_simulate`` plans it next)
-                self.records.attach(domain)
-                plan = domain.plan(fn, args)
-        except PROGRAM_ERRORS:  # planned (and reported) the usual way
-            self._domains.pop(key, None)
+        got = self._on_domain(module, fn, args, dmap, cost, (*callees, dmap, cost, *args), options, "plan")
+        if got is None:
             return None
-        self.records.keep(domain)
-        if kept is not None:
-            self.hits += 1
-        else:
-            self._domains[key] = (domain, alive)
+        plan, domain = got
+        assert isinstance(plan, FnPlan)
         return _run(plan, domain, cluster, dmap, trace, batch), plan, domain
 
     def summary(
@@ -364,10 +344,33 @@ class SharedPlans:
         whose entry calls ``fn`` once (the same domain: kept by the same key, the units assumed
         from the same types and confirmed after), and the domain (``distir.sim.probe``); None
         when the program cannot share one (a wrong program: simulate it, which reports it)."""
-        module = Module((fn,))
-        alive = (fn, dmap, cost, *args)
-        key = tuple(map(id, alive))
         options = PlanOptions(relabel=self.relabel, entry_param_uses=False, assume_units=True)
+        got = self._on_domain(
+            Module((fn,)), fn, args, dmap, cost, (fn, dmap, cost, *args), options, "summary"
+        )
+        if got is None:
+            return None
+        summary, domain = got
+        assert isinstance(summary, CallSummary)
+        return summary, domain
+
+    def _on_domain(
+        self,
+        module: Module,
+        fn: Function,
+        args: list[Any],
+        dmap: DeviceMap,
+        cost: CostModel,
+        alive: tuple[object, ...],
+        options: PlanOptions,
+        what: str,
+    ) -> tuple[FnPlan | CallSummary, PlanDomain] | None:
+        """``fn`` on ``args`` planned (``what = "plan"``: ``PlanDomain.plan``) or summarized
+        (``"summary"``: ``PlanDomain.summary_of``) on the domain kept for ``alive``'s objects, else
+        on a new one with units assumed from the arguments — or, where the program calls for other
+        units, prepared as ``_simulate`` prepares them — kept when planning succeeds; None when
+        planning finds the program wrong (planned again, and reported, the usual way)."""
+        key = tuple(map(id, alive))
         kept = self._domains.get(key)
         if kept is not None:
             domain = kept[0]
@@ -375,14 +378,14 @@ class SharedPlans:
         try:
             if kept is None:
                 domain = PlanDomain(module, dmap, cost, options)
-                domain.units.assume(module, fn, args)
-                self.records.attach(domain)
-            summary = domain.summary_of(fn, args)
-            if not domain.units.confirm():
+                domain.units.assume(module, fn, args)  # what ``plan`` does first: here, to
+                self.records.attach(domain)  # take the records of domains of the same units
+            got = domain.plan(fn, args) if what == "plan" else domain.summary_of(fn, args)
+            if not domain.units.confirm():  # the program calls for other units: ``prepare``'s
                 domain = PlanDomain(module, dmap, cost, replace(options, assume_units=False))
-                domain.units.prepare(module, fn, args)
+                domain.units.prepare(module, fn, args)  # (as ``_simulate`` plans it next)
                 self.records.attach(domain)
-                summary = domain.summary_of(fn, args)
+                got = domain.plan(fn, args) if what == "plan" else domain.summary_of(fn, args)
         except PROGRAM_ERRORS:
             self._domains.pop(key, None)
             return None
@@ -391,7 +394,7 @@ class SharedPlans:
             self.hits += 1
         else:
             self._domains[key] = (domain, alive)
-        return summary, domain
+        return got, domain
 
 
 _Records = dict[tuple[Any, ...], SharedRecord]

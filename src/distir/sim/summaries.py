@@ -9,9 +9,9 @@ body's inlined op order.
 
 ``summarize_reference`` says it plainly; ``summarize`` is the same computation with the common
 cases taken directly — an op on one slot advances that slot's vector alone, a callee of one slot
-shifts one vector, a callee's memory profile is lifted onto the live set in bulk — and gives the
-same summary, bit for bit: each maximum is taken over the same terms in the same order, each sum
-of the same floats (``tests/sim/test_summaries.py``). The planner calls ``summarize``.
+shifts one vector — and gives the same summary, bit for bit: each maximum is taken over the same
+terms in the same order, each sum of the same floats (``tests/sim/test_summaries.py``). Both take
+the memory pass from ``_memory``. The planner calls ``summarize``.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def _call(
 
 def _memory(plan: FnPlan) -> tuple[dict[int, float], dict[int, list[tuple[int, float]]]]:
     """Live bytes owned by the body, per GPU, from zero, at each op of the body inlined: the peak
-    per GPU (only above zero) and the profile (``summarize_reference``'s memory pass)."""
+    per GPU (only above zero) and the profile; ``summarize`` and ``summarize_reference`` alike."""
     live: dict[int, float] = {}
     peak: dict[int, float] = {}
     profile: dict[int, list[tuple[int, float]]] = {}
@@ -211,41 +211,9 @@ def summarize_reference(plan: FnPlan, slot_gpu: list[int]) -> CallSummary:
             busy[j] += x
     delay = [[clock[v][u] for v in range(k)] for u in range(k)]
     first_m = [[(first[v] or clock[v])[u] for v in range(k)] for u in range(k)]
-    # memory: live bytes owned by this body, per GPU, from zero, at each op of the body inlined
-    # (a call's: its callee's profile above the live set at the call, ``FnPlan.call_profiles``)
-    live: dict[int, float] = {}
-    peak: dict[int, float] = {}
-    profile: dict[int, list[tuple[int, float]]] = {}
-    inlined = plan.call_profiles or {}
-    at = 0  # the position of the instruction's first op in the body's inlined op order
-    for i, ev in enumerate(plan.mem):
-        c = plan.costs[i]
-        width = c.n_ops if isinstance(c, CallSummary) else 1  # the instruction's ops, inlined
-        if ev is None:
-            at += width
-            continue
-        pk, al, fr = ev
-        inner = inlined.get(i)
-        if inner is None:
-            for g, nb in pk:
-                val = live.get(g, 0.0) + nb
-                profile.setdefault(g, []).append((at, val))
-                if val > peak.get(g, 0.0):
-                    peak[g] = val
-        else:
-            for g, points in inner.items():
-                base = live.get(g, 0.0)
-                rows = profile.setdefault(g, [])
-                for j, rel in points:
-                    val = base + rel
-                    rows.append((at + j, val))
-                    if val > peak.get(g, 0.0):
-                        peak[g] = val
-        at += width
-        for g, nb in al:
-            live[g] = live.get(g, 0.0) + nb
-        for g, nb in fr:
-            live[g] = live.get(g, 0.0) - nb
+    # memory: the one memory pass (``_memory``: live bytes owned by this body, per GPU, from
+    # zero, at each op of the body inlined, a call's its callee's profile above the live set)
+    peak, profile = _memory(plan)
     n_ops = sum(c.n_ops if isinstance(c, CallSummary) else 1 for c in plan.costs)
     return CallSummary(
         plan.fn.name,
