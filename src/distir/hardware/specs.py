@@ -489,10 +489,13 @@ class BusBandwidthCurve:
     peak (protocol, channel and latency effects together: each point is a measured time; how
     other group sizes use it: ``distir.sim.collectives``).
 
-    ``points``: (bytes, B/s) pairs, sizes increasing. ``bandwidth(M)`` interpolates linearly in
-    log size between them; above the largest it stays the largest's (the collective's link caps
-    it, so the time keeps growing with the size past the sweep's end); below the smallest the
-    time stays the smallest message's (the bandwidth falls in proportion to the size).
+    ``points``: (bytes, B/s) pairs, sizes increasing. Each point is a measured time, size over
+    bus bandwidth, and ``bandwidth(M)`` interpolates that time linearly in the size between two
+    points (the alpha-beta form inside each segment), so the time never falls between two
+    points unless the sweep itself measured the larger size faster (NCCL switching protocol or
+    algorithm there). Above the largest it stays the largest's bandwidth (the collective's link
+    caps it, so the time keeps growing with the size past the sweep's end); below the smallest
+    the time stays the smallest message's (the bandwidth falls in proportion to the size).
     ``source`` names the run."""
 
     points: SizePoints
@@ -527,8 +530,8 @@ class BusBandwidthCurve:
             return pts[0][1] * nbytes / pts[0][0]
         for (s0, b0), (s1, b1) in itertools.pairwise(pts):
             if nbytes <= s1:
-                w = math.log(nbytes / s0) / math.log(s1 / s0)
-                return b0 + w * (b1 - b0)
+                w = (nbytes - s0) / (s1 - s0)
+                return nbytes / (s0 / b0 + w * (s1 / b1 - s0 / b0))
         return pts[-1][1]
 
 
