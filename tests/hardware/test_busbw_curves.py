@@ -153,7 +153,7 @@ def test_cluster_file_overrides_a_curve() -> None:
     c = cluster_from_toml(curve_file("[[1048576, 10], [1073741824, 20]]"))
     m = 2**20
     assert allreduce_time(c, m, NODE) == pytest.approx(2 * 7 / 8 * m / 10e9, rel=1e-12)
-    assert c.nodes[0].curve_for("allreduce") == BusBandwidthCurve(((2**20, 10e9), (2**30, 20e9)), 8, "")
+    assert c.nodes[0].curve_for("allreduce", 8) == BusBandwidthCurve(((2**20, 10e9), (2**30, 20e9)), 8, "")
     inherited = cluster_from_toml('[types.n]\npreset = "h100"\n' + NODES)
     assert inherited.nodes[0].busbw_curves == PRESETS["h100"].busbw_curves
     gathered = cluster_from_toml(curve_file("[[1048576, 10], [1073741824, 20]]", "allgather"))
@@ -209,6 +209,7 @@ def test_clusters_table_prints_the_curves_sources() -> None:
     assert "nccl-collectives-bench" in text
     assert "nccl-tests all_reduce_perf -b 32k -e 16G" in text
     assert "8x H200 node" in text
+    assert "allreduce bus bandwidth by size on 4 GPUs (19 points" in text
 
 
 # nccl-tests all_gather_perf / reduce_scatter_perf on 4 H100s of an NVSwitch node, out-of-place
@@ -265,7 +266,7 @@ def test_past_the_sweep_the_time_keeps_growing() -> None:
     assert curve.bandwidth(2**40) == 20e9
 
 
-CURVED = [(p, name) for p, node in PRESETS.items() for name, _ in node.busbw_curves]
+CURVED = list(dict.fromkeys((p, name) for p, node in PRESETS.items() for name, _ in node.busbw_curves))
 _PRESET_CLUSTERS = {p: parse_cluster(p) for p, _ in CURVED}
 
 
@@ -278,7 +279,7 @@ def test_time_never_falls_as_the_message_grows_past_the_sweep(
     # (below a few MiB the time follows the measured points, which fall in places: the A100
     # all-reduce's 2 MiB ran in 0.5% less time than its 1 MiB)
     c = _PRESET_CLUSTERS[preset]
-    curve = c.nodes[0].curve_for(name)
+    curve = c.nodes[0].curve_for(name, n)
     assert curve is not None
     a, b = math.log(curve.points[-2][0]), math.log(8 * curve.points[-1][0])
     m = math.exp(a + lo * (b - a))
@@ -309,13 +310,13 @@ def test_a_preset_type_drops_the_curves_its_figures_override() -> None:
         '[types.n]\npreset = "h100"\n[types.n.collectives.allgather]\nbandwidth_gb_s = 700\nlatency_us = 3\n'
     )
     c = cluster_from_toml(own + NODES)
-    assert c.nodes[0].curve_for("allgather") is None
-    assert c.nodes[0].curve_for("reducescatter") == PRESETS["h100"].curve_for("reducescatter")
+    assert c.nodes[0].curve_for("allgather", 8) is None
+    assert c.nodes[0].curve_for("reducescatter", 8) == PRESETS["h100"].curve_for("reducescatter", 8)
     for m in (64 * 2**20, 2**30):
         assert allgather_time(c, m, NODE) == pytest.approx(7 / 8 * m / 700e9 + 7 * STEP, rel=1e-12)
     # a curve of its own for that collective stays
     mine = own + "[types.n.busbw_curves.allgather]\npoints = [[1048576, 10], [1073741824, 20]]\nranks = 8\n"
-    assert cluster_from_toml(mine + NODES).nodes[0].curve_for("allgather") is not None
+    assert cluster_from_toml(mine + NODES).nodes[0].curve_for("allgather", 4) is not None
     # the preset's link restated: the curve stays
     same = (
         '[types.n]\npreset = "h100"\n[types.n.collectives.allgather]\nbandwidth_gb_s = 350\nlatency_us = 3\n'
@@ -329,3 +330,69 @@ def test_a_preset_type_drops_the_curves_its_figures_override() -> None:
     # another GPU name keeps them: the collectives' links are the preset's
     gpu = cluster_from_toml('[types.n]\npreset = "h100"\ngpu = "X"\n' + NODES).nodes[0]
     assert gpu.busbw_curves == PRESETS["h100"].busbw_curves
+
+
+# nccl-tests all_reduce_perf on 4 H100s of an NVSwitch node, out-of-place busbw, the same run
+# (results/all_reduce.txt at f9883f8), and ml-engineering's 8-GPU (H200) sweep, typed in
+H100_ALLREDUCE = {  # bytes: (4-GPU, 8-GPU) busbw GB/s
+    2**20: (58.18, 39.93),
+    16 * 2**20: (246.47, 219.89),
+    256 * 2**20: (340.82, 436.15),
+    8 * 2**30: (366.37, 477.45),
+}
+
+
+def test_h100_all_reduce_rings_on_4_gpus_and_reduces_in_the_switch_on_8() -> None:
+    # NCCL rings an all-reduce on 2 and 4 H100s and switches to NVLS from 6 (the source's
+    # scaling_attributed report): groups of up to 5 read the 4-GPU sweep, 6 to 8 the 8-GPU one
+    c = parse_cluster("h100")
+    for m, (four, eight) in H100_ALLREDUCE.items():
+        for n, busbw in ((4, four), (8, eight)):
+            measured = 2 * (n - 1) / n * m / (busbw * 1e9)
+            ab = 2 * (n - 1) / n * m / 480e9 + 2 * (n - 1) * STEP
+            assert allreduce_time(c, m, range(n)) == pytest.approx(max(measured, ab), rel=1e-12), (n, m)
+    four_gpu = PRESETS["h100"].curve_for("allreduce", 4)
+    assert four_gpu is not None and four_gpu.ranks == 4
+    picked = {n: PRESETS["h100"].curve_for("allreduce", n) for n in range(2, 9)}
+    assert [c.ranks if c else None for c in picked.values()] == [4, 4, 4, 4, 8, 8, 8]
+    # a large TP=4 all-reduce runs at the ring's 366 GB/s, not at NVLS's 480
+    m = 8 * 2**30
+    assert 2 * 3 / 4 * m / allreduce_time(c, m, range(4)) == pytest.approx(366.37e9, rel=1e-3)
+
+
+def test_curves_on_several_group_sizes_pick_the_nearest_the_larger_on_a_tie() -> None:
+    two = BusBandwidthCurve(((2**20, 10e9), (2**30, 20e9)), 2, "two")
+    six = BusBandwidthCurve(((2**20, 30e9), (2**30, 40e9)), 6, "six")
+    node = replace(PRESETS["dgx-a100"], busbw_curves=(("allgather", six), ("allgather", two)))
+    assert [node.curve_for("allgather", n).source for n in range(2, 9)] == [  # type: ignore[union-attr]
+        "two",
+        "two",
+        "six",
+        "six",
+        "six",
+        "six",
+        "six",
+    ]
+    assert node.curve_for("reducescatter", 4) is None
+    with pytest.raises(SpecError, match="two allgather curves on 6 GPUs"):
+        replace(node, busbw_curves=(("allgather", six), ("allgather", six)))
+
+
+def test_cluster_file_gives_curves_on_several_group_sizes() -> None:
+    head = '[types.n]\npreset = "h100"\n'
+    curves = "".join(
+        f"[[types.n.busbw_curves.allreduce]]\npoints = [[1048576, {b}], [1073741824, {2 * b}]]\nranks = {r}\n"
+        for r, b in ((2, 10), (8, 30))
+    )
+    c = cluster_from_toml(head + curves + NODES)
+    got = {curve.ranks: curve.points[0][1] for name, curve in c.nodes[0].busbw_curves if name == "allreduce"}
+    assert got == {2: 10e9, 8: 30e9}  # the preset's 4- and 8-GPU all-reduce curves replaced
+    assert c.nodes[0].curve_for("allgather", 4) == PRESETS["h100"].curve_for("allgather", 4)
+    m = 2**20
+    assert allreduce_time(c, m, range(2)) == pytest.approx(m / 10e9, rel=1e-12)
+    twice = curves.replace("ranks = 8", "ranks = 2")
+    with pytest.raises(ClusterError, match=r"types\.n\.busbw_curves\.allreduce\[1\]\.ranks.*second") as e:
+        cluster_from_toml(head + twice + NODES)
+    assert "\n" not in str(e.value)
+    removed = cluster_from_toml(head + "[types.n.busbw_curves.allreduce]\npoints = []\n" + NODES)
+    assert removed.nodes[0].curve_for("allreduce", 4) is None

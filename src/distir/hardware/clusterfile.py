@@ -82,7 +82,9 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
     ranks = 8                        #   ([bytes, GB/s], nccl-tests' size and busbw columns;
     source = "..."                   #   two or more, sizes increasing) on `ranks` GPUs; capped
                                      #   at the collective's link (distir.sim.collectives);
-                                     #   points = [] removes a preset's curve
+                                     #   points = [] removes a preset's curves; an array of
+                                     #   tables gives curves on several group sizes (a group
+                                     #   reads the one measured on the nearest size)
     # in [types.t4] itself (optional):
     #   network_efficiency = 0.96    # fraction of the NICs' line rate NCCL reaches (default 1)
     #   collectives_source = "..."   # where the collectives and network_efficiency come from
@@ -774,35 +776,44 @@ class _Loader:
     def busbw_curves(
         self, t: dict[str, Any], path: Path_, base: tuple[tuple[str, BusBandwidthCurve], ...]
     ) -> tuple[tuple[str, BusBandwidthCurve], ...]:
-        """``base`` with the type's ``busbw_curves`` tables over it (a collective given replaces
-        its curve; ``points = []`` removes it)."""
+        """``base`` with the type's ``busbw_curves`` tables over it: a collective's table (or
+        array of tables, one per group size measured) replaces every curve ``base`` has of that
+        collective; ``points = []`` removes them."""
         if "busbw_curves" not in t:
             return base
         cpath: Path_ = (*path, "busbw_curves")
-        out = dict(base)
-        for name, entry in self.table(t["busbw_curves"], cpath, COLLECTIVE_NAMES).items():
-            epath: Path_ = (*cpath, name)
+        raw = self.table(t["busbw_curves"], cpath, COLLECTIVE_NAMES)
+        given: list[tuple[str, BusBandwidthCurve]] = []
+        for name, entry in raw.items():
             if name not in CURVE_COLLECTIVES:
-                self.fail(epath, f"{name} reads no curve (curves: {', '.join(CURVE_COLLECTIVES)})")
-            e = self.table(entry, epath, _CURVE_KEYS)
-            if "points" not in e:
-                self.fail((*epath, "points"), "missing required key ([[bytes, GB/s], ...])")
-            source = self.string(e.get("source", ""), (*epath, "source"), empty_ok=True)
-            if e["points"] == []:
-                out.pop(name, None)
-                continue
-            if "ranks" not in e:
-                self.fail((*epath, "ranks"), "missing required key (the GPUs the curve was measured on)")
-            ranks = self.positive_int(e["ranks"], (*epath, "ranks"), "GPUs measured, at least 2")
-            if ranks < 2:
-                self.fail((*epath, "ranks"), f"expected at least 2 GPUs, got {ranks}")
-            try:
-                out[name] = BusBandwidthCurve(
-                    self.size_points(e["points"], (*epath, "points")), ranks, source
-                )
-            except HardwareError as err:
-                self.fail((*epath, "points"), str(err))
-        return tuple(out.items())
+                self.fail((*cpath, name), f"{name} reads no curve (curves: {', '.join(CURVE_COLLECTIVES)})")
+            entries = entry if isinstance(entry, list) and entry else [entry]
+            for i, e in enumerate(entries):
+                epath: Path_ = (*cpath, name) if len(entries) == 1 else (*cpath, name, i)
+                curve = self.busbw_curve(e, epath)
+                if curve is not None:
+                    if any(n == name and c.ranks == curve.ranks for n, c in given):
+                        self.fail((*epath, "ranks"), f"a second {name} curve on {curve.ranks} GPUs")
+                    given.append((name, curve))
+        return tuple((n, c) for n, c in base if n not in raw) + tuple(given)
+
+    def busbw_curve(self, entry: object, epath: Path_) -> BusBandwidthCurve | None:
+        """One ``[types.X.busbw_curves.NAME]`` table (None: ``points = []``, no curve)."""
+        e = self.table(entry, epath, _CURVE_KEYS)
+        if "points" not in e:
+            self.fail((*epath, "points"), "missing required key ([[bytes, GB/s], ...])")
+        source = self.string(e.get("source", ""), (*epath, "source"), empty_ok=True)
+        if e["points"] == []:
+            return None
+        if "ranks" not in e:
+            self.fail((*epath, "ranks"), "missing required key (the GPUs the curve was measured on)")
+        ranks = self.positive_int(e["ranks"], (*epath, "ranks"), "GPUs measured, at least 2")
+        if ranks < 2:
+            self.fail((*epath, "ranks"), f"expected at least 2 GPUs, got {ranks}")
+        try:
+            return BusBandwidthCurve(self.size_points(e["points"], (*epath, "points")), ranks, source)
+        except HardwareError as err:
+            self.fail((*epath, "points"), str(err))
 
     def size_points(self, x: object, path: Path_) -> tuple[tuple[int, float], ...]:
         """``[[bytes, GB/s], ...]``: two or more, positive (sorted by size: ``BusBandwidthCurve``

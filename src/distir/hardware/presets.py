@@ -369,7 +369,7 @@ _H100_NCCL = (
     f"{_ML_ENG_NET}, 'SHARP'): all_reduce 480, broadcast and reduce 370; measured reduce_scatter 360 and "
     "all_gather 350 GB/s (nccl-tests on H100, https://github.com/NVIDIA/nccl/issues/1281; 362.9 and "
     f"361.4 on 8 H200 of the same NVLink4 fabric at 16 GiB, {_ML_ENG_NET}); NVLS serves groups of more "
-    f"than 4 GPUs only (a smaller all-reduce rings at 370, not modelled); {_LATENCY_NOTE}. Across "
+    f"than 4 GPUs only (a smaller all-reduce rings: its measured curve on 4 GPUs); {_LATENCY_NOTE}. Across "
     "nodes 94% of each 400 Gb/s NDR NIC: 'For NDR @ 400Gbps you should see "
     "46-48GB/s per NIC' (NCCL team, https://github.com/NVIDIA/nccl-tests/issues/290; 'up to "
     "48-49GB/s per NIC', https://github.com/NVIDIA/nccl-tests/issues/267): 47 of 50 GB/s"
@@ -389,6 +389,10 @@ _A100_ALLREDUCE_BUSBW = (
 _H200_ALLREDUCE_BUSBW = (
     1.44, 2.93, 5.73, 11.74, 23.94, 39.93, 64.53, 107.16, 155.53, 219.89,
     275.84, 346.51, 401.93, 436.15, 450.29, 463.58, 469.17, 473.10, 477.45, 482.26,
+)  # fmt: skip
+_H100_4GPU_ALLREDUCE_BUSBW = (
+    1.92, 3.75, 7.15, 14.20, 27.44, 58.18, 100.59, 144.94, 200.12, 246.47,
+    285.66, 308.92, 325.89, 340.82, 348.36, 357.03, 361.00, 363.25, 366.37,
 )  # fmt: skip
 _H100_ALLGATHER_BUSBW = (
     1.30, 2.47, 4.64, 8.73, 18.44, 35.00, 69.65, 81.09, 110.23, 186.64,
@@ -424,6 +428,16 @@ def _curve(sizes: tuple[int, ...], sweep: tuple[float, ...], ranks: int, source:
 _A100_CURVES = (("allreduce", _curve(_ALLREDUCE_SIZES, _A100_ALLREDUCE_BUSBW, 8, _A100_CURVE_SOURCE)),)
 _H100_CURVES = (
     ("allreduce", _curve(_ALLREDUCE_SIZES, _H200_ALLREDUCE_BUSBW, 8, _H100_CURVE_SOURCE)),
+    (
+        "allreduce",
+        _curve(
+            _H100_4GPU_SIZES,
+            _H100_4GPU_ALLREDUCE_BUSBW,
+            4,
+            "all-reduce by size on 4 GPUs (NCCL rings there; NVLS from 6 GPUs: the repository's "
+            "results/scaling_attributed/report.md at 38c093e): " + _H100_4GPU_RUN.format("all_reduce"),
+        ),
+    ),
     (
         "allgather",
         _curve(
@@ -654,10 +668,13 @@ def _calibrated_record(node: NodeSpec) -> dict[str, Any]:
             for k, ln in node.collectives
         }
     if node.busbw_curves:
-        rec["busbw_curves"] = {
-            k: {"points": [[m, b / GIGA] for m, b in c.points], "ranks": c.ranks, "source": c.source}
-            for k, c in node.busbw_curves
-        }
+        by_name: dict[str, list[dict[str, Any]]] = {}
+        for k, c in node.busbw_curves:
+            by_name.setdefault(k, []).append(
+                {"points": [[m, b / GIGA] for m, b in c.points], "ranks": c.ranks, "source": c.source}
+            )
+        # one table per collective, an array of tables where it is measured on several group sizes
+        rec["busbw_curves"] = {k: v[0] if len(v) == 1 else v for k, v in by_name.items()}
     if node.network_efficiency != 1.0:
         rec["network_efficiency"] = node.network_efficiency
     if node.collectives_source:
@@ -668,12 +685,13 @@ def _calibrated_record(node: NodeSpec) -> dict[str, Any]:
 def _curves_note(rec: dict[str, Any]) -> str:
     """The caption lines of a node type's measured bus bandwidth curves (none without one)."""
     out = ""
-    for k, c in rec.get("busbw_curves", {}).items():
-        (m0, b0), (m1, b1) = c["points"][0], c["points"][-1]
-        out += (
-            f"\n    {k} bus bandwidth by size on {c['ranks']} GPUs ({len(c['points'])} points, "
-            f"{b0:g} GB/s at {m0} B to {b1:g} at {m1} B, capped at the figure above): {c['source']}"
-        )
+    for k, entry in rec.get("busbw_curves", {}).items():
+        for c in entry if isinstance(entry, list) else [entry]:
+            (m0, b0), (m1, b1) = c["points"][0], c["points"][-1]
+            out += (
+                f"\n    {k} bus bandwidth by size on {c['ranks']} GPUs ({len(c['points'])} points, "
+                f"{b0:g} GB/s at {m0} B to {b1:g} at {m1} B, capped at the figure above): {c['source']}"
+            )
     return out
 
 

@@ -14,7 +14,7 @@ Invariants (checked on construction, so an ill-formed spec cannot exist):
 - a ``FamilyRates`` has efficiencies in (0, 1] and a finite non-negative launch time; a
   device's ``families`` and a node's ``collectives`` name each family / collective once;
 - a ``NodeSpec``'s ``network_efficiency`` is in (0, 1]; its ``busbw_curves`` name each
-  collective once, each one of ``CURVE_COLLECTIVES``;
+  (collective, ranks) once, each collective one of ``CURVE_COLLECTIVES``;
 - a ``BusBandwidthCurve`` has two or more (size, bandwidth) points, sizes increasing, all
   positive;
 - a ``PowerProfile`` has at least two (power, rate) points, powers increasing, all positive, and
@@ -535,6 +535,29 @@ class BusBandwidthCurve:
         return pts[-1][1]
 
 
+def _curves_once(owner: str, curves: object) -> None:
+    """``curves`` is a tuple of (name, ``BusBandwidthCurve``) pairs, each name one of
+    ``CURVE_COLLECTIVES`` and each (name, ranks) once."""
+    if not isinstance(curves, tuple):
+        raise SpecError(f"{owner}: busbw_curves must be a tuple of (name, BusBandwidthCurve) pairs")
+    seen: set[tuple[str, int]] = set()
+    for e in curves:
+        pair = isinstance(e, tuple) and len(e) == 2 and isinstance(e[0], str)
+        if not (pair and isinstance(e[1], BusBandwidthCurve)):
+            raise SpecError(
+                f"{owner}: busbw_curves entries must be (name, BusBandwidthCurve) pairs, got {e!r}"
+            )
+        name, curve = e
+        if name not in CURVE_COLLECTIVES:
+            raise SpecError(
+                f"{owner}: busbw_curves names {name!r}, which reads no curve "
+                f"(curves: {', '.join(CURVE_COLLECTIVES)})"
+            )
+        if (name, curve.ranks) in seen:
+            raise SpecError(f"{owner}: busbw_curves has two {name} curves on {curve.ranks} GPUs")
+        seen.add((name, curve.ranks))
+
+
 @dataclass(frozen=True, slots=True)
 class LinkSpec:
     """A point-to-point link: ``bandwidth`` in B/s per direction, ``latency_s`` per message.
@@ -586,10 +609,11 @@ class NodeSpec:
     (empty: measured by ``distir calibrate``, or none given).
 
     ``busbw_curves``: measured bus bandwidth by message size per collective inside the node
-    (name, ``BusBandwidthCurve``, names from ``CURVE_COLLECTIVES``): a collective listed there,
-    on a group inside one node, takes at least the time its curve gives, at most ``intra_for``'s
-    bandwidth
-    (``distir.sim.collectives``); the others keep the alpha-beta formula alone.
+    (name, ``BusBandwidthCurve``, names from ``CURVE_COLLECTIVES``; a collective may have curves
+    measured on several group sizes, NCCL choosing another algorithm on each: ``curve_for``): a
+    collective listed there, on a group inside one node, takes at least the time its curve
+    gives, at most ``intra_for``'s bandwidth (``distir.sim.collectives``); the others keep the
+    alpha-beta formula alone.
     """
 
     name: str
@@ -628,13 +652,7 @@ class NodeSpec:
             )
         if not isinstance(self.collectives_source, str):
             raise SpecError(f"{owner}: collectives_source must be a string, got {self.collectives_source!r}")
-        _named_once(owner, "busbw_curves", self.busbw_curves, BusBandwidthCurve)
-        for name, _ in self.busbw_curves:
-            if name not in CURVE_COLLECTIVES:
-                raise SpecError(
-                    f"{owner}: busbw_curves names {name!r}, which reads no curve "
-                    f"(curves: {', '.join(CURVE_COLLECTIVES)})"
-                )
+        _curves_once(owner, self.busbw_curves)
 
     def network_share(self, gpus: int) -> float:
         """The fraction of ``inter``'s bandwidth that ``gpus`` of this node's GPUs reach
@@ -644,12 +662,20 @@ class NodeSpec:
         rails = min(self.nics, self.devices_per_node)
         return min(1.0, gpus / rails)
 
-    def curve_for(self, collective: str) -> BusBandwidthCurve | None:
-        """The measured bus bandwidth by size of ``collective`` inside this node (None: none)."""
+    def curve_for(self, collective: str, ranks: int) -> BusBandwidthCurve | None:
+        """The measured bus bandwidth by size of ``collective`` on ``ranks`` GPUs inside this
+        node (None: none): the curve measured on the group size nearest ``ranks``, the larger of
+        two as near (NCCL picks its algorithm by group size: on an H100 node it rings at 2 and 4
+        GPUs and reduces in the NVSwitch, NVLS, at 6 and 8)."""
+        best: BusBandwidthCurve | None = None
         for name, curve in self.busbw_curves:
-            if name == collective:
-                return curve
-        return None
+            if name == collective and (
+                best is None
+                or abs(curve.ranks - ranks) < abs(best.ranks - ranks)
+                or (abs(curve.ranks - ranks) == abs(best.ranks - ranks) and curve.ranks > best.ranks)
+            ):
+                best = curve
+        return best
 
     def intra_for(self, collective: str) -> LinkSpec:
         """The link ``collective`` runs on inside this node: its measured link, else ``intra``."""

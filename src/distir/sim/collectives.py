@@ -48,9 +48,10 @@ they override ``intra``. Across nodes the network runs at the nodes' ``network_e
 (``Cluster.network_link``).
 
 Measured curves by message size (``NodeSpec.busbw_curves``: nccl-tests' busbw against its size
-on N GPUs of one node; the DGX presets' all-reduce, the H100's all-gather and reduce-scatter):
-NCCL reaches its peak bus bandwidth only for large messages. A collective inside one node whose
-node has a curve for it takes, with
+on N GPUs of one node; the DGX presets' all-reduce, the H100's all-gather and reduce-scatter;
+a collective may have curves on several N, and a group of n GPUs reads the one whose N is
+nearest n, ``NodeSpec.curve_for``): NCCL reaches its peak bus bandwidth only for large messages.
+A collective inside one node whose node has a curve for it takes, with
 factor·M/busbw the time nccl-tests' busbw stands for (factor 2(n−1)/n all-reduce, (n−1)/n
 all-gather and reduce-scatter, 1 broadcast and reduce) and steps the ring's latencies:
 t_N = factor_N·M / B_curve(M) is the measured time on N GPUs, latency included, so its data part
@@ -190,7 +191,7 @@ def _measured(
     nodes = cluster.gpu_nodes
     if not measured or cluster.has_matrices or m <= 0 or nodes[gpus[0]] != nodes[gpus[-1]]:
         return 0.0
-    curve = cluster.nodes[nodes[gpus[0]]].curve_for(kind)
+    curve = cluster.nodes[nodes[gpus[0]]].curve_for(kind, len(gpus))
     if curve is None:
         return 0.0
     own, at = _shape(kind, curve.ranks), _shape(kind, len(gpus))
