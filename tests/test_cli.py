@@ -327,6 +327,40 @@ def test_simulate_fp8_precision() -> None:
     assert code == 2 and "fp8 precision computes what is not float8 in bf16" in err
 
 
+def test_simulate_as_a_trainer_runs_it() -> None:
+    """``--trainer`` runs the plan as that trainer does (``distir.parallel.trainers``): Megatron's
+    fp32 gradients take 2 bytes a parameter more than the neutral program's, torchtitan's eager
+    kernels and Megatron's cuDNN attention on H100 are the defaults an explicit --kernels or
+    --attention-kernel overrides; a trainer that cannot run the strategy, a program file with
+    --trainer and an unknown trainer are one-line errors."""
+    model = "llama:layers=2,hidden=256,heads=4,kv_heads=2,ffn=512,vocab=1024,seq=64"
+    base = ["simulate", "--model", model, "--strategy", "d2.z1", "--batch", "8", "--dtype", "bf16"]
+    base += ["--precision", "mixed", "--cluster", "h100", "--json"]
+    got = {}
+    for trainer in ("distir", "megatron"):
+        code, out, err = run(*base, "--trainer", trainer)
+        assert code == 0, err
+        got[trainer] = json.loads(out)
+    assert got["distir"]["trainer"] == "distir" and got["megatron"]["trainer"] == "megatron"
+    assert (got["distir"]["kernels"], got["distir"]["attention_kernel"]) == ("fused", "fa2")
+    assert got["megatron"]["attention_kernel"] == "cudnn"
+    assert max(got["megatron"]["peak_memory_bytes"].values()) > max(
+        got["distir"]["peak_memory_bytes"].values()
+    )
+    z3 = [b.replace("d2.z1", "d2.z3") for b in base]
+    code, out, _ = run(*z3, "--trainer", "torchtitan")
+    assert code == 0 and json.loads(out)["kernels"] == "eager"
+    code, out, _ = run(*z3, "--trainer", "torchtitan", "--kernels", "fused")
+    assert code == 0 and json.loads(out)["kernels"] == "fused"
+    code, _, err = run(*base, "--trainer", "torchtitan")
+    assert code == 2 and "torchtitan shards data and context parallelism with FSDP2" in err
+    assert len(err.strip().splitlines()) == 1
+    code, _, err = run(*base, "--trainer", "nemo")
+    assert code == 2 and "trainer must be one of distir, megatron, deepspeed, torchtitan" in err
+    code, _, err = run("simulate", str(EX / "fig2_mlp_pipeline.distir"), "--trainer", "megatron")
+    assert code == 2 and "--trainer apply to --model" in err
+
+
 def test_simulate_bucket_size() -> None:
     """``--bucket-mb``: smaller buckets start reducing earlier, so ZeRO-2 holds less unreduced
     gradient at once; a size that is not positive is a one-line error; a program file has none."""

@@ -14,7 +14,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, NoReturn, TypeVar
 
 import typer
 
@@ -38,6 +38,9 @@ from distir.limits import MAX_EXEC_BYTES, MAX_OPS
 from distir.report.errors import USER_ERRORS, locate
 from distir.report.fields import SCHEMA
 from distir.report.summary import module_stats, output_names, outputs_table, value_summary
+
+if TYPE_CHECKING:
+    from distir.parallel.trainers import TrainerSemantics
 
 app = typer.Typer(
     add_completion=False,
@@ -238,21 +241,34 @@ _SimPrecision = Annotated[
     ),
 ]
 _SimKernels = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--kernels",
         help="fused (elementwise chains fused into their producer's kernel, as Megatron-LM and "
-        "torch.compile run them; default) or eager (one kernel per op, as eager PyTorch).",
+        "torch.compile run them) or eager (one kernel per op, as eager PyTorch). Default: the "
+        "--trainer's (fused; eager for torchtitan).",
     ),
 ]
 _SimAttentionKernel = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--attention-kernel",
         help="The fused-attention kernel the trainer runs, costed at its published speed on the "
-        "GPU: fa2 (FlashAttention-2: flash-attn, PyTorch SDPA; default), cudnn (Transformer "
-        "Engine's FusedAttention, preferred on Hopper) or fa-triton (FlashAttention in Triton, "
-        "llm-foundry's attn_impl: triton).",
+        "GPU: fa2 (FlashAttention-2: flash-attn, PyTorch SDPA), cudnn (Transformer Engine's "
+        "FusedAttention, preferred on Hopper) or fa-triton (FlashAttention in Triton, "
+        "llm-foundry's attn_impl: triton). Default: the --trainer's (fa2; cudnn for megatron on "
+        "GPUs with its published speed).",
+    ),
+]
+_SimTrainer = Annotated[
+    str,
+    typer.Option(
+        "--trainer",
+        help="With --model: run the plan as this trainer runs it (distir.parallel.trainers): distir "
+        "(trainer-neutral; default), megatron (fp32 main_grad with gradient-accumulation fusion, "
+        "its DDP buckets, fp32 reductions), deepspeed (its pipeline engine, BF16_Optimizer's fp32 "
+        "gradient accumulation) or torchtitan (FSDP2's copies and fp32 reduce-scatters, eager "
+        "kernels).",
     ),
 ]
 _SimTpCommOverlap = Annotated[
@@ -363,8 +379,9 @@ def simulate(
     optimizer: _SimOptimizer = "adam",
     dtype: _SimDtype = "f32",
     precision: _SimPrecision = "pure",
-    kernels: _SimKernels = "fused",
-    attention_kernel: _SimAttentionKernel = "fa2",
+    kernels: _SimKernels = None,
+    attention_kernel: _SimAttentionKernel = None,
+    trainer: _SimTrainer = "distir",
     tp_comm_overlap: _SimTpCommOverlap = False,
     bucket_mb: _SimBucketMb = 25.0,
     overlap_param_gather: _SimOverlapParamGather = False,
@@ -405,16 +422,19 @@ def simulate(
             max_ops,
             deepspeed_pipe,
             fp32_grad_accum,
+            trainer,
         )
-        m, dmap0, source, batch, model_flops = built
+        m, dmap0, source, batch, model_flops, semantics = built
     else:
         assert file is not None
         _check_file_simulate_options(strategy, precision, bucket_mb, overlap_param_gather)
-        if deepspeed_pipe or fp32_grad_accum:
-            _fail("--deepspeed-pipe and --fp32-grad-accum apply to --model, not to a program file")
+        if deepspeed_pipe or fp32_grad_accum or trainer != "distir":
+            _fail("--deepspeed-pipe, --fp32-grad-accum and --trainer apply to --model, not to a program file")
         s = _Session(file, debug)
         m = s.explicit(s.load(entry))  # a sharded program is simulated in its materialized form
-        dmap0, source, model_flops = None, str(file), None
+        dmap0, source, model_flops, semantics = None, str(file), None, None
+    kernels = kernels or (semantics.kernels if semantics else "fused")
+    attention_kernel = attention_kernel or (semantics.attention_kernel if semantics else "fa2")
     cl, dmap = _simulated_cluster(m, cluster, device_map, dmap0, source, debug)
     result = _run_simulation(
         m,
@@ -439,6 +459,8 @@ def simulate(
         where = {"schema": SCHEMA, "file" if file is not None else "model": source}
         fields = _strategy_json(model, strategy, batch, dtype, precision) if model is not None else {}
         options = {"cluster": cluster, "kernels": kernels, "attention_kernel": attention_kernel}
+        if semantics is not None:
+            options["trainer"] = semantics.trainer
         traced = {"trace": str(trace) if trace else None, "trace_detail": trace_detail if trace else None}
         _emit_json({**where, **fields, **options, "tp_comm_overlap": tp_comm_overlap, **summary, **traced})
         return
@@ -448,16 +470,16 @@ def simulate(
 def _check_simulate_options(
     file: Path | None,
     model: str | None,
-    kernels: str,
-    attention_kernel: str,
+    kernels: str | None,
+    attention_kernel: str | None,
     trace_detail: str,
     trace: Path | None,
 ) -> None:
-    """``simulate``'s options with a fixed set of values, each one of its set; ``--trace``
-    writable; a FILE or a ``--model``, not both."""
-    if kernels not in ("fused", "eager"):
+    """``simulate``'s options with a fixed set of values, each one of its set (None: the
+    trainer's); ``--trace`` writable; a FILE or a ``--model``, not both."""
+    if kernels is not None and kernels not in ("fused", "eager"):
         _fail(f"--kernels must be fused or eager, got {kernels!r}")
-    if attention_kernel not in ATTENTION_KERNELS:
+    if attention_kernel is not None and attention_kernel not in ATTENTION_KERNELS:
         _fail(f"--attention-kernel must be one of {', '.join(ATTENTION_KERNELS)}, got {attention_kernel!r}")
     if trace_detail not in ("chunk", "layer", "op"):
         _fail(f"--trace-detail must be chunk, layer or op, got {trace_detail!r}")
@@ -632,6 +654,7 @@ class ModelProgram(NamedTuple):
     label: str
     batch: int
     model_flops: float | None  # the model's FLOPs per step (MFU), recomputation excluded
+    semantics: TrainerSemantics  # what the trainer runs (``distir.parallel.trainers``)
 
 
 def _model_program(
@@ -650,6 +673,7 @@ def _model_program(
     max_ops: int = MAX_OPS.max,
     deepspeed_pipe: bool = False,
     fp32_grad_accum: bool = False,
+    trainer: str = "distir",
 ) -> ModelProgram:
     """Build zoo model ``spec`` in ``dtype`` and distribute it with ``precision`` (pure, or mixed:
     fp32 masters). With a ``cluster`` that has the
@@ -668,6 +692,7 @@ def _model_program(
     from distir.parallel.distribute import distribute
     from distir.parallel.sharding.propagate import ShardingError
     from distir.parallel.strategy import StrategyError, parse_strategy
+    from distir.parallel.trainers import trainer_semantics
     from distir.report.bounds import check_cluster_fits, check_elements, check_program_ops
     from distir.search.chunk_times import chunk_times
 
@@ -684,7 +709,7 @@ def _model_program(
             from distir.search.automap.command import auto_layout
 
             mod = auto_layout(mod, st, tp_layout, cluster)
-        times = None
+        times, cl = None, None
         if cluster is not None:
             try:
                 cl = parse_cluster(cluster)
@@ -694,25 +719,32 @@ def _model_program(
                 prec.check_devices(n.device for n in cl.nodes)
             if cl is not None and st.devices <= cl.num_devices:
                 times = chunk_times(mod, parse_model_string(spec), cl, dt, train, st, train and prec.mixed)
+        sem = trainer_semantics(trainer, st, prec, dt, cl.nodes[0].device if cl is not None else None)
+        sem = dataclasses.replace(  # the user's switches on top of the trainer's
+            sem,
+            overlap_param_gather=sem.overlap_param_gather or overlap_param_gather,
+            deepspeed_pipe=sem.deepspeed_pipe or deepspeed_pipe,
+            fp32_grad_accum=sem.fp32_grad_accum or fp32_grad_accum,
+        )
+        kernels = sem.optimizer_kernels if optimizer == "adam" else "fused"
         prog = distribute(
             mod,
             st,
-            Optimizer(optimizer),
+            Optimizer(optimizer, kernels=kernels),
             train=train,
             comm_streams=True,
             precision=prec,
             chunk_times=times,
             bucket_mb=bucket_mb,
-            overlap_param_gather=overlap_param_gather,
-            deepspeed_pipe=deepspeed_pipe,
-            fp32_grad_accum=fp32_grad_accum,
+            **sem.switches(),
         )
     except (StrategyError, ModelError, AutodiffError, ShardingError) as e:
         if debug:
             traceback.print_exc()
         _fail(str(e))
     mode = f"{'train' if train else 'infer'}, {dt}{f' {prec}' if prec.mixed else ''}"
-    return ModelProgram(prog, strategy_map(st, True), f"{mod.name} {st} ({mode})", b, mod.step_flops(train))
+    label = f"{mod.name} {st} ({mode}{'' if sem.trainer == 'distir' else ', as ' + sem.trainer})"
+    return ModelProgram(prog, strategy_map(st, True), label, b, mod.step_flops(train), sem)
 
 
 @app.command()

@@ -173,7 +173,7 @@ def _fp32_gradients_note(plan: Plan) -> str:
         "Megatron-LM accumulates and reduces bf16 gradients in fp32 (--bf16 forces "
         f"accumulate_allreduce_grads_in_fp32): its gradients take about {extra_gib:.1f} GiB more per GPU "
         f"than the plan's ({params / 1e9:.2f}B parameters, 2 more bytes each, over {share} GPU"
-        f"{'s' if share > 1 else ''})"
+        f"{'s' if share > 1 else ''}); distir simulate --trainer megatron predicts the step with them"
     )
 
 
