@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from distir.autodiff.train import Optimizer
 from distir.frontends.zoo.model import Model
@@ -113,11 +113,19 @@ Profiles = dict[tuple[object, ...], list[LayerProfile]]
 # identity, kept alive here) has one cost model per ``tp_comm_overlap`` and each device map one
 # object per mapping. Bounded: cleared when full.
 _SHARED_KEPT = 8
-# (id of the cluster, tp_comm_overlap) -> (the cluster, its cost model, the records, the device
-# maps by mapping)
-_SHARED: dict[
-    tuple[int, bool], tuple[Cluster, RooflineCostModel, SharedRecords, dict[object, DeviceMap]]
-] = {}
+
+
+class _Shared(NamedTuple):
+    """What the exact simulations on one cluster (with one ``tp_comm_overlap``) share."""
+
+    cluster: Cluster  # kept alive, so its id is not reused while the entry stands
+    cost: RooflineCostModel
+    records: SharedRecords
+    maps: dict[object, DeviceMap]  # one device map object per mapping
+
+
+# (id of the cluster, tp_comm_overlap) -> what its simulations share
+_SHARED: dict[tuple[int, bool], _Shared] = {}
 
 
 def _shared(
@@ -127,17 +135,14 @@ def _shared(
     op records the exact simulations on them share (``_SHARED``)."""
     key = (id(cluster), overlap)
     got = _SHARED.get(key)
-    if got is None or got[0] is not cluster or len(got[3]) >= _SHARED_KEPT:
+    if got is None or got.cluster is not cluster or len(got.maps) >= _SHARED_KEPT:
         if len(_SHARED) >= _SHARED_KEPT:
             _SHARED.clear()
-        got = _SHARED[key] = (
-            cluster,
-            RooflineCostModel(cluster, tp_comm_overlap=overlap),
-            SharedRecords(),
-            {},
+        got = _SHARED[key] = _Shared(
+            cluster, RooflineCostModel(cluster, tp_comm_overlap=overlap), SharedRecords(), {}
         )
-    canonical = got[3].setdefault(tuple(dmap.mapping.items()), dmap)
-    return got[1], canonical, got[2]
+    canonical = got.maps.setdefault(tuple(dmap.mapping.items()), dmap)
+    return got.cost, canonical, got.records
 
 
 def evaluate_seeded(job: ExactJob, profiles: Profiles, strategy: str) -> dict[str, Any]:
