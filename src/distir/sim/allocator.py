@@ -69,6 +69,7 @@ from distir.sim.interference import COMPUTE
 from distir.sim.oprecord import slots_of
 from distir.sim.records import OpRecord
 from distir.sim.reference import OpStep, Storage, _Walker, freed_after, inlined_ops
+from distir.sim.segments import Block, CachingAllocator
 from distir.sim.units import Units
 
 BLOCK = 512  # kMinBlockSize: every allocation is rounded up to a multiple of it
@@ -87,11 +88,13 @@ class Pool(NamedTuple):
 
 
 class Pools(NamedTuple):
-    """Per GPU: the allocated peak (bytes live on all its streams at once, in blocks) and each
-    stream's pool (the peak of the bytes live on it), by stream name."""
+    """Per GPU: the allocated peak (bytes live on all its streams at once, in blocks), each
+    stream's pool (the segments the caching allocator reserves for it, ``distir.sim.segments``)
+    and each stream's live peak (the most bytes live on it at once, in blocks), by stream name."""
 
     allocated: dict[int, float]
     pools: dict[int, dict[str, float]]
+    live: dict[int, dict[str, float]]
 
     def reserved(self, gpu: int) -> float:
         """The allocator's reserved bytes at their peak on ``gpu``: its pools' sum."""
@@ -106,10 +109,11 @@ def block_bytes(nbytes: float) -> float:
 
 
 def reserved_bytes(pools: Pools, gpu: int, fragmentation: float, fixed: float) -> float:
-    """What the allocator reserves at its peak on ``gpu`` with the holes in its segments
-    (``fragmentation`` of the pools' sum) plus what is not the allocator's (``fixed``: context,
-    workspaces, communication buffers)."""
-    return pools.reserved(gpu) * (1 + fragmentation) + fixed
+    """What the allocator reserves at its peak on ``gpu`` (its segments, the holes in them
+    included: ``fragmentation``, the runtime memory's flat fraction for them, is not added)
+    plus what is not the allocator's (``fixed``: context, workspaces, communication buffers)."""
+    del fragmentation  # the segments hold the holes the flat fraction stands for elsewhere
+    return pools.reserved(gpu) + fixed
 
 
 def over_capacity(reserved: Mapping[int, float], capacity: Mapping[int, float]) -> list[int]:
@@ -221,6 +225,7 @@ def stream_pools(
     return Pools(
         {g: by_figure.allocated[f] for g, f in figure.items()},
         {g: dict(by_figure.pools[f]) for g, f in figure.items()},
+        {g: dict(by_figure.live[f]) for g, f in figure.items()},
     )
 
 
@@ -263,6 +268,10 @@ class _Ledger:
         self.top = dict(self.total)
         self.holders: dict[tuple[Storage, int], int] = {}
         self.cache: dict[Storage, list[_Entry]] = {}
+        # per GPU, its caching allocator's segments (``distir.sim.segments``), and the block
+        # each live allocation holds
+        self.segments = {g: CachingAllocator() for g in gpus}
+        self.blocks: dict[tuple[Storage, int], Block] = {}
 
     def entries(self, s: Storage) -> list[_Entry]:
         """Per GPU of ``s``: its pool, its blocks and the allocation it is (itself, or the one it
@@ -284,6 +293,8 @@ class _Ledger:
                 if v > peak.get(key, 0.0):
                     peak[key] = v
                 total[g] += b
+                if b > 0:
+                    self.blocks[s, g] = self.segments[g].malloc(key.stream, b)
 
     def free(self, s: Storage) -> None:
         for g, key, b, root in self.entries(s):
@@ -291,6 +302,9 @@ class _Ledger:
             if left == 0:
                 self.live[key if root is s else self._key(root, g)] -= b
                 self.total[g] -= b
+                block = self.blocks.pop((root, g), None)
+                if block is not None:
+                    self.segments[g].free(block)
 
     def _key(self, s: Storage, g: int) -> Pool:
         return next(e.key for e in self.entries(s) if e.gpu == g)
@@ -304,11 +318,16 @@ class _Ledger:
         for s in op.made:
             for g, b in s.nbytes:
                 made[g] = made.get(g, 0.0) + b
-        extras = [(g, block_bytes(b - made.get(g, 0.0))) for g, b in bump]
-        if any(x > 0 for _, x in extras):
-            self._transient(op, [(g, x) for g, x in extras if x > 0])
+        extras = [(g, x) for g, b in bump if (x := block_bytes(b - made.get(g, 0.0))) > 0]
+        held: list[tuple[int, Block]] = []
+        if extras:
+            self._transient(op, extras)
+            on = self._op_streams(op)
+            held = [(g, self.segments[g].malloc(on[g].stream, x)) for g, x in extras]
         for s in op.made:
             self.allocate(s)
+        for g, block in held:  # the op's scratch, allocated before its results, freed after
+            self.segments[g].free(block)
         top, total = self.top, self.total
         for g in made:
             if total[g] > top[g]:
@@ -317,7 +336,7 @@ class _Ledger:
     def _transient(self, op: OpStep, extras: list[tuple[int, float]]) -> None:
         """The peaks while ``op`` runs with ``extras`` (bytes per GPU beyond its results) on the
         op's own stream of each GPU and its results (not handed over) on theirs."""
-        on = {self.streams[d].gpu: self.streams[d] for d in reversed(op.record.devs)}  # first slot per GPU
+        on = self._op_streams(op)
         fresh = [e for s in op.made for e in self.entries(s) if e.root is s]
         for g, extra in extras:
             key = on[g]
@@ -326,9 +345,14 @@ class _Ledger:
             self.peak[key] = max(self.peak.get(key, 0.0), self.live.get(key, 0.0) + extra + mine)
             self.top[g] = max(self.top[g], self.total[g] + extra + theirs)
 
+    def _op_streams(self, op: OpStep) -> dict[int, Pool]:
+        """Per GPU, the stream ``op`` runs on there (its first slot on the GPU)."""
+        return {self.streams[d].gpu: self.streams[d] for d in reversed(op.record.devs)}
+
     def pools(self) -> Pools:
-        pools: dict[int, dict[str, float]] = {g: {} for g in self.total}
+        live: dict[int, dict[str, float]] = {g: {} for g in self.total}
         for (g, name), v in sorted(self.peak.items()):
             if v > 0:
-                pools[g][name] = v
-        return Pools(dict(self.top), pools)
+                live[g][name] = v
+        pools = {g: {k: float(v) for k, v in sorted(a.by_stream.items())} for g, a in self.segments.items()}
+        return Pools(dict(self.top), pools, live)
