@@ -21,22 +21,27 @@ trainers make their reductions' outputs on a different CUDA stream from their ga
 one NCCL stream runs both (FSDP2's reduce-scatter stream against its all-gather copy-in stream;
 FSDP1's post-backward stream against its unshard stream). Each allocation is a block of its
 bytes rounded up to 512 B (``kMinBlockSize``; the allocator's ``allocated_bytes`` counts these
-sizes). A stream's *pool* is the peak, over the step, of the bytes live on it (an op's transient
-bump — a multi-step redistribution's intermediate layouts — counts on the stream of the op). A
+sizes). The walk replays every allocation and free, in program order, through a model of the
+allocator's segments (``distir.sim.segments``: best fit among the cached blocks of the request's
+stream, splitting and merging, 2 MiB small segments, 20 MiB segments for requests of 1–10 MiB,
+larger ones rounded to 2 MiB); an op's transient bump — a multi-step redistribution's
+intermediate layouts — is allocated on the op's stream before its results and freed after them.
+A stream's *pool* is the segments reserved for it; they are never released, so the allocator's
+reserved bytes at their peak are the pools' sum, the holes in them included: a large block freed
+and cached, too small for a later larger request on its stream, stays reserved beside the new
+segment (torchtitan's bf16 logits, 3.9 GiB, beside the fp32 log-softmax's 7.8 GiB blocks). A
 value handed to another stream of the same GPU (a ``MeshSend`` between meshes whose devices
 share GPUs: the hand-over of a gradient to the reduction stream, of a gathered weight to the
-compute stream) is the same allocation, so it stays in the pool it was allocated in. Pools never
-shrink, so the allocator's reserved bytes at their peak are the pools' sum. The allocated peak
-is the peak of the bytes live on all streams at once (the simulator's tensor peak, in blocks);
-with one stream the two are equal.
+compute stream) is the same allocation, so it stays in the pool it was allocated in. The
+allocated peak is the peak of the bytes live on all streams at once (the simulator's tensor
+peak, in blocks); ``Pools.live`` gives each stream's own live peak.
 
-Not modelled (left to ``RuntimeMemory.fragmentation``, a flat fraction): the holes within a
-stream's segments. Blocks of 1–10 MB are carved from 20 MB segments (``kLargeBuffer``), larger
-ones from segments rounded to 2 MB (``kRoundLarge``), and a cached block is split for a smaller
-request, so which requests fit in a pool's holes depends on the real order and sizes of the
-trainer's allocations (its autograd temporaries and kernels' workspaces), which the program
-does not spell out. ``reserved_bytes`` adds that fraction of the pools' sum, as the simulator adds
-it to the tensors' peak.
+Not modelled: what the trainer allocates that the program does not hold (autograd's temporaries,
+kernels' workspaces), which adds requests and so changes which cached blocks fit; the release
+of cached segments when an allocation fails (below: the reserved figure is the one with no
+capacity); the events that keep a block from reuse while another stream still reads it
+(``record_stream``). The runtime memory's flat ``fragmentation`` fraction, which stands for the
+holes where no segments are modelled (the simulator's fit), is not added to the segments.
 
 **Fit.** An allocation that finds no cached block on its stream and no free device memory
 makes the allocator release every cached segment that holds no live block, across all streams,

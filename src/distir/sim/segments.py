@@ -86,13 +86,10 @@ class CachingAllocator:
         size = round_size(nbytes)
         small = size <= SMALL_SIZE
         free = self.cached.setdefault((stream, small), [])
-        i = bisect_left(free, (size, -1))
-        if i < len(free):
-            block = free.pop(i)[2]
-        else:
-            block = self._segment(stream, small, segment_size(size))
+        i = bisect_left(free, (size, -1))  # the smallest cached block at least as large
+        block = free.pop(i)[2] if i < len(free) else self._segment(stream, small, segment_size(size))
         rest = block.size - size
-        if (rest >= BLOCK) if small else (rest > SMALL_SIZE):
+        if rest >= BLOCK if small else rest > SMALL_SIZE:  # should_split
             tail = Block(stream, small, block.addr + size, rest)
             tail.prev, tail.next = block, block.next
             if block.next is not None:
