@@ -712,15 +712,31 @@ def summary_lines(rows: list[Row]) -> list[str]:
             f"published-fit runs predicted to fit: {len(fit_ok)}/{len(pub_fit)} "
             f"(target all: {'met' if len(fit_ok) == len(pub_fit) else 'NOT met'})",
         ]
-    mem = [e for e in map(memory_error_pct, rows) if e is not None]
-    if mem:
-        out.append(
-            f"published peak memory (allocator reserved), {len(mem)} runs: predicted "
-            f"{min(mem):+.1f}…{max(mem):+.1f}% (median {statistics.median(mem):+.1f}%)"
-        )
+    out += memory_summary(rows)
     if failed:
         out.append(f"refused by distir (count as misses): {', '.join(r.run.name for r in failed)}")
     return out
+
+
+# a predicted reserved peak this far under the published one is the dangerous direction: a plan
+# predicted to fit with that much room may not
+MEMORY_UNDER_PCT = 5.0
+
+
+def memory_summary(rows: list[Row]) -> list[str]:
+    """The published peak memory's summary line: the errors' range and median, and the rows
+    predicted more than ``MEMORY_UNDER_PCT`` under."""
+    mem = [(r.run.name, e) for r in rows if (e := memory_error_pct(r)) is not None]
+    if not mem:
+        return []
+    errs = [e for _, e in mem]
+    under = [n for n, e in mem if e < -MEMORY_UNDER_PCT]
+    return [
+        f"published peak memory (allocator reserved), {len(mem)} runs: predicted "
+        f"{min(errs):+.1f}…{max(errs):+.1f}% (median {statistics.median(errs):+.1f}%); "
+        f"{len(under)} under by more than {MEMORY_UNDER_PCT:.0f}%"
+        + (f" ({', '.join(under)})" if under else "")
+    ]
 
 
 def _named(r: Run, pattern: str) -> bool:

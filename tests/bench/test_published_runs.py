@@ -114,7 +114,7 @@ def test_fp8_runs_run_their_trainers_float8_recipe() -> None:
     fp8 = [r for r in RUNS if r.precision.startswith("fp8")]
     assert fp8
     for r in fp8:
-        assert not vp.unsupported(r), r.name
+        assert r.precision not in vp.unsupported(r), r.name
         want = "fp8" if "torchtitan" in r.trainer else "fp8-delayed"
         assert vp.PRECISIONS[r.precision] == want, r.name
 
@@ -246,3 +246,38 @@ def test_published_memory_selects_the_allocator_walk() -> None:
     with_memory = [r for r in RUNS if r.published.memory_gib is not None]
     assert with_memory and all(r.published.memory == "allocator_reserved" for r in with_memory)
     assert all(r.trainer.startswith("torchtitan") for r in with_memory)
+
+
+def test_every_row_of_torchtitans_december_page_in_the_records_carries_its_memory() -> None:
+    """The page (llama3_h100_202412_torchtitan.md) publishes Memory(GiB) beside every TPS/GPU
+    in its six tables (3 + 4 + 3 + 2 + 2 + 4 rows): each row is a record stating both, the
+    figure quoted in its ``where``."""
+    page = [r for r in RUNS if r.source.endswith("llama3_h100_202412_torchtitan.md")]
+    assert len(page) == 18
+    for r in page:
+        assert r.published.memory == "allocator_reserved" and r.published.memory_gib is not None
+        assert f"{r.published.memory_gib} GiB" in r.where
+    memory = {r.name: r.published.memory_gib for r in page}
+    assert memory["titan-8b-cp2-fp8-g8"] == 84.2
+    assert memory["titan-70b-fsdp32-tp8-fp8-g256"] == 71.9
+    assert memory["titan-405b-3d-interleaved-fp8-g512"] == 72.7
+
+
+def test_memory_error_compares_the_reserved_prediction() -> None:
+    run = next(r for r in RUNS if r.name == "titan-8b-fsdp-g8")
+    p = vp.Prediction(1.0, 1.0, True, 80.0, 96.0, "s", 0.0, reserved_gib=run.published.memory_gib * 1.1)
+    assert vp.memory_error_pct(vp.Row(run, p, 0.0, "")) == pytest.approx(10.0)
+    assert vp.memory_error_pct(vp.Row(run, p._replace(reserved_gib=None), 0.0, "")) is None
+
+
+def test_memory_summary_names_the_rows_predicted_far_under() -> None:
+    runs = [r for r in RUNS if r.published.memory_gib is not None][:3]
+
+    def row(run: object, ratio: float) -> object:
+        pub = run.published.memory_gib  # type: ignore[attr-defined]
+        return vp.Row(run, vp.Prediction(1.0, 1.0, True, 1.0, 96.0, "s", 0.0, pub * ratio), 0.0, "")  # type: ignore[arg-type]
+
+    (line,) = vp.memory_summary([row(runs[0], 0.9), row(runs[1], 1.02), row(runs[2], 0.97)])
+    assert "3 runs: predicted -10.0…+2.0% (median -3.0%)" in line
+    assert line.endswith(f"1 under by more than 5% ({runs[0].name})")
+    assert vp.memory_summary([]) == []

@@ -1,6 +1,6 @@
 """The caching allocator's per-stream pools (``distir.sim.allocator``): hand-counted pools of a
-two-stream program against its allocated peak, one stream (reserved = allocated in 512-byte
-blocks), the fit decision, the reduction stream and hand-overs, and the JSON key."""
+two-stream program against its allocated peak, one stream (small blocks in one 2 MiB segment),
+the fit decision, the reduction stream and hand-overs, and the JSON key."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ from distir.sim.simulate import simulate
 from distir.sim.summary import summary_dict
 
 MIB = 1 << 20
-N = 256 * 1024 * 4  # bytes of one (256, 1024) f32 tensor: 1 MiB, a whole number of blocks
+# bytes of one (4096, 1024) f32 tensor: 16 MiB, a large-pool request whose segment is its own size
+# (a multiple of 2 MiB, kRoundLarge; distir.sim.segments)
+N = 4096 * 1024 * 4
 
 # d0: GPU 0's compute stream, d1: its communication stream. x stays (an entry parameter); a and
 # b are made on the compute stream, b is handed to the comm stream (s), which makes t and u
@@ -35,7 +37,7 @@ N = 256 * 1024 * 4  # bytes of one (256, 1024) f32 tensor: 1 MiB, a whole number
 #   u: N | 2N (t freed: N)   v: 2N | N (u freed: 0)
 # so the compute pool peaks at 3N, the comm pool at 2N, everything together at 3N: the
 # allocator reserves 5N where at most 3N is ever allocated.
-TWO_STREAMS = """func @f(%x: Tensor[f32, (256, 1024), d0]) {
+TWO_STREAMS = """func @f(%x: Tensor[f32, (4096, 1024), d0]) {
   %a = Relu(%x)
   %b = Neg(%a)
   %s = Send(%b, dst=d1)
@@ -89,26 +91,27 @@ def test_two_streams_reserve_their_pools_sum_beyond_the_allocated_peak() -> None
     assert r.reserved_memory == {0: 5 * N}
 
 
-def test_reserved_adds_fragmentation_of_the_pools_and_the_fixed_runtime_memory() -> None:
+def test_reserved_adds_the_fixed_runtime_memory_to_the_segments_not_the_flat_fraction() -> None:
     rt = RuntimeMemory(
         context_bytes=300 * MIB, workspace_bytes=32 * MIB, comm_bytes=100 * MIB, fragmentation=0.1
     )
     r = two_streams(rt)
     fixed = (300 + 32 + 100) * MIB
     assert r.peak_memory == {0: pytest.approx(3 * N * 1.1 + fixed)}
-    assert r.reserved_memory == {0: pytest.approx(5 * N * 1.1 + fixed)}
+    assert r.reserved_memory == {0: pytest.approx(5 * N + fixed)}
 
 
-def test_one_stream_reserves_what_it_allocates_in_blocks() -> None:
+def test_one_stream_packs_its_small_blocks_into_one_small_segment() -> None:
     m = distir.check(parse_module(ONE_STREAM))
     r = simulate(m, cluster(), allocator=True)
     assert r.peak_memory == {0: 3 * 400.0}
-    assert r.stream_pools == {0: {"compute": 3 * 512.0}}
-    assert r.reserved_memory == {0: 3 * 512.0}
+    assert r.stream_pools == {0: {"compute": 2.0 * MIB}}  # kSmallBuffer
+    assert r.reserved_memory == {0: 2.0 * MIB}
     pools = stream_pools(
         m, m.entry, entry_args(m.entry, None), DeviceMap.default({Device(0)}, 1), RooflineCostModel(cluster())
     )
-    assert pools.allocated == {0: 3 * 512.0} and pools.reserved(0) == 3 * 512.0
+    assert pools.allocated == {0: 3 * 512.0} and pools.reserved(0) == 2.0 * MIB
+    assert pools.live == {0: {"compute": 3 * 512.0}}
 
 
 def test_a_reserved_peak_over_capacity_still_fits_when_the_allocated_peak_does() -> None:
@@ -148,15 +151,14 @@ def test_fsdp_gradient_shards_fill_a_reduction_pool_and_gathers_a_gather_pool() 
     prog, cl, dm = _fsdp()
     r = simulate(prog, cl, dm, allocator=True)
     rt = cl.device_spec(0).runtime
-    for g, pools in r.stream_pools.items():
-        tensors = r.peak_memory[g] - r.runtime_memory[g]
-        assert set(pools) >= {"compute", "dp_gather", "dp_reduce/reduce"}
-        assert pools["compute"] <= tensors + 512 * 1000
-        assert sum(pools.values()) > tensors  # the other streams' caches are reserved beside it
-        assert r.reserved_memory[g] == pytest.approx(
-            sum(pools.values()) * (1 + rt.fragmentation) + rt.fixed_bytes
-        )
     pools = stream_pools(prog, prog.entry, entry_args(prog.entry, None), dm, RooflineCostModel(cl))
+    for g, segments in r.stream_pools.items():
+        tensors = r.peak_memory[g] - r.runtime_memory[g]
+        assert set(segments) >= {"compute", "dp_gather", "dp_reduce/reduce"}
+        assert pools.live[g]["compute"] <= tensors + 512 * 1000
+        assert all(segments[k] >= v for k, v in pools.live[g].items())  # segments hold the live blocks
+        assert sum(segments.values()) > tensors  # the other streams' caches are reserved beside it
+        assert r.reserved_memory[g] == pytest.approx(sum(segments.values()) + rt.fixed_bytes)
     for g, top in pools.allocated.items():
         tensors = r.peak_memory[g] - r.runtime_memory[g]
         assert tensors <= top <= tensors * 1.01
@@ -171,7 +173,7 @@ def test_cli_simulate_reserved_fills_the_json_key_and_the_table_column(tmp_path:
     assert code == 0
     d = json.loads(out)
     rt = parse_cluster("dgx2-v100").device_spec(0).runtime
-    want = 5 * N * (1 + rt.fragmentation) + rt.fixed_bytes
+    want = 5 * N + rt.fixed_bytes
     assert d["reserved_memory_bytes"] == {"d0": pytest.approx(want), "d1": pytest.approx(want)}
     code, out, _ = run("simulate", str(EX / "fig9_zero.distir"), "--cluster", "p3.8xlarge", "--reserved")
     assert code == 0 and "reser" in out  # the column (its header cut to the width)
@@ -186,7 +188,7 @@ def test_cli_simulate_reserved_fills_the_json_key_and_the_table_column(tmp_path:
 # compute stream. Per GPU (compute | comm): a: 2N | 0; b: 2N | 0; c: 2N | N (b freed: a stays);
 # e: 3N | N (then c freed). Pools 3N and N: 4N reserved. Were b a new allocation, the comm pool
 # would hold b and c (2N); were e a hand-over, the compute pool would stay at 2N.
-HANDED = """func @f(%x: DTensor[f32, (512, 1024), mesh(dp=2; d0, d1), [S(0)]]) {
+HANDED = """func @f(%x: DTensor[f32, (8192, 1024), mesh(dp=2; d0, d1), [S(0)]]) {
   %a = Relu(%x)
   %b = MeshSend(%a, mesh="dp=2; d2, d3")
   %c = Neg(%b)

@@ -21,22 +21,27 @@ trainers make their reductions' outputs on a different CUDA stream from their ga
 one NCCL stream runs both (FSDP2's reduce-scatter stream against its all-gather copy-in stream;
 FSDP1's post-backward stream against its unshard stream). Each allocation is a block of its
 bytes rounded up to 512 B (``kMinBlockSize``; the allocator's ``allocated_bytes`` counts these
-sizes). A stream's *pool* is the peak, over the step, of the bytes live on it (an op's transient
-bump — a multi-step redistribution's intermediate layouts — counts on the stream of the op). A
+sizes). The walk replays every allocation and free, in program order, through a model of the
+allocator's segments (``distir.sim.segments``: best fit among the cached blocks of the request's
+stream, splitting and merging, 2 MiB small segments, 20 MiB segments for requests of 1–10 MiB,
+larger ones rounded to 2 MiB); an op's transient bump — a multi-step redistribution's
+intermediate layouts — is allocated on the op's stream before its results and freed after them.
+A stream's *pool* is the segments reserved for it; they are never released, so the allocator's
+reserved bytes at their peak are the pools' sum, the holes in them included: a large block freed
+and cached, too small for a later larger request on its stream, stays reserved beside the new
+segment (torchtitan's bf16 logits, 3.9 GiB, beside the fp32 log-softmax's 7.8 GiB blocks). A
 value handed to another stream of the same GPU (a ``MeshSend`` between meshes whose devices
 share GPUs: the hand-over of a gradient to the reduction stream, of a gathered weight to the
-compute stream) is the same allocation, so it stays in the pool it was allocated in. Pools never
-shrink, so the allocator's reserved bytes at their peak are the pools' sum. The allocated peak
-is the peak of the bytes live on all streams at once (the simulator's tensor peak, in blocks);
-with one stream the two are equal.
+compute stream) is the same allocation, so it stays in the pool it was allocated in. The
+allocated peak is the peak of the bytes live on all streams at once (the simulator's tensor
+peak, in blocks); ``Pools.live`` gives each stream's own live peak.
 
-Not modelled (left to ``RuntimeMemory.fragmentation``, a flat fraction): the holes within a
-stream's segments. Blocks of 1–10 MB are carved from 20 MB segments (``kLargeBuffer``), larger
-ones from segments rounded to 2 MB (``kRoundLarge``), and a cached block is split for a smaller
-request, so which requests fit in a pool's holes depends on the real order and sizes of the
-trainer's allocations (its autograd temporaries and kernels' workspaces), which the program
-does not spell out. ``reserved_bytes`` adds that fraction of the pools' sum, as the simulator adds
-it to the tensors' peak.
+Not modelled: what the trainer allocates that the program does not hold (autograd's temporaries,
+kernels' workspaces), which adds requests and so changes which cached blocks fit; the release
+of cached segments when an allocation fails (below: the reserved figure is the one with no
+capacity); the events that keep a block from reuse while another stream still reads it
+(``record_stream``). The runtime memory's flat ``fragmentation`` fraction, which stands for the
+holes where no segments are modelled (the simulator's fit), is not added to the segments.
 
 **Fit.** An allocation that finds no cached block on its stream and no free device memory
 makes the allocator release every cached segment that holds no live block, across all streams,
@@ -69,6 +74,7 @@ from distir.sim.interference import COMPUTE
 from distir.sim.oprecord import slots_of
 from distir.sim.records import OpRecord
 from distir.sim.reference import OpStep, Storage, _Walker, freed_after, inlined_ops
+from distir.sim.segments import Block, CachingAllocator
 from distir.sim.units import Units
 
 BLOCK = 512  # kMinBlockSize: every allocation is rounded up to a multiple of it
@@ -87,11 +93,13 @@ class Pool(NamedTuple):
 
 
 class Pools(NamedTuple):
-    """Per GPU: the allocated peak (bytes live on all its streams at once, in blocks) and each
-    stream's pool (the peak of the bytes live on it), by stream name."""
+    """Per GPU: the allocated peak (bytes live on all its streams at once, in blocks), each
+    stream's pool (the segments the caching allocator reserves for it, ``distir.sim.segments``)
+    and each stream's live peak (the most bytes live on it at once, in blocks), by stream name."""
 
     allocated: dict[int, float]
     pools: dict[int, dict[str, float]]
+    live: dict[int, dict[str, float]]
 
     def reserved(self, gpu: int) -> float:
         """The allocator's reserved bytes at their peak on ``gpu``: its pools' sum."""
@@ -106,10 +114,11 @@ def block_bytes(nbytes: float) -> float:
 
 
 def reserved_bytes(pools: Pools, gpu: int, fragmentation: float, fixed: float) -> float:
-    """What the allocator reserves at its peak on ``gpu`` with the holes in its segments
-    (``fragmentation`` of the pools' sum) plus what is not the allocator's (``fixed``: context,
-    workspaces, communication buffers)."""
-    return pools.reserved(gpu) * (1 + fragmentation) + fixed
+    """What the allocator reserves at its peak on ``gpu`` (its segments, the holes in them
+    included: ``fragmentation``, the runtime memory's flat fraction for them, is not added)
+    plus what is not the allocator's (``fixed``: context, workspaces, communication buffers)."""
+    del fragmentation  # the segments hold the holes the flat fraction stands for elsewhere
+    return pools.reserved(gpu) + fixed
 
 
 def over_capacity(reserved: Mapping[int, float], capacity: Mapping[int, float]) -> list[int]:
@@ -221,6 +230,7 @@ def stream_pools(
     return Pools(
         {g: by_figure.allocated[f] for g, f in figure.items()},
         {g: dict(by_figure.pools[f]) for g, f in figure.items()},
+        {g: dict(by_figure.live[f]) for g, f in figure.items()},
     )
 
 
@@ -263,6 +273,10 @@ class _Ledger:
         self.top = dict(self.total)
         self.holders: dict[tuple[Storage, int], int] = {}
         self.cache: dict[Storage, list[_Entry]] = {}
+        # per GPU, its caching allocator's segments (``distir.sim.segments``), and the block
+        # each live allocation holds
+        self.segments = {g: CachingAllocator() for g in gpus}
+        self.blocks: dict[tuple[Storage, int], Block] = {}
 
     def entries(self, s: Storage) -> list[_Entry]:
         """Per GPU of ``s``: its pool, its blocks and the allocation it is (itself, or the one it
@@ -284,6 +298,8 @@ class _Ledger:
                 if v > peak.get(key, 0.0):
                     peak[key] = v
                 total[g] += b
+                if b > 0:
+                    self.blocks[s, g] = self.segments[g].malloc(key.stream, b)
 
     def free(self, s: Storage) -> None:
         for g, key, b, root in self.entries(s):
@@ -291,6 +307,9 @@ class _Ledger:
             if left == 0:
                 self.live[key if root is s else self._key(root, g)] -= b
                 self.total[g] -= b
+                block = self.blocks.pop((root, g), None)
+                if block is not None:
+                    self.segments[g].free(block)
 
     def _key(self, s: Storage, g: int) -> Pool:
         return next(e.key for e in self.entries(s) if e.gpu == g)
@@ -304,11 +323,16 @@ class _Ledger:
         for s in op.made:
             for g, b in s.nbytes:
                 made[g] = made.get(g, 0.0) + b
-        extras = [(g, block_bytes(b - made.get(g, 0.0))) for g, b in bump]
-        if any(x > 0 for _, x in extras):
-            self._transient(op, [(g, x) for g, x in extras if x > 0])
+        extras = [(g, x) for g, b in bump if (x := block_bytes(b - made.get(g, 0.0))) > 0]
+        held: list[tuple[int, Block]] = []
+        if extras:
+            self._transient(op, extras)
+            on = self._op_streams(op)
+            held = [(g, self.segments[g].malloc(on[g].stream, x)) for g, x in extras]
         for s in op.made:
             self.allocate(s)
+        for g, block in held:  # the op's scratch, allocated before its results, freed after
+            self.segments[g].free(block)
         top, total = self.top, self.total
         for g in made:
             if total[g] > top[g]:
@@ -317,7 +341,7 @@ class _Ledger:
     def _transient(self, op: OpStep, extras: list[tuple[int, float]]) -> None:
         """The peaks while ``op`` runs with ``extras`` (bytes per GPU beyond its results) on the
         op's own stream of each GPU and its results (not handed over) on theirs."""
-        on = {self.streams[d].gpu: self.streams[d] for d in reversed(op.record.devs)}  # first slot per GPU
+        on = self._op_streams(op)
         fresh = [e for s in op.made for e in self.entries(s) if e.root is s]
         for g, extra in extras:
             key = on[g]
@@ -326,9 +350,14 @@ class _Ledger:
             self.peak[key] = max(self.peak.get(key, 0.0), self.live.get(key, 0.0) + extra + mine)
             self.top[g] = max(self.top[g], self.total[g] + extra + theirs)
 
+    def _op_streams(self, op: OpStep) -> dict[int, Pool]:
+        """Per GPU, the stream ``op`` runs on there (its first slot on the GPU)."""
+        return {self.streams[d].gpu: self.streams[d] for d in reversed(op.record.devs)}
+
     def pools(self) -> Pools:
-        pools: dict[int, dict[str, float]] = {g: {} for g in self.total}
+        live: dict[int, dict[str, float]] = {g: {} for g in self.total}
         for (g, name), v in sorted(self.peak.items()):
             if v > 0:
-                pools[g][name] = v
-        return Pools(dict(self.top), pools)
+                live[g][name] = v
+        pools = {g: {k: float(v) for k, v in sorted(a.by_stream.items())} for g, a in self.segments.items()}
+        return Pools(dict(self.top), pools, live)
