@@ -11,6 +11,7 @@ from distir.ir import Module, parse_module, print_module
 from distir.ir.types import DType, TensorType
 from distir.ops import REGISTRY
 from distir.ops.registry import Fusion
+from distir.parallel.sharding.materialize import materialize
 from distir.sim.cost import RooflineCostModel
 from distir.sim.fusion import FusedInput, fused_inputs
 from distir.sim.simulate import simulate
@@ -203,3 +204,39 @@ def test_the_softmax_after_the_scores_product_is_a_kernel_of_its_own() -> None:
     t = "Tensor[f32, (8, 16), d0]"
     plain = f"func @g(%x: {t}) {{\n  %a = Relu(%x)\n  %p = Softmax(%a, axis=1)\n  return %p\n}}\n"
     assert _names(parse_module(plain)) == [("Relu", None), ("Softmax", FusedInput(0, True))]
+
+
+TP = "mesh(x=2; d0, d1)"
+# a row-parallel product's partial sums all-reduced (Redistribute to R), a bias added, a softmax
+ROW_PARALLEL = f"""func @f(%x: DTensor[f32, (2, 1), {TP}, [S(0)]], %w: DTensor[f32, (1, 2), {TP}, [S(1)]],
+        %b: DTensor[f32, (1,), {TP}, [R]]) {{
+  %y = MatMul(%w, %x)
+  %r = Redistribute(%y, to="R")
+  %a = Add(%b, %r)
+  %s = Softmax(%a, axis=-1)
+  return %s
+}}
+"""
+
+
+def test_a_rowwise_op_after_a_collective_joins_the_chain_the_collective_started() -> None:
+    """The Add passes the Redistribute to the product's chain only if the Redistribute moved
+    nothing; the Softmax after it then cannot join (a GEMM's chain takes pointwise epilogues
+    only), but where the Redistribute moved data (an all-reduce here) the Add starts a chain the
+    Softmax joins: its link is conditional on that (``unless``), so the SPMD program costs as its
+    materialized form, whose AllReduce ends the product's chain."""
+    m = distir.check(parse_module(ROW_PARALLEL))
+    assert _names(m) == [
+        ("MatMul", None),
+        ("Redistribute", None),
+        ("Add", FusedInput(1, True, via=1)),
+        ("Softmax", FusedInput(0, True, unless=(1,))),
+    ]
+    link = FusedInput(0, True, unless=(1,))
+    assert link.resolved(lambda i: True) is None  # an all-view path: the product's chain
+    assert link.resolved(lambda i: False) == FusedInput(0, True)
+    assert FusedInput(1, True, via=1).resolved(lambda i: False) is None
+    flat = distir.check(materialize(m))
+    for planner in ("fast", "reference"):
+        spmd_t = simulate(m, A100, planner=planner).step_time_s
+        assert spmd_t == pytest.approx(simulate(flat, A100, planner=planner).step_time_s, rel=1e-12)

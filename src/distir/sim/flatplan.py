@@ -192,8 +192,8 @@ def _walk_types(
                     last[v] = i
             link = links[i] if links is not None else None
             if link is not None:
-                if link.via >= 0:  # through a Redistribute: only if it moved nothing (a view)
-                    link = link.plain() if table[kinds[link.via]].view else None
+                if link.via >= 0 or link.unless:  # as the Redistributes moved (a view: nothing)
+                    link = link.resolved(lambda j: table[kinds[j]].view)
                 if link is not None:
                     key = (*key, link)
             hit = seen_get(key)

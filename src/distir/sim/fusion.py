@@ -18,7 +18,10 @@ devices' ops interleave) fuse alike. Chains do not cross calls: a callee's param
 produced outside its body (inlining a call can therefore fuse more). A chain may pass through
 one TRANSPARENT op (a Redistribute) between the producer and the consumer: the link then names
 it (``FusedInput.via``) and the planner keeps the link only when that op moved nothing (its
-record is a view), so a layer on a 1×1 mesh fuses as the unsharded layer does.
+record is a view), so a layer on a 1×1 mesh fuses as the unsharded layer does. A ROWWISE op whose
+chain reaches a GEMM only through such ops is dropped only if they all moved nothing: where one
+moved data, the chain after it starts at a pointwise op, which the ROWWISE op may join
+(``FusedInput.unless``), as in the materialized program, where that op is a collective.
 
 What joining means is the cost model's business (``RooflineCostModel.fused_time``): the joined
 op launches no kernel and does not read the linked input from memory; when that input has no
@@ -28,6 +31,7 @@ and its memory accounting are unchanged: this is a cost annotation, not a rewrit
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import chain
 from operator import attrgetter
 from typing import NamedTuple
@@ -48,10 +52,23 @@ class FusedInput(NamedTuple):
     arg: int
     sole: bool
     via: int = -1
+    # the positions of the TRANSPARENT ops between this op's chain and a GEMM heading it: the
+    # link holds only if one of them moved data (else the op would join a GEMM's chain)
+    unless: tuple[int, ...] = ()
 
     def plain(self) -> FusedInput:
         """The link without ``via`` (a shared instance: memo keys stay small)."""
         return _LINKS.get((self.arg, self.sole)) or FusedInput(self.arg, self.sole)
+
+    def resolved(self, is_view: Callable[[int], bool]) -> FusedInput | None:
+        """The link the cost model sees, ``is_view(i)`` telling whether the op at position ``i``
+        of the body moved nothing: through ``via``, only if it did not; with ``unless``, only if
+        one of them moved data; else the link itself."""
+        if self.via >= 0:
+            return self.plain() if is_view(self.via) else None
+        if self.unless:
+            return None if all(map(is_view, self.unless)) else self.plain()
+        return self
 
 
 _LINKS = {(i, s): FusedInput(i, s) for i in range(8) for s in (False, True)}  # shared instances
@@ -85,28 +102,44 @@ def _rowwise_after_gemm_dropped(
     codes: np.ndarray,
     start: np.ndarray,
     ok_t: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
+    via: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, dict[int, tuple[int, ...]]]:
     """The links (consumer ``ops``, input occurrence ``hits``) without those of a ROWWISE op to a
     chain a GEMM heads: a GEMM's epilogue is pointwise (cuBLASLt's bias/GeLU epilogues; a row
     reduction needs whole rows, which a GEMM's output tile does not hold), so a softmax or a norm
     after a product and its pointwise epilogue is a kernel of its own that reads the chain's
     result from memory, as Megatron-LM's fused scale-mask-softmax reads the scores ``baddbmm``
     wrote (``megatron/model/fused_softmax.py``). The chain's head is found by pointer jumping
-    over the links (a passing TRANSPARENT op links to its input's producer)."""
+    over the links (a passing TRANSPARENT op links to its input's producer). A link whose path
+    to the GEMM passes TRANSPARENT ops before its own input is kept, conditional on them (the
+    third result: consumer -> their positions, ``FusedInput.unless``); one through such an op
+    itself (``via``) holds only where that op moved nothing, and there it joins the GEMM's chain:
+    dropped."""
     rowwise = codes[ops] == _JOIN
     if not rowwise.any():
-        return ops, hits
+        return ops, hits, {}
     parent = np.arange(len(codes))
     parent[ops] = producer[hits]
     tt = np.flatnonzero(ok_t)
     parent[tt] = producer[start[tt]]
+    step = parent.copy()  # one link up
     while True:
         up = parent[parent]
         if np.array_equal(up, parent):
             break
         parent = up
     drop = rowwise & (codes[parent[producer[hits]]] == _HEAD)
-    return ops[~drop], hits[~drop]
+    unless: dict[int, tuple[int, ...]] = {}
+    for k in np.flatnonzero(drop & (via[hits] < 0)).tolist():
+        path, x = [], int(producer[hits[k]])
+        while step[x] != x:
+            if ok_t[x]:
+                path.append(x)
+            x = int(step[x])
+        if path:
+            unless[int(ops[k])] = tuple(path)
+            drop[k] = False
+    return ops[~drop], hits[~drop], unless
 
 
 def fused_inputs(fn: Function) -> list[FusedInput | None]:
@@ -172,14 +205,17 @@ def fused_inputs(fn: Function) -> list[FusedInput | None]:
         return [None] * n
     ops, keep = np.unique(op_of[hits], return_index=True)
     hits = hits[keep]
-    ops, hits = _rowwise_after_gemm_dropped(ops, hits, producer, codes, start, ok_t)
+    ops, hits, unless = _rowwise_after_gemm_dropped(ops, hits, producer, codes, start, ok_t, via)
     if not len(hits):
         return [None] * n
     j = hits - start[ops]
     sole = uses[hits] == 1
     vias = via[hits]
-    # the common links (no via, input < 8) from a table in one C-level pass, the rest one by one
+    # the common links (no via, input < 8, unconditional) from a table in one C-level pass, the
+    # rest one by one
     common = (vias < 0) & (j < 8)
+    if unless:
+        common &= ~np.isin(ops, np.fromiter(unless, np.int64, len(unless)))
     code = np.zeros(n, np.int64)
     code[ops[common]] = 1 + 2 * j[common] + sole[common]
     out: list[FusedInput | None] = list(map(_TABLE.__getitem__, code.tolist()))
@@ -187,7 +223,7 @@ def fused_inputs(fn: Function) -> list[FusedInput | None]:
     for i, jj, ss, vv in zip(
         ops[rest].tolist(), j[rest].tolist(), sole[rest].tolist(), vias[rest].tolist(), strict=True
     ):
-        out[i] = FusedInput(jj, ss, vv)
+        out[i] = FusedInput(jj, ss, vv, unless.get(i, ()))
     return out
 
 

@@ -40,7 +40,7 @@ same figures plainly (no memo, summary or unit): it is the specification this mo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +126,17 @@ class PlanOptions:
 REFERENCE = PlanOptions(fast_path=False, relabel=False, entry_param_uses=False)
 
 
+def _moved_nothing(done: Sequence[OpRecord | CallSummary]) -> Callable[[int], bool]:
+    """Whether the op at a position of the frame planned so far (``done``) moved nothing: its
+    record is a view (``FusedInput.resolved``)."""
+
+    def view(i: int) -> bool:
+        rec = done[i] if i < len(done) else None
+        return isinstance(rec, OpRecord) and rec.view
+
+    return view
+
+
 class PlanDomain(TypeDomain):
     """Type propagation that also records, per op, where it runs and what it costs."""
 
@@ -205,10 +216,8 @@ class PlanDomain(TypeDomain):
             self.pending_link = None
         elif self._link_by_id:
             link = self._link_by_id.get(id(op))
-            if link is not None and link.via >= 0:  # through a Redistribute: only if it moved nothing
-                done = self._frames[-1]
-                rec = done[link.via] if link.via < len(done) else None
-                link = link.plain() if isinstance(rec, OpRecord) and rec.view else None
+            if link is not None and (link.via >= 0 or link.unless):  # as the Redistributes moved
+                link = link.resolved(_moved_nothing(self._frames[-1]))
         # the hot path: an op seen before with the same attributes and input types (and link)
         base = (op.name, op.attrs, *args)
         key = base if link is None else (*base, link)
@@ -466,9 +475,8 @@ class PlanDomain(TypeDomain):
                 outs = self.call(module, instr, module[instr.callee], ins)
             else:
                 link = links[i] if links is not None else None
-                if link is not None and link.via >= 0:  # through a Redistribute: if it moved nothing
-                    rec = frame[link.via] if link.via < len(frame) else None
-                    link = link.plain() if isinstance(rec, OpRecord) and rec.view else None
+                if link is not None and (link.via >= 0 or link.unless):  # as the Redistributes moved
+                    link = link.resolved(_moved_nothing(frame))
                 key = (instr.name, id(instr.attrs), link, *map(id, ins))
                 hit = seen.get(key)
                 if hit is not None:

@@ -176,9 +176,14 @@ class _Walker(TypeDomain):
         if here.links is None:
             return None
         link = here.links[len(here.steps)]
-        if link is not None and link.via >= 0:  # through a Redistribute: only if it moved nothing
-            through = here.steps[link.via]
-            link = link.plain() if isinstance(through, OpStep) and through.record.view else None
+        if link is not None and (link.via >= 0 or link.unless):  # as the Redistributes moved
+            steps = here.steps
+
+            def view(i: int) -> bool:
+                step = steps[i]
+                return isinstance(step, OpStep) and step.record.view
+
+            link = link.resolved(view)
         return link
 
     def call(self, module: Module, call: Call, callee: Function, args: Sequence[Mixed]) -> Sequence[Mixed]:
