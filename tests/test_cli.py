@@ -352,11 +352,21 @@ def test_simulate_as_a_trainer_runs_it() -> None:
     assert code == 0 and json.loads(out)["kernels"] == "eager"
     code, out, _ = run(*z3, "--trainer", "torchtitan", "--kernels", "fused")
     assert code == 0 and json.loads(out)["kernels"] == "fused"
-    code, _, err = run(*base, "--trainer", "torchtitan")
-    assert code == 2 and "torchtitan shards data and context parallelism with FSDP2" in err
-    assert len(err.strip().splitlines()) == 1
-    code, _, err = run(*base, "--trainer", "nemo")
-    assert code == 2 and "trainer must be one of distir, megatron, deepspeed, torchtitan" in err
+    refused = [
+        (["--trainer", "torchtitan"], "torchtitan applies mixed precision through FSDP2 only"),
+        (["--trainer", "nemo"], "--trainer must be one of distir, megatron, deepspeed, torchtitan"),
+        (["--trainer", "megatron", "--infer"], "describes training"),
+        (["--trainer", "megatron", "--deepspeed-pipe"], "not megatron's"),
+        (["--trainer", "deepspeed", "--overlap-param-gather"], "not DeepSpeed's"),
+        (["--trainer", "megatron", "--bucket-mb", "50"], "Megatron-LM sizes its buckets itself"),
+    ]
+    for extra, message in refused:
+        code, _, err = run(*base, *extra)
+        assert code == 2 and message in err, (extra, err)
+        assert len(err.strip().splitlines()) == 1
+    pure = [b.replace("mixed", "pure") for b in base]
+    code, _, err = run(*pure, "--trainer", "megatron")
+    assert code == 2 and "keeps fp32 master weights" in err
     code, _, err = run("simulate", str(EX / "fig2_mlp_pipeline.distir"), "--trainer", "megatron")
     assert code == 2 and "--trainer apply to --model" in err
 

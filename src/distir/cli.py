@@ -403,8 +403,11 @@ def simulate(
     file, or of a zoo model under a strategy (built with distribute(model, strategy))."""
     from distir.sim.summary import summary_dict
 
-    _check_simulate_options(file, model, kernels, attention_kernel, trace_detail, trace)
+    _check_simulate_options(file, model, kernels, attention_kernel, trace_detail, trace, trainer)
     _check_planner(planner, trace)
+    switches = _SimSwitches(
+        trainer, kernels, attention_kernel, bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum
+    )
     if model is not None:
         built = _model_program(
             model,
@@ -416,13 +419,9 @@ def simulate(
             debug,
             precision,
             cluster,
-            bucket_mb,
             tp_layout,
-            overlap_param_gather,
             max_ops,
-            deepspeed_pipe,
-            fp32_grad_accum,
-            trainer,
+            switches,
         )
         m, dmap0, source, batch, model_flops, semantics = built
     else:
@@ -433,8 +432,8 @@ def simulate(
         s = _Session(file, debug)
         m = s.explicit(s.load(entry))  # a sharded program is simulated in its materialized form
         dmap0, source, model_flops, semantics = None, str(file), None, None
-    kernels = kernels or (semantics.kernels if semantics else "fused")
-    attention_kernel = attention_kernel or (semantics.attention_kernel if semantics else "fa2")
+    kernels = semantics.kernels if semantics else kernels or "fused"
+    attention_kernel = semantics.attention_kernel if semantics else attention_kernel or "fa2"
     cl, dmap = _simulated_cluster(m, cluster, device_map, dmap0, source, debug)
     result = _run_simulation(
         m,
@@ -474,9 +473,14 @@ def _check_simulate_options(
     attention_kernel: str | None,
     trace_detail: str,
     trace: Path | None,
+    trainer: str = "distir",
 ) -> None:
     """``simulate``'s options with a fixed set of values, each one of its set (None: the
     trainer's); ``--trace`` writable; a FILE or a ``--model``, not both."""
+    from distir.parallel.trainers import TRAINERS
+
+    if trainer not in TRAINERS:
+        _fail(f"--trainer must be one of {', '.join(TRAINERS)}, got {trainer!r}")
     if kernels is not None and kernels not in ("fused", "eager"):
         _fail(f"--kernels must be fused or eager, got {kernels!r}")
     if attention_kernel is not None and attention_kernel not in ATTENTION_KERNELS:
@@ -646,6 +650,41 @@ def _plain_guard(debug: bool) -> Callable[[Callable[[], T]], T]:
     return guard
 
 
+class _SimSwitches(NamedTuple):
+    """``simulate``'s trainer and the switches the user adds to it (kernels None: the trainer's)."""
+
+    trainer: str
+    kernels: str | None
+    attention_kernel: str | None
+    bucket_mb: float
+    overlap_param_gather: bool
+    deepspeed_pipe: bool
+    fp32_grad_accum: bool
+
+
+def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bool) -> TrainerSemantics:
+    """The trainer's semantics for strategy ``st`` with the user's switches on top: its kernels
+    unless given, the switches the user adds (refused where they are another trainer's)."""
+    from distir.parallel.distribute import DDP_BUCKET_MB
+    from distir.parallel.trainers import trainer_semantics, user_switches_fit
+
+    user_switches_fit(sw.trainer, sw.deepspeed_pipe, sw.fp32_grad_accum, sw.overlap_param_gather)
+    if sw.trainer == "megatron" and sw.bucket_mb != DDP_BUCKET_MB:
+        _fail(
+            "--bucket-mb does not apply to --trainer megatron: Megatron-LM sizes its buckets itself "
+            "(max(40M, 1M·d) parameters)"
+        )
+    sem = trainer_semantics(sw.trainer, st, prec, dt, cl.nodes[0].device if cl is not None else None, train)
+    return dataclasses.replace(
+        sem,
+        kernels=sw.kernels or sem.kernels,
+        attention_kernel=sw.attention_kernel or sem.attention_kernel,
+        overlap_param_gather=sem.overlap_param_gather or sw.overlap_param_gather,
+        deepspeed_pipe=sem.deepspeed_pipe or sw.deepspeed_pipe,
+        fp32_grad_accum=sem.fp32_grad_accum or sw.fp32_grad_accum,
+    )
+
+
 class ModelProgram(NamedTuple):
     """A zoo model's distributed program (``_model_program``), with what its report needs."""
 
@@ -665,15 +704,11 @@ def _model_program(
     optimizer: str,
     dtype: str,
     debug: bool,
-    precision: str = "pure",
-    cluster: str | None = None,
-    bucket_mb: float = 25.0,
-    tp_layout: str = "declared",
-    overlap_param_gather: bool = False,
-    max_ops: int = MAX_OPS.max,
-    deepspeed_pipe: bool = False,
-    fp32_grad_accum: bool = False,
-    trainer: str = "distir",
+    precision: str,
+    cluster: str | None,
+    tp_layout: str,
+    max_ops: int,
+    switches: _SimSwitches,
 ) -> ModelProgram:
     """Build zoo model ``spec`` in ``dtype`` and distribute it with ``precision`` (pure, or mixed:
     fp32 masters). With a ``cluster`` that has the
@@ -692,7 +727,6 @@ def _model_program(
     from distir.parallel.distribute import distribute
     from distir.parallel.sharding.propagate import ShardingError
     from distir.parallel.strategy import StrategyError, parse_strategy
-    from distir.parallel.trainers import trainer_semantics
     from distir.report.bounds import check_cluster_fits, check_elements, check_program_ops
     from distir.search.chunk_times import chunk_times
 
@@ -719,23 +753,17 @@ def _model_program(
                 prec.check_devices(n.device for n in cl.nodes)
             if cl is not None and st.devices <= cl.num_devices:
                 times = chunk_times(mod, parse_model_string(spec), cl, dt, train, st, train and prec.mixed)
-        sem = trainer_semantics(trainer, st, prec, dt, cl.nodes[0].device if cl is not None else None)
-        sem = dataclasses.replace(  # the user's switches on top of the trainer's
-            sem,
-            overlap_param_gather=sem.overlap_param_gather or overlap_param_gather,
-            deepspeed_pipe=sem.deepspeed_pipe or deepspeed_pipe,
-            fp32_grad_accum=sem.fp32_grad_accum or fp32_grad_accum,
-        )
-        kernels = sem.optimizer_kernels if optimizer == "adam" else "fused"
+        sem = _semantics(switches, st, prec, dt, cl, train)
         prog = distribute(
             mod,
             st,
-            Optimizer(optimizer, kernels=kernels),
+            Optimizer(optimizer, kernels=sem.optimizer_kernels if optimizer == "adam" else "fused"),
             train=train,
             comm_streams=True,
             precision=prec,
             chunk_times=times,
-            bucket_mb=bucket_mb,
+            bucket_mb=switches.bucket_mb,
+            sac_eager=sem.kernels == "eager",  # eager selective checkpointing caches what it saves
             **sem.switches(),
         )
     except (StrategyError, ModelError, AutodiffError, ShardingError) as e:

@@ -396,3 +396,22 @@ def test_cluster_file_gives_curves_on_several_group_sizes() -> None:
     assert "\n" not in str(e.value)
     removed = cluster_from_toml(head + "[types.n.busbw_curves.allreduce]\npoints = []\n" + NODES)
     assert removed.nodes[0].curve_for("allreduce", 4) is None
+
+
+def test_cluster_file_curve_errors_name_their_line_and_entry() -> None:
+    head = '[types.n]\npreset = "h100"\n\n'
+    one = "[[types.n.busbw_curves.allreduce]]\npoints = [[1048576, 10], [1073741824, 20]]\n"
+    with pytest.raises(ClusterError) as e:  # an array of one table: its entry, at its line
+        cluster_from_toml(head + one + NODES, "t.toml")
+    where = "t.toml:4:1: types.n.busbw_curves.allreduce[0].ranks"
+    assert str(e.value).startswith(where + ": missing required key")
+    bad = "[types.n.busbw_curves.allreduce]\npoints = [[1048576, -1], [1073741824, 20]]\nranks = 8\n"
+    with pytest.raises(ClusterError) as e:  # located once, not twice
+        cluster_from_toml(head + bad + NODES, "t.toml")
+    assert str(e.value).count("t.toml:") == 1 and "expected [[bytes, GB/s], ...]" in str(e.value)
+    with pytest.raises(ClusterError, match="expected a table or an array of tables, got an empty array"):
+        cluster_from_toml(head + "[types.n.busbw_curves]\nallreduce = []\n" + NODES)
+    wide = "[types.n.busbw_curves.allreduce]\npoints = [[1048576, 10], [1073741824, 20]]\nranks = 64\n"
+    with pytest.raises(ClusterError, match="measured on 64 GPUs, more than its 8") as e:
+        cluster_from_toml(head + wide + NODES)
+    assert "\n" not in str(e.value)

@@ -19,7 +19,13 @@ from distir.hardware.presets import PRESETS
 from distir.ir.types import DType
 from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import StrategyError, parse_strategy
-from distir.parallel.trainers import TRAINERS, TrainerError, TrainerSemantics, trainer_semantics
+from distir.parallel.trainers import (
+    TRAINERS,
+    TrainerError,
+    TrainerSemantics,
+    trainer_semantics,
+    user_switches_fit,
+)
 from distir.sim.cost import RooflineCostModel
 from distir.sim.simulate import simulate
 
@@ -39,16 +45,20 @@ STRATEGIES = [
     "d2.t1.p2.k4.zb1.z1",
     "d2.c2.t1.p1.k1.z3",
 ]
-# what each trainer cannot run, by the reason it gives
+# what each trainer does not run by default (mixed bf16), by the reason it gives
+FSDP_ONLY = "mixed precision through FSDP2 only"
 REFUSED = {
+    ("deepspeed", "d2.t1.p1.k2.z0"): "that is distir's z1",
     ("deepspeed", "d2.t1.p2.k4.1f1b.z2"): "ZeRO 0 or 1 only",
     ("deepspeed", "d1.t2.p2.k4.interleaved.v2.z1"): "its own 1F1B",
     ("deepspeed", "d2.t1.p2.k4.zb1.z1"): "its own 1F1B",
-    ("torchtitan", "d2.t1.p1.k1.z1"): "with FSDP2",
-    ("torchtitan", "d2.t1.p1.k2.z0"): "with FSDP2",
-    ("torchtitan", "d2.t2.sp.p1.k2.z1"): "with FSDP2",
-    ("torchtitan", "d2.t1.p2.k4.1f1b.z1"): "with FSDP2",
-    ("torchtitan", "d2.t1.p2.k4.zb1.z1"): "with FSDP2",
+    ("torchtitan", "d1.t1.p1.k1"): FSDP_ONLY,
+    ("torchtitan", "d2.t1.p1.k1.z1"): FSDP_ONLY,
+    ("torchtitan", "d2.t1.p1.k2.z0"): FSDP_ONLY,
+    ("torchtitan", "d2.t2.sp.p1.k2.z1"): FSDP_ONLY,
+    ("torchtitan", "d2.t1.p2.k4.1f1b.z1"): FSDP_ONLY,
+    ("torchtitan", "d1.t2.p2.k4.interleaved.v2.z1"): FSDP_ONLY,
+    ("torchtitan", "d2.t1.p2.k4.zb1.z1"): FSDP_ONLY,
 }
 
 
@@ -78,6 +88,46 @@ def test_unknown_trainer_is_a_one_line_error() -> None:
         trainer_semantics("nemo", parse_strategy("d1.t1.p1.k1"), MIXED, DType.bf16)
 
 
+@pytest.mark.parametrize(
+    ("trainer", "strategy", "precision", "dtype", "train", "reason"),
+    [
+        ("megatron", "d2.z1", "pure", DType.bf16, True, "keeps fp32 master weights"),
+        ("deepspeed", "d2.z1", "pure", DType.f16, True, "keeps fp32 master weights"),
+        ("megatron", "d2.z1", "mixed", DType.bf16, False, "describes training"),
+        (
+            "torchtitan",
+            "d2.t1.p2.k4.1f1b.z3",
+            "mixed",
+            DType.bf16,
+            True,
+            "distir's ZeRO-3 reduce-scatters every",
+        ),
+    ],
+)
+def test_what_a_trainer_does_not_run_by_default_is_refused(
+    trainer: str, strategy: str, precision: str, dtype: DType, train: bool, reason: str
+) -> None:
+    with pytest.raises(TrainerError, match=reason) as e:
+        trainer_semantics(trainer, parse_strategy(strategy), Precision.parse(precision), dtype, train=train)
+    assert "\n" not in str(e.value)
+
+
+def test_torchtitan_runs_pure_data_parallelism_without_fsdp() -> None:
+    # apply_ddp in fp32: no mixed precision to refuse, no FSDP2 copy into a reduce-scatter buffer
+    sem = trainer_semantics("torchtitan", parse_strategy("d2.z0"), Precision.parse("pure"), DType.f32)
+    assert sem.grad_copy_in == "" and sem.kernels == "eager"
+
+
+def test_a_switch_of_another_trainer_is_refused() -> None:
+    user_switches_fit("deepspeed", True, True, False)
+    user_switches_fit("megatron", False, False, True)
+    for trainer in ("megatron", "torchtitan"):
+        with pytest.raises(TrainerError, match="DeepSpeed's pipeline engine and BF16_Optimizer"):
+            user_switches_fit(trainer, True, False, False)
+    with pytest.raises(TrainerError, match="Megatron-LM's"):
+        user_switches_fit("deepspeed", False, False, True)
+
+
 def test_the_neutral_trainer_sets_no_switch() -> None:
     sem = trainer_semantics("distir", parse_strategy("d8.t1.p1.k4.z3"), MIXED, DType.bf16)
     assert sem == TrainerSemantics()
@@ -99,7 +149,7 @@ def test_megatron_attention_follows_the_gpus_published_kernels() -> None:
     z3 = trainer_semantics("megatron", parse_strategy("d2.t1.p1.k2.z3"), MIXED, DType.bf16)
     assert (
         not z3.grad_accum_fusion
-        and not trainer_semantics("megatron", s, Precision.parse("pure"), DType.bf16).grad_accum_fusion
+        and not trainer_semantics("megatron", s, Precision.parse("pure"), DType.f32).grad_accum_fusion
     )
 
 
@@ -146,26 +196,38 @@ FSDP2 = (
     "gather_cast",
     "fp32_grad_accum",
     "fsdp2_grad_accum",
+    "overlap_param_gather",
+    "attention_kernel",
 )
-# the current trainers' records (the MT-NLG rows ran a DeepSpeed before its BF16_Optimizer)
+KERNELS = ("kernels", "optimizer_kernels")
+# the current trainers' records (the MT-NLG rows ran a DeepSpeed before its BF16_Optimizer);
+# torchtitan's semantics are 820504e's (the June 2025 page: the fused AdamW), where the December
+# 2024 page's torchtitan ran the foreach one, and its rows ran torch.compile or not as each says
 CHECKED = {
     "megatron": (
         "megatron-",
-        ("megatron_ddp", "grad_accum_fusion", "reduce_fp32", "attention_kernel", "kernels"),
+        ("megatron_ddp", "grad_accum_fusion", "reduce_fp32", "attention_kernel", *KERNELS),
     ),
-    "deepspeed": ("bloom-", ("deepspeed_pipe", "fp32_grad_accum", "attention_kernel", "kernels")),
+    "deepspeed": ("bloom-", ("deepspeed_pipe", "fp32_grad_accum", "attention_kernel", *KERNELS)),
     "torchtitan": ("titan-", FSDP2),
 }
 
 
+def _checked_keys(trainer: str, run: object) -> tuple[str, ...]:
+    keys = CHECKED[trainer][1]
+    if trainer == "torchtitan" and "2025-06" in run.source:  # type: ignore[attr-defined]
+        keys = (*keys, "optimizer_kernels")
+    return keys
+
+
 @pytest.mark.parametrize("trainer", sorted(CHECKED))
 def test_switches_are_the_published_records_of_that_trainer(trainer: str) -> None:
-    prefix, keys = CHECKED[trainer]
-    runs = [r for r in vp.load_runs() if r.name.startswith(prefix)]
+    prefix = CHECKED[trainer][0]
+    runs = [r for r in vp.load_runs() if r.name.startswith(prefix) and not vp.unsupported(r)]
     assert runs
     for r in runs:
         s = vp.strategy_of(r.strategy)
         prec = Precision.parse(vp.PRECISIONS[r.precision] or "mixed")
         sem = trainer_semantics(trainer, s, prec, DType.bf16, vp.cluster_of(r.cluster).nodes[0].device)
-        for key in keys:
+        for key in _checked_keys(trainer, r):
             assert getattr(sem, key) == getattr(r, key), (r.name, key)

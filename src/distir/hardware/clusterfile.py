@@ -785,11 +785,14 @@ class _Loader:
         raw = self.table(t["busbw_curves"], cpath, COLLECTIVE_NAMES)
         given: list[tuple[str, BusBandwidthCurve]] = []
         for name, entry in raw.items():
+            many = isinstance(entry, list)
+            if many and not entry:
+                self.fail((*cpath, name), "expected a table or an array of tables, got an empty array")
             if name not in CURVE_COLLECTIVES:
-                self.fail((*cpath, name), f"{name} reads no curve (curves: {', '.join(CURVE_COLLECTIVES)})")
-            entries = entry if isinstance(entry, list) and entry else [entry]
-            for i, e in enumerate(entries):
-                epath: Path_ = (*cpath, name) if len(entries) == 1 else (*cpath, name, i)
+                where: Path_ = (*cpath, name, 0) if many else (*cpath, name)
+                self.fail(where, f"{name} reads no curve (curves: {', '.join(CURVE_COLLECTIVES)})")
+            for i, e in enumerate(entry if many else [entry]):
+                epath: Path_ = (*cpath, name, i) if many else (*cpath, name)
                 curve = self.busbw_curve(e, epath)
                 if curve is not None:
                     if any(n == name and c.ranks == curve.ranks for n, c in given):
@@ -810,8 +813,9 @@ class _Loader:
         ranks = self.positive_int(e["ranks"], (*epath, "ranks"), "GPUs measured, at least 2")
         if ranks < 2:
             self.fail((*epath, "ranks"), f"expected at least 2 GPUs, got {ranks}")
+        points = self.size_points(e["points"], (*epath, "points"))
         try:
-            return BusBandwidthCurve(self.size_points(e["points"], (*epath, "points")), ranks, source)
+            return BusBandwidthCurve(points, ranks, source)
         except HardwareError as err:
             self.fail((*epath, "points"), str(err))
 

@@ -535,9 +535,10 @@ class BusBandwidthCurve:
         return pts[-1][1]
 
 
-def _curves_once(owner: str, curves: object) -> None:
+def _curves_once(owner: str, curves: object, devices: int) -> None:
     """``curves`` is a tuple of (name, ``BusBandwidthCurve``) pairs, each name one of
-    ``CURVE_COLLECTIVES`` and each (name, ranks) once."""
+    ``CURVE_COLLECTIVES``, each (name, ranks) once, each measured on at most the node's
+    ``devices`` GPUs (a curve serves groups inside one node)."""
     if not isinstance(curves, tuple):
         raise SpecError(f"{owner}: busbw_curves must be a tuple of (name, BusBandwidthCurve) pairs")
     seen: set[tuple[str, int]] = set()
@@ -552,6 +553,10 @@ def _curves_once(owner: str, curves: object) -> None:
             raise SpecError(
                 f"{owner}: busbw_curves names {name!r}, which reads no curve "
                 f"(curves: {', '.join(CURVE_COLLECTIVES)})"
+            )
+        if curve.ranks > devices:
+            raise SpecError(
+                f"{owner}: its {name} curve was measured on {curve.ranks} GPUs, more than its {devices}"
             )
         if (name, curve.ranks) in seen:
             raise SpecError(f"{owner}: busbw_curves has two {name} curves on {curve.ranks} GPUs")
@@ -652,7 +657,7 @@ class NodeSpec:
             )
         if not isinstance(self.collectives_source, str):
             raise SpecError(f"{owner}: collectives_source must be a string, got {self.collectives_source!r}")
-        _curves_once(owner, self.busbw_curves)
+        _curves_once(owner, self.busbw_curves, n)
 
     def network_share(self, gpus: int) -> float:
         """The fraction of ``inter``'s bandwidth that ``gpus`` of this node's GPUs reach

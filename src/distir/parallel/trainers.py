@@ -2,11 +2,11 @@
 
 ``distribute`` and the cost model take one switch per trainer behaviour (each documented, with its
 source, in ``distir.parallel.distribute``): Megatron-LM's gradient buffers, FSDP2's copies,
-DeepSpeed's pipeline engine. ``trainer_semantics(trainer, strategy, precision, device)`` turns a
-trainer's name into the switches that trainer sets for that strategy, so ``distir simulate
---trainer megatron`` predicts the step and the memory as Megatron-LM runs the plan, not as
-distir's trainer-neutral program does (which accumulates and reduces gradients in the compute
-dtype, keeps a low-precision copy of every weight, and runs every kernel fused):
+DeepSpeed's pipeline engine. ``trainer_semantics(trainer, strategy, precision, dtype, device)``
+turns a trainer's name into the switches that trainer sets for that strategy by default, so
+``distir simulate --trainer megatron`` predicts the step and the memory as Megatron-LM runs the
+plan, not as distir's trainer-neutral program does (which accumulates and reduces gradients in
+the compute dtype, keeps a low-precision copy of every weight, and runs every kernel fused):
 
 - ``distir``: the trainer-neutral program (no switch).
 - ``megatron`` (Megatron-LM with Megatron-Core's ``DistributedDataParallel`` and distributed
@@ -15,22 +15,30 @@ dtype, keeps a low-precision copy of every weight, and runs every kernel fused):
   ``accumulate_allreduce_grads_in_fp32``), its buckets (``megatron_ddp``: d > 1, ZeRO 0/1),
   fused kernels and Adam, Transformer Engine's cuDNN attention where the GPU has its published
   speed (Hopper), FlashAttention-2 elsewhere. Opt-in flags stay the user's
-  (``--overlap-param-gather``, ``--tp-comm-overlap``).
-- ``deepspeed`` (Megatron-DeepSpeed on DeepSpeed's engine): the pipeline engine when p > 1,
-  ``BF16_Optimizer``'s fp32 gradient accumulation under bf16 mixed precision with ZeRO 0/1,
-  Megatron's fused kernels, FusedAdam, FlashAttention-2.
-- ``torchtitan`` (PyTorch FSDP2 as torchtitan applies it, its defaults: no ``torch.compile``,
-  ``mixed_precision_reduce = "float32"``, the fused AdamW): eager kernels, gradients cast into
-  the fp32 reduce-scatter input (``grad_copy_in = "cast"``, ``reduce_fp32``); under ZeRO-3 on
-  one stage FSDP2's all-gather copy-out, its root kept unsharded, gathers and reductions on one
-  stream and the fp32 shard cast at each gather; under pipelining torchtitan's FSDP is ZeRO-2
-  (``reshard_after_forward=False``) with the fp32 sums of the no-sync backwards, so ZeRO-3 with
-  p > 1 is refused, as is data parallelism with ZeRO 0/1 (torchtitan shards it with FSDP2).
+  (``--overlap-param-gather``, ``--tp-comm-overlap``). ``--bf16``/``--fp16`` always keep fp32
+  main parameters: pure half precision is refused.
+- ``deepspeed`` (Megatron-DeepSpeed on DeepSpeed's engine): the pipeline engine when p > 1
+  (1F1B, ZeRO 0/1), bf16 mixed precision as ``BF16_Optimizer`` runs it (ZeRO stage 0 in
+  DeepSpeed's config, which shards the fp32 state over data parallelism like ZeRO-1: distir's
+  z1, with its fp32 gradient accumulation; distir's z0 is refused there), Megatron's fused
+  kernels, FusedAdam, FlashAttention-2. Its optimizers keep fp32 masters: pure half precision
+  is refused.
+- ``torchtitan`` (PyTorch FSDP2 as torchtitan 820504e applies it, its defaults: no
+  ``torch.compile``, ``mixed_precision_reduce = "float32"``, the fused AdamW): eager kernels,
+  gradients cast into the fp32 reduce-scatter input (``grad_copy_in = "cast"``,
+  ``reduce_fp32``); under ZeRO-3 on one stage FSDP2's all-gather copy-out, its root kept
+  unsharded, gathers and reductions on one stream and the fp32 shard cast at each gather; under
+  pipelining ZeRO-2 (``reshard_after_forward`` off by default there) with the fp32 sums of the
+  no-sync backwards. Mixed precision only through FSDP2 (``mixed_precision_param`` takes effect
+  with ``data_parallel_shard_degree`` > 1): elsewhere it is refused, as is ZeRO-3 with p > 1
+  (torchtitan's pipeline reduce-scatters once a step; distir's ZeRO-3 every backward).
 
 Each rule follows the published-runs records of that trainer (``bench/published_runs.toml``,
 which cite the trainers' code for every switch). A switch applies where ``distribute`` says it
 does (ZeRO-3's options under ZeRO-3, the reductions' with d > 1, ...) and is a no-op elsewhere;
-a strategy the trainer cannot run is a ``TrainerError`` or ``distribute``'s ``StrategyError``.
+a strategy the trainer does not run by default is a ``TrainerError`` (or ``distribute``'s
+``StrategyError``), one line. A trainer's switches describe training: an inference program
+takes none (``train=False`` is refused).
 """
 
 from __future__ import annotations
@@ -110,19 +118,34 @@ class Switches(TypedDict):
 
 
 def trainer_semantics(
-    trainer: str, s: Strategy, precision: Precision, dtype: DType, device: DeviceSpec | None = None
+    trainer: str,
+    s: Strategy,
+    precision: Precision,
+    dtype: DType,
+    device: DeviceSpec | None = None,
+    train: bool = True,
 ) -> TrainerSemantics:
-    """What ``trainer`` (one of ``TRAINERS``) runs for ``s`` in ``precision`` and ``dtype`` on
-    GPUs of ``device`` (None: not known; the attention kernel is then FlashAttention-2)."""
+    """What ``trainer`` (one of ``TRAINERS``) runs by default for ``s`` in ``precision`` and
+    ``dtype`` on GPUs of ``device`` (None: not known; the attention kernel is then
+    FlashAttention-2)."""
     if trainer not in TRAINERS:
         raise TrainerError(f"trainer must be one of {', '.join(TRAINERS)}, got {trainer!r}")
-    if trainer == "megatron":
-        return _megatron(s, precision, device)
-    if trainer == "deepspeed":
-        return _deepspeed(s, precision, dtype)
+    if trainer == "distir":
+        return TrainerSemantics()
+    if not train:
+        raise TrainerError(
+            f"a trainer ({trainer}) describes training: an inference program takes none of its switches"
+        )
     if trainer == "torchtitan":
         return _torchtitan(s, precision)
-    return TrainerSemantics()
+    if dtype is not DType.f32 and not precision.mixed:
+        raise TrainerError(
+            f"{trainer} keeps fp32 master weights and optimizer state with {dtype} (Megatron-LM's "
+            "--bf16/--fp16, DeepSpeed's BF16/FP16 optimizers): use --precision mixed"
+        )
+    if trainer == "megatron":
+        return _megatron(s, precision, device)
+    return _deepspeed(s, precision, dtype)
 
 
 def _megatron(s: Strategy, precision: Precision, device: DeviceSpec | None) -> TrainerSemantics:
@@ -140,24 +163,33 @@ def _megatron(s: Strategy, precision: Precision, device: DeviceSpec | None) -> T
 
 
 def _deepspeed(s: Strategy, precision: Precision, dtype: DType) -> TrainerSemantics:
+    bf16 = precision.mixed and dtype is DType.bf16
+    if bf16 and s.zero == 0 and s.d * s.c > 1:
+        raise TrainerError(
+            f"{s}: DeepSpeed's bf16 with ZeRO stage 0 is its BF16_Optimizer, which shards the fp32 "
+            "state over data parallelism: that is distir's z1"
+        )
     return TrainerSemantics(
         trainer="deepspeed",
         deepspeed_pipe=s.p > 1,  # the pipeline engine runs pipelines only
-        # BF16_Optimizer (bf16 with ZeRO 0/1); FP16_Optimizer accumulates in fp16
-        fp32_grad_accum=precision.mixed and dtype is DType.bf16 and s.zero <= 1,
+        # BF16_Optimizer's fp32 gradient sums; with ZeRO-2/3 DeepSpeed accumulates bf16 gradients
+        fp32_grad_accum=bf16 and s.zero <= 1,
     )
 
 
 def _torchtitan(s: Strategy, precision: Precision) -> TrainerSemantics:
+    fsdp = s.d * s.c > 1 and s.zero >= 2
+    if precision.mixed and not fsdp:
+        raise TrainerError(
+            f"{s}: torchtitan applies mixed precision through FSDP2 only (mixed_precision_param "
+            "takes effect with data_parallel_shard_degree > 1): use z3 (z2 under pipelining) with "
+            "d > 1, or --precision pure"
+        )
     if s.zero == 3 and s.p > 1:
         raise TrainerError(
-            f"{s}: torchtitan runs FSDP under pipelining without resharding after the forward "
-            "(ZeRO-2: reshard_after_forward=False in apply_fsdp); use z2"
-        )
-    if s.d * s.c > 1 and s.zero < 2:
-        raise TrainerError(
-            f"{s}: torchtitan shards data and context parallelism with FSDP2 (z3, or z2 under "
-            "pipelining); its DDP (data_parallel_replicate_degree alone) has no mixed precision"
+            f"{s}: torchtitan's pipeline accumulates unsharded gradients and reduce-scatters them "
+            "once a step, without resharding after the forward by default (distir's ZeRO-2 under "
+            "a pipeline); distir's ZeRO-3 reduce-scatters every backward: use z2"
         )
     # the no-sync backwards of a pipeline add into fp32 sums as each block completes
     piped = s.p > 1 and precision.mixed and s.k > 1
@@ -165,7 +197,7 @@ def _torchtitan(s: Strategy, precision: Precision) -> TrainerSemantics:
         trainer="torchtitan",
         kernels="eager",
         reduce_fp32=True,
-        grad_copy_in="cast",
+        grad_copy_in="cast" if fsdp else "",
         gather_copy_out=True,
         fsdp2_root=True,
         one_dp_stream=True,
@@ -174,3 +206,18 @@ def _torchtitan(s: Strategy, precision: Precision) -> TrainerSemantics:
         fsdp2_grad_accum=piped,
         overlap_param_gather=s.p > 1,
     )
+
+
+def user_switches_fit(
+    trainer: str, deepspeed_pipe: bool, fp32_grad_accum: bool, overlap_param_gather: bool
+) -> None:
+    """Refuse a switch the user adds that belongs to another trainer than ``trainer``: DeepSpeed's
+    pipeline engine and ``BF16_Optimizer`` to Megatron-LM or torchtitan, Megatron-LM's
+    parameter-gather overlap to DeepSpeed."""
+    if trainer in ("megatron", "torchtitan") and (deepspeed_pipe or fp32_grad_accum):
+        raise TrainerError(
+            f"--deepspeed-pipe and --fp32-grad-accum are DeepSpeed's pipeline engine and BF16_Optimizer, "
+            f"not {trainer}'s"
+        )
+    if trainer == "deepspeed" and overlap_param_gather:
+        raise TrainerError("--overlap-param-gather is Megatron-LM's (and FSDP's), not DeepSpeed's engine's")
