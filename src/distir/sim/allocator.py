@@ -113,11 +113,11 @@ def block_bytes(nbytes: float) -> float:
     return float(math.ceil(nbytes / BLOCK) * BLOCK)
 
 
-def reserved_bytes(pools: Pools, gpu: int, fragmentation: float, fixed: float) -> float:
+def reserved_bytes(pools: Pools, gpu: int, fixed: float) -> float:
     """What the allocator reserves at its peak on ``gpu`` (its segments, the holes in them
-    included: ``fragmentation``, the runtime memory's flat fraction for them, is not added)
-    plus what is not the allocator's (``fixed``: context, workspaces, communication buffers)."""
-    del fragmentation  # the segments hold the holes the flat fraction stands for elsewhere
+    included: the runtime memory's flat fragmentation fraction, which stands for them elsewhere,
+    is not added) plus what is not the allocator's (``fixed``: context, workspaces,
+    communication buffers)."""
     return pools.reserved(gpu) + fixed
 
 

@@ -82,7 +82,7 @@ class SimResult:
     # gpu -> bytes held besides tensors at the peak (context, workspaces, buffers, allocator)
     runtime_memory: dict[int, float] = field(default_factory=dict)
     # ``simulate(..., allocator=True)`` (``distir.sim.allocator``): gpu -> the caching allocator's
-    # reserved peak (its streams' pools with the fragmentation fraction) plus the runtime memory's
+    # reserved peak (its streams' segments, holes included) plus the runtime memory's
     # fixed part, and gpu -> stream -> that stream's pool (bytes); empty when not asked for
     reserved_memory: dict[int, float] = field(default_factory=dict)
     stream_pools: dict[int, dict[str, float]] = field(default_factory=dict)
@@ -193,7 +193,7 @@ def _add_reserved(
     pools = stream_pools(module, fn, entry_args(fn, concrete), dmap, cost)
     for g in r.peak_memory:
         rt = cluster.device_spec(g).runtime
-        r.reserved_memory[g] = reserved_bytes(pools, g, rt.fragmentation, rt.fixed_bytes)
+        r.reserved_memory[g] = reserved_bytes(pools, g, rt.fixed_bytes)
         r.stream_pools[g] = pools.pools.get(g, {})
 
 
