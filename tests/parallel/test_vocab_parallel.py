@@ -168,6 +168,7 @@ def test_vocab_parallel_embedding_equals_the_replicated_lookup(t: int) -> None:
         ("gpt:layers=2,hidden=8,heads=2,seq=4,vocab=13", "d2.t2.sp.p2.k2.1f1b"),
         ("llama:layers=2,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=17,seq=4", "d1.t2.sp.p1.k2"),
         ("llama:layers=2,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=17,seq=4", "d1.t4.p2.k2.1f1b"),
+        ("llama:layers=2,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=17,seq=4,loss=parallel", "d1.t2.sp.p1.k2"),
     ],
 )
 def test_zoo_training_step_with_vocab_parallel_tp_matches_sequential(spec: str, strategy: str) -> None:
