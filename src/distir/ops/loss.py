@@ -450,7 +450,6 @@ __all__ = [
     "check_parts",
     "check_pred_target",
     "check_scores_labels",
-    "class_share",
     "classes_axis",
     "exp_and_onehot",
     "parts_sharding",
