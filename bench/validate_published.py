@@ -253,6 +253,7 @@ _SUB = {"model": ModelCfg, "cluster": ClusterCfg, "strategy": StrategyCfg, "publ
 
 def _check(r: Run, where: str) -> None:
     """Semantic checks a run needs before it can be predicted."""
+    from distir.frontends.zoo.gpt import LOSS_FORMS
     from distir.hardware.attention import KERNELS as ATTENTION_KERNELS
 
     for label, x in (("source", r.source), ("where", r.where), ("commit", r.commit)):
@@ -278,8 +279,8 @@ def _check(r: Run, where: str) -> None:
         raise RunsError(f"{where}.model.family: expected gpt or llama, got {m.family!r}")
     if m.attention not in ("fused", "naive"):
         raise RunsError(f"{where}.model.attention: expected fused or naive, got {m.attention!r}")
-    if m.loss not in ("fp32", "fused", "torch"):
-        raise RunsError(f"{where}.model.loss: expected fp32, fused or torch, got {m.loss!r}")
+    if m.loss not in LOSS_FORMS:
+        raise RunsError(f"{where}.model.loss: expected one of {', '.join(LOSS_FORMS)}, got {m.loss!r}")
     if not 0.0 <= m.dropout < 1.0:
         raise RunsError(f"{where}.model.dropout: expected a probability in [0, 1), got {m.dropout!r}")
     if m.norm not in ("fused", "composite") or m.rope not in ("fused", "fp32"):

@@ -235,6 +235,32 @@ def test_torch_loss_equals_the_fp32_loss_and_keeps_more() -> None:
     assert peaks["fp32"] - peaks["fused"] >= 3.5 * logits
 
 
+def _loss_peaks(strategy: str, forms: tuple[str, ...]) -> dict[str, float]:
+    """The simulated peak per local logit of each loss form (mixed precision, bf16 logits)."""
+    peaks = {}
+    s = parse_strategy(strategy)
+    for form in forms:
+        model = build_model(f"gpt:layers=1,hidden=64,heads=4,seq=64,vocab=8192,loss={form}", 8, DType.bf16)
+        prog = distribute(model, s, comm_streams=True, precision="mixed")
+        peak = simulate(prog, parse_cluster("dgx-a100"), device_map(s, True)).peak_memory[0]
+        peaks[form] = peak / (8 * 64 * 8192 / s.t)
+    return peaks
+
+
+@pytest.mark.parametrize("strategy", ["d1.t1.p1.k1", "d1.t2.p1.k1"])
+def test_parallel_loss_holds_four_fp32_logits_in_its_backward(strategy: str) -> None:
+    """``loss=parallel`` (torch's loss_parallel): its fused backward holds the saved fp32
+    log-probabilities, ``grad_input``, ``grad_input + exp(x)`` and the product — four fp32
+    tensors of the local logits (16 bytes per local logit) — where the default form holds two
+    (8, measured above) and ``loss=torch`` three (the log-probabilities, the NLL's dense gradient
+    and the log-softmax's; whole logits, so only on one device)."""
+    t1 = strategy == "d1.t1.p1.k1"
+    peaks = _loss_peaks(strategy, ("fp32", "torch", "parallel") if t1 else ("fp32", "parallel"))
+    assert 7.5 <= peaks["parallel"] - peaks["fp32"] <= 8.5
+    if t1:
+        assert 3.5 <= peaks["parallel"] - peaks["torch"] <= 4.5
+
+
 LLAMA = "llama:layers=2,hidden=32,heads=4,kv_heads=2,ffn=64,vocab=64,seq=8"
 
 

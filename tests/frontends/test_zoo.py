@@ -215,6 +215,22 @@ def test_tensor_parallel_declarations() -> None:
     assert [w.tp for w in mlp.weights] == [Shard(1), Shard(0), Shard(1), Shard(0)]
 
 
+def test_loss_forms_take_the_logits_as_their_kernels_do() -> None:
+    """Sharded on the vocabulary but for ``torch`` (F.cross_entropy on whole logits); ``fused``
+    reads them in the compute dtype; ``parallel`` (torch's loss_parallel) ends in NllLossParts."""
+    spec = "llama:layers=1,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=4"
+    got = {f: build_model(f"{spec},loss={f}", 2) for f in ("fp32", "fused", "torch", "parallel")}
+    assert {f: m.loss_input_tp for f, m in got.items()} == {
+        "fp32": Shard(2),
+        "fused": Shard(2),
+        "torch": Replicate(),
+        "parallel": Shard(2),
+    }
+    assert [f for f, m in got.items() if m.loss_dtype is DType.f32] == ["fused"]
+    loss = got["parallel"].module[got["parallel"].layers[-1].callee]
+    assert [op.name for op in loss.ops()][-4:] == ["Sub", "NllLossParts", "ReduceSum", "Scale"]
+
+
 def test_flops_per_sample() -> None:
     # MLP, exactly from the registry's costs: MatMul 2mnk, Relu 1, MSELoss 3 per element, Scale 1
     layers, h = 3, 8

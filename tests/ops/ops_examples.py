@@ -274,6 +274,11 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([T(f32, 2, 3, 4), R(T(i32, 2, 3), 0, 4)], {"axis": 2, "reduction": "none"}),
     ],
     "MSELoss": _pred,
+    "NllLossParts": [
+        Case([T(f32, 4, 5), R(T(i64, 4), 0, 5)]),
+        Case([T(f64, 3, 4), K(T(i32, 3), [0, 5, 11])], {"rows": (4, 12)}),  # a piece
+        Case([T(f64, 2, 3, 5), R(T(i64, 2, 3), 0, 5)]),  # rows (batch, sequence)
+    ],
     "SoftmaxCrossEntropyParts": [
         Case([T(f32, 4, 5), T(f32, 4), R(T(i64, 4), 0, 5)]),
         Case([T(f64, 3, 4), T(f64, 3), K(T(i32, 3), [0, 5, 11])], {"rows": (4, 12)}),  # a piece
@@ -334,6 +339,11 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([T(f32, 4), T(f32, 4), T(f32, 4, 5), T(f32, 4), R(T(i64, 4), 0, 5)]),
         Case([T(f64, 3), T(f64, 3), T(f64, 3, 4), T(f64, 3), K(T(i64, 3), [3, 4, 9])], {"rows": (4, 10)}),
         Case([T(f64, 2, 3), T(f64, 2, 3), T(f64, 2, 3, 4), T(f64, 2, 3), R(T(i64, 2, 3), 0, 4)]),
+    ],
+    "NllLossPartsGrad": [
+        Case([T(f32, 4), T(f32, 4, 5), R(T(i64, 4), 0, 5)]),
+        Case([T(f64, 3), T(f64, 3, 4), K(T(i64, 3), [3, 4, 9])], {"rows": (4, 10)}),
+        Case([T(f64, 2, 3), T(f64, 2, 3, 4), R(T(i64, 2, 3), 0, 4)]),
     ],
     "MSELossGrad": [
         Case([T(f32), T(f32, 4, 3), T(f32, 4, 3)]),

@@ -38,7 +38,7 @@ DIFFERENTIABLE = {
     *("MSELoss", "Conv", "MaxPool", "AveragePool", "Attention", "Rope"),
     *("Log", "StopGradient", "SoftmaxCrossEntropyParts", "Dropout", "LogSoftmax"),
     *("NegativeLogLikelihoodLoss", "Max", "Min", "Trilu", "CumSum", "MoE"),
-    *("UnpadTokens", "PadTokens", "Float8Cast"),
+    *("UnpadTokens", "PadTokens", "Float8Cast", "NllLossParts"),
 }
 
 
@@ -196,6 +196,8 @@ CASES: list[GCase] = [
     GCase("SoftmaxCrossEntropyParts", [t(3, 4), t(3), R(T(i64, 3), 0, 4)], dead=(0,)),
     GCase("SoftmaxCrossEntropyParts", [t(3, 4), t(3), R(T(i64, 3), 0, 4)], dead=(1,)),
     GCase("SoftmaxCrossEntropyParts", [t(2, 3, 4), t(2, 3), R(T(i64, 2, 3), 0, 4)]),  # (batch, seq) rows
+    GCase("NllLossParts", [t(4, 5), R(T(i64, 4), 0, 5)]),
+    GCase("NllLossParts", [t(2, 3, 4), R(T(i64, 2, 3), 0, 4)]),  # (batch, seq) rows
     GCase("MSELoss", [t(4, 3), t(4, 3)]),
     GCase("MSELoss", [t(5), t(5)], {"reduction": "sum"}),
     GCase("MSELoss", [t(2, 3), t(2, 3)], {"reduction": "none"}),

@@ -88,6 +88,22 @@ def sce_parts(rows: tuple[int, int] | None) -> GradCase:
     )
 
 
+def nll_parts(rows: tuple[int, int] | None) -> GradCase:
+    """NllLossParts on a piece of the classes (``rows``) or all of them: its gradient
+    (NllLossPartsGrad's dInput) is the derivative of its definition on any input, not only on
+    log-probabilities."""
+    total = 9 if rows is None else rows[1]
+    return GradCase(
+        "NllLossPartsGrad",
+        "NllLossParts",
+        primals(z=normal(5, 4 if rows else 9), l=labels((5,), total)),
+        lambda p: [p["z"], p["l"]],
+        lambda p, dy, y: [dy, p["z"], p["l"]],
+        [("z", 0)],
+        {} if rows is None else {"rows": rows},
+    )
+
+
 def sce(reduction: str, scores: tuple[int, ...], lab: tuple[int, ...]) -> GradCase:
     return GradCase(
         "SoftmaxCrossEntropyLossGrad",
@@ -214,6 +230,8 @@ GRAD_CASES = [
     rms_norm((2, 3, 4), (3, 1), axis=1, epsilon=1e-2),
     sce_parts(None),
     sce_parts((3, 9)),  # rows 3..6 of 9 classes: labels elsewhere pick nothing here
+    nll_parts(None),
+    nll_parts((3, 9)),
     sce("mean", (4, 3), (4,)),
     sce("sum", (4, 3), (4,)),
     sce("none", (2, 3, 4), (2, 4)),

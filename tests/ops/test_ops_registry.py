@@ -88,7 +88,7 @@ def test_new_ops_are_registered_in_their_families() -> None:
         "nn": {"Softmax", "LogSoftmax", "LayerNormalization", "RMSNormalization", "CausalMask", "Dropout"}
         | {"DropoutGrad", "UnpadTokens", "PadTokens"},
         "loss": {"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "MSELoss"}
-        | {"SoftmaxCrossEntropyParts"},
+        | {"SoftmaxCrossEntropyParts", "NllLossParts"},
         "grad": {
             "ReluGrad",
             "GeluGrad",
@@ -102,6 +102,7 @@ def test_new_ops_are_registered_in_their_families() -> None:
             "SoftmaxCrossEntropyLossGrad",
             "NegativeLogLikelihoodLossGrad",
             "SoftmaxCrossEntropyPartsGrad",
+            "NllLossPartsGrad",
             "MSELossGrad",
             "ConvGrad",
             "MaxPoolGrad",

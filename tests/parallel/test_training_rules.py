@@ -56,6 +56,8 @@ TRAINING_OPS = (
     "SoftmaxCrossEntropyLossGrad",
     "SoftmaxCrossEntropyParts",
     "SoftmaxCrossEntropyPartsGrad",
+    "NllLossParts",
+    "NllLossPartsGrad",
     "MSELossGrad",
     "ConvGrad",
     "MaxPoolGrad",
@@ -224,6 +226,10 @@ def training_cases(draw: st.DrawFn) -> tuple[str, Case]:
         n, c = draw(dim), draw(dim)
         parts = [T(f64, n, c), T(f64, n), In(T(i64, n), lo=0, hi=c)]
         return op, Case(parts if op == "SoftmaxCrossEntropyParts" else [T(f64, n), T(f64, n), *parts])
+    if op in ("NllLossParts", "NllLossPartsGrad"):
+        n, c = draw(dim), draw(dim)
+        parts = [T(f64, n, c), In(T(i64, n), lo=0, hi=c)]
+        return op, Case(parts if op == "NllLossParts" else [T(f64, n), *parts])
     if op == "MSELoss":
         return op, Case([T(f64, *shape), T(f64, *shape)], {"reduction": how})
     if op == "MSELossGrad":
@@ -389,3 +395,6 @@ def test_vocab_parallel_rules_leave_pending_reductions_of_rows_only() -> None:
     assert "(S(1), R, R) -> (P(sum), P(sum))" in _offered("SoftmaxCrossEntropyParts", [scores, shift, labels])
     grad = [T(f64, n), T(f64, n), scores, shift, labels]
     assert "(R, R, S(1), R, R) -> (S(1))" in _offered("SoftmaxCrossEntropyPartsGrad", grad)
+    # torch's loss_parallel: the picked log-probability a pending sum, its gradient sharded
+    assert "(S(1), R) -> (P(sum))" in _offered("NllLossParts", [scores, labels])
+    assert "(R, S(1), R) -> (S(1), S(1), S(1))" in _offered("NllLossPartsGrad", [T(f64, n), scores, labels])

@@ -111,6 +111,29 @@ def test_vocab_parallel_cross_entropy_equals_the_replicated_one(t: int, vocab: i
     assert {"ReduceMax", "SoftmaxCrossEntropyParts", "SoftmaxCrossEntropyPartsGrad"} <= ops
 
 
+@pytest.mark.parametrize(("t", "vocab"), [(1, 10), (2, 10), (4, 12)])
+def test_loss_parallel_cross_entropy_equals_the_replicated_one(t: int, vocab: int) -> None:
+    """The ``parallel`` form (torch's loss_parallel): the cross entropy and its gradient, whole
+    and sharded on the vocabulary, with only (B·S,)-sized tensors moved and torch's fused
+    backward (NllLossPartsGrad) computing the gradient."""
+    b, s = 2, 6
+    rng = np.random.default_rng(t * vocab + 1)
+    logits = rng.standard_normal((b, s, vocab)) * 3.0
+    labels = (rng.permutation(b * s) % vocab).reshape(b, s)
+    m = _with_gradient(
+        token_loss_fn(vocab, b * s, "parallel"),
+        [TensorType(DType.f64, (b, s, vocab), D0), TensorType(DType.i64, (b, s), D0)],
+        0,
+    )
+    want_loss, want_grad = _cross_entropy(logits, labels)
+    legal, (loss, grad) = _run_sharded(m, t, {0: "S(2)", 1: "R"}, {0: "R", 1: "S(2)"}, [logits, labels])
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-12)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-10, atol=1e-15)
+    moved = [op.inputs[0].type for op in legal.entry.ops() if op.name == "Redistribute"]
+    assert all(isinstance(x, DTensorType) and math.prod(x.shape) <= b * s for x in moved), moved
+    assert {"NllLossParts", "NllLossPartsGrad"} <= {op.name for op in legal.entry.ops()}
+
+
 @pytest.mark.parametrize("t", [2, 4])
 def test_vocab_parallel_embedding_equals_the_replicated_lookup(t: int) -> None:
     vocab, hidden, b, s = 11, 3, 2, 7
@@ -145,6 +168,7 @@ def test_vocab_parallel_embedding_equals_the_replicated_lookup(t: int) -> None:
         ("gpt:layers=2,hidden=8,heads=2,seq=4,vocab=13", "d2.t2.sp.p2.k2.1f1b"),
         ("llama:layers=2,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=17,seq=4", "d1.t2.sp.p1.k2"),
         ("llama:layers=2,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=17,seq=4", "d1.t4.p2.k2.1f1b"),
+        ("llama:layers=2,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=17,seq=4,loss=parallel", "d1.t2.sp.p1.k2"),
     ],
 )
 def test_zoo_training_step_with_vocab_parallel_tp_matches_sequential(spec: str, strategy: str) -> None:

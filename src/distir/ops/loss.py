@@ -1,7 +1,9 @@
 """Losses: SoftmaxCrossEntropyLoss (ONNX semantics, no weights or ignore_index; only the loss
-output), MSELoss (mean squared error, named like PyTorch's) and SoftmaxCrossEntropyParts (the
+output), MSELoss (mean squared error, named like PyTorch's), SoftmaxCrossEntropyParts (the
 per-row sums a cross entropy over classes sharded across devices is made of: Megatron-LM's
-vocabulary-parallel cross entropy, which the zoo's language models use).
+vocabulary-parallel cross entropy, which the zoo's language models use) and NllLossParts (the
+negative log-likelihood of torch's ``loss_parallel`` on log-probabilities sharded on the classes,
+whose gradient is torch's fused backward).
 
 ``reduction`` is ``"mean"`` (default; a 0-d result), ``"sum"`` (0-d) or ``"none"`` (one loss per
 sample: the labels' shape, or the prediction's for MSELoss). References compute in float64.
@@ -273,11 +275,13 @@ def _parts_bytes_written(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs
     return writes * scores + float(sum(t.nbytes for t in outs))
 
 
-def parts_sharding(first: int, linear: int) -> sh.ShardingRule:
+def parts_sharding(first: int, linear: int, summed: bool = True) -> sh.ShardingRule:
     """Each row dim (every dim of the scores but the last, the same dim of everything) sharded
     alike; the classes of the scores (input ``first``, last dim) sharded with the rest whole:
-    each result a pending sum (a sum over classes); the ``linear`` first inputs (incoming
-    gradients) may be pending sums, the rest replicated."""
+    each result a pending sum (a sum over classes), or with ``linear`` (gradients: the
+    ``linear`` first inputs are incoming gradients) sharded alike; with ``summed`` as well,
+    the incoming gradients may be pending sums, the rest replicated, giving a pending sum (an op
+    whose one result is linear in them)."""
 
     def rule(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int) -> list[sh.Strategy]:
         t = ins[first]
@@ -295,7 +299,7 @@ def parts_sharding(first: int, linear: int) -> sh.ShardingRule:
             )
             outs_p: tuple[Placement, ...] = tuple(Shard(last) if linear else sh.SUM for _ in outs)
             found.append(sh.Strategy(places, outs_p))
-        if linear:
+        if linear and summed:
             found.append(
                 sh.Strategy((*(sh.SUM for _ in range(linear)), *(sh.R for _ in ins[linear:])), (sh.SUM,))
             )
@@ -326,6 +330,80 @@ SOFTMAX_CROSS_ENTROPY_PARTS = register(
         "scores'); acc=f32 on bf16 scores is a fused cross entropy (flash-attn's xentropy "
         "kernel): fp32 inside, no fp32 copy of the scores, and the gradient written in the "
         "scores' dtype.",
+        sharding=parts_sharding(0, 0),
+        localize=rows_localizer(lambda attrs, rank: rank - 1, 0),
+    )
+)
+
+
+# -- NllLossParts (the negative log-likelihood of torch's loss_parallel) ------------------------
+# torch's ``loss_parallel`` (torch/distributed/tensor/parallel/loss.py) runs F.cross_entropy on
+# logits sharded on the classes: ``_log_softmax`` (max, all-reduce, subtract, exp, sum,
+# all-reduce, log, subtract: ordinary ops of the program) gives the local log-probabilities, the
+# one tensor saved for the backward; ``_nll_loss_forward`` gathers each row's label through a
+# masked partial and all-reduces it; the backward is fused, ``_nll_loss_and_log_softmax_backward``:
+# (zeros with −1 at the labels + exp(log-probabilities)) · dLoss, the log-softmax's own backward
+# an identity. NllLossParts is that negative log-likelihood written so that this fused backward
+# is its exact gradient: per row, Σ_c exp(input) − 1 − input[label], which on log-probabilities
+# (Σ_c exp = 1) is −input[label], what torch computes (a gather), and whose gradient is
+# exp(input) − onehot(label). With the log-softmax's normalizer a constant for the gradient
+# (StopGradient), the whole is the cross entropy's gradient, softmax − one-hot.
+def _nll_parts_rule(ctx: TypeCtx) -> Sequence[Type]:
+    logp, labels = float_input(ctx, 0, "input"), ctx.tensor(1)
+    if logp.rank < 2:
+        ctx.fail(f"{ctx.op.name} input must be (N..., C)", 0, "rank >= 2", logp.rank)
+    n = logp.shape[:-1]
+    if not labels.dtype.is_int or labels.shape != n:
+        ctx.fail(f"{ctx.op.name} labels must be {n} integers", 1, n, labels.shape)
+    rows = check_rows(ctx, logp.shape[-1])
+    total = logp.shape[-1] if rows is None else rows[1]
+    known = ctx.known[1] if len(ctx.known) > 1 else None
+    if known is not None and np.any((np.asarray(known) < 0) | (np.asarray(known) >= total)):
+        ctx.fail(
+            f"{ctx.op.name} label out of range for {total} classes", 1, f"0..{total - 1}", known.tolist()
+        )
+    return (ctx.out(logp.dtype, n),)
+
+
+def class_share(width: int, rows: Any) -> float:
+    """The share of the −1 a piece of ``width`` classes at ``rows=[start, total]`` carries (1
+    for all of them), so that the pieces' pending sum holds it once."""
+    return 1.0 if rows is None else width / int(rows[1])
+
+
+def _nll_parts_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    logp = np.asarray(args[0])
+    rows = attrs.get("rows")
+    e, onehot = exp_and_onehot(logp, np.zeros(logp.shape[:-1]), args[1], rows)
+    out = e.sum(-1) - class_share(logp.shape[-1], rows) - (f64(logp) * onehot).sum(-1)
+    return (out.astype(logp.dtype),)
+
+
+def _nll_parts_bytes_read(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+    """torch's ``_nll_loss_forward``: the labels and one gathered value per row."""
+    t = ins[0]
+    return float(ins[1].nbytes) + (numel(ins[1]) * t.dtype.itemsize if isinstance(t, TensorType) else 0.0)
+
+
+NLL_LOSS_PARTS = register(
+    OpDef(
+        name="NllLossParts",
+        family=FAMILY,
+        cost_class=COST_CLASS,
+        inputs=("input", "labels"),
+        outputs=("loss",),
+        infer=_nll_parts_rule,
+        attrs={"rows": ROWS},
+        reference=_nll_parts_ref,
+        flops=lambda ins, outs, attrs: 3.0 * numel(ins[1]),  # mask the label, gather, negate
+        bytes_read=_nll_parts_bytes_read,
+        doc="Per row n (every dim but the last; classes last): Σ_c exp(input[n, c]) − 1 − "
+        "input[n, labels[n]]: on log-probabilities (Σ exp = 1) the negative log-likelihood, "
+        "costed as torch's loss_parallel computes it (a gather of the label's value); its gradient "
+        "(NllLossPartsGrad: exp(input) − one-hot) is torch's fused backward of log-softmax and "
+        "negative log-likelihood. Sharded on the classes, a pending sum; rows=[start, total]: input "
+        "is that piece of the classes (a label outside it picks 0; the piece carries its share of "
+        "the −1).",
         sharding=parts_sharding(0, 0),
         localize=rows_localizer(lambda attrs, rank: rank - 1, 0),
     )
@@ -425,7 +503,16 @@ def _nll_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[V
     return [d, None]
 
 
+def _nll_parts_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    """NllLossPartsGrad's dInput (its other results, the tensors torch's fused backward holds,
+    unused); labels: none."""
+    logp, labels = (ctx.primal(v) for v in op.inputs)
+    d, _, _ = ctx.op("NllLossPartsGrad", first(douts), logp, labels)
+    return [d, None]
+
+
 SOFTMAX_CROSS_ENTROPY_LOSS.fill("grad", _sce_grad)
+NLL_LOSS_PARTS.fill("grad", _nll_parts_grad)
 NEGATIVE_LOG_LIKELIHOOD_LOSS.fill("grad", _nll_grad)
 SOFTMAX_CROSS_ENTROPY_PARTS.fill("grad", _parts_grad)
 MSE_LOSS.fill("grad", _mse_grad)
@@ -481,7 +568,19 @@ def _mse_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any,
     return (_torch.like(f(_torch.upcast(ctx, p), _torch.upcast(ctx, t), reduction=how), p),)
 
 
+def _nll_parts_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """The reference's formula on torch (in f32 for 16-bit inputs)."""
+    logp, labels = xs
+    rows = attrs.get("rows")
+    zero = ctx.torch.zeros(logp.shape[:-1], dtype=logp.dtype, device=logp.device)
+    e, onehot = torch_exp_and_onehot(ctx, logp, zero, labels, rows)
+    x = _torch.upcast(ctx, logp)
+    out = e.sum(-1) - class_share(logp.shape[-1], rows) - (x * onehot).sum(-1)
+    return (out.to(logp.dtype),)
+
+
 SOFTMAX_CROSS_ENTROPY_LOSS.fill("torch", _sce_torch)
+NLL_LOSS_PARTS.fill("torch", _nll_parts_torch)
 SOFTMAX_CROSS_ENTROPY_PARTS.fill("torch", _parts_torch)
 NEGATIVE_LOG_LIKELIHOOD_LOSS.fill("torch", _nll_torch)
 MSE_LOSS.fill("torch", _mse_torch)

@@ -61,14 +61,15 @@ from distir.ir.values import Value
 
 FAMILY = "gpt"
 R, COL, ROW = Replicate(), Shard(1), Shard(0)
-LOSS_FORMS = ("fp32", "fused", "torch")
+LOSS_FORMS = ("fp32", "fused", "torch", "parallel")
 VOCAB = Shard(0)  # an embedding table (vocab, hidden) sharded on the vocabulary
 LOGITS = Shard(2)  # the loss layer's input, logits (batch, seq, vocab), sharded on the vocabulary
 
 
 def loss_field() -> Any:
     """The ``loss`` option of a language model's config: the cross entropy's kernel,
-    ``fp32`` (default), ``fused`` or ``torch`` (``token_loss_fn``); an enumerated field."""
+    ``fp32`` (default), ``fused``, ``torch`` or ``parallel`` (``token_loss_fn``); an enumerated
+    field."""
     return field(default="fp32", metadata={"choices": LOSS_FORMS})
 
 
@@ -93,7 +94,7 @@ class GPTConfig:
     attention: str = attention_field()
     tied: bool = False  # GPT-2's tied embedding: the head multiplies by wteᵀ (``tied=1``)
     dropout: float = probability_field()  # hidden and attention dropout (``dropout=0.1``)
-    loss: str = loss_field()  # the cross entropy's kernel: fp32 (default), fused or torch
+    loss: str = loss_field()  # the cross entropy's kernel: fp32 (default), fused, torch or parallel
     # llm-foundry's flash attention: q, k, v unpadded and the output padded around the kernel
     # (``unpad=1``; ``attention.py``)
     unpad: bool = False
@@ -267,7 +268,11 @@ def token_loss_fn(vocab: int, normalizer: int, form: str = "fp32") -> Function:
     comes back in the compute dtype; ``torch`` is ``F.cross_entropy`` on the fp32 logits as
     torchtitan (without loss parallelism) and Hugging Face models run it — ``LogSoftmax``, whose
     fp32 output is saved, then ``NegativeLogLikelihoodLoss``, whose gradient is dense — and,
-    having no vocabulary-parallel form, takes the logits whole (``loss_input``)."""
+    having no vocabulary-parallel form, takes the logits whole (``loss_input``); ``parallel`` is
+    ``F.cross_entropy`` under torch's ``loss_parallel`` (``parallel_loss_fn``), as torchtitan runs
+    it with tensor parallelism: the fp32 logits stay sharded on the vocabulary."""
+    if form == "parallel":
+        return parallel_loss_fn(vocab, normalizer)
     if form == "torch":
         f = LayerFn("loss")
         logits, labels = f.param("logits"), f.param("labels")
@@ -286,6 +291,31 @@ def token_loss_fn(vocab: int, normalizer: int, form: str = "fp32") -> Function:
         "SoftmaxCrossEntropyParts", scores, peak, targets, names=("sumexp", "picked"), **acc
     )
     nll = f("Sub", f("Log", sumexp, name="lse"), picked, name="nll")
+    total = f("ReduceSum", nll, keepdims=0, name="total")
+    return f.ret(f("Scale", total, alpha=1.0 / normalizer, name="loss"))
+
+
+def parallel_loss_fn(vocab: int, normalizer: int) -> Function:
+    """The ``parallel`` loss form: ``F.cross_entropy`` on the fp32 logits under
+    ``torch.distributed.tensor.parallel.loss_parallel()`` (torch/distributed/tensor/parallel/
+    loss.py), op by op. ``_log_softmax``: the row max (``amax``; sharded on V, a pending max:
+    one all-reduce of B·S numbers), ``shifted = x − max``, ``exp(shifted)`` summed (a pending
+    sum, an all-reduce), its log, ``shifted − logsumexp``: the log-probabilities, the one tensor
+    the backward keeps. ``_nll_loss_forward``: the label's log-probability gathered through a
+    masked partial and all-reduced (``NllLossParts``, a pending sum). The backward is torch's
+    fused one (``NllLossPartsGrad``): the log-softmax's normalizer enters it as a constant
+    (``StopGradient``), so the subtractions pass the gradient through unchanged, as torch's
+    ``_log_softmax_backward_handler`` returns it as it comes."""
+    f = LayerFn("loss")
+    logits, labels = f.param("logits"), f.param("labels")
+    scores = f("Reshape", logits, shape=(-1, vocab), name="scores")  # (B·S, V)
+    targets = f("Reshape", labels, shape=(-1,), name="targets")  # (B·S,)
+    peak = f("StopGradient", f("ReduceMax", scores, axes=(1,), keepdims=1, name="max"), name="shift")
+    shifted = f("Sub", scores, peak, name="shifted")
+    sumexp = f("ReduceSum", f("Exp", shifted, name="exp"), axes=(1,), keepdims=1, name="sumexp")
+    lse = f("Log", f("StopGradient", sumexp, name="norm"), name="lse")
+    logp = f("Sub", shifted, lse, name="logp")
+    nll = f("NllLossParts", logp, targets, name="nll")
     total = f("ReduceSum", nll, keepdims=0, name="total")
     return f.ret(f("Scale", total, alpha=1.0 / normalizer, name="loss"))
 

@@ -98,7 +98,7 @@ class LlamaConfig:
     seq: int
     rope_theta: int = 10000  # RoPE's base: 10000 (Llama 2), 500000 (Llama 3)
     attention: str = attention_field()
-    loss: str = loss_field()  # the cross entropy's kernel: fp32 (default), fused or torch
+    loss: str = loss_field()  # the cross entropy's kernel: fp32 (default), fused, torch or parallel
     norm: str = _choice("fused", NORM_FORMS)  # RMSNorm: one op or eager PyTorch's (module doc)
     rope: str = _choice("fused", ROPE_FORMS)  # RoPE in the model's dtype or in f32 (module doc)
     silu: str = _choice("composite", SILU_FORMS)  # SwiGLU's silu: Mul·Sigmoid or one Silu op

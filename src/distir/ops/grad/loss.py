@@ -1,7 +1,7 @@
 """Gradient ops of the losses (family ``grad``): NegativeLogLikelihoodLossGrad,
-SoftmaxCrossEntropyLossGrad, SoftmaxCrossEntropyPartsGrad, MSELossGrad. Each takes the loss's
-gradient first (a scalar, or one per item without reduction); references compute in float64 and
-round once (the forward's helpers in ``distir.ops.loss``)."""
+SoftmaxCrossEntropyLossGrad, SoftmaxCrossEntropyPartsGrad, NllLossPartsGrad, MSELossGrad. Each
+takes the loss's gradient first (a scalar, or one per item without reduction); references
+compute in float64 and round once (the forward's helpers in ``distir.ops.loss``)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from distir.ops.nn import (
     softmax,
 )
 from distir.ops.registry import OpDef, TypeCtx, register
-from distir.ops.shape.select import ROWS, rows_localizer
+from distir.ops.shape.select import ROWS, check_rows, rows_localizer
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
@@ -180,6 +180,67 @@ SOFTMAX_CROSS_ENTROPY_PARTS_GRAD = register(
 )
 
 
+def _nll_parts_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
+    logp = ctx.tensor(1)
+    if logp.rank < 2 or not logp.dtype.is_float:
+        ctx.fail(f"{ctx.op.name} input must be float (N..., C)", 1, "rank >= 2, float", logp)
+    n = logp.shape[:-1]
+    d, labels = ctx.tensor(0), ctx.tensor(2)
+    if d.shape != n:
+        ctx.fail(f"{ctx.op.name} dLoss must have shape {n}", 0, n, d.shape)
+    if not labels.dtype.is_int or labels.shape != n:
+        ctx.fail(f"{ctx.op.name} labels must be {n} integers", 2, n, labels.shape)
+    check_rows(ctx, logp.shape[-1])
+    return tuple(ctx.out(logp.dtype, logp.shape) for _ in range(3))
+
+
+def _nll_parts_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    logp = np.asarray(args[1])
+    e, onehot = exp_and_onehot(logp, np.zeros(logp.shape[:-1]), args[2], attrs.get("rows"))
+    summed = e - onehot
+    outs = (f64(args[0])[..., None] * summed, -onehot, summed)
+    return tuple(o.astype(logp.dtype) for o in outs)
+
+
+# torch's _nll_loss_and_log_softmax_backward runs, over the local log-probabilities: zeros_like
+# (a write), the scatter of −1 at the labels (one element per row), exp (read, write), the add
+# (two reads, a write) and the multiplication by dLoss (read, write): 4 reads and 4 writes.
+_NLL_GRAD_READS, _NLL_GRAD_WRITES = 4, 4
+
+
+def _nll_parts_grad_bytes_read(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+    return _NLL_GRAD_READS * float(ins[1].nbytes) + float(ins[0].nbytes + ins[2].nbytes)
+
+
+def _nll_parts_grad_bytes_written(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+    return _NLL_GRAD_WRITES * float(ins[1].nbytes)
+
+
+NLL_LOSS_PARTS_GRAD = register(
+    OpDef(
+        name="NllLossPartsGrad",
+        family=FAMILY,
+        cost_class=COST_CLASS,
+        inputs=("dLoss", "input", "labels"),
+        outputs=("dInput", "grad_input", "summed"),
+        infer=_nll_parts_grad_rule,
+        attrs={"rows": ROWS},
+        reference=_nll_parts_grad,
+        flops=lambda ins, outs, attrs: 3.0 * numel(ins[1]),  # exp, add, multiply per element
+        bytes_read=_nll_parts_grad_bytes_read,
+        bytes_written=_nll_parts_grad_bytes_written,
+        doc="The gradient of NllLossParts, as torch's loss_parallel computes it "
+        "(_nll_loss_and_log_softmax_backward): grad_input = zeros with −1 at the labels (this piece's), "
+        "summed = grad_input + exp(input), dInput = summed · dLoss per row. grad_input and summed "
+        "are results so that the program holds what torch holds while it runs: with the saved "
+        "input, four tensors the size of the local log-probabilities (their users: none). rows as "
+        "the forward's.",
+        sharding=parts_sharding(1, 1, summed=False),
+        localize=rows_localizer(lambda attrs, rank: rank - 1, 1),
+    )
+)
+
+
 def _mse_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
     p = check_pred_target(ctx, 1, 2)
     _check_dloss(ctx, 1, p.shape)
@@ -244,6 +305,14 @@ def _parts_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tup
     return (like(d, scores),)
 
 
+def _nll_parts_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    dloss, logp, labels = xs
+    zero = ctx.torch.zeros(logp.shape[:-1], dtype=logp.dtype, device=logp.device)
+    e, onehot = torch_exp_and_onehot(ctx, logp, zero, labels, attrs.get("rows"))
+    summed = e - onehot
+    return tuple(like(t, logp) for t in (upcast(ctx, dloss)[..., None] * summed, -onehot, summed))
+
+
 def _mse_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
     dloss, p, t = xs
     g = 2.0 * (upcast(ctx, p) - upcast(ctx, t)) * upcast(ctx, dloss)
@@ -255,4 +324,5 @@ def _mse_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple
 NEGATIVE_LOG_LIKELIHOOD_LOSS_GRAD.fill("torch", _nll_grad_torch)
 SOFTMAX_CROSS_ENTROPY_LOSS_GRAD.fill("torch", _sce_grad_torch)
 SOFTMAX_CROSS_ENTROPY_PARTS_GRAD.fill("torch", _parts_grad_torch)
+NLL_LOSS_PARTS_GRAD.fill("torch", _nll_parts_grad_torch)
 MSE_LOSS_GRAD.fill("torch", _mse_grad_torch)
