@@ -420,3 +420,22 @@ def test_main_passes_exit_codes_through(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(SystemExit) as exit_:
         main()
     assert exit_.value.code == 2
+
+
+def test_a_trainer_builds_its_model_options_unless_the_model_sets_them() -> None:
+    base = ["simulate", "--strategy", "d2.t2.z3", "--batch", "4", "--dtype", "bf16", "--precision", "mixed"]
+    base += ["--cluster", "h100", "--json"]
+    llama = "llama:layers=2,hidden=256,heads=4,kv_heads=2,ffn=512,vocab=1024,seq=64"
+    cases = [
+        ("torchtitan", llama, [], llama + ",norm=composite,rope=fp32,silu=fused,kv=copy,loss=parallel"),
+        ("torchtitan", llama + ",loss=torch", ["--kernels", "fused"], llama + ",loss=torch"),
+        ("megatron", llama, [], llama + ",qkv=fused"),
+        ("distir", llama, [], llama),
+    ]
+    for trainer, model, extra, built in cases:
+        code, out, err = run(*base, "--model", model, "--trainer", trainer, *extra)
+        assert code == 0, err
+        assert json.loads(out)["model_built"] == built
+    code, out, err = run(*base, "--model", "mlp:layers=2,hidden=64", "--trainer", "megatron")
+    assert code == 0, err
+    assert json.loads(out)["model_built"] == "mlp:layers=2,hidden=64"  # no such option in its family

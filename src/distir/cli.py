@@ -423,7 +423,7 @@ def simulate(
             max_ops,
             switches,
         )
-        m, dmap0, source, batch, model_flops, semantics = built
+        m, dmap0, source, batch, model_flops, semantics, built_spec = built
     else:
         assert file is not None
         _check_file_simulate_options(strategy, precision, bucket_mb, overlap_param_gather)
@@ -431,7 +431,7 @@ def simulate(
             _fail("--deepspeed-pipe, --fp32-grad-accum and --trainer apply to --model, not to a program file")
         s = _Session(file, debug)
         m = s.explicit(s.load(entry))  # a sharded program is simulated in its materialized form
-        dmap0, source, model_flops, semantics = None, str(file), None, None
+        dmap0, source, model_flops, semantics, built_spec = None, str(file), None, None, None
     kernels = semantics.kernels if semantics else kernels or "fused"
     attention_kernel = semantics.attention_kernel if semantics else attention_kernel or "fa2"
     cl, dmap = _simulated_cluster(m, cluster, device_map, dmap0, source, debug)
@@ -457,9 +457,13 @@ def simulate(
     if json_out:
         where = {"schema": SCHEMA, "file" if file is not None else "model": source}
         fields = _strategy_json(model, strategy, batch, dtype, precision) if model is not None else {}
-        options = {"cluster": cluster, "kernels": kernels, "attention_kernel": attention_kernel}
+        options: dict[str, str | None] = {
+            "cluster": cluster,
+            "kernels": kernels,
+            "attention_kernel": attention_kernel,
+        }
         if semantics is not None:
-            options["trainer"] = semantics.trainer
+            options |= {"trainer": semantics.trainer, "model_built": built_spec}
         traced = {"trace": str(trace) if trace else None, "trace_detail": trace_detail if trace else None}
         _emit_json({**where, **fields, **options, "tp_comm_overlap": tp_comm_overlap, **summary, **traced})
         return
@@ -685,6 +689,30 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
     )
 
 
+def _trainer_model(spec: str, sw: _SimSwitches, st: Any) -> str:
+    """``spec`` with the trainer's model options it does not set itself
+    (``distir.parallel.trainers.model_options``), those its family has; a model that is not a
+    zoo string (a file, an import) is left as it is."""
+    from distir.frontends.zoo.model import ModelError
+    from distir.frontends.zoo.registry import parse_model_string
+    from distir.parallel.trainers import model_options, trainer_kernels
+
+    wanted = model_options(sw.trainer, st, sw.kernels or trainer_kernels(sw.trainer))
+    try:
+        config = parse_model_string(spec).config if wanted else None
+    except ModelError:
+        return spec  # reported when the model is built
+    if config is None or not dataclasses.is_dataclass(config):
+        return spec
+    have = {f.name for f in dataclasses.fields(config)}
+    _, colon, rest = spec.partition(":")
+    given = {item.partition("=")[0].strip() for item in rest.split(",")} if colon else set()
+    extra = [f"{k}={v}" for k, v in wanted.items() if k in have and k not in given]
+    if not extra:
+        return spec
+    return spec + ("," if colon and rest.strip() else ":") + ",".join(extra)
+
+
 class ModelProgram(NamedTuple):
     """A zoo model's distributed program (``_model_program``), with what its report needs."""
 
@@ -694,6 +722,7 @@ class ModelProgram(NamedTuple):
     batch: int
     model_flops: float | None  # the model's FLOPs per step (MFU), recomputation excluded
     semantics: TrainerSemantics  # what the trainer runs (``distir.parallel.trainers``)
+    spec: str  # the model string built: the user's, with the trainer's model options
 
 
 def _model_program(
@@ -735,6 +764,7 @@ def _model_program(
         dt = parse_training_dtype(dtype)
         b = batch if batch is not None else 8 * st.d * st.k
         prec = Precision.parse(precision)
+        spec = _trainer_model(spec, switches, st)
         check_cluster_fits(st, cluster)  # before anything is built
         check_elements(spec, b, dt, spec)
         mod = build_model(spec, batch=b, dtype=dt)
@@ -772,7 +802,7 @@ def _model_program(
         _fail(str(e))
     mode = f"{'train' if train else 'infer'}, {dt}{f' {prec}' if prec.mixed else ''}"
     label = f"{mod.name} {st} ({mode}{'' if sem.trainer == 'distir' else ', as ' + sem.trainer})"
-    return ModelProgram(prog, strategy_map(st, True), label, b, mod.step_flops(train), sem)
+    return ModelProgram(prog, strategy_map(st, True), label, b, mod.step_flops(train), sem, spec)
 
 
 @app.command()

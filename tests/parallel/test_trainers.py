@@ -23,6 +23,7 @@ from distir.parallel.trainers import (
     TRAINERS,
     TrainerError,
     TrainerSemantics,
+    model_options,
     trainer_semantics,
     user_switches_fit,
 )
@@ -231,3 +232,15 @@ def test_switches_are_the_published_records_of_that_trainer(trainer: str) -> Non
         sem = trainer_semantics(trainer, s, prec, DType.bf16, vp.cluster_of(r.cluster).nodes[0].device)
         for key in _checked_keys(trainer, r):
             assert getattr(sem, key) == getattr(r, key), (r.name, key)
+
+
+def test_model_options_are_the_records_model_strings() -> None:
+    one, tp = parse_strategy("d8.z3"), parse_strategy("d8.t8.sp.z3")
+    eager = {"norm": "composite", "rope": "fp32", "silu": "fused", "kv": "copy"}
+    assert model_options("torchtitan", one, "eager") == {**eager, "loss": "torch"}  # titan-8b-fsdp-g8
+    assert model_options("torchtitan", one, "fused") == {"loss": "torch"}  # its compiled rows
+    assert model_options("torchtitan", tp, "fused") == {"loss": "parallel"}  # loss_parallel under TP
+    assert (
+        model_options("megatron", tp, "fused") == model_options("deepspeed", one, "fused") == {"qkv": "fused"}
+    )
+    assert model_options("distir", tp, "fused") == {}

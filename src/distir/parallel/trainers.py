@@ -195,7 +195,7 @@ def _torchtitan(s: Strategy, precision: Precision) -> TrainerSemantics:
     piped = s.p > 1 and precision.mixed and s.k > 1
     return TrainerSemantics(
         trainer="torchtitan",
-        kernels="eager",
+        kernels=trainer_kernels("torchtitan"),
         reduce_fp32=True,
         grad_copy_in="cast" if fsdp else "",
         gather_copy_out=True,
@@ -206,6 +206,27 @@ def _torchtitan(s: Strategy, precision: Precision) -> TrainerSemantics:
         fsdp2_grad_accum=piped,
         overlap_param_gather=s.p > 1,
     )
+
+
+def model_options(trainer: str, s: Strategy, kernels: str) -> dict[str, str]:
+    """The zoo model options (``NAME:key=value``) ``trainer`` runs its model with under ``s``
+    and ``kernels`` (the trainer's or the user's): Megatron-LM's and Megatron-DeepSpeed's one QKV
+    GEMM; torchtitan's cross entropy on the fp32 logits, under loss parallelism when t > 1
+    (``disable_loss_parallel`` off by default), and, with eager kernels, its RMSNorm, RoPE and
+    ``repeat_kv`` as the separate ops eager PyTorch runs (the published-run records' model
+    strings). A model's own options win; a family without such an option takes none."""
+    if trainer in ("megatron", "deepspeed"):
+        return {"qkv": "fused"}
+    if trainer != "torchtitan":
+        return {}
+    eager = {"norm": "composite", "rope": "fp32", "silu": "fused", "kv": "copy"} if kernels == "eager" else {}
+    return {**eager, "loss": "parallel" if s.t > 1 else "torch"}
+
+
+def trainer_kernels(trainer: str) -> str:
+    """The kernels ``trainer`` runs by default: eager for torchtitan (no ``torch.compile``),
+    fused for the others (``TrainerSemantics.kernels``)."""
+    return "eager" if trainer == "torchtitan" else "fused"
 
 
 def user_switches_fit(
