@@ -77,8 +77,10 @@ from distir.ir.rewrite import ValueMap, copy_instr, eliminate_dead_code
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Value
 from distir.ops.elementwise import STOP_GRADIENT
+from distir.ops.float8 import FLOAT8_CAST
 from distir.ops.gradrules import NotDifferentiableError
 from distir.ops.registry import REGISTRY
+from distir.ops.shape.family import FAMILY as SHAPE_FAMILY
 from distir.ops.shape.views import RESHAPE
 
 RecomputePolicy = Callable[[Op, Function], bool]
@@ -156,10 +158,13 @@ def SAVE_PRODUCTS(op: Op, fn: Function) -> bool:
     matrix products with a weight (ops whose registry entry describes a GEMM shape,
     ``OpDef.gemm``: the 1st, 3rd, ... of the layer, in program order — torchtitan's policy
     recomputes every second ``mm``); recompute the rest (norms, activations, elementwise
-    chains, the even products). A product of float8 operands is no product with a weight (its
-    operands are ``Float8Cast`` results): torchtitan's ``_save_list`` (9dec370,
-    ``parallelize_llama.py``) names ``aten.mm``, not ``aten._scaled_mm``, so under Float8 every
-    linear layer is recomputed."""
+    chains, the even products). A product of float8 operands counts as one with a weight when
+    an operand is the float8 cast of a weight (``saved_products``): torchao eab345c's Float8
+    matmul calls ``torch.mm`` on two ``Float8Tensor`` operands, which the checkpointing policy
+    sees as ``aten.mm`` before the subclass turns it into ``aten._scaled_mm``
+    (``float8_linear.py``, ``float8_ops.py``), so torchtitan's ``_save_list`` (9dec370,
+    ``parallelize_llama.py``: ``aten.mm``) saves every other Float8 product's bf16 result as it
+    does a bf16 one's."""
     d = REGISTRY[op.name]
     if d.gemm is not None:
         return op in saved_products(fn)
@@ -173,8 +178,11 @@ def saved_products(fn: Function) -> frozenset[Op]:
     if got is not None and got[0] is fn:
         return got[1]
     weights = set(fn.params[1:])
+    made = {v: op for op in fn.ops() for v in op.outputs}
     products = [
-        op for op in fn.ops() if REGISTRY[op.name].gemm is not None and any(v in weights for v in op.inputs)
+        op
+        for op in fn.ops()
+        if REGISTRY[op.name].gemm is not None and any(_weight_operand(v, weights, made) for v in op.inputs)
     ]
     found = frozenset(products[::2])
     if len(_PRODUCTS) >= 256:
@@ -184,6 +192,21 @@ def saved_products(fn: Function) -> frozenset[Op]:
 
 
 _PRODUCTS: dict[int, tuple[Function, frozenset[Op]]] = {}
+
+
+def _weight_operand(v: Value, weights: set[Value], made: dict[Value, Op]) -> bool:
+    """Whether ``v`` is a weight, or a weight seen through single-input views (the shape
+    family) and float8 casts (``FLOAT8_CAST``: Float8 training's cast of the weight)."""
+    for _ in range(8):  # a weight is a few views and casts away, never more
+        if v in weights:
+            return True
+        op = made.get(v)
+        if op is None or len(op.inputs) != 1:
+            return False
+        if op.name != FLOAT8_CAST.name and REGISTRY[op.name].family != SHAPE_FAMILY:
+            return False
+        v = op.inputs[0]
+    return False
 
 
 def SAVE_PRODUCTS_EAGER(op: Op, fn: Function) -> bool:
