@@ -436,6 +436,9 @@ def test_a_trainer_builds_its_model_options_unless_the_model_sets_them() -> None
         code, out, err = run(*base, "--model", model, "--trainer", trainer, *extra)
         assert code == 0, err
         assert json.loads(out)["model_built"] == built
+    code, out, err = run(*base, "--model", " gpt2-117m: ", "--trainer", "megatron")  # an empty option list
+    assert code == 0, err
+    assert json.loads(out)["model_built"] == "gpt2-117m:qkv=fused"
     code, out, err = run(*base, "--model", "mlp:layers=2,hidden=64", "--trainer", "megatron")
     assert code == 0, err
     assert json.loads(out)["model_built"] == "mlp:layers=2,hidden=64"  # no such option in its family

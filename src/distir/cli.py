@@ -457,17 +457,27 @@ def simulate(
     if json_out:
         where = {"schema": SCHEMA, "file" if file is not None else "model": source}
         fields = _strategy_json(model, strategy, batch, dtype, precision) if model is not None else {}
-        options: dict[str, str | None] = {
-            "cluster": cluster,
-            "kernels": kernels,
-            "attention_kernel": attention_kernel,
-        }
-        if semantics is not None:
-            options |= {"trainer": semantics.trainer, "model_built": built_spec}
+        options = _sim_options(cluster, kernels, attention_kernel, semantics, built_spec)
         traced = {"trace": str(trace) if trace else None, "trace_detail": trace_detail if trace else None}
         _emit_json({**where, **fields, **options, "tp_comm_overlap": tp_comm_overlap, **summary, **traced})
         return
     _print_simulation(result, summary, f"{source} on {cluster}", trace)
+
+
+def _sim_options(
+    cluster: str | None,
+    kernels: str,
+    attention_kernel: str,
+    semantics: TrainerSemantics | None,
+    built_spec: str | None,
+) -> dict[str, str | None]:
+    """``simulate --json``'s options: the cluster, the kernels, and with ``--model`` the trainer
+    and the model string built (``_trainer_model``)."""
+    options: dict[str, str | None] = {"cluster": cluster, "kernels": kernels}
+    options["attention_kernel"] = attention_kernel
+    if semantics is not None:
+        options |= {"trainer": semantics.trainer, "model_built": built_spec}
+    return options
 
 
 def _check_simulate_options(
@@ -697,6 +707,7 @@ def _trainer_model(spec: str, sw: _SimSwitches, st: Any) -> str:
     from distir.frontends.zoo.registry import parse_model_string
     from distir.parallel.trainers import model_options, trainer_kernels
 
+    spec = spec.strip()
     wanted = model_options(sw.trainer, st, sw.kernels or trainer_kernels(sw.trainer))
     try:
         config = parse_model_string(spec).config if wanted else None
@@ -710,7 +721,7 @@ def _trainer_model(spec: str, sw: _SimSwitches, st: Any) -> str:
     extra = [f"{k}={v}" for k, v in wanted.items() if k in have and k not in given]
     if not extra:
         return spec
-    return spec + ("," if colon and rest.strip() else ":") + ",".join(extra)
+    return spec + ("," if rest.strip() else "" if colon else ":") + ",".join(extra)
 
 
 class ModelProgram(NamedTuple):

@@ -210,17 +210,22 @@ def _torchtitan(s: Strategy, precision: Precision) -> TrainerSemantics:
 
 def model_options(trainer: str, s: Strategy, kernels: str) -> dict[str, str]:
     """The zoo model options (``NAME:key=value``) ``trainer`` runs its model with under ``s``
-    and ``kernels`` (the trainer's or the user's): Megatron-LM's and Megatron-DeepSpeed's one QKV
-    GEMM; torchtitan's cross entropy on the fp32 logits, under loss parallelism when t > 1
-    (``disable_loss_parallel`` off by default), and, with eager kernels, its RMSNorm, RoPE and
-    ``repeat_kv`` as the separate ops eager PyTorch runs (the published-run records' model
-    strings). A model's own options win; a family without such an option takes none."""
+    and ``kernels`` (the trainer's or the user's), as the published-run records' model strings
+    have them: Megatron-LM's and Megatron-DeepSpeed's one QKV GEMM; torchtitan 820504e's cross
+    entropy on the fp32 logits — ``F.cross_entropy`` (``loss=torch``) on one tensor-parallel
+    rank, under ``loss_parallel`` (``loss=parallel``) when t > 1 in eager mode, compiled with
+    the model under ``--training.compile`` (``build_cross_entropy_loss``: fused kernels over
+    vocabulary-sharded logits, ``loss=fp32``) — and, with eager kernels, its RMSNorm, RoPE and
+    ``repeat_kv`` as the separate ops eager PyTorch runs. A model's own options win; a family
+    without such an option takes none."""
     if trainer in ("megatron", "deepspeed"):
         return {"qkv": "fused"}
     if trainer != "torchtitan":
         return {}
-    eager = {"norm": "composite", "rope": "fp32", "silu": "fused", "kv": "copy"} if kernels == "eager" else {}
-    return {**eager, "loss": "parallel" if s.t > 1 else "torch"}
+    eager = kernels == "eager"
+    forms = {"norm": "composite", "rope": "fp32", "silu": "fused", "kv": "copy"} if eager else {}
+    loss = "torch" if s.t == 1 else "parallel" if eager else "fp32"
+    return {**forms, "loss": loss}
 
 
 def trainer_kernels(trainer: str) -> str:
