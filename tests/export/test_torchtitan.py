@@ -86,14 +86,27 @@ def test_fsdp_with_gradient_accumulation() -> None:
 
 
 def test_tp_with_sequence_parallelism() -> None:
-    doc, warn = _toml("d1.t8.sp.p1.k1.1f1b.rops")
+    doc, warn = _toml("d1.t8.sp.p1.k1.1f1b.rops", model="llama3-8b:loss=parallel")
     assert doc["parallelism"]["tensor_parallel_degree"] == 8
     assert doc["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
     assert warn == ()
 
 
+def test_the_loss_form_under_tp_is_torchtitans_loss_parallel_or_its_absence() -> None:
+    """torchtitan's loss_parallel is ``loss=parallel``, disabling it is ``loss=torch`` (whole
+    logits); distir's vocabulary-parallel ``fp32`` form has no torchtitan option: a warning."""
+    parallel, _ = _toml("d1.t8.sp.p1.k1.1f1b", model="llama3-8b:loss=parallel")
+    assert "disable_loss_parallel" not in parallel["parallelism"]
+    whole, warn = _toml("d1.t8.sp.p1.k1.1f1b", model="llama3-8b:loss=torch")
+    assert whole["parallelism"]["disable_loss_parallel"] is True and warn == ()
+    _, warn = _toml("d1.t8.sp.p1.k1.1f1b")  # the zoo's default loss=fp32
+    assert len(warn) == 1 and "no loss of the plan's form (loss=fp32" in warn[0]
+    one, warn = _toml("d8.t1.p1.k1.z3", model="llama3-8b:loss=torch")  # no TP: no loss parallelism
+    assert "disable_loss_parallel" not in one["parallelism"] and warn == ()
+
+
 def test_replicas_beside_tp_are_fsdp_since_torchtitan_ddp_is_1d_only() -> None:
-    doc, warn = _toml("d2.t4.sp.p1.k1.1f1b")
+    doc, warn = _toml("d2.t4.sp.p1.k1.1f1b", model="llama3-8b:loss=parallel")
     par = doc["parallelism"]
     assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (1, 2)
     assert par["fsdp_reshard_after_forward"] == "never"

@@ -56,7 +56,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from distir.export.plan import Exported, ExportError, Plan, degrees_text, need_transformer, refuse_common
+from distir.export.plan import (
+    Exported,
+    ExportError,
+    Plan,
+    degrees_text,
+    model_shape,
+    need_transformer,
+    refuse_common,
+)
+from distir.frontends.zoo.registry import parse_model_string
 
 TARGET = "torchtitan"
 SCHEDULES = {
@@ -123,6 +132,8 @@ def _parallelism(plan: Plan, warn: list[str]) -> dict[str, Any]:
                 "without resharding after the forward (ZeRO-2: gradients sharded too, less memory)"
             )
     par["tensor_parallel_degree"] = s.t
+    if s.t > 1:
+        par |= _loss_parallel(plan, warn)
     if s.c > 1:
         par["context_parallel_degree"] = s.c
         par["context_parallel_rotate_method"] = "alltoall"
@@ -137,6 +148,24 @@ def _parallelism(plan: Plan, warn: list[str]) -> dict[str, Any]:
         par["pipeline_parallel_microbatch_size"] = plan.microbatch
         par["module_fqns_per_model_part"] = module_fqns(plan.blocks)
     return par
+
+
+def _loss_parallel(plan: Plan, warn: list[str]) -> dict[str, Any]:
+    """Under tensor parallelism torchtitan runs its cross entropy under ``loss_parallel`` unless
+    ``disable_loss_parallel`` (``[parallelism]``, job_config.py at e347b1e5): the plan's
+    ``loss=parallel`` is that, ``loss=torch`` (whole logits) is it disabled; distir's
+    vocabulary-parallel forms (``fp32``, ``fused``) have no torchtitan option."""
+    form = parse_model_string(plan.model).config.loss
+    if form == "torch":
+        return {"disable_loss_parallel": True}
+    if form != "parallel":
+        warn.append(
+            f"torchtitan has no loss of the plan's form (loss={form}, Megatron-LM's vocabulary-parallel "
+            "cross entropy); exported with its loss_parallel, whose backward holds four fp32 logit-sized "
+            "tensors where the plan's holds two: simulate the model with loss=parallel (or --trainer "
+            "torchtitan) to see its memory"
+        )
+    return {}
 
 
 def _training(plan: Plan) -> dict[str, Any]:
@@ -186,14 +215,22 @@ def _float8(plan: Plan, sections: dict[str, dict[str, Any]], warn: list[str]) ->
         )
 
 
+def _shipped(plan: Plan) -> str | None:
+    """The torchtitan model (a ``FLAVORS`` key) the plan's model is: its zoo name, with options
+    that leave its shape as it is (the loss, the norms' kernels, ...), else None."""
+    head = plan.model.partition(":")[0].strip()
+    return head if head in FLAVORS and model_shape(head) == plan.shape else None
+
+
 def job_sections(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
     refuse_common(plan, TARGET)
     warn: list[str] = []
     shape = need_transformer(plan, TARGET)
+    shipped = _shipped(plan)
     name, flavor = FLAVORS.get(
-        plan.model, ("llama3" if shape.family == "llama" else shape.family, plan.model)
+        shipped or "", ("llama3" if shape.family == "llama" else shape.family, plan.model)
     )
-    if plan.model not in FLAVORS:
+    if shipped is None:
         warn.append(
             f"torchtitan ships no {plan.model} model; [model] names it (name {name!r}, flavor {flavor!r}): "
             "register a model of its shape under those names"
