@@ -379,12 +379,6 @@ def _nll_parts_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return (out.astype(logp.dtype),)
 
 
-def _nll_parts_bytes_read(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
-    """torch's ``_nll_loss_forward``: the labels and one gathered value per row."""
-    t = ins[0]
-    return float(ins[1].nbytes) + (numel(ins[1]) * t.dtype.itemsize if isinstance(t, TensorType) else 0.0)
-
-
 NLL_LOSS_PARTS = register(
     OpDef(
         name="NllLossParts",
@@ -396,7 +390,7 @@ NLL_LOSS_PARTS = register(
         attrs={"rows": ROWS},
         reference=_nll_parts_ref,
         flops=lambda ins, outs, attrs: 3.0 * numel(ins[1]),  # mask the label, gather, negate
-        bytes_read=_nll_parts_bytes_read,
+        bytes_read=_nll_bytes_read,  # torch's _nll_loss_forward: a gather, as NegativeLogLikelihoodLoss
         doc="Per row n (every dim but the last; classes last): Σ_c exp(input[n, c]) − 1 − "
         "input[n, labels[n]]: on log-probabilities (Σ exp = 1) the negative log-likelihood, "
         "costed as torch's loss_parallel computes it (a gather of the label's value); its gradient "

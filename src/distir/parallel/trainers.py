@@ -44,7 +44,7 @@ takes none (``train=False`` is refused).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import TypedDict, cast
 
 from distir.autodiff.precision import Precision
 from distir.hardware.specs import DeviceSpec
@@ -83,21 +83,8 @@ class TrainerSemantics:
     overlap_param_gather: bool = False
 
     def switches(self) -> Switches:
-        """``distribute``'s keyword arguments this trainer sets."""
-        return Switches(
-            megatron_ddp=self.megatron_ddp,
-            grad_accum_fusion=self.grad_accum_fusion,
-            reduce_fp32=self.reduce_fp32,
-            deepspeed_pipe=self.deepspeed_pipe,
-            fp32_grad_accum=self.fp32_grad_accum,
-            gather_copy_out=self.gather_copy_out,
-            fsdp2_root=self.fsdp2_root,
-            one_dp_stream=self.one_dp_stream,
-            grad_copy_in=self.grad_copy_in,
-            gather_cast=self.gather_cast,
-            fsdp2_grad_accum=self.fsdp2_grad_accum,
-            overlap_param_gather=self.overlap_param_gather,
-        )
+        """``distribute``'s keyword arguments this trainer sets (``Switches``' keys)."""
+        return cast(Switches, {k: getattr(self, k) for k in Switches.__required_keys__})
 
 
 class Switches(TypedDict):
