@@ -8,7 +8,10 @@ median |error| and the largest under-estimate, then over every plan; targets: me
 5%, no estimate more than 15% under. Asserts nothing (``tests/search/test_screen_memory.py``
 holds the bounds on small searches).
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_screen_memory.py [-v] [--top N] [search index ...]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_screen_memory.py [-v] [--top N] [--trainer T] [search index ...]
+
+``--trainer`` searches every case as that trainer runs it (``distir search --trainer``); the cases
+in pure precision or in a format the trainer refuses are left out.
 """
 
 from __future__ import annotations
@@ -72,10 +75,10 @@ def ratios(out: SearchOutput) -> list[tuple[str, float, float, float]]:
     return rows
 
 
-def run_case(case: Case, top: int, verbose: bool) -> list[float]:
+def run_case(case: Case, top: int, verbose: bool, trainer: str = "distir") -> list[float]:
     req = SearchRequest(
         model=case.model, cluster=case.cluster, batch=case.batch, dtype=case.dtype,
-        precision=case.precision, top=top, workers=2, pins=case.pins,
+        precision=case.precision, top=top, workers=2, pins=case.pins, trainer=trainer,
     )  # fmt: skip
     t0 = time.perf_counter()
     rows = ratios(search(req))
@@ -104,11 +107,18 @@ def main() -> None:
     ap.add_argument("cases", nargs="*", type=int, help="indices into CASES (default: all)")
     ap.add_argument("--top", type=int, default=24)
     ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("--trainer", default="distir", help="distir (default), megatron, deepspeed or torchtitan")
     a = ap.parse_args()
     every: list[float] = []
-    print(f"screen / exact tensor peak, top {a.top} of each search:")
+    print(
+        f"screen / exact tensor peak, top {a.top} of each search{'' if a.trainer == 'distir' else ', as ' + a.trainer + ' runs it'}:"
+    )
     for i in a.cases or range(len(CASES)):
-        every += run_case(CASES[i], a.top, a.verbose)
+        case = CASES[i]
+        if a.trainer != "distir" and case.precision != "mixed":
+            print(f"  {case.title:58s} left out: {a.trainer} trains in mixed precision")
+            continue
+        every += run_case(case, a.top, a.verbose, a.trainer)
     print(
         f"over {len(every)} plans: median |error| {100 * _median_err(every):.1f}% (target ≤ 5%), "
         f"largest under-estimate {100 * max(0.0, 1 - min(every, default=1)):.1f}% (target ≤ 15%), "

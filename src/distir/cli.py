@@ -271,6 +271,15 @@ _SimTrainer = Annotated[
         "kernels).",
     ),
 ]
+_SearchTrainer = Annotated[
+    str,
+    typer.Option(
+        "--trainer",
+        help="Search the plans as this trainer runs them (distir.parallel.trainers; as simulate "
+        "--trainer): only the strategies it runs by default, costed with its switches, kernels "
+        "and model options. distir (trainer-neutral; default), megatron, deepspeed or torchtitan.",
+    ),
+]
 _SimTpCommOverlap = Annotated[
     bool,
     typer.Option(
@@ -585,13 +594,7 @@ def _run_simulation(
 
     guard = _Session(file, debug).guard if file is not None else _plain_guard(debug)
     try:
-        cost = RooflineCostModel(
-            cl,
-            fuse=kernels == "fused",
-            eager=kernels == "eager",
-            attention_kernel=attention_kernel,
-            tp_comm_overlap=tp_comm_overlap,
-        )
+        cost = RooflineCostModel.of_kernels(cl, kernels, attention_kernel, tp_comm_overlap)
         return guard(
             lambda: run_sim(
                 m,
@@ -701,27 +704,11 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
 
 def _trainer_model(spec: str, sw: _SimSwitches, st: Any) -> str:
     """``spec`` with the trainer's model options it does not set itself
-    (``distir.parallel.trainers.model_options``), those its family has; a model that is not a
-    zoo string (a file, an import) is left as it is."""
-    from distir.frontends.zoo.model import ModelError
-    from distir.frontends.zoo.registry import parse_model_string
+    (``distir.parallel.trainers.model_options``, ``with_options``)."""
+    from distir.frontends.zoo.registry import with_options
     from distir.parallel.trainers import model_options, trainer_kernels
 
-    spec = spec.strip()
-    wanted = model_options(sw.trainer, st, sw.kernels or trainer_kernels(sw.trainer))
-    try:
-        config = parse_model_string(spec).config if wanted else None
-    except ModelError:
-        return spec  # reported when the model is built
-    if config is None or not dataclasses.is_dataclass(config):
-        return spec
-    have = {f.name for f in dataclasses.fields(config)}
-    _, colon, rest = spec.partition(":")
-    given = {item.partition("=")[0].strip() for item in rest.split(",")} if colon else set()
-    extra = [f"{k}={v}" for k, v in wanted.items() if k in have and k not in given]
-    if not extra:
-        return spec
-    return spec + ("," if rest.strip() else "" if colon else ":") + ",".join(extra)
+    return with_options(spec, model_options(sw.trainer, st, sw.kernels or trainer_kernels(sw.trainer)))
 
 
 class ModelProgram(NamedTuple):
@@ -1392,6 +1379,7 @@ def search(
         ),
     ] = "declared",
     tp_comm_overlap: _SimTpCommOverlap = False,
+    trainer: _SearchTrainer = "distir",
     export_to: Annotated[
         str | None,
         typer.Option("--export", help="Also write the winner for torchtitan, megatron, deepspeed or fsdp."),

@@ -181,7 +181,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -410,6 +410,17 @@ def _check_deepspeed(s: Strategy, prec: Precision, deepspeed_pipe: bool, fp32_gr
         )
     if fp32_grad_accum and not prec.mixed:
         raise StrategyError(f"{s}: fp32 gradient accumulation needs mixed precision (an fp32 master)")
+
+
+def check_switches(
+    s: Strategy, precision: Precision | str, train: bool, switches: Mapping[str, object]
+) -> None:
+    """Refuse the trainer switches (``distribute``'s keywords) ``s`` cannot run with, as
+    ``distribute`` refuses them: DeepSpeed's pipeline engine beyond ZeRO-1 or 1F1B, fp32 sums
+    without masters, gradient-accumulation fusion where gradients are reduced every backward."""
+    prec = Precision.parse(precision)
+    _check_deepspeed(s, prec, bool(switches.get("deepspeed_pipe")), bool(switches.get("fp32_grad_accum")))
+    _fusion(s, prec, bool(switches.get("grad_accum_fusion")) and train)
 
 
 def _fusion(s: Strategy, prec: Precision, fusion: bool) -> bool:

@@ -127,16 +127,19 @@ def sharded_layers(
     split_w: bool = False,
     sp: bool = False,
     precision: Precision | str = "pure",
+    policy: str | None = None,
 ) -> list[ShardedLayer]:
     """Every layer call of ``model`` (at its own batch size, i.e. one microbatch) differentiated
     (``train``) and sharded on the (d, t) mesh, as ``distribute`` uses them; ``split_w`` also
     splits each backward into input and weight parts (zero-bubble schedules); ``sp`` shards the
     activations between layers along the sequence (``distir.parallel.seqpar``); ``precision="mixed"``
-    gives the layers of a mixed-precision step (the same, but for the loss layer in fp32)."""
+    gives the layers of a mixed-precision step (the same, but for the loss layer in fp32);
+    ``policy`` differentiates them under another recompute policy than ``recompute``'s own
+    (``distribute(sac_eager=True)``'s ``ops-eager``)."""
     s = Strategy(d=d, t=t, recompute=recompute, schedule="zb1" if split_w else "1f1b", sp=sp)
     model = Precision.parse(precision).prepare(model)  # mixed: the loss layer in fp32
     n = len(model.layers) if train else len(model.layers) - 1
-    return LayerSharder(model, s, train, model.batch, {}).layers(n)
+    return LayerSharder(model, s, train, model.batch, {}, policy).layers(n)
 
 
 def defers_tp_sums(s: Strategy, train: bool) -> bool:

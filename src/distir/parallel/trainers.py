@@ -49,6 +49,7 @@ from typing import TypedDict, cast
 from distir.autodiff.precision import Precision
 from distir.hardware.specs import DeviceSpec
 from distir.ir.types import DType
+from distir.parallel.distribute import check_switches
 from distir.parallel.grad_reduction import reduce_scatter_every_backward
 from distir.parallel.strategy import Strategy, StrategyError
 
@@ -124,25 +125,30 @@ def trainer_semantics(
             f"a trainer ({trainer}) describes training: an inference program takes none of its switches"
         )
     if trainer == "torchtitan":
-        return _torchtitan(s, precision)
-    if dtype is not DType.f32 and not precision.mixed:
+        sem = _torchtitan(s, precision)
+    elif dtype is not DType.f32 and not precision.mixed:
         raise TrainerError(
             f"{trainer} keeps fp32 master weights and optimizer state with {dtype} (Megatron-LM's "
             "--bf16/--fp16, DeepSpeed's BF16/FP16 optimizers): use --precision mixed"
         )
-    if trainer == "megatron":
-        return _megatron(s, precision, device)
-    return _deepspeed(s, precision, dtype)
+    elif trainer == "megatron":
+        sem = _megatron(s, precision, device)
+    else:
+        sem = _deepspeed(s, precision, dtype)
+    try:
+        check_switches(s, precision, train, sem.switches())
+    except StrategyError as e:
+        raise TrainerError(str(e)) from None
+    return sem
 
 
 def _megatron(s: Strategy, precision: Precision, device: DeviceSpec | None) -> TrainerSemantics:
     # the fusion accumulates whole gradients: Megatron's distributed optimizer is ZeRO-1, and
     # Megatron-FSDP (ZeRO-2/3 reducing every backward) runs without it
     whole = not (s.d * s.c > 1 and reduce_scatter_every_backward(s))
-    cudnn = device is not None and any(a.kernel == "cudnn" for a in device.attention)
     return TrainerSemantics(
         trainer="megatron",
-        attention_kernel="cudnn" if cudnn else "fa2",
+        attention_kernel=trainer_attention("megatron", device),
         megatron_ddp=True,
         grad_accum_fusion=precision.mixed and whole,
         reduce_fp32=True,
@@ -213,6 +219,26 @@ def model_options(trainer: str, s: Strategy, kernels: str) -> dict[str, str]:
     forms = {"norm": "composite", "rope": "fp32", "silu": "fused", "kv": "copy"} if eager else {}
     loss = "torch" if s.t == 1 else "parallel" if eager else "fp32"
     return {**forms, "loss": loss}
+
+
+def trainer_allows(trainer: str, s: Strategy, precision: Precision, dtype: DType, train: bool = True) -> bool:
+    """Whether ``trainer`` runs ``s`` by default (``trainer_semantics`` refuses it otherwise):
+    the search's space under ``--trainer``. An unknown trainer raises."""
+    try:
+        trainer_semantics(trainer, s, precision, dtype, None, train)
+    except TrainerError:
+        if trainer not in TRAINERS:
+            raise
+        return False
+    return True
+
+
+def trainer_attention(trainer: str, device: DeviceSpec | None) -> str:
+    """The fused-attention kernel ``trainer`` runs on GPUs of ``device`` (None: not known):
+    Transformer Engine's cuDNN attention for Megatron-LM where the GPU has its published speed
+    (Hopper), FlashAttention-2 otherwise (``TrainerSemantics.attention_kernel``)."""
+    cudnn = device is not None and any(a.kernel == "cudnn" for a in device.attention)
+    return "cudnn" if trainer == "megatron" and cudnn else "fa2"
 
 
 def trainer_kernels(trainer: str) -> str:

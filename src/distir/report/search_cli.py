@@ -97,6 +97,7 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
 
 def _check_options(a: dict[str, Any], err: Console) -> None:
     """The options no search can run with, each one line and exit 2 before any work."""
+    from distir.parallel.trainers import TRAINERS
     from distir.report.bounds import search_error, search_ops_error
     from distir.search.executor import EXECUTORS
 
@@ -114,6 +115,8 @@ def _check_options(a: dict[str, Any], err: Console) -> None:
         _fail(err, f"--dtype must be auto, f32, bf16 or f16, got {a['dtype']!r}")
     if a["precision"] not in ("auto", "mixed", "pure"):
         _fail(err, f"--precision must be auto, mixed or pure, got {a['precision']!r}")
+    if a.get("trainer", "distir") not in TRAINERS:
+        _fail(err, f"--trainer must be one of {', '.join(TRAINERS)}, got {a['trainer']!r}")
     if a.get("tp_layout", "declared") not in ("declared", "auto"):
         _fail(err, f"--tp-layout must be declared or auto, got {a['tp_layout']!r}")
     if a.get("export_to") is not None:
@@ -157,6 +160,7 @@ def _request(a: dict[str, Any], dtype: str, precision: str, store: Path | None) 
         explain=a["explain_"],
         tp_layout=a.get("tp_layout", "declared"),
         tp_comm_overlap=a.get("tp_comm_overlap", False),
+        trainer=a.get("trainer", "distir"),
     )
 
 

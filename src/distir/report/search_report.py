@@ -71,6 +71,7 @@ def search_json(o: SearchOutput) -> dict[str, Any]:
         "dtype": r.dtype,
         "precision": r.precision,
         "tp_comm_overlap": r.tp_comm_overlap,
+        "trainer": r.trainer,
         "results": [
             {k: _finite(v) for k, v in with_fields(r.model, r.batch, row).items()} for row in o.results
         ],
@@ -154,7 +155,8 @@ def results_table(o: SearchOutput) -> Table:
     title = (
         f"{r.model} on {o.cluster.describe()}, batch {r.batch}, {'training' if r.train else 'inference'} "
         f"in {r.dtype}{' (mixed: fp32 masters)' if r.precision == 'mixed' and r.train else ''}"
-        f"{', TP communication overlapped' if r.tp_comm_overlap else ''}: "
+        f"{', TP communication overlapped' if r.tp_comm_overlap else ''}"
+        f"{', as ' + r.trainer + ' runs it' if r.trainer != 'distir' else ''}: "
         f"{o.n_screened} strategies screened, {len(o.results)} simulated"
     )
     table = Table(

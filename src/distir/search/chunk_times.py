@@ -18,7 +18,7 @@ from distir.hardware.cluster import Cluster
 from distir.ir.types import DType
 from distir.parallel.pipeline.partition import partition
 from distir.parallel.strategy import Strategy
-from distir.search.profile import cached_profiler
+from distir.search.profile import TrainerForm, cached_profiler
 
 
 def chunk_times(
@@ -30,14 +30,16 @@ def chunk_times(
     s: Strategy,
     mixed: bool = False,
     tp_comm_overlap: bool = False,
+    form: TrainerForm | None = None,
 ) -> tuple[list[float], list[float]]:
     """(forward, backward) seconds per chunk of ``model`` (built from ``spec``) under ``s`` on
     ``cluster``, in chunk order; backward is 0 for inference (``tp_comm_overlap``: with the
-    simulator's tensor-parallel overlap, ``RooflineCostModel.tp_comm_overlap``). Raises what
+    simulator's tensor-parallel overlap, ``RooflineCostModel.tp_comm_overlap``; ``form``: as a
+    trainer runs the layers, ``spec`` being its model at t = 1). Raises what
     ``partition`` and the profiler raise for a strategy the model or cluster cannot take."""
     n_layers = len(model.layers) if train else len(model.layers) - 1
     chunks = partition(model, s, n_layers)
-    prof = cached_profiler(spec, cluster, dtype, train, mixed, tp_comm_overlap)
+    prof = cached_profiler(spec, cluster, dtype, train, mixed, tp_comm_overlap, form)
     b = max(1, model.batch // (s.d * s.k))
     place = s.gpus
     n = s.d * s.t

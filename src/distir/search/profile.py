@@ -47,21 +47,23 @@ import time
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from distir.autodiff.precision import MIXED
 from distir.frontends.zoo.model import Model
-from distir.frontends.zoo.registry import ModelSpec, build_from
+from distir.frontends.zoo.registry import ModelSpec, build_from, parse_model_string, with_options
 from distir.hardware.cluster import Cluster
 from distir.ir.builder import FunctionBuilder
-from distir.ir.dtensor import DTensorType, Shard
+from distir.ir.dtensor import DTensorType, Placement, Shard
 from distir.ir.function import Function, Module
 from distir.ir.types import Device, DType, TensorType, Type
 from distir.ops.registry import REGISTRY
 from distir.parallel.distribute import ShardedLayer, sharded_layers
 from distir.parallel.layer_sharder import split_backward, unsharded_layers
 from distir.parallel.pipeline.partition import Ends, ends
+from distir.parallel.strategy import Strategy
+from distir.parallel.trainers import model_options, trainer_attention, trainer_kernels
 from distir.search.distinct import Reduced, distinct_layers
 from distir.search.executor import TASK_LOST
 from distir.sim.cost import CostModel, RooflineCostModel, gpu_class
@@ -73,6 +75,50 @@ from distir.sim.units import piece_bytes
 # op records the probes of one profiler share (``SharedRecords``) before it starts a new store:
 # AMP's searches keep 1,500-3,700, a record a few hundred bytes
 RECORDS_KEPT = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerForm:
+    """How a trainer runs the layers (``distir.parallel.trainers``): its ``kernels`` (``fused`` or
+    ``eager``: the cost model's, ``RooflineCostModel.of_kernels``, and eager selective
+    checkpointing's caching, ``distribute(sac_eager=True)``), its ``attention_kernel``, and the
+    model it runs under tensor parallelism when that differs from the profiler's ``spec``
+    (``spec_tp``: torchtitan's loss form changes with t; None: the same model at every t).
+    The default is distir's trainer-neutral program."""
+
+    kernels: str = "fused"
+    attention_kernel: str = "fa2"
+    spec_tp: ModelSpec | None = None
+
+    def spec_at(self, spec: ModelSpec, t: int) -> ModelSpec:
+        """The model run at tensor parallelism ``t``: ``spec`` (``spec_tp`` when t > 1 and set)."""
+        return self.spec_tp if t > 1 and self.spec_tp is not None else spec
+
+    def policy(self, recompute: str) -> str:
+        """The recompute policy the layers are differentiated under: ``ops-eager`` for ``ops``
+        run by eager kernels (eager selective checkpointing caches what it saves), else
+        ``recompute``."""
+        return "ops-eager" if self.kernels == "eager" and recompute == "ops" else recompute
+
+
+def trainer_form(
+    model: str, trainer: str, cluster: Cluster, tp: tuple[tuple[str, Placement], ...] = ()
+) -> tuple[ModelSpec, TrainerForm]:
+    """The model ``trainer`` runs at t = 1 (model string ``model`` with the trainer's options,
+    ``model_options``, and the placements ``tp`` replacing the declared ones) and how it runs the
+    layers on ``cluster`` (``TrainerForm``: its kernels, its attention kernel on the first node's
+    GPUs, its model under tensor parallelism)."""
+    if trainer == "distir":
+        return replace(parse_model_string(model), tp=tp), TrainerForm()
+    kernels = trainer_kernels(trainer)
+    one, many = (
+        replace(
+            parse_model_string(with_options(model, model_options(trainer, Strategy(t=t), kernels))), tp=tp
+        )
+        for t in (1, 2)
+    )
+    attention = trainer_attention(trainer, cluster.nodes[0].device)
+    return one, TrainerForm(kernels, attention, None if many == one else many)
 
 
 class Wanted(NamedTuple):
@@ -171,6 +217,7 @@ class Profiler:
     train: bool = True
     cost_model: CostModel | None = None
     mixed: bool = False  # mixed precision: the loss layer casts to fp32 (``Precision.prepare``)
+    form: TrainerForm = field(default_factory=TrainerForm)  # the trainer's kernels and model by t
     # the probes of one layer function share its plan (``SharedPlans``: the same figures; False
     # plans every probe anew, the reference the tests compare with)
     share_plans: bool = True
@@ -195,7 +242,7 @@ class Profiler:
     _layers: dict[tuple[int, int, str, bool], list[ShardedLayer]] = field(default_factory=dict)
     # id(layer) -> (the layer, kept alive so its id stays valid; its input-gradient part)
     _split: dict[int, tuple[ShardedLayer, Function]] = field(default_factory=dict)
-    _models: dict[int, Reduced] = field(default_factory=dict)
+    _models: dict[tuple[int, ModelSpec], Reduced] = field(default_factory=dict)
     _pending: dict[tuple[object, ...], Future[TaskResult]] = field(default_factory=dict)
     _shared: SharedPlans = field(default_factory=SharedPlans)  # ``layers``' current key's
     _group: GroupPlans | None = None  # ``layers``' current key's (``one_domain``)
@@ -229,14 +276,16 @@ class Profiler:
         runtime = tuple(self.cluster.device_spec(g).runtime for g in gpus)
         return ("mem", t, b, recompute, sp, nodes, kinds, classes, runtime)
 
-    def model(self, b: int) -> Reduced:
-        """The model at microbatch ``b`` with its repeated layers dropped (``distinct_layers``)."""
-        got = self._models.get(b)
+    def model(self, b: int, t: int = 1) -> Reduced:
+        """The model run at tensor parallelism ``t`` (``TrainerForm.spec_at``) at microbatch ``b``
+        with its repeated layers dropped (``distinct_layers``)."""
+        spec = self.form.spec_at(self.spec, t)
+        got = self._models.get((b, spec))
         if got is None:
-            model = unit_model(self.spec, self.dtype) if b == 1 else build_from(self.spec, b, self.dtype)
+            model = unit_model(spec, self.dtype) if b == 1 else build_from(spec, b, self.dtype)
             if self.mixed and self.train:  # the program distribute builds: the loss in fp32
                 model = MIXED.prepare(model)
-            got = self._models[b] = distinct_layers(model)
+            got = self._models[(b, spec)] = distinct_layers(model)
         return got
 
     def sharded(self, t: int, b: int, recompute: str, sp: bool = False) -> list[ShardedLayer]:
@@ -245,11 +294,12 @@ class Profiler:
         key = (t, b, recompute, sp)
         got = self._layers.get(key)
         if got is None:
-            model = self.model(b).model
+            model = self.model(b, t).model
+            policy = self.form.policy(recompute)
             if t == 1:  # the same costs without sharding on a one-device mesh (``unsharded_layers``)
-                got = unsharded_layers(model, recompute, self.train)
+                got = unsharded_layers(model, policy, self.train)
             else:
-                got = sharded_layers(model, 1, t, recompute, self.train, sp=sp)
+                got = sharded_layers(model, 1, t, recompute, self.train, sp=sp, policy=policy)
             self._layers[key] = got
         return got
 
@@ -268,7 +318,7 @@ class Profiler:
         if got is not None:
             return got
         layers = self.sharded(t, b, recompute, sp)
-        reduced = self.model(b)
+        reduced = self.model(b, t)
         model = reduced.model
         dmap, cost = self._domain(gpus, sp)
         mkey = self._memory_key(t, b, recompute, sp, gpus, cost)
@@ -366,6 +416,7 @@ class Profiler:
                 self.mixed,
                 sp,
                 self.tp_comm_overlap,
+                self.form,
             )
             by_b.setdefault(b, []).append((task, groups))
         for tasks in by_b.values():
@@ -411,9 +462,14 @@ class Profiler:
         got = self._domains.get(key)
         if got is None:
             dmap = DeviceMap({Device(i): Slot(g) for i, g in enumerate(gpus)})
-            cost = self.cost_model or RooflineCostModel(self.cluster, tp_comm_overlap=overlap)
-            got = self._domains[key] = (dmap, cost)
+            got = self._domains[key] = (dmap, self.cost_model or self.default_cost(overlap))
         return got
+
+    def default_cost(self, tp_comm_overlap: bool = False) -> RooflineCostModel:
+        """The simulator's cost model of the trainer's kernels (``TrainerForm``), the profiles'
+        without a ``cost_model``."""
+        f = self.form
+        return RooflineCostModel.of_kernels(self.cluster, f.kernels, f.attention_kernel, tp_comm_overlap)
 
     def _run(
         self,
@@ -552,11 +608,12 @@ class ProfileTask:
     mixed: bool = False
     sp: bool = False
     tp_comm_overlap: bool = False
+    form: TrainerForm = field(default_factory=TrainerForm)
 
 
 # a worker's profiler of the current model and cluster: the tasks of one search share its models
 # and shardings (only the latest is kept, so a long-lived worker does not accumulate searches)
-_PROFILERS: dict[tuple[ModelSpec, Cluster, DType, bool, bool, bool], Profiler] = {}
+_PROFILERS: dict[tuple[ModelSpec, Cluster, DType, bool, bool, bool, TrainerForm], Profiler] = {}
 
 
 def cached_profiler(
@@ -566,13 +623,15 @@ def cached_profiler(
     train: bool,
     mixed: bool = False,
     tp_comm_overlap: bool = False,
+    form: TrainerForm | None = None,
 ) -> Profiler:
     """This process's profiler of ``spec`` on ``cluster`` (the latest one kept: ``_PROFILERS``)."""
-    key = (spec, cluster, dtype, train, mixed, tp_comm_overlap)
+    form = form or TrainerForm()
+    key = (spec, cluster, dtype, train, mixed, tp_comm_overlap, form)
     prof = _PROFILERS.get(key)
     if prof is None:
         _PROFILERS.clear()
-        prof = Profiler(spec, cluster, dtype, train, mixed=mixed, tp_comm_overlap=tp_comm_overlap)
+        prof = Profiler(spec, cluster, dtype, train, mixed=mixed, tp_comm_overlap=tp_comm_overlap, form=form)
         _PROFILERS[key] = prof
     return prof
 
@@ -583,9 +642,13 @@ def run_profile_task(task: ProfileTask) -> TaskResult:
     c0 = time.process_time()
     if task.cost_model is None:
         overlap = task.tp_comm_overlap
-        prof = cached_profiler(task.spec, task.cluster, task.dtype, task.train, task.mixed, overlap)
+        prof = cached_profiler(
+            task.spec, task.cluster, task.dtype, task.train, task.mixed, overlap, task.form
+        )
     else:
-        prof = Profiler(task.spec, task.cluster, task.dtype, task.train, task.cost_model, task.mixed)
+        prof = Profiler(
+            task.spec, task.cluster, task.dtype, task.train, task.cost_model, task.mixed, form=task.form
+        )
     n0 = prof.probes
     out: list[tuple[tuple[object, ...], list[LayerProfile]]] = []
     for g in task.groups:
@@ -685,6 +748,7 @@ __all__ = [
     "LayerProfile",
     "ProfileTask",
     "Profiler",
+    "TrainerForm",
     "Wanted",
     "allowed_tp",
     "cached_profiler",
@@ -696,6 +760,7 @@ __all__ = [
     "run_profile_task",
     "run_profile_tasks",
     "sequence_length",
+    "trainer_form",
     "unit_model",
     "unit_models",
 ]

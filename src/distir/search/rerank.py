@@ -14,16 +14,18 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
+from distir.autodiff.precision import Precision
 from distir.autodiff.train import Optimizer
 from distir.frontends.zoo.model import Model
-from distir.frontends.zoo.registry import ModelSpec, build_from, parse_model_string
+from distir.frontends.zoo.registry import ModelSpec, build_from
 from distir.hardware.cluster import Cluster, parse_cluster
 from distir.ir.dtensor import Placement
 from distir.ir.types import DType
 from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import parse_strategy
+from distir.parallel.trainers import trainer_semantics
 from distir.search.chunk_times import chunk_times
-from distir.search.profile import LayerProfile, cached_profiler
+from distir.search.profile import LayerProfile, TrainerForm, cached_profiler, trainer_form
 from distir.sim.cost import RooflineCostModel
 from distir.sim.devices import DeviceMap
 from distir.sim.simulate import SharedPlans, SharedRecords, simulate
@@ -56,6 +58,7 @@ RESULT_TYPES: dict[str, tuple[type, ...]] = {
     "recompute": (str,),
     "dtype": (str,),
     "precision": (str,),
+    "trainer": (str,),
     "step_time_s": (float, int),
     "throughput": (float, int),
     "mfu": (float, int, type(None)),  # None: unknown (a screened result's HFU, a model's FLOPs)
@@ -85,16 +88,32 @@ class ExactJob:
     # parallelism (Megatron-LM's ``--tp-comm-overlap``, which requires it:
     # ``RooflineCostModel.tp_comm_overlap``)
     tp_comm_overlap: bool = False
+    # whose semantics the plans run with (``distir.parallel.trainers``): its switches, kernels
+    # and model options
+    trainer: str = "distir"
 
     def spec(self) -> ModelSpec:
-        return replace(parse_model_string(self.model), tp=self.tp)
+        """The model at t = 1 (``trainer_form``)."""
+        return self.form()[0]
+
+    def form(self) -> tuple[ModelSpec, TrainerForm]:
+        """``trainer_form`` of the job: the model at t = 1 and how the trainer runs it."""
+        return _form(self.model, self.trainer, _cluster(self.cluster), self.tp)
+
+
+@functools.lru_cache(maxsize=8)
+def _form(
+    model: str, trainer: str, cluster: Cluster, tp: tuple[tuple[str, Placement], ...]
+) -> tuple[ModelSpec, TrainerForm]:
+    return trainer_form(model, trainer, cluster, tp)
 
 
 @functools.lru_cache(maxsize=4)
-def _model(job: ExactJob) -> Model:
-    """The model of ``job`` (its ``model_files`` digest is part of the key: an edited file is
-    rebuilt)."""
-    return build_from(job.spec(), job.batch, DType.parse(job.dtype))
+def _model(job: ExactJob, t: int) -> Model:
+    """The model of ``job`` run at tensor parallelism ``t`` (its ``model_files`` digest is part
+    of the key: an edited file is rebuilt)."""
+    spec, form = job.form()
+    return build_from(form.spec_at(spec, t), job.batch, DType.parse(job.dtype))
 
 
 def _cluster(spec: str | Cluster) -> Cluster:
@@ -124,23 +143,22 @@ class _Shared(NamedTuple):
     maps: dict[object, DeviceMap]  # one device map object per mapping
 
 
-# (id of the cluster, tp_comm_overlap) -> what its simulations share
-_SHARED: dict[tuple[int, bool], _Shared] = {}
+# (id of the cluster, tp_comm_overlap, kernels, attention kernel) -> what its simulations share
+_SHARED: dict[tuple[int, bool, str, str], _Shared] = {}
 
 
 def _shared(
-    cluster: Cluster, overlap: bool, dmap: DeviceMap
+    cluster: Cluster, overlap: bool, dmap: DeviceMap, form: TrainerForm
 ) -> tuple[RooflineCostModel, DeviceMap, SharedRecords]:
-    """The cost model of ``cluster`` (with ``overlap``), the device map equal to ``dmap`` and the
-    op records the exact simulations on them share (``_SHARED``)."""
-    key = (id(cluster), overlap)
+    """The cost model of ``cluster`` (with ``overlap`` and the trainer's kernels), the device
+    map equal to ``dmap`` and the op records the exact simulations on them share (``_SHARED``)."""
+    key = (id(cluster), overlap, form.kernels, form.attention_kernel)
     got = _SHARED.get(key)
     if got is None or got.cluster is not cluster or len(got.maps) >= _SHARED_KEPT:
         if len(_SHARED) >= _SHARED_KEPT:
             _SHARED.clear()
-        got = _SHARED[key] = _Shared(
-            cluster, RooflineCostModel(cluster, tp_comm_overlap=overlap), SharedRecords(), {}
-        )
+        cost = RooflineCostModel.of_kernels(cluster, form.kernels, form.attention_kernel, overlap)
+        got = _SHARED[key] = _Shared(cluster, cost, SharedRecords(), {})
     canonical = got.maps.setdefault(tuple(dmap.mapping.items()), dmap)
     return got.cost, canonical, got.records
 
@@ -150,9 +168,11 @@ def evaluate_seeded(job: ExactJob, profiles: Profiles, strategy: str) -> dict[st
     them (``Profiler.known`` of the search's screen: the same figures this process would compute,
     by the same code on the same inputs) instead of profiling those layers again here."""
     overlap = job.tp_comm_overlap and parse_strategy(strategy).sp  # ``chunk_times``' profiler
-    cached_profiler(
-        job.spec(), _cluster(job.cluster), DType.parse(job.dtype), job.train, _mixed(job), overlap
-    ).adopt(profiles)
+    spec, form = job.form()
+    cluster = _cluster(job.cluster)
+    cached_profiler(spec, cluster, DType.parse(job.dtype), job.train, _mixed(job), overlap, form).adopt(
+        profiles
+    )
     return evaluate(job, strategy)
 
 
@@ -165,22 +185,26 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
     simulate ``strategy``: step time, throughput, MFU, memory and a compute / communication /
     idle breakdown (means over the compute streams)."""
     s = parse_strategy(strategy)
-    model = _model(job)
+    model = _model(job, s.t)
     cluster = _cluster(job.cluster)
     overlap = job.tp_comm_overlap and s.sp
-    times = chunk_times(
-        model, job.spec(), cluster, DType.parse(job.dtype), job.train, s, _mixed(job), overlap
-    )
+    spec, form = job.form()
+    dt = DType.parse(job.dtype)
+    times = chunk_times(model, spec, cluster, dt, job.train, s, _mixed(job), overlap, form)
+    prec = Precision.parse(job.precision if job.train else "pure")
+    sem = trainer_semantics(job.trainer, s, prec, dt, cluster.nodes[0].device, job.train)
     prog = distribute(
         model,
         s,
-        Optimizer(job.optimizer),
+        Optimizer(job.optimizer, kernels=sem.optimizer_kernels if job.optimizer == "adam" else "fused"),
         train=job.train,
         comm_streams=True,
-        precision=job.precision if job.train else "pure",
+        precision=prec,
         chunk_times=times,
+        sac_eager=sem.kernels == "eager",  # eager selective checkpointing caches what it saves
+        **sem.switches(),
     )
-    cost, dmap, records = _shared(cluster, overlap, device_map(s, True))
+    cost, dmap, records = _shared(cluster, overlap, device_map(s, True), form)
     r = simulate(prog, cluster, dmap, cost, batch=job.batch, shared=SharedPlans(records))
     r = replace(r, model_flops=model.step_flops(job.train))
     compute = [i for i, slot in enumerate(r.slots) if slot.stream == "compute"]
@@ -201,6 +225,7 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
         "recompute": s.recompute,
         "dtype": job.dtype,
         "precision": job.precision if job.train else "pure",
+        "trainer": job.trainer,
         "step_time_s": r.step_time_s,
         "throughput": r.throughput,
         "mfu": r.mfu,

@@ -43,12 +43,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from distir.autodiff.precision import Precision
 from distir.frontends.zoo.registry import ModelSpec, parse_model_string
 from distir.gcpause import paused_gc
 from distir.hardware.cluster import Cluster, parse_cluster
 from distir.ir.dtensor import Placement
 from distir.ir.types import DType
 from distir.parallel.strategy import Strategy
+from distir.parallel.trainers import TrainerError, trainer_allows, trainer_semantics
 from distir.search import final
 from distir.search.executor import POOL_AFTER_CPU_S, TASK_LOST, LazyPool, lazy_pool, run_all
 from distir.search.executor import start as start_task
@@ -56,17 +58,19 @@ from distir.search.placement import anneal_placement, megatron_placement
 from distir.search.profile import (
     LayerProfile,
     Profiler,
+    TrainerForm,
     Wanted,
     allowed_tp,
     has_sequence,
     num_blocks,
     sequence_length,
+    trainer_form,
     unit_models,
 )
 from distir.search.rerank import ExactJob, Profiles, evaluate, evaluate_seeded
 from distir.search.screen import Estimate, Problem, Screen, rank_key
 from distir.search.shares import add_shares
-from distir.search.space import Pins, Space
+from distir.search.space import Pins, Space, SpaceError
 from distir.search.store import ResultStore, dumps, loads, search_key
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -111,10 +115,18 @@ class SearchRequest:
     # with ``workers`` > 1 on the local executor: the CPU-seconds this process spends before the
     # pool starts (``executor.POOL_AFTER_CPU_S``); the results are the same whenever it starts
     pool_after_cpu_s: float = POOL_AFTER_CPU_S
+    # whose semantics the plans run with (``distir.parallel.trainers``): the space holds what the
+    # trainer runs, the screen and the exact phase cost its switches, kernels and model options
+    trainer: str = "distir"
 
     def spec(self) -> ModelSpec:
-        """The model spec searched: the model string's, with the found placements (auto)."""
-        return replace(parse_model_string(self.model), tp=self.tp_found)
+        """The model spec searched at t = 1: the model string's with the trainer's options
+        (``trainer_form``) and the found placements (auto)."""
+        return self.form(parse_cluster(self.cluster))[0]
+
+    def form(self, cluster: Cluster) -> tuple[ModelSpec, TrainerForm]:
+        """``trainer_form`` of the request on ``cluster`` (its resolved ``cluster``)."""
+        return trainer_form(self.model, self.trainer, cluster, self.tp_found)
 
     def key_parts(self) -> dict[str, Any]:
         """What the search's results depend on, as the store's key: distir's version and the
@@ -143,6 +155,7 @@ class SearchRequest:
             "dtype": self.dtype,
             "precision": self.precision,
             "tp_comm_overlap": self.tp_comm_overlap,
+            "trainer": self.trainer,
         }
 
 
@@ -169,7 +182,7 @@ def heterogeneous(cluster: Cluster) -> bool:
 
 def build_space(req: SearchRequest, cluster: Cluster) -> Space:
     """The space ``req`` searches on ``cluster``."""
-    spec = req.spec()
+    spec = req.form(cluster)[0]
     dt = DType.parse(req.dtype)
     node = min(n.devices_per_node for n in cluster.nodes)
     return Space(
@@ -197,20 +210,23 @@ def screen_space(
     ``pool``, the profiles of each rung are computed there (``Profiler.prefetch``) while this
     process screens; a ``LazyPool`` takes them from when it starts, first those of every rung
     queued and not screened yet. The estimates are the same."""
+    spec, form = req.form(cluster)
+    mixed = req.precision == "mixed"
     prof = Profiler(
-        req.spec(),
+        spec,
         cluster,
         DType.parse(req.dtype),
         req.train,
-        mixed=req.precision == "mixed",
+        mixed=mixed,
         tp_comm_overlap=req.tp_comm_overlap,
+        form=form,
     )
-    screen = Screen(prof, Problem(req.batch, req.train, req.optimizer, req.precision == "mixed"))
+    screen = Screen(prof, Problem(req.batch, req.train, req.optimizer, mixed, req.trainer))
     space = build_space(req, cluster)
     space.check()
     bases = list(space.bases())
     ident = megatron_placement(cluster.num_devices, 1, 1, cluster.num_devices)
-    ladders = [space.ladder(base) for base in bases]
+    ladders = _trainer_ladders(req, space, bases)
     # rung by rung: the bases that did not fit climb together after the others, and the profiles
     # of a base's next rung go to the workers the moment it does not fit (rather than being
     # computed here, later, while they wait); the estimates are the same, listed in the order of
@@ -273,6 +289,22 @@ def screen_space(
     n = len(out)
     out.sort(key=rank_key)
     return out, n, screen
+
+
+def _trainer_ladders(req: SearchRequest, space: Space, bases: list[Strategy]) -> list[list[Strategy]]:
+    """Each base's memory ladder (``Space.ladder``) with the rungs ``req``'s trainer runs
+    (``trainer_allows``). A space of which the trainer runs nothing is a ``SpaceError`` giving
+    its reason for the first rung."""
+    prec, dt = Precision.parse(req.precision), DType.parse(req.dtype)
+    full = [space.ladder(base) for base in bases]
+    ladders = [[s for s in ladder if trainer_allows(req.trainer, s, prec, dt, req.train)] for ladder in full]
+    if any(full) and not any(ladders):
+        first = next(s for ladder in full for s in ladder)
+        try:
+            trainer_semantics(req.trainer, first, prec, dt, None, req.train)
+        except TrainerError as e:
+            raise SpaceError(f"--trainer {req.trainer} runs none of the strategies searched: {e}") from None
+    return ladders
 
 
 def _p1_chains(bases: list[Strategy]) -> list[list[int]]:
@@ -545,6 +577,7 @@ def _search(req: SearchRequest, progress: Progress | None, pool: LazyPool | None
         tp=req.tp_found,
         model_files=content_digest(req.model),
         tp_comm_overlap=req.tp_comm_overlap,
+        trainer=req.trainer,
     )
     fn = functools.partial(evaluate, job)
     store_cm = (

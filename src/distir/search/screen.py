@@ -60,17 +60,19 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from distir.autodiff.precision import MIXED, PURE
 from distir.autodiff.train import Optimizer, update_traffic
 from distir.hardware.cluster import Cluster
 from distir.parallel.distribute import DDP_BUCKET_MB, uniform_counts
+from distir.parallel.grad_reduction import reduce_scatter_every_backward
 from distir.parallel.pipeline.partition import Ends, block_counts
 from distir.parallel.strategy import Strategy
+from distir.parallel.trainers import TrainerSemantics, trainer_semantics
 from distir.search.context_cost import AttentionShape, Ring, attention_shapes, context_layer
 from distir.search.layer_assignment import Assignment, assign_layers_unchecked
 from distir.search.profile import LayerProfile, Profiler, model_ends
-from distir.search.stage_costs import Stage, StageRows, Tables, figures, frozen, new_tables
+from distir.search.stage_costs import Stage, StageRows, StateForm, Tables, figures, frozen, new_tables
 from distir.sim import collectives as coll
-from distir.sim.cost import RooflineCostModel
 from distir.sim.interference import share
 
 
@@ -83,6 +85,7 @@ class Problem:
     train: bool = True
     optimizer: str = "adam"
     mixed: bool = False  # mixed precision: fp32 master weights and optimizer state (training)
+    trainer: str = "distir"  # whose semantics the plans run with (``distir.parallel.trainers``)
 
     @property
     def n_state(self) -> int:
@@ -151,7 +154,7 @@ class Screen:
         caps = {kind: spec.tensor_capacity for kind, spec in self._specs.items()}
         # per GPU kind, the share of its compute a collective beside it takes, as the profiles'
         # cost model charges it (``distir.sim.interference``; none with comm_interference off)
-        cost = self.profiler.cost_model or RooflineCostModel(self.cluster)
+        cost = self.profiler.cost_model or self.profiler.default_cost()
         self._stalls = {self._kinds[g]: share(cost, g) for g in range(self.cluster.num_devices)}
         self._caps = [caps[kind] for kind in self._kinds]  # each GPU's memory for tensors
 
@@ -215,7 +218,7 @@ class Screen:
         per_byte = (max(h[1] for h in hops) - lat) / 1e9
         peak = min(self._specs[self._kinds[g]].peak_flops(self.profiler.dtype) for g in ranks)
         slow = min(ranks, key=lambda g: self._specs[self._kinds[g]].peak_flops(self.profiler.dtype))
-        cost = self.profiler.cost_model or RooflineCostModel(self.cluster)  # the profiles' model
+        cost = self.profiler.cost_model or self.profiler.default_cost()  # the profiles' model
         return Ring(lat, per_byte, peak, self._kinds[slow], slow, cost)
 
     def _attention(self, b: int, n: int) -> list[tuple[AttentionShape, ...]]:
@@ -404,9 +407,39 @@ class Screen:
                         f"{s}: batch {pr.batch} does not split into k = {s.k} microbatches of "
                         f"Σshares = {w} parts"
                     )
-            tb = self._tables[bare] = new_tables(s, b, pr.train, pr.n_state, pr.train and pr.mixed)
+            mixed = pr.train and pr.mixed
+            tb = self._tables[bare] = new_tables(s, b, pr.train, pr.n_state, mixed, self._state_form(s))
         self._last = (s, tb)
         return tb
+
+    def _semantics(self, s: Strategy) -> TrainerSemantics:
+        """What the problem's trainer runs for ``s`` (``trainer_semantics``; the search's space
+        holds only strategies it runs)."""
+        pr = self.problem
+        prec = MIXED if pr.train and pr.mixed else PURE
+        return trainer_semantics(pr.trainer, s, prec, self.profiler.dtype, None, pr.train)
+
+    def _state_form(self, s: Strategy) -> StateForm:
+        """How the trainer holds the model state of ``s`` (``StateForm``), from its switches as
+        ``distribute`` applies them."""
+        if self.problem.trainer == "distir":
+            return StateForm()
+        sem = self._semantics(s)
+        wide = s.d * s.c > 1 and sem.reduce_fp32 and s.zero >= 2 and reduce_scatter_every_backward(s)
+        return StateForm(
+            fp32_grads=sem.grad_accum_fusion or sem.fp32_grad_accum or wide,
+            no_half_shard=sem.gather_cast,
+            root_kept=sem.fsdp2_root,
+            early_gather=sem.overlap_param_gather,
+        )
+
+    def _reduce_f(self, s: Strategy) -> float:
+        """The bytes the gradient reduction moves per half gradient byte: 2 where the trainer
+        reduces in fp32 (``reduce_fp32``; Megatron-LM's and DeepSpeed's fp32 sums)."""
+        if self.problem.trainer == "distir" or not (self.problem.train and self.problem.mixed):
+            return 1.0
+        sem = self._semantics(s)
+        return 2.0 if sem.reduce_fp32 or sem.grad_accum_fusion or sem.fp32_grad_accum else 1.0
 
     def _stage(self, s: Strategy, tb: Tables, gpus: tuple[int, ...]) -> Stage:
         """What the stage on ``gpus`` decides (``Stage``), memoized in ``tb`` and, across
@@ -488,10 +521,11 @@ class Screen:
         pure function of the arguments that matter)."""
         # the collectives collapse duplicates and order a group by GPU index
         # (``distir.sim.collectives``): its set is what matters
-        key = (s.d, s.c, s.zero, s.shard_group, st.sorted_group, st.kind, w, n_w)
+        f = self._reduce_f(s)
+        key = (s.d, s.c, s.zero, s.shard_group, st.sorted_group, st.kind, w, n_w, f)
         got = self._syncs.get(key)
         if got is None:
-            got = self._syncs[key] = self._sync_time(s, st.group, st.kind, w, n_w)
+            got = self._syncs[key] = self._sync_time(s, st.group, st.kind, w, n_w, f)
         return got
 
     @staticmethod
@@ -501,24 +535,29 @@ class Screen:
         (``distribute``'s ``_Buckets``): at most one more than the cap fits, one per weight."""
         return min(n_w, int(w // (DDP_BUCKET_MB * (1 << 20))) + 1)
 
-    def _sync_time(self, s: Strategy, group: tuple[int, ...], kind: str, w: float, n_w: int) -> float:
+    def _sync_time(
+        self, s: Strategy, group: tuple[int, ...], kind: str, w: float, n_w: int, reduce_f: float = 1.0
+    ) -> float:
+        """The gradient sync of ``_sync_of``: ``w`` weight bytes reduced as ``reduce_f`` times
+        their bytes (fp32 reductions of half gradients: 2), then the optimizer."""
         t = 0.0
+        wr = w * reduce_f
         h = s.zero_degree
         if s.d > 1 and n_w and h < s.d * s.c:
             # HSDP: reduce-scatter within the shard group, all-reduce the shard across groups
             inner, across = group[:h], group[::h]
             lat = self._latency(coll.reducescatter_time, inner) + self._latency(coll.allreduce_time, across)
-            t += coll.reducescatter_time(self.cluster, w, inner) + coll.allreduce_time(
-                self.cluster, w / h, across
+            t += coll.reducescatter_time(self.cluster, wr, inner) + coll.allreduce_time(
+                self.cluster, wr / h, across
             )
             t += (self._calls(w, n_w) - 1) * lat
         elif s.d * s.c > 1 and n_w and s.zero == 3:
             # ZeRO-3 reduce-scatters the gradients (its gathers are the layers': ``_time_row``)
             lat = self._latency(coll.reducescatter_time, group)
-            t += coll.reducescatter_time(self.cluster, w, group) + (self._calls(w, n_w) - 1) * lat
+            t += coll.reducescatter_time(self.cluster, wr, group) + (self._calls(w, n_w) - 1) * lat
         elif s.d * s.c > 1 and n_w:
             lat = self._latency(coll.allreduce_time, group)
-            t += coll.allreduce_time(self.cluster, w, group) + (self._calls(w, n_w) - 1) * lat
+            t += coll.allreduce_time(self.cluster, wr, group) + (self._calls(w, n_w) - 1) * lat
             if s.zero == 1:
                 t += coll.allgather_time(self.cluster, w, group)
         spec = self._specs[kind]

@@ -100,6 +100,26 @@ class Stage:
     gather: tuple[float, float] | None  # its ZeRO-3 all-gather (``Screen._gather``), if it has one
 
 
+class StateForm(NamedTuple):
+    """How a trainer holds the model state beyond distir's trainer-neutral program
+    (``distir.parallel.trainers``; the screen's ``Screen._state_form``): ``fp32_grads``, the
+    gradients accumulate in fp32 (Megatron-LM's ``main_grad``, DeepSpeed's ``BF16_Optimizer``,
+    FSDP's fp32 reduce-scatter output), twice a half gradient; ``no_half_shard``, no persistent
+    low-precision copy of a ZeRO-3 shard (FSDP's ``gather_cast``: the fp32 shard is cast at each
+    gather); ``root_kept``, the root's weights (embedding, final norm, head) and the last
+    block's stay gathered from their forward to their backward (``fsdp2_root``);
+    ``early_gather``, ZeRO-1/2's new half weights are gathered in the next step's first forward
+    (``overlap_param_gather``), so this rank's half shard persists beside the whole copy."""
+
+    fp32_grads: bool = False
+    no_half_shard: bool = False
+    root_kept: bool = False
+    early_gather: bool = False
+
+
+NEUTRAL_STATE = StateForm()  # distir's trainer-neutral program
+
+
 @dataclass(slots=True)
 class Tables:
     """Per strategy without its placement: what ``Screen.estimate`` reuses across placements.
@@ -114,6 +134,7 @@ class Tables:
     inflight: list[float]  # per stage (``inflight``)
     pending_w: list[float]  # per stage, deferred weight gradients at most (``pending_weight_grads``)
     identity: tuple[int, ...]  # the identity placement
+    root_kept: bool = False  # ``StateForm.root_kept`` (ZeRO-3 on one stage)
     stages: dict[tuple[int, ...], Stage] = field(default_factory=dict)  # by GPUs
     figures: dict[tuple[object, ...], Figures] = field(default_factory=dict)  # ``estimate``'s memo
     # per (stage rows, first stage rows, kind, gather): the stage's per-layer time (``TimeRow``)
@@ -188,22 +209,30 @@ def chunk_edges(tr: TimeRow, a: int, b: int) -> float:
     return tr.gather[a] + tr.gather[b - 1] - tr.fwd_over[b - 1] - tr.bwd_over[a]
 
 
-def new_tables(s: Strategy, b: int, train: bool, n_state: int, mixed: bool = False) -> Tables:
+def new_tables(
+    s: Strategy, b: int, train: bool, n_state: int, mixed: bool = False, form: StateForm = NEUTRAL_STATE
+) -> Tables:
     """Empty tables for ``s`` (without its placement) at microbatch ``b``; ``n_state``: optimizer
     state tensors per weight; ``mixed``: fp32 masters and state beside the compute-dtype weights
-    (whose bytes the profiles count), as ``distribute(precision="mixed")`` holds them."""
+    (whose bytes the profiles count), as ``distribute(precision="mixed")`` holds them; ``form``:
+    how the trainer holds them otherwise (``StateForm``)."""
     # memory per device: static (weights, state) + what the schedule holds (activations in
     # flight, carried values, gradients) + transient; the ZeRO paper's model state, as
     # ``distribute`` holds it: the gradient accumulates in place (ZeRO-2/3: this replica's
     # shard, reduce-scattered in buckets during every backward) from a chunk's first backward
     # on, and the optimizer updates weights and state in place
     h = s.zero_degree  # HSDP shards over its group, replicates across groups
-    static_f = 1.0 / h if s.zero == 3 else 1.0
+    zero3 = train and s.zero == 3 and s.d * s.c > 1
+    # FSDP's gather_cast keeps no low-precision shard: the fp32 master is cast at each gather
+    static_f = 0.0 if zero3 and mixed and form.no_half_shard else 1.0 / h if s.zero == 3 else 1.0
+    if train and mixed and form.early_gather and s.zero in (1, 2) and s.d > 1:
+        static_f += 1.0 / h
     grad_f = 0.0
     if train:
         # ZeRO-2 under a pipeline accumulates whole gradients, reduce-scattered in the last
         # backward (``reduce_scatter_every_backward``): only one microbatch leaves no sum whole
         grad_f = 1.0 / h if s.zero >= 2 and (s.k == 1 or reduce_scatter_every_backward(s)) else 1.0
+        grad_f *= 2.0 if mixed and form.fp32_grads else 1.0
         # mixed: the fp32 master (sharded from ZeRO-1 on) and state, each twice a half weight
         state = 2.0 * (1 + n_state) if mixed else float(n_state)
         static_f += state / (h if s.zero >= 1 else 1)
@@ -211,13 +240,14 @@ def new_tables(s: Strategy, b: int, train: bool, n_state: int, mixed: bool = Fal
     return Tables(
         b=b,
         stage_of=[c % s.p for c in range(s.p * s.v)],
-        zero3=train and s.zero == 3 and s.d * s.c > 1,
+        zero3=zero3,
         static_f=static_f,
         grad_f=grad_f,
         holds=tl.holds,
         inflight=list(tl.inflight),
         pending_w=list(tl.pending_w),
         identity=tuple(range(s.devices)),
+        root_kept=zero3 and s.p == 1 and form.root_kept,
     )
 
 
@@ -322,6 +352,9 @@ def figures(
     t_stage, c_cut = _stage_times(s, tb, lt, comm_rows, bounds)
     pipe = pipeline_time(s, t_stage, c_cut)
     peaks, stage_w, stage_nw = _stage_peaks(s, tb, stages, saved, lists, bounds)
+    if tb.root_kept:  # one stage: the root's and the last block's weights, gathered whole
+        w = lists[0]
+        peaks[0] += seq_sum([*w[: ends.pre], *w[len(w) - ends.post - 1 :]])
     cap_list = caps.tolist()
     headroom = [c - p for c, p in zip(cap_list, peaks, strict=True)]
     worst = headroom.index(min(headroom))  # np.argmin: the first least

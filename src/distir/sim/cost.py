@@ -152,6 +152,24 @@ class RooflineCostModel:
     comm_interference: bool = True
     eager: bool = False
 
+    @classmethod
+    def of_kernels(
+        cls,
+        cluster: Cluster,
+        kernels: str = "fused",
+        attention_kernel: str = "fa2",
+        tp_comm_overlap: bool = False,
+    ) -> RooflineCostModel:
+        """The model of a trainer's ``kernels``: ``fused`` (elementwise chains fused as the
+        trainers fuse them) or ``eager`` (every op its own eager PyTorch kernel, ``eager``)."""
+        return cls(
+            cluster,
+            fuse=kernels == "fused",
+            eager=kernels == "eager",
+            attention_kernel=attention_kernel,
+            tp_comm_overlap=tp_comm_overlap,
+        )
+
     def compute_time(
         self, opdef: OpDef, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, gpu: int
     ) -> float:

@@ -164,6 +164,27 @@ def parse_model_string(text: str) -> ModelSpec:
     return ModelSpec(text, family, dataclasses.replace(base, **overrides))
 
 
+def with_options(spec: str, options: Mapping[str, str]) -> str:
+    """Model string ``spec`` with the ``options`` (``NAME:key=value``) it does not set itself
+    and its family's config has (a trainer's, ``distir.parallel.trainers.model_options``); a
+    model that is not a zoo string (a file, an import) or does not parse is left as it is (its
+    error is reported when it is built)."""
+    spec = spec.strip()
+    try:
+        config = parse_model_string(spec).config if options else None
+    except ModelError:
+        return spec
+    if config is None or not dataclasses.is_dataclass(config):
+        return spec
+    have = {f.name for f in dataclasses.fields(config)}
+    _, colon, rest = spec.partition(":")
+    given = {item.partition("=")[0].strip() for item in rest.split(",")} if colon else set()
+    extra = [f"{k}={v}" for k, v in options.items() if k in have and k not in given]
+    if not extra:
+        return spec
+    return spec + ("," if rest.strip() else "" if colon else ":") + ",".join(extra)
+
+
 def _number_value(text: str, key: str, value: str, bounds: tuple[float, float]) -> float:
     """The value of a ``key=value`` pair of a float field with a ``range`` (``[lo, hi)``)."""
     try:
