@@ -123,6 +123,13 @@ def _check_options(a: dict[str, Any], err: Console) -> None:
         from distir.report.export_cli import check_target
 
         check_target(a["export_to"], err, "--export")
+        searched = a.get("trainer", "distir")
+        if searched != "distir" and a["export_to"] in TRAINERS and a["export_to"] != searched:
+            _fail(
+                err,
+                f"--export {a['export_to']} with --trainer {searched}: the plans are searched as "
+                f"{searched} runs them; export to {searched}, or search with --trainer {a['export_to']}",
+            )
 
 
 def _request(a: dict[str, Any], dtype: str, precision: str, store: Path | None) -> Any:

@@ -37,6 +37,7 @@ import functools
 import hashlib
 import itertools
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
@@ -294,16 +295,19 @@ def screen_space(
 def _trainer_ladders(req: SearchRequest, space: Space, bases: list[Strategy]) -> list[list[Strategy]]:
     """Each base's memory ladder (``Space.ladder``) with the rungs ``req``'s trainer runs
     (``trainer_allows``). A space of which the trainer runs nothing is a ``SpaceError`` giving
-    its reason for the first rung."""
+    the reason it gives most often."""
     prec, dt = Precision.parse(req.precision), DType.parse(req.dtype)
     full = [space.ladder(base) for base in bases]
     ladders = [[s for s in ladder if trainer_allows(req.trainer, s, prec, dt, req.train)] for ladder in full]
     if any(full) and not any(ladders):
-        first = next(s for ladder in full for s in ladder)
-        try:
-            trainer_semantics(req.trainer, first, prec, dt, None, req.train)
-        except TrainerError as e:
-            raise SpaceError(f"--trainer {req.trainer} runs none of the strategies searched: {e}") from None
+        reasons: Counter[str] = Counter()
+        for s in (s for ladder in full for s in ladder):
+            try:
+                trainer_semantics(req.trainer, s, prec, dt, None, req.train)
+            except TrainerError as e:
+                reasons[str(e).removeprefix(f"{s}: ")] += 1
+        why = reasons.most_common(1)[0][0]
+        raise SpaceError(f"--trainer {req.trainer} runs none of the strategies searched: {why}")
     return ladders
 
 
