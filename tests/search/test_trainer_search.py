@@ -105,7 +105,7 @@ def test_a_trainer_that_runs_none_of_the_space_is_one_line() -> None:
         model=LLAMA, cluster="dgx-a100", batch=64, dtype="bf16", precision="pure", trainer="megatron"
     )
     with pytest.raises(
-        SpaceError, match="--trainer megatron runs none of the strategies searched: .*--precision mixed"
+        SpaceError, match=r"--trainer megatron runs none of the strategies searched: .*--precision mixed"
     ):
         search(req)
     res = runner.invoke(app, ["search", "--model", LLAMA, "--cluster", "dgx-a100", "--trainer", "fsdp"])
@@ -128,3 +128,28 @@ def test_screened_peak_follows_the_exact_peak_under_each_trainer(trainer: str) -
         assert len(ratios) >= 3
         assert statistics.median([abs(x - 1) for x in ratios]) <= 0.05, (pins, ratios)
         assert min(ratios) >= 0.85, (pins, ratios)
+
+
+@pytest.mark.slow
+def test_the_cli_searches_as_the_trainer_and_exports_to_it(tmp_path: Path) -> None:
+    args = [
+        "search",
+        "--model",
+        LLAMA,
+        "--cluster",
+        "dgx-a100",
+        "--batch",
+        "64",
+        "--top",
+        "2",
+        "--workers",
+        "1",
+    ]
+    args += ["--dp", "8", "--trainer", "torchtitan", "--store", str(tmp_path / "s.sqlite"), "--json"]
+    res = runner.invoke(app, [*args, "--export", "torchtitan"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["trainer"] == "torchtitan" and out["results"][0]["trainer"] == "torchtitan"
+    assert out["results"][0]["zero"] >= 2 and "data_parallel_shard_degree = 8" in out["export"]["text"]
+    res = runner.invoke(app, [*args, "--export", "megatron"])
+    assert res.exit_code == 2 and "export to torchtitan, or search with --trainer megatron" in res.output
