@@ -1,5 +1,6 @@
 """The cross entropy under context parallelism (``distir.parallel.context_model``): the ``torch``
-loss form (``LogSoftmax`` then ``NegativeLogLikelihoodLoss``, torchtitan's F.cross_entropy) runs
+loss form (``LogSoftmax`` then ``NegativeLogLikelihoodLoss``, torchtitan's F.cross_entropy) and the
+``parallel`` form (torch's ``loss_parallel``, written on (B, S, V) rows) run
 on each cp rank's own (batch, sequence/c, vocab) logits, as the fused and fp32 forms do — no
 collective gathers the logits over cp — and the step with data and context parallelism equals
 the sequential step (loss and updated weights) on the reference executor."""
@@ -25,7 +26,7 @@ from distir.parallel.strategy import parse_strategy
 
 LLAMA = "llama:layers=2,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=16,loss={form}"
 GPT = "gpt:layers=2,hidden=8,heads=2,seq=16,vocab=16,loss={form}"
-FORMS = ["torch", "fp32", "fused"]
+FORMS = ["torch", "fp32", "fused", "parallel"]
 
 
 def test_the_torch_form_takes_the_logits_unflattened_classes_last() -> None:

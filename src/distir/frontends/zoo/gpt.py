@@ -307,12 +307,12 @@ def parallel_loss_fn(vocab: int, normalizer: int) -> Function:
     (``StopGradient``), so the subtractions pass the gradient through unchanged, as torch's
     ``_log_softmax_backward_handler`` returns it as it comes."""
     f = LayerFn("loss")
-    logits, labels = f.param("logits"), f.param("labels")
-    scores = f("Reshape", logits, shape=(-1, vocab), name="scores")  # (B·S, V)
-    targets = f("Reshape", labels, shape=(-1,), name="targets")  # (B·S,)
-    peak = f("StopGradient", f("ReduceMax", scores, axes=(1,), keepdims=1, name="max"), name="shift")
+    # on (B, S, V) rows as they come: torch flattens (B, S) into a view of each rank's own rows,
+    # which in the global program would merge dims that data and context parallelism both shard
+    scores, targets = f.param("logits"), f.param("labels")
+    peak = f("StopGradient", f("ReduceMax", scores, axes=(-1,), keepdims=1, name="max"), name="shift")
     shifted = f("Sub", scores, peak, name="shifted")
-    sumexp = f("ReduceSum", f("Exp", shifted, name="exp"), axes=(1,), keepdims=1, name="sumexp")
+    sumexp = f("ReduceSum", f("Exp", shifted, name="exp"), axes=(-1,), keepdims=1, name="sumexp")
     lse = f("Log", f("StopGradient", sumexp, name="norm"), name="lse")
     logp = f("Sub", shifted, lse, name="logp")
     nll = f("NllLossParts", logp, targets, name="nll")
