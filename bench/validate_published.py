@@ -1,7 +1,7 @@
 """Published-runs validation (issue 16): predict published training runs with distir and compare.
 
     PYTHONPATH=src .venv/bin/python bench/validate_published.py [--only NAME]... [--quick] [--markdown]
-        [--interference off]
+        [--interference off|persistent]
 
 Each run of ``bench/published_runs.toml`` (its source, model, cluster, the run's own strategy and
 precision, the published throughput and whether it fit) is built as ``distir simulate --model
@@ -32,7 +32,7 @@ import statistics
 import sys
 import time
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -481,14 +481,18 @@ def figure_of(r: Run, step_time_s: float) -> float:
 
 
 class Variant(NamedTuple):
-    """What the cost model assumes, for ``--gemm flat`` / ``--kernels`` / ``--interference off``
+    """What the cost model assumes, for ``--gemm flat`` / ``--kernels`` / ``--interference``
     comparisons: matmuls by the GEMM curve (``gemm_curve``) or at the flat 75% of peak; every
     run's own kernels (None) or all ``fused`` / ``eager``; collectives beside the compute slowing
-    it by the SMs NCCL holds (``interference``, ``distir.sim.interference``) or not."""
+    it by the SMs NCCL holds (``interference``, ``distir.sim.interference``) or not; and, on a GPU
+    whose GEMM kernels are persistent (``GemmProfile.persistent``), the GEMMs beside them running
+    in two waves (``persistent``: the run's GEMM share of GPU 0's kernel time, ``gemm_share``,
+    from a first simulation of the run, is the cost model's ``gemm_share``)."""
 
     gemm_curve: bool = True
     kernels: str | None = None
     interference: bool = True
+    persistent: bool = False
 
 
 AS_PUBLISHED = Variant()  # each run's own kernels, matmuls by the GEMM curve
@@ -544,8 +548,54 @@ def _simulated(r: Run, v: Variant, trace: bool = False, allocator: bool = False)
         tp_comm_overlap=r.tp_comm_overlap,
         comm_interference=v.interference,
     )
-    res = simulate(prog, cl, device_map(st, True), cost, batch=batch, trace=trace, allocator=allocator)
+    dmap = device_map(st, True)
+    profile = cl.device_spec(0).gemm
+    if v.persistent and v.interference and profile is not None and profile.persistent:
+        first = simulate(prog, cl, dmap, cost, batch=batch, trace=True, trace_detail="op")
+        cost = replace(cost, gemm_share=gemm_share(first))
+    res = simulate(prog, cl, dmap, cost, batch=batch, trace=trace, allocator=allocator)
     return res, st
+
+
+def gemm_share(res: Any, slot: int = 0) -> float:
+    """The fraction of the kernel time of stream ``slot`` (GPU 0's compute stream) that its GEMMs
+    (ops with a ``gemm`` shape: ``OpDef.gemm``) take in ``res``, a simulation traced with op
+    detail (its plan and the bodies of its calls): each op's own time, as charged before any
+    stall, summed over every call of every body (no replay of the timeline)."""
+    src = res.trace_source
+    clock = next(c for c, slots in enumerate(src.clock_slots) if slot in slots)
+    total, gemm = _kernel_time(src.plan, clock, {})
+    return gemm / total if total > 0 else 0.0
+
+
+def _kernel_time(
+    plan: Any, clock: int, memo: dict[tuple[int, int], tuple[float, float]]
+) -> tuple[float, float]:
+    """(all, GEMM) seconds of the compute ops ``plan`` runs on its clock ``clock``, its calls'
+    bodies included (``distir.sim.tracedetail``'s clocks: a body's clock p runs on its caller's
+    ``body_clocks[p]``)."""
+    from distir.ops.registry import REGISTRY
+    from distir.sim.records import CallSummary
+
+    key = (id(plan), clock)
+    if key in memo:
+        return memo[key]
+    total = gemm = 0.0
+    for i, (ds, c, is_comm) in enumerate(zip(plan.devs, plan.costs, plan.comm, strict=True)):
+        if isinstance(c, CallSummary):
+            if c.body is None:
+                continue
+            to_call = c.body_clocks if c.body_clocks is not None else {x: x for x in c.slots}
+            for inner, outer in to_call.items():
+                if outer == clock:
+                    t, g = _kernel_time(c.body, inner, memo)
+                    total, gemm = total + t, gemm + g
+        elif clock in ds and not is_comm:
+            total += c
+            if REGISTRY[plan.fn.body[i].name].gemm is not None:
+                gemm += c
+    memo[key] = (total, gemm)
+    return total, gemm
 
 
 def predict(r: Run, v: Variant = AS_PUBLISHED) -> Prediction:
@@ -772,13 +822,17 @@ def main(argv: list[str] | None = None) -> int:
         help="each run's own kernels (default), or all fused / all eager",
     )  # fmt: skip
     ap.add_argument(
-        "--interference", choices=("on", "off"), default="on",
-        help="collectives slow the compute beside them by the SMs NCCL holds (default) or not",
+        "--interference", choices=("on", "off", "persistent"), default="on",
+        help="collectives slow the compute beside them by the SMs NCCL holds (default) or not; "
+        "persistent: and persistent GEMM kernels beside them run in two waves",
     )  # fmt: skip
     ap.add_argument("--breakdown", action="store_true", help="where each selected run's step goes")
     args = ap.parse_args(argv)
     v = Variant(
-        args.gemm == "curve", None if args.kernels == "run" else args.kernels, args.interference == "on"
+        args.gemm == "curve",
+        None if args.kernels == "run" else args.kernels,
+        args.interference != "off",
+        args.interference == "persistent",
     )
     try:
         runs = select(load_runs(args.data), args.only, args.quick)

@@ -281,3 +281,33 @@ def test_memory_summary_names_the_rows_predicted_far_under() -> None:
     assert "3 runs: predicted -10.0…+2.0% (median -3.0%)" in line
     assert line.endswith(f"1 under by more than 5% ({runs[0].name})")
     assert vp.memory_summary([]) == []
+
+
+def test_gemm_share_walks_the_plan_as_the_op_trace_times_it() -> None:
+    """``--interference persistent``: the GEMMs' share of GPU 0's kernel time, summed over the
+    plan's bodies, is the share the op-detail trace shows; the run then predicts a slower step."""
+    import distir.sim.simulate as sim_module
+    from distir.ops.registry import REGISTRY
+
+    run = next(r for r in RUNS if r.name == "mosaic-h100-7b-s2048-g8")
+    plain = sim_module.simulate
+
+    def detailed(*args: object, **kwargs: object) -> object:
+        return plain(*args, **{**kwargs, "trace": True, "trace_detail": "op"})  # type: ignore[arg-type]
+
+    sim_module.simulate = detailed  # type: ignore[assignment]
+    try:
+        res, _ = vp._simulated(run, vp.AS_PUBLISHED, trace=True)
+    finally:
+        sim_module.simulate = plain
+    total = gemm = 0.0
+    for s in res.trace_detail().slices:
+        op = s.args.get("op")
+        if s.slot == 0 and not s.comm and op is not None:
+            total += s.end - s.start
+            gemm += (s.end - s.start) if REGISTRY[op].gemm is not None else 0.0
+    share = vp.gemm_share(res)
+    assert 0.3 < share < 0.9 and share == pytest.approx(gemm / total, rel=1e-9)
+    slow, _ = vp._simulated(run, vp.Variant(persistent=True))
+    fast, _ = vp._simulated(run, vp.AS_PUBLISHED)
+    assert slow.step_time_s > fast.step_time_s

@@ -45,6 +45,8 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
     comm_sm_count = 2                # optional: SMs a communication kernel holds while it runs
     comm_sm_source = "..."           #   (NCCL channels), taken from the compute beside it
                                      #   (default 0: none; distir.sim.interference)
+    matmul_persistent = true         # optional: the GEMM kernels launch one CTA per SM, so
+    matmul_persistent_source = "..." #   beside those SMs they run in two waves (default false)
     cuda_context_mib = 512           # optional: memory held besides tensors (defaults:
     workspace_mib = 64               #   distir.hardware.presets.CUDA_RUNTIME): CUDA context,
     comm_buffers_mib = 512           #   library workspaces, NCCL buffers (MiB) and the
@@ -194,6 +196,8 @@ _GEMM_KEYS = (
     "matmul_anchor_is_max",
     "comm_sm_count",
     "comm_sm_source",
+    "matmul_persistent",
+    "matmul_persistent_source",
 )
 _FP8_GEMM_KEYS = (
     "fp8_matmul_efficiency",
@@ -603,14 +607,16 @@ class _Loader:
             ):
                 self.fail(at("matmul_anchor"), f"expected [M, N, K], three positive integers, got {_got(a)}")
             over["anchor"] = tuple(a)
-        if "matmul_anchor_is_max" in t:
-            if not isinstance(t["matmul_anchor_is_max"], bool):
-                self.fail(
-                    at("matmul_anchor_is_max"),
-                    f"expected true or false, got {_got(t['matmul_anchor_is_max'])}",
-                )
-            over["anchor_is_max"] = t["matmul_anchor_is_max"]
-        for key, field_ in (("matmul_source", "source"), ("comm_sm_source", "comm_source")):
+        for key, field_ in (("matmul_anchor_is_max", "anchor_is_max"), ("matmul_persistent", "persistent")):
+            if key in t:
+                if not isinstance(t[key], bool):
+                    self.fail(at(key), f"expected true or false, got {_got(t[key])}")
+                over[field_] = t[key]
+        for key, field_ in (
+            ("matmul_source", "source"),
+            ("comm_sm_source", "comm_source"),
+            ("matmul_persistent_source", "persistent_source"),
+        ):
             if key in t:
                 over[field_] = self.string(t[key], at(key), empty_ok=True)
         if "comm_sm_count" in t:

@@ -115,6 +115,19 @@ _A100_GEMM = GemmProfile(
     comm_source=f"{_NCCL_SM}; 24 channels on an 8-GPU NVSwitch A100 node (NCCL_DEBUG log 'Channel 23/24', "
     "https://github.com/NVIDIA/nccl-tests/issues/100)",
 )
+_PERSISTENT_GEMM = (
+    "persistent: cuBLAS's Hopper GEMM kernels launch one CTA per SM (132 on an H100), each working "
+    "through its own tiles, so beside NCCL's CTAs the rest run as a second wave: in FSDP training on "
+    "H100 the matmuls 'take 2x as long to complete when they are overlapped with a NCCL kernel' "
+    "(https://github.com/pytorch/pytorch/issues/143988); this 'wave quantization can double the latency "
+    "of the matmul kernels' (PyTorch's opt-in sm_carveout, https://github.com/pytorch/pytorch/pull/147966, "
+    "whose text also says earlier GPUs hid a tile's start and end with several CTAs per SM); CUTLASS's "
+    "Hopper tile schedulers are static, 'Statically-scheduled persistent kernels will run 2x slower when "
+    "wave quantization occurs' (https://github.com/NVIDIA/cutlass/issues/2471); an Nsight trace of a "
+    "132-CTA GEMM beside a 24-CTA ncclAllGather on an H100: its time nearly doubles, 80% to 47% of peak "
+    "(https://forums.developer.nvidia.com/t/compute-communication-overlap-causes-severe-gemm-performance-"
+    "degradation-because-of-tail-effect/337991)"
+)
 _H100_GEMM = GemmProfile(
     sms=132,
     fraction=794.5 / 989,
@@ -127,6 +140,8 @@ _H100_GEMM = GemmProfile(
     comm_source=f"{_NCCL_SM}; 24 CTAs: an FSDP-style ncclAllGather on an H100 SXM measured with Nsight "
     "Systems (https://forums.developer.nvidia.com/t/compute-communication-overlap-causes-severe-gemm-"
     "performance-degradation-because-of-tail-effect/337991)",
+    persistent=True,
+    persistent_source=_PERSISTENT_GEMM,
 )
 _H100_GEMM_FP8 = replace(
     _H100_GEMM,
@@ -616,6 +631,8 @@ def _gemm_record(d: DeviceSpec) -> dict[str, Any]:
         rec["matmul_anchor_is_max"] = True
     if g.comm_sms:
         rec |= {"comm_sm_count": g.comm_sms, "comm_sm_source": g.comm_source}
+    if g.persistent:
+        rec |= {"matmul_persistent": True, "matmul_persistent_source": g.persistent_source}
     return rec
 
 
@@ -773,6 +790,7 @@ def render_clusters_table(cluster: Cluster | None = None) -> Table:
             if "comm_sm_count" in r
             else ""
         )
+        + (f"\n    GEMM kernels: {r['matmul_persistent_source']}" if r.get("matmul_persistent") else "")
         + "".join(
             f"\n    attention ({k}): {(a[0] if isinstance(a, list) else a)['source']}"
             for k, a in r.get("attention", {}).items()
@@ -799,7 +817,8 @@ def render_clusters_table(cluster: Cluster | None = None) -> Table:
         "intra: GPU↔GPU in a node, per GPU, GB/s; inter: network, per node, GB/s (per direction); "
         "GEMM: fraction of the dense peak a published GEMM benchmark reached (the efficiency curve of "
         "distir.hardware.gemm passes through it; smaller or skinny products run below it); comm SMs: the "
-        "SMs a communication kernel holds while it runs, taken from the compute beside it; runtime: "
+        "SMs a communication kernel holds while it runs, taken from the compute beside it; GEMM kernels: "
+        "persistent ones (one CTA per SM) run beside a communication kernel in two waves; runtime: "
         "memory held besides tensors, MiB (CUDA context + workspaces + NCCL buffers) + the allocator's "
         f"share of the peak. Sources:\n{notes}\nRuntime memory: {' / '.join(runtime_sources)}\n"
         + _MODEL_NOTES,

@@ -117,7 +117,13 @@ class GemmProfile:
 
     ``anchor_is_max``: the anchor is the best point of a sweep over shapes (a "maximum achievable
     matmul FLOPS" benchmark), so no shape runs faster than ``fraction``: the curve is capped
-    there (False: the curve may rise above the anchor towards its ceiling)."""
+    there (False: the curve may rise above the anchor towards its ceiling).
+
+    ``persistent``: the GPU's library GEMM kernels are persistent — they launch one CTA per SM
+    (at most), each working through a fixed list of output tiles — so beside a communication
+    kernel holding ``comm_sms`` SMs the CTAs that find no free SM run as a second wave, after
+    the first, instead of the GEMM slowing by ``comm_share`` (``distir.sim.interference``);
+    ``persistent_source`` names where that comes from."""
 
     sms: int
     fraction: float
@@ -127,6 +133,8 @@ class GemmProfile:
     comm_sms: int = 0
     comm_source: str = ""
     anchor_is_max: bool = False
+    persistent: bool = False
+    persistent_source: str = ""
 
     def __post_init__(self) -> None:
         owner = "gemm profile"
@@ -151,12 +159,38 @@ class GemmProfile:
             raise SpecError(f"{owner}: comm_source must be a string, got {self.comm_source!r}")
         if not isinstance(self.anchor_is_max, bool):
             raise SpecError(f"{owner}: anchor_is_max must be a bool, got {self.anchor_is_max!r}")
+        if not isinstance(self.persistent, bool):
+            raise SpecError(f"{owner}: persistent must be a bool, got {self.persistent!r}")
+        if not isinstance(self.persistent_source, str):
+            raise SpecError(f"{owner}: persistent_source must be a string, got {self.persistent_source!r}")
 
     @property
     def comm_share(self) -> float:
         """The fraction of the SMs a resident communication kernel holds: a compute kernel beside
         it runs at ``1 - comm_share`` of its speed (``distir.sim.interference``)."""
         return self.comm_sms / self.sms
+
+    @property
+    def gemm_waves(self) -> int:
+        """The waves a persistent GEMM of one CTA per SM runs in beside a communication kernel
+        holding ``comm_sms`` SMs: ⌈sms / (sms − comm_sms)⌉ (1 without persistent kernels, or
+        with no SMs held)."""
+        if not self.persistent:
+            return 1
+        return -(-self.sms // (self.sms - self.comm_sms))
+
+    def overlap_share(self, gemm_share: float | None = None) -> float:
+        """The share of the compute a resident communication kernel takes: ``comm_share``;
+        with persistent GEMM kernels and ``gemm_share`` (the fraction of the compute's kernel
+        time in GEMMs) known, ``1 - 1 / (w·gemm_share + (1 - gemm_share) / (1 - comm_share))``,
+        ``w = gemm_waves``: the GEMMs take ``w`` times as long, the rest ``1 / (1 -
+        comm_share)`` (``distir.sim.interference``)."""
+        s = self.comm_share
+        if not self.persistent or gemm_share is None or s == 0.0:
+            return s
+        if not 0.0 <= gemm_share <= 1.0:
+            raise SpecError(f"the GEMMs' share of the compute must be in [0, 1], got {gemm_share!r}")
+        return 1.0 - 1.0 / (self.gemm_waves * gemm_share + (1.0 - gemm_share) / (1.0 - s))
 
 
 SeqPoints = tuple[tuple[int, float], ...]

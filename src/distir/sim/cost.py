@@ -138,7 +138,10 @@ class RooflineCostModel:
     the compute beside it by the SMs its kernel holds (``interference``; the planner applies it:
     ``distir.sim.interference``); ``eager``: the ops run as eager PyTorch's own kernels, so an op
     whose definition states its eager kernel's measured HBM fraction (``OpDef.eager_memory``:
-    the normalization kernels) moves its bytes at that fraction instead of ``memory_efficiency``."""
+    the normalization kernels) moves its bytes at that fraction instead of ``memory_efficiency``;
+    ``gemm_share``: the fraction of the compute's kernel time spent in GEMMs beside a collective,
+    which on a GPU with persistent GEMM kernels run in two waves there (``interference``; None:
+    not known, every kernel slows by the SMs NCCL holds)."""
 
     cluster: Cluster
     allow_tf32: bool = False
@@ -151,6 +154,7 @@ class RooflineCostModel:
     tp_comm_overlap: bool = False
     comm_interference: bool = True
     eager: bool = False
+    gemm_share: float | None = None
 
     @classmethod
     def of_kernels(
@@ -246,9 +250,11 @@ class RooflineCostModel:
 
     def interference(self, gpu: int) -> float:
         """The fraction of ``gpu``'s compute a communication kernel running beside it takes: its
-        GEMM profile's ``comm_share`` (0 without a profile, or with ``comm_interference`` off)."""
+        GEMM profile's ``overlap_share`` at ``gemm_share`` (``comm_share`` unless its GEMM
+        kernels are persistent and ``gemm_share`` is given; 0 without a profile, or with
+        ``comm_interference`` off)."""
         g = self.cluster.device_spec(gpu).gemm
-        return g.comm_share if g is not None and self.comm_interference else 0.0
+        return g.overlap_share(self.gemm_share) if g is not None and self.comm_interference else 0.0
 
     def comm_time(self, cost: CommCost, gpus: Sequence[int]) -> float:
         if cost.pattern is CommPattern.P2P:

@@ -13,6 +13,21 @@ The memory bandwidth NCCL also takes (it stores what arrives and reads it back,
 https://github.com/NVIDIA/nccl/issues/1428) is not modelled; memory-bound kernels beside a
 collective slow down more than this.
 
+**Persistent GEMM kernels** (``GemmProfile.persistent``: cuBLAS on Hopper). A GEMM kernel that
+launches one CTA per SM, each working through a fixed list of output tiles, cannot shrink to the
+SMs left beside a communication kernel: the CTAs that find no free SM wait for the first ones to
+finish and run as a second wave, so the GEMM takes ``w`` times as long, ``w = ⌈sms / (sms −
+comm_sms)⌉`` waves (2 on an H100 beside NCCL's 24 CTAs; ``GemmProfile.gemm_waves``), not
+``1 / (1 - s)``. Measured: an H100 GEMM of 132 CTAs beside a 24-CTA ``ncclAllGather`` nearly
+doubles its time; FSDP training's matmuls on H100 "take 2x as long" overlapped with NCCL
+(``persistent_source`` of the H100 profile). So the rate depends on the compute's mix: with a
+fraction ``f`` of its kernel time in such GEMMs (``RooflineCostModel.gemm_share``; the rest runs
+at ``1 - s``), a unit of work takes ``w f + (1 - f) / (1 - s)`` beside a collective, and the share
+lost is ``1 - 1 / (w f + (1 - f) / (1 - s))`` (``GemmProfile.overlap_share``): ``s`` with no GEMMs, ``1 -
+1/w`` (a half) with nothing else. Not modelled: a GEMM of fewer tiles than the free SMs (one wave
+either way) and a collective that ends mid-GEMM (the second wave starts then); the rates are the
+whole window's, as below.
+
 **The rate model, in max-plus form.** While a communication kernel of ``c`` seconds runs, a
 compute stream that is busy throughout it gets ``(1 - s) c`` seconds of work done instead of
 ``c``: it ends ``s c`` later. The simulator charges exactly that, as a *stall*: when a
