@@ -44,6 +44,7 @@ STRATEGIES = [
     "d2.t1.p2.k4.1f1b.z2",
     "d1.t2.p2.k4.interleaved.v2.z1",
     "d2.t1.p2.k4.zb1.z1",
+    "d2.t1.p2.k4.gpipe.z1",
     "d2.c2.t1.p1.k1.z3",
 ]
 # what each trainer does not run by default (mixed bf16), by the reason it gives
@@ -53,6 +54,8 @@ REFUSED = {
     ("deepspeed", "d2.t1.p2.k4.1f1b.z2"): "ZeRO 0 or 1 only",
     ("deepspeed", "d1.t2.p2.k4.interleaved.v2.z1"): "its own 1F1B",
     ("deepspeed", "d2.t1.p2.k4.zb1.z1"): "its own 1F1B",
+    ("megatron", "d2.t1.p2.k4.zb1.z1"): "1F1B and interleaved 1F1B",
+    ("megatron", "d2.t1.p2.k4.gpipe.z1"): "1F1B and interleaved 1F1B",
     ("torchtitan", "d1.t1.p1.k1"): FSDP_ONLY,
     ("torchtitan", "d2.t1.p1.k1.z1"): FSDP_ONLY,
     ("torchtitan", "d2.t1.p1.k2.z0"): FSDP_ONLY,
@@ -60,6 +63,8 @@ REFUSED = {
     ("torchtitan", "d2.t1.p2.k4.1f1b.z1"): FSDP_ONLY,
     ("torchtitan", "d1.t2.p2.k4.interleaved.v2.z1"): FSDP_ONLY,
     ("torchtitan", "d2.t1.p2.k4.zb1.z1"): FSDP_ONLY,
+    ("torchtitan", "d2.t1.p2.k4.gpipe.z1"): FSDP_ONLY,
+    ("deepspeed", "d2.t1.p2.k4.gpipe.z1"): "its own 1F1B",
 }
 
 

@@ -16,7 +16,8 @@ the compute dtype, keeps a low-precision copy of every weight, and runs every ke
   fused kernels and Adam, Transformer Engine's cuDNN attention where the GPU has its published
   speed (Hopper), FlashAttention-2 elsewhere. Opt-in flags stay the user's
   (``--overlap-param-gather``, ``--tp-comm-overlap``). ``--bf16``/``--fp16`` always keep fp32
-  main parameters: pure half precision is refused.
+  main parameters: pure half precision is refused; its pipelines run 1F1B or interleaved 1F1B
+  (no GPipe, no zero-bubble schedule in Megatron-Core).
 - ``deepspeed`` (Megatron-DeepSpeed on DeepSpeed's engine): the pipeline engine when p > 1
   (1F1B, ZeRO 0/1), bf16 mixed precision as ``BF16_Optimizer`` runs it (ZeRO stage 0 in
   DeepSpeed's config, which shards the fp32 state over data parallelism like ZeRO-1: distir's
@@ -143,6 +144,12 @@ def trainer_semantics(
 
 
 def _megatron(s: Strategy, precision: Precision, device: DeviceSpec | None) -> TrainerSemantics:
+    if s.p > 1 and s.schedule not in ("1f1b", "interleaved"):
+        raise TrainerError(
+            f"{s}: Megatron-LM's pipeline schedules are 1F1B and interleaved 1F1B "
+            "(megatron/core/pipeline_parallel/schedules.py: forward_backward_pipelining_without_"
+            "interleaving and _with_interleaving): use 1f1b or interleaved"
+        )
     # the fusion accumulates whole gradients: Megatron's distributed optimizer is ZeRO-1, and
     # Megatron-FSDP (ZeRO-2/3 reducing every backward) runs without it
     whole = not (s.d * s.c > 1 and reduce_scatter_every_backward(s))
