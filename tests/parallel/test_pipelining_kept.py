@@ -26,7 +26,7 @@ FSDP2_PP = {
 }
 
 
-def _program(strategy: str, kept: str, train: bool = True) -> Module:
+def _program(strategy: str, kept: str, train: bool = True, streams: bool = True) -> Module:
     s = parse_strategy(strategy)
     model = build_model(LLAMA, batch=s.k * s.d, dtype=DType.bf16)
     opts = FSDP2_PP if train else {}
@@ -35,7 +35,7 @@ def _program(strategy: str, kept: str, train: bool = True) -> Module:
         s,
         Optimizer("adam"),
         train=train,
-        comm_streams=True,
+        comm_streams=streams,
         precision="mixed",
         pipelining_kept=kept,
         **opts,
@@ -101,3 +101,27 @@ def test_the_kept_values_raise_the_peak_by_what_they_hold() -> None:
         peak[kept] = max(r.peak_memory[g] for g in r.peak_memory if g >= s.d * s.t)  # stage 1
     logits = 16 * 256 // 2 * 2  # one microbatch on one GPU: a sequence of 16 tokens × 256/2 vocab, bf16
     assert peak["every"] - peak[""] >= 3 * logits
+
+
+@pytest.mark.parametrize("streams", [True, False])
+def test_each_microbatch_receives_into_its_own_buffer_a_donated_step_parameter(streams: bool) -> None:
+    strategy = "d2.t1.p2.k4.interleaved.v2.z2"
+    prog, off = _program(strategy, "every", streams=streams), _program(strategy, "", streams=streams)
+    entry = prog.entry
+    bufs = [j for j, p in enumerate(entry.params) if p.name.endswith("_buffer")]
+    assert not [p for p in off.entry.params if p.name.endswith("_buffer")]
+    assert len(entry.params) - len(off.entry.params) == len(bufs) == 2 * 4 * 3  # 2 kinds × k × 3 boundaries
+    into = {d.param: d.result for d in entry.donated}
+    n = len(off.entry.outputs)
+    # each buffer is written by one transfer, whose result the step keeps (a result after its own)
+    assert sorted(into[j] for j in bufs) == sorted(set(into[j] for j in bufs))
+    assert all(into[j] >= n for j in bufs)
+    made_by = {v: op.name for op in entry.ops() for v in op.outputs}
+    assert {made_by[entry.outputs[into[j]]] for j in bufs} == {"MeshSend"}  # by the transfer itself
+
+
+def test_deepspeeds_engine_is_refused() -> None:
+    s = parse_strategy("d1.t1.p2.k4.1f1b.z1")
+    model = build_model(LLAMA, batch=4, dtype=DType.bf16)
+    with pytest.raises(StrategyError, match="DeepSpeed"):
+        distribute(model, s, Optimizer("adam"), deepspeed_pipe=True, pipelining_kept="every")

@@ -179,7 +179,9 @@ programs. Its shape:
   December 2024 torchtitan records ran), or the ``"last"``'s only — the logits, which the last
   chunk's forward returns after its other results; the last stage also concatenates them at
   the schedule's end (``_merge_outputs``: a transient copy of all of them). The kept values
-  are the step's last results. Default: each freed after its last use.
+  are the step's last results; the receive buffers are step parameters too (``<value>_buffer``,
+  on the receiving stream, each donated to what it receives). Not with ``deepspeed_pipe``.
+  Default: each freed after its last use.
 - ``sac_eager`` (``rops`` run eagerly, as torchtitan without ``torch.compile``): PyTorch's
   selective checkpointing caches every result its policy saves until the block's backward,
   whether the backward reads it or not (``torch/utils/checkpoint.py``,
@@ -372,6 +374,10 @@ def distribute(
 
     The trainers' options (``overlap_param_gather`` … ``reduce_fp32``, default off): module
     docstring, *Trainer options*."""
+    if pipelining_kept and deepspeed_pipe:
+        raise StrategyError(
+            "pipelining_kept is torch.distributed.pipelining's, not DeepSpeed's pipeline engine's"
+        )
     with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
         return _Builder(
             model,
@@ -1375,6 +1381,7 @@ class _ScheduleWriter:
         self.kept: dict[tuple[int, int], tuple[Value, str]] = {}
         # what torch.distributed.pipelining's stages hold until the step's end (``pipelining_kept``)
         self.state = StepState(b.pipelining_kept, self.last)
+        self.buffers = self._receive_buffers() if self.state.on else {}
 
     def write(self, order: list[Any]) -> None:
         """Every action at its (estimated) start, its transfer at the end of the action."""
@@ -1432,6 +1439,25 @@ class _ScheduleWriter:
             return v
         return self.to_mesh(v, self.b.meshes[self.stage_of[dst]], name)
 
+    def _receive_buffers(self) -> dict[tuple[bool, int, int], Value]:
+        """``pipelining_kept``: the receive buffers of each chunk, one per microbatch, as step
+        parameters (they persist between steps) on the stream that receives into them, each
+        donated to what it receives — by (forward, receiving chunk, microbatch)."""
+        b, fb, bufs = self.b, self.fb, {}
+        for c in range(1, len(self.by_chunk)):  # chunk c's input: received by c, its gradient by c - 1
+            t = self.by_chunk[c][0].fwd_args[0]
+            assert isinstance(t, DTensorType)
+            for fwd, at in ((True, c), (False, c - 1)):
+                st = self.stage_of[at]
+                mesh = (
+                    b.comm_meshes[("fwd_recv" if fwd else "bwd_recv", st)] if b.p2p_streams else b.meshes[st]
+                )
+                for m in range(b.s.k):
+                    name = f"{'a' if fwd else 'dy'}{c if fwd else c - 1}_{m}_buffer"
+                    bt = DTensorType(t.dtype, t.shape, mesh, t.placements)
+                    bufs[(fwd, at, m)] = fb.param(name, bt, donated=True)
+        return bufs
+
     def chunk_args(self, c: int, m: int) -> list[Value]:
         return [*self.weights_of[c], *(per_mb[m] for per_mb in self.chunk_extras[c])]
 
@@ -1447,6 +1473,10 @@ class _ScheduleWriter:
             if dst > src:
                 self.kept[(src, a.microbatch)] = (val, part[1])
         sent = self.send(val, src, dst, name)
+        buf = self.buffers.get((dst > src, dst, a.microbatch))
+        if buf is not None:  # received into its microbatch's buffer, kept (``pipelining_kept``)
+            self.state.keep(self.stage_of[dst], sent)
+            self.fb.donate(buf, sent)
         if part is not None:
             sent = self.b._redistribute(self.fb, sent, name, part[1])
         if dst > src:
@@ -1460,7 +1490,6 @@ class _ScheduleWriter:
             x = self.mbs[(self.inputs[0], 0)][m]
         else:
             x = self.receive(self.act.pop((c, m)), c - 1, c, f"a{c}_{m}")
-            self.state.keep(self.stage_of[c], x)
         gathers = b.gather_early and c not in self.gathered
         f = self.cf[f"c{c}_fwd" + ("_gather" if gathers else "")]
         n_w = len(self.weights_of[c]) if gathers else 0
@@ -1497,7 +1526,6 @@ class _ScheduleWriter:
         dy = self.dys.pop((c, m))
         if c < self.last:
             dy = self.receive(dy, c + 1, c, f"dy{c}_{m}")
-            self.state.keep(self.stage_of[c], dy)
         kept = self.kept.pop((c, m), None)
         if kept is not None:  # the engine restores the sent output whole before the backward
             self.b._redistribute(fb, kept[0], f"out{c}_{m}", kept[1])

@@ -21,9 +21,11 @@ And at the end of ``step`` the last stage returns ``_merge_outputs(output_chunks
 drops: one transient tensor of all the microbatches' logits.
 
 Here the kept values are results of the step, after its own (they outlive it), so the plan keeps
-each live from its making to the step's end; the merge is a ``Concat`` of the kept logits along an
-axis no placement shards, freed at once. Not modelled: the receive buffers'
-storage before a step's first receive into them (they persist between steps).
+each live from its making to the step's end; the receive buffers are also parameters of the step
+(they persist between steps), one per microbatch on the stream that receives (torch allocates
+them on the compute stream: the same bytes in another pool), each donated to the value received
+into it, so each holds its bytes from the step's start; the merge is a
+``Concat`` of the kept logits along an axis no placement shards, freed at once.
 """
 
 from __future__ import annotations
