@@ -12,7 +12,7 @@ microbatch, from the moment it has it until the next step's ``clear_runtime_stat
   schedule; ``backward_one_chunk`` detaches the output but keeps its storage);
 - the activation it receives and the gradient it receives: each microbatch has its own receive
   buffer (``_prepare_forward_infra`` and ``_create_grad_recv_info`` allocate one per
-  microbatch; the schedule never frees them);
+  microbatch; the schedule never frees them: pytorch#136380 asks for fewer);
 - the gradient of its received input: ``stage_backward`` runs ``torch.autograd.backward``, which
   accumulates it into the receive buffer's ``.grad``, cleared only by ``clear_runtime_states``.
 
