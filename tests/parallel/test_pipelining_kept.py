@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from distir.autodiff.precision import Precision
 from distir.autodiff.train import Optimizer
 from distir.frontends.zoo import build_model
 from distir.hardware.cluster import parse_cluster
@@ -15,6 +16,7 @@ from distir.ir.function import Module
 from distir.ir.types import DType
 from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import StrategyError, parse_strategy
+from distir.parallel.trainers import trainer_semantics
 from distir.sim.simulate import simulate
 
 LLAMA = "llama:layers=4,hidden=64,heads=2,kv_heads=1,ffn=128,seq=16,vocab=256"
@@ -125,3 +127,12 @@ def test_deepspeeds_engine_is_refused() -> None:
     model = build_model(LLAMA, batch=4, dtype=DType.bf16)
     with pytest.raises(StrategyError, match="DeepSpeed"):
         distribute(model, s, Optimizer("adam"), deepspeed_pipe=True, pipelining_kept="every")
+
+
+@pytest.mark.parametrize(("strategy", "kept"), [("d2.t1.p2.k4.1f1b.z2", "last"), ("d2.t1.p1.k4.1f1b.z3", "")])
+def test_the_torchtitan_trainer_keeps_the_last_stages_outputs_under_a_pipeline(
+    strategy: str, kept: str
+) -> None:
+    """torchtitan 820504e's torch (June 2025) keeps only the last stage's outputs (pytorch#153383)."""
+    sem = trainer_semantics("torchtitan", parse_strategy(strategy), Precision.parse("mixed"), DType.bf16)
+    assert sem.switches()["pipelining_kept"] == kept
