@@ -210,6 +210,10 @@ class Run:
     # Megatron-LM's gradient-accumulation fusion: each linear layer's weight-gradient GEMM adds
     # into the fp32 main_grad (``distribute(grad_accum_fusion=True)``)
     grad_accum_fusion: bool = False
+    # torch.distributed.pipelining's stages: what they keep until the step's end — every stage's
+    # outputs ("every") or the last stage's ("last"), the receive buffers and input gradients
+    # (``distribute(pipelining_kept=...)``)
+    pipelining_kept: str = ""
     # how the trainer's Adam runs (``Optimizer(kernels=...)``): fused (one kernel: Megatron's,
     # DeepSpeed's), foreach (torch.optim.AdamW(foreach=True)) or loop (Composer's DecoupledAdamW)
     optimizer_kernels: str = "fused"
@@ -537,6 +541,7 @@ def _simulated(r: Run, v: Variant, trace: bool = False, allocator: bool = False)
         megatron_ddp=r.megatron_ddp,
         fsdp2_grad_accum=r.fsdp2_grad_accum,
         grad_accum_fusion=r.grad_accum_fusion,
+        pipelining_kept=r.pipelining_kept,
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(

@@ -169,6 +169,19 @@ programs. Its shape:
   embedding, a weight a chunk uses twice) is added into its sum as the layer completes it by one
   fused cast-add, as Megatron's DDP hook runs ``param.main_grad.add_(param.grad)``
   (``distir.parallel.grad_accum_fusion``).
+- ``pipelining_kept`` (``""`` | ``"every"`` | ``"last"``; training with p > 1;
+  ``torch.distributed.pipelining``'s ``PipelineStage``, as torchtitan runs its pipelines): what
+  the stages keep until the step's end (``distir.parallel.pipeline.stage_state``) — the
+  activation and the gradient each stage receives per microbatch (one receive buffer per
+  microbatch, never freed), the gradient of each received input (the buffer's ``.grad``,
+  cleared by the next step's ``clear_runtime_states``), and its output per microbatch
+  (``output_chunks``): ``"every"`` stage's (torch before pytorch#153383, May 2025, as the
+  December 2024 torchtitan records ran), or the ``"last"``'s only — the logits, which the last
+  chunk's forward returns after its other results; the last stage also concatenates them at
+  the schedule's end (``_merge_outputs``: a transient copy of all of them). The kept values
+  are the step's last results; the receive buffers are step parameters too (``<value>_buffer``,
+  on the receiving stream, each donated to what it receives). Not with ``deepspeed_pipe``.
+  Default: each freed after its last use.
 - ``sac_eager`` (``rops`` run eagerly, as torchtitan without ``torch.compile``): PyTorch's
   selective checkpointing caches every result its policy saves until the block's backward,
   whether the backward reads it or not (``torch/utils/checkpoint.py``,
@@ -219,6 +232,7 @@ from distir.parallel.pipeline.analysis import time_order
 from distir.parallel.pipeline.deepspeed import Event, step_order
 from distir.parallel.pipeline.partition import partition, uniform_counts
 from distir.parallel.pipeline.schedules import Action, build_schedule
+from distir.parallel.pipeline.stage_state import PIPELINING_KEPT, StepState
 from distir.parallel.sharding.shard_function import strip_types
 from distir.parallel.strategy import Strategy, StrategyError
 from distir.sim.devices import DeviceMap, Slot
@@ -324,6 +338,7 @@ def distribute(
     megatron_ddp: bool = False,
     fsdp2_grad_accum: bool = False,
     grad_accum_fusion: bool = False,
+    pipelining_kept: str = "",
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -359,6 +374,10 @@ def distribute(
 
     The trainers' options (``overlap_param_gather`` … ``reduce_fp32``, default off): module
     docstring, *Trainer options*."""
+    if pipelining_kept and deepspeed_pipe:
+        raise StrategyError(
+            "pipelining_kept is torch.distributed.pipelining's, not DeepSpeed's pipeline engine's"
+        )
     with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
         return _Builder(
             model,
@@ -386,6 +405,7 @@ def distribute(
             ),
             megatron_ddp,
             grad_accum_fusion,
+            pipelining_kept,
         ).build()
 
 
@@ -394,6 +414,14 @@ def _layer_policy(s: Strategy, sac_eager: bool) -> str | None:
     own: ``ops-eager`` for ``rops`` run eagerly (``distribute(sac_eager=True)``: eager selective
     checkpointing caches every result it saves), else None."""
     return "ops-eager" if sac_eager and s.recompute == "ops" else None
+
+
+def _pipelining_kept(s: Strategy, train: bool, mode: str) -> str:
+    """What torch.distributed.pipelining's stages keep until the step's end (``distribute``):
+    ``mode`` for a training pipeline, nothing elsewhere."""
+    if mode not in PIPELINING_KEPT:
+        raise StrategyError(f"pipelining_kept must be one of {PIPELINING_KEPT}, got {mode!r}")
+    return mode if train and s.p > 1 else ""
 
 
 def _check_deepspeed(s: Strategy, prec: Precision, deepspeed_pipe: bool, fp32_grad_accum: bool) -> None:
@@ -541,6 +569,7 @@ class _Builder:
         fsdp: FsdpOptions | None = None,
         megatron_ddp: bool = False,
         grad_accum_fusion: bool = False,
+        pipelining_kept: str = "",
     ) -> None:
         self.prec = Precision.parse(precision)
         _check_deepspeed(s, self.prec, deepspeed_pipe, fp32_grad_accum)
@@ -558,7 +587,7 @@ class _Builder:
             model = context_model(model, s.c, cp_ring)
         model = self.prec.prepare(model)  # mixed: the loss layer in fp32
         self.model, self.s, self.opt, self.train = model, s, opt, train
-        self.comm_streams = comm_streams
+        self.comm_streams, self.pipelining_kept = comm_streams, _pipelining_kept(s, train, pipelining_kept)
         # DeepSpeed's pipeline engine: transfers block the compute streams (``distribute``)
         self.p2p_streams = comm_streams and not deepspeed_pipe
         self.deepspeed_pipe = deepspeed_pipe
@@ -803,12 +832,15 @@ class _Builder:
         res: list[Value] = []
         reads = [list(self.layer_calls[L.index].inputs) for L in layers]
         gather = _Gathers(self, fb, c, wp, reads, keep=gather_once)
+        logits: list[Value] = []  # the loss layer's input, kept by the stage (``keeps_logits``)
         for i, L in enumerate(layers):
             call = self.layer_calls[L.index]
             args = []
             gather.before(i)
             for j, v in enumerate(call.inputs):
                 args.append(x if j == 0 else gather.take(v) if v in wp else ep[v])
+            if self.keeps_logits(c) and i == len(layers) - 1:
+                logits.append(args[0])
             if L.vjp is None:
                 (x,) = fb.call(L.fwd, *args, n_out=1)
                 continue
@@ -818,8 +850,14 @@ class _Builder:
             res.extend(outs[L.vjp.n_outputs :])
             x = outs[0]
         if gather_once:
-            return fb.ret(x, *res, *(gather.take(w) for w in wp))
-        return fb.ret(x, *res, *(gather.last_taken[w] for w in self._kept_gathered(layers)))
+            return fb.ret(x, *res, *(gather.take(w) for w in wp), *logits)
+        return fb.ret(x, *res, *(gather.last_taken[w] for w in self._kept_gathered(layers)), *logits)
+
+    def keeps_logits(self, c: int) -> bool:
+        """Whether chunk ``c``'s forward also returns, last, its loss layer's input (the logits):
+        the last chunk's under ``pipelining_kept``, whose stage keeps its output until the step's
+        end (``distir.parallel.pipeline.stage_state``)."""
+        return bool(self.pipelining_kept) and c == len(self.chunks) - 1
 
     def _kept_gathered(self, layers: list[ShardedLayer]) -> list[Value]:
         """``fsdp2_root`` / ``fsdp1_root``: the weights of ``layers`` (a chunk) whose gathered
@@ -1152,10 +1190,11 @@ class _Builder:
             sched.write(self._program_order(by_chunk))
         if not self.train:
             return self._module(cf, fb.ret(*sched.outputs_inf))
+        sched.state.merge(fb, layers[-1].fwd_args[0] if layers[-1].fwd_args else None)
         grads = self._gradient_sums(fb, by_chunk, wp, sched.acc)
         updates = self._apply_optimizer(fb, grads, wp, stage_of, sched.to_mesh)
-        entry = fb.ret(*self._results(fb, sched.losses, updates, wp))
-        return self._module(cf, entry)
+        results = self._results(fb, sched.losses, updates, wp)
+        return self._module(cf, fb.ret(*results, *sched.state.results()))
 
     def _gradient_sums(
         self,
@@ -1351,6 +1390,9 @@ class _ScheduleWriter:
         self.parts = [_pipe_partition(b, ls[0].fwd_args) for ls in by_chunk[1:]] if b.deepspeed_pipe else []
         # (chunk, microbatch) -> its sent output's part and the placement that makes it whole
         self.kept: dict[tuple[int, int], tuple[Value, str]] = {}
+        # what torch.distributed.pipelining's stages hold until the step's end (``pipelining_kept``)
+        self.state = StepState(b.pipelining_kept, self.last)
+        self.buffers = self._receive_buffers() if self.state.on else {}
 
     def write(self, order: list[Any]) -> None:
         """Every action at its (estimated) start, its transfer at the end of the action."""
@@ -1408,6 +1450,25 @@ class _ScheduleWriter:
             return v
         return self.to_mesh(v, self.b.meshes[self.stage_of[dst]], name)
 
+    def _receive_buffers(self) -> dict[tuple[bool, int, int], Value]:
+        """``pipelining_kept``: the receive buffers of each chunk, one per microbatch, as step
+        parameters (they persist between steps) on the stream that receives into them, each
+        donated to what it receives — by (forward, receiving chunk, microbatch)."""
+        b, fb, bufs = self.b, self.fb, {}
+        for c in range(1, len(self.by_chunk)):  # chunk c's input: received by c, its gradient by c - 1
+            t = self.by_chunk[c][0].fwd_args[0]
+            assert isinstance(t, DTensorType)
+            for fwd, at in ((True, c), (False, c - 1)):
+                st = self.stage_of[at]
+                mesh = (
+                    b.comm_meshes[("fwd_recv" if fwd else "bwd_recv", st)] if b.p2p_streams else b.meshes[st]
+                )
+                for m in range(b.s.k):
+                    name = f"{'a' if fwd else 'dy'}{c if fwd else c - 1}_{m}_buffer"
+                    bt = DTensorType(t.dtype, t.shape, mesh, t.placements)
+                    bufs[(fwd, at, m)] = fb.param(name, bt, donated=True)
+        return bufs
+
     def chunk_args(self, c: int, m: int) -> list[Value]:
         return [*self.weights_of[c], *(per_mb[m] for per_mb in self.chunk_extras[c])]
 
@@ -1423,6 +1484,10 @@ class _ScheduleWriter:
             if dst > src:
                 self.kept[(src, a.microbatch)] = (val, part[1])
         sent = self.send(val, src, dst, name)
+        buf = self.buffers.get((dst > src, dst, a.microbatch))
+        if buf is not None:  # received into its microbatch's buffer, kept (``pipelining_kept``)
+            self.state.keep(self.stage_of[dst], sent)
+            self.fb.donate(buf, sent)
         if part is not None:
             sent = self.b._redistribute(self.fb, sent, name, part[1])
         if dst > src:
@@ -1439,13 +1504,17 @@ class _ScheduleWriter:
         gathers = b.gather_early and c not in self.gathered
         f = self.cf[f"c{c}_fwd" + ("_gather" if gathers else "")]
         n_w = len(self.weights_of[c]) if gathers else 0
-        n_res = len(f.outputs) - 1 - n_w
+        n_l = int(b.keeps_logits(c))
+        n_res = len(f.outputs) - 1 - n_w - n_l
         names = [f"a{c + 1}_{m}"] + [f"res{c}_{m}"] * n_res + [f"{w.name}_full" for w in self.cw[c]][:n_w]
-        outs = fb.call(f, x, *self.chunk_args(c, m), n_out=len(f.outputs), names=names)
+        outs = fb.call(
+            f, x, *self.chunk_args(c, m), n_out=len(f.outputs), names=names + [f"logits_{m}"] * n_l
+        )
         self.res[(c, m)] = outs[1 : 1 + n_res]
+        self.state.output(c, self.stage_of[c], outs[-1] if n_l else outs[0])
         if gathers:  # the whole compute copies, for the chunk's other calls this step
             self.gathered.add(c)
-            self.weights_of[c] = list(outs[1 + n_res :])
+            self.weights_of[c] = list(outs[1 + n_res : len(outs) - n_l])
         if c < self.last:
             self.outbox[a] = (outs[0], c, c + 1, f"a{c + 1}_{m}")
         elif b.train:
@@ -1483,6 +1552,7 @@ class _ScheduleWriter:
             self.acc[c] = list(rest)
         if has_dx and c > 0:
             self.outbox[a] = (outs[0], c, c - 1, f"dy{c - 1}_{m}")
+            self.state.keep(self.stage_of[c], outs[0])  # the receive buffer's ``.grad``
 
     def _weight_grads(self, a: Action) -> None:
         """The weight-gradient half of a zero-bubble backward (W)."""

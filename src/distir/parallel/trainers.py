@@ -30,8 +30,10 @@ the compute dtype, keeps a low-precision copy of every weight, and runs every ke
   ``reduce_fp32``); under ZeRO-3 on one stage FSDP2's all-gather copy-out, its root kept
   unsharded, gathers and reductions on one stream and the fp32 shard cast at each gather; under
   pipelining ZeRO-2 (``reshard_after_forward`` off by default there) with the fp32 sums of the
-  no-sync backwards. Mixed precision only through FSDP2 (``mixed_precision_param`` takes effect
-  with ``data_parallel_shard_degree`` > 1): elsewhere it is refused, as is ZeRO-3 with p > 1
+  no-sync backwards, and what ``torch.distributed.pipelining``'s stages keep through the step
+  (``pipelining_kept = "last"``: the last stage's outputs, as torch after pytorch#153383
+  keeps). Mixed precision only through FSDP2 (``mixed_precision_param`` takes effect with
+  ``data_parallel_shard_degree`` > 1): elsewhere it is refused, as is ZeRO-3 with p > 1
   (torchtitan's pipeline reduce-scatters once a step; distir's ZeRO-3 every backward).
 
 Each rule follows the published-runs records of that trainer (``bench/published_runs.toml``,
@@ -83,6 +85,7 @@ class TrainerSemantics:
     gather_cast: bool = False
     fsdp2_grad_accum: bool = False
     overlap_param_gather: bool = False
+    pipelining_kept: str = ""
 
     def switches(self) -> Switches:
         """``distribute``'s keyword arguments this trainer sets (``Switches``' keys)."""
@@ -104,6 +107,7 @@ class Switches(TypedDict):
     gather_cast: bool
     fsdp2_grad_accum: bool
     overlap_param_gather: bool
+    pipelining_kept: str
 
 
 def trainer_semantics(
@@ -205,6 +209,9 @@ def _torchtitan(s: Strategy, precision: Precision) -> TrainerSemantics:
         fp32_grad_accum=piped,
         fsdp2_grad_accum=piped,
         overlap_param_gather=s.p > 1,
+        # torch.distributed.pipelining's stages keep their receive buffers, input gradients and
+        # the last stage's outputs for the step (every stage's before pytorch#153383, May 2025)
+        pipelining_kept="last" if s.p > 1 else "",
     )
 
 
