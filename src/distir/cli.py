@@ -415,7 +415,14 @@ def simulate(
     _check_simulate_options(file, model, kernels, attention_kernel, trace_detail, trace, trainer)
     _check_planner(planner, trace)
     switches = _SimSwitches(
-        trainer, kernels, attention_kernel, bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum
+        trainer,
+        kernels,
+        attention_kernel,
+        bucket_mb,
+        overlap_param_gather,
+        deepspeed_pipe,
+        fp32_grad_accum,
+        tp_comm_overlap,
     )
     if model is not None:
         built = _model_program(
@@ -677,6 +684,7 @@ class _SimSwitches(NamedTuple):
     overlap_param_gather: bool
     deepspeed_pipe: bool
     fp32_grad_accum: bool
+    tp_comm_overlap: bool = False  # the cost model's (the program order follows its chunk times)
 
 
 def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bool) -> TrainerSemantics:
@@ -756,6 +764,7 @@ def _model_program(
     from distir.parallel.strategy import StrategyError, parse_strategy
     from distir.report.bounds import check_cluster_fits, check_elements, check_program_ops
     from distir.search.chunk_times import chunk_times
+    from distir.search.profile import TrainerForm
 
     try:
         st = parse_strategy(_strategy_text(strategy))
@@ -779,9 +788,14 @@ def _model_program(
                 cl = None  # reported by the caller, with the other cluster errors
             if cl is not None:
                 prec.check_devices(n.device for n in cl.nodes)
-            if cl is not None and st.devices <= cl.num_devices:
-                times = chunk_times(mod, parse_model_string(spec), cl, dt, train, st, train and prec.mixed)
         sem = _semantics(switches, st, prec, dt, cl, train)
+        if cl is not None and st.devices <= cl.num_devices:
+            # in the order of the trainer's chunk times, as the search's exact phase
+            form = TrainerForm(sem.kernels, sem.attention_kernel)
+            overlap = switches.tp_comm_overlap and st.sp
+            times = chunk_times(
+                mod, parse_model_string(spec), cl, dt, train, st, train and prec.mixed, overlap, form
+            )
         prog = distribute(
             mod,
             st,

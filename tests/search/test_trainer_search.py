@@ -19,9 +19,9 @@ from distir.ir.types import DType
 from distir.parallel.strategy import parse_strategy
 from distir.parallel.trainers import trainer_allows
 from distir.search.profile import trainer_form
-from distir.search.run import SearchRequest, search
+from distir.search.run import SearchRequest, resolve_layout, search
 from distir.search.space import Pins, SpaceError
-from distir.search.stage_costs import StateForm, new_tables
+from distir.search.stage_costs import StateForm, new_tables, pipelining_kept
 
 LLAMA = "llama:layers=4,hidden=512,heads=8,kv_heads=2,ffn=1408,vocab=4096,seq=512"
 runner = CliRunner()
@@ -86,18 +86,32 @@ def test_a_torchtitan_search_holds_only_what_torchtitan_runs() -> None:
 
 
 @pytest.mark.slow
-def test_the_exact_phase_simulates_as_simulate_trainer_does(tmp_path: Path) -> None:
-    """The search's figures of its winner are those ``distir simulate --trainer`` gives the plan
-    (another code path: the CLI builds the trainer's model string and switches itself)."""
-    o = search(_request("megatron", top=2, pins=Pins(dp=4)))
-    best = o.results[0]
-    args = ["simulate", "--model", LLAMA, "--strategy", best["strategy"], "--cluster", "dgx-a100"]
-    args += ["--batch", "64", "--dtype", "bf16", "--precision", "mixed", "--trainer", "megatron", "--json"]
-    res = runner.invoke(app, args)
-    assert res.exit_code == 0, res.output
-    sim = json.loads(res.stdout)
-    assert sim["step_time_s"] == pytest.approx(best["step_time_s"], rel=1e-9)
-    assert max(sim["peak_memory_bytes"].values()) == pytest.approx(best["peak_memory_bytes"], rel=1e-9)
+@pytest.mark.parametrize(
+    ("trainer", "cluster", "pins"),
+    [("megatron", "dgx-a100", Pins(dp=4)), ("megatron", "h100", Pins(schedule="interleaved", pp=2))],
+)
+def test_the_exact_phase_simulates_as_simulate_trainer_does(trainer: str, cluster: str, pins: Pins) -> None:
+    """The search's figures of its plans are those ``distir simulate --trainer`` gives them
+    (another code path: the CLI builds the trainer's model string and switches itself), the
+    program order included (on Hopper Megatron-LM's chunk times are cuDNN attention's)."""
+    o = search(SearchRequest(model=LLAMA, cluster=cluster, batch=64, dtype="bf16", precision="mixed",
+                             trainer=trainer, top=2, pins=pins))  # fmt: skip
+    for row in o.results:
+        args = ["simulate", "--model", LLAMA, "--strategy", row["strategy"], "--cluster", cluster]
+        args += ["--batch", "64", "--dtype", "bf16", "--precision", "mixed", "--trainer", trainer, "--json"]
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0, res.output
+        sim = json.loads(res.stdout)
+        assert sim["step_time_s"] == pytest.approx(row["step_time_s"], rel=1e-12), row["strategy"]
+        assert max(sim["peak_memory_bytes"].values()) == pytest.approx(row["peak_memory_bytes"], rel=1e-12)
+
+
+def test_the_found_layout_is_the_trainers_models() -> None:
+    """``--tp-layout auto`` under a trainer finds the placements of the model the trainer runs
+    (Megatron-LM's one QKV GEMM), not of the model string's."""
+    req = resolve_layout(_request("megatron", tp_layout="auto"))
+    names = {name for name, _ in req.tp_found}
+    assert {"wqkv_0", "wo_0"} <= names and "wq_0" not in names, names
 
 
 def test_a_trainer_that_runs_none_of_the_space_is_one_line() -> None:
@@ -110,6 +124,10 @@ def test_a_trainer_that_runs_none_of_the_space_is_one_line() -> None:
         search(req)
     res = runner.invoke(app, ["search", "--model", LLAMA, "--cluster", "dgx-a100", "--trainer", "fsdp"])
     assert res.exit_code == 2 and "--trainer must be one of" in res.output
+    res = runner.invoke(
+        app, ["search", "--model", LLAMA, "--cluster", "dgx-a100", "--trainer", "megatron", "--infer"]
+    )
+    assert res.exit_code == 2 and "an inference search takes none" in res.output
 
 
 @pytest.mark.slow
@@ -151,5 +169,19 @@ def test_the_cli_searches_as_the_trainer_and_exports_to_it(tmp_path: Path) -> No
     out = json.loads(res.stdout)
     assert out["trainer"] == "torchtitan" and out["results"][0]["trainer"] == "torchtitan"
     assert out["results"][0]["zero"] >= 2 and "data_parallel_shard_degree = 8" in out["export"]["text"]
-    res = runner.invoke(app, [*args, "--export", "megatron"])
-    assert res.exit_code == 2 and "export to torchtitan, or search with --trainer megatron" in res.output
+    for target in ("megatron", "fsdp"):
+        res = runner.invoke(app, [*args, "--export", target])
+        assert res.exit_code == 2 and f"export to torchtitan, or search with --trainer {target}" in res.output
+
+
+def test_what_pipelining_keeps_per_stage() -> None:
+    """torch.distributed.pipelining keeps, per microbatch, each stage's received activations
+    (and their gradients) and received gradients, and the last stage's logits (merged at the
+    end); ``every`` keeps each stage's outputs too."""
+    s = parse_strategy("d1.p2.k4")
+    out = [1.0, 2.0, 3.0, 4.0, 5.0, 0.0]  # embed, block, block | block, head (logits 5), loss
+    bounds = [0, 3, 6]
+    (first, merge0), (last, merge1) = pipelining_kept(s, "last", out, bounds)
+    assert (first, merge0) == (4 * 3.0, 0.0)  # its output's gradients
+    assert (last, merge1) == (4 * (2 * 3.0 + 5.0), 4 * 5.0)  # activations in, their gradients, logits
+    assert pipelining_kept(s, "every", out, bounds)[0] == (4 * (3.0 + 3.0), 0.0)

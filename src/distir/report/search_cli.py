@@ -115,16 +115,18 @@ def _check_options(a: dict[str, Any], err: Console) -> None:
         _fail(err, f"--dtype must be auto, f32, bf16 or f16, got {a['dtype']!r}")
     if a["precision"] not in ("auto", "mixed", "pure"):
         _fail(err, f"--precision must be auto, mixed or pure, got {a['precision']!r}")
-    if a.get("trainer", "distir") not in TRAINERS:
-        _fail(err, f"--trainer must be one of {', '.join(TRAINERS)}, got {a['trainer']!r}")
+    searched = a.get("trainer", "distir")
+    if searched not in TRAINERS:
+        _fail(err, f"--trainer must be one of {', '.join(TRAINERS)}, got {searched!r}")
+    if searched != "distir" and not a["train"]:
+        _fail(err, f"--trainer {searched} describes training: an inference search takes none")
     if a.get("tp_layout", "declared") not in ("declared", "auto"):
         _fail(err, f"--tp-layout must be declared or auto, got {a['tp_layout']!r}")
     if a.get("export_to") is not None:
         from distir.report.export_cli import check_target
 
         check_target(a["export_to"], err, "--export")
-        searched = a.get("trainer", "distir")
-        if searched != "distir" and a["export_to"] in TRAINERS and a["export_to"] != searched:
+        if searched != "distir" and a["export_to"] != searched:
             _fail(
                 err,
                 f"--export {a['export_to']} with --trainer {searched}: the plans are searched as "

@@ -106,6 +106,7 @@ def _more_gpus(screen: Screen, s: Strategy, cluster: str) -> Change | None:
             old.train,
             mixed=old.mixed,
             tp_comm_overlap=old.tp_comm_overlap,
+            form=old.form,
         )
         big = Screen(prof, screen.problem)
         base = dataclasses.replace(s, partition="uniform", placement=None, shares=None)

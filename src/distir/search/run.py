@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from distir.autodiff.precision import Precision
-from distir.frontends.zoo.registry import ModelSpec, parse_model_string
+from distir.frontends.zoo.registry import ModelSpec
 from distir.gcpause import paused_gc
 from distir.hardware.cluster import Cluster, parse_cluster
 from distir.ir.dtensor import Placement
@@ -388,13 +388,15 @@ def _anneal(
 def _anneal_task(task: _AnnealTask) -> tuple[tuple[int, ...], float]:
     """``_anneal`` in a worker, on a screen seeded with the main process's profiles."""
     req = task.request
+    spec, form = req.form(task.cluster)
     prof = Profiler(
-        req.spec(),
+        spec,
         task.cluster,
         DType.parse(req.dtype),
         req.train,
         mixed=req.precision == "mixed",
         tp_comm_overlap=req.tp_comm_overlap,
+        form=form,
     )
     prof.adopt(task.profiles)
     return _anneal(Screen(prof, task.problem), task.base, task.start, req, task.seed)
@@ -541,17 +543,20 @@ def search(req: SearchRequest, progress: Progress | None = None) -> SearchOutput
 
 
 def resolve_layout(req: SearchRequest) -> SearchRequest:
-    """``req`` with ``tp_layout`` auto resolved: the placements Automap finds for the model on
-    one tensor-parallel group (``distir.search.automap.command.search_layout``), which every
+    """``req`` with ``tp_layout`` auto resolved: the placements Automap finds for the model (as
+    the trainer runs it under tensor parallelism) on one tensor-parallel group
+    (``distir.search.automap.command.search_layout``), which every
     strategy of the search then declares; ``req`` itself when declared or already resolved."""
     if req.tp_layout == "declared" or req.tp_found:
         return req
     from distir.search.automap.command import search_layout
 
+    cluster = parse_cluster(req.cluster)
+    one, form = trainer_form(req.model, req.trainer, cluster)  # the model the trainer shards
     found = search_layout(
-        parse_model_string(req.model),
+        form.spec_at(one, 2),
         req.tp_layout,
-        parse_cluster(req.cluster),
+        cluster,
         batch=req.batch,
         dtype=DType.parse(req.dtype),
         tp=req.pins.tp,

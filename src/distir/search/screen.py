@@ -431,6 +431,7 @@ class Screen:
             no_half_shard=sem.gather_cast,
             root_kept=sem.fsdp2_root,
             early_gather=sem.overlap_param_gather,
+            kept=sem.pipelining_kept,
         )
 
     def _reduce_f(self, s: Strategy) -> float:
@@ -440,6 +441,11 @@ class Screen:
             return 1.0
         sem = self._semantics(s)
         return 2.0 if sem.reduce_fp32 or sem.grad_accum_fusion or sem.fp32_grad_accum else 1.0
+
+    def _reduce_scatters(self, s: Strategy) -> bool:
+        """Whether ZeRO-1's reduction is a reduce-scatter to this rank's shard (Megatron-LM's
+        DDP buckets, ``megatron_ddp``) rather than an all-reduce and a slice."""
+        return self.problem.trainer != "distir" and s.zero == 1 and self._semantics(s).megatron_ddp
 
     def _stage(self, s: Strategy, tb: Tables, gpus: tuple[int, ...]) -> Stage:
         """What the stage on ``gpus`` decides (``Stage``), memoized in ``tb`` and, across
@@ -521,11 +527,11 @@ class Screen:
         pure function of the arguments that matter)."""
         # the collectives collapse duplicates and order a group by GPU index
         # (``distir.sim.collectives``): its set is what matters
-        f = self._reduce_f(s)
-        key = (s.d, s.c, s.zero, s.shard_group, st.sorted_group, st.kind, w, n_w, f)
+        f, rs = self._reduce_f(s), self._reduce_scatters(s)
+        key = (s.d, s.c, s.zero, s.shard_group, st.sorted_group, st.kind, w, n_w, f, rs)
         got = self._syncs.get(key)
         if got is None:
-            got = self._syncs[key] = self._sync_time(s, st.group, st.kind, w, n_w, f)
+            got = self._syncs[key] = self._sync_time(s, st.group, st.kind, w, n_w, f, rs)
         return got
 
     @staticmethod
@@ -536,10 +542,18 @@ class Screen:
         return min(n_w, int(w // (DDP_BUCKET_MB * (1 << 20))) + 1)
 
     def _sync_time(
-        self, s: Strategy, group: tuple[int, ...], kind: str, w: float, n_w: int, reduce_f: float = 1.0
+        self,
+        s: Strategy,
+        group: tuple[int, ...],
+        kind: str,
+        w: float,
+        n_w: int,
+        reduce_f: float = 1.0,
+        scatter: bool = False,
     ) -> float:
         """The gradient sync of ``_sync_of``: ``w`` weight bytes reduced as ``reduce_f`` times
-        their bytes (fp32 reductions of half gradients: 2), then the optimizer."""
+        their bytes (fp32 reductions of half gradients: 2; ZeRO-1 by reduce-scatters with
+        ``scatter``), then the optimizer."""
         t = 0.0
         wr = w * reduce_f
         h = s.zero_degree
@@ -551,10 +565,12 @@ class Screen:
                 self.cluster, wr / h, across
             )
             t += (self._calls(w, n_w) - 1) * lat
-        elif s.d * s.c > 1 and n_w and s.zero == 3:
+        elif s.d * s.c > 1 and n_w and (s.zero == 3 or scatter):
             # ZeRO-3 reduce-scatters the gradients (its gathers are the layers': ``_time_row``)
             lat = self._latency(coll.reducescatter_time, group)
             t += coll.reducescatter_time(self.cluster, wr, group) + (self._calls(w, n_w) - 1) * lat
+            if s.zero == 1:  # the updated shards gathered
+                t += coll.allgather_time(self.cluster, w, group)
         elif s.d * s.c > 1 and n_w:
             lat = self._latency(coll.allreduce_time, group)
             t += coll.allreduce_time(self.cluster, wr, group) + (self._calls(w, n_w) - 1) * lat

@@ -109,12 +109,16 @@ class StateForm(NamedTuple):
     gather); ``root_kept``, the root's weights (embedding, final norm, head) and the last
     block's stay gathered from their forward to their backward (``fsdp2_root``);
     ``early_gather``, ZeRO-1/2's new half weights are gathered in the next step's first forward
-    (``overlap_param_gather``), so this rank's half shard persists beside the whole copy."""
+    (``overlap_param_gather``), so this rank's half shard persists beside the whole copy;
+    ``kept``, what ``torch.distributed.pipelining``'s stages keep per microbatch until the step's
+    end (``distribute``'s ``pipelining_kept``: ``every`` stage's outputs or the ``last``'s,
+    ``distir.parallel.pipeline.stage_state``)."""
 
     fp32_grads: bool = False
     no_half_shard: bool = False
     root_kept: bool = False
     early_gather: bool = False
+    kept: str = ""
 
 
 NEUTRAL_STATE = StateForm()  # distir's trainer-neutral program
@@ -135,6 +139,7 @@ class Tables:
     pending_w: list[float]  # per stage, deferred weight gradients at most (``pending_weight_grads``)
     identity: tuple[int, ...]  # the identity placement
     root_kept: bool = False  # ``StateForm.root_kept`` (ZeRO-3 on one stage)
+    kept: str = ""  # ``StateForm.kept`` (a training pipeline)
     stages: dict[tuple[int, ...], Stage] = field(default_factory=dict)  # by GPUs
     figures: dict[tuple[object, ...], Figures] = field(default_factory=dict)  # ``estimate``'s memo
     # per (stage rows, first stage rows, kind, gather): the stage's per-layer time (``TimeRow``)
@@ -248,6 +253,7 @@ def new_tables(
         pending_w=list(tl.pending_w),
         identity=tuple(range(s.devices)),
         root_kept=zero3 and s.p == 1 and form.root_kept,
+        kept=form.kept if train and s.p > 1 else "",
     )
 
 
@@ -355,6 +361,9 @@ def figures(
     if tb.root_kept:  # one stage: the root's and the last block's weights, gathered whole
         w = lists[0]
         peaks[0] += seq_sum([*w[: ends.pre], *w[len(w) - ends.post - 1 :]])
+    if tb.kept:  # the passes' peak beside what is kept, or the step's end with the merge
+        for j, (kept, merge) in enumerate(pipelining_kept(s, tb.kept, _stacked(tb, stages).out, bounds)):
+            peaks[j] = max(peaks[j] + kept, (tb.static_f + tb.grad_f) * stage_w[j] + kept + merge)
     cap_list = caps.tolist()
     headroom = [c - p for c, p in zip(cap_list, peaks, strict=True)]
     worst = headroom.index(min(headroom))  # np.argmin: the first least
@@ -370,6 +379,34 @@ def figures(
         fits=min(headroom) >= 0,
         memory_headroom=min(headroom),
     )
+
+
+def pipelining_kept(
+    s: Strategy, mode: str, out: Sequence[float], bounds: Sequence[int]
+) -> list[tuple[float, float]]:
+    """Per stage, what ``torch.distributed.pipelining`` keeps of the step's k microbatches by its
+    end (``StateForm.kept``; ``distir.parallel.pipeline.stage_state``) and the merge of the last
+    chunk's outputs at the end (the step's ``torch.cat``), from ``out`` (per layer call, the
+    activation it hands on, per microbatch) and the chunks' layer ``bounds``: each chunk but the
+    first its received activations and their gradients, each chunk but the last its received
+    gradients, the last chunk its outputs (the logits the loss takes: the layer before the loss)
+    and, with ``every``, each other chunk its outputs too. The receive buffers are held from the
+    step's start, the rest grows to it: all of it is counted beside the passes' peak, a bound."""
+    chunks = len(bounds) - 1
+    kept = [0.0] * s.p
+    merge = [0.0] * s.p
+    for c in range(chunks):
+        a, b = bounds[c], bounds[c + 1]
+        last = c == chunks - 1
+        x = 2.0 * out[a - 1] if c > 0 else 0.0  # received activations and their gradients
+        x += 0.0 if last else out[b - 1]  # received gradients
+        if last and b - 2 >= a:
+            x += out[b - 2]  # the logits
+            merge[c % s.p] += s.k * out[b - 2]
+        elif mode == "every" and not last:
+            x += out[b - 1]
+        kept[c % s.p] += s.k * x
+    return list(zip(kept, merge, strict=True))
 
 
 def _comm_rows(
