@@ -32,11 +32,12 @@ MODELS = [
 class _FullProfiler(Profiler):
     """The profiler without the reduction: every layer call of the full model sharded and probed."""
 
-    def model(self, b: int) -> Reduced:
-        got = self._models.get(b)
+    def model(self, b: int, t: int = 1) -> Reduced:
+        spec = self.form.spec_at(self.spec, t)
+        got = self._models.get((b, spec))
         if got is None:
-            m = self.spec.build(b, self.dtype)
-            got = self._models[b] = Reduced(m, tuple(range(len(m.layers))))
+            m = spec.build(b, self.dtype)
+            got = self._models[(b, spec)] = Reduced(m, tuple(range(len(m.layers))))
         return got
 
 

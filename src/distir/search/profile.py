@@ -349,6 +349,12 @@ class Profiler:
                 res_at = range(n_out, n_out + L.vjp.n_residuals)
                 made = self._kept(L.fwd, L.fwd_args, res_at, dmap, cost, mkey)
                 saved = sum(local_nbytes(r) for r in res) + made
+                if not res and L.fwd_args and L.vjp.n_residuals:
+                    # a residual viewing the input keeps its storage, which the backward does
+                    # not take as such (a loss's reshaped logits): the input freed at its last
+                    # use, the storage the residuals hold beyond it counts too
+                    with_input = self._kept(L.fwd, L.fwd_args, res_at, dmap, cost, mkey, frozenset({0}))
+                    saved += with_input - made
             # a kept layer's result has the type its dropped repeats hand on (distinct_layers)
             nxt = layers[i + 1].fwd_args[0] if i + 1 < len(layers) else None
             made += local_nbytes(nxt) if nxt is not None and self.train else 0.0
