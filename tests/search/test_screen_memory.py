@@ -153,3 +153,18 @@ def test_holds_of_the_interleaved_schedule_equal_the_action_lists(v: int) -> Non
     cases += [(p, k) for p in (16, 32) for k in (p, 2 * p, 4 * p)]
     for p, k in cases:
         assert holds.__wrapped__("interleaved", p, k, v) == holds_of_actions("interleaved", p, k, v), (p, k)
+
+
+@pytest.mark.slow
+def test_a_residual_viewing_the_input_keeps_it_in_the_screen() -> None:
+    """Pure precision: the loss's reshaped logits (views of its input, the head's output) are
+    its residuals, so the logits stay until the loss's backward; with a large vocabulary and
+    no pipeline they set the peak, which the screen must count."""
+    model = "llama:layers=4,hidden=1024,heads=16,kv_heads=4,ffn=2816,vocab=65536,seq=1024"
+    req = SearchRequest(model=model, cluster="dgx-a100", batch=64, dtype="bf16", precision="pure", top=4)
+    o = search(req)
+    screened = {str(e.strategy): e.peak_memory_bytes for e in o.screened}
+    runtime = o.cluster.device_spec(0).runtime
+    ratios = [screened[r["strategy"]] / runtime.tensor_capacity(r["peak_memory_bytes"]) for r in o.results]
+    assert any(parse_strategy(r["strategy"]).p == 1 for r in o.results)
+    assert min(ratios) >= 0.95, ratios
