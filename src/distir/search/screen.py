@@ -71,7 +71,17 @@ from distir.parallel.trainers import TrainerSemantics, trainer_semantics
 from distir.search.context_cost import AttentionShape, Ring, attention_shapes, context_layer
 from distir.search.layer_assignment import Assignment, assign_layers_unchecked
 from distir.search.profile import LayerProfile, Profiler, model_ends
-from distir.search.stage_costs import Stage, StageRows, StateForm, Tables, figures, frozen, new_tables
+from distir.search.stage_costs import (
+    GatherForm,
+    Gathers,
+    Stage,
+    StageRows,
+    StateForm,
+    Tables,
+    figures,
+    frozen,
+    new_tables,
+)
 from distir.sim import collectives as coll
 from distir.sim.interference import share
 
@@ -131,7 +141,7 @@ class Screen:
         self._rows: dict[tuple[object, ...], StageRows] = {}
         self._links: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[float, float]] = {}
         self._pairs: dict[tuple[int, int], tuple[float, float]] = {}
-        self._gathers: dict[tuple[int, ...], tuple[float, float]] = {}
+        self._gathers: dict[tuple[int, ...], Gathers] = {}
         self._syncs: dict[tuple[object, ...], float] = {}
         # (collective, group) -> its time for one byte: a bucket's latency (``_sync_time``)
         self._latencies: dict[tuple[object, tuple[int, ...]], float] = {}
@@ -297,12 +307,19 @@ class Screen:
             got = self._links[key] = (lat, (max(p[1] for p in pairs) - lat) / 1e9)
         return got
 
-    def _gather(self, group: tuple[int, ...]) -> tuple[float, float]:
-        """(latency, seconds per byte) of an all-gather over ``group`` (ZeRO-3), memoized."""
+    def _gather(self, group: tuple[int, ...]) -> Gathers:
+        """(latency, seconds per byte) of an all-gather and a reduce-scatter over ``group``
+        (ZeRO-3), memoized."""
         got = self._gathers.get(group)
         if got is None:
             lat = coll.allgather_time(self.cluster, 1.0, group)
-            got = self._gathers[group] = (lat, coll.allgather_time(self.cluster, 1e9, group) / 1e9)
+            rs_lat = coll.reducescatter_time(self.cluster, 1.0, group)
+            got = self._gathers[group] = Gathers(
+                lat,
+                coll.allgather_time(self.cluster, 1e9, group) / 1e9,
+                rs_lat,
+                coll.reducescatter_time(self.cluster, 1e9, group) / 1e9,
+            )
         return got
 
     # -- the estimate ------------------------------------------------------------------------
@@ -408,7 +425,9 @@ class Screen:
                         f"Σshares = {w} parts"
                     )
             mixed = pr.train and pr.mixed
-            tb = self._tables[bare] = new_tables(s, b, pr.train, pr.n_state, mixed, self._state_form(s))
+            tb = self._tables[bare] = new_tables(
+                s, b, pr.train, pr.n_state, mixed, self._state_form(s), self._gather_form(s)
+            )
         self._last = (s, tb)
         return tb
 
@@ -432,6 +451,21 @@ class Screen:
             root_kept=sem.fsdp2_root,
             early_gather=sem.overlap_param_gather,
             kept=sem.pipelining_kept,
+        )
+
+    def _gather_form(self, s: Strategy) -> GatherForm:
+        """How the trainer runs the ZeRO-3 collectives of ``s`` (``GatherForm``), from its
+        switches as ``distribute`` applies them."""
+        if self.problem.trainer == "distir" or s.zero != 3:
+            return GatherForm()
+        sem = self._semantics(s)
+        mixed = self.problem.train and self.problem.mixed
+        return GatherForm(
+            one_stream=sem.one_dp_stream and s.zero_degree == s.d * s.c,  # not HSDP
+            reduce_f=self._reduce_f(s),
+            cast=sem.gather_cast and mixed,
+            copy_out=sem.gather_copy_out,
+            copy_in=sem.grad_copy_in == "cast",
         )
 
     def _reduce_f(self, s: Strategy) -> float:
@@ -565,6 +599,8 @@ class Screen:
                 self.cluster, wr / h, across
             )
             t += (self._calls(w, n_w) - 1) * lat
+        elif s.d * s.c > 1 and n_w and s.zero == 3 and self._gather_form(s).one_stream:
+            pass  # in the layers' rows, behind the gathers (``stage_costs._fsdp_terms``)
         elif s.d * s.c > 1 and n_w and (s.zero == 3 or scatter):
             # ZeRO-3 reduce-scatters the gradients (its gathers are the layers': ``_time_row``)
             lat = self._latency(coll.reducescatter_time, group)

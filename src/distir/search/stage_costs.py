@@ -97,7 +97,7 @@ class Stage:
     kind: str  # its first GPU's kind
     group: tuple[int, ...]  # one GPU of each replica (the first of its TP group): the sync's group
     sorted_group: tuple[int, ...]
-    gather: tuple[float, float] | None  # its ZeRO-3 all-gather (``Screen._gather``), if it has one
+    gather: Gathers | None  # its ZeRO-3 collectives (``Screen._gather``), if it has them
 
 
 class StateForm(NamedTuple):
@@ -124,6 +124,36 @@ class StateForm(NamedTuple):
 NEUTRAL_STATE = StateForm()  # distir's trainer-neutral program
 
 
+class Gathers(NamedTuple):
+    """A stage's ZeRO-3 collectives over its shard group (``Screen._gather``): (latency,
+    seconds per byte) of an all-gather and of a reduce-scatter."""
+
+    lat: float
+    per_byte: float
+    rs_lat: float
+    rs_per_byte: float
+
+
+class GatherForm(NamedTuple):
+    """How a trainer runs ZeRO-3's collectives beyond distir's program (``Screen._gather_form``;
+    ``distribute``'s FSDP switches): ``one_stream``, a layer's reduce-scatter runs on the
+    gathers' stream, after the gather issued before it (``one_dp_stream``), in
+    ``reduce_f`` times the half gradient's bytes (fp32: 2); ``cast``, each gather first casts
+    the fp32 shard to the compute dtype on its stream (``gather_cast``); ``copy_out``, each
+    gathered layer is copied into its parameters on the compute stream (``gather_copy_out``);
+    ``copy_in``, each layer's gradients are cast into the fp32 reduce-scatter input on the
+    compute stream (``grad_copy_in = "cast"``)."""
+
+    one_stream: bool = False
+    reduce_f: float = 1.0
+    cast: bool = False
+    copy_out: bool = False
+    copy_in: bool = False
+
+
+NEUTRAL_GATHERS = GatherForm()
+
+
 @dataclass(slots=True)
 class Tables:
     """Per strategy without its placement: what ``Screen.estimate`` reuses across placements.
@@ -139,6 +169,7 @@ class Tables:
     pending_w: list[float]  # per stage, deferred weight gradients at most (``pending_weight_grads``)
     identity: tuple[int, ...]  # the identity placement
     root_kept: bool = False  # ``StateForm.root_kept`` (ZeRO-3 on one stage)
+    gathers: GatherForm = NEUTRAL_GATHERS  # how ZeRO-3's collectives run (``GatherForm``)
     kept: str = ""  # ``StateForm.kept`` (a training pipeline)
     stages: dict[tuple[int, ...], Stage] = field(default_factory=dict)  # by GPUs
     figures: dict[tuple[object, ...], Figures] = field(default_factory=dict)  # ``estimate``'s memo
@@ -215,12 +246,19 @@ def chunk_edges(tr: TimeRow, a: int, b: int) -> float:
 
 
 def new_tables(
-    s: Strategy, b: int, train: bool, n_state: int, mixed: bool = False, form: StateForm = NEUTRAL_STATE
+    s: Strategy,
+    b: int,
+    train: bool,
+    n_state: int,
+    mixed: bool = False,
+    form: StateForm = NEUTRAL_STATE,
+    gathers: GatherForm = NEUTRAL_GATHERS,
 ) -> Tables:
     """Empty tables for ``s`` (without its placement) at microbatch ``b``; ``n_state``: optimizer
     state tensors per weight; ``mixed``: fp32 masters and state beside the compute-dtype weights
     (whose bytes the profiles count), as ``distribute(precision="mixed")`` holds them; ``form``:
-    how the trainer holds them otherwise (``StateForm``)."""
+    how the trainer holds them otherwise (``StateForm``); ``gathers``: how its ZeRO-3
+    collectives run (``GatherForm``)."""
     # memory per device: static (weights, state) + what the schedule holds (activations in
     # flight, carried values, gradients) + transient; the ZeRO paper's model state, as
     # ``distribute`` holds it: the gradient accumulates in place (ZeRO-2/3: this replica's
@@ -254,6 +292,7 @@ def new_tables(
         identity=tuple(range(s.devices)),
         root_kept=zero3 and s.p == 1 and form.root_kept,
         kept=form.kept if train and s.p > 1 else "",
+        gathers=gathers if zero3 else NEUTRAL_GATHERS,
     )
 
 
@@ -327,7 +366,7 @@ def figures(
     tb: Tables,
     stages: list[Stage],
     links: tuple[tuple[float, float] | None, ...],
-    zero3: tuple[tuple[float, float] | None, ...],
+    zero3: tuple[Gathers | None, ...],
     balance: bool,
     *,
     train: bool,
@@ -601,7 +640,7 @@ def _time_row(
     tb: Tables,
     st: Stage,
     first: Stage,
-    gather: tuple[float, float] | None,
+    gather: Gathers | None,
     train: bool,
     specs: Mapping[str, DeviceSpec],
     stalls: Mapping[str, float],
@@ -618,7 +657,9 @@ def _time_row(
     beside a gather runs s of the gather's time longer (s: the SMs the gather holds, ``stalls``
     by GPU kind, as the simulator charges it, ``distir.sim.interference.share``). Per layer the row
     holds max(f_i + s·g_{i+1}, g_{i+1}) + max(b_i + s·g_{i−1}, g_{i−1}) (the backward runs the
-    layers last to first); a chunk's ends add ``chunk_edges``."""
+    layers last to first); a chunk's ends add ``chunk_edges``. A trainer's ``GatherForm`` adds
+    (``_fsdp_terms``) its casts and copies, and on one stream the reduce-scatters behind the
+    gathers."""
     key = (st.rid, first.rid, st.kind, gather)
     got = tb.time.get(key)
     if got is None:
@@ -626,8 +667,10 @@ def _time_row(
         w_bytes, n_w = first.rows.weight, first.rows.n_w
         edges: tuple[list[float], list[float], list[float]] | None = None
         if gather is not None:
-            lat, per_byte = gather
-            g = w_bytes * per_byte + (n_w > 0) * lat  # a layer's gathers: one call
+            spec = specs[st.kind]
+            g = w_bytes * gather.per_byte + (n_w > 0) * gather.lat  # a layer's gathers: one call
+            if tb.gathers.cast:  # the fp32 shard cast (read 4, write 2 bytes a parameter)
+                g = g + 3.0 * w_bytes / s.zero_degree / (0.8 * spec.memory_bandwidth)
             f = st.rows.fwd
             # the backward's gathers overlap the pass that reads the weights: a zero-bubble
             # schedule's input-gradient pass (``distribute``: its weight pass gathers nothing)
@@ -637,7 +680,9 @@ def _time_row(
             stall = stalls[st.kind]  # the SMs a gather holds beside the compute
             fwd_over = np.maximum(f + stall * g_next, g_next) - f
             bwd_over = np.maximum(bwd + stall * g_prev, g_prev) - bwd
-            row += fwd_over + bwd_over
+            row += (
+                fwd_over + bwd_over + _fsdp_terms(tb.gathers, gather, w_bytes, n_w, bwd, g_prev, stall, spec)
+            )
             edges = (g.tolist(), fwd_over.tolist(), bwd_over.tolist())
         # gradient accumulation: microbatches after the first add into the accumulators (ZeRO-2/3
         # reducing in every backward: into this replica's shard, ``grad_f`` of the weights)
@@ -648,6 +693,39 @@ def _time_row(
         row.flags.writeable = False
         got = tb.time[key] = TimeRow(row, row.tolist(), *(edges or ()))
     return got
+
+
+def _fsdp_terms(
+    form: GatherForm,
+    gather: Gathers,
+    w_bytes: np.ndarray,
+    n_w: np.ndarray,
+    bwd: np.ndarray,
+    g_prev: np.ndarray,
+    stall: float,
+    spec: DeviceSpec,
+) -> np.ndarray | float:
+    """What a trainer's ZeRO-3 (``GatherForm``) adds to each layer's per-microbatch time beyond
+    ``_time_row``'s gathers: on the compute stream the copy-out of each pass's gathered weights
+    (read and write) and the cast of the gradients into the fp32 reduce-scatter input (read 2,
+    write 4 bytes a parameter); on one stream, the reduce-scatter of the layer after it (whose
+    backward just ended) queued behind the gather of the layer before, the backward overlapping
+    both (beyond what it overlaps the gather alone), and the first layer's own reduce-scatter
+    after the backward, which nothing hides."""
+    if form == NEUTRAL_GATHERS:
+        return 0.0
+    bw = 0.8 * spec.memory_bandwidth
+    out: np.ndarray = np.zeros_like(w_bytes)
+    if form.copy_out:
+        out = out + 2 * (2.0 * w_bytes / bw + (n_w > 0) * spec.launch_overhead_s)
+    if form.copy_in:
+        out = out + 3.0 * w_bytes / bw + (n_w > 0) * spec.launch_overhead_s
+    if form.one_stream:
+        r = form.reduce_f * w_bytes * gather.rs_per_byte + (n_w > 0) * gather.rs_lat
+        both = g_prev + np.append(r[1:], 0.0)
+        out = out + (np.maximum(bwd + stall * both, both) - np.maximum(bwd + stall * g_prev, g_prev))
+        out[0] += r[0]
+    return out
 
 
 def _comm_row(
