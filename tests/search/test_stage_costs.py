@@ -123,7 +123,7 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
     # per chunk its ends (``edges``); b_i is a zero-bubble schedule's input-gradient pass (the
     # weight pass reads no weights)
     edges = []
-    for j, (lat, per_byte) in enumerate(zero3):
+    for j, (lat, per_byte, *_) in enumerate(zero3):
         g = w_bytes * per_byte + (n_w > 0) * lat  # a layer's gathers: one call
         f = rows[j].fwd
         bw = rows[j].ibwd if s.schedule == "zb1" else rows[j].time - rows[j].fwd
