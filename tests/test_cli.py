@@ -423,7 +423,17 @@ def test_main_passes_exit_codes_through(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_a_trainer_builds_its_model_options_unless_the_model_sets_them() -> None:
-    base = ["simulate", "--strategy", "d2.t2.z3", "--batch", "4", "--dtype", "bf16", "--precision", "mixed"]
+    base = [
+        "simulate",
+        "--strategy",
+        "d2.t2.sp.z3",
+        "--batch",
+        "4",
+        "--dtype",
+        "bf16",
+        "--precision",
+        "mixed",
+    ]
     base += ["--cluster", "h100", "--json"]
     llama = "llama:layers=2,hidden=256,heads=4,kv_heads=2,ffn=512,vocab=1024,seq=64"
     cases = [
@@ -439,6 +449,12 @@ def test_a_trainer_builds_its_model_options_unless_the_model_sets_them() -> None
     code, out, err = run(*base, "--model", " gpt2-117m: ", "--trainer", "megatron")  # an empty option list
     assert code == 0, err
     assert json.loads(out)["model_built"] == "gpt2-117m:qkv=fused"
-    code, out, err = run(*base, "--model", "mlp:layers=2,hidden=64", "--trainer", "megatron")
+    code, out, err = run(
+        *[x if x != "d2.t2.sp.z3" else "d2.t2.z3" for x in base],
+        "--model",
+        "mlp:layers=2,hidden=64",
+        "--trainer",
+        "megatron",
+    )
     assert code == 0, err
     assert json.loads(out)["model_built"] == "mlp:layers=2,hidden=64"  # no such option in its family

@@ -46,6 +46,7 @@ STRATEGIES = [
     "d2.t1.p2.k4.zb1.z1",
     "d2.t1.p2.k4.gpipe.z1",
     "d2.c2.t1.p1.k1.z3",
+    "d2.t2.p1.k2.z3",
 ]
 # what each trainer does not run by default (mixed bf16), by the reason it gives
 FSDP_ONLY = "mixed precision through FSDP2 only"
@@ -65,6 +66,7 @@ REFUSED = {
     ("torchtitan", "d2.t1.p2.k4.zb1.z1"): FSDP_ONLY,
     ("torchtitan", "d2.t1.p2.k4.gpipe.z1"): FSDP_ONLY,
     ("deepspeed", "d2.t1.p2.k4.gpipe.z1"): "its own 1F1B",
+    ("torchtitan", "d2.t2.p1.k2.z3"): "SequenceParallel",
 }
 
 

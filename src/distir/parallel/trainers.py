@@ -34,7 +34,9 @@ the compute dtype, keeps a low-precision copy of every weight, and runs every ke
   (``pipelining_kept = "last"``: the last stage's outputs, as torch after pytorch#153383
   keeps). Mixed precision only through FSDP2 (``mixed_precision_param`` takes effect with
   ``data_parallel_shard_degree`` > 1): elsewhere it is refused, as is ZeRO-3 with p > 1
-  (torchtitan's pipeline reduce-scatters once a step; distir's ZeRO-3 every backward).
+  (torchtitan's pipeline reduce-scatters once a step; distir's ZeRO-3 every backward), and
+  tensor parallelism without sequence parallelism (its plan always shards the norms along the
+  sequence).
 
 Each rule follows the published-runs records of that trainer (``bench/published_runs.toml``,
 which cite the trainers' code for every switch). A switch applies where ``distribute`` says it
@@ -194,6 +196,12 @@ def _torchtitan(s: Strategy, precision: Precision) -> TrainerSemantics:
             f"{s}: torchtitan's pipeline accumulates unsharded gradients and reduce-scatters them "
             "once a step, without resharding after the forward by default (distir's ZeRO-2 under "
             "a pipeline); distir's ZeRO-3 reduce-scatters every backward: use z2"
+        )
+    if s.t > 1 and not s.sp:
+        raise TrainerError(
+            f"{s}: torchtitan's tensor parallelism always shards the norms along the sequence "
+            "(SequenceParallel in apply_tp's plan, torchtitan/parallelisms/parallelize_llama.py): "
+            "use sp"
         )
     # the no-sync backwards of a pipeline add into fp32 sums as each block completes
     piped = s.p > 1 and precision.mixed and s.k > 1
