@@ -511,6 +511,7 @@ def _simulated(r: Run, v: Variant, trace: bool = False, allocator: bool = False)
     from distir.ir.types import DType
     from distir.parallel.distribute import device_map, distribute
     from distir.search.chunk_times import chunk_times
+    from distir.search.profile import TrainerForm
     from distir.sim.cost import RooflineCostModel
     from distir.sim.simulate import simulate
 
@@ -518,7 +519,10 @@ def _simulated(r: Run, v: Variant, trace: bool = False, allocator: bool = False)
     dt, batch = DType.bf16, r.strategy.global_batch
     mod = build_model(spec, batch=batch, dtype=dt)
     prec = Precision.parse(PRECISIONS[r.precision] or "mixed")
-    times = chunk_times(mod, parse_model_string(spec), cl, dt, True, st, prec.mixed)
+    # in the order of the run's own chunk times (its kernels), as ``distir simulate`` orders it
+    form = TrainerForm(v.kernels or r.kernels, r.attention_kernel)
+    overlap = r.tp_comm_overlap and st.sp
+    times = chunk_times(mod, parse_model_string(spec), cl, dt, True, st, prec.mixed, overlap, form)
     prog = distribute(
         mod,
         st,

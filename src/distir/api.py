@@ -78,6 +78,7 @@ class Result:
     screen_step_time_s: float | None = None  # the analytic screen's estimate (search results)
     screen_peak_memory_bytes: float | None = None
     source: str = "simulated"
+    trainer: str = "distir"  # whose semantics it was simulated with (``distir.parallel.trainers``)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Result:
@@ -166,6 +167,7 @@ def search(
     progress: Callable[[str, int, int], None] | None = None,
     tp_layout: str = "declared",
     tp_comm_overlap: bool = False,
+    trainer: str = "distir",
 ) -> SearchResults:
     """Find the fastest strategy that fits, as ``distir search`` does: screen the space
     analytically, simulate the ``top`` best exactly, rank by throughput (those that do not fit
@@ -176,7 +178,8 @@ def search(
     model's own tensor-parallel placements (``declared``) or those Automap finds (``auto``).
     ``tp_comm_overlap``: cost the plans with sequence parallelism with their tensor-parallel
     collectives overlapping their GEMMs, as Megatron-LM's ``--tp-comm-overlap`` runs them (it
-    requires sequence parallelism)."""
+    requires sequence parallelism). ``trainer``: search the plans as that trainer runs them
+    (``megatron``, ``deepspeed``, ``torchtitan``; ``distir search --trainer``)."""
     from distir.search.run import SearchRequest
     from distir.search.run import search as run_search
     from distir.search.space import Pins
@@ -198,6 +201,7 @@ def search(
         explain=explain,
         tp_layout=tp_layout,
         tp_comm_overlap=tp_comm_overlap,
+        trainer=trainer,
     )
     return _results(run_search(req, progress))
 

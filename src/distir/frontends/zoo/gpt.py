@@ -313,7 +313,8 @@ def parallel_loss_fn(vocab: int, normalizer: int) -> Function:
     peak = f("StopGradient", f("ReduceMax", scores, axes=(-1,), keepdims=1, name="max"), name="shift")
     shifted = f("Sub", scores, peak, name="shifted")
     sumexp = f("ReduceSum", f("Exp", shifted, name="exp"), axes=(-1,), keepdims=1, name="sumexp")
-    lse = f("Log", f("StopGradient", sumexp, name="norm"), name="lse")
+    # the normalizer a constant for the gradient: nothing of it is saved for the backward
+    lse = f("StopGradient", f("Log", sumexp, name="logsum"), name="lse")
     logp = f("Sub", shifted, lse, name="logp")
     nll = f("NllLossParts", logp, targets, name="nll")
     total = f("ReduceSum", nll, keepdims=0, name="total")

@@ -2,8 +2,8 @@
 (``distribute(pipelining_kept=...)``), written into the entry as liveness.
 
 ``_PipelineStageBase`` (torch/distributed/pipelining/stage.py; read in torch 2.6.0, the release
-of the December 2024 torch that torchtitan's records cite, and on pytorch's main) keeps per
-microbatch, from the moment it has it until the next step's ``clear_runtime_states``:
+of the December 2024 torch that torchtitan's records cite) keeps per microbatch, from the moment
+it has it until the next step's ``clear_runtime_states``:
 
 - the stage's output (``forward_one_chunk`` appends it to ``output_chunks``, read by
   ``get_fwd_send_ops`` and merged at the step's end): on every stage up to pytorch#153383 (May
@@ -14,7 +14,10 @@ microbatch, from the moment it has it until the next step's ``clear_runtime_stat
   buffer (``_prepare_forward_infra`` and ``_create_grad_recv_info`` allocate one per
   microbatch; the schedule never frees them: pytorch#136380 asks for fewer);
 - the gradient of its received input: ``stage_backward`` runs ``torch.autograd.backward``, which
-  accumulates it into the receive buffer's ``.grad``, cleared only by ``clear_runtime_states``.
+  accumulates it into the receive buffer's ``.grad``, cleared only by ``clear_runtime_states``
+  (later torch, 2.13 here, sets it to None once a full backward has read it in
+  ``torch/distributed/pipelining/_backward.py``; its split input pass, zero-bubble's, still
+  keeps it: this is the earlier behaviour, which the modes here model).
 
 And at the end of ``step`` the last stage returns ``_merge_outputs(output_chunks)``
 (``merge_chunks``: ``torch.cat`` of every microbatch's output), which torchtitan's ``train.py``
