@@ -48,6 +48,13 @@ AMP's formulas, generalized (heterogeneous devices, uneven layers, memory, sched
   each piece of storage once (a residual viewing another adds nothing). ZeRO-3 adds the running
   layer's gathered weights and the next one's (gathered one layer ahead).
 
+- **As a trainer runs it** (``Problem.trainer``, ``distir search --trainer``): the profiles are
+  of the trainer's kernels and model (``distir.search.profile.TrainerForm``), the model state
+  is held as the trainer holds it (``StateForm``: fp32 gradient sums, FSDP's shards and kept
+  root, early gathers, what ``torch.distributed.pipelining`` keeps per microbatch), its ZeRO-3
+  collectives run as its FSDP runs them (``GatherForm``) and its reductions move fp32 where
+  its reductions do (Megatron-LM's ZeRO-1 by reduce-scatters).
+
 The screen ranks; the exact simulation (``distir.search.rerank``) decides.
 """
 
@@ -599,12 +606,12 @@ class Screen:
                 self.cluster, wr / h, across
             )
             t += (self._calls(w, n_w) - 1) * lat
-        elif s.d * s.c > 1 and n_w and s.zero == 3 and self._gather_form(s).one_stream:
-            pass  # in the layers' rows, behind the gathers (``stage_costs._fsdp_terms``)
         elif s.d * s.c > 1 and n_w and (s.zero == 3 or scatter):
-            # ZeRO-3 reduce-scatters the gradients (its gathers are the layers': ``_time_row``)
-            lat = self._latency(coll.reducescatter_time, group)
-            t += coll.reducescatter_time(self.cluster, wr, group) + (self._calls(w, n_w) - 1) * lat
+            # ZeRO-3 reduce-scatters the gradients (its gathers are the layers': ``_time_row``;
+            # on the gathers' stream its reduce-scatters are there too: ``_fsdp_terms``)
+            if not (s.zero == 3 and self._gather_form(s).one_stream):
+                lat = self._latency(coll.reducescatter_time, group)
+                t += coll.reducescatter_time(self.cluster, wr, group) + (self._calls(w, n_w) - 1) * lat
             if s.zero == 1:  # the updated shards gathered
                 t += coll.allgather_time(self.cluster, w, group)
         elif s.d * s.c > 1 and n_w:
