@@ -126,3 +126,28 @@ def test_to_dataframe(found: SearchResults) -> None:
         return
     df = found.to_dataframe()
     assert list(df["strategy"]) == [r.strategy for r in found.results]
+
+
+def test_simulate_as_a_trainer_agrees_with_the_cli() -> None:
+    one = distir.simulate(
+        GPT, "d2.t2.sp.p1.k2.z1", "h100", 16, dtype="bf16", precision="mixed", trainer="megatron"
+    )
+    args = [
+        "simulate",
+        "--model",
+        GPT,
+        "--strategy",
+        "d2.t2.sp.p1.k2.z1",
+        "--cluster",
+        "h100",
+        "--batch",
+        "16",
+    ]
+    args += ["--dtype", "bf16", "--precision", "mixed", "--trainer", "megatron", "--json"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    cli = json.loads(res.stdout)
+    assert one.trainer == "megatron" and one.step_time_s == cli["step_time_s"]
+    assert one.peak_memory_bytes == max(cli["peak_memory_bytes"].values())
+    neutral = distir.simulate(GPT, "d2.t2.sp.p1.k2.z1", "h100", 16, dtype="bf16", precision="mixed")
+    assert neutral.step_time_s != one.step_time_s

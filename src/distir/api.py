@@ -240,10 +240,12 @@ def simulate(
     optimizer: str = "adam",
     dtype: str = "auto",
     precision: str = "auto",
+    trainer: str = "distir",
 ) -> Result:
     """Distribute zoo ``model`` under ``strategy`` and simulate one step on ``cluster``, exactly as
     the search's exact simulation does (program order from the cost model's chunk times). ``batch``
-    (the global batch) defaults to 8·d·k."""
+    (the global batch) defaults to 8·d·k. ``trainer``: as that trainer runs the plan (``distir
+    simulate --trainer``: its switches, kernels and model options)."""
     from distir.report.fields import fields_for
     from distir.search.rerank import ExactJob, evaluate
 
@@ -251,7 +253,7 @@ def simulate(
     b = batch if batch is not None else 8 * s.d * s.k
     dtype, precision = _numerics(dtype, precision, train, cluster)
     spec = _model_text(model)
-    row = evaluate(ExactJob(spec, cluster, b, train, optimizer, dtype, precision), str(s))
+    row = evaluate(ExactJob(spec, cluster, b, train, optimizer, dtype, precision, trainer=trainer), str(s))
     return Result.from_row({**fields_for(spec, s, b), **row})
 
 
