@@ -259,3 +259,14 @@ def test_model_options_are_the_records_model_strings() -> None:
             checked += 1
     assert checked >= 30
     assert model_options("distir", parse_strategy("d8.t8.sp.z3"), "fused") == {}
+
+
+def test_no_trainer_splits_a_microbatch_unevenly() -> None:
+    s = parse_strategy("d2.t1.p1.k1.b3-1")
+    assert trainer_semantics("distir", s, MIXED, DType.bf16).trainer == "distir"
+    for trainer in ("megatron", "deepspeed", "torchtitan"):
+        with pytest.raises(TrainerError, match="uneven batch shares"):
+            trainer_semantics(trainer, s, MIXED, DType.bf16)
+    assert trainer_semantics(
+        "megatron", parse_strategy("d2.t1.p1.k1.b1-1"), MIXED, DType.bf16
+    ).megatron_ddp

@@ -131,6 +131,11 @@ def trainer_semantics(
         raise TrainerError(
             f"a trainer ({trainer}) describes training: an inference program takes none of its switches"
         )
+    if s.shares is not None and len(set(s.shares)) > 1:
+        raise TrainerError(
+            f"{s}: {trainer} splits every microbatch evenly over its data-parallel replicas "
+            "(uneven batch shares are AMP's, not a trainer's)"
+        )
     if trainer == "torchtitan":
         sem = _torchtitan(s, precision)
     elif dtype is not DType.f32 and not precision.mixed:

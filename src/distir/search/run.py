@@ -612,7 +612,7 @@ def _search(req: SearchRequest, progress: Progress | None, pool: LazyPool | None
             # rows this one holds from screening (AMP's heterogeneous search: 0.26 CPU-s there
             # against 0.18 here for its four placement searches)
             anneal(req, screen, screened, progress, None, picks, then=start_early)
-        if heterogeneous(cluster):
+        if heterogeneous(cluster) and req.trainer == "distir":  # no trainer runs uneven shares
             # the proposals count as screened
             n += add_shares(screen, screened, pool=pool.get() if pool is not None else None)
         t2 = time.perf_counter()
