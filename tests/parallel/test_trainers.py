@@ -66,6 +66,7 @@ REFUSED = {
     ("torchtitan", "d2.t1.p2.k4.zb1.z1"): FSDP_ONLY,
     ("torchtitan", "d2.t1.p2.k4.gpipe.z1"): FSDP_ONLY,
     ("deepspeed", "d2.t1.p2.k4.gpipe.z1"): "its own 1F1B",
+    ("deepspeed", "d2.c2.t1.p1.k1.z3"): "Ulysses",
     ("torchtitan", "d2.t2.p1.k2.z3"): "SequenceParallel",
 }
 

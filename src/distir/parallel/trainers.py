@@ -174,6 +174,11 @@ def _megatron(s: Strategy, precision: Precision, device: DeviceSpec | None) -> T
 
 
 def _deepspeed(s: Strategy, precision: Precision, dtype: DType) -> TrainerSemantics:
+    if s.c > 1:
+        raise TrainerError(
+            f"{s}: DeepSpeed's sequence parallelism is Ulysses (all-to-alls over the heads, "
+            "deepspeed/sequence/layer.py), not attention over a ring of context ranks: use c1"
+        )
     bf16 = precision.mixed and dtype is DType.bf16
     if bf16 and s.zero == 0 and s.d * s.c > 1:
         raise TrainerError(
