@@ -23,7 +23,8 @@ the compute dtype, keeps a low-precision copy of every weight, and runs every ke
   DeepSpeed's config, which shards the fp32 state over data parallelism like ZeRO-1: distir's
   z1, with its fp32 gradient accumulation; distir's z0 is refused there), Megatron's fused
   kernels, FusedAdam, FlashAttention-2. Its optimizers keep fp32 masters: pure half precision
-  is refused.
+  is refused; its context parallelism is Ulysses (all-to-alls over heads), so a ring over
+  context ranks (c > 1) is refused.
 - ``torchtitan`` (PyTorch FSDP2 as torchtitan 820504e applies it, its defaults: no
   ``torch.compile``, ``mixed_precision_reduce = "float32"``, the fused AdamW): eager kernels,
   gradients cast into the fp32 reduce-scatter input (``grad_copy_in = "cast"``,
