@@ -39,6 +39,9 @@ the compute dtype, keeps a low-precision copy of every weight, and runs every ke
   tensor parallelism without sequence parallelism (its plan always shards the norms along the
   sequence).
 
+None of the three splits a microbatch unevenly over its data-parallel replicas: AMP's batch
+shares are refused under each.
+
 Each rule follows the published-runs records of that trainer (``bench/published_runs.toml``,
 which cite the trainers' code for every switch). A switch applies where ``distribute`` says it
 does (ZeRO-3's options under ZeRO-3, the reductions' with d > 1, ...) and is a no-op elsewhere;
