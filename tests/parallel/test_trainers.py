@@ -268,6 +268,4 @@ def test_no_trainer_splits_a_microbatch_unevenly() -> None:
     for trainer in ("megatron", "deepspeed", "torchtitan"):
         with pytest.raises(TrainerError, match="uneven batch shares"):
             trainer_semantics(trainer, s, MIXED, DType.bf16)
-    assert trainer_semantics(
-        "megatron", parse_strategy("d2.t1.p1.k1.b1-1"), MIXED, DType.bf16
-    ).megatron_ddp
+    assert trainer_semantics("megatron", parse_strategy("d2.t1.p1.k1.b1-1"), MIXED, DType.bf16).megatron_ddp
