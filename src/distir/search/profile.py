@@ -15,8 +15,10 @@ model's distinct layers, ``distinct_layers``: one differentiation, one propagati
 each simulated alone on a real group of GPUs of the cluster — so the screen and the exact
 simulation share one cost model, and the screen's error is only in how it *composes* layers
 (the pipeline formula), never in what a layer costs.
-Profiles are memoized per (t, b, recompute, sequence parallelism, kind of the TP group): a
-search over thousands of strategies profiles each distinct layer a few dozen times. The probes
+A profiler runs one trainer's form (``TrainerForm``: its kernels, attention kernel and model by
+tensor-parallel degree; distir's trainer-neutral one by default), in its cost model and in the
+layers it shards. Profiles are memoized per (t, b, recompute, sequence parallelism, kind of the
+TP group): a search over thousands of strategies profiles each distinct layer a few dozen times. The probes
 of one layer function share its plan (``SharedPlans``), and all probes on one TP group share op
 records (``SharedRecords``: the forward, backward and input-gradient parts of a layer, with and
 without sequence parallelism, under each recomputation, have most ops in common) — the same
