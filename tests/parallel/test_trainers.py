@@ -269,3 +269,10 @@ def test_no_trainer_splits_a_microbatch_unevenly() -> None:
         with pytest.raises(TrainerError, match="uneven batch shares"):
             trainer_semantics(trainer, s, MIXED, DType.bf16)
     assert trainer_semantics("megatron", parse_strategy("d2.t1.p1.k1.b1-1"), MIXED, DType.bf16).megatron_ddp
+
+
+def test_torchtitan_mixes_precision_in_bf16_only() -> None:
+    s = parse_strategy("d8.t1.p1.k1.z3")
+    assert trainer_semantics("torchtitan", s, MIXED, DType.bf16).fsdp2_root
+    with pytest.raises(TrainerError, match="mixed_precision_param"):
+        trainer_semantics("torchtitan", s, MIXED, DType.f16)

@@ -37,7 +37,7 @@ the compute dtype, keeps a low-precision copy of every weight, and runs every ke
   ``data_parallel_shard_degree`` > 1): elsewhere it is refused, as is ZeRO-3 with p > 1
   (torchtitan's pipeline reduce-scatters once a step; distir's ZeRO-3 every backward), and
   tensor parallelism without sequence parallelism (its plan always shards the norms along the
-  sequence).
+  sequence), and fp16 mixed precision (its ``mixed_precision_param`` is bf16 or fp32).
 
 None of the three splits a microbatch unevenly over its data-parallel replicas: AMP's batch
 shares are refused under each.
@@ -141,7 +141,7 @@ def trainer_semantics(
             "(uneven batch shares are AMP's, not a trainer's)"
         )
     if trainer == "torchtitan":
-        sem = _torchtitan(s, precision)
+        sem = _torchtitan(s, precision, dtype)
     elif dtype is not DType.f32 and not precision.mixed:
         raise TrainerError(
             f"{trainer} keeps fp32 master weights and optimizer state with {dtype} (Megatron-LM's "
@@ -197,7 +197,12 @@ def _deepspeed(s: Strategy, precision: Precision, dtype: DType) -> TrainerSemant
     )
 
 
-def _torchtitan(s: Strategy, precision: Precision) -> TrainerSemantics:
+def _torchtitan(s: Strategy, precision: Precision, dtype: DType) -> TrainerSemantics:
+    if precision.mixed and dtype is DType.f16:
+        raise TrainerError(
+            "torchtitan's mixed precision computes in bf16 (training.mixed_precision_param: "
+            "bfloat16 or float32, torchtitan/config_manager.py; no fp16 loss scaling): use --dtype bf16"
+        )
     fsdp = s.d * s.c > 1 and s.zero >= 2
     if precision.mixed and not fsdp:
         raise TrainerError(
