@@ -4,7 +4,8 @@ MLP and TransGAN; homogeneous and heterogeneous clusters; every schedule (GPipe,
 interleaved, ZB-H1), ZeRO 0-3 and HSDP, recomputation, mixed and pure precision. For each
 exactly simulated plan: the screen's tensor peak over the exact tensor peak (the exact peak less
 the runtime memory, which the screen subtracts from the capacity instead). Prints per search the
-median |error| and the largest under-estimate, then over every plan; targets: median |error| ≤
+median |error| and the largest under-estimate (and the range of the screen's step time over the
+exact one), then over every plan; targets: median |error| ≤
 5%, no estimate more than 15% under. Asserts nothing (``tests/search/test_screen_memory.py``
 holds the bounds on small searches).
 
@@ -31,6 +32,7 @@ from distir.search.space import Pins, SpaceError
 GPT_SMALL = "gpt:layers=8,hidden=512,heads=8,seq=512,vocab=4096"
 GPT_AMP = "gpt:layers=24,hidden=1024,heads=16,seq=1024"
 LLAMA_SMALL = "llama:layers=8,hidden=1024,heads=16,kv_heads=4,ffn=2816,vocab=8192,seq=1024"
+LLAMA_WIDE_VOCAB = "llama:layers=4,hidden=1024,heads=16,kv_heads=4,ffn=2816,vocab=65536,seq=1024"
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,15 @@ CASES = [
     Case("GPT 24 × 1024, 3 × p3.8xlarge + 1 × g4dn (heterogeneous)", GPT_AMP,
          "p3.8xlarge:3+g4dn.12xlarge:1", 32, "f16"),
     Case("Llama 3 8B at 128K, 16 × H100 (context parallelism)", "llama3-8b:seq=131072", "h100:2", 16),
+    Case("Llama 4 × 1024, vocabulary 64K, 8 × A100, pure bf16", LLAMA_WIDE_VOCAB, "dgx-a100", 64,
+         "bf16", "pure"),
 ]  # fmt: skip
+
+
+def step_ratios(out: SearchOutput) -> list[float]:
+    """Per exactly simulated plan: the screen's step time over the exact one."""
+    screened = {str(e.strategy): e.step_time_s for e in out.screened}
+    return [screened[r["strategy"]] / r["step_time_s"] for r in out.results if r["strategy"] in screened]
 
 
 def ratios(out: SearchOutput) -> list[tuple[str, float, float, float]]:
@@ -81,8 +91,10 @@ def run_case(case: Case, top: int, verbose: bool, trainer: str = "distir") -> li
         precision=case.precision, top=top, workers=2, pins=case.pins, trainer=trainer,
     )  # fmt: skip
     t0 = time.perf_counter()
-    rows = ratios(search(req))
+    out = search(req)
+    rows = ratios(out)
     wall = time.perf_counter() - t0
+    steps = step_ratios(out)
     if verbose:
         for name, got, exact, x in rows:
             print(f"    {name:48s} screen {got / 2**30:8.2f} GiB  exact {exact / 2**30:8.2f} GiB  {x:.3f}")
@@ -92,7 +104,8 @@ def run_case(case: Case, top: int, verbose: bool, trainer: str = "distir") -> li
     print(
         f"  {case.title:58s} {len(xs):3d} plans  median |error| {100 * _median_err(xs):5.1f}%  "
         f"largest under {100 * max(0.0, under):5.1f}%  over {100 * max(0.0, over):5.1f}%  "
-        f"({len(kinds)} schedule/ZeRO/recompute kinds, {wall:.0f} s)",
+        f"({len(kinds)} schedule/ZeRO/recompute kinds, {wall:.0f} s); step time screen/exact "
+        f"{min(steps, default=1.0):.2f}–{max(steps, default=1.0):.2f}",
         flush=True,
     )
     return xs

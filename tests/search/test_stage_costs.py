@@ -236,7 +236,7 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
             )
         peaks.append(static_f * wj + act + gathered)
         if pr.train:
-            sync = max(sync, screen._sync_time(s, groups[j], kinds[j], wj, nwj))
+            sync = max(sync, screen._sync_time(s, screen._tables_of(s), groups[j], kinds[j], wj, nwj))
     headroom = [float(c) - p for c, p in zip(caps, peaks, strict=True)]
     worst = int(np.argmin(headroom))
     step = pipe + sync

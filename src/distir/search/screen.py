@@ -79,8 +79,12 @@ from distir.search.context_cost import AttentionShape, Ring, attention_shapes, c
 from distir.search.layer_assignment import Assignment, assign_layers_unchecked
 from distir.search.profile import LayerProfile, Profiler, model_ends
 from distir.search.stage_costs import (
+    NEUTRAL_GATHERS,
+    NEUTRAL_REDUCTION,
+    NEUTRAL_STATE,
     GatherForm,
     Gathers,
+    Reduction,
     Stage,
     StageRows,
     StateForm,
@@ -387,7 +391,7 @@ class Screen:
         if pr.train:
             pending = self._tp_pending(s, stages, fig.counts) if s.sp else [0.0] * s.p
             for j in range(s.p):
-                t_j = self._sync_of(s, stages[j], fig.stage_w[j], fig.stage_nw[j])
+                t_j = self._sync_of(s, tb, stages[j], fig.stage_w[j], fig.stage_nw[j])
                 if pending[j]:  # the step's sum over tp of what the layers left pending
                     t_j += self._tp_sum(stages[j].gpus[: s.t], pending[j])
                 sync = max(sync, t_j)
@@ -432,9 +436,7 @@ class Screen:
                         f"Σshares = {w} parts"
                     )
             mixed = pr.train and pr.mixed
-            tb = self._tables[bare] = new_tables(
-                s, b, pr.train, pr.n_state, mixed, self._state_form(s), self._gather_form(s)
-            )
+            tb = self._tables[bare] = new_tables(s, b, pr.train, pr.n_state, mixed, *self._forms(s))
         self._last = (s, tb)
         return tb
 
@@ -445,48 +447,38 @@ class Screen:
         prec = MIXED if pr.train and pr.mixed else PURE
         return trainer_semantics(pr.trainer, s, prec, self.profiler.dtype, None, pr.train)
 
-    def _state_form(self, s: Strategy) -> StateForm:
-        """How the trainer holds the model state of ``s`` (``StateForm``), from its switches as
-        ``distribute`` applies them."""
-        if self.problem.trainer == "distir":
-            return StateForm()
+    def _forms(self, s: Strategy) -> tuple[StateForm, GatherForm, Reduction]:
+        """How the problem's trainer runs ``s``, from its switches as ``distribute`` applies them:
+        how it holds the model state (``StateForm``), runs ZeRO-3's collectives (``GatherForm``;
+        FSDP's one stream: not HSDP) and reduces the gradients (``Reduction``: fp32 where it
+        reduces fp32 sums or ``reduce_fp32``, Megatron-LM's ZeRO-1 by reduce-scatters)."""
+        pr = self.problem
+        if pr.trainer == "distir":
+            return NEUTRAL_STATE, NEUTRAL_GATHERS, NEUTRAL_REDUCTION
         sem = self._semantics(s)
+        mixed = pr.train and pr.mixed
+        fp32_sums = sem.grad_accum_fusion or sem.fp32_grad_accum
         wide = s.d * s.c > 1 and sem.reduce_fp32 and s.zero >= 2 and reduce_scatter_every_backward(s)
-        return StateForm(
-            fp32_grads=sem.grad_accum_fusion or sem.fp32_grad_accum or wide,
+        state = StateForm(
+            fp32_grads=fp32_sums or wide,
             no_half_shard=sem.gather_cast,
             root_kept=sem.fsdp2_root,
             early_gather=sem.overlap_param_gather,
             kept=sem.pipelining_kept,
         )
-
-    def _gather_form(self, s: Strategy) -> GatherForm:
-        """How the trainer runs the ZeRO-3 collectives of ``s`` (``GatherForm``), from its
-        switches as ``distribute`` applies them."""
-        if self.problem.trainer == "distir" or s.zero != 3:
-            return GatherForm()
-        sem = self._semantics(s)
-        mixed = self.problem.train and self.problem.mixed
-        return GatherForm(
-            one_stream=sem.one_dp_stream and s.zero_degree == s.d * s.c,  # not HSDP
-            reduce_f=self._reduce_f(s),
-            cast=sem.gather_cast and mixed,
-            copy_out=sem.gather_copy_out,
-            copy_in=sem.grad_copy_in == "cast",
+        reduction = Reduction(
+            2.0 if mixed and (sem.reduce_fp32 or fp32_sums) else 1.0, s.zero == 1 and sem.megatron_ddp
         )
-
-    def _reduce_f(self, s: Strategy) -> float:
-        """The bytes the gradient reduction moves per half gradient byte: 2 where the trainer
-        reduces in fp32 (``reduce_fp32``; Megatron-LM's and DeepSpeed's fp32 sums)."""
-        if self.problem.trainer == "distir" or not (self.problem.train and self.problem.mixed):
-            return 1.0
-        sem = self._semantics(s)
-        return 2.0 if sem.reduce_fp32 or sem.grad_accum_fusion or sem.fp32_grad_accum else 1.0
-
-    def _reduce_scatters(self, s: Strategy) -> bool:
-        """Whether ZeRO-1's reduction is a reduce-scatter to this rank's shard (Megatron-LM's
-        DDP buckets, ``megatron_ddp``) rather than an all-reduce and a slice."""
-        return self.problem.trainer != "distir" and s.zero == 1 and self._semantics(s).megatron_ddp
+        gathers = NEUTRAL_GATHERS
+        if s.zero == 3:
+            gathers = GatherForm(
+                one_stream=sem.one_dp_stream and s.zero_degree == s.d * s.c,
+                reduce_f=reduction.reduce_f,
+                cast=sem.gather_cast and mixed,
+                copy_out=sem.gather_copy_out,
+                copy_in=sem.grad_copy_in == "cast",
+            )
+        return state, gathers, reduction
 
     def _stage(self, s: Strategy, tb: Tables, gpus: tuple[int, ...]) -> Stage:
         """What the stage on ``gpus`` decides (``Stage``), memoized in ``tb`` and, across
@@ -562,17 +554,16 @@ class Screen:
             got = self._tp_sums[key] = coll.allreduce_time(self.cluster, nbytes, group)
         return got
 
-    def _sync_of(self, s: Strategy, st: Stage, w: float, n_w: int) -> float:
+    def _sync_of(self, s: Strategy, tb: Tables, st: Stage, w: float, n_w: int) -> float:
         """Gradient reduction over stage ``st``'s replicas (per TP rank, all ranks at once) and
         the optimizer on its GPUs' kind, for ``w`` weight bytes in ``n_w`` weights; memoized (a
         pure function of the arguments that matter)."""
         # the collectives collapse duplicates and order a group by GPU index
         # (``distir.sim.collectives``): its set is what matters
-        f, rs = self._reduce_f(s), self._reduce_scatters(s)
-        key = (s.d, s.c, s.zero, s.shard_group, st.sorted_group, st.kind, w, n_w, f, rs)
+        key = (s.d, s.c, s.zero, s.shard_group, st.sorted_group, st.kind, w, n_w, tb.reduction, tb.gathers)
         got = self._syncs.get(key)
         if got is None:
-            got = self._syncs[key] = self._sync_time(s, st.group, st.kind, w, n_w, f, rs)
+            got = self._syncs[key] = self._sync_time(s, tb, st.group, st.kind, w, n_w)
         return got
 
     @staticmethod
@@ -583,20 +574,13 @@ class Screen:
         return min(n_w, int(w // (DDP_BUCKET_MB * (1 << 20))) + 1)
 
     def _sync_time(
-        self,
-        s: Strategy,
-        group: tuple[int, ...],
-        kind: str,
-        w: float,
-        n_w: int,
-        reduce_f: float = 1.0,
-        scatter: bool = False,
+        self, s: Strategy, tb: Tables, group: tuple[int, ...], kind: str, w: float, n_w: int
     ) -> float:
-        """The gradient sync of ``_sync_of``: ``w`` weight bytes reduced as ``reduce_f`` times
-        their bytes (fp32 reductions of half gradients: 2; ZeRO-1 by reduce-scatters with
-        ``scatter``), then the optimizer."""
+        """The gradient sync of ``_sync_of``: ``w`` weight bytes reduced as the trainer reduces
+        them (``tb.reduction``: fp32 reductions of half gradients move twice the bytes; ZeRO-1
+        by reduce-scatters), then the optimizer."""
         t = 0.0
-        wr = w * reduce_f
+        wr = w * tb.reduction.reduce_f
         h = s.zero_degree
         if s.d > 1 and n_w and h < s.d * s.c:
             # HSDP: reduce-scatter within the shard group, all-reduce the shard across groups
@@ -606,10 +590,10 @@ class Screen:
                 self.cluster, wr / h, across
             )
             t += (self._calls(w, n_w) - 1) * lat
-        elif s.d * s.c > 1 and n_w and (s.zero == 3 or scatter):
+        elif s.d * s.c > 1 and n_w and (s.zero == 3 or tb.reduction.scatter):
             # ZeRO-3 reduce-scatters the gradients (its gathers are the layers': ``_time_row``;
             # on the gathers' stream its reduce-scatters are there too: ``_fsdp_terms``)
-            if not (s.zero == 3 and self._gather_form(s).one_stream):
+            if not tb.gathers.one_stream:
                 lat = self._latency(coll.reducescatter_time, group)
                 t += coll.reducescatter_time(self.cluster, wr, group) + (self._calls(w, n_w) - 1) * lat
             if s.zero == 1:  # the updated shards gathered

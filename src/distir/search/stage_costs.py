@@ -102,7 +102,7 @@ class Stage:
 
 class StateForm(NamedTuple):
     """How a trainer holds the model state beyond distir's trainer-neutral program
-    (``distir.parallel.trainers``; the screen's ``Screen._state_form``): ``fp32_grads``, the
+    (``distir.parallel.trainers``; the screen's ``Screen._forms``): ``fp32_grads``, the
     gradients accumulate in fp32 (Megatron-LM's ``main_grad``, DeepSpeed's ``BF16_Optimizer``,
     FSDP's fp32 reduce-scatter output), twice a half gradient; ``no_half_shard``, no persistent
     low-precision copy of a ZeRO-3 shard (FSDP's ``gather_cast``: the fp32 shard is cast at each
@@ -135,7 +135,7 @@ class Gathers(NamedTuple):
 
 
 class GatherForm(NamedTuple):
-    """How a trainer runs ZeRO-3's collectives beyond distir's program (``Screen._gather_form``;
+    """How a trainer runs ZeRO-3's collectives beyond distir's program (``Screen._forms``;
     ``distribute``'s FSDP switches): ``one_stream``, a layer's reduce-scatter runs on the
     gathers' stream, after the gather issued before it (``one_dp_stream``), in
     ``reduce_f`` times the half gradient's bytes (fp32: 2); ``cast``, each gather first casts
@@ -154,6 +154,18 @@ class GatherForm(NamedTuple):
 NEUTRAL_GATHERS = GatherForm()
 
 
+class Reduction(NamedTuple):
+    """How a trainer reduces the gradients after the last microbatch (``Screen._forms``):
+    ``reduce_f`` times the half gradient's bytes (fp32 reductions: 2), ZeRO-1 by reduce-scatters
+    to each rank's shard (``scatter``: Megatron-LM's DDP buckets) rather than an all-reduce."""
+
+    reduce_f: float = 1.0
+    scatter: bool = False
+
+
+NEUTRAL_REDUCTION = Reduction()
+
+
 @dataclass(slots=True)
 class Tables:
     """Per strategy without its placement: what ``Screen.estimate`` reuses across placements.
@@ -170,6 +182,7 @@ class Tables:
     identity: tuple[int, ...]  # the identity placement
     root_kept: bool = False  # ``StateForm.root_kept`` (ZeRO-3 on one stage)
     gathers: GatherForm = NEUTRAL_GATHERS  # how ZeRO-3's collectives run (``GatherForm``)
+    reduction: Reduction = NEUTRAL_REDUCTION  # how the gradients are reduced (``Reduction``)
     kept: str = ""  # ``StateForm.kept`` (a training pipeline)
     stages: dict[tuple[int, ...], Stage] = field(default_factory=dict)  # by GPUs
     figures: dict[tuple[object, ...], Figures] = field(default_factory=dict)  # ``estimate``'s memo
@@ -253,12 +266,14 @@ def new_tables(
     mixed: bool = False,
     form: StateForm = NEUTRAL_STATE,
     gathers: GatherForm = NEUTRAL_GATHERS,
+    reduction: Reduction = NEUTRAL_REDUCTION,
 ) -> Tables:
     """Empty tables for ``s`` (without its placement) at microbatch ``b``; ``n_state``: optimizer
     state tensors per weight; ``mixed``: fp32 masters and state beside the compute-dtype weights
     (whose bytes the profiles count), as ``distribute(precision="mixed")`` holds them; ``form``:
     how the trainer holds them otherwise (``StateForm``); ``gathers``: how its ZeRO-3
-    collectives run (``GatherForm``)."""
+    collectives run (``GatherForm``); ``reduction``: how it reduces the gradients
+    (``Reduction``)."""
     # memory per device: static (weights, state) + what the schedule holds (activations in
     # flight, carried values, gradients) + transient; the ZeRO paper's model state, as
     # ``distribute`` holds it: the gradient accumulates in place (ZeRO-2/3: this replica's
@@ -293,6 +308,7 @@ def new_tables(
         root_kept=zero3 and s.p == 1 and form.root_kept,
         kept=form.kept if train and s.p > 1 else "",
         gathers=gathers if zero3 else NEUTRAL_GATHERS,
+        reduction=reduction,
     )
 
 
