@@ -144,6 +144,30 @@ def test_shared_plans_give_the_profiles_of_probes_planned_anew(name: str, train:
     assert shared._shared.hits > 0 or (group is not None and group.hits > 0) or not train
 
 
+@pytest.mark.parametrize("fill", [247, 251])
+def test_probes_do_not_depend_on_what_the_sharders_bounded_memos_hold(
+    fill: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Layers sharing a backward share its input-gradient part within a profiler, so the probes
+    run are the same whether or not ``split_backward``'s bounded memo (``_SPLITS``, cleared
+    when full) is cleared midway: filled so that it is (this profiling adds 11 entries), at
+    two points of it."""
+    import distir.parallel.layer_sharder as sharder
+
+    def probes(junk: int) -> int:
+        monkeypatch.setattr(sharder, "_SPLITS", {("junk", i): None for i in range(junk)})
+        p = Profiler(parse_model_string("mlp"), parse_cluster("p3.8xlarge:1+g4dn.12xlarge:1"))
+        for t, b, gpus, rec in (
+            (1, 2, [0], "none"),
+            (2, 4, [4, 5], "full"),
+            (4, 3, [2, 3, 4, 5], "selective"),
+        ):
+            p.layers(t, b, gpus, rec)
+        return p.probes
+
+    assert probes(fill) == probes(0)
+
+
 @pytest.mark.parametrize("name", [*MODELS, "transgan-hetero"])
 def test_probes_on_one_domain_per_group_give_the_profiles_of_a_domain_per_function(name: str) -> None:
     """The probes of one layers key on one TP group plan on one domain, its units assumed once

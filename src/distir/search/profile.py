@@ -242,8 +242,10 @@ class Profiler:
     _fn_cache: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
     _work: dict[tuple[object, ...], float] = field(default_factory=dict)
     _layers: dict[tuple[int, int, str, bool], list[ShardedLayer]] = field(default_factory=dict)
-    # id(layer) -> (the layer, kept alive so its id stays valid; its input-gradient part)
-    _split: dict[int, tuple[ShardedLayer, Function]] = field(default_factory=dict)
+    # (id of a layer's backward, its inputs with a gradient, argument types) -> (that backward,
+    # kept alive so its id stays valid; its input-gradient part): layers sharing a backward share
+    # the part, so their probes are one whatever ``split_backward``'s bounded memo still holds
+    _split: dict[tuple[object, ...], tuple[Function, Function]] = field(default_factory=dict)
     _models: dict[tuple[int, ModelSpec], Reduced] = field(default_factory=dict)
     _pending: dict[tuple[object, ...], Future[TaskResult]] = field(default_factory=dict)
     _shared: SharedPlans = field(default_factory=SharedPlans)  # ``layers``' current key's
@@ -587,9 +589,10 @@ class Profiler:
         input gradient, each piece of storage once)."""
         assert L.vjp is not None and L.bwd is not None
         n_dx = 1 if 0 in L.vjp.wrt else 0
-        hit = self._split.get(id(L))
-        if hit is None or hit[0] is not L:
-            hit = self._split[id(L)] = (L, split_backward(L.bwd, n_dx, L.bwd_args)[0])
+        skey = (id(L.bwd), n_dx, tuple(L.bwd_args))
+        hit = self._split.get(skey)
+        if hit is None or hit[0] is not L.bwd:
+            hit = self._split[skey] = (L.bwd, split_backward(L.bwd, n_dx, L.bwd_args)[0])
         bwd_i = hit[1]
         dying = _dying(L)
         time, _, work = self._run(bwd_i, L.bwd_args, dmap, cost, key, dying)
