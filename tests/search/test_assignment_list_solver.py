@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import distir.search.layer_assignment as la
-from distir.search.assignment_list_solver import ListSolver, seq_sum
+from distir.search.assignment_list_solver import ListSolver, distinct_sorted, seq_sum
 from distir.search.layer_assignment import (
     SearchStats,
     assign_layers,
@@ -280,3 +280,18 @@ def test_window_starts_and_memory_limits_are_searchsorted() -> None:
         for j in range(p):
             want = np.maximum(large.lo_mem[j], j).tolist()
             assert small.lo_min[j] == want
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_distinct_sorted_is_np_unique(seed: int) -> None:
+    """``distinct_sorted`` gives ``np.unique``'s array bit for bit (the zero of ±0 it keeps
+    included): ties, signed zeros, infinities, NaNs, an empty array."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 300))
+    pool = np.array([0.0, -0.0, 1.5, -2.25, np.inf, -np.inf, 1e-300, 3.0, 3.0 + 1e-15])
+    a = np.where(rng.random(n) < 0.5, rng.choice(pool, n), rng.integers(-5, 6, n) / 4.0)
+    if seed % 5 == 0 and n:
+        a[rng.integers(0, n, 3)] = np.nan
+    got, want = distinct_sorted(a.copy()), np.unique(a)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.tobytes() == want.tobytes()

@@ -129,3 +129,36 @@ def test_sequence_parallel_sync_adds_one_tp_sum_of_the_norms_and_biases() -> Non
     want = allreduce_time(cluster, nbytes, range(4))
     assert sp.sync_s - plain.sync_s == pytest.approx(want, rel=1e-9)
     assert want > 0
+
+
+class _SyncByGroup(Screen):
+    """The reference: the gradient sync memoized on the replica group itself."""
+
+    def _sync_group(self, s: Strategy, group: tuple[int, ...]) -> tuple[object, ...]:
+        return group
+
+
+def test_sync_by_node_parts_equals_sync_by_group() -> None:
+    """The sync memoized on the replica group's GPUs per node (``Screen._sync_group``) gives the
+    estimates the sync memoized on the group itself gives, on placements moving single GPUs
+    (within and across nodes of two kinds), ZeRO stages and HSDP among them."""
+    model = "gpt:layers=7,hidden=64,heads=4,seq=16,vocab=128"
+    strategies = [
+        Strategy(d=4, t=1, p=4, k=8, schedule="1f1b"),
+        Strategy(d=8, t=2, p=1, k=1, schedule="1f1b"),
+        Strategy(d=2, t=2, p=4, k=8, schedule="zb1", zero=1),
+        Strategy(d=4, t=2, p=2, k=4, schedule="1f1b", zero=3),
+        Strategy(d=8, t=1, p=2, k=2, schedule="1f1b", zero=3, shard_group=2),
+        Strategy(d=16, t=1, p=1, k=1, schedule="1f1b", zero=2),
+    ]
+    for cluster in ("p3.8xlarge:3+g4dn.12xlarge:1", "g4dn.12xlarge:4"):
+        profiler = Profiler(parse_model_string(model), parse_cluster(cluster))
+        fast, ref = Screen(profiler, Problem(32)), _SyncByGroup(profiler, Problem(32))
+        rng = random.Random(1)
+        for s in strategies:
+            gpus = list(range(s.devices))
+            for _ in range(12):
+                assert fast.estimate(s, tuple(gpus)) == ref.estimate(s, tuple(gpus))
+                i, j = rng.randrange(len(gpus)), rng.randrange(len(gpus))
+                gpus[i], gpus[j] = gpus[j], gpus[i]
+        assert len(fast._syncs) < len(ref._syncs)  # groups alike did share a sync

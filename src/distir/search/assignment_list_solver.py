@@ -42,6 +42,18 @@ FloatArray = NDArray[np.float64]
 DpResult = tuple[tuple[int, ...], float, float]
 
 
+def distinct_sorted(a: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``np.unique(a)`` of a 1-D float array, without ``np.unique``'s check for a masked array
+    (which imports ``numpy.ma``, ~10 ms, the first time a process asks): the same sort (numpy's
+    default kind) and the same mask of each value unlike the one before, so the same values in
+    the same order, the same zero of ±0 kept. NaNs (which ``np.unique`` collapses into one) take
+    ``np.unique`` itself."""
+    v = np.sort(a)
+    if v.size == 0 or v[-1] != v[-1]:  # empty, or a NaN (sorted last)
+        return v if v.size == 0 else np.unique(a)
+    return v[np.concatenate(([True], v[1:] != v[:-1]))]
+
+
 class _Band(NamedTuple):
     """One stage of ``ListSolver.dp``'s forward pass: the band's first start, h = g − P_j on it,
     the first end computed and, per end from there, its window's lowest start."""
@@ -456,7 +468,7 @@ class ListSolver:
         if not self.rows.uniform:
             inside &= valid
         comm = np.array(self._comm_in(lo, hi), dtype=np.float64)
-        v = np.unique(np.concatenate((comm, (pb - pa)[inside])))
+        v = distinct_sorted(np.concatenate((comm, (pb - pa)[inside])))
         v = v[(v > lo + self.atol) & (v < hi - self.atol)]
         if v.size > 1:
             v = v[np.concatenate(([True], np.diff(v) > self.atol))]

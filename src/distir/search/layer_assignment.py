@@ -90,7 +90,7 @@ import numpy as np
 import numpy.typing as npt
 from numpy.typing import NDArray
 
-from distir.search.assignment_list_solver import ListSolver, Rows
+from distir.search.assignment_list_solver import ListSolver, Rows, distinct_sorted
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.intp]
@@ -299,7 +299,7 @@ class _Solver:
         if p > 1:
             self.cut[:, 1:n] = inp.comm
         comm_vals = [inp.comm[j, j : n - p + j + 1] for j in range(p - 1)]
-        self.comm_vals: FloatArray = np.unique(np.concatenate(comm_vals)) if comm_vals else np.zeros(0)
+        self.comm_vals: FloatArray = distinct_sorted(np.concatenate(comm_vals)) if comm_vals else np.zeros(0)
         self.log2: IntArray = np.zeros(n + 2, dtype=np.intp)
         self.log2[2:] = np.floor(np.log2(np.arange(2, n + 2))).astype(np.intp)
         self.pow2: IntArray = np.left_shift(1, np.arange(int(self.log2[-1]) + 1)).astype(np.intp)
@@ -422,7 +422,7 @@ class _Solver:
             offs = np.arange(int(ln.sum())) - np.repeat(np.cumsum(ln) - ln, ln)
             pj = self.P[j]
             parts.append(pj[s[row] + offs] - pj[a[row]])
-        v = np.unique(np.concatenate(parts))
+        v = distinct_sorted(np.concatenate(parts))
         v = v[(v > lo + self.atol) & (v < hi - self.atol)]
         if v.size > 1:
             v = v[np.concatenate(([True], np.diff(v) > self.atol))]

@@ -157,6 +157,7 @@ class Screen:
         # (collective, group) -> its time for one byte: a bucket's latency (``_sync_time``)
         self._latencies: dict[tuple[object, tuple[int, ...]], float] = {}
         self._tp_sums: dict[tuple[object, ...], float] = {}  # ``_tp_sum``
+        self._node_parts: dict[tuple[int, ...], tuple[object, ...]] = {}  # ``_sync_group``
         # the update after the sync, per weight, as the program writes it (``_sync_time``)
         self._update = update_traffic(
             Optimizer(problem.optimizer), profiler.dtype, problem.train and problem.mixed
@@ -559,11 +560,31 @@ class Screen:
         the optimizer on its GPUs' kind, for ``w`` weight bytes in ``n_w`` weights; memoized (a
         pure function of the arguments that matter)."""
         # the collectives collapse duplicates and order a group by GPU index
-        # (``distir.sim.collectives``): its set is what matters
-        key = (s.d, s.c, s.zero, s.shard_group, st.sorted_group, st.kind, w, n_w, tb.reduction, tb.gathers)
+        # (``distir.sim.collectives``): its set is what matters, or less (``_sync_group``)
+        group = self._sync_group(s, st.sorted_group)
+        key = (s.d, s.c, s.zero, s.shard_group, group, st.kind, w, n_w, tb.reduction, tb.gathers)
         got = self._syncs.get(key)
         if got is None:
             got = self._syncs[key] = self._sync_time(s, tb, st.group, st.kind, w, n_w)
+        return got
+
+    def _sync_group(self, s: Strategy, group: tuple[int, ...]) -> tuple[object, ...]:
+        """What of the sorted replica group ``group`` the sync's time depends on (``_sync_of``'s
+        key): on a cluster without link matrices, its GPUs per node as (node, count) in node
+        order — the collectives read a group only through ``_by_node``'s parts, each node's links,
+        curves and network share by the node and its count, never which of its GPUs
+        (``distir.sim.collectives``; a test compares the times on groups alike) — except under
+        HSDP, whose reductions split the group by position; else the group itself. Placements
+        that move a replica to another GPU of the same node share one sync (the placement search)."""
+        if self.cluster.has_matrices or s.zero_degree < s.d * s.c:
+            return group
+        got = self._node_parts.get(group)
+        if got is None:
+            nodes = self.cluster.gpu_nodes
+            got = self._node_parts[group] = (
+                "by node",
+                *((n, len(list(gs))) for n, gs in itertools.groupby(group, nodes.__getitem__)),
+            )
         return got
 
     @staticmethod
