@@ -141,7 +141,10 @@ class RooflineCostModel:
     the normalization kernels) moves its bytes at that fraction instead of ``memory_efficiency``;
     ``gemm_share``: the fraction of the compute's kernel time spent in GEMMs beside a collective,
     which on a GPU with persistent GEMM kernels run in two waves there (``interference``; None:
-    not known, every kernel slows by the SMs NCCL holds)."""
+    not known, every kernel slows by the SMs NCCL holds); ``cp_ring``: the ring attention the
+    trainer runs under context parallelism (``distir.parallel.context.CP_RINGS``): ``p2p``
+    (Megatron-LM's, Transformer Engine's) or ``torch`` (PyTorch's ``context_parallel``, as
+    torchtitan runs it; ``distir.sim.ring``)."""
 
     cluster: Cluster
     allow_tf32: bool = False
@@ -155,6 +158,7 @@ class RooflineCostModel:
     comm_interference: bool = True
     eager: bool = False
     gemm_share: float | None = None
+    cp_ring: str = "p2p"
 
     @classmethod
     def of_kernels(
