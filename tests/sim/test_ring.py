@@ -3,7 +3,7 @@ over a ``cp`` axis as a ring is timed step by step, each step the longer of its 
 transfer. Oracles: hand counts under fixed costs (every block, merge and add a known time,
 every send a known time), in both regimes — compute-bound (the transfers hidden) and
 transfer-bound (the blocks hidden) — and the flops of the whole sequence's attention; torch's
-ring (``cp_ring = "torch"``) likewise, eager and compiled."""
+ring (``ring_form = "torch"``) likewise, eager and compiled."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ C = 0.25  # seconds: a cast to or from fp32
 class TorchFixed(FixedCostModel):
     """Fixed costs under torch's ring; ``fuse``: compiled (collectives waited where issued)."""
 
-    cp_ring: str = "torch"
+    ring_form: str = "torch"
     fuse: bool = False
 
 
@@ -138,7 +138,7 @@ def test_torch_ring_is_timed_as_torch_runs_it(c: int, fuse: bool) -> None:
 
 @pytest.mark.parametrize("c", [2, 4])
 def test_torch_ring_counts_the_flops_of_the_causal_triangle(c: int) -> None:
-    r = simulate(ring_program(c, False), H100, cost_model=RooflineCostModel(H100, cp_ring="torch"))
+    r = simulate(ring_program(c, False), H100, cost_model=RooflineCostModel(H100, ring_form="torch"))
     assert math.isclose(r.flops, forward_flops(B, S, H, D, True), rel_tol=1e-12)
 
 
@@ -148,7 +148,7 @@ def test_torch_ring_holds_the_gathered_kv_and_fp32_accumulators() -> None:
     fragmentation on it, its spec's ``runtime.fragmentation``)."""
     c = 4
     p2p = simulate(ring_program(c, False), H100, cost_model=RooflineCostModel(H100))
-    tor = simulate(ring_program(c, False), H100, cost_model=RooflineCostModel(H100, cp_ring="torch"))
+    tor = simulate(ring_program(c, False), H100, cost_model=RooflineCostModel(H100, ring_form="torch"))
     piece = B * (S // c) * H * D * 2  # a rank's q (and K, V) in bf16
     want = ((c * 2 * piece + 2 * piece) - 2 * 2 * piece) * (1.0 + H100.device_spec(0).runtime.fragmentation)
     assert math.isclose(tor.peak_memory[0] - p2p.peak_memory[0], want, abs_tol=1e-3)

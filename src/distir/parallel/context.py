@@ -51,7 +51,7 @@ search's screen (``distir.search.context_cost``) both use.
 **Torch's ring.** PyTorch's ``context_parallel`` (torch.distributed.tensor.experimental, as
 torchtitan runs it) computes the same blocks in another form: one flash call per rank and step on
 its concatenated chunks (``torch_ring_call``), the K/V all-gathered once instead of passed per step,
-and ``torch_ring_time`` its time; the simulator times it so under the cost model's ``cp_ring``.
+and ``torch_ring_time`` its time; the simulator times it so under the cost model's ``ring_form``.
 """
 
 from __future__ import annotations
@@ -272,7 +272,7 @@ def ring_time(steps: Sequence[float], hop: float, backward: bool) -> float:
 # the rings a trainer may run (``ring_time`` / ``torch_ring_time``): p2p (Megatron-LM's and
 # Transformer Engine's, the K/V passed rank to rank), torch (torch.distributed.tensor.experimental
 # ``context_parallel``, the K/V all-gathered: ``torch_ring_call``)
-CP_RINGS = ("p2p", "torch")
+RING_FORMS = ("p2p", "torch")
 
 
 class TorchCall(NamedTuple):
@@ -474,7 +474,7 @@ def _add(fb: FunctionBuilder, acc: Value | None, x: Value) -> Value:
 
 
 __all__ = [
-    "CP_RINGS",
+    "RING_FORMS",
     "RING_STREAMS",
     "Local",
     "Ring",

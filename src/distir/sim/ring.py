@@ -20,7 +20,7 @@ Memory: the op's results, plus the ring's buffers while it runs (the screen's fi
 ``distir.search.context_cost``): the K/V received beside the ones held, 2 × K/V bytes forward;
 with the travelling dK/dV, 4 × K/V bytes backward.
 
-**Torch's ring** (the cost model's ``cp_ring`` = ``torch``: torch.distributed.tensor.experimental
+**Torch's ring** (the cost model's ``ring_form`` = ``torch``: torch.distributed.tensor.experimental
 ``context_parallel``, as torchtitan runs it) is timed as that code runs it
 (``distir.parallel.context.torch_ring_time``): one flash call per rank and step on the rank's
 concatenated chunks (``torch_ring_call``); the K/V all-gathered over the ring once (its default
@@ -67,7 +67,7 @@ def ring_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[Type], a
     units = dom.mesh_units(mesh)
     backward = where.dout is not None
     groups = [tuple(mesh.devices[i] for i in g) for g in mesh_info(mesh).groups(ax)]
-    torch_form = getattr(dom.cost, "cp_ring", "p2p") == "torch"
+    torch_form = getattr(dom.cost, "ring_form", "p2p") == "torch"
     # a rank's K and V pieces (even shards along the ring); torch's: with the queries' heads
     kv = 2.0 * piece_bytes(q if torch_form else k, 0)
     hop = _hop(dom, groups, kv * (4.0 / _itemsize(q.dtype) if torch_form and backward else 1.0))
