@@ -244,7 +244,7 @@ def _torchtitan(s: Strategy, precision: Precision, dtype: DType) -> TrainerSeman
         # the last stage's outputs for the step (every stage's before pytorch#153383, May 2025)
         pipelining_kept="last" if s.p > 1 else "",
         # torchtitan's context parallelism is torch's context_parallel (create_context_parallel_ctx)
-        ring_form="torch",
+        ring_form="torch" if s.c > 1 else "p2p",
     )
 
 
