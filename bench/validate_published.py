@@ -214,6 +214,10 @@ class Run:
     # outputs ("every") or the last stage's ("last"), the receive buffers and input gradients
     # (``distribute(pipelining_kept=...)``)
     pipelining_kept: str = ""
+    # the ring attention the trainer runs under context parallelism: p2p (Megatron-LM's,
+    # Transformer Engine's) or torch (PyTorch's context_parallel: K/V all-gathered, fp32 merges and
+    # dK/dV) (``RooflineCostModel(ring_form=...)``, ``distir.sim.ring``)
+    ring_form: str = "p2p"
     # how the trainer's Adam runs (``Optimizer(kernels=...)``): fused (one kernel: Megatron's,
     # DeepSpeed's), foreach (torch.optim.AdamW(foreach=True)) or loop (Composer's DecoupledAdamW)
     optimizer_kernels: str = "fused"
@@ -259,6 +263,7 @@ def _check(r: Run, where: str) -> None:
     """Semantic checks a run needs before it can be predicted."""
     from distir.frontends.zoo.gpt import LOSS_FORMS
     from distir.hardware.attention import KERNELS as ATTENTION_KERNELS
+    from distir.parallel.context import RING_FORMS
 
     for label, x in (("source", r.source), ("where", r.where), ("commit", r.commit)):
         if not x.strip():
@@ -276,6 +281,8 @@ def _check(r: Run, where: str) -> None:
             f"{where}.attention_kernel: expected one of {', '.join(ATTENTION_KERNELS)}, "
             f"got {r.attention_kernel!r}"
         )
+    if r.ring_form not in RING_FORMS:
+        raise RunsError(f"{where}.ring_form: expected one of {', '.join(RING_FORMS)}, got {r.ring_form!r}")
     if r.precision not in PRECISIONS:
         raise RunsError(f"{where}.precision: expected one of {', '.join(PRECISIONS)}, got {r.precision!r}")
     m, s, p = r.model, r.strategy, r.published
@@ -556,6 +563,7 @@ def _simulated(r: Run, v: Variant, trace: bool = False, allocator: bool = False)
         attention_kernel=r.attention_kernel,
         tp_comm_overlap=r.tp_comm_overlap,
         comm_interference=v.interference,
+        ring_form=r.ring_form,
     )
     dmap = device_map(st, True)
     profile = cl.device_spec(0).gemm

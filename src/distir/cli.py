@@ -466,6 +466,7 @@ def simulate(
         debug,
         planner,
         reserved,
+        semantics.ring_form if semantics else "p2p",
     )
     result = dataclasses.replace(result, model_flops=model_flops)
     _write_simulation_trace(result, trace, file)
@@ -592,16 +593,18 @@ def _run_simulation(
     debug: bool,
     planner: str = "fast",
     allocator: bool = False,
+    ring_form: str = "p2p",
 ) -> Any:
     """The simulator's result for ``m`` on ``cl`` under the roofline cost model (errors located
-    in ``file`` when there is one); ``allocator``: with the caching allocator's reserved peak."""
+    in ``file`` when there is one); ``allocator``: with the caching allocator's reserved peak;
+    ``ring_form``: the trainer's ring attention (``RooflineCostModel.ring_form``)."""
     from distir.sim.cost import RooflineCostModel
     from distir.sim.devices import DeviceMapError
     from distir.sim.simulate import simulate as run_sim
 
     guard = _Session(file, debug).guard if file is not None else _plain_guard(debug)
     try:
-        cost = RooflineCostModel.of_kernels(cl, kernels, attention_kernel, tp_comm_overlap)
+        cost = RooflineCostModel.of_kernels(cl, kernels, attention_kernel, tp_comm_overlap, ring_form)
         return guard(
             lambda: run_sim(
                 m,

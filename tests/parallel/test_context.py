@@ -21,8 +21,11 @@ from distir.parallel.context import (
     balanced_positions,
     block_kind,
     ring_attention,
+    ring_blocks,
     ring_device_map,
     shard_sequence,
+    torch_ring_call,
+    torch_ring_time,
     unshard_sequence,
 )
 from distir.parallel.distribute import distribute
@@ -133,3 +136,36 @@ def test_distribute_refuses_what_context_parallelism_does_not_combine_with_by_na
     model = build_model("gpt:layers=1,hidden=8,heads=2,seq=8,vocab=16", batch=2)
     with pytest.raises(StrategyError, match=r"context parallelism \(c=2\) does not combine with sequence"):
         distribute(model, parse_strategy("d1.t2.sp.c2.p1.k1"))
+
+
+def _call_pairs(call: tuple[int, int, bool]) -> set[tuple[int, int]]:
+    """The (query chunk, key chunk) pairs a torch call on the rank's concatenated chunks covers:
+    q_chunks = 1 is the second query chunk, k_chunks = 1 the first key chunk; a causal call on
+    both chunks leaves out the first query chunk against the second key chunk (later positions)."""
+    qn, kn, causal = call
+    qs = (0, 1) if qn == 2 else (1,)
+    ks = (0, 1) if kn == 2 else (0,)
+    return {(x, y) for x in qs for y in ks if not (causal and x < y)}
+
+
+@pytest.mark.parametrize("c", [2, 3, 4, 8])
+@pytest.mark.parametrize("causal", [True, False])
+def test_torch_calls_cover_the_ring_blocks_exactly(c: int, causal: bool) -> None:
+    """Torch's one call per step (``_templated_ring_attention``'s load-balanced branches) covers
+    the same (query chunk, key chunk) blocks as the ring's blocks, every rank at every step."""
+    for r in range(c):
+        for s in range(c):
+            want = {(x, y) for x, y, _d in ring_blocks(c, r, s, causal)}
+            assert _call_pairs(torch_ring_call(c, r, s, causal)) == want, (c, r, s)
+
+
+def test_torch_ring_time_overlaps_eager_and_waits_compiled() -> None:
+    """Eager, the all-gather hides behind step 0 and each dK/dV hop behind the next step's
+    kernel; compiled, every collective is waited where issued (hand counts)."""
+    steps, g, h = [5.0, 4.0, 4.0], 3.0, 1.0
+    assert torch_ring_time(steps, g, h, False, False) == 5.0 + 8.0
+    assert torch_ring_time(steps, 9.0, h, False, False) == 9.0 + 8.0
+    assert torch_ring_time(steps, g, h, True, False) == 5.0 + 8.0 + 1.0
+    assert torch_ring_time(steps, g, 6.0, True, False) == 5.0 + 12.0 + 6.0
+    assert torch_ring_time(steps, g, h, False, True) == 3.0 + 13.0
+    assert torch_ring_time(steps, g, h, True, True) == 3.0 + 13.0 + 3 * 1.0

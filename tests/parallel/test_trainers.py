@@ -127,6 +127,13 @@ def test_torchtitan_runs_pure_data_parallelism_without_fsdp() -> None:
     assert sem.grad_copy_in == "" and sem.kernels == "eager"
 
 
+def test_torchtitan_runs_torchs_ring_under_context_parallelism() -> None:
+    ring = trainer_semantics("torchtitan", parse_strategy("d2.c4.z3"), MIXED, DType.bf16).ring_form
+    assert ring == "torch"
+    assert trainer_semantics("torchtitan", parse_strategy("d8.z3"), MIXED, DType.bf16).ring_form == "p2p"
+    assert trainer_semantics("megatron", parse_strategy("d2.c4.z1"), MIXED, DType.bf16).ring_form == "p2p"
+
+
 def test_a_switch_of_another_trainer_is_refused() -> None:
     user_switches_fit("deepspeed", True, True, False)
     user_switches_fit("megatron", False, False, True)
@@ -207,6 +214,7 @@ FSDP2 = (
     "fsdp2_grad_accum",
     "overlap_param_gather",
     "attention_kernel",
+    "ring_form",
 )
 KERNELS = ("kernels", "optimizer_kernels")
 # the current trainers' records (the MT-NLG rows ran a DeepSpeed before its BF16_Optimizer);

@@ -2,11 +2,13 @@
 over a ``cp`` axis as a ring is timed step by step, each step the longer of its blocks and its
 transfer. Oracles: hand counts under fixed costs (every block, merge and add a known time,
 every send a known time), in both regimes — compute-bound (the transfers hidden) and
-transfer-bound (the blocks hidden) — and the flops of the whole sequence's attention."""
+transfer-bound (the blocks hidden) — and the flops of the whole sequence's attention; torch's
+ring (``ring_form = "torch"``) likewise, eager and compiled."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pytest
 
@@ -15,7 +17,7 @@ from distir.hardware.cluster import parse_cluster
 from distir.ir import DType, FunctionBuilder, Module
 from distir.ir.dtensor import DTensorType, Mesh, Shard
 from distir.ops.attention import forward_flops
-from distir.sim.cost import FixedCostModel
+from distir.sim.cost import FixedCostModel, RooflineCostModel
 from distir.sim.simulate import simulate
 
 H100 = parse_cluster("h100")
@@ -92,3 +94,61 @@ def test_the_ring_counts_the_flops_of_the_causal_triangle(c: int) -> None:
     exactly FlashAttention's causal count of the whole sequence."""
     r = simulate(ring_program(c, False), H100)
     assert math.isclose(r.flops, forward_flops(B, S, H, D, True), rel_tol=1e-12)
+
+
+C = 0.25  # seconds: a cast to or from fp32
+
+
+@dataclass(frozen=True)
+class TorchFixed(FixedCostModel):
+    """Fixed costs under torch's ring; ``fuse``: compiled (collectives waited where issued)."""
+
+    ring_form: str = "torch"
+    fuse: bool = False
+
+
+def torch_fixed(comm: float, fuse: bool) -> TorchFixed:
+    by_op = {"Attention": A, "AttentionGrad": G, "AttentionMerge": M, "Add": X, "Cast": C}
+    return TorchFixed(compute=0.0, comm=comm, by_op=by_op, fuse=fuse)
+
+
+def torch_steps(c: int, backward: bool) -> list[float]:
+    """Every rank alike, one call a step: forward, the out cast to fp32 at step 0, a merge from
+    step 1 on, the cast back at the last; backward, three fp32 adds (dQ, dK, dV) a step and three
+    casts back at the last."""
+    if backward:
+        return [G + 3 * X] * (c - 1) + [G + 3 * X + 3 * C]
+    return [A + C] + [A + M] * (c - 2) + [A + M + C]
+
+
+@pytest.mark.parametrize("c", [2, 4])
+@pytest.mark.parametrize("fuse", [False, True])
+def test_torch_ring_is_timed_as_torch_runs_it(c: int, fuse: bool) -> None:
+    t = 0.1  # a collective: the all-gather of the K/V, a hop of the dK/dV
+    fwd = simulate(ring_program(c, False), H100, cost_model=torch_fixed(t, fuse)).step_time_s
+    bwd = simulate(ring_program(c, True), H100, cost_model=torch_fixed(t, fuse)).step_time_s
+    f, b = torch_steps(c, False), torch_steps(c, True)
+    if fuse:  # compiled: nothing overlaps
+        assert math.isclose(fwd, t + sum(f), rel_tol=1e-12)
+        assert math.isclose(bwd, t + sum(b) + c * t, rel_tol=1e-12)
+    else:  # eager: the transfers hide behind the kernels, but the last dK/dV hop
+        assert math.isclose(fwd, sum(f), rel_tol=1e-12)
+        assert math.isclose(bwd, sum(b) + t, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("c", [2, 4])
+def test_torch_ring_counts_the_flops_of_the_causal_triangle(c: int) -> None:
+    r = simulate(ring_program(c, False), H100, cost_model=RooflineCostModel(H100, ring_form="torch"))
+    assert math.isclose(r.flops, forward_flops(B, S, H, D, True), rel_tol=1e-12)
+
+
+def test_torch_ring_holds_the_gathered_kv_and_fp32_accumulators() -> None:
+    """Forward, beside the results: c × a rank's K/V (gathered) and the fp32 out; the p2p ring
+    holds 2 × K/V. Oracle: the peaks' difference, counted by hand (plus the device's allocator
+    fragmentation on it, its spec's ``runtime.fragmentation``)."""
+    c = 4
+    p2p = simulate(ring_program(c, False), H100, cost_model=RooflineCostModel(H100))
+    tor = simulate(ring_program(c, False), H100, cost_model=RooflineCostModel(H100, ring_form="torch"))
+    piece = B * (S // c) * H * D * 2  # a rank's q (and K, V) in bf16
+    want = ((c * 2 * piece + 2 * piece) - 2 * 2 * piece) * (1.0 + H100.device_spec(0).runtime.fragmentation)
+    assert math.isclose(tor.peak_memory[0] - p2p.peak_memory[0], want, abs_tol=1e-3)

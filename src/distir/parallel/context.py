@@ -47,6 +47,11 @@ ops carry ``ring=c`` and keep K/V split over cp, and materialization lowers each
 streams) — ``distir.parallel.sharding.ring``. ``ring_step_work`` and ``ring_time`` are the
 ring's work per step and its overlapped time, which the simulator (``distir.sim.ring``) and the
 search's screen (``distir.search.context_cost``) both use.
+
+**Torch's ring.** PyTorch's ``context_parallel`` (torch.distributed.tensor.experimental, as
+torchtitan runs it) computes the same blocks in another form: one flash call per rank and step on
+its concatenated chunks (``torch_ring_call``), the K/V all-gathered once instead of passed per step,
+and ``torch_ring_time`` its time; the simulator times it so under the cost model's ``ring_form``.
 """
 
 from __future__ import annotations
@@ -264,6 +269,58 @@ def ring_time(steps: Sequence[float], hop: float, backward: bool) -> float:
     return sum(max(x, t) for x, t in zip(steps, comm, strict=True)) + hop
 
 
+# the rings a trainer may run (``ring_time`` / ``torch_ring_time``): p2p (Megatron-LM's and
+# Transformer Engine's, the K/V passed rank to rank), torch (torch.distributed.tensor.experimental
+# ``context_parallel``, the K/V all-gathered: ``torch_ring_call``)
+RING_FORMS = ("p2p", "torch")
+
+
+class TorchCall(NamedTuple):
+    """The one flash call a rank makes at a step of torch's ring: its queries and its keys as
+    counts of the rank's two chunks (1: one chunk, 2: both), and whether it is causal."""
+
+    q_chunks: int
+    k_chunks: int
+    causal: bool
+
+
+def torch_ring_call(c: int, r: int, s: int, causal: bool) -> TorchCall:
+    """Rank r's call at step s of torch's ring over c ranks (``_templated_ring_attention`` in
+    torch/distributed/tensor/experimental/_attention.py, with its default load balancing, the
+    layout of this module): the rank's two chunks stay concatenated, so a step is one call — step
+    0 the rank's queries against its own K/V, causal; from step 1 on (it then holds the K/V of rank
+    (r − s) mod c), for s ≤ r all its queries against the first K/V chunk, else its second query
+    chunk against both K/V chunks, neither causal. The same blocks as ``ring_blocks``, in
+    one kernel. Without a causal mask (no load balancing) every step is the whole piece."""
+    if s == 0:
+        return TorchCall(2, 2, causal)
+    if not causal:
+        return TorchCall(2, 2, False)
+    return TorchCall(2, 1, False) if s <= r else TorchCall(1, 2, False)
+
+
+def torch_ring_time(steps: Sequence[float], gather: float, hop: float, backward: bool, waited: bool) -> float:
+    """Torch's ring (``torch_ring_call``) from its steps' compute (``steps``, the slowest rank's),
+    the all-gather of the group's K/V (``gather``: ``context_parallel``'s default rotate method,
+    one all-gather at step 0, each step then slicing its rank's K/V out of it) and, backward, one
+    hop of a rank's dK/dV (``hop``: fp32 accumulators, sent to the next rank after every step by
+    a one-peer all-to-all, ``_AllToAllRotater``). Eager (``waited`` False) a collective is waited
+    on first use: the all-gather overlaps step 0, the dK/dV of a step travel during the next
+    step's kernel, forward max(C_0, G) + Σ_{s≥1} C_s, backward max(C_0, G) + Σ_{s≥1} max(C_s, H)
+    + H (the last H the final hop back to the owner). Under torch.compile (``waited``) the trace
+    waits on each functional collective where it is issued (``_maybe_wrap_tensor`` in
+    torch/distributed/_functional_collectives.py: ``wait_tensor`` at once when tracing) and
+    Inductor keeps the wait there (``reorder_for_compute_comm_overlap`` defaults to False in
+    torch/_inductor/config.py): nothing overlaps, G + Σ C_s, plus c·H backward."""
+    c = len(steps)
+    if waited:
+        return gather + sum(steps) + (c * hop if backward else 0.0)
+    first = max(steps[0], gather)
+    if not backward:
+        return first + sum(steps[1:])
+    return first + sum(max(x, hop) for x in steps[1:]) + hop
+
+
 def ring_attention(shape: RingShape, c: int, comm_streams: bool = False) -> Module:
     """The forward and backward of attention over ``c`` ranks by ring (module docstring).
 
@@ -417,11 +474,13 @@ def _add(fb: FunctionBuilder, acc: Value | None, x: Value) -> Value:
 
 
 __all__ = [
+    "RING_FORMS",
     "RING_STREAMS",
     "Local",
     "Ring",
     "RingShape",
     "StepWork",
+    "TorchCall",
     "balanced_chunks",
     "balanced_positions",
     "block_kind",
@@ -433,5 +492,7 @@ __all__ = [
     "ring_step_work",
     "ring_time",
     "shard_sequence",
+    "torch_ring_call",
+    "torch_ring_time",
     "unshard_sequence",
 ]

@@ -33,9 +33,11 @@ the compute dtype, keeps a low-precision copy of every weight, and runs every ke
   pipelining ZeRO-2 (``reshard_after_forward`` off by default there) with the fp32 sums of the
   no-sync backwards, and what ``torch.distributed.pipelining``'s stages keep through the step
   (``pipelining_kept = "last"``: the last stage's outputs, as torch after pytorch#153383
-  keeps). Mixed precision only through FSDP2 (``mixed_precision_param`` takes effect with
-  ``data_parallel_shard_degree`` > 1): elsewhere it is refused, as is ZeRO-3 with p > 1
-  (torchtitan's pipeline reduce-scatters once a step; distir's ZeRO-3 every backward), and
+  keeps), and under context parallelism PyTorch's ring (``context_parallel``:
+  ``ring_form = "torch"``, ``distir.sim.ring``). Mixed precision only through FSDP2
+  (``mixed_precision_param`` takes effect with ``data_parallel_shard_degree`` > 1): elsewhere
+  it is refused, as is ZeRO-3 with p > 1 (torchtitan's pipeline reduce-scatters once a step;
+  distir's ZeRO-3 every backward), and
   tensor parallelism without sequence parallelism (its plan always shards the norms along the
   sequence), and fp16 mixed precision (its ``mixed_precision_param`` is bf16 or fp32).
 
@@ -73,7 +75,8 @@ class TrainerError(StrategyError):
 class TrainerSemantics:
     """A trainer's choices for one strategy: ``distribute``'s switches (``switches``) and the
     cost model's kernels (``kernels``: fused or eager; ``attention_kernel``; Adam's
-    ``optimizer_kernels``)."""
+    ``optimizer_kernels``; ``ring_form``, the ring attention it runs under context parallelism,
+    ``RooflineCostModel.ring_form``)."""
 
     trainer: str = "distir"
     kernels: str = "fused"
@@ -92,6 +95,7 @@ class TrainerSemantics:
     fsdp2_grad_accum: bool = False
     overlap_param_gather: bool = False
     pipelining_kept: str = ""
+    ring_form: str = "p2p"
 
     def switches(self) -> Switches:
         """``distribute``'s keyword arguments this trainer sets (``Switches``' keys)."""
@@ -239,6 +243,8 @@ def _torchtitan(s: Strategy, precision: Precision, dtype: DType) -> TrainerSeman
         # torch.distributed.pipelining's stages keep their receive buffers, input gradients and
         # the last stage's outputs for the step (every stage's before pytorch#153383, May 2025)
         pipelining_kept="last" if s.p > 1 else "",
+        # torchtitan's context parallelism is torch's context_parallel (create_context_parallel_ctx)
+        ring_form="torch" if s.c > 1 else "p2p",
     )
 
 

@@ -141,7 +141,10 @@ class RooflineCostModel:
     the normalization kernels) moves its bytes at that fraction instead of ``memory_efficiency``;
     ``gemm_share``: the fraction of the compute's kernel time spent in GEMMs beside a collective,
     which on a GPU with persistent GEMM kernels run in two waves there (``interference``; None:
-    not known, every kernel slows by the SMs NCCL holds)."""
+    not known, every kernel slows by the SMs NCCL holds); ``ring_form``: the ring attention the
+    trainer runs under context parallelism (``distir.parallel.context.RING_FORMS``): ``p2p``
+    (Megatron-LM's, Transformer Engine's) or ``torch`` (PyTorch's ``context_parallel``, as
+    torchtitan runs it; ``distir.sim.ring``)."""
 
     cluster: Cluster
     allow_tf32: bool = False
@@ -155,6 +158,7 @@ class RooflineCostModel:
     comm_interference: bool = True
     eager: bool = False
     gemm_share: float | None = None
+    ring_form: str = "p2p"
 
     @classmethod
     def of_kernels(
@@ -163,6 +167,7 @@ class RooflineCostModel:
         kernels: str = "fused",
         attention_kernel: str = "fa2",
         tp_comm_overlap: bool = False,
+        ring_form: str = "p2p",
     ) -> RooflineCostModel:
         """The model of a trainer's ``kernels``: ``fused`` (elementwise chains fused as the
         trainers fuse them) or ``eager`` (every op its own eager PyTorch kernel, ``eager``)."""
@@ -172,6 +177,7 @@ class RooflineCostModel:
             eager=kernels == "eager",
             attention_kernel=attention_kernel,
             tp_comm_overlap=tp_comm_overlap,
+            ring_form=ring_form,
         )
 
     def compute_time(

@@ -19,26 +19,42 @@ made to share it).
 Memory: the op's results, plus the ring's buffers while it runs (the screen's figures,
 ``distir.search.context_cost``): the K/V received beside the ones held, 2 × K/V bytes forward;
 with the travelling dK/dV, 4 × K/V bytes backward.
+
+**Torch's ring** (the cost model's ``ring_form`` = ``torch``: torch.distributed.tensor.experimental
+``context_parallel``, as torchtitan runs it) is timed as that code runs it
+(``distir.parallel.context.torch_ring_time``): one flash call per rank and step on the rank's
+concatenated chunks (``torch_ring_call``); the K/V all-gathered over the ring once (its default
+rotate method) rather than passed per step; the partial outputs and log-sum-exps merged in fp32
+(``_SDPAMerger`` with ``convert_to_f32``: the block's out cast to fp32, then ``AttentionMerge`` on
+fp32, the merged out cast back once), and backward dQ, dK and dV accumulated in fp32 (an fp32
+``Add`` per step, a cast back at the end), the dK/dV passed rank to rank in fp32. The K/V its
+flash calls take have the queries' heads (the flash op, ``aten._scaled_dot_product_flash_attention``,
+takes no fewer K/V heads: a grouped-query model's K/V reach it repeated, as torchtitan's
+``repeat_kv`` repeats them), so the all-gather and the dK/dV carry that many. Under torch.compile
+(the cost model's ``fuse``) every collective is waited where it is issued (``torch_ring_time``).
+Memory beside the results: the gathered K/V (c × a rank's K/V) and the fp32 out; backward, the
+gathered K/V, the fp32 dQ, dK, dV and the dK/dV sent and received.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from distir.ir.dtensor import DTensorType
 from distir.ir.ops import Op
-from distir.ir.types import TensorType, Type
+from distir.ir.types import _ITEMSIZE, Device, DType, TensorType, Type
 from distir.ir.values import Attrs
 from distir.ops.attention import ATTENTION, ATTENTION_GRAD, ATTENTION_MERGE, lse_dtype
-from distir.ops.elementwise import ADD
+from distir.ops.elementwise import ADD, CAST
 from distir.ops.registry import CommPattern, OpDef
-from distir.parallel.context import ring_step_work, ring_time
+from distir.parallel.context import ring_step_work, ring_time, torch_ring_call, torch_ring_time
 from distir.parallel.sharding.ring import RING_OPERANDS
 from distir.sim.layout import local_piece, mesh_info, piece_bytes
 from distir.sim.records import OpRecord
 from distir.sim.units import Units, per_gpu
 
 EMPTY = Attrs({})
+F32 = DType.f32
 
 
 def ring_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[Type], ax: int) -> OpRecord:
@@ -50,53 +66,70 @@ def ring_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[Type], a
     c = mesh.shape[ax]
     units = dom.mesh_units(mesh)
     backward = where.dout is not None
-    kv = 2.0 * piece_bytes(k, 0)  # a rank's K and V pieces (even shards along the ring)
-    hop = 0.0
-    for g in mesh_info(mesh).groups(ax):
-        for i in range(c):
-            pair = (mesh.devices[g[i]], mesh.devices[g[(i + 1) % c]])
-            hop = max(hop, dom.comm_seconds(CommPattern.P2P, kv, pair))
+    groups = [tuple(mesh.devices[i] for i in g) for g in mesh_info(mesh).groups(ax)]
+    torch_form = getattr(dom.cost, "ring_form", "p2p") == "torch"
+    # a rank's K and V pieces (even shards along the ring); torch's: with the queries' heads
+    kv = 2.0 * piece_bytes(q if torch_form else k, 0)
+    hop = _hop(dom, groups, kv * (4.0 / _itemsize(q.dtype) if torch_form and backward else 1.0))
+    compute = _torch_compute if torch_form else _compute
     steps = [0.0] * c
     flops = 0.0
     for _unit, rep, pos, count in units:
-        per_step, f = _compute(dom, op, ins, outs, rep, pos, c, backward)
+        per_step, f = compute(dom, op, ins, outs, rep, pos, c, backward)
         steps = [max(a, b) for a, b in zip(steps, per_step, strict=True)]
         flops += f * count
-    seconds = ring_time(steps, hop, backward)
+    if torch_form:
+        gather = max(dom.comm_seconds(CommPattern.ALLGATHER, c * kv, g) for g in groups)
+        waited = bool(getattr(dom.cost, "fuse", False))
+        seconds = torch_ring_time(steps, gather, hop, backward, waited)
+        extra = _torch_buffers(q, kv, c, backward)
+    else:
+        seconds = ring_time(steps, hop, backward)
+        extra = (4.0 if backward else 2.0) * kv
     per, allocs, bump = dom.sizes(outs, False)
-    extra = (4.0 if backward else 2.0) * kv
     gpu_of = dom.slot_gpu
     bump = per_gpu([*bump, *((gpu_of[u], extra) for u, *_ in units)])
     devs = tuple(sorted(u for u, *_ in units))
     return OpRecord(devs, seconds, False, op.name, flops, False, per, allocs, bump, None)
 
 
-def _chunk(t: Type, dim: int) -> TensorType:
-    """A rank's piece cut in half along ``dim`` (one of its two chunks)."""
+def _itemsize(dtype: DType) -> float:
+    return float(_ITEMSIZE[dtype])
+
+
+def _hop(dom: Units, groups: Sequence[tuple[Device, ...]], nbytes: float) -> float:
+    """The slowest hop of ``nbytes`` from a rank to the next over the rings ``groups``."""
+    hop = 0.0
+    for g in groups:
+        for i in range(len(g)):
+            hop = max(hop, dom.comm_seconds(CommPattern.P2P, nbytes, (g[i], g[(i + 1) % len(g)])))
+    return hop
+
+
+def _torch_buffers(q: DTensorType, kv: float, c: int, backward: bool) -> float:
+    """Torch's ring's buffers beside its results (module docstring), ``kv`` a rank's K and V."""
+    f32 = 4.0 / _itemsize(q.dtype)
+    out32 = f32 * piece_bytes(q, 0)  # the fp32 out, as dQ: the queries' shape
+    if not backward:
+        return c * kv + out32
+    return c * kv + out32 + f32 * kv + 2.0 * f32 * kv  # gathered K/V, dQ, dK/dV, sent and received
+
+
+def _chunk(t: Type, dim: int, n: int = 1) -> TensorType:
+    """``n`` of the two chunks a rank's piece holds along ``dim`` (n = 1: one of them)."""
     assert isinstance(t, TensorType)
     shape = list(t.shape)
-    shape[dim] //= 2
+    shape[dim] = shape[dim] * n // 2
     return TensorType(t.dtype, tuple(shape), t.device)
 
 
-def _compute(
-    dom: Units,
-    op: Op,
-    ins: Sequence[Type],
-    outs: Sequence[Type],
-    rep: object,
-    pos: int,
-    c: int,
-    backward: bool,
-) -> tuple[list[float], float]:
-    """Per step, the slowest rank's compute on the unit's device; the unit's FLOPs per device."""
-    where = RING_OPERANDS[op.name]
+Pricer = Callable[..., tuple[float, float]]
+
+
+def _pricer(dom: Units, op: Op, rep: object) -> Pricer:
+    """(seconds, FLOPs) of an op of the ring on ``rep``'s GPU, memoized: ``cost(od, ins, outs,
+    diag)`` (``diag``: the attention kernels' causal flag)."""
     gpu = dom.dev_gpu[rep]  # type: ignore[index]
-    lq = _chunk(local_piece(ins[where.q], rep, pos), 1)  # type: ignore[arg-type]
-    lk = _chunk(local_piece(ins[where.k], rep, pos), 1)  # type: ignore[arg-type]
-    lo = _chunk(local_piece(outs[0], rep, pos), 1)  # type: ignore[arg-type]
-    lse = TensorType(lse_dtype(lq.dtype), (lq.shape[0], lq.shape[2], lq.shape[1]), lq.device)
-    causal = bool(op.attrs.get("causal", False))
     base = {k: v for k, v in op.attrs.items() if k != "ring"}
 
     def cost(
@@ -113,6 +146,31 @@ def _compute(
             )
         return got
 
+    return cost
+
+
+def _lse(o: TensorType, dtype: DType | None = None) -> TensorType:
+    return TensorType(dtype or lse_dtype(o.dtype), (o.shape[0], o.shape[2], o.shape[1]), o.device)
+
+
+def _compute(
+    dom: Units,
+    op: Op,
+    ins: Sequence[Type],
+    outs: Sequence[Type],
+    rep: object,
+    pos: int,
+    c: int,
+    backward: bool,
+) -> tuple[list[float], float]:
+    """Per step, the slowest rank's compute on the unit's device; the unit's FLOPs per device."""
+    where = RING_OPERANDS[op.name]
+    lq = _chunk(local_piece(ins[where.q], rep, pos), 1)  # type: ignore[arg-type]
+    lk = _chunk(local_piece(ins[where.k], rep, pos), 1)  # type: ignore[arg-type]
+    lo = _chunk(local_piece(outs[0], rep, pos), 1)  # type: ignore[arg-type]
+    lse = _lse(lq)
+    causal = bool(op.attrs.get("causal", False))
+    cost = _pricer(dom, op, rep)
     # a block's operands: (dout, q, k, v, out, lse) -> (dq, dk, dv), or (q, k, v) -> (out, lse)
     block = ([lo, lq, lk, lk, lo, lse], [lq, lk, lk]) if backward else ([lq, lk, lk], [lo, lse])
     kernel = ATTENTION_GRAD if backward else ATTENTION
@@ -131,5 +189,56 @@ def _compute(
                 if r == 0:
                     flops += f
             worst = max(worst, t)
+        steps.append(worst)
+    return steps, flops
+
+
+def _torch_compute(
+    dom: Units,
+    op: Op,
+    ins: Sequence[Type],
+    outs: Sequence[Type],
+    rep: object,
+    pos: int,
+    c: int,
+    backward: bool,
+) -> tuple[list[float], float]:
+    """``_compute`` for torch's ring (module docstring): per step, the slowest rank's flash call
+    (``torch_ring_call``) and its fp32 merge or accumulation; the casts to and from fp32 at the
+    first and last steps."""
+    lq = local_piece(ins[RING_OPERANDS[op.name].q], rep, pos)  # type: ignore[arg-type]
+    assert isinstance(lq, TensorType)
+    causal = bool(op.attrs.get("causal", False))
+    cost = _pricer(dom, op, rep)
+
+    def rows(n: int, dtype: DType | None = None) -> TensorType:  # n chunks of q's shape
+        x = _chunk(lq, 1, n)
+        return x if dtype is None else TensorType(dtype, x.shape, x.device)
+
+    def call(qn: int, kn: int, diag: bool) -> tuple[float, float]:
+        qt, kt = rows(qn), rows(kn)
+        if backward:
+            return cost(ATTENTION_GRAD, [qt, qt, kt, kt, qt, _lse(qt)], [qt, kt, kt], diag)
+        return cost(ATTENTION, [qt, kt, kt], [qt, _lse(qt)], diag)
+
+    def acc(n: int) -> float:  # an fp32 accumulator of n chunks takes a block's result
+        if backward:
+            return cost(ADD, [rows(n, F32), rows(n)], [rows(n, F32)])[0]
+        o32, lse = rows(n, F32), _lse(rows(n), F32)
+        return cost(ATTENTION_MERGE, [o32, lse, o32, lse], [o32, lse])[0]
+
+    # forward: the out cast to fp32 and back; backward: dQ, dK, dV cast back from fp32
+    cast_in = 0.0 if backward else cost(CAST, [rows(2)], [rows(2, F32)])[0]
+    cast_out = (3.0 if backward else 1.0) * cost(CAST, [rows(2, F32)], [rows(2)])[0]
+    steps, flops = [], 0.0
+    for s in range(c):
+        worst = 0.0
+        for r in range(c):
+            qn, kn, diag = torch_ring_call(c, r, s, causal)
+            sec, f = call(qn, kn, diag)
+            if s > 0 or backward:
+                sec += acc(qn) + (2.0 * acc(kn) if backward else 0.0)
+            worst = max(worst, sec + (cast_in if s == 0 else 0.0) + (cast_out if s == c - 1 else 0.0))
+            flops += f if r == 0 else 0.0
         steps.append(worst)
     return steps, flops
