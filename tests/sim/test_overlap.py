@@ -96,6 +96,28 @@ def test_exposed_by_hand() -> None:
     assert overlap.exposed("ring", 0.5, 1.0, 1) == 0.5
 
 
+def test_a_pipeline_runs_in_te_default_splits_a_ring_in_one_chunk_per_rank() -> None:
+    """Transformer Engine splits a pipelined GEMM into ``num_splits=4`` chunks whatever the
+    tensor-parallel size (its default, which Megatron-LM keeps); a ring has one per rank."""
+    assert overlap.PIPELINE_SPLITS == 4
+    for ranks in (2, 4, 8):
+        assert overlap.chunks("pipelined", ranks) == 4
+        assert overlap.chunks("ring", ranks) == ranks
+    assert overlap.chunks("pipelined", 1) == 1  # nothing to pipeline
+
+
+@pytest.mark.parametrize("ranks", [2, 8])
+def test_an_mlp_of_another_tp_size_pipelines_in_four_chunks(ranks: int) -> None:
+    """On tp=2 and tp=8 meshes the reduction is charged max(c/4, c + g/4 - g), the gather
+    max(0, c + g/n - g) with n the tensor-parallel size."""
+    mesh = f"mesh(tp={ranks}; {', '.join(f'd{i}' for i in range(ranks))})"
+    text = MLP.replace(TP, mesh)
+    g, c = 0.2, 1.0
+    ring = max(0.0, c + g / ranks - g)
+    pipelined = max(c / 4, c + g / 4 - g)
+    assert _step(text, g, c, on=True) == pytest.approx(2 * g + ring + pipelined)
+
+
 @pytest.mark.parametrize(("c", "g", "n"), [(0.3, 1.0, 2), (1.0, 0.3, 8), (0.7, 0.7, 4), (2.0, 0.01, 2)])
 def test_exposed_is_between_nothing_and_the_collective(c: float, g: float, n: int) -> None:
     for mode in ("ring", "pipelined", "bulk"):
@@ -132,7 +154,7 @@ def test_a_ring_takes_every_gemm_reading_the_gathered_tensor() -> None:
 @pytest.mark.parametrize(("compute", "comm"), [(1.0, 0.5), (0.2, 1.0)])
 def test_mlp_step_by_hand(compute: float, comm: float) -> None:
     """The MLP's step without overlap is its four ops in a row; with it, the gather is charged
-    max(0, c + g/n - g) and the reduction max(c/n, c + g/n - g), n = 4."""
+    max(0, c + g/n - g) and the reduction max(c/k, c + g/k - g), n = 4 ranks, k = 4 splits."""
     g, c, n = compute, comm, 4
     assert _step(MLP, g, c, on=False) == pytest.approx(2 * g + 2 * c)
     ring = max(0.0, c + g / n - g)

@@ -14,8 +14,14 @@ alone, ``n``: the tensor-parallel size, the number of chunks):
   PyTorch's async tensor parallelism gathers once for all the matmuls of one gathered input
   (``fused_all_gather_matmul`` takes a list of weights).
 - **pipelined, a GEMM then its ReduceScatter** (proj and FC2 forward; the column-parallel input
-  gradient): chunk ``i``'s partial sums are reduce-scattered while chunk ``i + 1`` is multiplied;
-  the pair takes ``max(g + c / n, g / n + c)``.
+  gradient): the GEMM runs in ``k`` chunks, chunk ``i``'s partial sums reduce-scattered while
+  chunk ``i + 1`` is multiplied; the pair takes ``max(g + c / k, g / k + c)``. ``k`` is
+  ``PIPELINE_SPLITS``, Transformer Engine's default of 4 whatever the tensor-parallel size (not
+  ``n``): Megatron-LM hands ``initialize_ub`` an empty configuration unless
+  ``--tp-comm-overlap-cfg`` names one (``_initialize_tp_communicators``,
+  megatron/training/initialize.py at core_r0.8.0), so every layer takes TE's defaults, and its
+  ``add_ub`` gives the pipeline method ``num_splits=4`` and the other two none
+  (transformer_engine/pytorch/module/base.py at v1.8, ``initialize_ub``).
 - **bulk, a collective beside an independent GEMM** (the backward's re-gathered layer input
   beside the input-gradient GEMM, the input gradient's ReduceScatter beside the weight-gradient
   GEMM): the two run side by side and take ``max(g, c)``.
@@ -47,6 +53,7 @@ from distir.sim.records import CallSummary, OpRecord
 
 NO_PAIR = -1
 BULK_CANDIDATES = 8  # independent GEMMs looked at before a collective, nearest first
+PIPELINE_SPLITS = 4  # the pipelined GEMM's chunks: TE's default ``num_splits`` (module docstring)
 
 _R = TypeVar("_R", OpRecord, OpRecord | CallSummary)
 
@@ -132,10 +139,19 @@ def pairs(fn: Function) -> list[Candidates | None]:
     return out
 
 
+def chunks(mode: str, ranks: int) -> int:
+    """How many chunks a ``mode`` pair runs in over a collective of ``ranks`` ranks: a ring one
+    per rank, a pipeline ``PIPELINE_SPLITS`` (a collective of one rank: one, nothing to
+    pipeline)."""
+    if mode == "pipelined" and ranks > 1:
+        return PIPELINE_SPLITS
+    return ranks
+
+
 def exposed(mode: str, comm_s: float, gemm_s: float, n: int) -> float:
     """What a collective costs beyond the GEMM it runs with (the module docstring's formulas):
     ``mode`` is ``ring`` (AllGather, then the GEMM), ``pipelined`` (the GEMM, then
-    ReduceScatter) or ``bulk``; ``n`` chunks. Never more than ``comm_s``."""
+    ReduceScatter) or ``bulk``; ``n`` chunks (``chunks``). Never more than ``comm_s``."""
     if mode == "bulk":
         return max(0.0, comm_s - gemm_s)
     if n < 2:
@@ -162,7 +178,7 @@ def _charged(
         return None
     if mode == "pipelined" and col.pattern is not CommPattern.REDUCESCATTER:
         return None
-    return rec._replace(seconds=exposed(mode, rec.seconds, gemm.seconds + extra_s, col.size))
+    return rec._replace(seconds=exposed(mode, rec.seconds, gemm.seconds + extra_s, chunks(mode, col.size)))
 
 
 def _choices(c: Candidates) -> list[tuple[int, str]]:
