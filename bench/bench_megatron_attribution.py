@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         sp = split(r)
         cells = "".join(f"{1e3 * sp.per[c]:11.1f}" for c in CLASSES + STREAMS)
         st = vp.strategy_of(r.strategy)
-        print(f"{r.name:20s} {str(st):28s} {1e3 * sp.step:8.1f} {1e3 * sp.published:8.1f}{cells}", flush=True)
+        print(f"{r.name:20s} {st!s:28s} {1e3 * sp.step:8.1f} {1e3 * sp.published:8.1f}{cells}", flush=True)
         print(floor_line(r, sp), flush=True)
     return 0
 

@@ -283,9 +283,8 @@ def _check(r: Run, where: str) -> None:
     if r.precision not in PRECISIONS:
         raise RunsError(f"{where}.precision: expected one of {', '.join(PRECISIONS)}, got {r.precision!r}")
     if r.tp_overlap_form not in TP_OVERLAP_FORMS:
-        raise RunsError(
-            f"{where}.tp_overlap_form: expected one of {', '.join(TP_OVERLAP_FORMS)}, got {r.tp_overlap_form!r}"
-        )
+        forms = ", ".join(TP_OVERLAP_FORMS)
+        raise RunsError(f"{where}.tp_overlap_form: expected one of {forms}, got {r.tp_overlap_form!r}")
     m, s, p = r.model, r.strategy, r.published
     if m.family not in ("gpt", "llama"):
         raise RunsError(f"{where}.model.family: expected gpt or llama, got {m.family!r}")

@@ -144,7 +144,9 @@ def test_an_mlp_of_another_tp_size_pipelines_in_four_chunks_under_te(ranks: int)
 def test_the_roofline_model_charges_te_on_the_gpus_sms_or_async_per_rank() -> None:
     cl = parse_cluster("h100")
     assert RooflineCostModel(cl, tp_comm_overlap=True).tp_overlap() == overlap.te_form(132)
-    assert RooflineCostModel(cl, tp_comm_overlap=True, tp_overlap_form="async").tp_overlap() == overlap.PER_RANK
+    assert (
+        RooflineCostModel(cl, tp_comm_overlap=True, tp_overlap_form="async").tp_overlap() == overlap.PER_RANK
+    )
     off = RooflineCostModel(cl, tp_comm_overlap=True, comm_interference=False)
     assert off.tp_overlap() == overlap.Form(4, 0.0)
     assert overlap.form_of(RooflineCostModel(cl)) is None  # no overlap at all

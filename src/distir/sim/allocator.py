@@ -133,7 +133,9 @@ class _StreamWalker(_Walker):
     clocks and memory figures are ``units``' (``distir.sim.units``: prepared, devices that hold
     alike grouped; ``streams`` gives each clock's memory figure and stream name)."""
 
-    def __init__(self, units: Units, streams: Sequence[Pool], fuse: bool, tp_overlap: overlap.Form | None) -> None:
+    def __init__(
+        self, units: Units, streams: Sequence[Pool], fuse: bool, tp_overlap: overlap.Form | None
+    ) -> None:
         super().__init__(units, fuse, tp_overlap)
         self.streams = streams
         self.home: dict[Storage, dict[int, str]] = {}  # storage -> figure -> stream name

@@ -140,8 +140,9 @@ class RooflineCostModel:
     the GEMM beside it (Megatron-LM's ``--tp-comm-overlap``; the planner applies it:
     ``distir.sim.overlap``), as ``tp_overlap_form`` says: ``te`` (Transformer Engine's
     userbuffers, as Megatron-LM runs them: pipelines in 4 chunks, its pipelined and bulk kernels
-    holding 16 SMs) or ``async`` (PyTorch's async tensor parallelism: one chunk per rank); ``comm_interference``: a collective on a communication stream slows
-    the compute beside it by the SMs its kernel holds (``interference``; the planner applies it:
+    holding 16 SMs) or ``async`` (PyTorch's async tensor parallelism: one chunk per rank);
+    ``comm_interference``: a collective on a communication stream slows the compute beside it
+    by the SMs its kernel holds (``interference``; the planner applies it:
     ``distir.sim.interference``); ``eager``: the ops run as eager PyTorch's own kernels, so an op
     whose definition states its eager kernel's measured HBM fraction (``OpDef.eager_memory``:
     the normalization kernels) moves its bytes at that fraction instead of ``memory_efficiency``;
@@ -260,7 +261,9 @@ class RooflineCostModel:
         on GPU 0's SMs (its GEMM profile's; no SMs taken without a profile or with
         ``comm_interference`` off), or one chunk per rank."""
         if self.tp_overlap_form not in TP_OVERLAP_FORMS:
-            raise ValueError(f"tp_overlap_form must be one of {TP_OVERLAP_FORMS}, got {self.tp_overlap_form!r}")
+            raise ValueError(
+                f"tp_overlap_form must be one of {TP_OVERLAP_FORMS}, got {self.tp_overlap_form!r}"
+            )
         if self.tp_overlap_form == "async":
             return overlap.PER_RANK
         g = self.cluster.device_spec(0).gemm

@@ -95,6 +95,7 @@ def form_of(cost: object) -> Form | None:
     fn = getattr(cost, "tp_overlap", None)
     return fn() if fn is not None else PER_RANK
 
+
 _R = TypeVar("_R", OpRecord, OpRecord | CallSummary)
 
 
