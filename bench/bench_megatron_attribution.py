@@ -1,10 +1,12 @@
 """Where the Megatron-LM README's H100 weak-scaling rows go (issue 16): GPU 0's simulated step by
 stream and op class, against the published step. Diagnostic only: it changes nothing.
 
-    PYTHONPATH=src OMP_NUM_THREADS=1 .venv/bin/python bench/bench_megatron_attribution.py [--only NAME]...
+    PYTHONPATH=src OMP_NUM_THREADS=1 .venv/bin/python bench/bench_megatron_attribution.py [--all] [--only NAME]...
 
 The rows are the ``megatron-h100-*`` records of ``bench/published_runs.toml`` (images/model_table.png
-of NVIDIA/Megatron-LM, Megatron-Core r0.8.0), built and simulated as ``validate_published`` does.
+of NVIDIA/Megatron-LM, Megatron-Core r0.8.0), built and simulated as ``validate_published`` does:
+by default the four without a pipeline (1.7B … 32B, about 5 minutes); ``--all`` adds the
+pipelined ones, whose op-level traces of 768–6144 GPUs take tens of minutes each.
 Per row, in ms per step: the simulated step and the published one (the step that gives the
 published TFLOP/s under Megatron's FLOPs formula); GPU 0's compute stream by class — GEMMs
 (``MatMul``), fused attention, the tensor-parallel collectives left exposed beside them
@@ -132,8 +134,11 @@ def floor_line(run: Any, sp: Split) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", action="append", default=[], metavar="NAME", help="a run name or prefix*")
+    ap.add_argument("--all", action="store_true", help="also the pipelined rows (slow)")
     a = ap.parse_args(argv)
     runs = [r for r in vp.load_runs(vp.DATA) if r.name.startswith(PREFIX)]
+    if not (a.all or a.only):
+        runs = [r for r in runs if r.strategy.pp == 1]
     if a.only:
         runs = [r for r in runs if any(vp._named(r, p) for p in a.only)]
     head = "".join(f"{c:>11s}" for c in CLASSES + STREAMS)

@@ -29,6 +29,7 @@ RUNS = {r.name: r for r in ba.vp.load_runs()}
 def test_the_rows_are_megatrons_h100_records() -> None:
     names = [n for n in RUNS if n.startswith(ba.PREFIX)]
     assert len(names) == 9
+    assert sum(RUNS[n].strategy.pp == 1 for n in names) == 4  # the default set: no pipeline
 
 
 @pytest.mark.parametrize(
