@@ -1,7 +1,7 @@
 """Where the Megatron-LM README's H100 weak-scaling rows go (issue 16): GPU 0's simulated step by
 stream and op class, against the published step. Diagnostic only: it changes nothing.
 
-    PYTHONPATH=src OMP_NUM_THREADS=1 .venv/bin/python bench/bench_megatron_attribution.py [--all] [--only N]...
+    PYTHONPATH=src OMP_NUM_THREADS=1 .venv/bin/python bench/bench_megatron_attribution.py [--all] [--only N]
 
 The rows are the ``megatron-h100-*`` records of ``bench/published_runs.toml`` (images/model_table.png
 of NVIDIA/Megatron-LM, Megatron-Core r0.8.0), built and simulated as ``validate_published`` does:
