@@ -171,6 +171,9 @@ class Run:
     # Megatron-LM's --tp-comm-overlap: tensor-parallel collectives pipelined with their GEMMs
     # (``RooflineCostModel(tp_comm_overlap=True)``, ``distir.sim.overlap``)
     tp_comm_overlap: bool = False
+    # how: te (Transformer Engine's userbuffers, Megatron-LM's) or async (PyTorch's async tensor
+    # parallelism, torchtitan's: one chunk per rank) (``RooflineCostModel.tp_overlap_form``)
+    tp_overlap_form: str = "te"
     # DeepSpeed's PipelineEngine (Megatron-DeepSpeed): blocking p2p transfers, the data-parallel
     # gradient all-reduce after the pipeline flush (``distribute(deepspeed_pipe=True)``)
     deepspeed_pipe: bool = False
@@ -264,6 +267,7 @@ def _check(r: Run, where: str) -> None:
     from distir.frontends.zoo.gpt import LOSS_FORMS
     from distir.hardware.attention import KERNELS as ATTENTION_KERNELS
     from distir.parallel.context import RING_FORMS
+    from distir.sim.cost import TP_OVERLAP_FORMS
 
     for label, x in (("source", r.source), ("where", r.where), ("commit", r.commit)):
         if not x.strip():
@@ -285,6 +289,9 @@ def _check(r: Run, where: str) -> None:
         raise RunsError(f"{where}.ring_form: expected one of {', '.join(RING_FORMS)}, got {r.ring_form!r}")
     if r.precision not in PRECISIONS:
         raise RunsError(f"{where}.precision: expected one of {', '.join(PRECISIONS)}, got {r.precision!r}")
+    if r.tp_overlap_form not in TP_OVERLAP_FORMS:
+        forms = ", ".join(TP_OVERLAP_FORMS)
+        raise RunsError(f"{where}.tp_overlap_form: expected one of {forms}, got {r.tp_overlap_form!r}")
     m, s, p = r.model, r.strategy, r.published
     if m.family not in ("gpt", "llama"):
         raise RunsError(f"{where}.model.family: expected gpt or llama, got {m.family!r}")
@@ -562,6 +569,7 @@ def _simulated(r: Run, v: Variant, trace: bool = False, allocator: bool = False)
         gemm_curve=v.gemm_curve,
         attention_kernel=r.attention_kernel,
         tp_comm_overlap=r.tp_comm_overlap,
+        tp_overlap_form=r.tp_overlap_form,
         comm_interference=v.interference,
         ring_form=r.ring_form,
     )

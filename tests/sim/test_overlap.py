@@ -96,6 +96,64 @@ def test_exposed_by_hand() -> None:
     assert overlap.exposed("ring", 0.5, 1.0, 1) == 0.5
 
 
+def test_te_pipelines_in_four_splits_a_ring_in_one_chunk_per_rank() -> None:
+    """Transformer Engine splits a pipelined GEMM into ``num_splits=4`` chunks whatever the
+    tensor-parallel size and runs its pipelined and bulk kernels on 16 SMs (its defaults, which
+    Megatron-LM keeps); a ring has one chunk per rank; async TP one per rank everywhere."""
+    te = overlap.te_form(132)
+    assert te == overlap.Form(4, 16 / 132)
+    for ranks in (2, 4, 8):
+        assert overlap.chunks("pipelined", ranks, te.splits) == 4
+        assert overlap.chunks("ring", ranks, te.splits) == ranks
+        assert overlap.chunks("pipelined", ranks, overlap.PER_RANK.splits) == ranks
+    assert overlap.chunks("pipelined", 1, te.splits) == 1  # nothing to pipeline
+
+
+def test_te_kernels_slow_the_gemm_beside_them() -> None:
+    """A bulk collective shorter than its GEMM costs s·c (the GEMM runs on the SMs left); a
+    pipelined one c/k plus s·c·(k-1)/k while the GEMM is the longer; a comm-bound pair is
+    unchanged (the GEMM's slowdown hides under the collective)."""
+    s = 0.125
+    assert overlap.exposed("bulk", 0.5, 1.0, 4, s) == pytest.approx(s * 0.5)
+    assert overlap.exposed("bulk", 1.0, 0.25, 4, s) == pytest.approx(0.75)
+    assert overlap.exposed("pipelined", 0.5, 1.0, 4, s) == pytest.approx(0.125 + s * 0.5 * 3 / 4)
+    assert overlap.exposed("pipelined", 1.0, 0.2, 4, s) == pytest.approx(0.85)
+
+
+@dataclass(frozen=True)
+class _FixedTE(_Fixed):
+    """Fixed costs under Transformer Engine's splits, its kernels taking no SMs."""
+
+    def tp_overlap(self) -> overlap.Form:
+        return overlap.Form(overlap.TE_PIPELINE_SPLITS, 0.0)
+
+
+@pytest.mark.parametrize("ranks", [2, 8])
+def test_an_mlp_of_another_tp_size_pipelines_in_four_chunks_under_te(ranks: int) -> None:
+    """On tp=2 and tp=8 meshes TE's reduction is charged max(c/4, c + g/4 - g), async TP's
+    max(c/n, c + g/n - g); the gather max(0, c + g/n - g) under both."""
+    mesh = f"mesh(tp={ranks}; {', '.join(f'd{i}' for i in range(ranks))})"
+    m = parse_module(MLP.replace(TP, mesh))
+    g, c = 0.2, 1.0
+    ring = max(0.0, c + g / ranks - g)
+    for cost, k in ((_FixedTE(compute=g, comm=c), 4), (_Fixed(compute=g, comm=c), ranks)):
+        got = simulate(m, parse_cluster("dgx-a100"), cost_model=cost).step_time_s
+        assert got == pytest.approx(2 * g + ring + max(c / k, c + g / k - g))
+
+
+def test_the_roofline_model_charges_te_on_the_gpus_sms_or_async_per_rank() -> None:
+    cl = parse_cluster("h100")
+    assert RooflineCostModel(cl, tp_comm_overlap=True).tp_overlap() == overlap.te_form(132)
+    assert (
+        RooflineCostModel(cl, tp_comm_overlap=True, tp_overlap_form="async").tp_overlap() == overlap.PER_RANK
+    )
+    off = RooflineCostModel(cl, tp_comm_overlap=True, comm_interference=False)
+    assert off.tp_overlap() == overlap.Form(4, 0.0)
+    assert overlap.form_of(RooflineCostModel(cl)) is None  # no overlap at all
+    with pytest.raises(ValueError, match="tp_overlap_form"):
+        RooflineCostModel(cl, tp_comm_overlap=True, tp_overlap_form="nccl").tp_overlap()
+
+
 @pytest.mark.parametrize(("c", "g", "n"), [(0.3, 1.0, 2), (1.0, 0.3, 8), (0.7, 0.7, 4), (2.0, 0.01, 2)])
 def test_exposed_is_between_nothing_and_the_collective(c: float, g: float, n: int) -> None:
     for mode in ("ring", "pipelined", "bulk"):
@@ -132,7 +190,7 @@ def test_a_ring_takes_every_gemm_reading_the_gathered_tensor() -> None:
 @pytest.mark.parametrize(("compute", "comm"), [(1.0, 0.5), (0.2, 1.0)])
 def test_mlp_step_by_hand(compute: float, comm: float) -> None:
     """The MLP's step without overlap is its four ops in a row; with it, the gather is charged
-    max(0, c + g/n - g) and the reduction max(c/n, c + g/n - g), n = 4."""
+    max(0, c + g/n - g) and the reduction max(c/k, c + g/k - g), n = 4 ranks, k = 4 splits."""
     g, c, n = compute, comm, 4
     assert _step(MLP, g, c, on=False) == pytest.approx(2 * g + 2 * c)
     ring = max(0.0, c + g / n - g)

@@ -68,6 +68,7 @@ from distir.ir.ops import Op
 from distir.ir.types import Type
 from distir.ops.dist import MESH_SEND
 from distir.ops.registry import CommPattern
+from distir.sim import overlap
 from distir.sim.cost import CostModel, fuses
 from distir.sim.devices import DeviceMap
 from distir.sim.interference import COMPUTE
@@ -132,7 +133,9 @@ class _StreamWalker(_Walker):
     clocks and memory figures are ``units``' (``distir.sim.units``: prepared, devices that hold
     alike grouped; ``streams`` gives each clock's memory figure and stream name)."""
 
-    def __init__(self, units: Units, streams: Sequence[Pool], fuse: bool, tp_overlap: bool) -> None:
+    def __init__(
+        self, units: Units, streams: Sequence[Pool], fuse: bool, tp_overlap: overlap.Form | None
+    ) -> None:
         super().__init__(units, fuse, tp_overlap)
         self.streams = streams
         self.home: dict[Storage, dict[int, str]] = {}  # storage -> figure -> stream name
@@ -204,7 +207,7 @@ def stream_pools(
     units.prepare(module, fn, args)  # a DTensor program: alike devices grouped (the same bytes)
     members = units.units if units.units is not None else [(j,) for j in range(len(dmap.slots))]
     streams = [Pool(units.slot_gpu[u], dmap.slots[m[0]].stream) for u, m in enumerate(members)]
-    walker = _StreamWalker(units, streams, fuses(cost), bool(getattr(cost, "tp_comm_overlap", False)))
+    walker = _StreamWalker(units, streams, fuses(cost), overlap.form_of(cost))
     params = {p: Storage(units.bytes_by_gpu(type_of(a))) for p, a in zip(fn.params, args, strict=True)}
     for a, s in zip(args, params.values(), strict=True):
         walker.home[s] = walker.streams_of(type_of(a))

@@ -53,9 +53,13 @@ from distir.ir.types import DType, TensorType, TupleType, Type
 from distir.ir.values import Attrs
 from distir.ops.registry import CommCost, CommPattern, CostClass, OpDef
 from distir.sim import collectives as coll
+from distir.sim import overlap
 from distir.sim.fusion import FusedInput
 
 # by cost class (``OpDef.cost_class``); a class not listed takes ``default_flop_efficiency``
+# how a trainer overlaps tensor-parallel collectives with GEMMs (``RooflineCostModel.tp_overlap_form``)
+TP_OVERLAP_FORMS = ("te", "async")
+
 DEFAULT_FLOP_EFFICIENCY: Mapping[str, float] = {
     CostClass.LINALG: 0.75,
     CostClass.NN: 0.5,
@@ -134,8 +138,11 @@ class RooflineCostModel:
     ``distir.hardware.attention.KERNELS``);
     ``tp_comm_overlap``: the trainer pipelines each tensor-parallel AllGather/ReduceScatter with
     the GEMM beside it (Megatron-LM's ``--tp-comm-overlap``; the planner applies it:
-    ``distir.sim.overlap``); ``comm_interference``: a collective on a communication stream slows
-    the compute beside it by the SMs its kernel holds (``interference``; the planner applies it:
+    ``distir.sim.overlap``), as ``tp_overlap_form`` says: ``te`` (Transformer Engine's
+    userbuffers, as Megatron-LM runs them: pipelines in 4 chunks, its pipelined and bulk kernels
+    holding 16 SMs) or ``async`` (PyTorch's async tensor parallelism: one chunk per rank);
+    ``comm_interference``: a collective on a communication stream slows the compute beside it
+    by the SMs its kernel holds (``interference``; the planner applies it:
     ``distir.sim.interference``); ``eager``: the ops run as eager PyTorch's own kernels, so an op
     whose definition states its eager kernel's measured HBM fraction (``OpDef.eager_memory``:
     the normalization kernels) moves its bytes at that fraction instead of ``memory_efficiency``;
@@ -155,6 +162,7 @@ class RooflineCostModel:
     fuse: bool = True
     attention_kernel: str = "fa2"
     tp_comm_overlap: bool = False
+    tp_overlap_form: str = "te"
     comm_interference: bool = True
     eager: bool = False
     gemm_share: float | None = None
@@ -253,6 +261,20 @@ class RooflineCostModel:
     def gpu_class(self, gpu: int) -> Hashable:
         """GPUs of one device kind (``Cluster.kind_of``) compute alike."""
         return self.cluster.kind_of(gpu)
+
+    def tp_overlap(self) -> overlap.Form:
+        """The tensor-parallel overlap charged (``tp_overlap_form``, ``distir.sim.overlap``): TE's
+        on GPU 0's SMs (its GEMM profile's; no SMs taken without a profile or with
+        ``comm_interference`` off), or one chunk per rank."""
+        if self.tp_overlap_form not in TP_OVERLAP_FORMS:
+            raise ValueError(
+                f"tp_overlap_form must be one of {TP_OVERLAP_FORMS}, got {self.tp_overlap_form!r}"
+            )
+        if self.tp_overlap_form == "async":
+            return overlap.PER_RANK
+        g = self.cluster.device_spec(0).gemm
+        te = overlap.te_form(g.sms if g is not None else 1)
+        return te if g is not None and self.comm_interference else te._replace(share=0.0)
 
     def interference(self, gpu: int) -> float:
         """The fraction of ``gpu``'s compute a communication kernel running beside it takes: its

@@ -225,7 +225,7 @@ def _walk_types(
         dom._frames.pop()
     paired = dom.overlap_pairs(fn)
     if paired is not None:  # tensor-parallel collectives pipelined with their GEMMs
-        overlap.apply_kinds(kinds, table, paired)
+        overlap.apply_kinds(kinds, table, paired, dom.tp_form or overlap.PER_RANK)
     return types, last, kinds, table, comm_ops
 
 

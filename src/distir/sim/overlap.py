@@ -14,11 +14,30 @@ alone, ``n``: the tensor-parallel size, the number of chunks):
   PyTorch's async tensor parallelism gathers once for all the matmuls of one gathered input
   (``fused_all_gather_matmul`` takes a list of weights).
 - **pipelined, a GEMM then its ReduceScatter** (proj and FC2 forward; the column-parallel input
-  gradient): chunk ``i``'s partial sums are reduce-scattered while chunk ``i + 1`` is multiplied;
-  the pair takes ``max(g + c / n, g / n + c)``.
+  gradient): the GEMM runs in ``k`` chunks, chunk ``i``'s partial sums reduce-scattered while
+  chunk ``i + 1`` is multiplied; the pair takes ``max(g + c / k, g / k + c)``.
 - **bulk, a collective beside an independent GEMM** (the backward's re-gathered layer input
   beside the input-gradient GEMM, the input gradient's ReduceScatter beside the weight-gradient
   GEMM): the two run side by side and take ``max(g, c)``.
+
+How many chunks and what the collectives' kernels take from the GEMM beside them is the
+trainer's (``Form``, the cost model's ``tp_overlap``):
+
+- **Transformer Engine's userbuffers** (``te_form``; Megatron-LM's ``--tp-comm-overlap``):
+  Megatron-LM hands ``initialize_ub`` an empty configuration unless ``--tp-comm-overlap-cfg``
+  names one (``_initialize_tp_communicators``, megatron/training/initialize.py at core_r0.8.0),
+  so every layer takes TE's defaults (``initialize_ub``'s ``add_ub``,
+  transformer_engine/pytorch/module/base.py at v1.8): the pipeline method splits its GEMM into
+  ``num_splits=4`` chunks whatever ``n`` (``k = 4``; a ring has one chunk per rank); the
+  pipeline and bulk methods move data with userbuffers kernels of ``num_sm=16`` SMs, with no SM
+  margin left to the GEMM (``set_sm_margin=0``), while the ring exchange copies through the copy
+  engines (``use_ce=True``). So a pipelined or bulk collective slows the GEMM beside it by
+  ``s = 16 / SMs`` of the time they share, as an NCCL kernel slows the compute beside it
+  (``distir.sim.interference``'s rate model): bulk ``max(g + s·min(c, g), c)``, pipelined
+  ``max(g + c / k + s·min(c, g)·(k − 1) / k, g / k + c)`` (the last chunk's reduction runs
+  after the GEMM).
+- **one chunk per rank, no SMs** (``PER_RANK``; PyTorch's async tensor parallelism, which
+  splits its fused matmul-reduce-scatter per rank): ``k = n``, ``s = 0``.
 
 The simulator keeps every op in the program and on its stream, in order; the collective is
 charged what its pair takes beyond the GEMM (``exposed``), so the trace shows its exposed part.
@@ -30,8 +49,8 @@ records (the op is a one-step AllGather or ReduceScatter along one mesh axis,
 ``OpRecord.collective``, on the very clocks of the GEMM: not on a communication stream). In
 program order each collective takes its direct GEMM if free, else the nearest free independent
 one (a ring takes its direct GEMM and the free GEMMs of its group); a GEMM overlaps one
-collective. Not modelled: the SMs the pipelined reduction's kernels take
-from the product, and the lower efficiency of the split products.
+collective. Not modelled: the lower efficiency of the split products, and the HBM bandwidth
+the userbuffers kernels take.
 """
 
 from __future__ import annotations
@@ -47,6 +66,35 @@ from distir.sim.records import CallSummary, OpRecord
 
 NO_PAIR = -1
 BULK_CANDIDATES = 8  # independent GEMMs looked at before a collective, nearest first
+TE_PIPELINE_SPLITS = 4  # the pipelined GEMM's chunks: TE's default ``num_splits`` (module docstring)
+TE_COMM_SMS = 16  # the SMs of TE's pipelined and bulk userbuffers kernels: its default ``num_sm``
+
+
+class Form(NamedTuple):
+    """How a trainer overlaps (module docstring): ``splits``, the chunks of a pipelined pair (0:
+    one per rank); ``share``, the fraction of the GEMM's SMs a pipelined or bulk collective's
+    kernels hold while they run."""
+
+    splits: int
+    share: float
+
+
+PER_RANK = Form(0, 0.0)
+
+
+def te_form(sms: int) -> Form:
+    """Transformer Engine's userbuffers on a GPU of ``sms`` SMs (module docstring)."""
+    return Form(TE_PIPELINE_SPLITS, TE_COMM_SMS / sms)
+
+
+def form_of(cost: object) -> Form | None:
+    """The overlap a cost model charges: None when it overlaps nothing (``tp_comm_overlap``
+    off), its ``tp_overlap()`` when it has one, else ``PER_RANK``."""
+    if not getattr(cost, "tp_comm_overlap", False):
+        return None
+    fn = getattr(cost, "tp_overlap", None)
+    return fn() if fn is not None else PER_RANK
+
 
 _R = TypeVar("_R", OpRecord, OpRecord | CallSummary)
 
@@ -132,25 +180,37 @@ def pairs(fn: Function) -> list[Candidates | None]:
     return out
 
 
-def exposed(mode: str, comm_s: float, gemm_s: float, n: int) -> float:
+def chunks(mode: str, ranks: int, splits: int = 0) -> int:
+    """How many chunks a ``mode`` pair runs in over a collective of ``ranks`` ranks: a ring one
+    per rank, a pipeline ``splits`` (0: one per rank; a collective of one rank: one, nothing to
+    pipeline)."""
+    if mode == "pipelined" and ranks > 1 and splits > 0:
+        return splits
+    return ranks
+
+
+def exposed(mode: str, comm_s: float, gemm_s: float, n: int, share: float = 0.0) -> float:
     """What a collective costs beyond the GEMM it runs with (the module docstring's formulas):
     ``mode`` is ``ring`` (AllGather, then the GEMM), ``pipelined`` (the GEMM, then
-    ReduceScatter) or ``bulk``; ``n`` chunks. Never more than ``comm_s``."""
+    ReduceScatter) or ``bulk``; ``n`` chunks (``chunks``); ``share``, the fraction of the GEMM's
+    SMs a pipelined or bulk collective holds. Never more than ``comm_s``."""
     if mode == "bulk":
-        return max(0.0, comm_s - gemm_s)
+        return min(comm_s, max(share * min(comm_s, gemm_s), comm_s - gemm_s))
     if n < 2:
         return comm_s
     if mode == "ring":
         return min(comm_s, max(0.0, comm_s + gemm_s / n - gemm_s))
-    return min(comm_s, max(comm_s / n, comm_s + gemm_s / n - gemm_s))
+    stall = share * min(comm_s, gemm_s) * (n - 1) / n
+    return min(comm_s, max(comm_s / n + stall, comm_s + gemm_s / n - gemm_s))
 
 
 def _charged(
-    rec: OpRecord | CallSummary, gemm: OpRecord | CallSummary, mode: str, extra_s: float = 0.0
+    rec: OpRecord | CallSummary, gemm: OpRecord | CallSummary, mode: str, form: Form, extra_s: float = 0.0
 ) -> OpRecord | None:
-    """``rec`` charged its exposed part beside ``gemm`` in ``mode`` (``extra_s``: the time of
-    the GEMMs of its group, one product with ``gemm``), or None when the two do not pair (not a one-step
-    AllGather/ReduceScatter on the GEMM's clocks; the wrong pattern for a ring or a pipeline)."""
+    """``rec`` charged its exposed part beside ``gemm`` in ``mode`` under ``form`` (``extra_s``:
+    the time of the GEMMs of its group, one product with ``gemm``), or None when the two do not
+    pair (not a one-step AllGather/ReduceScatter on the GEMM's clocks; the wrong pattern for a
+    ring or a pipeline)."""
     if not isinstance(rec, OpRecord) or not isinstance(gemm, OpRecord) or gemm.comm:
         return None
     col = rec.collective
@@ -162,7 +222,9 @@ def _charged(
         return None
     if mode == "pipelined" and col.pattern is not CommPattern.REDUCESCATTER:
         return None
-    return rec._replace(seconds=exposed(mode, rec.seconds, gemm.seconds + extra_s, col.size))
+    n = chunks(mode, col.size, form.splits)
+    share = form.share if mode != "ring" else 0.0
+    return rec._replace(seconds=exposed(mode, rec.seconds, gemm.seconds + extra_s, n, share))
 
 
 def _choices(c: Candidates) -> list[tuple[int, str]]:
@@ -188,9 +250,10 @@ def _members(
     return _Group(tuple(g for g, _ in kept), sum(r.seconds for _, r in kept))
 
 
-def apply(records: Sequence[_R], paired: Sequence[Candidates | None]) -> list[_R]:
+def apply(records: Sequence[_R], paired: Sequence[Candidates | None], form: Form = PER_RANK) -> list[_R]:
     """``records`` (one per instruction) with each collective that pairs charged its exposed
-    part; in program order, a collective takes the first free GEMM of its candidates."""
+    part under ``form``; in program order, a collective takes the first free GEMM of its
+    candidates."""
     out = list(records)
     taken: set[int] = set()
     for i, c in enumerate(paired):
@@ -200,7 +263,7 @@ def apply(records: Sequence[_R], paired: Sequence[Candidates | None]) -> list[_R
             if j in taken:
                 continue
             prod: _Group = _members(lambda g: out[g], c, j, mode, taken)
-            new = _charged(out[i], out[j], mode, prod.seconds)
+            new = _charged(out[i], out[j], mode, form, prod.seconds)
             if new is not None:
                 out[i] = new
                 taken.update((j, *prod.members))
@@ -208,7 +271,9 @@ def apply(records: Sequence[_R], paired: Sequence[Candidates | None]) -> list[_R
     return out
 
 
-def apply_kinds(kinds: list[int], table: list[OpRecord], paired: Sequence[Candidates | None]) -> None:
+def apply_kinds(
+    kinds: list[int], table: list[OpRecord], paired: Sequence[Candidates | None], form: Form = PER_RANK
+) -> None:
     """``apply`` for a plan kept as distinct records (``table``) and an index per instruction
     (``kinds``), in place: a collective charged differently gets a record of its own."""
     made: dict[tuple[int, int, str, tuple[int, ...]], int | None] = {}
@@ -222,7 +287,7 @@ def apply_kinds(kinds: list[int], table: list[OpRecord], paired: Sequence[Candid
             prod: _Group = _members(lambda g: table[kinds[g]], c, j, mode, taken)
             key = (kinds[i], kinds[j], mode, tuple(kinds[g] for g in prod.members))
             if key not in made:
-                new = _charged(table[kinds[i]], table[kinds[j]], mode, prod.seconds)
+                new = _charged(table[kinds[i]], table[kinds[j]], mode, form, prod.seconds)
                 if new is not None:
                     table.append(new)
                 made[key] = None if new is None else len(table) - 1

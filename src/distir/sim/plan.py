@@ -173,7 +173,9 @@ class PlanDomain(TypeDomain):
         self._link_by_id: dict[int, FusedInput] = {}
         # tensor-parallel collectives pipelined with their GEMMs (``distir.sim.overlap``), when
         # the cost model says the trainer overlaps them: per function (by id, kept alive) its pairs
-        self.tp_overlap = bool(getattr(cost, "tp_comm_overlap", False))
+        # the tensor-parallel overlap the cost model charges (``distir.sim.overlap``), or None
+        self.tp_form = overlap.form_of(cost)
+        self.tp_overlap = self.tp_form is not None
         self._pairs: dict[int, tuple[Function, list[overlap.Candidates | None] | None]] = {}
 
     @property
@@ -366,7 +368,7 @@ class PlanDomain(TypeDomain):
             records = self._frames.pop()
         paired = self.overlap_pairs(fn)
         if paired is not None and len(paired) == len(records):
-            records = overlap.apply(records, paired)
+            records = overlap.apply(records, paired, self.tp_form or overlap.PER_RANK)
         plan = build_plan(
             fn,
             env,

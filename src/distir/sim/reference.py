@@ -125,11 +125,11 @@ _CALL = OpRecord((), 0.0, True, "@call", 0.0, False, (), (), (), None)  # a call
 class _Walker(TypeDomain):
     """The interpreter's type domain, recording each op's and call's step on the way."""
 
-    def __init__(self, units: Units, fuse: bool, tp_overlap: bool) -> None:
+    def __init__(self, units: Units, fuse: bool, tp_overlap: overlap.Form | None) -> None:
         super().__init__()
         self.units = units
         self.fuse = fuse
-        self.tp_overlap = tp_overlap
+        self.tp_overlap = tp_overlap  # the cost model's tensor-parallel overlap, or None
         self.frames: list[_Frame] = []
 
     def frame(self, fn: Function, storage: dict[Value, Uses]) -> _Frame:
@@ -139,14 +139,14 @@ class _Walker(TypeDomain):
     def overlap(self, fn: Function, body: _Frame) -> None:
         """Charge each collective of the walked ``body`` that pairs with a GEMM its exposed part
         (``distir.sim.overlap``), when the cost model overlaps them."""
-        if not self.tp_overlap:
+        if self.tp_overlap is None:
             return
         paired = overlap.pairs(fn)
         if all(c is None for c in paired):
             return
         # the candidates are ops: a call's place holds a record that pairs with nothing
         records = [s.record if isinstance(s, OpStep) else _CALL for s in body.steps]
-        for i, rec in enumerate(overlap.apply(records, paired)):
+        for i, rec in enumerate(overlap.apply(records, paired, self.tp_overlap)):
             step = body.steps[i]
             if isinstance(step, OpStep) and rec is not step.record:
                 body.steps[i] = step._replace(record=rec)
@@ -429,7 +429,7 @@ def run_reference(
     """Walk ``fn`` at ``args`` and run it (module docstring). A wrong program raises
     ``InterpretError`` naming the op."""
     units = Units(dmap, cost)  # never grouped: the real slots and GPUs
-    walker = _Walker(units, fuses(cost), bool(getattr(cost, "tp_comm_overlap", False)))
+    walker = _Walker(units, fuses(cost), overlap.form_of(cost))
     params = {p: Storage(units.bytes_by_gpu(type_of(a))) for p, a in zip(fn.params, args, strict=True)}
     entry = walker.frame(fn, {p: (s,) for p, s in params.items()})
     walker.frames.append(entry)
