@@ -15,16 +15,52 @@ import pytest
 from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import parse_cluster
 from distir.parallel.distribute import uniform_counts
+from distir.parallel.pipeline.analysis import dependencies, merge
 from distir.parallel.pipeline.partition import block_counts, call_counts
 from distir.parallel.pipeline.schedules import build_schedule
 from distir.parallel.strategy import Strategy
 from distir.search.layer_assignment import assign_layers, objective
 from distir.search.profile import Profiler
 from distir.search.screen import Problem, Screen
-from distir.search.stage_costs import StageRows, pipeline_time
+from distir.search.stage_costs import StageRows
 
 MODEL = "gpt:layers=16,hidden=64,heads=4,seq=16,vocab=128"
 CLUSTER = "p3.8xlarge:1+g4dn.12xlarge:1"
+
+
+def _pipeline(
+    s: Strategy,
+    rows: list[StageRows],
+    t_chunk: list[float],
+    bounds: np.ndarray,
+    c_cut: list[float],
+    train: bool,
+) -> float:
+    """The pipeline's time: each chunk's forward its layers' forward rows, its backward the rest
+    (a zero-bubble input-gradient pass its layers' rows of that pass, the weight pass the rest),
+    the schedule's action lists in ``merge``'s order, each action starting when its stage is
+    free and its dependencies have ended, plus half the cut's transfer (each direction) from
+    another stage. One stage, or no backward: (k−1)·max(T, C) + ΣT + ΣC."""
+    t_stage = [sum(t_chunk[c] for c in range(len(t_chunk)) if c % s.p == j) for j in range(s.p)]
+    if s.p == 1 or not train:
+        return (s.k - 1) * max([*t_stage, *c_cut]) + sum(t_stage) + sum(c_cut)
+    passes = []
+    for c, t in enumerate(t_chunk):
+        r = rows[c % s.p]
+        f = float(r.fwd[bounds[c] : bounds[c + 1]].sum())
+        b = max(t - f, 0.0)
+        i = min(float(r.ibwd[bounds[c] : bounds[c + 1]].sum()), b) if s.schedule == "zb1" else b
+        passes.append({"F": f, "B": b, "I": i, "W": b - i})
+    v = s.v if s.schedule == "interleaved" else 1
+    end: dict[object, float] = {}
+    free = [0.0] * s.p
+    for r_, a in merge(build_schedule(s.schedule, s.p, s.k, v), s.p, v):
+        start = free[r_]
+        for d in dependencies(a, s.p, v):
+            hop = 0.0 if d.stage % s.p == r_ else c_cut[min(d.stage, a.stage)] / 2.0
+            start = max(start, end[d] + hop)
+        end[a] = free[r_] = start + passes[a.stage][a.kind]
+    return max(free)
 
 
 def _replay(s: Strategy, j: int) -> list[tuple[str, int, dict[int, tuple[int, int, int]]]]:
@@ -187,7 +223,7 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
             t_chunk[c] += float(g[a] + g[z - 1] - f_over[z - 1] - b_over[a])
     c_cut = [float(comm[c, bounds[c + 1] - 1]) for c in range(chunks - 1)]
     t_stage = [sum(t_chunk[c] for c in range(chunks) if stage_of[c] == j) for j in range(s.p)]
-    pipe = pipeline_time(s, t_stage, c_cut)
+    pipe = _pipeline(s, rows, t_chunk, bounds, c_cut, pr.train)
     peaks, sync = [], 0.0
     for j in range(s.p):
         layers = [i for c in range(chunks) if stage_of[c] == j for i in range(bounds[c], bounds[c + 1])]

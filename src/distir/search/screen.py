@@ -5,13 +5,15 @@ AMP's formulas, generalized (heterogeneous devices, uneven layers, memory, sched
 - **Stage times.** Stage j runs its layers on its TP groups; a layer costs what its profile says
   (``distir.search.profile``: the simulator on that layer alone, on that kind of GPUs, so TP
   collectives are included); a stage mixing device kinds runs at its slowest group's pace.
-- **Pipeline.** With T_j the per-microbatch time of stage j and C_j the transfer after it
-  (activation forward, its gradient backward, over the slowest pair of the two stages' GPUs):
-  ``(k−1)·max(T, C) + Σ T + Σ C`` for GPipe and 1F1B; the interleaved schedule divides the
-  fill/drain part by v, the zero-bubble schedule (ZB-H1) by 3.
+- **Pipeline.** With each chunk's forward and backward (ZB-H1: input- and weight-gradient
+  parts) per microbatch and C_j the transfer after chunk j (activation forward, its gradient
+  backward, over the slowest pair of the two stages' GPUs): the schedule's action lists
+  list-scheduled with these times (``stage_costs.pipeline_time``), as ``distribute`` orders the
+  program; AMP's ``(k−1)·max(T, C) + Σ T + Σ C`` over the stages' times T for one stage and
+  forward-only pipelines.
 - **Layer assignment.** Unless the strategy pins a partition, the layers are cut by the optimal
-  dynamic program of ``distir.search.layer_assignment`` (the same objective, per-stage device
-  kinds and memory limits), so a faster device takes more layers.
+  dynamic program of ``distir.search.layer_assignment`` (AMP's objective above, per-stage
+  device kinds and memory limits), so a faster device takes more layers.
 - **Batch shares.** With uneven data parallelism (``Strategy.shares``) replica r takes
   shares[r]/Σshares of every microbatch: its TP group is profiled at that size, and a stage's
   figures are the worst of its replicas' (the slowest replica sets the pace, the largest holds

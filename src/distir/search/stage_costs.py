@@ -29,6 +29,7 @@ import numpy as np
 from distir.hardware.specs import DeviceSpec
 from distir.parallel.distribute import uniform_counts
 from distir.parallel.grad_reduction import reduce_scatter_every_backward
+from distir.parallel.pipeline.analysis import compiled_schedule, makespan
 from distir.parallel.pipeline.partition import Ends, call_counts
 from distir.parallel.pipeline.schedules import SCHEDULE_NAMES, build_schedule, canonical_name
 from distir.parallel.strategy import Strategy
@@ -410,8 +411,8 @@ def figures(
     time_c = np.array([lt[c].row for c in tb.stage_of])
     counts = _layer_counts(s, time_c, comm, mem, caps - transient, balance, assign, ends)
     bounds = [0, *itertools.accumulate(counts)]
-    t_stage, c_cut = _stage_times(s, tb, lt, comm_rows, bounds)
-    pipe = pipeline_time(s, t_stage, c_cut)
+    t_stage, c_cut, t_chunk = _stage_times(s, tb, lt, comm_rows, bounds)
+    pipe = pipeline_time(s, t_stage, chunk_passes(s, stages, tb.stage_of, t_chunk, bounds), c_cut, train)
     peaks, stage_w, stage_nw = _stage_peaks(s, tb, stages, saved, lists, bounds)
     if tb.root_kept:  # one stage: the root's and the last block's weights, gathered whole
         w = lists[0]
@@ -525,9 +526,9 @@ def _stage_times(
     lt: list[TimeRow],
     comm_rows: list[list[float] | None],
     bounds: list[int],
-) -> tuple[list[float], list[float]]:
+) -> tuple[list[float], list[float], list[float]]:
     """Per stage its per-microbatch time (its chunks' layers on its row of ``lt``), per cut
-    between chunks its transfer, for the chunks' layer ``bounds``."""
+    between chunks its transfer, and per chunk its time, for the chunks' layer ``bounds``."""
     stage_of = tb.stage_of
     chunks = len(stage_of)
     t_chunk: list[float] = []
@@ -541,7 +542,7 @@ def _stage_times(
         cr = comm_rows[c]
         c_cut.append(0.0 if cr is None else cr[bounds[c + 1] - 1])
     t_stage = [sum(t_chunk[c] for c in range(chunks) if stage_of[c] == j) for j in range(s.p)]
-    return t_stage, c_cut
+    return t_stage, c_cut, t_chunk
 
 
 def _stage_peaks(
@@ -1016,16 +1017,57 @@ def pending_weight_grads(s: Strategy, j: int, train: bool) -> float:
     return float(max(sum(hd.wgrad) for hd in holds(s.schedule, s.p, s.k, s.v)[j]))
 
 
-def pipeline_time(s: Strategy, t_stage: list[float], c_cut: list[float]) -> float:
-    """The pipeline's time from its stages' and cuts' per-microbatch times (module docstring of
-    ``distir.search.screen``)."""
-    m = max([*t_stage, *c_cut])
-    total = sum(t_stage)
-    fill = total - max(t_stage)  # what the fill and drain add to k × the slowest stage
-    if s.schedule == "interleaved" and s.v > 1:
-        fill /= s.v
-    elif s.schedule == "zb1" and s.p > 1:
-        # ZB-H1 fills the bubble with deferred weight gradients: a third remains once
-        # there are enough microbatches (k ≥ p), none is saved with a single one
-        fill *= 1.0 - (2.0 / 3.0) * min(1.0, (s.k - 1) / (s.p - 1))
-    return (s.k - 1) * m + max(t_stage) + fill + sum(c_cut)
+class Passes(NamedTuple):
+    """One chunk's per-microbatch passes (seconds), in the order of ``KINDS``: forward,
+    backward, and a zero-bubble schedule's input- and weight-gradient parts of the backward."""
+
+    fwd: float
+    bwd: float
+    ibwd: float
+    wbwd: float
+
+
+def pipeline_time(
+    s: Strategy,
+    t_stage: Sequence[float],
+    passes: Sequence[Passes],
+    c_cut: Sequence[float],
+    train: bool = True,
+) -> float:
+    """The pipeline's time from its stages' per-microbatch times ``t_stage``, its chunks' passes
+    and its cuts' transfers (each cut's
+    activation forward and, training, its gradient back, in equal halves): the schedule's own
+    action lists list-scheduled with these times (``distir.parallel.pipeline.analysis.makespan``,
+    the order ``distribute`` writes the program in), so chunks of unequal times stall the
+    stages as the schedule makes them wait. One stage runs its k microbatches back to back; a
+    pipeline without backward (inference) takes ``(k−1)·max(T, C) + Σ T + Σ C`` over its
+    stages' forward times T and transfers C."""
+    if s.p == 1 or not train:
+        return (s.k - 1) * max([*t_stage, *c_cut]) + sum(t_stage) + sum(c_cut)
+    v = s.v if canonical_name(s.schedule) == "interleaved" else 1
+    order = compiled_schedule(s.schedule, s.p, s.k, v)
+    transfers = [(x / 2.0, x / 2.0) for x in c_cut]
+    return makespan(order, passes, transfers)
+
+
+def chunk_passes(
+    s: Strategy,
+    stages: Sequence[Stage],
+    stage_of: Sequence[int],
+    t_chunk: Sequence[float],
+    bounds: Sequence[int],
+) -> list[Passes]:
+    """Per chunk its passes: the forward its layers' forward rows, the backward the rest of its
+    per-microbatch time ``t_chunk`` (with ZeRO-3's gathers, which its time row counts
+    overlapped with both passes, and the gradient accumulation); under a zero-bubble schedule
+    the input-gradient part its layers' rows of that pass, the weight-gradient part the rest."""
+    out = []
+    zb = canonical_name(s.schedule) == "zb1"
+    for c, t in enumerate(t_chunk):
+        rows = stages[stage_of[c]].rows
+        a, b = bounds[c], bounds[c + 1]
+        f = float(rows.fwd[a:b].sum())
+        bwd = max(t - f, 0.0)
+        i = min(float(rows.ibwd[a:b].sum()), bwd) if zb else bwd
+        out.append(Passes(f, bwd, i, bwd - i))
+    return out

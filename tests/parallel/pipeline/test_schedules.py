@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 from pathlib import Path
 
 import pytest
@@ -26,13 +27,17 @@ from distir.ir.ops import Call
 from distir.parallel.pipeline.analysis import (
     ScheduleDeadlock,
     bubble_fraction,
+    compiled_schedule,
     dependencies,
+    makespan,
     merge,
     peak_in_flight,
     simulate_schedule,
+    time_order,
     validate,
 )
 from distir.parallel.pipeline.schedules import (
+    KINDS,
     SCHEDULE_NAMES,
     Action,
     ScheduleError,
@@ -165,6 +170,45 @@ def test_every_schedule_validates_and_merges(cfg: tuple[str, int, int, int]) -> 
     s = build_schedule(name, p, k, v)
     validate(s, p, k, v, split_backward=name == "zb1")
     check_merge(s, p, v)
+
+
+@settings(max_examples=100, deadline=None)
+@given(configs(), st.floats(0.1, 3.0), st.floats(0.1, 3.0), st.floats(0.0, 1.0), st.sampled_from([0.0, 0.25]))
+def test_compiled_makespan_equals_the_list_scheduled_one(
+    cfg: tuple[str, int, int, int], f: float, b: float, wf: float, comm: float
+) -> None:
+    """The compiled schedule's makespan (the screen's pipeline time) is ``simulate_schedule``'s
+    with the same times: one duration per pass, one transfer per hop either way."""
+    name, p, k, v = cfg
+    w = wf * b if name == "zb1" else None
+    want, _, _ = simulate_schedule(build_schedule(name, p, k, v), p, k, v, f, b, w, comm)
+    per_pass = {"F": f, "B": b, "I": b - (w or 0.0), "W": w or 0.0}
+    durations = [[per_pass[kd] for kd in KINDS]] * (p * v)
+    got = makespan(compiled_schedule(name, p, k, v), durations, [(comm, comm)] * (p * v - 1))
+    assert got == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(configs(), st.randoms(use_true_random=False))
+def test_compiled_makespan_takes_each_stage_and_pass_its_own_time(
+    cfg: tuple[str, int, int, int], rng: random.Random
+) -> None:
+    """With a duration per virtual stage and pass and no transfers, the compiled makespan is the
+    latest end of ``time_order``'s list scheduling; transfers on one cut delay it by at most
+    their sum over the microbatches crossing it."""
+    name, p, k, v = cfg
+    durations = [[rng.uniform(0.1, 2.0) for _ in KINDS] for _ in range(p * v)]
+    per_rank = build_schedule(name, p, k, v)
+    timed = time_order(per_rank, p, v, lambda r, a: durations[a.stage][KINDS.index(a.kind)])
+    order = compiled_schedule(name, p, k, v)
+    none = [(0.0, 0.0)] * (p * v - 1)
+    assert makespan(order, durations, none) == pytest.approx(max(t.end for t in timed), rel=1e-12)
+    if p * v > 1:
+        cut = rng.randrange(p * v - 1)
+        slow = list(none)
+        slow[cut] = (0.5, 0.25)
+        grown = makespan(order, durations, slow) - makespan(order, durations, none)
+        assert -1e-12 <= grown <= 0.75 * k + 1e-9  # each microbatch crosses it once each way
 
 
 @settings(max_examples=60, deadline=None)

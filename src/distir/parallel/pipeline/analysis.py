@@ -10,19 +10,27 @@ stage, ``B(s+1,m)`` / ``I(s+1,m)``; ``W(s,m)`` needs ``I(s,m)``.
 - ``merge`` produces the one global order the DistIR program is written in.
 - ``simulate_schedule`` times a schedule by list scheduling; ``bubble_fraction`` and
   ``peak_in_flight`` summarize it.
+- ``compiled_schedule`` and ``makespan``: the same list scheduling with a duration per virtual
+  stage and pass and a transfer per cut and direction, on a schedule numbered once (the
+  screen's pipeline time, ``distir.search.stage_costs``); tested equal to ``simulate_schedule``
+  and ``time_order``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
+from typing import NamedTuple
 
 from distir.parallel.pipeline.schedules import (
+    KINDS,
     Action,
     Kind,
     ScheduleError,
     _check_counts,
+    build_schedule,
     num_stages,
     stage_of,
 )
@@ -318,3 +326,87 @@ def time_order(
         timed.append((start, i, TimedAction(r, a, start, end[j])))
     timed.sort(key=itemgetter(0, 1))
     return [t for _, _, t in timed]
+
+
+class CompiledSchedule(NamedTuple):
+    """A schedule numbered for timing (``compiled_schedule``), its actions in ``merge``'s order:
+    per action its rank, its virtual stage, its pass (an index into ``KINDS``) and its
+    dependencies, each as (action number, the cut its result crosses to reach this rank — the
+    lower of the two virtual stages, whose transfer to the next one it is — or −1 on the same
+    rank, and the direction: 0 forward, 1 backward)."""
+
+    p: int
+    rank: tuple[int, ...]
+    stage: tuple[int, ...]
+    kind: tuple[int, ...]
+    deps: tuple[tuple[tuple[int, int, int], ...], ...]
+
+
+@functools.lru_cache(maxsize=64)
+def compiled_schedule(name: str, p: int, k: int, v: int = 1) -> CompiledSchedule:
+    """``build_schedule(name, p, k, v)`` in a topological order (each rank's actions in its
+    order, every action after its dependencies; list scheduling times any such order alike),
+    numbered (memoized: a search times many strategies of one pipeline shape). The builders'
+    schedules are valid (``validate``, tested), so the walk always advances; a schedule that
+    cannot run raises ``ScheduleDeadlock`` through ``merge``."""
+    per_rank = [[(a.stage, a.microbatch, a.kind) for a in acts] for acts in build_schedule(name, p, k, v)]
+    last = num_stages(p, v) - 1
+    kind_ix = {kd: i for i, kd in enumerate(KINDS)}
+    number: dict[_Key, int] = {}
+    rank: list[int] = []
+    stage: list[int] = []
+    kind: list[int] = []
+    deps: list[tuple[tuple[int, int, int], ...]] = []
+    pcs = [0] * p
+    total = sum(map(len, per_rank))
+    while len(rank) < total:
+        ran = False
+        for r, acts in enumerate(per_rank):
+            n = len(acts)
+            while pcs[r] < n:
+                st, m, kd = acts[pcs[r]]
+                ks = _dependency_keys(st, m, kd, last)
+                got = [number.get(d, -1) for d in ks]
+                if -1 in got:
+                    break
+                deps.append(_hops(got, ks, st, kd, r, p))
+                number[(st, m, kd)] = len(rank)
+                rank.append(r)
+                stage.append(st)
+                kind.append(kind_ix[kd])
+                pcs[r] += 1
+                ran = True
+        if not ran:
+            merge(build_schedule(name, p, k, v), p, v)  # raises ScheduleDeadlock naming the waits
+    return CompiledSchedule(p, tuple(rank), tuple(stage), tuple(kind), tuple(deps))
+
+
+def _hops(
+    numbers: list[int], keys: tuple[_Key, ...], st: int, kd: Kind, r: int, p: int
+) -> tuple[tuple[int, int, int], ...]:
+    """An action's dependencies (``keys``, numbered ``numbers``) as ``CompiledSchedule.deps``
+    holds them, for the action of virtual stage ``st`` and pass ``kd`` on rank ``r``."""
+    way = 0 if kd == "F" else 1
+    return tuple(
+        [(i, -1 if d[0] % p == r else min(d[0], st), way) for i, d in zip(numbers, keys, strict=True)]
+    )
+
+
+def makespan(
+    c: CompiledSchedule, durations: Sequence[Sequence[float]], transfers: Sequence[Sequence[float]]
+) -> float:
+    """The list-scheduled makespan of ``c``: each rank runs its actions in order, an action
+    starts when its rank is free and each dependency has ended, plus the transfer of the cut it
+    crosses in its direction when it ran on another rank. ``durations[s][i]``: virtual stage
+    ``s``'s pass ``KINDS[i]``; ``transfers[cut][0]`` the activation sent from virtual stage
+    ``cut`` to ``cut + 1``, ``transfers[cut][1]`` its gradient sent back."""
+    free = [0.0] * c.p
+    end = [0.0] * len(c.rank)
+    for i, (r, st, kd, ds) in enumerate(zip(c.rank, c.stage, c.kind, c.deps, strict=True)):
+        start = free[r]
+        for d, cut, way in ds:
+            t = end[d] if cut < 0 else end[d] + transfers[cut][way]
+            if t > start:
+                start = t
+        end[i] = free[r] = start + durations[st][kd]
+    return max(free)
