@@ -7,9 +7,8 @@
   Megatron-heuristic choice) by ≥ 1.3× in simulation;
 - AMP's TransGAN generator on 4 × p3.8xlarge, with AMP's schedule (DeepSpeed's non-interleaved
   1F1B): the cost-balanced layer assignment beats the uniform one by ≥ 1.15× (both simulated
-  exactly; 1.42× measured). Unpinned, an interleaved pipeline (v = 2) with the uniform split wins
-  by a hair (1028 vs 1040 ms): its uniform chunks give every stage one chunk of wide blocks and
-  one of narrow ones, balanced by construction since both halves are 12 blocks deep;
+  exactly; 1.42× measured). Unpinned, a cost-balanced zero-bubble pipeline wins
+  (``bench/bench_trends.py`` item 2);
 - uneven work on heterogeneous clusters by the batch too: data-parallel replicas on V100s and T4s
   take uneven batch shares, the V100s the larger, ≥ 1.15× faster than even shares;
 - a 128K-token Llama-3 8B finds context parallelism (c > 1), ≥ 1.2× faster than without;
