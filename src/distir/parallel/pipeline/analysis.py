@@ -19,6 +19,7 @@ stage, ``B(s+1,m)`` / ``I(s+1,m)``; ``W(s,m)`` needs ``I(s,m)``.
 from __future__ import annotations
 
 import functools
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
@@ -329,67 +330,58 @@ def time_order(
 
 
 class CompiledSchedule(NamedTuple):
-    """A schedule numbered for timing (``compiled_schedule``), its actions in ``merge``'s order:
-    per action its rank, its virtual stage, its pass (an index into ``KINDS``) and its
-    dependencies, each as (action number, the cut its result crosses to reach this rank — the
-    lower of the two virtual stages, whose transfer to the next one it is — or −1 on the same
-    rank, and the direction: 0 forward, 1 backward)."""
+    """A schedule numbered for timing (``compiled_schedule``), its actions in a topological
+    order, as flat integer arrays (a search keeps hundreds): per action its rank, its ``slot``
+    (virtual stage × 4 + its pass's index in ``KINDS``: an index into ``makespan``'s flattened
+    durations) and up to two dependencies, each an action number (−1: none) and its ``hop``,
+    the transfer it waits for from another rank (2 × cut + direction, 0 forward and 1
+    backward, the cut being the lower of the two virtual stages; −1 on the same rank)."""
 
     p: int
-    rank: tuple[int, ...]
-    stage: tuple[int, ...]
-    kind: tuple[int, ...]
-    deps: tuple[tuple[tuple[int, int, int], ...], ...]
+    rank: array[int]
+    slot: array[int]
+    dep_a: array[int]
+    hop_a: array[int]
+    dep_b: array[int]
+    hop_b: array[int]
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=512)
 def compiled_schedule(name: str, p: int, k: int, v: int = 1) -> CompiledSchedule:
     """``build_schedule(name, p, k, v)`` in a topological order (each rank's actions in its
     order, every action after its dependencies; list scheduling times any such order alike),
-    numbered (memoized: a search times many strategies of one pipeline shape). The builders'
+    numbered (memoized: a search times many strategies of each pipeline shape). The builders'
     schedules are valid (``validate``, tested), so the walk always advances; a schedule that
     cannot run raises ``ScheduleDeadlock`` through ``merge``."""
     per_rank = [[(a.stage, a.microbatch, a.kind) for a in acts] for acts in build_schedule(name, p, k, v)]
     last = num_stages(p, v) - 1
     kind_ix = {kd: i for i, kd in enumerate(KINDS)}
     number: dict[_Key, int] = {}
-    rank: list[int] = []
-    stage: list[int] = []
-    kind: list[int] = []
-    deps: list[tuple[tuple[int, int, int], ...]] = []
+    out = CompiledSchedule(p, *(array("i") for _ in range(6)))
     pcs = [0] * p
     total = sum(map(len, per_rank))
-    while len(rank) < total:
+    while len(number) < total:
         ran = False
         for r, acts in enumerate(per_rank):
-            n = len(acts)
-            while pcs[r] < n:
+            while pcs[r] < len(acts):
                 st, m, kd = acts[pcs[r]]
                 ks = _dependency_keys(st, m, kd, last)
                 got = [number.get(d, -1) for d in ks]
                 if -1 in got:
                     break
-                deps.append(_hops(got, ks, st, kd, r, p))
-                number[(st, m, kd)] = len(rank)
-                rank.append(r)
-                stage.append(st)
-                kind.append(kind_ix[kd])
+                hops = [-1 if d[0] % p == r else 2 * min(d[0], st) + (kd != "F") for d in ks]
+                got += [-1] * (2 - len(got))
+                hops += [-1] * (2 - len(hops))
+                for col, x in zip(
+                    out[1:], (r, 4 * st + kind_ix[kd], got[0], hops[0], got[1], hops[1]), strict=True
+                ):
+                    col.append(x)
+                number[(st, m, kd)] = len(number)
                 pcs[r] += 1
                 ran = True
         if not ran:
             merge(build_schedule(name, p, k, v), p, v)  # raises ScheduleDeadlock naming the waits
-    return CompiledSchedule(p, tuple(rank), tuple(stage), tuple(kind), tuple(deps))
-
-
-def _hops(
-    numbers: list[int], keys: tuple[_Key, ...], st: int, kd: Kind, r: int, p: int
-) -> tuple[tuple[int, int, int], ...]:
-    """An action's dependencies (``keys``, numbered ``numbers``) as ``CompiledSchedule.deps``
-    holds them, for the action of virtual stage ``st`` and pass ``kd`` on rank ``r``."""
-    way = 0 if kd == "F" else 1
-    return tuple(
-        [(i, -1 if d[0] % p == r else min(d[0], st), way) for i, d in zip(numbers, keys, strict=True)]
-    )
+    return out
 
 
 def makespan(
@@ -400,13 +392,21 @@ def makespan(
     crosses in its direction when it ran on another rank. ``durations[s][i]``: virtual stage
     ``s``'s pass ``KINDS[i]``; ``transfers[cut][0]`` the activation sent from virtual stage
     ``cut`` to ``cut + 1``, ``transfers[cut][1]`` its gradient sent back."""
+    dur = [float(x) for row in durations for x in (*row, *[0.0] * (4 - len(row)))]
+    hop = [float(x) for pair in transfers for x in pair]
     free = [0.0] * c.p
     end = [0.0] * len(c.rank)
-    for i, (r, st, kd, ds) in enumerate(zip(c.rank, c.stage, c.kind, c.deps, strict=True)):
+    for i, (r, sl, da, ha, db, hb) in enumerate(
+        zip(c.rank, c.slot, c.dep_a, c.hop_a, c.dep_b, c.hop_b, strict=True)
+    ):
         start = free[r]
-        for d, cut, way in ds:
-            t = end[d] if cut < 0 else end[d] + transfers[cut][way]
+        if da >= 0:
+            t = end[da] if ha < 0 else end[da] + hop[ha]
             if t > start:
                 start = t
-        end[i] = free[r] = start + durations[st][kd]
+            if db >= 0:
+                t = end[db] if hb < 0 else end[db] + hop[hb]
+                if t > start:
+                    start = t
+        end[i] = free[r] = start + dur[sl]
     return max(free)
