@@ -29,14 +29,11 @@ import dataclasses
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import distir.sim.simulate as sim_module
 
 _HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("validate_published", _HERE / "validate_published.py")
@@ -147,21 +144,6 @@ class Classes(NamedTuple):
     published: float
 
 
-@contextmanager
-def _op_detail() -> Iterator[None]:
-    """``validate_published`` simulating with per-op trace detail."""
-    plain = sim_module.simulate
-
-    def detailed(*args: Any, **kwargs: Any) -> Any:
-        return plain(*args, trace_detail="op", **kwargs)
-
-    sim_module.simulate = detailed  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        sim_module.simulate = plain
-
-
 def _class_of(op: str) -> str:
     if "MatMul" in op:
         return "gemm"
@@ -170,8 +152,7 @@ def _class_of(op: str) -> str:
 
 def classes(run: Any) -> Classes:
     """``run``'s simulated step per token by op class (see the module docstring)."""
-    with _op_detail():
-        res, _ = vp._simulated(run, vp.AS_PUBLISHED, trace=True)
+    res, _ = vp._simulated(run, vp.AS_PUBLISHED, trace=True, trace_detail="op")
     per = {"gemm": 0.0, "attention": 0.0}
     for s in res.trace_detail().slices:
         kind = _class_of(s.args.get("op", ""))

@@ -33,14 +33,11 @@ import argparse
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import distir.sim.simulate as sim_module
 
 _HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("validate_published", _HERE / "validate_published.py")
@@ -63,21 +60,6 @@ class Split(NamedTuple):
     gemm_flops: float  # GPU 0's GEMM FLOPs in the step
 
 
-@contextmanager
-def _op_detail() -> Iterator[None]:
-    """``validate_published`` simulating with per-op trace detail."""
-    plain = sim_module.simulate
-
-    def detailed(*args: Any, **kwargs: Any) -> Any:
-        return plain(*args, trace_detail="op", **kwargs)
-
-    sim_module.simulate = detailed  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        sim_module.simulate = plain
-
-
 def _class_of(op: str) -> str:
     if "MatMul" in op:
         return "gemm"
@@ -90,8 +72,7 @@ def split(run: Any) -> Split:
     """``run``'s simulated step split on GPU 0 (see the module docstring)."""
     from distir.parallel.distribute import device_map
 
-    with _op_detail():
-        res, st = vp._simulated(run, vp.AS_PUBLISHED, trace=True)
+    res, st = vp._simulated(run, vp.AS_PUBLISHED, trace=True, trace_detail="op")
     slots = device_map(st, True).slots
     per = dict.fromkeys(CLASSES + STREAMS, 0.0)
     flops = 0.0

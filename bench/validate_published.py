@@ -516,9 +516,12 @@ class Variant(NamedTuple):
 AS_PUBLISHED = Variant()  # each run's own kernels, matmuls by the GEMM curve
 
 
-def _simulated(r: Run, v: Variant, trace: bool = False, allocator: bool = False) -> tuple[Any, Any]:
+def _simulated(
+    r: Run, v: Variant, trace: bool = False, allocator: bool = False, trace_detail: str | None = None
+) -> tuple[Any, Any]:
     """(the SimResult, the strategy) of ``r`` built, distributed and simulated as ``distir
-    simulate --model`` does (``allocator``: with the caching allocator's pools)."""
+    simulate --model`` does (``allocator``: with the caching allocator's pools; ``trace_detail``:
+    the trace's detail, as ``simulate``'s)."""
     from distir.autodiff.precision import Precision
     from distir.autodiff.train import Optimizer
     from distir.frontends.zoo.registry import build_model, parse_model_string
@@ -578,7 +581,8 @@ def _simulated(r: Run, v: Variant, trace: bool = False, allocator: bool = False)
     if v.persistent and v.interference and profile is not None and profile.persistent:
         first = simulate(prog, cl, dmap, cost, batch=batch, trace=True, trace_detail="op")
         cost = replace(cost, gemm_share=gemm_share(first))
-    res = simulate(prog, cl, dmap, cost, batch=batch, trace=trace, allocator=allocator)
+    detail = {} if trace_detail is None else {"trace_detail": trace_detail}
+    res = simulate(prog, cl, dmap, cost, batch=batch, trace=trace, allocator=allocator, **detail)
     return res, st
 
 

@@ -4,26 +4,11 @@ record, and the pair algebra solves the two rows' equations."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "bench_h100_attribution.py"
+from .scripts import load_script
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_h100_attribution", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ba = _load()
+ba = load_script("bench_h100_attribution")
 RUNS = {r.name: r for r in ba.vp.load_runs()}
 SIBLINGS = [s for pair in (*ba.PAIRS, *ba.KERNEL_PAIRS) for s in pair]
 

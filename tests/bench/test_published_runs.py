@@ -5,31 +5,18 @@ test of the prediction errors (the bench prints those)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from distir.frontends.zoo.registry import build_model, parse_model_string
 from distir.ir.types import DType
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "validate_published.py"
+from .scripts import load_script
 
-
-def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("validate_published", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve the module by name
-    spec.loader.exec_module(mod)
-    return mod
-
-
-vp = _load_bench()
+vp = load_script("validate_published")
 RUNS = vp.load_runs()
 SUPPORTED = [r for r in RUNS if not vp.unsupported(r)]
 
@@ -286,20 +273,10 @@ def test_memory_summary_names_the_rows_predicted_far_under() -> None:
 def test_gemm_share_walks_the_plan_as_the_op_trace_times_it() -> None:
     """``--interference persistent``: the GEMMs' share of GPU 0's kernel time, summed over the
     plan's bodies, is the share the op-detail trace shows; the run then predicts a slower step."""
-    import distir.sim.simulate as sim_module
     from distir.ops.registry import REGISTRY
 
     run = next(r for r in RUNS if r.name == "mosaic-h100-7b-s2048-g8")
-    plain = sim_module.simulate
-
-    def detailed(*args: object, **kwargs: object) -> object:
-        return plain(*args, **{**kwargs, "trace": True, "trace_detail": "op"})  # type: ignore[arg-type]
-
-    sim_module.simulate = detailed  # type: ignore[assignment]
-    try:
-        res, _ = vp._simulated(run, vp.AS_PUBLISHED, trace=True)
-    finally:
-        sim_module.simulate = plain
+    res, _ = vp._simulated(run, vp.AS_PUBLISHED, trace=True, trace_detail="op")
     total = gemm = 0.0
     for s in res.trace_detail().slices:
         op = s.args.get("op")

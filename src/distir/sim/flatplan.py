@@ -225,7 +225,8 @@ def _walk_types(
         dom._frames.pop()
     paired = dom.overlap_pairs(fn)
     if paired is not None:  # tensor-parallel collectives pipelined with their GEMMs
-        overlap.apply_kinds(kinds, table, paired, dom.tp_form or overlap.PER_RANK)
+        assert dom.tp_form is not None  # pairs exist only under an overlap
+        overlap.apply_kinds(kinds, table, paired, dom.tp_form)
     return types, last, kinds, table, comm_ops
 
 

@@ -175,7 +175,6 @@ class PlanDomain(TypeDomain):
         # the cost model says the trainer overlaps them: per function (by id, kept alive) its pairs
         # the tensor-parallel overlap the cost model charges (``distir.sim.overlap``), or None
         self.tp_form = overlap.form_of(cost)
-        self.tp_overlap = self.tp_form is not None
         self._pairs: dict[int, tuple[Function, list[overlap.Candidates | None] | None]] = {}
 
     @property
@@ -203,7 +202,7 @@ class PlanDomain(TypeDomain):
     def overlap_pairs(self, fn: Function) -> list[overlap.Candidates | None] | None:
         """``fn``'s candidate (collective, GEMM) pairs per instruction (``distir.sim.overlap``),
         or None when the cost model does not overlap them or ``fn`` has none."""
-        if not self.tp_overlap:
+        if self.tp_form is None:
             return None
         got = self._pairs.get(id(fn))
         if got is None or got[0] is not fn:
@@ -368,7 +367,8 @@ class PlanDomain(TypeDomain):
             records = self._frames.pop()
         paired = self.overlap_pairs(fn)
         if paired is not None and len(paired) == len(records):
-            records = overlap.apply(records, paired, self.tp_form or overlap.PER_RANK)
+            assert self.tp_form is not None  # pairs exist only under an overlap
+            records = overlap.apply(records, paired, self.tp_form)
         plan = build_plan(
             fn,
             env,

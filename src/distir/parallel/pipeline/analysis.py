@@ -381,6 +381,7 @@ def compiled_schedule(name: str, p: int, k: int, v: int = 1) -> CompiledSchedule
                 ran = True
         if not ran:
             merge(build_schedule(name, p, k, v), p, v)  # raises ScheduleDeadlock naming the waits
+            raise ScheduleError(f"{name} (p={p}, k={k}, v={v}): no rank can run its next action")
     return out
 
 
