@@ -16,6 +16,7 @@ from distir.autodiff.train import Optimizer
 from distir.frontends.zoo import build_model
 from distir.ir.dtensor import Shard, parse_placements
 from distir.ir.function import Function, Module
+from distir.ir.ops import Call
 from distir.ir.types import DType
 from distir.parallel import distribute as dist
 from distir.parallel.distribute import distribute
@@ -26,7 +27,10 @@ from .helpers import assert_mixed_step_matches
 GPT = "gpt:layers=4,hidden=32,heads=2,seq=8,vocab=64"
 
 
-@pytest.mark.parametrize("strategy", ["d2.t1.p1.k2.1f1b.z1", "d2.t1.p2.k4.1f1b.z1", "d2.t2.sp.p2.k2.1f1b.z1"])
+@pytest.mark.parametrize(
+    "strategy",
+    ["d2.t1.p1.k2.1f1b.z1", "d2.t1.p2.k4.1f1b.z1", "d2.t2.sp.p2.k2.1f1b.z1", "d2.t1.p2.k4.interleaved.v2.z1"],
+)
 def test_step_equals_the_sequential_mixed_step(strategy: str) -> None:
     assert_mixed_step_matches(GPT, strategy, comm_streams=True, megatron_ddp=True, reduce_fp32=True)
 
@@ -79,7 +83,7 @@ def test_later_chunks_reduce_in_one_call_and_the_first_by_parameter_count(
     prog = _program("d2.t1.p2.k4.1f1b.z1", True)
     calls = {}
     for f in prog.functions:
-        if f.name.endswith("_red"):
+        if f.name.endswith(("_red", "_grad_sync")):
             got = _grad_reductions(f)
             calls[f.name[:2]] = sum(not c for _, c in got)
     assert calls["c1"] == 1
@@ -98,3 +102,45 @@ def test_replicated_weights_stay_all_reduced() -> None:
     red = next(f for f in prog.functions if f.name == "c0_bwd_acc_red")
     got = _grad_reductions(red)
     assert got and not any(s for s, _ in got)
+
+
+def _entry_order(strategy: str) -> list[str]:
+    """The entry's instructions in program order: a call as its callee, an op as its first
+    output's name."""
+    prog = _program(strategy, True)
+    return [i.callee if isinstance(i, Call) else i.outputs[0].name for i in prog.entry.body]
+
+
+def test_later_stages_reduce_after_sending_their_last_input_gradient() -> None:
+    """1F1B: stage 1's gradients are reduced by a call of their own after its last backward has
+    sent its input gradient (Megatron's ``grad_sync_func`` after the cooldown loop's
+    ``send_backward``); stage 0's first model chunk still reduces inside its last backward."""
+    order = _entry_order("d2.t1.p2.k4.1f1b.z1")
+    last_bwd = max(i for i, n in enumerate(order) if n.startswith("c1_bwd"))
+    sent = min(i for i, n in enumerate(order) if i > last_bwd and n.startswith("dy0_3"))
+    sync = order.index("c1_grad_sync")
+    assert last_bwd < sent < sync
+    assert not order[last_bwd].endswith("_red") and order[last_bwd] == "c1_bwd_acc"
+    assert "c0_bwd_acc_red" in order and "c0_grad_sync" not in order
+
+
+def test_interleaved_chunks_reduce_rank_backward_steps_later() -> None:
+    """Interleaved: a chunk of pipeline rank r is reduced after r more backward steps of its
+    rank (``grad_sync_microbatch_id = microbatch_id - pipeline_parallel_rank``), or after its
+    rank's last backward when fewer are left; rank 0's later chunk right after its last."""
+    order = _entry_order("d2.t1.p2.k4.interleaved.v2.z1")
+    for c, rank in ((3, 1), (1, 1), (2, 0)):
+        last = max(i for i, n in enumerate(order) if n.startswith(f"c{c}_bwd"))
+        sync = order.index(f"c{c}_grad_sync")
+        between = [
+            n
+            for n in order[last + 1 : sync]
+            if n.startswith(("c1_bwd", "c3_bwd") if rank else ("c0_bwd", "c2_bwd"))
+        ]
+        mine = [
+            i
+            for i, n in enumerate(order)
+            if n.startswith(("c1_bwd", "c3_bwd") if rank else ("c0_bwd", "c2_bwd"))
+        ]
+        left = sum(1 for i in mine if i > last)
+        assert len(between) == min(rank, left), (c, between)

@@ -56,9 +56,11 @@ programs. Its shape:
   parameters (``DistributedDataParallel.__init__``, at f2e5db4) instead of ``bucket_mb``;
   (2) only the first model chunk of the first pipeline stage is bucketed: Megatron sets
   ``bucket_size = None`` on pipeline ranks > 0 and for model chunks after the first, so every
-  other chunk's gradients are one bucket, reduced once its last backward has completed them
-  (``delay_grad_reduce``'s ``grad_sync_func`` launches it after the stage's last backward,
-  ``megatron/core/pipeline_parallel/schedules.py``); (3) with ZeRO-1 each bucket is
+  other chunk's gradients are one bucket, reduced by a call of their own (``c<i>_grad_sync``)
+  after the backward that completes them has sent its input gradient on — under 1F1B right
+  after, interleaved ``rank`` backward steps later (``delay_grad_reduce``'s ``grad_sync_func``,
+  ``megatron/core/pipeline_parallel/schedules.py``), so the reduction's interference does not
+  hold up the pipeline's drain; (3) with ZeRO-1 each bucket is
   reduce-scattered to this rank's shard (``_reduce_scatter_base``,
   ``megatron/core/distributed/param_and_grad_buffer.py``), not all-reduced and sliced.
 - ``deepspeed_pipe`` (DeepSpeed's ``PipelineEngine``, as Megatron-DeepSpeed trains with it;
@@ -883,6 +885,27 @@ class _Builder:
         block = Counter(c.callee for c in calls).most_common(1)[0][0]
         return frozenset(w for L in layers if calls[L.index].callee != block for w in L.weights)
 
+    def delayed_sync(self, c: int) -> bool:
+        """Whether chunk ``c``'s gradients are reduced by a call of their own after its last
+        backward (``_grad_sync``), not by that backward: Megatron-LM's chunks other than the
+        first model chunk of the first stage (``megatron_ddp``) under a schedule of full
+        backwards. Megatron's ``delay_grad_reduce`` (on by default) runs those backwards with
+        grad sync off and launches ``grad_sync_func`` afterwards: under 1F1B after the cooldown
+        loop, behind the last ``send_backward``; interleaved, ``pipeline_parallel_rank`` backward
+        steps after the chunk's last one (megatron/core/pipeline_parallel/schedules.py at
+        f2e5db4). ZB-H1's weight-gradient halves send nothing and keep their reduction."""
+        return self.megatron and c > 0 and self.s.schedule != "zb1"
+
+    def _grad_sync(self, c: int, layers: list[ShardedLayer]) -> Function:
+        """``c<c>_grad_sync``: chunk ``c``'s accumulated gradients (in its weight order) reduced
+        over dp as one bucket (``delayed_sync``; Megatron's ``start_grad_sync``)."""
+        fb = FunctionBuilder(f"c{c}_grad_sync", REGISTRY.out_arity)
+        ws = chunk_weights(layers)
+        grads = [fb.param(f"g_{w.name}") for w in ws]
+        buckets = _Buckets(self, fb, c, ws, False, True, False, self._root_weights(layers))
+        buckets.add(ws, grads)
+        return fb.ret(*buckets.results())
+
     def _chunk_bwd(
         self,
         c: int,
@@ -1025,15 +1048,18 @@ class _Builder:
                 if part:
                     cf[f"c{c}_bwd_i"] = self._chunk_bwd(c, ls, False, "i")
                 every = self.bucketed and reduce_scatter_every_backward(s)  # ZeRO-2/3 (not pipelined ZeRO-2)
+                delayed = self.delayed_sync(c)
                 for accumulate in (False, True):
                     f = self._chunk_bwd(c, ls, accumulate, part, every)
                     cf[f.name] = f
-                    if self.bucketed and not every:  # DDP: the last microbatch's backward reduces
+                    if self.bucketed and not every and not delayed:  # DDP: the last backward reduces
                         f = self._chunk_bwd(c, ls, accumulate, part, True)
                         cf[f.name] = f
                     if self.hsdp and s.k > 1:  # HSDP: the others reduce-scatter within the group
                         f = self._chunk_bwd(c, ls, accumulate, part, True, final=False)
                         cf[f.name] = f
+                if delayed:
+                    cf[f"c{c}_grad_sync"] = self._grad_sync(c, ls)
         return cf
 
     def _declare(
@@ -1371,6 +1397,9 @@ class _ScheduleWriter:
         self.carried: dict[tuple[int, int], tuple[Value, ...]] = {}
         self.acc: dict[int, list[Value] | None] = {c: None for c in range(n)}
         self.grads_left = {c: 0 for c in range(n)}
+        # the backward actions after whose transfer delayed gradient reductions run (``_syncs``)
+        self.syncs_after: dict[Action, list[int]] = {}
+        self.backwards: dict[int, list[Action]] = {}  # per pipeline rank, in program order
         self.ddp = b.bucketed and not reduce_scatter_every_backward(b.s)  # reduced in the last backward
         self.losses: list[Value] = []
         self.outputs_inf: list[Value] = []
@@ -1410,9 +1439,12 @@ class _ScheduleWriter:
         for e in events:
             if not e.send and e.action.kind == grad_kind:
                 self.grads_left[e.action.stage] += 1
+            if not e.send and e.action.kind == "B":
+                self.backwards.setdefault(self.stage_of[e.action.stage], []).append(e.action)
         for send, a in events:
             if send:
                 self._transfer(a)
+                self._syncs(a)
             elif a.kind == "F":
                 self._forward(a)
             elif a.kind in ("B", "I"):
@@ -1527,13 +1559,35 @@ class _ScheduleWriter:
         v0 = self.by_chunk[c][0].vjp
         return v0 is not None and 0 in v0.wrt
 
+    def _delay_sync(self, a: Action) -> None:
+        """Chunk ``a.stage``'s gradients, complete with its last backward ``a``, reduced after
+        the transfer of a later backward of its rank (``_Builder.delayed_sync``): ``a``'s own
+        under 1F1B, the ``rank``-th after it when interleaved (its rank's last if fewer)."""
+        rank = self.stage_of[a.stage]
+        mine = self.backwards[rank]
+        delay = rank if self.b.s.v > 1 else 0
+        at = mine[min(mine.index(a) + delay, len(mine) - 1)]
+        self.syncs_after.setdefault(at, []).append(a.stage)
+
+    def _syncs(self, a: Action) -> None:
+        """The delayed gradient reductions due after action ``a``'s transfer."""
+        for c in self.syncs_after.pop(a, []):
+            f = self.cf[f"c{c}_grad_sync"]
+            got = self.acc[c]
+            assert got is not None
+            self.acc[c] = list(self.fb.call(f, *got, n_out=len(f.outputs), names=[f"g{c}"] * len(f.outputs)))
+
     def _backward(self, a: Action) -> None:
         """A full backward (B) or its input-gradient half (I, zero-bubble)."""
         fb, c, m = self.fb, a.stage, a.microbatch
         part = "i" if a.kind == "I" else ""
         base = f"c{c}_bwd" + ("_i" if part else "")
         prev = self.acc[c]
-        f = self.cf[base + ("_acc" if prev is not None and not part else "") + ("" if part else self.red(c))]
+        red = "" if part else self.red(c)
+        if red and self.b.delayed_sync(c):
+            red = ""
+            self._delay_sync(a)
+        f = self.cf[base + ("_acc" if prev is not None and not part else "") + red]
         dy = self.dys.pop((c, m))
         if c < self.last:
             dy = self.receive(dy, c + 1, c, f"dy{c}_{m}")
