@@ -13,7 +13,7 @@ stage, ``B(s+1,m)`` / ``I(s+1,m)``; ``W(s,m)`` needs ``I(s,m)``.
 - ``compiled_schedule`` and ``makespan``: the same list scheduling with a duration per virtual
   stage and pass and a transfer per cut and direction, on a schedule numbered once (the
   screen's pipeline time, ``distir.search.stage_costs``); tested equal to ``simulate_schedule``
-  and ``time_order``.
+  and ``time_order``, and the numbering to its plain form (``compiled_schedule_reference``).
 """
 
 from __future__ import annotations
