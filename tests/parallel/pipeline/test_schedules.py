@@ -28,6 +28,7 @@ from distir.parallel.pipeline.analysis import (
     ScheduleDeadlock,
     bubble_fraction,
     compiled_schedule,
+    compiled_schedule_reference,
     dependencies,
     makespan,
     merge,
@@ -170,6 +171,22 @@ def test_every_schedule_validates_and_merges(cfg: tuple[str, int, int, int]) -> 
     s = build_schedule(name, p, k, v)
     validate(s, p, k, v, split_backward=name == "zb1")
     check_merge(s, p, v)
+
+
+@settings(max_examples=150, deadline=None)
+@given(configs())
+def test_compiled_schedule_equals_its_reference(cfg: tuple[str, int, int, int]) -> None:
+    """The numbering on action codes gives the reference's arrays (same order, dependencies and
+    hops)."""
+    assert compiled_schedule(*cfg) == compiled_schedule_reference(*cfg)
+
+
+def test_compiled_schedule_equals_its_reference_on_search_shapes() -> None:
+    """Deep pipelines and many microbatches, as the searches number them."""
+    shapes = [(n, p, k, 1) for n in ("gpipe", "1f1b", "zb1") for p in (2, 8, 16) for k in (1, 3, 16, 64)]
+    shapes += [("interleaved", p, k, v) for p in (2, 4, 8) for k in (8, 32) for v in (2, 3)]
+    for shape in shapes:
+        assert compiled_schedule(*shape) == compiled_schedule_reference(*shape), shape
 
 
 @settings(max_examples=100, deadline=None)

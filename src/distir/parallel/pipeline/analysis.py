@@ -13,7 +13,7 @@ stage, ``B(s+1,m)`` / ``I(s+1,m)``; ``W(s,m)`` needs ``I(s,m)``.
 - ``compiled_schedule`` and ``makespan``: the same list scheduling with a duration per virtual
   stage and pass and a transfer per cut and direction, on a schedule numbered once (the
   screen's pipeline time, ``distir.search.stage_costs``); tested equal to ``simulate_schedule``
-  and ``time_order``.
+  and ``time_order``, and the numbering to its plain form (``compiled_schedule_reference``).
 """
 
 from __future__ import annotations
@@ -350,9 +350,67 @@ class CompiledSchedule(NamedTuple):
 def compiled_schedule(name: str, p: int, k: int, v: int = 1) -> CompiledSchedule:
     """``build_schedule(name, p, k, v)`` in a topological order (each rank's actions in its
     order, every action after its dependencies; list scheduling times any such order alike),
-    numbered (memoized: a search times many strategies of each pipeline shape). The builders'
-    schedules are valid (``validate``, tested), so the walk always advances; a schedule that
-    cannot run raises ``ScheduleDeadlock`` through ``merge``."""
+    numbered (memoized: a search times many strategies of each pipeline shape). The order is
+    rounds over the ranks, each rank running its actions while their dependencies are numbered.
+    The builders' schedules are valid (``validate``, tested), so the walk always advances; a
+    schedule that cannot run raises ``ScheduleDeadlock`` through ``merge``.
+
+    Each action is a code ``(stage·k + microbatch)·4 + pass`` (``KINDS``), so its
+    dependencies (``_dependency_keys``) are codes at fixed offsets and the numbers a flat list:
+    the same arrays as ``compiled_schedule_reference`` (tested), several times faster."""
+    per_rank = build_schedule(name, p, k, v)
+    last = num_stages(p, v) - 1
+    kind_ix = {kd: i for i, kd in enumerate(KINDS)}
+    k4 = 4 * k  # one stage further: the same microbatch and pass
+    codes = [[(a.stage * k + a.microbatch) * 4 + kind_ix[a.kind] for a in acts] for acts in per_rank]
+    number = [-1] * ((last + 1) * k4)
+    cols: tuple[list[int], ...] = ([], [], [], [], [], [])
+    rank, slot, dep_a, hop_a, dep_b, hop_b = (c.append for c in cols)
+    pcs = [0] * p
+    done, total = 0, sum(map(len, codes))
+    while done < total:
+        ran = False
+        for r, acts in enumerate(codes):
+            pc, end = pcs[r], len(acts)
+            while pc < end:
+                c = acts[pc]
+                st, kd = c // k4, c & 3
+                db = hb = -1
+                if kd == 0:  # F: the previous stage's forward
+                    da = number[c - k4] if st > 0 else -1
+                    if st > 0 and da < 0:
+                        break
+                    ha = -1 if st == 0 or (st - 1) % p == r else 2 * (st - 1)
+                else:  # W: this stage's I; B and I: its F and the next stage's same pass
+                    da = number[c - 1 if kd == 3 else c - kd]
+                    if da < 0:
+                        break
+                    ha = -1 if st % p == r else 2 * st + 1
+                    if kd != 3 and st < last:
+                        db = number[c + k4]
+                        if db < 0:
+                            break
+                        hb = -1 if (st + 1) % p == r else 2 * st + 1
+                rank(r)
+                slot(4 * st + kd)
+                dep_a(da)
+                hop_a(ha)
+                dep_b(db)
+                hop_b(hb)
+                number[c] = done
+                done += 1
+                pc += 1
+                ran = True
+            pcs[r] = pc
+        if not ran:
+            merge(per_rank, p, v)  # raises ScheduleDeadlock naming the waits
+            raise ScheduleError(f"{name} (p={p}, k={k}, v={v}): no rank can run its next action")
+    return CompiledSchedule(p, *(array("i", c) for c in cols))
+
+
+def compiled_schedule_reference(name: str, p: int, k: int, v: int = 1) -> CompiledSchedule:
+    """``compiled_schedule`` written plainly (actions keyed by tuples, dependencies by
+    ``_dependency_keys``): the reference the tests compare it with."""
     per_rank = [[(a.stage, a.microbatch, a.kind) for a in acts] for acts in build_schedule(name, p, k, v)]
     last = num_stages(p, v) - 1
     kind_ix = {kd: i for i, kd in enumerate(KINDS)}
