@@ -56,8 +56,9 @@ program order each collective takes its direct GEMM if free, else the nearest fr
 one (a ring takes its direct GEMM and the free GEMMs of its group); a GEMM overlaps one
 collective. Not modelled: the lower efficiency of the split products (a ring's GEMMs run on
 1/n of the gathered tokens, ``n_chunk = n / _tp_size`` in ``split_overlap_ag``; a pipeline's on
-a quarter of the output features, ``m_chunk = m / _num_splits`` in ``split_overlap_rs``), and
-the HBM bandwidth the userbuffers kernels take.
+a quarter of the output features, ``m_chunk = m / _num_splits`` in ``split_overlap_rs``; TE
+issues them round-robin on three compute streams, ``_NUM_MAX_UB_STREAMS``, so ready chunks run
+side by side), and the HBM bandwidth the userbuffers kernels take.
 """
 
 from __future__ import annotations
