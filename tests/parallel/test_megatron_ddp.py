@@ -3,7 +3,8 @@
 the gradients accumulate whole and are reduced in the last microbatch's backward; a bucket holds
 max(40M, 1M·dp) parameters; only the first model chunk of the first pipeline stage is bucketed
 (every other chunk's gradients are one bucket, after its last backward); with ZeRO-1 each bucket
-is reduce-scattered to the rank's shard instead of all-reduced and sliced.
+is reduce-scattered to the rank's shard instead of all-reduced and sliced; before its reduction
+each gradient passes the bucket's NaN-check norm and its scaling (``Bucket.start_grad_sync``).
 
 Oracles: the sequential mixed step (the values), and the program's reductions counted against
 the model's weights (how many, to which placement, how many calls)."""
@@ -144,3 +145,30 @@ def test_interleaved_chunks_reduce_rank_backward_steps_later() -> None:
         ]
         left = sum(1 for i in mine if i > last)
         assert len(between) == min(rank, left), (c, between)
+
+
+def test_each_reduced_gradient_is_normed_then_scaled_on_the_compute_stream() -> None:
+    """``Bucket.start_grad_sync`` (param_and_grad_buffer.py at f2e5db4): the NaN check's norm of
+    the bucket's gradients, then their scaling by 1/dp, then the reduction — per gradient here: a
+    ``ReduceSum`` of every element (its result for the host only), a ``Scale`` by 1 (distir's loss
+    is normalized by the global batch already), both before the hand-over to the reduction stream.
+    Without the option no gradient is scaled."""
+    for megatron in (False, True):
+        red = next(
+            f for f in _program("d2.t1.p1.k2.1f1b.z1", megatron).functions if f.name == "c0_bwd_acc_red"
+        )
+        ops = list(red.ops())
+        where = {o.outputs[0].name: i for i, o in enumerate(ops)}
+        scaled = [o for o in ops if o.name == "Scale" and o.outputs[0].name.endswith("_scaled")]
+        norms = [o for o in ops if o.name == "ReduceSum" and o.outputs[0].name.endswith("_nan_norm")]
+        if not megatron:
+            assert not scaled and not norms
+            continue
+        reduced = [o for o in ops if o.name == "Redistribute" and o.outputs[0].name.startswith("g_")]
+        assert len(scaled) == len(norms) == len(reduced) > 0
+        for sc, nm in zip(scaled, norms, strict=True):
+            assert sc.attrs["alpha"] == 1.0 and nm.inputs[0] is sc.inputs[0]
+            assert where[nm.outputs[0].name] < where[sc.outputs[0].name]
+            # the scaled gradient is what goes to the reduction stream
+            send = next(o for o in ops if sc.outputs[0] in o.inputs)
+            assert send.name == "MeshSend"

@@ -62,7 +62,13 @@ programs. Its shape:
   ``megatron/core/pipeline_parallel/schedules.py``), so the reduction's interference does not
   hold up the pipeline's drain; (3) with ZeRO-1 each bucket is
   reduce-scattered to this rank's shard (``_reduce_scatter_base``,
-  ``megatron/core/distributed/param_and_grad_buffer.py``), not all-reduced and sliced.
+  ``megatron/core/distributed/param_and_grad_buffer.py``), not all-reduced and sliced;
+  (4) before a bucket is reduced, ``Bucket.start_grad_sync`` runs two kernels over its fp32
+  gradients on the compute stream: the NaN check's norm (``check_for_nan_in_grad``, on unless
+  ``--no-check-for-nan-in-loss-and-grad``: ``grad_data.norm(p=2)``, a reduction reading them
+  once, for the host's assert) and the multiplication by ``gradient_scaling_factor`` (1/dp
+  unless ``--ddp-average-in-collective``: ``grad_data *= ...``, in place, read and write), both
+  at f2e5db4 (``_Buckets._megatron_prepared``).
 - ``deepspeed_pipe`` (DeepSpeed's ``PipelineEngine``, as Megatron-DeepSpeed trains with it;
   ZeRO 0/1 only, as the engine asserts; the 1f1b schedule with one chunk per rank): the schedule
   is DeepSpeed's ``TrainSchedule`` (``distir.parallel.pipeline.deepspeed``: its lock steps, each
@@ -1975,6 +1981,8 @@ class _Buckets:
         for w, g in self.pending:
             if cast_in:  # FSDP2: the post-backward hook's copy-in, right before the reduction
                 g = self._copied_in(w, g)
+            if self.b.megatron:
+                g = self._megatron_prepared(w, g)
             if self.stream is not None:
                 g = fb.emit("MeshSend", (g,), self.handover, (g.name,))[0]
             moved.append((w, g))
@@ -1995,6 +2003,18 @@ class _Buckets:
                 r = self.b._redistribute(fb, r, f"g_{w.name}", "R, " + self.b._grad_target(w), later)
             self.out[w] = r
         self.pending, self.size = [], 0.0
+
+    def _megatron_prepared(self, w: Value, g: Value) -> Value:
+        """``w``'s gradient ``g`` as Megatron-LM's ``Bucket.start_grad_sync`` leaves it for the
+        reduction (``megatron_ddp`` (4)), on the compute stream: the NaN check's norm, a
+        reduction read once whose result only the host reads (a ``ReduceSum`` of every element:
+        the same pass), then the in-place multiplication by ``gradient_scaling_factor`` (1/dp).
+        distir's loss is normalized by the global batch already, so the ``Scale`` multiplies by
+        1: it adds the kernel's time, not a change of value. Written per gradient, not per
+        bucket: the bytes are the bucket's, the launches one per weight (Megatron: one per
+        bucket). The norm is the gradient's first use, so the scale is a kernel of its own."""
+        self.fb.op("ReduceSum", g, keepdims=0, names=[f"g_{w.name}_nan_norm"])
+        return self.fb.op("Scale", g, alpha=1.0, names=[f"g_{w.name}_scaled"])[0]
 
     def _handover_attrs(self) -> Attrs:
         """The attributes of the ``MeshSend`` handing a gradient to the reduction stream, made

@@ -27,11 +27,16 @@ trainer's (``Form``, the cost model's ``tp_overlap``):
   Megatron-LM hands ``initialize_ub`` an empty configuration unless ``--tp-comm-overlap-cfg``
   names one (``_initialize_tp_communicators``, megatron/training/initialize.py at core_r0.8.0),
   so every layer takes TE's defaults (``initialize_ub``'s ``add_ub``,
-  transformer_engine/pytorch/module/base.py at v1.8): the pipeline method splits its GEMM into
+  transformer_engine/pytorch/module/base.py, the same at v1.7, v1.8 and v1.9; Megatron at
+  core_r0.8.0 calls ``initialize_ub(..., tp_size=...)``, which v1.7 and v1.9 take and v1.8, whose
+  second parameter is ``tp_group``, does not): the pipeline method splits its GEMM into
   ``num_splits=4`` chunks whatever ``n`` (``k = 4``; a ring has one chunk per rank); the
-  pipeline and bulk methods move data with userbuffers kernels of ``num_sm=16`` SMs, with no SM
-  margin left to the GEMM (``set_sm_margin=0``), while the ring exchange copies through the copy
-  engines (``use_ce=True``). So a pipelined or bulk collective slows the GEMM beside it by
+  pipeline and bulk methods move data with userbuffers kernels of ``num_sm=16`` SMs
+  (``UbufCommOverlap``, ``use_ce = 0``, transformer_engine/pytorch/csrc/comm_gemm_overlap.h at
+  v1.7), and the GEMM beside them is launched on every SM (``_math_sms`` is the device's SM
+  count unless ``set_sm_margin``, which defaults to 0): nothing is reserved, the two kernels
+  share the SMs while both run; the ring exchange copies through the copy engines
+  (``UbufP2PCommOverlap``, ``use_ce = 1``). So a pipelined or bulk collective slows the GEMM beside it by
   ``s = 16 / SMs`` of the time they share, as an NCCL kernel slows the compute beside it
   (``distir.sim.interference``'s rate model): bulk ``max(g + s·min(c, g), c)``, pipelined
   ``max(g + c / k + s·min(c, g)·(k − 1) / k, g / k + c)`` (the last chunk's reduction runs
@@ -49,8 +54,11 @@ records (the op is a one-step AllGather or ReduceScatter along one mesh axis,
 ``OpRecord.collective``, on the very clocks of the GEMM: not on a communication stream). In
 program order each collective takes its direct GEMM if free, else the nearest free independent
 one (a ring takes its direct GEMM and the free GEMMs of its group); a GEMM overlaps one
-collective. Not modelled: the lower efficiency of the split products, and the HBM bandwidth
-the userbuffers kernels take.
+collective. Not modelled: the lower efficiency of the split products (a ring's GEMMs run on
+1/n of the gathered tokens, ``n_chunk = n / _tp_size`` in ``split_overlap_ag``; a pipeline's on
+a quarter of the output features, ``m_chunk = m / _num_splits`` in ``split_overlap_rs``; TE
+issues them round-robin on three compute streams, ``_NUM_MAX_UB_STREAMS``, so ready chunks run
+side by side), and the HBM bandwidth the userbuffers kernels take.
 """
 
 from __future__ import annotations
