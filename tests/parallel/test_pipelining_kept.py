@@ -13,11 +13,14 @@ from distir.autodiff.train import Optimizer
 from distir.frontends.zoo import build_model
 from distir.hardware.cluster import parse_cluster
 from distir.ir.function import Module
+from distir.ir.ops import Call, Op
 from distir.ir.types import DType
 from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import StrategyError, parse_strategy
 from distir.parallel.trainers import trainer_semantics
 from distir.sim.simulate import simulate
+
+from .helpers import assert_mixed_step_matches
 
 LLAMA = "llama:layers=4,hidden=64,heads=2,kv_heads=1,ffn=128,seq=16,vocab=256"
 FSDP2_PP = {
@@ -136,3 +139,61 @@ def test_the_torchtitan_trainer_keeps_the_last_stages_outputs_under_a_pipeline(
     """torchtitan 820504e's torch (June 2025) keeps only the last stage's outputs (pytorch#153383)."""
     sem = trainer_semantics("torchtitan", parse_strategy(strategy), Precision.parse("mixed"), DType.bf16)
     assert sem.switches()["pipelining_kept"] == kept
+
+
+def _reductions_after_backward(kept: str) -> dict[str, tuple[bool, list[str]]]:
+    """Per last backward of a FSDP2 pipeline (``grad_copy_in = "cast"``): whether every gradient
+    reduction comes after the last layer's backward call, and the reduced weights in order."""
+    s = parse_strategy("d2.t1.p2.k4.1f1b.z2")
+    model = build_model(LLAMA, batch=s.k * s.d, dtype=DType.bf16)
+    prog = distribute(
+        model,
+        s,
+        Optimizer("adam"),
+        comm_streams=True,
+        precision="mixed",
+        pipelining_kept=kept,
+        grad_copy_in="cast",
+        bucket_mb=1e-6,  # a bucket per layer: FSDP's groups
+        **FSDP2_PP,
+    )
+    out = {}
+    for f in prog.functions:
+        if not f.name.endswith("_red"):
+            continue
+        body = list(f.body)
+        calls = [i for i, x in enumerate(body) if isinstance(x, Call) and x.callee.endswith("_bwd")]
+        reds = [
+            (i, x.outputs[0].name)
+            for i, x in enumerate(body)
+            if isinstance(x, Op) and x.name == "Redistribute"
+        ]
+        out[f.name] = (min(i for i, _ in reds) > max(calls), [n for _, n in reds])
+    return out
+
+
+def test_fsdp2_under_pipelining_reduces_after_the_last_backward_in_module_order() -> None:
+    """torch.distributed.pipelining runs the backward with gradient sync off, then each FSDP
+    group's post_backward in module order (forward order), before the input gradient is sent;
+    FSDP's own hooks (no pipelining_kept) reduce each block as its backward completes it."""
+    late = _reductions_after_backward("every")
+    assert late and all(after for after, _ in late.values())
+    names = late["c0_bwd_acc_red"][1]
+    assert names[0] == "g_tok_emb"
+    blocks = [int(n.rsplit("_", 1)[1]) for n in names[1:]]
+    assert blocks == sorted(blocks) and blocks[0] < blocks[-1]
+    hooks = _reductions_after_backward("")
+    assert not any(after for after, _ in hooks.values())
+
+
+@pytest.mark.parametrize("strategy", ["d2.t1.p2.k4.1f1b.z2", "d2.t2.sp.p2.k2.interleaved.v2.z2"])
+def test_fsdp2_under_pipelining_equals_the_sequential_mixed_step(strategy: str) -> None:
+    assert_mixed_step_matches(
+        LLAMA,
+        strategy,
+        comm_streams=True,
+        pipelining_kept="every",
+        grad_copy_in="cast",
+        bucket_mb=1e-6,
+        **FSDP2_PP,
+    )

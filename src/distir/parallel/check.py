@@ -122,6 +122,10 @@ def materialized_inputs(
         elif p.name in copies:
             w = copies[p.name]
             args[p.name] = _cast(vals[w.name], w.type.dtype)
+        elif p.name.endswith("_buffer"):  # ``pipelining_kept``'s receive buffers (donated, overwritten)
+            t = p.type
+            assert isinstance(t, DTensorType)
+            args[p.name] = np.zeros(t.shape, np.float32)
     mat = materialize(annotate_types(Module((inline_calls(dist),))))
     flat: list[Any] = []
     for p in entry.params:
@@ -179,6 +183,7 @@ def check_against_sequential(
     megatron_ddp: bool = False,
     fsdp2_grad_accum: bool = False,
     grad_accum_fusion: bool = False,
+    pipelining_kept: str = "",
 ) -> Comparison:
     opt = optimizer or Optimizer("sgd", lr=0.1)
     seq = training_step(model, opt, strategy.recompute, precision)
@@ -204,6 +209,7 @@ def check_against_sequential(
         megatron_ddp=megatron_ddp,
         fsdp2_grad_accum=fsdp2_grad_accum,
         grad_accum_fusion=grad_accum_fusion,
+        pipelining_kept=pipelining_kept,
     )
     vals = initial_values(model, opt, seed, precision)
     want = run_reference(seq, [vals[p.name] for p in seq.entry.params])
@@ -219,6 +225,8 @@ def check_against_sequential(
     # mixed precision: the new compute copies (last: the weights', then the tied copies') are the
     # new masters, cast
     halves = got[len(names) + len(extra) :]
+    if pipelining_kept:  # what the stages keep: the step's last results, compared with nothing
+        halves = halves[: len(model.weights) + len(copies)]
     if halves:
         assert len(halves) == len(model.weights) + len(copies), "one compute copy per weight"
         for k, (w, copy) in enumerate(zip(model.weights, halves, strict=False)):

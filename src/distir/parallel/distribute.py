@@ -188,8 +188,10 @@ programs. Its shape:
   chunk's forward returns after its other results; the last stage also concatenates them at
   the schedule's end (``_merge_outputs``: a transient copy of all of them). The kept values
   are the step's last results; the receive buffers are step parameters too (``<value>_buffer``,
-  on the receiving stream, each donated to what it receives). Not with ``deepspeed_pipe``.
-  Default: each freed after its last use.
+  on the receiving stream, each donated to what it receives). With FSDP2 (``grad_copy_in =
+  "cast"``) the last backward reduces its gradients after its computation, group by group, as
+  the stages call FSDP's post-backward (``_Builder.late_post_backward``). Not with
+  ``deepspeed_pipe``. Default: each freed after its last use.
 - ``sac_eager`` (``rops`` run eagerly, as torchtitan without ``torch.compile``): PyTorch's
   selective checkpointing caches every result its policy saves until the block's backward,
   whether the backward reads it or not (``torch/utils/checkpoint.py``,
@@ -890,6 +892,20 @@ class _Builder:
         calls = self.layer_calls
         block = Counter(c.callee for c in calls).most_common(1)[0][0]
         return frozenset(w for L in layers if calls[L.index].callee != block for w in L.weights)
+
+    @property
+    def late_post_backward(self) -> bool:
+        """Whether the last backward reduces its gradients after its computation, group by group,
+        as ``torch.distributed.pipelining`` runs FSDP2 (``pipelining_kept`` with FSDP2's
+        ``grad_copy_in = "cast"``): ``PipelineStage.backward_maybe_with_nosync`` runs every
+        backward with gradient sync off and, after the last, calls each FSDP group's
+        ``post_backward`` in the module's order (the root's group first, then the blocks in
+        forward order), each of which waits for the previous group's reduce-scatter before its
+        copy-in (torch/distributed/pipelining/stage.py at 1963fc8, torch 2.6.0;
+        ``FSDPParamGroup.post_backward``) — all before the stage sends its input gradient, which
+        the send's stream waits for. torch after pytorch#144535 (January 2025) also waits for the
+        last group's reduce-scatter there (``_root_post_backward_final_callback``); not modelled."""
+        return bool(self.pipelining_kept) and self.grad_copy_in == "cast" and self.bucketed
 
     def delayed_sync(self, c: int) -> bool:
         """Whether chunk ``c``'s gradients are reduced by a call of their own after its last
@@ -1908,6 +1924,9 @@ class _Buckets:
         # Megatron-LM buckets the first model chunk of the first stage only: every other chunk's
         # gradients are one bucket, reduced after its last backward (``megatron_ddp``)
         self.one_bucket = b.megatron and c > 0
+        # torch.distributed.pipelining's post-backward: the groups reduced after the backward
+        self.late = b.late_post_backward and not self.scatter
+        self.groups: list[list[tuple[Value, Value]]] = []
         stage = self.stage = c % b.s.p
         # ``one_dp_stream``: on the gathers' stream; a full bucket waits for ``release``
         self.stream_name = "dp_gather" if b.one_dp_stream else "dp_reduce"
@@ -1938,6 +1957,8 @@ class _Buckets:
         """A layer's weight gradients are complete (those of ``summed`` already added into the
         accumulated ones: ``grad_accum_fusion``)."""
         self.accumulators()
+        if self.late:
+            self.groups.append([])
         for w, g in zip(weights, grads, strict=True):
             if self.accs and not self.scatter and w not in summed:  # DDP: the microbatches' sum, reduced once
                 (g,) = self.fb.op("Add", self.accs[w], g, names=[f"g_{w.name}"])
@@ -1946,6 +1967,9 @@ class _Buckets:
             if w in self.root:
                 self.held.append((w, g))
                 continue
+            if self.late:
+                self.groups[-1].append((w, g))
+                continue
             self.pending.append((w, g))
             self.size += self.b._grad_bytes(w)
         if not self.defer:
@@ -1953,7 +1977,7 @@ class _Buckets:
 
     def release(self) -> None:
         """The open bucket reduced if it is full."""
-        if self.size >= self.b.bucket_bytes and not self.one_bucket:
+        if self.size >= self.b.bucket_bytes and not self.one_bucket and not self.late:
             self.flush()
 
     def _copied_in(self, w: Value, g: Value) -> Value:
@@ -2044,6 +2068,11 @@ class _Buckets:
         return b._redistribute(self.fb, g, f"g_{w.name}", "P(sum), " + shard, coalesced)
 
     def results(self) -> list[Value]:
+        if self.late:  # ``_Builder.late_post_backward``: the root's group, then the blocks'
+            for group in [self.held, *reversed(self.groups)]:
+                self.pending = group
+                self.flush()
+            return [self.out[w] for w in self.ws]
         self.flush()
         if self.held:  # the root unit's post-backward: its gradients in one call, last
             self.pending = self.held
