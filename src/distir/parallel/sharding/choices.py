@@ -67,13 +67,15 @@ def _choose_op(
     placed: Mapping[Value, list[Placement | None]],
     fixed: Mapping[Value, list[Placement]],
     pins: tuple[bool, ...],
+    nest: bool = False,
 ) -> _OpChoice:
     """Op ``k`` of ``plan`` chooses a strategy per mesh axis (of sizes ``sizes``), in axis order,
     each by ``_choose`` given what the axes before took; ``placed`` holds its inputs' final
     placements and its results' from the fixed point (``fixed``: the annotated ones). Reads
     ``placed``, never writes it. Raises ShardingError when a result would shard one dim along
-    two mesh axes. A pure function of the op's signature (``plan.sig[k]``), the sizes, those
-    placements, which results are annotated and ``pins`` (per input: pinned)."""
+    two mesh axes and nothing nests. A pure function of the op's signature (``plan.sig[k]``), the sizes, those
+    placements, which results are annotated, ``pins`` (per input: pinned) and ``nest`` (the
+    annotations nest a dim: nesting is then no worse than any other layout)."""
     types = plan.types
     n_axes = len(sizes)
     chosen: list[Strategy] = []
@@ -87,6 +89,12 @@ def _choose_op(
         if v in fixed and isinstance(tv, TensorType):
             targets.append((i, tv, fixed[v]))
     moved: list[tuple[int, tuple[Placement, ...]]] = []
+    # where the annotations nest a dim (context with sequence parallelism), an op keeps or makes
+    # such layouts as cheaply as any other; elsewhere a strategy that makes one is a last resort
+    # (``_choose``), and an op's inputs nest only where an annotation does
+    nested = nest or any(lst is not None and shards_one_dim_twice(lst) for lst in in_lists)
+    none: tuple[tuple[Placement | None, ...], ...] = tuple(() for _ in op.inputs)
+    none_out: tuple[tuple[Placement | None, ...], ...] = tuple(() for _ in op.outputs)
     for ax, n in enumerate(sizes):
         # every tensor is placed by now (no None left): a value without a list is not a tensor
         # (replicated)
@@ -100,7 +108,9 @@ def _choose_op(
             # shards a dim along this axis too clashes
             in_other: tuple[tuple[Placement | None, ...], ...]
             out_other: tuple[tuple[Placement | None, ...], ...]
-            if n_axes == 2:  # the (dp, tp) meshes of the layers: one other axis
+            if nested:
+                in_other, out_other = none, none_out
+            elif n_axes == 2:  # the (dp, tp) meshes of the layers: one other axis
                 b = 1 - ax
                 if b < ax:
                     in_other = tuple([(w,) for w in chosen[b].ins])
@@ -135,7 +145,7 @@ def _choose_op(
             finals.append((None, None))
             continue
         # ``_choose`` takes such a strategy only when every other one clashes too
-        if n_axes > 1 and shards_one_dim_twice(lst):
+        if n_axes > 1 and not nested and shards_one_dim_twice(lst):
             raise ShardingError(
                 f"%{v.name}: every strategy of {op.name} shards one dim along two mesh axes "
                 f"([{format_placements(tuple(p or _R for p in lst))}]), which is not supported"
@@ -163,7 +173,8 @@ def _pt_id(places: tuple[Placement, ...]) -> int:
 
 
 def shards_one_dim_twice(places: Sequence[Placement | None]) -> bool:
-    """Whether two mesh axes shard the same dim (a layout materialization does not support)."""
+    """Whether two mesh axes shard the same dim: nested, each axis splitting the pieces the axes
+    before it left (``distir.parallel.sharding.materialize.local_shape_at``)."""
     dims = [p.dim for p in places if isinstance(p, Shard)]
     return len(dims) != len(set(dims))
 

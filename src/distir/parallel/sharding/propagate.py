@@ -40,7 +40,6 @@ from distir.ir.dtensor import (
     Placement,
     Replicate,
     Shard,
-    format_placements,
 )
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
@@ -95,11 +94,6 @@ def _annotation(value: str, a: str | Sequence[Placement], mesh: Mesh) -> tuple[P
     if len(places) != len(mesh.axes):
         raise ShardingError(
             f"annotation of %{value} gives {len(places)} placements for a mesh of {len(mesh.axes)} axes"
-        )
-    if shards_one_dim_twice(places):
-        raise ShardingError(
-            f"annotation of %{value} [{format_placements(places)}]: two mesh axes shard the same dim; "
-            "not supported yet"
         )
     return places
 
@@ -173,12 +167,14 @@ def place(
             fixed.add(v)
     fixed_at = {v: [p or Replicate() for p in placed[v]] for v in fixed if v in placed}
     sizes = tuple(n for _, n in mesh.axes)
-    _fixed_point(plan, placed, [plan.fill(n) for n in sizes])
+    # annotations that nest a dim (context with sequence parallelism) allow nesting everywhere
+    nest = any(shards_one_dim_twice(ps) for ps in fixed_at.values())
+    _fixed_point(plan, placed, [plan.fill(n) for n in sizes], nest)
     for ps in placed.values():
         for ax in range(len(ps)):
             if ps[ax] is None:
                 ps[ax] = Replicate()
-    return _final_choice(plan, mesh, placed, fixed_at, tuple(pinned))
+    return _final_choice(plan, mesh, placed, fixed_at, tuple(pinned), nest)
 
 
 def _annotated(
@@ -223,11 +219,12 @@ def _annotated(
 
 
 def _fixed_point(
-    plan: Plan, placed: Lists, fills: Sequence[Sequence[Sequence[tuple[Placement, ...]]]]
+    plan: Plan, placed: Lists, fills: Sequence[Sequence[Sequence[tuple[Placement, ...]]]], nest: bool
 ) -> None:
     """Fill unknown placements (in ``placed``, in place) from strategies consistent with the
     known ones, sweeping the ops forward and backward until nothing changes. An op whose values
-    are all placed on every axis stays so: later sweeps skip it."""
+    are all placed on every axis stays so: later sweeps skip it. ``nest``: a fill may shard a
+    dim another axis shards too (nested)."""
     n_axes = len(fills)
     # per op: the placement lists of its values (None: not a tensor, i.e. always replicated)
     lists_of = [[placed.get(v) for v in vals] for vals in plan.vals]
@@ -261,7 +258,7 @@ def _fixed_point(
                         continue
                     if n_none == len(known) or known == stuck[j][ax]:
                         continue
-                    places = _consistent(fills[ax][j], known, lists, plan.is_param[j])
+                    places = _consistent(fills[ax][j], known, lists, plan.is_param[j], nest)
                     if places is None:
                         stuck[j][ax] = known
                         continue
@@ -277,6 +274,7 @@ def _consistent(
     known: Sequence[Placement | None],
     lists: Sequence[list[Placement | None] | None],
     is_param: Sequence[bool],
+    nest: bool = False,
 ) -> tuple[Placement, ...] | None:
     """The first of an op's placement options (on one axis) that agrees with every ``known``
     placement and fills no unknown one with what the fixed point never guesses (plain loops:
@@ -290,9 +288,10 @@ def _consistent(
                 if kp is None and (
                     # a parameter is never guessed to be a pending sum; annotate it if meant
                     (param and isinstance(p, Partial))
-                    # nor is a dim sharded along two mesh axes: no op's choice can undo that for
-                    # a parameter (``lst[ax]`` is None, so ``in`` sees the other axes)
-                    or (isinstance(p, Shard) and p in lst)  # type: ignore[operator]
+                    # nor, unless the annotations nest, a dim sharded along two mesh axes: no
+                    # op's choice can undo that for a parameter (``lst[ax]`` is None, so ``in``
+                    # sees the other axes)
+                    or (not nest and isinstance(p, Shard) and p in lst)  # type: ignore[operator]
                 ):
                     break
             else:
@@ -306,6 +305,7 @@ def _final_choice(
     placed: Lists,
     fixed_at: Mapping[Value, list[Placement]],
     pinned: tuple[int, ...],
+    nest: bool,
 ) -> Placed:
     """Each op's strategy per axis, in program order: the producer's placements are what
     consumers get (``placed`` updated in place to the results' final ones), and the conflicts.
@@ -329,10 +329,11 @@ def _final_choice(
             tuple([ids.get(v) for v in outs]),
             tuple([v in fixed_at for v in outs]) if fixed_at else None,
             pin_flags[k],
+            nest,
         )
         got = _CHOICES.get(ckey)
         if got is None:
-            got = _choose_op(op, plan, k, options, sizes, placed, fixed_at, pin_flags[k])
+            got = _choose_op(op, plan, k, options, sizes, placed, fixed_at, pin_flags[k], nest)
             if len(_CHOICES) >= _CHOICES_MAX:
                 _CHOICES.clear()
             _CHOICES[ckey] = got
