@@ -134,7 +134,9 @@ def test_distribute_refuses_what_context_parallelism_does_not_combine_with_by_na
     """``distribute`` builds c > 1 (``tests/parallel/test_context_distribute.py``); what it does
     not combine with yet is refused naming it."""
     model = build_model("gpt:layers=1,hidden=8,heads=2,seq=8,vocab=16", batch=4)
-    with pytest.raises(StrategyError, match=r"context parallelism \(c=2\) does not combine with uneven batch"):
+    with pytest.raises(
+        StrategyError, match=r"context parallelism \(c=2\) does not combine with uneven batch"
+    ):
         distribute(model, parse_strategy("d2.t1.c2.p1.k1.b1-3"))
 
 

@@ -44,7 +44,7 @@ from distir.parallel.sharding.materialize import (
     shard_value,
     unshard_value,
 )
-from distir.parallel.sharding.propagate import ShardingError, propagate
+from distir.parallel.sharding.propagate import propagate
 from distir.sim.collectives import allreduce_time
 from distir.sim.simulate import simulate
 
@@ -93,9 +93,13 @@ def check_redistribution(case: RedistCase, seed: int) -> None:
     devs = case.mesh.devices
     mat = distir.check(materialize(m))
     names = [op.name for op in mat.entry.ops()]
-    if valid_layout(case.src) and valid_layout(case.dst) and all(
-        a == b or isinstance(b, Replicate) or isinstance(a, Replicate)
-        for a, b in zip(case.src, case.dst, strict=True)
+    if (
+        valid_layout(case.src)
+        and valid_layout(case.dst)
+        and all(
+            a == b or isinstance(b, Replicate) or isinstance(a, Replicate)
+            for a, b in zip(case.src, case.dst, strict=True)
+        )
     ):
         # one move per axis; other cases may pass through R first (so no intermediate layout
         # shards a dim twice, or a nested dim is gathered from its innermost axis out), which
@@ -162,8 +166,17 @@ def test_nested_redistribution_keeps_the_value(case: RedistCase, seed: int) -> N
 def test_nested_steps_gather_from_the_innermost_axis_and_split_from_the_outermost(
     src: str, dst: str, steps: list[tuple[int, str]]
 ) -> None:
-    got = redistribute_steps(parse_placements(src), parse_placements(dst))
+    got = redistribute_steps(parse_placements(src), parse_placements(dst), (2, 2))
     assert [(ax, str(p)) for ax, p in got] == steps
+
+
+def test_nested_steps_ignore_axes_of_one_device() -> None:
+    """(dp=1, cp=2, tp=2): the dp axis' placement is the whole either way, so it blocks nothing
+    and the cp shard stays (only the tp gather moves data)."""
+    got = redistribute_steps(
+        parse_placements("S(1), S(1), S(1)"), parse_placements("S(0), S(1), R"), (1, 2, 2)
+    )
+    assert [(ax, str(p)) for ax, p in got] == [(2, "R"), (0, "S(0)")]
 
 
 def test_nested_pieces_split_each_outer_piece() -> None:
@@ -467,7 +480,9 @@ NESTED = """func @f(%x: Tensor[f64, (11, 6), d0], %s: Tensor[f64, (6,), d0], %w:
         {"x0": "S(1), S(1)"},  # the contraction dim nested: pending over both axes
     ],
 )
-def test_a_dim_sharded_along_two_axes_is_nested_and_computes_the_sequential_result(ann: dict[str, str]) -> None:
+def test_a_dim_sharded_along_two_axes_is_nested_and_computes_the_sequential_result(
+    ann: dict[str, str],
+) -> None:
     """DTensor's ``[Shard(0), Shard(0)]``: the first axis splits the dim, the second splits each
     of its pieces; annotated so, propagation keeps such layouts where they cost least and the
     materialized program (and its per-rank programs) computes the sequential result."""

@@ -333,7 +333,7 @@ def _redistribute(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Val
     cur = list(src.placements)
     pieces = {d: local[(src_v, d)] for d in mesh.devices}
     coalesced = bool(op.attrs.get("coalesced"))
-    for ax, b in redistribute_steps(src.placements, dst.placements):
+    for ax, b in redistribute_steps(src.placements, dst.placements, mesh.shape):
         nxt = [*cur]
         nxt[ax] = b
         t_cur, t_next = src.with_placements(tuple(cur)), src.with_placements(tuple(nxt))
@@ -362,15 +362,17 @@ def unsupported_step(mesh: Mesh, ax: int, a: Placement, b: Placement) -> str | N
     return None
 
 
-def redistribute_steps(src: Sequence[Placement], dst: Sequence[Placement]) -> list[tuple[int, Placement]]:
+def redistribute_steps(
+    src: Sequence[Placement], dst: Sequence[Placement], sizes: Sequence[int] | None = None
+) -> list[tuple[int, Placement]]:
     """One-axis moves (axis, new placement) from ``src`` to ``dst``, each one a collective along
-    its axis can do (``step_lowers``). When neither end shards a dim along two mesh axes, no
-    intermediate layout does either: moves to Replicate first, then any move whose result is
-    valid; when none is (``[S(0), S(1)] -> [S(1), S(0)]``), a blocking axis is replicated first.
-    Otherwise (``_nested_steps``) a dim is gathered from its innermost axis out and split from
-    its outermost in, as DTensor redistributes nested shards."""
+    its axis can do (``step_lowers``; ``sizes``: the mesh's axis sizes, when known). When neither
+    end shards a dim along two mesh axes, no intermediate layout does either: moves to Replicate
+    first, then any move whose result is valid; when none is (``[S(0), S(1)] -> [S(1), S(0)]``),
+    a blocking axis is replicated first. Otherwise (``_nested_steps``) a dim is gathered from its
+    innermost axis out and split from its outermost in, as DTensor redistributes nested shards."""
     if shards_one_dim_twice(src) or shards_one_dim_twice(dst):
-        return _nested_steps(src, dst)
+        return _nested_steps(src, dst, sizes or (2,) * len(src))
     cur = list(src)
     steps: list[tuple[int, Placement]] = []
 
@@ -391,18 +393,24 @@ def redistribute_steps(src: Sequence[Placement], dst: Sequence[Placement]) -> li
     return steps
 
 
-def step_lowers(places: Sequence[Placement], ax: int, b: Placement) -> bool:
-    """Whether a collective along axis ``ax`` alone moves ``places`` to ``b`` there: the dims it
-    gathers or splits (``places[ax]``'s and ``b``'s) are sharded by no later axis. A later axis
-    splits each of this axis' pieces further, so a device along ``ax`` holds a scattered part of
-    the block this axis gives out; along the innermost axis of a dim the pieces are contiguous
-    parts of the block the axes before it leave (an AllGather over tp of ``[S(1), S(1)]`` on
-    (cp, tp) gives each cp rank's block)."""
+def step_lowers(places: Sequence[Placement], ax: int, b: Placement, sizes: Sequence[int]) -> bool:
+    """Whether a collective along axis ``ax`` (of a mesh of axis sizes ``sizes``) alone moves
+    ``places`` to ``b`` there: the dims it gathers or splits (``places[ax]``'s and ``b``'s) are
+    sharded by no later axis of more than one device. A later axis splits each of this axis'
+    pieces further, so a device along ``ax`` holds a scattered part of the block this axis gives
+    out; along the innermost axis of a dim the pieces are contiguous parts of the block the axes
+    before it leave (an AllGather over tp of ``[S(1), S(1)]`` on (cp, tp) gives each cp rank's
+    block). Along an axis of one device nothing moves: every step lowers."""
+    if sizes[ax] == 1:
+        return True
     dims = {p.dim for p in (places[ax], b) if isinstance(p, Shard)}
-    return not any(isinstance(q, Shard) and q.dim in dims for q in places[ax + 1 :])
+    later = range(ax + 1, len(places))
+    return not any(isinstance(q := places[k], Shard) and q.dim in dims and sizes[k] > 1 for k in later)
 
 
-def _nested_steps(src: Sequence[Placement], dst: Sequence[Placement]) -> list[tuple[int, Placement]]:
+def _nested_steps(
+    src: Sequence[Placement], dst: Sequence[Placement], sizes: Sequence[int]
+) -> list[tuple[int, Placement]]:
     """``redistribute_steps`` when an end nests a dim: the moves to Replicate that lower, then the
     rest in mesh-axis order, each axis' move once every later axis blocking it (``step_lowers``)
     is replicated (an axis so replicated is moved to its target when its turn comes)."""
@@ -417,18 +425,17 @@ def _nested_steps(src: Sequence[Placement], dst: Sequence[Placement]) -> list[tu
     while changed:  # gathers first, innermost out: each may unblock the one before it
         changed = False
         for ax in reversed(range(len(cur))):
-            if cur[ax] != dst[ax] and isinstance(dst[ax], Replicate) and step_lowers(cur, ax, dst[ax]):
+            if cur[ax] != dst[ax] and isinstance(dst[ax], Replicate) and step_lowers(cur, ax, dst[ax], sizes):
                 move(ax, dst[ax])
                 changed = True
     for ax in range(len(cur)):
         if cur[ax] == dst[ax]:
             continue
-        while not step_lowers(cur, ax, dst[ax]):
+        while not step_lowers(cur, ax, dst[ax], sizes):
             dims = {p.dim for p in (cur[ax], dst[ax]) if isinstance(p, Shard)}
             # the innermost blocker: no later axis shards its dim, so its gather lowers
-            inner = max(
-                k for k in range(ax + 1, len(cur)) if isinstance(q := cur[k], Shard) and q.dim in dims
-            )
+            later = range(ax + 1, len(cur))
+            inner = max(k for k in later if isinstance(q := cur[k], Shard) and q.dim in dims and sizes[k] > 1)
             move(inner, Replicate())
         move(ax, dst[ax])
     return steps
