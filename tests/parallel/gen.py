@@ -288,10 +288,11 @@ def mlp_programs(draw: st.DrawFn, dtype: str = "f64") -> tuple[str, dict[str, tu
 
 @st.composite
 def annotations(
-    draw: st.DrawFn, params: dict[str, tuple[int, ...]], mesh: Mesh
+    draw: st.DrawFn, params: dict[str, tuple[int, ...]], mesh: Mesh, nested: bool = False
 ) -> dict[str, tuple[Placement, ...]]:
     """Placements (R or S(d) for a dim of the parameter, per mesh axis; no dim sharded along two
-    axes) for 1-3 of the parameters."""
+    axes) for 1-3 of the parameters; with ``nested`` (a mesh of two axes or more), the first
+    parameter's first dim over every axis (nested: ``local_shape_at``)."""
     names = draw(st.lists(st.sampled_from(sorted(params)), min_size=1, max_size=3, unique=True))
     out: dict[str, tuple[Placement, ...]] = {}
     for name in names:
@@ -300,6 +301,8 @@ def annotations(
             free = [Shard(d) for d in range(len(params[name])) if Shard(d) not in places]
             places.append(draw(st.sampled_from([R, *free])))
         out[name] = tuple(places)
+    if nested:
+        out[names[0]] = tuple(Shard(0) for _ in mesh.axes)
     return out
 
 

@@ -328,10 +328,10 @@ def test_regression_reshape_of_an_empty_shard() -> None:
 
 # -- 2. random annotated programs -----------------------------------------------------------------
 @st.composite
-def annotated_programs(draw: st.DrawFn) -> tuple[str, Mesh, dict[str, str]]:
+def annotated_programs(draw: st.DrawFn, nested: bool = False) -> tuple[str, Mesh, dict[str, str]]:
     text, params = draw(mlp_programs())
-    mesh = draw(meshes)
-    ann = draw(annotations(params, mesh))
+    mesh = draw(meshes.filter(lambda m: len(m.axes) > 1) if nested else meshes)
+    ann = draw(annotations(params, mesh, nested))
     return text, mesh, {k: places_text(v) for k, v in ann.items()}
 
 
@@ -342,6 +342,19 @@ def test_random_annotated_programs_match_sequential(
 ) -> None:
     """Programs are f64 so that float rounding (e.g. a ReduceSum that nearly cancels) cannot pass
     for a sharding error; the bound is the float32 one, relative to the output's max abs."""
+    text, mesh, ann = case
+    err = compare(parse_module(text), mesh, ann, seed)
+    assert err < 1e-5, f"{text}{mesh} {ann}: relative error {err}"
+
+
+@settings(max_examples=100, deadline=None)
+@given(annotated_programs(nested=True), st.integers(0, 3))
+def test_random_programs_with_a_nested_annotation_match_sequential(
+    case: tuple[str, Mesh, dict[str, str]], seed: int
+) -> None:
+    """One parameter's first dim sharded along both mesh axes (nested): propagation spreads the
+    layout where the strategies keep the dim's size (``keeps_dim_sizes``), reshapes and
+    transposes included, and the result is the sequential one."""
     text, mesh, ann = case
     err = compare(parse_module(text), mesh, ann, seed)
     assert err < 1e-5, f"{text}{mesh} {ann}: relative error {err}"
@@ -461,6 +474,26 @@ def test_regression_squeeze_unsqueeze_of_a_pending_sum(x: tuple[int, int], op: s
 }}
 """
     assert compare(parse_module(text), mesh_of((2,)), {"x": "S(1)", "w": "S(0)"}) < 1e-9
+
+
+@pytest.mark.parametrize(
+    ("shape", "target", "ann"),
+    [
+        ((6, 3), "[18]", "S(0), S(0)"),  # 3 + 3 rows over a, then 2 + 1: merged, 6 + 3 elements
+        ((12,), "[6, 2]", "S(0), S(0)"),
+        ((2, 8, 3), "[16, 3]", "S(0), S(0)"),
+        ((1, 8, 3), "[8, 3]", "S(1), S(1)"),  # a dim of one dropped: the nested sequence carries over
+    ],
+)
+def test_reshape_of_a_nested_dim_computes_the_sequential_result(
+    shape: tuple[int, ...], target: str, ann: str
+) -> None:
+    """The reshape rule maps a sharded dim through a merge or split by the global extent's piece
+    boundaries, which an outer axis' split moves: under a nested layout propagation takes it only
+    where the dim keeps its size (``keeps_dim_sizes``), and gathers otherwise."""
+    dims = ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "")
+    text = f"func @f(%x: Tensor[f64, ({dims}), d0]) {{\n  %y = Reshape(%x, shape={target})\n  %z = Gelu(%y)\n  return %z\n}}\n"
+    assert compare(parse_module(text), mesh_of((2, 2)), {"x": ann}) < 1e-9
 
 
 NESTED = """func @f(%x: Tensor[f64, (11, 6), d0], %s: Tensor[f64, (6,), d0], %w: Tensor[f64, (6, 5), d0]) {

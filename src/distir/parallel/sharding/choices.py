@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 from distir.ir.dtensor import Partial, Placement, Replicate, Shard, format_placements
 from distir.ir.ops import Op
@@ -90,11 +90,11 @@ def _choose_op(
             targets.append((i, tv, fixed[v]))
     moved: list[tuple[int, tuple[Placement, ...]]] = []
     # where the annotations nest a dim (context with sequence parallelism), an op keeps or makes
-    # such layouts as cheaply as any other; elsewhere a strategy that makes one is a last resort
+    # such layouts as cheaply as any other, by strategies that keep the sizes of the dims they
+    # shard (``keeps_dim_sizes``); elsewhere a strategy that makes one is a last resort
     # (``_choose``), and an op's inputs nest only where an annotation does
     nested = nest or any(lst is not None and shards_one_dim_twice(lst) for lst in in_lists)
-    none: tuple[tuple[Placement | None, ...], ...] = tuple(() for _ in op.inputs)
-    none_out: tuple[tuple[Placement | None, ...], ...] = tuple(() for _ in op.outputs)
+    forced = False  # a nesting strategy taken as the last resort
     for ax, n in enumerate(sizes):
         # every tensor is placed by now (no None left): a value without a list is not a tensor
         # (replicated)
@@ -106,26 +106,10 @@ def _choose_op(
         else:
             # what the other axes hold (or, for inputs on earlier axes, take): a strategy that
             # shards a dim along this axis too clashes
-            in_other: tuple[tuple[Placement | None, ...], ...]
-            out_other: tuple[tuple[Placement | None, ...], ...]
+            in_other, out_other = _others(ax, n_axes, chosen, in_lists, out_lists)
             if nested:
-                in_other, out_other = none, none_out
-            elif n_axes == 2:  # the (dp, tp) meshes of the layers: one other axis
-                b = 1 - ax
-                if b < ax:
-                    in_other = tuple([(w,) for w in chosen[b].ins])
-                else:
-                    in_other = tuple([(lst[b],) if lst is not None else (_R,) for lst in in_lists])
-                out_other = tuple([(lst[b],) if lst is not None else () for lst in out_lists])
-            else:
-                others = [b for b in range(n_axes) if b != ax]
-                in_other = tuple(
-                    tuple(chosen[b].ins[i] if b < ax else lst[b] if lst is not None else _R for b in others)
-                    for i, lst in enumerate(in_lists)
-                )
-                out_other = tuple(
-                    tuple(lst[b] for b in others) if lst is not None else () for lst in out_lists
-                )
+                opts, in_other, out_other, last = _nesting(op, plan, opts, in_other, out_other)
+                forced = forced or last
             tgt = tuple((i, fx[ax]) for i, _, fx in targets)
             got = _free(opts, have, hint, in_other, out_other, plan.movable[k], tgt)
             if got is None:
@@ -145,7 +129,7 @@ def _choose_op(
             finals.append((None, None))
             continue
         # ``_choose`` takes such a strategy only when every other one clashes too
-        if n_axes > 1 and not nested and shards_one_dim_twice(lst):
+        if n_axes > 1 and (forced or not nested) and shards_one_dim_twice(lst):
             raise ShardingError(
                 f"%{v.name}: every strategy of {op.name} shards one dim along two mesh axes "
                 f"([{format_placements(tuple(p or _R for p in lst))}]), which is not supported"
@@ -153,6 +137,81 @@ def _choose_op(
         fin = tuple(p or _R for p in lst)
         finals.append((fin, _pt_id(fin)))
     return tuple(chosen), tuple(finals), tuple(moved)
+
+
+_Others = tuple[tuple[Placement | None, ...], ...]
+
+
+def _others(
+    ax: int,
+    n_axes: int,
+    chosen: Sequence[Strategy],
+    in_lists: Sequence[Sequence[Placement | None] | None],
+    out_lists: Sequence[Sequence[Placement | None] | None],
+) -> tuple[_Others, _Others]:
+    """Per input and result of an op choosing on axis ``ax``, what the other axes hold: for
+    inputs, what the axes before took (``chosen``) and what the later ones hold; for results,
+    what the fixed point gave them (``_choose_op``)."""
+    in_other: _Others
+    if n_axes == 2:  # the (dp, tp) meshes of the layers: one other axis
+        b = 1 - ax
+        if b < ax:
+            in_other = tuple([(w,) for w in chosen[b].ins])
+        else:
+            in_other = tuple([(lst[b],) if lst is not None else (_R,) for lst in in_lists])
+        return in_other, tuple([(lst[b],) if lst is not None else () for lst in out_lists])
+    others = [b for b in range(n_axes) if b != ax]
+    in_other = tuple(
+        tuple(chosen[b].ins[i] if b < ax else lst[b] if lst is not None else _R for b in others)
+        for i, lst in enumerate(in_lists)
+    )
+    return in_other, tuple(tuple(lst[b] for b in others) if lst is not None else () for lst in out_lists)
+
+
+def keeps_dim_sizes(st: Strategy, ins: Sequence[object], outs: Sequence[object]) -> bool:
+    """Whether every dim ``st`` shards (of the tensors ``ins`` and ``outs``, global types) has one
+    size: the strategy splits one extent the same way in every operand, so when an earlier axis
+    has split that dim its pieces still correspond (elementwise ops, norms, a product's rows or
+    contraction, attention's sequence). A ``Reshape`` merging or splitting the dim maps pieces by
+    the global extent's boundaries, which an outer split moves."""
+    size = -1
+    for ps, ts in ((st.ins, ins), (st.outs, outs)):
+        for p, t in zip(ps, ts, strict=True):
+            if isinstance(p, Shard) and isinstance(t, TensorType):
+                if size >= 0 and t.shape[p.dim] != size:
+                    return False
+                size = t.shape[p.dim]
+    return True
+
+
+class _Nesting(NamedTuple):
+    """What an op chooses from on one axis where nesting is allowed (``_nesting``)."""
+
+    options: tuple[Strategy, ...]
+    in_other: _Others
+    out_other: _Others
+    forced: bool  # every option nests a dim it changes the size of: the last resort
+
+
+def _nesting(
+    op: Op, plan: Plan, opts: tuple[Strategy, ...], in_other: _Others, out_other: _Others
+) -> _Nesting:
+    """An op's options on one axis where nesting is allowed (``_choose_op``): those that keep
+    their dims' sizes or nest nothing, then judged without clashes; when none is, all of them
+    with their clashes (the last resort: the caller refuses a result it nests)."""
+    ins = [plan.types.get(v) for v in op.inputs]
+    outs = [plan.types.get(v) for v in op.outputs]
+    ok = [st for st in opts if keeps_dim_sizes(st, ins, outs) or not _clashes(st, in_other, out_other)]
+    if not ok:
+        return _Nesting(opts, in_other, out_other, True)
+    return _Nesting(tuple(ok), tuple(() for _ in in_other), tuple(() for _ in out_other), False)
+
+
+def _clashes(st: Strategy, in_other: _Others, out_other: _Others) -> bool:
+    """Whether ``st`` shards a dim along this axis that another axis shards too."""
+    return any(isinstance(w, Shard) and w in o for w, o in zip(st.ins, in_other, strict=True)) or any(
+        isinstance(q, Shard) and q in o for q, o in zip(st.outs, out_other, strict=True)
+    )
 
 
 # placement lists -> small ints, so that memo keys hash ints instead of placements (a dataclass

@@ -25,6 +25,7 @@ from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops.dtensor_inference import global_view
 from distir.ops.registry import REGISTRY, OpKind
+from distir.parallel.sharding.choices import keeps_dim_sizes
 from distir.parallel.sharding.propagate import (
     Placed,
     ShardingError,
@@ -96,8 +97,9 @@ def _required_core(
     per_axis: list[tuple[Placement, ...]] = []
     n_axes = len(mesh.axes)
     # values that already nest a dim (``distir.parallel.sharding.choices._choose_op``): nesting is
-    # then no worse than any other layout
+    # then no worse than any other layout, by a strategy that keeps its dims' sizes
     nested = any(pl is not None and shards_one_dim_twice(pl) for pl in (*in_places, *out_places))
+    forced = False
     for ax, (axis, n) in enumerate(mesh.axes):
         want = tuple(pl[ax] for pl in out_places)
         have = tuple(pl[ax] if pl is not None else Replicate() for pl in in_places)
@@ -119,7 +121,11 @@ def _required_core(
         for st in options:
             clash = 0
             for i, (pl, w) in enumerate(zip(in_places, st.ins, strict=True)):
-                if pl is not None and isinstance(w, Shard) and not nested:
+                if (
+                    pl is not None
+                    and isinstance(w, Shard)
+                    and not (nested and keeps_dim_sizes(st, glob, gouts))
+                ):
                     for b in range(n_axes):
                         if b != ax and (per_axis[b][i] if b < ax else pl[b]) == w:
                             clash += 1
@@ -140,10 +146,11 @@ def _required_core(
                 best, best_cost = st, c
                 if c == (0, 0.0):
                     break
+        forced = forced or bool(best_cost and best_cost[0])
         per_axis.append(best.ins)
     need = [tuple(pa[i] for pa in per_axis) if pl is not None else None for i, pl in enumerate(in_places)]
     for v, places in zip(op.inputs, need, strict=True):
-        if places is not None and not nested and shards_one_dim_twice(places):
+        if places is not None and (forced or not nested) and shards_one_dim_twice(places):
             raise ShardingError(
                 f"`{print_op(op)}`: every strategy giving its results their placements needs %{v.name} "
                 f"as [{format_placements(places)}], one dim sharded along two mesh axes (not supported)"
