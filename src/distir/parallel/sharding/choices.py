@@ -1,11 +1,12 @@
 """Sharding propagation's final choice: the strategy each op takes on each mesh axis, given the
 placements its inputs arrive in (``distir.parallel.sharding.propagate.place``), and what it costs.
 
-``_choose`` ranks an op's strategies on one axis (layouts materialization cannot handle last,
-then pinned parameters moved, bytes redistributed, input moves, the fixed point's hint, the
-rule's preference); ``_free`` finds its answer without counting when one strategy costs
-nothing; ``_choose_op`` chooses on every axis in turn, memoized by ``place`` in ``_CHOICES``
-under ids of placement lists (``_pt_id``). Every function here is pure in its arguments.
+``_choose`` ranks an op's strategies on one axis (a dim nested along two axes last, unless the
+annotations nest one: ``_nesting``; then pinned parameters moved, bytes redistributed, input
+moves, the fixed point's hint, the rule's preference); ``_free`` finds its answer without
+counting when one strategy costs nothing; ``_choose_op`` chooses on every axis in turn, memoized
+by ``place`` in ``_CHOICES`` under ids of placement lists (``_pt_id``). Every function here is
+pure in its arguments.
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ def _choose_op(
         if n_axes > 1 and (forced or not nested) and shards_one_dim_twice(lst):
             raise ShardingError(
                 f"%{v.name}: every strategy of {op.name} shards one dim along two mesh axes "
-                f"([{format_placements(tuple(p or _R for p in lst))}]), which is not supported"
+                f"([{format_placements(tuple(p or _R for p in lst))}]), which is supported only where the "
+                "annotations nest one, by strategies that keep the dim's size"
             )
         fin = tuple(p or _R for p in lst)
         finals.append((fin, _pt_id(fin)))
@@ -258,8 +260,8 @@ def _choose(
     tgt: Sequence[tuple[int, Placement]],
 ) -> Strategy:
     """The strategy an op takes on one mesh axis of ``n`` devices when its inputs arrive in
-    ``have`` (``propagate``'s final choice): layouts materialization cannot handle (a dim sharded
-    along two mesh axes, given what the other axes hold: ``in_other``, ``out_other``) last; then
+    ``have`` (``propagate``'s final choice): layouts that shard a dim along two mesh axes, given
+    what the other axes hold (``in_other``, ``out_other``; empty where nesting is allowed) last; then
     strategies that move a pinned parameter; then total bytes to redistribute inputs into the
     strategy and results into their annotated placements (``targets``, with this axis' placement
     in ``tgt``); then fewer input moves; then the one whose results are ``hint`` (what the fixed

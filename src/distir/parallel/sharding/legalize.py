@@ -3,8 +3,10 @@
 For each op of a DTensor program, the strategy is the one (of the op's sharding rule) that gives
 its results their declared placements and needs the least communication for its inputs (a
 requirement that would shard one dim of an input along two mesh axes only as a last resort, and
-then refused: ``ShardingError``); every input whose placements differ from what that strategy
-takes is redistributed first (one ``Redistribute`` per value and target, reused by later ops).
+then refused: ``ShardingError``, unless the op's values already nest a dim and the strategy
+keeps the sizes of the dims it shards: ``choices.keeps_dim_sizes``); every input whose
+placements differ from what that strategy takes is redistributed first (one ``Redistribute``
+per value and target, reused by later ops).
 Results of the function that are still partial (a pending reduction) are reduced, unless the
 caller keeps them pending. The output type-checks: every op then takes its inputs exactly as its
 strategy says. A pure pass ``Module -> Module``.
@@ -113,8 +115,9 @@ def _required_core(
         if len(options) == 1:
             per_axis.append(options[0].ins)
             continue
-        # the cheapest: inputs that would be sharded along the same dim on two mesh axes (which
-        # materialization cannot lay out) first, then the bytes to move; the first of equals
+        # the cheapest: inputs that would be sharded along the same dim on two mesh axes (where
+        # nothing nests, or by a strategy that changes the dim's size) last, then the bytes to
+        # move; the first of equals
         # (``min``). Nothing is cheaper than (0, 0.0): the first option costing that is it.
         best = options[0]
         best_cost: tuple[int, float] | None = None
@@ -153,7 +156,8 @@ def _required_core(
         if places is not None and (forced or not nested) and shards_one_dim_twice(places):
             raise ShardingError(
                 f"`{print_op(op)}`: every strategy giving its results their placements needs %{v.name} "
-                f"as [{format_placements(places)}], one dim sharded along two mesh axes (not supported)"
+                f"as [{format_placements(places)}], one dim sharded along two mesh axes (supported only "
+                "where the op's values nest one already)"
             )
     return need
 

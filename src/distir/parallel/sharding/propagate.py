@@ -9,11 +9,15 @@ operands → the rest, as Automap describes). Values still unknown at the fixed 
 replicated. Finally each op, in program order, takes the strategy its inputs' placements ask
 for; when no strategy takes them as they are (rules conflict), it takes the strategy that needs
 the least communication to redistribute its inputs, and the conflict is reported. Axes are
-independent except for one thing: one dim of a value sharded along two mesh axes (a layout
-materialization does not support). The fixed point never fills a placement that would make one
-(a parameter keeps what the fixed point gives it, so no later choice could undo it); the final
-choice takes a strategy that makes one only when every other does too, and then reports the value
-(``ShardingError``).
+independent except for one thing: one dim of a value sharded along two mesh axes (nested: the
+first axis splits the dim, the next each of its pieces; ``local_shape_at``). Where the
+annotations nest a dim (context with sequence parallelism), the fixed point fills such layouts
+and the final choice makes them as cheaply as any other, by strategies that keep the sizes of
+the dims they shard (``choices.keeps_dim_sizes``). Elsewhere the fixed point never fills a
+placement that would make one (a parameter keeps what the fixed point gives it, so no later
+choice could undo it), and the final choice takes a strategy that makes one only when every
+other does too, and then reports the value (``ShardingError``): the ops' rules are written per
+axis, and one that maps a dim through a reshape is exact only on the dim's outermost axis.
 
 The result is a DTensor program: the same ops, every tensor value typed ``DTensor[...]`` with
 its producer's placements. Where an op's strategy needs other placements for an input,
