@@ -291,7 +291,7 @@ def annotations(
     draw: st.DrawFn, params: dict[str, tuple[int, ...]], mesh: Mesh, nested: bool = False
 ) -> dict[str, tuple[Placement, ...]]:
     """Placements (R or S(d) for a dim of the parameter, per mesh axis; no dim sharded along two
-    axes) for 1-3 of the parameters; with ``nested`` (a mesh of two axes or more), the first
+    axes) for 1-3 of the parameters; with ``nested`` (a mesh of two axes or more), also one
     parameter's first dim over every axis (nested: ``local_shape_at``)."""
     names = draw(st.lists(st.sampled_from(sorted(params)), min_size=1, max_size=3, unique=True))
     out: dict[str, tuple[Placement, ...]] = {}
@@ -301,8 +301,9 @@ def annotations(
             free = [Shard(d) for d in range(len(params[name])) if Shard(d) not in places]
             places.append(draw(st.sampled_from([R, *free])))
         out[name] = tuple(places)
-    if nested:
-        out[names[0]] = tuple(Shard(0) for _ in mesh.axes)
+    if nested:  # a parameter of rank 1 or more: every program has one (%x0)
+        name = draw(st.sampled_from([n for n in sorted(params) if params[n]]))
+        out[name] = tuple(Shard(0) for _ in mesh.axes)
     return out
 
 

@@ -44,26 +44,28 @@ _REQUIRED: dict[tuple[object, ...], list[tuple[Placement, ...] | None]] = {}
 _REQUIRED_MAX: Final = 1 << 15
 
 
-def _required(op: Op) -> list[tuple[Placement, ...] | None]:
+def _required(op: Op, nest: bool = False) -> list[tuple[Placement, ...] | None]:
     """Per input, the placements (one per mesh axis) the op's strategy needs; None for inputs
-    that are not distributed tensors. Memoized (``_REQUIRED``); callers must not mutate the list."""
+    that are not distributed tensors (``nest``: the program nests a dim somewhere, so the op may
+    too). Memoized (``_REQUIRED``); callers must not mutate the list."""
     key = (
         op.name,
         REGISTRY[op.name].sharding,
         tuple(v.type for v in op.inputs),
         tuple(v.type for v in op.outputs),
         op.attrs,
+        nest,
     )
     got = _REQUIRED.get(key)
     if got is None:
-        got = _required_of(op)
+        got = _required_of(op, nest)
         if len(_REQUIRED) >= _REQUIRED_MAX:
             _REQUIRED.clear()
         _REQUIRED[key] = got
     return got
 
 
-def _required_of(op: Op) -> list[tuple[Placement, ...] | None]:
+def _required_of(op: Op, nest: bool) -> list[tuple[Placement, ...] | None]:
     """``_required`` computed."""
     types: list[Type | None] = [v.type for v in op.inputs]
     dts = [t for t in types if isinstance(t, DTensorType)]
@@ -82,6 +84,7 @@ def _required_of(op: Op) -> list[tuple[Placement, ...] | None]:
         gouts,
         [t.placements for t in outs if isinstance(t, DTensorType)],
         mesh,
+        nest,
     )
 
 
@@ -92,15 +95,17 @@ def _required_core(
     gouts: Sequence[Type],
     out_places: Sequence[tuple[Placement, ...]],
     mesh: Mesh,
+    nest: bool = False,
 ) -> list[tuple[Placement, ...] | None]:
     """``_required`` from the global types of ``op``'s inputs and results on the mesh's first
     device (``glob``, ``gouts``), the placements of its inputs (None: not a distributed tensor)
     and of its results. ``op`` gives the name, attributes and error messages."""
     per_axis: list[tuple[Placement, ...]] = []
     n_axes = len(mesh.axes)
-    # values that already nest a dim (``distir.parallel.sharding.choices._choose_op``): nesting is
-    # then no worse than any other layout, by a strategy that keeps its dims' sizes
-    nested = any(pl is not None and shards_one_dim_twice(pl) for pl in (*in_places, *out_places))
+    # a program that nests a dim (``nest``; ``distir.parallel.sharding.choices._choose_op``), or
+    # values that already do: nesting is then no worse than any other layout, by a strategy that
+    # keeps its dims' sizes
+    nested = nest or any(pl is not None and shards_one_dim_twice(pl) for pl in (*in_places, *out_places))
     forced = False
     for ax, (axis, n) in enumerate(mesh.axes):
         want = tuple(pl[ax] for pl in out_places)
@@ -212,10 +217,11 @@ def legalize_placed(
                 dev0,
                 tuple(map(ids.get, op.inputs)),
                 tuple(map(ids.__getitem__, op.outputs)),
+                got.nest,
             )
             moves = _REQUIRED.get(key)
             if moves is None:
-                moves = _moves(op, plan.ins[k], plan.outs[k], placed, mesh)
+                moves = _moves(op, plan.ins[k], plan.outs[k], placed, mesh, got.nest)
                 if len(_REQUIRED) >= _REQUIRED_MAX:
                     _REQUIRED.clear()
                 _REQUIRED[key] = moves
@@ -264,7 +270,12 @@ class _Fresh(dict[Value, Value]):
 
 
 def _moves(
-    op: Op, ins: Sequence[Type], outs: Sequence[Type], placed: Mapping[Value, Sequence[Placement]], mesh: Mesh
+    op: Op,
+    ins: Sequence[Type],
+    outs: Sequence[Type],
+    placed: Mapping[Value, Sequence[Placement]],
+    mesh: Mesh,
+    nest: bool,
 ) -> list[tuple[Placement, ...] | None]:
     """Per input of ``op`` (global types ``ins``, results ``outs``, placed as ``placed`` says
     on ``mesh``), the placements ``_required_core`` asks for when they differ from the input's,
@@ -276,7 +287,7 @@ def _moves(
     # are as good as new ones
     glob = [t if type(t) is TensorType and t.device == dev0 else global_view(t, mesh) for t in ins]
     gouts = [t if type(t) is TensorType and t.device == dev0 else global_view(t, mesh) for t in outs]
-    need = _required_core(op, glob, in_places, gouts, out_places, mesh)
+    need = _required_core(op, glob, in_places, gouts, out_places, mesh, nest)
     return [n if n is not None and n != pl else None for n, pl in zip(need, in_places, strict=True)]
 
 
@@ -315,9 +326,14 @@ def legalize(module: Module, pending: Collection[int] = ()) -> Module:
             )
         return moved[key]
 
+    # as propagation: a program whose values nest a dim allows nesting everywhere
+    nest = any(
+        isinstance(t := v.type, DTensorType) and shards_one_dim_twice(t.placements)
+        for v in (*fn.params, *(o for i in fn.body if isinstance(i, Op) for o in i.outputs))
+    )
     for instr in fn.body:
         if isinstance(instr, Op) and REGISTRY[instr.name].kind is OpKind.LOCAL:
-            need = _required(instr)
+            need = _required(instr, nest)
             if any(n is not None for n in need):
                 ins = tuple(
                     redistribute(v, n) if n is not None else vmap(v)

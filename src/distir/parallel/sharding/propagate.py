@@ -144,6 +144,7 @@ class Placed:
     strategies: dict[Op, tuple[Strategy, ...]]
     conflicts: list[Conflict]
     ids: dict[Value, int]  # per placed value, the id of its placements (``_pt_id``)
+    nest: bool = False  # the annotations nest a dim (legalization then allows nesting as the choice did)
 
 
 Annotation = str | Sequence[Placement]
@@ -349,7 +350,7 @@ def _final_choice(
         for ax, have in moved:
             conflicts.append(Conflict(op, mesh.axes[ax][0], have, chosen[ax]))
         strategies[op] = chosen
-    return Placed(plan, placed, strategies, conflicts, ids)  # type: ignore[arg-type]
+    return Placed(plan, placed, strategies, conflicts, ids, nest)  # type: ignore[arg-type]
 
 
 def _typed(
