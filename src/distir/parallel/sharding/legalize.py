@@ -65,7 +65,7 @@ def _required(op: Op, nest: bool = False) -> list[tuple[Placement, ...] | None]:
     return got
 
 
-def _required_of(op: Op, nest: bool) -> list[tuple[Placement, ...] | None]:
+def _required_of(op: Op, nest: bool = False) -> list[tuple[Placement, ...] | None]:
     """``_required`` computed."""
     types: list[Type | None] = [v.type for v in op.inputs]
     dts = [t for t in types if isinstance(t, DTensorType)]
