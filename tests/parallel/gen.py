@@ -82,13 +82,14 @@ class RedistCase:
 
 
 @st.composite
-def redist_cases(draw: st.DrawFn) -> RedistCase:
+def redist_cases(draw: st.DrawFn, nested: bool = False) -> RedistCase:
     """A global shape of rank 1-3 with dims 1-9, a mesh, and (source, target) placements: sources
     among R, S(d), P(sum) (P(max|min|mean) on at most one axis), targets R or S(d); each layout
-    shards a dim along at most one mesh axis."""
+    shards a dim along at most one mesh axis, or with ``nested`` (on a mesh of two axes or more),
+    one of them shards a dim along two (nested: ``local_shape_at``)."""
     rank = draw(st.integers(1, 3))
     shape = tuple(draw(st.lists(st.integers(1, 9), min_size=rank, max_size=rank)))
-    mesh = draw(redist_meshes)
+    mesh = draw(redist_meshes.filter(lambda m: len(m.axes) > 1) if nested else redist_meshes)
     k = len(mesh.axes)
     data = st.sampled_from([R, *(Shard(d) for d in range(rank))])
     src_one = st.sampled_from([R, *(Shard(d) for d in range(rank)), Partial("sum")])
@@ -98,10 +99,16 @@ def redist_cases(draw: st.DrawFn) -> RedistCase:
         ax = draw(st.integers(0, k - 1))
         src = [R if isinstance(p, Partial) else p for p in src]
         src[ax] = Partial(draw(st.sampled_from(["max", "min", "mean"])))
-    dst = tuple(draw(st.lists(data, min_size=k, max_size=k)))
-    src_t = tuple(src)
-    assume(valid_layout(src_t) and valid_layout(dst))
-    return RedistCase(shape, mesh, src_t, dst)
+    dst = list(draw(st.lists(data, min_size=k, max_size=k)))
+    if nested:  # one dim on two axes at one end or both
+        dim = draw(st.integers(0, rank - 1))
+        axes = draw(st.lists(st.integers(0, k - 1), min_size=2, max_size=2, unique=True))
+        for end in draw(st.sampled_from([(src,), (dst,), (src, dst)])):
+            for ax in axes:
+                end[ax] = Shard(dim)
+    src_t, dst_t = tuple(src), tuple(dst)
+    assume(nested or (valid_layout(src_t) and valid_layout(dst_t)))
+    return RedistCase(shape, mesh, src_t, dst_t)
 
 
 def partial_pieces(x: np.ndarray, t: DTensorType, rng: np.random.Generator) -> dict[Device, np.ndarray]:
@@ -281,10 +288,11 @@ def mlp_programs(draw: st.DrawFn, dtype: str = "f64") -> tuple[str, dict[str, tu
 
 @st.composite
 def annotations(
-    draw: st.DrawFn, params: dict[str, tuple[int, ...]], mesh: Mesh
+    draw: st.DrawFn, params: dict[str, tuple[int, ...]], mesh: Mesh, nested: bool = False
 ) -> dict[str, tuple[Placement, ...]]:
     """Placements (R or S(d) for a dim of the parameter, per mesh axis; no dim sharded along two
-    axes) for 1-3 of the parameters."""
+    axes) for 1-3 of the parameters; with ``nested`` (a mesh of two axes or more), also one
+    parameter's first dim over every axis (nested: ``local_shape_at``)."""
     names = draw(st.lists(st.sampled_from(sorted(params)), min_size=1, max_size=3, unique=True))
     out: dict[str, tuple[Placement, ...]] = {}
     for name in names:
@@ -293,6 +301,9 @@ def annotations(
             free = [Shard(d) for d in range(len(params[name])) if Shard(d) not in places]
             places.append(draw(st.sampled_from([R, *free])))
         out[name] = tuple(places)
+    if nested:  # a parameter of rank 1 or more: every program has one (%x0)
+        name = draw(st.sampled_from([n for n in sorted(params) if params[n]]))
+        out[name] = tuple(Shard(0) for _ in mesh.axes)
     return out
 
 

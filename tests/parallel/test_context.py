@@ -133,9 +133,11 @@ def test_ring_sends_overlap_the_attention_blocks() -> None:
 def test_distribute_refuses_what_context_parallelism_does_not_combine_with_by_name() -> None:
     """``distribute`` builds c > 1 (``tests/parallel/test_context_distribute.py``); what it does
     not combine with yet is refused naming it."""
-    model = build_model("gpt:layers=1,hidden=8,heads=2,seq=8,vocab=16", batch=2)
-    with pytest.raises(StrategyError, match=r"context parallelism \(c=2\) does not combine with sequence"):
-        distribute(model, parse_strategy("d1.t2.sp.c2.p1.k1"))
+    model = build_model("gpt:layers=1,hidden=8,heads=2,seq=8,vocab=16", batch=4)
+    with pytest.raises(
+        StrategyError, match=r"context parallelism \(c=2\) does not combine with uneven batch"
+    ):
+        distribute(model, parse_strategy("d2.t1.c2.p1.k1.b1-3"))
 
 
 def _call_pairs(call: tuple[int, int, bool]) -> set[tuple[int, int]]:

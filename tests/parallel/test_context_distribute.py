@@ -71,6 +71,58 @@ def test_context_parallelism_combines_with_data_tensor_and_pipeline_parallelism(
     _check(spec, strategy)
 
 
+@pytest.mark.parametrize("spec", [GPT, LLAMA])
+def test_context_with_sequence_parallelism_step_equals_the_sequential_step(spec: str) -> None:
+    """c = 2 with t = 2 and sequence parallelism: between layers the sequence is split over cp
+    and, inside each cp rank's block, over tp (``[S(0), S(1), S(1)]``, nested); causal attention
+    as the ring over cp on the tp rank's heads."""
+    _check(spec, "d1.t2.sp.c2.p1.k1")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("spec", "strategy"),
+    [
+        (GPT, "d2.t2.sp.c2.p1.k2"),  # 8 devices
+        (LLAMA, "d2.t2.sp.c2.p1.k1"),
+        (LLAMA, "d1.t4.sp.c2.p1.k1"),
+        (GPT, "d1.t2.sp.c4.p1.k1"),
+        (GPT, "d1.t2.sp.c2.p2.k2.1f1b"),
+        (LLAMA, "d1.t2.sp.c2.p2.k4.zb1.rsel"),
+        (LLAMA, "d1.t2.sp.c2.p2.k2.1f1b.z1.rfull"),
+    ],
+)
+def test_context_with_sequence_parallelism_combines_with_data_and_pipeline_parallelism(
+    spec: str, strategy: str
+) -> None:
+    _check(spec, strategy)
+
+
+def test_context_with_sequence_parallelism_moves_the_sequence_over_tp_inside_each_cp_block() -> None:
+    """The layer boundaries nest the sequence (cp, then tp within each cp rank's block); the
+    tensor-parallel collectives are Megatron's sequence-parallel ones — AllGather and
+    ReduceScatter over tp on the sequence dim of the cp rank's block — and nothing moves over cp
+    but the ring's Sends and the gradients' reductions."""
+    s = parse_strategy("d2.t2.sp.c2.p1.k1")
+    model = build_model(GPT, batch=2, dtype=DType.f64)
+    mod = distribute(model, s)
+    entry = annotate_types(Module((inline_calls(mod),))).entry
+    nested = (Shard(0), Shard(1), Shard(1))
+    block = mod["block_fwd"]
+    moves = [(op.inputs[0].name, str(op.attrs["to"])) for op in block.ops() if op.name == "Redistribute"]
+    assert moves == [
+        ("ln1", "S(0), S(1), R"),  # AllGather over tp: the cp rank's block
+        ("o_xw", "S(0), S(1), S(1)"),  # ReduceScatter over tp: P(sum) -> S(1) inside the block
+        ("ln2", "S(0), S(1), R"),
+        ("fc2_xw", "S(0), S(1), S(1)"),
+    ]
+    xs = [v.type for op in entry.ops() for v in op.outputs if v.name.startswith("x_mlp")]
+    assert xs and all(isinstance(t, DTensorType) and t.placements == nested for t in xs)
+    kinds = Counter(_materialized_ops(mod))
+    assert kinds["AllToAll"] == 0
+    assert kinds["ReduceScatter"] > 0 and kinds["AllGather"] > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("spec", "strategy", "precision"),
@@ -232,7 +284,6 @@ def test_inputs_are_split_along_the_sequence_over_cp() -> None:
 @pytest.mark.parametrize(
     ("strategy", "named"),
     [
-        ("d1.t2.sp.c2.p1.k1", "sequence parallelism"),
         ("d2.t1.c2.p1.k1.b1-3", "batch shares"),
     ],
 )

@@ -36,8 +36,15 @@ from distir.ir import DTensorType, Mesh, Module, parse_module
 from distir.ir.dtensor import Partial, Placement, Replicate, Shard, format_placements, parse_placements
 from distir.ir.types import DType
 from distir.ops.registry import REGISTRY, CommPattern, OpKind
-from distir.parallel.sharding.materialize import local_shape, materialize, shard_value, unshard_value
-from distir.parallel.sharding.propagate import ShardingError, propagate
+from distir.parallel.sharding.materialize import (
+    local_offsets,
+    local_shape,
+    materialize,
+    redistribute_steps,
+    shard_value,
+    unshard_value,
+)
+from distir.parallel.sharding.propagate import propagate
 from distir.sim.collectives import allreduce_time
 from distir.sim.simulate import simulate
 
@@ -57,6 +64,7 @@ from .gen import (
     redist_cases,
     reduce_pieces,
     uneven,
+    valid_layout,
 )
 from .helpers import compare, sharded
 
@@ -85,12 +93,17 @@ def check_redistribution(case: RedistCase, seed: int) -> None:
     devs = case.mesh.devices
     mat = distir.check(materialize(m))
     names = [op.name for op in mat.entry.ops()]
-    if all(
-        a == b or isinstance(b, Replicate) or isinstance(a, Replicate)
-        for a, b in zip(case.src, case.dst, strict=True)
+    if (
+        valid_layout(case.src)
+        and valid_layout(case.dst)
+        and all(
+            a == b or isinstance(b, Replicate) or isinstance(a, Replicate)
+            for a, b in zip(case.src, case.dst, strict=True)
+        )
     ):
         # one move per axis; other cases may pass through R first (so no intermediate layout
-        # shards a dim twice), which costs other collectives
+        # shards a dim twice, or a nested dim is gathered from its innermost axis out), which
+        # costs other collectives
         assert Counter(names) == Counter(expected_collectives(case.src, case.dst, case.mesh)), case.text
     for op in mat.entry.ops():
         if op.name in ("AllReduce", "ReduceScatter"):
@@ -129,6 +142,49 @@ def test_redistribution_keeps_the_value(case: RedistCase, seed: int) -> None:
     if any(uneven(s, n) for s in case.shape for n in case.mesh.shape):
         event("uneven shards possible")
     check_redistribution(case, seed)
+
+
+@settings(max_examples=150, deadline=None)
+@given(redist_cases(nested=True), st.integers(0, 2**32 - 1))
+def test_nested_redistribution_keeps_the_value(case: RedistCase, seed: int) -> None:
+    """Layouts that shard a dim along two mesh axes (DTensor's ``[Shard(d), Shard(d)]``: the first
+    axis splits the dim, the next each of its pieces), at either end: every step lowers to a
+    collective along one axis (``step_lowers``) and the value is kept."""
+    check_redistribution(case, seed)
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "steps"),
+    [
+        ("S(1), S(1)", "S(1), R", [(1, "R")]),  # the inner gather: each outer piece whole
+        ("S(1), P(sum)", "S(1), S(1)", [(1, "S(1)")]),  # ReduceScatter inside the outer piece
+        ("S(1), S(1)", "R, S(1)", [(1, "R"), (0, "R"), (1, "S(1)")]),  # innermost out, then split
+        ("R, S(0)", "S(0), S(0)", [(1, "R"), (0, "S(0)"), (1, "S(0)")]),
+        ("R, R", "S(0), S(0)", [(0, "S(0)"), (1, "S(0)")]),  # outermost in
+    ],
+)
+def test_nested_steps_gather_from_the_innermost_axis_and_split_from_the_outermost(
+    src: str, dst: str, steps: list[tuple[int, str]]
+) -> None:
+    got = redistribute_steps(parse_placements(src), parse_placements(dst), (2, 2))
+    assert [(ax, str(p)) for ax, p in got] == steps
+
+
+def test_nested_steps_ignore_axes_of_one_device() -> None:
+    """(dp=1, cp=2, tp=2): the dp axis' placement is the whole either way, so it blocks nothing
+    and the cp shard stays (only the tp gather moves data)."""
+    got = redistribute_steps(
+        parse_placements("S(1), S(1), S(1)"), parse_placements("S(0), S(1), R"), (1, 2, 2)
+    )
+    assert [(ax, str(p)) for ax, p in got] == [(2, "R"), (0, "S(0)")]
+
+
+def test_nested_pieces_split_each_outer_piece() -> None:
+    """7 rows on (a=2, b=2) as [S(0), S(0)]: a splits 4 + 3, b splits those 2 + 2 and 2 + 1 —
+    torch DTensor's ``compute_local_shape_and_global_offset`` for ``[Shard(0), Shard(0)]``."""
+    t = DTensorType(DType.f32, (7, 3), mesh_of((2, 2)), (Shard(0), Shard(0)))
+    got = [(local_offsets(t, d)[0], local_shape(t, d)[0]) for d in t.mesh.devices]
+    assert got == [(0, 2), (2, 2), (4, 2), (6, 1)]
 
 
 def _case(shape: tuple[int, ...], mesh: tuple[int, ...], src: str, dst: str) -> RedistCase:
@@ -272,10 +328,10 @@ def test_regression_reshape_of_an_empty_shard() -> None:
 
 # -- 2. random annotated programs -----------------------------------------------------------------
 @st.composite
-def annotated_programs(draw: st.DrawFn) -> tuple[str, Mesh, dict[str, str]]:
+def annotated_programs(draw: st.DrawFn, nested: bool = False) -> tuple[str, Mesh, dict[str, str]]:
     text, params = draw(mlp_programs())
-    mesh = draw(meshes)
-    ann = draw(annotations(params, mesh))
+    mesh = draw(meshes.filter(lambda m: len(m.axes) > 1) if nested else meshes)
+    ann = draw(annotations(params, mesh, nested))
     return text, mesh, {k: places_text(v) for k, v in ann.items()}
 
 
@@ -286,6 +342,19 @@ def test_random_annotated_programs_match_sequential(
 ) -> None:
     """Programs are f64 so that float rounding (e.g. a ReduceSum that nearly cancels) cannot pass
     for a sharding error; the bound is the float32 one, relative to the output's max abs."""
+    text, mesh, ann = case
+    err = compare(parse_module(text), mesh, ann, seed)
+    assert err < 1e-5, f"{text}{mesh} {ann}: relative error {err}"
+
+
+@settings(max_examples=100, deadline=None)
+@given(annotated_programs(nested=True), st.integers(0, 3))
+def test_random_programs_with_a_nested_annotation_match_sequential(
+    case: tuple[str, Mesh, dict[str, str]], seed: int
+) -> None:
+    """One parameter's first dim sharded along both mesh axes (nested): propagation spreads the
+    layout where the strategies keep the dim's size (``keeps_dim_sizes``), reshapes and
+    transposes included, and the result is the sequential one."""
     text, mesh, ann = case
     err = compare(parse_module(text), mesh, ann, seed)
     assert err < 1e-5, f"{text}{mesh} {ann}: relative error {err}"
@@ -407,11 +476,55 @@ def test_regression_squeeze_unsqueeze_of_a_pending_sum(x: tuple[int, int], op: s
     assert compare(parse_module(text), mesh_of((2,)), {"x": "S(1)", "w": "S(0)"}) < 1e-9
 
 
-def test_annotation_sharding_one_dim_along_two_axes_is_refused_by_name() -> None:
-    """Not supported (yet): refused up front, naming the annotation (it used to be reported by
-    materialization on whichever value propagation had spread the layout to first: %x0)."""
-    with pytest.raises(ShardingError, match=r"annotation of %w1 \[S\(0\), S\(0\)\]: two mesh axes shard"):
-        compare(parse_module(SINK_TWO_PENDING), mesh_of((2, 2)), {"w1": "S(0), S(0)"})
+@pytest.mark.parametrize(
+    ("shape", "target", "ann"),
+    [
+        ((6, 3), "[18]", "S(0), S(0)"),  # 3 + 3 rows over a, then 2 + 1: merged, 6 + 3 elements
+        ((12,), "[6, 2]", "S(0), S(0)"),
+        ((2, 8, 3), "[16, 3]", "S(0), S(0)"),
+        ((1, 8, 3), "[8, 3]", "S(1), S(1)"),  # a dim of one dropped: the nested sequence carries over
+    ],
+)
+def test_reshape_of_a_nested_dim_computes_the_sequential_result(
+    shape: tuple[int, ...], target: str, ann: str
+) -> None:
+    """The reshape rule maps a sharded dim through a merge or split by the global extent's piece
+    boundaries, which an outer axis' split moves: under a nested layout propagation takes it only
+    where the dim keeps its size (``keeps_dim_sizes``), and gathers otherwise."""
+    dims = ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "")
+    text = f"func @f(%x: Tensor[f64, ({dims}), d0]) {{\n  %y = Reshape(%x, shape={target})\n  %z = Gelu(%y)\n  return %z\n}}\n"
+    assert compare(parse_module(text), mesh_of((2, 2)), {"x": ann}) < 1e-9
+
+
+NESTED = """func @f(%x: Tensor[f64, (11, 6), d0], %s: Tensor[f64, (6,), d0], %w: Tensor[f64, (6, 5), d0]) {
+  %h = Mul(%x, %s)
+  %g = Gelu(%h)
+  %y = MatMul(%g, %w)
+  return %y
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "ann",
+    [
+        {"w1": "S(0), S(0)"},  # uneven: 7 rows -> 4 + 3 over a, then 2 + 2 and 2 + 1 over b
+        {"x0": "S(0), S(0)", "w2": "S(1), S(1)"},
+        {"x0": "S(1), S(1)"},  # the contraction dim nested: pending over both axes
+    ],
+)
+def test_a_dim_sharded_along_two_axes_is_nested_and_computes_the_sequential_result(
+    ann: dict[str, str],
+) -> None:
+    """DTensor's ``[Shard(0), Shard(0)]``: the first axis splits the dim, the second splits each
+    of its pieces; annotated so, propagation keeps such layouts where they cost least and the
+    materialized program (and its per-rank programs) computes the sequential result."""
+    assert compare(parse_module(SINK_TWO_PENDING), mesh_of((2, 2)), ann) < 1e-9
+
+
+@pytest.mark.parametrize("ann", [{"x": "S(0), S(0), R"}, {"x": "S(0), R, S(0)", "w": "R, S(1), R"}])
+def test_nested_rows_over_three_axes_compute_the_sequential_result(ann: dict[str, str]) -> None:
+    assert compare(parse_module(NESTED), Mesh.parse("a=2, b=2, c=2"), ann) < 1e-9
 
 
 # -- 3. simulated communication of the Megatron MLP block ------------------------------------------

@@ -181,22 +181,25 @@ def test_a_context_parallel_pin_must_fit_the_sequence_and_the_devices() -> None:
 
 
 def test_context_parallel_plans_are_what_distribute_builds() -> None:
-    """c > 1 without sequence parallelism (one dim along two mesh axes), with data parallelism,
-    several sequences per microbatch and, where a stage's replicas span more than a node, HSDP
-    over a node's replicas and their context ranks (``distribute`` builds them all; the loss
-    runs on (batch, sequence) rows: ``distir.parallel.context_model``); a pin that asks for sp
-    says so."""
+    """c > 1 with and without sequence parallelism (with t > 1: the sequence nested over cp and
+    tp), with data parallelism, several sequences per microbatch and, where a stage's replicas
+    span more than a node, HSDP over a node's replicas and their context ranks (``distribute``
+    builds them all; the loss runs on (batch, sequence) rows: ``distir.parallel.context_model``)."""
     space = Space(16, 16, 8, (1, 2, 4), node_devices=8, seq=65536)
     cps = [s for s in space.strategies() if s.c > 1]
     assert cps and {s.c for s in cps} >= {2, 4}
-    assert not any(s.sp for s in cps)
+    assert any(s.sp for s in cps) and all(s.t > 1 for s in cps if s.sp)
+    assert {(s.d, s.t, s.c, s.p, s.k, s.schedule) for s in cps if s.sp} == {
+        (s.d, s.t, s.c, s.p, s.k, s.schedule) for s in cps if s.t > 1 and not s.sp
+    }
     assert any(s.d > 1 for s in cps) and any(s.d * s.k < 16 for s in cps)  # several sequences
     hsdp = {(s.d, s.t, s.c, s.shard_group) for s in cps if s.shard_group is not None}
     assert (8, 1, 2, 4) in hsdp  # 8 replicas of 2 GPUs: a node holds 4 of them
     assert all(d * t * c > 8 and h * t * c == 8 for d, t, c, h in hsdp)
     assert any(s.sp for s in space.strategies() if s.c == 1)  # the rest of the space is unchanged
-    with pytest.raises(SpaceError, match="--sp"):
-        Space(16, 16, 8, (1, 2, 4), node_devices=8, pins=Pins(cp=2, sp=True), seq=65536).check()
+    both = Space(16, 16, 8, (1, 2, 4), node_devices=8, pins=Pins(cp=2, sp=True), seq=65536)
+    both.check()
+    assert all(s.c == 2 and s.sp and s.t > 1 for s in both.strategies())
     pinned = Space(16, 16, 8, (1, 2, 4), node_devices=8, pins=Pins(cp=2, dp=8, hsdp=4), seq=65536)
     pinned.check()
     assert {(s.d, s.c, s.shard_group) for s in pinned.strategies()} == {(8, 2, 4)}

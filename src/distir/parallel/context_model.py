@@ -27,8 +27,9 @@ And one rewrite for the sharding layer's sake: a weight applied to activations,
 ``MatMul(x (B, S, H), w (H, F))``, becomes ``MatMul(x, Reshape(w))`` (w as (1, H, F),
 broadcast over the batch). The same product; but its weight gradient is then the batched
 ``xᵀ·dy`` summed over the batch — a pending sum over dp (batch) *and* cp (sequence) — where the
-2-D form's gradient flattens (B, S) into one dim, which two mesh axes cannot both shard (the
-sharding layer would gather the sequence and compute every weight gradient c times over).
+2-D form's gradient flattens (B, S) into one dim, which the sharding layer nests along two
+mesh axes only where the annotations nest one (it would gather the sequence and compute every
+weight gradient c times over).
 
 And one for the loss: the zoo's cross entropy flattens (batch, sequence) into one dim
 (``Reshape`` to (B·S, V)), which dp and cp cannot both shard (with more than one sequence per

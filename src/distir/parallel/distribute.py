@@ -479,7 +479,6 @@ def _fusion(s: Strategy, prec: Precision, fusion: bool) -> bool:
 def _check_context(s: Strategy, train: bool) -> None:
     """Refuse what context parallelism inside ``distribute`` does not combine with yet."""
     missing = [
-        (s.sp, "sequence parallelism (sp): the sequence split over both cp and tp"),
         (s.shares is not None, "uneven batch shares"),
         (not train, "an inference program"),
     ]

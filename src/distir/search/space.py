@@ -9,12 +9,11 @@
   least ``CP_MIN_CHUNK`` positions each
   (shorter chunks cannot hide the ring's transfers behind their attention); otherwise c = 1 and
   the space is what it was. A context-parallel plan is built and simulated like any other
-  (``distribute``), so the space holds only what ``distribute`` combines with c > 1: no
-  sequence parallelism (the sequence would be split over cp and tp at once: one dim along two
-  mesh axes, which the sharding layer does not support); data parallelism, microbatches of
-  several sequences, ZeRO 1–3 over the d·c ranks and HSDP over a group of replicas' context
-  ranks (the cross entropy runs on (batch, sequence) rows, sharded over dp and cp:
-  ``distir.parallel.context_model``);
+  (``distribute``), so the space holds what ``distribute`` combines with c > 1: sequence
+  parallelism (the sequence split over cp, and over tp inside each cp rank's block: one dim
+  nested along two mesh axes), data parallelism, microbatches of several sequences, ZeRO 1–3
+  over the d·c ranks and HSDP over a group of replicas' context ranks (the cross entropy runs on
+  (batch, sequence) rows, sharded over dp and cp: ``distir.parallel.context_model``);
 - the **microbatch** (samples per replica and microbatch, what users set as the per-GPU
   microbatch size): every divisor b of the per-replica batch with k = per-replica / b ≤ ``max_k``
   gradient-accumulation steps, for every p — p = 1 included, so FSDP/ZeRO-3 with one or two
@@ -161,8 +160,6 @@ class Space:
                     f"--cp {p.cp}: context parallelism cuts the sequence into 2c = {2 * p.cp} equal chunks; "
                     f"{self.seq} positions do not divide"
                 )
-        if p.cp is not None and p.cp > 1:
-            self._check_cp(p.cp)
         if p.sp and not self.sequence:
             raise SpaceError("sequence parallelism pinned, but the model declares no sequence dim to shard")
         if p.pp is not None and p.pp > self.n_layers:
@@ -186,14 +183,6 @@ class Space:
             raise SpaceError(
                 f"no strategy for {self.devices} devices, batch {self.batch} and these pins "
                 f"(tensor parallelism allowed: {', '.join(map(str, self.allowed_tp))})"
-            )
-
-    def _check_cp(self, c: int) -> None:
-        """What a pinned context parallelism does not combine with (module docstring)."""
-        p = self.pins
-        if p.sp:
-            raise SpaceError(
-                f"--cp {c} with --sp (sequence parallelism): context parallelism does not combine with it yet"
             )
 
     def why_not(self, d: int, t: int, p: int, c: int = 1) -> str | None:
@@ -300,7 +289,7 @@ class Space:
         pins = self.pins
         for c in self.context_degrees():
             for d, t, pp in self.triples(c):
-                sps = [False, True] if t > 1 and self.sequence and c == 1 else [False]
+                sps = [False, True] if t > 1 and self.sequence else [False]
                 for sp in sps if pins.sp is None else [pins.sp] if pins.sp in sps else []:
                     yield from self._bases(d, t, pp, sp, c)
 

@@ -132,7 +132,7 @@ def step_types(src: DTensorType, dst: DTensorType) -> list[tuple[int, Placement,
     """``redistribute_steps`` with the layouts around each step: (axis, from, before, after)."""
     out = []
     cur = src
-    for ax, b in redistribute_steps(src.placements, dst.placements):
+    for ax, b in redistribute_steps(src.placements, dst.placements, src.mesh.shape):
         nxt = cur.with_placements((*cur.placements[:ax], b, *cur.placements[ax + 1 :]))
         out.append((ax, cur.placements[ax], cur, nxt))
         cur = nxt

@@ -48,14 +48,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from distir.ir.dtensor import DTensorType, Mesh, Partial, Replicate, Shard, split_sizes
+from distir.ir.dtensor import DTensorType, Mesh, Partial, Replicate, Shard
 from distir.ir.ops import Op
 from distir.ir.types import ScalarType, TensorType, Type
 from distir.ir.values import Attrs
 from distir.ops.dist import MESH_SEND, MESH_VIEW, REDISTRIBUTE
 from distir.ops.dtensor_inference import mesh_free
 from distir.ops.registry import REGISTRY, CommPattern, OpDef, OpKind, OpTypeError
-from distir.parallel.sharding.materialize import unsupported_step
+from distir.parallel.sharding.materialize import local_offsets_at, unsupported_step
 from distir.parallel.sharding.ring import ring_axis
 from distir.sim.fusion import FusedInput
 from distir.sim.layout import local_piece, mesh_info, piece_bytes, step_types, uniform_shape
@@ -231,12 +231,6 @@ def redistribute_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[
         why = unsupported_step(mesh, ax, a, after.placements[ax])
         if why is not None:
             raise OpTypeError(f"Redistribute {why}", 0)
-    for t in (src, *(after for *_, after in steps)):
-        dims = [p.dim for p in t.placements if isinstance(p, Shard)]
-        if len(dims) != len(set(dims)):  # as materialization: no lowering through such a layout
-            raise OpTypeError(
-                f"Redistribute through {t}: two mesh axes shard the same dim; not supported yet", 0
-            )
     # along an axis of one device every placement is the same piece (S(0), R and P(sum) of one
     # device all hold the whole): such a step moves nothing
     sizes_of = mesh.shape
@@ -260,7 +254,7 @@ def redistribute_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[
                 key = ("Slice", _shape_key(lin), _shape_key(lout), dom.gpu_class_of(rep))
                 got = dom.local_costs.get(key)
                 if got is None:
-                    attrs = _slice_attrs(after, b.dim, pos, lout.shape[b.dim])
+                    attrs = _slice_attrs(before, after, b.dim, pos, lout.shape[b.dim])
                     gpu = dom.dev_gpu[rep]
                     got = dom.local_costs[key] = (
                         float(dom.cost.compute_time(_SLICE, [lin], [lout], attrs, gpu)),
@@ -296,12 +290,11 @@ def redistribute_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[
     return OpRecord(devs, seconds, communicates, op.name, 0.0, False, per, allocs, bump, dying, collective)
 
 
-def _slice_attrs(t: DTensorType, dim: int, position: int, size: int) -> Attrs:
-    coords = mesh_info(t.mesh).coords[position]
-    start = 0
-    for ax, p in enumerate(t.placements):
-        if p == Shard(dim):
-            start = sum(split_sizes(t.shape[dim], t.mesh.shape[ax])[: coords[ax]])
+def _slice_attrs(before: DTensorType, after: DTensorType, dim: int, position: int, size: int) -> Attrs:
+    """The ``Slice`` a device at ``position`` runs for an R -> S step: its rows of the piece it
+    holds (``before``: a dim other axes shard too starts past 0)."""
+    coords = mesh_info(after.mesh).coords[position]
+    start = local_offsets_at(after, coords)[dim] - local_offsets_at(before, coords)[dim]
     return Attrs({"starts": [start], "ends": [start + size], "axes": [dim]})
 
 

@@ -1,18 +1,19 @@
 """Sharding propagation's final choice: the strategy each op takes on each mesh axis, given the
 placements its inputs arrive in (``distir.parallel.sharding.propagate.place``), and what it costs.
 
-``_choose`` ranks an op's strategies on one axis (layouts materialization cannot handle last,
-then pinned parameters moved, bytes redistributed, input moves, the fixed point's hint, the
-rule's preference); ``_free`` finds its answer without counting when one strategy costs
-nothing; ``_choose_op`` chooses on every axis in turn, memoized by ``place`` in ``_CHOICES``
-under ids of placement lists (``_pt_id``). Every function here is pure in its arguments.
+``_choose`` ranks an op's strategies on one axis (a dim nested along two axes last, unless the
+annotations nest one: ``_nesting``; then pinned parameters moved, bytes redistributed, input
+moves, the fixed point's hint, the rule's preference); ``_free`` finds its answer without
+counting when one strategy costs nothing; ``_choose_op`` chooses on every axis in turn, memoized
+by ``place`` in ``_CHOICES`` under ids of placement lists (``_pt_id``). Every function here is
+pure in its arguments.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 from distir.ir.dtensor import Partial, Placement, Replicate, Shard, format_placements
 from distir.ir.ops import Op
@@ -67,13 +68,15 @@ def _choose_op(
     placed: Mapping[Value, list[Placement | None]],
     fixed: Mapping[Value, list[Placement]],
     pins: tuple[bool, ...],
+    nest: bool = False,
 ) -> _OpChoice:
     """Op ``k`` of ``plan`` chooses a strategy per mesh axis (of sizes ``sizes``), in axis order,
     each by ``_choose`` given what the axes before took; ``placed`` holds its inputs' final
     placements and its results' from the fixed point (``fixed``: the annotated ones). Reads
     ``placed``, never writes it. Raises ShardingError when a result would shard one dim along
-    two mesh axes. A pure function of the op's signature (``plan.sig[k]``), the sizes, those
-    placements, which results are annotated and ``pins`` (per input: pinned)."""
+    two mesh axes and nothing nests. A pure function of the op's signature (``plan.sig[k]``), the sizes, those
+    placements, which results are annotated, ``pins`` (per input: pinned) and ``nest`` (the
+    annotations nest a dim: nesting is then no worse than any other layout)."""
     types = plan.types
     n_axes = len(sizes)
     chosen: list[Strategy] = []
@@ -87,6 +90,12 @@ def _choose_op(
         if v in fixed and isinstance(tv, TensorType):
             targets.append((i, tv, fixed[v]))
     moved: list[tuple[int, tuple[Placement, ...]]] = []
+    # where the annotations nest a dim (context with sequence parallelism), an op keeps or makes
+    # such layouts as cheaply as any other, by strategies that keep the sizes of the dims they
+    # shard (``keeps_dim_sizes``); elsewhere a strategy that makes one is a last resort
+    # (``_choose``), and an op's inputs nest only where an annotation does
+    nested = nest or any(lst is not None and shards_one_dim_twice(lst) for lst in in_lists)
+    forced = False  # a nesting strategy taken as the last resort
     for ax, n in enumerate(sizes):
         # every tensor is placed by now (no None left): a value without a list is not a tensor
         # (replicated)
@@ -98,24 +107,10 @@ def _choose_op(
         else:
             # what the other axes hold (or, for inputs on earlier axes, take): a strategy that
             # shards a dim along this axis too clashes
-            in_other: tuple[tuple[Placement | None, ...], ...]
-            out_other: tuple[tuple[Placement | None, ...], ...]
-            if n_axes == 2:  # the (dp, tp) meshes of the layers: one other axis
-                b = 1 - ax
-                if b < ax:
-                    in_other = tuple([(w,) for w in chosen[b].ins])
-                else:
-                    in_other = tuple([(lst[b],) if lst is not None else (_R,) for lst in in_lists])
-                out_other = tuple([(lst[b],) if lst is not None else () for lst in out_lists])
-            else:
-                others = [b for b in range(n_axes) if b != ax]
-                in_other = tuple(
-                    tuple(chosen[b].ins[i] if b < ax else lst[b] if lst is not None else _R for b in others)
-                    for i, lst in enumerate(in_lists)
-                )
-                out_other = tuple(
-                    tuple(lst[b] for b in others) if lst is not None else () for lst in out_lists
-                )
+            in_other, out_other = _others(ax, n_axes, chosen, in_lists, out_lists)
+            if nested:
+                opts, in_other, out_other, last = _nesting(op, plan, opts, in_other, out_other)
+                forced = forced or last
             tgt = tuple((i, fx[ax]) for i, _, fx in targets)
             got = _free(opts, have, hint, in_other, out_other, plan.movable[k], tgt)
             if got is None:
@@ -135,14 +130,90 @@ def _choose_op(
             finals.append((None, None))
             continue
         # ``_choose`` takes such a strategy only when every other one clashes too
-        if n_axes > 1 and shards_one_dim_twice(lst):
+        if n_axes > 1 and (forced or not nested) and shards_one_dim_twice(lst):
             raise ShardingError(
                 f"%{v.name}: every strategy of {op.name} shards one dim along two mesh axes "
-                f"([{format_placements(tuple(p or _R for p in lst))}]), which is not supported"
+                f"([{format_placements(tuple(p or _R for p in lst))}]), which is supported only where the "
+                "annotations nest one, by strategies that keep the dim's size"
             )
         fin = tuple(p or _R for p in lst)
         finals.append((fin, _pt_id(fin)))
     return tuple(chosen), tuple(finals), tuple(moved)
+
+
+_Others = tuple[tuple[Placement | None, ...], ...]
+
+
+def _others(
+    ax: int,
+    n_axes: int,
+    chosen: Sequence[Strategy],
+    in_lists: Sequence[Sequence[Placement | None] | None],
+    out_lists: Sequence[Sequence[Placement | None] | None],
+) -> tuple[_Others, _Others]:
+    """Per input and result of an op choosing on axis ``ax``, what the other axes hold: for
+    inputs, what the axes before took (``chosen``) and what the later ones hold; for results,
+    what the fixed point gave them (``_choose_op``)."""
+    in_other: _Others
+    if n_axes == 2:  # the (dp, tp) meshes of the layers: one other axis
+        b = 1 - ax
+        if b < ax:
+            in_other = tuple([(w,) for w in chosen[b].ins])
+        else:
+            in_other = tuple([(lst[b],) if lst is not None else (_R,) for lst in in_lists])
+        return in_other, tuple([(lst[b],) if lst is not None else () for lst in out_lists])
+    others = [b for b in range(n_axes) if b != ax]
+    in_other = tuple(
+        tuple(chosen[b].ins[i] if b < ax else lst[b] if lst is not None else _R for b in others)
+        for i, lst in enumerate(in_lists)
+    )
+    return in_other, tuple(tuple(lst[b] for b in others) if lst is not None else () for lst in out_lists)
+
+
+def keeps_dim_sizes(st: Strategy, ins: Sequence[object], outs: Sequence[object]) -> bool:
+    """Whether every dim ``st`` shards (of the tensors ``ins`` and ``outs``, global types) has one
+    size: the strategy splits one extent the same way in every operand, so when an earlier axis
+    has split that dim its pieces still correspond (elementwise ops, norms, a product's rows or
+    contraction, attention's sequence). A ``Reshape`` merging or splitting the dim maps pieces by
+    the global extent's boundaries, which an outer split moves."""
+    size = -1
+    for ps, ts in ((st.ins, ins), (st.outs, outs)):
+        for p, t in zip(ps, ts, strict=True):
+            if isinstance(p, Shard) and isinstance(t, TensorType):
+                if size >= 0 and t.shape[p.dim] != size:
+                    return False
+                size = t.shape[p.dim]
+    return True
+
+
+class _Nesting(NamedTuple):
+    """What an op chooses from on one axis where nesting is allowed (``_nesting``)."""
+
+    options: tuple[Strategy, ...]
+    in_other: _Others
+    out_other: _Others
+    forced: bool  # every option nests a dim it changes the size of: the last resort
+
+
+def _nesting(
+    op: Op, plan: Plan, opts: tuple[Strategy, ...], in_other: _Others, out_other: _Others
+) -> _Nesting:
+    """An op's options on one axis where nesting is allowed (``_choose_op``): those that keep
+    their dims' sizes or nest nothing, then judged without clashes; when none is, all of them
+    with their clashes (the last resort: the caller refuses a result it nests)."""
+    ins = [plan.types.get(v) for v in op.inputs]
+    outs = [plan.types.get(v) for v in op.outputs]
+    ok = [st for st in opts if keeps_dim_sizes(st, ins, outs) or not _clashes(st, in_other, out_other)]
+    if not ok:
+        return _Nesting(opts, in_other, out_other, True)
+    return _Nesting(tuple(ok), tuple(() for _ in in_other), tuple(() for _ in out_other), False)
+
+
+def _clashes(st: Strategy, in_other: _Others, out_other: _Others) -> bool:
+    """Whether ``st`` shards a dim along this axis that another axis shards too."""
+    return any(isinstance(w, Shard) and w in o for w, o in zip(st.ins, in_other, strict=True)) or any(
+        isinstance(q, Shard) and q in o for q, o in zip(st.outs, out_other, strict=True)
+    )
 
 
 # placement lists -> small ints, so that memo keys hash ints instead of placements (a dataclass
@@ -163,7 +234,8 @@ def _pt_id(places: tuple[Placement, ...]) -> int:
 
 
 def shards_one_dim_twice(places: Sequence[Placement | None]) -> bool:
-    """Whether two mesh axes shard the same dim (a layout materialization does not support)."""
+    """Whether two mesh axes shard the same dim: nested, each axis splitting the pieces the axes
+    before it left (``distir.parallel.sharding.materialize.local_shape_at``)."""
     dims = [p.dim for p in places if isinstance(p, Shard)]
     return len(dims) != len(set(dims))
 
@@ -188,8 +260,8 @@ def _choose(
     tgt: Sequence[tuple[int, Placement]],
 ) -> Strategy:
     """The strategy an op takes on one mesh axis of ``n`` devices when its inputs arrive in
-    ``have`` (``propagate``'s final choice): layouts materialization cannot handle (a dim sharded
-    along two mesh axes, given what the other axes hold: ``in_other``, ``out_other``) last; then
+    ``have`` (``propagate``'s final choice): layouts that shard a dim along two mesh axes, given
+    what the other axes hold (``in_other``, ``out_other``; empty where nesting is allowed) last; then
     strategies that move a pinned parameter; then total bytes to redistribute inputs into the
     strategy and results into their annotated placements (``targets``, with this axis' placement
     in ``tgt``); then fewer input moves; then the one whose results are ``hint`` (what the fixed

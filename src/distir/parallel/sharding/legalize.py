@@ -3,8 +3,10 @@
 For each op of a DTensor program, the strategy is the one (of the op's sharding rule) that gives
 its results their declared placements and needs the least communication for its inputs (a
 requirement that would shard one dim of an input along two mesh axes only as a last resort, and
-then refused: ``ShardingError``); every input whose placements differ from what that strategy
-takes is redistributed first (one ``Redistribute`` per value and target, reused by later ops).
+then refused: ``ShardingError``, unless the op's values already nest a dim and the strategy
+keeps the sizes of the dims it shards: ``choices.keeps_dim_sizes``); every input whose
+placements differ from what that strategy takes is redistributed first (one ``Redistribute``
+per value and target, reused by later ops).
 Results of the function that are still partial (a pending reduction) are reduced, unless the
 caller keeps them pending. The output type-checks: every op then takes its inputs exactly as its
 strategy says. A pure pass ``Module -> Module``.
@@ -25,6 +27,7 @@ from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops.dtensor_inference import global_view
 from distir.ops.registry import REGISTRY, OpKind
+from distir.parallel.sharding.choices import keeps_dim_sizes
 from distir.parallel.sharding.propagate import (
     Placed,
     ShardingError,
@@ -41,26 +44,28 @@ _REQUIRED: dict[tuple[object, ...], list[tuple[Placement, ...] | None]] = {}
 _REQUIRED_MAX: Final = 1 << 15
 
 
-def _required(op: Op) -> list[tuple[Placement, ...] | None]:
+def _required(op: Op, nest: bool = False) -> list[tuple[Placement, ...] | None]:
     """Per input, the placements (one per mesh axis) the op's strategy needs; None for inputs
-    that are not distributed tensors. Memoized (``_REQUIRED``); callers must not mutate the list."""
+    that are not distributed tensors (``nest``: the program nests a dim somewhere, so the op may
+    too). Memoized (``_REQUIRED``); callers must not mutate the list."""
     key = (
         op.name,
         REGISTRY[op.name].sharding,
         tuple(v.type for v in op.inputs),
         tuple(v.type for v in op.outputs),
         op.attrs,
+        nest,
     )
     got = _REQUIRED.get(key)
     if got is None:
-        got = _required_of(op)
+        got = _required_of(op, nest)
         if len(_REQUIRED) >= _REQUIRED_MAX:
             _REQUIRED.clear()
         _REQUIRED[key] = got
     return got
 
 
-def _required_of(op: Op) -> list[tuple[Placement, ...] | None]:
+def _required_of(op: Op, nest: bool = False) -> list[tuple[Placement, ...] | None]:
     """``_required`` computed."""
     types: list[Type | None] = [v.type for v in op.inputs]
     dts = [t for t in types if isinstance(t, DTensorType)]
@@ -79,6 +84,7 @@ def _required_of(op: Op) -> list[tuple[Placement, ...] | None]:
         gouts,
         [t.placements for t in outs if isinstance(t, DTensorType)],
         mesh,
+        nest,
     )
 
 
@@ -89,12 +95,18 @@ def _required_core(
     gouts: Sequence[Type],
     out_places: Sequence[tuple[Placement, ...]],
     mesh: Mesh,
+    nest: bool = False,
 ) -> list[tuple[Placement, ...] | None]:
     """``_required`` from the global types of ``op``'s inputs and results on the mesh's first
     device (``glob``, ``gouts``), the placements of its inputs (None: not a distributed tensor)
     and of its results. ``op`` gives the name, attributes and error messages."""
     per_axis: list[tuple[Placement, ...]] = []
     n_axes = len(mesh.axes)
+    # a program that nests a dim (``nest``; ``distir.parallel.sharding.choices._choose_op``), or
+    # values that already do: nesting is then no worse than any other layout, by a strategy that
+    # keeps its dims' sizes
+    nested = nest or any(pl is not None and shards_one_dim_twice(pl) for pl in (*in_places, *out_places))
+    forced = False
     for ax, (axis, n) in enumerate(mesh.axes):
         want = tuple(pl[ax] for pl in out_places)
         have = tuple(pl[ax] if pl is not None else Replicate() for pl in in_places)
@@ -108,15 +120,20 @@ def _required_core(
         if len(options) == 1:
             per_axis.append(options[0].ins)
             continue
-        # the cheapest: inputs that would be sharded along the same dim on two mesh axes (which
-        # materialization cannot lay out) first, then the bytes to move; the first of equals
+        # the cheapest: inputs that would be sharded along the same dim on two mesh axes (where
+        # nothing nests, or by a strategy that changes the dim's size) last, then the bytes to
+        # move; the first of equals
         # (``min``). Nothing is cheaper than (0, 0.0): the first option costing that is it.
         best = options[0]
         best_cost: tuple[int, float] | None = None
         for st in options:
             clash = 0
             for i, (pl, w) in enumerate(zip(in_places, st.ins, strict=True)):
-                if pl is not None and isinstance(w, Shard):
+                if (
+                    pl is not None
+                    and isinstance(w, Shard)
+                    and not (nested and keeps_dim_sizes(st, glob, gouts))
+                ):
                     for b in range(n_axes):
                         if b != ax and (per_axis[b][i] if b < ax else pl[b]) == w:
                             clash += 1
@@ -137,13 +154,15 @@ def _required_core(
                 best, best_cost = st, c
                 if c == (0, 0.0):
                     break
+        forced = forced or bool(best_cost and best_cost[0])
         per_axis.append(best.ins)
     need = [tuple(pa[i] for pa in per_axis) if pl is not None else None for i, pl in enumerate(in_places)]
     for v, places in zip(op.inputs, need, strict=True):
-        if places is not None and shards_one_dim_twice(places):
+        if places is not None and (forced or not nested) and shards_one_dim_twice(places):
             raise ShardingError(
                 f"`{print_op(op)}`: every strategy giving its results their placements needs %{v.name} "
-                f"as [{format_placements(places)}], one dim sharded along two mesh axes (not supported)"
+                f"as [{format_placements(places)}], one dim sharded along two mesh axes (supported only "
+                "where the op's values nest one already)"
             )
     return need
 
@@ -198,10 +217,11 @@ def legalize_placed(
                 dev0,
                 tuple(map(ids.get, op.inputs)),
                 tuple(map(ids.__getitem__, op.outputs)),
+                got.nest,
             )
             moves = _REQUIRED.get(key)
             if moves is None:
-                moves = _moves(op, plan.ins[k], plan.outs[k], placed, mesh)
+                moves = _moves(op, plan.ins[k], plan.outs[k], placed, mesh, got.nest)
                 if len(_REQUIRED) >= _REQUIRED_MAX:
                     _REQUIRED.clear()
                 _REQUIRED[key] = moves
@@ -250,7 +270,12 @@ class _Fresh(dict[Value, Value]):
 
 
 def _moves(
-    op: Op, ins: Sequence[Type], outs: Sequence[Type], placed: Mapping[Value, Sequence[Placement]], mesh: Mesh
+    op: Op,
+    ins: Sequence[Type],
+    outs: Sequence[Type],
+    placed: Mapping[Value, Sequence[Placement]],
+    mesh: Mesh,
+    nest: bool,
 ) -> list[tuple[Placement, ...] | None]:
     """Per input of ``op`` (global types ``ins``, results ``outs``, placed as ``placed`` says
     on ``mesh``), the placements ``_required_core`` asks for when they differ from the input's,
@@ -262,7 +287,7 @@ def _moves(
     # are as good as new ones
     glob = [t if type(t) is TensorType and t.device == dev0 else global_view(t, mesh) for t in ins]
     gouts = [t if type(t) is TensorType and t.device == dev0 else global_view(t, mesh) for t in outs]
-    need = _required_core(op, glob, in_places, gouts, out_places, mesh)
+    need = _required_core(op, glob, in_places, gouts, out_places, mesh, nest)
     return [n if n is not None and n != pl else None for n, pl in zip(need, in_places, strict=True)]
 
 
@@ -301,9 +326,14 @@ def legalize(module: Module, pending: Collection[int] = ()) -> Module:
             )
         return moved[key]
 
+    # as propagation: a program whose values nest a dim allows nesting everywhere
+    nest = any(
+        isinstance(t := v.type, DTensorType) and shards_one_dim_twice(t.placements)
+        for v in (*fn.params, *(o for i in fn.body if isinstance(i, Op) for o in i.outputs))
+    )
     for instr in fn.body:
         if isinstance(instr, Op) and REGISTRY[instr.name].kind is OpKind.LOCAL:
-            need = _required(instr)
+            need = _required(instr, nest)
             if any(n is not None for n in need):
                 ins = tuple(
                     redistribute(v, n) if n is not None else vmap(v)

@@ -51,7 +51,7 @@ from distir.ops.conv import CONV, halo_rows, input_range_for_output, window_of
 from distir.ops.dist import MESH_SEND, MESH_VIEW, REDISTRIBUTE
 from distir.ops.registry import REGISTRY, LocalPiece, OpKind
 from distir.ops.shape.views import RESHAPE
-from distir.parallel.sharding.propagate import ShardingError
+from distir.parallel.sharding.propagate import ShardingError, shards_one_dim_twice
 from distir.parallel.sharding.ring import lower_ring
 
 
@@ -61,7 +61,10 @@ def local_shape(t: DTensorType, device: Device) -> tuple[int, ...]:
 
 
 def local_shape_at(t: DTensorType, coords: Sequence[int]) -> tuple[int, ...]:
-    """The shape of the piece of ``t`` at mesh coordinates ``coords``."""
+    """The shape of the piece of ``t`` at mesh coordinates ``coords``: a dim sharded along
+    several mesh axes is split by each in mesh-axis order, each splitting the piece the axes
+    before it left (``[S(1), S(1)]`` over (cp, tp): tp splits each cp rank's block), as DTensor
+    nests ``[Shard(1), Shard(1)]``."""
     shape = list(t.shape)
     for ax, p in enumerate(t.placements):
         if isinstance(p, Shard):
@@ -70,24 +73,25 @@ def local_shape_at(t: DTensorType, coords: Sequence[int]) -> tuple[int, ...]:
 
 
 def local_offsets(t: DTensorType, device: Device) -> tuple[int, ...]:
-    """Where ``device``'s piece starts in the global tensor, per dim."""
-    coords = t.mesh.coords(device)
+    """Where ``device``'s piece starts in the global tensor, per dim (nested as ``local_shape_at``
+    splits: each axis' offset within the piece the axes before it left)."""
+    return local_offsets_at(t, t.mesh.coords(device))
+
+
+def local_offsets_at(t: DTensorType, coords: Sequence[int]) -> tuple[int, ...]:
+    """``local_offsets`` at mesh coordinates ``coords``."""
     off = [0] * len(t.shape)
+    size = list(t.shape)
     for ax, p in enumerate(t.placements):
         if isinstance(p, Shard):
-            sizes = split_sizes(t.shape[p.dim], t.mesh.shape[ax])
-            off[p.dim] = sum(sizes[: coords[ax]])
+            sizes = split_sizes(size[p.dim], t.mesh.shape[ax])
+            off[p.dim] += sum(sizes[: coords[ax]])
+            size[p.dim] = sizes[coords[ax]]
     return tuple(off)
 
 
 def local_type(t: DTensorType, device: Device) -> TensorType:
     return TensorType(t.dtype, local_shape(t, device), device)
-
-
-def _check_layout(t: DTensorType, where: str) -> None:
-    dims = [p.dim for p in t.placements if isinstance(p, Shard)]
-    if len(dims) != len(set(dims)):
-        raise ShardingError(f"{where}: two mesh axes shard the same dim ({t}); not supported yet")
 
 
 def materialize(module: Module) -> Module:
@@ -108,7 +112,6 @@ def materialize(module: Module) -> Module:
         t = p.type
         if not isinstance(t, DTensorType):
             raise ShardingError(f"parameter %{p.name} of @{fn.name} must be a DTensor, got {t}")
-        _check_layout(t, f"%{p.name}")
         for d in t.mesh.devices:
             local[(p, d)] = fb.param(f"{p.name}.{d}", local_type(t, d))
     for instr in fn.body:
@@ -142,7 +145,6 @@ def materialize(module: Module) -> Module:
         for o in instr.outputs:
             if not isinstance(o.type, DTensorType):
                 raise ShardingError(f"`{print_op(instr)}`: results of sharded ops must be DTensors")
-            _check_layout(o.type, f"%{o.name}")
         mesh = _op_mesh(instr)
         if REGISTRY[instr.name].family == "conv" and _halo(fb, instr, mesh, local):
             continue
@@ -254,7 +256,6 @@ def _mesh_send(fb: FunctionBuilder, op: Op, local: dict[tuple[Value, Device], Va
     x, y = op.inputs[0], op.outputs[0]
     src, dst = x.type, y.type
     assert isinstance(src, DTensorType) and isinstance(dst, DTensorType)
-    _check_layout(dst, f"%{y.name}")
     event = {"event": True} if op.attrs.get("event") else {}  # a hand-over between streams
     for a, b in zip(src.mesh.devices, dst.mesh.devices, strict=True):
         (local[(y, b)],) = fb.op(
@@ -332,11 +333,10 @@ def _redistribute(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Val
     cur = list(src.placements)
     pieces = {d: local[(src_v, d)] for d in mesh.devices}
     coalesced = bool(op.attrs.get("coalesced"))
-    for ax, b in redistribute_steps(src.placements, dst.placements):
+    for ax, b in redistribute_steps(src.placements, dst.placements, mesh.shape):
         nxt = [*cur]
         nxt[ax] = b
-        t_next = src.with_placements(tuple(nxt))
-        _check_layout(t_next, f"`{print_op(op)}`")
+        t_cur, t_next = src.with_placements(tuple(cur)), src.with_placements(tuple(nxt))
         if mesh.shape[ax] == 1:  # one device holds the whole along this axis: nothing moves
             cur = nxt
             continue
@@ -345,7 +345,7 @@ def _redistribute(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Val
             raise ShardingError(f"`{print_op(op)}`: {why}")
         for group in mesh.groups(ax):
             ins = [pieces[d] for d in group]
-            outs = _lower(fb, cur[ax], b, ins, group, t_next, dst_v.name, print_op(op), coalesced)
+            outs = _lower(fb, cur[ax], b, ins, group, (t_cur, t_next), dst_v.name, print_op(op), coalesced)
             for d, o in zip(group, outs, strict=True):
                 pieces[d] = o
         cur = nxt
@@ -362,10 +362,17 @@ def unsupported_step(mesh: Mesh, ax: int, a: Placement, b: Placement) -> str | N
     return None
 
 
-def redistribute_steps(src: Sequence[Placement], dst: Sequence[Placement]) -> list[tuple[int, Placement]]:
-    """One-axis moves (axis, new placement) from ``src`` to ``dst`` such that no intermediate
-    layout shards a dim along two mesh axes: moves to Replicate first, then any move whose result
-    is valid; when none is (``[S(0), S(1)] -> [S(1), S(0)]``), a blocking axis is replicated first."""
+def redistribute_steps(
+    src: Sequence[Placement], dst: Sequence[Placement], sizes: Sequence[int] | None = None
+) -> list[tuple[int, Placement]]:
+    """One-axis moves (axis, new placement) from ``src`` to ``dst``, each one a collective along
+    its axis can do (``step_lowers``; ``sizes``: the mesh's axis sizes, when known). When neither
+    end shards a dim along two mesh axes, no intermediate layout does either: moves to Replicate
+    first, then any move whose result is valid; when none is (``[S(0), S(1)] -> [S(1), S(0)]``),
+    a blocking axis is replicated first. Otherwise (``_nested_steps``) a dim is gathered from its
+    innermost axis out and split from its outermost in, as DTensor redistributes nested shards."""
+    if shards_one_dim_twice(src) or shards_one_dim_twice(dst):
+        return _nested_steps(src, dst, sizes or (2,) * len(src))
     cur = list(src)
     steps: list[tuple[int, Placement]] = []
 
@@ -386,17 +393,68 @@ def redistribute_steps(src: Sequence[Placement], dst: Sequence[Placement]) -> li
     return steps
 
 
+def step_lowers(places: Sequence[Placement], ax: int, b: Placement, sizes: Sequence[int]) -> bool:
+    """Whether a collective along axis ``ax`` (of a mesh of axis sizes ``sizes``) alone moves
+    ``places`` to ``b`` there: the dims it gathers or splits (``places[ax]``'s and ``b``'s) are
+    sharded by no later axis of more than one device. A later axis splits each of this axis'
+    pieces further, so a device along ``ax`` holds a scattered part of the block this axis gives
+    out; along the innermost axis of a dim the pieces are contiguous parts of the block the axes
+    before it leave (an AllGather over tp of ``[S(1), S(1)]`` on (cp, tp) gives each cp rank's
+    block). Along an axis of one device nothing moves: every step lowers."""
+    if sizes[ax] == 1:
+        return True
+    dims = {p.dim for p in (places[ax], b) if isinstance(p, Shard)}
+    later = range(ax + 1, len(places))
+    return not any(isinstance(q := places[k], Shard) and q.dim in dims and sizes[k] > 1 for k in later)
+
+
+def _nested_steps(
+    src: Sequence[Placement], dst: Sequence[Placement], sizes: Sequence[int]
+) -> list[tuple[int, Placement]]:
+    """``redistribute_steps`` when an end nests a dim: the moves to Replicate that lower, then the
+    rest in mesh-axis order, each axis' move once every later axis blocking it (``step_lowers``)
+    is replicated (an axis so replicated is moved to its target when its turn comes)."""
+    cur = list(src)
+    steps: list[tuple[int, Placement]] = []
+
+    def move(ax: int, p: Placement) -> None:
+        steps.append((ax, p))
+        cur[ax] = p
+
+    changed = True
+    while changed:  # gathers first, innermost out: each may unblock the one before it
+        changed = False
+        for ax in reversed(range(len(cur))):
+            if cur[ax] != dst[ax] and isinstance(dst[ax], Replicate) and step_lowers(cur, ax, dst[ax], sizes):
+                move(ax, dst[ax])
+                changed = True
+    for ax in range(len(cur)):
+        if cur[ax] == dst[ax]:
+            continue
+        while not step_lowers(cur, ax, dst[ax], sizes):
+            dims = {p.dim for p in (cur[ax], dst[ax]) if isinstance(p, Shard)}
+            # the innermost blocker: no later axis shards its dim, so its gather lowers
+            later = range(ax + 1, len(cur))
+            inner = max(k for k in later if isinstance(q := cur[k], Shard) and q.dim in dims and sizes[k] > 1)
+            move(inner, Replicate())
+        move(ax, dst[ax])
+    return steps
+
+
 def _lower(
     fb: FunctionBuilder,
     a: Placement,
     b: Placement,
     ins: Sequence[Value],
     group: Sequence[Device],
-    t_next: DTensorType,
+    layouts: tuple[DTensorType, DTensorType],
     name: str,
     where: str,
     coalesced: bool = False,
 ) -> Sequence[Value]:
+    """The collective (or slices) moving one group's pieces from ``a`` to ``b`` along an axis;
+    ``layouts``: the tensor before and after the step."""
+    t_cur, t_next = layouts
     names = [f"{name}.{d}" for d in group]
     types = [local_type(t_next, d) for d in group]
     part = {"coalesced": True} if coalesced else {}  # a later part of one call, as the Redistribute
@@ -411,7 +469,8 @@ def _lower(
     if isinstance(a, Replicate) and isinstance(b, Shard):
         outs = []
         for v, d, t in zip(ins, group, types, strict=True):
-            start = local_offsets(t_next, d)[b.dim]
+            # within the piece the device holds (a dim other axes shard too starts past 0)
+            start = local_offsets(t_next, d)[b.dim] - local_offsets(t_cur, d)[b.dim]
             (o,) = fb.op(
                 "Slice",
                 v,
@@ -487,6 +546,7 @@ def shared_programs(ranks: Mapping[Device, Module]) -> list[tuple[tuple[Device, 
 
 
 __all__ = [
+    "local_offsets_at",
     "local_shape",
     "local_shape_at",
     "local_type",
@@ -494,5 +554,6 @@ __all__ = [
     "redistribute_steps",
     "shard_value",
     "shared_programs",
+    "step_lowers",
     "unshard_value",
 ]

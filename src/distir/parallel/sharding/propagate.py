@@ -9,11 +9,15 @@ operands → the rest, as Automap describes). Values still unknown at the fixed 
 replicated. Finally each op, in program order, takes the strategy its inputs' placements ask
 for; when no strategy takes them as they are (rules conflict), it takes the strategy that needs
 the least communication to redistribute its inputs, and the conflict is reported. Axes are
-independent except for one thing: one dim of a value sharded along two mesh axes (a layout
-materialization does not support). The fixed point never fills a placement that would make one
-(a parameter keeps what the fixed point gives it, so no later choice could undo it); the final
-choice takes a strategy that makes one only when every other does too, and then reports the value
-(``ShardingError``).
+independent except for one thing: one dim of a value sharded along two mesh axes (nested: the
+first axis splits the dim, the next each of its pieces; ``local_shape_at``). Where the
+annotations nest a dim (context with sequence parallelism), the fixed point fills such layouts
+and the final choice makes them as cheaply as any other, by strategies that keep the sizes of
+the dims they shard (``choices.keeps_dim_sizes``). Elsewhere the fixed point never fills a
+placement that would make one (a parameter keeps what the fixed point gives it, so no later
+choice could undo it), and the final choice takes a strategy that makes one only when every
+other does too, and then reports the value (``ShardingError``): the ops' rules are written per
+axis, and one that maps a dim through a reshape is exact only on the dim's outermost axis.
 
 The result is a DTensor program: the same ops, every tensor value typed ``DTensor[...]`` with
 its producer's placements. Where an op's strategy needs other placements for an input,
@@ -40,7 +44,6 @@ from distir.ir.dtensor import (
     Placement,
     Replicate,
     Shard,
-    format_placements,
 )
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
@@ -96,11 +99,6 @@ def _annotation(value: str, a: str | Sequence[Placement], mesh: Mesh) -> tuple[P
         raise ShardingError(
             f"annotation of %{value} gives {len(places)} placements for a mesh of {len(mesh.axes)} axes"
         )
-    if shards_one_dim_twice(places):
-        raise ShardingError(
-            f"annotation of %{value} [{format_placements(places)}]: two mesh axes shard the same dim; "
-            "not supported yet"
-        )
     return places
 
 
@@ -146,6 +144,7 @@ class Placed:
     strategies: dict[Op, tuple[Strategy, ...]]
     conflicts: list[Conflict]
     ids: dict[Value, int]  # per placed value, the id of its placements (``_pt_id``)
+    nest: bool = False  # the annotations nest a dim (legalization then allows nesting as the choice did)
 
 
 Annotation = str | Sequence[Placement]
@@ -173,12 +172,14 @@ def place(
             fixed.add(v)
     fixed_at = {v: [p or Replicate() for p in placed[v]] for v in fixed if v in placed}
     sizes = tuple(n for _, n in mesh.axes)
-    _fixed_point(plan, placed, [plan.fill(n) for n in sizes])
+    # annotations that nest a dim (context with sequence parallelism) allow nesting everywhere
+    nest = any(shards_one_dim_twice(ps) for ps in fixed_at.values())
+    _fixed_point(plan, placed, [plan.fill(n) for n in sizes], nest)
     for ps in placed.values():
         for ax in range(len(ps)):
             if ps[ax] is None:
                 ps[ax] = Replicate()
-    return _final_choice(plan, mesh, placed, fixed_at, tuple(pinned))
+    return _final_choice(plan, mesh, placed, fixed_at, tuple(pinned), nest)
 
 
 def _annotated(
@@ -223,11 +224,12 @@ def _annotated(
 
 
 def _fixed_point(
-    plan: Plan, placed: Lists, fills: Sequence[Sequence[Sequence[tuple[Placement, ...]]]]
+    plan: Plan, placed: Lists, fills: Sequence[Sequence[Sequence[tuple[Placement, ...]]]], nest: bool
 ) -> None:
     """Fill unknown placements (in ``placed``, in place) from strategies consistent with the
     known ones, sweeping the ops forward and backward until nothing changes. An op whose values
-    are all placed on every axis stays so: later sweeps skip it."""
+    are all placed on every axis stays so: later sweeps skip it. ``nest``: a fill may shard a
+    dim another axis shards too (nested)."""
     n_axes = len(fills)
     # per op: the placement lists of its values (None: not a tensor, i.e. always replicated)
     lists_of = [[placed.get(v) for v in vals] for vals in plan.vals]
@@ -261,7 +263,7 @@ def _fixed_point(
                         continue
                     if n_none == len(known) or known == stuck[j][ax]:
                         continue
-                    places = _consistent(fills[ax][j], known, lists, plan.is_param[j])
+                    places = _consistent(fills[ax][j], known, lists, plan.is_param[j], nest)
                     if places is None:
                         stuck[j][ax] = known
                         continue
@@ -277,6 +279,7 @@ def _consistent(
     known: Sequence[Placement | None],
     lists: Sequence[list[Placement | None] | None],
     is_param: Sequence[bool],
+    nest: bool = False,
 ) -> tuple[Placement, ...] | None:
     """The first of an op's placement options (on one axis) that agrees with every ``known``
     placement and fills no unknown one with what the fixed point never guesses (plain loops:
@@ -290,9 +293,10 @@ def _consistent(
                 if kp is None and (
                     # a parameter is never guessed to be a pending sum; annotate it if meant
                     (param and isinstance(p, Partial))
-                    # nor is a dim sharded along two mesh axes: no op's choice can undo that for
-                    # a parameter (``lst[ax]`` is None, so ``in`` sees the other axes)
-                    or (isinstance(p, Shard) and p in lst)  # type: ignore[operator]
+                    # nor, unless the annotations nest, a dim sharded along two mesh axes: no
+                    # op's choice can undo that for a parameter (``lst[ax]`` is None, so ``in``
+                    # sees the other axes)
+                    or (not nest and isinstance(p, Shard) and p in lst)  # type: ignore[operator]
                 ):
                     break
             else:
@@ -306,6 +310,7 @@ def _final_choice(
     placed: Lists,
     fixed_at: Mapping[Value, list[Placement]],
     pinned: tuple[int, ...],
+    nest: bool,
 ) -> Placed:
     """Each op's strategy per axis, in program order: the producer's placements are what
     consumers get (``placed`` updated in place to the results' final ones), and the conflicts.
@@ -329,10 +334,11 @@ def _final_choice(
             tuple([ids.get(v) for v in outs]),
             tuple([v in fixed_at for v in outs]) if fixed_at else None,
             pin_flags[k],
+            nest,
         )
         got = _CHOICES.get(ckey)
         if got is None:
-            got = _choose_op(op, plan, k, options, sizes, placed, fixed_at, pin_flags[k])
+            got = _choose_op(op, plan, k, options, sizes, placed, fixed_at, pin_flags[k], nest)
             if len(_CHOICES) >= _CHOICES_MAX:
                 _CHOICES.clear()
             _CHOICES[ckey] = got
@@ -344,7 +350,7 @@ def _final_choice(
         for ax, have in moved:
             conflicts.append(Conflict(op, mesh.axes[ax][0], have, chosen[ax]))
         strategies[op] = chosen
-    return Placed(plan, placed, strategies, conflicts, ids)  # type: ignore[arg-type]
+    return Placed(plan, placed, strategies, conflicts, ids, nest)  # type: ignore[arg-type]
 
 
 def _typed(

@@ -120,7 +120,7 @@ def redistribution_collectives(src: DTensorType, dst: Sequence[Placement]) -> li
     """The collectives that move ``src`` to placements ``dst``, one axis at a time."""
     out: list[Collective] = []
     cur = list(src.placements)
-    for ax, p in redistribute_steps(src.placements, dst):
+    for ax, p in redistribute_steps(src.placements, dst, src.mesh.shape):
         kind = _kind(cur[ax], p)
         gathers = isinstance(cur[ax], Shard) and isinstance(p, Replicate)  # its result is the larger
         before = _local_bytes(src, cur)

@@ -174,7 +174,8 @@ class Propagator:
         pr = self.problem
         k = state.open[0]
         pt = pr.points[k]
-        # a dim another axis shards is not offered (one dim along two axes: not supported)
+        # a dim another axis shards is not offered (one dim along two axes: nested only where
+        # the annotations nest one, which Automap's decisions do not)
         taken = {
             p for i in pt.params for b, p in enumerate(pr.fixed[i]) if b != pr.axis and isinstance(p, Shard)
         }
