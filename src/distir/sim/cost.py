@@ -57,6 +57,8 @@ from distir.sim import overlap
 from distir.sim.fusion import FusedInput
 
 # by cost class (``OpDef.cost_class``); a class not listed takes ``default_flop_efficiency``
+# the kernels a trainer runs (``RooflineCostModel.of_kernels``)
+KERNELS = ("fused", "inductor", "eager")
 # how a trainer overlaps tensor-parallel collectives with GEMMs (``RooflineCostModel.tp_overlap_form``)
 TP_OVERLAP_FORMS = ("te", "async")
 
@@ -104,6 +106,12 @@ def fuses(model: CostModel) -> bool:
     return bool(getattr(model, "fuse", False)) and hasattr(model, "fused_time")
 
 
+def epilogues(model: CostModel) -> bool:
+    """Whether the model's fused chains may start at a GEMM (its ``gemm_epilogues``; True for a
+    model without it): ``distir.sim.fusion.fused_inputs``' ``epilogues``."""
+    return bool(getattr(model, "gemm_epilogues", True))
+
+
 def gpu_class(model: CostModel, gpu: int) -> Hashable:
     """The model's class of ``gpu`` (GPUs of one class have equal compute costs), or the GPU
     itself for a model that does not group GPUs."""
@@ -134,8 +142,10 @@ class RooflineCostModel:
     """The roofline model of the module docstring. ``gemm_curve``: matrix products follow the
     device's GEMM efficiency curve (False: the flat ``flop_efficiency["linalg"]``); ``fuse``:
     elementwise chains fuse as the trainers fuse them (False: every op is a kernel of its own);
-    ``attention_kernel``: the fused-attention kernel the trainer runs (one of
-    ``distir.hardware.attention.KERNELS``);
+    ``gemm_epilogues``: a chain may start at a GEMM, its pointwise ops run as the product's
+    epilogue (False: as torch.compile's Inductor runs products by default, extern cuBLAS calls
+    no chain joins; ``distir.sim.fusion``); ``attention_kernel``: the fused-attention kernel
+    the trainer runs (one of ``distir.hardware.attention.KERNELS``);
     ``tp_comm_overlap``: the trainer pipelines each tensor-parallel AllGather/ReduceScatter with
     the GEMM beside it (Megatron-LM's ``--tp-comm-overlap``; the planner applies it:
     ``distir.sim.overlap``), as ``tp_overlap_form`` says: ``te`` (Transformer Engine's
@@ -160,6 +170,7 @@ class RooflineCostModel:
     memory_efficiency: float = 0.8
     gemm_curve: bool = True
     fuse: bool = True
+    gemm_epilogues: bool = True
     attention_kernel: str = "fa2"
     tp_comm_overlap: bool = False
     tp_overlap_form: str = "te"
@@ -177,11 +188,16 @@ class RooflineCostModel:
         tp_comm_overlap: bool = False,
         ring_form: str = "p2p",
     ) -> RooflineCostModel:
-        """The model of a trainer's ``kernels``: ``fused`` (elementwise chains fused as the
-        trainers fuse them) or ``eager`` (every op its own eager PyTorch kernel, ``eager``)."""
+        """The model of a trainer's ``kernels`` (one of ``KERNELS``): ``fused`` (elementwise
+        chains fused as the trainers fuse them, a GEMM's pointwise epilogue too), ``inductor``
+        (the same chains but none joining a GEMM, as ``torch.compile`` runs them by default:
+        ``gemm_epilogues`` off) or ``eager`` (every op its own eager PyTorch kernel, ``eager``)."""
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
         return cls(
             cluster,
-            fuse=kernels == "fused",
+            fuse=kernels != "eager",
+            gemm_epilogues=kernels == "fused",
             eager=kernels == "eager",
             attention_kernel=attention_kernel,
             tp_comm_overlap=tp_comm_overlap,
