@@ -570,7 +570,7 @@ def _simulated(
     cost = RooflineCostModel(
         cl,
         fuse=kernels != "eager",
-        gemm_epilogues=kernels == "fused",
+        inductor=kernels == "inductor",
         eager=kernels == "eager",
         gemm_curve=v.gemm_curve,
         attention_kernel=r.attention_kernel,

@@ -311,3 +311,30 @@ def test_inductor_kernels_cost_each_product_as_its_own_kernel() -> None:
     assert got.flops == fused.flops and got.peak_memory == fused.peak_memory
     with pytest.raises(ValueError, match="kernels must be one of"):
         RooflineCostModel.of_kernels(A100, "max-autotune")
+
+
+def test_inductor_runs_a_normalizations_backward_as_two_kernels() -> None:
+    """Under ``inductor`` kernels an RMSNorm's and a LayerNorm's backward are two kernels
+    (pytorch/pytorch#165370: dX over the hidden axis, dScale over the rows, not fusible): one
+    launch more and dY and X read again; the other kernels and the forward are unchanged."""
+    t = TensorType(DType.bf16, (8192, 4096), distir.ir.Device(0))
+    g = TensorType(DType.bf16, (4096,), distir.ir.Device(0))
+    fused = RooflineCostModel.of_kernels(A100, "fused")
+    inductor = RooflineCostModel.of_kernels(A100, "inductor")
+    spec = A100.device_spec(0)
+    bw = spec.memory_bandwidth * fused.memory_efficiency
+    for name, ins, outs in (
+        ("RMSNormalizationGrad", [t, t, g], [t, g]),
+        ("LayerNormalizationGrad", [t, t, g], [t, g, g]),
+    ):
+        d = REGISTRY[name]
+        assert d.inductor_split is not None and d.inductor_split.reread == (0, 1)
+        one = fused.compute_time(d, ins, outs, {}, 0)
+        two = inductor.compute_time(d, ins, outs, {}, 0)
+        assert two - one == pytest.approx(spec.launch_overhead_s + 2 * t.nbytes / bw, rel=1e-9)
+        link = FusedInput(0, True)
+        extra = inductor.fused_time(d, ins, outs, {}, 0, link) - fused.fused_time(d, ins, outs, {}, 0, link)
+        assert extra == pytest.approx(spec.launch_overhead_s + 2 * t.nbytes / bw, rel=1e-9)
+    norm = REGISTRY["RMSNormalization"]
+    assert norm.inductor_split is None
+    assert inductor.compute_time(norm, [t, g], [t], {}, 0) == fused.compute_time(norm, [t, g], [t], {}, 0)

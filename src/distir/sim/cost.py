@@ -107,9 +107,9 @@ def fuses(model: CostModel) -> bool:
 
 
 def epilogues(model: CostModel) -> bool:
-    """Whether the model's fused chains may start at a GEMM (its ``gemm_epilogues``; True for a
-    model without it): ``distir.sim.fusion.fused_inputs``' ``epilogues``."""
-    return bool(getattr(model, "gemm_epilogues", True))
+    """Whether the model's fused chains may start at a GEMM (not for ``inductor`` kernels; True
+    for a model without the field): ``distir.sim.fusion.fused_inputs``' ``epilogues``."""
+    return not getattr(model, "inductor", False)
 
 
 def gpu_class(model: CostModel, gpu: int) -> Hashable:
@@ -142,9 +142,10 @@ class RooflineCostModel:
     """The roofline model of the module docstring. ``gemm_curve``: matrix products follow the
     device's GEMM efficiency curve (False: the flat ``flop_efficiency["linalg"]``); ``fuse``:
     elementwise chains fuse as the trainers fuse them (False: every op is a kernel of its own);
-    ``gemm_epilogues``: a chain may start at a GEMM, its pointwise ops run as the product's
-    epilogue (False: as torch.compile's Inductor runs products by default, extern cuBLAS calls
-    no chain joins; ``distir.sim.fusion``); ``attention_kernel``: the fused-attention kernel
+    ``inductor``: the kernels are those torch.compile's Inductor generates in its default mode:
+    the products extern cuBLAS calls that no chain joins (no GEMM epilogue; ``distir.sim.fusion``)
+    and an op with an ``OpDef.inductor_split`` (the normalizations' backward) two kernels, the
+    second launched and reading its ``reread`` inputs again; ``attention_kernel``: the fused-attention kernel
     the trainer runs (one of ``distir.hardware.attention.KERNELS``);
     ``tp_comm_overlap``: the trainer pipelines each tensor-parallel AllGather/ReduceScatter with
     the GEMM beside it (Megatron-LM's ``--tp-comm-overlap``; the planner applies it:
@@ -170,7 +171,7 @@ class RooflineCostModel:
     memory_efficiency: float = 0.8
     gemm_curve: bool = True
     fuse: bool = True
-    gemm_epilogues: bool = True
+    inductor: bool = False
     attention_kernel: str = "fa2"
     tp_comm_overlap: bool = False
     tp_overlap_form: str = "te"
@@ -191,13 +192,13 @@ class RooflineCostModel:
         """The model of a trainer's ``kernels`` (one of ``KERNELS``): ``fused`` (elementwise
         chains fused as the trainers fuse them, a GEMM's pointwise epilogue too), ``inductor``
         (the same chains but none joining a GEMM, as ``torch.compile`` runs them by default:
-        ``gemm_epilogues`` off) or ``eager`` (every op its own eager PyTorch kernel, ``eager``)."""
+        ``inductor``) or ``eager`` (every op its own eager PyTorch kernel, ``eager``)."""
         if kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
         return cls(
             cluster,
             fuse=kernels != "eager",
-            gemm_epilogues=kernels == "fused",
+            inductor=kernels == "inductor",
             eager=kernels == "eager",
             attention_kernel=attention_kernel,
             tp_comm_overlap=tp_comm_overlap,
@@ -214,7 +215,19 @@ class RooflineCostModel:
         if flops <= 0 and nbytes <= 0:
             return 0.0 if rates is None else rates.launch_s
         launch = spec.launch_overhead_s if rates is None else rates.launch_s
+        split = self._inductor_split(opdef, ins)
+        if split:
+            nbytes += split
+            launch *= 2
         return launch + self._roofline(spec, opdef, ins, outs, attrs, flops, nbytes)
+
+    def _inductor_split(self, opdef: OpDef, ins: Sequence[Type]) -> int:
+        """The bytes Inductor's second kernel for ``opdef`` reads again (``OpDef.inductor_split``),
+        under ``inductor`` kernels; 0 where it runs one kernel."""
+        split = opdef.inductor_split
+        if not self.inductor or split is None:
+            return 0
+        return sum(ins[i].nbytes for i in split.reread if i < len(ins))
 
     def fused_time(
         self,
@@ -227,7 +240,8 @@ class RooflineCostModel:
     ) -> float:
         """``compute_time`` of an op inside the kernel of the op before it: no launch; input
         ``link.arg`` comes from registers, and when it has no other use the producer's write
-        of it is saved too (this op's write takes its place)."""
+        of it is saved too (this op's write takes its place). The second kernel of an op
+        Inductor splits (``inductor``) is launched and reads its inputs from memory."""
         flops = opdef.flops(ins, outs, attrs)
         nbytes = opdef.bytes_read(ins, outs, attrs) + opdef.bytes_written(ins, outs, attrs)
         if flops <= 0 and nbytes <= 0:
@@ -235,7 +249,13 @@ class RooflineCostModel:
         linked = ins[link.arg].nbytes if link.arg < len(ins) else 0
         nbytes = max(0.0, nbytes - linked * (2 if link.sole else 1))
         spec = self.cluster.device_spec(gpu)
-        return self._roofline(spec, opdef, ins, outs, attrs, flops, nbytes)
+        split = self._inductor_split(opdef, ins)
+        if not split:
+            return self._roofline(spec, opdef, ins, outs, attrs, flops, nbytes)
+        # Inductor's second kernel is one of its own: launched, reading its inputs from memory
+        rates = _rates(spec, opdef)
+        launch = spec.launch_overhead_s if rates is None else rates.launch_s
+        return launch + self._roofline(spec, opdef, ins, outs, attrs, flops, nbytes + split)
 
     def _roofline(
         self,
