@@ -20,7 +20,9 @@
   without one; not a calibrated class's measured rates, measured at the limit already);
 - an op that joins the kernel of the op before it (``distir.sim.fusion``; ``fuse=True``, the
   default) by ``fused_time``: no launch, and no memory traffic for the linked input (nor for the
-  producer's write of it when nothing else uses it);
+  producer's write of it when nothing else uses it); with ``inductor`` (torch.compile's kernels)
+  no op joins a GEMM, and an op Inductor runs as two kernels (``OpDef.inductor_split``) pays the
+  second's launch and reads;
 - a communication op by the alpha-beta model of its pattern (``distir.sim.collectives``) over the
   cluster's links, from the op's ``comm_cost`` descriptor.
 
@@ -56,12 +58,12 @@ from distir.sim import collectives as coll
 from distir.sim import overlap
 from distir.sim.fusion import FusedInput
 
-# by cost class (``OpDef.cost_class``); a class not listed takes ``default_flop_efficiency``
 # the kernels a trainer runs (``RooflineCostModel.of_kernels``)
 KERNELS = ("fused", "inductor", "eager")
 # how a trainer overlaps tensor-parallel collectives with GEMMs (``RooflineCostModel.tp_overlap_form``)
 TP_OVERLAP_FORMS = ("te", "async")
 
+# by cost class (``OpDef.cost_class``); a class not listed takes ``default_flop_efficiency``
 DEFAULT_FLOP_EFFICIENCY: Mapping[str, float] = {
     CostClass.LINALG: 0.75,
     CostClass.NN: 0.5,
@@ -145,8 +147,8 @@ class RooflineCostModel:
     ``inductor``: the kernels are those torch.compile's Inductor generates in its default mode:
     the products extern cuBLAS calls that no chain joins (no GEMM epilogue; ``distir.sim.fusion``)
     and an op with an ``OpDef.inductor_split`` (the normalizations' backward) two kernels, the
-    second launched and reading its ``reread`` inputs again; ``attention_kernel``: the fused-attention kernel
-    the trainer runs (one of ``distir.hardware.attention.KERNELS``);
+    second launched and reading its ``reread`` inputs again; ``attention_kernel``: the
+    fused-attention kernel the trainer runs (one of ``distir.hardware.attention.KERNELS``);
     ``tp_comm_overlap``: the trainer pipelines each tensor-parallel AllGather/ReduceScatter with
     the GEMM beside it (Megatron-LM's ``--tp-comm-overlap``; the planner applies it:
     ``distir.sim.overlap``), as ``tp_overlap_form`` says: ``te`` (Transformer Engine's
@@ -191,8 +193,9 @@ class RooflineCostModel:
     ) -> RooflineCostModel:
         """The model of a trainer's ``kernels`` (one of ``KERNELS``): ``fused`` (elementwise
         chains fused as the trainers fuse them, a GEMM's pointwise epilogue too), ``inductor``
-        (the same chains but none joining a GEMM, as ``torch.compile`` runs them by default:
-        ``inductor``) or ``eager`` (every op its own eager PyTorch kernel, ``eager``)."""
+        (as ``torch.compile`` runs them by default: the same chains but none joining a GEMM,
+        and a normalization's backward in two kernels; ``inductor``) or ``eager`` (every op its
+        own eager PyTorch kernel, ``eager``)."""
         if kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
         return cls(
