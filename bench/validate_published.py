@@ -156,8 +156,9 @@ class Run:
     strategy: StrategyCfg
     published: Published
     unsupported: str = ""
-    # the trainer's kernels: fused (Megatron-LM's fused kernels, torch.compile) or eager (one
-    # kernel per op, as eager PyTorch runs them); ``distir simulate --kernels``
+    # the trainer's kernels: fused (Megatron-LM's fused kernels), inductor (torch.compile's
+    # default mode: the same chains, none joining a GEMM) or eager (one kernel per op, as eager
+    # PyTorch runs them); ``distir simulate --kernels``
     kernels: str = "fused"
     # the fused-attention kernel the trainer runs: fa2 (flash-attn, PyTorch SDPA's flash backend),
     # cudnn (Transformer Engine's FusedAttention, preferred on Hopper) or fa-triton (flash-attn's
@@ -267,15 +268,15 @@ def _check(r: Run, where: str) -> None:
     from distir.frontends.zoo.gpt import LOSS_FORMS
     from distir.hardware.attention import KERNELS as ATTENTION_KERNELS
     from distir.parallel.context import RING_FORMS
-    from distir.sim.cost import TP_OVERLAP_FORMS
+    from distir.sim.cost import KERNELS, TP_OVERLAP_FORMS
 
     for label, x in (("source", r.source), ("where", r.where), ("commit", r.commit)):
         if not x.strip():
             raise RunsError(f"{where}: empty {label}")
     if not r.source.startswith("https://"):
         raise RunsError(f"{where}.source: expected an https:// URL, got {r.source!r}")
-    if r.kernels not in ("fused", "eager"):
-        raise RunsError(f"{where}.kernels: expected fused or eager, got {r.kernels!r}")
+    if r.kernels not in KERNELS:
+        raise RunsError(f"{where}.kernels: expected one of {', '.join(KERNELS)}, got {r.kernels!r}")
     if r.optimizer_kernels not in ("fused", "foreach", "loop"):
         raise RunsError(
             f"{where}.optimizer_kernels: expected fused, foreach or loop, got {r.optimizer_kernels!r}"
@@ -501,11 +502,12 @@ def figure_of(r: Run, step_time_s: float) -> float:
 class Variant(NamedTuple):
     """What the cost model assumes, for ``--gemm flat`` / ``--kernels`` / ``--interference``
     comparisons: matmuls by the GEMM curve (``gemm_curve``) or at the flat 75% of peak; every
-    run's own kernels (None) or all ``fused`` / ``eager``; collectives beside the compute slowing
-    it by the SMs NCCL holds (``interference``, ``distir.sim.interference``) or not; and, on a GPU
-    whose GEMM kernels are persistent (``GemmProfile.persistent``), the GEMMs beside them running
-    in two waves (``persistent``: the run's GEMM share of GPU 0's kernel time, ``gemm_share``,
-    from a first simulation of the run, is the cost model's ``gemm_share``)."""
+    run's own kernels (None) or all ``fused`` / ``inductor`` / ``eager``; collectives beside the
+    compute slowing it by the SMs NCCL holds (``interference``, ``distir.sim.interference``) or
+    not; and, on a GPU whose GEMM kernels are persistent (``GemmProfile.persistent``), the GEMMs
+    beside them running in two waves (``persistent``: the run's GEMM share of GPU 0's kernel
+    time, ``gemm_share``, from a first simulation of the run, is the cost model's
+    ``gemm_share``)."""
 
     gemm_curve: bool = True
     kernels: str | None = None
@@ -567,7 +569,8 @@ def _simulated(
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(
         cl,
-        fuse=kernels == "fused",
+        fuse=kernels != "eager",
+        inductor=kernels == "inductor",
         eager=kernels == "eager",
         gemm_curve=v.gemm_curve,
         attention_kernel=r.attention_kernel,
@@ -847,8 +850,8 @@ def main(argv: list[str] | None = None) -> int:
         help="matmuls by the GPU's GEMM curve (default) or at a flat 75%% of peak",
     )  # fmt: skip
     ap.add_argument(
-        "--kernels", choices=("run", "fused", "eager"), default="run",
-        help="each run's own kernels (default), or all fused / all eager",
+        "--kernels", choices=("run", "fused", "inductor", "eager"), default="run",
+        help="each run's own kernels (default), or all fused / all inductor / all eager",
     )  # fmt: skip
     ap.add_argument(
         "--interference", choices=("on", "off", "persistent"), default="on",

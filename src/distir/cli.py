@@ -244,9 +244,10 @@ _SimKernels = Annotated[
     str | None,
     typer.Option(
         "--kernels",
-        help="fused (elementwise chains fused into their producer's kernel, as Megatron-LM and "
-        "torch.compile run them) or eager (one kernel per op, as eager PyTorch). Default: the "
-        "--trainer's (fused; eager for torchtitan).",
+        help="fused (elementwise chains fused into their producer's kernel, a GEMM's epilogue "
+        "too, as Megatron-LM runs them), inductor (the same chains, none joining a GEMM, as "
+        "torch.compile runs them by default) or eager (one kernel per op, as eager PyTorch). "
+        "Default: the --trainer's (fused; eager for torchtitan).",
     ),
 ]
 _SimAttentionKernel = Annotated[
@@ -509,11 +510,12 @@ def _check_simulate_options(
     """``simulate``'s options with a fixed set of values, each one of its set (None: the
     trainer's); ``--trace`` writable; a FILE or a ``--model``, not both."""
     from distir.parallel.trainers import TRAINERS
+    from distir.sim.cost import KERNELS
 
     if trainer not in TRAINERS:
         _fail(f"--trainer must be one of {', '.join(TRAINERS)}, got {trainer!r}")
-    if kernels is not None and kernels not in ("fused", "eager"):
-        _fail(f"--kernels must be fused or eager, got {kernels!r}")
+    if kernels is not None and kernels not in KERNELS:
+        _fail(f"--kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
     if attention_kernel is not None and attention_kernel not in ATTENTION_KERNELS:
         _fail(f"--attention-kernel must be one of {', '.join(ATTENTION_KERNELS)}, got {attention_kernel!r}")
     if trace_detail not in ("chunk", "layer", "op"):

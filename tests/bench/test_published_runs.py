@@ -215,6 +215,17 @@ def test_torchtitan_runs_name_pytorch_sdpa_flash_backend() -> None:
     assert {r.attention_kernel for r in TITAN} == {"fa2"}
 
 
+def test_torchtitans_compiled_runs_take_inductors_kernels() -> None:
+    """A torchtitan row run with ``torch.compile`` takes Inductor's default kernels (no GEMM
+    epilogue) and the forms its compiled block still runs (RoPE in fp32 around ATen's complex
+    product, ``repeat_kv``'s copy, one ``F.silu``); one without takes eager PyTorch's."""
+    for r in TITAN:
+        compiled = "torch.compile" in r.trainer
+        assert r.kernels == ("inductor" if compiled else "eager"), r.name
+        assert (r.model.rope, r.model.silu, r.model.kv) == ("fp32", "fused", "copy"), r.name
+        assert r.model.norm == ("fused" if compiled else "composite"), r.name
+
+
 def test_grand_teton_cluster_has_the_torchtitan_pages_hardware() -> None:
     # the pages' "Hardware" section: 8 H100 per host, 96GB HBM2e at 2.4 TB/s, 400 Gb/s per GPU,
     # 500 W

@@ -251,8 +251,8 @@ def test_switches_are_the_published_records_of_that_trainer(trainer: str) -> Non
 
 
 def test_model_options_are_the_records_model_strings() -> None:
-    """Each trainer's model options are its records' model fields: torchtitan's eager forms and
-    loss (820504e: the loss compiled with the model under ``--training.compile``, the June 2025
+    """Each trainer's model options are its records' model fields: torchtitan's eager and
+    compiled (``inductor``) forms and loss (820504e: the loss compiled with the model under ``--training.compile``, the June 2025
     page; the December 2024 page's 9dec370 ran it uncompiled under ``loss_parallel`` even in its
     compiled TP rows, a version's difference), Megatron-LM's and Megatron-DeepSpeed's fused QKV."""
     checked = 0
@@ -262,7 +262,7 @@ def test_model_options_are_the_records_model_strings() -> None:
             continue
         s = vp.strategy_of(r.strategy)
         for key, value in model_options(trainer, s, r.kernels).items():
-            if key == "loss" and s.t > 1 and r.kernels == "fused" and "2025-06" not in r.source:
+            if key == "loss" and s.t > 1 and r.kernels == "inductor" and "2025-06" not in r.source:
                 continue
             assert getattr(r.model, key) == value, (r.name, key)
             checked += 1

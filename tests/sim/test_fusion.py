@@ -240,3 +240,101 @@ def test_a_rowwise_op_after_a_collective_joins_the_chain_the_collective_started(
     for planner in ("fast", "reference"):
         spmd_t = simulate(m, A100, planner=planner).step_time_s
         assert spmd_t == pytest.approx(simulate(flat, A100, planner=planner).step_time_s, rel=1e-12)
+
+
+# a residual add and the RMSNorm after a product, and SwiGLU's product after two: what
+# torch.compile's Inductor fuses around the cuBLAS calls of torchtitan's Llama block
+ROWS, HID, FFN = 2048, 1024, 4096
+_ACT, _W = f"Tensor[bf16, ({ROWS}, {HID}), d0]", f"Tensor[bf16, ({HID}, {FFN}), d0]"
+_WO, _G = f"Tensor[bf16, ({HID}, {HID}), d0]", f"Tensor[bf16, ({HID},), d0]"
+BLOCK = f"""func @f(%x: {_ACT}, %h: {_ACT}, %wo: {_WO}, %g: {_G}, %w1: {_W}, %w3: {_W}) {{
+  %o = MatMul(%h, %wo)
+  %r = Add(%x, %o)
+  %n = RMSNormalization(%r, %g)
+  %a = MatMul(%n, %w1)
+  %b = MatMul(%n, %w3)
+  %s = Silu(%a)
+  %y = Mul(%s, %b)
+  return %r, %y
+}}
+"""
+
+
+def test_without_gemm_epilogues_chains_start_after_the_product() -> None:
+    """``epilogues=False`` (Inductor's default mode: products are extern cuBLAS kernels): the
+    residual Add heads its own kernel, reading the product, and the RMSNorm joins it (one
+    add+norm kernel, the sum still written for the next residual); Silu heads SwiGLU's kernel
+    and the Mul joins it. With epilogues the Add joins the product and the norm, after a chain
+    a GEMM heads, is a kernel of its own."""
+    fn = parse_module(BLOCK).entry
+    assert fn is not None
+    names = [op.name for op in fn.body]
+    assert list(zip(names, fused_inputs(fn, epilogues=False), strict=True)) == [
+        ("MatMul", None),
+        ("Add", None),
+        ("RMSNormalization", FusedInput(0, False)),
+        ("MatMul", None),
+        ("MatMul", None),
+        ("Silu", None),
+        ("Mul", FusedInput(0, True)),
+    ]
+    assert list(zip(names, fused_inputs(fn), strict=True)) == [
+        ("MatMul", None),
+        ("Add", FusedInput(1, True)),
+        ("RMSNormalization", None),
+        ("MatMul", None),
+        ("MatMul", None),
+        ("Silu", FusedInput(0, True)),
+        ("Mul", FusedInput(0, True)),
+    ]
+
+
+def test_inductor_kernels_cost_each_product_as_its_own_kernel() -> None:
+    """``of_kernels("inductor")`` (fused chains, no GEMM epilogue) costs the block op by op as
+    the links above say: every product, the Add and Silu a kernel of their own, the RMSNorm and
+    the Mul inside them; between the fused and the eager figures, FLOPs and memory unchanged."""
+    m = distir.check(parse_module(BLOCK))
+    inductor = RooflineCostModel.of_kernels(A100, "inductor")
+    types = infer_types(m)[1]
+    by_hand = 0.0
+    for op, link in zip(m.entry.body, fused_inputs(m.entry, epilogues=False), strict=True):  # type: ignore[union-attr]
+        d, ins, outs = REGISTRY[op.name], [types[v] for v in op.inputs], [types[v] for v in op.outputs]
+        if link is None:
+            by_hand += inductor.compute_time(d, ins, outs, op.attrs, 0)
+        else:
+            by_hand += inductor.fused_time(d, ins, outs, op.attrs, 0, link)
+    got = simulate(m, A100, cost_model=inductor)
+    assert got.step_time_s == pytest.approx(by_hand, rel=1e-12)
+    fused = simulate(m, A100, cost_model=RooflineCostModel.of_kernels(A100, "fused"))
+    eager = simulate(m, A100, cost_model=RooflineCostModel.of_kernels(A100, "eager"))
+    assert fused.step_time_s < got.step_time_s < eager.step_time_s
+    assert got.flops == fused.flops and got.peak_memory == fused.peak_memory
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        RooflineCostModel.of_kernels(A100, "max-autotune")
+
+
+def test_inductor_runs_a_normalizations_backward_as_two_kernels() -> None:
+    """Under ``inductor`` kernels an RMSNorm's and a LayerNorm's backward are two kernels
+    (pytorch/pytorch#165370: dX over the hidden axis, dScale over the rows, not fusible): one
+    launch more and dY and X read again; the other kernels and the forward are unchanged."""
+    t = TensorType(DType.bf16, (8192, 4096), distir.ir.Device(0))
+    g = TensorType(DType.bf16, (4096,), distir.ir.Device(0))
+    fused = RooflineCostModel.of_kernels(A100, "fused")
+    inductor = RooflineCostModel.of_kernels(A100, "inductor")
+    spec = A100.device_spec(0)
+    bw = spec.memory_bandwidth * fused.memory_efficiency
+    for name, ins, outs in (
+        ("RMSNormalizationGrad", [t, t, g], [t, g]),
+        ("LayerNormalizationGrad", [t, t, g], [t, g, g]),
+    ):
+        d = REGISTRY[name]
+        assert d.inductor_split is not None and d.inductor_split.reread == (0, 1)
+        one = fused.compute_time(d, ins, outs, {}, 0)
+        two = inductor.compute_time(d, ins, outs, {}, 0)
+        assert two - one == pytest.approx(spec.launch_overhead_s + 2 * t.nbytes / bw, rel=1e-9)
+        link = FusedInput(0, True)
+        extra = inductor.fused_time(d, ins, outs, {}, 0, link) - fused.fused_time(d, ins, outs, {}, 0, link)
+        assert extra == pytest.approx(spec.launch_overhead_s + 2 * t.nbytes / bw, rel=1e-9)
+    norm = REGISTRY["RMSNormalization"]
+    assert norm.inductor_split is None
+    assert inductor.compute_time(norm, [t, g], [t], {}, 0) == fused.compute_time(norm, [t, g], [t], {}, 0)

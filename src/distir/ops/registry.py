@@ -309,6 +309,16 @@ class EagerRate(NamedTuple):
     source: str
 
 
+class InductorSplit(NamedTuple):
+    """How ``torch.compile``'s Inductor (default mode) runs an op as two kernels where the cost
+    descriptors count one: a second kernel reads the inputs at positions ``reread`` again (a
+    reduction over another axis, which Inductor cannot fuse with the first); ``source`` says
+    where that is stated."""
+
+    reread: tuple[int, ...]
+    source: str
+
+
 @dataclass(slots=True, eq=False)
 class OpDef:
     """Everything about one op. See the module docstring."""
@@ -333,6 +343,9 @@ class OpDef:
     # published benchmark measured one far from the cost model's default (``EagerRate``; None:
     # the default): the cost model uses it for programs run as eager PyTorch
     eager_memory: EagerRate | None = None
+    # the second kernel Inductor runs it with (``InductorSplit``; None: one kernel): the cost
+    # model charges it for programs run as torch.compile's default mode generates them
+    inductor_split: InductorSplit | None = None
     doc: str = ""
     project: Any = None
     rendezvous: Any = None

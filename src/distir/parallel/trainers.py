@@ -74,7 +74,7 @@ class TrainerError(StrategyError):
 @dataclass(frozen=True, slots=True)
 class TrainerSemantics:
     """A trainer's choices for one strategy: ``distribute``'s switches (``switches``) and the
-    cost model's kernels (``kernels``: fused or eager; ``attention_kernel``; Adam's
+    cost model's kernels (``kernels``: fused, inductor or eager; ``attention_kernel``; Adam's
     ``optimizer_kernels``; ``ring_form``, the ring attention it runs under context parallelism,
     ``RooflineCostModel.ring_form``)."""
 
@@ -256,14 +256,20 @@ def model_options(trainer: str, s: Strategy, kernels: str) -> dict[str, str]:
     rank, under ``loss_parallel`` (``loss=parallel``) when t > 1 in eager mode, compiled with
     the model under ``--training.compile`` (``build_cross_entropy_loss``: fused kernels over
     vocabulary-sharded logits, ``loss=fp32``) — and, with eager kernels, its RMSNorm, RoPE and
-    ``repeat_kv`` as the separate ops eager PyTorch runs. A model's own options win; a family
-    without such an option takes none."""
+    ``repeat_kv`` as the separate ops eager PyTorch runs; compiled (``inductor``), its RoPE
+    still in fp32 around the complex product, which Inductor does not generate code for and runs
+    as ATen's kernel (``rope=fp32``; torchtitan ``apply_rotary_emb``'s ``view_as_complex``,
+    pytorch/torchtitan#15: "Torchinductor does not support code generation for complex
+    operators"), ``repeat_kv``'s copy, which the SDPA kernel reads as one buffer (``kv=copy``),
+    and ``F.silu`` as one op (``silu=fused``); its RMSNorm is one fused kernel. A model's own
+    options win; a family without such an option takes none."""
     if trainer in ("megatron", "deepspeed"):
         return {"qkv": "fused"}
     if trainer != "torchtitan":
         return {}
     eager = kernels == "eager"
-    forms = {"norm": "composite", "rope": "fp32", "silu": "fused", "kv": "copy"} if eager else {}
+    compiled = {"rope": "fp32", "silu": "fused", "kv": "copy"}
+    forms = {"norm": "composite", **compiled} if eager else compiled if kernels == "inductor" else {}
     loss = "torch" if s.t == 1 else "parallel" if eager else "fp32"
     return {**forms, "loss": loss}
 

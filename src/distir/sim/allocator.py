@@ -69,7 +69,7 @@ from distir.ir.types import Type
 from distir.ops.dist import MESH_SEND
 from distir.ops.registry import CommPattern
 from distir.sim import overlap
-from distir.sim.cost import CostModel, fuses
+from distir.sim.cost import CostModel, epilogues, fuses
 from distir.sim.devices import DeviceMap
 from distir.sim.interference import COMPUTE
 from distir.sim.oprecord import slots_of
@@ -134,9 +134,14 @@ class _StreamWalker(_Walker):
     alike grouped; ``streams`` gives each clock's memory figure and stream name)."""
 
     def __init__(
-        self, units: Units, streams: Sequence[Pool], fuse: bool, tp_overlap: overlap.Form | None
+        self,
+        units: Units,
+        streams: Sequence[Pool],
+        fuse: bool,
+        tp_overlap: overlap.Form | None,
+        gemm_epilogues: bool = True,
     ) -> None:
-        super().__init__(units, fuse, tp_overlap)
+        super().__init__(units, fuse, tp_overlap, gemm_epilogues)
         self.streams = streams
         self.home: dict[Storage, dict[int, str]] = {}  # storage -> figure -> stream name
         # storage handed over from another stream of the same GPU -> figure -> the allocation it is
@@ -207,7 +212,7 @@ def stream_pools(
     units.prepare(module, fn, args)  # a DTensor program: alike devices grouped (the same bytes)
     members = units.units if units.units is not None else [(j,) for j in range(len(dmap.slots))]
     streams = [Pool(units.slot_gpu[u], dmap.slots[m[0]].stream) for u, m in enumerate(members)]
-    walker = _StreamWalker(units, streams, fuses(cost), overlap.form_of(cost))
+    walker = _StreamWalker(units, streams, fuses(cost), overlap.form_of(cost), epilogues(cost))
     params = {p: Storage(units.bytes_by_gpu(type_of(a))) for p, a in zip(fn.params, args, strict=True)}
     for a, s in zip(args, params.values(), strict=True):
         walker.home[s] = walker.streams_of(type_of(a))

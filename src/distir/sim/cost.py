@@ -20,7 +20,9 @@
   without one; not a calibrated class's measured rates, measured at the limit already);
 - an op that joins the kernel of the op before it (``distir.sim.fusion``; ``fuse=True``, the
   default) by ``fused_time``: no launch, and no memory traffic for the linked input (nor for the
-  producer's write of it when nothing else uses it);
+  producer's write of it when nothing else uses it); with ``inductor`` (torch.compile's kernels)
+  no op joins a GEMM, and an op Inductor runs as two kernels (``OpDef.inductor_split``) pays the
+  second's launch and reads;
 - a communication op by the alpha-beta model of its pattern (``distir.sim.collectives``) over the
   cluster's links, from the op's ``comm_cost`` descriptor.
 
@@ -56,10 +58,12 @@ from distir.sim import collectives as coll
 from distir.sim import overlap
 from distir.sim.fusion import FusedInput
 
-# by cost class (``OpDef.cost_class``); a class not listed takes ``default_flop_efficiency``
+# the kernels a trainer runs (``RooflineCostModel.of_kernels``)
+KERNELS = ("fused", "inductor", "eager")
 # how a trainer overlaps tensor-parallel collectives with GEMMs (``RooflineCostModel.tp_overlap_form``)
 TP_OVERLAP_FORMS = ("te", "async")
 
+# by cost class (``OpDef.cost_class``); a class not listed takes ``default_flop_efficiency``
 DEFAULT_FLOP_EFFICIENCY: Mapping[str, float] = {
     CostClass.LINALG: 0.75,
     CostClass.NN: 0.5,
@@ -104,6 +108,12 @@ def fuses(model: CostModel) -> bool:
     return bool(getattr(model, "fuse", False)) and hasattr(model, "fused_time")
 
 
+def epilogues(model: CostModel) -> bool:
+    """Whether the model's fused chains may start at a GEMM (not for ``inductor`` kernels; True
+    for a model without the field): ``distir.sim.fusion.fused_inputs``' ``epilogues``."""
+    return not getattr(model, "inductor", False)
+
+
 def gpu_class(model: CostModel, gpu: int) -> Hashable:
     """The model's class of ``gpu`` (GPUs of one class have equal compute costs), or the GPU
     itself for a model that does not group GPUs."""
@@ -134,8 +144,11 @@ class RooflineCostModel:
     """The roofline model of the module docstring. ``gemm_curve``: matrix products follow the
     device's GEMM efficiency curve (False: the flat ``flop_efficiency["linalg"]``); ``fuse``:
     elementwise chains fuse as the trainers fuse them (False: every op is a kernel of its own);
-    ``attention_kernel``: the fused-attention kernel the trainer runs (one of
-    ``distir.hardware.attention.KERNELS``);
+    ``inductor``: the kernels are those torch.compile's Inductor generates in its default mode:
+    the products extern cuBLAS calls that no chain joins (no GEMM epilogue; ``distir.sim.fusion``)
+    and an op with an ``OpDef.inductor_split`` (the normalizations' backward) two kernels, the
+    second launched and reading its ``reread`` inputs again; ``attention_kernel``: the
+    fused-attention kernel the trainer runs (one of ``distir.hardware.attention.KERNELS``);
     ``tp_comm_overlap``: the trainer pipelines each tensor-parallel AllGather/ReduceScatter with
     the GEMM beside it (Megatron-LM's ``--tp-comm-overlap``; the planner applies it:
     ``distir.sim.overlap``), as ``tp_overlap_form`` says: ``te`` (Transformer Engine's
@@ -160,6 +173,7 @@ class RooflineCostModel:
     memory_efficiency: float = 0.8
     gemm_curve: bool = True
     fuse: bool = True
+    inductor: bool = False
     attention_kernel: str = "fa2"
     tp_comm_overlap: bool = False
     tp_overlap_form: str = "te"
@@ -177,11 +191,17 @@ class RooflineCostModel:
         tp_comm_overlap: bool = False,
         ring_form: str = "p2p",
     ) -> RooflineCostModel:
-        """The model of a trainer's ``kernels``: ``fused`` (elementwise chains fused as the
-        trainers fuse them) or ``eager`` (every op its own eager PyTorch kernel, ``eager``)."""
+        """The model of a trainer's ``kernels`` (one of ``KERNELS``): ``fused`` (elementwise
+        chains fused as the trainers fuse them, a GEMM's pointwise epilogue too), ``inductor``
+        (as ``torch.compile`` runs them by default: the same chains but none joining a GEMM,
+        and a normalization's backward in two kernels; ``inductor``) or ``eager`` (every op its
+        own eager PyTorch kernel, ``eager``)."""
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
         return cls(
             cluster,
-            fuse=kernels == "fused",
+            fuse=kernels != "eager",
+            inductor=kernels == "inductor",
             eager=kernels == "eager",
             attention_kernel=attention_kernel,
             tp_comm_overlap=tp_comm_overlap,
@@ -198,7 +218,19 @@ class RooflineCostModel:
         if flops <= 0 and nbytes <= 0:
             return 0.0 if rates is None else rates.launch_s
         launch = spec.launch_overhead_s if rates is None else rates.launch_s
+        split = self._inductor_split(opdef, ins)
+        if split:
+            nbytes += split
+            launch *= 2
         return launch + self._roofline(spec, opdef, ins, outs, attrs, flops, nbytes)
+
+    def _inductor_split(self, opdef: OpDef, ins: Sequence[Type]) -> int:
+        """The bytes Inductor's second kernel for ``opdef`` reads again (``OpDef.inductor_split``),
+        under ``inductor`` kernels; 0 where it runs one kernel."""
+        split = opdef.inductor_split
+        if not self.inductor or split is None:
+            return 0
+        return sum(ins[i].nbytes for i in split.reread if i < len(ins))
 
     def fused_time(
         self,
@@ -211,7 +243,8 @@ class RooflineCostModel:
     ) -> float:
         """``compute_time`` of an op inside the kernel of the op before it: no launch; input
         ``link.arg`` comes from registers, and when it has no other use the producer's write
-        of it is saved too (this op's write takes its place)."""
+        of it is saved too (this op's write takes its place). The second kernel of an op
+        Inductor splits (``inductor``) is launched and reads its inputs from memory."""
         flops = opdef.flops(ins, outs, attrs)
         nbytes = opdef.bytes_read(ins, outs, attrs) + opdef.bytes_written(ins, outs, attrs)
         if flops <= 0 and nbytes <= 0:
@@ -219,7 +252,13 @@ class RooflineCostModel:
         linked = ins[link.arg].nbytes if link.arg < len(ins) else 0
         nbytes = max(0.0, nbytes - linked * (2 if link.sole else 1))
         spec = self.cluster.device_spec(gpu)
-        return self._roofline(spec, opdef, ins, outs, attrs, flops, nbytes)
+        split = self._inductor_split(opdef, ins)
+        if not split:
+            return self._roofline(spec, opdef, ins, outs, attrs, flops, nbytes)
+        # Inductor's second kernel is one of its own: launched, reading its inputs from memory
+        rates = _rates(spec, opdef)
+        launch = spec.launch_overhead_s if rates is None else rates.launch_s
+        return launch + self._roofline(spec, opdef, ins, outs, attrs, flops, nbytes + split)
 
     def _roofline(
         self,

@@ -23,6 +23,15 @@ chain reaches a GEMM only through such ops is dropped only if they all moved not
 moved data, the chain after it starts at a pointwise op, which the ROWWISE op may join
 (``FusedInput.unless``), as in the materialized program, where that op is a collective.
 
+Where the trainer's products take no epilogue (``epilogues=False``) a GEMM heads no chain: the
+chains start at the first pointwise op after it, which reads the product from memory. This is
+``torch.compile`` as torchtitan runs it (``torch.compile(block, fullgraph=True)``, default mode):
+Inductor lowers ``aten.mm`` to an extern cuBLAS call and considers its Triton GEMM templates, the
+only products it fuses epilogues into, under max-autotune only (``torch/_inductor/kernel/mm.py``
+``tuned_mm``; ``torch/_inductor/utils.py`` ``use_max_autotune``, ``_use_template_for_cuda``).
+Its pointwise and reduction chains fuse as above (a residual add and the RMSNorm after it are
+one kernel).
+
 What joining means is the cost model's business (``RooflineCostModel.fused_time``): the joined
 op launches no kernel and does not read the linked input from memory; when that input has no
 other use (``FusedInput.sole``) the producer never writes it either. The program, its values
@@ -142,9 +151,10 @@ def _rowwise_after_gemm_dropped(
     return ops[~drop], hits[~drop], unless
 
 
-def fused_inputs(fn: Function) -> list[FusedInput | None]:
+def fused_inputs(fn: Function, epilogues: bool = True) -> list[FusedInput | None]:
     """Per instruction of ``fn``'s body, how it joins the kernel of the op producing one of its
-    inputs (None: it does not). Calls never fuse. In bulk (numpy over the values' identities,
+    inputs (None: it does not); ``epilogues``: whether a GEMM heads a chain (module doc). Calls
+    never fuse. In bulk (numpy over the values' identities,
     which stay valid while ``fn`` lives): the planner asks once per body, and a flat program has
     a million ops."""
     body = fn.body
@@ -157,6 +167,8 @@ def fused_inputs(fn: Function) -> list[FusedInput | None]:
     for name in set(names):
         _code(name)
     codes = np.array(list(map(_KIND.__getitem__, names)), np.int64)
+    if not epilogues:  # a product is an extern kernel of its own: nothing joins it
+        codes[codes == _HEAD] = _NONE
     if not n or not (codes & _JOIN).any() or not (codes & _HEAD).any():
         return [None] * n
     outputs = list(map(attrgetter("outputs"), body))
@@ -227,39 +239,40 @@ def fused_inputs(fn: Function) -> list[FusedInput | None]:
     return out
 
 
-# ``fused_links``' memo: a body's structure -> its links (bounded: cleared when full)
-_BY_STRUCTURE: dict[tuple[object, ...], list[FusedInput | None]] = {}
+# ``fused_links``' memo: (a body's structure, epilogues) -> its links (bounded: cleared when full)
+_BY_STRUCTURE: dict[tuple[object, bool], list[FusedInput | None]] = {}
 _STRUCTURES_KEPT = 1024
 # the same by the identity of the function (kept alive, so its id stays its own): each planning
 # domain of the search's probes asks again for the layer functions it plans (bounded likewise)
-_BY_ID: dict[int, tuple[Function, list[FusedInput | None]]] = {}
+_BY_ID: dict[tuple[int, bool], tuple[Function, list[FusedInput | None]]] = {}
 # bodies up to this many instructions are looked up by structure; a longer one (a flat program's
 # entry, met once) is worked out directly, where numpy's bulk pass is what pays
 SMALL_BODY = 512
 
 
-def fused_links(fn: Function) -> list[FusedInput | None]:
-    """``fused_inputs(fn)``, looked up by the body's structure (``body_structure``) for a body of
+def fused_links(fn: Function, epilogues: bool = True) -> list[FusedInput | None]:
+    """``fused_inputs(fn, epilogues)``, looked up by the body's structure (``body_structure``) for a body of
     up to ``SMALL_BODY`` instructions: the search's probes plan the same layer at every
     microbatch size and tensor-parallel degree, bodies alike but for their types, and numpy's
     fixed cost per call dominates such small bodies. The result is shared: callers never
     modify it."""
     if len(fn.body) > SMALL_BODY:
-        return fused_inputs(fn)
-    seen = _BY_ID.get(id(fn))
+        return fused_inputs(fn, epilogues)
+    seen = _BY_ID.get((id(fn), epilogues))
     if seen is not None and seen[0] is fn:  # this very body: no structure to work out again
         return seen[1]
-    key = body_structure(fn)
-    if key is None:
-        return fused_inputs(fn)
+    structure = body_structure(fn)
+    if structure is None:
+        return fused_inputs(fn, epilogues)
+    key = (structure, epilogues)
     got = _BY_STRUCTURE.get(key)
     if got is None:
         if len(_BY_STRUCTURE) >= _STRUCTURES_KEPT:
             _BY_STRUCTURE.clear()
-        got = _BY_STRUCTURE[key] = fused_inputs(fn)
+        got = _BY_STRUCTURE[key] = fused_inputs(fn, epilogues)
     if len(_BY_ID) >= _STRUCTURES_KEPT:
         _BY_ID.clear()
-    _BY_ID[id(fn)] = (fn, got)
+    _BY_ID[(id(fn), epilogues)] = (fn, got)
     return got
 
 

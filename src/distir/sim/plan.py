@@ -52,7 +52,7 @@ from distir.ir.types import Device, Type
 from distir.ir.values import Value
 from distir.ops.registry import OpTypeError
 from distir.sim import overlap
-from distir.sim.cost import CostModel, fuses
+from distir.sim.cost import CostModel, epilogues, fuses
 from distir.sim.devices import DeviceMap
 from distir.sim.flatplan import plan_flat
 from distir.sim.fusion import FusedInput, fused_links
@@ -168,6 +168,7 @@ class PlanDomain(TypeDomain):
         # function (by id, kept alive) its links; the link of the op ``op`` plans next (set by
         # the caller that knows the op's position); the links of general-path bodies by op id
         self.fuse = fuses(cost)
+        self.epilogues = epilogues(cost)  # a GEMM may head a chain
         self._fusion: dict[int, tuple[Function, list[FusedInput | None] | None]] = {}
         self.pending_link: FusedInput | None = None
         self._link_by_id: dict[int, FusedInput] = {}
@@ -195,7 +196,7 @@ class PlanDomain(TypeDomain):
         got = self._fusion.get(id(fn))
         if got is None or got[0] is not fn:
             # calls never fuse: a body of calls only (a probe's entry) has no link
-            links = fused_links(fn) if Op in set(map(type, fn.body)) else []
+            links = fused_links(fn, self.epilogues) if Op in set(map(type, fn.body)) else []
             got = self._fusion[id(fn)] = (fn, links if any(links) else None)
         return got[1]
 

@@ -67,7 +67,7 @@ from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
 from distir.ir.values import Value
 from distir.sim import overlap
-from distir.sim.cost import CostModel, fuses
+from distir.sim.cost import CostModel, epilogues, fuses
 from distir.sim.devices import DeviceMap
 from distir.sim.fusion import FusedInput, fused_inputs
 from distir.sim.oprecord import op_record
@@ -125,15 +125,18 @@ _CALL = OpRecord((), 0.0, True, "@call", 0.0, False, (), (), (), None)  # a call
 class _Walker(TypeDomain):
     """The interpreter's type domain, recording each op's and call's step on the way."""
 
-    def __init__(self, units: Units, fuse: bool, tp_overlap: overlap.Form | None) -> None:
+    def __init__(
+        self, units: Units, fuse: bool, tp_overlap: overlap.Form | None, gemm_epilogues: bool = True
+    ) -> None:
         super().__init__()
         self.units = units
         self.fuse = fuse
+        self.gemm_epilogues = gemm_epilogues  # a GEMM may head a fused chain (``fused_inputs``)
         self.tp_overlap = tp_overlap  # the cost model's tensor-parallel overlap, or None
         self.frames: list[_Frame] = []
 
     def frame(self, fn: Function, storage: dict[Value, Uses]) -> _Frame:
-        links = fused_inputs(fn) if self.fuse else None
+        links = fused_inputs(fn, self.gemm_epilogues) if self.fuse else None
         return _Frame(storage, links if links is not None and any(links) else None)
 
     def overlap(self, fn: Function, body: _Frame) -> None:
@@ -429,7 +432,7 @@ def run_reference(
     """Walk ``fn`` at ``args`` and run it (module docstring). A wrong program raises
     ``InterpretError`` naming the op."""
     units = Units(dmap, cost)  # never grouped: the real slots and GPUs
-    walker = _Walker(units, fuses(cost), overlap.form_of(cost))
+    walker = _Walker(units, fuses(cost), overlap.form_of(cost), epilogues(cost))
     params = {p: Storage(units.bytes_by_gpu(type_of(a))) for p, a in zip(fn.params, args, strict=True)}
     entry = walker.frame(fn, {p: (s,) for p, s in params.items()})
     walker.frames.append(entry)

@@ -36,7 +36,7 @@ from distir.ops.nn import (
     rms_norm_stats,
     softmax_axis,
 )
-from distir.ops.registry import AttrSpec, EagerRate, Fusion, Kink, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, EagerRate, Fusion, InductorSplit, Kink, OpDef, TypeCtx, register
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
@@ -261,6 +261,16 @@ def _rms_norm_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return (dx.astype(t), sum_to_shape(dy * xhat, scale0.shape).astype(t))
 
 
+NORM_GRAD_SPLIT = InductorSplit(
+    (0, 1),
+    "pytorch/pytorch#165370 (2025-10-13, 'generate fused rms/layer norm bwd'): a normalization's "
+    "backward has two reductions, dX over the normalized axis and dScale/dB over the rows, with "
+    "common input buffers, which Inductor could not fuse because of their different loop "
+    "orders: the dScale kernel reads dY and X again",
+)
+"""Inductor's normalization backward before pytorch#165370: dX in one kernel, the scale's (and
+bias's) gradient in a second reading dY and X again."""
+
 LAYER_NORMALIZATION_GRAD = register(
     OpDef(
         name="LayerNormalizationGrad",
@@ -274,6 +284,7 @@ LAYER_NORMALIZATION_GRAD = register(
         reference=_layer_norm_grad,
         flops=in_numel_flops(12.0),
         eager_memory=EagerRate(0.35, NORM_BENCH),  # H100 36%, A100 35%
+        inductor_split=NORM_GRAD_SPLIT,
         doc="Gradients of LayerNormalization(X, Scale, B) w.r.t. X, Scale and B (B shaped like "
         "Scale); recomputes the statistics from X.",
         sharding=sh.norm_grad,
@@ -293,6 +304,7 @@ RMS_NORMALIZATION_GRAD = register(
         reference=_rms_norm_grad,
         flops=in_numel_flops(9.0),
         eager_memory=EagerRate(0.18, NORM_BENCH),
+        inductor_split=NORM_GRAD_SPLIT,
         doc="Gradients of RMSNormalization(X, scale) w.r.t. X and scale.",
         sharding=sh.norm_grad,
     )
