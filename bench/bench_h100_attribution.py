@@ -26,7 +26,6 @@ microbatch, global batch and activation checkpointing.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -35,12 +34,9 @@ from typing import Any, NamedTuple
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-_HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("validate_published", _HERE / "validate_published.py")
-assert _spec is not None and _spec.loader is not None
-vp = importlib.util.module_from_spec(_spec)
-sys.modules["validate_published"] = vp  # its dataclasses look their module up
-_spec.loader.exec_module(vp)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench scripts are not a package
+
+import validate_published as vp
 
 _H100 = vp.ClusterCfg("h100", "H100-SXM-80GB", 8, "8 GPUs per node (the h100 preset)")
 

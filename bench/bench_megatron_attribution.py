@@ -33,7 +33,6 @@ reach its published step with the record's microbatch, gradient dtype and networ
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from dataclasses import replace
@@ -43,12 +42,9 @@ from typing import Any, NamedTuple
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-_HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("validate_published", _HERE / "validate_published.py")
-assert _spec is not None and _spec.loader is not None
-vp = importlib.util.module_from_spec(_spec)
-sys.modules["validate_published"] = vp  # its dataclasses look their module up
-_spec.loader.exec_module(vp)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench scripts are not a package
+
+import validate_published as vp
 
 PREFIX = "megatron-h100-"
 CLASSES = ("gemm", "attention", "tp_exposed", "rest")
