@@ -1,7 +1,7 @@
 """Search quality figures (issue 6). Prints figures; asserts nothing (``tests/search/test_trends.py``
 asserts the thresholds).
 
-    .venv/bin/python bench/bench_trends.py
+    .venv/bin/python bench/bench_trends.py [ITEM ...]
 
 1. AMP's heterogeneous cluster (GPT-2 24 × 1024, batch 32): the winner vs pure d = 16.
 2. AMP's TransGAN generator on 4 × p3.8xlarge: the cost-balanced layer split vs the uniform one
@@ -13,15 +13,17 @@ asserts the thresholds).
 6. Llama-3 8B on 8 × H100 (seq 8192, batch 1024, bf16 mixed): the winner, and the best FSDP /
    ZeRO-3 data-parallel plan (``--pp 1 --tp 1 --zero 3``: every microbatch size searched) and by
    how much it loses (or wins).
-7. GPT-3 175B on 128 × DGX A100 (batch 1536, bf16 mixed), with and without Megatron-LM's
-   tensor-parallel communication overlap (``--tp-comm-overlap``): the winner, the best plan of
-   the other tensor-parallel degree among t = 4 and 8 (``--tp 4`` / ``--tp 8``) and the gap.
+7. GPT-3 175B on 128 × DGX A100 (batch 1536, bf16 mixed), trainer-neutral and as Megatron-LM
+   runs it (``--trainer megatron``), each with and without Megatron-LM's tensor-parallel
+   communication overlap (``--tp-comm-overlap``): the winner, the best plan of the other
+   tensor-parallel degree among t = 4 and 8 (``--tp 4`` / ``--tp 8``) and the gap.
 """
 
 from __future__ import annotations
 
 import os
 import statistics
+import sys
 from dataclasses import replace
 
 for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -141,28 +143,34 @@ def gpt3_tp() -> None:
         "dtype": "bf16",
         "precision": "mixed",
     }
-    for overlap in (False, True):
-        req = SearchRequest(top=2, workers=2, pins=Pins(max_k=128), tp_comm_overlap=overlap, **job)  # type: ignore[arg-type]
-        best = search(req).best()
-        assert best is not None
-        other_t = 4 if best["t"] == 8 else 8
-        other = search(replace(req, pins=Pins(tp=other_t, max_k=128))).best()
-        assert other is not None
-        print(
-            f"7. GPT-3 175B, 1024 × A100, {'with' if overlap else 'without'} --tp-comm-overlap: winner "
-            f"{best['strategy']} {best['step_time_s']:.3f} s; best t = {other_t} {other['strategy']} "
-            f"{other['step_time_s']:.3f} s ({other['step_time_s'] / best['step_time_s'] - 1:+.1%})"
-        )
+    for trainer in ("distir", "megatron"):
+        for overlap in (False, True):
+            req = SearchRequest(  # type: ignore[arg-type]
+                top=2, workers=2, pins=Pins(max_k=128), tp_comm_overlap=overlap, trainer=trainer, **job
+            )
+            best = search(req).best()
+            assert best is not None
+            other_t = 4 if best["t"] == 8 else 8
+            other = search(replace(req, pins=Pins(tp=other_t, max_k=128))).best()
+            assert other is not None
+            who = "trainer-neutral" if trainer == "distir" else f"as {trainer} runs it"
+            print(
+                f"7. GPT-3 175B, 1024 × A100, {who}, "
+                f"{'with' if overlap else 'without'} --tp-comm-overlap: winner "
+                f"{best['strategy']} {best['step_time_s']:.3f} s; best t = {other_t} {other['strategy']} "
+                f"{other['step_time_s']:.3f} s ({other['step_time_s'] / best['step_time_s'] - 1:+.1%})",
+                flush=True,
+            )
+
+
+ITEMS = (amp_heterogeneous, transgan_balance, batch_shares, program_order, calibration, llama_fsdp, gpt3_tp)
 
 
 def main() -> None:
-    amp_heterogeneous()
-    transgan_balance()
-    batch_shares()
-    program_order()
-    calibration()
-    llama_fsdp()
-    gpt3_tp()
+    """Every item, or those numbered on the command line (``bench_trends.py 7``)."""
+    picked = [int(a) for a in sys.argv[1:]] or range(1, len(ITEMS) + 1)
+    for n in picked:
+        ITEMS[n - 1]()
 
 
 if __name__ == "__main__":

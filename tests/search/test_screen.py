@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import parse_cluster
+from distir.parallel.distribute import DDP_BUCKET_MB
 from distir.parallel.strategy import Strategy, parse_strategy
 from distir.search.profile import Profiler
 from distir.search.rerank import ExactJob, evaluate
-from distir.search.screen import Estimate, Problem, Screen
+from distir.search.screen import Estimate, Problem, Screen, buckets_end
+from distir.search.stage_costs import grad_buckets
 from distir.sim.collectives import allreduce_time
 
 
@@ -162,3 +167,38 @@ def test_sync_by_node_parts_equals_sync_by_group() -> None:
                 i, j = rng.randrange(len(gpus)), rng.randrange(len(gpus))
                 gpus[i], gpus[j] = gpus[j], gpus[i]
         assert len(fast._syncs) < len(ref._syncs)  # groups alike did share a sync
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0.0, 1.0), st.one_of(st.just(0.0), st.floats(1e-3, 60.0))),
+        min_size=1,
+        max_size=12,
+    ),
+    st.floats(0.0, 10.0),
+    st.floats(0.0, 10.0),
+    st.floats(0.0, 10.0),
+    st.floats(0.0, 10.0),
+)
+def test_buckets_end_is_the_end_of_the_buckets_run_one_after_another(
+    layers: list[tuple[float, float]], free: float, r: float, start: float, span: float
+) -> None:
+    """``grad_buckets`` and ``buckets_end`` in closed form end where running the buckets in turn
+    does: the layers (gradient time, MiB of weights) run last to first over the pass from
+    ``start`` to ``start + span``, filling buckets of DDP's cap, each bucket reduced (r × its
+    share of the bytes) once it closes and the stream is free."""
+    mib = float(1 << 20)
+    grad_t = np.array([t for t, _ in layers])
+    weight = np.array([w * mib for _, w in layers])
+    total_t, total_w = float(grad_t.sum()), float(weight.sum())
+    end, t, held = free, 0.0, 0.0
+    for n, i in enumerate(range(len(layers) - 1, -1, -1)):
+        t += float(grad_t[i])
+        held += float(weight[i])
+        if held >= DDP_BUCKET_MB * mib or i == 0:
+            close = start + span * (t / total_t if total_t > 0 else (n + 1) / len(layers))
+            end = max(end, close) + (r * held / total_w if total_w > 0 else 0.0)
+            held = 0.0
+    got = buckets_end(free, r, start, start + span, grad_buckets(weight, grad_t, 0, len(layers)))
+    assert got == pytest.approx(end if total_w > 0 else free + r, rel=1e-9, abs=1e-9)

@@ -12,9 +12,8 @@
 - uneven work on heterogeneous clusters by the batch too: data-parallel replicas on V100s and T4s
   take uneven batch shares, the V100s the larger, ≥ 1.15× faster than even shares;
 - a 128K-token Llama-3 8B finds context parallelism (c > 1), ≥ 1.2× faster than without;
-- GPT-3 175B on 128 DGX A100s (batch 1536, bf16 mixed) with Megatron-LM's tensor-parallel
-  communication overlap finds sequence parallelism with pipelining, t = 8 within a hair of the
-  winner (Transformer Engine's overlap kernels hold SMs beside the GEMMs: t = 4 wins by 0.6%).
+- GPT-3 175B on 128 DGX A100s (batch 1536, bf16 mixed), as Megatron-LM runs it with its
+  tensor-parallel communication overlap, finds t = 8 with pipelining and sequence parallelism.
 """
 
 from __future__ import annotations
@@ -188,25 +187,23 @@ def test_a_128k_token_llama_finds_context_parallelism() -> None:
 
 
 @pytest.mark.slow
-def test_gpt3_175b_on_128_dgx_a100_puts_t8_with_sequence_parallelism_within_a_hair() -> None:
-    """``distir search --model gpt2-175b --cluster dgx-a100:128 --batch 1536 --tp-comm-overlap``
-    (bf16 mixed): with tensor-parallel collectives pipelined with their GEMMs, as Megatron-LM runs
-    them with ``--tp-comm-overlap`` (which requires sequence parallelism), the winner pipelines
-    with sequence parallelism and the best t = 8 plan simulates within 2% of it
-    (``bench/bench_trends.py`` item 7: t = 4 ``d32.t4.sp.p8.k24.zb1.z2`` 15.62 s, t = 8
-    ``d32.t8.sp.p4.k16.zb1.z2`` 15.70 s). Each data-parallel group of a t = 8 plan has one GPU
-    per node and crosses on that GPU's own NIC, and Transformer Engine's pipelined and bulk
-    overlap kernels hold 16 SMs beside the GEMMs; without the overlap a t = 8 layer waits for
-    collectives 2.3 times as long per FLOP as a t = 4 one and t = 8 loses by 7%
+def test_gpt3_175b_on_128_dgx_a100_as_megatron_runs_it_finds_t8_with_pipelining_and_sp() -> None:
+    """``distir search --model gpt2-175b --cluster dgx-a100:128 --batch 1536 --trainer megatron
+    --tp-comm-overlap`` (bf16 mixed): as Megatron-LM runs GPT-3, with its tensor-parallel
+    collectives pipelined with their GEMMs (``--tp-comm-overlap``, which requires sequence
+    parallelism), the winner is t = 8 with pipelining and sequence parallelism, and the best
+    t = 4 plan is slower (``bench/bench_trends.py 7``: ``d32.t8.sp.p4.k16.interleaved.v2.z2``
+    15.51 s against ``d256.t4.sp.p1.k2.1f1b.z3`` 16.10 s). It prints the other three searches
+    too: without the overlap t = 4 wins (a t = 8 layer waits for collectives 7/3 as long per
+    FLOP), and trainer-neutral, with ZB-H1 in the space, the two degrees tie within 1%
     (``docs/search.md``)."""
     req = SearchRequest(
         model="gpt2-175b", cluster="dgx-a100:128", batch=1536, dtype="bf16", precision="mixed",
-        top=2, workers=2, pins=Pins(max_k=128), tp_comm_overlap=True,
+        top=2, workers=2, pins=Pins(max_k=128), tp_comm_overlap=True, trainer="megatron",
     )  # fmt: skip
-    out = search(req)
-    best = out.best()
+    best = search(req).best()
     assert best is not None and best["fits"], best
     s = parse_strategy(str(best["strategy"]))
-    assert s.sp and s.p > 1, best
-    t8 = [r["step_time_s"] for r in out.results if r["t"] == 8 and parse_strategy(str(r["strategy"])).sp]
-    assert t8 and min(t8) <= 1.02 * best["step_time_s"], out.results
+    assert s.t == 8 and s.sp and s.p > 1, best
+    t4 = search(replace(req, pins=Pins(tp=4, max_k=128))).best()
+    assert t4 is not None and t4["step_time_s"] > best["step_time_s"], (t4, best)

@@ -21,7 +21,7 @@ AMP's formulas, generalized (heterogeneous devices, uneven layers, memory, sched
 - **Sequence parallelism**: the layers leave the norms' and biases' gradients pending over tp
   (``LayerProfile.tp_pending_bytes``); each stage all-reduces them over a TP group once per
   step, with its gradient sync (``distribute``: Megatron-LM's ``_allreduce_layernorm_grads``).
-- **Data-parallel sync.** After the last microbatch, each stage all-reduces its gradients over
+- **Data-parallel sync.** After its last backward, each stage all-reduces its gradients over
   its replicas (the collective model of ``distir.sim.collectives``, so the slowest link of the
   group governs), one collective per weight; ZeRO-1 adds an all-gather of the updated shards,
   ZeRO-3 gathers every weight in each forward and backward; HSDP (``z3h<n>``) gathers within
@@ -66,6 +66,7 @@ import hashlib
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -84,6 +85,7 @@ from distir.search.stage_costs import (
     NEUTRAL_GATHERS,
     NEUTRAL_REDUCTION,
     NEUTRAL_STATE,
+    Figures,
     GatherForm,
     Gathers,
     Reduction,
@@ -115,6 +117,35 @@ class Problem:
         return 2 if self.train and self.optimizer == "adam" else 0
 
 
+class Sync(NamedTuple):
+    """A stage's gradient sync (``Screen._sync_of``): its reductions, which may run beside the
+    stage's last backwards (``Screen._reduced_by``), and what follows them (HSDP's reductions
+    after the last microbatch, ZeRO-1's gather of the updated shards, the optimizer)."""
+
+    reduce: float
+    after: float
+
+
+ONE_CALL = ((1.0, 1.0),)  # a chunk's gradients reduced by one call after its pass (``buckets_end``)
+
+
+def buckets_end(
+    free: float, r: float, start: float, ready: float, buckets: Sequence[tuple[float, float]]
+) -> float:
+    """When a chunk's reduction of ``r`` seconds ends, run bucket by bucket on a stream free from
+    ``free``, as its pass from ``start`` to ``ready`` fills them: per bucket (x, y), it closes
+    when the pass has run x of its time, and it and the buckets after it hold y of the bytes
+    (``stage_costs.grad_buckets``). Run one after another, the buckets end at the latest of
+    ``free + r`` and, over the buckets, close_i + (what is left from bucket i on)."""
+    span = ready - start
+    end = free + r
+    for x, y in buckets:
+        t = start + x * span + y * r
+        if t > end:
+            end = t
+    return end
+
+
 @dataclass(frozen=True, slots=True)
 class Estimate:
     """The screen's figures for one strategy (seconds, bytes; memory is the worst device's)."""
@@ -127,7 +158,7 @@ class Estimate:
     bubble_fraction: float
     compute_s: float  # k × the slowest stage's per-microbatch time
     pipeline_comm_s: float  # stage-boundary transfers on the critical path
-    sync_s: float  # gradient reduction and optimizer after the last microbatch
+    sync_s: float  # what the gradient reductions and optimizer add past the pipeline's end
     memory_headroom: float  # min over stages of capacity − peak (negative: out of memory)
 
     def throughput(self, batch: int) -> float:
@@ -155,7 +186,7 @@ class Screen:
         self._links: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[float, float]] = {}
         self._pairs: dict[tuple[int, int], tuple[float, float]] = {}
         self._gathers: dict[tuple[int, ...], Gathers] = {}
-        self._syncs: dict[tuple[object, ...], float] = {}
+        self._syncs: dict[tuple[object, ...], Sync] = {}
         # (collective, group) -> its time for one byte: a bucket's latency (``_sync_time``)
         self._latencies: dict[tuple[object, tuple[int, ...]], float] = {}
         self._tp_sums: dict[tuple[object, ...], float] = {}  # ``_tp_sum``
@@ -389,17 +420,19 @@ class Screen:
                 assign=self._assign,
                 ends=self.ends,
             )
-        # the gradient sync and optimizer, per stage (stages in parallel)
-        sync = 0.0
+        # the gradient sync and optimizer, per stage: the reductions beside its last backwards
+        pipe = fig.pipe_s
+        step = pipe
         if pr.train:
             pending = self._tp_pending(s, stages, fig.counts) if s.sp else [0.0] * s.p
             for j in range(s.p):
-                t_j = self._sync_of(s, tb, stages[j], fig.stage_w[j], fig.stage_nw[j])
+                sync = self._sync_of(s, tb, stages[j], fig.stage_w[j], fig.stage_nw[j])
+                after = sync.after
                 if pending[j]:  # the step's sum over tp of what the layers left pending
-                    t_j += self._tp_sum(stages[j].gpus[: s.t], pending[j])
-                sync = max(sync, t_j)
-        pipe = fig.pipe_s
-        step = pipe + sync
+                    after += self._tp_sum(stages[j].gpus[: s.t], pending[j])
+                done = self._reduced_by(s, tb, fig, j, sync.reduce, self._stalls[stages[j].kind])
+                step = max(step, done + after)
+        sync_s = step - pipe
         busy = fig.compute_s
         return Estimate(
             strategy=self._with(s, fig.counts, pl, tb, self.ends),
@@ -410,7 +443,7 @@ class Screen:
             bubble_fraction=max(0.0, 1.0 - fig.mean_busy_s / step) if step > 0 else 0.0,
             compute_s=busy,
             pipeline_comm_s=max(pipe - busy, 0.0),
-            sync_s=sync,
+            sync_s=sync_s,
             memory_headroom=fig.memory_headroom,
         )
 
@@ -469,8 +502,16 @@ class Screen:
             early_gather=sem.overlap_param_gather,
             kept=sem.pipelining_kept,
         )
+        # as ``distribute`` decides: buckets in the backward, Megatron's delayed chunks, the
+        # reductions after the stage's last pass
+        bucketed = pr.train and s.d * s.c > 1 and not sem.deepspeed_pipe
+        megatron = sem.megatron_ddp and bucketed and not reduce_scatter_every_backward(s)
+        late = bool(sem.pipelining_kept) and sem.grad_copy_in == "cast" and bucketed
         reduction = Reduction(
-            2.0 if mixed and (sem.reduce_fp32 or fp32_sums) else 1.0, s.zero == 1 and sem.megatron_ddp
+            2.0 if mixed and (sem.reduce_fp32 or fp32_sums) else 1.0,
+            s.zero == 1 and sem.megatron_ddp,
+            delayed=megatron and s.schedule != "zb1",
+            after_stage=sem.deepspeed_pipe or late,
         )
         gathers = NEUTRAL_GATHERS
         if s.zero == 3:
@@ -557,7 +598,7 @@ class Screen:
             got = self._tp_sums[key] = coll.allreduce_time(self.cluster, nbytes, group)
         return got
 
-    def _sync_of(self, s: Strategy, tb: Tables, st: Stage, w: float, n_w: int) -> float:
+    def _sync_of(self, s: Strategy, tb: Tables, st: Stage, w: float, n_w: int) -> Sync:
         """Gradient reduction over stage ``st``'s replicas (per TP rank, all ranks at once) and
         the optimizer on its GPUs' kind, for ``w`` weight bytes in ``n_w`` weights; memoized (a
         pure function of the arguments that matter)."""
@@ -598,39 +639,70 @@ class Screen:
 
     def _sync_time(
         self, s: Strategy, tb: Tables, group: tuple[int, ...], kind: str, w: float, n_w: int
-    ) -> float:
+    ) -> Sync:
         """The gradient sync of ``_sync_of``: ``w`` weight bytes reduced as the trainer reduces
         them (``tb.reduction``: fp32 reductions of half gradients move twice the bytes; ZeRO-1
         by reduce-scatters), then the optimizer."""
-        t = 0.0
+        red = after = 0.0
         wr = w * tb.reduction.reduce_f
         h = s.zero_degree
         if s.d > 1 and n_w and h < s.d * s.c:
-            # HSDP: reduce-scatter within the shard group, all-reduce the shard across groups
+            # HSDP: reduce-scatter within the shard group, all-reduce the shard across groups,
+            # once per step after the last microbatch (as FSDP2 does)
             inner, across = group[:h], group[::h]
             lat = self._latency(coll.reducescatter_time, inner) + self._latency(coll.allreduce_time, across)
-            t += coll.reducescatter_time(self.cluster, wr, inner) + coll.allreduce_time(
+            after += coll.reducescatter_time(self.cluster, wr, inner) + coll.allreduce_time(
                 self.cluster, wr / h, across
             )
-            t += (self._calls(w, n_w) - 1) * lat
+            after += (self._calls(w, n_w) - 1) * lat
         elif s.d * s.c > 1 and n_w and (s.zero == 3 or tb.reduction.scatter):
             # ZeRO-3 reduce-scatters the gradients (its gathers are the layers': ``_time_row``;
             # on the gathers' stream its reduce-scatters are there too: ``_fsdp_terms``)
             if not tb.gathers.one_stream:
                 lat = self._latency(coll.reducescatter_time, group)
-                t += coll.reducescatter_time(self.cluster, wr, group) + (self._calls(w, n_w) - 1) * lat
+                red += coll.reducescatter_time(self.cluster, wr, group) + (self._calls(w, n_w) - 1) * lat
             if s.zero == 1:  # the updated shards gathered
-                t += coll.allgather_time(self.cluster, w, group)
+                after += coll.allgather_time(self.cluster, w, group)
         elif s.d * s.c > 1 and n_w:
             lat = self._latency(coll.allreduce_time, group)
-            t += coll.allreduce_time(self.cluster, wr, group) + (self._calls(w, n_w) - 1) * lat
+            red += coll.allreduce_time(self.cluster, wr, group) + (self._calls(w, n_w) - 1) * lat
             if s.zero == 1:
-                t += coll.allgather_time(self.cluster, w, group)
+                after += coll.allgather_time(self.cluster, w, group)
         spec = self._specs[kind]
         params = w / (h if s.zero >= 1 else 1) / self.profiler.dtype.itemsize
         upd = self._update
-        t += upd.bytes_per_param * params / (0.8 * spec.memory_bandwidth)
-        return t + n_w * upd.kernels * spec.launch_overhead_s
+        after += upd.bytes_per_param * params / (0.8 * spec.memory_bandwidth)
+        return Sync(red, after + n_w * upd.kernels * spec.launch_overhead_s)
+
+    def _reduced_by(self, s: Strategy, tb: Tables, fig: Figures, j: int, red: float, stall: float) -> float:
+        """When stage ``j``'s gradient reductions (``red`` seconds on one stream for the last
+        microbatch) end, and its passes too: each chunk's share (by its weight bytes) runs bucket
+        by bucket as the chunk's last pass computing weight gradients fills them
+        (``Figures.grad_pass_s``, ``Figures.buckets``: ``buckets_end``), the chunks in the order
+        they finish; the stage's computation slowed by ``stall`` of the reductions beside it
+        (the simulator's interference, ``distir.sim.interference``), in every microbatch where
+        the trainer reduces in every backward (ZeRO-3, ZeRO-2 without a pipeline:
+        ``reduce_scatter_every_backward``). Megatron-LM's delayed chunks (``distribute``'s
+        ``delayed_sync``) reduce as one call after that pass; DeepSpeed's pipeline engine and
+        FSDP2 under ``torch.distributed.pipelining`` (``late_post_backward``) after the stage's
+        last pass."""
+        end = fig.stage_end_s[j]
+        if red <= 0.0:
+            return end
+        if tb.reduction.after_stage:
+            return end + red
+        if reduce_scatter_every_backward(s):  # the earlier microbatches' reductions beside compute
+            end += stall * red * (s.k - 1)
+        chunks = sorted(range(j, len(fig.chunk_w), s.p), key=lambda c: fig.grad_pass_s[c][1])
+        total = sum([fig.chunk_w[c] for c in chunks])
+        free = beside = 0.0
+        for c in chunks:
+            r = red * fig.chunk_w[c] / total if total > 0 else red / len(chunks)
+            start, ready = fig.grad_pass_s[c]
+            buckets = ONE_CALL if tb.reduction.delayed and c > 0 else fig.buckets[c]
+            free = buckets_end(free, r, start, ready, buckets)
+            beside += max(0.0, min(free, end) - (free - r))
+        return max(free, end + stall * beside)
 
     def _latency(
         self, collective: Callable[[Cluster, float, tuple[int, ...]], float], group: tuple[int, ...]
@@ -676,4 +748,4 @@ class Screen:
         )
 
 
-__all__ = ["Estimate", "Problem", "Screen", "rank_key"]
+__all__ = ["Estimate", "Problem", "Screen", "buckets_end", "rank_key"]

@@ -27,11 +27,11 @@ from typing import NamedTuple
 import numpy as np
 
 from distir.hardware.specs import DeviceSpec
-from distir.parallel.distribute import uniform_counts
+from distir.parallel.distribute import DDP_BUCKET_MB, uniform_counts
 from distir.parallel.grad_reduction import reduce_scatter_every_backward
-from distir.parallel.pipeline.analysis import compiled_schedule, makespan
+from distir.parallel.pipeline.analysis import compiled_schedule, schedule_times
 from distir.parallel.pipeline.partition import Ends, call_counts
-from distir.parallel.pipeline.schedules import SCHEDULE_NAMES, build_schedule, canonical_name
+from distir.parallel.pipeline.schedules import KINDS, SCHEDULE_NAMES, build_schedule, canonical_name
 from distir.parallel.strategy import Strategy
 from distir.search.assignment_list_solver import seq_sum
 from distir.search.layer_assignment import Assignment, objective_unchecked
@@ -77,7 +77,13 @@ class Figures:
     """What ``Screen.estimate`` computes before the gradient sync (its memo)."""
 
     counts: tuple[int, ...]
-    pipe_s: float  # the pipeline's time (``pipeline_time``)
+    pipe_s: float  # the pipeline's time (``pipeline_time``): the latest of ``stage_end_s``
+    stage_end_s: tuple[float, ...]  # when each stage ends its last pass (``pipeline_time``)
+    grad_pass_s: tuple[tuple[float, float], ...]  # per chunk, ``PipelineTimes.grad_pass``
+    chunk_w: tuple[float, ...]  # weight bytes per chunk
+    chunk_nw: tuple[int, ...]  # weights per chunk
+    # per chunk, its gradient buckets as its last weight-gradient pass fills them (``grad_buckets``)
+    buckets: tuple[tuple[tuple[float, float], ...], ...]
     compute_s: float  # k × the slowest stage's per-microbatch time
     mean_busy_s: float  # k × the mean stage's per-microbatch time
     stage_w: tuple[float, ...]  # weight bytes per stage
@@ -156,12 +162,18 @@ NEUTRAL_GATHERS = GatherForm()
 
 
 class Reduction(NamedTuple):
-    """How a trainer reduces the gradients after the last microbatch (``Screen._forms``):
+    """How a trainer reduces the gradients of the last microbatch (``Screen._forms``):
     ``reduce_f`` times the half gradient's bytes (fp32 reductions: 2), ZeRO-1 by reduce-scatters
-    to each rank's shard (``scatter``: Megatron-LM's DDP buckets) rather than an all-reduce."""
+    to each rank's shard (``scatter``: Megatron-LM's DDP buckets) rather than an all-reduce;
+    chunks after the first in one call after their last backward (``delayed``: Megatron-LM's
+    ``delay_grad_reduce``, ``distribute``'s ``delayed_sync``), or the whole stage's after its
+    last pass (``after_stage``: DeepSpeed's pipeline engine, FSDP2's post-backward under
+    ``torch.distributed.pipelining``) rather than in buckets during the last backwards."""
 
     reduce_f: float = 1.0
     scatter: bool = False
+    delayed: bool = False
+    after_stage: bool = False
 
 
 NEUTRAL_REDUCTION = Reduction()
@@ -412,7 +424,7 @@ def figures(
     counts = _layer_counts(s, time_c, comm, mem, caps - transient, balance, assign, ends)
     bounds = [0, *itertools.accumulate(counts)]
     t_stage, c_cut, t_chunk = _stage_times(s, tb, lt, comm_rows, bounds)
-    pipe = pipeline_time(s, t_stage, chunk_passes(s, stages, tb.stage_of, t_chunk, bounds), c_cut, train)
+    times = pipeline_time(s, t_stage, chunk_passes(s, stages, tb.stage_of, t_chunk, bounds), c_cut, train)
     peaks, stage_w, stage_nw = _stage_peaks(s, tb, stages, saved, lists, bounds)
     if tb.root_kept:  # one stage: the root's and the last block's weights, gathered whole
         w = lists[0]
@@ -425,7 +437,19 @@ def figures(
     worst = headroom.index(min(headroom))  # np.argmin: the first least
     return Figures(
         counts=tuple(counts),
-        pipe_s=pipe,
+        pipe_s=max(times.stage_end),
+        stage_end_s=tuple(times.stage_end),
+        grad_pass_s=tuple(times.grad_pass),
+        chunk_w=tuple([float(first.rows.weight[a:b].sum()) for a, b in itertools.pairwise(bounds)]),
+        chunk_nw=tuple([int(first.rows.n_w[a:b].sum()) for a, b in itertools.pairwise(bounds)]),
+        buckets=tuple(
+            [
+                grad_buckets(first.rows.weight, _grad_pass_rows(s, stages[tb.stage_of[c]].rows), a, b)
+                for c, (a, b) in enumerate(itertools.pairwise(bounds))
+            ]
+            if train
+            else []
+        ),
         compute_s=s.k * max(t_stage),
         mean_busy_s=s.k * sum(t_stage) / s.p,
         stage_w=tuple(stage_w),
@@ -1027,27 +1051,83 @@ class Passes(NamedTuple):
     wbwd: float
 
 
+def _grad_pass_rows(s: Strategy, rows: StageRows) -> np.ndarray:
+    """Per layer, its part of the pass computing the weight gradients: the backward, or ZB-H1's
+    weight-gradient pass (the backward less its input-gradient part)."""
+    bwd: np.ndarray = rows.time - rows.fwd
+    if canonical_name(s.schedule) == "zb1":
+        bwd = bwd - np.minimum(rows.ibwd, bwd)
+    return bwd
+
+
+def grad_buckets(
+    weight: np.ndarray, grad_time: np.ndarray, a: int, b: int
+) -> tuple[tuple[float, float], ...]:
+    """Layers ``a``…``b−1``'s gradient buckets as their pass fills them: the layers run last to
+    first, each leaving its weight gradients (``weight`` bytes) after its ``grad_time``; a
+    bucket closes once it holds DDP's cap (``DDP_BUCKET_MB``, as ``Screen._calls`` counts the
+    calls) and at the chunk's first layer. Per bucket (x, y): the fraction of the pass run when
+    it closes and the fraction of the chunk's gradient bytes in it and the buckets after it; ()
+    without weights."""
+    total_w = float(weight[a:b].sum())
+    if total_w <= 0.0:
+        return ()
+    total_t = float(grad_time[a:b].sum())
+    cap = DDP_BUCKET_MB * float(1 << 20)
+    out: list[tuple[float, float]] = []
+    t = held = 0.0
+    left = total_w
+    for i in range(b - 1, a - 1, -1):
+        t += float(grad_time[i])
+        held += float(weight[i])
+        if held >= cap or i == a:
+            out.append((t / total_t if total_t > 0.0 else (b - i) / (b - a), left / total_w))
+            left -= held
+            held = 0.0
+    return tuple(out)
+
+
+class PipelineTimes(NamedTuple):
+    """When a pipeline's stages end and when each chunk's last gradients are computed
+    (``pipeline_time``)."""
+
+    stage_end: list[float]  # per stage, when its last pass ends
+    # per chunk, (start, end) of its last pass computing weight gradients: the last backward, or
+    # ZB-H1's last weight-gradient pass (inference: (0, 0))
+    grad_pass: list[tuple[float, float]]
+
+
 def pipeline_time(
     s: Strategy,
     t_stage: Sequence[float],
     passes: Sequence[Passes],
     c_cut: Sequence[float],
     train: bool = True,
-) -> float:
-    """The pipeline's time from its stages' per-microbatch times ``t_stage``, its chunks' passes
-    and its cuts' transfers (each cut's
-    activation forward and, training, its gradient back, in equal halves): the schedule's own
-    action lists list-scheduled with these times (``distir.parallel.pipeline.analysis.makespan``,
-    the order ``distribute`` writes the program in), so chunks of unequal times stall the
-    stages as the schedule makes them wait. One stage runs its k microbatches back to back; a
-    pipeline without backward (inference) takes ``(k−1)·max(T, C) + Σ T + Σ C`` over its
-    stages' forward times T and transfers C."""
+) -> PipelineTimes:
+    """When each stage ends its last pass, from the stages' per-microbatch times ``t_stage``,
+    their chunks' passes and the cuts' transfers (each cut's activation forward and, training,
+    its gradient back, in equal halves): the schedule's own action lists list-scheduled with
+    these times (``distir.parallel.pipeline.analysis.schedule_times``, the order ``distribute``
+    writes the program in), so chunks of unequal times stall the stages as the schedule makes
+    them wait, and a stage ahead of the first ends its backwards earlier (its gradient sync
+    starts then). One stage runs its k microbatches back to back; a pipeline without backward
+    (inference) takes ``(k−1)·max(T, C) + Σ T + Σ C`` over its stages' forward times T and
+    transfers C, every stage counted to that end."""
     if s.p == 1 or not train:
-        return (s.k - 1) * max([*t_stage, *c_cut]) + sum(t_stage) + sum(c_cut)
+        end = (s.k - 1) * max([*t_stage, *c_cut]) + sum(t_stage) + sum(c_cut)
+        last = [(end - ps.bwd, end) if train else (0.0, 0.0) for ps in passes]
+        return PipelineTimes([end] * s.p, last)
     v = s.v if canonical_name(s.schedule) == "interleaved" else 1
     order = compiled_schedule(s.schedule, s.p, s.k, v)
     transfers = [(x / 2.0, x / 2.0) for x in c_cut]
-    return makespan(order, passes, transfers)
+    got = schedule_times(order, passes, transfers)
+    zb = canonical_name(s.schedule) == "zb1"
+    kind = KINDS.index("W" if zb else "B")
+    grad = []
+    for c, ps in enumerate(passes):
+        end = got.slot_end[4 * c + kind]
+        grad.append((end - (ps.wbwd if zb else ps.bwd), end))
+    return PipelineTimes(got.rank_end, grad)
 
 
 def chunk_passes(

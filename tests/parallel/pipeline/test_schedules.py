@@ -33,6 +33,7 @@ from distir.parallel.pipeline.analysis import (
     makespan,
     merge,
     peak_in_flight,
+    schedule_times,
     simulate_schedule,
     time_order,
     validate,
@@ -203,6 +204,28 @@ def test_compiled_makespan_equals_the_list_scheduled_one(
     durations = [[per_pass[kd] for kd in KINDS]] * (p * v)
     got = makespan(compiled_schedule(name, p, k, v), durations, [(comm, comm)] * (p * v - 1))
     assert got == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(configs(), st.randoms(use_true_random=False))
+def test_schedule_times_end_each_rank_and_slot_where_list_scheduling_does(
+    cfg: tuple[str, int, int, int], rng: random.Random
+) -> None:
+    """``schedule_times`` gives each rank's last end and each (virtual stage, pass) slot's last
+    end as ``time_order``'s list scheduling does (no transfers), 0 for a slot without actions."""
+    name, p, k, v = cfg
+    durations = [[rng.uniform(0.1, 2.0) for _ in KINDS] for _ in range(p * v)]
+    timed = time_order(
+        build_schedule(name, p, k, v), p, v, lambda r, a: durations[a.stage][KINDS.index(a.kind)]
+    )
+    got = schedule_times(compiled_schedule(name, p, k, v), durations, [(0.0, 0.0)] * (p * v - 1))
+    want_rank = [max([t.end for t in timed if t.rank == r], default=0.0) for r in range(p)]
+    want_slot = [0.0] * (4 * p * v)
+    for t in timed:
+        sl = 4 * t.action.stage + KINDS.index(t.action.kind)
+        want_slot[sl] = max(want_slot[sl], t.end)
+    assert got.rank_end == pytest.approx(want_rank, rel=1e-12)
+    assert got.slot_end == pytest.approx(want_slot, rel=1e-12)
 
 
 @settings(max_examples=100, deadline=None)

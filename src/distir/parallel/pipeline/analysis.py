@@ -443,18 +443,34 @@ def compiled_schedule_reference(name: str, p: int, k: int, v: int = 1) -> Compil
     return out
 
 
+class ScheduleTimes(NamedTuple):
+    """A list-scheduled schedule's times (``schedule_times``)."""
+
+    rank_end: list[float]  # per rank, when its last action ends
+    slot_end: list[float]  # per slot (virtual stage × 4 + pass), when its last action ends (0: none)
+
+
 def makespan(
     c: CompiledSchedule, durations: Sequence[Sequence[float]], transfers: Sequence[Sequence[float]]
 ) -> float:
-    """The list-scheduled makespan of ``c``: each rank runs its actions in order, an action
-    starts when its rank is free and each dependency has ended, plus the transfer of the cut it
-    crosses in its direction when it ran on another rank. ``durations[s][i]``: virtual stage
-    ``s``'s pass ``KINDS[i]``; ``transfers[cut][0]`` the activation sent from virtual stage
-    ``cut`` to ``cut + 1``, ``transfers[cut][1]`` its gradient sent back."""
+    """The list-scheduled makespan of ``c``: the latest of ``schedule_times``' rank ends."""
+    return max(schedule_times(c, durations, transfers).rank_end)
+
+
+def schedule_times(
+    c: CompiledSchedule, durations: Sequence[Sequence[float]], transfers: Sequence[Sequence[float]]
+) -> ScheduleTimes:
+    """``c`` list-scheduled: each rank runs its actions in order, an action starts when its
+    rank is free and each dependency has ended, plus the transfer of the cut it crosses in its
+    direction when it ran on another rank. ``durations[s][i]``: virtual stage ``s``'s pass
+    ``KINDS[i]``; ``transfers[cut][0]`` the activation sent from virtual stage ``cut`` to
+    ``cut + 1``, ``transfers[cut][1]`` its gradient sent back. A slot's actions run on one rank
+    in its order, so the last numbered ends last."""
     dur = [float(x) for row in durations for x in (*row, *[0.0] * (4 - len(row)))]
     hop = [float(x) for pair in transfers for x in pair]
     free = [0.0] * c.p
     end = [0.0] * len(c.rank)
+    slot_end = [0.0] * len(dur)
     for i, (r, sl, da, ha, db, hb) in enumerate(
         zip(c.rank, c.slot, c.dep_a, c.hop_a, c.dep_b, c.hop_b, strict=True)
     ):
@@ -467,5 +483,5 @@ def makespan(
                 t = end[db] if hb < 0 else end[db] + hop[hb]
                 if t > start:
                     start = t
-        end[i] = free[r] = start + dur[sl]
-    return max(free)
+        end[i] = free[r] = slot_end[sl] = start + dur[sl]
+    return ScheduleTimes(free, slot_end)
