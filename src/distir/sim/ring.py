@@ -32,8 +32,12 @@ flash calls take have the queries' heads (the flash op, ``aten._scaled_dot_produ
 takes no fewer K/V heads: a grouped-query model's K/V reach it repeated, as torchtitan's
 ``repeat_kv`` repeats them), so the all-gather and the dK/dV carry that many. Under torch.compile
 (the cost model's ``fuse``) every collective is waited where it is issued (``torch_ring_time``).
-Memory beside the results: the gathered K/V (c × a rank's K/V) and the fp32 out; backward, the
-gathered K/V, the fp32 dQ, dK, dV and the dK/dV sent and received.
+Memory beside the results, at the fullest step (``_templated_ring_attention`` and its backward,
+torch/distributed/tensor/experimental/_attention.py): the gathered K/V (c × a rank's K/V), the
+running fp32 out and the merged one made beside it (``_SDPAMerger``: ``out - sigmoid(...) * (out -
+block_out)``, then ``_partial_update``'s ``torch.cat``), and the step's flash out; backward, the
+gathered K/V, the fp32 dQ, dK, dV, the dK/dV sent and received, and the step's flash dQ, dK, dV
+in the compute dtype (``grad_query_``, ``grad_key_``, ``grad_value_``), added into the fp32 ones.
 """
 
 from __future__ import annotations
@@ -107,12 +111,15 @@ def _hop(dom: Units, groups: Sequence[tuple[Device, ...]], nbytes: float) -> flo
 
 
 def _torch_buffers(q: DTensorType, kv: float, c: int, backward: bool) -> float:
-    """Torch's ring's buffers beside its results (module docstring), ``kv`` a rank's K and V."""
+    """Torch's ring's buffers beside its results (module docstring), ``kv`` a rank's K and V:
+    at its fullest step, the gathered K/V, the fp32 accumulators and the step's flash results."""
+    piece = piece_bytes(q, 0)  # a rank's queries: a step's out, as its dQ
     f32 = 4.0 / _itemsize(q.dtype)
-    out32 = f32 * piece_bytes(q, 0)  # the fp32 out, as dQ: the queries' shape
-    if not backward:
-        return c * kv + out32
-    return c * kv + out32 + f32 * kv + 2.0 * f32 * kv  # gathered K/V, dQ, dK/dV, sent and received
+    out32 = f32 * piece  # the fp32 out, as dQ: the queries' shape
+    if not backward:  # the running fp32 out, the merged one made beside it, the step's out
+        return c * kv + 2.0 * out32 + piece
+    # gathered K/V, dQ, dK/dV (sent and received, and accumulated), the step's dQ, dK, dV
+    return c * kv + out32 + f32 * kv + 2.0 * f32 * kv + piece + kv
 
 
 def _chunk(t: Type, dim: int, n: int = 1) -> TensorType:
