@@ -162,3 +162,34 @@ def test_torch_ring_holds_the_gathered_kv_and_fp32_accumulators(backward: bool) 
         p2p_extra = 2 * kv
     want = (torch_extra - p2p_extra) * (1.0 + H100.device_spec(0).runtime.fragmentation)
     assert math.isclose(tor.peak_memory[0] - p2p.peak_memory[0], want, abs_tol=1e-3)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_the_allocator_replays_torch_rings_buffers_as_separate_blocks(
+    backward: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caching allocator is asked for each of torch's ring's tensors on its own (the gathered
+    K/V, each fp32 accumulator, the step's flash results), not one block of their sum."""
+    from distir.sim import segments
+
+    asked: list[int] = []
+    malloc = segments.CachingAllocator.malloc
+
+    def record(self: segments.CachingAllocator, stream: str, size: float) -> segments.Block:
+        asked.append(int(size))
+        return malloc(self, stream, size)
+
+    monkeypatch.setattr(segments.CachingAllocator, "malloc", record)
+    c = 4
+    simulate(
+        ring_program(c, backward), H100, cost_model=RooflineCostModel(H100, ring_form="torch"), allocator=True
+    )
+    piece = B * (S // c) * H * D * 2  # 512 B: a rank's q in bf16, one block
+    kv = 2 * piece
+    want = (
+        [c * kv, 2 * piece, 2 * kv, 2 * kv, 2 * kv, piece, kv // 2, kv // 2]
+        if backward
+        else [c * kv, 2 * piece, 2 * piece, piece]
+    )
+    n = len(want)
+    assert any(asked[i : i + n] == want for i in range(len(asked) - n + 1)), asked

@@ -336,7 +336,9 @@ class _Ledger:
         if extras:
             self._transient(op, extras)
             on = self._op_streams(op)
-            held = [(g, self.segments[g].malloc(on[g].stream, x)) for g, x in extras]
+            # one block per GPU, or the separate blocks the op names (``OpRecord.scratch``)
+            blocks = [(g, block_bytes(b)) for g, b in rec.scratch if b > 0] or extras
+            held = [(g, self.segments[g].malloc(on[g].stream, x)) for g, x in blocks]
         for s in op.made:
             self.allocate(s)
         for g, block in held:  # the op's scratch, allocated before its results, freed after

@@ -86,15 +86,16 @@ def ring_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[Type], a
         gather = max(dom.comm_seconds(CommPattern.ALLGATHER, c * kv, g) for g in groups)
         waited = bool(getattr(dom.cost, "fuse", False))
         seconds = torch_ring_time(steps, gather, hop, backward, waited)
-        extra = _torch_buffers(q, kv, c, backward)
+        parts = _torch_buffers(q, kv, c, backward)
     else:
         seconds = ring_time(steps, hop, backward)
-        extra = (4.0 if backward else 2.0) * kv
+        parts = ((4.0 if backward else 2.0) * kv,)
     per, allocs, bump = dom.sizes(outs, False)
     gpu_of = dom.slot_gpu
-    bump = per_gpu([*bump, *((gpu_of[u], extra) for u, *_ in units)])
+    bump = per_gpu([*bump, *((gpu_of[u], sum(parts)) for u, *_ in units)])
+    scratch = tuple((gpu_of[u], b) for u, *_ in units for b in parts) if torch_form else ()
     devs = tuple(sorted(u for u, *_ in units))
-    return OpRecord(devs, seconds, False, op.name, flops, False, per, allocs, bump, None)
+    return OpRecord(devs, seconds, False, op.name, flops, False, per, allocs, bump, None, scratch=scratch)
 
 
 def _itemsize(dtype: DType) -> float:
@@ -110,16 +111,18 @@ def _hop(dom: Units, groups: Sequence[tuple[Device, ...]], nbytes: float) -> flo
     return hop
 
 
-def _torch_buffers(q: DTensorType, kv: float, c: int, backward: bool) -> float:
-    """Torch's ring's buffers beside its results (module docstring), ``kv`` a rank's K and V:
-    at its fullest step, the gathered K/V, the fp32 accumulators and the step's flash results."""
+def _torch_buffers(q: DTensorType, kv: float, c: int, backward: bool) -> tuple[float, ...]:
+    """Torch's ring's buffers beside its results (module docstring), one per tensor, ``kv`` a
+    rank's K and V: at its fullest step, the gathered K/V, the fp32 accumulators and the step's
+    flash results."""
     piece = piece_bytes(q, 0)  # a rank's queries: a step's out, as its dQ
     f32 = 4.0 / _itemsize(q.dtype)
     out32 = f32 * piece  # the fp32 out, as dQ: the queries' shape
     if not backward:  # the running fp32 out, the merged one made beside it, the step's out
-        return c * kv + 2.0 * out32 + piece
-    # gathered K/V, dQ, dK/dV (sent and received, and accumulated), the step's dQ, dK, dV
-    return c * kv + out32 + f32 * kv + 2.0 * f32 * kv + piece + kv
+        return (c * kv, out32, out32, piece)
+    # gathered K/V, dQ, dK/dV accumulated (the buffer received), sent (their concatenation) and
+    # in flight, the step's dQ, dK, dV
+    return (c * kv, out32, f32 * kv, f32 * kv, f32 * kv, piece, kv / 2.0, kv / 2.0)
 
 
 def _chunk(t: Type, dim: int, n: int = 1) -> TensorType:
