@@ -25,7 +25,9 @@ sizes). The walk replays every allocation and free, in program order, through a 
 allocator's segments (``distir.sim.segments``: best fit among the cached blocks of the request's
 stream, splitting and merging, 2 MiB small segments, 20 MiB segments for requests of 1–10 MiB,
 larger ones rounded to 2 MiB); an op's transient bump — a multi-step redistribution's
-intermediate layouts — is allocated on the op's stream before its results and freed after them.
+intermediate layouts, a ring attention's buffers — is allocated on the op's stream before its
+results and freed after them, as one block per GPU or as the blocks the op names
+(``OpRecord.scratch``).
 A stream's *pool* is the segments reserved for it; they are never released, so the allocator's
 reserved bytes at their peak are the pools' sum, the holes in them included: a large block freed
 and cached, too small for a later larger request on its stream, stays reserved beside the new
