@@ -135,3 +135,20 @@ def test_fsdp2_grad_accum_without_fp32_grad_accum_is_refused() -> None:
     base = {k: v for k, v in FSDP2_PP.items() if k not in ("fp32_grad_accum", "fsdp2_grad_accum")}
     with pytest.raises(StrategyError, match="needs fp32_grad_accum"):
         _program("d2.t1.p2.k4.1f1b.z2", **base, fsdp2_grad_accum=True)
+
+
+@pytest.mark.parametrize("strategy", ["d1.t1.c2.p2.k4.1f1b.z2", "d2.t1.c2.p2.k4.1f1b.z2"])
+def test_context_parallel_ranks_shard_and_gather_as_data_parallel_ones(strategy: str) -> None:
+    """torchtitan shards with FSDP2 over ``dp_shard_cp`` whenever cp > 1, even with one
+    data-parallel shard (``parallelize_llama`` at 9dec370: ``dp_shard_enabled or cp_enabled``):
+    with d = 1 and c = 2 each chunk still gathers its weights in its first forward only."""
+    prog = _program(strategy, LLAMA, **FSDP2_PP)
+    calls = Counter(c.callee for c in prog.entry.calls())
+    for c in range(2):
+        assert calls[f"c{c}_fwd_gather"] == 1 and calls[f"c{c}_fwd"] == 3
+        assert _redistributes(prog, f"c{c}_fwd_gather")
+
+
+@pytest.mark.slow
+def test_step_with_one_data_parallel_shard_over_cp_equals_the_sequential_mixed_step() -> None:
+    assert_mixed_step_matches(LLAMA, "d1.t1.c2.p2.k4.1f1b.z2", comm_streams=True, **FSDP2_PP)

@@ -71,6 +71,9 @@ def test_the_state_form_counts_fp32_gradients_and_fsdp_shards() -> None:
     assert fsdp.root_kept and not new_tables(parse_strategy("d4.p2.k4.z3"), 2, True, 2, True).root_kept
     early = new_tables(parse_strategy("d4.p2.k4.z2"), 2, True, 2, True, StateForm(early_gather=True))
     assert early.static_f == pytest.approx(1 + 1 / 4 + 6 / 4)  # the half shard beside the whole copy
+    # cp ranks shard as data-parallel ones (FSDP2 over dp_shard_cp): one dp shard, c = 4, alike
+    cp = new_tables(parse_strategy("d1.c4.p2.k4.z2"), 2, True, 2, True, StateForm(early_gather=True))
+    assert cp.static_f == pytest.approx(early.static_f)
 
 
 @pytest.mark.slow

@@ -142,13 +142,54 @@ def test_torch_ring_counts_the_flops_of_the_causal_triangle(c: int) -> None:
     assert math.isclose(r.flops, forward_flops(B, S, H, D, True), rel_tol=1e-12)
 
 
-def test_torch_ring_holds_the_gathered_kv_and_fp32_accumulators() -> None:
-    """Forward, beside the results: c × a rank's K/V (gathered) and the fp32 out; the p2p ring
-    holds 2 × K/V. Oracle: the peaks' difference, counted by hand (plus the device's allocator
-    fragmentation on it, its spec's ``runtime.fragmentation``)."""
+@pytest.mark.parametrize("backward", [False, True])
+def test_torch_ring_holds_the_gathered_kv_and_fp32_accumulators(backward: bool) -> None:
+    """Beside the results, at the fullest step: forward, c × a rank's K/V (gathered), the running
+    fp32 out, the merged one made beside it and the step's bf16 out; backward, the gathered K/V,
+    the fp32 dQ, dK/dV, the dK/dV sent and received in fp32 and the step's bf16 dQ, dK, dV. The
+    p2p ring holds 2 × K/V forward, 4 × backward. Oracle: the peaks' difference, counted by hand
+    (plus the device's allocator fragmentation on it, its spec's ``runtime.fragmentation``)."""
     c = 4
-    p2p = simulate(ring_program(c, False), H100, cost_model=RooflineCostModel(H100))
-    tor = simulate(ring_program(c, False), H100, cost_model=RooflineCostModel(H100, ring_form="torch"))
+    p2p = simulate(ring_program(c, backward), H100, cost_model=RooflineCostModel(H100))
+    tor = simulate(ring_program(c, backward), H100, cost_model=RooflineCostModel(H100, ring_form="torch"))
     piece = B * (S // c) * H * D * 2  # a rank's q (and K, V) in bf16
-    want = ((c * 2 * piece + 2 * piece) - 2 * 2 * piece) * (1.0 + H100.device_spec(0).runtime.fragmentation)
+    kv = 2 * piece
+    if backward:
+        torch_extra = c * kv + 2 * piece + 3 * 2 * kv + piece + kv
+        p2p_extra = 4 * kv
+    else:
+        torch_extra = c * kv + 2 * 2 * piece + piece
+        p2p_extra = 2 * kv
+    want = (torch_extra - p2p_extra) * (1.0 + H100.device_spec(0).runtime.fragmentation)
     assert math.isclose(tor.peak_memory[0] - p2p.peak_memory[0], want, abs_tol=1e-3)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_the_allocator_replays_torch_rings_buffers_as_separate_blocks(
+    backward: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caching allocator is asked for each of torch's ring's tensors on its own (the gathered
+    K/V, each fp32 accumulator, the step's flash results), not one block of their sum."""
+    from distir.sim import segments
+
+    asked: list[int] = []
+    malloc = segments.CachingAllocator.malloc
+
+    def record(self: segments.CachingAllocator, stream: str, size: float) -> segments.Block:
+        asked.append(int(size))
+        return malloc(self, stream, size)
+
+    monkeypatch.setattr(segments.CachingAllocator, "malloc", record)
+    c = 4
+    simulate(
+        ring_program(c, backward), H100, cost_model=RooflineCostModel(H100, ring_form="torch"), allocator=True
+    )
+    piece = B * (S // c) * H * D * 2  # 512 B: a rank's q in bf16, one block
+    kv = 2 * piece
+    want = (
+        [c * kv, 2 * piece, 2 * kv, 2 * kv, 2 * kv, piece, kv // 2, kv // 2]
+        if backward
+        else [c * kv, 2 * piece, 2 * piece, piece]
+    )
+    n = len(want)
+    assert any(asked[i : i + n] == want for i in range(len(asked) - n + 1)), asked

@@ -43,7 +43,7 @@ programs. Its shape:
 **Trainer options** of ``distribute`` (each what one trainer does; off by default):
 
 - ``overlap_param_gather`` (Megatron-LM's ``--overlap-param-gather`` with its distributed
-  optimizer; mixed precision, ZeRO-1/2, d > 1): the new low-precision weights are not
+  optimizer; mixed precision, ZeRO-1/2, d·c > 1): the new low-precision weights are not
   all-gathered after the optimizer but in the next step's first forward, layer by layer as the
   forward reaches them (on the ``dp_gather`` stream, one layer ahead), so the gather overlaps
   compute: the compute copy persists between steps as this rank's shard, and each chunk's first
@@ -604,7 +604,7 @@ class _Builder:
         self.reduce_fp32 = reduce_fp32 and self.prec.mixed and train and s.d * s.c > 1 and not self.fp32_acc
         # the compute copies gathered in the next step's first forward (``distribute``)
         self.gather_early = (
-            overlap_param_gather and train and self.prec.mixed and s.zero in (1, 2) and s.d > 1
+            overlap_param_gather and train and self.prec.mixed and s.zero in (1, 2) and s.d * s.c > 1
         )
         check_batch(model.batch, s)
         self.mb = model.batch // s.k

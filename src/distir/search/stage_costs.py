@@ -296,7 +296,7 @@ def new_tables(
     zero3 = train and s.zero == 3 and s.d * s.c > 1
     # FSDP's gather_cast keeps no low-precision shard: the fp32 master is cast at each gather
     static_f = 0.0 if zero3 and mixed and form.no_half_shard else 1.0 / h if s.zero == 3 else 1.0
-    if train and mixed and form.early_gather and s.zero in (1, 2) and s.d > 1:
+    if train and mixed and form.early_gather and s.zero in (1, 2) and s.d * s.c > 1:
         static_f += 1.0 / h
     grad_f = 0.0
     if train:

@@ -25,7 +25,9 @@ sizes). The walk replays every allocation and free, in program order, through a 
 allocator's segments (``distir.sim.segments``: best fit among the cached blocks of the request's
 stream, splitting and merging, 2 MiB small segments, 20 MiB segments for requests of 1–10 MiB,
 larger ones rounded to 2 MiB); an op's transient bump — a multi-step redistribution's
-intermediate layouts — is allocated on the op's stream before its results and freed after them.
+intermediate layouts, a ring attention's buffers — is allocated on the op's stream before its
+results and freed after them, as one block per GPU or as the blocks the op names
+(``OpRecord.scratch``).
 A stream's *pool* is the segments reserved for it; they are never released, so the allocator's
 reserved bytes at their peak are the pools' sum, the holes in them included: a large block freed
 and cached, too small for a later larger request on its stream, stays reserved beside the new
@@ -336,7 +338,9 @@ class _Ledger:
         if extras:
             self._transient(op, extras)
             on = self._op_streams(op)
-            held = [(g, self.segments[g].malloc(on[g].stream, x)) for g, x in extras]
+            # one block per GPU, or the separate blocks the op names (``OpRecord.scratch``)
+            blocks = [(g, block_bytes(b)) for g, b in rec.scratch if b > 0] or extras
+            held = [(g, self.segments[g].malloc(on[g].stream, x)) for g, x in blocks]
         for s in op.made:
             self.allocate(s)
         for g, block in held:  # the op's scratch, allocated before its results, freed after

@@ -216,6 +216,10 @@ class OpRecord(NamedTuple):
     # stream waits for the source's work issued before it, the source goes on): it starts at the
     # largest clock of ``devs`` and ``waits``, and only ``devs`` advance to its end; empty for most
     waits: tuple[int, ...] = ()
+    # its scratch beyond its results as the separate blocks the trainer allocates, (gpu, bytes)
+    # each, summing to ``bump`` less the results (the caching allocator's replay,
+    # ``distir.sim.allocator``); empty: one block per GPU
+    scratch: tuple[tuple[int, float], ...] = ()
 
 
 def waits_column(records: Sequence[OpRecord | CallSummary]) -> list[tuple[int, ...]] | None:

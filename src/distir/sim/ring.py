@@ -32,8 +32,12 @@ flash calls take have the queries' heads (the flash op, ``aten._scaled_dot_produ
 takes no fewer K/V heads: a grouped-query model's K/V reach it repeated, as torchtitan's
 ``repeat_kv`` repeats them), so the all-gather and the dK/dV carry that many. Under torch.compile
 (the cost model's ``fuse``) every collective is waited where it is issued (``torch_ring_time``).
-Memory beside the results: the gathered K/V (c × a rank's K/V) and the fp32 out; backward, the
-gathered K/V, the fp32 dQ, dK, dV and the dK/dV sent and received.
+Memory beside the results, at the fullest step (``_templated_ring_attention`` and its backward,
+torch/distributed/tensor/experimental/_attention.py): the gathered K/V (c × a rank's K/V), the
+running fp32 out and the merged one made beside it (``_SDPAMerger``: ``out - sigmoid(...) * (out -
+block_out)``, then ``_partial_update``'s ``torch.cat``), and the step's flash out; backward, the
+gathered K/V, the fp32 dQ, dK, dV, the dK/dV sent and received, and the step's flash dQ, dK, dV
+in the compute dtype (``grad_query_``, ``grad_key_``, ``grad_value_``), added into the fp32 ones.
 """
 
 from __future__ import annotations
@@ -82,15 +86,16 @@ def ring_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[Type], a
         gather = max(dom.comm_seconds(CommPattern.ALLGATHER, c * kv, g) for g in groups)
         waited = bool(getattr(dom.cost, "fuse", False))
         seconds = torch_ring_time(steps, gather, hop, backward, waited)
-        extra = _torch_buffers(q, kv, c, backward)
+        parts = _torch_buffers(q, kv, c, backward)
     else:
         seconds = ring_time(steps, hop, backward)
-        extra = (4.0 if backward else 2.0) * kv
+        parts = ((4.0 if backward else 2.0) * kv,)
     per, allocs, bump = dom.sizes(outs, False)
     gpu_of = dom.slot_gpu
-    bump = per_gpu([*bump, *((gpu_of[u], extra) for u, *_ in units)])
+    bump = per_gpu([*bump, *((gpu_of[u], sum(parts)) for u, *_ in units)])
+    scratch = tuple((gpu_of[u], b) for u, *_ in units for b in parts) if torch_form else ()
     devs = tuple(sorted(u for u, *_ in units))
-    return OpRecord(devs, seconds, False, op.name, flops, False, per, allocs, bump, None)
+    return OpRecord(devs, seconds, False, op.name, flops, False, per, allocs, bump, None, scratch=scratch)
 
 
 def _itemsize(dtype: DType) -> float:
@@ -106,13 +111,18 @@ def _hop(dom: Units, groups: Sequence[tuple[Device, ...]], nbytes: float) -> flo
     return hop
 
 
-def _torch_buffers(q: DTensorType, kv: float, c: int, backward: bool) -> float:
-    """Torch's ring's buffers beside its results (module docstring), ``kv`` a rank's K and V."""
+def _torch_buffers(q: DTensorType, kv: float, c: int, backward: bool) -> tuple[float, ...]:
+    """Torch's ring's buffers beside its results (module docstring), one per tensor, ``kv`` a
+    rank's K and V: at its fullest step, the gathered K/V, the fp32 accumulators and the step's
+    flash results."""
+    piece = piece_bytes(q, 0)  # a rank's queries: a step's out, as its dQ
     f32 = 4.0 / _itemsize(q.dtype)
-    out32 = f32 * piece_bytes(q, 0)  # the fp32 out, as dQ: the queries' shape
-    if not backward:
-        return c * kv + out32
-    return c * kv + out32 + f32 * kv + 2.0 * f32 * kv  # gathered K/V, dQ, dK/dV, sent and received
+    out32 = f32 * piece  # the fp32 out, as dQ: the queries' shape
+    if not backward:  # the running fp32 out, the merged one made beside it, the step's out
+        return (c * kv, out32, out32, piece)
+    # gathered K/V, dQ, dK/dV accumulated (the buffer received), sent (their concatenation) and
+    # in flight, the step's dQ, dK, dV
+    return (c * kv, out32, f32 * kv, f32 * kv, f32 * kv, piece, kv / 2.0, kv / 2.0)
 
 
 def _chunk(t: Type, dim: int, n: int = 1) -> TensorType:
