@@ -187,6 +187,8 @@ class Screen:
         self._pairs: dict[tuple[int, int], tuple[float, float]] = {}
         self._gathers: dict[tuple[int, ...], Gathers] = {}
         self._syncs: dict[tuple[object, ...], Sync] = {}
+        # (rows' ids, layers, pass kind) -> a chunk's gradient buckets (``stage_costs._chunk_buckets``)
+        self._buckets: dict[tuple[object, ...], tuple[tuple[float, float], ...]] = {}
         # (collective, group) -> its time for one byte: a bucket's latency (``_sync_time``)
         self._latencies: dict[tuple[object, tuple[int, ...]], float] = {}
         self._tp_sums: dict[tuple[object, ...], float] = {}  # ``_tp_sum``
@@ -418,6 +420,7 @@ class Screen:
                 specs=self._specs,
                 stalls=self._stalls,
                 assign=self._assign,
+                bucket_memo=self._buckets,
                 ends=self.ends,
             )
         # the gradient sync and optimizer, per stage: the reductions beside its last backwards

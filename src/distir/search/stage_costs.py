@@ -403,13 +403,15 @@ def figures(
     stalls: Mapping[str, float],
     assign: Assign,
     ends: Ends,
+    bucket_memo: dict[tuple[object, ...], tuple[tuple[float, float], ...]],
 ) -> Figures:
     """``Screen.estimate``'s figures up to the gradient sync for ``s`` (its tables ``tb``), from
     what the placement decides: per stage ``stages``, per cut between chunks its link (None
     within one stage), per stage its ZeRO-3 gather (``()`` without ZeRO-3); with ``balance``
     (and no pinned partition) the layers are assigned by ``assign``, the model's ``ends``
     (embedding; head and loss) kept with the first and the last chunk. Per-stage arrays come
-    from ``tb`` (module docstring); ``Figures.counts`` are layer calls per chunk."""
+    from ``tb`` (module docstring); ``Figures.counts`` are layer calls per chunk; the chunks'
+    gradient buckets are memoized in ``bucket_memo`` (``_chunk_buckets``)."""
     first = stages[0]
     lt = [
         _time_row(s, tb, st, first, z, train, specs, stalls) for st, z in itertools.zip_longest(stages, zero3)
@@ -442,14 +444,7 @@ def figures(
         grad_pass_s=tuple(times.grad_pass),
         chunk_w=tuple([float(first.rows.weight[a:b].sum()) for a, b in itertools.pairwise(bounds)]),
         chunk_nw=tuple([int(first.rows.n_w[a:b].sum()) for a, b in itertools.pairwise(bounds)]),
-        buckets=tuple(
-            [
-                grad_buckets(first.rows.weight, _grad_pass_rows(s, stages[tb.stage_of[c]].rows), a, b)
-                for c, (a, b) in enumerate(itertools.pairwise(bounds))
-            ]
-            if train
-            else []
-        ),
+        buckets=_chunk_buckets(s, tb, stages, bounds, bucket_memo) if train else (),
         compute_s=s.k * max(t_stage),
         mean_busy_s=s.k * sum(t_stage) / s.p,
         stage_w=tuple(stage_w),
@@ -1049,6 +1044,28 @@ class Passes(NamedTuple):
     bwd: float
     ibwd: float
     wbwd: float
+
+
+def _chunk_buckets(
+    s: Strategy,
+    tb: Tables,
+    stages: list[Stage],
+    bounds: list[int],
+    memo: dict[tuple[object, ...], tuple[tuple[float, float], ...]],
+) -> tuple[tuple[tuple[float, float], ...], ...]:
+    """Per chunk its ``grad_buckets`` (the first stage's weights, its own stage's gradient-pass
+    times), memoized on the rows' ids, the layers and the kind of pass: strategies of one model
+    meet the same chunks again and again."""
+    zb = canonical_name(s.schedule) == "zb1"
+    out = []
+    for c, (a, b) in enumerate(itertools.pairwise(bounds)):
+        st = stages[tb.stage_of[c]]
+        key = (stages[0].rid, st.rid, a, b, zb)
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = grad_buckets(stages[0].rows.weight, _grad_pass_rows(s, st.rows), a, b)
+        out.append(got)
+    return tuple(out)
 
 
 def _grad_pass_rows(s: Strategy, rows: StageRows) -> np.ndarray:
