@@ -14,7 +14,7 @@ import pytest
 
 from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import parse_cluster
-from distir.parallel.distribute import DDP_BUCKET_MB, uniform_counts
+from distir.parallel.distribute import uniform_counts
 from distir.parallel.pipeline.analysis import dependencies, merge
 from distir.parallel.pipeline.partition import block_counts, call_counts
 from distir.parallel.pipeline.schedules import build_schedule
@@ -75,16 +75,16 @@ def _reduced_by(
     chunks: dict[int, tuple[float, float, float, list[tuple[float, float]]]],
     delayed: bool,
     stall: float,
+    cap: float,
 ) -> float:
     """When a stage's reductions end, bucket by bucket: per chunk (its share of the reduction,
     its last weight-gradient pass's start and end, its layers' (gradient time, weight bytes)
     from its last layer to its first), in the order the chunks end, the layers filling buckets
-    of DDP's cap in that order, each bucket reduced once its last layer has run (Megatron's
+    of ``cap`` bytes in that order, each bucket reduced once its last layer has run (Megatron's
     ``delayed`` chunks but the model's first: one call after the pass), one after another on
     one stream; the stage's computation (ending at ``end``) slowed by ``stall`` of each chunk's
     reduction time beside it, the chunk's reduction counted as one span ending with its last
     bucket."""
-    cap = DDP_BUCKET_MB * 2**20
     free = beside = 0.0
     for c, (r, start, ready, layers) in sorted(chunks.items(), key=lambda x: x[1][2]):
         total_t = sum(t for t, _ in layers)
@@ -336,7 +336,9 @@ def reference(screen: Screen, s: Strategy, placement: tuple[int, ...], balance: 
                 end_j = stage_end[j]
                 if s.zero == 3 or (s.zero == 2 and s.p == 1):  # every backward reduces
                     end_j += screen._stalls[kinds[j]] * red * (s.k - 1)
-                done = _reduced_by(end_j, parts, tb.reduction.delayed, screen._stalls[kinds[j]])
+                done = _reduced_by(
+                    end_j, parts, tb.reduction.delayed, screen._stalls[kinds[j]], tb.reduction.bucket_bytes
+                )
             sync = max(sync, done + after)
     headroom = [float(c) - p for c, p in zip(caps, peaks, strict=True)]
     worst = int(np.argmin(headroom))

@@ -73,7 +73,12 @@ import numpy as np
 from distir.autodiff.precision import MIXED, PURE
 from distir.autodiff.train import Optimizer, update_traffic
 from distir.hardware.cluster import Cluster
-from distir.parallel.distribute import DDP_BUCKET_MB, uniform_counts
+from distir.parallel.distribute import (
+    DDP_BUCKET_MB,
+    MEGATRON_BUCKET,
+    MEGATRON_BUCKET_PER_RANK,
+    uniform_counts,
+)
 from distir.parallel.grad_reduction import reduce_scatter_every_backward
 from distir.parallel.pipeline.partition import Ends, block_counts
 from distir.parallel.strategy import Strategy
@@ -510,11 +515,15 @@ class Screen:
         bucketed = pr.train and s.d * s.c > 1 and not sem.deepspeed_pipe
         megatron = sem.megatron_ddp and bucketed and not reduce_scatter_every_backward(s)
         late = bool(sem.pipelining_kept) and sem.grad_copy_in == "cast" and bucketed
+        cap = DDP_BUCKET_MB * float(1 << 20)
+        if megatron:  # its bucket in parameters, counted in the compute dtype's bytes
+            cap = max(MEGATRON_BUCKET, MEGATRON_BUCKET_PER_RANK * s.d) * float(self.profiler.dtype.itemsize)
         reduction = Reduction(
             2.0 if mixed and (sem.reduce_fp32 or fp32_sums) else 1.0,
             s.zero == 1 and sem.megatron_ddp,
             delayed=megatron and s.schedule != "zb1",
             after_stage=sem.deepspeed_pipe or late,
+            bucket_bytes=cap,
         )
         gathers = NEUTRAL_GATHERS
         if s.zero == 3:
@@ -634,11 +643,12 @@ class Screen:
         return got
 
     @staticmethod
-    def _calls(w: float, n_w: int) -> int:
+    def _calls(w: float, n_w: int, cap: float) -> int:
         """Collective calls of a stage's gradient reduction of ``w`` bytes in ``n_w`` weights: one
-        per bucket, buckets of whole layers' gradients closed once they hold DDP's cap
-        (``distribute``'s ``_Buckets``): at most one more than the cap fits, one per weight."""
-        return min(n_w, int(w // (DDP_BUCKET_MB * (1 << 20))) + 1)
+        per bucket, buckets of whole layers' gradients closed once they hold the trainer's cap
+        ``cap`` (``Reduction.bucket_bytes``; ``distribute``'s ``_Buckets``): at most one more
+        than the cap fits, one per weight."""
+        return min(n_w, int(w // cap) + 1)
 
     def _sync_time(
         self, s: Strategy, tb: Tables, group: tuple[int, ...], kind: str, w: float, n_w: int
@@ -648,6 +658,7 @@ class Screen:
         by reduce-scatters), then the optimizer."""
         red = after = 0.0
         wr = w * tb.reduction.reduce_f
+        calls = self._calls(w, n_w, tb.reduction.bucket_bytes)
         h = s.zero_degree
         if s.d > 1 and n_w and h < s.d * s.c:
             # HSDP: reduce-scatter within the shard group, all-reduce the shard across groups,
@@ -657,18 +668,18 @@ class Screen:
             after += coll.reducescatter_time(self.cluster, wr, inner) + coll.allreduce_time(
                 self.cluster, wr / h, across
             )
-            after += (self._calls(w, n_w) - 1) * lat
+            after += (calls - 1) * lat
         elif s.d * s.c > 1 and n_w and (s.zero == 3 or tb.reduction.scatter):
             # ZeRO-3 reduce-scatters the gradients (its gathers are the layers': ``_time_row``;
             # on the gathers' stream its reduce-scatters are there too: ``_fsdp_terms``)
             if not tb.gathers.one_stream:
                 lat = self._latency(coll.reducescatter_time, group)
-                red += coll.reducescatter_time(self.cluster, wr, group) + (self._calls(w, n_w) - 1) * lat
+                red += coll.reducescatter_time(self.cluster, wr, group) + (calls - 1) * lat
             if s.zero == 1:  # the updated shards gathered
                 after += coll.allgather_time(self.cluster, w, group)
         elif s.d * s.c > 1 and n_w:
             lat = self._latency(coll.allreduce_time, group)
-            red += coll.allreduce_time(self.cluster, wr, group) + (self._calls(w, n_w) - 1) * lat
+            red += coll.allreduce_time(self.cluster, wr, group) + (calls - 1) * lat
             if s.zero == 1:
                 after += coll.allgather_time(self.cluster, w, group)
         spec = self._specs[kind]

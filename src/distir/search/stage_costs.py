@@ -168,12 +168,16 @@ class Reduction(NamedTuple):
     chunks after the first in one call after their last backward (``delayed``: Megatron-LM's
     ``delay_grad_reduce``, ``distribute``'s ``delayed_sync``), or the whole stage's after its
     last pass (``after_stage``: DeepSpeed's pipeline engine, FSDP2's post-backward under
-    ``torch.distributed.pipelining``) rather than in buckets during the last backwards."""
+    ``torch.distributed.pipelining``) rather than in buckets during the last backwards;
+    buckets of ``bucket_bytes``."""
 
     reduce_f: float = 1.0
     scatter: bool = False
     delayed: bool = False
     after_stage: bool = False
+    # a bucket's cap in the compute dtype's bytes: DDP's ``bucket_cap_mb``, or Megatron-LM's
+    # max(40M, 1M·d) parameters (``distribute``'s ``_bucket_bytes``)
+    bucket_bytes: float = DDP_BUCKET_MB * float(1 << 20)
 
 
 NEUTRAL_REDUCTION = Reduction()
@@ -1054,16 +1058,17 @@ def _chunk_buckets(
     memo: dict[tuple[object, ...], tuple[tuple[float, float], ...]],
 ) -> tuple[tuple[tuple[float, float], ...], ...]:
     """Per chunk its ``grad_buckets`` (the first stage's weights, its own stage's gradient-pass
-    times), memoized on the rows' ids, the layers and the kind of pass: strategies of one model
-    meet the same chunks again and again."""
+    times, the trainer's bucket), memoized on the rows' ids, the layers, the kind of pass and the
+    bucket: strategies of one model meet the same chunks again and again."""
     zb = canonical_name(s.schedule) == "zb1"
     out = []
     for c, (a, b) in enumerate(itertools.pairwise(bounds)):
         st = stages[tb.stage_of[c]]
-        key = (stages[0].rid, st.rid, a, b, zb)
+        cap = tb.reduction.bucket_bytes
+        key = (stages[0].rid, st.rid, a, b, zb, cap)
         got = memo.get(key)
         if got is None:
-            got = memo[key] = grad_buckets(stages[0].rows.weight, _grad_pass_rows(s, st.rows), a, b)
+            got = memo[key] = grad_buckets(stages[0].rows.weight, _grad_pass_rows(s, st.rows), a, b, cap)
         out.append(got)
     return tuple(out)
 
@@ -1078,19 +1083,18 @@ def _grad_pass_rows(s: Strategy, rows: StageRows) -> np.ndarray:
 
 
 def grad_buckets(
-    weight: np.ndarray, grad_time: np.ndarray, a: int, b: int
+    weight: np.ndarray, grad_time: np.ndarray, a: int, b: int, cap: float = DDP_BUCKET_MB * float(1 << 20)
 ) -> tuple[tuple[float, float], ...]:
     """Layers ``a``…``b−1``'s gradient buckets as their pass fills them: the layers run last to
     first, each leaving its weight gradients (``weight`` bytes) after its ``grad_time``; a
-    bucket closes once it holds DDP's cap (``DDP_BUCKET_MB``, as ``Screen._calls`` counts the
-    calls) and at the chunk's first layer. Per bucket (x, y): the fraction of the pass run when
+    bucket closes once it holds ``cap`` bytes (``Reduction.bucket_bytes``, as ``Screen._calls``
+    counts the calls) and at the chunk's first layer. Per bucket (x, y): the fraction of the pass run when
     it closes and the fraction of the chunk's gradient bytes in it and the buckets after it; ()
     without weights."""
     total_w = float(weight[a:b].sum())
     if total_w <= 0.0:
         return ()
     total_t = float(grad_time[a:b].sum())
-    cap = DDP_BUCKET_MB * float(1 << 20)
     out: list[tuple[float, float]] = []
     t = held = 0.0
     left = total_w
