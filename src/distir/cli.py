@@ -325,6 +325,16 @@ _SimFp32GradAccum = Annotated[
         "into fp32 ones, which are reduced and stepped on (DeepSpeed's BF16_Optimizer).",
     ),
 ]
+_SimClipGrad = Annotated[
+    float | None,
+    typer.Option(
+        "--clip-grad",
+        min=0.0,
+        help="With --model: clip the step's gradients by their global L2 norm at this bound before "
+        "the update (0: no clipping). Default: the trainer's (1.0 for megatron, deepspeed and "
+        "torchtitan; none for distir).",
+    ),
+]
 _SimTrace = Annotated[Path | None, typer.Option("--trace", help="Write a Perfetto/Chrome trace JSON here.")]
 _SimTraceDetail = Annotated[
     str,
@@ -397,6 +407,7 @@ def simulate(
     overlap_param_gather: _SimOverlapParamGather = False,
     deepspeed_pipe: _SimDeepspeedPipe = False,
     fp32_grad_accum: _SimFp32GradAccum = False,
+    clip_grad: _SimClipGrad = None,
     trace: _SimTrace = None,
     trace_detail: _SimTraceDetail = "chunk",
     device_map: _SimDeviceMap = None,
@@ -424,6 +435,7 @@ def simulate(
         deepspeed_pipe,
         fp32_grad_accum,
         tp_comm_overlap,
+        clip_grad,
     )
     if model is not None:
         built = _model_program(
@@ -690,6 +702,7 @@ class _SimSwitches(NamedTuple):
     deepspeed_pipe: bool
     fp32_grad_accum: bool
     tp_comm_overlap: bool = False  # the cost model's (the program order follows its chunk times)
+    clip_grad: float | None = None  # the gradient-norm bound (None: the trainer's; 0: none)
 
 
 def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bool) -> TrainerSemantics:
@@ -712,6 +725,7 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
         overlap_param_gather=sem.overlap_param_gather or sw.overlap_param_gather,
         deepspeed_pipe=sem.deepspeed_pipe or sw.deepspeed_pipe,
         fp32_grad_accum=sem.fp32_grad_accum or sw.fp32_grad_accum,
+        max_norm=sem.max_norm if sw.clip_grad is None else sw.clip_grad,
     )
 
 
@@ -757,7 +771,6 @@ def _model_program(
     that cannot run it."""
     from distir.autodiff.precision import Precision
     from distir.autodiff.reverse import AutodiffError
-    from distir.autodiff.train import Optimizer
     from distir.frontends.zoo import build_model
     from distir.frontends.zoo.model import ModelError
     from distir.frontends.zoo.registry import parse_model_string, parse_training_dtype
@@ -804,7 +817,7 @@ def _model_program(
         prog = distribute(
             mod,
             st,
-            Optimizer(optimizer, kernels=sem.optimizer_kernels if optimizer == "adam" else "fused"),
+            sem.optimizer(optimizer),
             train=train,
             comm_streams=True,
             precision=prec,
