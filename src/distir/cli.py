@@ -456,10 +456,7 @@ def simulate(
     else:
         assert file is not None
         _check_file_simulate_options(strategy, precision, bucket_mb, overlap_param_gather)
-        if deepspeed_pipe or fp32_grad_accum or trainer != "distir":
-            _fail("--deepspeed-pipe, --fp32-grad-accum and --trainer apply to --model, not to a program file")
-        s = _Session(file, debug)
-        m = s.explicit(s.load(entry))  # a sharded program is simulated in its materialized form
+        m = _file_program(file, entry, switches, debug)
         dmap0, source, model_flops, semantics, built_spec = None, str(file), None, None, None
     kernels = semantics.kernels if semantics else kernels or "fused"
     attention_kernel = semantics.attention_kernel if semantics else attention_kernel or "fa2"
@@ -492,6 +489,18 @@ def simulate(
         _emit_json({**where, **fields, **options, "tp_comm_overlap": tp_comm_overlap, **summary, **traced})
         return
     _print_simulation(result, summary, f"{source} on {cluster}", trace)
+
+
+def _file_program(file: Path, entry: str | None, sw: _SimSwitches, debug: bool) -> Any:
+    """The program ``simulate`` runs from ``file`` (its ``entry``), in its materialized form; the
+    switches that build a zoo model's program (a trainer's, the user's) are refused."""
+    if sw.deepspeed_pipe or sw.fp32_grad_accum or sw.trainer != "distir" or sw.clip_grad is not None:
+        _fail(
+            "--deepspeed-pipe, --fp32-grad-accum, --clip-grad and --trainer apply to --model, "
+            "not to a program file"
+        )
+    s = _Session(file, debug)
+    return s.explicit(s.load(entry))  # a sharded program is simulated in its materialized form
 
 
 def _sim_options(

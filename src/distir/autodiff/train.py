@@ -44,7 +44,7 @@ from distir.ir.builder import FunctionBuilder
 from distir.ir.function import Function, Module
 from distir.ir.types import Device, DType, TensorType, Type
 from distir.ir.values import Attrs, AttrValue, Value
-from distir.ops.optim import CLIP_SCALES
+from distir.ops.optim import CLIP_BY_NORM, CLIP_SCALES, GRAD_NORM_SQ
 from distir.ops.registry import REGISTRY
 
 
@@ -151,9 +151,7 @@ def update_traffic(opt: Optimizer, dtype: DType, mixed: bool) -> UpdateTraffic:
     if opt.max_norm:  # the norm's read of the gradient, then its scaling (``Optimizer.clip``)
         sumsq = TensorType(DType.f32, (), Device(0))
         attrs = Attrs({"scale": opt.clip_scale})
-        for name, ins in (("GradNormSq", [w]), ("ClipByNorm", [w, sumsq])):
-            op = REGISTRY[name]
-            outs = [sumsq] if name == "GradNormSq" else [w]
+        for op, ins, outs in ((GRAD_NORM_SQ, [w], [sumsq]), (CLIP_BY_NORM, [w, sumsq], [w])):
             moved = op.bytes_read(ins, outs, attrs) + op.bytes_written(ins, outs, attrs)
             total += moved - (sumsq.nbytes if moved else 0.0)
             kernels += 1 if moved else 0
@@ -266,10 +264,19 @@ def training_step(
                 dweight[w] = g if prev is None else fb.op("Add", prev, g, names=[f"d{w.name}"])[0]
     new_w: list[Value] = []
     new_state: list[list[Value]] = [[] for _ in opt.state]
-    gs = [dweight[w] for w in weights]
-    if prec.mixed:
-        gs = [cast(fb, g, prec.master, f"d{w.name}_{prec.master}") for w, g in zip(weights, gs, strict=True)]
-    for w, g in zip(weights, opt.clip(fb, gs), strict=True):
+
+    def master_grad(w: Value) -> Value:
+        g = dweight[w]
+        return cast(fb, g, prec.master, f"d{w.name}_{prec.master}") if prec.mixed else g
+
+    # with clipping every gradient first, then the updates; else weight by weight
+    clipped = (
+        dict(zip(weights, opt.clip(fb, [master_grad(w) for w in weights]), strict=True))
+        if opt.max_norm
+        else {}
+    )
+    for w in weights:
+        g = clipped[w] if opt.max_norm else master_grad(w)
         upd = opt.emit(fb, master[w], g, state[w], step)
         new_w.append(upd[0])
         for k, sv in enumerate(upd[1:]):

@@ -541,8 +541,8 @@ class _Params(NamedTuple):
 
 
 class _StepGrad(NamedTuple):
-    """A weight's gradient as its update takes it (``_Builder._step_grads``): on the mesh of
-    ``stage``; ``counted`` in the gradient norm (a tied copy's, equal to its weight's, is not)."""
+    """A weight's reduced gradient (``_Builder._step_grads``): on the mesh of ``stage``;
+    ``counted`` in the gradient norm (a tied copy's, equal to its weight's, is not)."""
 
     w: Value
     g: Value
@@ -1279,13 +1279,23 @@ class _Builder:
         stage_of: list[int],
         to_mesh: Callable[[Value, Mesh, str], Value],
     ) -> dict[Value, tuple[Value, ...]]:
-        """Reduce each weight's gradient, clip the step's gradients by their global norm (the
-        optimizer's ``max_norm``: ``_norm_totals``) and update each weight (and its state)."""
-        steps = self._step_grads(fb, grads, wp, stage_of, to_mesh)
-        totals = self._norm_totals(fb, steps, to_mesh)
+        """Reduce each weight's gradient and update it (and its state), weight by weight; with the
+        optimizer's ``max_norm``, every gradient is reduced first and the step's gradients are
+        clipped by their global norm (``_norm_totals``) before the updates."""
         updates: dict[Value, tuple[Value, ...]] = {}
-        for sg in steps:
-            g = sg.g if not totals else self.opt.clipped(fb, sg.g, totals[sg.stage])
+        held: list[_StepGrad] = []
+
+        def take(sg: _StepGrad) -> None:
+            if self.opt.max_norm:
+                held.append(sg._replace(g=self._to_master(fb, sg.w, sg.g)))
+                return
+            g = self._to_master(fb, sg.w, sg.g)
+            updates[sg.w] = self._update(fb, sg.w, wp.wparam[sg.w], g, wp.state[sg.w], wp.step_of)
+
+        self._step_grads(fb, grads, wp, stage_of, to_mesh, take)
+        totals = self._norm_totals(fb, held, to_mesh) if held else {}
+        for sg in held:
+            g = self.opt.clipped(fb, sg.g, totals[sg.stage])
             updates[sg.w] = self._update(fb, sg.w, wp.wparam[sg.w], g, wp.state[sg.w], wp.step_of)
         return updates
 
@@ -1296,17 +1306,17 @@ class _Builder:
         wp: _Params,
         stage_of: list[int],
         to_mesh: Callable[[Value, Mesh, str], Value],
-    ) -> list[_StepGrad]:
-        """Each updated weight's gradient as its optimizer takes it (reduced, in the masters'
-        dtype), in update order; a tied weight and its copy on another stage exchange their
-        gradients first so both take the same step (a transmitted copy's gradient goes back to its
-        owner, added there), and the norm counts the pair once."""
+        take: Callable[[_StepGrad], None],
+    ) -> None:
+        """Each updated weight's reduced gradient, passed to ``take`` in update order; a tied
+        weight and its copy on another stage exchange their gradients first so both take the same
+        step (a transmitted copy's gradient goes back to its owner, added there), and the norm
+        counts the pair once."""
         wchunk, partner = wp.wchunk, wp.partner
-        steps: list[_StepGrad] = []
         reduced: dict[Value, Value] = {}  # a tied copy's reduced gradient, until its partner's is
 
         def step(w: Value, g: Value, counted: bool = True) -> None:
-            steps.append(_StepGrad(w, self._to_master(fb, w, g), stage_of[wchunk[w]], counted))
+            take(_StepGrad(w, g, stage_of[wchunk[w]], counted))
 
         for w in wp.used:
             g = self._reduce_grad(fb, w, grads[w], to_mesh, stage_of[wchunk[w]])
@@ -1338,7 +1348,6 @@ class _Builder:
                 step(w, g, counted=False)  # the same gradient as its weight's: counted once
                 continue
             step(w, g)
-        return steps
 
     def _norm_totals(
         self, fb: FunctionBuilder, steps: list[_StepGrad], to_mesh: Callable[[Value, Mesh, str], Value]
@@ -1349,8 +1358,9 @@ class _Builder:
         per stage and placement and all-reduced over the stage's mesh (one call per placement:
         Megatron-LM all-reduces once over the model-parallel group, or the world with its
         distributed optimizer; torchtitan's ``full_tensor`` over the DTensor mesh), then the
-        stages' sums passed to every other stage and added (Megatron's one all-reduce spans the
-        stages; torchtitan all-reduces over the pipeline mesh after). Returns each stage's total."""
+        stages' sums added on the first stage and the total passed back (Megatron's one
+        all-reduce spans the stages; torchtitan all-reduces over the pipeline mesh after).
+        Returns each stage's total."""
         if not self.opt.max_norm:
             return {}
         groups: dict[tuple[int, bool, bool], list[Value]] = {}
@@ -1373,11 +1383,16 @@ class _Builder:
             st: vs[0] if len(vs) == 1 else fb.op("Sum", *vs, names=[f"grad_sumsq_s{st}"])[0]
             for st, vs in sums.items()
         }
-        totals: dict[int, Value] = {}
-        for stage in dict.fromkeys(sg.stage for sg in steps):
-            here = self._mesh_for(stage)
-            parts = [v if st == stage else to_mesh(v, here, f"grad_sumsq_s{st}") for st, v in local.items()]
-            totals[stage] = parts[0] if len(parts) == 1 else fb.op("Sum", *parts, names=["grad_sumsq"])[0]
+        # the stages' sums gathered on the first stage, added, and the total sent back to each:
+        # 2(p - 1) transfers, as a ring all-reduce over the stages takes 2(p - 1) steps
+        stages = list(dict.fromkeys(sg.stage for sg in steps))
+        first = stages[0]
+        here = self._mesh_for(first)
+        parts = [v if st == first else to_mesh(v, here, f"grad_sumsq_s{st}") for st, v in local.items()]
+        total = parts[0] if len(parts) == 1 else fb.op("Sum", *parts, names=["grad_sumsq"])[0]
+        totals = {
+            st: total if st == first else to_mesh(total, self._mesh_for(st), "grad_sumsq") for st in stages
+        }
         return totals
 
     def _results(
