@@ -207,8 +207,7 @@ def _megatron(s: Strategy, precision: Precision, device: DeviceSpec | None) -> T
         megatron_ddp=True,
         grad_accum_fusion=precision.mixed and whole,
         reduce_fp32=True,
-        max_norm=DEFAULT_MAX_NORM,
-        clip_scale="if_over",
+        **trainer_clip("megatron"),
     )
 
 
@@ -229,8 +228,7 @@ def _deepspeed(s: Strategy, precision: Precision, dtype: DType) -> TrainerSemant
         deepspeed_pipe=s.p > 1,  # the pipeline engine runs pipelines only
         # BF16_Optimizer's fp32 gradient sums; with ZeRO-2/3 DeepSpeed accumulates bf16 gradients
         fp32_grad_accum=bf16 and s.zero <= 1,
-        max_norm=DEFAULT_MAX_NORM,
-        clip_scale="if_over",
+        **trainer_clip("deepspeed"),
     )
 
 
@@ -278,9 +276,26 @@ def _torchtitan(s: Strategy, precision: Precision, dtype: DType) -> TrainerSeman
         pipelining_kept="last" if s.p > 1 else "",
         # torchtitan's context parallelism is torch's context_parallel (create_context_parallel_ctx)
         ring_form="torch" if s.c > 1 else "p2p",
-        max_norm=DEFAULT_MAX_NORM,
-        clip_scale="always",
+        **trainer_clip("torchtitan"),
     )
+
+
+class Clip(TypedDict):
+    """A trainer's gradient clipping, as ``TrainerSemantics`` and ``Optimizer`` take it."""
+
+    max_norm: float
+    clip_scale: str
+
+
+def trainer_clip(trainer: str) -> Clip:
+    """How ``trainer`` clips the gradients' global norm by default (module docstring): at
+    ``DEFAULT_MAX_NORM``, scaling every step (torchtitan: torch's ``clip_grads_with_norm_``) or
+    only over the bound (Megatron-LM, DeepSpeed); the ``distir`` trainer does not clip."""
+    if trainer not in TRAINERS:
+        raise TrainerError(f"trainer must be one of {', '.join(TRAINERS)}, got {trainer!r}")
+    if trainer == "distir":
+        return Clip(max_norm=0.0, clip_scale="always")
+    return Clip(max_norm=DEFAULT_MAX_NORM, clip_scale="always" if trainer == "torchtitan" else "if_over")
 
 
 def model_options(trainer: str, s: Strategy, kernels: str) -> dict[str, str]:
