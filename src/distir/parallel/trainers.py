@@ -48,8 +48,10 @@ f2e5db4: ``multi_tensor_l2norm`` over the fp32 main gradients, this rank's shard
 distributed optimizer, an all-reduce over the model-parallel group or the world, ``.item()``, and
 ``multi_tensor_scale`` only if the coefficient is under 1: ``clip_scale = "if_over"``); DeepSpeed's
 ``gradient_clipping`` (``BF16_Optimizer.step``: ``get_global_norm_of_tensors`` and
-``clip_tensors_by_global_norm``, which scales only if the coefficient is under 1; the BigScience
-configs and the MT-NLG paper clip at 1.0); torchtitan's ``training.max_norm``
+``clip_tensors_by_global_norm``, which scales only if the coefficient is under 1; its ZeRO and
+FP16 optimizers' ``unscale_and_clip_grads`` multiply by 1 / (loss scale · clip) every step,
+deepspeed/runtime/zero/stage_1_and_2.py, fp16/fused_optimizer.py; the BigScience configs and the
+MT-NLG paper clip at 1.0); torchtitan's ``training.max_norm``
 (``clip_grad_norm_`` in torchtitan/distributed/utils.py at 820504e: torch's foreach norms of the
 local shards, ``full_tensor`` over the mesh, an all-reduce over the pipeline stages, then
 ``clip_grads_with_norm_``'s ``_foreach_mul_`` by the clamped coefficient, every step:
@@ -228,7 +230,9 @@ def _deepspeed(s: Strategy, precision: Precision, dtype: DType) -> TrainerSemant
         deepspeed_pipe=s.p > 1,  # the pipeline engine runs pipelines only
         # BF16_Optimizer's fp32 gradient sums; with ZeRO-2/3 DeepSpeed accumulates bf16 gradients
         fp32_grad_accum=bf16 and s.zero <= 1,
-        **trainer_clip("deepspeed"),
+        # BF16_Optimizer scales only over the bound; the ZeRO and FP16 optimizers unscale every step
+        max_norm=DEFAULT_MAX_NORM,
+        clip_scale="if_over" if bf16 and s.zero <= 1 else "always",
     )
 
 
@@ -290,7 +294,8 @@ class Clip(TypedDict):
 def trainer_clip(trainer: str) -> Clip:
     """How ``trainer`` clips the gradients' global norm by default (module docstring): at
     ``DEFAULT_MAX_NORM``, scaling every step (torchtitan: torch's ``clip_grads_with_norm_``) or
-    only over the bound (Megatron-LM, DeepSpeed); the ``distir`` trainer does not clip."""
+    only over the bound (Megatron-LM; DeepSpeed's BF16_Optimizer, which its semantics refine by
+    strategy); the ``distir`` trainer does not clip."""
     if trainer not in TRAINERS:
         raise TrainerError(f"trainer must be one of {', '.join(TRAINERS)}, got {trainer!r}")
     if trainer == "distir":
