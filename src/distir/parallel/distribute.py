@@ -24,8 +24,9 @@ programs. Its shape:
   backward, as the trainers do (``distir.parallel.grad_reduction``). Then the
   optimizer updates the weight (ZeRO-1+: only this rank's shard of weight and state, then an
   AllGather for ZeRO-1/2); with the optimizer's ``max_norm`` every gradient is reduced first and
-  all are clipped by their global norm before the updates (``_Builder._norm_totals``). Results: the loss (summed over microbatches, replicated), the new
-  weights, the new optimizer state (and, under mixed precision, the new compute copies).
+  all are clipped by their global norm before the updates (``_Builder._norm_totals``).
+  Results: the loss (summed over microbatches, replicated), the new weights, the new optimizer
+  state (and, under mixed precision, the new compute copies).
 - **HSDP** (``z3h<n>``, ``Strategy.shard_group``): weights, optimizer state and the reduced
   gradients live on each stage's mesh seen as ``(dpr=d/n, dp=n, tp=t)`` (the same devices), ZeRO-3
   sharded over ``dp`` (a group of n consecutive replicas) and replicated over ``dpr``; a chunk
