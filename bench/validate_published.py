@@ -225,6 +225,11 @@ class Run:
     # how the trainer's Adam runs (``Optimizer(kernels=...)``): fused (one kernel: Megatron's,
     # DeepSpeed's), foreach (torch.optim.AdamW(foreach=True)) or loop (Composer's DecoupledAdamW)
     optimizer_kernels: str = "fused"
+    # gradient-norm clipping before the update (``Optimizer(max_norm=..., clip_scale=...)``):
+    # the bound (0: none) and when the scaling runs, always (torch's clip_grad_norm_, FSDP's) or
+    # if_over (Megatron-LM's and DeepSpeed's host-side test; costed as not run)
+    max_norm: float = 0.0
+    clip_scale: str = "always"
 
 
 _TYPES: dict[str, type] = {"int": int, "str": str, "bool": bool, "float": float}
@@ -545,7 +550,7 @@ def _simulated(
     prog = distribute(
         mod,
         st,
-        Optimizer("adam", kernels=r.optimizer_kernels),
+        Optimizer("adam", kernels=r.optimizer_kernels, max_norm=r.max_norm, clip_scale=r.clip_scale),
         train=True,
         comm_streams=True,
         precision=prec,

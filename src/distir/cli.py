@@ -325,6 +325,16 @@ _SimFp32GradAccum = Annotated[
         "into fp32 ones, which are reduced and stepped on (DeepSpeed's BF16_Optimizer).",
     ),
 ]
+_SimClipGrad = Annotated[
+    float | None,
+    typer.Option(
+        "--clip-grad",
+        min=0.0,
+        help="With --model: clip the step's gradients by their global L2 norm at this bound before "
+        "the update (0: no clipping). Default: the trainer's (1.0 for megatron, deepspeed and "
+        "torchtitan; none for distir).",
+    ),
+]
 _SimTrace = Annotated[Path | None, typer.Option("--trace", help="Write a Perfetto/Chrome trace JSON here.")]
 _SimTraceDetail = Annotated[
     str,
@@ -397,6 +407,7 @@ def simulate(
     overlap_param_gather: _SimOverlapParamGather = False,
     deepspeed_pipe: _SimDeepspeedPipe = False,
     fp32_grad_accum: _SimFp32GradAccum = False,
+    clip_grad: _SimClipGrad = None,
     trace: _SimTrace = None,
     trace_detail: _SimTraceDetail = "chunk",
     device_map: _SimDeviceMap = None,
@@ -424,6 +435,7 @@ def simulate(
         deepspeed_pipe,
         fp32_grad_accum,
         tp_comm_overlap,
+        clip_grad,
     )
     if model is not None:
         built = _model_program(
@@ -444,10 +456,7 @@ def simulate(
     else:
         assert file is not None
         _check_file_simulate_options(strategy, precision, bucket_mb, overlap_param_gather)
-        if deepspeed_pipe or fp32_grad_accum or trainer != "distir":
-            _fail("--deepspeed-pipe, --fp32-grad-accum and --trainer apply to --model, not to a program file")
-        s = _Session(file, debug)
-        m = s.explicit(s.load(entry))  # a sharded program is simulated in its materialized form
+        m = _file_program(file, entry, switches, debug)
         dmap0, source, model_flops, semantics, built_spec = None, str(file), None, None, None
     kernels = semantics.kernels if semantics else kernels or "fused"
     attention_kernel = semantics.attention_kernel if semantics else attention_kernel or "fa2"
@@ -480,6 +489,18 @@ def simulate(
         _emit_json({**where, **fields, **options, "tp_comm_overlap": tp_comm_overlap, **summary, **traced})
         return
     _print_simulation(result, summary, f"{source} on {cluster}", trace)
+
+
+def _file_program(file: Path, entry: str | None, sw: _SimSwitches, debug: bool) -> Any:
+    """The program ``simulate`` runs from ``file`` (its ``entry``), in its materialized form; the
+    switches that build a zoo model's program (a trainer's, the user's) are refused."""
+    if sw.deepspeed_pipe or sw.fp32_grad_accum or sw.trainer != "distir" or sw.clip_grad is not None:
+        _fail(
+            "--deepspeed-pipe, --fp32-grad-accum, --clip-grad and --trainer apply to --model, "
+            "not to a program file"
+        )
+    s = _Session(file, debug)
+    return s.explicit(s.load(entry))  # a sharded program is simulated in its materialized form
 
 
 def _sim_options(
@@ -690,6 +711,7 @@ class _SimSwitches(NamedTuple):
     deepspeed_pipe: bool
     fp32_grad_accum: bool
     tp_comm_overlap: bool = False  # the cost model's (the program order follows its chunk times)
+    clip_grad: float | None = None  # the gradient-norm bound (None: the trainer's; 0: none)
 
 
 def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bool) -> TrainerSemantics:
@@ -712,6 +734,7 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
         overlap_param_gather=sem.overlap_param_gather or sw.overlap_param_gather,
         deepspeed_pipe=sem.deepspeed_pipe or sw.deepspeed_pipe,
         fp32_grad_accum=sem.fp32_grad_accum or sw.fp32_grad_accum,
+        max_norm=sem.max_norm if sw.clip_grad is None else sw.clip_grad,
     )
 
 
@@ -757,7 +780,6 @@ def _model_program(
     that cannot run it."""
     from distir.autodiff.precision import Precision
     from distir.autodiff.reverse import AutodiffError
-    from distir.autodiff.train import Optimizer
     from distir.frontends.zoo import build_model
     from distir.frontends.zoo.model import ModelError
     from distir.frontends.zoo.registry import parse_model_string, parse_training_dtype
@@ -804,7 +826,7 @@ def _model_program(
         prog = distribute(
             mod,
             st,
-            Optimizer(optimizer, kernels=sem.optimizer_kernels if optimizer == "adam" else "fused"),
+            sem.optimizer(optimizer),
             train=train,
             comm_streams=True,
             precision=prec,

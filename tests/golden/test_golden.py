@@ -5,7 +5,7 @@ the case file itself. The command's standard output must equal ``cases/NAME.expe
 Commands:
 
 - ``distir ARGS...``: the CLI (``shard``, ``lower``, ...), run in-process;
-- ``distribute MODEL STRATEGY [--batch N] [--optimizer adam|sgd] [--inference]``:
+- ``distribute MODEL STRATEGY [--batch N] [--optimizer adam|sgd] [--inference] [--max-norm X]``:
   ``distir.parallel.distribute`` of a zoo model (no CLI command prints it), printed with
   ``print_module``; the case file holds only the RUN line and comments.
 
@@ -51,11 +51,12 @@ def _distribute(args: list[str]) -> str:
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--optimizer", default="adam")
     ap.add_argument("--inference", action="store_true")
+    ap.add_argument("--max-norm", type=float, default=0.0)
     ns = ap.parse_args(args)
     prog = distribute(
         build_model(ns.model, ns.batch),
         parse_strategy(ns.strategy),
-        Optimizer(ns.optimizer),
+        Optimizer(ns.optimizer, max_norm=ns.max_norm),
         train=not ns.inference,
         comm_streams=True,
     )

@@ -238,6 +238,11 @@ EXAMPLES: dict[str, list[Case]] = {
             {"lr": 0.01, "beta1": 0.8, "beta2": 0.99, "epsilon": 1e-6},
         ),
     ],
+    "GradNormSq": [Case([T(f32, 3, 2)]), Case([T(f64, 5)])],
+    "ClipByNorm": [
+        Case([T(f32, 3, 2), R(T(f32), 0, 4)], {"max_norm": 1.0}),
+        Case([T(f64, 4), R(T(f32), 0, 1)], {"max_norm": 0.5, "scale": "if_over"}),
+    ],
     # tuples
     "MakeTuple": [Case([T(f32, 2), S(i64)]), Case([T(f32, 2, 3), T(f64, 1), T(b)])],
     "UnpackTuple": [

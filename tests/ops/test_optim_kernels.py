@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distir.autodiff.train import AutodiffError, Optimizer
+from distir.autodiff.train import AutodiffError, Optimizer, update_traffic
 from distir.hardware.cluster import parse_cluster
 from distir.ir.builder import FunctionBuilder
 from distir.ir.types import Device, DType, TensorType
@@ -59,3 +59,30 @@ def test_the_optimizer_writes_its_kernels_on_the_update() -> None:
     assert looped.attrs.get("kernels") == "loop" and "kernels" not in fused.attrs
     with pytest.raises(AutodiffError, match="kernels"):
         Optimizer("adam", kernels="unrolled")
+
+
+def test_clip_scaling_moves_the_gradient_once_or_not_at_all() -> None:
+    """``ClipByNorm``'s multiplication reads and writes the gradient (torch's ``_foreach_mul_``,
+    every step); ``if_over`` (Megatron-LM's and DeepSpeed's host-side test) is not costed: no
+    bytes, no kernel. ``GradNormSq`` reads the gradient once."""
+    t, s = TensorType(DType.f32, (N,), Device(0)), TensorType(DType.f32, (), Device(0))
+    clip, norm = REGISTRY["ClipByNorm"], REGISTRY["GradNormSq"]
+    always, if_over = Attrs({"scale": "always"}), Attrs({"scale": "if_over"})
+    assert clip.bytes_read([t, s], [t], always) == t.nbytes + s.nbytes
+    assert clip.bytes_written([t, s], [t], always) == t.nbytes
+    assert clip.bytes_read([t, s], [t], if_over) == clip.bytes_written([t, s], [t], if_over) == 0
+    assert norm.bytes_read([t], [s], Attrs()) == t.nbytes
+    cost = RooflineCostModel(parse_cluster("dgx-a100"))
+    assert cost.compute_time(clip, [t, s], [t], if_over, 0) == 0.0
+    assert cost.compute_time(clip, [t, s], [t], always, 0) > cost.compute_time(norm, [t], [s], Attrs(), 0) > 0
+
+
+def test_update_traffic_counts_the_clip() -> None:
+    """Per parameter, fp32 master: the norm reads the gradient (4 bytes), the scaling reads and
+    writes it (8) — or nothing under ``if_over``."""
+    base = update_traffic(Optimizer("adam"), DType.bf16, True)
+    always = update_traffic(Optimizer("adam", max_norm=1.0), DType.bf16, True)
+    if_over = update_traffic(Optimizer("adam", max_norm=1.0, clip_scale="if_over"), DType.bf16, True)
+    assert always.bytes_per_param == pytest.approx(base.bytes_per_param + 12)
+    assert if_over.bytes_per_param == pytest.approx(base.bytes_per_param + 4)
+    assert (always.kernels, if_over.kernels) == (base.kernels + 2, base.kernels + 1)

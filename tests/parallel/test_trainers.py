@@ -217,16 +217,17 @@ FSDP2 = (
     "ring_form",
 )
 KERNELS = ("kernels", "optimizer_kernels")
+CLIP = ("max_norm", "clip_scale")
 # the current trainers' records (the MT-NLG rows ran a DeepSpeed before its BF16_Optimizer);
 # torchtitan's semantics are 820504e's (the June 2025 page: the fused AdamW), where the December
 # 2024 page's torchtitan ran the foreach one, and its rows ran torch.compile or not as each says
 CHECKED = {
     "megatron": (
         "megatron-",
-        ("megatron_ddp", "grad_accum_fusion", "reduce_fp32", "attention_kernel", *KERNELS),
+        ("megatron_ddp", "grad_accum_fusion", "reduce_fp32", "attention_kernel", *KERNELS, *CLIP),
     ),
-    "deepspeed": ("bloom-", ("deepspeed_pipe", "fp32_grad_accum", "attention_kernel", *KERNELS)),
-    "torchtitan": ("titan-", FSDP2),
+    "deepspeed": ("bloom-", ("deepspeed_pipe", "fp32_grad_accum", "attention_kernel", *KERNELS, *CLIP)),
+    "torchtitan": ("titan-", (*FSDP2, *CLIP)),
 }
 
 

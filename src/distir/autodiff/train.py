@@ -31,6 +31,7 @@ recomputed before its gradient.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -43,6 +44,7 @@ from distir.ir.builder import FunctionBuilder
 from distir.ir.function import Function, Module
 from distir.ir.types import Device, DType, TensorType, Type
 from distir.ir.values import Attrs, AttrValue, Value
+from distir.ops.optim import CLIP_BY_NORM, CLIP_SCALES, GRAD_NORM_SQ
 from distir.ops.registry import REGISTRY
 
 
@@ -60,12 +62,23 @@ class Optimizer:
     # torch.optim.AdamW(foreach=True) (foreach) or Composer's DecoupledAdamW (loop)
     # (``distir.ops.optim.ADAM_PASSES``)
     kernels: str = "fused"
+    # gradient-norm clipping before the update: the global L2 norm's bound (0: none), and when
+    # the scaling runs, for its cost (``distir.ops.optim.CLIP_SCALES``: always, as torch's
+    # clip_grad_norm_; if_over, as Megatron-LM's and DeepSpeed's host-side test)
+    max_norm: float = 0.0
+    clip_scale: str = "always"
 
     def __post_init__(self) -> None:
         if self.kind not in ("sgd", "adam"):
             raise AutodiffError(f"optimizer must be sgd or adam, got {self.kind!r}")
         if self.kernels not in ("fused", "foreach", "loop"):
             raise AutodiffError(f"optimizer kernels must be fused, foreach or loop, got {self.kernels!r}")
+        if not (isinstance(self.max_norm, int | float) and 0.0 <= self.max_norm < math.inf):
+            raise AutodiffError(f"the clipping norm must be 0 (none) or positive, got {self.max_norm!r}")
+        if self.clip_scale not in CLIP_SCALES:
+            raise AutodiffError(
+                f"clip_scale must be one of {', '.join(CLIP_SCALES)}, got {self.clip_scale!r}"
+            )
 
     @property
     def state(self) -> tuple[str, ...]:
@@ -85,6 +98,24 @@ class Optimizer:
             attrs["kernels"] = self.kernels
         names = [f"{w.name}_new", f"{m.name}_new", f"{v.name}_new"]
         return fb.emit("Adam", (w, g, m, v, step), Attrs(attrs), names)
+
+    def norm_terms(self, fb: FunctionBuilder, grads: Sequence[Value]) -> list[Value]:
+        """Each gradient's sum of squares (``GradNormSq``): the terms of the global norm."""
+        return [fb.op("GradNormSq", g, names=[f"{g.name}_sumsq"])[0] for g in grads]
+
+    def clipped(self, fb: FunctionBuilder, g: Value, sumsq: Value) -> Value:
+        """``g`` scaled by the clip coefficient of the global sum of squares ``sumsq``."""
+        attrs = Attrs({"max_norm": float(self.max_norm), "scale": self.clip_scale})
+        return fb.emit("ClipByNorm", (g, sumsq), attrs, (f"{g.name}_clipped",))[0]
+
+    def clip(self, fb: FunctionBuilder, grads: Sequence[Value]) -> list[Value]:
+        """The step's gradients, all on one device, clipped by their global norm (as given
+        without ``max_norm``)."""
+        if not self.max_norm:
+            return list(grads)
+        terms = self.norm_terms(fb, grads)
+        total = terms[0] if len(terms) == 1 else fb.op("Sum", *terms, names=["grad_sumsq"])[0]
+        return [self.clipped(fb, g, total) for g in grads]
 
 
 class UpdateTraffic(NamedTuple):
@@ -117,6 +148,13 @@ def update_traffic(opt: Optimizer, dtype: DType, mixed: bool) -> UpdateTraffic:
         for a, b in ((low, w), (w, low)):  # the gradient up, the master down
             total += cast.bytes_read([a], [b], Attrs({})) + cast.bytes_written([a], [b], Attrs({}))
         kernels += 2
+    if opt.max_norm:  # the norm's read of the gradient, then its scaling (``Optimizer.clip``)
+        sumsq = TensorType(DType.f32, (), Device(0))
+        attrs = Attrs({"scale": opt.clip_scale})
+        for op, ins, outs in ((GRAD_NORM_SQ, [w], [sumsq]), (CLIP_BY_NORM, [w, sumsq], [w])):
+            moved = op.bytes_read(ins, outs, attrs) + op.bytes_written(ins, outs, attrs)
+            total += moved - (sumsq.nbytes if moved else 0.0)
+            kernels += 1 if moved else 0
     return UpdateTraffic(total / n, kernels)
 
 
@@ -226,10 +264,19 @@ def training_step(
                 dweight[w] = g if prev is None else fb.op("Add", prev, g, names=[f"d{w.name}"])[0]
     new_w: list[Value] = []
     new_state: list[list[Value]] = [[] for _ in opt.state]
-    for w in weights:
+
+    def master_grad(w: Value) -> Value:
         g = dweight[w]
-        if prec.mixed:
-            g = cast(fb, g, prec.master, f"d{w.name}_{prec.master}")
+        return cast(fb, g, prec.master, f"d{w.name}_{prec.master}") if prec.mixed else g
+
+    # with clipping every gradient first, then the updates; else weight by weight
+    clipped = (
+        dict(zip(weights, opt.clip(fb, [master_grad(w) for w in weights]), strict=True))
+        if opt.max_norm
+        else {}
+    )
+    for w in weights:
+        g = clipped[w] if opt.max_norm else master_grad(w)
         upd = opt.emit(fb, master[w], g, state[w], step)
         new_w.append(upd[0])
         for k, sv in enumerate(upd[1:]):

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from distir.ir.types import Type
+from distir.ir.dtensor import Shard
+from distir.ir.types import DType, TensorType, Type
 from distir.ir.values import Attrs
 from distir.ops import sharding as sh
 from distir.ops._rules import float_attr, float_input, numel, same_dtype, same_shape
@@ -188,6 +189,117 @@ ADAM = register(
 )
 
 
+# -- gradient-norm clipping ---------------------------------------------------------------------
+# Every trainer clips the step's gradients by their global L2 norm before the update (max norm
+# 1.0 by default: Megatron-LM's ``--clip-grad``, torchtitan's ``training.max_norm``, the
+# llm-foundry yamls' ``gradient_clipping``, DeepSpeed's ``gradient_clipping``): each gradient's
+# sum of squares (``GradNormSq``, one read of the gradient), their sum all-reduced over every
+# rank that holds a piece of the model, then each gradient scaled by min(1, max_norm / (norm +
+# 1e-6)) (``ClipByNorm``). ``scale`` says whether that scaling runs every step — torch's
+# ``clip_grads_with_norm_`` and FSDP's ``clip_grad_norm_`` multiply by the clamped coefficient
+# unconditionally, to avoid a host sync — or only when the norm exceeds max_norm
+# (``if_over``: Megatron-LM's ``clip_grad_by_total_norm_fp32`` and DeepSpeed's
+# ``clip_tensors_by_global_norm`` test ``clip_coeff < 1.0`` on the host), which the cost model
+# takes as not run: a step's norm under max_norm, the common case after warm-up.
+CLIP_EPS = 1e-6  # added to the norm by every trainer's clip coefficient
+CLIP_SCALES = ("always", "if_over")
+
+
+def _grad_norm_sq_rule(ctx: TypeCtx) -> Sequence[Type]:
+    float_input(ctx, 0, "gradient")
+    return (ctx.out(DType.f32, ()),)
+
+
+def _grad_norm_sq_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    g = np.asarray(args[0], dtype=np.float64)
+    return (np.asarray(np.sum(g * g), dtype=np.float32),)
+
+
+def _grad_norm_sq_sharding(
+    ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, n: int
+) -> list[sh.Strategy]:
+    """A sharded gradient's sum of squares is each rank's partial sum; a pending sum has none
+    (the square of a sum is not the sum of squares)."""
+    rank = ins[0].rank if isinstance(ins[0], TensorType) else 0
+    found = [sh.replicated(ins, outs)]
+    found += [sh.Strategy((Shard(d),), (sh.SUM,)) for d in range(rank)]
+    return found
+
+
+GRAD_NORM_SQ = register(
+    OpDef(
+        name="GradNormSq",
+        family=FAMILY,
+        cost_class=COST_CLASS,
+        inputs=("grad",),
+        outputs=("sumsq",),
+        infer=_grad_norm_sq_rule,
+        reference=_grad_norm_sq_ref,
+        flops=lambda ins, outs, attrs: 2.0 * numel(ins[0]),
+        doc="The sum of a gradient's squared elements, accumulated and returned in f32 (a 0-d "
+        "tensor): one term of the global norm that gradient clipping divides by.",
+        sharding=_grad_norm_sq_sharding,
+    )
+)
+
+
+def _clip_rule(ctx: TypeCtx) -> Sequence[Type]:
+    g = float_input(ctx, 0, "gradient")
+    s = ctx.tensor(1)
+    if s.dtype is not DType.f32 or s.rank != 0:
+        ctx.fail("ClipByNorm's sumsq is the f32 sum of squares (a 0-d tensor)", 1, "Tensor[f32, ()]", s)
+    if ctx.attr("max_norm") <= 0.0:
+        ctx.fail("ClipByNorm's max_norm must be positive", None, "> 0", ctx.attr("max_norm"))
+    return (ctx.out(g.dtype, g.shape),)
+
+
+def clip_coefficient(sumsq: float, max_norm: float) -> float:
+    """The factor a gradient is scaled by: min(1, max_norm / (norm + 1e-6)), norm = sqrt(sumsq)."""
+    return min(1.0, max_norm / (float(np.sqrt(sumsq)) + CLIP_EPS))
+
+
+def _clip_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    g = np.asarray(args[0])
+    c = clip_coefficient(float(np.asarray(args[1])), float_attr(attrs, "max_norm", 1.0))
+    return ((g.astype(np.float64) * c).astype(g.dtype, copy=False),)
+
+
+def _clip_cost(part: int) -> Any:
+    """Bytes read (``part`` 1) or written (2), or FLOPs (0) of a ClipByNorm: the in-place
+    multiplication of the gradient, or nothing when it runs only over the norm (``if_over``)."""
+    fused = default_bytes_read if part == 1 else default_bytes_written
+
+    def count(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
+        if str(attrs.get("scale", "always")) == "if_over":
+            return 0.0
+        return float(numel(ins[0])) if part == 0 else fused(ins, outs, attrs)
+
+    return count
+
+
+CLIP_BY_NORM = register(
+    OpDef(
+        name="ClipByNorm",
+        family=FAMILY,
+        cost_class=COST_CLASS,
+        inputs=("grad", "sumsq"),
+        outputs=("clipped",),
+        infer=_clip_rule,
+        attrs={"max_norm": AttrSpec("float", 1.0), "scale": AttrSpec("str", "always", CLIP_SCALES)},
+        reference=_clip_ref,
+        flops=_clip_cost(0),
+        bytes_read=_clip_cost(1),
+        bytes_written=_clip_cost(2),
+        doc="A gradient scaled by min(1, max_norm / (sqrt(sumsq) + 1e-6)), sumsq the global sum "
+        "of squares of the step's gradients. ``scale``: when the multiplication runs, for its cost "
+        "only (always: torch's clip_grads_with_norm_, FSDP's clip_grad_norm_; if_over: only when "
+        "the norm exceeds max_norm, Megatron-LM's and DeepSpeed's host-side test, costed as not "
+        "run).",
+        sharding=sh.pointwise(),
+    )
+)
+
+
 # -- torch implementations (contract: distir.ops._torch) ----------------------------------------
 def _adam_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
     """Adam in the weight's dtype (a 16-bit one in f32), as torch.optim.Adam's update."""
@@ -205,3 +317,13 @@ def _adam_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any
 
 SGD.fill("torch", lambda ctx, xs, attrs: (ctx.torch.add(xs[0], xs[1], alpha=-float_attr(attrs, "lr", 0.01)),))
 ADAM.fill("torch", _adam_torch)
+GRAD_NORM_SQ.fill("torch", lambda ctx, xs, attrs: (xs[0].double().square().sum().float(),))
+CLIP_BY_NORM.fill(
+    "torch",
+    lambda ctx, xs, attrs: (
+        like(
+            xs[0].double() * clip_coefficient(float(xs[1].item()), float_attr(attrs, "max_norm", 1.0)),
+            xs[0],
+        ),
+    ),
+)

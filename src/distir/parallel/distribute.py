@@ -23,8 +23,10 @@ programs. Its shape:
   ZeRO-2 under a pipeline accumulates whole gradients and reduce-scatters them in the last
   backward, as the trainers do (``distir.parallel.grad_reduction``). Then the
   optimizer updates the weight (ZeRO-1+: only this rank's shard of weight and state, then an
-  AllGather for ZeRO-1/2). Results: the loss (summed over microbatches, replicated), the new
-  weights, the new optimizer state (and, under mixed precision, the new compute copies).
+  AllGather for ZeRO-1/2); with the optimizer's ``max_norm`` every gradient is reduced first and
+  all are clipped by their global norm before the updates (``_Builder._norm_totals``).
+  Results: the loss (summed over microbatches, replicated), the new weights, the new optimizer
+  state (and, under mixed precision, the new compute copies).
 - **HSDP** (``z3h<n>``, ``Strategy.shard_group``): weights, optimizer state and the reduced
   gradients live on each stage's mesh seen as ``(dpr=d/n, dp=n, tp=t)`` (the same devices), ZeRO-3
   sharded over ``dp`` (a group of n consecutive replicas) and replicated over ``dpr``; a chunk
@@ -538,6 +540,16 @@ class _Params(NamedTuple):
     half: dict[Value, Value]  # mixed precision: the persistent compute copies
     wuse: dict[Value, Value]  # what the chunks read for each weight
     sent: frozenset[Value]  # tied copies of transmitted weights: received from their owner
+
+
+class _StepGrad(NamedTuple):
+    """A weight's reduced gradient (``_Builder._step_grads``): on the mesh of ``stage``;
+    ``counted`` in the gradient norm (a tied copy's, equal to its weight's, is not)."""
+
+    w: Value
+    g: Value
+    stage: int
+    counted: bool
 
 
 def _check_chunk_times(
@@ -1269,12 +1281,45 @@ class _Builder:
         stage_of: list[int],
         to_mesh: Callable[[Value, Mesh, str], Value],
     ) -> dict[Value, tuple[Value, ...]]:
-        """Reduce each weight's gradient and update it (and its state); a tied weight and its
-        copy on another stage exchange their gradients first so both take the same step (a
-        transmitted copy's gradient goes back to its owner, added there)."""
-        wparam, wchunk, partner, state, step_of = wp.wparam, wp.wchunk, wp.partner, wp.state, wp.step_of
+        """Reduce each weight's gradient and update it (and its state), weight by weight; with the
+        optimizer's ``max_norm``, every gradient is reduced first and the step's gradients are
+        clipped by their global norm (``_norm_totals``) before the updates."""
         updates: dict[Value, tuple[Value, ...]] = {}
+        held: list[_StepGrad] = []
+
+        def take(sg: _StepGrad) -> None:
+            if self.opt.max_norm:
+                held.append(sg._replace(g=self._to_master(fb, sg.w, sg.g)))
+                return
+            g = self._to_master(fb, sg.w, sg.g)
+            updates[sg.w] = self._update(fb, sg.w, wp.wparam[sg.w], g, wp.state[sg.w], wp.step_of)
+
+        self._step_grads(fb, grads, wp, stage_of, to_mesh, take)
+        totals = self._norm_totals(fb, held, to_mesh) if held else {}
+        for sg in held:
+            g = self.opt.clipped(fb, sg.g, totals[sg.stage])
+            updates[sg.w] = self._update(fb, sg.w, wp.wparam[sg.w], g, wp.state[sg.w], wp.step_of)
+        return updates
+
+    def _step_grads(
+        self,
+        fb: FunctionBuilder,
+        grads: dict[Value, Value],
+        wp: _Params,
+        stage_of: list[int],
+        to_mesh: Callable[[Value, Mesh, str], Value],
+        take: Callable[[_StepGrad], None],
+    ) -> None:
+        """Each updated weight's reduced gradient, passed to ``take`` in update order; a tied
+        weight and its copy on another stage exchange their gradients first so both take the same
+        step (a transmitted copy's gradient goes back to its owner, added there), and the norm
+        counts the pair once."""
+        wchunk, partner = wp.wchunk, wp.partner
         reduced: dict[Value, Value] = {}  # a tied copy's reduced gradient, until its partner's is
+
+        def step(w: Value, g: Value, counted: bool = True) -> None:
+            take(_StepGrad(w, g, stage_of[wchunk[w]], counted))
+
         for w in wp.used:
             g = self._reduce_grad(fb, w, grads[w], to_mesh, stage_of[wchunk[w]])
             other = partner.get(w)
@@ -1284,7 +1329,7 @@ class _Builder:
                 (g_sum,) = fb.op(
                     "Add", reduced.pop(other), to_mesh(g, here, f"g_{w.name}_sent"), names=[f"g_{w.name}"]
                 )
-                updates[other] = self._update(fb, other, wparam[other], g_sum, state[other], step_of)
+                step(other, g_sum)
                 continue
             if other is not None:
                 if other not in reduced:
@@ -1301,9 +1346,56 @@ class _Builder:
                     "Add", g_other, to_mesh(g, there, f"g_{w.name}_tied"), names=[f"g_{w.name}"]
                 )
                 (g,) = fb.op("Add", g, to_mesh(g_other, here, f"g_{w.name}_tied"), names=[f"g_{w.name}"])
-                updates[other] = self._update(fb, other, wparam[other], g_other_sum, state[other], step_of)
-            updates[w] = self._update(fb, w, wparam[w], g, state[w], step_of)
-        return updates
+                step(other, g_other_sum)
+                step(w, g, counted=False)  # the same gradient as its weight's: counted once
+                continue
+            step(w, g)
+
+    def _norm_totals(
+        self, fb: FunctionBuilder, steps: list[_StepGrad], to_mesh: Callable[[Value, Mesh, str], Value]
+    ) -> dict[int, Value]:
+        """Gradient-norm clipping (``Optimizer.max_norm``; none: {}), as the trainers run it after
+        the gradients' reduction, before the update, on the compute stream: each counted
+        gradient's sum of squares (a ZeRO or tensor-parallel shard's: this rank's part), summed
+        per stage and placement and all-reduced over the stage's mesh (one call per placement:
+        Megatron-LM all-reduces once over the model-parallel group, or the world with its
+        distributed optimizer; torchtitan's ``full_tensor`` over the DTensor mesh), then the
+        stages' sums added on the first stage and the total passed back (Megatron's one
+        all-reduce spans the stages; torchtitan all-reduces over the pipeline mesh after).
+        Returns each stage's total."""
+        if not self.opt.max_norm:
+            return {}
+        groups: dict[tuple[int, bool, bool], list[Value]] = {}
+        for sg in steps:
+            if sg.counted:
+                key = (
+                    sg.stage,
+                    self._zdim(sg.w) is not None,
+                    isinstance(self.model.weight(sg.w.name).tp, Shard),
+                )
+                groups.setdefault(key, []).extend(self.opt.norm_terms(fb, [sg.g]))
+        sums: dict[int, list[Value]] = {}
+        for (stage, dp_part, tp_part), terms in groups.items():
+            v = terms[0] if len(terms) == 1 else fb.op("Sum", *terms, names=[f"grad_sumsq_s{stage}"])[0]
+            if dp_part or tp_part:  # pending over the axes the gradients are sharded along
+                rep = ", ".join("R" for _ in self._mesh_for(stage).axes)
+                v = self._redistribute(fb, v, f"grad_sumsq_s{stage}", rep)
+            sums.setdefault(stage, []).append(v)
+        local = {
+            st: vs[0] if len(vs) == 1 else fb.op("Sum", *vs, names=[f"grad_sumsq_s{st}"])[0]
+            for st, vs in sums.items()
+        }
+        # the stages' sums gathered on the first stage, added, and the total sent back to each:
+        # 2(p - 1) transfers, as a ring all-reduce over the stages takes 2(p - 1) steps
+        stages = list(dict.fromkeys(sg.stage for sg in steps))
+        first = stages[0]
+        here = self._mesh_for(first)
+        parts = [v if st == first else to_mesh(v, here, f"grad_sumsq_s{st}") for st, v in local.items()]
+        total = parts[0] if len(parts) == 1 else fb.op("Sum", *parts, names=["grad_sumsq"])[0]
+        totals = {
+            st: total if st == first else to_mesh(total, self._mesh_for(st), "grad_sumsq") for st in stages
+        }
+        return totals
 
     def _results(
         self, fb: FunctionBuilder, losses: list[Value], updates: dict[Value, tuple[Value, ...]], wp: _Params
@@ -1367,16 +1459,17 @@ class _Builder:
         wstate: list[Value],
         step_of: dict[int, Value],
     ) -> tuple[Value, ...]:
-        """The optimizer step of weight ``w`` (value ``wv``) with its reduced gradient ``g``: a
-        ZeRO-1/2 replicated weight is updated by shards and all-gathered after."""
+        """The optimizer step of weight ``w`` (value ``wv``) with its gradient ``g`` as the
+        optimizer takes it (``_step_grads``): a ZeRO-1/2 replicated weight is updated by shards and
+        all-gathered after."""
         tp = self.model.weight(w.name).tp
         z = self._zdim(w)
         step = step_of.get(self._stage_of_value(wv))
         sliced = self.s.zero < 3 and not self.prec.mixed  # a replicated weight, updated by shards
         if z is None or not sliced:
-            return self.opt.emit(fb, wv, self._to_master(fb, w, g), wstate, step)
+            return self.opt.emit(fb, wv, g, wstate, step)
         wv = self._redistribute(fb, wv, f"{w.name}_shard", placement_text(Shard(z), tp))
-        upd = self.opt.emit(fb, wv, self._to_master(fb, w, g), wstate, step)
+        upd = self.opt.emit(fb, wv, g, wstate, step)
         full = self._redistribute(fb, upd[0], f"{w.name}_new", placement_text(Replicate(), tp))
         return (full, *upd[1:])
 

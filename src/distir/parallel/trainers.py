@@ -41,6 +41,22 @@ the compute dtype, keeps a low-precision copy of every weight, and runs every ke
   tensor parallelism without sequence parallelism (its plan always shards the norms along the
   sequence), and fp16 mixed precision (its ``mixed_precision_param`` is bf16 or fp32).
 
+All three clip the step's gradients by their global norm before the update, max norm 1.0
+(``Optimizer.max_norm``, ``distir.ops.optim``'s ``GradNormSq`` and ``ClipByNorm``): Megatron-LM's
+``--clip-grad`` (``clip_grad_norm`` in megatron/core/optimizer/optimizer.py, clip_grads.py at
+f2e5db4: ``multi_tensor_l2norm`` over the fp32 main gradients, this rank's shard with the
+distributed optimizer, an all-reduce over the model-parallel group or the world, ``.item()``, and
+``multi_tensor_scale`` only if the coefficient is under 1: ``clip_scale = "if_over"``); DeepSpeed's
+``gradient_clipping`` (``BF16_Optimizer.step``: ``get_global_norm_of_tensors`` and
+``clip_tensors_by_global_norm``, which scales only if the coefficient is under 1; its ZeRO and
+FP16 optimizers' ``unscale_and_clip_grads`` multiply by 1 / (loss scale · clip) every step,
+deepspeed/runtime/zero/stage_1_and_2.py, fp16/fused_optimizer.py; the BigScience configs and the
+MT-NLG paper clip at 1.0); torchtitan's ``training.max_norm``
+(``clip_grad_norm_`` in torchtitan/distributed/utils.py at 820504e: torch's foreach norms of the
+local shards, ``full_tensor`` over the mesh, an all-reduce over the pipeline stages, then
+``clip_grads_with_norm_``'s ``_foreach_mul_`` by the clamped coefficient, every step:
+``clip_scale = "always"``). The ``distir`` trainer clips nothing.
+
 None of the three splits a microbatch unevenly over its data-parallel replicas: AMP's batch
 shares are refused under each.
 
@@ -58,6 +74,7 @@ from dataclasses import dataclass
 from typing import TypedDict, cast
 
 from distir.autodiff.precision import Precision
+from distir.autodiff.train import Optimizer
 from distir.hardware.specs import DeviceSpec
 from distir.ir.types import DType
 from distir.parallel.distribute import check_switches
@@ -65,6 +82,11 @@ from distir.parallel.grad_reduction import reduce_scatter_every_backward
 from distir.parallel.strategy import Strategy, StrategyError
 
 TRAINERS = ("distir", "megatron", "deepspeed", "torchtitan")
+# the gradient-norm bound every trainer clips by unless told otherwise: Megatron-LM's
+# ``--clip-grad`` default (megatron/training/arguments.py at f2e5db4), torchtitan's
+# ``training.max_norm`` (torchtitan/config_manager.py at 820504e), DeepSpeed's
+# ``gradient_clipping`` in the Megatron-DeepSpeed and BigScience configs
+DEFAULT_MAX_NORM = 1.0
 
 
 class TrainerError(StrategyError):
@@ -73,10 +95,11 @@ class TrainerError(StrategyError):
 
 @dataclass(frozen=True, slots=True)
 class TrainerSemantics:
-    """A trainer's choices for one strategy: ``distribute``'s switches (``switches``) and the
+    """A trainer's choices for one strategy: ``distribute``'s switches (``switches``), the
     cost model's kernels (``kernels``: fused, inductor or eager; ``attention_kernel``; Adam's
     ``optimizer_kernels``; ``ring_form``, the ring attention it runs under context parallelism,
-    ``RooflineCostModel.ring_form``)."""
+    ``RooflineCostModel.ring_form``) and its optimizer's gradient clipping (``max_norm``,
+    ``clip_scale``: ``optimizer``)."""
 
     trainer: str = "distir"
     kernels: str = "fused"
@@ -96,6 +119,14 @@ class TrainerSemantics:
     overlap_param_gather: bool = False
     pipelining_kept: str = ""
     ring_form: str = "p2p"
+    # gradient-norm clipping (``Optimizer.max_norm``, ``clip_scale``; 0: none)
+    max_norm: float = 0.0
+    clip_scale: str = "always"
+
+    def optimizer(self, kind: str) -> Optimizer:
+        """The trainer's ``kind`` optimizer (sgd or adam): its Adam kernels, its clipping."""
+        kernels = self.optimizer_kernels if kind == "adam" else "fused"
+        return Optimizer(kind, kernels=kernels, max_norm=self.max_norm, clip_scale=self.clip_scale)
 
     def switches(self) -> Switches:
         """``distribute``'s keyword arguments this trainer sets (``Switches``' keys)."""
@@ -178,6 +209,7 @@ def _megatron(s: Strategy, precision: Precision, device: DeviceSpec | None) -> T
         megatron_ddp=True,
         grad_accum_fusion=precision.mixed and whole,
         reduce_fp32=True,
+        **trainer_clip("megatron"),
     )
 
 
@@ -198,6 +230,9 @@ def _deepspeed(s: Strategy, precision: Precision, dtype: DType) -> TrainerSemant
         deepspeed_pipe=s.p > 1,  # the pipeline engine runs pipelines only
         # BF16_Optimizer's fp32 gradient sums; with ZeRO-2/3 DeepSpeed accumulates bf16 gradients
         fp32_grad_accum=bf16 and s.zero <= 1,
+        # BF16_Optimizer scales only over the bound; the ZeRO and FP16 optimizers unscale every step
+        max_norm=DEFAULT_MAX_NORM,
+        clip_scale="if_over" if bf16 and s.zero <= 1 else "always",
     )
 
 
@@ -245,7 +280,27 @@ def _torchtitan(s: Strategy, precision: Precision, dtype: DType) -> TrainerSeman
         pipelining_kept="last" if s.p > 1 else "",
         # torchtitan's context parallelism is torch's context_parallel (create_context_parallel_ctx)
         ring_form="torch" if s.c > 1 else "p2p",
+        **trainer_clip("torchtitan"),
     )
+
+
+class Clip(TypedDict):
+    """A trainer's gradient clipping, as ``TrainerSemantics`` and ``Optimizer`` take it."""
+
+    max_norm: float
+    clip_scale: str
+
+
+def trainer_clip(trainer: str) -> Clip:
+    """How ``trainer`` clips the gradients' global norm by default (module docstring): at
+    ``DEFAULT_MAX_NORM``, scaling every step (torchtitan: torch's ``clip_grads_with_norm_``) or
+    only over the bound (Megatron-LM; DeepSpeed's BF16_Optimizer, which its semantics refine by
+    strategy); the ``distir`` trainer does not clip."""
+    if trainer not in TRAINERS:
+        raise TrainerError(f"trainer must be one of {', '.join(TRAINERS)}, got {trainer!r}")
+    if trainer == "distir":
+        return Clip(max_norm=0.0, clip_scale="always")
+    return Clip(max_norm=DEFAULT_MAX_NORM, clip_scale="always" if trainer == "torchtitan" else "if_over")
 
 
 def model_options(trainer: str, s: Strategy, kernels: str) -> dict[str, str]:

@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from distir.autodiff.precision import Precision
-from distir.autodiff.train import Optimizer
 from distir.frontends.zoo.model import Model
 from distir.frontends.zoo.registry import ModelSpec, build_from
 from distir.hardware.cluster import Cluster, parse_cluster
@@ -196,7 +195,7 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
     prog = distribute(
         model,
         s,
-        Optimizer(job.optimizer, kernels=sem.optimizer_kernels if job.optimizer == "adam" else "fused"),
+        sem.optimizer(job.optimizer),
         train=job.train,
         comm_streams=True,
         precision=prec,

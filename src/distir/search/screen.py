@@ -54,8 +54,9 @@ AMP's formulas, generalized (heterogeneous devices, uneven layers, memory, sched
   of the trainer's kernels and model (``distir.search.profile.TrainerForm``), the model state
   is held as the trainer holds it (``StateForm``: fp32 gradient sums, FSDP's shards and kept
   root, early gathers, what ``torch.distributed.pipelining`` keeps per microbatch), its ZeRO-3
-  collectives run as its FSDP runs them (``GatherForm``) and its reductions move fp32 where
-  its reductions do (Megatron-LM's ZeRO-1 by reduce-scatters).
+  collectives run as its FSDP runs them (``GatherForm``), its reductions move fp32 where
+  its reductions do (Megatron-LM's ZeRO-1 by reduce-scatters) and its update reads (and, as
+  torchtitan's, scales) the gradients for their norm (``trainer_clip``).
 
 The screen ranks; the exact simulation (``distir.search.rerank``) decides.
 """
@@ -82,7 +83,7 @@ from distir.parallel.distribute import (
 from distir.parallel.grad_reduction import reduce_scatter_every_backward
 from distir.parallel.pipeline.partition import Ends, block_counts
 from distir.parallel.strategy import Strategy
-from distir.parallel.trainers import TrainerSemantics, trainer_semantics
+from distir.parallel.trainers import TrainerSemantics, trainer_clip, trainer_semantics
 from distir.search.context_cost import AttentionShape, Ring, attention_shapes, context_layer
 from distir.search.layer_assignment import Assignment, assign_layers_unchecked
 from distir.search.profile import LayerProfile, Profiler, model_ends
@@ -200,7 +201,9 @@ class Screen:
         self._node_parts: dict[tuple[int, ...], tuple[object, ...]] = {}  # ``_sync_group``
         # the update after the sync, per weight, as the program writes it (``_sync_time``)
         self._update = update_traffic(
-            Optimizer(problem.optimizer), profiler.dtype, problem.train and problem.mixed
+            Optimizer(problem.optimizer, **trainer_clip(problem.trainer)),  # with the trainer's clipping
+            profiler.dtype,
+            problem.train and problem.mixed,
         )
         self._attn: dict[int, list[tuple[AttentionShape, ...]]] = {}  # ``_attention``
         self._group_keys: dict[tuple[int, ...], tuple[object, ...]] = {}
