@@ -193,7 +193,7 @@ def test_gpt3_175b_on_128_dgx_a100_as_megatron_runs_it_finds_t8_with_pipelining_
     collectives pipelined with their GEMMs (``--tp-comm-overlap``, which requires sequence
     parallelism), the winner is t = 8 with pipelining and sequence parallelism, and the best
     t = 4 plan is slower (``bench/bench_trends.py 7``: ``d32.t8.sp.p4.k16.interleaved.v2.z2``
-    15.51 s against ``d256.t4.sp.p1.k2.1f1b.z3`` 16.10 s). It prints the other three searches
+    15.51 s against ``d256.t4.sp.p1.k2.1f1b.z3`` 16.11 s). It prints the other three searches
     too: without the overlap t = 4 wins (a t = 8 layer waits for collectives 7/3 as long per
     FLOP), and trainer-neutral, with ZB-H1 in the space, the two degrees tie within 1%
     (``docs/search.md``)."""
