@@ -21,10 +21,11 @@ AMP's formulas, generalized (heterogeneous devices, uneven layers, memory, sched
 - **Sequence parallelism**: the layers leave the norms' and biases' gradients pending over tp
   (``LayerProfile.tp_pending_bytes``); each stage all-reduces them over a TP group once per
   step, with its gradient sync (``distribute``: Megatron-LM's ``_allreduce_layernorm_grads``).
-- **Data-parallel sync.** After its last backward, each stage all-reduces its gradients over
-  its replicas (the collective model of ``distir.sim.collectives``, so the slowest link of the
-  group governs), one collective per weight; ZeRO-1 adds an all-gather of the updated shards,
-  ZeRO-3 gathers every weight in each forward and backward; HSDP (``z3h<n>``) gathers within
+- **Data-parallel sync.** Each stage all-reduces its gradients over its replicas (ZeRO-2/3
+  and Megatron-LM's ZeRO-1: reduce-scatters; the collective model of
+  ``distir.sim.collectives``, so the slowest link of the group governs) in buckets during its
+  last backwards (``_reduced_by``); ZeRO-1/2 add an all-gather of the updated shards after the
+  update, ZeRO-3 gathers every weight in each forward and backward; HSDP (``z3h<n>``) gathers within
   its shard group and reduce-scatters there, then all-reduces the accumulated shard across the
   groups once per step, after the last microbatch (as ``distribute`` and FSDP2 do); then the
   optimizer.
@@ -672,13 +673,14 @@ class Screen:
                 self.cluster, wr / h, across
             )
             after += (calls - 1) * lat
-        elif s.d * s.c > 1 and n_w and (s.zero == 3 or tb.reduction.scatter):
-            # ZeRO-3 reduce-scatters the gradients (its gathers are the layers': ``_time_row``;
-            # on the gathers' stream its reduce-scatters are there too: ``_fsdp_terms``)
+        elif s.d * s.c > 1 and n_w and (s.zero >= 2 or tb.reduction.scatter):
+            # ZeRO-2/3 reduce-scatter the gradients (ZeRO-3's gathers are the layers':
+            # ``_time_row``; on the gathers' stream its reduce-scatters are there too:
+            # ``_fsdp_terms``), as Megatron-LM's ZeRO-1 does
             if not tb.gathers.one_stream:
                 lat = self._latency(coll.reducescatter_time, group)
                 red += coll.reducescatter_time(self.cluster, wr, group) + (calls - 1) * lat
-            if s.zero == 1:  # the updated shards gathered
+            if s.zero in (1, 2):  # the updated shards gathered after the update
                 after += coll.allgather_time(self.cluster, w, group)
         elif s.d * s.c > 1 and n_w:
             lat = self._latency(coll.allreduce_time, group)
