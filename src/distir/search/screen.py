@@ -433,17 +433,23 @@ class Screen:
                 ends=self.ends,
             )
         # the gradient sync and optimizer, per stage: the reductions beside its last backwards
+        # (``before_send``: each delaying the drain, the stages' in turn)
         pipe = fig.pipe_s
         step = pipe
         if pr.train:
             pending = self._tp_pending(s, stages, fig.counts) if s.sp else [0.0] * s.p
+            chained = 0.0
             for j in range(s.p):
                 sync = self._sync_of(s, tb, stages[j], fig.stage_w[j], fig.stage_nw[j])
                 after = sync.after
                 if pending[j]:  # the step's sum over tp of what the layers left pending
                     after += self._tp_sum(stages[j].gpus[: s.t], pending[j])
-                done = self._reduced_by(s, tb, fig, j, sync.reduce, self._stalls[stages[j].kind])
-                step = max(step, done + after)
+                if tb.reduction.before_send:
+                    chained += sync.reduce
+                    step = max(step, pipe + chained + after)
+                else:
+                    done = self._reduced_by(s, tb, fig, j, sync.reduce, self._stalls[stages[j].kind])
+                    step = max(step, done + after)
         sync_s = step - pipe
         busy = fig.compute_s
         return Estimate(
@@ -526,7 +532,8 @@ class Screen:
             2.0 if mixed and (sem.reduce_fp32 or fp32_sums) else 1.0,
             s.zero == 1 and sem.megatron_ddp,
             delayed=megatron and s.schedule != "zb1",
-            after_stage=sem.deepspeed_pipe or late,
+            after_stage=sem.deepspeed_pipe,
+            before_send=late and s.p > 1,
             bucket_bytes=cap,
         )
         gathers = NEUTRAL_GATHERS

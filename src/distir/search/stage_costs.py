@@ -167,14 +167,17 @@ class Reduction(NamedTuple):
     to each rank's shard (``scatter``: Megatron-LM's DDP buckets) rather than an all-reduce;
     chunks after the first in one call after their last backward (``delayed``: Megatron-LM's
     ``delay_grad_reduce``, ``distribute``'s ``delayed_sync``), or the whole stage's after its
-    last pass (``after_stage``: DeepSpeed's pipeline engine, FSDP2's post-backward under
-    ``torch.distributed.pipelining``) rather than in buckets during the last backwards;
-    buckets of ``bucket_bytes``."""
+    last pass (``after_stage``: DeepSpeed's pipeline engine), or each chunk's after its last
+    backward and before that backward's input gradient is sent on, so the drain waits for
+    every chunk's reduction in turn (``before_send``: FSDP2's post-backward under
+    ``torch.distributed.pipelining``, ``distribute``'s ``late_post_backward``) rather than in
+    buckets during the last backwards; buckets of ``bucket_bytes``."""
 
     reduce_f: float = 1.0
     scatter: bool = False
     delayed: bool = False
     after_stage: bool = False
+    before_send: bool = False
     # a bucket's cap in the compute dtype's bytes: DDP's ``bucket_cap_mb``, or Megatron-LM's
     # max(40M, 1M·d) parameters (``distribute``'s ``_bucket_bytes``)
     bucket_bytes: float = DDP_BUCKET_MB * float(1 << 20)
