@@ -709,9 +709,9 @@ class Screen:
         (the simulator's interference, ``distir.sim.interference``), in every microbatch where
         the trainer reduces in every backward (ZeRO-3, ZeRO-2 without a pipeline:
         ``reduce_scatter_every_backward``). Megatron-LM's delayed chunks (``distribute``'s
-        ``delayed_sync``) reduce as one call after that pass; DeepSpeed's pipeline engine and
-        FSDP2 under ``torch.distributed.pipelining`` (``late_post_backward``) after the stage's
-        last pass."""
+        ``delayed_sync``) reduce as one call after that pass; DeepSpeed's pipeline engine after
+        the stage's last pass (FSDP2 under ``torch.distributed.pipelining``: ``estimate``
+        chains them through the drain)."""
         end = fig.stage_end_s[j]
         if red <= 0.0:
             return end
