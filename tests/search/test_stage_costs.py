@@ -15,14 +15,20 @@ import pytest
 from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import parse_cluster
 from distir.parallel.distribute import uniform_counts
-from distir.parallel.pipeline.analysis import dependencies, merge
+from distir.parallel.pipeline.analysis import (
+    compiled_schedule,
+    dependencies,
+    merge,
+    schedule_times,
+    time_order,
+)
 from distir.parallel.pipeline.partition import block_counts, call_counts
-from distir.parallel.pipeline.schedules import build_schedule
+from distir.parallel.pipeline.schedules import KINDS, build_schedule
 from distir.parallel.strategy import Strategy
 from distir.search.layer_assignment import assign_layers, objective
 from distir.search.profile import Profiler
 from distir.search.screen import Estimate, Problem, Screen
-from distir.search.stage_costs import StageRows
+from distir.search.stage_costs import StageRows, delayed_ready
 
 MODEL = "gpt:layers=16,hidden=64,heads=4,seq=16,vocab=128"
 CLUSTER = "p3.8xlarge:1+g4dn.12xlarge:1"
@@ -441,3 +447,22 @@ def test_estimates_equal_the_numpy_formulation_when_the_uniform_split_ties() -> 
     got = screen.estimate(s)
     assert got.strategy.partition == "uniform"
     _assert_equal(got, reference(screen, s, tuple(range(4)), True))
+
+
+@pytest.mark.parametrize("p, k, v", [(2, 4, 2), (4, 8, 2), (4, 8, 3)])
+def test_delayed_ready_is_the_ranks_backward_rank_steps_later(p: int, k: int, v: int) -> None:
+    """``delayed_ready``: per virtual stage, the end of its rank's backward ``rank`` backward
+    steps after the stage's last one (the rank's last if fewer), read off ``time_order``'s list
+    scheduling of the same durations (Megatron-LM's delayed interleaved reductions)."""
+    rng = random.Random(p * 100 + k * 10 + v)
+    durations = [[rng.uniform(0.5, 2.0) for _ in KINDS] for _ in range(p * v)]
+    order = compiled_schedule("interleaved", p, k, v)
+    got = delayed_ready(order, schedule_times(order, durations, [(0.0, 0.0)] * (p * v - 1)).action_end, p)
+    timed = time_order(
+        build_schedule("interleaved", p, k, v), p, v, lambda r, a: durations[a.stage][KINDS.index(a.kind)]
+    )
+    for vs in range(p * v):
+        r = vs % p
+        mine = sorted((t for t in timed if t.rank == r and t.action.kind == "B"), key=lambda t: t.start)
+        last = max(i for i, t in enumerate(mine) if t.action.stage == vs)
+        assert got[vs] == pytest.approx(mine[min(last + r, len(mine) - 1)].end, rel=1e-12)

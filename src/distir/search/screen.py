@@ -709,7 +709,8 @@ class Screen:
         (the simulator's interference, ``distir.sim.interference``), in every microbatch where
         the trainer reduces in every backward (ZeRO-3, ZeRO-2 without a pipeline:
         ``reduce_scatter_every_backward``). Megatron-LM's delayed chunks (``distribute``'s
-        ``delayed_sync``) reduce as one call after that pass; DeepSpeed's pipeline engine after
+        ``delayed_sync``) reduce as one call after that pass (interleaved: after the rank's
+        ``rank``-th backward after it, ``Figures.delayed_s``); DeepSpeed's pipeline engine after
         the stage's last pass (FSDP2 under ``torch.distributed.pipelining``: ``estimate``
         chains them through the drain)."""
         end = fig.stage_end_s[j]
@@ -725,8 +726,10 @@ class Screen:
         for c in chunks:
             r = red * fig.chunk_w[c] / total if total > 0 else red / len(chunks)
             start, ready = fig.grad_pass_s[c]
-            buckets = ONE_CALL if tb.reduction.delayed and c > 0 else fig.buckets[c]
-            free = buckets_end(free, r, start, ready, buckets)
+            if tb.reduction.delayed and c > 0:  # one call, after the rank's backward steps
+                free = buckets_end(free, r, fig.delayed_s[c], fig.delayed_s[c], ONE_CALL)
+            else:
+                free = buckets_end(free, r, start, ready, fig.buckets[c])
             beside += max(0.0, min(free, end) - (free - r))
         return max(free, end + stall * beside)
 

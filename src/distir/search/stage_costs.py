@@ -29,7 +29,7 @@ import numpy as np
 from distir.hardware.specs import DeviceSpec
 from distir.parallel.distribute import DDP_BUCKET_MB, uniform_counts
 from distir.parallel.grad_reduction import reduce_scatter_every_backward
-from distir.parallel.pipeline.analysis import compiled_schedule, schedule_times
+from distir.parallel.pipeline.analysis import CompiledSchedule, compiled_schedule, schedule_times
 from distir.parallel.pipeline.partition import Ends, call_counts
 from distir.parallel.pipeline.schedules import KINDS, SCHEDULE_NAMES, build_schedule, canonical_name
 from distir.parallel.strategy import Strategy
@@ -80,6 +80,7 @@ class Figures:
     pipe_s: float  # the pipeline's time (``pipeline_time``): the latest of ``stage_end_s``
     stage_end_s: tuple[float, ...]  # when each stage ends its last pass (``pipeline_time``)
     grad_pass_s: tuple[tuple[float, float], ...]  # per chunk, ``PipelineTimes.grad_pass``
+    delayed_s: tuple[float, ...]  # per chunk, ``PipelineTimes.delayed``
     chunk_w: tuple[float, ...]  # weight bytes per chunk
     chunk_nw: tuple[int, ...]  # weights per chunk
     # per chunk, its gradient buckets as its last weight-gradient pass fills them (``grad_buckets``)
@@ -433,7 +434,8 @@ def figures(
     counts = _layer_counts(s, time_c, comm, mem, caps - transient, balance, assign, ends)
     bounds = [0, *itertools.accumulate(counts)]
     t_stage, c_cut, t_chunk = _stage_times(s, tb, lt, comm_rows, bounds)
-    times = pipeline_time(s, t_stage, chunk_passes(s, stages, tb.stage_of, t_chunk, bounds), c_cut, train)
+    passes = chunk_passes(s, stages, tb.stage_of, t_chunk, bounds)
+    times = pipeline_time(s, t_stage, passes, c_cut, train, tb.reduction.delayed)
     peaks, stage_w, stage_nw = _stage_peaks(s, tb, stages, saved, lists, bounds)
     if tb.root_kept:  # one stage: the root's and the last block's weights, gathered whole
         w = lists[0]
@@ -449,6 +451,7 @@ def figures(
         pipe_s=max(times.stage_end),
         stage_end_s=tuple(times.stage_end),
         grad_pass_s=tuple(times.grad_pass),
+        delayed_s=tuple(times.delayed),
         chunk_w=tuple([float(first.rows.weight[a:b].sum()) for a, b in itertools.pairwise(bounds)]),
         chunk_nw=tuple([int(first.rows.n_w[a:b].sum()) for a, b in itertools.pairwise(bounds)]),
         buckets=_chunk_buckets(s, tb, stages, bounds, bucket_memo) if train else (),
@@ -1119,6 +1122,8 @@ class PipelineTimes(NamedTuple):
     # per chunk, (start, end) of its last pass computing weight gradients: the last backward, or
     # ZB-H1's last weight-gradient pass (inference: (0, 0))
     grad_pass: list[tuple[float, float]]
+    # per chunk, when a reduction delayed by its rank's backward steps starts (``delayed_ready``)
+    delayed: list[float]
 
 
 def pipeline_time(
@@ -1127,6 +1132,7 @@ def pipeline_time(
     passes: Sequence[Passes],
     c_cut: Sequence[float],
     train: bool = True,
+    delayed_sync: bool = False,
 ) -> PipelineTimes:
     """When each stage ends its last pass, from the stages' per-microbatch times ``t_stage``,
     their chunks' passes and the cuts' transfers (each cut's activation forward and, training,
@@ -1136,11 +1142,12 @@ def pipeline_time(
     them wait, and a stage ahead of the first ends its backwards earlier (its gradient sync
     starts then). One stage runs its k microbatches back to back; a pipeline without backward
     (inference) takes ``(k−1)·max(T, C) + Σ T + Σ C`` over its stages' forward times T and
-    transfers C, every stage counted to that end."""
+    transfers C, every stage counted to that end. With ``delayed_sync`` (Megatron-LM's delayed
+    reductions) an interleaved schedule's ``delayed_ready`` times too."""
     if s.p == 1 or not train:
         end = (s.k - 1) * max([*t_stage, *c_cut]) + sum(t_stage) + sum(c_cut)
         last = [(end - ps.bwd, end) if train else (0.0, 0.0) for ps in passes]
-        return PipelineTimes([end] * s.p, last)
+        return PipelineTimes([end] * s.p, last, [g for _, g in last])
     v = s.v if canonical_name(s.schedule) == "interleaved" else 1
     order = compiled_schedule(s.schedule, s.p, s.k, v)
     transfers = [(x / 2.0, x / 2.0) for x in c_cut]
@@ -1151,7 +1158,25 @@ def pipeline_time(
     for c, ps in enumerate(passes):
         end = got.slot_end[4 * c + kind]
         grad.append((end - (ps.wbwd if zb else ps.bwd), end))
-    return PipelineTimes(got.rank_end, grad)
+    delayed = delayed_ready(order, got.action_end, s.p) if v > 1 and delayed_sync else [g for _, g in grad]
+    return PipelineTimes(got.rank_end, grad, delayed)
+
+
+def delayed_ready(order: CompiledSchedule, action_end: Sequence[float], p: int) -> list[float]:
+    """Per virtual stage, when the backward ``rank`` backward steps after its last one ends on
+    its rank (the rank's last if fewer): where Megatron-LM's interleaved schedule launches a
+    delayed chunk's gradient reduction (``distribute``'s ``_ScheduleWriter._delay_sync``)."""
+    b = KINDS.index("B")
+    ends: list[list[float]] = [[] for _ in range(p)]
+    last: dict[int, tuple[int, int]] = {}  # virtual stage -> (rank, its last backward's position)
+    for i, (r, sl) in enumerate(zip(order.rank, order.slot, strict=True)):
+        if sl % 4 == b:
+            last[sl // 4] = (r, len(ends[r]))
+            ends[r].append(action_end[i])
+    out = [0.0] * (max(last) + 1 if last else 0)
+    for vs, (r, i) in last.items():
+        out[vs] = ends[r][min(i + r, len(ends[r]) - 1)]
+    return out
 
 
 def chunk_passes(

@@ -448,6 +448,7 @@ class ScheduleTimes(NamedTuple):
 
     rank_end: list[float]  # per rank, when its last action ends
     slot_end: list[float]  # per slot (virtual stage × 4 + pass), when its last action ends (0: none)
+    action_end: list[float]  # per action of the compiled schedule, in its numbering
 
 
 def makespan(
@@ -484,4 +485,4 @@ def schedule_times(
                 if t > start:
                     start = t
         end[i] = free[r] = slot_end[sl] = start + dur[sl]
-    return ScheduleTimes(free, slot_end)
+    return ScheduleTimes(free, slot_end, end)
