@@ -214,7 +214,7 @@ def test_the_screened_step_of_data_parallel_plans_over_a_slow_network_follows_th
     """Over 10 Gb/s between nodes (4 × p3.8xlarge) a data-parallel group's gradient reduction is
     a large part of the step; the screen runs it beside the last backward bucket by bucket as
     the trainer does (DDP's 25 MiB buckets, Megatron-LM's 40M parameters), so its step is the
-    exact one within 3% (adding the whole reduction after the backward: up to +15%)."""
+    exact one within 3%."""
     out = search(
         SearchRequest(
             model="gpt:layers=8,hidden=1024,heads=16,seq=512", cluster="p3.8xlarge:4", batch=64,

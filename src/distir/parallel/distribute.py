@@ -1288,11 +1288,11 @@ class _Builder:
         held: list[_StepGrad] = []
 
         def take(sg: _StepGrad) -> None:
-            if self.opt.max_norm:
-                held.append(sg._replace(g=self._to_master(fb, sg.w, sg.g)))
-                return
             g = self._to_master(fb, sg.w, sg.g)
-            updates[sg.w] = self._update(fb, sg.w, wp.wparam[sg.w], g, wp.state[sg.w], wp.step_of)
+            if self.opt.max_norm:
+                held.append(sg._replace(g=g))
+            else:
+                updates[sg.w] = self._update(fb, sg.w, wp.wparam[sg.w], g, wp.state[sg.w], wp.step_of)
 
         self._step_grads(fb, grads, wp, stage_of, to_mesh, take)
         totals = self._norm_totals(fb, held, to_mesh) if held else {}

@@ -133,9 +133,6 @@ class Sync(NamedTuple):
     after: float
 
 
-ONE_CALL = ((1.0, 1.0),)  # a chunk's gradients reduced by one call after its pass (``buckets_end``)
-
-
 def buckets_end(
     free: float, r: float, start: float, ready: float, buckets: Sequence[tuple[float, float]]
 ) -> float:
@@ -727,7 +724,7 @@ class Screen:
             r = red * fig.chunk_w[c] / total if total > 0 else red / len(chunks)
             start, ready = fig.grad_pass_s[c]
             if tb.reduction.delayed and c > 0:  # one call, after the rank's backward steps
-                free = buckets_end(free, r, fig.delayed_s[c], fig.delayed_s[c], ONE_CALL)
+                free = max(free, fig.delayed_s[c]) + r
             else:
                 free = buckets_end(free, r, start, ready, fig.buckets[c])
             beside += max(0.0, min(free, end) - (free - r))
