@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,18 @@ def test_check_output_refuses_an_unwritable_directory_or_file(
         check_output(tmp_path / "new" / "out.csv", "--csv")
     with pytest.raises(OutputPathError, match="the file is not writable"):
         check_output(tmp_path / "exists.csv", "--csv")
+
+
+def test_chunks_are_written_as_produced_and_a_failing_producer_keeps_the_old_file(tmp_path: Path) -> None:
+    target = tmp_path / "out.json"
+    write_atomically(target, iter(["[", "1,", "2", "]"]))
+    assert target.read_text() == "[1,2]"
+
+    def broken() -> Iterator[str]:
+        yield "partial"
+        raise RuntimeError("producer failed")
+
+    with pytest.raises(RuntimeError, match="producer failed"):
+        write_atomically(target, broken())
+    assert target.read_text() == "[1,2]"
+    assert sorted(os.listdir(tmp_path)) == ["out.json"]

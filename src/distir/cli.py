@@ -345,6 +345,15 @@ _SimTraceDetail = Annotated[
         "and chunk). Slices carry op, types, FLOPs and bytes; sends are flow arrows.",
     ),
 ]
+_SimTraceGpus = Annotated[
+    str | None,
+    typer.Option(
+        "--trace-gpus",
+        help="With --trace: the GPUs traced, as ids and ranges (0-7,64; default: every GPU). A "
+        "trace is refused above 2,000,000 events (about 1 GB of JSON); the error says how many "
+        "GPUs fit.",
+    ),
+]
 _SimDeviceMap = Annotated[
     str | None, typer.Option("--device-map", help="Program devices to GPUs/streams: d0=0,d1=1,d8=0:comm.")
 ]
@@ -410,6 +419,7 @@ def simulate(
     clip_grad: _SimClipGrad = None,
     trace: _SimTrace = None,
     trace_detail: _SimTraceDetail = "chunk",
+    trace_gpus: _SimTraceGpus = None,
     device_map: _SimDeviceMap = None,
     batch: _SimBatch = None,
     tp_layout: _SimTpLayout = "declared",
@@ -425,18 +435,11 @@ def simulate(
     from distir.sim.summary import summary_dict
 
     _check_simulate_options(file, model, kernels, attention_kernel, trace_detail, trace, trainer)
+    traced_gpus = _traced_gpus(trace_gpus, trace)
     _check_planner(planner, trace)
     switches = _SimSwitches(
-        trainer,
-        kernels,
-        attention_kernel,
-        bucket_mb,
-        overlap_param_gather,
-        deepspeed_pipe,
-        fp32_grad_accum,
-        tp_comm_overlap,
-        clip_grad,
-    )
+        trainer, kernels, attention_kernel, bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum
+    )._replace(tp_comm_overlap=tp_comm_overlap, clip_grad=clip_grad)
     if model is not None:
         built = _model_program(
             model,
@@ -477,6 +480,7 @@ def simulate(
         planner,
         reserved,
         semantics.ring_form if semantics else "p2p",
+        traced_gpus,
     )
     result = dataclasses.replace(result, model_flops=model_flops)
     _write_simulation_trace(result, trace, file)
@@ -485,10 +489,18 @@ def simulate(
         where = {"schema": SCHEMA, "file" if file is not None else "model": source}
         fields = _strategy_json(model, strategy, batch, dtype, precision) if model is not None else {}
         options = _sim_options(cluster, kernels, attention_kernel, semantics, built_spec)
-        traced = {"trace": str(trace) if trace else None, "trace_detail": trace_detail if trace else None}
+        traced = _trace_json(trace, trace_detail, trace_gpus)
         _emit_json({**where, **fields, **options, "tp_comm_overlap": tp_comm_overlap, **summary, **traced})
         return
     _print_simulation(result, summary, f"{source} on {cluster}", trace)
+
+
+def _trace_json(trace: Path | None, detail: str, gpus: str | None) -> dict[str, str | None]:
+    """``simulate --json``'s trace keys: the file, its detail and the GPUs asked for (null: none
+    traced, or every GPU)."""
+    if trace is None:
+        return {"trace": None, "trace_detail": None, "trace_gpus": None}
+    return {"trace": str(trace), "trace_detail": detail, "trace_gpus": gpus}
 
 
 def _file_program(file: Path, entry: str | None, sw: _SimSwitches, debug: bool) -> Any:
@@ -548,6 +560,20 @@ def _check_simulate_options(
             if file
             else "give a program FILE or --model"
         )
+
+
+def _traced_gpus(text: str | None, trace: Path | None) -> frozenset[int] | None:
+    """``--trace-gpus`` read (None: every GPU); refused without ``--trace``."""
+    from distir.sim.trace import parse_gpus
+
+    if text is None:
+        return None
+    if trace is None:
+        _fail("--trace-gpus needs --trace")
+    try:
+        return parse_gpus(text)
+    except ValueError as e:
+        _fail(f"--trace-gpus {text[:60]!r}: {e}")
 
 
 def _check_planner(planner: str, trace: Path | None) -> None:
@@ -617,6 +643,7 @@ def _run_simulation(
     planner: str = "fast",
     allocator: bool = False,
     ring_form: str = "p2p",
+    trace_gpus: frozenset[int] | None = None,
 ) -> Any:
     """The simulator's result for ``m`` on ``cl`` under the roofline cost model (errors located
     in ``file`` when there is one); ``allocator``: with the caching allocator's reserved peak;
@@ -639,6 +666,7 @@ def _run_simulation(
                 trace_detail=trace_detail,
                 planner=planner,
                 allocator=allocator,
+                trace_gpus=trace_gpus,
             )
         )
     except DeviceMapError as e:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 __all__ = ["OutputPathError", "check_output", "write_atomically"]
@@ -71,18 +72,20 @@ def check_output(path: Path | str, option: str) -> Path:
     return p
 
 
-def write_atomically(path: Path | str, data: bytes | str) -> Path:
-    """Replace ``path`` by ``data`` (``str`` is written as UTF-8) so that a reader sees the old
-    file or the whole new one (module docstring); creates missing parent directories. The new
-    file keeps an existing file's permissions, else gets the usual ``0o666 & ~umask`` (a
-    ``mkstemp`` file would stay private). Returns ``path``; ``OSError`` if it cannot be written."""
+def write_atomically(path: Path | str, data: bytes | str | Iterable[str]) -> Path:
+    """Replace ``path`` by ``data`` (``str`` is written as UTF-8; an iterable of ``str``, chunk by
+    chunk, as it is produced) so that a reader sees the old file or the whole new one (module
+    docstring); creates missing parent directories. The new file keeps an existing file's
+    permissions, else gets the usual ``0o666 & ~umask`` (a ``mkstemp`` file would stay private).
+    Returns ``path``; ``OSError`` if it cannot be written (or what producing a chunk raises)."""
     path = Path(path)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
+    chunks = [data] if isinstance(data, (str, bytes)) else data
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(raw)
+            for chunk in chunks:
+                f.write(chunk.encode("utf-8") if isinstance(chunk, str) else chunk)
             f.flush()
             os.fsync(f.fileno())
         try:

@@ -69,6 +69,12 @@ MAX_OPS = Bound(
     "estimated primitive ops of a distributed program, calls expanded (--max-ops; about 30 s and "
     "1 GiB of simulation)",
 )
+MAX_TRACE_EVENTS = Bound(
+    "on a trace's events (choose GPUs with --trace-gpus)",
+    2_000_000,
+    "slices and memory samples of one --trace, estimated after planning (about 0.5-1 GB of JSON; "
+    "Perfetto's UI runs in about 2 GB of browser memory)",
+)
 MAX_EXEC_BYTES = Bound(
     "bytes (raise it with --max-gib)",
     2 * 2**30,

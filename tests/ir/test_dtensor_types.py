@@ -75,3 +75,17 @@ def test_split_sizes_larger_first() -> None:
     assert split_sizes(127, 2) == [64, 63]
     assert split_sizes(5, 3) == [2, 2, 1]
     assert split_sizes(1, 3) == [1, 0, 0]
+
+
+def test_device_ranges_shorten_runs_of_three_or_more() -> None:
+    from distir.ir.dtensor import device_ranges
+
+    ds = [Device(i) for i in (0, 1, 2, 3, 8, 9, 11, 12, 13, 20)]
+    assert device_ranges(ds) == "d0-d3, d8, d9, d11-d13, d20"
+    assert device_ranges([]) == ""
+    mesh = Mesh.parse("dp=2, tp=4", "d0,d1,d2,d3,d8,d9,d10,d11")
+    assert mesh.text(short=True) == "mesh(dp=2, tp=4; d0-d3, d8-d11)"
+    assert str(mesh) == "mesh(dp=2, tp=4; d0, d1, d2, d3, d8, d9, d10, d11)"  # the IR's form, parsed back
+    t = DTensorType(DType.f32, (8, 4), mesh, (Shard(0), Replicate()))
+    assert t.text(short=True) == "DTensor[f32, (8, 4), mesh(dp=2, tp=4; d0-d3, d8-d11), [S(0), R]]"
+    assert str(t) == t.text() and "d0, d1" in str(t)

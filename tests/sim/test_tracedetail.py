@@ -203,3 +203,101 @@ def test_cli_trace_detail(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, [*base, "--trace", str(out), "--trace-detail", "kernel"])
     assert bad.exit_code == 2 and "--trace-detail must be chunk, layer or op" in bad.output
     assert "Traceback" not in bad.output
+
+
+def _events_of(events: list[dict[str, Any]], gpus: set[int]) -> list[tuple[Any, ...]]:
+    """The slices, flows and memory samples of ``gpus`` (flows: both ends traced), comparable."""
+    out = []
+    ends: dict[int, set[int]] = defaultdict(set)
+    for e in events:
+        if e["ph"] in ("s", "f"):
+            ends[e["id"]].add(e["pid"])
+    for e in events:
+        if e["pid"] not in gpus or e["ph"] == "M":
+            continue
+        if e["ph"] in ("s", "f"):
+            if ends[e["id"]] <= gpus:
+                out.append((e["ph"], e["pid"], e["tid"], e["ts"], e["name"]))
+            continue
+        out.append((e["ph"], e["pid"], e.get("tid"), e["ts"], e.get("dur"), e["name"], json.dumps(e["args"])))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("level", ["chunk", "op"])
+def test_traced_gpus_show_what_the_whole_trace_shows_of_them(level: str, tmp_path: Path) -> None:
+    s = parse_strategy(STRATEGY)
+    m = distribute(build_model("gpt:layers=4,hidden=256,heads=4", batch=8), s, comm_streams=True)
+    whole = load(pipeline(level), tmp_path)
+    some = {0, 5}
+    part = simulate(m, CLUSTER, device_map(s, True), trace=True, batch=8, trace_detail=level, trace_gpus=some)
+    mine = load(part, tmp_path)
+    assert {e["pid"] for e in mine} == some
+    assert _events_of(mine, some) == _events_of(whole, some)
+    assert any(e["ph"] == "X" for e in mine) and any(e["ph"] == "C" for e in mine)
+    # flows between the two traced GPUs only: 0 and 5 are on different stages
+    ids = {e["id"] for e in mine if e["ph"] in ("s", "f")}
+    assert all({e["pid"] for e in mine if e.get("id") == k and e["ph"] in ("s", "f")} <= some for k in ids)
+
+
+@pytest.mark.parametrize("level", ["chunk", "layer", "op"])
+def test_the_event_estimate_bounds_the_trace(level: str, tmp_path: Path) -> None:
+    from distir.sim.tracedetail import estimate_events
+
+    r = pipeline(level)
+    assert r.trace_source is not None
+    shown = [e for e in load(r, tmp_path) if e["ph"] in ("X", "C")]
+    est = estimate_events(r.trace_source)
+    assert len(shown) <= est <= 4 * len(shown), (len(shown), est)
+
+
+def test_a_trace_over_the_bound_is_refused_and_says_how_many_gpus_fit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from distir.limits import Bound
+    from distir.sim import simulate as sim_mod
+    from distir.sim import tracedetail
+    from distir.sim.tracedetail import TraceSizeError, estimate_events
+
+    full = pipeline("chunk")
+    assert full.trace_source is not None
+    n = estimate_events(full.trace_source)
+    small = Bound("on a trace's events", n // 3, "test")
+    monkeypatch.setattr(sim_mod, "MAX_TRACE_EVENTS", small)
+    monkeypatch.setattr(tracedetail, "MAX_TRACE_EVENTS", small)
+    with pytest.raises(TraceSizeError, match=r"8 GPUs at chunk detail.*about (\d+) fit") as err:
+        pipeline("chunk")
+    fit = int(str(err.value).split("about ")[-1].split(" fit")[0])
+    assert 1 <= fit < 8
+    s = parse_strategy(STRATEGY)
+    m = distribute(build_model("gpt:layers=4,hidden=256,heads=4", batch=8), s, comm_streams=True)
+    got = simulate(m, CLUSTER, device_map(s, True), trace=True, batch=8, trace_gpus=range(fit))
+    assert got.step_time_s == full.step_time_s
+    with pytest.raises(TraceSizeError, match="traced GPU 99 is not one of the program's 8 GPUs"):
+        simulate(m, CLUSTER, device_map(s, True), trace=True, batch=8, trace_gpus=[0, 99])
+
+
+def test_cli_trace_gpus(tmp_path: Path) -> None:
+    out = tmp_path / "t.json"
+    base = ["simulate", "--model", "gpt:layers=2,hidden=128,heads=4", "--strategy", "d2.t1.p2.k2.1f1b"]
+    res = CliRunner().invoke(
+        app, [*base, "--cluster", "dgx-a100", "--trace", str(out), "--trace-gpus", "0,2-3", "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["trace_gpus"] == "0,2-3"
+    assert {e["pid"] for e in json.loads(out.read_text())["traceEvents"]} == {0, 2, 3}
+    for args, message in (
+        (["--trace", str(out), "--trace-gpus", "3-1"], "--trace-gpus '3-1': '3-1' is not a GPU or a range"),
+        (["--trace", str(out), "--trace-gpus", "x"], "'x' is not a GPU or a range of GPUs like 0-7"),
+        (["--trace-gpus", "0"], "--trace-gpus needs --trace"),
+        (["--trace", str(out), "--trace-gpus", "7"], "traced GPU 7 is not one of the program's 4 GPUs"),
+    ):
+        bad = CliRunner().invoke(app, [*base, "--cluster", "dgx-a100", *args])
+        assert bad.exit_code == 2 and message in bad.output, bad.output
+        assert "Traceback" not in bad.output and len(bad.output.strip().splitlines()) == 1
+
+
+def test_slice_types_show_mesh_devices_as_ranges(tmp_path: Path) -> None:
+    events = load(pipeline("chunk"), tmp_path)
+    types = [t for e in events if e["ph"] == "X" for t in e["args"].get("inputs", [])]
+    assert any("mesh(" in t for t in types)
+    assert not any("d0, d1, d2" in t for t in types)  # runs of three or more are ranges

@@ -23,6 +23,7 @@ memo keys, ``split_sizes``) sees them, and equal sizes with different shares com
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from distir.ir.local_types import _ITEMSIZE, Device, DType, IRTypeError, TensorType
@@ -161,6 +162,24 @@ def format_placements(places: tuple[Placement, ...]) -> str:
     return ", ".join(map(str, places))
 
 
+def device_ranges(devices: Sequence[Device]) -> str:
+    """``devices`` for display: each run of three or more consecutive ids as ``dA-dB``
+    (``d0-d7, d16-d23``); never parsed back."""
+    ids = [d.id for d in devices]
+    parts: list[str] = []
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        if j - i >= 2:
+            parts.append(f"d{ids[i]}-d{ids[j]}")
+        else:
+            parts.extend(f"d{x}" for x in ids[i : j + 1])
+        i = j + 1
+    return ", ".join(parts)
+
+
 @dataclass(frozen=True, slots=True)
 class Mesh:
     """Named axes with sizes, over ``devices`` in row-major order."""
@@ -273,8 +292,14 @@ class Mesh:
         return Mesh(tuple(parsed), tuple(listed))
 
     def __str__(self) -> str:
+        return self.text()
+
+    def text(self, short: bool = False) -> str:
+        """The mesh as the IR writes it; ``short``: its devices as ``device_ranges`` (for display
+        only, e.g. a trace's arguments: the parser reads the full form)."""
         axes = ", ".join(f"{a}={format_axis_size(n)}" for a, n in self.axes)
-        return f"mesh({axes}; {', '.join(map(str, self.devices))})"
+        devices = device_ranges(self.devices) if short else ", ".join(map(str, self.devices))
+        return f"mesh({axes}; {devices})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,5 +353,10 @@ class DTensorType:
         return TensorType(self.dtype, self.shape, self.mesh.devices[0])
 
     def __str__(self) -> str:
+        return self.text()
+
+    def text(self, short: bool = False) -> str:
+        """The type as the IR writes it; ``short``: its mesh's devices as ranges (``Mesh.text``)."""
         shape = f"({self.shape[0]},)" if len(self.shape) == 1 else "(" + ", ".join(map(str, self.shape)) + ")"
-        return f"DTensor[{self.dtype}, {shape}, {self.mesh}, [{', '.join(map(str, self.placements))}]]"
+        mesh = self.mesh.text(short)
+        return f"DTensor[{self.dtype}, {shape}, {mesh}, [{', '.join(map(str, self.placements))}]]"

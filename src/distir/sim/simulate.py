@@ -26,7 +26,7 @@ and propagates.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import compress, repeat
 from operator import attrgetter, is_not
@@ -39,6 +39,7 @@ from distir.interp.shapes import entry_args
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
 from distir.ir.types import Device, IRTypeError, devices_of
+from distir.limits import MAX_TRACE_EVENTS
 from distir.ops.dist import parse_mesh_attr
 from distir.ops.elementwise import CAST
 from distir.sim.allocator import reserved_bytes, stream_pools
@@ -49,7 +50,14 @@ from distir.sim.memcols import peaks
 from distir.sim.plan import PROGRAM_ERRORS, CallSummary, FnPlan, PlanDomain, PlanOptions, SharedRecord
 from distir.sim.records import FlatColumns
 from distir.sim.reference import run_reference
-from distir.sim.tracedetail import LEVELS, DetailSource, TraceDetail
+from distir.sim.tracedetail import (
+    LEVELS,
+    DetailSource,
+    TraceDetail,
+    TraceScope,
+    TraceSizeError,
+    estimate_events,
+)
 from distir.sim.tracedetail import build as build_detail
 
 _attrs = attrgetter("attrs")
@@ -156,16 +164,22 @@ def simulate(
     planner: str = "fast",
     shared: SharedPlans | None = None,
     allocator: bool = False,
+    trace_gpus: Collection[int] | None = None,
 ) -> SimResult:
     """Simulate ``fn`` (default: the module's entry) on ``cluster``. ``trace_detail`` (with
     ``trace``): how deep ``SimResult.trace_detail`` looks into calls — ``chunk``, ``layer`` or
-    ``op`` (``distir.sim.tracedetail``). ``planner``: ``fast`` (``distir.sim.plan`` with its fast
+    ``op`` (``distir.sim.tracedetail``); ``trace_gpus``: the GPUs traced (None: every one): the
+    slices, memory timeline and trace of the others are not kept. A trace of more than
+    ``MAX_TRACE_EVENTS`` events (``tracedetail.estimate_events``) raises ``TraceSizeError``
+    after planning, before the timing loop records it.
+    ``planner``: ``fast`` (``distir.sim.plan`` with its fast
     paths) or ``reference`` (``distir.sim.reference``: the same figures, slowly, with no memory
     timeline and no trace detail). ``allocator``: also size the caching allocator's per-stream
     pools (``distir.sim.allocator``: one more walk of the program) into
     ``SimResult.reserved_memory`` and ``stream_pools``."""
+    scope = TraceScope(trace_detail, None if trace_gpus is None else frozenset(trace_gpus)) if trace else None
     result = _simulate_planned(
-        module, cluster, device_map, cost_model, trace, batch, concrete, fn, trace_detail, planner, shared
+        module, cluster, device_map, cost_model, scope, batch, concrete, fn, trace_detail, planner, shared
     )
     if allocator:
         _add_reserved(
@@ -202,7 +216,7 @@ def _simulate_planned(
     cluster: Cluster,
     device_map: DeviceMap | None,
     cost_model: CostModel | None,
-    trace: bool,
+    scope: TraceScope | None,
     batch: int | None,
     concrete: Mapping[str, Any] | None,
     fn: Function | None,
@@ -210,7 +224,8 @@ def _simulate_planned(
     planner: str,
     shared: SharedPlans | None,
 ) -> SimResult:
-    """``simulate`` by the chosen planner."""
+    """``simulate`` by the chosen planner (``scope``: what is traced; None: no trace)."""
+    trace = scope is not None
     if trace_detail not in LEVELS:
         raise ValueError(f"trace detail must be one of {', '.join(LEVELS)}, got {trace_detail!r}")
     if planner not in PLANNERS:
@@ -230,16 +245,18 @@ def _simulate_planned(
             else None
         )
         if got is None:
-            got = _simulate(module, fn, args, cluster, device_map, cost_model, trace, batch, keep_bodies)
+            got = _simulate(
+                module, fn, args, cluster, device_map, cost_model, trace, batch, keep_bodies, scope
+            )
         result, plan, domain = got
-        if trace:
-            result.trace_source = _detail_source(trace_detail, plan, domain, module, fn, args)
+        if scope is not None:
+            result.trace_source = _detail_source(scope, plan, domain, module, fn, args)
         del plan, domain  # freed while the collector is paused (the trace keeps the plan)
     return result
 
 
 def _detail_source(
-    level: str, plan: FnPlan, domain: PlanDomain, module: Module, fn: Function, args: list[Any]
+    scope: TraceScope, plan: FnPlan, domain: PlanDomain, module: Module, fn: Function, args: list[Any]
 ) -> DetailSource:
     dmap = domain.dmap
     index = {slot: i for i, slot in enumerate(dmap.slots)}
@@ -247,7 +264,17 @@ def _detail_source(
     n = len(domain.slot_gpu)
     clocks = tuple(tuple(u) for u in units) if units is not None else tuple((j,) for j in range(n))
     dev_slot = {dev: index[slot] for dev, slot in dmap.mapping.items()}
-    return DetailSource(level, plan, module, fn, tuple(args), clocks, dev_slot)
+    traced = scope.slots(dmap)
+    return DetailSource(scope.level, plan, module, fn, tuple(args), clocks, dev_slot, traced)
+
+
+def _check_trace_size(
+    scope: TraceScope, plan: FnPlan, domain: PlanDomain, module: Module, fn: Function, args: list[Any]
+) -> None:
+    """``TraceSizeError`` when the trace of ``scope`` would hold more than ``MAX_TRACE_EVENTS``."""
+    n = estimate_events(_detail_source(scope, plan, domain, module, fn, args))
+    if n > MAX_TRACE_EVENTS.max:
+        raise TraceSizeError(scope.too_large(n, domain.dmap))
 
 
 def _simulate(
@@ -260,7 +287,10 @@ def _simulate(
     trace: bool,
     batch: int | None,
     keep_bodies: bool = False,
+    scope: TraceScope | None = None,
 ) -> tuple[SimResult, FnPlan, PlanDomain]:
+    """Plan ``fn`` and run its timing loop; ``scope``: the trace, checked against its bound
+    after planning (``_check_trace_size``) and keeping only its GPUs' slices and timeline."""
     if device_map is None:
         device_map = DeviceMap.default(_program_devices(module, fn), cluster.num_devices)
     cost = cost_model if cost_model is not None else RooflineCostModel(cluster)
@@ -278,7 +308,11 @@ def _simulate(
         del plan, domain  # freed before planning again
         domain = PlanDomain(module, device_map, cost, entry)
         plan = domain.plan(fn, args)
-    return _run(plan, domain, cluster, device_map, trace, batch), plan, domain
+    if scope is not None:
+        scope.check_gpus(device_map)
+        _check_trace_size(scope, plan, domain, module, fn, args)
+    gpus = scope.gpus if scope is not None else None
+    return _run(plan, domain, cluster, device_map, trace, batch, gpus), plan, domain
 
 
 class SharedPlans:
@@ -516,8 +550,16 @@ def _callees(module: Module, fn: Function) -> list[str]:
 
 
 def _run(
-    plan: FnPlan, domain: PlanDomain, cluster: Cluster, dmap: DeviceMap, trace: bool, batch: int | None
+    plan: FnPlan,
+    domain: PlanDomain,
+    cluster: Cluster,
+    dmap: DeviceMap,
+    trace: bool,
+    batch: int | None,
+    traced: frozenset[int] | None = None,
 ) -> SimResult:
+    """The timing loop's figures; with ``trace``, the slices and memory timeline of the
+    ``traced`` GPUs (None: every GPU)."""
     slot_gpu = domain.slot_gpu
     n_slots = len(slot_gpu)
     gpus = sorted(set(slot_gpu))
@@ -558,10 +600,14 @@ def _run(
         figure = domain.units.gpu_figure
         peak, params = ({g: xs[f] for g, f in figure.items()} for xs in (peak, params))
         if slices is not None:
-            slices = [(nm, t0, t1, j, cm) for nm, t0, t1, u, cm in slices for j in units[u]]
-        if timeline is not None:
-            timeline = {g: list(timeline[f]) for g, f in figure.items()}
+            shown = [[j for j in us if traced is None or dmap.slots[j].gpu in traced] for us in units]
+            slices = [(nm, t0, t1, j, cm) for nm, t0, t1, u, cm in slices for j in shown[u]]
+        if timeline is not None:  # GPUs that hold alike share their figure's samples
+            timeline = {g: timeline[f] for g, f in figure.items() if traced is None or g in traced}
         gpus = sorted(figure)
+    elif traced is not None and slices is not None and timeline is not None:
+        slices = [x for x in slices if dmap.slots[x[3]].gpu in traced]
+        timeline = {g: xs for g, xs in timeline.items() if g in traced}
     if plan.columns is not None:  # a compact flat plan: op records by index, no calls
         n_ops = len(plan.columns.kinds)
         flops = sum(map([rec.flops for rec in plan.columns.table].__getitem__, plan.columns.kinds))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from distir.ir.dtensor import device_ranges
+from distir.ir.types import Device
 from distir.sim.simulate import SimResult
 
 GIB = float(1 << 30)
@@ -73,7 +75,13 @@ def format_seconds(s: float) -> str:
     return f"{s * 1e6:.1f} µs"
 
 
+# a table of more rows than this merges the slots whose figures print the same
+MERGE_ROWS_ABOVE = 64
+
+
 def summary_table(r: SimResult, title: str) -> Group:
+    """The summary's header and a row per slot; above ``MERGE_ROWS_ABOVE`` slots, the slots whose
+    figures print alike share a row (their devices and GPUs as ranges)."""
     d = summary_dict(r)
     head = Text()
     head.append(f"{title}\n", style="bold")
@@ -81,24 +89,59 @@ def summary_table(r: SimResult, title: str) -> Group:
         f"step time {format_seconds(r.step_time_s)}   throughput {r.throughput:.4g} {d['throughput_unit']}   "
         f"MFU {_pct(r.mfu)}   HFU {_pct(r.hfu)}   bubble {100 * r.bubble_fraction:.1f}%   ops {r.n_ops:,}\n"
     )
+    rows = [_row(r, dev) for dev in d["devices"]]
+    if len(rows) > MERGE_ROWS_ABOVE:
+        rows = _merged(rows)
+        head.append(f"{len(d['devices']):,} slots: those with the same figures share a row\n")
     table = Table()
     reserved = ("reserved",) if r.reserved_memory else ()
     for col in ("device", "GPU", "busy", "comm", "idle", "peak memory", "runtime", *reserved, "capacity", ""):
         table.add_column(col, justify="left" if col in ("device", "GPU", "") else "right")
-    for dev in d["devices"]:
-        g = dev["gpu"]
-        peak, cap = r.peak_memory[g], r.capacity[g]
-        flag = "[red]OOM[/red]" if peak > cap else ""
-        table.add_row(
-            ", ".join(dev["devices"]),
-            f"{g} {dev['kind']}" + (f" ({dev['stream']})" if dev["stream"] != "compute" else ""),
-            format_seconds(dev["busy_s"]),
-            format_seconds(dev["comm_s"]),
-            format_seconds(dev["idle_s"]),
-            f"{peak / GIB:.3f} GiB",
-            f"{r.runtime_memory.get(g, 0.0) / GIB:.3f} GiB",
-            *((f"{r.reserved_memory[g] / GIB:.3f} GiB",) if reserved else ()),
-            f"{cap / GIB:.1f} GiB",
-            flag,
-        )
+    for row in rows:
+        gpus = device_ranges([Device(g) for g in row.gpus]).replace("d", "")
+        table.add_row(device_ranges(row.devices), f"{gpus} {row.label}", *row.cells)
     return Group(head, table)
+
+
+class _Row(NamedTuple):
+    """A table row: its devices and GPUs, the GPU's kind and stream, and the figures' cells."""
+
+    devices: list[Device]
+    gpus: list[int]
+    label: str
+    cells: tuple[str, ...]
+
+
+def _row(r: SimResult, dev: dict[str, Any]) -> _Row:
+    g = dev["gpu"]
+    peak, cap = r.peak_memory[g], r.capacity[g]
+    cells = (
+        format_seconds(dev["busy_s"]),
+        format_seconds(dev["comm_s"]),
+        format_seconds(dev["idle_s"]),
+        f"{peak / GIB:.3f} GiB",
+        f"{r.runtime_memory.get(g, 0.0) / GIB:.3f} GiB",
+        *((f"{r.reserved_memory[g] / GIB:.3f} GiB",) if r.reserved_memory else ()),
+        f"{cap / GIB:.1f} GiB",
+        "[red]OOM[/red]" if peak > cap else "",
+    )
+    label = f"{dev['kind']}" + (f" ({dev['stream']})" if dev["stream"] != "compute" else "")
+    devices = [Device(int(x.removeprefix("d"))) for x in dev["devices"]]
+    return _Row(devices, [g], label, cells)
+
+
+def _merged(rows: list[_Row]) -> list[_Row]:
+    """Rows of the same label and cells as one, in the order each first appears."""
+    out: dict[tuple[str, tuple[str, ...]], _Row] = {}
+    for row in rows:
+        got = out.get((row.label, row.cells))
+        if got is None:
+            out[(row.label, row.cells)] = _Row(list(row.devices), list(row.gpus), row.label, row.cells)
+            continue
+        got.devices.extend(row.devices)
+        if got.gpus[-1] != row.gpus[0]:
+            got.gpus.extend(row.gpus)
+    return [
+        row._replace(devices=sorted(row.devices, key=lambda d: d.id), gpus=sorted(set(row.gpus)))
+        for row in out.values()
+    ]

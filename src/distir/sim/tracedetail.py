@@ -32,15 +32,59 @@ from typing import Any, NamedTuple
 
 from distir.interp.loop import interpret
 from distir.interp.shapes import Mixed, TypeDomain, type_of
+from distir.ir.dtensor import DTensorType
 from distir.ir.function import Function, Module
 from distir.ir.ops import Op
 from distir.ir.types import Device, Type
 from distir.ir.values import Value
+from distir.limits import MAX_TRACE_EVENTS
 from distir.ops.registry import REGISTRY, CommPattern, OpKind
+from distir.sim.devices import DeviceMap
 from distir.sim.records import CallSummary, FnPlan
 
 # how many levels of calls a detail level shows (None: all)
 LEVELS: dict[str, int | None] = {"chunk": 1, "layer": 2, "op": None}
+
+
+class TraceSizeError(ValueError):
+    """A trace refused: more events than ``MAX_TRACE_EVENTS``, or GPUs the program does not use."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceScope:
+    """What a simulation traces: its detail ``level`` and the ``gpus`` shown (None: every GPU)."""
+
+    level: str
+    gpus: frozenset[int] | None = None
+
+    def slots(self, dmap: DeviceMap) -> frozenset[int] | None:
+        """The device map's slots on the traced GPUs (None: every slot)."""
+        if self.gpus is None:
+            return None
+        return frozenset(j for j, slot in enumerate(dmap.slots) if slot.gpu in self.gpus)
+
+    def check_gpus(self, dmap: DeviceMap) -> None:
+        """``TraceSizeError`` for a traced GPU that none of the program's slots is on."""
+        if self.gpus is None:
+            return
+        used = {slot.gpu for slot in dmap.slots}
+        missing = sorted(self.gpus - used)
+        if missing:
+            raise TraceSizeError(
+                f"traced GPU {missing[0]} is not one of the program's {len(used):,} GPUs "
+                f"({min(used)} to {max(used)})"
+            )
+
+    def too_large(self, events: int, dmap: DeviceMap) -> str:
+        """Why a trace of ``events`` is refused, and how many GPUs would fit."""
+        shown = len(self.gpus) if self.gpus is not None else len({slot.gpu for slot in dmap.slots})
+        fit = max(MAX_TRACE_EVENTS.max * shown // max(events, 1), 1)
+        deeper = " or --trace-detail chunk" if self.level != "chunk" else ""
+        return (
+            f"a trace of about {events:,} events ({shown:,} GPUs at {self.level} detail) is above "
+            f"distir's bound of {MAX_TRACE_EVENTS.max:,} (docs/limitations.md): trace fewer GPUs with "
+            f"--trace-gpus (about {fit:,} fit, e.g. --trace-gpus 0-{fit - 1}){deeper}"
+        )
 
 
 class DetailSlice(NamedTuple):
@@ -80,6 +124,7 @@ class DetailSource:
     args: tuple[Mixed, ...]
     clock_slots: tuple[tuple[int, ...], ...]  # the plan's clock -> its slots
     dev_slot: Mapping[Device, int]  # program device -> slot
+    traced: frozenset[int] | None = None  # the slots the trace shows (None: every slot)
 
 
 class _Types:
@@ -116,6 +161,9 @@ class _Walker:
         self.max_depth = max_depth
         self.slices: list[DetailSlice] = []
         self.flows: list[Flow] = []
+        traced = src.traced
+        # clocks that stand for a traced slot: the ops and calls of the others emit nothing
+        self.shown = [traced is None or not traced.isdisjoint(slots) for slots in src.clock_slots]
 
     def walk(
         self,
@@ -145,7 +193,7 @@ class _Walker:
             held = plan.stall[i] if plan.stall is not None else ()
             for d, x in held:  # the compute beside a collective, slowed (``distir.sim.interference``)
                 clock[d if rename is None else rename[d]] += x
-            if depth > 0 and e <= s:
+            if (depth > 0 and e <= s) or not any(self.shown[d] for d in ds):
                 continue
             instr = plan.fn.body[i]
             assert isinstance(instr, Op)
@@ -173,6 +221,10 @@ class _Walker:
             return
         ins = [clock[j] for j in sub]
         new = [max([ins[a] + c.delay[a][b] for a in range(m)]) for b in range(m)]
+        if not any(self.shown[j] for j in sub):  # nothing of it traced: only the clocks move
+            for b, j in enumerate(sub):
+                clock[j] = new[b]
+            return
         starts = [max([ins[a] + c.first[a][b] for a in range(m)]) for b in range(m)]
         args = {"function": c.name, "ops": c.n_ops, "flops": c.flops}
         inner: dict[int, tuple[float, float]] = {}
@@ -190,8 +242,10 @@ class _Walker:
     def _emit(
         self, name: str, s: float, e: float, clock: int, depth: int, comm: bool, args: dict[str, Any]
     ) -> None:
+        traced = self.src.traced
         for slot in self.src.clock_slots[clock]:
-            self.slices.append(DetailSlice(name, s, e, slot, depth, comm, args))
+            if traced is None or slot in traced:
+                self.slices.append(DetailSlice(name, s, e, slot, depth, comm, args))
 
     def _op_args(
         self, op: Op, env: Mapping[Value, Mixed], plan: FnPlan, i: int
@@ -211,8 +265,8 @@ class _Walker:
             return args, []
         types = [type_of(t) for t in got if t is not None]
         ins, outs = types[: len(op.inputs)], types[len(op.inputs) :]
-        args["inputs"] = [str(t) for t in ins]
-        args["outputs"] = [str(t) for t in outs]
+        args["inputs"] = [_text(t) for t in ins]
+        args["outputs"] = [_text(t) for t in outs]
         d = REGISTRY[op.name]
         pairs: list[tuple[int, int]] = []
         if d.kind is OpKind.COMM and d.comm_cost is not None:
@@ -220,11 +274,42 @@ class _Walker:
             args["message_bytes"] = desc.nbytes
             if desc.pattern is CommPattern.P2P:  # devices: the senders, then their receivers
                 half = len(desc.devices) // 2
-                slot = self.src.dev_slot
+                slot, traced = self.src.dev_slot, self.src.traced
                 for x, y in zip(desc.devices[:half], desc.devices[half:], strict=True):
-                    if x in slot and y in slot and slot[x] != slot[y]:
+                    if x not in slot or y not in slot or slot[x] == slot[y]:
+                        continue
+                    if traced is None or (slot[x] in traced and slot[y] in traced):
                         pairs.append((slot[x], slot[y]))
         return args, pairs
+
+
+def _text(t: Type) -> str:
+    """A type as a slice argument: as the IR writes it, a mesh's devices as ranges."""
+    return t.text(short=True) if isinstance(t, DTensorType) else str(t)
+
+
+def estimate_events(src: DetailSource) -> int:
+    """About how many events the trace of ``src`` holds: a slice per op or call and traced slot
+    at each level shown (a call's body counted whole below the entry: its ops at ``op`` level,
+    its top-level ops at ``layer``), and as many memory samples. Counted on the plan's clocks,
+    without replaying it: O(ops x clocks) of the entry."""
+    traced = src.traced
+    weight = [
+        len(slots) if traced is None else sum(1 for j in slots if j in traced) for slots in src.clock_slots
+    ]
+    depth = LEVELS[src.level]
+    total = 0
+    for ds, c in zip(src.plan.devs, src.plan.costs, strict=True):
+        if isinstance(c, CallSummary):
+            inner = 0
+            if depth is None:
+                inner = c.n_ops
+            elif depth > 1:
+                inner = len(c.body.devs) if c.body is not None else c.n_ops
+            total += (1 + inner) * sum(weight[j] for j in c.slots)
+        else:
+            total += sum(weight[d] for d in ds)
+    return 2 * total
 
 
 def _clamp(
@@ -237,4 +322,14 @@ def _clamp(
     return min(max(s, lo), hi), max(min(e, hi), lo)
 
 
-__all__ = ["LEVELS", "DetailSlice", "DetailSource", "Flow", "TraceDetail", "build"]
+__all__ = [
+    "LEVELS",
+    "DetailSlice",
+    "DetailSource",
+    "Flow",
+    "TraceDetail",
+    "TraceScope",
+    "TraceSizeError",
+    "build",
+    "estimate_events",
+]
