@@ -33,18 +33,18 @@ def main() -> None:
     # as ``distir simulate --model`` builds it by default (trainer distir, no switches added)
     switches = _SimSwitches("distir", None, None, DDP_BUCKET_MB, False, False, False)
     built = _model_program(
-        a.model,
-        a.strategy,
-        a.batch,
-        True,
-        "adam",
-        "bf16",
-        False,
-        "mixed",
-        a.cluster,
-        "declared",
-        MAX_OPS.max,
-        switches,
+        spec=a.model,
+        strategy=a.strategy,
+        batch=a.batch,
+        train=True,
+        optimizer="adam",
+        dtype="bf16",
+        debug=False,
+        precision="mixed",
+        cluster=a.cluster,
+        tp_layout="declared",
+        max_ops=MAX_OPS.max,
+        switches=switches,
     )
     m, dmap, batch = built.module, built.device_map, built.batch
     cl = parse_cluster(a.cluster)
