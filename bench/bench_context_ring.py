@@ -26,10 +26,11 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from distir.autodiff.train import Optimizer
+from distir.autodiff.precision import Precision
 from distir.ir.types import DType
 from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import parse_strategy
+from distir.parallel.trainers import trainer_semantics
 from distir.search.chunk_times import chunk_times
 from distir.search.rerank import ExactJob, _cluster, _model
 from distir.search.run import SearchRequest, search
@@ -44,16 +45,21 @@ CASES = [
 def exact(job: ExactJob, strategy: str, cp_ring: bool) -> SimResult:
     """``distir.search.rerank.evaluate``'s program and simulation, with the ring or the gather."""
     s = parse_strategy(strategy)
-    model, cluster = _model(job), _cluster(job.cluster)
-    times = chunk_times(model, job.spec(), cluster, DType.parse(job.dtype), True, s, True)
+    model, cluster = _model(job, s.t), _cluster(job.cluster)
+    spec, form = job.form()
+    dt = DType.parse(job.dtype)
+    times = chunk_times(model, spec, cluster, dt, True, s, True, False, form)
+    sem = trainer_semantics(job.trainer, s, Precision.parse(job.precision), dt, cluster.nodes[0].device, True)
     prog = distribute(
         model,
         s,
-        Optimizer(job.optimizer),
+        sem.optimizer(job.optimizer),
         comm_streams=True,
         precision=job.precision,
         chunk_times=times,
         cp_ring=cp_ring,
+        sac_eager=sem.kernels == "eager",
+        **sem.switches(),
     )
     return simulate(prog, cluster, device_map(s, True), batch=job.batch)
 

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -50,7 +51,7 @@ def import_in_fresh_process(spec: str) -> dict[str, float]:
     return got
 
 
-def cli_json(*args: str) -> dict[str, object]:
+def cli_json(*args: str) -> dict[str, Any]:
     from typer.testing import CliRunner
 
     from distir.cli import app
@@ -58,7 +59,8 @@ def cli_json(*args: str) -> dict[str, object]:
     r = CliRunner().invoke(app, [*args, "--json"])
     if r.exit_code != 0:
         raise SystemExit(f"distir {' '.join(args)}: {r.stderr or r.stdout}")
-    return json.loads(r.stdout)  # type: ignore[no-any-return]
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
 
 
 def main() -> None:
@@ -89,7 +91,7 @@ def main() -> None:
     ]
     zoo = cli_json("simulate", "--model", "llama3-8b", *common)
     imp = cli_json("simulate", "--model", f"hf:{MODELS['llama3-8b']}", *common)
-    z, i = float(zoo["step_time_s"]), float(imp["step_time_s"])  # type: ignore[arg-type]
+    z, i = float(zoo["step_time_s"]), float(imp["step_time_s"])
     print(f"simulate {args.strategy} batch {args.batch} {args.dtype} on h100:")
     print(f"  zoo llama3-8b      step {z:.4f} s  ops {zoo['ops']}")
     print(f"  hf:llama3-8b.json  step {i:.4f} s  ops {imp['ops']}  ({100 * (i - z) / z:+.2f}% vs zoo)")

@@ -33,7 +33,8 @@ def export(path: Path, layers: int, hidden: int, heads: int, vocab: int, positio
         bos_token_id=0,
         eos_token_id=0,
     )
-    lm = transformers.GPT2LMHeadModel(cfg).eval()
+    lm = transformers.GPT2LMHeadModel(cfg)
+    lm.train(False)  # eval mode (transformers overrides ``eval`` without annotations)
 
     class Logits(torch.nn.Module):
         def __init__(self) -> None:
@@ -41,7 +42,8 @@ def export(path: Path, layers: int, hidden: int, heads: int, vocab: int, positio
             self.m = lm
 
         def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.m(input_ids=ids, use_cache=False).logits
+            logits: torch.Tensor = self.m(input_ids=ids, use_cache=False).logits
+            return logits
 
     dim = torch.export.Dim
     torch.onnx.export(

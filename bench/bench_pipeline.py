@@ -4,7 +4,8 @@
 
 With unit matmul costs (FixedCostModel) and uniform stages of 16 MLP layers, prints per (p, k,
 schedule) the simulated bubble fraction next to (p−1)/(k+p−1), and per stage the activation memory
-(peak minus parameters) of GPipe and 1F1B.
+(the tensors' peak minus parameters: ``SimResult.peak_memory`` without its runtime memory) of GPipe
+and 1F1B.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ N = 16
 
 def run(p: int, k: int, schedule: str) -> SimResult:
     model = build_model(f"mlp:layers={p * N},hidden=64", batch=k * 64)
-    s = parse_strategy(f"p{p}.k{k}.{schedule}.L" + "-".join([str(N)] * (p - 1) + [str(N + 1)]))
+    s = parse_strategy(f"p{p}.k{k}.{schedule}.L" + "-".join([str(N)] * p))  # blocks; the loss joins the last
     return simulate(
         distribute(model, s, comm_streams=True), parse_cluster("dgx2-v100"), device_map(s, True), UNIT
     )
@@ -37,7 +38,7 @@ def main() -> None:
     for k in (8, 16):
         for schedule in ("gpipe", "1f1b"):
             r = run(4, k, schedule)
-            act = [(r.peak_memory[g] - r.param_memory[g]) / 1e6 for g in range(4)]
+            act = [(r.peak_memory[g] - r.runtime_memory[g] - r.param_memory[g]) / 1e6 for g in range(4)]
             print(f"p=4 k={k:2d} {schedule:6s} activation MB per stage: " + " ".join(f"{a:.2f}" for a in act))
 
 

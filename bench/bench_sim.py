@@ -25,7 +25,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from distir.hardware.cluster import Cluster, parse_cluster
-from distir.ir import Device, DTensorType, DType, FunctionBuilder, Mesh, Module, TensorType
+from distir.ir import Device, DTensorType, DType, Function, FunctionBuilder, Mesh, Module, TensorType, Value
 from distir.ir.dtensor import parse_placements
 from distir.ops import REGISTRY
 from distir.ops.dist import format_mesh_attr
@@ -55,16 +55,16 @@ def layered_program(
     per_stage = layers // stages
     t = DType.f16
 
-    def layer_fwd() -> tuple[object, ...]:
+    def layer_fwd() -> Function:
         fb = FunctionBuilder("layer_fwd", REGISTRY.out_arity)
         w1, w2, x = fb.param("w1"), fb.param("w2"), fb.param("x")
         (h,) = fb.op("MatMul", x, w1)
         (h,) = fb.op("Gelu", h)
         (y,) = fb.op("MatMul", h, w2)
         (y,) = fb.op("Add", y, x)
-        return (fb.ret(y, h),)
+        return fb.ret(y, h)
 
-    def layer_bwd() -> tuple[object, ...]:
+    def layer_bwd() -> Function:
         fb = FunctionBuilder("layer_bwd", REGISTRY.out_arity)
         w1, w2, x, h, dy = (fb.param(n) for n in ("w1", "w2", "x", "h", "dy"))
         (w2t,) = fb.op("Transpose", w2)
@@ -76,30 +76,31 @@ def layered_program(
         (xt,) = fb.op("Transpose", x, perm=[0, 2, 1])
         (dw1,) = fb.op("MatMul", xt, dh)
         (dw1,) = fb.op("ReduceSum", dw1, axes=[0], keepdims=0)
-        return (fb.ret(dx, dw1),)
+        return fb.ret(dx, dw1)
 
-    fwd = layer_fwd()[0]
-    bwd = layer_bwd()[0]
+    fwd = layer_fwd()
+    bwd = layer_bwd()
     fns = [fwd, bwd]
-    stage_f, stage_b = [], []
+    stage_f: list[Function] = []
+    stage_b: list[Function] = []
     for s in range(stages):
         fb = FunctionBuilder(f"stage{s}_fwd", REGISTRY.out_arity)
         ws = [(fb.param(f"w1_{i}"), fb.param(f"w2_{i}")) for i in range(per_stage)]
         x = fb.param("x")
-        acts = []
+        acts: list[Value] = []
         for w1, w2 in ws:
             acts.append(x)
-            x, h = fb.call(fwd, w1, w2, x)  # type: ignore[arg-type]
+            x, h = fb.call(fwd, w1, w2, x)
             acts.append(h)
         stage_f.append(fb.ret(x, *acts))
         fb = FunctionBuilder(f"stage{s}_bwd", REGISTRY.out_arity)
         ws = [(fb.param(f"w1_{i}"), fb.param(f"w2_{i}")) for i in range(per_stage)]
-        saved = [fb.param(f"a{i}") for i in range(2 * per_stage)]
+        act_params = [fb.param(f"a{i}") for i in range(2 * per_stage)]
         dy = fb.param("dy")
         grads = []
         for i in reversed(range(per_stage)):
             w1, w2 = ws[i]
-            dy, dw = fb.call(bwd, w1, w2, saved[2 * i], saved[2 * i + 1], dy)  # type: ignore[arg-type]
+            dy, dw = fb.call(bwd, w1, w2, act_params[2 * i], act_params[2 * i + 1], dy)
             grads.append(dw)
         stage_b.append(fb.ret(dy, *grads))
     fns += stage_f + stage_b
@@ -116,14 +117,14 @@ def layered_program(
         for s in range(stages)
     ]
     xs = [fb.param(f"x{m}", TensorType(t, (batch, seq, hidden), devs[0])) for m in range(micro)]
-    saved: dict[tuple[int, int], tuple[object, ...]] = {}
+    saved: dict[tuple[int, int], tuple[Value, ...]] = {}
     outs = []
     for m in range(micro):  # GPipe: all forwards, then all backwards
         x = xs[m]
         for s in range(stages):
             res = fb.call(stage_f[s], *[w for pair in wts[s] for w in pair], x)
-            x, acts = res[0], res[1:]
-            saved[(m, s)] = acts
+            x = res[0]
+            saved[(m, s)] = res[1:]
             if s + 1 < stages:
                 (x,) = fb.op("Send", x, dst=devs[s + 1])
         outs.append(x)
@@ -131,7 +132,7 @@ def layered_program(
     for m in range(micro):
         dy = outs[m]
         for s in reversed(range(stages)):
-            res = fb.call(stage_b[s], *[w for pair in wts[s] for w in pair], *saved[(m, s)], dy)  # type: ignore[arg-type]
+            res = fb.call(stage_b[s], *[w for pair in wts[s] for w in pair], *saved[(m, s)], dy)
             dy = res[0]
             grads.extend(res[1:])
             if s > 0:
@@ -200,12 +201,12 @@ def spmd_program(
         for s in range(stages)
     ]
     xs = [fb.param(f"x{m}", dt((batch, seq, hidden), 0, "S(0), R")) for m in range(micro)]
-    saved: dict[tuple[int, int], list[object]] = {}
+    saved: dict[tuple[int, int], list[Value]] = {}
     outs = []
     for m in range(micro):
         x = xs[m]
         for s in range(stages):
-            acts: list[object] = []
+            acts: list[Value] = []
             for w1, w2 in wts[s]:
                 acts.append(x)
                 x, h = fb.call(fwd, w1, w2, x)
@@ -221,7 +222,7 @@ def spmd_program(
             acts = saved[(m, s)]
             for i in reversed(range(per_stage)):
                 w1, w2 = wts[s][i]
-                dy, dw = fb.call(bwd, w1, w2, acts[2 * i], acts[2 * i + 1], dy)  # type: ignore[arg-type]
+                dy, dw = fb.call(bwd, w1, w2, acts[2 * i], acts[2 * i + 1], dy)
                 grads.append(dw)
             if s > 0:
                 (dy,) = fb.op("MeshSend", dy, mesh=format_mesh_attr(meshes[s - 1]))
@@ -231,6 +232,7 @@ def spmd_program(
 def timing_loop_seconds(m: Module, cluster: Cluster) -> float:
     """Seconds of running an already compiled plan alone (the timing loop and the memory peaks),
     on the plan ``simulate`` builds (a flat entry: the compact one)."""
+    from distir.interp.shapes import entry_args
     from distir.sim.cost import RooflineCostModel
     from distir.sim.devices import DeviceMap
     from distir.sim.plan import PlanDomain, PlanOptions
@@ -239,7 +241,7 @@ def timing_loop_seconds(m: Module, cluster: Cluster) -> float:
     dmap = DeviceMap.default(_program_devices(m, m.entry), cluster.num_devices)
     cost = RooflineCostModel(cluster)
     domain = PlanDomain(m, dmap, cost, PlanOptions(entry_param_uses=False, entry_memory_columns=True))
-    plan = domain.plan(m.entry, [p.type for p in m.entry.params])  # type: ignore[misc]
+    plan = domain.plan(m.entry, entry_args(m.entry))
     t0 = time.perf_counter()
     _run(plan, domain, cluster, dmap, False, None)
     return time.perf_counter() - t0

@@ -15,8 +15,10 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from distir.cli import _model_program
+from distir.cli import _model_program, _SimSwitches
 from distir.hardware.cluster import parse_cluster
+from distir.limits import MAX_OPS
+from distir.parallel.distribute import DDP_BUCKET_MB
 from distir.sim.simulate import simulate
 from distir.sim.trace import write_trace
 
@@ -28,8 +30,23 @@ def main() -> None:
     ap.add_argument("--cluster", default="dgx-a100:2")
     ap.add_argument("--batch", type=int, default=64)
     a = ap.parse_args()
-    built = _model_program(a.model, a.strategy, a.batch, True, "adam", "bf16", False, "mixed", a.cluster)
-    m, dmap, batch = built[0], built[1], built[3]
+    # as ``distir simulate --model`` builds it by default (trainer distir, no switches added)
+    switches = _SimSwitches("distir", None, None, DDP_BUCKET_MB, False, False, False)
+    built = _model_program(
+        spec=a.model,
+        strategy=a.strategy,
+        batch=a.batch,
+        train=True,
+        optimizer="adam",
+        dtype="bf16",
+        debug=False,
+        precision="mixed",
+        cluster=a.cluster,
+        tp_layout="declared",
+        max_ops=MAX_OPS.max,
+        switches=switches,
+    )
+    m, dmap, batch = built.module, built.device_map, built.batch
     cl = parse_cluster(a.cluster)
     t0 = time.perf_counter()
     simulate(m, cl, dmap, batch=batch)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from dataclasses import replace
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -43,10 +44,12 @@ def run(model: str, strategy: str, batch: int, cluster: str) -> None:
     t2 = time.perf_counter()
     r = simulate(prog, parse_cluster(cluster), device_map(s, True), batch=batch)
     t3 = time.perf_counter()
+    r = replace(r, model_flops=m.step_flops())  # MFU needs the model's FLOPs, which a program lacks
+    mfu = "  n/a" if r.mfu is None else f"{100 * r.mfu:5.1f}"
     print(
         f"{model:10s} {strategy:22s} {s.devices:5d} GPUs  build {t1 - t0:6.3f}s  distribute {t2 - t1:6.3f}s  "
         f"simulate {t3 - t2:7.3f}s  total {t3 - t0:7.3f}s  | step {r.step_time_s:8.3f}s  "
-        f"MFU {100 * r.mfu:5.1f}%  bubble {100 * r.bubble_fraction:5.1f}%  ops {r.n_ops}",
+        f"MFU {mfu}%  bubble {100 * r.bubble_fraction:5.1f}%  ops {r.n_ops}",
         flush=True,
     )
 

@@ -19,16 +19,16 @@ from distir.frontends.zoo.model import Model  # noqa: E402
 from distir.frontends.zoo.registry import build_model, parse_model_string  # noqa: E402
 from distir.hardware.cluster import parse_cluster  # noqa: E402
 from distir.interp.loop import interpret  # noqa: E402
-from distir.interp.shapes import TypeDomain, type_of  # noqa: E402
+from distir.interp.shapes import TypeDomain, entry_args, type_of  # noqa: E402
 from distir.ir.ops import Op  # noqa: E402
-from distir.ir.types import DType  # noqa: E402
+from distir.ir.types import DType, TensorType  # noqa: E402
 from distir.ops.registry import REGISTRY  # noqa: E402
 from distir.search.profile import cached_profiler  # noqa: E402
 
 
 def layer_costs(m: Model) -> list[tuple[str, tuple[int, ...], float, float, float]]:
     """Per layer call: (callee, activation shape in, forward FLOPs, MatMul FLOPs, bytes moved)."""
-    _, env = interpret(m.module, m.forward, [p.type for p in m.forward.params], TypeDomain())
+    _, env = interpret(m.module, m.forward, entry_args(m.forward), TypeDomain())
     out = []
     for call in m.layers:
         fn = m.module[call.callee]
@@ -43,8 +43,9 @@ def layer_costs(m: Model) -> list[tuple[str, tuple[int, ...], float, float, floa
             flops += f
             mm += f if op.name == "MatMul" else 0.0
             moved += d.bytes_read(ins, outs, op.attrs) + d.bytes_written(ins, outs, op.attrs)
-        shape = type_of(env[call.inputs[0]]).shape  # type: ignore[union-attr]
-        out.append((call.callee, shape, flops, mm, moved))
+        x = type_of(env[call.inputs[0]])
+        assert isinstance(x, TensorType)
+        out.append((call.callee, x.shape, flops, mm, moved))
     return out
 
 

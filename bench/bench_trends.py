@@ -66,12 +66,13 @@ def amp_heterogeneous() -> None:
 
 def transgan_balance() -> None:
     """Unpinned, and pinned to AMP's schedule (DeepSpeed's non-interleaved 1F1B)."""
-    job = dict(model="transgan-hetero", cluster="p3.8xlarge:4", batch=64)
+    req = SearchRequest(model="transgan-hetero", cluster="p3.8xlarge:4", batch=64, top=2, anneal_iters=0)
+    job = ExactJob(req.model, req.cluster, req.batch)
     for label, pins in (("any schedule", Pins()), ("1f1b", Pins(schedule="1f1b"))):
-        best = search(SearchRequest(top=2, anneal_iters=0, pins=pins, **job)).best()  # type: ignore[arg-type]
+        best = search(replace(req, pins=pins)).best()
         assert best is not None
         s = parse_strategy(str(best["strategy"]))
-        uniform = evaluate(ExactJob(**job), str(replace(s, partition="uniform")))  # type: ignore[arg-type]
+        uniform = evaluate(job, str(replace(s, partition="uniform")))
         ratio = uniform["step_time_s"] / best["step_time_s"]
         print(
             f"2. TransGAN ({label}): {s} {_ms(best['step_time_s'])} vs uniform split "
@@ -81,11 +82,13 @@ def transgan_balance() -> None:
 
 def batch_shares() -> None:
     # hidden 1024, as the trend test: at 256 the products fill neither GPU kind's SMs
-    job = dict(model=SHARES_GPT, cluster="p3.8xlarge:1+g4dn.12xlarge:1", batch=48)
-    best = search(SearchRequest(top=3, pins=Pins(pp=1), **job)).best()  # type: ignore[arg-type]
+    req = SearchRequest(
+        model=SHARES_GPT, cluster="p3.8xlarge:1+g4dn.12xlarge:1", batch=48, top=3, pins=Pins(pp=1)
+    )
+    best = search(req).best()
     assert best is not None
     s = parse_strategy(str(best["strategy"]))
-    even = evaluate(ExactJob(**job), str(replace(s, shares=None)))  # type: ignore[arg-type]
+    even = evaluate(ExactJob(req.model, req.cluster, req.batch), str(replace(s, shares=None)))
     ratio = even["step_time_s"] / best["step_time_s"]
     print(
         f"3. batch shares (--pp 1): {s} {_ms(best['step_time_s'])} vs even {_ms(even['step_time_s'])}: "
@@ -122,9 +125,11 @@ def calibration() -> None:
 
 
 def llama_fsdp() -> None:
-    job = {"model": "llama3-8b", "cluster": "h100", "batch": 1024, "dtype": "bf16", "precision": "mixed"}
-    best = search(SearchRequest(top=8, workers=2, **job)).best()  # type: ignore[arg-type]
-    fsdp = search(SearchRequest(top=8, workers=2, pins=Pins(pp=1, tp=1, zero=3), **job)).best()  # type: ignore[arg-type]
+    req = SearchRequest(
+        model="llama3-8b", cluster="h100", batch=1024, dtype="bf16", precision="mixed", top=8, workers=2
+    )
+    best = search(req).best()
+    fsdp = search(replace(req, pins=Pins(pp=1, tp=1, zero=3))).best()
     assert best is not None and fsdp is not None
     print(
         f"6. llama3-8b, 8 × H100, batch 1024: winner {best['strategy']} {best['step_time_s']:.2f} s "
@@ -136,18 +141,19 @@ def llama_fsdp() -> None:
 
 
 def gpt3_tp() -> None:
-    job = {
-        "model": "gpt2-175b",
-        "cluster": "dgx-a100:128",
-        "batch": 1536,
-        "dtype": "bf16",
-        "precision": "mixed",
-    }
+    base = SearchRequest(
+        model="gpt2-175b",
+        cluster="dgx-a100:128",
+        batch=1536,
+        dtype="bf16",
+        precision="mixed",
+        top=2,
+        workers=2,
+        pins=Pins(max_k=128),
+    )
     for trainer in ("distir", "megatron"):
         for overlap in (False, True):
-            req = SearchRequest(  # type: ignore[arg-type]
-                top=2, workers=2, pins=Pins(max_k=128), tp_comm_overlap=overlap, trainer=trainer, **job
-            )
+            req = replace(base, tp_comm_overlap=overlap, trainer=trainer)
             best = search(req).best()
             assert best is not None
             other_t = 4 if best["t"] == 8 else 8

@@ -112,8 +112,8 @@ def main() -> None:
         inside = sum(v[1] for v in real.values())
         step = r.step_times[-1]
         print(f"rank {rank}: real step {step * 1e3:.1f} ms, in ops {inside * 1e3:.1f}, between ops ", end="")
-        busy, comm = sim.busy_s[rank] * 1e3, sim.comm_s[rank] * 1e3
-        print(f"{(step - inside) * 1e3:.1f}; simulated busy {busy:.1f}, comm {comm:.1f}")
+        busy_ms, comm_ms = sim.busy_s[rank] * 1e3, sim.comm_s[rank] * 1e3
+        print(f"{(step - inside) * 1e3:.1f}; simulated busy {busy_ms:.1f}, comm {comm_ms:.1f}")
         head = ("op", "real n", "wall ms", "cpu ms", "sim n", "sim ms", "real-sim")
         widths = (6, 8, 8, 6, 8, 9)
         print(f"  {head[0]:30} " + " ".join(f"{h:>{w}}" for h, w in zip(head[1:], widths, strict=True)))

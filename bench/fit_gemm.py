@@ -28,6 +28,7 @@ import argparse
 import csv
 import math
 import os
+from dataclasses import fields
 from pathlib import Path
 from typing import NamedTuple
 
@@ -84,7 +85,8 @@ def h100(profile: GemmProfile | None = None) -> Device:
     """The H100 preset as the cost model sees it (``profile``: another GEMM profile on it)."""
     d = H100_SXM_80GB
     assert d.gemm is not None
-    mem_eff = RooflineCostModel.__dataclass_fields__["memory_efficiency"].default
+    mem_eff = {f.name: f.default for f in fields(RooflineCostModel)}["memory_efficiency"]
+    assert isinstance(mem_eff, float)
     return Device(
         d.peak_flops(DType.bf16), d.memory_bandwidth * mem_eff, d.launch_overhead_s, profile or d.gemm
     )
@@ -140,7 +142,10 @@ def residuals(
     pts: list[Point], dev: Device, reuse_half: float, k_overhead: float, top: float | None = None
 ) -> np.ndarray:
     """log(charged / measured) per point: positive is a pessimistic (slower) charge."""
-    return np.log(charged(pts, dev, reuse_half, k_overhead, top)) - np.log([p.seconds for p in pts])
+    res: np.ndarray = np.log(charged(pts, dev, reuse_half, k_overhead, top)) - np.log(
+        [p.seconds for p in pts]
+    )
+    return res
 
 
 def _summary(label: str, res: np.ndarray, pts: list[Point]) -> None:

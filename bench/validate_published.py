@@ -34,10 +34,14 @@ import time
 import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
+
+if TYPE_CHECKING:
+    from distir.parallel.strategy import Strategy
+    from distir.sim.simulate import SimResult
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "bench" / "published_runs.toml"
@@ -410,7 +414,7 @@ def zoo_model(m: ModelCfg) -> str:
     return spec if m.loss == "fp32" else f"{spec},loss={m.loss}"
 
 
-def strategy_of(s: StrategyCfg) -> Any:
+def strategy_of(s: StrategyCfg) -> Strategy:
     """The distir Strategy of a run: k = global batch / (dp · microbatch); context parallelism
     ``c`` splits each sequence (``distribute``'s ring attention)."""
     from distir.parallel.strategy import Strategy
@@ -481,7 +485,7 @@ class Prediction(NamedTuple):
 MEMORY_MEASURES = ("", "allocator_reserved")
 
 
-def allocator_reserved(res: Any) -> float:
+def allocator_reserved(res: SimResult) -> float:
     """The largest reserved peak of ``res``'s GPUs without the CUDA context and communication
     buffers: what the caching allocator's ``reserved_bytes.all.peak`` counts."""
     assert res.cluster is not None
@@ -524,8 +528,8 @@ AS_PUBLISHED = Variant()  # each run's own kernels, matmuls by the GEMM curve
 
 
 def _simulated(
-    r: Run, v: Variant, trace: bool = False, allocator: bool = False, trace_detail: str | None = None
-) -> tuple[Any, Any]:
+    r: Run, v: Variant, trace: bool = False, allocator: bool = False, trace_detail: str = "chunk"
+) -> tuple[SimResult, Strategy]:
     """(the SimResult, the strategy) of ``r`` built, distributed and simulated as ``distir
     simulate --model`` does (``allocator``: with the caching allocator's pools; ``trace_detail``:
     the trace's detail, as ``simulate``'s)."""
@@ -589,8 +593,9 @@ def _simulated(
     if v.persistent and v.interference and profile is not None and profile.persistent:
         first = simulate(prog, cl, dmap, cost, batch=batch, trace=True, trace_detail="op")
         cost = replace(cost, gemm_share=gemm_share(first))
-    detail = {} if trace_detail is None else {"trace_detail": trace_detail}
-    res = simulate(prog, cl, dmap, cost, batch=batch, trace=trace, allocator=allocator, **detail)
+    res = simulate(
+        prog, cl, dmap, cost, batch=batch, trace=trace, allocator=allocator, trace_detail=trace_detail
+    )
     return res, st
 
 
