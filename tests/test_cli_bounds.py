@@ -171,6 +171,8 @@ def run_main(
         (["lower", "--rank", "-1", str(EX / "fig2_mlp_pipeline.distir")], "'--rank'"),
         (["exec", "--seed", "-1", str(EX / "fig2_mlp_pipeline.distir")], "'--seed'"),
         (["simulate", "--model", "gpt2-117m", "--strategy", ""], "empty strategy"),
+        (["simulate", "--model", "gpt2-117m", "--clip-grad", "inf"], "--clip-grad must be a finite norm"),
+        (["simulate", "--model", "gpt2-117m", "--clip-grad", "nan"], "'--clip-grad'"),
         (
             ["simulate", "--model", "gpt2-117m", "--dtype", "f64"],
             "--dtype must be f32, bf16 or f16, got 'f64'",

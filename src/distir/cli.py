@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 import traceback
@@ -434,7 +435,7 @@ def simulate(
     file, or of a zoo model under a strategy (built with distribute(model, strategy))."""
     from distir.sim.summary import summary_dict
 
-    _check_simulate_options(file, model, kernels, attention_kernel, trace_detail, trace, trainer)
+    _check_simulate_options(file, model, kernels, attention_kernel, trace_detail, trace, trainer, clip_grad)
     traced_gpus = _traced_gpus(trace_gpus, trace)
     _check_planner(planner, trace)
     switches = _SimSwitches(
@@ -539,9 +540,12 @@ def _check_simulate_options(
     trace_detail: str,
     trace: Path | None,
     trainer: str = "distir",
+    clip_grad: float | None = None,
 ) -> None:
     """``simulate``'s options with a fixed set of values, each one of its set (None: the
-    trainer's); ``--trace`` writable; a FILE or a ``--model``, not both."""
+    trainer's); ``--clip-grad`` finite; ``--trace`` writable; a FILE or a ``--model``, not both."""
+    if clip_grad is not None and not math.isfinite(clip_grad):
+        _fail(f"--clip-grad must be a finite norm (0: no clipping), got {clip_grad}")
     from distir.parallel.trainers import TRAINERS
     from distir.sim.cost import KERNELS
 
