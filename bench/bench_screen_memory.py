@@ -96,8 +96,14 @@ def run_case(case: Case, top: int, verbose: bool, trainer: str = "distir") -> li
     wall = time.perf_counter() - t0
     steps = step_ratios(out)
     if verbose:
+        timed = {str(e.strategy): e.step_time_s for e in out.screened}
+        exact_s = {r["strategy"]: r["step_time_s"] for r in out.results}
         for name, got, exact, x in rows:
-            print(f"    {name:48s} screen {got / 2**30:8.2f} GiB  exact {exact / 2**30:8.2f} GiB  {x:.3f}")
+            t = timed[name] / exact_s[name]
+            print(
+                f"    {name:48s} screen {got / 2**30:8.2f} GiB  exact {exact / 2**30:8.2f} GiB  {x:.3f}"
+                f"  step time {t:.3f}"
+            )
     xs = [x for *_, x in rows]
     kinds = sorted({(s.schedule, s.zero, s.recompute) for s in (parse_strategy(n) for n, *_ in rows)})
     under, over = 1 - min(xs, default=1.0), max(xs, default=1.0) - 1
