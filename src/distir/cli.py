@@ -35,7 +35,7 @@ from distir.ir.function import Module
 from distir.ir.parser import parse_with_positions
 from distir.ir.printer import print_module
 from distir.ir.types import Device
-from distir.limits import MAX_EXEC_BYTES, MAX_OPS
+from distir.limits import MAX_EXEC_BYTES, MAX_OPS, RESERVED_OPS_SHARE
 from distir.report.errors import USER_ERRORS, locate
 from distir.report.fields import SCHEMA
 from distir.report.summary import module_stats, output_names, outputs_table, value_summary
@@ -374,7 +374,8 @@ _SimMaxOps = Annotated[
     typer.Option(
         "--max-ops",
         min=1,
-        help="With --model: refuse a program estimated above this many ops (calls expanded).",
+        help="With --model: refuse a program estimated above this many ops (calls expanded); "
+        "--reserved: a program of more than a twentieth of it (its walk replays every op).",
     ),
 ]
 
@@ -482,6 +483,7 @@ def simulate(
         reserved,
         semantics.ring_form if semantics else "p2p",
         traced_gpus,
+        max_ops,
     )
     result = dataclasses.replace(result, model_flops=model_flops)
     _write_simulation_trace(result, trace, file)
@@ -648,6 +650,7 @@ def _run_simulation(
     allocator: bool = False,
     ring_form: str = "p2p",
     trace_gpus: frozenset[int] | None = None,
+    max_ops: int = MAX_OPS.max,
 ) -> Any:
     """The simulator's result for ``m`` on ``cl`` under the roofline cost model (errors located
     in ``file`` when there is one); ``allocator``: with the caching allocator's reserved peak;
@@ -671,6 +674,7 @@ def _run_simulation(
                 planner=planner,
                 allocator=allocator,
                 trace_gpus=trace_gpus,
+                allocator_max_ops=max_ops // RESERVED_OPS_SHARE,
             )
         )
     except DeviceMapError as e:

@@ -69,6 +69,15 @@ MAX_OPS = Bound(
     "estimated primitive ops of a distributed program, calls expanded (--max-ops; about 30 s and "
     "1 GiB of simulation)",
 )
+# the caching allocator's walk (``simulate --reserved``) replays every allocation with calls
+# expanded, about 20x the simulation's time per op: it takes this share of ``--max-ops``
+RESERVED_OPS_SHARE = 20
+MAX_RESERVED_OPS = Bound(
+    "ops for --reserved (raise it with --max-ops)",
+    MAX_OPS.max // RESERVED_OPS_SHARE,
+    "ops of a program the caching allocator's walk replays, calls expanded (--max-ops / 20; about "
+    "100 µs and 1.6 KB an op: 50 s and 0.8 GB at the bound)",
+)
 MAX_TRACE_EVENTS = Bound(
     "on a trace's events (choose GPUs with --trace-gpus)",
     2_000_000,

@@ -208,3 +208,30 @@ def test_a_hand_over_to_another_stream_of_the_gpu_stays_in_its_pool() -> None:
     for g in (0, 1):
         assert r.stream_pools[g] == {"compute": 3 * N, "comm": N}
         assert r.reserved_memory[g] == 4 * N
+
+
+def test_a_program_above_the_allocator_bound_is_refused_before_the_walk() -> None:
+    from distir.sim.simulate import AllocatorSizeError
+
+    m = distir.check(parse_module(ONE_STREAM))
+    n = simulate(m, cluster()).n_ops
+    with pytest.raises(AllocatorSizeError, match=rf"program's {n} ops .* above {n - 1}"):
+        simulate(m, cluster(), allocator=True, allocator_max_ops=n - 1)
+    assert simulate(m, cluster(), allocator=True, allocator_max_ops=n).reserved_memory == {0: 2.0 * MIB}
+
+
+def test_cli_reserved_is_bounded_by_a_share_of_max_ops(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from distir.cli import main
+
+    argv = ["distir", "simulate", "--model", "gpt:layers=2,hidden=64,heads=2,seq=16,vocab=64"]
+    argv += ["--strategy", "d1.t1.p2.k4.1f1b", "--cluster", "dgx-a100", "--reserved", "--max-ops", "2000"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert "above 100 (--max-ops / 20" in err and "raise --max-ops" in err

@@ -39,7 +39,7 @@ from distir.interp.shapes import entry_args
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
 from distir.ir.types import Device, IRTypeError, devices_of
-from distir.limits import MAX_TRACE_EVENTS
+from distir.limits import MAX_RESERVED_OPS, MAX_TRACE_EVENTS, RESERVED_OPS_SHARE
 from distir.ops.dist import parse_mesh_attr
 from distir.ops.elementwise import CAST
 from distir.sim.allocator import reserved_bytes, stream_pools
@@ -165,6 +165,7 @@ def simulate(
     shared: SharedPlans | None = None,
     allocator: bool = False,
     trace_gpus: Collection[int] | None = None,
+    allocator_max_ops: int = MAX_RESERVED_OPS.max,
 ) -> SimResult:
     """Simulate ``fn`` (default: the module's entry) on ``cluster``. ``trace_detail`` (with
     ``trace``): how deep ``SimResult.trace_detail`` looks into calls — ``chunk``, ``layer`` or
@@ -175,17 +176,29 @@ def simulate(
     ``planner``: ``fast`` (``distir.sim.plan`` with its fast
     paths) or ``reference`` (``distir.sim.reference``: the same figures, slowly, with no memory
     timeline and no trace detail). ``allocator``: also size the caching allocator's per-stream
-    pools (``distir.sim.allocator``: one more walk of the program) into
-    ``SimResult.reserved_memory`` and ``stream_pools``."""
+    pools (``distir.sim.allocator``: one more walk of the program, with every call expanded) into
+    ``SimResult.reserved_memory`` and ``stream_pools``; a program of more than
+    ``allocator_max_ops`` ops raises ``AllocatorSizeError`` before that walk."""
     scope = TraceScope(trace_detail, None if trace_gpus is None else frozenset(trace_gpus)) if trace else None
     result = _simulate_planned(
         module, cluster, device_map, cost_model, scope, batch, concrete, fn, trace_detail, planner, shared
     )
     if allocator:
+        if result.n_ops > allocator_max_ops:
+            raise AllocatorSizeError(
+                f"the caching allocator's walk replays each of the program's {result.n_ops:,} ops "
+                f"(calls expanded; about {result.n_ops * 1e-4:,.0f} s), above {allocator_max_ops:,} "
+                f"(--max-ops / {RESERVED_OPS_SHARE}, docs/limitations.md): raise --max-ops, or give "
+                f"fewer microbatches"
+            )
         _add_reserved(
             result, module, fn if fn is not None else module.entry, concrete, cluster, device_map, cost_model
         )
     return result
+
+
+class AllocatorSizeError(ValueError):
+    """``simulate(allocator=True)`` refused: the program is above ``allocator_max_ops``."""
 
 
 def _add_reserved(
