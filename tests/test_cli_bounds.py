@@ -113,7 +113,7 @@ def test_unbounded_inputs_end_in_one_line_before_any_work(tmp_path: Path) -> Non
                 *("--model", "gpt:layers=2,hidden=16777216,heads=1,seq=16777216,vocab=16777216"),
                 *("--batch", "16777216"),
             ],
-            "elements, above distir's bound of 2**53",
+            "is above distir's bound of 9,007,199,254,740,992 elements in one tensor",
         ),
         "--batch 99999999999999999999": (
             ["simulate", "--model", "gpt2-117m", "--batch", "99999999999999999999"],

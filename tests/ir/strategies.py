@@ -43,8 +43,9 @@ Draw = Callable[[st.SearchStrategy[Any]], Any]
 dtypes = st.sampled_from(list(DType))
 device_ids = st.integers(0, 7) | st.integers(0, 10**9)
 devices = st.builds(Device, device_ids)
-dims = st.integers(0, 16) | st.integers(0, 2**40)
-shapes = st.lists(dims, max_size=4).map(tuple)  # includes () and (n,)
+dims = st.integers(0, 16) | st.integers(0, 2**13)
+# includes () and (n,); at most 2**53 elements, distir's bound on a tensor (one large dim alone)
+shapes = st.lists(dims, max_size=4).map(tuple) | st.tuples(st.integers(0, 2**40))
 
 
 def tensor_types(device: st.SearchStrategy[Device] = devices) -> st.SearchStrategy[TensorType]:

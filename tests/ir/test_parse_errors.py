@@ -161,6 +161,12 @@ GOLDEN = [
         "func @main() {\n  %y = Foo(k=" + "1" * 5000 + ")\n  return %y\n}\n",
         "prog.distir:2:14: integer with 5000 digits is too long",
     ),
+    (
+        "shape-above-the-element-bound",  # 2**64 elements: numpy's int64 shapes would overflow
+        "func @main(%x: Tensor[f32, (4294967296, 4294967296), d0]) {\n  return %x\n}\n",
+        "prog.distir:1:51: the elements of the shape = 18,446,744,073,709,551,616 is above distir's bound "
+        "of 9,007,199,254,740,992 elements in one tensor (docs/limitations.md)",
+    ),
 ]
 
 

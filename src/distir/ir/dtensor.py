@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from distir.ir.local_types import _ITEMSIZE, Device, DType, IRTypeError, TensorType
-from distir.limits import MAX_DEGREE, MAX_DEVICES, exceeds, over, read_int
+from distir.limits import MAX_DEGREE, MAX_DEVICES, MAX_ELEMENTS, exceeds, over, read_int
 
 
 class AxisSize(int):
@@ -317,6 +317,8 @@ class DTensorType:
             raise IRTypeError(f"DTensor dtype must be a DType, got {self.dtype!r}")
         if type(self.shape) is not tuple or not all(type(s) is int and s >= 0 for s in self.shape):
             raise IRTypeError(f"DTensor shape must be a tuple of non-negative ints, got {self.shape!r}")
+        if (n := math.prod(self.shape)) > MAX_ELEMENTS.max:
+            raise IRTypeError(over(f"DTensor shape {self.shape}: its elements", n, MAX_ELEMENTS))
         if not isinstance(self.mesh, Mesh):
             raise IRTypeError(f"DTensor mesh must be a Mesh, got {self.mesh!r}")
         if not isinstance(self.placements, tuple) or len(self.placements) != len(self.mesh.axes):

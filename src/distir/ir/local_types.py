@@ -19,6 +19,8 @@ from enum import Enum
 
 import numpy as np
 
+from distir.limits import MAX_ELEMENTS, over
+
 
 class IRTypeError(ValueError):
     """A type (or a piece of one) was constructed with invalid components."""
@@ -140,9 +142,12 @@ class TensorType:
             raise IRTypeError(f"tensor shape must be a tuple of non-negative ints, got {self.shape!r}")
         if type(self.device) is not Device:
             raise IRTypeError(f"tensor device must be a Device, got {self.device!r}")
+        n = math.prod(shape)
+        if n > MAX_ELEMENTS.max:
+            raise IRTypeError(over(f"tensor shape {shape}: its elements", n, MAX_ELEMENTS))
         # types are hashed constantly (cost and call-summary keys): hash once
         object.__setattr__(self, "_hash", hash((self.dtype.value, self.shape, self.device.id)))
-        object.__setattr__(self, "_nbytes", math.prod(shape) * _ITEMSIZE[self.dtype])
+        object.__setattr__(self, "_nbytes", n * _ITEMSIZE[self.dtype])
 
     def __hash__(self) -> int:
         return self._hash
