@@ -51,7 +51,8 @@ def iter_events(result: SimResult) -> Iterator[dict[str, Any]]:
     cluster = result.cluster
     traced = result.trace_source.traced if result.trace_source is not None else None
     shown = [i for i in range(len(result.slots)) if traced is None or i in traced]
-    for g in sorted({result.slots[i].gpu for i in shown}):
+    gpus = {result.slots[i].gpu for i in shown}
+    for g in sorted(gpus):
         kind = cluster.device_spec(g).name if cluster is not None else "GPU"
         yield {"name": "process_name", "ph": "M", "pid": g, "args": {"name": f"GPU {g} ({kind})"}}
         yield {"name": "process_sort_index", "ph": "M", "pid": g, "args": {"sort_index": g}}
@@ -80,6 +81,8 @@ def iter_events(result: SimResult) -> Iterator[dict[str, Any]]:
             ev = {"name": f.name, "cat": "p2p", "ph": ph, "id": k, "pid": result.slots[j].gpu, "tid": j}
             yield {**ev, "ts": mid, **({"bp": "e"} if ph == "f" else {})}
     for g, samples in (result.memory_timeline or {}).items():
+        if g not in gpus:  # a timeline kept for every GPU (a simulation on shared plans)
+            continue
         for t, b in samples:
             yield {"name": "memory", "ph": "C", "pid": g, "ts": t * US, "args": {"bytes": b}}
 
