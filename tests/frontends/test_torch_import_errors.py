@@ -5,6 +5,7 @@ model, a missing file, a mixture-of-experts block that is not Mixtral's, a bad f
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,36 @@ def test_bad_sources_are_one_typed_error(source: str, error: type[ModelError], w
     code, out, err = run("import", source)
     assert code == 2 and out == ""
     assert words in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "attr", "words"),
+    [
+        ("def f():\n    raise RuntimeError('no checkpoint at /data/ckpt')\n", "f", "f() raised RuntimeError"),
+        ("import math\nraise ValueError('bad setting')\n", "f", "importing usermod raised ValueError"),
+        ("def f(:\n    pass\n", "f", "importing usermod raised SyntaxError"),
+    ],
+)
+def test_a_factory_or_module_that_raises_is_one_line(
+    body: str, attr: str, words: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The user's code failing (at import or in the factory) is their error, named with its file
+    and line: one line, exit 2, never a traceback."""
+    (tmp_path / "usermod.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "usermod", raising=False)
+    with pytest.raises(SourceError, match=re.escape(words)):
+        build_model(f"usermod:{attr}", batch=2)
+    monkeypatch.delitem(__import__("sys").modules, "usermod", raising=False)
+    code, out, err = run("simulate", "--model", f"usermod:{attr}", "--strategy", "d1", "--batch", "2")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert words in err and "usermod.py:" in err
+
+
+def test_a_factory_that_raises_names_its_error() -> None:
+    words = r"raises\(\) raised RuntimeError: no checkpoint at /data/ckpt \(.*torch_models.py:\d+\)"
+    with pytest.raises(SourceError, match=words):
+        build_model(f"{FACTORIES}:raises", batch=2)
 
 
 def test_unsupported_ops_exit_2_on_one_line() -> None:

@@ -50,6 +50,10 @@ def not_a_module() -> tuple[Any, Any]:
     return "a string", ()
 
 
+def raises() -> tuple[Any, Any]:
+    raise RuntimeError("no checkpoint at /data/ckpt")
+
+
 def pippy_example() -> tuple[Any, Any]:
     """PiPPy's example without markers (``test_pipe_split``): split it by module name."""
     import torch
