@@ -5,6 +5,7 @@ model, a missing file, a mixture-of-experts block that is not Mixtral's, a bad f
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -40,8 +41,31 @@ def test_every_unsupported_op_is_listed_with_count_and_location() -> None:
 
 
 def test_a_module_that_cannot_be_traced() -> None:
-    with pytest.raises(TraceError, match="cannot trace"):
+    with pytest.raises(TraceError, match=r"cannot trace .*\(at .*torch_models.py:\d+: if x.sum\(\) > 0:\)"):
         build_model(f"{FACTORIES}:data_dependent", batch=2)
+
+
+def test_an_untraceable_module_is_one_line_on_stderr() -> None:
+    """torch.export prints the partial graph and logs warnings on the process's stderr (its
+    handlers hold the real stream, which the CLI runner does not capture): a subprocess sees them."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(
+        [sys.executable, "-m", "distir.cli", "import", f"{FACTORIES}:data_dependent"],
+        capture_output=True, text=True, env=env, cwd=root, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "cannot trace" in r.stderr and "torch_models.py:" in r.stderr
+
+
+def test_example_inputs_with_a_batch_of_one() -> None:
+    """torch.export specializes a dim of size 1, so the batch cannot be symbolic: said before tracing."""
+    with pytest.raises(TraceError, match=r"example input 0 has dim 0 \(the batch\) of 1; .* at least 2"):
+        build_model(f"{FACTORIES}:batch_of_one", batch=2)
 
 
 @pytest.mark.parametrize(

@@ -50,6 +50,12 @@ def not_a_module() -> tuple[Any, Any]:
     return "a string", ()
 
 
+def batch_of_one() -> tuple[Any, Any]:
+    import torch
+
+    return torch.nn.Linear(4, 4), (torch.zeros(1, 4),)
+
+
 def raises() -> tuple[Any, Any]:
     raise RuntimeError("no checkpoint at /data/ckpt")
 
