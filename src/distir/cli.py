@@ -218,9 +218,11 @@ _SimCluster = Annotated[
         help="A preset (dgx2-v100, dgx-a100:4, p3.8xlarge:3+g4dn.12xlarge:1) or a .toml file.",
     ),
 ]
+# what --model takes (docs/import.md)
+_MODEL_KINDS = "a zoo model (distir models), hf:CONFIG, package.module:factory, or an .onnx or .distir file"
 _SimModel = Annotated[
     str | None,
-    typer.Option("--model", help="A zoo model (distir models), e.g. gpt2-1.6b or gpt:layers=24,hidden=2048."),
+    typer.Option("--model", help=f"{_MODEL_KINDS[0].upper()}{_MODEL_KINDS[1:]}, e.g. gpt2-1.6b."),
 ]
 _SimStrategy = Annotated[
     str | None,
@@ -881,7 +883,7 @@ def run(
     file: Annotated[
         Path | None, typer.Argument(help="A distributed .distir program (or use --model and --strategy).")
     ] = None,
-    model: Annotated[str | None, typer.Option("--model", help="A zoo model (distir models).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help=f"With --strategy: {_MODEL_KINDS}.")] = None,
     strategy: Annotated[
         str | None,
         typer.Option("--strategy", help="With --model: e.g. d1.t1.p2.k2.1f1b (default d1.t1.p1.k1)."),
@@ -1376,7 +1378,7 @@ CP_FROM_HELP = "Search context parallelism from this sequence length on (default
 @app.command()
 def search(
     model: Annotated[
-        str, typer.Option("--model", help="A zoo model (distir models) or model string.")
+        str, typer.Option("--model", help=f"{_MODEL_KINDS[0].upper()}{_MODEL_KINDS[1:]}.")
     ] = "gpt2-1.6b",
     cluster: Annotated[
         str,
@@ -1479,7 +1481,7 @@ def export_(
             "(a PyTorch file).",
         ),
     ],
-    model: Annotated[str, typer.Option("--model", help="A zoo model (distir models) or model string.")],
+    model: Annotated[str, typer.Option("--model", help=f"{_MODEL_KINDS[0].upper()}{_MODEL_KINDS[1:]}.")],
     strategy: Annotated[str, typer.Option("--strategy", help="e.g. d2.t4.sp.p2.k8.1f1b.z1.")],
     batch: Annotated[int, typer.Option("--batch", min=1, help="Global batch (samples per step).")],
     cluster: Annotated[
@@ -1659,9 +1661,7 @@ def demo(json_out: JsonOpt = False, debug: DebugOpt = False) -> None:
 def validate(
     model: Annotated[
         str,
-        typer.Option(
-            "--model", help="A zoo model (distir models), e.g. gpt:layers=4,hidden=128,heads=4,seq=64."
-        ),
+        typer.Option("--model", help=f"{_MODEL_KINDS[0].upper()}{_MODEL_KINDS[1:]}."),
     ] = "gpt:layers=4,hidden=128,heads=4,seq=64,vocab=256",
     samples: Annotated[int, typer.Option("--samples", min=2, help="Strategies to run and simulate.")] = 20,
     nproc: Annotated[
