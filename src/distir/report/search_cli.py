@@ -55,7 +55,7 @@ def _numerics(a: dict[str, Any], err: Console) -> tuple[str, str]:
     from distir.ir.types import DType
 
     dtype, precision = a["dtype"], a["precision"]
-    if dtype == "auto" and str(a["model"]).strip().lower().endswith(".onnx"):
+    if dtype == "auto" and str(a.get("model", "")).strip().lower().endswith(".onnx"):
         dtype = "f32"
         precision = "pure" if precision == "auto" else precision
     if precision == "auto":
