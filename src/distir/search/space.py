@@ -146,6 +146,11 @@ class Space:
             if x is not None and self.devices % x:
                 raise SpaceError(f"--{name} {x} does not divide the cluster's {self.devices} devices")
         if p.tp is not None and p.tp not in self.allowed_tp:
+            if self.allowed_tp == (1,):
+                raise SpaceError(
+                    f"--tp {p.tp}: no weight of the model is tensor-parallel (none matches a placement "
+                    "pattern; --tp-layout auto finds placements)"
+                )
             raise SpaceError(
                 f"--tp {p.tp}: the model's tensor-parallel dimensions do not split {p.tp} ways "
                 f"(allowed: {', '.join(map(str, self.allowed_tp))})"
