@@ -33,7 +33,10 @@ def _cfg(strategy: str, **kw: Any) -> tuple[dict[str, Any], tuple[str, ...], tup
 def test_pure_data_parallel() -> None:
     cfg, warn, notes = _cfg("d8.t1.p1.k1.1f1b")
     assert cfg["zero_optimization"] == {"stage": 0} and cfg["bf16"] == {"enabled": True}
-    assert "fp16" not in cfg and "tensor_parallel" not in cfg and warn == notes == ()
+    assert "fp16" not in cfg and "tensor_parallel" not in cfg and warn == ()
+    # DeepSpeed builds no optimizer without a section or a client optimizer: the user is told
+    (note,) = notes
+    assert note.startswith("optimizer: the plan's Adam") and "deepspeed.initialize" in note
 
 
 def test_zero3_with_accumulation() -> None:

@@ -135,6 +135,12 @@ def ds_config(plan: Plan) -> tuple[dict[str, Any], list[str], list[str]]:
     if plan.optimizer == "sgd":
         cfg["optimizer"] = {"type": "SGD", "params": {"lr": 0.001}}
         notes.append("optimizer: SGD with a placeholder learning rate; set your own")
+    else:  # DeepSpeed's engine builds no optimizer without one (engine.py: has_optimizer)
+        notes.append(
+            "optimizer: the plan's Adam is not in the config (it needs your learning rate): add an "
+            '"optimizer" section ({"type": "Adam", "params": {"lr": ...}}) or pass optimizer= to '
+            "deepspeed.initialize; with neither, DeepSpeed updates no weights"
+        )
     return cfg, warn, notes
 
 
