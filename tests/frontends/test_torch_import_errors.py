@@ -40,6 +40,15 @@ def test_every_unsupported_op_is_listed_with_count_and_location() -> None:
     assert "torch_models.py" in info.value.ops["aten.erf"][0]
 
 
+def test_an_unsupported_op_of_a_torch_module_is_placed_in_the_users_code() -> None:
+    """nn.Conv1d's op is made in torch's conv.py: the location is the line of the user's code that
+    called the module, and the module's path."""
+    with pytest.raises(UnsupportedOpsError) as info:
+        build_model(f"{FACTORIES}:conv", batch=2)
+    (where,) = info.value.ops["aten.conv1d"]
+    assert "torch_models.py" in where and where.endswith("module conv") and "conv.py" not in where
+
+
 def test_a_module_that_cannot_be_traced() -> None:
     with pytest.raises(TraceError, match=r"cannot trace .*\(at .*torch_models.py:\d+: if x.sum\(\) > 0:\)"):
         build_model(f"{FACTORIES}:data_dependent", batch=2)

@@ -50,6 +50,21 @@ def not_a_module() -> tuple[Any, Any]:
     return "a string", ()
 
 
+def conv() -> tuple[Any, Any]:
+    """An nn.Conv1d (no mapping): its op is made in torch's conv.py, called from here."""
+    import torch
+
+    class Conv(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv1d(4, 4, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.conv(x)
+
+    return Conv(), (torch.zeros(2, 4, 6),)
+
+
 def batch_of_one() -> tuple[Any, Any]:
     import torch
 
