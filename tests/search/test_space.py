@@ -213,5 +213,6 @@ def test_a_model_without_tensor_parallel_weights_is_searched_at_t1_only() -> Non
     spec = parse_model_string("tests.frontends.torch_models:mlp")
     assert allowed_tp(spec, DType.f32, 8) == [1]
     sp = Space(devices=8, batch=8, n_layers=3, allowed_tp=(1,), pins=Pins(tp=2))
-    with pytest.raises(SpaceError, match=r"no weight of the model is tensor-parallel .* --tp-layout auto"):
+    words = r"no weight of the model is tensor-parallel .* --tp-layout auto, if given, sharded none"
+    with pytest.raises(SpaceError, match=words):
         sp.check()

@@ -148,8 +148,8 @@ class Space:
         if p.tp is not None and p.tp not in self.allowed_tp:
             if self.allowed_tp == (1,):
                 raise SpaceError(
-                    f"--tp {p.tp}: no weight of the model is tensor-parallel (none matches a placement "
-                    "pattern; --tp-layout auto finds placements)"
+                    f"--tp {p.tp}: no weight of the model is tensor-parallel (no name matches a placement "
+                    "pattern, and --tp-layout auto, if given, sharded none; t > 1 would replicate the model)"
                 )
             raise SpaceError(
                 f"--tp {p.tp}: the model's tensor-parallel dimensions do not split {p.tp} ways "
