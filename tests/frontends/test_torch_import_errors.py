@@ -49,6 +49,12 @@ def test_an_unsupported_op_of_a_torch_module_is_placed_in_the_users_code() -> No
     assert "torch_models.py" in where and where.endswith("module conv") and "conv.py" not in where
 
 
+def test_a_second_input_the_model_uses_is_named_with_its_line() -> None:
+    words = r"input attention_mask is used by the model \(at .*torch_models.py.*\); only its first input"
+    with pytest.raises(StructureError, match=words):
+        build_model(f"{FACTORIES}:with_mask", batch=2)
+
+
 def test_a_module_that_cannot_be_traced() -> None:
     with pytest.raises(TraceError, match=r"cannot trace .*\(at .*torch_models.py:\d+: if x.sum\(\) > 0:\)"):
         build_model(f"{FACTORIES}:data_dependent", batch=2)

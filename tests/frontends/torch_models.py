@@ -65,6 +65,21 @@ def conv() -> tuple[Any, Any]:
     return Conv(), (torch.zeros(2, 4, 6),)
 
 
+def with_mask() -> tuple[Any, Any]:
+    """A forward taking keyword arguments, the second (a mask) used by the model."""
+    import torch
+
+    class Masked(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(8, 4)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.emb(input_ids) * attention_mask.unsqueeze(-1)
+
+    return Masked(), {"input_ids": torch.zeros(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3)}
+
+
 def batch_of_one() -> tuple[Any, Any]:
     import torch
 

@@ -270,7 +270,11 @@ class Converter:
             self.shapes[v] = p.shape
             return TArg(v, p.shape if p.transposed else shape, (False,) * len(shape))
         if kind == "input" and n.name != self.t.inputs[0]:
-            raise StructureError(f"input {n.name} is used by the model; only its first input is supported")
+            at = f" (at {_location(self.node)})" if self.node is not None else ""
+            raise StructureError(
+                f"input {n.name} is used by the model{at}; only its first input (the token ids) is "
+                "supported: drop it from the example inputs, or compute it inside forward"
+            )
         if b.x_from is not None:
             raise StructureError(
                 f"layer {b.key} takes two values from before it ({b.x_from} and {n.name}): "
