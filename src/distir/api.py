@@ -134,10 +134,15 @@ def _model_text(model: ModelArg) -> str:
     return model.text if isinstance(model, ModelSpec) else model
 
 
-def _numerics(dtype: str, precision: str, train: bool, cluster: ClusterArg | None) -> tuple[str, str]:
-    """``auto`` as the CLI resolves it (``distir.export.plan.resolve_numerics``); inference: pure."""
+def _numerics(
+    dtype: str, precision: str, train: bool, cluster: ClusterArg | None, model: str = ""
+) -> tuple[str, str]:
+    """``auto`` as the CLI resolves it (``distir.export.plan.resolve_numerics``); inference: pure.
+    An ONNX file imports in its own precision, f32: ``auto`` is f32 (and pure) for one."""
     from distir.export.plan import resolve_numerics
 
+    if dtype == "auto" and model.strip().lower().endswith(".onnx"):
+        dtype = "f32"
     if not train and precision == "auto":
         precision = "pure"
     return resolve_numerics(dtype, precision, cluster)
@@ -184,7 +189,7 @@ def search(
     from distir.search.run import search as run_search
     from distir.search.space import Pins
 
-    dtype, precision = _numerics(dtype, precision, train, cluster)
+    dtype, precision = _numerics(dtype, precision, train, cluster, _model_text(model))
     pins = Pins(dp, tp, pp, microbatches, schedule, zero, recompute, max_microbatches)
     req = SearchRequest(
         model=_model_text(model),
@@ -251,7 +256,7 @@ def simulate(
 
     s = parse_strategy(strategy) if isinstance(strategy, str) else strategy
     b = batch if batch is not None else 8 * s.d * s.k
-    dtype, precision = _numerics(dtype, precision, train, cluster)
+    dtype, precision = _numerics(dtype, precision, train, cluster, _model_text(model))
     spec = _model_text(model)
     row = evaluate(ExactJob(spec, cluster, b, train, optimizer, dtype, precision, trainer=trainer), str(s))
     return Result.from_row({**fields_for(spec, s, b), **row})

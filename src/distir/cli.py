@@ -218,9 +218,11 @@ _SimCluster = Annotated[
         help="A preset (dgx2-v100, dgx-a100:4, p3.8xlarge:3+g4dn.12xlarge:1) or a .toml file.",
     ),
 ]
+# what --model takes (docs/import.md)
+_MODEL_KINDS = "a zoo model (distir models), hf:CONFIG, package.module:factory, or an .onnx or .distir file"
 _SimModel = Annotated[
     str | None,
-    typer.Option("--model", help="A zoo model (distir models), e.g. gpt2-1.6b or gpt:layers=24,hidden=2048."),
+    typer.Option("--model", help=f"{_MODEL_KINDS[0].upper()}{_MODEL_KINDS[1:]}, e.g. gpt2-1.6b."),
 ]
 _SimStrategy = Annotated[
     str | None,
@@ -885,7 +887,7 @@ def run(
     file: Annotated[
         Path | None, typer.Argument(help="A distributed .distir program (or use --model and --strategy).")
     ] = None,
-    model: Annotated[str | None, typer.Option("--model", help="A zoo model (distir models).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help=f"With --strategy: {_MODEL_KINDS}.")] = None,
     strategy: Annotated[
         str | None,
         typer.Option("--strategy", help="With --model: e.g. d1.t1.p2.k2.1f1b (default d1.t1.p1.k1)."),
@@ -1380,7 +1382,7 @@ CP_FROM_HELP = "Search context parallelism from this sequence length on (default
 @app.command()
 def search(
     model: Annotated[
-        str, typer.Option("--model", help="A zoo model (distir models) or model string.")
+        str, typer.Option("--model", help=f"{_MODEL_KINDS[0].upper()}{_MODEL_KINDS[1:]}.")
     ] = "gpt2-1.6b",
     cluster: Annotated[
         str,
@@ -1483,7 +1485,7 @@ def export_(
             "(a PyTorch file).",
         ),
     ],
-    model: Annotated[str, typer.Option("--model", help="A zoo model (distir models) or model string.")],
+    model: Annotated[str, typer.Option("--model", help=f"{_MODEL_KINDS[0].upper()}{_MODEL_KINDS[1:]}.")],
     strategy: Annotated[str, typer.Option("--strategy", help="e.g. d2.t4.sp.p2.k8.1f1b.z1.")],
     batch: Annotated[int, typer.Option("--batch", min=1, help="Global batch (samples per step).")],
     cluster: Annotated[
@@ -1663,9 +1665,7 @@ def demo(json_out: JsonOpt = False, debug: DebugOpt = False) -> None:
 def validate(
     model: Annotated[
         str,
-        typer.Option(
-            "--model", help="A zoo model (distir models), e.g. gpt:layers=4,hidden=128,heads=4,seq=64."
-        ),
+        typer.Option("--model", help=f"{_MODEL_KINDS[0].upper()}{_MODEL_KINDS[1:]}."),
     ] = "gpt:layers=4,hidden=128,heads=4,seq=64,vocab=256",
     samples: Annotated[int, typer.Option("--samples", min=2, help="Strategies to run and simulate.")] = 20,
     nproc: Annotated[
@@ -1678,18 +1678,25 @@ def validate(
     batch: Annotated[int, typer.Option("--batch", min=1, help="Global batch of every strategy.")] = 8,
     steps: Annotated[int, typer.Option("--steps", min=2, help="Steps per run; the first is a warm-up.")] = 4,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the strategy draw.")] = 0,
+    strategy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--strategy",
+            help="Run this strategy (repeatable; each on --nproc ranks) instead of drawing --samples.",
+        ),
+    ] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the scatter plot (PNG) here.")] = Path(
         "validate.png"
     ),
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Run --samples strategies of --model for real on --nproc local ranks and simulate each on
-    the calibrated --cluster; report Spearman's rho of throughput, the median and max error of
-    step time and of peak memory, and a scatter plot."""
+    """Run --samples strategies of --model (or each --strategy) for real on --nproc local ranks
+    and simulate each on the calibrated --cluster; report each one's real and simulated step time
+    and peak memory, Spearman's rho of throughput, the median and max errors, and a scatter plot."""
     from distir.backend import TorchMissing
     from distir.backend.launch import RunFailed
-    from distir.backend.validate import ValidateError, fidelity_dict, scatter_png
+    from distir.backend.validate import ValidateError, chosen, fidelity_dict, scatter_png
     from distir.backend.validate import validate as run_validation
     from distir.backend.worker import RankFailure
     from distir.hardware.cluster import parse_cluster
@@ -1699,8 +1706,9 @@ def validate(
     _check_outputs(plot=plot)
     try:
         cl = parse_cluster(cluster)
-    except HardwareError as e:
-        _fail(str(e))
+        chosen(strategy or (), nproc)  # before any run: a strategy that cannot run here
+    except (HardwareError, ValidateError) as e:
+        _fail(f"validate: {e}" if isinstance(e, ValidateError) else str(e))
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     bar = _progress_bar(json_out)
     task = bar.add_task("running", total=samples)
@@ -1715,6 +1723,7 @@ def validate(
                 steps,
                 seed,
                 tick=lambda label: bar.update(task, advance=1, description=f"ran {label}"),
+                strategies=strategy or (),
             )
         if plot is not None:
             scatter_png(f, plot)
@@ -1728,11 +1737,17 @@ def validate(
         _emit_json(d)
         return
     out.print(
-        f"{f.model}, batch {f.batch}, {f.nproc} ranks, {len(f.points)} strategies, simulated on {f.cluster} "
+        f"{f.model}, batch {f.batch}, {f.nproc} ranks, {len(f.points)} "
+        f"{'strategy' if len(f.points) == 1 else 'strategies'}, simulated on {f.cluster} "
         f"(load average {load:.1f} on {os.cpu_count()} CPUs)",
         markup=False,
     )
-    out.print(f"  Spearman rho of throughput: {f.rho_throughput:.3f}", markup=False)
+    _print_points(f)
+    rho = f.rho_throughput
+    out.print(
+        f"  Spearman rho of throughput: {'n/a (one strategy)' if math.isnan(rho) else f'{rho:.3f}'}",
+        markup=False,
+    )
     out.print(
         f"  step time error: median {100 * f.step_time.median:.1f}%, max {100 * f.step_time.max:.1f}%",
         markup=False,
@@ -1744,6 +1759,27 @@ def validate(
     )
     if plot is not None:
         out.print(f"  scatter plot: {plot}", markup=False)
+
+
+def _print_points(f: Any) -> None:
+    """``validate``'s table: per strategy its real and simulated step time and peak memory, and
+    how far the simulation is from the run (signed: + the simulation slower / larger)."""
+    from rich.table import Table
+
+    table = Table(box=None, padding=(0, 1), show_edge=False)
+    for name in ("strategy", "real step", "simulated", "error", "real peak", "simulated", "error"):
+        table.add_column(name, justify="left" if name == "strategy" else "right")
+    for p in f.points:
+        table.add_row(
+            p.strategy,
+            f"{p.real_step_s * 1e3:.2f} ms",
+            f"{p.sim_step_s * 1e3:.2f} ms",
+            f"{100 * (p.sim_step_s / p.real_step_s - 1):+.1f}%",
+            f"{p.real_peak_bytes / 2**20:.2f} MiB",
+            f"{p.sim_peak_bytes / 2**20:.2f} MiB",
+            f"{100 * (p.sim_peak_bytes / p.real_peak_bytes - 1):+.1f}%",
+        )
+    out.print(table)
 
 
 def _check_nproc(command: str, nproc: int) -> None:

@@ -61,3 +61,32 @@ def test_validate_needs_enough_devices(tmp_path: Path) -> None:
         app, ["validate", "--cluster", str(_profile(tmp_path)), "--nproc", "4", "--samples", "2"]
     )
     assert r.exit_code == 2 and "fewer than --nproc 4" in r.stderr
+
+
+@pytest.mark.slow
+def test_validate_runs_the_strategies_asked_for_and_prints_each(tmp_path: Path) -> None:
+    """`--strategy` (a search's winner): exactly that strategy is run and simulated, and the
+    text says per strategy how far the simulation is from the run."""
+    pytest.importorskip("torch")
+    args = ["validate", "--model", "mlp:layers=4,hidden=6", "--strategy", "d1.t1.p2.k2.1f1b", "--batch", "4"]
+    args += ["--cluster", str(_profile(tmp_path)), "--plot", str(tmp_path / "v.png"), "--steps", "2"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.stderr
+    assert "1 strategy," in r.stdout and "n/a (one strategy)" in r.stdout
+    (row,) = [line for line in r.stdout.splitlines() if line.strip().startswith("d1.t1.p2.k2.1f1b")]
+    assert row.count(" ms") == 2 and row.count("MiB") == 2 and row.count("%") == 2
+    r = CliRunner().invoke(app, [*args, "--json"])
+    d = json.loads(r.stdout)
+    assert [p["strategy"] for p in d["points"]] == ["d1.t1.p2.k2.1f1b"]
+    assert d["spearman_rho_throughput"] is None
+
+
+@pytest.mark.parametrize(
+    ("strategy", "words"),
+    [("d4.t1.p2.k1.zb1", "runs on 8 ranks, not --nproc 2"), ("d2.x", "unknown part 'x'")],
+)
+def test_validate_refuses_a_strategy_that_cannot_run_here(tmp_path: Path, strategy: str, words: str) -> None:
+    r = CliRunner().invoke(
+        app, ["validate", "--cluster", str(_profile(tmp_path)), "--strategy", strategy, "--nproc", "2"]
+    )
+    assert r.exit_code == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1

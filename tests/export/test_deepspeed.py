@@ -33,7 +33,10 @@ def _cfg(strategy: str, **kw: Any) -> tuple[dict[str, Any], tuple[str, ...], tup
 def test_pure_data_parallel() -> None:
     cfg, warn, notes = _cfg("d8.t1.p1.k1.1f1b")
     assert cfg["zero_optimization"] == {"stage": 0} and cfg["bf16"] == {"enabled": True}
-    assert "fp16" not in cfg and "tensor_parallel" not in cfg and warn == notes == ()
+    assert "fp16" not in cfg and "tensor_parallel" not in cfg and warn == ()
+    # DeepSpeed builds no optimizer without a section or a client optimizer: the user is told
+    (note,) = notes
+    assert note.startswith("optimizer: the plan's Adam") and "deepspeed.initialize" in note
 
 
 def test_zero3_with_accumulation() -> None:
@@ -53,10 +56,30 @@ def test_f16_mixed_precision() -> None:
 
 
 def test_pipeline_is_a_note_and_gpipe_a_warning() -> None:
-    cfg, warn, notes = _cfg("d2.t2.p2.k4.gpipe.z1.rfull")
+    cfg, warn, notes = _cfg("d4.t1.p2.k4.gpipe.z1.rfull")
     assert cfg["gradient_accumulation_steps"] == 4
     assert any("GPipe" in w for w in warn)
     assert any("num_stages=2" in n for n in notes) and any("checkpoint" in n for n in notes)
+    # 'uniform' counts the embedding and head as layers: the blocks are balanced by their type
+    assert any("partition_method='type:BLOCK'" in n for n in notes)
+    assert not any("partition_method='uniform'" in n for n in notes)
+
+
+def test_pipeline_with_tensor_parallelism_is_a_topology_not_autotp() -> None:
+    """AutoTP's mesh has no pipeline axis and PipelineModule(num_stages=p) would make d·t ranks
+    data-parallel (the batch identity fails): the tensor axis goes in the pipeline's topology."""
+    cfg, _, notes = _cfg("d2.t2.p2.k4.1f1b.z1")
+    assert "tensor_parallel" not in cfg
+    assert any("topology.PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=2)" in n for n in notes)
+    assert not any("num_stages=" in n for n in notes)
+    assert any("tensor-parallel in your model code" in n for n in notes)
+
+
+def test_autotp_with_zero3() -> None:
+    """DeepSpeed trains AutoTP with ZeRO-3 since 0.19.4 (#8168, at edaa7221)."""
+    cfg, _, notes = _cfg("d2.t4.p1.k1.1f1b.z3")
+    assert cfg["tensor_parallel"] == {"autotp_size": 4} and cfg["zero_optimization"] == {"stage": 3}
+    assert any("0.19.4" in n for n in notes)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +87,6 @@ def test_pipeline_is_a_note_and_gpipe_a_warning() -> None:
     [
         ("d1.t1.p4.k8.interleaved.v2", "interleaved"),
         ("d2.t1.p4.k8.1f1b.z2", "ZeRO stage 2"),
-        ("d2.t4.p1.k1.1f1b.z3", "ZeRO-3"),
         ("d2.t1.p1.k1.1f1b.b1-3", "uneven batch shares"),
         ("d2.t1.c2.p1.k1.1f1b", "context parallelism"),
     ],
@@ -132,7 +154,14 @@ def deepspeed_config() -> Iterator[Any]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "strategy", ["d8.t1.p1.k1.1f1b", "d4.t1.p1.k4.1f1b.z3", "d8.t1.p1.k2.1f1b.z2", "d16.t1.p1.k1.1f1b.z1"]
+    "strategy",
+    [
+        "d8.t1.p1.k1.1f1b",
+        "d4.t1.p1.k4.1f1b.z3",
+        "d8.t1.p1.k2.1f1b.z2",
+        "d16.t1.p1.k1.1f1b.z1",
+        "d2.t4.p1.k1.1f1b.z3",
+    ],
 )
 def test_deepspeeds_own_loader_reads_the_export(deepspeed_config: Any, strategy: str) -> None:
     """The exported JSON through ``deepspeed.runtime.config.DeepSpeedConfig``: accepted (its batch

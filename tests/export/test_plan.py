@@ -67,3 +67,14 @@ def test_bad_plans_are_one_line_errors(strategy: str, batch: int, cluster: str |
 def test_unknown_target() -> None:
     with pytest.raises(ExportError, match="--to must be one of"):
         export(make_plan("gpt2-1.6b", "d1.t1.p1.k1.1f1b", 8), "colossal")
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "megatron"])
+def test_an_imported_model_is_pointed_to_the_targets_that_take_it(target: str) -> None:
+    """torchtitan and Megatron-LM build their own transformers from arguments: a user's module
+    is refused with the targets that do take it."""
+    pytest.importorskip("torch")
+    plan = make_plan("tests.frontends.torch_models:mlp", "d2.t1.p1.k1", 4)
+    with pytest.raises(ExportError, match=r"is an imported model .* export it to deepspeed .* or fsdp"):
+        export(plan, target)
+    assert export(plan, "deepspeed").text and export(plan, "fsdp").text

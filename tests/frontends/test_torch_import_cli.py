@@ -102,3 +102,14 @@ def test_mixtral_imports_and_simulates(strategy: str) -> None:
         "simulate", "--model", f"hf:{config}", "--strategy", strategy, "--batch", "4", "--json"
     )
     assert code == 0 and json.loads(out)["step_time_s"] > 0
+
+
+def test_import_says_which_weights_tensor_parallelism_shards() -> None:
+    """The placements come from weight names: the summary says which matched, or that none did
+    (then t > 1 would only replicate the model)."""
+    code, out, _ = run("import", "tests.frontends.torch_models:mlp")
+    assert code == 0 and "tensor-parallel weights: none of 15 matches a placement pattern" in out
+    code, out, _ = run("import", str(CONFIGS / "llama-tiny.json"), "--json")
+    data = json.loads(out)
+    assert code == 0 and "model.layers.0.self_attn.q_proj.weight" in data["tp_sharded"]
+    assert "model.norm.weight" not in data["tp_sharded"] and data["weights"] == 21

@@ -5,6 +5,8 @@ model, a missing file, a mixture-of-experts block that is not Mixtral's, a bad f
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -38,9 +40,47 @@ def test_every_unsupported_op_is_listed_with_count_and_location() -> None:
     assert "torch_models.py" in info.value.ops["aten.erf"][0]
 
 
+def test_an_unsupported_op_of_a_torch_module_is_placed_in_the_users_code() -> None:
+    """nn.Conv1d's op is made in torch's conv.py: the location is the line of the user's code that
+    called the module, and the module's path."""
+    with pytest.raises(UnsupportedOpsError) as info:
+        build_model(f"{FACTORIES}:conv", batch=2)
+    (where,) = info.value.ops["aten.conv1d"]
+    assert "torch_models.py" in where and where.endswith("module conv") and "conv.py" not in where
+
+
+def test_a_second_input_the_model_uses_is_named_with_its_line() -> None:
+    words = r"input attention_mask is used by the model \(at .*torch_models.py.*\); only its first input"
+    with pytest.raises(StructureError, match=words):
+        build_model(f"{FACTORIES}:with_mask", batch=2)
+
+
 def test_a_module_that_cannot_be_traced() -> None:
-    with pytest.raises(TraceError, match="cannot trace"):
+    with pytest.raises(TraceError, match=r"cannot trace .*\(at .*torch_models.py:\d+: if x.sum\(\) > 0:\)"):
         build_model(f"{FACTORIES}:data_dependent", batch=2)
+
+
+def test_an_untraceable_module_is_one_line_on_stderr() -> None:
+    """torch.export prints the partial graph and logs warnings on the process's stderr (its
+    handlers hold the real stream, which the CLI runner does not capture): a subprocess sees them."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(
+        [sys.executable, "-m", "distir.cli", "import", f"{FACTORIES}:data_dependent"],
+        capture_output=True, text=True, env=env, cwd=root, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "cannot trace" in r.stderr and "torch_models.py:" in r.stderr
+
+
+def test_example_inputs_with_a_batch_of_one() -> None:
+    """torch.export specializes a dim of size 1, so the batch cannot be symbolic: said before tracing."""
+    with pytest.raises(TraceError, match=r"example input 0 has dim 0 \(the batch\) of 1; .* at least 2"):
+        build_model(f"{FACTORIES}:batch_of_one", batch=2)
 
 
 @pytest.mark.parametrize(
@@ -62,6 +102,36 @@ def test_bad_sources_are_one_typed_error(source: str, error: type[ModelError], w
     code, out, err = run("import", source)
     assert code == 2 and out == ""
     assert words in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "attr", "words"),
+    [
+        ("def f():\n    raise RuntimeError('no checkpoint at /data/ckpt')\n", "f", "f() raised RuntimeError"),
+        ("import math\nraise ValueError('bad setting')\n", "f", "importing usermod raised ValueError"),
+        ("def f(:\n    pass\n", "f", "importing usermod raised SyntaxError"),
+    ],
+)
+def test_a_factory_or_module_that_raises_is_one_line(
+    body: str, attr: str, words: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The user's code failing (at import or in the factory) is their error, named with its file
+    and line: one line, exit 2, never a traceback."""
+    (tmp_path / "usermod.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "usermod", raising=False)
+    with pytest.raises(SourceError, match=re.escape(words)):
+        build_model(f"usermod:{attr}", batch=2)
+    monkeypatch.delitem(__import__("sys").modules, "usermod", raising=False)
+    code, out, err = run("simulate", "--model", f"usermod:{attr}", "--strategy", "d1", "--batch", "2")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert words in err and "usermod.py:" in err
+
+
+def test_a_factory_that_raises_names_its_error() -> None:
+    words = r"raises\(\) raised RuntimeError: no checkpoint at /data/ckpt \(.*torch_models.py:\d+\)"
+    with pytest.raises(SourceError, match=words):
+        build_model(f"{FACTORIES}:raises", batch=2)
 
 
 def test_unsupported_ops_exit_2_on_one_line() -> None:

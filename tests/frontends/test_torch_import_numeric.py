@@ -83,6 +83,54 @@ def test_mlp_loss_and_gradients_equal_torch() -> None:
     _check_against_torch(mlp, (x,), x, labels)
 
 
+class TorchBlock(torch.nn.Module):
+    """A pre-norm block of torch's own modules: nn.MultiheadAttention (its packed in-projection
+    unflattened) and an nn.Sequential MLP with more numbered children (3) than the model has
+    blocks (2)."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = torch.nn.LayerNorm(width)
+        self.attn = torch.nn.MultiheadAttention(width, heads, batch_first=True)
+        self.ln2 = torch.nn.LayerNorm(width)
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.ln1(x)
+        a, _ = self.attn(y, y, y, need_weights=False)
+        x = x + a
+        return x + self.mlp(self.ln2(x))
+
+
+class TorchTransformer(torch.nn.Module):
+    def __init__(self, vocab: int = 11, width: int = 8, heads: int = 2, seq: int = 5) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, width)
+        self.pos = torch.nn.Parameter(torch.randn(seq, width))
+        self.blocks = torch.nn.ModuleList(TorchBlock(width, heads) for _ in range(2))
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids) + self.pos
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def test_torch_multihead_attention_and_sequential_mlp_blocks_equal_torch() -> None:
+    """The blocks are ``blocks.N`` (not the MLP's ``mlp.N``), one layer function, and the step
+    equals torch's."""
+    torch.manual_seed(0)
+    m = TorchTransformer()
+    ids = torch.randint(0, 11, (BATCH, 5))
+    labels = torch.randint(0, 11, (BATCH, 5))
+    model = import_module(m, (ids,), batch=BATCH)
+    assert model.config["layer_paths"] == ("pre", "blocks.0", "blocks.1", "post")
+    _check_against_torch(m, (ids,), ids, labels)
+
+
 # HF's RMSNorm and rotary embedding compute in float32 even in a float64 model (an explicit cast,
 # which the importer reads as the model's dtype): those models agree to float32's precision
 F32_INSIDE = 1e-4

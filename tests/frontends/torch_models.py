@@ -50,6 +50,46 @@ def not_a_module() -> tuple[Any, Any]:
     return "a string", ()
 
 
+def conv() -> tuple[Any, Any]:
+    """An nn.Conv1d (no mapping): its op is made in torch's conv.py, called from here."""
+    import torch
+
+    class Conv(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv1d(4, 4, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.conv(x)
+
+    return Conv(), (torch.zeros(2, 4, 6),)
+
+
+def with_mask() -> tuple[Any, Any]:
+    """A forward taking keyword arguments, the second (a mask) used by the model."""
+    import torch
+
+    class Masked(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(8, 4)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.emb(input_ids) * attention_mask.unsqueeze(-1)
+
+    return Masked(), {"input_ids": torch.zeros(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3)}
+
+
+def batch_of_one() -> tuple[Any, Any]:
+    import torch
+
+    return torch.nn.Linear(4, 4), (torch.zeros(1, 4),)
+
+
+def raises() -> tuple[Any, Any]:
+    raise RuntimeError("no checkpoint at /data/ckpt")
+
+
 def pippy_example() -> tuple[Any, Any]:
     """PiPPy's example without markers (``test_pipe_split``): split it by module name."""
     import torch

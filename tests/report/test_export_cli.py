@@ -33,9 +33,10 @@ def test_export_writes_the_configuration_to_stdout_and_warnings_to_stderr() -> N
     )  # fmt: skip
     assert code == 0, err
     cfg = json.loads(out)
-    assert cfg["train_micro_batch_size_per_gpu"] == 4 and cfg["tensor_parallel"] == {"autotp_size": 4}
-    assert "warning: DeepSpeed's AutoTP has no sequence parallelism" in err
-    assert "note: pipeline:" in err
+    # pipeline with TP: the tensor axis is the pipeline's topology's (AutoTP has no pipeline axis)
+    assert cfg["train_micro_batch_size_per_gpu"] == 4 and "tensor_parallel" not in cfg
+    assert "warning: DeepSpeed's pipeline has no GPipe schedule" in err
+    assert "note: pipeline:" in err and "PipeModelDataParallelTopology(num_pp=2, num_mp=4, num_dp=2)" in err
 
 
 def test_export_to_a_file_and_as_json(tmp_path: Path) -> None:

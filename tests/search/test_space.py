@@ -203,3 +203,16 @@ def test_context_parallel_plans_are_what_distribute_builds() -> None:
     pinned = Space(16, 16, 8, (1, 2, 4), node_devices=8, pins=Pins(cp=2, dp=8, hsdp=4), seq=65536)
     pinned.check()
     assert {(s.d, s.c, s.shard_group) for s in pinned.strategies()} == {(8, 2, 4)}
+
+
+def test_a_model_without_tensor_parallel_weights_is_searched_at_t1_only() -> None:
+    """An imported module whose weight names match no placement pattern (``inp``, ``fc``,
+    ``out``) shards nothing under t > 1: each rank would compute the whole model, as fast as t = 1
+    on t times the GPUs. Only t = 1 is searched, and a --tp pin says why."""
+    pytest.importorskip("torch")
+    spec = parse_model_string("tests.frontends.torch_models:mlp")
+    assert allowed_tp(spec, DType.f32, 8) == [1]
+    sp = Space(devices=8, batch=8, n_layers=3, allowed_tp=(1,), pins=Pins(tp=2))
+    words = r"no weight of the model is tensor-parallel .* --tp-layout auto, if given, sharded none"
+    with pytest.raises(SpaceError, match=words):
+        sp.check()

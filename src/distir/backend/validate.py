@@ -4,7 +4,9 @@
 microbatches k ∈ {1, 2, 4} (k ≥ 2 with pipelining); every schedule with p > 1 (interleaved with
 v = 2); ZeRO 0–3 with d > 1; sequence parallelism with t > 1; recomputation none, full,
 selective. ``validate(...)`` draws ``samples`` of them (seeded; those that do not build for the
-model are skipped and the next drawn), and for each:
+model are skipped and the next drawn), or takes exactly the ``strategies`` given (``distir
+validate --strategy S``, e.g. a search's winner: each on ``nproc`` ranks, one that does not build
+an error; ρ needs two), and for each:
 
 - *real*: builds the distributed training step (``distir.backend.program.model_program``: f32,
   Adam), runs it ``steps`` times on one process per rank (``distir.backend.launch``, as ``distir
@@ -27,8 +29,9 @@ from __future__ import annotations
 
 import io
 import itertools
+import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -121,15 +124,36 @@ def validate(
     timeout_s: float = 120.0,
     tick: Callable[[str], None] | None = None,
     poll_idle: bool = True,
+    strategies: Sequence[str] = (),
 ) -> Fidelity:
-    """Run and simulate ``samples`` strategies (see the module docstring); with ``poll_idle``
-    (on a CPU), inside ``distir.backend.idle.poll_idle``, as ``distir calibrate`` measures."""
+    """Run and simulate ``samples`` strategies (see the module docstring), or exactly
+    ``strategies`` when given (``chosen``; e.g. a search's winner); with ``poll_idle`` (on a
+    CPU), inside ``distir.backend.idle.poll_idle``, as ``distir calibrate`` measures."""
     from distir.backend import idle, require_torch
 
+    pool = chosen(strategies, nproc) if strategies else None
+    args = (model, samples, nproc, cluster, batch, steps, seed, timeout_s, tick, pool)
     if not poll_idle or require_torch().cuda.is_available():
-        return _validate(model, samples, nproc, cluster, batch, steps, seed, timeout_s, tick)
+        return _validate(*args)
     with idle.poll_idle():
-        return _validate(model, samples, nproc, cluster, batch, steps, seed, timeout_s, tick)
+        return _validate(*args)
+
+
+def chosen(strategies: Sequence[str], nproc: int) -> list[Strategy]:
+    """The strategies asked for, each on exactly ``nproc`` ranks (a ``ValidateError`` naming the
+    first that is not)."""
+    from distir.parallel.strategy import StrategyError, parse_strategy
+
+    out: list[Strategy] = []
+    for text in strategies:
+        try:
+            st = parse_strategy(text)
+        except StrategyError as e:
+            raise ValidateError(str(e)) from None
+        if st.devices != nproc:
+            raise ValidateError(f"strategy {st} runs on {st.devices} ranks, not --nproc {nproc}")
+        out.append(st)
+    return out
 
 
 def _validate(
@@ -142,14 +166,18 @@ def _validate(
     seed: int,
     timeout_s: float,
     tick: Callable[[str], None] | None,
+    asked: list[Strategy] | None = None,
 ) -> Fidelity:
     from distir.frontends.zoo.model import ModelError
     from distir.parallel.strategy import StrategyError
 
     if cluster.num_devices < nproc:
         raise ValidateError(f"the cluster has {cluster.num_devices} devices, fewer than --nproc {nproc}")
-    pool = candidates(nproc)
-    random.Random(seed).shuffle(pool)
+    pool = asked if asked is not None else candidates(nproc)
+    if asked is None:
+        random.Random(seed).shuffle(pool)
+    else:
+        samples = len(asked)
     points: list[Point] = []
     source = ""
     for st in pool:
@@ -157,12 +185,14 @@ def _validate(
             break
         try:
             point, source = _measure(model, st, batch, cluster, steps, timeout_s)
-        except (StrategyError, ModelError, ValueError):
+        except (StrategyError, ModelError, ValueError) as e:
+            if asked is not None:  # the user's own strategy: its reason, not a silent skip
+                raise ValidateError(str(e) if str(st) in str(e) else f"{st}: {e}") from None
             continue  # does not build for this model and batch: draw the next
         points.append(point)
         if tick is not None:
             tick(str(st))
-    if len(points) < 2:
+    if len(points) < 2 and asked is None:
         raise ValidateError(f"only {len(points)} strategies of {model} build on {nproc} ranks; need 2")
     real_tp = [batch / p.real_step_s for p in points]
     sim_tp = [batch / p.sim_step_s for p in points]
@@ -173,14 +203,15 @@ def _validate(
         cluster.name,
         source,
         points,
-        spearman(sim_tp, real_tp),
+        spearman(sim_tp, real_tp) if len(points) >= 2 else float("nan"),
         errors([p.sim_step_s for p in points], [p.real_step_s for p in points]),
         errors([p.sim_peak_bytes for p in points], [p.real_peak_bytes for p in points]),
     )
 
 
 def fidelity_dict(f: Fidelity) -> dict[str, Any]:
-    """``--json``: the statistics and every point."""
+    """``--json``: the statistics and every point (``spearman_rho_throughput`` null for one)."""
+    rho = f.rho_throughput
     return {
         "model": f.model,
         "batch": f.batch,
@@ -188,7 +219,7 @@ def fidelity_dict(f: Fidelity) -> dict[str, Any]:
         "cluster": f.cluster,
         "memory_source": f.memory_source,
         "samples": len(f.points),
-        "spearman_rho_throughput": f.rho_throughput,
+        "spearman_rho_throughput": None if math.isnan(rho) else rho,
         "step_time_error": {"median": f.step_time.median, "max": f.step_time.max},
         "peak_memory_error": {"median": f.peak_memory.median, "max": f.peak_memory.max},
         "points": [p._asdict() for p in f.points],

@@ -225,9 +225,11 @@ def refuse_context(plan: Plan, target: str) -> None:
 def need_transformer(plan: Plan, target: str) -> ModelShape:
     if plan.shape is None:
         family = parse_model_string(plan.model).family
+        what = "an imported model" if family == "imported" else f"a model of the {family} family"
         raise ExportError(
-            f"{target} trains transformers (GPT, Llama); {plan.model} is a {family} model it has no "
-            "arguments for"
+            f"{target} builds its own transformers (GPT, Llama) from arguments; {plan.model} is {what} it "
+            "has no arguments for: export it to deepspeed (a config for your module) or fsdp (a PyTorch "
+            "file that parallelizes your module)"
         )
     return plan.shape
 

@@ -3,8 +3,9 @@
 ``SOURCE`` is a model string (``hf:PATH``, ``package.module:factory``, or any zoo string) or a
 path: a ``config.json`` file or a directory holding one reads as ``hf:PATH``. The summary counts
 the ops by type over the whole step (a layer function's ops once per call), the parameters, the
-forward FLOPs per sample (the registry's counts) and the layer functions (calls, weights per
-call, the module paths of their calls).
+forward FLOPs per sample (the registry's counts), the layer functions (calls, weights per
+call, the module paths of their calls) and the weights tensor parallelism shards (by name
+pattern, ``torch_import.placements``; none: t > 1 would only replicate the model).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from distir.frontends.zoo.model import Model
+from distir.ir.dtensor import Shard
 from distir.ir.ops import Op
 
 
@@ -47,10 +49,26 @@ def summary(model: Model) -> dict[str, Any]:
         "pre": model.pre,
         "post": model.post,
         "tied": list(model.tied),
+        "tp_sharded": [w.name for w in model.weights if isinstance(w.tp, Shard)],
+        "weights": len(model.weights),
         "transmitted": list(model.transmitted),
         "ops": dict(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
         "functions": functions,
     }
+
+
+def _tp_line(sharded: list[str], weights: int) -> str:
+    """Which weights tensor parallelism splits (by their module's name), or that it splits none."""
+    if not sharded:
+        return (
+            f"tensor-parallel weights: none of {weights} matches a placement pattern, so t > 1 would "
+            "replicate the model (the search keeps t = 1; --tp-layout auto finds placements)"
+        )
+    kinds = sorted({n.rsplit(".", 2)[-2] if n.count(".") else n for n in sharded})
+    return (
+        f"tensor-parallel weights: {len(sharded)} of {weights} sharded ({', '.join(kinds)}); "
+        "the rest replicated"
+    )
 
 
 def render(info: dict[str, Any]) -> str:
@@ -70,6 +88,7 @@ def render(info: dict[str, Any]) -> str:
             f"  @{name}: {f['calls']} call(s), {f['weights']} argument(s) after the activation{where}"
         )
     lines.append("ops: " + ", ".join(f"{k} {v}" for k, v in info["ops"].items()))
+    lines.append(_tp_line(info["tp_sharded"], info["weights"]))
     if info["tied"]:
         sent = set(info.get("transmitted", ()))
         lines.append(

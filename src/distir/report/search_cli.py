@@ -48,12 +48,16 @@ def _fail(err: Console, message: str) -> NoReturn:
 def _numerics(a: dict[str, Any], err: Console) -> tuple[str, str]:
     """``--dtype`` and ``--precision`` with ``auto`` resolved as the trainers run: mixed precision
     for training (pure for inference) in the GPUs' fast half format — bf16 where every GPU of the
-    cluster has a bf16 fast path, else f16."""
+    cluster has a bf16 fast path, else f16. An ONNX file imports in its own precision, f32:
+    ``auto`` is f32 (and pure) for one."""
     from distir.hardware.cluster import parse_cluster
     from distir.hardware.specs import HardwareError
     from distir.ir.types import DType
 
     dtype, precision = a["dtype"], a["precision"]
+    if dtype == "auto" and str(a.get("model", "")).strip().lower().endswith(".onnx"):
+        dtype = "f32"
+        precision = "pure" if precision == "auto" else precision
     if precision == "auto":
         precision = "mixed" if a["train"] else "pure"
     if dtype == "auto":

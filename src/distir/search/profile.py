@@ -716,8 +716,13 @@ def allowed_tp(spec: ModelSpec, dtype: DType, limit: int) -> list[int]:
     (shapes allow them; uneven TP shards are legal DistIR but no one trains that way) but the
     vocabulary (``config["vocab"]``): Megatron-LM pads it to a multiple of 128·t, and distir
     shards it unevenly instead (GPT-2's 50257 over t = 8: 6283 or 6282 rows, not 6288 — the same
-    cost within 0.1%)."""
+    cost within 0.1%). A model none of whose weights is tensor-parallel (an imported module whose
+    weight names match no pattern of ``torch_import.placements``, a ``.distir`` file) takes t = 1
+    only: under t > 1 each rank would compute the whole model, t times the work for the same step
+    time, so the search would rank such plans as fast as t = 1 on t times the GPUs."""
     model = unit_model(spec, dtype)
+    if not any(isinstance(w.tp, Shard) for w in model.weights):
+        return [1]
     vocab = model.config.get("vocab")
     dims = [n for w in model.weights if isinstance(w.tp, Shard) and (n := w.type.shape[w.tp.dim]) != vocab]
     return [t for t in range(1, limit + 1) if all(n % t == 0 for n in dims)]

@@ -146,6 +146,11 @@ class Space:
             if x is not None and self.devices % x:
                 raise SpaceError(f"--{name} {x} does not divide the cluster's {self.devices} devices")
         if p.tp is not None and p.tp not in self.allowed_tp:
+            if self.allowed_tp == (1,):
+                raise SpaceError(
+                    f"--tp {p.tp}: no weight of the model is tensor-parallel (no name matches a placement "
+                    "pattern, and --tp-layout auto, if given, sharded none; t > 1 would replicate the model)"
+                )
             raise SpaceError(
                 f"--tp {p.tp}: the model's tensor-parallel dimensions do not split {p.tp} ways "
                 f"(allowed: {', '.join(map(str, self.allowed_tp))})"
@@ -180,9 +185,15 @@ class Space:
                 f"--hsdp {p.hsdp} must divide --dp {p.dp} and be smaller (--hsdp {p.dp} is --zero 3)"
             )
         if next(self.strategies(), None) is None:
+            why = (
+                "no weight of the model is tensor-parallel, so every GPU must hold a pipeline stage or a "
+                f"data-parallel share of the batch ({self.n_layers} blocks); give a larger batch, fewer "
+                "GPUs, or --tp-layout auto"
+                if self.allowed_tp == (1,)
+                else f"tensor parallelism allowed: {', '.join(map(str, self.allowed_tp))}"
+            )
             raise SpaceError(
-                f"no strategy for {self.devices} devices, batch {self.batch} and these pins "
-                f"(tensor parallelism allowed: {', '.join(map(str, self.allowed_tp))})"
+                f"no strategy for {self.devices} devices, batch {self.batch} and these pins ({why})"
             )
 
     def why_not(self, d: int, t: int, p: int, c: int = 1) -> str | None:

@@ -100,6 +100,23 @@ def _view(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
     return cx.op("Reshape", _v(a[0]), shape=cx.target_shape(a[0], a[1]))
 
 
+def _unflatten(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
+    """``unflatten(x, dim, sizes)`` (nn.MultiheadAttention's packed projection) as a Reshape:
+    the dims before ``dim`` copied (0), ``sizes`` in its place, the dims after as they are (a
+    symbolic one inferred, -1)."""
+    x = a[0]
+    r = len(x.shape)
+    dim = _axis(a[1], r)
+    if any(not isinstance(n, int) for n in a[2]):
+        raise NotImplementedError("unflatten into batch-dependent sizes")
+    before = [0 if n is None else n for n in x.shape[:dim]]
+    after = [-1 if n is None else n for n in x.shape[dim + 1 :]]
+    shape = (*before, *(int(n) for n in a[2]), *after)
+    if shape.count(-1) > 1:
+        raise NotImplementedError(f"an unflatten to {list(shape)} with two batch-dependent dims")
+    return cx.op("Reshape", _v(x), shape=shape)
+
+
 def _unsqueeze(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
     return cx.op("Unsqueeze", _v(a[0]), axes=(_axis(a[1], len(a[0].shape) + 1),))
 
@@ -344,6 +361,7 @@ ATEN: dict[str, Emitter] = {
     "aten.view": _view,
     "aten.reshape": _view,
     "aten._unsafe_view": _view,
+    "aten.unflatten": _unflatten,
     "aten.unsqueeze": _unsqueeze,
     "aten.squeeze": _squeeze,
     "aten.expand": _expand,

@@ -18,9 +18,11 @@ together (``UnsupportedOpsError``), never imported in part.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -110,12 +112,21 @@ def _torch_dtype(dt: Any) -> DType:
 
 
 def _location(node: Any) -> str:
+    """Where the user's code made ``node``: the innermost frame of its stack trace outside torch's
+    own package (an ``nn.Conv1d``'s op is the line that called the module, not torch's
+    ``conv.py``), with the module path it was traced in."""
+    import torch
+
+    own = str(Path(torch.__file__).parent) + os.sep
     trace = node.meta.get("stack_trace") or ""
     lines = [ln.strip() for ln in trace.splitlines() if ln.strip().startswith("File ")]
-    if lines:
-        return lines[-1].removeprefix("File ").replace('"', "")
+    user = [ln for ln in lines if own not in ln]
     paths = module_paths(node.meta.get("nn_module_stack"))
-    return f"module {paths[-1]}" if paths else f"node {node.name}"
+    module = f"module {paths[-1]}" if paths and paths[-1] else ""
+    if lines:
+        where = (user or lines)[-1].removeprefix("File ").replace('"', "")
+        return f"{where}, {module}" if module else where
+    return module or f"node {node.name}"
 
 
 class Converter:
@@ -259,7 +270,11 @@ class Converter:
             self.shapes[v] = p.shape
             return TArg(v, p.shape if p.transposed else shape, (False,) * len(shape))
         if kind == "input" and n.name != self.t.inputs[0]:
-            raise StructureError(f"input {n.name} is used by the model; only its first input is supported")
+            at = f" (at {_location(self.node)})" if self.node is not None else ""
+            raise StructureError(
+                f"input {n.name} is used by the model{at}; only its first input (the token ids) is "
+                "supported: drop it from the example inputs, or compute it inside forward"
+            )
         if b.x_from is not None:
             raise StructureError(
                 f"layer {b.key} takes two values from before it ({b.x_from} and {n.name}): "

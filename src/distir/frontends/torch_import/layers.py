@@ -1,11 +1,12 @@
 """Layer functions by module path: which ops of a traced program form which layer.
 
-The repeated blocks are the children of the module container with the most numbered children
-among the module paths the ops were traced in (``transformer.h`` for GPT-2's ``transformer.h.N``,
-``model.layers`` for Llama's ``model.layers.N``): an op whose module stack passes through
-``<container>.N`` belongs to block N. Ops before the first block are the ``pre`` layer (the
-embedding), ops after the last the ``post`` layer (final norm, head); an op of no block between
-two blocks is an error (``StructureError``). A model without numbered children is one layer.
+The repeated blocks are the numbered children of the module container whose numbered children
+hold the most ops among the module paths the ops were traced in (``transformer.h`` for GPT-2's
+``transformer.h.N``, ``model.layers`` for Llama's ``model.layers.N``; ``block_container``): an
+op whose module stack passes through ``<container>.N`` belongs to block N. Ops before the first
+block are the ``pre`` layer (the embedding), ops after the last the ``post`` layer (final norm,
+head); an op of no block between two blocks is an error (``StructureError``). A model without
+numbered children is one layer.
 
 Every op keeps the module path it came from (``LayerOf.path``), so split points by module name
 (PiPPy's ``--split model.layers.12``) can be placed on these boundaries.
@@ -41,16 +42,22 @@ def module_paths(stack: object) -> list[str]:
 
 
 def block_container(paths: Iterable[str]) -> str | None:
-    """The container whose numbered children are the blocks (module docstring), or None."""
+    """The container whose numbered children are the blocks (module docstring), or None.
+    ``paths`` are the ops' module paths (each op's stack once): among the containers with two
+    or more numbered children, the one whose children hold the most ops — the blocks, not an
+    ``nn.Sequential`` inside each (``mlp.0``, ``mlp.1``, ``mlp.2``), which may have more
+    children than the model has blocks — then the most children, then the shortest path."""
     children: dict[str, set[int]] = {}
+    ops: dict[str, int] = {}
     for p in paths:
         m = _NUMBERED.match(p)
         if m:
             prefix = m.group("prefix") if m.group("prefix") is not None else ""
             children.setdefault(prefix, set()).add(int(m.group("index") or m.group("top")))
+            ops[prefix] = ops.get(prefix, 0) + 1
     if not children:
         return None
-    return max(children, key=lambda c: (len(children[c]), -len(c)))
+    return max(children, key=lambda c: (len(children[c]) >= 2, ops[c], len(children[c]), -len(c)))
 
 
 def block_of(paths: Sequence[str], container: str | None) -> str | None:

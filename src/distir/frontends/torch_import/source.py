@@ -22,6 +22,7 @@ import importlib
 import importlib.util
 import re
 import sys
+import traceback
 from collections.abc import Container
 from pathlib import Path
 from typing import Any
@@ -56,10 +57,15 @@ def _factory(text: str) -> tuple[Any, Any]:
         mod = importlib.import_module(m.group("module"))
     except ImportError as e:
         raise SourceError(f"model {text!r}: cannot import {m.group('module')} ({e})") from None
+    except Exception as e:  # the user's module failed while it was imported: its error, where
+        raise SourceError(f"model {text!r}: importing {m.group('module')} raised {_raised(e)}") from None
     fn = getattr(mod, m.group("attr"), None)
     if not callable(fn):
         raise SourceError(f"model {text!r}: {m.group('module')} has no function {m.group('attr')}")
-    got = fn()
+    try:
+        got = fn()
+    except Exception as e:
+        raise SourceError(f"model {text!r}: {m.group('attr')}() raised {_raised(e)}") from None
     if not (isinstance(got, tuple) and len(got) == 2):
         raise SourceError(f"model {text!r}: {m.group('attr')}() must return (nn.Module, example inputs)")
     import torch.nn as nn
@@ -69,6 +75,21 @@ def _factory(text: str) -> tuple[Any, Any]:
             f"model {text!r}: {m.group('attr')}() returned a {type(got[0]).__name__}, not an nn.Module"
         )
     return got
+
+
+def _raised(e: BaseException) -> str:
+    """``Type: message (file:line)`` of an exception raised in the user's code: its first line,
+    and the innermost frame of the traceback (a syntax error: the line it points at)."""
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    where = ""
+    if isinstance(e, SyntaxError) and e.filename:
+        where = f" ({e.filename}:{e.lineno})"
+        first = e.msg
+    else:
+        tb = traceback.extract_tb(e.__traceback__)
+        if tb:
+            where = f" ({tb[-1].filename}:{tb[-1].lineno})"
+    return f"{type(e).__name__}: {first}{where}" if first else f"{type(e).__name__}{where}"
 
 
 def module_of(text: str, layers: int | None = None) -> tuple[Any, Any, dict[str, object]]:

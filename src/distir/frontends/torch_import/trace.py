@@ -17,6 +17,10 @@ Mixture-of-experts blocks are traced as leaves: one ``distir::moe`` call each (`
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
+import re
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -89,14 +93,58 @@ def trace(module: Any, inputs: Any, name: str = "module") -> Traced:
     return _traced(program)
 
 
+# where torch.export says the user's code raised ("The following call raised this error:")
+_CALL_SITE = re.compile(
+    r"following call raised this error:\s*\n"
+    r'\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in \S+\n\s*(?P<code>[^\n]*)'
+)
+
+
+@contextlib.contextmanager
+def _torch_quiet() -> Iterator[io.StringIO]:
+    """torch.export's own reports while it runs: what it prints on stderr (the partial graph of
+    a failed trace) into the yielded buffer, and its loggers' warnings ("Unable to find user code
+    corresponding to ...") held back: a failure is then one line (``TraceError``)."""
+    torch_log = logging.getLogger("torch")
+    level = torch_log.level
+    torch_log.setLevel(logging.ERROR)
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buf):
+            yield buf
+    finally:
+        torch_log.setLevel(level)
+
+
+def _check_batch(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> None:
+    """Every example tensor has a dim 0 of at least 2: torch.export specializes a dim of size 1
+    (and a 0-d tensor has no batch dim), so the batch could not trace as a symbol."""
+    import torch
+
+    named = [(f"input {i}", a) for i, a in enumerate(args)] + [(f"input {k!r}", v) for k, v in kwargs.items()]
+    for what, v in named:
+        if isinstance(v, torch.Tensor) and (v.dim() == 0 or v.shape[0] < 2):
+            got = "is 0-d" if v.dim() == 0 else f"has dim 0 (the batch) of {v.shape[0]}"
+            raise TraceError(
+                f"{name}: example {what} {got}; give every example tensor a batch of at least 2 as "
+                "dim 0, so the batch traces as a symbolic dim"
+            )
+
+
 def _export(module: Any, args: Any, kwargs: dict[str, Any], dynamic_shapes: Any, name: str) -> Any:
     from torch.export import export
 
+    _check_batch(tuple(args), kwargs, name)
     try:
-        return export(module, args, kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
+        with _torch_quiet() as said:
+            program = export(module, args, kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:  # torch raises many unrelated types; report its reason as one line
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
-        raise TraceError(f"cannot trace {name}: {type(e).__name__}: {first.strip()}") from None
+        where = _CALL_SITE.search(str(e))
+        at = f" (at {where.group('file')}:{where.group('line')}: {where.group('code')})" if where else ""
+        raise TraceError(f"cannot trace {name}: {type(e).__name__}: {first.strip()}{at}") from None
+    sys.stderr.write(said.getvalue())  # a successful trace's prints, as torch made them
+    return program
 
 
 def _traced(program: Any) -> Traced:
