@@ -80,8 +80,9 @@ MERGE_ROWS_ABOVE = 64
 
 
 def summary_table(r: SimResult, title: str) -> Group:
-    """The summary's header and a row per slot; above ``MERGE_ROWS_ABOVE`` slots, the slots whose
-    figures print alike share a row (their devices and GPUs as ranges)."""
+    """The summary's header and a row per slot that ran something (every compute stream; a
+    communication stream with busy or communication time); above ``MERGE_ROWS_ABOVE`` such slots,
+    the slots whose figures print alike share a row (their devices and GPUs as ranges)."""
     d = summary_dict(r)
     head = Text()
     head.append(f"{title}\n", style="bold")
@@ -89,10 +90,14 @@ def summary_table(r: SimResult, title: str) -> Group:
         f"step time {format_seconds(r.step_time_s)}   throughput {r.throughput:.4g} {d['throughput_unit']}   "
         f"MFU {_pct(r.mfu)}   HFU {_pct(r.hfu)}   bubble {100 * r.bubble_fraction:.1f}%   ops {r.n_ops:,}\n"
     )
-    rows = [_row(r, dev) for dev in d["devices"]]
+    ran = [dev for dev in d["devices"] if dev["stream"] == "compute" or dev["busy_s"] or dev["comm_s"]]
+    rows = [_row(r, dev) for dev in ran]
+    if len(ran) < len(d["devices"]):
+        quiet = len(d["devices"]) - len(ran)
+        head.append(f"{quiet:,} streams that ran nothing are not shown (--json lists every stream)\n")
     if len(rows) > MERGE_ROWS_ABOVE:
         rows = _merged(rows)
-        head.append(f"{len(d['devices']):,} slots: those with the same figures share a row\n")
+        head.append(f"{len(ran):,} slots: those with the same figures share a row\n")
     table = Table()
     reserved = ("reserved",) if r.reserved_memory else ()
     for col in ("device", "GPU", "busy", "comm", "idle", "peak memory", "runtime", *reserved, "capacity", ""):
