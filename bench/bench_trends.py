@@ -29,6 +29,7 @@ from dataclasses import replace
 for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
+from bench_search import gpt3_request  # noqa: E402  (bench/ is this script's directory)
 from distir.autodiff.train import Optimizer  # noqa: E402
 from distir.frontends.zoo.registry import build_model, parse_model_string  # noqa: E402
 from distir.hardware.cluster import parse_cluster  # noqa: E402
@@ -141,16 +142,7 @@ def llama_fsdp() -> None:
 
 
 def gpt3_tp() -> None:
-    base = SearchRequest(
-        model="gpt2-175b",
-        cluster="dgx-a100:128",
-        batch=1536,
-        dtype="bf16",
-        precision="mixed",
-        top=2,
-        workers=2,
-        pins=Pins(max_k=128),
-    )
+    base = gpt3_request()  # bench_search.py item 2's search
     for trainer in ("distir", "megatron"):
         for overlap in (False, True):
             req = replace(base, tp_comm_overlap=overlap, trainer=trainer)
