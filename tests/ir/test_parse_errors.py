@@ -164,8 +164,8 @@ GOLDEN = [
     (
         "shape-above-the-element-bound",  # 2**64 elements: numpy's int64 shapes would overflow
         "func @main(%x: Tensor[f32, (4294967296, 4294967296), d0]) {\n  return %x\n}\n",
-        "prog.distir:1:51: the elements of the shape = 18,446,744,073,709,551,616 is above distir's bound "
-        "of 9,007,199,254,740,992 elements in one tensor (docs/limitations.md)",
+        "prog.distir:1:16: tensor shape (4294967296, 4294967296): its elements = 18,446,744,073,709,551,616 "
+        "is above distir's bound of 9,007,199,254,740,992 elements in one tensor (docs/limitations.md)",
     ),
 ]
 

@@ -162,10 +162,9 @@ def format_placements(places: tuple[Placement, ...]) -> str:
     return ", ".join(map(str, places))
 
 
-def device_ranges(devices: Sequence[Device]) -> str:
-    """``devices`` for display: each run of three or more consecutive ids as ``dA-dB``
-    (``d0-d7, d16-d23``); never parsed back."""
-    ids = [d.id for d in devices]
+def id_ranges(ids: Sequence[int], prefix: str = "") -> str:
+    """``ids`` for display, each with ``prefix``: each run of three or more consecutive ids as
+    ``A-B`` (``d0-d7, d16-d23``); never parsed back."""
     parts: list[str] = []
     i = 0
     while i < len(ids):
@@ -173,11 +172,16 @@ def device_ranges(devices: Sequence[Device]) -> str:
         while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
             j += 1
         if j - i >= 2:
-            parts.append(f"d{ids[i]}-d{ids[j]}")
+            parts.append(f"{prefix}{ids[i]}-{prefix}{ids[j]}")
         else:
-            parts.extend(f"d{x}" for x in ids[i : j + 1])
+            parts.extend(f"{prefix}{x}" for x in ids[i : j + 1])
         i = j + 1
     return ", ".join(parts)
+
+
+def device_ranges(devices: Sequence[Device]) -> str:
+    """``devices`` for display, runs as ranges (``id_ranges``: ``d0-d3, d8``)."""
+    return id_ranges([d.id for d in devices], "d")
 
 
 @dataclass(frozen=True, slots=True)

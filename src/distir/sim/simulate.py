@@ -262,7 +262,7 @@ def _simulate_planned(
                 module, fn, args, cluster, device_map, cost_model, trace, batch, keep_bodies, scope
             )
         result, plan, domain = got
-        if scope is not None:
+        if scope is not None and result.trace_source is None:  # planned on shared plans
             result.trace_source = _detail_source(scope, plan, domain, module, fn, args)
         del plan, domain  # freed while the collector is paused (the trace keeps the plan)
     return result
@@ -281,13 +281,17 @@ def _detail_source(
     return DetailSource(scope.level, plan, module, fn, tuple(args), clocks, dev_slot, traced)
 
 
-def _check_trace_size(
+def _checked_source(
     scope: TraceScope, plan: FnPlan, domain: PlanDomain, module: Module, fn: Function, args: list[Any]
-) -> None:
-    """``TraceSizeError`` when the trace of ``scope`` would hold more than ``MAX_TRACE_EVENTS``."""
-    n = estimate_events(_detail_source(scope, plan, domain, module, fn, args))
+) -> DetailSource:
+    """The trace's source (``_detail_source``), or ``TraceSizeError`` when its GPUs are not the
+    program's or it would hold more than ``MAX_TRACE_EVENTS`` events."""
+    scope.check_gpus(domain.dmap)
+    src = _detail_source(scope, plan, domain, module, fn, args)
+    n = estimate_events(src)
     if n > MAX_TRACE_EVENTS.max:
         raise TraceSizeError(scope.too_large(n, domain.dmap))
+    return src
 
 
 def _simulate(
@@ -303,7 +307,7 @@ def _simulate(
     scope: TraceScope | None = None,
 ) -> tuple[SimResult, FnPlan, PlanDomain]:
     """Plan ``fn`` and run its timing loop; ``scope``: the trace, checked against its bound
-    after planning (``_check_trace_size``) and keeping only its GPUs' slices and timeline."""
+    after planning (``_checked_source``) and keeping only its GPUs' slices and timeline."""
     if device_map is None:
         device_map = DeviceMap.default(_program_devices(module, fn), cluster.num_devices)
     cost = cost_model if cost_model is not None else RooflineCostModel(cluster)
@@ -321,11 +325,12 @@ def _simulate(
         del plan, domain  # freed before planning again
         domain = PlanDomain(module, device_map, cost, entry)
         plan = domain.plan(fn, args)
-    if scope is not None:
-        scope.check_gpus(device_map)
-        _check_trace_size(scope, plan, domain, module, fn, args)
-    gpus = scope.gpus if scope is not None else None
-    return _run(plan, domain, cluster, device_map, trace, batch, gpus), plan, domain
+    if scope is None:
+        return _run(plan, domain, cluster, device_map, trace, batch), plan, domain
+    src = _checked_source(scope, plan, domain, module, fn, args)
+    result = _run(plan, domain, cluster, device_map, trace, batch, scope.gpus)
+    result.trace_source = src
+    return result, plan, domain
 
 
 class SharedPlans:

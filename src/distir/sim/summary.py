@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from distir.ir.dtensor import device_ranges
+from distir.ir.dtensor import device_ranges, id_ranges
 from distir.ir.types import Device
 from distir.sim.simulate import SimResult
 
@@ -90,8 +91,12 @@ def summary_table(r: SimResult, title: str) -> Group:
         f"step time {format_seconds(r.step_time_s)}   throughput {r.throughput:.4g} {d['throughput_unit']}   "
         f"MFU {_pct(r.mfu)}   HFU {_pct(r.hfu)}   bubble {100 * r.bubble_fraction:.1f}%   ops {r.n_ops:,}\n"
     )
-    ran = [dev for dev in d["devices"] if dev["stream"] == "compute" or dev["busy_s"] or dev["comm_s"]]
-    rows = [_row(r, dev) for dev in ran]
+    ran = [
+        (dev, devs)
+        for dev, devs in zip(d["devices"], r.slot_devices, strict=True)
+        if dev["stream"] == "compute" or dev["busy_s"] or dev["comm_s"]
+    ]
+    rows = [_row(r, dev, devs) for dev, devs in ran]
     if len(ran) < len(d["devices"]):
         quiet = len(d["devices"]) - len(ran)
         head.append(f"{quiet:,} streams that ran nothing are not shown (--json lists every stream)\n")
@@ -103,8 +108,7 @@ def summary_table(r: SimResult, title: str) -> Group:
     for col in ("device", "GPU", "busy", "comm", "idle", "peak memory", "runtime", *reserved, "capacity", ""):
         table.add_column(col, justify="left" if col in ("device", "GPU", "") else "right")
     for row in rows:
-        gpus = device_ranges([Device(g) for g in row.gpus]).replace("d", "")
-        table.add_row(device_ranges(row.devices), f"{gpus} {row.label}", *row.cells)
+        table.add_row(device_ranges(row.devices), f"{id_ranges(row.gpus)} {row.label}", *row.cells)
     return Group(head, table)
 
 
@@ -117,7 +121,7 @@ class _Row(NamedTuple):
     cells: tuple[str, ...]
 
 
-def _row(r: SimResult, dev: dict[str, Any]) -> _Row:
+def _row(r: SimResult, dev: dict[str, Any], devices: Sequence[Device]) -> _Row:
     g = dev["gpu"]
     peak, cap = r.peak_memory[g], r.capacity[g]
     cells = (
@@ -131,8 +135,7 @@ def _row(r: SimResult, dev: dict[str, Any]) -> _Row:
         "[red]OOM[/red]" if peak > cap else "",
     )
     label = f"{dev['kind']}" + (f" ({dev['stream']})" if dev["stream"] != "compute" else "")
-    devices = [Device(int(x.removeprefix("d"))) for x in dev["devices"]]
-    return _Row(devices, [g], label, cells)
+    return _Row(list(devices), [g], label, cells)
 
 
 def _merged(rows: list[_Row]) -> list[_Row]:
@@ -144,8 +147,7 @@ def _merged(rows: list[_Row]) -> list[_Row]:
             out[(row.label, row.cells)] = _Row(list(row.devices), list(row.gpus), row.label, row.cells)
             continue
         got.devices.extend(row.devices)
-        if got.gpus[-1] != row.gpus[0]:
-            got.gpus.extend(row.gpus)
+        got.gpus.extend(row.gpus)
     return [
         row._replace(devices=sorted(row.devices, key=lambda d: d.id), gpus=sorted(set(row.gpus)))
         for row in out.values()
