@@ -281,6 +281,24 @@ def test_simulate_model_errors(args: list[str], message: str) -> None:
     assert message in out + err
 
 
+def test_simulate_defaults_to_the_searchs_numerics() -> None:
+    """Without --dtype and --precision, simulate trains as search does: mixed precision in the
+    GPUs' fast half (bf16 on A100, f16 on V100), pure f32 for inference in f32 and an f32 --dtype;
+    inference in the half format pure."""
+    base = ["simulate", "--model", "mlp:layers=2,hidden=64", "--batch", "8", "--json"]
+    for cluster, dtype in (("dgx-a100", "bf16"), ("dgx2-v100", "f16")):
+        code, out, _ = run(*base, "--cluster", cluster)
+        assert code == 0
+        d = json.loads(out)
+        assert (d["dtype"], d["precision"]) == (dtype, "mixed")
+        code, out, _ = run(*base, "--cluster", cluster, "--infer")
+        assert code == 0 and (json.loads(out)["dtype"], json.loads(out)["precision"]) == (dtype, "pure")
+    code, out, _ = run(*base, "--dtype", "f32")
+    assert code == 0 and json.loads(out)["precision"] == "pure"
+    code, _, err = run(*base, "--dtype", "f8")
+    assert code == 2 and "--dtype must be auto, f32, bf16 or f16, got 'f8'" in err
+
+
 def test_simulate_mixed_precision() -> None:
     """``--precision mixed`` computes in --dtype with fp32 masters and state: with Adam the step's
     parameters hold 14 bytes per weight (4 master + 8 m, v + the persistent bf16 copy) where pure
@@ -297,8 +315,8 @@ def test_simulate_mixed_precision() -> None:
     n = 2 * 64 * 64
     assert got["bf16", "mixed"] - got["bf16", "pure"] == 8 * n
     assert got["f16", "mixed"] == got["bf16", "mixed"]
-    code, _, err = run(*base, "--precision", "mixed")  # --dtype f32
-    assert code == 2 and "mixed precision computes in bf16 or f16" in err and "is f32" in err
+    code, _, err = run(*base, "--dtype", "f32", "--precision", "mixed")
+    assert code == 2 and "--precision mixed computes in a half format" in err
     code, _, err = run(*base, "--dtype", "bf16", "--precision", "half")
     assert code == 2 and "precision must be pure, mixed, fp8 or fp8-delayed, got 'half'" in err
     code, _, err = run("simulate", str(EX / "fig2_mlp_pipeline.distir"), "--precision", "mixed")

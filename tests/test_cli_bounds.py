@@ -175,7 +175,7 @@ def run_main(
         (["simulate", "--model", "gpt2-117m", "--clip-grad", "nan"], "'--clip-grad'"),
         (
             ["simulate", "--model", "gpt2-117m", "--dtype", "f64"],
-            "--dtype must be f32, bf16 or f16, got 'f64'",
+            "--dtype must be auto, f32, bf16 or f16, got 'f64'",
         ),
         (["import", "gpt2-117m", "--dtype", "f64"], "--dtype must be f32, bf16 or f16, got 'f64'"),
         (["simulate", "--model", "gpt2-117m", "--device-map", "d0=0:bogus"], "unknown stream 'bogus'"),

@@ -137,15 +137,10 @@ def _model_text(model: ModelArg) -> str:
 def _numerics(
     dtype: str, precision: str, train: bool, cluster: ClusterArg | None, model: str = ""
 ) -> tuple[str, str]:
-    """``auto`` as the CLI resolves it (``distir.export.plan.resolve_numerics``); inference: pure.
-    An ONNX file imports in its own precision, f32: ``auto`` is f32 (and pure) for one."""
+    """``auto`` as the CLI resolves it (``distir.export.plan.resolve_numerics``)."""
     from distir.export.plan import resolve_numerics
 
-    if dtype == "auto" and model.strip().lower().endswith(".onnx"):
-        dtype = "f32"
-    if not train and precision == "auto":
-        precision = "pure"
-    return resolve_numerics(dtype, precision, cluster)
+    return resolve_numerics(dtype, precision, cluster, model, train)
 
 
 def search(

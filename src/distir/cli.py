@@ -232,12 +232,20 @@ _SimTrain = Annotated[
     bool, typer.Option("--train/--infer", help="With --model: a training step (default) or inference.")
 ]
 _SimOptimizer = Annotated[str, typer.Option("--optimizer", help="With --model: sgd or adam.")]
-_SimDtype = Annotated[str, typer.Option("--dtype", help="With --model: f32, bf16 or f16.")]
+_SimDtype = Annotated[
+    str,
+    typer.Option(
+        "--dtype",
+        help="With --model: auto (the GPUs' fast half: bf16, else f16; f32 for an ONNX file or "
+        "GPUs without one), f32, bf16 or f16.",
+    ),
+]
 _SimPrecision = Annotated[
     str,
     typer.Option(
         "--precision",
-        help="With --model: pure (everything in --dtype) or mixed (compute in --dtype bf16/f16, "
+        help="With --model: auto (mixed for training in a half --dtype, else pure), pure "
+        "(everything in --dtype) or mixed (compute in --dtype bf16/f16, "
         "fp32 master weights and optimizer state); fp8: mixed with the linear layers in float8 "
         "(torchao's Float8Linear, dynamic tensorwise scaling; --dtype bf16, GPUs with FP8 tensor "
         "cores); fp8-delayed: the same with Transformer Engine's delayed scaling.",
@@ -410,8 +418,8 @@ def simulate(
     strategy: _SimStrategy = None,
     train: _SimTrain = True,
     optimizer: _SimOptimizer = "adam",
-    dtype: _SimDtype = "f32",
-    precision: _SimPrecision = "pure",
+    dtype: _SimDtype = "auto",
+    precision: _SimPrecision = "auto",
     kernels: _SimKernels = None,
     attention_kernel: _SimAttentionKernel = None,
     trainer: _SimTrainer = "distir",
@@ -445,6 +453,7 @@ def simulate(
         trainer, kernels, attention_kernel, bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum
     )._replace(tp_comm_overlap=tp_comm_overlap, clip_grad=clip_grad)
     if model is not None:
+        dtype, precision = _sim_numerics(model, dtype, precision, train, cluster)
         built = _model_program(
             model,
             strategy,
@@ -592,13 +601,28 @@ def _check_planner(planner: str, trace: Path | None) -> None:
         _fail("--trace needs the fast planner (the reference draws no memory timeline)")
 
 
+def _sim_numerics(model: str, dtype: str, precision: str, train: bool, cluster: str) -> tuple[str, str]:
+    """``simulate --model``'s ``--dtype`` and ``--precision`` with ``auto`` resolved as ``search``
+    resolves them (``distir.report.numerics``)."""
+    from distir.frontends.zoo.model import ModelError
+    from distir.hardware.specs import HardwareError
+    from distir.report.numerics import NumericsError, resolve_numerics
+
+    if dtype not in ("auto", "f32", "bf16", "f16"):
+        _fail(f"--dtype must be auto, f32, bf16 or f16, got {dtype!r}")
+    try:
+        return resolve_numerics(model, dtype, precision, train, cluster)
+    except (HardwareError, ModelError, NumericsError) as e:
+        _fail(str(e))
+
+
 def _check_file_simulate_options(
     strategy: str | None, precision: str, bucket_mb: float, overlap_param_gather: bool
 ) -> None:
     """``simulate FILE``: none of the options that only apply to ``--model`` is given."""
     if strategy is not None:
         _fail("--strategy applies to --model, not to a program file")
-    if precision != "pure":
+    if precision not in ("auto", "pure"):
         _fail("--precision applies to --model, not to a program file")
     if bucket_mb != 25.0:
         _fail("--bucket-mb applies to --model, not to a program file")

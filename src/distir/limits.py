@@ -63,6 +63,12 @@ MAX_BATCH = Bound("samples per step", 2**24, "samples per step (16,777,216)")
 MAX_LAYERS = Bound("on a model's layers", 1_024, "repeated blocks of a model string (8x Llama 3 405B's 126)")
 MAX_DIM = Bound("on a model size", 2**24, "any other integer of a model string: widths, heads, vocab, seq")
 MAX_ELEMENTS = Bound("elements in one tensor", 2**53, "elements of one tensor (exact in a float64)")
+MAX_CONSTANT = Bound(
+    "elements in an imported constant",
+    2**20,
+    "elements of one constant an imported model computes (a table written into the program as "
+    "a literal: about 2 s and 200 MB at the bound)",
+)
 MAX_OPS = Bound(
     "estimated ops (raise it with --max-ops)",
     10_000_000,

@@ -147,3 +147,11 @@ def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     path.write_text((CONFIGS / "gpt2-tiny.json").read_text())
     with pytest.raises(SourceError, match=r"needs transformers: .*distir\[hf\]"):
         build_model(f"hf:{path}", batch=2)
+
+
+def test_a_constant_above_the_bound_is_one_line_naming_it() -> None:
+    """A 1,049,600-element table would be written into the program as a literal (seconds and
+    hundreds of MB per million elements): refused, naming the node and the user's line."""
+    code, out, err = run("import", f"{FACTORIES}:big_table")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "1,049,600 elements, above the 1,048,576" in err and "torch_models.py" in err

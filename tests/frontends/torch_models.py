@@ -97,3 +97,19 @@ def pippy_example() -> tuple[Any, Any]:
 
     torch.manual_seed(0)
     return PiPPyExample(markers=False), (torch.zeros(2, 4),)
+
+
+def big_table() -> tuple[Any, Any]:
+    """Multiplies by a table computed from a buffer: a constant of 1,024 × 1,025 elements, one
+    row more than the importer writes into a program as a literal."""
+    import torch
+
+    class Table(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("angles", torch.arange(1024 * 1025, dtype=torch.float32).reshape(1024, 1025))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.angles.sin()
+
+    return Table(), (torch.zeros(2, 1024),)

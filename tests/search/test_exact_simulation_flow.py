@@ -77,7 +77,7 @@ def test_cli_simulate_model_is_the_search_s_exact_result(
     cluster: str, strategy: str, batch: int, train: bool
 ) -> None:
     code, out, err = _simulate(
-        "--strategy", strategy, "--cluster", cluster, "--batch", str(batch), "--json",
+        "--strategy", strategy, "--cluster", cluster, "--batch", str(batch), "--dtype", "f32", "--json",
         *([] if train else ["--infer"]),
     )  # fmt: skip
     assert code == 0, err
@@ -87,7 +87,8 @@ def test_cli_simulate_model_is_the_search_s_exact_result(
 
 def test_cli_simulate_model_in_bf16_is_the_search_s_exact_result() -> None:
     code, out, err = _simulate(
-        "--strategy", "d2.t1.p2.k2.zb1", "--cluster", NODE, "--batch", "8", "--dtype", "bf16", "--json"
+        "--strategy", "d2.t1.p2.k2.zb1", "--cluster", NODE, "--batch", "8", "--dtype", "bf16",
+        "--precision", "pure", "--json",
     )  # fmt: skip
     assert code == 0, err
     exact = evaluate(ExactJob(GPT, NODE, 8, dtype="bf16"), "d2.t1.p2.k2.zb1")
@@ -128,7 +129,10 @@ def test_zero_chunk_times_give_a_program_or_a_strategy_error(times: tuple[list[f
         (["--strategy", "d2.t4.p1.k1.1f1b", "--cluster", NODE], "needs 8 GPUs"),
         (["--strategy", "d1.t1.p2.k2.1f1b.L2-3", "--cluster", NODE, "--infer"], "covers 5 blocks, not 4"),
         (["--strategy", "d2.t1.p1.k1.1f1b.b2-1", "--cluster", MIXED, "--batch", "4"], "batch shares 2-1"),
-        (["--strategy", "d1.t1.p2.k2.1f1b", "--cluster", NODE, "--precision", "mixed"], "mixed"),
+        (
+            ["--strategy", "d1.t1.p2.k2.1f1b", "--cluster", NODE, "--dtype", "f32", "--precision", "mixed"],
+            "mixed",
+        ),
     ],
 )
 def test_cli_simulate_model_errors_stay_clean_with_a_cluster(args: list[str], message: str) -> None:

@@ -109,29 +109,27 @@ def model_shape(spec: str) -> ModelShape | None:
     return None
 
 
-def resolve_numerics(dtype: str, precision: str, cluster: str | Cluster | None) -> tuple[str, str]:
-    """``auto`` as ``distir search`` resolves it for training: mixed precision in bf16 where every
-    GPU of the cluster has a bf16 fast path, else f16 (f16 without a cluster); fp8 in bf16."""
-    from distir.hardware.cluster import parse_cluster
-    from distir.ir.types import DType
+def resolve_numerics(
+    dtype: str, precision: str, cluster: str | Cluster | None, model: str = "", train: bool = True
+) -> tuple[str, str]:
+    """``auto`` as ``distir search`` and ``simulate`` resolve it (``distir.report.numerics``;
+    without a cluster, f16, which every GPU with tensor cores runs fast); fp8 in bf16."""
+    from distir.report.numerics import DTYPES, NumericsError
+    from distir.report.numerics import resolve_numerics as resolve
 
-    if dtype not in ("auto", "f32", "bf16", "f16"):
+    if dtype not in DTYPES:
         raise ExportError(f"--dtype must be auto, f32, bf16 or f16, got {dtype!r}")
     if precision not in ("auto", "mixed", "pure", *FLOAT8):
         raise ExportError(f"--precision must be auto, mixed, pure, fp8 or fp8-delayed, got {precision!r}")
     if precision in FLOAT8:
         return _float8_numerics(dtype, precision, cluster), precision
-    if precision == "auto":
-        precision = "pure" if dtype == "f32" else "mixed"
-    if dtype == "auto":
-        fast = False
-        if cluster is not None:
-            nodes = parse_cluster(cluster).nodes
-            fast = all(n.device.peak_flops(DType.bf16) > n.device.peak_flops(DType.f32) for n in nodes)
-        dtype = "bf16" if fast else "f16"
-    if precision == "mixed" and dtype == "f32":
-        raise ExportError("--precision mixed computes in a half format: give --dtype bf16 or f16 (or auto)")
-    return dtype, precision
+    if cluster is None and dtype == "auto" and not model.strip().lower().endswith(".onnx"):
+        dtype = "f16"
+    try:
+        got = resolve(model, dtype, precision, train, cluster if cluster is not None else "dgx-a100")
+    except NumericsError as e:
+        raise ExportError(str(e)) from None
+    return got.dtype, got.precision
 
 
 def _float8_numerics(dtype: str, precision: str, cluster: str | Cluster | None) -> str:
@@ -179,7 +177,7 @@ def make_plan(
         n = parse_cluster(cluster).num_devices
         if s.devices > n:
             raise ExportError(f"{s} needs {s.devices} GPUs but {cluster} has {n}")
-    dtype, precision = resolve_numerics(dtype, precision, cluster)
+    dtype, precision = resolve_numerics(dtype, precision, cluster, model)
     try:
         blocks = chunk_blocks(model, s)
     except StrategyError as e:

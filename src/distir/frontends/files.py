@@ -45,6 +45,30 @@ def load_file(text: str, batch: int, dtype: DType = DType.f32) -> Model:
     return _load(str(path.resolve()), path.stat().st_mtime_ns, batch, dtype)
 
 
+def own_dtype(text: str) -> DType:
+    """The dtype the model file ``text`` computes in: f32 for ONNX, a DistIR file's own."""
+    path = Path(text.strip()).expanduser()
+    if path.suffix.lower() == ".onnx":
+        return DType.f32
+    if not path.is_file():
+        raise ModelError(f"{text}: no such model file")
+    return _own_dtype(str(path.resolve()), path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _own_dtype(path: str, mtime: int) -> DType:
+    from distir.ir.parser import parse_module
+
+    try:
+        module = parse_module(Path(path).read_text(encoding="utf-8"), path)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelError(f"{path}: cannot read: {e}") from None
+    except ValueError as e:  # the parser's and verifier's errors
+        raise ModelError(f"{path}: {str(e).splitlines()[0]}") from None
+    dt = _model_of(Path(path), module).inputs[0].type.dtype
+    return dt if dt.is_float else DType.f32
+
+
 @functools.lru_cache(maxsize=16)
 def _load(path: str, mtime: int, batch: int, dtype: DType) -> Model:
     if path.lower().endswith(".onnx"):

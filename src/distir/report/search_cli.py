@@ -46,30 +46,16 @@ def _fail(err: Console, message: str) -> NoReturn:
 
 
 def _numerics(a: dict[str, Any], err: Console) -> tuple[str, str]:
-    """``--dtype`` and ``--precision`` with ``auto`` resolved as the trainers run: mixed precision
-    for training (pure for inference) in the GPUs' fast half format — bf16 where every GPU of the
-    cluster has a bf16 fast path, else f16. An ONNX file imports in its own precision, f32:
-    ``auto`` is f32 (and pure) for one."""
-    from distir.hardware.cluster import parse_cluster
+    """``--dtype`` and ``--precision`` with ``auto`` resolved as the trainers run
+    (``distir.report.numerics``)."""
+    from distir.frontends.zoo.model import ModelError
     from distir.hardware.specs import HardwareError
-    from distir.ir.types import DType
+    from distir.report.numerics import NumericsError, resolve_numerics
 
-    dtype, precision = a["dtype"], a["precision"]
-    if dtype == "auto" and str(a.get("model", "")).strip().lower().endswith(".onnx"):
-        dtype = "f32"
-        precision = "pure" if precision == "auto" else precision
-    if precision == "auto":
-        precision = "mixed" if a["train"] else "pure"
-    if dtype == "auto":
-        try:
-            cluster = parse_cluster(a["cluster"])
-        except HardwareError as e:
-            _fail(err, str(e))
-        fast = all(n.device.peak_flops(DType.bf16) > n.device.peak_flops(DType.f32) for n in cluster.nodes)
-        dtype = "bf16" if fast else "f16"
-    if precision == "mixed" and dtype == "f32":
-        _fail(err, "--precision mixed computes in a half format: give --dtype bf16 or f16 (or auto)")
-    return dtype, precision
+    try:
+        return resolve_numerics(str(a.get("model", "")), a["dtype"], a["precision"], a["train"], a["cluster"])
+    except (HardwareError, ModelError, NumericsError) as e:
+        _fail(err, str(e))
 
 
 def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: bool, debug: bool) -> None:

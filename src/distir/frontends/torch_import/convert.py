@@ -41,7 +41,7 @@ from distir.ir.printer import print_function
 from distir.ir.rewrite import eliminate_dead_code
 from distir.ir.types import Device, DType
 from distir.ir.values import Value
-from distir.limits import is_digits
+from distir.limits import MAX_CONSTANT, is_digits
 from distir.ops.registry import REGISTRY
 
 D0 = Device(0)
@@ -241,6 +241,12 @@ class Converter:
 
         c = self.const(n)
         arr = c.detach().cpu().numpy() if isinstance(c, torch.Tensor) else np.asarray(c)
+        if arr.size > MAX_CONSTANT.max:
+            raise StructureError(
+                f"constant {n.name} ({_location(n)}) has {arr.size:,} elements, above the "
+                f"{MAX_CONSTANT.max:,} an imported program holds as a literal (a table over a long "
+                f"sequence: import at a shorter one, hf:CONFIG:seq=N or shorter example inputs)"
+            )
         key = f"const:{n.name}"
         if key not in b.values:
             dt = self.dtype if arr.dtype.kind == "f" else DType.i64 if arr.dtype.kind in "iu" else DType.bool

@@ -23,8 +23,10 @@ from typing import Any
 import numpy as np
 
 # the tables are computed in float32: the angle p·f of position p carries a rounding error of
-# about p·|f|·6e-8 (5e-4 at position 8191), which an exact rotation does not have
+# about p·|f|·6e-8 (5e-4 at position 8191, 8e-3 at 131,071), which an exact rotation does not
+# have; the check allows TOLERANCE plus ANGLE_ULPS float32 ulps of the table's largest angle
 TOLERANCE = 2e-3
+ANGLE_ULPS = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +203,7 @@ def _freqs(cos: Any, sin: Any, x_shape: tuple[int, ...]) -> tuple[tuple[float, .
         p *= 2
     ang = np.arange(n)[:, None] * f[None, :]
     ang = np.concatenate([ang, ang], -1)
-    if not (np.allclose(c, np.cos(ang), atol=TOLERANCE) and np.allclose(s, np.sin(ang), atol=TOLERANCE)):
+    atol = TOLERANCE + ANGLE_ULPS * float(np.spacing(np.float32(np.abs(ang).max(initial=0.0))))
+    if not (np.allclose(c, np.cos(ang), atol=atol) and np.allclose(s, np.sin(ang), atol=atol)):
         return None
     return tuple(float(v) for v in f), axis

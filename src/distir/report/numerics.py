@@ -1,0 +1,54 @@
+"""``--dtype auto`` and ``--precision auto``: the numerics the trainers run, one rule for
+``simulate``, ``search`` and ``export``.
+
+Training runs mixed precision (fp32 master weights and optimizer state) in the GPUs' fast half
+format: bf16 where every GPU of the cluster computes bf16 faster than f32, else f16 where every
+one computes f16 faster, else (a CPU profile without a faster half) f32, pure. Inference runs
+pure. A model file computes in its own dtype (f32 for ONNX; a DistIR file's types): ``auto`` is
+that one. A dtype given with ``--precision auto`` keeps it: f32 is pure, a half format mixed (for
+training).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from distir.frontends.files import is_model_file, own_dtype
+from distir.hardware.cluster import Cluster, parse_cluster
+from distir.ir.types import DType
+
+DTYPES = ("auto", "f32", "bf16", "f16")
+
+
+class NumericsError(ValueError):
+    """A dtype and precision that do not go together (``--precision mixed`` in f32)."""
+
+
+class Numerics(NamedTuple):
+    dtype: str  # f32, bf16 or f16
+    precision: str  # pure, mixed, fp8 or fp8-delayed
+
+
+def fast_half(cluster: str | Cluster) -> str:
+    """bf16 where every GPU of ``cluster`` computes it faster than f32, else f16 where every one
+    computes f16 faster, else f32."""
+    nodes = (parse_cluster(cluster) if isinstance(cluster, str) else cluster).nodes
+    for half in (DType.bf16, DType.f16):
+        if all(n.device.peak_flops(half) > n.device.peak_flops(DType.f32) for n in nodes):
+            return str(half.value)
+    return str(DType.f32.value)
+
+
+def resolve_numerics(model: str, dtype: str, precision: str, train: bool, cluster: str | Cluster) -> Numerics:
+    """``dtype`` and ``precision`` with ``auto`` resolved (module docstring); float8 precisions
+    compute in bf16. Raises the cluster's ``HardwareError``, a model file's ``ModelError`` and
+    ``NumericsError``."""
+    if dtype == "auto" and is_model_file(model):
+        dtype = own_dtype(model).value
+    if dtype == "auto":
+        dtype = "bf16" if precision.startswith("fp8") else fast_half(cluster)
+    if precision == "auto":
+        precision = "mixed" if train and dtype != "f32" else "pure"
+    if precision == "mixed" and dtype == "f32":
+        raise NumericsError("--precision mixed computes in a half format: give --dtype bf16 or f16 (or auto)")
+    return Numerics(dtype, precision)

@@ -1,0 +1,39 @@
+"""The rotary-embedding pattern's table check (``patterns._freqs``) on tables computed as Hugging
+Face computes them: angles in float32, so long tables carry rounding the check must allow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from distir.frontends.torch_import.patterns import _freqs
+
+
+def _tables(n: int, d: int, theta: float, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """(1, n, 1, d) cos and sin tables as LlamaRotaryEmbedding makes them: inverse frequencies,
+    positions and their product in float32 (times ``scale``, an attention scaling)."""
+    inv = (1.0 / theta ** (np.arange(0, d, 2, dtype=np.float32) / d)).astype(np.float32)
+    ang = np.arange(n, dtype=np.float32)[:, None] * inv[None, :]  # float32 product
+    ang = np.concatenate([ang, ang], -1)
+    cos = (np.cos(ang) * scale).astype(np.float32).reshape(1, n, 1, d)
+    sin = (np.sin(ang) * scale).astype(np.float32).reshape(1, n, 1, d)
+    return cos, sin
+
+
+@pytest.mark.parametrize("n", [8, 8192, 131072])
+def test_float32_tables_of_any_length_give_their_frequencies(n: int) -> None:
+    """At 131,072 positions a float32 angle near 86,900 (head dim 64's second frequency) is
+    rounded by up to 0.004, twice the short tables' tolerance."""
+    d = 64
+    cos, sin = _tables(n, d, 500000.0)
+    got = _freqs(cos, sin, (2, n, 4, d))
+    assert got is not None
+    freqs, axis = got
+    inv = 1.0 / 500000.0 ** (np.arange(0, d, 2) / d)
+    assert axis == 1 and np.allclose(freqs, inv, rtol=1e-6)
+
+
+def test_a_scaled_table_is_not_a_rotation() -> None:
+    """YaRN-style attention scaling multiplies the tables: left to the op-by-op path."""
+    cos, sin = _tables(131072, 64, 500000.0, scale=1.1)
+    assert _freqs(cos, sin, (2, 131072, 4, 64)) is None
