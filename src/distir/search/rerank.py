@@ -201,6 +201,7 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
         precision=prec,
         chunk_times=times,
         sac_eager=sem.kernels == "eager",  # eager selective checkpointing caches what it saves
+        called_only=True,  # the chunk functions the schedule calls: all the simulation plans
         **sem.switches(),
     )
     cost, dmap, records = _shared(cluster, overlap, device_map(s, True), form)
