@@ -48,7 +48,7 @@ from typing import NamedTuple
 import numpy as np
 
 from distir.ir.function import Function
-from distir.ir.ops import Call, Op
+from distir.ir.ops import Call, Instr, Op
 from distir.ops.registry import REGISTRY, Fusion, UnknownOpError
 
 
@@ -151,12 +151,15 @@ def _rowwise_after_gemm_dropped(
     return ops[~drop], hits[~drop], unless
 
 
-def fused_inputs(fn: Function, epilogues: bool = True) -> list[FusedInput | None]:
+def fused_inputs(fn: Function, epilogues: bool = True, screen: bool = True) -> list[FusedInput | None]:
     """Per instruction of ``fn``'s body, how it joins the kernel of the op producing one of its
     inputs (None: it does not); ``epilogues``: whether a GEMM heads a chain (module doc). Calls
     never fuse. In bulk (numpy over the values' identities,
     which stay valid while ``fn`` lives): the planner asks once per body, and a flat program has
-    a million ops."""
+    a million ops. ``screen``: first rule out, in one pass over the ops, a body where no op may
+    join (``_may_link``: a pipeline's entry and chunk functions, whose calls pass hundreds of
+    values the bulk pass would index); False: the bulk pass only, the reference the tests
+    compare with."""
     body = fn.body
     n = len(body)
     names = (
@@ -170,6 +173,8 @@ def fused_inputs(fn: Function, epilogues: bool = True) -> list[FusedInput | None
     if not epilogues:  # a product is an extern kernel of its own: nothing joins it
         codes[codes == _HEAD] = _NONE
     if not n or not (codes & _JOIN).any() or not (codes & _HEAD).any():
+        return [None] * n
+    if screen and not _may_link(body, codes.tolist()):
         return [None] * n
     outputs = list(map(attrgetter("outputs"), body))
     inputs = list(map(attrgetter("inputs"), body))
@@ -237,6 +242,29 @@ def fused_inputs(fn: Function, epilogues: bool = True) -> list[FusedInput | None
     ):
         out[i] = FusedInput(jj, ss, vv, unless.get(i, ()))
     return out
+
+
+def _may_link(body: tuple[Instr, ...], codes: list[int]) -> bool:
+    """Whether some op of ``body`` (its ops' ``codes``) may join the kernel of the op producing
+    one of its inputs; False proves ``fused_inputs`` finds no link. A link (``fused_inputs``'
+    ``link``) is an occurrence read by an op that may join (ROWWISE, POINTWISE) whose value some
+    op that may head a chain made (a GEMM of one result, or a POINTWISE op: ``from_head``) or
+    a TRANSPARENT op (one input, one result) reading such a value (``passing``); every other
+    condition there only drops links. Values by identity, as there; a value made twice counts
+    as a head's if any maker may head one."""
+    heads: set[int] = set()
+    through: list[Instr] = []
+    for x, c in zip(body, codes, strict=True):
+        if c & _HEAD and (c == _BOTH or len(x.outputs) == 1):
+            heads.update(map(id, x.outputs))
+        elif c == _THROUGH and len(x.inputs) == 1 and len(x.outputs) == 1:
+            through.append(x)
+    if not heads:
+        return False
+    heads.update([id(x.outputs[0]) for x in through if id(x.inputs[0]) in heads])
+    return any(
+        c & _JOIN and not heads.isdisjoint(map(id, x.inputs)) for x, c in zip(body, codes, strict=True)
+    )
 
 
 # ``fused_links``' memo: (a body's structure, epilogues) -> its links (bounded: cleared when full)
