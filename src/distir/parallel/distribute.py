@@ -393,7 +393,8 @@ def distribute(
     same program but for functions nothing calls — the chunk variants the schedule never calls
     (a chunk's first backward that also reduces, under several microbatches; the accumulating
     ones, under one) and what only they use — its helpers (``@hp_grad``, fused backwards)
-    perhaps listed in another order: what a simulation of it needs, sooner (the search's exact simulations)."""
+    perhaps listed in another order: what a simulation of it needs, sooner (the search's exact
+    simulations)."""
     if pipelining_kept and deepspeed_pipe:
         raise StrategyError(
             "pipelining_kept is torch.distributed.pipelining's, not DeepSpeed's pipeline engine's"
