@@ -3,8 +3,9 @@ computes for that very body — on random programs, on every layer function the 
 (bodies alike at other microbatch sizes and tensor-parallel degrees share one entry), and on
 bodies whose structure differs only where the links depend on it; asked again for the same
 body (the memo by identity), the same links. And ``fused_inputs``' screen (``_may_link``, which
-rules out bodies where no op may join) gives the links of its bulk pass alone, on random
-programs and on every function of distributed programs."""
+rules out bodies where no op may join) gives the links of its bulk pass alone, and so does
+``fused_links``' (before a body's structure is read), on random programs and on every function
+of distributed programs."""
 
 from __future__ import annotations
 
@@ -91,7 +92,9 @@ def test_bodies_that_differ_in_their_wiring_have_other_structures() -> None:
 def test_the_screen_keeps_every_link_of_random_bodies(m: Module) -> None:
     for fn in m.functions:
         for epilogues in (True, False):
-            assert fused_inputs(fn, epilogues) == fused_inputs(fn, epilogues, screen=False)
+            plain = fused_inputs(fn, epilogues, screen=False)
+            assert fused_inputs(fn, epilogues) == plain
+            assert fused_links(fn, epilogues) == plain == fused_links(fn, epilogues, screen=False)
 
 
 @pytest.mark.parametrize(
@@ -121,6 +124,7 @@ def test_the_screen_keeps_every_link_of_distributed_programs(
         for epilogues in (True, False):
             got = fused_inputs(fn, epilogues)
             assert got == fused_inputs(fn, epilogues, screen=False), fn.name
+            assert fused_links(fn, epilogues) == got == fused_links(fn, epilogues, screen=False), fn.name
             linked += any(got)
     assert linked
     entry = prog.entry.body  # ruled out by the screen itself, not found empty by the bulk pass

@@ -162,16 +162,7 @@ def fused_inputs(fn: Function, epilogues: bool = True, screen: bool = True) -> l
     compare with."""
     body = fn.body
     n = len(body)
-    names = (
-        [x.name if type(x) is Op else "" for x in body]
-        if Call in set(map(type, body))
-        else list(map(attrgetter("name"), body))
-    )
-    for name in set(names):
-        _code(name)
-    codes = np.array(list(map(_KIND.__getitem__, names)), np.int64)
-    if not epilogues:  # a product is an extern kernel of its own: nothing joins it
-        codes[codes == _HEAD] = _NONE
+    codes = np.array(_codes(body, epilogues), np.int64)
     if not n or not (codes & _JOIN).any() or not (codes & _HEAD).any():
         return [None] * n
     if screen and not _may_link(body, codes.tolist()):
@@ -244,6 +235,22 @@ def fused_inputs(fn: Function, epilogues: bool = True, screen: bool = True) -> l
     return out
 
 
+def _codes(body: tuple[Instr, ...], epilogues: bool) -> list[int]:
+    """Per instruction, how it fuses (``_KIND``; a call: not at all; without ``epilogues`` a
+    GEMM heads nothing)."""
+    names = (
+        [x.name if type(x) is Op else "" for x in body]
+        if Call in set(map(type, body))
+        else list(map(attrgetter("name"), body))
+    )
+    for name in set(names):
+        _code(name)
+    codes = list(map(_KIND.__getitem__, names))
+    if not epilogues:  # a product is an extern kernel of its own: nothing joins it
+        codes = [_NONE if c == _HEAD else c for c in codes]
+    return codes
+
+
 def _may_link(body: tuple[Instr, ...], codes: list[int]) -> bool:
     """Whether some op of ``body`` (its ops' ``codes``) may join the kernel of the op producing
     one of its inputs; False proves ``fused_inputs`` finds no link. A link (``fused_inputs``'
@@ -278,26 +285,32 @@ _BY_ID: dict[tuple[int, bool], tuple[Function, list[FusedInput | None]]] = {}
 SMALL_BODY = 512
 
 
-def fused_links(fn: Function, epilogues: bool = True) -> list[FusedInput | None]:
+def fused_links(fn: Function, epilogues: bool = True, screen: bool = True) -> list[FusedInput | None]:
     """``fused_inputs(fn, epilogues)``, looked up by the body's structure (``body_structure``) for a body of
     up to ``SMALL_BODY`` instructions: the search's probes plan the same layer at every
     microbatch size and tensor-parallel degree, bodies alike but for their types, and numpy's
-    fixed cost per call dominates such small bodies. The result is shared: callers never
+    fixed cost per call dominates such small bodies. ``screen``: a body ``fused_inputs``' screen
+    rules out (``_may_link``: no op may join) has no link, its structure unread (a pipeline's
+    chunk functions); False: every body by its structure. The result is shared: callers never
     modify it."""
     if len(fn.body) > SMALL_BODY:
-        return fused_inputs(fn, epilogues)
+        return fused_inputs(fn, epilogues, screen)
     seen = _BY_ID.get((id(fn), epilogues))
     if seen is not None and seen[0] is fn:  # this very body: no structure to work out again
         return seen[1]
-    structure = body_structure(fn)
-    if structure is None:
-        return fused_inputs(fn, epilogues)
-    key = (structure, epilogues)
-    got = _BY_STRUCTURE.get(key)
-    if got is None:
-        if len(_BY_STRUCTURE) >= _STRUCTURES_KEPT:
-            _BY_STRUCTURE.clear()
-        got = _BY_STRUCTURE[key] = fused_inputs(fn, epilogues)
+    if screen and not _may_link(fn.body, _codes(fn.body, epilogues)):
+        got: list[FusedInput | None] = [None] * len(fn.body)
+    else:
+        structure = body_structure(fn)
+        if structure is None:
+            return fused_inputs(fn, epilogues, screen)
+        key = (structure, epilogues)
+        cached = _BY_STRUCTURE.get(key)
+        if cached is None:
+            if len(_BY_STRUCTURE) >= _STRUCTURES_KEPT:
+                _BY_STRUCTURE.clear()
+            cached = _BY_STRUCTURE[key] = fused_inputs(fn, epilogues, screen)
+        got = cached
     if len(_BY_ID) >= _STRUCTURES_KEPT:
         _BY_ID.clear()
     _BY_ID[(id(fn), epilogues)] = (fn, got)
