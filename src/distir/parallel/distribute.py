@@ -389,12 +389,9 @@ def distribute(
     The trainers' options (``overlap_param_gather`` … ``reduce_fp32``, default off): module
     docstring, *Trainer options*.
 
-    ``called_only``: build only the chunk functions the schedule calls (``_LazyChunks``): the
-    same program but for functions nothing calls — the chunk variants the schedule never calls
-    (a chunk's first backward that also reduces, under several microbatches; the accumulating
-    ones, under one) and what only they use — its helpers (``@hp_grad``, fused backwards)
-    perhaps listed in another order: what a simulation of it needs, sooner (the search's exact
-    simulations)."""
+    ``called_only``: build only the chunk functions the schedule calls (``_LazyChunks``), as a
+    simulation needs (the search's exact ones): the same program but for functions nothing calls
+    (its helpers ``@hp_grad`` and fused backwards perhaps listed in another order)."""
     if pipelining_kept and deepspeed_pipe:
         raise StrategyError(
             "pipelining_kept is torch.distributed.pipelining's, not DeepSpeed's pipeline engine's"
@@ -427,8 +424,7 @@ def distribute(
             megatron_ddp,
             grad_accum_fusion,
             pipelining_kept,
-            called_only,
-        ).build()
+        ).build(called_only)
 
 
 def _layer_policy(s: Strategy, sac_eager: bool) -> str | None:
@@ -601,9 +597,7 @@ class _Builder:
         megatron_ddp: bool = False,
         grad_accum_fusion: bool = False,
         pipelining_kept: str = "",
-        called_only: bool = False,
     ) -> None:
-        self.called_only = called_only  # chunk functions built as the schedule calls them
         self.prec = Precision.parse(precision)
         _check_deepspeed(s, self.prec, deepspeed_pipe, fp32_grad_accum)
         self.gaf = _fusion(s, self.prec, grad_accum_fusion and train)  # (``distribute``)
@@ -1081,7 +1075,9 @@ class _Builder:
         return spec.type.numel * size / (self.s.t if isinstance(spec.tp, Shard) else 1)
 
     # -- entry -----------------------------------------------------------------------------------
-    def _chunk_functions(self, by_chunk: list[list[ShardedLayer]]) -> Mapping[str, Function]:
+    def _chunk_functions(
+        self, by_chunk: list[list[ShardedLayer]], called_only: bool = False
+    ) -> Mapping[str, Function]:
         """Each chunk's forward and (training) backward functions: the full backward, or the
         input- and weight-gradient halves (zero-bubble), each also accumulating and, with data
         parallelism, reducing in buckets (``_chunk_bwd``). Built here, in this order; with
@@ -1109,7 +1105,7 @@ class _Builder:
                         cf[name] = functools.partial(self._chunk_bwd, c, ls, accumulate, part, reduce, final)
                 if delayed:
                     cf[f"c{c}_grad_sync"] = functools.partial(self._grad_sync, c, ls)
-        if self.called_only:
+        if called_only:
             return _LazyChunks(cf)
         return {name: make() for name, make in cf.items()}
 
@@ -1250,14 +1246,15 @@ class _Builder:
             order = time_order(per_rank, s.p, s.v, lambda r, a: work[a.stage] * share[a.kind])
         return order
 
-    def build(self) -> Module:
-        """The module: layer and chunk functions, then the entry — its parameters, the schedule's
-        chunk calls, and (training) gradient reduction, the optimizer and the results."""
+    def build(self, called_only: bool = False) -> Module:
+        """The module: layer and chunk functions (``called_only``: those the schedule calls), then
+        the entry — its parameters, the schedule's chunk calls, and (training) gradient
+        reduction, the optimizer and the results."""
         s = self.s
         layers = self._layers()
         by_chunk = [[layers[i] for i in r] for r in self.chunks]
         stage_of = [c % s.p for c in range(len(self.chunks))]
-        cf = self._chunk_functions(by_chunk)
+        cf = self._chunk_functions(by_chunk, called_only)
         fb = FunctionBuilder("step" if self.train else "infer", REGISTRY.out_arity)
         inputs, mbs, wp = self._declare(fb, by_chunk, stage_of)
         sched = _ScheduleWriter(self, fb, cf, by_chunk, stage_of, inputs, mbs, wp)
