@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from distir.autodiff.precision import Precision
 from distir.autodiff.train import Optimizer
 from distir.frontends.zoo.registry import build_model
 from distir.hardware.cluster import parse_cluster
@@ -26,6 +27,7 @@ from distir.ir.printer import print_function
 from distir.ir.types import DType
 from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import parse_strategy
+from distir.parallel.trainers import trainer_semantics
 from distir.sim.simulate import simulate
 
 FIELDS = ("step_time_s", "busy_s", "comm_s", "peak_memory", "param_memory", "flops", "n_ops", "peak_flops")
@@ -102,3 +104,22 @@ def test_called_only_leaves_out_what_nothing_calls() -> None:
         gone = {f.name for f in whole.functions} - {f.name for f in lean.functions}
         assert gone and all(n.startswith(("c0_bwd", "c1_bwd")) for n in gone), gone
         assert not gone & _called(whole)
+
+
+TRAINER_CASES = [  # (trainer, strategy): each trainer's own switches, as the search runs them
+    ("megatron", "d2.t2.sp.p2.k4.interleaved.v2.z1"),
+    ("megatron", "d2.t1.p2.k2.1f1b"),
+    ("deepspeed", "d2.t1.p2.k4.1f1b.z1"),
+    ("deepspeed", "d2.t1.p1.k2.1f1b.z3"),
+    ("torchtitan", "d2.t1.p1.k2.1f1b.z3"),
+    ("torchtitan", "d2.t1.p2.k4.1f1b.z2"),
+    ("torchtitan", "d4.t1.p1.k1.1f1b.z3h2"),
+]
+
+
+@pytest.mark.parametrize(("trainer", "strategy"), TRAINER_CASES)
+def test_the_called_chunk_functions_under_each_trainer(trainer: str, strategy: str) -> None:
+    s = parse_strategy(strategy)
+    sem = trainer_semantics(trainer, s, Precision.parse("mixed"), DType.bf16)
+    options: dict[str, Any] = {**MIXED, **sem.switches()}
+    test_the_called_chunk_functions_are_the_whole_programs(strategy, options)
