@@ -204,9 +204,10 @@ programs. Its shape:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -351,6 +352,7 @@ def distribute(
     fsdp2_grad_accum: bool = False,
     grad_accum_fusion: bool = False,
     pipelining_kept: str = "",
+    called_only: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -385,7 +387,11 @@ def distribute(
     (``_Gathers``).
 
     The trainers' options (``overlap_param_gather`` … ``reduce_fp32``, default off): module
-    docstring, *Trainer options*."""
+    docstring, *Trainer options*.
+
+    ``called_only``: build only the chunk functions the schedule calls (``_LazyChunks``), as a
+    simulation needs (the search's exact ones): the same program but for functions nothing calls
+    (its helpers ``@hp_grad`` and fused backwards perhaps listed in another order)."""
     if pipelining_kept and deepspeed_pipe:
         raise StrategyError(
             "pipelining_kept is torch.distributed.pipelining's, not DeepSpeed's pipeline engine's"
@@ -418,7 +424,7 @@ def distribute(
             megatron_ddp,
             grad_accum_fusion,
             pipelining_kept,
-        ).build()
+        ).build(called_only)
 
 
 def _layer_policy(s: Strategy, sac_eager: bool) -> str | None:
@@ -953,9 +959,7 @@ class _Builder:
         completes them (``_Buckets``; ZeRO-2/3 in every backward, DDP/ZeRO-0/1 in the last).
         ``final``: HSDP's last backward of the step, which all-reduces across the groups too
         (suffix ``_red``; the others, ``_rs``, reduce-scatter within the group only)."""
-        red = ("_red" if final or not self.hsdp else "_rs") if reduce else ""
-        suffix = ("_" + part if part else "") + ("_acc" if acc else "") + red
-        fb = FunctionBuilder(f"c{c}_bwd{suffix}", REGISTRY.out_arity)
+        fb = FunctionBuilder(self._chunk_bwd_name(c, acc, part, reduce, final), REGISTRY.out_arity)
         ws = chunk_weights(layers)
         # one stream for gathers and reductions: a layer's reduction is issued after the next
         # layer's weights are handed back (``_Gathers.before``), as FSDP's hooks issue them
@@ -1016,6 +1020,11 @@ class _Builder:
             return fb.ret(*head, *kept)
         return fb.ret(*head, *sink.results())
 
+    def _chunk_bwd_name(self, c: int, acc: bool, part: str, reduce: bool, final: bool) -> str:
+        """The name of ``_chunk_bwd(c, layers, acc, part, reduce, final)``'s function."""
+        red = ("_red" if final or not self.hsdp else "_rs") if reduce else ""
+        return f"c{c}_bwd" + ("_" + part if part else "") + ("_acc" if acc else "") + red
+
     def _accum_cast(self, fb: FunctionBuilder, w: Value, g: Value) -> Value:
         """``w``'s gradient ``g`` in the dtype it is accumulated in: with ``fp32_grad_accum`` cast
         to fp32 by a call of ``@hp_grad`` (a function of one Cast), else ``g`` itself. The call
@@ -1066,34 +1075,39 @@ class _Builder:
         return spec.type.numel * size / (self.s.t if isinstance(spec.tp, Shard) else 1)
 
     # -- entry -----------------------------------------------------------------------------------
-    def _chunk_functions(self, by_chunk: list[list[ShardedLayer]]) -> dict[str, Function]:
+    def _chunk_functions(
+        self, by_chunk: list[list[ShardedLayer]], called_only: bool = False
+    ) -> Mapping[str, Function]:
         """Each chunk's forward and (training) backward functions: the full backward, or the
         input- and weight-gradient halves (zero-bubble), each also accumulating and, with data
-        parallelism, reducing in buckets (``_chunk_bwd``)."""
+        parallelism, reducing in buckets (``_chunk_bwd``). Built here, in this order; with
+        ``called_only``, each when the schedule first calls it (``_LazyChunks``)."""
         s = self.s
-        cf: dict[str, Function] = {}
+        cf: dict[str, Callable[[], Function]] = {}
         for c, ls in enumerate(by_chunk):
-            cf[f"c{c}_fwd"] = self._chunk_fwd(c, ls)
+            cf[f"c{c}_fwd"] = functools.partial(self._chunk_fwd, c, ls)
             if self.gather_early:
-                cf[f"c{c}_fwd_gather"] = self._chunk_fwd(c, ls, gather_once=True)
+                cf[f"c{c}_fwd_gather"] = functools.partial(self._chunk_fwd, c, ls, gather_once=True)
             if self.train:
                 part = "w" if s.schedule == "zb1" else ""
                 if part:
-                    cf[f"c{c}_bwd_i"] = self._chunk_bwd(c, ls, False, "i")
+                    cf[f"c{c}_bwd_i"] = functools.partial(self._chunk_bwd, c, ls, False, "i")
                 every = self.bucketed and reduce_scatter_every_backward(s)  # ZeRO-2/3 (not pipelined ZeRO-2)
                 delayed = self.delayed_sync(c)
                 for accumulate in (False, True):
-                    f = self._chunk_bwd(c, ls, accumulate, part, every)
-                    cf[f.name] = f
+                    variants = [(every, True)]
                     if self.bucketed and not every and not delayed:  # DDP: the last backward reduces
-                        f = self._chunk_bwd(c, ls, accumulate, part, True)
-                        cf[f.name] = f
+                        variants.append((True, True))
                     if self.hsdp and s.k > 1:  # HSDP: the others reduce-scatter within the group
-                        f = self._chunk_bwd(c, ls, accumulate, part, True, final=False)
-                        cf[f.name] = f
+                        variants.append((True, False))
+                    for reduce, final in variants:
+                        name = self._chunk_bwd_name(c, accumulate, part, reduce, final)
+                        cf[name] = functools.partial(self._chunk_bwd, c, ls, accumulate, part, reduce, final)
                 if delayed:
-                    cf[f"c{c}_grad_sync"] = self._grad_sync(c, ls)
-        return cf
+                    cf[f"c{c}_grad_sync"] = functools.partial(self._grad_sync, c, ls)
+        if called_only:
+            return _LazyChunks(cf)
+        return {name: make() for name, make in cf.items()}
 
     def _declare(
         self, fb: FunctionBuilder, by_chunk: list[list[ShardedLayer]], stage_of: list[int]
@@ -1232,14 +1246,15 @@ class _Builder:
             order = time_order(per_rank, s.p, s.v, lambda r, a: work[a.stage] * share[a.kind])
         return order
 
-    def build(self) -> Module:
-        """The module: layer and chunk functions, then the entry — its parameters, the schedule's
-        chunk calls, and (training) gradient reduction, the optimizer and the results."""
+    def build(self, called_only: bool = False) -> Module:
+        """The module: layer and chunk functions (``called_only``: those the schedule calls), then
+        the entry — its parameters, the schedule's chunk calls, and (training) gradient
+        reduction, the optimizer and the results."""
         s = self.s
         layers = self._layers()
         by_chunk = [[layers[i] for i in r] for r in self.chunks]
         stage_of = [c % s.p for c in range(len(self.chunks))]
-        cf = self._chunk_functions(by_chunk)
+        cf = self._chunk_functions(by_chunk, called_only)
         fb = FunctionBuilder("step" if self.train else "infer", REGISTRY.out_arity)
         inputs, mbs, wp = self._declare(fb, by_chunk, stage_of)
         sched = _ScheduleWriter(self, fb, cf, by_chunk, stage_of, inputs, mbs, wp)
@@ -1479,9 +1494,33 @@ class _Builder:
         assert isinstance(t, DTensorType)
         return next(st for st, m in [*enumerate(self.meshes), *enumerate(self.meshes3)] if m == t.mesh)
 
-    def _module(self, cf: dict[str, Function], entry: Function) -> Module:
+    def _module(self, cf: Mapping[str, Function], entry: Function) -> Module:
         fns = [*self.functions.values(), *cf.values()]
         return Module((*fns, entry))
+
+
+class _LazyChunks(Mapping[str, Function]):
+    """The chunk functions by name, each built when first asked for (``distribute``'s
+    ``called_only``): the schedule asks for the ones it calls. Iterated (``_Builder._module``),
+    the ones built, in the order ``_Builder._chunk_functions`` lists them all. A chunk function
+    is a function of the builder's state before the schedule is written (the layers, the
+    chunks, the options) and of what it builds itself, so built later it is the same."""
+
+    def __init__(self, makers: dict[str, Callable[[], Function]]) -> None:
+        self._makers = makers
+        self._built: dict[str, Function] = {}
+
+    def __getitem__(self, name: str) -> Function:
+        got = self._built.get(name)
+        if got is None:
+            got = self._built[name] = self._makers[name]()
+        return got
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in self._makers if name in self._built)
+
+    def __len__(self) -> int:
+        return len(self._built)
 
 
 class _ScheduleWriter:
@@ -1495,7 +1534,7 @@ class _ScheduleWriter:
         self,
         b: _Builder,
         fb: FunctionBuilder,
-        cf: dict[str, Function],
+        cf: Mapping[str, Function],
         by_chunk: list[list[ShardedLayer]],
         stage_of: list[int],
         inputs: list[Value],

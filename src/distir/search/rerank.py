@@ -107,12 +107,19 @@ def _form(
     return trainer_form(model, trainer, cluster, tp)
 
 
-@functools.lru_cache(maxsize=4)
 def _model(job: ExactJob, t: int) -> Model:
-    """The model of ``job`` run at tensor parallelism ``t`` (its ``model_files`` digest is part
-    of the key: an edited file is rebuilt)."""
+    """The model of ``job`` run at tensor parallelism ``t``: one object for every t the trainer
+    runs the same model at (distir's: all), so the strategies' layers share their
+    differentiation by microbatch (``layer_sharder._differentiated``, by the model's identity)."""
     spec, form = job.form()
-    return build_from(form.spec_at(spec, t), job.batch, DType.parse(job.dtype))
+    return _built(job, form.spec_at(spec, t))
+
+
+@functools.lru_cache(maxsize=4)
+def _built(job: ExactJob, spec: ModelSpec) -> Model:
+    """``spec`` built at ``job``'s batch and dtype (its ``model_files`` digest is part of the key:
+    an edited file is rebuilt)."""
+    return build_from(spec, job.batch, DType.parse(job.dtype))
 
 
 def _cluster(spec: str | Cluster) -> Cluster:
@@ -201,6 +208,7 @@ def evaluate(job: ExactJob, strategy: str) -> dict[str, Any]:
         precision=prec,
         chunk_times=times,
         sac_eager=sem.kernels == "eager",  # eager selective checkpointing caches what it saves
+        called_only=True,  # the chunk functions the schedule calls: all the simulation plans
         **sem.switches(),
     )
     cost, dmap, records = _shared(cluster, overlap, device_map(s, True), form)

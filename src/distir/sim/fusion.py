@@ -48,7 +48,7 @@ from typing import NamedTuple
 import numpy as np
 
 from distir.ir.function import Function
-from distir.ir.ops import Call, Op
+from distir.ir.ops import Call, Instr, Op
 from distir.ops.registry import REGISTRY, Fusion, UnknownOpError
 
 
@@ -151,25 +151,21 @@ def _rowwise_after_gemm_dropped(
     return ops[~drop], hits[~drop], unless
 
 
-def fused_inputs(fn: Function, epilogues: bool = True) -> list[FusedInput | None]:
+def fused_inputs(fn: Function, epilogues: bool = True, screen: bool = True) -> list[FusedInput | None]:
     """Per instruction of ``fn``'s body, how it joins the kernel of the op producing one of its
     inputs (None: it does not); ``epilogues``: whether a GEMM heads a chain (module doc). Calls
     never fuse. In bulk (numpy over the values' identities,
     which stay valid while ``fn`` lives): the planner asks once per body, and a flat program has
-    a million ops."""
+    a million ops. ``screen``: first rule out, in one pass over the ops, a body where no op may
+    join (``_may_link``: a pipeline's entry and chunk functions, whose calls pass hundreds of
+    values the bulk pass would index); False: the bulk pass only, the reference the tests
+    compare with."""
     body = fn.body
     n = len(body)
-    names = (
-        [x.name if type(x) is Op else "" for x in body]
-        if Call in set(map(type, body))
-        else list(map(attrgetter("name"), body))
-    )
-    for name in set(names):
-        _code(name)
-    codes = np.array(list(map(_KIND.__getitem__, names)), np.int64)
-    if not epilogues:  # a product is an extern kernel of its own: nothing joins it
-        codes[codes == _HEAD] = _NONE
+    codes = np.array(_codes(body, epilogues), np.int64)
     if not n or not (codes & _JOIN).any() or not (codes & _HEAD).any():
+        return [None] * n
+    if screen and not _may_link(body, codes.tolist()):
         return [None] * n
     outputs = list(map(attrgetter("outputs"), body))
     inputs = list(map(attrgetter("inputs"), body))
@@ -239,6 +235,45 @@ def fused_inputs(fn: Function, epilogues: bool = True) -> list[FusedInput | None
     return out
 
 
+def _codes(body: tuple[Instr, ...], epilogues: bool) -> list[int]:
+    """Per instruction, how it fuses (``_KIND``; a call: not at all; without ``epilogues`` a
+    GEMM heads nothing)."""
+    names = (
+        [x.name if type(x) is Op else "" for x in body]
+        if Call in set(map(type, body))
+        else list(map(attrgetter("name"), body))
+    )
+    for name in set(names):
+        _code(name)
+    codes = list(map(_KIND.__getitem__, names))
+    if not epilogues:  # a product is an extern kernel of its own: nothing joins it
+        codes = [_NONE if c == _HEAD else c for c in codes]
+    return codes
+
+
+def _may_link(body: tuple[Instr, ...], codes: list[int]) -> bool:
+    """Whether some op of ``body`` (its ops' ``codes``) may join the kernel of the op producing
+    one of its inputs; False proves ``fused_inputs`` finds no link. A link (``fused_inputs``'
+    ``link``) is an occurrence read by an op that may join (ROWWISE, POINTWISE) whose value some
+    op that may head a chain made (a GEMM of one result, or a POINTWISE op: ``from_head``) or
+    a TRANSPARENT op (one input, one result) reading such a value (``passing``); every other
+    condition there only drops links. Values by identity, as there; a value made twice counts
+    as a head's if any maker may head one."""
+    heads: set[int] = set()
+    through: list[Instr] = []
+    for x, c in zip(body, codes, strict=True):
+        if c & _HEAD and (c == _BOTH or len(x.outputs) == 1):
+            heads.update(map(id, x.outputs))
+        elif c == _THROUGH and len(x.inputs) == 1 and len(x.outputs) == 1:
+            through.append(x)
+    if not heads:
+        return False
+    heads.update([id(x.outputs[0]) for x in through if id(x.inputs[0]) in heads])
+    return any(
+        c & _JOIN and not heads.isdisjoint(map(id, x.inputs)) for x, c in zip(body, codes, strict=True)
+    )
+
+
 # ``fused_links``' memo: (a body's structure, epilogues) -> its links (bounded: cleared when full)
 _BY_STRUCTURE: dict[tuple[object, bool], list[FusedInput | None]] = {}
 _STRUCTURES_KEPT = 1024
@@ -250,26 +285,32 @@ _BY_ID: dict[tuple[int, bool], tuple[Function, list[FusedInput | None]]] = {}
 SMALL_BODY = 512
 
 
-def fused_links(fn: Function, epilogues: bool = True) -> list[FusedInput | None]:
+def fused_links(fn: Function, epilogues: bool = True, screen: bool = True) -> list[FusedInput | None]:
     """``fused_inputs(fn, epilogues)``, looked up by the body's structure (``body_structure``) for a body of
     up to ``SMALL_BODY`` instructions: the search's probes plan the same layer at every
     microbatch size and tensor-parallel degree, bodies alike but for their types, and numpy's
-    fixed cost per call dominates such small bodies. The result is shared: callers never
+    fixed cost per call dominates such small bodies. ``screen``: a body ``fused_inputs``' screen
+    rules out (``_may_link``: no op may join) has no link, its structure unread (a pipeline's
+    chunk functions); False: every body by its structure. The result is shared: callers never
     modify it."""
     if len(fn.body) > SMALL_BODY:
-        return fused_inputs(fn, epilogues)
+        return fused_inputs(fn, epilogues, screen)
     seen = _BY_ID.get((id(fn), epilogues))
     if seen is not None and seen[0] is fn:  # this very body: no structure to work out again
         return seen[1]
-    structure = body_structure(fn)
-    if structure is None:
-        return fused_inputs(fn, epilogues)
-    key = (structure, epilogues)
-    got = _BY_STRUCTURE.get(key)
-    if got is None:
-        if len(_BY_STRUCTURE) >= _STRUCTURES_KEPT:
-            _BY_STRUCTURE.clear()
-        got = _BY_STRUCTURE[key] = fused_inputs(fn, epilogues)
+    if screen and not _may_link(fn.body, _codes(fn.body, epilogues)):
+        got: list[FusedInput | None] = [None] * len(fn.body)
+    else:
+        structure = body_structure(fn)
+        if structure is None:
+            return fused_inputs(fn, epilogues, screen)
+        key = (structure, epilogues)
+        cached = _BY_STRUCTURE.get(key)
+        if cached is None:
+            if len(_BY_STRUCTURE) >= _STRUCTURES_KEPT:
+                _BY_STRUCTURE.clear()
+            cached = _BY_STRUCTURE[key] = fused_inputs(fn, epilogues, screen)
+        got = cached
     if len(_BY_ID) >= _STRUCTURES_KEPT:
         _BY_ID.clear()
     _BY_ID[(id(fn), epilogues)] = (fn, got)
