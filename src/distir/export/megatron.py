@@ -85,6 +85,10 @@ def _model_args(m: ModelShape) -> list[str]:
         ]  # fmt: skip
         if m.kv_heads != m.heads:
             args += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
+        if m.rope_scaling is not None:  # Llama 3.1's (hf_shape)
+            args += ["--use-rope-scaling", "--rope-scaling-factor", f"{m.rope_scaling:g}"]
+    if m.norm_eps != 1e-5:  # Megatron-LM's default
+        args += ["--norm-epsilon", f"{m.norm_eps:g}"]
     return args
 
 

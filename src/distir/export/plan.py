@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distir.autodiff.precision import FP8, FP8_DELAYED
+from distir.export.hf_shape import hf_shape
+from distir.export.shape import ModelShape
 from distir.frontends.zoo.model import ModelError
 from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import Cluster
@@ -38,24 +40,6 @@ FLOAT8 = (str(FP8), str(FP8_DELAYED))  # torchao's dynamic tensorwise scaling, T
 
 class ExportError(ValueError):
     """A plan the target cannot express, or bad input to the export (one line, names what)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ModelShape:
-    """A transformer's shape as the trainers' model arguments name it (``None``: not a transformer
-    family a trainer ships: the DistIR paper's MLP, TransGAN)."""
-
-    family: str  # gpt or llama
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    ffn: int
-    seq: int
-    vocab: int
-    tied: bool  # the output head shares the embedding's weight
-    rope_theta: int | None  # Llama's RoPE base; None: learned absolute positions (GPT)
-    dropout: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +80,9 @@ class Exported:
 
 
 def model_shape(spec: str) -> ModelShape | None:
+    """The trainers' arguments for the model string ``spec`` (None: none; ``shape_reason``)."""
+    if spec.strip().startswith("hf:"):
+        return hf_shape(spec).shape
     ms = parse_model_string(spec)
     c = ms.config
     if ms.family == "gpt":
@@ -222,6 +209,12 @@ def refuse_context(plan: Plan, target: str) -> None:
 
 def need_transformer(plan: Plan, target: str) -> ModelShape:
     if plan.shape is None:
+        if plan.model.strip().startswith("hf:"):
+            raise ExportError(
+                f"{target} builds its own transformers (GPT, Llama) from arguments; {plan.model} is "
+                f"{hf_shape(plan.model).why}: export it to deepspeed (a config for your module) or fsdp "
+                "(a PyTorch file that parallelizes your module)"
+            )
         family = parse_model_string(plan.model).family
         what = "an imported model" if family == "imported" else f"a model of the {family} family"
         raise ExportError(

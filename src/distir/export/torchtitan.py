@@ -54,6 +54,7 @@ recipes only), so fp8 as distir simulates it is a job for the TOML release above
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from distir.export.plan import (
@@ -155,6 +156,8 @@ def _loss_parallel(plan: Plan, warn: list[str]) -> dict[str, Any]:
     ``disable_loss_parallel`` (``[parallelism]``, job_config.py at e347b1e5): the plan's
     ``loss=parallel`` is that, ``loss=torch`` (whole logits) is it disabled; distir's
     vocabulary-parallel forms (``fp32``, ``fused``) have no torchtitan option."""
+    if plan.model.strip().startswith("hf:"):  # Hugging Face's loss: no vocabulary-parallel form
+        return {}
     form = parse_model_string(plan.model).config.loss
     if form == "torch":
         return {"disable_loss_parallel": True}
@@ -217,9 +220,18 @@ def _float8(plan: Plan, sections: dict[str, dict[str, Any]], warn: list[str]) ->
 
 def _shipped(plan: Plan) -> str | None:
     """The torchtitan model (a ``FLAVORS`` key) the plan's model is: its zoo name, with options
-    that leave its shape as it is (the loss, the norms' kernels, ...), else None."""
+    that leave its shape as it is (the loss, the norms' kernels, ...), or a Hugging Face config
+    of its shape at any sequence length; else None."""
     head = plan.model.partition(":")[0].strip()
-    return head if head in FLAVORS and model_shape(head) == plan.shape else None
+    if head in FLAVORS:
+        return head if model_shape(head) == plan.shape else None
+    if plan.shape is None or not plan.model.strip().startswith("hf:"):
+        return None
+    for name in FLAVORS:
+        shipped = model_shape(name)
+        if shipped is not None and replace(shipped, seq=plan.shape.seq) == plan.shape:
+            return name
+    return None
 
 
 def job_sections(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:

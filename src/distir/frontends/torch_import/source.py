@@ -99,7 +99,7 @@ def module_of(text: str, layers: int | None = None) -> tuple[Any, Any, dict[str,
     if text.startswith("hf:"):
         from distir.frontends.torch_import.hf import hf_model, read_config
 
-        path, seq = _hf_path(text)
+        path, seq = hf_path(text)
         raw = read_config(path)
         module, inputs = hf_model(path, seq, layers=layers)
         return module, inputs, {"source": text, "model_type": raw.get("model_type")}
@@ -107,7 +107,8 @@ def module_of(text: str, layers: int | None = None) -> tuple[Any, Any, dict[str,
     return module, inputs, {"source": text}
 
 
-def _hf_path(text: str) -> tuple[str, int | None]:
+def hf_path(text: str) -> tuple[str, int | None]:
+    """The config path and the sequence length (None: the config's) of ``hf:PATH[:seq=N]``."""
     rest = text[3:]
     m = _SEQ.match(rest)
     if m is None:
@@ -131,7 +132,7 @@ def content_digest(text: str) -> str:
         if t.startswith("hf:"):
             from distir.frontends.torch_import.hf import config_path
 
-            path = config_path(_hf_path(t)[0])
+            path = config_path(hf_path(t)[0])
         else:
             m = _FACTORY.match(t)
             if m is None:
@@ -167,7 +168,7 @@ def converted(text: str, dtype: DType, stages: StageSpec | None = None) -> tuple
     if text.strip().startswith("hf:"):  # a missing config fails at once, before torch is imported
         from distir.frontends.torch_import.hf import read_config
 
-        read_config(_hf_path(text.strip())[0])
+        read_config(hf_path(text.strip())[0])
     return _converted(text, dtype, stages, content_digest(text))
 
 
@@ -188,7 +189,7 @@ def _converted(
     if text.startswith("hf:") and not (stages and stages.split):
         from distir.frontends.torch_import.hf import depth, read_config
 
-        full = depth(read_config(_hf_path(text)[0]))
+        full = depth(read_config(hf_path(text)[0]))
         if full is not None and full > SHALLOW:
             module, inputs, config = module_of(text, SHALLOW)
             deep = deepen(convert(trace(module, inputs, text), dtype, stages), full)
