@@ -66,3 +66,26 @@ def test_tied_embedding_is_sharded_on_the_vocabulary() -> None:
     w = model.weight(tied)
     assert w.type.shape == (32, 16)
     assert w.tp == Shard(0)
+
+
+@pytest.mark.parametrize("strategy", ["d2.t2.p1.k2.1f1b", "d1.t2.sp.p2.k4.zb1.rfull", "d4.t1.p1.k2.1f1b.z3"])
+@pytest.mark.parametrize("kernels", ["fused", "eager"])
+def test_an_imported_llama_simulates_as_the_zoo_llama_of_its_shape(strategy: str, kernels: str) -> None:
+    """HF's LlamaMLP runs F.silu: imported as one Silu, as the zoo's ``silu=fused``, the program
+    costs and holds what the zoo model's does (x·Sigmoid(x) saved the sigmoid too: a tensor the
+    size of the MLP's hidden activation per layer)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from distir.cli import app
+
+    zoo = "llama:layers=2,hidden=16,heads=4,kv_heads=2,ffn=24,vocab=32,seq=8,rope_theta=500000,silu=fused"
+    got = []
+    for model in (f"hf:{CONFIGS / 'llama-tiny.json'}", zoo):
+        args = ["simulate", "--model", model, "--strategy", strategy, "--batch", "8", "--cluster", "dgx-a100"]
+        r = CliRunner().invoke(app, [*args, "--kernels", kernels, "--json"])
+        assert r.exit_code == 0, r.stderr
+        got.append(json.loads(r.stdout))
+    for key in ("step_time_s", "peak_memory_bytes", "ops"):
+        assert got[0][key] == got[1][key], key

@@ -5,9 +5,9 @@ to an emitter ``(cx, args, kwargs) → result`` that writes registry ops through
 ``Emitter``: ``cx.op(name, *inputs, **attrs)``; tensor arguments arrive as ``Arg``s, which know
 their symbolic shape, scalars as Python numbers). It is a decomposition table: an ATen op is one
 registry op where one exists (``linear`` → ``MatMul`` (+ ``Add``), ``layer_norm`` →
-``LayerNormalization``, ``scaled_dot_product_attention`` → the fused ``Attention`` in its BSHD
-layout between two ``Transpose``s, which ``Emitter`` cancels against the neighbouring head
-transposes), else a few (``silu`` → x·Sigmoid(x), ``rsqrt`` → Pow(x, −½), tanh-GELU in its
+``LayerNormalization``, ``silu`` → ``Silu``, ``scaled_dot_product_attention`` → the fused
+``Attention`` in its BSHD layout between two ``Transpose``s, which ``Emitter`` cancels against
+the neighbouring head transposes), else a few (``rsqrt`` → Pow(x, −½), tanh-GELU in its
 formula). A tensor-scalar op takes the scalar through ``FillLike`` (``Scale`` for products and
 quotients), so no layer depends on the batch or on a device. ``IDENTITY`` ops (aliases, copies,
 dropout in eval mode, casts to the traced dtype) vanish.
@@ -296,7 +296,8 @@ def _rsqrt(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
 
 
 def _silu(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
-    return cx.op("Mul", _v(a[0]), cx.op("Sigmoid", _v(a[0])))
+    """``F.silu``: one ``Silu`` (one kernel each way, saving its input only), not x·sigmoid(x)."""
+    return cx.op("Silu", _v(a[0]))
 
 
 def _gelu(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
