@@ -37,3 +37,24 @@ def test_a_scaled_table_is_not_a_rotation() -> None:
     """YaRN-style attention scaling multiplies the tables: left to the op-by-op path."""
     cos, sin = _tables(131072, 64, 500000.0, scale=1.1)
     assert _freqs(cos, sin, (2, 131072, 4, 64)) is None
+
+
+def _op_counts(model_string: str) -> dict[str, int]:
+    from collections import Counter
+
+    from distir.frontends.zoo import build_model
+
+    model = build_model(model_string, batch=2)
+    return Counter(op.name for f in model.module.functions for op in f.ops())
+
+
+def test_gpt2_gelu_new_written_out_imports_as_one_gelu_tanh() -> None:
+    """HF's NewGELUActivation (gelu_new: seven ATen ops on Python scalars) is one GeluTanh per
+    block: no Tanh, Pow or scalar-filled tensor left (the imported model's numerics equal torch's:
+    tests/frontends/test_torch_import_numeric.py)."""
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    ops = _op_counts(f"hf:{Path(__file__).parent / 'configs' / 'gpt2-tiny.json'}")
+    assert ops["GeluTanh"] == 1  # in the one block function both blocks call
+    assert ops["Tanh"] == ops["Pow"] == ops["FillLike"] == 0

@@ -174,6 +174,7 @@ EXAMPLES: dict[str, list[Case]] = {
     "Log": _pos_unary,
     "StopGradient": _any_unary,
     "Gelu": _float_unary,
+    "GeluTanh": _float_unary,
     "Tanh": _float_unary,
     "Sigmoid": _float_unary,
     "Silu": _float_unary,
@@ -315,6 +316,7 @@ EXAMPLES: dict[str, list[Case]] = {
     # grad
     "ReluGrad": [*_like, Case([T(i64, 3), T(i64, 3)])],
     "GeluGrad": _like,
+    "GeluTanhGrad": _like,
     "SiluGrad": _like,
     "TanhGrad": _like,
     "SigmoidGrad": _like,

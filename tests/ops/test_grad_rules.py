@@ -31,7 +31,8 @@ from distir.ops import REGISTRY, OpTypeError
 
 # The ops with a gradient rule (the task's list; ops not here are not differentiable).
 DIFFERENTIABLE = {
-    *("Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Neg", "Exp", "Relu", "Gelu", "Tanh", "Sigmoid", "Silu"),
+    *("Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Neg", "Exp", "Relu", "Gelu", "GeluTanh", "Tanh"),
+    *("Sigmoid", "Silu"),
     *("Identity", "Sum", "Where", "Cast", "Scale", "CausalMask", "Softmax", "LayerNormalization"),
     *("RMSNormalization", "MatMul", "Gemm", "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Split"),
     *("Concat", "Slice", "Gather", "Expand", "ReduceSum", "ReduceMean", "SoftmaxCrossEntropyLoss"),
@@ -99,7 +100,8 @@ CASES: list[GCase] = [
     GCase("Pow", [pos(2, 3), t(3)], no_grad=(1,)),
     GCase("Pow", [pos(1, 3), t(2, 3)], no_grad=(1,)),
     GCase("Sqrt", [pos(2, 3)]),
-    *(GCase(op, [t(2, 3)]) for op in ("Neg", "Exp", "Gelu", "Tanh", "Sigmoid", "Silu", "Identity")),
+    *(GCase(op, [t(2, 3)]) for op in ("Neg", "Exp", "Gelu", "GeluTanh", "Tanh", "Sigmoid", "Silu")),
+    GCase("Identity", [t(2, 3)]),
     *(GCase(op, [t(2, 3)]) for op in ("UnpadTokens", "PadTokens")),
     GCase("Relu", [signs(2, 3)]),
     GCase("Sum", [t(2, 3)]),

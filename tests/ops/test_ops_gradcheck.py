@@ -216,6 +216,7 @@ def pool(op: str, x: tuple[int, ...], **attrs: Any) -> GradCase:
 GRAD_CASES = [
     unary("ReluGrad", "Relu", False, away_from_zero(3, 4)),
     unary("GeluGrad", "Gelu", False, lambda rng: rng.standard_normal((3, 4)) * 3),
+    unary("GeluTanhGrad", "GeluTanh", False, lambda rng: rng.standard_normal((3, 4)) * 3),
     unary("TanhGrad", "Tanh", True),
     unary("SigmoidGrad", "Sigmoid", True),
     unary("SiluGrad", "Silu", False, lambda rng: rng.standard_normal((3, 4)) * 3),

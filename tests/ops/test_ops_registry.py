@@ -92,6 +92,7 @@ def test_new_ops_are_registered_in_their_families() -> None:
         "grad": {
             "ReluGrad",
             "GeluGrad",
+            "GeluTanhGrad",
             "TanhGrad",
             "SigmoidGrad",
             "SiluGrad",

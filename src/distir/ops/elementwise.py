@@ -9,6 +9,7 @@ Each op is one ``OpDef``: signature, shape rule, numpy reference, FLOPs per outp
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -122,12 +123,21 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float64) * normal_cdf(x)
 
 
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh approximation, ½x(1 + tanh(√(2/π)(x + 0.044715x³))), in float64."""
+    z = x.astype(np.float64)
+    return 0.5 * z * (1.0 + np.tanh(GELU_TANH_C * (z + 0.044715 * z**3)))
+
+
+GELU_TANH_C = math.sqrt(2.0 / math.pi)
 SQRT = _unary("Sqrt", np.sqrt, 1.0)
 NEG = _unary("Neg", np.negative, 1.0, float_only=False, linear=True)
 EXP = _unary("Exp", np.exp, 1.0)
 RELU = _unary("Relu", lambda x: np.maximum(x, 0), 1.0, float_only=False)
 RELU.fill("kink", Kink(0))
 GELU = _unary("Gelu", _gelu, 8.0)
+# the tanh approximation as one op: F.gelu(approximate="tanh"), GPT-2's gelu_new
+GELU_TANH = _unary("GeluTanh", _gelu_tanh, 8.0)
 TANH = _unary("Tanh", np.tanh, 4.0)
 SIGMOID = _unary("Sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), 4.0)
 # x·sigmoid(x) as one op: torch.nn.functional.silu, one kernel forward and one backward
@@ -470,6 +480,7 @@ LOG.fill("grad", _log_grad)
 STOP_GRADIENT.fill("grad", _stop_gradient_grad)
 RELU.fill("grad", _via("ReluGrad", "X"))
 GELU.fill("grad", _via("GeluGrad", "X"))
+GELU_TANH.fill("grad", _via("GeluTanhGrad", "X"))
 TANH.fill("grad", _via("TanhGrad", "Y"))
 SIGMOID.fill("grad", _via("SigmoidGrad", "Y"))
 SILU.fill("grad", _via("SiluGrad", "X"))
@@ -522,6 +533,7 @@ NEG.fill("torch", unary(lambda ctx, x: ctx.torch.neg(x)))
 EXP.fill("torch", unary(lambda ctx, x: ctx.torch.exp(x)))
 RELU.fill("torch", unary(lambda ctx, x: ctx.torch.clamp_min(x, 0)))
 GELU.fill("torch", unary(lambda ctx, x: ctx.torch.nn.functional.gelu(x)))  # exact (erf)
+GELU_TANH.fill("torch", unary(lambda ctx, x: ctx.torch.nn.functional.gelu(x, approximate="tanh")))
 TANH.fill("torch", unary(lambda ctx, x: ctx.torch.tanh(x)))
 SIGMOID.fill("torch", unary(lambda ctx, x: ctx.torch.sigmoid(x)))
 SILU.fill("torch", unary(lambda ctx, x: ctx.torch.nn.functional.silu(x)))

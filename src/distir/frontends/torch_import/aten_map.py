@@ -7,10 +7,10 @@ their symbolic shape, scalars as Python numbers). It is a decomposition table: a
 registry op where one exists (``linear`` → ``MatMul`` (+ ``Add``), ``layer_norm`` →
 ``LayerNormalization``, ``silu`` → ``Silu``, ``scaled_dot_product_attention`` → the fused
 ``Attention`` in its BSHD layout between two ``Transpose``s, which ``Emitter`` cancels against
-the neighbouring head transposes), else a few (``rsqrt`` → Pow(x, −½), tanh-GELU in its
-formula). A tensor-scalar op takes the scalar through ``FillLike`` (``Scale`` for products and
-quotients), so no layer depends on the batch or on a device. ``IDENTITY`` ops (aliases, copies,
-dropout in eval mode, casts to the traced dtype) vanish.
+the neighbouring head transposes; ``gelu`` → ``Gelu`` or, approximated by tanh, ``GeluTanh``),
+else a few (``rsqrt`` → Pow(x, −½)). A tensor-scalar op takes the scalar through ``FillLike``
+(``Scale`` for products and quotients), so no layer depends on the batch or on a device.
+``IDENTITY`` ops (aliases, copies, dropout in eval mode, casts to the traced dtype) vanish.
 
 Anything not listed is *unsupported*: the importer lists every such op with its count and
 source location (``UnsupportedOpsError``) rather than import a part of the model.
@@ -18,7 +18,6 @@ source location (``UnsupportedOpsError``) rather than import a part of the model
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -302,15 +301,7 @@ def _silu(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
 
 def _gelu(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
     approx = kw.get("approximate", a[1] if len(a) > 1 else "none")
-    if approx == "none":
-        return cx.op("Gelu", _v(a[0]))
-    x = _v(a[0])  # tanh: ½x(1 + tanh(√(2/π)(x + 0.044715x³)))
-    cube = cx.op("Mul", cx.op("Mul", x, x), x)
-    inner = cx.op(
-        "Scale", cx.op("Add", x, cx.op("Scale", cube, alpha=0.044715)), alpha=math.sqrt(2 / math.pi)
-    )
-    one = cx.op("Add", cx.op("Tanh", inner), cx.fill(x, 1.0))
-    return cx.op("Mul", cx.op("Scale", x, alpha=0.5), one)
+    return cx.op("Gelu" if approx == "none" else "GeluTanh", _v(a[0]))
 
 
 def _where(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:

@@ -31,7 +31,14 @@ from distir.frontends.torch_import import aten_map
 from distir.frontends.torch_import.errors import StructureError, UnsupportedOpsError
 from distir.frontends.torch_import.layers import LayerOf, assign, module_paths
 from distir.frontends.torch_import.markers import is_marker
-from distir.frontends.torch_import.patterns import RMSMatch, RopeMatch, match_rms_norm, match_rope
+from distir.frontends.torch_import.patterns import (
+    GeluMatch,
+    RMSMatch,
+    RopeMatch,
+    match_gelu_tanh,
+    match_rms_norm,
+    match_rope,
+)
 from distir.frontends.torch_import.stages import Body, Split, StageSpec, split_stages, stage_numbers
 from distir.frontends.torch_import.trace import Traced
 from distir.ir.builder import FunctionBuilder
@@ -407,25 +414,29 @@ class Converter:
         return self._finish(nodes)
 
     def _match_patterns(self, tensors: Sequence[Any]) -> None:
-        """Rotary embeddings (``patterns.match_rope``): the final add becomes a Rope, the
-        pattern's other nodes are skipped when nothing else reads them."""
+        """Rotary embeddings, written-out RMSNorms and tanh GELUs (``patterns``): the final node
+        becomes a Rope, an RMSNormalization or a GeluTanh, the pattern's other nodes are skipped
+        when nothing else reads them."""
         self.skip: set[str] = set()
         self.ropes: dict[str, RopeMatch] = {}
         self.norms: dict[str, RMSMatch] = {}
+        self.gelus: dict[str, GeluMatch] = {}
         tables: dict[tuple[str, str], Any] = {}  # the tables' check, once per pair (shared by layers)
         for n in tensors:
-            m: RopeMatch | RMSMatch | None = match_rope(
+            m: RopeMatch | RMSMatch | GeluMatch | None = match_rope(
                 n, self.const, lambda a: self.kind.get(a.name) == "const", tables
             )
-            m = m or match_rms_norm(n, lambda a: self.kind.get(a.name) == "param")
+            m = m or match_rms_norm(n, lambda a: self.kind.get(a.name) == "param") or match_gelu_tanh(n)
             if m is None:
                 continue
             inside = {x.name for x in m.interior} | {n.name}
             if all(u.name in inside or u.name not in self.kind for x in m.interior for u in x.users):
                 if isinstance(m, RopeMatch):
                     self.ropes[n.name] = m
-                else:
+                elif isinstance(m, RMSMatch):
                     self.norms[n.name] = m
+                else:
+                    self.gelus[n.name] = m
                 self.skip |= {x.name for x in m.interior}
 
     def _rms_norm(self, cx: Any, a: Sequence[Any], kw: dict[str, Any]) -> Value:
@@ -433,6 +444,10 @@ class Converter:
         assert self.cur is not None
         x, w = self.tensor_arg(m.x, self.cur).value, self.tensor_arg(m.weight, self.cur).value
         return self.op("RMSNormalization", x, w, epsilon=m.eps)
+
+    def _gelu_tanh(self, cx: Any, a: Sequence[Any], kw: dict[str, Any]) -> Value:
+        assert self.cur is not None
+        return self.op("GeluTanh", self.tensor_arg(self.gelus[self.node.name].x, self.cur).value)
 
     def _rope(self, cx: Any, a: Sequence[Any], kw: dict[str, Any]) -> Value:
         m = self.ropes[self.node.name]
@@ -473,6 +488,8 @@ class Converter:
             emitter = self._rope
         elif n.name in self.norms:
             emitter = self._rms_norm
+        elif n.name in self.gelus:
+            emitter = self._gelu_tanh
         elif n.target is _getitem():
             emitter = aten_map.GETITEM
         elif name in ("aten.to", "aten._to_copy"):
@@ -483,7 +500,8 @@ class Converter:
             self.unsupported[name].append(_location(n))
             self.poisoned.add(n.name)
             return
-        rope = n.name in self.ropes or n.name in self.norms  # arguments: the pattern's skipped nodes
+        # a pattern's arguments are its skipped nodes: it reads its own input
+        rope = n.name in self.ropes or n.name in self.norms or n.name in self.gelus
         args = self.arg(list(n.args), b) if not rope else []
         kwargs = {k: self.arg(v, b) for k, v in n.kwargs.items()} if not rope else {}
         if name == "aten.embedding" and isinstance(args[1], TArg) and args[1].const is not None:

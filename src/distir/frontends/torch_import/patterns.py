@@ -1,5 +1,5 @@
-"""Patterns the ATen table cannot see op by op: RMSNorm written out, and Hugging Face's rotary
-position embedding.
+"""Patterns the ATen table cannot see op by op: RMSNorm written out, Hugging Face's rotary
+position embedding, and GELU's tanh approximation written out.
 
 ``w · (x · rsqrt(mean(x², -1) + eps))`` (Llama's ``RMSNorm``, casts to float32 and back in
 between: identities here) becomes one ``RMSNormalization(x, w, epsilon=eps)``, the fused kernel
@@ -12,6 +12,11 @@ becomes one ``Rope(halves=true, freqs=...)``: the inverse frequencies are read o
 attention scaling (YaRN's) or positions not starting at 0 is left to the op-by-op path. Without
 this, every layer would carry the (S, d) tables as constants and the 7 elementwise ops around
 them; with it, an imported Llama is written as the zoo's.
+
+``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`` (Hugging Face's ``NewGELUActivation``, GPT-2's
+``gelu_new``, written out in Python: seven ATen ops on scalars) becomes one ``GeluTanh(x)``, the
+op ``F.gelu(x, approximate="tanh")`` is: one kernel each way, its input saved. Op by op, each
+scalar would be a tensor of x's size (``FillLike``), the exponent saved for the backward.
 """
 
 from __future__ import annotations
@@ -45,6 +50,13 @@ class RMSMatch:
     interior: tuple[Any, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class GeluMatch:
+    x: Any  # the activation's input node
+    interior: tuple[Any, ...]
+
+
+GELU_C = 0.7978845608028654  # √(2/π)
 CASTS = ("aten.to", "aten._to_copy")
 
 
@@ -70,6 +82,36 @@ def match_rms_norm(mul: Any, is_param: Callable[[Any], bool]) -> RMSMatch | None
             found = _rsqrt_mean_square(r, x, seen) if hasattr(r, "op") else None
             if found is not None:
                 return RMSMatch(x, w, found, (y, *seen))
+    return None
+
+
+def _scalar_op(n: Any, name: str, value: float) -> Any:
+    """The tensor operand of ``name(tensor, value)`` (either order), else None."""
+    if not _is(n, name) or len(n.args) != 2 or n.kwargs.get("alpha", 1) != 1:
+        return None
+    a, b = n.args
+    for t, c in ((a, b), (b, a)):
+        if hasattr(t, "op") and isinstance(c, float | int) and abs(float(c) - value) <= 1e-7 * abs(value):
+            return t
+    return None
+
+
+def match_gelu_tanh(mul: Any) -> GeluMatch | None:
+    """The tanh-approximated GELU whose final product is ``mul``, or None (module docstring)."""
+    if not _is(mul, "aten.mul") or len(mul.args) != 2 or not all(hasattr(a, "op") for a in mul.args):
+        return None
+    for half, one in (mul.args, mul.args[::-1]):
+        x = _scalar_op(half, "aten.mul", 0.5)
+        th = _scalar_op(one, "aten.add", 1.0)
+        if x is None or not _is(th, "aten.tanh"):
+            continue
+        inner = _scalar_op(th.args[0], "aten.mul", GELU_C)
+        if not _is(inner, "aten.add") or len(inner.args) != 2 or x not in inner.args:
+            continue
+        cube_term = inner.args[1] if inner.args[0] is x else inner.args[0]
+        cube = _scalar_op(cube_term, "aten.mul", 0.044715)
+        if _is(cube, "aten.pow") and cube.args[0] is x and cube.args[1] == 3:
+            return GeluMatch(x, (half, one, th, th.args[0], inner, cube_term, cube))
     return None
 
 

@@ -5,6 +5,7 @@ round once (the forward's helpers in ``distir.ops.nn``)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +91,30 @@ GELU_GRAD = register(
         reference=_pointwise(_gelu_grad),
         flops=out_numel_flops(12.0),
         doc="dX = dY * (Phi(X) + X * phi(X)), the gradient of exact (erf) Gelu at X.",
+        sharding=sh.pointwise("scale"),
+    )
+)
+
+
+def _gelu_tanh_grad(dy: F64, x: F64) -> F64:
+    c = math.sqrt(2.0 / math.pi)
+    t = np.tanh(c * (x + 0.044715 * x**3))
+    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x))
+
+
+GELU_TANH_GRAD = register(
+    OpDef(
+        name="GeluTanhGrad",
+        family=FAMILY,
+        cost_class=COST_CLASS,
+        fusion=Fusion.POINTWISE,
+        inputs=("dY", "X"),
+        outputs=("dX",),
+        infer=_float_like_first,
+        reference=_pointwise(_gelu_tanh_grad),
+        flops=out_numel_flops(14.0),
+        doc="dX = dY * d/dX GeluTanh(X), the gradient of GELU's tanh approximation at X (torch's "
+        "gelu_backward with approximate='tanh': one kernel).",
         sharding=sh.pointwise("scale"),
     )
 )
@@ -364,6 +389,9 @@ def _aten_grad(name: str) -> Any:
 RELU_GRAD.fill("torch", _relu_grad_torch)
 RELU_GRAD.fill("kink", Kink(1))  # dY or 0 by the sign of X
 GELU_GRAD.fill("torch", _aten_grad("gelu_backward"))
+GELU_TANH_GRAD.fill(
+    "torch", lambda ctx, xs, attrs: (ctx.torch.ops.aten.gelu_backward(xs[0], xs[1], approximate="tanh"),)
+)
 TANH_GRAD.fill("torch", _aten_grad("tanh_backward"))
 SIGMOID_GRAD.fill("torch", _aten_grad("sigmoid_backward"))
 SILU_GRAD.fill("torch", _aten_grad("silu_backward"))
