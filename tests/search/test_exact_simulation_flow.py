@@ -319,3 +319,25 @@ def test_shares_proposals_skip_zero(tmp_path: Path) -> None:
     assert all("error" not in r for r in data["results"])
     code, _, err = _simulate("--strategy", "d2.t4.p1.k1.1f1b.z1.b2-1", "--cluster", MIXED, "--batch", "48")
     assert code == 2 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("extra", [[], ["--trainer", "megatron", "--dtype", "bf16"], ["--infer"]])
+def test_search_prints_the_command_that_simulates_its_winner(tmp_path: Path, extra: list[str]) -> None:
+    """The text report ends with the ``distir simulate`` line of the winner, with the search's
+    numerics and switches: run, it gives the step time the search reports."""
+    import shlex
+
+    cluster = "dgx-a100" if "--trainer" in extra else NODE
+    base = ["search", "--model", GPT, "--cluster", cluster, "--batch", "8", "--workers", "1", "--top", "2"]
+    r = runner.invoke(app, [*base, "--store", str(tmp_path / "s.sqlite"), *extra])
+    assert r.exit_code == 0, r.stderr
+    prefix = "the winner, simulated alone: "
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith(prefix)]
+    words = shlex.split(line.removeprefix(prefix))
+    assert words[:2] == ["distir", "simulate"]
+    best = json.loads(
+        runner.invoke(app, [*base, "--store", str(tmp_path / "s.sqlite"), *extra, "--json"]).stdout
+    )
+    got = runner.invoke(app, [*words[1:], "--json"])
+    assert got.exit_code == 0, got.stderr
+    assert json.loads(got.stdout)["step_time_s"] == best["results"][0]["step_time_s"]

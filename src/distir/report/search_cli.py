@@ -83,6 +83,27 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
         _print_json(o, a, plot, html, exported, err)
     else:
         _print_text(o, a, store, plot, html, exported, out, err)
+        if (line := simulate_command(req, o.best())) is not None:
+            out.print(f"the winner, simulated alone: {line}", markup=False, soft_wrap=True)
+
+
+def simulate_command(req: Any, best: dict[str, Any] | None) -> str | None:
+    """The ``distir simulate`` command line giving the search's winner (``best``, a fitting
+    result) the figures the search did: its model, strategy, batch, cluster, numerics and the
+    switches the search ran it with; None without a fitting winner or with a cluster object."""
+    import shlex
+
+    if best is None or not best.get("fits") or not isinstance(req.cluster, str):
+        return None
+    words = ["distir", "simulate", "--model", req.model, "--strategy", str(best["strategy"])]
+    words += ["--batch", str(req.batch), "--cluster", req.cluster]
+    words += ["--dtype", req.dtype, "--precision", req.precision]
+    words += [] if req.train else ["--infer"]
+    words += [] if req.optimizer == "adam" else ["--optimizer", req.optimizer]
+    words += [] if req.trainer == "distir" else ["--trainer", req.trainer]
+    words += ["--tp-comm-overlap"] if req.tp_comm_overlap else []
+    words += [] if req.tp_layout == "declared" else ["--tp-layout", req.tp_layout]
+    return shlex.join(words)
 
 
 def _check_options(a: dict[str, Any], err: Console) -> None:
