@@ -120,6 +120,28 @@ def gpt2_dynamic_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
+def test_a_tied_heads_folded_transpose_is_the_embedding_transposed(gpt2_with_torch: tuple[Path, Any]) -> None:
+    """torch.onnx's optimizer stores GPT-2's tied head as a new initializer, the embedding's
+    transpose (``val_N``): imported as that, the head is the embedding transposed, not a second
+    weight of vocab × hidden parameters (the model's count is the torch module's, less what the
+    exporter folded into other initializers: never more)."""
+    path, lm = gpt2_with_torch
+    imp = import_onnx(str(path), batch=2)
+    weights = {w.name: w.value for w in imp.weights}
+    pairs = [
+        (a, b) for a, b in itertools.permutations(weights, 2)
+        if weights[a].ndim == 2 and np.array_equal(weights[a].T, weights[b])
+    ]  # fmt: skip
+    assert pairs == []
+    wte = lm.transformer.wte.weight.detach().numpy()
+    (tied,) = [n for n, v in weights.items() if v.shape == wte.shape and np.array_equal(v, wte)]
+    post = imp.module.functions[[f.name for f in imp.module.functions].index("post")]
+    transposes = [op for op in post.ops() if op.name == "Transpose" and op.inputs[0].name == tied]
+    assert len(transposes) == 1 and transposes[0].attrs["perm"] == (1, 0)
+    assert imp.num_params <= sum(p.numel() for p in lm.parameters())
+
+
+@pytest.mark.slow
 def test_gpt2_export_imports_verifies_and_matches_onnxruntime(gpt2_onnx: Path) -> None:
     ids = RNG.integers(0, 50, (2, 8))
     imp, (logits,) = _run(str(gpt2_onnx), {"input_ids": ids})

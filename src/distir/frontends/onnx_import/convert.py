@@ -53,9 +53,14 @@ def convert(model: OnnxModel, dims: Mapping[str, int], batch: int, device: Devic
             env[vi.name] = v = program.param(vi.name, _input_type(vi, dims, batch, device), None)
             inputs.append(v)
     literals: dict[str, tuple[np.ndarray, Any]] = {}
+    arrays = {name: onnx.numpy_helper.to_array(t) for name, t in inits.items()}
+    transposed = _transposed_copies(arrays)
     for name, t in inits.items():
-        arr = onnx.numpy_helper.to_array(t)
+        arr = arrays[name]
         dt = dtype_of(t.data_type, f"initializer {name}")
+        if name in transposed:  # made where first used: the weight, transposed
+            literals[name] = (arr, _Transposed(transposed[name]))
+            continue
         if dt.is_float and arr.size > LITERAL_LIMIT:
             env[name] = program.param(
                 name,
@@ -86,6 +91,30 @@ def convert(model: OnnxModel, dims: Mapping[str, int], batch: int, device: Devic
     return Converted(program, tuple(inputs), tuple(out_values), tuple(vi.name for vi in g.output))
 
 
+@dataclass(frozen=True, slots=True)
+class _Transposed:
+    of: str  # the initializer this one is the transpose of
+
+
+def _transposed_copies(arrays: Mapping[str, np.ndarray]) -> dict[str, str]:
+    """Float matrices the exporter stored as the transpose of another initializer (a tied
+    embedding's ``wte.T`` for the head, folded by ``torch.onnx``'s optimizer into ``val_N``): each
+    by name, with the initializer it copies. Of two alike, the one the graph lists first stays."""
+    by_shape: dict[tuple[int, ...], list[str]] = {}
+    for name, arr in arrays.items():
+        if arr.ndim == 2 and arr.dtype.kind == "f" and arr.size > LITERAL_LIMIT:
+            by_shape.setdefault(arr.shape, []).append(name)
+    out: dict[str, str] = {}
+    for name, arr in reversed(list(arrays.items())):  # a later one is the copy of an earlier one
+        if arr.ndim != 2 or arr.dtype.kind != "f" or name in out.values() or name in out:
+            continue
+        for other in by_shape.get(arr.shape[::-1], ()):
+            if other != name and other not in out and np.array_equal(arrays[other].T, arr):
+                out[name] = other
+                break
+    return out
+
+
 def _lookup(
     program: Program,
     env: dict[str, Value],
@@ -103,7 +132,13 @@ def _lookup(
     where = f"node {node.name or '#' + str(k)} ({node.op_type})" if node is not None else "graph output"
     if name in literals:
         arr, dt = literals.pop(name)
-        env[name] = v = program.literal(name, arr, dt, -1, f"initializer {name}")
+        if isinstance(dt, _Transposed):  # in the layer of its first user, not a weight of its own
+            (v,) = program.emit(
+                "Transpose", (env[dt.of],), {"perm": (1, 0)}, [name], k, f"initializer {name}"
+            )
+        else:
+            v = program.literal(name, arr, dt, -1, f"initializer {name}")
+        env[name] = v
         return v
     if name in unproduced:
         raise OnnxImportError(
