@@ -231,7 +231,25 @@ def test_gpt2_dynamic_export_resolves_at_the_sizes_given(
     assert logits.shape == (batch, seq, 50)
     np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5)
     assert imp.layers == ("pre", "block", "block", "post"), imp.note
-    assert {"Shape", "Concat", "Reshape", "Range", "CumSum"} <= set(_ops(imp.module))
+    ops = set(_ops(imp.module))
+    assert {"Shape", "Concat", "Reshape", "Range"} <= ops
+    # the causal mask, computed from the sizes (Range, CumSum, comparisons), is known at import:
+    # the decomposed attention it masks is the fused one, and the mask's ops are gone
+    assert "Attention" in ops and not {"Softmax", "CumSum", "IsNaN"} & ops
+
+
+@pytest.mark.slow
+def test_the_exporters_decomposed_attention_is_the_fused_one(gpt2_with_torch: tuple[Path, Any]) -> None:
+    """q·kᵀ scaled, the causal mask added, softmax, the NaN guard and the product with v (the
+    exporter's scaled-dot-product attention) import as one causal ``Attention`` in BSHD, no head
+    transpose around it, the mask no longer a weight: no S×S value left in the program."""
+    path, _ = gpt2_with_torch
+    imp = import_onnx(str(path), batch=2)
+    block = imp.module.functions[[f.name for f in imp.module.functions].index("block")]
+    (att,) = [op for op in block.ops() if op.name == "Attention"]
+    assert att.attrs["causal"] is True and att.attrs["scale"] == pytest.approx(1 / np.sqrt(8))
+    assert not {"Softmax", "IsNaN", "Where", "Transpose"} & {op.name for op in block.ops()}
+    assert all(w.value.shape[-2:] != (8, 8) for w in imp.weights)  # the (B, 1, S, S) mask
 
 
 # -- the DistIR paper's Figure 4: a reshape whose target comes from Shape -------------------------

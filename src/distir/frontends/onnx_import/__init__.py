@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from distir.frontends.onnx_import.assemble import assemble, scopes_of, single
+from distir.frontends.onnx_import.attention import fuse_attention
 from distir.frontends.onnx_import.convert import convert
 from distir.frontends.onnx_import.mapping import supported_ops
 from distir.frontends.onnx_import.reader import OnnxImportError, read_model
@@ -98,6 +99,7 @@ def import_onnx(
     """Import an ONNX model from a path or its bytes (see the module docstring)."""
     model = read_model(source)
     conv = convert(model, dims or {}, batch, device)
+    fuse_attention(conv.program, conv.outputs)
     if layers:
         scopes = [scopes_of(n) for n in model.graph.node]
         lay = assemble(conv.program, conv.outputs, scopes)

@@ -1,0 +1,250 @@
+"""The exporter's decomposed scaled-dot-product attention as the fused ``Attention``.
+
+``torch.onnx.export(..., dynamo=True)`` writes ``F.scaled_dot_product_attention`` out: q and kᵀ
+each multiplied by √scale, their product, an additive mask, ``Softmax`` over the keys, the NaN
+guard (``IsNaN``/``Where``: a fully masked row gives 0) and the product with v, all in the
+(B, h, S, d) layout. Run so, it materializes the S×S scores, which no trainer does. A chain of
+that shape whose mask is absent or the causal mask (0 on and below the diagonal, −∞ or a finite
+value below −10⁴ above it, alike for every batch and head) becomes one ``Attention(causal=...,
+scale=...)`` in its BSHD layout, the head transposes around it cancelled where the chain's
+inputs come from one and its result goes to one. The mask, if nothing else reads it, is no longer
+a weight. A mask of another shape or pattern (padding, a window), a scale that is not a
+constant, or an intermediate read elsewhere leaves the chain as the exporter wrote it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from distir.frontends.onnx_import.values import Program
+from distir.ir.ops import Op
+from distir.ir.values import Value
+
+BHSD = (0, 2, 1, 3)  # (B, h, S, d) <-> (B, S, h, d)
+MASKED = -1e4  # at most this above the diagonal: a causal mask's "minus infinity"
+
+
+@dataclass(frozen=True, slots=True)
+class _Chain:
+    q: Value  # (B, h, S, d)
+    k: Value
+    v: Value
+    scale: float
+    causal: bool
+    mask: Value | None
+    last: Op  # the product with v: its result is the attention's, (B, h, S, d)
+    inner: tuple[Op, ...]  # the chain's other ops
+
+
+def fuse_attention(program: Program, outputs: tuple[Value, ...]) -> None:
+    """Rewrite every matched chain of ``program`` in place (module docstring)."""
+    made = {v: op for op in program.ops for v in op.outputs}
+    uses: dict[Value, int] = {}
+    for op in program.ops:
+        for v in op.inputs:
+            uses[v] = uses.get(v, 0) + 1
+    for v in outputs:
+        uses[v] = uses.get(v, 0) + 1
+    chains = [c for op in program.ops if (c := _chain(program, op, made, uses)) is not None]
+    if chains:
+        _rewrite(program, chains, made, outputs)
+
+
+def _chain(program: Program, last: Op, made: dict[Value, Op], uses: dict[Value, int]) -> _Chain | None:
+    """The attention chain whose product with v is ``last``, or None."""
+    if last.name != "MatMul" or len(last.inputs) != 2 or last.attrs.get("transA") or last.attrs.get("transB"):
+        return None
+    p, v = last.inputs
+    inner: list[Op] = []
+    probs = _unguarded(program, p, made, uses, inner)
+    sm = made.get(probs)
+    if (
+        sm is None
+        or sm.name != "Softmax"
+        or sm.attrs.get("axis") not in (-1, 3)
+        or uses.get(probs, 0) != 1 + bool(inner)
+    ):
+        return None
+    inner.append(sm)
+    scores, mask = _unmasked(sm.inputs[0], made, uses, inner)
+    qk = made.get(scores)
+    if (
+        qk is None
+        or qk.name != "MatMul"
+        or qk.attrs.get("transA")
+        or qk.attrs.get("transB")
+        or uses.get(scores) != 1
+    ):
+        return None
+    inner.append(qk)
+    q, cq = _scaled(program, qk.inputs[0], made, uses, inner)
+    kt, ck = _scaled(program, qk.inputs[1], made, uses, inner)
+    k = _untransposed(program, kt, made, uses, inner)
+    if k is None or not _alike(program, q, k, v):
+        return None
+    if mask is not None and not _is_causal(program, mask, program.type(q).shape[2]):
+        return None
+    return _Chain(q, k, v, cq * ck, mask is not None, mask, last, tuple(inner))
+
+
+def _unguarded(
+    program: Program, p: Value, made: dict[Value, Op], uses: dict[Value, int], inner: list[Op]
+) -> Value:
+    """The probabilities under the NaN guard ``Where(IsNaN(x), 0, x)``, else ``p`` itself."""
+    where = made.get(p)
+    if where is None or where.name != "Where" or uses.get(p) != 1:
+        return p
+    cond, zero, x = where.inputs
+    isnan, known = made.get(cond), program.known(zero)
+    if known is None or known.size != 1 or float(known.reshape(())) != 0.0:
+        return p
+    if isnan is None or isnan.name != "IsNaN" or isnan.inputs[0] is not x or uses.get(cond) != 1:
+        return p
+    inner += [where, isnan]
+    return x
+
+
+def _unmasked(
+    s: Value, made: dict[Value, Op], uses: dict[Value, int], inner: list[Op]
+) -> tuple[Value, Value | None]:
+    """(scores, the additive mask) of ``Add(scores, mask)``, else (``s``, None)."""
+    add = made.get(s)
+    if add is None or add.name != "Add" or uses.get(s) != 1:
+        return s, None
+    a, b = add.inputs
+    if made.get(a) is not None and made[a].name == "MatMul":
+        inner.append(add)
+        return a, b
+    return s, None
+
+
+def _scaled(
+    program: Program, x: Value, made: dict[Value, Op], uses: dict[Value, int], inner: list[Op]
+) -> tuple[Value, float]:
+    """(the tensor, the factor) of ``Mul(tensor, scalar constant)``, else (``x``, 1)."""
+    mul = made.get(x)
+    if mul is None or mul.name != "Mul" or uses.get(x) != 1:
+        return x, 1.0
+    for t, c in (mul.inputs, mul.inputs[::-1]):
+        known = program.known(c)
+        if known is not None and known.size == 1 and program.known(t) is None:
+            inner.append(mul)
+            return t, float(known.reshape(()))
+    return x, 1.0
+
+
+def _untransposed(
+    program: Program, kt: Value, made: dict[Value, Op], uses: dict[Value, int], inner: list[Op]
+) -> Value | None:
+    """k of kᵀ = its last two axes swapped: ``Transpose(k, (0, 1, 3, 2))``, or the exporter's
+    ``Reshape(Transpose(Reshape(k, (-1, S, d)), (0, 2, 1)), (B, h, d, S))``."""
+    op = made.get(kt)
+    if op is None or uses.get(kt) != 1:
+        return None
+    if op.name == "Transpose" and op.attrs.get("perm") == (0, 1, 3, 2):
+        inner.append(op)
+        return op.inputs[0]
+    if op.name != "Reshape":
+        return None
+    t = made.get(op.inputs[0])
+    if t is None or t.name != "Transpose" or t.attrs.get("perm") != (0, 2, 1) or uses.get(op.inputs[0]) != 1:
+        return None
+    r = made.get(t.inputs[0])
+    if r is None or r.name != "Reshape" or uses.get(t.inputs[0]) != 1:
+        return None
+    k = r.inputs[0]
+    b, h, s, d = program.type(k).shape
+    if program.type(kt).shape != (b, h, d, s):
+        return None
+    inner += [op, t, r]
+    return k
+
+
+def _alike(program: Program, q: Value, k: Value, v: Value) -> bool:
+    """q, k, v of one (B, h, S, d) shape and a float dtype (the fused op's heads, no GQA here)."""
+    tq, tk, tv = (program.type(x) for x in (q, k, v))
+    return (
+        tq.rank == 4
+        and tq.dtype.is_float
+        and tq.shape == tk.shape == tv.shape
+        and tq.dtype == tk.dtype == tv.dtype
+    )
+
+
+def _is_causal(program: Program, mask: Value, s: int) -> bool:
+    """Whether ``mask``'s known value is the causal mask over ``s`` positions."""
+    value = program.known(mask)
+    if value is None:
+        value = next((p.value for v, p in program.params if v is mask), None)
+    return value is not None and causal_mask(np.asarray(value), s)
+
+
+def causal_mask(m: np.ndarray, s: int) -> bool:
+    """``m`` (…, s, s) is the additive causal mask: 0 on and below the diagonal, at most
+    ``MASKED`` above it, alike for every leading index (batch, head)."""
+    if m.ndim < 2 or m.shape[-2:] != (s, s):
+        return False
+    rows = np.asarray(m, dtype=np.float64).reshape(-1, s, s)
+    above = np.triu(np.ones((s, s), dtype=bool), 1)
+    shaped = np.all(rows[:, ~above] == 0.0) and np.all(rows[:, above] <= MASKED)
+    return bool(shaped and np.all(rows == rows[:1]))
+
+
+def _rewrite(
+    program: Program, chains: list[_Chain], made: dict[Value, Op], outputs: tuple[Value, ...]
+) -> None:
+    """Each chain's ops replaced by one ``Attention`` (and the transposes it still needs) where
+    its product with v was; what no longer has a reader dropped, the mask weight with it."""
+    by_last = {id(c.last): c for c in chains}
+    drop = {id(op) for c in chains for op in c.inner}
+    ops, origins = program.ops, program.origin
+    program.ops, program.origin = [], []
+    subst: dict[Value, Value] = {}
+    back: dict[Value, Value] = {}  # an emitted (B, h, S, d) result -> the attention's BSHD one
+    for op, k in zip(ops, origins, strict=True):
+        if id(op) in drop:
+            continue
+        c = by_last.get(id(op))
+        op = Op(op.name, tuple(subst.get(v, v) for v in op.inputs), op.outputs, op.attrs)
+        if op.name == "Transpose" and op.attrs.get("perm") == BHSD and op.inputs[0] in back:
+            subst[op.outputs[0]] = back[op.inputs[0]]  # the head transpose after it: cancelled
+            continue
+        if c is None:
+            program.ops.append(op)
+            program.origin.append(k)
+            continue
+        where = f"node #{k} (attention)"
+        q, key, v = (_bshd(program, subst.get(x, x), made, k, where) for x in (c.q, c.k, c.v))
+        attrs = {"causal": c.causal, "scale": c.scale}
+        o, _ = program.emit("Attention", (q, key, v), attrs, ["attention", "lse"], k, where)
+        (out,) = program.emit("Transpose", (o,), {"perm": BHSD}, [op.outputs[0].name], k, where)
+        subst[op.outputs[0]] = out
+        back[out] = o
+    _drop_dead(program, tuple(subst.get(v, v) for v in outputs))
+
+
+def _bshd(program: Program, x: Value, made: dict[Value, Op], k: int, where: str) -> Value:
+    """``x`` (B, h, S, d) in the BSHD layout: the input of the head transpose that made it, else
+    a Transpose of it."""
+    t = made.get(x)
+    if t is not None and t.name == "Transpose" and t.attrs.get("perm") == BHSD:
+        return t.inputs[0]
+    (y,) = program.emit("Transpose", (x,), {"perm": BHSD}, [f"{x.name}_bshd"], k, where)
+    return y
+
+
+def _drop_dead(program: Program, outputs: tuple[Value, ...]) -> None:
+    """Ops none of whose results is read (the cancelled transposes, the chains' leftovers) and the
+    weights no op reads (a causal mask)."""
+    live = set(outputs)
+    keep = [False] * len(program.ops)
+    for i in range(len(program.ops) - 1, -1, -1):
+        op = program.ops[i]
+        if any(v in live for v in op.outputs):
+            keep[i] = True
+            live.update(op.inputs)
+    program.ops = [op for op, kept in zip(program.ops, keep, strict=True) if kept]
+    program.origin = [k for k, kept in zip(program.origin, keep, strict=True) if kept]
+    program.params = [(v, p) for v, p in program.params if p.value is None or v in live]
