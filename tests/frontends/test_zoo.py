@@ -324,7 +324,7 @@ def test_llama_strings_round_trip(
     spec = parse_model_string(text)
     defaults = {"rope_theta": 10000, "attention": "fused", "loss": "fp32"}
     # the eager forms' defaults
-    defaults |= {"norm": "fused", "rope": "fused", "silu": "composite", "kv": "native", "qkv": "split"}
+    defaults |= {"norm": "fused", "rope": "fused", "silu": "fused", "kv": "native", "qkv": "split"}
     assert dataclasses.asdict(spec.config) == {**cfg, **defaults}
     m = build_model(text, 2)
     assert m.num_params == closed_form_params("llama", cfg)

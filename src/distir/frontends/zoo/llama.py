@@ -9,10 +9,11 @@
     }
 
 ``@block`` is ``x + Wo·Attn(RMSNorm(x))`` then ``x + W2·(silu(W1·h) ⊙ W3·h)`` with
-``h = RMSNorm(x)`` and ``silu(a) = a·Sigmoid(a)``. Attention is causal and grouped-query: the
-``kv_heads`` key/value heads are each repeated ``heads/kv_heads`` times (``attention.py``;
-``attention=fused`` by default, ``naive`` the explicit form). Position information is Llama's
-rotary embedding (``Rope`` on q and k after the head split, Meta's interleaved pairs) with base
+``h = RMSNorm(x)`` and ``silu(a) = a·Sigmoid(a)`` (one ``Silu`` op: ``silu=fused``, below).
+Attention is causal and grouped-query: the ``kv_heads`` key/value heads are each repeated
+``heads/kv_heads`` times (``attention.py``; ``attention=fused`` by default, ``naive`` the
+explicit form). Position information is Llama's rotary embedding (``Rope`` on q and k after the
+head split, Meta's interleaved pairs) with base
 ``rope_theta``: 10000 for Llama 2, 500000 for Llama 3 (the released configs).
 
 Simplified with respect to Llama: RMSNorm epsilon 1e-5. ``wlm`` is untied from the token
@@ -31,9 +32,10 @@ defaults (``norm=fused``, ``rope=fused``) are one ``RMSNormalization`` and one `
 model's dtype, as fused kernels and ``torch.compile`` run them. The casts are there for a model
 in bf16 or f16 only (``x.float()`` upcasts the low-precision activations; an f32 or f64 model
 runs the same ops without them). ``Mul(x, x)`` reads ``x`` twice where ``pow(2)`` reads it once:
-4 bytes per element more than the module moves. ``silu=fused``: SwiGLU's ``F.silu(w1(x))`` as
-one ``Silu`` op (one kernel forward, one backward, as PyTorch runs it, eager or not) instead of
-the default ``a·Sigmoid(a)`` (two ops, each a kernel of its own when nothing fuses them).
+4 bytes per element more than the module moves. ``silu=fused`` (the default): SwiGLU's
+``F.silu(w1(x))`` as one ``Silu`` op (one kernel forward, one backward, saving its input, as
+PyTorch runs it, eager or not, and Megatron-LM's fused SwiGLU); ``silu=composite``: ``a·Sigmoid(a)``
+(two ops, each a kernel of its own when nothing fuses them, the sigmoid saved too).
 ``kv=copy``: grouped-query attention's k and v repeated to ``heads`` heads before the fused
 kernel, as torchtitan's ``repeat_kv`` (``unsqueeze(3).expand(...).reshape(...)``: the reshape of
 the expanded view copies it) does before ``F.scaled_dot_product_attention``: an ``Expand`` each
@@ -101,7 +103,7 @@ class LlamaConfig:
     loss: str = loss_field()  # the cross entropy's kernel: fp32 (default), fused, torch or parallel
     norm: str = _choice("fused", NORM_FORMS)  # RMSNorm: one op or eager PyTorch's (module doc)
     rope: str = _choice("fused", ROPE_FORMS)  # RoPE in the model's dtype or in f32 (module doc)
-    silu: str = _choice("composite", SILU_FORMS)  # SwiGLU's silu: Mul·Sigmoid or one Silu op
+    silu: str = _choice("fused", SILU_FORMS)  # SwiGLU's silu: one Silu op or Mul·Sigmoid
     kv: str = _choice("native", KV_FORMS)  # grouped kv heads: read by the kernel or copied (doc)
     qkv: str = qkv_field()  # Q, K, V: three GEMMs (split) or one of one weight (fused; doc)
 
