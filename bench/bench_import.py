@@ -91,10 +91,12 @@ def main() -> None:
     ]
     zoo = cli_json("simulate", "--model", "llama3-8b", *common)
     imp = cli_json("simulate", "--model", f"hf:{MODELS['llama3-8b']}", *common)
-    z, i = float(zoo["step_time_s"]), float(imp["step_time_s"])
-    print(f"simulate {args.strategy} batch {args.batch} {args.dtype} on h100:")
-    print(f"  zoo llama3-8b      step {z:.4f} s  ops {zoo['ops']}")
-    print(f"  hf:llama3-8b.json  step {i:.4f} s  ops {imp['ops']}  ({100 * (i - z) / z:+.2f}% vs zoo)")
+    z = float(zoo["step_time_s"])
+    print(f"simulate {args.strategy} batch {args.batch} {zoo['dtype']} {zoo['precision']} on h100:")
+    for label, got in (("zoo llama3-8b    ", zoo), ("hf:llama3-8b.json", imp)):
+        peak = max(got["peak_memory_bytes"].values()) / 2**30
+        vs = f"  ({100 * (float(got['step_time_s']) - z) / z:+.2f}% vs zoo)" if got is imp else ""
+        print(f"  {label}  step {float(got['step_time_s']):.4f} s  peak {peak:.2f} GiB  ops {got['ops']}{vs}")
     if args.search:
         for label, model in (
             ("zoo llama3-8b", "llama3-8b"),
