@@ -298,6 +298,15 @@ def human_count(n: float) -> str:
     return f"{n:.3g}"
 
 
+def human_flops(n: float) -> str:
+    """``159KFLOP``, ``1.5GFLOP``, ``6.47PFLOP``: three significant digits and a metric prefix
+    (``human_count``'s ``B`` is a count's billions, not a FLOP prefix)."""
+    for unit, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}FLOP"
+    return f"{n:.3g}FLOP"
+
+
 def zoo_json() -> dict[str, Any]:
     """``{"models": [...], "families": {...}}`` for ``distir models --json``; per model the
     ``ZooRow`` fields, ``params_human``, ``flops_per_sample`` (forward), ``config``, ``source``."""
