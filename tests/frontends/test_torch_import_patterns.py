@@ -37,3 +37,20 @@ def test_a_scaled_table_is_not_a_rotation() -> None:
     """YaRN-style attention scaling multiplies the tables: left to the op-by-op path."""
     cos, sin = _tables(131072, 64, 500000.0, scale=1.1)
     assert _freqs(cos, sin, (2, 131072, 4, 64)) is None
+
+
+def test_the_check_holds_a_few_rows_at_a_time() -> None:
+    """A long table is checked in blocks of CHECK_ROWS rows, in float64 only there: at a million
+    positions, whole-table float64 copies and temporaries ran an 8 GB process out of memory."""
+    import tracemalloc
+
+    n, d = 131072, 64
+    cos, sin = _tables(n, d, 500000.0)
+    tracemalloc.start()
+    try:
+        got = _freqs(cos, sin, (2, n, 4, d))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got is not None
+    assert peak < n * d * 8 // 2, peak  # under half of one float64 copy of a table
