@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -435,3 +437,13 @@ def test_flops_read_with_metric_prefixes(flops: float, text: str) -> None:
     from distir.frontends.zoo.registry import human_flops
 
     assert human_flops(flops) == text
+
+
+def test_a_config_path_without_hf_says_the_prefix(tmp_path: Path) -> None:
+    """`distir import` reads a config path as hf:PATH; `--model` needs the prefix and says so."""
+    (tmp_path / "config.json").write_text("{}")
+    for text in (str(tmp_path / "config.json"), str(tmp_path)):
+        with pytest.raises(ModelError, match=re.escape(f"a Hugging Face config is --model hf:{text}")):
+            parse_model_string(text)
+    with pytest.raises(ModelError, match="unknown model 'llama3-9b'"):
+        parse_model_string("llama3-9b")
