@@ -1773,6 +1773,7 @@ def validate(
         _fail(f"validate: {e}")
     load = max(load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"))
     d = fidelity_dict(f) | {
+        "cluster": cluster,  # as given, as simulate and search give it
         "quick_profile": quick,
         "plot": str(plot) if plot else None,
         "load_average": load,

@@ -69,7 +69,8 @@ def test_validate_runs_the_strategies_asked_for_and_prints_each(tmp_path: Path) 
     text says per strategy how far the simulation is from the run."""
     pytest.importorskip("torch")
     args = ["validate", "--model", "mlp:layers=4,hidden=6", "--strategy", "d1.t1.p2.k2.1f1b", "--batch", "4"]
-    args += ["--cluster", str(_profile(tmp_path)), "--plot", str(tmp_path / "v.png"), "--steps", "2"]
+    profile = str(_profile(tmp_path))
+    args += ["--cluster", profile, "--plot", str(tmp_path / "v.png"), "--steps", "2"]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.stderr
     assert "1 strategy," in r.stdout and "n/a (one strategy)" in r.stdout
@@ -79,6 +80,7 @@ def test_validate_runs_the_strategies_asked_for_and_prints_each(tmp_path: Path) 
     d = json.loads(r.stdout)
     assert [p["strategy"] for p in d["points"]] == ["d1.t1.p2.k2.1f1b"]
     assert d["spearman_rho_throughput"] is None
+    assert d["cluster"] == profile and not d["quick_profile"]  # --cluster as given, as simulate's
 
 
 @pytest.mark.parametrize(
