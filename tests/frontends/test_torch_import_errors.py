@@ -192,3 +192,15 @@ def test_a_constant_above_the_bound_is_one_line_naming_it() -> None:
     code, out, err = run("import", f"{FACTORIES}:big_table")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert "1,049,600 elements, above the 1,048,576" in err and "torch_models.py" in err
+
+
+def test_a_factory_built_on_the_meta_device_imports() -> None:
+    """A large model built under ``torch.device("meta")`` (parameters and example inputs without
+    storage) imports: only shapes are read. A buffer made there has no values for the import:
+    one line naming it, never a traceback."""
+    model = build_model(f"{FACTORIES}:on_meta", batch=2)
+    assert model.num_params == 5 * 8 + 8 + 8 * 3 + 3
+    with pytest.raises(StructureError, match=r"buffer scale is on the meta device"):
+        build_model(f"{FACTORIES}:buffer_on_meta", batch=2)
+    code, out, err = run("import", f"{FACTORIES}:buffer_on_meta")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
