@@ -476,3 +476,36 @@ def test_a_trainer_builds_its_model_options_unless_the_model_sets_them() -> None
     )
     assert code == 0, err
     assert json.loads(out)["model_built"] == "mlp:layers=2,hidden=64"  # no such option in its family
+
+
+def test_validate_table_never_cuts_a_strategy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an 80-column terminal (rich's width when stdout is not one) the strategy column folds,
+    as the search's does; it was cut to `d1.t2.sp.p1.k4.1f1…`, which names no run."""
+    import io
+
+    from rich.console import Console
+
+    from distir import cli
+    from distir.backend.validate import Fidelity, Point
+    from distir.report.fidelity import ErrorStats
+
+    long = "d1.t2.sp.p1.k4.1f1b.rfull.L1-1"
+    stats = ErrorStats(0.1, 0.1)
+    f = Fidelity("m", 4, 2, "c", "tracked", [Point(long, 0.05, 0.09, 2**16, 2**16)], 1.0, stats, stats)
+    buf = io.StringIO()
+    monkeypatch.setattr(cli, "out", Console(file=buf, width=80, highlight=False))
+    cli._print_points(f)
+    lines = buf.getvalue().splitlines()[1:]
+    assert "…" not in buf.getvalue() and "".join(line.split()[0] for line in lines) == long
+    assert lines[0].split()[1:] == [
+        "50.00",
+        "ms",
+        "90.00",
+        "ms",
+        "+80.0%",
+        "0.06",
+        "MiB",
+        "0.06",
+        "MiB",
+        "+0.0%",
+    ]

@@ -1819,7 +1819,10 @@ def _print_points(f: Any) -> None:
 
     table = Table(box=None, padding=(0, 1), show_edge=False)
     for name in ("strategy", "real step", "simulated", "error", "real peak", "simulated", "error"):
-        table.add_column(name, justify="left" if name == "strategy" else "right")
+        if name == "strategy":  # folds when the terminal is narrow, never cut: it names the run
+            table.add_column(name, overflow="fold", ratio=1, min_width=12)
+        else:
+            table.add_column(name, justify="right", no_wrap=True)
     for p in f.points:
         table.add_row(
             p.strategy,
