@@ -110,6 +110,9 @@ def test_bad_sources_are_one_typed_error(source: str, error: type[ModelError], w
         (":seq=0", "seq='0'; expected a positive integer"),  # not the config's 8,192 positions
         (":seq=abc", "seq='abc'; expected a positive integer"),
         (":sq=4", "unknown option 'sq' after the config path"),
+        # beyond the context a config declares (GPT-2's learned table has 1,024 rows): an
+        # internal reshape error's traceback
+        (":seq=8193", "seq=8193 is above the config's context of 8192 positions"),
     ],
 )
 def test_a_bad_hf_suffix_is_named(suffix: str, words: str) -> None:

@@ -109,9 +109,15 @@ def hf_model(
         cfg = AutoConfig.for_model(**raw)
     except (ValueError, KeyError, TypeError) as e:
         raise SourceError(f"hf:{path}: not a transformers model config ({first_line(e)})") from None
-    length = seq or getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    context = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    length = seq or context
     if not isinstance(length, int) or length < 1:
         raise SourceError(f"hf:{path}: the config gives no context length; give one (hf:{path}:seq=N)")
+    if isinstance(context, int) and length > context:  # a learned position table has no row past it
+        raise SourceError(
+            f"hf:{path}: seq={length} is above the config's context of {context} positions; "
+            "a longer context is a config that says so (max_position_embeddings, n_positions)"
+        )
     sliding = getattr(cfg, "sliding_window", None)
     if getattr(cfg, "use_sliding_window", True) and isinstance(sliding, int) and 0 < sliding < length:
         raise SourceError(
