@@ -318,7 +318,7 @@ def test_simulate_mixed_precision() -> None:
     code, _, err = run(*base, "--dtype", "f32", "--precision", "mixed")
     assert code == 2 and "--precision mixed computes in a half format" in err
     code, _, err = run(*base, "--dtype", "bf16", "--precision", "half")
-    assert code == 2 and "precision must be pure, mixed, fp8 or fp8-delayed, got 'half'" in err
+    assert code == 2 and "--precision must be auto, mixed, pure, fp8 or fp8-delayed, got 'half'" in err
     code, _, err = run("simulate", str(EX / "fig2_mlp_pipeline.distir"), "--precision", "mixed")
     assert code == 2 and "--precision applies to --model" in err
 
@@ -476,3 +476,71 @@ def test_a_trainer_builds_its_model_options_unless_the_model_sets_them() -> None
     )
     assert code == 0, err
     assert json.loads(out)["model_built"] == "mlp:layers=2,hidden=64"  # no such option in its family
+
+
+def test_validate_table_never_cuts_a_strategy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an 80-column terminal (rich's width when stdout is not one) the strategy column folds,
+    as the search's does; it was cut to `d1.t2.sp.p1.k4.1f1…`, which names no run."""
+    import io
+
+    from rich.console import Console
+
+    from distir import cli
+    from distir.backend.validate import Fidelity, Point
+    from distir.report.fidelity import ErrorStats
+
+    long = "d1.t2.sp.p1.k4.1f1b.rfull.L1-1"
+    stats = ErrorStats(0.1, 0.1)
+    f = Fidelity("m", 4, 2, "c", "tracked", [Point(long, 0.05, 0.09, 2**16, 2**16)], 1.0, stats, stats)
+    buf = io.StringIO()
+    monkeypatch.setattr(cli, "out", Console(file=buf, width=80, highlight=False))
+    cli._print_points(f)
+    lines = buf.getvalue().splitlines()[1:]
+    assert "…" not in buf.getvalue() and "".join(line.split()[0] for line in lines) == long
+    assert lines[0].split()[1:] == [
+        "50.00",
+        "ms",
+        "90.00",
+        "ms",
+        "+80.0%",
+        "0.06",
+        "MiB",
+        "0.06",
+        "MiB",
+        "+0.0%",
+    ]
+
+
+def _documented_keys(command: str) -> list[str]:
+    """The top-level keys docs/cli.md lists for ``command --json`` (what parentheses say of a
+    key left out)."""
+    text = (Path(__file__).parents[1] / "docs" / "cli.md").read_text(encoding="utf-8")
+    m = re.search(rf"^- `{command} --json`[^:]*: (.*?)(?=^- `|\Z)", text, re.MULTILINE | re.DOTALL)
+    assert m, command
+    body, depth, kept = m.group(1), 0, []
+    for ch in body:
+        depth += ch == "("
+        if depth == 0:
+            kept.append(ch)
+        depth -= ch == ")"
+    return re.findall(r"`(\w+)`", "".join(kept))
+
+
+@pytest.mark.parametrize(
+    ("command", "args"),
+    [
+        ("import", ["import", "tests.frontends.torch_models:mlp"]),
+        ("export", ["export", "--to", "fsdp", "--model", "mlp", "--strategy", "d2", "--batch", "4"]),
+        (
+            "run",
+            ["run", "--model", "mlp:layers=2,hidden=4", "--strategy", "d2", "--batch", "4", "--steps", "2"],
+        ),
+    ],
+)
+def test_documented_json_keys_are_the_output_s(command: str, args: list[str]) -> None:
+    """docs/cli.md's key list of each command is its JSON object's keys, in order."""
+    if command in ("import", "run"):
+        pytest.importorskip("torch")
+    r = CliRunner().invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.stderr
+    assert list(json.loads(r.stdout)) == _documented_keys(command)

@@ -1393,10 +1393,22 @@ def calibrate(
         if debug:
             traceback.print_exc()
         _fail(str(e))
+    if quick:
+        _warn_quick(str(out_file))
     if json_out:
-        _emit_json(_calibration_json(cal, out_file))
+        _emit_json(_calibration_json(cal, out_file) | {"quick": quick})
         return
     out.print(_calibration_table(cal, out_file))
+
+
+def _warn_quick(profile: str) -> None:
+    """A ``--quick`` profile's warning (stderr): ``calibrate`` writing one, ``validate`` using one."""
+    from distir.hardware.profile import QUICK
+
+    err.print(
+        f"warning: {profile} was calibrated with {QUICK}; run distir calibrate without --quick for one",
+        markup=False,
+    )
 
 
 CP_HELP = "Pin context parallelism: ring attention over N GPUs (cN; searched from seq 16K)."
@@ -1724,6 +1736,7 @@ def validate(
     from distir.backend.validate import validate as run_validation
     from distir.backend.worker import RankFailure
     from distir.hardware.cluster import parse_cluster
+    from distir.hardware.profile import is_quick
     from distir.hardware.specs import HardwareError
 
     _check_nproc("validate", nproc)
@@ -1733,6 +1746,9 @@ def validate(
         chosen(strategy or (), nproc)  # before any run: a strategy that cannot run here
     except (HardwareError, ValidateError) as e:
         _fail(f"validate: {e}" if isinstance(e, ValidateError) else str(e))
+    quick = is_quick(n.source for n in cl.nodes)
+    if quick:
+        _warn_quick(cluster)
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     bar = _progress_bar(json_out)
     task = bar.add_task("running", total=samples)
@@ -1756,10 +1772,21 @@ def validate(
             traceback.print_exc()
         _fail(f"validate: {e}")
     load = max(load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"))
-    d = fidelity_dict(f) | {"plot": str(plot) if plot else None, "load_average": load, "cpus": os.cpu_count()}
+    d = fidelity_dict(f) | {
+        "cluster": cluster,  # as given, as simulate and search give it
+        "quick_profile": quick,
+        "plot": str(plot) if plot else None,
+        "load_average": load,
+        "cpus": os.cpu_count(),
+    }
     if json_out:
         _emit_json(d)
         return
+    _print_validation(f, load, plot)
+
+
+def _print_validation(f: Any, load: float, plot: Path | None) -> None:
+    """``validate``'s text: the setting, the per-strategy table, the statistics."""
     out.print(
         f"{f.model}, batch {f.batch}, {f.nproc} ranks, {len(f.points)} "
         f"{'strategy' if len(f.points) == 1 else 'strategies'}, simulated on {f.cluster} "
@@ -1792,7 +1819,10 @@ def _print_points(f: Any) -> None:
 
     table = Table(box=None, padding=(0, 1), show_edge=False)
     for name in ("strategy", "real step", "simulated", "error", "real peak", "simulated", "error"):
-        table.add_column(name, justify="left" if name == "strategy" else "right")
+        if name == "strategy":  # folds when the terminal is narrow, never cut: it names the run
+            table.add_column(name, overflow="fold", ratio=1, min_width=12)
+        else:
+            table.add_column(name, justify="right", no_wrap=True)
     for p in f.points:
         table.add_row(
             p.strategy,

@@ -14,6 +14,7 @@ from distir.backend.calibrate import CalibrateOptions
 from distir.backend.commbench import comm_plan
 from distir.cli import app
 from distir.hardware.cluster import load_cluster_file
+from distir.hardware.profile import is_quick
 from distir.ops.registry import REGISTRY
 
 torch = pytest.importorskip("torch")
@@ -57,6 +58,8 @@ def test_quick_calibrate_writes_a_profile_simulate_accepts(tmp_path: Path) -> No
     node = cl.nodes[0]
     assert cl.num_devices == 2 and node.device.gemm is not None
     assert f"calibrated on {os.uname().nodename}" in node.source
+    assert data["quick"] and is_quick([node.source])  # a smoke test, said in the file and on stderr
+    assert "warning: " in r.stderr and "calibrated with --quick: a smoke test" in r.stderr
     assert node.device.fp32 == pytest.approx(data["peak_tflops"]["f32"] * 1e12, rel=1e-5)
     assert node.intra.bandwidth == pytest.approx(data["links"]["p2p"]["bandwidth_gb_s"] * 1e9, rel=1e-5)
     r = runner.invoke(

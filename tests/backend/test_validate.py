@@ -12,7 +12,7 @@ from distir.backend.validate import candidates
 from distir.cli import app
 from distir.hardware.fit import FamilyFit, GemmFit, LinkFit, Quality
 from distir.hardware.gemm import GemmShape, shape_factor
-from distir.hardware.profile import Calibration, profile_toml
+from distir.hardware.profile import QUICK, Calibration, profile_toml
 from distir.hardware.specs import LinkSpec
 
 
@@ -26,11 +26,11 @@ def test_candidates_use_every_rank_and_cover_the_strategy_kinds() -> None:
     assert any(s.sp for s in pool) and {s.recompute for s in pool} == {"none", "full", "selective"}
 
 
-def _profile(tmp_path: Path) -> Path:
+def _profile(tmp_path: Path, setup: str = "synthetic") -> Path:
     q = Quality(0.0, 0.0, 1)
     gemm = GemmFit({"f32": 50e9}, 1, (256, 256, 256), shape_factor(GemmShape(1, 256, 256, 256), 1), q)
     cal = Calibration(
-        "host", "2026-01-01 00:00 UTC", "synthetic", "CPU", 2, 8 << 30, 2e-6, 20e9, gemm,
+        "host", "2026-01-01 00:00 UTC", setup, "CPU", 2, 8 << 30, 2e-6, 20e9, gemm,
         {"elementwise": FamilyFit(0.1, 0.5, 2e-6, True, True, q)},
         {"p2p": LinkFit(LinkSpec(1e9, 100e-6), q)}, {},
     )  # fmt: skip
@@ -69,7 +69,8 @@ def test_validate_runs_the_strategies_asked_for_and_prints_each(tmp_path: Path) 
     text says per strategy how far the simulation is from the run."""
     pytest.importorskip("torch")
     args = ["validate", "--model", "mlp:layers=4,hidden=6", "--strategy", "d1.t1.p2.k2.1f1b", "--batch", "4"]
-    args += ["--cluster", str(_profile(tmp_path)), "--plot", str(tmp_path / "v.png"), "--steps", "2"]
+    profile = str(_profile(tmp_path))
+    args += ["--cluster", profile, "--plot", str(tmp_path / "v.png"), "--steps", "2"]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.stderr
     assert "1 strategy," in r.stdout and "n/a (one strategy)" in r.stdout
@@ -79,6 +80,7 @@ def test_validate_runs_the_strategies_asked_for_and_prints_each(tmp_path: Path) 
     d = json.loads(r.stdout)
     assert [p["strategy"] for p in d["points"]] == ["d1.t1.p2.k2.1f1b"]
     assert d["spearman_rho_throughput"] is None
+    assert d["cluster"] == profile and not d["quick_profile"]  # --cluster as given, as simulate's
 
 
 @pytest.mark.parametrize(
@@ -90,3 +92,14 @@ def test_validate_refuses_a_strategy_that_cannot_run_here(tmp_path: Path, strate
         app, ["validate", "--cluster", str(_profile(tmp_path)), "--strategy", strategy, "--nproc", "2"]
     )
     assert r.exit_code == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_validate_on_a_quick_profile_warns_first(tmp_path: Path, quick: bool) -> None:
+    """A profile of `distir calibrate --quick` is a smoke test: validate says so before it runs
+    (here the model then fails to build)."""
+    path = _profile(tmp_path, f"gloo, {QUICK}" if quick else "gloo")
+    args = ["validate", "--cluster", str(path), "--strategy", "d2.t1.p1.k1", "--nproc", "2"]
+    r = CliRunner().invoke(app, [*args, "--model", "no-such-model"])
+    assert r.exit_code == 2 and "unknown model" in r.stderr
+    assert (f"warning: {path} was calibrated with --quick" in r.stderr) == quick

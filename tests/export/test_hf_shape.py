@@ -96,17 +96,21 @@ def test_megatron_arguments_of_a_llama31_config(tmp_path: Path) -> None:
 
 
 def test_torchtitan_runs_a_llama3_8b_config_as_its_8b_flavor(tmp_path: Path) -> None:
+    """torchtitan's llama3 8B is Llama 3.1's model (its rope scaling, factor 8, in every flavor):
+    a Llama 3.1 8B config is that flavor as it is; a Llama 3 8B config (unscaled) is that flavor
+    with a warning about its positions."""
     from distir.export.torchtitan import job_sections
 
+    sections, warn = job_sections(
+        make_plan(_config(tmp_path, LLAMA31) + ":seq=8192", "d8.t1.p1.k1.1f1b.z3", 8, cluster="h100")
+    )
+    assert sections["model"] == {"name": "llama3", "flavor": "8B"} and warn == []
     sections, warn = job_sections(
         make_plan(f"hf:{CONFIGS / 'llama3-8b.json'}", "d8.t1.p1.k1.1f1b.z3", 8, cluster="h100")
     )
     assert sections["model"] == {"name": "llama3", "flavor": "8B"}
     assert sections["training"]["seq_len"] == 8192 and not any("ships no" in w for w in warn)
-    _, warn = job_sections(
-        make_plan(_config(tmp_path, LLAMA31) + ":seq=8192", "d8.t1.p1.k1.1f1b.z3", 8, cluster="h100")
-    )
-    assert any("torchtitan ships no" in w for w in warn)  # rope scaling: not the shipped flavor's
+    assert [w for w in warn if "unscaled (Llama 3's)" in w and "factor 8" in w] == warn and len(warn) == 1
 
 
 def test_megatron_refuses_a_qwen2_config_saying_why() -> None:

@@ -105,6 +105,46 @@ def test_bad_sources_are_one_typed_error(source: str, error: type[ModelError], w
 
 
 @pytest.mark.parametrize(
+    ("suffix", "words"),
+    [
+        (":seq=0", "seq='0'; expected a positive integer"),  # not the config's 8,192 positions
+        (":seq=abc", "seq='abc'; expected a positive integer"),
+        (":sq=4", "unknown option 'sq' after the config path"),
+        # beyond the context a config declares (GPT-2's learned table has 1,024 rows): an
+        # internal reshape error's traceback
+        (":seq=8193", "seq=8193 is above the config's context of 8192 positions"),
+    ],
+)
+def test_a_bad_hf_suffix_is_named(suffix: str, words: str) -> None:
+    source = f"hf:{CONFIGS / 'llama3-8b.json'}{suffix}"
+    with pytest.raises(SourceError, match=re.escape(words)):
+        build_model(source, batch=2)
+    code, out, err = run("import", source)
+    assert code == 2 and out == "" and words in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        ({"model_type": "no-such-type"}, "not a transformers model config (Unrecognized model"),
+        ({"model_type": "t5", "n_positions": 64}, "no causal LM from this config (ValueError: Unrecognized"),
+        # transformers' constructor asserting on a value (a padding id outside the vocabulary)
+        ({"model_type": "llama", "vocab_size": 10, "pad_token_id": 20, "hidden_size": 8,
+          "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 8},
+         "builds no causal LM from this config (AssertionError"),
+    ],
+)  # fmt: skip
+def test_a_config_transformers_refuses_is_one_short_line(
+    config: dict[str, object], words: str, tmp_path: Path
+) -> None:
+    """transformers' reason in one line of bounded length (its own lists every known type)."""
+    (tmp_path / "config.json").write_text(__import__("json").dumps(config))
+    with pytest.raises(SourceError, match=re.escape(words)) as info:
+        build_model(f"hf:{tmp_path}", batch=2)
+    assert len(str(info.value)) < 400
+
+
+@pytest.mark.parametrize(
     ("body", "attr", "words"),
     [
         ("def f():\n    raise RuntimeError('no checkpoint at /data/ckpt')\n", "f", "f() raised RuntimeError"),
@@ -155,3 +195,15 @@ def test_a_constant_above_the_bound_is_one_line_naming_it() -> None:
     code, out, err = run("import", f"{FACTORIES}:big_table")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert "1,049,600 elements, above the 1,048,576" in err and "torch_models.py" in err
+
+
+def test_a_factory_built_on_the_meta_device_imports() -> None:
+    """A large model built under ``torch.device("meta")`` (parameters and example inputs without
+    storage) imports: only shapes are read. A buffer made there has no values for the import:
+    one line naming it, never a traceback."""
+    model = build_model(f"{FACTORIES}:on_meta", batch=2)
+    assert model.num_params == 5 * 8 + 8 + 8 * 3 + 3
+    with pytest.raises(StructureError, match=r"buffer scale is on the meta device"):
+        build_model(f"{FACTORIES}:buffer_on_meta", batch=2)
+    code, out, err = run("import", f"{FACTORIES}:buffer_on_meta")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1

@@ -39,6 +39,23 @@ def test_a_scaled_table_is_not_a_rotation() -> None:
     assert _freqs(cos, sin, (2, 131072, 4, 64)) is None
 
 
+def test_the_check_holds_a_few_rows_at_a_time() -> None:
+    """A long table is checked in blocks of CHECK_ROWS rows, in float64 only there: at a million
+    positions, whole-table float64 copies and temporaries ran an 8 GB process out of memory."""
+    import tracemalloc
+
+    n, d = 131072, 64
+    cos, sin = _tables(n, d, 500000.0)
+    tracemalloc.start()
+    try:
+        got = _freqs(cos, sin, (2, n, 4, d))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got is not None
+    assert peak < n * d * 8 // 2, peak  # under half of one float64 copy of a table
+
+
 def _op_counts(model_string: str) -> dict[str, int]:
     from collections import Counter
 

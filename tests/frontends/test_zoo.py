@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -418,3 +420,30 @@ def test_model_spec_tp_replaces_declared_placements_by_name() -> None:
     spec = _replace(parse_model_string("mlp:layers=2,hidden=64"), tp=(("w_0", _R()),))
     m = spec.build(4)
     assert [w.tp for w in m.weights] == [_R(), _S(0)]  # w_1 keeps its declared row-parallel S(0)
+
+
+@pytest.mark.parametrize(
+    ("flops", "text"),
+    [
+        (158744.0, "159KFLOP"),
+        (1.5e9, "1.5GFLOP"),
+        (65.9e12, "65.9TFLOP"),
+        (6.47e15, "6.47PFLOP"),
+        (12.0, "12FLOP"),
+    ],
+)
+def test_flops_read_with_metric_prefixes(flops: float, text: str) -> None:
+    """`distir import`'s FLOPs per sample: G, not a count's B; P, not 6.47e+03T."""
+    from distir.frontends.zoo.registry import human_flops
+
+    assert human_flops(flops) == text
+
+
+def test_a_config_path_without_hf_says_the_prefix(tmp_path: Path) -> None:
+    """`distir import` reads a config path as hf:PATH; `--model` needs the prefix and says so."""
+    (tmp_path / "config.json").write_text("{}")
+    for text in (str(tmp_path / "config.json"), str(tmp_path)):
+        with pytest.raises(ModelError, match=re.escape(f"a Hugging Face config is --model hf:{text}")):
+            parse_model_string(text)
+    with pytest.raises(ModelError, match="unknown model 'llama3-9b'"):
+        parse_model_string("llama3-9b")

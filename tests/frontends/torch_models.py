@@ -113,3 +113,30 @@ def big_table() -> tuple[Any, Any]:
             return x @ self.angles.sin()
 
     return Table(), (torch.zeros(2, 1024),)
+
+
+def on_meta() -> tuple[Any, Any]:
+    """A model built on the meta device, as a large one would be: no storage anywhere."""
+    import torch
+
+    with torch.device("meta"):
+        return torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)), (
+            torch.zeros(2, 5),
+        )
+
+
+def buffer_on_meta() -> tuple[Any, Any]:
+    """Built on the meta device with a buffer, whose values the import needs."""
+    import torch
+
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 3)
+            self.register_buffer("scale", torch.ones(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x * self.scale)
+
+    with torch.device("meta"):
+        return Scaled(), (torch.zeros(2, 4),)

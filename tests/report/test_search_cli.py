@@ -161,3 +161,23 @@ def test_a_read_only_store_says_so_not_corrupt(
     assert "cannot be written" in str(got.value) and "corrupt" not in str(got.value)
     code, _, err = cli([*BASE, "--store", str(store)], capsys)
     assert code == 2 and "read-only" in err and "corrupt" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("model", "target", "words"),
+    [
+        (MODEL, "megatron", "is a model of the mlp family it has no arguments for"),
+        ("tests.frontends.torch_models:mlp", "torchtitan", "is an imported model it has no arguments for"),
+        ("hf:tests/frontends/configs/qwen2-tiny.json", "megatron", "is a qwen2 config"),
+    ],
+)
+def test_an_export_the_trainer_cannot_take_fails_before_the_search(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], model: str, target: str, words: str
+) -> None:
+    """Megatron-LM and torchtitan build their own transformers: a model they have no arguments
+    for is refused before the search, which would otherwise run in full for nothing."""
+    _no_search(monkeypatch)
+    argv = [*BASE, "--export", target]
+    argv[argv.index(MODEL)] = model
+    code, _, err = cli(argv, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err

@@ -68,3 +68,22 @@ def test_node_scaling_stops_at_the_largest_cluster_distir_builds() -> None:
     prof = Profiler(spec, parse_cluster("h100:8192"), DType.bf16, True, mixed=True)
     screen = Screen(prof, Problem(65_536, True, "adam", True))
     assert _more_gpus(screen, parse_strategy("d65536.t1.p1.k1.1f1b"), "h100:8192") is None
+
+
+def test_the_advice_writes_a_step_as_the_table_does() -> None:
+    """A change's step reads as the results table's (`15.535 s`), not `15535.1 ms`."""
+    from distir.parallel.strategy import parse_strategy
+    from distir.search.advice import Change, advice_lines
+    from distir.search.screen import Estimate
+
+    gib = float(1 << 30)
+
+    def est(s: str, step: float, peak: float) -> Estimate:
+        return Estimate(
+            parse_strategy(s), step, peak * gib, 16 * gib, peak <= 16, 0.0, step, 0.0, 0.0, (16 - peak) * gib
+        )
+
+    lines = advice_lines(
+        [est("d1.t1.p1.k8", 61.2, 131.7)], [Change("ZeRO-3", est("d1.t1.p1.k8.z3", 15.5351, 26.0))], set()
+    )
+    assert lines[1].endswith("still 10.0 GiB over, step 15.535 s"), lines[1]

@@ -60,7 +60,7 @@ from distir.hardware.fit import (
     fit_gemm,
     fit_link,
 )
-from distir.hardware.profile import Calibration, Measurements
+from distir.hardware.profile import QUICK, Calibration, Measurements
 from distir.ir.types import DType
 from distir.sim import collectives as coll
 
@@ -232,7 +232,7 @@ def _calibrate(options: CalibrateOptions, progress: Progress | None, idle_note: 
     setup = (
         f"torch {torch.__version__}, {'nccl' if cuda else 'gloo'}, {options.nproc} ranks x 1 thread, "
         f"compute on {options.threads} thread{'s' if options.threads > 1 else ''}"
-        f"{', quick' if options.quick else ''}{_pool_note('cuda' if cuda else 'cpu')}{idle_note}"
+        f"{', ' + QUICK if options.quick else ''}{_pool_note('cuda' if cuda else 'cpu')}{idle_note}"
     )
     cal = Calibration(
         socket.gethostname(),

@@ -101,13 +101,15 @@ def resolve_numerics(
 ) -> tuple[str, str]:
     """``auto`` as ``distir search`` and ``simulate`` resolve it (``distir.report.numerics``;
     without a cluster, f16, which every GPU with tensor cores runs fast); fp8 in bf16."""
-    from distir.report.numerics import DTYPES, NumericsError
+    from distir.report.numerics import DTYPES, PRECISIONS, NumericsError
     from distir.report.numerics import resolve_numerics as resolve
 
     if dtype not in DTYPES:
         raise ExportError(f"--dtype must be auto, f32, bf16 or f16, got {dtype!r}")
-    if precision not in ("auto", "mixed", "pure", *FLOAT8):
-        raise ExportError(f"--precision must be auto, mixed, pure, fp8 or fp8-delayed, got {precision!r}")
+    if precision not in PRECISIONS:
+        raise ExportError(
+            f"--precision must be {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}, got {precision!r}"
+        )
     if precision in FLOAT8:
         return _float8_numerics(dtype, precision, cluster), precision
     if cluster is None and dtype == "auto" and not model.strip().lower().endswith(".onnx"):
@@ -207,25 +209,35 @@ def refuse_context(plan: Plan, target: str) -> None:
         )
 
 
+BUILDS_ITS_OWN = ("megatron", "torchtitan")  # the targets that build the model from arguments
+
+
+def transformer_refusal(model: str, target: str) -> str:
+    """Why ``target`` (one of ``BUILDS_ITS_OWN``) has no arguments for the model string
+    ``model``, and what to export it to ("" when it has them): known from the model alone, so
+    ``search --export`` says it before searching."""
+    if model_shape(model) is not None:
+        return ""
+    if model.strip().startswith("hf:"):
+        what = hf_shape(model).why
+    else:
+        family = parse_model_string(model).family
+        what = "an imported model" if family == "imported" else f"a model of the {family} family"
+        what += " it has no arguments for"
+    return (
+        f"{target} builds its own transformers (GPT, Llama) from arguments; {model} is {what}: export "
+        "it to deepspeed (a config for your module) or fsdp (a PyTorch file that parallelizes your module)"
+    )
+
+
 def need_transformer(plan: Plan, target: str) -> ModelShape:
     if plan.shape is None:
-        if plan.model.strip().startswith("hf:"):
-            raise ExportError(
-                f"{target} builds its own transformers (GPT, Llama) from arguments; {plan.model} is "
-                f"{hf_shape(plan.model).why}: export it to deepspeed (a config for your module) or fsdp "
-                "(a PyTorch file that parallelizes your module)"
-            )
-        family = parse_model_string(plan.model).family
-        what = "an imported model" if family == "imported" else f"a model of the {family} family"
-        raise ExportError(
-            f"{target} builds its own transformers (GPT, Llama) from arguments; {plan.model} is {what} it "
-            "has no arguments for: export it to deepspeed (a config for your module) or fsdp (a PyTorch "
-            "file that parallelizes your module)"
-        )
+        raise ExportError(transformer_refusal(plan.model, target))
     return plan.shape
 
 
 __all__ = [
+    "BUILDS_ITS_OWN",
     "FLOAT8",
     "ExportError",
     "Exported",
@@ -239,4 +251,5 @@ __all__ = [
     "refuse_common",
     "refuse_context",
     "resolve_numerics",
+    "transformer_refusal",
 ]

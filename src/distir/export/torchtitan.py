@@ -25,7 +25,10 @@ work). What the plan maps to:
 - ``[activation_checkpoint]``: ``mode`` none/full, op-level recomputation as ``selective`` with
   ``selective_ac_option = "op"``;
 - ``[model]``: ``name``/``flavor`` for the models torchtitan ships (Llama 3 8B), else a flavor
-  named after the model, with a warning (register it in torchtitan's model args);
+  named after the model, with a warning (register it in torchtitan's model args). torchtitan's
+  Llama 3 scales its rotary frequencies as Llama 3.1 does in every flavor (``RoPEScalingArgs``,
+  factor 8, in ``models/llama3/model/args.py``): a Hugging Face config of the shipped shape is
+  that flavor, with a warning when its own rope scaling is not that (Llama 3's unscaled positions);
 - FP8 (``fp8``: torchao's ``Float8Linear``, dynamic tensorwise scaling, what distir simulates):
   ``[model] converters = ["quantize.linear.float8"]`` (the name its float8 converter is
   registered under, ``components/quantization/float8.py``) and ``[quantize.linear.float8]
@@ -76,6 +79,7 @@ SCHEDULES = {
     "zb1": "InterleavedZeroBubble",
 }
 FLAVORS = {"llama3-8b": ("llama3", "8B")}
+ROPE_SCALING = 8.0  # the rope-scaling factor of torchtitan's Llama 3 flavors (module docstring)
 FLOAT8_CONVERTER = "quantize.linear.float8"  # torchtitan's registered float8 converter (and its table)
 
 
@@ -221,7 +225,7 @@ def _float8(plan: Plan, sections: dict[str, dict[str, Any]], warn: list[str]) ->
 def _shipped(plan: Plan) -> str | None:
     """The torchtitan model (a ``FLAVORS`` key) the plan's model is: its zoo name, with options
     that leave its shape as it is (the loss, the norms' kernels, ...), or a Hugging Face config
-    of its shape at any sequence length; else None."""
+    of its shape at any sequence length and rope scaling (``_rope_warning``); else None."""
     head = plan.model.partition(":")[0].strip()
     if head in FLAVORS:
         return head if model_shape(head) == plan.shape else None
@@ -229,9 +233,25 @@ def _shipped(plan: Plan) -> str | None:
         return None
     for name in FLAVORS:
         shipped = model_shape(name)
-        if shipped is not None and replace(shipped, seq=plan.shape.seq) == plan.shape:
+        if shipped is None:
+            continue
+        if replace(shipped, seq=plan.shape.seq, rope_scaling=plan.shape.rope_scaling) == plan.shape:
             return name
     return None
+
+
+def _rope_warning(plan: Plan, flavor: str) -> str:
+    """Why an ``hf:`` config run as torchtitan's ``flavor`` has other rotary positions ("" when
+    its rope scaling is torchtitan's)."""
+    factor = plan.shape.rope_scaling if plan.shape is not None else ROPE_SCALING
+    if not plan.model.strip().startswith("hf:") or factor == ROPE_SCALING:
+        return ""
+    own = "unscaled (Llama 3's)" if factor is None else f"scaled by {factor:g}"
+    return (
+        f"torchtitan's llama3 {flavor} scales its rotary frequencies as Llama 3.1 (factor {ROPE_SCALING:g}); "
+        f"this config's are {own}: the same shapes and step, other positions (its weights would see "
+        "shifted ones)"
+    )
 
 
 def job_sections(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
@@ -247,6 +267,8 @@ def job_sections(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
             f"torchtitan ships no {plan.model} model; [model] names it (name {name!r}, flavor {flavor!r}): "
             "register a model of its shape under those names"
         )
+    elif rope := _rope_warning(plan, flavor):
+        warn.append(rope)
     sections = {
         "model": {"name": name, "flavor": flavor},
         "training": _training(plan),

@@ -5,7 +5,8 @@
 node type ``local`` and one node of it), so ``--cluster profile.toml`` simulates on the
 measured machine. The file states its source on every figure group: ``source`` (the node),
 ``matmul_source`` (the GEMM curve) and ``runtime_memory_source`` say "calibrated on HOST, DATE,
-by distir calibrate", and comments give each fit's median and max relative error.
+by distir calibrate", and comments give each fit's median and max relative error. A ``--quick``
+profile's sources say so (``QUICK``; ``is_quick`` finds it in a loaded cluster's nodes).
 
 What is not measured is said so in the file: a dtype not in ``--dtypes`` takes the figure of a
 measured one (named); ``tf32`` is ``fp32`` (no TF32 path on a CPU); the network between
@@ -18,6 +19,7 @@ not measured keep the cost model's defaults; on a CPU the runtime memory besides
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from distir.hardware.fit import (
@@ -31,6 +33,13 @@ from distir.hardware.fit import (
     Overheads,
     Quality,
 )
+
+QUICK = "--quick: a smoke test, its figures not for decisions"  # in a quick profile's setup
+
+
+def is_quick(sources: Iterable[str]) -> bool:
+    """Whether any of the node ``sources`` is a ``distir calibrate --quick`` profile's."""
+    return any(QUICK in s for s in sources)
 
 
 class Measurements(NamedTuple):

@@ -72,11 +72,11 @@ def _tp_line(sharded: list[str], weights: int) -> str:
 
 
 def render(info: dict[str, Any]) -> str:
-    from distir.frontends.zoo.registry import human_count
+    from distir.frontends.zoo.registry import human_count, human_flops
 
     lines = [
         f"model {info['model']}: {human_count(info['params'])} parameters, "
-        f"{human_count(info['flops_per_sample'])}FLOP forward per sample, {info['layers']} layer calls "
+        f"{human_flops(info['flops_per_sample'])} forward per sample, {info['layers']} layer calls "
         f"({info['pre']} before the blocks, {info['post']} after)"
     ]
     for name, f in info["functions"].items():

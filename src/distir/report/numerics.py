@@ -18,6 +18,7 @@ from distir.hardware.cluster import Cluster, parse_cluster
 from distir.ir.types import DType
 
 DTYPES = ("auto", "f32", "bf16", "f16")
+PRECISIONS = ("auto", "mixed", "pure", "fp8", "fp8-delayed")
 
 
 class NumericsError(ValueError):
@@ -43,6 +44,10 @@ def resolve_numerics(model: str, dtype: str, precision: str, train: bool, cluste
     """``dtype`` and ``precision`` with ``auto`` resolved (module docstring); float8 precisions
     compute in bf16. Raises the cluster's ``HardwareError``, a model file's ``ModelError`` and
     ``NumericsError``."""
+    if precision not in PRECISIONS:
+        raise NumericsError(
+            f"--precision must be {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}, got {precision!r}"
+        )
     if dtype == "auto" and is_model_file(model):
         dtype = own_dtype(model).value
     if dtype == "auto":

@@ -145,6 +145,20 @@ def _check_options(a: dict[str, Any], err: Console) -> None:
             )
 
 
+def _refuse_model_early(model: str, target: str, err: Console) -> None:
+    """``--export`` to a trainer that cannot take the model: said before the search, not after."""
+    from distir.export.plan import BUILDS_ITS_OWN, ModelError, transformer_refusal
+
+    if target not in BUILDS_ITS_OWN:
+        return
+    try:
+        why = transformer_refusal(model, target)
+    except ModelError:  # a model string that does not build: the search reports it
+        return
+    if why:
+        _fail(err, why)
+
+
 def _request(a: dict[str, Any], dtype: str, precision: str, store: Path | None) -> Any:
     """The ``SearchRequest`` the options describe (``dtype``, ``precision``: ``auto`` resolved)."""
     from distir.search.run import SearchRequest
@@ -207,6 +221,8 @@ def _searched(
         req = _request(a, dtype, precision, store)
         plot, html = _report_paths(req, a, store)
         _check_outputs(a, store, plot, html, err)
+        if a.get("export_to") is not None:
+            _refuse_model_early(req.model, a["export_to"], err)
         return req, _search_with_progress(req, err, show=not json_out and sys.stderr.isatty()), plot, html
     except (
         ModelError,

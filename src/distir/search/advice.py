@@ -21,6 +21,7 @@ from distir.limits import MAX_DEVICES, exceeds, is_digits
 from distir.parallel.strategy import Strategy, StrategyError
 from distir.search.profile import Profiler
 from distir.search.screen import Estimate, Screen
+from distir.sim.summary import format_seconds
 
 GIB = float(1 << 30)
 SCALES = (2, 4, 8)
@@ -158,7 +159,7 @@ def advice_lines(screened: list[Estimate], changes: list[Change], pinned: set[st
         note = f" (overrides your {', '.join(overrides)})" if overrides else ""
         lines.append(
             f"  {c.what}: {e.strategy}, {e.peak_memory_bytes / GIB:.1f} GiB of "
-            f"{e.capacity_bytes / GIB:.0f} — {state}, step {e.step_time_s * 1e3:.1f} ms{note}"
+            f"{e.capacity_bytes / GIB:.0f} — {state}, step {format_seconds(e.step_time_s)}{note}"
         )
     return lines
 

@@ -247,6 +247,12 @@ class Converter:
         import torch
 
         c = self.const(n)
+        if isinstance(c, torch.Tensor) and c.device.type == "meta":  # a buffer made on meta
+            name = self.t.program.graph_signature.inputs_to_buffers.get(n.name, n.name)
+            raise StructureError(
+                f"buffer {name} is on the meta device: the import needs a buffer's values (create "
+                "buffers off the meta device; parameters may stay there)"
+            )
         arr = c.detach().cpu().numpy() if isinstance(c, torch.Tensor) else np.asarray(c)
         if arr.size > MAX_CONSTANT.max:
             raise StructureError(

@@ -8,6 +8,13 @@ from collections.abc import Mapping, Sequence
 from distir.frontends.zoo.model import ModelError
 
 
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """The first non-empty line of ``e``'s message, cut to ``limit`` characters (a library's
+    message can list hundreds of names on one line)."""
+    line = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 class ImportFailure(ModelError):
     """A model could not be imported (the base of the importer's errors)."""
 

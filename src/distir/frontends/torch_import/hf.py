@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from distir.frontends.torch_import.errors import SourceError
+from distir.frontends.torch_import.errors import SourceError, first_line
 from distir.frontends.torch_import.trace import params_on_meta
 
 ATTENTION = "distir"
@@ -108,10 +108,16 @@ def hf_model(
     try:
         cfg = AutoConfig.for_model(**raw)
     except (ValueError, KeyError, TypeError) as e:
-        raise SourceError(f"hf:{path}: not a transformers model config ({e})") from None
-    length = seq or getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+        raise SourceError(f"hf:{path}: not a transformers model config ({first_line(e)})") from None
+    context = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    length = seq or context
     if not isinstance(length, int) or length < 1:
         raise SourceError(f"hf:{path}: the config gives no context length; give one (hf:{path}:seq=N)")
+    if isinstance(context, int) and length > context:  # a learned position table has no row past it
+        raise SourceError(
+            f"hf:{path}: seq={length} is above the config's context of {context} positions; "
+            "a longer context is a config that says so (max_position_embeddings, n_positions)"
+        )
     sliding = getattr(cfg, "sliding_window", None)
     if getattr(cfg, "use_sliding_window", True) and isinstance(sliding, int) and 0 < sliding < length:
         raise SourceError(
@@ -125,7 +131,8 @@ def hf_model(
             model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
                 cfg, attn_implementation=ATTENTION, dtype=torch.float32
             )
-    except (ValueError, KeyError) as e:
-        raise SourceError(f"hf:{path}: transformers has no causal LM for this config ({e})") from None
+    except Exception as e:  # no causal LM for the config, or a value its constructor refuses
+        why = f"{type(e).__name__}: {first_line(e)}"
+        raise SourceError(f"hf:{path}: transformers builds no causal LM from this config ({why})") from None
     ids = torch.zeros(2, length, dtype=torch.long)
     return model, {"input_ids": ids, "use_cache": False}

@@ -32,6 +32,7 @@ import numpy as np
 # have; the check allows TOLERANCE plus ANGLE_ULPS float32 ulps of the table's largest angle
 TOLERANCE = 2e-3
 ANGLE_ULPS = 2.0
+CHECK_ROWS = 8192  # table rows checked at a time: float64 temporaries of that many rows, not of S
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,8 +186,11 @@ def _rotate_half_of(n: Any) -> tuple[Any, tuple[Any, ...]] | None:
 
 
 def _table(c: Any, x_shape: tuple[int, ...]) -> tuple[np.ndarray, int] | None:
-    """The (S, d) table of a constant broadcast against x (B, ., ., d), and x's seq axis."""
-    arr = np.asarray(c.detach().cpu().numpy() if hasattr(c, "detach") else c, dtype=np.float64)
+    """The (S, d) table of a constant broadcast against x (B, ., ., d), and x's seq axis (in the
+    constant's float dtype: ``_freqs`` widens the rows it reads)."""
+    arr = np.asarray(c.detach().cpu().numpy() if hasattr(c, "detach") else c)
+    if not np.issubdtype(arr.dtype, np.floating):
+        return None
     if arr.ndim != 4 or arr.shape[0] != 1 or arr.shape[-1] != x_shape[-1]:
         return None
     for axis in (1, 2):
@@ -234,18 +238,22 @@ def _freqs(cos: Any, sin: Any, x_shape: tuple[int, ...]) -> tuple[tuple[float, .
     (c, axis), (s, _) = tc, ts
     n, d = c.shape
     h = d // 2
-    f = np.arctan2(s[1, :h], c[1, :h])
+    f = np.arctan2(s[1, :h].astype(np.float64), c[1, :h].astype(np.float64))
     if np.any(f < 0):
         return None
     p = 2
     while p < n:  # refine: the angle at position p is p·f up to whole turns
-        got = np.arctan2(s[p, :h], c[p, :h])
+        got = np.arctan2(s[p, :h].astype(np.float64), c[p, :h].astype(np.float64))
         turns = np.round((p * f - got) / (2 * np.pi))
         f = (got + 2 * np.pi * turns) / p
         p *= 2
-    ang = np.arange(n)[:, None] * f[None, :]
-    ang = np.concatenate([ang, ang], -1)
-    atol = TOLERANCE + ANGLE_ULPS * float(np.spacing(np.float32(np.abs(ang).max(initial=0.0))))
-    if not (np.allclose(c, np.cos(ang), atol=atol) and np.allclose(s, np.sin(ang), atol=atol)):
-        return None
+    largest = float((n - 1) * np.abs(f).max(initial=0.0))  # the table's largest angle
+    atol = TOLERANCE + ANGLE_ULPS * float(np.spacing(np.float32(largest)))
+    for lo in range(0, n, CHECK_ROWS):
+        hi = min(n, lo + CHECK_ROWS)
+        ang = np.arange(lo, hi)[:, None] * f[None, :]
+        ang = np.concatenate([ang, ang], -1)
+        ok_cos = np.allclose(c[lo:hi].astype(np.float64), np.cos(ang), atol=atol)
+        if not (ok_cos and np.allclose(s[lo:hi].astype(np.float64), np.sin(ang), atol=atol)):
+            return None
     return tuple(float(v) for v in f), axis

@@ -27,14 +27,14 @@ from collections.abc import Container
 from pathlib import Path
 from typing import Any
 
-from distir.frontends.torch_import.errors import SourceError
+from distir.frontends.torch_import.errors import SourceError, first_line
 from distir.frontends.torch_import.stages import StageSpec
 from distir.frontends.zoo.model import Model
 from distir.ir.types import DType
 from distir.limits import MAX_DIM, exceeds, over, read_int
 
 _FACTORY = re.compile(r"^(?P<module>[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*):(?P<attr>[A-Za-z_]\w*)$")
-_SEQ = re.compile(r"^(?P<path>.+):seq=(?P<seq>[0-9]+)$")  # ASCII digits (distir.limits)
+_OPTION = re.compile(r"^(?P<path>.+):(?P<key>[A-Za-z_]\w*)=(?P<value>[^/\\]*)$")  # hf:PATH:seq=N
 
 
 def is_import_spec(text: str, zoo_names: Container[str] = ()) -> bool:
@@ -80,7 +80,7 @@ def _factory(text: str) -> tuple[Any, Any]:
 def _raised(e: BaseException) -> str:
     """``Type: message (file:line)`` of an exception raised in the user's code: its first line,
     and the innermost frame of the traceback (a syntax error: the line it points at)."""
-    first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    first = first_line(e)
     where = ""
     if isinstance(e, SyntaxError) and e.filename:
         where = f" ({e.filename}:{e.lineno})"
@@ -108,12 +108,18 @@ def module_of(text: str, layers: int | None = None) -> tuple[Any, Any, dict[str,
 
 
 def hf_path(text: str) -> tuple[str, int | None]:
-    """The config path and the sequence length (None: the config's) of ``hf:PATH[:seq=N]``."""
+    """The config path and the sequence length (None: the config's) of ``hf:PATH[:seq=N]``; a
+    ``:key=value`` suffix other than a positive ``seq`` is an error (unless the whole is a file)."""
     rest = text[3:]
-    m = _SEQ.match(rest)
-    if m is None:
+    m = _OPTION.match(rest)
+    if m is None or Path(rest).expanduser().exists():
         return rest, None
-    seq = read_int(m.group("seq")) or 0
+    key, value = m.group("key"), m.group("value")
+    if key != "seq":
+        raise SourceError(f"{text[:80]}: unknown option {key!r} after the config path (hf:PATH takes :seq=N)")
+    seq = read_int(value)
+    if seq is None or seq < 1:
+        raise SourceError(f"{text[:80]}: seq={value[:20]!r}; expected a positive integer")
     if exceeds(seq, MAX_DIM):
         raise SourceError(f"{text[:80]}: {over('seq', seq, MAX_DIM)}")
     return m.group("path"), seq

@@ -29,6 +29,7 @@ import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distir.frontends.zoo import gpt, llama, mlp, transgan
@@ -107,6 +108,13 @@ def _close(word: str, choices: list[str]) -> str:
     return f" (did you mean {', '.join(close)}?)" if close else ""
 
 
+def _config_path(text: str) -> bool:
+    """Whether ``text`` is a path to a JSON file or to a directory holding a ``config.json``
+    (what ``distir import`` reads as ``hf:PATH``; ``--model`` needs the prefix)."""
+    p = Path(text).expanduser()
+    return p.suffix == ".json" or (p.is_dir() and (p / "config.json").is_file())
+
+
 IMPORTED = "imported"  # the family of a model string naming an imported model
 MODEL_FILE = "file"  # the family of a model string naming a .onnx or .distir file
 
@@ -129,6 +137,8 @@ def parse_model_string(text: str) -> ModelSpec:
         family, base = ZOO[head].family, ZOO[head].config
     elif head in FAMILIES:
         family, base = head, ZOO[FAMILIES[head].base].config
+    elif _config_path(text):
+        raise ModelError(f"model {text[:80]!r}: a Hugging Face config is --model hf:{text[:80]}")
     else:
         known = [*FAMILIES, *ZOO]
         raise ModelError(
@@ -296,6 +306,15 @@ def human_count(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.3g}{unit}"
     return f"{n:.3g}"
+
+
+def human_flops(n: float) -> str:
+    """``159KFLOP``, ``1.5GFLOP``, ``6.47PFLOP``: three significant digits and a metric prefix
+    (``human_count``'s ``B`` is a count's billions, not a FLOP prefix)."""
+    for unit, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}FLOP"
+    return f"{n:.3g}FLOP"
 
 
 def zoo_json() -> dict[str, Any]:
