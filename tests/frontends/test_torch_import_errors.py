@@ -110,9 +110,6 @@ def test_bad_sources_are_one_typed_error(source: str, error: type[ModelError], w
         (":seq=0", "seq='0'; expected a positive integer"),  # not the config's 8,192 positions
         (":seq=abc", "seq='abc'; expected a positive integer"),
         (":sq=4", "unknown option 'sq' after the config path"),
-        # beyond the context a config declares (GPT-2's learned table has 1,024 rows): an
-        # internal reshape error's traceback
-        (":seq=8193", "seq=8193 is above the config's context of 8192 positions"),
     ],
 )
 def test_a_bad_hf_suffix_is_named(suffix: str, words: str) -> None:
@@ -121,6 +118,20 @@ def test_a_bad_hf_suffix_is_named(suffix: str, words: str) -> None:
         build_model(source, batch=2)
     code, out, err = run("import", source)
     assert code == 2 and out == "" and words in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_learned_position_table_bounds_the_sequence_rotary_positions_do_not() -> None:
+    """GPT-2's learned table has n_positions rows: a longer sequence is one line (it was an
+    internal reshape error's traceback); Llama's rotary positions are computed for any position,
+    so it runs past max_position_embeddings (a long-context experiment)."""
+    words = "seq=32 is above the config's context of 8 positions"
+    source = f"hf:{CONFIGS / 'gpt2-tiny.json'}:seq=32"
+    with pytest.raises(SourceError, match=re.escape(words)):
+        build_model(source, batch=2)
+    code, out, err = run("import", source)
+    assert code == 2 and out == "" and words in err and len(err.strip().splitlines()) == 1
+    model = build_model(f"hf:{CONFIGS / 'llama-tiny.json'}:seq=32", batch=2)  # max_position 8
+    assert model.inputs[0].type.shape == (2, 32)
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,9 @@ from distir.frontends.torch_import.errors import SourceError, first_line
 from distir.frontends.torch_import.trace import params_on_meta
 
 ATTENTION = "distir"
+# config keys of rotary positions (computed for any position: such a model runs past its declared
+# context); a model without them reads a learned position table, which has no row past it
+ROTARY_KEYS = ("rope_theta", "rope_scaling", "rotary_emb_base")
 
 
 def config_path(path: str) -> Path:
@@ -113,7 +116,8 @@ def hf_model(
     length = seq or context
     if not isinstance(length, int) or length < 1:
         raise SourceError(f"hf:{path}: the config gives no context length; give one (hf:{path}:seq=N)")
-    if isinstance(context, int) and length > context:  # a learned position table has no row past it
+    rotary = any(k in raw for k in ROTARY_KEYS)  # positions computed, not a table's rows
+    if isinstance(context, int) and length > context and not rotary:
         raise SourceError(
             f"hf:{path}: seq={length} is above the config's context of {context} positions; "
             "a longer context is a config that says so (max_position_embeddings, n_positions)"
