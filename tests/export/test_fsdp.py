@@ -4,6 +4,7 @@ runs — mesh, TP, recomputation, FSDP2, a pipeline schedule — on one CPU proc
 from __future__ import annotations
 
 import importlib.util
+import json
 import py_compile
 import sys
 from collections.abc import Callable
@@ -204,3 +205,29 @@ def test_the_fp8_file_runs_a_step_with_torchao(
     schedule.step(x, target=target, losses=losses)
     assert len(losses) == n
     assert all(p.grad is not None for c in model.values() for p in c.parameters())
+
+
+@pytest.mark.slow
+def test_a_hugging_face_llama_is_parallelized_by_its_own_names(tmp_path: Path, gloo: ModuleType) -> None:
+    """For an ``hf:`` Llama config the file names Hugging Face's modules (q_proj, gate_proj, ...,
+    its attention's input by keyword): on one gloo process, tensor and sequence parallelism and
+    FSDP2 apply to the transformers model itself (``chunk.layers`` = ``model.model.layers``) and
+    it trains a step."""
+    torch = gloo
+    transformers = pytest.importorskip("transformers")
+    config = Path(__file__).parents[1] / "frontends" / "configs" / "llama-tiny.json"
+    plan = make_plan(f"hf:{config}", "d1.t2.sp.p1.k1.1f1b", 2, cluster="dgx-a100", dtype="f32")
+    e = export(plan, "fsdp")
+    assert '"self_attn.q_proj"' in e.text and '"mlp.gate_proj"' in e.text and "attention.wq" not in e.text
+    path = tmp_path / "hf_plan.py"
+    path.write_text(e.text)
+    mod = _load(path)
+    torch.manual_seed(0)
+    raw = json.loads(config.read_text())
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**raw, attn_implementation="sdpa"))
+    mesh = mod.build_mesh("cpu", pp=1, dp=1, tp=1)
+    assert set(mod.tp_plan()) <= {name for name, _ in model.model.layers[0].named_modules()}
+    mod.parallelize({0: model.model}, mesh)
+    ids = torch.randint(0, 32, (2, 8))
+    model(input_ids=ids).logits.float().pow(2).mean().backward()
+    assert all(p.grad is not None for p in model.model.layers.parameters())

@@ -4,8 +4,11 @@ The file (``TEMPLATE`` filled in) builds the device mesh ``(pp, dp_replicate, dp
 with ``init_device_mesh`` — distir's rank order: stage outermost, tensor rank fastest — and, on
 the user's model cut into the plan's pipeline chunks (``CHUNK_BLOCKS``), applies
 ``parallelize_module`` (``ColwiseParallel``/``RowwiseParallel``, with ``SequenceParallel`` norms for
-``sp``; module names are torchtitan's Llama ones: ``attention.wq/wk/wv/wo``,
-``feed_forward.w1/w2[/w3]``, ``attention_norm``/``ffn_norm``), activation checkpointing
+``sp``; module names are torchtitan's Llama ones, ``attention.wq/wk/wv/wo``,
+``feed_forward.w1/w2[/w3]``, ``attention_norm``/``ffn_norm``, or for a Hugging Face Llama config
+(``hf:``) its own, ``self_attn.q_proj/k_proj/v_proj/o_proj``, ``mlp.gate_proj/down_proj/up_proj``,
+``input_layernorm``/``post_attention_layernorm``, its attention's input passed by keyword:
+``ModuleNames``), activation checkpointing
 (``checkpoint_wrapper``; selective policies through ``create_selective_checkpoint_contexts``),
 ``fully_shard`` (ZeRO-3: resharded after the forward; ZeRO-1/2: kept gathered until the backward;
 ZeRO-0: a replicate-only mesh, i.e. DDP) with a ``MixedPrecisionPolicy`` for mixed precision, and
@@ -33,6 +36,7 @@ shares, a non-default placement.
 from __future__ import annotations
 
 from string import Template
+from typing import NamedTuple
 
 from distir.export.plan import Exported, ExportError, Plan, refuse_common, refuse_context
 
@@ -56,10 +60,54 @@ from torchao.float8.float8_tensor_parallel import (
 FLOAT8_CONFIG = """
 FLOAT8 = Float8LinearConfig()  # dynamic tensorwise scaling; FSDP all-gathers the bf16 weights"""
 FLOAT8_CONVERT = """
-        convert_to_float8_training(chunk, config=FLOAT8, module_filter_fn=lambda mod, fqn: fqn != "output")"""
+        convert_to_float8_training(chunk, config=FLOAT8, module_filter_fn=lambda mod, fqn: fqn != "$head")"""
 FLOAT8_COMPILE = """
             block = torch.compile(block)  # float8 casts fused, as distir costs them"""
 DTYPES = {"f32": "None", "bf16": "torch.bfloat16", "f16": "torch.float16"}
+
+
+class ModuleNames(NamedTuple):
+    """A transformer block's module names as the exported tensor-parallel plan names them."""
+
+    attention: str
+    wq: str
+    wk: str
+    wv: str
+    wo: str
+    feed_forward: str
+    w1: str  # the gate (SwiGLU) or first projection: column-parallel
+    w2: str  # the last projection: row-parallel
+    w3: str  # SwiGLU's up projection: column-parallel
+    attention_norm: str
+    ffn_norm: str
+    head: str  # the output projection (left in bf16 under fp8)
+    attention_gather: str  # the attention's input all-gathered under sequence parallelism
+    doc: str
+
+
+TITAN_NAMES = ModuleNames(
+    "attention", "wq", "wk", "wv", "wo", "feed_forward", "w1", "w2", "w3", "attention_norm",
+    "ffn_norm", "output", "gather",
+    "torchtitan's Llama module names (attention.wq/wk/wv/wo, feed_forward.w1/w2[/w3],\n"
+    "attention_norm, ffn_norm; rename in tp_plan for yours)",
+)  # fmt: skip
+# Hugging Face's LlamaDecoderLayer (transformers' modeling_llama): its attention takes
+# ``hidden_states`` by keyword, so the all-gather before it names the keyword
+HF_LLAMA_NAMES = ModuleNames(
+    "self_attn", "q_proj", "k_proj", "v_proj", "o_proj", "mlp", "gate_proj", "down_proj", "up_proj",
+    "input_layernorm", "post_attention_layernorm", "lm_head",
+    '${prepare}(input_kwarg_layouts={"hidden_states": Shard(1)}, '
+    'desired_input_kwarg_layouts={"hidden_states": Replicate()})',
+    "Hugging Face's Llama module names (self_attn.q_proj/k_proj/v_proj/o_proj,\n"
+    "mlp.gate_proj/down_proj/up_proj, input_layernorm, post_attention_layernorm: for a\n"
+    "LlamaForCausalLM, chunk.layers is model.model.layers)",
+)  # fmt: skip
+
+
+def module_names(plan: Plan) -> ModuleNames:
+    """The plan's model's block names: a Hugging Face Llama config's own, else torchtitan's."""
+    hf = plan.model.strip().startswith("hf:") and plan.shape is not None
+    return HF_LLAMA_NAMES if hf else TITAN_NAMES
 
 TEMPLATE = Template('''\
 """$title
@@ -67,8 +115,7 @@ TEMPLATE = Template('''\
 Run with torchrun on $world processes (d*t*p = $d*$t*$p). Cut your model into the pipeline
 chunks of CHUNK_BLOCKS (chunk c runs on stage c % PP; the embedding joins chunk 0, the final
 norm, head and loss the last), each an nn.Module whose blocks are ``chunk.layers`` with
-torchtitan's Llama module names (attention.wq/wk/wv/wo, feed_forward.w1/w2[/w3],
-attention_norm, ffn_norm; rename in tp_plan for yours). With tensor parallelism each rank's
+$names_doc. With tensor parallelism each rank's
 attention runs heads/TP heads: compute the local head count from the weights' local shapes.
 
     mesh = build_mesh()
@@ -122,19 +169,19 @@ def tp_plan() -> dict[str, object]:
     """Megatron's column/row split of attention and MLP, norms sequence-parallel with sp."""
     out = ${rowwise}(output_layouts=Shard(1)) if SEQUENCE_PARALLEL else ${rowwise}()
     plan: dict[str, object] = {
-        "attention.wq": ${colwise}(),
-        "attention.wk": ${colwise}(),
-        "attention.wv": ${colwise}(),
-        "attention.wo": out,
-        "feed_forward.w1": ${colwise}(),
-        "feed_forward.w2": out,
+        "$attention.$wq": ${colwise}(),
+        "$attention.$wk": ${colwise}(),
+        "$attention.$wv": ${colwise}(),
+        "$attention.$wo": out,
+        "$feed_forward.$w1": ${colwise}(),
+        "$feed_forward.$w2": out,
     }
     if GATED_MLP:
-        plan["feed_forward.w3"] = ${colwise}()
+        plan["$feed_forward.$w3"] = ${colwise}()
     if SEQUENCE_PARALLEL:
         gather = ${prepare}(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-        plan |= {"attention_norm": SequenceParallel(), "attention": gather}
-        plan |= {"ffn_norm": SequenceParallel(), "feed_forward": gather}
+        plan |= {"$attention_norm": SequenceParallel(), "$attention": $attention_gather}
+        plan |= {"$ffn_norm": SequenceParallel(), "$feed_forward": gather}
     return plan
 
 
@@ -236,6 +283,11 @@ def export(plan: Plan) -> Exported:
             f"{TARGET}: the tensor-parallel plan names transformer modules; {plan.model} has none"
         )
     parts = _float8_parts(plan)
+    names = module_names(plan)
+    gather = Template(names.attention_gather).substitute(prepare=parts["prepare"])
+    parts |= names._asdict() | {"attention_gather": gather, "names_doc": names.doc}
+    parts["float8_convert"] = Template(parts["float8_convert"]).substitute(head=names.head)
+    del parts["doc"]
     title = f"distir export --to fsdp: {plan.model} {s}, batch {plan.batch}, {plan.dtype} {plan.precision}."
     text = TEMPLATE.substitute(
         parts,
