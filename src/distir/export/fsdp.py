@@ -109,6 +109,7 @@ def module_names(plan: Plan) -> ModuleNames:
     hf = plan.model.strip().startswith("hf:") and plan.shape is not None
     return HF_LLAMA_NAMES if hf else TITAN_NAMES
 
+
 TEMPLATE = Template('''\
 """$title
 

@@ -138,7 +138,7 @@ def parse_model_string(text: str) -> ModelSpec:
     elif head in FAMILIES:
         family, base = head, ZOO[FAMILIES[head].base].config
     elif _config_path(text):
-        raise ModelError(f"model {text[:80]!r}: a Hugging Face config is --model hf:{text[:80]}")
+        raise ModelError(f"model {text[:200]!r}: a Hugging Face config is --model hf:{text[:200]}")
     else:
         known = [*FAMILIES, *ZOO]
         raise ModelError(
