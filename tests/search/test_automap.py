@@ -313,3 +313,17 @@ def test_search_request_auto_layout_is_its_own_search() -> None:
     assert any(isinstance(p, Shard) for _, p in found.tp_found)
     assert found.key_parts() != SearchRequest(model=req.model, cluster=req.cluster, batch=32).key_parts()
     assert [w.tp for w in found.spec().build(8).weights] == [p for _, p in found.tp_found]
+
+
+def test_no_collective_along_an_axis_of_one_device() -> None:
+    """``shard --auto tp --mesh tp=2`` judges on a (dp=1, tp=2) mesh: a placement change along
+    the one-device dp axis moves nothing and is no collective (it was listed as AllGather(dp))."""
+    from distir.ir.dtensor import DTensorType, Mesh, Replicate, Shard
+    from distir.ir.types import Device, DType
+    from distir.search.automap.layout import redistribution_collectives
+
+    mesh = Mesh((("dp", 1), ("tp", 2)), (Device(0), Device(1)))
+    t = DTensorType(DType.f32, (4, 8), mesh, (Shard(0), Shard(1)))
+    got = redistribution_collectives(t, (Replicate(), Replicate()))
+    assert [(c.axis, c.kind) for c in got] == [("tp", "AllGather")]
+    assert got[0].nbytes == 4 * 8 * 4

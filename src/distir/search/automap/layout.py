@@ -117,7 +117,8 @@ def collectives(problem: Problem, legal: Module) -> dict[str, Counter[Collective
 
 
 def redistribution_collectives(src: DTensorType, dst: Sequence[Placement]) -> list[Collective]:
-    """The collectives that move ``src`` to placements ``dst``, one axis at a time."""
+    """The collectives that move ``src`` to placements ``dst``, one axis at a time (none along
+    an axis of one device: a placement change there moves nothing)."""
     out: list[Collective] = []
     cur = list(src.placements)
     for ax, p in redistribute_steps(src.placements, dst, src.mesh.shape):
@@ -125,7 +126,7 @@ def redistribution_collectives(src: DTensorType, dst: Sequence[Placement]) -> li
         gathers = isinstance(cur[ax], Shard) and isinstance(p, Replicate)  # its result is the larger
         before = _local_bytes(src, cur)
         cur[ax] = p
-        if kind is not None:
+        if kind is not None and src.mesh.shape[ax] > 1:
             nb = _local_bytes(src, cur) if gathers else before
             out.append(Collective(src.mesh.axes[ax][0], kind, nb))
     return out
