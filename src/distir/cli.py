@@ -757,7 +757,7 @@ def _plain_guard(debug: bool) -> Callable[[Callable[[], T]], T]:
         except (InterpretError, ValueError) as e:
             if debug:
                 traceback.print_exc()
-            _fail(str(e))
+            _fail(e.brief() if isinstance(e, InterpretError) else str(e))
 
     return guard
 

@@ -51,6 +51,13 @@ class InterpretError(ValueError):
             text += f"\n  called from `{op2}` in @{fn2}"
         return text
 
+    def brief(self) -> str:
+        """The error on one line: the failing op and its function, then only the names of the
+        functions calling it (outermost last)."""
+        first = self._render().split("\n", 1)[0]
+        callers = " ← ".join(f"@{fn2}" for fn2, _ in self.frames[1:])
+        return f"{first} (called from {callers})" if callers else first
+
     def at(self, instr: Instr) -> InterpretError:
         self.instrs.append(instr)
         return self
