@@ -32,8 +32,7 @@ class _Chain:
     k: Value
     v: Value
     scale: float
-    causal: bool
-    mask: Value | None
+    causal: bool  # a causal mask was added (none: no mask)
     last: Op  # the product with v: its result is the attention's, (B, h, S, d)
     inner: tuple[Op, ...]  # the chain's other ops
 
@@ -86,7 +85,7 @@ def _chain(program: Program, last: Op, made: dict[Value, Op], uses: dict[Value, 
         return None
     if mask is not None and not _is_causal(program, mask, program.type(q).shape[2]):
         return None
-    return _Chain(q, k, v, cq * ck, mask is not None, mask, last, tuple(inner))
+    return _Chain(q, k, v, cq * ck, mask is not None, last, tuple(inner))
 
 
 def _unguarded(
