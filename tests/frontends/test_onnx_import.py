@@ -142,6 +142,17 @@ def test_a_tied_heads_folded_transpose_is_the_embedding_transposed(gpt2_with_tor
 
 
 @pytest.mark.slow
+def test_the_exporters_gelu_formula_is_one_gelu_tanh(gpt2_with_torch: tuple[Path, Any]) -> None:
+    """GPT-2's gelu_new, written out by the exporter (Mul, Pow, Add, Tanh on scalar constants),
+    imports as one GeluTanh per block; the logits still match onnxruntime (the tests above)."""
+    path, _ = gpt2_with_torch
+    imp = import_onnx(str(path), batch=2)
+    block = imp.module.functions[[f.name for f in imp.module.functions].index("block")]
+    names = [op.name for op in block.ops()]
+    assert names.count("GeluTanh") == 1 and not {"Tanh", "Pow"} & set(names)
+
+
+@pytest.mark.slow
 def test_gpt2_export_imports_verifies_and_matches_onnxruntime(gpt2_onnx: Path) -> None:
     ids = RNG.integers(0, 50, (2, 8))
     imp, (logits,) = _run(str(gpt2_onnx), {"input_ids": ids})

@@ -35,6 +35,7 @@ import numpy as np
 from distir.frontends.onnx_import.assemble import assemble, scopes_of, single
 from distir.frontends.onnx_import.attention import fuse_attention
 from distir.frontends.onnx_import.convert import convert
+from distir.frontends.onnx_import.gelu import fuse_gelu_tanh
 from distir.frontends.onnx_import.mapping import supported_ops
 from distir.frontends.onnx_import.reader import OnnxImportError, read_model
 from distir.frontends.onnx_import.values import Param
@@ -100,6 +101,7 @@ def import_onnx(
     model = read_model(source)
     conv = convert(model, dims or {}, batch, device)
     fuse_attention(conv.program, conv.outputs)
+    fuse_gelu_tanh(conv.program, conv.outputs)
     if layers:
         scopes = [scopes_of(n) for n in model.graph.node]
         lay = assemble(conv.program, conv.outputs, scopes)

@@ -221,7 +221,7 @@ def _rewrite(
         (out,) = program.emit("Transpose", (o,), {"perm": BHSD}, [op.outputs[0].name], k, where)
         subst[op.outputs[0]] = out
         back[out] = o
-    _drop_dead(program, tuple(subst.get(v, v) for v in outputs))
+    program.drop_dead(tuple(subst.get(v, v) for v in outputs))
 
 
 def _bshd(program: Program, x: Value, made: dict[Value, Op], k: int, where: str) -> Value:
@@ -232,18 +232,3 @@ def _bshd(program: Program, x: Value, made: dict[Value, Op], k: int, where: str)
         return t.inputs[0]
     (y,) = program.emit("Transpose", (x,), {"perm": BHSD}, [f"{x.name}_bshd"], k, where)
     return y
-
-
-def _drop_dead(program: Program, outputs: tuple[Value, ...]) -> None:
-    """Ops none of whose results is read (the cancelled transposes, the chains' leftovers) and the
-    weights no op reads (a causal mask)."""
-    live = set(outputs)
-    keep = [False] * len(program.ops)
-    for i in range(len(program.ops) - 1, -1, -1):
-        op = program.ops[i]
-        if any(v in live for v in op.outputs):
-            keep[i] = True
-            live.update(op.inputs)
-    program.ops = [op for op, kept in zip(program.ops, keep, strict=True) if kept]
-    program.origin = [k for k, kept in zip(program.origin, keep, strict=True) if kept]
-    program.params = [(v, p) for v, p in program.params if p.value is None or v in live]

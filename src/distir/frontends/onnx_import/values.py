@@ -118,6 +118,19 @@ class Program:
         (v,) = self.emit("Constant", (), attrs, [hint], origin, where)
         return v
 
+    def drop_dead(self, outputs: Sequence[Value]) -> None:
+        """Drop the ops none of whose results ``outputs`` need (what a rewrite left behind) and
+        the weights no op reads."""
+        live = set(outputs)
+        keep = [False] * len(self.ops)
+        for i in range(len(self.ops) - 1, -1, -1):
+            if any(v in live for v in self.ops[i].outputs):
+                keep[i] = True
+                live.update(self.ops[i].inputs)
+        self.ops = [op for op, kept in zip(self.ops, keep, strict=True) if kept]
+        self.origin = [k for k, kept in zip(self.origin, keep, strict=True) if kept]
+        self.params = [(v, p) for v, p in self.params if p.value is None or v in live]
+
     def type(self, v: Value) -> TensorType:
         m = self.state[v]
         t = m.type if isinstance(m, Concrete) else m

@@ -1,0 +1,97 @@
+"""GELU's tanh approximation written out in an ONNX graph, as the fused ``GeluTanh``.
+
+An exporter writes Hugging Face's ``NewGELUActivation`` (GPT-2's ``gelu_new``) as its formula,
+``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))``: seven elementwise ops on scalar constants, whose
+backward saves the cube's input, the tanh and both factors of the last product. A chain of that
+shape becomes one ``GeluTanh(x)`` — ``F.gelu(x, approximate="tanh")``, one kernel each way,
+saving its input — as the PyTorch importer's pattern does (``torch_import.patterns``). A chain
+whose intermediate is read elsewhere, or whose constants differ, stays as written.
+"""
+
+from __future__ import annotations
+
+import math
+
+from distir.frontends.onnx_import.values import Program
+from distir.ir.ops import Op
+from distir.ir.values import Value
+
+# the formula's constants; float32 exporters round them (0.044715 -> 0.044714998...)
+HALF, CUBE, COEFF, ROOT, ONE = 0.5, 3.0, 0.044715, math.sqrt(2.0 / math.pi), 1.0
+RTOL = 1e-6
+
+
+def fuse_gelu_tanh(program: Program, outputs: tuple[Value, ...]) -> None:
+    """Rewrite every matched chain of ``program`` in place (module docstring)."""
+    made = {v: op for op in program.ops for v in op.outputs}
+    uses: dict[Value, int] = {}
+    for op in program.ops:
+        for v in op.inputs:
+            uses[v] = uses.get(v, 0) + 1
+    for v in outputs:
+        uses[v] = uses.get(v, 0) + 1
+    found = {id(op): x for op in program.ops if (x := _gelu_input(program, op, made, uses)) is not None}
+    if not found:
+        return
+    ops, origins = program.ops, program.origin
+    program.ops, program.origin = [], []
+    subst: dict[Value, Value] = {}
+    for op, k in zip(ops, origins, strict=True):
+        x = found.get(id(op))
+        if x is None:
+            program.ops.append(Op(op.name, tuple(subst.get(v, v) for v in op.inputs), op.outputs, op.attrs))
+            program.origin.append(k)
+            continue
+        (y,) = program.emit("GeluTanh", (subst.get(x, x),), {}, [op.outputs[0].name], k, f"node #{k} (gelu)")
+        subst[op.outputs[0]] = y
+    program.drop_dead(tuple(subst.get(v, v) for v in outputs))
+
+
+def _gelu_input(program: Program, last: Op, made: dict[Value, Op], uses: dict[Value, int]) -> Value | None:
+    """x when ``last`` is the formula's final product, else None."""
+    if last.name != "Mul" or len(last.inputs) != 2:
+        return None
+    for half, one in (last.inputs, last.inputs[::-1]):
+        x = _scalar_operand(program, half, "Mul", HALF, made, uses)
+        t = _scalar_operand(program, one, "Add", ONE, made, uses)
+        if x is not None and t is not None and _tanh_of_inner(program, t, x, made, uses):
+            return x
+    return None
+
+
+def _tanh_of_inner(
+    program: Program, t: Value, x: Value, made: dict[Value, Op], uses: dict[Value, int]
+) -> bool:
+    """Whether ``t`` is ``tanh(√(2/π)·(x + 0.044715·x³))``, each step read once."""
+    tanh = made.get(t)
+    if tanh is None or tanh.name != "Tanh" or uses.get(t) != 1:
+        return False
+    inner = _scalar_operand(program, tanh.inputs[0], "Mul", ROOT, made, uses)
+    add = made.get(inner) if inner is not None else None
+    if add is None or add.name != "Add" or x not in add.inputs:
+        return False
+    term = add.inputs[1] if add.inputs[0] is x else add.inputs[0]
+    cube = _scalar_operand(program, term, "Mul", COEFF, made, uses)
+    p = made.get(cube) if cube is not None else None
+    return p is not None and p.name == "Pow" and p.inputs[0] is x and _scalar(program, p.inputs[1], CUBE)
+
+
+def _scalar_operand(
+    program: Program, v: Value, name: str, value: float, made: dict[Value, Op], uses: dict[Value, int]
+) -> Value | None:
+    """The tensor operand of ``v = name(tensor, value)`` (either order), read by one op only."""
+    op = made.get(v)
+    if op is None or op.name != name or len(op.inputs) != 2 or uses.get(v) != 1:
+        return None
+    a, b = op.inputs
+    for t, c in ((a, b), (b, a)):
+        if program.known(t) is None and _scalar(program, c, value):
+            return t
+    return None
+
+
+def _scalar(program: Program, v: Value, value: float) -> bool:
+    known = program.known(v)
+    return (
+        known is not None and known.size == 1 and math.isclose(float(known.reshape(())), value, rel_tol=RTOL)
+    )
