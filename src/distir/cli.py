@@ -608,8 +608,6 @@ def _sim_numerics(model: str, dtype: str, precision: str, train: bool, cluster: 
     from distir.hardware.specs import HardwareError
     from distir.report.numerics import NumericsError, resolve_numerics
 
-    if dtype not in ("auto", "f32", "bf16", "f16"):
-        _fail(f"--dtype must be auto, f32, bf16 or f16, got {dtype!r}")
     try:
         return resolve_numerics(model, dtype, precision, train, cluster)
     except (HardwareError, ModelError, NumericsError) as e:

@@ -101,15 +101,13 @@ def resolve_numerics(
 ) -> tuple[str, str]:
     """``auto`` as ``distir search`` and ``simulate`` resolve it (``distir.report.numerics``;
     without a cluster, f16, which every GPU with tensor cores runs fast); fp8 in bf16."""
-    from distir.report.numerics import DTYPES, PRECISIONS, NumericsError
+    from distir.report.numerics import NumericsError, check_choices
     from distir.report.numerics import resolve_numerics as resolve
 
-    if dtype not in DTYPES:
-        raise ExportError(f"--dtype must be auto, f32, bf16 or f16, got {dtype!r}")
-    if precision not in PRECISIONS:
-        raise ExportError(
-            f"--precision must be {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}, got {precision!r}"
-        )
+    try:
+        check_choices(dtype, precision)
+    except NumericsError as e:
+        raise ExportError(str(e)) from None
     if precision in FLOAT8:
         return _float8_numerics(dtype, precision, cluster), precision
     if cluster is None and dtype == "auto" and not model.strip().lower().endswith(".onnx"):

@@ -1,4 +1,6 @@
-"""Vectorized special functions for op references: ``erf``, ``erfc``, the Gaussian pdf/cdf.
+"""Vectorized special functions for op references: ``erf``, ``erfc``, the Gaussian pdf/cdf, and
+GELU's tanh approximation with its derivative (its constants shared with the importers'
+patterns that recognize it written out).
 
 ``erf`` uses W. J. Cody's rational Chebyshev approximations ("Rational Chebyshev approximations
 for the error function", Math. Comp. 23, 1969, pp. 631-638), the algorithm of SPECFUN's CALERF:
@@ -159,9 +161,36 @@ def normal_pdf(x: npt.ArrayLike) -> F64:
     return _INV_SQRT_2PI * np.exp(-0.5 * xs * xs)
 
 
+GELU_TANH_ROOT = math.sqrt(2.0 / math.pi)  # √(2/π)
+GELU_TANH_COEFF = 0.044715  # of x³
+
+
+def gelu_tanh(x: npt.ArrayLike) -> F64:
+    """½x(1 + tanh(√(2/π)(x + 0.044715x³))) in float64."""
+    z = np.asarray(x, dtype=np.float64)
+    return 0.5 * z * (1.0 + np.tanh(GELU_TANH_ROOT * (z + GELU_TANH_COEFF * z**3)))
+
+
+def gelu_tanh_slope(x: npt.ArrayLike) -> F64:
+    """d/dx of ``gelu_tanh`` in float64."""
+    z = np.asarray(x, dtype=np.float64)
+    t = np.tanh(GELU_TANH_ROOT * (z + GELU_TANH_COEFF * z**3))
+    return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * GELU_TANH_ROOT * (1.0 + 3.0 * GELU_TANH_COEFF * z * z)
+
+
 def f64(x: Any) -> F64:
     """``x`` as a float64 array: references of float ops compute in float64 and round once."""
     return np.asarray(x, dtype=np.float64)
 
 
-__all__ = ["erf", "erfc", "f64", "normal_cdf", "normal_pdf"]
+__all__ = [
+    "GELU_TANH_COEFF",
+    "GELU_TANH_ROOT",
+    "erf",
+    "erfc",
+    "f64",
+    "gelu_tanh",
+    "gelu_tanh_slope",
+    "normal_cdf",
+    "normal_pdf",
+]

@@ -9,7 +9,6 @@ Each op is one ``OpDef``: signature, shape rule, numpy reference, FLOPs per outp
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +19,7 @@ from distir.ir.ops import Op
 from distir.ir.types import DType, TensorType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops._rules import broadcast_shapes, float_attr, numel, out_numel_flops, same_dtype
-from distir.ops._special import normal_cdf
+from distir.ops._special import gelu_tanh, normal_cdf
 from distir.ops._torch import binary, unary
 from distir.ops.gradrules import GradCtx, GradRule, first, is_float, unbroadcast, zeros_like
 from distir.ops.registry import AttrSpec, CostClass, Fusion, Kink, OpDef, TypeCtx, register
@@ -123,13 +122,6 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float64) * normal_cdf(x)
 
 
-def _gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """GELU's tanh approximation, ½x(1 + tanh(√(2/π)(x + 0.044715x³))), in float64."""
-    z = x.astype(np.float64)
-    return 0.5 * z * (1.0 + np.tanh(GELU_TANH_C * (z + 0.044715 * z**3)))
-
-
-GELU_TANH_C = math.sqrt(2.0 / math.pi)
 SQRT = _unary("Sqrt", np.sqrt, 1.0)
 NEG = _unary("Neg", np.negative, 1.0, float_only=False, linear=True)
 EXP = _unary("Exp", np.exp, 1.0)
@@ -137,7 +129,7 @@ RELU = _unary("Relu", lambda x: np.maximum(x, 0), 1.0, float_only=False)
 RELU.fill("kink", Kink(0))
 GELU = _unary("Gelu", _gelu, 8.0)
 # the tanh approximation as one op: F.gelu(approximate="tanh"), GPT-2's gelu_new
-GELU_TANH = _unary("GeluTanh", _gelu_tanh, 8.0)
+GELU_TANH = _unary("GeluTanh", gelu_tanh, 8.0)
 TANH = _unary("Tanh", np.tanh, 4.0)
 SIGMOID = _unary("Sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), 4.0)
 # x·sigmoid(x) as one op: torch.nn.functional.silu, one kernel forward and one backward

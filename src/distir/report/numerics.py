@@ -40,14 +40,21 @@ def fast_half(cluster: str | Cluster) -> str:
     return str(DType.f32.value)
 
 
-def resolve_numerics(model: str, dtype: str, precision: str, train: bool, cluster: str | Cluster) -> Numerics:
-    """``dtype`` and ``precision`` with ``auto`` resolved (module docstring); float8 precisions
-    compute in bf16. Raises the cluster's ``HardwareError``, a model file's ``ModelError`` and
-    ``NumericsError``."""
+def check_choices(dtype: str, precision: str) -> None:
+    """``NumericsError`` unless ``dtype`` is one of ``DTYPES`` and ``precision`` of ``PRECISIONS``."""
+    if dtype not in DTYPES:
+        raise NumericsError(f"--dtype must be {', '.join(DTYPES[:-1])} or {DTYPES[-1]}, got {dtype!r}")
     if precision not in PRECISIONS:
         raise NumericsError(
             f"--precision must be {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}, got {precision!r}"
         )
+
+
+def resolve_numerics(model: str, dtype: str, precision: str, train: bool, cluster: str | Cluster) -> Numerics:
+    """``dtype`` and ``precision`` with ``auto`` resolved (module docstring); float8 precisions
+    compute in bf16. Raises the cluster's ``HardwareError``, a model file's ``ModelError`` and
+    ``NumericsError``."""
+    check_choices(dtype, precision)
     if dtype == "auto" and is_model_file(model):
         dtype = own_dtype(model).value
     if dtype == "auto":

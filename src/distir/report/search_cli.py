@@ -122,8 +122,10 @@ def _check_options(a: dict[str, Any], err: Console) -> None:
         _fail(err, why)
     if a["optimizer"] not in ("sgd", "adam"):
         _fail(err, f"--optimizer must be sgd or adam, got {a['optimizer']!r}")
-    if a["dtype"] not in ("auto", "f32", "bf16", "f16"):
-        _fail(err, f"--dtype must be auto, f32, bf16 or f16, got {a['dtype']!r}")
+    from distir.report.numerics import DTYPES
+
+    if a["dtype"] not in DTYPES:
+        _fail(err, f"--dtype must be {', '.join(DTYPES[:-1])} or {DTYPES[-1]}, got {a['dtype']!r}")
     if a["precision"] not in ("auto", "mixed", "pure"):
         _fail(err, f"--precision must be auto, mixed or pure, got {a['precision']!r}")
     searched = a.get("trainer", "distir")

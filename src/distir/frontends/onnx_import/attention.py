@@ -39,13 +39,7 @@ class _Chain:
 
 def fuse_attention(program: Program, outputs: tuple[Value, ...]) -> None:
     """Rewrite every matched chain of ``program`` in place (module docstring)."""
-    made = {v: op for op in program.ops for v in op.outputs}
-    uses: dict[Value, int] = {}
-    for op in program.ops:
-        for v in op.inputs:
-            uses[v] = uses.get(v, 0) + 1
-    for v in outputs:
-        uses[v] = uses.get(v, 0) + 1
+    made, uses = program.dataflow(outputs)
     chains = [c for op in program.ops if (c := _chain(program, op, made, uses)) is not None]
     if chains:
         _rewrite(program, chains, made, outputs)

@@ -15,21 +15,16 @@ import math
 from distir.frontends.onnx_import.values import Program
 from distir.ir.ops import Op
 from distir.ir.values import Value
+from distir.ops._special import GELU_TANH_COEFF, GELU_TANH_ROOT
 
-# the formula's constants; float32 exporters round them (0.044715 -> 0.044714998...)
-HALF, CUBE, COEFF, ROOT, ONE = 0.5, 3.0, 0.044715, math.sqrt(2.0 / math.pi), 1.0
+# the formula's other constants; float32 exporters round them all (0.044715 -> 0.044714998...)
+HALF, CUBE, ONE = 0.5, 3.0, 1.0
 RTOL = 1e-6
 
 
 def fuse_gelu_tanh(program: Program, outputs: tuple[Value, ...]) -> None:
     """Rewrite every matched chain of ``program`` in place (module docstring)."""
-    made = {v: op for op in program.ops for v in op.outputs}
-    uses: dict[Value, int] = {}
-    for op in program.ops:
-        for v in op.inputs:
-            uses[v] = uses.get(v, 0) + 1
-    for v in outputs:
-        uses[v] = uses.get(v, 0) + 1
+    made, uses = program.dataflow(outputs)
     found = {id(op): x for op in program.ops if (x := _gelu_input(program, op, made, uses)) is not None}
     if not found:
         return
@@ -66,12 +61,12 @@ def _tanh_of_inner(
     tanh = made.get(t)
     if tanh is None or tanh.name != "Tanh" or uses.get(t) != 1:
         return False
-    inner = _scalar_operand(program, tanh.inputs[0], "Mul", ROOT, made, uses)
+    inner = _scalar_operand(program, tanh.inputs[0], "Mul", GELU_TANH_ROOT, made, uses)
     add = made.get(inner) if inner is not None else None
     if add is None or add.name != "Add" or x not in add.inputs:
         return False
     term = add.inputs[1] if add.inputs[0] is x else add.inputs[0]
-    cube = _scalar_operand(program, term, "Mul", COEFF, made, uses)
+    cube = _scalar_operand(program, term, "Mul", GELU_TANH_COEFF, made, uses)
     p = made.get(cube) if cube is not None else None
     return p is not None and p.name == "Pow" and p.inputs[0] is x and _scalar(program, p.inputs[1], CUBE)
 

@@ -118,6 +118,15 @@ class Program:
         (v,) = self.emit("Constant", (), attrs, [hint], origin, where)
         return v
 
+    def dataflow(self, outputs: Sequence[Value]) -> tuple[dict[Value, Op], dict[Value, int]]:
+        """Each value's producing op, and how many times each is read (by an op or as one of the
+        ``outputs``): what a rewrite checks before it replaces a chain of ops."""
+        made = {v: op for op in self.ops for v in op.outputs}
+        uses: dict[Value, int] = {}
+        for v in [*(v for op in self.ops for v in op.inputs), *outputs]:
+            uses[v] = uses.get(v, 0) + 1
+        return made, uses
+
     def drop_dead(self, outputs: Sequence[Value]) -> None:
         """Drop the ops none of whose results ``outputs`` need (what a rewrite left behind) and
         the weights no op reads."""

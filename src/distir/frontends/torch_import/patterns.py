@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from distir.ops._special import GELU_TANH_COEFF, GELU_TANH_ROOT
+
 # the tables are computed in float32: the angle p·f of position p carries a rounding error of
 # about p·|f|·6e-8 (5e-4 at position 8191, 8e-3 at 131,071), which an exact rotation does not
 # have; the check allows TOLERANCE plus ANGLE_ULPS float32 ulps of the table's largest angle
@@ -57,7 +59,6 @@ class GeluMatch:
     interior: tuple[Any, ...]
 
 
-GELU_C = 0.7978845608028654  # √(2/π)
 CASTS = ("aten.to", "aten._to_copy")
 
 
@@ -106,11 +107,11 @@ def match_gelu_tanh(mul: Any) -> GeluMatch | None:
         th = _scalar_op(one, "aten.add", 1.0)
         if x is None or not _is(th, "aten.tanh"):
             continue
-        inner = _scalar_op(th.args[0], "aten.mul", GELU_C)
+        inner = _scalar_op(th.args[0], "aten.mul", GELU_TANH_ROOT)
         if not _is(inner, "aten.add") or len(inner.args) != 2 or x not in inner.args:
             continue
         cube_term = inner.args[1] if inner.args[0] is x else inner.args[0]
-        cube = _scalar_op(cube_term, "aten.mul", 0.044715)
+        cube = _scalar_op(cube_term, "aten.mul", GELU_TANH_COEFF)
         if _is(cube, "aten.pow") and cube.args[0] is x and cube.args[1] == 3:
             return GeluMatch(x, (half, one, th, th.args[0], inner, cube_term, cube))
     return None

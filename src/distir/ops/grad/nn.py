@@ -5,7 +5,6 @@ round once (the forward's helpers in ``distir.ops.nn``)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +22,7 @@ from distir.ops._rules import (
     same_dtype,
     same_shape,
 )
-from distir.ops._special import F64, f64, normal_cdf, normal_pdf
+from distir.ops._special import F64, f64, gelu_tanh_slope, normal_cdf, normal_pdf
 from distir.ops._torch import like, sum_to, upcast
 from distir.ops.grad.family import COST_CLASS, FAMILY, _float_like_first, _like_first
 from distir.ops.nn import (
@@ -75,81 +74,24 @@ def _pointwise(f: Any) -> Any:
     return ref
 
 
-def _gelu_grad(dy: F64, x: F64) -> F64:
-    return dy * (normal_cdf(x) + x * normal_pdf(x))
-
-
-GELU_GRAD = register(
-    OpDef(
-        name="GeluGrad",
-        family=FAMILY,
-        cost_class=COST_CLASS,
-        fusion=Fusion.POINTWISE,
-        inputs=("dY", "X"),
-        outputs=("dX",),
-        infer=_float_like_first,
-        reference=_pointwise(_gelu_grad),
-        flops=out_numel_flops(12.0),
-        doc="dX = dY * (Phi(X) + X * phi(X)), the gradient of exact (erf) Gelu at X.",
-        sharding=sh.pointwise("scale"),
+def _activation_grad(name: str, of: str, fn: Any, flops: float, doc: str) -> OpDef:
+    """dX = fn(dY, Z) of an activation with a dedicated gradient op, Z its input (``of`` "X") or
+    its result ("Y"): one pointwise kernel, float64 reference, scaled with dY when sharded."""
+    return register(
+        OpDef(
+            name=name,
+            family=FAMILY,
+            cost_class=COST_CLASS,
+            fusion=Fusion.POINTWISE,
+            inputs=("dY", of),
+            outputs=("dX",),
+            infer=_float_like_first,
+            reference=_pointwise(fn),
+            flops=out_numel_flops(flops),
+            doc=doc,
+            sharding=sh.pointwise("scale"),
+        )
     )
-)
-
-
-def _gelu_tanh_grad(dy: F64, x: F64) -> F64:
-    c = math.sqrt(2.0 / math.pi)
-    t = np.tanh(c * (x + 0.044715 * x**3))
-    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x))
-
-
-GELU_TANH_GRAD = register(
-    OpDef(
-        name="GeluTanhGrad",
-        family=FAMILY,
-        cost_class=COST_CLASS,
-        fusion=Fusion.POINTWISE,
-        inputs=("dY", "X"),
-        outputs=("dX",),
-        infer=_float_like_first,
-        reference=_pointwise(_gelu_tanh_grad),
-        flops=out_numel_flops(14.0),
-        doc="dX = dY * d/dX GeluTanh(X), the gradient of GELU's tanh approximation at X (torch's "
-        "gelu_backward with approximate='tanh': one kernel).",
-        sharding=sh.pointwise("scale"),
-    )
-)
-
-TANH_GRAD = register(
-    OpDef(
-        name="TanhGrad",
-        family=FAMILY,
-        cost_class=COST_CLASS,
-        fusion=Fusion.POINTWISE,
-        inputs=("dY", "Y"),
-        outputs=("dX",),
-        infer=_float_like_first,
-        reference=_pointwise(lambda dy, y: dy * (1.0 - y * y)),
-        flops=out_numel_flops(3.0),
-        doc="dX = dY * (1 - Y^2) where Y = Tanh(X).",
-        sharding=sh.pointwise("scale"),
-    )
-)
-
-SIGMOID_GRAD = register(
-    OpDef(
-        name="SigmoidGrad",
-        family=FAMILY,
-        cost_class=COST_CLASS,
-        fusion=Fusion.POINTWISE,
-        inputs=("dY", "Y"),
-        outputs=("dX",),
-        infer=_float_like_first,
-        reference=_pointwise(lambda dy, y: dy * y * (1.0 - y)),
-        flops=out_numel_flops(3.0),
-        doc="dX = dY * Y * (1 - Y) where Y = Sigmoid(X).",
-        sharding=sh.pointwise("scale"),
-    )
-)
 
 
 def _silu_grad(dy: F64, x: F64) -> F64:
@@ -157,21 +99,34 @@ def _silu_grad(dy: F64, x: F64) -> F64:
     return dy * sig * (1.0 + x * (1.0 - sig))
 
 
-SILU_GRAD = register(
-    OpDef(
-        name="SiluGrad",
-        family=FAMILY,
-        cost_class=COST_CLASS,
-        fusion=Fusion.POINTWISE,
-        inputs=("dY", "X"),
-        outputs=("dX",),
-        infer=_float_like_first,
-        reference=_pointwise(_silu_grad),
-        flops=out_numel_flops(8.0),
-        doc="dX = dY * s * (1 + X * (1 - s)) with s = Sigmoid(X), the gradient of Silu at X "
-        "(torch's silu_backward: one kernel).",
-        sharding=sh.pointwise("scale"),
-    )
+GELU_GRAD = _activation_grad(
+    "GeluGrad",
+    "X",
+    lambda dy, x: dy * (normal_cdf(x) + x * normal_pdf(x)),
+    12.0,
+    "dX = dY * (Phi(X) + X * phi(X)), the gradient of exact (erf) Gelu at X.",
+)
+GELU_TANH_GRAD = _activation_grad(
+    "GeluTanhGrad",
+    "X",
+    lambda dy, x: dy * gelu_tanh_slope(x),
+    14.0,
+    "dX = dY * d/dX GeluTanh(X), the gradient of GELU's tanh approximation at X (torch's "
+    "gelu_backward with approximate='tanh': one kernel).",
+)
+TANH_GRAD = _activation_grad(
+    "TanhGrad", "Y", lambda dy, y: dy * (1.0 - y * y), 3.0, "dX = dY * (1 - Y^2) where Y = Tanh(X)."
+)
+SIGMOID_GRAD = _activation_grad(
+    "SigmoidGrad", "Y", lambda dy, y: dy * y * (1.0 - y), 3.0, "dX = dY * Y * (1 - Y) where Y = Sigmoid(X)."
+)
+SILU_GRAD = _activation_grad(
+    "SiluGrad",
+    "X",
+    _silu_grad,
+    8.0,
+    "dX = dY * s * (1 + X * (1 - s)) with s = Sigmoid(X), the gradient of Silu at X "
+    "(torch's silu_backward: one kernel).",
 )
 
 
