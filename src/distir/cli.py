@@ -845,6 +845,7 @@ def _model_program(
     from distir.frontends.zoo.registry import parse_model_string, parse_training_dtype
     from distir.hardware.cluster import parse_cluster
     from distir.hardware.specs import HardwareError
+    from distir.interp.loop import InterpretError
     from distir.parallel.distribute import device_map as strategy_map
     from distir.parallel.distribute import distribute
     from distir.parallel.sharding.propagate import ShardingError
@@ -899,6 +900,10 @@ def _model_program(
         if debug:
             traceback.print_exc()
         _fail(str(e))
+    except InterpretError as e:  # the model's program does not type under the strategy
+        if debug:
+            traceback.print_exc()
+        _fail(f"{spec} under {strategy}: {e.brief()}")
     mode = f"{'train' if train else 'infer'}, {dt}{f' {prec}' if prec.mixed else ''}"
     label = f"{mod.name} {st} ({mode}{'' if sem.trainer == 'distir' else ', as ' + sem.trainer})"
     return ModelProgram(prog, strategy_map(st, True), label, b, mod.step_flops(train), sem, spec)

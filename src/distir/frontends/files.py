@@ -3,6 +3,8 @@
 
 - ``.onnx``: imported at the requested batch (dim 0 of its inputs when dynamic) with the zoo's
   token cross-entropy loss appended (``distir.frontends.onnx_import.model.to_model``); f32 only.
+  ``model.onnx:seq=128,...`` sizes the export's other dynamic dims. Layers that fix the batch (a
+  static export's folded sizes) run at it only, without microbatches (``Model.fixed_batch``).
 - ``.distir``: a DistIR module that already follows the model contract
   (``distir.frontends.zoo.model``): its entry is a chain of layer calls ending in a loss layer,
   its parameters typed. The entry's *inputs* are the first call's first argument and the loss
@@ -13,14 +15,16 @@
   loss layer's normalization stays the file's. A file that does not parse, or does not keep the
   contract, is a one-line ``ModelError`` naming the file and the broken rule.
 
-Both are cached per (path, modification time, batch, dtype): the search builds a model many times.
+Both are cached per (path, modification time, batch, dtype, dims): the search builds a model many times.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from distir.frontends.zoo.model import InputSpec, Model, ModelError, WeightSpec, check_model
 from distir.ir.builder import FunctionBuilder
@@ -29,25 +33,57 @@ from distir.ir.ops import Call
 from distir.ir.types import DType, TensorType
 from distir.ir.values import Value
 
+if TYPE_CHECKING:
+    from distir.frontends.onnx_import import OnnxImport
+from distir.limits import MAX_BATCH, exceeds, over
+
 SUFFIXES = (".onnx", ".distir")
 
 
+# ``path/to/model.onnx[:name=N,...]``: the file, then the sizes of an ONNX export's dynamic dims
+_FILE = re.compile(r"^(?P<path>.+?\.(?:onnx|distir))(?::(?P<dims>[^/\\]*))?$", re.IGNORECASE)
+_DIM = re.compile(r"^(?P<name>[A-Za-z_][\w.]*)=(?P<size>[0-9]+)$")
+
+
 def is_model_file(text: str) -> bool:
-    """Whether the model string ``text`` names a model file (by its suffix)."""
-    return text.strip().lower().endswith(SUFFIXES)
+    """Whether the model string ``text`` names a model file (by its suffix, before any dims)."""
+    return _FILE.match(text.strip()) is not None
+
+
+def file_dims(text: str) -> tuple[str, dict[str, int]]:
+    """The path of the model string ``text`` and the dim sizes after it (``model.onnx:seq=128``);
+    malformed sizes, or sizes after a ``.distir`` file, are a one-line ``ModelError``."""
+    m = _FILE.match(text.strip())
+    if m is None:
+        raise ModelError(f"{text[:200]}: not a model file (.onnx or .distir)")
+    path, given = m["path"], m["dims"]
+    if given is None:
+        return path, {}
+    if not path.lower().endswith(".onnx"):
+        raise ModelError(f"{text[:200]}: a .distir file takes no dim sizes (an ONNX file's dynamic dims do)")
+    dims: dict[str, int] = {}
+    for part in given.split(","):
+        d = _DIM.match(part.strip())
+        if d is None or int(d["size"]) < 1:
+            raise ModelError(f"{text[:200]}: {part.strip()!r} is not name=N (N ≥ 1), as in {path}:seq=128")
+        if exceeds(int(d["size"]), MAX_BATCH):
+            raise ModelError(f"{text[:200]}: {over(d['name'], int(d['size']), MAX_BATCH)}")
+        dims[d["name"]] = int(d["size"])
+    return path, dims
 
 
 def load_file(text: str, batch: int, dtype: DType = DType.f32) -> Model:
     """The ``Model`` of the file ``text`` at ``batch`` (module docstring)."""
-    path = Path(text.strip()).expanduser()
+    name, dims = file_dims(text)
+    path = Path(name).expanduser()
     if not path.is_file():
-        raise ModelError(f"{text}: no such model file")
-    return _load(str(path.resolve()), path.stat().st_mtime_ns, batch, dtype)
+        raise ModelError(f"{name}: no such model file")
+    return _load(str(path.resolve()), path.stat().st_mtime_ns, batch, dtype, tuple(sorted(dims.items())))
 
 
 def own_dtype(text: str) -> DType:
     """The dtype the model file ``text`` computes in: f32 for ONNX, a DistIR file's own."""
-    path = Path(text.strip()).expanduser()
+    path = Path(file_dims(text)[0]).expanduser()
     if path.suffix.lower() == ".onnx":
         return DType.f32
     if not path.is_file():
@@ -70,19 +106,32 @@ def _own_dtype(path: str, mtime: int) -> DType:
 
 
 @functools.lru_cache(maxsize=16)
-def _load(path: str, mtime: int, batch: int, dtype: DType) -> Model:
+def _load(path: str, mtime: int, batch: int, dtype: DType, dims: tuple[tuple[str, int], ...]) -> Model:
     if path.lower().endswith(".onnx"):
-        return _onnx(Path(path), batch, dtype)
+        return _onnx(Path(path), mtime, batch, dtype, dict(dims))
     return _distir(Path(path), batch, dtype)
 
 
-def _onnx(path: Path, batch: int, dtype: DType) -> Model:
-    from distir.frontends.onnx_import import import_onnx
-    from distir.frontends.onnx_import.model import to_model
+def _onnx(path: Path, mtime: int, batch: int, dtype: DType, dims: dict[str, int]) -> Model:
+    from distir.frontends.onnx_import.model import other_batch, to_model
 
     if dtype is not DType.f32:
         raise ModelError(f"{path}: an ONNX model imports in the precision of its file (f32), not {dtype}")
-    return to_model(import_onnx(path, batch=batch), name=path.stem)
+    # the file at another batch too (one import for every batch): what follows the batch (a
+    # dynamic export's sizes) and what does not (``to_model``)
+    key = tuple(sorted(dims.items()))
+    other = _onnx_import(path, mtime, other_batch(batch), key)
+    imp = other if batch == other_batch(batch) else _onnx_import.__wrapped__(path, mtime, batch, key)
+    return to_model(imp, path.stem, batch, other)
+
+
+@functools.lru_cache(maxsize=1)  # the other batch's, for every batch the process builds
+def _onnx_import(path: Path, mtime: int, batch: int, dims: tuple[tuple[str, int], ...]) -> OnnxImport:
+    """The import at ``batch`` without the weights' values (a model holds none)."""
+    from distir.frontends.onnx_import import import_onnx
+
+    imp = import_onnx(path, dims=dict(dims), batch=batch)
+    return replace(imp, weights=tuple(replace(w, value=None) for w in imp.weights))
 
 
 def _distir(path: Path, batch: int, dtype: DType) -> Model:
@@ -170,4 +219,4 @@ def _rebatched(model: Model, batch: int) -> Model:
     return replace(model, module=Module((*fns, entry)), inputs=inputs, batch=batch)
 
 
-__all__ = ["SUFFIXES", "is_model_file", "load_file"]
+__all__ = ["SUFFIXES", "file_dims", "is_model_file", "load_file"]

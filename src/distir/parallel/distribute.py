@@ -514,6 +514,16 @@ def check_batch(batch: int, s: Strategy) -> None:
     )
 
 
+def check_fixed_batch(model: Model, s: Strategy) -> None:
+    """Raise StrategyError if ``model``'s layers fix its batch (``Model.fixed_batch``) and ``s``
+    splits it into microbatches."""
+    if model.fixed_batch is not None and s.k > 1:
+        raise StrategyError(
+            f"{s}: {model.name}'s layers fix the batch at {model.fixed_batch} ({model.fixed_by}), so it "
+            "runs without microbatches (k=1); export it with a dynamic batch dim to split the batch"
+        )
+
+
 # the communication streams of each GPU (``distribute``): program devices (k+1)·N .. (k+2)·N−1
 # run on stream k of the N compute devices' GPUs; the last two run the data-parallel collectives
 # (gradient buckets; ZeRO-3's prefetched parameter gathers)
@@ -625,6 +635,7 @@ class _Builder:
             overlap_param_gather and train and self.prec.mixed and s.zero in (1, 2) and s.d * s.c > 1
         )
         check_batch(model.batch, s)
+        check_fixed_batch(model, s)
         self.mb = model.batch // s.k
         # program devices are numbered stage by stage; the placement maps them onto GPUs; uneven
         # batch shares are the dp axis' (``distir.ir.dtensor.AxisSize``): each replica's piece of

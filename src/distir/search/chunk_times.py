@@ -7,7 +7,8 @@ misjudges layers whose compute does not follow their weights — TransGAN's 16-s
 (``d1.t1.p16.k64.gpipe.rsel``, AMP's generator on 4 × p3.8xlarge) took 1844 ms in that order and
 1275 ms in this one. Each chunk is timed on its own stage's first TP group
 (the GPU kind there) at the even per-replica microbatch, with the cost model the simulator uses;
-the profiles are those the search's screen computed, shared through the process's profiler.
+the profiles are those the search's screen computed, shared through the process's profiler. A
+model whose layers fix the batch is timed at that batch, its chunks in the same proportions.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def chunk_times(
     n_layers = len(model.layers) if train else len(model.layers) - 1
     chunks = partition(model, s, n_layers)
     prof = cached_profiler(spec, cluster, dtype, train, mixed, tp_comm_overlap, form)
-    b = max(1, model.batch // (s.d * s.k))
+    # a model whose layers fix the batch runs it whole (``Model.fixed_batch``): its chunks timed so
+    b = model.batch if model.fixed_batch is not None else max(1, model.batch // (s.d * s.k))
     place = s.gpus
     n = s.d * s.t
     by_stage = [prof.layers(s.t, b, list(place[j * n : j * n + s.t]), s.recompute, s.sp) for j in range(s.p)]

@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from distir.autodiff.precision import Precision
-from distir.frontends.zoo.registry import ModelSpec
+from distir.frontends.zoo.model import ModelError
+from distir.frontends.zoo.registry import ModelSpec, build_model
 from distir.gcpause import paused_gc
 from distir.hardware.cluster import Cluster, parse_cluster
 from distir.ir.dtensor import Placement
@@ -526,6 +527,7 @@ def search(req: SearchRequest, progress: Progress | None = None) -> SearchOutput
     """Run a search (module docstring); a finished one with the same view comes from the store
     (``distir.search.final``), nothing screened or simulated (``SearchOutput.from_store``)."""
     req = resolve_layout(req)
+    _check_splittable(req)
     if req.store is not None:
         stored = _stored_output(req)
         if stored is not None:
@@ -540,6 +542,22 @@ def search(req: SearchRequest, progress: Progress | None = None) -> SearchOutput
     pooled = lazy_pool(req.workers, req.pool_after_cpu_s) if parallel else contextlib.nullcontext()
     with paused_gc(promote=True), unit_models(), pooled as pool:
         return _search(req, progress, pool)
+
+
+def _check_splittable(req: SearchRequest) -> None:
+    """A model file whose layers fix the batch (``Model.fixed_batch``) cannot be searched: the
+    screen costs each replica's share of the batch, which such layers do not run."""
+    from distir.frontends.files import is_model_file
+
+    if not is_model_file(req.model):
+        return
+    model = build_model(req.model, batch=req.batch, dtype=DType.parse(req.dtype))
+    if model.fixed_batch is not None:
+        raise ModelError(
+            f"{req.model}: its layers fix the batch at {model.fixed_batch} ({model.fixed_by}), so the "
+            "search cannot split it over replicas or microbatches; export it with a dynamic batch dim, "
+            "or simulate a strategy with k=1 (distir simulate)"
+        )
 
 
 def resolve_layout(req: SearchRequest) -> SearchRequest:

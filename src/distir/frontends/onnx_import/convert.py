@@ -109,10 +109,16 @@ def _transposed_copies(arrays: Mapping[str, np.ndarray]) -> dict[str, str]:
         if arr.ndim != 2 or arr.dtype.kind != "f" or name in out.values() or name in out:
             continue
         for other in by_shape.get(arr.shape[::-1], ()):
-            if other != name and other not in out and np.array_equal(arrays[other].T, arr):
+            if other != name and other not in out and _transpose_of(arr, arrays[other]):
                 out[name] = other
                 break
     return out
+
+
+def _transpose_of(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` is ``b`` transposed: ``a``'s first row against ``b``'s first column, then
+    (only when they agree) the whole (most pairs of weights differ in their first elements)."""
+    return bool(np.array_equal(a[0], b[:, 0])) and bool(np.array_equal(b.T, a))
 
 
 def _lookup(

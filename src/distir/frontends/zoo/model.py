@@ -118,6 +118,10 @@ class Model:
     # logits read in the compute dtype); None: its inputs' dtype, so mixed precision casts the
     # logits to fp32 first (``distir.autodiff.precision.with_fp32_loss``)
     loss_dtype: DType | None = None
+    # the batch the layers fix, if they do (an ONNX export's sizes folded into its Reshapes): the
+    # program then runs at that batch only, without microbatches; ``fixed_by`` says what fixes it
+    fixed_batch: int | None = None
+    fixed_by: str = ""
     _by_name: dict[str, WeightSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -142,6 +143,10 @@ def materialize(module: Module) -> Module:
                     local[(o, d)] = lo
             logical.update({o: o for o in instr.outputs})
             continue
+        if all(v in logical for v in instr.inputs) and instr.outputs[0] in const_devices:
+            _derived_constant(fb, instr, const_devices[instr.outputs[0]], local)
+            logical.update({o: o for o in instr.outputs})
+            continue
         for o in instr.outputs:
             if not isinstance(o.type, DTensorType):
                 raise ShardingError(f"`{print_op(instr)}`: results of sharded ops must be DTensors")
@@ -217,10 +222,12 @@ def _op_mesh(op: Op) -> Mesh:
 def _constant_devices(fn: Function) -> dict[Value, tuple[Device, ...]]:
     """Where each constant of the logical program (a plain value) is made: on every device of the
     meshes of the ops that use it; an unused one on the meshes holding its ``device`` (or on the
-    program's only mesh)."""
+    program's only mesh). A value computed from constants alone (an imported model's positions,
+    ``Range`` then ``Unsqueeze``) is a constant made where it is used, and so are its inputs."""
     meshes: dict[Mesh, None] = {}
     users: dict[Value, dict[Device, None]] = {}
     consts: list[tuple[Value, object]] = []
+    derived: list[Op] = []
     for v in fn.params:
         if isinstance(v.type, DTensorType):
             meshes[v.type.mesh] = None
@@ -232,12 +239,22 @@ def _constant_devices(fn: Function) -> dict[Value, tuple[Device, ...]]:
         if not instr.inputs:
             consts.extend((o, instr.attrs.get("device")) for o in instr.outputs)
             continue
+        if not dts:  # computed from constants alone: a constant too
+            derived.append(instr)
+            continue
         for v in instr.inputs:
             if not isinstance(v.type, DTensorType):
                 for m in dts:
                     users.setdefault(v, {}).update(dict.fromkeys(m.devices))
+    for instr in reversed(derived):  # made where its results are used, its inputs with it
+        devs: dict[Device, None] = {}
+        for o in instr.outputs:
+            devs.update(users.get(o, {}))
+        for v in instr.inputs:
+            users.setdefault(v, {}).update(devs)
+    made = [(o, getattr(o.type, "device", None)) for op in derived for o in op.outputs]
     out: dict[Value, tuple[Device, ...]] = {}
-    for v, dev in consts:
+    for v, dev in (*consts, *made):
         if v in users:
             out[v] = tuple(users[v])
             continue
@@ -248,6 +265,22 @@ def _constant_devices(fn: Function) -> dict[Value, tuple[Device, ...]]:
             )
         out[v] = tuple(dict.fromkeys(d for m in holding for d in m.devices))
     return out
+
+
+def _derived_constant(
+    fb: FunctionBuilder, op: Op, devices: Sequence[Device], local: dict[tuple[Value, Device], Value]
+) -> None:
+    """An op of constants alone (``_constant_devices``), once on each of ``devices``."""
+    for d in devices:
+        outs = fb.emit(
+            op.name,
+            [local[(v, d)] for v in op.inputs],
+            op.attrs,
+            [f"{o.name}.{d}" for o in op.outputs],
+            [replace(o.type, device=d) if isinstance(o.type, TensorType) else o.type for o in op.outputs],
+        )
+        for o, lo in zip(op.outputs, outs, strict=True):
+            local[(o, d)] = lo
 
 
 def _mesh_send(fb: FunctionBuilder, op: Op, local: dict[tuple[Value, Device], Value]) -> None:

@@ -1,0 +1,149 @@
+"""An ONNX file as a model at other batches: a dynamic export's sizes that follow the batch become
+batch-free Reshape targets (so microbatches and pipelines run it and equal the sequential step);
+a static export's layers fix the batch, which every command says in one line instead of costing
+the file's batch as another; ``model.onnx:seq=N`` sizes the other dynamic dims."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from distir.frontends.files import file_dims, is_model_file, load_file
+from distir.frontends.zoo.model import ModelError
+from distir.ir.ops import Op
+from distir.parallel.strategy import StrategyError, parse_strategy
+
+
+def _export(path: Path, dynamic: bool) -> Path:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=4, n_positions=16, vocab_size=50, bos_token_id=0, eos_token_id=0
+    )
+    lm = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():  # norms away from their 1/0 init, so no two layers share a tensor
+        for name, p in lm.named_parameters():
+            if "ln_" in name:
+                p.add_(0.1 * torch.randn_like(p))
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = lm
+
+        def forward(self, ids: Any) -> Any:
+            return self.m(input_ids=ids, use_cache=False).logits
+
+    dim = torch.export.Dim
+    torch.onnx.export(
+        Logits().eval(),
+        (torch.randint(0, 50, (2, 8)),),
+        str(path),
+        dynamo=True,
+        input_names=["input_ids"],
+        output_names=["logits"],
+        external_data=False,
+        dynamic_shapes=({0: dim("batch"), 1: dim("seq", max=16)},) if dynamic else None,
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def dynamic(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _export(tmp_path_factory.mktemp("onnx") / "gpt2_dyn.onnx", dynamic=True)
+
+
+@pytest.fixture(scope="module")
+def static(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _export(tmp_path_factory.mktemp("onnx") / "gpt2_static.onnx", dynamic=False)
+
+
+def _reshape_targets(model: Any) -> list[tuple[int, ...]]:
+    block = next(f for f in model.module.functions if f.name == "block")
+    return [tuple(i.attrs["shape"]) for i in block.body if isinstance(i, Op) and i.name == "Reshape"]
+
+
+@pytest.mark.slow
+def test_a_dynamic_exports_batch_sized_targets_become_batch_free(dynamic: Path) -> None:
+    model = load_file(f"{dynamic}:seq=8", 4)
+    assert model.fixed_batch is None and model.batch == 4
+    targets = _reshape_targets(model)
+    # the export's (batch, seq, ...) targets: the batch inferred (-1) or copied (0), never 4
+    assert targets and all(t[0] in (-1, 0) for t in targets if len(t) >= 3)
+    assert all(4 not in t for t in targets)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["d1.t1.p1.k2.1f1b", "d2.t1.p2.k2.1f1b", "d1.t1.p2.k4.gpipe"])
+def test_a_dynamic_export_split_into_microbatches_equals_the_sequential_step(
+    dynamic: Path, strategy: str
+) -> None:
+    from distir.parallel.check import check_against_sequential
+
+    model = load_file(f"{dynamic}:seq=8", 8)
+    cmp = check_against_sequential(model, parse_strategy(strategy))
+    assert cmp.max_rel_diff < 1e-4, f"{cmp.worst} differs by {cmp.max_rel_diff:.2e}"  # f32 sums
+    assert {n for n, r in cmp.results.items() if r[0] == "weight"} >= {w.name for w in model.weights}
+
+
+@pytest.mark.slow
+def test_a_static_exports_layers_fix_the_batch(static: Path) -> None:
+    from distir.autodiff.train import Optimizer
+    from distir.parallel.distribute import distribute
+
+    model = load_file(str(static), 2)
+    assert model.fixed_batch == 2 and "Reshape" in model.fixed_by
+    distribute(model, parse_strategy("d2.t1.p1.k1.1f1b"), Optimizer())  # replicas share it: fine
+    with pytest.raises(StrategyError, match=r"fix the batch at 2 .*k=1"):
+        distribute(model, parse_strategy("d1.t1.p1.k2.1f1b"), Optimizer())
+    with pytest.raises(ModelError, match=r"fix the batch at 2 .* not 4"):
+        load_file(str(static), 4)
+
+
+def test_file_dims_parse_the_sizes_after_the_path() -> None:
+    assert file_dims("a/m.onnx") == ("a/m.onnx", {})
+    assert file_dims(" a/m.ONNX:seq=128,past=4 ") == ("a/m.ONNX", {"seq": 128, "past": 4})
+    assert is_model_file("m.onnx:seq=8") and not is_model_file("hf:cfg:seq=8")
+    for bad in ("m.onnx:seq", "m.onnx:seq=0", "m.onnx:=3", "m.distir:seq=8"):
+        with pytest.raises(ModelError) as e:
+            file_dims(bad)
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_the_cli_says_in_one_line_that_a_static_export_fixes_the_batch(static: Path) -> None:
+    from distir.cli import app
+
+    runner = CliRunner()
+    for args in (
+        ["simulate", "--model", str(static), "--strategy", "d1.t1.p1.k2.1f1b", "--batch", "2"],
+        ["simulate", "--model", str(static), "--strategy", "d1.t1.p1.k1.1f1b", "--batch", "4"],
+        ["search", "--model", str(static), "--cluster", "dgx-a100:1", "--batch", "2"],
+    ):
+        got = runner.invoke(app, [*args, "--cluster", "dgx-a100"] if args[0] == "simulate" else args)
+        assert got.exit_code == 2, got.output
+        lines = [ln for ln in got.output.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "fix the batch at 2" in lines[0], got.output
+    ok = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--model",
+            str(static),
+            "--strategy",
+            "d2.t1.p1.k1.1f1b",
+            "--batch",
+            "2",
+            "--cluster",
+            "dgx-a100",
+        ],
+    )
+    assert ok.exit_code == 0, ok.output
