@@ -147,3 +147,42 @@ def test_the_cli_says_in_one_line_that_a_static_export_fixes_the_batch(static: P
         ],
     )
     assert ok.exit_code == 0, ok.output
+
+
+@pytest.mark.slow
+def test_a_mask_too_large_to_know_is_causal_if_it_was_at_batch_1(
+    dynamic: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hugging Face's (B, 1, S, S) mask, computed from the sizes, is over ``KNOWN_LIMIT`` at a
+    large batch (here the limit lowered so batch 4's is, batch 1's not): the import at batch 1
+    finds it causal and the one at batch 4 fuses the same chains; the result still matches
+    onnxruntime, and the model still splits into microbatches."""
+    ort = pytest.importorskip("onnxruntime")
+    import numpy as np
+
+    import distir
+    from distir.frontends.onnx_import import import_onnx, values
+    from distir.interp.reference import run_reference
+    from distir.parallel.check import check_against_sequential
+
+    monkeypatch.setattr(values, "KNOWN_LIMIT", 100)  # 1 × 1 × 8 × 8 known, 4 × 1 × 8 × 8 not
+    one = import_onnx(str(dynamic), dims={"seq": 8}, batch=1)
+    assert len(one.causal) == 2  # both blocks' attention
+    plain = import_onnx(str(dynamic), dims={"seq": 8}, batch=4)
+    hinted = import_onnx(str(dynamic), dims={"seq": 8}, batch=4, causal_at=one.causal)
+
+    def ops(imp: Any) -> list[str]:
+        return [i.name for f in imp.module.functions for i in f.body if isinstance(i, Op)]
+
+    assert "Attention" not in ops(plain) and "Softmax" in ops(plain)
+    assert "Attention" in ops(hinted) and "Softmax" not in ops(hinted)
+    ids = np.random.default_rng(0).integers(0, 50, (4, 8))
+    got = run_reference(distir.check(hinted.module), hinted.arguments({"input_ids": ids}))
+    sess = ort.InferenceSession(dynamic.read_bytes(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(
+        np.asarray(got[0]), sess.run(None, {"input_ids": ids})[0], rtol=1e-4, atol=1e-5
+    )
+    model = load_file(f"{dynamic}:seq=8", 4)
+    assert model.fixed_batch is None
+    cmp = check_against_sequential(model, parse_strategy("d2.t1.p1.k2.1f1b"))
+    assert cmp.max_rel_diff < 1e-4, f"{cmp.worst} differs by {cmp.max_rel_diff:.2e}"

@@ -121,16 +121,23 @@ def _onnx(path: Path, mtime: int, batch: int, dtype: DType, dims: dict[str, int]
     # dynamic export's sizes) and what does not (``to_model``)
     key = tuple(sorted(dims.items()))
     other = _onnx_import(path, mtime, other_batch(batch), key)
-    imp = other if batch == other_batch(batch) else _onnx_import.__wrapped__(path, mtime, batch, key)
-    return to_model(imp, path.stem, batch, other)
+    # a causal mask known at batch 1 is causal at this batch too, where it may be too large to know
+    main = (
+        other
+        if batch == other_batch(batch)
+        else _onnx_import.__wrapped__(path, mtime, batch, key, other.causal)
+    )
+    return to_model(main, path.stem, batch, other)
 
 
 @functools.lru_cache(maxsize=1)  # the other batch's, for every batch the process builds
-def _onnx_import(path: Path, mtime: int, batch: int, dims: tuple[tuple[str, int], ...]) -> OnnxImport:
+def _onnx_import(
+    path: Path, mtime: int, batch: int, dims: tuple[tuple[str, int], ...], causal_at: tuple[int, ...] = ()
+) -> OnnxImport:
     """The import at ``batch`` without the weights' values (a model holds none)."""
     from distir.frontends.onnx_import import import_onnx
 
-    imp = import_onnx(path, dims=dict(dims), batch=batch)
+    imp = import_onnx(path, dims=dict(dims), batch=batch, causal_at=causal_at)
     return replace(imp, weights=tuple(replace(w, value=None) for w in imp.weights))
 
 

@@ -25,7 +25,7 @@ dynamic dim without a size, a shape input only known at run time where distir ne
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,8 @@ D0 = Device(0)
 class OnnxImport:
     """An imported model: the module, its entry's parameters (graph inputs, then weights with
     their values), the graph's output names, the layer functions called in order (empty: one
-    function), weights several layers use, why there are no layers, and the model's opset."""
+    function), weights several layers use, why there are no layers, the model's opset and the
+    graph nodes whose attention was fused with a causal mask (``attention.fuse_attention``)."""
 
     module: Module
     inputs: tuple[Param, ...]
@@ -60,6 +61,7 @@ class OnnxImport:
     shared: tuple[str, ...]
     note: str
     opset: int
+    causal: tuple[int, ...] = ()
 
     @property
     def num_params(self) -> int:
@@ -96,11 +98,13 @@ def import_onnx(
     batch: int = 1,
     layers: bool = True,
     device: Device = D0,
+    causal_at: Collection[int] = (),
 ) -> OnnxImport:
-    """Import an ONNX model from a path or its bytes (see the module docstring)."""
+    """Import an ONNX model from a path or its bytes (see the module docstring); ``causal_at``:
+    the ``causal`` nodes of an import of the same file at a smaller batch (``fuse_attention``)."""
     model = read_model(source)
     conv = convert(model, dims or {}, batch, device)
-    fuse_attention(conv.program, conv.outputs)
+    causal = fuse_attention(conv.program, conv.outputs, frozenset(causal_at))
     fuse_gelu_tanh(conv.program, conv.outputs)
     if layers:
         scopes = [scopes_of(n) for n in model.graph.node]
@@ -118,6 +122,7 @@ def import_onnx(
         shared=shared,
         note=note,
         opset=model.opset,
+        causal=causal,
     )
 
 

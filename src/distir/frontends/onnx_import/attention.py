@@ -10,6 +10,15 @@ scale=...)`` in its BSHD layout, the head transposes around it cancelled where t
 inputs come from one and its result goes to one. The mask, if nothing else reads it, is no longer
 a weight. A mask of another shape or pattern (padding, a window), a scale that is not a
 constant, or an intermediate read elsewhere leaves the chain as the exporter wrote it.
+
+A mask the exporter computes from the sizes for the whole batch ((B, 1, S, S): Hugging Face's
+``sdpa_mask``, a batch index broadcast against the positions) is too large to know at a large
+batch (``KNOWN_LIMIT``). The same file imported at batch 1 knows it (while 1 × S × S is under
+the limit: S ≤ 1,448); the chains whose mask is causal there (``fuse_attention``'s result, by
+graph node) are causal at the larger batch too (``causal_at``) when the mask there is computed,
+not read from a weight, and of shape (B, 1, S, S): the graph is the same and its sizes differ
+only in the batch. Assumed: a mask computed from the sizes treats every batch index alike, as
+the exporters' causal masks do (Hugging Face's broadcasts the batch index away).
 """
 
 from __future__ import annotations
@@ -37,16 +46,28 @@ class _Chain:
     inner: tuple[Op, ...]  # the chain's other ops
 
 
-def fuse_attention(program: Program, outputs: tuple[Value, ...]) -> None:
-    """Rewrite every matched chain of ``program`` in place (module docstring)."""
+def fuse_attention(
+    program: Program, outputs: tuple[Value, ...], causal_at: frozenset[int] = frozenset()
+) -> tuple[int, ...]:
+    """Rewrite every matched chain of ``program`` in place (module docstring). ``causal_at``: the
+    graph nodes (indices of their product with v) whose chain the same file, imported at a
+    smaller batch, masked causally (``CausalHint``). Returns the nodes of the chains fused with a
+    causal mask."""
     made, uses = program.dataflow(outputs)
-    chains = [c for op in program.ops if (c := _chain(program, op, made, uses)) is not None]
+    at = dict(zip(map(id, program.ops), program.origin, strict=True))
+    chains = [
+        c for op in program.ops if (c := _chain(program, op, made, uses, at[id(op)] in causal_at)) is not None
+    ]
     if chains:
         _rewrite(program, chains, made, outputs)
+    return tuple(at[id(c.last)] for c in chains if c.causal)
 
 
-def _chain(program: Program, last: Op, made: dict[Value, Op], uses: dict[Value, int]) -> _Chain | None:
-    """The attention chain whose product with v is ``last``, or None."""
+def _chain(
+    program: Program, last: Op, made: dict[Value, Op], uses: dict[Value, int], hinted: bool = False
+) -> _Chain | None:
+    """The attention chain whose product with v is ``last``, or None (``hinted``: a mask too large
+    to know is causal if it was at a smaller batch, ``CausalHint``)."""
     if last.name != "MatMul" or len(last.inputs) != 2 or last.attrs.get("transA") or last.attrs.get("transB"):
         return None
     p, v = last.inputs
@@ -77,7 +98,7 @@ def _chain(program: Program, last: Op, made: dict[Value, Op], uses: dict[Value, 
     k = _untransposed(program, kt, made, uses, inner)
     if k is None or not _alike(program, q, k, v):
         return None
-    if mask is not None and not _is_causal(program, mask, program.type(q).shape[2]):
+    if mask is not None and not _is_causal(program, mask, program.type(q).shape[2], hinted):
         return None
     return _Chain(q, k, v, cq * ck, mask is not None, last, tuple(inner))
 
@@ -166,12 +187,17 @@ def _alike(program: Program, q: Value, k: Value, v: Value) -> bool:
     )
 
 
-def _is_causal(program: Program, mask: Value, s: int) -> bool:
-    """Whether ``mask``'s known value is the causal mask over ``s`` positions."""
+def _is_causal(program: Program, mask: Value, s: int, hinted: bool) -> bool:
+    """Whether ``mask``'s known value is the causal mask over ``s`` positions; a value too large
+    to know (computed from the sizes, not read from a weight), ``hinted``, is (``CausalHint``)."""
     value = program.known(mask)
     if value is None:
         value = next((p.value for v, p in program.params if v is mask), None)
-    return value is not None and causal_mask(np.asarray(value), s)
+    if value is None:
+        t = program.type(mask)
+        weight = any(v is mask for v, _ in program.params)
+        return hinted and not weight and t.rank == 4 and t.shape[-2:] == (s, s) and t.shape[1] == 1
+    return causal_mask(np.asarray(value), s)
 
 
 def causal_mask(m: np.ndarray, s: int) -> bool:
