@@ -9,14 +9,22 @@ from dataclasses import replace
 import pytest
 
 import distir
+from distir.autodiff.train import Optimizer
+from distir.frontends.zoo.registry import build_model
+from distir.hardware.cluster import parse_cluster
 from distir.ir import parse_module
 from distir.ir.values import Device
 from distir.ops.registry import CommCost, CommPattern
+from distir.parallel.distribute import device_map, distribute
+from distir.parallel.strategy import parse_strategy
 from distir.sim.cost import EAGER_HOST_S, FixedCostModel, RooflineCostModel, charged
 from distir.sim.devices import DeviceMap, Slot
 from distir.sim.simulate import simulate
+from sim.test_figures_unchanged import figures
 from sim.test_interference import DMAP, program  # tests/ is on sys.path
 from sim.test_simulate import _devs, tiny_cluster
+
+GPT = "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128"
 
 
 def _run(n: int, wait: bool, cost: object, blocking: bool) -> float:
@@ -73,3 +81,18 @@ def test_a_coalesced_part_and_a_local_hand_over_pay_no_host_time() -> None:
     assert charged(host, call, [0, 1]) == pytest.approx(charged(base, call, [0, 1]) + EAGER_HOST_S, abs=1e-15)
     local = CommCost(CommPattern.P2P, 2**20, (Device(0), Device(2)))
     assert host.comm_time(local, [0, 0]) == base.comm_time(local, [0, 0]) == 0.0
+
+
+@pytest.mark.parametrize("strategy", ["d2.t2.p2.k4.1f1b", "d4.z1", "d2.t2.sp.p2.k2.z1.1f1b.rsel"])
+def test_the_reference_gives_the_fast_planners_figures_with_every_stream_on_one(strategy: str) -> None:
+    """Several program devices on one slot (the compute, send and reduction streams' devices of
+    each GPU): both planners agree, and the step is longer than with the streams apart and no host time."""
+    s = parse_strategy(strategy)
+    prog = distribute(build_model(GPT, 8), s, Optimizer("adam"), comm_streams=True)
+    cl = parse_cluster("p3.8xlarge:2")
+    dmap = device_map(s, True)
+    cost = RooflineCostModel(cl, host_s=EAGER_HOST_S)
+    ref = figures(simulate(prog, cl, dmap.blocking(), cost, batch=8, planner="reference"))
+    assert ref == figures(simulate(prog, cl, dmap.blocking(), cost, batch=8))
+    apart = simulate(prog, cl, dmap, RooflineCostModel(cl), batch=8).step_time_s
+    assert float(ref["step_time_s"]) > apart
