@@ -234,6 +234,10 @@ class Run:
     # if_over (Megatron-LM's and DeepSpeed's host-side test; costed as not run)
     max_norm: float = 0.0
     clip_scale: str = "always"
+    # CUDA_LAUNCH_BLOCKING=1 in the launch script: every kernel launch synchronous, so each GPU's
+    # kernels run one at a time in issue order (``DeviceMap.blocking``) and the host's time per
+    # op runs in series with them (``RooflineCostModel(host_s=EAGER_HOST_S)``)
+    launch_blocking: bool = False
 
 
 _TYPES: dict[str, type] = {"int": int, "str": str, "bool": bool, "float": float}
@@ -295,6 +299,8 @@ def _check(r: Run, where: str) -> None:
             f"{where}.attention_kernel: expected one of {', '.join(ATTENTION_KERNELS)}, "
             f"got {r.attention_kernel!r}"
         )
+    if r.launch_blocking and r.tp_comm_overlap:
+        raise RunsError(f"{where}: launch_blocking runs one kernel at a time, tp_comm_overlap two")
     if r.ring_form not in RING_FORMS:
         raise RunsError(f"{where}.ring_form: expected one of {', '.join(RING_FORMS)}, got {r.ring_form!r}")
     if r.precision not in PRECISIONS:
@@ -540,7 +546,7 @@ def _simulated(
     from distir.parallel.distribute import device_map, distribute
     from distir.search.chunk_times import chunk_times
     from distir.search.profile import TrainerForm
-    from distir.sim.cost import RooflineCostModel
+    from distir.sim.cost import EAGER_HOST_S, RooflineCostModel
     from distir.sim.simulate import simulate
 
     spec, st, cl = zoo_model(r.model), strategy_of(r.strategy), cluster_of(r.cluster)
@@ -587,8 +593,9 @@ def _simulated(
         tp_overlap_form=r.tp_overlap_form,
         comm_interference=v.interference,
         ring_form=r.ring_form,
+        host_s=EAGER_HOST_S if r.launch_blocking else 0.0,
     )
-    dmap = device_map(st, True)
+    dmap = device_map(st, True).blocking() if r.launch_blocking else device_map(st, True)
     profile = cl.device_spec(0).gemm
     if v.persistent and v.interference and profile is not None and profile.persistent:
         first = simulate(prog, cl, dmap, cost, batch=batch, trace=True, trace_detail="op")

@@ -389,6 +389,22 @@ def test_simulate_as_a_trainer_runs_it() -> None:
     assert code == 2 and "--trainer apply to --model" in err
 
 
+def test_simulate_launch_blocking() -> None:
+    """``--launch-blocking``: a pipeline with send and reduction streams runs each GPU's kernels
+    in series, with the host's time per kernel; the JSON says so; not with --tp-comm-overlap."""
+    base = ["simulate", "--model", "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128"]
+    base += ["--strategy", "d2.t2.p2.k4.1f1b", "--batch", "8", "--cluster", "p3.8xlarge:2", "--json"]
+    got = {}
+    for extra in ([], ["--launch-blocking"]):
+        code, out, err = run(*base, *extra)
+        assert code == 0, err
+        got[bool(extra)] = json.loads(out)
+    assert got[False]["launch_blocking"] is False and got[True]["launch_blocking"] is True
+    assert got[True]["step_time_s"] > got[False]["step_time_s"]
+    code, _, err = run(*base, "--launch-blocking", "--tp-comm-overlap")
+    assert code == 2 and "--launch-blocking runs one kernel at a time" in err
+
+
 def test_simulate_bucket_size() -> None:
     """``--bucket-mb``: smaller buckets start reducing earlier, so ZeRO-2 holds less unreduced
     gradient at once; a size that is not positive is a one-line error; a program file has none."""

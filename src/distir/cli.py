@@ -336,6 +336,15 @@ _SimFp32GradAccum = Annotated[
         "into fp32 ones, which are reduced and stepped on (DeepSpeed's BF16_Optimizer).",
     ),
 ]
+_SimLaunchBlocking = Annotated[
+    bool,
+    typer.Option(
+        "--launch-blocking",
+        help="Every kernel launch synchronous, as CUDA_LAUNCH_BLOCKING=1 makes them: each GPU runs "
+        "its streams' kernels one at a time in program order, the host's time per kernel (2 us, "
+        "a lower bound) in series with them. Not with --tp-comm-overlap.",
+    ),
+]
 _SimClipGrad = Annotated[
     float | None,
     typer.Option(
@@ -424,6 +433,7 @@ def simulate(
     attention_kernel: _SimAttentionKernel = None,
     trainer: _SimTrainer = "distir",
     tp_comm_overlap: _SimTpCommOverlap = False,
+    launch_blocking: _SimLaunchBlocking = False,
     bucket_mb: _SimBucketMb = 25.0,
     overlap_param_gather: _SimOverlapParamGather = False,
     deepspeed_pipe: _SimDeepspeedPipe = False,
@@ -447,6 +457,7 @@ def simulate(
     from distir.sim.summary import summary_dict
 
     _check_simulate_options(file, model, kernels, attention_kernel, trace_detail, trace, trainer, clip_grad)
+    _check_blocking(launch_blocking, tp_comm_overlap)
     traced_gpus = _traced_gpus(trace_gpus, trace)
     _check_planner(planner, trace)
     switches = _SimSwitches(
@@ -495,6 +506,7 @@ def simulate(
         semantics.ring_form if semantics else "p2p",
         traced_gpus,
         max_ops,
+        launch_blocking,
     )
     result = dataclasses.replace(result, model_flops=model_flops)
     _write_simulation_trace(result, trace, file)
@@ -504,9 +516,16 @@ def simulate(
         fields = _strategy_json(model, strategy, batch, dtype, precision) if model is not None else {}
         options = _sim_options(cluster, kernels, attention_kernel, semantics, built_spec)
         traced = _trace_json(trace, trace_detail, trace_gpus)
-        _emit_json({**where, **fields, **options, "tp_comm_overlap": tp_comm_overlap, **summary, **traced})
+        blocking = {"tp_comm_overlap": tp_comm_overlap, "launch_blocking": launch_blocking}
+        _emit_json({**where, **fields, **options, **blocking, **summary, **traced})
         return
     _print_simulation(result, summary, f"{source} on {cluster}", trace)
+
+
+def _check_blocking(launch_blocking: bool, tp_comm_overlap: bool) -> None:
+    """``--launch-blocking`` runs one kernel at a time: not beside ``--tp-comm-overlap``."""
+    if launch_blocking and tp_comm_overlap:
+        _fail("--launch-blocking runs one kernel at a time, --tp-comm-overlap two: give one")
 
 
 def _trace_json(trace: Path | None, detail: str, gpus: str | None) -> dict[str, str | None]:
@@ -675,17 +694,22 @@ def _run_simulation(
     ring_form: str = "p2p",
     trace_gpus: frozenset[int] | None = None,
     max_ops: int = MAX_OPS.max,
+    launch_blocking: bool = False,
 ) -> Any:
     """The simulator's result for ``m`` on ``cl`` under the roofline cost model (errors located
     in ``file`` when there is one); ``allocator``: with the caching allocator's reserved peak;
-    ``ring_form``: the trainer's ring attention (``RooflineCostModel.ring_form``)."""
-    from distir.sim.cost import RooflineCostModel
+    ``ring_form``: the trainer's ring attention (``RooflineCostModel.ring_form``);
+    ``launch_blocking``: every launch synchronous (``DeviceMap.blocking``, ``host_s``)."""
+    from distir.sim.cost import EAGER_HOST_S, RooflineCostModel
     from distir.sim.devices import DeviceMapError
     from distir.sim.simulate import simulate as run_sim
 
     guard = _Session(file, debug).guard if file is not None else _plain_guard(debug)
     try:
         cost = RooflineCostModel.of_kernels(cl, kernels, attention_kernel, tp_comm_overlap, ring_form)
+        if launch_blocking:  # a default map (None) has one device per GPU: no streams to join
+            cost = dataclasses.replace(cost, host_s=EAGER_HOST_S)
+            dmap = dmap.blocking() if dmap is not None else None
         return guard(
             lambda: run_sim(
                 m,

@@ -153,6 +153,11 @@ def _with_attention_kernel(text: str, kernel: str) -> str:
             ),
             "memory_gib: expected float",
         ),
+        (
+            # the first record (Megatron-LM's) overlaps its tensor-parallel collectives
+            lambda t: re.sub(r"^(trainer = .*)$", r"\1\nlaunch_blocking = true", t, count=1, flags=re.M),
+            "launch_blocking runs one kernel at a time",
+        ),
     ],
 )
 def test_loader_names_a_bad_record(tmp_path: Path, edit: object, message: str) -> None:
@@ -299,3 +304,8 @@ def test_gemm_share_walks_the_plan_as_the_op_trace_times_it() -> None:
     slow, _ = vp._simulated(run, vp.Variant(persistent=True))
     fast, _ = vp._simulated(run, vp.AS_PUBLISHED)
     assert slow.step_time_s > fast.step_time_s
+
+
+def test_only_bloom_launches_its_kernels_synchronously() -> None:
+    # tr11-176B-ml.slurm exports CUDA_LAUNCH_BLOCKING=1; no other record's launcher does
+    assert [r.name for r in RUNS if r.launch_blocking] == ["bloom-176b"]

@@ -62,6 +62,13 @@ from distir.sim.fusion import FusedInput
 KERNELS = ("fused", "inductor", "eager")
 # how a trainer overlaps tensor-parallel collectives with GEMMs (``RooflineCostModel.tp_overlap_form``)
 TP_OVERLAP_FORMS = ("te", "async")
+# the host's time for one eager PyTorch op, beyond the launch the device's ``launch_overhead_s``
+# charges (``RooflineCostModel.host_s`` under synchronous launches): "Overhead for torch functions
+# when run on torch.Tensor objects is on the order of 2 μs" (pytorch/pytorch
+# benchmarks/overrides_benchmark/README.md at 17dc58b; its bench.py times torch.add of two
+# one-element CPU tensors, the best of 1000 runs of 1000 calls). A lower bound of an op's host
+# time in training: no autograd recording, no CUDA launch, no caller's Python
+EAGER_HOST_S = 2e-6
 
 # by cost class (``OpDef.cost_class``); a class not listed takes ``default_flop_efficiency``
 DEFAULT_FLOP_EFFICIENCY: Mapping[str, float] = {
@@ -164,7 +171,12 @@ class RooflineCostModel:
     not known, every kernel slows by the SMs NCCL holds); ``ring_form``: the ring attention the
     trainer runs under context parallelism (``distir.parallel.context.RING_FORMS``): ``p2p``
     (Megatron-LM's, Transformer Engine's) or ``torch`` (PyTorch's ``context_parallel``, as
-    torchtitan runs it; ``distir.sim.ring``)."""
+    torchtitan runs it; ``distir.sim.ring``); ``host_s``: the host's time for each kernel it
+    launches (a compute op's kernel, a collective call, a send), charged in series with the
+    kernel: where every launch is synchronous (``CUDA_LAUNCH_BLOCKING=1``) the host reaches the
+    next op only once the kernel has run, so the GPU waits through the host's work between
+    kernels (``distir.sim.devices.DeviceMap.blocking`` serialises the streams); 0 (the default)
+    where the host runs ahead of the GPU and its time is hidden."""
 
     cluster: Cluster
     allow_tf32: bool = False
@@ -181,6 +193,7 @@ class RooflineCostModel:
     eager: bool = False
     gemm_share: float | None = None
     ring_form: str = "p2p"
+    host_s: float = 0.0
 
     @classmethod
     def of_kernels(
@@ -217,7 +230,7 @@ class RooflineCostModel:
         rates = _rates(spec, opdef)
         if flops <= 0 and nbytes <= 0:
             return 0.0 if rates is None else rates.launch_s
-        launch = spec.launch_overhead_s if rates is None else rates.launch_s
+        launch = self.host_s + (spec.launch_overhead_s if rates is None else rates.launch_s)
         split = self._inductor_split(opdef, ins)
         if split:
             nbytes += split
@@ -257,7 +270,7 @@ class RooflineCostModel:
             return self._roofline(spec, opdef, ins, outs, attrs, flops, nbytes)
         # Inductor's second kernel is one of its own: launched, reading its inputs from memory
         rates = _rates(spec, opdef)
-        launch = spec.launch_overhead_s if rates is None else rates.launch_s
+        launch = self.host_s + (spec.launch_overhead_s if rates is None else rates.launch_s)
         return launch + self._roofline(spec, opdef, ins, outs, attrs, flops, nbytes + split)
 
     def _roofline(
@@ -324,6 +337,14 @@ class RooflineCostModel:
         return g.overlap_share(self.gemm_share) if g is not None and self.comm_interference else 0.0
 
     def comm_time(self, cost: CommCost, gpus: Sequence[int]) -> float:
+        """The call's time by its pattern's model, plus ``host_s`` for its kernel: none for a
+        hand-over between two streams of one GPU (no kernel), and a coalesced part pays none
+        (``charged``: the call's first part launched it)."""
+        t = self._comm_time(cost, gpus)
+        local = cost.pattern is CommPattern.P2P and gpus[0] == gpus[-1]
+        return t if local else t + self.host_s
+
+    def _comm_time(self, cost: CommCost, gpus: Sequence[int]) -> float:
         if cost.pattern is CommPattern.P2P:
             return coll.send_time(self.cluster, cost.nbytes, gpus[0], gpus[-1])
         if cost.pattern in (CommPattern.SCATTER, CommPattern.GATHER) and cost.root is not None:

@@ -68,6 +68,18 @@ class DeviceMap:
     def gpu(self, d: Device) -> int:
         return self.mapping[d].gpu
 
+    def blocking(self) -> DeviceMap:
+        """This map with every program device on its GPU's compute stream: the GPUs of a trainer
+        whose kernel launches are synchronous (``CUDA_LAUNCH_BLOCKING=1``, which disables the
+        asynchronicity of kernel launches: CUDA C++ Programming Guide, "Concurrent Execution
+        between Host and Device"; PyTorch's "CUDA semantics", "Asynchronous execution": it
+        forces synchronous computation). Each launch returns once its kernel has run, so a host
+        thread issues its next kernel, on whichever stream, only then: no two kernels of a GPU
+        overlap, and they run in the order the program issues them (a collective or send on a
+        communication stream included). The host's own time between them is the cost model's
+        (``RooflineCostModel.host_s``)."""
+        return DeviceMap({d: Slot(s.gpu) for d, s in self.mapping.items()})
+
     @staticmethod
     def default(devices: Iterable[Device], num_gpus: int) -> DeviceMap:
         devs = sorted(set(devices))
