@@ -1589,30 +1589,25 @@ def models(json_out: JsonOpt = False) -> None:
 
 
 def _onnx_model(path: str, batch: int, dt: Any, staged: bool) -> Any:
-    """An ONNX file as a model with the zoo's cross-entropy loss, imported at ``batch`` (dim 0 of
-    its inputs when dynamic); f32 only; split options do not apply."""
-    from distir.frontends.onnx_import import import_onnx
-    from distir.frontends.onnx_import.model import to_model
+    """An ONNX file (``model.onnx[:dim=N,...]``) as a model with the zoo's cross-entropy loss, at
+    ``batch`` (``distir.frontends.files``); f32 only; split options do not apply."""
+    from distir.frontends.files import load_file
     from distir.frontends.zoo.model import ModelError
-    from distir.ir.types import DType
 
     if staged:
         raise ModelError(
             "--split/--multi-use apply to PyTorch models (hf:PATH, module:factory), not ONNX files"
         )
-    if dt is not DType.f32:
-        raise ModelError(f"an ONNX model imports in the precision of its file (f32), not --dtype {dt}")
-    if not Path(path).expanduser().is_file():
-        raise ModelError(f"{path}: no such ONNX file")
-    return to_model(import_onnx(Path(path).expanduser(), batch=batch), name=Path(path).stem)
+    return load_file(path, batch, dt)
 
 
 def _imported(spec: str, batch: int, dt: Any, split: tuple[str, ...], multi_use: str) -> Any:
     """The model of ``distir import``: an ONNX file's (``to_model``, at ``batch``), with split
     options the torch importer's stages, else the model string's."""
+    from distir.frontends.files import file_dims, is_model_file
     from distir.frontends.zoo import build_model
 
-    if spec.endswith(".onnx"):
+    if is_model_file(spec) and file_dims(spec)[0].lower().endswith(".onnx"):
         return _onnx_model(spec, batch, dt, bool(split) or multi_use != "replicate")
     if not split and multi_use == "replicate":
         return build_model(spec, batch=batch, dtype=dt)

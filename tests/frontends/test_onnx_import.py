@@ -599,4 +599,4 @@ def test_distir_import_of_an_onnx_file_prints_its_program_and_summary(gpt2_onnx:
         r = CliRunner().invoke(app, ["import", str(gpt2_onnx), *bad])
         assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     r = CliRunner().invoke(app, ["import", str(gpt2_onnx.with_name("missing.onnx"))])
-    assert r.exit_code == 2 and "no such ONNX file" in r.stderr
+    assert r.exit_code == 2 and "no such model file" in r.stderr

@@ -169,7 +169,8 @@ def _input_type(vi: Any, dims: Mapping[str, int], batch: int, device: Device) ->
         else:
             name = d.dim_param or "unnamed"
             raise OnnxImportError(
-                f"graph input {vi.name}: dim {i} ({name}) is dynamic; give its size (dims={{{name!r}: n}})"
+                f"graph input {vi.name}: dim {i} ({name}) is dynamic; give its size "
+                f"(dims={{{name!r}: n}}; on the command line model.onnx:{name}=n)"
             )
     return TensorType(dt, tuple(shape), device)
 
