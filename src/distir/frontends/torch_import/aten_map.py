@@ -176,6 +176,18 @@ def _split(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> tuple[Value, ...]:
     return cx.ops("Split", _v(x), n=len(sizes), dim=dim, sizes=tuple(sizes))
 
 
+def _chunk(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> tuple[Value, ...]:
+    """``chunk(x, n, dim)``: pieces of ceil(size / n) along ``dim``, the last what remains
+    (fewer than n pieces when they run out, as torch's)."""
+    x, n = a[0], a[1]
+    dim = _axis(a[2] if len(a) > 2 else kw.get("dim", 0), len(x.shape))
+    total = x.shape[dim]
+    if total is None:
+        raise NotImplementedError("chunking the batch dim")
+    step = -(-total // n)
+    return _split(cx, (x, step, dim), {})
+
+
 # -- normalization, attention, embedding -------------------------------------------------------
 def _layer_norm(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
     x, shape = a[0], a[1]
@@ -362,6 +374,7 @@ ATEN: dict[str, Emitter] = {
     "aten.cat": _cat,
     "aten.split": _split,
     "aten.split_with_sizes": _split,
+    "aten.chunk": _chunk,
     "aten.layer_norm": _layer_norm,
     "aten.rms_norm": _rms_norm,
     "aten.scaled_dot_product_attention": _sdpa,

@@ -52,6 +52,7 @@ from distir.limits import MAX_CONSTANT, is_digits
 from distir.ops.registry import REGISTRY
 
 D0 = Device(0)
+PROBE = 2  # the batch a constant with a batch dim is evaluated at
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,13 +207,21 @@ class Converter:
                     self.kind[n.name] = "none"
                 elif _is_symint(val):
                     self.kind[n.name] = "const" if not _symbolic(val) else "sym"
-                elif all(k == "const" for k in ins) and not _has_symbols(val):
-                    self.kind[n.name] = "const"
+                elif all(k in ("const", "sym") for k in ins) and self._batch_only(val):
+                    self.kind[n.name] = "const"  # the same for every sample (a mask of ones)
                 else:
                     self.kind[n.name] = "tensor"
 
+    def _batch_only(self, val: Any) -> bool:
+        """Whether ``val``'s shape has no symbolic dim but the batch itself (not a multiple)."""
+        shape = getattr(val, "shape", None)
+        return shape is not None and all(not _symbolic(d) or d.node.expr == self.batch for d in shape)
+
     # -- constants -------------------------------------------------------------------------
     def const(self, n: Any) -> Any:
+        """The value of constant ``n``, a shape's size or a tensor computed from buffers, literals
+        and sizes; a batch-sized dim is evaluated at ``PROBE`` samples (``_constant_value`` keeps
+        one row of it, the rows being equal)."""
         if n.name in self.consts:
             return self.consts[n.name]
         import torch
@@ -226,14 +235,14 @@ class Converter:
                 return torch.device("cpu")
             return a
 
-        args = real(n.args)
-        kwargs = {k: real(v) for k, v in n.kwargs.items()}
-        if "device" in kwargs:
-            kwargs["device"] = torch.device("cpu")
         val = n.meta.get("val")
         if _is_symint(val):
-            v: Any = int(val)
+            v: Any = int(val.node.expr.subs(self.batch, PROBE)) if _symbolic(val) else int(val)
         else:
+            args = real(n.args)
+            kwargs = {k: real(v) for k, v in n.kwargs.items()}
+            if "device" in kwargs:
+                kwargs["device"] = torch.device("cpu")
             with torch.no_grad():
                 v = n.target(*args, **kwargs)
         if isinstance(v, torch.Tensor) and v.device.type == "meta":
@@ -254,6 +263,7 @@ class Converter:
                 "buffers off the meta device; parameters may stay there)"
             )
         arr = c.detach().cpu().numpy() if isinstance(c, torch.Tensor) else np.asarray(c)
+        arr = self._one_sample(n, arr)
         if arr.size > MAX_CONSTANT.max:
             raise StructureError(
                 f"constant {n.name} ({_location(n)}) has {arr.size:,} elements, above the "
@@ -266,6 +276,21 @@ class Converter:
             value = _nested(arr.astype(dt.to_numpy()) if arr.dtype.kind in "fiu" else arr)
             (b.values[key],) = b.fb.op("Constant", names=["const"], value=value, dtype=dt, device=D0)
         return TArg(b.values[key], tuple(arr.shape), (False,) * arr.ndim, arr)
+
+    def _one_sample(self, n: Any, arr: np.ndarray) -> np.ndarray:
+        """A constant with batch dims (evaluated at ``PROBE`` samples) as one sample (size 1 on
+        them: broadcast where it is used), when every sample's value is the same; else an error."""
+        shape, batch = self.shape_of(n) if hasattr(n.meta.get("val"), "shape") else ((), ())
+        for d, is_batch in enumerate(batch):
+            if not is_batch:
+                continue
+            first = np.take(arr, [0], axis=d)
+            if not np.array_equal(np.broadcast_to(first, arr.shape), arr):
+                raise StructureError(
+                    f"constant {n.name} ({_location(n)}) differs between the samples of a batch"
+                )
+            arr = first
+        return arr
 
     # -- arguments ---------------------------------------------------------------------------
     def shape_of(self, n: Any) -> tuple[tuple[int | None, ...], tuple[bool, ...]]:
@@ -407,7 +432,10 @@ class Converter:
                 self.layer_of[n.name] = lay
         self._match_patterns(tensors)
         for n in tensors:
-            if n.name not in self.skip:
+            if n.name in self.skip:  # a pattern's node: poisoned with its inputs, for the pattern's
+                if any(a.name in self.poisoned for a in n.all_input_nodes):
+                    self.poisoned.add(n.name)
+            else:
                 before = len(self._builder(self.layer_of[n.name].key).fb)
                 self._emit(n)
                 if self.stage_of is not None:
