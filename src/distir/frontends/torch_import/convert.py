@@ -53,6 +53,8 @@ from distir.ops.registry import REGISTRY
 
 D0 = Device(0)
 PROBE = 2  # the batch a constant with a batch dim is evaluated at
+# an additive attention mask's value that hides a key: exp of it is 0 in every float format
+MASKED = -1e4
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +155,7 @@ class Converter:
         self.consts: dict[str, Any] = {}  # evaluated constants (torch tensors / numbers)
         self.unsupported: dict[str, list[str]] = defaultdict(list)
         self.poisoned: set[str] = set()
+        self.causal_masks: dict[str, bool] = {}  # attention mask node → whether it is the causal one
         self.layer_of: dict[str, LayerOf] = {}
         self.builders: dict[str, _Builder] = {}
         self.order: list[str] = []
@@ -187,7 +190,8 @@ class Converter:
             linear = [
                 u for u in n.users if _packet(u) == "aten.linear" and len(u.args) > 1 and u.args[1] is n
             ]
-            transposed = len(shape) == 2 and bool(linear) and len(linear) == len(n.users)
+            flips = [u for u in n.users if _is_flip(u)]  # x @ W.T (Falcon's, GPT-J's linear layers)
+            transposed = len(shape) == 2 and bool(linear or flips) and len(linear) + len(flips) == len(n.users)
             stored = shape[::-1] if transposed else shape
             out[n.name] = Param(name, stored, transposed, bool(linear) and not transposed)
         return out
@@ -214,8 +218,10 @@ class Converter:
 
     def _batch_only(self, val: Any) -> bool:
         """Whether ``val``'s shape has no symbolic dim but the batch itself (not a multiple)."""
-        shape = getattr(val, "shape", None)
-        return shape is not None and all(not _symbolic(d) or d.node.expr == self.batch for d in shape)
+        if isinstance(val, list | tuple):
+            return all(self._batch_only(v) for v in val)
+        shape = getattr(val, "shape", ())
+        return all(not _symbolic(d) or d.node.expr == self.batch for d in shape)
 
     # -- constants -------------------------------------------------------------------------
     def const(self, n: Any) -> Any:
@@ -489,7 +495,7 @@ class Converter:
         x = self.tensor_arg(m.x, self.cur).value
         if m.seq_axis == 2:
             x = self.op("Transpose", x, perm=aten_map.BHSD)
-        y = self.op("Rope", x, halves=True, freqs=m.freqs)
+        y = self.op("Rope", x, halves=m.halves, freqs=m.freqs)
         return self.op("Transpose", y, perm=aten_map.BHSD) if m.seq_axis == 2 else y
 
     def _builder(self, key: str) -> _Builder:
@@ -526,6 +532,10 @@ class Converter:
             emitter = self._gelu_tanh
         elif n.target is _getitem():
             emitter = aten_map.GETITEM
+        elif _is_flip(n) and n.args[0].name in self.params and self.params[n.args[0].name].transposed:
+            emitter = aten_map.IDENTITY_EMITTER  # the weight is stored transposed already
+        elif name.endswith("_") and any(u is not n for u in n.args[0].users):
+            emitter = None  # in place on a value something else reads
         elif name in ("aten.to", "aten._to_copy"):
             emitter = self._cast
         else:
@@ -536,8 +546,11 @@ class Converter:
             return
         # a pattern's arguments are its skipped nodes: it reads its own input
         rope = n.name in self.ropes or n.name in self.norms or n.name in self.gelus
-        args = self.arg(list(n.args), b) if not rope else []
-        kwargs = {k: self.arg(v, b) for k, v in n.kwargs.items()} if not rope else {}
+        node_args, node_kwargs = list(n.args), dict(n.kwargs)
+        if name == "aten.scaled_dot_product_attention":
+            self._causal_sdpa(node_args, node_kwargs)
+        args = self.arg(node_args, b) if not rope else []
+        kwargs = {k: self.arg(v, b) for k, v in node_kwargs.items()} if not rope else {}
         if name == "aten.embedding" and isinstance(args[1], TArg) and args[1].const is not None:
             emitter = self._embedding_rows
         try:
@@ -556,6 +569,26 @@ class Converter:
             b.values[n.name] = v
             self.shapes[v] = self.shape_of(n)[0]
             self.value_layer[n.name] = lay.key
+
+    def _causal_sdpa(self, args: list[Any], kwargs: dict[str, Any]) -> None:
+        """Attention's arguments with a mask known at import that is the causal one (a boolean
+        lower triangle, or 0 on and below the diagonal and a large negative number above it:
+        what a model's ``sdpa`` path builds) made ``is_causal`` without the mask, in place."""
+        mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+        causal = args[5] if len(args) > 5 else kwargs.get("is_causal", False)
+        if not hasattr(mask, "name") or self.kind.get(mask.name) != "const" or causal:
+            return
+        if mask.name not in self.causal_masks:
+            self.causal_masks[mask.name] = _is_causal(self.const(mask))
+        if not self.causal_masks[mask.name]:
+            return
+        if len(args) > 3:
+            args[3] = None
+        kwargs.pop("attn_mask", None)
+        if len(args) > 5:
+            args[5] = True
+        else:
+            kwargs["is_causal"] = True
 
     def shape_of_val(self, val: Any) -> tuple[tuple[int | None, ...], tuple[bool, ...]]:
         shape = tuple(int(d) if not _symbolic(d) else None for d in val.shape)
@@ -729,6 +762,34 @@ def _packet(n: Any) -> str:
     t = n.target
     pk = getattr(t, "_overloadpacket", None)
     return str(pk) if pk is not None else getattr(t, "__name__", str(t))
+
+
+def _is_causal(mask: Any) -> bool:
+    """Whether an attention mask (…, S, S), the same for every batch row and head, lets query i
+    see keys 0..i only (``_causal_sdpa``)."""
+    import torch
+
+    if not isinstance(mask, torch.Tensor) or mask.ndim < 2 or mask.shape[-1] != mask.shape[-2]:
+        return False
+    m = mask.detach().cpu()
+    if m.dtype == torch.bool:
+        allowed = m
+    elif m.is_floating_point():
+        allowed = m == 0
+        if not bool(torch.all(allowed | (m <= MASKED))):
+            return False
+    else:
+        return False
+    size = m.shape[-1]
+    return bool(torch.equal(allowed, torch.ones(size, size, dtype=torch.bool).tril().expand_as(allowed)))
+
+
+def _is_flip(n: Any) -> bool:
+    """Whether ``n`` transposes a matrix (``W.t()``, ``W.T``, ``W.transpose(0, 1)``)."""
+    name = _packet(n)
+    if name in ("aten.t", "aten.numpy_T"):
+        return True
+    return name == "aten.transpose" and {a % 2 for a in n.args[1:3]} == {0, 1} and n.args[0].meta["val"].ndim == 2
 
 
 def _getitem() -> Any:

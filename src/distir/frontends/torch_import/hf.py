@@ -97,6 +97,18 @@ def _register() -> None:
     AttentionMaskInterface.register(ATTENTION, _no_mask)
 
 
+def _implementation(cfg: Any) -> str:
+    """The attention implementation to build ``cfg``'s causal LM with: distir's own where the
+    model calls transformers' attention interface, else its ``sdpa`` path (the causal mask it
+    then passes is recognized by the importer), else its eager one."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(cfg), None)
+    if cls is None or getattr(cls, "_supports_attention_backend", False):
+        return ATTENTION
+    return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
+
+
 def hf_model(
     path: str, seq: int | None = None, meta: bool = True, layers: int | None = None
 ) -> tuple[Any, dict[str, Any]]:
@@ -133,7 +145,7 @@ def hf_model(
     try:
         with params_on_meta() if meta else contextlib.nullcontext():
             model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-                cfg, attn_implementation=ATTENTION, dtype=torch.float32
+                cfg, attn_implementation=_implementation(cfg), dtype=torch.float32
             )
     except Exception as e:  # no causal LM for the config, or a value its constructor refuses
         why = f"{type(e).__name__}: {first_line(e)}"

@@ -43,6 +43,7 @@ class RopeMatch:
     seq_axis: int  # 1 (B, S, h, d) or 2 (B, h, S, d)
     freqs: tuple[float, ...]
     interior: tuple[Any, ...]  # the pattern's nodes other than the final add
+    halves: bool = True  # pairs (i, i + d/2) (rotate_half), else (2i, 2i + 1) (rotate_every_two)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +187,35 @@ def _rotate_half_of(n: Any) -> tuple[Any, tuple[Any, ...]] | None:
     return (x, (n, neg, lo, hi)) if ok else None
 
 
+def _rotate_every_two_of(n: Any) -> tuple[Any, tuple[Any, ...]] | None:
+    """x and the nodes of ``flatten(stack([-x[..., 1::2], x[..., ::2]], -1), -2)`` (GPT-J's
+    ``rotate_every_two``: the pair (x₂ᵢ, x₂ᵢ₊₁) → (−x₂ᵢ₊₁, x₂ᵢ))."""
+    if not _is(n, "aten.flatten") or not _is(n.args[0], "aten.stack"):
+        return None
+    stack = n.args[0]
+    if len(stack.args[0]) != 2:
+        return None
+    neg, even = stack.args[0]
+    if not (_is(neg, "aten.neg") and _is(even, "aten.slice") and _is(neg.args[0], "aten.slice")):
+        return None
+    odd = neg.args[0]
+    x = even.args[0]
+    if odd.args[0] is not x:
+        return None
+    rank = x.meta["val"].ndim
+    last = {-1, rank - 1}
+    d = int(x.meta["val"].shape[-1])
+
+    def every_other(sl: Any, start: int) -> bool:
+        a = list(sl.args[1:]) + [None] * (5 - len(sl.args))
+        return a[0] in last and (a[1] or 0) == start and (a[2] is None or a[2] >= d) and a[3] == 2
+
+    dims = (stack.args[1] if len(stack.args) > 1 else 0, n.args[1] if len(n.args) > 1 else 0)
+    end = n.args[2] if len(n.args) > 2 else -1
+    ok = dims[0] in (-1, rank) and dims[1] in (-2, rank - 1) and end in (-1, rank)
+    return (x, (n, stack, neg, odd, even)) if ok and every_other(even, 0) and every_other(odd, 1) else None
+
+
 def _table(c: Any, x_shape: tuple[int, ...]) -> tuple[np.ndarray, int] | None:
     """The (S, d) table of a constant broadcast against x (B, ., ., d), and x's seq axis (in the
     constant's float dtype: ``_freqs`` widens the rows it reads)."""
@@ -217,34 +247,42 @@ def match_rope(
         if p1 is None or p2 is None:
             continue
         (x, cos_node), (rot, sin_node) = p1, p2
+        halves = True
         rh = _rotate_half_of(rot)
+        if rh is None:
+            halves, rh = False, _rotate_every_two_of(rot)
         if rh is None or rh[0] is not x:
             continue
         shape = tuple(int(d) if isinstance(d, int) else -1 for d in x.meta["val"].shape)
         key = (cos_node.name, sin_node.name)
         if key not in memo:
-            memo[key] = _freqs(const(cos_node), const(sin_node), shape)
+            memo[key] = _freqs(const(cos_node), const(sin_node), shape, halves)
         found = memo[key]
         if found is None:
             continue
         freqs, axis = found
-        return RopeMatch(x, axis, freqs, (first, second, *rh[1]))
+        return RopeMatch(x, axis, freqs, (first, second, *rh[1]), halves)
     return None
 
 
-def _freqs(cos: Any, sin: Any, x_shape: tuple[int, ...]) -> tuple[tuple[float, ...], int] | None:
+def _freqs(
+    cos: Any, sin: Any, x_shape: tuple[int, ...], halves: bool = True
+) -> tuple[tuple[float, ...], int] | None:
+    """The frequencies and x's seq axis of tables whose row p is cos/sin(p·fᵢ), the d/2 angles
+    laid out twice (halves) or each twice in a row (interleaved pairs), else None."""
     tc, ts = _table(cos, x_shape), _table(sin, x_shape)
     if tc is None or ts is None or tc[1] != ts[1] or tc[0].shape[0] < 2:
         return None
     (c, axis), (s, _) = tc, ts
     n, d = c.shape
     h = d // 2
-    f = np.arctan2(s[1, :h].astype(np.float64), c[1, :h].astype(np.float64))
+    pick = np.s_[:h] if halves else np.s_[0::2]
+    f = np.arctan2(s[1, pick].astype(np.float64), c[1, pick].astype(np.float64))
     if np.any(f < 0):
         return None
     p = 2
     while p < n:  # refine: the angle at position p is p·f up to whole turns
-        got = np.arctan2(s[p, :h].astype(np.float64), c[p, :h].astype(np.float64))
+        got = np.arctan2(s[p, pick].astype(np.float64), c[p, pick].astype(np.float64))
         turns = np.round((p * f - got) / (2 * np.pi))
         f = (got + 2 * np.pi * turns) / p
         p *= 2
@@ -253,7 +291,7 @@ def _freqs(cos: Any, sin: Any, x_shape: tuple[int, ...]) -> tuple[tuple[float, .
     for lo in range(0, n, CHECK_ROWS):
         hi = min(n, lo + CHECK_ROWS)
         ang = np.arange(lo, hi)[:, None] * f[None, :]
-        ang = np.concatenate([ang, ang], -1)
+        ang = np.concatenate([ang, ang], -1) if halves else np.repeat(ang, 2, axis=-1)
         ok_cos = np.allclose(c[lo:hi].astype(np.float64), np.cos(ang), atol=atol)
         if not (ok_cos and np.allclose(s[lo:hi].astype(np.float64), np.sin(ang), atol=atol)):
             return None
