@@ -270,7 +270,10 @@ def _sdpa(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
     names = ("attn_mask", "dropout_p", "is_causal", "scale")
     opt = {n: (a[3 + i] if len(a) > 3 + i else kw.get(n)) for i, n in enumerate(names)}
     if opt["attn_mask"] is not None:
-        raise NotImplementedError("scaled_dot_product_attention with an attention mask tensor")
+        raise NotImplementedError(
+            "scaled_dot_product_attention with a mask or bias tensor other than the causal mask "
+            "(padding, ALiBi biases, a sliding window): only causal or unmasked attention imports"
+        )
     if len(q.shape) != 4:
         raise NotImplementedError("scaled_dot_product_attention on other than (B, h, S, d)")
     attrs: dict[str, Any] = {"causal": bool(opt["is_causal"])}

@@ -268,6 +268,8 @@ class Converter:
                 f"buffer {name} is on the meta device: the import needs a buffer's values (create "
                 "buffers off the meta device; parameters may stay there)"
             )
+        if isinstance(c, torch.Tensor) and c.is_floating_point() and c.dtype not in _numpy_floats():
+            c = c.float()  # a float format numpy lacks (bfloat16)
         arr = c.detach().cpu().numpy() if isinstance(c, torch.Tensor) else np.asarray(c)
         arr = self._one_sample(n, arr)
         if arr.size > MAX_CONSTANT.max:
@@ -762,6 +764,12 @@ def _packet(n: Any) -> str:
     t = n.target
     pk = getattr(t, "_overloadpacket", None)
     return str(pk) if pk is not None else getattr(t, "__name__", str(t))
+
+
+def _numpy_floats() -> tuple[Any, ...]:
+    import torch
+
+    return (torch.float16, torch.float32, torch.float64)
 
 
 def _is_causal(mask: Any) -> bool:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,16 +99,40 @@ def _register() -> None:
     AttentionMaskInterface.register(ATTENTION, _no_mask)
 
 
-def _implementation(cfg: Any) -> str:
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """transformers' warnings held back while a config is built and traced (a token id outside
+    a tiny vocabulary, a model used outside its usual role): an import's own error, if any, is
+    then the one line printed."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module="transformers")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _implementation(path: str, cfg: Any) -> str:
     """The attention implementation to build ``cfg``'s causal LM with: distir's own where the
     model calls transformers' attention interface, else its ``sdpa`` path (the causal mask it
-    then passes is recognized by the importer), else its eager one."""
+    then passes is recognized by the importer); a model with neither writes its attention out
+    op by op (BLOOM's ALiBi biases): an error."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(cfg), None)
     if cls is None or getattr(cls, "_supports_attention_backend", False):
         return ATTENTION
-    return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
+    if getattr(cls, "_supports_sdpa", False):
+        return "sdpa"
+    raise SourceError(
+        f"hf:{path}: {cls.__name__} computes attention only in its own eager code (no "
+        "scaled-dot-product path in transformers: position biases such as ALiBi, or a local "
+        "window), which distir does not import as one Attention; not supported"
+    )
 
 
 def hf_model(
@@ -142,10 +168,11 @@ def hf_model(
     cfg.use_cache = False
     if layers is not None:
         cfg.num_hidden_layers = layers
+    implementation = _implementation(path, cfg)
     try:
         with params_on_meta() if meta else contextlib.nullcontext():
             model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-                cfg, attn_implementation=_implementation(cfg), dtype=torch.float32
+                cfg, attn_implementation=implementation, dtype=torch.float32
             )
     except Exception as e:  # no causal LM for the config, or a value its constructor refuses
         why = f"{type(e).__name__}: {first_line(e)}"
