@@ -251,7 +251,7 @@ class Converter:
                 kwargs["device"] = torch.device("cpu")
             with torch.no_grad():
                 v = n.target(*args, **kwargs)
-        if isinstance(v, torch.Tensor) and v.device.type == "meta":
+        if _no_values(v):
             raise StructureError(
                 f"constant {n.name} ({_location(n)}) is computed from a buffer on the meta device"
             )
@@ -262,7 +262,7 @@ class Converter:
         import torch
 
         c = self.const(n)
-        if isinstance(c, torch.Tensor) and c.device.type == "meta":  # a buffer made on meta
+        if _no_values(c):  # a buffer made on meta
             name = self.t.program.graph_signature.inputs_to_buffers.get(n.name, n.name)
             raise StructureError(
                 f"buffer {name} is on the meta device: the import needs a buffer's values (create "
@@ -764,6 +764,15 @@ def _packet(n: Any) -> str:
     t = n.target
     pk = getattr(t, "_overloadpacket", None)
     return str(pk) if pk is not None else getattr(t, "__name__", str(t))
+
+
+def _no_values(t: Any) -> bool:
+    """Whether ``t`` is a tensor without storage: on the meta device, or a buffer made there
+    that the trace saw as a fake CPU tensor (``trace``)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, torch.Tensor) and (t.device.type == "meta" or isinstance(t, FakeTensor))
 
 
 def _numpy_floats() -> tuple[Any, ...]:

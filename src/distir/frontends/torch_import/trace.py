@@ -21,7 +21,7 @@ import io
 import logging
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,37 +88,52 @@ def trace(module: Any, inputs: Any, name: str = "module") -> Traced:
         raise TraceError(f"{name}: give the example inputs as a tuple or as a dict, not both")
     dynamic_shapes: Any = {k: dyn(v) for k, v in kwargs.items()} if kwargs else tuple(dyn(a) for a in args)
     module.eval()
-    with moe_leaves(module), torch.no_grad(), _meta_params_on_cpu(module):  # an unsupported MoE block: a StructureError
+    # an unsupported MoE block: a StructureError
+    with moe_leaves(module), torch.no_grad(), _meta_params_on_cpu(module) as on_cpu:
+        args = tuple(on_cpu(a) for a in args)
+        kwargs = {k: on_cpu(v) for k, v in kwargs.items()}
         program = _export(module, args, kwargs, dynamic_shapes, name)
     return _traced(program)
 
 
 @contextlib.contextmanager
-def _meta_params_on_cpu(module: Any) -> Iterator[None]:
+def _meta_params_on_cpu(module: Any) -> Iterator[Callable[[Any], Any]]:
     """While the module is traced, each parameter on the meta device is a fake tensor on the
     CPU (no storage either): the activations are then on the CPU with the inputs and the
     buffers, so a tensor the forward makes on the activations' device (an index list, Falcon's
     ``qkv[..., [-2], :]``) is a constant with values, and a CPU buffer read without a ``.to``
-    (GPT-J's sinusoidal table) meets activations on its own device."""
+    (GPT-J's sinusoidal table) meets activations on its own device. Yields the function that
+    makes an example input on the meta device such a fake tensor too."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    swapped: list[tuple[Any, str, Any]] = []
+
+    def on_cpu(t: Any) -> Any:
+        meta = isinstance(t, torch.Tensor) and t.device.type == "meta"
+        return FakeTensor(mode, t, torch.device("cpu")) if meta else t
+
+    swapped: list[tuple[dict[str, Any], str, Any]] = []
     fakes: dict[int, Any] = {}  # a parameter shared by modules (a tied weight) stays one
     for mod in module.modules():
-        for key, p in list(mod._parameters.items()):
-            if p is not None and p.device.type == "meta":
-                if id(p) not in fakes:
-                    fake = FakeTensor(mode, p.data, torch.device("cpu"))
-                    fakes[id(p)] = torch.nn.Parameter(fake, requires_grad=p.requires_grad)
-                swapped.append((mod, key, p))
-                mod._parameters[key] = fakes[id(p)]
+        # a buffer on meta too: it has no values, which the import of a constant says (``convert``)
+        for table in (mod._parameters, mod._buffers):
+            for key, p in list(table.items()):
+                if p is not None and p.device.type == "meta":
+                    if id(p) not in fakes:
+                        fake = FakeTensor(mode, p.data, torch.device("cpu"))
+                        fakes[id(p)] = (
+                            torch.nn.Parameter(fake, requires_grad=p.requires_grad)
+                            if isinstance(p, torch.nn.Parameter)
+                            else fake
+                        )
+                    swapped.append((table, key, p))
+                    table[key] = fakes[id(p)]
     try:
-        yield
+        yield on_cpu
     finally:
-        for mod, key, p in swapped:
-            mod._parameters[key] = p
+        for table, key, p in swapped:
+            table[key] = p
 
 
 # where torch.export says the user's code raised ("The following call raised this error:")
