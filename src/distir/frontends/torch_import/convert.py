@@ -1,12 +1,14 @@
 """Conversion: a traced program (``trace.Traced``) → layer functions of registry ops.
 
 Every node of the exported graph is one of: a *constant* (computed from buffers, literals and
-static shapes alone: evaluated on the CPU by torch, then written as a ``Constant`` op in each
-layer that uses it), a *symbolic size* (the batch or a multiple: it only ever appears in shapes,
+sizes alone: evaluated on the CPU by torch, then written as a ``Constant`` op in each layer that
+uses it; one with a batch dim, OPT's positions from a mask of ones, is evaluated at ``PROBE``
+samples and kept as one sample's, every sample's being equal), a *symbolic size* (the batch or a multiple: it only ever appears in shapes,
 written as ``Reshape``'s ``0``/``-1``), or a *tensor* of the program, written into the layer
 function its module path assigns it to (``layers.assign``) by the ATen table (``aten_map``).
 Dead nodes (unused by the output) are dropped first, so a mask the attention never reads costs
-nothing.
+nothing; a constant mask that is the causal one (a model's ``sdpa`` path materializes it) makes
+the attention causal and is not written (``_causal_sdpa``).
 
 Between layers only one tensor may pass — the activation of the chain (``model.py``'s
 contract); parameters become the layer function's parameters (named by their path relative to

@@ -9,6 +9,9 @@ unless given (``hf:PATH:seq=2048``).
 Attention runs through distir's own attention function (registered with transformers'
 ``AttentionInterface`` as ``distir``): ``scaled_dot_product_attention`` with ``is_causal`` and
 grouped-query heads, no mask tensor — the fused ``Attention`` op of the registry. A model that
+does not call the interface (Falcon) runs its ``sdpa`` path, whose causal mask the importer
+recognizes; one with neither (BLOOM: ALiBi in eager code) is refused. transformers' warnings are
+held back while a model is built and traced (``quiet``). A model that
 needs a mask (padding, a sliding window shorter than the sequence) fails to import with that
 reason. Mixture-of-experts configs import when their blocks are Mixtral's (a top-k router and
 SwiGLU experts: traced as one ``MoE`` op each, ``moe``); others (a shared expert) are refused.

@@ -9,7 +9,9 @@ trainers run (one read of x, no saved intermediates).
 ``cos`` and ``sin`` constants of the program (tables computed from a rotary module's buffers)
 becomes one ``Rope(halves=true, freqs=...)``: the inverse frequencies are read off the tables
 (the angle at position 1) and the whole tables are checked against them, so a schedule with an
-attention scaling (YaRN's) or positions not starting at 0 is left to the op-by-op path. Without
+attention scaling (YaRN's) or positions not starting at 0 is left to the op-by-op path. GPT-J's
+``x·cos + rotate_every_two(x)·sin`` (``flatten(stack([-x[..., 1::2], x[..., ::2]], -1), -2)``,
+tables with each angle twice in a row) is the same with pairs (2i, 2i+1): ``Rope(halves=false)``. Without
 this, every layer would carry the (S, d) tables as constants and the 7 elementwise ops around
 them; with it, an imported Llama is written as the zoo's.
 

@@ -5,7 +5,10 @@ with dim 0 of every tensor input a shared symbolic batch (``torch.export.Dim``),
 the program bakes the batch size in. Parameters may live on the meta device (``params_on_meta``
 builds a module that way: nothing of the weights is allocated, a multi-billion-parameter model
 traces in seconds); buffers keep their values (a rotary embedding's inverse frequencies), since
-what is computed from them alone becomes a constant of the imported program.
+what is computed from them alone becomes a constant of the imported program. While the module
+is exported, a tensor on the meta device (parameter, buffer or example input) stands in as a
+fake CPU tensor (``_meta_params_on_cpu``): the activations share the buffers' device, and what the
+forward makes on theirs has values.
 
 ``example inputs`` are a tuple of positional tensors or a dict of keyword arguments (non-tensor
 values, e.g. ``use_cache=False``, are passed as they are); the first tensor is the model's first
