@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from tests.frontends.test_torch_import_numeric import BATCH, F32_INSIDE, _check_against_torch  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from distir.cli import app  # noqa: E402
@@ -28,7 +29,6 @@ from distir.ir.dtensor import Shard  # noqa: E402
 from distir.ir.types import DType  # noqa: E402
 from distir.parallel.check import check_against_sequential  # noqa: E402
 from distir.parallel.strategy import parse_strategy  # noqa: E402
-from tests.frontends.test_torch_import_numeric import BATCH, F32_INSIDE, _check_against_torch  # noqa: E402
 
 TINY = {"vocab_size": 32, "bos_token_id": 0, "eos_token_id": 0}
 CONFIGS: dict[str, dict[str, object]] = {
@@ -86,7 +86,8 @@ def test_blocks_are_one_function_and_tp_shards_megatrons_weights(family: str, tm
     block = {n.split(".layers.0.")[-1].split(".h.0.")[-1] for n in tp if ".0." in n}
     want = {
         "neox": {"attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"},
-        "opt": {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj", "fc1", "fc2"},
+        "opt": {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj", "fc1",
+                "fc2"},
         "falcon": {"self_attention.query_key_value", "self_attention.dense", "mlp.dense_h_to_4h",
                    "mlp.dense_4h_to_h"},
         "gptj": {"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.out_proj", "mlp.fc_in", "mlp.fc_out"},
@@ -98,7 +99,12 @@ def test_blocks_are_one_function_and_tp_shards_megatrons_weights(family: str, tm
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("family", "strategy"),
-    [("neox", "d1.t2.p1.k1"), ("falcon", "d1.t2.p1.k1"), ("gptj", "d1.t1.p2.k2.1f1b"), ("opt", "d2.t2.p1.k1")],
+    [
+        ("neox", "d1.t2.p1.k1"),
+        ("falcon", "d1.t2.p1.k1"),
+        ("gptj", "d1.t1.p2.k2.1f1b"),
+        ("opt", "d2.t2.p1.k1"),
+    ],
 )
 def test_distributed_training_step_equals_sequential(family: str, strategy: str, tmp_path: Path) -> None:
     s = parse_strategy(strategy)
@@ -140,5 +146,5 @@ def test_transformers_warnings_do_not_precede_the_result(tmp_path: Path) -> None
     """A tiny GPT-J config keeps GPT-J's token ids (50256), outside its vocabulary: transformers
     warns; the import does not print it."""
     path = config(tmp_path, "gptj", bos_token_id=50256, eos_token_id=50256)
-    code, out, err = run("import", f"hf:{path}", "--json")
+    code, _, err = run("import", f"hf:{path}", "--json")
     assert code == 0 and "[transformers]" not in err and "bos_token_id" not in err

@@ -3,9 +3,10 @@
 Every node of the exported graph is one of: a *constant* (computed from buffers, literals and
 sizes alone: evaluated on the CPU by torch, then written as a ``Constant`` op in each layer that
 uses it; one with a batch dim, OPT's positions from a mask of ones, is evaluated at ``PROBE``
-samples and kept as one sample's, every sample's being equal), a *symbolic size* (the batch or a multiple: it only ever appears in shapes,
-written as ``Reshape``'s ``0``/``-1``), or a *tensor* of the program, written into the layer
-function its module path assigns it to (``layers.assign``) by the ATen table (``aten_map``).
+samples and kept as one sample's, every sample's being equal), a *symbolic size* (the batch or
+a multiple: it only ever appears in shapes, written as ``Reshape``'s ``0``/``-1``), or a
+*tensor* of the program, written into the layer function its module path assigns it to
+(``layers.assign``) by the ATen table (``aten_map``).
 Dead nodes (unused by the output) are dropped first, so a mask the attention never reads costs
 nothing; a constant mask that is the causal one (a model's ``sdpa`` path materializes it) makes
 the attention causal and is not written (``_causal_sdpa``).
@@ -193,7 +194,9 @@ class Converter:
                 u for u in n.users if _packet(u) == "aten.linear" and len(u.args) > 1 and u.args[1] is n
             ]
             flips = [u for u in n.users if _is_flip(u)]  # x @ W.T (Falcon's, GPT-J's linear layers)
-            transposed = len(shape) == 2 and bool(linear or flips) and len(linear) + len(flips) == len(n.users)
+            transposed = (
+                len(shape) == 2 and bool(linear or flips) and len(linear) + len(flips) == len(n.users)
+            )
             stored = shape[::-1] if transposed else shape
             out[n.name] = Param(name, stored, transposed, bool(linear) and not transposed)
         return out
@@ -290,7 +293,7 @@ class Converter:
     def _one_sample(self, n: Any, arr: np.ndarray) -> np.ndarray:
         """A constant with batch dims (evaluated at ``PROBE`` samples) as one sample (size 1 on
         them: broadcast where it is used), when every sample's value is the same; else an error."""
-        shape, batch = self.shape_of(n) if hasattr(n.meta.get("val"), "shape") else ((), ())
+        _, batch = self.shape_of(n) if hasattr(n.meta.get("val"), "shape") else ((), ())
         for d, is_batch in enumerate(batch):
             if not is_batch:
                 continue
@@ -578,7 +581,7 @@ class Converter:
         """Attention's arguments with a mask known at import that is the causal one (a boolean
         lower triangle, or 0 on and below the diagonal and a large negative number above it:
         what a model's ``sdpa`` path builds) made ``is_causal`` without the mask, in place."""
-        mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+        mask: Any = args[3] if len(args) > 3 else kwargs.get("attn_mask")
         causal = args[5] if len(args) > 5 else kwargs.get("is_causal", False)
         if not hasattr(mask, "name") or self.kind.get(mask.name) != "const" or causal:
             return
@@ -808,7 +811,11 @@ def _is_flip(n: Any) -> bool:
     name = _packet(n)
     if name in ("aten.t", "aten.numpy_T"):
         return True
-    return name == "aten.transpose" and {a % 2 for a in n.args[1:3]} == {0, 1} and n.args[0].meta["val"].ndim == 2
+    return (
+        name == "aten.transpose"
+        and {a % 2 for a in n.args[1:3]} == {0, 1}
+        and n.args[0].meta["val"].ndim == 2
+    )
 
 
 def _getitem() -> Any:

@@ -110,7 +110,7 @@ def quiet() -> Iterator[None]:
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", module="transformers")
@@ -126,7 +126,7 @@ def _implementation(path: str, cfg: Any) -> str:
     op by op (BLOOM's ALiBi biases): an error."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(cfg), None)
+    cls: Any = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(cfg), None)
     if cls is None or getattr(cls, "_supports_attention_backend", False):
         return ATTENTION
     if getattr(cls, "_supports_sdpa", False):

@@ -197,9 +197,7 @@ def _converted(
         return _traced_and_converted(text, dtype, stages)
 
 
-def _traced_and_converted(
-    text: str, dtype: DType, stages: StageSpec | None
-) -> tuple[Any, dict[str, object]]:
+def _traced_and_converted(text: str, dtype: DType, stages: StageSpec | None) -> tuple[Any, dict[str, object]]:
     from distir.frontends.torch_import.convert import convert, deepen
     from distir.frontends.torch_import.trace import trace
 
