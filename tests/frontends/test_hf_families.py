@@ -1,6 +1,7 @@
 """Decoder families beyond Llama's and GPT-2's, from tiny configs built here (random init, no
 network): GPT-NeoX (Pythia: parallel residual, partial rotary, one fused QKV chunked), OPT
-(learned positions computed from a mask of ones), Falcon (multi-query attention through its sdpa
+(learned positions computed from a mask of ones), BERT (an encoder: bidirectional attention,
+the token-type embedding's rows of a constant, its own layer names), Falcon (multi-query attention through its sdpa
 path and causal mask, parallel attention and MLP, ``x @ W.T`` linear layers) and GPT-J (rotary
 on interleaved pairs, a sinusoidal CPU buffer). Each imports with one block function, trains to
 torch's loss and gradients on the reference executor, distributes (tensor and pipeline
@@ -46,6 +47,10 @@ CONFIGS: dict[str, dict[str, object]] = {
         "model_type": "falcon", "hidden_size": 16, "num_attention_heads": 4, "num_hidden_layers": 2,
         "max_position_embeddings": 8, "multi_query": True, "parallel_attn": True, "bias": False, **TINY,
     },
+    "bert": {
+        "model_type": "bert", "hidden_size": 16, "num_attention_heads": 4, "intermediate_size": 24,
+        "num_hidden_layers": 2, "max_position_embeddings": 8, "pad_token_id": 0, **TINY,
+    },
     "gptj": {
         "model_type": "gptj", "n_embd": 16, "n_head": 4, "n_layer": 2, "n_positions": 8,
         "rotary_dim": 2, **TINY,
@@ -83,13 +88,15 @@ def test_blocks_are_one_function_and_tp_shards_megatrons_weights(family: str, tm
     model = build_model(f"hf:{config(tmp_path, family)}", batch=2)
     assert [c.callee for c in model.layers] == ["embed", "block", "block", "head", "loss"]
     tp = {w.name for w in model.weights if isinstance(w.tp, Shard)}
-    block = {n.split(".layers.0.")[-1].split(".h.0.")[-1] for n in tp if ".0." in n}
+    block = {n.split(".0.", 1)[-1] for n in tp if ".0." in n}
     want = {
         "neox": {"attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"},
         "opt": {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj", "fc1",
                 "fc2"},
         "falcon": {"self_attention.query_key_value", "self_attention.dense", "mlp.dense_h_to_4h",
                    "mlp.dense_4h_to_h"},
+        "bert": {"attention.self.query", "attention.self.key", "attention.self.value",
+                 "attention.output.dense", "intermediate.dense", "output.dense"},
         "gptj": {"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.out_proj", "mlp.fc_in", "mlp.fc_out"},
     }[family]  # fmt: skip
     assert {n.rsplit(".", 1)[0] for n in block} == want

@@ -39,7 +39,9 @@ TP_PATTERNS: tuple[TPPattern, ...] = (
     TPPattern(r"(^|\.)(gate_proj|up_proj|gate_up_proj|c_fc|fc1|fc_in|w1|w3|dense_h_to_4h)\.", *COLUMN),
     TPPattern(r"(^|\.)(o_proj|out_proj|down_proj|c_proj|fc2|fc_out|w2|dense_4h_to_h)\.", *ROW),
     TPPattern(r"(^|\.)(attention|self_attention)\.dense\.", *ROW),  # GPT-NeoX's, Falcon's, BLOOM's
-    TPPattern(r"(^|\.)(lm_head|embed_out|output)\.(weight|bias)$", Shard(1), Shard(0)),
+    TPPattern(r"(^|\.)intermediate\.dense\.", *COLUMN),  # BERT's MLP
+    TPPattern(r"(^|\.)output\.dense\.", *ROW),  # BERT's attention output and MLP
+    TPPattern(r"(^|\.)(lm_head|embed_out|output|predictions\.decoder)\.(weight|bias)$", Shard(1), Shard(0)),
     TPPattern(r"(^|\.)(wte|embed_tokens|embed_in|word_embeddings|tok_embeddings)\.weight$", Shard(0), R),
 )
 
