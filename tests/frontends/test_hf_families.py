@@ -51,6 +51,11 @@ CONFIGS: dict[str, dict[str, object]] = {
         "model_type": "bert", "hidden_size": 16, "num_attention_heads": 4, "intermediate_size": 24,
         "num_hidden_layers": 2, "max_position_embeddings": 8, "pad_token_id": 0, **TINY,
     },
+    "falcon-new": {  # Falcon 40B's and 180B's layout: grouped key/value heads, two norms
+        "model_type": "falcon", "hidden_size": 16, "num_attention_heads": 4, "num_kv_heads": 2,
+        "num_hidden_layers": 2, "max_position_embeddings": 8, "new_decoder_architecture": True,
+        "parallel_attn": True, "bias": False, **TINY,
+    },
     "gptj": {
         "model_type": "gptj", "n_embd": 16, "n_head": 4, "n_layer": 2, "n_positions": 8,
         "rotary_dim": 2, **TINY,
@@ -95,6 +100,8 @@ def test_blocks_are_one_function_and_tp_shards_megatrons_weights(family: str, tm
                 "fc2"},
         "falcon": {"self_attention.query_key_value", "self_attention.dense", "mlp.dense_h_to_4h",
                    "mlp.dense_4h_to_h"},
+        "falcon-new": {"self_attention.query_key_value", "self_attention.dense", "mlp.dense_h_to_4h",
+                       "mlp.dense_4h_to_h"},
         "bert": {"attention.self.query", "attention.self.key", "attention.self.value",
                  "attention.output.dense", "intermediate.dense", "output.dense"},
         "gptj": {"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.out_proj", "mlp.fc_in", "mlp.fc_out"},

@@ -436,6 +436,7 @@ ATEN: dict[str, Emitter] = {
     "aten.unsqueeze": _unsqueeze,
     "aten.squeeze": _squeeze,
     "aten.expand": _expand,
+    "aten.broadcast_to": _expand,
     "aten.slice": _slice,
     "aten.select": _select,
     "aten.index": _index,
