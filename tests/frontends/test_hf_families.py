@@ -1,12 +1,13 @@
 """Decoder families beyond Llama's and GPT-2's, from tiny configs built here (random init, no
 network): GPT-NeoX (Pythia: parallel residual, partial rotary, one fused QKV chunked), OPT
-(learned positions computed from a mask of ones), BERT (an encoder: bidirectional attention,
-the token-type embedding's rows of a constant, its own layer names), Falcon (multi-query attention through its sdpa
-path and causal mask, parallel attention and MLP, ``x @ W.T`` linear layers) and GPT-J (rotary
-on interleaved pairs, a sinusoidal CPU buffer). Each imports with one block function, trains to
-torch's loss and gradients on the reference executor, distributes (tensor and pipeline
-parallel) to the sequential step, and simulates close to the zoo model of its shape; a model
-whose attention transformers writes only in eager code (BLOOM's ALiBi) is one line, exit 2."""
+(learned positions computed from a mask of ones), BERT (an encoder: bidirectional attention, the
+token-type embedding's rows of a constant, its own layer names), Falcon (multi-query attention
+through its sdpa path and causal mask, parallel attention and MLP, ``x @ W.T`` linear layers; the
+40B layout's grouped heads broadcast) and GPT-J (rotary on interleaved pairs, a sinusoidal CPU
+buffer). Each imports with one block function, trains to torch's loss and gradients on the
+reference executor, distributes (tensor and pipeline parallel) to the sequential step; OPT
+simulates close to the zoo GPT of its shape; a model whose attention transformers writes only
+in eager code (BLOOM's ALiBi) is one line, exit 2."""
 
 from __future__ import annotations
 
