@@ -375,10 +375,38 @@ class Converter:
             folded = self._fold_transpose(inputs[0], tuple(attrs["perm"]))
             if folded is not None:
                 return (folded,)
+        moved = self._before_transpose(name, inputs, n, attrs)
+        if moved is not None:
+            return moved
         outs = self.cur.fb.op(name, *inputs, n_out=n, **attrs)
         if name == "Transpose":
             self._transposes[outs[0]] = (inputs[0], tuple(attrs["perm"]))
         return outs
+
+    def _before_transpose(
+        self, name: str, inputs: Sequence[Value], n: int, attrs: dict[str, Any]
+    ) -> tuple[Value, ...] | None:
+        """A Split, Slice or Concat of transposed values (all by one perm) run before the
+        transpose instead, along the axis it maps to, and its results transposed: those
+        transposes then cancel against the next ones (GPT-NeoX's head transposes around the
+        rotary slices and the attention), and a dead transpose of the whole is dropped. Never more
+        bytes moved: the pieces' transposes add up to the whole's at most."""
+        axis_key = {"Split": "dim", "Slice": "axes", "Concat": "axis"}.get(name)
+        if axis_key is None or not inputs or any(v not in self._transposes for v in inputs):
+            return None
+        perms = {self._transposes[v][1] for v in inputs}
+        if len(perms) != 1 or (name != "Concat" and len(inputs) != 1):
+            return None
+        (perm,) = perms
+        rank = len(perm)
+        axis = attrs[axis_key]
+        mapped = (
+            tuple(perm[a % rank] for a in axis) if isinstance(axis, list | tuple) else perm[axis % rank]
+        )
+        assert self.cur is not None
+        srcs = [self._transposes[v][0] for v in inputs]
+        outs = self.cur.fb.op(name, *srcs, n_out=n, **{**attrs, axis_key: mapped})
+        return tuple(self.op("Transpose", o, perm=perm) for o in outs)
 
     def _fold_transpose(self, x: Value, perm: tuple[int, ...]) -> Value | None:
         prev = self._transposes.get(x)
