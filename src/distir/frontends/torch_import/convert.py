@@ -400,9 +400,7 @@ class Converter:
         (perm,) = perms
         rank = len(perm)
         axis = attrs[axis_key]
-        mapped = (
-            tuple(perm[a % rank] for a in axis) if isinstance(axis, list | tuple) else perm[axis % rank]
-        )
+        mapped = tuple(perm[a % rank] for a in axis) if isinstance(axis, list | tuple) else perm[axis % rank]
         assert self.cur is not None
         srcs = [self._transposes[v][0] for v in inputs]
         outs = self.cur.fb.op(name, *srcs, n_out=n, **{**attrs, axis_key: mapped})
