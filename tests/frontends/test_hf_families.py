@@ -129,12 +129,22 @@ def test_distributed_training_step_equals_sequential(family: str, strategy: str,
     check_deadlock_free(project(cmp.materialized))
 
 
-def test_opt_simulates_close_to_the_zoo_gpt_of_its_shape(tmp_path: Path) -> None:
+SHAPE = {"hidden_size": 64, "num_hidden_layers": 4, "vocab_size": 512, "max_position_embeddings": 64}
+TWINS = {  # the family's shape options, the zoo GPT of that shape
+    "opt": ({"word_embed_proj_dim": 64, "ffn_dim": 256}, "tied=1"),
+    "neox": ({"intermediate_size": 256, "tie_word_embeddings": False}, "tied=0"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(TWINS))
+def test_simulates_close_to_the_zoo_gpt_of_its_shape(family: str, tmp_path: Path) -> None:
     """OPT is GPT's layout (pre-LN, learned positions, biases, tied head) but for its ReLU MLP and
-    separate q/k/v: the step and the memory within a few percent of the zoo GPT's."""
-    path = config(tmp_path, "opt", hidden_size=64, word_embed_proj_dim=64, ffn_dim=256, vocab_size=512,
-                  max_position_embeddings=64, num_hidden_layers=4)  # fmt: skip
-    zoo = "gpt:layers=4,hidden=64,heads=4,seq=64,vocab=512,tied=1"
+    separate q/k/v; GPT-NeoX adds rotary on a quarter of each head and the parallel residual, and
+    its fused QKV's head layout costs no transpose (the split and slices run before it): the step
+    and the memory within a few percent of the zoo GPT's."""
+    options, tied = TWINS[family]
+    path = config(tmp_path, family, **SHAPE, **options)
+    zoo = f"gpt:layers=4,hidden=64,heads=4,seq=64,vocab=512,{tied}"
     got = []
     for model in (f"hf:{path}", zoo):
         args = ["simulate", "--model", model, "--strategy", "d2.t2.p1.k1.1f1b", "--batch", "8"]
@@ -143,7 +153,9 @@ def test_opt_simulates_close_to_the_zoo_gpt_of_its_shape(tmp_path: Path) -> None
         got.append(json.loads(out))
     imported, gpt = got
     assert imported["step_time_s"] == pytest.approx(gpt["step_time_s"], rel=0.1)
-    assert imported["peak_memory_bytes"] == pytest.approx(gpt["peak_memory_bytes"], rel=0.1)
+    assert max(imported["peak_memory_bytes"].values()) == pytest.approx(
+        max(gpt["peak_memory_bytes"].values()), rel=0.1
+    )
 
 
 def test_a_model_with_only_eager_attention_is_one_line_exit_2(tmp_path: Path) -> None:
