@@ -248,7 +248,12 @@ class Converter:
 
         val = n.meta.get("val")
         if _is_symint(val):
-            v: Any = int(val.node.expr.subs(self.batch, PROBE)) if _symbolic(val) else int(val)
+            v: Any = int(val) if not _symbolic(val) else val.node.expr.subs(self.batch, PROBE)
+            if not isinstance(v, int) and not getattr(v, "is_number", False):
+                raise StructureError(
+                    f"size {n.name} ({_location(n)}) depends on more than the batch ({val.node.expr})"
+                )
+            v = int(v)
         else:
             args = real(n.args)
             kwargs = {k: real(v) for k, v in n.kwargs.items()}
@@ -300,7 +305,8 @@ class Converter:
             first = np.take(arr, [0], axis=d)
             if not np.array_equal(np.broadcast_to(first, arr.shape), arr):
                 raise StructureError(
-                    f"constant {n.name} ({_location(n)}) differs between the samples of a batch"
+                    f"constant {n.name} ({_location(n)}) differs between the samples of a batch: "
+                    "compute a value per sample from the model's input"
                 )
             arr = first
         return arr
@@ -860,11 +866,6 @@ def _symbolic(d: Any) -> bool:
     import torch
 
     return isinstance(d, torch.SymInt) and not d.node.expr.is_number
-
-
-def _has_symbols(val: Any) -> bool:
-    shape = getattr(val, "shape", None)
-    return shape is not None and any(_symbolic(d) for d in shape)
 
 
 def _is_tensor(v: Any) -> bool:
