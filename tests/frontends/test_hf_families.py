@@ -6,8 +6,8 @@ through its sdpa path and causal mask, parallel attention and MLP, ``x @ W.T`` l
 40B layout's grouped heads broadcast) and GPT-J (rotary on interleaved pairs, a sinusoidal CPU
 buffer). Each imports with one block function, trains to torch's loss and gradients on the
 reference executor, distributes (tensor and pipeline parallel) to the sequential step; OPT
-simulates close to the zoo GPT of its shape; a model whose attention transformers writes only
-in eager code (BLOOM's ALiBi) is one line, exit 2."""
+simulates close to the zoo GPT of its shape. BLOOM's attention, written out with ALiBi biases,
+is one Attention with the heads' slopes; attention with another bias is one line, exit 2."""
 
 from __future__ import annotations
 
@@ -57,11 +57,16 @@ CONFIGS: dict[str, dict[str, object]] = {
         "num_hidden_layers": 2, "max_position_embeddings": 8, "new_decoder_architecture": True,
         "parallel_attn": True, "bias": False, **TINY,
     },
+    "bloom": {"model_type": "bloom", "hidden_size": 16, "n_head": 4, "n_layer": 2, **TINY},
     "gptj": {
         "model_type": "gptj", "n_embd": 16, "n_head": 4, "n_layer": 2, "n_positions": 8,
         "rotary_dim": 2, **TINY,
     },
 }  # fmt: skip
+
+
+SEQ = {"bloom": 8}  # a config without a context length (ALiBi runs at any)
+SUFFIX = {f: f":seq={n}" for f, n in SEQ.items()}
 
 
 def config(tmp_path: Path, family: str, **changes: object) -> str:
@@ -81,7 +86,7 @@ def test_loss_and_gradients_equal_torch(family: str, tmp_path: Path) -> None:
     """Rotary tables and the norms' casts compute in float32 in a float64 model (Llama's
     tolerance); OPT's pad token row gets no gradient (``padding_idx``), as in torch."""
     torch.manual_seed(0)
-    module, inputs = hf_model(config(tmp_path, family), meta=False)
+    module, inputs = hf_model(config(tmp_path, family), seq=SEQ.get(family), meta=False)
     seq = inputs["input_ids"].shape[1]
     x = torch.randint(0, 32, (BATCH, seq))
     x[0, :2] = 1  # OPT's pad id: its embedding row gets no gradient
@@ -91,7 +96,7 @@ def test_loss_and_gradients_equal_torch(family: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_blocks_are_one_function_and_tp_shards_megatrons_weights(family: str, tmp_path: Path) -> None:
-    model = build_model(f"hf:{config(tmp_path, family)}", batch=2)
+    model = build_model(f"hf:{config(tmp_path, family)}{SUFFIX.get(family, '')}", batch=2)
     assert [c.callee for c in model.layers] == ["embed", "block", "block", "head", "loss"]
     tp = {w.name for w in model.weights if isinstance(w.tp, Shard)}
     block = {n.split(".0.", 1)[-1] for n in tp if ".0." in n}
@@ -105,6 +110,8 @@ def test_blocks_are_one_function_and_tp_shards_megatrons_weights(family: str, tm
                        "mlp.dense_4h_to_h"},
         "bert": {"attention.self.query", "attention.self.key", "attention.self.value",
                  "attention.output.dense", "intermediate.dense", "output.dense"},
+        "bloom": {"self_attention.query_key_value", "self_attention.dense", "mlp.dense_h_to_4h",
+                  "mlp.dense_4h_to_h"},
         "gptj": {"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.out_proj", "mlp.fc_in", "mlp.fc_out"},
     }[family]  # fmt: skip
     assert {n.rsplit(".", 1)[0] for n in block} == want
@@ -119,11 +126,13 @@ def test_blocks_are_one_function_and_tp_shards_megatrons_weights(family: str, tm
         ("falcon", "d1.t2.p1.k1"),
         ("gptj", "d1.t1.p2.k2.1f1b"),
         ("opt", "d2.t2.p1.k1"),
+        ("bloom", "d1.t2.p1.k1"),  # the heads split: each rank its heads' ALiBi slopes
     ],
 )
 def test_distributed_training_step_equals_sequential(family: str, strategy: str, tmp_path: Path) -> None:
     s = parse_strategy(strategy)
-    model = build_model(f"hf:{config(tmp_path, family)}", batch=s.k * s.d * 2, dtype=DType.f64)
+    path = f"hf:{config(tmp_path, family)}{SUFFIX.get(family, '')}"
+    model = build_model(path, batch=s.k * s.d * 2, dtype=DType.f64)
     cmp = check_against_sequential(model, s)
     assert cmp.max_rel_diff < 1e-7, f"{strategy}: {cmp.worst} differs by {cmp.max_rel_diff:.2e}"
     check_deadlock_free(project(cmp.materialized))
@@ -158,15 +167,25 @@ def test_simulates_close_to_the_zoo_gpt_of_its_shape(family: str, tmp_path: Path
     )
 
 
-def test_a_model_with_only_eager_attention_is_one_line_exit_2(tmp_path: Path) -> None:
-    d = tmp_path / "bloom"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps({"model_type": "bloom", "hidden_size": 16, "n_head": 4,
-                                               "n_layer": 2, **TINY}))  # fmt: skip
-    code, out, err = run("simulate", "--model", f"hf:{d}:seq=8", "--strategy", "d1.t1.p1.k1", "--batch", "2")
+def test_bloom_attention_is_one_attention_with_alibi_slopes(tmp_path: Path) -> None:
+    """BLOOM writes attention out (baddbmm with its ALiBi bias, the causal mask added, softmax,
+    bmm) on heads merged into the batch: one fused Attention with the heads' slopes, no S×S
+    scores, and its written-out GELU one GeluTanh."""
+    model = build_model(f"hf:{config(tmp_path, 'bloom')}:seq=8", batch=2)
+    names = [op.name for op in model.module["block"].ops()]
+    (att,) = [op for op in model.module["block"].ops() if op.name == "Attention"]
+    assert att.attrs["causal"] and tuple(att.attrs["alibi"]) == (0.25, 0.0625, 0.015625, 0.00390625)
+    assert names.count("GeluTanh") == 1 and "Softmax" not in names and "Tanh" not in names
+
+
+def test_attention_with_another_bias_is_one_line_exit_2(tmp_path: Path) -> None:
+    """Falcon with ``alibi=True`` adds its biases to the mask it gives sdpa: the ops building them
+    are listed, one line."""
+    path = config(tmp_path, "falcon", alibi=True)
+    code, out, err = run("simulate", "--model", f"hf:{path}", "--strategy", "d1.t1.p1.k1", "--batch", "2")
     assert code == 2 and not out
     (line,) = err.strip().splitlines()
-    assert "BloomForCausalLM computes attention only in its own eager code" in line and "ALiBi" in line
+    assert line.startswith("unsupported ops") and "modeling_falcon.py" in line
 
 
 def test_transformers_warnings_do_not_precede_the_result(tmp_path: Path) -> None:

@@ -35,9 +35,12 @@ from distir.frontends.torch_import.errors import StructureError, UnsupportedOpsE
 from distir.frontends.torch_import.layers import LayerOf, assign, module_paths
 from distir.frontends.torch_import.markers import is_marker
 from distir.frontends.torch_import.patterns import (
+    EagerAttentionMatch,
     GeluMatch,
     RMSMatch,
     RopeMatch,
+    is_causal_mask,
+    match_eager_attention,
     match_gelu_tanh,
     match_rms_norm,
     match_rope,
@@ -56,8 +59,6 @@ from distir.ops.registry import REGISTRY
 
 D0 = Device(0)
 PROBE = 2  # the batch a constant with a batch dim is evaluated at
-# an additive attention mask's value that hides a key: exp of it is 0 in every float format
-MASKED = -1e4
 
 
 @dataclass(frozen=True, slots=True)
@@ -500,12 +501,14 @@ class Converter:
         self.ropes: dict[str, RopeMatch] = {}
         self.norms: dict[str, RMSMatch] = {}
         self.gelus: dict[str, GeluMatch] = {}
+        self.attentions: dict[str, EagerAttentionMatch] = {}
         tables: dict[tuple[str, str], Any] = {}  # the tables' check, once per pair (shared by layers)
         for n in tensors:
-            m: RopeMatch | RMSMatch | GeluMatch | None = match_rope(
+            m: RopeMatch | RMSMatch | GeluMatch | EagerAttentionMatch | None = match_rope(
                 n, self.const, lambda a: self.kind.get(a.name) == "const", tables
             )
             m = m or match_rms_norm(n, lambda a: self.kind.get(a.name) == "param") or match_gelu_tanh(n)
+            m = m or match_eager_attention(n, self.const, self._computable)
             if m is None:
                 continue
             inside = {x.name for x in m.interior} | {n.name}
@@ -514,9 +517,46 @@ class Converter:
                     self.ropes[n.name] = m
                 elif isinstance(m, RMSMatch):
                     self.norms[n.name] = m
-                else:
+                elif isinstance(m, GeluMatch):
                     self.gelus[n.name] = m
+                else:
+                    self.attentions[n.name] = m
                 self.skip |= {x.name for x in m.interior}
+                if isinstance(m, EagerAttentionMatch):  # its bias is evaluated, never emitted
+                    self.skip |= {x.name for x in m.bias}
+
+    def _computable(self, n: Any) -> tuple[Any, ...] | None:
+        """The program's nodes ``n`` is computed by when it is computed from sizes and constants
+        alone (a bias tensor whose dims are multiples of the batch), else None."""
+        found: list[Any] = []
+        stack, seen = [n], set()
+        while stack:
+            x = stack.pop()
+            if not hasattr(x, "op") or x.name in seen:
+                continue
+            seen.add(x.name)
+            kind = self.kind.get(x.name)
+            if kind in ("input", "param") or (x.op == "placeholder" and kind != "const"):
+                return None
+            if kind == "tensor":
+                found.append(x)
+                stack.extend(x.all_input_nodes)
+        return tuple(found)
+
+    def _eager_attention(self, cx: Any, a: Sequence[Any], kw: dict[str, Any]) -> Value:
+        """Attention written out (``patterns.match_eager_attention``) as one Attention in BSHD
+        (ALiBi's slopes an attribute), its result back in (B, h, S, d)."""
+        m = self.attentions[self.node.name]
+        assert self.cur is not None
+        q, k, v = (
+            self.op("Transpose", self.tensor_arg(x, self.cur).value, perm=aten_map.BHSD)
+            for x in (m.q, m.k, m.v)
+        )
+        attrs: dict[str, Any] = {"causal": m.causal, "scale": m.scale}
+        if m.alibi is not None:
+            attrs["alibi"] = m.alibi
+        out, _ = self.ops("Attention", q, k, v, n=2, **attrs)
+        return self.op("Transpose", out, perm=aten_map.BHSD)
 
     def _rms_norm(self, cx: Any, a: Sequence[Any], kw: dict[str, Any]) -> Value:
         m = self.norms[self.node.name]
@@ -569,6 +609,8 @@ class Converter:
             emitter = self._rms_norm
         elif n.name in self.gelus:
             emitter = self._gelu_tanh
+        elif n.name in self.attentions:
+            emitter = self._eager_attention
         elif n.target is _getitem():
             emitter = aten_map.GETITEM
         elif _is_flip(n) and n.args[0].name in self.params and self.params[n.args[0].name].transposed:
@@ -584,7 +626,7 @@ class Converter:
             self.poisoned.add(n.name)
             return
         # a pattern's arguments are its skipped nodes: it reads its own input
-        rope = n.name in self.ropes or n.name in self.norms or n.name in self.gelus
+        rope = any(n.name in found for found in (self.ropes, self.norms, self.gelus, self.attentions))
         node_args, node_kwargs = list(n.args), dict(n.kwargs)
         if name == "aten.scaled_dot_product_attention":
             self._causal_sdpa(node_args, node_kwargs)
@@ -618,7 +660,7 @@ class Converter:
         if not hasattr(mask, "name") or self.kind.get(mask.name) != "const" or causal:
             return
         if mask.name not in self.causal_masks:
-            self.causal_masks[mask.name] = _is_causal(self.const(mask))
+            self.causal_masks[mask.name] = is_causal_mask(self.const(mask))
         if not self.causal_masks[mask.name]:
             return
         if len(args) > 3:
@@ -816,26 +858,6 @@ def _numpy_floats() -> tuple[Any, ...]:
     import torch
 
     return (torch.float16, torch.float32, torch.float64)
-
-
-def _is_causal(mask: Any) -> bool:
-    """Whether an attention mask (…, S, S), the same for every batch row and head, lets query i
-    see keys 0..i only (``_causal_sdpa``)."""
-    import torch
-
-    if not isinstance(mask, torch.Tensor) or mask.ndim < 2 or mask.shape[-1] != mask.shape[-2]:
-        return False
-    m = mask.detach().cpu()
-    if m.dtype == torch.bool:
-        allowed = m
-    elif m.is_floating_point():
-        allowed = m == 0
-        if not bool(torch.all(allowed | (m <= MASKED))):
-            return False
-    else:
-        return False
-    size = m.shape[-1]
-    return bool(torch.equal(allowed, torch.ones(size, size, dtype=torch.bool).tril().expand_as(allowed)))
 
 
 def _is_flip(n: Any) -> bool:

@@ -129,13 +129,7 @@ def _implementation(path: str, cfg: Any) -> str:
     cls: Any = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(cfg), None)
     if cls is None or getattr(cls, "_supports_attention_backend", False):
         return ATTENTION
-    if getattr(cls, "_supports_sdpa", False):
-        return "sdpa"
-    raise SourceError(
-        f"hf:{path}: {cls.__name__} computes attention only in its own eager code (no "
-        "scaled-dot-product path in transformers: position biases such as ALiBi, or a local "
-        "window), which distir does not import as one Attention; not supported"
-    )
+    return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
 
 
 def hf_model(
