@@ -19,6 +19,12 @@ two matmuls of 2·B·h·S²·d each, 4·B·h·S²·d, halved when causal; the ba
 (five matmuls, one of them the recomputed scores). Bytes read and written are the operands' and
 results' (the default): O(B·S·h·d).
 
+``alibi`` (default none) lists one slope per query head: ALiBi (Press et al., "Train Short,
+Test Long", ICLR 2022; BLOOM's positions) adds slope_h·(j − i) to query i's scaled score of key j
+(by the global positions kpos − qpos when given), as FlashAttention-2 takes ``alibi_slopes``; the
+FLOPs and bytes are unchanged. Split on the heads, each piece keeps its heads' slopes
+(``localize``); a ring (``ring`` > 1) does not take it.
+
 ``dropout`` (the probability of dropping an attention probability, default 0) is accepted by
 the type rule and costs nothing extra here (FlashAttention generates its mask on the fly from a
 seed); the numpy references refuse a nonzero dropout (``AttentionDropoutError``): they cannot
