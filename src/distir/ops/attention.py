@@ -21,8 +21,9 @@ results' (the default): O(B·S·h·d).
 
 ``alibi`` (default none) lists one slope per query head: ALiBi (Press et al., "Train Short,
 Test Long", ICLR 2022; BLOOM's positions) adds slope_h·(j − i) to query i's scaled score of key j
-(by the global positions kpos − qpos when given), as FlashAttention-2 takes ``alibi_slopes``; the
-FLOPs and bytes are unchanged. Split on the heads, each piece keeps its heads' slopes
+(by the global positions kpos − qpos when given): with ``causal``, FlashAttention-2's
+``alibi_slopes`` bias (−slope·|i − j|, which is the same on the keys a query sees); the FLOPs and
+bytes are unchanged. Split on the heads, each piece keeps its heads' slopes
 (``localize``); a ring (``ring`` > 1) does not take it.
 
 ``dropout`` (the probability of dropping an attention probability, default 0) is accepted by
