@@ -10,10 +10,10 @@ Attention runs through distir's own attention function (registered with transfor
 ``AttentionInterface`` as ``distir``): ``scaled_dot_product_attention`` with ``is_causal`` and
 grouped-query heads, no mask tensor — the fused ``Attention`` op of the registry. A model that
 does not call the interface (Falcon) runs its ``sdpa`` path, whose causal mask the importer
-recognizes; one with neither (BLOOM: ALiBi in eager code) is refused. transformers' warnings are
-held back while a model is built and traced (``quiet``). A model that
-needs a mask (padding, a sliding window shorter than the sequence) fails to import with that
-reason. Mixture-of-experts configs import when their blocks are Mixtral's (a top-k router and
+recognizes; one with neither its eager path (BLOOM's attention written out with ALiBi biases,
+which the importer makes one ``Attention``). transformers' warnings are held back while a model
+is built and traced (``quiet``). A model that needs a mask (padding, a sliding window shorter
+than the sequence) fails to import with that reason. Mixture-of-experts configs import when their blocks are Mixtral's (a top-k router and
 SwiGLU experts: traced as one ``MoE`` op each, ``moe``); others (a shared expert) are refused.
 """
 
@@ -119,11 +119,10 @@ def quiet() -> Iterator[None]:
         hf_logging.set_verbosity(level)
 
 
-def _implementation(path: str, cfg: Any) -> str:
+def _implementation(cfg: Any) -> str:
     """The attention implementation to build ``cfg``'s causal LM with: distir's own where the
     model calls transformers' attention interface, else its ``sdpa`` path (the causal mask it
-    then passes is recognized by the importer); a model with neither writes its attention out
-    op by op (BLOOM's ALiBi biases): an error."""
+    then passes is recognized by the importer), else its eager one (written out: BLOOM's)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     cls: Any = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(cfg), None)
@@ -165,7 +164,7 @@ def hf_model(
     cfg.use_cache = False
     if layers is not None:
         cfg.num_hidden_layers = layers
-    implementation = _implementation(path, cfg)
+    implementation = _implementation(cfg)
     try:
         with params_on_meta() if meta else contextlib.nullcontext():
             model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
