@@ -13,8 +13,9 @@ does not call the interface (Falcon) runs its ``sdpa`` path, whose causal mask t
 recognizes; one with neither its eager path (BLOOM's attention written out with ALiBi biases,
 which the importer makes one ``Attention``). transformers' warnings are held back while a model
 is built and traced (``quiet``). A model that needs a mask (padding, a sliding window shorter
-than the sequence) fails to import with that reason. Mixture-of-experts configs import when their blocks are Mixtral's (a top-k router and
-SwiGLU experts: traced as one ``MoE`` op each, ``moe``); others (a shared expert) are refused.
+than the sequence) fails to import with that reason. Mixture-of-experts configs import when
+their blocks are Mixtral's (a top-k router and SwiGLU experts: traced as one ``MoE`` op each,
+``moe``); others (a shared expert) are refused.
 """
 
 from __future__ import annotations
