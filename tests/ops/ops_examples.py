@@ -442,9 +442,18 @@ EXAMPLES.update(
             Case([T(f32, 2, 3, 4, 2), T(f32, 2, 3, 2, 2), T(f32, 2, 3, 2, 2)], {"causal": True}),
             Case([T(f64, 1, 4, 3, 5), T(f64, 1, 4, 1, 5), T(f64, 1, 4, 1, 5)], {"scale": 0.3}),
             Case([T(f16, 2, 2, 2, 4), T(f16, 2, 2, 2, 4), T(f16, 2, 2, 2, 4)]),
+            # ALiBi: a slope per query head (BLOOM's)
+            Case(
+                [T(f32, 2, 3, 4, 2), T(f32, 2, 3, 2, 2), T(f32, 2, 3, 2, 2)],
+                {"causal": True, "alibi": (0.5, 0.25, 0.125, 0.0625)},
+            ),
             # positions: 2 queries (a context-parallel rank's, at global positions) over 4 keys
             Case([T(f32, 2, 2, 4, 2), T(f32, 2, 4, 2, 2), T(f32, 2, 4, 2, 2), QPOS, KPOS], {"causal": True}),
             Case([T(f64, 2, 2, 2, 3), T(f64, 2, 4, 1, 3), T(f64, 2, 4, 1, 3), QPOS, KPOS]),
+            Case(
+                [T(f64, 2, 2, 2, 3), T(f64, 2, 4, 1, 3), T(f64, 2, 4, 1, 3), QPOS, KPOS],
+                {"causal": True, "alibi": (0.5, 0.25)},
+            ),
             # the ring's promise (``ring=2``): the same attention, its positions in the balanced order
             Case(
                 [T(f32, 1, 8, 2, 2), T(f32, 1, 8, 1, 2), T(f32, 1, 8, 1, 2), RING2, RING2],
@@ -458,6 +467,7 @@ EXAMPLES.update(
                 {"causal": True},
             ),
             Case([*[T(f64, 1, 4, 3, 2)] * 5, T(f64, 1, 3, 4)]),
+            Case([*[T(f64, 1, 4, 3, 2)] * 5, T(f64, 1, 3, 4)], {"causal": True, "alibi": (0.5, 0.25, 0.125)}),
             Case(
                 [
                     *[T(f64, 2, 2, 4, 2)] * 2,

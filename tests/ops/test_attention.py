@@ -369,3 +369,59 @@ def test_a_ring_without_positions_is_refused() -> None:
     q = T(f64, 1, 8, 2, 4)
     with pytest.raises(OpTypeError, match="ring=2 needs"):
         ATT.infer_types([q, q, q], Attrs({"ring": 2}), [None] * 3)
+
+
+SLOPES = (0.5, 0.25, 0.125, 0.0625)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_alibi_adds_slope_times_distance_to_every_score(causal: bool) -> None:
+    """ALiBi: query i's score of key j raised by its head's slope · (j − i), before the softmax;
+    the naive oracle adds it to q·kᵀ (a bias a row's constant shift does not change: BLOOM's
+    slope · j is the same attention)."""
+    b, s, h, d = 2, 5, 4, 3
+    q, k, v = qkv(np.random.default_rng(4), b, s, h, 2, d)
+    out, _ = run("Attention", [q, k, v], causal=causal, scale=0.5, alibi=SLOPES)
+    group = h // 2
+    want = np.zeros_like(q)
+    for n in range(b):
+        for i in range(h):
+            sc = q[n, :, i, :] @ k[n, :, i // group, :].T * 0.5 + SLOPES[i] * np.arange(s)[None, :]
+            if causal:
+                sc = np.where(np.triu(np.ones((s, s), dtype=bool), 1), -np.inf, sc)
+            p = np.exp(sc - sc.max(-1, keepdims=True))
+            want[n, :, i, :] = (p / p.sum(-1, keepdims=True)) @ v[n, :, i // group, :]
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+
+
+def test_alibi_grad_matches_finite_differences() -> None:
+    rng = np.random.default_rng(5)
+    q, k, v = qkv(rng, 1, 4, 4, 2, 2)
+    out, lse = run("Attention", [q, k, v], causal=True, alibi=SLOPES)
+    dout = rng.standard_normal(out.shape)
+    grads = run("AttentionGrad", [dout, q, k, v, out, lse], causal=True, alibi=SLOPES)
+    args = {"q": q, "k": k, "v": v}
+    for j, name in enumerate(("q", "k", "v")):
+
+        def objective(x: np.ndarray, name: str = name) -> float:
+            a = {**args, name: x}
+            got = run("Attention", [a["q"], a["k"], a["v"]], causal=True, alibi=SLOPES)[0]
+            return float(np.sum(dout * got))
+
+        np.testing.assert_allclose(grads[j], _numeric(objective, args[name]), rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_every_alibi_strategy_is_sound(n: int) -> None:
+    """Split on the heads, each piece gets its own heads' slopes (``localize``)."""
+    rng = np.random.default_rng(8)
+    attrs = {"causal": True, "alibi": SLOPES}
+    check(Case("Attention", tuple(qkv(rng, 2, 3, 4, 4, 2)), attrs), n, 13)
+    q, k, v = qkv(rng, 2, 3, 4, 4, 2)
+    out, lse = run("Attention", [q, k, v], **attrs)
+    check(Case("AttentionGrad", (rng.standard_normal(out.shape), q, k, v, out, lse), attrs), n, 14)
+
+
+def test_alibi_needs_a_slope_per_query_head() -> None:
+    with pytest.raises(OpTypeError, match="alibi lists 3 slopes for 4 query heads"):
+        ATT.infer_types([T(f32, 2, 3, 4, 2)] * 3, Attrs({"alibi": (1.0, 0.5, 0.25)}), [None] * 3)

@@ -19,6 +19,13 @@ two matmuls of 2·B·h·S²·d each, 4·B·h·S²·d, halved when causal; the ba
 (five matmuls, one of them the recomputed scores). Bytes read and written are the operands' and
 results' (the default): O(B·S·h·d).
 
+``alibi`` (default none) lists one slope per query head: ALiBi (Press et al., "Train Short,
+Test Long", ICLR 2022; BLOOM's positions) adds slope_h·(j − i) to query i's scaled score of key j
+(by the global positions kpos − qpos when given): with ``causal``, FlashAttention-2's
+``alibi_slopes`` bias (−slope·|i − j|, which is the same on the keys a query sees); the FLOPs and
+bytes are unchanged. Split on the heads, each piece keeps its heads' slopes
+(``localize``); a ring (``ring`` > 1) does not take it.
+
 ``dropout`` (the probability of dropping an attention probability, default 0) is accepted by
 the type rule and costs nothing extra here (FlashAttention generates its mask on the fly from a
 seed); the numpy references refuse a nonzero dropout (``AttentionDropoutError``): they cannot
@@ -95,7 +102,7 @@ from distir.ops._rules import float_attr, float_input, int_attr, out_numel_flops
 from distir.ops._special import F64, f64
 from distir.ops._torch import like, upcast
 from distir.ops.gradrules import GradCtx, NotDifferentiableError, first
-from distir.ops.registry import AttrSpec, CostClass, OpDef, TypeCtx, register
+from distir.ops.registry import AttrSpec, CostClass, LocalPiece, OpDef, TypeCtx, register
 
 if TYPE_CHECKING:
     from distir.backend.context import TorchContext
@@ -110,6 +117,9 @@ ATTENTION_ATTRS = {
     # > 1: the sequence is in the load-balanced order over that many ranks and, split along
     # the sequence over a mesh axis of that size, runs as ring attention (module docstring: ring)
     "ring": AttrSpec("int", 1),
+    # ALiBi (Press et al., "Train Short, Test Long", 2022): one slope per query head, the score
+    # of query i and key j raised by slope·(j − i) (by the global positions when given)
+    "alibi": AttrSpec("floats", None),
 }
 
 BACKWARD_FACTOR = 2.5  # FlashAttention-2: backward FLOPs = 2.5 x forward
@@ -157,6 +167,14 @@ def _check_qkv(ctx: TypeCtx, first_index: int, pos_at: int) -> tuple[TensorType,
     ring = ctx.attr("ring")
     if ring < 1 or (ring > 1 and not positioned):
         ctx.fail(f"{ctx.op.name}: ring={ring} needs ring >= 1, and positions when > 1", None, ">= 1", ring)
+    slopes = ctx.attr("alibi")
+    if slopes is not None and (len(slopes) != h or ring > 1):
+        ctx.fail(
+            f"{ctx.op.name}: alibi lists {len(slopes)} slopes for {h} query heads (and is not run as a ring)",
+            None,
+            h,
+            len(slopes),
+        )
     return q, k
 
 
@@ -239,11 +257,30 @@ def _group_sum(x: F64, hkv: int) -> F64:
     return x.reshape(b, s, hkv, h // max(hkv, 1), d).sum(axis=3)  # type: ignore[no-any-return]
 
 
-def scores(q: F64, k: F64, scale: float, causal: bool, pos: tuple[Any, Any] | None = None) -> F64:
-    """(B, h, S_q, S_k) scaled scores of q (B, S_q, h, d) against the repeated k; -inf where
-    masked (by the global positions ``pos`` = (qpos, kpos), if given)."""
+def alibi_bias(slopes: Sequence[float], sq: int, sk: int, pos: tuple[Any, Any] | None = None) -> F64:
+    """ALiBi's (B or 1, h, S_q, S_k) bias: slope_h · (kpos − qpos) (0..S−1 without positions)."""
+    if pos is None:
+        dist = (np.arange(sk, dtype=np.float64)[None, :] - np.arange(sq, dtype=np.float64)[:, None])[None]
+    else:
+        qp, kp = (np.asarray(p, dtype=np.float64) for p in pos)
+        dist = kp[:, None, :] - qp[:, :, None]
+    return np.asarray(slopes, dtype=np.float64)[None, :, None, None] * dist[:, None]
+
+
+def scores(
+    q: F64,
+    k: F64,
+    scale: float,
+    causal: bool,
+    pos: tuple[Any, Any] | None = None,
+    alibi: Sequence[float] | None = None,
+) -> F64:
+    """(B, h, S_q, S_k) scaled scores of q (B, S_q, h, d) against the repeated k, plus ALiBi's
+    bias if given; -inf where masked (by the global positions ``pos`` = (qpos, kpos), if given)."""
     group = q.shape[2] // max(k.shape[2], 1)
     s = np.einsum("bihd,bjhd->bhij", q, repeat_kv(k, group)) * scale
+    if alibi is not None:
+        s = s + alibi_bias(alibi, s.shape[2], s.shape[3], pos)
     if causal and pos is not None:
         qp, kp = np.asarray(pos[0]), np.asarray(pos[1])
         s = np.where(kp[:, None, None, :] > qp[:, None, :, None], -np.inf, s)
@@ -254,12 +291,19 @@ def scores(q: F64, k: F64, scale: float, causal: bool, pos: tuple[Any, Any] | No
 
 
 def attention_reference(
-    q: Any, k: Any, v: Any, *, causal: bool, scale: float | None = None, pos: tuple[Any, Any] | None = None
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    scale: float | None = None,
+    pos: tuple[Any, Any] | None = None,
+    alibi: Sequence[float] | None = None,
 ) -> tuple[F64, F64]:
     """Exact softmax attention in float64: (out (B, S, h, d), lse (B, h, S))."""
     qd, kd, vd = f64(q), f64(k), f64(v)
     sc = 1.0 / math.sqrt(qd.shape[3]) if scale is None else scale
-    s = scores(qd, kd, sc, causal, pos)
+    s = scores(qd, kd, sc, causal, pos, alibi)
     m = np.max(s, axis=-1, keepdims=True, initial=-np.inf) if s.size else np.zeros((*s.shape[:-1], 1))
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m)
@@ -281,8 +325,14 @@ def _attention_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
         causal=bool(attrs.get("causal", False)),
         scale=_scale(attrs, q.shape[3]),
         pos=(args[3], args[4]) if len(args) > 3 else None,
+        alibi=_alibi(attrs),
     )
     return (out.astype(q.dtype), lse.astype(lse_dtype(DType.from_numpy(q.dtype)).to_numpy()))
+
+
+def _alibi(attrs: Attrs) -> tuple[float, ...] | None:
+    slopes: Any = attrs.get("alibi")
+    return None if slopes is None else tuple(float(x) for x in slopes)
 
 
 def attention_grad_reference(
@@ -296,13 +346,14 @@ def attention_grad_reference(
     causal: bool,
     scale: float,
     pos: tuple[Any, Any] | None = None,
+    alibi: Sequence[float] | None = None,
 ) -> tuple[F64, F64, F64]:
     """(dq, dk, dv) in float64, the probabilities rebuilt from ``lse`` (FlashAttention-2's
     backward, untiled)."""
     do, qd, kd, vd, od = f64(dout), f64(q), f64(k), f64(v), f64(out)
     hkv = kd.shape[2]
     group = qd.shape[2] // max(hkv, 1)
-    p = np.exp(scores(qd, kd, scale, causal, pos) - f64(lse)[..., None])  # (B, h, S_q, S_k)
+    p = np.exp(scores(qd, kd, scale, causal, pos, alibi) - f64(lse)[..., None])  # (B, h, S_q, S_k)
     dv = _group_sum(np.einsum("bhij,bihd->bjhd", p, do), hkv)
     dp = np.einsum("bihd,bjhd->bhij", do, repeat_kv(vd, group))
     delta = np.einsum("bihd,bihd->bhi", do, od)[..., None]  # rowsum(dout ⊙ out)
@@ -326,6 +377,7 @@ def _attention_grad_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
         causal=bool(attrs.get("causal", False)),
         scale=_scale(attrs, q.shape[3]),
         pos=(args[6], args[7]) if len(args) > 6 else None,
+        alibi=_alibi(attrs),
     )
     return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(k.dtype))
 
@@ -470,6 +522,20 @@ def _attention_grad_sharding(
     return [sh.replicated(ins, outs), *found]
 
 
+def _alibi_localizer(q_at: int) -> Any:
+    """The slopes of a piece's query heads (q input ``q_at`` sharded on its heads, dim 2)."""
+
+    def localize(attrs: Attrs, ins: Sequence[LocalPiece | None], outs: Sequence[LocalPiece | None]) -> Attrs:
+        slopes = _alibi(attrs)
+        piece = ins[q_at]
+        if slopes is None or piece is None:
+            return attrs
+        start, count = piece.offset[2], piece.shape[2]
+        return Attrs({**dict(attrs.items()), "alibi": slopes[start : start + count]})
+
+    return localize
+
+
 ATTENTION = register(
     OpDef(
         name="Attention",
@@ -486,6 +552,7 @@ ATTENTION = register(
         "f32 log-sum-exp per query (B, h, S); never an S×S value.",
         sharding=_attention_sharding,
         attention_core=True,
+        localize=_alibi_localizer(0),
     )
 )
 ATTENTION_GRAD = register(
@@ -503,6 +570,7 @@ ATTENTION_GRAD = register(
         doc="Gradients of Attention w.r.t. q, k and v (FlashAttention-2's backward: recomputes "
         "the scores from q, k and lse; 2.5x the forward FLOPs).",
         sharding=_attention_grad_sharding,
+        localize=_alibi_localizer(1),
     )
 )
 
@@ -736,6 +804,7 @@ class _Heads(NamedTuple):
     causal: bool
     scale: float
     pos: tuple[Any, Any] | None = None  # (qpos, kpos): global positions (module docstring)
+    alibi: tuple[float, ...] | None = None  # ALiBi's slopes, one per query head
 
 
 def _heads(q: Any, k: Any, v: Any, attrs: Attrs, pos: Sequence[Any] = ()) -> _Heads:
@@ -751,6 +820,7 @@ def _heads(q: Any, k: Any, v: Any, attrs: Attrs, pos: Sequence[Any] = ()) -> _He
         causal,
         _scale(attrs, q.shape[3]),
         (pos[0], pos[1]) if pos else None,
+        _alibi(attrs),
     )
 
 
@@ -762,6 +832,9 @@ def _fused(ctx: TorchContext) -> bool:
 def _scores_torch(ctx: TorchContext, a: _Heads) -> Any:
     """(B, h, S_q, S_k) scaled scores (in f32 for 16-bit inputs), -inf where masked."""
     s = upcast(ctx, a.q) @ upcast(ctx, a.k).transpose(-1, -2) * a.scale
+    if a.alibi is not None:
+        bias = alibi_bias(a.alibi, s.shape[2], s.shape[3], a.pos and tuple(p.cpu().numpy() for p in a.pos))
+        s = s + ctx.torch.as_tensor(bias, dtype=s.dtype, device=s.device)
     if a.causal and a.pos is not None:
         qp, kp = a.pos
         s = s.masked_fill(kp[:, None, None, :] > qp[:, None, :, None], -math.inf)
@@ -775,7 +848,7 @@ def _attention_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tupl
     q = xs[0]
     a = _heads(q, xs[1], xs[2], attrs, xs[3:])
     lse_t = ctx.dtype(lse_dtype(DType.f64 if q.dtype == ctx.torch.float64 else DType.f32))
-    if _fused(ctx) and a.pos is None:
+    if _fused(ctx) and a.pos is None and a.alibi is None:
         kernel = ctx.torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         out, lse = kernel(a.q, a.k, a.v, 0.0, a.causal, scale=a.scale)
     else:
@@ -809,7 +882,7 @@ def _attention_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) ->
     dout, q, k, v, out, lse = xs[:6]
     a = _heads(q, k, v, attrs, xs[6:])
     dout_h, out_h = dout.transpose(1, 2), out.transpose(1, 2)
-    if _fused(ctx) and a.pos is None:
+    if _fused(ctx) and a.pos is None and a.alibi is None:
         kernel = ctx.torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
         dq, dk, dv = kernel(dout_h, a.q, a.k, a.v, out_h, lse, 0.0, a.causal, scale=a.scale)
     else:

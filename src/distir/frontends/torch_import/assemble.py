@@ -85,7 +85,8 @@ def build_imported(
     calls.append(LayerCall(token_loss_fn(vocab, normalizer), ("labels",), "loss"))
     keys = [lay.key for lay in conv.layers]
     pre, post = int(keys[0] == "pre"), int(keys[-1] == "post") + 1
-    head = specs[conv.layers[-1].weights[-1]] if conv.layers[-1].weights else None
+    # the head's matrix: the last layer's last 2-d weight (a bias may follow it)
+    head = next((specs[w] for w in reversed(conv.layers[-1].weights) if len(specs[w].type.shape) == 2), None)
     rank = len(conv.output_shape)
     vocab_tp = head is not None and isinstance(head.tp, Shard) and head.type.shape[head.tp.dim] == vocab
     seq_dim = 1 if len(conv.input_shape) >= 2 and rank == 3 and not conv.packed else None

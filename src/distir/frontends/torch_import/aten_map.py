@@ -18,6 +18,7 @@ source location (``UnsupportedOpsError``) rather than import a part of the model
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -96,7 +97,11 @@ def _permute(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
 
 
 def _view(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
-    return cx.op("Reshape", _v(a[0]), shape=cx.target_shape(a[0], a[1]))
+    shape = cx.target_shape(a[0], a[1])
+    same = len(shape) == len(a[0].shape) and all(
+        (n is None and t == 0) or n == t for n, t in zip(a[0].shape, shape, strict=True)
+    )
+    return _v(a[0]) if same else cx.op("Reshape", _v(a[0]), shape=shape)
 
 
 def _unflatten(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
@@ -142,7 +147,8 @@ def _slice(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
     size = x.shape[dim]
     if size is None:
         raise NotImplementedError("slicing the batch dim")
-    end = size if end is None else min(end, size)
+    start = max(start + size, 0) if start < 0 else start
+    end = size if end is None else min(end + size if end < 0 else end, size)
     if start == 0 and end == size and step == 1:
         return _v(x)
     return cx.op("Slice", _v(x), starts=(start,), ends=(end,), axes=(dim,), steps=(step,))
@@ -158,10 +164,57 @@ def _select(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
     return cx.op("Squeeze", s, axes=(dim,))
 
 
+def _index(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
+    """``x[..., idx, ...]`` with one index tensor known at import (a constant: Falcon's
+    multi-query key and value heads) and the other dims whole: a Slice where the indices are
+    consecutive, else a Gather."""
+    x, indices = a[0], list(a[1])
+    at = [d for d, i in enumerate(indices) if i is not None]
+    idx = indices[at[0]] if len(at) == 1 else None
+    const = getattr(idx, "const", None)
+    if const is None or const.ndim != 1 or const.dtype.kind not in "iu":
+        raise NotImplementedError("indexing other than by one constant list of indices")
+    dim = at[0]
+    size = x.shape[dim]
+    if size is None:
+        raise NotImplementedError("indexing the batch dim")
+    rows = [int(i) + size if i < 0 else int(i) for i in const.tolist()]
+    if rows and rows == list(range(rows[0], rows[0] + len(rows))):
+        return cx.op("Slice", _v(x), starts=(rows[0],), ends=(rows[0] + len(rows),), axes=(dim,))
+    return cx.op("Gather", _v(x), _v(idx), axis=dim)
+
+
 def _cat(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
     xs = a[0]
     dim = a[1] if len(a) > 1 else kw.get("dim", 0)
     return cx.op("Concat", *(_v(x) for x in xs), axis=_axis(dim, len(xs[0].shape)))
+
+
+def _stack(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
+    xs = a[0]
+    dim = _axis(a[1] if len(a) > 1 else kw.get("dim", 0), len(xs[0].shape) + 1)
+    return cx.op("Concat", *(cx.op("Unsqueeze", _v(x), axes=(dim,)) for x in xs), axis=dim)
+
+
+def _flatten(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
+    """``flatten(x, start, end)`` as a Reshape: the dims before ``start`` copied (0), those from
+    ``start`` to ``end`` one dim (-1 if the batch is among them), the dims after as they are."""
+    x = a[0]
+    r = len(x.shape)
+    if r == 0:
+        return cx.op("Reshape", _v(x), shape=(1,))
+    start = _axis(a[1] if len(a) > 1 else 0, r)
+    end = _axis(a[2] if len(a) > 2 else -1, r)
+    merged = x.shape[start : end + 1]
+    size = -1 if None in merged else int(math.prod(merged))
+    shape = (
+        *(0 if n is None else n for n in x.shape[:start]),
+        size,
+        *(-1 if n is None else n for n in x.shape[end + 1 :]),
+    )
+    if shape.count(-1) > 1:
+        raise NotImplementedError(f"a flatten to {list(shape)} with two batch-dependent dims")
+    return cx.op("Reshape", _v(x), shape=shape)
 
 
 def _split(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> tuple[Value, ...]:
@@ -174,6 +227,18 @@ def _split(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> tuple[Value, ...]:
     if not isinstance(size, list | tuple) and total % size:
         sizes.append(total % size)
     return cx.ops("Split", _v(x), n=len(sizes), dim=dim, sizes=tuple(sizes))
+
+
+def _chunk(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> tuple[Value, ...]:
+    """``chunk(x, n, dim)``: pieces of ceil(size / n) along ``dim``, the last what remains
+    (fewer than n pieces when they run out, as torch's)."""
+    x, n = a[0], a[1]
+    dim = _axis(a[2] if len(a) > 2 else kw.get("dim", 0), len(x.shape))
+    total = x.shape[dim]
+    if total is None:
+        raise NotImplementedError("chunking the batch dim")
+    step = -(-total // n)
+    return _split(cx, (x, step, dim), {})
 
 
 # -- normalization, attention, embedding -------------------------------------------------------
@@ -205,7 +270,10 @@ def _sdpa(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
     names = ("attn_mask", "dropout_p", "is_causal", "scale")
     opt = {n: (a[3 + i] if len(a) > 3 + i else kw.get(n)) for i, n in enumerate(names)}
     if opt["attn_mask"] is not None:
-        raise NotImplementedError("scaled_dot_product_attention with an attention mask tensor")
+        raise NotImplementedError(
+            "scaled_dot_product_attention with a mask or bias tensor other than the causal mask "
+            "(padding, ALiBi biases, a sliding window): only causal or unmasked attention imports"
+        )
     if len(q.shape) != 4:
         raise NotImplementedError("scaled_dot_product_attention on other than (B, h, S, d)")
     attrs: dict[str, Any] = {"causal": bool(opt["is_causal"])}
@@ -219,7 +287,17 @@ def _sdpa(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
 
 
 def _embedding(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
-    return cx.op("Gather", _v(a[0]), _v(a[1]), axis=0)
+    """``embedding(w, ids, padding_idx)``: a Gather; with a padding index (``nn.Embedding``'s
+    ``padding_idx``: that row gets no gradient) the rows of that id pass through a StopGradient,
+    chosen by a Where on ``ids == padding_idx``."""
+    y = cx.op("Gather", _v(a[0]), _v(a[1]), axis=0)
+    pad = a[2] if len(a) > 2 else kw.get("padding_idx", -1)
+    if pad is None or pad < 0:
+        return y
+    ids = _v(a[1])
+    hit = cx.op("Equal", ids, cx.op("FillLike", ids, value=float(pad)))
+    hit = cx.op("Unsqueeze", hit, axes=(len(a[1].shape),))
+    return cx.op("Where", hit, cx.op("StopGradient", y), y)
 
 
 def _softmax(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
@@ -348,6 +426,7 @@ ATEN: dict[str, Emitter] = {
     "aten.bmm": _matmul,
     "aten.matmul": _matmul,
     "aten.t": _t,
+    "aten.numpy_T": _t,
     "aten.transpose": _transpose,
     "aten.permute": _permute,
     "aten.view": _view,
@@ -357,11 +436,16 @@ ATEN: dict[str, Emitter] = {
     "aten.unsqueeze": _unsqueeze,
     "aten.squeeze": _squeeze,
     "aten.expand": _expand,
+    "aten.broadcast_to": _expand,
     "aten.slice": _slice,
     "aten.select": _select,
+    "aten.index": _index,
     "aten.cat": _cat,
+    "aten.stack": _stack,
+    "aten.flatten": _flatten,
     "aten.split": _split,
     "aten.split_with_sizes": _split,
+    "aten.chunk": _chunk,
     "aten.layer_norm": _layer_norm,
     "aten.rms_norm": _rms_norm,
     "aten.scaled_dot_product_attention": _sdpa,
@@ -372,6 +456,7 @@ ATEN: dict[str, Emitter] = {
     "aten.sum": _reduce("ReduceSum"),
     "aten.amax": _reduce("ReduceMax"),
     "aten.add": _binary("Add"),
+    "aten.add_": _binary("Add"),  # in place on a value nothing else reads (Falcon's residual)
     "aten.sub": _binary("Sub"),
     "aten.mul": _binary("Mul"),
     "aten.div": _binary("Div"),
@@ -394,3 +479,4 @@ ATEN: dict[str, Emitter] = {
 }
 
 GETITEM = _getitem
+IDENTITY_EMITTER = _identity

@@ -1,12 +1,15 @@
 """Conversion: a traced program (``trace.Traced``) → layer functions of registry ops.
 
 Every node of the exported graph is one of: a *constant* (computed from buffers, literals and
-static shapes alone: evaluated on the CPU by torch, then written as a ``Constant`` op in each
-layer that uses it), a *symbolic size* (the batch or a multiple: it only ever appears in shapes,
-written as ``Reshape``'s ``0``/``-1``), or a *tensor* of the program, written into the layer
-function its module path assigns it to (``layers.assign``) by the ATen table (``aten_map``).
+sizes alone: evaluated on the CPU by torch, then written as a ``Constant`` op in each layer that
+uses it; one with a batch dim, OPT's positions from a mask of ones, is evaluated at ``PROBE``
+samples and kept as one sample's, every sample's being equal), a *symbolic size* (the batch or
+a multiple: it only ever appears in shapes, written as ``Reshape``'s ``0``/``-1``), or a
+*tensor* of the program, written into the layer function its module path assigns it to
+(``layers.assign``) by the ATen table (``aten_map``).
 Dead nodes (unused by the output) are dropped first, so a mask the attention never reads costs
-nothing.
+nothing; a constant mask that is the causal one (a model's ``sdpa`` path materializes it) makes
+the attention causal and is not written (``_causal_sdpa``).
 
 Between layers only one tensor may pass — the activation of the chain (``model.py``'s
 contract); parameters become the layer function's parameters (named by their path relative to
@@ -32,9 +35,12 @@ from distir.frontends.torch_import.errors import StructureError, UnsupportedOpsE
 from distir.frontends.torch_import.layers import LayerOf, assign, module_paths
 from distir.frontends.torch_import.markers import is_marker
 from distir.frontends.torch_import.patterns import (
+    EagerAttentionMatch,
     GeluMatch,
     RMSMatch,
     RopeMatch,
+    is_causal_mask,
+    match_eager_attention,
     match_gelu_tanh,
     match_rms_norm,
     match_rope,
@@ -52,6 +58,7 @@ from distir.limits import MAX_CONSTANT, is_digits
 from distir.ops.registry import REGISTRY
 
 D0 = Device(0)
+PROBE = 2  # the batch a constant with a batch dim is evaluated at
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +159,7 @@ class Converter:
         self.consts: dict[str, Any] = {}  # evaluated constants (torch tensors / numbers)
         self.unsupported: dict[str, list[str]] = defaultdict(list)
         self.poisoned: set[str] = set()
+        self.causal_masks: dict[str, bool] = {}  # attention mask node → whether it is the causal one
         self.layer_of: dict[str, LayerOf] = {}
         self.builders: dict[str, _Builder] = {}
         self.order: list[str] = []
@@ -186,7 +194,10 @@ class Converter:
             linear = [
                 u for u in n.users if _packet(u) == "aten.linear" and len(u.args) > 1 and u.args[1] is n
             ]
-            transposed = len(shape) == 2 and bool(linear) and len(linear) == len(n.users)
+            flips = [u for u in n.users if _is_flip(u)]  # x @ W.T (Falcon's, GPT-J's linear layers)
+            transposed = (
+                len(shape) == 2 and bool(linear or flips) and len(linear) + len(flips) == len(n.users)
+            )
             stored = shape[::-1] if transposed else shape
             out[n.name] = Param(name, stored, transposed, bool(linear) and not transposed)
         return out
@@ -206,13 +217,23 @@ class Converter:
                     self.kind[n.name] = "none"
                 elif _is_symint(val):
                     self.kind[n.name] = "const" if not _symbolic(val) else "sym"
-                elif all(k == "const" for k in ins) and not _has_symbols(val):
-                    self.kind[n.name] = "const"
+                elif all(k in ("const", "sym") for k in ins) and self._batch_only(val):
+                    self.kind[n.name] = "const"  # the same for every sample (a mask of ones)
                 else:
                     self.kind[n.name] = "tensor"
 
+    def _batch_only(self, val: Any) -> bool:
+        """Whether ``val``'s shape has no symbolic dim but the batch itself (not a multiple)."""
+        if isinstance(val, list | tuple):
+            return all(self._batch_only(v) for v in val)
+        shape = getattr(val, "shape", ())
+        return all(not _symbolic(d) or d.node.expr == self.batch for d in shape)
+
     # -- constants -------------------------------------------------------------------------
     def const(self, n: Any) -> Any:
+        """The value of constant ``n``, a shape's size or a tensor computed from buffers, literals
+        and sizes; a batch-sized dim is evaluated at ``PROBE`` samples (``_constant_value`` keeps
+        one row of it, the rows being equal)."""
         if n.name in self.consts:
             return self.consts[n.name]
         import torch
@@ -226,17 +247,22 @@ class Converter:
                 return torch.device("cpu")
             return a
 
-        args = real(n.args)
-        kwargs = {k: real(v) for k, v in n.kwargs.items()}
-        if "device" in kwargs:
-            kwargs["device"] = torch.device("cpu")
         val = n.meta.get("val")
         if _is_symint(val):
-            v: Any = int(val)
+            v: Any = int(val) if not _symbolic(val) else val.node.expr.subs(self.batch, PROBE)
+            if not isinstance(v, int) and not getattr(v, "is_number", False):
+                raise StructureError(
+                    f"size {n.name} ({_location(n)}) depends on more than the batch ({val.node.expr})"
+                )
+            v = int(v)
         else:
+            args = real(n.args)
+            kwargs = {k: real(v) for k, v in n.kwargs.items()}
+            if "device" in kwargs:
+                kwargs["device"] = torch.device("cpu")
             with torch.no_grad():
                 v = n.target(*args, **kwargs)
-        if isinstance(v, torch.Tensor) and v.device.type == "meta":
+        if _no_values(v):
             raise StructureError(
                 f"constant {n.name} ({_location(n)}) is computed from a buffer on the meta device"
             )
@@ -247,13 +273,16 @@ class Converter:
         import torch
 
         c = self.const(n)
-        if isinstance(c, torch.Tensor) and c.device.type == "meta":  # a buffer made on meta
+        if _no_values(c):  # a buffer made on meta
             name = self.t.program.graph_signature.inputs_to_buffers.get(n.name, n.name)
             raise StructureError(
                 f"buffer {name} is on the meta device: the import needs a buffer's values (create "
                 "buffers off the meta device; parameters may stay there)"
             )
+        if isinstance(c, torch.Tensor) and c.is_floating_point() and c.dtype not in _numpy_floats():
+            c = c.float()  # a float format numpy lacks (bfloat16)
         arr = c.detach().cpu().numpy() if isinstance(c, torch.Tensor) else np.asarray(c)
+        arr = self._one_sample(n, arr)
         if arr.size > MAX_CONSTANT.max:
             raise StructureError(
                 f"constant {n.name} ({_location(n)}) has {arr.size:,} elements, above the "
@@ -266,6 +295,22 @@ class Converter:
             value = _nested(arr.astype(dt.to_numpy()) if arr.dtype.kind in "fiu" else arr)
             (b.values[key],) = b.fb.op("Constant", names=["const"], value=value, dtype=dt, device=D0)
         return TArg(b.values[key], tuple(arr.shape), (False,) * arr.ndim, arr)
+
+    def _one_sample(self, n: Any, arr: np.ndarray) -> np.ndarray:
+        """A constant with batch dims (evaluated at ``PROBE`` samples) as one sample (size 1 on
+        them: broadcast where it is used), when every sample's value is the same; else an error."""
+        _, batch = self.shape_of(n) if hasattr(n.meta.get("val"), "shape") else ((), ())
+        for d, is_batch in enumerate(batch):
+            if not is_batch:
+                continue
+            first = np.take(arr, [0], axis=d)
+            if not np.array_equal(np.broadcast_to(first, arr.shape), arr):
+                raise StructureError(
+                    f"constant {n.name} ({_location(n)}) differs between the samples of a batch: "
+                    "compute a value per sample from the model's input"
+                )
+            arr = first
+        return arr
 
     # -- arguments ---------------------------------------------------------------------------
     def shape_of(self, n: Any) -> tuple[tuple[int | None, ...], tuple[bool, ...]]:
@@ -337,10 +382,36 @@ class Converter:
             folded = self._fold_transpose(inputs[0], tuple(attrs["perm"]))
             if folded is not None:
                 return (folded,)
+        moved = self._before_transpose(name, inputs, n, attrs)
+        if moved is not None:
+            return moved
         outs = self.cur.fb.op(name, *inputs, n_out=n, **attrs)
         if name == "Transpose":
             self._transposes[outs[0]] = (inputs[0], tuple(attrs["perm"]))
         return outs
+
+    def _before_transpose(
+        self, name: str, inputs: Sequence[Value], n: int, attrs: dict[str, Any]
+    ) -> tuple[Value, ...] | None:
+        """A Split, Slice or Concat of transposed values (all by one perm) run before the
+        transpose instead, along the axis it maps to, and its results transposed: those
+        transposes then cancel against the next ones (GPT-NeoX's head transposes around the
+        rotary slices and the attention), and a dead transpose of the whole is dropped. Never more
+        bytes moved: the pieces' transposes add up to the whole's at most."""
+        axis_key = {"Split": "dim", "Slice": "axes", "Concat": "axis"}.get(name)
+        if axis_key is None or not inputs or any(v not in self._transposes for v in inputs):
+            return None
+        perms = {self._transposes[v][1] for v in inputs}
+        if len(perms) != 1 or (name != "Concat" and len(inputs) != 1):
+            return None
+        (perm,) = perms
+        rank = len(perm)
+        axis = attrs[axis_key]
+        mapped = tuple(perm[a % rank] for a in axis) if isinstance(axis, list | tuple) else perm[axis % rank]
+        assert self.cur is not None
+        srcs = [self._transposes[v][0] for v in inputs]
+        outs = self.cur.fb.op(name, *srcs, n_out=n, **{**attrs, axis_key: mapped})
+        return tuple(self.op("Transpose", o, perm=perm) for o in outs)
 
     def _fold_transpose(self, x: Value, perm: tuple[int, ...]) -> Value | None:
         prev = self._transposes.get(x)
@@ -407,7 +478,10 @@ class Converter:
                 self.layer_of[n.name] = lay
         self._match_patterns(tensors)
         for n in tensors:
-            if n.name not in self.skip:
+            if n.name in self.skip:  # a pattern's node: poisoned with its inputs, for the pattern's
+                if any(a.name in self.poisoned for a in n.all_input_nodes):
+                    self.poisoned.add(n.name)
+            else:
                 before = len(self._builder(self.layer_of[n.name].key).fb)
                 self._emit(n)
                 if self.stage_of is not None:
@@ -427,12 +501,14 @@ class Converter:
         self.ropes: dict[str, RopeMatch] = {}
         self.norms: dict[str, RMSMatch] = {}
         self.gelus: dict[str, GeluMatch] = {}
+        self.attentions: dict[str, EagerAttentionMatch] = {}
         tables: dict[tuple[str, str], Any] = {}  # the tables' check, once per pair (shared by layers)
         for n in tensors:
-            m: RopeMatch | RMSMatch | GeluMatch | None = match_rope(
+            m: RopeMatch | RMSMatch | GeluMatch | EagerAttentionMatch | None = match_rope(
                 n, self.const, lambda a: self.kind.get(a.name) == "const", tables
             )
             m = m or match_rms_norm(n, lambda a: self.kind.get(a.name) == "param") or match_gelu_tanh(n)
+            m = m or match_eager_attention(n, self.const, self._computable)
             if m is None:
                 continue
             inside = {x.name for x in m.interior} | {n.name}
@@ -441,9 +517,46 @@ class Converter:
                     self.ropes[n.name] = m
                 elif isinstance(m, RMSMatch):
                     self.norms[n.name] = m
-                else:
+                elif isinstance(m, GeluMatch):
                     self.gelus[n.name] = m
+                else:
+                    self.attentions[n.name] = m
                 self.skip |= {x.name for x in m.interior}
+                if isinstance(m, EagerAttentionMatch):  # its bias is evaluated, never emitted
+                    self.skip |= {x.name for x in m.bias}
+
+    def _computable(self, n: Any) -> tuple[Any, ...] | None:
+        """The program's nodes ``n`` is computed by when it is computed from sizes and constants
+        alone (a bias tensor whose dims are multiples of the batch), else None."""
+        found: list[Any] = []
+        stack, seen = [n], set()
+        while stack:
+            x = stack.pop()
+            if not hasattr(x, "op") or x.name in seen:
+                continue
+            seen.add(x.name)
+            kind = self.kind.get(x.name)
+            if kind in ("input", "param") or (x.op == "placeholder" and kind != "const"):
+                return None
+            if kind == "tensor":
+                found.append(x)
+                stack.extend(x.all_input_nodes)
+        return tuple(found)
+
+    def _eager_attention(self, cx: Any, a: Sequence[Any], kw: dict[str, Any]) -> Value:
+        """Attention written out (``patterns.match_eager_attention``) as one Attention in BSHD
+        (ALiBi's slopes an attribute), its result back in (B, h, S, d)."""
+        m = self.attentions[self.node.name]
+        assert self.cur is not None
+        q, k, v = (
+            self.op("Transpose", self.tensor_arg(x, self.cur).value, perm=aten_map.BHSD)
+            for x in (m.q, m.k, m.v)
+        )
+        attrs: dict[str, Any] = {"causal": m.causal, "scale": m.scale}
+        if m.alibi is not None:
+            attrs["alibi"] = m.alibi
+        out, _ = self.ops("Attention", q, k, v, n=2, **attrs)
+        return self.op("Transpose", out, perm=aten_map.BHSD)
 
     def _rms_norm(self, cx: Any, a: Sequence[Any], kw: dict[str, Any]) -> Value:
         m = self.norms[self.node.name]
@@ -461,7 +574,7 @@ class Converter:
         x = self.tensor_arg(m.x, self.cur).value
         if m.seq_axis == 2:
             x = self.op("Transpose", x, perm=aten_map.BHSD)
-        y = self.op("Rope", x, halves=True, freqs=m.freqs)
+        y = self.op("Rope", x, halves=m.halves, freqs=m.freqs)
         return self.op("Transpose", y, perm=aten_map.BHSD) if m.seq_axis == 2 else y
 
     def _builder(self, key: str) -> _Builder:
@@ -496,8 +609,14 @@ class Converter:
             emitter = self._rms_norm
         elif n.name in self.gelus:
             emitter = self._gelu_tanh
+        elif n.name in self.attentions:
+            emitter = self._eager_attention
         elif n.target is _getitem():
             emitter = aten_map.GETITEM
+        elif _is_flip(n) and n.args[0].name in self.params and self.params[n.args[0].name].transposed:
+            emitter = aten_map.IDENTITY_EMITTER  # the weight is stored transposed already
+        elif name.endswith("_") and any(u is not n for u in n.args[0].users):
+            emitter = None  # in place on a value something else reads
         elif name in ("aten.to", "aten._to_copy"):
             emitter = self._cast
         else:
@@ -507,9 +626,12 @@ class Converter:
             self.poisoned.add(n.name)
             return
         # a pattern's arguments are its skipped nodes: it reads its own input
-        rope = n.name in self.ropes or n.name in self.norms or n.name in self.gelus
-        args = self.arg(list(n.args), b) if not rope else []
-        kwargs = {k: self.arg(v, b) for k, v in n.kwargs.items()} if not rope else {}
+        rope = any(n.name in found for found in (self.ropes, self.norms, self.gelus, self.attentions))
+        node_args, node_kwargs = list(n.args), dict(n.kwargs)
+        if name == "aten.scaled_dot_product_attention":
+            self._causal_sdpa(node_args, node_kwargs)
+        args = self.arg(node_args, b) if not rope else []
+        kwargs = {k: self.arg(v, b) for k, v in node_kwargs.items()} if not rope else {}
         if name == "aten.embedding" and isinstance(args[1], TArg) and args[1].const is not None:
             emitter = self._embedding_rows
         try:
@@ -528,6 +650,26 @@ class Converter:
             b.values[n.name] = v
             self.shapes[v] = self.shape_of(n)[0]
             self.value_layer[n.name] = lay.key
+
+    def _causal_sdpa(self, args: list[Any], kwargs: dict[str, Any]) -> None:
+        """Attention's arguments with a mask known at import that is the causal one (a boolean
+        lower triangle, or 0 on and below the diagonal and a large negative number above it:
+        what a model's ``sdpa`` path builds) made ``is_causal`` without the mask, in place."""
+        mask: Any = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+        causal = args[5] if len(args) > 5 else kwargs.get("is_causal", False)
+        if not hasattr(mask, "name") or self.kind.get(mask.name) != "const" or causal:
+            return
+        if mask.name not in self.causal_masks:
+            self.causal_masks[mask.name] = is_causal_mask(self.const(mask))
+        if not self.causal_masks[mask.name]:
+            return
+        if len(args) > 3:
+            args[3] = None
+        kwargs.pop("attn_mask", None)
+        if len(args) > 5:
+            args[5] = True
+        else:
+            kwargs["is_causal"] = True
 
     def shape_of_val(self, val: Any) -> tuple[tuple[int | None, ...], tuple[bool, ...]]:
         shape = tuple(int(d) if not _symbolic(d) else None for d in val.shape)
@@ -703,6 +845,33 @@ def _packet(n: Any) -> str:
     return str(pk) if pk is not None else getattr(t, "__name__", str(t))
 
 
+def _no_values(t: Any) -> bool:
+    """Whether ``t`` is a tensor without storage: on the meta device, or a buffer made there
+    that the trace saw as a fake CPU tensor (``trace``)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, torch.Tensor) and (t.device.type == "meta" or isinstance(t, FakeTensor))
+
+
+def _numpy_floats() -> tuple[Any, ...]:
+    import torch
+
+    return (torch.float16, torch.float32, torch.float64)
+
+
+def _is_flip(n: Any) -> bool:
+    """Whether ``n`` transposes a matrix (``W.t()``, ``W.T``, ``W.transpose(0, 1)``)."""
+    name = _packet(n)
+    if name in ("aten.t", "aten.numpy_T"):
+        return True
+    return (
+        name == "aten.transpose"
+        and {a % 2 for a in n.args[1:3]} == {0, 1}
+        and n.args[0].meta["val"].ndim == 2
+    )
+
+
 def _getitem() -> Any:
     import operator
 
@@ -719,11 +888,6 @@ def _symbolic(d: Any) -> bool:
     import torch
 
     return isinstance(d, torch.SymInt) and not d.node.expr.is_number
-
-
-def _has_symbols(val: Any) -> bool:
-    shape = getattr(val, "shape", None)
-    return shape is not None and any(_symbolic(d) for d in shape)
 
 
 def _is_tensor(v: Any) -> bool:

@@ -9,9 +9,13 @@ unless given (``hf:PATH:seq=2048``).
 Attention runs through distir's own attention function (registered with transformers'
 ``AttentionInterface`` as ``distir``): ``scaled_dot_product_attention`` with ``is_causal`` and
 grouped-query heads, no mask tensor — the fused ``Attention`` op of the registry. A model that
-needs a mask (padding, a sliding window shorter than the sequence) fails to import with that
-reason. Mixture-of-experts configs import when their blocks are Mixtral's (a top-k router and
-SwiGLU experts: traced as one ``MoE`` op each, ``moe``); others (a shared expert) are refused.
+does not call the interface (Falcon) runs its ``sdpa`` path, whose causal mask the importer
+recognizes; one with neither its eager path (BLOOM's attention written out with ALiBi biases,
+which the importer makes one ``Attention``). transformers' warnings are held back while a model
+is built and traced (``quiet``). A model that needs a mask (padding, a sliding window shorter
+than the sequence) fails to import with that reason. Mixture-of-experts configs import when
+their blocks are Mixtral's (a top-k router and SwiGLU experts: traced as one ``MoE`` op each,
+``moe``); others (a shared expert) are refused.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +103,35 @@ def _register() -> None:
     AttentionMaskInterface.register(ATTENTION, _no_mask)
 
 
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """transformers' warnings held back while a config is built and traced (a token id outside
+    a tiny vocabulary, a model used outside its usual role): an import's own error, if any, is
+    then the one line printed."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module="transformers")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _implementation(cfg: Any) -> str:
+    """The attention implementation to build ``cfg``'s causal LM with: distir's own where the
+    model calls transformers' attention interface, else its ``sdpa`` path (the causal mask it
+    then passes is recognized by the importer), else its eager one (written out: BLOOM's)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    cls: Any = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(cfg), None)
+    if cls is None or getattr(cls, "_supports_attention_backend", False):
+        return ATTENTION
+    return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
+
+
 def hf_model(
     path: str, seq: int | None = None, meta: bool = True, layers: int | None = None
 ) -> tuple[Any, dict[str, Any]]:
@@ -130,10 +165,11 @@ def hf_model(
     cfg.use_cache = False
     if layers is not None:
         cfg.num_hidden_layers = layers
+    implementation = _implementation(cfg)
     try:
         with params_on_meta() if meta else contextlib.nullcontext():
             model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-                cfg, attn_implementation=ATTENTION, dtype=torch.float32
+                cfg, attn_implementation=implementation, dtype=torch.float32
             )
     except Exception as e:  # no causal LM for the config, or a value its constructor refuses
         why = f"{type(e).__name__}: {first_line(e)}"

@@ -9,7 +9,9 @@ trainers run (one read of x, no saved intermediates).
 ``cos`` and ``sin`` constants of the program (tables computed from a rotary module's buffers)
 becomes one ``Rope(halves=true, freqs=...)``: the inverse frequencies are read off the tables
 (the angle at position 1) and the whole tables are checked against them, so a schedule with an
-attention scaling (YaRN's) or positions not starting at 0 is left to the op-by-op path. Without
+attention scaling (YaRN's) or positions not starting at 0 is left to the op-by-op path. GPT-J's
+``x·cos + rotate_every_two(x)·sin`` (``flatten(stack([-x[..., 1::2], x[..., ::2]], -1), -2)``,
+tables with each angle twice in a row) is the same with pairs (2i, 2i+1): ``Rope(halves=false)``. Without
 this, every layer would carry the (S, d) tables as constants and the 7 elementwise ops around
 them; with it, an imported Llama is written as the zoo's.
 
@@ -43,6 +45,7 @@ class RopeMatch:
     seq_axis: int  # 1 (B, S, h, d) or 2 (B, h, S, d)
     freqs: tuple[float, ...]
     interior: tuple[Any, ...]  # the pattern's nodes other than the final add
+    halves: bool = True  # pairs (i, i + d/2) (rotate_half), else (2i, 2i + 1) (rotate_every_two)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,9 @@ def match_gelu_tanh(mul: Any) -> GeluMatch | None:
         th = _scalar_op(one, "aten.add", 1.0)
         if x is None or not _is(th, "aten.tanh"):
             continue
+        factored = _gelu_factored(th.args[0], x)
+        if factored is not None:
+            return GeluMatch(x, (half, one, th, *factored))
         inner = _scalar_op(th.args[0], "aten.mul", GELU_TANH_ROOT)
         if not _is(inner, "aten.add") or len(inner.args) != 2 or x not in inner.args:
             continue
@@ -114,6 +120,23 @@ def match_gelu_tanh(mul: Any) -> GeluMatch | None:
         cube = _scalar_op(cube_term, "aten.mul", GELU_TANH_COEFF)
         if _is(cube, "aten.pow") and cube.args[0] is x and cube.args[1] == 3:
             return GeluMatch(x, (half, one, th, th.args[0], inner, cube_term, cube))
+    return None
+
+
+def _gelu_factored(n: Any, x: Any) -> tuple[Any, ...] | None:
+    """The nodes of ``(√(2/π)·x)·(1 + (0.044715·x)·x)`` (BLOOM's ``bloom_gelu_forward``), the
+    argument of GELU's tanh with x factored out, else None."""
+    if not _is(n, "aten.mul") or len(n.args) != 2 or not all(hasattr(a, "op") for a in n.args):
+        return None
+    for rx, poly in (n.args, n.args[::-1]):
+        if _scalar_op(rx, "aten.mul", GELU_TANH_ROOT) is not x:
+            continue
+        sq = _scalar_op(poly, "aten.add", 1.0)
+        if not _is(sq, "aten.mul") or len(sq.args) != 2:
+            continue
+        for ax, other in (sq.args, sq.args[::-1]):
+            if other is x and hasattr(ax, "op") and _scalar_op(ax, "aten.mul", GELU_TANH_COEFF) is x:
+                return (n, rx, poly, sq, ax)
     return None
 
 
@@ -186,6 +209,35 @@ def _rotate_half_of(n: Any) -> tuple[Any, tuple[Any, ...]] | None:
     return (x, (n, neg, lo, hi)) if ok else None
 
 
+def _rotate_every_two_of(n: Any) -> tuple[Any, tuple[Any, ...]] | None:
+    """x and the nodes of ``flatten(stack([-x[..., 1::2], x[..., ::2]], -1), -2)`` (GPT-J's
+    ``rotate_every_two``: the pair (x₂ᵢ, x₂ᵢ₊₁) → (−x₂ᵢ₊₁, x₂ᵢ))."""
+    if not _is(n, "aten.flatten") or not _is(n.args[0], "aten.stack"):
+        return None
+    stack = n.args[0]
+    if len(stack.args[0]) != 2:
+        return None
+    neg, even = stack.args[0]
+    if not (_is(neg, "aten.neg") and _is(even, "aten.slice") and _is(neg.args[0], "aten.slice")):
+        return None
+    odd = neg.args[0]
+    x = even.args[0]
+    if odd.args[0] is not x:
+        return None
+    rank = x.meta["val"].ndim
+    last = {-1, rank - 1}
+    d = int(x.meta["val"].shape[-1])
+
+    def every_other(sl: Any, start: int) -> bool:
+        a = list(sl.args[1:]) + [None] * (5 - len(sl.args))
+        return a[0] in last and (a[1] or 0) == start and (a[2] is None or a[2] >= d) and a[3] == 2
+
+    dims = (stack.args[1] if len(stack.args) > 1 else 0, n.args[1] if len(n.args) > 1 else 0)
+    end = n.args[2] if len(n.args) > 2 else -1
+    ok = dims[0] in (-1, rank) and dims[1] in (-2, rank - 1) and end in (-1, rank)
+    return (x, (n, stack, neg, odd, even)) if ok and every_other(even, 0) and every_other(odd, 1) else None
+
+
 def _table(c: Any, x_shape: tuple[int, ...]) -> tuple[np.ndarray, int] | None:
     """The (S, d) table of a constant broadcast against x (B, ., ., d), and x's seq axis (in the
     constant's float dtype: ``_freqs`` widens the rows it reads)."""
@@ -217,34 +269,42 @@ def match_rope(
         if p1 is None or p2 is None:
             continue
         (x, cos_node), (rot, sin_node) = p1, p2
+        halves = True
         rh = _rotate_half_of(rot)
+        if rh is None:
+            halves, rh = False, _rotate_every_two_of(rot)
         if rh is None or rh[0] is not x:
             continue
         shape = tuple(int(d) if isinstance(d, int) else -1 for d in x.meta["val"].shape)
         key = (cos_node.name, sin_node.name)
         if key not in memo:
-            memo[key] = _freqs(const(cos_node), const(sin_node), shape)
+            memo[key] = _freqs(const(cos_node), const(sin_node), shape, halves)
         found = memo[key]
         if found is None:
             continue
         freqs, axis = found
-        return RopeMatch(x, axis, freqs, (first, second, *rh[1]))
+        return RopeMatch(x, axis, freqs, (first, second, *rh[1]), halves)
     return None
 
 
-def _freqs(cos: Any, sin: Any, x_shape: tuple[int, ...]) -> tuple[tuple[float, ...], int] | None:
+def _freqs(
+    cos: Any, sin: Any, x_shape: tuple[int, ...], halves: bool = True
+) -> tuple[tuple[float, ...], int] | None:
+    """The frequencies and x's seq axis of tables whose row p is cos/sin(p·fᵢ), the d/2 angles
+    laid out twice (halves) or each twice in a row (interleaved pairs), else None."""
     tc, ts = _table(cos, x_shape), _table(sin, x_shape)
     if tc is None or ts is None or tc[1] != ts[1] or tc[0].shape[0] < 2:
         return None
     (c, axis), (s, _) = tc, ts
     n, d = c.shape
     h = d // 2
-    f = np.arctan2(s[1, :h].astype(np.float64), c[1, :h].astype(np.float64))
+    pick = np.s_[:h] if halves else np.s_[0::2]
+    f = np.arctan2(s[1, pick].astype(np.float64), c[1, pick].astype(np.float64))
     if np.any(f < 0):
         return None
     p = 2
     while p < n:  # refine: the angle at position p is p·f up to whole turns
-        got = np.arctan2(s[p, :h].astype(np.float64), c[p, :h].astype(np.float64))
+        got = np.arctan2(s[p, pick].astype(np.float64), c[p, pick].astype(np.float64))
         turns = np.round((p * f - got) / (2 * np.pi))
         f = (got + 2 * np.pi * turns) / p
         p *= 2
@@ -253,8 +313,134 @@ def _freqs(cos: Any, sin: Any, x_shape: tuple[int, ...]) -> tuple[tuple[float, .
     for lo in range(0, n, CHECK_ROWS):
         hi = min(n, lo + CHECK_ROWS)
         ang = np.arange(lo, hi)[:, None] * f[None, :]
-        ang = np.concatenate([ang, ang], -1)
+        ang = np.concatenate([ang, ang], -1) if halves else np.repeat(ang, 2, axis=-1)
         ok_cos = np.allclose(c[lo:hi].astype(np.float64), np.cos(ang), atol=atol)
         if not (ok_cos and np.allclose(s[lo:hi].astype(np.float64), np.sin(ang), atol=atol)):
             return None
     return tuple(float(v) for v in f), axis
+
+
+# -- attention written out ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class EagerAttentionMatch:
+    q: Any  # the (B, h, S, d) query, key and value nodes
+    k: Any
+    v: Any
+    scale: float
+    causal: bool
+    alibi: tuple[float, ...] | None  # ALiBi's slopes, one per head
+    interior: tuple[Any, ...]
+    bias: tuple[Any, ...]  # the nodes computing the bias from sizes (not emitted)
+
+
+VIEWS = ("aten.view", "aten.reshape", "aten._unsafe_view")
+PASSING = (*VIEWS, *CASTS, "aten.dropout", "aten.contiguous", "aten.clone")
+
+
+def _through(n: Any, names: tuple[str, ...], seen: list[Any]) -> Any:
+    while hasattr(n, "op") and _packet(n) in names:
+        seen.append(n)
+        n = n.args[0]
+    return n
+
+
+def _heads_of(n: Any, seen: list[Any]) -> Any:
+    """The (B, h, S, d) node whose reshape to (B·h, S, d) is ``n``, else None."""
+    if _packet(n) not in VIEWS or not hasattr(n.args[0], "op"):
+        return None
+    x = n.args[0]
+    xs, ns = x.meta["val"].shape, n.meta["val"].shape
+    if len(xs) != 4 or len(ns) != 3 or list(xs[2:]) != list(ns[1:]):
+        return None
+    seen.append(n)
+    return x
+
+
+def match_eager_attention(
+    view: Any, const: Callable[[Any], Any], computable: Callable[[Any], tuple[Any, ...] | None]
+) -> EagerAttentionMatch | None:
+    """Attention written out as BLOOM's: ``bmm(softmax(view(baddbmm(bias, q, kᵀ, alpha)) +
+    mask), v)`` on heads merged into the batch ((B·h, S, d)), viewed back to (B, h, S, d) by
+    ``view``; the bias (ALiBi's slope·j, or none) computed from sizes alone (``computable``
+    gives its nodes) and the mask absent or the causal one (``is_causal_mask``). Else None."""
+    if _packet(view) not in VIEWS or not _is(view.args[0], "aten.bmm") or len(view.meta["val"].shape) != 4:
+        return None
+    bmm = view.args[0]
+    seen: list[Any] = [bmm]
+    v = _heads_of(bmm.args[1], seen)
+    probs = _through(bmm.args[0], PASSING, seen)
+    if v is None or not _is(probs, "aten.softmax") or probs.args[1] not in (-1, 3):
+        return None
+    seen.append(probs)
+    logits, mask = probs.args[0], None
+    if _is(logits, "aten.add") and len(logits.args) == 2:
+        seen.append(logits)
+        logits, mask = logits.args
+    scores = _through(logits, VIEWS, seen)
+    if not _is(scores, "aten.baddbmm") or scores.kwargs.get("beta", 1) != 1:
+        return None
+    seen.append(scores)
+    bias, q3, kt = scores.args[:3]
+    q = _heads_of(q3, seen)
+    if not _is(kt, "aten.transpose") or sorted(a % 3 for a in kt.args[1:3]) != [1, 2]:
+        return None
+    seen.append(kt)
+    k = _heads_of(kt.args[0], seen)
+    bias_nodes = computable(bias)
+    causal = mask is not None and hasattr(mask, "op") and is_causal_mask(const(mask))
+    if q is None or k is None or bias_nodes is None or (mask is not None and not causal):
+        return None
+    shape = q.meta["val"].shape
+    if k.meta["val"].shape != shape or v.meta["val"].shape != shape:
+        return None
+    slopes = _alibi_slopes(const(bias), int(shape[1]), int(shape[2]))
+    if slopes is None:
+        return None
+    alpha = float(scores.kwargs.get("alpha", 1.0))
+    return EagerAttentionMatch(q, k, v, alpha, causal, slopes or None, tuple(seen), bias_nodes)
+
+
+def _alibi_slopes(bias: Any, heads: int, seq: int) -> tuple[float, ...] | None:
+    """The slopes of a (B·h, 1, S) bias whose head i's row is c + slope_i·j, the same for every
+    sample; () for a zero bias; None for any other."""
+    arr = np.asarray(
+        bias.detach().cpu().double().numpy() if hasattr(bias, "detach") else bias, dtype=np.float64
+    )
+    if arr.ndim != 3 or arr.shape[1] != 1 or arr.shape[2] != seq or arr.shape[0] % heads:
+        return None
+    rows = arr.reshape(-1, heads, seq)
+    if not np.array_equal(rows, np.broadcast_to(rows[:1], rows.shape)):
+        return None
+    rows = rows[0]
+    if not rows.any():
+        return ()
+    slopes = rows[:, 1] - rows[:, 0] if seq > 1 else np.zeros(heads)
+    want = rows[:, :1] + slopes[:, None] * np.arange(seq)[None, :]
+    if not np.allclose(rows, want, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(rows).max()))):
+        return None
+    return tuple(float(s) for s in slopes)
+
+
+# an additive attention mask's value that hides a key: exp of it is 0 in every float format
+MASKED = -1e4
+
+
+def is_causal_mask(mask: Any) -> bool:
+    """Whether an attention mask (…, S, S), the same for every batch row and head, lets query i
+    see keys 0..i only: a boolean lower triangle, or 0 on and below the diagonal and a large
+    negative number above it (what a model's ``sdpa`` or eager path builds)."""
+    import torch
+
+    if not isinstance(mask, torch.Tensor) or mask.ndim < 2 or mask.shape[-1] != mask.shape[-2]:
+        return False
+    m = mask.detach().cpu()
+    if m.dtype == torch.bool:
+        allowed = m
+    elif m.is_floating_point():
+        allowed = m == 0
+        if not bool(torch.all(allowed | (m <= MASKED))):
+            return False
+    else:
+        return False
+    size = m.shape[-1]
+    return bool(torch.equal(allowed, torch.ones(size, size, dtype=torch.bool).tril().expand_as(allowed)))

@@ -36,10 +36,13 @@ ROW = (Shard(0), R)
 
 TP_PATTERNS: tuple[TPPattern, ...] = (
     TPPattern(r"(^|\.)(q_proj|k_proj|v_proj|qkv_proj|c_attn|query|key|value|query_key_value)\.", *COLUMN),
-    TPPattern(r"(^|\.)(gate_proj|up_proj|gate_up_proj|c_fc|fc1|w1|w3|dense_h_to_4h)\.", *COLUMN),
-    TPPattern(r"(^|\.)(o_proj|out_proj|down_proj|c_proj|fc2|w2|dense_4h_to_h)\.", *ROW),
-    TPPattern(r"(^|\.)(lm_head|embed_out|output)\.weight$", Shard(1), R),
-    TPPattern(r"(^|\.)(wte|embed_tokens|word_embeddings|tok_embeddings)\.weight$", Shard(0), R),
+    TPPattern(r"(^|\.)(gate_proj|up_proj|gate_up_proj|c_fc|fc1|fc_in|w1|w3|dense_h_to_4h)\.", *COLUMN),
+    TPPattern(r"(^|\.)(o_proj|out_proj|down_proj|c_proj|fc2|fc_out|w2|dense_4h_to_h)\.", *ROW),
+    TPPattern(r"(^|\.)(attention|self_attention)\.dense\.", *ROW),  # GPT-NeoX's, Falcon's, BLOOM's
+    TPPattern(r"(^|\.)intermediate\.dense\.", *COLUMN),  # BERT's MLP
+    TPPattern(r"(^|\.)output\.dense\.", *ROW),  # BERT's attention output and MLP
+    TPPattern(r"(^|\.)(lm_head|embed_out|output|predictions\.decoder)\.(weight|bias)$", Shard(1), Shard(0)),
+    TPPattern(r"(^|\.)(wte|embed_tokens|embed_in|word_embeddings|tok_embeddings)\.weight$", Shard(0), R),
 )
 
 

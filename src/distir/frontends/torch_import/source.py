@@ -189,6 +189,15 @@ def _converted(
     With split points (``stages``) the full depth is traced and the layers are the pipeline
     stages."""
     _require(text)
+    if not text.startswith("hf:"):
+        return _traced_and_converted(text, dtype, stages)
+    from distir.frontends.torch_import.hf import quiet
+
+    with quiet():
+        return _traced_and_converted(text, dtype, stages)
+
+
+def _traced_and_converted(text: str, dtype: DType, stages: StageSpec | None) -> tuple[Any, dict[str, object]]:
     from distir.frontends.torch_import.convert import convert, deepen
     from distir.frontends.torch_import.trace import trace
 

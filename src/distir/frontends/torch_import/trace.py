@@ -5,7 +5,10 @@ with dim 0 of every tensor input a shared symbolic batch (``torch.export.Dim``),
 the program bakes the batch size in. Parameters may live on the meta device (``params_on_meta``
 builds a module that way: nothing of the weights is allocated, a multi-billion-parameter model
 traces in seconds); buffers keep their values (a rotary embedding's inverse frequencies), since
-what is computed from them alone becomes a constant of the imported program.
+what is computed from them alone becomes a constant of the imported program. While the module
+is exported, a tensor on the meta device (parameter, buffer or example input) stands in as a
+fake CPU tensor (``_meta_params_on_cpu``): the activations share the buffers' device, and what the
+forward makes on theirs has values.
 
 ``example inputs`` are a tuple of positional tensors or a dict of keyword arguments (non-tensor
 values, e.g. ``use_cache=False``, are passed as they are); the first tensor is the model's first
@@ -21,7 +24,7 @@ import io
 import logging
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,9 +91,52 @@ def trace(module: Any, inputs: Any, name: str = "module") -> Traced:
         raise TraceError(f"{name}: give the example inputs as a tuple or as a dict, not both")
     dynamic_shapes: Any = {k: dyn(v) for k, v in kwargs.items()} if kwargs else tuple(dyn(a) for a in args)
     module.eval()
-    with moe_leaves(module), torch.no_grad():  # an unsupported MoE block: a StructureError
+    # an unsupported MoE block: a StructureError
+    with moe_leaves(module), torch.no_grad(), _meta_params_on_cpu(module) as on_cpu:
+        args = tuple(on_cpu(a) for a in args)
+        kwargs = {k: on_cpu(v) for k, v in kwargs.items()}
         program = _export(module, args, kwargs, dynamic_shapes, name)
     return _traced(program)
+
+
+@contextlib.contextmanager
+def _meta_params_on_cpu(module: Any) -> Iterator[Callable[[Any], Any]]:
+    """While the module is traced, each parameter on the meta device is a fake tensor on the
+    CPU (no storage either): the activations are then on the CPU with the inputs and the
+    buffers, so a tensor the forward makes on the activations' device (an index list, Falcon's
+    ``qkv[..., [-2], :]``) is a constant with values, and a CPU buffer read without a ``.to``
+    (GPT-J's sinusoidal table) meets activations on its own device. Yields the function that
+    makes an example input on the meta device such a fake tensor too."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def on_cpu(t: Any) -> Any:
+        meta = isinstance(t, torch.Tensor) and t.device.type == "meta"
+        return FakeTensor(mode, t, torch.device("cpu")) if meta else t
+
+    swapped: list[tuple[dict[str, Any], str, Any]] = []
+    fakes: dict[int, Any] = {}  # a parameter shared by modules (a tied weight) stays one
+    for mod in module.modules():
+        # a buffer on meta too: it has no values, which the import of a constant says (``convert``)
+        for table in (mod._parameters, mod._buffers):
+            for key, p in list(table.items()):
+                if p is not None and p.device.type == "meta":
+                    if id(p) not in fakes:
+                        fake = FakeTensor(mode, p.data, torch.device("cpu"))
+                        fakes[id(p)] = (
+                            torch.nn.Parameter(fake, requires_grad=p.requires_grad)
+                            if isinstance(p, torch.nn.Parameter)
+                            else fake
+                        )
+                    swapped.append((table, key, p))
+                    table[key] = fakes[id(p)]
+    try:
+        yield on_cpu
+    finally:
+        for table, key, p in swapped:
+            table[key] = p
 
 
 # where torch.export says the user's code raised ("The following call raised this error:")
