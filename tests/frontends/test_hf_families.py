@@ -19,7 +19,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tests.frontends.test_torch_import_numeric import BATCH, F32_INSIDE, _check_against_torch  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from distir.cli import app  # noqa: E402
@@ -31,6 +30,8 @@ from distir.ir.dtensor import Shard  # noqa: E402
 from distir.ir.types import DType  # noqa: E402
 from distir.parallel.check import check_against_sequential  # noqa: E402
 from distir.parallel.strategy import parse_strategy  # noqa: E402
+
+from .test_torch_import_numeric import BATCH, F32_INSIDE, _check_against_torch  # noqa: E402
 
 TINY = {"vocab_size": 32, "bos_token_id": 0, "eos_token_id": 0}
 CONFIGS: dict[str, dict[str, object]] = {
@@ -194,3 +195,26 @@ def test_transformers_warnings_do_not_precede_the_result(tmp_path: Path) -> None
     path = config(tmp_path, "gptj", bos_token_id=50256, eos_token_id=50256)
     code, _, err = run("import", f"hf:{path}", "--json")
     assert code == 0 and "[transformers]" not in err and "bos_token_id" not in err
+
+
+def test_a_sliding_window_is_windowed_attention_equal_to_transformers_eager(tmp_path: Path) -> None:
+    """Mistral's window (3 keys, of 8 positions) passes through transformers' attention interface
+    as ``distir::sdpa_window`` and imports as ``Attention(causal, window=3)``; the loss and
+    gradients equal transformers' own eager attention with its sliding-window mask."""
+    from distir.ir.ops import Op
+
+    d = tmp_path / "mistral"
+    d.mkdir()
+    cfg = {
+        "model_type": "mistral", "hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": 24, "num_hidden_layers": 2, "max_position_embeddings": 16,
+        "sliding_window": 3, **TINY,
+    }  # fmt: skip
+    (d / "config.json").write_text(json.dumps(cfg))
+    model = build_model(f"hf:{d}:seq=8", batch=2)
+    atts = [i for f in model.module.functions for i in f.body if isinstance(i, Op) and i.name == "Attention"]
+    assert atts and all(a.attrs["window"] == 3 and a.attrs["causal"] for a in atts)
+    torch.manual_seed(0)
+    module, inputs = hf_model(str(d), seq=8, meta=False)
+    x, labels = torch.randint(0, 32, (BATCH, 8)), torch.randint(0, 32, (BATCH, 8))
+    _check_against_torch(module, inputs, x, labels, F32_INSIDE, torch_attention="eager")

@@ -53,10 +53,19 @@ class MLP(torch.nn.Module):
 
 
 def _check_against_torch(
-    module: torch.nn.Module, inputs: object, x: torch.Tensor, labels: torch.Tensor, rtol: float = 1e-9
+    module: torch.nn.Module,
+    inputs: object,
+    x: torch.Tensor,
+    labels: torch.Tensor,
+    rtol: float = 1e-9,
+    torch_attention: str | None = None,
 ) -> None:
+    """The imported training step's loss and gradients against torch's (``torch_attention``: the
+    Hugging Face attention implementation torch runs, after the import traced distir's)."""
     module = module.double()
     model = import_module(module, inputs, batch=x.shape[0], dtype=DType.f64)
+    if torch_attention is not None:
+        module.config._attn_implementation = torch_attention
     vals = {model.inputs[0].name: x.numpy(), "labels": labels.numpy(), **weight_values(model, module)}
     step = training_step(model, Optimizer("sgd", lr=1.0))
     verify(step)

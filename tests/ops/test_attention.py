@@ -425,3 +425,56 @@ def test_every_alibi_strategy_is_sound(n: int) -> None:
 def test_alibi_needs_a_slope_per_query_head() -> None:
     with pytest.raises(OpTypeError, match="alibi lists 3 slopes for 4 query heads"):
         ATT.infer_types([T(f32, 2, 3, 4, 2)] * 3, Attrs({"alibi": (1.0, 0.5, 0.25)}), [None] * 3)
+
+
+def test_a_sliding_window_hides_keys_at_or_beyond_it() -> None:
+    """``window`` w: query i sees keys i − w < j ≤ i; the naive oracle masks the rest."""
+    b, s, h, d, w = 2, 6, 4, 3, 3
+    q, k, v = qkv(np.random.default_rng(6), b, s, h, 2, d)
+    out, _ = run("Attention", [q, k, v], causal=True, scale=0.5, window=w)
+    i, j = np.arange(s)[:, None], np.arange(s)[None, :]
+    hidden = (j > i) | (j <= i - w)
+    want = np.zeros_like(q)
+    for n in range(b):
+        for hh in range(h):
+            sc = np.where(hidden, -np.inf, q[n, :, hh, :] @ k[n, :, hh // 2, :].T * 0.5)
+            p = np.exp(sc - sc.max(-1, keepdims=True))
+            want[n, :, hh, :] = (p / p.sum(-1, keepdims=True)) @ v[n, :, hh // 2, :]
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+
+
+def test_window_grad_matches_finite_differences() -> None:
+    rng = np.random.default_rng(7)
+    q, k, v = qkv(rng, 1, 5, 4, 2, 2)
+    out, lse = run("Attention", [q, k, v], causal=True, window=2)
+    dout = rng.standard_normal(out.shape)
+    grads = run("AttentionGrad", [dout, q, k, v, out, lse], causal=True, window=2)
+    args = {"q": q, "k": k, "v": v}
+    for j, name in enumerate(("q", "k", "v")):
+
+        def objective(x: np.ndarray, name: str = name) -> float:
+            a = {**args, name: x}
+            return float(np.sum(dout * run("Attention", [a["q"], a["k"], a["v"]], causal=True, window=2)[0]))
+
+        np.testing.assert_allclose(grads[j], _numeric(objective, args[name]), rtol=1e-6, atol=1e-8)
+
+
+def test_a_window_counts_the_pairs_it_keeps() -> None:
+    """FLOPs: the causal count times the share of the causal pairs the window keeps; a window
+    spanning the sequence is causal attention."""
+    from distir.ops.attention import window_share
+
+    q = T(f32, 2, 8, 4, 16)
+    causal = ATT.flops([q, q, q], [q], Attrs({"causal": True}))
+    assert ATT.flops([q, q, q], [q], Attrs({"causal": True, "window": 8})) == causal
+    kept = 3 * 4 / 2 + (8 - 3) * 3  # rows 0..2 see 1..3 keys, the other 5 rows 3 each
+    assert window_share(8, 3) == kept / (8 * 9 / 2)
+    assert ATT.flops([q, q, q], [q], Attrs({"causal": True, "window": 3})) == pytest.approx(
+        causal * kept / 36
+    )
+
+
+def test_a_window_needs_causal_attention_without_positions() -> None:
+    q = T(f32, 2, 3, 4, 2)
+    with pytest.raises(OpTypeError, match="window=2 needs"):
+        ATT.infer_types([q] * 3, Attrs({"window": 2}), [None] * 3)

@@ -26,6 +26,14 @@ Test Long", ICLR 2022; BLOOM's positions) adds slope_h·(j − i) to query i's s
 bytes are unchanged. Split on the heads, each piece keeps its heads' slopes
 (``localize``); a ring (``ring`` > 1) does not take it.
 
+``window`` (default 0: none), with ``causal``, is a sliding window: query i sees keys
+i − window < j ≤ i (Mistral's and Gemma's local attention, Hugging Face's
+``sliding_window_overlay``; FlashAttention-2's ``window_size=(window − 1, 0)``, since flash-attn
+2.3, which skips the key blocks outside the band). Its FLOPs are the causal count times the
+share of the causal pairs the window keeps (``window_share``); the kernel runs at the causal
+kernel's speed at that sequence length (no published curve of the windowed kernel). Not with
+positions or a ring.
+
 ``dropout`` (the probability of dropping an attention probability, default 0) is accepted by
 the type rule and costs nothing extra here (FlashAttention generates its mask on the fly from a
 seed); the numpy references refuse a nonzero dropout (``AttentionDropoutError``): they cannot
@@ -120,6 +128,8 @@ ATTENTION_ATTRS = {
     # ALiBi (Press et al., "Train Short, Test Long", 2022): one slope per query head, the score
     # of query i and key j raised by slope·(j − i) (by the global positions when given)
     "alibi": AttrSpec("floats", None),
+    # > 0, with causal: a sliding window, query i seeing keys i − window < j ≤ i (module docstring)
+    "window": AttrSpec("int", 0),
 }
 
 BACKWARD_FACTOR = 2.5  # FlashAttention-2: backward FLOPs = 2.5 x forward
@@ -167,6 +177,15 @@ def _check_qkv(ctx: TypeCtx, first_index: int, pos_at: int) -> tuple[TensorType,
     ring = ctx.attr("ring")
     if ring < 1 or (ring > 1 and not positioned):
         ctx.fail(f"{ctx.op.name}: ring={ring} needs ring >= 1, and positions when > 1", None, ">= 1", ring)
+    window = ctx.attr("window")
+    if window < 0 or (window > 0 and (not ctx.attr("causal") or positioned)):
+        ctx.fail(
+            f"{ctx.op.name}: window={window} needs window >= 0, and causal attention without positions "
+            "when > 0",
+            None,
+            ">= 0",
+            window,
+        )
     slopes = ctx.attr("alibi")
     if slopes is not None and (len(slopes) != h or ring > 1):
         ctx.fail(
@@ -274,9 +293,11 @@ def scores(
     causal: bool,
     pos: tuple[Any, Any] | None = None,
     alibi: Sequence[float] | None = None,
+    window: int = 0,
 ) -> F64:
     """(B, h, S_q, S_k) scaled scores of q (B, S_q, h, d) against the repeated k, plus ALiBi's
-    bias if given; -inf where masked (by the global positions ``pos`` = (qpos, kpos), if given)."""
+    bias if given; -inf where masked (by the global positions ``pos`` = (qpos, kpos), if given;
+    outside the sliding ``window`` too, if > 0)."""
     group = q.shape[2] // max(k.shape[2], 1)
     s = np.einsum("bihd,bjhd->bhij", q, repeat_kv(k, group)) * scale
     if alibi is not None:
@@ -287,6 +308,9 @@ def scores(
     elif causal:
         n = s.shape[-1]
         s = np.where(np.triu(np.ones((n, n), dtype=bool), k=1), -np.inf, s)
+    if window > 0:
+        n = s.shape[-1]
+        s = np.where(np.tril(np.ones((n, n), dtype=bool), k=-window), -np.inf, s)
     return s  # type: ignore[no-any-return]
 
 
@@ -299,11 +323,12 @@ def attention_reference(
     scale: float | None = None,
     pos: tuple[Any, Any] | None = None,
     alibi: Sequence[float] | None = None,
+    window: int = 0,
 ) -> tuple[F64, F64]:
     """Exact softmax attention in float64: (out (B, S, h, d), lse (B, h, S))."""
     qd, kd, vd = f64(q), f64(k), f64(v)
     sc = 1.0 / math.sqrt(qd.shape[3]) if scale is None else scale
-    s = scores(qd, kd, sc, causal, pos, alibi)
+    s = scores(qd, kd, sc, causal, pos, alibi, window)
     m = np.max(s, axis=-1, keepdims=True, initial=-np.inf) if s.size else np.zeros((*s.shape[:-1], 1))
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m)
@@ -326,6 +351,7 @@ def _attention_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
         scale=_scale(attrs, q.shape[3]),
         pos=(args[3], args[4]) if len(args) > 3 else None,
         alibi=_alibi(attrs),
+        window=int_attr(attrs, "window", 0),
     )
     return (out.astype(q.dtype), lse.astype(lse_dtype(DType.from_numpy(q.dtype)).to_numpy()))
 
@@ -347,13 +373,14 @@ def attention_grad_reference(
     scale: float,
     pos: tuple[Any, Any] | None = None,
     alibi: Sequence[float] | None = None,
+    window: int = 0,
 ) -> tuple[F64, F64, F64]:
     """(dq, dk, dv) in float64, the probabilities rebuilt from ``lse`` (FlashAttention-2's
     backward, untiled)."""
     do, qd, kd, vd, od = f64(dout), f64(q), f64(k), f64(v), f64(out)
     hkv = kd.shape[2]
     group = qd.shape[2] // max(hkv, 1)
-    p = np.exp(scores(qd, kd, scale, causal, pos, alibi) - f64(lse)[..., None])  # (B, h, S_q, S_k)
+    p = np.exp(scores(qd, kd, scale, causal, pos, alibi, window) - f64(lse)[..., None])  # (B, h, S_q, S_k)
     dv = _group_sum(np.einsum("bhij,bihd->bjhd", p, do), hkv)
     dp = np.einsum("bihd,bjhd->bhij", do, repeat_kv(vd, group))
     delta = np.einsum("bihd,bihd->bhi", do, od)[..., None]  # rowsum(dout ⊙ out)
@@ -378,6 +405,7 @@ def _attention_grad_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
         scale=_scale(attrs, q.shape[3]),
         pos=(args[6], args[7]) if len(args) > 6 else None,
         alibi=_alibi(attrs),
+        window=int_attr(attrs, "window", 0),
     )
     return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(k.dtype))
 
@@ -393,11 +421,22 @@ def _q_shape(t: Type) -> tuple[int, ...]:
     return t.shape
 
 
+def window_share(seq: int, window: int) -> float:
+    """The share of the causal pairs a sliding ``window`` keeps: sum over queries i of min(i + 1,
+    window), over S(S + 1)/2 (1 without a window or when it spans the sequence)."""
+    if window <= 0 or window >= seq:
+        return 1.0
+    kept = window * (window + 1) / 2 + (seq - window) * window
+    return kept / (seq * (seq + 1) / 2)
+
+
 def _qk_flops(q: Type, k: Type, attrs: Attrs) -> float:
-    """The forward's FLOPs for queries ``q`` over keys ``k``: ``forward_flops`` at S_q·S_k."""
+    """The forward's FLOPs for queries ``q`` over keys ``k``: ``forward_flops`` at S_q·S_k (the
+    sliding window's share of the causal pairs, ``window_share``)."""
     b, sq, h, d = _q_shape(q)
     sk = _q_shape(k)[1]
-    return forward_flops(b, sq, h, d, bool(attrs.get("causal", False))) * (sk / sq if sq else 0.0)
+    causal = forward_flops(b, sq, h, d, bool(attrs.get("causal", False))) * (sk / sq if sq else 0.0)
+    return causal * window_share(sq, int_attr(attrs, "window", 0))
 
 
 def _attention_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
@@ -805,6 +844,7 @@ class _Heads(NamedTuple):
     scale: float
     pos: tuple[Any, Any] | None = None  # (qpos, kpos): global positions (module docstring)
     alibi: tuple[float, ...] | None = None  # ALiBi's slopes, one per query head
+    window: int = 0  # a sliding window (module docstring)
 
 
 def _heads(q: Any, k: Any, v: Any, attrs: Attrs, pos: Sequence[Any] = ()) -> _Heads:
@@ -821,6 +861,7 @@ def _heads(q: Any, k: Any, v: Any, attrs: Attrs, pos: Sequence[Any] = ()) -> _He
         _scale(attrs, q.shape[3]),
         (pos[0], pos[1]) if pos else None,
         _alibi(attrs),
+        int_attr(attrs, "window", 0),
     )
 
 
@@ -841,6 +882,11 @@ def _scores_torch(ctx: TorchContext, a: _Heads) -> Any:
     elif a.causal:
         n = s.shape[-1]
         s = s.masked_fill(ctx.torch.ones((n, n), dtype=ctx.torch.bool, device=s.device).triu(1), -math.inf)
+    if a.window > 0:
+        n = s.shape[-1]
+        s = s.masked_fill(
+            ctx.torch.ones((n, n), dtype=ctx.torch.bool, device=s.device).tril(-a.window), -math.inf
+        )
     return s
 
 
@@ -848,7 +894,7 @@ def _attention_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tupl
     q = xs[0]
     a = _heads(q, xs[1], xs[2], attrs, xs[3:])
     lse_t = ctx.dtype(lse_dtype(DType.f64 if q.dtype == ctx.torch.float64 else DType.f32))
-    if _fused(ctx) and a.pos is None and a.alibi is None:
+    if _fused(ctx) and a.pos is None and a.alibi is None and not a.window:
         kernel = ctx.torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         out, lse = kernel(a.q, a.k, a.v, 0.0, a.causal, scale=a.scale)
     else:
@@ -882,7 +928,7 @@ def _attention_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) ->
     dout, q, k, v, out, lse = xs[:6]
     a = _heads(q, k, v, attrs, xs[6:])
     dout_h, out_h = dout.transpose(1, 2), out.transpose(1, 2)
-    if _fused(ctx) and a.pos is None and a.alibi is None:
+    if _fused(ctx) and a.pos is None and a.alibi is None and not a.window:
         kernel = ctx.torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
         dq, dk, dv = kernel(dout_h, a.q, a.k, a.v, out_h, lse, 0.0, a.causal, scale=a.scale)
     else:
@@ -955,4 +1001,5 @@ __all__ = [
     "ring_order",
     "rope_angles",
     "scores",
+    "window_share",
 ]

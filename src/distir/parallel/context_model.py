@@ -298,6 +298,11 @@ def _check(model: Model, c: int) -> None:
                     f"context parallelism (c={c}): @{fn.name} masks by index ({op.name}, the explicit "
                     "attention form); build the model with the fused Attention op"
                 )
+            if op.name == ATTENTION.name and op.attrs.get("window", 0):
+                raise StrategyError(
+                    f"context parallelism (c={c}): @{fn.name}'s attention has a sliding window "
+                    f"(window={op.attrs['window']}), which the ring does not take"
+                )
 
 
 def _with_positions(fn: Function, tables: set[int], ring: int) -> Function | None:

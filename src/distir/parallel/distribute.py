@@ -514,9 +514,10 @@ def check_batch(batch: int, s: Strategy) -> None:
     )
 
 
-def check_fixed_batch(model: Model, s: Strategy) -> None:
-    """Raise StrategyError if ``model``'s layers fix its batch (``Model.fixed_batch``) and ``s``
-    splits it into microbatches."""
+def check_model_batch(model: Model, s: Strategy) -> None:
+    """Raise StrategyError unless ``model``'s batch splits as ``s`` asks (``check_batch``) and,
+    if its layers fix the batch (``Model.fixed_batch``), ``s`` does not split it into microbatches."""
+    check_batch(model.batch, s)
     if model.fixed_batch is not None and s.k > 1:
         raise StrategyError(
             f"{s}: {model.name}'s layers fix the batch at {model.fixed_batch} ({model.fixed_by}), so it "
@@ -634,8 +635,7 @@ class _Builder:
         self.gather_early = (
             overlap_param_gather and train and self.prec.mixed and s.zero in (1, 2) and s.d * s.c > 1
         )
-        check_batch(model.batch, s)
-        check_fixed_batch(model, s)
+        check_model_batch(model, s)
         self.mb = model.batch // s.k
         # program devices are numbered stage by stage; the placement maps them onto GPUs; uneven
         # batch shares are the dp axis' (``distir.ir.dtensor.AxisSize``): each replica's piece of

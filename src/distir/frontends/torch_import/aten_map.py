@@ -286,6 +286,15 @@ def _sdpa(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
     return cx.op("Transpose", out, perm=BHSD)
 
 
+def _sdpa_window(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
+    """``distir::sdpa_window(q, k, v, window, scale)`` (``hf._window_op``): causal attention
+    over a sliding window, (B, h, S, d) each side."""
+    q, k, v, window, scale = a[0], a[1], a[2], int(a[3]), float(a[4])
+    qs, ks, vs = (cx.op("Transpose", _v(t), perm=BHSD) for t in (q, k, v))
+    out, _ = cx.ops("Attention", qs, ks, vs, n=2, causal=True, scale=scale, window=window)
+    return cx.op("Transpose", out, perm=BHSD)
+
+
 def _embedding(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
     """``embedding(w, ids, padding_idx)``: a Gather; with a padding index (``nn.Embedding``'s
     ``padding_idx``: that row gets no gradient) the rows of that id pass through a StopGradient,
@@ -449,6 +458,7 @@ ATEN: dict[str, Emitter] = {
     "aten.layer_norm": _layer_norm,
     "aten.rms_norm": _rms_norm,
     "aten.scaled_dot_product_attention": _sdpa,
+    "distir.sdpa_window": _sdpa_window,
     "aten.embedding": _embedding,
     "aten.softmax": _softmax,
     "aten._softmax": _softmax,

@@ -12,8 +12,10 @@ grouped-query heads, no mask tensor — the fused ``Attention`` op of the regist
 does not call the interface (Falcon) runs its ``sdpa`` path, whose causal mask the importer
 recognizes; one with neither its eager path (BLOOM's attention written out with ALiBi biases,
 which the importer makes one ``Attention``). transformers' warnings are held back while a model
-is built and traced (``quiet``). A model that needs a mask (padding, a sliding window shorter
-than the sequence) fails to import with that reason. Mixture-of-experts configs import when
+is built and traced (``quiet``). A sliding window shorter than the sequence (Mistral's, the
+local layers of Gemma's) passes through the interface as a custom op (``distir::sdpa_window``),
+which imports as ``Attention(causal, window)``; a model that needs a mask tensor (padding), or
+a window outside the interface, fails to import with that reason. Mixture-of-experts configs import when
 their blocks are Mixtral's (a top-k router and SwiGLU experts: traced as one ``MoE`` op each,
 ``moe``); others (a shared expert) are refused.
 """
@@ -84,11 +86,51 @@ def _attention(
     import torch.nn.functional as F
 
     if attention_mask is not None:
-        raise NotImplementedError("an attention mask tensor (padding or sliding window) is not supported")
+        raise NotImplementedError("an attention mask tensor (padding) is not supported")
     causal = is_causal if is_causal is not None else bool(getattr(module, "is_causal", True))
     gqa = query.shape[1] != key.shape[1]
-    out = F.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scaling, enable_gqa=gqa)
+    window = kwargs.get("sliding_window")
+    if causal and isinstance(window, int) and 0 < window < query.shape[2]:
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out = _window_op()(query, key, value, window, float(scale))
+    else:
+        out = F.scaled_dot_product_attention(
+            query, key, value, is_causal=causal, scale=scaling, enable_gqa=gqa
+        )
     return out.transpose(1, 2).contiguous(), None
+
+
+_WINDOW_OP: Any = None
+
+
+def _window_op() -> Any:
+    """``distir::sdpa_window(q, k, v, window, scale)``: causal scaled-dot-product attention over a
+    sliding window (query i sees keys i − window < j ≤ i, transformers' ``sliding_window_overlay``),
+    q (B, h, S, d), k and v (B, h_kv, S, d). A custom op, so the trace keeps it as one node, which
+    the importer writes as ``Attention(causal, window)`` (``aten_map``); run, it is SDPA with the
+    band as a boolean mask."""
+    global _WINDOW_OP
+    if _WINDOW_OP is None:
+        import torch
+        import torch.nn.functional as F
+
+        schema = "(Tensor q, Tensor k, Tensor v, int window, float scale) -> Tensor"
+
+        @torch.library.custom_op("distir::sdpa_window", mutates_args=(), schema=schema)
+        def sdpa_window(
+            q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, scale: float
+        ) -> torch.Tensor:
+            i = torch.arange(q.shape[2], device=q.device)
+            band = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+            gqa = q.shape[1] != k.shape[1]
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=band, scale=scale, enable_gqa=gqa)
+
+        @sdpa_window.register_fake
+        def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, scale: float) -> torch.Tensor:
+            return torch.empty_like(q)
+
+        _WINDOW_OP = sdpa_window
+    return _WINDOW_OP
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:
@@ -157,15 +199,17 @@ def hf_model(
             f"hf:{path}: seq={length} is above the config's context of {context} positions; "
             "a longer context is a config that says so (max_position_embeddings, n_positions)"
         )
-    sliding = getattr(cfg, "sliding_window", None)
-    if getattr(cfg, "use_sliding_window", True) and isinstance(sliding, int) and 0 < sliding < length:
-        raise SourceError(
-            f"hf:{path}: sliding_window={sliding} < seq={length} is not supported (seq=N ≤ it is)"
-        )
     cfg.use_cache = False
     if layers is not None:
         cfg.num_hidden_layers = layers
     implementation = _implementation(cfg)
+    sliding = getattr(cfg, "sliding_window", None)
+    windowed = getattr(cfg, "use_sliding_window", True) and isinstance(sliding, int) and 0 < sliding < length
+    if windowed and implementation != ATTENTION:  # its own attention path would build the band mask
+        raise SourceError(
+            f"hf:{path}: sliding_window={sliding} < seq={length} is supported where the model calls "
+            "transformers' attention interface, which this one does not (seq=N ≤ the window is)"
+        )
     try:
         with params_on_meta() if meta else contextlib.nullcontext():
             model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
