@@ -218,3 +218,26 @@ def test_a_sliding_window_is_windowed_attention_equal_to_transformers_eager(tmp_
     module, inputs = hf_model(str(d), seq=8, meta=False)
     x, labels = torch.randint(0, 32, (BATCH, 8)), torch.randint(0, 32, (BATCH, 8))
     _check_against_torch(module, inputs, x, labels, F32_INSIDE, torch_attention="eager")
+
+
+def test_gemma2s_local_and_global_layers_are_two_block_functions(tmp_path: Path) -> None:
+    """Gemma 2 alternates sliding-window and full attention (``layer_types``): two block
+    functions, called in turn, the window only on the local one."""
+    from distir.ir.ops import Call, Op
+
+    d = tmp_path / "gemma2"
+    d.mkdir()
+    cfg = {
+        "model_type": "gemma2", "hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 4, "intermediate_size": 24, "num_hidden_layers": 4, "max_position_embeddings": 32,
+        "sliding_window": 4, **TINY,
+    }  # fmt: skip
+    (d / "config.json").write_text(json.dumps(cfg))
+    model = build_model(f"hf:{d}:seq=16", batch=2)
+    windows = {
+        f.name: [i.attrs.get("window", 0) for i in f.body if isinstance(i, Op) and i.name == "Attention"]
+        for f in model.module.functions
+    }
+    calls = [c.callee for c in model.module.entry.body if isinstance(c, Call)]
+    blocks = [c for c in calls if windows.get(c)]
+    assert [windows[c][0] for c in blocks] == [4, 0, 4, 0]
