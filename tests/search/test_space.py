@@ -216,3 +216,22 @@ def test_a_model_without_tensor_parallel_weights_is_searched_at_t1_only() -> Non
     words = r"no weight of the model is tensor-parallel .* --tp-layout auto, if given, sharded none"
     with pytest.raises(SpaceError, match=words):
         sp.check()
+
+
+def test_a_model_whose_attention_takes_no_ring_searches_no_context_parallelism() -> None:
+    """The explicit attention form (a mask by index) cannot run context-parallel
+    (``context_refusal``): the space has c = 1 only at a long sequence, and a pinned c says why."""
+    from dataclasses import replace
+
+    from distir.hardware.cluster import parse_cluster
+    from distir.search.run import SearchRequest, build_space
+
+    model = "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=64,seq=32768"
+    req = SearchRequest(model=model, cluster="h100", batch=8, dtype="bf16", precision="mixed")
+    assert build_space(req, parse_cluster("h100")).context_degrees() != [1]
+    naive = replace(req, model=f"{model},attention=naive")
+    space = build_space(naive, parse_cluster("h100"))
+    assert space.context_degrees() == [1] and "masks by index" in space.no_context
+    pinned = build_space(replace(naive, pins=Pins(cp=2)), parse_cluster("h100"))
+    with pytest.raises(SpaceError, match=r"--cp 2: @\w+ masks by index"):
+        pinned.check()

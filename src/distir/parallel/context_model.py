@@ -291,18 +291,25 @@ def _check(model: Model, c: int) -> None:
             f"context parallelism over c={c} cuts the sequence into 2c = {2 * c} equal chunks; "
             f"{seq} positions of {model.name} do not divide"
         )
+    why = context_refusal(model)
+    if why:
+        raise StrategyError(f"context parallelism (c={c}): {why}")
+
+
+def context_refusal(model: Model) -> str:
+    """Why ``model``'s attention cannot run context-parallel ("" if it can): a mask by index
+    (the explicit attention form), or a sliding window, which the ring does not take."""
     for fn in model.module.functions:
         for op in fn.ops():
             if op.name in _REFUSED:
-                raise StrategyError(
-                    f"context parallelism (c={c}): @{fn.name} masks by index ({op.name}, the explicit "
-                    "attention form); build the model with the fused Attention op"
+                return (
+                    f"@{fn.name} masks by index ({op.name}, the explicit attention form); build the "
+                    "model with the fused Attention op"
                 )
             if op.name == ATTENTION.name and op.attrs.get("window", 0):
-                raise StrategyError(
-                    f"context parallelism (c={c}): @{fn.name}'s attention has a sliding window "
-                    f"(window={op.attrs['window']}), which the ring does not take"
-                )
+                window = op.attrs["window"]
+                return f"@{fn.name}'s attention has a sliding window (window={window}): the ring takes none"
+    return ""
 
 
 def _with_positions(fn: Function, tables: set[int], ring: int) -> Function | None:
@@ -346,4 +353,4 @@ def _rewrite(op: Op, pos: Value, ring: int) -> Op:
     return Op("Gather", (op.inputs[0], pos), op.outputs, Attrs({"axis": 0}))
 
 
-__all__ = ["POS", "balanced_order", "context_inputs", "context_model"]
+__all__ = ["POS", "balanced_order", "context_inputs", "context_model", "context_refusal"]

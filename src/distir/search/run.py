@@ -51,6 +51,7 @@ from distir.gcpause import paused_gc
 from distir.hardware.cluster import Cluster, parse_cluster
 from distir.ir.dtensor import Placement
 from distir.ir.types import DType
+from distir.parallel.context_model import context_refusal
 from distir.parallel.strategy import Strategy
 from distir.parallel.trainers import TrainerError, trainer_allows, trainer_semantics
 from distir.search import final
@@ -67,6 +68,7 @@ from distir.search.profile import (
     num_blocks,
     sequence_length,
     trainer_form,
+    unit_model,
     unit_models,
 )
 from distir.search.rerank import ExactJob, Profiles, evaluate, evaluate_seeded
@@ -77,7 +79,7 @@ from distir.search.store import ResultStore, dumps, loads, search_key
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
-STORE_VERSION = 21  # bump when the cost model or the result format changes: old results go stale
+STORE_VERSION = 22  # bump when the cost model or the result format changes: old results go stale
 
 
 def cluster_digest(spec: str | Cluster) -> str:
@@ -199,6 +201,7 @@ def build_space(req: SearchRequest, cluster: Cluster) -> Space:
         node,  # HSDP shards within a node
         sequence_length(spec, dt),
         has_sequence(spec),
+        context_refusal(unit_model(spec, dt)),
     )
 
 

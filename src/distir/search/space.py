@@ -127,7 +127,8 @@ class Space:
     repeated blocks (the layer calls a pipeline partition divides: ``distir.parallel.pipeline.partition``);
     ``node_devices``: GPUs per node (0: HSDP is not tried unless pinned); ``seq``: the model's
     sequence length (0: it has none, and no context parallelism); ``sequence``: the model has a
-    sequence dim to shard (sequence parallelism is searched with t > 1)."""
+    sequence dim to shard (sequence parallelism is searched with t > 1); ``no_context``: why its
+    attention cannot run context-parallel, if it cannot (then no context parallelism)."""
 
     devices: int
     batch: int
@@ -138,6 +139,8 @@ class Space:
     node_devices: int = 0
     seq: int = 0
     sequence: bool = True
+    # why the model's attention cannot run context-parallel ("": it can; ``context_refusal``)
+    no_context: str = ""
 
     def check(self) -> None:
         """Pinned values the model/cluster cannot take raise ``SpaceError``."""
@@ -160,6 +163,8 @@ class Space:
                 raise SpaceError(f"--cp {p.cp} does not divide the cluster's {self.devices} devices")
             if not self.seq:
                 raise SpaceError(f"--cp {p.cp}: the model has no sequence to split")
+            if self.no_context:
+                raise SpaceError(f"--cp {p.cp}: {self.no_context}")
             if self.seq % (2 * p.cp):
                 raise SpaceError(
                     f"--cp {p.cp}: context parallelism cuts the sequence into 2c = {2 * p.cp} equal chunks; "
@@ -254,7 +259,7 @@ class Space:
         devices whose 2c chunks hold ``CP_MIN_CHUNK`` positions or more."""
         if self.pins.cp is not None:
             return [self.pins.cp]
-        if not self.train or self.seq < self.pins.cp_from_seq:
+        if not self.train or self.seq < self.pins.cp_from_seq or self.no_context:
             return [1]
         return [
             c
