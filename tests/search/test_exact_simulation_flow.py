@@ -341,3 +341,18 @@ def test_search_prints_the_command_that_simulates_its_winner(tmp_path: Path, ext
     got = runner.invoke(app, [*words[1:], "--json"])
     assert got.exit_code == 0, got.stderr
     assert json.loads(got.stdout)["step_time_s"] == best["results"][0]["step_time_s"]
+
+
+def test_when_every_exact_simulation_fails_the_advice_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No exact result to advise on: the search says every simulation failed and the first error,
+    not that nothing fits (the failed rows have no memory figure)."""
+
+    def fail(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise StrategyError("boom")
+
+    monkeypatch.setattr(run, "evaluate_seeded", fail)
+    req = run.SearchRequest(model="mlp:layers=2,hidden=64", cluster="dgx-a100:1", batch=8, top=2, workers=1)
+    out = run.search(req)
+    assert out.results and all("error" in r for r in out.results)
+    assert len(out.advice) == 1 and out.advice[0].startswith("every exact simulation failed; the first, ")
+    assert "StrategyError: boom" in out.advice[0]

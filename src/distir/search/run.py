@@ -656,7 +656,12 @@ def _search(req: SearchRequest, progress: Progress | None, pool: LazyPool | None
                 results[task], f"{req.store}: search {store.key if store else ''}: result of {task!r}"
             )
         out = _output(req, cluster, tasks, results, screened, n, screen.profiler.probes, cached)
-        if not any(r.get("fits") for r in out.results):
+        failed = [r for r in out.results if "error" in r]
+        if failed and len(failed) == len(out.results):  # no memory to advise on: say why
+            out.advice = [
+                f"every exact simulation failed; the first, {failed[0]['strategy']}: {failed[0]['error']}"
+            ]
+        elif not any(r.get("fits") for r in out.results):
             out.advice = _advice(req, screen, screened)
         out.timings.update(
             screen_s=t1 - t0,
