@@ -130,6 +130,7 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([T(f32, 5, 3), K(T(i64, 2), [-1, 2])]),
         Case([T(f32, 4, 6), R(T(i64, 2, 3), -6, 6)], {"axis": 1}),
         Case([T(f64, 4, 3), K(T(i32), 3)]),
+        Case([T(f32, 5, 3), K(T(i64, 2, 2), [[0, 1], [1, 4]])], {"padding": 1}),
     ],
     "Concat": [
         Case([T(f32, 2, 3), T(f32, 4, 3)], {"axis": 0}),
@@ -419,6 +420,11 @@ EXAMPLES.update(
             Case([T(f32, 4, 5), K(T(i64), 2)], {"axis": -1, "size": 3}),
             Case([T(f32, 2, 3), K(T(i64, 2), [1, 3]), T(f32, 4, 3)], {"size": 4}),  # with the data
             Case([T(f64, 2, 3), K(T(i64, 2), [1, 6]), T(f64, 3, 3)], {"size": 3, "rows": (1, 7)}),  # a piece
+            # nn.Embedding's padding_idx: row 1 (of the whole table) stays zero, here and in a piece
+            Case([T(f32, 3, 3), K(T(i64, 3), [1, 2, 1])], {"size": 4, "padding": 1}),
+            Case(
+                [T(f64, 2, 3), K(T(i64, 2), [2, 3]), T(f64, 3, 3)], {"size": 3, "rows": (1, 7), "padding": 2}
+            ),
         ],
         "SliceGrad": [
             Case([T(f32, 3, 3)], {"shape": (5, 6), "starts": (1, -3), "ends": (4, 100), "axes": (0, 1)}),

@@ -296,17 +296,12 @@ def _sdpa_window(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
 
 
 def _embedding(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
-    """``embedding(w, ids, padding_idx)``: a Gather; with a padding index (``nn.Embedding``'s
-    ``padding_idx``: that row gets no gradient) the rows of that id pass through a StopGradient,
-    chosen by a Where on ``ids == padding_idx``."""
-    y = cx.op("Gather", _v(a[0]), _v(a[1]), axis=0)
+    """``embedding(w, ids, padding_idx)``: a Gather; a padding index (``nn.Embedding``'s
+    ``padding_idx``: that row gets no gradient) is the Gather's ``padding``, which its gradient
+    leaves zero, as torch's embedding backward does (no extra pass over the output)."""
     pad = a[2] if len(a) > 2 else kw.get("padding_idx", -1)
-    if pad is None or pad < 0:
-        return y
-    ids = _v(a[1])
-    hit = cx.op("Equal", ids, cx.op("FillLike", ids, value=float(pad)))
-    hit = cx.op("Unsqueeze", hit, axes=(len(a[1].shape),))
-    return cx.op("Where", hit, cx.op("StopGradient", y), y)
+    extra = {"padding": int(pad)} if pad is not None and pad >= 0 else {}
+    return cx.op("Gather", _v(a[0]), _v(a[1]), axis=0, **extra)
 
 
 def _softmax(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:

@@ -21,6 +21,7 @@ from distir.ops._rules import in_numel_flops, int_attr, norm_axis
 from distir.ops.grad.family import COST_CLASS, FAMILY
 from distir.ops.registry import AttrSpec, LocalPiece, OpDef, TypeCtx, register
 from distir.ops.shape.select import (
+    PADDING,
     ROWS,
     SLICE_ATTRS,
     check_rows,
@@ -93,7 +94,20 @@ def _gather_grad_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
         dy = dy * mask.reshape((1,) * ax + mask.shape + (1,) * (dy.ndim - ax - idx.ndim)).astype(dy.dtype)
     where: Any = (*(slice(None) for _ in range(ax)), idx)
     np.add.at(out, where, dy)  # repeated indices accumulate
+    row = padding_row(attrs, size)
+    if row is not None:
+        np.moveaxis(out, ax, 0)[row] = 0
     return (out,)
+
+
+def padding_row(attrs: Attrs, size: int) -> int | None:
+    """The row of this piece of the table (``rows``) that is the ``padding`` row, if it holds it."""
+    padding = int_attr(attrs, "padding", -1)
+    if padding < 0:
+        return None
+    given: Any = attrs.get("rows")
+    local = padding - (int(given[0]) if given is not None else 0)
+    return local if 0 <= local < size else None
 
 
 def _gather_grad_sharding(
@@ -149,14 +163,15 @@ GATHER_GRAD = register(
         inputs=("dY", "indices", "data?"),
         outputs=("dData",),
         infer=_gather_grad_rule,
-        attrs={"axis": AttrSpec("int", 0), "size": AttrSpec("int"), "rows": ROWS},
+        attrs={"axis": AttrSpec("int", 0), "size": AttrSpec("int"), "rows": ROWS, "padding": PADDING},
         reference=_gather_grad_ref,
         flops=in_numel_flops(1.0),
         bytes_read=lambda ins, outs, attrs: float(sum(t.nbytes for t in ins[:2])),  # data: its type only
         doc="The gradient of Gather(data, indices, axis) w.r.t. data, whose dim axis has the given "
         "size: dY scatter-added into zeros along axis (repeated indices accumulate). The optional "
         "data (the forward's) gives only its type: sharded on axis, each device keeps its rows "
-        "(rows=[start, total] as Gather's: indices outside them add nothing).",
+        "(rows=[start, total] as Gather's: indices outside them add nothing); the padding row "
+        "(of the whole table) stays zero.",
         sharding=_gather_grad_sharding,
         localize=_gather_grad_localize,
     )
@@ -259,7 +274,11 @@ def _gather_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tu
     if mask is not None:  # rows another piece of the table holds: nothing to add here
         dy = dy * mask.reshape((1,) * ax + tuple(mask.shape) + (1,) * len(post)).to(dy.dtype)
     flat = dy.reshape((*dy.shape[:ax], i.numel(), *post))
-    return (out.index_add(ax, i.reshape(-1), flat),)
+    out = out.index_add(ax, i.reshape(-1), flat)
+    row = padding_row(attrs, size)
+    if row is not None:
+        out.select(ax, row).zero_()
+    return (out,)
 
 
 def _slice_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:

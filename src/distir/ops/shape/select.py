@@ -37,6 +37,8 @@ Grads = Sequence[Value | None]
 # zeros, so the pieces' results sum to the whole table's. Materialization sets it per device
 # (``localize``); a global program leaves it unset.
 ROWS = AttrSpec("ints", None)
+# a row of the whole table whose gradient stays zero (``nn.Embedding``'s ``padding_idx``); -1: none
+PADDING = AttrSpec("int", -1)
 
 
 def check_rows(ctx: TypeCtx, n: int) -> tuple[int, int] | None:
@@ -125,11 +127,13 @@ GATHER = register(
         inputs=("data", "indices"),
         outputs=("output",),
         infer=_gather_rule,
-        attrs={"axis": AttrSpec("int", 0), "rows": ROWS},
+        attrs={"axis": AttrSpec("int", 0), "rows": ROWS, "padding": PADDING},
         reference=_gather_ref,
         bytes_read=lambda ins, outs, attrs: float(outs[0].nbytes + ins[1].nbytes),
         doc="ONNX Gather: take slices of data along axis (an embedding lookup when axis=0); "
-        "rows=[start, total]: data is that piece of a sharded table, indices outside it read zeros.",
+        "rows=[start, total]: data is that piece of a sharded table, indices outside it read zeros; "
+        "padding (a row of the whole table, default -1: none) gets no gradient, as nn.Embedding's "
+        "padding_idx.",
         sharding=sh.embedding,
         localize=rows_localizer(gather_axis, 0),
     )
@@ -246,7 +250,7 @@ TRILU = register(
     )
 )
 
-__all__ = ["SLICE_ATTRS", "forward_slices", "slice_sharding", "slices"]
+__all__ = ["PADDING", "SLICE_ATTRS", "forward_slices", "slice_sharding", "slices"]
 
 
 # -- gradient rules (contract: distir.ops.gradrules) ------------------------------------------
@@ -276,7 +280,9 @@ def _gather_grad(ctx: GradCtx, op: Op, douts: Grads) -> Grads:
     # the data, for its type only: a sharded table's gradient is sharded alike (each device
     # scatters into its own rows); a weight is a backward input anyway, nothing is saved for it
     dy, idx, table = first(douts), ctx.primal(op.inputs[1]), ctx.primal(op.inputs[0])
-    (dx,) = ctx.op("GatherGrad", dy, idx, table, axis=axis, size=data.shape[axis])
+    padding = int_attr(op.attrs, "padding", -1)
+    pad = {"padding": padding} if padding >= 0 else {}
+    (dx,) = ctx.op("GatherGrad", dy, idx, table, axis=axis, size=data.shape[axis], **pad)
     return [dx, None]
 
 
