@@ -173,7 +173,7 @@ def _batch_folds(at_own: Module, at_other: Module, own: int, two: int) -> BatchF
                 if t1 is None or t2 is None or np.array_equal(t1, t2):
                     continue
                 a, b = np.asarray(t1).reshape(-1), np.asarray(t2).reshape(-1)
-                code = _follows(a, b, own, two, env1.get(instr.inputs[0]))
+                code = _follows(a, b, own, two, (env1.get(instr.inputs[0]), env2.get(instr2.inputs[0])))
                 if code is not None:
                     dims[instr.outputs[0]] = code
                     continue
@@ -185,17 +185,22 @@ def _batch_folds(at_own: Module, at_other: Module, own: int, two: int) -> BatchF
     return BatchFolds(envs, dims, "")
 
 
-def _follows(a: np.ndarray, b: np.ndarray, own: int, two: int, x: Mixed | None) -> tuple[int, int] | None:
+def _follows(
+    a: np.ndarray, b: np.ndarray, own: int, two: int, x: tuple[Mixed | None, Mixed | None]
+) -> tuple[int, int] | None:
     """How a Reshape whose target is ``a`` at the model's batch ``own`` and ``b`` at batch ``two``
-    follows the batch: (position, 0) where it copies the input ``x``'s dim (ONNX's 0 without
-    ``allowzero``), (position, -1) where it is inferred; None if it cannot (several sizes move,
-    one not in proportion, or neither form)."""
+    follows the batch: (position, 0) where it copies its input's dim at both batches (``x``: the
+    input at each; ONNX's 0 without ``allowzero``), (position, -1) where it is inferred; None if it
+    cannot (several sizes move, one not in proportion, or neither form)."""
     moved = np.flatnonzero(a != b) if a.shape == b.shape else np.arange(0)
     if len(moved) != 1 or int(b[moved[0]]) * own != int(a[moved[0]]) * two:
         return None
     i = int(moved[0])
-    t = type_of(x) if x is not None else None
-    if isinstance(t, TensorType) and i < t.rank and t.shape[i] == a[i] and 0 not in a.tolist():
+    types = [type_of(m) if m is not None else None for m in x]
+    copies = all(isinstance(t, TensorType) and i < t.rank for t in types) and [
+        t.shape[i] for t in types if isinstance(t, TensorType)
+    ] == [a[i], b[i]]
+    if copies and 0 not in a.tolist():
         return (i, 0)
     return (i, -1) if -1 not in a.tolist() else None
 
