@@ -44,8 +44,9 @@ trainer's (``Form``, the cost model's ``tp_overlap``):
 - **one chunk per rank, no SMs** (``PER_RANK``): ``k = n``, ``s = 0``.
 - **PyTorch's async tensor parallelism** (``ASYNC_TP``; torchtitan's
   ``enable_async_tensor_parallel``): one chunk per rank, no SMs, and no bulk pairs. Inductor's
-  ``micro_pipeline_tp`` pass (torch/_inductor/fx_passes/micro_pipeline_tp.py, torch 2.6.0, the
-  release of the December-2024 main that torchtitan's benchmark ran) rewrites only an
+  ``micro_pipeline_tp`` pass (torch/_inductor/fx_passes/micro_pipeline_tp.py at torch 2.6.0 and
+  2.7.0, the releases either side of the main 1963fc8 that torchtitan's December-2024 benchmark
+  ran, which match alike for tensorwise float8 scales) rewrites only an
   all-gather whose result is the left operand of matmuls (``_find_consumer_matmuls``: ``mm``
   or ``_scaled_mm``, directly or as reshape → mm → reshape; ``fuse_all_gather_matmul``) and a
   reduce-scatter whose input is a matmul's result used by nothing else
