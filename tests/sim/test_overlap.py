@@ -145,7 +145,7 @@ def test_the_roofline_model_charges_te_on_the_gpus_sms_or_async_per_rank() -> No
     cl = parse_cluster("h100")
     assert RooflineCostModel(cl, tp_comm_overlap=True).tp_overlap() == overlap.te_form(132)
     assert (
-        RooflineCostModel(cl, tp_comm_overlap=True, tp_overlap_form="async").tp_overlap() == overlap.PER_RANK
+        RooflineCostModel(cl, tp_comm_overlap=True, tp_overlap_form="async").tp_overlap() == overlap.ASYNC_TP
     )
     off = RooflineCostModel(cl, tp_comm_overlap=True, comm_interference=False)
     assert off.tp_overlap() == overlap.Form(4, 0.0)
@@ -203,6 +203,41 @@ def test_bulk_step_by_hand() -> None:
     with nothing (%h is taken): 1 + 1 + 1 + 1 (two Relus) + 0.5."""
     assert _step(BULK, 1.0, 0.5, on=False) == pytest.approx(4.0 + 3 * 0.5)
     assert _step(BULK, 1.0, 0.5, on=True) == pytest.approx(4.0 + 0.5)
+
+
+@dataclass(frozen=True)
+class _FixedAsync(_Fixed):
+    """Fixed costs under PyTorch's async tensor parallelism: direct pairs only."""
+
+    def tp_overlap(self) -> overlap.Form:
+        return overlap.ASYNC_TP
+
+
+def test_async_tp_overlaps_only_the_direct_pairs() -> None:
+    """Under ``ASYNC_TP`` %xg rings with %h (the all-gather → matmul Inductor fuses); %zg, which
+    feeds no GEMM, runs exposed instead of beside %k, and %kg pairs with nothing:
+    1 + 1 + 1 + 1 + 0.5 + 0.5. The default forms keep their bulk pairs (``test_bulk_step_by_hand``)."""
+    assert overlap.ASYNC_TP.bulk is False and overlap.ASYNC_TP[:2] == overlap.PER_RANK[:2]
+    assert overlap.PER_RANK.bulk and overlap.te_form(132).bulk
+    cost = _FixedAsync(compute=1.0, comm=0.5)
+    got = simulate(parse_module(BULK), parse_cluster("dgx-a100"), cost_model=cost).step_time_s
+    assert got == pytest.approx(4.0 + 2 * 0.5)
+    # the MLP's two direct pairs are charged as under one chunk per rank
+    g, c, n = 0.2, 1.0, 4
+    mlp = simulate(parse_module(MLP), parse_cluster("dgx-a100"), cost_model=_FixedAsync(compute=g, comm=c))
+    assert mlp.step_time_s == pytest.approx(2 * g + max(0.0, c + g / n - g) + max(c / n, c + g / n - g))
+
+
+def test_async_tp_leaves_a_reduce_scatter_of_a_sum_exposed() -> None:
+    """A reduce-scatter fed by a sum of GEMMs (the backward's input gradient of GEMMs reading
+    one gathered input) has no direct GEMM: the default form runs it beside an independent GEMM,
+    ``ASYNC_TP`` charges it whole."""
+    gemm = OpRecord((0, 1), 1.0, False, "MatMul", 1.0, False, (), (), (), None)
+    rs_ = Collective(CommPattern.REDUCESCATTER, 2)
+    rs = OpRecord((0, 1), 0.5, True, "Redistribute", 0.0, False, (), (), (), None, rs_)
+    cand = [None, overlap.Candidates(overlap.NO_PAIR, False, (0,))]
+    assert overlap.apply([gemm, rs], cand)[1].seconds == 0.0
+    assert overlap.apply([gemm, rs], cand, overlap.ASYNC_TP)[1].seconds == 0.5
 
 
 def test_a_collective_on_another_stream_or_of_another_pattern_does_not_pair() -> None:

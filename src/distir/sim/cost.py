@@ -160,7 +160,8 @@ class RooflineCostModel:
     the GEMM beside it (Megatron-LM's ``--tp-comm-overlap``; the planner applies it:
     ``distir.sim.overlap``), as ``tp_overlap_form`` says: ``te`` (Transformer Engine's
     userbuffers, as Megatron-LM runs them: pipelines in 4 chunks, its pipelined and bulk kernels
-    holding 16 SMs) or ``async`` (PyTorch's async tensor parallelism: one chunk per rank);
+    holding 16 SMs) or ``async`` (PyTorch's async tensor parallelism: one chunk per rank, and
+    only the all-gather → matmul and matmul → reduce-scatter pairs Inductor's pass fuses);
     ``comm_interference``: a collective on a communication stream slows the compute beside it
     by the SMs its kernel holds (``interference``; the planner applies it:
     ``distir.sim.interference``); ``eager``: the ops run as eager PyTorch's own kernels, so an op
@@ -317,13 +318,13 @@ class RooflineCostModel:
     def tp_overlap(self) -> overlap.Form:
         """The tensor-parallel overlap charged (``tp_overlap_form``, ``distir.sim.overlap``): TE's
         on GPU 0's SMs (its GEMM profile's; no SMs taken without a profile or with
-        ``comm_interference`` off), or one chunk per rank."""
+        ``comm_interference`` off), or PyTorch's async tensor parallelism (``ASYNC_TP``)."""
         if self.tp_overlap_form not in TP_OVERLAP_FORMS:
             raise ValueError(
                 f"tp_overlap_form must be one of {TP_OVERLAP_FORMS}, got {self.tp_overlap_form!r}"
             )
         if self.tp_overlap_form == "async":
-            return overlap.PER_RANK
+            return overlap.ASYNC_TP
         g = self.cluster.device_spec(0).gemm
         te = overlap.te_form(g.sms if g is not None else 1)
         return te if g is not None and self.comm_interference else te._replace(share=0.0)

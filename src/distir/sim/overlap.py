@@ -41,8 +41,23 @@ trainer's (``Form``, the cost model's ``tp_overlap``):
   (``distir.sim.interference``'s rate model): bulk ``max(g + s·min(c, g), c)``, pipelined
   ``max(g + c / k + s·min(c, g)·(k − 1) / k, g / k + c)`` (the last chunk's reduction runs
   after the GEMM).
-- **one chunk per rank, no SMs** (``PER_RANK``; PyTorch's async tensor parallelism, which
-  splits its fused matmul-reduce-scatter per rank): ``k = n``, ``s = 0``.
+- **one chunk per rank, no SMs** (``PER_RANK``): ``k = n``, ``s = 0``.
+- **PyTorch's async tensor parallelism** (``ASYNC_TP``; torchtitan's
+  ``enable_async_tensor_parallel``): one chunk per rank, no SMs, and no bulk pairs. Inductor's
+  ``micro_pipeline_tp`` pass (torch/_inductor/fx_passes/micro_pipeline_tp.py at torch 2.6.0 and
+  2.7.0, the releases either side of the main 1963fc8 that torchtitan's December-2024 benchmark
+  ran, which match alike for tensorwise float8 scales) rewrites only an
+  all-gather whose result is the left operand of matmuls (``_find_consumer_matmuls``: ``mm``
+  or ``_scaled_mm``, directly or as reshape → mm → reshape; ``fuse_all_gather_matmul``) and a
+  reduce-scatter whose input is a matmul's result used by nothing else
+  (``_find_producer_matmul``, ``fuse_matmul_reduce_scatter``), forward and backward graph
+  alike; every other collective stays a plain functional collective, waited on at its first
+  use. So a reduce-scatter fed by a sum (the backward's input gradient of Q, K and V, or of the
+  MLP's two column-parallel projections, summed over the matmuls that read one gathered
+  input) runs exposed: ``pairs`` finds it no direct GEMM, and this form offers it no
+  independent one. (The pass takes only matmuls reading the gathered tensor as their left
+  operand; ``pairs`` takes every GEMM reading it. In a Llama block the two agree: the
+  backward's weight-gradient GEMM reads the gathered gradient through a Reshape.)
 
 The simulator keeps every op in the program and on its stream, in order; the collective is
 charged what its pair takes beyond the GEMM (``exposed``), so the trace shows its exposed part.
@@ -81,13 +96,16 @@ TE_COMM_SMS = 16  # the SMs of TE's pipelined and bulk userbuffers kernels: its 
 class Form(NamedTuple):
     """How a trainer overlaps (module docstring): ``splits``, the chunks of a pipelined pair (0:
     one per rank); ``share``, the fraction of the GEMM's SMs a pipelined or bulk collective's
-    kernels hold while they run."""
+    kernels hold while they run; ``bulk``, whether a collective that pairs with no direct GEMM
+    may run beside an independent one (False: only the direct pairs, ring and pipelined)."""
 
     splits: int
     share: float
+    bulk: bool = True
 
 
 PER_RANK = Form(0, 0.0)
+ASYNC_TP = Form(0, 0.0, bulk=False)  # PyTorch's micro_pipeline_tp pass (module docstring)
 
 
 def te_form(sms: int) -> Form:
@@ -235,9 +253,10 @@ def _charged(
     return rec._replace(seconds=exposed(mode, rec.seconds, gemm.seconds + extra_s, n, share))
 
 
-def _choices(c: Candidates) -> list[tuple[int, str]]:
+def _choices(c: Candidates, form: Form) -> list[tuple[int, str]]:
+    """The GEMMs ``c``'s collective may take under ``form``, in order, each with its mode."""
     direct = [(c.direct, "ring" if c.after else "pipelined")] if c.direct != NO_PAIR else []
-    return direct + [(j, "bulk") for j in c.bulk]
+    return direct + [(j, "bulk") for j in c.bulk] if form.bulk else direct
 
 
 class _Group(NamedTuple):
@@ -267,7 +286,7 @@ def apply(records: Sequence[_R], paired: Sequence[Candidates | None], form: Form
     for i, c in enumerate(paired):
         if c is None:
             continue
-        for j, mode in _choices(c):
+        for j, mode in _choices(c, form):
             if j in taken:
                 continue
             prod: _Group = _members(lambda g: out[g], c, j, mode, taken)
@@ -289,7 +308,7 @@ def apply_kinds(
     for i, c in enumerate(paired):
         if c is None:
             continue
-        for j, mode in _choices(c):
+        for j, mode in _choices(c, form):
             if j in taken:
                 continue
             prod: _Group = _members(lambda g: table[kinds[g]], c, j, mode, taken)
