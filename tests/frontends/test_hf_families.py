@@ -241,3 +241,32 @@ def test_gemma2s_local_and_global_layers_are_two_block_functions(tmp_path: Path)
     calls = [c.callee for c in model.module.entry.body if isinstance(c, Call)]
     blocks = [c for c in calls if windows.get(c)]
     assert [windows[c][0] for c in blocks] == [4, 0, 4, 0]
+
+
+def test_gpt_neos_written_out_attention_is_causal_and_windowed_attention(tmp_path: Path) -> None:
+    """GPT-Neo writes attention out (``matmul``, ``where`` on its boolean buffer, the model's
+    additive mask, softmax, ``matmul``; no scale): one ``Attention`` per block, causal on its global
+    layers and windowed (``window_size``) on its local ones; the loss and gradients equal torch's."""
+    from distir.ir.ops import Op
+
+    d = tmp_path / "gptneo"
+    d.mkdir()
+    cfg = {
+        "model_type": "gpt_neo", "hidden_size": 16, "num_heads": 4, "num_layers": 2,
+        "attention_types": [[["global", "local"], 1]], "window_size": 3, "max_position_embeddings": 8,
+        **TINY,
+    }  # fmt: skip
+    (d / "config.json").write_text(json.dumps(cfg))
+    model = build_model(f"hf:{d}", batch=2)
+    atts = [
+        (i.attrs.get("window", 0), i.attrs["scale"])
+        for f in model.module.functions
+        for i in f.body
+        if isinstance(i, Op) and i.name == "Attention"
+    ]
+    assert sorted(atts) == [(0, 1.0), (3, 1.0)]
+    assert not any(i.name == "Softmax" for f in model.module.functions for i in f.body if isinstance(i, Op))
+    torch.manual_seed(0)
+    module, inputs = hf_model(str(d), meta=False)
+    x, labels = torch.randint(0, 32, (BATCH, 8)), torch.randint(0, 32, (BATCH, 8))
+    _check_against_torch(module, inputs, x, labels, F32_INSIDE)

@@ -42,6 +42,7 @@ from distir.frontends.torch_import.patterns import (
     is_causal_mask,
     match_eager_attention,
     match_gelu_tanh,
+    match_masked_attention,
     match_rms_norm,
     match_rope,
 )
@@ -509,10 +510,15 @@ class Converter:
             )
             m = m or match_rms_norm(n, lambda a: self.kind.get(a.name) == "param") or match_gelu_tanh(n)
             m = m or match_eager_attention(n, self.const, self._computable)
+            m = m or match_masked_attention(n, self.const, self._computable)
             if m is None:
                 continue
             inside = {x.name for x in m.interior} | {n.name}
-            if all(u.name in inside or u.name not in self.kind for x in m.interior for u in x.users):
+            if all(
+                u.name in inside or u.name not in self.kind or _packet(u) in aten_map.DROPPED
+                for x in m.interior
+                for u in x.users
+            ):
                 if isinstance(m, RopeMatch):
                     self.ropes[n.name] = m
                 elif isinstance(m, RMSMatch):
@@ -555,6 +561,8 @@ class Converter:
         attrs: dict[str, Any] = {"causal": m.causal, "scale": m.scale}
         if m.alibi is not None:
             attrs["alibi"] = m.alibi
+        if m.window:
+            attrs["window"] = m.window
         out, _ = self.ops("Attention", q, k, v, n=2, **attrs)
         return self.op("Transpose", out, perm=aten_map.BHSD)
 

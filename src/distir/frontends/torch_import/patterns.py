@@ -23,7 +23,7 @@ scalar would be a tensor of x's size (``FillLike``), the exponent saved for the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -331,6 +331,7 @@ class EagerAttentionMatch:
     alibi: tuple[float, ...] | None  # ALiBi's slopes, one per head
     interior: tuple[Any, ...]
     bias: tuple[Any, ...]  # the nodes computing the bias from sizes (not emitted)
+    window: int = 0  # a sliding window (GPT-Neo's local layers), 0: none
 
 
 VIEWS = ("aten.view", "aten.reshape", "aten._unsafe_view")
@@ -398,6 +399,82 @@ def match_eager_attention(
         return None
     alpha = float(scores.kwargs.get("alpha", 1.0))
     return EagerAttentionMatch(q, k, v, alpha, causal, slopes or None, tuple(seen), bias_nodes)
+
+
+def match_masked_attention(
+    mm: Any, const: Callable[[Any], Any], computable: Callable[[Any], tuple[Any, ...] | None]
+) -> EagerAttentionMatch | None:
+    """Attention written out on (B, h, S, d) heads as GPT-Neo's: ``matmul(softmax(where(keep,
+    matmul(q, kᵀ), min) [+ mask]), v)``, q and k perhaps cast to f32, no scale; ``keep`` (a slice of
+    a boolean buffer) and the additive mask computed from sizes and buffers alone, together the
+    causal mask or a causal sliding window (``band_window``). Else None."""
+    if not _is(mm, "aten.matmul") or len(mm.meta["val"].shape) != 4:
+        return None
+    seen: list[Any] = []  # the nodes under ``mm``, which becomes the Attention
+    v = mm.args[1]
+    probs = _through(mm.args[0], PASSING, seen)
+    if not _is(probs, "aten.softmax") or probs.args[1] not in (-1, 3):
+        return None
+    seen.append(probs)
+    logits, masks, masking = probs.args[0], [], []
+    if _is(logits, "aten.add") and len(logits.args) == 2 and hasattr(logits.args[1], "op"):
+        seen.append(logits)
+        masks.append(logits.args[1])
+        logits = logits.args[0]
+    if not _is(logits, "aten.where") or len(logits.args) != 3:
+        return None
+    seen.append(logits)
+    keep, scores, fill = logits.args
+    masking += [keep, fill]
+    if not _is(scores, "aten.matmul"):
+        return None
+    seen.append(scores)
+    q = _through(scores.args[0], CASTS, seen)
+    kt = scores.args[1]
+    if not _is(kt, "aten.transpose") or sorted(a % 4 for a in kt.args[1:3]) != [2, 3]:
+        return None
+    seen.append(kt)
+    k = _through(kt.args[0], CASTS, seen)
+    shape = q.meta["val"].shape
+    if len(shape) != 4 or k.meta["val"].shape != shape or v.meta["val"].shape != shape:
+        return None
+    nodes = [computable(x) for x in (*masking, *masks)]
+    if any(found is None for found in nodes):
+        return None
+    window = band_window([const(x) for x in (keep, *masks)], const(fill), int(shape[2]))
+    if window is None:
+        return None
+    bias = tuple(x for found in nodes for x in found or ())
+    return EagerAttentionMatch(q, k, v, 1.0, True, None, tuple(seen), bias, window)
+
+
+def band_window(masks: Sequence[Any], fill: Any, seq: int) -> int | None:
+    """The window of a causal band that a boolean keep-mask and additive masks (each (…, S, S),
+    alike for every batch row and head) let through, with ``fill`` (a scalar at most
+    ``MASKED``) where the keep-mask is false: 0 for the plain causal mask, W when query i sees keys
+    i − W < j ≤ i with W < S; None for any other pattern."""
+    import torch
+
+    if not isinstance(fill, torch.Tensor) or fill.numel() != 1 or float(fill) > MASKED:
+        return None
+    allowed = torch.ones(seq, seq, dtype=torch.bool)
+    for m in masks:
+        if not isinstance(m, torch.Tensor) or m.ndim < 2 or tuple(m.shape[-2:]) != (seq, seq):
+            return None
+        m = m.detach().cpu()
+        if m.dtype == torch.bool:
+            rows = m.reshape(-1, seq, seq)
+        elif m.is_floating_point() and bool(torch.all((m == 0) | (m <= MASKED))):
+            rows = (m == 0).reshape(-1, seq, seq)
+        else:
+            return None
+        if not bool(torch.all(rows == rows[:1])):
+            return None
+        allowed &= rows[0]
+    w = int(allowed[-1].sum()) if seq else 0
+    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+    band = causal & ~torch.ones(seq, seq, dtype=torch.bool).tril(-w) if 0 < w < seq else causal
+    return (w if 0 < w < seq else 0) if bool(torch.equal(allowed, band)) else None
 
 
 def _alibi_slopes(bias: Any, heads: int, seq: int) -> tuple[float, ...] | None:
