@@ -87,6 +87,9 @@ def _attention(
 
     if attention_mask is not None:
         raise NotImplementedError("an attention mask tensor (padding) is not supported")
+    for key, what in (("softcap", "attention logit softcapping"), ("s_aux", "attention sinks")):
+        if kwargs.get(key) is not None:  # the fused Attention computes neither: refused, not dropped
+            raise NotImplementedError(f"{what} ({key}={kwargs[key]!r}) is not supported")
     causal = is_causal if is_causal is not None else bool(getattr(module, "is_causal", True))
     gqa = query.shape[1] != key.shape[1]
     window = kwargs.get("sliding_window")
