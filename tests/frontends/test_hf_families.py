@@ -199,7 +199,7 @@ def test_transformers_warnings_do_not_precede_the_result(tmp_path: Path) -> None
 
 def test_a_sliding_window_is_windowed_attention_equal_to_transformers_eager(tmp_path: Path) -> None:
     """Mistral's window (3 keys, of 8 positions) passes through transformers' attention interface
-    as ``distir::sdpa_window`` and imports as ``Attention(causal, window=3)``; the loss and
+    as ``distir::sdpa`` and imports as ``Attention(causal, window=3)``; the loss and
     gradients equal transformers' own eager attention with its sliding-window mask."""
     from distir.ir.ops import Op
 
@@ -222,7 +222,8 @@ def test_a_sliding_window_is_windowed_attention_equal_to_transformers_eager(tmp_
 
 def test_gemma2s_local_and_global_layers_are_two_block_functions(tmp_path: Path) -> None:
     """Gemma 2 alternates sliding-window and full attention (``layer_types``): two block
-    functions, called in turn, the window only on the local one."""
+    functions, called in turn, the window only on the local one; its attention softcapping is the
+    Attention's ``softcap``; the loss and gradients equal transformers' eager attention."""
     from distir.ir.ops import Call, Op
 
     d = tmp_path / "gemma2"
@@ -230,7 +231,7 @@ def test_gemma2s_local_and_global_layers_are_two_block_functions(tmp_path: Path)
     cfg = {
         "model_type": "gemma2", "hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 4, "intermediate_size": 24, "num_hidden_layers": 4, "max_position_embeddings": 32,
-        "sliding_window": 4, **TINY,
+        "sliding_window": 4, "attn_logit_softcapping": 5.0, **TINY,
     }  # fmt: skip
     (d / "config.json").write_text(json.dumps(cfg))
     model = build_model(f"hf:{d}:seq=16", batch=2)
@@ -241,6 +242,12 @@ def test_gemma2s_local_and_global_layers_are_two_block_functions(tmp_path: Path)
     calls = [c.callee for c in model.module.entry.body if isinstance(c, Call)]
     blocks = [c for c in calls if windows.get(c)]
     assert [windows[c][0] for c in blocks] == [4, 0, 4, 0]
+    caps = {i.attrs.get("softcap") for f in model.module.functions for i in f.body if isinstance(i, Op)}
+    assert 5.0 in caps  # the attention logits' softcapping is the Attention's
+    torch.manual_seed(0)
+    module, inputs = hf_model(str(d), seq=16, meta=False)
+    x, labels = torch.randint(0, 32, (BATCH, 16)), torch.randint(0, 32, (BATCH, 16))
+    _check_against_torch(module, inputs, x, labels, F32_INSIDE, torch_attention="eager")
 
 
 def test_gpt_neos_written_out_attention_is_causal_and_windowed_attention(tmp_path: Path) -> None:

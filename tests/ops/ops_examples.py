@@ -453,8 +453,11 @@ EXAMPLES.update(
                 [T(f32, 2, 3, 4, 2), T(f32, 2, 3, 2, 2), T(f32, 2, 3, 2, 2)],
                 {"causal": True, "alibi": (0.5, 0.25, 0.125, 0.0625)},
             ),
-            # a sliding window of 2 keys (Mistral's)
+            # a sliding window of 2 keys (Mistral's); capped scores (Gemma 2's softcapping)
             Case([T(f32, 2, 5, 4, 2), T(f32, 2, 5, 2, 2), T(f32, 2, 5, 2, 2)], {"causal": True, "window": 2}),
+            Case(
+                [T(f64, 2, 4, 4, 2), T(f64, 2, 4, 2, 2), T(f64, 2, 4, 2, 2)], {"causal": True, "softcap": 0.5}
+            ),
             # positions: 2 queries (a context-parallel rank's, at global positions) over 4 keys
             Case([T(f32, 2, 2, 4, 2), T(f32, 2, 4, 2, 2), T(f32, 2, 4, 2, 2), QPOS, KPOS], {"causal": True}),
             Case([T(f64, 2, 2, 2, 3), T(f64, 2, 4, 1, 3), T(f64, 2, 4, 1, 3), QPOS, KPOS]),
@@ -477,6 +480,7 @@ EXAMPLES.update(
             Case([*[T(f64, 1, 4, 3, 2)] * 5, T(f64, 1, 3, 4)]),
             Case([*[T(f64, 1, 4, 3, 2)] * 5, T(f64, 1, 3, 4)], {"causal": True, "alibi": (0.5, 0.25, 0.125)}),
             Case([*[T(f64, 1, 4, 3, 2)] * 5, T(f64, 1, 3, 4)], {"causal": True, "window": 2}),
+            Case([*[T(f64, 1, 4, 3, 2)] * 5, T(f64, 1, 3, 4)], {"causal": True, "softcap": 0.5}),
             Case(
                 [
                     *[T(f64, 2, 2, 4, 2)] * 2,

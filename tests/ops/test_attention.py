@@ -478,3 +478,35 @@ def test_a_window_needs_causal_attention_without_positions() -> None:
     q = T(f32, 2, 3, 4, 2)
     with pytest.raises(OpTypeError, match="window=2 needs"):
         ATT.infer_types([q] * 3, Attrs({"window": 2}), [None] * 3)
+
+
+def test_softcap_caps_the_scaled_scores_before_the_mask() -> None:
+    """``softcap`` c: query i's score of key j is c·tanh(scale·q·k / c), then masked."""
+    b, s, h, d, cap = 2, 5, 4, 3, 0.7
+    q, k, v = qkv(np.random.default_rng(9), b, s, h, 2, d)
+    out, _ = run("Attention", [q, k, v], causal=True, scale=0.5, softcap=cap)
+    want = np.zeros_like(q)
+    for n in range(b):
+        for hh in range(h):
+            sc = cap * np.tanh(q[n, :, hh, :] @ k[n, :, hh // 2, :].T * 0.5 / cap)
+            sc = np.where(np.triu(np.ones((s, s), dtype=bool), 1), -np.inf, sc)
+            p = np.exp(sc - sc.max(-1, keepdims=True))
+            want[n, :, hh, :] = (p / p.sum(-1, keepdims=True)) @ v[n, :, hh // 2, :]
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+
+
+def test_softcap_grad_matches_finite_differences() -> None:
+    rng = np.random.default_rng(10)
+    q, k, v = qkv(rng, 1, 4, 4, 2, 2)
+    attrs = {"causal": True, "softcap": 0.5, "window": 3}
+    out, lse = run("Attention", [q, k, v], **attrs)
+    dout = rng.standard_normal(out.shape)
+    grads = run("AttentionGrad", [dout, q, k, v, out, lse], **attrs)
+    args = {"q": q, "k": k, "v": v}
+    for j, name in enumerate(("q", "k", "v")):
+
+        def objective(x: np.ndarray, name: str = name) -> float:
+            a = {**args, name: x}
+            return float(np.sum(dout * run("Attention", [a["q"], a["k"], a["v"]], **attrs)[0]))
+
+        np.testing.assert_allclose(grads[j], _numeric(objective, args[name]), rtol=1e-6, atol=1e-8)

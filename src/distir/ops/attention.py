@@ -34,6 +34,11 @@ share of the causal pairs the window keeps (``window_share``); the kernel runs a
 kernel's speed at that sequence length (no published curve of the windowed kernel). Not with
 positions or a ring.
 
+``softcap`` (default 0: none) caps the scaled scores as softcap·tanh(score / softcap) before the
+masks (Gemma 2's ``attn_logit_softcapping``; FlashAttention-2's ``softcap``, since flash-attn
+2.6); the backward multiplies the scores' gradient by 1 − tanh². Its tanh per score is not
+counted in the FLOPs (FlashAttention-2's count is the matmuls'). Not with ALiBi or a ring.
+
 ``dropout`` (the probability of dropping an attention probability, default 0) is accepted by
 the type rule and costs nothing extra here (FlashAttention generates its mask on the fly from a
 seed); the numpy references refuse a nonzero dropout (``AttentionDropoutError``): they cannot
@@ -130,6 +135,8 @@ ATTENTION_ATTRS = {
     "alibi": AttrSpec("floats", None),
     # > 0, with causal: a sliding window, query i seeing keys i − window < j ≤ i (module docstring)
     "window": AttrSpec("int", 0),
+    # > 0: the scaled scores capped as softcap·tanh(score / softcap) (module docstring)
+    "softcap": AttrSpec("float", 0.0),
 }
 
 BACKWARD_FACTOR = 2.5  # FlashAttention-2: backward FLOPs = 2.5 x forward
@@ -185,6 +192,14 @@ def _check_qkv(ctx: TypeCtx, first_index: int, pos_at: int) -> tuple[TensorType,
             None,
             ">= 0",
             window,
+        )
+    cap = ctx.attr("softcap")
+    if cap < 0 or (cap > 0 and (ring > 1 or ctx.attr("alibi") is not None)):
+        ctx.fail(
+            f"{ctx.op.name}: softcap={cap} needs softcap >= 0, and no ring or alibi when > 0",
+            None,
+            ">= 0",
+            cap,
         )
     slopes = ctx.attr("alibi")
     if slopes is not None and (len(slopes) != h or ring > 1):
@@ -294,12 +309,16 @@ def scores(
     pos: tuple[Any, Any] | None = None,
     alibi: Sequence[float] | None = None,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> F64:
-    """(B, h, S_q, S_k) scaled scores of q (B, S_q, h, d) against the repeated k, plus ALiBi's
-    bias if given; -inf where masked (by the global positions ``pos`` = (qpos, kpos), if given;
-    outside the sliding ``window`` too, if > 0)."""
+    """(B, h, S_q, S_k) scaled scores of q (B, S_q, h, d) against the repeated k, capped
+    (``softcap`` > 0: softcap·tanh(s / softcap)), plus ALiBi's bias if given; -inf where masked
+    (by the global positions ``pos`` = (qpos, kpos), if given; outside the sliding ``window`` too,
+    if > 0)."""
     group = q.shape[2] // max(k.shape[2], 1)
     s = np.einsum("bihd,bjhd->bhij", q, repeat_kv(k, group)) * scale
+    if softcap > 0:
+        s = softcap * np.tanh(s / softcap)
     if alibi is not None:
         s = s + alibi_bias(alibi, s.shape[2], s.shape[3], pos)
     if causal and pos is not None:
@@ -324,11 +343,12 @@ def attention_reference(
     pos: tuple[Any, Any] | None = None,
     alibi: Sequence[float] | None = None,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> tuple[F64, F64]:
     """Exact softmax attention in float64: (out (B, S, h, d), lse (B, h, S))."""
     qd, kd, vd = f64(q), f64(k), f64(v)
     sc = 1.0 / math.sqrt(qd.shape[3]) if scale is None else scale
-    s = scores(qd, kd, sc, causal, pos, alibi, window)
+    s = scores(qd, kd, sc, causal, pos, alibi, window, softcap)
     m = np.max(s, axis=-1, keepdims=True, initial=-np.inf) if s.size else np.zeros((*s.shape[:-1], 1))
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m)
@@ -352,6 +372,7 @@ def _attention_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
         pos=(args[3], args[4]) if len(args) > 3 else None,
         alibi=_alibi(attrs),
         window=int_attr(attrs, "window", 0),
+        softcap=float_attr(attrs, "softcap", 0.0),
     )
     return (out.astype(q.dtype), lse.astype(lse_dtype(DType.from_numpy(q.dtype)).to_numpy()))
 
@@ -374,17 +395,24 @@ def attention_grad_reference(
     pos: tuple[Any, Any] | None = None,
     alibi: Sequence[float] | None = None,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> tuple[F64, F64, F64]:
     """(dq, dk, dv) in float64, the probabilities rebuilt from ``lse`` (FlashAttention-2's
-    backward, untiled)."""
+    backward, untiled; with ``softcap``, through the tanh: 1 − tanh² of the scaled score)."""
     do, qd, kd, vd, od = f64(dout), f64(q), f64(k), f64(v), f64(out)
     hkv = kd.shape[2]
     group = qd.shape[2] // max(hkv, 1)
-    p = np.exp(scores(qd, kd, scale, causal, pos, alibi, window) - f64(lse)[..., None])  # (B, h, S_q, S_k)
+    p = np.exp(
+        scores(qd, kd, scale, causal, pos, alibi, window, softcap) - f64(lse)[..., None]
+    )  # (B, h, S_q, S_k)
     dv = _group_sum(np.einsum("bhij,bihd->bjhd", p, do), hkv)
     dp = np.einsum("bihd,bjhd->bhij", do, repeat_kv(vd, group))
     delta = np.einsum("bihd,bihd->bhi", do, od)[..., None]  # rowsum(dout ⊙ out)
     ds = p * (dp - delta) * scale
+    if softcap > 0:  # d(cap·tanh(s / cap)) / ds = 1 − tanh²
+        ds = ds * (
+            1.0 - np.tanh(np.einsum("bihd,bjhd->bhij", qd, repeat_kv(kd, group)) * scale / softcap) ** 2
+        )
     dq = np.einsum("bhij,bjhd->bihd", ds, repeat_kv(kd, group))
     dk = _group_sum(np.einsum("bhij,bihd->bjhd", ds, qd), hkv)
     return dq, dk, dv
@@ -406,6 +434,7 @@ def _attention_grad_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
         pos=(args[6], args[7]) if len(args) > 6 else None,
         alibi=_alibi(attrs),
         window=int_attr(attrs, "window", 0),
+        softcap=float_attr(attrs, "softcap", 0.0),
     )
     return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(k.dtype))
 
@@ -845,6 +874,7 @@ class _Heads(NamedTuple):
     pos: tuple[Any, Any] | None = None  # (qpos, kpos): global positions (module docstring)
     alibi: tuple[float, ...] | None = None  # ALiBi's slopes, one per query head
     window: int = 0  # a sliding window (module docstring)
+    softcap: float = 0.0  # the scores' cap (module docstring)
 
 
 def _heads(q: Any, k: Any, v: Any, attrs: Attrs, pos: Sequence[Any] = ()) -> _Heads:
@@ -862,6 +892,7 @@ def _heads(q: Any, k: Any, v: Any, attrs: Attrs, pos: Sequence[Any] = ()) -> _He
         (pos[0], pos[1]) if pos else None,
         _alibi(attrs),
         int_attr(attrs, "window", 0),
+        float_attr(attrs, "softcap", 0.0),
     )
 
 
@@ -873,6 +904,8 @@ def _fused(ctx: TorchContext) -> bool:
 def _scores_torch(ctx: TorchContext, a: _Heads) -> Any:
     """(B, h, S_q, S_k) scaled scores (in f32 for 16-bit inputs), -inf where masked."""
     s = upcast(ctx, a.q) @ upcast(ctx, a.k).transpose(-1, -2) * a.scale
+    if a.softcap > 0:
+        s = a.softcap * ctx.torch.tanh(s / a.softcap)
     if a.alibi is not None:
         bias = alibi_bias(a.alibi, s.shape[2], s.shape[3], a.pos and tuple(p.cpu().numpy() for p in a.pos))
         s = s + ctx.torch.as_tensor(bias, dtype=s.dtype, device=s.device)
@@ -894,7 +927,7 @@ def _attention_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tupl
     q = xs[0]
     a = _heads(q, xs[1], xs[2], attrs, xs[3:])
     lse_t = ctx.dtype(lse_dtype(DType.f64 if q.dtype == ctx.torch.float64 else DType.f32))
-    if _fused(ctx) and a.pos is None and a.alibi is None and not a.window:
+    if _fused(ctx) and a.pos is None and a.alibi is None and not a.window and not a.softcap:
         kernel = ctx.torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         out, lse = kernel(a.q, a.k, a.v, 0.0, a.causal, scale=a.scale)
     else:
@@ -917,6 +950,9 @@ def _attention_grad_unfused(ctx: TorchContext, a: _Heads, dout: Any, out: Any, l
     dv = p.transpose(-1, -2) @ do
     delta = (do * o).sum(-1, keepdim=True)
     ds = p * (do @ upcast(ctx, a.v).transpose(-1, -2) - delta) * a.scale
+    if a.softcap > 0:  # through the cap's tanh
+        raw = upcast(ctx, a.q) @ upcast(ctx, a.k).transpose(-1, -2) * a.scale
+        ds = ds * (1.0 - ctx.torch.tanh(raw / a.softcap) ** 2)
     return (
         like(ds @ upcast(ctx, a.k), dout),
         like(ds.transpose(-1, -2) @ upcast(ctx, a.q), dout),
@@ -928,7 +964,7 @@ def _attention_grad_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) ->
     dout, q, k, v, out, lse = xs[:6]
     a = _heads(q, k, v, attrs, xs[6:])
     dout_h, out_h = dout.transpose(1, 2), out.transpose(1, 2)
-    if _fused(ctx) and a.pos is None and a.alibi is None and not a.window:
+    if _fused(ctx) and a.pos is None and a.alibi is None and not a.window and not a.softcap:
         kernel = ctx.torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
         dq, dk, dv = kernel(dout_h, a.q, a.k, a.v, out_h, lse, 0.0, a.causal, scale=a.scale)
     else:

@@ -286,12 +286,17 @@ def _sdpa(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
     return cx.op("Transpose", out, perm=BHSD)
 
 
-def _sdpa_window(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
-    """``distir::sdpa_window(q, k, v, window, scale)`` (``hf._window_op``): causal attention
-    over a sliding window, (B, h, S, d) each side."""
-    q, k, v, window, scale = a[0], a[1], a[2], int(a[3]), float(a[4])
+def _distir_sdpa(cx: Emit, a: Sequence[Any], kw: dict[str, Any]) -> Value:
+    """``distir::sdpa(q, k, v, causal, window, softcap, scale)`` (``hf._attention_op``): attention
+    with a sliding window or capped scores, (B, h, S, d) each side."""
+    q, k, v = a[0], a[1], a[2]
+    attrs: dict[str, Any] = {"causal": bool(a[3]), "scale": float(a[6])}
+    if int(a[4]):
+        attrs["window"] = int(a[4])
+    if float(a[5]):
+        attrs["softcap"] = float(a[5])
     qs, ks, vs = (cx.op("Transpose", _v(t), perm=BHSD) for t in (q, k, v))
-    out, _ = cx.ops("Attention", qs, ks, vs, n=2, causal=True, scale=scale, window=window)
+    out, _ = cx.ops("Attention", qs, ks, vs, n=2, **attrs)
     return cx.op("Transpose", out, perm=BHSD)
 
 
@@ -453,7 +458,7 @@ ATEN: dict[str, Emitter] = {
     "aten.layer_norm": _layer_norm,
     "aten.rms_norm": _rms_norm,
     "aten.scaled_dot_product_attention": _sdpa,
-    "distir.sdpa_window": _sdpa_window,
+    "distir.sdpa": _distir_sdpa,
     "aten.embedding": _embedding,
     "aten.softmax": _softmax,
     "aten._softmax": _softmax,

@@ -13,9 +13,10 @@ does not call the interface (Falcon) runs its ``sdpa`` path, whose causal mask t
 recognizes; one with neither its eager path (BLOOM's attention written out with ALiBi biases,
 which the importer makes one ``Attention``). transformers' warnings are held back while a model
 is built and traced (``quiet``). A sliding window shorter than the sequence (Mistral's, the
-local layers of Gemma's) passes through the interface as a custom op (``distir::sdpa_window``),
-which imports as ``Attention(causal, window)``; a model that needs a mask tensor (padding), or
-a window outside the interface, fails to import with that reason. Mixture-of-experts configs import when
+local layers of Gemma's) and a cap of the attention scores (Gemma 2's softcapping) pass through
+the interface as a custom op (``distir::sdpa``), which imports as ``Attention(causal, window,
+softcap)``; a model that needs a mask tensor (padding), attention sinks, or a window outside the
+interface, fails to import with that reason. Mixture-of-experts configs import when
 their blocks are Mixtral's (a top-k router and SwiGLU experts: traced as one ``MoE`` op each,
 ``moe``); others (a shared expert) are refused.
 """
@@ -87,15 +88,16 @@ def _attention(
 
     if attention_mask is not None:
         raise NotImplementedError("an attention mask tensor (padding) is not supported")
-    for key, what in (("softcap", "attention logit softcapping"), ("s_aux", "attention sinks")):
-        if kwargs.get(key) is not None:  # the fused Attention computes neither: refused, not dropped
-            raise NotImplementedError(f"{what} ({key}={kwargs[key]!r}) is not supported")
+    if kwargs.get("s_aux") is not None:  # the fused Attention computes none: refused, not dropped
+        raise NotImplementedError("attention sinks (s_aux, a learned logit per head) are not supported")
     causal = is_causal if is_causal is not None else bool(getattr(module, "is_causal", True))
     gqa = query.shape[1] != key.shape[1]
     window = kwargs.get("sliding_window")
-    if causal and isinstance(window, int) and 0 < window < query.shape[2]:
+    window = window if causal and isinstance(window, int) and 0 < window < query.shape[2] else 0
+    softcap = float(kwargs.get("softcap") or 0.0)
+    if window or softcap:
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        out = _window_op()(query, key, value, window, float(scale))
+        out = _attention_op()(query, key, value, causal, window, softcap, float(scale))
     else:
         out = F.scaled_dot_product_attention(
             query, key, value, is_causal=causal, scale=scaling, enable_gqa=gqa
@@ -103,37 +105,61 @@ def _attention(
     return out.transpose(1, 2).contiguous(), None
 
 
-_WINDOW_OP: Any = None
+_ATTENTION_OP: Any = None
 
 
-def _window_op() -> Any:
-    """``distir::sdpa_window(q, k, v, window, scale)``: causal scaled-dot-product attention over a
-    sliding window (query i sees keys i − window < j ≤ i, transformers' ``sliding_window_overlay``),
-    q (B, h, S, d), k and v (B, h_kv, S, d). A custom op, so the trace keeps it as one node, which
-    the importer writes as ``Attention(causal, window)`` (``aten_map``); run, it is SDPA with the
-    band as a boolean mask."""
-    global _WINDOW_OP
-    if _WINDOW_OP is None:
+def _attention_op() -> Any:
+    """``distir::sdpa(q, k, v, causal, window, softcap, scale)``: scaled-dot-product attention
+    with what torch's SDPA does not take, q (B, h, S, d), k and v (B, h_kv, S, d): a sliding window
+    (query i sees keys i − window < j ≤ i, transformers' ``sliding_window_overlay``; 0: none) and
+    a cap of the scaled scores (softcap·tanh(s / softcap), Gemma 2's; 0: none). A custom op, so
+    the trace keeps it as one node, which the importer writes as ``Attention(causal, window,
+    softcap)`` (``aten_map``); run, it is the written-out formula."""
+    global _ATTENTION_OP
+    if _ATTENTION_OP is None:
         import torch
-        import torch.nn.functional as F
 
-        schema = "(Tensor q, Tensor k, Tensor v, int window, float scale) -> Tensor"
+        schema = (
+            "(Tensor q, Tensor k, Tensor v, bool causal, int window, float softcap, float scale) -> Tensor"
+        )
 
-        @torch.library.custom_op("distir::sdpa_window", mutates_args=(), schema=schema)
-        def sdpa_window(
-            q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, scale: float
+        @torch.library.custom_op("distir::sdpa", mutates_args=(), schema=schema)
+        def sdpa(
+            q: torch.Tensor,
+            k: torch.Tensor,
+            v: torch.Tensor,
+            causal: bool,
+            window: int,
+            softcap: float,
+            scale: float,
         ) -> torch.Tensor:
+            group = q.shape[1] // k.shape[1]
+            kk, vv = (t.repeat_interleave(group, dim=1) for t in (k, v))
+            s = (q @ kk.transpose(-1, -2)) * scale
+            if softcap:
+                s = softcap * torch.tanh(s / softcap)
             i = torch.arange(q.shape[2], device=q.device)
-            band = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
-            gqa = q.shape[1] != k.shape[1]
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=band, scale=scale, enable_gqa=gqa)
+            keep = torch.ones(q.shape[2], q.shape[2], dtype=torch.bool, device=q.device)
+            if causal:
+                keep &= i[None, :] <= i[:, None]
+            if window:
+                keep &= i[None, :] > i[:, None] - window
+            return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ vv
 
-        @sdpa_window.register_fake
-        def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, scale: float) -> torch.Tensor:
+        @sdpa.register_fake
+        def _(
+            q: torch.Tensor,
+            k: torch.Tensor,
+            v: torch.Tensor,
+            causal: bool,
+            window: int,
+            softcap: float,
+            scale: float,
+        ) -> torch.Tensor:
             return torch.empty_like(q)
 
-        _WINDOW_OP = sdpa_window
-    return _WINDOW_OP
+        _ATTENTION_OP = sdpa
+    return _ATTENTION_OP
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:
