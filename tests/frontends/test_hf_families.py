@@ -277,3 +277,21 @@ def test_gpt_neos_written_out_attention_is_causal_and_windowed_attention(tmp_pat
     module, inputs = hf_model(str(d), meta=False)
     x, labels = torch.randint(0, 32, (BATCH, 8)), torch.randint(0, 32, (BATCH, 8))
     _check_against_torch(module, inputs, x, labels, F32_INSIDE)
+
+
+def test_attention_sinks_are_refused_in_one_line(tmp_path: Path) -> None:
+    """gpt-oss hands the attention interface its sinks (``s_aux``), which the fused Attention
+    does not compute: one line, exit 2, naming them (never a dropped argument)."""
+    d = tmp_path / "gptoss"
+    d.mkdir()
+    cfg = {
+        "model_type": "gpt_oss", "hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 4, "intermediate_size": 16, "num_hidden_layers": 2, "num_local_experts": 2,
+        "num_experts_per_tok": 1, "max_position_embeddings": 16, **TINY,
+    }  # fmt: skip
+    (d / "config.json").write_text(json.dumps(cfg))
+    code, _, err = run(
+        "simulate", "--model", f"hf:{d}:seq=8", "--strategy", "d1.t1.p1.k1.1f1b", "--batch", "2"
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "s_aux: attention sinks" in err

@@ -88,8 +88,10 @@ def _attention(
 
     if attention_mask is not None:
         raise NotImplementedError("an attention mask tensor (padding) is not supported")
-    if kwargs.get("s_aux") is not None:  # the fused Attention computes none: refused, not dropped
-        raise NotImplementedError("attention sinks (s_aux, a learned logit per head) are not supported")
+    for what, keys in _NOT_TAKEN.items():  # the fused Attention computes none: refused, not dropped
+        if any(kwargs.get(k) is not None for k in keys):
+            given = ", ".join(k for k in keys if kwargs.get(k) is not None)
+            raise NotImplementedError(f"{given}: {what}, which distir's attention does not compute")
     causal = is_causal if is_causal is not None else bool(getattr(module, "is_causal", True))
     gqa = query.shape[1] != key.shape[1]
     window = kwargs.get("sliding_window")
@@ -106,6 +108,13 @@ def _attention(
 
 
 _ATTENTION_OP: Any = None
+# what a model may hand transformers' attention interface that changes the result and the fused
+# Attention does not compute: a refused import, never a dropped argument
+_NOT_TAKEN = {
+    "attention sinks (a learned logit per head)": ("s_aux", "sinks"),
+    "a relative position bias": ("position_bias",),
+    "sparse attention's selected keys": ("indices", "block_indices"),
+}
 
 
 def _attention_op() -> Any:
