@@ -112,7 +112,7 @@ def test_file_dims_parse_the_sizes_after_the_path() -> None:
     assert file_dims("a/m.onnx") == ("a/m.onnx", {})
     assert file_dims(" a/m.ONNX:seq=128,past=4 ") == ("a/m.ONNX", {"seq": 128, "past": 4})
     assert is_model_file("m.onnx:seq=8") and not is_model_file("hf:cfg:seq=8")
-    for bad in ("m.onnx:seq", "m.onnx:seq=0", "m.onnx:=3", "m.distir:seq=8"):
+    for bad in ("m.onnx:seq", "m.onnx:seq=0", "m.onnx:=3", "m.distir:seq=8", "m.onnx:seq=1/2"):
         with pytest.raises(ModelError) as e:
             file_dims(bad)
         assert "\n" not in str(e.value)
@@ -186,3 +186,11 @@ def test_a_mask_too_large_to_know_is_causal_if_it_was_at_batch_1(
     assert model.fixed_batch is None
     cmp = check_against_sequential(model, parse_strategy("d2.t1.p1.k2.1f1b"))
     assert cmp.max_rel_diff < 1e-4, f"{cmp.worst} differs by {cmp.max_rel_diff:.2e}"
+
+
+@pytest.mark.slow
+def test_a_misspelt_dim_is_an_error_not_a_size_ignored(dynamic: Path) -> None:
+    with pytest.raises(
+        ModelError, match=r"dims sq: no graph input has a dynamic dim so named \(they have: batch, seq\)"
+    ):
+        load_file(f"{dynamic}:sq=8", 4)

@@ -47,6 +47,7 @@ def convert(model: OnnxModel, dims: Mapping[str, int], batch: int, device: Devic
     program = Program(device)
     env: dict[str, Value] = {}
     inits = {t.name: t for t in g.initializer}
+    _check_dim_names(g, inits, dims)  # first: a misspelt name is why a dim has no size
     inputs = []
     for vi in g.input:
         if vi.name not in inits:
@@ -151,6 +152,24 @@ def _lookup(
             f"{where}: uses {name!r}, an output of {unproduced[name]} distir does not compute"
         )
     raise OnnxImportError(f"{where}: uses {name!r}, which no node, input or initializer defines")
+
+
+def _check_dim_names(graph: Any, inits: Mapping[str, Any], dims: Mapping[str, int]) -> None:
+    """Every size in ``dims`` names a dynamic dim of a graph input (a misspelt one is an error,
+    not a size ignored)."""
+    names = {
+        d.dim_param
+        for vi in graph.input
+        if vi.name not in inits and vi.type.HasField("tensor_type")
+        for d in vi.type.tensor_type.shape.dim
+        if d.dim_param
+    }
+    unknown = sorted(set(dims) - names)
+    if unknown:
+        have = ", ".join(sorted(names)) or "none"
+        raise OnnxImportError(
+            f"dims {', '.join(unknown)}: no graph input has a dynamic dim so named (they have: {have})"
+        )
 
 
 def _input_type(vi: Any, dims: Mapping[str, int], batch: int, device: Device) -> TensorType:
