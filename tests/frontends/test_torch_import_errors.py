@@ -89,8 +89,8 @@ def test_example_inputs_with_a_batch_of_one() -> None:
         (f"hf:{CONFIGS / 'not-a-model.json'}", SourceError, "not a model config"),
         (f"hf:{CONFIGS / 'missing.json'}", SourceError, "no such file"),
         (f"hf:{CONFIGS}", SourceError, "no such file"),  # a directory without config.json
-        # a MoE block with a shared expert (Qwen2-MoE): Mixtral's blocks only
-        (f"hf:{CONFIGS / 'qwen2-moe-tiny.json'}", StructureError, "shared_expert"),
+        # a MoE block with DeepSeek's shared experts: Mixtral's and Qwen2-MoE's blocks only
+        (f"hf:{CONFIGS / 'deepseek-v3-tiny.json'}", StructureError, "it also has: shared_experts"),
         (f"{FACTORIES}:not_a_module", SourceError, "not an nn.Module"),
         (f"{FACTORIES}:nothing_here", SourceError, "no function nothing_here"),
         ("tests.frontends.no_such_module:f", SourceError, "cannot import"),

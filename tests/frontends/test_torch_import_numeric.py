@@ -154,6 +154,7 @@ F32_INSIDE = 1e-4
         ("qwen2-tiny", F32_INSIDE),
         ("mistral-tiny", F32_INSIDE),
         ("mixtral-tiny", F32_INSIDE),  # 2 layers, 4 experts, top-2: each block one MoE op
+        ("qwen2-moe-tiny", F32_INSIDE),  # the same, with Qwen2-MoE's sigmoid-gated shared expert
     ],
 )
 def test_hf_model_loss_and_gradients_equal_torch(config: str, rtol: float) -> None:

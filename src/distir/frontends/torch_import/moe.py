@@ -11,8 +11,12 @@ which ``aten_map`` writes as ``distir.ops.moe``'s ``MoE`` op. Its eager implemen
 A block is recognized by structure, as Hugging Face's Mixtral lays it out: exactly two children,
 ``gate`` (a top-k router: ``weight`` (E, H), ``top_k``, optionally ``norm_topk_prob``) and
 ``experts`` (``gate_up_proj`` (E, 2F, H) holding the gate then the up projection, ``down_proj``
-(E, H, F), a SiLU activation, no biases). A block with other parts (a shared expert: Qwen2-MoE,
-DeepSeek) or another expert layout is refused with a one-line ``StructureError``.
+(E, H, F), a SiLU activation, no biases). Qwen2-MoE's block adds a shared expert
+(``shared_expert``, a dense MLP every token runs) scaled by a sigmoid gate (``shared_expert_gate``,
+a (1, H) linear layer): there the routed experts are the leaf and the shared expert and its gate
+are traced as the rest of the model (``_forward``: routed + sigmoid(gate(x))·shared(x), as
+transformers' ``Qwen2MoeSparseMoeBlock``). A block with other parts or another expert layout is
+refused with a one-line ``StructureError``.
 """
 
 from __future__ import annotations
@@ -25,16 +29,19 @@ from typing import Any, NamedTuple
 from distir.frontends.torch_import.errors import StructureError
 
 OP = "distir::moe"
+SHARED = ("shared_expert", "shared_expert_gate")  # Qwen2-MoE's gated shared expert
 SCHEMA = "(Tensor x, Tensor wg, Tensor w1, Tensor w3, Tensor w2, int top_k, bool normalize) -> Tensor"
 
 
 class MoEBlock(NamedTuple):
-    """A recognized block: its module path and module, k and whether weights are renormalized."""
+    """A recognized block: its module path and module, k, whether weights are renormalized, and
+    whether it has Qwen2-MoE's gated shared expert."""
 
     path: str
     module: Any
     top_k: int
     normalize: bool
+    shared: bool = False
 
 
 @functools.cache
@@ -71,9 +78,13 @@ def _block(path: str, m: Any) -> MoEBlock:
 
     where = f"mixture-of-experts block {path} ({type(m).__name__})"
     children = {name for name, _ in m.named_children()}
-    if children != {"gate", "experts"}:
+    shared = children == {"gate", "experts", *SHARED}
+    if children != {"gate", "experts"} and not shared:
         extra = ", ".join(sorted(children - {"gate", "experts"})) or "none"
-        raise StructureError(f"{where}: only a router and experts are supported, it also has: {extra}")
+        raise StructureError(
+            f"{where}: only a router and experts (and Qwen2-MoE's gated shared expert) are supported, "
+            f"it also has: {extra}"
+        )
     gate, ex = m.gate, m.experts
     gu, down = getattr(ex, "gate_up_proj", None), getattr(ex, "down_proj", None)
     layout_ok = (
@@ -95,7 +106,7 @@ def _block(path: str, m: Any) -> MoEBlock:
     k = getattr(gate, "top_k", None) or getattr(m, "top_k", None)
     if not isinstance(getattr(gate, "weight", None), torch.Tensor) or not isinstance(k, int):
         raise StructureError(f"{where}: its router has no weight (E, H) and top_k")
-    return MoEBlock(path, m, k, bool(getattr(gate, "norm_topk_prob", True)))
+    return MoEBlock(path, m, k, bool(getattr(gate, "norm_topk_prob", True)), shared)
 
 
 def moe_blocks(module: Any) -> list[MoEBlock]:
@@ -104,10 +115,16 @@ def moe_blocks(module: Any) -> list[MoEBlock]:
 
 
 def _forward(block: MoEBlock, hidden_states: Any) -> Any:
+    import torch
+
     m = block.module
     gu, f = m.experts.gate_up_proj, m.experts.down_proj.shape[2]
     w1, w3 = gu[:, :f], gu[:, f:]
-    return moe_op()(hidden_states, m.gate.weight, w1, w3, m.experts.down_proj, block.top_k, block.normalize)
+    out = moe_op()(hidden_states, m.gate.weight, w1, w3, m.experts.down_proj, block.top_k, block.normalize)
+    if block.shared:  # Qwen2-MoE: every token also through the shared expert, scaled by its gate
+        gate = torch.sigmoid(m.shared_expert_gate(hidden_states))
+        out = out + gate * m.shared_expert(hidden_states)
+    return out
 
 
 @contextlib.contextmanager
