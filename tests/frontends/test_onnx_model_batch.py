@@ -194,3 +194,10 @@ def test_a_misspelt_dim_is_an_error_not_a_size_ignored(dynamic: Path) -> None:
         ModelError, match=r"dims sq: no graph input has a dynamic dim so named \(they have: batch, seq\)"
     ):
         load_file(f"{dynamic}:sq=8", 4)
+
+
+@pytest.mark.slow
+def test_the_batch_dim_is_not_a_size_of_the_suffix(dynamic: Path) -> None:
+    """The batch comes from ``--batch`` (``load_file``'s batch), not ``model.onnx:batch=N``."""
+    with pytest.raises(ModelError, match=r":batch=3: 'batch' is the batch \(dim 0 of the inputs\)"):
+        load_file(f"{dynamic}:batch=3,seq=8", 4)

@@ -121,6 +121,12 @@ def _onnx(path: Path, mtime: int, batch: int, dtype: DType, dims: dict[str, int]
     # dynamic export's sizes) and what does not (``to_model``)
     key = tuple(sorted(dims.items()))
     other = _onnx_import(path, mtime, other_batch(batch), key)
+    named = [d for d in other.batch_dims if d in dims]
+    if named:  # the command line's batch is --batch
+        raise ModelError(
+            f"{path}:{named[0]}={dims[named[0]]}: {named[0]!r} is the batch (dim 0 of the inputs), "
+            "which --batch sets"
+        )
     # a causal mask known at batch 1 is causal at this batch too, where it may be too large to know
     main = (
         other

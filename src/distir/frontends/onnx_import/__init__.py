@@ -62,6 +62,7 @@ class OnnxImport:
     note: str
     opset: int
     causal: tuple[int, ...] = ()
+    batch_dims: tuple[str, ...] = ()  # the names of the graph inputs' dynamic dim 0
 
     @property
     def num_params(self) -> int:
@@ -123,7 +124,20 @@ def import_onnx(
         note=note,
         opset=model.opset,
         causal=causal,
+        batch_dims=_batch_dims(model),
     )
+
+
+def _batch_dims(model: Any) -> tuple[str, ...]:
+    """The names of the graph inputs' dynamic dim 0 (the batch ``import_onnx`` sizes from
+    ``batch`` unless ``dims`` names it)."""
+    inits = {t.name for t in model.graph.initializer}
+    names = []
+    for vi in model.graph.input:
+        dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
+        if vi.name not in inits and dims and dims[0].dim_param:
+            names.append(dims[0].dim_param)
+    return tuple(dict.fromkeys(names))
 
 
 __all__ = ["OnnxImport", "OnnxImportError", "import_onnx", "supported_ops"]
