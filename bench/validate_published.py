@@ -598,7 +598,11 @@ def _simulated(
     dmap = device_map(st, True).blocking() if r.launch_blocking else device_map(st, True)
     profile = cl.device_spec(0).gemm
     if v.persistent and v.interference and profile is not None and profile.persistent:
-        first = simulate(prog, cl, dmap, cost, batch=batch, trace=True, trace_detail="op")
+        # GPU 0 alone: its compute stream is what the share is of (a whole op trace of a large
+        # program would pass the trace size bound)
+        first = simulate(
+            prog, cl, dmap, cost, batch=batch, trace=True, trace_detail="op", trace_gpus=frozenset({0})
+        )
         cost = replace(cost, gemm_share=gemm_share(first))
     res = simulate(
         prog, cl, dmap, cost, batch=batch, trace=trace, allocator=allocator, trace_detail=trace_detail
