@@ -534,11 +534,16 @@ AS_PUBLISHED = Variant()  # each run's own kernels, matmuls by the GEMM curve
 
 
 def _simulated(
-    r: Run, v: Variant, trace: bool = False, allocator: bool = False, trace_detail: str = "chunk"
+    r: Run,
+    v: Variant,
+    trace: bool = False,
+    allocator: bool = False,
+    trace_detail: str = "chunk",
+    trace_gpus: frozenset[int] | None = None,
 ) -> tuple[SimResult, Strategy]:
     """(the SimResult, the strategy) of ``r`` built, distributed and simulated as ``distir
-    simulate --model`` does (``allocator``: with the caching allocator's pools; ``trace_detail``:
-    the trace's detail, as ``simulate``'s)."""
+    simulate --model`` does (``allocator``: with the caching allocator's pools; ``trace_detail``
+    and ``trace_gpus``: the trace's detail and GPUs, as ``simulate``'s)."""
     from distir.autodiff.precision import Precision
     from distir.autodiff.train import Optimizer
     from distir.frontends.zoo.registry import build_model, parse_model_string
@@ -605,7 +610,15 @@ def _simulated(
         )
         cost = replace(cost, gemm_share=gemm_share(first))
     res = simulate(
-        prog, cl, dmap, cost, batch=batch, trace=trace, allocator=allocator, trace_detail=trace_detail
+        prog,
+        cl,
+        dmap,
+        cost,
+        batch=batch,
+        trace=trace,
+        allocator=allocator,
+        trace_detail=trace_detail,
+        trace_gpus=trace_gpus,
     )
     return res, st
 

@@ -301,6 +301,9 @@ def test_gemm_share_walks_the_plan_as_the_op_trace_times_it() -> None:
             gemm += (s.end - s.start) if REGISTRY[op].gemm is not None else 0.0
     share = vp.gemm_share(res)
     assert 0.3 < share < 0.9 and share == pytest.approx(gemm / total, rel=1e-9)
+    # GPU 0's trace alone (what ``--interference persistent`` takes) gives the same share
+    alone, _ = vp._simulated(run, vp.AS_PUBLISHED, trace=True, trace_detail="op", trace_gpus=frozenset({0}))
+    assert vp.gemm_share(alone) == pytest.approx(share, rel=1e-12)
     slow, _ = vp._simulated(run, vp.Variant(persistent=True))
     fast, _ = vp._simulated(run, vp.AS_PUBLISHED)
     assert slow.step_time_s > fast.step_time_s
