@@ -71,9 +71,14 @@ SUFFIX = {f: f":seq={n}" for f, n in SEQ.items()}
 
 
 def config(tmp_path: Path, family: str, **changes: object) -> str:
-    d = tmp_path / family
+    return written(tmp_path, family, {**CONFIGS[family], **changes})
+
+
+def written(tmp_path: Path, name: str, cfg: dict[str, object]) -> str:
+    """The directory ``tmp_path/name`` holding ``cfg`` as its config.json."""
+    d = tmp_path / name
     d.mkdir(exist_ok=True)
-    (d / "config.json").write_text(json.dumps({**CONFIGS[family], **changes}))
+    (d / "config.json").write_text(json.dumps(cfg))
     return str(d)
 
 
@@ -203,14 +208,12 @@ def test_a_sliding_window_is_windowed_attention_equal_to_transformers_eager(tmp_
     gradients equal transformers' own eager attention with its sliding-window mask."""
     from distir.ir.ops import Op
 
-    d = tmp_path / "mistral"
-    d.mkdir()
     cfg = {
         "model_type": "mistral", "hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
         "intermediate_size": 24, "num_hidden_layers": 2, "max_position_embeddings": 16,
         "sliding_window": 3, **TINY,
     }  # fmt: skip
-    (d / "config.json").write_text(json.dumps(cfg))
+    d = written(tmp_path, "mistral", cfg)
     model = build_model(f"hf:{d}:seq=8", batch=2)
     atts = [i for f in model.module.functions for i in f.body if isinstance(i, Op) and i.name == "Attention"]
     assert atts and all(a.attrs["window"] == 3 and a.attrs["causal"] for a in atts)
@@ -226,14 +229,12 @@ def test_gemma2s_local_and_global_layers_are_two_block_functions(tmp_path: Path)
     Attention's ``softcap``; the loss and gradients equal transformers' eager attention."""
     from distir.ir.ops import Call, Op
 
-    d = tmp_path / "gemma2"
-    d.mkdir()
     cfg = {
         "model_type": "gemma2", "hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 4, "intermediate_size": 24, "num_hidden_layers": 4, "max_position_embeddings": 32,
         "sliding_window": 4, "attn_logit_softcapping": 5.0, **TINY,
     }  # fmt: skip
-    (d / "config.json").write_text(json.dumps(cfg))
+    d = written(tmp_path, "gemma2", cfg)
     model = build_model(f"hf:{d}:seq=16", batch=2)
     windows = {
         f.name: [i.attrs.get("window", 0) for i in f.body if isinstance(i, Op) and i.name == "Attention"]
@@ -256,14 +257,12 @@ def test_gpt_neos_written_out_attention_is_causal_and_windowed_attention(tmp_pat
     layers and windowed (``window_size``) on its local ones; the loss and gradients equal torch's."""
     from distir.ir.ops import Op
 
-    d = tmp_path / "gptneo"
-    d.mkdir()
     cfg = {
         "model_type": "gpt_neo", "hidden_size": 16, "num_heads": 4, "num_layers": 2,
         "attention_types": [[["global", "local"], 1]], "window_size": 3, "max_position_embeddings": 8,
         **TINY,
     }  # fmt: skip
-    (d / "config.json").write_text(json.dumps(cfg))
+    d = written(tmp_path, "gptneo", cfg)
     model = build_model(f"hf:{d}", batch=2)
     atts = [
         (i.attrs.get("window", 0), i.attrs["scale"])
@@ -282,14 +281,12 @@ def test_gpt_neos_written_out_attention_is_causal_and_windowed_attention(tmp_pat
 def test_attention_sinks_are_refused_in_one_line(tmp_path: Path) -> None:
     """gpt-oss hands the attention interface its sinks (``s_aux``), which the fused Attention
     does not compute: one line, exit 2, naming them (never a dropped argument)."""
-    d = tmp_path / "gptoss"
-    d.mkdir()
     cfg = {
         "model_type": "gpt_oss", "hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 4, "intermediate_size": 16, "num_hidden_layers": 2, "num_local_experts": 2,
         "num_experts_per_tok": 1, "max_position_embeddings": 16, **TINY,
     }  # fmt: skip
-    (d / "config.json").write_text(json.dumps(cfg))
+    d = written(tmp_path, "gptoss", cfg)
     code, _, err = run(
         "simulate", "--model", f"hf:{d}:seq=8", "--strategy", "d1.t1.p1.k1.1f1b", "--batch", "2"
     )

@@ -5,7 +5,6 @@ the file's batch as another; ``model.onnx:seq=N`` sizes the other dynamic dims."
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,53 +16,17 @@ from distir.frontends.zoo.model import ModelError
 from distir.ir.ops import Op
 from distir.parallel.strategy import StrategyError, parse_strategy
 
-
-def _export(path: Path, dynamic: bool) -> Path:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("onnxscript")
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=4, n_positions=16, vocab_size=50, bos_token_id=0, eos_token_id=0
-    )
-    lm = transformers.GPT2LMHeadModel(cfg).eval()
-    with torch.no_grad():  # norms away from their 1/0 init, so no two layers share a tensor
-        for name, p in lm.named_parameters():
-            if "ln_" in name:
-                p.add_(0.1 * torch.randn_like(p))
-
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.m = lm
-
-        def forward(self, ids: Any) -> Any:
-            return self.m(input_ids=ids, use_cache=False).logits
-
-    dim = torch.export.Dim
-    torch.onnx.export(
-        Logits().eval(),
-        (torch.randint(0, 50, (2, 8)),),
-        str(path),
-        dynamo=True,
-        input_names=["input_ids"],
-        output_names=["logits"],
-        external_data=False,
-        dynamic_shapes=({0: dim("batch"), 1: dim("seq", max=16)},) if dynamic else None,
-    )
-    return path
+from .test_onnx_import import _export_gpt2  # the 2-layer GPT-2 export, static or dynamic
 
 
 @pytest.fixture(scope="module")
 def dynamic(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _export(tmp_path_factory.mktemp("onnx") / "gpt2_dyn.onnx", dynamic=True)
+    return _export_gpt2(tmp_path_factory.mktemp("onnx") / "gpt2_dyn.onnx", dynamic=True)[0]
 
 
 @pytest.fixture(scope="module")
 def static(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _export(tmp_path_factory.mktemp("onnx") / "gpt2_static.onnx", dynamic=False)
+    return _export_gpt2(tmp_path_factory.mktemp("onnx") / "gpt2_static.onnx", dynamic=False)[0]
 
 
 def _reshape_targets(model: Any) -> list[tuple[int, ...]]:

@@ -128,11 +128,7 @@ def _onnx(path: Path, mtime: int, batch: int, dtype: DType, dims: dict[str, int]
             "which --batch sets"
         )
     # a causal mask known at batch 1 is causal at this batch too, where it may be too large to know
-    main = (
-        other
-        if batch == other_batch(batch)
-        else _onnx_import.__wrapped__(path, mtime, batch, key, other.causal)
-    )
+    main = _onnx_import.__wrapped__(path, mtime, batch, key, other.causal)  # not kept: never asked twice
     return to_model(main, path.stem, batch, other)
 
 

@@ -367,14 +367,21 @@ def _attention_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
         q,
         args[1],
         args[2],
-        causal=bool(attrs.get("causal", False)),
         scale=_scale(attrs, q.shape[3]),
         pos=(args[3], args[4]) if len(args) > 3 else None,
-        alibi=_alibi(attrs),
-        window=int_attr(attrs, "window", 0),
-        softcap=float_attr(attrs, "softcap", 0.0),
+        **_masking(attrs),
     )
     return (out.astype(q.dtype), lse.astype(lse_dtype(DType.from_numpy(q.dtype)).to_numpy()))
+
+
+def _masking(attrs: Attrs) -> dict[str, Any]:
+    """The references' keyword arguments of what shapes the scores: causal, ALiBi, the window, the cap."""
+    return {
+        "causal": bool(attrs.get("causal", False)),
+        "alibi": _alibi(attrs),
+        "window": int_attr(attrs, "window", 0),
+        "softcap": float_attr(attrs, "softcap", 0.0),
+    }
 
 
 def _alibi(attrs: Attrs) -> tuple[float, ...] | None:
@@ -429,12 +436,9 @@ def _attention_grad_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
         args[3],
         args[4],
         args[5],
-        causal=bool(attrs.get("causal", False)),
         scale=_scale(attrs, q.shape[3]),
         pos=(args[6], args[7]) if len(args) > 6 else None,
-        alibi=_alibi(attrs),
-        window=int_attr(attrs, "window", 0),
-        softcap=float_attr(attrs, "softcap", 0.0),
+        **_masking(attrs),
     )
     return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(k.dtype))
 

@@ -156,15 +156,7 @@ def _attention_op() -> Any:
             return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ vv
 
         @sdpa.register_fake
-        def _(
-            q: torch.Tensor,
-            k: torch.Tensor,
-            v: torch.Tensor,
-            causal: bool,
-            window: int,
-            softcap: float,
-            scale: float,
-        ) -> torch.Tensor:
+        def _(q: torch.Tensor, *_: Any) -> torch.Tensor:  # shaped like the queries
             return torch.empty_like(q)
 
         _ATTENTION_OP = sdpa
