@@ -51,7 +51,7 @@ def fuse_attention(
 ) -> tuple[int, ...]:
     """Rewrite every matched chain of ``program`` in place (module docstring). ``causal_at``: the
     graph nodes (indices of their product with v) whose chain the same file, imported at a
-    smaller batch, masked causally (``CausalHint``). Returns the nodes of the chains fused with a
+    smaller batch, masked causally (the module docstring). Returns the nodes of the chains fused with a
     causal mask."""
     made, uses = program.dataflow(outputs)
     at = dict(zip(map(id, program.ops), program.origin, strict=True))
@@ -67,7 +67,7 @@ def _chain(
     program: Program, last: Op, made: dict[Value, Op], uses: dict[Value, int], hinted: bool = False
 ) -> _Chain | None:
     """The attention chain whose product with v is ``last``, or None (``hinted``: a mask too large
-    to know is causal if it was at a smaller batch, ``CausalHint``)."""
+    to know is causal if it was at a smaller batch, the module docstring)."""
     if last.name != "MatMul" or len(last.inputs) != 2 or last.attrs.get("transA") or last.attrs.get("transB"):
         return None
     p, v = last.inputs
@@ -189,7 +189,7 @@ def _alike(program: Program, q: Value, k: Value, v: Value) -> bool:
 
 def _is_causal(program: Program, mask: Value, s: int, hinted: bool) -> bool:
     """Whether ``mask``'s known value is the causal mask over ``s`` positions; a value too large
-    to know (computed from the sizes, not read from a weight), ``hinted``, is (``CausalHint``)."""
+    to know (computed from the sizes, not read from a weight), ``hinted``, is (the module docstring)."""
     value = program.known(mask)
     if value is None:
         value = next((p.value for v, p in program.params if v is mask), None)
