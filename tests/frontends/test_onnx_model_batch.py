@@ -117,9 +117,10 @@ def test_a_mask_too_large_to_know_is_causal_if_it_was_at_batch_1(
     dynamic: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Hugging Face's (B, 1, S, S) mask, computed from the sizes, is over ``KNOWN_LIMIT`` at a
-    large batch (here the limit lowered so batch 4's is, batch 1's not): the import at batch 1
-    finds it causal and the one at batch 4 fuses the same chains; the result still matches
-    onnxruntime, and the model still splits into microbatches."""
+    large batch (here the limit lowered so that even batch 1's would be): the import at batch 1,
+    under its own limit (``ONE_SAMPLE_LIMIT``), finds it causal and the one at batch 4 fuses the
+    same chains; the result still matches onnxruntime, and the model still splits into
+    microbatches."""
     ort = pytest.importorskip("onnxruntime")
     import numpy as np
 
@@ -128,7 +129,7 @@ def test_a_mask_too_large_to_know_is_causal_if_it_was_at_batch_1(
     from distir.interp.reference import run_reference
     from distir.parallel.check import check_against_sequential
 
-    monkeypatch.setattr(values, "KNOWN_LIMIT", 100)  # 1 × 1 × 8 × 8 known, 4 × 1 × 8 × 8 not
+    monkeypatch.setattr(values, "KNOWN_LIMIT", 32)  # not 1 × 1 × 8 × 8, known at batch 1 all the same
     one = import_onnx(str(dynamic), dims={"seq": 8}, batch=1)
     assert len(one.causal) == 2  # both blocks' attention
     plain = import_onnx(str(dynamic), dims={"seq": 8}, batch=4)
@@ -149,6 +150,40 @@ def test_a_mask_too_large_to_know_is_causal_if_it_was_at_batch_1(
     assert model.fixed_batch is None
     cmp = check_against_sequential(model, parse_strategy("d2.t1.p1.k2.1f1b"))
     assert cmp.max_rel_diff < 1e-4, f"{cmp.worst} differs by {cmp.max_rel_diff:.2e}"
+
+
+@pytest.mark.slow
+def test_a_mask_too_large_to_know_even_at_batch_1_fixes_the_batch_but_splits_over_replicas(
+    dynamic: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mask no import can know (both limits lowered below 1 × 1 × 8 × 8) stays the exporter's
+    computation for the whole batch: microbatches are refused in one line (exit 2) with the
+    dynamic export's reason; replicas and tensor parallelism run, each device making the mask
+    and data parallelism slicing its share (``Redistribute`` of a plain tensor), and equal the
+    sequential step."""
+    from distir.cli import app
+    from distir.frontends import files
+    from distir.frontends.onnx_import import values
+    from distir.parallel.check import check_against_sequential
+
+    monkeypatch.setattr(values, "KNOWN_LIMIT", 32)
+    monkeypatch.setattr(values, "ONE_SAMPLE_LIMIT", 32)
+    files._load.cache_clear()
+    files._onnx_import.cache_clear()
+    try:
+        base = ["simulate", "--model", f"{dynamic}:seq=8", "--batch", "4", "--cluster", "dgx-a100"]
+        got = CliRunner().invoke(app, [*base, "--strategy", "d1.t1.p1.k2.1f1b"])
+        assert got.exit_code == 2, got.output
+        lines = [ln for ln in got.output.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "the export's batch dim is dynamic, but the graph computes" in lines[0]
+        model = load_file(f"{dynamic}:seq=8", 4)
+        assert model.fixed_batch == 4
+        for strategy in ("d2.t1.p1.k1.1f1b", "d2.t2.p1.k1.1f1b"):
+            cmp = check_against_sequential(model, parse_strategy(strategy))
+            assert cmp.max_rel_diff < 1e-4, f"{strategy}: {cmp.worst} differs by {cmp.max_rel_diff:.2e}"
+    finally:
+        files._load.cache_clear()
+        files._onnx_import.cache_clear()
 
 
 @pytest.mark.slow

@@ -37,7 +37,7 @@ DIFFERENTIABLE = {
     *("RMSNormalization", "MatMul", "Gemm", "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Split"),
     *("Concat", "Slice", "Gather", "Expand", "ReduceSum", "ReduceMean", "SoftmaxCrossEntropyLoss"),
     *("MSELoss", "Conv", "MaxPool", "AveragePool", "Attention", "Rope"),
-    *("Log", "StopGradient", "SoftmaxCrossEntropyParts", "Dropout", "LogSoftmax"),
+    *("Log", "Reciprocal", "Sin", "Cos", "StopGradient", "SoftmaxCrossEntropyParts", "Dropout", "LogSoftmax"),
     *("NegativeLogLikelihoodLoss", "Max", "Min", "Trilu", "CumSum", "MoE"),
     *("UnpadTokens", "PadTokens", "Float8Cast", "NllLossParts"),
 }
@@ -190,6 +190,8 @@ CASES: list[GCase] = [
     GCase("NegativeLogLikelihoodLoss", [t(3, 2), R(T(i64, 3), 0, 2)], {"reduction": "sum"}),
     GCase("NegativeLogLikelihoodLoss", [t(2, 3, 4), R(T(i64, 2, 3), 0, 4)], {"axis": -1}),  # classes last
     GCase("Log", [pos(2, 3)]),
+    GCase("Reciprocal", [pos(2, 3)]),
+    *(GCase(op, [t(2, 3)]) for op in ("Sin", "Cos")),
     GCase("StopGradient", [t(2, 3)], no_grad=(0,)),  # by definition: a constant for autodiff
     # by definition straight-through (torchao's casts pass the gradient on unchanged)
     GCase("Float8Cast", [t(2, 3)], {"to": DType.f8e4m3}, surrogate="Identity"),

@@ -32,10 +32,11 @@ from distir.ir.function import Function, Module
 from distir.ir.ops import Call
 from distir.ir.types import DType, TensorType
 from distir.ir.values import Value
+from distir.limits import MAX_BATCH, exceeds, over
 
 if TYPE_CHECKING:
     from distir.frontends.onnx_import import OnnxImport
-from distir.limits import MAX_BATCH, exceeds, over
+    from distir.frontends.onnx_import.attention import CausalAt
 
 SUFFIXES = (".onnx", ".distir")
 
@@ -134,7 +135,11 @@ def _onnx(path: Path, mtime: int, batch: int, dtype: DType, dims: dict[str, int]
 
 @functools.lru_cache(maxsize=1)  # the other batch's, for every batch the process builds
 def _onnx_import(
-    path: Path, mtime: int, batch: int, dims: tuple[tuple[str, int], ...], causal_at: tuple[int, ...] = ()
+    path: Path,
+    mtime: int,
+    batch: int,
+    dims: tuple[tuple[str, int], ...],
+    causal_at: tuple[CausalAt, ...] = (),
 ) -> OnnxImport:
     """The import at ``batch`` without the weights' values (a model holds none)."""
     from distir.frontends.onnx_import import import_onnx

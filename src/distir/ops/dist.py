@@ -52,12 +52,13 @@ from distir.ir.dtensor import (
     Mesh,
     Partial,
     Placement,
+    Replicate,
     Shard,
     parse_placements,
     shares_of,
     split_sizes,
 )
-from distir.ir.types import _ITEMSIZE, IRTypeError, Type
+from distir.ir.types import _ITEMSIZE, IRTypeError, TensorType, Type
 from distir.ir.values import Attrs
 from distir.ops.registry import (
     AttrSpec,
@@ -75,10 +76,23 @@ FAMILY = "dist"
 COST_CLASS = CostClass.DIST  # how the family's ops are costed
 
 
+def redistribute_source(t: Type, like: Type | None = None) -> DTensorType:
+    """``Redistribute``'s input as a DTensor: itself, or a plain tensor (computed from constants,
+    which every device makes for itself) replicated on the mesh of ``like``, its second input."""
+    if isinstance(t, DTensorType):
+        return t
+    if not isinstance(t, TensorType) or not isinstance(like, DTensorType):
+        raise IRTypeError("needs a distributed tensor, or a plain one and a DTensor of its mesh")
+    return DTensorType(t.dtype, t.shape, like.mesh, (Replicate(),) * len(like.mesh.axes))
+
+
 def _redistribute_rule(ctx: TypeCtx) -> Sequence[Type]:
-    t = ctx.types[0]
-    if not isinstance(t, DTensorType):
-        ctx.fail("Redistribute needs a distributed tensor", 0, "DTensor[...]", t)
+    given = ctx.types[0]
+    try:
+        t = redistribute_source(given, ctx.types[1] if len(ctx.types) > 1 else None)
+    except IRTypeError:
+        why = "Redistribute needs a distributed tensor (or a plain one and a DTensor of its mesh)"
+        ctx.fail(why, 0, "DTensor[...]", given)
     try:
         to = parse_placements(ctx.attr("to"))
         out = t.with_placements(to)
@@ -106,13 +120,16 @@ REDISTRIBUTE = register(
         cost_class=COST_CLASS,
         kind=OpKind.COMM,
         fusion=Fusion.TRANSPARENT,
-        inputs=("x",),
+        inputs=("x", "like?"),
         outputs=("y",),
         infer=_redistribute_rule,
         attrs={"to": AttrSpec("str"), "coalesced": AttrSpec("bool", default=False)},
         reference=_identity,
         doc='Change a DTensor\'s placements, e.g. to="R" or to="S(0), R" (one per mesh axis); '
-        "coalesced=true: a later part of one collective call over a flat buffer (no latency of its own).",
+        "coalesced=true: a later part of one collective call over a flat buffer (no latency of its own). "
+        "With a second input (any DTensor), x may be a plain tensor computed from constants, which "
+        "every device makes for itself: replicated on that DTensor's mesh (torch's distribute_tensor "
+        "of a tensor every rank holds), so a step to S(d) slices it.",
     )
 )
 

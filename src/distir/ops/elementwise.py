@@ -135,6 +135,10 @@ SIGMOID = _unary("Sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), 4.0)
 # x·sigmoid(x) as one op: torch.nn.functional.silu, one kernel forward and one backward
 SILU = _unary("Silu", lambda x: x / (1.0 + np.exp(-x)), 5.0)
 LOG = _unary("Log", np.log, 1.0)
+RECIPROCAL = _unary("Reciprocal", np.reciprocal, 1.0)  # ONNX's, as exporters write RMSNorm's rsqrt
+# the rotary embedding's tables (ONNX exports compute cos and sin of positions × frequencies)
+SIN = _unary("Sin", np.sin, 4.0)
+COS = _unary("Cos", np.cos, 4.0)
 STOP_GRADIENT = register(
     OpDef(
         name="StopGradient",
@@ -417,6 +421,22 @@ def _log_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[V
     return [_one(ctx, "Div", first(douts), ctx.primal(op.inputs[0]))]
 
 
+def _reciprocal_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    """Y = 1/X: dX = −dY·Y²."""
+    y = ctx.primal(op.outputs[0])
+    return [_one(ctx, "Neg", _one(ctx, "Mul", first(douts), _one(ctx, "Mul", y, y)))]
+
+
+def _sin_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    """Y = sin X: dX = dY·cos X."""
+    return [_one(ctx, "Mul", first(douts), _one(ctx, "Cos", ctx.primal(op.inputs[0])))]
+
+
+def _cos_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
+    """Y = cos X: dX = −dY·sin X."""
+    return [_one(ctx, "Neg", _one(ctx, "Mul", first(douts), _one(ctx, "Sin", ctx.primal(op.inputs[0]))))]
+
+
 def _stop_gradient_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
     return [None]
 
@@ -469,6 +489,9 @@ SQRT.fill("grad", _sqrt_grad)
 NEG.fill("grad", _neg_grad)
 EXP.fill("grad", _exp_grad)
 LOG.fill("grad", _log_grad)
+RECIPROCAL.fill("grad", _reciprocal_grad)
+SIN.fill("grad", _sin_grad)
+COS.fill("grad", _cos_grad)
 STOP_GRADIENT.fill("grad", _stop_gradient_grad)
 RELU.fill("grad", _via("ReluGrad", "X"))
 GELU.fill("grad", _via("GeluGrad", "X"))
@@ -530,6 +553,9 @@ TANH.fill("torch", unary(lambda ctx, x: ctx.torch.tanh(x)))
 SIGMOID.fill("torch", unary(lambda ctx, x: ctx.torch.sigmoid(x)))
 SILU.fill("torch", unary(lambda ctx, x: ctx.torch.nn.functional.silu(x)))
 LOG.fill("torch", unary(lambda ctx, x: ctx.torch.log(x)))
+RECIPROCAL.fill("torch", unary(lambda ctx, x: ctx.torch.reciprocal(x)))
+SIN.fill("torch", unary(lambda ctx, x: ctx.torch.sin(x)))
+COS.fill("torch", unary(lambda ctx, x: ctx.torch.cos(x)))
 STOP_GRADIENT.fill("torch", unary(lambda ctx, x: x.detach()))
 IDENTITY.fill("torch", unary(lambda ctx, x: x))
 SUM.fill("torch", _sum_torch)

@@ -521,7 +521,7 @@ def check_model_batch(model: Model, s: Strategy) -> None:
     if model.fixed_batch is not None and s.k > 1:
         raise StrategyError(
             f"{s}: {model.name}'s layers fix the batch at {model.fixed_batch} ({model.fixed_by}), so it "
-            "runs without microbatches (k=1); export it with a dynamic batch dim to split the batch"
+            f"runs without microbatches (k=1): {model.fixed_advice}"
         )
 
 

@@ -558,8 +558,8 @@ def _check_splittable(req: SearchRequest) -> None:
     if model.fixed_batch is not None:
         raise ModelError(
             f"{req.model}: its layers fix the batch at {model.fixed_batch} ({model.fixed_by}), so the "
-            "search cannot split it over replicas or microbatches; export it with a dynamic batch dim, "
-            "or simulate a strategy with k=1 (distir simulate)"
+            f"search cannot split it over replicas or microbatches ({model.fixed_advice}); simulate a "
+            "strategy with k=1 instead (distir simulate)"
         )
 
 

@@ -52,7 +52,7 @@ from distir.ir.dtensor import DTensorType, Mesh, Partial, Replicate, Shard
 from distir.ir.ops import Op
 from distir.ir.types import ScalarType, TensorType, Type
 from distir.ir.values import Attrs
-from distir.ops.dist import MESH_SEND, MESH_VIEW, REDISTRIBUTE
+from distir.ops.dist import MESH_SEND, MESH_VIEW, REDISTRIBUTE, redistribute_source
 from distir.ops.dtensor_inference import mesh_free
 from distir.ops.registry import REGISTRY, CommPattern, OpDef, OpKind, OpTypeError
 from distir.parallel.sharding.materialize import local_offsets_at, unsupported_step
@@ -219,8 +219,8 @@ _PATTERN = {
 def redistribute_record(dom: Units, op: Op, ins: Sequence[Type], outs: Sequence[Type]) -> OpRecord:
     """``Redistribute``: its steps one after another, each as long as its slowest group (a
     collective per group of devices along the step's axis; Replicate→Shard a local Slice)."""
-    src, dst = ins[0], outs[0]
-    assert isinstance(src, DTensorType) and isinstance(dst, DTensorType)
+    src, dst = redistribute_source(ins[0], ins[1] if len(ins) > 1 else None), outs[0]
+    assert isinstance(dst, DTensorType)
     mesh = src.mesh
     units = dom.mesh_units(mesh)
     devs = tuple(sorted(u for u, *_ in units))

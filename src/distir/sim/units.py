@@ -33,7 +33,7 @@ from distir.ir.function import Function, Module
 from distir.ir.ops import Op
 from distir.ir.types import Device, ScalarType, TensorType, TupleType, Type
 from distir.ir.values import Value
-from distir.ops.dist import REDISTRIBUTE
+from distir.ops.dist import REDISTRIBUTE, redistribute_source
 from distir.ops.registry import CommCost, CommPattern, OpTypeError
 from distir.sim import interference
 from distir.sim.cost import CostModel, gpu_class
@@ -114,6 +114,8 @@ class _TypeCollector(TypeDomain):
             self.note(type_of(x))
         if op.name == REDISTRIBUTE.name:
             src, dst = type_of(args[0]), type_of(outs[0])
+            if isinstance(src, TensorType) and len(args) > 1:  # a plain one, replicated
+                src = redistribute_source(src, type_of(args[1]))
             if isinstance(src, DTensorType) and isinstance(dst, DTensorType):
                 for *_, after in step_types(src, dst):
                     self.dtensors[after] = None

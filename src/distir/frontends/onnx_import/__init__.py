@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from distir.frontends.onnx_import.assemble import assemble, scopes_of, single
-from distir.frontends.onnx_import.attention import fuse_attention
+from distir.frontends.onnx_import.attention import CausalAt, fuse_attention
 from distir.frontends.onnx_import.convert import convert
 from distir.frontends.onnx_import.gelu import fuse_gelu_tanh
 from distir.frontends.onnx_import.mapping import supported_ops
@@ -51,7 +51,7 @@ class OnnxImport:
     """An imported model: the module, its entry's parameters (graph inputs, then weights with
     their values), the graph's output names, the layer functions called in order (empty: one
     function), weights several layers use, why there are no layers, the model's opset and the
-    graph nodes whose attention was fused with a causal mask (``attention.fuse_attention``)."""
+    chains fused with a causal mask, by graph node, with their windows (``attention.fuse_attention``)."""
 
     module: Module
     inputs: tuple[Param, ...]
@@ -61,7 +61,7 @@ class OnnxImport:
     shared: tuple[str, ...]
     note: str
     opset: int
-    causal: tuple[int, ...] = ()
+    causal: tuple[CausalAt, ...] = ()
     batch_dims: tuple[str, ...] = ()  # the names of the graph inputs' dynamic dim 0
 
     @property
@@ -99,13 +99,13 @@ def import_onnx(
     batch: int = 1,
     layers: bool = True,
     device: Device = D0,
-    causal_at: Collection[int] = (),
+    causal_at: Collection[CausalAt] = (),
 ) -> OnnxImport:
     """Import an ONNX model from a path or its bytes (see the module docstring); ``causal_at``:
     the ``causal`` nodes of an import of the same file at a smaller batch (``fuse_attention``)."""
     model = read_model(source)
     conv = convert(model, dims or {}, batch, device)
-    causal = fuse_attention(conv.program, conv.outputs, frozenset(causal_at))
+    causal = fuse_attention(conv.program, conv.outputs, causal_at)
     fuse_gelu_tanh(conv.program, conv.outputs)
     if layers:
         scopes = [scopes_of(n) for n in model.graph.node]

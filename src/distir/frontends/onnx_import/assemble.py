@@ -171,6 +171,7 @@ def _chain(
             else:
                 where[v] = g
     producer = {v: op for op in program.ops for v in op.outputs}
+    free = _input_free(program)
     members: dict[int, list[Op]] = {g: [] for g in order}
     for op, g in zip(program.ops, groups, strict=True):
         if g is not None:
@@ -187,10 +188,10 @@ def _chain(
         out = (
             output
             if n == len(order) - 1
-            else _exported(members[g], where, g, order[n + 1 :], program, output)
+            else _exported(members[g], where, g, order[n + 1 :], program, output, free)
         )
         fn_args, fn = _layer(
-            members[g], acts[-1], out, where, floating, g, program, producer, _name(g, order)
+            members[g], acts[-1], out, where, floating, g, program, producer, _name(g, order), free
         )
         key = _structure(fn, ids)
         got = fns.get(key)
@@ -221,16 +222,24 @@ def _unique(name: str, taken: set[str]) -> str:
 
 
 def _exported(
-    ops: list[Op], where: dict[Value, int], g: int, later: Sequence[int], program: Program, output: Value
+    ops: list[Op],
+    where: dict[Value, int],
+    g: int,
+    later: Sequence[int],
+    program: Program,
+    output: Value,
+    free: frozenset[Value],
 ) -> Value:
-    """The one value of group ``g`` that later groups use: the next group's activation."""
+    """The one value of group ``g`` that later groups use: the next group's activation (a value
+    each layer can compute for itself, ``_portable`` with ``free`` the input-free values, is
+    not passed)."""
     made = {v for op in ops for v in op.outputs}
     used_by: dict[Value, set[int]] = {}
     for op, h in zip(program.ops, _groups_of(program, where), strict=True):
         if h is None or h == g:
             continue
         for v in op.inputs:
-            if v in made and not _known(program, v):
+            if v in made and not _portable(program, v, free):
                 used_by.setdefault(v, set()).add(h)
     if output in made:
         raise _NotAChain(f"the graph output %{output.name} is made before the last layer")
@@ -263,6 +272,7 @@ def _layer(
     program: Program,
     producer: dict[Value, Op],
     name: str,
+    free: frozenset[Value],
 ) -> tuple[list[Value], Function]:
     """Group ``g``'s function: (activation, outside values it uses...) -> out; the outside
     values (entry parameters) are returned in parameter order. Constant-only ops are copied in;
@@ -271,6 +281,7 @@ def _layer(
     fb = FunctionBuilder(name)
     vmap: dict[Value, Value] = {act: fb.param(act.name)}
     args: list[Value] = []
+    weights = {v for v, p in program.params if p.value is not None}
 
     def get(v: Value) -> Value:
         got = vmap.get(v)
@@ -279,13 +290,17 @@ def _layer(
         if v in floating:
             _copy(floating[v], get, fb, vmap)
             return vmap[v]
-        if v in where and _known(program, v):
+        if v in where and _portable(program, v, free):
             made = producer[v]
-            if all(u in floating or (u in where and _known(program, u)) for u in made.inputs):
-                _copy(made, get, fb, vmap)  # recomputed from constants: the same code in each layer
+            if all(u in floating or u in weights or (u in where and u in free) for u in made.inputs):
+                _copy(made, get, fb, vmap)  # recomputed from constants and weights: in each layer
                 return vmap[v]
             arr = program.known(v)
-            assert arr is not None
+            if arr is None:
+                raise _NotAChain(
+                    f"layer group {_label(g)} uses %{v.name} of layer group {_label(where[v])}, "
+                    "computed from the weights by ops it cannot recompute"
+                )
             if arr.size > PORTABLE_LIMIT:
                 raise _NotAChain(
                     f"layer group {_label(g)} uses %{v.name} of layer group {_label(where[v])}, known at "
@@ -304,14 +319,32 @@ def _layer(
         args.append(v)
         return p
 
-    for op in ops:
+    live = {out}
+    needed: list[Op] = []  # what ``out`` needs (a rotary table the later layers make for themselves: not)
+    for op in reversed(ops):
+        if any(v in live for v in op.outputs):
+            needed.append(op)
+            live.update(op.inputs)
+    for op in reversed(needed):
         _copy(op, get, fb, vmap)
     return args, fb.ret(get(out))
 
 
-def _known(program: Program, v: Value) -> bool:
-    """Whether ``v`` is known at import time (computed from sizes and constants)."""
-    return program.known(v) is not None
+def _portable(program: Program, v: Value, free: frozenset[Value]) -> bool:
+    """Whether a layer may compute ``v`` for itself rather than take it from an earlier layer
+    (``_input_free``)."""
+    return v in free
+
+
+def _input_free(program: Program) -> frozenset[Value]:
+    """The values that do not depend on the graph inputs' values: known at import time (computed
+    from sizes and constants) or computed from such values and weights alone (a rotary
+    embedding's cos and sin of its frequencies)."""
+    free = {v for v, p in program.params if p.value is not None}
+    for op in program.ops:
+        if all(v in free for v in op.inputs) or all(program.known(v) is not None for v in op.outputs):
+            free.update(op.outputs)
+    return frozenset(free)
 
 
 def _copy(op: Op, get: Any, fb: FunctionBuilder, vmap: dict[Value, Value]) -> None:

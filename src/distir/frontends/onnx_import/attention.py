@@ -6,24 +6,25 @@ guard (``IsNaN``/``Where``: a fully masked row gives 0) and the product with v, 
 (B, h, S, d) layout. Run so, it materializes the S×S scores, which no trainer does. A chain of
 that shape whose mask is absent or the causal mask (0 on and below the diagonal, −∞ or a finite
 value below −10⁴ above it, alike for every batch and head) becomes one ``Attention(causal=...,
-scale=...)`` in its BSHD layout, the head transposes around it cancelled where the chain's
+scale=...)`` in its BSHD layout — a causal band (0 for i − W < j ≤ i only: Hugging Face's sliding
+window) one with ``window=W`` — the head transposes around it cancelled where the chain's
 inputs come from one and its result goes to one. The mask, if nothing else reads it, is no longer
-a weight. A mask of another shape or pattern (padding, a window), a scale that is not a
+a weight. A mask of another shape or pattern (padding), a scale that is not a
 constant, or an intermediate read elsewhere leaves the chain as the exporter wrote it.
 
 A mask the exporter computes from the sizes for the whole batch ((B, 1, S, S): Hugging Face's
 ``sdpa_mask``, a batch index broadcast against the positions) is too large to know at a large
-batch (``KNOWN_LIMIT``). The same file imported at batch 1 knows it (while 1 × S × S is under
-the limit: S ≤ 1,448); the chains whose mask is causal there (``fuse_attention``'s result, by
-graph node) are causal at the larger batch too (``causal_at``) when the mask there is computed,
-not read from a weight, and of shape (B, 1, S, S): the graph is the same and its sizes differ
-only in the batch. Assumed: a mask computed from the sizes treats every batch index alike, as
-the exporters' causal masks do (Hugging Face's broadcasts the batch index away).
+batch (``values.known_limit``). The same file imported at batch 1 knows it (while 1 × S × S is
+under that import's limit: S ≤ 8,192); the chains whose mask is causal there
+(``fuse_attention``'s result, by graph node) are causal at the larger batch too (``causal_at``)
+when the mask there is computed, not read from a weight, and of shape (B, 1, S, S): the graph
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,32 +43,41 @@ class _Chain:
     v: Value
     scale: float
     causal: bool  # a causal mask was added (none: no mask)
+    window: int  # the causal mask's band (query i sees keys i − window < j ≤ i); 0: none
     last: Op  # the product with v: its result is the attention's, (B, h, S, d)
     inner: tuple[Op, ...]  # the chain's other ops
 
 
+class CausalAt(NamedTuple):
+    """A chain fused with a causal mask: its graph node (the index of its product with v) and
+    the mask's window (0: none)."""
+
+    node: int
+    window: int
+
+
 def fuse_attention(
-    program: Program, outputs: tuple[Value, ...], causal_at: frozenset[int] = frozenset()
-) -> tuple[int, ...]:
+    program: Program, outputs: tuple[Value, ...], causal_at: Collection[CausalAt] = ()
+) -> tuple[CausalAt, ...]:
     """Rewrite every matched chain of ``program`` in place (module docstring). ``causal_at``: the
-    graph nodes (indices of their product with v) whose chain the same file, imported at a
-    smaller batch, masked causally (the module docstring). Returns the nodes of the chains fused with a
-    causal mask."""
+    chains the same file, imported at a smaller batch, masked causally (the module docstring).
+    Returns the chains fused with a causal mask."""
     made, uses = program.dataflow(outputs)
     at = dict(zip(map(id, program.ops), program.origin, strict=True))
+    hints = {c.node: c.window for c in causal_at}
     chains = [
-        c for op in program.ops if (c := _chain(program, op, made, uses, at[id(op)] in causal_at)) is not None
+        c for op in program.ops if (c := _chain(program, op, made, uses, hints.get(at[id(op)]))) is not None
     ]
     if chains:
         _rewrite(program, chains, made, outputs)
-    return tuple(at[id(c.last)] for c in chains if c.causal)
+    return tuple(CausalAt(at[id(c.last)], c.window) for c in chains if c.causal)
 
 
 def _chain(
-    program: Program, last: Op, made: dict[Value, Op], uses: dict[Value, int], hinted: bool = False
+    program: Program, last: Op, made: dict[Value, Op], uses: dict[Value, int], hint: int | None = None
 ) -> _Chain | None:
-    """The attention chain whose product with v is ``last``, or None (``hinted``: a mask too large
-    to know is causal if it was at a smaller batch, the module docstring)."""
+    """The attention chain whose product with v is ``last``, or None (``hint``: the window of a
+    mask too large to know that was causal at a smaller batch, the module docstring)."""
     if last.name != "MatMul" or len(last.inputs) != 2 or last.attrs.get("transA") or last.attrs.get("transB"):
         return None
     p, v = last.inputs
@@ -98,9 +108,13 @@ def _chain(
     k = _untransposed(program, kt, made, uses, inner)
     if k is None or not _alike(program, q, k, v):
         return None
-    if mask is not None and not _is_causal(program, mask, program.type(q).shape[2], hinted):
-        return None
-    return _Chain(q, k, v, cq * ck, mask is not None, last, tuple(inner))
+    window = 0
+    if mask is not None:
+        got = _causal_window(program, mask, program.type(q).shape[2], hint)
+        if got is None:
+            return None
+        window = got
+    return _Chain(q, k, v, cq * ck, mask is not None, window, last, tuple(inner))
 
 
 def _unguarded(
@@ -187,28 +201,51 @@ def _alike(program: Program, q: Value, k: Value, v: Value) -> bool:
     )
 
 
-def _is_causal(program: Program, mask: Value, s: int, hinted: bool) -> bool:
-    """Whether ``mask``'s known value is the causal mask over ``s`` positions; a value too large
-    to know (computed from the sizes, not read from a weight), ``hinted``, is (the module docstring)."""
+def _causal_window(program: Program, mask: Value, s: int, hint: int | None) -> int | None:
+    """The window of ``mask``'s known value if it is the causal mask over ``s`` positions (0: no
+    window), else None; a value too large to know (computed from the sizes, not read from a
+    weight) takes the ``hint`` (the module docstring)."""
     value = program.known(mask)
     if value is None:
         value = next((p.value for v, p in program.params if v is mask), None)
     if value is None:
         t = program.type(mask)
         weight = any(v is mask for v, _ in program.params)
-        return hinted and not weight and t.rank == 4 and t.shape[-2:] == (s, s) and t.shape[1] == 1
-    return causal_mask(np.asarray(value), s)
+        computed = not weight and t.rank == 4 and t.shape[-2:] == (s, s) and t.shape[1] == 1
+        return hint if computed else None
+    return causal_window(np.asarray(value), s)
 
 
 def causal_mask(m: np.ndarray, s: int) -> bool:
-    """``m`` (…, s, s) is the additive causal mask: 0 on and below the diagonal, at most
-    ``MASKED`` above it, alike for every leading index (batch, head)."""
+    """``m`` (…, s, s) is the additive causal mask without a window (``causal_window``)."""
+    return causal_window(m, s) == 0
+
+
+def causal_window(m: np.ndarray, s: int) -> int | None:
+    """The window W if ``m`` (…, s, s) is an additive causal mask — 0 where key j may be seen by
+    query i (j ≤ i, and i − W < j when W > 0), at most ``MASKED`` elsewhere, alike for every
+    leading index (batch, head) — 0 for one without a window (or one as long as ``s``), None
+    for any other. Checked in blocks of rows (8,192 positions without an 8,192² temporary)."""
     if m.ndim < 2 or m.shape[-2:] != (s, s):
-        return False
-    rows = np.asarray(m, dtype=np.float64).reshape(-1, s, s)
-    above = np.triu(np.ones((s, s), dtype=bool), 1)
-    shaped = np.all(rows[:, ~above] == 0.0) and np.all(rows[:, above] <= MASKED)
-    return bool(shaped and np.all(rows == rows[:1]))
+        return None
+    rows = np.asarray(m).reshape(-1, s, s)
+    first, cols = rows[0], np.arange(s)
+    window = int(np.count_nonzero(first[-1] == 0))  # the last query sees min(W, s) keys
+    if not 0 < window <= s:
+        return None
+    for lo in range(0, s, _ROWS):
+        hi = min(lo + _ROWS, s)
+        block = first[lo:hi]
+        i = np.arange(lo, hi)[:, None]
+        seen = (cols[None, :] <= i) & (cols[None, :] > i - window)
+        if not np.all(np.where(seen, block == 0, block <= MASKED)):
+            return None
+        if not np.all(rows[1:, lo:hi] == block):
+            return None
+    return 0 if window == s else window
+
+
+_ROWS = 256  # rows of a mask checked at once (``causal_mask``)
 
 
 def _rewrite(
@@ -236,7 +273,7 @@ def _rewrite(
             continue
         where = f"node #{k} (attention)"
         q, key, v = (_bshd(program, subst.get(x, x), made, k, where) for x in (c.q, c.k, c.v))
-        attrs = {"causal": c.causal, "scale": c.scale}
+        attrs = {"causal": c.causal, "scale": c.scale} | ({"window": c.window} if c.window else {})
         o, _ = program.emit("Attention", (q, key, v), attrs, ["attention", "lse"], k, where)
         (out,) = program.emit("Transpose", (o,), {"perm": BHSD}, [op.outputs[0].name], k, where)
         subst[op.outputs[0]] = out

@@ -25,7 +25,7 @@ from distir.frontends.onnx_import.reader import (
     dtype_of,
     require_onnx,
 )
-from distir.frontends.onnx_import.values import LITERAL_LIMIT, Program
+from distir.frontends.onnx_import.values import LITERAL_LIMIT, Program, known_limit
 from distir.ir.types import Device, TensorType
 from distir.ir.values import Value
 
@@ -44,7 +44,7 @@ def convert(model: OnnxModel, dims: Mapping[str, int], batch: int, device: Devic
     check_supported(model, supported_ops())
     onnx = require_onnx()
     g = model.graph
-    program = Program(device)
+    program = Program(device, known_limit(batch))
     env: dict[str, Value] = {}
     inits = {t.name: t for t in g.initializer}
     _check_dim_names(g, inits, dims)  # first: a misspelt name is why a dim has no size

@@ -31,7 +31,7 @@ from distir.frontends.onnx_import import OnnxImport
 from distir.frontends.onnx_import.reader import OnnxImportError
 from distir.frontends.zoo._build import forward_flops
 from distir.frontends.zoo.gpt import token_loss_fn
-from distir.frontends.zoo.model import InputSpec, Model, ModelError, WeightSpec, check_model
+from distir.frontends.zoo.model import STATIC_EXPORT, InputSpec, Model, ModelError, WeightSpec, check_model
 from distir.interp.loop import InterpretError
 from distir.interp.shapes import Concrete, Mixed, TypeDomain, infer_types, type_of
 from distir.ir.builder import FunctionBuilder
@@ -41,6 +41,11 @@ from distir.ir.types import DType, TensorType
 from distir.ir.values import Attrs, Value
 
 LABELS = "labels"
+# why a dynamic export's layers may still fix the batch (``Model.fixed_advice``)
+_DYNAMIC_FIXED = (
+    "the export's batch dim is dynamic, but the graph computes this for the whole batch, which "
+    "distir writes batch-free only in Reshape targets and causal masks of up to 8,192 positions"
+)
 
 
 def to_model(
@@ -63,10 +68,11 @@ def to_model(
         at_other = Module((*fns, *_entry(layers, imp, label, logits, two)[0]))
     folds = _batch_folds(at_own, at_other, own, two)
     target = own if batch is None else batch
+    advice = _DYNAMIC_FIXED if imp.batch_dims else f"{STATIC_EXPORT}: torch.onnx.export(dynamic_shapes=...)"
     if target != own and folds.fixed_by:
         raise OnnxImportError(
             f"model {name}: its layers fix the batch at {own} ({folds.fixed_by}); it runs at batch {own} "
-            f"only, not {target} (export it with a dynamic batch dim: torch.onnx.export(dynamic_shapes=...))"
+            f"only, not {target} ({advice})"
         )
     entry, inputs, weights = _entry(layers, imp, label, logits, target)
     module = Module((*(_fold(fn, folds.envs.get(fn.name, {}), folds.batch_dims) for fn in fns), *entry))
@@ -82,6 +88,7 @@ def to_model(
         post=1 + int(bool(imp.layers) and imp.layers[-1] == "post"),
         fixed_batch=own if folds.fixed_by else None,
         fixed_by=folds.fixed_by,
+        fixed_advice=advice,
     )
     try:
         check_model(model)
@@ -166,23 +173,43 @@ def _batch_folds(at_own: Module, at_other: Module, own: int, two: int) -> BatchF
         fn2 = fns2.get(fn.name)
         if fn2 is None or [_kind(i) for i in fn.body] != [_kind(i) for i in fn2.body]:
             return BatchFolds(envs, dims, f"@{fn.name} imports differently at batch {two}")
-        env1, env2 = envs.get(fn.name, {}), envs2.get(fn.name, {})
+        pair = (envs.get(fn.name, {}), envs2.get(fn.name, {}))
         for instr, instr2 in zip(fn.body, fn2.body, strict=True):
-            if isinstance(instr, Op) and instr.name == "Reshape" and len(instr.inputs) == 2:
-                t1, t2 = _known(env1, instr.inputs[1]), _known(env2, instr2.inputs[1])
-                if t1 is None or t2 is None or np.array_equal(t1, t2):
-                    continue
-                a, b = np.asarray(t1).reshape(-1), np.asarray(t2).reshape(-1)
-                code = _follows(a, b, own, two, (env1.get(instr.inputs[0]), env2.get(instr2.inputs[0])))
-                if code is not None:
-                    dims[instr.outputs[0]] = code
-                    continue
-                return BatchFolds(envs, dims, f"Reshape %{instr.outputs[0].name} in @{fn.name}'s target")
-            if isinstance(instr, Op) and instr.name in ("Range", "ConstantOfShape"):
-                v1, v2 = _known(env1, instr.outputs[0]), _known(env2, instr2.outputs[0])
-                if v1 is not None and (v2 is None or not np.array_equal(v1, v2)):
-                    return BatchFolds(envs, dims, f"{instr.name} %{instr.outputs[0].name} in @{fn.name}")
+            if not isinstance(instr, Op) or not isinstance(instr2, Op):
+                continue
+            got = _op_follows(instr, instr2, pair, own, two)
+            if isinstance(got, str):
+                return BatchFolds(envs, dims, f"{got} in @{fn.name}")
+            if got is not None:
+                dims[instr.outputs[0]] = got
     return BatchFolds(envs, dims, "")
+
+
+def _op_follows(
+    op: Op, op2: Op, envs: tuple[dict[Value, Mixed], dict[Value, Mixed]], own: int, two: int
+) -> tuple[int, int] | str | None:
+    """How ``op`` (``op2`` the same op at batch ``two``; ``envs``: their functions' values) follows
+    the batch: a Reshape target's (position, 0 or -1) and an Expand shape's (position, 1) that
+    make it batch-free (``BatchFolds.batch_dims``), what fixes the batch, or None (nothing moves)."""
+    env1, env2 = envs
+    x = (env1.get(op.inputs[0]), env2.get(op2.inputs[0])) if op.inputs else (None, None)
+    if op.name == "Reshape" and len(op.inputs) == 2:
+        t1, t2 = _known(env1, op.inputs[1]), _known(env2, op2.inputs[1])
+        if t1 is None or t2 is None or np.array_equal(t1, t2):
+            return None
+        code = _follows(np.asarray(t1).reshape(-1), np.asarray(t2).reshape(-1), own, two, x)
+        return code if code is not None else f"Reshape %{op.outputs[0].name}'s target"
+    if op.name == "Expand" and len(op.inputs) == 1:
+        a, b = (np.asarray(o.attrs.get("shape", ()), dtype=np.int64) for o in (op, op2))
+        if np.array_equal(a, b):
+            return None
+        at = _broadcast_follows(a, b, own, two, x)
+        return (at, 1) if at is not None else f"Expand %{op.outputs[0].name}'s shape"
+    if op.name in ("Range", "ConstantOfShape"):
+        v1, v2 = _known(env1, op.outputs[0]), _known(env2, op2.outputs[0])
+        if v1 is not None and (v2 is None or not np.array_equal(v1, v2)):
+            return f"{op.name} %{op.outputs[0].name}"
+    return None
 
 
 def _follows(
@@ -203,6 +230,23 @@ def _follows(
     if copies and 0 not in a.tolist():
         return (i, 0)
     return (i, -1) if -1 not in a.tolist() else None
+
+
+def _broadcast_follows(
+    a: np.ndarray, b: np.ndarray, own: int, two: int, x: tuple[Mixed | None, Mixed | None]
+) -> int | None:
+    """The position where an Expand's shape, ``a`` at the model's batch ``own`` and ``b`` at
+    ``two``, follows the batch as a copy of its input's dim (``x``: the input at each), so that 1
+    there (broadcasting keeps the input's dim) is the same at every batch; None if it does not."""
+    moved = np.flatnonzero(a != b) if a.shape == b.shape else np.arange(0)
+    if len(moved) != 1 or int(b[moved[0]]) * own != int(a[moved[0]]) * two:
+        return None
+    i = int(moved[0])
+    types = [type_of(m) if m is not None else None for m in x]
+    # the input's dim i, counted from the right as broadcasting aligns it
+    back = len(a) - i
+    dims = [t.shape[-back] if isinstance(t, TensorType) and back <= t.rank else None for t in types]
+    return i if dims == [a[i], b[i]] else None
 
 
 def _kind(instr: Instr) -> str:
@@ -229,7 +273,8 @@ def _known(env: dict[Value, Mixed], v: Value) -> Any:
 def _fold(fn: Function, env: dict[Value, Mixed], batch_dims: dict[Value, tuple[int, int]]) -> Function:
     """``fn`` with shape inputs made attributes: the transforms type layers abstractly (no known
     values), so a Reshape whose target is a shape subgraph gets the target as its ``shape``
-    attribute (-1 where it follows the batch, ``batch_dims``), a Range or ConstantOfShape of known
+    attribute (-1 where it follows the batch, ``batch_dims``), an Expand's shape 1 where it follows
+    the batch (its input's dim kept), a Range or ConstantOfShape of known
     inputs becomes a ``Constant``, and the shape ops nothing uses any more are dropped."""
     body: list[Instr] = []
     for instr in fn.body:
@@ -244,6 +289,11 @@ def _fold(fn: Function, env: dict[Value, Mixed], batch_dims: dict[Value, tuple[i
                     extra = {"allowzero": 0} if code == 0 else {}
                 attrs = Attrs({**instr.attrs, **extra, "shape": tuple(shape)})
                 instr = Op("Reshape", instr.inputs[:1], instr.outputs, attrs)
+        elif isinstance(instr, Op) and instr.name == "Expand" and instr.outputs[0] in batch_dims:
+            at, one = batch_dims[instr.outputs[0]]
+            shape = [int(d) for d in np.asarray(instr.attrs["shape"]).reshape(-1)]
+            shape[at] = one
+            instr = Op("Expand", instr.inputs, instr.outputs, Attrs({**instr.attrs, "shape": tuple(shape)}))
         elif (
             isinstance(instr, Op)
             and instr.name in ("Range", "ConstantOfShape")

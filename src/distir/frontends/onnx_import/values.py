@@ -3,7 +3,7 @@
 Each emitted op is typed at once by the checker's own mixed abstract/concrete interpretation
 (``distir.interp.shapes.TypeDomain``): an op whose inputs are all known runs its reference, an
 op with a partial evaluator (``Shape``, ``Constant``) gives known results from types alone, any
-other op gets its type (a result over ``KNOWN_LIMIT`` elements stays abstract). So a shape
+other op gets its type (a result over ``known_limit(batch)`` elements stays abstract). So a shape
 subgraph — ``Shape → Slice → Concat → Reshape``, the DistIR paper's Figure 4 — keeps its ops in
 the program *and* its values are known here, which is what lets the mapping turn ONNX inputs
 that distir takes as attributes (Slice's starts, Unsqueeze's axes, Expand's shape, Split's
@@ -35,6 +35,15 @@ LITERAL_LIMIT = 1  # float literals with more elements are weights, not Constant
 # results of at most this many elements computed from known values are known too (a causal mask
 # of batch·seq² computed from the sizes, for batch 8 and seq 512)
 KNOWN_LIMIT = 1 << 21
+# the same at batch 1, the import that finds which masks are causal (``attention``): a
+# (1, 1, S, S) mask up to S = 8,192. Weights are never known, so only what the graph computes
+# from constants and sizes (masks, positions) is evaluated: each piece at most 512 MiB (int64)
+ONE_SAMPLE_LIMIT = 1 << 26
+
+
+def known_limit(batch: int) -> int:
+    """The most elements a known result of an import at ``batch`` has."""
+    return ONE_SAMPLE_LIMIT if batch == 1 else KNOWN_LIMIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,12 +61,16 @@ class Program:
     """Entry parameters and ops in order, each op with the ONNX node index it came from."""
 
     device: Device
+    known_limit: int = KNOWN_LIMIT
     params: list[tuple[Value, Param]] = field(default_factory=list)
     ops: list[Op] = field(default_factory=list)
     origin: list[int] = field(default_factory=list)
     state: dict[Value, Mixed] = field(default_factory=dict)
-    domain: TypeDomain = field(default_factory=lambda: TypeDomain(concrete_limit=KNOWN_LIMIT))
+    domain: TypeDomain = field(init=False)
     _names: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.domain = TypeDomain(concrete_limit=self.known_limit)
 
     def name(self, hint: str) -> str:
         """A unique value name from an ONNX name (characters outside [A-Za-z0-9_.] become _)."""

@@ -68,6 +68,10 @@ class ModelError(ValueError):
     """A model (or a model string) is malformed; the message names what and where."""
 
 
+# what lets a model whose layers fix the batch split it (``Model.fixed_advice``)
+STATIC_EXPORT = "export it with a dynamic batch dim"
+
+
 @dataclass(frozen=True, slots=True)
 class WeightSpec:
     name: str
@@ -120,8 +124,10 @@ class Model:
     loss_dtype: DType | None = None
     # the batch the layers fix, if they do (an ONNX export's sizes folded into its Reshapes): the
     # program then runs at that batch only, without microbatches; ``fixed_by`` says what fixes it
+    # and ``fixed_advice`` what would not
     fixed_batch: int | None = None
     fixed_by: str = ""
+    fixed_advice: str = STATIC_EXPORT
     _by_name: dict[str, WeightSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

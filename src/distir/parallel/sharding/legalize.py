@@ -25,6 +25,7 @@ from distir.ir.printer import print_op
 from distir.ir.rewrite import ValueMap, copy_instr
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Attrs, Value
+from distir.ops.dist import redistribute_source
 from distir.ops.dtensor_inference import global_view
 from distir.ops.registry import REGISTRY, OpKind
 from distir.parallel.sharding.choices import keeps_dim_sizes
@@ -190,12 +191,21 @@ def legalize_placed(
         new[p] = fb.param(p.name)
     fresh = new.__getitem__
     moved: dict[tuple[Value, tuple[Placement, ...]], Value] = {}
+    derived: set[Value] = set()  # computed from constants alone: plain tensors once typed
+    like = next((p for p in fn.params if placed.get(p) is not None), None)
 
     def redistribute(v: Value, to: tuple[Placement, ...]) -> Value:
         key = (v, to)
         got = moved.get(key)
         if got is None:
             tag, attrs = _redistribute_attrs(to)
+            if v in derived:  # a plain tensor every device makes: replicated on the mesh of the
+                if like is None:  # function's first DTensor
+                    raise ShardingError(f"%{v.name} is plain and @{fn.name} has no DTensor to give its mesh")
+                ins: tuple[Value, ...] = (new[v], new[like])
+                (got,) = fb.emit("Redistribute", ins, attrs, [f"{v.name}_{tag}"])
+                moved[key] = got
+                return got
             (got,) = fb.emit("Redistribute", (new[v],), attrs, [f"{v.name}_{tag}"])
             moved[key] = got
         return got
@@ -206,6 +216,8 @@ def legalize_placed(
             fb.append(copy_instr(instr, fresh))
             continue
         k, op = next(ops)
+        if all(v in derived for v in op.inputs):
+            derived.update(op.outputs)
         if plan.sharded[k]:
             if plan.sharded[k] < 0:
                 raise ShardingError(f"`{print_op(op)}`: every value of a sharded op needs a DTensor type")
@@ -242,9 +254,16 @@ def legalize_placed(
         if i not in pending and pl is not None and any(isinstance(p, Partial) for p in pl):
             to = tuple(Replicate() if isinstance(p, Partial) else p for p in pl)
             outs.append((redistribute(v, to), to))
+        elif v in derived and pl is not None:  # a DTensor for the function's caller
+            outs.append((redistribute(v, pl), pl))
         else:
             outs.append((fresh(v), pl))
     return outs
+
+
+def _dtensor_of(op: Op) -> Value | None:
+    """An input of ``op`` that is a DTensor (a plain input is replicated on its mesh)."""
+    return next((v for v in op.inputs if isinstance(v.type, DTensorType)), None)
 
 
 # target placements -> (name tag, ``Redistribute`` attributes): a few targets, met in every layer
@@ -310,18 +329,21 @@ def legalize(module: Module, pending: Collection[int] = ()) -> Module:
         vmap.bind(p, fb.param(p.name, p.type))
     moved: dict[tuple[Value, tuple[Placement, ...]], Value] = {}
 
-    def redistribute(v: Value, to: tuple[Placement, ...]) -> Value:
+    def redistribute(v: Value, to: tuple[Placement, ...], like: Value | None = None) -> Value:
         t = v.type
-        assert isinstance(t, DTensorType)
-        if t.placements == to:
+        if not isinstance(t, DTensorType) and (like is None or not isinstance(like.type, DTensorType)):
+            raise ShardingError(f"%{v.name} is not a DTensor and no DTensor beside it gives its mesh")
+        src = redistribute_source(t, like.type if like is not None else None)  # type: ignore[arg-type]
+        if src.placements == to and src is t:
             return vmap(v)
         key = (v, to)
         if key not in moved:
             (moved[key],) = fb.op(
                 "Redistribute",
                 vmap(v),
+                *((vmap(like),) if src is not t and like is not None else ()),
                 names=[f"{v.name}_{_tag(to)}"],
-                types=[t.with_placements(to)],
+                types=[src.with_placements(to)],
                 to=format_placements(to),
             )
         return moved[key]
@@ -336,7 +358,7 @@ def legalize(module: Module, pending: Collection[int] = ()) -> Module:
             need = _required(instr, nest)
             if any(n is not None for n in need):
                 ins = tuple(
-                    redistribute(v, n) if n is not None else vmap(v)
+                    redistribute(v, n, _dtensor_of(instr)) if n is not None else vmap(v)
                     for v, n in zip(instr.inputs, need, strict=True)
                 )
                 fb.append(Op(instr.name, ins, tuple(vmap(o) for o in instr.outputs), instr.attrs))
@@ -348,9 +370,8 @@ def legalize(module: Module, pending: Collection[int] = ()) -> Module:
         if i in pending:
             outs.append(vmap(v))
         elif isinstance(t, DTensorType) and any(isinstance(p, Partial) for p in t.placements):
-            outs.append(
-                redistribute(v, tuple(Replicate() if isinstance(p, Partial) else p for p in t.placements))
-            )
+            to = tuple(Replicate() if isinstance(p, Partial) else p for p in t.placements)
+            outs.append(redistribute(v, to))
         else:
             outs.append(vmap(v))
     return module.replace(fb.ret(*outs))

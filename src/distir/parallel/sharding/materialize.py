@@ -49,7 +49,7 @@ from distir.ir.rewrite import inline_calls
 from distir.ir.types import Device, TensorType
 from distir.ir.values import Attrs, Value
 from distir.ops.conv import CONV, halo_rows, input_range_for_output, window_of
-from distir.ops.dist import MESH_SEND, MESH_VIEW, REDISTRIBUTE
+from distir.ops.dist import MESH_SEND, MESH_VIEW, REDISTRIBUTE, redistribute_source
 from distir.ops.registry import REGISTRY, LocalPiece, OpKind
 from distir.ops.shape.views import RESHAPE
 from distir.parallel.sharding.propagate import ShardingError, shards_one_dim_twice
@@ -361,8 +361,9 @@ def _halo(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Value, Devi
 
 def _redistribute(fb: FunctionBuilder, op: Op, mesh: Mesh, local: dict[tuple[Value, Device], Value]) -> None:
     src_v, dst_v = op.inputs[0], op.outputs[0]
-    src, dst = src_v.type, dst_v.type
-    assert isinstance(src, DTensorType) and isinstance(dst, DTensorType)
+    like = op.inputs[1].type if len(op.inputs) > 1 else None
+    src, dst = redistribute_source(src_v.type, like), dst_v.type  # type: ignore[arg-type]
+    assert isinstance(dst, DTensorType)
     cur = list(src.placements)
     pieces = {d: local[(src_v, d)] for d in mesh.devices}
     coalesced = bool(op.attrs.get("coalesced"))

@@ -1,0 +1,111 @@
+"""A Mistral export (``torch.onnx.export(dynamo=True)`` of transformers' MistralForCausalLM) as
+a model: RMSNorm's ``Reciprocal``, RoPE's ``Sin``/``Cos`` (each block making the tables from the
+frequencies), GQA's ``repeat_kv`` (an ``Expand`` of the whole batch, made batch-free) and the
+sliding window's banded mask (fused as ``Attention(window=W)``) import; the result matches
+onnxruntime, and replicas, microbatches, tensor parallelism and pipeline stages equal the
+sequential step."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from distir.frontends.files import load_file
+from distir.ir.ops import Op
+from distir.parallel.strategy import parse_strategy
+
+WINDOW = 4  # under the 8 positions imported, so the mask is a band, not the causal triangle
+
+
+def _export_mistral(path: Path) -> Path:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    cfg = transformers.MistralConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        vocab_size=50,
+        sliding_window=WINDOW,
+        attn_implementation="sdpa",
+    )
+    lm = transformers.MistralForCausalLM(cfg).eval()
+    with torch.no_grad():  # norms away from their init of ones, so no two layers share a tensor
+        for name, p in lm.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = lm
+
+        def forward(self, ids: Any) -> Any:
+            return self.m(input_ids=ids, use_cache=False).logits
+
+    dim = torch.export.Dim
+    torch.onnx.export(
+        Logits().eval(),
+        (torch.randint(0, 50, (2, 8)),),
+        str(path),
+        dynamo=True,
+        input_names=["input_ids"],
+        output_names=["logits"],
+        external_data=False,
+        dynamic_shapes=({0: dim("batch"), 1: dim("seq", max=64)},),
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _export_mistral(tmp_path_factory.mktemp("onnx") / "mistral.onnx")
+
+
+@pytest.mark.slow
+def test_a_mistral_export_imports_with_windowed_attention_and_matches_onnxruntime(mistral: Path) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    import distir
+    from distir.frontends.onnx_import import import_onnx
+    from distir.interp.reference import run_reference
+
+    imp = import_onnx(str(mistral), dims={"seq": 8}, batch=4)
+    # the rotary tables made in each block from the frequencies, not passed along from @pre
+    assert imp.layers == ("pre", "block", "block", "post"), imp.note
+    assert imp.shared == ("m.model.rotary_emb.inv_freq",)
+    ops = [i for f in imp.module.functions for i in f.body if isinstance(i, Op)]
+    attention = [op for op in ops if op.name == "Attention"]
+    assert len(attention) == 1 and attention[0].attrs.get("window") == WINDOW  # in @block, called twice
+    assert not {"Softmax", "IsNaN"} & {op.name for op in ops}
+    assert {"Sin", "Cos", "Reciprocal"} <= {op.name for op in ops}
+    ids = np.random.default_rng(0).integers(0, 50, (4, 8))
+    got = run_reference(distir.check(imp.module), imp.arguments({"input_ids": ids}))
+    sess = ort.InferenceSession(mistral.read_bytes(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(
+        np.asarray(got[0]), sess.run(None, {"input_ids": ids})[0], rtol=1e-4, atol=1e-5
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["d2.t1.p1.k2.1f1b", "d2.t2.p1.k1.1f1b", "d1.t1.p2.k2.1f1b"])
+def test_a_mistral_export_split_over_replicas_and_microbatches_equals_the_sequential_step(
+    mistral: Path, strategy: str
+) -> None:
+    """Its repeat_kv Expand is batch-free, and the RoPE tables every device computes from
+    constants are replicated where a sharded op needs them (``Redistribute(mesh=...)``)."""
+    from distir.parallel.check import check_against_sequential
+
+    model = load_file(f"{mistral}:seq=8", 4)
+    assert model.fixed_batch is None, model.fixed_by
+    cmp = check_against_sequential(model, parse_strategy(strategy))
+    assert cmp.max_rel_diff < 1e-4, f"{cmp.worst} differs by {cmp.max_rel_diff:.2e}"
