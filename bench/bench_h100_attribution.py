@@ -21,6 +21,11 @@ microbatch, global batch and activation checkpointing.
 3. *Attention kernels*: the "Large Scale" table's flash (FlashAttention-2 2.4.2) rows against the
    "H100 80GB BF16" table's triton rows of the same model at seq 2048: published and simulated
    ratio.
+4. *One configuration on both GPUs*: rows of the A100 80 GB and H100 BF16 tables with the same
+   model, sequence, GPUs and microbatch (b2a43a147's ``sweep.sh`` runs both tables in one image,
+   ``mosaicml/pytorch:2.1.0_cu121``, with llm-foundry v0.3.0), and the H100 13B at seq 2048,
+   microbatch 2, on 8 to 64 GPUs: the throughput error as published (the default) and under
+   ``--interference persistent`` (H100 GEMMs in two waves beside a collective).
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ class Sibling(NamedTuple):
 
 _A7, _A13, _A30 = "mosaic-a100-7b-s2048-g8", "mosaic-a100-13b-s2048-g8", "mosaic-a100-30b-s2048-g8"
 _A3, _A1 = "mosaic-a100-3b-s2048-g8", "mosaic-a100-1b-s2048-g8"
+_A760 = "mosaic-a100-760m-s2048-g8"
 
 # (row at the shorter sequence, row at the longer): same tokens per microbatch and accumulation
 PAIRS: tuple[tuple[Sibling, Sibling], ...] = (
@@ -112,6 +118,40 @@ KERNEL_PAIRS: tuple[tuple[Sibling, Sibling], ...] = (
         Sibling("7b flash g128", _A7, 86, 10475, 2048, 128, 6, 768, "none", flash=True),
         Sibling("7b triton g8 (record)", "mosaic-h100-7b-s2048-g8", 118, 10643, 2048, 8, 6, 48, "none"),
     ),
+)
+
+# (A100 row, H100 row) of one model, sequence, GPU count and microbatch
+SAME_CONFIG: tuple[tuple[Sibling, Sibling], ...] = (
+    (
+        Sibling("A100 760m g8 (record)", _A760, 207, 32434, 2048, 8, 24, 384, "none", h100=False),
+        Sibling("H100 760m g8", _A760, 147, 63147, 2048, 8, 24, 384, "none"),
+    ),
+    (
+        Sibling("A100 1b g8 (record)", _A1, 199, 20513, 2048, 8, 14, 448, "none", h100=False),
+        Sibling("H100 1b g8", _A1, 138, 45455, 2048, 8, 14, 112, "none"),
+    ),
+    (
+        Sibling("A100 3b s1024 g8", _A3, 192, 11580, 1024, 8, 20, 960, "none", h100=False),
+        Sibling("H100 3b s1024 g8", _A3, 128, 27046, 1024, 8, 20, 960, "none"),
+    ),
+    (
+        Sibling("A100 7b g8 (record)", _A7, 184, 4641, 2048, 8, 6, 96, "none", h100=False),
+        Sibling("H100 7b g8 (record)", "mosaic-h100-7b-s2048-g8", 118, 10643, 2048, 8, 6, 48, "none"),
+    ),
+    (
+        Sibling("A100 13b g8 (record)", _A13, 177, 2262, 2048, 8, 2, 48, "none", h100=False),
+        Sibling("H100 13b g8", _A13, 112, 4792, 2048, 8, 2, 16, "none"),
+    ),
+    (
+        Sibling("A100 30b g8 (record)", _A30, 170, 916, 2048, 8, 3, 504, "full", h100=False),
+        Sibling("H100 30b g8", _A30, 104, 2002, 2048, 8, 3, 504, "full"),
+    ),
+)
+
+# the H100 13B at seq 2048, microbatch 2, one microbatch a step, on 8 to 64 GPUs
+GPU_SERIES: tuple[Sibling, ...] = tuple(
+    Sibling(f"H100 13b g{g}", "mosaic-h100-13b-s2048-g64", line, value, 2048, g, 2, 2 * g, "none")
+    for g, line, value in ((8, 112, 4792), (16, 111, 4767), (32, 110, 4811), (64, 109, 4800))
 )
 
 CLASS_ROWS: tuple[str, ...] = (
@@ -192,6 +232,14 @@ def pair_factors(short: Classes, long: Classes) -> tuple[float, float]:
     return a, g
 
 
+def _errors(run: Any) -> str:
+    """``run``'s throughput error as published and under ``--interference persistent``."""
+    cells = []
+    for v in (vp.AS_PUBLISHED, vp.Variant(persistent=True)):
+        cells.append(vp.throughput_error_pct(run, vp.predict(run, v).figure))
+    return f"{run.published.value:10,.0f} {cells[0]:+9.1f}% {cells[1]:+11.1f}%"
+
+
 def main() -> None:
     runs = {r.name: r for r in vp.load_runs()}
     head = f"{'':30s} " + " ".join(f"{h:>8s}" for h in ("step", "GEMM", "attn", "rest", "pub"))
@@ -215,6 +263,12 @@ def main() -> None:
             f"{'':30s} published {ct.published / cf.published:.3f}, simulated {ct.step / cf.step:.3f}",
             flush=True,
         )
+    print("\n4. one configuration on both GPUs; the 13B on 8-64 GPUs: error as published, persistent")
+    for a100, h100 in SAME_CONFIG:
+        for s in (a100, h100):
+            print(f"{s.label + f' (l.{s.line})':30s} {_errors(build(s, runs))}", flush=True)
+    for s in GPU_SERIES:
+        print(f"{s.label + f' (l.{s.line})':30s} {_errors(build(s, runs))}", flush=True)
 
 
 if __name__ == "__main__":

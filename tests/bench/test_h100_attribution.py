@@ -10,7 +10,7 @@ from .scripts import load_script
 
 ba = load_script("bench_h100_attribution")
 RUNS = {r.name: r for r in ba.vp.load_runs()}
-SIBLINGS = [s for pair in (*ba.PAIRS, *ba.KERNEL_PAIRS) for s in pair]
+SIBLINGS = [s for pair in (*ba.PAIRS, *ba.KERNEL_PAIRS, *ba.SAME_CONFIG) for s in pair] + list(ba.GPU_SERIES)
 
 
 @pytest.mark.parametrize("s", SIBLINGS, ids=lambda s: s.label)
@@ -44,3 +44,21 @@ def test_pair_factors_solve_both_rows() -> None:
     short = ba.Classes(0.0, 20.0, 5.0, 6.0, g * 20.0 + a * 5.0 + 6.0)
     long = ba.Classes(0.0, 20.0, 11.0, 6.5, g * 20.0 + a * 11.0 + 6.5)
     assert ba.pair_factors(short, long) == pytest.approx((a, g))
+
+
+def test_same_config_pairs_differ_only_in_the_gpu() -> None:
+    for a100, h100 in ba.SAME_CONFIG:
+        ra, rh = ba.build(a100, RUNS), ba.build(h100, RUNS)
+        assert ra.cluster.spec != "h100" and rh.cluster.spec == "h100"
+        assert (ra.model, ra.cluster.gpus) == (rh.model, rh.cluster.gpus)
+        sa, sh = ra.strategy, rh.strategy
+        assert (sa.microbatch, sa.recompute) == (sh.microbatch, sh.recompute)
+        assert ra.attention_kernel == rh.attention_kernel == "fa-triton"
+
+
+def test_gpu_series_keeps_the_13b_records_microbatch_and_one_step() -> None:
+    record = RUNS["mosaic-h100-13b-s2048-g64"]
+    assert ba.build(ba.GPU_SERIES[-1], RUNS) is record
+    for s in ba.GPU_SERIES:
+        run = ba.build(s, RUNS)
+        assert run.strategy.global_batch == run.strategy.dp * run.strategy.microbatch == 2 * s.gpus
