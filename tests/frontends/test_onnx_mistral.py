@@ -97,15 +97,40 @@ def test_a_mistral_export_imports_with_windowed_attention_and_matches_onnxruntim
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["d2.t1.p1.k2.1f1b", "d2.t2.p1.k1.1f1b", "d1.t1.p2.k2.1f1b"])
+@pytest.mark.parametrize(
+    "strategy", ["d2.t1.p1.k2.1f1b", "d2.t2.p1.k1.1f1b", "d1.t1.p2.k2.1f1b", "d1.t2.p2.k2.1f1b"]
+)
 def test_a_mistral_export_split_over_replicas_and_microbatches_equals_the_sequential_step(
     mistral: Path, strategy: str
 ) -> None:
-    """Its repeat_kv Expand is batch-free, and the RoPE tables every device computes from
-    constants are replicated where a sharded op needs them (``Redistribute(mesh=...)``)."""
+    """Its repeat_kv Expand is batch-free, the positions every device computes from constants
+    are replicated where a sharded op needs them (``Redistribute(x, like)``), and its weights
+    are split as their modules' names say."""
     from distir.parallel.check import check_against_sequential
 
     model = load_file(f"{mistral}:seq=8", 4)
     assert model.fixed_batch is None, model.fixed_by
     cmp = check_against_sequential(model, parse_strategy(strategy))
     assert cmp.max_rel_diff < 1e-4, f"{cmp.worst} differs by {cmp.max_rel_diff:.2e}"
+
+
+@pytest.mark.slow
+def test_a_mistral_exports_weights_are_placed_by_the_modules_using_them(mistral: Path) -> None:
+    """The exporter renames the projections' transposed weights (``val_N``); the modules that read
+    them say what they are: q/k/v, gate and up column-parallel, o and down row-parallel, the
+    embedding and the head split on the vocabulary, norms and the rotary frequencies whole."""
+    from distir.ir.dtensor import Replicate, Shard
+
+    model = load_file(f"{mistral}:seq=8", 4)
+    by_shape: dict[tuple[tuple[int, ...], str], set[object]] = {}
+    for w in model.weights:
+        kind = w.name.split(".")[-1] if "." in w.name else "val"
+        by_shape.setdefault((w.type.shape, kind), set()).add(w.tp)
+    assert by_shape[((50, 32), "weight")] == {Shard(0)}  # embed_tokens: vocabulary-parallel
+    assert by_shape[((32, 32), "val")] == {Shard(1), Shard(0)}  # q_proj column, o_proj row
+    assert by_shape[((32, 16), "val")] == {Shard(1)}  # k_proj, v_proj (GQA: 2 heads of 8)
+    assert by_shape[((32, 64), "val")] == {Shard(1)}  # gate_proj, up_proj
+    assert by_shape[((64, 32), "val")] == {Shard(0)}  # down_proj
+    assert by_shape[((32, 50), "val")] == {Shard(1)}  # lm_head, so the logits reach the loss split
+    assert model.loss_input_tp == Shard(2)
+    assert all(w.tp == Replicate() for w in model.weights if w.type.rank == 1)

@@ -45,7 +45,9 @@ def test_a_dynamic_exports_batch_sized_targets_become_batch_free(dynamic: Path) 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["d1.t1.p1.k2.1f1b", "d2.t1.p2.k2.1f1b", "d1.t1.p2.k4.gpipe"])
+@pytest.mark.parametrize(
+    "strategy", ["d1.t1.p1.k2.1f1b", "d2.t1.p2.k2.1f1b", "d1.t1.p2.k4.gpipe", "d2.t2.p1.k2.1f1b"]
+)
 def test_a_dynamic_export_split_into_microbatches_equals_the_sequential_step(
     dynamic: Path, strategy: str
 ) -> None:

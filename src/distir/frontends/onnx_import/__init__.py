@@ -37,8 +37,10 @@ from distir.frontends.onnx_import.attention import CausalAt, fuse_attention
 from distir.frontends.onnx_import.convert import convert
 from distir.frontends.onnx_import.gelu import fuse_gelu_tanh
 from distir.frontends.onnx_import.mapping import supported_ops
+from distir.frontends.onnx_import.placements import weight_placements
 from distir.frontends.onnx_import.reader import OnnxImportError, read_model
 from distir.frontends.onnx_import.values import Param
+from distir.ir.dtensor import Placement
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call
 from distir.ir.types import Device
@@ -63,6 +65,8 @@ class OnnxImport:
     opset: int
     causal: tuple[CausalAt, ...] = ()
     batch_dims: tuple[str, ...] = ()  # the names of the graph inputs' dynamic dim 0
+    # the weights' tensor-parallel placements, by the modules using them (``placements``)
+    tp: tuple[tuple[str, Placement], ...] = ()
 
     @property
     def num_params(self) -> int:
@@ -107,8 +111,9 @@ def import_onnx(
     conv = convert(model, dims or {}, batch, device)
     causal = fuse_attention(conv.program, conv.outputs, causal_at)
     fuse_gelu_tanh(conv.program, conv.outputs)
+    scopes = [scopes_of(n) for n in model.graph.node]
+    tp = tuple(weight_placements(conv.program, scopes).items())
     if layers:
-        scopes = [scopes_of(n) for n in model.graph.node]
         lay = assemble(conv.program, conv.outputs, scopes)
         module, names, shared, note = lay.module, lay.layers, lay.shared, lay.note
     else:
@@ -125,6 +130,7 @@ def import_onnx(
         opset=model.opset,
         causal=causal,
         batch_dims=_batch_dims(model),
+        tp=tp,
     )
 
 

@@ -5,9 +5,10 @@ read as logits ``(..., classes)``, against a new input ``labels`` of the logits'
 the last dim, summed and scaled by 1/(number of labels) (the zoo's vocabulary-parallel form,
 ``token_loss_fn``).
 
-What the contract cannot get from an ONNX graph is left at what is safe: no tensor-parallel
-declarations (every weight ``Replicate``), no sequence dim, random-input ranges of integer
-inputs set to the number of classes (token ids below the vocabulary). The layers take the sizes
+Weights take the tensor-parallel placements the modules reading them call for (``placements``;
+the logits then reach the loss sharded on the vocabulary where the head is). What the contract
+cannot get from an ONNX graph is left at what is safe: no sequence dim, random-input ranges of
+integer inputs set to the number of classes (token ids below the vocabulary). The layers take the sizes
 an export computes as constants of the imported batch (``assemble``); with the same file
 imported at another batch (``other``: 1, or 2 for a batch of 1), a Reshape target that follows
 the batch (one size, in proportion to it) becomes batch-free, that size copied from the input
@@ -31,10 +32,19 @@ from distir.frontends.onnx_import import OnnxImport
 from distir.frontends.onnx_import.reader import OnnxImportError
 from distir.frontends.zoo._build import forward_flops
 from distir.frontends.zoo.gpt import token_loss_fn
-from distir.frontends.zoo.model import STATIC_EXPORT, InputSpec, Model, ModelError, WeightSpec, check_model
+from distir.frontends.zoo.model import (
+    REPLICATE,
+    STATIC_EXPORT,
+    InputSpec,
+    Model,
+    ModelError,
+    WeightSpec,
+    check_model,
+)
 from distir.interp.loop import InterpretError
 from distir.interp.shapes import Concrete, Mixed, TypeDomain, infer_types, type_of
 from distir.ir.builder import FunctionBuilder
+from distir.ir.dtensor import Placement, Shard
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Instr, Op
 from distir.ir.types import DType, TensorType
@@ -89,6 +99,7 @@ def to_model(
         fixed_batch=own if folds.fixed_by else None,
         fixed_by=folds.fixed_by,
         fixed_advice=advice,
+        loss_input_tp=_loss_input(layers, weights, logits),
     )
     try:
         check_model(model)
@@ -121,8 +132,10 @@ def _entry(
     inputs.append(InputSpec(label, TensorType(DType.i64, items, logits.device), high=classes))
     # in the order the layers first take them, as the transforms list them
     first = {v.name: i for i, v in reversed(list(enumerate(v for c in layers for v in c.inputs[1:])))}
+    tp = dict(imp.tp)
     weights = sorted(
-        (WeightSpec(p.name, p.type) for p in imp.weights), key=lambda w: first.get(w.name, len(first))
+        (WeightSpec(p.name, p.type, tp.get(p.name, REPLICATE)) for p in imp.weights),
+        key=lambda w: first.get(w.name, len(first)),
     )
     fb = FunctionBuilder("forward")
     specs: list[InputSpec | WeightSpec] = [*inputs, *weights]
@@ -135,6 +148,18 @@ def _entry(
     loss = token_loss_fn(classes, math.prod(items))
     (prev,) = fb.call(loss, prev, vals[label], names=["loss"])
     return (loss, fb.ret(prev)), inputs, weights
+
+
+def _loss_input(layers: list[Call], weights: list[WeightSpec], logits: TensorType) -> Placement:
+    """The logits sharded on the vocabulary where the head is (its matrix, the last layer's last
+    2-d weight, sharded on a dim of the vocabulary's size; ``placements``), else whole."""
+    specs = {w.name: w for w in weights}
+    last = [specs[v.name] for v in layers[-1].inputs[1:] if v.name in specs] if layers else []
+    head = next((w for w in reversed(last) if w.type.rank == 2), None)
+    vocab = logits.shape[-1]
+    if head is not None and isinstance(head.tp, Shard) and head.type.shape[head.tp.dim] == vocab:
+        return Shard(logits.rank - 1)
+    return REPLICATE
 
 
 def _at(t: TensorType, batch: int) -> TensorType:
