@@ -29,7 +29,7 @@ def _export_mistral(path: Path) -> Path:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     cfg = transformers.MistralConfig(
-        num_hidden_layers=2,
+        num_hidden_layers=3,
         hidden_size=32,
         intermediate_size=64,
         num_attention_heads=4,
@@ -81,11 +81,11 @@ def test_a_mistral_export_imports_with_windowed_attention_and_matches_onnxruntim
 
     imp = import_onnx(str(mistral), dims={"seq": 8}, batch=4)
     # the rotary tables made in each block from the frequencies, not passed along from @pre
-    assert imp.layers == ("pre", "block", "block", "post"), imp.note
+    assert imp.layers == ("pre", "block", "block", "block", "post"), imp.note
     assert imp.shared == ("m.model.rotary_emb.inv_freq",)
     ops = [i for f in imp.module.functions for i in f.body if isinstance(i, Op)]
     attention = [op for op in ops if op.name == "Attention"]
-    assert len(attention) == 1 and attention[0].attrs.get("window") == WINDOW  # in @block, called twice
+    assert len(attention) == 1 and attention[0].attrs.get("window") == WINDOW  # in @block, called 3 times
     assert not {"Softmax", "IsNaN"} & {op.name for op in ops}
     assert {"Sin", "Cos", "Reciprocal"} <= {op.name for op in ops}
     ids = np.random.default_rng(0).integers(0, 50, (4, 8))
@@ -98,14 +98,16 @@ def test_a_mistral_export_imports_with_windowed_attention_and_matches_onnxruntim
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "strategy", ["d2.t1.p1.k2.1f1b", "d2.t2.p1.k1.1f1b", "d1.t1.p2.k2.1f1b", "d1.t2.p2.k2.1f1b"]
+    "strategy",
+    ["d2.t1.p1.k2.1f1b", "d2.t2.p1.k1.1f1b", "d1.t1.p2.k2.1f1b", "d1.t2.p2.k2.1f1b", "d1.t1.p3.k4.1f1b"],
 )
 def test_a_mistral_export_split_over_replicas_and_microbatches_equals_the_sequential_step(
     mistral: Path, strategy: str
 ) -> None:
     """Its repeat_kv Expand is batch-free, the positions every device computes from constants
-    are replicated where a sharded op needs them (``Redistribute(x, like)``), and its weights
-    are split as their modules' names say."""
+    are replicated where a sharded op needs them (``Redistribute(x, like)``), its weights are
+    split as their modules' names say, and the rotary frequencies every block reads are one
+    weight on three pipeline stages (their gradients summed, each stage taking the same step)."""
     from distir.parallel.check import check_against_sequential
 
     model = load_file(f"{mistral}:seq=8", 4)

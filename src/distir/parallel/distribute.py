@@ -301,13 +301,14 @@ def _add_grads(
 
 def _tied_copies(
     by_chunk: Sequence[Sequence[ShardedLayer]], stage_of: Sequence[int]
-) -> tuple[dict[tuple[Value, int], Value], dict[Value, Value]]:
+) -> tuple[dict[tuple[Value, int], Value], dict[Value, Value], dict[Value, tuple[Value, ...]]]:
     """Where each chunk finds each of its weights: ``home[(w, c)]`` is ``w`` itself on the stage
     of its first chunk, and on another stage (a tied weight: GPT-2's embedding, used again by the
     head) a copy — a new value named like ``w``, an entry parameter of that stage with its own
     optimizer state, as Megatron-LM keeps the word embeddings on the first and the last stage.
-    ``partner`` pairs each copy with its weight both ways. A weight on more than two stages is a
-    StrategyError."""
+    ``partner`` pairs each copy with its weight both ways; a weight on more than two stages (one
+    every block reads: an ONNX export's rotary frequencies) is in ``groups`` instead, each member
+    (the weight, then its copies in stage order) mapped to them all."""
     home: dict[tuple[Value, int], Value] = {}
     by_stage: dict[tuple[Value, int], Value] = {}
     first: dict[Value, int] = {}
@@ -318,13 +319,17 @@ def _tied_copies(
             if key not in by_stage:
                 by_stage[key] = w if stage_of[c] == st else Value(w.name, None)
             home[(w, c)] = by_stage[key]
-    partner: dict[Value, Value] = {}
+    members: dict[Value, list[Value]] = {}
     for (w, _st), h in by_stage.items():
-        if h is not w:
-            if w in partner:
-                raise StrategyError(f"the tied weight {w.name} is used on more than two pipeline stages")
-            partner[w], partner[h] = h, w
-    return home, partner
+        members.setdefault(w, []).append(h)
+    partner: dict[Value, Value] = {}
+    groups: dict[Value, tuple[Value, ...]] = {}
+    for ms in members.values():
+        if len(ms) == 2:
+            partner[ms[0]], partner[ms[1]] = ms[1], ms[0]
+        elif len(ms) > 2:
+            groups.update(dict.fromkeys(ms, tuple(ms)))
+    return home, partner, groups
 
 
 def distribute(
@@ -551,6 +556,7 @@ class _Params(NamedTuple):
     wchunk: dict[Value, int]  # the chunk of each weight's first use
     home: dict[tuple[Value, int], Value]  # the value chunk c uses for weight w (``_tied_copies``)
     partner: dict[Value, Value]  # a tied weight and its copy, both ways
+    groups: dict[Value, tuple[Value, ...]]  # a weight on more than two stages: each member -> all
     used: list[Value]  # the model's weights in order of use, then the tied copies
     state: dict[Value, list[Value]]  # optimizer state per weight
     step_of: dict[int, Value]  # Adam's step per stage
@@ -1135,7 +1141,7 @@ class _Builder:
         wchunk: dict[Value, int] = {}
         # each weight's value on each stage that uses it: the weight on the stage of its first
         # layer; a tied weight used on another stage too gets a copy there (``_tied_copies``)
-        home, partner = _tied_copies(by_chunk, stage_of)
+        home, partner, groups = _tied_copies(by_chunk, stage_of)
         for (_w, c), h in home.items():
             wchunk.setdefault(h, c)
         # the model's weights in order of use, then the tied copies (parameters and results last)
@@ -1185,15 +1191,16 @@ class _Builder:
         # transmitted weights: the owner sends the value (and compute copy) once per step
         for h in sorted(sent, key=used.index):
             there = self._mesh_for(stage_of[wchunk[h]])
-            wparam[h] = self._mesh_send(fb, wparam[partner[h]], there, h.name)
-            if partner[h] in half:
-                half[h] = self._mesh_send(fb, half[partner[h]], there, f"{h.name}_{self.compute}")
+            owner = partner[h] if h in partner else groups[h][0]
+            wparam[h] = self._mesh_send(fb, wparam[owner], there, h.name)
+            if owner in half:
+                half[h] = self._mesh_send(fb, half[owner], there, f"{h.name}_{self.compute}")
         wuse = half or (
             {w: self._compute_copy(fb, w, wparam[w]) for w in used} if self.prec.mixed else wparam
         )
         if self.gather_cast:  # the chunks cast the masters' shards as they gather them
             wuse = {w: wparam[w] if self._zdim(w) is not None else v for w, v in wuse.items()}
-        params = _Params(wparam, wchunk, home, partner, used, state, step_of, half, wuse, sent)
+        params = _Params(wparam, wchunk, home, partner, groups, used, state, step_of, half, wuse, sent)
         return list(inputs), mbs, params
 
     def _declare_inputs(
@@ -1348,6 +1355,12 @@ class _Builder:
 
         for w in wp.used:
             g = self._reduce_grad(fb, w, grads[w], to_mesh, stage_of[wchunk[w]])
+            group = wp.groups.get(w)
+            if group is not None:
+                reduced[w] = g
+                if all(m in reduced for m in group):
+                    self._group_step(fb, wp, group, [reduced.pop(m) for m in group], stage_of, to_mesh, step)
+                continue
             other = partner.get(w)
             if w in wp.sent:  # a transmitted copy's gradient goes back to its owner once, added there
                 assert other is not None
@@ -1376,6 +1389,31 @@ class _Builder:
                 step(w, g, counted=False)  # the same gradient as its weight's: counted once
                 continue
             step(w, g)
+
+    def _group_step(
+        self,
+        fb: FunctionBuilder,
+        wp: _Params,
+        group: tuple[Value, ...],
+        gs: list[Value],
+        stage_of: list[int],
+        to_mesh: Callable[[Value, Mesh, str], Value],
+        step: Callable[[Value, Value, bool], None],
+    ) -> None:
+        """A weight used on more than two stages (``_tied_copies``' groups): the members'
+        reduced gradients ``gs`` summed on the weight's stage and the sum sent back to each copy,
+        so all take the same step (copies received from their owner each step take none); the
+        norm counts it once."""
+        owner = group[0]
+        here = self._mesh_for(stage_of[wp.wchunk[owner]])
+        total = gs[0]
+        for m, g in zip(group[1:], gs[1:], strict=True):
+            (total,) = fb.op("Add", total, to_mesh(g, here, f"g_{m.name}_tied"), names=[f"g_{owner.name}"])
+        step(owner, total, True)
+        for m in group[1:]:
+            if m not in wp.sent:
+                there = self._mesh_for(stage_of[wp.wchunk[m]])
+                step(m, to_mesh(total, there, f"g_{m.name}_tied"), False)
 
     def _norm_totals(
         self, fb: FunctionBuilder, steps: list[_StepGrad], to_mesh: Callable[[Value, Mesh, str], Value]

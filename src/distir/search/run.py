@@ -79,7 +79,7 @@ from distir.search.store import ResultStore, dumps, loads, search_key
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
-STORE_VERSION = 22  # bump when the cost model or the result format changes: old results go stale
+STORE_VERSION = 23  # bump when the cost model or the result format changes: old results go stale
 
 
 def cluster_digest(spec: str | Cluster) -> str:
