@@ -107,6 +107,9 @@ from distir.search.stage_costs import (
 from distir.sim import collectives as coll
 from distir.sim.interference import share
 
+# one layer profile per layer call (``Profiler.layers``)
+ProfileList = list[LayerProfile]
+
 
 @dataclass(frozen=True, slots=True)
 class Problem:
@@ -187,6 +190,8 @@ class Screen:
         # memos of pure functions (the placement search asks the same questions many times)
         self._assignments: dict[bytes, Assignment | None] = {}  # ``_assign``
         self._rows: dict[tuple[object, ...], StageRows] = {}
+        # ``_worst_rows``: by the ids of the profile lists (kept alive in the value) and capacity
+        self._worst: dict[tuple[object, ...], tuple[ProfileList, list[ProfileList], StageRows]] = {}
         self._links: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[float, float]] = {}
         self._pairs: dict[tuple[int, int], tuple[float, float]] = {}
         self._gathers: dict[tuple[int, ...], Gathers] = {}
@@ -316,28 +321,14 @@ class Screen:
         return key, got
 
     def _worst_rows(self, profs: list[list[LayerProfile]], lead: list[LayerProfile], cap: float) -> StageRows:
-        """Per layer the worst of ``profs`` (time, weight, saved, work); weight count and output
-        activation from ``lead``."""
-        fb = 1.0 if self.problem.train else 0.0
-        n = range(len(profs[0]))
-        return StageRows(
-            time=frozen([max(p[i].fwd_s + fb * p[i].bwd_s for p in profs) for i in n]),
-            fwd=frozen([max(p[i].fwd_s for p in profs) for i in n]),
-            ibwd=frozen([max(p[i].ibwd_s for p in profs) for i in n]),
-            weight=frozen([max(p[i].weight_bytes for p in profs) for i in n]),
-            n_w=frozen([lead[i].n_weights for i in n]),
-            saved=frozen([max(p[i].saved_bytes for p in profs) for i in n]),
-            out=frozen([lead[i].out_bytes for i in n]),
-            work=frozen([max(p[i].work_bytes for p in profs) for i in n]),
-            carried=frozen([max(p[i].carried_bytes for p in profs) for i in n]),
-            fwd_work=frozen([max(p[i].fwd_work_bytes for p in profs) for i in n]),
-            largest=frozen([max(p[i].largest_weight_bytes for p in profs) for i in n]),
-            bwd_work=frozen([max(p[i].bwd_work_bytes for p in profs) for i in n]),
-            ibwd_work=frozen([max(p[i].ibwd_work_bytes for p in profs) for i in n]),
-            zbwd_work=frozen([max(p[i].zbwd_work_bytes for p in profs) for i in n]),
-            cap=cap,
-            tp_pending=frozen([max(p[i].tp_pending_bytes for p in profs) for i in n]),
-        )
+        """``worst_rows`` memoized on the identity of the profile lists (the profiler's, kept
+        alive here) and ``cap``: stages of other d, k or schedules on GPUs alike meet the same
+        profiles again."""
+        key = (*map(id, profs), -1, id(lead), cap)
+        got = self._worst.get(key)
+        if got is None or got[0] is not lead or any(a is not b for a, b in zip(got[1], profs, strict=True)):
+            got = self._worst[key] = (lead, profs, worst_rows(profs, lead, cap, self.problem.train))
+        return got[2]
 
     def _pair(self, x: int, y: int) -> tuple[float, float]:
         """``send_time`` of 0 bytes and of 1 GB from GPU ``x`` to ``y``, memoized."""
@@ -772,6 +763,31 @@ class Screen:
             s.shard_group,
             s.c,
         )
+
+
+def worst_rows(profs: list[ProfileList], lead: ProfileList, cap: float, train: bool) -> StageRows:
+    """Per layer the worst of ``profs`` (time, weight, saved, work); weight count and output
+    activation from ``lead``; ``cap`` the stage's memory capacity."""
+    fb = 1.0 if train else 0.0
+    n = range(len(profs[0]))
+    return StageRows(
+        time=frozen([max(p[i].fwd_s + fb * p[i].bwd_s for p in profs) for i in n]),
+        fwd=frozen([max(p[i].fwd_s for p in profs) for i in n]),
+        ibwd=frozen([max(p[i].ibwd_s for p in profs) for i in n]),
+        weight=frozen([max(p[i].weight_bytes for p in profs) for i in n]),
+        n_w=frozen([lead[i].n_weights for i in n]),
+        saved=frozen([max(p[i].saved_bytes for p in profs) for i in n]),
+        out=frozen([lead[i].out_bytes for i in n]),
+        work=frozen([max(p[i].work_bytes for p in profs) for i in n]),
+        carried=frozen([max(p[i].carried_bytes for p in profs) for i in n]),
+        fwd_work=frozen([max(p[i].fwd_work_bytes for p in profs) for i in n]),
+        largest=frozen([max(p[i].largest_weight_bytes for p in profs) for i in n]),
+        bwd_work=frozen([max(p[i].bwd_work_bytes for p in profs) for i in n]),
+        ibwd_work=frozen([max(p[i].ibwd_work_bytes for p in profs) for i in n]),
+        zbwd_work=frozen([max(p[i].zbwd_work_bytes for p in profs) for i in n]),
+        cap=cap,
+        tp_pending=frozen([max(p[i].tp_pending_bytes for p in profs) for i in n]),
+    )
 
 
 __all__ = ["Estimate", "Problem", "Screen", "buckets_end", "rank_key"]
