@@ -296,9 +296,7 @@ def screen_space(
     return out, n, screen
 
 
-def _trainer_ladders(
-    req: SearchRequest, space: Space, bases: list[Strategy]
-) -> Sequence[Sequence[Strategy]]:
+def _trainer_ladders(req: SearchRequest, space: Space, bases: list[Strategy]) -> Sequence[Sequence[Strategy]]:
     """Each base's memory ladder (``Space.ladder``) with the rungs ``req``'s trainer runs
     (``trainer_allows``). A space of which the trainer runs nothing is a ``SpaceError`` giving
     the reason it gives most often. distir's own trainer runs every rung: its ladders are the
