@@ -396,8 +396,8 @@ def _placement_cost(screen: Screen, base: Strategy) -> Callable[[tuple[int, ...]
     """What the placement search minimizes: the step time, out-of-memory placements far behind."""
 
     def cost(pl: tuple[int, ...]) -> float:
-        e = screen.estimate(base, pl)
-        return e.step_time_s if e.fits else e.step_time_s * 10 - e.memory_headroom
+        step, fits, headroom = screen.placement_cost(base, pl)
+        return step if fits else step * 10 - headroom
 
     return cost
 

@@ -377,6 +377,33 @@ class Screen:
         (``_stage_rows``' key) and its first GPU's kind, the links between consecutive stages, the
         ZeRO-3 gathers (``distir.search.stage_costs``). The sync (``_sync_of``, memoized on its
         own) depends on the replica groups."""
+        fig, pl, tb, step = self._step(s, placement, balance)
+        pipe = fig.pipe_s
+        busy = fig.compute_s
+        return Estimate(
+            strategy=self._with(s, fig.counts, pl, tb, self.ends),
+            step_time_s=step,
+            peak_memory_bytes=fig.peak_memory_bytes,
+            capacity_bytes=fig.capacity_bytes,
+            fits=fig.fits,
+            bubble_fraction=max(0.0, 1.0 - fig.mean_busy_s / step) if step > 0 else 0.0,
+            compute_s=busy,
+            pipeline_comm_s=max(pipe - busy, 0.0),
+            sync_s=step - pipe,
+            memory_headroom=fig.memory_headroom,
+        )
+
+    def placement_cost(self, s: Strategy, placement: Sequence[int]) -> tuple[float, bool, float]:
+        """``estimate(s, placement)``'s step time, whether it fits and its memory headroom alone
+        (what the placement search weighs), without making its strategy."""
+        fig, _, _, step = self._step(s, placement, True)
+        return step, fig.fits, fig.memory_headroom
+
+    def _step(
+        self, s: Strategy, placement: Sequence[int] | None, balance: bool
+    ) -> tuple[Figures, tuple[int, ...], Tables, float]:
+        """``estimate``'s figures up to the gradient sync, the placement, the tables and the step
+        time."""
         pr = self.problem
         if placement is None:
             placement = s.gpus
@@ -438,20 +465,7 @@ class Screen:
                 else:
                     done = self._reduced_by(s, tb, fig, j, sync.reduce, self._stalls[stages[j].kind])
                     step = max(step, done + after)
-        sync_s = step - pipe
-        busy = fig.compute_s
-        return Estimate(
-            strategy=self._with(s, fig.counts, pl, tb, self.ends),
-            step_time_s=step,
-            peak_memory_bytes=fig.peak_memory_bytes,
-            capacity_bytes=fig.capacity_bytes,
-            fits=fig.fits,
-            bubble_fraction=max(0.0, 1.0 - fig.mean_busy_s / step) if step > 0 else 0.0,
-            compute_s=busy,
-            pipeline_comm_s=max(pipe - busy, 0.0),
-            sync_s=sync_s,
-            memory_headroom=fig.memory_headroom,
-        )
+        return fig, pl, tb, step
 
     def _tables_of(self, s: Strategy) -> Tables:
         """The tables of ``s`` without its placement (``Tables``); raises ValueError when the
