@@ -196,6 +196,10 @@ class Screen:
         self._pairs: dict[tuple[int, int], tuple[float, float]] = {}
         self._gathers: dict[tuple[int, ...], Gathers] = {}
         self._syncs: dict[tuple[object, ...], Sync] = {}
+        # ``_step``'s: the sync per (ids of tables and stage, weight bytes and count) and when it
+        # ends per (id of figures, stage, reduction, GPU kind)
+        self._stage_syncs: dict[tuple[int, int, float, int], Sync] = {}
+        self._reduced: dict[tuple[int, int, float, str], float] = {}
         # (rows' ids, layers, pass kind) -> a chunk's gradient buckets (``stage_costs._chunk_buckets``)
         self._buckets: dict[tuple[object, ...], tuple[tuple[float, float], ...]] = {}
         # (collective, group) -> its time for one byte: a bucket's latency (``_sync_time``)
@@ -454,16 +458,28 @@ class Screen:
         if pr.train:
             pending = self._tp_pending(s, stages, fig.counts) if s.sp else [0.0] * s.p
             chained = 0.0
+            syncs, reduced = self._stage_syncs, self._reduced
             for j in range(s.p):
-                sync = self._sync_of(s, tb, stages[j], fig.stage_w[j], fig.stage_nw[j])
+                st = stages[j]
+                # by identity: the tables and their stages and figures are kept for the search
+                # (``_tables``), and a placement met again asks again (``_sync_of``, ``_reduced_by``)
+                skey = (id(tb), id(st), fig.stage_w[j], fig.stage_nw[j])
+                sync = syncs.get(skey)
+                if sync is None:
+                    sync = syncs[skey] = self._sync_of(s, tb, st, fig.stage_w[j], fig.stage_nw[j])
                 after = sync.after
                 if pending[j]:  # the step's sum over tp of what the layers left pending
-                    after += self._tp_sum(stages[j].gpus[: s.t], pending[j])
+                    after += self._tp_sum(st.gpus[: s.t], pending[j])
                 if tb.reduction.before_send:
                     chained += sync.reduce
                     step = max(step, pipe + chained + after)
                 else:
-                    done = self._reduced_by(s, tb, fig, j, sync.reduce, self._stalls[stages[j].kind])
+                    rkey = (id(fig), j, sync.reduce, st.kind)
+                    done = reduced.get(rkey)
+                    if done is None:
+                        done = reduced[rkey] = self._reduced_by(
+                            s, tb, fig, j, sync.reduce, self._stalls[st.kind]
+                        )
                     step = max(step, done + after)
         return fig, pl, tb, step
 
