@@ -74,6 +74,25 @@ def test_memoized_estimates_equal_fresh_ones() -> None:
     assert len({e.step_time_s for e in fresh}) > len(strategies)  # placements do matter here
 
 
+def test_placement_cost_is_the_estimates_step_fit_and_headroom() -> None:
+    """What the placement search weighs (``Screen.placement_cost``) is the estimate's, on a
+    fresh screen and on one that estimated first."""
+    strategies = [
+        Strategy(d=2, t=2, p=2, k=4, schedule="zb1", zero=1),
+        Strategy(d=2, t=1, p=4, k=8, schedule="gpipe", zero=3, recompute="selective"),
+        Strategy(d=1, t=1, p=7, k=16, schedule="1f1b", recompute="full"),
+    ]
+    shared, cases, first, _ = _shared_and_fresh(
+        "gpt:layers=7,hidden=64,heads=4,seq=16,vocab=128", "p3.8xlarge:1+g4dn.12xlarge:1", Problem(16),
+        strategies, seed=1, n=3,
+    )  # fmt: skip
+    fresh = Screen(shared.profiler, shared.problem)
+    for (s, pl), e in zip(cases, first, strict=True):
+        want = (e.step_time_s, e.fits, e.memory_headroom)
+        assert shared.placement_cost(s, pl) == want
+        assert fresh.placement_cost(s, pl) == want
+
+
 def test_screen_error_does_not_depend_on_the_placement() -> None:
     """Layer backwards leave weight gradients pending over dp (one reduction after the last
     microbatch, as the screen models): a placement whose replicas straddle nodes must not make the

@@ -235,3 +235,19 @@ def test_a_model_whose_attention_takes_no_ring_searches_no_context_parallelism()
     pinned = build_space(replace(naive, pins=Pins(cp=2)), parse_cluster("h100"))
     with pytest.raises(SpaceError, match=r"--cp 2: @\w+ masks by index"):
         pinned.check()
+
+
+def test_distir_ladders_made_on_demand_equal_the_space_ladders() -> None:
+    """The screen's ladders under distir's trainer make each rung's strategy when asked
+    (``_Ladder``): the same strategies, in the same order, as ``Space.ladder``."""
+    from distir.hardware.cluster import parse_cluster
+    from distir.search.run import SearchRequest, _trainer_ladders, build_space
+
+    model = "gpt:layers=4,hidden=64,heads=4,seq=16,vocab=128"
+    req = SearchRequest(model=model, cluster="p3.8xlarge:2", batch=8)
+    space = build_space(req, parse_cluster(req.cluster))
+    bases = list(space.bases())
+    lazy = _trainer_ladders(req, space, bases)
+    assert [list(ladder) for ladder in lazy] == [space.ladder(b) for b in bases]
+    assert sum(map(len, lazy)) > len(bases)  # rungs above the first are in the space
+    assert all(ladder[-1] == space.ladder(b)[-1] for ladder, b in zip(lazy, bases, strict=True) if ladder)

@@ -38,11 +38,11 @@ import hashlib
 import itertools
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from distir.autodiff.precision import Precision
 from distir.frontends.zoo.model import ModelError
@@ -74,7 +74,7 @@ from distir.search.profile import (
 from distir.search.rerank import ExactJob, Profiles, evaluate, evaluate_seeded
 from distir.search.screen import Estimate, Problem, Screen, rank_key
 from distir.search.shares import add_shares
-from distir.search.space import Pins, Space, SpaceError
+from distir.search.space import Pins, Rung, Space, SpaceError
 from distir.search.store import ResultStore, dumps, loads, search_key
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -296,10 +296,14 @@ def screen_space(
     return out, n, screen
 
 
-def _trainer_ladders(req: SearchRequest, space: Space, bases: list[Strategy]) -> list[list[Strategy]]:
+def _trainer_ladders(req: SearchRequest, space: Space, bases: list[Strategy]) -> Sequence[Sequence[Strategy]]:
     """Each base's memory ladder (``Space.ladder``) with the rungs ``req``'s trainer runs
     (``trainer_allows``). A space of which the trainer runs nothing is a ``SpaceError`` giving
-    the reason it gives most often."""
+    the reason it gives most often. distir's own trainer runs every rung: its ladders are the
+    space's, each rung's strategy made when the screen climbs to it (``_Ladder``: most bases fit
+    on their first rung, so most rungs are never made)."""
+    if req.trainer == "distir":
+        return [_Ladder(base, space.rungs(base)) for base in bases]
     prec, dt = Precision.parse(req.precision), DType.parse(req.dtype)
     full = [space.ladder(base) for base in bases]
     ladders = [[s for s in ladder if trainer_allows(req.trainer, s, prec, dt, req.train)] for ladder in full]
@@ -313,6 +317,31 @@ def _trainer_ladders(req: SearchRequest, space: Space, bases: list[Strategy]) ->
         why = reasons.most_common(1)[0][0]
         raise SpaceError(f"--trainer {req.trainer} runs none of the strategies searched: {why}")
     return ladders
+
+
+class _Ladder(Sequence[Strategy]):
+    """``Space.ladder(base)`` whose strategies are made when first asked for (``Space.rungs``):
+    the same strategies, in the same order."""
+
+    def __init__(self, base: Strategy, rungs: list[Rung]) -> None:
+        self._base = base
+        self._rungs = rungs
+        self._made: dict[int, Strategy] = {}
+
+    def __len__(self) -> int:
+        return len(self._rungs)
+
+    @overload
+    def __getitem__(self, r: int) -> Strategy: ...
+    @overload
+    def __getitem__(self, r: slice) -> list[Strategy]: ...
+    def __getitem__(self, r: int | slice) -> Strategy | list[Strategy]:
+        if isinstance(r, slice):
+            return [self[i] for i in range(*r.indices(len(self._rungs)))]
+        got = self._made.get(r)
+        if got is None:
+            got = self._made[r] = self._rungs[r].of(self._base)
+        return got
 
 
 def _p1_chains(bases: list[Strategy]) -> list[list[int]]:
@@ -367,8 +396,8 @@ def _placement_cost(screen: Screen, base: Strategy) -> Callable[[tuple[int, ...]
     """What the placement search minimizes: the step time, out-of-memory placements far behind."""
 
     def cost(pl: tuple[int, ...]) -> float:
-        e = screen.estimate(base, pl)
-        return e.step_time_s if e.fits else e.step_time_s * 10 - e.memory_headroom
+        step, fits, headroom = screen.placement_cost(base, pl)
+        return step if fits else step * 10 - headroom
 
     return cost
 

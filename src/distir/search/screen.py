@@ -107,6 +107,9 @@ from distir.search.stage_costs import (
 from distir.sim import collectives as coll
 from distir.sim.interference import share
 
+# one layer profile per layer call (``Profiler.layers``)
+ProfileList = list[LayerProfile]
+
 
 @dataclass(frozen=True, slots=True)
 class Problem:
@@ -187,10 +190,16 @@ class Screen:
         # memos of pure functions (the placement search asks the same questions many times)
         self._assignments: dict[bytes, Assignment | None] = {}  # ``_assign``
         self._rows: dict[tuple[object, ...], StageRows] = {}
+        # ``_worst_rows``: by the ids of the profile lists (kept alive in the value) and capacity
+        self._worst: dict[tuple[object, ...], tuple[ProfileList, list[ProfileList], StageRows]] = {}
         self._links: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[float, float]] = {}
         self._pairs: dict[tuple[int, int], tuple[float, float]] = {}
         self._gathers: dict[tuple[int, ...], Gathers] = {}
         self._syncs: dict[tuple[object, ...], Sync] = {}
+        # ``_step``'s: the sync per (ids of tables and stage, weight bytes and count) and when it
+        # ends per (id of figures, stage, reduction, GPU kind)
+        self._stage_syncs: dict[tuple[int, int, float, int], Sync] = {}
+        self._reduced: dict[tuple[int, int, float, str], float] = {}
         # (rows' ids, layers, pass kind) -> a chunk's gradient buckets (``stage_costs._chunk_buckets``)
         self._buckets: dict[tuple[object, ...], tuple[tuple[float, float], ...]] = {}
         # (collective, group) -> its time for one byte: a bucket's latency (``_sync_time``)
@@ -316,28 +325,14 @@ class Screen:
         return key, got
 
     def _worst_rows(self, profs: list[list[LayerProfile]], lead: list[LayerProfile], cap: float) -> StageRows:
-        """Per layer the worst of ``profs`` (time, weight, saved, work); weight count and output
-        activation from ``lead``."""
-        fb = 1.0 if self.problem.train else 0.0
-        n = range(len(profs[0]))
-        return StageRows(
-            time=frozen([max(p[i].fwd_s + fb * p[i].bwd_s for p in profs) for i in n]),
-            fwd=frozen([max(p[i].fwd_s for p in profs) for i in n]),
-            ibwd=frozen([max(p[i].ibwd_s for p in profs) for i in n]),
-            weight=frozen([max(p[i].weight_bytes for p in profs) for i in n]),
-            n_w=frozen([lead[i].n_weights for i in n]),
-            saved=frozen([max(p[i].saved_bytes for p in profs) for i in n]),
-            out=frozen([lead[i].out_bytes for i in n]),
-            work=frozen([max(p[i].work_bytes for p in profs) for i in n]),
-            carried=frozen([max(p[i].carried_bytes for p in profs) for i in n]),
-            fwd_work=frozen([max(p[i].fwd_work_bytes for p in profs) for i in n]),
-            largest=frozen([max(p[i].largest_weight_bytes for p in profs) for i in n]),
-            bwd_work=frozen([max(p[i].bwd_work_bytes for p in profs) for i in n]),
-            ibwd_work=frozen([max(p[i].ibwd_work_bytes for p in profs) for i in n]),
-            zbwd_work=frozen([max(p[i].zbwd_work_bytes for p in profs) for i in n]),
-            cap=cap,
-            tp_pending=frozen([max(p[i].tp_pending_bytes for p in profs) for i in n]),
-        )
+        """``worst_rows`` memoized on the identity of the profile lists (the profiler's, kept
+        alive here) and ``cap``: stages of other d, k or schedules on GPUs alike meet the same
+        profiles again."""
+        key = (*map(id, profs), -1, id(lead), cap)
+        got = self._worst.get(key)
+        if got is None or got[0] is not lead or any(a is not b for a, b in zip(got[1], profs, strict=True)):
+            got = self._worst[key] = (lead, profs, worst_rows(profs, lead, cap, self.problem.train))
+        return got[2]
 
     def _pair(self, x: int, y: int) -> tuple[float, float]:
         """``send_time`` of 0 bytes and of 1 GB from GPU ``x`` to ``y``, memoized."""
@@ -386,6 +381,33 @@ class Screen:
         (``_stage_rows``' key) and its first GPU's kind, the links between consecutive stages, the
         ZeRO-3 gathers (``distir.search.stage_costs``). The sync (``_sync_of``, memoized on its
         own) depends on the replica groups."""
+        fig, pl, tb, step = self._step(s, placement, balance)
+        pipe = fig.pipe_s
+        busy = fig.compute_s
+        return Estimate(
+            strategy=self._with(s, fig.counts, pl, tb, self.ends),
+            step_time_s=step,
+            peak_memory_bytes=fig.peak_memory_bytes,
+            capacity_bytes=fig.capacity_bytes,
+            fits=fig.fits,
+            bubble_fraction=max(0.0, 1.0 - fig.mean_busy_s / step) if step > 0 else 0.0,
+            compute_s=busy,
+            pipeline_comm_s=max(pipe - busy, 0.0),
+            sync_s=step - pipe,
+            memory_headroom=fig.memory_headroom,
+        )
+
+    def placement_cost(self, s: Strategy, placement: Sequence[int]) -> tuple[float, bool, float]:
+        """``estimate(s, placement)``'s step time, whether it fits and its memory headroom alone
+        (what the placement search weighs), without making its strategy."""
+        fig, _, _, step = self._step(s, placement, True)
+        return step, fig.fits, fig.memory_headroom
+
+    def _step(
+        self, s: Strategy, placement: Sequence[int] | None, balance: bool
+    ) -> tuple[Figures, tuple[int, ...], Tables, float]:
+        """``estimate``'s figures up to the gradient sync, the placement, the tables and the step
+        time."""
         pr = self.problem
         if placement is None:
             placement = s.gpus
@@ -436,31 +458,30 @@ class Screen:
         if pr.train:
             pending = self._tp_pending(s, stages, fig.counts) if s.sp else [0.0] * s.p
             chained = 0.0
+            syncs, reduced = self._stage_syncs, self._reduced
             for j in range(s.p):
-                sync = self._sync_of(s, tb, stages[j], fig.stage_w[j], fig.stage_nw[j])
+                st = stages[j]
+                # by identity: the tables and their stages and figures are kept for the search
+                # (``_tables``), and a placement met again asks again (``_sync_of``, ``_reduced_by``)
+                skey = (id(tb), id(st), fig.stage_w[j], fig.stage_nw[j])
+                sync = syncs.get(skey)
+                if sync is None:
+                    sync = syncs[skey] = self._sync_of(s, tb, st, fig.stage_w[j], fig.stage_nw[j])
                 after = sync.after
                 if pending[j]:  # the step's sum over tp of what the layers left pending
-                    after += self._tp_sum(stages[j].gpus[: s.t], pending[j])
+                    after += self._tp_sum(st.gpus[: s.t], pending[j])
                 if tb.reduction.before_send:
                     chained += sync.reduce
                     step = max(step, pipe + chained + after)
                 else:
-                    done = self._reduced_by(s, tb, fig, j, sync.reduce, self._stalls[stages[j].kind])
+                    rkey = (id(fig), j, sync.reduce, st.kind)
+                    done = reduced.get(rkey)
+                    if done is None:
+                        done = reduced[rkey] = self._reduced_by(
+                            s, tb, fig, j, sync.reduce, self._stalls[st.kind]
+                        )
                     step = max(step, done + after)
-        sync_s = step - pipe
-        busy = fig.compute_s
-        return Estimate(
-            strategy=self._with(s, fig.counts, pl, tb, self.ends),
-            step_time_s=step,
-            peak_memory_bytes=fig.peak_memory_bytes,
-            capacity_bytes=fig.capacity_bytes,
-            fits=fig.fits,
-            bubble_fraction=max(0.0, 1.0 - fig.mean_busy_s / step) if step > 0 else 0.0,
-            compute_s=busy,
-            pipeline_comm_s=max(pipe - busy, 0.0),
-            sync_s=sync_s,
-            memory_headroom=fig.memory_headroom,
-        )
+        return fig, pl, tb, step
 
     def _tables_of(self, s: Strategy) -> Tables:
         """The tables of ``s`` without its placement (``Tables``); raises ValueError when the
@@ -772,6 +793,31 @@ class Screen:
             s.shard_group,
             s.c,
         )
+
+
+def worst_rows(profs: list[ProfileList], lead: ProfileList, cap: float, train: bool) -> StageRows:
+    """Per layer the worst of ``profs`` (time, weight, saved, work); weight count and output
+    activation from ``lead``; ``cap`` the stage's memory capacity."""
+    fb = 1.0 if train else 0.0
+    n = range(len(profs[0]))
+    return StageRows(
+        time=frozen([max(p[i].fwd_s + fb * p[i].bwd_s for p in profs) for i in n]),
+        fwd=frozen([max(p[i].fwd_s for p in profs) for i in n]),
+        ibwd=frozen([max(p[i].ibwd_s for p in profs) for i in n]),
+        weight=frozen([max(p[i].weight_bytes for p in profs) for i in n]),
+        n_w=frozen([lead[i].n_weights for i in n]),
+        saved=frozen([max(p[i].saved_bytes for p in profs) for i in n]),
+        out=frozen([lead[i].out_bytes for i in n]),
+        work=frozen([max(p[i].work_bytes for p in profs) for i in n]),
+        carried=frozen([max(p[i].carried_bytes for p in profs) for i in n]),
+        fwd_work=frozen([max(p[i].fwd_work_bytes for p in profs) for i in n]),
+        largest=frozen([max(p[i].largest_weight_bytes for p in profs) for i in n]),
+        bwd_work=frozen([max(p[i].bwd_work_bytes for p in profs) for i in n]),
+        ibwd_work=frozen([max(p[i].ibwd_work_bytes for p in profs) for i in n]),
+        zbwd_work=frozen([max(p[i].zbwd_work_bytes for p in profs) for i in n]),
+        cap=cap,
+        tp_pending=frozen([max(p[i].tp_pending_bytes for p in profs) for i in n]),
+    )
 
 
 __all__ = ["Estimate", "Problem", "Screen", "buckets_end", "rank_key"]

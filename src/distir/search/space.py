@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from distir.parallel.strategy import SCHEDULES, Strategy
 
@@ -349,14 +350,21 @@ class Space:
     def ladder(self, base: Strategy) -> list[Strategy]:
         """The memory-saving variants of ``base``, cheapest first (module docstring); a pinned
         recomputation outside the ladder (``ops``) takes the place of selective."""
-        pins = self.pins
         if not self.train:
             return [base]
+        return [rung.of(base) for rung in self.rungs(base)]
+
+    def rungs(self, base: Strategy) -> list[Rung]:
+        """What each strategy of ``ladder(base)`` changes of ``base``, in its order (a rung's
+        strategy is made when asked: ``Rung.of``)."""
+        pins = self.pins
+        if not self.train:
+            return [Rung(base.zero, base.recompute, base.shard_group)]
         rungs = list(LADDER)
         if pins.recompute is not None and all(r != pins.recompute for _, r in LADDER):
             rungs = [(z, pins.recompute) for z, r in LADDER if r == "selective"]
         h = self.shard_group(base)
-        out: list[Strategy] = []
+        out: list[Rung] = []
         for zero, rec in rungs:
             if (pins.zero is not None and zero != pins.zero) or (
                 pins.recompute is not None and rec != pins.recompute
@@ -372,8 +380,21 @@ class Space:
             for g in groups:
                 if pins.hsdp is not None and g is None:
                     continue
-                out.append(replace(base, zero=zero, recompute=rec, shard_group=g))
+                out.append(Rung(zero, rec, g))
         return out
 
 
-__all__ = ["LADDER", "RECOMPUTES", "Pins", "Space", "SpaceError", "divisors"]
+class Rung(NamedTuple):
+    """A rung of a memory ladder (``Space.rungs``): the ZeRO stage, recomputation and HSDP shard
+    group it runs its base with."""
+
+    zero: int
+    recompute: str
+    shard_group: int | None
+
+    def of(self, base: Strategy) -> Strategy:
+        """``base`` on this rung."""
+        return replace(base, zero=self.zero, recompute=self.recompute, shard_group=self.shard_group)
+
+
+__all__ = ["LADDER", "RECOMPUTES", "Pins", "Rung", "Space", "SpaceError", "divisors"]
