@@ -201,3 +201,25 @@ def test_the_batch_dim_is_not_a_size_of_the_suffix(dynamic: Path) -> None:
     """The batch comes from ``--batch`` (``load_file``'s batch), not ``model.onnx:batch=N``."""
     with pytest.raises(ModelError, match=r":batch=3: 'batch' is the batch \(dim 0 of the inputs\)"):
         load_file(f"{dynamic}:batch=3,seq=8", 4)
+
+
+def test_a_file_is_read_once_for_both_imports_and_not_kept(
+    dynamic: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The imports at the model's batch and at the other batch share one read of the file (a
+    500 MB export took two), which is then dropped."""
+    from distir.frontends import files
+    from distir.frontends.onnx_import import reader
+
+    reads: list[object] = []
+    real = reader.read_model
+    monkeypatch.setattr(reader, "read_model", lambda source: reads.append(source) or real(source))
+    files._load.cache_clear()
+    files._onnx_import.cache_clear()
+    try:
+        load_file(f"{dynamic}:seq=8", 4)
+        assert len(reads) == 1
+        assert files._read_onnx.cache_info().currsize == 0
+    finally:
+        files._load.cache_clear()
+        files._onnx_import.cache_clear()

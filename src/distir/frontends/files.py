@@ -37,6 +37,7 @@ from distir.limits import MAX_BATCH, exceeds, over
 if TYPE_CHECKING:
     from distir.frontends.onnx_import import OnnxImport
     from distir.frontends.onnx_import.attention import CausalAt
+    from distir.frontends.onnx_import.reader import OnnxModel
 
 SUFFIXES = (".onnx", ".distir")
 
@@ -130,7 +131,16 @@ def _onnx(path: Path, mtime: int, batch: int, dtype: DType, dims: dict[str, int]
         )
     # a causal mask known at batch 1 is causal at this batch too, where it may be too large to know
     main = _onnx_import.__wrapped__(path, mtime, batch, key, other.causal)  # not kept: never asked twice
+    _read_onnx.cache_clear()  # the file, read once for both imports, not kept
     return to_model(main, path.stem, batch, other)
+
+
+@functools.lru_cache(maxsize=1)
+def _read_onnx(path: Path, mtime: int) -> OnnxModel:
+    """The file read and checked (``read_model``) once for the imports of one load."""
+    from distir.frontends.onnx_import.reader import read_model
+
+    return read_model(path)
 
 
 @functools.lru_cache(maxsize=1)  # the other batch's, for every batch the process builds
@@ -144,7 +154,7 @@ def _onnx_import(
     """The import at ``batch`` without the weights' values (a model holds none)."""
     from distir.frontends.onnx_import import import_onnx
 
-    imp = import_onnx(path, dims=dict(dims), batch=batch, causal_at=causal_at)
+    imp = import_onnx(_read_onnx(path, mtime), dims=dict(dims), batch=batch, causal_at=causal_at)
     return replace(imp, weights=tuple(replace(w, value=None) for w in imp.weights))
 
 

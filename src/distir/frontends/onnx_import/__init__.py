@@ -38,7 +38,7 @@ from distir.frontends.onnx_import.convert import convert
 from distir.frontends.onnx_import.gelu import fuse_gelu_tanh
 from distir.frontends.onnx_import.mapping import supported_ops
 from distir.frontends.onnx_import.placements import weight_placements
-from distir.frontends.onnx_import.reader import OnnxImportError, read_model
+from distir.frontends.onnx_import.reader import OnnxImportError, OnnxModel, read_model
 from distir.frontends.onnx_import.values import Param
 from distir.ir.dtensor import Placement
 from distir.ir.function import Function, Module
@@ -97,7 +97,7 @@ class OnnxImport:
 
 
 def import_onnx(
-    source: str | Path | bytes,
+    source: str | Path | bytes | OnnxModel,
     *,
     dims: Mapping[str, int] | None = None,
     batch: int = 1,
@@ -105,9 +105,10 @@ def import_onnx(
     device: Device = D0,
     causal_at: Collection[CausalAt] = (),
 ) -> OnnxImport:
-    """Import an ONNX model from a path or its bytes (see the module docstring); ``causal_at``:
-    the ``causal`` nodes of an import of the same file at a smaller batch (``fuse_attention``)."""
-    model = read_model(source)
+    """Import an ONNX model from a path, its bytes or a model already read (``read_model``; it
+    is not changed); see the module docstring. ``causal_at``: the ``causal`` nodes of an import
+    of the same file at a smaller batch (``fuse_attention``)."""
+    model = source if isinstance(source, OnnxModel) else read_model(source)
     conv = convert(model, dims or {}, batch, device)
     causal = fuse_attention(conv.program, conv.outputs, causal_at)
     fuse_gelu_tanh(conv.program, conv.outputs)
