@@ -101,13 +101,14 @@ def test_onnx_file_as_model_of_simulate_and_search(tmp_path: Path) -> None:
         "simulate", "--model", str(path), "--strategy", "d2.t1.p1.k1", "--batch", "8", "--json"
     )
     assert code == 0 and json.loads(out)["step_time_s"] > 0, err
-    # an ONNX file computes in its own dtype, f32: the search's auto (the GPUs' half) is f32 for it
+    # an ONNX file computes in the dtype asked: the search's auto is the GPUs' half, mixed
     code, out, err = run("search", "--model", str(path), "--cluster", "dgx-a100", "--batch", "8", "--json")
     assert code == 0, err
-    assert json.loads(out)["dtype"] == "f32"
+    assert (json.loads(out)["dtype"], json.loads(out)["precision"]) == ("bf16", "mixed")
     import distir
 
-    assert distir.search(model=str(path), cluster="dgx-a100", batch=8, top=1, store=None).dtype == "f32"
+    got = distir.search(model=str(path), cluster="dgx-a100", batch=8, top=1, store=None, dtype="f32")
+    assert got.dtype == "f32"
     # its weights declare no placements (t = 1 only): 16 GPUs cannot share a batch of 8, said why
     code, _, err = run("search", "--model", str(path), "--cluster", "dgx-a100:2", "--batch", "8")
     assert code == 2 and "no weight of the model is tensor-parallel" in err

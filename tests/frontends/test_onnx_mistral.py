@@ -7,6 +7,7 @@ sequential step."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -152,3 +153,27 @@ def test_a_mistral_export_trains_for_real_on_two_ranks_as_the_reference_executor
     want = reference_outputs(prog.module, prog.args)
     verdict = compare(prog.module, want, {rank[0].device: rank[0].outputs for rank in results})
     assert verdict.verified and verdict.checked > 1, verdict
+
+
+@pytest.mark.slow
+def test_a_mistral_export_computes_in_the_dtype_asked_and_trains_in_mixed_precision(mistral: Path) -> None:
+    """The file's floats are taken as the dtype asked (bf16: weights, Casts, constants), so it
+    trains as the trainers do, in bf16 with fp32 masters: the default of ``simulate`` on an A100
+    cluster, and the microbatched step equals the sequential one there."""
+    from typer.testing import CliRunner
+
+    from distir.cli import app
+    from distir.ir.types import DType
+    from distir.parallel.check import check_against_sequential
+
+    model = load_file(f"{mistral}:seq=8", 4, DType.bf16)
+    assert {w.type.dtype for w in model.weights} == {DType.bf16}
+    casts = [i for f in model.module.functions for i in f.body if isinstance(i, Op) and i.name == "Cast"]
+    assert all(op.attrs["to"] is DType.bf16 for op in casts if op.attrs["to"].is_float)
+    cmp = check_against_sequential(model, parse_strategy("d2.t1.p1.k2.1f1b"), precision="mixed")
+    assert cmp.max_rel_diff < 2e-2, f"{cmp.worst} differs by {cmp.max_rel_diff:.2e}"
+    args = ["--model", f"{mistral}:seq=8", "--strategy", "d2.t1.p1.k2.1f1b", "--batch", "4"]
+    got = CliRunner().invoke(app, ["simulate", *args, "--cluster", "dgx-a100", "--json"])
+    assert got.exit_code == 0, got.output
+    out = json.loads(got.output)
+    assert (out["dtype"], out["precision"]) == ("bf16", "mixed")

@@ -207,7 +207,7 @@ def test_a_file_is_read_once_for_both_imports_and_not_kept(
     dynamic: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The imports at the model's batch and at the other batch share one read of the file (a
-    500 MB export took two), which is then dropped."""
+    500 MB export took two), which is then dropped, also when the load fails."""
     from distir.frontends import files
     from distir.frontends.onnx_import import reader
 
@@ -216,9 +216,13 @@ def test_a_file_is_read_once_for_both_imports_and_not_kept(
     monkeypatch.setattr(reader, "read_model", lambda source: reads.append(source) or real(source))
     files._load.cache_clear()
     files._onnx_import.cache_clear()
+    files._read_onnx.cache_clear()
     try:
         load_file(f"{dynamic}:seq=8", 4)
         assert len(reads) == 1
+        assert files._read_onnx.cache_info().currsize == 0
+        with pytest.raises(ModelError):
+            load_file(f"{dynamic}:batch=3,seq=8", 4)
         assert files._read_onnx.cache_info().currsize == 0
     finally:
         files._load.cache_clear()

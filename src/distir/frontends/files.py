@@ -83,11 +83,12 @@ def load_file(text: str, batch: int, dtype: DType = DType.f32) -> Model:
     return _load(str(path.resolve()), path.stat().st_mtime_ns, batch, dtype, tuple(sorted(dims.items())))
 
 
-def own_dtype(text: str) -> DType:
-    """The dtype the model file ``text`` computes in: f32 for ONNX, a DistIR file's own."""
+def own_dtype(text: str) -> DType | None:
+    """The dtype the model file ``text`` computes in: a DistIR file's own; None for ONNX, which
+    imports in any (its floats taken as the dtype asked)."""
     path = Path(file_dims(text)[0]).expanduser()
     if path.suffix.lower() == ".onnx":
-        return DType.f32
+        return None
     if not path.is_file():
         raise ModelError(f"{text}: no such model file")
     return _own_dtype(str(path.resolve()), path.stat().st_mtime_ns)
@@ -117,21 +118,22 @@ def _load(path: str, mtime: int, batch: int, dtype: DType, dims: tuple[tuple[str
 def _onnx(path: Path, mtime: int, batch: int, dtype: DType, dims: dict[str, int]) -> Model:
     from distir.frontends.onnx_import.model import other_batch, to_model
 
-    if dtype is not DType.f32:
-        raise ModelError(f"{path}: an ONNX model imports in the precision of its file (f32), not {dtype}")
     # the file at another batch too (one import for every batch): what follows the batch (a
     # dynamic export's sizes) and what does not (``to_model``)
     key = tuple(sorted(dims.items()))
-    other = _onnx_import(path, mtime, other_batch(batch), key)
-    named = [d for d in other.batch_dims if d in dims]
-    if named:  # the command line's batch is --batch
-        raise ModelError(
-            f"{path}:{named[0]}={dims[named[0]]}: {named[0]!r} is the batch (dim 0 of the inputs), "
-            "which --batch sets"
-        )
-    # a causal mask known at batch 1 is causal at this batch too, where it may be too large to know
-    main = _onnx_import.__wrapped__(path, mtime, batch, key, other.causal)  # not kept: never asked twice
-    _read_onnx.cache_clear()  # the file, read once for both imports, not kept
+    try:
+        other = _onnx_import(path, mtime, other_batch(batch), key, dtype)
+        named = [d for d in other.batch_dims if d in dims]
+        if named:  # the command line's batch is --batch
+            raise ModelError(
+                f"{path}:{named[0]}={dims[named[0]]}: {named[0]!r} is the batch (dim 0 of the inputs), "
+                "which --batch sets"
+            )
+        # a causal mask known at batch 1 is causal at this batch too, where it may be too large to
+        # know; this import is not kept (asked once)
+        main = _onnx_import.__wrapped__(path, mtime, batch, key, dtype, other.causal)
+    finally:
+        _read_onnx.cache_clear()  # the file, read once for both imports, not kept
     return to_model(main, path.stem, batch, other)
 
 
@@ -149,12 +151,13 @@ def _onnx_import(
     mtime: int,
     batch: int,
     dims: tuple[tuple[str, int], ...],
+    dtype: DType = DType.f32,
     causal_at: tuple[CausalAt, ...] = (),
 ) -> OnnxImport:
     """The import at ``batch`` without the weights' values (a model holds none)."""
     from distir.frontends.onnx_import import import_onnx
 
-    imp = import_onnx(_read_onnx(path, mtime), dims=dict(dims), batch=batch, causal_at=causal_at)
+    imp = import_onnx(_read_onnx(path, mtime), dims=dict(dims), batch=batch, causal_at=causal_at, dtype=dtype)
     return replace(imp, weights=tuple(replace(w, value=None) for w in imp.weights))
 
 

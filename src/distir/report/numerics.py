@@ -55,8 +55,8 @@ def resolve_numerics(model: str, dtype: str, precision: str, train: bool, cluste
     compute in bf16. Raises the cluster's ``HardwareError``, a model file's ``ModelError`` and
     ``NumericsError``."""
     check_choices(dtype, precision)
-    if dtype == "auto" and is_model_file(model):
-        dtype = own_dtype(model).value
+    if dtype == "auto" and is_model_file(model) and (own := own_dtype(model)) is not None:
+        dtype = own.value
     if dtype == "auto":
         dtype = "bf16" if precision.startswith("fp8") else fast_half(cluster)
     if precision == "auto":

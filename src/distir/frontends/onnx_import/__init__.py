@@ -43,7 +43,7 @@ from distir.frontends.onnx_import.values import Param
 from distir.ir.dtensor import Placement
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call
-from distir.ir.types import Device
+from distir.ir.types import Device, DType
 
 D0 = Device(0)
 
@@ -104,12 +104,14 @@ def import_onnx(
     layers: bool = True,
     device: Device = D0,
     causal_at: Collection[CausalAt] = (),
+    dtype: DType | None = None,
 ) -> OnnxImport:
     """Import an ONNX model from a path, its bytes or a model already read (``read_model``; it
     is not changed); see the module docstring. ``causal_at``: the ``causal`` nodes of an import
-    of the same file at a smaller batch (``fuse_attention``)."""
+    of the same file at a smaller batch (``fuse_attention``). ``dtype``: the dtype the model
+    computes in, every float the file declares taken as it (None: the file's own)."""
     model = source if isinstance(source, OnnxModel) else read_model(source)
-    conv = convert(model, dims or {}, batch, device)
+    conv = convert(model, dims or {}, batch, device, dtype)
     causal = fuse_attention(conv.program, conv.outputs, causal_at)
     fuse_gelu_tanh(conv.program, conv.outputs)
     scopes = [scopes_of(n) for n in model.graph.node]

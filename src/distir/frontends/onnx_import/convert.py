@@ -26,7 +26,7 @@ from distir.frontends.onnx_import.reader import (
     require_onnx,
 )
 from distir.frontends.onnx_import.values import LITERAL_LIMIT, Program, known_limit
-from distir.ir.types import Device, TensorType
+from distir.ir.types import Device, DType, TensorType
 from distir.ir.values import Value
 
 
@@ -40,25 +40,29 @@ class Converted:
     output_names: tuple[str, ...]
 
 
-def convert(model: OnnxModel, dims: Mapping[str, int], batch: int, device: Device) -> Converted:
+def convert(
+    model: OnnxModel, dims: Mapping[str, int], batch: int, device: Device, floats: DType | None = None
+) -> Converted:
     check_supported(model, supported_ops())
     onnx = require_onnx()
     g = model.graph
-    program = Program(device, known_limit(batch))
+    program = Program(device, known_limit(batch), floats)
     env: dict[str, Value] = {}
     inits = {t.name: t for t in g.initializer}
     _check_dim_names(g, inits, dims)  # first: a misspelt name is why a dim has no size
     inputs = []
     for vi in g.input:
         if vi.name not in inits:
-            env[vi.name] = v = program.param(vi.name, _input_type(vi, dims, batch, device), None)
+            t = _input_type(vi, dims, batch, device)
+            t = TensorType(program.float_type(t.dtype), t.shape, t.device)
+            env[vi.name] = v = program.param(vi.name, t, None)
             inputs.append(v)
     literals: dict[str, tuple[np.ndarray, Any]] = {}
     arrays = {name: onnx.numpy_helper.to_array(t) for name, t in inits.items()}
     transposed = _transposed_copies(arrays)
     for name, t in inits.items():
         arr = arrays[name]
-        dt = dtype_of(t.data_type, f"initializer {name}")
+        dt = program.float_type(dtype_of(t.data_type, f"initializer {name}"))
         if name in transposed:  # made where first used: the weight, transposed
             literals[name] = (arr, _Transposed(transposed[name]))
             continue

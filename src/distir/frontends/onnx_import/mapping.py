@@ -179,7 +179,7 @@ def _gelu(n: Node) -> Sequence[Value]:
 
 @converter("Cast")
 def _cast(n: Node) -> Sequence[Value]:
-    return n.op("Cast", n.input(0), to=dtype_of(int(n.attr("to")), n.where))
+    return n.op("Cast", n.input(0), to=n.program.float_type(dtype_of(int(n.attr("to")), n.where)))
 
 
 @converter("Constant")
@@ -188,9 +188,10 @@ def _constant(n: Node) -> Sequence[Value]:
     a = n.attrs
     if "value" in a:
         t = a["value"]
-        arr, dt = onnx.numpy_helper.to_array(t), dtype_of(t.data_type, n.where)
+        arr, dt = onnx.numpy_helper.to_array(t), n.program.float_type(dtype_of(t.data_type, n.where))
     elif "value_float" in a or "value_floats" in a:
-        arr, dt = np.asarray(a.get("value_float", a.get("value_floats")), np.float32), DType.f32
+        arr = np.asarray(a.get("value_float", a.get("value_floats")), np.float32)
+        dt = n.program.float_type(DType.f32)
     elif "value_int" in a or "value_ints" in a:
         arr, dt = np.asarray(a.get("value_int", a.get("value_ints")), np.int64), DType.i64
     else:
@@ -373,7 +374,8 @@ def _constant_of_shape(n: Node) -> Sequence[Value]:
     if t is None:
         return n.op("ConstantOfShape", n.input(0))
     value = onnx.numpy_helper.to_array(t).reshape(-1)[0].item()
-    return n.op("ConstantOfShape", n.input(0), value=float(value), dtype=dtype_of(t.data_type, n.where))
+    dt = n.program.float_type(dtype_of(t.data_type, n.where))
+    return n.op("ConstantOfShape", n.input(0), value=float(value), dtype=dt)
 
 
 @converter("CumSum")

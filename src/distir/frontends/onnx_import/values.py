@@ -62,6 +62,7 @@ class Program:
 
     device: Device
     known_limit: int = KNOWN_LIMIT
+    floats: DType | None = None  # the dtype the file's floats compute in (None: the file's own)
     params: list[tuple[Value, Param]] = field(default_factory=list)
     ops: list[Op] = field(default_factory=list)
     origin: list[int] = field(default_factory=list)
@@ -71,6 +72,10 @@ class Program:
 
     def __post_init__(self) -> None:
         self.domain = TypeDomain(concrete_limit=self.known_limit)
+
+    def float_type(self, dt: DType) -> DType:
+        """``dt`` as the model computes it: a float dtype the file declares is ``floats``."""
+        return self.floats if self.floats is not None and dt.is_float else dt
 
     def name(self, hint: str) -> str:
         """A unique value name from an ONNX name (characters outside [A-Za-z0-9_.] become _)."""
