@@ -44,7 +44,9 @@ activation read by several linear layers (q, k and v; SwiGLU's two inputs) is ca
 torch.compile's common-subexpression elimination (and torchtitan's ``PrepareFloat8ModuleInput``
 under tensor parallelism) leaves it. The float8 operands are what the backward reads, so they
 are what is saved for it (torchao ``manual_float8_matmul_with_args_in_float8`` saves
-``input_fp8`` and ``weight_fp8_t``). A GPU without FP8 tensor cores cannot run it
+``input_fp8`` and ``weight_fp8_t``); where the checkpointing policy recomputes them instead, each
+pass's cast writes the one layout its products read, and torchtitan's op-level policy, which
+saves the amax, casts again in one pass (``distir.autodiff.reverse``, ``distir.ops.float8``). A GPU without FP8 tensor cores cannot run it
 (``check_devices``). ``fp8-delayed`` is the same with Transformer Engine's delayed scaling
 (llm-foundry's ``amp_fp8`` through ``te.Linear``: the scales from earlier steps' amax history,
 so each cast is one pass over its input; ``distir.ops.float8``). What TE does besides is not
