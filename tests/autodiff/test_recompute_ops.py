@@ -6,6 +6,7 @@ from __future__ import annotations
 from distir.autodiff.reverse import POLICIES, SAVE_PRODUCTS
 from distir.frontends.zoo import build_model
 from distir.hardware.cluster import parse_cluster
+from distir.ir.function import Function
 from distir.ir.ops import Op
 from distir.ir.types import DType
 from distir.parallel.check import check_against_sequential
@@ -53,6 +54,56 @@ def test_ops_saves_every_other_float8_product_as_a_bf16_one() -> None:
         saved = {op.name for op in block.body if isinstance(op, Op) and SAVE_PRODUCTS(op, block)}
         assert saved == {"Attention", "MatMul"}
     assert kept["fp8"] == kept["bf16"] == [True, False, True, False, True, False, True]
+
+
+def _float8_casts(policy: str) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """The attributes of the float8 casts of a Llama block's forward and backward under
+    ``policy``, in program order."""
+    from distir.autodiff.precision import FP8
+    from distir.autodiff.reverse import vjp
+    from distir.autodiff.train import layer_types
+
+    spec = "llama:layers=1,hidden=64,heads=4,kv_heads=2,ffn=96,vocab=64,seq=16"
+    model = FP8.prepare(build_model(spec, 2, DType.bf16))
+    call = model.layers[1]
+    v = vjp(
+        model.module,
+        model.module[call.callee],
+        layer_types(model)[1],
+        range(len(call.inputs)),
+        POLICIES[policy],
+    )
+
+    def casts(fn: Function) -> list[dict[str, object]]:
+        return [dict(op.attrs) for op in fn.ops() if op.name == "Float8Cast"]
+
+    return casts(v.fwd), casts(v.bwd)
+
+
+def test_ops_casts_again_in_one_pass_and_each_pass_writes_one_layout() -> None:
+    """Under torchtitan's op-level checkpointing the backward casts the block's inputs and weights
+    again (11 casts: 4 activations, 7 weights) with the amax the forward saved (``_save_list``
+    holds ``aten.max``), so in one pass; the forward's casts and those write one layout each; the
+    gradient's casts (E5M2, one per product) write both and take their amax."""
+    fwd, bwd = _float8_casts("ops")
+    assert len(fwd) == 11 and all(a.get("layouts") == 1 and "scaling" not in a for a in fwd)
+    again = [a for a in bwd if a["to"] is DType.f8e4m3]
+    grads = [a for a in bwd if a["to"] is DType.f8e5m2]
+    assert len(again) == 11 and all(
+        a == {"to": DType.f8e4m3, "layouts": 1, "scaling": "saved"} for a in again
+    )
+    assert len(grads) == 7 and all(a == {"to": DType.f8e5m2} for a in grads)
+
+
+def test_full_checkpointing_casts_again_with_a_fresh_amax_and_saving_all_casts_once() -> None:
+    """Full checkpointing saves no amax: the backward's casts take theirs again (two passes),
+    one layout each; saving everything, the forward's casts write both layouts and the backward
+    casts only the gradients."""
+    fwd, bwd = _float8_casts("full")
+    assert all(a.get("layouts") == 1 and "scaling" not in a for a in fwd + bwd if a["to"] is DType.f8e4m3)
+    fwd, bwd = _float8_casts("none")
+    assert len(fwd) == 11 and all(a == {"to": DType.f8e4m3} for a in fwd)
+    assert [a["to"] for a in bwd] == [DType.f8e5m2] * 7
 
 
 def test_ops_memory_lies_between_selective_and_full() -> None:

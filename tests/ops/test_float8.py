@@ -91,6 +91,24 @@ def test_float8_cast_costs_its_passes_and_both_layouts() -> None:
     )
 
 
+def test_a_cast_run_again_writes_one_layout_and_reads_once_with_its_saved_amax() -> None:
+    """A cast the backward runs again writes one layout in each pass; with the forward's amax
+    saved (``scaling=saved``) it reads X once, to the same values; TE's casts keep both layouts."""
+    from distir.ops.float8 import one_layout, recomputed
+
+    ins, outs = [T(BF16, 64, 128)], [T(E4M3, 64, 128)]
+    n = 64 * 128
+    dynamic, delayed = Attrs({"to": E4M3}), Attrs({"to": E4M3, "scaling": "delayed"})
+    fwd, again = one_layout(dynamic), recomputed(dynamic, amax_saved=True)
+    assert (CAST.bytes_read(ins, outs, fwd), CAST.bytes_written(ins, outs, fwd)) == (2 * 2 * n, n)
+    assert (CAST.bytes_read(ins, outs, again), CAST.bytes_written(ins, outs, again)) == (2 * n, n)
+    full = recomputed(dynamic, amax_saved=False)  # full checkpointing: the amax taken again
+    assert (CAST.bytes_read(ins, outs, full), CAST.bytes_written(ins, outs, full)) == (2 * 2 * n, n)
+    assert one_layout(delayed) == recomputed(delayed, amax_saved=True) == delayed
+    x = np.linspace(-3, 5, 12, dtype=np.float32)
+    np.testing.assert_array_equal(CAST.reference([x], again)[0], CAST.reference([x], dynamic)[0])
+
+
 @pytest.mark.parametrize(("scaling", "per_element"), [("dynamic", 2 * 2 + 2), ("delayed", 2 + 2)])
 def test_float8_cast_is_a_memory_bound_kernel_on_h100(scaling: str, per_element: int) -> None:
     """launch + its bytes per element over 80% of the HBM bandwidth."""

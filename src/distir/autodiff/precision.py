@@ -32,8 +32,8 @@ optimizer state: K = 12 bytes per parameter), cast the shard and all-gather the 
 sharded and gathers the low-precision copy right before each use (DeepSpeed ZeRO-3 gathers fp16 /
 bf16 parameters, never fp32 masters).
 
-**FP8** (``fp8``: mixed precision whose linear layers multiply in float8, as torchtitan's
-float8 training runs torchao's ``Float8Linear`` with dynamic tensorwise scaling;
+**FP8** (``fp8``: mixed precision whose linear layers multiply in float8, as torchtitan's float8
+training runs torchao's ``Float8Linear`` with dynamic tensorwise scaling;
 ``with_float8_linears``): every matrix product of an activation by a weight in every layer but
 the last two (the head, the output projection torchtitan leaves in bf16 with
 ``module_filter_fn=lambda mod, fqn: fqn != "output"``, and the loss) multiplies float8 operands:
@@ -44,12 +44,15 @@ activation read by several linear layers (q, k and v; SwiGLU's two inputs) is ca
 torch.compile's common-subexpression elimination (and torchtitan's ``PrepareFloat8ModuleInput``
 under tensor parallelism) leaves it. The float8 operands are what the backward reads, so they
 are what is saved for it (torchao ``manual_float8_matmul_with_args_in_float8`` saves
-``input_fp8`` and ``weight_fp8_t``). A GPU without FP8 tensor cores cannot run it
-(``check_devices``). ``fp8-delayed`` is the same with Transformer Engine's delayed scaling
-(llm-foundry's ``amp_fp8`` through ``te.Linear``: the scales from earlier steps' amax history,
-so each cast is one pass over its input; ``distir.ops.float8``). What TE does besides is not
-modelled: its cast of the LayerNorm output fused into ``LayerNormLinear`` (llm-foundry's MPT
-uses plain ``te.Linear``), its amax history update and reduction once per step.
+``input_fp8`` and ``weight_fp8_t``); where the checkpointing policy recomputes them instead,
+each pass's cast writes the one layout its products read, and torchtitan's op-level policy,
+which saves the amax, casts again in one pass (``distir.autodiff.reverse``,
+``distir.ops.float8``). A GPU without FP8 tensor cores cannot run it (``check_devices``).
+``fp8-delayed`` is the same with Transformer Engine's delayed scaling (llm-foundry's ``amp_fp8``
+through ``te.Linear``: the scales from earlier steps' amax history, so each cast is one pass
+over its input; ``distir.ops.float8``). What TE does besides is not modelled: its cast of the
+LayerNorm output fused into ``LayerNormLinear`` (llm-foundry's MPT uses plain ``te.Linear``),
+its amax history update and reduction once per step.
 
 The reference executor computes bf16 in float32 (``DType.to_numpy``); ``Cast`` to bf16 rounds to
 the bf16 grid (round to nearest even), so masters, compute copies and the gradients entering

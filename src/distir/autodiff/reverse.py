@@ -71,11 +71,12 @@ from distir.interp.loop import interpret
 from distir.interp.shapes import TypeDomain, flat_types, type_of
 from distir.ir.builder import FunctionBuilder
 from distir.ir.function import Function, Module
-from distir.ir.ops import Call, Op
+from distir.ir.ops import Call, Instr, Op
 from distir.ir.printer import print_op
 from distir.ir.rewrite import ValueMap, copy_instr, eliminate_dead_code
 from distir.ir.types import TensorType, Type
 from distir.ir.values import Value
+from distir.ops import float8
 from distir.ops.elementwise import STOP_GRADIENT
 from distir.ops.float8 import FLOAT8_CAST
 from distir.ops.gradrules import NotDifferentiableError
@@ -219,6 +220,13 @@ def SAVE_PRODUCTS_EAGER(op: Op, fn: Function) -> bool:
 # (module docstring); the others save only what the backward reads, as autograd does
 CACHING_POLICIES: frozenset[RecomputePolicy] = frozenset({SAVE_PRODUCTS_EAGER})
 
+# policies that save each float8 cast's amax, so the backward casts again in one pass
+# (``Float8Cast(scaling=saved)``): torchtitan's ``_save_list`` (9dec370,
+# ``parallelize_llama.py``) holds ``aten.abs`` and ``aten.max`` ("for low precision training,
+# it's useful to always save the result of max(abs(tensor))"), and torchao's dynamic scale is
+# ``max(abs(x))`` (eab345c ``float8_utils.py`` ``tensor_to_amax``)
+AMAX_SAVING_POLICIES: frozenset[RecomputePolicy] = frozenset({SAVE_PRODUCTS, SAVE_PRODUCTS_EAGER})
+
 
 POLICIES: dict[str, RecomputePolicy] = {
     "none": SAVE_ALL,
@@ -267,6 +275,7 @@ class _Ctx:
         self.params = set(fn.params)
         self.saved: list[Value] = []  # forward values saved, in order of first use
         self.bwd_of: dict[Value, Value] = {}  # forward value -> its backward stand-in
+        self.recast: set[Op] = set()  # the forward's float8 casts the backward runs again
 
     def op(self, name: str, *inputs: Value, n_out: int | None = None, **attrs: object) -> tuple[Value, ...]:
         extra: dict[str, Any] = attrs
@@ -291,7 +300,11 @@ class _Ctx:
             return got
         assert op is not None
         ins = [self.primal(x) for x in op.inputs]
-        outs = self.fb.emit(op.name, ins, op.attrs, [o.name for o in op.outputs])
+        attrs = op.attrs
+        if op.name == FLOAT8_CAST.name:  # run again: one layout, the saved amax (float8 module)
+            self.recast.add(op)
+            attrs = float8.recomputed(attrs, self.policy in AMAX_SAVING_POLICIES)
+        outs = self.fb.emit(op.name, ins, attrs, [o.name for o in op.outputs])
         for o, n in zip(op.outputs, outs, strict=True):
             self.bwd_of[o] = n
         return self.bwd_of[v]
@@ -410,7 +423,7 @@ def vjp(
     fwd = Function(
         f"{base}_fwd",
         fwd_params,
-        tuple(copy_instr(i, vmap) for i in fn.body),
+        tuple(_forward_copy(i, vmap, ctx.recast) for i in fn.body),
         tuple(vmap(v) for v in (*fn.outputs, *residuals)),
     )
     return VJP(
@@ -422,6 +435,15 @@ def vjp(
         tuple(active_outputs),
         tuple(wrt),
     )
+
+
+def _forward_copy(instr: Instr, vmap: ValueMap, recast: set[Op]) -> Instr:
+    """``instr`` copied into the forward function; a float8 cast the backward runs again
+    writes one layout there (``distir.ops.float8``)."""
+    got = copy_instr(instr, vmap)
+    if instr in recast and isinstance(got, Op):
+        return Op(got.name, got.inputs, got.outputs, float8.one_layout(got.attrs))
+    return got
 
 
 def _hold_cached(ctx: _Ctx, fn: Function, active: set[Value]) -> frozenset[Value]:

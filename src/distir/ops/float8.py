@@ -8,17 +8,26 @@ scale, ``scale = FP8_MAX / max|x|`` over the whole tensor (``tensor_to_scale``),
 multiplies the float8 operands on the FP8 tensor cores (``torch._scaled_mm``; MatMul of two
 float8 operands, ``distir.ops.linalg``), the product coming out in bf16.
 
-``Float8Cast(x; to=f8e4m3|f8e5m2, scaling=dynamic|delayed)`` is that cast. With ``dynamic``
-scaling (torchao's) it is two memory-bound passes over ``x``: the amax reduction reads it, the
-scaled cast reads it again. With ``delayed`` scaling (Transformer Engine's ``DelayedScaling``,
-llm-foundry's ``amp_fp8``) the scale comes from the amax history of earlier steps, so one pass
-reads ``x``, records its amax and casts (TE's ``fp8_cast_transpose_fused``). Either way the
-cast writes two bytes per element: the float8 tensor in both layouts, because Hopper's FP8
-GEMMs take only row-major first and column-major second operands (torchao eab345c,
-``float8_ops.py`` ``preprocess_addmm``: ``b_data.t().contiguous().t()``), and every float8
-operand is read in the other layout by one of the three products of its linear layer (the
-input by the weight gradient, the weight by the input gradient, the gradient by the weight
-gradient): TE writes both in its cast, torch.compile fuses torchao's copy into it. Two FLOPs
+``Float8Cast(x; to=f8e4m3|f8e5m2, scaling=dynamic|delayed|saved, layouts=2|1)`` is that
+cast. With ``dynamic`` scaling (torchao's) it is two memory-bound passes over ``x``: the amax
+reduction reads it, the scaled cast reads it again. With ``delayed`` scaling (Transformer
+Engine's ``DelayedScaling``, llm-foundry's ``amp_fp8``) the scale comes from the amax history of
+earlier steps, so one pass reads ``x``, records its amax and casts (TE's
+``fp8_cast_transpose_fused``). ``saved`` is a dynamic cast run again in the backward whose amax
+the forward saved (torchtitan's selective checkpointing saves ``aten.max``'s result:
+``distir.autodiff.reverse``): one pass, the same values. The cast writes ``layouts`` bytes per
+element: by default the float8 tensor in both layouts, because Hopper's FP8 GEMMs take only
+row-major first and column-major second operands (torchao eab345c, ``float8_ops.py``
+``preprocess_addmm``: ``b_data.t().contiguous().t()``), and every float8 operand is read in the
+other layout by one of the three products of its linear layer (the input by the weight
+gradient, the weight by the input gradient, the gradient by the weight gradient): TE writes
+both in its cast, torch.compile fuses torchao's copy into it. A cast that the backward runs
+again instead of saving writes one layout in each pass (``layouts=1``): the forward's products
+read the input and the weight as they come (``x @ w.t()``, torchao's
+``manual_float8_matmul_with_args_in_float8.forward``), the backward's only the other layout (the
+input by the weight gradient, the weight by the input gradient), which Inductor writes in the
+recomputed cast's one kernel; the gradient's cast, read by both backward products, writes both.
+Two FLOPs
 per element (the abs-max, the scaling); the scale itself is a scalar beside the tensor
 (torchao's ``Float8Tensor._scale``), whose 4 bytes the types do not count, as they do not
 count the second layout (memory holds one). Under tensor parallelism the amax of a sharded
@@ -47,7 +56,7 @@ import numpy as np
 from distir.ir.ops import Op
 from distir.ir.types import DType, Type
 from distir.ir.values import Attrs, Value
-from distir.ops._rules import numel
+from distir.ops._rules import int_attr, numel
 from distir.ops.gradrules import GradCtx, first
 from distir.ops.linalg import DYNAMIC_SCALING, FLOAT8_PRODUCT, FLOAT8_SCALINGS
 from distir.ops.registry import AttrSpec, CostClass, OpDef, TypeCtx, register
@@ -105,19 +114,39 @@ def _float8_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     return ((round_to_float8(x * np.float32(scale), to) / np.float32(scale)).astype(np.float32),)
 
 
-SCALINGS = FLOAT8_SCALINGS
-"""How a cast finds its scale: from this tensor's amax (torchao) or earlier steps' (TE)."""
+SAVED_SCALING = "saved"
+SCALINGS = (*FLOAT8_SCALINGS, SAVED_SCALING)
+"""How a cast finds its scale: from this tensor's amax (torchao), earlier steps' (TE), or the
+amax its forward saved (a dynamic cast run again in the backward)."""
+LAYOUTS = (2, 1)
+"""The layouts a cast writes: both (the default), or one (a cast the backward runs again)."""
+
+
+def recomputed(attrs: Attrs, amax_saved: bool) -> Attrs:
+    """The attributes of a cast the backward runs again (module docstring): one layout, and,
+    when the checkpointing policy saved the forward's amax (``amax_saved``), a dynamic scale
+    taken from it."""
+    saved = amax_saved and attrs.get("scaling", DYNAMIC_SCALING) == DYNAMIC_SCALING
+    return Attrs({**one_layout(attrs), **({"scaling": SAVED_SCALING} if saved else {})})
+
+
+def one_layout(attrs: Attrs) -> Attrs:
+    """A torchao cast (dynamic scaling) writing one layout: its result is not saved for the
+    backward, which casts again (module docstring). TE's casts (``delayed``) write both."""
+    if attrs.get("scaling", DYNAMIC_SCALING) == "delayed":
+        return attrs
+    return Attrs({**attrs, "layouts": 1})
 
 
 def _float8_bytes_read(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
-    """Dynamic: two passes over the input (the amax reduction, then the scaled cast); delayed:
-    one."""
+    """Dynamic: two passes over the input (the amax reduction, then the scaled cast); delayed
+    or saved: one."""
     return (2.0 if attrs.get("scaling", DYNAMIC_SCALING) == DYNAMIC_SCALING else 1.0) * ins[0].nbytes
 
 
 def _float8_bytes_written(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
-    """The float8 tensor in both layouts (module docstring)."""
-    return 2.0 * outs[0].nbytes
+    """The float8 tensor in ``layouts`` layouts (module docstring)."""
+    return int_attr(attrs, "layouts", 2) * outs[0].nbytes
 
 
 def _float8_flops(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
@@ -133,15 +162,20 @@ FLOAT8_CAST = register(
         inputs=("X",),
         outputs=("Y",),
         infer=_float8_rule,
-        attrs={"to": AttrSpec("dtype"), "scaling": AttrSpec("str", DYNAMIC_SCALING, SCALINGS)},
+        attrs={
+            "to": AttrSpec("dtype"),
+            "scaling": AttrSpec("str", DYNAMIC_SCALING, SCALINGS),
+            "layouts": AttrSpec("int", 2, LAYOUTS),
+        },
         reference=_float8_ref,
         flops=_float8_flops,
         bytes_read=_float8_bytes_read,
         bytes_written=_float8_bytes_written,
         doc="Tensorwise scaling to float8: scale = FP8_MAX/amax, X·scale rounded and saturated "
         "to ``to``; held as the values it stands for. Dynamic (torchao): amax over X, two "
-        "passes over X; delayed (Transformer Engine): amax from earlier steps, one pass. "
-        "Writes both layouts (Hopper's FP8 GEMM operand order).",
+        "passes over X; delayed (Transformer Engine): amax from earlier steps, one pass; saved: "
+        "a dynamic cast run again with the forward's amax, one pass. Writes ``layouts`` "
+        "layouts: both (Hopper's FP8 GEMM operand order) or one (a cast the backward runs again).",
         sharding=pointwise(),
     )
 )
