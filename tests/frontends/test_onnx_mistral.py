@@ -87,8 +87,13 @@ def test_a_mistral_export_imports_with_windowed_attention_and_matches_onnxruntim
     ops = [i for f in imp.module.functions for i in f.body if isinstance(i, Op)]
     attention = [op for op in ops if op.name == "Attention"]
     assert len(attention) == 1 and attention[0].attrs.get("window") == WINDOW  # in @block, called 3 times
-    assert not {"Softmax", "IsNaN"} & {op.name for op in ops}
-    assert {"Sin", "Cos", "Reciprocal"} <= {op.name for op in ops}
+    names = {op.name for op in ops}
+    assert not {"Softmax", "IsNaN", "Expand", "Reciprocal", "Pow"} & names  # repeat_kv and RMSNorm fused
+    assert {"Sin", "Cos", "RMSNormalization"} <= names
+    typed = [i for f in distir.check(imp.module).functions for i in f.body if isinstance(i, Op)]
+    (fused,) = [op for op in typed if op.name == "Attention"]
+    heads = [v.type.shape[2] for v in fused.inputs]  # type: ignore[union-attr]
+    assert heads == [4, 2, 2]  # the keys and values as the 2 kv heads hold them (GQA), not repeated
     ids = np.random.default_rng(0).integers(0, 50, (4, 8))
     got = run_reference(distir.check(imp.module), imp.arguments({"input_ids": ids}))
     sess = ort.InferenceSession(mistral.read_bytes(), providers=["CPUExecutionProvider"])

@@ -39,6 +39,8 @@ from distir.frontends.onnx_import.gelu import fuse_gelu_tanh
 from distir.frontends.onnx_import.mapping import supported_ops
 from distir.frontends.onnx_import.placements import weight_placements
 from distir.frontends.onnx_import.reader import OnnxImportError, OnnxModel, read_model
+from distir.frontends.onnx_import.rmsnorm import fuse_rms_norm
+from distir.frontends.onnx_import.silu import fuse_silu
 from distir.frontends.onnx_import.values import Param
 from distir.ir.dtensor import Placement
 from distir.ir.function import Function, Module
@@ -114,6 +116,8 @@ def import_onnx(
     conv = convert(model, dims or {}, batch, device, dtype)
     causal = fuse_attention(conv.program, conv.outputs, causal_at)
     fuse_gelu_tanh(conv.program, conv.outputs)
+    fuse_rms_norm(conv.program, conv.outputs)
+    fuse_silu(conv.program, conv.outputs)
     scopes = [scopes_of(n) for n in model.graph.node]
     tp = tuple(weight_placements(conv.program, scopes).items())
     if layers:

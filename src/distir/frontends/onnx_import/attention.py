@@ -272,13 +272,34 @@ def _rewrite(
             program.origin.append(k)
             continue
         where = f"node #{k} (attention)"
-        q, key, v = (_bshd(program, subst.get(x, x), made, k, where) for x in (c.q, c.k, c.v))
+        q = _bshd(program, subst.get(c.q, c.q), made, k, where)
+        key, v = (
+            _bshd(program, _unrepeated(program, subst.get(x, x), made), made, k, where) for x in (c.k, c.v)
+        )
         attrs = {"causal": c.causal, "scale": c.scale} | ({"window": c.window} if c.window else {})
         o, _ = program.emit("Attention", (q, key, v), attrs, ["attention", "lse"], k, where)
         (out,) = program.emit("Transpose", (o,), {"perm": BHSD}, [op.outputs[0].name], k, where)
         subst[op.outputs[0]] = out
         back[out] = o
     program.drop_dead(tuple(subst.get(v, v) for v in outputs))
+
+
+def _unrepeated(program: Program, x: Value, made: dict[Value, Op]) -> Value:
+    """The (B, h_kv, S, d) keys or values that ``x`` (B, h, S, d) repeats per query group, as
+    Hugging Face's ``repeat_kv`` writes it (``Unsqueeze`` at dim 2, ``Expand`` of that dim to
+    h / h_kv, ``Reshape`` merging it into the heads), else ``x``: the fused attention reads the
+    groups' keys and values itself (GQA), as the trainers' kernels do."""
+    reshape = made.get(x)
+    expand = made.get(reshape.inputs[0]) if reshape is not None and reshape.name == "Reshape" else None
+    unsq = made.get(expand.inputs[0]) if expand is not None and expand.name == "Expand" else None
+    if unsq is None or unsq.name != "Unsqueeze" or unsq.attrs.get("axes") not in ((2,), [2]):
+        return x
+    kv, out = program.type(unsq.inputs[0]), program.type(x)
+    b, hk, s, d = kv.shape if kv.rank == 4 else (0, 0, 0, 0)
+    repeated = program.type(expand.outputs[0]).shape  # type: ignore[union-attr]
+    if kv.rank != 4 or hk == 0 or out.shape[1] % hk or repeated != (b, hk, out.shape[1] // hk, s, d):
+        return x
+    return x if out.shape != (b, out.shape[1], s, d) else unsq.inputs[0]
 
 
 def _bshd(program: Program, x: Value, made: dict[Value, Op], k: int, where: str) -> Value:

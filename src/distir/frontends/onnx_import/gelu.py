@@ -10,8 +10,7 @@ whose intermediate is read elsewhere, or whose constants differ, stays as writte
 
 from __future__ import annotations
 
-import math
-
+from distir.frontends.onnx_import.chains import scalar, scalar_operand
 from distir.frontends.onnx_import.values import Program
 from distir.ir.ops import Op
 from distir.ir.values import Value
@@ -19,7 +18,6 @@ from distir.ops._special import GELU_TANH_COEFF, GELU_TANH_ROOT
 
 # the formula's other constants; float32 exporters round them all (0.044715 -> 0.044714998...)
 HALF, CUBE, ONE = 0.5, 3.0, 1.0
-RTOL = 1e-6
 
 
 def fuse_gelu_tanh(program: Program, outputs: tuple[Value, ...]) -> None:
@@ -47,8 +45,8 @@ def _gelu_input(program: Program, last: Op, made: dict[Value, Op], uses: dict[Va
     if last.name != "Mul" or len(last.inputs) != 2:
         return None
     for half, one in (last.inputs, last.inputs[::-1]):
-        x = _scalar_operand(program, half, "Mul", HALF, made, uses)
-        t = _scalar_operand(program, one, "Add", ONE, made, uses)
+        x = scalar_operand(program, half, "Mul", HALF, made, uses)
+        t = scalar_operand(program, one, "Add", ONE, made, uses)
         if x is not None and t is not None and _tanh_of_inner(program, t, x, made, uses):
             return x
     return None
@@ -61,32 +59,11 @@ def _tanh_of_inner(
     tanh = made.get(t)
     if tanh is None or tanh.name != "Tanh" or uses.get(t) != 1:
         return False
-    inner = _scalar_operand(program, tanh.inputs[0], "Mul", GELU_TANH_ROOT, made, uses)
+    inner = scalar_operand(program, tanh.inputs[0], "Mul", GELU_TANH_ROOT, made, uses)
     add = made.get(inner) if inner is not None else None
     if add is None or add.name != "Add" or x not in add.inputs:
         return False
     term = add.inputs[1] if add.inputs[0] is x else add.inputs[0]
-    cube = _scalar_operand(program, term, "Mul", GELU_TANH_COEFF, made, uses)
+    cube = scalar_operand(program, term, "Mul", GELU_TANH_COEFF, made, uses)
     p = made.get(cube) if cube is not None else None
-    return p is not None and p.name == "Pow" and p.inputs[0] is x and _scalar(program, p.inputs[1], CUBE)
-
-
-def _scalar_operand(
-    program: Program, v: Value, name: str, value: float, made: dict[Value, Op], uses: dict[Value, int]
-) -> Value | None:
-    """The tensor operand of ``v = name(tensor, value)`` (either order), read by one op only."""
-    op = made.get(v)
-    if op is None or op.name != name or len(op.inputs) != 2 or uses.get(v) != 1:
-        return None
-    a, b = op.inputs
-    for t, c in ((a, b), (b, a)):
-        if program.known(t) is None and _scalar(program, c, value):
-            return t
-    return None
-
-
-def _scalar(program: Program, v: Value, value: float) -> bool:
-    known = program.known(v)
-    return (
-        known is not None and known.size == 1 and math.isclose(float(known.reshape(())), value, rel_tol=RTOL)
-    )
+    return p is not None and p.name == "Pow" and p.inputs[0] is x and scalar(program, p.inputs[1], CUBE)

@@ -103,8 +103,11 @@ class Program:
         names: Sequence[str],
         origin: int,
         where: str,
+        results: Sequence[Value] = (),
     ) -> tuple[Value, ...]:
-        """Append op ``name`` and type it; a rule's rejection is an error naming ``where``."""
+        """Append op ``name`` and type it; a rule's rejection is an error naming ``where``.
+        ``results``: the values it makes (those of the ops it replaces), else new ones named
+        after ``names``."""
         d = REGISTRY[name]
         try:
             a = Attrs(attrs)
@@ -112,12 +115,12 @@ class Program:
             n = d.num_outputs(len(inputs), a)
             if n >= 0 and n != len(names):
                 raise OnnxImportError(f"{where}: {name} gives {n} results, the node has {len(names)}")
-            outs = tuple(Value(self.name(h)) for h in names)
+            outs = tuple(results) or tuple(Value(self.name(h)) for h in names)
             op = Op(name, tuple(inputs), outs, a)
-            results = self.domain.op(op, [self.state[v] for v in inputs])
+            typed = self.domain.op(op, [self.state[v] for v in inputs])
         except (OpTypeError, OpSignatureError) as e:
             raise OnnxImportError(f"{where}: {name}: {e}") from None
-        for v, r in zip(outs, results, strict=True):
+        for v, r in zip(outs, typed, strict=True):
             self.state[v] = r
         self.ops.append(op)
         self.origin.append(origin)

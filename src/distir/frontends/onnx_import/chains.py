@@ -1,0 +1,33 @@
+"""Matching chains of elementwise ops on scalar constants in an imported program (the
+formulas an exporter writes out: GELU's tanh approximation, RMSNorm)."""
+
+from __future__ import annotations
+
+import math
+
+from distir.frontends.onnx_import.values import Program
+from distir.ir.ops import Op
+from distir.ir.values import Value
+
+RTOL = 1e-6  # float32 exporters round the formulas' constants (0.044715 -> 0.044714998...)
+
+
+def scalar_operand(
+    program: Program, v: Value, name: str, value: float, made: dict[Value, Op], uses: dict[Value, int]
+) -> Value | None:
+    """The tensor operand of ``v = name(tensor, value)`` (either order), read by one op only."""
+    op = made.get(v)
+    if op is None or op.name != name or len(op.inputs) != 2 or uses.get(v) != 1:
+        return None
+    a, b = op.inputs
+    for t, c in ((a, b), (b, a)):
+        if program.known(t) is None and scalar(program, c, value):
+            return t
+    return None
+
+
+def scalar(program: Program, v: Value, value: float) -> bool:
+    known = program.known(v)
+    return (
+        known is not None and known.size == 1 and math.isclose(float(known.reshape(())), value, rel_tol=RTOL)
+    )
