@@ -1,7 +1,7 @@
 """A Mistral export (``torch.onnx.export(dynamo=True)`` of transformers' MistralForCausalLM) as
-a model: RMSNorm's ``Reciprocal``, RoPE's ``Sin``/``Cos`` (each block making the tables from the
-frequencies), GQA's ``repeat_kv`` (an ``Expand`` of the whole batch, made batch-free) and the
-sliding window's banded mask (fused as ``Attention(window=W)``) import; the result matches
+a model: its written-out RMSNorm, SiLU and rotary embedding fuse as ``RMSNormalization``,
+``Silu`` and ``Rope``, GQA's ``repeat_kv`` is read by the fused attention as the kv heads hold
+it, and the sliding window's banded mask fuses as ``Attention(window=W)``; the result matches
 onnxruntime, and replicas, microbatches, tensor parallelism and pipeline stages equal the
 sequential step."""
 
@@ -81,15 +81,16 @@ def test_a_mistral_export_imports_with_windowed_attention_and_matches_onnxruntim
     from distir.interp.reference import run_reference
 
     imp = import_onnx(str(mistral), dims={"seq": 8}, batch=4)
-    # the rotary tables made in each block from the frequencies, not passed along from @pre
+    # the rotary embedding fused (its frequencies an attribute, no longer a weight), so no value
+    # passes from @pre to the blocks but the activations
     assert imp.layers == ("pre", "block", "block", "block", "post"), imp.note
-    assert imp.shared == ("m.model.rotary_emb.inv_freq",)
+    assert imp.shared == () and all("inv_freq" not in w.name for w in imp.weights)
     ops = [i for f in imp.module.functions for i in f.body if isinstance(i, Op)]
     attention = [op for op in ops if op.name == "Attention"]
     assert len(attention) == 1 and attention[0].attrs.get("window") == WINDOW  # in @block, called 3 times
     names = {op.name for op in ops}
-    assert not {"Softmax", "IsNaN", "Expand", "Reciprocal", "Pow"} & names  # repeat_kv and RMSNorm fused
-    assert {"Sin", "Cos", "RMSNormalization"} <= names
+    assert not {"Softmax", "IsNaN", "Expand", "Reciprocal", "Pow", "Sin", "Cos", "Neg", "Sigmoid"} & names
+    assert {"Rope", "RMSNormalization", "Silu"} <= names  # RoPE, RMSNorm, SiLU and repeat_kv fused
     typed = [i for f in distir.check(imp.module).functions for i in f.body if isinstance(i, Op)]
     (fused,) = [op for op in typed if op.name == "Attention"]
     heads = [v.type.shape[2] for v in fused.inputs]  # type: ignore[union-attr]
@@ -110,10 +111,9 @@ def test_a_mistral_export_imports_with_windowed_attention_and_matches_onnxruntim
 def test_a_mistral_export_split_over_replicas_and_microbatches_equals_the_sequential_step(
     mistral: Path, strategy: str
 ) -> None:
-    """Its repeat_kv Expand is batch-free, the positions every device computes from constants
-    are replicated where a sharded op needs them (``Redistribute(x, like)``), its weights are
-    split as their modules' names say, and the rotary frequencies every block reads are one
-    weight on three pipeline stages (their gradients summed, each stage taking the same step)."""
+    """Its positions every device computes from constants are replicated where a sharded op
+    needs them (``Redistribute(x, like)``), and its weights are split as their modules' names
+    say."""
     from distir.parallel.check import check_against_sequential
 
     model = load_file(f"{mistral}:seq=8", 4)

@@ -40,6 +40,7 @@ from distir.frontends.onnx_import.mapping import supported_ops
 from distir.frontends.onnx_import.placements import weight_placements
 from distir.frontends.onnx_import.reader import OnnxImportError, OnnxModel, read_model
 from distir.frontends.onnx_import.rmsnorm import fuse_rms_norm
+from distir.frontends.onnx_import.rope import fuse_rope
 from distir.frontends.onnx_import.silu import fuse_silu
 from distir.frontends.onnx_import.values import Param
 from distir.ir.dtensor import Placement
@@ -114,6 +115,7 @@ def import_onnx(
     computes in, every float the file declares taken as it (None: the file's own)."""
     model = source if isinstance(source, OnnxModel) else read_model(source)
     conv = convert(model, dims or {}, batch, device, dtype)
+    fuse_rope(conv.program, conv.outputs)
     causal = fuse_attention(conv.program, conv.outputs, causal_at)
     fuse_gelu_tanh(conv.program, conv.outputs)
     fuse_rms_norm(conv.program, conv.outputs)
