@@ -106,18 +106,27 @@ def test_a_mistral_export_imports_with_windowed_attention_and_matches_onnxruntim
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy",
-    ["d2.t1.p1.k2.1f1b", "d2.t2.p1.k1.1f1b", "d1.t1.p2.k2.1f1b", "d1.t2.p2.k2.1f1b", "d1.t1.p3.k4.1f1b"],
+    [
+        "d2.t1.p1.k2.1f1b",
+        "d2.t2.p1.k1.1f1b",
+        "d1.t1.p2.k2.1f1b",
+        "d1.t2.p2.k2.1f1b",
+        "d1.t1.p3.k4.1f1b",
+        "d2.t2.sp.p1.k2.1f1b",
+        "d1.t2.sp.p2.k2.1f1b",
+    ],
 )
 def test_a_mistral_export_split_over_replicas_and_microbatches_equals_the_sequential_step(
     mistral: Path, strategy: str
 ) -> None:
     """Its positions every device computes from constants are replicated where a sharded op
-    needs them (``Redistribute(x, like)``), and its weights are split as their modules' names
-    say."""
+    needs them (``Redistribute(x, like)``), its weights are split as their modules' names say,
+    and sequence parallelism splits its activations along dim 1."""
     from distir.parallel.check import check_against_sequential
 
     model = load_file(f"{mistral}:seq=8", 4)
     assert model.fixed_batch is None, model.fixed_by
+    assert model.seq_dim == 1  # tokens in, logits out: sequence parallelism splits dim 1
     cmp = check_against_sequential(model, parse_strategy(strategy))
     assert cmp.max_rel_diff < 1e-4, f"{cmp.worst} differs by {cmp.max_rel_diff:.2e}"
 

@@ -6,13 +6,15 @@ the last dim, summed and scaled by 1/(number of labels) (the zoo's vocabulary-pa
 ``token_loss_fn``).
 
 Weights take the tensor-parallel placements the modules reading them call for (``placements``;
-the logits then reach the loss sharded on the vocabulary where the head is). What the contract
-cannot get from an ONNX graph is left at what is safe: no sequence dim, random-input ranges of
-integer inputs set to the number of classes (token ids below the vocabulary). The layers take the sizes
-an export computes as constants of the imported batch (``assemble``); with the same file
-imported at another batch (``other``: 1, or 2 for a batch of 1), a Reshape target that follows
-the batch (one size, in proportion to it) becomes batch-free, that size copied from the input
-(``0``) or inferred (``-1``), so microbatches and replicas run the layers at their own share.
+the logits then reach the loss sharded on the vocabulary where the head is); a token model
+split into layers has its sequence at dim 1 of the activations (``Model.seq_dim``), so sequence
+parallelism splits it. What the contract cannot get from an ONNX graph is left at what is safe:
+random-input ranges of integer inputs set to the number of classes (token ids below the
+vocabulary). The layers take the sizes an export computes as constants of the imported batch
+(``assemble``); with the same file imported at another batch (``other``: 1, or 2 for a batch
+of 1), a Reshape target that follows the batch (one size, in proportion to it) becomes
+batch-free, that size copied from the input (``0``) or inferred (``-1``), so microbatches and
+replicas run the layers at their own share.
 What cannot be written so (a mask or Range computed from the batch, several sizes moving, a
 static export whose folded sizes do not type at another batch) fixes the batch:
 ``Model.fixed_batch``, and ``fixed_by`` names it; such a model runs at that batch only, without
@@ -100,6 +102,7 @@ def to_model(
         fixed_by=folds.fixed_by,
         fixed_advice=advice,
         loss_input_tp=_loss_input(layers, weights, logits),
+        seq_dim=_seq_dim(imp, logits),
     )
     try:
         check_model(model)
@@ -148,6 +151,15 @@ def _entry(
     loss = token_loss_fn(classes, math.prod(items))
     (prev,) = fb.call(loss, prev, vals[label], names=["loss"])
     return (loss, fb.ret(prev)), inputs, weights
+
+
+def _seq_dim(imp: OnnxImport, logits: TensorType) -> int | None:
+    """1 for a token model split into layers (ids (B, S) in, logits (B, S, V) out: the
+    activations between its layers are (B, S, hidden)), as the PyTorch importer has it; else
+    None (no sequence parallelism)."""
+    ids = imp.inputs[0].type
+    token = ids.rank == 2 and logits.rank == 3 and logits.shape[1] == ids.shape[1]
+    return 1 if token and imp.layers else None
 
 
 def _loss_input(layers: list[Call], weights: list[WeightSpec], logits: TensorType) -> Placement:
