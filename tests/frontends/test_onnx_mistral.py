@@ -191,3 +191,16 @@ def test_a_mistral_export_computes_in_the_dtype_asked_and_trains_in_mixed_precis
     assert got.exit_code == 0, got.output
     out = json.loads(got.output)
     assert (out["dtype"], out["precision"]) == ("bf16", "mixed")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_the_fusions_hold_in_a_half_dtype(mistral: Path, dtype: str) -> None:
+    """Taken as f16, the formulas' constants and the positions round (to about 1e-3): the
+    fusions still find RMSNorm, SiLU and the rotary embedding, as in f32."""
+    from distir.ir.types import DType
+
+    model = load_file(f"{mistral}:seq=8", 4, DType(dtype))
+    names = {i.name for f in model.module.functions for i in f.body if isinstance(i, Op)}
+    assert {"RMSNormalization", "Silu", "Rope", "Attention"} <= names
+    assert not {"Sin", "Cos", "Pow", "Sigmoid", "Softmax"} & names

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from distir.frontends.onnx_import.values import Program
 from distir.ir.ops import Op
 from distir.ir.values import Value
@@ -27,7 +29,10 @@ def scalar_operand(
 
 
 def scalar(program: Program, v: Value, value: float) -> bool:
+    """Whether ``v`` is the constant ``value``, up to the rounding of its dtype (an import in
+    f16 rounds a formula's constants to about 1e-3)."""
     known = program.known(v)
-    return (
-        known is not None and known.size == 1 and math.isclose(float(known.reshape(())), value, rel_tol=RTOL)
-    )
+    if known is None or known.size != 1:
+        return False
+    tol = max(RTOL, float(np.finfo(known.dtype).eps)) if np.issubdtype(known.dtype, np.floating) else RTOL
+    return math.isclose(float(known.reshape(())), value, rel_tol=tol)

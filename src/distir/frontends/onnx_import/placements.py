@@ -37,7 +37,7 @@ def weight_placements(program: Program, scopes: Sequence[tuple[str, ...]]) -> di
         scope = scopes[k][-1] if 0 <= k < len(scopes) and scopes[k] else ""
         if not scope:
             return
-        p = tp_placement(f"{scope}.{suffix}", 2 if suffix == "weight" else 1)
+        p = tp_placement(f"{scope}.{suffix}", program.type(w).rank)
         if swapped and isinstance(p, Shard):
             p = Shard(_SWAP[p.dim])
         seen.setdefault(weights[w], set()).add(p)

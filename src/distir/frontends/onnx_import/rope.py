@@ -122,8 +122,15 @@ def _tables(
     made: dict[Value, Op],
     weights: dict[Value, np.ndarray],
 ) -> tuple[float, ...] | None:
-    """The frequencies when ``cos_u`` and ``sin_u`` are ``cos``/``sin`` of ``Concat(f, f)``
-    (unsqueezed at the heads), ``f`` the positions 0 … ``s`` − 1 times a weight's known values."""
+    """The frequencies when ``cos_u`` and ``sin_u`` are ``cos``/``sin`` of ``Concat(f, f)`` on the
+    last dim, unsqueezed at the heads — (…, 1, S, d), lined up with x's positions and features —
+    with ``f`` (…, S, d/2) the outer product of the positions 0 … ``s`` − 1, (…, S, 1), and a
+    weight's known values, (d/2,)."""
+    d = program.type(cos_u).shape[-1]
+    for u in (cos_u, sin_u):
+        t = program.type(u)
+        if t.rank != 4 or t.shape[1] != 1 or t.shape[-2:] != (s, d) or d % 2:
+            return None
     embs = []
     for u, fn in ((cos_u, "Cos"), (sin_u, "Sin")):
         unsq = made.get(u)
@@ -136,13 +143,23 @@ def _tables(
     cat = made.get(embs[0])
     if cat is None or cat.name != "Concat" or len(cat.inputs) != 2 or cat.inputs[0] is not cat.inputs[1]:
         return None
+    if _ints(cat.attrs.get("axis")) not in ([-1], [program.type(embs[0]).rank - 1]):
+        return None
     mul = made.get(cat.inputs[0])
     if mul is None or mul.name != "Mul" or len(mul.inputs) != 2:
         return None
+    if program.type(mul.outputs[0]).shape[-2:] != (s, d // 2):
+        return None
     for pos, w in (mul.inputs, mul.inputs[::-1]):
         known, freqs = program.known(pos), weights.get(w)
-        if known is None or freqs is None or freqs.ndim != 1:
+        if (
+            known is None
+            or freqs is None
+            or freqs.shape != (d // 2,)
+            or program.type(pos).shape[-2:] != (s, 1)
+        ):
             continue
-        if np.array_equal(np.asarray(known, dtype=np.float64).reshape(-1), np.arange(s)):
+        # the positions as the model's dtype holds them (f16 rounds those past 2,048)
+        if np.array_equal(np.asarray(known).reshape(-1), np.arange(s).astype(np.asarray(known).dtype)):
             return tuple(float(f) for f in freqs)
     return None

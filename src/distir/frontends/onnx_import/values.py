@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from distir.frontends.onnx_import.reader import OnnxImportError
-from distir.interp.shapes import Concrete, Mixed, TypeDomain
+from distir.interp.shapes import Concrete, Mixed, TypeDomain, type_of
 from distir.ir.ops import Op
 from distir.ir.types import Device, DType, TensorType
 from distir.ir.values import Attrs, Value
@@ -121,6 +121,10 @@ class Program:
         except (OpTypeError, OpSignatureError) as e:
             raise OnnxImportError(f"{where}: {name}: {e}") from None
         for v, r in zip(outs, typed, strict=True):
+            if results and type_of(self.state[v]) != type_of(r):  # a fusion must keep what it replaces
+                raise OnnxImportError(
+                    f"{where}: {name} gives {type_of(r)} for %{v.name}, not {type_of(self.state[v])}"
+                )
             self.state[v] = r
         self.ops.append(op)
         self.origin.append(origin)

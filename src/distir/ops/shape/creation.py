@@ -58,7 +58,8 @@ def _const_array(ctx: TypeCtx) -> np.ndarray:
     if dt is None:
         dt = _default_dtype(value)
     try:
-        arr = np.array(value, dtype=dt.to_numpy())
+        with np.errstate(over="ignore"):  # a float past the dtype's range rounds to ±inf, as a cast does
+            arr = np.array(value, dtype=dt.to_numpy())
     except (ValueError, OverflowError):
         ctx.fail(
             "Constant value is not a rectangular array of numbers",
@@ -77,7 +78,8 @@ def _constant_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     dt = attrs.get("dtype")
     if not isinstance(dt, DType):
         dt = _default_dtype(value)
-    return (np.array(value, dtype=dt.to_numpy()),)
+    with np.errstate(over="ignore"):  # as the rule: past the dtype's range, ±inf
+        return (np.array(value, dtype=dt.to_numpy()),)
 
 
 def _constant_rule(ctx: TypeCtx) -> Sequence[Type]:
