@@ -76,6 +76,15 @@ def _export_gpt2(path: Path, dynamic: bool) -> tuple[Path, Any]:
             if "ln_" in name:
                 p.add_(0.1 * torch.randn_like(p))
 
+    return export_logits(path, lm, dynamic, max_seq=16), lm
+
+
+def export_logits(path: Path, lm: Any, dynamic: bool, max_seq: int) -> Path:
+    """A transformers causal LM's logits of ``input_ids`` (vocabulary 50) exported to ``path``
+    by ``torch.onnx.export(dynamo=True)``, with a dynamic batch and sequence (up to ``max_seq``)
+    or the example's (2, 8)."""
+    import torch
+
     class Logits(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -84,12 +93,11 @@ def _export_gpt2(path: Path, dynamic: bool) -> tuple[Path, Any]:
         def forward(self, ids: Any) -> Any:
             return self.m(input_ids=ids, use_cache=False).logits
 
-    ids = torch.randint(0, 50, (2, 8))
     dim = torch.export.Dim
-    shapes = ({0: dim("batch"), 1: dim("seq", max=16)},) if dynamic else None
+    shapes = ({0: dim("batch"), 1: dim("seq", max=max_seq)},) if dynamic else None
     torch.onnx.export(
         Logits().eval(),
-        (ids,),
+        (torch.randint(0, 50, (2, 8)),),
         str(path),
         dynamo=True,
         input_names=["input_ids"],
@@ -97,7 +105,7 @@ def _export_gpt2(path: Path, dynamic: bool) -> tuple[Path, Any]:
         external_data=False,
         dynamic_shapes=shapes,
     )
-    return path, lm
+    return path
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +17,8 @@ import pytest
 from distir.frontends.files import load_file
 from distir.ir.ops import Op
 from distir.parallel.strategy import parse_strategy
+
+from .test_onnx_import import export_logits
 
 WINDOW = 4  # under the 8 positions imported, so the mask is a band, not the causal triangle
 
@@ -45,27 +46,7 @@ def _export_mistral(path: Path) -> Path:
         for name, p in lm.named_parameters():
             if "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
-
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.m = lm
-
-        def forward(self, ids: Any) -> Any:
-            return self.m(input_ids=ids, use_cache=False).logits
-
-    dim = torch.export.Dim
-    torch.onnx.export(
-        Logits().eval(),
-        (torch.randint(0, 50, (2, 8)),),
-        str(path),
-        dynamo=True,
-        input_names=["input_ids"],
-        output_names=["logits"],
-        external_data=False,
-        dynamic_shapes=({0: dim("batch"), 1: dim("seq", max=64)},),
-    )
-    return path
+    return export_logits(path, lm, dynamic=True, max_seq=64)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ whose intermediate is read elsewhere, or whose constants differ, stays as writte
 
 from __future__ import annotations
 
-from distir.frontends.onnx_import.chains import scalar, scalar_operand
+from distir.frontends.onnx_import.chains import replace_matches, scalar, scalar_operand
 from distir.frontends.onnx_import.values import Program
 from distir.ir.ops import Op
 from distir.ir.values import Value
@@ -24,20 +24,11 @@ def fuse_gelu_tanh(program: Program, outputs: tuple[Value, ...]) -> None:
     """Rewrite every matched chain of ``program`` in place (module docstring)."""
     made, uses = program.dataflow(outputs)
     found = {id(op): x for op in program.ops if (x := _gelu_input(program, op, made, uses)) is not None}
-    if not found:
-        return
-    ops, origins = program.ops, program.origin
-    program.ops, program.origin = [], []
-    subst: dict[Value, Value] = {}
-    for op, k in zip(ops, origins, strict=True):
-        x = found.get(id(op))
-        if x is None:
-            program.ops.append(Op(op.name, tuple(subst.get(v, v) for v in op.inputs), op.outputs, op.attrs))
-            program.origin.append(k)
-            continue
-        (y,) = program.emit("GeluTanh", (subst.get(x, x),), {}, [op.outputs[0].name], k, f"node #{k} (gelu)")
-        subst[op.outputs[0]] = y
-    program.drop_dead(tuple(subst.get(v, v) for v in outputs))
+
+    def emit(op: Op, k: int, x: Value) -> None:
+        program.emit("GeluTanh", (x,), {}, [op.outputs[0].name], k, f"node #{k} (gelu)", op.outputs)
+
+    replace_matches(program, outputs, found, emit)
 
 
 def _gelu_input(program: Program, last: Op, made: dict[Value, Op], uses: dict[Value, int]) -> Value | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from distir.frontends.onnx_import.chains import scalar, scalar_operand
+from distir.frontends.onnx_import.chains import replace_matches, scalar, scalar_operand
 from distir.frontends.onnx_import.values import Program
 from distir.ir.ops import Op
 from distir.ir.values import Value
@@ -30,21 +30,13 @@ def fuse_rms_norm(program: Program, outputs: tuple[Value, ...]) -> None:
     """Rewrite every matched chain of ``program`` in place (module docstring)."""
     made, uses = program.dataflow(outputs)
     found = {id(op): n for op in program.ops if (n := _norm(program, op, made, uses)) is not None}
-    if not found:
-        return
-    ops, origins = program.ops, program.origin
-    program.ops, program.origin = [], []
-    for op, k in zip(ops, origins, strict=True):
-        n = found.get(id(op))
-        if n is None:
-            program.ops.append(op)
-            program.origin.append(k)
-            continue
+
+    def emit(op: Op, k: int, n: _Norm) -> None:
         attrs = {"axis": -1, "epsilon": n.epsilon}
         where = f"node #{k} (rms norm)"
-        # the product's own result: a norm may be the graph's output
         program.emit("RMSNormalization", (n.x, n.scale), attrs, [op.outputs[0].name], k, where, op.outputs)
-    program.drop_dead(outputs)
+
+    replace_matches(program, outputs, found, emit)
 
 
 def _norm(program: Program, last: Op, made: dict[Value, Op], uses: dict[Value, int]) -> _Norm | None:

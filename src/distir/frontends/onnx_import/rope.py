@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from distir.frontends.onnx_import.chains import replace_matches
 from distir.frontends.onnx_import.values import Program
 from distir.ir.ops import Op
 from distir.ir.values import Value
@@ -33,16 +34,8 @@ def fuse_rope(program: Program, outputs: tuple[Value, ...]) -> None:
     made, uses = program.dataflow(outputs)
     weights = {v: p.value for v, p in program.params if p.value is not None}
     found = {id(op): r for op in program.ops if (r := _rotary(program, op, made, uses, weights)) is not None}
-    if not found:
-        return
-    ops, origins = program.ops, program.origin
-    program.ops, program.origin = [], []
-    for op, k in zip(ops, origins, strict=True):
-        r = found.get(id(op))
-        if r is None:
-            program.ops.append(op)
-            program.origin.append(k)
-            continue
+
+    def emit(op: Op, k: int, r: _Rotary) -> None:
         where = f"node #{k} (rotary embedding)"
         src = made.get(r.x)
         if src is not None and src.name == "Transpose" and tuple(_ints(src.attrs.get("perm"))) == _BHSD:
@@ -52,7 +45,8 @@ def fuse_rope(program: Program, outputs: tuple[Value, ...]) -> None:
         attrs = {"halves": True, "freqs": r.freqs}
         (y,) = program.emit("Rope", (xs,), attrs, [f"{op.outputs[0].name}_rope"], k, where)
         program.emit("Transpose", (y,), {"perm": _BHSD}, [op.outputs[0].name], k, where, op.outputs)
-    program.drop_dead(outputs)
+
+    replace_matches(program, outputs, found, emit)
 
 
 def _rotary(

@@ -8,6 +8,7 @@ PyTorch importer maps ``F.silu``.
 
 from __future__ import annotations
 
+from distir.frontends.onnx_import.chains import replace_matches
 from distir.frontends.onnx_import.values import Program
 from distir.ir.ops import Op
 from distir.ir.values import Value
@@ -17,19 +18,11 @@ def fuse_silu(program: Program, outputs: tuple[Value, ...]) -> None:
     """Rewrite every ``Mul(x, Sigmoid(x))`` of ``program`` in place (module docstring)."""
     made, uses = program.dataflow(outputs)
     found = {id(op): x for op in program.ops if (x := _silu_input(op, made, uses)) is not None}
-    if not found:
-        return
-    ops, origins = program.ops, program.origin
-    program.ops, program.origin = [], []
-    for op, k in zip(ops, origins, strict=True):
-        x = found.get(id(op))
-        if x is None:
-            program.ops.append(op)
-            program.origin.append(k)
-            continue
-        # the product's own result: the activation may be the graph's output
+
+    def emit(op: Op, k: int, x: Value) -> None:
         program.emit("Silu", (x,), {}, [op.outputs[0].name], k, f"node #{k} (silu)", op.outputs)
-    program.drop_dead(outputs)
+
+    replace_matches(program, outputs, found, emit)
 
 
 def _silu_input(op: Op, made: dict[Value, Op], uses: dict[Value, int]) -> Value | None:
