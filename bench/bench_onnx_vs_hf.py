@@ -35,17 +35,18 @@ def export(folder: Path, a: Any) -> Path:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    cfg = transformers.MistralConfig(
-        num_hidden_layers=a.layers,
-        hidden_size=a.hidden,
-        intermediate_size=a.ffn,
-        num_attention_heads=a.heads,
-        num_key_value_heads=a.kv_heads,
-        max_position_embeddings=a.positions,
-        vocab_size=a.vocab,
-        sliding_window=a.window,
-        attn_implementation="sdpa",
-    )
+    shape: dict[str, Any] = {
+        "num_hidden_layers": a.layers,
+        "hidden_size": a.hidden,
+        "intermediate_size": a.ffn,
+        "num_attention_heads": a.heads,
+        "num_key_value_heads": a.kv_heads,
+        "max_position_embeddings": a.positions,
+        "vocab_size": a.vocab,
+        "sliding_window": a.window,
+        "attn_implementation": "sdpa",
+    }
+    cfg = transformers.MistralConfig(**shape)
     cfg.save_pretrained(folder)
     lm = transformers.MistralForCausalLM(cfg)
     lm.train(False)  # eval mode (transformers overrides ``eval`` without annotations)
