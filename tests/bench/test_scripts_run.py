@@ -11,12 +11,17 @@ import pytest
 
 from .scripts import BENCH
 
+# a 2-block Mistral: its export and 8 simulations take seconds
+ONNX_VS_HF_TINY = (
+    "--layers 2 --hidden 64 --heads 8 --kv-heads 4 --ffn 128 --vocab 128 --window 8 --positions 64 --seq 16"
+)
 QUICK = [
     ["bench_pipeline.py"],
     ["bench_ring_attention.py"],
     ["bench_memory_kernels.py"],
     ["bench_sim.py", "--max-ops", "10000"],
     ["bench_zero_memory.py"],
+    ["bench_onnx_vs_hf.py", *ONNX_VS_HF_TINY.split()],
     [
         "bench_trace_detail.py",
         "--model",
