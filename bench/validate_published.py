@@ -26,6 +26,7 @@ error and counted as a failure. Prints figures; asserts nothing (``tests/bench``
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import os
 import statistics
@@ -856,6 +857,71 @@ def memory_summary(rows: list[Row]) -> list[str]:
     ]
 
 
+def source_of(r: Run) -> str:
+    """The publisher a record's name starts with (``megatron``, ``mosaic``, ``titan``, ...): the
+    plot's series."""
+    return r.name.split("-", 1)[0]
+
+
+def plot_png(rows: list[Row], path: Path) -> None:
+    """Each predicted run's throughput error against its GPU count, one series per source, with
+    the targets' bands (±10%, ±25%); beside it the predicted reserved peak against the published
+    one where a record publishes it, with the y = x line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    from distir.files import write_atomically
+
+    done = [r for r in rows if r.error_pct is not None]
+    fig, (ax, mx) = plt.subplots(1, 2, figsize=(12, 5), gridspec_kw={"width_ratios": [2, 1]})
+    ax.axhspan(-TARGET_MAX, TARGET_MAX, color="0.93", zorder=0)
+    ax.axhspan(-TARGET_MEDIAN, TARGET_MEDIAN, color="0.85", zorder=0)
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    markers = "osD^v<>pPX*h"
+    for i, src in enumerate(sorted({source_of(r.run) for r in done})):
+        mine = [r for r in done if source_of(r.run) == src]
+        xs = [r.run.cluster.gpus for r in mine]
+        ys = [r.error_pct or 0.0 for r in mine]
+        ax.scatter(xs, ys, s=28, marker=markers[i % len(markers)], label=f"{src} ({len(mine)})")
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:,.0f}"))
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("predicted / published throughput − 1 (%)")
+    errs = [abs(r.error_pct or 0.0) for r in done]
+    ax.set_title(
+        f"{len(done)} published runs: median |error| {statistics.median(errs):.1f}%, "
+        f"{sum(e > TARGET_MAX for e in errs)} over {TARGET_MAX:.0f}% "
+        f"(bands: ±{TARGET_MEDIAN:.0f}%, ±{TARGET_MAX:.0f}%)",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8, loc="best")
+    pairs = [
+        (float(r.run.published.memory_gib), float(r.prediction.reserved_gib))
+        for r in done
+        if r.prediction is not None
+        and r.prediction.reserved_gib is not None
+        and r.run.published.memory_gib is not None
+    ]
+    if pairs:
+        mx.scatter([a for a, _ in pairs], [b for _, b in pairs], s=24)
+        lo, hi = min(min(p) for p in pairs), max(max(p) for p in pairs)
+        lo, hi = lo - 0.05 * (hi - lo + 1.0), hi + 0.05 * (hi - lo + 1.0)
+        mx.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8)
+        mx.set_xlim(lo, hi)
+        mx.set_ylim(lo, hi)
+    mx.set_xlabel("published peak reserved (GiB)")
+    mx.set_ylabel("predicted peak reserved (GiB)")
+    mx.set_title(f"peak memory of the {len(pairs)} predicted runs publishing it", fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    write_atomically(path, buf.getvalue())
+
+
 def _named(r: Run, pattern: str) -> bool:
     return r.name.startswith(pattern[:-1]) if pattern.endswith("*") else r.name == pattern
 
@@ -893,7 +959,16 @@ def main(argv: list[str] | None = None) -> int:
         "persistent: and persistent GEMM kernels beside them run in two waves",
     )  # fmt: skip
     ap.add_argument("--breakdown", action="store_true", help="where each selected run's step goes")
+    ap.add_argument("--plot", type=Path, metavar="PNG", help="write the errors' plot (PNG) here")
     args = ap.parse_args(argv)
+    if args.plot is not None:
+        from distir.files import OutputPathError, check_output
+
+        try:
+            check_output(args.plot, "--plot")
+        except OutputPathError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     v = Variant(
         args.gemm == "curve",
         None if args.kernels == "run" else args.kernels,
@@ -920,6 +995,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(table_lines(rows, args.markdown)))
     print()
     print("\n".join(summary_lines(rows)))
+    if args.plot is not None and any(r.error_pct is not None for r in rows):
+        plot_png(rows, args.plot)
+        print(f"plot: {args.plot}")
     if args.sources:
         print()
         for r in runs:

@@ -312,3 +312,22 @@ def test_gemm_share_walks_the_plan_as_the_op_trace_times_it() -> None:
 def test_only_bloom_launches_its_kernels_synchronously() -> None:
     # tr11-176B-ml.slurm exports CUDA_LAUNCH_BLOCKING=1; no other record's launcher does
     assert [r.name for r in RUNS if r.launch_blocking] == ["bloom-176b"]
+
+
+def test_plot_draws_every_predicted_row_by_source(tmp_path: Path) -> None:
+    """``--plot``: a PNG of the errors by source beside the memory panel; the unsupported rows
+    are left out and the series are the records' name prefixes."""
+    mem = next(r for r in RUNS if r.published.memory_gib is not None)
+    other = next(r for r in RUNS if vp.source_of(r) != vp.source_of(mem))
+    p = vp.Prediction(1.0, 1.0, True, 80.0, 96.0, "s", 0.0, reserved_gib=mem.published.memory_gib)
+    skipped = vp.Row(other, None, None, "unsupported: x")
+    rows = [vp.Row(mem, p, 12.0, ""), vp.Row(other, p, -30.0, ""), skipped]
+    out = tmp_path / "errors.png"
+    vp.plot_png(rows, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {vp.source_of(r) for r in RUNS} >= {"megatron", "mosaic", "titan"}
+
+
+def test_plot_path_is_checked_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert vp.main(["--only", "megatron-h100-1.7b", "--plot", str(tmp_path)]) == 2
+    assert "--plot" in capsys.readouterr().err
