@@ -200,9 +200,9 @@ def test_llm_foundry_triton_rows_run_flash_attention_in_triton_without_unpadding
 
 
 def test_the_trainers_that_fuse_the_qkv_projection_run_it_fused() -> None:
-    # Megatron-LM's linear_qkv / query_key_value (Megatron-DeepSpeed's too) and llm-foundry's
-    # Wqkv are one GEMM; torchtitan's Llama has three (wq, wk, wv)
-    fusing = ("Megatron-LM", "Megatron-DeepSpeed", "llm-foundry")
+    # Megatron-LM's linear_qkv / query_key_value (Megatron-DeepSpeed's and NeMo's Megatron-Core model
+    # too) and llm-foundry's Wqkv are one GEMM; torchtitan's Llama has three (wq, wk, wv)
+    fusing = ("Megatron-LM", "Megatron-DeepSpeed", "llm-foundry", "NeMo")
     for r in RUNS:
         want = "fused" if r.trainer.startswith(fusing) else "split"
         assert r.model.qkv == want, r.name
@@ -331,3 +331,32 @@ def test_plot_draws_every_predicted_row_by_source(tmp_path: Path) -> None:
 def test_plot_path_is_checked_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert vp.main(["--only", "megatron-h100-1.7b", "--plot", str(tmp_path)]) == 2
     assert "--plot" in capsys.readouterr().err
+
+
+NEMO = [r for r in RUNS if r.name.startswith("nemo-")]
+
+
+def test_nemo_rows_are_the_whole_pretraining_table() -> None:
+    """NeMo 24.07's pre-training table has 12 rows, all FP8 (Transformer Engine's delayed scaling)
+    on DGX-H100; the three Nemotron rows' squared-ReLU MLP is no zoo family's, so they are listed
+    as unsupported, not approximated."""
+    assert len(NEMO) == 12
+    for r in NEMO:
+        assert r.precision == "fp8-delayed" and r.cluster.spec == "h100", r.name
+        assert ("squared-ReLU" in vp.unsupported(r)) == ("nemotron" in r.name), r.name
+        s = r.strategy
+        assert (s.schedule == "interleaved") == (s.virtual_stages > 1), r.name
+        # Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by (128) · TP
+        assert r.model.vocab % (128 * s.tp) == 0, r.name
+        # userbuffers overlap needs sequence parallelism
+        assert not r.tp_comm_overlap or s.sequence_parallel, r.name
+
+
+@pytest.mark.parametrize("run", [r for r in NEMO if not vp.unsupported(r)], ids=lambda r: r.name)
+def test_nemo_models_are_the_size_their_names_say(run: object) -> None:
+    """GPT3-5B ... LLAMA3-70B: the record's model has within 6% of the parameters its table name
+    gives (GPT-3 tied, at the padded vocabulary; Llama 2 7B has 6.74B)."""
+    size = float(re.search(r"-(\d+)b-", run.name).group(1)) * 1e9  # type: ignore[union-attr,attr-defined]
+    model = build_model(vp.zoo_model(run.model), batch=1, dtype=DType.bf16)  # type: ignore[attr-defined]
+    count = sum(w.type.numel for w in model.weights)
+    assert abs(count / size - 1) < 0.06, (run.name, count)  # type: ignore[attr-defined]
