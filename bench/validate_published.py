@@ -53,9 +53,18 @@ METRICS = {
     "seconds_per_step": "s/step",
 }
 # fp8: torchao's Float8Linear (dynamic tensorwise scaling), ``distir simulate --precision fp8``;
-# fp8-delayed: Transformer Engine's te.Linear under DelayedScaling (``--precision fp8-delayed``)
-PRECISIONS = {"bf16-mixed": "mixed", "bf16-pure": "pure", "fp8": "fp8", "fp8-delayed": "fp8-delayed"}
-FLOPS_FORMULAS = ("megatron",)
+# fp8-delayed: Transformer Engine's te.Linear under DelayedScaling (``--precision fp8-delayed``);
+# fp16-mixed: the model built in f16 (``--dtype f16 --precision mixed``), fp32 Adam state
+PRECISIONS = {
+    "bf16-mixed": "mixed",
+    "bf16-pure": "pure",
+    "fp8": "fp8",
+    "fp8-delayed": "fp8-delayed",
+    "fp16-mixed": "mixed",
+}
+# megatron: model FLOPs (no recomputation); megatron-recompute: the same with the blocks' forward
+# counted twice, as full activation recomputation runs it (hardware FLOPs)
+FLOPS_FORMULAS = ("megatron", "megatron-recompute")
 QUICK_MAX_GPUS = 256
 TARGET_MEDIAN, TARGET_MAX = 10.0, 25.0
 
@@ -462,15 +471,19 @@ def cluster_of(c: ClusterCfg) -> Any:
     return Cluster(f"{base.name}:{n}", (node,) * n, inter_node=base.inter_node)
 
 
-def megatron_flops(m: ModelCfg, batch: int) -> float:
+def megatron_flops(m: ModelCfg, batch: int, recompute: bool = False) -> float:
     """Megatron-LM's model FLOPs per step (``num_floating_point_operations`` in
     megatron/training/training.py at f2e5db4, the commit of the H100 table): forward + backward,
-    no recomputation, full (non-causal) attention scores, the logit layer included."""
+    no recomputation, full (non-causal) attention scores, the logit layer included.
+    ``recompute``: the transformer blocks' forward counted once more, as full activation
+    recomputation runs it (the logit layer is not recomputed): for a GPT, 96·B·s·l·h²·(1 + s/6h +
+    V/16lh), the hardware FLOPs Megatron-LM's papers and the OPT-175B figures count."""
     gated = 1.5 if m.family == "llama" else 1.0
     attn = 1 + m.kv_heads / m.heads + m.seq / m.hidden
     mlp = m.ffn / m.hidden * gated
     logit = m.vocab / (2 * m.layers * m.hidden)
-    return 12 * batch * m.seq * m.layers * m.hidden**2 * (attn + mlp + logit)
+    blocks = (attn + mlp) * (4 / 3 if recompute else 1.0)
+    return 12 * batch * m.seq * m.layers * m.hidden**2 * (blocks + logit)
 
 
 class Prediction(NamedTuple):
@@ -512,7 +525,8 @@ def figure_of(r: Run, step_time_s: float) -> float:
         return s.global_batch * m.seq / step_time_s / r.cluster.gpus
     if metric == "samples_per_s":
         return s.global_batch / step_time_s
-    return megatron_flops(m, s.global_batch) / step_time_s / r.cluster.gpus / 1e12
+    flops = megatron_flops(m, s.global_batch, r.published.flops_formula == "megatron-recompute")
+    return flops / step_time_s / r.cluster.gpus / 1e12
 
 
 class Variant(NamedTuple):
@@ -556,7 +570,7 @@ def _simulated(
     from distir.sim.simulate import simulate
 
     spec, st, cl = zoo_model(r.model), strategy_of(r.strategy), cluster_of(r.cluster)
-    dt, batch = DType.bf16, r.strategy.global_batch
+    dt, batch = DType.f16 if r.precision.startswith("fp16") else DType.bf16, r.strategy.global_batch
     mod = build_model(spec, batch=batch, dtype=dt)
     prec = Precision.parse(PRECISIONS[r.precision] or "mixed")
     # in the order of the run's own chunk times (its kernels), as ``distir simulate`` orders it

@@ -60,6 +60,44 @@ def test_megatron_flops_equals_the_closed_form() -> None:
     assert vp.megatron_flops(m, b) == pytest.approx(want, rel=1e-12)
 
 
+def test_megatron_recompute_flops_equals_the_closed_form() -> None:
+    # with full recomputation: 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)), the formula the DeepSpeed
+    # Azure post states and the OPT-175B compute figure follows
+    m = vp.ModelCfg(
+        "gpt", layers=96, hidden=12288, heads=96, kv_heads=96, ffn=49152, vocab=50272, seq=2048, notes=""
+    )
+    b, s, h, L, V = 992, 2048, 12288, 96, 50272
+    want = 96 * b * s * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h))
+    assert vp.megatron_flops(m, b, recompute=True) == pytest.approx(want, rel=1e-12)
+    # the OPT final update's ~4.30E+23 FLOPs for 300B tokens is this formula per token
+    assert vp.megatron_flops(m, 1, recompute=True) / s * 300e9 == pytest.approx(4.30e23, rel=5e-3)
+
+
+def test_fp16_runs_are_built_in_f16_with_mixed_precision(monkeypatch: pytest.MonkeyPatch) -> None:
+    import distir.frontends.zoo.registry as registry
+
+    fp16 = [r for r in RUNS if r.precision == "fp16-mixed"]
+    assert {r.name for r in fp16} >= {"opt-175b", "deepspeed-azure-175b-s512-g256"}
+    assert vp.PRECISIONS["fp16-mixed"] == "mixed"
+    built: list[DType] = []
+    real = registry.build_model
+
+    def spy(spec: str, **kw: object) -> object:
+        built.append(kw["dtype"])  # type: ignore[arg-type]
+        return real(spec, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(registry, "build_model", spy)
+    r = next(r for r in fp16 if r.name == "deepspeed-azure-175b-s512-g256")
+    small = replace(
+        r,
+        model=replace(r.model, layers=2, hidden=256, heads=4, kv_heads=4, ffn=1024),
+        cluster=replace(r.cluster, gpus=8),
+        strategy=replace(r.strategy, dp=8, global_batch=16, microbatch=2),
+    )
+    res, _ = vp._simulated(small, vp.AS_PUBLISHED)
+    assert built == [DType.f16] and res.step_time_s > 0
+
+
 def test_megatron_h100_rows_are_untied_as_the_table_sizes_say() -> None:
     """The Megatron-LM README's table names each model by its size (1.7B ... 462B): the untied
     parameter count (embedding and output layer apart) is nearer that size than the tied one
@@ -201,8 +239,9 @@ def test_llm_foundry_triton_rows_run_flash_attention_in_triton_without_unpadding
 
 def test_the_trainers_that_fuse_the_qkv_projection_run_it_fused() -> None:
     # Megatron-LM's linear_qkv / query_key_value (Megatron-DeepSpeed's and NeMo's Megatron-Core model
-    # too) and llm-foundry's Wqkv are one GEMM; torchtitan's Llama has three (wq, wk, wv)
-    fusing = ("Megatron-LM", "Megatron-DeepSpeed", "llm-foundry", "NeMo")
+    # too) and llm-foundry's Wqkv are one GEMM; torchtitan's Llama has three (wq, wk, wv);
+    # metaseq's ModelParallelMultiheadAttention combines them too (combine_qkv_proj: qkv_proj)
+    fusing = ("Megatron-LM", "Megatron-DeepSpeed", "llm-foundry", "NeMo", "metaseq")
     for r in RUNS:
         want = "fused" if r.trainer.startswith(fusing) else "split"
         assert r.model.qkv == want, r.name
