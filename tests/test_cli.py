@@ -560,3 +560,24 @@ def test_documented_json_keys_are_the_output_s(command: str, args: list[str]) ->
     r = CliRunner().invoke(app, [*args, "--json"])
     assert r.exit_code == 0, r.stderr
     assert list(json.loads(r.stdout)) == _documented_keys(command)
+
+
+def test_python_dash_m_distir_runs_the_console_script() -> None:
+    """``python -m distir`` is the ``distir`` command (a checkout run without installing it):
+    its output, and a user error's one line and status 2."""
+    import os
+    import subprocess
+    import sys
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
+    ok = subprocess.run(
+        [sys.executable, "-m", "distir", "show", str(EX / "fig2_mlp_pipeline.distir"), "--json"],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert ok.returncode == 0 and json.loads(ok.stdout)["entry"] == "mlpPP"
+    bad = subprocess.run(
+        [sys.executable, "-m", "distir", "show", "no-such.distir"],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.strip().splitlines()) == 1
