@@ -114,3 +114,21 @@ def test_chunks_are_written_as_produced_and_a_failing_producer_keeps_the_old_fil
         write_atomically(target, broken())
     assert target.read_text() == "[1,2]"
     assert sorted(os.listdir(tmp_path)) == ["out.json"]
+
+
+def test_a_pipe_or_device_is_written_through_never_replaced(tmp_path: Path) -> None:
+    """``--trace /dev/null`` (or a named pipe) gets the bytes; renaming a file over it would
+    replace the device node or the pipe with a regular file (as root, /dev/null itself). The test
+    uses a pipe of its own: a broken writer must not be able to replace the system's /dev/null."""
+    import threading
+
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    assert check_output(fifo, "--trace") == fifo
+    write_atomically(fifo, iter(["[1,", "2]"]))
+    reader.join(timeout=30)
+    assert got == [b"[1,2]"] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert os.listdir(tmp_path) == ["out.fifo"]  # no temporary left beside it

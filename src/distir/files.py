@@ -6,6 +6,9 @@ target's directory (created with ``O_EXCL``, so it never follows a symlink nor c
 another run), are synced, and ``os.replace`` renames it over the target. A reader sees the old
 file or the whole new one; a failed write leaves the old file untouched and no temporary behind.
 A target that is a symlink is replaced by the new file (the link's target is never written).
+A target that is a character device or a named pipe (``/dev/null``, a FIFO) is written straight
+through: renaming a file over it would replace the device node or the pipe (as root, the
+system's ``/dev/null``), and a device or a pipe has no old contents to keep.
 
 ``check_output(path, option)`` is what commands call on every output path *before* any work,
 so a bad path fails in a second with one line instead of after a long search: the path must not
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -72,6 +76,15 @@ def check_output(path: Path | str, option: str) -> Path:
     return p
 
 
+def _is_stream(path: Path) -> bool:
+    """``path`` itself (not a symlink) is a character device or a named pipe."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
 def write_atomically(path: Path | str, data: bytes | str | Iterable[str]) -> Path:
     """Replace ``path`` by ``data`` (``str`` is written as UTF-8; an iterable of ``str``, chunk by
     chunk, as it is produced) so that a reader sees the old file or the whole new one (module
@@ -80,6 +93,11 @@ def write_atomically(path: Path | str, data: bytes | str | Iterable[str]) -> Pat
     Returns ``path``; ``OSError`` if it cannot be written (or what producing a chunk raises)."""
     path = Path(path)
     chunks = [data] if isinstance(data, (str, bytes)) else data
+    if _is_stream(path):
+        with open(path, "wb") as f:  # an existing device or pipe: O_CREAT never applies
+            for chunk in chunks:
+                f.write(chunk.encode("utf-8") if isinstance(chunk, str) else chunk)
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
