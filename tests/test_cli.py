@@ -84,12 +84,13 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-@pytest.mark.parametrize("command", ["show", "exec"])
+@pytest.mark.parametrize("command", ["show", "exec", "simulate", "lower --all", "shard"])
 def test_errors_exit_2_with_location(tmp_path: Path, case: str, command: str) -> None:
     text, pattern = BAD[case]
     f = tmp_path / "bad.distir"
     f.write_text(text)
-    code, out, err = run(command, str(f))
+    name, *options = command.split()
+    code, out, err = run(name, str(f), *options)
     assert code == 2
     assert out == ""
     first = err.splitlines()[0]

@@ -545,7 +545,9 @@ def _file_program(file: Path, entry: str | None, sw: _SimSwitches, debug: bool) 
             "not to a program file"
         )
     s = _Session(file, debug)
-    return s.explicit(s.load(entry))  # a sharded program is simulated in its materialized form
+    m = s.load(entry)
+    s.guard(lambda: distir.check(m))  # a type error named at its line, as ``show`` names it
+    return s.explicit(m)  # a sharded program is simulated in its materialized form
 
 
 def _sim_options(
