@@ -185,6 +185,12 @@ class Space:
         if p.dp is not None and self.batch % p.dp:
             raise SpaceError(f"--dp {p.dp} does not divide the batch {self.batch}")
         self._check_microbatch_pins()
+        if p.hsdp is not None and self.devices % p.hsdp:
+            groups = ", ".join(str(h) for h in divisors(self.devices)[1:-1]) or "none"
+            raise SpaceError(
+                f"--hsdp {p.hsdp} must divide the data-parallel degree d, a divisor of the {self.devices} "
+                f"devices (HSDP groups that do: {groups})"
+            )
         if not self.train:
             given: tuple[tuple[str, object, object], ...] = (
                 ("zero", p.zero, 0),
