@@ -61,3 +61,13 @@ def test_the_trace_replaces_a_symlink_atomically(tmp_path: Path, capsys: pytest.
     assert victim.read_text() == "precious" and not trace.is_symlink()
     assert "traceEvents" in json.loads(trace.read_text())
     assert sorted(os.listdir(tmp_path)) == ["t.json", "victim"]
+
+
+def test_calibrates_profile_and_raw_measurements_naming_one_file_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before anything is measured: the raw measurements would replace the profile silently."""
+    monkeypatch.chdir(tmp_path)
+    code, err = cli(["calibrate", "--quick", "--out", "p.toml", "--raw", "./p.toml"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "name the same file" in err
+    assert os.listdir(tmp_path) == []

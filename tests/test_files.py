@@ -132,3 +132,19 @@ def test_a_pipe_or_device_is_written_through_never_replaced(tmp_path: Path) -> N
     reader.join(timeout=30)
     assert got == [b"[1,2]"] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
     assert os.listdir(tmp_path) == ["out.fifo"]  # no temporary left beside it
+
+
+def test_two_outputs_naming_one_file_are_refused(tmp_path: Path) -> None:
+    """``--csv x --html x``: the second write would replace the first silently (or a CSV the
+    user's result store); however spelled, one line naming both options. A device takes both."""
+    from distir.files import check_distinct
+
+    (tmp_path / "sub").mkdir()
+    same = {"--csv": tmp_path / "out", "--html": tmp_path / "sub" / ".." / "out", "--plot": None}
+    with pytest.raises(OutputPathError, match=r"--csv .* and --html .* name the same file") as got:
+        check_distinct(same)
+    assert "\n" not in str(got.value)
+    check_distinct({"--csv": tmp_path / "a", "--html": tmp_path / "b"})
+    fifo = tmp_path / "f.fifo"
+    os.mkfifo(fifo)
+    check_distinct({"--csv": fifo, "--html": fifo})

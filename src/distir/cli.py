@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - older typer
 from rich.console import Console
 
 import distir
-from distir.files import OutputPathError, check_output, write_atomically
+from distir.files import OutputPathError, check_distinct, check_output, write_atomically
 from distir.hardware.attention import KERNELS as ATTENTION_KERNELS
 from distir.interp.lockstep import check_deadlock_free
 from distir.interp.project import project
@@ -66,12 +66,14 @@ def _fail(message: str) -> NoReturn:
 def _check_outputs(**paths: Path | None) -> None:
     """Every output path (by option: ``trace=`` checks ``--trace``) writable, before any work
     (``distir.files.check_output``); else one line, exit 2."""
-    for name, path in paths.items():
-        if path is not None:
-            try:
-                check_output(path, "--" + name.replace("_", "-"))
-            except OutputPathError as e:
-                _fail(str(e))
+    options = {"--" + name.replace("_", "-"): path for name, path in paths.items()}
+    try:
+        for option, path in options.items():
+            if path is not None:
+                check_output(path, option)
+        check_distinct(options)  # two options naming one file: the later write would replace it
+    except OutputPathError as e:
+        _fail(str(e))
 
 
 class _Session:

@@ -22,10 +22,10 @@ import contextlib
 import os
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-__all__ = ["OutputPathError", "check_output", "write_atomically"]
+__all__ = ["OutputPathError", "check_distinct", "check_output", "write_atomically"]
 
 
 class OutputPathError(Exception):
@@ -83,6 +83,25 @@ def _is_stream(path: Path) -> bool:
     except OSError:
         return False
     return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def check_distinct(paths: Mapping[str, Path | str | None]) -> None:
+    """``OutputPathError`` when two of a command's outputs (option → path; None: not written)
+    name one file, however spelled: the later write would replace the earlier one silently. A
+    character device or a named pipe (``/dev/null``) may take several."""
+    seen: dict[str, str] = {}
+    for option, path in paths.items():
+        if path is None:
+            continue
+        full = os.path.realpath(os.path.abspath(path))
+        if _is_stream(Path(full)):
+            continue
+        if full in seen:
+            first = seen[full]
+            raise OutputPathError(
+                f"{first} {paths[first]} and {option} {path} name the same file: give each its own"
+            )
+        seen[full] = option
 
 
 def write_atomically(path: Path | str, data: bytes | str | Iterable[str]) -> Path:
