@@ -582,3 +582,20 @@ def test_python_dash_m_distir_runs_the_console_script() -> None:
         capture_output=True, text=True, env=env, timeout=120, check=False,
     )  # fmt: skip
     assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "words"),
+    [
+        ("--episodes", "99999999999", "--episodes = 99,999,999,999 is above distir's bound of 100,000"),
+        ("--seconds", "1e9", "--seconds = 1,000,000,000 is above distir's bound of 86,400"),
+    ],
+)
+def test_an_automap_budget_past_its_bound_is_refused_before_searching(
+    option: str, value: str, words: str
+) -> None:
+    """``shard --auto --episodes 99999999999`` searched on past minutes (no --seconds: no end in
+    sight); a budget is bounded as every other count a user writes (docs/limitations.md)."""
+    model = "gpt:layers=1,hidden=64,heads=2,seq=32,vocab=100"
+    code, out, err = run("shard", "--model", model, "--mesh", "tp=2", "--auto", "tp", option, value)
+    assert code == 2 and out == "" and words in err and len(err.strip().splitlines()) == 1

@@ -1103,6 +1103,16 @@ _ShardMaxOps = Annotated[
 ]
 
 
+def _check_automap_budget(episodes: int, seconds: float | None) -> None:
+    """``shard --auto``'s budget within its bounds (``MAX_EPISODES``, ``MAX_AUTOMAP_SECONDS``)."""
+    from distir.limits import MAX_AUTOMAP_SECONDS, MAX_EPISODES, exceeds, over
+
+    if exceeds(episodes, MAX_EPISODES):
+        _fail(over("--episodes", episodes, MAX_EPISODES))
+    if seconds is not None and seconds > MAX_AUTOMAP_SECONDS.max:
+        _fail(over("--seconds", int(seconds), MAX_AUTOMAP_SECONDS))
+
+
 @app.command()
 def shard(
     file: _ShardFile = None,
@@ -1128,6 +1138,7 @@ def shard(
     """Shard a sequential program on a device mesh: propagate the annotated placements, make
     redistributions explicit, and materialize per-device (and per-rank) programs."""
     if auto is not None:
+        _check_automap_budget(episodes, seconds)
         _shard_auto(
             file,
             model,
