@@ -599,3 +599,13 @@ def test_an_automap_budget_past_its_bound_is_refused_before_searching(
     model = "gpt:layers=1,hidden=64,heads=2,seq=32,vocab=100"
     code, out, err = run("shard", "--model", model, "--mesh", "tp=2", "--auto", "tp", option, value)
     assert code == 2 and out == "" and words in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_steps_past_their_bound_are_refused_before_any_process_starts(command: str) -> None:
+    """``run --steps 99999999999`` ran on with no end and no progress (every step's time kept)."""
+    model = "gpt:layers=1,hidden=64,heads=2,seq=32,vocab=100"
+    extra = ["--strategy", "d1", "--batch", "1"] if command == "run" else ["--cluster", "dgx-a100"]
+    code, out, err = run(command, "--model", model, *extra, "--steps", "99999999999")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "--steps = 99,999,999,999 is above distir's bound of 100,000" in err

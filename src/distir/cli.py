@@ -999,6 +999,7 @@ def run(
             if file
             else "give a program FILE or --model"
         )
+    _check_steps(steps)
     _check_outputs(trace=trace)
     try:
         if model is not None:
@@ -1101,6 +1102,14 @@ _ShardMaxOps = Annotated[
     int,
     typer.Option("--max-ops", min=1, help="Refuse a mesh whose per-device programs would exceed this size."),
 ]
+
+
+def _check_steps(steps: int) -> None:
+    """``run``'s and ``validate``'s ``--steps`` within ``MAX_STEPS``."""
+    from distir.limits import MAX_STEPS, exceeds, over
+
+    if exceeds(steps, MAX_STEPS):
+        _fail(over("--steps", steps, MAX_STEPS))
 
 
 def _check_automap_budget(episodes: int, seconds: float | None) -> None:
@@ -1777,6 +1786,7 @@ def validate(
     from distir.hardware.specs import HardwareError
 
     _check_nproc("validate", nproc)
+    _check_steps(steps)
     _check_outputs(plot=plot)
     try:
         cl = parse_cluster(cluster)
