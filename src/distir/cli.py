@@ -63,15 +63,19 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def _check_outputs(**paths: Path | None) -> None:
+def _check_outputs(model: str | None = None, **paths: Path | None) -> None:
     """Every output path (by option: ``trace=`` checks ``--trace``) writable, before any work
-    (``distir.files.check_output``); else one line, exit 2."""
+    (``distir.files.check_output``), none naming another nor the file ``--model`` reads; else
+    one line, exit 2."""
+    from distir.frontends.files import model_input
+
     options = {"--" + name.replace("_", "-"): path for name, path in paths.items()}
+    reads = {"--model": model_input(model) if model else None}
     try:
         for option, path in options.items():
             if path is not None:
                 check_output(path, option)
-        check_distinct(options)  # two options naming one file: the later write would replace it
+        check_distinct(options, reads)  # two options naming one file: the later write would replace it
     except OutputPathError as e:
         _fail(str(e))
 
@@ -593,7 +597,7 @@ def _check_simulate_options(
         _fail(f"--attention-kernel must be one of {', '.join(ATTENTION_KERNELS)}, got {attention_kernel!r}")
     if trace_detail not in ("chunk", "layer", "op"):
         _fail(f"--trace-detail must be chunk, layer or op, got {trace_detail!r}")
-    _check_outputs(trace=trace)
+    _check_outputs(model, trace=trace)
     if (file is None) == (model is None):
         _fail(
             "give a program FILE or --model (with --strategy), not both"
@@ -1000,7 +1004,7 @@ def run(
             else "give a program FILE or --model"
         )
     _check_steps(steps)
-    _check_outputs(trace=trace)
+    _check_outputs(model, trace=trace)
     try:
         if model is not None:
             prog = _plain_guard(debug)(
@@ -1787,7 +1791,7 @@ def validate(
 
     _check_nproc("validate", nproc)
     _check_steps(steps)
-    _check_outputs(plot=plot)
+    _check_outputs(model, plot=plot)
     try:
         cl = parse_cluster(cluster)
         chosen(strategy or (), nproc)  # before any run: a strategy that cannot run here

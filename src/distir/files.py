@@ -85,10 +85,14 @@ def _is_stream(path: Path) -> bool:
     return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
 
 
-def check_distinct(paths: Mapping[str, Path | str | None]) -> None:
+def check_distinct(
+    paths: Mapping[str, Path | str | None], reads: Mapping[str, Path | str | None] | None = None
+) -> None:
     """``OutputPathError`` when two of a command's outputs (option → path; None: not written)
-    name one file, however spelled: the later write would replace the earlier one silently. A
+    name one file, however spelled: the later write would replace the earlier one silently; or
+    when an output names a file the command reads (``reads``, e.g. ``{"--model": config}``). A
     character device or a named pipe (``/dev/null``) may take several."""
+    inputs = {os.path.realpath(os.path.abspath(p)): (o, p) for o, p in (reads or {}).items() if p is not None}
     seen: dict[str, str] = {}
     for option, path in paths.items():
         if path is None:
@@ -96,6 +100,11 @@ def check_distinct(paths: Mapping[str, Path | str | None]) -> None:
         full = os.path.realpath(os.path.abspath(path))
         if _is_stream(Path(full)):
             continue
+        if full in inputs:
+            given, read = inputs[full]
+            raise OutputPathError(
+                f"{option} {path} is the file {given} reads ({read}): refusing to overwrite it"
+            )
         if full in seen:
             first = seen[full]
             raise OutputPathError(

@@ -53,6 +53,24 @@ def is_model_file(text: str) -> bool:
     return _FILE.match(text.strip()) is not None
 
 
+def model_input(text: str) -> Path | None:
+    """The file the model string ``text`` reads: a model file, a Hugging Face config (a
+    factory's module is not looked up: that imports its package). Never raises: a string that
+    names no readable file reads none (None), and building the model reports it."""
+    t = text.strip()
+    try:
+        if is_model_file(t):
+            return Path(file_dims(t)[0])
+        if t.startswith("hf:"):
+            from distir.frontends.torch_import.hf import config_path
+            from distir.frontends.torch_import.source import hf_path
+
+            return config_path(hf_path(t)[0])
+    except (ValueError, OSError):  # ModelError, SourceError: reported when the model is built
+        return None
+    return None
+
+
 def file_dims(text: str) -> tuple[str, dict[str, int]]:
     """The path of the model string ``text`` and the dim sizes after it (``model.onnx:seq=128``);
     malformed sizes, or sizes after a ``.distir`` file, are a one-line ``ModelError``."""

@@ -374,7 +374,9 @@ def _check_outputs(a: dict[str, Any], store: Path | None, plot: Path, html: Path
         for option, path in paths.items():
             if path is not None:
                 check_output(path, option)
-        check_distinct({given: store, **paths})
+        from distir.frontends.files import model_input
+
+        check_distinct({given: store, **paths}, {"--model": model_input(a["model"])})
         if store is not None:
             store.parent.mkdir(parents=True, exist_ok=True)
     except OutputPathError as e:
