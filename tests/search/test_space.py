@@ -71,6 +71,10 @@ def test_bases_respect_batch_layers_and_schedules() -> None:
         (Pins(k=3), "-k 3 does not divide the batch 4 (microbatch counts that do: 1, 2, 4)"),
         (Pins(dp=2, mbs=4), "--microbatch-size 4 does not divide the batch 2 per replica of --dp 2 "),
         (Pins(mbs=2, k=4), "--microbatch-size 2 × -k 4 = 8 samples does not divide the batch 4"),
+        (
+            Pins(dp=8),
+            "--dp 8 does not divide the batch 4 (data-parallel degrees that do, on 8 devices: 1, 2, 4)",
+        ),
         (Pins(hsdp=3), "--hsdp 3 must divide the data-parallel degree d, a divisor of the 8 devices"),
     ],
 )

@@ -157,7 +157,8 @@ def make_plan(
     micro, rem = divmod(batch, s.d * s.k)
     if rem or micro < 1:
         raise ExportError(
-            f"{s}: batch {batch} does not split into d·k = {s.d}·{s.k} = {s.d * s.k} equal microbatches"
+            f"{s}: batch {batch} does not split into d·k = {s.d}·{s.k} = {s.d * s.k} equal microbatches "
+            f"(a multiple of {s.d * s.k}: {', '.join(str(n * s.d * s.k) for n in (1, 2, 3))}, ...)"
         )
     if cluster is not None:
         from distir.hardware.cluster import parse_cluster

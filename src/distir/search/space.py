@@ -183,7 +183,11 @@ class Space:
         if p.pp is not None and p.pp > self.n_layers:
             raise SpaceError(f"--pp {p.pp}: the model has only {self.n_layers} blocks")
         if p.dp is not None and self.batch % p.dp:
-            raise SpaceError(f"--dp {p.dp} does not divide the batch {self.batch}")
+            do = ", ".join(map(str, divisors(math.gcd(self.batch, self.devices))))
+            raise SpaceError(
+                f"--dp {p.dp} does not divide the batch {self.batch} (data-parallel degrees that do, "
+                f"on {self.devices} devices: {do})"
+            )
         self._check_microbatch_pins()
         if p.hsdp is not None and self.devices % p.hsdp:
             groups = ", ".join(str(h) for h in divisors(self.devices)[1:-1]) or "none"
