@@ -148,3 +148,15 @@ def test_two_outputs_naming_one_file_are_refused(tmp_path: Path) -> None:
     fifo = tmp_path / "f.fifo"
     os.mkfifo(fifo)
     check_distinct({"--csv": fifo, "--html": fifo})
+
+
+def test_the_systems_aliases_of_open_files_are_written_through() -> None:
+    """``--csv /dev/stdout`` (a symlink in /dev to /proc/self/fd/1) is the process's output, not a
+    link to replace: renamed over, it would replace /dev/stdout itself (as root, for everyone).
+    Only the predicate is tested: a regression must not be able to replace the system's link."""
+    from distir.files import _is_stream
+
+    for alias in ("/dev/stdout", "/dev/stderr", "/dev/fd/2", "/proc/self/fd/2"):
+        if os.path.lexists(alias):
+            assert _is_stream(Path(alias)), alias
+    assert not _is_stream(Path("/etc/hostname"))

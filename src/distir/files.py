@@ -6,9 +6,10 @@ target's directory (created with ``O_EXCL``, so it never follows a symlink nor c
 another run), are synced, and ``os.replace`` renames it over the target. A reader sees the old
 file or the whole new one; a failed write leaves the old file untouched and no temporary behind.
 A target that is a symlink is replaced by the new file (the link's target is never written).
-A target that is a character device or a named pipe (``/dev/null``, a FIFO) is written straight
-through: renaming a file over it would replace the device node or the pipe (as root, the
-system's ``/dev/null``), and a device or a pipe has no old contents to keep.
+A target that is a character device or a named pipe (``/dev/null``, a FIFO), or the system's
+alias of an open file (a symlink in ``/dev`` or ``/proc``: ``/dev/stdout``), is written straight
+through: renaming a file over it would replace the device node, the pipe or the alias (as root,
+the system's ``/dev/null``), and none has old contents to keep.
 
 ``check_output(path, option)`` is what commands call on every output path *before* any work,
 so a bad path fails in a second with one line instead of after a long search: the path must not
@@ -77,11 +78,16 @@ def check_output(path: Path | str, option: str) -> Path:
 
 
 def _is_stream(path: Path) -> bool:
-    """``path`` itself (not a symlink) is a character device or a named pipe."""
+    """``path`` is written through, not replaced: a character device or a named pipe, or one of
+    the system's aliases of an open file (a symlink in ``/dev`` or ``/proc``: ``/dev/stdout``,
+    ``/dev/fd/N``), which a rename would replace for every process."""
     try:
         mode = os.lstat(path).st_mode
     except OSError:
         return False
+    if stat.S_ISLNK(mode):
+        parent = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+        return parent == "/dev" or parent.startswith(("/dev/", "/proc/"))
     return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
 
 
