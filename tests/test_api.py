@@ -16,10 +16,13 @@ from typer.testing import CliRunner
 import distir
 from distir.api import Failed, Result, SearchResults
 from distir.cli import app
+from distir.frontends.zoo.model import ModelError
 from distir.frontends.zoo.registry import parse_model_string
+from distir.hardware.specs import HardwareError
 from distir.parallel.strategy import StrategyError
 from distir.report.fields import STRATEGY_FIELDS
 from distir.search.rerank import RESULT_KEYS
+from distir.search.space import SpaceError
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT = "gpt:layers=2,hidden=64,heads=2,seq=32,vocab=128"
@@ -100,6 +103,54 @@ def test_distribute_returns_a_verified_program() -> None:
 def test_bad_input_is_a_typed_error() -> None:
     with pytest.raises(StrategyError, match="unknown part"):
         distir.simulate(GPT, "d2.x3", "dgx-a100", 16)
+
+
+_API_BAD: list[tuple[str, dict[str, object], type[Exception], str]] = [
+    ("search", {"batch": "8"}, SpaceError, "batch must be a positive integer, got '8' (str)"),
+    ("search", {"batch": 8.0}, SpaceError, "batch must be a positive integer, got 8.0 (float)"),
+    ("search", {"batch": True}, SpaceError, "batch must be a positive integer, got True (bool)"),
+    ("search", {"batch": 0}, SpaceError, "batch must be a positive integer, got 0"),
+    ("search", {"batch": 10**12}, SpaceError, "is above distir's bound of 16,777,216"),
+    ("search", {"model": 3}, ModelError, "model must be a model string or a ModelSpec, got 3 (int)"),
+    ("search", {"model": None}, ModelError, "model must be a model string or a ModelSpec, got None"),
+    ("search", {"cluster": 8}, HardwareError, "cluster must be a cluster spec string or a Cluster, got 8"),
+    ("search", {"top": 0}, SpaceError, "top must be a positive integer, got 0"),
+    ("search", {"top": "2"}, SpaceError, "top must be a positive integer, got '2' (str)"),
+    ("search", {"workers": 10**6}, SpaceError, "--workers 1,000,000: a local search starts one process"),
+    ("search", {"train": "no"}, SpaceError, "train must be True or False, got 'no' (str)"),
+    ("search", {"optimizer": "lion"}, SpaceError, "optimizer must be sgd or adam, got 'lion'"),
+    ("search", {"tp_layout": "x"}, SpaceError, "tp_layout must be declared or auto, got 'x'"),
+    ("simulate", {"strategy": 2}, StrategyError, "strategy must be a strategy string or a Strategy, got 2"),
+    ("simulate", {"strategy": None}, StrategyError, "got None"),
+    ("simulate", {"cluster": ["dgx-a100"]}, HardwareError, "got ['dgx-a100'] (list)"),
+    ("simulate", {"model": 3}, ModelError, "model must be a model string or a ModelSpec, got 3 (int)"),
+    ("simulate", {"batch": 8.5}, StrategyError, "batch must be a positive integer, got 8.5 (float)"),
+    ("simulate", {"batch": True}, StrategyError, "batch must be a positive integer, got True (bool)"),
+    ("simulate", {"train": 1}, StrategyError, "train must be True or False, got 1 (int)"),
+    ("distribute", {"strategy": 2}, StrategyError, "strategy must be a strategy string or a Strategy"),
+    ("distribute", {"batch": "8"}, StrategyError, "batch must be a positive integer, got '8' (str)"),
+]
+
+
+@pytest.mark.parametrize(("function", "bad", "error", "words"), _API_BAD)
+def test_arguments_of_a_wrong_type_or_range_are_typed_errors_before_any_work(
+    function: str, bad: dict[str, object], error: type[Exception], words: str
+) -> None:
+    """What the CLI's options refuse (a type, a range, a bound) the API refuses with the typed
+    one-line errors the docs name, never an AttributeError or TypeError from deep inside."""
+    base: dict[str, object] = {"model": GPT, "cluster": "dgx-a100", "batch": 16}
+    if function != "search":
+        base["strategy"] = "d2.t1.p1.k1.1f1b"
+    if function == "distribute":
+        del base["cluster"]
+    with pytest.raises(error, match=re.escape(words)) as got:
+        getattr(distir, function)(**(base | bad))
+    assert "\n" not in str(got.value)
+
+
+def test_cluster_parse_names_a_spec_of_the_wrong_type() -> None:
+    with pytest.raises(HardwareError, match=re.escape("got 8 (int)")):
+        distir.Cluster.parse(8)  # type: ignore[arg-type]
 
 
 def test_search_is_callable_and_still_a_package() -> None:

@@ -84,12 +84,13 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-@pytest.mark.parametrize("command", ["show", "exec"])
+@pytest.mark.parametrize("command", ["show", "exec", "simulate", "lower --all", "shard"])
 def test_errors_exit_2_with_location(tmp_path: Path, case: str, command: str) -> None:
     text, pattern = BAD[case]
     f = tmp_path / "bad.distir"
     f.write_text(text)
-    code, out, err = run(command, str(f))
+    name, *options = command.split()
+    code, out, err = run(name, str(f), *options)
     assert code == 2
     assert out == ""
     first = err.splitlines()[0]
@@ -560,3 +561,51 @@ def test_documented_json_keys_are_the_output_s(command: str, args: list[str]) ->
     r = CliRunner().invoke(app, [*args, "--json"])
     assert r.exit_code == 0, r.stderr
     assert list(json.loads(r.stdout)) == _documented_keys(command)
+
+
+def test_python_dash_m_distir_runs_the_console_script() -> None:
+    """``python -m distir`` is the ``distir`` command (a checkout run without installing it):
+    its output, and a user error's one line and status 2."""
+    import os
+    import subprocess
+    import sys
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
+    ok = subprocess.run(
+        [sys.executable, "-m", "distir", "show", str(EX / "fig2_mlp_pipeline.distir"), "--json"],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert ok.returncode == 0 and json.loads(ok.stdout)["entry"] == "mlpPP"
+    bad = subprocess.run(
+        [sys.executable, "-m", "distir", "show", "no-such.distir"],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "words"),
+    [
+        ("--episodes", "99999999999", "--episodes = 99,999,999,999 is above distir's bound of 100,000"),
+        ("--seconds", "1e9", "--seconds = 1,000,000,000 is above distir's bound of 86,400"),
+    ],
+)
+def test_an_automap_budget_past_its_bound_is_refused_before_searching(
+    option: str, value: str, words: str
+) -> None:
+    """``shard --auto --episodes 99999999999`` searched on past minutes (no --seconds: no end in
+    sight); a budget is bounded as every other count a user writes (docs/limitations.md)."""
+    model = "gpt:layers=1,hidden=64,heads=2,seq=32,vocab=100"
+    code, out, err = run("shard", "--model", model, "--mesh", "tp=2", "--auto", "tp", option, value)
+    assert code == 2 and out == "" and words in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_steps_past_their_bound_are_refused_before_any_process_starts(command: str) -> None:
+    """``run --steps 99999999999`` ran on with no end and no progress (every step's time kept)."""
+    model = "gpt:layers=1,hidden=64,heads=2,seq=32,vocab=100"
+    extra = ["--strategy", "d1", "--batch", "1"] if command == "run" else ["--cluster", "dgx-a100"]
+    code, out, err = run(command, "--model", model, *extra, "--steps", "99999999999")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "--steps = 99,999,999,999 is above distir's bound of 100,000" in err

@@ -61,3 +61,45 @@ def test_the_trace_replaces_a_symlink_atomically(tmp_path: Path, capsys: pytest.
     assert victim.read_text() == "precious" and not trace.is_symlink()
     assert "traceEvents" in json.loads(trace.read_text())
     assert sorted(os.listdir(tmp_path)) == ["t.json", "victim"]
+
+
+def test_calibrates_profile_and_raw_measurements_naming_one_file_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before anything is measured: the raw measurements would replace the profile silently."""
+    monkeypatch.chdir(tmp_path)
+    code, err = cli(["calibrate", "--quick", "--out", "p.toml", "--raw", "./p.toml"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "name the same file" in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_output_naming_the_models_own_file_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--model m.distir --trace m.distir`` replaced the user's model with its trace (a program
+    FILE was protected, a model file not); the same for a Hugging Face config and every output."""
+    from distir.frontends.zoo.registry import build_model
+    from distir.ir.printer import print_module
+
+    model = tmp_path / "m.distir"
+    text = print_module(build_model(TINY, batch=8).module)
+    model.write_text(text)
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    config = hf_dir / "config.json"  # a copy: a failing check must not touch the repository's
+    config.write_bytes(
+        (Path(__file__).resolve().parent / "frontends" / "configs" / "llama-tiny.json").read_bytes()
+    )
+    before = config.read_bytes()
+    cases = [
+        ["simulate", "--model", str(model), "--strategy", "d1", "--batch", "8", "--trace", str(model)],
+        ["search", "--model", str(model), "--batch", "8", "--cluster", "dgx-a100:1", "--csv", str(model)],
+        ["export", "--to", "deepspeed", "--model", f"hf:{config}", "--strategy", "d1", "--batch", "2",
+         "--out", str(config)],
+        ["export", "--to", "deepspeed", "--model", f"hf:{hf_dir}:seq=8", "--strategy", "d1",
+         "--batch", "2", "--out", str(config)],
+    ]  # fmt: skip
+    for argv in cases:
+        code, err = cli(argv, capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "the file --model reads" in err, err
+    assert model.read_text() == text and config.read_bytes() == before

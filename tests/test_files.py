@@ -114,3 +114,49 @@ def test_chunks_are_written_as_produced_and_a_failing_producer_keeps_the_old_fil
         write_atomically(target, broken())
     assert target.read_text() == "[1,2]"
     assert sorted(os.listdir(tmp_path)) == ["out.json"]
+
+
+def test_a_pipe_or_device_is_written_through_never_replaced(tmp_path: Path) -> None:
+    """``--trace /dev/null`` (or a named pipe) gets the bytes; renaming a file over it would
+    replace the device node or the pipe with a regular file (as root, /dev/null itself). The test
+    uses a pipe of its own: a broken writer must not be able to replace the system's /dev/null."""
+    import threading
+
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    assert check_output(fifo, "--trace") == fifo
+    write_atomically(fifo, iter(["[1,", "2]"]))
+    reader.join(timeout=30)
+    assert got == [b"[1,2]"] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert os.listdir(tmp_path) == ["out.fifo"]  # no temporary left beside it
+
+
+def test_two_outputs_naming_one_file_are_refused(tmp_path: Path) -> None:
+    """``--csv x --html x``: the second write would replace the first silently (or a CSV the
+    user's result store); however spelled, one line naming both options. A device takes both."""
+    from distir.files import check_distinct
+
+    (tmp_path / "sub").mkdir()
+    same = {"--csv": tmp_path / "out", "--html": tmp_path / "sub" / ".." / "out", "--plot": None}
+    with pytest.raises(OutputPathError, match=r"--csv .* and --html .* name the same file") as got:
+        check_distinct(same)
+    assert "\n" not in str(got.value)
+    check_distinct({"--csv": tmp_path / "a", "--html": tmp_path / "b"})
+    fifo = tmp_path / "f.fifo"
+    os.mkfifo(fifo)
+    check_distinct({"--csv": fifo, "--html": fifo})
+
+
+def test_the_systems_aliases_of_open_files_are_written_through() -> None:
+    """``--csv /dev/stdout`` (a symlink in /dev to /proc/self/fd/1) is the process's output, not a
+    link to replace: renamed over, it would replace /dev/stdout itself (as root, for everyone).
+    Only the predicate is tested: a regression must not be able to replace the system's link."""
+    from distir.files import _is_stream
+
+    for alias in ("/dev/stdout", "/dev/stderr", "/dev/fd/2", "/proc/self/fd/2"):
+        if os.path.lexists(alias):
+            assert _is_stream(Path(alias)), alias
+    assert not _is_stream(Path("/etc/hostname"))

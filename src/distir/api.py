@@ -134,6 +134,71 @@ def _model_text(model: ModelArg) -> str:
     return model.text if isinstance(model, ModelSpec) else model
 
 
+def _kind(value: object) -> str:
+    """``value`` as an error names it: its repr and, but for None, its type."""
+    if value is None:
+        return "None"
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _check_positive(name: str, value: object, error: type[ValueError]) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise error(f"{name} must be a positive integer, got {_kind(value)}")
+
+
+def _check_flag(name: str, value: object, error: type[ValueError]) -> None:
+    if not isinstance(value, bool):
+        raise error(f"{name} must be True or False, got {_kind(value)}")
+
+
+def _check_inputs(model: object, cluster: object, strategy: object = "", *, built_ok: bool = False) -> None:
+    """The model, cluster and strategy arguments' types: the typed errors the docs name, not an
+    ``AttributeError`` from deep inside (``built_ok``: a built zoo ``Model`` is a model too)."""
+    from distir.frontends.zoo.model import ModelError
+    from distir.hardware.specs import ClusterError
+    from distir.parallel.strategy import StrategyError
+
+    if not isinstance(model, (str, ModelSpec)) and not (built_ok and isinstance(model, Model)):
+        raise ModelError(f"model must be a model string or a ModelSpec, got {_kind(model)}")
+    if cluster is not None and not isinstance(cluster, (str, Cluster)):
+        raise ClusterError(f"cluster must be a cluster spec string or a Cluster, got {_kind(cluster)}")
+    if not isinstance(strategy, (str, Strategy)):
+        raise StrategyError(f"strategy must be a strategy string or a Strategy, got {_kind(strategy)}")
+
+
+def _check_numbers(batch: object, train: object) -> None:
+    """``simulate``'s and ``distribute``'s batch (None: the default) and mode."""
+    from distir.parallel.strategy import StrategyError
+
+    if batch is not None:
+        _check_positive("batch", batch, StrategyError)
+    _check_flag("train", train, StrategyError)
+
+
+def _check_search(model: str, batch: object, train: object, a: Mapping[str, Any]) -> None:
+    """What ``distir search``'s options refuse before any work (``search_cli._check_options``):
+    types, ranges, the batch's and the workers' bounds, the size of the programs simulated."""
+    from distir.report.bounds import search_error, search_ops_error
+    from distir.search.space import SpaceError
+
+    _check_positive("batch", batch, SpaceError)
+    _check_flag("train", train, SpaceError)
+    for name in ("top", "workers", "max_microbatches"):
+        _check_positive(name, a[name], SpaceError)
+    for name in ("explain", "tp_comm_overlap"):
+        _check_flag(name, a[name], SpaceError)
+    if a["optimizer"] not in ("sgd", "adam"):
+        raise SpaceError(f"optimizer must be sgd or adam, got {a['optimizer']!r}")
+    if a["tp_layout"] not in ("declared", "auto"):
+        raise SpaceError(f"tp_layout must be declared or auto, got {a['tp_layout']!r}")
+    assert isinstance(batch, int) and isinstance(train, bool)
+    why = search_error(a["workers"], "local", batch) or search_ops_error(
+        model, a["microbatches"], a["max_microbatches"], batch, train
+    )
+    if why is not None:
+        raise SpaceError(why)
+
+
 def _numerics(
     dtype: str, precision: str, train: bool, cluster: ClusterArg | None, model: str = ""
 ) -> tuple[str, str]:
@@ -184,6 +249,8 @@ def search(
     from distir.search.run import search as run_search
     from distir.search.space import Pins
 
+    _check_inputs(model, cluster)
+    _check_search(_model_text(model), batch, train, locals())
     dtype, precision = _numerics(dtype, precision, train, cluster, _model_text(model))
     pins = Pins(dp, tp, pp, microbatches, schedule, zero, recompute, max_microbatches)
     req = SearchRequest(
@@ -249,6 +316,8 @@ def simulate(
     from distir.report.fields import fields_for
     from distir.search.rerank import ExactJob, evaluate
 
+    _check_inputs(model, cluster, strategy)
+    _check_numbers(batch, train)
     s = parse_strategy(strategy) if isinstance(strategy, str) else strategy
     b = batch if batch is not None else 8 * s.d * s.k
     dtype, precision = _numerics(dtype, precision, train, cluster, _model_text(model))
@@ -278,6 +347,8 @@ def distribute(
     from distir.parallel.distribute import distribute as run_distribute
     from distir.search.chunk_times import chunk_times
 
+    _check_inputs(model, cluster, strategy, built_ok=True)
+    _check_numbers(batch, train)
     s = parse_strategy(strategy) if isinstance(strategy, str) else strategy
     dt = DType.parse(dtype)
     if isinstance(model, Model):

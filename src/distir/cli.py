@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - older typer
 from rich.console import Console
 
 import distir
-from distir.files import OutputPathError, check_output, write_atomically
+from distir.files import OutputPathError, check_distinct, check_output, write_atomically
 from distir.hardware.attention import KERNELS as ATTENTION_KERNELS
 from distir.interp.lockstep import check_deadlock_free
 from distir.interp.project import project
@@ -63,15 +63,21 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def _check_outputs(**paths: Path | None) -> None:
+def _check_outputs(model: str | None = None, **paths: Path | None) -> None:
     """Every output path (by option: ``trace=`` checks ``--trace``) writable, before any work
-    (``distir.files.check_output``); else one line, exit 2."""
-    for name, path in paths.items():
-        if path is not None:
-            try:
-                check_output(path, "--" + name.replace("_", "-"))
-            except OutputPathError as e:
-                _fail(str(e))
+    (``distir.files.check_output``), none naming another nor the file ``--model`` reads; else
+    one line, exit 2."""
+    from distir.frontends.files import model_input
+
+    options = {"--" + name.replace("_", "-"): path for name, path in paths.items()}
+    reads = {"--model": model_input(model) if model else None}
+    try:
+        for option, path in options.items():
+            if path is not None:
+                check_output(path, option)
+        check_distinct(options, reads)  # two options naming one file: the later write would replace it
+    except OutputPathError as e:
+        _fail(str(e))
 
 
 class _Session:
@@ -545,7 +551,9 @@ def _file_program(file: Path, entry: str | None, sw: _SimSwitches, debug: bool) 
             "not to a program file"
         )
     s = _Session(file, debug)
-    return s.explicit(s.load(entry))  # a sharded program is simulated in its materialized form
+    m = s.load(entry)
+    s.guard(lambda: distir.check(m))  # a type error named at its line, as ``show`` names it
+    return s.explicit(m)  # a sharded program is simulated in its materialized form
 
 
 def _sim_options(
@@ -589,7 +597,7 @@ def _check_simulate_options(
         _fail(f"--attention-kernel must be one of {', '.join(ATTENTION_KERNELS)}, got {attention_kernel!r}")
     if trace_detail not in ("chunk", "layer", "op"):
         _fail(f"--trace-detail must be chunk, layer or op, got {trace_detail!r}")
-    _check_outputs(trace=trace)
+    _check_outputs(model, trace=trace)
     if (file is None) == (model is None):
         _fail(
             "give a program FILE or --model (with --strategy), not both"
@@ -995,7 +1003,8 @@ def run(
             if file
             else "give a program FILE or --model"
         )
-    _check_outputs(trace=trace)
+    _check_steps(steps)
+    _check_outputs(model, trace=trace)
     try:
         if model is not None:
             prog = _plain_guard(debug)(
@@ -1099,6 +1108,24 @@ _ShardMaxOps = Annotated[
 ]
 
 
+def _check_steps(steps: int) -> None:
+    """``run``'s and ``validate``'s ``--steps`` within ``MAX_STEPS``."""
+    from distir.limits import MAX_STEPS, exceeds, over
+
+    if exceeds(steps, MAX_STEPS):
+        _fail(over("--steps", steps, MAX_STEPS))
+
+
+def _check_automap_budget(episodes: int, seconds: float | None) -> None:
+    """``shard --auto``'s budget within its bounds (``MAX_EPISODES``, ``MAX_AUTOMAP_SECONDS``)."""
+    from distir.limits import MAX_AUTOMAP_SECONDS, MAX_EPISODES, exceeds, over
+
+    if exceeds(episodes, MAX_EPISODES):
+        _fail(over("--episodes", episodes, MAX_EPISODES))
+    if seconds is not None and seconds > MAX_AUTOMAP_SECONDS.max:
+        _fail(over("--seconds", int(seconds), MAX_AUTOMAP_SECONDS))
+
+
 @app.command()
 def shard(
     file: _ShardFile = None,
@@ -1124,6 +1151,7 @@ def shard(
     """Shard a sequential program on a device mesh: propagate the annotated placements, make
     redistributions explicit, and materialize per-device (and per-rank) programs."""
     if auto is not None:
+        _check_automap_budget(episodes, seconds)
         _shard_auto(
             file,
             model,
@@ -1762,7 +1790,8 @@ def validate(
     from distir.hardware.specs import HardwareError
 
     _check_nproc("validate", nproc)
-    _check_outputs(plot=plot)
+    _check_steps(steps)
+    _check_outputs(model, plot=plot)
     try:
         cl = parse_cluster(cluster)
         chosen(strategy or (), nproc)  # before any run: a strategy that cannot run here

@@ -6,6 +6,10 @@ target's directory (created with ``O_EXCL``, so it never follows a symlink nor c
 another run), are synced, and ``os.replace`` renames it over the target. A reader sees the old
 file or the whole new one; a failed write leaves the old file untouched and no temporary behind.
 A target that is a symlink is replaced by the new file (the link's target is never written).
+A target that is a character device or a named pipe (``/dev/null``, a FIFO), or the system's
+alias of an open file (a symlink in ``/dev`` or ``/proc``: ``/dev/stdout``), is written straight
+through: renaming a file over it would replace the device node, the pipe or the alias (as root,
+the system's ``/dev/null``), and none has old contents to keep.
 
 ``check_output(path, option)`` is what commands call on every output path *before* any work,
 so a bad path fails in a second with one line instead of after a long search: the path must not
@@ -17,11 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-__all__ = ["OutputPathError", "check_output", "write_atomically"]
+__all__ = ["OutputPathError", "check_distinct", "check_output", "write_atomically"]
 
 
 class OutputPathError(Exception):
@@ -72,6 +77,48 @@ def check_output(path: Path | str, option: str) -> Path:
     return p
 
 
+def _is_stream(path: Path) -> bool:
+    """``path`` is written through, not replaced: a character device or a named pipe, or one of
+    the system's aliases of an open file (a symlink in ``/dev`` or ``/proc``: ``/dev/stdout``,
+    ``/dev/fd/N``), which a rename would replace for every process."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return False
+    if stat.S_ISLNK(mode):
+        parent = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+        return parent == "/dev" or parent.startswith(("/dev/", "/proc/"))
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def check_distinct(
+    paths: Mapping[str, Path | str | None], reads: Mapping[str, Path | str | None] | None = None
+) -> None:
+    """``OutputPathError`` when two of a command's outputs (option → path; None: not written)
+    name one file, however spelled: the later write would replace the earlier one silently; or
+    when an output names a file the command reads (``reads``, e.g. ``{"--model": config}``). A
+    character device or a named pipe (``/dev/null``) may take several."""
+    inputs = {os.path.realpath(os.path.abspath(p)): (o, p) for o, p in (reads or {}).items() if p is not None}
+    seen: dict[str, str] = {}
+    for option, path in paths.items():
+        if path is None:
+            continue
+        full = os.path.realpath(os.path.abspath(path))
+        if _is_stream(Path(full)):
+            continue
+        if full in inputs:
+            given, read = inputs[full]
+            raise OutputPathError(
+                f"{option} {path} is the file {given} reads ({read}): refusing to overwrite it"
+            )
+        if full in seen:
+            first = seen[full]
+            raise OutputPathError(
+                f"{first} {paths[first]} and {option} {path} name the same file: give each its own"
+            )
+        seen[full] = option
+
+
 def write_atomically(path: Path | str, data: bytes | str | Iterable[str]) -> Path:
     """Replace ``path`` by ``data`` (``str`` is written as UTF-8; an iterable of ``str``, chunk by
     chunk, as it is produced) so that a reader sees the old file or the whole new one (module
@@ -80,6 +127,11 @@ def write_atomically(path: Path | str, data: bytes | str | Iterable[str]) -> Pat
     Returns ``path``; ``OSError`` if it cannot be written (or what producing a chunk raises)."""
     path = Path(path)
     chunks = [data] if isinstance(data, (str, bytes)) else data
+    if _is_stream(path):
+        with open(path, "wb") as f:  # an existing device or pipe: O_CREAT never applies
+            for chunk in chunks:
+                f.write(chunk.encode("utf-8") if isinstance(chunk, str) else chunk)
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

@@ -96,6 +96,17 @@ MAX_EXEC_BYTES = Bound(
     "bytes the reference executor (distir exec) may hold at once (--max-gib 2)",
 )
 MAX_CALL_DEPTH = Bound("nested calls", 64, "functions calling functions, in a program")
+MAX_EPISODES = Bound(
+    "on Automap's episodes",
+    100_000,
+    "episodes of distir shard --auto (500x the default 200; its search tree grows with every one)",
+)
+MAX_STEPS = Bound(
+    "on steps",
+    100_000,
+    "--steps of distir run and validate (every step's time is kept; a measurement takes tens)",
+)
+MAX_AUTOMAP_SECONDS = Bound("on Automap's seconds", 86_400, "--seconds of distir shard --auto (a day)")
 # types and attribute lists nested in program text, and tuple types a program builds: one bound
 # for the parser, the type constructor and the printer, so every printed program parses back
 MAX_TYPE_NESTING = 64

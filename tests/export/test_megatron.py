@@ -4,6 +4,7 @@ options as megatron/training/arguments.py (d98e8a64) declares them (names, arity
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 from collections.abc import Callable
 
@@ -155,6 +156,24 @@ def test_the_file_is_a_bash_array_of_the_arguments() -> None:
 def test_what_megatron_cannot_express_is_an_error(model: str, strategy: str, feature: str) -> None:
     with pytest.raises(ExportError, match=feature):
         export(make_plan(model, strategy, 64), "megatron")
+
+
+@pytest.mark.parametrize(
+    ("model", "strategy", "words"),
+    [
+        # Megatron-Core divides the heads, the query groups and the FFN columns by the TP size
+        # (megatron/core/utils.py ``divide`` asserts): t = 3 would stop it at startup
+        ("llama3-8b", "d1.t3.p1.k1.1f1b", "t=3 does not divide heads=32, kv_heads=8, ffn=14336"),
+        ("gpt:layers=2,hidden=64,heads=2", "d1.t4.p1.k1.1f1b", "t=4 does not divide heads=2"),
+        ("llama:layers=2,hidden=128,heads=8,kv_heads=2,ffn=256", "d1.t4.p1.k1.1f1b", "kv_heads=2"),
+    ],
+)
+def test_a_tensor_parallel_size_that_splits_a_head_is_an_error(model: str, strategy: str, words: str) -> None:
+    """distir shards unevenly; Megatron-LM runs whole heads, query groups and FFN columns per
+    rank, so the arguments would fail its startup checks: refused, naming the degrees that work."""
+    with pytest.raises(ExportError, match=re.escape(words)) as got:
+        export(make_plan(model, strategy, 8), "megatron")
+    assert "megatron" in str(got.value) and "t dividing them all:" in str(got.value)
 
 
 def test_one_microbatch_needs_no_schedule_warning() -> None:

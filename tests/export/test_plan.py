@@ -78,3 +78,10 @@ def test_an_imported_model_is_pointed_to_the_targets_that_take_it(target: str) -
     with pytest.raises(ExportError, match=r"is an imported model .* export it to deepspeed .* or fsdp"):
         export(plan, target)
     assert export(plan, "deepspeed").text and export(plan, "fsdp").text
+
+
+def test_a_batch_that_does_not_split_says_which_batches_do() -> None:
+    with pytest.raises(ExportError, match="batch 3 does not split into d·k = 2·1 = 2 equal microbatches "):
+        make_plan("gpt2-117m", "d2.t1.p1.k1.1f1b", 3)
+    with pytest.raises(ExportError, match=r"\(a multiple of 8: 8, 16, 24, ...\)"):
+        make_plan("gpt2-117m", "d2.t1.p1.k4.1f1b", 12)

@@ -157,6 +157,8 @@ def test_a_model_torchtitan_does_not_ship_is_named_with_a_warning() -> None:
         ("d8.t1.p1.k1.1f1b", {"dtype": "f16"}, "fp16"),
         ("d2.t1.p1.k1.1f1b.b1-3", {}, "uneven batch shares"),
         ("d2.t1.p1.k1.1f1b.@1-0", {}, "placement"),
+        # its attention views each rank's columns as whole heads (n_heads // tp of them)
+        ("d1.t3.sp.p1.k1.1f1b", {"dtype": "bf16"}, "t=3 does not divide heads=32, kv_heads=8"),
     ],
 )
 def test_what_torchtitan_cannot_express_is_an_error(strategy: str, kw: dict[str, str], feature: str) -> None:

@@ -6,6 +6,7 @@ the batch asked for; files that do not parse or break the contract are one-line 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +75,36 @@ def test_a_file_that_is_not_a_model_is_one_line(tmp_path: Path, text: str, words
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1
     code, _, err = run("simulate", "--model", str(tmp_path / "missing.distir"), "--batch", "2")
     assert code == 2 and "no such model file" in err
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "words"),
+    [
+        # a weight's type that the layer's product refuses: named at the op, in the layer function
+        (", %wq_1: Tensor[f32, (64, 64), d0]", ", %wq_1: Tensor[f32, (63, 64), d0]", "MatMul contraction"),
+        ("%q_xw = MatMul(%ln1, %wq)", "%q_xw = Matmul(%ln1, %wq)", "unknown op 'Matmul'"),
+        ("%q_xw = MatMul(%ln1, %wq)", "%q_xw = MatMul(%ln1, %wq, bogus=1)", "no attribute 'bogus'"),
+        ("%q_xw = MatMul(%ln1, %wq)", "%q_xw = MatMul(%ln1, %wq", "expected"),
+    ],
+)
+def test_an_error_in_a_model_file_names_its_line_once_in_one_line(
+    zoo_file: Path, tmp_path: Path, old: str, new: str, words: str
+) -> None:
+    """``--model FILE.distir`` names ``FILE:LINE:COL`` as ``distir show FILE`` does (the file
+    once, not ``FILE: FILE:…``), one line: the call chain follows on it, not on lines of its own."""
+    text = zoo_file.read_text()
+    assert old in text
+    path = tmp_path / "bad.distir"
+    path.write_text(text.replace(old, new, 1))
+    at = next(i for i, ln in enumerate(path.read_text().splitlines(), 1) if "%q_xw =" in ln)
+    # the op the error is at (a parse error: where the parser stopped, at or after it)
+    line = rf"{at}:3" if words != "expected" else r"\d+:\d+"
+    for command in (["simulate", "--strategy", "d1", "--batch", "4"], ["import"]):
+        args = [*command, "--model", str(path)] if command[0] == "simulate" else [*command, str(path)]
+        code, _, err = run(*args)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert re.match(rf"{re.escape(str(path))}:{line}: ", err) and words in err, err
+        assert err.count(str(path)) == 1, err
 
 
 @pytest.mark.slow

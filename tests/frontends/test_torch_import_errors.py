@@ -138,6 +138,8 @@ def test_a_learned_position_table_bounds_the_sequence_rotary_positions_do_not() 
     ("config", "words"),
     [
         ({"model_type": "no-such-type"}, "not a transformers model config (Unrecognized model"),
+        # a field of the wrong type: huggingface_hub's strict dataclasses raise their own error class
+        ({"model_type": "gpt2", "n_layer": "x"}, "field 'n_layer': Field 'n_layer' expected int"),
         ({"model_type": "t5", "n_positions": 64}, "no causal LM from this config (ValueError: Unrecognized"),
         # transformers' constructor asserting on a value (a padding id outside the vocabulary)
         ({"model_type": "llama", "vocab_size": 10, "pad_token_id": 20, "hidden_size": 8,

@@ -118,6 +118,22 @@ def test_bad_input_is_one_clear_message(tmp_path: Path, args: list[str], message
     assert "Traceback" not in res.output
 
 
+@pytest.mark.parametrize(
+    ("first", "second"), [("--csv", "--html"), ("--store", "--csv"), ("--export-out", "--plot")]
+)
+def test_two_outputs_naming_one_file_are_refused_before_the_search(
+    tmp_path: Path, first: str, second: str
+) -> None:
+    """The later write would replace the earlier (a CSV over the user's result store) silently."""
+    mine = tmp_path / "mine"
+    mine.write_text("the user's")
+    export = ["--export", "deepspeed"] if "--export-out" in (first, second) else []
+    args = ["search", "--model", MODEL, "--cluster", "dgx-a100", "--batch", "64", "--workers", "1"]
+    res = runner.invoke(app, [*args, *export, first, str(mine), second, str(mine)])
+    assert res.exit_code == 2 and "name the same file" in res.output and first in res.output
+    assert mine.read_text() == "the user's" and len(res.output.strip().splitlines()) == 1
+
+
 @pytest.mark.slow
 def test_views_of_one_search_keep_their_own_report_files(tmp_path: Path) -> None:
     plain = _search(tmp_path)

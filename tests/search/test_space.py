@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from distir.frontends.zoo.registry import parse_model_string
@@ -60,6 +62,26 @@ def test_bases_respect_batch_layers_and_schedules() -> None:
     assert not any(s.sp for s in bases if s.t == 1)
     pinned = Space(devices=8, batch=32, n_layers=6, allowed_tp=(1, 2, 4, 8), pins=Pins(sp=True))
     assert all(s.sp and s.t > 1 for s in pinned.bases())
+
+
+@pytest.mark.parametrize(
+    ("pins", "words"),
+    [
+        (Pins(mbs=3), "--microbatch-size 3 does not divide the batch 4 (microbatch sizes that do: 1, 2, 4)"),
+        (Pins(k=3), "-k 3 does not divide the batch 4 (microbatch counts that do: 1, 2, 4)"),
+        (Pins(dp=2, mbs=4), "--microbatch-size 4 does not divide the batch 2 per replica of --dp 2 "),
+        (Pins(mbs=2, k=4), "--microbatch-size 2 × -k 4 = 8 samples does not divide the batch 4"),
+        (
+            Pins(dp=8),
+            "--dp 8 does not divide the batch 4 (data-parallel degrees that do, on 8 devices: 1, 2, 4)",
+        ),
+        (Pins(hsdp=3), "--hsdp 3 must divide the data-parallel degree d, a divisor of the 8 devices"),
+    ],
+)
+def test_a_microbatch_pin_that_does_not_divide_the_batch_says_what_divides(pins: Pins, words: str) -> None:
+    """Not the generic "no strategy for these pins": the pin, the batch, and what divides it."""
+    with pytest.raises(SpaceError, match=re.escape(words)):
+        Space(8, 4, 6, (1, 2, 4, 8), pins=pins).check()
 
 
 def test_pins_restrict_and_bad_pins_say_why() -> None:

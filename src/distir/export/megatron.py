@@ -46,14 +46,24 @@ d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22; many options there are gen
 Nearest configurations, with a warning: the GPipe and ZB-H1 schedules (Megatron-LM runs 1F1B,
 interleaved with virtual stages), op-level recomputation (exported as selective), pure half
 precision (Megatron-LM keeps fp32 main weights). Refused: uneven batch shares, a non-default
-placement (``distir.export.plan.refuse_common``), models other than GPT and Llama.
+placement (``distir.export.plan.refuse_common``), models other than GPT and Llama, a
+tensor-parallel size that does not divide the heads, the query groups or the FFN's columns
+(Megatron-Core divides each by it; ``refuse_split_heads``).
 """
 
 from __future__ import annotations
 
 import shlex
 
-from distir.export.plan import Exported, ModelShape, Plan, degrees_text, need_transformer, refuse_common
+from distir.export.plan import (
+    Exported,
+    ModelShape,
+    Plan,
+    degrees_text,
+    need_transformer,
+    refuse_common,
+    refuse_split_heads,
+)
 from distir.frontends.zoo.registry import parse_model_string
 from distir.ir.types import DType
 from distir.parallel.grad_reduction import reduce_scatter_every_backward
@@ -185,6 +195,7 @@ def megatron_args(plan: Plan) -> tuple[list[str], list[str]]:
     """The arguments, and the warnings on what was written as the nearest configuration."""
     refuse_common(plan, TARGET)
     shape = need_transformer(plan, TARGET)
+    refuse_split_heads(plan, TARGET, shape, ffn=True)
     s = plan.strategy
     warn: list[str] = []
     args = [

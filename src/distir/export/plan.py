@@ -24,6 +24,7 @@ needs nothing). Context parallelism (``c<n>``) only Megatron-LM and torchtitan e
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from distir.autodiff.precision import FP8, FP8_DELAYED
@@ -156,7 +157,8 @@ def make_plan(
     micro, rem = divmod(batch, s.d * s.k)
     if rem or micro < 1:
         raise ExportError(
-            f"{s}: batch {batch} does not split into d·k = {s.d}·{s.k} = {s.d * s.k} equal microbatches"
+            f"{s}: batch {batch} does not split into d·k = {s.d}·{s.k} = {s.d * s.k} equal microbatches "
+            f"(a multiple of {s.d * s.k}: {', '.join(str(n * s.d * s.k) for n in (1, 2, 3))}, ...)"
         )
     if cluster is not None:
         from distir.hardware.cluster import parse_cluster
@@ -187,6 +189,29 @@ def refuse_common(plan: Plan, target: str) -> None:
             "laid out pipeline stage, then data-parallel replica, then tensor rank; start the job with the "
             "GPUs (ranks) in the placement's order instead"
         )
+
+
+def refuse_split_heads(plan: Plan, target: str, shape: ModelShape, ffn: bool) -> None:
+    """A tensor-parallel size that does not divide the heads or the query groups (and, ``ffn``,
+    the FFN's columns): distir shards them unevenly, but ``target`` runs whole ones per rank
+    (Megatron-Core's ``divide`` asserts on each; torchtitan's attention views a rank's columns as
+    ``n_heads // tp`` heads), so its configuration would fail at startup."""
+    t = plan.strategy.t
+    sizes = {"heads": shape.heads, "kv_heads": shape.kv_heads}
+    if ffn:
+        sizes["ffn"] = shape.ffn
+    split = [f"{name}={n}" for name, n in sizes.items() if n % t]
+    if t == 1 or not split:
+        return
+    g = math.gcd(*sizes.values())
+    small = [d for d in range(1, math.isqrt(g) + 1) if g % d == 0]
+    works = sorted({*small, *(g // d for d in small)})
+    what = "attention heads, query groups and FFN columns" if ffn else "attention heads and query groups"
+    raise ExportError(
+        f"{target} splits whole {what} over its "
+        f"tensor-parallel ranks; t={t} does not divide {', '.join(split)} (t dividing them all: "
+        f"{', '.join(map(str, works))})"
+    )
 
 
 def degrees_text(s: Strategy) -> str:
@@ -248,6 +273,7 @@ __all__ = [
     "need_transformer",
     "refuse_common",
     "refuse_context",
+    "refuse_split_heads",
     "resolve_numerics",
     "transformer_refusal",
 ]

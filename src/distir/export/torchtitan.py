@@ -68,6 +68,7 @@ from distir.export.plan import (
     model_shape,
     need_transformer,
     refuse_common,
+    refuse_split_heads,
 )
 from distir.frontends.zoo.registry import parse_model_string
 
@@ -258,6 +259,7 @@ def job_sections(plan: Plan) -> tuple[dict[str, dict[str, Any]], list[str]]:
     refuse_common(plan, TARGET)
     warn: list[str] = []
     shape = need_transformer(plan, TARGET)
+    refuse_split_heads(plan, TARGET, shape, ffn=False)
     shipped = _shipped(plan)
     name, flavor = FLAVORS.get(
         shipped or "", ("llama3" if shape.family == "llama" else shape.family, plan.model)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,6 +51,24 @@ _DIM = re.compile(r"^(?P<name>[A-Za-z_][\w.]*)=(?P<size>[0-9]+)$")
 def is_model_file(text: str) -> bool:
     """Whether the model string ``text`` names a model file (by its suffix, before any dims)."""
     return _FILE.match(text.strip()) is not None
+
+
+def model_input(text: str) -> Path | None:
+    """The file the model string ``text`` reads: a model file, a Hugging Face config (a
+    factory's module is not looked up: that imports its package). Never raises: a string that
+    names no readable file reads none (None), and building the model reports it."""
+    t = text.strip()
+    try:
+        if is_model_file(t):
+            return Path(file_dims(t)[0])
+        if t.startswith("hf:"):
+            from distir.frontends.torch_import.hf import config_path
+            from distir.frontends.torch_import.source import hf_path
+
+            return config_path(hf_path(t)[0])
+    except (ValueError, OSError):  # ModelError, SourceError: reported when the model is built
+        return None
+    return None
 
 
 def file_dims(text: str) -> tuple[str, dict[str, int]]:
@@ -94,16 +113,38 @@ def own_dtype(text: str) -> DType | None:
     return _own_dtype(str(path.resolve()), path.stat().st_mtime_ns)
 
 
-@functools.lru_cache(maxsize=16)
-def _own_dtype(path: str, mtime: int) -> DType:
-    from distir.ir.parser import parse_module
+def _parsed(path: Path) -> tuple[Module, Mapping[object, tuple[int, int]]]:
+    """The module in ``path`` and where each op, call and value was written; a parse error is a
+    one-line ``ModelError`` at ``FILE:LINE:COL``, as ``distir show`` names it."""
+    from distir.ir.parser import parse_with_positions
 
     try:
-        module = parse_module(Path(path).read_text(encoding="utf-8"), path)
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ModelError(f"{path}: cannot read: {e}") from None
-    except ValueError as e:  # the parser's and verifier's errors
-        raise ModelError(f"{path}: {str(e).splitlines()[0]}") from None
+    positions: Mapping[object, tuple[int, int]] = {}
+    try:
+        return parse_with_positions(text, str(path))
+    except ValueError as e:  # the parser's errors
+        raise ModelError(_located(e, path, positions)) from None
+
+
+def _located(e: BaseException, path: Path, positions: Mapping[object, tuple[int, int]], why: str = "") -> str:
+    """``e`` at ``FILE:LINE:COL`` (``FILE`` when no place is known), prefixed by ``why``, in one
+    line: a parse error's excerpt dropped, an interpreter error's call chain joined on."""
+    from distir.ir.parser import ParseError
+    from distir.report.errors import locate
+
+    if isinstance(e, ParseError):
+        return f"{path}:{e.line}:{e.col}: {why}{e.message}"
+    where, _, message = locate(e, str(path), positions).partition(f"{path}")[2].partition(": ")
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    return f"{path}{where}: {why}{'; '.join(lines)}"
+
+
+@functools.lru_cache(maxsize=16)
+def _own_dtype(path: str, mtime: int) -> DType:
+    module, _ = _parsed(Path(path))
     dt = _model_of(Path(path), module).inputs[0].type.dtype
     return dt if dt.is_float else DType.f32
 
@@ -164,14 +205,8 @@ def _onnx_import(
 def _distir(path: Path, batch: int, dtype: DType) -> Model:
     import distir
     from distir.frontends.zoo._build import forward_flops
-    from distir.ir.parser import parse_module
 
-    try:
-        module = parse_module(path.read_text(encoding="utf-8"), str(path))
-    except (OSError, UnicodeDecodeError) as e:
-        raise ModelError(f"{path}: cannot read: {e}") from None
-    except ValueError as e:  # the parser's and verifier's errors
-        raise ModelError(f"{path}: {str(e).splitlines()[0]}") from None
+    module, positions = _parsed(path)
     model = _model_of(path, module)
     if model.inputs[0].type.dtype.is_float and model.inputs[0].type.dtype is not dtype:
         raise ModelError(f"{path}: the file's model computes in {model.inputs[0].type.dtype}, not {dtype}")
@@ -181,7 +216,8 @@ def _distir(path: Path, batch: int, dtype: DType) -> Model:
         check_model(model)
         typed = distir.check(model.module)
     except ValueError as e:
-        raise ModelError(f"{path}: not a model (the contract of distir.frontends.zoo.model): {e}") from None
+        why = "not a model (the contract of distir.frontends.zoo.model): "
+        raise ModelError(_located(e, path, positions, why)) from None
     flops = forward_flops(typed, [p.type for p in typed.entry.params if p.type is not None])
     return replace(model, flops_per_sample=flops / model.batch)
 

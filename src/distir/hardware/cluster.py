@@ -228,7 +228,9 @@ def parse_cluster(spec: str | Cluster) -> Cluster:
     """
     if isinstance(spec, Cluster):
         return spec
-    if not isinstance(spec, str) or not spec.strip():
+    if not isinstance(spec, str):
+        raise ClusterError(f"a cluster is a spec string or a Cluster, got {spec!r} ({type(spec).__name__})")
+    if not spec.strip():
         known = ", ".join(PRESETS)
         raise ClusterError(f"empty cluster spec {spec!r}; give a preset name ({known}) or a .toml file")
     spec = spec.strip()

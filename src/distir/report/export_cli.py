@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from distir.export import TARGETS, Exported, ExportError, export, make_plan
-from distir.files import OutputPathError, check_output, write_atomically
+from distir.files import OutputPathError, check_distinct, check_output, write_atomically
 
 
 def _fail(err: Console, message: str) -> NoReturn:
@@ -58,10 +58,14 @@ def build_export(
         _fail(err, str(e))
 
 
-def check_path(path: Path, option: str, err: Console) -> None:
-    """``path`` writable (``distir.files.check_output``), else one line and exit 2."""
+def check_path(path: Path, option: str, err: Console, model: str = "") -> None:
+    """``path`` writable (``distir.files.check_output``) and not the file ``model`` reads (a Hugging
+    Face config, a model file), else one line and exit 2."""
+    from distir.frontends.files import model_input
+
     try:
         check_output(path, option)
+        check_distinct({option: path}, {"--model": model_input(model)})
     except OutputPathError as e:
         _fail(err, str(e))
 
@@ -94,7 +98,7 @@ def export_json(exported: Exported, out_path: Path | None) -> dict[str, Any]:
 def run_export_command(a: dict[str, Any], out: Console, err: Console, json_out: bool, debug: bool) -> None:
     check_target(a["to"], err)
     if a["out_path"] is not None:
-        check_path(a["out_path"], "--out", err)
+        check_path(a["out_path"], "--out", err, a["model"])
     exported = build_export(
         a["to"],
         a["model"],

@@ -356,7 +356,7 @@ def _report_paths(req: Any, a: dict[str, Any], store: Path | None) -> tuple[Path
 def _check_outputs(a: dict[str, Any], store: Path | None, plot: Path, html: Path, err: Console) -> None:
     """Every file the search will write, checked before it starts (``distir.files.check_output``):
     a bad path is one line and exit 2 in a second, not an error after the whole search."""
-    from distir.files import OutputPathError, check_output
+    from distir.files import OutputPathError, check_distinct, check_output
 
     given = "--store" if a["store"] is not None else "the result store"
     paths = {
@@ -374,6 +374,9 @@ def _check_outputs(a: dict[str, Any], store: Path | None, plot: Path, html: Path
         for option, path in paths.items():
             if path is not None:
                 check_output(path, option)
+        from distir.frontends.files import model_input
+
+        check_distinct({given: store, **paths}, {"--model": model_input(a["model"])})
         if store is not None:
             store.parent.mkdir(parents=True, exist_ok=True)
     except OutputPathError as e:

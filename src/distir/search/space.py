@@ -39,6 +39,7 @@ what the model allows, with an error that says why not.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -122,6 +123,12 @@ def divisors(n: int) -> list[int]:
     return [i for i in range(1, n + 1) if n % i == 0]
 
 
+def _divisors_fast(n: int) -> list[int]:
+    """``divisors(n)`` in √n steps (a batch is up to ``MAX_BATCH``)."""
+    small = [i for i in range(1, math.isqrt(n) + 1) if n % i == 0]
+    return sorted({*small, *(n // i for i in small)})
+
+
 @dataclass(frozen=True, slots=True)
 class Space:
     """Strategies for ``devices`` devices, a global ``batch`` and a model of ``n_layers``
@@ -176,7 +183,18 @@ class Space:
         if p.pp is not None and p.pp > self.n_layers:
             raise SpaceError(f"--pp {p.pp}: the model has only {self.n_layers} blocks")
         if p.dp is not None and self.batch % p.dp:
-            raise SpaceError(f"--dp {p.dp} does not divide the batch {self.batch}")
+            do = ", ".join(map(str, divisors(math.gcd(self.batch, self.devices))))
+            raise SpaceError(
+                f"--dp {p.dp} does not divide the batch {self.batch} (data-parallel degrees that do, "
+                f"on {self.devices} devices: {do})"
+            )
+        self._check_microbatch_pins()
+        if p.hsdp is not None and self.devices % p.hsdp:
+            groups = ", ".join(str(h) for h in divisors(self.devices)[1:-1]) or "none"
+            raise SpaceError(
+                f"--hsdp {p.hsdp} must divide the data-parallel degree d, a divisor of the {self.devices} "
+                f"devices (HSDP groups that do: {groups})"
+            )
         if not self.train:
             given: tuple[tuple[str, object, object], ...] = (
                 ("zero", p.zero, 0),
@@ -200,6 +218,24 @@ class Space:
             )
             raise SpaceError(
                 f"no strategy for {self.devices} devices, batch {self.batch} and these pins ({why})"
+            )
+
+    def _check_microbatch_pins(self) -> None:
+        """``--microbatch-size``, ``-k`` (and their product) must divide the batch, or each
+        replica's share of it under ``--dp``: refused naming the sizes that do."""
+        p = self.pins
+        per = self.batch // p.dp if p.dp is not None else self.batch
+        where = f"the batch {per} per replica of --dp {p.dp}" if p.dp is not None else f"the batch {per}"
+        do = ", ".join(map(str, _divisors_fast(per)))
+        if p.mbs is not None and per % p.mbs:
+            why = f"--microbatch-size {p.mbs} does not divide {where}"
+            raise SpaceError(f"{why} (microbatch sizes that do: {do})")
+        if p.k is not None and per % p.k:
+            raise SpaceError(f"-k {p.k} does not divide {where} (microbatch counts that do: {do})")
+        if p.mbs is not None and p.k is not None and per % (p.mbs * p.k):
+            raise SpaceError(
+                f"--microbatch-size {p.mbs} × -k {p.k} = {p.mbs * p.k} samples does not divide {where}: "
+                f"a replica's k microbatches hold its share of the batch"
             )
 
     def why_not(self, d: int, t: int, p: int, c: int = 1) -> str | None:

@@ -217,8 +217,11 @@ def hf_model(
     _register()
     try:
         cfg = AutoConfig.for_model(**raw)
-    except (ValueError, KeyError, TypeError) as e:
-        raise SourceError(f"hf:{path}: not a transformers model config ({first_line(e)})") from None
+    except Exception as e:  # ValueError, KeyError, TypeError, huggingface_hub's strict-field errors
+        why = first_line(e).rstrip(":")
+        if e.__cause__ is not None:  # the strict dataclasses' reason is their cause
+            why += f": {first_line(e.__cause__)}"
+        raise SourceError(f"hf:{path}: not a transformers model config ({why})") from None
     context = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
     length = seq or context
     if not isinstance(length, int) or length < 1:
