@@ -200,6 +200,20 @@ programs. Its shape:
   ``_CachingTorchDispatchMode``): the layers are differentiated under ``ops-eager``
   (``distir.autodiff.reverse``), which keeps the block's last product too. Compiled blocks
   keep only what their backward reads: the default.
+- ``fp8_weight_cache`` (training under ``fp8-delayed``, ZeRO 0-2; Megatron-Core with Transformer
+  Engine, which passes TE ``is_first_microbatch``): each weight that every layer function reads
+  only through its float8 cast (E4M3, delayed scaling: the linear layers' weights) is cast once
+  per step and the float8 copy is what every chunk call receives — the forwards, the
+  recomputation and the backwards of every microbatch — so a stage holds one float8 copy of its
+  weights, not one per microbatch in flight, and runs one cast per weight, not k
+  (``distir.parallel.fp8_cache``: TE's ``_fp8_workspaces``). The layer functions take the
+  float8 weight as the parameter (``_f8w``, the casts of it dropped); the entry casts the compute
+  copies before the schedule's first action, and under ``overlap_param_gather`` the chunk's first
+  forward casts each weight right after its gather and returns the float8 copy for the rest of
+  the step. The gradients are the same (the casts are straight-through). ZeRO-3 is refused
+  (FSDP passes TE no ``is_first_microbatch``; a weight gathered per use has no copy to keep);
+  other precisions are left as they are. Default: a cast per call, as ``te.Linear`` called
+  without ``is_first_microbatch`` (llm-foundry's Composer) casts.
 """
 
 from __future__ import annotations
@@ -232,6 +246,7 @@ from distir.ir.values import Attrs, Value
 from distir.ops.dist import format_mesh_attr
 from distir.ops.registry import REGISTRY
 from distir.parallel.context_model import context_model
+from distir.parallel.fp8_cache import CACHE_SCALING, cached_layers, cast_attrs
 from distir.parallel.grad_accum_fusion import fused_backward, wgrad_products
 from distir.parallel.grad_reduction import handover_waits_one_way, reduce_scatter_every_backward
 from distir.parallel.layer_sharder import (
@@ -358,6 +373,7 @@ def distribute(
     grad_accum_fusion: bool = False,
     pipelining_kept: str = "",
     called_only: bool = False,
+    fp8_weight_cache: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -429,6 +445,7 @@ def distribute(
             megatron_ddp,
             grad_accum_fusion,
             pipelining_kept,
+            fp8_weight_cache,
         ).build(called_only)
 
 
@@ -487,6 +504,19 @@ def _fusion(s: Strategy, prec: Precision, fusion: bool) -> bool:
             "each microbatch's gradient before accumulating"
         )
     return fusion
+
+
+def _fp8_cache(s: Strategy, prec: Precision, train: bool, asked: bool) -> bool:
+    """``fp8_weight_cache`` where it applies: a training step under delayed float8 scaling
+    (``fp8-delayed``; TE's cache), ZeRO 0-2. ZeRO-3 is refused: FSDP passes TE no
+    ``is_first_microbatch``, and a weight gathered per use has no step-long copy to cache."""
+    if asked and s.zero == 3:
+        raise StrategyError(
+            f"{s}: the FP8 weight cache is Megatron-Core's (is_first_microbatch, ZeRO 0-2); "
+            "ZeRO-3 gathers each weight per use, and FSDP passes Transformer Engine no "
+            "is_first_microbatch"
+        )
+    return asked and train and prec.float8 and prec.float8_scaling == CACHE_SCALING
 
 
 def _check_context(s: Strategy, train: bool) -> None:
@@ -614,8 +644,12 @@ class _Builder:
         megatron_ddp: bool = False,
         grad_accum_fusion: bool = False,
         pipelining_kept: str = "",
+        fp8_weight_cache: bool = False,
     ) -> None:
         self.prec = Precision.parse(precision)
+        # TE's float8 weights cast once per step (``distribute``, ``distir.parallel.fp8_cache``)
+        self.f8_cache = _fp8_cache(s, self.prec, train, fp8_weight_cache)
+        self.cached: frozenset[Value] = frozenset()
         _check_deepspeed(s, self.prec, deepspeed_pipe, fp32_grad_accum)
         self.gaf = _fusion(s, self.prec, grad_accum_fusion and train)  # (``distribute``)
         # data parallel: gradients reduced in buckets inside the backward (``_Buckets``); DeepSpeed's
@@ -783,6 +817,8 @@ class _Builder:
         """The layers, sharded; notes the weights whose gradients every layer using them leaves
         pending over tp (``tp_pending``, ``_tp_sum``)."""
         layers = self.sharder.layers(self.chunks[-1][-1] + 1)
+        if self.f8_cache:
+            layers, self.cached = cached_layers(layers, self.layer_calls, self.functions)
         self._tp_summed: set[int] = set()  # stages whose tp sum has its first part (``_tp_sum``)
         uses = [
             (w, p)
@@ -861,6 +897,19 @@ class _Builder:
         if not self.prec.mixed or self.fp32_acc or self.reduce_fp32:
             return g
         return cast(fb, g, self.prec.master, f"g_{w.name}_{self.prec.master}")
+
+    def f8_copy(
+        self, fb: FunctionBuilder, w: Value, v: Value, memo: dict[Value, Value] | None = None
+    ) -> Value:
+        """The float8 copy of weight ``w`` (whole, as the chunks read it: ``v``) that TE's cache
+        holds for the step (``fp8_weight_cache``): one delayed-scaling E4M3 cast of ``v``, once
+        per value (``memo``)."""
+        got = memo.get(v) if memo is not None else None
+        if got is None:
+            got = fb.emit("Float8Cast", (v,), cast_attrs(), (f"{w.name}_f8",))[0]
+            if memo is not None:
+                memo[v] = got
+        return got
 
     def _zdim(self, w: Value) -> int | None:
         spec = self.model.weight(w.name)
@@ -1612,6 +1661,12 @@ class _ScheduleWriter:
             [b._layer_view(fb, wp.wuse[wp.home[(w, c)]], stage_of[c]) for w in self.cw[c]]
             for c in range(len(by_chunk))
         ]
+        if b.cached and not b.gather_early:  # TE's weight cache: cast once per step, here
+            f8: dict[Value, Value] = {}
+            self.weights_of = [
+                [b.f8_copy(fb, w, v, f8) if w in b.cached else v for w, v in zip(self.cw[c], vs, strict=True)]
+                for c, vs in enumerate(self.weights_of)
+            ]
         self.gathered: set[int] = set()  # chunks whose weights were gathered this step (gather_early)
         self.chunk_extras = [
             [mbs[(e, stage_of[c])] for L in ls for e in L.extras] for c, ls in enumerate(by_chunk)
@@ -1932,7 +1987,10 @@ class _Gathers:
             return self.wp[w]
         if w in self.kept:
             return self.kept[w]
-        got = self.last_taken[w] = self._take(w)
+        got = self._take(w)
+        if self.keep and w in self.b.cached:  # TE's weight cache: cast once, right after the gather
+            got = self.b.f8_copy(self.fb, w, got)
+        self.last_taken[w] = got
         if self.keep:
             self.kept[w] = got
         return got
