@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 
+from distir.autodiff.precision import FP8, FP8_DELAYED, MIXED
 from distir.autodiff.train import Optimizer
 from distir.frontends.zoo import build_model
 from distir.hardware.cluster import parse_cluster
@@ -23,6 +24,7 @@ from distir.ir.values import Value
 from distir.parallel.check import check_against_sequential
 from distir.parallel.distribute import device_map, distribute
 from distir.parallel.strategy import StrategyError, parse_strategy
+from distir.parallel.trainers import trainer_semantics
 from distir.sim.cost import RooflineCostModel
 from distir.sim.simulate import simulate
 
@@ -164,3 +166,14 @@ def test_a_stage_holds_one_float8_copy_of_its_weights(strategy: str, in_flight: 
     want = (in_flight - 1) * f8[0]
     assert 0.85 * want <= saved <= 1.05 * want, (saved, want)
     assert t1 < t0
+
+
+def test_megatron_caches_under_fp8_delayed_only() -> None:
+    """Megatron-Core passes TE ``is_first_microbatch``: its trainer turns the cache on under
+    delayed scaling (ZeRO 0-2), not under mixed precision or torchao's dynamic scaling; the
+    other trainers never do."""
+    s = parse_strategy("d2.t1.p2.k4.1f1b.z1")
+    assert trainer_semantics("megatron", s, FP8_DELAYED, DType.bf16).switches()["fp8_weight_cache"]
+    for prec in (MIXED, FP8):
+        assert not trainer_semantics("megatron", s, prec, DType.bf16).fp8_weight_cache
+    assert not trainer_semantics("distir", s, FP8_DELAYED, DType.bf16).fp8_weight_cache
