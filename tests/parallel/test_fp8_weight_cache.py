@@ -51,6 +51,7 @@ def _results(spec: str, strategy: str, cache: bool, **options: bool) -> tuple[di
         (LLAMA, "d1.t1.p2.k4.interleaved.v2", False),
         (LLAMA, "d2.t1.p2.k4.interleaved.v2.z1", True),
         (LLAMA, "d1.t1.p2.k4.zb1.rfull", False),
+        (LLAMA, "d1.c2.t1.p2.k2.1f1b", False),  # the weights' views under context parallelism
     ],
 )
 def test_step_equals_the_uncached_step_and_the_sequential_step(spec: str, strategy: str, og: bool) -> None:
@@ -58,9 +59,21 @@ def test_step_equals_the_uncached_step_and_the_sequential_step(spec: str, strate
     the uncached step's; both are the sequential fp8 step's within float8's rounding (the
     bound of ``tests/autodiff/test_precision.py``: the loss within 2^-4 relative, the updated
     weights and state within twice Adam's step)."""
-    got, prog = _results(spec, strategy, True, overlap_param_gather=og)
+    _same_as_uncached(spec, strategy, overlap_param_gather=og)
+
+
+def test_step_with_megatrons_switches_equals_the_uncached_step() -> None:
+    """As ``--trainer megatron`` runs fp8-delayed: its buckets, fp32 main_grad fused into the
+    weight-gradient GEMMs, fp32 reductions; with full recomputation the backward casts again."""
+    megatron = {"megatron_ddp": True, "grad_accum_fusion": True, "reduce_fp32": True}
+    _same_as_uncached(LLAMA, "d2.t2.sp.p2.k4.1f1b.z1", **megatron)
+    _same_as_uncached(LLAMA, "d2.t1.p2.k4.interleaved.v2.z1.rfull", overlap_param_gather=True, **megatron)
+
+
+def _same_as_uncached(spec: str, strategy: str, **options: bool) -> None:
+    got, prog = _results(spec, strategy, True, **options)
     assert any(f.name.endswith("_f8w") for f in prog.functions), "some layer takes float8 weights"
-    plain, _ = _results(spec, strategy, False, overlap_param_gather=og)
+    plain, _ = _results(spec, strategy, False, **options)
     for name, (kind, _x0, want, b) in got.items():
         np.testing.assert_array_equal(np.asarray(b), np.asarray(plain[name][3]), err_msg=name)
         if kind == "loss":

@@ -32,11 +32,13 @@ from dataclasses import replace
 
 from distir.ir.dtensor import DTensorType
 from distir.ir.function import Function
-from distir.ir.ops import Call, Op
+from distir.ir.ops import Call, Instr, Op
 from distir.ir.rewrite import ValueMap, copy_instr
 from distir.ir.types import DType, Type
 from distir.ir.values import Attrs, Value
 from distir.ops.float8 import FLOAT8_CAST
+from distir.ops.registry import REGISTRY
+from distir.ops.shape.family import FAMILY as SHAPE_FAMILY
 from distir.parallel.layer_sharder import ShardedLayer, split_backward
 
 CACHE_DTYPE = DType.f8e4m3
@@ -57,26 +59,40 @@ def _weight_positions(L: ShardedLayer, call: Call, w: Value) -> tuple[tuple[int,
     return fpos, bpos
 
 
+def _is_cache_cast(instr: Instr) -> bool:
+    """TE's weight cast: E4M3 with delayed scaling."""
+    return (
+        isinstance(instr, Op)
+        and instr.name == FLOAT8_CAST.name
+        and instr.attrs.get("to") == CACHE_DTYPE
+        and instr.attrs.get("scaling") == CACHE_SCALING
+    )
+
+
+def _is_view(instr: Instr) -> bool:
+    """A shape op of one input (a view: context parallelism's broadcast of a weight)."""
+    return isinstance(instr, Op) and len(instr.inputs) == 1 and REGISTRY[instr.name].family == SHAPE_FAMILY
+
+
 def _only_cast(fn: Function, positions: Sequence[int]) -> tuple[bool, int]:
-    """Whether ``fn`` reads its parameters at ``positions`` only through an E4M3 delayed cast
-    (and returns none of them), and how many such casts it has."""
+    """Whether ``fn`` reads its parameters at ``positions`` only through an E4M3 delayed cast,
+    directly or through views of them (a view commutes with a tensorwise cast: one scale for the
+    whole tensor), and returns none of them; and how many such casts it has."""
     ps = {fn.params[k] for k in positions}
     if not ps:
         return True, 0
-    if any(v in ps for v in fn.outputs):
-        return False, 0
     n = 0
     for instr in fn.body:
         if not any(v in ps for v in instr.inputs):
             continue
-        if not (
-            isinstance(instr, Op)
-            and instr.name == FLOAT8_CAST.name
-            and instr.attrs.get("to") == CACHE_DTYPE
-            and instr.attrs.get("scaling") == CACHE_SCALING
-        ):
+        if _is_view(instr):
+            ps.update(instr.outputs)
+        elif _is_cache_cast(instr):
+            n += 1
+        else:
             return False, 0
-        n += 1
+    if any(v in ps for v in fn.outputs):
+        return False, 0
     return True, n
 
 
@@ -98,16 +114,19 @@ def cached_weights(layers: Sequence[ShardedLayer], calls: Sequence[Call]) -> fro
 
 
 def without_casts(fn: Function, positions: Sequence[int], name: str) -> Function:
-    """``fn`` (untyped, as sharded) taking float8 weights at ``positions``: each cast of one
-    dropped, its result replaced by the parameter (``_only_cast`` must hold)."""
+    """``fn`` (untyped, as sharded) taking float8 weights at ``positions``: each cast of one (or
+    of a view of one) dropped, its result replaced by the parameter (or the view, now of the
+    float8 parameter); ``_only_cast`` must hold."""
     vmap = ValueMap(lambda v: Value(v.name, None))
     params = tuple(vmap(p) for p in fn.params)
-    ps = {fn.params[k]: params[k] for k in positions}
+    weights = {fn.params[k] for k in positions}  # and their views, which now view the float8 copy
     body = []
     for instr in fn.body:
-        if isinstance(instr, Op) and instr.name == FLOAT8_CAST.name and instr.inputs[0] in ps:
-            vmap.bind(instr.outputs[0], ps[instr.inputs[0]])
-            continue
+        if instr.inputs and instr.inputs[0] in weights:
+            if _is_cache_cast(instr):
+                vmap.bind(instr.outputs[0], vmap(instr.inputs[0]))
+                continue
+            weights.update(instr.outputs)  # a view (``_only_cast``)
         body.append(copy_instr(instr, vmap))
     return Function(name, params, tuple(body), tuple(vmap(v) for v in fn.outputs))
 
