@@ -18,6 +18,7 @@ from distir.frontends.zoo import build_model
 from distir.hardware.cluster import parse_cluster
 from distir.ir.dtensor import DTensorType
 from distir.ir.function import Module
+from distir.ir.ops import Call, Op
 from distir.ir.rewrite import inline_calls
 from distir.ir.types import DType
 from distir.ir.values import Value
@@ -121,18 +122,26 @@ def test_each_cached_weight_is_cast_once_per_step(strategy: str, og: bool) -> No
     assert min(plain.values()) >= k  # a cast per microbatch (and per recomputation)
 
 
-def test_the_program_of_d2_k2_golden() -> None:
-    """The entry casts each block weight once, before the first forward, and the chunk calls
-    pass the float8 copies: the layer functions take them typed E4M3 and cast nothing of them."""
-    prog = _program("d2.t1.p1.k2.1f1b", True)
-    casts = [op for op in prog.entry.ops() if op.name == "Float8Cast"]
-    assert len(casts) == 4 * 7 and all(op.outputs[0].name.endswith("_f8") for op in casts)
-    first_call = next(i for i, instr in enumerate(prog.entry.body) if hasattr(instr, "callee"))
-    assert all(prog.entry.body.index(op) < first_call for op in casts)
+def test_each_chunk_casts_its_weights_right_before_its_first_forward() -> None:
+    """The entry casts each block weight once, right before the first forward of its chunk (TE
+    casts on the model chunk's first microbatch), and every call of the chunk passes the float8
+    copies: the layer functions take them typed E4M3 and cast nothing of them."""
+    prog = _program("d1.t1.p2.k4.1f1b", True)
+    body = prog.entry.body
+    casts = {op.outputs[0]: k for k, op in enumerate(body) if isinstance(op, Op) and op.name == "Float8Cast"}
+    assert len(casts) == 4 * 7 and all(v.name.endswith("_f8") for v in casts)
+    for c in (0, 1):
+        calls = [(k, i) for k, i in enumerate(body) if isinstance(i, Call) and i.callee.startswith(f"c{c}_")]
+        first = calls[0][0]
+        assert calls[0][1].callee == f"c{c}_fwd"
+        mine = [casts[v] for v in calls[0][1].inputs if v in casts]
+        assert len(mine) == 2 * 7  # two blocks a chunk
+        assert all(k < first for k in mine) and all(k > first - 1 - len(mine) - 2 for k in mine)
+        for _, call in calls:  # the same copies for every call
+            assert [v for v in call.inputs if v in casts] == [v for v in calls[0][1].inputs if v in casts]
     (fwd,) = [f for f in prog.functions if f.name.endswith("_f8w")]
-    assert (
-        sum(1 for op in fwd.ops() if op.name == "Float8Cast") == 4
-    )  # the activations' only: x (q, k, v), the attention, the norm (gate, up), the hidden
+    # the activations' only: x (q, k, v), the attention, the norm (gate, up), the hidden
+    assert sum(1 for op in fwd.ops() if op.name == "Float8Cast") == 4
     assert all(op.inputs[0] not in fwd.params[1:] for op in fwd.ops() if op.name == "Float8Cast")
 
 

@@ -1661,12 +1661,9 @@ class _ScheduleWriter:
             [b._layer_view(fb, wp.wuse[wp.home[(w, c)]], stage_of[c]) for w in self.cw[c]]
             for c in range(len(by_chunk))
         ]
-        if b.cached and not b.gather_early:  # TE's weight cache: cast once per step, here
-            f8: dict[Value, Value] = {}
-            self.weights_of = [
-                [b.f8_copy(fb, w, v, f8) if w in b.cached else v for w, v in zip(self.cw[c], vs, strict=True)]
-                for c, vs in enumerate(self.weights_of)
-            ]
+        # TE's weight cache: each chunk's weights cast in its first forward (``_cast_once``)
+        self.uncast = set(range(len(by_chunk))) if b.cached and not b.gather_early else set()
+        self.f8: dict[Value, Value] = {}  # a weight's compute copy -> its float8 copy
         self.gathered: set[int] = set()  # chunks whose weights were gathered this step (gather_early)
         self.chunk_extras = [
             [mbs[(e, stage_of[c])] for L in ls for e in L.extras] for c, ls in enumerate(by_chunk)
@@ -1790,6 +1787,7 @@ class _ScheduleWriter:
             x = self.mbs[(self.inputs[0], 0)][m]
         else:
             x = self.receive(self.act.pop((c, m)), c - 1, c, f"a{c}_{m}")
+        self._cast_once(c)
         gathers = b.gather_early and c not in self.gathered
         f = self.cf[f"c{c}_fwd" + ("_gather" if gathers else "")]
         n_w = len(self.weights_of[c]) if gathers else 0
@@ -1811,6 +1809,20 @@ class _ScheduleWriter:
             self.dys[(c, m)] = fb.op("FillLike", outs[0], names=[f"dloss_{m}"], value=1.0)[0]
         else:
             self.outputs_inf.append(outs[0])
+
+    def _cast_once(self, c: int) -> None:
+        """``fp8_weight_cache``: chunk ``c``'s cached weights cast to float8 right before its
+        first forward of the step (TE casts on the model chunk's first microbatch: Megatron's
+        ``is_first_microbatch_for_model_chunk``), the copies what its calls take from then on
+        (under ``overlap_param_gather`` the first forward casts them after its gathers)."""
+        if c not in self.uncast:
+            return
+        self.uncast.discard(c)
+        b, ws = self.b, self.weights_of[c]
+        self.weights_of[c] = [
+            b.f8_copy(self.fb, w, v, self.f8) if w in b.cached else v
+            for w, v in zip(self.cw[c], ws, strict=True)
+        ]
 
     def _has_dx(self, c: int) -> bool:
         v0 = self.by_chunk[c][0].vjp
