@@ -202,16 +202,19 @@ programs. Its shape:
   keep only what their backward reads: the default.
 - ``fp8_weight_cache`` (training under ``fp8-delayed``, ZeRO 0-2; Megatron-Core with Transformer
   Engine, which passes TE ``is_first_microbatch``): each weight that every layer function reads
-  only through its float8 cast (E4M3, delayed scaling: the linear layers' weights) is cast once
+  only through its float8 cast (E4M3, delayed scaling: the linear layers' weights; directly or
+  through a view, as context parallelism broadcasts them) is cast once
   per step and the float8 copy is what every chunk call receives — the forwards, the
   recomputation and the backwards of every microbatch — so a stage holds one float8 copy of its
   weights, not one per microbatch in flight, and runs one cast per weight, not k
   (``distir.parallel.fp8_cache``: TE's ``_fp8_workspaces``). The layer functions take the
-  float8 weight as the parameter (``_f8w``, the casts of it dropped); the entry casts the compute
-  copies before the schedule's first action, and under ``overlap_param_gather`` the chunk's first
-  forward casts each weight right after its gather and returns the float8 copy for the rest of
-  the step. The gradients are the same (the casts are straight-through). ZeRO-3 is refused
-  (FSDP passes TE no ``is_first_microbatch``; a weight gathered per use has no copy to keep);
+  float8 weight as the parameter (``_f8w``, the casts of it dropped); the entry casts a chunk's
+  compute copies right before the chunk's first forward (TE casts on a model chunk's first
+  microbatch: Megatron's ``is_first_microbatch_for_model_chunk``), and under
+  ``overlap_param_gather`` that forward casts each weight right after its gather and returns the
+  float8 copy for the rest of the step. The gradients are the same (the casts are
+  straight-through). ZeRO-3 is refused (FSDP passes TE no ``is_first_microbatch``; a weight
+  gathered per use has no copy to keep);
   other precisions are left as they are. Default: a cast per call, as ``te.Linear`` called
   without ``is_first_microbatch`` (llm-foundry's Composer) casts.
 """
