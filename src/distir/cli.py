@@ -467,9 +467,8 @@ def simulate(
     from distir.sim.summary import summary_dict
 
     _check_simulate_options(file, model, kernels, attention_kernel, trace_detail, trace, trainer, clip_grad)
-    _check_blocking(launch_blocking, tp_comm_overlap)
     traced_gpus = _traced_gpus(trace_gpus, trace)
-    _check_planner(planner, trace)
+    _check_run(planner, trace, launch_blocking, tp_comm_overlap)
     switches = _SimSwitches(
         trainer, kernels, attention_kernel, bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum
     )._replace(tp_comm_overlap=tp_comm_overlap, clip_grad=clip_grad, fp8_weight_cache=fp8_weight_cache)
@@ -530,6 +529,12 @@ def simulate(
         _emit_json({**where, **fields, **options, **blocking, **summary, **traced})
         return
     _print_simulation(result, summary, f"{source} on {cluster}", trace)
+
+
+def _check_run(planner: str, trace: Path | None, launch_blocking: bool, tp_comm_overlap: bool) -> None:
+    """How ``simulate`` runs: ``_check_blocking``, ``_check_planner``."""
+    _check_blocking(launch_blocking, tp_comm_overlap)
+    _check_planner(planner, trace)
 
 
 def _check_blocking(launch_blocking: bool, tp_comm_overlap: bool) -> None:

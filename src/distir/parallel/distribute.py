@@ -448,8 +448,7 @@ def distribute(
             megatron_ddp,
             grad_accum_fusion,
             pipelining_kept,
-            fp8_weight_cache,
-        ).build(called_only)
+        ).with_fp8_cache(fp8_weight_cache).build(called_only)
 
 
 def _layer_policy(s: Strategy, sac_eager: bool) -> str | None:
@@ -627,6 +626,11 @@ def _check_chunk_times(
 
 
 class _Builder:
+    # TE's float8 weights cast once per step (``distribute``, ``distir.parallel.fp8_cache``): on,
+    # and the weights cached (``_layers``)
+    f8_cache: bool = False
+    cached: frozenset[Value] = frozenset()
+
     def __init__(
         self,
         model: Model,
@@ -647,12 +651,8 @@ class _Builder:
         megatron_ddp: bool = False,
         grad_accum_fusion: bool = False,
         pipelining_kept: str = "",
-        fp8_weight_cache: bool = False,
     ) -> None:
         self.prec = Precision.parse(precision)
-        # TE's float8 weights cast once per step (``distribute``, ``distir.parallel.fp8_cache``)
-        self.f8_cache = _fp8_cache(s, self.prec, train, fp8_weight_cache)
-        self.cached: frozenset[Value] = frozenset()
         _check_deepspeed(s, self.prec, deepspeed_pipe, fp32_grad_accum)
         self.gaf = _fusion(s, self.prec, grad_accum_fusion and train)  # (``distribute``)
         # data parallel: gradients reduced in buckets inside the backward (``_Buckets``); DeepSpeed's
@@ -731,6 +731,11 @@ class _Builder:
         self._param_types: dict[tuple[object, ...], DTensorType] = {}  # ``_on_stage``
         self._made_attrs: dict[tuple[str, str], Attrs] = {}  # ``_attrs``
         self._mesh_text: dict[int, str] = {}  # ``format_mesh_attr`` of each mesh, by id (in ``meshes``)
+
+    def with_fp8_cache(self, asked: bool) -> _Builder:
+        """This builder with ``fp8_weight_cache`` where it applies (``_fp8_cache``)."""
+        self.f8_cache = _fp8_cache(self.s, self.prec, self.train, asked)
+        return self
 
     def _bucket_bytes(self, s: Strategy, bucket_mb: float) -> float:
         """A gradient bucket's size in the bytes ``_grad_bytes`` counts a gradient in:
