@@ -232,6 +232,11 @@ class Run:
     # outputs ("every") or the last stage's ("last"), the receive buffers and input gradients
     # (``distribute(pipelining_kept=...)``)
     pipelining_kept: str = ""
+    # Transformer Engine's FP8 weight cache under fp8-delayed, as Megatron-Core (NeMo) runs it:
+    # is_first_microbatch passed to te.Linear, each weight cast to float8 once per step and one
+    # copy held per stage (``distribute(fp8_weight_cache=True)``); off where TE is called without
+    # it (llm-foundry's Composer)
+    fp8_weight_cache: bool = False
     # the ring attention the trainer runs under context parallelism: p2p (Megatron-LM's,
     # Transformer Engine's) or torch (PyTorch's context_parallel: K/V all-gathered, fp32 merges and
     # dK/dV) (``RooflineCostModel(ring_form=...)``, ``distir.sim.ring``)
@@ -600,6 +605,7 @@ def _simulated(
         fsdp2_grad_accum=r.fsdp2_grad_accum,
         grad_accum_fusion=r.grad_accum_fusion,
         pipelining_kept=r.pipelining_kept,
+        fp8_weight_cache=r.fp8_weight_cache,
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(

@@ -346,6 +346,31 @@ def test_simulate_fp8_precision() -> None:
     assert code == 2 and "fp8 precision computes what is not float8 in bf16" in err
 
 
+def test_simulate_fp8_weight_cache() -> None:
+    """``--fp8-weight-cache`` (on with ``--trainer megatron`` under fp8-delayed) holds one float8
+    copy of a pipeline stage's weights: less memory on the first stage of a 1F1B pipeline and a
+    shorter step (one cast per weight, not one per microbatch); a program file refuses it."""
+    model = "llama:layers=4,hidden=512,heads=8,kv_heads=8,ffn=1536,vocab=512,seq=256"
+    base = ["simulate", "--model", model, "--strategy", "d1.t1.p2.k8.1f1b", "--batch", "8", "--dtype", "bf16"]
+    base += ["--precision", "fp8-delayed", "--cluster", "h100", "--json"]
+    got = {}
+    for extra in (
+        [],
+        ["--fp8-weight-cache"],
+        ["--trainer", "megatron"],
+        ["--trainer", "megatron", "--fp8-weight-cache"],
+    ):
+        code, out, err = run(*base, *extra)
+        assert code == 0, err
+        got[" ".join(extra)] = json.loads(out)
+    plain, cached = got[""], got["--fp8-weight-cache"]
+    assert cached["peak_memory_bytes"]["d0"] < plain["peak_memory_bytes"]["d0"]
+    assert cached["step_time_s"] < plain["step_time_s"]
+    assert got["--trainer megatron"] == got["--trainer megatron --fp8-weight-cache"]
+    code, _, err = run("simulate", str(EX / "fig2_mlp_pipeline.distir"), "--fp8-weight-cache")
+    assert code == 2 and "--fp8-weight-cache" in err
+
+
 def test_simulate_as_a_trainer_runs_it() -> None:
     """``--trainer`` runs the plan as that trainer does (``distir.parallel.trainers``): Megatron's
     fp32 gradients take 2 bytes a parameter more than the neutral program's, torchtitan's eager

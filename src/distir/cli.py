@@ -334,6 +334,15 @@ _SimDeepspeedPipe = Annotated[
         "flush, not during the backward. ZeRO 0/1.",
     ),
 ]
+_SimFp8WeightCache = Annotated[
+    bool,
+    typer.Option(
+        "--fp8-weight-cache",
+        help="With --model, training under --precision fp8-delayed, ZeRO 0-2: each linear weight "
+        "cast to float8 once per step, one copy per stage read by every microbatch (Transformer "
+        "Engine's cache under Megatron-Core's is_first_microbatch; on with --trainer megatron).",
+    ),
+]
 _SimFp32GradAccum = Annotated[
     bool,
     typer.Option(
@@ -444,6 +453,7 @@ def simulate(
     overlap_param_gather: _SimOverlapParamGather = False,
     deepspeed_pipe: _SimDeepspeedPipe = False,
     fp32_grad_accum: _SimFp32GradAccum = False,
+    fp8_weight_cache: _SimFp8WeightCache = False,
     clip_grad: _SimClipGrad = None,
     trace: _SimTrace = None,
     trace_detail: _SimTraceDetail = "chunk",
@@ -463,12 +473,11 @@ def simulate(
     from distir.sim.summary import summary_dict
 
     _check_simulate_options(file, model, kernels, attention_kernel, trace_detail, trace, trainer, clip_grad)
-    _check_blocking(launch_blocking, tp_comm_overlap)
     traced_gpus = _traced_gpus(trace_gpus, trace)
-    _check_planner(planner, trace)
+    _check_run(planner, trace, launch_blocking, tp_comm_overlap)
     switches = _SimSwitches(
         trainer, kernels, attention_kernel, bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum
-    )._replace(tp_comm_overlap=tp_comm_overlap, clip_grad=clip_grad)
+    )._replace(tp_comm_overlap=tp_comm_overlap, clip_grad=clip_grad, fp8_weight_cache=fp8_weight_cache)
     if model is not None:
         dtype, precision = _sim_numerics(model, dtype, precision, train, cluster)
         built = _model_program(
@@ -528,6 +537,12 @@ def simulate(
     _print_simulation(result, summary, f"{source} on {cluster}", trace)
 
 
+def _check_run(planner: str, trace: Path | None, launch_blocking: bool, tp_comm_overlap: bool) -> None:
+    """How ``simulate`` runs: ``_check_blocking``, ``_check_planner``."""
+    _check_blocking(launch_blocking, tp_comm_overlap)
+    _check_planner(planner, trace)
+
+
 def _check_blocking(launch_blocking: bool, tp_comm_overlap: bool) -> None:
     """``--launch-blocking`` runs one kernel at a time: not beside ``--tp-comm-overlap``."""
     if launch_blocking and tp_comm_overlap:
@@ -545,10 +560,16 @@ def _trace_json(trace: Path | None, detail: str, gpus: str | None) -> dict[str, 
 def _file_program(file: Path, entry: str | None, sw: _SimSwitches, debug: bool) -> Any:
     """The program ``simulate`` runs from ``file`` (its ``entry``), in its materialized form; the
     switches that build a zoo model's program (a trainer's, the user's) are refused."""
-    if sw.deepspeed_pipe or sw.fp32_grad_accum or sw.trainer != "distir" or sw.clip_grad is not None:
+    if (
+        sw.deepspeed_pipe
+        or sw.fp32_grad_accum
+        or sw.fp8_weight_cache
+        or sw.trainer != "distir"
+        or sw.clip_grad is not None
+    ):
         _fail(
-            "--deepspeed-pipe, --fp32-grad-accum, --clip-grad and --trainer apply to --model, "
-            "not to a program file"
+            "--deepspeed-pipe, --fp32-grad-accum, --fp8-weight-cache, --clip-grad and --trainer "
+            "apply to --model, not to a program file"
         )
     s = _Session(file, debug)
     m = s.load(entry)
@@ -804,6 +825,7 @@ class _SimSwitches(NamedTuple):
     fp32_grad_accum: bool
     tp_comm_overlap: bool = False  # the cost model's (the program order follows its chunk times)
     clip_grad: float | None = None  # the gradient-norm bound (None: the trainer's; 0: none)
+    fp8_weight_cache: bool = False  # TE's FP8 weight cache (``distribute(fp8_weight_cache=True)``)
 
 
 def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bool) -> TrainerSemantics:
@@ -826,6 +848,7 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
         overlap_param_gather=sem.overlap_param_gather or sw.overlap_param_gather,
         deepspeed_pipe=sem.deepspeed_pipe or sw.deepspeed_pipe,
         fp32_grad_accum=sem.fp32_grad_accum or sw.fp32_grad_accum,
+        fp8_weight_cache=sem.fp8_weight_cache or sw.fp8_weight_cache,
         max_norm=sem.max_norm if sw.clip_grad is None else sw.clip_grad,
     )
 

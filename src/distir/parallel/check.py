@@ -184,6 +184,7 @@ def check_against_sequential(
     fsdp2_grad_accum: bool = False,
     grad_accum_fusion: bool = False,
     pipelining_kept: str = "",
+    fp8_weight_cache: bool = False,
 ) -> Comparison:
     opt = optimizer or Optimizer("sgd", lr=0.1)
     seq = training_step(model, opt, strategy.recompute, precision)
@@ -210,6 +211,7 @@ def check_against_sequential(
         fsdp2_grad_accum=fsdp2_grad_accum,
         grad_accum_fusion=grad_accum_fusion,
         pipelining_kept=pipelining_kept,
+        fp8_weight_cache=fp8_weight_cache,
     )
     vals = initial_values(model, opt, seed, precision)
     want = run_reference(seq, [vals[p.name] for p in seq.entry.params])

@@ -200,6 +200,23 @@ programs. Its shape:
   ``_CachingTorchDispatchMode``): the layers are differentiated under ``ops-eager``
   (``distir.autodiff.reverse``), which keeps the block's last product too. Compiled blocks
   keep only what their backward reads: the default.
+- ``fp8_weight_cache`` (training under ``fp8-delayed``, ZeRO 0-2; Megatron-Core with Transformer
+  Engine, which passes TE ``is_first_microbatch``): each weight that every layer function reads
+  only through its float8 cast (E4M3, delayed scaling: the linear layers' weights; directly or
+  through a view, as context parallelism broadcasts them) is cast once
+  per step and the float8 copy is what every chunk call receives — the forwards, the
+  recomputation and the backwards of every microbatch — so a stage holds one float8 copy of its
+  weights, not one per microbatch in flight, and runs one cast per weight, not k
+  (``distir.parallel.fp8_cache``: TE's ``_fp8_workspaces``). The layer functions take the
+  float8 weight as the parameter (``_f8w``, the casts of it dropped); the entry casts a chunk's
+  compute copies right before the chunk's first forward (TE casts on a model chunk's first
+  microbatch: Megatron's ``is_first_microbatch_for_model_chunk``), and under
+  ``overlap_param_gather`` that forward casts each weight right after its gather and returns the
+  float8 copy for the rest of the step. The gradients are the same (the casts are
+  straight-through). ZeRO-3 is refused (FSDP passes TE no ``is_first_microbatch``; a weight
+  gathered per use has no copy to keep);
+  other precisions are left as they are. Default: a cast per call, as ``te.Linear`` called
+  without ``is_first_microbatch`` (llm-foundry's Composer) casts.
 """
 
 from __future__ import annotations
@@ -232,6 +249,7 @@ from distir.ir.values import Attrs, Value
 from distir.ops.dist import format_mesh_attr
 from distir.ops.registry import REGISTRY
 from distir.parallel.context_model import context_model
+from distir.parallel.fp8_cache import CACHE_SCALING, cached_layers, cast_attrs
 from distir.parallel.grad_accum_fusion import fused_backward, wgrad_products
 from distir.parallel.grad_reduction import handover_waits_one_way, reduce_scatter_every_backward
 from distir.parallel.layer_sharder import (
@@ -358,6 +376,7 @@ def distribute(
     grad_accum_fusion: bool = False,
     pipelining_kept: str = "",
     called_only: bool = False,
+    fp8_weight_cache: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -429,7 +448,7 @@ def distribute(
             megatron_ddp,
             grad_accum_fusion,
             pipelining_kept,
-        ).build(called_only)
+        ).with_fp8_cache(fp8_weight_cache).build(called_only)
 
 
 def _layer_policy(s: Strategy, sac_eager: bool) -> str | None:
@@ -487,6 +506,19 @@ def _fusion(s: Strategy, prec: Precision, fusion: bool) -> bool:
             "each microbatch's gradient before accumulating"
         )
     return fusion
+
+
+def _fp8_cache(s: Strategy, prec: Precision, train: bool, asked: bool) -> bool:
+    """``fp8_weight_cache`` where it applies: a training step under delayed float8 scaling
+    (``fp8-delayed``; TE's cache), ZeRO 0-2. ZeRO-3 is refused: FSDP passes TE no
+    ``is_first_microbatch``, and a weight gathered per use has no step-long copy to cache."""
+    if asked and s.zero == 3:
+        raise StrategyError(
+            f"{s}: the FP8 weight cache is Megatron-Core's (is_first_microbatch, ZeRO 0-2); "
+            "ZeRO-3 gathers each weight per use, and FSDP passes Transformer Engine no "
+            "is_first_microbatch"
+        )
+    return asked and train and prec.float8 and prec.float8_scaling == CACHE_SCALING
 
 
 def _check_context(s: Strategy, train: bool) -> None:
@@ -594,6 +626,11 @@ def _check_chunk_times(
 
 
 class _Builder:
+    # TE's float8 weights cast once per step (``distribute``, ``distir.parallel.fp8_cache``): on,
+    # and the weights cached (``_layers``)
+    f8_cache: bool = False
+    cached: frozenset[Value] = frozenset()
+
     def __init__(
         self,
         model: Model,
@@ -695,6 +732,11 @@ class _Builder:
         self._made_attrs: dict[tuple[str, str], Attrs] = {}  # ``_attrs``
         self._mesh_text: dict[int, str] = {}  # ``format_mesh_attr`` of each mesh, by id (in ``meshes``)
 
+    def with_fp8_cache(self, asked: bool) -> _Builder:
+        """This builder with ``fp8_weight_cache`` where it applies (``_fp8_cache``)."""
+        self.f8_cache = _fp8_cache(self.s, self.prec, self.train, asked)
+        return self
+
     def _bucket_bytes(self, s: Strategy, bucket_mb: float) -> float:
         """A gradient bucket's size in the bytes ``_grad_bytes`` counts a gradient in:
         ``bucket_mb`` MiB, or with ``megatron_ddp`` Megatron-LM's max(40M, 1M·dp) parameters."""
@@ -783,6 +825,8 @@ class _Builder:
         """The layers, sharded; notes the weights whose gradients every layer using them leaves
         pending over tp (``tp_pending``, ``_tp_sum``)."""
         layers = self.sharder.layers(self.chunks[-1][-1] + 1)
+        if self.f8_cache:
+            layers, self.cached = cached_layers(layers, self.layer_calls, self.functions)
         self._tp_summed: set[int] = set()  # stages whose tp sum has its first part (``_tp_sum``)
         uses = [
             (w, p)
@@ -861,6 +905,19 @@ class _Builder:
         if not self.prec.mixed or self.fp32_acc or self.reduce_fp32:
             return g
         return cast(fb, g, self.prec.master, f"g_{w.name}_{self.prec.master}")
+
+    def f8_copy(
+        self, fb: FunctionBuilder, w: Value, v: Value, memo: dict[Value, Value] | None = None
+    ) -> Value:
+        """The float8 copy of weight ``w`` (whole, as the chunks read it: ``v``) that TE's cache
+        holds for the step (``fp8_weight_cache``): one delayed-scaling E4M3 cast of ``v``, once
+        per value (``memo``)."""
+        got = memo.get(v) if memo is not None else None
+        if got is None:
+            got = fb.emit("Float8Cast", (v,), cast_attrs(), (f"{w.name}_f8",))[0]
+            if memo is not None:
+                memo[v] = got
+        return got
 
     def _zdim(self, w: Value) -> int | None:
         spec = self.model.weight(w.name)
@@ -1612,6 +1669,9 @@ class _ScheduleWriter:
             [b._layer_view(fb, wp.wuse[wp.home[(w, c)]], stage_of[c]) for w in self.cw[c]]
             for c in range(len(by_chunk))
         ]
+        # TE's weight cache: each chunk's weights cast in its first forward (``_cast_once``)
+        self.uncast = set(range(len(by_chunk))) if b.cached and not b.gather_early else set()
+        self.f8: dict[Value, Value] = {}  # a weight's compute copy -> its float8 copy
         self.gathered: set[int] = set()  # chunks whose weights were gathered this step (gather_early)
         self.chunk_extras = [
             [mbs[(e, stage_of[c])] for L in ls for e in L.extras] for c, ls in enumerate(by_chunk)
@@ -1735,6 +1795,7 @@ class _ScheduleWriter:
             x = self.mbs[(self.inputs[0], 0)][m]
         else:
             x = self.receive(self.act.pop((c, m)), c - 1, c, f"a{c}_{m}")
+        self._cast_once(c)
         gathers = b.gather_early and c not in self.gathered
         f = self.cf[f"c{c}_fwd" + ("_gather" if gathers else "")]
         n_w = len(self.weights_of[c]) if gathers else 0
@@ -1756,6 +1817,20 @@ class _ScheduleWriter:
             self.dys[(c, m)] = fb.op("FillLike", outs[0], names=[f"dloss_{m}"], value=1.0)[0]
         else:
             self.outputs_inf.append(outs[0])
+
+    def _cast_once(self, c: int) -> None:
+        """``fp8_weight_cache``: chunk ``c``'s cached weights cast to float8 right before its
+        first forward of the step (TE casts on the model chunk's first microbatch: Megatron's
+        ``is_first_microbatch_for_model_chunk``), the copies what its calls take from then on
+        (under ``overlap_param_gather`` the first forward casts them after its gathers)."""
+        if c not in self.uncast:
+            return
+        self.uncast.discard(c)
+        b, ws = self.b, self.weights_of[c]
+        self.weights_of[c] = [
+            b.f8_copy(self.fb, w, v, self.f8) if w in b.cached else v
+            for w, v in zip(self.cw[c], ws, strict=True)
+        ]
 
     def _has_dx(self, c: int) -> bool:
         v0 = self.by_chunk[c][0].vjp
@@ -1932,7 +2007,10 @@ class _Gathers:
             return self.wp[w]
         if w in self.kept:
             return self.kept[w]
-        got = self.last_taken[w] = self._take(w)
+        got = self._take(w)
+        if self.keep and w in self.b.cached:  # TE's weight cache: cast once, right after the gather
+            got = self.b.f8_copy(self.fb, w, got)
+        self.last_taken[w] = got
         if self.keep:
             self.kept[w] = got
         return got

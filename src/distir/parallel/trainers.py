@@ -118,6 +118,7 @@ class TrainerSemantics:
     fsdp2_grad_accum: bool = False
     overlap_param_gather: bool = False
     pipelining_kept: str = ""
+    fp8_weight_cache: bool = False
     ring_form: str = "p2p"
     # gradient-norm clipping (``Optimizer.max_norm``, ``clip_scale``; 0: none)
     max_norm: float = 0.0
@@ -149,6 +150,7 @@ class Switches(TypedDict):
     fsdp2_grad_accum: bool
     overlap_param_gather: bool
     pipelining_kept: str
+    fp8_weight_cache: bool
 
 
 def trainer_semantics(
@@ -209,6 +211,8 @@ def _megatron(s: Strategy, precision: Precision, device: DeviceSpec | None) -> T
         megatron_ddp=True,
         grad_accum_fusion=precision.mixed and whole,
         reduce_fp32=True,
+        # Megatron-Core passes TE is_first_microbatch: the FP8 weight cache (``distribute``)
+        fp8_weight_cache=precision.float8 and precision.float8_scaling == "delayed" and s.zero < 3,
         **trainer_clip("megatron"),
     )
 
