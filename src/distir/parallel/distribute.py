@@ -421,34 +421,38 @@ def distribute(
             "pipelining_kept is torch.distributed.pipelining's, not DeepSpeed's pipeline engine's"
         )
     with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
-        return _Builder(
-            model,
-            strategy,
-            optimizer or Optimizer(),
-            train,
-            comm_streams,
-            precision,
-            chunk_times,
-            bucket_mb,
-            overlap_param_gather,
-            deepspeed_pipe,
-            fp32_grad_accum,
-            cp_ring,
-            reduce_fp32,
-            sac_eager,
-            FsdpOptions(
-                gather_copy_out,
-                fsdp2_root,
-                fsdp1_root,
-                one_dp_stream,
-                grad_copy_in,
-                gather_cast,
-                fsdp2_grad_accum,
-            ),
-            megatron_ddp,
-            grad_accum_fusion,
-            pipelining_kept,
-        ).with_fp8_cache(fp8_weight_cache).build(called_only)
+        return (
+            _Builder(
+                model,
+                strategy,
+                optimizer or Optimizer(),
+                train,
+                comm_streams,
+                precision,
+                chunk_times,
+                bucket_mb,
+                overlap_param_gather,
+                deepspeed_pipe,
+                fp32_grad_accum,
+                cp_ring,
+                reduce_fp32,
+                sac_eager,
+                FsdpOptions(
+                    gather_copy_out,
+                    fsdp2_root,
+                    fsdp1_root,
+                    one_dp_stream,
+                    grad_copy_in,
+                    gather_cast,
+                    fsdp2_grad_accum,
+                ),
+                megatron_ddp,
+                grad_accum_fusion,
+                pipelining_kept,
+            )
+            .with_fp8_cache(fp8_weight_cache)
+            .build(called_only)
+        )
 
 
 def _layer_policy(s: Strategy, sac_eager: bool) -> str | None:
