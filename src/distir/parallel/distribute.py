@@ -420,6 +420,9 @@ def distribute(
         raise StrategyError(
             "pipelining_kept is torch.distributed.pipelining's, not DeepSpeed's pipeline engine's"
         )
+    fsdp = FsdpOptions(
+        gather_copy_out, fsdp2_root, fsdp1_root, one_dp_stream, grad_copy_in, gather_cast, fsdp2_grad_accum
+    )
     with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
         return (
             _Builder(
@@ -437,15 +440,7 @@ def distribute(
                 cp_ring,
                 reduce_fp32,
                 sac_eager,
-                FsdpOptions(
-                    gather_copy_out,
-                    fsdp2_root,
-                    fsdp1_root,
-                    one_dp_stream,
-                    grad_copy_in,
-                    gather_cast,
-                    fsdp2_grad_accum,
-                ),
+                fsdp,
                 megatron_ddp,
                 grad_accum_fusion,
                 pipelining_kept,
