@@ -14,6 +14,7 @@ import resource
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,6 +36,14 @@ def export(path: Path, layers: int, hidden: int, heads: int, vocab: int, positio
     )
     lm = transformers.GPT2LMHeadModel(cfg)
     lm.train(False)  # eval mode (transformers overrides ``eval`` without annotations)
+    export_logits(lm, path, positions, 8)
+
+
+def export_logits(lm: Any, path: Path, positions: int, seq: int, **options: Any) -> None:
+    """``lm``'s logits of its token ids exported to ``path`` (``dynamo=True``), with dynamic
+    batch and sequence (up to ``positions``), traced at batch 2 and ``seq`` tokens; ``options``
+    go to ``torch.onnx.export`` (e.g. ``external_data=False``)."""
+    import torch
 
     class Logits(torch.nn.Module):
         def __init__(self) -> None:
@@ -48,13 +57,14 @@ def export(path: Path, layers: int, hidden: int, heads: int, vocab: int, positio
     dim = torch.export.Dim
     torch.onnx.export(
         Logits().eval(),
-        (torch.zeros(2, 8, dtype=torch.long),),
+        (torch.zeros(2, seq, dtype=torch.long),),
         str(path),
         dynamo=True,
         input_names=["input_ids"],
         output_names=["logits"],
         dynamic_shapes=({0: dim("batch"), 1: dim("seq", max=positions)},),
         verbose=False,
+        **options,
     )
 
 

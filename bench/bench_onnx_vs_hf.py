@@ -24,6 +24,8 @@ from typing import Any
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from bench_onnx_import import export_logits  # bench/ is this script's directory
+
 STRATEGIES = ("d8.t1.p1.k1.1f1b", "d2.t2.p2.k4.1f1b", "d1.t8.p1.k1.1f1b", "d2.t1.p4.k4.1f1b")
 NUMERICS = (("f32", "pure"), ("bf16", "mixed"))
 
@@ -55,28 +57,8 @@ def export(folder: Path, a: Any) -> Path:
             if "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
 
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.m = lm
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            logits: torch.Tensor = self.m(input_ids=ids, use_cache=False).logits
-            return logits
-
     path = folder / "model.onnx"
-    dim = torch.export.Dim
-    torch.onnx.export(
-        Logits().eval(),
-        (torch.zeros(2, 16, dtype=torch.long),),
-        str(path),
-        dynamo=True,
-        input_names=["input_ids"],
-        output_names=["logits"],
-        external_data=False,
-        dynamic_shapes=({0: dim("batch"), 1: dim("seq", max=a.positions)},),
-        verbose=False,
-    )
+    export_logits(lm, path, a.positions, 16, external_data=False)
     return path
 
 
