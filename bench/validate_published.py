@@ -709,7 +709,8 @@ def predict(r: Run, v: Variant = AS_PUBLISHED) -> Prediction:
 def breakdown(r: Run, v: Variant = AS_PUBLISHED) -> list[str]:
     """Where GPU 0's step goes: its compute stream's time per call or op (chunk calls include
     their tensor-parallel collectives), and busy, communication and idle time."""
-    res, st = _simulated(r, v, trace=True)
+    # GPU 0's slices only: a whole trace of a large program would pass the trace size bound
+    res, st = _simulated(r, v, trace=True, trace_gpus=frozenset({0}))
     t = res.step_time_s
     per: dict[str, float] = {}
     for name, a, b, slot, _comm in res.slices or []:
