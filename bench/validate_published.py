@@ -69,6 +69,11 @@ QUICK_MAX_GPUS = 256
 TARGET_MEDIAN, TARGET_MAX = 10.0, 25.0
 
 
+# the zoo families a record's model can be (``ModelCfg.family``): GPT (LayerNorm, GELU, learned
+# positions), Llama (RMSNorm, SwiGLU, RoPE), Nemotron (LayerNorm1p, squared ReLU, partial RoPE)
+MODEL_FAMILIES = ("gpt", "llama", "nemotron")
+
+
 class RunsError(ValueError):
     """The data file is malformed: names the file, the run and the field."""
 
@@ -324,8 +329,10 @@ def _check(r: Run, where: str) -> None:
         forms = ", ".join(TP_OVERLAP_FORMS)
         raise RunsError(f"{where}.tp_overlap_form: expected one of {forms}, got {r.tp_overlap_form!r}")
     m, s, p = r.model, r.strategy, r.published
-    if m.family not in ("gpt", "llama"):
-        raise RunsError(f"{where}.model.family: expected gpt or llama, got {m.family!r}")
+    if m.family not in MODEL_FAMILIES:
+        raise RunsError(
+            f"{where}.model.family: expected one of {', '.join(MODEL_FAMILIES)}, got {m.family!r}"
+        )
     if m.attention not in ("fused", "naive"):
         raise RunsError(f"{where}.model.attention: expected fused or naive, got {m.attention!r}")
     if m.loss not in LOSS_FORMS:
@@ -409,9 +416,9 @@ def zoo_model(m: ModelCfg) -> str:
     """The zoo model string of ``m`` (its family's fields; the record's notes say what differs)."""
     if m.family == "gpt":
         spec = f"gpt:layers={m.layers},hidden={m.hidden},heads={m.heads},seq={m.seq},vocab={m.vocab}"
-    else:
+    else:  # llama and nemotron: the same fields
         spec = (
-            f"llama:layers={m.layers},hidden={m.hidden},heads={m.heads},kv_heads={m.kv_heads},"
+            f"{m.family}:layers={m.layers},hidden={m.hidden},heads={m.heads},kv_heads={m.kv_heads},"
             f"ffn={m.ffn},vocab={m.vocab},seq={m.seq}"
         )
     if m.attention != "fused":
@@ -483,7 +490,7 @@ def megatron_flops(m: ModelCfg, batch: int, recompute: bool = False) -> float:
     ``recompute``: the transformer blocks' forward counted once more, as full activation
     recomputation runs it (the logit layer is not recomputed): for a GPT, 96·B·s·l·h²·(1 + s/6h +
     V/16lh), the hardware FLOPs Megatron-LM's papers and the OPT-175B figures count."""
-    gated = 1.5 if m.family == "llama" else 1.0
+    gated = 1.5 if m.family == "llama" else 1.0  # SwiGLU's three matrices; GPT's, Nemotron's two
     attn = 1 + m.kv_heads / m.heads + m.seq / m.hidden
     mlp = m.ffn / m.hidden * gated
     logit = m.vocab / (2 * m.layers * m.hidden)

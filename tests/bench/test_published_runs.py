@@ -42,7 +42,7 @@ def test_supported_run_maps_onto_distir(run: object) -> None:
     cfg = parse_model_string(vp.zoo_model(m)).config
     for key in ("layers", "hidden", "heads", "seq", "vocab"):
         assert getattr(cfg, key) == getattr(m, key)
-    if m.family == "llama":
+    if m.family in ("llama", "nemotron"):
         assert (cfg.kv_heads, cfg.ffn) == (m.kv_heads, m.ffn)
     st = vp.strategy_of(s)
     assert st.d * st.k * s.microbatch == s.global_batch  # k whole microbatches per replica
@@ -377,12 +377,13 @@ NEMO = [r for r in RUNS if r.name.startswith("nemo-")]
 
 def test_nemo_rows_are_the_whole_pretraining_table() -> None:
     """NeMo 24.07's pre-training table has 12 rows, all FP8 (Transformer Engine's delayed scaling)
-    on DGX-H100; the three Nemotron rows' squared-ReLU MLP is no zoo family's, so they are listed
-    as unsupported, not approximated."""
+    on DGX-H100, all predicted; the three Nemotron rows are the zoo's nemotron family (LayerNorm1p,
+    squared-ReLU MLP, partial RoPE)."""
     assert len(NEMO) == 12
     for r in NEMO:
         assert r.precision == "fp8-delayed" and r.cluster.spec == "h100", r.name
-        assert ("squared-ReLU" in vp.unsupported(r)) == ("nemotron" in r.name), r.name
+        assert not vp.unsupported(r), r.name
+        assert (r.model.family == "nemotron") == ("nemotron" in r.name), r.name
         s = r.strategy
         assert (s.schedule == "interleaved") == (s.virtual_stages > 1), r.name
         # Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by (128) · TP
@@ -393,9 +394,10 @@ def test_nemo_rows_are_the_whole_pretraining_table() -> None:
 
 @pytest.mark.parametrize("run", [r for r in NEMO if not vp.unsupported(r)], ids=lambda r: r.name)
 def test_nemo_models_are_the_size_their_names_say(run: object) -> None:
-    """GPT3-5B ... LLAMA3-70B: the record's model has within 6% of the parameters its table name
-    gives (GPT-3 tied, at the padded vocabulary; Llama 2 7B has 6.74B)."""
+    """GPT3-5B ... LLAMA3-70B: the record's model has within 7% of the parameters its table name
+    gives (GPT-3 tied, at the padded vocabulary; Llama 2 7B has 6.74B, Nemotron 8B 8.54B: its
+    untied 256,000-token embeddings are 2.1B)."""
     size = float(re.search(r"-(\d+)b-", run.name).group(1)) * 1e9  # type: ignore[union-attr,attr-defined]
     model = build_model(vp.zoo_model(run.model), batch=1, dtype=DType.bf16)  # type: ignore[attr-defined]
     count = sum(w.type.numel for w in model.weights)
-    assert abs(count / size - 1) < 0.06, (run.name, count)  # type: ignore[attr-defined]
+    assert abs(count / size - 1) < 0.07, (run.name, count)  # type: ignore[attr-defined]

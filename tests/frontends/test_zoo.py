@@ -40,6 +40,10 @@ def closed_form_params(family: str, c: dict[str, Any]) -> int:
         h, v, kv = c["hidden"], c["vocab"], c["kv_heads"] * (c["hidden"] // c["heads"])
         block = 2 * h * h + 2 * h * kv + 3 * h * c["ffn"] + 2 * h
         return v * h + c["layers"] * block + h + h * v
+    if family == "nemotron":  # llama's less the gate, LayerNorm1p's scale and bias
+        h, v, kv = c["hidden"], c["vocab"], c["kv_heads"] * (c["hidden"] // c["heads"])
+        block = 2 * h * h + 2 * h * kv + 2 * h * c["ffn"] + 4 * h
+        return v * h + c["layers"] * block + 2 * h + h * v
     assert family == "transgan"
     return transgan_repository_params(c) - transgan_unapplied_params(c)
 
@@ -333,7 +337,7 @@ def test_llama_strings_round_trip(
 
 
 BAD = [
-    ("gtp:layers=2", ["'gtp'", "did you mean gpt", "mlp, gpt, llama, transgan", "gpt2-117m"]),
+    ("gtp:layers=2", ["'gtp'", "did you mean gpt", "mlp, gpt, llama, nemotron, transgan", "gpt2-117m"]),
     ("gpt2-117:layers=2", ["'gpt2-117'", "did you mean gpt2-117m"]),
     ("gpt:layer=2", ["'layer'", "did you mean layers", "layers, hidden, heads, seq, vocab, attention"]),
     ("gpt:attention=flash", ["attention='flash'", "expected one of fused, naive"]),

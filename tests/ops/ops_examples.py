@@ -182,6 +182,7 @@ EXAMPLES: dict[str, list[Case]] = {
     "Tanh": _float_unary,
     "Sigmoid": _float_unary,
     "Silu": _float_unary,
+    "SquaredRelu": _float_unary,
     "UnpadTokens": _float_unary,
     "PadTokens": _float_unary,
     "Neg": _any_unary,
@@ -265,6 +266,7 @@ EXAMPLES: dict[str, list[Case]] = {
         Case([T(f32, 2, 5), T(f32, 5), T(f32, 5)]),
         Case([T(f64, 2, 4, 5), T(f64, 4, 5)], {"axis": 1, "epsilon": 1e-3}),
         Case([T(f32, 3, 4, 5), T(f32, 1, 5), T(f32, 5)], {"axis": -2}),
+        Case([T(f32, 2, 5), T(f32, 5), T(f32, 5)], {"zero_centered_gamma": True}),  # LayerNorm1p
     ],
     "RMSNormalization": [
         Case([T(f32, 2, 5), T(f32, 5)]),
@@ -322,6 +324,7 @@ EXAMPLES: dict[str, list[Case]] = {
     "GeluGrad": _like,
     "GeluTanhGrad": _like,
     "SiluGrad": _like,
+    "SquaredReluGrad": _like,
     "TanhGrad": _like,
     "SigmoidGrad": _like,
     "SoftmaxGrad": [*_like, Case([T(f32, 3, 4), T(f32, 3, 4)], {"axis": 0})],
@@ -329,6 +332,7 @@ EXAMPLES: dict[str, list[Case]] = {
     "LayerNormalizationGrad": [
         Case([T(f32, 2, 5), T(f32, 2, 5), T(f32, 5)]),
         Case([T(f64, 2, 4, 5), T(f64, 2, 4, 5), T(f64, 1, 5)], {"axis": 1}),
+        Case([T(f32, 2, 5), T(f32, 2, 5), T(f32, 5)], {"zero_centered_gamma": True}),
     ],
     "RMSNormalizationGrad": [
         Case([T(f32, 2, 5), T(f32, 2, 5), T(f32, 5)]),

@@ -32,7 +32,7 @@ from distir.ops import REGISTRY, OpTypeError
 # The ops with a gradient rule (the task's list; ops not here are not differentiable).
 DIFFERENTIABLE = {
     *("Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Neg", "Exp", "Relu", "Gelu", "GeluTanh", "Tanh"),
-    *("Sigmoid", "Silu"),
+    *("Sigmoid", "Silu", "SquaredRelu"),
     *("Identity", "Sum", "Where", "Cast", "Scale", "CausalMask", "Softmax", "LayerNormalization"),
     *("RMSNormalization", "MatMul", "Gemm", "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Split"),
     *("Concat", "Slice", "Gather", "Expand", "ReduceSum", "ReduceMean", "SoftmaxCrossEntropyLoss"),
@@ -101,6 +101,7 @@ CASES: list[GCase] = [
     GCase("Pow", [pos(1, 3), t(2, 3)], no_grad=(1,)),
     GCase("Sqrt", [pos(2, 3)]),
     *(GCase(op, [t(2, 3)]) for op in ("Neg", "Exp", "Gelu", "GeluTanh", "Tanh", "Sigmoid", "Silu")),
+    GCase("SquaredRelu", [t(2, 3)]),
     GCase("Identity", [t(2, 3)]),
     *(GCase(op, [t(2, 3)]) for op in ("UnpadTokens", "PadTokens")),
     GCase("Relu", [signs(2, 3)]),
@@ -121,6 +122,7 @@ CASES: list[GCase] = [
     GCase("LayerNormalization", [t(2, 5), t(5), t(5)]),
     GCase("LayerNormalization", [t(2, 3, 4), t(3, 4)], {"axis": 1, "epsilon": 1e-3}),
     GCase("LayerNormalization", [t(3, 4, 5), t(1, 5), t(5)], {"axis": -2}),  # B shaped unlike Scale
+    GCase("LayerNormalization", [t(2, 5), t(5), t(5)], {"zero_centered_gamma": True}),  # LayerNorm1p
     GCase("RMSNormalization", [t(2, 5), t(5)]),
     GCase("RMSNormalization", [t(2, 3, 4), t(3, 1)], {"axis": 1, "epsilon": 1e-2}),
     GCase("MatMul", [t(2, 3), t(3, 4)]),

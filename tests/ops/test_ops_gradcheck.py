@@ -220,6 +220,7 @@ GRAD_CASES = [
     unary("TanhGrad", "Tanh", True),
     unary("SigmoidGrad", "Sigmoid", True),
     unary("SiluGrad", "Silu", False, lambda rng: rng.standard_normal((3, 4)) * 3),
+    unary("SquaredReluGrad", "SquaredRelu", False, away_from_zero(3, 4)),
     softmax((3, 4), -1),
     softmax((3, 4, 2), 1),
     log_softmax((3, 4), -1),
@@ -227,6 +228,7 @@ GRAD_CASES = [
     layer_norm((2, 5), (5,)),
     layer_norm((2, 3, 4), (3, 4), axis=1, epsilon=1e-3),
     layer_norm((2, 3, 4), (1, 4), axis=-2),
+    layer_norm((2, 5), (5,), zero_centered_gamma=True),  # LayerNorm1p: Scale applied as 1 + Scale
     rms_norm((2, 5), (5,)),
     rms_norm((2, 3, 4), (3, 1), axis=1, epsilon=1e-2),
     sce_parts(None),

@@ -77,7 +77,10 @@ def test_fill_a_slot_once() -> None:
 
 def test_signature_shows_inputs_outputs_and_attribute_defaults() -> None:
     sig = REGISTRY["LayerNormalization"].signature()
-    assert sig == "Y = LayerNormalization(X, Scale, B?; axis: int = -1, epsilon: float = 1e-05)"
+    assert sig == (
+        "Y = LayerNormalization(X, Scale, B?; axis: int = -1, epsilon: float = 1e-05, "
+        "zero_centered_gamma: bool = False)"
+    )
     adam = REGISTRY["Adam"].signature()
     assert adam.startswith("new_weight, new_m, new_v = Adam(weight, grad, m, v, step; lr: float")
 
@@ -96,6 +99,7 @@ def test_new_ops_are_registered_in_their_families() -> None:
             "TanhGrad",
             "SigmoidGrad",
             "SiluGrad",
+            "SquaredReluGrad",
             "SoftmaxGrad",
             "LogSoftmaxGrad",
             "LayerNormalizationGrad",

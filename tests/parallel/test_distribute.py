@@ -27,6 +27,7 @@ FAMILIES = {
     "mlp": "mlp:layers=6,hidden=6",
     "gpt": "gpt:layers=6,hidden=8,heads=2,seq=4,vocab=16",
     "llama": "llama:layers=6,hidden=8,heads=4,kv_heads=2,ffn=12,vocab=16,seq=4",
+    "nemotron": "nemotron:layers=6,hidden=16,heads=4,kv_heads=2,ffn=12,vocab=16,seq=4",
     "transgan": "transgan:wide_layers=3,narrow_layers=2,dim=128,bottom=1,window=4,latent=8,heads=2",
 }
 
@@ -51,8 +52,9 @@ def cases(draw: st.DrawFn) -> tuple[str, Strategy]:
         v=v,
         zero=draw(st.integers(0, 3)),
         recompute=draw(st.sampled_from(["none", "full", "selective"])),
-        # sequence parallelism: GPT and Llama declare a sequence dim (the MLP and TransGAN do not)
-        sp=t > 1 and family in ("gpt", "llama") and draw(st.booleans()),
+        # sequence parallelism: the language models declare a sequence dim (the MLP and TransGAN
+        # do not)
+        sp=t > 1 and family in ("gpt", "llama", "nemotron") and draw(st.booleans()),
     )
 
 

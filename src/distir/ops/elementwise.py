@@ -134,6 +134,10 @@ TANH = _unary("Tanh", np.tanh, 4.0)
 SIGMOID = _unary("Sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), 4.0)
 # x·sigmoid(x) as one op: torch.nn.functional.silu, one kernel forward and one backward
 SILU = _unary("Silu", lambda x: x / (1.0 + np.exp(-x)), 5.0)
+# relu(x)² as one op: Megatron-Core's squared_relu (``torch.pow(F.relu(x), 2)`` under its
+# ``jit_fuser``, torch.compile from PyTorch 2.2): one kernel forward, one backward, saving its
+# input only (the backward is 2·relu(X)·dY)
+SQUARED_RELU = _unary("SquaredRelu", lambda x: np.square(np.maximum(x, 0.0)), 2.0)
 LOG = _unary("Log", np.log, 1.0)
 RECIPROCAL = _unary("Reciprocal", np.reciprocal, 1.0)  # ONNX's, as exporters write RMSNorm's rsqrt
 # the rotary embedding's tables (ONNX exports compute cos and sin of positions × frequencies)
@@ -499,6 +503,7 @@ GELU_TANH.fill("grad", _via("GeluTanhGrad", "X"))
 TANH.fill("grad", _via("TanhGrad", "Y"))
 SIGMOID.fill("grad", _via("SigmoidGrad", "Y"))
 SILU.fill("grad", _via("SiluGrad", "X"))
+SQUARED_RELU.fill("grad", _via("SquaredReluGrad", "X"))
 IDENTITY.fill("grad", _identity_grad)
 SUM.fill("grad", _add_grad)
 WHERE.fill("grad", _where_grad)
@@ -552,6 +557,7 @@ GELU_TANH.fill("torch", unary(lambda ctx, x: ctx.torch.nn.functional.gelu(x, app
 TANH.fill("torch", unary(lambda ctx, x: ctx.torch.tanh(x)))
 SIGMOID.fill("torch", unary(lambda ctx, x: ctx.torch.sigmoid(x)))
 SILU.fill("torch", unary(lambda ctx, x: ctx.torch.nn.functional.silu(x)))
+SQUARED_RELU.fill("torch", unary(lambda ctx, x: ctx.torch.square(ctx.torch.relu(x))))
 LOG.fill("torch", unary(lambda ctx, x: ctx.torch.log(x)))
 RECIPROCAL.fill("torch", unary(lambda ctx, x: ctx.torch.reciprocal(x)))
 SIN.fill("torch", unary(lambda ctx, x: ctx.torch.sin(x)))

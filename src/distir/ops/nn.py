@@ -188,10 +188,16 @@ def rms_norm_stats(x: F64, axes: tuple[int, ...], eps: float) -> tuple[F64, F64]
     return x * r, r
 
 
+def gamma_shift(attrs: Attrs) -> float:
+    """What LayerNormalization adds to its stored Scale: 1 with ``zero_centered_gamma``
+    (LayerNorm1p: the weight stored as w, applied as 1 + w), else 0."""
+    return 1.0 if attrs.get("zero_centered_gamma", False) else 0.0
+
+
 def _layer_norm_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     x = np.asarray(args[0])
     xhat, _ = layer_norm_stats(f64(x), norm_axes_of(x, attrs), float_attr(attrs, "epsilon", 1e-5))
-    y = xhat * f64(args[1])
+    y = xhat * (f64(args[1]) + gamma_shift(attrs))
     if len(args) > 2 and args[2] is not None:
         y = y + f64(args[2])
     return (y.astype(x.dtype),)
@@ -204,6 +210,9 @@ def _rms_norm_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
 
 
 NORM_ATTRS = {"axis": AttrSpec("int", -1), "epsilon": AttrSpec("float", 1e-5)}
+# LayerNormalization's (and its gradient's): the Scale applied as 1 + Scale (Megatron-Core's and
+# Transformer Engine's ``zero_centered_gamma``, NeMo's ``layernorm1p``); the kernel is the same
+LAYER_NORM_ATTRS = {**NORM_ATTRS, "zero_centered_gamma": AttrSpec("bool", False)}
 
 NORM_BENCH = (
     "Liger-Kernel's published benchmark timings of torch.nn.LayerNorm (fp32; A100 and H100) and "
@@ -222,11 +231,12 @@ LAYER_NORMALIZATION = register(
         inputs=("X", "Scale", "B?"),
         outputs=("Y",),
         infer=_norm_rule,
-        attrs=dict(NORM_ATTRS),
+        attrs=dict(LAYER_NORM_ATTRS),
         reference=_layer_norm_ref,
         flops=out_numel_flops(8.0),
         eager_memory=EagerRate(0.52, NORM_BENCH),  # 52% on both GPUs
-        doc="Y = (X - mean) / sqrt(var + epsilon) * Scale + B over axes [axis, rank).",
+        doc="Y = (X - mean) / sqrt(var + epsilon) * Scale + B over axes [axis, rank) "
+        "(* (1 + Scale) with zero_centered_gamma: LayerNorm1p).",
         sharding=sh.whole_axes("axis", to_end=True),
     )
 )
@@ -435,7 +445,13 @@ def _log_softmax_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Se
 
 
 def _norm_attrs(op: Op) -> dict[str, Any]:
-    return {"axis": int_attr(op.attrs, "axis", -1), "epsilon": float_attr(op.attrs, "epsilon", 1e-5)}
+    out: dict[str, Any] = {
+        "axis": int_attr(op.attrs, "axis", -1),
+        "epsilon": float_attr(op.attrs, "epsilon", 1e-5),
+    }
+    if op.attrs.get("zero_centered_gamma", False):
+        out["zero_centered_gamma"] = True
+    return out
 
 
 def _layer_norm_grad(ctx: GradCtx, op: Op, douts: Sequence[Value | None]) -> Sequence[Value | None]:
@@ -482,6 +498,7 @@ PAD_TOKENS.fill("grad", lambda ctx, op, douts: ctx.op("UnpadTokens", first(douts
 __all__ = [
     "DropoutError",
     "check_param",
+    "gamma_shift",
     "layer_norm_stats",
     "log_softmax",
     "norm_axes_of",
@@ -503,7 +520,8 @@ def _layer_norm_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tup
     x, shape = xs[0], norm_shape(xs[0], attrs)
     bias = xs[2].expand(shape) if len(xs) > 2 and xs[2] is not None else None
     eps = float_attr(attrs, "epsilon", 1e-5)
-    return (ctx.torch.nn.functional.layer_norm(x, shape, xs[1].expand(shape), bias, eps),)
+    scale = xs[1] + 1 if gamma_shift(attrs) else xs[1]
+    return (ctx.torch.nn.functional.layer_norm(x, shape, scale.expand(shape), bias, eps),)
 
 
 def _rms_norm_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:

@@ -11,8 +11,8 @@ numbers. Fused:
 The projections feeding it are three GEMMs or, with a model's ``qkv=fused``, one
 (``split_qkv``: its output split per query group into views, each a reshape away from its heads).
 
-With ``rope_theta`` (Llama), q and k are rotated by ``Rope`` right after the head split, in
-either form.
+With ``rope_theta`` (Llama, Nemotron), q and k are rotated by ``Rope`` right after the head
+split, in either form.
 
 Naive. Shapes: ``q`` is (B, S, heads·head_dim), ``k`` and ``v`` are (B, S, kv_heads·head_dim). Heads are
 split with the shape-attribute ``Reshape`` and ``0`` for the batch and sequence dims (copied
@@ -107,12 +107,13 @@ def expand_kv(f: LayerFn, x: Value, kv_heads: int, group: int, head_dim: int, na
     return f("Reshape", copies, shape=(0, 0, kv_heads * group, head_dim), name=f"{name}_heads")
 
 
-def rope(f: LayerFn, x: Value, theta: float, f32_from: DType | None, name: str) -> Value:
+def rope(f: LayerFn, x: Value, theta: float, f32_from: DType | None, name: str, **pairs: Any) -> Value:
     """``Rope`` of ``x``; with ``f32_from`` (``x``'s dtype) in f32: ``x`` cast to f32 first and
-    the result cast back to ``f32_from`` (layer functions are untyped: the caller names it)."""
+    the result cast back to ``f32_from`` (layer functions are untyped: the caller names it).
+    ``pairs``: the op's ``halves`` and ``freqs`` attributes, when given."""
     if f32_from is None:
-        return f("Rope", x, theta=theta, name=name)
-    y = f("Rope", f("Cast", x, to=DType.f32, name=f"{name}_f32"), theta=theta, name=f"{name}_rot")
+        return f("Rope", x, theta=theta, name=name, **pairs)
+    y = f("Rope", f("Cast", x, to=DType.f32, name=f"{name}_f32"), theta=theta, name=f"{name}_rot", **pairs)
     return f("Cast", y, to=f32_from, name=name)
 
 
@@ -132,6 +133,8 @@ def attention(
     rope_f32_from: DType | None = None,
     unpad: bool = False,
     kv_copy: bool = False,
+    rope_halves: bool = False,
+    rope_freqs: tuple[float, ...] | None = None,
 ) -> Value:
     """Attention over already-projected ``q``, ``k``, ``v``; returns (B, S, heads·head_dim)
     (before the output projection). ``form`` is ``fused`` or ``naive``; ``rope_theta`` (if
@@ -143,14 +146,20 @@ def attention(
     flash-attn's variable-length kernel (``UnpadTokens``, ``PadTokens``: ``bert_padding``'s
     ``index_first_axis`` and ``pad_input``, every token kept); ``kv_copy`` (fused form) repeats
     the kv heads into copies before the kernel, as torchtitan's ``repeat_kv`` does before SDPA
-    (``expand_kv``), where the default hands the kernel the kv heads themselves."""
+    (``expand_kv``), where the default hands the kernel the kv heads themselves;
+    ``rope_halves`` rotates the pairs ``(i, i + d/2)`` (Megatron-Core's ``rotate_half``) where
+    the default rotates ``(2i, 2i + 1)`` (Meta's Llama), and ``rope_freqs`` gives each pair's
+    frequency (``Rope``'s ``freqs``; a 0 leaves the pair as it is: a partial rotation)."""
     kv = heads if kv_heads is None else kv_heads
     group = heads // kv
     qh = split_heads(f, q, heads, head_dim, "qh")
     kh = split_heads(f, k, kv, head_dim, "kh")
     if rope_theta is not None:
-        qh = rope(f, qh, float(rope_theta), rope_f32_from, "q_rope")
-        kh = rope(f, kh, float(rope_theta), rope_f32_from, "k_rope")
+        pairs: dict[str, Any] = {"halves": True} if rope_halves else {}
+        if rope_freqs is not None:
+            pairs["freqs"] = rope_freqs
+        qh = rope(f, qh, float(rope_theta), rope_f32_from, "q_rope", **pairs)
+        kh = rope(f, kh, float(rope_theta), rope_f32_from, "k_rope", **pairs)
     vh = split_heads(f, v, kv, head_dim, "vh")
     if form == "fused":
         drop = {"dropout": dropout} if dropout > 0.0 else {}

@@ -4,11 +4,12 @@ A model string is ``NAME`` or ``NAME:key=value,key=value`` — or an imported mo
 (a Hugging Face config) or ``package.module:factory`` (``distir.frontends.torch_import``), or a
 model file: ``model.onnx`` or ``model.distir`` (``distir.frontends.files``).
 ``NAME`` is a zoo entry (``gpt2-117m``, ``llama3-8b``, ... — ``ZOO``) or a family (``mlp``,
-``gpt``, ``llama``, ``transgan``); a bare family starts from its base entry (``mlp-1b``, ``gpt2-117m``,
-``llama2-7b``, ``transgan-hetero``), and the ``key=value`` pairs override fields of the
-configuration: positive integers, one of the listed words for an enumerated field (the
-transformers' ``attention=fused|naive``, ``qkv=split|fused``), 0 or 1 for a flag (GPT's
-``tied``), or a number in [0, 1) for a probability (GPT's ``dropout``), e.g.
+``gpt``, ``llama``, ``nemotron``, ``transgan``); a bare family starts from its base entry
+(``mlp-1b``, ``gpt2-117m``, ``llama2-7b``, ``nemotron-8b``, ``transgan-hetero``), and the
+``key=value`` pairs override fields of the configuration: positive integers, one of the listed
+words for an enumerated field (the transformers' ``attention=fused|naive``, ``qkv=split|fused``),
+0 or 1 for a flag (GPT's ``tied``), or a number in [0, 1) for a probability (GPT's ``dropout``),
+e.g.
 
     gpt:layers=24,hidden=2304,heads=24,seq=2048,vocab=51200
     gpt2-117m:layers=2
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distir.frontends.zoo import gpt, llama, mlp, transgan
+from distir.frontends.zoo import gpt, llama, mlp, nemotron, transgan
 from distir.frontends.zoo._build import in_range
 from distir.frontends.zoo.model import Model, ModelError
 from distir.ir.dtensor import Placement
@@ -58,6 +59,13 @@ FAMILIES: dict[str, Family] = {
         Family("mlp", mlp.MLPConfig, mlp.build, "mlp-1b", "the DistIR paper's MLP (Relu(x·W) layers)"),
         Family("gpt", gpt.GPTConfig, gpt.build, "gpt2-117m", "GPT-2/GPT-3 decoder (pre-LN, GELU)"),
         Family("llama", llama.LlamaConfig, llama.build, "llama2-7b", "Llama decoder (RMSNorm, SwiGLU, GQA)"),
+        Family(
+            "nemotron",
+            nemotron.NemotronConfig,
+            nemotron.build,
+            "nemotron-8b",
+            "Nemotron decoder (LayerNorm1p, squared-ReLU MLP, GQA, partial RoPE)",
+        ),
         Family("transgan", transgan.TransGANConfig, transgan.build, "transgan-hetero", "AMP's uneven model"),
     )
 }
@@ -77,6 +85,7 @@ def _zoo() -> dict[str, ZooEntry]:
         "mlp": mlp.ZOO,
         "gpt": gpt.ZOO,
         "llama": llama.ZOO,
+        "nemotron": nemotron.ZOO,
         "transgan": transgan.ZOO,
     }
     for fam, table in tables.items():

@@ -1,7 +1,7 @@
 """Gradient ops of the activations, softmaxes and normalizations (family ``grad``): ReluGrad,
-GeluGrad, TanhGrad, SigmoidGrad, SiluGrad, SoftmaxGrad, LogSoftmaxGrad, LayerNormalizationGrad,
-RMSNormalizationGrad. Each takes the incoming gradient first; references compute in float64 and
-round once (the forward's helpers in ``distir.ops.nn``)."""
+GeluGrad, TanhGrad, SigmoidGrad, SiluGrad, SquaredReluGrad, SoftmaxGrad, LogSoftmaxGrad,
+LayerNormalizationGrad, RMSNormalizationGrad. Each takes the incoming gradient first; references
+compute in float64 and round once (the forward's helpers in ``distir.ops.nn``)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,11 @@ from distir.ops._special import F64, f64, gelu_tanh_slope, normal_cdf, normal_pd
 from distir.ops._torch import like, sum_to, upcast
 from distir.ops.grad.family import COST_CLASS, FAMILY, _float_like_first, _like_first
 from distir.ops.nn import (
+    LAYER_NORM_ATTRS,
     NORM_ATTRS,
     NORM_BENCH,
     check_param,
+    gamma_shift,
     layer_norm_stats,
     norm_axes_of,
     norm_shape,
@@ -128,6 +130,14 @@ SILU_GRAD = _activation_grad(
     "dX = dY * s * (1 + X * (1 - s)) with s = Sigmoid(X), the gradient of Silu at X "
     "(torch's silu_backward: one kernel).",
 )
+SQUARED_RELU_GRAD = _activation_grad(
+    "SquaredReluGrad",
+    "X",
+    lambda dy, x: 2.0 * dy * np.maximum(x, 0.0),
+    3.0,
+    "dX = 2 * max(X, 0) * dY, the gradient of SquaredRelu at X (the fused backward of "
+    "Megatron-Core's squared_relu: one kernel).",
+)
 
 
 def _softmax_grad_rule(ctx: TypeCtx) -> Sequence[Type]:
@@ -218,7 +228,7 @@ def _layer_norm_grad(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
     dy, x, scale = f64(dy0), f64(args[1]), f64(scale0)
     axes = norm_axes_of(x, attrs)
     xhat, rstd = layer_norm_stats(x, axes, float_attr(attrs, "epsilon", 1e-5))
-    g = dy * scale
+    g = dy * (scale + gamma_shift(attrs))
     dx = rstd * (
         g - np.mean(g, axis=axes, keepdims=True) - xhat * np.mean(g * xhat, axis=axes, keepdims=True)
     )
@@ -260,13 +270,13 @@ LAYER_NORMALIZATION_GRAD = register(
         inputs=("dY", "X", "Scale"),
         outputs=("dX", "dScale", "dB"),
         infer=_layer_norm_grad_rule,
-        attrs=dict(NORM_ATTRS),
+        attrs=dict(LAYER_NORM_ATTRS),
         reference=_layer_norm_grad,
         flops=in_numel_flops(12.0),
         eager_memory=EagerRate(0.35, NORM_BENCH),  # H100 36%, A100 35%
         inductor_split=NORM_GRAD_SPLIT,
         doc="Gradients of LayerNormalization(X, Scale, B) w.r.t. X, Scale and B (B shaped like "
-        "Scale); recomputes the statistics from X.",
+        "Scale); recomputes the statistics from X (zero_centered_gamma: as the forward's).",
         sharding=sh.norm_grad,
     )
 )
@@ -315,7 +325,7 @@ def _norm_grad_torch(rms: bool) -> Any:
         if not rms:
             x = x - x.mean(dim=axes, keepdim=True)
         r = ctx.torch.rsqrt((x * x).mean(dim=axes, keepdim=True) + eps)
-        xhat, g = x * r, dy * scale
+        xhat, g = x * r, dy * (scale + gamma_shift(attrs))
         dx = g - xhat * (g * xhat).mean(dim=axes, keepdim=True)
         if not rms:
             dx = dx - g.mean(dim=axes, keepdim=True)
@@ -350,6 +360,7 @@ GELU_TANH_GRAD.fill(
 TANH_GRAD.fill("torch", _aten_grad("tanh_backward"))
 SIGMOID_GRAD.fill("torch", _aten_grad("sigmoid_backward"))
 SILU_GRAD.fill("torch", _aten_grad("silu_backward"))
+SQUARED_RELU_GRAD.fill("torch", lambda ctx, xs, attrs: (xs[0] * ctx.torch.relu(xs[1]) * 2,))
 SOFTMAX_GRAD.fill("torch", _softmax_grad_torch)
 LOG_SOFTMAX_GRAD.fill("torch", _log_softmax_grad_torch)
 LAYER_NORMALIZATION_GRAD.fill("torch", _norm_grad_torch(rms=False))
