@@ -40,6 +40,10 @@ class DType(Enum):
     i64 = "i64"
     bool = "bool"
 
+    # members are singletons that compare by identity: hashed by it at C speed (``Enum.__hash__``
+    # hashes the member's name in Python, and dtypes key the simulator's memos)
+    __hash__ = object.__hash__
+
     def __str__(self) -> str:
         return self.value
 

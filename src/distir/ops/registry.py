@@ -54,6 +54,8 @@ class OpKind(Enum):
     COMM = "comm"
     RANK_COMM = "rank_comm"
 
+    __hash__ = object.__hash__  # by identity, as ``DType``'s: members key memos
+
 
 class CommPattern(Enum):
     """What a communication op does, for cost models (alpha-beta formulas per pattern)."""
@@ -67,6 +69,8 @@ class CommPattern(Enum):
     SCATTER = "scatter"
     GATHER = "gather"
     ALLTOALL = "alltoall"
+
+    __hash__ = object.__hash__  # by identity, as ``DType``'s: members key memos
 
 
 class CostClass(StrEnum):
