@@ -244,6 +244,10 @@ class Run:
     # how the trainer's Adam runs (``Optimizer(kernels=...)``): fused (one kernel: Megatron's,
     # DeepSpeed's), foreach (torch.optim.AdamW(foreach=True)) or loop (Composer's DecoupledAdamW)
     optimizer_kernels: str = "fused"
+    # DeepSpeed ZeRO-3's parameter fetch, module by module with its prefetch bucket, live-parameter
+    # cap, reuse distance, persistence threshold and reduce bucket: "deepspeed:key=value,..."
+    # (``distribute(zero3_fetch=parse_zero3_fetch(...))``); "" is FSDP's whole-layer gathers
+    zero3_fetch: str = ""
     # gradient-norm clipping before the update (``Optimizer(max_norm=..., clip_scale=...)``):
     # the bound (0: none) and when the scaling runs, always (torch's clip_grad_norm_, FSDP's) or
     # if_over (Megatron-LM's and DeepSpeed's host-side test; costed as not run)
@@ -314,6 +318,13 @@ def _check(r: Run, where: str) -> None:
             f"{where}.attention_kernel: expected one of {', '.join(ATTENTION_KERNELS)}, "
             f"got {r.attention_kernel!r}"
         )
+    from distir.parallel.zero3_fetch import FetchSpecError, parse_zero3_fetch
+
+    try:
+        if r.zero3_fetch and parse_zero3_fetch(r.zero3_fetch) is None:
+            raise FetchSpecError("give deepspeed:..., or leave the field out for whole layers")
+    except FetchSpecError as e:
+        raise RunsError(f"{where}.zero3_fetch: {e}") from None
     if r.launch_blocking and r.tp_comm_overlap:
         raise RunsError(f"{where}: launch_blocking runs one kernel at a time, tp_comm_overlap two")
     if r.ring_form not in RING_FORMS:
@@ -569,6 +580,7 @@ def _simulated(
     from distir.frontends.zoo.registry import build_model, parse_model_string
     from distir.ir.types import DType
     from distir.parallel.distribute import device_map, distribute
+    from distir.parallel.zero3_fetch import parse_zero3_fetch
     from distir.search.chunk_times import chunk_times
     from distir.search.profile import TrainerForm
     from distir.sim.cost import EAGER_HOST_S, RooflineCostModel
@@ -606,6 +618,7 @@ def _simulated(
         grad_accum_fusion=r.grad_accum_fusion,
         pipelining_kept=r.pipelining_kept,
         fp8_weight_cache=r.fp8_weight_cache,
+        zero3_fetch=parse_zero3_fetch(r.zero3_fetch) if r.zero3_fetch else None,
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(

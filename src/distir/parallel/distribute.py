@@ -1022,9 +1022,12 @@ class _Builder:
                 res.append(args[0])
             res.extend(outs[L.vjp.n_outputs :])
             x = outs[0]
+        gather.finish()
         return fb.ret(x, *res)
 
-    def _ds_chunk_bwd(self, c: int, layers: list[ShardedLayer], acc: bool, reduce: bool, final: bool) -> Function:
+    def _ds_chunk_bwd(
+        self, c: int, layers: list[ShardedLayer], acc: bool, reduce: bool, final: bool
+    ) -> Function:
         """``_chunk_bwd`` (a full backward) under DeepSpeed's ZeRO-3 fetch: the layers' backward
         bodies inline, gathered module by module (``_ModuleGathers``), each weight gradient handed
         to the reduce bucket as soon as the op making it is written, as DeepSpeed's gradient hook
@@ -1045,9 +1048,20 @@ class _Builder:
         for L, rs in zip(reversed(layers), reversed(res), strict=True):
             assert L.vjp is not None
             call, it = self.layer_calls[L.index], iter(rs)
-            args = [next(it) if j == 0 else u if u in wp else ep[u] for j in L.vjp.bwd_params for u in [call.inputs[j]]]
+            args = [
+                next(it) if j == 0 else u if u in wp else ep[u]
+                for j in L.vjp.bwd_params
+                for u in [call.inputs[j]]
+            ]
             arglists.append([*args, *it, dy])  # ``dy``: a stand-in, passed anew per layer below
-        gather = _ModuleGathers(self, fb, c, wp, [(L.bwd, a) for L, a in zip(reversed(layers), arglists, strict=True)], sink.release)
+        gather = _ModuleGathers(
+            self,
+            fb,
+            c,
+            wp,
+            [(L.bwd, a) for L, a in zip(reversed(layers), arglists, strict=True)],
+            sink.release,
+        )
         for i, L in enumerate(reversed(layers)):
             v = L.vjp
             assert v is not None and L.bwd is not None
@@ -1064,6 +1078,7 @@ class _Builder:
                 outs = list(fb.call(L.bwd, *args, n_out=len(L.bwd.outputs)))
             if n_dx:
                 dy = outs[0]
+        gather.finish()
         first = layers[0].vjp
         head = [dy] if first is not None and 0 in first.wrt else []
         return fb.ret(*head, *sink.results())
@@ -2206,6 +2221,10 @@ class _ModuleGathers:
         self.kept: dict[Value, Value] = {}  # weights kept whole (gathered at the start)
         self._gather_kept([self.weights[k] for k in sorted(whole) if b._zdim(self.weights[k]) is not None])
         self.done = -1  # the last module fetched
+        self.queued: list[tuple[list[Value], list[Value]]] = []  # gather calls issued, not written
+        # every gathered weight's shard handed to the gather stream at the start (``_fetch``)
+        gw = [self.weights[k] for k in sorted({k for t in trace for k in t} - whole)]
+        self.moved = dict(zip(gw, self._hand_over(gw), strict=True)) if self.stream is not None else {}
 
     def _gather_kept(self, ws: Sequence[Value]) -> None:
         self._gather(ws)
@@ -2221,9 +2240,14 @@ class _ModuleGathers:
         self._gather_moved(ws, self._hand_over(ws))
 
     def _hand_over(self, ws: Sequence[Value]) -> list[Value]:
-        if self.stream is None:
+        """The shards of ``ws`` handed to the gather stream one way (``event``: the stream waits
+        for the compute stream, never the reverse, as ``ProcessGroupNCCL`` syncs its stream)."""
+        if self.stream is None or not ws:
             return []
-        attrs = self.b._attrs("mesh", self.b._mesh_attr(self.stream))
+        text = self.b._mesh_attr(self.stream)
+        attrs = self.b._made_attrs.get(("mesh+event", text))
+        if attrs is None:
+            attrs = self.b._made_attrs[("mesh+event", text)] = Attrs({"mesh": text, "event": True})
         return [self.fb.emit("MeshSend", (self.wp[w],), attrs, (w.name,))[0] for w in ws]
 
     def _gather_moved(self, ws: Sequence[Value], moved: Sequence[Value]) -> None:
@@ -2237,26 +2261,60 @@ class _ModuleGathers:
         got = self.ready.pop(w)
         if self.stream is None:
             return got
-        return self.fb.emit("MeshSend", (got,), self.b._attrs("mesh", self.b._mesh_attr(self.home)), (w.name,))[0]
+        return self.fb.emit(
+            "MeshSend", (got,), self.b._attrs("mesh", self.b._mesh_attr(self.home)), (w.name,)
+        )[0]
 
     def _fetch(self, m: int) -> None:
-        """Module ``m`` runs next: its fetch, its weights taken over, ``between``, its prefetch;
-        the previous module's releases first."""
+        """Module ``m`` runs next (the previous module's releases first): its fetch queued, the
+        queued calls up to the one holding its last weight written, its weights taken over,
+        ``between`` (where it takes any: nothing is written between the ops of a module of
+        whole weights, a norm or a bias, which would split a fused kernel), and its prefetch
+        queued. Gathers are issued where DeepSpeed issues them but written where a module first
+        needs them, in issue order: the simulator's streams run in the order written and a
+        hand-over waits for everything written on its source stream before it, while DeepSpeed's
+        compute waits for its module's own collective (``handle.wait()``), which NCCL runs after
+        those issued before it only; written at issue, a deep prefetch would hold each module
+        for the prefetches issued after its own. For the same reason every shard is handed to
+        the gather stream at the function's start (``__init__``): DeepSpeed's all-gather reads
+        the shard where it lies and waits for no compute (``ProcessGroupNCCL`` syncs its stream
+        with the gather stream, not the compute stream), while a hand-over written later would
+        hold the gather stream until the compute stream reached it; the copies it makes are
+        counted from the start to their gather (together 1/d of the chunk's gathered weights)."""
         if self.done >= 0:
             for k in self.plan[self.done].release:
                 self.taken.pop(self.weights[k], None)
         self.done = m
         step: FetchStep = self.plan[m]
-        self._gather([self.weights[k] for k in step.fetch])
-        for k in self.trace[m]:
-            w = self.weights[k]
-            if w not in self.kept and w not in self.taken and self.b._zdim(w) is not None:
-                self.taken[w] = self._take(w)
-        ahead = [self.weights[k] for k in step.prefetch]
-        moved = self._hand_over(ahead)
-        if self.between is not None:
+        self._issue([self.weights[k] for k in step.fetch])
+        need = [
+            w
+            for w in (self.weights[k] for k in self.trace[m])
+            if w not in self.kept and w not in self.taken and self.b._zdim(w) is not None
+        ]
+        self._write(need)
+        for w in need:
+            self.taken[w] = self._take(w)
+        if self.between is not None and need:
             self.between()
-        self._gather_moved(ahead, moved)
+        self._issue([self.weights[k] for k in step.prefetch])
+
+    def _issue(self, ws: Sequence[Value]) -> None:
+        """One gather call issued, queued until a module needs it (``_write``)."""
+        if ws:
+            self.queued.append((list(ws), [self.moved[w] for w in ws] if self.stream is not None else []))
+
+    def _write(self, need: Sequence[Value]) -> None:
+        """The queued calls up to the last one holding a weight of ``need`` written, in order."""
+        last = max((n for n, (ws, _) in enumerate(self.queued) if any(w in need for w in ws)), default=-1)
+        for ws, moved in self.queued[: last + 1]:
+            self._gather_moved(ws, moved)
+        del self.queued[: last + 1]
+
+    def finish(self) -> None:
+        """The function's end: the calls still queued written (none when the trace ends in the
+        function, as it does: the last modules prefetch nothing)."""
+        self._write([w for ws, _ in self.queued for w in ws])
 
     def _value(self, w: Value) -> Value:
         """The whole weight ``w`` for the op about to be written."""

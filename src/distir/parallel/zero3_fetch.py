@@ -105,9 +105,13 @@ class Zero3Fetch:
         for f in fields(self):
             v = getattr(self, f.name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise FetchSpecError(f"zero3_fetch {f.name} must be a whole number of elements ≥ 0, got {v!r}")
+                raise FetchSpecError(
+                    f"zero3_fetch {f.name} must be a whole number of elements ≥ 0, got {v!r}"
+                )
         if self.reduce_bucket < 1:
-            raise FetchSpecError(f"zero3_fetch reduce_bucket must be at least 1 element, got {self.reduce_bucket}")
+            raise FetchSpecError(
+                f"zero3_fetch reduce_bucket must be at least 1 element, got {self.reduce_bucket}"
+            )
 
     def __str__(self) -> str:
         kv = ",".join(f"{f.name}={getattr(self, f.name):.3g}" for f in fields(self))
@@ -122,7 +126,9 @@ def parse_zero3_fetch(text: str) -> Zero3Fetch | None:
     if form == "layer" and not rest:
         return None
     if form != "deepspeed":
-        raise FetchSpecError(f"zero3 fetch must be one of {', '.join(FETCH_FORMS)}[:key=value,...], got {text!r}")
+        raise FetchSpecError(
+            f"zero3 fetch must be one of {', '.join(FETCH_FORMS)}[:key=value,...], got {text!r}"
+        )
     known = {f.name for f in fields(Zero3Fetch)}
     values: dict[str, int] = {}
     for item in filter(None, rest.split(",")):
