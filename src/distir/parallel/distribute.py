@@ -1045,8 +1045,9 @@ class _Builder:
             res.append([fb.param(f"r{L.index}_{j}") for j in range(n)])
         dy = fb.param("dy")
         arglists: list[list[Value]] = []
+        bodies: list[tuple[Function, Sequence[Value]]] = []
         for L, rs in zip(reversed(layers), reversed(res), strict=True):
-            assert L.vjp is not None
+            assert L.vjp is not None and L.bwd is not None
             call, it = self.layer_calls[L.index], iter(rs)
             args = [
                 next(it) if j == 0 else u if u in wp else ep[u]
@@ -1054,14 +1055,8 @@ class _Builder:
                 for u in [call.inputs[j]]
             ]
             arglists.append([*args, *it, dy])  # ``dy``: a stand-in, passed anew per layer below
-        gather = _ModuleGathers(
-            self,
-            fb,
-            c,
-            wp,
-            [(L.bwd, a) for L, a in zip(reversed(layers), arglists, strict=True)],
-            sink.release,
-        )
+            bodies.append((L.bwd, arglists[-1]))
+        gather = _ModuleGathers(self, fb, c, wp, bodies, sink.release)
         for i, L in enumerate(reversed(layers)):
             v = L.vjp
             assert v is not None and L.bwd is not None
