@@ -489,14 +489,8 @@ def simulate(
     _check_simulate_options(file, model, kernels, attention_kernel, trace_detail, trace, trainer, clip_grad)
     traced_gpus = _traced_gpus(trace_gpus, trace)
     _check_run(planner, trace, launch_blocking, tp_comm_overlap)
-    switches = _SimSwitches(
-        trainer, kernels, attention_kernel, bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum
-    )._replace(
-        tp_comm_overlap=tp_comm_overlap,
-        clip_grad=clip_grad,
-        fp8_weight_cache=fp8_weight_cache,
-        zero3_fetch=_zero3_fetch_option(zero3_fetch),
-    )
+    opts = (bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum, tp_comm_overlap, clip_grad)
+    switches = _SimSwitches(trainer, kernels, attention_kernel, *opts, fp8_weight_cache, zero3_fetch)
     if model is not None:
         dtype, precision = _sim_numerics(model, dtype, precision, train, cluster)
         built = _model_program(
@@ -847,7 +841,7 @@ class _SimSwitches(NamedTuple):
     clip_grad: float | None = None  # the gradient-norm bound (None: the trainer's; 0: none)
     fp8_weight_cache: bool = False  # TE's FP8 weight cache (``distribute(fp8_weight_cache=True)``)
     # ``--zero3-fetch``: "layer" or DeepSpeed's knobs (``distribute(zero3_fetch=...)``); None: the trainer's
-    zero3_fetch: str | Zero3Fetch | None = None
+    zero3_fetch: str | None = None
 
 
 def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bool) -> TrainerSemantics:
@@ -871,28 +865,20 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
         deepspeed_pipe=sem.deepspeed_pipe or sw.deepspeed_pipe,
         fp32_grad_accum=sem.fp32_grad_accum or sw.fp32_grad_accum,
         fp8_weight_cache=sem.fp8_weight_cache or sw.fp8_weight_cache,
-        zero3_fetch=sem.zero3_fetch if sw.zero3_fetch is None else _zero3_fetch_value(sw.zero3_fetch),
+        zero3_fetch=sem.zero3_fetch if sw.zero3_fetch is None else _zero3_fetch(sw.zero3_fetch),
         max_norm=sem.max_norm if sw.clip_grad is None else sw.clip_grad,
     )
 
 
-def _zero3_fetch_option(text: str | None) -> str | Zero3Fetch | None:
-    """``--zero3-fetch``'s text parsed: "layer", DeepSpeed's knobs, or None (not given); a
-    malformed text fails here, before anything is built."""
+def _zero3_fetch(text: str) -> Zero3Fetch | None:
+    """``--zero3-fetch``'s text parsed: DeepSpeed's knobs, or None for "layer" (a malformed text
+    fails, one line)."""
     from distir.parallel.zero3_fetch import FetchSpecError, parse_zero3_fetch
 
-    if text is None:
-        return None
     try:
-        got = parse_zero3_fetch(text)
+        return parse_zero3_fetch(text)
     except FetchSpecError as e:
         _fail(f"--zero3-fetch: {e}")
-    return "layer" if got is None else got
-
-
-def _zero3_fetch_value(v: str | Zero3Fetch) -> Zero3Fetch | None:
-    """``distribute``'s ``zero3_fetch`` for the parsed option (``_zero3_fetch_option``)."""
-    return None if isinstance(v, str) else v
 
 
 def _trainer_model(spec: str, sw: _SimSwitches, st: Any) -> str:
