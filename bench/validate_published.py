@@ -553,12 +553,14 @@ class Variant(NamedTuple):
     not; and, on a GPU whose GEMM kernels are persistent (``GemmProfile.persistent``), the GEMMs
     beside them running in two waves (``persistent``: the run's GEMM share of GPU 0's kernel
     time, ``gemm_share``, from a first simulation of the run, is the cost model's
-    ``gemm_share``)."""
+    ``gemm_share``); and each run's own ZeRO-3 fetch (None) or, for every ZeRO-3 run, the given
+    one: ``--zero3-fetch layer`` (FSDP's whole-layer gathers) or ``deepspeed[:...]``."""
 
     gemm_curve: bool = True
     kernels: str | None = None
     interference: bool = True
     persistent: bool = False
+    zero3_fetch: str | None = None
 
 
 AS_PUBLISHED = Variant()  # each run's own kernels, matmuls by the GEMM curve
@@ -580,7 +582,6 @@ def _simulated(
     from distir.frontends.zoo.registry import build_model, parse_model_string
     from distir.ir.types import DType
     from distir.parallel.distribute import device_map, distribute
-    from distir.parallel.zero3_fetch import parse_zero3_fetch
     from distir.search.chunk_times import chunk_times
     from distir.search.profile import TrainerForm
     from distir.sim.cost import EAGER_HOST_S, RooflineCostModel
@@ -618,7 +619,7 @@ def _simulated(
         grad_accum_fusion=r.grad_accum_fusion,
         pipelining_kept=r.pipelining_kept,
         fp8_weight_cache=r.fp8_weight_cache,
-        zero3_fetch=parse_zero3_fetch(r.zero3_fetch) if r.zero3_fetch else None,
+        zero3_fetch=_fetch_of(r, v),
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(
@@ -655,6 +656,15 @@ def _simulated(
         trace_gpus=trace_gpus,
     )
     return res, st
+
+
+def _fetch_of(r: Run, v: Variant) -> Any:
+    """The ZeRO-3 fetch ``r`` runs under ``v``: the variant's (``--zero3-fetch``), else the
+    record's (``zero3_fetch``; "" is FSDP's whole layers)."""
+    from distir.parallel.zero3_fetch import parse_zero3_fetch
+
+    text = r.zero3_fetch if v.zero3_fetch is None else v.zero3_fetch
+    return parse_zero3_fetch(text) if text else None
 
 
 def gemm_share(res: Any, slot: int = 0) -> float:
@@ -991,6 +1001,11 @@ def main(argv: list[str] | None = None) -> int:
         help="collectives slow the compute beside them by the SMs NCCL holds (default) or not; "
         "persistent: and persistent GEMM kernels beside them run in two waves",
     )  # fmt: skip
+    ap.add_argument(
+        "--zero3-fetch", metavar="FORM",
+        help="every ZeRO-3 run's parameter fetch: layer (FSDP's whole layers) or deepspeed[:key=value,...] "
+        "(DeepSpeed's module by module); default each run's own",
+    )  # fmt: skip
     ap.add_argument("--breakdown", action="store_true", help="where each selected run's step goes")
     ap.add_argument("--plot", type=Path, metavar="PNG", help="write the errors' plot (PNG) here")
     args = ap.parse_args(argv)
@@ -1002,11 +1017,20 @@ def main(argv: list[str] | None = None) -> int:
         except OutputPathError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+    if args.zero3_fetch is not None:
+        from distir.parallel.zero3_fetch import FetchSpecError, parse_zero3_fetch
+
+        try:
+            parse_zero3_fetch(args.zero3_fetch)
+        except FetchSpecError as e:
+            print(f"error: --zero3-fetch: {e}", file=sys.stderr)
+            return 2
     v = Variant(
         args.gemm == "curve",
         None if args.kernels == "run" else args.kernels,
         args.interference != "off",
         args.interference == "persistent",
+        args.zero3_fetch,
     )
     try:
         runs = select(load_runs(args.data), args.only, args.quick)
