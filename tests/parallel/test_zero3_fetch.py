@@ -28,6 +28,8 @@ from distir.parallel.zero3_fetch import (
 )
 from distir.sim.simulate import simulate
 
+from .helpers import assert_mixed_step_matches
+
 # a hand trace: weights 0..2 of 100 elements, 9 a persistent one of 5
 NUMEL = {0: 100, 1: 100, 2: 100, 9: 5}
 PERSIST = frozenset({9})
@@ -156,6 +158,18 @@ def test_module_fetch_trains_as_the_sequential_step(
     cmp = check_against_sequential(model, parse_strategy(strategy), zero3_fetch=TINY, **options)
     err, where = cmp.update_error()
     assert err < 1e-9, (where, err)
+
+
+def test_module_fetch_trains_as_the_sequential_mixed_step() -> None:
+    """Mixed precision: the gathered copies are the bf16 shards', the gradients bf16 until the
+    update casts them."""
+    assert_mixed_step_matches(
+        "gpt:layers=2,hidden=16,heads=2,vocab=32,seq=8,qkv=fused,tied=1",
+        "d2.t1.p1.k2.z3.rfull",
+        zero3_fetch=TINY,
+        comm_streams=True,
+        one_dp_stream=True,
+    )
 
 
 GPT = "gpt:layers=3,hidden=64,heads=4,vocab=128,seq=32,qkv=fused,tied=1"

@@ -217,6 +217,15 @@ programs. Its shape:
   gathered per use has no copy to keep);
   other precisions are left as they are. Default: a cast per call, as ``te.Linear`` called
   without ``is_first_microbatch`` (llm-foundry's Composer) casts.
+- ``zero3_fetch`` (a ``Zero3Fetch``: ZeRO-3 training with d > 1 on one stage; DeepSpeed's
+  ``PartitionedParameterCoordinator``, ``distir.parallel.zero3_fetch``): the layers' bodies are
+  written inline in the chunk functions and each module's weights (a run of ops reading the same
+  weights) gathered as DeepSpeed's coordinator fetches them — before the module, with its
+  prefetch along the trace under the prefetch bucket and the live-parameter cap, released unless
+  reused within the reuse distance, weights under the persistence threshold whole for the
+  function — and each weight gradient joins the reduce bucket as its op makes it, a bucket closed
+  before a gradient would take it past ``reduce_bucket`` elements (``_ModuleGathers``).
+  Default: FSDP's whole-layer gathers, one layer ahead (``_Gathers``).
 """
 
 from __future__ import annotations
