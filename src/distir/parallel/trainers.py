@@ -241,7 +241,9 @@ def _deepspeed(s: Strategy, precision: Precision, dtype: DType) -> TrainerSemant
         fp32_grad_accum=bf16 and s.zero <= 1,
         # ZeRO-3's PartitionedParameterCoordinator with DeepSpeed's default knobs, where distir's
         # ZeRO-3 is DeepSpeed's (its whole data-parallel group, no pipeline)
-        zero3_fetch=Zero3Fetch() if s.zero == 3 and s.p == 1 and s.shard_group is None else None,
+        zero3_fetch=Zero3Fetch()
+        if s.zero == 3 and s.p == 1 and s.shard_group is None and s.schedule != "zb1"
+        else None,
         # BF16_Optimizer scales only over the bound; the ZeRO and FP16 optimizers unscale every step
         max_norm=DEFAULT_MAX_NORM,
         clip_scale="if_over" if bf16 and s.zero <= 1 else "always",
