@@ -249,6 +249,10 @@ class Run:
     # how the trainer's Adam runs (``Optimizer(kernels=...)``): fused (one kernel: Megatron's,
     # DeepSpeed's), foreach (torch.optim.AdamW(foreach=True)) or loop (Composer's DecoupledAdamW)
     optimizer_kernels: str = "fused"
+    # DeepSpeed ZeRO-3's parameter fetch, module by module with its prefetch bucket, live-parameter
+    # cap, reuse distance, persistence threshold and reduce bucket: "deepspeed:key=value,..."
+    # (``distribute(zero3_fetch=parse_zero3_fetch(...))``); "" is FSDP's whole-layer gathers
+    zero3_fetch: str = ""
     # gradient-norm clipping before the update (``Optimizer(max_norm=..., clip_scale=...)``):
     # the bound (0: none) and when the scaling runs, always (torch's clip_grad_norm_, FSDP's) or
     # if_over (Megatron-LM's and DeepSpeed's host-side test; costed as not run)
@@ -319,6 +323,13 @@ def _check(r: Run, where: str) -> None:
             f"{where}.attention_kernel: expected one of {', '.join(ATTENTION_KERNELS)}, "
             f"got {r.attention_kernel!r}"
         )
+    from distir.parallel.zero3_fetch import FetchSpecError, parse_zero3_fetch
+
+    try:
+        if r.zero3_fetch and parse_zero3_fetch(r.zero3_fetch) is None:
+            raise FetchSpecError("give deepspeed:..., or leave the field out for whole layers")
+    except FetchSpecError as e:
+        raise RunsError(f"{where}.zero3_fetch: {e}") from None
     if r.launch_blocking and r.tp_comm_overlap:
         raise RunsError(f"{where}: launch_blocking runs one kernel at a time, tp_comm_overlap two")
     if r.ring_form not in RING_FORMS:
@@ -549,12 +560,14 @@ class Variant(NamedTuple):
     not; and, on a GPU whose GEMM kernels are persistent (``GemmProfile.persistent``), the GEMMs
     beside them running in two waves (``persistent``: the run's GEMM share of GPU 0's kernel
     time, ``gemm_share``, from a first simulation of the run, is the cost model's
-    ``gemm_share``)."""
+    ``gemm_share``); and each run's own ZeRO-3 fetch (None) or, for every ZeRO-3 run, the given
+    one: ``--zero3-fetch layer`` (FSDP's whole-layer gathers) or ``deepspeed[:...]``."""
 
     gemm_curve: bool = True
     kernels: str | None = None
     interference: bool = True
     persistent: bool = False
+    zero3_fetch: str | None = None
 
 
 AS_PUBLISHED = Variant()  # each run's own kernels, matmuls by the GEMM curve
@@ -613,6 +626,7 @@ def _simulated(
         grad_accum_fusion=r.grad_accum_fusion,
         pipelining_kept=r.pipelining_kept,
         fp8_weight_cache=r.fp8_weight_cache,
+        zero3_fetch=_fetch_of(r, v),
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(
@@ -649,6 +663,15 @@ def _simulated(
         trace_gpus=trace_gpus,
     )
     return res, st
+
+
+def _fetch_of(r: Run, v: Variant) -> Any:
+    """The ZeRO-3 fetch ``r`` runs under ``v``: the variant's (``--zero3-fetch``), else the
+    record's (``zero3_fetch``; "" is FSDP's whole layers)."""
+    from distir.parallel.zero3_fetch import parse_zero3_fetch
+
+    text = r.zero3_fetch if v.zero3_fetch is None else v.zero3_fetch
+    return parse_zero3_fetch(text) if text else None
 
 
 def gemm_share(res: Any, slot: int = 0) -> float:
@@ -986,6 +1009,11 @@ def main(argv: list[str] | None = None) -> int:
         help="collectives slow the compute beside them by the SMs NCCL holds (default) or not; "
         "persistent: and persistent GEMM kernels beside them run in two waves",
     )  # fmt: skip
+    ap.add_argument(
+        "--zero3-fetch", metavar="FORM",
+        help="every ZeRO-3 run's parameter fetch: layer (FSDP's whole layers) or deepspeed[:key=value,...] "
+        "(DeepSpeed's module by module); default each run's own",
+    )  # fmt: skip
     ap.add_argument("--breakdown", action="store_true", help="where each selected run's step goes")
     ap.add_argument("--plot", type=Path, metavar="PNG", help="write the errors' plot (PNG) here")
     args = ap.parse_args(argv)
@@ -997,11 +1025,20 @@ def main(argv: list[str] | None = None) -> int:
         except OutputPathError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+    if args.zero3_fetch is not None:
+        from distir.parallel.zero3_fetch import FetchSpecError, parse_zero3_fetch
+
+        try:
+            parse_zero3_fetch(args.zero3_fetch)
+        except FetchSpecError as e:
+            print(f"error: --zero3-fetch: {e}", file=sys.stderr)
+            return 2
     v = Variant(
         args.gemm == "curve",
         None if args.kernels == "run" else args.kernels,
         args.interference != "off",
         args.interference == "persistent",
+        args.zero3_fetch,
     )
     try:
         runs = select(load_runs(args.data), args.only, args.quick)

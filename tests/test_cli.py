@@ -371,6 +371,37 @@ def test_simulate_fp8_weight_cache() -> None:
     assert code == 2 and "--fp8-weight-cache" in err
 
 
+def test_simulate_zero3_fetch() -> None:
+    """``--zero3-fetch deepspeed`` (on with ``--trainer deepspeed`` under ZeRO-3) gathers module by
+    module under DeepSpeed's live-parameter cap, not a whole layer with the next one ahead: a
+    smaller peak; ``layer`` turns the trainer's off; a malformed text, or a program file, is a
+    one-line error."""
+    model = "gpt:layers=3,hidden=512,heads=8,vocab=512,seq=128"
+    base = ["simulate", "--model", model, "--strategy", "d2.t1.p1.k1.z3", "--batch", "8", "--dtype", "f16"]
+    base += ["--precision", "mixed", "--cluster", "dgx-a100", "--json"]
+    got = {}
+    for extra in (
+        [],
+        ["--zero3-fetch", "deepspeed:max_live=0,prefetch_bucket=0,max_reuse=0"],
+        ["--trainer", "deepspeed"],
+        ["--trainer", "deepspeed", "--zero3-fetch", "deepspeed"],
+        ["--trainer", "deepspeed", "--zero3-fetch", "layer"],
+        ["--trainer", "deepspeed", "--zero3-fetch", "layer"],
+    ):
+        code, out, err = run(*base, *extra)
+        assert code == 0, err
+        got[" ".join(extra)] = json.loads(out)
+    one = got["--zero3-fetch deepspeed:max_live=0,prefetch_bucket=0,max_reuse=0"]
+    assert one["peak_memory_bytes"]["d0"] < got[""]["peak_memory_bytes"]["d0"]
+    ds = got["--trainer deepspeed"]
+    assert ds == got["--trainer deepspeed --zero3-fetch deepspeed"]
+    assert ds["peak_memory_bytes"] != got["--trainer deepspeed --zero3-fetch layer"]["peak_memory_bytes"]
+    code, _, err = run(*base, "--zero3-fetch", "deepspeed:live=1")
+    assert code == 2 and "--zero3-fetch" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run("simulate", str(EX / "fig2_mlp_pipeline.distir"), "--zero3-fetch", "deepspeed")
+    assert code == 2 and "--zero3-fetch" in err
+
+
 def test_simulate_as_a_trainer_runs_it() -> None:
     """``--trainer`` runs the plan as that trainer does (``distir.parallel.trainers``): Megatron's
     fp32 gradients take 2 bytes a parameter more than the neutral program's, torchtitan's eager

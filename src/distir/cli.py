@@ -42,6 +42,7 @@ from distir.report.summary import module_stats, output_names, outputs_table, val
 
 if TYPE_CHECKING:
     from distir.parallel.trainers import TrainerSemantics
+    from distir.parallel.zero3_fetch import Zero3Fetch
 
 app = typer.Typer(
     add_completion=False,
@@ -343,6 +344,18 @@ _SimFp8WeightCache = Annotated[
         "Engine's cache under Megatron-Core's is_first_microbatch; on with --trainer megatron).",
     ),
 ]
+_SimZero3Fetch = Annotated[
+    str | None,
+    typer.Option(
+        "--zero3-fetch",
+        help="With --model and ZeRO-3: how weights are gathered. layer: a whole layer per call, the "
+        "next layer prefetched (PyTorch FSDP; the default); deepspeed[:key=value,...]: module by "
+        "module as DeepSpeed's ZeRO-3 fetches them, with its prefetch bucket, live-parameter cap, "
+        "reuse distance, persistence threshold and reduce bucket (keys prefetch_bucket, max_live, "
+        "max_reuse, persistence, reduce_bucket, in elements; DeepSpeed's defaults otherwise; on "
+        "with --trainer deepspeed).",
+    ),
+]
 _SimFp32GradAccum = Annotated[
     bool,
     typer.Option(
@@ -454,6 +467,7 @@ def simulate(
     deepspeed_pipe: _SimDeepspeedPipe = False,
     fp32_grad_accum: _SimFp32GradAccum = False,
     fp8_weight_cache: _SimFp8WeightCache = False,
+    zero3_fetch: _SimZero3Fetch = None,
     clip_grad: _SimClipGrad = None,
     trace: _SimTrace = None,
     trace_detail: _SimTraceDetail = "chunk",
@@ -475,9 +489,8 @@ def simulate(
     _check_simulate_options(file, model, kernels, attention_kernel, trace_detail, trace, trainer, clip_grad)
     traced_gpus = _traced_gpus(trace_gpus, trace)
     _check_run(planner, trace, launch_blocking, tp_comm_overlap)
-    switches = _SimSwitches(
-        trainer, kernels, attention_kernel, bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum
-    )._replace(tp_comm_overlap=tp_comm_overlap, clip_grad=clip_grad, fp8_weight_cache=fp8_weight_cache)
+    opts = (bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum, tp_comm_overlap, clip_grad)
+    switches = _SimSwitches(trainer, kernels, attention_kernel, *opts, fp8_weight_cache, zero3_fetch)
     if model is not None:
         dtype, precision = _sim_numerics(model, dtype, precision, train, cluster)
         built = _model_program(
@@ -564,12 +577,13 @@ def _file_program(file: Path, entry: str | None, sw: _SimSwitches, debug: bool) 
         sw.deepspeed_pipe
         or sw.fp32_grad_accum
         or sw.fp8_weight_cache
+        or sw.zero3_fetch is not None
         or sw.trainer != "distir"
         or sw.clip_grad is not None
     ):
         _fail(
-            "--deepspeed-pipe, --fp32-grad-accum, --fp8-weight-cache, --clip-grad and --trainer "
-            "apply to --model, not to a program file"
+            "--deepspeed-pipe, --fp32-grad-accum, --fp8-weight-cache, --zero3-fetch, --clip-grad and "
+            "--trainer apply to --model, not to a program file"
         )
     s = _Session(file, debug)
     m = s.load(entry)
@@ -826,6 +840,8 @@ class _SimSwitches(NamedTuple):
     tp_comm_overlap: bool = False  # the cost model's (the program order follows its chunk times)
     clip_grad: float | None = None  # the gradient-norm bound (None: the trainer's; 0: none)
     fp8_weight_cache: bool = False  # TE's FP8 weight cache (``distribute(fp8_weight_cache=True)``)
+    # ``--zero3-fetch``: "layer" or DeepSpeed's knobs (``distribute(zero3_fetch=...)``); None: the trainer's
+    zero3_fetch: str | None = None
 
 
 def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bool) -> TrainerSemantics:
@@ -849,8 +865,20 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
         deepspeed_pipe=sem.deepspeed_pipe or sw.deepspeed_pipe,
         fp32_grad_accum=sem.fp32_grad_accum or sw.fp32_grad_accum,
         fp8_weight_cache=sem.fp8_weight_cache or sw.fp8_weight_cache,
+        zero3_fetch=sem.zero3_fetch if sw.zero3_fetch is None else _zero3_fetch(sw.zero3_fetch),
         max_norm=sem.max_norm if sw.clip_grad is None else sw.clip_grad,
     )
+
+
+def _zero3_fetch(text: str) -> Zero3Fetch | None:
+    """``--zero3-fetch``'s text parsed: DeepSpeed's knobs, or None for "layer" (a malformed text
+    fails, one line)."""
+    from distir.parallel.zero3_fetch import FetchSpecError, parse_zero3_fetch
+
+    try:
+        return parse_zero3_fetch(text)
+    except FetchSpecError as e:
+        _fail(f"--zero3-fetch: {e}")
 
 
 def _trainer_model(spec: str, sw: _SimSwitches, st: Any) -> str:

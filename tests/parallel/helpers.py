@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -61,9 +62,7 @@ def compare(m: Module, mesh: Mesh, annotations: Mapping[str, str], seed: int = 0
     return worst
 
 
-def assert_mixed_step_matches(
-    spec: str, strategy: str, batch: int | None = None, **options: bool | str
-) -> None:
+def assert_mixed_step_matches(spec: str, strategy: str, batch: int | None = None, **options: Any) -> None:
     """A bf16 mixed-precision Adam step of zoo model ``spec`` distributed by ``strategy`` (with
     ``distribute``'s trainer ``options``) updates weights and optimizer state as the sequential
     mixed step does, within bf16's unit roundoff (``Comparison.update_error``)."""

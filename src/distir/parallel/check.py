@@ -33,6 +33,7 @@ from distir.parallel.context_model import POS, context_inputs
 from distir.parallel.distribute import DDP_BUCKET_MB, distribute
 from distir.parallel.sharding.materialize import materialize, shard_value, unshard_value
 from distir.parallel.strategy import Strategy
+from distir.parallel.zero3_fetch import Zero3Fetch
 
 
 @dataclass
@@ -185,6 +186,7 @@ def check_against_sequential(
     grad_accum_fusion: bool = False,
     pipelining_kept: str = "",
     fp8_weight_cache: bool = False,
+    zero3_fetch: Zero3Fetch | None = None,
 ) -> Comparison:
     opt = optimizer or Optimizer("sgd", lr=0.1)
     seq = training_step(model, opt, strategy.recompute, precision)
@@ -212,6 +214,7 @@ def check_against_sequential(
         grad_accum_fusion=grad_accum_fusion,
         pipelining_kept=pipelining_kept,
         fp8_weight_cache=fp8_weight_cache,
+        zero3_fetch=zero3_fetch,
     )
     vals = initial_values(model, opt, seed, precision)
     want = run_reference(seq, [vals[p.name] for p in seq.entry.params])

@@ -217,6 +217,15 @@ programs. Its shape:
   gathered per use has no copy to keep);
   other precisions are left as they are. Default: a cast per call, as ``te.Linear`` called
   without ``is_first_microbatch`` (llm-foundry's Composer) casts.
+- ``zero3_fetch`` (a ``Zero3Fetch``: ZeRO-3 training with d > 1 on one stage; DeepSpeed's
+  ``PartitionedParameterCoordinator``, ``distir.parallel.zero3_fetch``): the layers' bodies are
+  written inline in the chunk functions and each module's weights (a run of ops reading the same
+  weights) gathered as DeepSpeed's coordinator fetches them — before the module, with its
+  prefetch along the trace under the prefetch bucket and the live-parameter cap, released unless
+  reused within the reuse distance, weights under the persistence threshold whole for the
+  function — and each weight gradient joins the reduce bucket as its op makes it, a bucket closed
+  before a gradient would take it past ``reduce_bucket`` elements (``_ModuleGathers``).
+  Default: FSDP's whole-layer gathers, one layer ahead (``_Gathers``).
 """
 
 from __future__ import annotations
@@ -244,6 +253,7 @@ from distir.ir.dtensor import (
     axis_size,
 )
 from distir.ir.function import Function, Module
+from distir.ir.rewrite import ValueMap, copy_instr
 from distir.ir.types import Device, DType, TensorType
 from distir.ir.values import Attrs, Value
 from distir.ops.dist import format_mesh_attr
@@ -266,6 +276,7 @@ from distir.parallel.pipeline.schedules import Action, build_schedule
 from distir.parallel.pipeline.stage_state import PIPELINING_KEPT, StepState
 from distir.parallel.sharding.shard_function import strip_types
 from distir.parallel.strategy import Strategy, StrategyError
+from distir.parallel.zero3_fetch import FetchStep, Zero3Fetch, plan_fetches
 from distir.sim.devices import DeviceMap, Slot
 
 DDP_BUCKET_MB = 25.0  # PyTorch DDP's ``bucket_cap_mb`` default (MiB)
@@ -377,6 +388,7 @@ def distribute(
     pipelining_kept: str = "",
     called_only: bool = False,
     fp8_weight_cache: bool = False,
+    zero3_fetch: Zero3Fetch | None = None,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -446,6 +458,7 @@ def distribute(
                 pipelining_kept,
             )
             .with_fp8_cache(fp8_weight_cache)
+            .with_zero3_fetch(zero3_fetch, fsdp)
             .build(called_only)
         )
 
@@ -518,6 +531,29 @@ def _fp8_cache(s: Strategy, prec: Precision, train: bool, asked: bool) -> bool:
             "is_first_microbatch"
         )
     return asked and train and prec.float8 and prec.float8_scaling == CACHE_SCALING
+
+
+def _zero3_fetch(
+    s: Strategy, train: bool, cfg: Zero3Fetch | None, fsdp: FsdpOptions, f8_cache: bool, pipe: bool
+) -> Zero3Fetch | None:
+    """``zero3_fetch`` where it applies: training under ZeRO-3 with d > 1 (elsewhere nothing is
+    gathered per use: a no-op). Refused with a pipeline (DeepSpeed's pipeline engine asserts
+    ZeRO 0/1), context parallelism and HSDP (DeepSpeed's ZeRO-3 shards over the whole
+    data-parallel group), the zero-bubble schedule, and FSDP's options (another trainer's)."""
+    if cfg is None or not (train and s.zero == 3 and s.d * s.c > 1):
+        return None
+    bad = [
+        (s.p > 1 or pipe, "a pipeline (DeepSpeed's pipeline engine runs ZeRO 0/1 only)"),
+        (s.c > 1, "context parallelism"),
+        (s.shard_group is not None, "HSDP (DeepSpeed's ZeRO-3 shards over all data-parallel ranks)"),
+        (s.schedule == "zb1", "the zero-bubble schedule"),
+        (fsdp != FsdpOptions(one_dp_stream=fsdp.one_dp_stream), "FSDP's options"),
+        (f8_cache, "the FP8 weight cache"),
+    ]
+    for refused, what in bad:
+        if refused:
+            raise StrategyError(f"{s}: DeepSpeed's ZeRO-3 fetch (zero3_fetch) does not run with {what}")
+    return cfg
 
 
 def _check_context(s: Strategy, train: bool) -> None:
@@ -629,6 +665,9 @@ class _Builder:
     # and the weights cached (``_layers``)
     f8_cache: bool = False
     cached: frozenset[Value] = frozenset()
+    # DeepSpeed ZeRO-3's module-by-module fetch (``distribute(zero3_fetch=...)``): its knobs, or
+    # None (whole layers, FSDP's)
+    ds_fetch: Zero3Fetch | None = None
 
     def __init__(
         self,
@@ -734,6 +773,15 @@ class _Builder:
     def with_fp8_cache(self, asked: bool) -> _Builder:
         """This builder with ``fp8_weight_cache`` where it applies (``_fp8_cache``)."""
         self.f8_cache = _fp8_cache(self.s, self.prec, self.train, asked)
+        return self
+
+    def with_zero3_fetch(self, cfg: Zero3Fetch | None, fsdp: FsdpOptions) -> _Builder:
+        """This builder with DeepSpeed's ZeRO-3 fetch where it applies (``_zero3_fetch``); its
+        gradient buckets then hold ``reduce_bucket`` elements (DeepSpeed's ``reduce_bucket_size``)."""
+        self.ds_fetch = _zero3_fetch(self.s, self.train, cfg, fsdp, self.f8_cache, self.deepspeed_pipe)
+        if self.ds_fetch is not None:
+            size = (self.prec.master if self.fp32_acc else self.compute).itemsize
+            self.bucket_bytes = float(self.ds_fetch.reduce_bucket * size)
         return self
 
     def _bucket_bytes(self, s: Strategy, bucket_mb: float) -> float:
@@ -925,6 +973,8 @@ class _Builder:
     def _chunk_fwd(self, c: int, layers: list[ShardedLayer], gather_once: bool = False) -> Function:
         """A chunk's forward; ``gather_once``: its weights arrive as shards, are gathered as the
         layers reach them and returned whole after the other results (``overlap_param_gather``)."""
+        if self.ds_fetch is not None:
+            return self._ds_chunk_fwd(c, layers)
         fb = FunctionBuilder(f"c{c}_fwd" + ("_gather" if gather_once else ""), REGISTRY.out_arity)
         x = fb.param("x")
         wp = {w: fb.param(w.name) for w in chunk_weights(layers)}
@@ -952,6 +1002,90 @@ class _Builder:
         if gather_once:
             return fb.ret(x, *res, *(gather.take(w) for w in wp), *logits)
         return fb.ret(x, *res, *(gather.last_taken[w] for w in self._kept_gathered(layers)), *logits)
+
+    def _ds_chunk_fwd(self, c: int, layers: list[ShardedLayer]) -> Function:
+        """``_chunk_fwd`` under DeepSpeed's ZeRO-3 fetch (``zero3_fetch``): the layers' forward
+        bodies written inline, each module's weights gathered where the coordinator's plan puts
+        them (``_ModuleGathers``)."""
+        fb = FunctionBuilder(f"c{c}_fwd", REGISTRY.out_arity)
+        x = fb.param("x")
+        wp = {w: fb.param(w.name) for w in chunk_weights(layers)}
+        ep = {e: fb.param(e.name) for L in layers for e in L.extras}
+        bodies: list[tuple[Function, list[Value]]] = []
+        for L in layers:
+            call = self.layer_calls[L.index]
+            bodies.append((L.fwd, [v if j and v in wp else x for j, v in enumerate(call.inputs)]))
+        gather = _ModuleGathers(self, fb, c, wp, bodies)
+        res: list[Value] = []
+        for i, L in enumerate(layers):
+            call = self.layer_calls[L.index]
+            args = [x if j == 0 else v if v in wp else ep[v] for j, v in enumerate(call.inputs)]
+            if not any(v in wp for v in call.inputs[1:]):  # no weights (the loss): called
+                outs = list(fb.call(L.fwd, *args, n_out=len(L.fwd.outputs)))
+            else:
+                outs = gather.run(i, args)
+            if L.vjp is None:
+                (x,) = outs
+                continue
+            if 0 in L.vjp.bwd_params:
+                res.append(args[0])
+            res.extend(outs[L.vjp.n_outputs :])
+            x = outs[0]
+        gather.finish()
+        return fb.ret(x, *res)
+
+    def _ds_chunk_bwd(
+        self, c: int, layers: list[ShardedLayer], acc: bool, reduce: bool, final: bool
+    ) -> Function:
+        """``_chunk_bwd`` (a full backward) under DeepSpeed's ZeRO-3 fetch: the layers' backward
+        bodies inline, gathered module by module (``_ModuleGathers``), each weight gradient handed
+        to the reduce bucket as soon as the op making it is written, as DeepSpeed's gradient hook
+        adds it (``reduce_ready_partitions_and_remove_grads``)."""
+        fb = FunctionBuilder(self._chunk_bwd_name(c, acc, "", reduce, final), REGISTRY.out_arity)
+        ws = chunk_weights(layers)
+        buckets = _Buckets(self, fb, c, ws, acc, final, self.one_dp_stream) if reduce else None
+        sink = _GradSink(self, fb, ws, layers, acc, buckets)
+        wp = {w: fb.param(w.name) for w in ws}
+        ep = {e: fb.param(e.name) for L in layers for e in L.extras}
+        res: list[list[Value]] = []
+        for L in layers:
+            assert L.vjp is not None
+            n = (1 if 0 in L.vjp.bwd_params else 0) + L.vjp.n_residuals
+            res.append([fb.param(f"r{L.index}_{j}") for j in range(n)])
+        dy = fb.param("dy")
+        arglists: list[list[Value]] = []
+        bodies: list[tuple[Function, Sequence[Value]]] = []
+        for L, rs in zip(reversed(layers), reversed(res), strict=True):
+            assert L.vjp is not None and L.bwd is not None
+            call, it = self.layer_calls[L.index], iter(rs)
+            args = [
+                next(it) if j == 0 else u if u in wp else ep[u]
+                for j in L.vjp.bwd_params
+                for u in [call.inputs[j]]
+            ]
+            arglists.append([*args, *it, dy])  # ``dy``: a stand-in, passed anew per layer below
+            bodies.append((L.bwd, arglists[-1]))
+        gather = _ModuleGathers(self, fb, c, wp, bodies, sink.release)
+        for i, L in enumerate(reversed(layers)):
+            v = L.vjp
+            assert v is not None and L.bwd is not None
+            n_dx = 1 if 0 in v.wrt else 0
+            args = [*arglists[i][:-1], dy]
+
+            def grad(k: int, g: Value, L: ShardedLayer = L, n_dx: int = n_dx) -> None:
+                if k >= n_dx:
+                    sink.done_some(L, [(k - n_dx, g)])
+
+            if L.weights:
+                outs = gather.run(i, args, grad)
+            else:  # no weights (the loss): called
+                outs = list(fb.call(L.bwd, *args, n_out=len(L.bwd.outputs)))
+            if n_dx:
+                dy = outs[0]
+        gather.finish()
+        first = layers[0].vjp
+        head = [dy] if first is not None and 0 in first.wrt else []
+        return fb.ret(*head, *sink.results())
 
     def keeps_logits(self, c: int) -> bool:
         """Whether chunk ``c``'s forward also returns, last, its loss layer's input (the logits):
@@ -1032,6 +1166,8 @@ class _Builder:
         completes them (``_Buckets``; ZeRO-2/3 in every backward, DDP/ZeRO-0/1 in the last).
         ``final``: HSDP's last backward of the step, which all-reduces across the groups too
         (suffix ``_red``; the others, ``_rs``, reduce-scatter within the group only)."""
+        if self.ds_fetch is not None:
+            return self._ds_chunk_bwd(c, layers, acc, reduce, final)
         fb = FunctionBuilder(self._chunk_bwd_name(c, acc, part, reduce, final), REGISTRY.out_arity)
         ws = chunk_weights(layers)
         # one stream for gathers and reductions: a layer's reduction is issued after the next
@@ -2036,6 +2172,203 @@ class _Gathers:
         return self.fb.emit("Identity", (gathered,), Attrs(), (f"{w.name}_out",))[0]
 
 
+class _ModuleGathers:
+    """DeepSpeed ZeRO-3's module-by-module fetch in a chunk function (``zero3_fetch``,
+    ``distir.parallel.zero3_fetch``): the layers' bodies (``bodies``: each layer function and its
+    arguments, the chunk's weights among them as the model's weight values) are written inline,
+    and a *module* is a run of consecutive ops reading the same weights. Before a module's first
+    op its weights not yet gathered are all-gathered (one call) and taken over to the compute
+    stream; then ``between`` runs (the deferred gradient reductions, ``one_dp_stream``); then
+    its prefetch is gathered (one call) — ``plan_fetches`` says which weights each does and
+    which it releases. A released weight's gathered copy is read no more (the simulator frees it
+    after its last read); its next module gathers it again. Weights DeepSpeed keeps whole
+    (``persistence``: fewer elements; or none of whose dimensions ZeRO can shard) are gathered
+    once, at the function's start, in one call. Without communication streams every gather
+    runs on the compute stream where the plan issues it."""
+
+    def __init__(
+        self,
+        b: _Builder,
+        fb: FunctionBuilder,
+        c: int,
+        wp: dict[Value, Value],
+        bodies: Sequence[tuple[Function, Sequence[Value]]],
+        between: Callable[[], None] | None = None,
+    ) -> None:
+        cfg = b.ds_fetch
+        assert cfg is not None
+        self.b, self.fb, self.wp, self.between = b, fb, wp, between
+        stage = c % b.s.p
+        self.stream = b.comm_meshes[("dp_gather", stage)] if b.comm_streams else None
+        self.home = b.meshes[stage]
+        ids = {w: k for k, w in enumerate(wp)}
+        self.weights = list(wp)
+        numel = {k: b.model.weight(w.name).type.numel for w, k in ids.items()}
+        whole = frozenset(k for w, k in ids.items() if b._zdim(w) is None or numel[k] < cfg.persistence)
+        # per module: where it starts (layer, op) and the weights it reads
+        self.starts: dict[tuple[int, int], int] = {}
+        trace: list[list[int]] = []
+        for i, (fn, args) in enumerate(bodies):
+            of = {p: ids[a] for p, a in zip(fn.params, args, strict=True) if a in wp}
+            last: list[int] | None = None
+            for k, instr in enumerate(fn.body):
+                used = list(dict.fromkeys(of[v] for v in instr.inputs if v in of))
+                if not used or used == last:
+                    continue
+                self.starts[(i, k)] = len(trace)
+                trace.append(used)
+                last = used
+        self.trace, self.plan = trace, plan_fetches(trace, numel, whole, cfg)
+        self.bodies = bodies
+        self.ready: dict[Value, Value] = {}  # weight -> its gathered copy not yet taken
+        self.taken: dict[Value, Value] = {}  # weight -> its gathered copy on the compute stream
+        self.kept: dict[Value, Value] = {}  # weights kept whole (gathered at the start)
+        self._gather_kept([self.weights[k] for k in sorted(whole) if b._zdim(self.weights[k]) is not None])
+        self.done = -1  # the last module fetched
+        self.queued: list[tuple[list[Value], list[Value]]] = []  # gather calls issued, not written
+        # every gathered weight's shard handed to the gather stream at the start (``_fetch``)
+        gw = [self.weights[k] for k in sorted({k for t in trace for k in t} - whole)]
+        self.moved = dict(zip(gw, self._hand_over(gw), strict=True)) if self.stream is not None else {}
+
+    def _gather_kept(self, ws: Sequence[Value]) -> None:
+        self._gather(ws)
+        for w in ws:
+            self.kept[w] = self._take(w)
+
+    def _gather(self, ws: Sequence[Value]) -> None:
+        """``ws`` all-gathered in one call (on the gather stream, their shards handed over first)."""
+        if self.stream is None:
+            for j, w in enumerate(ws):
+                self.ready[w] = self.b._zero3_gather(self.fb, w, self.wp[w], self.home, coalesced=j > 0)
+            return
+        self._gather_moved(ws, self._hand_over(ws))
+
+    def _hand_over(self, ws: Sequence[Value]) -> list[Value]:
+        """The shards of ``ws`` handed to the gather stream one way (``event``: the stream waits
+        for the compute stream, never the reverse, as ``ProcessGroupNCCL`` syncs its stream)."""
+        if self.stream is None or not ws:
+            return []
+        text = self.b._mesh_attr(self.stream)
+        attrs = self.b._made_attrs.get(("mesh+event", text))
+        if attrs is None:
+            attrs = self.b._made_attrs[("mesh+event", text)] = Attrs({"mesh": text, "event": True})
+        return [self.fb.emit("MeshSend", (self.wp[w],), attrs, (w.name,))[0] for w in ws]
+
+    def _gather_moved(self, ws: Sequence[Value], moved: Sequence[Value]) -> None:
+        if self.stream is None:
+            self._gather(ws)
+            return
+        for j, (w, v) in enumerate(zip(ws, moved, strict=True)):
+            self.ready[w] = self.b._zero3_gather(self.fb, w, v, self.stream, coalesced=j > 0)
+
+    def _take(self, w: Value) -> Value:
+        got = self.ready.pop(w)
+        if self.stream is None:
+            return got
+        return self.fb.emit(
+            "MeshSend", (got,), self.b._attrs("mesh", self.b._mesh_attr(self.home)), (w.name,)
+        )[0]
+
+    def _fetch(self, m: int) -> None:
+        """Module ``m`` runs next (the previous module's releases first): its fetch queued, the
+        queued calls up to the one holding its last weight written, its weights taken over,
+        ``between`` (where it takes any: nothing is written between the ops of a module of
+        whole weights, a norm or a bias, which would split a fused kernel), and its prefetch
+        queued. Gathers are issued where DeepSpeed issues them but written where a module first
+        needs them, in issue order: the simulator's streams run in the order written and a
+        hand-over waits for everything written on its source stream before it, while DeepSpeed's
+        compute waits for its module's own collective (``handle.wait()``), which NCCL runs after
+        those issued before it only; written at issue, a deep prefetch would hold each module
+        for the prefetches issued after its own. For the same reason every shard is handed to
+        the gather stream at the function's start (``__init__``): DeepSpeed's all-gather reads
+        the shard where it lies and waits for no compute (``ProcessGroupNCCL`` syncs its stream
+        with the gather stream, not the compute stream), while a hand-over written later would
+        hold the gather stream until the compute stream reached it; the copies it makes are
+        counted from the start to their gather (together 1/d of the chunk's gathered weights)."""
+        if self.done >= 0:
+            for k in self.plan[self.done].release:
+                self.taken.pop(self.weights[k], None)
+        self.done = m
+        step: FetchStep = self.plan[m]
+        self._issue([self.weights[k] for k in step.fetch])
+        need = [
+            w
+            for w in (self.weights[k] for k in self.trace[m])
+            if w not in self.kept and w not in self.taken and self.b._zdim(w) is not None
+        ]
+        self._write(need)
+        for w in need:
+            self.taken[w] = self._take(w)
+        if self.between is not None and need:
+            self.between()
+        self._issue([self.weights[k] for k in step.prefetch])
+
+    def _issue(self, ws: Sequence[Value]) -> None:
+        """One gather call issued, queued until a module needs it (``_write``)."""
+        if ws:
+            self.queued.append((list(ws), [self.moved[w] for w in ws] if self.stream is not None else []))
+
+    def _write(self, need: Sequence[Value]) -> None:
+        """The queued calls up to the last one holding a weight of ``need`` written, in order."""
+        last = max((n for n, (ws, _) in enumerate(self.queued) if any(w in need for w in ws)), default=-1)
+        for ws, moved in self.queued[: last + 1]:
+            self._gather_moved(ws, moved)
+        del self.queued[: last + 1]
+
+    def finish(self) -> None:
+        """The function's end: the calls still queued written (none when the trace ends in the
+        function, as it does: the last modules prefetch nothing)."""
+        self._write([w for ws, _ in self.queued for w in ws])
+
+    def _value(self, w: Value) -> Value:
+        """The whole weight ``w`` for the op about to be written."""
+        got = self.kept.get(w)
+        if got is None:
+            got = self.taken.get(w) if self.b._zdim(w) is not None else self.wp[w]
+        assert got is not None, f"{w.name} read but not fetched"
+        return got
+
+    def run(
+        self, i: int, args: Sequence[Value], produced: Callable[[int, Value], None] | None = None
+    ) -> list[Value]:
+        """Layer ``i``'s body written inline on ``args`` (its weights as the model's weight
+        values); ``produced(k, v)``: output ``k`` is ``v``, called as soon as the op making it is
+        written (an output no op makes, once the body is written). Returns the outputs."""
+        fn = self.bodies[i][0]
+        vmap = ValueMap()
+        weight_of: dict[Value, Value] = {}
+        for p, a in zip(fn.params, args, strict=True):
+            if a in self.wp:
+                weight_of[p] = a
+            else:
+                vmap.bind(p, a)
+        outs: dict[Value, list[int]] = {}
+        for k, o in enumerate(fn.outputs):
+            outs.setdefault(o, []).append(k)
+        told: set[int] = set()
+
+        def value(v: Value) -> Value:
+            w = weight_of.get(v)
+            return vmap(v) if w is None else self._value(w)
+
+        for k, instr in enumerate(fn.body):
+            m = self.starts.get((i, k))
+            if m is not None:
+                self._fetch(m)
+            self.fb.append(copy_instr(instr, value))
+            if produced is not None:
+                for o in instr.outputs:
+                    for j in outs.get(o, ()):
+                        produced(j, vmap(o))
+                        told.add(j)
+        result = [value(o) for o in fn.outputs]
+        if produced is not None:
+            for j, r in enumerate(result):
+                if j not in told:
+                    produced(j, r)
+        return result
+
+
 class _GradSink:
     """Where a chunk's backward puts each weight gradient once it is complete — a tied weight's
     once every use in the chunk has added its part: reduced in buckets (``_Buckets``), or added
@@ -2100,10 +2433,19 @@ class _GradSink:
 
     def done(self, L: ShardedLayer, outs: Sequence[Value]) -> None:
         """Layer ``L``'s weight gradients ``outs`` are computed."""
+        if len(outs) != len(L.weights):
+            raise ValueError(f"{len(outs)} gradients for the {len(L.weights)} weights of layer {L.index}")
+        self.done_some(L, list(enumerate(outs)))
+
+    def done_some(self, L: ShardedLayer, got: Sequence[tuple[int, Value]]) -> None:
+        """Some of layer ``L``'s weight gradients are computed: ``(j, g)``, the gradient ``g``
+        of its ``j``-th weight (``done`` gives them all at once; DeepSpeed's fetch one by one, as
+        the backward makes them)."""
         fb = self.fb
         ready: list[tuple[Value, Value]] = []
         pending = L.tp_pending or (False,) * len(L.weights)
-        for w, g, tp_sum in zip(L.weights, outs, pending, strict=True):
+        for j, g in got:
+            w, tp_sum = L.weights[j], pending[j]
             if tp_sum and w not in self.b.tp_pending:  # another use left it whole: sum it here
                 g = self.b._redistribute(fb, g, g.name, self.b.grad_layout(w))
             prev = self.partial.pop(w, None)
@@ -2198,6 +2540,11 @@ class _Buckets:
         self.pending: list[tuple[Value, Value]] = []
         self.size = 0.0
         self.out: dict[Value, Value] = {}
+        # DeepSpeed's ZeRO-3 (``zero3_fetch``): a gradient that would take a non-empty bucket past
+        # its size closes it first (``reduce_independent_p_g_buckets_and_remove_grads``); the
+        # closed buckets wait for ``release``
+        self.ds_rule = b.ds_fetch is not None
+        self.closed: list[list[tuple[Value, Value]]] = []
 
     def accumulators(self) -> dict[Value, Value]:
         """The accumulated gradients (parameters after the others; none in the first backward)."""
@@ -2227,13 +2574,22 @@ class _Buckets:
             if self.late:
                 self.groups[-1].append((w, g))
                 continue
+            size = self.b._grad_bytes(w)
+            if self.ds_rule and self.pending and self.size + size > self.b.bucket_bytes:
+                self.closed.append(self.pending)
+                self.pending, self.size = [], 0.0
             self.pending.append((w, g))
-            self.size += self.b._grad_bytes(w)
+            self.size += size
         if not self.defer:
             self.release()
 
     def release(self) -> None:
-        """The open bucket reduced if it is full."""
+        """The open bucket reduced if it is full (DeepSpeed's rule: the closed buckets)."""
+        if self.ds_rule:
+            for bucket in self.closed:
+                self.flush(bucket)
+            self.closed = []
+            return
         if self.size >= self.b.bucket_bytes and not self.one_bucket and not self.late:
             self.flush()
 
@@ -2255,11 +2611,12 @@ class _Buckets:
             return self.fb.emit("Identity", (g,), Attrs(), (f"g_{w.name}_in",))[0]
         return g
 
-    def flush(self) -> None:
+    def flush(self, bucket: list[tuple[Value, Value]] | None = None) -> None:
+        """The open bucket (or ``bucket``, a closed one) reduced, one call."""
         fb = self.fb
         cast_in = self.b.grad_copy_in == "cast"  # the copy-in already cast it (``_copied_in``)
         moved = []
-        for w, g in self.pending:
+        for w, g in self.pending if bucket is None else bucket:
             if cast_in:  # FSDP2: the post-backward hook's copy-in, right before the reduction
                 g = self._copied_in(w, g)
             if self.b.megatron:
@@ -2283,7 +2640,8 @@ class _Buckets:
             if self.b.hsdp and self.final:  # the accumulated shard, across the groups once
                 r = self.b._redistribute(fb, r, f"g_{w.name}", "R, " + self.b._grad_target(w), later)
             self.out[w] = r
-        self.pending, self.size = [], 0.0
+        if bucket is None:
+            self.pending, self.size = [], 0.0
 
     def _megatron_prepared(self, w: Value, g: Value) -> Value:
         """``w``'s gradient ``g`` as Megatron-LM's ``Bucket.start_grad_sync`` leaves it for the
@@ -2330,6 +2688,7 @@ class _Buckets:
                 self.pending = group
                 self.flush()
             return [self.out[w] for w in self.ws]
+        self.release() if self.ds_rule else None
         self.flush()
         if self.held:  # the root unit's post-backward: its gradients in one call, last
             self.pending = self.held

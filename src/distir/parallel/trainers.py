@@ -24,7 +24,9 @@ the compute dtype, keeps a low-precision copy of every weight, and runs every ke
   z1, with its fp32 gradient accumulation; distir's z0 is refused there), Megatron's fused
   kernels, FusedAdam, FlashAttention-2. Its optimizers keep fp32 masters: pure half precision
   is refused; its context parallelism is Ulysses (all-to-alls over heads), so a ring over
-  context ranks (c > 1) is refused.
+  context ranks (c > 1) is refused. Under ZeRO-3 (one stage, all data-parallel ranks) its
+  parameters are fetched module by module as ``PartitionedParameterCoordinator`` fetches them,
+  with DeepSpeed's default knobs (``zero3_fetch``, ``distir.parallel.zero3_fetch``).
 - ``torchtitan`` (PyTorch FSDP2 as torchtitan 820504e applies it, its defaults: no
   ``torch.compile``, ``mixed_precision_reduce = "float32"``, the fused AdamW): eager kernels,
   gradients cast into the fp32 reduce-scatter input (``grad_copy_in = "cast"``,
@@ -80,6 +82,7 @@ from distir.ir.types import DType
 from distir.parallel.distribute import check_switches
 from distir.parallel.grad_reduction import reduce_scatter_every_backward
 from distir.parallel.strategy import Strategy, StrategyError
+from distir.parallel.zero3_fetch import Zero3Fetch
 
 TRAINERS = ("distir", "megatron", "deepspeed", "torchtitan")
 # the gradient-norm bound every trainer clips by unless told otherwise: Megatron-LM's
@@ -119,6 +122,7 @@ class TrainerSemantics:
     overlap_param_gather: bool = False
     pipelining_kept: str = ""
     fp8_weight_cache: bool = False
+    zero3_fetch: Zero3Fetch | None = None
     ring_form: str = "p2p"
     # gradient-norm clipping (``Optimizer.max_norm``, ``clip_scale``; 0: none)
     max_norm: float = 0.0
@@ -151,6 +155,7 @@ class Switches(TypedDict):
     overlap_param_gather: bool
     pipelining_kept: str
     fp8_weight_cache: bool
+    zero3_fetch: Zero3Fetch | None
 
 
 def trainer_semantics(
@@ -234,6 +239,11 @@ def _deepspeed(s: Strategy, precision: Precision, dtype: DType) -> TrainerSemant
         deepspeed_pipe=s.p > 1,  # the pipeline engine runs pipelines only
         # BF16_Optimizer's fp32 gradient sums; with ZeRO-2/3 DeepSpeed accumulates bf16 gradients
         fp32_grad_accum=bf16 and s.zero <= 1,
+        # ZeRO-3's PartitionedParameterCoordinator with DeepSpeed's default knobs, where distir's
+        # ZeRO-3 is DeepSpeed's (its whole data-parallel group, no pipeline)
+        zero3_fetch=Zero3Fetch()
+        if s.zero == 3 and s.p == 1 and s.shard_group is None and s.schedule != "zb1"
+        else None,
         # BF16_Optimizer scales only over the bound; the ZeRO and FP16 optimizers unscale every step
         max_norm=DEFAULT_MAX_NORM,
         clip_scale="if_over" if bf16 and s.zero <= 1 else "always",
