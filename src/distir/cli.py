@@ -862,6 +862,17 @@ def _trainer_model(spec: str, sw: _SimSwitches, st: Any) -> str:
     return with_options(spec, model_options(sw.trainer, st, sw.kernels or trainer_kernels(sw.trainer)))
 
 
+def _check_tp_split(spec: str, t: int, tp_layout: str) -> None:
+    """A tensor-parallel degree that splits the model's heads, query groups or FFN columns over
+    its ranks is refused (``distir.export.plan.tp_split_refusal``; the declared layout: an
+    automatic one places whole heads by construction)."""
+    from distir.export.plan import tp_split_refusal
+
+    why = tp_split_refusal(spec, t) if tp_layout == "declared" else ""
+    if why:
+        _fail(why)
+
+
 class ModelProgram(NamedTuple):
     """A zoo model's distributed program (``_model_program``), with what its report needs."""
 
@@ -914,6 +925,7 @@ def _model_program(
         dt = parse_training_dtype(dtype)
         b = batch if batch is not None else 8 * st.d * st.k
         prec = Precision.parse(precision)
+        _check_tp_split(spec, st.t, tp_layout)
         spec = _trainer_model(spec, switches, st)
         check_cluster_fits(st, cluster)  # before anything is built
         check_elements(spec, b, dt, spec)

@@ -30,12 +30,12 @@ def test_triples_cover_every_factorization_not_only_powers_of_two() -> None:
 
 
 def test_allowed_tp_divides_every_tp_weight_dimension() -> None:
-    spec = parse_model_string("gpt:layers=2,hidden=96,heads=4,vocab=60,seq=8")
+    spec = parse_model_string("gpt:layers=2,hidden=96,heads=12,vocab=60,seq=8")
     ts = allowed_tp(spec, DType.f32, 16)
-    # GPT's TP-sharded dimensions are multiples of hidden = 96 (q/k/v/o, the MLP's 4·hidden);
-    # the vocabulary (60) is sharded but never limits t (Megatron pads it): t must divide 96, so 3
-    # and 12 qualify, 5 and 9 do not
-    assert ts == [t for t in range(1, 17) if 96 % t == 0]
+    # GPT's TP-sharded dimensions are multiples of hidden = 96 (q/k/v/o, the MLP's 4·hidden), and
+    # each rank takes whole heads (12); the vocabulary (60) is sharded but never limits t
+    # (Megatron pads it): t must divide 96 and 12, so 3 and 12 qualify, 5, 8 and 9 do not
+    assert ts == [t for t in range(1, 17) if 12 % t == 0]
     model = spec.build(8)
     for t in (3, 12):
         layers = sharded_layers(model, 1, t)

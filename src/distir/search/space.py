@@ -163,7 +163,8 @@ class Space:
                     "pattern, and --tp-layout auto, if given, sharded none; t > 1 would replicate the model)"
                 )
             raise SpaceError(
-                f"--tp {p.tp}: the model's tensor-parallel dimensions do not split {p.tp} ways "
+                f"--tp {p.tp}: the model's tensor-parallel dimensions (its sharded weights' dims, attention "
+                f"heads, query groups and FFN columns) do not split {p.tp} ways "
                 f"(allowed: {', '.join(map(str, self.allowed_tp))})"
             )
         if p.cp is not None and p.cp > 1:
