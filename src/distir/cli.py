@@ -237,7 +237,9 @@ _SimStrategy = Annotated[
 _SimTrain = Annotated[
     bool, typer.Option("--train/--infer", help="With --model: a training step (default) or inference.")
 ]
-_SimOptimizer = Annotated[str, typer.Option("--optimizer", help="With --model: sgd or adam.")]
+_SimOptimizer = Annotated[
+    str | None, typer.Option("--optimizer", help="With --model, training: sgd or adam (default adam).")
+]
 _SimDtype = Annotated[
     str,
     typer.Option(
@@ -441,7 +443,7 @@ def simulate(
     model: _SimModel = None,
     strategy: _SimStrategy = None,
     train: _SimTrain = True,
-    optimizer: _SimOptimizer = "adam",
+    optimizer: _SimOptimizer = None,
     dtype: _SimDtype = "auto",
     precision: _SimPrecision = "auto",
     kernels: _SimKernels = None,
@@ -479,13 +481,14 @@ def simulate(
         trainer, kernels, attention_kernel, bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum
     )._replace(tp_comm_overlap=tp_comm_overlap, clip_grad=clip_grad, fp8_weight_cache=fp8_weight_cache)
     if model is not None:
+        _check_inference(train, optimizer, strategy, switches)
         dtype, precision = _sim_numerics(model, dtype, precision, train, cluster)
         built = _model_program(
             model,
             strategy,
             batch,
             train,
-            optimizer,
+            optimizer or "adam",
             dtype,
             debug,
             precision,
@@ -498,6 +501,7 @@ def simulate(
     else:
         assert file is not None
         _check_file_simulate_options(strategy, precision, bucket_mb, overlap_param_gather)
+        _check_file_model_options(train, optimizer, dtype, tp_layout)
         m = _file_program(file, entry, switches, debug)
         dmap0, source, model_flops, semantics, built_spec = None, str(file), None, None, None
     kernels = semantics.kernels if semantics else kernels or "fused"
@@ -535,6 +539,44 @@ def simulate(
         _emit_json({**where, **fields, **options, **blocking, **summary, **traced})
         return
     _print_simulation(result, summary, f"{source} on {cluster}", trace)
+
+
+_RECOMPUTE_PART = {"full": "rfull", "selective": "rsel", "ops": "rops"}  # as a strategy string writes it
+
+
+def _check_inference(train: bool, optimizer: str | None, strategy: str | None, sw: _SimSwitches) -> None:
+    """``--infer`` with what only a training step has (an optimizer, its gradients' buckets,
+    clipping and accumulation, ZeRO-1/2's sharded optimizer state, recomputation for the
+    backward, a zero-bubble schedule's split backward): refused, never ignored."""
+    from distir.parallel.distribute import DDP_BUCKET_MB
+    from distir.parallel.strategy import StrategyError, parse_strategy
+
+    if train:
+        return
+    given = [
+        f"--optimizer {optimizer}" if optimizer is not None else "",
+        f"--bucket-mb {sw.bucket_mb:g}" if sw.bucket_mb != DDP_BUCKET_MB else "",
+        "--overlap-param-gather" if sw.overlap_param_gather else "",
+        "--fp32-grad-accum" if sw.fp32_grad_accum else "",
+        f"--clip-grad {sw.clip_grad:g}" if sw.clip_grad is not None else "",
+    ]
+    try:
+        st = parse_strategy(_strategy_text(strategy))
+    except StrategyError:
+        st = None  # reported where the model is built
+    if st is not None:
+        given += [
+            f"ZeRO-{st.zero} (z{st.zero})" if st.zero in (1, 2) else "",
+            f"recomputation ({_RECOMPUTE_PART.get(st.recompute)})" if st.recompute != "none" else "",
+            "the zero-bubble schedule (zb1)" if st.schedule == "zb1" else "",
+        ]
+    named = [g for g in given if g]
+    if named:
+        _fail(
+            f"--infer runs the forward only: no optimizer step, gradients or backward, so "
+            f"{', '.join(named)} would be ignored; drop {'it' if len(named) == 1 else 'them'} or simulate "
+            "a training step (--train)"
+        )
 
 
 def _check_run(planner: str, trace: Path | None, launch_blocking: bool, tp_comm_overlap: bool) -> None:
@@ -674,6 +716,20 @@ def _check_file_simulate_options(
         _fail("--bucket-mb applies to --model, not to a program file")
     if overlap_param_gather:
         _fail("--overlap-param-gather applies to --model, not to a program file")
+
+
+def _check_file_model_options(train: bool, optimizer: str | None, dtype: str, tp_layout: str) -> None:
+    """``simulate FILE``: the options that build a ``--model``'s program (a program file is
+    already built: its own mode, optimizer, dtype and placements) are refused, not ignored."""
+    given = [
+        "--infer" if not train else "",
+        f"--optimizer {optimizer}" if optimizer is not None else "",
+        f"--dtype {dtype}" if dtype != "auto" else "",
+        f"--tp-layout {tp_layout}" if tp_layout != "declared" else "",
+    ]
+    named = [g for g in given if g]
+    if named:
+        _fail(f"{', '.join(named)} applies to --model, not to a program file (it runs as it is written)")
 
 
 def _simulated_cluster(
