@@ -67,3 +67,10 @@ def test_a_program_file_refuses_the_options_that_build_a_model(extra: list[str],
         code == 2
         and err.strip() == f"{named} applies to --model, not to a program file (it runs as it is written)"
     )
+
+
+def test_an_inference_search_refuses_an_optimizer() -> None:
+    args = ("search", "--model", "gpt2-117m:layers=2", "--cluster", "dgx-a100", "--batch", "16", "--infer")
+    code, out, err = _run(*args, "--optimizer", "sgd")
+    assert code == 2 and out == ""
+    assert err.strip() == "--infer runs no optimizer step: drop --optimizer sgd, or search training (--train)"

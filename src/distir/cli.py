@@ -1577,7 +1577,9 @@ def search(
     top: Annotated[
         int, typer.Option("--top", min=1, help="How many screened strategies to simulate exactly.")
     ] = 8,
-    optimizer: Annotated[str, typer.Option("--optimizer", help="sgd or adam.")] = "adam",
+    optimizer: Annotated[
+        str | None, typer.Option("--optimizer", help="Training: sgd or adam (default adam).")
+    ] = None,
     dtype: Annotated[
         str,
         typer.Option("--dtype", help="auto (the GPUs' fast half: bf16, else f16), f32, bf16 or f16."),
