@@ -74,3 +74,49 @@ def test_an_inference_search_refuses_an_optimizer() -> None:
     code, out, err = _run(*args, "--optimizer", "sgd")
     assert code == 2 and out == ""
     assert err.strip() == "--infer runs no optimizer step: drop --optimizer sgd, or search training (--train)"
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (
+            ["--strategy", "d1.t2.p1.k2", "--fp8-weight-cache"],
+            "--precision mixed has none: give --precision fp8-delayed",
+        ),
+        (
+            ["--strategy", "d2.t1.p1.k2", "--overlap-param-gather"],
+            "d2.t1.p1.k2.1f1b with --precision mixed has none",
+        ),
+        (
+            ["--strategy", "d1.t1.p1.k2.z1", "--overlap-param-gather"],
+            "d1.t1.p1.k2.1f1b.z1 with --precision mixed",
+        ),
+        (
+            [
+                "--strategy",
+                "d2.t1.p1.k2.z1",
+                "--overlap-param-gather",
+                "--dtype",
+                "bf16",
+                "--precision",
+                "pure",
+            ],
+            "with --precision pure has none to gather",
+        ),
+    ],
+)
+def test_a_switch_for_another_kind_of_plan_is_refused(extra: list[str], words: str) -> None:
+    """``--fp8-weight-cache`` without delayed float8 scaling, ``--overlap-param-gather`` without
+    ZeRO-1/2's sharded weights in mixed precision over d·c > 1: the plan would run without them."""
+    code, out, err = _run("simulate", "--model", "gpt2-117m:layers=2", "--cluster", "h100", *extra)
+    assert code == 2 and out == "" and words in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_switch_for_its_plan_runs() -> None:
+    args = ["simulate", "--model", "gpt2-117m:layers=2", "--cluster", "h100", "--json"]
+    code, _, err = _run(*args, "--strategy", "d2.t1.p1.k2.z1", "--overlap-param-gather")
+    assert code == 0, err
+    code, _, err = _run(
+        *args, "--strategy", "d1.t1.p2.k2", "--precision", "fp8-delayed", "--fp8-weight-cache"
+    )
+    assert code == 0, err

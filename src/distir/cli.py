@@ -483,6 +483,7 @@ def simulate(
     if model is not None:
         _check_inference(train, optimizer, strategy, switches)
         dtype, precision = _sim_numerics(model, dtype, precision, train, cluster)
+        _check_switches_apply(strategy, precision, switches)
         built = _model_program(
             model,
             strategy,
@@ -545,7 +546,7 @@ _RECOMPUTE_PART = {"full": "rfull", "selective": "rsel", "ops": "rops"}  # as a 
 
 
 def _check_inference(train: bool, optimizer: str | None, strategy: str | None, sw: _SimSwitches) -> None:
-    """``--infer`` with what only a training step has (an optimizer, its gradients' buckets,
+    """``--infer`` with what only a training step has (a trainer, an optimizer, its gradients' buckets,
     clipping and accumulation, ZeRO-1/2's sharded optimizer state, recomputation for the
     backward, a zero-bubble schedule's split backward): refused, never ignored."""
     from distir.parallel.distribute import DDP_BUCKET_MB
@@ -554,6 +555,7 @@ def _check_inference(train: bool, optimizer: str | None, strategy: str | None, s
     if train:
         return
     given = [
+        f"--trainer {sw.trainer}" if sw.trainer != "distir" else "",
         f"--optimizer {optimizer}" if optimizer is not None else "",
         f"--bucket-mb {sw.bucket_mb:g}" if sw.bucket_mb != DDP_BUCKET_MB else "",
         "--overlap-param-gather" if sw.overlap_param_gather else "",
@@ -576,6 +578,28 @@ def _check_inference(train: bool, optimizer: str | None, strategy: str | None, s
             f"--infer runs the forward only: no optimizer step, gradients or backward, so "
             f"{', '.join(named)} would be ignored; drop {'it' if len(named) == 1 else 'them'} or simulate "
             "a training step (--train)"
+        )
+
+
+def _check_switches_apply(strategy: str | None, precision: str, sw: _SimSwitches) -> None:
+    """The switches that act on one kind of plan only, given for another, are refused, not
+    ignored: ``--overlap-param-gather`` gathers ZeRO-1/2's sharded new weights (mixed precision,
+    d·c > 1), ``--fp8-weight-cache`` caches Transformer Engine's delayed-scaling float8 weights."""
+    from distir.parallel.strategy import StrategyError, parse_strategy
+
+    if sw.fp8_weight_cache and precision != "fp8-delayed":
+        _fail(
+            f"--fp8-weight-cache caches Transformer Engine's delayed-scaling float8 weights; --precision "
+            f"{precision} has none: give --precision fp8-delayed, or drop it"
+        )
+    try:
+        st = parse_strategy(_strategy_text(strategy))
+    except StrategyError:
+        return  # reported where the model is built
+    if sw.overlap_param_gather and (st.zero not in (1, 2) or st.d * st.c == 1 or precision == "pure"):
+        _fail(
+            f"--overlap-param-gather gathers the new weights ZeRO-1/2 shard over d·c > 1 ranks in mixed "
+            f"precision; {st} with --precision {precision} has none to gather"
         )
 
 
