@@ -273,3 +273,20 @@ def test_distir_ladders_made_on_demand_equal_the_space_ladders() -> None:
     assert [list(ladder) for ladder in lazy] == [space.ladder(b) for b in bases]
     assert sum(map(len, lazy)) > len(bases)  # rungs above the first are in the space
     assert all(ladder[-1] == space.ladder(b)[-1] for ladder, b in zip(lazy, bases, strict=True) if ladder)
+
+
+@pytest.mark.parametrize(
+    ("pins", "words"),
+    [
+        (Pins(cp=2), "--cp 2: context parallelism runs training steps only, not inference"),
+        (Pins(schedule="zb1"), "--schedule zb1: inference runs its pipeline in 1f1b order"),
+        (Pins(schedule="interleaved"), "--schedule interleaved: inference runs its pipeline in 1f1b order"),
+    ],
+)
+def test_inference_pins_what_it_cannot_run_are_refused(pins: Pins, words: str) -> None:
+    """Refused before the screen: context parallelism does not build an inference program
+    (every exact simulation failed), and a pinned zero-bubble or interleaved schedule left the
+    space empty under a message about tensor parallelism."""
+    space = Space(8, 16, 4, (1, 2), train=False, pins=pins, seq=1024)
+    with pytest.raises(SpaceError, match=re.escape(words)):
+        space.check()

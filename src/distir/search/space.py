@@ -205,6 +205,10 @@ class Space:
             for flag, val, free in given:
                 if val is not None and val != free:
                     raise SpaceError(f"--{flag} {val}: inference keeps no gradients or optimizer state")
+            if p.cp is not None and p.cp > 1:
+                raise SpaceError(f"--cp {p.cp}: context parallelism runs training steps only, not inference")
+            if p.schedule in ("interleaved", "zb1"):
+                raise SpaceError(f"--schedule {p.schedule}: inference runs its pipeline in 1f1b order")
         if p.hsdp is not None and p.dp is not None and (p.dp % p.hsdp or p.hsdp >= p.dp):
             raise SpaceError(
                 f"--hsdp {p.hsdp} must divide --dp {p.dp} and be smaller (--hsdp {p.dp} is --zero 3)"
