@@ -1902,18 +1902,12 @@ def validate(
     from distir.backend.validate import ValidateError, chosen, fidelity_dict, scatter_png
     from distir.backend.validate import validate as run_validation
     from distir.backend.worker import RankFailure
-    from distir.hardware.cluster import parse_cluster
     from distir.hardware.profile import is_quick
-    from distir.hardware.specs import HardwareError
 
     _check_nproc("validate", nproc)
     _check_steps(steps)
     _check_outputs(model, plot=plot)
-    try:
-        cl = parse_cluster(cluster)
-        chosen(strategy or (), nproc)  # before any run: a strategy that cannot run here
-    except (HardwareError, ValidateError) as e:
-        _fail(f"validate: {e}" if isinstance(e, ValidateError) else str(e))
+    cl = _validate_cluster(cluster, lambda: chosen(strategy or (), nproc))
     quick = is_quick(n.source for n in cl.nodes)
     if quick:
         _warn_quick(cluster)
@@ -1951,6 +1945,26 @@ def validate(
         _emit_json(d)
         return
     _print_validation(f, load, plot)
+
+
+def _validate_cluster(cluster: str, check_strategies: Callable[[], object]) -> Any:
+    """``validate``'s cluster, and its strategies checked to run here (``check_strategies``),
+    before any run; the default profile, not written yet, named with the command that writes it."""
+    from distir.backend.validate import ValidateError
+    from distir.hardware.cluster import parse_cluster
+    from distir.hardware.specs import HardwareError
+
+    try:
+        cl = parse_cluster(cluster)
+        check_strategies()
+    except (HardwareError, ValidateError) as e:
+        if cluster == "profile.toml" and not Path(cluster).exists():
+            _fail(
+                "profile.toml: no such file; validate simulates on the profile distir calibrate writes "
+                "(run distir calibrate --out profile.toml first) or on the cluster --cluster names"
+            )
+        _fail(f"validate: {e}" if isinstance(e, ValidateError) else str(e))
+    return cl
 
 
 def _print_validation(f: Any, load: float, plot: Path | None) -> None:

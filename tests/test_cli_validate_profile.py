@@ -1,0 +1,30 @@
+"""``distir validate`` without a calibrated profile: the default ``profile.toml`` not written yet
+is named with the command that writes it, one line, exit 2, before any run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from distir.cli import app
+
+
+def test_a_missing_default_profile_names_calibrate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    model = "gpt:layers=2,hidden=64,heads=4,seq=32,vocab=256"
+    r = CliRunner().invoke(app, ["validate", "--model", model, "--batch", "8", "--samples", "2"])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.strip() == (
+        "profile.toml: no such file; validate simulates on the profile distir calibrate writes "
+        "(run distir calibrate --out profile.toml first) or on the cluster --cluster names"
+    )
+
+
+def test_a_missing_named_profile_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "mine.toml"
+    r = CliRunner().invoke(
+        app, ["validate", "--model", "mlp:layers=2,hidden=8", "--samples", "2", "--cluster", str(missing)]
+    )
+    assert r.exit_code == 2 and r.stderr.strip() == f"{missing}: no such file"
