@@ -781,8 +781,22 @@ def _simulated_cluster(
     except (HardwareError, DeviceMapError) as e:
         if debug:
             traceback.print_exc()
-        _fail(str(e) if isinstance(e, HardwareError) else f"{source}: {e}")
+        if isinstance(e, HardwareError):
+            _fail(str(e))
+        _fail(f"{source}: {e}{_strategy_map_hint(device_map, dmap0)}")
     return cl, dmap
+
+
+def _strategy_map_hint(device_map: str | None, dmap0: Any) -> str:
+    """A ``--device-map`` refused over a strategy's program (``--model``): the strategy's own map
+    (its communication streams' devices too), the text to edit."""
+    if device_map is None or dmap0 is None:
+        return ""
+    text = ",".join(
+        f"{d}={s.gpu}" + ("" if s.stream == "compute" else f":{s.stream}")
+        for d, s in sorted(dmap0.mapping.items(), key=lambda kv: int(str(kv[0])[1:]))
+    )
+    return f" (the strategy's map, every device of the program: {text[:600]}{'…' if len(text) > 600 else ''})"
 
 
 def _run_simulation(
