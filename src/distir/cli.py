@@ -2150,7 +2150,8 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=argv, standalone_mode=False, prog_name="distir")
     except _UsageError as e:
         where = e.ctx.command_path if e.ctx is not None else "distir"
-        err.print(f"{where}: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
+        why = e.format_message() or "give a command (listed above)"  # no arguments: the help, then this
+        err.print(f"{where}: {why}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
     except typer.Abort:
         err.print("distir: aborted", markup=False)

@@ -1,5 +1,6 @@
-"""``distir validate`` without a calibrated profile: the default ``profile.toml`` not written yet
-is named with the command that writes it, one line, exit 2, before any run."""
+"""Messages a new user meets first: ``distir validate`` without a calibrated profile (the default
+``profile.toml``, not written yet, named with the command that writes it) and ``distir`` without
+a command; each one line, exit 2."""
 
 from __future__ import annotations
 
@@ -28,3 +29,15 @@ def test_a_missing_named_profile_is_named(tmp_path: Path) -> None:
         app, ["validate", "--model", "mlp:layers=2,hidden=8", "--samples", "2", "--cluster", str(missing)]
     )
     assert r.exit_code == 2 and r.stderr.strip() == f"{missing}: no such file"
+
+
+def test_no_command_prints_the_help_and_asks_for_one(capsys: pytest.CaptureFixture[str]) -> None:
+    """``distir`` alone: the commands on stdout, then one line saying what is missing, exit 2
+    (not an empty ``distir:`` line)."""
+    from distir.cli import main
+
+    with pytest.raises(SystemExit) as got:
+        main([])
+    out, err = capsys.readouterr()
+    assert got.value.code == 2 and "simulate" in out
+    assert err.strip() == "distir: give a command (listed above)"
