@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - older typer
 from rich.console import Console
 
 import distir
-from distir.files import OutputPathError, check_distinct, check_output, write_atomically
+from distir.files import OutputPathError, OutputWriteError, check_distinct, check_output, write_atomically
 from distir.hardware.attention import KERNELS as ATTENTION_KERNELS
 from distir.interp.lockstep import check_deadlock_free
 from distir.interp.project import project
@@ -2152,6 +2152,9 @@ def main(argv: list[str] | None = None) -> None:
         where = e.ctx.command_path if e.ctx is not None else "distir"
         why = e.format_message() or "give a command (listed above)"  # no arguments: the help, then this
         err.print(f"{where}: {why}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except OutputWriteError as e:  # an output check_output could not foresee failing (/proc, a full disk)
+        err.print(str(e), markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
     except typer.Abort:
         err.print("distir: aborted", markup=False)
