@@ -481,22 +481,18 @@ def simulate(
         trainer, kernels, attention_kernel, bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum
     )._replace(tp_comm_overlap=tp_comm_overlap, clip_grad=clip_grad, fp8_weight_cache=fp8_weight_cache)
     if model is not None:
-        _check_inference(train, optimizer, strategy, switches)
-        dtype, precision = _sim_numerics(model, dtype, precision, train, cluster)
-        _check_switches_apply(strategy, precision, switches)
-        built = _model_program(
+        built, dtype, precision = _model_simulated(
             model,
             strategy,
             batch,
             train,
-            optimizer or "adam",
-            dtype,
-            debug,
-            precision,
+            optimizer,
+            (dtype, precision),
             cluster,
             tp_layout,
             max_ops,
             switches,
+            debug,
         )
         m, dmap0, source, batch, model_flops, semantics, built_spec = built
     else:
@@ -532,12 +528,13 @@ def simulate(
     _write_simulation_trace(result, trace, file)
     summary = summary_dict(result)
     if json_out:
-        where = {"schema": SCHEMA, "file" if file is not None else "model": source}
         fields = _strategy_json(model, strategy, batch, dtype, precision) if model is not None else {}
         options = _sim_options(cluster, kernels, attention_kernel, semantics, built_spec)
-        traced = _trace_json(trace, trace_detail, trace_gpus)
-        blocking = {"tp_comm_overlap": tp_comm_overlap, "launch_blocking": launch_blocking}
-        _emit_json({**where, **fields, **options, **blocking, **summary, **traced})
+        flags = {"tp_comm_overlap": tp_comm_overlap, "launch_blocking": launch_blocking}
+        where = {"schema": SCHEMA, "file" if file is not None else "model": source}
+        _emit_json(
+            {**where, **fields, **options, **flags, **summary, **_trace_json(trace, trace_detail, trace_gpus)}
+        )
         return
     _print_simulation(result, summary, f"{source} on {cluster}", trace)
 
@@ -579,6 +576,58 @@ def _check_inference(train: bool, optimizer: str | None, strategy: str | None, s
             f"{', '.join(named)} would be ignored; drop {'it' if len(named) == 1 else 'them'} or simulate "
             "a training step (--train)"
         )
+
+
+def _model_simulated(
+    model: str,
+    strategy: str | None,
+    batch: int | None,
+    train: bool,
+    optimizer: str | None,
+    numerics: tuple[str, str],
+    cluster: str,
+    tp_layout: str,
+    max_ops: int,
+    switches: _SimSwitches,
+    debug: bool,
+) -> tuple[ModelProgram, str, str]:
+    """``simulate --model``'s program (``_model_program``) with its ``numerics`` (``--dtype``,
+    ``--precision``) resolved and checked (``_model_numerics``), and the numerics resolved."""
+    dtype, precision = _model_numerics(model, *numerics, train, cluster, optimizer, strategy, switches)
+    built = _model_program(
+        model,
+        strategy,
+        batch,
+        train,
+        optimizer or "adam",
+        dtype,
+        debug,
+        precision,
+        cluster,
+        tp_layout,
+        max_ops,
+        switches,
+    )
+    return built, dtype, precision
+
+
+def _model_numerics(
+    model: str,
+    dtype: str,
+    precision: str,
+    train: bool,
+    cluster: str,
+    optimizer: str | None,
+    strategy: str | None,
+    sw: _SimSwitches,
+) -> tuple[str, str]:
+    """``simulate --model``'s numerics (``_sim_numerics``), after refusing the training-only
+    options under ``--infer`` (``_check_inference``) and before the switches that apply to one
+    kind of plan only (``_check_switches_apply``)."""
+    _check_inference(train, optimizer, strategy, sw)
+    dtype, precision = _sim_numerics(model, dtype, precision, train, cluster)
+    _check_switches_apply(strategy, precision, sw)
+    return dtype, precision
 
 
 def _check_switches_apply(strategy: str | None, precision: str, sw: _SimSwitches) -> None:
