@@ -41,3 +41,22 @@ def test_no_command_prints_the_help_and_asks_for_one(capsys: pytest.CaptureFixtu
     out, err = capsys.readouterr()
     assert got.value.code == 2 and "simulate" in out
     assert err.strip() == "distir: give a command (listed above)"
+
+
+def test_simulate_shows_its_phases_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building a large program and simulating it can take tens of seconds: a transient spinner
+    names the phase on a terminal's stderr; piped, stderr stays empty."""
+    import io
+
+    from rich.console import Console
+
+    import distir.cli as cli
+
+    args = ["simulate", "--model", "gpt2-117m:layers=2", "--cluster", "dgx-a100", "--strategy", "d2.t2"]
+    r = CliRunner().invoke(app, [*args, "--json"])
+    assert r.exit_code == 0 and r.stderr == ""
+    seen = io.StringIO()
+    monkeypatch.setattr(cli, "err", Console(file=seen, force_terminal=True, width=100))
+    with cli._status("building gpt2-117m:layers=2 under d2.t2"):
+        pass
+    assert "building gpt2-117m:layers=2 under d2.t2…" in seen.getvalue()

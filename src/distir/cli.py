@@ -7,6 +7,7 @@ stderr (no traceback unless ``--debug``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -594,21 +595,30 @@ def _model_simulated(
     """``simulate --model``'s program (``_model_program``) with its ``numerics`` (``--dtype``,
     ``--precision``) resolved and checked (``_model_numerics``), and the numerics resolved."""
     dtype, precision = _model_numerics(model, *numerics, train, cluster, optimizer, strategy, switches)
-    built = _model_program(
-        model,
-        strategy,
-        batch,
-        train,
-        optimizer or "adam",
-        dtype,
-        debug,
-        precision,
-        cluster,
-        tp_layout,
-        max_ops,
-        switches,
-    )
+    with _status(f"building {model} under {_strategy_text(strategy)}"):
+        built = _model_program(
+            model,
+            strategy,
+            batch,
+            train,
+            optimizer or "adam",
+            dtype,
+            debug,
+            precision,
+            cluster,
+            tp_layout,
+            max_ops,
+            switches,
+        )
     return built, dtype, precision
+
+
+def _status(what: str) -> Any:
+    """A spinner on stderr naming the work under way while it runs (on a terminal only; transient:
+    gone when the work ends)."""
+    if not err.is_terminal:
+        return contextlib.nullcontext()
+    return err.status(f"{what}…", spinner="dots")
 
 
 def _model_numerics(
@@ -882,21 +892,22 @@ def _run_simulation(
         if launch_blocking:  # a default map (None) has one device per GPU: no streams to join
             cost = dataclasses.replace(cost, host_s=EAGER_HOST_S)
             dmap = dmap.blocking() if dmap is not None else None
-        return guard(
-            lambda: run_sim(
-                m,
-                cl,
-                dmap,
-                cost,
-                trace=trace is not None,
-                batch=batch,
-                trace_detail=trace_detail,
-                planner=planner,
-                allocator=allocator,
-                trace_gpus=trace_gpus,
-                allocator_max_ops=max_ops // RESERVED_OPS_SHARE,
+        with _status(f"simulating {source}"):
+            return guard(
+                lambda: run_sim(
+                    m,
+                    cl,
+                    dmap,
+                    cost,
+                    trace=trace is not None,
+                    batch=batch,
+                    trace_detail=trace_detail,
+                    planner=planner,
+                    allocator=allocator,
+                    trace_gpus=trace_gpus,
+                    allocator_max_ops=max_ops // RESERVED_OPS_SHARE,
+                )
             )
-        )
     except DeviceMapError as e:
         _fail(f"{source}: {e}")
 
@@ -908,7 +919,8 @@ def _write_simulation_trace(result: Any, trace: Path | None, file: Path | None) 
     if trace is not None:
         if file is not None and trace.resolve() == file.resolve():
             _fail(f"{trace}: refusing to overwrite the program with its trace")
-        write_trace(result, trace)
+        with _status(f"writing the trace {trace}"):
+            write_trace(result, trace)
 
 
 def _print_simulation(result: Any, summary: dict[str, Any], title: str, trace: Path | None) -> None:
