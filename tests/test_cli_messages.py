@@ -60,3 +60,13 @@ def test_simulate_shows_its_phases_on_a_terminal_only(monkeypatch: pytest.Monkey
     with cli._status("building gpt2-117m:layers=2 under d2.t2"):
         pass
     assert "building gpt2-117m:layers=2 under d2.t2…" in seen.getvalue()
+
+
+def test_a_strategy_on_some_of_the_clusters_gpus_says_how_many() -> None:
+    """d4 on 16 GPUs runs on 4 of them, the others idle: the report's title says so."""
+    args = ["simulate", "--model", "gpt2-117m:layers=2", "--cluster", "dgx-a100:2", "--strategy", "d4"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.splitlines()[0].endswith("on dgx-a100:2 (4 of its 16 GPUs)")
+    r = CliRunner().invoke(app, [*args[:-3], "dgx-a100", "--strategy", "d8"])
+    assert r.exit_code == 0 and r.stdout.splitlines()[0].endswith("on dgx-a100")

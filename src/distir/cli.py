@@ -537,7 +537,7 @@ def simulate(
             {**where, **fields, **options, **flags, **summary, **_trace_json(trace, trace_detail, trace_gpus)}
         )
         return
-    _print_simulation(result, summary, f"{source} on {cluster}", trace)
+    _print_simulation(result, summary, _sim_title(source, cluster, cl.num_devices, summary), trace)
 
 
 _RECOMPUTE_PART = {"full": "rfull", "selective": "rsel", "ops": "rops"}  # as a strategy string writes it
@@ -921,6 +921,13 @@ def _write_simulation_trace(result: Any, trace: Path | None, file: Path | None) 
             _fail(f"{trace}: refusing to overwrite the program with its trace")
         with _status(f"writing the trace {trace}"):
             write_trace(result, trace)
+
+
+def _sim_title(source: str, cluster: str, num_gpus: int, summary: dict[str, Any]) -> str:
+    """The report's title: what ran on which cluster, and how many of its GPUs a program on only
+    some of them used (the others idle, outside the MFU)."""
+    used = len({d["gpu"] for d in summary["devices"]})
+    return f"{source} on {cluster}" + (f" ({used} of its {num_gpus} GPUs)" if used < num_gpus else "")
 
 
 def _print_simulation(result: Any, summary: dict[str, Any], title: str, trace: Path | None) -> None:
