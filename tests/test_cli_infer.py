@@ -120,3 +120,13 @@ def test_a_switch_for_its_plan_runs() -> None:
         *args, "--strategy", "d1.t1.p2.k2", "--precision", "fp8-delayed", "--fp8-weight-cache"
     )
     assert code == 0, err
+
+
+def test_the_tp_comm_overlap_needs_sequence_parallelism() -> None:
+    """Megatron-LM's --tp-comm-overlap requires --sequence-parallel: a strategy without .sp is
+    refused, one with it runs."""
+    args = ["simulate", "--model", "gpt2-117m:layers=2", "--cluster", "dgx-a100", "--tp-comm-overlap"]
+    code, _, err = _run(*args, "--strategy", "d1.t2")
+    assert code == 2 and "d1.t2.p1.k1.1f1b has none: add .sp (t > 1)" in err
+    code, _, err = _run(*args, "--strategy", "d1.t2.sp", "--json")
+    assert code == 0, err

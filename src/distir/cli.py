@@ -643,7 +643,8 @@ def _model_numerics(
 def _check_switches_apply(strategy: str | None, precision: str, sw: _SimSwitches) -> None:
     """The switches that act on one kind of plan only, given for another, are refused, not
     ignored: ``--overlap-param-gather`` gathers ZeRO-1/2's sharded new weights (mixed precision,
-    d·c > 1), ``--fp8-weight-cache`` caches Transformer Engine's delayed-scaling float8 weights."""
+    d·c > 1), ``--fp8-weight-cache`` caches Transformer Engine's delayed-scaling float8 weights,
+    ``--tp-comm-overlap`` pipelines sequence parallelism's collectives."""
     from distir.parallel.strategy import StrategyError, parse_strategy
 
     if sw.fp8_weight_cache and precision != "fp8-delayed":
@@ -655,6 +656,11 @@ def _check_switches_apply(strategy: str | None, precision: str, sw: _SimSwitches
         st = parse_strategy(_strategy_text(strategy))
     except StrategyError:
         return  # reported where the model is built
+    if sw.tp_comm_overlap and not st.sp:
+        _fail(
+            f"--tp-comm-overlap pipelines sequence parallelism's AllGather/ReduceScatter with the GEMMs, "
+            f"as Megatron-LM's flag, which requires it; {st} has none: add .sp (t > 1)"
+        )
     if sw.overlap_param_gather and (st.zero not in (1, 2) or st.d * st.c == 1 or precision == "pure"):
         _fail(
             f"--overlap-param-gather gathers the new weights ZeRO-1/2 shard over d·c > 1 ranks in mixed "
