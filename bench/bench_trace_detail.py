@@ -2,7 +2,7 @@
 time with and without the trace, the detail built, slices, flows and the trace file's size.
 
     PYTHONPATH=src OMP_NUM_THREADS=1 python bench/bench_trace_detail.py [--model gpt2-1.6b]
-        [--strategy d2.t2.p4.k8.1f1b] [--cluster dgx-a100:2] [--batch 64]
+        [--strategy d4.t1.p4.k8.1f1b] [--cluster dgx-a100:2] [--batch 64]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from distir.sim.trace import write_trace
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="gpt2-1.6b")
-    ap.add_argument("--strategy", default="d2.t2.p4.k8.1f1b")
+    ap.add_argument("--strategy", default="d4.t1.p4.k8.1f1b")
     ap.add_argument("--cluster", default="dgx-a100:2")
     ap.add_argument("--batch", type=int, default=64)
     a = ap.parse_args()

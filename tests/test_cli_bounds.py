@@ -243,3 +243,19 @@ def test_simulate_max_ops_guards_and_admits(
     assert code == 2 and "above --max-ops 10" in err and err.count("\n") == 1
     code, err = run_main(base, capsys, monkeypatch)
     assert code == 0, err
+
+
+def test_simulate_refuses_a_tensor_parallel_degree_that_splits_a_head() -> None:
+    """12 heads over t = 8 (Megatron-Core's ``divide`` asserts): one line naming the model's
+    sizes and the degrees that divide them, exit 2, before anything is built."""
+    from typer.testing import CliRunner
+
+    from distir.cli import app
+
+    args = ["simulate", "--model", "gpt2-117m:layers=2", "--strategy", "d1.t8.p1.k1", "--cluster", "dgx-a100"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.strip() == (
+        "gpt2-117m:layers=2: t=8 does not divide heads=12: tensor parallelism gives each rank whole "
+        "attention heads and FFN columns (t dividing them all: 1, 2, 3, 4, 6, 12)"
+    )

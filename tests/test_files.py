@@ -160,3 +160,20 @@ def test_the_systems_aliases_of_open_files_are_written_through() -> None:
         if os.path.lexists(alias):
             assert _is_stream(Path(alias)), alias
     assert not _is_stream(Path("/etc/hostname"))
+
+
+def test_a_write_the_check_could_not_foresee_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """``/dev/full`` passes ``check_output`` (a writable device) and fails on the write: an
+    ``OutputWriteError`` (an ``OSError`` too) naming the path, and ``distir`` ends in that one
+    line, exit 2, not a traceback."""
+    from distir.cli import main
+    from distir.files import OutputWriteError
+
+    with pytest.raises(OutputWriteError, match=r"^/dev/full: cannot write it: No space left on device$"):
+        write_atomically("/dev/full", "x")
+    assert issubclass(OutputWriteError, OSError)
+    argv = ["export", "--to", "megatron", "--model", "gpt2-117m:layers=2", "--strategy", "d1", "--batch", "8"]
+    with pytest.raises(SystemExit) as got:
+        main([*argv, "--out", "/dev/full"])
+    assert got.value.code == 2
+    assert capsys.readouterr().err.strip() == "/dev/full: cannot write it: No space left on device"

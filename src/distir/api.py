@@ -312,13 +312,19 @@ def simulate(
     """Distribute zoo ``model`` under ``strategy`` and simulate one step on ``cluster``, exactly as
     the search's exact simulation does (program order from the cost model's chunk times). ``batch``
     (the global batch) defaults to 8·d·k. ``trainer``: as that trainer runs the plan (``distir
-    simulate --trainer``: its switches, kernels and model options)."""
+    simulate --trainer``: its switches, kernels and model options). A tensor-parallel degree
+    that splits the model's heads, query groups or FFN columns raises ``StrategyError``."""
+    from distir.export.plan import tp_split_refusal
+    from distir.parallel.strategy import StrategyError
     from distir.report.fields import fields_for
     from distir.search.rerank import ExactJob, evaluate
 
     _check_inputs(model, cluster, strategy)
     _check_numbers(batch, train)
     s = parse_strategy(strategy) if isinstance(strategy, str) else strategy
+    why = tp_split_refusal(_model_text(model), s.t)
+    if why:
+        raise StrategyError(why)
     b = batch if batch is not None else 8 * s.d * s.k
     dtype, precision = _numerics(dtype, precision, train, cluster, _model_text(model))
     spec = _model_text(model)

@@ -7,6 +7,7 @@ stderr (no traceback unless ``--debug``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -26,7 +27,7 @@ except ImportError:  # pragma: no cover - older typer
 from rich.console import Console
 
 import distir
-from distir.files import OutputPathError, check_distinct, check_output, write_atomically
+from distir.files import OutputPathError, OutputWriteError, check_distinct, check_output, write_atomically
 from distir.hardware.attention import KERNELS as ATTENTION_KERNELS
 from distir.interp.lockstep import check_deadlock_free
 from distir.interp.project import project
@@ -238,7 +239,9 @@ _SimStrategy = Annotated[
 _SimTrain = Annotated[
     bool, typer.Option("--train/--infer", help="With --model: a training step (default) or inference.")
 ]
-_SimOptimizer = Annotated[str, typer.Option("--optimizer", help="With --model: sgd or adam.")]
+_SimOptimizer = Annotated[
+    str | None, typer.Option("--optimizer", help="With --model, training: sgd or adam (default adam).")
+]
 _SimDtype = Annotated[
     str,
     typer.Option(
@@ -454,7 +457,7 @@ def simulate(
     model: _SimModel = None,
     strategy: _SimStrategy = None,
     train: _SimTrain = True,
-    optimizer: _SimOptimizer = "adam",
+    optimizer: _SimOptimizer = None,
     dtype: _SimDtype = "auto",
     precision: _SimPrecision = "auto",
     kernels: _SimKernels = None,
@@ -492,25 +495,24 @@ def simulate(
     opts = (bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum, tp_comm_overlap, clip_grad)
     switches = _SimSwitches(trainer, kernels, attention_kernel, *opts, fp8_weight_cache, zero3_fetch)
     if model is not None:
-        dtype, precision = _sim_numerics(model, dtype, precision, train, cluster)
-        built = _model_program(
+        built, dtype, precision = _model_simulated(
             model,
             strategy,
             batch,
             train,
             optimizer,
-            dtype,
-            debug,
-            precision,
+            (dtype, precision),
             cluster,
             tp_layout,
             max_ops,
             switches,
+            debug,
         )
         m, dmap0, source, batch, model_flops, semantics, built_spec = built
     else:
         assert file is not None
         _check_file_simulate_options(strategy, precision, bucket_mb, overlap_param_gather)
+        _check_file_model_options(train, optimizer, dtype, tp_layout)
         m = _file_program(file, entry, switches, debug)
         dmap0, source, model_flops, semantics, built_spec = None, str(file), None, None, None
     kernels = semantics.kernels if semantics else kernels or "fused"
@@ -540,14 +542,143 @@ def simulate(
     _write_simulation_trace(result, trace, file)
     summary = summary_dict(result)
     if json_out:
-        where = {"schema": SCHEMA, "file" if file is not None else "model": source}
         fields = _strategy_json(model, strategy, batch, dtype, precision) if model is not None else {}
         options = _sim_options(cluster, kernels, attention_kernel, semantics, built_spec)
-        traced = _trace_json(trace, trace_detail, trace_gpus)
-        blocking = {"tp_comm_overlap": tp_comm_overlap, "launch_blocking": launch_blocking}
-        _emit_json({**where, **fields, **options, **blocking, **summary, **traced})
+        flags = {"tp_comm_overlap": tp_comm_overlap, "launch_blocking": launch_blocking}
+        where = {"schema": SCHEMA, "file" if file is not None else "model": source}
+        _emit_json(
+            {**where, **fields, **options, **flags, **summary, **_trace_json(trace, trace_detail, trace_gpus)}
+        )
         return
-    _print_simulation(result, summary, f"{source} on {cluster}", trace)
+    _print_simulation(result, summary, _sim_title(source, cluster, cl.num_devices, summary), trace)
+
+
+_RECOMPUTE_PART = {"full": "rfull", "selective": "rsel", "ops": "rops"}  # as a strategy string writes it
+
+
+def _check_inference(train: bool, optimizer: str | None, strategy: str | None, sw: _SimSwitches) -> None:
+    """``--infer`` with what only a training step has (a trainer, an optimizer, its gradients' buckets,
+    clipping and accumulation, ZeRO-1/2's sharded optimizer state, recomputation for the
+    backward, a zero-bubble schedule's split backward): refused, never ignored."""
+    from distir.parallel.distribute import DDP_BUCKET_MB
+    from distir.parallel.strategy import StrategyError, parse_strategy
+
+    if train:
+        return
+    given = [
+        f"--trainer {sw.trainer}" if sw.trainer != "distir" else "",
+        f"--optimizer {optimizer}" if optimizer is not None else "",
+        f"--bucket-mb {sw.bucket_mb:g}" if sw.bucket_mb != DDP_BUCKET_MB else "",
+        "--overlap-param-gather" if sw.overlap_param_gather else "",
+        "--fp32-grad-accum" if sw.fp32_grad_accum else "",
+        f"--clip-grad {sw.clip_grad:g}" if sw.clip_grad is not None else "",
+    ]
+    try:
+        st = parse_strategy(_strategy_text(strategy))
+    except StrategyError:
+        st = None  # reported where the model is built
+    if st is not None:
+        given += [
+            f"ZeRO-{st.zero} (z{st.zero})" if st.zero in (1, 2) else "",
+            f"recomputation ({_RECOMPUTE_PART.get(st.recompute)})" if st.recompute != "none" else "",
+            "the zero-bubble schedule (zb1)" if st.schedule == "zb1" else "",
+        ]
+    named = [g for g in given if g]
+    if named:
+        _fail(
+            f"--infer runs the forward only: no optimizer step, gradients or backward, so "
+            f"{', '.join(named)} would be ignored; drop {'it' if len(named) == 1 else 'them'} or simulate "
+            "a training step (--train)"
+        )
+
+
+def _model_simulated(
+    model: str,
+    strategy: str | None,
+    batch: int | None,
+    train: bool,
+    optimizer: str | None,
+    numerics: tuple[str, str],
+    cluster: str,
+    tp_layout: str,
+    max_ops: int,
+    switches: _SimSwitches,
+    debug: bool,
+) -> tuple[ModelProgram, str, str]:
+    """``simulate --model``'s program (``_model_program``) with its ``numerics`` (``--dtype``,
+    ``--precision``) resolved and checked (``_model_numerics``), and the numerics resolved."""
+    dtype, precision = _model_numerics(model, *numerics, train, cluster, optimizer, strategy, switches)
+    with _status(f"building {model} under {_strategy_text(strategy)}"):
+        built = _model_program(
+            model,
+            strategy,
+            batch,
+            train,
+            optimizer or "adam",
+            dtype,
+            debug,
+            precision,
+            cluster,
+            tp_layout,
+            max_ops,
+            switches,
+        )
+    return built, dtype, precision
+
+
+def _status(what: str) -> Any:
+    """A spinner on stderr naming the work under way while it runs (on a terminal only; transient:
+    gone when the work ends)."""
+    if not err.is_terminal:
+        return contextlib.nullcontext()
+    return err.status(f"{what}…", spinner="dots")
+
+
+def _model_numerics(
+    model: str,
+    dtype: str,
+    precision: str,
+    train: bool,
+    cluster: str,
+    optimizer: str | None,
+    strategy: str | None,
+    sw: _SimSwitches,
+) -> tuple[str, str]:
+    """``simulate --model``'s numerics (``_sim_numerics``), after refusing the training-only
+    options under ``--infer`` (``_check_inference``) and before the switches that apply to one
+    kind of plan only (``_check_switches_apply``)."""
+    _check_inference(train, optimizer, strategy, sw)
+    dtype, precision = _sim_numerics(model, dtype, precision, train, cluster)
+    _check_switches_apply(strategy, precision, sw)
+    return dtype, precision
+
+
+def _check_switches_apply(strategy: str | None, precision: str, sw: _SimSwitches) -> None:
+    """The switches that act on one kind of plan only, given for another, are refused, not
+    ignored: ``--overlap-param-gather`` gathers ZeRO-1/2's sharded new weights (mixed precision,
+    d·c > 1), ``--fp8-weight-cache`` caches Transformer Engine's delayed-scaling float8 weights,
+    ``--tp-comm-overlap`` pipelines sequence parallelism's collectives."""
+    from distir.parallel.strategy import StrategyError, parse_strategy
+
+    if sw.fp8_weight_cache and precision != "fp8-delayed":
+        _fail(
+            f"--fp8-weight-cache caches Transformer Engine's delayed-scaling float8 weights; --precision "
+            f"{precision} has none: give --precision fp8-delayed, or drop it"
+        )
+    try:
+        st = parse_strategy(_strategy_text(strategy))
+    except StrategyError:
+        return  # reported where the model is built
+    if sw.tp_comm_overlap and not st.sp:
+        _fail(
+            f"--tp-comm-overlap pipelines sequence parallelism's AllGather/ReduceScatter with the GEMMs, "
+            f"as Megatron-LM's flag, which requires it; {st} has none: add .sp (t > 1)"
+        )
+    if sw.overlap_param_gather and (st.zero not in (1, 2) or st.d * st.c == 1 or precision == "pure"):
+        _fail(
+            f"--overlap-param-gather gathers the new weights ZeRO-1/2 shard over d·c > 1 ranks in mixed "
+            f"precision; {st} with --precision {precision} has none to gather"
+        )
 
 
 def _check_run(planner: str, trace: Path | None, launch_blocking: bool, tp_comm_overlap: bool) -> None:
@@ -690,6 +821,20 @@ def _check_file_simulate_options(
         _fail("--overlap-param-gather applies to --model, not to a program file")
 
 
+def _check_file_model_options(train: bool, optimizer: str | None, dtype: str, tp_layout: str) -> None:
+    """``simulate FILE``: the options that build a ``--model``'s program (a program file is
+    already built: its own mode, optimizer, dtype and placements) are refused, not ignored."""
+    given = [
+        "--infer" if not train else "",
+        f"--optimizer {optimizer}" if optimizer is not None else "",
+        f"--dtype {dtype}" if dtype != "auto" else "",
+        f"--tp-layout {tp_layout}" if tp_layout != "declared" else "",
+    ]
+    named = [g for g in given if g]
+    if named:
+        _fail(f"{', '.join(named)} applies to --model, not to a program file (it runs as it is written)")
+
+
 def _simulated_cluster(
     m: Module, cluster: str, device_map: str | None, dmap0: Any, source: str, debug: bool
 ) -> tuple[Any, Any]:
@@ -715,8 +860,22 @@ def _simulated_cluster(
     except (HardwareError, DeviceMapError) as e:
         if debug:
             traceback.print_exc()
-        _fail(str(e) if isinstance(e, HardwareError) else f"{source}: {e}")
+        if isinstance(e, HardwareError):
+            _fail(str(e))
+        _fail(f"{source}: {e}{_strategy_map_hint(device_map, dmap0)}")
     return cl, dmap
+
+
+def _strategy_map_hint(device_map: str | None, dmap0: Any) -> str:
+    """A ``--device-map`` refused over a strategy's program (``--model``): the strategy's own map
+    (its communication streams' devices too), the text to edit."""
+    if device_map is None or dmap0 is None:
+        return ""
+    text = ",".join(
+        f"{d}={s.gpu}" + ("" if s.stream == "compute" else f":{s.stream}")
+        for d, s in sorted(dmap0.mapping.items(), key=lambda kv: int(str(kv[0])[1:]))
+    )
+    return f" (the strategy's map, every device of the program: {text[:600]}{'…' if len(text) > 600 else ''})"
 
 
 def _run_simulation(
@@ -753,21 +912,22 @@ def _run_simulation(
         if launch_blocking:  # a default map (None) has one device per GPU: no streams to join
             cost = dataclasses.replace(cost, host_s=EAGER_HOST_S)
             dmap = dmap.blocking() if dmap is not None else None
-        return guard(
-            lambda: run_sim(
-                m,
-                cl,
-                dmap,
-                cost,
-                trace=trace is not None,
-                batch=batch,
-                trace_detail=trace_detail,
-                planner=planner,
-                allocator=allocator,
-                trace_gpus=trace_gpus,
-                allocator_max_ops=max_ops // RESERVED_OPS_SHARE,
+        with _status(f"simulating {source}"):
+            return guard(
+                lambda: run_sim(
+                    m,
+                    cl,
+                    dmap,
+                    cost,
+                    trace=trace is not None,
+                    batch=batch,
+                    trace_detail=trace_detail,
+                    planner=planner,
+                    allocator=allocator,
+                    trace_gpus=trace_gpus,
+                    allocator_max_ops=max_ops // RESERVED_OPS_SHARE,
+                )
             )
-        )
     except DeviceMapError as e:
         _fail(f"{source}: {e}")
 
@@ -779,7 +939,15 @@ def _write_simulation_trace(result: Any, trace: Path | None, file: Path | None) 
     if trace is not None:
         if file is not None and trace.resolve() == file.resolve():
             _fail(f"{trace}: refusing to overwrite the program with its trace")
-        write_trace(result, trace)
+        with _status(f"writing the trace {trace}"):
+            write_trace(result, trace)
+
+
+def _sim_title(source: str, cluster: str, num_gpus: int, summary: dict[str, Any]) -> str:
+    """The report's title: what ran on which cluster, and how many of its GPUs a program on only
+    some of them used (the others idle, outside the MFU)."""
+    used = len({d["gpu"] for d in summary["devices"]})
+    return f"{source} on {cluster}" + (f" ({used} of its {num_gpus} GPUs)" if used < num_gpus else "")
 
 
 def _print_simulation(result: Any, summary: dict[str, Any], title: str, trace: Path | None) -> None:
@@ -890,6 +1058,17 @@ def _trainer_model(spec: str, sw: _SimSwitches, st: Any) -> str:
     return with_options(spec, model_options(sw.trainer, st, sw.kernels or trainer_kernels(sw.trainer)))
 
 
+def _check_tp_split(spec: str, t: int, tp_layout: str) -> None:
+    """A tensor-parallel degree that splits the model's heads, query groups or FFN columns over
+    its ranks is refused (``distir.export.plan.tp_split_refusal``; the declared layout: an
+    automatic one places whole heads by construction)."""
+    from distir.export.plan import tp_split_refusal
+
+    why = tp_split_refusal(spec, t) if tp_layout == "declared" else ""
+    if why:
+        _fail(why)
+
+
 class ModelProgram(NamedTuple):
     """A zoo model's distributed program (``_model_program``), with what its report needs."""
 
@@ -942,6 +1121,7 @@ def _model_program(
         dt = parse_training_dtype(dtype)
         b = batch if batch is not None else 8 * st.d * st.k
         prec = Precision.parse(precision)
+        _check_tp_split(spec, st.t, tp_layout)
         spec = _trainer_model(spec, switches, st)
         check_cluster_fits(st, cluster)  # before anything is built
         check_elements(spec, b, dt, spec)
@@ -1537,7 +1717,9 @@ def search(
     top: Annotated[
         int, typer.Option("--top", min=1, help="How many screened strategies to simulate exactly.")
     ] = 8,
-    optimizer: Annotated[str, typer.Option("--optimizer", help="sgd or adam.")] = "adam",
+    optimizer: Annotated[
+        str | None, typer.Option("--optimizer", help="Training: sgd or adam (default adam).")
+    ] = None,
     dtype: Annotated[
         str,
         typer.Option("--dtype", help="auto (the GPUs' fast half: bf16, else f16), f32, bf16 or f16."),
@@ -1836,18 +2018,12 @@ def validate(
     from distir.backend.validate import ValidateError, chosen, fidelity_dict, scatter_png
     from distir.backend.validate import validate as run_validation
     from distir.backend.worker import RankFailure
-    from distir.hardware.cluster import parse_cluster
     from distir.hardware.profile import is_quick
-    from distir.hardware.specs import HardwareError
 
     _check_nproc("validate", nproc)
     _check_steps(steps)
     _check_outputs(model, plot=plot)
-    try:
-        cl = parse_cluster(cluster)
-        chosen(strategy or (), nproc)  # before any run: a strategy that cannot run here
-    except (HardwareError, ValidateError) as e:
-        _fail(f"validate: {e}" if isinstance(e, ValidateError) else str(e))
+    cl = _validate_cluster(cluster, lambda: chosen(strategy or (), nproc))
     quick = is_quick(n.source for n in cl.nodes)
     if quick:
         _warn_quick(cluster)
@@ -1885,6 +2061,26 @@ def validate(
         _emit_json(d)
         return
     _print_validation(f, load, plot)
+
+
+def _validate_cluster(cluster: str, check_strategies: Callable[[], object]) -> Any:
+    """``validate``'s cluster, and its strategies checked to run here (``check_strategies``),
+    before any run; the default profile, not written yet, named with the command that writes it."""
+    from distir.backend.validate import ValidateError
+    from distir.hardware.cluster import parse_cluster
+    from distir.hardware.specs import HardwareError
+
+    try:
+        cl = parse_cluster(cluster)
+        check_strategies()
+    except (HardwareError, ValidateError) as e:
+        if cluster == "profile.toml" and not Path(cluster).exists():
+            _fail(
+                "profile.toml: no such file; validate simulates on the profile distir calibrate writes "
+                "(run distir calibrate --out profile.toml first) or on the cluster --cluster names"
+            )
+        _fail(f"validate: {e}" if isinstance(e, ValidateError) else str(e))
+    return cl
 
 
 def _print_validation(f: Any, load: float, plot: Path | None) -> None:
@@ -2056,7 +2252,11 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=argv, standalone_mode=False, prog_name="distir")
     except _UsageError as e:
         where = e.ctx.command_path if e.ctx is not None else "distir"
-        err.print(f"{where}: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
+        why = e.format_message() or "give a command (listed above)"  # no arguments: the help, then this
+        err.print(f"{where}: {why}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except OutputWriteError as e:  # an output check_output could not foresee failing (/proc, a full disk)
+        err.print(str(e), markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
     except typer.Abort:
         err.print("distir: aborted", markup=False)

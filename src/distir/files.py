@@ -26,11 +26,17 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-__all__ = ["OutputPathError", "check_distinct", "check_output", "write_atomically"]
+__all__ = ["OutputPathError", "OutputWriteError", "check_distinct", "check_output", "write_atomically"]
 
 
 class OutputPathError(Exception):
     """An output path that cannot be written; the message names the option and the path."""
+
+
+class OutputWriteError(OutputPathError, OSError):
+    """Writing an output failed where ``check_output`` could not tell beforehand (a file system
+    that takes no new files, such as ``/proc``; a full disk): the message names the path and
+    the system's reason. An ``OSError`` too, for the callers that catch those."""
 
 
 def _umask() -> int:
@@ -124,8 +130,18 @@ def write_atomically(path: Path | str, data: bytes | str | Iterable[str]) -> Pat
     chunk, as it is produced) so that a reader sees the old file or the whole new one (module
     docstring); creates missing parent directories. The new file keeps an existing file's
     permissions, else gets the usual ``0o666 & ~umask`` (a ``mkstemp`` file would stay private).
-    Returns ``path``; ``OSError`` if it cannot be written (or what producing a chunk raises)."""
-    path = Path(path)
+    Returns ``path``; ``OutputWriteError`` (an ``OSError``) if it cannot be written (or what
+    producing a chunk raises)."""
+    try:
+        return _write_atomically(Path(path), data)
+    except OutputPathError:
+        raise
+    except OSError as exc:
+        raise OutputWriteError(f"{path}: cannot write it: {exc.strerror or exc}") from exc
+
+
+def _write_atomically(path: Path, data: bytes | str | Iterable[str]) -> Path:
+    """``write_atomically``, its ``OSError`` as the system raises it."""
     chunks = [data] if isinstance(data, (str, bytes)) else data
     if _is_stream(path):
         with open(path, "wb") as f:  # an existing device or pipe: O_CREAT never applies

@@ -30,12 +30,12 @@ def test_triples_cover_every_factorization_not_only_powers_of_two() -> None:
 
 
 def test_allowed_tp_divides_every_tp_weight_dimension() -> None:
-    spec = parse_model_string("gpt:layers=2,hidden=96,heads=4,vocab=60,seq=8")
+    spec = parse_model_string("gpt:layers=2,hidden=96,heads=12,vocab=60,seq=8")
     ts = allowed_tp(spec, DType.f32, 16)
-    # GPT's TP-sharded dimensions are multiples of hidden = 96 (q/k/v/o, the MLP's 4·hidden);
-    # the vocabulary (60) is sharded but never limits t (Megatron pads it): t must divide 96, so 3
-    # and 12 qualify, 5 and 9 do not
-    assert ts == [t for t in range(1, 17) if 96 % t == 0]
+    # GPT's TP-sharded dimensions are multiples of hidden = 96 (q/k/v/o, the MLP's 4·hidden), and
+    # each rank takes whole heads (12); the vocabulary (60) is sharded but never limits t
+    # (Megatron pads it): t must divide 96 and 12, so 3 and 12 qualify, 5, 8 and 9 do not
+    assert ts == [t for t in range(1, 17) if 12 % t == 0]
     model = spec.build(8)
     for t in (3, 12):
         layers = sharded_layers(model, 1, t)
@@ -273,3 +273,20 @@ def test_distir_ladders_made_on_demand_equal_the_space_ladders() -> None:
     assert [list(ladder) for ladder in lazy] == [space.ladder(b) for b in bases]
     assert sum(map(len, lazy)) > len(bases)  # rungs above the first are in the space
     assert all(ladder[-1] == space.ladder(b)[-1] for ladder, b in zip(lazy, bases, strict=True) if ladder)
+
+
+@pytest.mark.parametrize(
+    ("pins", "words"),
+    [
+        (Pins(cp=2), "--cp 2: context parallelism runs training steps only, not inference"),
+        (Pins(schedule="zb1"), "--schedule zb1: inference runs its pipeline in 1f1b order"),
+        (Pins(schedule="interleaved"), "--schedule interleaved: inference runs its pipeline in 1f1b order"),
+    ],
+)
+def test_inference_pins_what_it_cannot_run_are_refused(pins: Pins, words: str) -> None:
+    """Refused before the screen: context parallelism does not build an inference program
+    (every exact simulation failed), and a pinned zero-bubble or interleaved schedule left the
+    space empty under a message about tensor parallelism."""
+    space = Space(8, 16, 4, (1, 2), train=False, pins=pins, seq=1024)
+    with pytest.raises(SpaceError, match=re.escape(words)):
+        space.check()

@@ -71,3 +71,20 @@ def test_a_search_with_the_overlap_reports_the_exact_simulations_with_it() -> No
     for row in out.results:
         assert row["step_time_s"] == _exact(row["strategy"], True)
     assert req.key_parts()["tp_comm_overlap"] is True
+
+
+@pytest.mark.parametrize(
+    ("model", "pins"),
+    [
+        ("mlp:layers=2,hidden=64", Pins()),  # no sequence dim: no sequence parallelism
+        ("gpt:layers=2,hidden=64,heads=4,seq=32,vocab=64", Pins(tp=1)),  # t = 1: none either
+    ],
+)
+def test_the_overlap_over_a_space_without_sequence_parallelism_is_refused(model: str, pins: Pins) -> None:
+    """Every plan would be costed as without the flag: one line before the screen, not a search
+    whose ``tp_comm_overlap`` says true and changed nothing."""
+    from distir.search.space import SpaceError
+
+    req = SearchRequest(model=model, cluster="dgx-a100:1", batch=8, top=1, pins=pins, tp_comm_overlap=True)
+    with pytest.raises(SpaceError, match="no strategy searched has sequence parallelism"):
+        search(req)

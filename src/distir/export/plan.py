@@ -24,7 +24,6 @@ needs nothing). Context parallelism (``c<n>``) only Megatron-LM and torchtitan e
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from distir.autodiff.precision import FP8, FP8_DELAYED
@@ -34,6 +33,7 @@ from distir.frontends.zoo.model import ModelError
 from distir.frontends.zoo.registry import parse_model_string
 from distir.hardware.cluster import Cluster
 from distir.parallel.strategy import Strategy, StrategyError, parse_strategy
+from distir.parallel.tp_split import split_refusal, tp_sizes
 from distir.report.fields import chunk_blocks
 
 FLOAT8 = (str(FP8), str(FP8_DELAYED))  # torchao's dynamic tensorwise scaling, Transformer Engine's delayed
@@ -95,6 +95,49 @@ def model_shape(spec: str) -> ModelShape | None:
             "llama", c.layers, c.hidden, c.heads, c.kv_heads, c.ffn, c.seq, c.vocab, False, c.rope_theta, 0.0
         )
     return None
+
+
+def split_sizes(spec: str) -> dict[str, int]:
+    """The sizes a tensor-parallel degree must divide in the model string ``spec``
+    (``distir.parallel.tp_split``): a transformer's heads, query groups and FFN columns,
+    TransGAN's heads; {} for a model without attention heads (the MLPs, an imported module)."""
+    shape = model_shape(spec)
+    if shape is not None:
+        return tp_sizes(shape)
+    if spec.strip().startswith("hf:"):
+        return _hf_split_sizes(spec)
+    heads = getattr(parse_model_string(spec).config, "heads", None)
+    return {"heads": heads} if isinstance(heads, int) else {}
+
+
+def _hf_split_sizes(spec: str) -> dict[str, int]:
+    """``split_sizes`` of a Hugging Face config no trainer builds (GPT-2's, a Llama with a
+    window): its heads, KV heads and FFN columns under the config's own names."""
+    from distir.frontends.torch_import.hf import read_config
+    from distir.frontends.torch_import.source import hf_path
+
+    raw = read_config(hf_path(spec.strip())[0])
+    heads = raw.get("num_attention_heads", raw.get("n_head"))
+    if not isinstance(heads, int) or heads < 1:
+        return {}
+    sizes = {"heads": heads}
+    kv = raw.get("num_key_value_heads")
+    if isinstance(kv, int) and kv != heads:
+        sizes["kv_heads"] = kv
+    hidden = raw.get("hidden_size", raw.get("n_embd"))
+    ffn = raw.get("intermediate_size") or raw.get("n_inner")
+    ffn = ffn or (4 * hidden if isinstance(hidden, int) else None)
+    if isinstance(ffn, int):
+        sizes["ffn"] = ffn
+    return {k: v for k, v in sizes.items() if isinstance(v, int) and v > 0}
+
+
+def tp_split_refusal(spec: str, t: int) -> str:
+    """Why tensor-parallel degree ``t`` cannot run the model string ``spec`` (its heads, query
+    groups or FFN columns split across ranks: ``distir.parallel.tp_split``), or ""."""
+    sizes = split_sizes(spec) if t > 1 else {}
+    why = split_refusal(sizes, t) if sizes else ""
+    return f"{spec}: {why}" if why else ""
 
 
 def resolve_numerics(
@@ -192,26 +235,12 @@ def refuse_common(plan: Plan, target: str) -> None:
 
 
 def refuse_split_heads(plan: Plan, target: str, shape: ModelShape, ffn: bool) -> None:
-    """A tensor-parallel size that does not divide the heads or the query groups (and, ``ffn``,
-    the FFN's columns): distir shards them unevenly, but ``target`` runs whole ones per rank
-    (Megatron-Core's ``divide`` asserts on each; torchtitan's attention views a rank's columns as
-    ``n_heads // tp`` heads), so its configuration would fail at startup."""
-    t = plan.strategy.t
-    sizes = {"heads": shape.heads, "kv_heads": shape.kv_heads}
-    if ffn:
-        sizes["ffn"] = shape.ffn
-    split = [f"{name}={n}" for name, n in sizes.items() if n % t]
-    if t == 1 or not split:
-        return
-    g = math.gcd(*sizes.values())
-    small = [d for d in range(1, math.isqrt(g) + 1) if g % d == 0]
-    works = sorted({*small, *(g // d for d in small)})
-    what = "attention heads, query groups and FFN columns" if ffn else "attention heads and query groups"
-    raise ExportError(
-        f"{target} splits whole {what} over its "
-        f"tensor-parallel ranks; t={t} does not divide {', '.join(split)} (t dividing them all: "
-        f"{', '.join(map(str, works))})"
-    )
+    """A tensor-parallel size that splits a head, a query group or (``ffn``) an FFN column
+    (``distir.parallel.tp_split``): ``target`` runs whole ones per rank, so its configuration
+    would fail at startup."""
+    why = split_refusal(tp_sizes(shape, ffn), plan.strategy.t)
+    if why:
+        raise ExportError(f"{target}: {why}")
 
 
 def degrees_text(s: Strategy) -> str:
@@ -275,5 +304,7 @@ __all__ = [
     "refuse_context",
     "refuse_split_heads",
     "resolve_numerics",
+    "split_sizes",
+    "tp_split_refusal",
     "transformer_refusal",
 ]

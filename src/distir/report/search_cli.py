@@ -120,8 +120,14 @@ def _check_options(a: dict[str, Any], err: Console) -> None:
         why := search_ops_error(a["model"], a["microbatches"], a["max_k"], a["batch"], a["train"])
     ) is not None:
         _fail(err, why)
-    if a["optimizer"] not in ("sgd", "adam"):
+    if a["optimizer"] not in (None, "sgd", "adam"):
         _fail(err, f"--optimizer must be sgd or adam, got {a['optimizer']!r}")
+    if a["optimizer"] is not None and not a["train"]:
+        _fail(
+            err,
+            f"--infer runs no optimizer step: drop --optimizer {a['optimizer']}, or search training "
+            "(--train)",
+        )
     from distir.report.numerics import DTYPES
 
     if a["dtype"] not in DTYPES:
@@ -185,7 +191,7 @@ def _request(a: dict[str, Any], dtype: str, precision: str, store: Path | None) 
         cluster=a["cluster"],
         batch=a["batch"],
         train=a["train"],
-        optimizer=a["optimizer"],
+        optimizer=a["optimizer"] or "adam",
         dtype=dtype,
         precision=precision,
         pins=pins,

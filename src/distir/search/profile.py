@@ -719,12 +719,18 @@ def allowed_tp(spec: ModelSpec, dtype: DType, limit: int) -> list[int]:
     cost within 0.1%). A model none of whose weights is tensor-parallel (an imported module whose
     weight names match no pattern of ``torch_import.placements``, a ``.distir`` file) takes t = 1
     only: under t > 1 each rank would compute the whole model, t times the work for the same step
-    time, so the search would rank such plans as fast as t = 1 on t times the GPUs."""
+    time, so the search would rank such plans as fast as t = 1 on t times the GPUs. With the
+    declared layout, t also divides the heads, query groups and FFN columns
+    (``distir.export.plan.split_sizes``): the trainers run whole ones per rank."""
+    from distir.export.plan import split_sizes
+
     model = unit_model(spec, dtype)
     if not any(isinstance(w.tp, Shard) for w in model.weights):
         return [1]
     vocab = model.config.get("vocab")
     dims = [n for w in model.weights if isinstance(w.tp, Shard) and (n := w.type.shape[w.tp.dim]) != vocab]
+    if not spec.tp:  # the declared layout: whole heads per rank (``distir.parallel.tp_split``)
+        dims += split_sizes(spec.text).values()
     return [t for t in range(1, limit + 1) if all(n % t == 0 for n in dims)]
 
 

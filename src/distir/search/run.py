@@ -230,6 +230,7 @@ def screen_space(
     space = build_space(req, cluster)
     space.check()
     bases = list(space.bases())
+    _check_tp_comm_overlap(req.tp_comm_overlap, bases)
     ident = megatron_placement(cluster.num_devices, 1, 1, cluster.num_devices)
     ladders = _trainer_ladders(req, space, bases)
     # rung by rung: the bases that did not fit climb together after the others, and the profiles
@@ -294,6 +295,16 @@ def screen_space(
     n = len(out)
     out.sort(key=rank_key)
     return out, n, screen
+
+
+def _check_tp_comm_overlap(asked: bool, bases: list[Strategy]) -> None:
+    """``--tp-comm-overlap`` over a space without sequence parallelism would change nothing:
+    refused, not ignored."""
+    if asked and not any(b.sp for b in bases):
+        raise SpaceError(
+            "--tp-comm-overlap pipelines sequence parallelism's AllGather/ReduceScatter with the GEMMs; "
+            "no strategy searched has sequence parallelism (it needs t > 1 and a model with a sequence dim)"
+        )
 
 
 def _trainer_ladders(req: SearchRequest, space: Space, bases: list[Strategy]) -> Sequence[Sequence[Strategy]]:

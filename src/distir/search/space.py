@@ -163,7 +163,8 @@ class Space:
                     "pattern, and --tp-layout auto, if given, sharded none; t > 1 would replicate the model)"
                 )
             raise SpaceError(
-                f"--tp {p.tp}: the model's tensor-parallel dimensions do not split {p.tp} ways "
+                f"--tp {p.tp}: the model's tensor-parallel dimensions (its sharded weights' dims, attention "
+                f"heads, query groups and FFN columns) do not split {p.tp} ways "
                 f"(allowed: {', '.join(map(str, self.allowed_tp))})"
             )
         if p.cp is not None and p.cp > 1:
@@ -204,6 +205,10 @@ class Space:
             for flag, val, free in given:
                 if val is not None and val != free:
                     raise SpaceError(f"--{flag} {val}: inference keeps no gradients or optimizer state")
+            if p.cp is not None and p.cp > 1:
+                raise SpaceError(f"--cp {p.cp}: context parallelism runs training steps only, not inference")
+            if p.schedule in ("interleaved", "zb1"):
+                raise SpaceError(f"--schedule {p.schedule}: inference runs its pipeline in 1f1b order")
         if p.hsdp is not None and p.dp is not None and (p.dp % p.hsdp or p.hsdp >= p.dp):
             raise SpaceError(
                 f"--hsdp {p.hsdp} must divide --dp {p.dp} and be smaller (--hsdp {p.dp} is --zero 3)"
