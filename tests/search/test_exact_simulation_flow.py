@@ -69,7 +69,7 @@ def _search_cli(tmp_path: Path, cluster: str, *extra: str) -> tuple[int, str, st
         (MIXED, "d2.t1.p1.k1.1f1b.b2-1", 6, True),  # batch shares
         (NODE, "d1.t2.p2.k2.1f1b.z1.rfull", 8, True),  # recomputation (ZeRO is a no-op at d = 1)
         (NODE, "d2.t1.p1.k2.1f1b", 12, True),  # 3 samples per replica and microbatch
-        (NODE, "d1.t2.p2.k2.zb1", 8, False),  # inference: no loss layer, no backward
+        (NODE, "d1.t2.p2.k2.1f1b", 8, False),  # inference: no loss layer, no backward
         (NODE, "d1.t1.p2.k4.interleaved.v2", 8, False),
     ],
 )

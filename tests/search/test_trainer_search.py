@@ -24,6 +24,8 @@ from distir.search.space import Pins, SpaceError
 from distir.search.stage_costs import StateForm, new_tables, pipelining_kept
 
 LLAMA = "llama:layers=4,hidden=512,heads=8,kv_heads=2,ffn=1408,vocab=4096,seq=512"
+# whole query groups for every tensor-parallel degree of a node (t = 1…8)
+LLAMA_MHA = "llama:layers=4,hidden=512,heads=8,kv_heads=8,ffn=1408,vocab=4096,seq=512"
 runner = CliRunner()
 
 
@@ -32,9 +34,9 @@ def _cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
-def _request(trainer: str, **kw: object) -> SearchRequest:
+def _request(trainer: str, model: str = LLAMA, **kw: object) -> SearchRequest:
     return SearchRequest(
-        model=LLAMA, cluster="dgx-a100", batch=64, dtype="bf16", precision="mixed", trainer=trainer, **kw
+        model=model, cluster="dgx-a100", batch=64, dtype="bf16", precision="mixed", trainer=trainer, **kw
     )  # type: ignore[arg-type]
 
 
@@ -140,7 +142,7 @@ def test_screened_peak_follows_the_exact_peak_under_each_trainer(trainer: str) -
     state: ZeRO-3 pinned, so FSDP's shards and kept root (torchtitan) and the fp32 sums under
     ZeRO-3 are screened."""
     for pins in (Pins(max_k=8), Pins(zero=3, max_k=8)):
-        o = search(_request(trainer, top=6, pins=pins))
+        o = search(_request(trainer, model=LLAMA_MHA, top=6, pins=pins))
         screened = {str(e.strategy): e.peak_memory_bytes for e in o.screened}
         runtime = o.cluster.device_spec(0).runtime
         ratios = [
