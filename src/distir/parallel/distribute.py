@@ -226,6 +226,13 @@ programs. Its shape:
   function — and each weight gradient joins the reduce bucket as its op makes it, a bucket closed
   before a gradient would take it past ``reduce_bucket`` elements (``_ModuleGathers``).
   Default: FSDP's whole-layer gathers, one layer ahead (``_Gathers``).
+- ``master_remainders`` (training in mixed precision with bf16 copies and fp32 masters, ZeRO-1,
+  fused Adam; refused elsewhere; Apex DistributedFusedAdam's ``store_param_remainders``, which
+  NeMo sets): no fp32 master is a step input; each master shard is an int16 remainder (its low 16
+  bits) beside the bf16 copy (its high 16 bits, rounded), and ``AdamRemainder`` updates this
+  rank's shard of the copy and the remainder together, the fp32 master joined from them bit for
+  bit; the new copy is the new bf16 shard all-gathered (with ``overlap_param_gather``, kept as the
+  shard), not a cast. Default: fp32 masters.
 """
 
 from __future__ import annotations
