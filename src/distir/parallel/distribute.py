@@ -427,11 +427,9 @@ def distribute(
     ``bucket_mb`` (MiB; PyTorch DDP's ``bucket_cap_mb`` default, 25): with d > 1, gradients are
     reduced in buckets of about this size during the backward (``_Buckets``); with
     ``comm_streams`` the reductions run on each GPU's ``dp_reduce`` stream, overlapping the rest of
-    the backward, and ZeRO-3's gathers on its ``dp_gather`` stream, one layer ahead
-    (``_Gathers``).
-
-    The trainers' options (``overlap_param_gather`` … ``reduce_fp32``, default off): module
-    docstring, *Trainer options*.
+    the backward, and ZeRO-3's gathers on its ``dp_gather`` stream, one layer ahead (``_Gathers``).
+    The trainers' options (``overlap_param_gather`` …, default off): module docstring, *Trainer
+    options*.
 
     ``called_only``: build only the chunk functions the schedule calls (``_LazyChunks``), as a
     simulation needs (the search's exact ones): the same program but for functions nothing calls
