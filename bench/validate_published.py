@@ -242,6 +242,10 @@ class Run:
     # copy held per stage (``distribute(fp8_weight_cache=True)``); off where TE is called without
     # it (llm-foundry's Composer)
     fp8_weight_cache: bool = False
+    # Apex DistributedFusedAdam's store_param_remainders, as NeMo sets it (distributed Adam, fp32
+    # optimizer, bf16 model, no fp8_params): each fp32 master kept as its bf16 parameter and an
+    # int16 remainder (``distribute(master_remainders=True)``)
+    master_remainders: bool = False
     # the ring attention the trainer runs under context parallelism: p2p (Megatron-LM's,
     # Transformer Engine's) or torch (PyTorch's context_parallel: K/V all-gathered, fp32 merges and
     # dK/dV) (``RooflineCostModel(ring_form=...)``, ``distir.sim.ring``)
@@ -626,6 +630,7 @@ def _simulated(
         grad_accum_fusion=r.grad_accum_fusion,
         pipelining_kept=r.pipelining_kept,
         fp8_weight_cache=r.fp8_weight_cache,
+        master_remainders=r.master_remainders,
         zero3_fetch=_fetch_of(r, v),
     )
     kernels = v.kernels or r.kernels

@@ -371,6 +371,24 @@ def test_simulate_fp8_weight_cache() -> None:
     assert code == 2 and "--fp8-weight-cache" in err
 
 
+def test_simulate_master_remainders() -> None:
+    """``--master-remainders`` keeps each ZeRO-1 master shard as an int16 remainder beside the bf16
+    copy: a smaller peak; ZeRO-3, or a program file, is a one-line error."""
+    model = "llama:layers=4,hidden=512,heads=8,kv_heads=8,ffn=1536,vocab=512,seq=256"
+    base = ["simulate", "--model", model, "--batch", "8", "--dtype", "bf16", "--precision", "mixed"]
+    base += ["--optimizer", "adam", "--cluster", "dgx-a100", "--json"]
+    got = {}
+    for extra in ([], ["--master-remainders"]):
+        code, out, err = run(*base, "--strategy", "d2.t1.p1.k2.1f1b.z1", *extra)
+        assert code == 0, err
+        got[" ".join(extra)] = json.loads(out)
+    assert got["--master-remainders"]["peak_memory_bytes"]["d0"] < got[""]["peak_memory_bytes"]["d0"]
+    code, _, err = run(*base, "--strategy", "d2.t1.p1.k2.1f1b.z3", "--master-remainders")
+    assert code == 2 and "ZeRO-1" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run("simulate", str(EX / "fig2_mlp_pipeline.distir"), "--master-remainders")
+    assert code == 2 and "--master-remainders" in err
+
+
 def test_simulate_zero3_fetch() -> None:
     """``--zero3-fetch deepspeed`` (on with ``--trainer deepspeed`` under ZeRO-3) gathers module by
     module under DeepSpeed's live-parameter cap, not a whole layer with the next one ahead: a

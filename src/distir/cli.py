@@ -347,6 +347,16 @@ _SimFp8WeightCache = Annotated[
         "Engine's cache under Megatron-Core's is_first_microbatch; on with --trainer megatron).",
     ),
 ]
+_SimMasterRemainders = Annotated[
+    bool,
+    typer.Option(
+        "--master-remainders",
+        help="With --model, training in mixed precision (bf16 compute, fp32 masters), ZeRO-1, Adam: "
+        "each master shard kept as an int16 remainder beside the bf16 copy, the fp32 value its "
+        "bf16 half and remainder joined (Apex DistributedFusedAdam's store_param_remainders, "
+        "NeMo's default): 2 bytes per master parameter, not 4.",
+    ),
+]
 _SimZero3Fetch = Annotated[
     str | None,
     typer.Option(
@@ -471,6 +481,7 @@ def simulate(
     fp32_grad_accum: _SimFp32GradAccum = False,
     fp8_weight_cache: _SimFp8WeightCache = False,
     zero3_fetch: _SimZero3Fetch = None,
+    master_remainders: _SimMasterRemainders = False,
     clip_grad: _SimClipGrad = None,
     trace: _SimTrace = None,
     trace_detail: _SimTraceDetail = "chunk",
@@ -493,7 +504,9 @@ def simulate(
     traced_gpus = _traced_gpus(trace_gpus, trace)
     _check_run(planner, trace, launch_blocking, tp_comm_overlap)
     opts = (bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum, tp_comm_overlap, clip_grad)
-    switches = _SimSwitches(trainer, kernels, attention_kernel, *opts, fp8_weight_cache, zero3_fetch)
+    switches = _SimSwitches(
+        trainer, kernels, attention_kernel, *opts, fp8_weight_cache, zero3_fetch, master_remainders
+    )
     if model is not None:
         built, dtype, precision = _model_simulated(
             model,
@@ -709,12 +722,13 @@ def _file_program(file: Path, entry: str | None, sw: _SimSwitches, debug: bool) 
         or sw.fp32_grad_accum
         or sw.fp8_weight_cache
         or sw.zero3_fetch is not None
+        or sw.master_remainders
         or sw.trainer != "distir"
         or sw.clip_grad is not None
     ):
         _fail(
-            "--deepspeed-pipe, --fp32-grad-accum, --fp8-weight-cache, --zero3-fetch, --clip-grad and "
-            "--trainer apply to --model, not to a program file"
+            "--deepspeed-pipe, --fp32-grad-accum, --fp8-weight-cache, --zero3-fetch, --master-remainders, "
+            "--clip-grad and --trainer apply to --model, not to a program file"
         )
     s = _Session(file, debug)
     m = s.load(entry)
@@ -1010,6 +1024,8 @@ class _SimSwitches(NamedTuple):
     fp8_weight_cache: bool = False  # TE's FP8 weight cache (``distribute(fp8_weight_cache=True)``)
     # ``--zero3-fetch``: "layer" or DeepSpeed's knobs (``distribute(zero3_fetch=...)``); None: the trainer's
     zero3_fetch: str | None = None
+    # Apex's store_param_remainders (``distribute(master_remainders=True)``)
+    master_remainders: bool = False
 
 
 def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bool) -> TrainerSemantics:
@@ -1033,6 +1049,7 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
         deepspeed_pipe=sem.deepspeed_pipe or sw.deepspeed_pipe,
         fp32_grad_accum=sem.fp32_grad_accum or sw.fp32_grad_accum,
         fp8_weight_cache=sem.fp8_weight_cache or sw.fp8_weight_cache,
+        master_remainders=sem.master_remainders or sw.master_remainders,
         zero3_fetch=sem.zero3_fetch if sw.zero3_fetch is None else _zero3_fetch(sw.zero3_fetch),
         max_norm=sem.max_norm if sw.clip_grad is None else sw.clip_grad,
     )

@@ -39,8 +39,9 @@ TOLERANCE = {
     DType.f8e4m3: 3e-2,
     DType.f8e5m2: 3e-2,
 }
-# ops whose bf16 variant is not an op of the same meaning (a cast's target is its attribute)
-NO_BF16 = {"Cast"}
+# ops whose bf16 variant is not an op of the same meaning (a cast's target is its attribute;
+# AdamRemainder's inputs are bf16, int16 and f32 by definition)
+NO_BF16 = {"Cast", "AdamRemainder"}
 # inputs that stay f32 when the others are bf16 (attention's log-sum-exp is f32 for bf16 inputs;
 # clipping's sum of squares is f32 whatever the gradient's dtype)
 KEEP_F32 = {"AttentionGrad": {5}, "AttentionMerge": {1, 3}, "ClipByNorm": {1}}

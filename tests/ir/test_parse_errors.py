@@ -6,7 +6,7 @@ import pytest
 
 from distir.ir import ParseError, parse_module, parse_type
 
-DTYPES = "f16, bf16, f8e4m3, f8e5m2, f32, f64, i8, i32, i64, bool"
+DTYPES = "f16, bf16, f8e4m3, f8e5m2, f32, f64, i8, i16, i32, i64, bool"
 
 GOLDEN = [
     (

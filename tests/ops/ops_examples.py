@@ -244,6 +244,29 @@ EXAMPLES: dict[str, list[Case]] = {
             {"lr": 0.01, "beta1": 0.8, "beta2": 0.99, "epsilon": 1e-6},
         ),
     ],
+    "AdamRemainder": [
+        Case(
+            [
+                T(DType.bf16, 3, 2),
+                R(T(DType.i16, 3, 2), -32768, 32768),
+                T(f32, 3, 2),
+                T(f32, 3, 2),
+                R(T(f32, 3, 2), 0, 1),
+                K(T(i64), 3),
+            ]
+        ),
+        Case(
+            [
+                T(DType.bf16, 4),
+                R(T(DType.i16, 4), -8, 8),
+                T(f32, 4),
+                T(f32, 4),
+                R(T(f32, 4), 0, 1),
+                K(S(i64), 1),
+            ],
+            {"lr": 0.01, "beta1": 0.8, "beta2": 0.99, "epsilon": 1e-6},
+        ),
+    ],
     "GradNormSq": [Case([T(f32, 3, 2)]), Case([T(f64, 5)])],
     "ClipByNorm": [
         Case([T(f32, 3, 2), R(T(f32), 0, 4)], {"max_norm": 1.0}),

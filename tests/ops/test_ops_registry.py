@@ -116,7 +116,7 @@ def test_new_ops_are_registered_in_their_families() -> None:
             "SliceGrad",
         },
         "conv": {"Conv", "MaxPool", "AveragePool"},
-        "optim": {"SGD", "Adam", "GradNormSq", "ClipByNorm"},
+        "optim": {"SGD", "Adam", "AdamRemainder", "GradNormSq", "ClipByNorm"},
         "attention": {"Attention", "AttentionGrad", "AttentionMerge", "Rope"},
     }
     for fam, names in families.items():

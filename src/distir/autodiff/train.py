@@ -99,6 +99,19 @@ class Optimizer:
         names = [f"{w.name}_new", f"{m.name}_new", f"{v.name}_new"]
         return fb.emit("Adam", (w, g, m, v, step), Attrs(attrs), names)
 
+    def emit_remainder(
+        self, fb: FunctionBuilder, high: Value, rem: Value, g: Value, state: Sequence[Value], step: Value
+    ) -> tuple[Value, ...]:
+        """Adam's update of a master kept as its bf16 copy ``high`` and int16 remainder ``rem``
+        (``AdamRemainder``, Apex's store_param_remainders): ``(new_high, new_rem, *new_state)``."""
+        if self.kind != "adam":
+            raise AutodiffError(f"master remainders are updated by Adam, not {self.kind}")
+        m, v = state
+        attrs: dict[str, AttrValue] = {"lr": self.lr, "beta1": self.beta1, "beta2": self.beta2}
+        attrs["epsilon"] = self.epsilon
+        names = [f"{high.name}_new", f"{rem.name}_new", f"{m.name}_new", f"{v.name}_new"]
+        return fb.emit("AdamRemainder", (high, rem, g, m, v, step), Attrs(attrs), names)
+
     def norm_terms(self, fb: FunctionBuilder, grads: Sequence[Value]) -> list[Value]:
         """Each gradient's sum of squares (``GradNormSq``): the terms of the global norm."""
         return [fb.op("GradNormSq", g, names=[f"{g.name}_sumsq"])[0] for g in grads]

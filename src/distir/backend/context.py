@@ -97,6 +97,7 @@ _TORCH_DTYPES = {
     "f32": "float32",
     "f64": "float64",
     "i8": "int8",
+    "i16": "int16",
     "i32": "int32",
     "i64": "int64",
     "bool": "bool",

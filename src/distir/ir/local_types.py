@@ -36,6 +36,7 @@ class DType(Enum):
     f32 = "f32"
     f64 = "f64"
     i8 = "i8"
+    i16 = "i16"
     i32 = "i32"
     i64 = "i64"
     bool = "bool"
@@ -63,7 +64,7 @@ class DType(Enum):
 
     @property
     def is_int(self) -> builtins.bool:
-        return self in (DType.i8, DType.i32, DType.i64)
+        return self in (DType.i8, DType.i16, DType.i32, DType.i64)
 
     def to_numpy(self) -> np.dtype[np.generic]:
         """The numpy dtype the reference executor computes in (bf16 computes in f32)."""
@@ -93,6 +94,7 @@ _ITEMSIZE = {
     DType.f32: 4,
     DType.f64: 8,
     DType.i8: 1,
+    DType.i16: 2,
     DType.i32: 4,
     DType.i64: 8,
     DType.bool: 1,
@@ -105,6 +107,7 @@ _NUMPY = {
     DType.f32: "float32",
     DType.f64: "float64",
     DType.i8: "int8",
+    DType.i16: "int16",
     DType.i32: "int32",
     DType.i64: "int64",
     DType.bool: "bool",

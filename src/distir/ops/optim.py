@@ -14,6 +14,7 @@ from distir.ir.values import Attrs
 from distir.ops import sharding as sh
 from distir.ops._rules import float_attr, float_input, numel, same_dtype, same_shape
 from distir.ops._torch import like, upcast
+from distir.ops.elementwise import round_to_bf16
 from distir.ops.registry import (
     AttrSpec,
     CostClass,
@@ -189,6 +190,87 @@ ADAM = register(
 )
 
 
+# -- Adam over bf16 parameters and 16-bit remainders --------------------------------------------
+# Apex's DistributedFusedAdam with ``store_param_remainders`` (NeMo's default for distributed Adam
+# with an fp32 optimizer over a bf16 model): no fp32 master is stored, only the low 16 bits of
+# each fp32 value (an int16 "remainder") beside the bf16 parameter, which holds the high 16 bits
+# rounded to nearest. Apex's kernel (``multi_tensor_adam_param_remainder``,
+# apex/contrib/csrc/optimizers/multi_tensor_distopt_adam_kernel.cu) joins them — where the
+# remainder is negative (its top bit set) the high half was rounded up, so it is decremented
+# first — updates the fp32 value, and splits it again: high half, incremented where the low
+# half's top bit is set (round to nearest, ties away from zero), and the low half. The join
+# gives back the fp32 value bit for bit, so the update is the fp32 master's.
+def join_remainder(high: np.ndarray[Any, Any], rem: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The fp32 values whose split (``split_remainder``) is bf16 ``high`` (held as float32
+    values on the bf16 grid) and int16 ``rem``."""
+    hi = (round_to_bf16(high).view(np.uint32) >> 16).astype(np.int64)
+    lo = np.asarray(rem, dtype=np.int16).astype(np.int64)
+    hi = (hi - (lo < 0)) & 0xFFFF
+    return ((hi << 16) | (lo & 0xFFFF)).astype(np.uint32).view(np.float32)
+
+
+def split_remainder(x: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """fp32 ``x`` as Apex stores it: its bf16 rounding (high half, plus one where the low half's
+    top bit is set; float32 values on the bf16 grid) and the low half as int16."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.int64)
+    lo = bits & 0xFFFF
+    hi = ((bits >> 16) + (lo >> 15)) & 0xFFFF
+    high = (hi << 16).astype(np.uint32).view(np.float32)
+    return high, lo.astype(np.uint16).view(np.int16)
+
+
+def _adam_rem_rule(ctx: TypeCtx) -> Sequence[Type]:
+    p, r = ctx.tensor(0), ctx.tensor(1)
+    if p.dtype is not DType.bf16:
+        ctx.fail("AdamRemainder's parameter is bf16 (the fp32 value's high half)", 0, "bf16", p.dtype)
+    if r.dtype is not DType.i16:
+        ctx.fail("AdamRemainder's remainder is int16 (the fp32 value's low half)", 1, "i16", r.dtype)
+    for i in (2, 3, 4):
+        if ctx.tensor(i).dtype is not DType.f32:
+            ctx.fail("AdamRemainder's gradient and moments are f32", i, "f32", ctx.tensor(i).dtype)
+    same_shape(ctx, [0, 1, 2, 3, 4])
+    step = ctx.tensor(5)
+    if not step.dtype.is_int or step.rank != 0:
+        ctx.fail("AdamRemainder's step must be an integer scalar", 5, "Tensor[i64, ()]", ctx.types[5])
+    for name in ("beta1", "beta2"):
+        b = ctx.attr(name)
+        if not 0.0 <= b < 1.0:
+            ctx.fail(f"AdamRemainder {name} must be in [0, 1)", None, "[0, 1)", b)
+    m = ctx.out(DType.f32, p.shape)
+    return (ctx.out(DType.bf16, p.shape), ctx.out(DType.i16, p.shape), m, m)
+
+
+def _adam_rem_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
+    w = join_remainder(args[0], args[1])
+    new_w, m, v = _adam_ref([w, *args[2:]], attrs)
+    high, rem = split_remainder(new_w)
+    return high, rem, m, v
+
+
+ADAM_REMAINDER = register(
+    OpDef(
+        name="AdamRemainder",
+        family=FAMILY,
+        cost_class=COST_CLASS,
+        inputs=("weight", "remainder", "grad", "m", "v", "step"),
+        outputs=("new_weight", "new_remainder", "new_m", "new_v"),
+        infer=_adam_rem_rule,
+        attrs={
+            "lr": AttrSpec("float", 0.001),
+            "beta1": AttrSpec("float", 0.9),
+            "beta2": AttrSpec("float", 0.999),
+            "epsilon": AttrSpec("float", 1e-8),
+        },
+        reference=_adam_rem_ref,
+        flops=lambda ins, outs, attrs: 10.0 * numel(ins[0]),
+        doc="Adam (as ``Adam``) on the fp32 master joined from a bf16 weight (its high 16 bits, "
+        "rounded to nearest) and an int16 remainder (its low 16 bits), as Apex "
+        "DistributedFusedAdam's store_param_remainders: returns the new master split the same "
+        "way, and the new fp32 moments. One fused kernel.",
+        sharding=sh.pointwise(),
+    )
+)
+
 # -- gradient-norm clipping ---------------------------------------------------------------------
 # Every trainer clips the step's gradients by their global L2 norm before the update (max norm
 # 1.0 by default: Megatron-LM's ``--clip-grad``, torchtitan's ``training.max_norm``, the
@@ -314,6 +396,25 @@ def _adam_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any
     w = w - (lr / (1.0 - b1**t)) * m / denom
     return tuple(like(a, w0) for a in (w, m, v))
 
+
+def _adam_rem_torch(ctx: TorchContext, xs: Sequence[Any], attrs: Attrs) -> tuple[Any, ...]:
+    """AdamRemainder: the fp32 master joined from the bf16 weight and the int16 remainder by
+    integer arithmetic on their bits, updated as ``Adam``, and split again."""
+    torch = ctx.torch
+    hi = xs[0].contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    lo = xs[1].to(torch.int32)
+    hi = (hi - (lo < 0).to(torch.int32)) & 0xFFFF
+    w = ((hi << 16) | (lo & 0xFFFF)).view(torch.float32)
+    new_w, m, v = _adam_torch(ctx, [w, *xs[2:]], attrs)
+    bits = new_w.contiguous().view(torch.int32)
+    low = bits & 0xFFFF
+    high = ((bits >> 16) + (low >> 15)) & 0xFFFF
+    high16 = torch.where(high >= 0x8000, high - 0x10000, high).to(torch.int16)
+    low16 = torch.where(low >= 0x8000, low - 0x10000, low).to(torch.int16)
+    return high16.view(torch.bfloat16), low16, m, v
+
+
+ADAM_REMAINDER.fill("torch", _adam_rem_torch)
 
 SGD.fill("torch", lambda ctx, xs, attrs: (ctx.torch.add(xs[0], xs[1], alpha=-float_attr(attrs, "lr", 0.01)),))
 ADAM.fill("torch", _adam_torch)

@@ -226,6 +226,13 @@ programs. Its shape:
   function — and each weight gradient joins the reduce bucket as its op makes it, a bucket closed
   before a gradient would take it past ``reduce_bucket`` elements (``_ModuleGathers``).
   Default: FSDP's whole-layer gathers, one layer ahead (``_Gathers``).
+- ``master_remainders`` (training in mixed precision with bf16 copies and fp32 masters, ZeRO-1,
+  fused Adam; refused elsewhere; Apex DistributedFusedAdam's ``store_param_remainders``, which
+  NeMo sets): no fp32 master is a step input; each master shard is an int16 remainder (its low 16
+  bits) beside the bf16 copy (its high 16 bits, rounded), and ``AdamRemainder`` updates this
+  rank's shard of the copy and the remainder together, the fp32 master joined from them bit for
+  bit; the new copy is the new bf16 shard all-gathered (with ``overlap_param_gather``, kept as the
+  shard), not a cast. Default: fp32 masters.
 """
 
 from __future__ import annotations
@@ -238,7 +245,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from distir.autodiff.precision import Precision, cast
+from distir.autodiff.precision import Precision, PrecisionError, cast
 from distir.autodiff.train import Optimizer
 from distir.frontends.zoo.model import Model
 from distir.gcpause import paused_gc
@@ -389,6 +396,7 @@ def distribute(
     called_only: bool = False,
     fp8_weight_cache: bool = False,
     zero3_fetch: Zero3Fetch | None = None,
+    master_remainders: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -419,11 +427,9 @@ def distribute(
     ``bucket_mb`` (MiB; PyTorch DDP's ``bucket_cap_mb`` default, 25): with d > 1, gradients are
     reduced in buckets of about this size during the backward (``_Buckets``); with
     ``comm_streams`` the reductions run on each GPU's ``dp_reduce`` stream, overlapping the rest of
-    the backward, and ZeRO-3's gathers on its ``dp_gather`` stream, one layer ahead
-    (``_Gathers``).
-
-    The trainers' options (``overlap_param_gather`` … ``reduce_fp32``, default off): module
-    docstring, *Trainer options*.
+    the backward, and ZeRO-3's gathers on its ``dp_gather`` stream, one layer ahead (``_Gathers``).
+    The trainers' options (``overlap_param_gather`` …, default off): module docstring, *Trainer
+    options*.
 
     ``called_only``: build only the chunk functions the schedule calls (``_LazyChunks``), as a
     simulation needs (the search's exact ones): the same program but for functions nothing calls
@@ -459,6 +465,7 @@ def distribute(
             )
             .with_fp8_cache(fp8_weight_cache)
             .with_zero3_fetch(zero3_fetch, fsdp)
+            .with_remainders(master_remainders)
             .build(called_only)
         )
 
@@ -502,6 +509,7 @@ def check_switches(
     without masters, gradient-accumulation fusion where gradients are reduced every backward."""
     prec = Precision.parse(precision)
     _check_deepspeed(s, prec, bool(switches.get("deepspeed_pipe")), bool(switches.get("fp32_grad_accum")))
+    _remainders(s, prec, train, None, bool(switches.get("master_remainders")))
     _fusion(s, prec, bool(switches.get("grad_accum_fusion")) and train)
 
 
@@ -531,6 +539,31 @@ def _fp8_cache(s: Strategy, prec: Precision, train: bool, asked: bool) -> bool:
             "is_first_microbatch"
         )
     return asked and train and prec.float8 and prec.float8_scaling == CACHE_SCALING
+
+
+def _remainders(s: Strategy, prec: Precision, train: bool, opt: Optimizer | None, asked: bool) -> bool:
+    """``master_remainders`` where it applies: a training step in mixed precision with bf16
+    compute copies and fp32 masters, ZeRO-1's sharded optimizer, fused Adam (Apex's
+    DistributedFusedAdam); refused elsewhere (``opt`` None: not checked)."""
+    if not asked:
+        return False
+    if not train:
+        raise StrategyError(f"{s}: master remainders are optimizer state: a training step only")
+    if not (prec.mixed and prec.master is DType.f32):
+        raise PrecisionError(
+            f"{s}: master remainders split an fp32 master into its bf16 parameter and 16 low bits: "
+            f"precision {prec} has no fp32 master beside a bf16 copy"
+        )
+    if s.zero != 1:
+        raise StrategyError(
+            f"{s}: master remainders are Apex DistributedFusedAdam's, a ZeRO-1 sharded optimizer "
+            f"(ZeRO-{s.zero} given)"
+        )
+    if opt is not None and (opt.kind != "adam" or opt.kernels != "fused"):
+        raise StrategyError(
+            f"{s}: master remainders are kept by a fused Adam (Apex's), not {opt.kind} ({opt.kernels})"
+        )
+    return True
 
 
 def _zero3_fetch(
@@ -668,6 +701,10 @@ class _Builder:
     # DeepSpeed ZeRO-3's module-by-module fetch (``distribute(zero3_fetch=...)``): its knobs, or
     # None (whole layers, FSDP's)
     ds_fetch: Zero3Fetch | None = None
+    # Apex's store_param_remainders (``distribute(master_remainders=True)``): the masters kept as
+    # int16 remainders beside the bf16 copies; each weight's new bf16 shard from the update
+    remainders: bool = False
+    new_high: dict[Value, Value]
 
     def __init__(
         self,
@@ -773,6 +810,17 @@ class _Builder:
     def with_fp8_cache(self, asked: bool) -> _Builder:
         """This builder with ``fp8_weight_cache`` where it applies (``_fp8_cache``)."""
         self.f8_cache = _fp8_cache(self.s, self.prec, self.train, asked)
+        return self
+
+    def with_remainders(self, asked: bool) -> _Builder:
+        """This builder with ``master_remainders`` where it applies (``_remainders``)."""
+        self.remainders = _remainders(self.s, self.prec, self.train, self.opt, asked)
+        if self.remainders and self.compute is not DType.bf16:
+            raise PrecisionError(
+                f"{self.s}: master remainders need bf16 compute copies (the fp32 master's high half), "
+                f"not {self.compute}"
+            )
+        self.new_high = {}
         return self
 
     def with_zero3_fetch(self, cfg: Zero3Fetch | None, fsdp: FsdpOptions) -> _Builder:
@@ -937,10 +985,11 @@ class _Builder:
             return self.meshes3[stage] if self.viewed else self.meshes[stage]
         return self.comm_meshes3[(stream, stage)] if self.viewed else self.comm_meshes[(stream, stage)]
 
-    def _compute_copy(self, fb: FunctionBuilder, w: Value, master: Value) -> Value:
+    def _compute_copy(self, fb: FunctionBuilder, w: Value, master: Value, high: Value | None = None) -> Value:
         """Mixed precision: the weight in the compute dtype, once per step; with ZeRO-1/2 the
-        master is a shard, so the low-precision copy is all-gathered (ZeRO-3 gathers per use)."""
-        v = cast(fb, master, self.compute, f"{w.name}_{self.compute}")
+        master is a shard, so the low-precision copy is all-gathered (ZeRO-3 gathers per use).
+        ``high``: the copy's new shard as the update wrote it (``master_remainders``), not cast."""
+        v = cast(fb, master, self.compute, f"{w.name}_{self.compute}") if high is None else high
         if self.s.zero in (1, 2) and self._zdim(w) is not None and not self.gather_early:
             v = self._redistribute(fb, v, f"{w.name}_{self.compute}", self._wp(w))
         return v
@@ -1347,6 +1396,10 @@ class _Builder:
             c = wchunk[w]
             z = self._zdim(w) if s.zero == 3 or self.prec.mixed else None  # mixed: masters as the state
             wt = self.prec.master_type(spec.type)
+            if self.remainders:  # the master's low half; its high half is the bf16 copy's
+                wt_on = self._on_stage(DType.i16, wt.shape, stage_of[c], z, spec.tp)
+                wparam[w] = fb.param(f"{w.name}_rem", wt_on, donated=True)
+                continue
             wt_on = self._on_stage(wt.dtype, wt.shape, stage_of[c], z, spec.tp)
             wparam[w] = fb.param(w.name, wt_on, donated=self.train)
         state: dict[Value, list[Value]] = {w: [] for w in used}
@@ -1517,13 +1570,13 @@ class _Builder:
             if self.opt.max_norm:
                 held.append(sg._replace(g=g))
             else:
-                updates[sg.w] = self._update(fb, sg.w, wp.wparam[sg.w], g, wp.state[sg.w], wp.step_of)
+                updates[sg.w] = self._update(fb, sg.w, wp, g)
 
         self._step_grads(fb, grads, wp, stage_of, to_mesh, take)
         totals = self._norm_totals(fb, held, to_mesh) if held else {}
         for sg in held:
             g = self.opt.clipped(fb, sg.g, totals[sg.stage])
-            updates[sg.w] = self._update(fb, sg.w, wp.wparam[sg.w], g, wp.state[sg.w], wp.step_of)
+            updates[sg.w] = self._update(fb, sg.w, wp, g)
         return updates
 
     def _step_grads(
@@ -1675,7 +1728,7 @@ class _Builder:
                 fb.donate(old, sv)
         for w in used:
             if w in wp.half and w not in received:
-                results.append(self._compute_copy(fb, w, updates[w][0]))
+                results.append(self._compute_copy(fb, w, updates[w][0], self.new_high.get(w)))
                 if wp.wuse[w] is wp.half[w]:  # else (``gather_cast``) unread: freed at the start
                     fb.donate(wp.half[w], results[-1])
         return results
@@ -1706,21 +1759,26 @@ class _Builder:
                 g = self._redistribute(fb, g, f"g_{w.name}", placement_text(Shard(z), tp))
         return self._tp_sum(fb, w, g, stage) if w in self.tp_pending else g
 
-    def _update(
-        self,
-        fb: FunctionBuilder,
-        w: Value,
-        wv: Value,
-        g: Value,
-        wstate: list[Value],
-        step_of: dict[int, Value],
-    ) -> tuple[Value, ...]:
-        """The optimizer step of weight ``w`` (value ``wv``) with its gradient ``g`` as the
-        optimizer takes it (``_step_grads``): a ZeRO-1/2 replicated weight is updated by shards and
-        all-gathered after."""
+    def _update(self, fb: FunctionBuilder, w: Value, wp: _Params, g: Value) -> tuple[Value, ...]:
+        """The optimizer step of weight ``w`` with its gradient ``g`` as the optimizer takes it
+        (``_step_grads``): a ZeRO-1/2 replicated weight is updated by shards and all-gathered
+        after; with ``master_remainders``, the master's shard joined from this rank's shard of the
+        bf16 copy and its remainder (``AdamRemainder``), the new bf16 shard kept for the new
+        compute copy (``new_high``)."""
+        wv, wstate = wp.wparam[w], wp.state[w]
         tp = self.model.weight(w.name).tp
         z = self._zdim(w)
-        step = step_of.get(self._stage_of_value(wv))
+        step = wp.step_of.get(self._stage_of_value(wv))
+        if self.remainders:
+            high = wp.half[w]
+            if z is not None and not self.gather_early:  # the whole copy: this rank's shard of it
+                high = self._redistribute(
+                    fb, high, f"{w.name}_{self.compute}_shard", placement_text(Shard(z), tp)
+                )
+            assert step is not None
+            got = self.opt.emit_remainder(fb, high, wv, g, wstate, step)
+            self.new_high[w] = got[0]
+            return got[1:]
         sliced = self.s.zero < 3 and not self.prec.mixed  # a replicated weight, updated by shards
         if z is None or not sliced:
             return self.opt.emit(fb, wv, g, wstate, step)

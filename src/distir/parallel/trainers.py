@@ -123,6 +123,9 @@ class TrainerSemantics:
     pipelining_kept: str = ""
     fp8_weight_cache: bool = False
     zero3_fetch: Zero3Fetch | None = None
+    # Apex DistributedFusedAdam's store_param_remainders (NeMo's): each fp32 master kept as its
+    # bf16 copy and an int16 remainder (``distribute(master_remainders=True)``)
+    master_remainders: bool = False
     ring_form: str = "p2p"
     # gradient-norm clipping (``Optimizer.max_norm``, ``clip_scale``; 0: none)
     max_norm: float = 0.0
@@ -156,6 +159,7 @@ class Switches(TypedDict):
     pipelining_kept: str
     fp8_weight_cache: bool
     zero3_fetch: Zero3Fetch | None
+    master_remainders: bool
 
 
 def trainer_semantics(
