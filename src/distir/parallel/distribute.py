@@ -649,6 +649,21 @@ def device_map(strategy: Strategy, comm_streams: bool = False) -> DeviceMap:
     return DeviceMap(mapping)
 
 
+def _bwd_params(
+    fb: FunctionBuilder, ws: Sequence[Value], layers: Sequence[ShardedLayer]
+) -> tuple[dict[Value, Value], dict[Value, Value], list[list[Value]]]:
+    """A chunk backward's leading parameters, declared in order: its weights ``ws``, its layers'
+    extras, and per layer its saved residuals (the layer input first where its backward reads it)."""
+    wp = {w: fb.param(w.name) for w in ws}
+    ep = {e: fb.param(e.name) for L in layers for e in L.extras}
+    res: list[list[Value]] = []
+    for L in layers:
+        assert L.vjp is not None
+        n = (1 if 0 in L.vjp.bwd_params else 0) + L.vjp.n_residuals
+        res.append([fb.param(f"r{L.index}_{j}") for j in range(n)])
+    return wp, ep, res
+
+
 class _Params(NamedTuple):
     """The entry's weight-side parameters (``_Builder._declare``)."""
 
@@ -1094,13 +1109,7 @@ class _Builder:
         ws = chunk_weights(layers)
         buckets = _Buckets(self, fb, c, ws, acc, final, self.one_dp_stream) if reduce else None
         sink = _GradSink(self, fb, ws, layers, acc, buckets)
-        wp = {w: fb.param(w.name) for w in ws}
-        ep = {e: fb.param(e.name) for L in layers for e in L.extras}
-        res: list[list[Value]] = []
-        for L in layers:
-            assert L.vjp is not None
-            n = (1 if 0 in L.vjp.bwd_params else 0) + L.vjp.n_residuals
-            res.append([fb.param(f"r{L.index}_{j}") for j in range(n)])
+        wp, ep, res = _bwd_params(fb, ws, layers)
         dy = fb.param("dy")
         arglists: list[list[Value]] = []
         bodies: list[tuple[Function, Sequence[Value]]] = []
@@ -1232,13 +1241,7 @@ class _Builder:
                 fn_w, sums = sink.fused(L, L.bwd_w, 0)
                 sink.done(L, fb.call(fn_w, *ks, *sums, n_out=len(fn_w.outputs)))
             return fb.ret(*sink.results())
-        wp = {w: fb.param(w.name) for w in chunk_weights(layers)}
-        ep = {e: fb.param(e.name) for L in layers for e in L.extras}
-        res: list[list[Value]] = []
-        for L in layers:
-            assert L.vjp is not None
-            n = (1 if 0 in L.vjp.bwd_params else 0) + L.vjp.n_residuals
-            res.append([fb.param(f"r{L.index}_{j}") for j in range(n)])
+        wp, ep, res = _bwd_params(fb, chunk_weights(layers), layers)
         held = {w: fb.param(f"{w.name}_full") for w in self._kept_gathered(layers)}
         dy = fb.param("dy")
         kept: list[Value] = []

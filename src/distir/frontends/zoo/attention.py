@@ -35,7 +35,9 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Any
 
-from distir.frontends.zoo._build import LayerFn, inv_sqrt
+from distir.frontends.zoo._build import LayerFn, inv_sqrt, weight
+from distir.frontends.zoo.model import WeightSpec
+from distir.ir.dtensor import Shard
 from distir.ir.types import DType
 from distir.ir.values import Value
 
@@ -77,6 +79,36 @@ def split_qkv(f: LayerFn, qkv: Value, heads: int, kv_heads: int, head_dim: int) 
     sizes = (group * head_dim, head_dim, head_dim)
     q, k, v = f.results("Split", grouped, names=("q", "k", "v"), dim=3, sizes=sizes, view=1)
     return q, k, v
+
+
+def project_qkv(
+    f: LayerFn, h: Value, p: dict[str, Value], fused: bool, heads: int, kv_heads: int, head_dim: int
+) -> tuple[Value, Value, Value]:
+    """Q, K, V of the normed input ``h``: one GEMM of ``p["wqkv"]`` split per query group
+    (``fused``, ``split_qkv``) or three GEMMs of ``p["wq"]``, ``p["wk"]``, ``p["wv"]``."""
+    if fused:
+        return split_qkv(f, f("MatMul", h, p["wqkv"], name="qkv"), heads, kv_heads, head_dim)
+    return (
+        f("MatMul", h, p["wq"], name="q"),
+        f("MatMul", h, p["wk"], name="k"),
+        f("MatMul", h, p["wv"], name="v"),
+    )
+
+
+def qkv_weights(
+    i: int, hidden: int, heads: int, kv_heads: int, dtype: DType, fused: bool
+) -> tuple[WeightSpec, ...]:
+    """Block ``i``'s Q, K, V projection weights, column-parallel: ``wqkv_i`` over whole query
+    groups (``fused``, ``qkv_columns``) or ``wq_i``, ``wk_i``, ``wv_i``."""
+    head_dim, col = hidden // heads, Shard(1)
+    if fused:
+        return (weight(f"wqkv_{i}", dtype, (hidden, qkv_columns(heads, kv_heads, head_dim)), col),)
+    kv = kv_heads * head_dim
+    return (
+        weight(f"wq_{i}", dtype, (hidden, hidden), col),
+        weight(f"wk_{i}", dtype, (hidden, kv), col),
+        weight(f"wv_{i}", dtype, (hidden, kv), col),
+    )
 
 
 def split_heads(f: LayerFn, x: Value, heads: int, head_dim: int, name: str) -> Value:

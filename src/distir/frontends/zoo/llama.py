@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distir.frontends.zoo._build import LayerCall, LayerFn, check_config, tensor, weight
-from distir.frontends.zoo.attention import attention, attention_field, qkv_columns, qkv_field, split_qkv
+from distir.frontends.zoo.attention import attention, attention_field, project_qkv, qkv_field, qkv_weights
 from distir.frontends.zoo.gpt import VOCAB, assemble_lm, loss_field
 from distir.frontends.zoo.model import InputSpec, Model, ModelError, WeightSpec
 from distir.ir.dtensor import Replicate, Shard
@@ -151,12 +151,7 @@ def block_fn(cfg: LlamaConfig, dtype: DType = DType.f32) -> Function:
     x = f.param("x")
     p = {n: f.param(n) for n in (FUSED_WEIGHTS if cfg.qkv == "fused" else BLOCK_WEIGHTS)}
     h = rms_norm(f, x, p["attn_norm"], cfg.norm, dtype, "attn_in")
-    if cfg.qkv == "fused":
-        q, k, v = split_qkv(f, f("MatMul", h, p["wqkv"], name="qkv"), heads, kv_heads, hidden // heads)
-    else:
-        q = f("MatMul", h, p["wq"], name="q")
-        k = f("MatMul", h, p["wk"], name="k")
-        v = f("MatMul", h, p["wv"], name="v")
+    q, k, v = project_qkv(f, h, p, cfg.qkv == "fused", heads, kv_heads, hidden // heads)
     a = attention(
         f,
         q,
@@ -183,17 +178,8 @@ def block_fn(cfg: LlamaConfig, dtype: DType = DType.f32) -> Function:
 
 
 def block_weights(i: int, cfg: LlamaConfig, dtype: DType) -> tuple[WeightSpec, ...]:
-    h, kv = cfg.hidden, cfg.kv_heads * (cfg.hidden // cfg.heads)
-    if cfg.qkv == "fused":  # column-parallel over whole query groups (``split_qkv``)
-        qkv: tuple[WeightSpec, ...] = (
-            weight(f"wqkv_{i}", dtype, (h, qkv_columns(cfg.heads, cfg.kv_heads, h // cfg.heads)), COL),
-        )
-    else:
-        qkv = (
-            weight(f"wq_{i}", dtype, (h, h), COL),
-            weight(f"wk_{i}", dtype, (h, kv), COL),
-            weight(f"wv_{i}", dtype, (h, kv), COL),
-        )
+    h = cfg.hidden
+    qkv = qkv_weights(i, cfg.hidden, cfg.heads, cfg.kv_heads, dtype, cfg.qkv == "fused")
     return (
         weight(f"attn_norm_{i}", dtype, (h,), value=1.0),
         *qkv,

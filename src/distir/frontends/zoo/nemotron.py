@@ -53,7 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distir.frontends.zoo._build import LayerCall, LayerFn, check_config, tensor, weight
-from distir.frontends.zoo.attention import attention, attention_field, qkv_columns, qkv_field, split_qkv
+from distir.frontends.zoo.attention import attention, attention_field, project_qkv, qkv_field, qkv_weights
 from distir.frontends.zoo.gpt import VOCAB, assemble_lm, loss_field
 from distir.frontends.zoo.model import InputSpec, Model, ModelError, WeightSpec
 from distir.ir.dtensor import Replicate, Shard
@@ -130,12 +130,7 @@ def block_fn(cfg: NemotronConfig) -> Function:
     x = f.param("x")
     p = {n: f.param(n) for n in (FUSED_WEIGHTS if cfg.qkv == "fused" else BLOCK_WEIGHTS)}
     h = layer_norm_1p(f, x, p["ln1_scale"], p["ln1_bias"], "ln1")
-    if cfg.qkv == "fused":
-        q, k, v = split_qkv(f, f("MatMul", h, p["wqkv"], name="qkv"), heads, kv_heads, head_dim)
-    else:
-        q = f("MatMul", h, p["wq"], name="q")
-        k = f("MatMul", h, p["wk"], name="k")
-        v = f("MatMul", h, p["wv"], name="v")
+    q, k, v = project_qkv(f, h, p, cfg.qkv == "fused", heads, kv_heads, head_dim)
     a = attention(
         f,
         q,
@@ -156,18 +151,8 @@ def block_fn(cfg: NemotronConfig) -> Function:
 
 
 def block_weights(i: int, cfg: NemotronConfig, dtype: DType) -> tuple[WeightSpec, ...]:
-    h, head_dim = cfg.hidden, cfg.hidden // cfg.heads
-    kv = cfg.kv_heads * head_dim
-    if cfg.qkv == "fused":  # column-parallel over whole query groups (``split_qkv``)
-        qkv: tuple[WeightSpec, ...] = (
-            weight(f"wqkv_{i}", dtype, (h, qkv_columns(cfg.heads, cfg.kv_heads, head_dim)), COL),
-        )
-    else:
-        qkv = (
-            weight(f"wq_{i}", dtype, (h, h), COL),
-            weight(f"wk_{i}", dtype, (h, kv), COL),
-            weight(f"wv_{i}", dtype, (h, kv), COL),
-        )
+    h = cfg.hidden
+    qkv = qkv_weights(i, cfg.hidden, cfg.heads, cfg.kv_heads, dtype, cfg.qkv == "fused")
     return (
         *norm_weights(f"ln1_{{}}_{i}", h, dtype),
         *qkv,
