@@ -246,6 +246,10 @@ class Run:
     # optimizer, bf16 model, no fp8_params): each fp32 master kept as its bf16 parameter and an
     # int16 remainder (``distribute(master_remainders=True)``)
     master_remainders: bool = False
+    # the dtype of the master weights and optimizer state (``Precision.with_optimizer_dtype``):
+    # f32, or the compute dtype for an optimizer that keeps no masters (NeMo's ``optim.dtype:
+    # bf16``: Apex's DistributedFusedAdam with store_params=False, Adam's m and v in bf16)
+    optimizer_dtype: str = "f32"
     # the ring attention the trainer runs under context parallelism: p2p (Megatron-LM's,
     # Transformer Engine's) or torch (PyTorch's context_parallel: K/V all-gathered, fp32 merges and
     # dK/dV) (``RooflineCostModel(ring_form=...)``, ``distir.sim.ring``)
@@ -340,6 +344,11 @@ def _check(r: Run, where: str) -> None:
         raise RunsError(f"{where}.ring_form: expected one of {', '.join(RING_FORMS)}, got {r.ring_form!r}")
     if r.precision not in PRECISIONS:
         raise RunsError(f"{where}.precision: expected one of {', '.join(PRECISIONS)}, got {r.precision!r}")
+    from distir.autodiff.precision import OPTIMIZER_DTYPES
+
+    if r.optimizer_dtype not in OPTIMIZER_DTYPES:
+        known = ", ".join(OPTIMIZER_DTYPES)
+        raise RunsError(f"{where}.optimizer_dtype: expected one of {known}, got {r.optimizer_dtype!r}")
     if r.tp_overlap_form not in TP_OVERLAP_FORMS:
         forms = ", ".join(TP_OVERLAP_FORMS)
         raise RunsError(f"{where}.tp_overlap_form: expected one of {forms}, got {r.tp_overlap_form!r}")
@@ -601,7 +610,7 @@ def _simulated(
     spec, st, cl = zoo_model(r.model), strategy_of(r.strategy), cluster_of(r.cluster)
     dt, batch = DType.f16 if r.precision.startswith("fp16") else DType.bf16, r.strategy.global_batch
     mod = build_model(spec, batch=batch, dtype=dt)
-    prec = Precision.parse(PRECISIONS[r.precision] or "mixed")
+    prec = Precision.parse(PRECISIONS[r.precision] or "mixed").with_optimizer_dtype(r.optimizer_dtype)
     # in the order of the run's own chunk times (its kernels), as ``distir simulate`` orders it
     form = TrainerForm(v.kernels or r.kernels, r.attention_kernel)
     overlap = r.tp_comm_overlap and st.sp

@@ -389,6 +389,31 @@ def test_simulate_master_remainders() -> None:
     assert code == 2 and "--master-remainders" in err
 
 
+def test_simulate_optimizer_dtype() -> None:
+    """``--optimizer-dtype bf16`` keeps no fp32 masters (bf16 m and v): a smaller peak, the JSON's
+    ``optimizer_dtype``; f16 beside bf16 compute, pure precision, ``--infer`` and a program file
+    are one-line errors."""
+    model = "llama:layers=4,hidden=512,heads=8,kv_heads=8,ffn=1536,vocab=512,seq=256"
+    base = ["simulate", "--model", model, "--batch", "8", "--dtype", "bf16", "--optimizer", "adam"]
+    base += ["--cluster", "dgx-a100", "--json", "--strategy", "d2.t1.p1.k2.1f1b.z1"]
+    got = {}
+    for dt in ("f32", "bf16"):
+        code, out, err = run(*base, "--precision", "mixed", "--optimizer-dtype", dt)
+        assert code == 0, err
+        got[dt] = json.loads(out)
+        assert got[dt]["optimizer_dtype"] == dt
+    assert got["bf16"]["peak_memory_bytes"]["d0"] < got["f32"]["peak_memory_bytes"]["d0"]
+    for extra, what in (
+        (["--precision", "mixed", "--optimizer-dtype", "f16"], "compute dtype bf16"),
+        (["--precision", "pure", "--optimizer-dtype", "bf16"], "mixed precision"),
+        (["--precision", "mixed", "--optimizer-dtype", "bf16", "--infer"], "--optimizer-dtype bf16"),
+    ):
+        code, _, err = run(*base, *extra)
+        assert code == 2 and what in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = run("simulate", str(EX / "fig2_mlp_pipeline.distir"), "--optimizer-dtype", "bf16")
+    assert code == 2 and "--optimizer-dtype" in err
+
+
 def test_simulate_zero3_fetch() -> None:
     """``--zero3-fetch deepspeed`` (on with ``--trainer deepspeed`` under ZeRO-3) gathers module by
     module under DeepSpeed's live-parameter cap, not a whole layer with the next one ahead: a

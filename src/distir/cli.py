@@ -35,7 +35,7 @@ from distir.interp.reference import random_inputs, run_reference
 from distir.ir.function import Module
 from distir.ir.parser import parse_with_positions
 from distir.ir.printer import print_module
-from distir.ir.types import Device
+from distir.ir.types import Device, DType
 from distir.limits import MAX_EXEC_BYTES, MAX_OPS, RESERVED_OPS_SHARE
 from distir.report.errors import USER_ERRORS, locate
 from distir.report.fields import SCHEMA
@@ -357,6 +357,16 @@ _SimMasterRemainders = Annotated[
         "NeMo's default): 2 bytes per master parameter, not 4.",
     ),
 ]
+_SimOptimizerDtype = Annotated[
+    str,
+    typer.Option(
+        "--optimizer-dtype",
+        help="With --model and mixed precision: the dtype of the master weights and optimizer "
+        "state, f32 (default), or the compute --dtype: no masters, the optimizer updating the "
+        "weights themselves with m and v in that dtype (NeMo's optim.dtype: bf16, Apex "
+        "DistributedFusedAdam's store_params=False): 8 bytes per parameter with Adam, not 16.",
+    ),
+]
 _SimZero3Fetch = Annotated[
     str | None,
     typer.Option(
@@ -482,6 +492,7 @@ def simulate(
     fp8_weight_cache: _SimFp8WeightCache = False,
     zero3_fetch: _SimZero3Fetch = None,
     master_remainders: _SimMasterRemainders = False,
+    optimizer_dtype: _SimOptimizerDtype = "f32",
     clip_grad: _SimClipGrad = None,
     trace: _SimTrace = None,
     trace_detail: _SimTraceDetail = "chunk",
@@ -506,7 +517,7 @@ def simulate(
     opts = (bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum, tp_comm_overlap, clip_grad)
     switches = _SimSwitches(
         trainer, kernels, attention_kernel, *opts, fp8_weight_cache, zero3_fetch, master_remainders
-    )
+    )._replace(optimizer_dtype=optimizer_dtype)
     if model is not None:
         built, dtype, precision = _model_simulated(
             model,
@@ -556,6 +567,8 @@ def simulate(
     summary = summary_dict(result)
     if json_out:
         fields = _strategy_json(model, strategy, batch, dtype, precision) if model is not None else {}
+        if model is not None:
+            fields["optimizer_dtype"] = optimizer_dtype if precision != "pure" else dtype
         options = _sim_options(cluster, kernels, attention_kernel, semantics, built_spec)
         flags = {"tp_comm_overlap": tp_comm_overlap, "launch_blocking": launch_blocking}
         where = {"schema": SCHEMA, "file" if file is not None else "model": source}
@@ -585,6 +598,8 @@ def _check_inference(train: bool, optimizer: str | None, strategy: str | None, s
         "--overlap-param-gather" if sw.overlap_param_gather else "",
         "--fp32-grad-accum" if sw.fp32_grad_accum else "",
         f"--clip-grad {sw.clip_grad:g}" if sw.clip_grad is not None else "",
+        "--master-remainders" if sw.master_remainders else "",
+        f"--optimizer-dtype {sw.optimizer_dtype}" if sw.optimizer_dtype != "f32" else "",
     ]
     try:
         st = parse_strategy(_strategy_text(strategy))
@@ -723,12 +738,13 @@ def _file_program(file: Path, entry: str | None, sw: _SimSwitches, debug: bool) 
         or sw.fp8_weight_cache
         or sw.zero3_fetch is not None
         or sw.master_remainders
+        or sw.optimizer_dtype != "f32"
         or sw.trainer != "distir"
         or sw.clip_grad is not None
     ):
         _fail(
             "--deepspeed-pipe, --fp32-grad-accum, --fp8-weight-cache, --zero3-fetch, --master-remainders, "
-            "--clip-grad and --trainer apply to --model, not to a program file"
+            "--optimizer-dtype, --clip-grad and --trainer apply to --model, not to a program file"
         )
     s = _Session(file, debug)
     m = s.load(entry)
@@ -1026,6 +1042,8 @@ class _SimSwitches(NamedTuple):
     zero3_fetch: str | None = None
     # Apex's store_param_remainders (``distribute(master_remainders=True)``)
     master_remainders: bool = False
+    # the masters' and optimizer state's dtype (``Precision.with_optimizer_dtype``)
+    optimizer_dtype: str = "f32"
 
 
 def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bool) -> TrainerSemantics:
@@ -1137,7 +1155,7 @@ def _model_program(
         st = parse_strategy(_strategy_text(strategy))
         dt = parse_training_dtype(dtype)
         b = batch if batch is not None else 8 * st.d * st.k
-        prec = Precision.parse(precision)
+        prec = Precision.parse(precision).with_optimizer_dtype(switches.optimizer_dtype)
         _check_tp_split(spec, st.t, tp_layout)
         spec = _trainer_model(spec, switches, st)
         check_cluster_fits(st, cluster)  # before anything is built
@@ -1185,6 +1203,7 @@ def _model_program(
             traceback.print_exc()
         _fail(f"{spec} under {strategy}: {e.brief()}")
     mode = f"{'train' if train else 'infer'}, {dt}{f' {prec}' if prec.mixed else ''}"
+    mode += f", {prec.master} optimizer" if prec.mixed and prec.master is not DType.f32 else ""
     label = f"{mod.name} {st} ({mode}{'' if sem.trainer == 'distir' else ', as ' + sem.trainer})"
     return ModelProgram(prog, strategy_map(st, True), label, b, mod.step_flops(train), sem, spec)
 

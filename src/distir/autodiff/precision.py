@@ -32,6 +32,11 @@ optimizer state: K = 12 bytes per parameter), cast the shard and all-gather the 
 sharded and gathers the low-precision copy right before each use (DeepSpeed ZeRO-3 gathers fp16 /
 bf16 parameters, never fp32 masters).
 
+An **optimizer in the compute dtype** (``with_optimizer_dtype("bf16")``: NeMo's ``optim.dtype:
+bf16``, with which Apex's DistributedFusedAdam keeps no parameter copy, ``store_params=False``)
+keeps no masters: the optimizer updates the compute weights themselves, with ``m`` and ``v`` in
+the compute dtype, 2 + 2 + 2 + 2 = 8 bytes per parameter; the loss still computes in fp32.
+
 **FP8** (``fp8``: mixed precision whose linear layers multiply in float8, as torchtitan's float8
 training runs torchao's ``Float8Linear`` with dynamic tensorwise scaling;
 ``with_float8_linears``): every matrix product of an activation by a weight in every layer but
@@ -84,6 +89,7 @@ if TYPE_CHECKING:
     from distir.hardware.specs import DeviceSpec
 
 LOW = (DType.bf16, DType.f16)
+OPTIMIZER_DTYPES = ("f32", "bf16", "f16")  # ``Precision.with_optimizer_dtype``
 
 
 class PrecisionError(AutodiffError):
@@ -120,6 +126,23 @@ class Precision:
         if text == "fp8-delayed":
             return FP8_DELAYED
         raise PrecisionError(f"precision must be pure, mixed, fp8 or fp8-delayed, got {text!r}")
+
+    def with_optimizer_dtype(self, text: str) -> Precision:
+        """This precision with master weights and optimizer state in ``text`` (f32, bf16 or
+        f16). Mixed precision only: a dtype equal to the compute dtype keeps no masters, the
+        optimizer updating the weights themselves (``distir.parallel.distribute``); pure
+        precision keeps everything in the model's dtype."""
+        if text not in OPTIMIZER_DTYPES:
+            raise PrecisionError(f"the optimizer's dtype must be f32, bf16 or f16, got {text!r}")
+        dt = DType(text)
+        if dt is self.master:
+            return self
+        if not self.mixed:
+            raise PrecisionError(
+                f"an optimizer dtype ({text}) applies to mixed precision; precision {self} keeps the "
+                "optimizer state in the model's dtype"
+            )
+        return replace(self, master=dt)
 
     def compute_dtype(self, model: Model) -> DType:
         """The dtype the model computes in (its weights'); under mixed precision it must be bf16
@@ -256,7 +279,7 @@ def state_bytes(optimizer_state: int, precision: Precision, dtype: DType) -> dic
     mixed only), ``weights`` (the compute copy; the weights themselves when pure), ``grads``
     (compute dtype) and ``optimizer`` (``optimizer_state`` tensors per weight, e.g. Adam's 2)."""
     low = dtype.itemsize
-    if not precision.mixed:
+    if not precision.mixed or precision.master is dtype:  # no masters: the weights are updated
         return {"master": 0, "weights": low, "grads": low, "optimizer": optimizer_state * low}
     hi = precision.master.itemsize
     return {"master": hi, "weights": low, "grads": low, "optimizer": optimizer_state * hi}
@@ -266,6 +289,7 @@ __all__ = [
     "FP8",
     "FP8_DELAYED",
     "MIXED",
+    "OPTIMIZER_DTYPES",
     "PURE",
     "Precision",
     "PrecisionError",

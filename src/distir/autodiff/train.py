@@ -253,7 +253,10 @@ def training_step(
     step = (
         fb.param("step", TensorType(DType.i64, (), dev)) if opt.kind == "adam" and dev is not None else None
     )
-    if prec.mixed:  # the compute copies, once per step, before any use
+    # the compute copies, once per step, before any use (none where the masters are in the
+    # compute dtype: the optimizer updates the weights themselves)
+    casting = prec.mixed and prec.master is not compute
+    if casting:
         for w in weights:
             env[w] = cast(fb, master[w], compute, f"{w.name}_{compute}")
     residuals: list[tuple[Value, ...]] = []
@@ -280,7 +283,7 @@ def training_step(
 
     def master_grad(w: Value) -> Value:
         g = dweight[w]
-        return cast(fb, g, prec.master, f"d{w.name}_{prec.master}") if prec.mixed else g
+        return cast(fb, g, prec.master, f"d{w.name}_{prec.master}") if casting else g
 
     # with clipping every gradient first, then the updates; else weight by weight
     clipped = (

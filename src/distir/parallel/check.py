@@ -26,7 +26,7 @@ from distir.interp.shapes import TypeDomain, infer_types, type_of
 from distir.ir.dtensor import DTensorType
 from distir.ir.function import Module
 from distir.ir.rewrite import inline_calls
-from distir.ir.types import DType
+from distir.ir.types import DType, TensorType
 from distir.ir.values import Attrs
 from distir.ops.registry import REGISTRY
 from distir.parallel.context_model import POS, context_inputs
@@ -81,17 +81,23 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 def initial_values(
     model: Model, optimizer: Optimizer, seed: int, precision: Precision | str = "pure"
 ) -> dict[str, np.ndarray]:
-    """Random inputs, weights and optimizer state (weights and state in the masters' dtype)."""
+    """Random inputs, weights and optimizer state (weights and state in the masters' dtype, a
+    half-precision master rounded to it as the reference executor holds it)."""
     prec = Precision.parse(precision)
     vals = model.random_inputs(seed)
+
+    def held(x: np.ndarray, t: TensorType) -> Any:
+        dt = prec.master_type(t).dtype
+        x = x.astype(dt.to_numpy())
+        return _cast(x, dt) if prec.mixed and dt is not DType.f32 else x
+
     for w in model.weights:
-        vals[w.name] = vals[w.name].astype(prec.master_type(w.type).dtype.to_numpy())
+        vals[w.name] = held(vals[w.name], w.type)
     rng = np.random.default_rng(seed + 1)
     for s in optimizer.state:
         for w in model.weights:
             x = rng.standard_normal(w.type.shape) * 0.01
-            dt = prec.master_type(w.type).dtype.to_numpy()
-            vals[f"{s}_{w.name}"] = np.abs(x).astype(dt) if s == "v" else x.astype(dt)
+            vals[f"{s}_{w.name}"] = held(np.abs(x) if s == "v" else x, w.type)
     if optimizer.kind == "adam":
         vals["step"] = np.array(3, dtype=np.int64)
     return vals

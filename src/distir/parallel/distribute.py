@@ -566,6 +566,49 @@ def _remainders(s: Strategy, prec: Precision, train: bool, opt: Optimizer | None
     return True
 
 
+def _no_master(s: Strategy, prec: Precision, compute: DType, train: bool, fp32_acc: bool) -> bool:
+    """Whether a training step keeps no master weights: mixed precision whose master (and
+    optimizer state) dtype is the compute dtype, as Apex's DistributedFusedAdam runs with
+    ``dtype`` bf16 (``store_params=False``: NeMo's ``optim.dtype: bf16``) or torch's AdamW on bf16
+    parameters. A master dtype other than fp32 and the compute dtype, and fp32 gradient
+    accumulation into such an optimizer, are refused."""
+    if not (prec.mixed and train) or prec.master is DType.f32:
+        return False
+    if prec.master is not compute:
+        raise PrecisionError(
+            f"{s}: the optimizer keeps fp32 masters or none: its dtype must be f32 or the compute "
+            f"dtype {compute}, got {prec.master}"
+        )
+    if fp32_acc:
+        raise PrecisionError(
+            f"{s}: fp32 gradient accumulation feeds fp32 masters; the optimizer's dtype is {prec.master}"
+        )
+    return True
+
+
+def _comm_meshes(s: Strategy, meshes: Sequence[Mesh]) -> dict[tuple[str, int], Mesh]:
+    """Per stream and stage, the devices of each stage's communication stream: per direction a
+    stream that sends and one that receives, so activations going forward never queue behind
+    gradients, and a receive never behind a send (``distribute``)."""
+    n = s.devices
+    return {
+        (stream, st): Mesh(m.axes, tuple(Device((k + 1) * n + d.id) for d in m.devices))
+        for k, stream in enumerate(STREAMS)
+        for st, m in enumerate(meshes)
+    }
+
+
+def _reduce_fp32(s: Strategy, prec: Precision, train: bool, asked: bool, no_master: bool) -> bool:
+    """``reduce_fp32`` where it applies (mixed-precision training with d·c > 1); refused
+    beside an optimizer that keeps no fp32 masters."""
+    on = asked and prec.mixed and train and s.d * s.c > 1
+    if on and no_master:
+        raise PrecisionError(
+            f"{s}: gradients reduced in fp32 feed fp32 masters; the optimizer's dtype is {prec.master}"
+        )
+    return on
+
+
 def _zero3_fetch(
     s: Strategy, train: bool, cfg: Zero3Fetch | None, fsdp: FsdpOptions, f8_cache: bool, pipe: bool
 ) -> Zero3Fetch | None:
@@ -750,6 +793,12 @@ class _Builder:
         self.bucketed = train and s.d * s.c > 1 and not deepspeed_pipe  # cp acts like dp for the weights
         self.fp32_acc = train and (fp32_grad_accum or grad_accum_fusion)
         self.compute = self.prec.compute_dtype(model)
+        # an optimizer in the compute dtype (``Precision.master`` equal to it): no master copy,
+        # the step updates the compute weights themselves; gradients reduced in the masters'
+        # dtype (``distribute``)
+        self.no_master = _no_master(s, self.prec, self.compute, train, self.fp32_acc)
+        asked = reduce_fp32 and not self.fp32_acc
+        self.reduce_fp32 = _reduce_fp32(s, self.prec, train, asked, self.no_master)
         # Megatron-LM's DDP reducing in the last backward (``distribute``)
         self.megatron = megatron_ddp and self.bucketed and not reduce_scatter_every_backward(s)
         self.bucket_bytes = self._bucket_bytes(s, bucket_mb)
@@ -762,8 +811,6 @@ class _Builder:
         # DeepSpeed's pipeline engine: transfers block the compute streams (``distribute``)
         self.p2p_streams = comm_streams and not deepspeed_pipe
         self.deepspeed_pipe = deepspeed_pipe
-        # gradients reduced in the masters' dtype (``distribute``)
-        self.reduce_fp32 = reduce_fp32 and self.prec.mixed and train and s.d * s.c > 1 and not self.fp32_acc
         # the compute copies gathered in the next step's first forward (``distribute``)
         self.gather_early = (
             overlap_param_gather and train and self.prec.mixed and s.zero in (1, 2) and s.d * s.c > 1
@@ -796,19 +843,7 @@ class _Builder:
             self.meshes3 = [Mesh((("dp", s.d * s.c), ("tp", s.t)), m.devices) for m in self.meshes]
         else:
             self.meshes3 = []
-        n = s.devices
-        # per direction a stream that sends and one that receives, so activations going forward
-        # never queue behind gradients, and a receive never behind a send (``distribute``)
-        self.comm_meshes = {
-            (stream, st): Mesh(m.axes, tuple(Device((k + 1) * n + d.id) for d in m.devices))
-            for k, stream in enumerate(STREAMS)
-            for st, m in enumerate(self.meshes)
-        }
-        self.comm_meshes3 = {
-            (stream, st): Mesh(m.axes, tuple(Device((k + 1) * n + d.id) for d in m.devices))
-            for k, stream in enumerate(STREAMS)
-            for st, m in enumerate(self.meshes3)
-        }
+        self.comm_meshes, self.comm_meshes3 = _comm_meshes(s, self.meshes), _comm_meshes(s, self.meshes3)
         self.layer_calls = model.layers  # a property that collects them anew at each access
         calls = self.layer_calls if train else self.layer_calls[:-1]
         self.chunks = partition(model, s, len(calls))
@@ -830,6 +865,8 @@ class _Builder:
     def with_remainders(self, asked: bool) -> _Builder:
         """This builder with ``master_remainders`` where it applies (``_remainders``)."""
         self.remainders = _remainders(self.s, self.prec, self.train, self.opt, asked)
+        if self.remainders and self.no_master:
+            raise PrecisionError(f"{self.s}: master remainders need fp32 masters, not {self.prec.master}")
         if self.remainders and self.compute is not DType.bf16:
             raise PrecisionError(
                 f"{self.s}: master remainders need bf16 compute copies (the fp32 master's high half), "
@@ -873,7 +910,7 @@ class _Builder:
             raise StrategyError(f"{s}: grad_copy_in must be one of {GRAD_COPY_IN}, got {f.grad_copy_in!r}")
         self.grad_copy_in = f.grad_copy_in  # the gradients' copy into the reduction buffer
         # ZeRO-3's compute copies cast from the masters' shards at each gather
-        self.gather_cast = f.gather_cast and self.prec.mixed and z3
+        self.gather_cast = f.gather_cast and self.prec.mixed and z3 and not self.no_master
         # fp32 accumulation as each layer's gradients complete (FSDP2's post-backward hook)
         if f.fsdp2_grad_accum and self.train and not self.fp32_acc:
             raise StrategyError(f"{s}: fsdp2_grad_accum adds into fp32 sums: it needs fp32_grad_accum")
@@ -1013,7 +1050,10 @@ class _Builder:
         """Mixed precision: the reduced gradient cast to the masters' dtype for the optimizer
         (already in it when accumulated in fp32: ``fp32_grad_accum``, or reduced in it:
         ``reduce_fp32``)."""
-        if not self.prec.mixed or self.fp32_acc or self.reduce_fp32:
+        if not self.prec.mixed:
+            return g
+        held = DType.f32 if self.fp32_acc or self.reduce_fp32 else self.compute
+        if held is self.prec.master:
             return g
         return cast(fb, g, self.prec.master, f"g_{w.name}_{self.prec.master}")
 
@@ -1399,6 +1439,8 @@ class _Builder:
             c = wchunk[w]
             z = self._zdim(w) if s.zero == 3 or self.prec.mixed else None  # mixed: masters as the state
             wt = self.prec.master_type(spec.type)
+            if self.no_master:  # the compute copy is the weight (below)
+                continue
             if self.remainders:  # the master's low half; its high half is the bf16 copy's
                 wt_on = self._on_stage(DType.i16, wt.shape, stage_of[c], z, spec.tp)
                 wparam[w] = fb.param(f"{w.name}_rem", wt_on, donated=True)
@@ -1435,13 +1477,18 @@ class _Builder:
                 spec = model.weight(w.name)
                 z = self._zdim(w) if s.zero == 3 or self.gather_early else None
                 t = self._on_stage(self.compute, spec.type.shape, stage_of[wchunk[w]], z, spec.tp)
-                half[w] = fb.param(f"{w.name}_{self.compute}", t, donated=True)
+                name = w.name if self.no_master else f"{w.name}_{self.compute}"
+                half[w] = fb.param(name, t, donated=True)
+                if self.no_master:
+                    wparam[w] = half[w]
         # transmitted weights: the owner sends the value (and compute copy) once per step
         for h in sorted(sent, key=used.index):
             there = self._mesh_for(stage_of[wchunk[h]])
             owner = partner[h] if h in partner else groups[h][0]
             wparam[h] = self._mesh_send(fb, wparam[owner], there, h.name)
-            if owner in half:
+            if self.no_master:
+                half[h] = wparam[h]
+            elif owner in half:
                 half[h] = self._mesh_send(fb, half[owner], there, f"{h.name}_{self.compute}")
         wuse = half or (
             {w: self._compute_copy(fb, w, wparam[w]) for w in used} if self.prec.mixed else wparam
@@ -1719,6 +1766,10 @@ class _Builder:
         loss = losses[0] if len(losses) == 1 else fb.op("Sum", *losses, names=["loss"])[0]
         loss = self._redistribute(fb, loss, "loss", with_cp("R, R", self.s.c))
         results = [loss]
+        if self.no_master:  # the new weights are the new compute copies
+            mine = [w for w in used if w not in received]
+            new = {w: self._compute_copy(fb, w, updates[w][0], updates[w][0]) for w in mine}
+            updates = {w: (new[w], *u[1:]) for w, u in updates.items() if w in new}
         for group in (
             [w for w in used if w in self.weight_params],
             [w for w in used if w not in self.weight_params and w not in received],
@@ -1730,7 +1781,7 @@ class _Builder:
             for sv, old in zip(updates[w][1:], wp.state[w], strict=True):
                 fb.donate(old, sv)
         for w in used:
-            if w in wp.half and w not in received:
+            if w in wp.half and w not in received and not self.no_master:
                 results.append(self._compute_copy(fb, w, updates[w][0], self.new_high.get(w)))
                 if wp.wuse[w] is wp.half[w]:  # else (``gather_cast``) unread: freed at the start
                     fb.donate(wp.half[w], results[-1])
@@ -1772,6 +1823,14 @@ class _Builder:
         tp = self.model.weight(w.name).tp
         z = self._zdim(w)
         step = wp.step_of.get(self._stage_of_value(wv))
+        if self.no_master:  # this rank's shard of the compute weight, updated in place
+            if z is not None and self.s.zero in (1, 2) and not self.gather_early:
+                wv = self._redistribute(
+                    fb, wv, f"{w.name}_{self.compute}_shard", placement_text(Shard(z), tp)
+                )
+            got = self.opt.emit(fb, wv, g, wstate, step)
+            self.new_high[w] = got[0]
+            return got
         if self.remainders:
             high = wp.half[w]
             if z is not None and not self.gather_early:  # the whole copy: this rank's shard of it
