@@ -88,3 +88,53 @@ def test_the_gathers_overlap_the_first_forward() -> None:
         )
         times[og] = simulate(prog, cl, device_map(s, True), cost).step_time_s
     assert times[True] < times[False]
+
+
+def test_interleaved_chunks_are_gathered_ahead_as_megatrons_schedule_launches_them() -> None:
+    """Interleaved with communication streams: every rank's first two chunks are gathered before
+    the first forward, each later chunk before its first forward but after the step's first
+    forwards (Megatron-LM's ``param_sync_func`` launches), one all-gather per sharded weight and
+    none inside a chunk; the step equals the sequential one (above) and is not longer than
+    gathering after the optimizer."""
+    s = parse_strategy("d2.t1.p2.k4.interleaved.v3.z1")
+    model = build_model("gpt:layers=6,hidden=8,heads=2,seq=4,vocab=16", batch=8, dtype=DType.bf16)
+    prog = distribute(
+        model, s, Optimizer("adam"), precision="mixed", comm_streams=True, overlap_param_gather=True
+    )
+    entry = prog.entry
+    sharded = {
+        p.name.removesuffix("_bf16")
+        for p in entry.params
+        if p.name.endswith("_bf16")
+        and isinstance(p.type, DTensorType)
+        and isinstance(p.type.placements[0], Shard)
+    }
+    body = list(entry.body)
+    first_call: dict[str, int] = {}
+    gathered_at: dict[str, int] = {}
+    for k, op in enumerate(body):
+        callee = getattr(op, "callee", None)
+        if callee is not None:
+            assert not callee.endswith("_gather"), callee
+            first_call.setdefault(callee, k)
+        elif op.name == "Redistribute" and op.inputs[0].name in sharded:
+            assert op.inputs[0].name not in gathered_at, "one gather per weight"
+            gathered_at[op.inputs[0].name] = k
+    assert set(gathered_at) == sharded
+    start = min(first_call.values())
+    for c in range(s.p * s.v):
+        fwd = f"c{c}_fwd"
+        mine = [w for w in (p.name for p in prog[fwd].params[1:]) if w in sharded]
+        assert mine
+        for w in mine:
+            assert gathered_at[w] < first_call[fwd], (c, w)
+            assert (gathered_at[w] < start) == (c < 2 * s.p), (c, w)
+    big = build_model("gpt:layers=6,hidden=2048,heads=16,seq=1024,vocab=1024", batch=8, dtype=DType.bf16)
+    cl = parse_cluster("dgx-a100:2")
+    times = {}
+    for og in (False, True):
+        p = distribute(
+            big, s, Optimizer("adam"), precision="mixed", comm_streams=True, overlap_param_gather=og
+        )
+        times[og] = simulate(p, cl, device_map(s, True), RooflineCostModel(cl)).step_time_s
+    assert times[True] <= times[False]

@@ -50,7 +50,11 @@ programs. Its shape:
   forward reaches them (on the ``dp_gather`` stream, one layer ahead), so the gather overlaps
   compute: the compute copy persists between steps as this rank's shard, and each chunk's first
   forward (``c<i>_fwd_gather``) gathers its weights and returns them whole for the rest of the
-  step.
+  step. Interleaved (v > 1, with communication streams) the chunks are gathered ahead instead, as
+  Megatron-LM's interleaved schedule launches each model chunk's parameter sync: every rank's
+  first two chunks before the step's first forward, each later chunk ``rank`` forward passes
+  before the first forward of the chunk before it, one coalesced all-gather per chunk, taken over
+  to the compute stream at the chunk's first forward (``_prefetch_first``, ``_prefetch_next``).
 - ``megatron_ddp`` (Megatron-LM's ``DistributedDataParallel`` with ``--overlap-grad-reduce``, and
   its distributed optimizer with ZeRO-1; d > 1, gradients reduced in the last backward):
   gradients accumulate whole in every microbatch but the last (the schedules run them under
@@ -1928,6 +1932,10 @@ class _ScheduleWriter:
         self.uncast = set(range(len(by_chunk))) if b.cached and not b.gather_early else set()
         self.f8: dict[Value, Value] = {}  # a weight's compute copy -> its float8 copy
         self.gathered: set[int] = set()  # chunks whose weights were gathered this step (gather_early)
+        # gather_early, interleaved: a chunk's weights gathered ahead, during its rank's previous
+        # chunk's first forward (``_prefetch``)
+        self.prefetched: dict[int, _Gathers] = {}
+        self.forwards_done = [0] * b.s.p  # per pipeline rank, its forward passes so far
         self.chunk_extras = [
             [mbs[(e, stage_of[c])] for L in ls for e in L.extras] for c, ls in enumerate(by_chunk)
         ]
@@ -1958,6 +1966,7 @@ class _ScheduleWriter:
                 self.grads_left[e.action.stage] += 1
             if not e.send and e.action.kind == "B":
                 self.backwards.setdefault(self.stage_of[e.action.stage], []).append(e.action)
+        self._prefetch_first()
         for send, a in events:
             if send:
                 self._transfer(a)
@@ -2051,6 +2060,11 @@ class _ScheduleWriter:
         else:
             x = self.receive(self.act.pop((c, m)), c - 1, c, f"a{c}_{m}")
         self._cast_once(c)
+        self._prefetch_next(self.stage_of[c])
+        if c in self.prefetched:  # gathered ahead: taken over to the compute stream
+            g = self.prefetched.pop(c)
+            self.weights_of[c] = [g.take(w) for w in self.cw[c]]
+            self.gathered.add(c)
         gathers = b.gather_early and c not in self.gathered
         f = self.cf[f"c{c}_fwd" + ("_gather" if gathers else "")]
         n_w = len(self.weights_of[c]) if gathers else 0
@@ -2072,6 +2086,57 @@ class _ScheduleWriter:
             self.dys[(c, m)] = fb.op("FillLike", outs[0], names=[f"dloss_{m}"], value=1.0)[0]
         else:
             self.outputs_inf.append(outs[0])
+
+    def _prefetching(self) -> bool:
+        """``overlap_param_gather`` with model chunks (interleaved, communication streams): the
+        chunks' weights gathered ahead as Megatron-LM's interleaved schedule launches each model
+        chunk's parameter sync (``param_sync_func``, NeMo's and Megatron-LM's distributed
+        optimizers; ``forward_backward_pipelining_with_interleaving`` in
+        megatron/core/pipeline_parallel/schedules.py at f2e5db4): every rank's first two chunks
+        before the first forward (``_prefetch_first``), each later one ``rank`` forward passes
+        before the first forward of the chunk before it (``_prefetch_next``), so the gathers
+        overlap the forwards. Without, each chunk's first forward gathers its weights layer by
+        layer (``c<i>_fwd_gather``)."""
+        b = self.b
+        return b.gather_early and b.comm_streams and b.s.v > 1
+
+    def _prefetch_first(self) -> None:
+        """Every rank's first two chunks' weights handed to its gather stream, then gathered
+        (``_prefetching``)."""
+        if not self._prefetching():
+            return
+        p = self.b.s.p
+        firsts = [c for c in range(min(2 * p, self.last + 1))]
+        moved = {c: self._gathers(c) for c in firsts}
+        for c in firsts:
+            self.prefetched[c].gather_all(moved[c])
+
+    def _prefetch_next(self, rank: int) -> None:
+        """Before ``rank``'s next forward pass (its ``i``-th): the parameter sync Megatron-LM's
+        schedule launches there — chunk ``j + 1``'s weights, where ``i + rank`` is the first
+        forward of the rank's ``j``-th chunk in its group of p·v (``_prefetching``)."""
+        i = self.forwards_done[rank]
+        self.forwards_done[rank] += 1
+        if not self._prefetching():
+            return
+        s = self.b.s
+        x = i + rank
+        if x >= s.k * s.v or x % s.p:
+            return
+        j = (x % (s.p * s.v)) // s.p + 1
+        c = j * s.p + rank
+        if 1 < j < s.v and c <= self.last and c not in self.gathered and c not in self.prefetched:
+            g = self.prefetched[c] = _Gathers(self.b, self.fb, c, self._shards(c), [self.cw[c]], keep=True)
+            g.gather_all(g.hand_over_all())
+
+    def _gathers(self, c: int) -> list[Value]:
+        """Chunk ``c``'s weights prefetched: their shards handed to the gather stream (the
+        gathers issued by ``gather_all``)."""
+        g = self.prefetched[c] = _Gathers(self.b, self.fb, c, self._shards(c), [self.cw[c]], keep=True)
+        return g.hand_over_all()
+
+    def _shards(self, c: int) -> dict[Value, Value]:
+        return dict(zip(self.cw[c], self.weights_of[c], strict=True))
 
     def _cast_once(self, c: int) -> None:
         """``fp8_weight_cache``: chunk ``c``'s cached weights cast to float8 right before its
@@ -2200,6 +2265,7 @@ class _Gathers:
         self.ready: dict[Value, Value] = {}  # weight -> its full copy on the gather stream
         self.taken: dict[Value, Value] = {}  # weight -> its full copy for the layer running next
         self.last_taken: dict[Value, Value] = {}  # weight -> the last full copy taken
+        self.prefetch_ws: list[Value] = []  # ``hand_over_all``'s weights
 
     def _needs(self, i: int) -> list[Value]:
         if i >= len(self.order):
@@ -2234,6 +2300,17 @@ class _Gathers:
         if not (self.b.gather_cast and self.b._zdim(w) is not None):
             return shard
         return cast(self.fb, shard, self.b.compute, f"{w.name}_{self.b.compute}")
+
+    def hand_over_all(self) -> list[Value]:
+        """A prefetch's first half: every weight's shard handed to the gather stream."""
+        assert self.stream is not None
+        self.prefetch_ws = [w for i in range(len(self.order)) for w in self._needs(i)]
+        return self._hand_over(self.prefetch_ws)
+
+    def gather_all(self, moved: Sequence[Value]) -> None:
+        """A prefetch's second half: the handed shards (``hand_over_all``) gathered in one
+        call, each weight taken over to the compute stream later (``take``)."""
+        self._gather(self.prefetch_ws, moved)
 
     def before(self, i: int, between: Callable[[], None] | None = None) -> None:
         """Layer ``i`` (of ``order``) runs next: with a stream, its gathers (unless prefetched)
