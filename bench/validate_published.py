@@ -197,6 +197,9 @@ class Run:
     # DeepSpeed's PipelineEngine (Megatron-DeepSpeed): blocking p2p transfers, the data-parallel
     # gradient all-reduce after the pipeline flush (``distribute(deepspeed_pipe=True)``)
     deepspeed_pipe: bool = False
+    # Megatron-LM's pipeline transfers waited on by the schedule, as without overlap_p2p_comm
+    # (always under 1F1B; NeMo's ``overlap_p2p_comm: False``) (``distribute(p2p_blocking=True)``)
+    p2p_blocking: bool = False
     # DeepSpeed's BF16_Optimizer: each microbatch's gradients added into fp32 ones, reduced in fp32
     # (``distribute(fp32_grad_accum=True)``)
     fp32_grad_accum: bool = False
@@ -640,6 +643,7 @@ def _simulated(
         pipelining_kept=r.pipelining_kept,
         fp8_weight_cache=r.fp8_weight_cache,
         master_remainders=r.master_remainders,
+        p2p_blocking=r.p2p_blocking,
         zero3_fetch=_fetch_of(r, v),
     )
     kernels = v.kernels or r.kernels

@@ -224,7 +224,15 @@ CLIP = ("max_norm", "clip_scale")
 CHECKED = {
     "megatron": (
         "megatron-",
-        ("megatron_ddp", "grad_accum_fusion", "reduce_fp32", "attention_kernel", *KERNELS, *CLIP),
+        (
+            "megatron_ddp",
+            "grad_accum_fusion",
+            "reduce_fp32",
+            "p2p_blocking",
+            "attention_kernel",
+            *KERNELS,
+            *CLIP,
+        ),
     ),
     "deepspeed": ("bloom-", ("deepspeed_pipe", "fp32_grad_accum", "attention_kernel", *KERNELS, *CLIP)),
     "torchtitan": ("titan-", (*FSDP2, *CLIP)),

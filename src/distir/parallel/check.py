@@ -193,6 +193,7 @@ def check_against_sequential(
     pipelining_kept: str = "",
     fp8_weight_cache: bool = False,
     zero3_fetch: Zero3Fetch | None = None,
+    p2p_blocking: bool = False,
 ) -> Comparison:
     opt = optimizer or Optimizer("sgd", lr=0.1)
     seq = training_step(model, opt, strategy.recompute, precision)
@@ -221,6 +222,7 @@ def check_against_sequential(
         pipelining_kept=pipelining_kept,
         fp8_weight_cache=fp8_weight_cache,
         zero3_fetch=zero3_fetch,
+        p2p_blocking=p2p_blocking,
     )
     vals = initial_values(model, opt, seed, precision)
     want = run_reference(seq, [vals[p.name] for p in seq.entry.params])

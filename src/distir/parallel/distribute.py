@@ -55,6 +55,14 @@ programs. Its shape:
   first two chunks before the step's first forward, each later chunk ``rank`` forward passes
   before the first forward of the chunk before it, one coalesced all-gather per chunk, taken over
   to the compute stream at the chunk's first forward (``_prefetch_first``, ``_prefetch_next``).
+- ``p2p_blocking`` (Megatron-LM's pipeline transfers without ``overlap_p2p_comm``: always under
+  1F1B, which turns it off, and interleaved with ``--no-overlap-p2p-communication`` or NeMo's
+  ``overlap_p2p_comm: False``): each exchange is one ``batch_isend_irecv`` whose requests the
+  schedule waits on (``_communicate`` in megatron/core/pipeline_parallel/p2p_communication.py at
+  f2e5db4), so the transfer runs between the two stages' compute streams, each held until it
+  ends, as without ``comm_streams``. Megatron then calls ``torch.cuda.synchronize()`` after each
+  batched exchange (``batch_p2p_sync``, default on), which waits for every stream of the device;
+  that host barrier is not modelled.
 - ``megatron_ddp`` (Megatron-LM's ``DistributedDataParallel`` with ``--overlap-grad-reduce``, and
   its distributed optimizer with ZeRO-1; d > 1, gradients reduced in the last backward):
   gradients accumulate whole in every microbatch but the last (the schedules run them under
@@ -401,6 +409,7 @@ def distribute(
     fp8_weight_cache: bool = False,
     zero3_fetch: Zero3Fetch | None = None,
     master_remainders: bool = False,
+    p2p_blocking: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -433,9 +442,7 @@ def distribute(
     ``comm_streams`` the reductions run on each GPU's ``dp_reduce`` stream, overlapping the rest of
     the backward, and ZeRO-3's gathers on its ``dp_gather`` stream, one layer ahead (``_Gathers``).
     The trainers' options (``overlap_param_gather`` …, default off): module docstring, *Trainer
-    options*.
-
-    ``called_only``: build only the chunk functions the schedule calls (``_LazyChunks``), as a
+    options*. ``called_only``: build only the chunk functions the schedule calls (``_LazyChunks``), as a
     simulation needs (the search's exact ones): the same program but for functions nothing calls
     (its helpers ``@hp_grad`` and fused backwards perhaps listed in another order)."""
     if pipelining_kept and deepspeed_pipe:
@@ -470,6 +477,7 @@ def distribute(
             .with_fp8_cache(fp8_weight_cache)
             .with_zero3_fetch(zero3_fetch, fsdp)
             .with_remainders(master_remainders)
+            .with_p2p_blocking(p2p_blocking)
             .build(called_only)
         )
 
@@ -864,6 +872,13 @@ class _Builder:
     def with_fp8_cache(self, asked: bool) -> _Builder:
         """This builder with ``fp8_weight_cache`` where it applies (``_fp8_cache``)."""
         self.f8_cache = _fp8_cache(self.s, self.prec, self.train, asked)
+        return self
+
+    def with_p2p_blocking(self, asked: bool) -> _Builder:
+        """This builder with ``p2p_blocking``: the pipeline's transfers between the stages'
+        compute streams (``send``), as Megatron-LM's schedules wait on each send and receive."""
+        if asked and self.s.p > 1:
+            self.p2p_streams = False
         return self
 
     def with_remainders(self, asked: bool) -> _Builder:

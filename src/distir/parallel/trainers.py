@@ -126,6 +126,8 @@ class TrainerSemantics:
     # Apex DistributedFusedAdam's store_param_remainders (NeMo's): each fp32 master kept as its
     # bf16 copy and an int16 remainder (``distribute(master_remainders=True)``)
     master_remainders: bool = False
+    # Megatron-LM's pipeline transfers waited on by the schedule (``distribute(p2p_blocking=True)``)
+    p2p_blocking: bool = False
     ring_form: str = "p2p"
     # gradient-norm clipping (``Optimizer.max_norm``, ``clip_scale``; 0: none)
     max_norm: float = 0.0
@@ -160,6 +162,7 @@ class Switches(TypedDict):
     fp8_weight_cache: bool
     zero3_fetch: Zero3Fetch | None
     master_remainders: bool
+    p2p_blocking: bool
 
 
 def trainer_semantics(
@@ -222,6 +225,9 @@ def _megatron(s: Strategy, precision: Precision, device: DeviceSpec | None) -> T
         reduce_fp32=True,
         # Megatron-Core passes TE is_first_microbatch: the FP8 weight cache (``distribute``)
         fp8_weight_cache=precision.float8 and precision.float8_scaling == "delayed" and s.zero < 3,
+        # overlap_p2p_comm is on by default for the interleaved schedule and turned off for 1F1B
+        # (megatron/training/arguments.py at f2e5db4): 1F1B waits on its transfers
+        p2p_blocking=s.p > 1 and s.v == 1,
         **trainer_clip("megatron"),
     )
 
