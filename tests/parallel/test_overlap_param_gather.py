@@ -91,15 +91,23 @@ def test_the_gathers_overlap_the_first_forward() -> None:
 
 
 def test_interleaved_chunks_are_gathered_ahead_as_megatrons_schedule_launches_them() -> None:
-    """Interleaved with communication streams: every rank's first two chunks are gathered before
-    the first forward, each later chunk before its first forward but after the step's first
-    forwards (Megatron-LM's ``param_sync_func`` launches), one all-gather per sharded weight and
-    none inside a chunk; the step equals the sequential one (above) and is not longer than
-    gathering after the optimizer."""
+    """Interleaved with communication streams and Megatron's DDP: every rank's first two chunks
+    are gathered before the first forward, each later chunk before its first forward but after
+    the step's first forwards (Megatron-LM's ``param_sync_func`` launches), one all-gather per
+    sharded weight and none inside a chunk; the step equals the sequential one and is not longer
+    than gathering after the optimizer."""
     s = parse_strategy("d2.t1.p2.k4.interleaved.v3.z1")
-    model = build_model("gpt:layers=6,hidden=8,heads=2,seq=4,vocab=16", batch=8, dtype=DType.bf16)
+    spec = "gpt:layers=6,hidden=8,heads=2,seq=4,vocab=16"
+    model = build_model(spec, batch=8, dtype=DType.bf16)
+    assert_mixed_step_matches(spec, str(s), comm_streams=True, overlap_param_gather=True, megatron_ddp=True)
     prog = distribute(
-        model, s, Optimizer("adam"), precision="mixed", comm_streams=True, overlap_param_gather=True
+        model,
+        s,
+        Optimizer("adam"),
+        precision="mixed",
+        comm_streams=True,
+        overlap_param_gather=True,
+        megatron_ddp=True,
     )
     entry = prog.entry
     sharded = {
@@ -134,7 +142,13 @@ def test_interleaved_chunks_are_gathered_ahead_as_megatrons_schedule_launches_th
     times = {}
     for og in (False, True):
         p = distribute(
-            big, s, Optimizer("adam"), precision="mixed", comm_streams=True, overlap_param_gather=og
+            big,
+            s,
+            Optimizer("adam"),
+            precision="mixed",
+            comm_streams=True,
+            overlap_param_gather=og,
+            megatron_ddp=True,
         )
         times[og] = simulate(p, cl, device_map(s, True), RooflineCostModel(cl)).step_time_s
     assert times[True] <= times[False]

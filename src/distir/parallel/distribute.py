@@ -50,7 +50,8 @@ programs. Its shape:
   forward reaches them (on the ``dp_gather`` stream, one layer ahead), so the gather overlaps
   compute: the compute copy persists between steps as this rank's shard, and each chunk's first
   forward (``c<i>_fwd_gather``) gathers its weights and returns them whole for the rest of the
-  step. Interleaved (v > 1, with communication streams) the chunks are gathered ahead instead, as
+  step. Interleaved (v > 1, with communication streams and ``megatron_ddp``) the chunks are
+  gathered ahead instead, as
   Megatron-LM's interleaved schedule launches each model chunk's parameter sync: every rank's
   first two chunks before the step's first forward, each later chunk ``rank`` forward passes
   before the first forward of the chunk before it, one coalesced all-gather per chunk, taken over
@@ -2110,10 +2111,11 @@ class _ScheduleWriter:
         megatron/core/pipeline_parallel/schedules.py at f2e5db4): every rank's first two chunks
         before the first forward (``_prefetch_first``), each later one ``rank`` forward passes
         before the first forward of the chunk before it (``_prefetch_next``), so the gathers
-        overlap the forwards. Without, each chunk's first forward gathers its weights layer by
-        layer (``c<i>_fwd_gather``)."""
+        overlap the forwards — Megatron's schedule, so with ``megatron_ddp``. Otherwise each
+        chunk's first forward gathers its weights layer by layer (``c<i>_fwd_gather``), as FSDP2
+        under torch's pipeline schedules does (its gathers follow the modules' forwards)."""
         b = self.b
-        return b.gather_early and b.comm_streams and b.s.v > 1
+        return b.gather_early and b.comm_streams and b.s.v > 1 and b.megatron
 
     def _prefetch_first(self) -> None:
         """Every rank's first two chunks' weights handed to its gather stream, then gathered
