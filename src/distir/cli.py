@@ -357,6 +357,17 @@ _SimMasterRemainders = Annotated[
         "NeMo's default): 2 bytes per master parameter, not 4.",
     ),
 ]
+_SimOffloadOptimizer = Annotated[
+    bool,
+    typer.Option(
+        "--offload-optimizer",
+        help="With --model, training in mixed precision (fp32 masters), ZeRO 1-3, Adam: the masters, "
+        "Adam's state and the step on each GPU's host, as DeepSpeed's ZeRO-Offload runs them "
+        "(offload_optimizer device cpu, its CPU Adam): the gradient partition copied to the host, "
+        "the step on its CPUs, the new master copied back; needs a cluster whose nodes describe "
+        "their host (ndm-a100-v4).",
+    ),
+]
 _SimZero3Fetch = Annotated[
     str | None,
     typer.Option(
@@ -482,6 +493,7 @@ def simulate(
     fp8_weight_cache: _SimFp8WeightCache = False,
     zero3_fetch: _SimZero3Fetch = None,
     master_remainders: _SimMasterRemainders = False,
+    offload_optimizer: _SimOffloadOptimizer = False,
     clip_grad: _SimClipGrad = None,
     trace: _SimTrace = None,
     trace_detail: _SimTraceDetail = "chunk",
@@ -505,7 +517,14 @@ def simulate(
     _check_run(planner, trace, launch_blocking, tp_comm_overlap)
     opts = (bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum, tp_comm_overlap, clip_grad)
     switches = _SimSwitches(
-        trainer, kernels, attention_kernel, *opts, fp8_weight_cache, zero3_fetch, master_remainders
+        trainer,
+        kernels,
+        attention_kernel,
+        *opts,
+        fp8_weight_cache,
+        zero3_fetch,
+        master_remainders,
+        offload_optimizer,
     )
     if model is not None:
         built, dtype, precision = _model_simulated(
@@ -584,6 +603,7 @@ def _check_inference(train: bool, optimizer: str | None, strategy: str | None, s
         f"--bucket-mb {sw.bucket_mb:g}" if sw.bucket_mb != DDP_BUCKET_MB else "",
         "--overlap-param-gather" if sw.overlap_param_gather else "",
         "--fp32-grad-accum" if sw.fp32_grad_accum else "",
+        "--offload-optimizer" if sw.offload_optimizer else "",
         f"--clip-grad {sw.clip_grad:g}" if sw.clip_grad is not None else "",
     ]
     try:
@@ -723,12 +743,13 @@ def _file_program(file: Path, entry: str | None, sw: _SimSwitches, debug: bool) 
         or sw.fp8_weight_cache
         or sw.zero3_fetch is not None
         or sw.master_remainders
+        or sw.offload_optimizer
         or sw.trainer != "distir"
         or sw.clip_grad is not None
     ):
         _fail(
             "--deepspeed-pipe, --fp32-grad-accum, --fp8-weight-cache, --zero3-fetch, --master-remainders, "
-            "--clip-grad and --trainer apply to --model, not to a program file"
+            "--offload-optimizer, --clip-grad and --trainer apply to --model, not to a program file"
         )
     s = _Session(file, debug)
     m = s.load(entry)
@@ -1026,6 +1047,8 @@ class _SimSwitches(NamedTuple):
     zero3_fetch: str | None = None
     # Apex's store_param_remainders (``distribute(master_remainders=True)``)
     master_remainders: bool = False
+    # DeepSpeed's ZeRO-Offload (``distribute(offload_optimizer=True)``)
+    offload_optimizer: bool = False
 
 
 def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bool) -> TrainerSemantics:
@@ -1034,7 +1057,9 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
     from distir.parallel.distribute import DDP_BUCKET_MB
     from distir.parallel.trainers import trainer_semantics, user_switches_fit
 
-    user_switches_fit(sw.trainer, sw.deepspeed_pipe, sw.fp32_grad_accum, sw.overlap_param_gather)
+    user_switches_fit(
+        sw.trainer, sw.deepspeed_pipe, sw.fp32_grad_accum, sw.overlap_param_gather, sw.offload_optimizer
+    )
     if sw.trainer == "megatron" and sw.bucket_mb != DDP_BUCKET_MB:
         _fail(
             "--bucket-mb does not apply to --trainer megatron: Megatron-LM sizes its buckets itself "
@@ -1050,6 +1075,7 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
         fp32_grad_accum=sem.fp32_grad_accum or sw.fp32_grad_accum,
         fp8_weight_cache=sem.fp8_weight_cache or sw.fp8_weight_cache,
         master_remainders=sem.master_remainders or sw.master_remainders,
+        offload_optimizer=sem.offload_optimizer or sw.offload_optimizer,
         zero3_fetch=sem.zero3_fetch if sw.zero3_fetch is None else _zero3_fetch(sw.zero3_fetch),
         max_norm=sem.max_norm if sw.clip_grad is None else sw.clip_grad,
     )
@@ -1186,7 +1212,8 @@ def _model_program(
         _fail(f"{spec} under {strategy}: {e.brief()}")
     mode = f"{'train' if train else 'infer'}, {dt}{f' {prec}' if prec.mixed else ''}"
     label = f"{mod.name} {st} ({mode}{'' if sem.trainer == 'distir' else ', as ' + sem.trainer})"
-    return ModelProgram(prog, strategy_map(st, True), label, b, mod.step_flops(train), sem, spec)
+    dmap = strategy_map(st, True, host=sem.offload_optimizer)
+    return ModelProgram(prog, dmap, label, b, mod.step_flops(train), sem, spec)
 
 
 @app.command()

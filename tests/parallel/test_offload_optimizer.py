@@ -24,6 +24,7 @@ from distir.parallel.check import initial_values, run_distributed
 from distir.parallel.distribute import STREAMS, device_map, distribute
 from distir.parallel.sharding.materialize import local_shape
 from distir.parallel.strategy import StrategyError, parse_strategy
+from distir.parallel.zero3_fetch import Zero3Fetch
 from distir.sim.cost import RooflineCostModel
 from distir.sim.simulate import simulate
 
@@ -47,6 +48,8 @@ def _run(strategy: str, offload: bool, **kw: Any) -> tuple[Any, list[Any]]:
         ("d2.t1.p1.k2.1f1b.z1", {}),
         ("d2.t1.p1.k2.1f1b.z2", {"comm_streams": True}),
         ("d2.t2.p2.k4.1f1b.z1", {"comm_streams": True}),
+        ("d2.t1.p1.k1.z3", {"comm_streams": True, "zero3_fetch": Zero3Fetch(), "one_dp_stream": True}),
+        ("d2.t1.p1.k2.1f1b.z3", {"comm_streams": True, "zero3_fetch": Zero3Fetch()}),
     ],
 )
 def test_the_offloaded_step_equals_the_step_on_the_gpus(strategy: str, kw: dict[str, bool]) -> None:
@@ -170,3 +173,31 @@ def test_refused_for_inference() -> None:
     model = build_model(GPT, batch=2, dtype=DType.f16)
     with pytest.raises(StrategyError, match="inference"):
         distribute(model, s, Optimizer("adam"), train=False, precision="mixed", offload_optimizer=True)
+
+
+def test_under_deepspeeds_fetch_each_bucket_goes_to_the_host_in_the_backward() -> None:
+    """With DeepSpeed's ZeRO-3 fetch and one microbatch, each reduced partition is copied to the
+    host as its bucket is reduced (``__partition_grads``): the copies are in the backward, after a
+    hand-back that makes the compute stream wait for the reduction; none is left for the step."""
+    s = parse_strategy("d2.t1.p1.k1.z3")
+    model = build_model(GPT, batch=2, dtype=DType.f16)
+    prog = distribute(
+        model,
+        s,
+        Optimizer("adam"),
+        precision="mixed",
+        comm_streams=True,
+        zero3_fetch=Zero3Fetch(),
+        offload_optimizer=True,
+    )
+    to_host = {
+        name: [op for op in fn.ops() if op.name == "MeshSend" and op.outputs[0].name.endswith("_host")]
+        for name, fn in ((f.name, f) for f in prog.functions)
+    }
+    at_step = {
+        op.inputs[0].name.removeprefix("g_") for op in to_host["step"] if op.outputs[0].name.startswith("g_")
+    }
+    in_bwd = {op.inputs[0].name.removeprefix("g_") for n, ops in to_host.items() if n != "step" for op in ops}
+    assert in_bwd and not in_bwd & at_step
+    assert in_bwd | at_step == {w.name for w in model.weights}  # each gradient copied once
+    assert all(len(w.type.shape) == 1 for w in model.weights if w.name in at_step)  # biases and norms

@@ -888,6 +888,24 @@ class _Builder:
             raise StrategyError(f"{self.s}: an offloaded optimizer with {what} is not modelled")
         return self
 
+    def copied_in_backward(self, w: Value) -> bool:
+        """ZeRO-Offload under DeepSpeed's ZeRO-3 (``zero3_fetch``, communication streams):
+        ``w``'s reduced gradient partition is copied to the host as its bucket is reduced, in the
+        last backward (DeepSpeed 0.6.2's ``__partition_grads``, run by the gradient hook that
+        closes the bucket: a blocking ``copy_`` into the host's fp32 gradient, so the host waits
+        for the bucket's reduce-scatter on its stream before it issues more of the backward), with
+        one microbatch (DeepSpeed copies at the accumulation boundary only; distir's fetch
+        accumulates the microbatches' partitions in the step, so with k > 1 they are copied there,
+        as is a sharded gradient summed over tp after)."""
+        return (
+            self.offload
+            and self.s.k == 1
+            and self.ds_fetch is not None
+            and self.comm_streams
+            and self._zdim(w) is not None
+            and w not in self.tp_pending
+        )
+
     def _state_mesh(self, stage: int) -> Mesh:
         """The mesh of ``stage`` that holds the masters, their optimizer state and the step: its
         host mesh when the optimizer is offloaded, else ``_mesh_for``'s."""
@@ -1647,7 +1665,9 @@ class _Builder:
         held: list[_StepGrad] = []
 
         def take(sg: _StepGrad) -> None:
-            g = self._to_host(fb, sg.w, sg.g, sg.stage) if self.offload else sg.g
+            g = sg.g
+            if self.offload and not self.copied_in_backward(sg.w):
+                g = self._to_host(fb, sg.w, g, sg.stage)
             g = self._to_master(fb, sg.w, g)
             if self.opt.max_norm:
                 held.append(sg._replace(g=g))
@@ -1837,6 +1857,8 @@ class _Builder:
         tp = self._tp_of(w)
         rep = placement_text(Replicate(), tp)
         z = self._zdim(w)
+        if self.copied_in_backward(w):  # on the host already (``_Buckets._offloaded``)
+            return g
         if self.bucketed and self.comm_streams:  # reduced on the dp_reduce stream
             g = to_mesh(g, self._mesh_for(stage), f"g_{w.name}")
         if z is None:
@@ -2787,9 +2809,20 @@ class _Buckets:
                 (r,) = fb.op("Add", self.accs[w], r, names=[f"g_{w.name}"])
             if self.b.hsdp and self.final:  # the accumulated shard, across the groups once
                 r = self.b._redistribute(fb, r, f"g_{w.name}", "R, " + self.b._grad_target(w), later)
+            if self.final and self.b.copied_in_backward(w):  # ZeRO-Offload: to the host at once
+                r = self._offloaded(w, r)
             self.out[w] = r
         if bucket is None:
             self.pending, self.size = [], 0.0
+
+    def _offloaded(self, w: Value, r: Value) -> Value:
+        """``w``'s reduced partition ``r`` copied to the host (``_Builder.copied_in_backward``):
+        handed back from the reduction stream without an event, so the compute stream waits for
+        the reduction as DeepSpeed's host waits on its stream, then copied device to host."""
+        b = self.b
+        if self.stream is not None:
+            r = b._mesh_send(self.fb, r, b._mesh_for(self.stage), f"g_{w.name}")
+        return b._to_host(self.fb, w, r, self.stage)
 
     def _megatron_prepared(self, w: Value, g: Value) -> Value:
         """``w``'s gradient ``g`` as Megatron-LM's ``Bucket.start_grad_sync`` leaves it for the
