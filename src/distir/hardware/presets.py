@@ -533,6 +533,23 @@ _PRESETS: dict[str, NodeSpec] = {
         collectives_source=_A100_NCCL,
         busbw_curves=_A100_CURVES,
     ),
+    # DGX H100: NVLink4 900 GB/s bidirectional per GPU via NVSwitch; 8 × 400 Gb/s NDR IB.
+    # Tensor peaks are the sheet's sparse figures halved (TF32 989 → 494.5, BF16 1979 → 989.5,
+    # FP8 3958 → 1979).
+    "h100": NodeSpec(
+        name="h100",
+        device=H100_SXM_80GB,
+        devices_per_node=8,
+        intra=_link(450.0, 3.0),
+        inter=_link(8 * 400 / 8, 5.0),
+        nics=8,
+        source="https://www.nvidia.com/en-us/data-center/h100/ ; "
+        "https://www.nvidia.com/en-us/data-center/dgx-h100/",
+        collectives=_nccl(allreduce=480, allgather=350, reducescatter=360, broadcast=370, reduce=370),
+        network_efficiency=47 / 50,
+        collectives_source=_H100_NCCL,
+        busbw_curves=_H100_CURVES,
+    ),
     # Azure NDm A100 v4 (the DeepSpeed-on-Azure post's VMs): the DGX A100's 8 A100 80GB on
     # NVSwitch with a 200 Gb/s HDR link per GPU, and its host (``_NDM_HOST``), where ZeRO-Offload
     # runs its optimizer
@@ -551,23 +568,6 @@ _PRESETS: dict[str, NodeSpec] = {
         collectives_source=_A100_NCCL,
         busbw_curves=_A100_CURVES,
         host=_NDM_HOST,
-    ),
-    # DGX H100: NVLink4 900 GB/s bidirectional per GPU via NVSwitch; 8 × 400 Gb/s NDR IB.
-    # Tensor peaks are the sheet's sparse figures halved (TF32 989 → 494.5, BF16 1979 → 989.5,
-    # FP8 3958 → 1979).
-    "h100": NodeSpec(
-        name="h100",
-        device=H100_SXM_80GB,
-        devices_per_node=8,
-        intra=_link(450.0, 3.0),
-        inter=_link(8 * 400 / 8, 5.0),
-        nics=8,
-        source="https://www.nvidia.com/en-us/data-center/h100/ ; "
-        "https://www.nvidia.com/en-us/data-center/dgx-h100/",
-        collectives=_nccl(allreduce=480, allgather=350, reducescatter=360, broadcast=370, reduce=370),
-        network_efficiency=47 / 50,
-        collectives_source=_H100_NCCL,
-        busbw_curves=_H100_CURVES,
     ),
     # p3.8xlarge: 4 V100-SXM2-16GB on half of a DGX-1-style hybrid cube-mesh: a GPU pair shares
     # 1 or 2 NVLink2 links of 25 GB/s/dir; 50 GB/s is an estimate for a ring. 10 Gb/s network.

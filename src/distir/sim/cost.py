@@ -24,7 +24,12 @@
   no op joins a GEMM, and an op Inductor runs as two kernels (``OpDef.inductor_split``) pays the
   second's launch and reads;
 - a communication op by the alpha-beta model of its pattern (``distir.sim.collectives``) over the
-  cluster's links, from the op's ``comm_cost`` descriptor.
+  cluster's links, from the op's ``comm_cost`` descriptor;
+- an op on a GPU's host (``distir.sim.devices.HOST_STREAM``: an offloaded optimizer's) by
+  ``host_time``, the node's ``HostSpec`` roofline on the GPU's share of its CPUs and memory
+  bandwidth, and a transfer between a GPU and its host by ``host_copy_time``, over the GPU's
+  PCIe link (``host_time``, ``host_copy_time``: a model without them costs such work as the
+  GPU's).
 
 Every constant comes from the hardware description. A device calibrated by ``distir calibrate``
 carries measured rates per cost class (``DeviceSpec.families``, keyed by the class's name): an
