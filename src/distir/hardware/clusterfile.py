@@ -229,7 +229,7 @@ _ATTENTION_CURVES = ("forward", "forward_causal", "backward", "backward_causal")
 _ATTENTION_KEYS = ("peak_tflops", "head_dim", *_ATTENTION_CURVES, "source")
 _POWER_KEYS = ("limit_w", "reference_w", "curve", "source")
 # a node type's ``host`` table (``HostSpec``: where an offloaded optimizer runs)
-_HOST_NUMBERS = {
+_HOST_NUMBERS: dict[str, tuple[str, Callable[[float], float]]] = {
     "tflops": ("the host CPUs' fp32 peak, TFLOP/s", _tera),
     "memory_bandwidth_gb_s": ("the host memory's bandwidth, GB/s", _giga),
     "memory_gib": ("the host memory, GiB", _gib),
