@@ -233,6 +233,15 @@ programs. Its shape:
   rank's shard of the copy and the remainder together, the fp32 master joined from them bit for
   bit; the new copy is the new bf16 shard all-gathered (with ``overlap_param_gather``, kept as the
   shard), not a cast. Default: fp32 masters.
+- ``offload_optimizer`` (training in mixed precision with fp32 masters, ZeRO 1-3, Adam; not HSDP
+  or context parallelism; DeepSpeed's ZeRO-Offload with its CPU Adam, as v0.6.2's ZeRO-3 runs
+  it): the masters, Adam's m and v and the step are parameters on each stage's host mesh (program
+  devices on the GPUs' ``host`` stream: ``device_map(host=True)``), partitioned as ZeRO partitions
+  them; each reduced gradient partition is copied to the host (``_to_host``: per bucket in the
+  backward under ``zero3_fetch`` with one microbatch, the compute stream waiting for the
+  reduction as DeepSpeed's host does; else at the step), cast to fp32, clipped and updated
+  there, and the new fp32 master partition is copied back and cast to the compute copy. Default:
+  the optimizer on the GPUs.
 """
 
 from __future__ import annotations
