@@ -514,14 +514,13 @@ class _Loader:
             dev_over["families"] = families
         collectives = self.collectives(t, path, base.collectives if base else ())
         curves = self.busbw_curves(t, path, _kept_curves(base, collectives, vals) if base else ())
-        net = (collectives, nics, *self.network(t, path, base), curves)
+        net = (collectives, nics, *self.network(t, path, base), curves, self.host(t, path, base))
         attention = self.attention(t, path, base.device.attention if base else ())
         if base is not None and attention != base.device.attention:
             dev_over["attention"] = attention
         power = self.power(t, path, base.device.power if base else None)
         if base is not None and power != base.device.power:
             dev_over["power"] = power
-        host = self.host(t, path, base.host if base else None)
         try:
             if base is None:
                 fp32 = vals["fp32_tflops"]
@@ -546,7 +545,7 @@ class _Loader:
                 )
                 intra = LinkSpec(vals["intra_bandwidth_gb_s"], vals["intra_latency_us"])
                 inter = LinkSpec(vals["inter_bandwidth_gb_s"], vals["inter_latency_us"])
-                return NodeSpec(node_name, device, dpn, intra, inter, source, *net, host=host)
+                return NodeSpec(node_name, device, dpn, intra, inter, source, *net)
             device = base.device
             if dev_over or gpu is not None:
                 name = gpu if gpu is not None else f"{device.name} [{key}]"
@@ -560,7 +559,7 @@ class _Loader:
                 vals.get("inter_latency_us", base.inter.latency_s),
             )
             dpn = dpn or base.devices_per_node
-            return NodeSpec(node_name, device, dpn, intra, inter, source, *net, host=host)
+            return NodeSpec(node_name, device, dpn, intra, inter, source, *net)
         except HardwareError as e:
             self.fail(path, str(e))
 
@@ -755,9 +754,10 @@ class _Loader:
         except HardwareError as err:
             self.fail(ppath, str(err))
 
-    def host(self, t: dict[str, Any], path: Path_, base: HostSpec | None) -> HostSpec | None:
-        """``base`` with the type's ``host`` table over it (without a base: every key but the
-        efficiencies and the source required)."""
+    def host(self, t: dict[str, Any], path: Path_, node: NodeSpec | None) -> HostSpec | None:
+        """The host of ``node`` (a preset; None: none) with the type's ``host`` table over it
+        (without a host to take: every key but the efficiencies and the source required)."""
+        base = node.host if node is not None else None
         if "host" not in t:
             return base
         hpath: Path_ = (*path, "host")
