@@ -253,6 +253,10 @@ class Run:
     # f32, or the compute dtype for an optimizer that keeps no masters (NeMo's ``optim.dtype:
     # bf16``: Apex's DistributedFusedAdam with store_params=False, Adam's m and v in bf16)
     optimizer_dtype: str = "f32"
+    # DeepSpeed's ZeRO-Offload (a ds_config's offload_optimizer device "cpu" with its CPU Adam):
+    # fp32 masters, Adam's state and step on each GPU's host, the step on the host's CPUs
+    # (``distribute(offload_optimizer=True)``; the cluster's nodes describe their host)
+    offload_optimizer: bool = False
     # the ring attention the trainer runs under context parallelism: p2p (Megatron-LM's,
     # Transformer Engine's) or torch (PyTorch's context_parallel: K/V all-gathered, fp32 merges and
     # dK/dV) (``RooflineCostModel(ring_form=...)``, ``distir.sim.ring``)
@@ -644,6 +648,7 @@ def _simulated(
         fp8_weight_cache=r.fp8_weight_cache,
         master_remainders=r.master_remainders,
         p2p_blocking=r.p2p_blocking,
+        offload_optimizer=r.offload_optimizer,
         zero3_fetch=_fetch_of(r, v),
     )
     kernels = v.kernels or r.kernels
@@ -660,7 +665,8 @@ def _simulated(
         ring_form=r.ring_form,
         host_s=EAGER_HOST_S if r.launch_blocking else 0.0,
     )
-    dmap = device_map(st, True).blocking() if r.launch_blocking else device_map(st, True)
+    dmap = device_map(st, True, host=r.offload_optimizer)
+    dmap = dmap.blocking() if r.launch_blocking else dmap
     profile = cl.device_spec(0).gemm
     if v.persistent and v.interference and profile is not None and profile.persistent:
         # GPU 0 alone: its compute stream is what the share is of (a whole op trace of a large

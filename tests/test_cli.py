@@ -414,6 +414,35 @@ def test_simulate_optimizer_dtype() -> None:
     assert code == 2 and "--optimizer-dtype" in err
 
 
+def test_simulate_offload_optimizer() -> None:
+    """``--offload-optimizer`` keeps the masters and Adam's state on the hosts: the GPU's parameter
+    bytes fall by 12 per partition parameter, which the JSON reports as host memory; a node type
+    without a host, ZeRO-0, pure precision, another trainer's run or a program file is a one-line
+    error."""
+    model = "gpt:layers=4,hidden=512,heads=8,seq=128,vocab=512"
+    base = ["simulate", "--model", model, "--batch", "8", "--dtype", "f16", "--precision", "mixed"]
+    base += ["--optimizer", "adam", "--json", "--strategy"]
+    got = {}
+    for extra in ([], ["--offload-optimizer"]):
+        code, out, err = run(*base, "d8.t1.p1.k1.z3", "--cluster", "ndm-a100-v4", *extra)
+        assert code == 0, err
+        got[" ".join(extra)] = json.loads(out)
+    on, off = got["--offload-optimizer"], got[""]
+    saved = off["parameter_bytes"]["d0"] - on["parameter_bytes"]["d0"]
+    assert saved == on["host_memory_bytes"]["d0"] > 0 and off["host_memory_bytes"]["d0"] is None
+    assert on["peak_memory_bytes"]["d0"] < off["peak_memory_bytes"]["d0"]
+    assert any(d["stream"] == "host" and d["busy_s"] > 0 for d in on["devices"])
+    for args, words in (
+        (["d8.t1.p1.k1.z3", "--cluster", "dgx-a100"], "describes no host"),
+        (["d8.t1.p1.k1", "--cluster", "ndm-a100-v4"], "ZeRO 1-3"),
+        (["d8.t1.p1.k1.z3", "--cluster", "ndm-a100-v4", "--trainer", "megatron"], "not megatron's"),
+    ):
+        code, _, err = run(*base, *args, "--offload-optimizer")
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = run("simulate", str(EX / "fig2_mlp_pipeline.distir"), "--offload-optimizer")
+    assert code == 2 and "--offload-optimizer" in err
+
+
 def test_simulate_zero3_fetch() -> None:
     """``--zero3-fetch deepspeed`` (on with ``--trainer deepspeed`` under ZeRO-3) gathers module by
     module under DeepSpeed's live-parameter cap, not a whole layer with the next one ahead: a

@@ -367,6 +367,17 @@ _SimOptimizerDtype = Annotated[
         "DistributedFusedAdam's store_params=False): 8 bytes per parameter with Adam, not 16.",
     ),
 ]
+_SimOffloadOptimizer = Annotated[
+    bool,
+    typer.Option(
+        "--offload-optimizer",
+        help="With --model, training in mixed precision (fp32 masters), ZeRO 1-3, Adam: the masters, "
+        "Adam's state and the step on each GPU's host, as DeepSpeed's ZeRO-Offload runs them "
+        "(offload_optimizer device cpu, its CPU Adam): the gradient partition copied to the host, "
+        "the step on its CPUs, the new master copied back; needs a cluster whose nodes describe "
+        "their host (ndm-a100-v4).",
+    ),
+]
 _SimZero3Fetch = Annotated[
     str | None,
     typer.Option(
@@ -493,6 +504,7 @@ def simulate(
     zero3_fetch: _SimZero3Fetch = None,
     master_remainders: _SimMasterRemainders = False,
     optimizer_dtype: _SimOptimizerDtype = "f32",
+    offload_optimizer: _SimOffloadOptimizer = False,
     clip_grad: _SimClipGrad = None,
     trace: _SimTrace = None,
     trace_detail: _SimTraceDetail = "chunk",
@@ -517,7 +529,7 @@ def simulate(
     opts = (bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum, tp_comm_overlap, clip_grad)
     switches = _SimSwitches(
         trainer, kernels, attention_kernel, *opts, fp8_weight_cache, zero3_fetch, master_remainders
-    )._replace(optimizer_dtype=optimizer_dtype)
+    )._replace(optimizer_dtype=optimizer_dtype, offload_optimizer=offload_optimizer)
     if model is not None:
         built, dtype, precision = _model_simulated(
             model,
@@ -597,6 +609,7 @@ def _check_inference(train: bool, optimizer: str | None, strategy: str | None, s
         f"--bucket-mb {sw.bucket_mb:g}" if sw.bucket_mb != DDP_BUCKET_MB else "",
         "--overlap-param-gather" if sw.overlap_param_gather else "",
         "--fp32-grad-accum" if sw.fp32_grad_accum else "",
+        "--offload-optimizer" if sw.offload_optimizer else "",
         f"--clip-grad {sw.clip_grad:g}" if sw.clip_grad is not None else "",
         "--master-remainders" if sw.master_remainders else "",
         f"--optimizer-dtype {sw.optimizer_dtype}" if sw.optimizer_dtype != "f32" else "",
@@ -739,12 +752,14 @@ def _file_program(file: Path, entry: str | None, sw: _SimSwitches, debug: bool) 
         or sw.zero3_fetch is not None
         or sw.master_remainders
         or sw.optimizer_dtype != "f32"
+        or sw.offload_optimizer
         or sw.trainer != "distir"
         or sw.clip_grad is not None
     ):
         _fail(
             "--deepspeed-pipe, --fp32-grad-accum, --fp8-weight-cache, --zero3-fetch, --master-remainders, "
-            "--optimizer-dtype, --clip-grad and --trainer apply to --model, not to a program file"
+            "--optimizer-dtype, --offload-optimizer, --clip-grad and --trainer apply to --model, not to "
+            "a program file"
         )
     s = _Session(file, debug)
     m = s.load(entry)
@@ -1044,6 +1059,8 @@ class _SimSwitches(NamedTuple):
     master_remainders: bool = False
     # the masters' and optimizer state's dtype (``Precision.with_optimizer_dtype``)
     optimizer_dtype: str = "f32"
+    # DeepSpeed's ZeRO-Offload (``distribute(offload_optimizer=True)``)
+    offload_optimizer: bool = False
 
 
 def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bool) -> TrainerSemantics:
@@ -1052,7 +1069,9 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
     from distir.parallel.distribute import DDP_BUCKET_MB
     from distir.parallel.trainers import trainer_semantics, user_switches_fit
 
-    user_switches_fit(sw.trainer, sw.deepspeed_pipe, sw.fp32_grad_accum, sw.overlap_param_gather)
+    user_switches_fit(
+        sw.trainer, sw.deepspeed_pipe, sw.fp32_grad_accum, sw.overlap_param_gather, sw.offload_optimizer
+    )
     if sw.trainer == "megatron" and sw.bucket_mb != DDP_BUCKET_MB:
         _fail(
             "--bucket-mb does not apply to --trainer megatron: Megatron-LM sizes its buckets itself "
@@ -1068,6 +1087,7 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
         fp32_grad_accum=sem.fp32_grad_accum or sw.fp32_grad_accum,
         fp8_weight_cache=sem.fp8_weight_cache or sw.fp8_weight_cache,
         master_remainders=sem.master_remainders or sw.master_remainders,
+        offload_optimizer=sem.offload_optimizer or sw.offload_optimizer,
         zero3_fetch=sem.zero3_fetch if sw.zero3_fetch is None else _zero3_fetch(sw.zero3_fetch),
         max_norm=sem.max_norm if sw.clip_grad is None else sw.clip_grad,
     )
@@ -1205,7 +1225,8 @@ def _model_program(
     mode = f"{'train' if train else 'infer'}, {dt}{f' {prec}' if prec.mixed else ''}"
     mode += f", {prec.master} optimizer" if prec.mixed and prec.master is not DType.f32 else ""
     label = f"{mod.name} {st} ({mode}{'' if sem.trainer == 'distir' else ', as ' + sem.trainer})"
-    return ModelProgram(prog, strategy_map(st, True), label, b, mod.step_flops(train), sem, spec)
+    dmap = strategy_map(st, True, host=sem.offload_optimizer)
+    return ModelProgram(prog, dmap, label, b, mod.step_flops(train), sem, spec)
 
 
 @app.command()

@@ -98,7 +98,7 @@ def test_clusters_table_names_the_sources() -> None:
     console = Console(width=400, record=True)
     console.print(render_clusters_table())
     text = " ".join(console.export_text().split())  # the caption wraps
-    assert text.count("collectives (GB/s inside the node)") == 2
+    assert text.count("collectives (GB/s inside the node)") == 3  # dgx-a100, ndm-a100-v4, h100
     for ref in ("nccl-tests/issues/149", "nccl/issues/812", "nccl-tests/issues/212", "nccl-tests/issues/290"):
         assert ref in text
     assert "network at 96% of the NICs' rate" in text and "network at 94% of the NICs' rate" in text

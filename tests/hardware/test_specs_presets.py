@@ -179,3 +179,24 @@ def test_render_clusters_table() -> None:
         text.count("    GEMM: ") == len(PRESETS) and "arXiv:1803.04014" in text and "ml-engineering" in text
     )
     assert "Runtime memory: " in text and "NCCL_BUFFSIZE" in text
+
+
+def test_a_host_in_a_cluster_file() -> None:
+    """A node type's ``[types.x.host]`` table: a preset's host kept and overridden key by key, a new
+    one with every figure given; a bad figure is a one-line error naming the key."""
+    nodes = '[[nodes]]\ntype = "n"\n'
+    kept = cluster_from_toml('[types.n]\npreset = "ndm-a100-v4"\n' + nodes).nodes[0]
+    assert kept.host == PRESETS["ndm-a100-v4"].host
+    over = cluster_from_toml('[types.n]\npreset = "ndm-a100-v4"\n[types.n.host]\npcie_gb_s = 16\n' + nodes)
+    h = over.nodes[0].host
+    assert h is not None and h.pcie.bandwidth == 16e9 and h.cores == 96
+    new = "[types.n.host]\nname = 'cpu'\ncores = 8\ntflops = 1\nmemory_bandwidth_gb_s = 100\n"
+    new += "memory_gib = 64\npcie_gb_s = 16\npcie_latency_us = 5\n"
+    got = cluster_from_toml('[types.n]\npreset = "dgx-a100"\n' + new + nodes).nodes[0].host
+    assert got is not None and got.memory_bandwidth == 100e9 and got.pcie.latency_s == pytest.approx(5e-6)
+    with pytest.raises(HardwareError, match=r"types\.n\.host.*memory_efficiency"):
+        cluster_from_toml(
+            '[types.n]\npreset = "ndm-a100-v4"\n[types.n.host]\nmemory_efficiency = 2\n' + nodes
+        )
+    with pytest.raises(HardwareError, match=r"types\.n\.host\.cores"):
+        cluster_from_toml('[types.n]\npreset = "dgx-a100"\n[types.n.host]\nname = "x"\n' + nodes)

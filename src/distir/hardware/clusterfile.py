@@ -73,6 +73,16 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
     curve = [[400, 1501], [500, 1731], [700, 1969]]  # rate(limit_w) / rate(reference_w) of
     source = "..."                   #   them; curve: a published (W, sustained rate) series
 
+    [types.t4.host]                  # optional: the node's host, where an offloaded optimizer
+    name = "2x EPYC"                 #   runs (HostSpec): its CPUs' fp32 peak, their memory's
+    cores = 96                       #   bandwidth and size, one GPU's PCIe link to it (per
+    tflops = 7.5                     #   direction), the fractions a pass and a copy reach
+    memory_bandwidth_gb_s = 409.6    #   (default 0.8 each); a preset's host is kept unless
+    memory_gib = 1900                #   given
+    pcie_gb_s = 31.5
+    pcie_latency_us = 10
+    source = "..."
+
     [types.t4.collectives.allreduce] # optional, per collective (allreduce, allgather,
     bandwidth_gb_s = 12              #   reducescatter, broadcast, reduce, scatter, gather,
     latency_us = 9                   #   alltoall): the measured link (B, α) of its alpha-beta
@@ -139,6 +149,7 @@ from distir.hardware.specs import (
     FamilyRates,
     GemmProfile,
     HardwareError,
+    HostSpec,
     LinkSpec,
     Matrix,
     NodeSpec,
@@ -217,6 +228,17 @@ _CURVE_KEYS = ("points", "ranks", "source")
 _ATTENTION_CURVES = ("forward", "forward_causal", "backward", "backward_causal")
 _ATTENTION_KEYS = ("peak_tflops", "head_dim", *_ATTENTION_CURVES, "source")
 _POWER_KEYS = ("limit_w", "reference_w", "curve", "source")
+# a node type's ``host`` table (``HostSpec``: where an offloaded optimizer runs)
+_HOST_NUMBERS: dict[str, tuple[str, Callable[[float], float]]] = {
+    "tflops": ("the host CPUs' fp32 peak, TFLOP/s", _tera),
+    "memory_bandwidth_gb_s": ("the host memory's bandwidth, GB/s", _giga),
+    "memory_gib": ("the host memory, GiB", _gib),
+    "pcie_gb_s": ("one GPU's PCIe link to the host, GB/s per direction", _giga),
+    "pcie_latency_us": ("the PCIe link's latency, µs", us),
+    "memory_efficiency": ("the fraction of the memory bandwidth a pass reaches", float),
+    "pcie_efficiency": ("the fraction of the link a copy reaches", float),
+}
+_HOST_KEYS = ("name", "cores", *_HOST_NUMBERS, "source")
 COLLECTIVE_NAMES = (
     "allreduce",
     "allgather",
@@ -247,6 +269,7 @@ _TYPE_KEYS = (
     "busbw_curves",
     "attention",
     "power",
+    "host",
 )
 _TOP_KEYS = ("name", "types", "nodes", "inter_node", "bandwidth_matrix_gb_s", "latency_matrix_us")
 
@@ -491,7 +514,7 @@ class _Loader:
             dev_over["families"] = families
         collectives = self.collectives(t, path, base.collectives if base else ())
         curves = self.busbw_curves(t, path, _kept_curves(base, collectives, vals) if base else ())
-        net = (collectives, nics, *self.network(t, path, base), curves)
+        net = (collectives, nics, *self.network(t, path, base), curves, self.host(t, path, base))
         attention = self.attention(t, path, base.device.attention if base else ())
         if base is not None and attention != base.device.attention:
             dev_over["attention"] = attention
@@ -730,6 +753,62 @@ class _Loader:
             return replace(base, **over)
         except HardwareError as err:
             self.fail(ppath, str(err))
+
+    def host(self, t: dict[str, Any], path: Path_, node: NodeSpec | None) -> HostSpec | None:
+        """The host of ``node`` (a preset; None: none) with the type's ``host`` table over it
+        (without a host to take: every key but the efficiencies and the source required)."""
+        base = node.host if node is not None else None
+        if "host" not in t:
+            return base
+        hpath: Path_ = (*path, "host")
+        e = self.table(t["host"], hpath, _HOST_KEYS)
+        if base is None:
+            for k in (
+                "name",
+                "cores",
+                "tflops",
+                "memory_bandwidth_gb_s",
+                "memory_gib",
+                "pcie_gb_s",
+                "pcie_latency_us",
+            ):
+                if k not in e:
+                    self.fail((*hpath, k), "missing required key")
+        over: dict[str, Any] = {}
+        for k, (what, to_si) in _HOST_NUMBERS.items():
+            if k in e:
+                over[k] = to_si(self.number(e[k], (*hpath, k), what, zero_ok=k == "pcie_latency_us"))
+        fields: dict[str, Any] = {}
+        if "name" in e:
+            fields["name"] = self.string(e["name"], (*hpath, "name"))
+        if "cores" in e:
+            fields["cores"] = self.positive_int(e["cores"], (*hpath, "cores"), "CPU cores")
+        if "source" in e:
+            fields["source"] = self.string(e["source"], (*hpath, "source"), empty_ok=True)
+        for k, f in (
+            ("tflops", "flops"),
+            ("memory_bandwidth_gb_s", "memory_bandwidth"),
+            ("memory_gib", "memory"),
+        ):
+            if k in over:
+                fields[f] = over[k]
+        for k in ("memory_efficiency", "pcie_efficiency"):
+            if k in over:
+                fields[k] = over[k]
+        old = base.pcie if base is not None else None
+        if "pcie_gb_s" in over or "pcie_latency_us" in over:
+            bw = over.get("pcie_gb_s", old.bandwidth if old else 0.0)
+            lat = over.get("pcie_latency_us", old.latency_s if old else 0.0)
+            try:
+                fields["pcie"] = LinkSpec(bw, lat)
+            except HardwareError as err:
+                self.fail(hpath, str(err))
+        try:
+            if base is None:
+                return HostSpec(**({"source": f"{self.file}: {_fmt(hpath)}"} | fields))
+            return replace(base, **fields)
+        except HardwareError as err:
+            self.fail(hpath, str(err))
 
     def power_points(self, x: object, path: Path_) -> tuple[tuple[float, float], ...]:
         """``[[W, rate], ...]``: two or more points of positive numbers."""

@@ -41,6 +41,7 @@ from distir.hardware.specs import (
     BusBandwidthCurve,
     DeviceSpec,
     GemmProfile,
+    HostSpec,
     LinkSpec,
     NodeSpec,
     PowerProfile,
@@ -483,6 +484,27 @@ _V100_SHEET = (
     "https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf"
 )
 
+# The host of an Azure NDm A100 v4 VM: 96 AMD EPYC 7V12 (Rome) cores and 1,900 GiB (Azure's
+# NDm A100 v4 page); 2 sockets of Rome's 8 DDR4-3200 channels, 204.8 GB/s each (AMD's EPYC 7002
+# specifications); Zen 2's two 256-bit FMA pipes, 32 fp32 FLOPs a cycle, at the 7V12's 2.45 GHz
+# base clock; each GPU on a PCIe 4.0 x16 link, 16 GT/s × 16 lanes at 128b/130b = 31.5 GB/s per
+# direction (the PCIe 4.0 base specification). The fractions a memory-bound pass and a pinned copy
+# reach (80% each) and the link latency (10 µs) are estimates.
+_NDM_HOST = HostSpec(
+    name="2x AMD EPYC 7V12 (96 cores)",
+    cores=96,
+    flops=96 * 2.45e9 * 32,
+    memory_bandwidth=2 * 204.8 * GIGA,
+    memory=1900 * GIB,
+    pcie=LinkSpec(16e9 * 16 * 128 / 130 / 8, us(10)),
+    memory_efficiency=0.8,
+    pcie_efficiency=0.8,
+    source="https://learn.microsoft.com/en-us/azure/virtual-machines/ndm-a100-v4-series (96 AMD EPYC 7V12 "
+    "cores, 1900 GiB) ; https://www.amd.com/en/products/processors/server/epyc/7002-series.html (8 DDR4-3200 "
+    "channels a socket, 204.8 GB/s) ; PCIe 4.0 x16: 31.5 GB/s per direction ; 80% of memory and link "
+    "bandwidth and 10 us latency: estimates",
+)
+
 _PRESETS: dict[str, NodeSpec] = {
     # DGX-2 (the DistIR paper's machine): 16 V100 on NVSwitch, each GPU 6 NVLink2 links of
     # 25 GB/s per direction = 150 GB/s/dir (300 GB/s bidirectional); 8 × 100 Gb/s EDR IB.
@@ -527,6 +549,25 @@ _PRESETS: dict[str, NodeSpec] = {
         network_efficiency=47 / 50,
         collectives_source=_H100_NCCL,
         busbw_curves=_H100_CURVES,
+    ),
+    # Azure NDm A100 v4 (the DeepSpeed-on-Azure post's VMs): the DGX A100's 8 A100 80GB on
+    # NVSwitch with a 200 Gb/s HDR link per GPU, and its host (``_NDM_HOST``), where ZeRO-Offload
+    # runs its optimizer
+    "ndm-a100-v4": NodeSpec(
+        name="ndm-a100-v4",
+        device=A100_SXM_80GB,
+        devices_per_node=8,
+        intra=_link(300.0, 3.0),
+        inter=_link(8 * 200 / 8, 5.0),
+        nics=8,
+        source="https://learn.microsoft.com/en-us/azure/virtual-machines/ndm-a100-v4-series ; "
+        "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+        "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
+        collectives=_nccl(allreduce=230, allgather=230, reducescatter=230, broadcast=230, reduce=230),
+        network_efficiency=24 / 25,
+        collectives_source=_A100_NCCL,
+        busbw_curves=_A100_CURVES,
+        host=_NDM_HOST,
     ),
     # p3.8xlarge: 4 V100-SXM2-16GB on half of a DGX-1-style hybrid cube-mesh: a GPU pair shares
     # 1 or 2 NVLink2 links of 25 GB/s/dir; 50 GB/s is an estimate for a ring. 10 Gb/s network.
@@ -603,6 +644,42 @@ def node_record(key: str, node: NodeSpec) -> dict[str, Any]:
         | _fp8_record(d)
         | _runtime_record(d)
         | _calibrated_record(node)
+        | _host_record(node)
+    )
+
+
+def _host_record(node: NodeSpec) -> dict[str, Any]:
+    """The node's host (``HostSpec``) as a table in the TOML format's units (none without one)."""
+    h = node.host
+    if h is None:
+        return {}
+    return {
+        "host": {
+            "name": h.name,
+            "cores": h.cores,
+            "tflops": h.flops / TERA,
+            "memory_bandwidth_gb_s": h.memory_bandwidth / GIGA,
+            "memory_efficiency": h.memory_efficiency,
+            "memory_gib": h.memory / GIB,
+            "pcie_gb_s": h.pcie.bandwidth / GIGA,
+            "pcie_latency_us": h.pcie.latency_s * 1e6,
+            "pcie_efficiency": h.pcie_efficiency,
+            "source": h.source,
+        }
+    }
+
+
+def _host_note(rec: dict[str, Any]) -> str:
+    """The caption line of a node type's host (none without one)."""
+    h = rec.get("host")
+    if h is None:
+        return ""
+    return (
+        f"\n    host (ZeRO-Offload's optimizer): {h['name']}, {h['tflops']:.2f} fp32 TFLOP/s, memory "
+        f"{h['memory_bandwidth_gb_s']:g} GB/s at {100 * h['memory_efficiency']:.0f}%, "
+        f"{h['memory_gib']:g} GiB; "
+        f"each GPU's PCIe link {h['pcie_gb_s']:.1f} GB/s per direction at {100 * h['pcie_efficiency']:.0f}%, "
+        f"{h['pcie_latency_us']:g} us: {h['source']}"
     )
 
 
@@ -797,6 +874,7 @@ def render_clusters_table(cluster: Cluster | None = None) -> Table:
         )
         + _power_note(r)
         + _collectives_note(r)
+        + _host_note(r)
         for i, r in enumerate(recs, 1)
     )
     runtime_sources = dict.fromkeys(r["runtime_memory_source"] for r in recs if r["runtime_memory_source"])

@@ -34,6 +34,10 @@ class HardwareError(ValueError):
     """Base of the hardware layer's errors (bad specs, bad cluster descriptions)."""
 
 
+class HostError(HardwareError):
+    """Work on a GPU's host (an offloaded optimizer) on a node type that describes no host."""
+
+
 class SpecError(HardwareError):
     """A hardware spec was constructed with an invalid field (names the spec and the field)."""
 
@@ -621,6 +625,55 @@ class LinkSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class HostSpec:
+    """A node's host: its CPUs, their memory and each GPU's link to it (ZeRO-Offload's side).
+
+    ``flops``: the CPUs' fp32 peak together (cores × clock × FLOPs a cycle); ``memory_bandwidth``
+    their memory's peak (channels × rate), of which a memory-bound pass reaches
+    ``memory_efficiency``; ``memory`` the host memory in bytes. ``pcie``: one GPU's link to the
+    host, per direction (its line rate), of which a copy reaches ``pcie_efficiency``. The node's
+    GPUs share the CPUs and their memory: each rank's host work runs at ``1/devices_per_node``
+    of them (every rank takes its optimizer step at once). ``source`` says where each figure
+    comes from."""
+
+    name: str
+    cores: int
+    flops: float
+    memory_bandwidth: float
+    memory: float
+    pcie: LinkSpec
+    memory_efficiency: float = 0.8
+    pcie_efficiency: float = 0.8
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        _name("host spec", self.name)
+        owner = f"host spec {self.name!r}"
+        if not isinstance(self.cores, int) or isinstance(self.cores, bool) or self.cores < 1:
+            raise SpecError(f"{owner}: cores must be a positive int, got {self.cores!r}")
+        for f in ("flops", "memory_bandwidth", "memory", "memory_efficiency", "pcie_efficiency"):
+            _positive(owner, f, getattr(self, f))
+        for f in ("memory_efficiency", "pcie_efficiency"):
+            if getattr(self, f) > 1:
+                raise SpecError(f"{owner}: {f} must be at most 1 (a fraction), got {getattr(self, f)!r}")
+        if not isinstance(self.pcie, LinkSpec):
+            raise SpecError(f"{owner}: pcie must be a LinkSpec, got {self.pcie!r}")
+        if not isinstance(self.source, str):
+            raise SpecError(f"{owner}: source must be a string, got {self.source!r}")
+
+    def copy_time(self, nbytes: float) -> float:
+        """Seconds to copy ``nbytes`` between one GPU and the host (either way)."""
+        return self.pcie.latency_s + nbytes / (self.pcie.bandwidth * self.pcie_efficiency)
+
+    def compute_time(self, flops: float, nbytes: float, share: int) -> float:
+        """Seconds of a pass of ``flops`` FLOPs and ``nbytes`` bytes on ``1/share`` of the
+        host (roofline: the larger of the two)."""
+        t_flops = flops * share / self.flops
+        t_mem = nbytes * share / (self.memory_bandwidth * self.memory_efficiency)
+        return max(t_flops, t_mem)
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSpec:
     """One machine type: ``devices_per_node`` identical devices and two kinds of link.
 
@@ -653,6 +706,10 @@ class NodeSpec:
     collective listed there, on a group inside one node, takes at least the time its curve
     gives, at most ``intra_for``'s bandwidth (``distir.sim.collectives``); the others keep the
     alpha-beta formula alone.
+
+    ``host``: the node's CPUs, host memory and GPU↔host links (``HostSpec``), where an offloaded
+    optimizer runs (``distribute(offload_optimizer=True)``); None: not described, and a program
+    that puts work on the host is refused on it.
     """
 
     name: str
@@ -666,6 +723,7 @@ class NodeSpec:
     network_efficiency: float = 1.0
     collectives_source: str = ""
     busbw_curves: tuple[tuple[str, BusBandwidthCurve], ...] = ()
+    host: HostSpec | None = None
 
     def __post_init__(self) -> None:
         _name("node spec", self.name)
@@ -692,6 +750,8 @@ class NodeSpec:
         if not isinstance(self.collectives_source, str):
             raise SpecError(f"{owner}: collectives_source must be a string, got {self.collectives_source!r}")
         _curves_once(owner, self.busbw_curves, n)
+        if self.host is not None and not isinstance(self.host, HostSpec):
+            raise SpecError(f"{owner}: host must be a HostSpec or None, got {self.host!r}")
 
     def network_share(self, gpus: int) -> float:
         """The fraction of ``inter``'s bandwidth that ``gpus`` of this node's GPUs reach

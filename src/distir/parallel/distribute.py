@@ -246,6 +246,15 @@ programs. Its shape:
   rank's shard of the copy and the remainder together, the fp32 master joined from them bit for
   bit; the new copy is the new bf16 shard all-gathered (with ``overlap_param_gather``, kept as the
   shard), not a cast. Default: fp32 masters.
+- ``offload_optimizer`` (training in mixed precision with fp32 masters, ZeRO 1-3, Adam; not HSDP
+  or context parallelism; DeepSpeed's ZeRO-Offload with its CPU Adam, as v0.6.2's ZeRO-3 runs
+  it): the masters, Adam's m and v and the step are parameters on each stage's host mesh (program
+  devices on the GPUs' ``host`` stream: ``device_map(host=True)``), partitioned as ZeRO partitions
+  them; each reduced gradient partition is copied to the host (``_to_host``: per bucket in the
+  backward under ``zero3_fetch`` with one microbatch, the compute stream waiting for the
+  reduction as DeepSpeed's host does; else at the step), cast to fp32, clipped and updated
+  there, and the new fp32 master partition is copied back and cast to the compute copy. Default:
+  the optimizer on the GPUs.
 """
 
 from __future__ import annotations
@@ -297,7 +306,7 @@ from distir.parallel.pipeline.stage_state import PIPELINING_KEPT, StepState
 from distir.parallel.sharding.shard_function import strip_types
 from distir.parallel.strategy import Strategy, StrategyError
 from distir.parallel.zero3_fetch import FetchStep, Zero3Fetch, plan_fetches
-from distir.sim.devices import DeviceMap, Slot
+from distir.sim.devices import HOST_STREAM, DeviceMap, Slot
 
 DDP_BUCKET_MB = 25.0  # PyTorch DDP's ``bucket_cap_mb`` default (MiB)
 # Megatron-LM's default bucket: max(40M, 1M · dp) parameters (``DistributedDataParallel.__init__``,
@@ -411,41 +420,40 @@ def distribute(
     zero3_fetch: Zero3Fetch | None = None,
     master_remainders: bool = False,
     p2p_blocking: bool = False,
+    offload_optimizer: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
     ``chunk_times``: per pipeline chunk, its forward and backward seconds for one microbatch on its
     stage (``distir.search.profile.chunk_times`` gives them from the cost model). The schedule is
     written in the time order they give (a zero-bubble backward splits in two halves); without,
-    forward times are taken ∝ each chunk's weights and backward = 2 × forward — a poor guess for
-    layers whose compute does not follow their weights (convolutions, attention, embeddings), and
-    under DistIR's semantics the order is the schedule.
+    forward times are taken ∝ each chunk's weights and backward = 2 × forward (a poor guess where
+    compute does not follow the weights; under DistIR's semantics the order is the schedule).
 
     With ``comm_streams``, pipeline transfers run between communication-stream devices, four per
     compute device (``STREAMS``: program devices N..2N−1 send activations forward, 2N..3N−1 send
     gradients backward, 3N..4N−1 and 4N..5N−1 receive them, for the N compute devices; 5N..6N−1
-    and 6N..7N−1 run the data-parallel collectives;
-    ``device_map`` maps them onto the GPUs' streams), so a stage keeps computing while its
+    and 6N..7N−1 run the data-parallel collectives; ``device_map`` maps them onto the GPUs'
+    streams), so a stage keeps computing while its
     activations travel — the DistIR paper's model of overlap — and receives the next microbatch
     while it sends the last one on (links are full duplex; one stream for both would make each
     receive wait, in program order, behind the send written before it). Without, a transfer
     blocks sender and receiver (Figure 2's form).
 
-    ``precision="mixed"`` keeps fp32 master weights and optimizer state and computes in the
-    model's dtype (``distir.autodiff.precision``): the compute copy of each weight is a step
-    input that persists between steps (whole; ZeRO-3: this rank's shard, gathered per use in the
-    chunks) and is made anew from the new master after the optimizer (ZeRO-1/2: the master shard
-    cast, then an all-gather of the low-precision copy); gradients are reduced in the compute
-    dtype and cast to fp32 for the optimizer. An inference program casts the masters instead.
+    ``precision="mixed"``: fp32 masters and optimizer state, computing in the model's dtype
+    (``distir.autodiff.precision``); each weight's compute copy is a step input that persists
+    between steps (whole; ZeRO-3: this rank's shard, gathered per use) and is made anew from the
+    new master after the optimizer (ZeRO-1/2: the master shard cast, then an all-gather of the
+    low-precision copy); gradients are reduced in the compute dtype and cast to fp32 for the
+    optimizer. An inference program casts the masters instead.
 
     ``bucket_mb`` (MiB; PyTorch DDP's ``bucket_cap_mb`` default, 25): with d > 1, gradients are
     reduced in buckets of about this size during the backward (``_Buckets``); with
     ``comm_streams`` the reductions run on each GPU's ``dp_reduce`` stream, overlapping the rest of
     the backward, and ZeRO-3's gathers on its ``dp_gather`` stream, one layer ahead (``_Gathers``).
     The trainers' options (``overlap_param_gather`` …, default off): module docstring, *Trainer
-    options*. ``called_only``: build only the chunk functions the schedule calls (``_LazyChunks``), as a
-    simulation needs (the search's exact ones): the same program but for functions nothing calls
-    (its helpers ``@hp_grad`` and fused backwards perhaps listed in another order)."""
+    options*. ``called_only``: build only the chunk functions the schedule calls
+    (``_LazyChunks``)."""
     if pipelining_kept and deepspeed_pipe:
         raise StrategyError(
             "pipelining_kept is torch.distributed.pipelining's, not DeepSpeed's pipeline engine's"
@@ -479,6 +487,7 @@ def distribute(
             .with_zero3_fetch(zero3_fetch, fsdp)
             .with_remainders(master_remainders)
             .with_p2p_blocking(p2p_blocking)
+            .with_offload(offload_optimizer)
             .build(called_only)
         )
 
@@ -523,6 +532,7 @@ def check_switches(
     prec = Precision.parse(precision)
     _check_deepspeed(s, prec, bool(switches.get("deepspeed_pipe")), bool(switches.get("fp32_grad_accum")))
     _remainders(s, prec, train, None, bool(switches.get("master_remainders")))
+    _offload(s, prec, train, None, bool(switches.get("offload_optimizer")))
     _fusion(s, prec, bool(switches.get("grad_accum_fusion")) and train)
 
 
@@ -622,6 +632,32 @@ def _reduce_fp32(s: Strategy, prec: Precision, train: bool, asked: bool, no_mast
     return on
 
 
+def _offload(s: Strategy, prec: Precision, train: bool, opt: Optimizer | None, asked: bool) -> bool:
+    """``offload_optimizer`` where it applies: a training step in mixed precision with fp32
+    masters, ZeRO 1–3, Adam (DeepSpeed's ZeRO-Offload with its CPU Adam), on one (dp, tp) mesh
+    per stage (not HSDP, not context parallelism); refused elsewhere (``opt`` None: not checked)."""
+    if not asked:
+        return False
+    if not train:
+        raise StrategyError(f"{s}: an offloaded optimizer is a training step's: not under inference")
+    if not (prec.mixed and prec.master is DType.f32):
+        raise PrecisionError(
+            f"{s}: ZeRO-Offload keeps fp32 masters and Adam's state on the host beside the GPUs' "
+            f"half-precision copies: precision {prec} has no fp32 master beside a compute copy"
+        )
+    if s.zero not in (1, 2, 3):
+        raise StrategyError(
+            f"{s}: ZeRO-Offload offloads a ZeRO optimizer's partition (ZeRO 1-3, not {s.zero})"
+        )
+    if s.c > 1 or s.shard_group is not None:
+        raise StrategyError(
+            f"{s}: an offloaded optimizer with {'context parallelism' if s.c > 1 else 'HSDP'} is not modelled"
+        )
+    if opt is not None and opt.kind != "adam":
+        raise StrategyError(f"{s}: ZeRO-Offload's host step is DeepSpeed's CPU Adam, not {opt.kind}")
+    return True
+
+
 def _zero3_fetch(
     s: Strategy, train: bool, cfg: Zero3Fetch | None, fsdp: FsdpOptions, f8_cache: bool, pipe: bool
 ) -> Zero3Fetch | None:
@@ -692,16 +728,20 @@ def check_model_batch(model: Model, s: Strategy) -> None:
 STREAMS = ("fwd_send", "bwd_send", "fwd_recv", "bwd_recv", "dp_reduce", "dp_gather")
 
 
-def device_map(strategy: Strategy, comm_streams: bool = False) -> DeviceMap:
+def device_map(strategy: Strategy, comm_streams: bool = False, host: bool = False) -> DeviceMap:
     """Where the program devices of ``distribute(model, strategy, comm_streams=…)`` run: d<i> on
     GPU ``placement[i]`` (GPU i by default) and, with communication streams, d<(k+1)·N+i> on that
-    GPU's stream ``STREAMS[k]``."""
+    GPU's stream ``STREAMS[k]``; with ``host`` (an offloaded optimizer), d<(len(STREAMS)+1)·N+i>
+    on that GPU's host (``HOST_STREAM``)."""
     n = strategy.devices
     order = strategy.gpus
     mapping = {Device(i): Slot(order[i]) for i in range(n)}
     if comm_streams:
         for k, stream in enumerate(STREAMS):
             mapping.update({Device((k + 1) * n + i): Slot(order[i], stream) for i in range(n)})
+    if host:
+        at = (len(STREAMS) + 1) * n
+        mapping.update({Device(at + i): Slot(order[i], HOST_STREAM) for i in range(n)})
     return DeviceMap(mapping)
 
 
@@ -776,6 +816,11 @@ class _Builder:
     # int16 remainders beside the bf16 copies; each weight's new bf16 shard from the update
     remainders: bool = False
     new_high: dict[Value, Value]
+    # ZeRO-Offload (``distribute(offload_optimizer=True)``): the masters, their state and the step
+    # on each stage's host mesh (``host_meshes``), where the optimizer runs
+    offload: bool = False
+    _wstage: dict[Value, int]  # each kept weight's stage (``_declare``)
+    host_meshes: tuple[Mesh, ...] = ()  # each stage's devices' hosts, with ``offload``
 
     def __init__(
         self,
@@ -895,6 +940,49 @@ class _Builder:
         self.new_high = {}
         return self
 
+    def with_offload(self, asked: bool) -> _Builder:
+        """This builder with ``offload_optimizer`` where it applies (``_offload``)."""
+        self.offload = _offload(self.s, self.prec, self.train, self.opt, asked)
+        self._wstage = {}
+        if self.offload:  # program devices past the streams', on the GPUs' hosts (``device_map``)
+            at = (len(STREAMS) + 1) * self.s.devices
+            self.host_meshes = tuple(
+                Mesh(m.axes, tuple(Device(at + d.id) for d in m.devices)) for m in self.meshes
+            )
+        if self.offload and (self.remainders or self.gather_cast):
+            what = "master remainders" if self.remainders else "gather_cast (FSDP's cast at each gather)"
+            raise StrategyError(f"{self.s}: an offloaded optimizer with {what} is not modelled")
+        return self
+
+    def copied_in_backward(self, w: Value) -> bool:
+        """ZeRO-Offload under DeepSpeed's ZeRO-3 (``zero3_fetch``, communication streams):
+        ``w``'s reduced gradient partition is copied to the host as its bucket is reduced, in the
+        last backward (DeepSpeed 0.6.2's ``__partition_grads``, run by the gradient hook that
+        closes the bucket: a blocking ``copy_`` into the host's fp32 gradient, so the host waits
+        for the bucket's reduce-scatter on its stream before it issues more of the backward), with
+        one microbatch (DeepSpeed copies at the accumulation boundary only; distir's fetch
+        accumulates the microbatches' partitions in the step, so with k > 1 they are copied there,
+        as is a sharded gradient summed over tp after)."""
+        return (
+            self.offload
+            and self.s.k == 1
+            and self.ds_fetch is not None
+            and self.comm_streams
+            and self._zdim(w) is not None
+            and w not in self.tp_pending
+        )
+
+    def _state_mesh(self, stage: int) -> Mesh:
+        """The mesh of ``stage`` that holds the masters, their optimizer state and the step: its
+        host mesh when the optimizer is offloaded, else ``_mesh_for``'s."""
+        return self.host_meshes[stage] if self.offload else self._mesh_for(stage)
+
+    def _to_host(self, fb: FunctionBuilder, w: Value, g: Value, stage: int) -> Value:
+        """ZeRO-Offload: ``w``'s reduced gradient partition copied to its host (device to host,
+        in the dtype it was reduced in: DeepSpeed's ``__partition_grads`` copies the fp16
+        partition into the host's fp32 gradient, converting there)."""
+        return self._mesh_send(fb, g, self.host_meshes[stage], f"g_{w.name}_host")
+
     def with_zero3_fetch(self, cfg: Zero3Fetch | None, fsdp: FsdpOptions) -> _Builder:
         """This builder with DeepSpeed's ZeRO-3 fetch where it applies (``_zero3_fetch``); its
         gradient buckets then hold ``reduce_bucket`` elements (DeepSpeed's ``reduce_bucket_size``)."""
@@ -965,15 +1053,25 @@ class _Builder:
         return fb.emit("Redistribute", (v,), attrs, (name,))[0]
 
     def _on_stage(
-        self, dtype: DType, shape: tuple[int, ...], stage: int, zero_dim: int | None, tp: Placement
+        self,
+        dtype: DType,
+        shape: tuple[int, ...],
+        stage: int,
+        zero_dim: int | None,
+        tp: Placement,
+        host: bool = False,
     ) -> DTensorType:
         """The entry parameter type of a weight or optimizer state on ``stage``'s mesh, sharded
         along ``zero_dim`` over ``dp`` (None: replicated) and placed ``tp`` over ``tp``; one
         object per distinct type: the simulator's memos find a type they met by identity before
         comparing it (comparing two DTensor types compares their meshes device by device)."""
-        key = (dtype, shape, stage, zero_dim, tp)
+        key = (dtype, shape, stage, zero_dim, tp, host)
         t = self._param_types.get(key)
         if t is None:
+            if host:  # an offloaded master or state: on the stage's host mesh (``_state_mesh``)
+                place: Placement = Shard(zero_dim) if zero_dim is not None else Replicate()
+                t = self._param_types[key] = DTensorType(dtype, shape, self.host_meshes[stage], (place, tp))
+                return t
             if self.hsdp:  # sharded within a group (if at all), replicated across groups
                 inner: Placement = Shard(zero_dim) if zero_dim is not None else Replicate()
                 t = DTensorType(dtype, shape, self.meshes3[stage], (Replicate(), inner, tp))
@@ -1060,7 +1158,12 @@ class _Builder:
     def _compute_copy(self, fb: FunctionBuilder, w: Value, master: Value, high: Value | None = None) -> Value:
         """Mixed precision: the weight in the compute dtype, once per step; with ZeRO-1/2 the
         master is a shard, so the low-precision copy is all-gathered (ZeRO-3 gathers per use).
-        ``high``: the copy's new shard as the update wrote it (``master_remainders``), not cast."""
+        ``high``: the copy's new shard as the update wrote it (``master_remainders``), not cast.
+        Offloaded: the fp32 master's partition copied host to device first, then cast on the GPU
+        (DeepSpeed 0.6.2's ``_reassign_or_swap_out_partitioned_parameters``: the fp16 partition's
+        ``copy_`` of the fp32 one, which moves the fp32 bytes and converts on the device)."""
+        if self.offload:
+            master = self._mesh_send(fb, master, self._mesh_for(self._wstage[w]), f"{w.name}_dev")
         v = cast(fb, master, self.compute, f"{w.name}_{self.compute}") if high is None else high
         if self.s.zero in (1, 2) and self._zdim(w) is not None and not self.gather_early:
             v = self._redistribute(fb, v, f"{w.name}_{self.compute}", self._wp(w))
@@ -1465,7 +1568,8 @@ class _Builder:
                 wt_on = self._on_stage(DType.i16, wt.shape, stage_of[c], z, spec.tp)
                 wparam[w] = fb.param(f"{w.name}_rem", wt_on, donated=True)
                 continue
-            wt_on = self._on_stage(wt.dtype, wt.shape, stage_of[c], z, spec.tp)
+            self._wstage[w] = stage_of[c]
+            wt_on = self._on_stage(wt.dtype, wt.shape, stage_of[c], z, spec.tp, self.offload)
             wparam[w] = fb.param(w.name, wt_on, donated=self.train)
         state: dict[Value, list[Value]] = {w: [] for w in used}
         step_of: dict[int, Value] = {}
@@ -1479,11 +1583,12 @@ class _Builder:
                         stage_of[wchunk[w]],
                         self._zdim(w),
                         spec.tp,
+                        self.offload,
                     )
                     state[w].append(fb.param(f"{sname}_{w.name}", t, donated=True))
             if self.opt.kind == "adam":
                 for st in sorted({stage_of[wchunk[w]] for w in kept}):
-                    mesh = self._mesh_for(st)
+                    mesh = self._state_mesh(st)
                     step_of[st] = fb.param(
                         f"step_s{st}",
                         DTensorType(DType.i64, (), mesh, tuple(Replicate() for _ in mesh.axes)),
@@ -1505,7 +1610,7 @@ class _Builder:
         for h in sorted(sent, key=used.index):
             there = self._mesh_for(stage_of[wchunk[h]])
             owner = partner[h] if h in partner else groups[h][0]
-            wparam[h] = self._mesh_send(fb, wparam[owner], there, h.name)
+            wparam[h] = self._mesh_send(fb, wparam[owner], self._state_mesh(stage_of[wchunk[h]]), h.name)
             if self.no_master:
                 half[h] = wparam[h]
             elif owner in half:
@@ -1636,7 +1741,10 @@ class _Builder:
         held: list[_StepGrad] = []
 
         def take(sg: _StepGrad) -> None:
-            g = self._to_master(fb, sg.w, sg.g)
+            g = sg.g
+            if self.offload and not self.copied_in_backward(sg.w):
+                g = self._to_host(fb, sg.w, g, sg.stage)
+            g = self._to_master(fb, sg.w, g)
             if self.opt.max_norm:
                 held.append(sg._replace(g=g))
             else:
@@ -1644,6 +1752,11 @@ class _Builder:
 
         self._step_grads(fb, grads, wp, stage_of, to_mesh, take)
         totals = self._norm_totals(fb, held, to_mesh) if held else {}
+        if self.offload:  # the norm's total to each stage's host, where its gradients are clipped
+            totals = {
+                st: self._mesh_send(fb, v, self.host_meshes[st], "grad_sumsq_host")
+                for st, v in totals.items()
+            }
         for sg in held:
             g = self.opt.clipped(fb, sg.g, totals[sg.stage])
             updates[sg.w] = self._update(fb, sg.w, wp, g)
@@ -1756,6 +1869,8 @@ class _Builder:
         sums: dict[int, list[Value]] = {}
         for (stage, dp_part, tp_part), terms in groups.items():
             v = terms[0] if len(terms) == 1 else fb.op("Sum", *terms, names=[f"grad_sumsq_s{stage}"])[0]
+            if self.offload:  # summed on the host: the sum back to the GPU for the all-reduce
+                v = self._mesh_send(fb, v, self._mesh_for(stage), f"grad_sumsq_s{stage}")
             if dp_part or tp_part:  # pending over the axes the gradients are sharded along
                 rep = ", ".join("R" for _ in self._mesh_for(stage).axes)
                 v = self._redistribute(fb, v, f"grad_sumsq_s{stage}", rep)
@@ -1822,6 +1937,8 @@ class _Builder:
         tp = self._tp_of(w)
         rep = placement_text(Replicate(), tp)
         z = self._zdim(w)
+        if self.copied_in_backward(w):  # on the host already (``_Buckets._offloaded``)
+            return g
         if self.bucketed and self.comm_streams:  # reduced on the dp_reduce stream
             g = to_mesh(g, self._mesh_for(stage), f"g_{w.name}")
         if z is None:
@@ -1873,7 +1990,8 @@ class _Builder:
         """The pipeline stage whose mesh holds the entry parameter ``v``."""
         t = v.type
         assert isinstance(t, DTensorType)
-        return next(st for st, m in [*enumerate(self.meshes), *enumerate(self.meshes3)] if m == t.mesh)
+        meshes = [*enumerate(self.meshes), *enumerate(self.meshes3), *enumerate(self.host_meshes)]
+        return next(st for st, m in meshes if m == t.mesh)
 
     def _module(self, cf: Mapping[str, Function], entry: Function) -> Module:
         fns = [*self.functions.values(), *cf.values()]
@@ -2853,9 +2971,20 @@ class _Buckets:
                 (r,) = fb.op("Add", self.accs[w], r, names=[f"g_{w.name}"])
             if self.b.hsdp and self.final:  # the accumulated shard, across the groups once
                 r = self.b._redistribute(fb, r, f"g_{w.name}", "R, " + self.b._grad_target(w), later)
+            if self.final and self.b.copied_in_backward(w):  # ZeRO-Offload: to the host at once
+                r = self._offloaded(w, r)
             self.out[w] = r
         if bucket is None:
             self.pending, self.size = [], 0.0
+
+    def _offloaded(self, w: Value, r: Value) -> Value:
+        """``w``'s reduced partition ``r`` copied to the host (``_Builder.copied_in_backward``):
+        handed back from the reduction stream without an event, so the compute stream waits for
+        the reduction as DeepSpeed's host waits on its stream, then copied device to host."""
+        b = self.b
+        if self.stream is not None:
+            r = b._mesh_send(self.fb, r, b._mesh_for(self.stage), f"g_{w.name}")
+        return b._to_host(self.fb, w, r, self.stage)
 
     def _megatron_prepared(self, w: Value, g: Value) -> Value:
         """``w``'s gradient ``g`` as Megatron-LM's ``Bucket.start_grad_sync`` leaves it for the

@@ -128,6 +128,10 @@ class TrainerSemantics:
     master_remainders: bool = False
     # Megatron-LM's pipeline transfers waited on by the schedule (``distribute(p2p_blocking=True)``)
     p2p_blocking: bool = False
+    # DeepSpeed's ZeRO-Offload: masters, Adam's state and step on the host's CPUs
+    # (``distribute(offload_optimizer=True)``; the user's ``--offload-optimizer``, a record's
+    # ``offload_optimizer``: a ds_config's ``offload_optimizer.device`` "cpu", never a default)
+    offload_optimizer: bool = False
     ring_form: str = "p2p"
     # gradient-norm clipping (``Optimizer.max_norm``, ``clip_scale``; 0: none)
     max_norm: float = 0.0
@@ -163,6 +167,7 @@ class Switches(TypedDict):
     zero3_fetch: Zero3Fetch | None
     master_remainders: bool
     p2p_blocking: bool
+    offload_optimizer: bool
 
 
 def trainer_semantics(
@@ -380,11 +385,17 @@ def trainer_kernels(trainer: str) -> str:
 
 
 def user_switches_fit(
-    trainer: str, deepspeed_pipe: bool, fp32_grad_accum: bool, overlap_param_gather: bool
+    trainer: str,
+    deepspeed_pipe: bool,
+    fp32_grad_accum: bool,
+    overlap_param_gather: bool,
+    offload_optimizer: bool = False,
 ) -> None:
     """Refuse a switch the user adds that belongs to another trainer than ``trainer``: DeepSpeed's
-    pipeline engine and ``BF16_Optimizer`` to Megatron-LM or torchtitan, Megatron-LM's
-    parameter-gather overlap to DeepSpeed."""
+    pipeline engine, ``BF16_Optimizer`` and ZeRO-Offload to Megatron-LM or torchtitan,
+    Megatron-LM's parameter-gather overlap to DeepSpeed."""
+    if trainer in ("megatron", "torchtitan") and offload_optimizer:
+        raise TrainerError(f"--offload-optimizer is DeepSpeed's ZeRO-Offload (its CPU Adam), not {trainer}'s")
     if trainer in ("megatron", "torchtitan") and (deepspeed_pipe or fp32_grad_accum):
         raise TrainerError(
             f"--deepspeed-pipe and --fp32-grad-accum are DeepSpeed's pipeline engine and BF16_Optimizer, "

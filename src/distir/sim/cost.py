@@ -24,7 +24,12 @@
   no op joins a GEMM, and an op Inductor runs as two kernels (``OpDef.inductor_split``) pays the
   second's launch and reads;
 - a communication op by the alpha-beta model of its pattern (``distir.sim.collectives``) over the
-  cluster's links, from the op's ``comm_cost`` descriptor.
+  cluster's links, from the op's ``comm_cost`` descriptor;
+- an op on a GPU's host (``distir.sim.devices.HOST_STREAM``: an offloaded optimizer's) by
+  ``host_time``, the node's ``HostSpec`` roofline on the GPU's share of its CPUs and memory
+  bandwidth, and a transfer between a GPU and its host by ``host_copy_time``, over the GPU's
+  PCIe link (``host_time``, ``host_copy_time``: a model without them costs such work as the
+  GPU's).
 
 Every constant comes from the hardware description. A device calibrated by ``distir calibrate``
 carries measured rates per cost class (``DeviceSpec.families``, keyed by the class's name): an
@@ -50,7 +55,7 @@ from typing import Protocol
 from distir.hardware.attention import attention_efficiency
 from distir.hardware.cluster import Cluster
 from distir.hardware.gemm import gemm_efficiency
-from distir.hardware.specs import DeviceSpec, FamilyRates
+from distir.hardware.specs import DeviceSpec, FamilyRates, HostError, HostSpec
 from distir.ir.types import DType, TensorType, TupleType, Type
 from distir.ir.values import Attrs
 from distir.ops.registry import CommCost, CommPattern, CostClass, OpDef
@@ -119,6 +124,28 @@ def epilogues(model: CostModel) -> bool:
     """Whether the model's fused chains may start at a GEMM (not for ``inductor`` kernels; True
     for a model without the field): ``distir.sim.fusion.fused_inputs``' ``epilogues``."""
     return not getattr(model, "inductor", False)
+
+
+def host_time(
+    model: CostModel, opdef: OpDef, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, gpu: int
+) -> float:
+    """The model's time for a compute op on ``gpu``'s host (``distir.sim.devices.HOST_STREAM``):
+    its ``host_time``, or ``compute_time`` for a model without one."""
+    fn = getattr(model, "host_time", None)
+    return (
+        fn(opdef, ins, outs, attrs, gpu)
+        if fn is not None
+        else model.compute_time(opdef, ins, outs, attrs, gpu)
+    )
+
+
+def host_copy_time(model: CostModel, nbytes: float, src: int, dst: int) -> float:
+    """The model's time to copy ``nbytes`` between GPU ``src`` and its host or back (``dst``, the
+    same GPU): its ``host_copy_time``, or a point-to-point ``comm_time`` for a model without one."""
+    fn = getattr(model, "host_copy_time", None)
+    if fn is not None:
+        return float(fn(nbytes, src))
+    return model.comm_time(CommCost(CommPattern.P2P, nbytes, ()), (src, dst))
 
 
 def gpu_class(model: CostModel, gpu: int) -> Hashable:
@@ -237,6 +264,33 @@ class RooflineCostModel:
             nbytes += split
             launch *= 2
         return launch + self._roofline(spec, opdef, ins, outs, attrs, flops, nbytes)
+
+    def _host(self, gpu: int) -> HostSpec:
+        node = self.cluster.nodes[self.cluster.node_of(gpu)]
+        if node.host is None:
+            raise HostError(
+                f"node type {node.name!r} describes no host (CPUs, host memory, PCIe links) for an "
+                "offloaded optimizer; use a preset with one (ndm-a100-v4) or give the node type a host"
+            )
+        return node.host
+
+    def host_time(
+        self, opdef: OpDef, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, gpu: int
+    ) -> float:
+        """A compute op on ``gpu``'s host: its FLOPs and bytes (read and written) at the host's
+        roofline, on the share of the node's CPUs and memory bandwidth one GPU's process gets
+        (``HostSpec.compute_time``: every rank of the node runs its step at once); no kernel
+        launch, no fusion (a CPU pass each)."""
+        flops = opdef.flops(ins, outs, attrs)
+        nbytes = opdef.bytes_read(ins, outs, attrs) + opdef.bytes_written(ins, outs, attrs)
+        if flops <= 0 and nbytes <= 0:
+            return 0.0
+        share = self.cluster.nodes[self.cluster.node_of(gpu)].devices_per_node
+        return self._host(gpu).compute_time(flops, nbytes, share)
+
+    def host_copy_time(self, nbytes: float, gpu: int) -> float:
+        """``nbytes`` copied between ``gpu`` and its host, either way, over its PCIe link."""
+        return self._host(gpu).copy_time(nbytes)
 
     def _inductor_split(self, opdef: OpDef, ins: Sequence[Type]) -> int:
         """The bytes Inductor's second kernel for ``opdef`` reads again (``OpDef.inductor_split``),

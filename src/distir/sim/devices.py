@@ -44,7 +44,12 @@ STREAMS = (
     "dp_gather",
     "cp_send",
     "cp_recv",
+    "host",
 )
+# a GPU's host (``distribute(offload_optimizer=True)``): program devices mapped there hold their
+# values in the node's host memory, run their ops on its CPUs (``CostModel.host_time``) and reach
+# the GPU's other streams over its PCIe link (``host_copy_time``)
+HOST_STREAM = "host"
 _COMM_N = re.compile(r"comm[0-9]+", re.ASCII)
 
 

@@ -62,16 +62,14 @@ def _record(
         assert d.comm_cost is not None
         desc = d.comm_cost(ins, outs, op.attrs)
         gpus = [units.dev_gpu[x] for x in desc.devices]
-        seconds = charged(cost, desc, gpus)
+        if desc.pattern is CommPattern.P2P and units.host_devs.intersection(desc.devices):
+            seconds = units.comm_seconds(desc.pattern, desc.nbytes, desc.devices)  # over PCIe
+        else:
+            seconds = charged(cost, desc, gpus)
         held = interference.stall(units, devs, seconds) if desc.pattern is not CommPattern.P2P else ()
         return OpRecord(devs, seconds, True, op.name, 0.0, False, *units.sizes(outs, False), None, stall=held)
-    gpu = _first_gpu(units, ins, outs, op) if devs else 0
-    if not devs:
-        seconds = 0.0
-    elif link is None:
-        seconds = float(cost.compute_time(d, ins, outs, op.attrs, gpu))
-    else:
-        seconds = float(cost.fused_time(d, ins, outs, op.attrs, gpu, link))  # type: ignore[attr-defined]
+    dev = _first_device(ins, outs, op) if devs else None
+    seconds = 0.0 if dev is None else units.op_seconds(d, ins, outs, op.attrs, dev, link)
     view = bool(ins) and d.bytes_written(ins, outs, op.attrs) == 0
     flops = d.flops(ins, outs, op.attrs)
     return OpRecord(devs, seconds, False, op.name, flops, view, *units.sizes(outs, view), None)
@@ -95,10 +93,10 @@ def slots_of(units: Units, types: Sequence[Type]) -> list[int]:
     return out
 
 
-def _first_gpu(units: Units, ins: Sequence[Type], outs: Sequence[Type], op: Op) -> int:
-    """The real GPU a local op runs on (its first value's device)."""
+def _first_device(ins: Sequence[Type], outs: Sequence[Type], op: Op) -> Device | None:
+    """The program device a local op runs on (its first value's; None: none named)."""
     for t in (*ins, *outs):
         for e in leaves(t):
-            return units.dev_gpu[e.device]
+            return e.device
     a = op.attrs.get("device")
-    return units.dev_gpu[a] if isinstance(a, Device) else 0
+    return a if isinstance(a, Device) else None

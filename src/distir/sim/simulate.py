@@ -34,18 +34,20 @@ from typing import Any, NamedTuple, cast
 
 from distir.gcpause import paused_gc
 from distir.hardware.cluster import Cluster
-from distir.hardware.specs import DeviceSpec
+from distir.hardware.specs import DeviceSpec, HostError
 from distir.interp.shapes import entry_args
+from distir.ir.dtensor import DTensorType
 from distir.ir.function import Function, Module
 from distir.ir.ops import Call, Op
-from distir.ir.types import Device, IRTypeError, devices_of
+from distir.ir.types import Device, IRTypeError, TensorType, TupleType, Type, devices_of
 from distir.limits import MAX_RESERVED_OPS, MAX_TRACE_EVENTS, RESERVED_OPS_SHARE
 from distir.ops.dist import parse_mesh_attr
 from distir.ops.elementwise import CAST
 from distir.sim.allocator import reserved_bytes, stream_pools
 from distir.sim.cost import CostModel, RooflineCostModel
-from distir.sim.devices import DeviceMap, Slot
+from distir.sim.devices import HOST_STREAM, DeviceMap, Slot
 from distir.sim.interference import apply_stall
+from distir.sim.layout import piece_bytes
 from distir.sim.memcols import peaks
 from distir.sim.plan import PROGRAM_ERRORS, CallSummary, FnPlan, PlanDomain, PlanOptions, SharedRecord
 from distir.sim.records import FlatColumns
@@ -94,6 +96,9 @@ class SimResult:
     # fixed part, and gpu -> stream -> that stream's pool (bytes); empty when not asked for
     reserved_memory: dict[int, float] = field(default_factory=dict)
     stream_pools: dict[int, dict[str, float]] = field(default_factory=dict)
+    # gpu -> bytes of the entry's parameters on its host (``HOST_STREAM``: an offloaded
+    # optimizer's masters and state), which its peak leaves out; empty when none
+    host_memory: dict[int, float] = field(default_factory=dict)
     # a traced run: what its detailed trace is built from (``distir.sim.tracedetail``)
     trace_source: DetailSource | None = field(default=None, repr=False, compare=False)
 
@@ -180,6 +185,7 @@ def simulate(
     ``SimResult.reserved_memory`` and ``stream_pools``; a program of more than
     ``allocator_max_ops`` ops raises ``AllocatorSizeError`` before that walk."""
     scope = TraceScope(trace_detail, None if trace_gpus is None else frozenset(trace_gpus)) if trace else None
+    check_hosts(cluster, device_map)
     result = _simulate_planned(
         module, cluster, device_map, cost_model, scope, batch, concrete, fn, trace_detail, planner, shared
     )
@@ -686,7 +692,45 @@ def _result(
         memory_timeline=timeline,
         cluster=cluster,
         runtime_memory=runtime,
+        host_memory=host_params(fn, dmap),
     )
+
+
+def check_hosts(cluster: Cluster, dmap: DeviceMap | None) -> None:
+    """``HostError`` when ``dmap`` puts program devices on the host (``HOST_STREAM``: an
+    offloaded optimizer) of a GPU whose node type describes none."""
+    if dmap is None:
+        return
+    for g in sorted({s.gpu for s in dmap.slots if s.stream == HOST_STREAM}):
+        if g < cluster.num_devices and (node := cluster.nodes[cluster.node_of(g)]).host is None:
+            raise HostError(
+                f"node type {node.name!r} describes no host (CPUs, host memory, PCIe links) for an "
+                "offloaded optimizer: use a preset with one (ndm-a100-v4) or a node type with a host"
+            )
+
+
+def _leaf_types(t: Type | None) -> list[Type]:
+    if t is None:
+        return []
+    return [x for e in t.elements for x in _leaf_types(e)] if isinstance(t, TupleType) else [t]
+
+
+def host_params(fn: Function, dmap: DeviceMap) -> dict[int, float]:
+    """Per GPU, the bytes of ``fn``'s parameters on its host (``HOST_STREAM``): an offloaded
+    optimizer's fp32 masters and state, the whole step long in host memory."""
+    host = {d: s.gpu for d, s in dmap.mapping.items() if s.stream == HOST_STREAM}
+    out: dict[int, float] = {}
+    if not host:
+        return out
+    for p in fn.params:
+        for t in _leaf_types(p.type):
+            if isinstance(t, DTensorType):
+                for i, d in enumerate(t.mesh.devices):
+                    if d in host:
+                        out[host[d]] = out.get(host[d], 0.0) + piece_bytes(t, i)
+            elif isinstance(t, TensorType) and t.device in host:
+                out[host[t.device]] = out.get(host[t.device], 0.0) + float(t.nbytes)
+    return out
 
 
 def _run_traced(

@@ -184,13 +184,8 @@ def _local_shape(
         )
         got = cache.get(key)
         if got is None:
-            gpu = dom.dev_gpu[rep]
             got = cache[key] = (
-                float(
-                    dom.cost.compute_time(d, lins, louts, op.attrs, gpu)
-                    if link is None
-                    else dom.cost.fused_time(d, lins, louts, op.attrs, gpu, link)  # type: ignore[attr-defined]
-                ),
+                dom.op_seconds(d, lins, louts, op.attrs, rep, link),
                 float(d.flops(lins, louts, op.attrs)),
             )
         seconds = max(seconds, got[0])

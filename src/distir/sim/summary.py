@@ -24,7 +24,9 @@ def summary_dict(r: SimResult) -> dict[str, Any]:
     communication buffers and the allocator's reserve), reserved_memory_bytes (per program
     device: its GPU's caching-allocator reserved peak with the runtime memory's fixed part,
     ``distir.sim.allocator``; null when not simulated: ``simulate(..., allocator=True)``,
-    ``distir simulate --reserved``), oom (bool), oom_devices, devices (per slot: devices, gpu,
+    ``distir simulate --reserved``), host_memory_bytes (per program device: the bytes its GPU's
+    host holds for an offloaded optimizer, its masters, Adam's state and step, which the peak
+    leaves out; null without one), oom (bool), oom_devices, devices (per slot: devices, gpu,
     stream, kind, busy_s, comm_s, idle_s)."""
     t = r.step_time_s
     gpu_of = {d: s.gpu for s, devs in zip(r.slots, r.slot_devices, strict=True) for d in devs}
@@ -57,6 +59,7 @@ def summary_dict(r: SimResult) -> dict[str, Any]:
         "reserved_memory_bytes": {str(d): r.reserved_memory.get(g) for d, g in sorted(gpu_of.items())},
         "parameter_bytes": {str(d): r.param_memory[g] for d, g in sorted(gpu_of.items())},
         "capacity_bytes": {str(d): r.capacity[g] for d, g in sorted(gpu_of.items())},
+        "host_memory_bytes": {str(d): r.host_memory.get(g) for d, g in sorted(gpu_of.items())},
         "oom": bool(oom),
         "oom_devices": [str(d) for d, g in sorted(gpu_of.items()) if g in oom],
         "devices": devices,
@@ -96,6 +99,12 @@ def summary_table(r: SimResult, title: str) -> Group:
         for dev, devs in zip(d["devices"], r.slot_devices, strict=True)
         if dev["stream"] == "compute" or dev["busy_s"] or dev["comm_s"]
     ]
+    if r.host_memory:
+        most = max(r.host_memory.values())
+        head.append(
+            f"host memory (offloaded optimizer: masters, Adam's state): up to {most / GIB:.2f} GiB a GPU, "
+            f"{sum(r.host_memory.values()) / GIB:.1f} GiB over {len(r.host_memory)} GPUs; not in the peaks\n"
+        )
     rows = [_row(r, dev, devs) for dev, devs in ran]
     if len(ran) < len(d["devices"]):
         quiet = len(d["devices"]) - len(ran)

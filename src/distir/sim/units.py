@@ -32,13 +32,13 @@ from distir.ir.dtensor import DTensorType, Mesh
 from distir.ir.function import Function, Module
 from distir.ir.ops import Op
 from distir.ir.types import Device, ScalarType, TensorType, TupleType, Type
-from distir.ir.values import Value
+from distir.ir.values import Attrs, Value
 from distir.ops.dist import REDISTRIBUTE, redistribute_source
-from distir.ops.registry import CommCost, CommPattern, OpTypeError
+from distir.ops.registry import CommCost, CommPattern, OpDef, OpTypeError
 from distir.sim import interference
-from distir.sim.cost import CostModel, gpu_class
+from distir.sim.cost import CostModel, gpu_class, host_copy_time, host_time
 from distir.sim.costmemo import cost_memos
-from distir.sim.devices import DeviceMap
+from distir.sim.devices import HOST_STREAM, DeviceMap
 from distir.sim.grouping import (
     Groups,
     add_groups,
@@ -194,6 +194,9 @@ class Units:
         self.dev_slot = {d: slot_index[s] for d, s in dmap.mapping.items()}
         self.slot_gpu = [s.gpu for s in dmap.slots]
         self.dev_gpu = {d: s.gpu for d, s in dmap.mapping.items()}
+        # devices on a GPU's host (``HOST_STREAM``): their values live in host memory, not the
+        # GPU's; their ops run on the node's CPUs; a transfer to or from them crosses PCIe
+        self.host_devs = frozenset(d for d, s in dmap.mapping.items() if s.stream == HOST_STREAM)
         self.streams = dmap.slots
         self.units: list[tuple[int, ...]] | None = None
         self.gpu_figure: dict[int, int] = {}  # real GPU -> its memory figure (with units)
@@ -409,7 +412,20 @@ class Units:
         c = self._gpu_class.get(g)
         if c is None:
             c = self._gpu_class[g] = gpu_class(self.cost, g)
-        return c
+        return (HOST_STREAM, c) if d in self.host_devs else c
+
+    def op_seconds(
+        self, d: OpDef, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, dev: Device, link: Any
+    ) -> float:
+        """The cost model's time for a compute op on device ``dev``: on a host device the host's
+        (``host_time``: its CPUs, no kernel fusion), else the GPU's (``fused_time`` when ``link``
+        joins it to the kernel before)."""
+        gpu = self.dev_gpu[dev]
+        if dev in self.host_devs:
+            return float(host_time(self.cost, d, ins, outs, attrs, gpu))
+        if link is None:
+            return float(self.cost.compute_time(d, ins, outs, attrs, gpu))
+        return float(self.cost.fused_time(d, ins, outs, attrs, gpu, link))  # type: ignore[attr-defined]
 
     def comm_seconds(
         self, pattern: CommPattern, nbytes: float, group: tuple[Device, ...], coalesced: bool = False
@@ -417,6 +433,13 @@ class Units:
         """The cost model's time for one collective (or P2P send: group = (source, dest));
         ``coalesced``: a later part of one call (``CommCost.coalesced``)."""
         gpus = tuple(map(self.dev_gpu.__getitem__, group))
+        if pattern is CommPattern.P2P and (group[0] in self.host_devs) != (group[-1] in self.host_devs):
+            # between a GPU and its host: a copy over its PCIe link
+            hkey: tuple[Any, ...] = (HOST_STREAM, nbytes, gpus[0], gpus[-1])
+            t = self._comm_memo.get(hkey)
+            if t is None:
+                t = self._comm_memo[hkey] = float(host_copy_time(self.cost, nbytes, gpus[0], gpus[-1]))
+            return t
         key = (pattern, nbytes, gpus, coalesced)
         t = self._comm_memo.get(key)
         if t is None:
@@ -436,12 +459,18 @@ class Units:
             if got is None:
                 if self._unit_types is not None and t not in self._unit_types:  # pragma: no cover
                     raise OpTypeError(f"internal: {t} was not seen when devices were grouped into units")
-                got = [(self.slot_gpu[u], piece_bytes(t, i)) for u, _d, i, _c in self.mesh_units(t.mesh)]
+                host = self.host_devs  # a piece in host memory holds none of the GPU's
+                got = [
+                    (self.slot_gpu[u], 0.0 if d in host else piece_bytes(t, i))
+                    for u, d, i, _c in self.mesh_units(t.mesh)
+                ]
                 self._dtensor_bytes[t] = got
             self._dtensor_bytes_ids[id(t)] = (t, got)
             return got
         if isinstance(t, TupleType):
             return [x for e in t.elements for x in self.bytes_by_gpu(e)]
+        if self.host_devs and isinstance(t, TensorType) and t.device in self.host_devs:
+            return [(self.slot_gpu[self.dev_slot[t.device]], 0.0)]  # in host memory: none of the GPU's
         return plain_bytes_by_gpu(t, self.dev_slot, self.slot_gpu)
 
     def sizes(self, outs: Sequence[Type], view: bool) -> Sizes:
