@@ -65,14 +65,15 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def _check_outputs(model: str | None = None, **paths: Path | None) -> None:
+def _check_outputs(model: str | None = None, cluster: str | None = None, **paths: Path | None) -> None:
     """Every output path (by option: ``trace=`` checks ``--trace``) writable, before any work
-    (``distir.files.check_output``), none naming another nor the file ``--model`` reads; else
-    one line, exit 2."""
+    (``distir.files.check_output``), none naming another nor a file the command reads (the
+    ``--model``'s, the ``--cluster`` file); else one line, exit 2."""
     from distir.frontends.files import model_input
+    from distir.hardware.cluster import cluster_input
 
     options = {"--" + name.replace("_", "-"): path for name, path in paths.items()}
-    reads = {"--model": model_input(model) if model else None}
+    reads = {"--model": model_input(model) if model else None, "--cluster": cluster_input(cluster)}
     try:
         for option, path in options.items():
             if path is not None:
@@ -501,6 +502,7 @@ def simulate(
     from distir.sim.summary import summary_dict
 
     _check_simulate_options(file, model, kernels, attention_kernel, trace_detail, trace, trainer, clip_grad)
+    _check_outputs(model, cluster, trace=trace)
     traced_gpus = _traced_gpus(trace_gpus, trace)
     _check_run(planner, trace, launch_blocking, tp_comm_overlap)
     opts = (bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum, tp_comm_overlap, clip_grad)
@@ -763,7 +765,7 @@ def _check_simulate_options(
     clip_grad: float | None = None,
 ) -> None:
     """``simulate``'s options with a fixed set of values, each one of its set (None: the
-    trainer's); ``--clip-grad`` finite; ``--trace`` writable; a FILE or a ``--model``, not both."""
+    trainer's); ``--clip-grad`` finite; a FILE or a ``--model``, not both."""
     if clip_grad is not None and not math.isfinite(clip_grad):
         _fail(f"--clip-grad must be a finite norm (0: no clipping), got {clip_grad}")
     from distir.parallel.trainers import TRAINERS
@@ -777,7 +779,6 @@ def _check_simulate_options(
         _fail(f"--attention-kernel must be one of {', '.join(ATTENTION_KERNELS)}, got {attention_kernel!r}")
     if trace_detail not in ("chunk", "layer", "op"):
         _fail(f"--trace-detail must be chunk, layer or op, got {trace_detail!r}")
-    _check_outputs(model, trace=trace)
     if (file is None) == (model is None):
         _fail(
             "give a program FILE or --model (with --strategy), not both"
@@ -2039,7 +2040,7 @@ def validate(
 
     _check_nproc("validate", nproc)
     _check_steps(steps)
-    _check_outputs(model, plot=plot)
+    _check_outputs(model, cluster, plot=plot)
     cl = _validate_cluster(cluster, lambda: chosen(strategy or (), nproc))
     quick = is_quick(n.source for n in cl.nodes)
     if quick:

@@ -381,8 +381,10 @@ def _check_outputs(a: dict[str, Any], store: Path | None, plot: Path, html: Path
             if path is not None:
                 check_output(path, option)
         from distir.frontends.files import model_input
+        from distir.hardware.cluster import cluster_input
 
-        check_distinct({given: store, **paths}, {"--model": model_input(a["model"])})
+        reads = {"--model": model_input(a["model"]), "--cluster": cluster_input(a["cluster"])}
+        check_distinct({given: store, **paths}, reads)
         if store is not None:
             store.parent.mkdir(parents=True, exist_ok=True)
     except OutputPathError as e:
