@@ -574,7 +574,8 @@ _RECOMPUTE_PART = {"full": "rfull", "selective": "rsel", "ops": "rops"}  # as a 
 def _check_inference(train: bool, optimizer: str | None, strategy: str | None, sw: _SimSwitches) -> None:
     """``--infer`` with what only a training step has (a trainer, an optimizer, its gradients' buckets,
     clipping and accumulation, ZeRO-1/2's sharded optimizer state, recomputation for the
-    backward, a zero-bubble schedule's split backward): refused, never ignored."""
+    backward, a zero-bubble schedule's split backward, the FP8 weight cache kept across a step's
+    microbatches, DeepSpeed's ZeRO-3 fetch of a training step): refused, never ignored."""
     from distir.parallel.distribute import DDP_BUCKET_MB
     from distir.parallel.strategy import StrategyError, parse_strategy
 
@@ -587,6 +588,8 @@ def _check_inference(train: bool, optimizer: str | None, strategy: str | None, s
         "--overlap-param-gather" if sw.overlap_param_gather else "",
         "--fp32-grad-accum" if sw.fp32_grad_accum else "",
         f"--clip-grad {sw.clip_grad:g}" if sw.clip_grad is not None else "",
+        "--fp8-weight-cache" if sw.fp8_weight_cache else "",
+        f"--zero3-fetch {sw.zero3_fetch}" if _fetches_by_module(sw) else "",
     ]
     try:
         st = parse_strategy(_strategy_text(strategy))
@@ -672,7 +675,8 @@ def _check_switches_apply(strategy: str | None, precision: str, sw: _SimSwitches
     """The switches that act on one kind of plan only, given for another, are refused, not
     ignored: ``--overlap-param-gather`` gathers ZeRO-1/2's sharded new weights (mixed precision,
     d·c > 1), ``--fp8-weight-cache`` caches Transformer Engine's delayed-scaling float8 weights,
-    ``--tp-comm-overlap`` pipelines sequence parallelism's collectives."""
+    ``--tp-comm-overlap`` pipelines sequence parallelism's collectives, ``--zero3-fetch
+    deepspeed`` gathers ZeRO-3's shards (d·c > 1)."""
     from distir.parallel.strategy import StrategyError, parse_strategy
 
     if sw.fp8_weight_cache and precision != "fp8-delayed":
@@ -689,11 +693,22 @@ def _check_switches_apply(strategy: str | None, precision: str, sw: _SimSwitches
             f"--tp-comm-overlap pipelines sequence parallelism's AllGather/ReduceScatter with the GEMMs, "
             f"as Megatron-LM's flag, which requires it; {st} has none: add .sp (t > 1)"
         )
+    if _fetches_by_module(sw) and not (st.zero == 3 and st.d * st.c > 1):
+        _fail(
+            f"--zero3-fetch {sw.zero3_fetch} gathers the weights ZeRO-3 shards over d·c > 1 ranks; "
+            f"{st} has none to gather: use z3 with d > 1, or drop it"
+        )
     if sw.overlap_param_gather and (st.zero not in (1, 2) or st.d * st.c == 1 or precision == "pure"):
         _fail(
             f"--overlap-param-gather gathers the new weights ZeRO-1/2 shard over d·c > 1 ranks in mixed "
             f"precision; {st} with --precision {precision} has none to gather"
         )
+
+
+def _fetches_by_module(sw: _SimSwitches) -> bool:
+    """The user asked for DeepSpeed's ZeRO-3 fetch (``--zero3-fetch deepspeed[:...]``; a malformed
+    text fails, one line); ``layer``, FSDP's whole-layer gathers, is what ZeRO-3 does anyway."""
+    return sw.zero3_fetch is not None and _zero3_fetch(sw.zero3_fetch) is not None
 
 
 def _check_run(planner: str, trace: Path | None, launch_blocking: bool, tp_comm_overlap: bool) -> None:
@@ -1035,7 +1050,15 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
     from distir.parallel.distribute import DDP_BUCKET_MB
     from distir.parallel.trainers import trainer_semantics, user_switches_fit
 
-    user_switches_fit(sw.trainer, sw.deepspeed_pipe, sw.fp32_grad_accum, sw.overlap_param_gather)
+    fetch = None if sw.zero3_fetch is None else _zero3_fetch(sw.zero3_fetch)
+    user_switches_fit(
+        sw.trainer,
+        sw.deepspeed_pipe,
+        sw.fp32_grad_accum,
+        sw.overlap_param_gather,
+        zero3_fetch=fetch is not None,
+        master_remainders=sw.master_remainders,
+    )
     if sw.trainer == "megatron" and sw.bucket_mb != DDP_BUCKET_MB:
         _fail(
             "--bucket-mb does not apply to --trainer megatron: Megatron-LM sizes its buckets itself "
@@ -1051,7 +1074,7 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
         fp32_grad_accum=sem.fp32_grad_accum or sw.fp32_grad_accum,
         fp8_weight_cache=sem.fp8_weight_cache or sw.fp8_weight_cache,
         master_remainders=sem.master_remainders or sw.master_remainders,
-        zero3_fetch=sem.zero3_fetch if sw.zero3_fetch is None else _zero3_fetch(sw.zero3_fetch),
+        zero3_fetch=sem.zero3_fetch if sw.zero3_fetch is None else fetch,
         max_norm=sem.max_norm if sw.clip_grad is None else sw.clip_grad,
     )
 
