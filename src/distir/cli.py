@@ -399,10 +399,10 @@ _SimClipGrad = Annotated[
 ]
 _SimTrace = Annotated[Path | None, typer.Option("--trace", help="Write a Perfetto/Chrome trace JSON here.")]
 _SimTraceDetail = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--trace-detail",
-        help="With --trace: chunk (a slice per op and call of the step: pipeline chunks; default), "
+        help="With --trace: chunk (a slice per op and call of the step: pipeline chunks; the default), "
         "layer (also the layers and ops inside each chunk) or op (every op, nested in its layer "
         "and chunk). Slices carry op, types, FLOPs and bytes; sends are flow arrows.",
     ),
@@ -485,7 +485,7 @@ def simulate(
     master_remainders: _SimMasterRemainders = False,
     clip_grad: _SimClipGrad = None,
     trace: _SimTrace = None,
-    trace_detail: _SimTraceDetail = "chunk",
+    trace_detail: _SimTraceDetail = None,
     trace_gpus: _SimTraceGpus = None,
     device_map: _SimDeviceMap = None,
     batch: _SimBatch = None,
@@ -501,7 +501,8 @@ def simulate(
     file, or of a zoo model under a strategy (built with distribute(model, strategy))."""
     from distir.sim.summary import summary_dict
 
-    _check_simulate_options(file, model, kernels, attention_kernel, trace_detail, trace, trainer, clip_grad)
+    trace_detail = _trace_detail(trace_detail, trace)
+    _check_simulate_options(file, model, kernels, attention_kernel, trainer, clip_grad)
     _check_outputs(model, cluster, trace=trace)
     traced_gpus = _traced_gpus(trace_gpus, trace)
     _check_run(planner, trace, launch_blocking, tp_comm_overlap)
@@ -774,8 +775,6 @@ def _check_simulate_options(
     model: str | None,
     kernels: str | None,
     attention_kernel: str | None,
-    trace_detail: str,
-    trace: Path | None,
     trainer: str = "distir",
     clip_grad: float | None = None,
 ) -> None:
@@ -792,14 +791,24 @@ def _check_simulate_options(
         _fail(f"--kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
     if attention_kernel is not None and attention_kernel not in ATTENTION_KERNELS:
         _fail(f"--attention-kernel must be one of {', '.join(ATTENTION_KERNELS)}, got {attention_kernel!r}")
-    if trace_detail not in ("chunk", "layer", "op"):
-        _fail(f"--trace-detail must be chunk, layer or op, got {trace_detail!r}")
     if (file is None) == (model is None):
         _fail(
             "give a program FILE or --model (with --strategy), not both"
             if file
             else "give a program FILE or --model"
         )
+
+
+def _trace_detail(detail: str | None, trace: Path | None) -> str:
+    """``--trace-detail`` read (default ``chunk``); refused without ``--trace``, as
+    ``--trace-gpus`` is (it would shape no trace)."""
+    if detail is None:
+        return "chunk"
+    if detail not in ("chunk", "layer", "op"):
+        _fail(f"--trace-detail must be chunk, layer or op, got {detail!r}")
+    if trace is None:
+        _fail("--trace-detail needs --trace")
+    return detail
 
 
 def _traced_gpus(text: str | None, trace: Path | None) -> frozenset[int] | None:
