@@ -308,8 +308,8 @@ _SimTpCommOverlap = Annotated[
     typer.Option(
         "--tp-comm-overlap",
         help="Tensor-parallel AllGather/ReduceScatter pipelined with the GEMM beside them, as "
-        "Megatron-LM's --tp-comm-overlap (Transformer Engine) runs them; needs sequence "
-        "parallelism to matter.",
+        "Megatron-LM's --tp-comm-overlap (Transformer Engine) runs them; it requires sequence "
+        "parallelism: refused for a strategy (simulate) or a space (search) without .sp.",
     ),
 ]
 _SimBucketMb = Annotated[
