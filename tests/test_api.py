@@ -120,6 +120,10 @@ _API_BAD: list[tuple[str, dict[str, object], type[Exception], str]] = [
     ("search", {"train": "no"}, SpaceError, "train must be True or False, got 'no' (str)"),
     ("search", {"optimizer": "lion"}, SpaceError, "optimizer must be sgd or adam, got 'lion'"),
     ("search", {"tp_layout": "x"}, SpaceError, "tp_layout must be declared or auto, got 'x'"),
+    ("search", {"cp": "2"}, SpaceError, "--cp must be a positive integer, got '2'"),
+    ("search", {"hsdp": 3}, SpaceError, "--hsdp 3 must divide the data-parallel degree d"),
+    ("search", {"microbatch_size": 3}, SpaceError, "--microbatch-size 3 does not divide the batch 16"),
+    ("search", {"cp_from_seq": 0}, SpaceError, "--cp-from-seq must be a positive integer, got 0"),
     ("simulate", {"strategy": 2}, StrategyError, "strategy must be a strategy string or a Strategy, got 2"),
     ("simulate", {"strategy": None}, StrategyError, "got None"),
     ("simulate", {"cluster": ["dgx-a100"]}, HardwareError, "got ['dgx-a100'] (list)"),
@@ -202,3 +206,12 @@ def test_simulate_as_a_trainer_agrees_with_the_cli() -> None:
     assert one.peak_memory_bytes == max(cli["peak_memory_bytes"].values())
     neutral = distir.simulate(GPT, "d2.t2.sp.p1.k2.z1", "h100", 16, dtype="bf16", precision="mixed")
     assert neutral.step_time_s != one.step_time_s
+
+
+def test_search_takes_every_pin_the_cli_takes() -> None:
+    """``distir.search`` pins what ``distir search`` pins: microbatch size, HSDP and context
+    parallelism too (``cp_from_seq`` as ``--cp-from-seq``)."""
+    found = distir.search(model=GPT, cluster="dgx-a100", batch=16, top=1, cp=2, microbatch_size=2)
+    assert found.best.c == 2 and found.best.microbatch_size == 2
+    found = distir.search(model=GPT, cluster="dgx-a100", batch=16, top=1, hsdp=2)
+    assert found.best.shard_group is not None and found.best.zero == 3

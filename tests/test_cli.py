@@ -474,6 +474,26 @@ def test_simulate_zero3_fetch() -> None:
     assert code == 2 and "--zero3-fetch" in err
 
 
+def test_simulate_refuses_a_zero3_fetch_or_remainders_it_would_ignore() -> None:
+    """``--zero3-fetch deepspeed`` with no ZeRO-3 shards to gather (ZeRO 0-2, d·c = 1) or under a
+    trainer whose ZeRO-3 gathers whole layers, and ``--master-remainders`` under DeepSpeed, are
+    one-line errors, not runs without them; ``layer`` (what ZeRO-3 does anyway) is taken."""
+    model = "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128"
+    base = ["simulate", "--model", model, "--batch", "8", "--cluster", "dgx-a100"]
+    refused = [
+        (["--strategy", "d2.z2", "--zero3-fetch", "deepspeed"], "d2.t1.p1.k1.1f1b.z2 has none to gather"),
+        (["--strategy", "d1.z3", "--zero3-fetch", "deepspeed:max_live=9"], "has none to gather"),
+        (["--strategy", "d2.z3", "--zero3-fetch", "deepspeed", "--trainer", "megatron"], "not megatron's"),
+        (["--strategy", "d2.z1", "--master-remainders", "--trainer", "deepspeed"], "not DeepSpeed's"),
+    ]
+    for extra, message in refused:
+        code, _, err = run(*base, *extra)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, (extra, err)
+    for strategy in ("d2.z2", "d2.z3"):
+        code, _, err = run(*base, "--strategy", strategy, "--zero3-fetch", "layer")
+        assert code == 0, err
+
+
 def test_simulate_as_a_trainer_runs_it() -> None:
     """``--trainer`` runs the plan as that trainer does (``distir.parallel.trainers``): Megatron's
     fp32 gradients take 2 bytes a parameter more than the neutral program's, torchtitan's eager

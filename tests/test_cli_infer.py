@@ -31,6 +31,8 @@ def _run(*args: str) -> tuple[int, str, str]:
         (["--strategy", "d2.t1.p1.k1.z1", "--overlap-param-gather"], "--overlap-param-gather, ZeRO-1 (z1)"),
         (["--strategy", "d1.t1.p1.k1.rsel"], "recomputation (rsel)"),
         (["--strategy", "d1.t1.p2.k4.zb1"], "the zero-bubble schedule (zb1)"),
+        (["--strategy", "d2.t1.p1.k1.z3", "--zero3-fetch", "deepspeed"], "--zero3-fetch deepspeed"),
+        (["--precision", "fp8-delayed", "--fp8-weight-cache"], "--fp8-weight-cache"),
     ],
 )
 def test_inference_refuses_training_only_options(extra: list[str], named: str) -> None:
@@ -45,6 +47,8 @@ def test_inference_refuses_training_only_options(extra: list[str], named: str) -
 def test_inference_keeps_what_it_runs() -> None:
     """ZeRO-3's sharded weights (gathered per layer) and microbatches are forward work too."""
     code, _, err = _run(*MODEL, "--strategy", "d2.t1.p1.k2.z3", "--json")
+    assert code == 0, err
+    code, _, err = _run(*MODEL, "--strategy", "d2.t1.p1.k2.z3", "--zero3-fetch", "layer", "--json")
     assert code == 0, err
 
 

@@ -103,3 +103,30 @@ def test_an_output_naming_the_models_own_file_is_refused_before_any_work(
         code, err = cli(argv, capsys)
         assert code == 2 and len(err.strip().splitlines()) == 1 and "the file --model reads" in err, err
     assert model.read_text() == text and config.read_bytes() == before
+
+
+def test_no_output_overwrites_the_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An output naming the ``--cluster`` file, however spelled, is refused before any work, as
+    one naming the model's file is: the user's cluster file is never replaced by a trace, a CSV,
+    a plot, a page, a store or a configuration."""
+    cluster = tmp_path / "c.toml"
+    cluster.write_text('[types.a]\npreset = "h100"\n\n[[nodes]]\ntype = "a"\ncount = 1\n')
+    before = cluster.read_bytes()
+    dotted = str(tmp_path / "." / "c.toml")
+    on = ["--cluster", str(cluster)]
+    export = ["export", "--to", "megatron", "--model", TINY, "--strategy", "d2", "--batch", "8", *on]
+    cases = [
+        [*SIMULATE, *on, "--trace", dotted],
+        ["simulate", str(Path(__file__).parents[1] / "examples" / "fig2_mlp_pipeline.distir"), *on,
+         "--trace", str(cluster)],
+        *(["search", "--model", TINY, "--batch", "8", *on, option, dotted]
+          for option in ("--csv", "--plot", "--html", "--store")),
+        ["search", "--model", TINY, "--batch", "8", *on, "--export", "megatron", "--export-out", dotted],
+        [*export, "--out", dotted],
+        ["validate", "--model", TINY, *on, "--plot", str(cluster)],
+    ]  # fmt: skip
+    for argv in cases:
+        code, err = cli(argv, capsys)
+        one_line = len(err.strip().splitlines()) == 1
+        assert code == 2 and one_line and "the file --cluster reads" in err, (argv, err)
+    assert cluster.read_bytes() == before

@@ -224,6 +224,10 @@ def search(
     schedule: str | None = None,
     zero: int | None = None,
     recompute: str | None = None,
+    microbatch_size: int | None = None,
+    hsdp: int | None = None,
+    cp: int | None = None,
+    cp_from_seq: int | None = None,
     max_microbatches: int = 128,
     top: int = 8,
     workers: int = 1,
@@ -236,7 +240,9 @@ def search(
 ) -> SearchResults:
     """Find the fastest strategy that fits, as ``distir search`` does: screen the space
     analytically, simulate the ``top`` best exactly, rank by throughput (those that do not fit
-    last). ``dp``/``tp``/``pp``/``microbatches``/``schedule``/``zero``/``recompute`` pin a part;
+    last). ``dp``/``tp``/``pp``/``microbatches``/``schedule``/``zero``/``recompute``/
+    ``microbatch_size``/``hsdp``/``cp`` pin a part, as ``distir search``'s flags do; ``cp_from_seq``:
+    context parallelism searched from this sequence length (default 16384);
     ``dtype``/``precision`` ``auto``: mixed precision in the GPUs' fast half format (training).
     ``store``: a SQLite result store (a finished search comes back from it; None: none).
     ``progress(phase, done, total)`` is called as the phases advance. ``tp_layout``: the
@@ -247,12 +253,25 @@ def search(
     (``megatron``, ``deepspeed``, ``torchtitan``; ``distir search --trainer``)."""
     from distir.search.run import SearchRequest
     from distir.search.run import search as run_search
-    from distir.search.space import Pins
+    from distir.search.space import CP_MIN_SEQ, Pins
 
     _check_inputs(model, cluster)
     _check_search(_model_text(model), batch, train, locals())
     dtype, precision = _numerics(dtype, precision, train, cluster, _model_text(model))
-    pins = Pins(dp, tp, pp, microbatches, schedule, zero, recompute, max_microbatches)
+    pins = Pins(
+        dp,
+        tp,
+        pp,
+        microbatches,
+        schedule,
+        zero,
+        recompute,
+        max_microbatches,
+        mbs=microbatch_size,
+        hsdp=hsdp,
+        cp=cp,
+        cp_from_seq=CP_MIN_SEQ if cp_from_seq is None else cp_from_seq,
+    )
     req = SearchRequest(
         model=_model_text(model),
         cluster=cluster,

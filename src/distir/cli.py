@@ -65,14 +65,15 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def _check_outputs(model: str | None = None, **paths: Path | None) -> None:
+def _check_outputs(model: str | None = None, cluster: str | None = None, **paths: Path | None) -> None:
     """Every output path (by option: ``trace=`` checks ``--trace``) writable, before any work
-    (``distir.files.check_output``), none naming another nor the file ``--model`` reads; else
-    one line, exit 2."""
+    (``distir.files.check_output``), none naming another nor a file the command reads (the
+    ``--model``'s, the ``--cluster`` file); else one line, exit 2."""
     from distir.frontends.files import model_input
+    from distir.hardware.cluster import cluster_input
 
     options = {"--" + name.replace("_", "-"): path for name, path in paths.items()}
-    reads = {"--model": model_input(model) if model else None}
+    reads = {"--model": model_input(model) if model else None, "--cluster": cluster_input(cluster)}
     try:
         for option, path in options.items():
             if path is not None:
@@ -307,8 +308,8 @@ _SimTpCommOverlap = Annotated[
     typer.Option(
         "--tp-comm-overlap",
         help="Tensor-parallel AllGather/ReduceScatter pipelined with the GEMM beside them, as "
-        "Megatron-LM's --tp-comm-overlap (Transformer Engine) runs them; needs sequence "
-        "parallelism to matter.",
+        "Megatron-LM's --tp-comm-overlap (Transformer Engine) runs them; it requires sequence "
+        "parallelism: refused for a strategy (simulate) or a space (search) without .sp.",
     ),
 ]
 _SimBucketMb = Annotated[
@@ -419,10 +420,10 @@ _SimClipGrad = Annotated[
 ]
 _SimTrace = Annotated[Path | None, typer.Option("--trace", help="Write a Perfetto/Chrome trace JSON here.")]
 _SimTraceDetail = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--trace-detail",
-        help="With --trace: chunk (a slice per op and call of the step: pipeline chunks; default), "
+        help="With --trace: chunk (a slice per op and call of the step: pipeline chunks; the default), "
         "layer (also the layers and ops inside each chunk) or op (every op, nested in its layer "
         "and chunk). Slices carry op, types, FLOPs and bytes; sends are flow arrows.",
     ),
@@ -507,7 +508,7 @@ def simulate(
     offload_optimizer: _SimOffloadOptimizer = False,
     clip_grad: _SimClipGrad = None,
     trace: _SimTrace = None,
-    trace_detail: _SimTraceDetail = "chunk",
+    trace_detail: _SimTraceDetail = None,
     trace_gpus: _SimTraceGpus = None,
     device_map: _SimDeviceMap = None,
     batch: _SimBatch = None,
@@ -523,7 +524,9 @@ def simulate(
     file, or of a zoo model under a strategy (built with distribute(model, strategy))."""
     from distir.sim.summary import summary_dict
 
-    _check_simulate_options(file, model, kernels, attention_kernel, trace_detail, trace, trainer, clip_grad)
+    trace_detail = _trace_detail(trace_detail, trace)
+    _check_simulate_options(file, model, kernels, attention_kernel, trainer, clip_grad)
+    _check_outputs(model, cluster, trace=trace)
     traced_gpus = _traced_gpus(trace_gpus, trace)
     _check_run(planner, trace, launch_blocking, tp_comm_overlap)
     opts = (bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum, tp_comm_overlap, clip_grad)
@@ -597,7 +600,8 @@ _RECOMPUTE_PART = {"full": "rfull", "selective": "rsel", "ops": "rops"}  # as a 
 def _check_inference(train: bool, optimizer: str | None, strategy: str | None, sw: _SimSwitches) -> None:
     """``--infer`` with what only a training step has (a trainer, an optimizer, its gradients' buckets,
     clipping and accumulation, ZeRO-1/2's sharded optimizer state, recomputation for the
-    backward, a zero-bubble schedule's split backward): refused, never ignored."""
+    backward, a zero-bubble schedule's split backward, the FP8 weight cache kept across a step's
+    microbatches, DeepSpeed's ZeRO-3 fetch of a training step): refused, never ignored."""
     from distir.parallel.distribute import DDP_BUCKET_MB
     from distir.parallel.strategy import StrategyError, parse_strategy
 
@@ -613,6 +617,8 @@ def _check_inference(train: bool, optimizer: str | None, strategy: str | None, s
         f"--clip-grad {sw.clip_grad:g}" if sw.clip_grad is not None else "",
         "--master-remainders" if sw.master_remainders else "",
         f"--optimizer-dtype {sw.optimizer_dtype}" if sw.optimizer_dtype != "f32" else "",
+        "--fp8-weight-cache" if sw.fp8_weight_cache else "",
+        f"--zero3-fetch {sw.zero3_fetch}" if _fetches_by_module(sw) else "",
     ]
     try:
         st = parse_strategy(_strategy_text(strategy))
@@ -698,7 +704,8 @@ def _check_switches_apply(strategy: str | None, precision: str, sw: _SimSwitches
     """The switches that act on one kind of plan only, given for another, are refused, not
     ignored: ``--overlap-param-gather`` gathers ZeRO-1/2's sharded new weights (mixed precision,
     d·c > 1), ``--fp8-weight-cache`` caches Transformer Engine's delayed-scaling float8 weights,
-    ``--tp-comm-overlap`` pipelines sequence parallelism's collectives."""
+    ``--tp-comm-overlap`` pipelines sequence parallelism's collectives, ``--zero3-fetch
+    deepspeed`` gathers ZeRO-3's shards (d·c > 1)."""
     from distir.parallel.strategy import StrategyError, parse_strategy
 
     if sw.fp8_weight_cache and precision != "fp8-delayed":
@@ -715,11 +722,22 @@ def _check_switches_apply(strategy: str | None, precision: str, sw: _SimSwitches
             f"--tp-comm-overlap pipelines sequence parallelism's AllGather/ReduceScatter with the GEMMs, "
             f"as Megatron-LM's flag, which requires it; {st} has none: add .sp (t > 1)"
         )
+    if _fetches_by_module(sw) and not (st.zero == 3 and st.d * st.c > 1):
+        _fail(
+            f"--zero3-fetch {sw.zero3_fetch} gathers the weights ZeRO-3 shards over d·c > 1 ranks; "
+            f"{st} has none to gather: use z3 with d > 1, or drop it"
+        )
     if sw.overlap_param_gather and (st.zero not in (1, 2) or st.d * st.c == 1 or precision == "pure"):
         _fail(
             f"--overlap-param-gather gathers the new weights ZeRO-1/2 shard over d·c > 1 ranks in mixed "
             f"precision; {st} with --precision {precision} has none to gather"
         )
+
+
+def _fetches_by_module(sw: _SimSwitches) -> bool:
+    """The user asked for DeepSpeed's ZeRO-3 fetch (``--zero3-fetch deepspeed[:...]``; a malformed
+    text fails, one line); ``layer``, FSDP's whole-layer gathers, is what ZeRO-3 does anyway."""
+    return sw.zero3_fetch is not None and _zero3_fetch(sw.zero3_fetch) is not None
 
 
 def _check_run(planner: str, trace: Path | None, launch_blocking: bool, tp_comm_overlap: bool) -> None:
@@ -788,13 +806,11 @@ def _check_simulate_options(
     model: str | None,
     kernels: str | None,
     attention_kernel: str | None,
-    trace_detail: str,
-    trace: Path | None,
     trainer: str = "distir",
     clip_grad: float | None = None,
 ) -> None:
     """``simulate``'s options with a fixed set of values, each one of its set (None: the
-    trainer's); ``--clip-grad`` finite; ``--trace`` writable; a FILE or a ``--model``, not both."""
+    trainer's); ``--clip-grad`` finite; a FILE or a ``--model``, not both."""
     if clip_grad is not None and not math.isfinite(clip_grad):
         _fail(f"--clip-grad must be a finite norm (0: no clipping), got {clip_grad}")
     from distir.parallel.trainers import TRAINERS
@@ -806,15 +822,24 @@ def _check_simulate_options(
         _fail(f"--kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
     if attention_kernel is not None and attention_kernel not in ATTENTION_KERNELS:
         _fail(f"--attention-kernel must be one of {', '.join(ATTENTION_KERNELS)}, got {attention_kernel!r}")
-    if trace_detail not in ("chunk", "layer", "op"):
-        _fail(f"--trace-detail must be chunk, layer or op, got {trace_detail!r}")
-    _check_outputs(model, trace=trace)
     if (file is None) == (model is None):
         _fail(
             "give a program FILE or --model (with --strategy), not both"
             if file
             else "give a program FILE or --model"
         )
+
+
+def _trace_detail(detail: str | None, trace: Path | None) -> str:
+    """``--trace-detail`` read (default ``chunk``); refused without ``--trace``, as
+    ``--trace-gpus`` is (it would shape no trace)."""
+    if detail is None:
+        return "chunk"
+    if detail not in ("chunk", "layer", "op"):
+        _fail(f"--trace-detail must be chunk, layer or op, got {detail!r}")
+    if trace is None:
+        _fail("--trace-detail needs --trace")
+    return detail
 
 
 def _traced_gpus(text: str | None, trace: Path | None) -> frozenset[int] | None:
@@ -1069,8 +1094,15 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
     from distir.parallel.distribute import DDP_BUCKET_MB
     from distir.parallel.trainers import trainer_semantics, user_switches_fit
 
+    fetch = None if sw.zero3_fetch is None else _zero3_fetch(sw.zero3_fetch)
     user_switches_fit(
-        sw.trainer, sw.deepspeed_pipe, sw.fp32_grad_accum, sw.overlap_param_gather, sw.offload_optimizer
+        sw.trainer,
+        sw.deepspeed_pipe,
+        sw.fp32_grad_accum,
+        sw.overlap_param_gather,
+        zero3_fetch=fetch is not None,
+        master_remainders=sw.master_remainders,
+        offload_optimizer=sw.offload_optimizer,
     )
     if sw.trainer == "megatron" and sw.bucket_mb != DDP_BUCKET_MB:
         _fail(
@@ -1088,7 +1120,7 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
         fp8_weight_cache=sem.fp8_weight_cache or sw.fp8_weight_cache,
         master_remainders=sem.master_remainders or sw.master_remainders,
         offload_optimizer=sem.offload_optimizer or sw.offload_optimizer,
-        zero3_fetch=sem.zero3_fetch if sw.zero3_fetch is None else _zero3_fetch(sw.zero3_fetch),
+        zero3_fetch=sem.zero3_fetch if sw.zero3_fetch is None else fetch,
         max_norm=sem.max_norm if sw.clip_grad is None else sw.clip_grad,
     )
 
@@ -2079,7 +2111,7 @@ def validate(
 
     _check_nproc("validate", nproc)
     _check_steps(steps)
-    _check_outputs(model, plot=plot)
+    _check_outputs(model, cluster, plot=plot)
     cl = _validate_cluster(cluster, lambda: chosen(strategy or (), nproc))
     quick = is_quick(n.source for n in cl.nodes)
     if quick:

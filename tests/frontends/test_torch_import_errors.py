@@ -135,6 +135,29 @@ def test_a_learned_position_table_bounds_the_sequence_rotary_positions_do_not() 
 
 
 @pytest.mark.parametrize(
+    ("sizes", "words"),
+    [
+        ({"num_hidden_layers": 100_000}, "num_hidden_layers = 100,000 is above distir's bound of 1,024"),
+        ({"num_hidden_layers": 0}, "num_hidden_layers=0; a model needs at least one block"),
+        ({"vocab_size": 10**12}, "vocab_size = 1,000,000,000,000 is above distir's bound of 16,777,216"),
+        ({"intermediate_size": 2**30}, "intermediate_size = 1,073,741,824 is above"),
+    ],
+)
+def test_a_config_beyond_the_size_bounds_is_refused_before_transformers_builds_it(
+    sizes: dict[str, int], words: str, tmp_path: Path
+) -> None:
+    """100,000 layers traced for minutes and a vocabulary of 10^12 tried to allocate 64 TB: a
+    config's layers and widths are bounded as a model string's are, naming the key."""
+    config = {"model_type": "llama", "vocab_size": 32, "hidden_size": 8, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "intermediate_size": 8, "max_position_embeddings": 8}  # fmt: skip
+    config |= sizes
+    (tmp_path / "config.json").write_text(__import__("json").dumps(config))
+    with pytest.raises(SourceError, match=re.escape(words)) as info:
+        build_model(f"hf:{tmp_path}", batch=2)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
     ("config", "words"),
     [
         ({"model_type": "no-such-type"}, "not a transformers model config (Unrecognized model"),

@@ -149,3 +149,17 @@ def test_cluster_error_format() -> None:
     assert str(e) == "f.toml:3:5: nodes[1].count: bad"
     assert str(ClusterError("bad", source="f.toml")) == "f.toml: bad"
     assert isinstance(e, ValueError)
+
+
+def test_cluster_input_names_the_file_a_spec_reads() -> None:
+    """``cluster_input``: a cluster file's path (what the commands refuse to overwrite); None
+    for a preset, a mix of presets, a ``Cluster`` or anything else, never an error."""
+    from pathlib import Path
+
+    from distir.hardware.cluster import cluster_input
+
+    assert cluster_input(" my.toml ") == Path("my.toml")
+    assert cluster_input("clusters/profile") == Path("clusters/profile")
+    assert cluster_input("h100:2+dgx-a100") is None
+    assert cluster_input(parse_cluster("h100")) is None
+    assert cluster_input("") is None and cluster_input(None) is None

@@ -377,3 +377,36 @@ def test_fp8_keys_set_the_fp8_peak_and_its_gemm_curve() -> None:
 def test_bad_fp8_keys_are_clear_errors(text: str, key: str, needle: str) -> None:
     e = err(text + '[[nodes]]\ntype = "t"\n')
     assert e.key == key and needle in e.message, str(e)
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [
+        ("memory_gib = 1e300", "memory_gib"),  # overflowed converting to bytes (a traceback)
+        ("memory_gib = 85899345920", "memory_gib"),  # bytes written for GiB
+        ("fp32_tflops = 67e12", "fp32_tflops"),  # FLOP/s written for TFLOP/s
+        ("fp32_tflops = 1e-300", "fp32_tflops"),  # a step of 10^297 s
+        ("memory_bandwidth_gb_s = 3.35e12", "memory_bandwidth_gb_s"),  # B/s for GB/s
+        ("launch_overhead_us = 1e9", "launch_overhead_us"),  # 1,000 s a kernel
+        ("cuda_context_mib = 1e12", "cuda_context_mib"),
+    ],
+)
+def test_a_figure_in_another_unit_is_an_error_naming_the_key(line: str, key: str) -> None:
+    """A figure far outside what any GPU or link has (``PLAUSIBLE``, by the unit its key names)
+    is one error naming the key and the unit, not a cluster that simulates absurdly or a
+    traceback."""
+    text = f'[types.t]\npreset = "h100"\n{line}\n' + NODES
+    e = err(text)
+    assert e.key == f"types.t.{key}" and e.line == 3, str(e)
+    assert "is outside what any GPU or link has" in e.message and "check the unit" in e.message
+    assert len(str(e).splitlines()) == 1
+
+
+def test_real_figures_are_inside_the_plausible_ranges() -> None:
+    """The repository's cluster files (published machines), zero latencies and half a GiB pass
+    the unit check."""
+    for path in sorted((Path(__file__).parents[2] / "bench" / "clusters").glob("*.toml")):
+        load_cluster_file(path)
+    zeros = "intra_latency_us = 0\nlaunch_overhead_us = 0\n"
+    text = f'[types.t]\npreset = "h100"\n{zeros}memory_gib = 0.5\n' + NODES
+    assert cluster_from_toml(text, "c.toml").nodes[0].device.memory_bytes == GIB // 2

@@ -31,6 +31,9 @@ def test_a_split_head_is_named_with_the_degrees_that_work() -> None:
         ("gpt2-117m", {"heads": 12, "ffn": 3072}),
         ("llama3-8b", {"heads": 32, "kv_heads": 8, "ffn": 14336}),
         ("transgan-hetero", {"heads": 4}),
+        # Nemotron's query groups and FFN columns bound the degree too (t = 3 ran on 8 KV heads)
+        ("nemotron-15b", {"heads": 48, "kv_heads": 8, "ffn": 24576}),
+        ("nemotron-8b", {"heads": 32, "ffn": 16384}),
         ("mlp-1b", {}),
         ("hf:tests/frontends/configs/gpt2-xl.json", {"heads": 25, "ffn": 6400}),
         ("hf:tests/frontends/configs/llama3-8b.json", {"heads": 32, "kv_heads": 8, "ffn": 14336}),
@@ -64,3 +67,10 @@ def test_the_search_space_keeps_whole_heads() -> None:
         1,
         5,
     ]
+
+
+def test_the_search_space_keeps_whole_query_groups_of_nemotron() -> None:
+    from distir.frontends.zoo.registry import parse_model_string
+
+    assert allowed_tp(parse_model_string("nemotron-15b:layers=2"), DType.bf16, 8) == [1, 2, 4, 8]
+    assert "t=3 does not divide kv_heads=8" in tp_split_refusal("nemotron-340b", 3)

@@ -268,3 +268,19 @@ def test_a_noop_where_nothing_is_gathered_per_use() -> None:
     with_ = distribute(model, s, Optimizer("adam"), zero3_fetch=Zero3Fetch())
     without = distribute(model, s, Optimizer("adam"))
     assert str(with_) == str(without)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("deepspeed:max_live=1,max_live=2", "key 'max_live' is given twice"),  # was: the last won
+        ("deepspeed:max_live=٢", "is not a number"),  # float() reads Arabic-Indic digits
+        ("deepspeed:max_live=1_000", "is not a number"),
+        ("deepspeed:max_live= 5", "is not a number"),
+        ("deepspeed:foo=1", "unknown key 'foo'; keys: max_live"),
+        ("deepspeed:max_live", "'max_live' is not key=value"),
+    ],
+)
+def test_a_knob_is_given_once_in_ascii_digits(text: str, needle: str) -> None:
+    with pytest.raises(FetchSpecError, match=needle):
+        parse_zero3_fetch(text)

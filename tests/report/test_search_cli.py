@@ -181,3 +181,14 @@ def test_an_export_the_trainer_cannot_take_fails_before_the_search(
     argv[argv.index(MODEL)] = model
     code, _, err = cli(argv, capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
+
+
+def test_export_out_without_export_fails_before_the_search(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--export-out`` names where the ``--export`` configuration goes: without ``--export`` it
+    would be ignored (nothing written), so it is refused before the search."""
+    _no_search(monkeypatch)
+    code, _, err = cli([*BASE, "--export-out", str(tmp_path / "cfg.txt")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "give --export TARGET" in err, err
+    assert not (tmp_path / "cfg.txt").exists()

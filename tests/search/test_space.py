@@ -84,6 +84,22 @@ def test_a_microbatch_pin_that_does_not_divide_the_batch_says_what_divides(pins:
         Space(8, 4, 6, (1, 2, 4, 8), pins=pins).check()
 
 
+@pytest.mark.parametrize(
+    ("pins", "words"),
+    [
+        (Pins(dp=8, tp=2), "--dp 8 × --tp 2 = 16 GPUs, but a strategy uses every one of the cluster's 8"),
+        (Pins(dp=4, tp=2, pp=2), "--dp 4 × --tp 2 × --pp 2 = 16 GPUs"),
+        (Pins(dp=2, tp=2, cp=1, pp=1), "--dp 2 × --tp 2 × --cp 1 × --pp 1 = 4 GPUs"),
+    ],
+)
+def test_pinned_degrees_whose_product_is_not_the_gpus_say_so(pins: Pins, words: str) -> None:
+    """Not the generic "no strategy for these pins": the pinned degrees, their product, and the
+    cluster's GPUs, every one of which a strategy uses."""
+    with pytest.raises(SpaceError, match=re.escape(words)):
+        Space(8, 32, 6, (1, 2, 4, 8), pins=pins, seq=64).check()
+    Space(8, 32, 6, (1, 2, 4, 8), pins=Pins(dp=4, tp=2), seq=64).check()
+
+
 def test_pins_restrict_and_bad_pins_say_why() -> None:
     sp = Space(8, 32, 6, (1, 2, 4, 8), pins=Pins(tp=2, schedule="1f1b"))
     assert all(s.t == 2 and (s.p == 1 or s.schedule == "1f1b") for s in sp.bases())

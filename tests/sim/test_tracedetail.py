@@ -289,6 +289,8 @@ def test_cli_trace_gpus(tmp_path: Path) -> None:
         (["--trace", str(out), "--trace-gpus", "3-1"], "--trace-gpus '3-1': '3-1' is not a GPU or a range"),
         (["--trace", str(out), "--trace-gpus", "x"], "'x' is not a GPU or a range of GPUs like 0-7"),
         (["--trace-gpus", "0"], "--trace-gpus needs --trace"),
+        (["--trace-detail", "op"], "--trace-detail needs --trace"),  # was: ignored, no trace
+        (["--trace", str(out), "--trace-detail", "ops"], "--trace-detail must be chunk, layer or op"),
         (["--trace", str(out), "--trace-gpus", "7"], "traced GPU 7 is not one of the program's 4 GPUs"),
     ):
         bad = CliRunner().invoke(app, [*base, "--cluster", "dgx-a100", *args])

@@ -99,15 +99,25 @@ def model_shape(spec: str) -> ModelShape | None:
 
 def split_sizes(spec: str) -> dict[str, int]:
     """The sizes a tensor-parallel degree must divide in the model string ``spec``
-    (``distir.parallel.tp_split``): a transformer's heads, query groups and FFN columns,
-    TransGAN's heads; {} for a model without attention heads (the MLPs, an imported module)."""
+    (``distir.parallel.tp_split``): a transformer's heads, query groups and FFN columns (of any
+    family whose config names them: ``heads``, ``kv_heads``, ``ffn``, Nemotron's too), TransGAN's
+    heads; {} for a model without attention heads (the MLPs, an imported module)."""
     shape = model_shape(spec)
     if shape is not None:
         return tp_sizes(shape)
     if spec.strip().startswith("hf:"):
         return _hf_split_sizes(spec)
-    heads = getattr(parse_model_string(spec).config, "heads", None)
-    return {"heads": heads} if isinstance(heads, int) else {}
+    cfg = parse_model_string(spec).config
+    heads = getattr(cfg, "heads", None)
+    if not isinstance(heads, int):
+        return {}
+    sizes = {"heads": heads}
+    kv, ffn = getattr(cfg, "kv_heads", None), getattr(cfg, "ffn", None)
+    if isinstance(kv, int) and kv != heads:
+        sizes["kv_heads"] = kv
+    if isinstance(ffn, int):
+        sizes["ffn"] = ffn
+    return sizes
 
 
 def _hf_split_sizes(spec: str) -> dict[str, int]:

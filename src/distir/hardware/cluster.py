@@ -215,6 +215,15 @@ def _is_file_spec(spec: str) -> bool:
     return spec.endswith(".toml") or "/" in spec or "\\" in spec
 
 
+def cluster_input(spec: object) -> Path | None:
+    """The file the cluster spec ``spec`` reads (a cluster file), else None (a preset, a
+    ``Cluster``, a malformed spec: ``parse_cluster`` reports it). Never raises: the commands
+    that write files refuse an output naming it (``distir.files.check_distinct``)."""
+    if not isinstance(spec, str) or not spec.strip():
+        return None
+    return Path(spec.strip()) if _is_file_spec(spec.strip()) else None
+
+
 def parse_cluster(spec: str | Cluster) -> Cluster:
     """A cluster from a spec string (a ``Cluster`` is returned as it is):
 

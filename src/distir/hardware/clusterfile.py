@@ -173,6 +173,26 @@ def _gib(x: float) -> float:
     return x * GIB
 
 
+# The figures a cluster file may give, by the unit its key names: far outside what any GPU,
+# link or host has, so a figure written in another unit (FLOP/s for TFLOP/s, bytes for GiB, B/s
+# for GB/s, ns for µs past 10 s) is an error naming the key, not a cluster that simulates in
+# 10^-300 s or overflows converting memory to bytes. unit → (least, most); 0 where zero_ok allows.
+PLAUSIBLE: dict[str, tuple[float, float]] = {
+    "TFLOP/s": (1e-6, 1e5),  # 1 MFLOP/s … 100 PFLOP/s (an H100's FP8 peak is 1,979)
+    "GB/s": (1e-6, 1e5),  # 1 kB/s … 100 TB/s (HBM3e: 8 TB/s)
+    "GiB": (2.0**-20, 2.0**20),  # 1 KiB … 1 PiB of device memory
+    "MiB": (2.0**-10, 2.0**30),  # 1 KiB … 1 PiB of runtime memory
+    "µs": (1e-6, 1e7),  # 1 ps … 10 s
+    "W": (1e-3, 1e5),  # 1 mW … 100 kW
+}
+
+
+def plausible_range(what: str) -> tuple[float, float] | None:
+    """The (least, most) of ``PLAUSIBLE`` for a figure described as ``what`` (its unit last, as
+    ``"device memory, GiB"`` or ``"µs per op"`` give it), else None (a fraction, a count)."""
+    return PLAUSIBLE.get(what.split(", ")[-1].split(" ")[0])
+
+
 # key → (what, conversion to SI, required when there is no preset)
 _NUMERIC: dict[str, tuple[str, Callable[[float], float], bool]] = {
     "fp32_tflops": ("dense fp32 peak, TFLOP/s", _tera, True),
@@ -446,7 +466,15 @@ class _Loader:
         if not ok:
             kind = "a non-negative" if zero_ok else "a positive"
             self.fail(path, f"expected {kind} number ({what}), got {_got(v)}")
-        return float(v)  # type: ignore[arg-type]
+        x = float(v)  # type: ignore[arg-type]
+        span = plausible_range(what)
+        if span is not None and math.isfinite(x) and x != 0 and not span[0] <= x <= span[1]:
+            self.fail(
+                path,
+                f"{x:g} is outside what any GPU or link has ({what}: {span[0]:g} to {span[1]:g}); "
+                "check the unit in the key's name",
+            )
+        return x
 
     def positive_int(self, v: object, path: Path_, what: str) -> int:
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:

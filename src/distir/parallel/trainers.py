@@ -389,11 +389,16 @@ def user_switches_fit(
     deepspeed_pipe: bool,
     fp32_grad_accum: bool,
     overlap_param_gather: bool,
+    *,
+    zero3_fetch: bool = False,
+    master_remainders: bool = False,
     offload_optimizer: bool = False,
 ) -> None:
     """Refuse a switch the user adds that belongs to another trainer than ``trainer``: DeepSpeed's
-    pipeline engine, ``BF16_Optimizer`` and ZeRO-Offload to Megatron-LM or torchtitan,
-    Megatron-LM's parameter-gather overlap to DeepSpeed."""
+    pipeline engine, ``BF16_Optimizer`` and ZeRO-3 fetch (``zero3_fetch``: the user's
+    ``deepspeed`` form) to Megatron-LM or torchtitan, Megatron-LM's parameter-gather overlap and
+    NeMo's master remainders (Apex DistributedFusedAdam's) to DeepSpeed, and ZeRO-Offload to
+    Megatron-LM or torchtitan."""
     if trainer in ("megatron", "torchtitan") and offload_optimizer:
         raise TrainerError(f"--offload-optimizer is DeepSpeed's ZeRO-Offload (its CPU Adam), not {trainer}'s")
     if trainer in ("megatron", "torchtitan") and (deepspeed_pipe or fp32_grad_accum):
@@ -401,5 +406,15 @@ def user_switches_fit(
             f"--deepspeed-pipe and --fp32-grad-accum are DeepSpeed's pipeline engine and BF16_Optimizer, "
             f"not {trainer}'s"
         )
+    if trainer in ("megatron", "torchtitan") and zero3_fetch:
+        raise TrainerError(
+            f"--zero3-fetch deepspeed is DeepSpeed's ZeRO-3 parameter coordinator, not {trainer}'s "
+            "(its ZeRO-3 gathers a whole layer per call: --zero3-fetch layer, the default)"
+        )
     if trainer == "deepspeed" and overlap_param_gather:
         raise TrainerError("--overlap-param-gather is Megatron-LM's (and FSDP's), not DeepSpeed's engine's")
+    if trainer == "deepspeed" and master_remainders:
+        raise TrainerError(
+            "--master-remainders is Apex DistributedFusedAdam's (NeMo on Megatron-Core), not DeepSpeed's: "
+            "its BF16_Optimizer keeps whole fp32 masters"
+        )

@@ -66,6 +66,7 @@ again at the backward's start.
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -81,6 +82,8 @@ DS_PERSISTENCE = 100_000
 DS_REDUCE_BUCKET = 500_000_000
 
 FETCH_FORMS = ("layer", "deepspeed")
+# a knob's value: ASCII digits with an optional sign, fraction and exponent (``5e7``, ``1.5e8``)
+_NUMBER = re.compile(r"-?[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?")
 
 
 class FetchSpecError(ValueError):
@@ -134,7 +137,12 @@ def parse_zero3_fetch(text: str) -> Zero3Fetch | None:
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
         if not eq or key not in known:
-            raise FetchSpecError(f"zero3 fetch {text!r}: {item!r}; keys: {', '.join(sorted(known))}")
+            what = f"{item!r} is not key=value" if not eq else f"unknown key {key!r}"
+            raise FetchSpecError(f"zero3 fetch {text!r}: {what}; keys: {', '.join(sorted(known))}")
+        if key in values:
+            raise FetchSpecError(f"zero3 fetch {text!r}: key {key!r} is given twice")
+        if not _NUMBER.fullmatch(value):  # ASCII only: float() takes '٢' and '1_000'
+            raise FetchSpecError(f"zero3 fetch {text!r}: {key}={value!r} is not a number")
         try:
             x = float(value)
         except ValueError:

@@ -58,14 +58,15 @@ def build_export(
         _fail(err, str(e))
 
 
-def check_path(path: Path, option: str, err: Console, model: str = "") -> None:
-    """``path`` writable (``distir.files.check_output``) and not the file ``model`` reads (a Hugging
-    Face config, a model file), else one line and exit 2."""
+def check_path(path: Path, option: str, err: Console, model: str = "", cluster: str = "") -> None:
+    """``path`` writable (``distir.files.check_output``) and not a file the command reads (the
+    ``model``'s Hugging Face config or model file, the ``cluster`` file), else one line and exit 2."""
     from distir.frontends.files import model_input
+    from distir.hardware.cluster import cluster_input
 
     try:
         check_output(path, option)
-        check_distinct({option: path}, {"--model": model_input(model)})
+        check_distinct({option: path}, {"--model": model_input(model), "--cluster": cluster_input(cluster)})
     except OutputPathError as e:
         _fail(err, str(e))
 
@@ -98,7 +99,7 @@ def export_json(exported: Exported, out_path: Path | None) -> dict[str, Any]:
 def run_export_command(a: dict[str, Any], out: Console, err: Console, json_out: bool, debug: bool) -> None:
     check_target(a["to"], err)
     if a["out_path"] is not None:
-        check_path(a["out_path"], "--out", err, a["model"])
+        check_path(a["out_path"], "--out", err, a["model"], a["cluster"])
     exported = build_export(
         a["to"],
         a["model"],

@@ -141,6 +141,8 @@ def _check_options(a: dict[str, Any], err: Console) -> None:
         _fail(err, f"--trainer {searched} describes training: an inference search takes none")
     if a.get("tp_layout", "declared") not in ("declared", "auto"):
         _fail(err, f"--tp-layout must be declared or auto, got {a['tp_layout']!r}")
+    if a.get("export_out") is not None and a.get("export_to") is None:
+        _fail(err, "--export-out is where --export writes the winner: give --export TARGET, or drop it")
     if a.get("export_to") is not None:
         from distir.report.export_cli import check_target
 
@@ -381,8 +383,10 @@ def _check_outputs(a: dict[str, Any], store: Path | None, plot: Path, html: Path
             if path is not None:
                 check_output(path, option)
         from distir.frontends.files import model_input
+        from distir.hardware.cluster import cluster_input
 
-        check_distinct({given: store, **paths}, {"--model": model_input(a["model"])})
+        reads = {"--model": model_input(a["model"]), "--cluster": cluster_input(a["cluster"])}
+        check_distinct({given: store, **paths}, reads)
         if store is not None:
             store.parent.mkdir(parents=True, exist_ok=True)
     except OutputPathError as e:

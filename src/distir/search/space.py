@@ -156,6 +156,7 @@ class Space:
         for name, x in (("dp", p.dp), ("tp", p.tp), ("pp", p.pp)):
             if x is not None and self.devices % x:
                 raise SpaceError(f"--{name} {x} does not divide the cluster's {self.devices} devices")
+        self._check_degree_product()
         if p.tp is not None and p.tp not in self.allowed_tp:
             if self.allowed_tp == (1,):
                 raise SpaceError(
@@ -223,6 +224,23 @@ class Space:
             )
             raise SpaceError(
                 f"no strategy for {self.devices} devices, batch {self.batch} and these pins ({why})"
+            )
+
+    def _check_degree_product(self) -> None:
+        """Pinned degrees whose product does not divide the cluster's GPUs (or, all of d, t, c and
+        p pinned, is not their number: a strategy uses every GPU) are refused naming the product."""
+        p = self.pins
+        pinned = [
+            (name, x) for name, x in (("dp", p.dp), ("tp", p.tp), ("cp", p.cp), ("pp", p.pp)) if x is not None
+        ]
+        if len(pinned) < 2:
+            return
+        n = math.prod(x for _, x in pinned)
+        named = " × ".join(f"--{name} {x}" for name, x in pinned)
+        if self.devices % n or (len(pinned) == 4 and n != self.devices):
+            raise SpaceError(
+                f"{named} = {n:,} GPUs, but a strategy uses every one of the cluster's {self.devices:,} "
+                f"(d·t·c·p = {self.devices:,})"
             )
 
     def _check_microbatch_pins(self) -> None:

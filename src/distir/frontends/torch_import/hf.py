@@ -33,6 +33,7 @@ from typing import Any
 
 from distir.frontends.torch_import.errors import SourceError, first_line
 from distir.frontends.torch_import.trace import params_on_meta
+from distir.limits import MAX_DIM, MAX_LAYERS, exceeds, over
 
 ATTENTION = "distir"
 # config keys of rotary positions (computed for any position: such a model runs past its declared
@@ -57,7 +58,33 @@ def read_config(path: str) -> dict[str, Any]:
         raise SourceError(f"hf:{path}: {p} is not a JSON config ({e})") from None
     if not isinstance(raw, dict) or "model_type" not in raw:
         raise SourceError(f"hf:{path}: {p} is not a model config (no model_type)")
+    _check_sizes(raw, path)
     return raw
+
+
+# a config's sizes, bounded as a model string's are (``distir.limits``) before transformers builds
+# anything: its layers (a loop over them), every width (a table or a tensor per size)
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+SIZE_KEYS = (
+    "hidden_size", "n_embd", "intermediate_size", "n_inner", "ffn_dim", "vocab_size",
+    "num_attention_heads", "n_head", "num_key_value_heads", "head_dim",
+    "max_position_embeddings", "n_positions", "num_local_experts", "num_experts",
+)  # fmt: skip
+
+
+def _check_sizes(raw: dict[str, Any], path: str) -> None:
+    """A config's layers (1 to ``MAX_LAYERS``) and sizes (at most ``MAX_DIM``) in bounds, else a
+    ``SourceError`` naming the key: 100,000 layers would trace for minutes, a vocabulary of
+    10^12 would allocate its table."""
+    for keys, bound in ((LAYER_KEYS, MAX_LAYERS), (SIZE_KEYS, MAX_DIM)):
+        for key in keys:
+            v = raw.get(key)
+            if not isinstance(v, int) or isinstance(v, bool):
+                continue  # absent, or a type transformers' own validation names
+            if exceeds(v, bound):
+                raise SourceError(f"hf:{path}: {over(key, v, bound)}")
+            if keys is LAYER_KEYS and v < 1:
+                raise SourceError(f"hf:{path}: {key}={v}; a model needs at least one block")
 
 
 def depth(raw: dict[str, Any]) -> int | None:
