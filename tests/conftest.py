@@ -7,7 +7,10 @@ Profiles, chosen by ``DISTIR_HYPOTHESIS_PROFILE`` (default ``ci``):
   ``DEV_MAX_EXAMPLES`` examples, whatever its ``@settings`` ask for.
 
 ``slow`` (registered in pyproject.toml) marks the slowest tests; ``./dev test-fast`` deselects
-them (``-m "not slow"``), ``./dev test`` runs everything.
+them (``-m "not slow"``), ``./dev test`` runs everything. Under pytest-xdist the tests marked
+``slow`` run first, then the property tests (under ``ci`` they run hundreds of examples), then the
+rest, each group in collection order: the workers hand out tests in that order, and a long test
+handed out last keeps one worker busy while the others stand idle.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ settings.load_profile(PROFILE)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``dev``, cap the examples of property tests whose ``@settings`` ask for more."""
+    """Under xdist, the ``slow`` tests first, then the property tests; under ``dev``, cap the
+    examples of property tests whose ``@settings`` ask for more."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=_long_first)  # stable: each group keeps its collection order
     if PROFILE != "dev":
         return
     for item in items:
@@ -36,3 +42,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         own = getattr(fn, "_hypothesis_internal_use_settings", None)
         if own is not None and own.max_examples > DEV_MAX_EXAMPLES:
             fn._hypothesis_internal_use_settings = settings(own, max_examples=DEV_MAX_EXAMPLES)  # type: ignore[union-attr]
+
+
+def _long_first(item: pytest.Item) -> tuple[bool, bool]:
+    """The sort key putting the ``slow`` tests first and the property tests next."""
+    is_property = getattr(getattr(item, "obj", None), "is_hypothesis_test", False)
+    return item.get_closest_marker("slow") is None, not is_property

@@ -128,9 +128,15 @@ def deepspeed_config() -> Iterator[Any]:
     """DeepSpeed's own config loader, in a one-process gloo group (it reads the rank from its
     communication module) on a free port; skipped where DeepSpeed is not installed (``./dev``
     installs it). The launcher variables it sets are removed afterwards, and the group destroyed:
-    other tests in this process must not believe they run under torchrun."""
+    other tests in this process must not believe they run under torchrun.
+
+    The group comes up without DeepSpeed's shared-memory all-reduce kernel: its backend compiles
+    that C++ extension on first use (2–5 minutes on two cores, again for each virtual environment,
+    so on every fresh clone), and only its CPU inference all-reduce calls it, never the config
+    loader."""
     pytest.importorskip("torch")
     pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (./dev installs the deepspeed extra)")
+    import importlib
     import socket
 
     import deepspeed.comm as ds_comm
@@ -144,6 +150,8 @@ def deepspeed_config() -> Iterator[Any]:
     with pytest.MonkeyPatch.context() as mp:
         for k, v in (*env.items(), ("LOCAL_RANK", "0")):
             mp.setenv(k, v)
+        # (deepspeed.comm's attribute ``torch`` is the torch package: the module by its full name)
+        mp.setattr(importlib.import_module("deepspeed.comm.torch"), "build_shm_op", lambda: None)
         ds_comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
         try:
             yield DeepSpeedConfig

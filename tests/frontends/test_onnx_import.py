@@ -115,9 +115,10 @@ def gpt2_with_torch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any
 
 
 @pytest.fixture(scope="module")
-def gpt2_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Static shapes: the exporter folds the sizes (batch 2, seq 8) into constants."""
-    return _export_gpt2(tmp_path_factory.mktemp("onnx") / "gpt2.onnx", dynamic=False)[0]
+def gpt2_onnx(gpt2_with_torch: tuple[Path, Any]) -> Path:
+    """Static shapes: the exporter folds the sizes (batch 2, seq 8) into constants (the file of
+    ``gpt2_with_torch``: one export for both)."""
+    return gpt2_with_torch[0]
 
 
 @pytest.fixture(scope="module")
