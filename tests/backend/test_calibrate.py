@@ -145,3 +145,20 @@ def test_adam_is_timed_on_a_non_negative_second_moment_as_training_has() -> None
     v = REGISTRY["Adam"].inputs.index("v")
     adams = [c for c, _ in mb.plan(mb.FULL, (DType.f32,)) if c.op == "Adam"]
     assert adams and all(c.nonneg == (v,) for c in adams)
+
+
+def test_the_bandwidth_ignores_adds_that_take_about_their_launch() -> None:
+    """An Add barely longer than the launch overhead would divide its bytes by a near-zero
+    remainder (a bandwidth of petabytes per second, which the cluster loader refuses): only the
+    Adds that take at least twice the launch count; without any, the largest Add's plain rate."""
+    from distir.backend.calibrate import _bandwidth
+    from distir.hardware.fit import OpSample
+
+    launch = 10e-6
+    adds = [
+        OpSample("Add", "elementwise", "f32", 1e3, 12e3, launch * 1.0001),  # 12 kB "in" 1 ns
+        OpSample("Add", "elementwise", "f32", 1e6, 12e6, launch + 1e-3),  # 12 MB in 1 ms
+        OpSample("Add", "elementwise", "f32", 1e7, 12e7, launch + 1.2e-2),  # 120 MB in 12 ms
+    ]
+    assert _bandwidth(adds, launch) == pytest.approx(12e9)
+    assert _bandwidth(adds[:1], launch) == pytest.approx(12e3 / (launch * 1.0001))

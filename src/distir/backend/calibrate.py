@@ -9,8 +9,9 @@ process with ``threads`` threads, then the communication benchmarks
    operands cycled through a pool larger than the core's private cache, with fresh results;
    ``distir.backend.microbench``);
 2. the GEMM curve and the peak FLOP/s per dtype (matrix products);
-3. the memory bandwidth: the highest bytes per second of the Adds of the first dtype (bytes over
-   time less the launch overhead; the highest, since other processes only ever slow a sample);
+3. the memory bandwidth: the highest bytes per second of the Adds of the first dtype that take at
+   least twice the launch overhead (bytes over time less the launch overhead; the highest, since
+   other processes only ever slow a sample);
 4. per op family (elementwise, nn, grad, reduce, loss, attention): FLOP and memory efficiencies
    and a launch time, against those peaks and that bandwidth; and the same per op measured at
    ``OP_FIT_SAMPLES`` points or more, written under the op's name: one family's ops do not cost
@@ -155,6 +156,20 @@ def _measure(
 OP_FIT_SAMPLES = 4  # an op measured at this many (size, dtype) points is fitted on its own too
 
 
+def _bandwidth(adds: Sequence[OpSample], launch_s: float) -> float:
+    """The memory bandwidth (B/s): the highest bytes per second of the Adds that take at least
+    twice the launch overhead (bytes over time less the launch), so that a sample whose time is
+    mostly its launch cannot divide by a near-zero remainder; without such an Add, the largest
+    one's bytes over its whole time."""
+    if not adds:
+        raise CalibrationError("calibrate: no Add was timed, so the memory bandwidth is unknown")
+    slow = [s for s in adds if s.seconds >= 2 * launch_s]
+    if not slow:
+        big = max(adds, key=lambda s: s.nbytes)
+        return big.nbytes / big.seconds
+    return max(s.nbytes / (s.seconds - launch_s) for s in slow)
+
+
 def _fit_families(
     samples: Sequence[OpSample], peak: Callable[[str], float], bandwidth: float
 ) -> dict[str, FamilyFit]:
@@ -220,11 +235,8 @@ def _calibrate(options: CalibrateOptions, progress: Progress | None, idle_note: 
     timing, links_raw = _measure(options, "cuda" if cuda else "cpu", progress)
     gemm = fit_gemm(timing.gemm, timing.launch_s)
     first = options.dtypes[0].name
-    bandwidth = max(
-        s.nbytes / max(s.seconds - timing.launch_s, 1e-12)
-        for s in timing.ops
-        if s.op == mb.BANDWIDTH_OP and s.dtype == first
-    )
+    adds = [s for s in timing.ops if s.op == mb.BANDWIDTH_OP and s.dtype == first]
+    bandwidth = _bandwidth(adds, timing.launch_s)
     peak = gemm.peak
     families = _fit_families(timing.ops, lambda dt: peak.get(dt, peak["f32"]), bandwidth)
     links, skipped = _fit_links(links_raw)
