@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ from distir.ir import DTensorType, Mesh, Module
 from distir.ir.types import DType
 from distir.parallel.check import check_against_sequential
 from distir.parallel.sharding.legalize import legalize
-from distir.parallel.sharding.materialize import materialize, shard_value, unshard_value
+from distir.parallel.sharding.materialize import local_shape, materialize, shard_value, unshard_value
 from distir.parallel.sharding.propagate import propagate
 from distir.parallel.strategy import parse_strategy
 
@@ -71,3 +71,16 @@ def assert_mixed_step_matches(spec: str, strategy: str, batch: int | None = None
     cmp = check_against_sequential(model, s, Optimizer("adam", lr=0.01), precision="mixed", **options)
     err, where = cmp.update_error()
     assert err < BF16_ROUNDOFF, f"{spec} {strategy}: {where} differs by {err:.2e}"
+
+
+def elements_per_device(prog: Module, named: Callable[[str], bool]) -> dict[int, int]:
+    """Per device id, the elements it holds of the entry parameters whose name ``named``
+    accepts."""
+    held: dict[int, int] = {}
+    for p in prog.entry.params:
+        if named(p.name):
+            t = p.type
+            assert isinstance(t, DTensorType)
+            for d in t.mesh.devices:
+                held[d.id] = held.get(d.id, 0) + int(np.prod(local_shape(t, d)))
+    return held

@@ -19,10 +19,11 @@ from distir.ir.types import DType
 from distir.ops.optim import join_remainder, split_remainder
 from distir.parallel.check import _cast, initial_values, run_distributed
 from distir.parallel.distribute import device_map, distribute
-from distir.parallel.sharding.materialize import local_shape
 from distir.parallel.strategy import StrategyError, parse_strategy
 from distir.sim.cost import RooflineCostModel
 from distir.sim.simulate import simulate
+
+from .helpers import elements_per_device
 
 GPT = "gpt:layers=4,hidden=8,heads=2,seq=4,vocab=16"
 LLAMA = "llama:layers=4,hidden=8,heads=2,kv_heads=1,ffn=16,seq=4,vocab=16"
@@ -95,13 +96,7 @@ def test_the_peak_falls_by_two_bytes_per_master_shard_parameter(strategy: str) -
     s = parse_strategy(strategy)
     model = build_model(spec, batch=s.k * s.d, dtype=DType.bf16)
     prog = distribute(model, s, Optimizer("adam"), precision="mixed", master_remainders=True)
-    shard: dict[int, int] = {}  # the remainder elements each GPU holds
-    for p in prog.entry.params:
-        if p.name.endswith("_rem"):
-            t = p.type
-            assert isinstance(t, DTensorType)
-            for d in t.mesh.devices:
-                shard[d.id] = shard.get(d.id, 0) + int(np.prod(local_shape(t, d)))
+    shard = elements_per_device(prog, lambda n: n.endswith("_rem"))  # the remainder elements each GPU holds
     before, after = _peak(spec, strategy, False), _peak(spec, strategy, True)
     for g in before:
         saved = before[g] - after[g]

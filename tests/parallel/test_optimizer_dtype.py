@@ -19,10 +19,11 @@ from distir.ir.dtensor import DTensorType
 from distir.ir.types import DType
 from distir.parallel.check import check_against_sequential
 from distir.parallel.distribute import device_map, distribute
-from distir.parallel.sharding.materialize import local_shape
 from distir.parallel.strategy import parse_strategy
 from distir.sim.cost import RooflineCostModel
 from distir.sim.simulate import simulate
+
+from .helpers import elements_per_device
 
 GPT = "gpt:layers=4,hidden=8,heads=2,seq=4,vocab=16"
 LLAMA = "llama:layers=4,hidden=8,heads=2,kv_heads=1,ffn=16,seq=4,vocab=16"
@@ -90,13 +91,7 @@ def test_the_peak_falls_by_eight_bytes_per_state_parameter(strategy: str) -> Non
     s = parse_strategy(strategy)
     model = build_model(spec, batch=s.k * s.d, dtype=DType.bf16)
     prog = distribute(model, s, Optimizer("adam"), precision=MIXED)
-    shard: dict[int, int] = {}  # the elements of m each GPU holds
-    for p in prog.entry.params:
-        if p.name.startswith("m_"):
-            t = p.type
-            assert isinstance(t, DTensorType)
-            for d in t.mesh.devices:
-                shard[d.id] = shard.get(d.id, 0) + int(np.prod(local_shape(t, d)))
+    shard = elements_per_device(prog, lambda n: n.startswith("m_"))  # the elements of m each GPU holds
     before, after = _peaks(spec, s, MIXED), _peaks(spec, s, BF16_OPT)
     for g in before:
         assert before[g] - after[g] == pytest.approx(8 * shard[g], rel=0.01), g
