@@ -372,7 +372,8 @@ def test_plot_path_is_checked_before_any_run(tmp_path: Path, capsys: pytest.Capt
     assert "--plot" in capsys.readouterr().err
 
 
-NEMO = [r for r in RUNS if r.name.startswith("nemo-")]
+NEMO = [r for r in RUNS if r.name.startswith("nemo-") and "performance_summary" in r.source]
+NEMO_LONG = [r for r in RUNS if r.name.startswith("nemo-long-")]
 
 
 def test_nemo_rows_are_the_whole_pretraining_table() -> None:
@@ -392,7 +393,31 @@ def test_nemo_rows_are_the_whole_pretraining_table() -> None:
         assert not r.tp_comm_overlap or s.sequence_parallel, r.name
 
 
-@pytest.mark.parametrize("run", [r for r in NEMO if not vp.unsupported(r)], ids=lambda r: r.name)
+def test_nemos_tables_count_megatrons_model_flops() -> None:
+    """NeMo 24.07's table gives tokens/s and model TFLOP/s per GPU for each row: Megatron's FLOPs
+    formula (non-causal attention, the logit layer) turns the one into the other, which is what
+    lets the long-sequence table's TFLOP/s figures be records with ``flops_formula = megatron``."""
+    for r in NEMO:
+        published = float(re.search(r"Model TFLOP/s/GPU (\d+)", r.published.also).group(1))  # type: ignore[union-attr]
+        derived = r.published.value * vp.megatron_flops(r.model, 1) / r.model.seq / 1e12
+        assert abs(derived / published - 1) < 0.002, (r.name, derived, published)
+
+
+def test_nemo_long_sequence_rows_are_the_whole_h100_table() -> None:
+    """NeMo's long-sequence table (Llama 2 7B, FP8, DGX-H100): nine rows from 4K to 1M tokens, one
+    GPU per 1K tokens, 4M tokens a step, the context-parallel ones on Transformer Engine's ring
+    (distir's default ``ring_form``), sequence parallelism with every TP > 1."""
+    assert [r.model.seq for r in NEMO_LONG] == [4096 * 2**i for i in range(9)]
+    for r in NEMO_LONG:
+        s = r.strategy
+        assert r.cluster.gpus == r.model.seq // 1024 == s.dp * s.tp * s.pp * s.cp, r.name
+        assert s.global_batch * r.model.seq == 4 * 2**20, r.name
+        assert r.published.metric == "tflops_per_gpu" and r.published.flops_formula == "megatron", r.name
+        assert r.ring_form == "p2p" and r.precision == "fp8-delayed" and not vp.unsupported(r), r.name
+        assert s.sequence_parallel == (s.tp > 1) and r.model.vocab % (128 * s.tp) == 0, r.name
+
+
+@pytest.mark.parametrize("run", [r for r in NEMO + NEMO_LONG if not vp.unsupported(r)], ids=lambda r: r.name)
 def test_nemo_models_are_the_size_their_names_say(run: object) -> None:
     """GPT3-5B ... LLAMA3-70B: the record's model has within 7% of the parameters its table name
     gives (GPT-3 tied, at the padded vocabulary; Llama 2 7B has 6.74B, Nemotron 8B 8.54B: its
