@@ -384,6 +384,8 @@ def test_nemo_rows_are_the_whole_pretraining_table() -> None:
     for r in NEMO:
         assert r.precision == "fp8-delayed" and r.cluster.spec == "h100", r.name
         assert not vp.unsupported(r), r.name
+        # the launcher's env_vars set NVTE_FUSED_ATTN: 0: Transformer Engine runs flash-attn
+        assert r.attention_kernel == "fa2", r.name
         assert (r.model.family == "nemotron") == ("nemotron" in r.name), r.name
         s = r.strategy
         assert (s.schedule == "interleaved") == (s.virtual_stages > 1), r.name
@@ -406,7 +408,8 @@ def test_nemos_tables_count_megatrons_model_flops() -> None:
 def test_nemo_long_sequence_rows_are_the_whole_h100_table() -> None:
     """NeMo's long-sequence table (Llama 2 7B, FP8, DGX-H100): nine rows from 4K to 1M tokens, one
     GPU per 1K tokens, 4M tokens a step, the context-parallel ones on Transformer Engine's ring
-    (distir's default ``ring_form``), sequence parallelism with every TP > 1."""
+    (distir's default ``ring_form``) with FlashAttention-2 as NeMo's launcher runs it, sequence
+    parallelism with every TP > 1."""
     assert [r.model.seq for r in NEMO_LONG] == [4096 * 2**i for i in range(9)]
     for r in NEMO_LONG:
         s = r.strategy
@@ -414,6 +417,7 @@ def test_nemo_long_sequence_rows_are_the_whole_h100_table() -> None:
         assert s.global_batch * r.model.seq == 4 * 2**20, r.name
         assert r.published.metric == "tflops_per_gpu" and r.published.flops_formula == "megatron", r.name
         assert r.ring_form == "p2p" and r.precision == "fp8-delayed" and not vp.unsupported(r), r.name
+        assert r.attention_kernel == "fa2", r.name
         assert s.sequence_parallel == (s.tp > 1) and r.model.vocab % (128 * s.tp) == 0, r.name
 
 
