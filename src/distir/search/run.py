@@ -633,6 +633,7 @@ def _search(req: SearchRequest, progress: Progress | None, pool: LazyPool | None
     cluster = parse_cluster(req.cluster)
     screened, n, screen = screen_space(req, cluster, progress, pool)
     t1, c1 = time.perf_counter(), time.process_time()
+    profiled = (screen.profiler.cpu_s, screen.profiler.shard_cpu_s)  # the screen's share
     picks = anneal_picks(req, screened) if heterogeneous(cluster) and req.anneal_iters > 0 else []
     # the resolved cluster, not its spec: a worker or a later search in this process never reads
     # a file edited since (``rerank`` caches by the job's fields)
@@ -673,10 +674,11 @@ def _search(req: SearchRequest, progress: Progress | None, pool: LazyPool | None
             # rows this one holds from screening (AMP's heterogeneous search: 0.26 CPU-s there
             # against 0.18 here for its four placement searches)
             anneal(req, screen, screened, progress, None, picks, then=start_early)
+        c_anneal = time.process_time()
         if heterogeneous(cluster) and req.trainer == "distir":  # no trainer runs uneven shares
             # the proposals count as screened
             n += add_shares(screen, screened, pool=pool.get() if pool is not None else None)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         chosen = pick_exact(screened, req.top, pure=req.explain, by_shape=req.pins.pinned)
         tasks = [str(s) for s in chosen]
         cached = len(done & set(tasks))
@@ -690,7 +692,7 @@ def _search(req: SearchRequest, progress: Progress | None, pool: LazyPool | None
             progress,
             started,
         )
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), time.process_time()
         for task in tasks:  # a stored one may have been edited by hand
             final.check_result(
                 results[task], f"{req.store}: search {store.key if store else ''}: result of {task!r}"
@@ -707,6 +709,14 @@ def _search(req: SearchRequest, progress: Progress | None, pool: LazyPool | None
             screen_s=t1 - t0,
             screen_cpu_s=c1 - c0,  # this process's CPU time: a busy machine inflates only screen_s
             screen_worker_cpu_s=screen.profiler.worker_cpu_s,  # profiles computed by workers
+            # this process's CPU time by part: the layer profiles it computed in the screen (the
+            # sharding among them), the placement search, the batch shares (their profiles
+            # included) and the exact phase (not the workers' share of it)
+            screen_profile_cpu_s=profiled[0],
+            screen_shard_cpu_s=profiled[1],
+            anneal_cpu_s=c_anneal - c1,
+            shares_cpu_s=c2 - c_anneal,
+            exact_cpu_s=c3 - c2,
             placement_s=t2 - t1,
             simulate_s=t3 - t2,
             total_s=t3 - t0,
