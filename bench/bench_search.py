@@ -35,6 +35,8 @@ search's, this process and its workers together (on 2 cores, wall ≥ cpu / 2): 
 compare these, not wall times.
 The total is the search as the user runs it, end to end: screen, layer assignment, placement
 annealing and exact re-ranking, pool start and shutdown included; nothing is cached on disk.
+Under each search, "cpu here" splits this process's CPU time by part (``cpu_parts``) and
+"workers" is what its pool's workers spent.
 """
 
 from __future__ import annotations
