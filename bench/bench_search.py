@@ -35,6 +35,8 @@ search's, this process and its workers together (on 2 cores, wall ≥ cpu / 2): 
 compare these, not wall times.
 The total is the search as the user runs it, end to end: screen, layer assignment, placement
 annealing and exact re-ranking, pool start and shutdown included; nothing is cached on disk.
+Under each search, "cpu here" splits this process's CPU time by part (``cpu_parts``) and
+"workers" is what its pool's workers spent.
 """
 
 from __future__ import annotations
@@ -79,10 +81,11 @@ def space_size(req: SearchRequest) -> int:
 
 def _run(label: str, req: SearchRequest) -> tuple[int, float, float]:
     print(f"  {label}: space of {space_size(req)} strategies", flush=True)
-    t0, c0 = time.perf_counter(), _cpu_s()
+    t0, c0, p0 = time.perf_counter(), _cpu_s(), time.process_time()
     out = search(req)
     wall = time.perf_counter() - t0
     cpu = _cpu_s() - c0
+    here = time.process_time() - p0
     best = out.best()
     screen_s, cpu_s = out.timings["screen_s"], out.timings["screen_cpu_s"]
     worker_s = out.timings["screen_worker_cpu_s"]
@@ -95,7 +98,27 @@ def _run(label: str, req: SearchRequest) -> tuple[int, float, float]:
         f"{best['strategy'] if best else '-'} {best['step_time_s'] * 1e3 if best else 0:.1f} ms",
         flush=True,
     )
+    print(f"  {'':34s} {cpu_parts(out.timings, cpu, here)}", flush=True)
     return out.n_screened, screen_s, wall
+
+
+def cpu_parts(timings: dict[str, float], total: float, here: float) -> str:
+    """Where a search's CPU time went (``SearchOutput.timings``), in its own process: the
+    screen's layer profiles (their differentiation and sharding among them), the rest of the
+    screen (composing the estimates: layer assignment, pipeline timing, memory), the placement
+    search, the batch shares (their profiles included), the exact phase and the rest (``here``
+    less those); then what its pool's workers spent (``total`` less ``here``: profiles, exact
+    simulations, starting), if the pool started."""
+    prof, shard = timings["screen_profile_cpu_s"], timings["screen_shard_cpu_s"]
+    parts = {
+        f"profiles {prof:4.2f} (sharding {shard:4.2f})": prof,
+        f"rest of the screen {timings['screen_cpu_s'] - prof:4.2f}": timings["screen_cpu_s"] - prof,
+        f"placement {timings['anneal_cpu_s']:4.2f}": timings["anneal_cpu_s"],
+        f"shares {timings['shares_cpu_s']:4.2f}": timings["shares_cpu_s"],
+        f"exact {timings['exact_cpu_s']:4.2f}": timings["exact_cpu_s"],
+    }
+    rest = here - sum(parts.values())
+    return f"cpu here: {', '.join(parts)}, rest {rest:4.2f}; workers {total - here:4.2f}"
 
 
 def bench_gpt2() -> None:

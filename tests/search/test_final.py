@@ -59,6 +59,9 @@ def test_a_finished_search_re_renders_without_screening_or_simulating(
 ) -> None:
     first = search(_req(tmp_path))
     assert not first.from_store and first.n_cached == 0
+    t = first.timings  # this process's CPU time by part: the screen's profiles within the screen's
+    assert 0 <= t["screen_shard_cpu_s"] <= t["screen_profile_cpu_s"] <= t["screen_cpu_s"]
+    assert min(t["anneal_cpu_s"], t["shares_cpu_s"], t["exact_cpu_s"]) >= 0
 
     def no(*a: object, **k: object) -> None:
         raise AssertionError("nothing may be screened or simulated on a rerun")

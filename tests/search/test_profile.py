@@ -280,3 +280,18 @@ def test_probes_from_call_summaries_equal_simulated_probes(
             assert got == simulated.layers(t, b, gpus, rec, sp)
     assert fast.probes == simulated.probes
     assert sum(answered) > len(answered) / 2
+
+
+def test_profiler_counts_the_cpu_of_what_it_computes_only() -> None:
+    """``Profiler.cpu_s`` counts the profiles computed in this process, ``shard_cpu_s`` the
+    differentiation and sharding among them (a part of it); a memoized key adds nothing, nor does
+    a TP group of the same kind (the same key)."""
+    prof = Profiler(parse_model_string(GPT), parse_cluster("p3.8xlarge:1"))
+    assert (prof.cpu_s, prof.shard_cpu_s) == (0.0, 0.0)
+    first = prof.layers(2, 2, [0, 1])
+    once = (prof.cpu_s, prof.shard_cpu_s)
+    assert 0.0 <= once[1] <= once[0]
+    assert prof.layers(2, 2, [2, 3]) is first
+    assert (prof.cpu_s, prof.shard_cpu_s) == once
+    prof.layers(1, 2, [0])  # another key: counted on top
+    assert prof.cpu_s >= once[0] and prof.shard_cpu_s >= once[1]

@@ -254,6 +254,8 @@ class Profiler:
     _domains: dict[tuple[tuple[int, ...], bool], tuple[DeviceMap, CostModel]] = field(default_factory=dict)
     probes: int = 0  # layer simulations run (for benches), by workers too
     worker_cpu_s: float = 0.0  # CPU seconds workers spent on the profiles taken from them
+    cpu_s: float = 0.0  # CPU seconds this process spent computing profiles (``layers``), sharding included
+    shard_cpu_s: float = 0.0  # of which differentiating and sharding layers (``sharded``)
 
     def group_key(self, gpus: Sequence[int]) -> tuple[object, ...]:
         """GPUs that cost alike: same node types, in the same arrangement over nodes."""
@@ -298,6 +300,7 @@ class Profiler:
         key = (t, b, recompute, sp)
         got = self._layers.get(key)
         if got is None:
+            c0 = time.process_time()
             model = self.model(b, t).model
             policy = self.form.policy(recompute)
             if t == 1:  # the same costs without sharding on a one-device mesh (``unsharded_layers``)
@@ -305,6 +308,7 @@ class Profiler:
             else:
                 got = sharded_layers(model, 1, t, recompute, self.train, sp=sp, policy=policy)
             self._layers[key] = got
+            self.shard_cpu_s += time.process_time() - c0
         return got
 
     def layers(
@@ -321,6 +325,15 @@ class Profiler:
             got = self._collect(key)
         if got is not None:
             return got
+        c0 = time.process_time()
+        got = self._cache[key] = self._profile(t, b, gpus, recompute, sp, key)
+        self.cpu_s += time.process_time() - c0
+        return got
+
+    def _profile(
+        self, t: int, b: int, gpus: Sequence[int], recompute: str, sp: bool, key: tuple[object, ...]
+    ) -> list[LayerProfile]:
+        """``layers``' profiles of ``key``, computed here."""
         layers = self.sharded(t, b, recompute, sp)
         reduced = self.model(b, t)
         model = reduced.model
@@ -392,9 +405,7 @@ class Profiler:
                     else 0.0,
                 )
             )
-        out = [distinct[r] for r in reduced.rep[: len(reduced.rep) - (0 if self.train else 1)]]
-        self._cache[key] = out
-        return out
+        return [distinct[r] for r in reduced.rep[: len(reduced.rep) - (0 if self.train else 1)]]
 
     # -- profiles computed by worker processes --------------------------------------------------
     def prefetch(self, pool: Executor, wanted: Iterable[Wanted]) -> int:

@@ -633,6 +633,7 @@ def _search(req: SearchRequest, progress: Progress | None, pool: LazyPool | None
     cluster = parse_cluster(req.cluster)
     screened, n, screen = screen_space(req, cluster, progress, pool)
     t1, c1 = time.perf_counter(), time.process_time()
+    profiled = (screen.profiler.cpu_s, screen.profiler.shard_cpu_s)  # the screen's share
     picks = anneal_picks(req, screened) if heterogeneous(cluster) and req.anneal_iters > 0 else []
     # the resolved cluster, not its spec: a worker or a later search in this process never reads
     # a file edited since (``rerank`` caches by the job's fields)
@@ -673,10 +674,11 @@ def _search(req: SearchRequest, progress: Progress | None, pool: LazyPool | None
             # rows this one holds from screening (AMP's heterogeneous search: 0.26 CPU-s there
             # against 0.18 here for its four placement searches)
             anneal(req, screen, screened, progress, None, picks, then=start_early)
+        c_anneal = time.process_time()
         if heterogeneous(cluster) and req.trainer == "distir":  # no trainer runs uneven shares
             # the proposals count as screened
             n += add_shares(screen, screened, pool=pool.get() if pool is not None else None)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         chosen = pick_exact(screened, req.top, pure=req.explain, by_shape=req.pins.pinned)
         tasks = [str(s) for s in chosen]
         cached = len(done & set(tasks))
@@ -690,7 +692,7 @@ def _search(req: SearchRequest, progress: Progress | None, pool: LazyPool | None
             progress,
             started,
         )
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), time.process_time()
         for task in tasks:  # a stored one may have been edited by hand
             final.check_result(
                 results[task], f"{req.store}: search {store.key if store else ''}: result of {task!r}"
@@ -703,17 +705,40 @@ def _search(req: SearchRequest, progress: Progress | None, pool: LazyPool | None
             ]
         elif not any(r.get("fits") for r in out.results):
             out.advice = _advice(req, screen, screened)
-        out.timings.update(
-            screen_s=t1 - t0,
-            screen_cpu_s=c1 - c0,  # this process's CPU time: a busy machine inflates only screen_s
-            screen_worker_cpu_s=screen.profiler.worker_cpu_s,  # profiles computed by workers
-            placement_s=t2 - t1,
-            simulate_s=t3 - t2,
-            total_s=t3 - t0,
-        )
+        out.timings.update(_timings((t0, t1, t2, t3), (c0, c1, c_anneal, c2, c3), profiled, screen))
         if store is not None:
             store.put_final(_final_payload(req, out))
     return out
+
+
+def _timings(
+    wall: tuple[float, float, float, float],
+    cpu: tuple[float, float, float, float, float],
+    profiled: tuple[float, float],
+    screen: Screen,
+) -> dict[str, float]:
+    """A search's timings: ``wall`` clock at its start and at the end of its screen, of its
+    placement search and batch shares, and of its exact phase; this process's ``cpu`` time at its
+    start, at the end of the screen, of the placement search, of the batch shares and of the
+    exact phase; what the screen's profiler spent (``profiled``: all, sharding)."""
+    t0, t1, t2, t3 = wall
+    c0, c1, c_anneal, c2, c3 = cpu
+    return {
+        "screen_s": t1 - t0,
+        "screen_cpu_s": c1 - c0,  # this process's CPU time: a busy machine inflates only screen_s
+        "screen_worker_cpu_s": screen.profiler.worker_cpu_s,  # profiles computed by workers
+        # this process's CPU time by part: the layer profiles it computed in the screen (the
+        # sharding among them), the placement search, the batch shares (their profiles
+        # included) and the exact phase (not the workers' share of it)
+        "screen_profile_cpu_s": profiled[0],
+        "screen_shard_cpu_s": profiled[1],
+        "anneal_cpu_s": c_anneal - c1,
+        "shares_cpu_s": c2 - c_anneal,
+        "exact_cpu_s": c3 - c2,
+        "placement_s": t2 - t1,
+        "simulate_s": t3 - t2,
+        "total_s": t3 - t0,
+    }
 
 
 def _run_exact(
