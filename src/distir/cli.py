@@ -705,7 +705,7 @@ def _check_switches_apply(strategy: str | None, precision: str, sw: _SimSwitches
     ignored: ``--overlap-param-gather`` gathers ZeRO-1/2's sharded new weights (mixed precision,
     d·c > 1), ``--fp8-weight-cache`` caches Transformer Engine's delayed-scaling float8 weights,
     ``--tp-comm-overlap`` pipelines sequence parallelism's collectives, ``--zero3-fetch
-    deepspeed`` gathers ZeRO-3's shards (d·c > 1)."""
+    deepspeed`` gathers ZeRO-3's shards (d·c > 1), ``--deepspeed-pipe`` runs a pipeline (p > 1)."""
     from distir.parallel.strategy import StrategyError, parse_strategy
 
     if sw.fp8_weight_cache and precision != "fp8-delayed":
@@ -726,6 +726,11 @@ def _check_switches_apply(strategy: str | None, precision: str, sw: _SimSwitches
         _fail(
             f"--zero3-fetch {sw.zero3_fetch} gathers the weights ZeRO-3 shards over d·c > 1 ranks; "
             f"{st} has none to gather: use z3 with d > 1, or drop it"
+        )
+    if sw.deepspeed_pipe and st.p == 1:
+        _fail(
+            f"--deepspeed-pipe runs DeepSpeed's pipeline engine over p > 1 stages; {st} has one: "
+            "add a pipeline degree (.p2), or drop it"
         )
     if sw.overlap_param_gather and (st.zero not in (1, 2) or st.d * st.c == 1 or precision == "pure"):
         _fail(
