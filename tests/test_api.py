@@ -120,6 +120,9 @@ _API_BAD: list[tuple[str, dict[str, object], type[Exception], str]] = [
     ("search", {"train": "no"}, SpaceError, "train must be True or False, got 'no' (str)"),
     ("search", {"optimizer": "lion"}, SpaceError, "optimizer must be sgd or adam, got 'lion'"),
     ("search", {"tp_layout": "x"}, SpaceError, "tp_layout must be declared or auto, got 'x'"),
+    # `distir search --precision fp8` is refused: the search screens no FP8 plans
+    ("search", {"precision": "fp8"}, SpaceError, "precision must be auto, mixed or pure, got 'fp8' (str)"),
+    ("search", {"precision": "fp8-delayed"}, SpaceError, "must be auto, mixed or pure, got 'fp8-delayed'"),
     ("search", {"cp": "2"}, SpaceError, "--cp must be a positive integer, got '2'"),
     ("search", {"hsdp": 3}, SpaceError, "--hsdp 3 must divide the data-parallel degree d"),
     ("search", {"microbatch_size": 3}, SpaceError, "--microbatch-size 3 does not divide the batch 16"),

@@ -191,6 +191,11 @@ def _check_search(model: str, batch: object, train: object, a: Mapping[str, Any]
         raise SpaceError(f"optimizer must be sgd or adam, got {a['optimizer']!r}")
     if a["tp_layout"] not in ("declared", "auto"):
         raise SpaceError(f"tp_layout must be declared or auto, got {a['tp_layout']!r}")
+    if a["precision"] not in ("auto", "mixed", "pure"):  # as ``distir search --precision``
+        raise SpaceError(
+            f"precision must be auto, mixed or pure, got {_kind(a['precision'])}: the search screens "
+            "no FP8 plans (distir.simulate takes fp8 and fp8-delayed)"
+        )
     assert isinstance(batch, int) and isinstance(train, bool)
     why = search_error(a["workers"], "local", batch) or search_ops_error(
         model, a["microbatches"], a["max_microbatches"], batch, train
