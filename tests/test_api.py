@@ -127,6 +127,8 @@ _API_BAD: list[tuple[str, dict[str, object], type[Exception], str]] = [
     ("search", {"hsdp": 3}, SpaceError, "--hsdp 3 must divide the data-parallel degree d"),
     ("search", {"microbatch_size": 3}, SpaceError, "--microbatch-size 3 does not divide the batch 16"),
     ("search", {"cp_from_seq": 0}, SpaceError, "--cp-from-seq must be a positive integer, got 0"),
+    ("search", {"microbatches": 4, "max_microbatches": 2}, SpaceError, "-k 4 is above --max-microbatches 2"),
+    ("search", {"max_microbatches": 0}, SpaceError, "max_microbatches must be a positive integer, got 0"),
     ("simulate", {"strategy": 2}, StrategyError, "strategy must be a strategy string or a Strategy, got 2"),
     ("simulate", {"strategy": None}, StrategyError, "got None"),
     ("simulate", {"cluster": ["dgx-a100"]}, HardwareError, "got ['dgx-a100'] (list)"),

@@ -1849,7 +1849,9 @@ def search(
     recompute: Annotated[
         str | None, typer.Option("--recompute", help="Pin none, selective, full or ops.")
     ] = None,
-    max_k: Annotated[int, typer.Option("--max-microbatches", min=1, help="Largest k to try.")] = 128,
+    max_k: Annotated[
+        int | None, typer.Option("--max-microbatches", min=1, help="Largest k to try (default 128).")
+    ] = None,
     workers: Annotated[
         int, typer.Option("--workers", min=1, help="Worker processes: profiles, placement, exact sims.")
     ] = 2,

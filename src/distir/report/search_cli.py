@@ -111,7 +111,11 @@ def _check_options(a: dict[str, Any], err: Console) -> None:
     from distir.parallel.trainers import TRAINERS
     from distir.report.bounds import search_error, search_ops_error
     from distir.search.executor import EXECUTORS
+    from distir.search.space import MAX_K, max_k_error
 
+    if (why := max_k_error(a["microbatches"], a["max_k"])) is not None:
+        _fail(err, why)
+    a["max_k"] = MAX_K if a["max_k"] is None else a["max_k"]
     if a["executor"] not in EXECUTORS:
         _fail(err, f"--executor must be one of {', '.join(EXECUTORS)}, got {a['executor']!r}")
     if (why := search_error(a["workers"], a["executor"], a["batch"])) is not None:
