@@ -580,6 +580,7 @@ def simulate(
     result = dataclasses.replace(result, model_flops=model_flops)
     _write_simulation_trace(result, trace, file)
     summary = summary_dict(result)
+    warnings = _numerics_warnings(dtype if model is not None else "f32", cl)
     if json_out:
         fields = _strategy_json(model, strategy, batch, dtype, precision) if model is not None else {}
         if model is not None:
@@ -587,11 +588,21 @@ def simulate(
         options = _sim_options(cluster, kernels, attention_kernel, semantics, built_spec)
         flags = {"tp_comm_overlap": tp_comm_overlap, "launch_blocking": launch_blocking}
         where = {"schema": SCHEMA, "file" if file is not None else "model": source}
-        _emit_json(
-            {**where, **fields, **options, **flags, **summary, **_trace_json(trace, trace_detail, trace_gpus)}
-        )
+        traced = _trace_json(trace, trace_detail, trace_gpus)
+        _emit_json({**where, **fields, **options, **flags, **summary, **traced, "warnings": warnings})
         return
     _print_simulation(result, summary, _sim_title(source, cluster, cl.num_devices, summary), trace)
+
+
+def _numerics_warnings(dtype: str, cl: Any) -> list[str]:
+    """``simulate``'s warnings on its numerics (``distir.report.numerics.slow_half_warnings``:
+    a half format the GPUs compute no faster than fp32), each printed on stderr."""
+    from distir.report.numerics import slow_half_warnings
+
+    got = slow_half_warnings(dtype, cl)
+    for line in got:
+        err.print(f"warning: {line}", markup=False, soft_wrap=True)
+    return got
 
 
 _RECOMPUTE_PART = {"full": "rfull", "selective": "rsel", "ops": "rops"}  # as a strategy string writes it

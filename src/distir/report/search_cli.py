@@ -61,6 +61,7 @@ def _numerics(a: dict[str, Any], err: Console) -> tuple[str, str]:
 def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: bool, debug: bool) -> None:
     """``distir search`` with its parsed options ``a``: checks them, runs the search with a
     progress bar, writes the plot, page and CSV, exports the winner, prints the report."""
+    from distir.report.numerics import slow_half_warnings
     from distir.report.pareto_html import write_html
     from distir.report.pareto_png import write_png
     from distir.report.search_report import plot_rows, write_csv
@@ -69,6 +70,8 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
     dtype, precision = _numerics(a, err)
     store = None if a["fresh"] else (a["store"] or default_store())
     req, o, plot, html = _searched(a, dtype, precision, store, err, json_out, debug)
+    for warning in slow_half_warnings(dtype, o.cluster):
+        err.print(f"warning: {warning}", markup=False, soft_wrap=True)
     title = f"{req.model} on {o.cluster.describe()}, batch {req.batch}"
     rows = plot_rows(o)
     try:
