@@ -539,7 +539,7 @@ def test_simulate_as_a_trainer_runs_it() -> None:
         (["--trainer", "torchtitan"], "torchtitan applies mixed precision through FSDP2 only"),
         (["--trainer", "nemo"], "--trainer must be one of distir, megatron, deepspeed, torchtitan"),
         (["--trainer", "megatron", "--infer"], "so --trainer megatron, ZeRO-1 (z1) would be ignored"),
-        (["--trainer", "megatron", "--deepspeed-pipe"], "not megatron's"),
+        (["--trainer", "megatron", "--fp32-grad-accum"], "is DeepSpeed's BF16_Optimizer, not megatron's"),
         (["--trainer", "deepspeed", "--overlap-param-gather"], "not DeepSpeed's"),
         (["--trainer", "megatron", "--bucket-mb", "50"], "Megatron-LM sizes its buckets itself"),
     ]

@@ -138,8 +138,15 @@ def test_a_switch_of_another_trainer_is_refused() -> None:
     user_switches_fit("deepspeed", True, True, False)
     user_switches_fit("megatron", False, False, True)
     for trainer in ("megatron", "torchtitan"):
-        with pytest.raises(TrainerError, match="DeepSpeed's pipeline engine and BF16_Optimizer"):
-            user_switches_fit(trainer, True, False, False)
+        # the message names the switches given, only those
+        for pipe, accum, words in (
+            (True, False, f"--deepspeed-pipe is DeepSpeed's pipeline engine, not {trainer}'s"),
+            (False, True, f"--fp32-grad-accum is DeepSpeed's BF16_Optimizer, not {trainer}'s"),
+            (True, True, "--deepspeed-pipe is DeepSpeed's pipeline engine and --fp32-grad-accum is"),
+        ):
+            with pytest.raises(TrainerError) as got:
+                user_switches_fit(trainer, pipe, accum, False)
+            assert words in str(got.value) and str(got.value).count("--") == pipe + accum
     with pytest.raises(TrainerError, match="Megatron-LM's"):
         user_switches_fit("deepspeed", False, False, True)
 

@@ -402,10 +402,15 @@ def user_switches_fit(
     if trainer in ("megatron", "torchtitan") and offload_optimizer:
         raise TrainerError(f"--offload-optimizer is DeepSpeed's ZeRO-Offload (its CPU Adam), not {trainer}'s")
     if trainer in ("megatron", "torchtitan") and (deepspeed_pipe or fp32_grad_accum):
-        raise TrainerError(
-            f"--deepspeed-pipe and --fp32-grad-accum are DeepSpeed's pipeline engine and BF16_Optimizer, "
-            f"not {trainer}'s"
-        )
+        given = [
+            what
+            for on, what in (
+                (deepspeed_pipe, "--deepspeed-pipe is DeepSpeed's pipeline engine"),
+                (fp32_grad_accum, "--fp32-grad-accum is DeepSpeed's BF16_Optimizer"),
+            )
+            if on
+        ]
+        raise TrainerError(f"{' and '.join(given)}, not {trainer}'s")
     if trainer in ("megatron", "torchtitan") and zero3_fetch:
         raise TrainerError(
             f"--zero3-fetch deepspeed is DeepSpeed's ZeRO-3 parameter coordinator, not {trainer}'s "

@@ -118,6 +118,8 @@ def _check_options(a: dict[str, Any], err: Console) -> None:
 
     if (why := max_k_error(a["microbatches"], a["max_k"])) is not None:
         _fail(err, why)
+    if a["fresh"] and a["store"] is not None:
+        _fail(err, f"--fresh neither reads nor writes a result store: drop --store {a['store']}, or --fresh")
     a["max_k"] = MAX_K if a["max_k"] is None else a["max_k"]
     if a["executor"] not in EXECUTORS:
         _fail(err, f"--executor must be one of {', '.join(EXECUTORS)}, got {a['executor']!r}")
