@@ -220,3 +220,21 @@ def test_search_takes_every_pin_the_cli_takes() -> None:
     assert found.best.c == 2 and found.best.microbatch_size == 2
     found = distir.search(model=GPT, cluster="dgx-a100", batch=16, top=1, hsdp=2)
     assert found.best.shard_group is not None and found.best.zero == 3
+
+
+def test_a_half_format_the_gpus_compute_no_faster_than_fp32_is_a_user_warning() -> None:
+    """bf16 on a V100 (no bf16 tensor cores) runs at the fp32 peak: ``simulate`` and ``search``
+    say so as a ``UserWarning`` naming the GPU, as the CLI does on stderr; f16 there warns of
+    nothing."""
+    import warnings
+
+    from distir.hardware.presets import PRESETS
+
+    name = PRESETS["dgx2-v100"].device.name
+    with pytest.warns(UserWarning, match=re.escape(f"{name} computes bf16 no faster than fp32")):
+        distir.simulate(GPT, "d2", "dgx2-v100", 16, dtype="bf16")
+    with pytest.warns(UserWarning, match=re.escape(PRESETS["p3.8xlarge"].device.name)):
+        distir.search(GPT, "p3.8xlarge", 16, dtype="bf16", top=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        distir.simulate(GPT, "d2", "dgx2-v100", 16, dtype="f16")

@@ -210,10 +210,18 @@ def _check_search(model: str, batch: object, train: object, a: Mapping[str, Any]
 def _numerics(
     dtype: str, precision: str, train: bool, cluster: ClusterArg | None, model: str = ""
 ) -> tuple[str, str]:
-    """``auto`` as the CLI resolves it (``distir.export.plan.resolve_numerics``)."""
-    from distir.export.plan import resolve_numerics
+    """``auto`` as the CLI resolves it (``distir.export.plan.resolve_numerics``); a half format
+    the GPUs compute no faster than fp32 (bf16 on a V100) is a ``UserWarning``, as the CLI's
+    warning on stderr (``distir.report.numerics.slow_half_warnings``)."""
+    import warnings
 
-    return resolve_numerics(dtype, precision, cluster, model, train)
+    from distir.export.plan import resolve_numerics
+    from distir.report.numerics import slow_half_warnings
+
+    got = resolve_numerics(dtype, precision, cluster, model, train)
+    for line in slow_half_warnings(got[0], cluster) if cluster is not None else ():
+        warnings.warn(line, UserWarning, stacklevel=3)
+    return got
 
 
 def search(
