@@ -1119,6 +1119,7 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
         zero3_fetch=fetch is not None,
         master_remainders=sw.master_remainders,
         offload_optimizer=sw.offload_optimizer,
+        optimizer_dtype=sw.optimizer_dtype,
     )
     if sw.trainer == "megatron" and sw.bucket_mb != DDP_BUCKET_MB:
         _fail(
