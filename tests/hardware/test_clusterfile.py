@@ -434,3 +434,21 @@ def test_a_preset_types_intra_link_serves_every_collective_but_its_own(key: str)
         '[types.a]\npreset = "dgx-a100"\nintra_bandwidth_gb_s = 300\n[[nodes]]\ntype = "a"\n'
     )
     assert same.nodes[0].collectives == base.collectives and same.nodes[0].busbw_curves == base.busbw_curves
+
+
+def test_a_preset_type_with_fewer_gpus_a_node_keeps_the_curves_measured_on_as_few() -> None:
+    """`devices_per_node = 4` on `h100` keeps its curves measured on 4 GPUs and drops those on 8
+    (the type was refused: "its allreduce curve was measured on 8 GPUs, more than its 4"); on 3
+    GPUs none is left. The type's own curve on more GPUs than its node is still an error."""
+    base = PRESETS["h100"]
+    four = cluster_from_toml('[types.a]\npreset = "h100"\ndevices_per_node = 4\n[[nodes]]\ntype = "a"\n')
+    kept = four.nodes[0].busbw_curves
+    assert kept == tuple((n, c) for n, c in base.busbw_curves if c.ranks <= 4)
+    assert kept and len(kept) < len(base.busbw_curves)
+    three = cluster_from_toml('[types.a]\npreset = "dgx-a100"\ndevices_per_node = 3\n[[nodes]]\ntype = "a"\n')
+    assert three.nodes[0].busbw_curves == () and three.num_devices == 3
+    e = err(
+        '[types.a]\npreset = "dgx-a100"\ndevices_per_node = 3\n[types.a.busbw_curves.allreduce]\n'
+        'points = [[32768, 1.0], [1073741824, 200]]\nranks = 8\n[[nodes]]\ntype = "a"\n'
+    )
+    assert "measured on 8 GPUs, more than its 3" in str(e)

@@ -120,7 +120,8 @@ preset's) drops the preset's per-collective links (``collectives``): that link t
 every collective but those the type's own ``collectives`` tables name. A preset's measured
 curve (``busbw_curves``) is dropped when the type gives its collective another link inside the
 node (``collectives.<name>``, or ``intra_*``), so the figures the type gives hold at every
-size; the type's own ``busbw_curves`` tables apply over that.
+size, and so is one measured on more GPUs than the type's ``devices_per_node``; the type's own
+``busbw_curves`` tables apply over that.
 
 Every problem is a ``ClusterError`` naming the file, the line:column where it can be found, the
 key path (``types.t4.fp32_tflops``, ``nodes[1].count``) and expected vs actual.
@@ -409,11 +410,15 @@ def _preset_links(base: NodeSpec, vals: Mapping[str, float]) -> tuple[tuple[str,
 
 
 def _kept_curves(
-    base: NodeSpec, collectives: tuple[tuple[str, LinkSpec], ...], vals: Mapping[str, float]
+    base: NodeSpec,
+    collectives: tuple[tuple[str, LinkSpec], ...],
+    vals: Mapping[str, float],
+    devices: int | None = None,
 ) -> tuple[tuple[str, BusBandwidthCurve], ...]:
     """The preset's curves a preset type keeps: those of the collectives whose link inside the
     node (``NodeSpec.intra_for``: its ``collectives`` entry, else the intra-node link) the type
-    leaves as the preset has it. A curve measured on the preset's fabric would otherwise
+    leaves as the preset has it, measured on no more GPUs than the type's node has (``devices``,
+    its ``devices_per_node`` if given). A curve measured on the preset's fabric would otherwise
     override the type's own figures below the curve's largest size. The type's own
     ``busbw_curves`` are laid over these."""
     intra = LinkSpec(
@@ -421,7 +426,11 @@ def _kept_curves(
         vals.get("intra_latency_us", base.intra.latency_s),
     )
     links = dict(collectives)
-    return tuple((n, c) for n, c in base.busbw_curves if links.get(n, intra) == base.intra_for(n))
+    return tuple(
+        (n, c)
+        for n, c in base.busbw_curves
+        if links.get(n, intra) == base.intra_for(n) and (devices is None or c.ranks <= devices)
+    )
 
 
 class ClusterDescription(NamedTuple):
@@ -555,7 +564,8 @@ class _Loader:
         if base is not None and families != base.device.families:
             dev_over["families"] = families
         collectives = self.collectives(t, path, _preset_links(base, vals) if base else ())
-        curves = self.busbw_curves(t, path, _kept_curves(base, collectives, vals) if base else ())
+        kept = _kept_curves(base, collectives, vals, dpn) if base else ()
+        curves = self.busbw_curves(t, path, kept)
         net = (collectives, nics, *self.network(t, path, base), curves, self.host(t, path, base))
         attention = self.attention(t, path, base.device.attention if base else ())
         if base is not None and attention != base.device.attention:
