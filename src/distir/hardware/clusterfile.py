@@ -564,8 +564,7 @@ class _Loader:
         if base is not None and families != base.device.families:
             dev_over["families"] = families
         collectives = self.collectives(t, path, _preset_links(base, vals) if base else ())
-        kept = _kept_curves(base, collectives, vals, dpn) if base else ()
-        curves = self.busbw_curves(t, path, kept)
+        curves = self.busbw_curves(t, path, _kept_curves(base, collectives, vals, dpn) if base else ())
         net = (collectives, nics, *self.network(t, path, base), curves, self.host(t, path, base))
         attention = self.attention(t, path, base.device.attention if base else ())
         if base is not None and attention != base.device.attention:
