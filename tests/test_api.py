@@ -120,10 +120,15 @@ _API_BAD: list[tuple[str, dict[str, object], type[Exception], str]] = [
     ("search", {"train": "no"}, SpaceError, "train must be True or False, got 'no' (str)"),
     ("search", {"optimizer": "lion"}, SpaceError, "optimizer must be sgd or adam, got 'lion'"),
     ("search", {"tp_layout": "x"}, SpaceError, "tp_layout must be declared or auto, got 'x'"),
+    # `distir search --precision fp8` is refused: the search screens no FP8 plans
+    ("search", {"precision": "fp8"}, SpaceError, "precision must be auto, mixed or pure, got 'fp8' (str)"),
+    ("search", {"precision": "fp8-delayed"}, SpaceError, "must be auto, mixed or pure, got 'fp8-delayed'"),
     ("search", {"cp": "2"}, SpaceError, "--cp must be a positive integer, got '2'"),
     ("search", {"hsdp": 3}, SpaceError, "--hsdp 3 must divide the data-parallel degree d"),
     ("search", {"microbatch_size": 3}, SpaceError, "--microbatch-size 3 does not divide the batch 16"),
     ("search", {"cp_from_seq": 0}, SpaceError, "--cp-from-seq must be a positive integer, got 0"),
+    ("search", {"microbatches": 4, "max_microbatches": 2}, SpaceError, "-k 4 is above --max-microbatches 2"),
+    ("search", {"max_microbatches": 0}, SpaceError, "max_microbatches must be a positive integer, got 0"),
     ("simulate", {"strategy": 2}, StrategyError, "strategy must be a strategy string or a Strategy, got 2"),
     ("simulate", {"strategy": None}, StrategyError, "got None"),
     ("simulate", {"cluster": ["dgx-a100"]}, HardwareError, "got ['dgx-a100'] (list)"),
@@ -215,3 +220,21 @@ def test_search_takes_every_pin_the_cli_takes() -> None:
     assert found.best.c == 2 and found.best.microbatch_size == 2
     found = distir.search(model=GPT, cluster="dgx-a100", batch=16, top=1, hsdp=2)
     assert found.best.shard_group is not None and found.best.zero == 3
+
+
+def test_a_half_format_the_gpus_compute_no_faster_than_fp32_is_a_user_warning() -> None:
+    """bf16 on a V100 (no bf16 tensor cores) runs at the fp32 peak: ``simulate`` and ``search``
+    say so as a ``UserWarning`` naming the GPU, as the CLI does on stderr; f16 there warns of
+    nothing."""
+    import warnings
+
+    from distir.hardware.presets import PRESETS
+
+    name = PRESETS["dgx2-v100"].device.name
+    with pytest.warns(UserWarning, match=re.escape(f"{name} computes bf16 no faster than fp32")):
+        distir.simulate(GPT, "d2", "dgx2-v100", 16, dtype="bf16")
+    with pytest.warns(UserWarning, match=re.escape(PRESETS["p3.8xlarge"].device.name)):
+        distir.search(GPT, "p3.8xlarge", 16, dtype="bf16", top=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        distir.simulate(GPT, "d2", "dgx2-v100", 16, dtype="f16")

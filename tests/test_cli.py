@@ -494,6 +494,22 @@ def test_simulate_refuses_a_zero3_fetch_or_remainders_it_would_ignore() -> None:
         assert code == 0, err
 
 
+def test_simulate_refuses_the_deepspeed_pipeline_engine_without_a_pipeline() -> None:
+    """``--deepspeed-pipe`` with p = 1 has no pipeline to run (it was taken and meant nothing):
+    a one-line error; with p > 1 it runs, and ``--trainer deepspeed`` at p = 1 still runs."""
+    model = "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128"
+    base = ["simulate", "--model", model, "--batch", "8", "--cluster", "dgx-a100"]
+    code, _, err = run(*base, "--strategy", "d2.z1", "--deepspeed-pipe")
+    assert code == 2 and "d2.t1.p1.k1.1f1b.z1 has one" in err and len(err.strip().splitlines()) == 1
+    taken = (
+        ["--strategy", "d1.p2.k2", "--deepspeed-pipe"],
+        ["--strategy", "d2.z1", "--trainer", "deepspeed"],
+    )
+    for extra in taken:
+        code, _, err = run(*base, *extra)
+        assert code == 0, (extra, err)
+
+
 def test_simulate_as_a_trainer_runs_it() -> None:
     """``--trainer`` runs the plan as that trainer does (``distir.parallel.trainers``): Megatron's
     fp32 gradients take 2 bytes a parameter more than the neutral program's, torchtitan's eager
@@ -523,7 +539,7 @@ def test_simulate_as_a_trainer_runs_it() -> None:
         (["--trainer", "torchtitan"], "torchtitan applies mixed precision through FSDP2 only"),
         (["--trainer", "nemo"], "--trainer must be one of distir, megatron, deepspeed, torchtitan"),
         (["--trainer", "megatron", "--infer"], "so --trainer megatron, ZeRO-1 (z1) would be ignored"),
-        (["--trainer", "megatron", "--deepspeed-pipe"], "not megatron's"),
+        (["--trainer", "megatron", "--fp32-grad-accum"], "is DeepSpeed's BF16_Optimizer, not megatron's"),
         (["--trainer", "deepspeed", "--overlap-param-gather"], "not DeepSpeed's"),
         (["--trainer", "megatron", "--bucket-mb", "50"], "Megatron-LM sizes its buckets itself"),
     ]

@@ -179,21 +179,29 @@ def _check_search(model: str, batch: object, train: object, a: Mapping[str, Any]
     """What ``distir search``'s options refuse before any work (``search_cli._check_options``):
     types, ranges, the batch's and the workers' bounds, the size of the programs simulated."""
     from distir.report.bounds import search_error, search_ops_error
-    from distir.search.space import SpaceError
+    from distir.search.space import MAX_K, SpaceError, max_k_error
 
     _check_positive("batch", batch, SpaceError)
     _check_flag("train", train, SpaceError)
     for name in ("top", "workers", "max_microbatches"):
-        _check_positive(name, a[name], SpaceError)
+        if name != "max_microbatches" or a[name] is not None:
+            _check_positive(name, a[name], SpaceError)
+    if (why := max_k_error(a["microbatches"], a["max_microbatches"])) is not None:
+        raise SpaceError(why)
     for name in ("explain", "tp_comm_overlap"):
         _check_flag(name, a[name], SpaceError)
     if a["optimizer"] not in ("sgd", "adam"):
         raise SpaceError(f"optimizer must be sgd or adam, got {a['optimizer']!r}")
     if a["tp_layout"] not in ("declared", "auto"):
         raise SpaceError(f"tp_layout must be declared or auto, got {a['tp_layout']!r}")
+    if a["precision"] not in ("auto", "mixed", "pure"):  # as ``distir search --precision``
+        raise SpaceError(
+            f"precision must be auto, mixed or pure, got {_kind(a['precision'])}: the search screens "
+            "no FP8 plans (distir.simulate takes fp8 and fp8-delayed)"
+        )
     assert isinstance(batch, int) and isinstance(train, bool)
     why = search_error(a["workers"], "local", batch) or search_ops_error(
-        model, a["microbatches"], a["max_microbatches"], batch, train
+        model, a["microbatches"], a["max_microbatches"] or MAX_K, batch, train
     )
     if why is not None:
         raise SpaceError(why)
@@ -202,10 +210,18 @@ def _check_search(model: str, batch: object, train: object, a: Mapping[str, Any]
 def _numerics(
     dtype: str, precision: str, train: bool, cluster: ClusterArg | None, model: str = ""
 ) -> tuple[str, str]:
-    """``auto`` as the CLI resolves it (``distir.export.plan.resolve_numerics``)."""
-    from distir.export.plan import resolve_numerics
+    """``auto`` as the CLI resolves it (``distir.export.plan.resolve_numerics``); a half format
+    the GPUs compute no faster than fp32 (bf16 on a V100) is a ``UserWarning``, as the CLI's
+    warning on stderr (``distir.report.numerics.slow_half_warnings``)."""
+    import warnings
 
-    return resolve_numerics(dtype, precision, cluster, model, train)
+    from distir.export.plan import resolve_numerics
+    from distir.report.numerics import slow_half_warnings
+
+    got = resolve_numerics(dtype, precision, cluster, model, train)
+    for line in slow_half_warnings(got[0], cluster) if cluster is not None else ():
+        warnings.warn(line, UserWarning, stacklevel=3)
+    return got
 
 
 def search(
@@ -228,7 +244,7 @@ def search(
     hsdp: int | None = None,
     cp: int | None = None,
     cp_from_seq: int | None = None,
-    max_microbatches: int = 128,
+    max_microbatches: int | None = None,
     top: int = 8,
     workers: int = 1,
     store: str | Path | None = None,
@@ -253,7 +269,7 @@ def search(
     (``megatron``, ``deepspeed``, ``torchtitan``; ``distir search --trainer``)."""
     from distir.search.run import SearchRequest
     from distir.search.run import search as run_search
-    from distir.search.space import CP_MIN_SEQ, Pins
+    from distir.search.space import CP_MIN_SEQ, MAX_K, Pins
 
     _check_inputs(model, cluster)
     _check_search(_model_text(model), batch, train, locals())
@@ -266,7 +282,7 @@ def search(
         schedule,
         zero,
         recompute,
-        max_microbatches,
+        MAX_K if max_microbatches is None else max_microbatches,
         mbs=microbatch_size,
         hsdp=hsdp,
         cp=cp,

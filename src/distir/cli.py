@@ -580,6 +580,7 @@ def simulate(
     result = dataclasses.replace(result, model_flops=model_flops)
     _write_simulation_trace(result, trace, file)
     summary = summary_dict(result)
+    warnings = _numerics_warnings(dtype if model is not None else "f32", cl)
     if json_out:
         fields = _strategy_json(model, strategy, batch, dtype, precision) if model is not None else {}
         if model is not None:
@@ -587,11 +588,21 @@ def simulate(
         options = _sim_options(cluster, kernels, attention_kernel, semantics, built_spec)
         flags = {"tp_comm_overlap": tp_comm_overlap, "launch_blocking": launch_blocking}
         where = {"schema": SCHEMA, "file" if file is not None else "model": source}
-        _emit_json(
-            {**where, **fields, **options, **flags, **summary, **_trace_json(trace, trace_detail, trace_gpus)}
-        )
+        traced = _trace_json(trace, trace_detail, trace_gpus)
+        _emit_json({**where, **fields, **options, **flags, **summary, **traced, "warnings": warnings})
         return
     _print_simulation(result, summary, _sim_title(source, cluster, cl.num_devices, summary), trace)
+
+
+def _numerics_warnings(dtype: str, cl: Any) -> list[str]:
+    """``simulate``'s warnings on its numerics (``distir.report.numerics.slow_half_warnings``:
+    a half format the GPUs compute no faster than fp32), each printed on stderr."""
+    from distir.report.numerics import slow_half_warnings
+
+    got = slow_half_warnings(dtype, cl)
+    for line in got:
+        err.print(f"warning: {line}", markup=False, soft_wrap=True)
+    return got
 
 
 _RECOMPUTE_PART = {"full": "rfull", "selective": "rsel", "ops": "rops"}  # as a strategy string writes it
@@ -705,7 +716,7 @@ def _check_switches_apply(strategy: str | None, precision: str, sw: _SimSwitches
     ignored: ``--overlap-param-gather`` gathers ZeRO-1/2's sharded new weights (mixed precision,
     d·c > 1), ``--fp8-weight-cache`` caches Transformer Engine's delayed-scaling float8 weights,
     ``--tp-comm-overlap`` pipelines sequence parallelism's collectives, ``--zero3-fetch
-    deepspeed`` gathers ZeRO-3's shards (d·c > 1)."""
+    deepspeed`` gathers ZeRO-3's shards (d·c > 1), ``--deepspeed-pipe`` runs a pipeline (p > 1)."""
     from distir.parallel.strategy import StrategyError, parse_strategy
 
     if sw.fp8_weight_cache and precision != "fp8-delayed":
@@ -726,6 +737,11 @@ def _check_switches_apply(strategy: str | None, precision: str, sw: _SimSwitches
         _fail(
             f"--zero3-fetch {sw.zero3_fetch} gathers the weights ZeRO-3 shards over d·c > 1 ranks; "
             f"{st} has none to gather: use z3 with d > 1, or drop it"
+        )
+    if sw.deepspeed_pipe and st.p == 1:
+        _fail(
+            f"--deepspeed-pipe runs DeepSpeed's pipeline engine over p > 1 stages; {st} has one: "
+            "add a pipeline degree (.p2), or drop it"
         )
     if sw.overlap_param_gather and (st.zero not in (1, 2) or st.d * st.c == 1 or precision == "pure"):
         _fail(
@@ -1103,6 +1119,7 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
         zero3_fetch=fetch is not None,
         master_remainders=sw.master_remainders,
         offload_optimizer=sw.offload_optimizer,
+        optimizer_dtype=sw.optimizer_dtype,
     )
     if sw.trainer == "megatron" and sw.bucket_mb != DDP_BUCKET_MB:
         _fail(
@@ -1844,7 +1861,9 @@ def search(
     recompute: Annotated[
         str | None, typer.Option("--recompute", help="Pin none, selective, full or ops.")
     ] = None,
-    max_k: Annotated[int, typer.Option("--max-microbatches", min=1, help="Largest k to try.")] = 128,
+    max_k: Annotated[
+        int | None, typer.Option("--max-microbatches", min=1, help="Largest k to try (default 128).")
+    ] = None,
     workers: Annotated[
         int, typer.Option("--workers", min=1, help="Worker processes: profiles, placement, exact sims.")
     ] = 2,

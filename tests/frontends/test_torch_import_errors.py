@@ -243,3 +243,27 @@ def test_a_factory_built_on_the_meta_device_imports() -> None:
         build_model(f"{FACTORIES}:buffer_on_meta", batch=2)
     code, out, err = run("import", f"{FACTORIES}:buffer_on_meta")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("sizes", "rotated"),
+    [
+        ({"model_type": "llama", "hidden_size": 2, "num_attention_heads": 2}, "rotates 1 of its 1"),
+        ({"model_type": "gpt_neox", "hidden_size": 8, "num_attention_heads": 2, "rotary_pct": 0.25},
+         "rotates 1 of its 4"),
+    ],
+)  # fmt: skip
+def test_an_odd_number_of_rotated_channels_is_refused(
+    sizes: dict[str, object], rotated: str, tmp_path: Path
+) -> None:
+    """Rotary positions turn channel pairs: a head rotating an odd number of channels was an
+    Attention shape error in the middle of `simulate` (transformers broadcast its one channel
+    against two cosines); it is one line naming the sizes. An even number imports."""
+    base = {"vocab_size": 8, "num_hidden_layers": 1, "intermediate_size": 8, "max_position_embeddings": 8}
+    (tmp_path / "config.json").write_text(__import__("json").dumps(base | sizes))
+    with pytest.raises(SourceError, match=re.escape(rotated)) as info:
+        build_model(f"hf:{tmp_path}", batch=2)
+    assert "\n" not in str(info.value) and "rotary positions turn pairs of channels" in str(info.value)
+    even = base | sizes | {"hidden_size": 8, "num_attention_heads": 2}
+    (tmp_path / "config.json").write_text(__import__("json").dumps(even | {"rotary_pct": 0.5}))
+    assert build_model(f"hf:{tmp_path}", batch=2).num_params > 0

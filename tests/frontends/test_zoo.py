@@ -455,3 +455,33 @@ def test_a_config_path_without_hf_says_the_prefix(tmp_path: Path) -> None:
             parse_model_string(text)
     with pytest.raises(ModelError, match="unknown model 'llama3-9b'"):
         parse_model_string("llama3-9b")
+
+
+@pytest.mark.parametrize(
+    ("model", "strategy", "split"),
+    [
+        ("mlp:layers=2,hidden=1", "d2", 0),  # every weight 1 x 1
+        # the embedding and head on the vocabulary of 8, each block's w1, b1, w2 on its 4 FFN
+        # columns; q, k, v and o (1 x 1) whole
+        ("gpt:layers=2,hidden=1,heads=1,seq=4,vocab=8", "d2.z3", 8),
+        ("gpt:layers=2,hidden=4,heads=2,seq=4,vocab=1", "d1.t2", 20),  # the blocks' 10 each
+        # the embedding, the head and each block's q, k, v, o; its FFN of 1 (w1, w3, w2) whole
+        ("llama:layers=2,hidden=2,heads=1,kv_heads=1,ffn=1,vocab=8,seq=4", "d1.p2.k2", 10),
+    ],
+)
+def test_a_one_wide_dim_is_kept_whole_and_the_step_equals_the_sequential_one(
+    model: str, strategy: str, split: int
+) -> None:
+    """A weight declared split along a dim of size 1 (hidden, FFN or vocabulary of 1) is kept
+    whole, the `split` others declared split stay so, and the distributed step is the sequential
+    one's (a 1-wide column-parallel weight's gradient was split along its 1-wide dim, which no
+    elementwise op's sharding rule takes: `simulate --model mlp:layers=2,hidden=1` failed)."""
+    from distir.parallel.check import check_against_sequential
+    from distir.parallel.strategy import parse_strategy
+
+    m = parse_model_string(model).build(4)
+    sharded = [w for w in m.weights if isinstance(w.tp, Shard)]
+    assert all(w.type.shape[w.tp.dim] > 1 for w in sharded if isinstance(w.tp, Shard))
+    assert len(sharded) == split
+    cmp = check_against_sequential(m, parse_strategy(strategy))
+    assert cmp.max_rel_diff < 1e-4, f"{cmp.worst} differs by {cmp.max_rel_diff:.2e}"

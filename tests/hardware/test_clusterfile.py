@@ -410,3 +410,45 @@ def test_real_figures_are_inside_the_plausible_ranges() -> None:
     zeros = "intra_latency_us = 0\nlaunch_overhead_us = 0\n"
     text = f'[types.t]\npreset = "h100"\n{zeros}memory_gib = 0.5\n' + NODES
     assert cluster_from_toml(text, "c.toml").nodes[0].device.memory_bytes == GIB // 2
+
+
+@pytest.mark.parametrize("key", ["intra_bandwidth_gb_s = 10", "intra_latency_us = 40"])
+def test_a_preset_types_intra_link_serves_every_collective_but_its_own(key: str) -> None:
+    """`intra_*` on a type based on `dgx-a100` replaces the preset's per-collective links (NCCL's
+    230 GB/s) and so its all-reduce curve: the user's figure held only for the collectives the
+    preset names none for (an all-reduce over NVLink at 10 GB/s simulated as at 230). A
+    collective the type names keeps the type's link; restating the preset's figure keeps all."""
+    base = PRESETS["dgx-a100"]
+    c = cluster_from_toml(f'[types.a]\npreset = "dgx-a100"\n{key}\n[[nodes]]\ntype = "a"\n')
+    node = c.nodes[0]
+    assert node.intra != base.intra and node.collectives == () and node.busbw_curves == ()
+    for name in ("allreduce", "allgather", "reducescatter", "broadcast", "reduce"):
+        assert base.intra_for(name) != node.intra and node.intra_for(name) == node.intra
+    own = cluster_from_toml(
+        f'[types.a]\npreset = "dgx-a100"\n{key}\n'
+        "[types.a.collectives.allgather]\nbandwidth_gb_s = 100\nlatency_us = 2\n"
+        '[[nodes]]\ntype = "a"\n'
+    ).nodes[0]
+    assert own.intra_for("allgather") == LinkSpec(100e9, 2e-6) and own.intra_for("allreduce") == own.intra
+    same = cluster_from_toml(
+        '[types.a]\npreset = "dgx-a100"\nintra_bandwidth_gb_s = 300\n[[nodes]]\ntype = "a"\n'
+    )
+    assert same.nodes[0].collectives == base.collectives and same.nodes[0].busbw_curves == base.busbw_curves
+
+
+def test_a_preset_type_with_fewer_gpus_a_node_keeps_the_curves_measured_on_as_few() -> None:
+    """`devices_per_node = 4` on `h100` keeps its curves measured on 4 GPUs and drops those on 8
+    (the type was refused: "its allreduce curve was measured on 8 GPUs, more than its 4"); on 3
+    GPUs none is left. The type's own curve on more GPUs than its node is still an error."""
+    base = PRESETS["h100"]
+    four = cluster_from_toml('[types.a]\npreset = "h100"\ndevices_per_node = 4\n[[nodes]]\ntype = "a"\n')
+    kept = four.nodes[0].busbw_curves
+    assert kept == tuple((n, c) for n, c in base.busbw_curves if c.ranks <= 4)
+    assert kept and len(kept) < len(base.busbw_curves)
+    three = cluster_from_toml('[types.a]\npreset = "dgx-a100"\ndevices_per_node = 3\n[[nodes]]\ntype = "a"\n')
+    assert three.nodes[0].busbw_curves == () and three.num_devices == 3
+    e = err(
+        '[types.a]\npreset = "dgx-a100"\ndevices_per_node = 3\n[types.a.busbw_curves.allreduce]\n'
+        'points = [[32768, 1.0], [1073741824, 200]]\nranks = 8\n[[nodes]]\ntype = "a"\n'
+    )
+    assert "measured on 8 GPUs, more than its 3" in str(e)

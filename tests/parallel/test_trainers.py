@@ -138,10 +138,32 @@ def test_a_switch_of_another_trainer_is_refused() -> None:
     user_switches_fit("deepspeed", True, True, False)
     user_switches_fit("megatron", False, False, True)
     for trainer in ("megatron", "torchtitan"):
-        with pytest.raises(TrainerError, match="DeepSpeed's pipeline engine and BF16_Optimizer"):
-            user_switches_fit(trainer, True, False, False)
+        # the message names the switches given, only those
+        for pipe, accum, words in (
+            (True, False, f"--deepspeed-pipe is DeepSpeed's pipeline engine, not {trainer}'s"),
+            (False, True, f"--fp32-grad-accum is DeepSpeed's BF16_Optimizer, not {trainer}'s"),
+            (True, True, "--deepspeed-pipe is DeepSpeed's pipeline engine and --fp32-grad-accum is"),
+        ):
+            with pytest.raises(TrainerError) as got:
+                user_switches_fit(trainer, pipe, accum, False)
+            assert words in str(got.value) and str(got.value).count("--") == pipe + accum
     with pytest.raises(TrainerError, match="Megatron-LM's"):
         user_switches_fit("deepspeed", False, False, True)
+
+
+@pytest.mark.parametrize(("trainer", "why"), [("megatron", "main_grad"), ("torchtitan", "reduce_dtype")])
+def test_an_optimizer_without_fp32_masters_is_refused_by_a_trainer_with_fp32_gradients(
+    trainer: str, why: str
+) -> None:
+    """Megatron-LM's fp32 main_grad and torchtitan's fp32 reductions feed fp32 masters: an
+    optimizer in bf16 beside them is refused naming the trainer (the refusal named an fp32
+    gradient accumulation the user never asked for); f32, and the neutral trainer, are taken."""
+    with pytest.raises(TrainerError) as got:
+        user_switches_fit(trainer, False, False, False, optimizer_dtype="bf16")
+    assert f"--optimizer-dtype bf16 keeps no fp32 masters; --trainer {trainer}" in str(got.value)
+    assert why in str(got.value)
+    user_switches_fit(trainer, False, False, False, optimizer_dtype="f32")
+    user_switches_fit("distir", False, False, False, optimizer_dtype="bf16")
 
 
 def test_the_neutral_trainer_sets_no_switch() -> None:

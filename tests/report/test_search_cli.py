@@ -192,3 +192,46 @@ def test_export_out_without_export_fails_before_the_search(
     code, _, err = cli([*BASE, "--export-out", str(tmp_path / "cfg.txt")], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "give --export TARGET" in err, err
     assert not (tmp_path / "cfg.txt").exists()
+
+
+def test_a_pinned_k_above_the_bound_given_fails_before_the_search(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``-k 4 --max-microbatches 2`` pins k above the bound the user gave on it (the pin won,
+    silently): one line before the search. A pinned k above the default bound (128) is taken."""
+    _no_search(monkeypatch)
+    code, _, err = cli([*BASE, "-k", "4", "--max-microbatches", "2"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "-k 4 is above --max-microbatches 2" in err
+    seen: list[int] = []
+
+    def record(req: SearchRequest, *args: object, **kwargs: object) -> None:
+        seen.append(req.pins.max_k)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(run_mod, "search", record)
+    for extra, bound in ((["-k", "2", "--max-microbatches", "2"], 2), (["-k", "256"], 128)):
+        cli([*BASE, "--fresh", *extra], capsys)
+        assert seen[-1] == bound, extra
+
+
+def test_a_store_given_with_fresh_fails_before_the_search(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--fresh`` neither reads nor writes a store, so a ``--store F`` beside it was ignored
+    (nothing written to F): one line before the search; each alone is taken."""
+    _no_search(monkeypatch)
+    store = tmp_path / "s.sqlite"
+    code, _, err = cli([*BASE, "--store", str(store), "--fresh"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"drop --store {store}, or --fresh" in err
+    seen: list[Path | None] = []
+
+    def record(req: SearchRequest, *args: object, **kwargs: object) -> None:
+        seen.append(req.store)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(run_mod, "search", record)
+    for extra, want in ((["--store", str(store)], store), (["--fresh"], None)):
+        cli([*BASE, *extra], capsys)
+        assert seen[-1] == want, extra

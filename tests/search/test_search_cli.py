@@ -25,7 +25,8 @@ def _cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _search(tmp_path: Path, *extra: str) -> dict[str, object]:
     args = ["search", "--model", MODEL, "--cluster", "dgx-a100", "--batch", "64", "--top", "3"]
-    args += ["--workers", "1", "--store", str(tmp_path / "s.sqlite"), "--json", *extra]
+    store = [] if "--fresh" in extra else ["--store", str(tmp_path / "s.sqlite")]  # --fresh takes none
+    args += ["--workers", "1", *store, "--json", *extra]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     out: dict[str, object] = json.loads(res.stdout)

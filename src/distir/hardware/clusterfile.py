@@ -114,11 +114,14 @@ Units are in the key names; the loader converts them to SI (FLOP/s, B/s, bytes, 
 
 A preset type overrides any of these keys one by one (the rest are the preset's). A preset
 type whose device figures are overridden gets the device name ``"<preset gpu> [<key>]"``
-unless ``gpu`` is given, so that different figures never share a name. A preset's measured
+unless ``gpu`` is given, so that different figures never share a name. A type that gives the
+node another link inside it (``intra_bandwidth_gb_s`` / ``intra_latency_us`` differing from the
+preset's) drops the preset's per-collective links (``collectives``): that link then serves
+every collective but those the type's own ``collectives`` tables name. A preset's measured
 curve (``busbw_curves``) is dropped when the type gives its collective another link inside the
-node (``collectives.<name>``, or ``intra_bandwidth_gb_s`` / ``intra_latency_us`` for a
-collective without a ``collectives`` entry), so the figures the type gives hold at every size;
-the type's own ``busbw_curves`` tables apply over that.
+node (``collectives.<name>``, or ``intra_*``), so the figures the type gives hold at every
+size, and so is one measured on more GPUs than the type's ``devices_per_node``; the type's own
+``busbw_curves`` tables apply over that.
 
 Every problem is a ``ClusterError`` naming the file, the line:column where it can be found, the
 key path (``types.t4.fp32_tflops``, ``nodes[1].count``) and expected vs actual.
@@ -394,12 +397,28 @@ def _precheck(text: str, file: str) -> None:
                 depth = max(0, depth - 1)
 
 
+def _preset_links(base: NodeSpec, vals: Mapping[str, float]) -> tuple[tuple[str, LinkSpec], ...]:
+    """The preset's per-collective links inside the node (``NodeSpec.collectives``) a preset type
+    keeps: none when the type gives the node another intra-node link (``intra_*``), whose figure
+    then holds for every collective (the type's own ``collectives`` tables over it): the preset's
+    links are measured on the preset's fabric, as its curves are."""
+    intra = LinkSpec(
+        vals.get("intra_bandwidth_gb_s", base.intra.bandwidth),
+        vals.get("intra_latency_us", base.intra.latency_s),
+    )
+    return base.collectives if intra == base.intra else ()
+
+
 def _kept_curves(
-    base: NodeSpec, collectives: tuple[tuple[str, LinkSpec], ...], vals: Mapping[str, float]
+    base: NodeSpec,
+    collectives: tuple[tuple[str, LinkSpec], ...],
+    vals: Mapping[str, float],
+    devices: int | None = None,
 ) -> tuple[tuple[str, BusBandwidthCurve], ...]:
     """The preset's curves a preset type keeps: those of the collectives whose link inside the
     node (``NodeSpec.intra_for``: its ``collectives`` entry, else the intra-node link) the type
-    leaves as the preset has it. A curve measured on the preset's fabric would otherwise
+    leaves as the preset has it, measured on no more GPUs than the type's node has (``devices``,
+    its ``devices_per_node`` if given). A curve measured on the preset's fabric would otherwise
     override the type's own figures below the curve's largest size. The type's own
     ``busbw_curves`` are laid over these."""
     intra = LinkSpec(
@@ -407,7 +426,11 @@ def _kept_curves(
         vals.get("intra_latency_us", base.intra.latency_s),
     )
     links = dict(collectives)
-    return tuple((n, c) for n, c in base.busbw_curves if links.get(n, intra) == base.intra_for(n))
+    return tuple(
+        (n, c)
+        for n, c in base.busbw_curves
+        if links.get(n, intra) == base.intra_for(n) and (devices is None or c.ranks <= devices)
+    )
 
 
 class ClusterDescription(NamedTuple):
@@ -540,8 +563,8 @@ class _Loader:
         families = self.families(t, path, base.device.families if base else ())
         if base is not None and families != base.device.families:
             dev_over["families"] = families
-        collectives = self.collectives(t, path, base.collectives if base else ())
-        curves = self.busbw_curves(t, path, _kept_curves(base, collectives, vals) if base else ())
+        collectives = self.collectives(t, path, _preset_links(base, vals) if base else ())
+        curves = self.busbw_curves(t, path, _kept_curves(base, collectives, vals, dpn) if base else ())
         net = (collectives, nics, *self.network(t, path, base), curves, self.host(t, path, base))
         attention = self.attention(t, path, base.device.attention if base else ())
         if base is not None and attention != base.device.attention:

@@ -393,18 +393,35 @@ def user_switches_fit(
     zero3_fetch: bool = False,
     master_remainders: bool = False,
     offload_optimizer: bool = False,
+    optimizer_dtype: str = "f32",
 ) -> None:
     """Refuse a switch the user adds that belongs to another trainer than ``trainer``: DeepSpeed's
     pipeline engine, ``BF16_Optimizer`` and ZeRO-3 fetch (``zero3_fetch``: the user's
     ``deepspeed`` form) to Megatron-LM or torchtitan, Megatron-LM's parameter-gather overlap and
-    NeMo's master remainders (Apex DistributedFusedAdam's) to DeepSpeed, and ZeRO-Offload to
-    Megatron-LM or torchtitan."""
+    NeMo's master remainders (Apex DistributedFusedAdam's) to DeepSpeed, and ZeRO-Offload and an
+    optimizer without fp32 masters (``optimizer_dtype``) to Megatron-LM or torchtitan, whose fp32
+    gradients feed fp32 masters."""
     if trainer in ("megatron", "torchtitan") and offload_optimizer:
         raise TrainerError(f"--offload-optimizer is DeepSpeed's ZeRO-Offload (its CPU Adam), not {trainer}'s")
     if trainer in ("megatron", "torchtitan") and (deepspeed_pipe or fp32_grad_accum):
+        given = [
+            what
+            for on, what in (
+                (deepspeed_pipe, "--deepspeed-pipe is DeepSpeed's pipeline engine"),
+                (fp32_grad_accum, "--fp32-grad-accum is DeepSpeed's BF16_Optimizer"),
+            )
+            if on
+        ]
+        raise TrainerError(f"{' and '.join(given)}, not {trainer}'s")
+    if trainer in ("megatron", "torchtitan") and optimizer_dtype != "f32":
+        feeds = (
+            "accumulates gradients in fp32 (main_grad)"
+            if trainer == "megatron"
+            else "reduces gradients in fp32 (FSDP2's reduce_dtype)"
+        )
         raise TrainerError(
-            f"--deepspeed-pipe and --fp32-grad-accum are DeepSpeed's pipeline engine and BF16_Optimizer, "
-            f"not {trainer}'s"
+            f"--optimizer-dtype {optimizer_dtype} keeps no fp32 masters; --trainer {trainer} {feeds} "
+            "for fp32 masters: drop one (NeMo's bf16 optimizer: the default trainer)"
         )
     if trainer in ("megatron", "torchtitan") and zero3_fetch:
         raise TrainerError(

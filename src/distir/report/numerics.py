@@ -40,6 +40,32 @@ def fast_half(cluster: str | Cluster) -> str:
     return str(DType.f32.value)
 
 
+def slow_half_warnings(dtype: str, cluster: str | Cluster) -> list[str]:
+    """A warning per GPU kind of ``cluster`` that computes the half format ``dtype`` no faster
+    than f32 (bf16 on a V100 or a T4: no bf16 tensor cores), empty for f32 or where every GPU
+    has it fast. PyTorch runs bf16 there all the same, emulated in fp32 arithmetic, so the
+    simulation runs it at the GPU's bf16 peak (its fp32 one): a bound the emulation does not
+    reach (``docs/hardware.md``)."""
+    if dtype == "f32":
+        return []
+    half = DType(dtype)
+    nodes = (parse_cluster(cluster) if isinstance(cluster, str) else cluster).nodes
+    out: list[str] = []
+    for dev in {n.device.name: n.device for n in nodes}.values():
+        rate, fp32 = dev.peak_flops(half), dev.peak_flops(DType.f32)
+        if rate > fp32:
+            continue
+        other = DType.f16 if half is DType.bf16 else DType.bf16
+        faster = dev.peak_flops(other)
+        hint = f"; {other.value} runs at {faster / 1e12:g} TFLOP/s" if faster > fp32 else ""
+        out.append(
+            f"{dev.name} computes {dtype} no faster than fp32: it is simulated at the fp32 peak "
+            f"({fp32 / 1e12:g} TFLOP/s), a bound for {dtype} emulated in fp32 arithmetic, as PyTorch "
+            f"runs it on GPUs without {dtype} tensor cores{hint}"
+        )
+    return out
+
+
 def check_choices(dtype: str, precision: str) -> None:
     """``NumericsError`` unless ``dtype`` is one of ``DTYPES`` and ``precision`` of ``PRECISIONS``."""
     if dtype not in DTYPES:

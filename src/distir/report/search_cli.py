@@ -61,6 +61,7 @@ def _numerics(a: dict[str, Any], err: Console) -> tuple[str, str]:
 def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: bool, debug: bool) -> None:
     """``distir search`` with its parsed options ``a``: checks them, runs the search with a
     progress bar, writes the plot, page and CSV, exports the winner, prints the report."""
+    from distir.report.numerics import slow_half_warnings
     from distir.report.pareto_html import write_html
     from distir.report.pareto_png import write_png
     from distir.report.search_report import plot_rows, write_csv
@@ -69,6 +70,8 @@ def run_search_command(a: dict[str, Any], out: Console, err: Console, json_out: 
     dtype, precision = _numerics(a, err)
     store = None if a["fresh"] else (a["store"] or default_store())
     req, o, plot, html = _searched(a, dtype, precision, store, err, json_out, debug)
+    for warning in slow_half_warnings(dtype, o.cluster):
+        err.print(f"warning: {warning}", markup=False, soft_wrap=True)
     title = f"{req.model} on {o.cluster.describe()}, batch {req.batch}"
     rows = plot_rows(o)
     try:
@@ -111,7 +114,13 @@ def _check_options(a: dict[str, Any], err: Console) -> None:
     from distir.parallel.trainers import TRAINERS
     from distir.report.bounds import search_error, search_ops_error
     from distir.search.executor import EXECUTORS
+    from distir.search.space import MAX_K, max_k_error
 
+    if (why := max_k_error(a["microbatches"], a["max_k"])) is not None:
+        _fail(err, why)
+    if a["fresh"] and a["store"] is not None:
+        _fail(err, f"--fresh neither reads nor writes a result store: drop --store {a['store']}, or --fresh")
+    a["max_k"] = MAX_K if a["max_k"] is None else a["max_k"]
     if a["executor"] not in EXECUTORS:
         _fail(err, f"--executor must be one of {', '.join(EXECUTORS)}, got {a['executor']!r}")
     if (why := search_error(a["workers"], a["executor"], a["batch"])) is not None:

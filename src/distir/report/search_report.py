@@ -13,6 +13,7 @@ from rich.table import Table
 from distir.files import write_atomically
 from distir.parallel.strategy import StrategyError, parse_strategy
 from distir.report.fields import SCHEMA, STRATEGY_FIELDS, chunk_blocks, strategy_fields
+from distir.report.numerics import slow_half_warnings
 from distir.search.run import SearchOutput, build_space, is_pure
 from distir.sim.summary import format_seconds
 
@@ -72,6 +73,7 @@ def search_json(o: SearchOutput) -> dict[str, Any]:
         "precision": r.precision,
         "tp_comm_overlap": r.tp_comm_overlap,
         "trainer": r.trainer,
+        "warnings": slow_half_warnings(r.dtype, o.cluster),
         "results": [
             {k: _finite(v) for k, v in with_fields(r.model, r.batch, row).items()} for row in o.results
         ],

@@ -72,6 +72,17 @@ CP_MIN_SEQ = 16384  # context parallelism is searched from this sequence length 
 CP_MIN_CHUNK = 2048  # positions per chunk (of 2c) at least, for a searched c
 
 
+MAX_K = 128  # the largest k the search tries unless told (``--max-microbatches``)
+
+
+def max_k_error(k: int | None, max_k: int | None) -> str | None:
+    """A pinned k above a bound the user gave on k (``-k 4 --max-microbatches 2``) contradicts
+    it; a pinned k may exceed the default bound (``MAX_K``). None: no contradiction."""
+    if k is None or max_k is None or k <= max_k:
+        return None
+    return f"-k {k} is above --max-microbatches {max_k}: the pin and the bound contradict; give one"
+
+
 @dataclass(frozen=True, slots=True)
 class Pins:
     dp: int | None = None
@@ -81,7 +92,7 @@ class Pins:
     schedule: str | None = None
     zero: int | None = None
     recompute: str | None = None
-    max_k: int = 128
+    max_k: int = MAX_K
     mbs: int | None = None  # samples per replica and microbatch
     hsdp: int | None = None  # the HSDP shard group (ZeRO-3 over this many replicas)
     cp: int | None = None  # context parallelism (ranks of the ring over the sequence)

@@ -87,6 +87,29 @@ def _check_sizes(raw: dict[str, Any], path: str) -> None:
                 raise SourceError(f"hf:{path}: {key}={v}; a model needs at least one block")
 
 
+def _check_rotary(cfg: Any, path: str) -> None:
+    """Rotary positions turn pairs of a head's channels: an odd number of rotated channels (a
+    head_dim of 1, or of 4 with a quarter rotated) is a ``SourceError``, as a zoo Llama's is;
+    transformers broadcasts one channel against two cosines, or fails."""
+    rope = getattr(cfg, "rope_parameters", None)
+    rotary_dim = getattr(cfg, "rotary_dim", None)
+    if (not isinstance(rope, dict) and rotary_dim is None) or getattr(cfg, "alibi", False):
+        return
+    head_dim = getattr(cfg, "head_dim", None)
+    if not isinstance(head_dim, int):
+        hidden, heads = getattr(cfg, "hidden_size", None), getattr(cfg, "num_attention_heads", None)
+        if not (isinstance(hidden, int) and isinstance(heads, int) and heads > 0):
+            return
+        head_dim = hidden // heads
+    factor = rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else 1.0
+    rotated = rotary_dim if isinstance(rotary_dim, int) else int(head_dim * factor)
+    if rotated % 2:
+        raise SourceError(
+            f"hf:{path}: rotary positions turn pairs of channels, and each head rotates {rotated} of "
+            f"its {head_dim}: give a head_dim (hidden size / attention heads) that rotates an even number"
+        )
+
+
 def depth(raw: dict[str, Any]) -> int | None:
     """The number of blocks of a config, when its blocks are all alike (no per-layer
     ``layer_types`` that differ), else None."""
@@ -259,6 +282,7 @@ def hf_model(
             f"hf:{path}: seq={length} is above the config's context of {context} positions; "
             "a longer context is a config that says so (max_position_embeddings, n_positions)"
         )
+    _check_rotary(cfg, path)
     cfg.use_cache = False
     if layers is not None:
         cfg.num_hidden_layers = layers

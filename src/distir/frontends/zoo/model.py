@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -131,6 +131,11 @@ class Model:
     _by_name: dict[str, WeightSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # a declared split of a dim one wide keeps it whole: there is nothing to split, and the
+        # sharding rules never shard a dim of size 1 (``distir.ops.sharding``)
+        if any(_one_wide(w) for w in self.weights):
+            whole = tuple(replace(w, tp=REPLICATE) if _one_wide(w) else w for w in self.weights)
+            object.__setattr__(self, "weights", whole)
         object.__setattr__(self, "_by_name", {w.name: w for w in self.weights})
 
     @property
@@ -176,6 +181,12 @@ class Model:
                 x = rng.standard_normal(w.type.shape) * w.init_std
                 out[w.name] = x.astype(w.type.dtype.to_numpy())
         return out
+
+
+def _one_wide(w: WeightSpec) -> bool:
+    """``w`` is declared split along a dim of size 1."""
+    tp = w.tp
+    return isinstance(tp, Shard) and tp.dim < len(w.type.shape) and w.type.shape[tp.dim] == 1
 
 
 def check_model(model: Model) -> None:
