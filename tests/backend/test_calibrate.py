@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from distir.backend import dispatch
 from distir.backend.calibrate import CalibrateOptions
 from distir.backend.commbench import comm_plan
 from distir.cli import app
@@ -29,7 +31,17 @@ def _one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.slow
-def test_quick_calibrate_writes_a_profile_simulate_accepts(tmp_path: Path) -> None:
+def test_quick_calibrate_writes_a_profile_simulate_accepts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    measured: list[dispatch.Dispatch] = []  # the rank loop's measurement, through the worker loop
+    real_measure = dispatch.measure
+
+    def spy(*args: Any, **kwargs: Any) -> dispatch.Dispatch:
+        measured.append(real_measure(*args, **kwargs))
+        return measured[-1]
+
+    monkeypatch.setattr(dispatch, "measure", spy)
     out = tmp_path / "profile.toml"
     raw = tmp_path / "raw.json"
     r = runner.invoke(
@@ -54,6 +66,10 @@ def test_quick_calibrate_writes_a_profile_simulate_accepts(tmp_path: Path) -> No
     assert set(data["peak_tflops"]) == {"f32"}
     assert set(data["insitu_overhead_us"]) == {"op", "collective", "p2p"}
     assert min(data["insitu_overhead_us"].values()) >= 0
+    [d] = measured
+    assert d.chain_s > 0 and d.allreduce_iter_s > 0 and d.p2p_iter_s > 0
+    assert d.together_iter_s > 0 and d.apart_iter_s > 0
+    assert min(d.op_s, d.collective_s, d.p2p_s, d.arrival_s) >= 0
     cl = load_cluster_file(out)
     node = cl.nodes[0]
     assert cl.num_devices == 2 and node.device.gemm is not None

@@ -1,6 +1,7 @@
 """The rank loop's overheads (``distir.backend.dispatch``): the synthetic programs are valid
 DistIR with the op and message counts the derivation divides by, the derivation from measured
-times (closed-form samples), and one measurement through the real worker loop (torch)."""
+times (closed-form samples). The measurement through the real worker loop (torch) is checked
+where ``distir calibrate --quick`` runs it (``tests/backend/test_calibrate.py``)."""
 
 from __future__ import annotations
 
@@ -73,15 +74,3 @@ def test_overheads_are_what_the_loop_adds_beyond_the_tight_loop_and_the_link() -
     # a loop faster than the tight loop or the link adds nothing
     fast = derive(Runs(0.5e-3, 10e-6, 10e-6, 1e-3, 100, 5e-6, 300e-6, 100e-6))
     assert (fast.op_s, fast.collective_s, fast.p2p_s) == (0.0, 0.0, 0.0)
-
-
-@pytest.mark.slow
-def test_a_measurement_through_the_worker_loop() -> None:
-    pytest.importorskip("torch")
-    from distir.backend.dispatch import measure
-    from hardware.test_profile import _calibration  # tests/ is on sys.path (package-less tests)
-
-    d = measure(_calibration(), n=16, steps=2, repeats=2)
-    assert d.chain_s > 0 and d.allreduce_iter_s > 0 and d.p2p_iter_s > 0
-    assert d.together_iter_s > 0 and d.apart_iter_s > 0
-    assert min(d.op_s, d.collective_s, d.p2p_s, d.arrival_s) >= 0
