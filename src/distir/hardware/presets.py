@@ -550,25 +550,6 @@ _PRESETS: dict[str, NodeSpec] = {
         collectives_source=_H100_NCCL,
         busbw_curves=_H100_CURVES,
     ),
-    # Azure NDm A100 v4 (the DeepSpeed-on-Azure post's VMs): the DGX A100's 8 A100 80GB on
-    # NVSwitch with a 200 Gb/s HDR link per GPU, and its host (``_NDM_HOST``), where ZeRO-Offload
-    # runs its optimizer
-    "ndm-a100-v4": NodeSpec(
-        name="ndm-a100-v4",
-        device=A100_SXM_80GB,
-        devices_per_node=8,
-        intra=_link(300.0, 3.0),
-        inter=_link(8 * 200 / 8, 5.0),
-        nics=8,
-        source="https://learn.microsoft.com/en-us/azure/virtual-machines/ndm-a100-v4-series ; "
-        "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
-        "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
-        collectives=_nccl(allreduce=230, allgather=230, reducescatter=230, broadcast=230, reduce=230),
-        network_efficiency=24 / 25,
-        collectives_source=_A100_NCCL,
-        busbw_curves=_A100_CURVES,
-        host=_NDM_HOST,
-    ),
     # p3.8xlarge: 4 V100-SXM2-16GB on half of a DGX-1-style hybrid cube-mesh: a GPU pair shares
     # 1 or 2 NVLink2 links of 25 GB/s/dir; 50 GB/s is an estimate for a ring. 10 Gb/s network.
     "p3.8xlarge": NodeSpec(
@@ -610,6 +591,19 @@ _PRESETS: dict[str, NodeSpec] = {
         source="uncalibrated placeholder; `distir calibrate` will fill it",
     ),
 }
+
+
+# Azure NDm A100 v4 (the DeepSpeed-on-Azure post's VMs): the DGX A100's 8 A100 80GB on NVSwitch
+# with a 200 Gb/s HDR link per GPU, and its host (``_NDM_HOST``), where ZeRO-Offload runs its
+# optimizer
+_PRESETS["ndm-a100-v4"] = replace(
+    _PRESETS["dgx-a100"],
+    name="ndm-a100-v4",
+    source="https://learn.microsoft.com/en-us/azure/virtual-machines/ndm-a100-v4-series ; "
+    "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+    "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
+    host=_NDM_HOST,
+)
 
 PRESETS: Mapping[str, NodeSpec] = MappingProxyType(_PRESETS)
 """Built-in node types by preset name (read-only)."""
