@@ -27,6 +27,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench scripts are not a package
 
+import bench_megatron_attribution as attribution
 import validate_published as vp
 
 MIN_SEQ = 16_384
@@ -47,23 +48,11 @@ class Split(NamedTuple):
 
 
 def split(run: Any) -> Split:
-    """``run``'s simulated step on GPU 0, attention against the rest of its compute stream."""
-    from distir.parallel.distribute import device_map
-
-    res, st = vp._simulated(run, vp.AS_PUBLISHED, trace=True, trace_detail="op", trace_gpus=frozenset({0}))
-    slots = device_map(st, True).slots
-    attention = rest = 0.0
-    for s in res.trace_detail().slices:
-        op = s.args.get("op")
-        slot = slots[s.slot]
-        if s.depth == 0 or op is None or slot.gpu != 0 or slot.stream != "compute":
-            continue
-        if op.startswith("Attention"):
-            attention += s.end - s.start
-        else:
-            rest += s.end - s.start
-    t = res.step_time_s
-    return Split(t, t * vp.figure_of(run, t) / run.published.value, attention, rest)
+    """``run``'s simulated step on GPU 0, attention against the rest of its compute stream (the
+    attribution bench's walk of GPU 0's op trace)."""
+    sp = attribution.split(run)
+    rest = sum(sp.per[c] for c in attribution.CLASSES if c != "attention")
+    return Split(sp.step, sp.published, sp.per["attention"], rest)
 
 
 def main(argv: list[str] | None = None) -> int:
