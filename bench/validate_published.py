@@ -222,6 +222,9 @@ class Run:
     # FSDP's mixed precision: the fp32 shard cast to bf16 at each all-gather, no persistent bf16
     # copy (``distribute(gather_cast=True)``)
     gather_cast: bool = False
+    # torchao's float8 all-gather under FSDP: the shards cast to float8 before the gather
+    # (``distribute(float8_gather=True)``; torchtitan's --float8.enable_fsdp_float8_all_gather)
+    float8_gather: bool = False
     # PyTorch FSDP1 FULL_SHARD: the root's gathered weights kept from the forward for the backward
     # (``distribute(fsdp1_root=True)``)
     fsdp1_root: bool = False
@@ -650,6 +653,7 @@ def _simulated(
         p2p_blocking=r.p2p_blocking,
         offload_optimizer=r.offload_optimizer,
         zero3_fetch=_fetch_of(r, v),
+        float8_gather=r.float8_gather,
     )
     kernels = v.kernels or r.kernels
     cost = RooflineCostModel(

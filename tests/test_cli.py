@@ -371,6 +371,31 @@ def test_simulate_fp8_weight_cache() -> None:
     assert code == 2 and "--fp8-weight-cache" in err
 
 
+def test_simulate_float8_all_gather() -> None:
+    """``--float8-all-gather`` (torchtitan's FSDP2 under torchao's float8) gathers the linear
+    weights in float8: a shorter step, reported in the JSON; without --precision fp8, without
+    --trainer torchtitan, without FSDP's sharding or without recomputation, a one-line error."""
+    model = "llama:layers=4,hidden=512,heads=8,kv_heads=8,ffn=1536,vocab=512,seq=256"
+    base = ["simulate", "--model", model, "--batch", "8", "--dtype", "bf16", "--cluster", "h100", "--json"]
+    fsdp = [*base, "--strategy", "d8.t1.p1.k1.1f1b.z3.rops", "--trainer", "torchtitan"]
+    got = {}
+    for extra in ([], ["--float8-all-gather"]):
+        code, out, err = run(*fsdp, "--precision", "fp8", *extra)
+        assert code == 0, err
+        got[bool(extra)] = json.loads(out)
+    assert got[True]["float8_all_gather"] and not got[False]["float8_all_gather"]
+    assert got[True]["step_time_s"] < got[False]["step_time_s"]
+    titan_fp8 = ["--trainer", "torchtitan", "--precision", "fp8"]
+    for args, what in (
+        ([*fsdp, "--precision", "mixed"], "--precision fp8"),
+        ([*base, "--strategy", "d8.t1.p1.k1.1f1b.z3.rops", "--precision", "fp8"], "--trainer torchtitan"),
+        ([*base, "--strategy", "d8.t1.p1.k1.1f1b.z1.rops", *titan_fp8], "z3"),
+        ([*base, "--strategy", "d8.t1.p1.k1.1f1b.z3", *titan_fp8], "recomputation"),
+    ):
+        code, out, err = run(*args, "--float8-all-gather")
+        assert code == 2 and what in err and "Traceback" not in err, err
+
+
 def test_simulate_master_remainders() -> None:
     """``--master-remainders`` keeps each ZeRO-1 master shard as an int16 remainder beside the bf16
     copy: a smaller peak; ZeRO-3, or a program file, is a one-line error."""

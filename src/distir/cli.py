@@ -348,6 +348,16 @@ _SimFp8WeightCache = Annotated[
         "Engine's cache under Megatron-Core's is_first_microbatch; on with --trainer megatron).",
     ),
 ]
+_SimFloat8AllGather = Annotated[
+    bool,
+    typer.Option(
+        "--float8-all-gather",
+        help="With --model, --trainer torchtitan, --precision fp8 and FSDP (z3, d·c > 1): the linear "
+        "weights' shards cast to float8 before FSDP gathers them, gathered in float8 and read so by "
+        "the layers (torchao's enable_fsdp_float8_all_gather with precomputed scales, torchtitan's "
+        "--float8.enable_fsdp_float8_all_gather); needs recomputation (rops, rfull).",
+    ),
+]
 _SimMasterRemainders = Annotated[
     bool,
     typer.Option(
@@ -502,6 +512,7 @@ def simulate(
     deepspeed_pipe: _SimDeepspeedPipe = False,
     fp32_grad_accum: _SimFp32GradAccum = False,
     fp8_weight_cache: _SimFp8WeightCache = False,
+    float8_all_gather: _SimFloat8AllGather = False,
     zero3_fetch: _SimZero3Fetch = None,
     master_remainders: _SimMasterRemainders = False,
     optimizer_dtype: _SimOptimizerDtype = "f32",
@@ -532,7 +543,11 @@ def simulate(
     opts = (bucket_mb, overlap_param_gather, deepspeed_pipe, fp32_grad_accum, tp_comm_overlap, clip_grad)
     switches = _SimSwitches(
         trainer, kernels, attention_kernel, *opts, fp8_weight_cache, zero3_fetch, master_remainders
-    )._replace(optimizer_dtype=optimizer_dtype, offload_optimizer=offload_optimizer)
+    )._replace(
+        optimizer_dtype=optimizer_dtype,
+        offload_optimizer=offload_optimizer,
+        float8_all_gather=float8_all_gather,
+    )
     if model is not None:
         built, dtype, precision = _model_simulated(
             model,
@@ -586,7 +601,11 @@ def simulate(
         if model is not None:
             fields["optimizer_dtype"] = optimizer_dtype if precision != "pure" else dtype
         options = _sim_options(cluster, kernels, attention_kernel, semantics, built_spec)
-        flags = {"tp_comm_overlap": tp_comm_overlap, "launch_blocking": launch_blocking}
+        flags = {
+            "tp_comm_overlap": tp_comm_overlap,
+            "launch_blocking": launch_blocking,
+            "float8_all_gather": float8_all_gather,
+        }
         where = {"schema": SCHEMA, "file" if file is not None else "model": source}
         traced = _trace_json(trace, trace_detail, trace_gpus)
         _emit_json({**where, **fields, **options, **flags, **summary, **traced, "warnings": warnings})
@@ -629,6 +648,7 @@ def _check_inference(train: bool, optimizer: str | None, strategy: str | None, s
         "--master-remainders" if sw.master_remainders else "",
         f"--optimizer-dtype {sw.optimizer_dtype}" if sw.optimizer_dtype != "f32" else "",
         "--fp8-weight-cache" if sw.fp8_weight_cache else "",
+        "--float8-all-gather" if sw.float8_all_gather else "",
         f"--zero3-fetch {sw.zero3_fetch}" if _fetches_by_module(sw) else "",
     ]
     try:
@@ -724,10 +744,20 @@ def _check_switches_apply(strategy: str | None, precision: str, sw: _SimSwitches
             f"--fp8-weight-cache caches Transformer Engine's delayed-scaling float8 weights; --precision "
             f"{precision} has none: give --precision fp8-delayed, or drop it"
         )
+    if sw.float8_all_gather and precision != "fp8":
+        _fail(
+            f"--float8-all-gather gathers torchao's float8 weights (dynamic scaling); --precision "
+            f"{precision} has none: give --precision fp8, or drop it"
+        )
     try:
         st = parse_strategy(_strategy_text(strategy))
     except StrategyError:
         return  # reported where the model is built
+    if sw.float8_all_gather and not (st.zero == 3 and st.d * st.c > 1):
+        _fail(
+            f"--float8-all-gather is FSDP's gather of the weights ZeRO-3 shards over d·c > 1 ranks; "
+            f"{st} has none to gather: use z3 with d > 1, or drop it"
+        )
     if sw.tp_comm_overlap and not st.sp:
         _fail(
             f"--tp-comm-overlap pipelines sequence parallelism's AllGather/ReduceScatter with the GEMMs, "
@@ -783,6 +813,7 @@ def _file_program(file: Path, entry: str | None, sw: _SimSwitches, debug: bool) 
         sw.deepspeed_pipe
         or sw.fp32_grad_accum
         or sw.fp8_weight_cache
+        or sw.float8_all_gather
         or sw.zero3_fetch is not None
         or sw.master_remainders
         or sw.optimizer_dtype != "f32"
@@ -791,7 +822,8 @@ def _file_program(file: Path, entry: str | None, sw: _SimSwitches, debug: bool) 
         or sw.clip_grad is not None
     ):
         _fail(
-            "--deepspeed-pipe, --fp32-grad-accum, --fp8-weight-cache, --zero3-fetch, --master-remainders, "
+            "--deepspeed-pipe, --fp32-grad-accum, --fp8-weight-cache, --float8-all-gather, --zero3-fetch, "
+            "--master-remainders, "
             "--optimizer-dtype, --offload-optimizer, --clip-grad and --trainer apply to --model, not to "
             "a program file"
         )
@@ -1102,6 +1134,8 @@ class _SimSwitches(NamedTuple):
     optimizer_dtype: str = "f32"
     # DeepSpeed's ZeRO-Offload (``distribute(offload_optimizer=True)``)
     offload_optimizer: bool = False
+    # torchao's float8 all-gather under FSDP (``distribute(float8_gather=True)``)
+    float8_all_gather: bool = False
 
 
 def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bool) -> TrainerSemantics:
@@ -1127,8 +1161,14 @@ def _semantics(sw: _SimSwitches, st: Any, prec: Any, dt: Any, cl: Any, train: bo
             "(max(40M, 1M·d) parameters)"
         )
     sem = trainer_semantics(sw.trainer, st, prec, dt, cl.nodes[0].device if cl is not None else None, train)
+    if sw.float8_all_gather and not sem.gather_cast:
+        _fail(
+            f"--float8-all-gather is FSDP's (torchao's float8 all-gather): give --trainer torchtitan, "
+            f"whose FSDP2 casts each shard as it gathers it; --trainer {sw.trainer} does not"
+        )
     return dataclasses.replace(
         sem,
+        float8_gather=sw.float8_all_gather,
         kernels=sw.kernels or sem.kernels,
         attention_kernel=sw.attention_kernel or sem.attention_kernel,
         overlap_param_gather=sem.overlap_param_gather or sw.overlap_param_gather,

@@ -273,7 +273,7 @@ def test_torchtitans_compiled_runs_take_inductors_kernels() -> None:
 def test_grand_teton_cluster_has_the_torchtitan_pages_hardware() -> None:
     # the pages' "Hardware" section: 8 H100 per host, 96GB HBM2e at 2.4 TB/s, 400 Gb/s per GPU,
     # 500 W
-    for run in TITAN:
+    for run in (r for r in TITAN if "grand-teton" in r.cluster.spec):
         cluster = vp.cluster_of(run.cluster)
         node = cluster.nodes[0]
         assert node.devices_per_node == 8
@@ -282,6 +282,23 @@ def test_grand_teton_cluster_has_the_torchtitan_pages_hardware() -> None:
         assert node.inter.bandwidth / node.nics == pytest.approx(400e9 / 8)
         power = node.device.power  # "the default 500W power limit, although ... up to 700W TDP"
         assert power is not None and (power.limit_w, power.reference_w) == (500, 700)
+
+
+def test_trainys_h200_rows_run_the_pages_hardware_and_float8_gathers() -> None:
+    """Trainy's page (llama3-8b_h200_202506_trainy-whitefiber.md): 8 H200 per host (141 GiB of
+    HBM3e at 4.8 TB/s, the H100's tensor peaks), 400 Gb/s per GPU, at 4 and 8 hosts, each row
+    with the command's float8 all-gather, local batch 2 and compiled blocks."""
+    rows = [r for r in RUNS if r.name.startswith("trainy-h200-")]
+    assert sorted(r.cluster.gpus for r in rows) == [32, 64]
+    for r in rows:
+        node = vp.cluster_of(r.cluster).nodes[0]
+        assert node.devices_per_node == 8 and node.device.memory_bytes == 141 * 2**30
+        assert node.device.memory_bandwidth == pytest.approx(4.8e12)
+        assert node.device.bf16 == pytest.approx(989.4e12, rel=1e-3)
+        assert node.inter.bandwidth / node.nics == pytest.approx(400e9 / 8)
+        assert r.float8_gather and r.gather_cast and r.precision == "fp8" and r.kernels == "inductor"
+        assert r.strategy.microbatch == 2 and r.strategy.global_batch == 2 * r.cluster.gpus
+        assert r.strategy.recompute == "ops" and r.strategy.zero == 3
 
 
 def test_published_memory_selects_the_allocator_walk() -> None:

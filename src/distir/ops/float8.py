@@ -15,7 +15,9 @@ Engine's ``DelayedScaling``, llm-foundry's ``amp_fp8``) the scale comes from the
 earlier steps, so one pass reads ``x``, records its amax and casts (TE's
 ``fp8_cast_transpose_fused``). ``saved`` is a dynamic cast run again in the backward whose amax
 the forward saved (torchtitan's selective checkpointing saves ``aten.max``'s result:
-``distir.autodiff.reverse``): one pass, the same values. The cast writes ``layouts`` bytes per
+``distir.autodiff.reverse``): one pass, the same values; so is ``precomputed``, a weight's
+shard cast with the scale of the whole weight before FSDP gathers it in float8
+(``distir.parallel.fp8_cache``). The cast writes ``layouts`` bytes per
 element: by default the float8 tensor in both layouts, because Hopper's FP8 GEMMs take only
 row-major first and column-major second operands (torchao eab345c, ``float8_ops.py``
 ``preprocess_addmm``: ``b_data.t().contiguous().t()``), and every float8 operand is read in the
@@ -115,9 +117,13 @@ def _float8_ref(args: Sequence[Any], attrs: Attrs) -> Sequence[Any]:
 
 
 SAVED_SCALING = "saved"
-SCALINGS = (*FLOAT8_SCALINGS, SAVED_SCALING)
-"""How a cast finds its scale: from this tensor's amax (torchao), earlier steps' (TE), or the
-amax its forward saved (a dynamic cast run again in the backward)."""
+PRECOMPUTED_SCALING = "precomputed"
+SCALINGS = (*FLOAT8_SCALINGS, SAVED_SCALING, PRECOMPUTED_SCALING)
+"""How a cast finds its scale: from this tensor's amax (torchao), earlier steps' (TE), the
+amax its forward saved (a dynamic cast run again in the backward), or a scale computed before
+the cast from the whole tensor's amax (torchao's ``precompute_float8_dynamic_scale_for_fsdp``,
+which takes every float8 weight's amax after the optimizer step: a weight's shard cast before
+FSDP gathers it)."""
 LAYOUTS = (2, 1)
 """The layouts a cast writes: both (the default), or one (a cast the backward runs again)."""
 
@@ -174,7 +180,8 @@ FLOAT8_CAST = register(
         doc="Tensorwise scaling to float8: scale = FP8_MAX/amax, X·scale rounded and saturated "
         "to ``to``; held as the values it stands for. Dynamic (torchao): amax over X, two "
         "passes over X; delayed (Transformer Engine): amax from earlier steps, one pass; saved: "
-        "a dynamic cast run again with the forward's amax, one pass. Writes ``layouts`` "
+        "a dynamic cast run again with the forward's amax, one pass; precomputed: a shard cast with the "
+        "whole tensor's scale, one pass. Writes ``layouts`` "
         "layouts: both (Hopper's FP8 GEMM operand order) or one (a cast the backward runs again).",
         sharding=pointwise(),
     )

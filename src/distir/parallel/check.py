@@ -194,6 +194,7 @@ def check_against_sequential(
     fp8_weight_cache: bool = False,
     zero3_fetch: Zero3Fetch | None = None,
     p2p_blocking: bool = False,
+    float8_gather: bool = False,
 ) -> Comparison:
     opt = optimizer or Optimizer("sgd", lr=0.1)
     seq = training_step(model, opt, strategy.recompute, precision)
@@ -223,6 +224,7 @@ def check_against_sequential(
         fp8_weight_cache=fp8_weight_cache,
         zero3_fetch=zero3_fetch,
         p2p_blocking=p2p_blocking,
+        float8_gather=float8_gather,
     )
     vals = initial_values(model, opt, seed, precision)
     want = run_reference(seq, [vals[p.name] for p in seq.entry.params])

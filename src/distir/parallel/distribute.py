@@ -6,6 +6,15 @@ programs. Its shape:
 
 - **Meshes.** Pipeline stage s owns the mesh ``(dp=d, tp=t)`` over devices ``s·d·t … (s+1)·d·t−1``
   (or the strategy's placement permutation). Chunk c (of p·v) lives on stage ``c mod p``.
+- **Streams.** With ``comm_streams``, pipeline transfers run between communication-stream devices, four per
+  compute device (``STREAMS``: program devices N..2N−1 send activations forward, 2N..3N−1 send
+  gradients backward, 3N..4N−1 and 4N..5N−1 receive them, for the N compute devices; 5N..6N−1
+  and 6N..7N−1 run the data-parallel collectives; ``device_map`` maps them onto the GPUs'
+  streams), so a stage keeps computing while its
+  activations travel — the DistIR paper's model of overlap — and receives the next microbatch
+  while it sends the last one on (links are full duplex; one stream for both would make each
+  receive wait, in program order, behind the send written before it). Without, a transfer
+  blocks sender and receiver (Figure 2's form).
 - **Layers.** Each distinct layer function is differentiated once at microbatch shapes
   (``distir.autodiff``) and sharded once on a representative (d, t) mesh
   (``distir.parallel.sharding.shard_function``): the layer functions are shared by every stage and
@@ -159,6 +168,19 @@ programs. Its shape:
   program's interface, as the sequential mixed step's) but nothing in the step reads them: each
   is freed at the start and made anew from the new master at the end. Default: the persistent
   copy (this rank's shard) gathered per use, as DeepSpeed ZeRO-3 keeps its bf16 partitions.
+- ``float8_gather`` (with ``gather_cast``, under torchao's float8, ``precision="fp8"``; torchao's
+  ``enable_fsdp_float8_all_gather`` with ``precompute_float8_dynamic_scale_for_fsdp``, torchtitan's
+  ``--float8.enable_fsdp_float8_all_gather --float8.precompute_float8_dynamic_scale_for_fsdp``):
+  each sharded weight that the layers read only through float8 casts is cast to float8 on the
+  stream that gathers it (``Float8Cast(shard, scaling=precomputed, layouts=1)``: one pass, the
+  whole weight's scale, as ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather`` casts the
+  local shard) and gathered in float8, one byte an element; the layers take the gathered float8
+  weight as it comes, forward and backward (``Float8Linear`` skips the cast of a
+  ``Float8Tensor``; ``distir.parallel.fp8_cache``). Not modelled: the scales' computation after
+  the optimizer step (one ``_foreach_norm`` over the fp32 shards and an all-reduce of one scalar
+  per weight, well under a millisecond) and the transposed copy of the gathered weight for the
+  input gradient (one byte an element read and written). Off without FSDP's sharding (d·c = 1),
+  as torchtitan turns it off; refused without torchao's float8 or ``gather_cast``.
 - ``fsdp1_root`` (ZeRO-3, one stage; PyTorch FSDP1 with FULL_SHARD, each block wrapped, the rest
   the root's flat parameter, as Composer wraps a model): the root's gathered weights stay from the
   forward to their last use in the backward, as ``fsdp2_root`` keeps them but without the last
@@ -263,7 +285,7 @@ import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -286,9 +308,18 @@ from distir.ir.rewrite import ValueMap, copy_instr
 from distir.ir.types import Device, DType, TensorType
 from distir.ir.values import Attrs, Value
 from distir.ops.dist import format_mesh_attr
+from distir.ops.float8 import FLOAT8_CAST, PRECOMPUTED_SCALING
+from distir.ops.linalg import DYNAMIC_SCALING
 from distir.ops.registry import REGISTRY
 from distir.parallel.context_model import context_model
-from distir.parallel.fp8_cache import CACHE_SCALING, cached_layers, cast_attrs
+from distir.parallel.fp8_cache import (
+    CACHE_DTYPE,
+    CACHE_SCALING,
+    SavedGatheredWeight,
+    cached_layers,
+    cast_attrs,
+    gathered_layers,
+)
 from distir.parallel.grad_accum_fusion import fused_backward, wgrad_products
 from distir.parallel.grad_reduction import handover_waits_one_way, reduce_scatter_every_backward
 from distir.parallel.layer_sharder import (
@@ -328,6 +359,7 @@ class FsdpOptions:
     grad_copy_in: str = ""
     gather_cast: bool = False
     fsdp2_grad_accum: bool = False
+    float8_gather: bool = False
 
 
 HP_GRAD = "hp_grad"  # fp32 gradient accumulation: the function casting a gradient to fp32
@@ -421,6 +453,7 @@ def distribute(
     master_remainders: bool = False,
     p2p_blocking: bool = False,
     offload_optimizer: bool = False,
+    float8_gather: bool = False,
 ) -> Module:
     """The distributed program of ``model`` under ``strategy`` (module docstring).
 
@@ -430,15 +463,8 @@ def distribute(
     forward times are taken ∝ each chunk's weights and backward = 2 × forward (a poor guess where
     compute does not follow the weights; under DistIR's semantics the order is the schedule).
 
-    With ``comm_streams``, pipeline transfers run between communication-stream devices, four per
-    compute device (``STREAMS``: program devices N..2N−1 send activations forward, 2N..3N−1 send
-    gradients backward, 3N..4N−1 and 4N..5N−1 receive them, for the N compute devices; 5N..6N−1
-    and 6N..7N−1 run the data-parallel collectives; ``device_map`` maps them onto the GPUs'
-    streams), so a stage keeps computing while its
-    activations travel — the DistIR paper's model of overlap — and receives the next microbatch
-    while it sends the last one on (links are full duplex; one stream for both would make each
-    receive wait, in program order, behind the send written before it). Without, a transfer
-    blocks sender and receiver (Figure 2's form).
+    ``comm_streams``: pipeline transfers and data-parallel collectives on communication-stream
+    devices (module docstring, *Streams*).
 
     ``precision="mixed"``: fp32 masters and optimizer state, computing in the model's dtype
     (``distir.autodiff.precision``); each weight's compute copy is a step input that persists
@@ -458,9 +484,8 @@ def distribute(
         raise StrategyError(
             "pipelining_kept is torch.distributed.pipelining's, not DeepSpeed's pipeline engine's"
         )
-    fsdp = FsdpOptions(
-        gather_copy_out, fsdp2_root, fsdp1_root, one_dp_stream, grad_copy_in, gather_cast, fsdp2_grad_accum
-    )
+    fsdp = FsdpOptions(gather_copy_out, fsdp2_root, fsdp1_root, one_dp_stream, grad_copy_in, gather_cast)
+    fsdp = replace(fsdp, fsdp2_grad_accum=fsdp2_grad_accum, float8_gather=float8_gather)
     with paused_gc():  # hundreds of thousands of values, none garbage: see ``distir.gcpause``
         return (
             _Builder(
@@ -809,6 +834,10 @@ class _Builder:
     # and the weights cached (``_layers``)
     f8_cache: bool = False
     cached: frozenset[Value] = frozenset()
+    # FSDP's float8 all-gather (``distribute(float8_gather=True)``): on, and the weights gathered
+    # in float8 (``_layers``)
+    float8_gather: bool = False
+    f8_gathered: frozenset[Value] = frozenset()
     # DeepSpeed ZeRO-3's module-by-module fetch (``distribute(zero3_fetch=...)``): its knobs, or
     # None (whole layers, FSDP's)
     ds_fetch: Zero3Fetch | None = None
@@ -987,6 +1016,10 @@ class _Builder:
         """This builder with DeepSpeed's ZeRO-3 fetch where it applies (``_zero3_fetch``); its
         gradient buckets then hold ``reduce_bucket`` elements (DeepSpeed's ``reduce_bucket_size``)."""
         self.ds_fetch = _zero3_fetch(self.s, self.train, cfg, fsdp, self.f8_cache, self.deepspeed_pipe)
+        if self.ds_fetch is not None and self.float8_gather:
+            raise StrategyError(
+                f"{self.s}: float8_gather is FSDP's (torchao); DeepSpeed's ZeRO-3 fetch gathers bf16"
+            )
         if self.ds_fetch is not None:
             size = (self.prec.master if self.fp32_acc else self.compute).itemsize
             self.bucket_bytes = float(self.ds_fetch.reduce_bucket * size)
@@ -1019,10 +1052,25 @@ class _Builder:
         self.grad_copy_in = f.grad_copy_in  # the gradients' copy into the reduction buffer
         # ZeRO-3's compute copies cast from the masters' shards at each gather
         self.gather_cast = f.gather_cast and self.prec.mixed and z3 and not self.no_master
+        self.float8_gather = self._float8_gather(f, z3)
         # fp32 accumulation as each layer's gradients complete (FSDP2's post-backward hook)
         if f.fsdp2_grad_accum and self.train and not self.fp32_acc:
             raise StrategyError(f"{s}: fsdp2_grad_accum adds into fp32 sums: it needs fp32_grad_accum")
         self.fsdp2_grad_accum = f.fsdp2_grad_accum and self.fp32_acc
+
+    def _float8_gather(self, f: FsdpOptions, z3: bool) -> bool:
+        """``float8_gather`` where it applies: FSDP's gathers (``gather_cast``) of torchao's float8
+        weights; off without FSDP's sharding, as torchtitan turns it off (``dp_shard_enabled``)."""
+        if not f.float8_gather:
+            return False
+        torchao = self.prec.float8 and self.prec.float8_scaling == DYNAMIC_SCALING
+        if not (torchao and f.gather_cast):
+            raise StrategyError(
+                f"{self.s}: float8_gather is torchao's float8 all-gather under FSDP: it needs precision "
+                f"fp8 (torchao's dynamic scaling, not {self.prec}) and gather_cast (FSDP's cast at each "
+                "gather)"
+            )
+        return self.gather_cast and z3
 
     def _attrs(self, name: str, value: str) -> Attrs:
         """The attributes ``{name: value}`` of an op the entry emits again and again (a
@@ -1092,6 +1140,15 @@ class _Builder:
         layers = self.sharder.layers(self.chunks[-1][-1] + 1)
         if self.f8_cache:
             layers, self.cached = cached_layers(layers, self.layer_calls, self.functions)
+        if self.float8_gather:
+            sharded = lambda w: self._zdim(w) is not None  # noqa: E731
+            try:
+                layers, self.f8_gathered = gathered_layers(layers, self.layer_calls, self.functions, sharded)
+            except SavedGatheredWeight as e:
+                raise StrategyError(
+                    f"{self.s}: float8_gather needs recomputation (rops or rfull: the backward casts the "
+                    f"gathered weights again, as torchao's force_recompute_fp8_weight_in_bwd has it): {e}"
+                ) from None
         self._tp_summed: set[int] = set()  # stages whose tp sum has its first part (``_tp_sum``)
         uses = [
             (w, p)
@@ -2431,9 +2488,12 @@ class _Gathers:
 
     def _cast_in(self, w: Value, shard: Value) -> Value:
         """``gather_cast``: ``w``'s fp32 ``shard`` cast to the compute dtype on the stream about
-        to gather it (FSDP's copy-in); else ``shard`` itself."""
+        to gather it (FSDP's copy-in), or to float8 (``float8_gather``); else ``shard`` itself."""
         if not (self.b.gather_cast and self.b._zdim(w) is not None):
             return shard
+        if w in self.b.f8_gathered:
+            attrs = Attrs({"to": CACHE_DTYPE, "scaling": PRECOMPUTED_SCALING, "layouts": 1})
+            return self.fb.emit(FLOAT8_CAST.name, (shard,), attrs, (f"{w.name}_f8",))[0]
         return cast(self.fb, shard, self.b.compute, f"{w.name}_{self.b.compute}")
 
     def hand_over_all(self) -> list[Value]:

@@ -132,6 +132,9 @@ class TrainerSemantics:
     # (``distribute(offload_optimizer=True)``; the user's ``--offload-optimizer``, a record's
     # ``offload_optimizer``: a ds_config's ``offload_optimizer.device`` "cpu", never a default)
     offload_optimizer: bool = False
+    # torchao's float8 all-gather under FSDP (``distribute(float8_gather=True)``; the user's
+    # ``--float8-all-gather``, a record's ``float8_gather``: torchtitan's default is off)
+    float8_gather: bool = False
     ring_form: str = "p2p"
     # gradient-norm clipping (``Optimizer.max_norm``, ``clip_scale``; 0: none)
     max_norm: float = 0.0
@@ -168,6 +171,7 @@ class Switches(TypedDict):
     master_remainders: bool
     p2p_blocking: bool
     offload_optimizer: bool
+    float8_gather: bool
 
 
 def trainer_semantics(
