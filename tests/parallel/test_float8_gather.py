@@ -22,7 +22,7 @@ from distir.parallel.strategy import StrategyError, parse_strategy
 from distir.sim.cost import RooflineCostModel
 from distir.sim.simulate import simulate
 
-LLAMA = "llama:layers=4,hidden=8,heads=2,kv_heads=1,ffn=16,seq=4,vocab=16"
+LLAMA = "llama:layers=4,hidden=8,heads=2,kv_heads=2,ffn=16,seq=4,vocab=16"
 FSDP2 = {"comm_streams": True, "gather_cast": True, "gather_copy_out": True, "fsdp2_root": True}
 
 
@@ -34,7 +34,17 @@ def _compare(strategy: str, gather: bool) -> tuple[dict[str, tuple], Module]:
     return cmp.results, cmp.distributed
 
 
-@pytest.mark.parametrize("strategy", ["d2.t1.p1.k2.1f1b.z3.rops", "d2.t1.p1.k1.1f1b.z3.rfull"])
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        "d2.t1.p1.k2.1f1b.z3.rops",
+        "d2.t1.p1.k1.1f1b.z3.rfull",
+        "d2.t2.p1.k2.1f1b.z3.rops",  # tensor-parallel shards of the weights
+        "d2.t1.p2.k2.1f1b.z3.rops",  # a pipeline
+        "d4.t1.p1.k1.1f1b.z3h2.rops",  # HSDP: sharded in groups of two
+        "d2.c2.t1.p1.k1.1f1b.z3.rfull",  # context parallelism: sharded over d·c
+    ],
+)
 def test_step_equals_the_sequential_float8_step(strategy: str) -> None:
     """The gathered float8 weight is the layer's float8 weight (a shard's cast with the scale
     of its own amax is the whole weight's up to a float8 rounding step), so the step is the
