@@ -19,8 +19,8 @@ it on one CPU process with gloo).
 FP8 (``fp8``: torchao's ``Float8Linear``, dynamic tensorwise scaling, what distir simulates;
 ``torchao/float8`` of pytorch/ao at 36027d82d1ad9949597ea16002ff4940374b1b94, 2026-08-21): each
 chunk goes through ``convert_to_float8_training`` before TP, with the default
-``Float8LinearConfig`` (tensorwise; ``enable_fsdp_float8_all_gather`` off: distir does not model
-the float8 weight all-gather, FSDP2 gathers the bf16 copy) and a filter keeping the head
+``Float8LinearConfig`` (tensorwise; ``enable_fsdp_float8_all_gather`` off, as the plans distir
+searches run: FSDP2 gathers the bf16 copy) and a filter keeping the head
 (``output``) in bf16, as distir leaves it; the TP plan's classes are torchao's
 ``Float8ColwiseParallel``/``Float8RowwiseParallel``/``PrepareFloat8ModuleInput`` (the
 sequence-parallel all-gather in float8, as distir shards it; torchtitan's float8 TP); each block

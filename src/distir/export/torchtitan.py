@@ -35,8 +35,9 @@ work). What the plan maps to:
   filter_fqns = ["output"]`` (the head stays bf16, as distir leaves it; torchtitan's Llama 3 8B
   preset filters it so too); no ``recipe_name``: torchtitan's default, tensorwise. Its FSDP float8
   options (``enable_fsdp_float8_all_gather``, ``precompute_float8_dynamic_scale_for_fsdp``) stay
-  off, their default: distir does not model the float8 weight all-gather (FSDP gathers the bf16
-  copy). ``[compile] enable = true``: distir's float8 cast is the one torch.compile fuses (its
+  off, their default, as the plans distir searches gather the bf16 copy (the float8 all-gather is
+  ``simulate --float8-all-gather``'s, not a dimension of the search). ``[compile] enable =
+  true``: distir's float8 cast is the one torch.compile fuses (its
   transposed copy in the same kernel, an input read by several linear layers cast once), and
   torchtitan's docs/float8.md calls compile required for float8's speed.
 
