@@ -66,13 +66,14 @@ def slow_half_warnings(dtype: str, cluster: str | Cluster) -> list[str]:
     return out
 
 
-def check_choices(dtype: str, precision: str) -> None:
-    """``NumericsError`` unless ``dtype`` is one of ``DTYPES`` and ``precision`` of ``PRECISIONS``."""
-    if dtype not in DTYPES:
-        raise NumericsError(f"--dtype must be {', '.join(DTYPES[:-1])} or {DTYPES[-1]}, got {dtype!r}")
-    if precision not in PRECISIONS:
+def check_choices(dtype: str, precision: str, flag: str = "--") -> None:
+    """``NumericsError`` unless ``dtype`` is one of ``DTYPES`` and ``precision`` of ``PRECISIONS``,
+    naming them as options (``flag`` "--") or as the Python API's arguments (``flag`` "")."""
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise NumericsError(f"{flag}dtype must be {', '.join(DTYPES[:-1])} or {DTYPES[-1]}, got {dtype!r}")
+    if not isinstance(precision, str) or precision not in PRECISIONS:
         raise NumericsError(
-            f"--precision must be {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}, got {precision!r}"
+            f"{flag}precision must be {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}, got {precision!r}"
         )
 
 
