@@ -5,6 +5,7 @@ model, a missing file, a mixture-of-experts block that is not Mixtral's, a bad f
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -131,6 +132,17 @@ def test_a_learned_position_table_bounds_the_sequence_rotary_positions_do_not() 
     code, out, err = run("import", source)
     assert code == 2 and out == "" and words in err and len(err.strip().splitlines()) == 1
     model = build_model(f"hf:{CONFIGS / 'llama-tiny.json'}:seq=32", batch=2)  # max_position 8
+    assert model.inputs[0].type.shape == (2, 32)
+
+
+def test_a_family_rotary_by_default_runs_past_its_context(tmp_path: Path) -> None:
+    """A Llama config that leaves ``rope_theta`` to transformers' default is rotary all the same
+    (it was refused as if its positions were a learned table's rows)."""
+    raw = json.loads((CONFIGS / "llama-tiny.json").read_text())
+    del raw["rope_theta"]
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(raw))
+    model = build_model(f"hf:{cfg}:seq=32", batch=2)  # max_position_embeddings 8
     assert model.inputs[0].type.shape == (2, 32)
 
 
