@@ -157,6 +157,9 @@ _API_BAD: list[tuple[str, dict[str, object], type[Exception], str]] = [
     ("simulate", {"train": False, "strategy": "d2.z1"}, StrategyError, "so ZeRO-1 (z1) would be ignored"),
     ("simulate", {"train": False, "strategy": "d2.rfull"}, StrategyError, "recomputation (rfull) would"),
     ("distribute", {"train": False, "strategy": "d1.p2.k2.zb1"}, StrategyError, "zero-bubble schedule"),
+    # the search and its exact simulation run inference in pure precision: a mixed one was ignored
+    ("search", {"train": False, "precision": "mixed"}, SpaceError, "precision='mixed' would be ignored"),
+    ("simulate", {"train": False, "precision": "fp8"}, StrategyError, "precision='fp8' would be ignored"),
 ]
 
 

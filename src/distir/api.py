@@ -210,6 +210,7 @@ def _check_search(model: str, batch: object, train: object, a: Mapping[str, Any]
     """What ``distir search``'s options refuse before any work (``search_cli._check_options``):
     types, ranges, the batch's and the workers' bounds, the size of the programs simulated."""
     from distir.report.bounds import search_error, search_ops_error
+    from distir.report.numerics import exact_inference_error
     from distir.search.space import MAX_K, SpaceError, max_k_error
 
     _check_positive("batch", batch, SpaceError)
@@ -231,6 +232,8 @@ def _check_search(model: str, batch: object, train: object, a: Mapping[str, Any]
             "no FP8 plans (distir.simulate takes fp8 and fp8-delayed)"
         )
     assert isinstance(batch, int) and isinstance(train, bool)
+    if why := exact_inference_error(a["precision"], train, flag=""):
+        raise SpaceError(why)
     why = search_error(a["workers"], "local", batch) or search_ops_error(
         model, a["microbatches"], a["max_microbatches"] or MAX_K, batch, train
     )
@@ -405,6 +408,7 @@ def simulate(
     from distir.export.plan import tp_split_refusal
     from distir.parallel.strategy import StrategyError
     from distir.report.fields import fields_for
+    from distir.report.numerics import exact_inference_error
     from distir.search.rerank import ExactJob, evaluate
 
     _check_inputs(model, cluster, strategy)
@@ -412,7 +416,7 @@ def simulate(
     opt = _check_optimizer(optimizer, train, StrategyError)
     s = parse_strategy(strategy) if isinstance(strategy, str) else strategy
     _check_training_parts(s, train)
-    why = tp_split_refusal(_model_text(model), s.t)
+    why = tp_split_refusal(_model_text(model), s.t) or exact_inference_error(precision, train, flag="")
     if why:
         raise StrategyError(why)
     b = batch if batch is not None else 8 * s.d * s.k
