@@ -138,6 +138,28 @@ _API_BAD: list[tuple[str, dict[str, object], type[Exception], str]] = [
     ("simulate", {"train": 1}, StrategyError, "train must be True or False, got 1 (int)"),
     ("distribute", {"strategy": 2}, StrategyError, "strategy must be a strategy string or a Strategy"),
     ("distribute", {"batch": "8"}, StrategyError, "batch must be a positive integer, got '8' (str)"),
+    # the numerics, the optimizer and the store, each the function's own documented type (the
+    # numerics raised distir.export's ExportError, the optimizer AutodiffError, the store StoreError)
+    ("search", {"dtype": "f64"}, SpaceError, "dtype must be auto, f32, bf16 or f16, got 'f64'"),
+    ("search", {"dtype": 5}, SpaceError, "dtype must be auto, f32, bf16 or f16, got 5"),
+    ("search", {"dtype": "f32", "precision": "mixed"}, SpaceError, "mixed computes in a half format"),
+    ("search", {"store": "."}, SpaceError, "store .: not a file name"),
+    ("search", {"store": 5}, SpaceError, "store must be a path or None, got 5 (int)"),
+    ("simulate", {"dtype": "f64"}, StrategyError, "dtype must be auto, f32, bf16 or f16, got 'f64'"),
+    ("simulate", {"precision": "fp9"}, StrategyError, "precision must be auto, mixed, pure, fp8 or"),
+    ("simulate", {"optimizer": "adamw"}, StrategyError, "optimizer must be sgd or adam, got 'adamw'"),
+    ("distribute", {"dtype": "f99"}, StrategyError, "unknown dtype 'f99'"),
+    ("distribute", {"precision": "mixed"}, StrategyError, "mixed precision computes in bf16 or f16"),
+    ("distribute", {"optimizer": "adamw"}, StrategyError, "optimizer must be sgd or adam, got 'adamw'"),
+    # inference takes no optimizer step: what only training has is refused, as --infer refuses it
+    ("search", {"train": False, "optimizer": "sgd"}, SpaceError, "train=False runs no optimizer step"),
+    ("simulate", {"train": False, "optimizer": "adam"}, StrategyError, "train=False runs no optimizer"),
+    ("simulate", {"train": False, "strategy": "d2.z1"}, StrategyError, "so ZeRO-1 (z1) would be ignored"),
+    ("simulate", {"train": False, "strategy": "d2.rfull"}, StrategyError, "recomputation (rfull) would"),
+    ("distribute", {"train": False, "strategy": "d1.p2.k2.zb1"}, StrategyError, "zero-bubble schedule"),
+    # the search and its exact simulation run inference in pure precision: a mixed one was ignored
+    ("search", {"train": False, "precision": "mixed"}, SpaceError, "precision='mixed' would be ignored"),
+    ("simulate", {"train": False, "precision": "fp8"}, StrategyError, "precision='fp8' would be ignored"),
 ]
 
 

@@ -80,6 +80,18 @@ def test_an_inference_search_refuses_an_optimizer() -> None:
     assert err.strip() == "--infer runs no optimizer step: drop --optimizer sgd, or search training (--train)"
 
 
+def test_an_inference_search_refuses_mixed_precision_it_would_ignore() -> None:
+    """The search simulates inference in pure precision: ``--precision mixed`` was reported as the
+    search's precision while every result was the pure program's (and the winner's ``simulate``
+    line, with ``--precision mixed --infer``, gave other figures)."""
+    args = ("search", "--model", "gpt2-117m:layers=2", "--cluster", "dgx-a100", "--batch", "16", "--infer")
+    code, out, err = _run(*args, "--precision", "mixed", "--fresh")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith(
+        "--infer searches and simulates the forward in the dtype (pure precision): --precision mixed"
+    )
+
+
 @pytest.mark.parametrize(
     ("extra", "words"),
     [

@@ -14,7 +14,8 @@ Models are zoo model strings (``distir models``; ``gpt:layers=24,hidden=2048``) 
 or built from ``NodeSpec``s). Results are frozen dataclasses with the fields of the JSON outputs
 (``docs/json.md``: the strategy's parts, then the simulated figures); ``SearchResults.to_dataframe()``
 gives a pandas DataFrame when pandas is installed. Bad input raises the typed one-line errors of
-the CLI (``StrategyError``, ``ModelError``, ``HardwareError``, ``SpaceError``, ``ExportError``).
+the CLI (``StrategyError``, ``ModelError``, ``HardwareError``, ``SpaceError``; a result store that
+cannot be opened, ``StoreError``).
 
 ``distir.search`` is both the package of the search's modules and this function: the package's
 module object is callable (``distir/search/__init__.py``), so ``import distir.search.run`` keeps
@@ -175,10 +176,41 @@ def _check_numbers(batch: object, train: object) -> None:
     _check_flag("train", train, StrategyError)
 
 
+def _check_training_parts(s: Strategy, train: bool) -> None:
+    """In inference, the strategy's parts only a training step has (``Strategy.training_parts``),
+    refused as ``distir simulate --infer`` refuses them, not ignored."""
+    from distir.parallel.strategy import StrategyError
+
+    named = [] if train else s.training_parts()
+    if named:
+        raise StrategyError(
+            f"{s}: train=False runs the forward only: no optimizer step, gradients or backward, so "
+            f"{', '.join(named)} would be ignored; drop {'it' if len(named) == 1 else 'them'} or train"
+        )
+
+
+def _check_store(store: object) -> None:
+    """The result store's path, checked writable before the search as ``distir search --store``
+    checks it (``distir.files.check_output``): a directory or an unwritable place is a
+    ``SpaceError`` naming it, before any work."""
+    from distir.files import OutputPathError, check_output
+    from distir.search.space import SpaceError
+
+    if store is None:
+        return
+    if not isinstance(store, (str, Path)):
+        raise SpaceError(f"store must be a path or None, got {_kind(store)}")
+    try:
+        check_output(store, "store")
+    except OutputPathError as e:
+        raise SpaceError(str(e)) from None
+
+
 def _check_search(model: str, batch: object, train: object, a: Mapping[str, Any]) -> None:
     """What ``distir search``'s options refuse before any work (``search_cli._check_options``):
     types, ranges, the batch's and the workers' bounds, the size of the programs simulated."""
     from distir.report.bounds import search_error, search_ops_error
+    from distir.report.numerics import exact_inference_error
     from distir.search.space import MAX_K, SpaceError, max_k_error
 
     _check_positive("batch", batch, SpaceError)
@@ -190,8 +222,8 @@ def _check_search(model: str, batch: object, train: object, a: Mapping[str, Any]
         raise SpaceError(why)
     for name in ("explain", "tp_comm_overlap"):
         _check_flag(name, a[name], SpaceError)
-    if a["optimizer"] not in ("sgd", "adam"):
-        raise SpaceError(f"optimizer must be sgd or adam, got {a['optimizer']!r}")
+    _check_optimizer(a["optimizer"], train is True, SpaceError)
+    _check_store(a["store"])
     if a["tp_layout"] not in ("declared", "auto"):
         raise SpaceError(f"tp_layout must be declared or auto, got {a['tp_layout']!r}")
     if a["precision"] not in ("auto", "mixed", "pure"):  # as ``distir search --precision``
@@ -200,6 +232,8 @@ def _check_search(model: str, batch: object, train: object, a: Mapping[str, Any]
             "no FP8 plans (distir.simulate takes fp8 and fp8-delayed)"
         )
     assert isinstance(batch, int) and isinstance(train, bool)
+    if why := exact_inference_error(a["precision"], train, flag=""):
+        raise SpaceError(why)
     why = search_error(a["workers"], "local", batch) or search_ops_error(
         model, a["microbatches"], a["max_microbatches"] or MAX_K, batch, train
     )
@@ -207,18 +241,40 @@ def _check_search(model: str, batch: object, train: object, a: Mapping[str, Any]
         raise SpaceError(why)
 
 
+def _check_optimizer(optimizer: object, train: bool, error: type[ValueError]) -> str:
+    """The optimizer (None: Adam), refused in inference as ``--infer`` refuses ``--optimizer``:
+    an inference program takes no optimizer step, so one given would be ignored."""
+    if optimizer is None:
+        return "adam"
+    if optimizer not in ("sgd", "adam"):
+        raise error(f"optimizer must be sgd or adam, got {_kind(optimizer)}")
+    if not train:
+        raise error(f"train=False runs no optimizer step: drop optimizer={optimizer!r}, or train")
+    return str(optimizer)
+
+
 def _numerics(
-    dtype: str, precision: str, train: bool, cluster: ClusterArg | None, model: str = ""
+    dtype: str,
+    precision: str,
+    train: bool,
+    cluster: ClusterArg | None,
+    model: str,
+    error: type[ValueError],
 ) -> tuple[str, str]:
-    """``auto`` as the CLI resolves it (``distir.export.plan.resolve_numerics``); a half format
-    the GPUs compute no faster than fp32 (bf16 on a V100) is a ``UserWarning``, as the CLI's
-    warning on stderr (``distir.report.numerics.slow_half_warnings``)."""
+    """``auto`` as the CLI resolves it (``distir.export.plan.resolve_numerics``), a dtype or
+    precision it refuses raised as ``error`` (the function's documented type); a half format the
+    GPUs compute no faster than fp32 (bf16 on a V100) is a ``UserWarning``, as the CLI's warning
+    on stderr (``distir.report.numerics.slow_half_warnings``)."""
     import warnings
 
-    from distir.export.plan import resolve_numerics
-    from distir.report.numerics import slow_half_warnings
+    from distir.export.plan import ExportError, resolve_numerics
+    from distir.report.numerics import NumericsError, check_choices, slow_half_warnings
 
-    got = resolve_numerics(dtype, precision, cluster, model, train)
+    try:
+        check_choices(dtype, precision, flag="")
+        got = resolve_numerics(dtype, precision, cluster, model, train)
+    except (NumericsError, ExportError) as e:
+        raise error(str(e)) from None
     for line in slow_half_warnings(got[0], cluster) if cluster is not None else ():
         warnings.warn(line, UserWarning, stacklevel=3)
     return got
@@ -230,7 +286,7 @@ def search(
     batch: int = 512,
     *,
     train: bool = True,
-    optimizer: str = "adam",
+    optimizer: str | None = None,
     dtype: str = "auto",
     precision: str = "auto",
     dp: int | None = None,
@@ -269,11 +325,11 @@ def search(
     (``megatron``, ``deepspeed``, ``torchtitan``; ``distir search --trainer``)."""
     from distir.search.run import SearchRequest
     from distir.search.run import search as run_search
-    from distir.search.space import CP_MIN_SEQ, MAX_K, Pins
+    from distir.search.space import CP_MIN_SEQ, MAX_K, Pins, SpaceError
 
     _check_inputs(model, cluster)
     _check_search(_model_text(model), batch, train, locals())
-    dtype, precision = _numerics(dtype, precision, train, cluster, _model_text(model))
+    dtype, precision = _numerics(dtype, precision, train, cluster, _model_text(model), SpaceError)
     pins = Pins(
         dp,
         tp,
@@ -293,7 +349,7 @@ def search(
         cluster=cluster,
         batch=batch,
         train=train,
-        optimizer=optimizer,
+        optimizer=_check_optimizer(optimizer, train, SpaceError),
         dtype=dtype,
         precision=precision,
         pins=pins,
@@ -339,7 +395,7 @@ def simulate(
     batch: int | None = None,
     *,
     train: bool = True,
-    optimizer: str = "adam",
+    optimizer: str | None = None,
     dtype: str = "auto",
     precision: str = "auto",
     trainer: str = "distir",
@@ -352,18 +408,21 @@ def simulate(
     from distir.export.plan import tp_split_refusal
     from distir.parallel.strategy import StrategyError
     from distir.report.fields import fields_for
+    from distir.report.numerics import exact_inference_error
     from distir.search.rerank import ExactJob, evaluate
 
     _check_inputs(model, cluster, strategy)
     _check_numbers(batch, train)
+    opt = _check_optimizer(optimizer, train, StrategyError)
     s = parse_strategy(strategy) if isinstance(strategy, str) else strategy
-    why = tp_split_refusal(_model_text(model), s.t)
+    _check_training_parts(s, train)
+    why = tp_split_refusal(_model_text(model), s.t) or exact_inference_error(precision, train, flag="")
     if why:
         raise StrategyError(why)
     b = batch if batch is not None else 8 * s.d * s.k
-    dtype, precision = _numerics(dtype, precision, train, cluster, _model_text(model))
+    dtype, precision = _numerics(dtype, precision, train, cluster, _model_text(model), StrategyError)
     spec = _model_text(model)
-    row = evaluate(ExactJob(spec, cluster, b, train, optimizer, dtype, precision, trainer=trainer), str(s))
+    row = evaluate(ExactJob(spec, cluster, b, train, opt, dtype, precision, trainer=trainer), str(s))
     return Result.from_row({**fields_for(spec, s, b), **row})
 
 
@@ -373,7 +432,7 @@ def distribute(
     batch: int | None = None,
     *,
     train: bool = True,
-    optimizer: str = "adam",
+    optimizer: str | None = None,
     dtype: str = "f32",
     precision: str = "pure",
     cluster: ClusterArg | None = None,
@@ -382,16 +441,24 @@ def distribute(
     the pipeline schedule. ``model``: a zoo model string or spec (built for the global ``batch``,
     default 8·d·k, in ``dtype``) or a built zoo ``Model``. With a ``cluster``, the program order
     follows the cost model's chunk times there (as ``simulate`` does)."""
+    from distir.autodiff.precision import Precision, PrecisionError
     from distir.autodiff.train import Optimizer
     from distir.frontends.zoo.registry import parse_model_string
+    from distir.ir.local_types import IRTypeError
     from distir.ir.types import DType
     from distir.parallel.distribute import distribute as run_distribute
+    from distir.parallel.strategy import StrategyError
     from distir.search.chunk_times import chunk_times
 
     _check_inputs(model, cluster, strategy, built_ok=True)
     _check_numbers(batch, train)
+    opt = _check_optimizer(optimizer, train, StrategyError)
     s = parse_strategy(strategy) if isinstance(strategy, str) else strategy
-    dt = DType.parse(dtype)
+    _check_training_parts(s, train)
+    try:
+        dt, prec = DType.parse(dtype), Precision.parse(precision)
+    except (IRTypeError, PrecisionError) as e:
+        raise StrategyError(str(e)) from None
     if isinstance(model, Model):
         built, spec = model, None
     else:
@@ -400,10 +467,13 @@ def distribute(
     times = None
     if cluster is not None and spec is not None:
         cl = parse_cluster(cluster)
-        times = chunk_times(built, spec, cl, dt, train, s, train and precision == "mixed")
-    return run_distribute(
-        built, s, Optimizer(optimizer), train=train, comm_streams=True, precision=precision, chunk_times=times
-    )
+        times = chunk_times(built, spec, cl, dt, train, s, train and str(prec) == "mixed")
+    try:
+        return run_distribute(
+            built, s, Optimizer(opt), train=train, comm_streams=True, precision=prec, chunk_times=times
+        )
+    except PrecisionError as e:  # a precision the model's dtype cannot train in (mixed in f32)
+        raise StrategyError(str(e)) from None
 
 
 __all__ = ["Cluster", "Failed", "Result", "SearchResults", "distribute", "search", "simulate"]

@@ -624,9 +624,6 @@ def _numerics_warnings(dtype: str, cl: Any) -> list[str]:
     return got
 
 
-_RECOMPUTE_PART = {"full": "rfull", "selective": "rsel", "ops": "rops"}  # as a strategy string writes it
-
-
 def _check_inference(train: bool, optimizer: str | None, strategy: str | None, sw: _SimSwitches) -> None:
     """``--infer`` with what only a training step has (a trainer, an optimizer, its gradients' buckets,
     clipping and accumulation, ZeRO-1/2's sharded optimizer state, recomputation for the
@@ -656,11 +653,7 @@ def _check_inference(train: bool, optimizer: str | None, strategy: str | None, s
     except StrategyError:
         st = None  # reported where the model is built
     if st is not None:
-        given += [
-            f"ZeRO-{st.zero} (z{st.zero})" if st.zero in (1, 2) else "",
-            f"recomputation ({_RECOMPUTE_PART.get(st.recompute)})" if st.recompute != "none" else "",
-            "the zero-bubble schedule (zb1)" if st.schedule == "zb1" else "",
-        ]
+        given += st.training_parts()
     named = [g for g in given if g]
     if named:
         _fail(

@@ -51,6 +51,20 @@ def test_numerics_auto_follow_the_cluster() -> None:
         resolve_numerics("f32", "mixed", None)
 
 
+def test_auto_without_a_cluster_is_the_targets_half_format() -> None:
+    """``distir export --to torchtitan`` without ``--cluster``: auto is bf16, torchtitan's only half
+    format (it resolved to f16 and was refused, "torchtitan cannot express fp16", for a dtype
+    the user never gave); f16 given is still refused, and other targets keep f16 without a cluster."""
+    plan = make_plan("gpt2-117m", "d8.t1.p1.k1.1f1b.z3", 8, target="torchtitan")
+    assert (plan.dtype, plan.precision) == ("bf16", "mixed")
+    assert "bfloat16" in export(plan, "torchtitan").text
+    with pytest.raises(ExportError, match="cannot express fp16"):
+        export(make_plan("gpt2-117m", "d8.t1.p1.k1.1f1b.z3", 8, "f16", target="torchtitan"), "torchtitan")
+    assert make_plan("gpt2-117m", "d8.t1.p1.k1.1f1b", 8, target="megatron").dtype == "f16"
+    v100 = make_plan("gpt2-117m", "d8.t1.p1.k1.1f1b", 8, cluster="dgx2-v100", target="torchtitan")
+    assert v100.dtype == "f16"
+
+
 @pytest.mark.parametrize(
     ("strategy", "batch", "cluster", "what"),
     [

@@ -5,6 +5,7 @@ model, a missing file, a mixture-of-experts block that is not Mixtral's, a bad f
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -134,6 +135,17 @@ def test_a_learned_position_table_bounds_the_sequence_rotary_positions_do_not() 
     assert model.inputs[0].type.shape == (2, 32)
 
 
+def test_a_family_rotary_by_default_runs_past_its_context(tmp_path: Path) -> None:
+    """A Llama config that leaves ``rope_theta`` to transformers' default is rotary all the same
+    (it was refused as if its positions were a learned table's rows)."""
+    raw = json.loads((CONFIGS / "llama-tiny.json").read_text())
+    del raw["rope_theta"]
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(raw))
+    model = build_model(f"hf:{cfg}:seq=32", batch=2)  # max_position_embeddings 8
+    assert model.inputs[0].type.shape == (2, 32)
+
+
 @pytest.mark.parametrize(
     ("sizes", "words"),
     [
@@ -186,6 +198,9 @@ def test_a_config_transformers_refuses_is_one_short_line(
         ("def f():\n    raise RuntimeError('no checkpoint at /data/ckpt')\n", "f", "f() raised RuntimeError"),
         ("import math\nraise ValueError('bad setting')\n", "f", "importing usermod raised ValueError"),
         ("def f(:\n    pass\n", "f", "importing usermod raised SyntaxError"),
+        # sys.exit in the user's code is their error too, not distir's exit status (it was 3, silent)
+        ("import sys\ndef f():\n    sys.exit(3)\n", "f", "f() raised SystemExit: 3"),
+        ("import sys\nsys.exit('no model')\n", "f", "importing usermod raised SystemExit: no model"),
     ],
 )
 def test_a_factory_or_module_that_raises_is_one_line(
@@ -202,6 +217,23 @@ def test_a_factory_or_module_that_raises_is_one_line(
     code, out, err = run("simulate", "--model", f"usermod:{attr}", "--strategy", "d1", "--batch", "2")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert words in err and "usermod.py:" in err
+
+
+def test_a_model_whose_forward_exits_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sys.exit`` in a module's forward, under torch.export, is a trace error, exit 2 (the
+    process exited with the model's status, saying nothing)."""
+    body = (
+        "import sys\nimport torch\n\nclass M(torch.nn.Module):\n    def forward(self, x):\n"
+        "        sys.exit(5)\n\ndef f():\n    return M(), (torch.zeros(2, 4),)\n"
+    )
+    (tmp_path / "usermod.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "usermod", raising=False)
+    with pytest.raises(TraceError, match=re.escape("cannot trace usermod:f: SystemExit: 5")):
+        build_model("usermod:f", batch=2)
+    monkeypatch.delitem(__import__("sys").modules, "usermod", raising=False)
+    code, out, err = run("import", "usermod:f")
+    assert code == 2 and out == "" and "SystemExit: 5" in err and len(err.strip().splitlines()) == 1
 
 
 def test_a_factory_that_raises_names_its_error() -> None:

@@ -166,6 +166,34 @@ def test_an_optimizer_without_fp32_masters_is_refused_by_a_trainer_with_fp32_gra
     user_switches_fit("distir", False, False, False, optimizer_dtype="bf16")
 
 
+@pytest.mark.parametrize(
+    ("strategy", "dtype", "optimizer_dtype", "why"),
+    [
+        ("d2.t1.p1.k2.z1", DType.bf16, "bf16", "BF16_Optimizer, which always keeps fp32 masters"),
+        ("d1.t1.p1.k1", DType.bf16, "bf16", "BF16_Optimizer, which always keeps fp32 masters"),
+        ("d2.t1.p2.k4.1f1b.z1", DType.bf16, "bf16", "BF16_Optimizer, which always keeps fp32 masters"),
+        ("d2.t1.p1.k2.z2", DType.bf16, "bf16", "a bf16 clone of this rank's partition"),
+        ("d2.t1.p1.k2.z3", DType.f16, "f16", "DeepSpeed keeps no f16 optimizer state"),
+    ],
+)
+def test_deepspeed_takes_an_optimizer_without_fp32_masters_only_where_it_keeps_one(
+    strategy: str, dtype: DType, optimizer_dtype: str, why: str, small: object
+) -> None:
+    """DeepSpeed's BF16_Optimizer (its z0/z1) always keeps fp32 masters, its ZeRO-1/2 optimizer a
+    bf16 clone of the partition, and it has no fp16 optimizer state: refused, naming why; its
+    ZeRO-3 optimizer with bf16 masters and states updates the partition in place, as distir does,
+    and runs (the combination was taken under every ZeRO stage, DeepSpeed's z2 unmodelled)."""
+    prec = Precision(mixed=True, master=DType(optimizer_dtype))
+    with pytest.raises(TrainerError, match=why) as got:
+        trainer_semantics("deepspeed", parse_strategy(strategy), prec, dtype)
+    assert "\n" not in str(got.value)
+    s = parse_strategy("d2.t1.p1.k2.z3")
+    bf16 = Precision(mixed=True, master=DType.bf16)
+    sem = trainer_semantics("deepspeed", s, bf16, DType.bf16)
+    assert not sem.fp32_grad_accum and sem.zero3_fetch is not None
+    distribute(small, s, Optimizer("adam"), comm_streams=True, precision=bf16, **sem.switches())  # type: ignore[arg-type]
+
+
 def test_the_neutral_trainer_sets_no_switch() -> None:
     sem = trainer_semantics("distir", parse_strategy("d8.t1.p1.k4.z3"), MIXED, DType.bf16)
     assert sem == TrainerSemantics()

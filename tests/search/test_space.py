@@ -100,6 +100,20 @@ def test_pinned_degrees_whose_product_is_not_the_gpus_say_so(pins: Pins, words: 
     Space(8, 32, 6, (1, 2, 4, 8), pins=Pins(dp=4, tp=2), seq=64).check()
 
 
+def test_d_t_and_p_pinned_short_of_the_gpus_say_so_where_context_parallelism_is_not_searched() -> None:
+    """With no context parallelism searched (a sequence below --cp-from-seq), d, t and p pinned
+    are every degree: their product short of the GPUs is named, not "no strategy ... (no weight
+    of the model is tensor-parallel ...)", which blamed a model whose --tp 1 the user pinned."""
+    words = "--dp 2 × --tp 1 × --pp 1 = 2 GPUs, but a strategy uses every one of the cluster's 8"
+    with pytest.raises(SpaceError, match=re.escape(words)) as got:
+        Space(8, 32, 6, (1,), pins=Pins(dp=2, tp=1, pp=1), seq=64).check()
+    assert "c = 1: no context parallelism searched" in str(got.value)
+    long = Space(8, 32, 6, (1,), pins=Pins(dp=2, tp=1, pp=1), seq=2**15)  # c = 4 is searched
+    assert {(s.d, s.t, s.c, s.p) for s in long.bases()} == {(2, 1, 4, 1)}
+    with pytest.raises(SpaceError, match=re.escape("these pins (--tp 1)")):
+        Space(8, 2, 6, (1,), pins=Pins(tp=1, pp=1), seq=64).check()
+
+
 def test_pins_restrict_and_bad_pins_say_why() -> None:
     sp = Space(8, 32, 6, (1, 2, 4, 8), pins=Pins(tp=2, schedule="1f1b"))
     assert all(s.t == 2 and (s.p == 1 or s.schedule == "1f1b") for s in sp.bases())

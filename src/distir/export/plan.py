@@ -37,6 +37,8 @@ from distir.parallel.tp_split import split_refusal, tp_sizes
 from distir.report.fields import chunk_blocks
 
 FLOAT8 = (str(FP8), str(FP8_DELAYED))  # torchao's dynamic tensorwise scaling, Transformer Engine's delayed
+# targets whose mixed precision computes in bf16 only (torchtitan's mixed_precision_param)
+BF16_TARGETS = ("torchtitan",)
 
 
 class ExportError(ValueError):
@@ -199,9 +201,11 @@ def make_plan(
     precision: str = "auto",
     optimizer: str = "adam",
     cluster: str | None = None,
+    target: str = "",
 ) -> Plan:
     """Check and resolve a plan (module docstring). Raises ``ExportError``, ``StrategyError``,
-    ``ModelError`` or ``HardwareError`` naming what is wrong."""
+    ``ModelError`` or ``HardwareError`` naming what is wrong. ``target``: the trainer exported to,
+    whose half format ``auto`` takes without a cluster (torchtitan's is bf16: ``BF16_TARGETS``)."""
     s = parse_strategy(strategy) if isinstance(strategy, str) else strategy
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ExportError(f"batch must be a positive integer, got {batch!r}")
@@ -219,6 +223,8 @@ def make_plan(
         n = parse_cluster(cluster).num_devices
         if s.devices > n:
             raise ExportError(f"{s} needs {s.devices} GPUs but {cluster} has {n}")
+    if cluster is None and dtype == "auto" and target in BF16_TARGETS:
+        dtype = "bf16"  # the target's only half format, as auto takes the GPUs' fast one
     dtype, precision = resolve_numerics(dtype, precision, cluster, model)
     try:
         blocks = chunk_blocks(model, s)

@@ -44,6 +44,7 @@ from distir.limits import MAX_DEGREE, MAX_DEVICES, MAX_LAYERS, exceeds, is_digit
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb1")
 _ALIASES = {"i1f1b": "interleaved", "zbh1": "zb1", "fill-drain": "gpipe"}
 RECOMPUTE = {"none": "none", "full": "full", "sel": "selective", "selective": "selective", "ops": "ops"}
+_RECOMPUTE_PART = {"full": "rfull", "selective": "rsel", "ops": "rops"}  # as a strategy string writes it
 
 
 class StrategyError(ValueError):
@@ -146,6 +147,17 @@ class Strategy:
     def chunks(self) -> int:
         return self.p * self.v
 
+    def training_parts(self) -> list[str]:
+        """The parts only a training step has, named with their strategy-string part: ZeRO-1/2's
+        sharded optimizer state, recomputation for the backward, the zero-bubble schedule's split
+        backward. An inference program would ignore them, so ``--infer`` refuses them (ZeRO-3's
+        sharded weights and microbatches run in inference too)."""
+        return [
+            *([f"ZeRO-{self.zero} (z{self.zero})"] if self.zero in (1, 2) else []),
+            *([f"recomputation ({_RECOMPUTE_PART[self.recompute]})"] if self.recompute != "none" else []),
+            *(["the zero-bubble schedule (zb1)"] if self.schedule == "zb1" else []),
+        ]
+
     @property
     def gpus(self) -> tuple[int, ...]:
         """The cluster GPU of each program device: the placement, else GPU i for device i."""
@@ -160,7 +172,7 @@ class Strategy:
         if self.zero:
             parts.append(f"z{self.zero}" + (f"h{self.shard_group}" if self.shard_group else ""))
         if self.recompute != "none":
-            parts.append({"full": "rfull", "selective": "rsel", "ops": "rops"}[self.recompute])
+            parts.append(_RECOMPUTE_PART[self.recompute])
         if self.partition != "uniform":
             parts.append(
                 "L"

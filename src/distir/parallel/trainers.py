@@ -248,6 +248,7 @@ def _deepspeed(s: Strategy, precision: Precision, dtype: DType) -> TrainerSemant
             "deepspeed/sequence/layer.py), not attention over a ring of context ranks: use c1"
         )
     bf16 = precision.mixed and dtype is DType.bf16
+    _deepspeed_masters(s, precision)
     if bf16 and s.zero == 0 and s.d * s.c > 1:
         raise TrainerError(
             f"{s}: DeepSpeed's bf16 with ZeRO stage 0 is its BF16_Optimizer, which shards the fp32 "
@@ -267,6 +268,38 @@ def _deepspeed(s: Strategy, precision: Precision, dtype: DType) -> TrainerSemant
         max_norm=DEFAULT_MAX_NORM,
         clip_scale="if_over" if bf16 and s.zero <= 1 else "always",
     )
+
+
+def _deepspeed_masters(s: Strategy, precision: Precision) -> None:
+    """Masters and optimizer state in the compute dtype (``Precision.with_optimizer_dtype``) as
+    DeepSpeed keeps them: only its ZeRO-3 optimizer with ``bf16_master_weights_and_grads`` and
+    ``bf16_optimizer_states`` (DeepSpeed 0.18.3 and later, deepspeed/runtime/zero/stage3.py), whose
+    bf16 partition of each weight is the master itself, updated in place, as distir's step updates
+    it. ``BF16_Optimizer`` (distir's z0/z1 for DeepSpeed) always keeps fp32 masters and gradient
+    sums; the ZeRO-1/2 optimizer keeps a bf16 clone of this rank's partition beside the weights
+    (``single_partition_of_fp32_groups``, stage_1_and_2.py), which the in-place update does not
+    hold; DeepSpeed has no fp16 optimizer state (``fp16_master_weights_and_grads`` keeps Adam's
+    moments in fp32 on the host)."""
+    if not precision.mixed or precision.master is DType.f32:
+        return
+    opt = f"--optimizer-dtype {precision.master}"
+    if precision.master is not DType.bf16:
+        raise TrainerError(
+            f"{opt}: DeepSpeed keeps no {precision.master} optimizer state (fp16_master_weights_and_grads "
+            "keeps Adam's moments in fp32, under ZeRO-Offload only): drop --optimizer-dtype"
+        )
+    if s.zero <= 1:
+        raise TrainerError(
+            f"{s}: {opt} keeps no fp32 masters, but DeepSpeed's bf16 under ZeRO 0/1 is its BF16_Optimizer, "
+            "which always keeps fp32 masters and fp32 gradient sums (bf16_optimizer.py): drop "
+            "--optimizer-dtype, or use z3 (bf16_master_weights_and_grads with bf16_optimizer_states)"
+        )
+    if s.zero == 2:
+        raise TrainerError(
+            f"{s}: {opt} under DeepSpeed's ZeRO-2 keeps a bf16 clone of this rank's partition beside "
+            "the weights (stage_1_and_2.py's single_partition_of_fp32_groups), which distir's in-place "
+            "update does not model: use z3, whose partition is the master, or drop --optimizer-dtype"
+        )
 
 
 def _torchtitan(s: Strategy, precision: Precision, dtype: DType) -> TrainerSemantics:

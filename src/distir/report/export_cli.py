@@ -50,7 +50,7 @@ def build_export(
     from distir.parallel.strategy import StrategyError
 
     try:
-        plan = make_plan(model, strategy, batch, dtype, precision, optimizer, cluster)
+        plan = make_plan(model, strategy, batch, dtype, precision, optimizer, cluster, target)
         return export(plan, target)
     except (ExportError, StrategyError, ModelError, HardwareError) as e:
         if debug:

@@ -4,9 +4,9 @@
 Training runs mixed precision (fp32 master weights and optimizer state) in the GPUs' fast half
 format: bf16 where every GPU of the cluster computes bf16 faster than f32, else f16 where every
 one computes f16 faster, else (a CPU profile without a faster half) f32, pure. Inference runs
-pure. A model file computes in its own dtype (f32 for ONNX; a DistIR file's types): ``auto`` is
-that one. A dtype given with ``--precision auto`` keeps it: f32 is pure, a half format mixed (for
-training).
+pure. A DistIR file computes in its own dtype (its types): ``auto`` is that one (an ONNX file
+imports in the dtype asked, so ``auto`` is the trainers'). A dtype given with ``--precision
+auto`` keeps it: f32 is pure, a half format mixed (for training).
 """
 
 from __future__ import annotations
@@ -66,14 +66,30 @@ def slow_half_warnings(dtype: str, cluster: str | Cluster) -> list[str]:
     return out
 
 
-def check_choices(dtype: str, precision: str) -> None:
-    """``NumericsError`` unless ``dtype`` is one of ``DTYPES`` and ``precision`` of ``PRECISIONS``."""
-    if dtype not in DTYPES:
-        raise NumericsError(f"--dtype must be {', '.join(DTYPES[:-1])} or {DTYPES[-1]}, got {dtype!r}")
-    if precision not in PRECISIONS:
+def check_choices(dtype: str, precision: str, flag: str = "--") -> None:
+    """``NumericsError`` unless ``dtype`` is one of ``DTYPES`` and ``precision`` of ``PRECISIONS``,
+    naming them as options (``flag`` "--") or as the Python API's arguments (``flag`` "")."""
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise NumericsError(f"{flag}dtype must be {', '.join(DTYPES[:-1])} or {DTYPES[-1]}, got {dtype!r}")
+    if not isinstance(precision, str) or precision not in PRECISIONS:
         raise NumericsError(
-            f"--precision must be {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}, got {precision!r}"
+            f"{flag}precision must be {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}, got {precision!r}"
         )
+
+
+def exact_inference_error(precision: object, train: bool, flag: str = "--") -> str:
+    """Why the search (and ``distir.simulate``, its exact simulation) cannot take ``precision``
+    in inference, or "": they simulate inference in pure precision, the forward in the dtype, so a
+    ``mixed`` or float8 precision given would be ignored (``distir simulate --model --infer``
+    builds it: fp32 weights cast at each use). ``flag``: "--" for options, "" for arguments."""
+    if train or precision in ("auto", "pure"):
+        return ""
+    given = f"--precision {precision}" if flag else f"precision={precision!r}"
+    mode = "--infer" if flag else "train=False"
+    return (
+        f"{mode} searches and simulates the forward in the dtype (pure precision): {given} would be "
+        "ignored; drop it (distir simulate --model M --infer builds it: fp32 weights cast at each use)"
+    )
 
 
 def resolve_numerics(model: str, dtype: str, precision: str, train: bool, cluster: str | Cluster) -> Numerics:

@@ -137,12 +137,14 @@ def _check_options(a: dict[str, Any], err: Console) -> None:
             f"--infer runs no optimizer step: drop --optimizer {a['optimizer']}, or search training "
             "(--train)",
         )
-    from distir.report.numerics import DTYPES
+    from distir.report.numerics import DTYPES, exact_inference_error
 
     if a["dtype"] not in DTYPES:
         _fail(err, f"--dtype must be {', '.join(DTYPES[:-1])} or {DTYPES[-1]}, got {a['dtype']!r}")
     if a["precision"] not in ("auto", "mixed", "pure"):
         _fail(err, f"--precision must be auto, mixed or pure, got {a['precision']!r}")
+    if why := exact_inference_error(a["precision"], a["train"]):
+        _fail(err, why)
     searched = a.get("trainer", "distir")
     if searched not in TRAINERS:
         _fail(err, f"--trainer must be one of {', '.join(TRAINERS)}, got {searched!r}")

@@ -230,7 +230,9 @@ class Space:
                 "no weight of the model is tensor-parallel, so every GPU must hold a pipeline stage or a "
                 f"data-parallel share of the batch ({self.n_layers} blocks); give a larger batch, fewer "
                 "GPUs, or --tp-layout auto"
-                if self.allowed_tp == (1,)
+                if self.allowed_tp == (1,) and p.tp is None
+                else f"--tp {p.tp}"
+                if p.tp is not None
                 else f"tensor parallelism allowed: {', '.join(map(str, self.allowed_tp))}"
             )
             raise SpaceError(
@@ -248,10 +250,13 @@ class Space:
             return
         n = math.prod(x for _, x in pinned)
         named = " × ".join(f"--{name} {x}" for name, x in pinned)
-        if self.devices % n or (len(pinned) == 4 and n != self.devices):
+        # context parallelism not searched here is c = 1: d, t and p pinned are then every degree
+        every = len(pinned) == 4 or (len(pinned) == 3 and p.cp is None and self.context_degrees() == [1])
+        if self.devices % n or (every and n != self.devices):
+            unsearched = ", c = 1: no context parallelism searched" if every and len(pinned) == 3 else ""
             raise SpaceError(
                 f"{named} = {n:,} GPUs, but a strategy uses every one of the cluster's {self.devices:,} "
-                f"(d·t·c·p = {self.devices:,})"
+                f"(d·t·c·p = {self.devices:,}{unsearched})"
             )
 
     def _check_microbatch_pins(self) -> None:

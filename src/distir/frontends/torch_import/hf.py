@@ -254,6 +254,14 @@ def _implementation(cfg: Any) -> str:
     return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
 
 
+def _rotary(raw: dict[str, Any], cfg: Any) -> bool:
+    """Whether ``cfg``'s positions are rotary, computed for any position: a rotary key in the
+    file, or the rotary parameters transformers gives the family by default (a Llama config
+    without ``rope_theta`` is rotary all the same: ``rope_parameters``). GPT-J's ``rotary_dim``
+    is not: its sinusoidal table has ``n_positions`` rows."""
+    return any(k in raw for k in ROTARY_KEYS) or bool(getattr(cfg, "rope_parameters", None))
+
+
 def hf_model(
     path: str, seq: int | None = None, meta: bool = True, layers: int | None = None
 ) -> tuple[Any, dict[str, Any]]:
@@ -276,7 +284,7 @@ def hf_model(
     length = seq or context
     if not isinstance(length, int) or length < 1:
         raise SourceError(f"hf:{path}: the config gives no context length; give one (hf:{path}:seq=N)")
-    rotary = any(k in raw for k in ROTARY_KEYS)  # positions computed, not a table's rows
+    rotary = _rotary(raw, cfg)  # positions computed, not a table's rows
     if isinstance(context, int) and length > context and not rotary:
         raise SourceError(
             f"hf:{path}: seq={length} is above the config's context of {context} positions; "

@@ -57,14 +57,14 @@ def _factory(text: str) -> tuple[Any, Any]:
         mod = importlib.import_module(m.group("module"))
     except ImportError as e:
         raise SourceError(f"model {text!r}: cannot import {m.group('module')} ({e})") from None
-    except Exception as e:  # the user's module failed while it was imported: its error, where
+    except (Exception, SystemExit) as e:  # the user's module failed (or exited) while imported: where
         raise SourceError(f"model {text!r}: importing {m.group('module')} raised {_raised(e)}") from None
     fn = getattr(mod, m.group("attr"), None)
     if not callable(fn):
         raise SourceError(f"model {text!r}: {m.group('module')} has no function {m.group('attr')}")
     try:
         got = fn()
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # a factory's sys.exit is its error, not distir's exit status
         raise SourceError(f"model {text!r}: {m.group('attr')}() raised {_raised(e)}") from None
     if not (isinstance(got, tuple) and len(got) == 2):
         raise SourceError(f"model {text!r}: {m.group('attr')}() must return (nn.Module, example inputs)")

@@ -184,7 +184,7 @@ def _export(module: Any, args: Any, kwargs: dict[str, Any], dynamic_shapes: Any,
     try:
         with _torch_quiet() as said:
             program = export(module, args, kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
-    except Exception as e:  # torch raises many unrelated types; report its reason as one line
+    except (Exception, SystemExit) as e:  # torch raises many unrelated types (the model may exit)
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
         where = _CALL_SITE.search(str(e))
         at = f" (at {where.group('file')}:{where.group('line')}: {where.group('code')})" if where else ""
