@@ -97,6 +97,7 @@ def test_the_ring_counts_the_flops_of_the_causal_triangle(c: int) -> None:
 
 
 C = 0.25  # seconds: a cast to or from fp32
+K = 0.0625  # seconds: a torch.cat's pass over one tensor
 
 
 @dataclass(frozen=True)
@@ -108,17 +109,34 @@ class TorchFixed(FixedCostModel):
 
 
 def torch_fixed(comm: float, fuse: bool) -> TorchFixed:
-    by_op = {"Attention": A, "AttentionGrad": G, "AttentionMerge": M, "Add": X, "Cast": C}
+    by_op = {"Attention": A, "AttentionGrad": G, "AttentionMerge": M, "Add": X, "Cast": C, "Concat": K}
     return TorchFixed(compute=0.0, comm=comm, by_op=by_op, fuse=fuse)
 
 
-def torch_steps(c: int, backward: bool) -> list[float]:
-    """Every rank alike, one call a step: forward, the out cast to fp32 at step 0, a merge from
-    step 1 on, the cast back at the last; backward, three fp32 adds (dQ, dK, dV) a step and three
-    casts back at the last."""
+def torch_steps(c: int, backward: bool, fuse: bool) -> list[float]:
+    """Per step, the slowest rank's work in _templated_ring_attention (torch 2.6.0,
+    torch/distributed/tensor/experimental/_attention.py) and its backward, one call a step.
+    Forward: the out cast to fp32 at step 0, a merge from step 1 on, the cast back at the last;
+    the K/V concatenated for the rotater (``torch.cat([key.flatten(), value.flatten()])``, two
+    tensors) at step 0, eager at every step but the last (compiled, the unused ones are dead);
+    ranks r < s merge into their second chunk (``partial``) and ``_partial_update`` concatenates
+    the fp32 out and lse (two tensors). Backward: three fp32 adds (dQ, dK, dV) a step and three
+    casts back at the last; the K/V concatenated as forward; eager, the dK/dV concatenated for the
+    next rank every step (two tensors); from step 1 on ranks r ≥ s update the first chunk of dK
+    and of dV (two ``_partial_update``s), ranks r < s the second of dQ (one)."""
+    send = 2 * K
+    dkv = 0.0 if fuse else 2 * K  # eager: torch.cat([grad_key.flatten(), grad_value.flatten()])
     if backward:
-        return [G + 3 * X] * (c - 1) + [G + 3 * X + 3 * C]
-    return [A + C] + [A + M] * (c - 2) + [A + M + C]
+        steps = [G + 3 * X + send + dkv]
+        for s in range(1, c):
+            steps.append(G + 3 * X + (send if not fuse and s < c - 1 else 0.0) + dkv + 2 * K)
+        steps[-1] += 3 * C
+        return steps
+    steps = [A + C + send]
+    for s in range(1, c):
+        steps.append(A + M + (send if not fuse and s < c - 1 else 0.0) + 2 * K)
+    steps[-1] += C
+    return steps
 
 
 @pytest.mark.parametrize("c", [2, 4])
@@ -127,7 +145,7 @@ def test_torch_ring_is_timed_as_torch_runs_it(c: int, fuse: bool) -> None:
     t = 0.1  # a collective: the all-gather of the K/V, a hop of the dK/dV
     fwd = simulate(ring_program(c, False), H100, cost_model=torch_fixed(t, fuse)).step_time_s
     bwd = simulate(ring_program(c, True), H100, cost_model=torch_fixed(t, fuse)).step_time_s
-    f, b = torch_steps(c, False), torch_steps(c, True)
+    f, b = torch_steps(c, False, fuse), torch_steps(c, True, fuse)
     if fuse:  # compiled: nothing overlaps
         assert math.isclose(fwd, t + sum(f), rel_tol=1e-12)
         assert math.isclose(bwd, t + sum(b) + c * t, rel_tol=1e-12)
