@@ -8,6 +8,7 @@ ring (``ring_form = "torch"``) likewise, eager and compiled."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -16,7 +17,10 @@ import distir
 from distir.hardware.cluster import parse_cluster
 from distir.ir import DType, FunctionBuilder, Module
 from distir.ir.dtensor import DTensorType, Mesh, Shard
+from distir.ir.types import Type
+from distir.ir.values import Attrs
 from distir.ops.attention import forward_flops
+from distir.ops.registry import OpDef
 from distir.sim.cost import FixedCostModel, RooflineCostModel
 from distir.sim.simulate import simulate
 
@@ -152,6 +156,46 @@ def test_torch_ring_is_timed_as_torch_runs_it(c: int, fuse: bool) -> None:
     else:  # eager: the transfers hide behind the kernels, but the last dK/dV hop
         assert math.isclose(fwd, sum(f), rel_tol=1e-12)
         assert math.isclose(bwd, sum(b) + t, rel_tol=1e-12)
+
+
+U = 1e-3  # seconds a byte a torch.cat writes
+
+
+@dataclass(frozen=True)
+class TorchBytes(TorchFixed):
+    """``TorchFixed`` with each ``Concat`` costing ``U`` seconds a byte it writes."""
+
+    def compute_time(
+        self, opdef: OpDef, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, gpu: int
+    ) -> float:
+        if opdef.name == "Concat":
+            return U * sum(t.nbytes for t in outs)
+        return super().compute_time(opdef, ins, outs, attrs, gpu)
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_torch_rings_copies_are_the_chunks_torch_cat_writes(fuse: bool) -> None:
+    """The bytes of torch's ring's copies (``torch_steps``), c = 4: a rank's two chunks of 8
+    positions, 2 heads of 8; the K/V for the rotater 2 × 512 B (bf16); a partial update's
+    pass compiled over the unchanged chunk, 512 B of fp32 out (with its lse, 64 B) or of dQ, dK,
+    dV, eager over both (1,024 B; the lse 128 B); eager, the fp32 dK/dV sent, 2 × 1,024 B."""
+    c, t = 4, 0.1
+    by_op = {"Attention": A, "AttentionGrad": G, "AttentionMerge": M, "Add": X, "Cast": C}
+    cm = TorchBytes(compute=0.0, comm=t, by_op=by_op, fuse=fuse)
+    kv = 1024 * U
+    part, grad = (576 * U, 512 * U) if fuse else (1152 * U, 1024 * U)
+    send = 0.0 if fuse else kv  # eager, the K/V concatenated at steps 1 … c − 2 as at step 0
+    dkv = 0.0 if fuse else 2048 * U
+    fwd = [A + C + kv, A + M + send + part, A + M + send + part, A + M + part + C]
+    bwd = [G + 3 * X + kv + dkv, *[G + 3 * X + send + dkv + 2 * grad] * 2, G + 3 * X + dkv + 2 * grad + 3 * C]
+    got_f = simulate(ring_program(c, False), H100, cost_model=cm).step_time_s
+    got_b = simulate(ring_program(c, True), H100, cost_model=cm).step_time_s
+    if fuse:
+        assert math.isclose(got_f, t + sum(fwd), rel_tol=1e-12)
+        assert math.isclose(got_b, t + sum(bwd) + c * t, rel_tol=1e-12)
+    else:
+        assert math.isclose(got_f, sum(fwd), rel_tol=1e-12)
+        assert math.isclose(got_b, sum(bwd) + t, rel_tol=1e-12)
 
 
 @pytest.mark.parametrize("c", [2, 4])
