@@ -8,6 +8,7 @@ ring (``ring_form = "torch"``) likewise, eager and compiled."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -16,7 +17,10 @@ import distir
 from distir.hardware.cluster import parse_cluster
 from distir.ir import DType, FunctionBuilder, Module
 from distir.ir.dtensor import DTensorType, Mesh, Shard
+from distir.ir.types import Type
+from distir.ir.values import Attrs
 from distir.ops.attention import forward_flops
+from distir.ops.registry import OpDef
 from distir.sim.cost import FixedCostModel, RooflineCostModel
 from distir.sim.simulate import simulate
 
@@ -97,6 +101,7 @@ def test_the_ring_counts_the_flops_of_the_causal_triangle(c: int) -> None:
 
 
 C = 0.25  # seconds: a cast to or from fp32
+K = 0.0625  # seconds: a torch.cat's pass over one tensor
 
 
 @dataclass(frozen=True)
@@ -108,17 +113,34 @@ class TorchFixed(FixedCostModel):
 
 
 def torch_fixed(comm: float, fuse: bool) -> TorchFixed:
-    by_op = {"Attention": A, "AttentionGrad": G, "AttentionMerge": M, "Add": X, "Cast": C}
+    by_op = {"Attention": A, "AttentionGrad": G, "AttentionMerge": M, "Add": X, "Cast": C, "Concat": K}
     return TorchFixed(compute=0.0, comm=comm, by_op=by_op, fuse=fuse)
 
 
-def torch_steps(c: int, backward: bool) -> list[float]:
-    """Every rank alike, one call a step: forward, the out cast to fp32 at step 0, a merge from
-    step 1 on, the cast back at the last; backward, three fp32 adds (dQ, dK, dV) a step and three
-    casts back at the last."""
+def torch_steps(c: int, backward: bool, fuse: bool) -> list[float]:
+    """Per step, the slowest rank's work in _templated_ring_attention (torch 2.6.0,
+    torch/distributed/tensor/experimental/_attention.py) and its backward, one call a step.
+    Forward: the out cast to fp32 at step 0, a merge from step 1 on, the cast back at the last;
+    the K/V concatenated for the rotater (``torch.cat([key.flatten(), value.flatten()])``, two
+    tensors) at step 0, eager at every step but the last (compiled, the unused ones are dead);
+    ranks r < s merge into their second chunk (``partial``) and ``_partial_update`` concatenates
+    the fp32 out and lse (two tensors). Backward: three fp32 adds (dQ, dK, dV) a step and three
+    casts back at the last; the K/V concatenated as forward; eager, the dK/dV concatenated for the
+    next rank every step (two tensors); from step 1 on ranks r ≥ s update the first chunk of dK
+    and of dV (two ``_partial_update``s), ranks r < s the second of dQ (one)."""
+    send = 2 * K
+    dkv = 0.0 if fuse else 2 * K  # eager: torch.cat([grad_key.flatten(), grad_value.flatten()])
     if backward:
-        return [G + 3 * X] * (c - 1) + [G + 3 * X + 3 * C]
-    return [A + C] + [A + M] * (c - 2) + [A + M + C]
+        steps = [G + 3 * X + send + dkv]
+        for s in range(1, c):
+            steps.append(G + 3 * X + (send if not fuse and s < c - 1 else 0.0) + dkv + 2 * K)
+        steps[-1] += 3 * C
+        return steps
+    steps = [A + C + send]
+    for s in range(1, c):
+        steps.append(A + M + (send if not fuse and s < c - 1 else 0.0) + 2 * K)
+    steps[-1] += C
+    return steps
 
 
 @pytest.mark.parametrize("c", [2, 4])
@@ -127,13 +149,53 @@ def test_torch_ring_is_timed_as_torch_runs_it(c: int, fuse: bool) -> None:
     t = 0.1  # a collective: the all-gather of the K/V, a hop of the dK/dV
     fwd = simulate(ring_program(c, False), H100, cost_model=torch_fixed(t, fuse)).step_time_s
     bwd = simulate(ring_program(c, True), H100, cost_model=torch_fixed(t, fuse)).step_time_s
-    f, b = torch_steps(c, False), torch_steps(c, True)
+    f, b = torch_steps(c, False, fuse), torch_steps(c, True, fuse)
     if fuse:  # compiled: nothing overlaps
         assert math.isclose(fwd, t + sum(f), rel_tol=1e-12)
         assert math.isclose(bwd, t + sum(b) + c * t, rel_tol=1e-12)
     else:  # eager: the transfers hide behind the kernels, but the last dK/dV hop
         assert math.isclose(fwd, sum(f), rel_tol=1e-12)
         assert math.isclose(bwd, sum(b) + t, rel_tol=1e-12)
+
+
+U = 1e-3  # seconds a byte a torch.cat writes
+
+
+@dataclass(frozen=True)
+class TorchBytes(TorchFixed):
+    """``TorchFixed`` with each ``Concat`` costing ``U`` seconds a byte it writes."""
+
+    def compute_time(
+        self, opdef: OpDef, ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs, gpu: int
+    ) -> float:
+        if opdef.name == "Concat":
+            return U * sum(t.nbytes for t in outs)
+        return super().compute_time(opdef, ins, outs, attrs, gpu)
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_torch_rings_copies_are_the_chunks_torch_cat_writes(fuse: bool) -> None:
+    """The bytes of torch's ring's copies (``torch_steps``), c = 4: a rank's two chunks of 8
+    positions, 2 heads of 8; the K/V for the rotater 2 × 512 B (bf16); a partial update's
+    pass compiled over the unchanged chunk, 512 B of fp32 out (with its lse, 64 B) or of dQ, dK,
+    dV, eager over both (1,024 B; the lse 128 B); eager, the fp32 dK/dV sent, 2 × 1,024 B."""
+    c, t = 4, 0.1
+    by_op = {"Attention": A, "AttentionGrad": G, "AttentionMerge": M, "Add": X, "Cast": C}
+    cm = TorchBytes(compute=0.0, comm=t, by_op=by_op, fuse=fuse)
+    kv = 1024 * U
+    part, grad = (576 * U, 512 * U) if fuse else (1152 * U, 1024 * U)
+    send = 0.0 if fuse else kv  # eager, the K/V concatenated at steps 1 … c − 2 as at step 0
+    dkv = 0.0 if fuse else 2048 * U
+    fwd = [A + C + kv, A + M + send + part, A + M + send + part, A + M + part + C]
+    bwd = [G + 3 * X + kv + dkv, *[G + 3 * X + send + dkv + 2 * grad] * 2, G + 3 * X + dkv + 2 * grad + 3 * C]
+    got_f = simulate(ring_program(c, False), H100, cost_model=cm).step_time_s
+    got_b = simulate(ring_program(c, True), H100, cost_model=cm).step_time_s
+    if fuse:
+        assert math.isclose(got_f, t + sum(fwd), rel_tol=1e-12)
+        assert math.isclose(got_b, t + sum(bwd) + c * t, rel_tol=1e-12)
+    else:
+        assert math.isclose(got_f, sum(fwd), rel_tol=1e-12)
+        assert math.isclose(got_b, sum(bwd) + t, rel_tol=1e-12)
 
 
 @pytest.mark.parametrize("c", [2, 4])

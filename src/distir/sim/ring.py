@@ -32,6 +32,15 @@ flash calls take have the queries' heads (the flash op, ``aten._scaled_dot_produ
 takes no fewer K/V heads: a grouped-query model's K/V reach it repeated, as torchtitan's
 ``repeat_kv`` repeats them), so the all-gather and the dK/dV carry that many. Under torch.compile
 (the cost model's ``fuse``) every collective is waited where it is issued (``torch_ring_time``).
+Its copies (``torch.cat``, each charged as a ``Concat`` pass over what it writes): the K and V
+concatenated into the rotater's input (``torch.cat([key.flatten(), value.flatten()])``) at the
+first step, eager at every step but the last (compiled, the later ones feed nothing and are dead
+code); ``_partial_update``, which updates one chunk of an fp32 accumulator and concatenates the
+two — the merged out and its log-sum-exp on a rank that takes only its second query chunk, dQ
+likewise backward, dK and dV on a rank that takes only the first K/V chunk — compiled a pass over
+the chunk left unchanged (Inductor's pointwise ``cat`` writes the updated chunk from the merge or
+add), eager over both; and eager, the dK/dV concatenated for the next rank at every step
+(compiled, the adds write into that buffer).
 Memory beside the results, at the fullest step (``_templated_ring_attention`` and its backward,
 torch/distributed/tensor/experimental/_attention.py): the gathered K/V (c × a rank's K/V), the
 running fp32 out and the merged one made beside it (``_SDPAMerger``: ``out - sigmoid(...) * (out -
@@ -51,6 +60,7 @@ from distir.ir.values import Attrs
 from distir.ops.attention import ATTENTION, ATTENTION_GRAD, ATTENTION_MERGE, lse_dtype
 from distir.ops.elementwise import ADD, CAST
 from distir.ops.registry import CommPattern, OpDef
+from distir.ops.shape.join import CONCAT
 from distir.parallel.context import ring_step_work, ring_time, torch_ring_call, torch_ring_time
 from distir.parallel.sharding.ring import RING_OPERANDS
 from distir.sim.layout import local_piece, mesh_info, piece_bytes
@@ -237,9 +247,32 @@ def _torch_compute(
         o32, lse = rows(n, F32), _lse(rows(n), F32)
         return cost(ATTENTION_MERGE, [o32, lse, o32, lse], [o32, lse])[0]
 
+    def copy(*ts: TensorType) -> float:  # a torch.cat's pass over ``ts`` (read and written)
+        return sum(cost(CONCAT, [t], [t])[0] for t in ts)
+
+    eager = not bool(getattr(dom.cost, "fuse", False))
     # forward: the out cast to fp32 and back; backward: dQ, dK, dV cast back from fp32
     cast_in = 0.0 if backward else cost(CAST, [rows(2)], [rows(2, F32)])[0]
     cast_out = (3.0 if backward else 1.0) * cost(CAST, [rows(2, F32)], [rows(2)])[0]
+    send_kv = copy(rows(2), rows(2))  # torch.cat([key.flatten(), value.flatten()]): the rotater's input
+    # ``_partial_update``'s torch.cat of a chunk updated in place and the one left as it was: compiled,
+    # a pass over the unchanged chunk (Inductor writes the updated one into the cat); eager, both
+    pass_n = 2 if eager else 1
+    out_cat = copy(rows(pass_n, F32), _lse(rows(pass_n), F32))  # the fp32 out and its lse
+    grad_cat = copy(rows(pass_n, F32))  # an fp32 dQ, dK or dV
+    grad_send = copy(rows(2, F32), rows(2, F32)) if eager else 0.0  # the dK/dV sent each step
+
+    def extra(s: int, qn: int, kn: int) -> float:
+        """The step's copies beside its kernel and accumulation (module docstring)."""
+        t = send_kv if s == 0 or (eager and s < c - 1) else 0.0
+        if backward:
+            t += grad_send
+            if s > 0:
+                t += 2.0 * grad_cat if kn == 1 else grad_cat if qn == 1 else 0.0
+        elif s > 0 and qn == 1:
+            t += out_cat
+        return t
+
     steps, flops = [], 0.0
     for s in range(c):
         worst = 0.0
@@ -248,6 +281,7 @@ def _torch_compute(
             sec, f = call(qn, kn, diag)
             if s > 0 or backward:
                 sec += acc(qn) + (2.0 * acc(kn) if backward else 0.0)
+            sec += extra(s, qn, kn)
             worst = max(worst, sec + (cast_in if s == 0 else 0.0) + (cast_out if s == c - 1 else 0.0))
             flops += f if r == 0 else 0.0
         steps.append(worst)
