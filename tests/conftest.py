@@ -10,10 +10,11 @@ Profiles, chosen by ``DISTIR_HYPOTHESIS_PROFILE`` (default ``ci``):
 them (``-m "not slow"``), ``./dev test`` runs everything. Under pytest-xdist the tests marked
 ``slow`` run first, then the property tests (under ``ci`` they run hundreds of examples), then the
 rest, each group in collection order: a long test handed out last keeps one worker busy while the
-others stand idle. ``./dev`` runs ``--dist loadgroup``: the tests of one ``xdist_group`` (those
-sharing an expensive module or session fixture) form one unit, handed out before the single
-tests (xdist orders units by size); every other test is a unit of its own, handed out in this
-order to whichever worker has at most two tests left.
+others stand idle. ``./dev`` runs ``--dist loadgroup``: every test is a unit of its own, handed
+out in this order to whichever worker has at most two tests left. The tests sharing an expensive
+module or session fixture carry one ``xdist_group`` (one unit, on one worker), which takes effect
+where pytest-xdist's rewrite of a test's ``_nodeid`` reaches pytest: not with pytest 9.2 and
+pytest-xdist 3.8, where those tests are handed out alone too.
 """
 
 from __future__ import annotations
