@@ -9,8 +9,12 @@ Profiles, chosen by ``DISTIR_HYPOTHESIS_PROFILE`` (default ``ci``):
 ``slow`` (registered in pyproject.toml) marks the slowest tests; ``./dev test-fast`` deselects
 them (``-m "not slow"``), ``./dev test`` runs everything. Under pytest-xdist the tests marked
 ``slow`` run first, then the property tests (under ``ci`` they run hundreds of examples), then the
-rest, each group in collection order: the workers hand out tests in that order, and a long test
-handed out last keeps one worker busy while the others stand idle.
+rest, each group in collection order: a long test handed out last keeps one worker busy while the
+others stand idle. ``./dev`` runs ``--dist loadgroup``: every test is a unit of its own, handed
+out in this order to whichever worker has at most two tests left. The tests sharing an expensive
+module or session fixture carry one ``xdist_group`` (one unit, on one worker), which takes effect
+where pytest-xdist's rewrite of a test's ``_nodeid`` reaches pytest: not with pytest 9.2 and
+pytest-xdist 3.8, where those tests are handed out alone too.
 """
 
 from __future__ import annotations

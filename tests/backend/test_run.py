@@ -114,6 +114,7 @@ def two_ranks() -> tuple[list[GlobalProgram], list[list[RankResult]]]:
     return progs, _launch(progs, 2)
 
 
+@pytest.mark.xdist_group("run-two-ranks")
 @pytest.mark.slow
 def test_every_collective_and_send_equals_the_reference(two_ranks: Any) -> None:
     progs, results = two_ranks
@@ -123,6 +124,7 @@ def test_every_collective_and_send_equals_the_reference(two_ranks: Any) -> None:
     assert v.max_abs_error < 1e-5
 
 
+@pytest.mark.xdist_group("run-two-ranks")
 @pytest.mark.slow
 @pytest.mark.parametrize("case", TWO_RANKS, ids=[c[0] for c in TWO_RANKS])
 def test_training_step_on_two_ranks_equals_the_reference(two_ranks: Any, case: tuple[str, ...]) -> None:
@@ -133,6 +135,7 @@ def test_training_step_on_two_ranks_equals_the_reference(two_ranks: Any, case: t
     assert v.checked > 1  # the loss and updated weights at least
 
 
+@pytest.mark.xdist_group("run-two-ranks")
 @pytest.mark.slow
 def test_real_runs_report_step_times_and_peak_memory(two_ranks: Any) -> None:
     progs, results = two_ranks

@@ -160,6 +160,7 @@ def deepspeed_config() -> Iterator[Any]:
                 dist.destroy_process_group()
 
 
+@pytest.mark.xdist_group("deepspeed")
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy",
@@ -185,6 +186,7 @@ def test_deepspeeds_own_loader_reads_the_export(deepspeed_config: Any, strategy:
     assert got.bfloat16_config.enabled
 
 
+@pytest.mark.xdist_group("deepspeed")
 @pytest.mark.slow  # DeepSpeed's import and process group take ~35 s
 def test_deepspeeds_loader_refuses_a_broken_batch_identity(deepspeed_config: Any) -> None:
     """The loader really checks: the same JSON with one accumulation step too many is refused."""

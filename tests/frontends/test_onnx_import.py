@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -59,75 +58,11 @@ def _ops(module: Any) -> list[str]:
     return [i.name for f in module.functions for i in f.body if isinstance(i, Op)]
 
 
-# -- GPT-2 exported by torch.onnx (dynamo) ------------------------------------------------------
-def _export_gpt2(path: Path, dynamic: bool) -> tuple[Path, Any]:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("onnxscript")
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=4, n_positions=16, vocab_size=50, bos_token_id=0, eos_token_id=0
-    )
-    lm = transformers.GPT2LMHeadModel(cfg).eval()
-    with torch.no_grad():  # norms away from their 1/0 init, so no two layers share a tensor
-        for name, p in lm.named_parameters():
-            if "ln_" in name:
-                p.add_(0.1 * torch.randn_like(p))
-
-    return export_logits(path, lm, dynamic, max_seq=16), lm
+# -- GPT-2 exported by torch.onnx (dynamo): the exports are session fixtures (conftest.py) ------
+# shared with test_onnx_model_batch.py; the tests using them run on one xdist worker (ONNX_GPT2)
 
 
-def export_logits(path: Path, lm: Any, dynamic: bool, max_seq: int) -> Path:
-    """A transformers causal LM's logits of ``input_ids`` (vocabulary 50) exported to ``path``
-    by ``torch.onnx.export(dynamo=True)``, with a dynamic batch and sequence (up to ``max_seq``)
-    or the example's (2, 8)."""
-    import torch
-
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.m = lm
-
-        def forward(self, ids: Any) -> Any:
-            return self.m(input_ids=ids, use_cache=False).logits
-
-    dim = torch.export.Dim
-    shapes = ({0: dim("batch"), 1: dim("seq", max=max_seq)},) if dynamic else None
-    torch.onnx.export(
-        Logits().eval(),
-        (torch.randint(0, 50, (2, 8)),),
-        str(path),
-        dynamo=True,
-        input_names=["input_ids"],
-        output_names=["logits"],
-        external_data=False,
-        dynamic_shapes=shapes,
-    )
-    return path
-
-
-@pytest.fixture(scope="module")
-def gpt2_with_torch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    """The static export and the torch model it came from."""
-    return _export_gpt2(tmp_path_factory.mktemp("onnx") / "gpt2_t.onnx", dynamic=False)
-
-
-@pytest.fixture(scope="module")
-def gpt2_onnx(gpt2_with_torch: tuple[Path, Any]) -> Path:
-    """Static shapes: the exporter folds the sizes (batch 2, seq 8) into constants (the file of
-    ``gpt2_with_torch``: one export for both)."""
-    return gpt2_with_torch[0]
-
-
-@pytest.fixture(scope="module")
-def gpt2_dynamic_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Dynamic batch and sequence: sizes flow through Shape subgraphs (Figure 4 at scale) and
-    the causal mask is computed from them (Range, GatherND, CumSum, comparisons)."""
-    return _export_gpt2(tmp_path_factory.mktemp("onnx") / "gpt2_dyn.onnx", dynamic=True)[0]
-
-
+@pytest.mark.xdist_group("onnx-gpt2")
 @pytest.mark.slow
 def test_a_tied_heads_folded_transpose_is_the_embedding_transposed(gpt2_with_torch: tuple[Path, Any]) -> None:
     """torch.onnx's optimizer stores GPT-2's tied head as a new initializer, the embedding's
@@ -150,6 +85,7 @@ def test_a_tied_heads_folded_transpose_is_the_embedding_transposed(gpt2_with_tor
     assert imp.num_params <= sum(p.numel() for p in lm.parameters())
 
 
+@pytest.mark.xdist_group("onnx-gpt2")
 @pytest.mark.slow
 def test_the_exporters_gelu_formula_is_one_gelu_tanh(gpt2_with_torch: tuple[Path, Any]) -> None:
     """GPT-2's gelu_new, written out by the exporter (Mul, Pow, Add, Tanh on scalar constants),
@@ -161,6 +97,7 @@ def test_the_exporters_gelu_formula_is_one_gelu_tanh(gpt2_with_torch: tuple[Path
     assert names.count("GeluTanh") == 1 and not {"Tanh", "Pow"} & set(names)
 
 
+@pytest.mark.xdist_group("onnx-gpt2")
 @pytest.mark.slow
 def test_gpt2_export_imports_verifies_and_matches_onnxruntime(gpt2_onnx: Path) -> None:
     ids = RNG.integers(0, 50, (2, 8))
@@ -173,6 +110,7 @@ def test_gpt2_export_imports_verifies_and_matches_onnxruntime(gpt2_onnx: Path) -
     assert [p.name for p in imp.inputs] == ["input_ids"]
 
 
+@pytest.mark.xdist_group("onnx-gpt2")
 @pytest.mark.slow
 def test_gpt2_blocks_become_one_layer_function_called_per_block(gpt2_onnx: Path) -> None:
     imp = import_onnx(str(gpt2_onnx))
@@ -194,6 +132,7 @@ def test_gpt2_blocks_become_one_layer_function_called_per_block(gpt2_onnx: Path)
     assert layered == whole
 
 
+@pytest.mark.xdist_group("onnx-gpt2")
 @pytest.mark.slow
 def test_gpt2_single_function_import_computes_the_same(gpt2_onnx: Path) -> None:
     ids = RNG.integers(0, 50, (2, 8))
@@ -203,6 +142,7 @@ def test_gpt2_single_function_import_computes_the_same(gpt2_onnx: Path) -> None:
     np.testing.assert_array_equal(flat, layered)
 
 
+@pytest.mark.xdist_group("onnx-gpt2")
 @pytest.mark.slow
 def test_gpt2_as_a_model_trains_like_torch(gpt2_with_torch: tuple[Path, Any]) -> None:
     """``to_model``: the import plus a cross-entropy loss keeps the model contract; one SGD step
@@ -240,6 +180,7 @@ def test_gpt2_as_a_model_trains_like_torch(gpt2_with_torch: tuple[Path, Any]) ->
     assert compared == 2 * 8
 
 
+@pytest.mark.xdist_group("onnx-gpt2")
 @pytest.mark.slow
 @pytest.mark.parametrize(("batch", "seq"), [(2, 8), (3, 5)])
 def test_gpt2_dynamic_export_resolves_at_the_sizes_given(
@@ -258,6 +199,7 @@ def test_gpt2_dynamic_export_resolves_at_the_sizes_given(
     assert "Attention" in ops and not {"Softmax", "CumSum", "IsNaN"} & ops
 
 
+@pytest.mark.xdist_group("onnx-gpt2")
 @pytest.mark.slow
 def test_the_exporters_decomposed_attention_is_the_fused_one(gpt2_with_torch: tuple[Path, Any]) -> None:
     """q·kᵀ scaled, the causal mask added, softmax, the NaN guard and the product with v (the
@@ -591,6 +533,7 @@ def test_a_shape_known_only_at_run_time_is_named() -> None:
         import_onnx(data)
 
 
+@pytest.mark.xdist_group("onnx-gpt2")
 def test_distir_import_of_an_onnx_file_prints_its_program_and_summary(gpt2_onnx: Path) -> None:
     """``distir import model.onnx``: the model with its loss layer at the file's batch (2), the
     summary's parameters those of the imported weights; split options and other dtypes refused."""

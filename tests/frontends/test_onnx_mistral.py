@@ -18,7 +18,7 @@ from distir.frontends.files import load_file
 from distir.ir.ops import Op
 from distir.parallel.strategy import parse_strategy
 
-from .test_onnx_import import export_logits
+from .onnx_exports import export_logits
 
 WINDOW = 4  # under the 8 positions imported, so the mask is a band, not the causal triangle
 
@@ -54,6 +54,7 @@ def mistral(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _export_mistral(tmp_path_factory.mktemp("onnx") / "mistral.onnx")
 
 
+@pytest.mark.xdist_group("onnx-mistral")
 @pytest.mark.slow
 def test_a_mistral_export_imports_with_windowed_attention_and_matches_onnxruntime(mistral: Path) -> None:
     ort = pytest.importorskip("onnxruntime")
@@ -84,6 +85,7 @@ def test_a_mistral_export_imports_with_windowed_attention_and_matches_onnxruntim
     )
 
 
+@pytest.mark.xdist_group("onnx-mistral")
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy",
@@ -112,6 +114,7 @@ def test_a_mistral_export_split_over_replicas_and_microbatches_equals_the_sequen
     assert cmp.max_rel_diff < 1e-4, f"{cmp.worst} differs by {cmp.max_rel_diff:.2e}"
 
 
+@pytest.mark.xdist_group("onnx-mistral")
 @pytest.mark.slow
 def test_a_mistral_exports_weights_are_placed_by_the_modules_using_them(mistral: Path) -> None:
     """The exporter renames the projections' transposed weights (``val_N``); the modules that read
@@ -134,6 +137,7 @@ def test_a_mistral_exports_weights_are_placed_by_the_modules_using_them(mistral:
     assert all(w.tp == Replicate() for w in model.weights if w.type.rank == 1)
 
 
+@pytest.mark.xdist_group("onnx-mistral")
 @pytest.mark.slow
 def test_a_mistral_export_trains_for_real_on_two_ranks_as_the_reference_executor_does(mistral: Path) -> None:
     """Run on 2 gloo ranks at d2·k2: each rank makes the positions and slices its share of the
@@ -150,6 +154,7 @@ def test_a_mistral_export_trains_for_real_on_two_ranks_as_the_reference_executor
     assert verdict.verified and verdict.checked > 1, verdict
 
 
+@pytest.mark.xdist_group("onnx-mistral")
 @pytest.mark.slow
 def test_a_mistral_export_computes_in_the_dtype_asked_and_trains_in_mixed_precision(mistral: Path) -> None:
     """The file's floats are taken as the dtype asked (bf16: weights, Casts, constants), so it
@@ -174,6 +179,7 @@ def test_a_mistral_export_computes_in_the_dtype_asked_and_trains_in_mixed_precis
     assert (out["dtype"], out["precision"]) == ("bf16", "mixed")
 
 
+@pytest.mark.xdist_group("onnx-mistral")
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_the_fusions_hold_in_a_half_dtype(mistral: Path, dtype: str) -> None:

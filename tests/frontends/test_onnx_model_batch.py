@@ -16,17 +16,17 @@ from distir.frontends.zoo.model import ModelError
 from distir.ir.ops import Op
 from distir.parallel.strategy import StrategyError, parse_strategy
 
-from .test_onnx_import import _export_gpt2  # the 2-layer GPT-2 export, static or dynamic
+
+@pytest.fixture
+def dynamic(gpt2_dynamic_onnx: Path) -> Path:
+    """The 2-layer GPT-2's dynamic export (conftest.py's, shared with test_onnx_import.py)."""
+    return gpt2_dynamic_onnx
 
 
-@pytest.fixture(scope="module")
-def dynamic(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _export_gpt2(tmp_path_factory.mktemp("onnx") / "gpt2_dyn.onnx", dynamic=True)[0]
-
-
-@pytest.fixture(scope="module")
-def static(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _export_gpt2(tmp_path_factory.mktemp("onnx") / "gpt2_static.onnx", dynamic=False)[0]
+@pytest.fixture
+def static(gpt2_onnx: Path) -> Path:
+    """Its static export (batch 2, seq 8)."""
+    return gpt2_onnx
 
 
 def _reshape_targets(model: Any) -> list[tuple[int, ...]]:
@@ -34,6 +34,7 @@ def _reshape_targets(model: Any) -> list[tuple[int, ...]]:
     return [tuple(i.attrs["shape"]) for i in block.body if isinstance(i, Op) and i.name == "Reshape"]
 
 
+@pytest.mark.xdist_group("onnx-gpt2")
 @pytest.mark.slow
 def test_a_dynamic_exports_batch_sized_targets_become_batch_free(dynamic: Path) -> None:
     model = load_file(f"{dynamic}:seq=8", 4)
@@ -44,6 +45,7 @@ def test_a_dynamic_exports_batch_sized_targets_become_batch_free(dynamic: Path) 
     assert all(4 not in t for t in targets)
 
 
+@pytest.mark.xdist_group("onnx-gpt2")
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy", ["d1.t1.p1.k2.1f1b", "d2.t1.p2.k2.1f1b", "d1.t1.p2.k4.gpipe", "d2.t2.p1.k2.1f1b"]
@@ -59,6 +61,7 @@ def test_a_dynamic_export_split_into_microbatches_equals_the_sequential_step(
     assert {n for n, r in cmp.results.items() if r[0] == "weight"} >= {w.name for w in model.weights}
 
 
+@pytest.mark.xdist_group("onnx-gpt2")
 @pytest.mark.slow
 def test_a_static_exports_layers_fix_the_batch(static: Path) -> None:
     from distir.autodiff.train import Optimizer
@@ -83,6 +86,7 @@ def test_file_dims_parse_the_sizes_after_the_path() -> None:
         assert "\n" not in str(e.value)
 
 
+@pytest.mark.xdist_group("onnx-gpt2")
 @pytest.mark.slow
 def test_the_cli_says_in_one_line_that_a_static_export_fixes_the_batch(static: Path) -> None:
     from distir.cli import app
@@ -114,6 +118,7 @@ def test_the_cli_says_in_one_line_that_a_static_export_fixes_the_batch(static: P
     assert ok.exit_code == 0, ok.output
 
 
+@pytest.mark.xdist_group("onnx-gpt2")
 @pytest.mark.slow
 def test_a_mask_too_large_to_know_is_causal_if_it_was_at_batch_1(
     dynamic: Path, monkeypatch: pytest.MonkeyPatch
@@ -154,6 +159,7 @@ def test_a_mask_too_large_to_know_is_causal_if_it_was_at_batch_1(
     assert cmp.max_rel_diff < 1e-4, f"{cmp.worst} differs by {cmp.max_rel_diff:.2e}"
 
 
+@pytest.mark.xdist_group("onnx-gpt2")
 @pytest.mark.slow
 def test_a_mask_too_large_to_know_even_at_batch_1_fixes_the_batch_but_splits_over_replicas(
     dynamic: Path, monkeypatch: pytest.MonkeyPatch
@@ -188,6 +194,7 @@ def test_a_mask_too_large_to_know_even_at_batch_1_fixes_the_batch_but_splits_ove
         files._onnx_import.cache_clear()
 
 
+@pytest.mark.xdist_group("onnx-gpt2")
 @pytest.mark.slow
 def test_a_misspelt_dim_is_an_error_not_a_size_ignored(dynamic: Path) -> None:
     with pytest.raises(
@@ -196,6 +203,7 @@ def test_a_misspelt_dim_is_an_error_not_a_size_ignored(dynamic: Path) -> None:
         load_file(f"{dynamic}:sq=8", 4)
 
 
+@pytest.mark.xdist_group("onnx-gpt2")
 @pytest.mark.slow
 def test_the_batch_dim_is_not_a_size_of_the_suffix(dynamic: Path) -> None:
     """The batch comes from ``--batch`` (``load_file``'s batch), not ``model.onnx:batch=N``."""
@@ -203,6 +211,7 @@ def test_the_batch_dim_is_not_a_size_of_the_suffix(dynamic: Path) -> None:
         load_file(f"{dynamic}:batch=3,seq=8", 4)
 
 
+@pytest.mark.xdist_group("onnx-gpt2")
 def test_a_file_is_read_once_for_both_imports_and_not_kept(
     dynamic: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -60,6 +60,7 @@ def shared_gain(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.xdist_group("tied-stages")
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["d1.t1.p3.k2.1f1b", "d2.t1.p3.k2.1f1b", "d1.t1.p3.k4.gpipe"])
 def test_a_weight_on_three_stages_takes_one_step_on_each_equal_to_the_sequential_one(
