@@ -389,8 +389,9 @@ def test_simulate_float8_all_gather() -> None:
     for args, what in (
         ([*fsdp, "--precision", "mixed"], "--precision fp8"),
         ([*base, "--strategy", "d8.t1.p1.k1.1f1b.z3.rops", "--precision", "fp8"], "--trainer torchtitan"),
-        ([*base, "--strategy", "d8.t1.p1.k1.1f1b.z1.rops", *titan_fp8], "z3"),
-        ([*base, "--strategy", "d8.t1.p1.k1.1f1b.z3", *titan_fp8], "recomputation"),
+        ([*base, "--strategy", "d8.t1.p1.k1.1f1b.z1.rops", *titan_fp8], "is FSDP's gather"),
+        ([*base, "--strategy", "d8.t1.p1.k1.1f1b.z3.rops", *titan_fp8, "--infer"], "--float8-all-gather"),
+        ([*base, "--strategy", "d8.t1.p1.k1.1f1b.z3", *titan_fp8], "recomputed"),
     ):
         code, out, err = run(*args, "--float8-all-gather")
         assert code == 2 and what in err and "Traceback" not in err, err

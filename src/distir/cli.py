@@ -728,6 +728,7 @@ def _check_switches_apply(strategy: str | None, precision: str, sw: _SimSwitches
     """The switches that act on one kind of plan only, given for another, are refused, not
     ignored: ``--overlap-param-gather`` gathers ZeRO-1/2's sharded new weights (mixed precision,
     d·c > 1), ``--fp8-weight-cache`` caches Transformer Engine's delayed-scaling float8 weights,
+    ``--float8-all-gather`` gathers torchao's float8 weights under ZeRO-3 (fp8, d > 1, p = 1),
     ``--tp-comm-overlap`` pipelines sequence parallelism's collectives, ``--zero3-fetch
     deepspeed`` gathers ZeRO-3's shards (d·c > 1), ``--deepspeed-pipe`` runs a pipeline (p > 1)."""
     from distir.parallel.strategy import StrategyError, parse_strategy
@@ -746,10 +747,11 @@ def _check_switches_apply(strategy: str | None, precision: str, sw: _SimSwitches
         st = parse_strategy(_strategy_text(strategy))
     except StrategyError:
         return  # reported where the model is built
-    if sw.float8_all_gather and not (st.zero == 3 and st.d * st.c > 1):
+    if sw.float8_all_gather and not (st.zero == 3 and (st.shard_group or st.d) > 1 and st.p == 1):
         _fail(
-            f"--float8-all-gather is FSDP's gather of the weights ZeRO-3 shards over d·c > 1 ranks; "
-            f"{st} has none to gather: use z3 with d > 1, or drop it"
+            f"--float8-all-gather is FSDP's gather of the weights ZeRO-3 shards over d > 1 data-parallel "
+            f"ranks (torchtitan's dp_shard; not modelled under pipelining, where torchtitan's FSDP keeps "
+            f"the gathered weights: z2); {st} has none: use z3 with d > 1 and p = 1, or drop it"
         )
     if sw.tp_comm_overlap and not st.sp:
         _fail(

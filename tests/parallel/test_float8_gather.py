@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from distir.autodiff.precision import Precision
 from distir.autodiff.train import Optimizer
 from distir.frontends.zoo import build_model
 from distir.hardware.cluster import parse_cluster
@@ -51,7 +52,7 @@ def test_step_equals_the_sequential_float8_step(strategy: str) -> None:
     sequential fp8 step's within the bound of ``tests/autodiff/test_precision.py``: the loss
     within 2^-4 relative, the weights within twice Adam's step (lr 0.01)."""
     got, prog = _compare(strategy, True)
-    assert any(f.name.endswith("_f8w") for f in prog.functions), "the layers take float8 weights"
+    _assert_every_block_takes_its_linear_weights_in_float8(prog)
     for name, (kind, _x0, want, b) in got.items():
         if kind == "loss":
             assert abs(float(b) - float(want)) <= 2**-4 * abs(float(want)), name
@@ -63,10 +64,20 @@ def _casts(f: Function) -> int:
     return sum(1 for i in f.body if isinstance(i, Op) and i.name == "Float8Cast")
 
 
+def _assert_every_block_takes_its_linear_weights_in_float8(prog: Module) -> None:
+    """The block's forward and backward are rewritten, each casting seven fewer tensors (a Llama
+    block's seven linear weights) than the function it rewrites."""
+    by_name = {f.name: f for f in prog.functions}
+    rewritten = [f for f in prog.functions if f.name.endswith("_f8w")]
+    assert {f.name for f in rewritten} >= {"block_fwd_f8w", "block_bwd_f8w"}
+    for f in rewritten:
+        assert _casts(by_name[f.name.removesuffix("_f8w")]) - _casts(f) == 7, f.name
+
+
 def test_the_shards_are_cast_before_their_gathers_and_the_layers_cast_no_weight() -> None:
     """Every linear weight's shard is cast with the precomputed scale, one layout, before it is
-    gathered; each rewritten layer function casts seven fewer tensors (a Llama block's seven
-    linear weights) than the function it rewrites."""
+    gathered; each rewritten layer function casts seven fewer tensors than the function it
+    rewrites."""
     _, prog = _compare("d2.t1.p1.k2.1f1b.z3.rops", True)
     pre = [
         i
@@ -83,11 +94,7 @@ def test_the_shards_are_cast_before_their_gathers_and_the_layers_cast_no_weight(
         for v in i.inputs
     }
     assert all(i.outputs[0] in gathered for i in pre), "each float8 shard is gathered"
-    by_name = {f.name: f for f in prog.functions}
-    rewritten = [f for f in prog.functions if f.name.endswith("_f8w")]
-    assert {f.name for f in rewritten} >= {"block_fwd_f8w", "block_bwd_f8w"}
-    for f in rewritten:
-        assert _casts(by_name[f.name.removesuffix("_f8w")]) - _casts(f) == 7, f.name
+    _assert_every_block_takes_its_linear_weights_in_float8(prog)
 
 
 def test_a_shorter_step_and_a_lower_peak() -> None:
@@ -107,27 +114,35 @@ def test_a_shorter_step_and_a_lower_peak() -> None:
     assert t1 < t0 and p1 < p0
 
 
-def test_refused_without_torchaos_float8_fsdp_or_recomputation() -> None:
+@pytest.mark.parametrize(
+    ("strategy", "precision", "train", "options", "what"),
+    [
+        ("d2.t1.p1.k1.1f1b.z3.rops", "mixed", True, FSDP2, "precision fp8"),
+        ("d2.t1.p1.k1.1f1b.z3.rops", "fp8-delayed", True, FSDP2, "precision fp8"),
+        ("d2.t1.p1.k1.1f1b.z3", "fp8", False, FSDP2, "a training step"),
+        ("d2.t1.p1.k1.1f1b.z1.rops", "fp8", True, FSDP2, "ZeRO-3, not ZeRO-1"),
+        ("d1.t1.p1.k1.1f1b.z3.rops", "fp8", True, FSDP2, "d > 1"),  # nothing sharded
+        ("d1.c2.t1.p1.k1.1f1b.z3.rfull", "fp8", True, FSDP2, "d > 1"),  # torchtitan's dp_shard is 1
+        ("d2.t1.p1.k1.1f1b.z3.rops", "fp8", True, {"comm_streams": True}, "gather_cast"),
+        ("d2.t1.p1.k1.1f1b.z3", "fp8", True, FSDP2, "recomputed"),  # the forward saves the casts
+        ("d2.t1.p1.k1.1f1b.z3.rsel", "fp8", True, FSDP2, "recomputed"),
+    ],
+)
+def test_refused_where_torchtitan_would_not_gather_float8_or_distir_does_not_model_it(
+    strategy: str, precision: str, train: bool, options: dict[str, bool], what: str
+) -> None:
+    """One line naming the missing condition; never a program that silently gathers bf16."""
+    s = parse_strategy(strategy)
+    model = build_model(LLAMA, batch=s.d * s.c, dtype=DType.bf16)
+    opt = Optimizer("adam")
+    with pytest.raises(StrategyError, match=what) as e:
+        distribute(model, s, opt, train=train, precision=precision, float8_gather=True, **options)
+    assert "\n" not in str(e.value)
+
+
+def test_refused_without_fp32_masters() -> None:
     s = parse_strategy("d2.t1.p1.k1.1f1b.z3.rops")
     model = build_model(LLAMA, batch=2, dtype=DType.bf16)
-    opt = Optimizer("adam")
-    with pytest.raises(StrategyError, match="needs precision fp8"):
-        distribute(model, s, opt, precision="mixed", float8_gather=True, **FSDP2)
-    with pytest.raises(StrategyError, match="needs precision fp8"):
-        distribute(model, s, opt, precision="fp8-delayed", float8_gather=True, **FSDP2)
-    with pytest.raises(StrategyError, match="gather_cast"):
-        distribute(model, s, opt, precision="fp8", float8_gather=True, comm_streams=True)
-    plain = parse_strategy("d2.t1.p1.k1.1f1b.z3")
-    with pytest.raises(StrategyError, match="needs recomputation"):
-        distribute(model, plain, opt, precision="fp8", float8_gather=True, **FSDP2)
-
-
-def test_off_without_fsdp_sharding_as_torchtitan() -> None:
-    """One data-parallel rank: nothing is sharded, torchtitan passes the option on only with
-    ``dp_shard_enabled``; the program is the one without it."""
-    s = parse_strategy("d1.t1.p1.k1.1f1b.z3.rops")
-    model = build_model(LLAMA, batch=1, dtype=DType.bf16)
-    a = distribute(model, s, Optimizer("adam"), precision="fp8", float8_gather=True, **FSDP2)
-    b = distribute(model, s, Optimizer("adam"), precision="fp8", **FSDP2)
-    assert not any(f.name.endswith("_f8w") for f in a.functions)
-    assert len(list(a.entry.ops())) == len(list(b.entry.ops()))
+    prec = Precision.parse("fp8").with_optimizer_dtype("bf16")
+    with pytest.raises(StrategyError, match="fp32 masters"):
+        distribute(model, s, Optimizer("adam"), precision=prec, float8_gather=True, **FSDP2)

@@ -17,7 +17,8 @@ earlier steps, so one pass reads ``x``, records its amax and casts (TE's
 the forward saved (torchtitan's selective checkpointing saves ``aten.max``'s result:
 ``distir.autodiff.reverse``): one pass, the same values; so is ``precomputed``, a weight's
 shard cast with the scale of the whole weight before FSDP gathers it in float8
-(``distir.parallel.fp8_cache``). The cast writes ``layouts`` bytes per
+(``distir.parallel.fp8_cache``; the reference scales the shard by its own amax, as a sharded
+dynamic cast, below). The cast writes ``layouts`` bytes per
 element: by default the float8 tensor in both layouts, because Hopper's FP8 GEMMs take only
 row-major first and column-major second operands (torchao eab345c, ``float8_ops.py``
 ``preprocess_addmm``: ``b_data.t().contiguous().t()``), and every float8 operand is read in the
@@ -125,7 +126,8 @@ the cast from the whole tensor's amax (torchao's ``precompute_float8_dynamic_sca
 which takes every float8 weight's amax after the optimizer step: a weight's shard cast before
 FSDP gathers it)."""
 LAYOUTS = (2, 1)
-"""The layouts a cast writes: both (the default), or one (a cast the backward runs again)."""
+"""The layouts a cast writes: both (the default), or one (a cast the backward runs again, or a
+weight's shard cast before FSDP gathers it, read by the forward's products as it comes)."""
 
 
 def recomputed(attrs: Attrs, amax_saved: bool) -> Attrs:
@@ -145,8 +147,8 @@ def one_layout(attrs: Attrs) -> Attrs:
 
 
 def _float8_bytes_read(ins: Sequence[Type], outs: Sequence[Type], attrs: Attrs) -> float:
-    """Dynamic: two passes over the input (the amax reduction, then the scaled cast); delayed
-    or saved: one."""
+    """Dynamic: two passes over the input (the amax reduction, then the scaled cast); delayed,
+    saved or precomputed: one."""
     return (2.0 if attrs.get("scaling", DYNAMIC_SCALING) == DYNAMIC_SCALING else 1.0) * ins[0].nbytes
 
 

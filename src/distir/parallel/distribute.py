@@ -179,8 +179,11 @@ programs. Its shape:
   ``Float8Tensor``; ``distir.parallel.fp8_cache``). Not modelled: the scales' computation after
   the optimizer step (one ``_foreach_norm`` over the fp32 shards and an all-reduce of one scalar
   per weight, well under a millisecond) and the transposed copy of the gathered weight for the
-  input gradient (one byte an element read and written). Off without FSDP's sharding (d·c = 1),
-  as torchtitan turns it off; refused without torchao's float8 or ``gather_cast``.
+  input gradient (one byte an element read and written). Refused (the first missing condition
+  named) outside a training step under torchao's float8 with fp32 masters, ZeRO-3 sharded over
+  d > 1 data-parallel ranks (torchtitan passes the option on only with ``dp_shard_enabled``) and
+  ``gather_cast``, and where a forward saves a weight's float8 cast for its backward (no
+  recomputation: distir models the casts recomputed, as under ``rops`` and ``rfull``).
 - ``fsdp1_root`` (ZeRO-3, one stage; PyTorch FSDP1 with FULL_SHARD, each block wrapped, the rest
   the root's flat parameter, as Composer wraps a model): the root's gathered weights stay from the
   forward to their last use in the backward, as ``fsdp2_root`` keeps them but without the last
@@ -1016,10 +1019,6 @@ class _Builder:
         """This builder with DeepSpeed's ZeRO-3 fetch where it applies (``_zero3_fetch``); its
         gradient buckets then hold ``reduce_bucket`` elements (DeepSpeed's ``reduce_bucket_size``)."""
         self.ds_fetch = _zero3_fetch(self.s, self.train, cfg, fsdp, self.f8_cache, self.deepspeed_pipe)
-        if self.ds_fetch is not None and self.float8_gather:
-            raise StrategyError(
-                f"{self.s}: float8_gather is FSDP's (torchao); DeepSpeed's ZeRO-3 fetch gathers bf16"
-            )
         if self.ds_fetch is not None:
             size = (self.prec.master if self.fp32_acc else self.compute).itemsize
             self.bucket_bytes = float(self.ds_fetch.reduce_bucket * size)
@@ -1052,25 +1051,40 @@ class _Builder:
         self.grad_copy_in = f.grad_copy_in  # the gradients' copy into the reduction buffer
         # ZeRO-3's compute copies cast from the masters' shards at each gather
         self.gather_cast = f.gather_cast and self.prec.mixed and z3 and not self.no_master
-        self.float8_gather = self._float8_gather(f, z3)
+        self.float8_gather = self._float8_gather(f.float8_gather)
         # fp32 accumulation as each layer's gradients complete (FSDP2's post-backward hook)
         if f.fsdp2_grad_accum and self.train and not self.fp32_acc:
             raise StrategyError(f"{s}: fsdp2_grad_accum adds into fp32 sums: it needs fp32_grad_accum")
         self.fsdp2_grad_accum = f.fsdp2_grad_accum and self.fp32_acc
 
-    def _float8_gather(self, f: FsdpOptions, z3: bool) -> bool:
-        """``float8_gather`` where it applies: FSDP's gathers (``gather_cast``) of torchao's float8
-        weights; off without FSDP's sharding, as torchtitan turns it off (``dp_shard_enabled``)."""
-        if not f.float8_gather:
+    def _float8_gather(self, asked: bool) -> bool:
+        """``float8_gather``: FSDP's gathers (``gather_cast``) of torchao's float8 weights in a
+        training step, with fp32 masters, sharded over data-parallel ranks (torchtitan passes the
+        option on only with ``dp_shard_enabled``, a shard degree over 1); refused elsewhere, the
+        first missing condition named."""
+        if not asked:
             return False
-        torchao = self.prec.float8 and self.prec.float8_scaling == DYNAMIC_SCALING
-        if not (torchao and f.gather_cast):
-            raise StrategyError(
-                f"{self.s}: float8_gather is torchao's float8 all-gather under FSDP: it needs precision "
-                f"fp8 (torchao's dynamic scaling, not {self.prec}) and gather_cast (FSDP's cast at each "
-                "gather)"
-            )
-        return self.gather_cast and z3
+        s, prec = self.s, self.prec
+        missing = [
+            (
+                prec.float8 and prec.float8_scaling == DYNAMIC_SCALING,
+                f"precision fp8 (torchao's), not {prec}",
+            ),
+            (self.train, "a training step"),
+            (s.zero == 3, f"ZeRO-3, not ZeRO-{s.zero}"),
+            (not self.no_master, f"fp32 masters, not {prec.master}"),
+            (
+                (s.shard_group or s.d) > 1,
+                "FSDP's sharding over d > 1 data-parallel ranks (torchtitan's dp_shard)",
+            ),
+            (self.gather_cast, "gather_cast (FSDP's cast of each shard as it is gathered)"),
+        ]
+        for ok, what in missing:
+            if not ok:
+                raise StrategyError(
+                    f"{s}: float8_gather is torchao's float8 all-gather under FSDP: it needs {what}"
+                )
+        return True
 
     def _attrs(self, name: str, value: str) -> Attrs:
         """The attributes ``{name: value}`` of an op the entry emits again and again (a
@@ -1141,13 +1155,14 @@ class _Builder:
         if self.f8_cache:
             layers, self.cached = cached_layers(layers, self.layer_calls, self.functions)
         if self.float8_gather:
-            sharded = lambda w: self._zdim(w) is not None  # noqa: E731
             try:
-                layers, self.f8_gathered = gathered_layers(layers, self.layer_calls, self.functions, sharded)
+                layers, self.f8_gathered = gathered_layers(
+                    layers, self.layer_calls, self.functions, lambda w: self._zdim(w) is not None
+                )
             except SavedGatheredWeight as e:
                 raise StrategyError(
-                    f"{self.s}: float8_gather needs recomputation (rops or rfull: the backward casts the "
-                    f"gathered weights again, as torchao's force_recompute_fp8_weight_in_bwd has it): {e}"
+                    f"{self.s}: distir models the float8 all-gather with the weights' casts recomputed "
+                    f"in the backward (rops, rfull), not saved by the forward: {e}"
                 ) from None
         self._tp_summed: set[int] = set()  # stages whose tp sum has its first part (``_tp_sum``)
         uses = [

@@ -239,7 +239,8 @@ def cached_layers(
 
 
 def _saves_cast(fn: Function, positions: Sequence[int], is_cast: IsCast) -> bool:
-    """Whether ``fn`` returns (for the backward) a weight cast of its parameters at ``positions``."""
+    """Whether ``fn`` returns (for the backward) a weight cast of its parameters at ``positions``
+    (or of views of them)."""
     ps = {fn.params[k] for k in positions}
     outs = set(fn.outputs)
     for instr in fn.body:
@@ -247,7 +248,8 @@ def _saves_cast(fn: Function, positions: Sequence[int], is_cast: IsCast) -> bool
             continue
         if is_cast(instr) and instr.outputs[0] in outs:
             return True
-        ps.update(instr.outputs)
+        if _is_view(instr):
+            ps.update(instr.outputs)
     return False
 
 
