@@ -10,24 +10,38 @@ from typing import Any
 import pytest
 
 
-def export_gpt2(path: Path, dynamic: bool) -> tuple[Path, Any]:
-    """A 2-layer GPT-2 (hidden 32, 4 heads, vocabulary 50) exported to ``path``, and the torch
-    model it came from; its norms moved off their 1/0 init, so no two layers share a tensor."""
+def exporting() -> Any:
+    """transformers, ready for an export: offline, torch on one thread and seeded (the test skips
+    where torch, transformers or onnxscript is missing)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("onnxscript")
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    return transformers
+
+
+def nudge_norms(lm: Any, marker: str) -> None:
+    """The norms' parameters (names holding ``marker``) moved off their 1/0 init, so no two layers
+    share a tensor."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in lm.named_parameters():
+            if marker in name:
+                p.add_(0.1 * torch.randn_like(p))
+
+
+def export_gpt2(path: Path, dynamic: bool) -> tuple[Path, Any]:
+    """A 2-layer GPT-2 (hidden 32, 4 heads, vocabulary 50) exported to ``path``, and the torch
+    model it came from; its norms moved off their 1/0 init (``nudge_norms``)."""
+    transformers = exporting()
     cfg = transformers.GPT2Config(
         n_layer=2, n_embd=32, n_head=4, n_positions=16, vocab_size=50, bos_token_id=0, eos_token_id=0
     )
     lm = transformers.GPT2LMHeadModel(cfg).eval()
-    with torch.no_grad():  # norms away from their 1/0 init, so no two layers share a tensor
-        for name, p in lm.named_parameters():
-            if "ln_" in name:
-                p.add_(0.1 * torch.randn_like(p))
-
+    nudge_norms(lm, "ln_")
     return export_logits(path, lm, dynamic, max_seq=16), lm
 
 

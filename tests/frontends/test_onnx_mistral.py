@@ -8,7 +8,6 @@ sequential step."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -18,18 +17,13 @@ from distir.frontends.files import load_file
 from distir.ir.ops import Op
 from distir.parallel.strategy import parse_strategy
 
-from .onnx_exports import export_logits
+from .onnx_exports import export_logits, exporting, nudge_norms
 
 WINDOW = 4  # under the 8 positions imported, so the mask is a band, not the causal triangle
 
 
 def _export_mistral(path: Path) -> Path:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("onnxscript")
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
+    transformers = exporting()
     cfg = transformers.MistralConfig(
         num_hidden_layers=3,
         hidden_size=32,
@@ -42,10 +36,7 @@ def _export_mistral(path: Path) -> Path:
         attn_implementation="sdpa",
     )
     lm = transformers.MistralForCausalLM(cfg).eval()
-    with torch.no_grad():  # norms away from their init of ones, so no two layers share a tensor
-        for name, p in lm.named_parameters():
-            if "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
+    nudge_norms(lm, "norm")
     return export_logits(path, lm, dynamic=True, max_seq=64)
 
 
